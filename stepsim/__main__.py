@@ -1,0 +1,3 @@
+from stepsim.cli import main
+
+raise SystemExit(main())

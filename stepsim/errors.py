@@ -1,0 +1,73 @@
+"""Typed errors of stepsim.
+
+Every error raised on purpose by stepsim derives from :class:`StepsimError`, so callers (and the CLI, which
+prints the message and exits non-zero without a traceback) can catch one type. Messages say what was wrong,
+where (operator name, stream shapes, trace file and row, config key) and, where possible, what would be right.
+"""
+
+from __future__ import annotations
+
+
+class StepsimError(Exception):
+    """Root of every error stepsim raises on purpose."""
+
+
+# --- graph definition -------------------------------------------------------------------------------------
+class GraphError(StepsimError):
+    """A graph is malformed (wiring, cycles without placeholders closed, unknown nodes)."""
+
+
+class ShapeError(GraphError):
+    """A stream shape does not satisfy an operator's shape rule."""
+
+
+class DTypeError(GraphError):
+    """A stream element type does not match what an operator accepts."""
+
+
+class ArgumentError(GraphError):
+    """An operator or function argument is invalid (negative size, rank out of range, ...)."""
+
+
+class MetricError(StepsimError):
+    """A symbolic metric cannot be evaluated (missing symbol values, bad substitution)."""
+
+
+# --- configuration and lowering ---------------------------------------------------------------------------
+class ConfigError(StepsimError):
+    """A hardware / sweep / CLI configuration value is unknown or invalid (the message names the key)."""
+
+
+class LoweringError(StepsimError):
+    """A graph cannot be lowered to an engine program (an unresolved symbol, an unsupported operator)."""
+
+
+# --- simulation ------------------------------------------------------------------------------------------
+class SimulationError(StepsimError):
+    """The engine stopped abnormally."""
+
+
+class DeadlockError(SimulationError):
+    """No unit can make progress while some are unfinished; the message lists the blocked units."""
+
+    def __init__(self, message: str, blocked: list | None = None):
+        super().__init__(message)
+        #: list of dicts: unit name, opcode name, waiting-on channel, "full"/"empty", occupancy/capacity
+        self.blocked = blocked or []
+
+
+class ArenaError(SimulationError):
+    """The functional-mode value arena ran out of space (the message says how much was needed)."""
+
+
+# --- traces ----------------------------------------------------------------------------------------------
+class TraceError(StepsimError):
+    """A trace file cannot be read or fails validation (the message names file, row, column and value)."""
+
+
+class TraceSchemaError(TraceError):
+    """A trace has the wrong columns, dtypes or schema version."""
+
+
+class TraceValueError(TraceError):
+    """A trace value is out of range (expert id, negative length, duplicated expert within a token, ...)."""
