@@ -1,0 +1,118 @@
+"""Stream dimensions: static ints, dynamic-regular symbols and ragged symbols.
+
+A dimension is either a Python ``int`` (static-regular) or a sympy expression over symbols created with
+``integer=True, nonnegative=True``. The paper distinguishes dynamic-regular dimensions (the same value for
+every sub-tensor, e.g. the number of tokens routed to one expert) from ragged ones (a different value per
+sub-tensor, e.g. the number of KV tiles per request). Ragged symbols are instances of :class:`RaggedSymbol`,
+a sympy ``Symbol`` subclass, so the paper's *absorbing rule* (an expression containing a ragged dimension is
+ragged) falls out of ``free_symbols`` without any bookkeeping.
+
+Symbol names are derived from the graph-local name of the operator that introduces them (``Partition_4_007``),
+never from a process-global counter, so two builds of the same graph give identical expressions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Union
+
+import sympy as sp
+
+Dim = Union[int, sp.Expr]
+Shape = tuple  # tuple[Dim, ...], outermost first: (D_N, ..., D_0)
+
+
+class RaggedSymbol(sp.Symbol):
+    """A symbol standing for a ragged dimension (its value differs between sub-tensors of one stream)."""
+
+
+def make_symbol(name: str, ragged: bool = False) -> sp.Symbol:
+    """Create the dimension symbol ``name`` (integer, nonnegative); ragged symbols absorb expressions."""
+    cls = RaggedSymbol if ragged else sp.Symbol
+    return cls(name, integer=True, nonnegative=True)
+
+
+def normalize(d) -> Dim:
+    """Return ``d`` as a Python int when it is a concrete integer, else as a sympy expression."""
+    if isinstance(d, bool):
+        raise TypeError("a dimension cannot be a bool")
+    if isinstance(d, int):
+        return d
+    if isinstance(d, sp.Basic):
+        if d.is_Integer:
+            return int(d)
+        return d
+    if hasattr(d, "__index__"):  # numpy integers
+        return int(d)
+    raise TypeError(f"a dimension must be an int or a sympy expression, got {type(d).__name__}: {d!r}")
+
+
+def is_static(d: Dim) -> bool:
+    """True for a concrete integer dimension."""
+    return isinstance(normalize(d), int)
+
+
+def is_ragged(d: Dim) -> bool:
+    """True when the expression contains a ragged symbol (the absorbing rule)."""
+    d = normalize(d)
+    return not isinstance(d, int) and any(isinstance(s, RaggedSymbol) for s in d.free_symbols)
+
+
+def kind(d: Dim) -> str:
+    """``"static"``, ``"dynamic"`` (dynamic-regular) or ``"ragged"``."""
+    if is_static(d):
+        return "static"
+    return "ragged" if is_ragged(d) else "dynamic"
+
+
+def as_expr(d: Dim) -> sp.Expr:
+    """The dimension as a sympy expression."""
+    return sp.Integer(d) if isinstance(d, int) else d
+
+
+def dims_equal(a: Dim, b: Dim) -> bool:
+    """Structural/semantic equality of two dimensions (sympy ``equals`` for expressions)."""
+    a, b = normalize(a), normalize(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, int) != isinstance(b, int):
+        return False
+    return a == b or bool(sp.simplify(a - b) == 0)
+
+
+def shapes_equal(a: Iterable[Dim], b: Iterable[Dim]) -> bool:
+    a, b = tuple(a), tuple(b)
+    return len(a) == len(b) and all(dims_equal(x, y) for x, y in zip(a, b))
+
+
+def ceil_div(d: Dim, s: int) -> Dim:
+    """``ceil(d / s)``, written ``(d + s - 1) // s`` (a sympy ``floor`` for symbolic ``d``, as the artifact)."""
+    d = normalize(d)
+    if isinstance(d, int):
+        return -(-d // s)
+    return normalize(sp.floor((d + s - 1) / sp.Integer(s)))
+
+
+def nonzero_indicator(d: Dim) -> Dim:
+    """1 if ``d >= 1`` else 0: ``Piecewise((1, d >= 1), (0, True))`` for symbols (paper's Promote rule)."""
+    d = normalize(d)
+    if isinstance(d, int):
+        return 1 if d >= 1 else 0
+    return sp.Piecewise((1, d >= 1), (0, True))
+
+
+def product(dims: Iterable[Dim]) -> Dim:
+    """Product of dimensions, an int when all are static."""
+    out: Dim = 1
+    for d in dims:
+        out = normalize(out * normalize(d))
+    return out
+
+
+def fmt_dim(d: Dim) -> str:
+    return str(normalize(d))
+
+
+def fmt_shape(shape: Iterable[Dim]) -> str:
+    """``[1, 4, S_0]``-style text for error messages."""
+    return "[" + ", ".join(fmt_dim(d) for d in shape) + "]"

@@ -1,0 +1,363 @@
+"""Functions applied by Map, Accum, Scan, MapAccum and FlatMap: type rules and FLOP counts.
+
+FLOP convention (the reference simulator's, STEP_TIMING §3.3; one FLOP = one multiply or one add):
+
+* Matmul ``[M,K] x [K,N]``: ``2*M*K*N`` (the accumulate-add of a MapAccum is not counted);
+* elementwise Add / Sub / Mul / Div / Max and accumulating Add / Mul: ``R*C`` of the broadcast output;
+* SiLU: ``8*R*C``; Exp: ``4*R*C``; row-wise Sum / Max: ``R*C`` of the input;
+* fixed-cost helpers (SetOffset, RowAppend, CacheWriteAddr, SignalReqAllRead) take **1 cycle** regardless
+  of compute bandwidth and count 0 FLOPs; concatenating accumulators (RetileRow / RetileCol) take 0 cycles.
+
+Each function exposes ``out_type(in_types)`` (raises ``ValueError`` with a readable reason, which the operator
+wraps into a typed error naming itself), ``flops(in_types)`` (per application, an int or sympy expression)
+and ``fixed_cycles`` (``None`` for FLOP-based functions). ``code`` is the stable name the engine lowering maps
+to an integer function code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepsim.graph.dims import Dim, dims_equal, fmt_dim, is_static, normalize
+from stepsim.graph.dtypes import FP32, UINT64, DynTile, ScalarType, Tile, is_tile, tile
+
+
+def _need_tile(t, what: str):
+    if not is_tile(t):
+        raise ValueError(f"{what} must be a tile, got {t}")
+
+
+def _broadcast_dim(a: Dim, b: Dim) -> Dim:
+    if dims_equal(a, b):
+        return a
+    if normalize(a) == 1:
+        return b
+    if normalize(b) == 1:
+        return a
+    raise ValueError(f"dimensions {fmt_dim(a)} and {fmt_dim(b)} do not broadcast (equal or one of them 1)")
+
+
+class Function:
+    """Base of all functions. Subclasses set ``code``, ``arity`` and implement ``out_type``."""
+
+    code: str = ""
+    arity: int = 1
+    fixed_cycles: int | None = None
+
+    def out_type(self, in_types: tuple):
+        raise NotImplementedError
+
+    def flops(self, in_types: tuple) -> Dim:
+        return 0
+
+    @property
+    def param(self) -> int:
+        """Integer parameter passed to the engine (function specific; 0 when unused)."""
+        return 0
+
+    def __repr__(self) -> str:
+        return type(self).__name__ + "()"
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(sorted(self.__dict__.items()))))
+
+
+# --- map functions -------------------------------------------------------------------------------------
+class Matmul(Function):
+    """``A @ B`` (``A @ B.T`` when ``weight_transposed``); static or dynamic tiles; FLOPs ``2*M*K*N``."""
+
+    code = "matmul"
+    arity = 2
+
+    def __init__(self, weight_transposed: bool = False):
+        self.weight_transposed = bool(weight_transposed)
+
+    @property
+    def param(self) -> int:
+        return int(self.weight_transposed)
+
+    def _mkn(self, in_types):
+        a, b = in_types
+        _need_tile(a, "Matmul left operand")
+        _need_tile(b, "Matmul right operand")
+        m, k = a.rows, a.cols
+        kb, n = (b.cols, b.rows) if self.weight_transposed else (b.rows, b.cols)
+        if not dims_equal(k, kb):
+            lhs = f"[{fmt_dim(m)}, {fmt_dim(k)}]"
+            rhs = f"[{fmt_dim(b.rows)}, {fmt_dim(b.cols)}]"
+            raise ValueError(
+                f"Matmul inner dimensions differ: {lhs} x {rhs}"
+                + (" (weight transposed)" if self.weight_transposed else "")
+            )
+        return m, k, n
+
+    def out_type(self, in_types):
+        m, _, n = self._mkn(in_types)
+        return tile(in_types[0].dtype, m, n)
+
+    def flops(self, in_types):
+        m, k, n = self._mkn(in_types)
+        return normalize(2 * m * k * n)
+
+    def __repr__(self):
+        return f"Matmul(weight_transposed={self.weight_transposed})"
+
+
+class _Elementwise(Function):
+    arity = 2
+
+    def out_type(self, in_types):
+        a, b = in_types
+        _need_tile(a, f"{type(self).__name__} left operand")
+        _need_tile(b, f"{type(self).__name__} right operand")
+        return tile(a.dtype, _broadcast_dim(a.rows, b.rows), _broadcast_dim(a.cols, b.cols))
+
+    def flops(self, in_types):
+        out = self.out_type(in_types)
+        return normalize(out.rows * out.cols)
+
+
+class Add(_Elementwise):
+    """Elementwise sum with broadcasting of 1-sized dims; ``R*C`` FLOPs."""
+
+    code = "add"
+
+
+class Sub(_Elementwise):
+    """Elementwise difference with broadcasting; ``R*C`` FLOPs."""
+
+    code = "sub"
+
+
+class Mul(_Elementwise):
+    """Elementwise product with broadcasting; ``R*C`` FLOPs."""
+
+    code = "mul"
+
+
+class Div(_Elementwise):
+    """Elementwise quotient with broadcasting; ``R*C`` FLOPs."""
+
+    code = "div"
+
+
+class Max(_Elementwise):
+    """Elementwise maximum with broadcasting; ``R*C`` FLOPs."""
+
+    code = "max"
+
+
+class _Unary(Function):
+    arity = 1
+    flops_per_element = 1
+
+    def out_type(self, in_types):
+        (a,) = in_types
+        _need_tile(a, f"{type(self).__name__} operand")
+        return a
+
+    def flops(self, in_types):
+        (a,) = in_types
+        return normalize(self.flops_per_element * a.rows * a.cols)
+
+
+class Silu(_Unary):
+    """``x * sigmoid(x)``; 8 FLOPs per element (neg, exp as 4, add, div, mul)."""
+
+    code = "silu"
+    flops_per_element = 8
+
+
+class Exp(_Unary):
+    """``exp(x)``; 4 FLOPs per element."""
+
+    code = "exp"
+    flops_per_element = 4
+
+
+class _RowReduce(Function):
+    arity = 1
+
+    def out_type(self, in_types):
+        (a,) = in_types
+        _need_tile(a, f"{type(self).__name__} operand")
+        return tile(a.dtype, a.rows, 1)
+
+    def flops(self, in_types):
+        (a,) = in_types
+        return normalize(a.rows * a.cols)
+
+
+class RowSum(_RowReduce):
+    """Row sums ``[R,C] -> [R,1]``; ``R*C`` FLOPs."""
+
+    code = "rowsum"
+
+
+class RowMax(_RowReduce):
+    """Row maxima ``[R,C] -> [R,1]``; ``R*C`` FLOPs."""
+
+    code = "rowmax"
+
+
+class SetOffset(Function):
+    """(tile, [1,1] u64 offset) -> tile with the KV-append row offset recorded; fixed 1 cycle."""
+
+    code = "set_offset"
+    arity = 2
+    fixed_cycles = 1
+
+    def out_type(self, in_types):
+        a, off = in_types
+        _need_tile(a, "SetOffset tile")
+        if not (is_tile(off) and off.dtype == UINT64 and off.shape == (1, 1)):
+            raise ValueError(f"SetOffset offset must be a Tile[uint64](1, 1), got {off}")
+        return a
+
+
+class RowAppend(Function):
+    """(tile [N,D], row [1,D]) -> tile [N,D] with the row written at the recorded offset; fixed 1 cycle."""
+
+    code = "row_append"
+    arity = 2
+    fixed_cycles = 1
+
+    def out_type(self, in_types):
+        a, row = in_types
+        _need_tile(a, "RowAppend tile")
+        _need_tile(row, "RowAppend row")
+        if normalize(row.rows) != 1 or not dims_equal(row.cols, a.cols):
+            raise ValueError(f"RowAppend row must be [1, {fmt_dim(a.cols)}], got {row}")
+        return a
+
+
+class CacheWriteAddr(Function):
+    """([1,1] u64 request index, [1,1] u64 tiles) -> [1,1] u64 ``idx*row_offset + tiles - 1``; 1 cycle."""
+
+    code = "cache_write_addr"
+    arity = 2
+    fixed_cycles = 1
+
+    def __init__(self, row_offset: int):
+        if not isinstance(row_offset, int) or row_offset < 1:
+            raise ValueError(f"CacheWriteAddr row_offset must be a positive int, got {row_offset!r}")
+        self.row_offset = row_offset
+
+    @property
+    def param(self) -> int:
+        return self.row_offset
+
+    def out_type(self, in_types):
+        for t in in_types:
+            if not (is_tile(t) and t.dtype == UINT64 and t.shape == (1, 1)):
+                raise ValueError(f"CacheWriteAddr operands must be Tile[uint64](1, 1), got {t}")
+        return Tile(UINT64, 1, 1)
+
+
+# --- accumulate functions (acc, x) -> acc ----------------------------------------------------------------
+class AccumAdd(_Elementwise):
+    """``acc + x`` with broadcasting; ``R*C`` FLOPs per element."""
+
+    code = "add"
+
+
+class AccumMul(_Elementwise):
+    """``acc * x`` with broadcasting; ``R*C`` FLOPs per element."""
+
+    code = "mul"
+
+
+class RetileRow(Function):
+    """Append the rows of ``x`` to the accumulator (packs token rows into a tall tile); 0 cycles."""
+
+    code = "retile_row"
+    arity = 2
+    fixed_cycles = 0
+
+    def out_type(self, in_types):
+        acc, x = in_types
+        _need_tile(x, "RetileRow element")
+        if not dims_equal(acc.cols, x.cols):
+            raise ValueError(f"RetileRow needs equal column counts: accumulator {acc}, element {x}")
+        return acc
+
+
+class RetileCol(Function):
+    """Append the columns of ``x`` to the accumulator; 0 cycles."""
+
+    code = "retile_col"
+    arity = 2
+    fixed_cycles = 0
+
+    def out_type(self, in_types):
+        acc, x = in_types
+        _need_tile(x, "RetileCol element")
+        if not dims_equal(acc.rows, x.rows):
+            raise ValueError(f"RetileCol needs equal row counts: accumulator {acc}, element {x}")
+        return acc
+
+
+class SignalReqAllRead(Function):
+    """Emit one u64 "group done" token per reduction (dynamic dispatch feedback); 1 cycle."""
+
+    code = "signal_req_all_read"
+    arity = 2
+    fixed_cycles = 1
+
+    def out_type(self, in_types):
+        return Tile(UINT64, 1, 1)
+
+
+# --- initialisers --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Zero:
+    """Accumulator initialised to zeros of ``rows x cols`` ``dtype``."""
+
+    rows: int
+    cols: int
+    dtype: ScalarType = FP32
+
+    def tile(self) -> Tile:
+        return Tile(self.dtype, self.rows, self.cols)
+
+
+@dataclass(frozen=True)
+class Empty:
+    """Empty accumulator (``rows`` usually 0) for concatenating functions such as RetileRow."""
+
+    rows: int
+    cols: int
+    dtype: ScalarType = FP32
+
+    def tile(self) -> Tile:
+        return Tile(self.dtype, self.rows, self.cols)
+
+
+# --- FlatMap functions ---------------------------------------------------------------------------------
+class RowStreamify(Function):
+    """FlatMap function: a ``[R,C]`` tile becomes a stream of ``R`` row tiles ``[1,C]`` (a new rank-1 dim).
+
+    With ``filter_padding`` the padded rows added by a padding Reshape are dropped, so the new dimension is
+    ragged.
+    """
+
+    code = "row_streamify"
+    arity = 1
+
+    def __init__(self, filter_padding: bool = False):
+        self.filter_padding = bool(filter_padding)
+
+    def out_type(self, in_types):
+        (a,) = in_types
+        _need_tile(a, "RowStreamify operand")
+        return tile(a.dtype, 1, a.cols)
+
+    def out_count(self, in_type) -> Dim:
+        return in_type.rows
+
+
+def is_static_tile(t) -> bool:
+    return isinstance(t, Tile) or (isinstance(t, DynTile) and is_static(t.rows) and is_static(t.cols))

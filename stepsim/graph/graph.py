@@ -1,0 +1,358 @@
+"""The graph container, operator base class, placeholders (for cycles) and automatic Broadcast insertion.
+
+Operators register themselves with a :class:`Graph` when constructed (``Flatten(g, x, 0, 1)``) and are named
+``<Kind>_<index>`` by their position in the graph, so names (and the symbols derived from them) are identical
+for every build of the same graph. Inputs are given as an operator with a single output, an
+:class:`OutputRef` (``op.out(i)`` / ``op[i]``), or an ``(op, index)`` pair.
+
+Cycles (the dynamic-parallelization dispatcher feeds back) are built with an explicit placeholder: create
+``g.placeholder(stream)``, use it as an input, then ``g.connect(placeholder, real_output)`` once the producer
+exists. A graph with an unconnected placeholder cannot be measured or lowered.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import sympy as sp
+
+from stepsim.errors import ArgumentError, GraphError
+from stepsim.graph.dims import normalize
+from stepsim.graph.stream import Stream
+
+
+class OnChipConvention(NamedTuple):
+    """How on-chip bytes are counted (STEP_SEMANTICS §2.0, §9).
+
+    ``mode=1, count_fifos=False`` (``PUBLISHED``, the default) produced every published number: off-chip ops
+    count one tile, maps count nothing. ``mode=2, count_fifos=True`` (``PAPER``) is the paper §4.1 model:
+    double-buffered loads, matmul ``16*in_cols + |weight| + |out|``, FIFOs counted.
+    """
+
+    mode: int
+    count_fifos: bool
+
+
+PUBLISHED = OnChipConvention(1, False)
+PAPER = OnChipConvention(2, True)
+CONVENTIONS = {"published": PUBLISHED, "paper": PAPER, "fifos": OnChipConvention(1, True)}
+
+
+def convention(value) -> OnChipConvention:
+    """Accept an :class:`OnChipConvention`, a ``(mode, count_fifos)`` pair or a name (published/paper/fifos)."""
+    if isinstance(value, OnChipConvention):
+        return value
+    if isinstance(value, str):
+        try:
+            return CONVENTIONS[value]
+        except KeyError:
+            raise ArgumentError(
+                f"unknown on-chip convention {value!r}; expected one of {sorted(CONVENTIONS)}"
+            ) from None
+    mode, fifos = value
+    if mode not in (1, 2):
+        raise ArgumentError(f"on-chip mode must be 1 or 2, got {mode!r}")
+    return OnChipConvention(int(mode), bool(fifos))
+
+
+@dataclass(frozen=True)
+class OutputRef:
+    """Output ``index`` of operator ``op``."""
+
+    op: "Op"
+    index: int
+
+    @property
+    def stream(self) -> Stream:
+        return self.op.outputs[self.index]
+
+    def __str__(self) -> str:
+        return self.op.name if self.op.num_outputs == 1 else f"{self.op.name}[{self.index}]"
+
+
+class Op:
+    """Base class of every STeP operator.
+
+    Subclasses call ``self._begin(graph, inputs, name)`` first (which names the op and resolves inputs),
+    validate and compute their output streams, then ``self._finish(outputs)`` (which adds the op to the
+    graph). Metric methods return ints or sympy expressions in bytes / FLOPs.
+
+    Attributes
+    ----------
+    channel_depth : int or None
+        FIFO depth override (elements) for this operator's output channels; None uses the simulation default.
+    fanout_depth : int or None
+        FIFO depth of the outputs of an automatically inserted Broadcast that fans this op's output out.
+    group : tuple or None
+        A label (e.g. ``("expert", 3)``) used to attribute metrics to a part of a workload.
+    """
+
+    kind: ClassVar[str] = "Op"
+    is_memory: ClassVar[bool] = False
+    #: output used when the op itself is passed as an input (None: the op must have exactly one output)
+    primary_output: ClassVar[int | None] = None
+
+    def _begin(self, graph: "Graph", inputs, name: str | None = None) -> list[Stream]:
+        if not isinstance(graph, Graph):
+            raise GraphError(f"{self.kind}: the first argument must be a stepsim Graph, got {type(graph).__name__}")
+        self.graph = graph
+        self.id = graph._reserve_id()
+        self.name = name or f"{self.kind}_{self.id}"
+        self.inputs = [graph._resolve(x, self) for x in inputs]
+        self.outputs: list[Stream] = []
+        self.channel_depth: int | None = None
+        self.fanout_depth: int | None = None
+        self.group = None
+        return [ref.stream for ref in self.inputs]
+
+    def _finish(self, outputs: list[Stream]) -> None:
+        self.outputs = list(outputs)
+        self.graph._add(self)
+
+    # --- outputs ---------------------------------------------------------------------------------------
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    def out(self, index: int = 0) -> OutputRef:
+        if not 0 <= index < len(self.outputs):
+            raise ArgumentError(f"{self.name} has {len(self.outputs)} output(s); output {index} does not exist")
+        return OutputRef(self, index)
+
+    def __getitem__(self, index: int) -> OutputRef:
+        return self.out(index)
+
+    def assume_shape(self, index: int, shape) -> None:
+        """Replace output ``index``'s shape by an equivalent one the caller knows (e.g. a known symbol).
+
+        The artifact's scripts do this to name a ragged dimension by the quantity it equals (the tokens of an
+        expert after padding removal). The rank must stay the same; use it before building consumers.
+        """
+        old = self.outputs[index]
+        new = Stream(old.dtype, tuple(shape))
+        if new.rank != old.rank:
+            raise self._error(ArgumentError, f"assume_shape cannot change rank: {old} -> {new}")
+        self.outputs[index] = new
+
+    def assume_dtype(self, index: int, dtype) -> None:
+        """Replace output ``index``'s element type by an equivalent, more precise one (see assume_shape)."""
+        old = self.outputs[index]
+        self.outputs[index] = Stream(dtype, old.shape)
+
+    @property
+    def stream(self) -> Stream:
+        """The single (or primary) output stream."""
+        if self.primary_output is not None:
+            return self.outputs[self.primary_output]
+        if len(self.outputs) != 1:
+            raise ArgumentError(f"{self.name} has {len(self.outputs)} outputs; use {self.name}[i]")
+        return self.outputs[0]
+
+    # --- errors ----------------------------------------------------------------------------------------
+    def _error(self, cls, message: str):
+        """Build a typed error naming this op and its input streams."""
+        ins = ", ".join(f"{ref} -> {ref.stream}" for ref in getattr(self, "inputs", []))
+        return cls(f"{self.name}: {message}" + (f" (inputs: {ins})" if ins else ""))
+
+    # --- symbolic metrics --------------------------------------------------------------------------------
+    def off_chip_bytes(self):
+        """Off-chip traffic in bytes (int or sympy expression)."""
+        return 0
+
+    def on_chip_bytes(self, convention: OnChipConvention = PUBLISHED):
+        """On-chip memory requirement in bytes under ``convention``."""
+        return 0
+
+    def flops(self):
+        """Floating-point operations over the whole stream (see :mod:`stepsim.graph.functions`)."""
+        return 0
+
+    def __repr__(self) -> str:
+        return f"<{self.name}: " + ", ".join(str(s) for s in self.outputs) + ">"
+
+
+class Placeholder(Op):
+    """A stand-in output used to close cycles; replaced by :meth:`Graph.connect`."""
+
+    kind = "Placeholder"
+
+    def __init__(self, graph: "Graph", stream: Stream, name: str | None = None):
+        self._begin(graph, [], name)
+        self.connected_to: OutputRef | None = None
+        self._finish([stream])
+
+
+class Graph:
+    """A STeP dataflow graph: operators in insertion order, edges implied by their inputs."""
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.ops: list[Op] = []
+        self._next_id = 0
+        self._broadcasts_inserted = False
+
+    # --- construction -----------------------------------------------------------------------------------
+    def _reserve_id(self) -> int:
+        i = self._next_id
+        self._next_id += 1
+        return i
+
+    def _add(self, op: Op) -> None:
+        self.ops.append(op)
+        self._broadcasts_inserted = False
+
+    def _resolve(self, x, consumer: Op) -> OutputRef:
+        if isinstance(x, OutputRef):
+            ref = x
+        elif isinstance(x, Op):
+            if x.primary_output is not None:
+                ref = OutputRef(x, x.primary_output)
+            elif len(x.outputs) != 1:
+                raise ArgumentError(
+                    f"{consumer.name if hasattr(consumer, 'name') else consumer.kind}: input {x.name} has "
+                    f"{len(x.outputs)} outputs; pass {x.name}[i] to choose one"
+                )
+            else:
+                ref = OutputRef(x, 0)
+        elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], Op):
+            ref = x[0].out(x[1])
+        else:
+            raise ArgumentError(
+                f"{consumer.name}: an input must be an operator or an operator output, got {type(x).__name__}"
+            )
+        if ref.op.graph is not self:
+            raise GraphError(f"{consumer.name}: input {ref} belongs to graph {ref.op.graph.name!r}, not {self.name!r}")
+        if isinstance(ref.op, Placeholder) and ref.op.connected_to is not None:
+            ref = ref.op.connected_to
+        return ref
+
+    def placeholder(self, stream: Stream, name: str | None = None) -> Placeholder:
+        """A placeholder output of type ``stream`` for building cycles; close it with :meth:`connect`."""
+        return Placeholder(self, stream, name)
+
+    def connect(self, placeholder: Placeholder, source) -> None:
+        """Replace every use of ``placeholder`` by ``source`` (which must have the same stream type)."""
+        if not isinstance(placeholder, Placeholder) or placeholder.graph is not self:
+            raise GraphError(f"connect: {placeholder!r} is not a placeholder of graph {self.name!r}")
+        if placeholder.connected_to is not None:
+            raise GraphError(f"connect: {placeholder.name} is already connected to {placeholder.connected_to}")
+        ref = self._resolve(source, placeholder)
+        if isinstance(ref.op, Placeholder):
+            raise GraphError(f"connect: cannot connect {placeholder.name} to another placeholder {ref.op.name}")
+        want, got = placeholder.stream, ref.stream
+        if not want.same_type(got):
+            raise placeholder._error(
+                GraphError, f"placeholder expects {want} but {ref} produces {got}; a cycle must close on the same type"
+            )
+        placeholder.connected_to = ref
+        for op in self.ops:
+            op.inputs = [ref if (r.op is placeholder) else r for r in op.inputs]
+        self.ops.remove(placeholder)
+        self._broadcasts_inserted = False
+
+    # --- queries ----------------------------------------------------------------------------------------
+    def __iter__(self):
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def op(self, name: str) -> Op:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise GraphError(f"graph {self.name!r} has no operator named {name!r}")
+
+    def consumers(self) -> dict[tuple[int, int], list[tuple[Op, int]]]:
+        """Map ``(producer id, output index)`` to the list of ``(consumer, input position)`` in op order."""
+        out: dict[tuple[int, int], list[tuple[Op, int]]] = defaultdict(list)
+        for op in self.ops:
+            for pos, ref in enumerate(op.inputs):
+                out[(ref.op.id, ref.index)].append((op, pos))
+        return out
+
+    def num_edges(self) -> int:
+        return sum(len(op.inputs) for op in self.ops)
+
+    def count_by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = defaultdict(int)
+        for op in self.ops:
+            counts[op.kind] += 1
+        return dict(counts)
+
+    def validate(self) -> None:
+        """Raise :class:`GraphError` for unconnected placeholders or inputs from foreign operators."""
+        members = {id(op) for op in self.ops}
+        for op in self.ops:
+            if isinstance(op, Placeholder):
+                raise GraphError(
+                    f"graph {self.name!r}: placeholder {op.name} ({op.stream}) was never connected; "
+                    f"call graph.connect({op.name}, producer)"
+                )
+            for ref in op.inputs:
+                if id(ref.op) not in members:
+                    raise GraphError(f"{op.name}: input {ref} is not part of graph {self.name!r}")
+
+    def insert_broadcasts(self) -> None:
+        """Insert a Broadcast wherever one output feeds several inputs (idempotent; STEP_SEMANTICS §2.7).
+
+        Multi-edges count (an op reading the same stream twice gets two broadcast outputs). Broadcasts are
+        appended after all existing operators, as the artifact's rewrite does.
+        """
+        from stepsim.graph.ops_routing import Broadcast
+
+        if self._broadcasts_inserted:
+            return
+        for (pid, idx), uses in list(self.consumers().items()):
+            if len(uses) < 2:
+                continue
+            producer = next(op for op in self.ops if op.id == pid)
+            if isinstance(producer, Broadcast):
+                continue
+            bc = Broadcast(self, producer.out(idx), len(uses))
+            bc.channel_depth = producer.fanout_depth
+            bc.group = producer.group
+            for k, (consumer, pos) in enumerate(uses):
+                consumer.inputs[pos] = bc.out(k)
+        self._broadcasts_inserted = True
+
+    def finalize(self) -> "Graph":
+        """Validate and insert broadcasts; metrics and lowering call this. Returns ``self``."""
+        self.validate()
+        self.insert_broadcasts()
+        return self
+
+    # --- metrics ----------------------------------------------------------------------------------------
+    def off_chip_bytes(self) -> sp.Expr:
+        """Total off-chip traffic in bytes (sympy expression over the graph's dimension symbols)."""
+        self.finalize()
+        return sp.Add(*[sp.sympify(op.off_chip_bytes()) for op in self.ops])
+
+    def on_chip_bytes(self, convention: OnChipConvention | str = PUBLISHED) -> sp.Expr:
+        """Total on-chip memory in bytes under ``convention`` (default: the published accounting)."""
+        from stepsim.graph.graph import convention as conv
+
+        c = conv(convention)
+        self.finalize()
+        return sp.Add(*[sp.sympify(op.on_chip_bytes(c)) for op in self.ops])
+
+    def flops(self) -> sp.Expr:
+        """Total FLOPs of all compute operators (the engine's FLOP convention)."""
+        self.finalize()
+        return sp.Add(*[sp.sympify(op.flops()) for op in self.ops])
+
+
+def as_int(value, what: str = "value") -> int:
+    """Turn a fully substituted metric into an int, raising a MetricError naming leftover symbols."""
+    from stepsim.errors import MetricError
+
+    v = normalize(sp.sympify(value)) if not isinstance(value, int) else value
+    if isinstance(v, int):
+        return v
+    v = sp.simplify(v)
+    if v.is_Integer:
+        return int(v)
+    names = sorted(str(s) for s in v.free_symbols)
+    raise MetricError(f"{what} still depends on {names}; bind these symbols (e.g. from a trace) first")

@@ -1,0 +1,267 @@
+"""Higher-order compute operators: Map, Accum, MapAccum, Scan, FlatMap (STEP_SEMANTICS §2.3).
+
+Each takes ``compute_bw`` (FLOPs/cycle for this node) and ``write_back_mu`` (results go to an on-chip memory
+unit, which costs store cycles in the timing model). FLOP-based functions need ``compute_bw > 0``; the
+fixed-cost helpers (SetOffset, RowAppend, CacheWriteAddr, SignalReqAllRead, RetileRow) accept 0, as the
+artifact's attention graphs use them (the reference simulator would panic dividing by zero otherwise).
+"""
+
+from __future__ import annotations
+
+from stepsim.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, shapes_equal
+from stepsim.graph.dtypes import TupleType, is_tile, size_in_bytes, tile
+from stepsim.graph.functions import Empty, Function, Matmul, RowStreamify, Zero
+from stepsim.graph.graph import PUBLISHED, Op
+from stepsim.graph.stream import Stream
+
+
+def _check_fn(op: Op, fn, arity: int | None = None) -> Function:
+    if not isinstance(fn, Function):
+        raise op._error(ArgumentError, f"fn must be a stepsim function (e.g. Matmul()), got {fn!r}")
+    if arity is not None and fn.arity != arity:
+        raise op._error(ArgumentError, f"{fn!r} takes {fn.arity} operand(s), but {arity} were given")
+    return fn
+
+
+def _check_bw(op: Op, fn: Function, compute_bw) -> int:
+    if not isinstance(compute_bw, int) or isinstance(compute_bw, bool) or compute_bw < 0:
+        raise op._error(ArgumentError, f"compute_bw must be a non-negative int (FLOPs/cycle), got {compute_bw!r}")
+    if compute_bw == 0 and fn.fixed_cycles is None:
+        raise op._error(
+            ArgumentError,
+            f"compute_bw is 0 but {fn!r} is FLOP-based (cycles = FLOPs / compute_bw); give a positive bandwidth",
+        )
+    return compute_bw
+
+
+def _apply(op: Op, fn: Function, types: tuple):
+    try:
+        return fn.out_type(types)
+    except ValueError as exc:
+        raise op._error(DTypeError, f"{fn!r} cannot be applied: {exc}") from None
+
+
+def _check_init(op: Op, init):
+    if not isinstance(init, (Zero, Empty)):
+        raise op._error(ArgumentError, f"init must be Zero(...) or Empty(...), got {init!r}")
+    return init
+
+
+def _check_rank(op: Op, rank, s: Stream) -> int:
+    if not isinstance(rank, int) or not 1 <= rank <= s.rank:
+        raise op._error(ArgumentError, f"rank must be between 1 and the input rank {s.rank}, got {rank!r}")
+    return rank
+
+
+class Map(Op):
+    """Apply ``fn`` to each element (``UnaryMap``) or to element pairs of two lock-stepped streams
+    (``BinaryMap``), or to the elements of a tuple stream made by :class:`Zip`.
+
+    Output has the first input's shape. FLOPs ``N(in) * fn.flops``. On-chip 0 (published); FIFOs count
+    ``sum |in| + |out|``; the paper's mode counts a matmul as ``16*in1_cols + |in2| + |out|``.
+    """
+
+    kind = "Map"
+
+    def __init__(self, graph, inputs, fn: Function, *, compute_bw: int, write_back_mu: bool = False,
+                 name: str | None = None):
+        if not isinstance(inputs, (list, tuple)) or (isinstance(inputs, tuple) and len(inputs) == 2
+                                                      and isinstance(inputs[1], int)):
+            inputs = [inputs]
+        ins = self._begin(graph, list(inputs), name)
+        _check_fn(self, fn)
+        if len(ins) == 1 and isinstance(ins[0].dtype, TupleType):
+            types = ins[0].dtype.elements
+        else:
+            types = tuple(s.dtype for s in ins)
+        if len(types) != fn.arity:
+            raise self._error(ArgumentError, f"{fn!r} takes {fn.arity} operand(s), but {len(types)} were given")
+        if len(ins) > 2:
+            raise self._error(ArgumentError, f"Map takes one or two input streams, got {len(ins)}; use Zip")
+        if len(ins) == 2 and not shapes_equal(ins[0].shape, ins[1].shape):
+            raise self._error(
+                ShapeError, f"both inputs must have the same shape, got {fmt_shape(ins[0].shape)} and "
+                            f"{fmt_shape(ins[1].shape)}")
+        self.fn = fn
+        self.operand_types = types
+        self.compute_bw = _check_bw(self, fn, compute_bw)
+        self.write_back_mu = bool(write_back_mu)
+        self._finish([Stream(_apply(self, fn, types), ins[0].shape)])
+
+    def flops(self):
+        return normalize(self.inputs[0].stream.total_elements() * self.fn.flops(self.operand_types))
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        if not convention.count_fifos:
+            return 0
+        if convention.mode == 2:
+            if isinstance(self.fn, Matmul):
+                a, b = self.operand_types
+                return normalize(16 * a.cols + size_in_bytes(b) + size_in_bytes(self.stream.dtype))
+            return 0
+        total = size_in_bytes(self.stream.dtype)
+        for s in self.operand_types:
+            total = normalize(total + size_in_bytes(s))
+        return total
+
+
+def UnaryMap(graph, inp, fn, **kw) -> Map:
+    """Map with one operand (artifact name)."""
+    return Map(graph, [inp], fn, **kw)
+
+
+def BinaryMap(graph, in1, in2, fn, **kw) -> Map:
+    """Map with two lock-stepped operands (artifact name)."""
+    return Map(graph, [in1, in2], fn, **kw)
+
+
+class Accum(Op):
+    """Reduce the inner ``rank`` dims with ``fn(acc, x)`` starting from ``init``; one output per group.
+
+    Output ``in.shape[:-rank]`` of ``out_dtype`` (given by the caller as in the artifact; defaults to the
+    init tile's type). On-chip ``|out|`` (the accumulator); FIFOs add ``|in|``.
+    """
+
+    kind = "Accum"
+
+    def __init__(self, graph, inp, fn: Function, init, rank: int, *, compute_bw: int, out_dtype=None,
+                 write_back_mu: bool = False, name: str | None = None):
+        (s,) = self._begin(graph, [inp], name)
+        _check_fn(self, fn, 2)
+        self.init = _check_init(self, init)
+        self.rank = _check_rank(self, rank, s)
+        acc = self.init.tile()
+        _apply(self, fn, (acc, s.dtype))
+        self.fn = fn
+        self.compute_bw = _check_bw(self, fn, compute_bw)
+        self.write_back_mu = bool(write_back_mu)
+        self.out_dtype = out_dtype or acc
+        self._finish([Stream(self.out_dtype, s.shape[:-rank])])
+
+    def flops(self):
+        s = self.inputs[0].stream
+        return normalize(s.total_elements() * self.fn.flops((self.out_dtype, s.dtype)))
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        out = size_in_bytes(self.out_dtype)
+        if convention.count_fifos and convention.mode == 1:
+            return normalize(out + size_in_bytes(self.inputs[0].stream.dtype))
+        return out
+
+
+class MapAccum(Op):
+    """Fused Zip + Map + Accum over two lock-stepped inputs (the artifact's BinaryMapAccum).
+
+    Typically the matmul reduction over K: ``acc += in1 @ in2``. Output ``in1.shape[:-rank]``. On-chip
+    ``|out|``; FIFOs (mode 1) ``3*|in1|``; paper mode matmul ``16*in1_cols + |in2| + |out|``.
+    """
+
+    kind = "MapAccum"
+
+    def __init__(self, graph, in1, in2, fn: Function, init, rank: int, *, compute_bw: int,
+                 write_back_mu: bool = False, name: str | None = None):
+        a, b = self._begin(graph, [in1, in2], name)
+        _check_fn(self, fn, 2)
+        if not shapes_equal(a.shape, b.shape):
+            raise self._error(
+                ShapeError, f"inputs must have identical shapes, got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}")
+        self.init = _check_init(self, init)
+        self.rank = _check_rank(self, rank, a)
+        self.fn = fn
+        self.compute_bw = _check_bw(self, fn, compute_bw)
+        self.write_back_mu = bool(write_back_mu)
+        self._finish([Stream(_apply(self, fn, (a.dtype, b.dtype)), a.shape[:-rank])])
+
+    def flops(self):
+        a, b = (r.stream for r in self.inputs)
+        return normalize(a.total_elements() * self.fn.flops((a.dtype, b.dtype)))
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        out = size_in_bytes(self.stream.dtype)
+        if not convention.count_fifos:
+            return out
+        a, b = (r.stream.dtype for r in self.inputs)
+        if convention.mode == 1:
+            return normalize(3 * size_in_bytes(a))
+        if isinstance(self.fn, Matmul):
+            return normalize(16 * a.cols + size_in_bytes(b) + out)
+        return out
+
+
+BinaryMapAccum = MapAccum
+
+
+class Scan(Op):
+    """Running reduction: like Accum but emits the accumulator after every element (paper Table 4).
+
+    Output has the input's shape, of the accumulator's type; the accumulator resets at every group of the
+    inner ``rank`` dims. On-chip ``|acc|``.
+    """
+
+    kind = "Scan"
+
+    def __init__(self, graph, inp, fn: Function, init, rank: int, *, compute_bw: int,
+                 write_back_mu: bool = False, name: str | None = None):
+        (s,) = self._begin(graph, [inp], name)
+        _check_fn(self, fn, 2)
+        self.init = _check_init(self, init)
+        self.rank = _check_rank(self, rank, s)
+        acc = self.init.tile()
+        self.out_dtype = _apply(self, fn, (acc, s.dtype))
+        self.fn = fn
+        self.compute_bw = _check_bw(self, fn, compute_bw)
+        self.write_back_mu = bool(write_back_mu)
+        self._finish([Stream(self.out_dtype, s.shape)])
+
+    def flops(self):
+        s = self.inputs[0].stream
+        return normalize(s.total_elements() * self.fn.flops((self.out_dtype, s.dtype)))
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return size_in_bytes(self.out_dtype)
+
+
+class FlatMap(Op):
+    """Expand every element into a stream of rank 1 (paper Table 4); here with :class:`RowStreamify`.
+
+    Output ``in.shape + (n,)`` where ``n`` is the tile's row count, or a new ragged symbol
+    ``<name>_dyn`` when the row count is dynamic or padding rows are filtered.
+    """
+
+    kind = "FlatMap"
+
+    def __init__(self, graph, inp, fn: Function, *, name: str | None = None):
+        (s,) = self._begin(graph, [inp], name)
+        if not isinstance(fn, RowStreamify):
+            raise self._error(ArgumentError, f"FlatMap supports RowStreamify functions, got {fn!r}")
+        if not is_tile(s.dtype):
+            raise self._error(DTypeError, f"FlatMap needs a tile stream, got {s}")
+        self.fn = fn
+        count = fn.out_count(s.dtype)
+        if fn.filter_padding or not is_static(count):
+            count = make_symbol(f"{self.name}_dyn", ragged=True)
+        self._finish([Stream(_apply(self, fn, (s.dtype,)), s.shape + (count,))])
+
+
+class RetileStreamify(Op):
+    """Unpack tiles into row (or column) tiles merged into the innermost stream dim (artifact form).
+
+    ``split_row``: tiles ``(R, C)`` become ``R`` tiles ``(1, C)``; shape ``in.shape[:-1] + (in.shape[-1]*R,)``.
+    Otherwise ``(R, 1)`` column tiles. ``filter_mask`` drops padded rows, so the innermost dim becomes the
+    ragged symbol ``<name>_dyn`` (workloads then assume the known token count, as the artifact does).
+    """
+
+    kind = "RetileStreamify"
+
+    def __init__(self, graph, inp, *, split_row: bool = True, filter_mask: bool = False, name: str | None = None):
+        (s,) = self._begin(graph, [inp], name)
+        if not is_tile(s.dtype):
+            raise self._error(DTypeError, f"RetileStreamify needs a tile stream, got {s}")
+        self.split_row = bool(split_row)
+        self.filter_mask = bool(filter_mask)
+        t = s.dtype
+        out_t = tile(t.dtype, 1, t.cols) if split_row else tile(t.dtype, t.rows, 1)
+        n = t.rows if split_row else t.cols
+        inner = make_symbol(f"{self.name}_dyn", ragged=True) if filter_mask else normalize(s.shape[-1] * n)
+        self._finish([Stream(out_t, s.shape[:-1] + (inner,))])
