@@ -1,0 +1,96 @@
+"""The :class:`Workload` bundle every builder returns: a graph plus the trace values of its symbols.
+
+Symbols are bound *by meaning*: a builder knows that ``Partition_4``'s count symbol ``i`` is the number of
+tokens routed to expert ``i`` and records ``{symbol: count}`` from the trace, instead of sorting symbol names
+and hoping the order lines up (the artifact's scripts do that; STEP_SEMANTICS §9 item 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy as sp
+
+from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
+
+
+def substitute(expr, bindings: dict) -> Any:
+    """Substitute ``bindings`` into a metric expression (ints pass through)."""
+    if isinstance(expr, int):
+        return expr
+    return sp.sympify(expr).subs(bindings)
+
+
+@dataclass
+class Workload:
+    """A ready-to-measure (and, with the engine, ready-to-simulate) STeP program.
+
+    Attributes
+    ----------
+    name : str
+        Workload kind (``moe``, ``swiglu``, ``attention``).
+    graph : Graph
+        The operator graph (broadcasts are inserted on first measurement).
+    params : dict
+        Every knob the builder used (model dims, tiling, tile sizes, regions, bandwidths, FIFO depths).
+    bindings : dict
+        ``{sympy symbol: value}`` from the trace (per-expert token counts, per-region tile counts, ...).
+    algorithmic_flops : int or None
+        The paper's algorithmic FLOP count for the layer (including padding), as its scripts compute it.
+    idle_groups : set
+        Operator groups (``op.group`` labels) that received no work in the trace; their on-chip footprint
+        is what ``on_chip_bytes_active`` leaves out (the spec's unselected-expert correction).
+    channel_depth : int or None
+        Default FIFO depth the paper's experiment uses for this workload (None = 1024 in step-perf).
+    hardware : str
+        Hardware preset the paper's experiment uses.
+    """
+
+    name: str
+    graph: Graph
+    params: dict = field(default_factory=dict)
+    bindings: dict = field(default_factory=dict)
+    algorithmic_flops: int | None = None
+    idle_groups: set = field(default_factory=set)
+    channel_depth: int | None = 2
+    hardware: str = "step-eval"
+
+    def symbolic(self, on_chip_convention=PUBLISHED) -> dict:
+        """Symbolic totals (sympy): ``off_chip_bytes``, ``on_chip_bytes``, ``flops``."""
+        g = self.graph
+        return {
+            "off_chip_bytes": g.off_chip_bytes(),
+            "on_chip_bytes": g.on_chip_bytes(on_chip_convention),
+            "flops": g.flops(),
+        }
+
+    def group_on_chip_bytes(self, group, on_chip_convention=PUBLISHED) -> int:
+        """On-chip bytes of the operators labelled ``group`` with the trace's values substituted."""
+        c = convention(on_chip_convention)
+        self.graph.finalize()
+        total = sp.Add(*[sp.sympify(op.on_chip_bytes(c)) for op in self.graph.ops if op.group == group])
+        return as_int(substitute(total, self.bindings), f"on-chip bytes of group {group}")
+
+    def metrics(self, on_chip_convention=PUBLISHED) -> dict:
+        """Concrete totals for the bound trace.
+
+        Returns
+        -------
+        dict
+            ``off_chip_bytes``, ``on_chip_bytes`` (raw, published accounting unless another convention is
+            given), ``on_chip_bytes_active`` (minus idle groups' footprint), ``flops`` (algorithmic, the
+            paper's formula; falls back to ``graph_flops``), ``graph_flops`` (sum over compute operators with
+            the engine's FLOP convention), all ints in bytes / FLOPs.
+        """
+        sym = self.symbolic(on_chip_convention)
+        out = {k: as_int(substitute(v, self.bindings), k) for k, v in sym.items()}
+        idle = sum(self.group_on_chip_bytes(g, on_chip_convention) for g in sorted(self.idle_groups, key=str))
+        graph_flops = out.pop("flops")
+        return {
+            "off_chip_bytes": out["off_chip_bytes"],
+            "on_chip_bytes": out["on_chip_bytes"],
+            "on_chip_bytes_active": out["on_chip_bytes"] - idle,
+            "flops": self.algorithmic_flops if self.algorithmic_flops is not None else graph_flops,
+            "graph_flops": graph_flops,
+        }
