@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
-from stepsim.graph.dtypes import Selector, size_in_bytes
+from stepsim.graph.dims import dims_equal, fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
+from stepsim.graph.dtypes import DynTile, Selector, Tile, size_in_bytes
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.stream import Stream
 
@@ -135,15 +135,30 @@ class EagerMerge(Op):
             raise self._error(ArgumentError, f"rank must be between 0 and the input rank {first.rank}, got {rank!r}")
         inner = first.shape[len(first.shape) - rank:]
         total = 0
+        dtype = self._merged_dtype([s.dtype for s in ins])
         for i, s in enumerate(ins):
-            if s.dtype != first.dtype:
-                raise self._error(DTypeError, f"input {i} carries {s.dtype} but input 0 carries {first.dtype}")
             if rank > s.rank or not shapes_equal(s.shape[len(s.shape) - rank:], inner):
                 raise self._error(
                     ShapeError, f"input {i} {fmt_shape(s.shape)} must share the inner {rank} dims {fmt_shape(inner)}")
             total = normalize(total + product(s.shape[:len(s.shape) - rank]))
         self.rank = rank
-        self._finish([Stream(first.dtype, (total,) + inner), Stream(Selector(len(ins)), (total,))])
+        self._finish([Stream(dtype, (total,) + inner), Stream(Selector(len(ins)), (total,))])
+
+    def _merged_dtype(self, dtypes):
+        """Inputs must carry the same type; dynamic tiles that differ only in a symbolic dim (one expert's
+        token count each) merge into a dynamic tile whose differing dim is the ragged ``<name>_rows``/``_cols``."""
+        first = dtypes[0]
+        if all(t == first for t in dtypes):
+            return first
+        if all(isinstance(t, (Tile, DynTile)) and t.dtype == first.dtype for t in dtypes):
+            dims = []
+            for axis, label in ((0, "rows"), (1, "cols")):
+                vals = [t.shape[axis] for t in dtypes]
+                same = all(dims_equal(v, vals[0]) for v in vals)
+                dims.append(vals[0] if same else make_symbol(f"{self.name}_{label}", ragged=True))
+            return DynTile(first.dtype, *dims)
+        i = next(i for i, t in enumerate(dtypes) if t != first)
+        raise self._error(DTypeError, f"input {i} carries {dtypes[i]} but input 0 carries {first}")
 
     def on_chip_bytes(self, convention=PUBLISHED):
         if not convention.count_fifos:

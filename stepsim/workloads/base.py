@@ -19,7 +19,13 @@ def substitute(expr, bindings: dict) -> Any:
     """Substitute ``bindings`` into a metric expression (ints pass through)."""
     if isinstance(expr, int):
         return expr
-    return sp.sympify(expr).subs(bindings)
+    expr = sp.sympify(expr)
+    return expr.xreplace({s: sp.sympify(bindings[s]) for s in expr.free_symbols if s in bindings})
+
+
+def evaluate(expr, bindings: dict, what: str = "value") -> int:
+    """Substitute ``bindings`` and return an int, or raise a MetricError naming the unbound symbols."""
+    return as_int(substitute(expr, bindings), what)
 
 
 @dataclass
@@ -65,12 +71,26 @@ class Workload:
             "flops": g.flops(),
         }
 
-    def group_on_chip_bytes(self, group, on_chip_convention=PUBLISHED) -> int:
-        """On-chip bytes of the operators labelled ``group`` with the trace's values substituted."""
+    def op_values(self, on_chip_convention=PUBLISHED) -> dict:
+        """Per-operator concrete metrics ``{op name: (off_chip_bytes, on_chip_bytes, flops)}`` (ints).
+
+        Each operator's small expression is evaluated on its own (``xreplace`` of just its symbols), which is
+        far cheaper than substituting into the whole-graph sum for graphs with thousands of operators.
+        """
         c = convention(on_chip_convention)
         self.graph.finalize()
-        total = sp.Add(*[sp.sympify(op.on_chip_bytes(c)) for op in self.graph.ops if op.group == group])
-        return as_int(substitute(total, self.bindings), f"on-chip bytes of group {group}")
+        out = {}
+        for op in self.graph.ops:
+            out[op.name] = tuple(
+                evaluate(v, self.bindings, f"{what} of {op.name}")
+                for what, v in (("off-chip bytes", op.off_chip_bytes()), ("on-chip bytes", op.on_chip_bytes(c)),
+                                ("FLOPs", op.flops())))
+        return out
+
+    def group_on_chip_bytes(self, group, on_chip_convention=PUBLISHED) -> int:
+        """On-chip bytes of the operators labelled ``group`` with the trace's values substituted."""
+        values = self.op_values(on_chip_convention)
+        return sum(values[op.name][1] for op in self.graph.ops if op.group == group)
 
     def metrics(self, on_chip_convention=PUBLISHED) -> dict:
         """Concrete totals for the bound trace.
@@ -83,14 +103,15 @@ class Workload:
             paper's formula; falls back to ``graph_flops``), ``graph_flops`` (sum over compute operators with
             the engine's FLOP convention), all ints in bytes / FLOPs.
         """
-        sym = self.symbolic(on_chip_convention)
-        out = {k: as_int(substitute(v, self.bindings), k) for k, v in sym.items()}
-        idle = sum(self.group_on_chip_bytes(g, on_chip_convention) for g in sorted(self.idle_groups, key=str))
-        graph_flops = out.pop("flops")
+        values = self.op_values(on_chip_convention)
+        off = sum(v[0] for v in values.values())
+        on = sum(v[1] for v in values.values())
+        graph_flops = sum(v[2] for v in values.values())
+        idle = sum(values[op.name][1] for op in self.graph.ops if op.group in self.idle_groups)
         return {
-            "off_chip_bytes": out["off_chip_bytes"],
-            "on_chip_bytes": out["on_chip_bytes"],
-            "on_chip_bytes_active": out["on_chip_bytes"] - idle,
+            "off_chip_bytes": off,
+            "on_chip_bytes": on,
+            "on_chip_bytes_active": on - idle,
             "flops": self.algorithmic_flops if self.algorithmic_flops is not None else graph_flops,
             "graph_flops": graph_flops,
         }
