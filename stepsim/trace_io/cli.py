@@ -1,0 +1,191 @@
+"""``stepsim trace import | inspect | synth``: convert, check and generate traces from the command line.
+
+Registered by :mod:`stepsim.cli` through :func:`register`. Errors are StepsimErrors (TraceError for bad
+traces, ConfigError for bad arguments), which the dispatcher prints and turns into exit status 2. Outputs are
+written atomically (a temp file renamed into place).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from stepsim.errors import ConfigError
+from stepsim.trace_io.readers import FORMATS, open_trace, read_trace
+from stepsim.trace_io.schemas import model_shape
+from stepsim.trace_io.summary import TraceSummary
+from stepsim.trace_io.synthetic import SKEWS, iter_synthetic_routing, routing_schema_for, synthetic_kv_batches
+from stepsim.trace_io.writers import output_format, write_trace
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"--{name} must be a positive integer, got {value}")
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    output_format(args.out)  # fail on a bad --out before reading anything
+    _positive("num-experts", args.num_experts)
+    stream = open_trace(args.src, args.format, args.num_experts, args.model)
+    rows = write_trace(stream.batches(), args.out, schema=stream.schema)
+    print(f"wrote {args.out}: {stream.info.kind} trace, {rows} rows (from {stream.format} {args.src})")
+    return 0
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.2f}"
+    return str(x)
+
+
+def _print_summary(s: dict) -> None:
+    print(f"source: {s['source']}")
+    print(f"kind: {s['kind']}")
+    print(f"rows: {s['rows']}")
+    if s["kind"] == "expert_routing":
+        print(f"model: {_fmt(s['model'])}  num_experts: {s['num_experts']}  top_k: {s['top_k']}")
+        print(f"tokens: {s['tokens']}  batch size: {_fmt(s['batch_size'])}  (iteration, layer) groups: "
+              f"{s['iterations_layers']}")
+        print(f"expert counts: {' '.join(map(str, s['expert_counts']))}")
+        print(f"assignments: {s['assignments']}  max per expert: {s['max_count']}  "
+              f"idle experts: {s['idle_experts']}")
+    elif s["kind"] == "requests":
+        for name in ("context_tokens", "generated_tokens"):
+            st = s[name]
+            print(f"{name}: min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  stdev {_fmt(st['stdev'])}")
+        print(f"duration: {_fmt(s['duration_s'])} s")
+    else:
+        st, tl = s["kv_lengths"], s["kv_tiles"]
+        print(f"batches: {s['batches']}  batch size: {_fmt(s['batch_size'])}")
+        print(f"kv lengths: min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  stdev {_fmt(st['stdev'])}")
+        print(f"kv tiles (tile {s['tile']}): sum {tl['sum']}  max {tl['max']}")
+    extra = {k: v for k, v in s["metadata"].items() if k not in ("model", "num_experts", "top_k")}
+    if extra:
+        print("metadata: " + "  ".join(f"{k}={v}" for k, v in sorted(extra.items())))
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    _positive("num-experts", args.num_experts)
+    _positive("tile", args.tile)
+    stream = open_trace(args.path, args.format, args.num_experts, args.model)
+    summary = TraceSummary(stream.info, tile=args.tile).consume(stream.batches()).as_dict()
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _cmd_synth_routing(args: argparse.Namespace) -> int:
+    output_format(args.out)
+    shape = model_shape(args.model)
+    num_experts = args.num_experts if args.num_experts is not None else (shape[0] if shape else None)
+    top_k = args.top_k if args.top_k is not None else (shape[1] if shape else None)
+    if num_experts is None or top_k is None:
+        raise ConfigError("synth routing needs --num-experts and --top-k (or a known --model such as mixtral, qwen)")
+    for name, v in (("tokens", args.tokens), ("num-experts", num_experts), ("top-k", top_k), ("batch", args.batch)):
+        _positive(name, v)
+    if args.layer < 0:
+        raise ConfigError(f"--layer must be >= 0, got {args.layer}")
+    batches = iter_synthetic_routing(
+        args.tokens,
+        num_experts,
+        top_k,
+        args.seed,
+        skew=args.skew,
+        alpha=args.alpha,
+        batch=args.batch,
+        layer=args.layer,
+        model=args.model,
+        gate_weights=args.gate_weights,
+    )
+    schema = routing_schema_for(
+        num_experts,
+        top_k,
+        model=args.model,
+        seed=args.seed,
+        skew=args.skew,
+        alpha=args.alpha,
+        gate_weights=args.gate_weights,
+    )
+    rows = write_trace(batches, args.out, schema=schema)
+    print(f"wrote {args.out}: synthetic routing, {rows} tokens, {num_experts} experts, top-{top_k}, seed {args.seed}")
+    return 0
+
+
+def _cmd_synth_kv(args: argparse.Namespace) -> int:
+    output_format(args.out)
+    _positive("batch", args.batch)
+    _positive("batches", args.batches)
+    distribution, source = None, None
+    if args.distribution:
+        requests = read_trace(args.distribution)
+        if "context_tokens" not in requests.schema.names:
+            raise ConfigError(f"--distribution {args.distribution}: not a request trace (no context_tokens column)")
+        distribution = requests.column("context_tokens").to_numpy().astype("int64")
+        source = requests.schema.metadata.get(b"source", b"requests").decode()
+    table = synthetic_kv_batches(
+        args.batch, args.seed, num_batches=args.batches, distribution=distribution, source=source
+    )
+    write_trace(table, args.out)
+    print(f"wrote {args.out}: synthetic KV lengths, {args.batches} batch(es) of {args.batch}, seed {args.seed}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add the ``trace`` command (subcommands import, inspect, synth) to the stepsim CLI."""
+    trace = subparsers.add_parser(
+        "trace", help="import, inspect and synthesize traces", description="Import, inspect and synthesize traces."
+    )
+    trace.set_defaults(handler=lambda args: (trace.print_help(), 1)[1])
+    sub = trace.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
+
+    p = sub.add_parser("import", help="convert a trace (npz, npy, Azure CSV, Arrow, Parquet) to .arrow or .parquet")
+    p.add_argument("src", metavar="SRC", help="trace file or folder")
+    p.add_argument("--format", choices=FORMATS, help="input format (default: from the suffix)")
+    p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
+    p.add_argument("--model", help="routing: model name (mixtral, qwen, ... also set num_experts/top_k)")
+    p.add_argument("--out", required=True, help="output .arrow / .feather / .parquet file")
+    p.set_defaults(handler=_cmd_import)
+
+    p = sub.add_parser("inspect", help="validate a trace and print its statistics")
+    p.add_argument("path", metavar="PATH", help="trace file or folder")
+    p.add_argument("--format", choices=FORMATS, help="input format (default: from the suffix)")
+    p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
+    p.add_argument("--model", help="routing: model name")
+    p.add_argument("--tile", type=int, default=32, help="KV sequence tile in tokens (default 32)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(handler=_cmd_inspect)
+
+    synth = sub.add_parser("synth", help="generate a seeded synthetic trace")
+    synth.set_defaults(handler=lambda args: (synth.print_help(), 1)[1])
+    ssub = synth.add_subparsers(dest="synth_kind", metavar="KIND")
+
+    p = ssub.add_parser("routing", help="MoE routing with controllable skew")
+    p.add_argument("--tokens", type=int, required=True, help="token rows")
+    p.add_argument("--num-experts", type=int, help="experts per layer (default: from --model)")
+    p.add_argument("--top-k", type=int, help="experts per token (default: from --model)")
+    p.add_argument("--model", help="model name for metadata; a known name gives num_experts/top_k")
+    p.add_argument("--skew", choices=SKEWS, default="dirichlet", help="expert popularity model (default dirichlet)")
+    p.add_argument("--alpha", type=float, default=1.0,
+                   help="Dirichlet concentration (small = skewed) or Zipf exponent (large = skewed); default 1.0")
+    p.add_argument("--batch", type=int, help="tokens per iteration (default: all tokens in iteration 0)")
+    p.add_argument("--layer", type=int, default=0, help="layer number stored in the rows (default 0)")
+    p.add_argument("--gate-weights", action="store_true", help="also write normalized gate weights")
+    p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
+    p.add_argument("--out", required=True, help="output .arrow / .parquet file")
+    p.set_defaults(handler=_cmd_synth_routing)
+
+    p = ssub.add_parser("kv", help="decode batches with KV lengths drawn from the Azure distribution")
+    p.add_argument("--batch", type=int, required=True, help="requests per decode batch")
+    p.add_argument("--batches", type=int, default=1, help="number of batches (default 1)")
+    p.add_argument("--distribution", metavar="TRACE",
+                   help="request trace (e.g. the Azure CSV) to resample context lengths from "
+                        "(default: bundled Azure percentile table)")
+    p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
+    p.add_argument("--out", required=True, help="output .arrow / .parquet file")
+    p.set_defaults(handler=_cmd_synth_kv)
