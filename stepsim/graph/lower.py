@@ -1,0 +1,260 @@
+"""Lowering: the one seam between the symbolic graph and the numba engine.
+
+``lower(graph, hardware, bindings) -> Program`` walks the finalized graph (broadcasts inserted) in operator
+order, gives every edge a FIFO channel, and calls one :class:`~stepsim.program.ProgramBuilder` method per
+operator, resolving every parameter to an int. Operator order is kept because the reference simulator
+registers memory operators with the HBM in graph order, which decides same-tick arbitration.
+
+Decisions made here (and why):
+
+* **Channel capacity** = the producer's ``channel_depth`` override, else the simulation default
+  (``None`` means 1024, as step-perf's ``DEFAULT_CHAN_SIZE``). Broadcasts inserted by
+  :meth:`Graph.insert_broadcasts` carry the producer's ``fanout_depth``, matching the artifact's overrides
+  keyed by the Broadcast's id.
+* **Unconsumed outputs** get an implicit sink (a stream nobody reads would otherwise fill and deadlock),
+  except Reshape's padding-flag output, which the engine does not materialize.
+* **Timing byte widths.** step-perf sizes on-chip tiles with ``f32_bytes``: 2 when the experiment stores fp32
+  tensors as bf16 (``mock_bf16``), else 4. Here that width is *derived from the dtypes*: if every loaded
+  tensor with an fp32 stream dtype is stored in 2 bytes, fp32 accumulator / padding tiles are 2 bytes wide in
+  time, else 4. Loaded tiles are as wide as their storage dtype.
+* **Zip** lowers by fusion: a Zip read only by a Map becomes that Map's two operands (the engine has no tuple
+  tokens). Other uses of Zip, FlatMap (new-dimension form) and consumed Reshape padding outputs are not yet
+  executable and raise :class:`LoweringError` naming the operator.
+"""
+
+from __future__ import annotations
+
+from stepsim.errors import LoweringError
+from stepsim.graph import ops_buffer as B
+from stepsim.graph import ops_compute as C
+from stepsim.graph import ops_memory as M
+from stepsim.graph import ops_routing as R
+from stepsim.graph import ops_shape as S
+from stepsim.graph import ops_sources as SRC
+from stepsim.graph.dims import is_static, product
+from stepsim.graph.dtypes import FP32
+from stepsim.graph.graph import Graph
+from stepsim.hardware import Hardware
+from stepsim.program import Program, ProgramBuilder
+
+DEFAULT_CHANNEL_DEPTH = 1024
+
+
+def fp32_timing_bytes(graph: Graph) -> int:
+    """On-chip width (bytes) of fp32 tiles in the step-perf timing model (see module docstring)."""
+    loads = [op for op in graph.ops if isinstance(op, (M.LinearOffChipLoad, M.RandomOffChipLoad))]
+    fp32_loads = [op for op in loads if op.stream_dtype == FP32]
+    if fp32_loads and all(op.tensor.dtype.bytes == 2 for op in fp32_loads):
+        return 2
+    return 4
+
+
+class _Lowering:
+    def __init__(self, graph: Graph, hardware: Hardware, channel_depth):
+        self.graph = graph.finalize()
+        self.builder = ProgramBuilder(hardware)
+        self.default_depth = DEFAULT_CHANNEL_DEPTH if channel_depth is None else int(channel_depth)
+        self.f32_bytes = fp32_timing_bytes(graph)
+        self.channel_of: dict[tuple[int, int, int], int] = {}  # (consumer id, input pos) -> channel
+        self.out_channel: dict[tuple[int, int], int] = {}  # (producer id, output index) -> channel
+        self.fused_zips: dict[int, S.Zip] = {}
+
+    # --- channels -------------------------------------------------------------------------------------
+    def _capacity(self, producer) -> int:
+        depth = producer.channel_depth
+        return self.default_depth if depth is None else int(depth)
+
+    def _plan_zip_fusion(self) -> None:
+        uses = self.graph.consumers()
+        for op in self.graph.ops:
+            if isinstance(op, S.Zip):
+                users = uses.get((op.id, 0), [])
+                if len(users) != 1 or not isinstance(users[0][0], C.Map):
+                    raise LoweringError(f"{op.name}: Zip can only be executed when a single Map reads it "
+                                        f"(it is read by {[u.name for u, _ in users]})")
+                self.fused_zips[users[0][0].id] = op
+
+    def _make_channels(self) -> None:
+        uses = self.graph.consumers()
+        for op in self.graph.ops:
+            if isinstance(op, S.Zip):
+                continue
+            for idx in range(op.num_outputs):
+                users = uses.get((op.id, idx), [])
+                if isinstance(op, S.Reshape) and idx == 1:
+                    if users:
+                        raise LoweringError(f"{op.name}: its padding-flag output is read by {users[0][0].name}; "
+                                            "the engine does not execute padding-flag streams yet")
+                    continue
+                assert len(users) <= 1, "broadcasts were inserted"
+                ch = self.builder.add_channel(self._capacity(op), name=f"{op.name}[{idx}]")
+                self.out_channel[(op.id, idx)] = ch
+                if users:
+                    consumer, pos = users[0]
+                    self.channel_of[(consumer.id, pos)] = ch
+                else:
+                    self.builder.sink(inp=ch, name=f"{op.name}[{idx}].implicit_sink")
+
+    def inputs(self, op) -> list[int]:
+        if op.id in self.fused_zips:
+            zip_op = self.fused_zips[op.id]
+            return [self.channel_of[(zip_op.id, 0)], self.channel_of[(zip_op.id, 1)]]
+        return [self.channel_of[(op.id, pos)] for pos in range(len(op.inputs))]
+
+    def outputs(self, op) -> list[int]:
+        return [self.out_channel[(op.id, i)] for i in range(op.num_outputs) if (op.id, i) in self.out_channel]
+
+    # --- operators ------------------------------------------------------------------------------------
+    def tile_width(self, dtype) -> int:
+        """Timing width in bytes of an accumulator / padding tile of scalar ``dtype``."""
+        return self.f32_bytes if dtype == FP32 else dtype.bytes
+
+    def run(self) -> Program:
+        self._plan_zip_fusion()
+        self._make_channels()
+        for op in self.graph.ops:
+            if isinstance(op, S.Zip):
+                continue
+            handler = getattr(self, "_" + type(op).__name__, None)
+            if handler is None:
+                raise LoweringError(f"{op.name}: operator {op.kind} is not executable by the engine yet")
+            handler(op, self.inputs(op), self.outputs(op))
+        return self.builder.build()
+
+    def _LinearOffChipLoad(self, op, ins, outs):
+        kw = dict(out=outs[0], tile_rows=op.tile_rows, tile_cols=op.tile_cols, elem_bytes=op.tensor.dtype.bytes,
+                  view_shape=op.out_shape_tiled, par_dispatch=op.par_dispatch, name=op.name)
+        if op.has_ref:
+            self.builder.dyn_offchip_load(ref=ins[0], **kw)
+        else:
+            self.builder.offchip_load(**kw)
+
+    def _LinearOffChipStore(self, op, ins, outs):
+        self.builder.offchip_store(inp=ins[0], par_dispatch=op.par_dispatch, name=op.name)
+
+    def _RandomOffChipLoad(self, op, ins, outs):
+        self.builder.random_offchip_load(raddr=ins[0], out=outs[0], tile_rows=op.tile_rows, tile_cols=op.tile_cols,
+                                         elem_bytes=op.tensor.dtype.bytes, par_dispatch=op.par_dispatch, name=op.name)
+
+    def _RandomOffChipStore(self, op, ins, outs):
+        wdata, waddr = ins
+        self.builder.random_offchip_store(waddr=waddr, wdata=wdata, ack=outs[0], tile_rows=op.tile_rows,
+                                          tile_cols=op.tile_cols, elem_bytes=op.tensor.dtype.bytes,
+                                          par_dispatch=op.par_dispatch, ack_based_on_waddr=op.ack_based_on_waddr,
+                                          name=op.name)
+
+    def _Bufferize(self, op, ins, outs):
+        shape = op.stream.dtype.shape
+        elems = product(shape) if all(is_static(d) for d in shape) else DEFAULT_CHANNEL_DEPTH
+        self.builder.bufferize(inp=ins[0], out=outs[0], rank=op.rank, max_buffer_elems=max(1, int(elems)),
+                               name=op.name)
+
+    def _Streamify(self, op, ins, outs):
+        self.builder.streamify(inp=ins[0], out=outs[0], rank=op.rank, repeat_factors=op.repeat_factor, name=op.name)
+
+    def _DynStreamify(self, op, ins, outs):
+        self.builder.dyn_streamify(inp=ins[0], ref=ins[1], out=outs[0], repeat_rank=op.repeat_rank,
+                                   bufferized_rank=op.bufferized_rank, name=op.name)
+
+    def _Map(self, op, ins, outs):
+        self.builder.map(ins=ins, out=outs[0], fn=op.fn.code, fn_param=op.fn.param, compute_bw=op.compute_bw,
+                         write_back_mu=op.write_back_mu, name=op.name)
+
+    def _init(self, op):
+        init = op.init
+        return dict(init_rows=init.rows, init_cols=init.cols, init_elem_bytes=self.tile_width(init.dtype),
+                    rank=op.rank, compute_bw=op.compute_bw, write_back_mu=op.write_back_mu, fn=op.fn.code,
+                    fn_param=op.fn.param, name=op.name)
+
+    def _Accum(self, op, ins, outs):
+        self.builder.accum(inp=ins[0], out=outs[0], **self._init(op))
+
+    def _MapAccum(self, op, ins, outs):
+        self.builder.map_accum(in1=ins[0], in2=ins[1], out=outs[0], **self._init(op))
+
+    def _Scan(self, op, ins, outs):
+        self.builder.scan(inp=ins[0], out=outs[0], **self._init(op))
+
+    def _RetileStreamify(self, op, ins, outs):
+        self.builder.row_streamify(inp=ins[0], out=outs[0], split_rows=op.split_row, filter_padding=op.filter_mask,
+                                   name=op.name)
+
+    def _Partition(self, op, ins, outs):
+        self.builder.partition(data=ins[0], sel=ins[1], outs=outs, rank=op.rank, switch_cycles=op.switch_cycles,
+                               write_back_mu=op.write_back_mu, name=op.name)
+
+    def _Reassemble(self, op, ins, outs):
+        self.builder.reassemble(ins=ins[:-1], sel=ins[-1], out=outs[0], rank=op.rank, switch_cycles=op.switch_cycles,
+                                write_back_mu=op.write_back_mu, name=op.name)
+
+    def _EagerMerge(self, op, ins, outs):
+        data_out, sel_out = (self.out_channel[(op.id, i)] for i in (0, 1))
+        self.builder.eager_merge(ins=ins, data_out=data_out, sel_out=sel_out, rank=op.rank, name=op.name)
+
+    def _Parallelize(self, op, ins, outs):
+        self.builder.parallelize(inp=ins[0], outs=outs, rank=op.rank, switch_cycles=op.switch_cycles, name=op.name)
+
+    def _Broadcast(self, op, ins, outs):
+        self.builder.broadcast(inp=ins[0], outs=outs, name=op.name)
+
+    def _Flatten(self, op, ins, outs):
+        self.builder.flatten(inp=ins[0], out=outs[0], min_rank=op.min_rank, max_rank=op.max_rank, name=op.name)
+
+    def _Promote(self, op, ins, outs):
+        self.builder.promote(inp=ins[0], out=outs[0], rank=op.rank, input_rank=op.inputs[0].stream.rank, name=op.name)
+
+    def _Reshape(self, op, ins, outs):
+        pad = op.pad
+        self.builder.reshape(inp=ins[0], out=outs[0], chunk=op.chunk_size, rank=op.rank,
+                             pad_rows=pad.rows if pad else 0, pad_cols=pad.cols if pad else 0,
+                             pad_elem_bytes=self.tile_width(pad.dtype) if pad else 0,
+                             add_outer_dim=op.add_outer_dim, write_back_mu=op.write_back_mu, name=op.name)
+
+    def _Expand(self, op, ins, outs):
+        self.builder.expand_ref(inp=ins[0], ref=ins[1], out=outs[0], rank=op.rank, name=op.name)
+
+    def _RepeatStatic(self, op, ins, outs):
+        self.builder.repeat_static(inp=ins[0], out=outs[0], count=op.count, name=op.name)
+
+    def _SelectorSource(self, op, ins, outs):
+        self.builder.select_gen(out=outs[0], targets_ptr=op.ptr, targets_idx=op.targets, shape=op.stream.shape,
+                                n_targets=op.num_targets, name=op.name)
+
+    def _MetadataSource(self, op, ins, outs):
+        self.builder.metadata_gen(out=outs[0], values=op.values.ravel(), shape=op.stream.shape, name=op.name)
+
+    def _ExpertAddrGen(self, op, ins, outs):
+        self.builder.expert_addr_gen(sel=ins[0], out=outs[0], tiles_per_target=op.tiles_per_expert, base=op.base,
+                                     name=op.name)
+
+    def _CacheReadAddrGen(self, op, ins, outs):
+        self.builder.cache_read_addr_gen(idx=ins[0], seq_len=ins[1], out=outs[0], row_offset=op.row_offset,
+                                         name=op.name)
+
+    def _FilterLastTile(self, op, ins, outs):
+        self.builder.filter_last_tile(seq_len=ins[0], out=outs[0], name=op.name)
+
+    def _Sink(self, op, ins, outs):
+        self.builder.sink(inp=ins[0], name=op.name)
+
+
+def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth: int | None = 2) -> Program:
+    """Lower ``graph`` to an engine :class:`~stepsim.program.Program`.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph; broadcasts are inserted and placeholders must be connected.
+    hardware : Hardware
+        Timing parameters (HBM, on-chip bandwidth); default the ``step-eval`` preset.
+    channel_depth : int or None
+        FIFO depth (elements) of every channel without an override; None means 1024.
+
+    Selector and metadata payloads come from the graph's sources (filled from traces by the workload
+    builders), so routing in the engine follows the trace.
+    """
+    hardware = hardware or Hardware.preset("step-eval")
+    return _Lowering(graph, hardware, channel_depth).run()
+
+
+__all__ = ["lower", "fp32_timing_bytes"]
