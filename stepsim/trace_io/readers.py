@@ -289,19 +289,28 @@ def _open_npy(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
 
 # --- Azure LLM inference CSV -----------------------------------------------------------------------------
 def _csv_error(p: Path, exc: pa.ArrowInvalid) -> TraceError:
-    """Turn a pyarrow CSV error into a TraceError naming the row and column."""
+    """Turn a pyarrow CSV error into a TraceError naming the row and column.
+
+    With ``use_threads=False`` pyarrow reports ``Row #N`` (1-based line number, header = line 1); a
+    conversion error also names the column index. When the line number is missing (other pyarrow
+    versions) the first unconvertible row is found by bisection.
+    """
     msg = str(exc)
-    m = re.search(r"Row #(\d+)", msg)
-    if m:  # parse errors: pyarrow numbers lines 1-based including the header
-        return TraceValueError(f"{p}: row {int(m.group(1)) - 2}: {msg}")
-    m = re.search(r"In CSV column #(\d+): CSV conversion error to (\S+): invalid value '(.*)'", msg)
-    if m:
-        col = list(AZURE_COLUMNS)[int(m.group(1))] if int(m.group(1)) < len(AZURE_COLUMNS) else m.group(1)
-        row = _first_bad_csv_row(p, col)
+    m_row = re.search(r"Row #(\d+)", msg)
+    row = int(m_row.group(1)) - 2 if m_row else None
+    m_conv = re.search(r"In CSV column #(\d+): .*CSV conversion error to (\S+): invalid value '(.*)'", msg)
+    if m_conv:
+        index = int(m_conv.group(1))
+        col = list(AZURE_COLUMNS)[index] if index < len(AZURE_COLUMNS) else f"#{index}"
+        if row is None and col in AZURE_COLUMNS:
+            row = _first_bad_csv_row(p, col)
         where = f"row {row}, " if row is not None else ""
         return TraceValueError(
-            f"{p}: {where}column {col!r}: invalid value {m.group(3)!r} (expected {m.group(2)})"
+            f"{p}: {where}column {col!r}: invalid value {m_conv.group(3)!r} (expected {m_conv.group(2)})"
         )
+    if row is not None:  # parse errors, e.g. a row with the wrong number of fields
+        detail = re.sub(r"^.*Row #\d+: ", "", msg)
+        return TraceValueError(f"{p}: row {row}: {detail}")
     return TraceError(f"{p}: cannot read CSV: {msg}")
 
 

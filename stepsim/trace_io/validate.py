@@ -217,8 +217,9 @@ def _requests(batch: pa.RecordBatch, info: TraceInfo, row0: int) -> list[pa.Arra
         lossy = raw % 1000 != 0
         if lossy.any():
             i = _first(lossy)
+            shown = pc.strftime(ts.slice(i, 1), format="%Y-%m-%d %H:%M:%S")[0].as_py()
             raise TraceValueError(
-                f"{src}: row {row0 + i}, column 'arrival': timestamp {ts[i]} has sub-microsecond digits "
+                f"{src}: row {row0 + i}, column 'arrival': timestamp {shown} has sub-microsecond digits "
                 "that timestamp[us] cannot hold"
             )
         raw = raw // 1000
