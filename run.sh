@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Quick start: `./run.sh demo` runs the main job, `./run.sh test` runs the test suite.
+# Each creates ./.venv (Python 3.11+) on first use and installs stepsim into it (editable).
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+case "${1:-}" in
+  demo)
+    .venv/bin/python -m pip install -q -e ".[plot]"
+    shift
+    exec .venv/bin/stepsim demo "$@"
+    ;;
+  test)
+    .venv/bin/python -m pip install -q -e ".[dev]"
+    shift
+    exec .venv/bin/python -m pytest "$@"
+    ;;
+  *)
+    echo "usage: ./run.sh demo|test [args...]" >&2
+    exit 2
+    ;;
+esac
