@@ -434,8 +434,9 @@ def _open_columnar(
     else:
 
         def raw() -> Iterator[pa.RecordBatch]:
-            # memory-mapped and zero-copy: batches reference the page cache, not fresh allocations
-            with pa.memory_map(str(p)) as src:
+            # read batch by batch through a plain file (not a memory map): each batch is read into memory and
+            # released once consumed, so resident memory stays at about one batch however large the file
+            with pa.OSFile(str(p)) as src:
                 try:
                     reader = pa.ipc.open_file(src)
                     batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
