@@ -37,7 +37,9 @@ STREAM_BUDGET = 48 * 2**20
 def big_traces(tmp_path_factory) -> dict[str, Path]:
     """The same 10 M-token trace as Parquet and as Arrow IPC."""
     d = tmp_path_factory.mktemp("bench_traces")
-    schema = routing_schema_for(EXPERTS, TOP_K, model="mixtral", seed=1, skew="dirichlet", alpha=1.0, gate_weights=False)
+    schema = routing_schema_for(
+        EXPERTS, TOP_K, model="mixtral", seed=1, skew="dirichlet", alpha=1.0, gate_weights=False
+    )
     paths = {"parquet": d / "routing.parquet", "arrow": d / "routing.arrow"}
     write_trace(
         iter_synthetic_routing(TOKENS, EXPERTS, TOP_K, 1, model="mixtral", batch=64), paths["parquet"], schema=schema

@@ -269,7 +269,9 @@ def write_partitioned(
     values = {}
     for c in partition_cols:
         if c not in table_row.schema.names:
-            raise ConfigError(f"partition column {c!r} is not in the result table ({', '.join(table_row.schema.names)})")
+            raise ConfigError(
+                f"partition column {c!r} is not in the result table ({', '.join(table_row.schema.names)})"
+            )
         distinct = table_row.column(c).unique().to_pylist()
         if len(distinct) != 1 or distinct[0] is None:
             raise ConfigError(f"partition column {c!r} must hold exactly one non-null value, got {distinct}")
@@ -282,9 +284,7 @@ def write_partitioned(
     return write_parquet_atomic(data, path, meta, units=units)
 
 
-def read_results(
-    root: str | Path, partition_cols: Sequence[str] = ("model", "tiling"), filter=None
-) -> pa.Table:
+def read_results(root: str | Path, partition_cols: Sequence[str] = ("model", "tiling"), filter=None) -> pa.Table:
     """Read every ``part-*.parquet`` under ``root`` as one table, partition columns restored as strings.
 
     Parameters

@@ -41,8 +41,8 @@ from stepsim.trace_io.writers import write_trace
 
 __all__ = [
     "FORMATS",
-    "KVWindow",
     "SCHEMA_VERSION",
+    "KVWindow",
     "TraceInfo",
     "TraceStream",
     "TraceSummary",

@@ -11,6 +11,7 @@ CSV is not available. Regenerate with::
 """
 
 #: percentiles 0, 1, ..., 100 of the conversation trace's context lengths (tokens)
+# fmt: off
 AZURE_CONV_CONTEXT_PERCENTILES = (
     2.0, 29.0, 91.0, 161.0, 181.0, 181.0, 191.0, 197.0, 201.0, 203.0,
     207.0, 212.0, 222.0, 242.0, 317.0, 372.0, 375.0, 378.0, 381.0, 384.0,
@@ -24,3 +25,4 @@ AZURE_CONV_CONTEXT_PERCENTILES = (
     2734.5, 3291.2, 4073.0, 4076.0, 4079.0, 4083.0, 4086.0, 4090.0, 4098.0, 4142.0,
     14050.0,
 )
+# fmt: on

@@ -47,11 +47,12 @@ def _print_summary(s: dict) -> None:
     print(f"rows: {s['rows']}")
     if s["kind"] == "expert_routing":
         print(f"model: {_fmt(s['model'])}  num_experts: {s['num_experts']}  top_k: {s['top_k']}")
-        print(f"tokens: {s['tokens']}  batch size: {_fmt(s['batch_size'])}  (iteration, layer) groups: "
-              f"{s['iterations_layers']}")
+        print(
+            f"tokens: {s['tokens']}  batch size: {_fmt(s['batch_size'])}  (iteration, layer) groups: "
+            f"{s['iterations_layers']}"
+        )
         print(f"expert counts: {' '.join(map(str, s['expert_counts']))}")
-        print(f"assignments: {s['assignments']}  max per expert: {s['max_count']}  "
-              f"idle experts: {s['idle_experts']}")
+        print(f"assignments: {s['assignments']}  max per expert: {s['max_count']}  idle experts: {s['idle_experts']}")
     elif s["kind"] == "requests":
         for name in ("context_tokens", "generated_tokens"):
             st = s[name]
@@ -171,8 +172,12 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, help="experts per token (default: from --model)")
     p.add_argument("--model", help="model name for metadata; a known name gives num_experts/top_k")
     p.add_argument("--skew", choices=SKEWS, default="dirichlet", help="expert popularity model (default dirichlet)")
-    p.add_argument("--alpha", type=float, default=1.0,
-                   help="Dirichlet concentration (small = skewed) or Zipf exponent (large = skewed); default 1.0")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=1.0,
+        help="Dirichlet concentration (small = skewed) or Zipf exponent (large = skewed); default 1.0",
+    )
     p.add_argument("--batch", type=int, help="tokens per iteration (default: all tokens in iteration 0)")
     p.add_argument("--layer", type=int, default=0, help="layer number stored in the rows (default 0)")
     p.add_argument("--gate-weights", action="store_true", help="also write normalized gate weights")
@@ -183,9 +188,12 @@ def register(subparsers) -> None:
     p = ssub.add_parser("kv", help="decode batches with KV lengths drawn from the Azure distribution")
     p.add_argument("--batch", type=int, required=True, help="requests per decode batch")
     p.add_argument("--batches", type=int, default=1, help="number of batches (default 1)")
-    p.add_argument("--distribution", metavar="TRACE",
-                   help="request trace (e.g. the Azure CSV) to resample context lengths from "
-                        "(default: bundled Azure percentile table)")
+    p.add_argument(
+        "--distribution",
+        metavar="TRACE",
+        help="request trace (e.g. the Azure CSV) to resample context lengths from "
+        "(default: bundled Azure percentile table)",
+    )
     p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
     p.set_defaults(handler=_cmd_synth_kv)

@@ -19,13 +19,29 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BUNDLED = {
     "synthetic_routing_mixtral_b64.arrow": (
         synthetic_routing,
-        dict(num_tokens=64, num_experts=8, top_k=2, seed=8010, model="mixtral", skew="dirichlet", alpha=4.0),
+        {
+            "num_tokens": 64,
+            "num_experts": 8,
+            "top_k": 2,
+            "seed": 8010,
+            "model": "mixtral",
+            "skew": "dirichlet",
+            "alpha": 4.0,
+        },
     ),
     "synthetic_routing_qwen_b64.arrow": (
         synthetic_routing,
-        dict(num_tokens=64, num_experts=128, top_k=8, seed=32012, model="qwen", skew="dirichlet", alpha=0.5),
+        {
+            "num_tokens": 64,
+            "num_experts": 128,
+            "top_k": 8,
+            "seed": 32012,
+            "model": "qwen",
+            "skew": "dirichlet",
+            "alpha": 0.5,
+        },
     ),
-    "synthetic_kv_b16.arrow": (synthetic_kv_batches, dict(batch=16, seed=3349)),
+    "synthetic_kv_b16.arrow": (synthetic_kv_batches, {"batch": 16, "seed": 3349}),
 }
 
 

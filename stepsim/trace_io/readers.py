@@ -199,9 +199,7 @@ def _open_npz(p: Path, num_experts: int | None, model: str | None) -> tuple[Trac
         for f, it, layer in parsed:
             data = first if f == parsed[0][0] else _npz_matrix(f)
             if data.shape[1] != k:
-                raise TraceSchemaError(
-                    f"{f}: array 'data' has {data.shape[1]} experts per token, expected top_k = {k}"
-                )
+                raise TraceSchemaError(f"{f}: array 'data' has {data.shape[1]} experts per token, expected top_k = {k}")
             b = data.shape[0]
             flat = np.ascontiguousarray(data, dtype=np.int64).ravel()
             yield pa.RecordBatch.from_arrays(
@@ -414,7 +412,7 @@ def _open_columnar(
         # the dataset schema comes from one fragment; take metadata from the first file in sorted order
         schema = dataset.schema
         if not schema.metadata:
-            first = sorted(dataset.files)[0]
+            first = min(dataset.files)
             schema = schema.with_metadata(_file_schema(Path(first), fmt).metadata or {})
         info = trace_info(schema, p, num_experts=num_experts, model=model)
         check_schema(schema, info)

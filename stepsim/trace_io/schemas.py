@@ -95,9 +95,7 @@ def routing_fields(top_k: int, gate_weights: bool = False) -> list[pa.Field]:
         pa.field("expert_ids", pa.list_(pa.int16(), top_k), nullable=False),
     ]
     if gate_weights:
-        fields.append(
-            pa.field("gate_weights", pa.list_(pa.float32(), top_k), nullable=False)
-        )
+        fields.append(pa.field("gate_weights", pa.list_(pa.float32(), top_k), nullable=False))
     return fields
 
 
@@ -202,9 +200,7 @@ def _int_meta(meta: dict[str, str], key: str, source: str) -> int | None:
         return None
     text = meta[key]
     if not re.fullmatch(r"\s*\d+\s*", text) or int(text) <= 0:
-        raise TraceSchemaError(
-            f"{source}: metadata {key!r} = {text!r} is not a positive integer"
-        )
+        raise TraceSchemaError(f"{source}: metadata {key!r} = {text!r} is not a positive integer")
     return int(text)
 
 

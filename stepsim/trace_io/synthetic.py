@@ -22,7 +22,9 @@ CHUNK_TOKENS = 1 << 16
 SKEWS = ("uniform", "dirichlet", "zipf")
 
 
-def expert_popularity(num_experts: int, rng: np.random.Generator, skew: str = "dirichlet", alpha: float = 1.0) -> np.ndarray:
+def expert_popularity(
+    num_experts: int, rng: np.random.Generator, skew: str = "dirichlet", alpha: float = 1.0
+) -> np.ndarray:
     """Probability of each expert being a token's first choice.
 
     Parameters

@@ -85,14 +85,12 @@ def check_schema(schema: pa.Schema, info: TraceInfo) -> None:
             continue
         t = schema.field(name).type
         if not _is_list(t) or not _value_ok(t.value_type, family):
+            raise TraceSchemaError(f"{src}: column {name!r} has type {t}, expected {target.field(name).type}")
+        fixed = pa.types.is_fixed_size_list(t) and info.kind == ROUTING
+        if fixed and info.top_k is not None and t.list_size != info.top_k:
             raise TraceSchemaError(
-                f"{src}: column {name!r} has type {t}, expected {target.field(name).type}"
+                f"{src}: column {name!r} has rows of length {t.list_size}, expected top_k = {info.top_k}"
             )
-        if pa.types.is_fixed_size_list(t) and info.top_k is not None and info.kind == ROUTING:
-            if t.list_size != info.top_k:
-                raise TraceSchemaError(
-                    f"{src}: column {name!r} has rows of length {t.list_size}, expected top_k = {info.top_k}"
-                )
 
 
 def _int_column(arr: pa.Array, name: str, want: pa.DataType, src: str, row0: int) -> pa.Array:
@@ -152,9 +150,7 @@ def _routing(batch: pa.RecordBatch, info: TraceInfo, row0: int) -> list[pa.Array
     lengths, flat = _list_column(ids, "expert_ids", src, row0)
     if len(lengths) and (lengths != k).any():
         i = _first(lengths != k)
-        raise TraceValueError(
-            f"{src}: row {row0 + i}, column 'expert_ids': {lengths[i]} experts, expected top_k = {k}"
-        )
+        raise TraceValueError(f"{src}: row {row0 + i}, column 'expert_ids': {lengths[i]} experts, expected top_k = {k}")
     v = flat.to_numpy()
     # range check before any narrowing cast, so an id like 40000 is reported, not wrapped
     if len(v) and (v.min() < 0 or v.max() >= n_exp):
@@ -253,9 +249,7 @@ def _decode_batches(batch: pa.RecordBatch, info: TraceInfo, row0: int) -> list[p
         if len(v) and v.min() < 0:
             j = _first(v < 0)
             i, pos = _locate(lengths, j)
-            raise TraceValueError(
-                f"{src}: row {row0 + i}, column {name!r}: negative value {v[j]} at position {pos}"
-            )
+            raise TraceValueError(f"{src}: row {row0 + i}, column {name!r}: negative value {v[j]} at position {pos}")
         want = target.field(name).type
         col = batch.column(name)
         if col.type == want:

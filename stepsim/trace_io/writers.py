@@ -33,15 +33,11 @@ def output_format(path: str | Path) -> str:
     """
     fmt = OUTPUT_FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise ConfigError(
-            f"output {str(path)!r}: suffix must be one of {', '.join(sorted(OUTPUT_FORMATS))}"
-        )
+        raise ConfigError(f"output {str(path)!r}: suffix must be one of {', '.join(sorted(OUTPUT_FORMATS))}")
     return fmt
 
 
-def write_trace(
-    data: pa.Table | Iterable[pa.RecordBatch], path: str | Path, schema: pa.Schema | None = None
-) -> int:
+def write_trace(data: pa.Table | Iterable[pa.RecordBatch], path: str | Path, schema: pa.Schema | None = None) -> int:
     """Write a trace table or a stream of record batches to ``path`` (format from its suffix).
 
     Parameters

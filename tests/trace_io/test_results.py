@@ -65,7 +65,9 @@ def test_write_parquet_atomic_metadata_and_units(tmp_path):
     trace = tmp_path / "trace.bin"
     trace.write_bytes(b"routing")
     meta = provenance_metadata(CONFIG, trace=trace, seed=5)
-    out = write_parquet_atomic(_row(), tmp_path / "sub" / "r.parquet", meta, units={"cycles": "cycles", "on_chip_bytes": "bytes"})
+    out = write_parquet_atomic(
+        _row(), tmp_path / "sub" / "r.parquet", meta, units={"cycles": "cycles", "on_chip_bytes": "bytes"}
+    )
     assert out == tmp_path / "sub" / "r.parquet"
     t = pq.read_table(out)
     assert t.to_pylist() == _row().to_pylist()

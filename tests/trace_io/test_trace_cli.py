@@ -150,7 +150,9 @@ def test_errors_exit_2_with_message(tmp_path, capsys):
     np.savez(bad, data=np.array([[0, 9]]))
     code, out, err = run(capsys, "trace", "import", bad, "--out", tmp_path / "x.arrow")
     assert code == 2 and out == ""
-    assert err == f"stepsim: error: {bad}: row 0, column 'expert_ids': expert id 9 at position 1 is out of range [0, 8)\n"
+    assert (
+        err == f"stepsim: error: {bad}: row 0, column 'expert_ids': expert id 9 at position 1 is out of range [0, 8)\n"
+    )
     assert not (tmp_path / "x.arrow").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["mixtral_b4"]  # no temp file either
 
