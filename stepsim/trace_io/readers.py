@@ -244,8 +244,8 @@ def _npy_vector(p: Path) -> tuple[np.ndarray, np.ndarray]:
     if not np.issubdtype(v.dtype, np.integer):
         raise TraceSchemaError(f"{p}: array has dtype {v.dtype}, expected integer KV lengths")
     name = parse_kv_name(p.name)
-    if name is None:
-        ids = np.arange(len(v), dtype=np.int64)
+    if name is None:  # no window in the name: number the requests 1..B, like the CSV numbering
+        ids = np.arange(1, len(v) + 1, dtype=np.int64)
     else:
         ids = np.arange(name["start"], name["end"] + 1, dtype=np.int64)
         if len(ids) != len(v):

@@ -34,3 +34,12 @@ def conv_requests(conv_csv: Path):
     from stepsim.trace_io import read_trace
 
     return read_trace(conv_csv)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every trace_io test that reads the shared traces with ``traces`` (``-m "not traces"`` skips them)."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        uses_traces = {"shared_traces", "conv_csv", "conv_requests"} & set(getattr(item, "fixturenames", ()))
+        if uses_traces and here in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.traces)

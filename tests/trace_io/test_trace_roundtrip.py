@@ -163,3 +163,12 @@ def test_large_trace_regrouped_into_row_groups(tmp_path):
     summary = validate_trace(out)
     assert summary.rows == n
     assert np.array_equal(summary.counts, expert_counts(t))
+
+
+def test_unnamed_npy_numbers_requests_from_one(tmp_path):
+    p = tmp_path / "batch.npy"
+    np.save(p, np.array([5, 0, 7], dtype=np.int32))
+    t = read_trace(p)
+    assert t.to_pylist() == [{"batch_id": 0, "request_ids": [1, 2, 3], "kv_lengths": [5, 0, 7]}]
+    assert t.schema.metadata[b"source"] == b"batch.npy"
+    assert b"window_start" not in t.schema.metadata
