@@ -92,13 +92,27 @@ class TraceStream:
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """Yield validated, normalized record batches; raises a TraceError on the first bad row."""
-        return conform_batches(_rechunk(self._raw(), self.batch_rows), self.info)
+        raw = _guarded(self.path, self.format, self._raw())
+        return conform_batches(_rechunk(raw, self.batch_rows), self.info)
 
     __iter__ = batches
 
     def read_all(self) -> pa.Table:
         """All rows as one table (materializes the trace)."""
         return pa.Table.from_batches(list(self.batches()), schema=self.schema)
+
+
+def _guarded(path: Path, fmt: str, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Re-raise pyarrow decoding errors met mid-stream (corrupt pages, truncated data) as TraceError."""
+    it = iter(batches)
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as exc:
+            raise TraceError(f"{path}: cannot read {fmt} data: {exc}") from exc
+        yield b
 
 
 def _rechunk(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:

@@ -247,3 +247,25 @@ def test_csv_bad_row_bisection_fallback(tmp_path):
     p = csv(tmp_path, ["2023-11-16 18:17:03.9799600,10,5", "2023-11-16 18:17:04.0,12,5", "2023-11-16 18:17:04.5,x,5"])
     assert _first_bad_csv_row(p, "ContextTokens") == 2
     assert _first_bad_csv_row(p, "GeneratedTokens") is None
+
+
+def test_corrupt_and_truncated_files(tmp_path):
+    from stepsim.trace_io import synthetic_routing, write_trace
+
+    t = synthetic_routing(200_000, 8, 2, seed=1)
+    good_pq, good_ipc = tmp_path / "good.parquet", tmp_path / "good.arrow"
+    write_trace(t, good_pq)
+    write_trace(t, good_ipc)
+
+    data = bytearray(good_pq.read_bytes())
+    third = len(data) // 3
+    data[third : third + 2000] = bytes(b ^ 0xFF for b in data[third : third + 2000])
+    bad = tmp_path / "corrupt.parquet"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(TraceError, match=rf"{re.escape(str(bad))}: cannot read parquet data"):
+        validate_trace(bad)
+
+    cut = tmp_path / "cut.arrow"
+    cut.write_bytes(good_ipc.read_bytes()[: good_ipc.stat().st_size // 2])
+    with pytest.raises(TraceError, match=rf"{re.escape(str(cut))}: not a readable arrow file"):
+        validate_trace(cut)
