@@ -393,7 +393,7 @@ class ProgramBuilder:
     def _compute_params(self, label, fn, fn_param, compute_bw, write_back_mu, *, accum: bool):
         code = function_code(fn, unit=label)
         if accum:
-            self._need(code in abi.ACCUM_FUNCTIONS or code == abi.FN_MATMUL, label,
+            self._need(code in abi.ACCUM_FUNCTIONS, label,
                        f"function {abi.FUNCTION_NAMES[code]!r} cannot be used as an accumulator")
         self._need(compute_bw >= 0, label, f"compute_bw must be >= 0, got {compute_bw}")
         self._need(code not in abi.FLOP_FUNCTIONS or compute_bw > 0, label,

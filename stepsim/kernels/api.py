@@ -1,0 +1,196 @@
+"""Python entry point of the engine: :func:`run` and :class:`EngineResult`.
+
+Example
+-------
+>>> from stepsim.program import ProgramBuilder
+>>> from stepsim.kernels import run
+>>> b = ProgramBuilder()
+>>> x = b.add_channel()
+>>> _ = b.offchip_load(out=x, tile_rows=64, tile_cols=4096, elem_bytes=2, view_shape=(1,))
+>>> _ = b.sink(inp=x)
+>>> run(b.build()).cycles    # STEP_TIMING §9 S1
+8212
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepsim.errors import ArenaError, DeadlockError, SimulationError
+from stepsim.kernels import abi as A
+
+#: the engine doubles Bufferize arena regions at most this many times before giving up
+MAX_ARENA_DOUBLINGS = 12
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """Outcome of one engine run.
+
+    Attributes
+    ----------
+    cycles : int
+        Simulated cycles (max final clock over units; memory units count +1 for the HBM's end).
+    unit_counters : int64 array (n_units, 5)
+        Per unit ``[fires, busy cycles, cycles blocked on input, cycles blocked on output, final clock]``
+        (columns ``abi.CNT_*``).
+    channel_counters : int64 array (n_channels, 2)
+        Per channel ``[pushes, peak occupancy]`` (columns ``abi.CCNT_*``).
+    bytes_read, bytes_written : int
+        Off-chip bytes moved (sum of the loaded / stored tile sizes).
+    events : int
+        Engine events (unit steps plus HBM batches).
+    fires : int
+        Total unit firings (elements consumed; emitted for sources).
+    wall_seconds : float
+        Wall time of the engine call, excluding numba compilation.
+    events_recorded : int64 array (n, 4)
+        Recorded steps ``[unit, clock after the step, fires so far, step code]`` (empty unless requested).
+    """
+
+    cycles: int
+    unit_counters: np.ndarray
+    channel_counters: np.ndarray
+    bytes_read: int
+    bytes_written: int
+    events: int
+    fires: int
+    wall_seconds: float
+    events_recorded: np.ndarray
+
+    @property
+    def firings_per_second(self) -> float:
+        """Unit firings per wall-clock second of the engine call."""
+        return self.fires / self.wall_seconds if self.wall_seconds > 0 else float("inf")
+
+
+def _engine():
+    from stepsim.kernels.engine import engine_run
+
+    return engine_run
+
+
+def _call(engine_run, program, max_events, rec):
+    return engine_run(program.unit_params, program.in_ptr, program.in_ch, program.out_ptr, program.out_ch,
+                      program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
+                      program.ch_consumer, program.payload, program.sel_ptr, program.sel_idx, program.hw,
+                      len(program.mem_order), program.arena_rows, max_events, rec)
+
+
+def _ensure_compiled(engine_run) -> None:
+    """Compile (or load from the disk cache) outside the timed call."""
+    if getattr(engine_run, "signatures", None) == [] or (
+            hasattr(engine_run, "signatures") and not engine_run.signatures):
+        from stepsim.kernels.warm import warm_program
+
+        _call(engine_run, warm_program(), 1 << 40, np.zeros((0, 4), dtype=np.int64))
+
+
+def run(program, *, max_events: int | None = None, record_events: int = 0) -> EngineResult:
+    """Simulate a :class:`stepsim.program.Program`.
+
+    Parameters
+    ----------
+    program : Program
+        Built by :class:`stepsim.program.ProgramBuilder` (or the lowering).
+    max_events : int, optional
+        Stop with :class:`SimulationError` after this many engine events (default: unlimited).
+    record_events : int
+        Record the first ``record_events`` unit steps into ``EngineResult.events_recorded``.
+
+    Returns
+    -------
+    EngineResult
+
+    Raises
+    ------
+    DeadlockError
+        No unit can progress and some are unfinished; lists every blocked unit, its channel and occupancy.
+    ArenaError
+        A Bufferize buffer kept outgrowing its arena region.
+    SimulationError
+        Event limit reached, or an operator met input step-perf would panic on (stop level, selector, ...).
+    """
+    engine_run = _engine()
+    _ensure_compiled(engine_run)
+    limit = (1 << 62) if max_events is None else int(max_events)
+    rec = np.zeros((max(int(record_events), 0), 4), dtype=np.int64)
+    scale = 1
+    current = program
+    while True:
+        t0 = time.perf_counter()
+        out, us, chs = _call(engine_run, current, limit, rec)
+        wall = time.perf_counter() - t0
+        status = int(out[A.OUT_STATUS])
+        if status != A.ST_ARENA_FULL:
+            break
+        if scale >= 1 << MAX_ARENA_DOUBLINGS:
+            unit = int(out[A.OUT_STATUS_ARG])
+            raise ArenaError(f"{program.unit_names[unit]} (Bufferize): a buffer needs more than "
+                             f"{int(current.unit_params[unit, A.UP_A0 + A.PA_ARENA_SIZE])} arena elements")
+        scale *= 2
+        current = program.with_arena_scale(scale)
+    if status == A.ST_DEADLOCK:
+        raise _deadlock_error(program, us, chs)
+    if status == A.ST_MAX_EVENTS:
+        raise SimulationError(f"engine stopped after max_events={limit} events at cycle "
+                              f"{int(us[:, A.US_CLOCK].max()) if len(us) else 0} (raise max_events?)")
+    if status != A.ST_OK:
+        unit = int(out[A.OUT_STATUS_ARG])
+        raise SimulationError(f"{program.unit_names[unit]} ({program.opcode_name(unit)}): "
+                              f"{_STATUS_MESSAGES.get(status, A.STATUS_NAMES.get(status, str(status)))} "
+                              f"at cycle {int(us[unit, A.US_CLOCK])}")
+    counters = np.stack([us[:, A.US_FIRES], us[:, A.US_BUSY], us[:, A.US_BLOCKED_IN], us[:, A.US_BLOCKED_OUT],
+                         us[:, A.US_CLOCK]], axis=1)
+    ch_counters = np.stack([chs[:, A.CH_TAIL], chs[:, A.CH_PEAK]], axis=1)
+    return EngineResult(cycles=int(out[A.OUT_CYCLES]), unit_counters=counters, channel_counters=ch_counters,
+                        bytes_read=int(out[A.OUT_BYTES_READ]), bytes_written=int(out[A.OUT_BYTES_WRITTEN]),
+                        events=int(out[A.OUT_EVENTS]), fires=int(out[A.OUT_FIRES]), wall_seconds=wall,
+                        events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy())
+
+
+_STATUS_MESSAGES = {
+    A.ST_BAD_STOP: "an input element carries a stop level above the operator's rank (step-perf panics here)",
+    A.ST_MISMATCH: "lock-stepped inputs disagree (different stop levels, or one input closed before the other)",
+    A.ST_BAD_SELECTOR: "a selector names a target outside the operator's ports",
+    A.ST_CAUSALITY: "internal error: an HBM request was scheduled before the HBM's served horizon",
+}
+
+
+def blocked_units(program, us, chs) -> list[dict]:
+    """Describe every unfinished unit of a stopped run (what it waits on, and that channel's occupancy)."""
+    blocked = []
+    for u in range(program.n_units):
+        if us[u, A.US_DONE]:
+            continue
+        kind = int(us[u, A.US_WAIT_KIND])
+        c = int(us[u, A.US_WAIT_CH])
+        waits = []
+        if kind == A.WAIT_TIME:  # EagerMerge choosing: waits on every input
+            waits = [(ch, "empty") for ch in program.inputs(u)]
+        elif c >= 0:
+            waits = [(c, A.WAIT_NAMES[kind])]
+        for ch, state in waits or [(-1, A.WAIT_NAMES[kind])]:
+            entry = {"unit": program.unit_names[u], "opcode": program.opcode_name(u), "clock": int(us[u, A.US_CLOCK]),
+                     "channel": program.channel_names[ch] if ch >= 0 else None, "waiting_for": state}
+            if ch >= 0:
+                entry["occupancy"] = int(chs[ch, A.CH_TAIL] - chs[ch, A.CH_HEAD])
+                entry["capacity"] = int(chs[ch, A.CH_CAP])
+            blocked.append(entry)
+    return blocked
+
+
+def _deadlock_error(program, us, chs) -> DeadlockError:
+    blocked = blocked_units(program, us, chs)
+    lines = []
+    for b in blocked:
+        if b["channel"] is None:
+            lines.append(f"  {b['unit']} ({b['opcode']}) at cycle {b['clock']}: waiting ({b['waiting_for']})")
+        else:
+            what = "a free slot on" if b["waiting_for"] == "full" else "data on"
+            lines.append(f"  {b['unit']} ({b['opcode']}) at cycle {b['clock']}: waits for {what} channel "
+                         f"{b['channel']!r} ({b['waiting_for']}, {b['occupancy']}/{b['capacity']})")
+    return DeadlockError("deadlock: no unit can make progress; blocked units:\n" + "\n".join(lines), blocked)

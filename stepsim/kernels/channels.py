@@ -1,0 +1,112 @@
+"""Channels: SPSC FIFOs stored as rows of one 2-D int64 slot array (array of structs).
+
+Channel c owns slot rows ``[chs[c, CH_BASE], chs[c, CH_BASE] + chs[c, CH_CAP])``; send number i uses row
+``base + i % cap``. A slot row is ``[stamp, credit_free, token...]`` (``abi.SL_*``, ``abi.TK_*``).
+
+Timing (canonical rule 1, STEP_TIMING §1.2):
+
+* enqueue: the sender first waits for the slot's credit (``clock = max(clock, credit_free)``), then the element
+  is stamped ``max(requested, clock + latency)``;
+* dequeue at receiver time ``d = max(clock, stamp)`` stores ``credit_free = d + credit_latency`` in the slot,
+  which is exactly the credit that send ``i + cap`` waits for;
+* a blocking receive (peek or dequeue) sets ``clock = max(clock, stamp)`` (the callers do that).
+
+The functions here never block: callers check :func:`can_pop` / :func:`can_push` first and report the wait.
+"""
+
+from __future__ import annotations
+
+from stepsim.kernels import abi as A
+from stepsim.kernels.jit import kernel
+
+
+@kernel
+def can_pop(chs, c):
+    """reads: chs[c] / writes: nothing / returns: True if channel c holds an element."""
+    return chs[c, A.CH_TAIL] > chs[c, A.CH_HEAD]
+
+
+@kernel
+def closed_empty(chs, c):
+    """reads: chs[c] / writes: nothing / returns: True if c is empty and its producer finished."""
+    return chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_TAIL] == chs[c, A.CH_HEAD]
+
+
+@kernel
+def can_push(chs, c):
+    """reads: chs[c] / writes: nothing / returns: True if c has a physically free slot."""
+    return chs[c, A.CH_TAIL] - chs[c, A.CH_HEAD] < chs[c, A.CH_CAP]
+
+
+@kernel
+def head_row(chs, c):
+    """reads: chs[c] / writes: nothing / returns: slot row of c's head element (c must be non-empty)."""
+    return chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP]
+
+
+@kernel
+def head_stamp(chs, slots, c):
+    """reads: chs[c], slots / writes: nothing / returns: arrival stamp of c's head (c must be non-empty)."""
+    return slots[chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP], A.SL_STAMP]
+
+
+@kernel
+def next_free(chs, slots, c):
+    """reads: chs[c], slots / writes: nothing / returns: credit time of the slot the next send uses."""
+    return slots[chs[c, A.CH_BASE] + chs[c, A.CH_TAIL] % chs[c, A.CH_CAP], A.SL_FREE]
+
+
+@kernel
+def pop(chs, slots, c, clock):
+    """Dequeue c's head at receiver clock ``clock`` (>= its stamp).
+
+    reads: chs[c], slots / writes: the slot's credit-free time, chs[c, CH_HEAD] / returns: nothing.
+    """
+    row = chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP]
+    d = clock
+    if slots[row, A.SL_STAMP] > d:
+        d = slots[row, A.SL_STAMP]
+    slots[row, A.SL_FREE] = d + chs[c, A.CH_CREDIT_LAT]
+    chs[c, A.CH_HEAD] += 1
+
+
+@kernel
+def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload):
+    """Enqueue a token on c (c must have a free slot).
+
+    reads: chs[c], the slot's credit-free time / writes: the slot, chs[c] tail and peak /
+    returns: the sender's clock after the credit wait.
+    """
+    tail = chs[c, A.CH_TAIL]
+    row = chs[c, A.CH_BASE] + tail % chs[c, A.CH_CAP]
+    free = slots[row, A.SL_FREE]
+    if free > clock:
+        clock = free
+    stamp = clock + chs[c, A.CH_LAT]
+    if requested > stamp:
+        stamp = requested
+    slots[row, A.SL_STAMP] = stamp
+    slots[row, A.SL_TOKEN + A.TK_STOP] = stop
+    slots[row, A.SL_TOKEN + A.TK_FLAGS] = flags
+    slots[row, A.SL_TOKEN + A.TK_BYTES] = nbytes
+    slots[row, A.SL_TOKEN + A.TK_ROWS] = rows
+    slots[row, A.SL_TOKEN + A.TK_COLS] = cols
+    slots[row, A.SL_TOKEN + A.TK_OFFSET] = offset
+    slots[row, A.SL_TOKEN + A.TK_PAYLOAD] = payload
+    tail += 1
+    chs[c, A.CH_TAIL] = tail
+    occ = tail - chs[c, A.CH_HEAD]
+    if occ > chs[c, A.CH_PEAK]:
+        chs[c, A.CH_PEAK] = occ
+    return clock
+
+
+@kernel
+def push_copy(chs, slots, c, clock, requested, src, srow, scol, stop):
+    """Enqueue a copy of the token at ``src[srow, scol:scol+N_TOKEN]`` with its stop level replaced.
+
+    reads: src row, chs[c] / writes: the slot, chs[c] / returns: the sender's clock after the credit wait.
+    """
+    return push(chs, slots, c, clock, requested, stop, src[srow, scol + A.TK_FLAGS], src[srow, scol + A.TK_BYTES],
+                src[srow, scol + A.TK_ROWS], src[srow, scol + A.TK_COLS], src[srow, scol + A.TK_OFFSET],
+                src[srow, scol + A.TK_PAYLOAD])

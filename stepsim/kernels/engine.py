@@ -1,0 +1,282 @@
+"""The event loop: one worklist of Kahn units, one time-ordered choice among time-sensitive units.
+
+Scheduling (canonical rules 2 and 3):
+
+1. Every Kahn unit (all but EagerMerge while it chooses, and the HBM) runs ahead until it blocks on an empty
+   input, a full output or the HBM. Blocking operations are timestamp-deterministic, so the order in which
+   runnable units are stepped does not change any time. After a unit steps, the engine wakes the neighbour
+   on each of its channels if that neighbour waits on exactly that channel and the channel now allows it.
+2. When no Kahn unit is runnable, the earliest time-sensitive event is taken: the HBM's next tick or an
+   EagerMerge's decision time (ties go to the HBM; any action at time T only creates elements stamped > T,
+   so the order of equal-time actions cannot matter). The HBM serves ticks up to the earliest EagerMerge
+   event and stops after a tick that completed a tile (see :mod:`stepsim.kernels.hbm`).
+3. When neither exists, the run is over: finished if every unit is done, else a deadlock.
+
+Reported cycles (canonical rule 6): max over every unit's final clock and, if there are memory units,
+their max final clock + 1 (the HBM's end).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepsim.kernels import abi as A
+from stepsim.kernels.channels import can_pop, can_push
+from stepsim.kernels.hbm import (E_BYTES_READ, E_BYTES_WRITTEN, E_HBM_NACT, E_STATUS, E_STATUS_ARG, N_ENG,
+                                 hbm_next_tick, hbm_process)
+from stepsim.kernels.jit import kernel
+from stepsim.kernels.units_common import advance_busy
+from stepsim.kernels.units_compute import step_accum, step_map
+from stepsim.kernels.units_memory import (step_bufferize, step_dyn_streamify, step_offchip_load,
+                                          step_offchip_store, step_random_offchip_load, step_random_offchip_store,
+                                          step_streamify)
+from stepsim.kernels.units_routing import (R_DECIDE, R_SCR, eager_merge_event_time, step_broadcast,
+                                           step_eager_merge, step_parallelize, step_partition, step_reassemble)
+from stepsim.kernels.units_shape import (step_expand_ref, step_flatten_promote, step_promote_outer,
+                                         step_repeat_static, step_reshape, step_row_streamify)
+from stepsim.kernels.units_sources import (step_cache_read_addr_gen, step_expert_addr_gen, step_filter_last_tile,
+                                           step_metadata_gen, step_select_gen, step_sink)
+
+
+@kernel
+def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+    """Step unit u by its opcode. reads/writes: whatever the unit's step does / returns: its STEP_* code."""
+    op = up[u, A.UP_OPCODE]
+    if op == A.OP_MAP:
+        return step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                        hact)
+    if op == A.OP_ACCUM or op == A.OP_MAP_ACCUM or op == A.OP_SCAN:
+        return step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                          hact)
+    if op == A.OP_OFFCHIP_LOAD or op == A.OP_DYN_OFFCHIP_LOAD:
+        return step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                                 hfree, hact)
+    if op == A.OP_SINK:
+        return step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                         hact)
+    if op == A.OP_BROADCAST:
+        return step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                              hfree, hact)
+    if op == A.OP_FLATTEN:
+        return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                    eng, hfree, hact)
+    if op == A.OP_PROMOTE:
+        if up[u, A.UP_A0 + A.PA_PROMOTE_OUTER]:
+            return step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                      eng, hfree, hact)
+        return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                    eng, hfree, hact)
+    if op == A.OP_RESHAPE:
+        return step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                            hfree, hact)
+    if op == A.OP_PARTITION:
+        return step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                              hfree, hact)
+    if op == A.OP_REASSEMBLE:
+        return step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                               hfree, hact)
+    if op == A.OP_EAGER_MERGE:
+        return step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                                hfree, hact)
+    if op == A.OP_PARALLELIZE:
+        return step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                                hfree, hact)
+    if op == A.OP_OFFCHIP_STORE:
+        return step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                  eng, hfree, hact)
+    if op == A.OP_RANDOM_OFFCHIP_LOAD:
+        return step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
+                                        arena, eng, hfree, hact)
+    if op == A.OP_RANDOM_OFFCHIP_STORE:
+        return step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
+                                         arena, eng, hfree, hact)
+    if op == A.OP_BUFFERIZE:
+        return step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                              hfree, hact)
+    if op == A.OP_STREAMIFY:
+        return step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                              hfree, hact)
+    if op == A.OP_DYN_STREAMIFY:
+        return step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                  eng, hfree, hact)
+    if op == A.OP_EXPAND_REF:
+        return step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                               hfree, hact)
+    if op == A.OP_REPEAT_STATIC:
+        return step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                  eng, hfree, hact)
+    if op == A.OP_ROW_STREAMIFY:
+        return step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                  eng, hfree, hact)
+    if op == A.OP_SELECT_GEN:
+        return step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                               hfree, hact)
+    if op == A.OP_METADATA_GEN:
+        return step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
+                                 hfree, hact)
+    if op == A.OP_EXPERT_ADDR_GEN:
+        return step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                    eng, hfree, hact)
+    if op == A.OP_CACHE_READ_ADDR_GEN:
+        return step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
+                                        arena, eng, hfree, hact)
+    if op == A.OP_FILTER_LAST_TILE:
+        return step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
+                                     eng, hfree, hact)
+    return A.STEP_DONE
+
+
+@kernel
+def _wake(us, wl, wl_n, v):
+    """reads: us[v] / writes: wl, us[v] in-worklist flag / returns: the new worklist length."""
+    if us[v, A.US_IN_WORKLIST] == 0 and us[v, A.US_DONE] == 0:
+        us[v, A.US_IN_WORKLIST] = 1
+        wl[wl_n] = v
+        wl_n += 1
+    return wl_n
+
+
+@kernel
+def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, payload, sel_ptr,
+               sel_idx, hw, n_mem, arena_rows, max_events, rec):
+    """Run a program to completion, deadlock or the event limit.
+
+    reads: the program arrays / writes: rec (recorded steps: unit, clock, fires, step code) /
+    returns: (out scalars abi.OUT_*, unit state us, channel state chs).
+    """
+    n_units = up.shape[0]
+    n_ch = ch_cap.shape[0]
+    us = np.zeros((n_units, A.N_US), dtype=np.int64)
+    us[:, A.US_WAIT_CH] = -1
+    # channels
+    chs = np.zeros((n_ch, A.N_CH), dtype=np.int64)
+    total = 0
+    for c in range(n_ch):
+        chs[c, A.CH_CAP] = ch_cap[c]
+        chs[c, A.CH_LAT] = ch_lat[c]
+        chs[c, A.CH_CREDIT_LAT] = ch_credit[c]
+        chs[c, A.CH_BASE] = total
+        chs[c, A.CH_PRODUCER] = ch_prod[c]
+        chs[c, A.CH_CONSUMER] = ch_cons[c]
+        total += ch_cap[c]
+    slots = np.zeros((max(total, 1), A.N_SLOT), dtype=np.int64)
+    # arena: Bufferize regions, then Reassemble scratch rows
+    extra = 0
+    n_ts = 0
+    for u in range(n_units):
+        op = up[u, A.UP_OPCODE]
+        if op == A.OP_REASSEMBLE:
+            us[u, R_SCR] = arena_rows + extra
+            extra += up[u, A.UP_N_IN]
+        elif op == A.OP_EAGER_MERGE:
+            us[u, R_DECIDE] = -1
+            n_ts += 1
+    arena = np.zeros((arena_rows + extra, A.N_TOKEN), dtype=np.int64)
+    ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
+    k = 0
+    for u in range(n_units):
+        if up[u, A.UP_OPCODE] == A.OP_EAGER_MERGE:
+            ts_units[k] = u
+            k += 1
+    hfree = np.zeros(hw[A.HW_HBM_CHANNELS], dtype=np.int64)
+    hact = np.zeros(max(n_mem, 1), dtype=np.int64)
+    done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
+    eng = np.zeros(N_ENG, dtype=np.int64)
+    wl = np.zeros(max(n_units, 1), dtype=np.int64)
+    wl_n = 0
+    for u in range(n_units - 1, -1, -1):
+        wl_n = _wake(us, wl, wl_n, u)
+    n_rec_max = rec.shape[0]
+    n_rec = 0
+    events = 0
+    status = A.ST_OK
+    while status == A.ST_OK:
+        while wl_n > 0:
+            wl_n -= 1
+            u = wl[wl_n]
+            us[u, A.US_IN_WORKLIST] = 0
+            r = dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                         hact)
+            events += 1
+            if n_rec < n_rec_max:
+                rec[n_rec, 0] = u
+                rec[n_rec, 1] = us[u, A.US_CLOCK]
+                rec[n_rec, 2] = us[u, A.US_FIRES]
+                rec[n_rec, 3] = r
+                n_rec += 1
+            if eng[E_STATUS] != A.ST_OK:
+                status = eng[E_STATUS]
+                break
+            if r == A.STEP_DONE:
+                us[u, A.US_DONE] = 1
+                us[u, A.US_WAIT_KIND] = A.WAIT_NONE
+                us[u, A.US_WAIT_CH] = -1
+                for k in range(out_ptr[u], out_ptr[u + 1]):
+                    c = out_ch[k]
+                    chs[c, A.CH_CLOSED] = 1
+                    chs[c, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+            for k in range(in_ptr[u], in_ptr[u + 1]):
+                c = in_ch[k]
+                v = ch_prod[c]
+                if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_FULL and can_push(chs, c):
+                    wl_n = _wake(us, wl, wl_n, v)
+            for k in range(out_ptr[u], out_ptr[u + 1]):
+                c = out_ch[k]
+                v = ch_cons[c]
+                if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_EMPTY and (
+                        can_pop(chs, c) or chs[c, A.CH_CLOSED] == 1):
+                    wl_n = _wake(us, wl, wl_n, v)
+            if events >= max_events:
+                status = A.ST_MAX_EVENTS
+                break
+        if status != A.ST_OK:
+            break
+        # no Kahn unit can run: take the earliest time-sensitive event
+        best_t = A.NEVER
+        best_u = -1
+        for k in range(n_ts):
+            v = ts_units[k]
+            if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
+                t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                if t < best_t:
+                    best_t = t
+                    best_u = v
+        t_hbm = hbm_next_tick(us, eng, hact) if eng[E_HBM_NACT] > 0 else A.NEVER
+        if t_hbm == A.NEVER and best_u < 0:
+            break
+        if t_hbm <= best_t:
+            nd = hbm_process(best_t, us, eng, hact, hw, hfree, done_list)
+            events += 1
+            for k in range(nd):
+                v = done_list[k]
+                advance_busy(us, v, us[v, A.US_TOK_B])
+                us[v, A.US_WAIT_KIND] = A.WAIT_NONE
+                wl_n = _wake(us, wl, wl_n, v)
+        else:
+            us[best_u, R_DECIDE] = best_t
+            us[best_u, A.US_WAIT_KIND] = A.WAIT_NONE
+            wl_n = _wake(us, wl, wl_n, best_u)
+    if status == A.ST_OK:
+        for u in range(n_units):
+            if us[u, A.US_DONE] == 0:
+                status = A.ST_DEADLOCK
+                break
+    cycles = 0
+    fires = 0
+    for u in range(n_units):
+        t = us[u, A.US_CLOCK]
+        if up[u, A.UP_MEM_PRIORITY] >= 0:
+            t += 1
+        if t > cycles:
+            cycles = t
+        fires += us[u, A.US_FIRES]
+    out = np.zeros(A.N_OUT, dtype=np.int64)
+    out[A.OUT_STATUS] = status
+    out[A.OUT_STATUS_ARG] = eng[E_STATUS_ARG]
+    out[A.OUT_EVENTS] = events
+    out[A.OUT_CYCLES] = cycles
+    out[A.OUT_BYTES_READ] = eng[E_BYTES_READ]
+    out[A.OUT_BYTES_WRITTEN] = eng[E_BYTES_WRITTEN]
+    out[A.OUT_N_RECORDED] = n_rec
+    out[A.OUT_FIRES] = fires
+    return out, us, chs

@@ -1,0 +1,52 @@
+"""The one place that owns numba's jit flags for the engine.
+
+Every kernel is ``@kernel``-decorated: ``numba.njit(cache=True, nogil=True)``. Under ``NUMBA_DISABLE_JIT=1``
+the decorator returns the plain Python function, so the engine also runs (slowly) as pure Python.
+
+numba's on-disk cache is keyed on the source file of each function only, not on the modules it calls or the
+constants it reads (for instance :mod:`stepsim.kernels.abi`). To keep cached machine code from going stale,
+importing this module hashes every ``stepsim/kernels/*.py`` source and drops the package's cache files
+(``__pycache__/*.nbi|*.nbc``) when the hash changed since the last run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _invalidate_stale_cache() -> None:
+    digest = hashlib.sha256()
+    for path in sorted(_HERE.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    stamp_value = digest.hexdigest()
+    cache_dir = _HERE / "__pycache__"
+    stamp = cache_dir / "stepsim_kernels.sha256"
+    try:
+        if stamp.exists() and stamp.read_text() == stamp_value:
+            return
+        if cache_dir.is_dir():
+            for path in cache_dir.iterdir():
+                if path.suffix in (".nbi", ".nbc"):
+                    path.unlink(missing_ok=True)
+        cache_dir.mkdir(exist_ok=True)
+        tmp = stamp.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(stamp_value)
+        os.replace(tmp, stamp)
+    except OSError:  # read-only install: numba falls back to its own cache locator
+        pass
+
+
+_invalidate_stale_cache()
+
+#: decorator for every engine kernel
+kernel = numba.njit(cache=True, nogil=True)
+
+#: True when numba's JIT is disabled (NUMBA_DISABLE_JIT=1)
+JIT_DISABLED = bool(numba.config.DISABLE_JIT)

@@ -1,0 +1,291 @@
+"""Compute operators: Map (unary / binary), Accum, MapAccum, Scan (STEP_TIMING §3.3, §6).
+
+Costs (cycles), with L(x) = ceil(bytes/PMU_BW) if x.read_from_mu, W(x) = ceil(bytes/PMU_BW) if write_back_mu:
+
+* Map: PEEK inputs; ``now += max(L1 + L2, F, W(out))``; ENQ(out, now) with in1's stop; DEQ inputs.
+* Accum(rank r): PEEK; non-closing (stop < r): ``now += max(L, F)``, DEQ. Closing: ``now += max(L, F, W(init))``,
+  DEQ, ENQ (stop - r, Val when equal); the accumulator resets to the init tile.
+* MapAccum: as Accum with two lock-stepped inputs and ``L1 + L2``.
+* Scan (@5fbd7223): PEEK; ``now += max(L, F, W(out))``; DEQ; ENQ one output per input (stop unchanged); reset
+  at stop >= rank.
+
+F is ``ceil(FLOPs / compute_bw)`` for FLOP functions, 1 for the fixed-cost ones, 0 for RetileRow/Col. Output
+tile shapes are computed from the tokens at run time (dynamic tiles follow the trace).
+"""
+
+from __future__ import annotations
+
+from stepsim.kernels import abi as A
+from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, pop
+from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
+from stepsim.kernels.jit import kernel
+from stepsim.kernels.units_common import (block, emit, load_cycles, pmu_cycles, spend, take, wait_input)
+
+R_INIT = A.US_R0 + 0  # 1 once the accumulator holds the init tile
+
+
+@kernel
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+@kernel
+def fn_map(fn, param, bw, sa, ra, ca, sb, rb, cb):
+    """Apply a Map function to operand tokens a (and b).
+
+    reads: the operand tokens / writes: nothing /
+    returns: (cycles, kind flags, bytes/elem, rows, cols, offset, payload) of the output (MU flag not set).
+    """
+    a_rows = sa[ra, ca + A.TK_ROWS]
+    a_cols = sa[ra, ca + A.TK_COLS]
+    a_bytes = sa[ra, ca + A.TK_BYTES]
+    b_rows = sb[rb, cb + A.TK_ROWS]
+    b_cols = sb[rb, cb + A.TK_COLS]
+    if fn == A.FN_MATMUL:
+        n = b_rows if param == 1 else b_cols
+        return _ceil_div(2 * a_rows * a_cols * n, bw), A.KIND_TILE, a_bytes, a_rows, n, a_rows, -1
+    if fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
+        r = a_rows if a_rows > b_rows else b_rows
+        c = a_cols if a_cols > b_cols else b_cols
+        return _ceil_div(r * c, bw), A.KIND_TILE, a_bytes, r, c, r, -1
+    if fn == A.FN_SILU:
+        return _ceil_div(8 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_rows, -1
+    if fn == A.FN_EXP:
+        return _ceil_div(4 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_rows, -1
+    if fn == A.FN_ROWSUM or fn == A.FN_ROWMAX:
+        return _ceil_div(a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, 1, a_rows, -1
+    if fn == A.FN_SET_OFFSET:
+        return 1, A.KIND_TILE, a_bytes, a_rows, a_cols, sb[rb, cb + A.TK_PAYLOAD], -1
+    if fn == A.FN_ROW_APPEND:
+        return 1, A.KIND_TILE, a_bytes, a_rows, a_cols, sa[ra, ca + A.TK_OFFSET], -1
+    if fn == A.FN_CACHE_WRITE_ADDR:
+        value = sa[ra, ca + A.TK_PAYLOAD] * param + sb[rb, cb + A.TK_PAYLOAD] - 1
+        return 1, A.KIND_SCALAR, a_bytes, 1, 1, 1, value
+    return 0, A.KIND_TILE, a_bytes, a_rows, a_cols, sa[ra, ca + A.TK_OFFSET], -1
+
+
+@kernel
+def fn_fold(fn, bw, sa, ra, ca, sx, rx, cx):
+    """Fold element x into accumulator a (Accum / Scan functions).
+
+    reads: the accumulator and element tokens / writes: nothing /
+    returns: (cycles, flags, bytes/elem, rows, cols, offset, payload) of the new accumulator; for RetileRow /
+    RetileCol the flags carry x's read_from_mu (inherited), otherwise the caller sets it.
+    """
+    a_rows = sa[ra, ca + A.TK_ROWS]
+    a_cols = sa[ra, ca + A.TK_COLS]
+    a_bytes = sa[ra, ca + A.TK_BYTES]
+    x_rows = sx[rx, cx + A.TK_ROWS]
+    x_cols = sx[rx, cx + A.TK_COLS]
+    x_bytes = sx[rx, cx + A.TK_BYTES]
+    x_flags = sx[rx, cx + A.TK_FLAGS]
+    if fn == A.FN_RETILE_ROW or fn == A.FN_RETILE_COL:
+        valid = 0 if x_flags & A.FLAG_PAD else sx[rx, cx + A.TK_OFFSET]
+        flags = A.KIND_TILE | (x_flags & A.FLAG_MU)
+        if fn == A.FN_RETILE_ROW:
+            return 0, flags, x_bytes, a_rows + x_rows, x_cols, sa[ra, ca + A.TK_OFFSET] + valid, -1
+        return 0, flags, x_bytes, x_rows, a_cols + x_cols, x_rows, -1
+    if fn == A.FN_SIGNAL_REQ_ALL_READ:
+        return 1, A.KIND_SCALAR, 8, 1, 1, 1, 1
+    nbytes = a_bytes if a_bytes > 0 else x_bytes
+    if a_rows * a_cols == 0:
+        r = x_rows
+        c = x_cols
+    else:
+        r = a_rows if a_rows > x_rows else x_rows
+        c = a_cols if a_cols > x_cols else x_cols
+    return _ceil_div(r * c, bw), A.KIND_TILE, nbytes, r, c, r, -1
+
+
+@kernel
+def _init_acc(u, up, us):
+    """reads: up[u] init tile / writes: us[u] accumulator (token A) / returns: nothing."""
+    wb = up[u, A.UP_A0 + A.PA_WRITE_BACK]
+    fn = up[u, A.UP_A0 + A.PA_FN]
+    col = A.US_TOK_A
+    us[u, col + A.TK_STOP] = 0
+    us[u, col + A.TK_FLAGS] = (A.KIND_SCALAR if fn == A.FN_SIGNAL_REQ_ALL_READ else A.KIND_TILE) | (
+        A.FLAG_MU if wb else 0)
+    us[u, col + A.TK_BYTES] = up[u, A.UP_A0 + A.PA_INIT_BYTES]
+    us[u, col + A.TK_ROWS] = up[u, A.UP_A0 + A.PA_INIT_ROWS]
+    us[u, col + A.TK_COLS] = up[u, A.UP_A0 + A.PA_INIT_COLS]
+    us[u, col + A.TK_OFFSET] = 0
+    us[u, col + A.TK_PAYLOAD] = -1
+    us[u, R_INIT] = 1
+
+
+@kernel
+def _set_acc(u, us, fn, wb, res):
+    """reads: a fold result / writes: us[u] accumulator (token A) / returns: nothing."""
+    col = A.US_TOK_A
+    flags = res[1]
+    if fn != A.FN_RETILE_ROW and fn != A.FN_RETILE_COL and wb:
+        flags |= A.FLAG_MU
+    us[u, col + A.TK_FLAGS] = flags
+    us[u, col + A.TK_BYTES] = res[2]
+    us[u, col + A.TK_ROWS] = res[3]
+    us[u, col + A.TK_COLS] = res[4]
+    us[u, col + A.TK_OFFSET] = res[5]
+    us[u, col + A.TK_PAYLOAD] = res[6]
+
+
+@kernel
+def _mismatch(u, eng, us):
+    eng[E_STATUS] = A.ST_MISMATCH
+    eng[E_STATUS_ARG] = u
+    return A.STEP_BLOCKED
+
+
+@kernel
+def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+    """reads: inputs / writes: output, input credits, us[u] / returns: DONE when the inputs close."""
+    start = up[u, A.UP_IN_START]
+    c1 = in_ch[start]
+    binary = up[u, A.UP_N_IN] == 2
+    c2 = in_ch[start + 1] if binary else c1
+    out = out_ch[up[u, A.UP_OUT_START]]
+    fn = up[u, A.UP_A0 + A.PA_FN]
+    param = up[u, A.UP_A0 + A.PA_FN_PARAM]
+    bw = up[u, A.UP_A0 + A.PA_COMPUTE_BW]
+    wb = up[u, A.UP_A0 + A.PA_WRITE_BACK]
+    pmu = hw[A.HW_PMU_BW]
+    while True:
+        if not can_pop(chs, c1):
+            if closed_empty(chs, c1):
+                if binary and not closed_empty(chs, c2):
+                    return _mismatch(u, eng, us)
+                return A.STEP_DONE
+            return block(us, u, c1, A.WAIT_EMPTY)
+        if binary and not can_pop(chs, c2):
+            if closed_empty(chs, c2):
+                return _mismatch(u, eng, us)
+            return block(us, u, c2, A.WAIT_EMPTY)
+        if not can_push(chs, out):
+            return block(us, u, out, A.WAIT_FULL)
+        r1 = head_row(chs, c1)
+        wait_input(us, u, slots[r1, A.SL_STAMP])
+        load = load_cycles(slots, r1, A.SL_TOKEN, pmu)
+        r2 = r1
+        if binary:
+            r2 = head_row(chs, c2)
+            wait_input(us, u, slots[r2, A.SL_STAMP])
+            load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
+            if slots[r1, A.SL_TOKEN + A.TK_STOP] != slots[r2, A.SL_TOKEN + A.TK_STOP]:
+                return _mismatch(u, eng, us)
+        res = fn_map(fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
+        cost = res[0]
+        if load > cost:
+            cost = load
+        if wb:
+            store = pmu_cycles(res[2] * res[3] * res[4], pmu)
+            if store > cost:
+                cost = store
+        spend(us, u, cost)
+        emit(us, u, chs, slots, out, us[u, A.US_CLOCK], slots[r1, A.SL_TOKEN + A.TK_STOP],
+             res[1] | (A.FLAG_MU if wb else 0), res[2], res[3], res[4], res[5], res[6])
+        pop(chs, slots, c1, us[u, A.US_CLOCK])
+        if binary:
+            pop(chs, slots, c2, us[u, A.US_CLOCK])
+        us[u, A.US_FIRES] += 1
+
+
+@kernel
+def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+    """Accum, MapAccum and Scan (by opcode).
+
+    reads: inputs / writes: output, input credits, us[u] accumulator / returns: DONE when the inputs close.
+    """
+    op = up[u, A.UP_OPCODE]
+    start = up[u, A.UP_IN_START]
+    c1 = in_ch[start]
+    binary = op == A.OP_MAP_ACCUM
+    c2 = in_ch[start + 1] if binary else c1
+    out = out_ch[up[u, A.UP_OUT_START]]
+    fn = up[u, A.UP_A0 + A.PA_FN]
+    param = up[u, A.UP_A0 + A.PA_FN_PARAM]
+    bw = up[u, A.UP_A0 + A.PA_COMPUTE_BW]
+    wb = up[u, A.UP_A0 + A.PA_WRITE_BACK]
+    rank = up[u, A.UP_A0 + A.PA_RANK]
+    pmu = hw[A.HW_PMU_BW]
+    init_store = 0
+    if wb:
+        init_store = pmu_cycles(up[u, A.UP_A0 + A.PA_INIT_ROWS] * up[u, A.UP_A0 + A.PA_INIT_COLS]
+                                * up[u, A.UP_A0 + A.PA_INIT_BYTES], pmu)
+    if us[u, R_INIT] == 0:
+        _init_acc(u, up, us)
+    while True:
+        if us[u, A.US_PHASE] == 1:
+            # pending output in token B (Accum / MapAccum: DEQ happened before this ENQ)
+            if not can_push(chs, out):
+                return block(us, u, out, A.WAIT_FULL)
+            b = A.US_TOK_B
+            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, b + A.TK_STOP], us[u, b + A.TK_FLAGS],
+                 us[u, b + A.TK_BYTES], us[u, b + A.TK_ROWS], us[u, b + A.TK_COLS], us[u, b + A.TK_OFFSET],
+                 us[u, b + A.TK_PAYLOAD])
+            us[u, A.US_PHASE] = 0
+        if not can_pop(chs, c1):
+            if closed_empty(chs, c1):
+                if binary and not closed_empty(chs, c2):
+                    return _mismatch(u, eng, us)
+                return A.STEP_DONE
+            return block(us, u, c1, A.WAIT_EMPTY)
+        if binary and not can_pop(chs, c2):
+            if closed_empty(chs, c2):
+                return _mismatch(u, eng, us)
+            return block(us, u, c2, A.WAIT_EMPTY)
+        r1 = head_row(chs, c1)
+        wait_input(us, u, slots[r1, A.SL_STAMP])
+        load = load_cycles(slots, r1, A.SL_TOKEN, pmu)
+        stop = slots[r1, A.SL_TOKEN + A.TK_STOP]
+        if binary:
+            r2 = head_row(chs, c2)
+            wait_input(us, u, slots[r2, A.SL_STAMP])
+            load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
+            if stop != slots[r2, A.SL_TOKEN + A.TK_STOP]:
+                return _mismatch(u, eng, us)
+            prod = fn_map(fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
+            acc = A.US_TOK_A
+            a_rows = us[u, acc + A.TK_ROWS]
+            a_cols = us[u, acc + A.TK_COLS]
+            rows = prod[3]
+            cols = prod[4]
+            if a_rows * a_cols != 0:
+                rows = a_rows if a_rows > rows else rows
+                cols = a_cols if a_cols > cols else cols
+            nbytes = us[u, acc + A.TK_BYTES] if us[u, acc + A.TK_BYTES] > 0 else prod[2]
+            res = (prod[0], A.KIND_TILE, nbytes, rows, cols, rows, -1)
+        else:
+            res = fn_fold(fn, bw, us, u, A.US_TOK_A, slots, r1, A.SL_TOKEN)
+        comp = res[0]
+        cost = load if load > comp else comp
+        if op == A.OP_SCAN:
+            if wb:
+                store = pmu_cycles(res[2] * res[3] * res[4], pmu)
+                if store > cost:
+                    cost = store
+            spend(us, u, cost)
+            pop(chs, slots, c1, us[u, A.US_CLOCK])
+            _set_acc(u, us, fn, wb, res)
+            for k in range(A.N_TOKEN):
+                us[u, A.US_TOK_B + k] = us[u, A.US_TOK_A + k]
+            us[u, A.US_TOK_B + A.TK_STOP] = stop
+            if stop >= rank:
+                _init_acc(u, up, us)
+            us[u, A.US_FIRES] += 1
+            us[u, A.US_PHASE] = 1
+            continue
+        closing = stop >= rank
+        if closing and init_store > cost:
+            cost = init_store
+        spend(us, u, cost)
+        pop(chs, slots, c1, us[u, A.US_CLOCK])
+        if binary:
+            pop(chs, slots, c2, us[u, A.US_CLOCK])
+        _set_acc(u, us, fn, wb, res)
+        us[u, A.US_FIRES] += 1
+        if closing:
+            for k in range(A.N_TOKEN):
+                us[u, A.US_TOK_B + k] = us[u, A.US_TOK_A + k]
+            us[u, A.US_TOK_B + A.TK_STOP] = stop - rank
+            _init_acc(u, up, us)
+            us[u, A.US_PHASE] = 1

@@ -1,0 +1,297 @@
+"""Shape operators: Flatten, Promote, Reshape, ExpandRef, RepeatStatic, RowStreamify (STEP_TIMING §7.7).
+
+All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (STEP_SEMANTICS §1.2, §2.5):
+
+* Flatten(min, max): L <= min kept; min < L <= max -> min (Val when min = 0); L > max -> L - (max - min).
+* Promote(p): L >= p -> L + 1. Outer promote (p = input rank + 1): each element waits for the next element
+  (or the close); the stream's last element gets p.
+* Reshape(S, r): the dim at rank r becomes (ceil(D/S), S): L < r kept; L == r -> r, or r + 1 when it completes
+  a chunk; L > r -> L + 1. A partial last chunk at rank 0 is padded with pad tiles (burst, pad flag,
+  read_from_mu = write_back_mu); the real element becomes Val and the last pad carries L + 1. For a rank-0
+  input the close ends the dim (padding happens at the close). ``add_outer_dim``: a chunk-completing element
+  waits for the next element (level 1) or the close (level 2).
+* ExpandRef(k): PEEK in; per ref element DEQ ref and ENQ a copy with the ref's stop; DEQ in at ref stop >= k.
+* RepeatStatic(r): PEEK; copy i requested at t + i (t = clock after the peek), the last is ValStop(s + 1);
+  ``now += r``; DEQ.
+* RowStreamify: DEQ a tile; burst its rows (1xC) or columns (Rx1) at now; the last carries the tile's stop.
+  With filtering, only the tile's valid rows (TK_OFFSET) are emitted and pad tiles vanish.
+"""
+
+from __future__ import annotations
+
+from stepsim.kernels import abi as A
+from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, pop
+from stepsim.kernels.jit import kernel
+from stepsim.kernels.units_common import block, emit, emit_copy, look, spend, stash, take
+
+R_I = A.US_R0 + 0
+R_N = A.US_R0 + 1
+R_OSTOP = A.US_R0 + 2
+R_CNT = A.US_R0 + 3  # reshape: steps of the split dim inside the current chunk
+R_NPAD = A.US_R0 + 4
+R_PADLVL = A.US_R0 + 5
+R_CLOSING = A.US_R0 + 6
+R_T = A.US_R0 + 7
+R_REFSTOP = A.US_R0 + 8
+R_PENDING = A.US_R0 + 9
+
+
+@kernel
+def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                         hact):
+    """Flatten and (inner) Promote. reads: input / writes: output, us[u] / returns: DONE on close."""
+    c = in_ch[up[u, A.UP_IN_START]]
+    out = out_ch[up[u, A.UP_OUT_START]]
+    op = up[u, A.UP_OPCODE]
+    a0 = up[u, A.UP_A0 + 0]
+    a1 = up[u, A.UP_A0 + 1]
+    rank = up[u, A.UP_A0 + A.PA_RANK]
+    while True:
+        if us[u, A.US_PHASE] == 0:
+            if not can_pop(chs, c):
+                if closed_empty(chs, c):
+                    return A.STEP_DONE
+                return block(us, u, c, A.WAIT_EMPTY)
+            row = take(us, u, chs, slots, c)
+            stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
+            s = slots[row, A.SL_TOKEN + A.TK_STOP]
+            if op == A.OP_FLATTEN:
+                if s > a1:
+                    s = s - (a1 - a0)
+                elif s > a0:
+                    s = a0
+            elif s >= rank:
+                s += 1
+            us[u, R_OSTOP] = s
+            us[u, A.US_FIRES] += 1
+            us[u, A.US_PHASE] = 1
+        if not can_push(chs, out):
+            return block(us, u, out, A.WAIT_FULL)
+        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+        us[u, A.US_PHASE] = 0
+
+
+@kernel
+def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                       hact):
+    """Promote of the outermost dim. reads: input / writes: output, us[u] / returns: DONE on close."""
+    c = in_ch[up[u, A.UP_IN_START]]
+    out = out_ch[up[u, A.UP_OUT_START]]
+    p = up[u, A.UP_A0 + A.PA_RANK]
+    while True:
+        ph = us[u, A.US_PHASE]
+        if ph == 0:
+            if not can_pop(chs, c):
+                if closed_empty(chs, c):
+                    return A.STEP_DONE
+                return block(us, u, c, A.WAIT_EMPTY)
+            row = take(us, u, chs, slots, c)
+            stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
+            us[u, A.US_FIRES] += 1
+            us[u, A.US_PHASE] = 1
+        elif ph == 1:
+            # wait for the next element (or the close) to know whether this one is the last
+            if can_pop(chs, c):
+                look(us, u, chs, slots, c)
+                us[u, R_OSTOP] = us[u, A.US_TOK_A + A.TK_STOP]
+                us[u, R_CLOSING] = 0
+            elif closed_empty(chs, c):
+                us[u, R_OSTOP] = p
+                us[u, R_CLOSING] = 1
+            else:
+                return block(us, u, c, A.WAIT_EMPTY)
+            us[u, A.US_PHASE] = 2
+        else:
+            if not can_push(chs, out):
+                return block(us, u, out, A.WAIT_FULL)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+            if us[u, R_CLOSING]:
+                return A.STEP_DONE
+            us[u, A.US_PHASE] = 0
+
+
+@kernel
+def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+    """reads: input / writes: output (data and pad tiles), us[u] / returns: DONE after the close."""
+    c = in_ch[up[u, A.UP_IN_START]]
+    out = out_ch[up[u, A.UP_OUT_START]]
+    S = up[u, A.UP_A0 + A.PA_CHUNK]
+    r = up[u, A.UP_A0 + A.PA_RANK]
+    pad_rows = up[u, A.UP_A0 + A.PA_PAD_ROWS]
+    pad_cols = up[u, A.UP_A0 + A.PA_PAD_COLS]
+    pad_bytes = up[u, A.UP_A0 + A.PA_PAD_BYTES]
+    add_outer = up[u, A.UP_A0 + A.PA_ADD_OUTER]
+    wb = up[u, A.UP_A0 + A.PA_RESHAPE_WB]
+    pad_flags = A.KIND_TILE | A.FLAG_PAD | (A.FLAG_MU if wb else 0)
+    while True:
+        ph = us[u, A.US_PHASE]
+        if ph == 0:
+            if not can_pop(chs, c):
+                if closed_empty(chs, c):
+                    # the close ends a rank-0 input's split dim: pad a partial chunk
+                    if us[u, R_CNT] > 0 and pad_bytes > 0:
+                        us[u, R_NPAD] = S - us[u, R_CNT]
+                        us[u, R_PADLVL] = 2 if add_outer else 1
+                        us[u, R_CNT] = 0
+                        us[u, R_CLOSING] = 1
+                        us[u, A.US_PHASE] = 2
+                        continue
+                    return A.STEP_DONE
+                return block(us, u, c, A.WAIT_EMPTY)
+            row = take(us, u, chs, slots, c)
+            stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
+            us[u, A.US_FIRES] += 1
+            L = slots[row, A.SL_TOKEN + A.TK_STOP]
+            us[u, R_NPAD] = 0
+            us[u, A.US_PHASE] = 1
+            if L < r:
+                us[u, R_OSTOP] = L
+            elif L == r:
+                cnt = us[u, R_CNT] + 1
+                if cnt == S:
+                    us[u, R_CNT] = 0
+                    us[u, R_OSTOP] = r + 1
+                    if add_outer:
+                        us[u, A.US_PHASE] = 3
+                else:
+                    us[u, R_CNT] = cnt
+                    us[u, R_OSTOP] = r
+            else:
+                cnt = us[u, R_CNT] + 1
+                us[u, R_CNT] = 0
+                if cnt == S or pad_bytes == 0:
+                    us[u, R_OSTOP] = L + 1
+                else:
+                    us[u, R_OSTOP] = r
+                    us[u, R_NPAD] = S - cnt
+                    us[u, R_PADLVL] = L + 1
+        elif ph == 3:
+            # add_outer_dim: a chunk-closing element waits for the next element or the close
+            if can_pop(chs, c):
+                look(us, u, chs, slots, c)
+                us[u, R_OSTOP] = 1
+            elif closed_empty(chs, c):
+                us[u, R_OSTOP] = 2
+            else:
+                return block(us, u, c, A.WAIT_EMPTY)
+            us[u, A.US_PHASE] = 1
+        elif ph == 1:
+            if not can_push(chs, out):
+                return block(us, u, out, A.WAIT_FULL)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+            us[u, A.US_PHASE] = 2 if us[u, R_NPAD] > 0 else 0
+        else:
+            while us[u, R_NPAD] > 0:
+                if not can_push(chs, out):
+                    return block(us, u, out, A.WAIT_FULL)
+                n = us[u, R_NPAD]
+                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, R_PADLVL] if n == 1 else 0, pad_flags,
+                     pad_bytes, pad_rows, pad_cols, 0, -1)
+                us[u, R_NPAD] = n - 1
+            if us[u, R_CLOSING]:
+                return A.STEP_DONE
+            us[u, A.US_PHASE] = 0
+
+
+@kernel
+def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+    """reads: input and ref / writes: output, us[u] / returns: DONE when either input closes."""
+    c = in_ch[up[u, A.UP_IN_START]]
+    ref = in_ch[up[u, A.UP_IN_START] + 1]
+    out = out_ch[up[u, A.UP_OUT_START]]
+    k = up[u, A.UP_A0 + A.PA_RANK]
+    while True:
+        if not can_pop(chs, c):
+            if closed_empty(chs, c):
+                return A.STEP_DONE
+            return block(us, u, c, A.WAIT_EMPTY)
+        row = look(us, u, chs, slots, c)
+        if us[u, A.US_PHASE] == 0:
+            if not can_pop(chs, ref):
+                if closed_empty(chs, ref):
+                    return A.STEP_DONE
+                return block(us, u, ref, A.WAIT_EMPTY)
+            rrow = take(us, u, chs, slots, ref)
+            us[u, R_REFSTOP] = slots[rrow, A.SL_TOKEN + A.TK_STOP]
+            us[u, A.US_FIRES] += 1
+            us[u, A.US_PHASE] = 1
+        if not can_push(chs, out):
+            return block(us, u, out, A.WAIT_FULL)
+        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], slots, row, A.SL_TOKEN, us[u, R_REFSTOP])
+        us[u, A.US_PHASE] = 0
+        if us[u, R_REFSTOP] >= k:
+            pop(chs, slots, c, us[u, A.US_CLOCK])
+
+
+@kernel
+def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                       hact):
+    """reads: input / writes: output, us[u] / returns: DONE when the input closes."""
+    c = in_ch[up[u, A.UP_IN_START]]
+    out = out_ch[up[u, A.UP_OUT_START]]
+    r = up[u, A.UP_A0 + A.PA_COUNT]
+    while True:
+        if not can_pop(chs, c):
+            if closed_empty(chs, c):
+                return A.STEP_DONE
+            return block(us, u, c, A.WAIT_EMPTY)
+        row = look(us, u, chs, slots, c)
+        if us[u, A.US_PHASE] == 0:
+            us[u, R_T] = us[u, A.US_CLOCK]
+            us[u, R_I] = 0
+            us[u, A.US_PHASE] = 1
+        while us[u, R_I] < r:
+            if not can_push(chs, out):
+                return block(us, u, out, A.WAIT_FULL)
+            i = us[u, R_I]
+            stop = slots[row, A.SL_TOKEN + A.TK_STOP] + 1 if i == r - 1 else 0
+            emit_copy(us, u, chs, slots, out, us[u, R_T] + i, slots, row, A.SL_TOKEN, stop)
+            us[u, R_I] = i + 1
+        spend(us, u, r)
+        pop(chs, slots, c, us[u, A.US_CLOCK])
+        us[u, A.US_FIRES] += 1
+        us[u, A.US_PHASE] = 0
+
+
+@kernel
+def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                       hact):
+    """reads: tile input / writes: row output, us[u] / returns: DONE when the input closes."""
+    c = in_ch[up[u, A.UP_IN_START]]
+    out = out_ch[up[u, A.UP_OUT_START]]
+    split_rows = up[u, A.UP_A0 + A.PA_SPLIT_ROWS]
+    filt = up[u, A.UP_A0 + A.PA_FILTER]
+    a = A.US_TOK_A
+    while True:
+        if us[u, A.US_PHASE] == 0:
+            if not can_pop(chs, c):
+                if closed_empty(chs, c):
+                    return A.STEP_DONE
+                return block(us, u, c, A.WAIT_EMPTY)
+            row = take(us, u, chs, slots, c)
+            stash(us, u, a, slots, row, A.SL_TOKEN)
+            n = us[u, a + A.TK_ROWS] if split_rows else us[u, a + A.TK_COLS]
+            if filt:
+                if us[u, a + A.TK_FLAGS] & A.FLAG_PAD:
+                    n = 0
+                elif split_rows and us[u, a + A.TK_OFFSET] < n:
+                    n = us[u, a + A.TK_OFFSET]
+            us[u, R_N] = n
+            us[u, R_I] = 0
+            us[u, A.US_FIRES] += 1
+            us[u, A.US_PHASE] = 1
+        n = us[u, R_N]
+        flags = us[u, a + A.TK_FLAGS] & ~A.FLAG_PAD
+        while us[u, R_I] < n:
+            if not can_push(chs, out):
+                return block(us, u, out, A.WAIT_FULL)
+            i = us[u, R_I]
+            stop = us[u, a + A.TK_STOP] if i == n - 1 else 0
+            if split_rows:
+                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], 1,
+                     us[u, a + A.TK_COLS], 1, -1)
+            else:
+                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES],
+                     us[u, a + A.TK_ROWS], 1, us[u, a + A.TK_ROWS], -1)
+            us[u, R_I] = i + 1
+        us[u, A.US_PHASE] = 0
