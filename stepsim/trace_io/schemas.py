@@ -53,6 +53,7 @@ SOURCE_KEY = "source"
 KNOWN_MODELS: dict[str, tuple[int, int]] = {
     "mixtral": (8, 2),
     "mixtral8x7b": (8, 2),
+    "mixtral-8x7b": (8, 2),
     "qwen": (128, 8),
     "qwen30b": (128, 8),
     "qwen3-30b-a3b": (128, 8),
