@@ -306,6 +306,12 @@ def read_results(root: str | Path, partition_cols: Sequence[str] = ("model", "ti
     files = sorted(p.as_posix() for p in root.glob("**/part-*.parquet"))
     if not files:
         raise ConfigError(f"{root}: no result files (part-*.parquet) found")
-    partitioning = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_cols]), flavor="hive")
-    dataset = ds.dataset(files, format="parquet", partitioning=partitioning, partition_base_dir=root.as_posix())
+    part_schema = pa.schema([(c, pa.string()) for c in partition_cols])
+    partitioning = ds.partitioning(part_schema, flavor="hive")
+    # unify across files so a column added by a later sweep is not dropped (missing values read as null);
+    # footers only, cheap even for thousands of result files
+    unified = pa.unify_schemas([pq.read_schema(f) for f in files] + [part_schema])
+    dataset = ds.dataset(
+        files, schema=unified, format="parquet", partitioning=partitioning, partition_base_dir=root.as_posix()
+    )
     return dataset.to_table(filter=filter)

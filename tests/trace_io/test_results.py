@@ -196,3 +196,14 @@ def test_partitioned_errors(tmp_path):
         write_partitioned(_row().drop_columns(["tiling"]), tmp_path)
     with pytest.raises(ConfigError, match="no result files"):
         read_results(tmp_path / "empty")
+
+
+def test_read_results_unifies_columns(tmp_path):
+    write_partitioned(_row("qwen", "32", 100), tmp_path, config={"a": 1})
+    newer = _row("qwen", "64", 50).append_column("off_chip_bytes", pa.array([4096], pa.int64()))
+    write_partitioned(newer, tmp_path, config={"a": 2})
+    t = read_results(tmp_path)
+    assert t.select(["tiling", "cycles", "off_chip_bytes"]).to_pylist() == [
+        {"tiling": "32", "cycles": 100, "off_chip_bytes": None},
+        {"tiling": "64", "cycles": 50, "off_chip_bytes": 4096},
+    ]
