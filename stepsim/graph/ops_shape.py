@@ -119,7 +119,7 @@ class Promote(Op):
         self._finish([Stream(s.dtype, s.shape[:pos] + (1,) + s.shape[pos:])])
 
     def stop_level_out(self, level: int) -> int:
-        return level + 1 if level >= self.rank and level > 0 else level
+        return level + 1 if level >= self.rank else level
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return _fifo_bytes(self, convention)

@@ -50,23 +50,25 @@ class SelectorSource(Op):
         self._finish([Stream(Selector(num_targets, multihot), (1,) + lead_shape)])
 
     def _to_csr(self, selections, n: int):
-        if isinstance(selections, np.ndarray) and selections.ndim >= 2 or (
-                isinstance(selections, (list, tuple)) and selections and np.ndim(selections) >= 2
-                and not any(isinstance(x, (list, tuple)) and len(x) != len(selections[0]) for x in selections)
-                and self._looks_multihot(selections, n)):
+        if self._is_multihot(selections, n):
             arr = np.asarray(selections)
             if arr.shape[-1] != n:
                 raise self._error(ShapeError, f"multi-hot selections end in {arr.shape[-1]} targets, expected {n}")
             if not np.isin(arr, (0, 1)).all():
                 bad = np.argwhere(~np.isin(arr, (0, 1)))[0]
-                raise self._error(ArgumentError, f"multi-hot selections must be 0/1; found {arr[tuple(bad)]} at {tuple(bad)}")
+                raise self._error(ArgumentError, f"multi-hot selections must be 0/1; found {arr[tuple(bad)]} at {tuple(int(i) for i in bad)}")
             flat = arr.reshape(-1, n).astype(bool)
             counts = flat.sum(axis=1)
             ptr = np.zeros(len(flat) + 1, np.int64)
             np.cumsum(counts, out=ptr[1:])
             targets = np.nonzero(flat)[1].astype(np.int64)
             return ptr, targets, tuple(arr.shape[:-1])
-        lists = [np.asarray(x, dtype=np.int64).ravel() for x in selections]
+        lists = []
+        for i, x in enumerate(selections):
+            x = np.asarray(x).ravel()
+            if x.size and not np.issubdtype(x.dtype, np.integer):
+                raise self._error(DTypeError, f"selection {i} must hold integer target indices, got {x.tolist()}")
+            lists.append(x.astype(np.int64))
         ptr = np.zeros(len(lists) + 1, np.int64)
         for i, x in enumerate(lists):
             if x.size and (x.min() < 0 or x.max() >= n):
@@ -79,9 +81,16 @@ class SelectorSource(Op):
         return ptr, targets.astype(np.int64), (len(lists),)
 
     @staticmethod
-    def _looks_multihot(selections, n) -> bool:
-        arr = np.asarray(selections)
-        return arr.ndim >= 2 and arr.shape[-1] == n and np.isin(arr, (0, 1)).all()
+    def _is_multihot(selections, n) -> bool:
+        """An ndarray of rank >= 2 is multi-hot; so is a rectangular nested list of 0/1 rows of length n.
+        Anything else (ragged or empty index lists) is a list of index lists."""
+        if isinstance(selections, np.ndarray):
+            return selections.ndim >= 2
+        rows = list(selections)
+        if not rows or not all(isinstance(r, (list, tuple, np.ndarray)) and len(r) == n for r in rows):
+            return False
+        arr = np.asarray(rows)
+        return arr.ndim >= 2 and np.isin(arr, (0, 1)).all()
 
     def selected(self, i: int) -> np.ndarray:
         """Targets chosen by selector element ``i``."""
@@ -113,6 +122,10 @@ class MetadataSource(Op):
         if (arr < 0).any():
             i = int(np.argmax(arr.ravel() < 0))
             raise self._error(ArgumentError, f"values must be non-negative; element {i} is {arr.ravel()[i]}")
+        too_big = arr.ravel() > np.iinfo(np.int64).max if arr.dtype == np.uint64 else np.zeros(arr.size, bool)
+        if too_big.any():
+            i = int(np.argmax(too_big))
+            raise self._error(ArgumentError, f"values must fit in int64; element {i} is {arr.ravel()[i]}")
         self.values = arr.astype(np.int64)
         self._finish([Stream(ADDRESS, (1,) + arr.shape)])
 

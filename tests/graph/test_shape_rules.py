@@ -525,10 +525,6 @@ def test_promote_stop_level_out_paper_rule_levels_at_least_p_gain_one():
     assert [pr.stop_level_out(level) for level in range(4)] == [0, 1, 3, 4]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Promote.stop_level_out with rank 0 keeps level 0 (a plain value) unchanged, but Promote(0) wraps every "
-    "element in its own size-1 innermost dim, so every element must carry at least S1: level L must become L+1 "
-    "for all L >= 0 (spec §2.5 'L >= p become L+1'); the `and level > 0` guard in ops_shape.Promote is wrong"))
 def test_promote_rank0_stop_level_out_gives_every_element_a_stop_token():
     g = Graph()
     shape = (1, 2, 3)
@@ -879,10 +875,6 @@ def test_index_selector_source_over_1024_targets_sorts_each_selection():
     assert counts[0] == counts[1023] == counts[512] == 1 and counts.sum() == 6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: SelectorSource with ragged index lists (e.g. [[0], [1, 2], []], documented as allowed: 'may be ragged, "
-    "e.g. empty') crashes with numpy's untyped ValueError 'inhomogeneous shape' because _to_csr calls "
-    "np.ndim(selections) before checking for unequal lengths"))
 def test_index_selector_source_accepts_ragged_and_empty_selections():
     g = Graph()
     s = SelectorSource(g, [[0], [1023, 2], []], 1024)
