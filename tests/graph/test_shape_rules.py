@@ -123,6 +123,17 @@ def test_binary_map_output_takes_the_first_input_shape_and_broadcast_tile():
     assert m.stream.dtype == Tile(FP32, 16, 32)
 
 
+def test_matmul_chain_flops_are_2_b_d_f():
+    g = Graph()
+    x = base_load(g, out=(4, 32, 1))
+    w = LinearOffChipLoad(g, Tensor("w", (256, 512)), tile=(256, 16), out_shape_tiled=(4, 32, 1), stride=(0, 1, 32))
+    bma = BinaryMapAccum(g, x, w, Matmul(), Zero(16, 16), 1, compute_bw=1)
+    silu = UnaryMap(g, bma, Silu(), compute_bw=1)
+    assert bma.flops() == 2 * 64 * 256 * 512
+    assert silu.flops() == 8 * 64 * 512
+    assert g.flops() == 2 * 64 * 256 * 512 + 8 * 64 * 512
+
+
 def test_row_sum_map_gives_r_by_1_tiles():
     g = Graph()
     m = UnaryMap(g, src(g, (1, 5), Tile(FP32, 8, 64)), RowSum(), compute_bw=1)
@@ -304,6 +315,18 @@ def test_linear_store_tensor_shape_with_a_dynamic_tiled_dim():
     assert sym_equal(s.tensor_shape[0], 4 * X) and s.tensor_shape[1] == 64
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: LinearOffChipStore of a rank-0 stream (N,) reports tensor_shape (rows, cols) whatever N is "
+    "(`tiled = s.shape[1:] or (1,)` drops the only dim), although it writes N tiles (off-chip N*|tile|); "
+    "e.g. storing an EagerMerge output [X0 + X1] of Tile(1, 64) gives tensor_shape (1, 64) instead of "
+    "(X0 + X1, 64)"))
+def test_linear_store_of_a_rank0_stream_covers_all_n_tiles():
+    g = Graph()
+    s = LinearOffChipStore(g, src(g, (5,), Tile(FP32, 4, 64)))
+    assert s.off_chip_bytes() == 5 * 4 * 64 * 4
+    assert s.tensor_shape == (20, 64)
+
+
 # =========================================================================================================
 # routing operators
 # =========================================================================================================
@@ -341,6 +364,18 @@ def test_reassemble_keeps_inner_rank_dims_and_adds_a_ragged_dim_after_the_contro
     r = Reassemble(g, ins, ctrl, 2)
     assert r.stream.shape[:2] == (1, 5) and r.stream.shape[3:] == (4, 2)
     assert str(r.stream.shape[2]) == f"{r.name}_dyn" and is_ragged(r.stream.shape[2])
+
+
+def test_reassemble_on_chip_with_write_back_is_the_product_from_control_rank_minus_1_and_fifos_add_inputs():
+    g = Graph()
+    ins = [src(g, (make_symbol(f"S{i}"),), Tile(FP32, 1, 64)) for i in range(4)]
+    ctrl = src(g, (1, 10), Selector(4))
+    r = Reassemble(g, ins, ctrl, 0, write_back_mu=True)
+    dyn = r.stream.shape[2]
+    assert sym_equal(r.on_chip_bytes(), 1 * 10 * dyn * 256)
+    assert sym_equal(r.on_chip_bytes(convention("fifos")), 10 * dyn * 256 + 256 * 5)
+    plain = Reassemble(g, ins, ctrl, 0)
+    assert plain.on_chip_bytes() == 0 and plain.on_chip_bytes(convention("fifos")) == 256 * 5
 
 
 def test_eager_merge_of_dynamic_tiles_with_different_rows_merges_into_a_ragged_row_dim():
