@@ -15,12 +15,56 @@ import pytest
 import sympy as sp
 
 from stepsim.errors import ArgumentError, DTypeError, GraphError, MetricError, ShapeError, StepsimError
-from stepsim.graph import (BF16, FP32, UINT32, UINT64, Accum, AccumAdd, Add, BinaryMap, BinaryMapAccum, Bufferize,
-                           CacheReadAddrGen, CacheWriteAddr, DynStreamify, DynTile, EagerMerge, ExpertAddrGen, Expand,
-                           Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Matmul, MetadataSource,
-                           Parallelize, Partition, Promote, RandomOffChipLoad, RandomOffChipStore, Reassemble,
-                           RepeatStatic, Reshape, RowAppend, Scan, SelectorSource, Selector, SetOffset, Silu, Sink,
-                           Stream, Streamify, Tensor, Tile, UnaryMap, Zero, Zip, as_int, make_symbol)
+from stepsim.graph import (
+    BF16,
+    FP32,
+    UINT32,
+    UINT64,
+    Accum,
+    AccumAdd,
+    Add,
+    BinaryMap,
+    BinaryMapAccum,
+    Bufferize,
+    CacheReadAddrGen,
+    CacheWriteAddr,
+    DynStreamify,
+    DynTile,
+    EagerMerge,
+    Expand,
+    ExpertAddrGen,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Matmul,
+    MetadataSource,
+    Parallelize,
+    Partition,
+    Promote,
+    RandomOffChipLoad,
+    RandomOffChipStore,
+    Reassemble,
+    RepeatStatic,
+    Reshape,
+    RowAppend,
+    Scan,
+    Selector,
+    SelectorSource,
+    SetOffset,
+    Silu,
+    Sink,
+    Stream,
+    Streamify,
+    Tensor,
+    Tile,
+    UnaryMap,
+    Zero,
+    Zip,
+    as_int,
+    make_symbol,
+)
 
 T16 = Tile(FP32, 16, 16)
 ADDR = Tile(UINT64, 1, 1)
@@ -657,3 +701,43 @@ def test_a_stream_with_a_negative_dimension_is_rejected_with_a_typed_error():
 def test_invalid_types_and_streams_raise_a_stepsim_error(make):
     with pytest.raises(StepsimError):
         make()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: Stream.dim(rank) with rank above the stream rank silently wraps through Python negative indexing "
+    "(Stream(T, (1, 4, 8, 2)).dim(4) returns 2 = the rank-0 dim, dim(5) returns 8) instead of raising an "
+    "ArgumentError naming the rank and the stream"))
+def test_stream_dim_of_a_rank_above_the_stream_rank_is_an_argument_error():
+    s = Stream(T16, (1, 4, 8, 2))
+    assert [s.dim(r) for r in range(4)] == [2, 8, 4, 1]
+    with pytest.raises(ArgumentError, match="4"):
+        s.dim(4)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: Tensor silently truncates non-integer dims with int() (Tensor('x', (64.7, 256)).shape == (64, 256)); "
+    "it should raise ArgumentError naming the tensor and the dim"))
+def test_tensor_with_a_non_integer_dim_is_an_argument_error():
+    with expect(ArgumentError, "tensor 'x'", "64.7"):
+        Tensor("x", (64.7, 256))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: as_int of a fully substituted but non-integer metric (e.g. Parallelize's X/4 at X=10 -> 5/2) raises "
+    "MetricError 'still depends on []; bind these symbols' although nothing is left to bind; the message "
+    "should say the value 5/2 is not an integer"))
+def test_as_int_of_a_non_integer_value_says_it_is_not_an_integer():
+    g = Graph()
+    X = make_symbol("X")
+    p = Parallelize(g, src(g, (X,)), 0, 4)
+    value = p.outputs[0].shape[0].subs(X, 10)
+    with pytest.raises(MetricError, match="5/2") as info:
+        as_int(value, "tiles")
+    assert "depends on []" not in str(info.value)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: as_int(sympy.Float(3.0)) raises MetricError 'still depends on []' instead of returning 3 "
+    "(integral floats appear after substituting float trace statistics)"))
+def test_as_int_of_an_integral_float_returns_the_int():
+    assert as_int(sp.Float(3.0)) == 3

@@ -11,11 +11,43 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from stepsim.graph import (BF16, FP32, UINT64, Accum, AccumAdd, BinaryMap, BinaryMapAccum, BufferRef, Bufferize,
-                           EagerMerge, Empty, ExpertAddrGen, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore,
-                           Matmul, Parallelize, Partition, Promote, RandomOffChipLoad, Reassemble, RepeatStatic,
-                           Reshape, RetileRow, RetileStreamify, SelectorSource, Selector, Silu, Streamify, Tensor,
-                           Tile, UnaryMap, Zero, is_ragged)
+from stepsim.graph import (
+    BF16,
+    FP32,
+    UINT64,
+    Accum,
+    AccumAdd,
+    BinaryMap,
+    BinaryMapAccum,
+    Bufferize,
+    BufferRef,
+    EagerMerge,
+    Empty,
+    ExpertAddrGen,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Matmul,
+    Parallelize,
+    Partition,
+    Promote,
+    RandomOffChipLoad,
+    Reassemble,
+    RepeatStatic,
+    Reshape,
+    RetileRow,
+    RetileStreamify,
+    Selector,
+    SelectorSource,
+    Silu,
+    Streamify,
+    Tensor,
+    Tile,
+    UnaryMap,
+    Zero,
+    is_ragged,
+)
 from stepsim.graph.graph import PUBLISHED, convention
 
 FIFOS = convention("fifos")
