@@ -99,7 +99,35 @@ def _metrics(args) -> int:
     return 0
 
 
+def _run(args) -> int:
+    from stepsim.hardware import Hardware
+    from stepsim.simulate import simulate
+
+    workload = build_workload(args)
+    hardware = None
+    if args.hardware:
+        hardware = Hardware.from_toml(args.hardware) if args.hardware.endswith(".toml") else args.hardware
+    result = simulate(workload, hardware)
+    metrics = workload.metrics(args.convention)
+    row = {"workload": workload.name, **workload.params, "cycles": result.cycles,
+           "off_chip_bytes": result.off_chip_bytes, "off_chip_bytes_symbolic": metrics["off_chip_bytes"],
+           "on_chip_bytes": metrics["on_chip_bytes"], "on_chip_bytes_active": metrics["on_chip_bytes_active"],
+           "flops": metrics["flops"], "events": result.events, "sim_wall_s": result.sim_wall_s,
+           "compile_s": result.compile_s}
+    if args.json:
+        print(json.dumps(row))
+    else:
+        width = max(len(k) for k in row)
+        for key, value in row.items():
+            print(f"{key:<{width}}  {value}")
+    return 0
+
+
 def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="simulate a workload on the compiled engine (timing mode)",
+                              description="Simulate a workload on a trace and print cycles and traffic.")
+    add_workload_arguments(p)
+    p.set_defaults(handler=_run)
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")
     add_workload_arguments(p)
