@@ -24,7 +24,7 @@ from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push
 from stepsim.kernels.hbm import (E_BYTES_READ, E_BYTES_WRITTEN, E_HBM_NACT, E_STATUS, E_STATUS_ARG, N_ENG,
                                  hbm_next_tick, hbm_process)
-from stepsim.kernels.jit import kernel
+from stepsim.kernels.jit import alloc_kernel, kernel
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import step_accum, step_map
 from stepsim.kernels.units_memory import (step_bufferize, step_dyn_streamify, step_offchip_load,
@@ -136,7 +136,7 @@ def _wake(us, wl, wl_n, v):
     return wl_n
 
 
-@kernel
+@alloc_kernel
 def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, payload, sel_ptr,
                sel_idx, hw, n_mem, arena_rows, max_events, rec):
     """Run a program to completion, deadlock or the event limit.

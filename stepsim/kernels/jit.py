@@ -45,8 +45,13 @@ def _invalidate_stale_cache() -> None:
 
 _invalidate_stale_cache()
 
-#: decorator for every engine kernel
-kernel = numba.njit(cache=True, nogil=True)
+#: decorator for kernels that never allocate (unit steps, HBM, helpers): compiled without numba's runtime
+#: (``_nrt=False``), so passing arrays between them costs no reference counting
+kernel = numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False)
+
+#: decorator for the kernels that allocate arrays (the engine entry point)
+alloc_kernel = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 #: True when numba's JIT is disabled (NUMBA_DISABLE_JIT=1)
 JIT_DISABLED = bool(numba.config.DISABLE_JIT)
+
