@@ -1,0 +1,133 @@
+"""The batched HBM (one engine event per tile) equals a direct per-request, tick-by-tick model.
+
+The reference below follows STEP_TIMING §4.2-§4.3 literally: per-op address FIFOs of ParAddrs chunks
+(stamped ``max(t0 + k, t0 + 1)``), at most one chunk per op per tick (readers, then writers, in registration
+order), triangular channel offsets, channel contexts with FIFO request queues (``s = max(clock, arrival)``,
+respond at ``s + start_up + latency``, ``clock = s + II``), at most one response forwarded per channel per tick
+(arrival at the op one cycle later), and a tile completing when all its responses arrived.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, given, settings
+
+from stepsim.hardware import Hardware
+from stepsim.kernels import run
+from stepsim.program import ProgramBuilder
+
+from kernel_helpers import final_clock
+
+
+def reference_hbm(ops, hw: Hardware):
+    """Simulate memory ops tick by tick.
+
+    ``ops``: list of dicts in builder order with ``kind`` ("load"/"store"), ``n_req`` per tile, ``par``,
+    ``tiles`` and, for stores, ``source`` (index of the load feeding it; its tile i arrives at completion + 1).
+    Loads never block on their outputs (the tests use deep channels). Returns each op's final clock.
+    """
+    C = hw.hbm_channels
+    order = [i for i, o in enumerate(ops) if o["kind"] == "load"] + [i for i, o in enumerate(ops)
+                                                                      if o["kind"] == "store"]
+    state = [{"phase": "idle", "tile": 0, "fifo": deque(), "pending": 0, "comp": 0, "clock": 0,
+              "completions": []} for _ in ops]
+    ch_clock = [0] * C
+    ch_resp = [deque() for _ in range(C)]  # (ready, op) in FIFO order
+    off = 0
+
+    def try_start(i):
+        s, o = state[i], ops[i]
+        if s["tile"] == o["tiles"]:
+            s["phase"] = "done"
+            return
+        t0 = s["clock"]
+        if o["kind"] == "store":
+            src = state[o["source"]]["completions"]
+            if len(src) <= s["tile"]:
+                return  # the input tile has not arrived yet
+            t0 = max(t0, src[s["tile"]] + 1)  # PEEK: clock = max(clock, stamp)
+        n, P = o["n_req"], o["par"]
+        for k in range(max(1, -(-n // P))):
+            s["fifo"].append((max(t0 + k, t0 + 1), min(P, n - k * P)))
+        s.update(phase="flight", pending=n, comp=t0, clock=t0)
+
+    for i in range(len(ops)):
+        try_start(i)
+    T = 0
+    while any(s["phase"] != "done" for s in state):
+        for c in range(C):  # responses first: at most one per channel per tick, arriving at T + 1
+            if ch_resp[c] and ch_resp[c][0][0] <= T:
+                _, i = ch_resp[c].popleft()
+                state[i]["pending"] -= 1
+                state[i]["comp"] = max(state[i]["comp"], T + 1)
+        batch = []  # at most one ParAddrs per op per tick, readers then writers
+        for i in order:
+            fifo = state[i]["fifo"]
+            if fifo and fifo[0][0] <= T:
+                batch.extend([i] * fifo.popleft()[1])
+        for bi, i in enumerate(batch):  # triangular offsets; channel contexts in FIFO order
+            off = (off + bi) % C
+            start = max(ch_clock[off], T + 1)
+            ch_clock[off] = start + hw.hbm_init_interval
+            ch_resp[off].append((start + hw.hbm_start_up + hw.hbm_latency, i))
+        off = (off + len(batch)) % C
+        for i, s in enumerate(state):
+            if s["phase"] == "flight" and not s["fifo"] and s["pending"] == 0:
+                s["clock"] = s["comp"]
+                s["completions"].append(s["comp"])
+                s["tile"] += 1
+                s["phase"] = "idle"
+        for i, s in enumerate(state):
+            if s["phase"] == "idle":
+                try_start(i)
+        T += 1
+        assert T < 10 ** 6
+    return [s["clock"] for s in state]
+
+
+op_strategy = st.fixed_dictionaries({
+    "rows": st.integers(1, 6),
+    "row_bytes": st.sampled_from([64, 128, 192, 256, 512]),
+    "par": st.integers(1, 8),
+    "tiles": st.integers(1, 4),
+    "store": st.booleans(),
+})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op_strategy, min_size=1, max_size=5), channels=st.sampled_from([2, 3, 4, 8, 32]),
+       ii=st.integers(1, 3), start_up=st.integers(0, 14), latency=st.integers(0, 3))
+def test_batched_hbm_equals_per_request_tick_model(ops, channels, ii, start_up, latency):
+    hw = Hardware.preset("step-eval", hbm_channels=channels, hbm_init_interval=ii, hbm_start_up=start_up,
+                         hbm_latency=latency, channel_depth=None)
+    b = ProgramBuilder(hw)
+    ref_ops = []
+    load_units, store_units = [], []
+    store_inputs = []
+    # loads first (builder order), then the stores fed by them
+    for o in ops:
+        x = b.add_channel()
+        cols = o["row_bytes"] // 2
+        unit = b.offchip_load(out=x, tile_rows=o["rows"], tile_cols=cols, elem_bytes=2, view_shape=(o["tiles"],),
+                              par_dispatch=o["par"])
+        n_req = o["rows"] * (o["row_bytes"] // 64)
+        ref_ops.append({"kind": "load", "n_req": n_req, "par": o["par"], "tiles": o["tiles"]})
+        load_units.append(unit)
+        if o["store"]:
+            store_inputs.append((len(ref_ops) - 1, x, n_req, o))
+        else:
+            b.sink(inp=x)
+    for src, x, n_req, o in store_inputs:
+        store_units.append(b.offchip_store(inp=x, par_dispatch=o["par"]))
+        ref_ops.append({"kind": "store", "n_req": n_req, "par": o["par"], "tiles": o["tiles"], "source": src})
+    result = run(b.build())
+    expected = reference_hbm(ref_ops, hw)
+    got = [final_clock(result, u) for u in load_units + store_units]
+    assert got == expected
+
+
+def test_reference_model_reproduces_s12():
+    hw = Hardware.preset("step-hdl")
+    assert reference_hbm([{"kind": "load", "n_req": 16, "par": 4, "tiles": 1}], hw) == [23]
