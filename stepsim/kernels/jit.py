@@ -5,7 +5,7 @@ the decorator returns the plain Python function, so the engine also runs (slowly
 
 numba's on-disk cache is keyed on the source file of each function only, not on the modules it calls or the
 constants it reads (for instance :mod:`stepsim.kernels.abi`). To keep cached machine code from going stale,
-importing this module hashes every ``stepsim/kernels/*.py`` source and drops the package's cache files
+importing this module hashes the kernel modules' sources (``KERNEL_MODULES``) and drops the package's cache files
 (``__pycache__/*.nbi|*.nbc``) when the hash changed since the last run.
 """
 
@@ -18,13 +18,16 @@ from pathlib import Path
 import numba
 
 _HERE = Path(__file__).resolve().parent
+#: modules holding kernels or constants compiled into them (changing any of them invalidates the cache)
+KERNEL_MODULES = ("abi.py", "jit.py", "channels.py", "hbm.py", "units_common.py", "units_compute.py",
+                  "units_memory.py", "units_routing.py", "units_shape.py", "units_sources.py", "engine.py")
 
 
 def _invalidate_stale_cache() -> None:
     digest = hashlib.sha256()
-    for path in sorted(_HERE.glob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
+    for name in KERNEL_MODULES:
+        digest.update(name.encode())
+        digest.update((_HERE / name).read_bytes())
     stamp_value = digest.hexdigest()
     cache_dir = _HERE / "__pycache__"
     stamp = cache_dir / "stepsim_kernels.sha256"

@@ -249,3 +249,10 @@ def test_engine_runs_as_pure_python_under_numba_disable_jit():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     jit_cycles = run(warm_program()).cycles
     assert out.stdout.split() == ["True", str(jit_cycles)]
+
+
+def test_cli_cache_warm_reports_the_time(capsys):
+    from stepsim.cli import main
+
+    assert main(["cache", "warm"]) == 0
+    assert "engine kernels ready in" in capsys.readouterr().out
