@@ -22,9 +22,9 @@ import numpy as np
 
 from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push
-from stepsim.kernels.hbm import (E_BYTES_READ, E_BYTES_WRITTEN, E_HBM_NACT, E_STATUS, E_STATUS_ARG, N_ENG,
+from stepsim.kernels.hbm import (E_BYTES_READ, E_BYTES_WRITTEN, E_HBM_NACT, E_STATUS, E_STATUS_ARG, E_WL_N, N_ENG,
                                  hbm_next_tick, hbm_process)
-from stepsim.kernels.jit import alloc_kernel, kernel
+from stepsim.kernels.jit import alloc_kernel, inline_kernel, kernel
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import step_accum, step_map
 from stepsim.kernels.units_memory import (step_bufferize, step_dyn_streamify, step_offchip_load,
@@ -38,9 +38,13 @@ from stepsim.kernels.units_sources import (step_cache_read_addr_gen, step_expert
                                            step_metadata_gen, step_select_gen, step_sink)
 
 
-@kernel
+@inline_kernel
 def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
-    """Step unit u by its opcode. reads/writes: whatever the unit's step does / returns: its STEP_* code."""
+    """Step unit u by its opcode. reads/writes: whatever the unit's step does / returns: its STEP_* code.
+
+    Inlined into the event loop (numba IR inlining) so a step costs one call, not two: every call passes
+    ~15 arrays as exploded structs, which dominated the per-event cost.
+    """
     op = up[u, A.UP_OPCODE]
     if op == A.OP_MAP:
         return step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
@@ -136,56 +140,14 @@ def _wake(us, wl, wl_n, v):
     return wl_n
 
 
-@alloc_kernel
-def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, payload, sel_ptr,
-               sel_idx, hw, n_mem, arena_rows, max_events, rec):
-    """Run a program to completion, deadlock or the event limit.
+@kernel
+def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots, payload, sel_ptr, sel_idx, hw,
+               arena, eng, hfree, hact, done_list, wl, ts_units, n_ts, max_events, rec):
+    """The scheduler (compiled without NRT: no reference counting on the hot path).
 
-    reads: the program arrays / writes: rec (recorded steps: unit, clock, fires, step code) /
-    returns: (out scalars abi.OUT_*, unit state us, channel state chs).
+    reads: the program / writes: every state array, rec / returns: (status, events, recorded steps).
     """
-    n_units = up.shape[0]
-    n_ch = ch_cap.shape[0]
-    us = np.zeros((n_units, A.N_US), dtype=np.int64)
-    us[:, A.US_WAIT_CH] = -1
-    # channels
-    chs = np.zeros((n_ch, A.N_CH), dtype=np.int64)
-    total = 0
-    for c in range(n_ch):
-        chs[c, A.CH_CAP] = ch_cap[c]
-        chs[c, A.CH_LAT] = ch_lat[c]
-        chs[c, A.CH_CREDIT_LAT] = ch_credit[c]
-        chs[c, A.CH_BASE] = total
-        chs[c, A.CH_PRODUCER] = ch_prod[c]
-        chs[c, A.CH_CONSUMER] = ch_cons[c]
-        total += ch_cap[c]
-    slots = np.zeros((max(total, 1), A.N_SLOT), dtype=np.int64)
-    # arena: Bufferize regions, then Reassemble scratch rows
-    extra = 0
-    n_ts = 0
-    for u in range(n_units):
-        op = up[u, A.UP_OPCODE]
-        if op == A.OP_REASSEMBLE:
-            us[u, R_SCR] = arena_rows + extra
-            extra += up[u, A.UP_N_IN]
-        elif op == A.OP_EAGER_MERGE:
-            us[u, R_DECIDE] = -1
-            n_ts += 1
-    arena = np.zeros((arena_rows + extra, A.N_TOKEN), dtype=np.int64)
-    ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
-    k = 0
-    for u in range(n_units):
-        if up[u, A.UP_OPCODE] == A.OP_EAGER_MERGE:
-            ts_units[k] = u
-            k += 1
-    hfree = np.zeros(hw[A.HW_HBM_CHANNELS], dtype=np.int64)
-    hact = np.zeros(max(n_mem, 1), dtype=np.int64)
-    done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
-    eng = np.zeros(N_ENG, dtype=np.int64)
-    wl = np.zeros(max(n_units, 1), dtype=np.int64)
-    wl_n = 0
-    for u in range(n_units - 1, -1, -1):
-        wl_n = _wake(us, wl, wl_n, u)
+    wl_n = eng[E_WL_N]
     n_rec_max = rec.shape[0]
     n_rec = 0
     events = 0
@@ -256,6 +218,63 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
             us[best_u, R_DECIDE] = best_t
             us[best_u, A.US_WAIT_KIND] = A.WAIT_NONE
             wl_n = _wake(us, wl, wl_n, best_u)
+    return status, events, n_rec
+
+
+@alloc_kernel
+def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, payload, sel_ptr,
+               sel_idx, hw, n_mem, arena_rows, max_events, rec):
+    """Run a program to completion, deadlock or the event limit.
+
+    reads: the program arrays / writes: rec (recorded steps: unit, clock, fires, step code) /
+    returns: (out scalars abi.OUT_*, unit state us, channel state chs).
+    """
+    n_units = up.shape[0]
+    n_ch = ch_cap.shape[0]
+    us = np.zeros((n_units, A.N_US), dtype=np.int64)
+    us[:, A.US_WAIT_CH] = -1
+    # channels
+    chs = np.zeros((n_ch, A.N_CH), dtype=np.int64)
+    total = 0
+    for c in range(n_ch):
+        chs[c, A.CH_CAP] = ch_cap[c]
+        chs[c, A.CH_LAT] = ch_lat[c]
+        chs[c, A.CH_CREDIT_LAT] = ch_credit[c]
+        chs[c, A.CH_BASE] = total
+        chs[c, A.CH_PRODUCER] = ch_prod[c]
+        chs[c, A.CH_CONSUMER] = ch_cons[c]
+        total += ch_cap[c]
+    slots = np.zeros((max(total, 1), A.N_SLOT), dtype=np.int64)
+    # arena: Bufferize regions, then Reassemble scratch rows
+    extra = 0
+    n_ts = 0
+    for u in range(n_units):
+        op = up[u, A.UP_OPCODE]
+        if op == A.OP_REASSEMBLE:
+            us[u, R_SCR] = arena_rows + extra
+            extra += up[u, A.UP_N_IN]
+        elif op == A.OP_EAGER_MERGE:
+            us[u, R_DECIDE] = -1
+            n_ts += 1
+    arena = np.zeros((arena_rows + extra, A.N_TOKEN), dtype=np.int64)
+    ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
+    k = 0
+    for u in range(n_units):
+        if up[u, A.UP_OPCODE] == A.OP_EAGER_MERGE:
+            ts_units[k] = u
+            k += 1
+    hfree = np.zeros(hw[A.HW_HBM_CHANNELS], dtype=np.int64)
+    hact = np.zeros(max(n_mem, 1), dtype=np.int64)
+    done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
+    eng = np.zeros(N_ENG, dtype=np.int64)
+    wl = np.zeros(max(n_units, 1), dtype=np.int64)
+    wl_n = 0
+    for u in range(n_units - 1, -1, -1):
+        wl_n = _wake(us, wl, wl_n, u)
+    eng[E_WL_N] = wl_n
+    status, events, n_rec = event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots,
+                                       payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, done_list, wl,
+                                       ts_units, n_ts, max_events, rec)
     if status == A.ST_OK:
         for u in range(n_units):
             if us[u, A.US_DONE] == 0:

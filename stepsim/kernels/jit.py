@@ -55,6 +55,9 @@ kernel = numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False)
 #: decorator for the kernels that allocate arrays (the engine entry point)
 alloc_kernel = numba.njit(cache=True, nogil=True, error_model="numpy")
 
+#: like ``kernel`` but inlined into its callers at numba-IR level (only for tiny call-forwarding functions)
+inline_kernel = numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False, inline="always")
+
 #: True when numba's JIT is disabled (NUMBA_DISABLE_JIT=1)
 JIT_DISABLED = bool(numba.config.DISABLE_JIT)
 
