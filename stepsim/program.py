@@ -32,8 +32,8 @@ Conventions (all builder methods)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -140,7 +140,7 @@ class Program:
         """Output channel ids of a unit, in port order."""
         return [int(c) for c in self.out_ch[self.out_ptr[unit]:self.out_ptr[unit + 1]]]
 
-    def with_arena_scale(self, scale: int) -> "Program":
+    def with_arena_scale(self, scale: int) -> Program:
         """A copy whose Bufferize arena regions are ``scale`` times larger (used after an arena overflow)."""
         params = self.unit_params.copy()
         base = 0
@@ -250,6 +250,9 @@ class ProgramBuilder:
                    shape: Sequence[int] | None = None, n_targets: int, name: str | None = None) -> int:
         """Selector source: element i selects ``targets_idx[targets_ptr[i]:targets_ptr[i+1]]`` of ``n_targets``.
 
+        Targets are kept in ascending order per element (the order Partition routes and Reassemble breaks
+        ties in). Any number of targets works (the selector token references the shared CSR).
+
         Element i is stamped ``now + 1`` and the clock advances by 1 per element. Stop levels come from the
         static ``shape`` (default ``(n_elements,)``).
         """
@@ -269,7 +272,8 @@ class ProgramBuilder:
                    f"targets_ptr describes {n}")
         e0 = len(self._sel_ptr) - 1
         base = len(self._sel_idx)
-        self._sel_idx.extend(int(t) for t in idx)
+        for i in range(n):  # targets of one element in ascending order (the routing order of step-perf)
+            self._sel_idx.extend(sorted(int(t) for t in idx[ptr[i]:ptr[i + 1]]))
         self._sel_ptr.extend(int(p) + base for p in ptr[1:])
         return self._add(abi.OP_SELECT_GEN, name, [], [out],
                          {abi.PA_SHAPE_LEN: len(dims), abi.PA_N_ELEMS: n, abi.PA_VALUES_OFF: e0,

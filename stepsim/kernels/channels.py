@@ -64,8 +64,7 @@ def pop(chs, slots, c, clock):
     """
     row = chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP]
     d = clock
-    if slots[row, A.SL_STAMP] > d:
-        d = slots[row, A.SL_STAMP]
+    d = max(d, slots[row, A.SL_STAMP])
     slots[row, A.SL_FREE] = d + chs[c, A.CH_CREDIT_LAT]
     chs[c, A.CH_HEAD] += 1
 
@@ -80,11 +79,9 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     tail = chs[c, A.CH_TAIL]
     row = chs[c, A.CH_BASE] + tail % chs[c, A.CH_CAP]
     free = slots[row, A.SL_FREE]
-    if free > clock:
-        clock = free
+    clock = max(clock, free)
     stamp = clock + chs[c, A.CH_LAT]
-    if requested > stamp:
-        stamp = requested
+    stamp = max(stamp, requested)
     slots[row, A.SL_STAMP] = stamp
     slots[row, A.SL_TOKEN + A.TK_STOP] = stop
     slots[row, A.SL_TOKEN + A.TK_FLAGS] = flags
@@ -96,8 +93,7 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     tail += 1
     chs[c, A.CH_TAIL] = tail
     occ = tail - chs[c, A.CH_HEAD]
-    if occ > chs[c, A.CH_PEAK]:
-        chs[c, A.CH_PEAK] = occ
+    chs[c, A.CH_PEAK] = max(chs[c, A.CH_PEAK], occ)
     return clock
 
 

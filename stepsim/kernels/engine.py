@@ -22,20 +22,55 @@ import numpy as np
 
 from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push
-from stepsim.kernels.hbm import (E_BYTES_READ, E_BYTES_WRITTEN, E_HBM_NACT, E_STATUS, E_STATUS_ARG, E_WL_N, N_ENG,
-                                 hbm_next_tick, hbm_process)
+from stepsim.kernels.hbm import (
+    E_BYTES_READ,
+    E_BYTES_WRITTEN,
+    E_HBM_NACT,
+    E_STATUS,
+    E_STATUS_ARG,
+    E_WL_N,
+    N_ENG,
+    hbm_next_tick,
+    hbm_process,
+)
 from stepsim.kernels.jit import alloc_kernel, inline_kernel, kernel
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import step_accum, step_map
-from stepsim.kernels.units_memory import (step_bufferize, step_dyn_streamify, step_offchip_load,
-                                          step_offchip_store, step_random_offchip_load, step_random_offchip_store,
-                                          step_streamify)
-from stepsim.kernels.units_routing import (R_DECIDE, R_SCR, eager_merge_event_time, step_broadcast,
-                                           step_eager_merge, step_parallelize, step_partition, step_reassemble)
-from stepsim.kernels.units_shape import (step_expand_ref, step_flatten_promote, step_promote_outer,
-                                         step_repeat_static, step_reshape, step_row_streamify)
-from stepsim.kernels.units_sources import (step_cache_read_addr_gen, step_expert_addr_gen, step_filter_last_tile,
-                                           step_metadata_gen, step_select_gen, step_sink)
+from stepsim.kernels.units_memory import (
+    step_bufferize,
+    step_dyn_streamify,
+    step_offchip_load,
+    step_offchip_store,
+    step_random_offchip_load,
+    step_random_offchip_store,
+    step_streamify,
+)
+from stepsim.kernels.units_routing import (
+    R_DECIDE,
+    R_SCR,
+    eager_merge_event_time,
+    step_broadcast,
+    step_eager_merge,
+    step_parallelize,
+    step_partition,
+    step_reassemble,
+)
+from stepsim.kernels.units_shape import (
+    step_expand_ref,
+    step_flatten_promote,
+    step_promote_outer,
+    step_repeat_static,
+    step_reshape,
+    step_row_streamify,
+)
+from stepsim.kernels.units_sources import (
+    step_cache_read_addr_gen,
+    step_expert_addr_gen,
+    step_filter_last_tile,
+    step_metadata_gen,
+    step_select_gen,
+    step_sink,
+)
 
 
 @inline_kernel
@@ -286,8 +321,7 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
         t = us[u, A.US_CLOCK]
         if up[u, A.UP_MEM_PRIORITY] >= 0:
             t += 1
-        if t > cycles:
-            cycles = t
+        cycles = max(cycles, t)
         fires += us[u, A.US_FIRES]
     out = np.zeros(A.N_OUT, dtype=np.int64)
     out[A.OUT_STATUS] = status

@@ -63,8 +63,6 @@ def hbm_register(u, up, us, eng, hact, t0, nreq, par):
     us[u, A.US_TOK_B] = t0  # completion time (max over responses)
     us[u, A.US_WAIT_KIND] = A.WAIT_HBM
     us[u, A.US_WAIT_CH] = -1
-    if nreq == 0:
-        us[u, R_NREQ] = 0
     n = eng[E_HBM_NACT]
     prio = up[u, A.UP_MEM_PRIORITY]
     k = n
@@ -83,8 +81,7 @@ def hbm_next_tick(us, eng, hact):
     for k in range(eng[E_HBM_NACT]):
         u = hact[k]
         t = us[u, R_T0] + 1 + us[u, R_CHUNK]
-        if t < best:
-            best = t
+        best = min(best, t)
     return best
 
 
@@ -100,19 +97,16 @@ def _serve_chunk(u, us, T, bi, off, hw, hfree):
     par = us[u, R_PAR]
     k = us[u, R_CHUNK]
     n = us[u, R_NREQ] - k * par
-    if n > par:
-        n = par
+    n = min(n, par)
     comp = us[u, A.US_TOK_B]
     for _ in range(n):
         off = (off + bi) % C
         bi += 1
         s = hfree[off]
-        if s < T + 1:
-            s = T + 1
+        s = max(s, T + 1)
         hfree[off] = s + ii
         r = s + lat
-        if r > comp:
-            comp = r
+        comp = max(comp, r)
     us[u, A.US_TOK_B] = comp
     us[u, R_CHUNK] = k + 1
     return bi, off

@@ -164,9 +164,3 @@ def sel_target(flags, value, j, sel_ptr, sel_idx):
     if flags & A.FLAG_SEL_CSR:
         return sel_idx[sel_ptr[value] + j]
     return value
-
-
-@kernel
-def reg(k):
-    """reads/writes: nothing / returns: the us column of scratch register k."""
-    return A.US_R0 + k

@@ -19,7 +19,7 @@ from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, pop
 from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import (block, emit, load_cycles, pmu_cycles, spend, take, wait_input)
+from stepsim.kernels.units_common import block, emit, load_cycles, pmu_cycles, spend, wait_input
 
 R_INIT = A.US_R0 + 0  # 1 once the accumulator holds the init tile
 
@@ -45,8 +45,8 @@ def fn_map(fn, param, bw, sa, ra, ca, sb, rb, cb):
         n = b_rows if param == 1 else b_cols
         return _ceil_div(2 * a_rows * a_cols * n, bw), A.KIND_TILE, a_bytes, a_rows, n, a_rows, -1
     if fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
-        r = a_rows if a_rows > b_rows else b_rows
-        c = a_cols if a_cols > b_cols else b_cols
+        r = max(b_rows, a_rows)
+        c = max(b_cols, a_cols)
         return _ceil_div(r * c, bw), A.KIND_TILE, a_bytes, r, c, r, -1
     if fn == A.FN_SILU:
         return _ceil_div(8 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_rows, -1
@@ -92,8 +92,8 @@ def fn_fold(fn, bw, sa, ra, ca, sx, rx, cx):
         r = x_rows
         c = x_cols
     else:
-        r = a_rows if a_rows > x_rows else x_rows
-        c = a_cols if a_cols > x_cols else x_cols
+        r = max(x_rows, a_rows)
+        c = max(x_cols, a_cols)
     return _ceil_div(r * c, bw), A.KIND_TILE, nbytes, r, c, r, -1
 
 
@@ -174,12 +174,10 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
                 return _mismatch(u, eng, us)
         res = fn_map(fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
         cost = res[0]
-        if load > cost:
-            cost = load
+        cost = max(cost, load)
         if wb:
             store = pmu_cycles(res[2] * res[3] * res[4], pmu)
-            if store > cost:
-                cost = store
+            cost = max(cost, store)
         spend(us, u, cost)
         emit(us, u, chs, slots, out, us[u, A.US_CLOCK], slots[r1, A.SL_TOKEN + A.TK_STOP],
              res[1] | (A.FLAG_MU if wb else 0), res[2], res[3], res[4], res[5], res[6])
@@ -250,19 +248,18 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             rows = prod[3]
             cols = prod[4]
             if a_rows * a_cols != 0:
-                rows = a_rows if a_rows > rows else rows
-                cols = a_cols if a_cols > cols else cols
+                rows = max(rows, a_rows)
+                cols = max(cols, a_cols)
             nbytes = us[u, acc + A.TK_BYTES] if us[u, acc + A.TK_BYTES] > 0 else prod[2]
             res = (prod[0], A.KIND_TILE, nbytes, rows, cols, rows, -1)
         else:
             res = fn_fold(fn, bw, us, u, A.US_TOK_A, slots, r1, A.SL_TOKEN)
         comp = res[0]
-        cost = load if load > comp else comp
+        cost = max(comp, load)
         if op == A.OP_SCAN:
             if wb:
                 store = pmu_cycles(res[2] * res[3] * res[4], pmu)
-                if store > cost:
-                    cost = store
+                cost = max(cost, store)
             spend(us, u, cost)
             pop(chs, slots, c1, us[u, A.US_CLOCK])
             _set_acc(u, us, fn, wb, res)

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, pop
-from stepsim.kernels.hbm import (E_BYTES_READ, E_BYTES_WRITTEN, E_STATUS, E_STATUS_ARG, hbm_register,
-                                 n_requests)
+from stepsim.kernels.hbm import E_BYTES_READ, E_BYTES_WRITTEN, E_STATUS, E_STATUS_ARG, hbm_register, n_requests
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import block, emit, emit_copy, look, spend, stop_from_shape, take
 
@@ -243,8 +242,7 @@ def _release_buffer(up, us, slots, row):
     """
     owner = slots[row, A.SL_TOKEN + A.TK_OFFSET]
     end = slots[row, A.SL_TOKEN + A.TK_PAYLOAD] + slots[row, A.SL_TOKEN + A.TK_ROWS]
-    if end > us[owner, R_FREED]:
-        us[owner, R_FREED] = end
+    us[owner, R_FREED] = max(us[owner, R_FREED], end)
 
 
 @kernel

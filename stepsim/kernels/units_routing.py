@@ -18,11 +18,25 @@
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, head_stamp, next_free, pop
+from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_stamp, next_free, pop
 from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import (advance_busy, block, emit, emit_copy, load_cycles, look, pmu_cycles,
-                                          sel_count, sel_target, spend, stash, take, tok_bytes, wait_input)
+from stepsim.kernels.units_common import (
+    advance_busy,
+    block,
+    emit,
+    emit_copy,
+    load_cycles,
+    look,
+    pmu_cycles,
+    sel_count,
+    sel_target,
+    spend,
+    stash,
+    take,
+    tok_bytes,
+    wait_input,
+)
 
 R_SFLAGS = A.US_R0 + 0
 R_SPAY = A.US_R0 + 1
@@ -81,8 +95,7 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
                 e = sel_target(us[u, R_SFLAGS], us[u, R_SPAY], j, sel_ptr, sel_idx)
                 if e < 0 or e >= n_out:
                     return _bad(eng, u, A.ST_BAD_SELECTOR)
-                if payload[swoff + e] > maxsw:
-                    maxsw = payload[swoff + e]
+                maxsw = max(maxsw, payload[swoff + e])
             us[u, R_NT] = nt
             us[u, R_MAXSW] = maxsw
             us[u, A.US_PHASE] = 1
@@ -99,7 +112,7 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             w = pmu_cycles(tok_bytes(slots, row, A.SL_TOKEN), pmu) if wb else 0
             spend(us, u, us[u, R_MAXSW] + w)
             us[u, R_GEND] = 1 if (rank == 0 or s >= rank) else 0
-            us[u, R_OSTOP] = s if s < rank else rank
+            us[u, R_OSTOP] = min(rank, s)
             flags = us[u, A.US_TOK_A + A.TK_FLAGS] & ~A.FLAG_MU
             us[u, A.US_TOK_A + A.TK_FLAGS] = flags | (A.FLAG_MU if wb else 0)
             us[u, R_J] = 0
@@ -186,7 +199,7 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
             ostop = s
             if gend:
                 if j == us[u, R_NT] - 1:
-                    ostop = (s if s > 0 else 0) + us[u, R_SSTOP] + 1
+                    ostop = (max(0, s)) + us[u, R_SSTOP] + 1
                 elif rank == 0:
                     ostop = 0
             us[u, R_GEND] = 1 if gend else 0
@@ -223,16 +236,14 @@ def eager_merge_event_time(u, up, us, in_ch, chs, slots):
         c = in_ch[istart + k]
         if can_pop(chs, c):
             t = head_stamp(chs, slots, c)
-            if t < best:
-                best = t
+            best = min(best, t)
             all_closed = False
         elif chs[c, A.CH_CLOSED] == 1:
-            if chs[c, A.CH_CLOSE_TIME] > last_close:
-                last_close = chs[c, A.CH_CLOSE_TIME]
+            last_close = max(last_close, chs[c, A.CH_CLOSE_TIME])
         else:
             all_closed = False
     if best != A.NEVER:
-        return best if best > clock else clock
+        return max(clock, best)
     if all_closed:
         return last_close
     return A.NEVER
@@ -358,8 +369,7 @@ def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             if not can_push(chs, o):
                 return block(us, u, o, A.WAIT_FULL)
             f = next_free(chs, slots, o)
-            if f > latest:
-                latest = f
+            latest = max(latest, f)
         clock = us[u, A.US_CLOCK]
         if latest > clock:
             us[u, A.US_BLOCKED_OUT] += latest - clock

@@ -20,7 +20,7 @@ All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (STEP_SEMANTIC
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, pop
+from stepsim.kernels.channels import can_pop, can_push, closed_empty, pop
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import block, emit, emit_copy, look, spend, stash, take
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push, closed_empty
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import (block, emit, sel_count, sel_target, spend, stop_from_shape, take,
-                                          wait_input)
-from stepsim.kernels.channels import head_row
+from stepsim.kernels.units_common import block, emit, sel_count, sel_target, spend, stop_from_shape, take
 
 R_I = A.US_R0 + 0
 R_N = A.US_R0 + 1

@@ -9,14 +9,12 @@ import time
 
 import numpy as np
 import pytest
+from kernel_helpers import builder
 
 from stepsim.errors import ConfigError, DeadlockError, LoweringError, SimulationError
 from stepsim.hardware import Hardware
 from stepsim.kernels import abi, run
 from stepsim.kernels.warm import warm_program
-from stepsim.program import ProgramBuilder
-
-from kernel_helpers import builder, final_clock
 
 
 # ------------------------------------------------------------------------------------------------ deadlocks
@@ -120,7 +118,7 @@ def test_flatten_and_promote_stop_rules_keep_element_count():
     b.offchip_load(out=x, tile_rows=1, tile_cols=32, elem_bytes=2, view_shape=(2, 3, 4))
     b.flatten(inp=x, out=f, min_rank=0, max_rank=1)
     b.promote(inp=f, out=p, rank=1)
-    acc = b.accum(inp=p, out=y, fn="add", init_rows=1, init_cols=32, init_elem_bytes=2, rank=2)
+    b.accum(inp=p, out=y, fn="add", init_rows=1, init_cols=32, init_elem_bytes=2, rank=2)
     s = b.sink(inp=y)
     r = run(b.build())
     # flatten (2,3,4) -> (2,12); promote at rank 1 -> (2,1,12); an accum over rank 2 emits one per outer index

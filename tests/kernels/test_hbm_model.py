@@ -13,12 +13,11 @@ from collections import deque
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
+from kernel_helpers import final_clock
 
 from stepsim.hardware import Hardware
 from stepsim.kernels import run
 from stepsim.program import ProgramBuilder
-
-from kernel_helpers import final_clock
 
 
 def reference_hbm(ops, hw: Hardware):

@@ -7,10 +7,9 @@ Where §9 gives a range (the DAM end-of-run tail or the first-visibility race), 
 from __future__ import annotations
 
 import pytest
+from kernel_helpers import builder, final_clock
 
 from stepsim.kernels import run
-
-from kernel_helpers import builder, final_clock
 
 
 def load(b, out, rows=64, cols=64, tiles=1, elem_bytes=2, par=1):
