@@ -90,7 +90,7 @@ class Hardware:
 
     # ------------------------------------------------------------------------------------------ factories
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "Hardware":
+    def preset(cls, name: str, **overrides: Any) -> Hardware:
         """A named preset (``step-eval`` or ``step-hdl``) with optional field overrides.
 
         Raises
@@ -105,7 +105,7 @@ class Hardware:
         return dataclasses.replace(base, **overrides)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "dict") -> "Hardware":
+    def from_dict(cls, data: dict[str, Any], *, source: str = "dict") -> Hardware:
         """Build from a mapping; an optional ``preset`` key picks the base, other keys override it.
 
         Raises
@@ -124,7 +124,7 @@ class Hardware:
         return cls(**data)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "Hardware":
+    def from_toml(cls, path: str | Path) -> Hardware:
         """Read a TOML file (top-level keys, or a ``[hardware]`` table).
 
         Raises
