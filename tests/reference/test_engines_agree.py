@@ -1,0 +1,101 @@
+"""The numba engine and the pure-Python reference engine agree: cycles, unit counters, pushes, bytes.
+
+Programs: every STEP_TIMING §9 micro scenario, and random small programs (``ref_random_programs``) mixing
+routing, merging, shape, buffer, memory and compute operators with random FIFO depths. Both engines must also
+agree on failures: the same set of units in a deadlock, or both raising SimulationError.
+
+Known, reported differences (spec decisions for the lead, not silently aligned):
+
+* peak channel occupancy: the fast engine measures the physical ring occupancy at push time, which depends on
+  its worklist order; the reference uses a timestamp definition (slot held from send until the credit returns).
+* RepeatStatic's requested stamps after a credit wait: the reference follows §9 S10 (copy i requested at the
+  *current* clock + i, so copy 3 lands at 152 and the sink ends at 153); the fast engine uses ``t + i`` with t
+  fixed at the peek (§7.7 wording), giving 151 / 152. Totals agree (154).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ref_scenarios as S
+from ref_random_programs import random_program
+from stepsim.errors import DeadlockError, SimulationError
+from stepsim.kernels import abi as A
+from stepsim.reference_engine import run as ref_run
+
+try:  # skip ONLY when the fast engine cannot be imported
+    from stepsim.kernels.api import run as fast_run
+except ImportError:  # pragma: no cover - depends on the other engineer's progress
+    fast_run = None
+
+pytestmark = pytest.mark.skipif(fast_run is None, reason="numba engine not available yet")
+
+
+def _outcome(engine, program):
+    try:
+        return engine(program)
+    except DeadlockError as exc:
+        return ("deadlock", frozenset(e["unit"] for e in exc.blocked))
+    except SimulationError:
+        return ("error",)
+
+
+def _assert_agree(program, *, peaks=False):
+    ref = _outcome(lambda p: ref_run(p, max_steps=5_000_000), program)
+    fast = _outcome(fast_run, program)
+    if isinstance(ref, tuple) or isinstance(fast, tuple):
+        assert ref == fast
+        return ref
+    assert ref.cycles == fast.cycles
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters[:, A.CCNT_PUSHES], fast.channel_counters[:, A.CCNT_PUSHES])
+    assert (ref.off_chip_bytes_read, ref.off_chip_bytes_written) == (fast.bytes_read, fast.bytes_written)
+    if peaks:
+        np.testing.assert_array_equal(ref.channel_counters[:, A.CCNT_PEAK], fast.channel_counters[:, A.CCNT_PEAK])
+    return ref
+
+
+_REPEAT_STATIC_KNOWN = pytest.mark.xfail(reason="RepeatStatic stamps after a credit wait: §9 S10 (reference) vs "
+                                                "§7.7 t + i (fast engine); reported to the lead", strict=False)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_REPEAT_STATIC_KNOWN) if n == "S10_depth2" else n
+                                  for n in S.ALL])
+def test_engines_agree_on_micro_scenario(name):
+    program, _, total = S.build(name)
+    result = _assert_agree(program)
+    assert result.cycles == total
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_engines_agree_on_random_small_programs(seed):
+    _assert_agree(random_program(seed))
+
+
+@pytest.mark.xfail(reason="peak occupancy definitions differ (physical ring occupancy at push vs timestamp "
+                          "occupancy); reported to the lead", strict=False)
+@pytest.mark.parametrize("name", ["S8", "S11_depth2"])
+def test_engines_agree_on_peak_occupancy(name):
+    program, _, _ = S.build(name)
+    _assert_agree(program, peaks=True)
+
+
+def test_binary_map_waits_for_its_second_input_to_close_instead_of_reporting_a_mismatch():
+    """Regression found by the random programs: in1 closed, in2 empty but its producer still running."""
+    from stepsim.hardware import Hardware
+    from stepsim.program import ProgramBuilder
+    b = ProgramBuilder(Hardware.preset("step-eval"))
+    x, lane0, lane1, c1, c2, c3, y = (b.add_channel(name=n) for n in ("x", "lane0", "lane1", "c1", "c2", "c3", "y"))
+    b.offchip_load(out=x, tile_rows=1, tile_cols=32, elem_bytes=2, view_shape=(1,), name="load")
+    b.parallelize(inp=x, outs=[lane0, lane1], rank=1, name="par")  # lane1 receives no group: closes empty
+    b.sink(inp=lane0, name="sink0")
+    b.broadcast(inp=lane1, outs=[c1, c2], name="fan")
+    b.map(ins=[c1], out=c3, fn="exp", compute_bw=64, name="exp")
+    b.map(ins=[c2, c3], out=y, fn="add", compute_bw=64, name="join")
+    b.sink(inp=y, name="sink")
+    result = _assert_agree(b.build())
+    assert result.cycles == 22  # load 19, tile at 20, parallelize sends at 21, sink0 ends at 22
