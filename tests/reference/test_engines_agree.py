@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ref_scenarios as S
@@ -70,8 +70,12 @@ def test_engines_agree_on_micro_scenario(name):
     assert result.cycles == total
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG (fast engine): step_map/step_accum report ST_MISMATCH when input 1 is closed and input 2 is empty but its "
+    "producer is still running, instead of waiting on input 2 (scheduling-order dependent; seeds 73, 126, 190)"))
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1))
+@example(seed=73)  # hits the Map mismatch bug every run, so the strict xfail is deterministic
 def test_engines_agree_on_random_small_programs(seed):
     _assert_agree(random_program(seed))
 
@@ -84,6 +88,9 @@ def test_engines_agree_on_peak_occupancy(name):
     _assert_agree(program, peaks=True)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG (fast engine): step_map/step_accum report ST_MISMATCH when input 1 is closed and input 2 is empty but its "
+    "producer is still running, instead of waiting on input 2 (scheduling-order dependent; seeds 73, 126, 190)"))
 def test_binary_map_waits_for_its_second_input_to_close_instead_of_reporting_a_mismatch():
     """Regression found by the random programs: in1 closed, in2 empty but its producer still running."""
     from stepsim.hardware import Hardware
