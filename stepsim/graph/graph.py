@@ -57,6 +57,9 @@ def convention(value) -> OnChipConvention:
     return OnChipConvention(int(mode), bool(fifos))
 
 
+_as_convention = convention  # for methods whose ``convention`` parameter shadows the function
+
+
 @dataclass(frozen=True)
 class OutputRef:
     """Output ``index`` of operator ``op``."""
@@ -332,9 +335,7 @@ class Graph:
 
     def on_chip_bytes(self, convention: OnChipConvention | str = PUBLISHED) -> sp.Expr:
         """Total on-chip memory in bytes under ``convention`` (default: the published accounting)."""
-        from stepsim.graph.graph import convention as conv
-
-        c = conv(convention)
+        c = _as_convention(convention)
         self.finalize()
         return sp.Add(*[sp.sympify(op.on_chip_bytes(c)) for op in self.ops])
 

@@ -77,11 +77,10 @@ def build_workload(args) -> Workload:
     from stepsim.workloads.traces import load_kv_lengths
 
     kv = load_kv_lengths(args.trace or bundled_trace("attention"), args.batch_id)
-    if "channel_depth" in kw:
-        kw.pop("channel_depth")
+    channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
     workload = build_attention(kv, args.strategy, **kw)
-    if args.channel_depth is not None:
-        workload.channel_depth = args.channel_depth
+    if channel_depth is not None:
+        workload.channel_depth = channel_depth
     return workload
 
 
