@@ -338,12 +338,18 @@ class ProgramBuilder:
         params = self._mem_params(label, tile_rows, tile_cols, elem_bytes, par_dispatch)
         return self._add(abi.OP_RANDOM_OFFCHIP_LOAD, name, [raddr], [out], params, [_DATA], [_TILE])
 
-    def offchip_store(self, *, inp: int, par_dispatch: int = 1, name: str | None = None) -> int:
-        """Store each input tile; ``n_req`` comes from the tile's own rows / cols / bytes (a sink)."""
+    def offchip_store(self, *, inp: int, par_dispatch: int = 1, traffic_elem_bytes: int = 0,
+                      name: str | None = None) -> int:
+        """Store each input tile; ``n_req`` comes from the tile's own rows / cols / bytes (a sink).
+
+        ``traffic_elem_bytes`` > 0 counts the stored traffic at that width per element instead of the tile's
+        (step-perf's mock_bf16 times fp32 stores at 2 B/elem, but the tensor in memory is 4 B/elem).
+        """
         label = self._label(abi.OP_OFFCHIP_STORE, name)
         self._need(par_dispatch >= 1, label, f"par_dispatch must be >= 1, got {par_dispatch}")
-        return self._add(abi.OP_OFFCHIP_STORE, name, [inp], [], {abi.PA_PAR_DISPATCH: par_dispatch},
-                         [_DATA], [])
+        self._need(traffic_elem_bytes >= 0, label, f"traffic_elem_bytes must be >= 0, got {traffic_elem_bytes}")
+        return self._add(abi.OP_OFFCHIP_STORE, name, [inp], [],
+                         {abi.PA_PAR_DISPATCH: par_dispatch, abi.PA_ELEM_BYTES: traffic_elem_bytes}, [_DATA], [])
 
     def random_offchip_store(self, *, waddr: int, wdata: int, ack: int, tile_rows: int, tile_cols: int,
                              elem_bytes: int, par_dispatch: int = 1, ack_based_on_waddr: bool = True,

@@ -23,7 +23,9 @@ Canonical rules (STEP_TIMING §1.2-§1.3, lead's decisions)
 1. Enqueue: send number ``i >= capacity`` first waits for the credit of slot ``i mod capacity``
    (``clock = max(clock, free)``); the element is stamped ``max(requested, clock + latency)``. A dequeue at
    receiver time ``d = max(clock, stamp)`` frees its slot at ``d + credit_latency``. Blocking receives
-   (dequeue, peek) set ``clock = max(clock, stamp)``; a receive that finds the channel closed changes nothing.
+   (dequeue, peek) set ``clock = max(clock, stamp)``; a receive that finds the channel closed sets
+   ``clock = max(clock, producer's final clock)`` (a closure is observed at T iff that clock ``<= T``, §1.3;
+   without this, a unit could act on a closure "before" it happened and, e.g., issue HBM requests in the past).
 2. Blocking units are timestamp-deterministic and run in any order.
 3. Time-sensitive units (EagerMerge's choice, the HBM) act at a time T only when every other unit is finished,
    blocked, or cannot produce anything stamped ``<= T``: they act only when no blocking unit can run, the one
@@ -79,15 +81,15 @@ Example
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 
 from stepsim.errors import DeadlockError, SimulationError
 from stepsim.kernels import abi as A
 
-__all__ = ["run", "ReferenceResult", "Token"]
+__all__ = ["ReferenceResult", "Token", "run"]
 
 # ------------------------------------------------------------------------------------------- tokens
 KIND_TILE, KIND_SCALAR, KIND_SELECTOR, KIND_BUFFER = "tile", "scalar", "selector", "buffer"
@@ -177,8 +179,25 @@ W_EMPTY, W_FULL, W_HBM, W_TIME = "empty", "full", "hbm", "time"
 
 
 class _Chan:
-    __slots__ = ("cid", "name", "cap", "lat", "clat", "q", "free", "pushes", "pops", "done", "close_time",
-                 "producer", "consumer", "stamps", "sends", "credits", "tokens")
+    __slots__ = (
+        "cap",
+        "cid",
+        "clat",
+        "close_time",
+        "consumer",
+        "credits",
+        "done",
+        "free",
+        "lat",
+        "name",
+        "pops",
+        "producer",
+        "pushes",
+        "q",
+        "sends",
+        "stamps",
+        "tokens",
+    )
 
     def __init__(self, cid, name, cap, lat, clat, producer, consumer):
         self.cid, self.name, self.cap, self.lat, self.clat = cid, name, cap, lat, clat
@@ -196,7 +215,7 @@ class _Chan:
 
 
 class _Unit:
-    __slots__ = ("uid", "name", "op", "clock", "fires", "busy", "bin", "bout", "done", "wait", "gen", "send")
+    __slots__ = ("bin", "bout", "busy", "clock", "done", "fires", "gen", "name", "op", "send", "uid", "wait")
 
     def __init__(self, uid, name, op):
         self.uid, self.name, self.op = uid, name, op
@@ -332,6 +351,7 @@ class _Engine:
         ch = self.ch[c]
         while not ch.q:
             if ch.done:
+                self.in_wait(U, ch.close_time)  # a closure is observed at T iff the producer's final clock <= T
                 return False
             U.wait = (W_EMPTY, c)
             yield
@@ -406,13 +426,17 @@ class _Engine:
         return T
 
     # ----------------------------------------------------------------- HBM use by memory ops
-    def hbm_tile(self, U, rows, cols, nbytes, par, write):
-        """Issue one tile's requests at the unit's clock and wait for all responses."""
+    def hbm_tile(self, U, rows, cols, nbytes, par, write, traffic_bytes=None):
+        """Issue one tile's requests at the unit's clock and wait for all responses.
+
+        ``nbytes`` per element set the request count; ``traffic_bytes`` (default ``nbytes``) are counted.
+        """
         nreq = rows * _ceil_div(cols * nbytes, self.hbm.addr_offset)
+        counted = rows * cols * (nbytes if traffic_bytes is None else traffic_bytes)
         if write:
-            self.bytes_written += rows * cols * nbytes
+            self.bytes_written += counted
         else:
-            self.bytes_read += rows * cols * nbytes
+            self.bytes_read += counted
         t0 = U.clock
         q = self.hbm.addr[U.uid]
         k = 0
@@ -440,7 +464,6 @@ class _Engine:
 
     # ----------------------------------------------------------------- scheduler
     def run(self):
-        P = self.p
         for U in self.units:
             U.gen = self._make(U)
             self.ready.append(U.uid)
@@ -722,11 +745,12 @@ def _random_offchip_load(E, U, ins, outs):
 @_op(A.OP_OFFCHIP_STORE)
 def _offchip_store(E, U, ins, outs):
     par = E.par(U.uid, A.PA_PAR_DISPATCH)
+    traffic = E.par(U.uid, A.PA_ELEM_BYTES)  # 0: count at the tile's own width
     while True:
         x = yield from E.peek(U, ins[0])
         if x is None:
             return
-        yield from E.hbm_tile(U, x.rows, x.cols, x.nbytes, par, True)
+        yield from E.hbm_tile(U, x.rows, x.cols, x.nbytes, par, True, traffic or x.nbytes)
         E.pop(U, ins[0])
         U.fires += 1
 
@@ -824,16 +848,16 @@ def _map_result(E, U, fn, fn_param, x: Token, y: Token | None):
     if fn == A.FN_MATMUL:
         M, K = x.rows, x.cols
         N = y.rows if fn_param == 1 else y.cols
-        return M, N, _ceil_div(2 * M * K * N, bw), KIND_TILE, 0, M
+        return M, N, _ceil_div(2 * M * K * N, bw), KIND_TILE, 0, x.valid
     if fn in (A.FN_ADD, A.FN_SUB, A.FN_MUL, A.FN_DIV, A.FN_MAX):
         R, C = _bcast(x.rows, x.cols, y.rows, y.cols)
-        return R, C, _ceil_div(R * C, bw), KIND_TILE, 0, R
+        return R, C, _ceil_div(R * C, bw), KIND_TILE, 0, x.valid if x.rows == R else y.valid
     if fn == A.FN_SILU:
-        return x.rows, x.cols, _ceil_div(8 * x.rows * x.cols, bw), KIND_TILE, 0, x.rows
+        return x.rows, x.cols, _ceil_div(8 * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn == A.FN_EXP:
-        return x.rows, x.cols, _ceil_div(4 * x.rows * x.cols, bw), KIND_TILE, 0, x.rows
+        return x.rows, x.cols, _ceil_div(4 * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn in (A.FN_ROWSUM, A.FN_ROWMAX):
-        return x.rows, 1, _ceil_div(x.rows * x.cols, bw), KIND_TILE, 0, x.rows
+        return x.rows, 1, _ceil_div(x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn == A.FN_SET_OFFSET:
         return x.rows, x.cols, 1, KIND_TILE, 0, y.value
     if fn == A.FN_ROW_APPEND:
@@ -891,10 +915,12 @@ def _fold(E, U, fn, acc: Token, x: Token, wb):
     if fn == A.FN_SIGNAL_REQ_ALL_READ:
         return Token(KIND_SCALAR, rows=1, cols=1, nbytes=8, mu=bool(wb), valid=1, value=1), 1
     if fn in (A.FN_ADD, A.FN_SUB, A.FN_MUL, A.FN_MAX, A.FN_DIV, A.FN_MATMUL):
-        R, C = (x.rows, x.cols) if acc.rows * acc.cols == 0 else _bcast(acc.rows, acc.cols, x.rows, x.cols)
+        empty = acc.rows * acc.cols == 0
+        R, C = (x.rows, x.cols) if empty else _bcast(acc.rows, acc.cols, x.rows, x.cols)
         nb = acc.nbytes if acc.nbytes > 0 else x.nbytes
         bw = E.par(U.uid, A.PA_COMPUTE_BW)
-        return Token(KIND_TILE, rows=R, cols=C, nbytes=nb, mu=bool(wb), valid=R), _ceil_div(R * C, bw)
+        valid = x.valid if empty else max(acc.valid, x.valid)
+        return Token(KIND_TILE, rows=R, cols=C, nbytes=nb, mu=bool(wb), valid=valid), _ceil_div(R * C, bw)
     raise SimulationError(f"{U.name}: function {A.FUNCTION_NAMES.get(fn, fn)!r} cannot accumulate")
 
 
@@ -936,11 +962,11 @@ def _map_accum(E, U, ins, outs):
             return
         if x.stop != y.stop:
             raise SimulationError(f"{U.name}: MapAccum inputs disagree on the stop level ({x.stop} vs {y.stop})")
-        rows, cols, comp, _, _, _ = _map_result(E, U, fn, fp, x, y)
+        rows, cols, comp, _, _, valid = _map_result(E, U, fn, fp, x, y)
         empty = acc.rows == 0 or acc.cols == 0
         R, C = (rows, cols) if empty else _bcast(acc.rows, acc.cols, rows, cols)
         acc = Token(KIND_TILE, rows=R, cols=C, nbytes=acc.nbytes if acc.nbytes > 0 else x.nbytes, mu=bool(wb),
-                    valid=R)
+                    valid=valid if empty else max(acc.valid, valid))
         load = E.L(x) + E.L(y)
         U.fires += 1
         if x.stop < r:

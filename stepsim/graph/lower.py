@@ -130,7 +130,9 @@ class _Lowering:
             self.builder.offchip_load(**kw)
 
     def _LinearOffChipStore(self, op, ins, outs):
-        self.builder.offchip_store(inp=ins[0], par_dispatch=op.par_dispatch, name=op.name)
+        # traffic at the stream dtype's width (what the symbolic metric counts); timing from the tile's width
+        self.builder.offchip_store(inp=ins[0], par_dispatch=op.par_dispatch,
+                                   traffic_elem_bytes=op.inputs[0].stream.dtype.dtype.bytes, name=op.name)
 
     def _RandomOffChipLoad(self, op, ins, outs):
         self.builder.random_offchip_load(raddr=ins[0], out=outs[0], tile_rows=op.tile_rows, tile_cols=op.tile_cols,

@@ -36,6 +36,22 @@ def wait_input(us, u, t):
 
 
 @kernel
+def seen_closed(us, u, chs, c):
+    """True if channel c is closed and empty; the unit then observes the closure at the producer's final clock.
+
+    Canonical rule (STEP_TIMING §1.3): a closure is observed at T iff the producer's final clock <= T, so the
+    observer's clock becomes ``max(clock, close time)`` (counted as blocked-on-input). Acting on a closure
+    earlier would let a unit react to the future, e.g. pad a ragged tile or issue HBM requests in the past.
+
+    reads: chs[c] / writes: us[u] clock and blocked-in counter when closed / returns: bool.
+    """
+    if chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_TAIL] == chs[c, A.CH_HEAD]:
+        wait_input(us, u, chs[c, A.CH_CLOSE_TIME])
+        return True
+    return False
+
+
+@kernel
 def spend(us, u, cycles):
     """reads: nothing / writes: us[u] clock += cycles and the busy counter / returns: nothing."""
     us[u, A.US_CLOCK] += cycles

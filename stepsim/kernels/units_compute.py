@@ -16,10 +16,10 @@ tile shapes are computed from the tokens at run time (dynamic tiles follow the t
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, pop
+from stepsim.kernels.channels import can_pop, can_push, head_row, pop
 from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import block, emit, load_cycles, pmu_cycles, spend, wait_input
+from stepsim.kernels.units_common import block, emit, load_cycles, pmu_cycles, seen_closed, spend, wait_input
 
 R_INIT = A.US_R0 + 0  # 1 once the accumulator holds the init tile
 
@@ -41,19 +41,23 @@ def fn_map(fn, param, bw, sa, ra, ca, sb, rb, cb):
     a_bytes = sa[ra, ca + A.TK_BYTES]
     b_rows = sb[rb, cb + A.TK_ROWS]
     b_cols = sb[rb, cb + A.TK_COLS]
+    # valid rows follow the operand that supplies the output's rows, so RowStreamify(filter_mask) after a
+    # chain of row-preserving compute still drops exactly the padded rows of the packed token tile
+    a_valid = sa[ra, ca + A.TK_OFFSET]
     if fn == A.FN_MATMUL:
         n = b_rows if param == 1 else b_cols
-        return _ceil_div(2 * a_rows * a_cols * n, bw), A.KIND_TILE, a_bytes, a_rows, n, a_rows, -1
+        return _ceil_div(2 * a_rows * a_cols * n, bw), A.KIND_TILE, a_bytes, a_rows, n, a_valid, -1
     if fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
         r = max(b_rows, a_rows)
         c = max(b_cols, a_cols)
-        return _ceil_div(r * c, bw), A.KIND_TILE, a_bytes, r, c, r, -1
+        valid = a_valid if a_rows == r else sb[rb, cb + A.TK_OFFSET]
+        return _ceil_div(r * c, bw), A.KIND_TILE, a_bytes, r, c, valid, -1
     if fn == A.FN_SILU:
-        return _ceil_div(8 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_rows, -1
+        return _ceil_div(8 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_valid, -1
     if fn == A.FN_EXP:
-        return _ceil_div(4 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_rows, -1
+        return _ceil_div(4 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_valid, -1
     if fn == A.FN_ROWSUM or fn == A.FN_ROWMAX:
-        return _ceil_div(a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, 1, a_rows, -1
+        return _ceil_div(a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, 1, a_valid, -1
     if fn == A.FN_SET_OFFSET:
         return 1, A.KIND_TILE, a_bytes, a_rows, a_cols, sb[rb, cb + A.TK_PAYLOAD], -1
     if fn == A.FN_ROW_APPEND:
@@ -88,13 +92,15 @@ def fn_fold(fn, bw, sa, ra, ca, sx, rx, cx):
     if fn == A.FN_SIGNAL_REQ_ALL_READ:
         return 1, A.KIND_SCALAR, 8, 1, 1, 1, 1
     nbytes = a_bytes if a_bytes > 0 else x_bytes
+    valid = sx[rx, cx + A.TK_OFFSET]
     if a_rows * a_cols == 0:
         r = x_rows
         c = x_cols
     else:
         r = max(x_rows, a_rows)
         c = max(x_cols, a_cols)
-    return _ceil_div(r * c, bw), A.KIND_TILE, nbytes, r, c, r, -1
+        valid = max(valid, sa[ra, ca + A.TK_OFFSET])
+    return _ceil_div(r * c, bw), A.KIND_TILE, nbytes, r, c, valid, -1
 
 
 @kernel
@@ -151,13 +157,15 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
     pmu = hw[A.HW_PMU_BW]
     while True:
         if not can_pop(chs, c1):
-            if closed_empty(chs, c1):
-                if binary and not closed_empty(chs, c2):
+            if seen_closed(us, u, chs, c1):
+                if not binary or seen_closed(us, u, chs, c2):
+                    return A.STEP_DONE
+                if can_pop(chs, c2):  # input 2 still has elements: the inputs disagree
                     return _mismatch(u, eng, us)
-                return A.STEP_DONE
+                return block(us, u, c2, A.WAIT_EMPTY)  # input 2 may still close: wait for it
             return block(us, u, c1, A.WAIT_EMPTY)
         if binary and not can_pop(chs, c2):
-            if closed_empty(chs, c2):
+            if seen_closed(us, u, chs, c2):
                 return _mismatch(u, eng, us)
             return block(us, u, c2, A.WAIT_EMPTY)
         if not can_push(chs, out):
@@ -222,13 +230,15 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
                  us[u, b + A.TK_PAYLOAD])
             us[u, A.US_PHASE] = 0
         if not can_pop(chs, c1):
-            if closed_empty(chs, c1):
-                if binary and not closed_empty(chs, c2):
+            if seen_closed(us, u, chs, c1):
+                if not binary or seen_closed(us, u, chs, c2):
+                    return A.STEP_DONE
+                if can_pop(chs, c2):  # input 2 still has elements: the inputs disagree
                     return _mismatch(u, eng, us)
-                return A.STEP_DONE
+                return block(us, u, c2, A.WAIT_EMPTY)  # input 2 may still close: wait for it
             return block(us, u, c1, A.WAIT_EMPTY)
         if binary and not can_pop(chs, c2):
-            if closed_empty(chs, c2):
+            if seen_closed(us, u, chs, c2):
                 return _mismatch(u, eng, us)
             return block(us, u, c2, A.WAIT_EMPTY)
         r1 = head_row(chs, c1)
@@ -247,11 +257,13 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             a_cols = us[u, acc + A.TK_COLS]
             rows = prod[3]
             cols = prod[4]
+            valid = prod[5]
             if a_rows * a_cols != 0:
                 rows = max(rows, a_rows)
                 cols = max(cols, a_cols)
+                valid = max(valid, us[u, acc + A.TK_OFFSET])
             nbytes = us[u, acc + A.TK_BYTES] if us[u, acc + A.TK_BYTES] > 0 else prod[2]
-            res = (prod[0], A.KIND_TILE, nbytes, rows, cols, rows, -1)
+            res = (prod[0], A.KIND_TILE, nbytes, rows, cols, valid, -1)
         else:
             res = fn_fold(fn, bw, us, u, A.US_TOK_A, slots, r1, A.SL_TOKEN)
         comp = res[0]

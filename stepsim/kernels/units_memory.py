@@ -6,7 +6,8 @@ blocks with ``WAIT_HBM``; the HBM sets the unit's clock to the tile's completion
 * OffChipLoad: tiles in view order, ``ENQ(out, now)`` after the last response; stop = view dims closed.
 * DynOffChipLoad: DEQ ref, then the whole view; the closing tile gets ``ref stop + len(view)``.
 * RandomOffChipLoad: DEQ raddr, one tile, emitted with the address's stop level.
-* OffChipStore: PEEK the tile, n_req from the tile's own size, wait for the acks, then DEQ.
+* OffChipStore: PEEK the tile, n_req from the tile's own size, wait for the acks, then DEQ. Traffic is
+  counted at the stored dtype's width when the program gives one (``PA_ELEM_BYTES``), else the tile's.
 * RandomOffChipStore: PEEK waddr and wdata, one tile, ENQ ack, DEQ both.
 * Bufferize(b): DEQ; +1 cycle per element except the closing one (stop >= b); ENQ the buffer reference.
 * Streamify: PEEK the buffer, replay ``prod(repeat) * n`` elements at 1/cycle, then DEQ the buffer.
@@ -20,10 +21,10 @@ consumer's DEQ of a reference releases its elements (``us[owner, R_FREED]``).
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, pop
+from stepsim.kernels.channels import can_pop, can_push, head_row, pop
 from stepsim.kernels.hbm import E_BYTES_READ, E_BYTES_WRITTEN, E_STATUS, E_STATUS_ARG, hbm_register, n_requests
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import block, emit, emit_copy, look, spend, stop_from_shape, take
+from stepsim.kernels.units_common import block, emit, emit_copy, look, seen_closed, spend, stop_from_shape, take
 
 R_I = A.US_R0 + 0  # tile index within the view / element index
 R_REFSTOP = A.US_R0 + 1
@@ -37,13 +38,17 @@ TILE_FLAGS = A.KIND_TILE | A.FLAG_MU
 
 
 @kernel
-def _start_tile(u, up, us, eng, hact, hw, rows, cols, nbytes, is_write):
-    """Register one tile with the HBM. reads: hw / writes: us[u], eng byte counters / returns: STEP_BLOCKED."""
+def _start_tile(u, up, us, eng, hact, hw, rows, cols, nbytes, traffic_bytes, is_write):
+    """Register one tile with the HBM: ``nbytes`` per element set the request count (timing), ``traffic_bytes``
+    per element are counted as off-chip traffic (they differ only for stores of mock-bf16 fp32 tiles).
+
+    reads: hw / writes: us[u], eng byte counters / returns: STEP_BLOCKED.
+    """
     nreq = n_requests(rows, cols, nbytes, hw[A.HW_ADDR_OFFSET])
     if is_write:
-        eng[E_BYTES_WRITTEN] += rows * cols * nbytes
+        eng[E_BYTES_WRITTEN] += rows * cols * traffic_bytes
     else:
-        eng[E_BYTES_READ] += rows * cols * nbytes
+        eng[E_BYTES_READ] += rows * cols * traffic_bytes
     par = up[u, A.UP_A0 + A.PA_PAR_DISPATCH]
     if not hbm_register(u, up, us, eng, hact, us[u, A.US_CLOCK], nreq, par):
         eng[E_STATUS] = A.ST_CAUSALITY
@@ -71,7 +76,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
                 ref = in_ch[up[u, A.UP_IN_START]]
                 if us[u, R_I] == 0 or us[u, R_I] == n_tiles:
                     if not can_pop(chs, ref):
-                        if closed_empty(chs, ref):
+                        if seen_closed(us, u, chs, ref):
                             return A.STEP_DONE
                         return block(us, u, ref, A.WAIT_EMPTY)
                     row = take(us, u, chs, slots, ref)
@@ -79,7 +84,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
                     us[u, R_I] = 0
             elif us[u, R_I] == n_tiles:
                 return A.STEP_DONE
-            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, False)
+            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, False)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
@@ -110,12 +115,12 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)
             us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
-            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, False)
+            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, False)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
@@ -137,12 +142,14 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = look(us, u, chs, slots, c)
+            nb = slots[row, A.SL_TOKEN + A.TK_BYTES]
+            traffic = up[u, A.UP_A0 + A.PA_ELEM_BYTES]
             return _start_tile(u, up, us, eng, hact, hw, slots[row, A.SL_TOKEN + A.TK_ROWS],
-                               slots[row, A.SL_TOKEN + A.TK_COLS], slots[row, A.SL_TOKEN + A.TK_BYTES], True)
+                               slots[row, A.SL_TOKEN + A.TK_COLS], nb, traffic if traffic > 0 else nb, True)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
@@ -166,16 +173,16 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, ca):
-                if closed_empty(chs, ca):
+                if seen_closed(us, u, chs, ca):
                     return A.STEP_DONE
                 return block(us, u, ca, A.WAIT_EMPTY)
             if not can_pop(chs, cd):
-                if closed_empty(chs, cd):
+                if seen_closed(us, u, chs, cd):
                     return A.STEP_DONE
                 return block(us, u, cd, A.WAIT_EMPTY)
             look(us, u, chs, slots, ca)
             look(us, u, chs, slots, cd)
-            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, True)
+            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, True)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
@@ -204,7 +211,7 @@ def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     while True:
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             wpos = us[u, R_WPOS]
@@ -264,7 +271,7 @@ def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     nrep = up[u, A.UP_A0 + A.PA_REPEAT_PROD]
     while True:
         if not can_pop(chs, c):
-            if closed_empty(chs, c):
+            if seen_closed(us, u, chs, c):
                 return A.STEP_DONE
             return block(us, u, c, A.WAIT_EMPTY)
         row = look(us, u, chs, slots, c)
@@ -304,13 +311,13 @@ def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     repeat_rank = up[u, A.UP_A0 + A.PA_REPEAT_RANK]
     while True:
         if not can_pop(chs, c):
-            if closed_empty(chs, c):
+            if seen_closed(us, u, chs, c):
                 return A.STEP_DONE
             return block(us, u, c, A.WAIT_EMPTY)
         row = look(us, u, chs, slots, c)
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, ref):
-                if closed_empty(chs, ref):
+                if seen_closed(us, u, chs, ref):
                     return A.STEP_DONE
                 return block(us, u, ref, A.WAIT_EMPTY)
             rrow = take(us, u, chs, slots, ref)

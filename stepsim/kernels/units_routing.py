@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_stamp, next_free, pop
+from stepsim.kernels.channels import can_pop, can_push, head_stamp, next_free, pop
 from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
@@ -29,6 +29,7 @@ from stepsim.kernels.units_common import (
     load_cycles,
     look,
     pmu_cycles,
+    seen_closed,
     sel_count,
     sel_target,
     spend,
@@ -85,7 +86,7 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, csel):
-                if closed_empty(chs, csel):
+                if seen_closed(us, u, chs, csel):
                     return A.STEP_DONE
                 return block(us, u, csel, A.WAIT_EMPTY)
             _take_selector(u, us, chs, slots, csel, pmu)
@@ -101,7 +102,7 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             us[u, A.US_PHASE] = 1
         elif ph == 1:
             if not can_pop(chs, cdata):
-                if closed_empty(chs, cdata):
+                if seen_closed(us, u, chs, cdata):
                     return A.STEP_DONE
                 return block(us, u, cdata, A.WAIT_EMPTY)
             row = look(us, u, chs, slots, cdata)
@@ -146,7 +147,7 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, csel):
-                if closed_empty(chs, csel):
+                if seen_closed(us, u, chs, csel):
                     return A.STEP_DONE
                 return block(us, u, csel, A.WAIT_EMPTY)
             _take_selector(u, us, chs, slots, csel, pmu)
@@ -163,7 +164,7 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
             for j in range(nt):
                 c = in_ch[istart + sel_target(us[u, R_SFLAGS], us[u, R_SPAY], j, sel_ptr, sel_idx)]
                 if not can_pop(chs, c):
-                    if closed_empty(chs, c):
+                    if seen_closed(us, u, chs, c):
                         return _bad(eng, u, A.ST_MISMATCH)
                     return block(us, u, c, A.WAIT_EMPTY)
             # order by head stamp, ties in selector order (stable insertion sort into scratch rows)
@@ -185,7 +186,7 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
             e = arena[scr + j, 0]
             c = in_ch[istart + e]
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return _bad(eng, u, A.ST_MISMATCH)
                 return block(us, u, c, A.WAIT_EMPTY)
             row = look(us, u, chs, slots, c)
@@ -290,7 +291,7 @@ def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
         elif ph == 2:
             c = in_ch[istart + us[u, R_CHOSEN]]
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     us[u, A.US_PHASE] = 0
                     continue
                 return block(us, u, c, A.WAIT_EMPTY)
@@ -325,7 +326,7 @@ def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
     while True:
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)
@@ -356,7 +357,7 @@ def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     while True:
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)

@@ -20,9 +20,9 @@ All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (STEP_SEMANTIC
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, closed_empty, pop
+from stepsim.kernels.channels import can_pop, can_push, pop
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import block, emit, emit_copy, look, spend, stash, take
+from stepsim.kernels.units_common import block, emit, emit_copy, look, seen_closed, spend, stash, take
 
 R_I = A.US_R0 + 0
 R_N = A.US_R0 + 1
@@ -31,7 +31,6 @@ R_CNT = A.US_R0 + 3  # reshape: steps of the split dim inside the current chunk
 R_NPAD = A.US_R0 + 4
 R_PADLVL = A.US_R0 + 5
 R_CLOSING = A.US_R0 + 6
-R_T = A.US_R0 + 7
 R_REFSTOP = A.US_R0 + 8
 R_PENDING = A.US_R0 + 9
 
@@ -49,7 +48,7 @@ def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
     while True:
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)
@@ -82,7 +81,7 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)
@@ -95,7 +94,7 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
                 look(us, u, chs, slots, c)
                 us[u, R_OSTOP] = us[u, A.US_TOK_A + A.TK_STOP]
                 us[u, R_CLOSING] = 0
-            elif closed_empty(chs, c):
+            elif seen_closed(us, u, chs, c):
                 us[u, R_OSTOP] = p
                 us[u, R_CLOSING] = 1
             else:
@@ -127,7 +126,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     # the close ends a rank-0 input's split dim: pad a partial chunk
                     if us[u, R_CNT] > 0 and pad_bytes > 0:
                         us[u, R_NPAD] = S - us[u, R_CNT]
@@ -170,7 +169,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
             if can_pop(chs, c):
                 look(us, u, chs, slots, c)
                 us[u, R_OSTOP] = 1
-            elif closed_empty(chs, c):
+            elif seen_closed(us, u, chs, c):
                 us[u, R_OSTOP] = 2
             else:
                 return block(us, u, c, A.WAIT_EMPTY)
@@ -202,13 +201,13 @@ def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
     k = up[u, A.UP_A0 + A.PA_RANK]
     while True:
         if not can_pop(chs, c):
-            if closed_empty(chs, c):
+            if seen_closed(us, u, chs, c):
                 return A.STEP_DONE
             return block(us, u, c, A.WAIT_EMPTY)
         row = look(us, u, chs, slots, c)
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, ref):
-                if closed_empty(chs, ref):
+                if seen_closed(us, u, chs, ref):
                     return A.STEP_DONE
                 return block(us, u, ref, A.WAIT_EMPTY)
             rrow = take(us, u, chs, slots, ref)
@@ -232,12 +231,11 @@ def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     r = up[u, A.UP_A0 + A.PA_COUNT]
     while True:
         if not can_pop(chs, c):
-            if closed_empty(chs, c):
+            if seen_closed(us, u, chs, c):
                 return A.STEP_DONE
             return block(us, u, c, A.WAIT_EMPTY)
         row = look(us, u, chs, slots, c)
         if us[u, A.US_PHASE] == 0:
-            us[u, R_T] = us[u, A.US_CLOCK]
             us[u, R_I] = 0
             us[u, A.US_PHASE] = 1
         while us[u, R_I] < r:
@@ -245,7 +243,8 @@ def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
                 return block(us, u, out, A.WAIT_FULL)
             i = us[u, R_I]
             stop = slots[row, A.SL_TOKEN + A.TK_STOP] + 1 if i == r - 1 else 0
-            emit_copy(us, u, chs, slots, out, us[u, R_T] + i, slots, row, A.SL_TOKEN, stop)
+            # requested = the clock before this copy's credit wait + i (§9 S10: copy 3 requests 149 + 3)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK] + i, slots, row, A.SL_TOKEN, stop)
             us[u, R_I] = i + 1
         spend(us, u, r)
         pop(chs, slots, c, us[u, A.US_CLOCK])
@@ -265,7 +264,7 @@ def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     while True:
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)

@@ -14,9 +14,9 @@
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, closed_empty
+from stepsim.kernels.channels import can_pop, can_push
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import block, emit, sel_count, sel_target, spend, stop_from_shape, take
+from stepsim.kernels.units_common import block, emit, seen_closed, sel_count, sel_target, spend, stop_from_shape, take
 
 R_I = A.US_R0 + 0
 R_N = A.US_R0 + 1
@@ -79,7 +79,7 @@ def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
         if not can_pop(chs, c):
-            if closed_empty(chs, c):
+            if seen_closed(us, u, chs, c):
                 return A.STEP_DONE
             return block(us, u, c, A.WAIT_EMPTY)
         take(us, u, chs, slots, c)
@@ -98,7 +98,7 @@ def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
     while True:
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)
@@ -138,7 +138,7 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, cidx):
-                if closed_empty(chs, cidx):
+                if seen_closed(us, u, chs, cidx):
                     return A.STEP_DONE
                 return block(us, u, cidx, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, cidx)
@@ -147,7 +147,7 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
             us[u, A.US_PHASE] = 1
         elif ph == 1:
             if not can_pop(chs, clen):
-                if closed_empty(chs, clen):
+                if seen_closed(us, u, chs, clen):
                     return A.STEP_DONE
                 return block(us, u, clen, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, clen)
@@ -178,7 +178,7 @@ def step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr
     while True:
         if us[u, A.US_PHASE] == 0:
             if not can_pop(chs, c):
-                if closed_empty(chs, c):
+                if seen_closed(us, u, chs, c):
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
             row = take(us, u, chs, slots, c)

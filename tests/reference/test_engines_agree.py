@@ -8,9 +8,6 @@ Known, reported differences (spec decisions for the lead, not silently aligned):
 
 * peak channel occupancy: the fast engine measures the physical ring occupancy at push time, which depends on
   its worklist order; the reference uses a timestamp definition (slot held from send until the credit returns).
-* RepeatStatic's requested stamps after a credit wait: the reference follows §9 S10 (copy i requested at the
-  *current* clock + i, so copy 3 lands at 152 and the sink ends at 153); the fast engine uses ``t + i`` with t
-  fixed at the peek (§7.7 wording), giving 151 / 152. Totals agree (154).
 """
 
 from __future__ import annotations
@@ -58,24 +55,16 @@ def _assert_agree(program, *, peaks=False):
     return ref
 
 
-_REPEAT_STATIC_KNOWN = pytest.mark.xfail(reason="RepeatStatic stamps after a credit wait: §9 S10 (reference) vs "
-                                                "§7.7 t + i (fast engine); reported to the lead", strict=False)
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_REPEAT_STATIC_KNOWN) if n == "S10_depth2" else n
-                                  for n in S.ALL])
+@pytest.mark.parametrize("name", S.ALL)
 def test_engines_agree_on_micro_scenario(name):
     program, _, total = S.build(name)
     result = _assert_agree(program)
     assert result.cycles == total
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (fast engine): step_map/step_accum report ST_MISMATCH when input 1 is closed and input 2 is empty but its "
-    "producer is still running, instead of waiting on input 2 (scheduling-order dependent; seeds 73, 126, 190)"))
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1))
-@example(seed=73)  # hits the Map mismatch bug every run, so the strict xfail is deterministic
+@example(seed=73)  # regression: a binary Map whose first input closed while the second was still open
 def test_engines_agree_on_random_small_programs(seed):
     _assert_agree(random_program(seed))
 
@@ -88,9 +77,6 @@ def test_engines_agree_on_peak_occupancy(name):
     _assert_agree(program, peaks=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (fast engine): step_map/step_accum report ST_MISMATCH when input 1 is closed and input 2 is empty but its "
-    "producer is still running, instead of waiting on input 2 (scheduling-order dependent; seeds 73, 126, 190)"))
 def test_binary_map_waits_for_its_second_input_to_close_instead_of_reporting_a_mismatch():
     """Regression found by the random programs: in1 closed, in2 empty but its producer still running."""
     from stepsim.hardware import Hardware
