@@ -1,0 +1,312 @@
+"""Build a :class:`~stepsim.workloads.base.Workload` from a plain mapping of knobs, with validation.
+
+The knobs are the flags of ``stepsim metrics`` / ``stepsim run`` (``--tile-n`` is ``tile_n``), so a sweep file,
+a Python dict and the command line describe a run the same way; :func:`stepsim.workloads.cli.build_workload`
+is a thin wrapper over :func:`workload_from_config`.
+
+Example
+-------
+>>> w = workload_from_config({"workload": "swiglu", "tile_m": 32, "tile_n": 64})
+>>> w.params["tile_m"], w.hardware
+(32, 'step-hdl')
+
+Validation (every failure is a :class:`~stepsim.errors.ConfigError` whose message starts with ``source: ``
+when a ``source`` label such as a file name is given):
+
+* an unknown key names the key (with a close match, if any) and lists the known keys;
+* a wrong type or value names the key and the value;
+* a knob that the chosen workload does not use is refused (``tile_m`` for ``moe``, ``tile_n`` with dynamic
+  tiling, ``hidden`` without ``model="custom"``), so two configs that build the same program never differ
+  only in an ignored knob;
+* errors raised by the builders themselves (a tile that does not divide a dimension, an unknown model) are
+  re-raised as ConfigError with the ``source`` prefix.
+
+Defaults applied here (the command line's defaults): ``model="mixtral-8x7b"`` and ``tiling="static"`` for
+``moe``; ``tile_m=16``, ``tile_n=16`` for ``swiglu``; ``strategy="dynamic"`` for ``attention``;
+``convention="published"`` and ``mode="metrics"`` for all. Every other unset knob keeps the builder's default
+(e.g. MoE ``tile_n`` 32, ``compute_bw`` per experiment; see the builders).
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+import os
+from collections.abc import Mapping
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from stepsim.errors import ArgumentError, ConfigError
+from stepsim.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from stepsim.hardware import Hardware
+
+WORKLOADS = ("moe", "swiglu", "attention")
+MODES = ("metrics", "simulate")
+
+#: every workload knob, in the order of the result schema's config columns
+KNOBS: tuple[str, ...] = (
+    "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
+    "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "compute_bw", "channel_depth", "hardware",
+    "convention",
+)
+#: keys a config mapping may hold: the knobs plus ``mode`` ("metrics" or "simulate"; used by
+#: :func:`stepsim.records.run_config`, validated and otherwise ignored by :func:`workload_from_config`)
+KNOWN_KEYS: frozenset[str] = frozenset(KNOBS) | {"mode"}
+
+#: string knobs with a fixed set of values
+CHOICES: dict[str, tuple[str, ...]] = {
+    "workload": WORKLOADS,
+    "tiling": ("static", "dynamic"),
+    "strategy": ("coarse", "interleave", "dynamic"),
+    "convention": ("published", "paper"),
+    "mode": MODES,
+}
+#: integer knobs and their smallest allowed value
+INT_MINIMUM: dict[str, int] = {
+    "hidden": 1, "intermediate": 1, "experts": 1, "top_k": 1, "iteration": 0, "layer": 0, "batch_id": 0,
+    "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1,
+}
+#: free-form string knobs (``trace`` also accepts os.PathLike)
+STRING_KEYS = ("model", "trace", "hardware")
+#: knobs used by some workloads only (absent here: used by every workload)
+APPLIES_TO: dict[str, tuple[str, ...]] = {
+    "model": ("moe",), "hidden": ("moe",), "intermediate": ("moe",), "experts": ("moe",), "top_k": ("moe",),
+    "trace": ("moe", "attention"), "iteration": ("moe",), "layer": ("moe",), "batch_id": ("attention",),
+    "tiling": ("moe",), "tile_n": ("moe", "swiglu"), "tile_f": ("moe",), "tile_m": ("swiglu",),
+    "regions": ("moe",), "strategy": ("attention",),
+}
+CUSTOM_MODEL_KEYS = ("hidden", "intermediate", "experts", "top_k")
+#: defaults filled in by :func:`normalize_config` (per workload, then for all)
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "moe": {"model": "mixtral-8x7b", "tiling": "static"},
+    "swiglu": {"tile_m": 16, "tile_n": 16},
+    "attention": {"strategy": "dynamic"},
+}
+COMMON_DEFAULTS: dict[str, Any] = {"convention": "published", "mode": "metrics"}
+
+BUNDLED_TRACES = {"mixtral-8x7b": "synthetic_routing_mixtral_b64.arrow",
+                  "qwen3-30b-a3b": "synthetic_routing_qwen_b64.arrow",
+                  "attention": "synthetic_kv_b16.arrow"}
+
+
+def bundled_trace(key: str) -> str:
+    """Path of a synthetic trace shipped with stepsim (used when no ``trace`` is given).
+
+    ``key`` is a MoE model preset name or ``"attention"``.
+    """
+    if key not in BUNDLED_TRACES:
+        raise ConfigError(f"no bundled trace for {key!r}; pass --trace PATH (config key 'trace')")
+    path = resources.files("stepsim") / "data" / BUNDLED_TRACES[key]
+    if not path.is_file():
+        raise ConfigError(f"no bundled trace for {key!r}; pass --trace PATH (config key 'trace')")
+    return str(path)
+
+
+# --- validation -------------------------------------------------------------------------------------------
+def _prefix(source: str | None) -> str:
+    return f"{source}: " if source else ""
+
+
+def _check_known(config: Mapping, source: str | None) -> None:
+    for key in config:
+        if key not in KNOWN_KEYS:
+            close = difflib.get_close_matches(str(key), sorted(KNOWN_KEYS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{_prefix(source)}unknown config key {key!r}{hint}; "
+                              f"known keys: {', '.join(sorted(KNOWN_KEYS))}")
+
+
+def _check_value(key: str, value: Any, source: str | None) -> Any:
+    """The value, type-checked and converted to a plain int / str; None passes (unset)."""
+    if value is None:
+        return None
+    where = f"{_prefix(source)}config key {key!r}"
+    if key in INT_MINIMUM:
+        low = INT_MINIMUM[key]
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
+            raise ConfigError(f"{where} must be an int >= {low}, got {value!r}")
+        return int(value)
+    if key in CHOICES:
+        if not isinstance(value, str) or value not in CHOICES[key]:
+            raise ConfigError(f"{where} must be one of {', '.join(map(repr, CHOICES[key]))}, got {value!r}")
+        return value
+    if key == "trace" and isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_applicable(cfg: dict, source: str | None) -> None:
+    workload = cfg["workload"]
+    for key, workloads in APPLIES_TO.items():
+        if cfg.get(key) is not None and workload not in workloads:
+            raise ConfigError(f"{_prefix(source)}config key {key!r} does not apply to workload {workload!r} "
+                              f"(it applies to: {', '.join(workloads)})")
+    if workload != "moe":
+        return
+    if cfg.get("model") != "custom":
+        for key in CUSTOM_MODEL_KEYS:
+            if cfg.get(key) is not None:
+                raise ConfigError(f"{_prefix(source)}config key {key!r} only applies with model 'custom' "
+                                  f"(model is {cfg.get('model')!r})")
+    if cfg.get("tiling") == "dynamic" and cfg.get("tile_n") is not None:
+        raise ConfigError(f"{_prefix(source)}config key 'tile_n' does not apply to tiling 'dynamic' "
+                          f"(dynamic tiling packs each expert's tokens into one tile)")
+
+
+def _check_hardware_name(name: str | None, source: str | None) -> None:
+    from stepsim.hardware import PRESETS
+
+    if name is not None and not name.endswith(".toml") and name not in PRESETS:
+        raise ConfigError(f"{_prefix(source)}config key 'hardware' must be a preset "
+                          f"({', '.join(sorted(PRESETS))}) or a .toml file, got {name!r}")
+
+
+def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str, Any]:
+    """Validate ``config`` and return every key of :data:`KNOWN_KEYS` with defaults applied (None = unset).
+
+    Parameters
+    ----------
+    config : mapping of str to plain values
+        Knobs (see :data:`KNOBS`) plus an optional ``mode``; ``workload`` is required. A value of None
+        means "unset".
+    source : str, optional
+        Label of where the config came from (a file name, ``"sweep point 7"``); prefixes every message.
+
+    Returns
+    -------
+    dict
+        Keys in :data:`KNOBS` order, then ``mode``; ints are Python ints, ``trace`` a string path.
+
+    Raises
+    ------
+    ConfigError
+        Not a mapping, unknown key, missing ``workload``, wrong type or value, or a knob that does not apply.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{_prefix(source)}a config must be a mapping of knobs, got {type(config).__name__}")
+    _check_known(config, source)
+    cfg = {key: _check_value(key, config.get(key), source) for key in (*KNOBS, "mode")}
+    if cfg["workload"] is None:
+        raise ConfigError(f"{_prefix(source)}missing required config key 'workload' "
+                          f"(one of {', '.join(WORKLOADS)})")
+    for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
+        if cfg[key] is None:
+            cfg[key] = value
+    _check_applicable(cfg, source)
+    _check_hardware_name(cfg["hardware"], source)
+    return cfg
+
+
+# --- building ---------------------------------------------------------------------------------------------
+def resolved_trace(cfg: Mapping) -> str | None:
+    """Trace path a normalized config reads: its ``trace``, else the bundled one; None for ``swiglu``."""
+    if cfg["workload"] == "swiglu":
+        return None
+    if cfg.get("trace") is not None:
+        return cfg["trace"]
+    return bundled_trace(cfg["model"] if cfg["workload"] == "moe" else "attention")
+
+
+def _bandwidth_kwargs(cfg: Mapping) -> dict[str, int]:
+    return {key: cfg[key] for key in ("compute_bw", "channel_depth") if cfg.get(key) is not None}
+
+
+def _build_moe(cfg: Mapping) -> Workload:
+    from stepsim.workloads.models import moe_model
+    from stepsim.workloads.moe import build_moe
+    from stepsim.workloads.traces import load_routing
+
+    model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
+    routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+    return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
+                     regions=cfg["regions"], **_bandwidth_kwargs(cfg))
+
+
+def _build_swiglu(cfg: Mapping) -> Workload:
+    from stepsim.workloads.swiglu import build_swiglu
+
+    return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **_bandwidth_kwargs(cfg))
+
+
+def _build_attention(cfg: Mapping) -> Workload:
+    from stepsim.workloads.attention import build_attention
+    from stepsim.workloads.traces import load_kv_lengths
+
+    kv = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
+    kw = _bandwidth_kwargs(cfg)
+    channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
+    workload = build_attention(kv, cfg["strategy"], **kw)
+    if channel_depth is not None:
+        workload.channel_depth = channel_depth
+        workload.params["channel_depth"] = channel_depth
+    return workload
+
+
+_BUILDERS = {"moe": _build_moe, "swiglu": _build_swiglu, "attention": _build_attention}
+
+
+def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
+    """Build the workload of a config already passed through :func:`normalize_config`.
+
+    Raises
+    ------
+    ConfigError
+        A builder refused a value (message prefixed with ``source``). Trace errors keep their own type.
+    """
+    try:
+        return _BUILDERS[cfg["workload"]](cfg)
+    except (ArgumentError, ConfigError) as exc:
+        if source is None and isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{_prefix(source)}{exc}") from exc
+
+
+def resolve_hardware(cfg: Mapping, workload: Workload, *, source: str | None = None) -> Hardware:
+    """The :class:`~stepsim.hardware.Hardware` a normalized config runs on.
+
+    ``cfg["hardware"]`` (a preset name or a TOML file) if set, else the workload experiment's preset.
+
+    Raises
+    ------
+    ConfigError
+        Unknown preset, unreadable TOML or unknown hardware key (message prefixed with ``source``).
+    """
+    from stepsim.hardware import Hardware
+
+    name = cfg.get("hardware") or workload.hardware
+    try:
+        return Hardware.from_toml(name) if name.endswith(".toml") else Hardware.preset(name)
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError(f"{_prefix(source)}{exc}") from exc
+
+
+def workload_from_config(config: Mapping, *, source: str | None = None) -> Workload:
+    """Validate a mapping of knobs and build its workload.
+
+    Parameters
+    ----------
+    config : mapping
+        Knobs named as in :data:`KNOBS` (``workload`` required; None = unset), optionally ``mode``.
+    source : str, optional
+        Where the config came from; prefixes error messages (e.g. ``"sweep.toml: unknown config key ..."``).
+
+    Returns
+    -------
+    Workload
+        Ready to measure (``.metrics()``) or simulate (:func:`stepsim.simulate.simulate`).
+
+    Raises
+    ------
+    ConfigError
+        Unknown key, bad type or value, inapplicable knob, or a value the builder refuses.
+    TraceError
+        The trace cannot be read (names the file).
+    """
+    cfg = normalize_config(config, source=source)
+    return build_normalized(cfg, source=source)
