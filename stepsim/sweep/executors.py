@@ -1,0 +1,188 @@
+"""Run tasks in parallel: a local pool of warm worker processes, or a Dask cluster (``dask_executor``).
+
+Both executors take :class:`~stepsim.sweep.grid.Task` s and yield ``(task, outcome)`` pairs as tasks finish
+(outcome = :func:`stepsim.sweep.tasks.run_task`'s dict). They keep at most ``2 * jobs`` tasks submitted at a
+time, so a huge grid is never queued up front, a fail-fast stop has little to cancel, and a crash loses at
+most the tasks in flight. Leaving the iteration early (fail-fast, Ctrl-C) cancels what is queued; tasks
+already running finish in their worker but their results are dropped (they were never written, so a re-run
+picks them up).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+
+from stepsim.errors import ConfigError, StepsimError
+from stepsim.sweep.grid import Task
+from stepsim.sweep.tasks import init_local_worker, run_task
+
+EXECUTORS = ("local", "dask")
+#: tasks kept submitted per worker: one running plus one queued, so a worker never waits for the parent
+IN_FLIGHT_PER_WORKER = 2
+
+
+class WorkerLostError(StepsimError):
+    """A worker process died (killed, out of memory, crashed) while it ran a task; the sweep cannot go on."""
+
+
+def default_jobs() -> int:
+    """CPUs this process may use (the affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return max(os.cpu_count() or 1, 1)
+
+
+def start_method() -> str:
+    """Start method of local workers: ``forkserver`` where the OS has it, else ``spawn``.
+
+    Not ``fork``: when the pool starts, the parent may already run other threads (tqdm's monitor thread,
+    pyarrow's thread pool after reading existing results, a Dask client's event loop in the same program), and a
+    forked child inherits every lock those threads held at that instant with no thread to release it, an
+    occasional deadlock (Python 3.12 warns about exactly this). The numba engine starts no threads of its own,
+    but that does not make the parent single-threaded. The fork server is a clean single-threaded process that
+    forks the workers, which also starts them faster than ``spawn``.
+    """
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class WindowedExecutor(ABC):
+    """The submit / wait-for-one / refill loop both executors share; subclasses provide the verbs."""
+
+    name = ""
+    jobs = 1
+
+    @abstractmethod
+    def _submit(self, task: Task):
+        """Start ``task`` (``run_task(task.config, task.key)``) and return its future."""
+
+    @abstractmethod
+    def _wait_first(self, futures: list) -> Iterable:
+        """Block until at least one of ``futures`` is done; return the done ones."""
+
+    @abstractmethod
+    def _outcome(self, future, task: Task, in_flight: int) -> dict:
+        """The outcome dict of the done ``future`` of ``task`` (``in_flight`` = tasks submitted, for messages)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Cancel queued tasks and release the workers."""
+
+    def _cancel(self, futures: list) -> None:
+        for future in futures:
+            future.cancel()
+
+    def imap_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
+        """Yield ``(task, outcome)`` as tasks finish (completion order, not grid order).
+
+        Raises
+        ------
+        WorkerLostError
+            A worker died; the message names a task that was running and how many did not finish.
+        """
+        pending = iter(tasks)
+        in_flight: dict = {}
+        limit = IN_FLIGHT_PER_WORKER * self.jobs
+
+        def refill():
+            while len(in_flight) < limit and (task := next(pending, None)) is not None:
+                in_flight[self._submit(task)] = task
+
+        try:
+            refill()
+            while in_flight:
+                for future in self._wait_first(list(in_flight)):
+                    task = in_flight.pop(future)
+                    yield task, self._outcome(future, task, len(in_flight) + 1)
+                refill()
+        finally:
+            self._cancel(list(in_flight))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def describe(self) -> str:
+        """One line for the summary: executor and worker count."""
+        return f"{self.name}, {self.jobs} worker{'s' if self.jobs != 1 else ''}"
+
+
+class LocalExecutor(WindowedExecutor):
+    """A pool of ``jobs`` worker processes on this machine, started once and reused for every task.
+
+    Parameters
+    ----------
+    jobs : int
+        Worker processes.
+    warm_kernels : bool
+        Load the engine kernels in each worker as it starts (simulate sweeps), so no task pays for it.
+    """
+
+    name = "local"
+
+    def __init__(self, jobs: int, *, warm_kernels: bool):
+        if jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        self.jobs = jobs
+        self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(start_method()),
+                                         initializer=init_local_worker, initargs=(warm_kernels,))
+
+    def _submit(self, task: Task):
+        return self._pool.submit(run_task, task.config, task.key)
+
+    def _wait_first(self, futures: list) -> Iterable:
+        done, _ = wait(futures, return_when=FIRST_COMPLETED)
+        return sorted(done, key=futures.index)  # deterministic among futures finishing together
+
+    def _outcome(self, future, task: Task, in_flight: int) -> dict:
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:
+            raise WorkerLostError(
+                f"a worker process died while the sweep ran (killed, out of memory or crashed), e.g. during task "
+                f"{task.index} ({task.key}); {in_flight} submitted task(s) did not finish. Finished tasks are "
+                f"saved: run the same sweep again to resume") from exc
+
+    def close(self) -> None:
+        # cancel_futures: queued tasks are dropped; running ones finish (their results are not collected)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_executor(kind: str, *, jobs: int, warm_kernels: bool, address: str | None = None):
+    """The executor ``kind`` (``local`` or ``dask``).
+
+    Parameters
+    ----------
+    kind : str
+        ``local``: a process pool here. ``dask``: the ``dask.distributed`` scheduler at ``address``, or a local
+        cluster of ``jobs`` single-threaded worker processes on the loopback interface when no address is given.
+    jobs : int
+        Local workers (ignored with a Dask ``address``: the cluster decides).
+    warm_kernels : bool
+        Whether tasks simulate (then workers load the engine kernels once, at start).
+    address : str, optional
+        Dask scheduler address (``tcp://host:8786``).
+
+    Raises
+    ------
+    ConfigError
+        Unknown kind, ``address`` without ``dask``, dask not installed, or the scheduler cannot be reached.
+    """
+    if kind not in EXECUTORS:
+        raise ConfigError(f"unknown executor {kind!r} (expected one of {', '.join(EXECUTORS)})")
+    if kind == "local":
+        if address is not None:
+            raise ConfigError("--address is only for --executor dask")
+        return LocalExecutor(jobs, warm_kernels=warm_kernels)
+    try:
+        from stepsim.sweep.dask_executor import DaskExecutor
+    except ImportError as exc:
+        raise ConfigError(f"the dask executor needs dask.distributed ({exc}); install it with "
+                          f"pip install 'stepsim[dist]' (or 'dask[distributed]')") from exc
+    return DaskExecutor(address=address, jobs=jobs, warm_kernels=warm_kernels)
