@@ -284,7 +284,8 @@ def write_partitioned(
     return write_parquet_atomic(data, path, meta, units=units)
 
 
-def read_results(root: str | Path, partition_cols: Sequence[str] = ("model", "tiling"), filter=None) -> pa.Table:
+def read_results(root: str | Path, partition_cols: Sequence[str] = ("model", "tiling"), filter=None,
+                 pattern: str = "part-*.parquet") -> pa.Table:
     """Read every ``part-*.parquet`` under ``root`` as one table, partition columns restored as strings.
 
     Parameters
@@ -295,6 +296,8 @@ def read_results(root: str | Path, partition_cols: Sequence[str] = ("model", "ti
         The partition levels (read as strings so ``tiling=32`` and ``tiling=dynamic`` share a type).
     filter : pyarrow.compute.Expression, optional
         Row filter, e.g. ``pc.field("model") == "qwen"``.
+    pattern : str
+        File-name glob of the files to read (``_units-*.parquet`` for :mod:`stepsim.records` unit tables).
 
     Returns
     -------
@@ -303,9 +306,9 @@ def read_results(root: str | Path, partition_cols: Sequence[str] = ("model", "ti
     """
     root = Path(root)
     # an explicit sorted file list makes the row order independent of directory-listing order
-    files = sorted(p.as_posix() for p in root.glob("**/part-*.parquet"))
+    files = sorted(p.as_posix() for p in root.glob(f"**/{pattern}"))
     if not files:
-        raise ConfigError(f"{root}: no result files (part-*.parquet) found")
+        raise ConfigError(f"{root}: no result files ({pattern}) found")
     part_schema = pa.schema([(c, pa.string()) for c in partition_cols])
     partitioning = ds.partitioning(part_schema, flavor="hive")
     # unify across files so a column added by a later sweep is not dropped (missing values read as null);

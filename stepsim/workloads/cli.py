@@ -1,5 +1,9 @@
 """``stepsim metrics`` and ``stepsim run``: build a workload from CLI flags, print (and write) its record.
 
+Both print the :class:`stepsim.records.RunResult` row (``--json``: one JSON object with every column of
+:data:`stepsim.records.SCHEMA`); ``--out DIR`` writes it as Parquet (``stepsim run`` adds the per-unit and
+per-channel counter tables).
+
 The flags are shared by every workload command; defaults reproduce the paper's experiments (spec §5). Flags map
 one-to-one onto the config keys of :mod:`stepsim.workloads.config` (``--tile-n`` is ``tile_n``), which owns the
 validation and the building; this module only translates ``argparse`` namespaces.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from stepsim.workloads.base import Workload
 from stepsim.workloads.config import BUNDLED_TRACES, KNOBS, WORKLOADS, bundled_trace, workload_from_config
@@ -52,50 +57,52 @@ def build_workload(args: argparse.Namespace) -> Workload:
     return workload_from_config(config_from_args(args))
 
 
-def _metrics(args) -> int:
-    workload = build_workload(args)
-    values = workload.metrics(args.convention or "published")
-    row = {"workload": workload.name, **workload.params, **values}
-    if args.json:
-        print(json.dumps(row, sort_keys=False))
-    else:
-        width = max(len(k) for k in row)
-        for key, value in row.items():
-            print(f"{key:<{width}}  {value:,}" if isinstance(value, int) and not isinstance(value, bool)
-                  else f"{key:<{width}}  {value}")
+def _print_record(record, as_json: bool) -> None:
+    """One JSON object, or aligned ``key  value`` lines of the row's set (non-null) columns."""
+    if as_json:
+        print(json.dumps(record.row))
+        return
+    row = {key: value for key, value in record.row.items() if value is not None}
+    width = max(len(key) for key in row)
+    for key, value in row.items():
+        text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        print(f"{key:<{width}}  {text}")
+
+
+def _write_record(record, out_dir: str | None, as_json: bool) -> None:
+    """``--out DIR``: write the record's files; report them on stderr when stdout carries JSON."""
+    if out_dir is None:
+        return
+    for kind, path in record.write(out_dir).items():
+        print(f"wrote {kind}: {path}", file=sys.stderr if as_json else sys.stdout)
+
+
+def _record_command(args, mode: str) -> int:
+    from stepsim.records import run_config
+
+    record = run_config({**config_from_args(args), "mode": mode})
+    _print_record(record, args.json)
+    _write_record(record, args.out, args.json)
     return 0
+
+
+def _metrics(args) -> int:
+    return _record_command(args, "metrics")
 
 
 def _run(args) -> int:
-    from stepsim.hardware import Hardware
-    from stepsim.simulate import simulate
-
-    workload = build_workload(args)
-    hardware = None
-    if args.hardware:
-        hardware = Hardware.from_toml(args.hardware) if args.hardware.endswith(".toml") else args.hardware
-    result = simulate(workload, hardware)
-    metrics = workload.metrics(args.convention or "published")
-    row = {"workload": workload.name, **workload.params, "cycles": result.cycles,
-           "off_chip_bytes": result.off_chip_bytes, "off_chip_bytes_symbolic": metrics["off_chip_bytes"],
-           "on_chip_bytes": metrics["on_chip_bytes"], "on_chip_bytes_active": metrics["on_chip_bytes_active"],
-           "flops": metrics["flops"], "events": result.events, "sim_wall_s": result.sim_wall_s,
-           "compile_s": result.compile_s}
-    if args.json:
-        print(json.dumps(row))
-    else:
-        width = max(len(k) for k in row)
-        for key, value in row.items():
-            print(f"{key:<{width}}  {value}")
-    return 0
+    return _record_command(args, "simulate")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="simulate a workload on the compiled engine (timing mode)",
                               description="Simulate a workload on a trace and print cycles and traffic.")
     add_workload_arguments(p)
+    p.add_argument("--out", metavar="DIR",
+                   help="also write the record (part-<id>.parquet) and its unit/channel tables into DIR")
     p.set_defaults(handler=_run)
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")
     add_workload_arguments(p)
+    p.add_argument("--out", metavar="DIR", help="also write the record (part-<id>.parquet) into DIR")
     p.set_defaults(handler=_metrics)

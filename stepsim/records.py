@@ -1,0 +1,539 @@
+"""One record per run: :class:`RunResult`, its fixed Arrow schema, and Parquet output.
+
+A *run* is one configuration (the knobs of :mod:`stepsim.workloads.config`) measured in one of two modes:
+
+* ``"metrics"``: the symbolic off-chip / on-chip / FLOP totals with the trace's values substituted;
+* ``"simulate"``: the same plus a timing simulation on the compiled engine (cycles, measured traffic,
+  per-unit and per-channel counters).
+
+>>> run = run_config({"workload": "swiglu", "tile_m": 32, "tile_n": 64})
+>>> run.row["off_chip_bytes"], run.row["cycles"] is None
+(3735552, True)
+
+The row (:attr:`RunResult.row`, :meth:`RunResult.to_arrow`) always has the columns of :data:`SCHEMA`, in
+this order (units are stored as Arrow field metadata ``{"unit": ...}``; a dash means no unit):
+
+=================================  ==========  ================================================================
+column                             unit        meaning
+=================================  ==========  ================================================================
+run_id                             none        SHA-256 of the normalized config (mode included) and trace hash
+mode                               none        ``metrics`` or ``simulate``
+stepsim_version                    none        version that produced the record
+trace_path                         none        trace read (the bundled one if no ``trace`` knob); null: no trace
+trace_sha256                       none        SHA-256 of the trace file (of its files, for a folder)
+hardware_name                      none        hardware the run used (the ``hardware`` knob or the workload's)
+workload ... convention            none        every knob of :data:`~stepsim.workloads.config.KNOBS` as
+                                               configured (config-level defaults applied; null = unset)
+params                             none        canonical JSON of every parameter the builder used
+cycles                             cycles      simulated cycles; null for metrics runs
+off_chip_bytes                     bytes       measured total for simulations, symbolic total for metrics
+off_chip_bytes_read / _written     bytes       measured by the engine; null for metrics runs
+off_chip_bytes_measured            bytes       read + written; null for metrics runs
+off_chip_bytes_symbolic            bytes       the graph's symbolic total with the trace's values
+on_chip_bytes                      bytes       symbolic on-chip footprint (``convention``'s accounting)
+on_chip_bytes_active               bytes       the same minus the footprint of operators that got no work
+flops                              FLOP        the paper's algorithmic FLOPs (``graph_flops`` if none)
+graph_flops                        FLOP        sum over compute operators (engine FLOP convention)
+algorithmic_flops                  FLOP        the paper's formula; null when the workload defines none
+allocated_compute_flops_per_cycle  FLOP/cycle  sum of ``compute_bw`` over FLOP-based compute operators
+hbm_bytes_per_cycle                bytes/cycle peak off-chip bandwidth of the hardware
+compute_utilization                ratio       ``flops / (cycles * allocated_compute_flops_per_cycle)``
+off_chip_bw_utilization            ratio       ``off_chip_bytes / (cycles * hbm_bytes_per_cycle)``
+events, fires                      count       engine events and unit firings; null for metrics runs
+build_s                            s           building the workload (trace read included); null if unknown
+metrics_s                          s           evaluating the symbolic metrics
+lower_s, compile_s, sim_wall_s     s           lowering, first-call compilation, engine run; null (metrics)
+total_s                            s           whole :func:`run_config` call; null when not measured
+=================================  ==========  ================================================================
+
+Utilizations follow STEP_SEMANTICS §5.4: ``compute_util = (alg_flops / cycles) / allocated_comp_flops`` and
+``off_chip_bandwidth_utilization = (off_chip_traffic / cycles) / 1024`` (1024 B/cycle is the step-eval HBM
+peak; here the run's hardware peak). They are ratios (1.0 = 100 %), null for metrics runs or zero cycles.
+``allocated_compute_flops_per_cycle`` counts operators whose function is FLOP-based (``fixed_cycles is
+None``), so the token-packing ``Accum(RetileRow)`` is left out as in the paper: this reproduces §5.4's
+787456 ... 152576 FLOPs/cycle for static tiling. (For the dynamic-tiling baseline the paper's scripts also
+omit the final accumulation, 786432; this module counts it, 787456.)
+
+Per-unit and per-channel counters of simulation runs: :meth:`RunResult.unit_table` and
+:meth:`RunResult.channel_table` (:data:`UNIT_SCHEMA`, :data:`CHANNEL_SCHEMA`). :meth:`RunResult.write`
+writes ``part-<run_id[:16]>.parquet`` (the row) and, for simulations, ``_units-<...>.parquet`` and
+``_channels-<...>.parquet`` beside it. The underscore keeps the counter files out of
+``pyarrow.dataset.dataset(root)`` discovery of the rows; :func:`read_runs` reads any of the three kinds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from stepsim._version import __version__
+from stepsim.errors import ConfigError
+from stepsim.hardware import Hardware
+from stepsim.results import (
+    TRACE_HASH_KEY,
+    canonical_json,
+    file_sha256,
+    partition_dir,
+    provenance_metadata,
+    read_results,
+    stable_hash,
+    write_parquet_atomic,
+    write_partitioned,
+)
+from stepsim.workloads.base import Workload
+from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
+
+__all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult", "allocated_compute_flops",
+           "concat_runs", "read_runs", "run_config", "trace_sha256"]
+
+
+class NotSimulatedError(ConfigError):
+    """Simulation-only data (cycles per unit, channel counters) was asked of a ``mode="metrics"`` run.
+
+    A ConfigError because the run's configuration (its mode) does not produce what was asked for.
+    """
+
+
+# --- schemas ----------------------------------------------------------------------------------------------
+_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "hardware", "convention"}
+
+
+def _field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:
+    return pa.field(name, typ, metadata={"unit": unit} if unit else None)
+
+
+def _i64(name: str, unit: str) -> pa.Field:
+    return _field(name, pa.int64(), unit)
+
+
+def _f64(name: str, unit: str) -> pa.Field:
+    return _field(name, pa.float64(), unit)
+
+
+#: the row schema (see the module docstring for every column's meaning)
+SCHEMA = pa.schema(
+    [_field(name, pa.string()) for name in ("run_id", "mode", "stepsim_version", "trace_path", "trace_sha256",
+                                            "hardware_name")]
+    + [_field(k, pa.string() if k in _STRING_KNOBS else pa.int64()) for k in KNOBS]
+    + [_field("params", pa.string()), _i64("cycles", "cycles")]
+    + [_i64(name, "bytes") for name in ("off_chip_bytes", "off_chip_bytes_read", "off_chip_bytes_written",
+                                        "off_chip_bytes_measured", "off_chip_bytes_symbolic", "on_chip_bytes",
+                                        "on_chip_bytes_active")]
+    + [_i64(name, "FLOP") for name in ("flops", "graph_flops", "algorithmic_flops")]
+    + [_i64("allocated_compute_flops_per_cycle", "FLOP/cycle"), _i64("hbm_bytes_per_cycle", "bytes/cycle"),
+       _f64("compute_utilization", "ratio"), _f64("off_chip_bw_utilization", "ratio"),
+       _i64("events", "count"), _i64("fires", "count")]
+    + [_f64(name, "s") for name in ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")]
+)
+
+#: per-unit counters of a simulation run (one row per engine unit, in program order)
+UNIT_SCHEMA = pa.schema([
+    _field("run_id", pa.string()), _field("name", pa.string()), _field("kind", pa.string()),
+    _i64("fires", "count"), _i64("busy_cycles", "cycles"), _i64("blocked_in_cycles", "cycles"),
+    _i64("blocked_out_cycles", "cycles"), _i64("final_clock", "cycles"), _f64("utilization", "ratio"),
+])
+
+#: per-channel counters of a simulation run (one row per FIFO channel, in program order)
+CHANNEL_SCHEMA = pa.schema([
+    _field("run_id", pa.string()), _field("name", pa.string()), _i64("pushes", "count"),
+    _i64("peak_occupancy", "elements"),
+])
+
+_KINDS = {"runs": ("part-", SCHEMA), "units": ("_units-", UNIT_SCHEMA), "channels": ("_channels-", CHANNEL_SCHEMA)}
+
+
+# --- small pure helpers -----------------------------------------------------------------------------------
+_TRACE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def trace_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a trace: of the file's bytes, or for a folder of ``relative path + file hash`` lines.
+
+    Hashes are cached per (path, size, mtime) so a sweep reading one trace many times hashes it once.
+    """
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except OSError as exc:
+        raise ConfigError(f"cannot read trace {p}: {exc}") from exc
+    key = (str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _TRACE_HASHES:
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+            lines = "".join(f"{f.relative_to(p).as_posix()}\0{file_sha256(f)}\n" for f in files)
+            _TRACE_HASHES[key] = hashlib.sha256(lines.encode()).hexdigest()
+        else:
+            _TRACE_HASHES[key] = file_sha256(p)
+    return _TRACE_HASHES[key]
+
+
+def allocated_compute_flops(workload: Workload) -> int:
+    """FLOPs/cycle allocated to the workload: ``compute_bw`` summed over FLOP-based compute operators.
+
+    Operators whose function takes fixed cycles (e.g. the token-packing ``Accum(RetileRow)``) are left out,
+    as in STEP_SEMANTICS §5.4's ``allocated_comp_flops``.
+    """
+    total = 0
+    for op in workload.graph.finalize().ops:
+        fn = getattr(op, "fn", None)
+        if getattr(op, "compute_bw", None) and fn is not None and fn.fixed_cycles is None:
+            total += int(op.compute_bw)
+    return total
+
+
+def _ratio(numerator: int | None, cycles: int | None, per_cycle: int | None) -> float | None:
+    """``numerator / (cycles * per_cycle)``; None when any term is missing or the denominator is 0."""
+    if numerator is None or not cycles or not per_cycle:
+        return None
+    return numerator / (cycles * per_cycle)
+
+
+_NAME_SUFFIX = re.compile(r"_\d+$")
+
+
+def _unit_kind(name: str, kinds: Mapping[str, str]) -> str:
+    """Operator class of a unit: from the graph when the unit is an operator, else from its name."""
+    if name in kinds:
+        return kinds[name]
+    if name.endswith(".implicit_sink"):
+        return "Sink"
+    return _NAME_SUFFIX.sub("", name)
+
+
+def _identity(cfg: Mapping, trace_hash: str | None) -> dict:
+    """What :data:`run_id` hashes: the normalized config (mode included) and the trace's content hash."""
+    return {"config": dict(cfg), "trace_sha256": trace_hash}
+
+
+# --- the record -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Timings:
+    """Wall times (s) measured around a run by its caller; None = not measured."""
+
+    build_s: float | None = None
+    total_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The record of one run: a flat row (:data:`SCHEMA`) plus, for simulations, per-unit/channel tables.
+
+    Build one with :func:`run_config`, :meth:`from_metrics` or :meth:`from_simulation`.
+
+    Attributes
+    ----------
+    row : dict
+        Column name -> plain Python value (int, float, str or None), in :data:`SCHEMA` order.
+    config : dict
+        The normalized config (every knob plus ``mode``) the run used.
+    """
+
+    row: dict
+    config: dict
+    _units: pa.Table | None = field(default=None, repr=False)
+    _channels: pa.Table | None = field(default=None, repr=False)
+
+    # --- constructors ---------------------------------------------------------------------------------
+    @classmethod
+    def from_metrics(cls, workload: Workload, config: Mapping, *, convention: str | None = None,
+                     source: str | None = None, timings: Timings | None = None) -> RunResult:
+        """Record of a metrics run: the workload's symbolic totals with its trace values.
+
+        Parameters
+        ----------
+        workload : Workload
+            Built from ``config`` (e.g. by :func:`~stepsim.workloads.config.workload_from_config`).
+        config : mapping
+            The run's knobs (validated again; ``mode`` is set to ``"metrics"``).
+        convention : {"published", "paper"}, optional
+            On-chip accounting; overrides ``config["convention"]``.
+        source : str, optional
+            Label for error messages (a file name).
+        timings : Timings, optional
+            Build / total wall times measured by the caller.
+        """
+        cfg = _run_config(config, "metrics", convention, source, workload)
+        return cls._make(workload, cfg, None, resolve_hardware(cfg, workload, source=source), timings)
+
+    @classmethod
+    def from_simulation(cls, workload: Workload, sim_result, config: Mapping, *, convention: str | None = None,
+                        hardware: Hardware | None = None, source: str | None = None,
+                        timings: Timings | None = None) -> RunResult:
+        """Record of a simulation run (see :meth:`from_metrics`; ``mode`` is set to ``"simulate"``).
+
+        Parameters
+        ----------
+        sim_result : stepsim.simulate.SimResult
+            What :func:`stepsim.simulate.simulate` returned for ``workload``.
+        hardware : Hardware, optional
+            The hardware simulated (for ``hbm_bytes_per_cycle``); default: resolved from ``config``.
+        """
+        cfg = _run_config(config, "simulate", convention, source, workload)
+        hardware = hardware or resolve_hardware(cfg, workload, source=source)
+        return cls._make(workload, cfg, sim_result, hardware, timings)
+
+    @classmethod
+    def _make(cls, workload: Workload, cfg: dict, sim, hardware: Hardware, timings: Timings | None) -> RunResult:
+        start = time.perf_counter()
+        metrics = workload.metrics(cfg["convention"])
+        metrics_s = time.perf_counter() - start
+        trace = resolved_trace(cfg)
+        trace_hash = trace_sha256(trace) if trace is not None else None
+        run_id = stable_hash(_identity(cfg, trace_hash))
+        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
+               "trace_sha256": trace_hash, "hardware_name": hardware.name,
+               **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
+        row.update(_measurements(workload, metrics, sim, hardware))
+        timings = timings or Timings()
+        row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
+                   compile_s=_attr(sim, "compile_s"), sim_wall_s=_attr(sim, "sim_wall_s"), total_s=timings.total_s)
+        row = {name: row[name] for name in SCHEMA.names}
+        units = channels = None
+        if sim is not None:
+            units = _unit_table(run_id, sim, workload)
+            channels = _channel_table(run_id, sim)
+        return cls(row=row, config=cfg, _units=units, _channels=channels)
+
+    # --- views ----------------------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        """Hex SHA-256 identifying the configuration, mode and trace content of this run."""
+        return self.row["run_id"]
+
+    @property
+    def simulated(self) -> bool:
+        """True for ``mode="simulate"`` records."""
+        return self.row["mode"] == "simulate"
+
+    def to_arrow(self) -> pa.Table:
+        """The row as a one-row table with :data:`SCHEMA` (units in field metadata)."""
+        return pa.Table.from_pylist([self.row], schema=SCHEMA)
+
+    def unit_table(self) -> pa.Table:
+        """Per-unit counters (:data:`UNIT_SCHEMA`), one row per engine unit.
+
+        Raises
+        ------
+        NotSimulatedError
+            This is a metrics run.
+        """
+        return self._need_simulation("unit counters", self._units)
+
+    def channel_table(self) -> pa.Table:
+        """Per-channel counters (:data:`CHANNEL_SCHEMA`), one row per FIFO channel.
+
+        Raises
+        ------
+        NotSimulatedError
+            This is a metrics run.
+        """
+        return self._need_simulation("channel counters", self._channels)
+
+    def _need_simulation(self, what: str, table: pa.Table | None) -> pa.Table:
+        if table is None:
+            raise NotSimulatedError(f"run {self.run_id[:16]} ({self.row['workload']}) is a metrics run "
+                                    f"(mode 'metrics'); {what} exist only for mode 'simulate'")
+        return table
+
+    # --- output ---------------------------------------------------------------------------------------
+    def provenance(self) -> dict[str, str]:
+        """Schema metadata for written files: stepsim version, identity config (JSON) and hash, trace hash."""
+        return provenance_metadata(_identity(self.config, self.row["trace_sha256"]),
+                                   trace_hash=self.row["trace_sha256"])
+
+    def write(self, out_dir: str | os.PathLike, partition_cols: tuple[str, ...] = ()) -> dict[str, Path]:
+        """Write the record under ``out_dir`` atomically, with provenance metadata.
+
+        Parameters
+        ----------
+        out_dir : path
+            Root folder (created if needed).
+        partition_cols : tuple of str
+            Row columns that become hive folder levels (``("workload", "mode")`` gives
+            ``out_dir/workload=swiglu/mode=simulate/``); they are dropped from the row file and restored as
+            strings by :func:`read_runs`. Default: none, files go straight into ``out_dir``.
+
+        Returns
+        -------
+        dict
+            ``{"run": path}`` plus ``"units"`` and ``"channels"`` for simulation runs. Writing the same
+            configuration again replaces the same files (the names derive from :attr:`run_id`).
+
+        Raises
+        ------
+        ConfigError
+            A partition column is unknown or null in this row.
+        """
+        identity = _identity(self.config, self.row["trace_sha256"])
+        extra = {TRACE_HASH_KEY: self.row["trace_sha256"]} if self.row["trace_sha256"] else None
+        paths = {"run": write_partitioned(self.to_arrow(), out_dir, partition_cols, config=identity,
+                                          metadata=extra)}
+        if self.simulated:
+            folder = partition_dir(out_dir, self.row, partition_cols)
+            meta = self.provenance()
+            for kind, table in (("units", self._units), ("channels", self._channels)):
+                path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
+                paths[kind] = write_parquet_atomic(table, path, meta)
+        return paths
+
+
+def _attr(sim, name: str):
+    return None if sim is None else getattr(sim, name)
+
+
+def _run_config(config: Mapping, mode: str, convention: str | None, source: str | None,
+                workload: Workload) -> dict:
+    """Normalize ``config`` for a run of ``mode``; check it describes ``workload``."""
+    override = {"mode": mode} if convention is None else {"mode": mode, "convention": convention}
+    cfg = normalize_config({**config, **override}, source=source)
+    if workload.name != cfg["workload"]:
+        prefix = f"{source}: " if source else ""
+        raise ConfigError(f"{prefix}config key 'workload' is {cfg['workload']!r} but the workload given is "
+                          f"{workload.name!r}")
+    return cfg
+
+
+def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware) -> dict[str, Any]:
+    """Cycles, traffic, footprint, FLOPs, utilizations and event counts of one run (None = not measured)."""
+    allocated = allocated_compute_flops(workload)
+    hbm = hardware.hbm_peak_bytes_per_cycle
+    out = {
+        "cycles": None, "off_chip_bytes": metrics["off_chip_bytes"], "off_chip_bytes_read": None,
+        "off_chip_bytes_written": None, "off_chip_bytes_measured": None,
+        "off_chip_bytes_symbolic": metrics["off_chip_bytes"], "on_chip_bytes": metrics["on_chip_bytes"],
+        "on_chip_bytes_active": metrics["on_chip_bytes_active"], "flops": metrics["flops"],
+        "graph_flops": metrics["graph_flops"], "algorithmic_flops": workload.algorithmic_flops,
+        "allocated_compute_flops_per_cycle": allocated, "hbm_bytes_per_cycle": hbm,
+        "compute_utilization": None, "off_chip_bw_utilization": None, "events": None, "fires": None,
+    }
+    if sim is not None:
+        measured = int(sim.off_chip_bytes_read) + int(sim.off_chip_bytes_written)
+        out.update(cycles=int(sim.cycles), off_chip_bytes=measured, off_chip_bytes_read=int(sim.off_chip_bytes_read),
+                   off_chip_bytes_written=int(sim.off_chip_bytes_written), off_chip_bytes_measured=measured,
+                   compute_utilization=_ratio(metrics["flops"], int(sim.cycles), allocated),
+                   off_chip_bw_utilization=_ratio(measured, int(sim.cycles), hbm),
+                   events=int(sim.events), fires=int(sim.fires))
+    return out
+
+
+def _unit_table(run_id: str, sim, workload: Workload) -> pa.Table:
+    """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock)."""
+    kinds = {op.name: type(op).__name__ for op in workload.graph.ops}
+    counters = sim.unit_counters
+    names = list(sim.unit_names)
+    cycles = int(sim.cycles)
+    busy = [int(v) for v in counters[:, 1]]
+    return pa.Table.from_pydict({
+        "run_id": [run_id] * len(names), "name": names, "kind": [_unit_kind(n, kinds) for n in names],
+        "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
+        "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
+        "utilization": [b / cycles if cycles else None for b in busy],
+    }, schema=UNIT_SCHEMA)
+
+
+def _channel_table(run_id: str, sim) -> pa.Table:
+    """Per-channel counters of ``sim`` (columns of SimResult.channel_counters: pushes, peak occupancy)."""
+    counters = sim.channel_counters
+    names = list(sim.channel_names)
+    return pa.Table.from_pydict({
+        "run_id": [run_id] * len(names), "name": names, "pushes": counters[:, 0].tolist(),
+        "peak_occupancy": counters[:, 1].tolist(),
+    }, schema=CHANNEL_SCHEMA)
+
+
+# --- running and collecting -------------------------------------------------------------------------------
+def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
+    """Build and run one configuration; ``config["mode"]`` is ``"metrics"`` (default) or ``"simulate"``.
+
+    Parameters
+    ----------
+    config : mapping
+        Knobs of :mod:`stepsim.workloads.config` plus ``mode``; plain data (picklable, JSON-able).
+    source : str, optional
+        Label for error messages (e.g. the sweep file and point).
+
+    Returns
+    -------
+    RunResult
+        With ``build_s`` and ``total_s`` measured.
+
+    Raises
+    ------
+    ConfigError
+        Invalid config (names the key and ``source``).
+    TraceError
+        Unreadable trace.
+    SimulationError
+        The engine stopped abnormally (deadlock, ...).
+    """
+    start = time.perf_counter()
+    cfg = normalize_config(config, source=source)
+    workload = build_normalized(cfg, source=source)
+    build_s = time.perf_counter() - start
+    hardware = resolve_hardware(cfg, workload, source=source)
+    if cfg["mode"] == "metrics":
+        record = RunResult.from_metrics(workload, cfg, source=source, timings=Timings(build_s=build_s))
+    else:
+        from stepsim.simulate import simulate
+
+        sim = simulate(workload, hardware)
+        record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
+                                           timings=Timings(build_s=build_s))
+    row = dict(record.row, total_s=time.perf_counter() - start)
+    return RunResult(row=row, config=record.config, _units=record._units, _channels=record._channels)
+
+
+def concat_runs(runs: Iterable[RunResult], kind: str = "runs") -> pa.Table:
+    """Concatenate many records into one table with the unified schema.
+
+    Parameters
+    ----------
+    runs : iterable of RunResult
+    kind : {"runs", "units", "channels"}
+        Rows (:data:`SCHEMA`), or the per-unit / per-channel tables of the simulation runs among ``runs``
+        (metrics runs contribute no rows there).
+
+    Returns
+    -------
+    pyarrow.Table
+        Empty (with the schema) when there is nothing to concatenate.
+    """
+    if kind not in _KINDS:
+        raise ConfigError(f"kind must be one of {', '.join(_KINDS)}, got {kind!r}")
+    runs = list(runs)
+    if kind == "runs":
+        return pa.Table.from_pylist([r.row for r in runs], schema=SCHEMA)
+    tables = [r.unit_table() if kind == "units" else r.channel_table() for r in runs if r.simulated]
+    return pa.concat_tables(tables) if tables else _KINDS[kind][1].empty_table()
+
+
+def read_runs(root: str | os.PathLike, partition_cols: tuple[str, ...] = (), kind: str = "runs",
+              filter=None) -> pa.Table:
+    """Read every record file of ``kind`` under ``root`` (as written by :meth:`RunResult.write`).
+
+    Parameters
+    ----------
+    root : path
+        Root folder.
+    partition_cols : tuple of str
+        The ``partition_cols`` the records were written with (restored as string columns).
+    kind : {"runs", "units", "channels"}
+    filter : pyarrow.compute.Expression, optional
+        Row filter.
+
+    Raises
+    ------
+    ConfigError
+        Unknown ``kind`` or no file of that kind under ``root``.
+    """
+    if kind not in _KINDS:
+        raise ConfigError(f"kind must be one of {', '.join(_KINDS)}, got {kind!r}")
+    return read_results(root, partition_cols, filter=filter, pattern=f"{_KINDS[kind][0]}*.parquet")
