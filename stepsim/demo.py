@@ -1,67 +1,61 @@
 """``stepsim demo``: the README's main job, on the bundled synthetic routing trace.
 
 Builds the Mixtral-8x7B MoE layer with static tiles of 8, 16, 32, 64 tokens and with dynamic tiling, measures
-every configuration, prints a comparison table, and writes ``results.parquet`` (with provenance metadata and
+every configuration through :func:`stepsim.records.run_config`, prints a comparison table, and writes
+``results.parquet`` (one :data:`stepsim.records.SCHEMA` row per configuration, with provenance metadata and
 units) and ``moe_tiling.png`` into the output folder. ``--simulate`` adds cycle counts from the compiled engine
 (off by default until MoE simulation is verified against the reference engine).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pyarrow as pa
 
+from stepsim.records import concat_runs, run_config
 from stepsim.results import provenance_metadata, write_parquet_atomic
-from stepsim.workloads.cli import bundled_trace
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
-from stepsim.workloads.traces import load_routing
+from stepsim.workloads.config import bundled_trace
 
 TILES = (8, 16, 32, 64, "dynamic")
-UNITS = {"off_chip_bytes": "bytes", "on_chip_bytes": "bytes", "on_chip_bytes_active": "bytes", "flops": "FLOP",
-         "graph_flops": "FLOP", "cycles": "cycles", "sim_wall_s": "s"}
+
+
+def demo_configs(model_name: str = "mixtral-8x7b", with_cycles: bool = False) -> list[dict]:
+    """The demo's configurations: the MoE layer with each static tile size of :data:`TILES`, then dynamic."""
+    mode = "simulate" if with_cycles else "metrics"
+    return [{"workload": "moe", "model": model_name, "tiling": "dynamic", "mode": mode} if tile == "dynamic"
+            else {"workload": "moe", "model": model_name, "tiling": "static", "tile_n": tile, "mode": mode}
+            for tile in TILES]
 
 
 def run_demo(out_dir: Path, model_name: str = "mixtral-8x7b", with_cycles: bool = False) -> pa.Table:
-    """Run the demo sweep and write its outputs; returns the results table."""
-    model = moe_model(model_name)
-    trace = bundled_trace(model_name)
-    routing = load_routing(trace, model.experts)
-    simulate = None
-    if with_cycles:
-        from stepsim.simulate import simulate
-    rows = []
-    for tile in TILES:
-        tiling = "dynamic" if tile == "dynamic" else "static"
-        workload = build_moe(model, routing, tiling=tiling, tile_n=None if tiling == "dynamic" else tile)
-        row = {"model": model.name, "tiling": tiling, "tile_n": None if tiling == "dynamic" else tile,
-               **workload.metrics()}
-        if simulate is not None:
-            start = time.perf_counter()
-            result = simulate(workload)
-            row["cycles"] = result.cycles
-            row["sim_wall_s"] = round(time.perf_counter() - start, 3)
-        rows.append(row)
-    table = pa.Table.from_pylist(rows)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = provenance_metadata(config={"demo": "moe-tiling", "model": model.name, "tiles": [str(t) for t in TILES]},
-                               trace=trace)
-    write_parquet_atomic(table, out_dir / "results.parquet", meta,
-                         units={k: v for k, v in UNITS.items() if k in table.column_names})
+    """Run the demo sweep and write ``results.parquet`` (one :data:`stepsim.records.SCHEMA` row per point).
+
+    Returns the results table; ``cycles`` is null unless ``with_cycles``.
+    """
+    runs = [run_config(config, source=f"demo point {i}")
+            for i, config in enumerate(demo_configs(model_name, with_cycles))]
+    table = concat_runs(runs)
+    meta = provenance_metadata(config={"demo": "moe-tiling", "model": model_name, "tiles": [str(t) for t in TILES],
+                                       "mode": runs[0].row["mode"]},
+                               trace=bundled_trace(model_name))
+    write_parquet_atomic(table, Path(out_dir) / "results.parquet", meta)
     return table
+
+
+def _has_values(table: pa.Table, column: str) -> bool:
+    return column in table.column_names and table.column(column).null_count < table.num_rows
 
 
 def format_table(table: pa.Table) -> str:
     """A fixed-width text table of the demo results."""
     cols = [c for c in ("tiling", "tile_n", "cycles", "off_chip_bytes", "on_chip_bytes", "flops")
-            if c in table.column_names]
+            if c in table.column_names and (c != "cycles" or _has_values(table, c))]
     rows = table.select(cols).to_pylist()
     cells = [[("-" if r[c] is None else f"{r[c]:,}" if isinstance(r[c], int) else str(r[c])) for c in cols]
              for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
@@ -75,7 +69,7 @@ def plot(table: pa.Table, path: Path) -> bool:
     except ImportError:
         return False
     rows = table.to_pylist()
-    y_key = "cycles" if "cycles" in table.column_names else "off_chip_bytes"
+    y_key = "cycles" if _has_values(table, "cycles") else "off_chip_bytes"
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     static = [r for r in rows if r["tiling"] == "static"]
     ax.plot([r["on_chip_bytes"] for r in static], [r[y_key] for r in static], "o-", label="static tiles")
