@@ -45,6 +45,8 @@ from stepsim.kernels import abi
 _TILE, _SCALAR, _SELECTOR, _BUFFER = "tile", "scalar", "selector", "buffer"
 _DATA = frozenset({_TILE, _SCALAR})
 _ALL = frozenset({_TILE, _SCALAR, _SELECTOR, _BUFFER})
+#: what routing operators move: data, and selectors too (the dynamic attention routes EagerMerge choices)
+_ROUTED = frozenset({_TILE, _SCALAR, _SELECTOR})
 
 _FN_BY_NAME = {name: code for code, name in abi.FUNCTION_NAMES.items()}
 _FN_BY_NAME.update({"rowwise_sum": abi.FN_ROWSUM, "rowwise_max": abi.FN_ROWMAX, "row_wise_append": abi.FN_ROW_APPEND,
@@ -254,7 +256,8 @@ class ProgramBuilder:
         ties in). Any number of targets works (the selector token references the shared CSR).
 
         Element i is stamped ``now + 1`` and the clock advances by 1 per element. Stop levels come from the
-        static ``shape`` (default ``(n_elements,)``).
+        static stream ``shape`` (default ``(1, n_elements)``, the artifact's SelectGen shape), capped at its
+        rank ``len(shape) - 1``: the outermost dim's end is the channel's close, not a stop.
         """
         label = self._label(abi.OP_SELECT_GEN, name)
         ptr = np.asarray(targets_ptr, dtype=np.int64)
@@ -267,30 +270,35 @@ class ProgramBuilder:
         self._need(bool(np.all((idx >= 0) & (idx < n_targets))), label,
                    f"every target must be in [0, {n_targets}); got min {idx.min() if len(idx) else 0}, "
                    f"max {idx.max() if len(idx) else 0}")
-        dims = self._shape(shape if shape is not None else (n,), label, "shape")
+        dims = self._shape(shape if shape is not None else (1, n), label, "shape")
         self._need(int(np.prod(dims)) == n, label, f"shape {dims} holds {int(np.prod(dims))} elements but "
                    f"targets_ptr describes {n}")
+        levels = dims[1:]  # stop levels close the inner dims only (capped at the stream rank)
         e0 = len(self._sel_ptr) - 1
         base = len(self._sel_idx)
         for i in range(n):  # targets of one element in ascending order (the routing order of step-perf)
             self._sel_idx.extend(sorted(int(t) for t in idx[ptr[i]:ptr[i + 1]]))
         self._sel_ptr.extend(int(p) + base for p in ptr[1:])
         return self._add(abi.OP_SELECT_GEN, name, [], [out],
-                         {abi.PA_SHAPE_LEN: len(dims), abi.PA_N_ELEMS: n, abi.PA_VALUES_OFF: e0,
+                         {abi.PA_SHAPE_LEN: len(levels), abi.PA_N_ELEMS: n, abi.PA_VALUES_OFF: e0,
                           abi.PA_N_TARGETS: n_targets},
-                         [], [_SELECTOR], payload=dims, payload_slots=(abi.PA_SHAPE_OFF,))
+                         [], [_SELECTOR], payload=levels, payload_slots=(abi.PA_SHAPE_OFF,))
 
     def metadata_gen(self, *, out: int, values: Sequence[int], shape: Sequence[int] | None = None,
                      name: str | None = None) -> int:
-        """u64 scalar source: element i (value ``values[i]``) is requested at stamp i (arrivals 1, 1, 2, ...)."""
+        """u64 scalar source: element i (value ``values[i]``) is requested at stamp i (arrivals 1, 1, 2, ...).
+
+        Stop levels come from the stream ``shape`` (default ``(1, len(values))``), capped at its rank.
+        """
         label = self._label(abi.OP_METADATA_GEN, name)
         vals = [int(v) for v in np.asarray(values).reshape(-1)]
-        dims = self._shape(shape if shape is not None else (len(vals),), label, "shape")
+        dims = self._shape(shape if shape is not None else (1, len(vals)), label, "shape")
         self._need(int(np.prod(dims)) == len(vals), label, f"shape {dims} does not match {len(vals)} values")
-        off_values = len(dims)
+        levels = list(dims[1:])  # the outermost dim's end is the channel's close, not a stop
+        off_values = len(levels)
         return self._add(abi.OP_METADATA_GEN, name, [], [out],
-                         {abi.PA_SHAPE_LEN: len(dims), abi.PA_N_ELEMS: len(vals), abi.PA_VALUES_OFF: off_values},
-                         [], [_SCALAR], payload=list(dims) + vals,
+                         {abi.PA_SHAPE_LEN: len(levels), abi.PA_N_ELEMS: len(vals), abi.PA_VALUES_OFF: off_values},
+                         [], [_SCALAR], payload=levels + vals,
                          payload_slots=(abi.PA_SHAPE_OFF, abi.PA_VALUES_OFF))
 
     def sink(self, *, inp: int, name: str | None = None) -> int:
@@ -484,7 +492,7 @@ class ProgramBuilder:
         sw = self._switch(label, switch_cycles, len(outs))
         return self._add(abi.OP_PARTITION, name, [data, sel], outs,
                          {abi.PA_RANK: rank, abi.PA_WRITE_BACK: int(bool(write_back_mu))},
-                         [_DATA, frozenset({_SELECTOR})], [("same", 0)] * len(outs), payload=sw,
+                         [_ROUTED, frozenset({_SELECTOR})], [("same", 0)] * len(outs), payload=sw,
                          payload_slots=(abi.PA_SWITCH_OFF,))
 
     def reassemble(self, *, ins: Sequence[int], sel: int, out: int, rank: int,
@@ -497,7 +505,7 @@ class ProgramBuilder:
         sw = self._switch(label, switch_cycles, len(ins))
         return self._add(abi.OP_REASSEMBLE, name, ins + [sel], [out],
                          {abi.PA_RANK: rank, abi.PA_WRITE_BACK: int(bool(write_back_mu))},
-                         [_DATA] * len(ins) + [frozenset({_SELECTOR})], [("same", 0)], payload=sw,
+                         [_ROUTED] * len(ins) + [frozenset({_SELECTOR})], [("same", 0)], payload=sw,
                          payload_slots=(abi.PA_SWITCH_OFF,))
 
     def eager_merge(self, *, ins: Sequence[int], data_out: int, sel_out: int, rank: int,

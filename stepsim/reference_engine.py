@@ -842,6 +842,12 @@ def _bcast(r1, c1, r2, c2):
     return max(r1, r2), max(c1, c2)
 
 
+def _stops_conflict(s1, s2):
+    """Both operands carry a stop and the levels differ (a plain value may pair with a stop; see
+    :func:`stepsim.kernels.units_compute.stops_conflict`)."""
+    return s1 != s2 and s1 > 0 and s2 > 0
+
+
 def _map_result(E, U, fn, fn_param, x: Token, y: Token | None):
     """(output rows, cols, cycles of the function, kind, value, valid) for Map."""
     bw = E.par(U.uid, A.PA_COMPUTE_BW)
@@ -878,7 +884,7 @@ def _map(E, U, ins, outs):
             y = yield from E.peek(U, ins[1])
             if (x is None) != (y is None):
                 raise SimulationError(f"{U.name}: one input of a BinaryMap closed before the other")
-            if x is not None and x.stop != y.stop:
+            if x is not None and _stops_conflict(x.stop, y.stop):
                 raise SimulationError(f"{U.name}: BinaryMap inputs disagree on the stop level "
                                       f"({x.stop} vs {y.stop})")
         if x is None:
@@ -960,7 +966,7 @@ def _map_accum(E, U, ins, outs):
             raise SimulationError(f"{U.name}: one input of a MapAccum closed before the other")
         if x is None:
             return
-        if x.stop != y.stop:
+        if _stops_conflict(x.stop, y.stop):
             raise SimulationError(f"{U.name}: MapAccum inputs disagree on the stop level ({x.stop} vs {y.stop})")
         rows, cols, comp, _, _, valid = _map_result(E, U, fn, fp, x, y)
         empty = acc.rows == 0 or acc.cols == 0

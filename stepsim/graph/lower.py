@@ -25,12 +25,9 @@ Decisions made here (and why):
 from __future__ import annotations
 
 from stepsim.errors import LoweringError
-from stepsim.graph import ops_buffer as B
 from stepsim.graph import ops_compute as C
 from stepsim.graph import ops_memory as M
-from stepsim.graph import ops_routing as R
 from stepsim.graph import ops_shape as S
-from stepsim.graph import ops_sources as SRC
 from stepsim.graph.dims import is_static, product
 from stepsim.graph.dtypes import FP32
 from stepsim.graph.graph import Graph

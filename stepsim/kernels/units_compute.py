@@ -30,6 +30,18 @@ def _ceil_div(a, b):
 
 
 @kernel
+def stops_conflict(s1, s2):
+    """Lock-stepped operands disagree iff both carry a stop and the levels differ.
+
+    A plain value (stop 0) may pair with a stop: the artifact's attention pairs a rank-0 Partition output
+    (step-perf never emits stops there, §7.1) with a metadata stream ending in ValStop(1), and the paper ran
+    it, so step-perf accepts that pair. The output carries input 1's level (§6: "carries the input's stop").
+    reads/writes: nothing / returns: bool.
+    """
+    return s1 != s2 and s1 > 0 and s2 > 0
+
+
+@kernel
 def fn_map(fn, param, bw, sa, ra, ca, sb, rb, cb):
     """Apply a Map function to operand tokens a (and b).
 
@@ -178,7 +190,7 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
             r2 = head_row(chs, c2)
             wait_input(us, u, slots[r2, A.SL_STAMP])
             load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
-            if slots[r1, A.SL_TOKEN + A.TK_STOP] != slots[r2, A.SL_TOKEN + A.TK_STOP]:
+            if stops_conflict(slots[r1, A.SL_TOKEN + A.TK_STOP], slots[r2, A.SL_TOKEN + A.TK_STOP]):
                 return _mismatch(u, eng, us)
         res = fn_map(fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
         cost = res[0]
@@ -249,7 +261,7 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             r2 = head_row(chs, c2)
             wait_input(us, u, slots[r2, A.SL_STAMP])
             load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
-            if stop != slots[r2, A.SL_TOKEN + A.TK_STOP]:
+            if stops_conflict(stop, slots[r2, A.SL_TOKEN + A.TK_STOP]):
                 return _mismatch(u, eng, us)
             prod = fn_map(fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
             acc = A.US_TOK_A
