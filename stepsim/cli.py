@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "stepsim.trace_io.cli",  # trace import / inspect / synth
     "stepsim.kernels.cli",  # cache warm
     "stepsim.demo",  # demo
+    "stepsim.sweep.cli",  # sweep
 )
 
 

@@ -10,4 +10,5 @@
 """
 
 from stepsim.sweep.config import SweepSpec, load_sweep, parse_sweep
-from stepsim.sweep.grid import Task, expand, task_key
+from stepsim.sweep.grid import Task, expand
+from stepsim.sweep.runner import SweepReport, SweepStopped, run_sweep

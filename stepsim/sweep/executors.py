@@ -58,7 +58,7 @@ class WindowedExecutor(ABC):
 
     @abstractmethod
     def _submit(self, task: Task):
-        """Start ``task`` (``run_task(task.config, task.key)``) and return its future."""
+        """Start ``task`` (``run_task(task.config)``) and return its future."""
 
     @abstractmethod
     def _wait_first(self, futures: list) -> Iterable:
@@ -134,7 +134,7 @@ class LocalExecutor(WindowedExecutor):
                                          initializer=init_local_worker, initargs=(warm_kernels,))
 
     def _submit(self, task: Task):
-        return self._pool.submit(run_task, task.config, task.key)
+        return self._pool.submit(run_task, task.config)
 
     def _wait_first(self, futures: list) -> Iterable:
         done, _ = wait(futures, return_when=FIRST_COMPLETED)

@@ -1,12 +1,13 @@
 """Expand a sweep into tasks, and find which tasks already have a result file (resume).
 
 A task is a plain dict (``workload``, ``mode``, the fixed knobs, one value per axis): exactly what
-``stepsim.records.run_config`` takes, and what is sent to a worker. Its identity is
-``task_key(config)`` = the first 16 hex digits of :func:`stepsim.results.stable_hash` of the dict, and its
-result file is ``<out>/<hive folders>/part-<key>.parquet``, the name
-:func:`stepsim.results.write_partitioned` would give it. So "is this task done?" is "does a ``part-<key>``
-file exist?", whatever the partition folders are, and a re-run of the same sweep skips exactly the tasks whose
-file is there. Files are written atomically (temp file + rename), so a file that exists is complete.
+:func:`stepsim.records.run_config` takes, and what is sent to a worker. Its identity is the record's
+``run_id`` (:mod:`stepsim.records`): the stable hash of the normalized config and of the trace file's content,
+computed here before the task runs. The result file is ``<out>/<hive folders>/part-<run_id[:16]>.parquet``,
+the name :meth:`stepsim.records.RunResult.write` gives the same run, so "is this task done?" is "does a
+``part-<key>`` file exist?", whatever the partition folders are: a re-run of the same sweep skips exactly the
+tasks whose file is there, and runs again a task whose trace file changed. Files are written atomically (temp
+file + rename), so a file that exists is complete.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from stepsim.errors import ConfigError
 from stepsim.results import partition_dir, stable_hash
 from stepsim.sweep.config import SweepSpec
 
-#: hex digits of the config hash in a result file name (as stepsim.results.write_partitioned names files)
+#: hex digits of the run id in a result file name (as stepsim.results.write_partitioned names files)
 KEY_DIGITS = 16
 RESULT_GLOB = "**/part-*.parquet"
-#: temp files stepsim.results.atomic_output leaves behind only if its process was killed mid-write
-TEMP_GLOB = "**/.part-*.tmp"
+#: temp files stepsim.results.atomic_output leaves behind only if its process was killed mid-write (row files,
+#: and the unit / channel counter files stepsim.records writes beside simulation rows)
+TEMP_GLOBS = ("**/.part-*.tmp", "**/._units-*.tmp", "**/._channels-*.tmp")
 
 
 @dataclass(frozen=True)
@@ -36,23 +38,44 @@ class Task:
     index : int
         Position in the grid (0-based, deterministic order).
     config : dict
-        The plain task config sent to a worker.
-    key : str
-        ``task_key(config)``.
+        The plain task config sent to a worker (normalized; unset knobs left out).
+    run_id : str
+        The record's ``run_id`` (SHA-256 hex of the normalized config and the trace content).
+    trace_path, trace_sha256 : str or None
+        The trace the task reads (the bundled one when the config names none) and its content hash.
     """
 
     index: int
     config: dict
-    key: str
+    run_id: str
+    trace_path: str | None = None
+    trace_sha256: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The task's result-file key: ``run_id[:16]``."""
+        return self.run_id[:KEY_DIGITS]
 
     def label(self, keys: Iterable[str]) -> str:
         """``k=v`` pairs of the given keys (file paths shortened to their name), for messages and tables."""
-        return " ".join(f"{k}={short_value(self.config[k])}" for k in keys)
+        return " ".join(f"{k}={short_value(self.config[k])}" for k in keys if k in self.config)
 
 
-def task_key(config: dict) -> str:
-    """Identity of a task config: 16 hex digits of its stable hash (independent of key order)."""
-    return stable_hash(config)[:KEY_DIGITS]
+def run_identity(config: dict) -> tuple[str, str | None, str | None]:
+    """``(run_id, trace path, trace hash)`` of a task config, as :func:`stepsim.records.run_config` computes them.
+
+    Raises
+    ------
+    ConfigError
+        The config is invalid, or its trace file cannot be read.
+    """
+    from stepsim.records import _identity, trace_sha256
+    from stepsim.workloads.config import normalize_config, resolved_trace
+
+    cfg = normalize_config(config)
+    trace = resolved_trace(cfg)
+    trace_hash = trace_sha256(trace) if trace is not None else None
+    return stable_hash(_identity(cfg, trace_hash)), trace, trace_hash
 
 
 def expand(spec: SweepSpec) -> list[Task]:
@@ -61,15 +84,15 @@ def expand(spec: SweepSpec) -> list[Task]:
     Each ``[axes]`` grid is the cartesian product of its axes in file order, the last axis varying fastest;
     grids follow one another; a grid with no axes is one task (the fixed knobs). Every task config is checked
     and completed by :func:`stepsim.workloads.config.normalize_config` (defaults filled in), then unset
-    knobs are dropped, so the key of a task does not depend on whether a default was spelled out, and a knob
-    added to stepsim later (unset by old sweeps) does not change old keys. A task that two grids both produce
-    is kept once, at its first position.
+    knobs are dropped, so a task does not depend on whether a default was spelled out, and a knob added to
+    stepsim later (unset by old sweeps) does not change old configs. A task that two grids both produce is
+    kept once, at its first position.
 
     Raises
     ------
     ConfigError
-        A task has a knob of the wrong type or value, or one its workload does not use (the message names the
-        sweep file, the task and the key), or it lacks a ``partition_by`` key.
+        A task has a knob of the wrong type or value, or one its workload does not use, or an unreadable trace
+        (the message names the sweep file, the task and the key), or it lacks a ``partition_by`` key.
     """
     from stepsim.workloads.config import normalize_config
 
@@ -86,10 +109,14 @@ def expand(spec: SweepSpec) -> list[Task]:
             missing = [k for k in spec.partition_by if k not in config]
             if missing:
                 raise ConfigError(f"{source}: partition_by key {missing[0]!r} is not set for this task")
-            key = task_key(config)
-            if key not in seen:
-                seen.add(key)
-                tasks.append(Task(index=len(tasks), config=config, key=key))
+            try:
+                run_id, trace, trace_hash = run_identity(config)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {exc}") from exc
+            if run_id not in seen:
+                seen.add(run_id)
+                tasks.append(Task(index=len(tasks), config=config, run_id=run_id, trace_path=trace,
+                                  trace_sha256=trace_hash))
     return tasks
 
 
@@ -110,7 +137,7 @@ def existing_keys(out: str | Path) -> dict[str, Path]:
 def stale_temp_files(out: str | Path) -> list[Path]:
     """Temp files of interrupted writes under ``out`` (their target file was never renamed into place)."""
     out = Path(out)
-    return sorted(out.glob(TEMP_GLOB)) if out.is_dir() else []
+    return sorted(p for pattern in TEMP_GLOBS for p in out.glob(pattern)) if out.is_dir() else []
 
 
 def short_value(value) -> str:
