@@ -267,12 +267,15 @@ def _expect(who: str, name: str, arr: np.ndarray, shape: tuple, meaning: str) ->
 
 
 def silu(x) -> np.ndarray:
-    """``x * sigmoid(x)`` in float64, evaluated as ``x * (1 + tanh(x/2)) / 2``.
+    """``x * sigmoid(x)`` in float64.
 
-    The tanh form is the same function without the overflow of ``exp(-x)`` for very negative ``x``.
+    The sigmoid is evaluated from ``e = exp(-|x|)`` as ``1 / (1 + e)`` for ``x >= 0`` and ``e / (1 + e)``
+    otherwise: ``exp`` never overflows (``exp(-x)`` would for ``x < -709``) and neither branch cancels, so the
+    result keeps full relative accuracy even where it is tiny.
     """
     x = np.asarray(x, dtype=np.float64)
-    return x * 0.5 * (1.0 + np.tanh(0.5 * x))
+    e = np.exp(-np.abs(x))
+    return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _ffn_rows(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
