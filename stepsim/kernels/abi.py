@@ -141,21 +141,24 @@ KIND_BUFFER = 3 << KIND_SHIFT
 SL_STAMP = 0  # arrival time of the element (cycles)
 SL_FREE = 1  # time the slot's credit is back at the sender (dequeue time + credit latency)
 SL_TOKEN = 2  # first token column; token column k is at SL_TOKEN + k
-N_SLOT = SL_TOKEN + N_TOKEN
+SL_SENT = SL_TOKEN + N_TOKEN  # sender's clock at the enqueue, after its credit wait (peak occupancy)
+N_SLOT = SL_SENT + 1
 
 # --------------------------------------------------------------------------------- channel state columns
 CH_HEAD = 0  # number of dequeues so far
 CH_TAIL = 1  # number of enqueues so far (= pushes counter)
 CH_CLOSED = 2  # 1 once the producer finished
 CH_CLOSE_TIME = 3  # producer's final clock
-CH_PEAK = 4  # peak occupancy (elements)
+CH_PEAK = 4  # peak occupancy (elements; timestamp definition, see channels.settle_peak)
 CH_CAP = 5
 CH_LAT = 6
 CH_CREDIT_LAT = 7
 CH_BASE = 8  # first row of the channel's slots in the slot array
 CH_PRODUCER = 9
 CH_CONSUMER = 10
-N_CH = 11
+CH_PK_NEXT = 11  # peak occupancy: first send whose occupancy is not known yet
+CH_PK_OLDEST = 12  # peak occupancy: oldest element that may still hold a slot at that send
+N_CH = 13
 
 # ------------------------------------------------------------------------------------ unit state columns
 US_CLOCK = 0

@@ -57,11 +57,46 @@ def next_free(chs, slots, c):
 
 
 @kernel
+def settle_peak(chs, slots, c, final):
+    """Fold every send whose occupancy is now known into ``chs[c, CH_PEAK]``.
+
+    Occupancy is defined on timestamps so it does not depend on the engine's stepping order: element j holds
+    a slot from its send time ``s_j`` (sender clock after the credit wait) until its credit is back
+    (``credit_j`` = dequeue time + credit latency). The occupancy seen by send p is ``p - k + 1`` where k is the
+    oldest element with ``credit_k > s_p`` (credits and sends are both non-decreasing). It is known once k's
+    credit is known or k reaches p; ``final`` treats elements never dequeued as holding their slot forever.
+    Called before a dequeue overwrites a slot's credit and after every enqueue, so every value read here is
+    still in its slot row.
+
+    reads: chs[c], slot send/credit times / writes: chs[c] peak and cursors / returns: nothing.
+    """
+    p = chs[c, A.CH_PK_NEXT]
+    k = chs[c, A.CH_PK_OLDEST]
+    tail = chs[c, A.CH_TAIL]
+    head = chs[c, A.CH_HEAD]
+    cap = chs[c, A.CH_CAP]
+    base = chs[c, A.CH_BASE]
+    while p < tail:
+        s = slots[base + p % cap, A.SL_SENT]
+        # send p waited for the credit of p - cap, so every element up to p - cap had left by s
+        k = max(k, p - cap + 1)
+        while k < p and k < head and slots[base + k % cap, A.SL_FREE] <= s:
+            k += 1
+        if k < p and k >= head and not final:
+            break  # element k is still queued: its credit (and so this occupancy) is not known yet
+        chs[c, A.CH_PEAK] = max(chs[c, A.CH_PEAK], p - k + 1)
+        p += 1
+    chs[c, A.CH_PK_NEXT] = p
+    chs[c, A.CH_PK_OLDEST] = k
+
+
+@kernel
 def pop(chs, slots, c, clock):
     """Dequeue c's head at receiver clock ``clock`` (>= its stamp).
 
     reads: chs[c], slots / writes: the slot's credit-free time, chs[c, CH_HEAD] / returns: nothing.
     """
+    settle_peak(chs, slots, c, False)  # before this dequeue overwrites the credit of element head - cap
     row = chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP]
     d = clock
     d = max(d, slots[row, A.SL_STAMP])
@@ -90,10 +125,9 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     slots[row, A.SL_TOKEN + A.TK_COLS] = cols
     slots[row, A.SL_TOKEN + A.TK_OFFSET] = offset
     slots[row, A.SL_TOKEN + A.TK_PAYLOAD] = payload
-    tail += 1
-    chs[c, A.CH_TAIL] = tail
-    occ = tail - chs[c, A.CH_HEAD]
-    chs[c, A.CH_PEAK] = max(chs[c, A.CH_PEAK], occ)
+    slots[row, A.SL_SENT] = clock
+    chs[c, A.CH_TAIL] = tail + 1
+    settle_peak(chs, slots, c, False)
     return clock
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push
+from stepsim.kernels.channels import can_pop, can_push, settle_peak
 from stepsim.kernels.hbm import (
     E_BYTES_READ,
     E_BYTES_WRITTEN,
@@ -315,6 +315,8 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
             if us[u, A.US_DONE] == 0:
                 status = A.ST_DEADLOCK
                 break
+    for c in range(n_ch):  # elements still queued hold their slots to the end
+        settle_peak(chs, slots, c, True)
     cycles = 0
     fires = 0
     for u in range(n_units):
