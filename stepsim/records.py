@@ -63,6 +63,7 @@ writes ``part-<run_id[:16]>.parquet`` (the row) and, for simulations, ``_units-<
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -92,7 +93,7 @@ from stepsim.workloads.base import Workload
 from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
 
 __all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult", "allocated_compute_flops",
-           "concat_runs", "read_runs", "run_config", "trace_sha256"]
+           "concat_runs", "identity", "read_runs", "run_config", "run_identity", "trace_sha256"]
 
 
 class NotSimulatedError(ConfigError):
@@ -208,9 +209,30 @@ def _unit_kind(name: str, kinds: Mapping[str, str]) -> str:
     return _NAME_SUFFIX.sub("", name)
 
 
-def _identity(cfg: Mapping, trace_hash: str | None) -> dict:
-    """What :data:`run_id` hashes: the normalized config (mode included) and the trace's content hash."""
+def identity(cfg: Mapping, trace_hash: str | None) -> dict:
+    """What ``run_id`` hashes (and what written files record as ``stepsim.config``).
+
+    ``{"config": <normalized config, mode included>, "trace_sha256": <trace content hash or None>}``; the
+    stepsim version is left out, so re-running a configuration after an upgrade replaces its files.
+    """
     return {"config": dict(cfg), "trace_sha256": trace_hash}
+
+
+_identity = identity  # the name stepsim.sweep first imported
+
+
+def run_identity(config: Mapping, *, source: str | None = None) -> tuple[str, str | None, str | None]:
+    """``(run_id, trace path, trace sha256)`` of a config without running it (what :func:`run_config` gives).
+
+    Raises
+    ------
+    ConfigError
+        Invalid config, or the trace cannot be read.
+    """
+    cfg = normalize_config(config, source=source)
+    trace = resolved_trace(cfg)
+    trace_hash = trace_sha256(trace) if trace is not None else None
+    return stable_hash(identity(cfg, trace_hash)), trace, trace_hash
 
 
 # --- the record -------------------------------------------------------------------------------------------
@@ -285,9 +307,7 @@ class RunResult:
         start = time.perf_counter()
         metrics = workload.metrics(cfg["convention"])
         metrics_s = time.perf_counter() - start
-        trace = resolved_trace(cfg)
-        trace_hash = trace_sha256(trace) if trace is not None else None
-        run_id = stable_hash(_identity(cfg, trace_hash))
+        run_id, trace, trace_hash = run_identity(cfg)
         row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
                **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
@@ -346,7 +366,7 @@ class RunResult:
     # --- output ---------------------------------------------------------------------------------------
     def provenance(self) -> dict[str, str]:
         """Schema metadata for written files: stepsim version, identity config (JSON) and hash, trace hash."""
-        return provenance_metadata(_identity(self.config, self.row["trace_sha256"]),
+        return provenance_metadata(identity(self.config, self.row["trace_sha256"]),
                                    trace_hash=self.row["trace_sha256"])
 
     def write(self, out_dir: str | os.PathLike, partition_cols: tuple[str, ...] = ()) -> dict[str, Path]:
@@ -372,9 +392,9 @@ class RunResult:
         ConfigError
             A partition column is unknown or null in this row.
         """
-        identity = _identity(self.config, self.row["trace_sha256"])
+        ident = identity(self.config, self.row["trace_sha256"])
         extra = {TRACE_HASH_KEY: self.row["trace_sha256"]} if self.row["trace_sha256"] else None
-        paths = {"run": write_partitioned(self.to_arrow(), out_dir, partition_cols, config=identity,
+        paths = {"run": write_partitioned(self.to_arrow(), out_dir, partition_cols, config=ident,
                                           metadata=extra)}
         if self.simulated:
             folder = partition_dir(out_dir, self.row, partition_cols)
@@ -487,8 +507,7 @@ def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
         sim = simulate(workload, hardware)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s))
-    row = dict(record.row, total_s=time.perf_counter() - start)
-    return RunResult(row=row, config=record.config, _units=record._units, _channels=record._channels)
+    return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))
 
 
 def concat_runs(runs: Iterable[RunResult], kind: str = "runs") -> pa.Table:

@@ -18,6 +18,7 @@ from stepsim.records import (
     allocated_compute_flops,
     concat_runs,
     run_config,
+    run_identity,
     trace_sha256,
 )
 from stepsim.results import file_sha256
@@ -218,6 +219,16 @@ def test_run_id_is_the_normalized_config_mode_and_trace_content():
     assert a.run_id != run_config({"workload": "swiglu", "tile_n": 32}).run_id
     assert a.run_id != run_config({"workload": "swiglu", "convention": "paper"}).run_id
     assert len(a.run_id) == 64 and int(a.run_id, 16) >= 0
+
+
+def test_run_identity_predicts_the_record_without_running_it():
+    config = {"workload": "moe", "model": "qwen3-30b-a3b", "tile_n": 16, "mode": "simulate"}
+    trace = bundled_trace("qwen3-30b-a3b")
+    run_id, path, sha = run_identity(config)
+    assert (path, sha) == (trace, file_sha256(trace))
+    metrics = run_config({**config, "mode": "metrics"})
+    assert run_identity({**config, "mode": "metrics"})[0] == metrics.run_id != run_id
+    assert run_identity({"workload": "swiglu"}) == (run_config({"workload": "swiglu"}).run_id, None, None)
 
 
 def test_trace_hash_of_a_file_and_of_a_folder(tmp_path):
