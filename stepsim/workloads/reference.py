@@ -503,7 +503,9 @@ def gqa_decode_reference(q, k_cache, v_cache, kv_lengths, new_k, new_v, *, softm
     running sums of ``exp(S_t) V_t`` and ``rowsum(exp(S_t))`` (the graph's MapAccum and Accum); stable keeps a
     running row max ``m``, rescaling the running sums by ``exp(m_old - m_new)`` whenever it grows
     (FlashAttention). ``order="direct"`` forms all scores at once (a one-shot softmax), for cross-checking.
-    Both accumulate in float64 and agree to float32 rounding.
+    Both accumulate in float64 and agree to float32 rounding. The plain form rounds the score and ``exp``
+    tiles to fp32 where the graph materialises them; no shipped graph computes the stable form yet, so only
+    its scores are rounded to fp32 and the rest stays in float64.
 
     ``include_tile_padding=True`` reproduces what :func:`~stepsim.workloads.attention.build_attention`
     computes: it reads ``ceil((L+1)/tile_n)`` whole tiles, and the rows ``L+1 ..`` of the last tile take part
