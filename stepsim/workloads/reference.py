@@ -29,7 +29,7 @@ Numerics
 * Reductions (matmul inner sums, row sums, the top-k sum, accumulation over tiles) run in float64 on those
   float32 values: a product of two float32 numbers is exact in float64 and a float64 sum of ``n`` terms errs
   by about ``n * 2**-53`` relative, so the reference carries one float32 rounding per materialised tile and
-  is independent of summation order. The engine's fp32 accumulation errs by up to ``~n * 2**-24``; that is
+  is, to float32 precision, independent of summation order. The engine's fp32 accumulation errs by up to ``~n * 2**-24``; that is
   what :func:`tolerance_for` budgets for.
 * Elementwise functions (SiLU, exp) are evaluated in float64 and rounded to float32 (correctly rounded up to
   rare double-rounding cases), so they are at least as accurate as a float32 libm.
@@ -42,7 +42,6 @@ an engine rounds on load; the bf16 rounding of *stored* results is covered by th
 from __future__ import annotations
 
 import math
-import re
 import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -979,7 +978,7 @@ def _reduction_length(workload: Workload, name: str) -> int:
         return p["hidden"] + p["intermediate"]
     if workload.name == "moe":
         return p["hidden"] + p["intermediate"] + p["top_k"]
-    if re.fullmatch(r"[kv]_cache", name):
+    if name in ("k_cache", "v_cache"):
         return 0  # a pure append: no arithmetic
     seq_len_tiled, _ = kv_metadata(_attention_meta(workload), p["tile_n"])
     return p["head_dim"] + int(seq_len_tiled.max()) * p["tile_n"]  # scores over D, then sums over rows read
