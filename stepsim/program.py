@@ -586,10 +586,16 @@ class ProgramBuilder:
         return self._add(abi.OP_REPEAT_STATIC, name, [inp], [out], {abi.PA_COUNT: count}, [_ALL], [("same", 0)])
 
     def row_streamify(self, *, inp: int, out: int, split_rows: bool = True, filter_padding: bool = False,
-                      name: str | None = None) -> int:
-        """Burst a tile's rows (1xC) or columns (Rx1); with ``filter_padding`` only its valid rows."""
+                      new_dim: bool = False, name: str | None = None) -> int:
+        """Burst a tile's rows (1xC) or columns (Rx1); with ``filter_padding`` only its valid rows.
+
+        ``new_dim=False`` (RetileStreamify): the pieces join the innermost dim, the last keeps the tile's stop.
+        ``new_dim=True`` (FlatMap(RowStreamify)): they form a new innermost dim, the last gets the tile's stop
+        + 1 (a tile whose rows are all filtered emits nothing, so its stop is lost; avoid filtering then).
+        """
         return self._add(abi.OP_ROW_STREAMIFY, name, [inp], [out],
-                         {abi.PA_SPLIT_ROWS: int(bool(split_rows)), abi.PA_FILTER: int(bool(filter_padding))},
+                         {abi.PA_SPLIT_ROWS: int(bool(split_rows)), abi.PA_FILTER: int(bool(filter_padding)),
+                          abi.PA_NEW_DIM: int(bool(new_dim))},
                          [frozenset({_TILE})], [_TILE])
 
     def expert_addr_gen(self, *, sel: int, out: int, tiles_per_target: int, base: int = 0,

@@ -1282,7 +1282,7 @@ def _repeat_static(E, U, ins, outs):
 
 @_op(A.OP_ROW_STREAMIFY)
 def _row_streamify(E, U, ins, outs):
-    split, filt = E.par(U.uid, A.PA_SPLIT_ROWS), E.par(U.uid, A.PA_FILTER)
+    split, filt, new_dim = E.par(U.uid, A.PA_SPLIT_ROWS), E.par(U.uid, A.PA_FILTER), E.par(U.uid, A.PA_NEW_DIM)
     while True:
         x = yield from E.deq(U, ins[0])
         if x is None:
@@ -1296,7 +1296,7 @@ def _row_streamify(E, U, ins, outs):
                 n = min(n, x.valid)
         piece = replace(x, rows=1, valid=1, pad=False) if split else replace(x, cols=1, valid=x.rows, pad=False)
         for i in range(n):
-            yield from E.enq(U, outs[0], replace(piece, stop=x.stop if i == n - 1 else 0))
+            yield from E.enq(U, outs[0], replace(piece, stop=x.stop + new_dim if i == n - 1 else 0))
 
 
 # ---------------------------------------------------------------------------------- public API

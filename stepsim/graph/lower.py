@@ -18,8 +18,10 @@ Decisions made here (and why):
   tensor with an fp32 stream dtype is stored in 2 bytes, fp32 accumulator / padding tiles are 2 bytes wide in
   time, else 4. Loaded tiles are as wide as their storage dtype.
 * **Zip** lowers by fusion: a Zip read only by a Map becomes that Map's two operands (the engine has no tuple
-  tokens). Other uses of Zip, FlatMap (new-dimension form) and consumed Reshape padding outputs are not yet
-  executable and raise :class:`LoweringError` naming the operator.
+  tokens). Other uses of Zip and consumed Reshape padding outputs are not yet executable and raise
+  :class:`LoweringError` naming the operator.
+* **FlatMap(RowStreamify)** runs on the RetileStreamify unit with ``new_dim``: the rows form a new innermost
+  dim, so the last row's stop is the tile's + 1.
 """
 
 from __future__ import annotations
@@ -177,6 +179,10 @@ class _Lowering:
     def _RetileStreamify(self, op, ins, outs):
         self.builder.row_streamify(inp=ins[0], out=outs[0], split_rows=op.split_row, filter_padding=op.filter_mask,
                                    name=op.name)
+
+    def _FlatMap(self, op, ins, outs):  # the graph layer only builds FlatMap(RowStreamify)
+        self.builder.row_streamify(inp=ins[0], out=outs[0], split_rows=True, filter_padding=op.fn.filter_padding,
+                                   new_dim=True, name=op.name)
 
     def _Partition(self, op, ins, outs):
         self.builder.partition(data=ins[0], sel=ins[1], outs=outs, rank=op.rank, switch_cycles=op.switch_cycles,

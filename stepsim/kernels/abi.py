@@ -277,6 +277,7 @@ PA_RESHAPE_WB = 6
 PA_COUNT = 0  # repeat_static
 PA_SPLIT_ROWS = 0  # row_streamify
 PA_FILTER = 1
+PA_NEW_DIM = 2  # 1: rows form a new innermost dim (FlatMap); 0: merged into the innermost dim (Retile)
 PA_TILES_PER_TARGET = 0  # expert_addr_gen
 PA_BASE = 1
 PA_ROW_OFFSET = 0  # cache_read_addr_gen

@@ -260,6 +260,7 @@ def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     out = out_ch[up[u, A.UP_OUT_START]]
     split_rows = up[u, A.UP_A0 + A.PA_SPLIT_ROWS]
     filt = up[u, A.UP_A0 + A.PA_FILTER]
+    new_dim = up[u, A.UP_A0 + A.PA_NEW_DIM]
     a = A.US_TOK_A
     while True:
         if us[u, A.US_PHASE] == 0:
@@ -285,7 +286,8 @@ def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             if not can_push(chs, out):
                 return block(us, u, out, A.WAIT_FULL)
             i = us[u, R_I]
-            stop = us[u, a + A.TK_STOP] if i == n - 1 else 0
+            # the last row closes the new dim too (FlatMap: stops shift up by one) or keeps the tile's level
+            stop = us[u, a + A.TK_STOP] + new_dim if i == n - 1 else 0
             if split_rows:
                 emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], 1,
                      us[u, a + A.TK_COLS], 1, -1)

@@ -112,3 +112,23 @@ def test_engines_agree_on_reduced_moe(tiling, tile_n, regions):
 def test_engines_agree_on_reduced_attention(strategy):
     kv = [70, 3, 31, 32, 100, 0, 64, 5]
     _assert_engines_agree(build_attention(kv, strategy, head_dim=16, query_per_kv_head=2, tile_n=16))
+
+
+def test_flatmap_row_streamify_opens_a_new_dim_in_both_engines():
+    """FlatMap(RowStreamify) of a [1, 2] stream of (4, 8) tiles gives [1, 2, 4] of (1, 8) rows: the last row of
+    each tile carries the tile's stop + 1 (levels 1 then 2)."""
+    from stepsim.graph import FP32, FlatMap, Graph, LinearOffChipLoad, RowStreamify, Sink, Tensor
+
+    g = Graph("flatmap")
+    rows = FlatMap(g, LinearOffChipLoad(g, Tensor("x", (8, 8), FP32), (4, 8), (2,), (1,)), RowStreamify())
+    Sink(g, rows)
+    assert rows.stream.shape == (1, 2, 4)
+    program = lower(g, Hardware.preset("step-eval"), channel_depth=2)
+    ref = ref_run(program, record_tokens=True)
+    out = program.channel_names.index(next(n for n in program.channel_names if n.startswith(rows.name)))
+    assert [t.stop for t in ref.tokens[out]] == [0, 0, 0, 1, 0, 0, 0, 2]
+    assert all((t.rows, t.cols) == (1, 8) for t in ref.tokens[out])
+    fast = fast_run(program)
+    assert fast.cycles == ref.cycles
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
