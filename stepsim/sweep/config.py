@@ -153,6 +153,12 @@ def parse_sweep(data: Mapping, *, source: str | Path) -> SweepSpec:
             raise ConfigError(f"{source}: partition_by key {key!r} is not a key of the tasks "
                               f"(expected one of {', '.join(task_keys)})")
     report = _string_list(data, "report", source, default=DEFAULT_REPORT[mode])
+    columns = _row_columns()
+    for column in report:
+        if column not in columns:
+            close = difflib.get_close_matches(column, columns, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{source}: report column {column!r} is not a result column{hint}")
     return SweepSpec(source=source, workload=workload, mode=mode, out=(base / out) if out else None, fixed=fixed,
                      grids=tuple(grids), partition_by=partition_by, report=report)
 
@@ -169,6 +175,14 @@ def _knob_keys() -> tuple:
     from stepsim.workloads.config import KNOBS
 
     return tuple(k for k in KNOBS if k not in TASK_KEYS)
+
+
+def _row_columns() -> list:
+    """Columns of a sweep row: the record schema plus the sweep's status columns."""
+    from stepsim.records import SCHEMA
+    from stepsim.sweep.rows import SWEEP_COLUMNS
+
+    return [*SCHEMA.names, *SWEEP_COLUMNS.names]
 
 
 def _check_keys(data: Mapping, known, source: Path, *, where: str) -> None:

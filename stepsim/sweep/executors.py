@@ -22,6 +22,11 @@ from stepsim.sweep.grid import Task
 from stepsim.sweep.tasks import init_local_worker, run_task
 
 EXECUTORS = ("local", "dask")
+#: modules the fork server imports once so forked workers start with them loaded (the worker code, the
+#: record builder with sympy and the workloads, the engine module with numba)
+FORKSERVER_PRELOAD = ("stepsim.sweep.tasks", "stepsim.records", "stepsim.simulate", "stepsim.kernels.engine")
+#: imported too for simulation sweeps: loads the engine kernels in the fork server (see that module)
+FORKSERVER_WARM = "stepsim.sweep.forkserver_preload"
 #: tasks kept submitted per worker: one running plus one queued, so a worker never waits for the parent
 IN_FLIGHT_PER_WORKER = 2
 
@@ -45,7 +50,8 @@ def start_method() -> str:
     forked child inherits every lock those threads held at that instant with no thread to release it, an
     occasional deadlock (Python 3.12 warns about exactly this). The numba engine starts no threads of its own,
     but that does not make the parent single-threaded. The fork server is a clean single-threaded process that
-    forks the workers, which also starts them faster than ``spawn``.
+    forks the workers, which also starts them faster than ``spawn``: it imports stepsim (and, for simulation
+    sweeps, loads the engine kernels) once, and every worker is forked with them in memory.
     """
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
@@ -130,11 +136,18 @@ class LocalExecutor(WindowedExecutor):
         if jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {jobs}")
         self.jobs = jobs
-        self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(start_method()),
-                                         initializer=init_local_worker, initargs=(warm_kernels,))
+        context = multiprocessing.get_context(start_method())
+        if context.get_start_method() == "forkserver":
+            # takes effect only if this process has not started its (process-wide) fork server yet
+            context.set_forkserver_preload([*FORKSERVER_PRELOAD, *([FORKSERVER_WARM] if warm_kernels else [])])
+        self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=init_local_worker,
+                                         initargs=(warm_kernels,))
 
     def _submit(self, task: Task):
-        return self._pool.submit(run_task, task.config)
+        try:
+            return self._pool.submit(run_task, task.config)
+        except BrokenProcessPool as exc:  # a worker died between two submissions
+            raise self._lost(task, 0) from exc
 
     def _wait_first(self, futures: list) -> Iterable:
         done, _ = wait(futures, return_when=FIRST_COMPLETED)
@@ -144,10 +157,14 @@ class LocalExecutor(WindowedExecutor):
         try:
             return future.result()
         except BrokenProcessPool as exc:
-            raise WorkerLostError(
-                f"a worker process died while the sweep ran (killed, out of memory or crashed), e.g. during task "
-                f"{task.index} ({task.key}); {in_flight} submitted task(s) did not finish. Finished tasks are "
-                f"saved: run the same sweep again to resume") from exc
+            raise self._lost(task, in_flight) from exc
+
+    @staticmethod
+    def _lost(task: Task, in_flight: int) -> WorkerLostError:
+        return WorkerLostError(
+            f"a worker process died while the sweep ran (killed, out of memory or crashed); task {task.index} "
+            f"({task.key}) and {max(in_flight - 1, 0)} other submitted task(s) did not finish. Finished tasks are "
+            f"saved: run the same sweep again to resume")
 
     def close(self) -> None:
         # cancel_futures: queued tasks are dropped; running ones finish (their results are not collected)

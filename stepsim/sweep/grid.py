@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepsim.errors import ConfigError
-from stepsim.results import partition_dir, stable_hash
+from stepsim.results import partition_dir
 from stepsim.sweep.config import SweepSpec
 
 #: hex digits of the run id in a result file name (as stepsim.results.write_partitioned names files)
@@ -61,23 +61,6 @@ class Task:
         return " ".join(f"{k}={short_value(self.config[k])}" for k in keys if k in self.config)
 
 
-def run_identity(config: dict) -> tuple[str, str | None, str | None]:
-    """``(run_id, trace path, trace hash)`` of a task config, as :func:`stepsim.records.run_config` computes them.
-
-    Raises
-    ------
-    ConfigError
-        The config is invalid, or its trace file cannot be read.
-    """
-    from stepsim.records import _identity, trace_sha256
-    from stepsim.workloads.config import normalize_config, resolved_trace
-
-    cfg = normalize_config(config)
-    trace = resolved_trace(cfg)
-    trace_hash = trace_sha256(trace) if trace is not None else None
-    return stable_hash(_identity(cfg, trace_hash)), trace, trace_hash
-
-
 def expand(spec: SweepSpec) -> list[Task]:
     """The tasks of ``spec``, in a deterministic order.
 
@@ -94,6 +77,7 @@ def expand(spec: SweepSpec) -> list[Task]:
         A task has a knob of the wrong type or value, or one its workload does not use, or an unreadable trace
         (the message names the sweep file, the task and the key), or it lacks a ``partition_by`` key.
     """
+    from stepsim.records import run_identity
     from stepsim.workloads.config import normalize_config
 
     tasks: list[Task] = []
@@ -109,7 +93,7 @@ def expand(spec: SweepSpec) -> list[Task]:
             missing = [k for k in spec.partition_by if k not in config]
             if missing:
                 raise ConfigError(f"{source}: partition_by key {missing[0]!r} is not set for this task")
-            try:
+            try:  # the config is valid by now: what can fail is reading the trace (to hash it)
                 run_id, trace, trace_hash = run_identity(config)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: {exc}") from exc

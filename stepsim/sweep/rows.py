@@ -62,7 +62,7 @@ def write_task(out: Path, task: Task, outcome: dict, table: pa.Table, partition_
     metadata records provenance (stepsim version, the run's identity config and hash, the trace hash), as
     :meth:`RunResult.write` does.
     """
-    from stepsim.records import _identity
+    from stepsim.records import identity
     from stepsim.workloads.config import normalize_config
 
     record = outcome["record"]
@@ -73,7 +73,7 @@ def write_task(out: Path, task: Task, outcome: dict, table: pa.Table, partition_
             write_parquet_atomic(record.unit_table(), folder / f"_units-{task.key}.parquet", meta)
             write_parquet_atomic(record.channel_table(), folder / f"_channels-{task.key}.parquet", meta)
     else:
-        meta = provenance_metadata(_identity(normalize_config(task.config), task.trace_sha256),
+        meta = provenance_metadata(identity(normalize_config(task.config), task.trace_sha256),
                                    trace_hash=task.trace_sha256)
     table = table.drop_columns([c for c in partition_by if c in table.column_names])
     return write_parquet_atomic(table, result_path(out, task, partition_by), meta)

@@ -1,0 +1,20 @@
+"""Imported by the local pool's fork server, and only there: load the engine kernels once, before any fork.
+
+The fork server (see :func:`stepsim.sweep.executors.start_method`) imports the modules named in its preload
+list once, then forks every worker from itself, so each worker starts with the kernels already in memory
+instead of loading them from numba's disk cache on its own (about a second of CPU per worker). With a cold
+cache it matters more: the engine is compiled once here, not by every worker at the same time. Loading at
+import time is this module's only purpose; nothing else imports it. Forking after the load is safe because the
+engine starts no threads (no ``parallel=True`` kernels).
+
+Each worker's initializer still calls :func:`stepsim.sweep.tasks.load_kernels` (a no-op when the kernels came
+with the fork), so a failure here costs only time: it is swallowed, because an exception would take the fork
+server down, and the worker's own attempt reports it.
+"""
+
+from stepsim.sweep.tasks import load_kernels
+
+try:
+    load_kernels()
+except Exception:  # noqa: BLE001, S110 - see the module docstring
+    pass

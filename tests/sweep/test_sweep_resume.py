@@ -1,0 +1,96 @@
+"""Resume: a re-run runs exactly the tasks without a result file, and nothing half-written survives.
+
+Two interruptions are simulated: result files deleted plus temp files left behind by a parent killed while
+writing, and a worker process killed (SIGKILL) in the middle of a sweep.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+import pyarrow.parquet as pq
+import pytest
+from sweep_helpers import SWIGLU_CYCLES, SWIGLU_OFF_CHIP, SWIGLU_SIMULATE, files_under
+
+from stepsim.sweep import SweepStopped, expand, load_sweep, run_sweep
+from stepsim.sweep.rows import read_sweep
+
+
+def cycles_by_point(out) -> dict:
+    table = read_sweep(out)
+    return {(r["tile_m"], r["tile_n"]): (r["status"], r["cycles"], r["off_chip_bytes"]) for r in table.to_pylist()}
+
+
+def test_rerun_after_lost_files_and_stale_temp_files_runs_only_the_missing_tasks(sweep_file):
+    spec = load_sweep(sweep_file(SWIGLU_SIMULATE))
+    tasks = expand(spec)
+    first = run_sweep(spec, jobs=2, progress=False)
+    out = spec.out
+    assert sorted(first.outcomes) == sorted(t.key for t in tasks) and not first.skipped
+    assert cycles_by_point(out) == {p: ("ok", SWIGLU_CYCLES[p], SWIGLU_OFF_CHIP[p]) for p in SWIGLU_CYCLES}
+    folder = out / "workload=swiglu"
+    # a simulation row comes with its unit and channel counter files, named by the same key
+    assert files_under(out, "**/*.parquet") == sorted(
+        f"workload=swiglu/{kind}-{t.key}.parquet" for t in tasks for kind in ("part", "_units", "_channels"))
+
+    # interrupt: two rows lost (one with its counters), and temp files of writes that never finished
+    lost = [tasks[1], tasks[4]]
+    for task in lost:
+        (folder / f"part-{task.key}.parquet").unlink()
+    (folder / f"_units-{lost[1].key}.parquet").unlink()
+    stale = [folder / f".part-{lost[0].key}.parquet.k2j4h1.tmp", folder / f"._units-{lost[1].key}.parquet.x9.tmp"]
+    for path in stale:
+        path.write_bytes(b"PAR1 half a parquet file")
+    untouched = {p: p.stat().st_mtime_ns for p in folder.glob("part-*.parquet")}
+
+    second = run_sweep(spec, jobs=2, progress=False)
+    assert sorted(second.outcomes) == sorted(t.key for t in lost)
+    assert sorted(second.skipped) == sorted(t.key for t in tasks if t not in lost)
+    assert sorted(second.removed_temp_files) == sorted(stale)
+    assert {p: p.stat().st_mtime_ns for p in untouched} == untouched  # finished rows were not rewritten
+    assert files_under(out, "**/*.tmp") == []
+    assert len(files_under(out, "**/*.parquet")) == 18
+    for path in out.glob("**/*.parquet"):
+        pq.read_table(path)  # every file is complete
+    assert cycles_by_point(out) == {p: ("ok", SWIGLU_CYCLES[p], SWIGLU_OFF_CHIP[p]) for p in SWIGLU_CYCLES}
+
+    third = run_sweep(spec, jobs=2, progress=False)
+    assert third.ran == 0 and len(third.skipped) == 6 and third.executor == ""  # no pool is even started
+
+
+def test_killed_worker_stops_the_sweep_and_the_rerun_completes_only_what_was_lost(sweep_file):
+    text = SWIGLU_SIMULATE.replace("tile_m = [16, 32]", "tile_m = [16, 32, 64]").replace(
+        "tile_n = [16, 32, 64]", "tile_n = [16, 32, 64, 128]")
+    spec = load_sweep(sweep_file(text))
+    tasks = expand(spec)
+    assert len(tasks) == 12
+
+    def kill_a_worker(task, outcome):
+        if len(killed) == 0:
+            victim = multiprocessing.active_children()[0]  # the pool's workers are this process's children
+            os.kill(victim.pid, signal.SIGKILL)
+            killed.append(victim.pid)
+
+    killed: list = []
+    with pytest.raises(SweepStopped) as info:
+        run_sweep(spec, jobs=2, progress=False, on_outcome=kill_a_worker)
+    stop = info.value
+    assert stop.reason == "worker-lost"
+    assert str(stop).startswith("a worker process died while the sweep ran (killed, out of memory or crashed)")
+    assert str(stop).endswith("Finished tasks are saved: run the same sweep again to resume")
+    done = set(stop.report.outcomes)
+    # at most one task before the kill plus the 2 * jobs that were in flight can have finished
+    assert 1 <= len(done) <= 5
+    on_disk = {p.stem.removeprefix("part-") for p in spec.out.glob("**/part-*.parquet")}
+    assert on_disk == done
+    assert files_under(spec.out, "**/*.tmp") == []
+
+    rerun = run_sweep(spec, jobs=2, progress=False)
+    assert set(rerun.outcomes) == {t.key for t in tasks} - done
+    assert set(rerun.skipped) == done
+    rows = read_sweep(spec.out).to_pylist()
+    assert len(rows) == 12 and {r["status"] for r in rows} == {"ok"}
+    cycles = {(r["tile_m"], r["tile_n"]): r["cycles"] for r in rows}
+    assert {p: cycles[p] for p in SWIGLU_CYCLES} == SWIGLU_CYCLES
