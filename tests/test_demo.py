@@ -9,8 +9,8 @@ from stepsim.records import SCHEMA
 from stepsim.workloads.config import normalize_config
 
 
-def test_demo_writes_results_with_provenance_and_a_plot(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path)]) == 0
+def test_demo_metrics_only_writes_results_with_provenance_and_a_plot(tmp_path, capsys):
+    assert main(["demo", "--metrics-only", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["tiling", "tile_n", "off_chip_bytes", "on_chip_bytes", "flops"]
     table = pq.read_table(tmp_path / "results.parquet")
@@ -34,8 +34,8 @@ def test_demo_configs_are_valid_record_configs():
 
 
 @pytest.mark.slow
-def test_demo_simulate_adds_cycles_and_measured_traffic(tmp_path, capsys):
-    assert main(["demo", "--simulate", "--out", str(tmp_path)]) == 0
+def test_demo_simulates_by_default_with_cycles_and_measured_traffic(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path)]) == 0
     header = capsys.readouterr().out.splitlines()[0].split()
     assert header == ["tiling", "tile_n", "cycles", "off_chip_bytes", "on_chip_bytes", "flops"]
     table = pq.read_table(tmp_path / "results.parquet")
