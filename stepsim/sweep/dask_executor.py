@@ -53,11 +53,13 @@ class DaskExecutor(WindowedExecutor):
         if jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {jobs}")
         self._cluster = None
+        self._processes = processes
         if address is None:
             # one thread per worker process: building a workload (sympy, Python) holds the GIL, so threads would
             # take turns; processes use every CPU
+            # tcp on loopback even for thread workers (whose default, in-process transport takes no host)
             self._cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=processes,
-                                         host="127.0.0.1", dashboard_address=None)
+                                         host="127.0.0.1", protocol="tcp://", dashboard_address=None)
             self._client = Client(self._cluster)
             self.jobs = jobs
         else:
@@ -97,5 +99,11 @@ class DaskExecutor(WindowedExecutor):
             self._cluster.close()
 
     def describe(self) -> str:
-        where = "local cluster" if self._cluster is not None else self.address
-        return f"dask ({where}), {self.jobs} worker thread{'s' if self.jobs != 1 else ''}"
+        if self._cluster is None:
+            return f"dask ({self.address}), {_count(self.jobs, 'worker thread')}"
+        return f"dask (local cluster), {_count(self.jobs, 'worker process' if self._processes else 'worker thread')}"
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 worker process``, ``2 worker processes``, ``2 worker threads``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"

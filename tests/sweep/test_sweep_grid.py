@@ -137,8 +137,8 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
 
 @pytest.mark.parametrize("text, message", [
     ('workload = "swiglu"\noutput = "x"\n',
-     "unknown key 'output' (did you mean 'out'?); known keys: workload, mode, out, partition_by, report, fixed, "
-     "axes"),
+     ("unknown key 'output' (did you mean 'out'?); known keys: workload, mode, out, partition_by, report, fixed, "
+     "axes")),
     ('workload = "swiglu"\n[fixed]\ntile_nn = 3\n',
      f"unknown key 'tile_nn' in [fixed] (did you mean 'tile_n'?); known keys: {KNOBS}"),
     ('workload = "swiglu"\n[axes]\nbogus = [1]\n', f"unknown key 'bogus' in [axes]; known keys: {KNOBS}"),
@@ -157,8 +157,8 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
     ('workload = "swiglu"\nmode = "fast"\n', "mode must be one of metrics, simulate, got 'fast'"),
     ('workload = "swiglu"\n[fixed]\ntile_n = 16\n[axes]\ntile_n = [16]\n',
      "key 'tile_n' is both in [fixed] and in [axes]; keep one"),
-    ('workload = "swiglu"\n[fixed]\ntile_n = [16]\n', "[fixed] tile_n must be a single value, got [16] "
-                                                      "(sweep it under [axes])"),
+    ('workload = "swiglu"\n[fixed]\ntile_n = [16]\n', ("[fixed] tile_n must be a single value, got [16] "
+                                                      "(sweep it under [axes])")),
     ('workload = "swiglu"\n[axes]\ntile_n = [16, 16]\n', "[axes] tile_n lists the value 16 twice"),
     ('workload = "swiglu"\n[axes]\ntile_n = []\n', "[axes] tile_n has no values"),
     ('workload = "swiglu"\n[axes]\ntile_n = {start = 1, stop = 5}\n',
@@ -183,8 +183,8 @@ def test_sweep_file_errors_name_the_file_and_the_key(tmp_path, text, message):
      "config key 'tiling' does not apply to workload 'swiglu' (it applies to: moe)"),
     ('workload = "swiglu"\n[axes]\ntile_n = [16, 0]\n', "tile_n=0", "config key 'tile_n' must be an int >= 1, got 0"),
     ('workload = "moe"\n[axes]\ntiling = ["static", "dynamic"]\ntile_n = [8]\n', "tiling=dynamic tile_n=8",
-     "config key 'tile_n' does not apply to tiling 'dynamic' (dynamic tiling packs each expert's tokens into one "
-     "tile)"),
+     ("config key 'tile_n' does not apply to tiling 'dynamic' (dynamic tiling packs each expert's tokens into one "
+     "tile)")),
 ])
 def test_knob_errors_found_at_expansion_name_the_file_the_task_and_the_key(tmp_path, text, task, message):
     path = write(tmp_path, text)
