@@ -65,27 +65,39 @@ def settle_peak(chs, slots, c, final):
     (``credit_j`` = dequeue time + credit latency). The occupancy seen by send p is ``p - k + 1`` where k is the
     oldest element with ``credit_k > s_p`` (credits and sends are both non-decreasing). It is known once k's
     credit is known or k reaches p; ``final`` treats elements never dequeued as holding their slot forever.
-    Called before a dequeue overwrites a slot's credit and after every enqueue, so every value read here is
-    still in its slot row.
+    Settling is lazy: a dequeue settles first when a send older than its element is open (its credit would
+    overwrite the credit of element head - cap), an enqueue when the send it overwrites is open, and the engine
+    settles everything at the end, so every value read here is still in its slot row.
 
     reads: chs[c], slot send/credit times / writes: chs[c] peak and cursors / returns: nothing.
     """
     p = chs[c, A.CH_PK_NEXT]
-    k = chs[c, A.CH_PK_OLDEST]
     tail = chs[c, A.CH_TAIL]
+    if p >= tail:
+        return
+    k = chs[c, A.CH_PK_OLDEST]
     head = chs[c, A.CH_HEAD]
     cap = chs[c, A.CH_CAP]
     base = chs[c, A.CH_BASE]
+    peak = chs[c, A.CH_PEAK]
+    # send p waited for the credit of p - cap, so every element up to p - cap had left by its send time
+    k = max(k, p - cap + 1)
+    rp = p % cap  # ring positions of p and k, advanced without further divisions (hot path)
+    rk = k % cap
     while p < tail:
-        s = slots[base + p % cap, A.SL_SENT]
-        # send p waited for the credit of p - cap, so every element up to p - cap had left by s
-        k = max(k, p - cap + 1)
-        while k < p and k < head and slots[base + k % cap, A.SL_FREE] <= s:
+        s = slots[base + rp, A.SL_SENT]
+        while k < p and k < head and slots[base + rk, A.SL_FREE] <= s:
             k += 1
+            rk = 0 if rk == cap - 1 else rk + 1
         if k < p and k >= head and not final:
             break  # element k is still queued: its credit (and so this occupancy) is not known yet
-        chs[c, A.CH_PEAK] = max(chs[c, A.CH_PEAK], p - k + 1)
+        peak = max(peak, p - k + 1)
         p += 1
+        rp = 0 if rp == cap - 1 else rp + 1
+        if k < p - cap + 1:  # k may lag only when send p was a lone element (k == p); keep the invariant
+            k = p - cap + 1
+            rk = k % cap
+    chs[c, A.CH_PEAK] = peak
     chs[c, A.CH_PK_NEXT] = p
     chs[c, A.CH_PK_OLDEST] = k
 
@@ -96,7 +108,8 @@ def pop(chs, slots, c, clock):
 
     reads: chs[c], slots / writes: the slot's credit-free time, chs[c, CH_HEAD] / returns: nothing.
     """
-    settle_peak(chs, slots, c, False)  # before this dequeue overwrites the credit of element head - cap
+    if chs[c, A.CH_PK_NEXT] < chs[c, A.CH_HEAD]:  # an open send may still need element head - cap's credit
+        settle_peak(chs, slots, c, False)
     row = chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP]
     d = clock
     d = max(d, slots[row, A.SL_STAMP])
@@ -112,6 +125,8 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     returns: the sender's clock after the credit wait.
     """
     tail = chs[c, A.CH_TAIL]
+    if chs[c, A.CH_PK_NEXT] <= tail - chs[c, A.CH_CAP]:  # this send overwrites an open send's time
+        settle_peak(chs, slots, c, False)
     row = chs[c, A.CH_BASE] + tail % chs[c, A.CH_CAP]
     free = slots[row, A.SL_FREE]
     clock = max(clock, free)
@@ -127,7 +142,6 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     slots[row, A.SL_TOKEN + A.TK_PAYLOAD] = payload
     slots[row, A.SL_SENT] = clock
     chs[c, A.CH_TAIL] = tail + 1
-    settle_peak(chs, slots, c, False)
     return clock
 
 
