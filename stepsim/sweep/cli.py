@@ -52,6 +52,9 @@ def _sweep(args) -> int:
         report = run_sweep(spec, out=args.out, executor=executor, jobs=args.jobs, address=args.address,
                            fail_fast=args.fail_fast, retry_failed=args.retry_failed,
                            progress=not args.no_progress)
+    except KeyboardInterrupt:  # before any task ran (expanding, hashing traces, starting workers)
+        print("stepsim: interrupted before any task finished", file=sys.stderr)
+        return 130
     except SweepStopped as stop:
         print(format_summary(stop.report))
         if stop.reason == "interrupted":

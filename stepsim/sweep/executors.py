@@ -3,9 +3,9 @@
 Both executors take :class:`~stepsim.sweep.grid.Task` s and yield ``(task, outcome)`` pairs as tasks finish
 (outcome = :func:`stepsim.sweep.tasks.run_task`'s dict). They keep at most ``2 * jobs`` tasks submitted at a
 time, so a huge grid is never queued up front, a fail-fast stop has little to cancel, and a crash loses at
-most the tasks in flight. Leaving the iteration early (fail-fast, Ctrl-C) cancels what is queued; tasks
-already running finish in their worker but their results are dropped (they were never written, so a re-run
-picks them up).
+most the tasks in flight. Leaving the iteration early (fail-fast, Ctrl-C) cancels what is queued; the runner
+then aborts the executor, which stops the running tasks too (local workers are terminated; they write nothing,
+so a re-run simply picks those tasks up).
 """
 
 from __future__ import annotations
@@ -76,7 +76,11 @@ class WindowedExecutor(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Cancel queued tasks and release the workers."""
+        """Cancel queued tasks, let running ones end, release the workers."""
+
+    def abort(self) -> None:
+        """Stop as soon as possible after an early stop (fail-fast, Ctrl-C, a lost worker): by default, close."""
+        self.close()
 
     def _cancel(self, futures: list) -> None:
         for future in futures:
@@ -169,6 +173,15 @@ class LocalExecutor(WindowedExecutor):
     def close(self) -> None:
         # cancel_futures: queued tasks are dropped; running ones finish (their results are not collected)
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def abort(self) -> None:
+        """Terminate the workers mid-task: after a stop their results would be dropped, and a simulation can
+        take minutes, which Ctrl-C should not wait for. Workers write nothing, so nothing is left half-written.
+        """
+        # ProcessPoolExecutor has no public way to stop running tasks before Python 3.14 (terminate_workers)
+        for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+            process.terminate()
+        self.close()
 
 
 def make_executor(kind: str, *, jobs: int, warm_kernels: bool, address: str | None = None):

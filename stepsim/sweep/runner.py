@@ -24,7 +24,7 @@ from tqdm import tqdm
 from stepsim.errors import ConfigError, StepsimError
 from stepsim.sweep.config import SweepSpec
 from stepsim.sweep.executors import WorkerLostError, default_jobs, make_executor
-from stepsim.sweep.grid import Task, existing_keys, expand, stale_temp_files
+from stepsim.sweep.grid import Task, existing_keys, expand, result_path, stale_temp_files
 from stepsim.sweep.rows import row_table, write_task
 from stepsim.sweep.tasks import FAILED, OK
 
@@ -170,6 +170,7 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
         done = existing_keys(out)
         for task in tasks:
             if task.key in done:
+                _check_layout(out, task, done[task.key], spec.partition_by)
                 status = _recorded_status(done[task.key])
                 if not (retry_failed and status == FAILED):
                     report.skipped[task.key] = done[task.key]
@@ -195,6 +196,7 @@ def _run_pending(report: SweepReport, pending: list, executor, jobs: int, addres
                dynamic_ncols=True)
     runner = None
     failures = 0
+    stopped = True  # until the loop ends normally
     try:
         runner = make_executor(executor, jobs=jobs, warm_kernels=spec.mode == "simulate", address=address) \
             if owned else executor
@@ -215,6 +217,7 @@ def _run_pending(report: SweepReport, pending: list, executor, jobs: int, addres
                     "fail-fast", f"stopped at the first failed task (--fail-fast): task {task.index} "
                     f"({task.label(spec_axes(spec)) or task.key}): {outcome['error_type']}: "
                     f"{outcome['error_message']}", report)
+        stopped = False
     except WorkerLostError as exc:
         raise SweepStopped("worker-lost", str(exc), report) from exc
     except KeyboardInterrupt:
@@ -222,13 +225,24 @@ def _run_pending(report: SweepReport, pending: list, executor, jobs: int, addres
                            f"saved; run the same sweep again to resume", report) from None
     finally:
         bar.close()
-        if owned and runner is not None:
+        if owned and runner is not None and stopped:
+            runner.abort()
+        elif owned and runner is not None:
             runner.close()
 
 
 def spec_axes(spec: SweepSpec) -> list:
     """Every swept knob of ``spec`` (all grids), in file order."""
     return list(dict.fromkeys(k for grid in spec.grids for k in grid))
+
+
+def _check_layout(out: Path, task: Task, found: Path, partition_by) -> None:
+    """A finished task's file must be where this sweep would write it (else partition_by changed)."""
+    expected = result_path(out, task, partition_by)
+    if found != expected:
+        raise ConfigError(f"{out}: task {task.index} has its result at {found.relative_to(out)}, not "
+                          f"{expected.relative_to(out)}: the folder was written with another partition_by; "
+                          f"keep the same partition_by for a folder, or write to another one")
 
 
 def _recorded_status(path: Path) -> str:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from sweep_helpers import SWIGLU_CYCLES, SWIGLU_OFF_CHIP, SWIGLU_SIMULATE, files_under
 
+from stepsim.errors import ConfigError
 from stepsim.sweep import SweepStopped, expand, load_sweep, run_sweep
 from stepsim.sweep.rows import read_sweep
 
@@ -94,3 +95,35 @@ def test_killed_worker_stops_the_sweep_and_the_rerun_completes_only_what_was_los
     assert len(rows) == 12 and {r["status"] for r in rows} == {"ok"}
     cycles = {(r["tile_m"], r["tile_n"]): r["cycles"] for r in rows}
     assert {p: cycles[p] for p in SWIGLU_CYCLES} == SWIGLU_CYCLES
+
+
+def test_ctrl_c_keeps_the_finished_rows_and_the_rerun_runs_the_rest(sweep_file):
+    spec = load_sweep(sweep_file('workload = "swiglu"\nout = "r"\n[axes]\ntile_n = [16, 32, 64, 128]\n'))
+    tasks = expand(spec)
+
+    def press_ctrl_c(task, outcome):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SweepStopped) as info:
+        run_sweep(spec, jobs=1, progress=False, on_outcome=press_ctrl_c)
+    assert info.value.reason == "interrupted"
+    assert str(info.value) == "interrupted; 1 of 4 task(s) finished and saved; run the same sweep again to resume"
+    assert list(info.value.report.outcomes) == [tasks[0].key]
+    assert files_under(spec.out, "**/part-*.parquet") == [f"workload=swiglu/part-{tasks[0].key}.parquet"]
+
+    rerun = run_sweep(spec, jobs=1, progress=False)
+    assert sorted(rerun.outcomes) == sorted(t.key for t in tasks[1:])
+
+
+def test_a_folder_written_with_another_partition_by_is_refused(sweep_file):
+    path = sweep_file('workload = "swiglu"\nout = "r"\n[axes]\ntile_n = [16]\n')
+    spec = load_sweep(path)
+    (task,) = expand(spec)
+    run_sweep(spec, jobs=1, progress=False)
+    moved = load_sweep(sweep_file('workload = "swiglu"\nout = "r"\npartition_by = ["tile_n"]\n[axes]\ntile_n = [16]\n'))
+    with pytest.raises(ConfigError) as info:
+        run_sweep(moved, jobs=1, progress=False)
+    assert str(info.value) == (
+        f"{spec.out}: task 0 has its result at workload=swiglu/part-{task.key}.parquet, not "
+        f"tile_n=16/part-{task.key}.parquet: the folder was written with another partition_by; keep the same "
+        f"partition_by for a folder, or write to another one")
