@@ -11,4 +11,5 @@
 
 from stepsim.sweep.config import SweepSpec, load_sweep, parse_sweep
 from stepsim.sweep.grid import Task, expand
+from stepsim.sweep.rows import read_sweep
 from stepsim.sweep.runner import SweepReport, SweepStopped, run_sweep

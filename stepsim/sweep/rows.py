@@ -23,6 +23,8 @@ SWEEP_COLUMNS = pa.schema([
     pa.field("status", pa.string()), pa.field("error_type", pa.string()), pa.field("error_message", pa.string()),
     pa.field("error_traceback", pa.string()), pa.field("task_wall_s", pa.float64(), metadata={"unit": "s"}),
 ])
+#: characters of an error message shown in the summary and in a fail-fast stop (the row keeps all of it)
+MAX_MESSAGE_CHARS = 160
 #: columns that measure wall-clock time: they differ between runs of the same task (compare rows without them)
 WALL_TIME_COLUMNS = ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s", "task_wall_s")
 
@@ -77,6 +79,18 @@ def write_task(out: Path, task: Task, outcome: dict, table: pa.Table, partition_
                                    trace_hash=task.trace_sha256)
     table = table.drop_columns([c for c in partition_by if c in table.column_names])
     return write_parquet_atomic(table, result_path(out, task, partition_by), meta)
+
+
+def first_line(message: str | None, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """The first line of an error message, cut at ``limit`` characters (a deadlock lists every blocked unit;
+    the full message is in the row's ``error_message``)."""
+    if not message:
+        return ""
+    text = message.splitlines()[0]
+    more = text != message
+    if len(text) > limit:
+        text, more = text[:limit].rstrip(), True
+    return f"{text} [...]" if more else text
 
 
 def read_sweep(out: str | Path, filter=None) -> pa.Table:

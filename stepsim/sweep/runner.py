@@ -25,7 +25,7 @@ from stepsim.errors import ConfigError, StepsimError
 from stepsim.sweep.config import SweepSpec
 from stepsim.sweep.executors import WorkerLostError, default_jobs, make_executor
 from stepsim.sweep.grid import Task, existing_keys, expand, result_path, stale_temp_files
-from stepsim.sweep.rows import row_table, write_task
+from stepsim.sweep.rows import first_line, row_table, write_task
 from stepsim.sweep.tasks import FAILED, OK
 
 LOCK_NAME = ".stepsim-sweep.lock"
@@ -216,7 +216,7 @@ def _run_pending(report: SweepReport, pending: list, executor, jobs: int, addres
                 raise SweepStopped(
                     "fail-fast", f"stopped at the first failed task (--fail-fast): task {task.index} "
                     f"({task.label(spec_axes(spec)) or task.key}): {outcome['error_type']}: "
-                    f"{outcome['error_message']}", report)
+                    f"{first_line(outcome['error_message'])}", report)
         stopped = False
     except WorkerLostError as exc:
         raise SweepStopped("worker-lost", str(exc), report) from exc

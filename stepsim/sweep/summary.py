@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stepsim.sweep.grid import short_value
+from stepsim.sweep.rows import first_line
 from stepsim.sweep.runner import SweepReport, spec_axes
 
 #: rows of the key-results table (the whole dataset is in the output folder)
@@ -26,7 +27,7 @@ def format_summary(report: SweepReport) -> str:
     for task in failed[:MAX_FAILURES_LISTED]:
         row = report.row(task) or {}
         lines.append(f"  failed task {task.index} ({task.label(axes) or task.key}): {row.get('error_type')}: "
-                     f"{row.get('error_message')}")
+                     f"{first_line(row.get('error_message'))}")
     if len(failed) > MAX_FAILURES_LISTED:
         lines.append(f"  ... and {len(failed) - MAX_FAILURES_LISTED} more failed task(s) (status = 'failed')")
     table = results_table(report)

@@ -7,7 +7,7 @@ from sweep_helpers import SWIGLU_OFF_CHIP, files_under
 
 from stepsim.records import SCHEMA
 from stepsim.sweep import SweepStopped, expand, load_sweep, run_sweep
-from stepsim.sweep.rows import SWEEP_COLUMNS, read_sweep
+from stepsim.sweep.rows import SWEEP_COLUMNS, first_line, read_sweep
 from stepsim.sweep.tasks import run_task
 
 # tile_n = 24 does not divide F = 512: the SwiGLU builder refuses it when the task runs
@@ -81,3 +81,11 @@ def test_an_unexpected_exception_is_recorded_with_its_traceback(monkeypatch):
         "status": "failed", "error_type": "ZeroDivisionError", "error_message": "boom", "record": None}
     assert outcome["error_traceback"].rstrip().endswith("ZeroDivisionError: boom")
     assert outcome["wall_s"] >= 0
+
+
+def test_summaries_show_the_first_line_of_long_error_messages():
+    deadlock = "deadlock: no unit can make progress; blocked units:\n  Load_0 waits for a free slot\n  Sink_1 waits"
+    assert first_line(deadlock) == "deadlock: no unit can make progress; blocked units: [...]"
+    assert first_line("x" * 200) == "x" * 160 + " [...]"
+    assert first_line(BAD_TILE_MESSAGE) == BAD_TILE_MESSAGE
+    assert first_line(None) == ""
