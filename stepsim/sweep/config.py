@@ -5,7 +5,7 @@ A sweep file looks like this (paths are relative to the sweep file's folder)::
     workload = "swiglu"            # moe | swiglu | attention
     mode = "simulate"              # metrics (symbolic totals) | simulate (timing engine); default metrics
     out = "results/swiglu"         # output folder; ``stepsim sweep --out`` overrides it
-    partition_by = ["workload"]    # hive folder levels, keys of the task config; default ["workload"]
+    partition_by = ["workload"]    # hive folder levels (task-config keys; read back as strings); default ["workload"]
     report = ["cycles"]            # result columns of the end-of-sweep table; default by mode
 
     [fixed]                        # knobs every task shares (the keys workload_from_config accepts)

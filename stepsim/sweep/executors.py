@@ -151,7 +151,7 @@ class LocalExecutor(WindowedExecutor):
         try:
             return self._pool.submit(run_task, task.config)
         except BrokenProcessPool as exc:  # a worker died between two submissions
-            raise self._lost(task, 0) from exc
+            raise self._lost(task) from exc
 
     def _wait_first(self, futures: list) -> Iterable:
         done, _ = wait(futures, return_when=FIRST_COMPLETED)
@@ -161,14 +161,15 @@ class LocalExecutor(WindowedExecutor):
         try:
             return future.result()
         except BrokenProcessPool as exc:
-            raise self._lost(task, in_flight) from exc
+            raise self._lost(task) from exc
 
     @staticmethod
-    def _lost(task: Task, in_flight: int) -> WorkerLostError:
+    def _lost(task: Task) -> WorkerLostError:
+        # the pool cannot tell which task a dead worker was running: name the one whose result was awaited
         return WorkerLostError(
             f"a worker process died while the sweep ran (killed, out of memory or crashed); task {task.index} "
-            f"({task.key}) and {max(in_flight - 1, 0)} other submitted task(s) did not finish. Finished tasks are "
-            f"saved: run the same sweep again to resume")
+            f"({task.key}) and the other tasks in flight did not finish. Finished tasks are saved: run the same "
+            f"sweep again to resume")
 
     def close(self) -> None:
         # cancel_futures: queued tasks are dropped; running ones finish (their results are not collected)

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stepsim._version import __version__
 from stepsim.errors import ConfigError
-from stepsim.results import partition_dir, provenance_metadata, write_parquet_atomic
+from stepsim.records import SCHEMA, identity
+from stepsim.results import partition_dir, provenance_metadata, read_results, write_parquet_atomic
 from stepsim.sweep.grid import RESULT_GLOB, Task, result_path
+from stepsim.workloads.config import normalize_config
 
 #: columns added to every row: outcome, typed error (null when ok), wall time of the task in its worker
 SWEEP_COLUMNS = pa.schema([
@@ -25,16 +28,14 @@ SWEEP_COLUMNS = pa.schema([
 ])
 #: characters of an error message shown in the summary and in a fail-fast stop (the row keeps all of it)
 MAX_MESSAGE_CHARS = 160
-#: columns that measure wall-clock time: they differ between runs of the same task (compare rows without them)
-WALL_TIME_COLUMNS = ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s", "task_wall_s")
+#: columns that measure wall-clock time (unit "s"): they differ between runs of the same task, so compare rows
+#: without them (build_s, metrics_s, lower_s, compile_s, sim_wall_s, total_s, task_wall_s)
+WALL_TIME_COLUMNS = tuple(f.name for schema in (SCHEMA, SWEEP_COLUMNS) for f in schema
+                          if (f.metadata or {}).get(b"unit") == b"s")
 
 
 def failed_row(task: Task) -> dict:
     """The record-schema row of a task that failed: identity and knobs set, measurements null."""
-    from stepsim._version import __version__
-    from stepsim.records import SCHEMA
-    from stepsim.workloads.config import normalize_config
-
     row = dict.fromkeys(SCHEMA.names)
     row.update({k: v for k, v in normalize_config(task.config).items() if k in row})
     row.update(run_id=task.run_id, stepsim_version=__version__, trace_path=task.trace_path,
@@ -44,8 +45,6 @@ def failed_row(task: Task) -> dict:
 
 def row_table(task: Task, outcome: dict) -> pa.Table:
     """The one-row table of ``task``: its record row (or :func:`failed_row`) plus the sweep columns."""
-    from stepsim.records import SCHEMA
-
     record = outcome["record"]
     table = record.to_arrow() if record is not None else pa.Table.from_pylist([failed_row(task)], schema=SCHEMA)
     values = {"status": outcome["status"], "error_type": outcome["error_type"],
@@ -64,9 +63,6 @@ def write_task(out: Path, task: Task, outcome: dict, table: pa.Table, partition_
     metadata records provenance (stepsim version, the run's identity config and hash, the trace hash), as
     :meth:`RunResult.write` does.
     """
-    from stepsim.records import identity
-    from stepsim.workloads.config import normalize_config
-
     record = outcome["record"]
     if record is not None:
         meta = record.provenance()
@@ -111,8 +107,6 @@ def read_sweep(out: str | Path, filter=None) -> pa.Table:
     ConfigError
         No result file under ``out``.
     """
-    from stepsim.results import read_results
-
     out = Path(out)
     first = next(iter(sorted(out.glob(RESULT_GLOB))), None)
     if first is None:

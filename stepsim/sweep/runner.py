@@ -50,8 +50,6 @@ class SweepReport:
         ``{task key: result file}`` of the tasks that already had a result file.
     skipped_status : dict
         ``{task key: "ok" | "failed"}`` recorded in those files.
-    to_run : int
-        Tasks that had no result file (or, with ``retry_failed``, a failed one) when the sweep started.
     removed_temp_files : list of Path
         Temp files of an interrupted earlier sweep that were deleted.
     executor : str
@@ -66,7 +64,6 @@ class SweepReport:
     outcomes: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
     skipped_status: dict = field(default_factory=dict)
-    to_run: int = 0
     removed_temp_files: list = field(default_factory=list)
     executor: str = ""
     wall_s: float = 0.0
@@ -163,27 +160,25 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
     tasks = expand(spec)
     out.mkdir(parents=True, exist_ok=True)
     report = SweepReport(spec=spec, out=out, tasks=tasks)
-    with _exclusive(out):
-        for temp in stale_temp_files(out):
-            temp.unlink(missing_ok=True)
-            report.removed_temp_files.append(temp)
-        done = existing_keys(out)
-        for task in tasks:
-            if task.key in done:
-                _check_layout(out, task, done[task.key], spec.partition_by)
-                status = _recorded_status(done[task.key])
-                if not (retry_failed and status == FAILED):
-                    report.skipped[task.key] = done[task.key]
-                    report.skipped_status[task.key] = status
-        pending = [t for t in tasks if t.key not in report.skipped]
-        report.to_run = len(pending)
-        if pending:
-            try:
+    try:
+        with _exclusive(out):
+            for temp in stale_temp_files(out):
+                temp.unlink(missing_ok=True)
+                report.removed_temp_files.append(temp)
+            done = existing_keys(out)
+            for task in tasks:
+                if task.key in done:
+                    _check_layout(out, task, done[task.key], spec.partition_by)
+                    status = _recorded_status(done[task.key])
+                    if not (retry_failed and status == FAILED):
+                        report.skipped[task.key] = done[task.key]
+                        report.skipped_status[task.key] = status
+            pending = [t for t in tasks if t.key not in report.skipped]
+            if pending:
                 _run_pending(report, pending, executor, jobs or default_jobs(), address, fail_fast, progress,
                              on_outcome)
-            finally:
-                report.wall_s = time.perf_counter() - start
-    report.wall_s = time.perf_counter() - start
+    finally:  # also for a SweepStopped, whose report is printed
+        report.wall_s = time.perf_counter() - start
     return report
 
 
