@@ -127,3 +127,17 @@ def test_a_folder_written_with_another_partition_by_is_refused(sweep_file):
         f"{spec.out}: task 0 has its result at workload=swiglu/part-{task.key}.parquet, not "
         f"tile_n=16/part-{task.key}.parquet: the folder was written with another partition_by; keep the same "
         f"partition_by for a folder, or write to another one")
+
+
+def test_two_sweeps_cannot_write_into_one_folder_at_once(sweep_file):
+    fcntl = pytest.importorskip("fcntl")
+    spec = load_sweep(sweep_file('workload = "swiglu"\nout = "r"\n'))
+    spec.out.mkdir()
+    with open(spec.out / ".stepsim-sweep.lock", "a+") as lock:  # what a running sweep holds
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(ConfigError) as info:
+            run_sweep(spec, jobs=1, progress=False)
+    assert str(info.value) == (f"another stepsim sweep is writing into {spec.out} (lock "
+                               f"{spec.out / '.stepsim-sweep.lock'} is held); wait for it to finish or choose "
+                               f"another output folder")
+    assert files_under(spec.out, "**/*.parquet") == []
