@@ -70,7 +70,10 @@ def test_killed_worker_stops_the_sweep_and_the_rerun_completes_only_what_was_los
 
     def kill_a_worker(task, outcome):
         if len(killed) == 0:
-            victim = multiprocessing.active_children()[0]  # the pool's workers are this process's children
+            # the pool's workers are this process's multiprocessing children (forked by its fork server)
+            workers = [p for p in multiprocessing.active_children()
+                       if p.name.startswith(("ForkServerProcess", "SpawnProcess"))]
+            victim = workers[0]
             os.kill(victim.pid, signal.SIGKILL)
             killed.append(victim.pid)
 
