@@ -3,10 +3,19 @@
 ``stepsim sweep SWEEP.toml`` (see :mod:`stepsim.sweep.cli`). The pieces, one purpose each:
 
 * :mod:`~stepsim.sweep.config` reads and checks the sweep file (format in its docstring);
-* :mod:`~stepsim.sweep.grid` expands it into plain-dict tasks with stable keys and finds finished ones;
-* :mod:`~stepsim.sweep.tasks` is what a worker runs for one task (a failure becomes a row, not an exception);
-* :mod:`~stepsim.sweep.executors` / :mod:`~stepsim.sweep.dask_executor` run tasks on local worker processes
-  or a Dask cluster.
+* :mod:`~stepsim.sweep.grid` expands it into plain-dict tasks keyed by their record ``run_id`` and finds the
+  tasks that already have a result file;
+* :mod:`~stepsim.sweep.tasks` is what a worker runs for one task (a failure becomes an outcome, not an
+  exception);
+* :mod:`~stepsim.sweep.executors` / :mod:`~stepsim.sweep.dask_executor` run tasks on warm local worker
+  processes or on a Dask cluster;
+* :mod:`~stepsim.sweep.rows` turns outcomes into rows (ok or failed, one schema) and writes them atomically;
+* :mod:`~stepsim.sweep.runner` ties these together (resume, fail-fast, progress bar) and
+  :mod:`~stepsim.sweep.summary` prints the end-of-sweep table.
+
+>>> from stepsim.sweep import load_sweep, run_sweep, read_sweep      # doctest: +SKIP
+>>> report = run_sweep(load_sweep("sweeps/swiglu.toml"), jobs=4)      # doctest: +SKIP
+>>> read_sweep(report.out).to_pandas()                                # doctest: +SKIP
 """
 
 from stepsim.sweep.config import SweepSpec, load_sweep, parse_sweep
