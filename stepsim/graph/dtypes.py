@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from stepsim.errors import ArgumentError
 from stepsim.graph.dims import Dim, fmt_dim, fmt_shape, is_static, normalize, product
 
 
@@ -50,7 +51,7 @@ class Tile:
         for field in ("rows", "cols"):
             v = getattr(self, field)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"Tile {field} must be a non-negative int, got {v!r}")
+                raise ArgumentError(f"Tile {field} must be a non-negative int, got {v!r}")
 
     @property
     def shape(self) -> tuple[Dim, Dim]:
@@ -118,7 +119,7 @@ class Selector:
 
     def __post_init__(self):
         if not isinstance(self.num_targets, int) or self.num_targets < 1:
-            raise ValueError(f"Selector num_targets must be a positive int, got {self.num_targets!r}")
+            raise ArgumentError(f"Selector num_targets must be a positive int, got {self.num_targets!r}")
 
     def size_in_bytes(self) -> int:
         if self.multihot:

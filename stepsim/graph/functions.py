@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepsim.errors import ArgumentError
 from stepsim.graph.dims import Dim, dims_equal, fmt_dim, is_static, normalize
 from stepsim.graph.dtypes import FP32, UINT64, DynTile, ScalarType, Tile, is_tile, tile
 
@@ -243,7 +244,7 @@ class CacheWriteAddr(Function):
 
     def __init__(self, row_offset: int):
         if not isinstance(row_offset, int) or row_offset < 1:
-            raise ValueError(f"CacheWriteAddr row_offset must be a positive int, got {row_offset!r}")
+            raise ArgumentError(f"CacheWriteAddr row_offset must be a positive int, got {row_offset!r}")
         self.row_offset = row_offset
 
     @property

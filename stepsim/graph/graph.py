@@ -356,4 +356,8 @@ def as_int(value, what: str = "value") -> int:
     if v.is_Integer:
         return int(v)
     names = sorted(str(s) for s in v.free_symbols)
-    raise MetricError(f"{what} still depends on {names}; bind these symbols (e.g. from a trace) first")
+    if names:
+        raise MetricError(f"{what} still depends on {names}; bind these symbols (e.g. from a trace) first")
+    if v.is_number and v.is_real and (v - int(v)).is_zero:  # an integral Float from float trace statistics
+        return int(v)
+    raise MetricError(f"{what} = {v} is not an integer (check the bound values)")

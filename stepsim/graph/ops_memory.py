@@ -42,6 +42,9 @@ class Tensor:
     data: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
+        bad = [d for d in self.shape if isinstance(d, bool) or not hasattr(d, "__index__")]
+        if bad:  # int() would silently truncate 64.7 to 64
+            raise ArgumentError(f"tensor {self.name!r}: dims must be integers, got {bad[0]!r} in {tuple(self.shape)}")
         shape = tuple(int(d) for d in self.shape)
         if len(shape) < 2 or any(d < 1 for d in shape):
             raise ArgumentError(f"tensor {self.name!r}: shape must be at least 2-D with positive dims, got {shape}")
@@ -152,7 +155,7 @@ class LinearOffChipStore(_MemoryOp):
         self.tensor_name = tensor_name
         self.par_dispatch = _check_par_dispatch(self, par_dispatch)
         self.tile_rows, self.tile_cols = s.dtype.rows, s.dtype.cols
-        tiled = s.shape[1:] or (1,)
+        tiled = s.shape[1:] or s.shape  # a rank-0 stream (N,) writes N tiles
         if len(tiled) == 1:
             self.tensor_shape = (normalize(tiled[0] * s.dtype.rows), s.dtype.cols)
         else:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal
+from stepsim.errors import ArgumentError, ShapeError
+from stepsim.graph.dims import Dim, fmt_shape, is_static, normalize, product, shapes_equal
 from stepsim.graph.dtypes import ElementType
 
 
@@ -20,17 +21,27 @@ class Stream:
     shape: tuple
 
     def __post_init__(self):
-        shape = tuple(normalize(d) for d in self.shape)
-        if not shape:
-            raise ValueError("a stream shape needs at least one dimension")
-        object.__setattr__(self, "shape", shape)
+        if not isinstance(self.shape, tuple) or not self.shape:
+            raise ShapeError(f"a stream shape needs at least one dimension, got {self.shape!r}")
+        shape = []
+        for i, d in enumerate(self.shape):
+            try:
+                d = normalize(d)
+            except TypeError as exc:
+                raise ShapeError(f"stream shape {self.shape!r}: dim {i} is invalid: {exc}") from None
+            if is_static(d) and d < 0:
+                raise ShapeError(f"stream shape {self.shape!r}: dim {i} is {d}, dims must be >= 0")
+            shape.append(d)
+        object.__setattr__(self, "shape", tuple(shape))
 
     @property
     def rank(self) -> int:
         return len(self.shape) - 1
 
     def dim(self, rank: int) -> Dim:
-        """The dimension at ``rank`` (rank 0 is innermost)."""
+        """The dimension at ``rank`` (rank 0 is innermost); ArgumentError outside ``0..self.rank``."""
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= self.rank:
+            raise ArgumentError(f"rank {rank!r} is outside 0..{self.rank} of {self}")
         return self.shape[len(self.shape) - 1 - rank]
 
     def total_elements(self) -> Dim:

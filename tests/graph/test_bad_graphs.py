@@ -678,9 +678,6 @@ def test_as_int_of_a_metric_with_unbound_symbols_is_a_metric_error_naming_them()
 # =========================================================================================================
 # element types and streams: documented contract "every error raised on purpose derives from StepsimError"
 # =========================================================================================================
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Stream accepts negative dimensions (Stream(Tile, (1, -4)) builds, and ops downstream compute a "
-    "negative total_elements -8); it should raise a ShapeError/ArgumentError naming the shape"))
 def test_a_stream_with_a_negative_dimension_is_rejected_with_a_typed_error():
     with pytest.raises(GraphError, match=re.escape("-4")):
         Stream(T16, (1, -4))
@@ -693,20 +690,11 @@ def test_a_stream_with_a_negative_dimension_is_rejected_with_a_typed_error():
     pytest.param(lambda: CacheWriteAddr(0), id="CacheWriteAddr-zero-row-offset"),
     pytest.param(lambda: Stream(T16, (1, 2.5)), id="Stream-float-dim"),
 ])
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: element-type/stream/function constructors raise plain ValueError/TypeError on purpose "
-    "(Stream(T, ()), Stream(T, (1, 2.5)), Tile(FP32, -1, 4), Selector(0), CacheWriteAddr(0)), violating "
-    "stepsim.errors' contract that every error raised on purpose derives from StepsimError (expected "
-    "ArgumentError/ShapeError)"))
 def test_invalid_types_and_streams_raise_a_stepsim_error(make):
     with pytest.raises(StepsimError):
         make()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Stream.dim(rank) with rank above the stream rank silently wraps through Python negative indexing "
-    "(Stream(T, (1, 4, 8, 2)).dim(4) returns 2 = the rank-0 dim, dim(5) returns 8) instead of raising an "
-    "ArgumentError naming the rank and the stream"))
 def test_stream_dim_of_a_rank_above_the_stream_rank_is_an_argument_error():
     s = Stream(T16, (1, 4, 8, 2))
     assert [s.dim(r) for r in range(4)] == [2, 8, 4, 1]
@@ -714,18 +702,11 @@ def test_stream_dim_of_a_rank_above_the_stream_rank_is_an_argument_error():
         s.dim(4)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Tensor silently truncates non-integer dims with int() (Tensor('x', (64.7, 256)).shape == (64, 256)); "
-    "it should raise ArgumentError naming the tensor and the dim"))
 def test_tensor_with_a_non_integer_dim_is_an_argument_error():
     with expect(ArgumentError, "tensor 'x'", "64.7"):
         Tensor("x", (64.7, 256))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: as_int of a fully substituted but non-integer metric (e.g. Parallelize's X/4 at X=10 -> 5/2) raises "
-    "MetricError 'still depends on []; bind these symbols' although nothing is left to bind; the message "
-    "should say the value 5/2 is not an integer"))
 def test_as_int_of_a_non_integer_value_says_it_is_not_an_integer():
     g = Graph()
     X = make_symbol("X")
@@ -736,8 +717,5 @@ def test_as_int_of_a_non_integer_value_says_it_is_not_an_integer():
     assert "depends on []" not in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: as_int(sympy.Float(3.0)) raises MetricError 'still depends on []' instead of returning 3 "
-    "(integral floats appear after substituting float trace statistics)"))
 def test_as_int_of_an_integral_float_returns_the_int():
     assert as_int(sp.Float(3.0)) == 3

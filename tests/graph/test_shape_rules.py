@@ -373,11 +373,6 @@ def test_linear_store_tensor_shape_with_a_dynamic_tiled_dim():
     assert sym_equal(s.tensor_shape[0], 4 * X) and s.tensor_shape[1] == 64
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: LinearOffChipStore of a rank-0 stream (N,) reports tensor_shape (rows, cols) whatever N is "
-    "(`tiled = s.shape[1:] or (1,)` drops the only dim), although it writes N tiles (off-chip N*|tile|); "
-    "e.g. storing an EagerMerge output [X0 + X1] of Tile(1, 64) gives tensor_shape (1, 64) instead of "
-    "(X0 + X1, 64)"))
 def test_linear_store_of_a_rank0_stream_covers_all_n_tiles():
     g = Graph()
     s = LinearOffChipStore(g, src(g, (5,), Tile(FP32, 4, 64)))
