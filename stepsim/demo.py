@@ -55,7 +55,8 @@ def format_table(table: pa.Table) -> str:
     cells = [[("-" if r[c] is None else f"{r[c]:,}" if isinstance(r[c], int) else str(r[c])) for c in cols]
              for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+    def line(vals):
+        return "  ".join(v.rjust(w) for v, w in zip(vals, widths))
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 

@@ -9,22 +9,78 @@ No timing and no numba here. Build a graph by constructing operators against a :
     g.off_chip_bytes()     # sympy expression in bytes
 """
 
-from stepsim.graph.dims import RaggedSymbol, is_ragged, kind as dim_kind, make_symbol
-from stepsim.graph.dtypes import (BF16, BOOL, FP16, FP32, INT32, UINT32, UINT64, BufferRef, DynTile, ScalarType,
-                                  Selector, Tile, TupleType)
-from stepsim.graph.functions import (Add, AccumAdd, AccumMul, CacheWriteAddr, Div, Empty, Exp, Matmul, Max, Mul,
-                                     RetileCol, RetileRow, RowAppend, RowMax, RowStreamify, RowSum, SetOffset,
-                                     SignalReqAllRead, Silu, Sub, Zero)
+from stepsim.graph.dims import RaggedSymbol, is_ragged, make_symbol
+from stepsim.graph.dims import kind as dim_kind
+from stepsim.graph.dtypes import (
+                                  BF16,
+                                  BOOL,
+                                  FP16,
+                                  FP32,
+                                  INT32,
+                                  UINT32,
+                                  UINT64,
+                                  BufferRef,
+                                  DynTile,
+                                  ScalarType,
+                                  Selector,
+                                  Tile,
+                                  TupleType,
+)
+from stepsim.graph.functions import (
+                                  AccumAdd,
+                                  AccumMul,
+                                  Add,
+                                  CacheWriteAddr,
+                                  Div,
+                                  Empty,
+                                  Exp,
+                                  Matmul,
+                                  Max,
+                                  Mul,
+                                  RetileCol,
+                                  RetileRow,
+                                  RowAppend,
+                                  RowMax,
+                                  RowStreamify,
+                                  RowSum,
+                                  SetOffset,
+                                  SignalReqAllRead,
+                                  Silu,
+                                  Sub,
+                                  Zero,
+)
 from stepsim.graph.graph import PAPER, PUBLISHED, Graph, OnChipConvention, Op, OutputRef, Placeholder, as_int
 from stepsim.graph.ops_buffer import Bufferize, DynStreamify, Streamify
-from stepsim.graph.ops_compute import (Accum, BinaryMap, BinaryMapAccum, FlatMap, Map, MapAccum, RetileStreamify,
-                                       Scan, UnaryMap)
-from stepsim.graph.ops_memory import (LinearOffChipLoad, LinearOffChipStore, RandomOffChipLoad, RandomOffChipStore,
-                                      Tensor)
+from stepsim.graph.ops_compute import (
+                                  Accum,
+                                  BinaryMap,
+                                  BinaryMapAccum,
+                                  FlatMap,
+                                  Map,
+                                  MapAccum,
+                                  RetileStreamify,
+                                  Scan,
+                                  UnaryMap,
+)
+from stepsim.graph.ops_memory import (
+                                  LinearOffChipLoad,
+                                  LinearOffChipStore,
+                                  RandomOffChipLoad,
+                                  RandomOffChipStore,
+                                  Tensor,
+)
 from stepsim.graph.ops_routing import Broadcast, EagerMerge, Parallelize, Partition, Reassemble
 from stepsim.graph.ops_shape import Expand, ExpandRef, Flatten, Promote, RepeatStatic, Reshape, Zip
-from stepsim.graph.ops_sources import (CacheReadAddrGen, ExpertAddrGen, FilterLastTile, MetadataGen,
-                                       MetadataSource, SelectGen, SelectorSource, Sink)
+from stepsim.graph.ops_sources import (
+                                  CacheReadAddrGen,
+                                  ExpertAddrGen,
+                                  FilterLastTile,
+                                  MetadataGen,
+                                  MetadataSource,
+                                  SelectGen,
+                                  SelectorSource,
+                                  Sink,
+)
 from stepsim.graph.stream import Stream, stop_level
 
 __all__ = [name for name in dir() if not name.startswith("_")]

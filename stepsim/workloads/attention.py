@@ -46,11 +46,43 @@ import numpy as np
 import sympy as sp
 
 from stepsim.errors import ArgumentError
-from stepsim.graph import (BF16, FP32, UINT64, Accum, AccumAdd, Broadcast, CacheReadAddrGen, CacheWriteAddr, Div,
-                           EagerMerge, Exp, Expand, FilterLastTile, Flatten, Graph, LinearOffChipLoad, Map,
-                           MapAccum, Matmul, MetadataSource, Parallelize, Partition, RandomOffChipLoad,
-                           RandomOffChipStore, Reassemble, RowAppend, RowSum, SelectorSource, SetOffset,
-                           SignalReqAllRead, Sink, Stream, Tensor, Tile, Zero)
+from stepsim.graph import (
+    BF16,
+    FP32,
+    UINT64,
+    Accum,
+    AccumAdd,
+    Broadcast,
+    CacheReadAddrGen,
+    CacheWriteAddr,
+    Div,
+    EagerMerge,
+    Exp,
+    Expand,
+    FilterLastTile,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    Map,
+    MapAccum,
+    Matmul,
+    MetadataSource,
+    Parallelize,
+    Partition,
+    RandomOffChipLoad,
+    RandomOffChipStore,
+    Reassemble,
+    RowAppend,
+    RowSum,
+    SelectorSource,
+    SetOffset,
+    SignalReqAllRead,
+    Sink,
+    Stream,
+    Tensor,
+    Tile,
+    Zero,
+)
 from stepsim.graph.dims import make_symbol
 from stepsim.workloads.base import Workload
 

@@ -13,13 +13,37 @@ stored in bf16 and computed in fp32; the output is stored in fp32.
 
 from __future__ import annotations
 
-import numpy as np
-
 from stepsim.errors import ArgumentError
-from stepsim.graph import (BF16, FP32, Accum, AccumAdd, DynTile, EagerMerge, Empty, ExpertAddrGen, Flatten, Graph,
-                           LinearOffChipLoad, LinearOffChipStore, Map, MapAccum, Matmul, Mul, Partition,
-                           RandomOffChipLoad, Reassemble, RepeatStatic, Reshape, RetileRow, RetileStreamify,
-                           SelectorSource, Silu, Tensor, Tile, Zero)
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Accum,
+    AccumAdd,
+    DynTile,
+    EagerMerge,
+    Empty,
+    ExpertAddrGen,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    MapAccum,
+    Matmul,
+    Mul,
+    Partition,
+    RandomOffChipLoad,
+    Reassemble,
+    RepeatStatic,
+    Reshape,
+    RetileRow,
+    RetileStreamify,
+    SelectorSource,
+    Silu,
+    Tensor,
+    Tile,
+    Zero,
+)
 from stepsim.graph.dims import ceil_div
 from stepsim.workloads.base import Workload
 from stepsim.workloads.models import MoEModel

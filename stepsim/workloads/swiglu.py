@@ -7,8 +7,20 @@ the full D as K tile; down tiled by tile_m rows and tile_n of K, the full D as N
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError
-from stepsim.graph import (FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Map, MapAccum, Matmul, Mul, Reshape,
-                           Silu, Tensor, Zero)
+from stepsim.graph import (
+    FP32,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    MapAccum,
+    Matmul,
+    Mul,
+    Reshape,
+    Silu,
+    Tensor,
+    Zero,
+)
 from stepsim.workloads.base import Workload
 
 #: §5.6: every compute node runs at 4096 FLOPs/cycle; loads dispatch 4 requests per cycle

@@ -27,7 +27,7 @@ def load_routing(path, experts: int, model: str | None = None, iteration: int | 
     if not groups:
         raise ConfigError(f"{path}: no rows for iteration={iteration} layer={layer}")
     if len(groups) > 1:
-        shown = ", ".join(f"({i}, {l})" for i, l in groups[:8])
+        shown = ", ".join(f"({it}, {layer_})" for it, layer_ in groups[:8])
         raise ConfigError(f"{path}: the trace holds {len(groups)} (iteration, layer) batches ({shown}"
                           f"{', ...' if len(groups) > 8 else ''}); choose one with --iteration and --layer")
     return routing_matrix(table)

@@ -50,7 +50,8 @@ def assert_inputs_match_graph(workload, inputs):
 
 @pytest.fixture(scope="module")
 def routing(shared_traces):
-    load = lambda rel: np.load(shared_traces / "expert_routing" / rel)["data"]
+    def load(rel):
+        return np.load(shared_traces / "expert_routing" / rel)["data"]
     return {"mixtral-8x7b": load("mixtral_b64/008_010.npz"), "qwen3-30b-a3b": load("qwen_b64/032_012.npz")}
 
 
@@ -117,7 +118,8 @@ def test_moe_reference_is_the_same_for_every_tiling_and_region_count(mixtral, ro
         assert np.array_equal(y, first), k
     # and it is moe_reference applied to the trace's routing (the graph's selector reproduces it)
     inputs = make_inputs(mixtral["static8"], seed=3)
-    stack = lambda part: np.stack([inputs[f"expert{e:03d}_{part}"] for e in range(8)])
+    def stack(part):
+        return np.stack([inputs[f"expert{e:03d}_{part}"] for e in range(8)])
     direct = moe_reference(inputs["x"], routing["mixtral-8x7b"], inputs["routing_weights"], stack("gate"),
                            stack("up"), stack("down"))
     assert np.array_equal(direct, first)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import example, HealthCheck, given, settings
-from hypothesis import strategies as st
-
 import ref_scenarios as S
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from ref_random_programs import random_program
+
 from stepsim.errors import DeadlockError, SimulationError
 from stepsim.reference_engine import run as ref_run
 

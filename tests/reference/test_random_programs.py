@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ref_random_programs import random_program
+
 from stepsim.errors import DeadlockError
 from stepsim.kernels import abi as A
 from stepsim.reference_engine import run

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import ref_scenarios as S
+
 from stepsim.kernels import abi as A
 from stepsim.reference_engine import run
 

@@ -8,8 +8,15 @@ import sympy as sp
 
 from stepsim.errors import ArgumentError
 from stepsim.graph import make_symbol
-from stepsim.workloads.attention import (assignment_bindings, attention_algorithmic_flops, build_attention,
-                                         kv_metadata, region_assignment, region_symbols, spec_max_n)
+from stepsim.workloads.attention import (
+    assignment_bindings,
+    attention_algorithmic_flops,
+    build_attention,
+    kv_metadata,
+    region_assignment,
+    region_symbols,
+    spec_max_n,
+)
 from stepsim.workloads.base import evaluate
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
