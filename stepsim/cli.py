@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "stepsim.kernels.cli",  # cache warm
     "stepsim.demo",  # demo
     "stepsim.sweep.cli",  # sweep
+    "stepsim.reproduce.cli",  # reproduce
 )
 
 

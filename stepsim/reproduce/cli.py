@@ -1,0 +1,51 @@
+"""``stepsim reproduce EXPERIMENT --traces DIR --out DIR [--jobs N] [--json]``.
+
+Prints each experiment's table, its headline numbers and the files written, then the wall times. With
+``--json`` stdout is one JSON object holding only the headline numbers of the experiments that ran (keys of
+:data:`stepsim.reproduce.driver.JSON_KEYS`); progress lines go to stderr either way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from stepsim.reproduce.driver import CHOICES, reproduce
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "reproduce", help="reproduce the paper's evaluation (tables, figures, headline numbers)",
+        description="Reproduce the STeP paper's evaluation: " + ", ".join(CHOICES[:-1]) + " (or all).")
+    # not argparse choices: an unknown name is a StepsimError like every other bad input (exit status 2)
+    p.add_argument("experiment", metavar="EXPERIMENT", help=f"one of: {', '.join(CHOICES)}")
+    p.add_argument("--traces", required=True, metavar="DIR",
+                   help="folder laid out like ../shared/traces (expert_routing/, kv_lengths/)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes for the simulations (default 1)")
+    p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
+    p.set_defaults(handler=_reproduce)
+
+
+def _reproduce(args) -> int:
+    start = time.perf_counter()
+
+    def progress(line: str) -> None:
+        print(f"[reproduce] {line}", file=sys.stderr, flush=True)
+
+    results = reproduce(args.experiment, args.traces, args.out, jobs=args.jobs, progress=progress)
+    total = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({k: v for r in results for k, v in r.headline.items()}))
+        return 0
+    for r in results:
+        print(f"== {r.name} ==")
+        print("\n".join(r.summary))
+        for kind, path in r.files.items():
+            print(f"wrote {kind}: {path}")
+        if r.figure_note:
+            print(r.figure_note)
+        print(f"{r.name}: {r.simulations} simulations in {r.wall_s:.1f} s\n")
+    print(f"total wall time: {total:.1f} s ({', '.join(f'{r.name} {r.wall_s:.1f} s' for r in results)})")
+    return 0

@@ -1,0 +1,172 @@
+"""Run one experiment or all of them: plan, simulate, tabulate, write, plot.
+
+>>> results = reproduce("validation", traces="../shared/traces", out="/tmp/repro")   # doctest: +SKIP
+>>> results[0].details["pearson_cycles_vs_roofline"]                                   # doctest: +SKIP
+
+Every experiment is planned before anything runs, so a traces folder missing something that any requested
+experiment needs fails at once (:class:`~stepsim.reproduce.errors.TracesLayoutError`) instead of after minutes
+of simulation. One :class:`~stepsim.reproduce.execute.Runner` (one worker pool) serves all experiments.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import pyarrow as pa
+
+from stepsim.errors import ConfigError
+from stepsim.records import trace_sha256
+from stepsim.reproduce import dynamic_parallelization, dynamic_tiling, time_multiplexing, validation
+from stepsim.reproduce.execute import Runner
+from stepsim.reproduce.figures import PLOTTERS
+from stepsim.reproduce.output import write_headline, write_table
+
+#: experiment name -> module (plan, build_table, headline, summary, NAME, STEM, JSON_KEYS)
+EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (dynamic_tiling, time_multiplexing,
+                                                            dynamic_parallelization, validation)}
+ALL = "all"
+CHOICES = (*EXPERIMENTS, ALL)
+#: every key ``--json`` may print, in print order
+JSON_KEYS = tuple(k for m in EXPERIMENTS.values() for k in m.JSON_KEYS)
+
+
+@dataclass
+class ExperimentResult:
+    """What one experiment produced.
+
+    Attributes
+    ----------
+    name : str
+        Experiment name (``dynamic-tiling``, ...).
+    table : pyarrow.Table
+        The raw table (also written as Parquet and CSV).
+    headline : dict
+        The experiment's ``--json`` headline numbers (empty for validation).
+    details : dict
+        Everything behind the headline (reference tiles, per-batch geomeans, correlations, ...).
+    summary : list of str
+        Lines printed by the CLI.
+    files : dict
+        ``{"parquet", "csv", "headline", "figure"}`` -> written path (no ``figure`` when it was skipped).
+    figure_note : str or None
+        Why the figure was skipped (matplotlib missing), else None.
+    simulations : int
+        Configurations simulated.
+    wall_s : float
+        Wall time of the experiment (planning excluded; simulation, tables, files and figure included), seconds.
+    """
+
+    name: str
+    table: pa.Table
+    headline: dict
+    details: dict
+    summary: list
+    files: dict = field(default_factory=dict)
+    figure_note: str | None = None
+    simulations: int = 0
+    wall_s: float = 0.0
+
+
+def experiment_names(experiment: str) -> list[str]:
+    """The experiments ``experiment`` stands for (``all``: every one, in paper order).
+
+    Raises
+    ------
+    ConfigError
+        Unknown experiment name.
+    """
+    if experiment == ALL:
+        return list(EXPERIMENTS)
+    if experiment not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment {experiment!r}; expected one of {', '.join(CHOICES)}")
+    return [experiment]
+
+
+def _provenance(module: ModuleType, points) -> dict:
+    """What the written files record: experiment, traces read (file name -> SHA-256), run ids."""
+    traces = {}
+    for p in points:
+        path = p.config.get("trace")
+        if path is not None:
+            traces[f"{Path(path).parent.name}/{Path(path).name}"] = trace_sha256(path)
+    return {"experiment": module.NAME, "traces": traces}
+
+
+def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int = 1,
+              options: Mapping[str, Mapping] | None = None,
+              progress: Callable[[str], None] | None = None) -> list[ExperimentResult]:
+    """Run ``experiment`` (one name of :data:`CHOICES`) on the traces under ``traces``; write into ``out``.
+
+    Parameters
+    ----------
+    experiment : str
+        ``dynamic-tiling``, ``time-multiplexing``, ``dynamic-parallelization``, ``validation`` or ``all``.
+    traces : path
+        Folder laid out like ``../shared/traces`` (see :mod:`stepsim.reproduce.layout`).
+    out : path
+        Output folder (created): ``<stem>.parquet``, ``<stem>.csv``, ``<stem>_headline.json``, ``<stem>.png``
+        per experiment (stems: ``dynamic_tiling``, ``time_multiplexing``, ``dynamic_parallelization``,
+        ``validation``).
+    jobs : int
+        Worker processes for the simulations (1: this process).
+    options : mapping, optional
+        ``{experiment name: keyword arguments of its plan()}``: reduced configurations (tile lists, region
+        counts, models), used by the tests.
+    progress : callable, optional
+        Called with one line of text when an experiment starts.
+
+    Returns
+    -------
+    list of ExperimentResult
+        In paper order.
+
+    Raises
+    ------
+    ConfigError
+        Unknown experiment or option, bad ``jobs``.
+    TracesLayoutError
+        The traces folder lacks what an experiment needs (the message names the path).
+    RunFailedError
+        A simulation failed.
+    """
+    names = experiment_names(experiment)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(EXPERIMENTS))
+    if unknown:
+        raise ConfigError(f"options given for unknown experiment(s) {', '.join(unknown)}")
+    out = Path(out)
+    plans = {}
+    for name in names:
+        plan, kwargs = EXPERIMENTS[name].plan, dict(options.get(name, {}))
+        try:
+            inspect.signature(plan).bind(traces, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"bad options for experiment {name!r}: {exc}") from None
+        plans[name] = plan(traces, **kwargs)
+    results = []
+    with Runner(jobs) as runner:
+        for name in names:
+            module, points = EXPERIMENTS[name], plans[name]
+            if progress:
+                progress(f"{name}: {len(points)} simulations on {jobs} worker{'s' if jobs > 1 else ''}")
+            start = time.perf_counter()
+            records = runner.run(name, points)
+            table = module.build_table(points, records)
+            headline, details = module.headline(table)
+            files = write_table(table, out, module.STEM, _provenance(module, points))
+            files["headline"] = write_headline(out, module.STEM, name, headline, details)
+            note = None
+            try:
+                files["figure"] = PLOTTERS[module.STEM](table, details, out / f"{module.STEM}.png")
+            except ConfigError as exc:  # matplotlib missing: the tables are still useful
+                note = f"figure skipped: {exc}"
+            results.append(ExperimentResult(name=name, table=table, headline=headline, details=details,
+                                            summary=module.summary(table, headline, details), files=files,
+                                            figure_note=note, simulations=len(points),
+                                            wall_s=time.perf_counter() - start))
+    return results

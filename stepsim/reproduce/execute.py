@@ -1,0 +1,105 @@
+"""Run an experiment's configurations, in this process or on a pool of worker processes.
+
+A configuration is a plain dict of :mod:`stepsim.workloads.config` knobs plus ``mode="simulate"``, run by
+:func:`stepsim.records.run_config` (through :func:`stepsim.sweep.tasks.run_task`, which turns a failure into
+a value instead of an exception). With ``jobs > 1`` the configurations go to the sweep package's local
+executor (:class:`stepsim.sweep.executors.LocalExecutor`: warm forked workers, plain data in and out); one
+pool serves every experiment of a ``reproduce all`` run. Results come back in plan order whatever the
+completion order, so tables do not depend on ``jobs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from stepsim.errors import ConfigError
+from stepsim.records import RunResult, run_identity
+from stepsim.reproduce.errors import RunFailedError
+from stepsim.sweep.tasks import OK, run_task
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of an experiment.
+
+    Attributes
+    ----------
+    labels : dict
+        What the experiment's table records about the point beyond the run itself (model, trace file name,
+        variance class, ...); also used to name the point in error messages.
+    config : dict
+        The :func:`stepsim.records.run_config` mapping (``mode`` is set to ``"simulate"`` when run).
+    """
+
+    labels: Mapping = field(default_factory=dict)
+    config: Mapping = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``k=v`` pairs of the labels and the config's tiling / strategy knobs, for messages."""
+        keys = ("tiling", "tile_n", "tile_m", "regions", "strategy")
+        pairs = {**self.labels, **{k: self.config[k] for k in keys if self.config.get(k) is not None}}
+        return " ".join(f"{k}={v}" for k, v in pairs.items())
+
+
+class Runner:
+    """Runs lists of :class:`Point` s; a context manager that owns its worker pool (if any).
+
+    Parameters
+    ----------
+    jobs : int
+        1: run in this process. More: that many worker processes, started at the first :meth:`run`.
+    """
+
+    def __init__(self, jobs: int = 1):
+        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+            raise ConfigError(f"--jobs must be an int >= 1, got {jobs!r}")
+        self.jobs = jobs
+        self._executor = None
+
+    def run(self, experiment: str, points: Sequence[Point]) -> list[RunResult]:
+        """Simulate every point; return their records in the order of ``points``.
+
+        Raises
+        ------
+        RunFailedError
+            A point failed (the message names the experiment, the point and the error).
+        WorkerLostError
+            A worker process died.
+        """
+        configs = [{**p.config, "mode": "simulate"} for p in points]
+        if self.jobs == 1:
+            outcomes = [run_task(c) for c in configs]
+        else:
+            outcomes = self._run_pool(configs)
+        records = []
+        for point, outcome in zip(points, outcomes):
+            if outcome["status"] != OK:
+                raise RunFailedError(f"{experiment}: point {point.describe()} failed: "
+                                     f"{outcome['error_type']}: {outcome['error_message']}")
+            records.append(outcome["record"])
+        return records
+
+    def _run_pool(self, configs: list[dict]) -> list[dict]:
+        from stepsim.sweep.executors import make_executor
+        from stepsim.sweep.grid import Task
+
+        if self._executor is None:
+            self._executor = make_executor("local", jobs=self.jobs, warm_kernels=True)
+        tasks = [Task(index=i, config=c, run_id=run_identity(c)[0]) for i, c in enumerate(configs)]
+        outcomes: list[dict | None] = [None] * len(tasks)
+        for task, outcome in self._executor.imap_unordered(tasks):
+            outcomes[task.index] = outcome
+        return outcomes
+
+    def close(self) -> None:
+        """Stop the worker pool (if one was started)."""
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

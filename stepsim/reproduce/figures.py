@@ -1,0 +1,183 @@
+"""PNG figures of the four experiments, drawn like the paper's (matplotlib, from the ``plot`` extra).
+
+Each ``plot_<experiment>(table, details, path)`` draws from the experiment's table (and headline details) and
+writes ``path`` atomically. :func:`require_matplotlib` raises a clear error when matplotlib is missing; the
+driver turns that into a "figure skipped" message instead of failing the experiment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from stepsim.errors import ConfigError
+from stepsim.reproduce.tables import group_rows
+from stepsim.results import atomic_output
+
+MISSING_MATPLOTLIB = "matplotlib is missing; install it with: pip install 'stepsim[plot]'"
+_MODEL_TITLES = {"mixtral-8x7b": "Mixtral-8x7B", "qwen3-30b-a3b": "Qwen3-30B-A3B"}
+
+
+def require_matplotlib():
+    """``matplotlib.pyplot`` with the non-interactive Agg backend.
+
+    Raises
+    ------
+    ConfigError
+        matplotlib is not installed (the message says how to install it).
+    """
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ConfigError(MISSING_MATPLOTLIB) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    plt = require_matplotlib()
+    fig.tight_layout()
+    with atomic_output(path) as tmp:
+        # no timestamp metadata, so the same table gives the same bytes
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_dynamic_tiling(table: pa.Table, details: dict, path: Path) -> Path:
+    """Fig 9/10: per routing batch, on-chip memory (plotted accounting) vs cycles, log-log; static tiles
+    form a line, dynamic tiling is one star."""
+    plt = require_matplotlib()
+    groups = list(group_rows(table, ("model", "batch", "trace")))
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), dpi=110, squeeze=False)
+    for ax, ((model, batch, trace), rows) in zip(axes[0], groups):
+        static = [r for r in rows if r["tiling"] == "static"]
+        dynamic = [r for r in rows if r["tiling"] == "dynamic"]
+        ax.plot([r["on_chip_bytes_plotted"] for r in static], [r["cycles"] for r in static], "o-",
+                color="tab:blue", label="static tiling")
+        for r in static:
+            ax.annotate(f"{r['tile_n']}", (r["on_chip_bytes_plotted"], r["cycles"]), textcoords="offset points",
+                        xytext=(5, 4), fontsize=8)
+        ax.plot([r["on_chip_bytes_plotted"] for r in dynamic], [r["cycles"] for r in dynamic], "*",
+                color="tab:red", markersize=15, label="dynamic tiling")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("on-chip memory (bytes)")
+        ax.set_ylabel("cycles")
+        ax.set_title(f"{_MODEL_TITLES.get(model, model)}, B={batch} ({trace})", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _region_labels(rows) -> list[str]:
+    return [f"{r['regions']}\n({r['experts_per_region']})" for r in rows]
+
+
+def _utilization_panel(ax, rows, title: str) -> None:
+    """Fig 12: compute utilization bars with the performance overhead line on a second axis."""
+    x = range(len(rows))
+    ax.bar(x, [r["compute_utilization_pct"] for r in rows], color="tab:green", label="compute utilization")
+    ax.set_xticks(list(x), _region_labels(rows), fontsize=8)
+    ax.set_xlabel("parallel regions (experts per region)")
+    ax.set_ylabel("compute utilization (%)")
+    twin = ax.twinx()
+    twin.plot(list(x), [r["performance_overhead_pct"] for r in rows], "o-", color="tab:red", label="overhead")
+    twin.axhline(0, color="grey", linewidth=0.6)
+    twin.set_ylabel("performance overhead (%)")
+    ax.set_title(title, fontsize=10)
+
+
+def plot_time_multiplexing(table: pa.Table, details: dict, path: Path) -> Path:
+    """Fig 12 and Fig 13 for each routing batch (one figure row each): utilization and overhead for static
+    and dynamic tiling; allocated FLOPs/cycle and on-chip kB; off-chip bandwidth utilization."""
+    plt = require_matplotlib()
+    traces = list(group_rows(table, ("trace",)))
+    fig, axes = plt.subplots(len(traces), 4, figsize=(20, 4.2 * len(traces)), dpi=100, squeeze=False)
+    for row_axes, ((trace,), rows) in zip(axes, traces):
+        by_tiling = {t: [r for r in rows if r["tiling"] == t] for t in ("static", "dynamic")}
+        for ax, tiling in zip(row_axes[:2], ("static", "dynamic")):
+            if by_tiling[tiling]:
+                tile = "tile 32" if tiling == "static" else "dynamic tiling"
+                _utilization_panel(ax, by_tiling[tiling], f"{trace}: {tile}")
+        ax = row_axes[2]
+        for tiling, marker in (("static", "o-"), ("dynamic", "s--")):
+            rs = by_tiling[tiling]
+            ax.plot(range(len(rs)), [r["on_chip_kb"] for r in rs], marker, label=f"on-chip kB ({tiling})")
+        ref = by_tiling["static"] or by_tiling["dynamic"]
+        ax.set_xticks(list(range(len(ref))), _region_labels(ref), fontsize=8)
+        ax.set_ylabel("on-chip memory (kB)")
+        ax.set_xlabel("parallel regions (experts per region)")
+        twin = ax.twinx()
+        twin.bar(range(len(ref)), [r["allocated_flops_per_cycle"] for r in ref], alpha=0.25, color="tab:grey",
+                 label="allocated FLOPs/cycle")
+        twin.set_ylabel("allocated compute (FLOPs/cycle)")
+        ax.legend(fontsize=8, loc="upper right")
+        ax.set_title("resources (Fig 13a)", fontsize=10)
+        ax = row_axes[3]
+        for tiling, marker in (("static", "o-"), ("dynamic", "s--")):
+            rs = by_tiling[tiling]
+            ax.plot(range(len(rs)), [r["off_chip_bw_utilization_pct"] for r in rs], marker, label=tiling)
+        ax.set_xticks(list(range(len(ref))), _region_labels(ref), fontsize=8)
+        ax.set_ylabel("off-chip bandwidth utilization (%)")
+        ax.set_xlabel("parallel regions (experts per region)")
+        ax.set_ylim(0, 100)
+        ax.legend(fontsize=8)
+        ax.set_title("off-chip bandwidth (Fig 13b)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_dynamic_parallelization(table: pa.Table, details: dict, path: Path) -> Path:
+    """Fig 14/21: per batch size, each window's coarse and interleave cycles normalized to dynamic (= 1)."""
+    plt = require_matplotlib()
+    batches = list(group_rows(table, ("batch",)))
+    width_in = sum(max(5.0, 0.7 * len(rows)) for _, rows in batches)  # wide enough for every window's bars
+    fig, axes = plt.subplots(1, len(batches), figsize=(width_in, 4.2), dpi=110, squeeze=False)
+    width = 0.38
+    for ax, ((batch,), rows) in zip(axes[0], batches):
+        x = list(range(len(rows)))
+        ax.bar([i - width / 2 for i in x], [r["coarse_cycles"] / r["dynamic_cycles"] for r in rows], width,
+               label="static coarse", color="tab:orange")
+        ax.bar([i + width / 2 for i in x], [r["interleave_cycles"] / r["dynamic_cycles"] for r in rows], width,
+               label="static interleave", color="tab:blue")
+        ax.axhline(1.0, color="tab:red", linewidth=1.2, label="dynamic (= 1)")
+        ax.set_xticks(x, [f"{r['variance']}\n{r['stdev']:.0f}" for r in rows], fontsize=8)
+        ax.set_xlabel("KV-length variance class / stdev (tokens)")
+        ax.set_ylabel("cycles normalized to dynamic")
+        ax.set_title(f"GQA decode attention, B={batch}", fontsize=10)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_validation(table: pa.Table, details: dict, path: Path) -> Path:
+    """Fig 8 counterpart: simulated cycles vs the roofline bound, and cycles / off-chip traffic per tile."""
+    plt = require_matplotlib()
+    rows = table.to_pylist()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    bound = [r["roofline_bound_cycles"] for r in rows]
+    left.scatter(bound, [r["cycles"] for r in rows], color="tab:orange", zorder=3)
+    hi = max(max(bound), max(r["cycles"] for r in rows)) * 1.05
+    left.plot([0, hi], [0, hi], "--", color="grey", label="cycles = roofline bound")
+    left.set_xlabel("roofline bound (cycles)")
+    left.set_ylabel("simulated cycles")
+    left.set_title(f"SwiGLU tile sweep: Pearson r = {details['pearson_cycles_vs_roofline']:.4f}", fontsize=10)
+    left.legend(fontsize=8)
+    tile_n = sorted({r["tile_n"] for r in rows})
+    for m in sorted({r["tile_m"] for r in rows}):
+        rs = sorted((r for r in rows if r["tile_m"] == m), key=lambda r: r["tile_n"])
+        line, = right.plot([r["tile_n"] for r in rs], [r["cycles"] for r in rs], "o-", label=f"tile_m {m}")
+        right.plot([r["tile_n"] for r in rs], [r["roofline_bound_cycles"] for r in rs], ":", color=line.get_color())
+    right.set_xscale("log", base=2)
+    right.set_xticks(tile_n, [str(n) for n in tile_n])
+    right.set_xlabel("tile_n")
+    right.set_ylabel("cycles (dotted: roofline bound)")
+    right.set_title("cycles per tile configuration", fontsize=10)
+    right.legend(fontsize=8)
+    return _save(fig, path)
+
+
+PLOTTERS = {"dynamic_tiling": plot_dynamic_tiling, "time_multiplexing": plot_time_multiplexing,
+            "dynamic_parallelization": plot_dynamic_parallelization, "validation": plot_validation}
