@@ -18,6 +18,8 @@ from typing import Union
 
 import sympy as sp
 
+from stepsim.errors import ArgumentError
+
 Dim = Union[int, sp.Expr]
 Shape = tuple  # tuple[Dim, ...], outermost first: (D_N, ..., D_0)
 
@@ -33,9 +35,12 @@ def make_symbol(name: str, ragged: bool = False) -> sp.Symbol:
 
 
 def normalize(d) -> Dim:
-    """Return ``d`` as a Python int when it is a concrete integer, else as a sympy expression."""
+    """Return ``d`` as a Python int when it is a concrete integer, else as a sympy expression.
+
+    Raises :class:`~stepsim.errors.ArgumentError` for anything else (a bool, a Python float, a string, ...).
+    """
     if isinstance(d, bool):
-        raise TypeError("a dimension cannot be a bool")
+        raise ArgumentError(f"a dimension cannot be a bool, got {d!r}")
     if isinstance(d, int):
         return d
     if isinstance(d, sp.Basic):
@@ -44,7 +49,7 @@ def normalize(d) -> Dim:
         return d
     if hasattr(d, "__index__"):  # numpy integers
         return int(d)
-    raise TypeError(f"a dimension must be an int or a sympy expression, got {type(d).__name__}: {d!r}")
+    raise ArgumentError(f"a dimension must be an int or a sympy expression, got {type(d).__name__}: {d!r}")
 
 
 def is_static(d: Dim) -> bool:

@@ -346,7 +346,12 @@ class Graph:
 
 
 def as_int(value, what: str = "value") -> int:
-    """Turn a fully substituted metric into an int, raising a MetricError naming leftover symbols."""
+    """Turn a fully substituted metric into an int.
+
+    Integral sympy Floats (from substituting float trace statistics) are accepted. Raises a MetricError naming
+    the leftover symbols when some are unbound, or saying the value is not an integer (e.g. ``5/2``) when none
+    are left.
+    """
     from stepsim.errors import MetricError
 
     v = normalize(sp.sympify(value)) if not isinstance(value, int) else value

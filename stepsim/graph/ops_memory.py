@@ -9,6 +9,7 @@ storage bytes on chip; a linear store writes its input stream's dtype. This repr
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +30,8 @@ class Tensor:
     name : str
         Name used in results and functional-mode outputs.
     shape : tuple of int
-        Untiled shape in elements (at least 2-D).
+        Untiled shape in elements (at least 2-D, positive). Integer-valued floats (``64.0``) are accepted;
+        any other non-integer raises ArgumentError.
     dtype : ScalarType
         Storage type in HBM (bytes per element on the off-chip interface).
     data : numpy.ndarray, optional
@@ -42,10 +44,11 @@ class Tensor:
     data: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        bad = [d for d in self.shape if isinstance(d, bool) or not hasattr(d, "__index__")]
-        if bad:  # int() would silently truncate 64.7 to 64
-            raise ArgumentError(f"tensor {self.name!r}: dims must be integers, got {bad[0]!r} in {tuple(self.shape)}")
-        shape = tuple(int(d) for d in self.shape)
+        try:
+            raw = tuple(self.shape)
+        except TypeError:
+            raise ArgumentError(f"tensor {self.name!r}: shape must be a sequence of ints, got {self.shape!r}") from None
+        shape = tuple(_tensor_dim(self.name, raw, i) for i in range(len(raw)))
         if len(shape) < 2 or any(d < 1 for d in shape):
             raise ArgumentError(f"tensor {self.name!r}: shape must be at least 2-D with positive dims, got {shape}")
         object.__setattr__(self, "shape", shape)
@@ -58,6 +61,18 @@ class Tensor:
                 f"{list(self.shape)} (last two dims must be multiples of the tile)"
             )
         return self.shape[:-2] + (rows // tile_rows, cols // tile_cols)
+
+
+def _tensor_dim(name: str, shape: tuple, i: int) -> int:
+    """``shape[i]`` as an int: integers and integer-valued floats (``64.0``) pass, ``64.7`` or ``True`` do not
+    (``int()`` would silently truncate them)."""
+    d = shape[i]
+    if not isinstance(d, bool):
+        if hasattr(d, "__index__"):  # int, numpy integer, sympy Integer
+            return int(d)
+        if isinstance(d, numbers.Real) and float(d).is_integer():  # float, numpy floating, sympy Float
+            return int(d)
+    raise ArgumentError(f"tensor {name!r}: dim {i} of shape {shape} is {d!r}, not an integer")
 
 
 def _check_tile(op: Op, tile) -> tuple[int, int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepsim.errors import ArgumentError, ShapeError
-from stepsim.graph.dims import Dim, fmt_shape, is_static, normalize, product, shapes_equal
+from stepsim.errors import ArgumentError
+from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal
 from stepsim.graph.dtypes import ElementType
 
 
@@ -21,18 +21,40 @@ class Stream:
     shape: tuple
 
     def __post_init__(self):
-        if not isinstance(self.shape, tuple) or not self.shape:
-            raise ShapeError(f"a stream shape needs at least one dimension, got {self.shape!r}")
-        shape = []
-        for i, d in enumerate(self.shape):
-            try:
-                d = normalize(d)
-            except TypeError as exc:
-                raise ShapeError(f"stream shape {self.shape!r}: dim {i} is invalid: {exc}") from None
-            if is_static(d) and d < 0:
-                raise ShapeError(f"stream shape {self.shape!r}: dim {i} is {d}, dims must be >= 0")
-            shape.append(d)
-        object.__setattr__(self, "shape", tuple(shape))
+        try:
+            raw = tuple(self.shape)
+        except TypeError:
+            raise ArgumentError(
+                f"Stream<{self.dtype}>: shape must be a sequence of dimensions, got {self.shape!r}") from None
+        if not raw:
+            raise ArgumentError(f"Stream<{self.dtype}>: a stream shape needs at least one dimension, got {raw!r}")
+        text = "[" + ", ".join(str(d) for d in raw) + "]"
+        shape = tuple(self._checked_dim(d, f"Stream<{self.dtype}>{text}: entry {i} (rank {len(raw) - 1 - i})")
+                      for i, d in enumerate(raw))
+        object.__setattr__(self, "shape", shape)
+
+    @staticmethod
+    def _checked_dim(d, where: str) -> Dim:
+        """``d`` normalized; an ArgumentError naming ``where`` if it is not a non-negative integer dimension.
+
+        Symbolic dims are rejected only when sympy can decide: ``X / 4`` (an integer for the right ``X``) is
+        kept, ``5/2``, ``2.5`` or ``-X - 1`` (negative for every non-negative ``X``) are not.
+        """
+        try:
+            d = normalize(d)
+        except ArgumentError as exc:
+            raise ArgumentError(f"{where} is invalid: {exc}") from None
+        if isinstance(d, int):
+            if d < 0:
+                raise ArgumentError(f"{where} is {d}; a dimension must be >= 0")
+            return d
+        if d.is_Number or d.is_integer is False:
+            raise ArgumentError(
+                f"{where} is {d} ({type(d).__name__}); a dimension must be an int or an integer-valued sympy "
+                "expression")
+        if d.is_negative:
+            raise ArgumentError(f"{where} is {d}, negative for every value of its symbols; a dimension must be >= 0")
+        return d
 
     @property
     def rank(self) -> int:
@@ -41,7 +63,7 @@ class Stream:
     def dim(self, rank: int) -> Dim:
         """The dimension at ``rank`` (rank 0 is innermost); ArgumentError outside ``0..self.rank``."""
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= self.rank:
-            raise ArgumentError(f"rank {rank!r} is outside 0..{self.rank} of {self}")
+            raise ArgumentError(f"{self}: rank {rank!r} is out of range; this stream has ranks 0..{self.rank}")
         return self.shape[len(self.shape) - 1 - rank]
 
     def total_elements(self) -> Dim:

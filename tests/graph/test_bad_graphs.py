@@ -695,6 +695,35 @@ def test_invalid_types_and_streams_raise_a_stepsim_error(make):
         make()
 
 
+_X = make_symbol("X")
+
+
+@pytest.mark.parametrize("shape,fragments", [
+    pytest.param((1, -4), ("Stream<Tile[fp32](16, 16)>[1, -4]: entry 1 (rank 0) is -4", ">= 0"), id="negative"),
+    pytest.param((1, 2.5), ("[1, 2.5]: entry 1 (rank 0) is invalid", "got float: 2.5"), id="float"),
+    pytest.param((1, sp.Rational(5, 2), 3), ("entry 1 (rank 1) is 5/2", "integer-valued"), id="rational"),
+    pytest.param((1, -_X - 1), ("entry 1 (rank 0) is -X - 1, negative for every value"), id="negative-symbolic"),
+    pytest.param((True, 4), ("entry 0 (rank 1) is invalid: a dimension cannot be a bool"), id="bool"),
+    pytest.param((), ("a stream shape needs at least one dimension",), id="empty"),
+])
+def test_an_invalid_stream_shape_is_an_argument_error_naming_the_entry_and_its_rank(shape, fragments):
+    fragments = (fragments,) if isinstance(fragments, str) else fragments
+    with expect(ArgumentError, *fragments):
+        Stream(T16, shape)
+
+
+def test_stream_shapes_that_may_be_valid_are_kept():
+    assert Stream(T16, [1, 4]) == Stream(T16, (1, 4))  # any sequence, stored as a tuple
+    assert Stream(T16, (1, 0)).shape == (1, 0)  # an empty stream (e.g. an expert that got no token)
+    assert Stream(T16, (1, _X / 4)).shape == (1, _X / 4)  # an integer for some X: not decidable here
+    assert Stream(T16, (1, _X - 5)).shape == (1, _X - 5)
+
+
+def test_stream_dim_of_a_negative_rank_is_an_argument_error():
+    with expect(ArgumentError, "Stream<Tile[fp32](16, 16)>[1, 4]: rank -1 is out of range", "ranks 0..1"):
+        Stream(T16, (1, 4)).dim(-1)
+
+
 def test_stream_dim_of_a_rank_above_the_stream_rank_is_an_argument_error():
     s = Stream(T16, (1, 4, 8, 2))
     assert [s.dim(r) for r in range(4)] == [2, 8, 4, 1]
@@ -705,6 +734,17 @@ def test_stream_dim_of_a_rank_above_the_stream_rank_is_an_argument_error():
 def test_tensor_with_a_non_integer_dim_is_an_argument_error():
     with expect(ArgumentError, "tensor 'x'", "64.7"):
         Tensor("x", (64.7, 256))
+
+
+@pytest.mark.parametrize("dim", [True, "64", float("inf")])
+def test_tensor_with_a_non_numeric_dim_is_an_argument_error_naming_it(dim):
+    with expect(ArgumentError, "tensor 'x': dim 1 of shape", f"is {dim!r}, not an integer"):
+        Tensor("x", (64, dim))
+
+
+def test_tensor_accepts_integer_valued_floats_and_numpy_ints():
+    assert Tensor("x", (64.0, np.int64(256))).shape == (64, 256)
+    assert all(type(d) is int for d in Tensor("x", (sp.Float(64.0), 256)).shape)
 
 
 def test_as_int_of_a_non_integer_value_says_it_is_not_an_integer():
