@@ -114,7 +114,7 @@ def headline(table: pa.Table) -> tuple[dict, dict]:
 
 def summary(table: pa.Table, json_headline: dict, details: dict) -> list[str]:
     """Human-readable lines: the table, per-batch geomeans, the headline."""
-    lines = format_rows(table, [("batch", None), ("variance", None), ("stdev", "{:.0f}"), ("kv_tiles", None),
+    lines = format_rows(table, [("batch", None), ("variance", None), ("stdev", "{:.1f}"), ("kv_tiles", None),
                                 ("coarse_cycles", "{:,}"), ("interleave_cycles", "{:,}"),
                                 ("dynamic_cycles", "{:,}"), ("speedup_vs_best_static", "{:.3f}")])
     lines.append("")

@@ -92,41 +92,40 @@ def _utilization_panel(ax, rows, title: str) -> None:
 
 
 def plot_time_multiplexing(table: pa.Table, details: dict, path: Path) -> Path:
-    """Fig 12 and Fig 13 for each routing batch (one figure row each): utilization and overhead for static
-    and dynamic tiling; allocated FLOPs/cycle and on-chip kB; off-chip bandwidth utilization."""
+    """Fig 12 and Fig 13, a 2 x 2 block per routing batch: compute utilization and overhead for static and
+    dynamic tiling; allocated FLOPs/cycle with on-chip kB; off-chip bandwidth utilization."""
     plt = require_matplotlib()
     traces = list(group_rows(table, ("trace",)))
-    fig, axes = plt.subplots(len(traces), 4, figsize=(20, 4.2 * len(traces)), dpi=100, squeeze=False)
-    for row_axes, ((trace,), rows) in zip(axes, traces):
+    fig, axes = plt.subplots(2 * len(traces), 2, figsize=(12, 8.4 * len(traces)), dpi=100, squeeze=False)
+    for i, ((trace,), rows) in enumerate(traces):
+        (util_static, util_dynamic), (resources, bandwidth) = axes[2 * i], axes[2 * i + 1]
         by_tiling = {t: [r for r in rows if r["tiling"] == t] for t in ("static", "dynamic")}
-        for ax, tiling in zip(row_axes[:2], ("static", "dynamic")):
+        for ax, tiling in ((util_static, "static"), (util_dynamic, "dynamic")):
             if by_tiling[tiling]:
-                tile = "tile 32" if tiling == "static" else "dynamic tiling"
-                _utilization_panel(ax, by_tiling[tiling], f"{trace}: {tile}")
-        ax = row_axes[2]
-        for tiling, marker in (("static", "o-"), ("dynamic", "s--")):
-            rs = by_tiling[tiling]
-            ax.plot(range(len(rs)), [r["on_chip_kb"] for r in rs], marker, label=f"on-chip kB ({tiling})")
+                tile = "static tile 32" if tiling == "static" else "dynamic tiling"
+                _utilization_panel(ax, by_tiling[tiling], f"{trace}: {tile} (Fig 12)")
         ref = by_tiling["static"] or by_tiling["dynamic"]
-        ax.set_xticks(list(range(len(ref))), _region_labels(ref), fontsize=8)
-        ax.set_ylabel("on-chip memory (kB)")
-        ax.set_xlabel("parallel regions (experts per region)")
-        twin = ax.twinx()
-        twin.bar(range(len(ref)), [r["allocated_flops_per_cycle"] for r in ref], alpha=0.25, color="tab:grey",
-                 label="allocated FLOPs/cycle")
-        twin.set_ylabel("allocated compute (FLOPs/cycle)")
-        ax.legend(fontsize=8, loc="upper right")
-        ax.set_title("resources (Fig 13a)", fontsize=10)
-        ax = row_axes[3]
+        x = list(range(len(ref)))
+        resources.bar(x, [r["allocated_flops_per_cycle"] for r in ref], color="lightgrey",
+                      label="allocated FLOPs/cycle")
+        resources.set_ylabel("allocated compute (FLOPs/cycle)")
+        twin = resources.twinx()
         for tiling, marker in (("static", "o-"), ("dynamic", "s--")):
             rs = by_tiling[tiling]
-            ax.plot(range(len(rs)), [r["off_chip_bw_utilization_pct"] for r in rs], marker, label=tiling)
-        ax.set_xticks(list(range(len(ref))), _region_labels(ref), fontsize=8)
-        ax.set_ylabel("off-chip bandwidth utilization (%)")
-        ax.set_xlabel("parallel regions (experts per region)")
-        ax.set_ylim(0, 100)
-        ax.legend(fontsize=8)
-        ax.set_title("off-chip bandwidth (Fig 13b)", fontsize=10)
+            twin.plot(range(len(rs)), [r["on_chip_kb"] for r in rs], marker, label=f"on-chip kB ({tiling})")
+        twin.set_ylabel("on-chip memory (kB)")
+        twin.legend(fontsize=8, loc="upper right")
+        resources.set_title(f"{trace}: resources (Fig 13a)", fontsize=10)
+        for tiling, marker in (("static", "o-"), ("dynamic", "s--")):
+            rs = by_tiling[tiling]
+            bandwidth.plot(range(len(rs)), [r["off_chip_bw_utilization_pct"] for r in rs], marker, label=tiling)
+        bandwidth.set_ylabel("off-chip bandwidth utilization (%)")
+        bandwidth.set_ylim(0, 100)
+        bandwidth.legend(fontsize=8)
+        bandwidth.set_title(f"{trace}: off-chip bandwidth (Fig 13b)", fontsize=10)
+        for ax in (resources, bandwidth):
+            ax.set_xticks(x, _region_labels(ref), fontsize=8)
+            ax.set_xlabel("parallel regions (experts per region)")
     return _save(fig, path)
 
 

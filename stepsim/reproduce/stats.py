@@ -9,7 +9,7 @@ from stepsim.errors import MetricError
 
 
 def geomean(values: Sequence[float]) -> float:
-    """Geometric mean ``exp(mean(log v))`` of positive ratios.
+    """Geometric mean ``exp(mean(log v))`` of positive ratios (a single value is returned as is).
 
     Raises
     ------
@@ -21,6 +21,8 @@ def geomean(values: Sequence[float]) -> float:
         raise MetricError("geometric mean of no values")
     if min(values) <= 0:
         raise MetricError(f"geometric mean needs positive values, got {min(values)}")
+    if len(values) == 1:  # exp(log(v)) can be 1 ulp off; one window's ratio should read back exactly
+        return values[0]
     return math.exp(math.fsum(math.log(v) for v in values) / len(values))
 
 

@@ -1,0 +1,152 @@
+"""Trace-folder discovery, typed errors (unknown experiment, bad layout) and the command line."""
+
+import functools
+import json
+import shutil
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from repro_traces import KV_B16, tiny_traces
+
+import stepsim.reproduce.cli as reproduce_cli
+from stepsim.cli import main
+from stepsim.errors import ConfigError, StepsimError
+from stepsim.reproduce import JSON_KEYS, TracesLayoutError, reproduce
+from stepsim.reproduce.driver import reproduce as driver_reproduce
+from stepsim.reproduce.layout import kv_windows, routing_files
+
+pytestmark = pytest.mark.traces
+
+#: the smallest configuration that still runs every experiment (for the command-line tests)
+SMALLEST = {"dynamic-tiling": {"tiles": {64: (64,)}, "models": ("mixtral-8x7b",)},
+            "time-multiplexing": {"regions": (128,)},
+            "validation": {"tile_m": (64,), "tile_n": (64, 128)}}
+
+
+# --- discovery ----------------------------------------------------------------------------------------------
+def test_routing_files_are_found_per_model_and_batch(shared_traces, tmp_path):
+    traces = tiny_traces(shared_traces, tmp_path)
+    found = routing_files(traces)
+    assert [(f.model, f.batch, f.name) for f in found] == [("mixtral-8x7b", 64, "mixtral_b64/008_010.npz"),
+                                                          ("qwen3-30b-a3b", 64, "qwen_b64/032_012.npz")]
+    (traces / "expert_routing" / "deepseek_b64").mkdir()  # an unknown model folder is ignored
+    assert [f.model for f in routing_files(traces, ("qwen3-30b-a3b",))] == ["qwen3-30b-a3b"]
+
+
+def test_paper_windows_keep_their_class_and_other_files_are_ignored(shared_traces, tmp_path):
+    extra = ("b16/conv_stdev0174_1845_1860.npy", "b16/conv_stdev0987_3275_3290.npy")
+    traces = tiny_traces(shared_traces, tmp_path, routing=(), kv=(*KV_B16.values(), *extra))
+    windows = kv_windows(traces)
+    assert [(w.batch, w.variance, w.name) for w in windows] == [
+        (16, "high", KV_B16["high"]), (16, "med", KV_B16["med"]), (16, "med", "b16/conv_stdev0987_3275_3290.npy"),
+        (16, "low", KV_B16["low"])]
+
+
+def test_batch_sizes_without_paper_windows_are_split_into_thirds_by_stdev(tmp_path):
+    folder = tmp_path / "kv_lengths" / "b4"
+    folder.mkdir(parents=True)
+    for i, spread in enumerate((10, 500, 40, 300, 1000, 70)):
+        np.save(folder / f"conv_stdev{spread:04d}_{10 * i + 1:04d}_{10 * i + 4:04d}.npy",
+                np.array([100, 100 + spread, 100, 100 + spread], dtype=np.int64))
+    windows = kv_windows(tmp_path)
+    assert [(w.variance, w.start) for w in windows] == [("high", 41), ("high", 11), ("med", 31), ("med", 51),
+                                                        ("low", 21), ("low", 1)]
+
+
+# --- typed errors -------------------------------------------------------------------------------------------
+def test_unknown_experiment_is_a_config_error_naming_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match="unknown experiment 'figure-9'; expected one of dynamic-tiling, "
+                                          "time-multiplexing, dynamic-parallelization, validation, all"):
+        reproduce("figure-9", tmp_path, tmp_path / "out")
+
+
+def test_unknown_plan_option_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="bad options for experiment 'validation'"):
+        reproduce("validation", tmp_path, tmp_path / "out", options={"validation": {"tiles": (1,)}})
+
+
+@pytest.mark.parametrize("experiment, missing", [("dynamic-tiling", "expert_routing"),
+                                                 ("time-multiplexing", "expert_routing"),
+                                                 ("dynamic-parallelization", "kv_lengths")])
+def test_a_folder_without_the_layout_names_the_missing_path(tmp_path, experiment, missing):
+    with pytest.raises(TracesLayoutError, match=f"{tmp_path / missing}: folder not found"):
+        reproduce(experiment, tmp_path, tmp_path / "out")
+    with pytest.raises(TracesLayoutError, match=f"{tmp_path / 'nowhere'}: traces folder not found"):
+        reproduce(experiment, tmp_path / "nowhere", tmp_path / "out")
+
+
+def test_all_checks_every_experiment_before_simulating_anything(shared_traces, tmp_path):
+    traces = tiny_traces(shared_traces, tmp_path / "traces", kv=())
+    with pytest.raises(TracesLayoutError, match=f"{traces / 'kv_lengths'}: folder not found"):
+        reproduce("all", traces, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_layout_errors_name_the_offending_folder_or_file(shared_traces, tmp_path):
+    traces = tiny_traces(shared_traces, tmp_path, kv=(KV_B16["high"], KV_B16["low"]))
+    with pytest.raises(TracesLayoutError, match=rf"{traces / 'kv_lengths' / 'b16'}: no window of the paper's 'med'"):
+        kv_windows(traces)
+    (traces / "expert_routing" / "qwen_b32").mkdir()
+    with pytest.raises(TracesLayoutError, match=f"{traces / 'expert_routing' / 'qwen_b32'}: no .npz routing files"):
+        routing_files(traces)
+    shutil.copy(traces / "expert_routing" / "qwen_b64" / "032_012.npz", traces / "expert_routing" / "qwen_b32")
+    with pytest.raises(TracesLayoutError, match=r"qwen_b32/032_012.npz: holds 64 tokens but its folder says b32"):
+        routing_files(traces)
+    empty = tmp_path / "empty"
+    (empty / "expert_routing" / "other").mkdir(parents=True)
+    with pytest.raises(TracesLayoutError, match=f"{empty / 'expert_routing'}: no routing folder for mixtral_b<B>"):
+        routing_files(empty)
+    assert issubclass(TracesLayoutError, StepsimError)
+
+
+# --- command line -------------------------------------------------------------------------------------------
+def test_cli_errors_exit_2_with_one_line_naming_the_problem(tmp_path, capsys):
+    assert main(["reproduce", "fig9", "--traces", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith("stepsim: error: unknown experiment 'fig9'")
+    assert main(["reproduce", "dynamic-parallelization", "--traces", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"stepsim: error: {tmp_path / 'kv_lengths'}: folder not found in the traces " \
+        f"folder {tmp_path} (expected expert_routing/<mixtral|qwen>_b<B>/*.npz and " \
+        f"kv_lengths/b<B>/<trace>_stdev<SSSS>_<start>_<end>.npy, as in ../shared/traces)\n"
+
+
+def test_cli_all_json_prints_exactly_the_five_headline_keys(shared_traces, tmp_path, capsys, monkeypatch):
+    traces = tiny_traces(shared_traces, tmp_path / "traces")
+    monkeypatch.setattr(reproduce_cli, "reproduce", functools.partial(driver_reproduce, options=SMALLEST))
+    assert main(["reproduce", "all", "--traces", str(traces), "--out", str(tmp_path / "out"), "--json"]) == 0
+    captured = capsys.readouterr()
+    headline = json.loads(captured.out)
+    assert list(headline) == list(JSON_KEYS) == [
+        "dynamic_tiling_onchip_reduction_geomean", "dynamic_tiling_speedup_geomean",
+        "time_multiplexing_util_gain_static", "time_multiplexing_util_gain_dynamic",
+        "dynamic_parallelization_speedup_geomean"]
+    # one Mixtral tile (64) within 5% of dynamic's cycles and 2x its memory; the baseline alone gains 1.0
+    table = {r["tiling"]: r for r in pq.read_table(tmp_path / "out" / "dynamic_tiling.parquet").to_pylist()}
+    assert headline["dynamic_tiling_onchip_reduction_geomean"] == 37_789_698 / 18_915_330
+    assert headline["dynamic_tiling_speedup_geomean"] == table["static"]["cycles"] / table["dynamic"]["cycles"]
+    assert headline["time_multiplexing_util_gain_static"] == headline["time_multiplexing_util_gain_dynamic"] == 1.0
+    assert "[reproduce] validation: 2 simulations on 1 worker" in captured.err
+    assert len(list((tmp_path / "out").glob("*.png"))) == 4
+
+
+def test_cli_single_experiment_json_holds_only_its_keys_and_text_mode_reports_files(tmp_path, capsys, shared_traces):
+    traces = tiny_traces(shared_traces, tmp_path / "traces", routing=())
+    out = tmp_path / "out"
+    assert main(["reproduce", "dynamic-parallelization", "--traces", str(traces), "--out", str(out), "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["dynamic_parallelization_speedup_geomean"]
+    assert main(["reproduce", "validation", "--traces", str(traces), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {}
+    assert main(["reproduce", "validation", "--traces", str(traces), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"wrote csv: {out / 'validation.csv'}" in text and "Pearson r(simulated cycles, roofline bound)" in text
+    assert "validation: 15 simulations in" in text and text.rstrip().splitlines()[-1].startswith("total wall time:")
+
+
+def test_missing_matplotlib_skips_the_figure_with_an_install_hint(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes "import matplotlib" fail
+    [result] = reproduce("validation", tmp_path, tmp_path / "out", options={"validation": {"tile_m": (64,),
+                                                                                            "tile_n": (64, 128)}})
+    assert result.figure_note == "figure skipped: matplotlib is missing; install it with: pip install 'stepsim[plot]'"
+    assert "figure" not in result.files and not (tmp_path / "out" / "validation.png").exists()
+    assert (tmp_path / "out" / "validation.csv").exists()
