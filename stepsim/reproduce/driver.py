@@ -88,7 +88,7 @@ def experiment_names(experiment: str) -> list[str]:
 
 
 def _provenance(module: ModuleType, points) -> dict:
-    """What the written files record: experiment, traces read (file name -> SHA-256), run ids."""
+    """What the written files record (``stepsim.config``): the experiment and the traces read (name -> SHA-256)."""
     traces = {}
     for p in points:
         path = p.config.get("trace")
