@@ -37,7 +37,7 @@ class Point:
 
     def describe(self) -> str:
         """``k=v`` pairs of the labels and the config's tiling / strategy knobs, for messages."""
-        keys = ("tiling", "tile_n", "tile_m", "regions", "strategy")
+        keys = ("tiling", "tile_m", "tile_n", "regions", "strategy")
         pairs = {**self.labels, **{k: self.config[k] for k in keys if self.config.get(k) is not None}}
         return " ".join(f"{k}={v}" for k, v in pairs.items())
 
@@ -92,14 +92,18 @@ class Runner:
             outcomes[task.index] = outcome
         return outcomes
 
-    def close(self) -> None:
-        """Stop the worker pool (if one was started)."""
+    def close(self, *, abort: bool = False) -> None:
+        """Stop the worker pool (if one was started); ``abort`` terminates running tasks instead of waiting."""
         if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+            executor, self._executor = self._executor, None
+            if abort:
+                executor.abort()
+            else:
+                executor.close()
 
     def __enter__(self) -> Runner:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # after a failure or Ctrl-C the remaining results are not wanted: do not wait for running simulations
+        self.close(abort=exc_type is not None)

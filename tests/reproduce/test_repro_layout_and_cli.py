@@ -13,8 +13,9 @@ from repro_traces import KV_B16, tiny_traces
 import stepsim.reproduce.cli as reproduce_cli
 from stepsim.cli import main
 from stepsim.errors import ConfigError, StepsimError
-from stepsim.reproduce import JSON_KEYS, TracesLayoutError, reproduce
+from stepsim.reproduce import JSON_KEYS, RunFailedError, TracesLayoutError, reproduce
 from stepsim.reproduce.driver import reproduce as driver_reproduce
+from stepsim.reproduce.execute import Runner
 from stepsim.reproduce.layout import kv_windows, routing_files
 
 pytestmark = pytest.mark.traces
@@ -99,6 +100,15 @@ def test_layout_errors_name_the_offending_folder_or_file(shared_traces, tmp_path
     with pytest.raises(TracesLayoutError, match=f"{empty / 'expert_routing'}: no routing folder for mixtral_b<B>"):
         routing_files(empty)
     assert issubclass(TracesLayoutError, StepsimError)
+
+
+def test_a_failing_point_is_a_run_failed_error_naming_it(tmp_path):
+    with pytest.raises(RunFailedError, match="validation: point tile_m=3 tile_n=64 failed: ConfigError: tile_m must be "
+                                             "a positive divisor of 64, got 3"):
+        reproduce("validation", tmp_path, tmp_path / "out", options={"validation": {"tile_m": (3,), "tile_n": (64,)}})
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="--jobs must be an int >= 1, got 0"):
+        Runner(0)
 
 
 # --- command line -------------------------------------------------------------------------------------------
