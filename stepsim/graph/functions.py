@@ -107,7 +107,20 @@ class Matmul(Function):
         return f"Matmul(weight_transposed={self.weight_transposed})"
 
 
+def _declare(base: type, name: str, code: str, doc: str, **attrs) -> type:
+    """The public function class ``name``: a subclass of ``base`` that only sets ``code`` (and ``attrs``).
+
+    The elementwise, unary, row-reduce, accumulate and retile functions differ from their base only in these
+    values, so each is declared as one row instead of a class statement; the result is an ordinary class of
+    this module (same name, docstring, pickling and ``==`` as a class statement would give).
+    """
+    return type(base)(name, (base,), {"__module__": __name__, "__qualname__": name, "__doc__": doc,
+                                      "code": code, **attrs})
+
+
 class _Elementwise(Function):
+    """Two tiles in, broadcasting 1-sized dims; ``R*C`` FLOPs of the broadcast output."""
+
     arity = 2
 
     def out_type(self, in_types):
@@ -121,87 +134,42 @@ class _Elementwise(Function):
         return normalize(out.rows * out.cols)
 
 
-class Add(_Elementwise):
-    """Elementwise sum with broadcasting of 1-sized dims; ``R*C`` FLOPs."""
-
-    code = "add"
-
-
-class Sub(_Elementwise):
-    """Elementwise difference with broadcasting; ``R*C`` FLOPs."""
-
-    code = "sub"
-
-
-class Mul(_Elementwise):
-    """Elementwise product with broadcasting; ``R*C`` FLOPs."""
-
-    code = "mul"
-
-
-class Div(_Elementwise):
-    """Elementwise quotient with broadcasting; ``R*C`` FLOPs."""
-
-    code = "div"
-
-
-class Max(_Elementwise):
-    """Elementwise maximum with broadcasting; ``R*C`` FLOPs."""
-
-    code = "max"
-
-
 class _Unary(Function):
+    """One tile in, ``_out(tile)`` out (the same tile by default); ``flops_per_element`` FLOPs per input element."""
+
     arity = 1
     flops_per_element = 1
+
+    def _out(self, a):
+        return a
 
     def out_type(self, in_types):
         (a,) = in_types
         _need_tile(a, f"{type(self).__name__} operand")
-        return a
+        return self._out(a)
 
     def flops(self, in_types):
         (a,) = in_types
         return normalize(self.flops_per_element * a.rows * a.cols)
 
 
-class Silu(_Unary):
-    """``x * sigmoid(x)``; 8 FLOPs per element (neg, exp as 4, add, div, mul)."""
+class _RowReduce(_Unary):
+    """A unary function reducing each row: ``[R,C] -> [R,1]``; ``R*C`` FLOPs (of the input)."""
 
-    code = "silu"
-    flops_per_element = 8
-
-
-class Exp(_Unary):
-    """``exp(x)``; 4 FLOPs per element."""
-
-    code = "exp"
-    flops_per_element = 4
-
-
-class _RowReduce(Function):
-    arity = 1
-
-    def out_type(self, in_types):
-        (a,) = in_types
-        _need_tile(a, f"{type(self).__name__} operand")
+    def _out(self, a):
         return tile(a.dtype, a.rows, 1)
 
-    def flops(self, in_types):
-        (a,) = in_types
-        return normalize(a.rows * a.cols)
 
-
-class RowSum(_RowReduce):
-    """Row sums ``[R,C] -> [R,1]``; ``R*C`` FLOPs."""
-
-    code = "rowsum"
-
-
-class RowMax(_RowReduce):
-    """Row maxima ``[R,C] -> [R,1]``; ``R*C`` FLOPs."""
-
-    code = "rowmax"
+Add = _declare(_Elementwise, "Add", "add", "Elementwise sum with broadcasting of 1-sized dims; ``R*C`` FLOPs.")
+Sub = _declare(_Elementwise, "Sub", "sub", "Elementwise difference with broadcasting; ``R*C`` FLOPs.")
+Mul = _declare(_Elementwise, "Mul", "mul", "Elementwise product with broadcasting; ``R*C`` FLOPs.")
+Div = _declare(_Elementwise, "Div", "div", "Elementwise quotient with broadcasting; ``R*C`` FLOPs.")
+Max = _declare(_Elementwise, "Max", "max", "Elementwise maximum with broadcasting; ``R*C`` FLOPs.")
+Silu = _declare(_Unary, "Silu", "silu", "``x * sigmoid(x)``; 8 FLOPs per element (neg, exp as 4, add, div, mul).",
+                flops_per_element=8)
+Exp = _declare(_Unary, "Exp", "exp", "``exp(x)``; 4 FLOPs per element.", flops_per_element=4)
+RowSum = _declare(_RowReduce, "RowSum", "rowsum", "Row sums ``[R,C] -> [R,1]``; ``R*C`` FLOPs.")
+RowMax = _declare(_RowReduce, "RowMax", "rowmax", "Row maxima ``[R,C] -> [R,1]``; ``R*C`` FLOPs.")
 
 
 class SetOffset(Function):
@@ -259,46 +227,30 @@ class CacheWriteAddr(Function):
 
 
 # --- accumulate functions (acc, x) -> acc ----------------------------------------------------------------
-class AccumAdd(_Elementwise):
-    """``acc + x`` with broadcasting; ``R*C`` FLOPs per element."""
-
-    code = "add"
+AccumAdd = _declare(_Elementwise, "AccumAdd", "add", "``acc + x`` with broadcasting; ``R*C`` FLOPs per element.")
+AccumMul = _declare(_Elementwise, "AccumMul", "mul", "``acc * x`` with broadcasting; ``R*C`` FLOPs per element.")
 
 
-class AccumMul(_Elementwise):
-    """``acc * x`` with broadcasting; ``R*C`` FLOPs per element."""
+class _Retile(Function):
+    """Concatenate ``x`` to the accumulator along one axis; the other axis (``matched``) must agree; 0 cycles."""
 
-    code = "mul"
-
-
-class RetileRow(Function):
-    """Append the rows of ``x`` to the accumulator (packs token rows into a tall tile); 0 cycles."""
-
-    code = "retile_row"
     arity = 2
     fixed_cycles = 0
+    matched: tuple[str, str]  # (the Tile attribute that must agree, its word in messages), set per subclass
 
     def out_type(self, in_types):
         acc, x = in_types
-        _need_tile(x, "RetileRow element")
-        if not dims_equal(acc.cols, x.cols):
-            raise ValueError(f"RetileRow needs equal column counts: accumulator {acc}, element {x}")
+        _need_tile(x, f"{type(self).__name__} element")
+        attr, word = self.matched
+        if not dims_equal(getattr(acc, attr), getattr(x, attr)):
+            raise ValueError(f"{type(self).__name__} needs equal {word} counts: accumulator {acc}, element {x}")
         return acc
 
 
-class RetileCol(Function):
-    """Append the columns of ``x`` to the accumulator; 0 cycles."""
-
-    code = "retile_col"
-    arity = 2
-    fixed_cycles = 0
-
-    def out_type(self, in_types):
-        acc, x = in_types
-        _need_tile(x, "RetileCol element")
-        if not dims_equal(acc.rows, x.rows):
-            raise ValueError(f"RetileCol needs equal row counts: accumulator {acc}, element {x}")
-        return acc
+RetileRow = _declare(_Retile, "RetileRow", "retile_row", "Append the rows of ``x`` to the accumulator (packs token "
+                     "rows into a tall tile); 0 cycles.", matched=("cols", "column"))
+RetileCol = _declare(_Retile, "RetileCol", "retile_col", "Append the columns of ``x`` to the accumulator; 0 cycles.",
+                     matched=("rows", "row"))
 
 
 class SignalReqAllRead(Function):
