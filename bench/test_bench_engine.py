@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 import pytest
-import simpy_engine
+import simpy_engine  # bench/simpy_engine.py: bench/ is on sys.path under pytest's default (prepend) import mode
 
 from stepsim.hardware import Hardware
 from stepsim.kernels import abi as A
