@@ -201,6 +201,7 @@ WAIT_NAMES = {WAIT_NONE: "none", WAIT_EMPTY: "empty", WAIT_FULL: "full", WAIT_HB
 STEP_BLOCKED = 0
 STEP_DONE = 1
 STEP_TIME = 2  # yields to the time-sensitive scheduler
+STEP_READY = 3  # not a step result: await_input's "an element is there"
 
 # ----------------------------------------------------------------------------------------- engine status
 ST_OK = 0

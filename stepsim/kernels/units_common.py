@@ -11,7 +11,7 @@ physically present, or its progress so far is kept in ``US_PHASE`` and the scrat
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import head_row, pop, push, push_copy
+from stepsim.kernels.channels import can_pop, closed_empty, head_row, pop, push, push_copy
 from stepsim.kernels.jit import kernel
 
 
@@ -45,10 +45,25 @@ def seen_closed(us, u, chs, c):
 
     reads: chs[c] / writes: us[u] clock and blocked-in counter when closed / returns: bool.
     """
-    if chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_TAIL] == chs[c, A.CH_HEAD]:
+    if closed_empty(chs, c):
         wait_input(us, u, chs[c, A.CH_CLOSE_TIME])
         return True
     return False
+
+
+@kernel
+def await_input(us, u, chs, c):
+    """The input prologue of a unit driven by channel c.
+
+    reads: chs[c] / writes: us[u] wait registers (or clock, on close) / returns: STEP_READY when c holds an
+    element, STEP_DONE when c is closed (observed at its close time, :func:`seen_closed`), else STEP_BLOCKED
+    waiting on c.
+    """
+    if can_pop(chs, c):
+        return A.STEP_READY
+    if seen_closed(us, u, chs, c):
+        return A.STEP_DONE
+    return block(us, u, c, A.WAIT_EMPTY)
 
 
 @kernel

@@ -21,10 +21,19 @@ consumer's DEQ of a reference releases its elements (``us[owner, R_FREED]``).
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, head_row, pop
+from stepsim.kernels.channels import can_push, head_row, pop
 from stepsim.kernels.hbm import E_BYTES_READ, E_BYTES_WRITTEN, E_STATUS, E_STATUS_ARG, hbm_register, n_requests
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import block, emit, emit_copy, look, seen_closed, spend, stop_from_shape, take
+from stepsim.kernels.units_common import (
+    await_input,
+    block,
+    emit,
+    emit_copy,
+    look,
+    spend,
+    stop_from_shape,
+    take,
+)
 
 R_I = A.US_R0 + 0  # tile index within the view / element index
 R_REFSTOP = A.US_R0 + 1
@@ -75,10 +84,9 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
             if is_dyn:
                 ref = in_ch[up[u, A.UP_IN_START]]
                 if us[u, R_I] == 0 or us[u, R_I] == n_tiles:
-                    if not can_pop(chs, ref):
-                        if seen_closed(us, u, chs, ref):
-                            return A.STEP_DONE
-                        return block(us, u, ref, A.WAIT_EMPTY)
+                    got = await_input(us, u, chs, ref)
+                    if got != A.STEP_READY:
+                        return got
                     row = take(us, u, chs, slots, ref)
                     us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
                     us[u, R_I] = 0
@@ -114,10 +122,9 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, False)
@@ -141,10 +148,9 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = look(us, u, chs, slots, c)
             nb = slots[row, A.SL_TOKEN + A.TK_BYTES]
             traffic = up[u, A.UP_A0 + A.PA_ELEM_BYTES]
@@ -172,14 +178,12 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            if not can_pop(chs, ca):
-                if seen_closed(us, u, chs, ca):
-                    return A.STEP_DONE
-                return block(us, u, ca, A.WAIT_EMPTY)
-            if not can_pop(chs, cd):
-                if seen_closed(us, u, chs, cd):
-                    return A.STEP_DONE
-                return block(us, u, cd, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, ca)
+            if got != A.STEP_READY:
+                return got
+            got = await_input(us, u, chs, cd)
+            if got != A.STEP_READY:
+                return got
             look(us, u, chs, slots, ca)
             look(us, u, chs, slots, cd)
             return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, True)
@@ -210,10 +214,9 @@ def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     size = up[u, A.UP_A0 + A.PA_ARENA_SIZE]
     while True:
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             wpos = us[u, R_WPOS]
             if wpos - us[u, R_FREED] >= size:
                 eng[E_STATUS] = A.ST_ARENA_FULL
@@ -270,10 +273,9 @@ def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     rlen = up[u, A.UP_A0 + A.PA_REPEAT_LEN]
     nrep = up[u, A.UP_A0 + A.PA_REPEAT_PROD]
     while True:
-        if not can_pop(chs, c):
-            if seen_closed(us, u, chs, c):
-                return A.STEP_DONE
-            return block(us, u, c, A.WAIT_EMPTY)
+        got = await_input(us, u, chs, c)
+        if got != A.STEP_READY:
+            return got
         row = look(us, u, chs, slots, c)
         count = slots[row, A.SL_TOKEN + A.TK_ROWS]
         b = slots[row, A.SL_TOKEN + A.TK_COLS]
@@ -310,16 +312,14 @@ def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     out = out_ch[up[u, A.UP_OUT_START]]
     repeat_rank = up[u, A.UP_A0 + A.PA_REPEAT_RANK]
     while True:
-        if not can_pop(chs, c):
-            if seen_closed(us, u, chs, c):
-                return A.STEP_DONE
-            return block(us, u, c, A.WAIT_EMPTY)
+        got = await_input(us, u, chs, c)
+        if got != A.STEP_READY:
+            return got
         row = look(us, u, chs, slots, c)
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, ref):
-                if seen_closed(us, u, chs, ref):
-                    return A.STEP_DONE
-                return block(us, u, ref, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, ref)
+            if got != A.STEP_READY:
+                return got
             rrow = take(us, u, chs, slots, ref)
             us[u, R_REFSTOP] = slots[rrow, A.SL_TOKEN + A.TK_STOP]
             us[u, R_J] = 0

@@ -23,6 +23,7 @@ from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
     advance_busy,
+    await_input,
     block,
     emit,
     emit_copy,
@@ -85,10 +86,9 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            if not can_pop(chs, csel):
-                if seen_closed(us, u, chs, csel):
-                    return A.STEP_DONE
-                return block(us, u, csel, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, csel)
+            if got != A.STEP_READY:
+                return got
             _take_selector(u, us, chs, slots, csel, pmu)
             nt = sel_count(us[u, R_SFLAGS], us[u, R_SPAY], sel_ptr)
             maxsw = 0
@@ -101,10 +101,9 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             us[u, R_MAXSW] = maxsw
             us[u, A.US_PHASE] = 1
         elif ph == 1:
-            if not can_pop(chs, cdata):
-                if seen_closed(us, u, chs, cdata):
-                    return A.STEP_DONE
-                return block(us, u, cdata, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, cdata)
+            if got != A.STEP_READY:
+                return got
             row = look(us, u, chs, slots, cdata)
             spend(us, u, load_cycles(slots, row, A.SL_TOKEN, pmu))
             pop(chs, slots, cdata, us[u, A.US_CLOCK])
@@ -146,10 +145,9 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            if not can_pop(chs, csel):
-                if seen_closed(us, u, chs, csel):
-                    return A.STEP_DONE
-                return block(us, u, csel, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, csel)
+            if got != A.STEP_READY:
+                return got
             _take_selector(u, us, chs, slots, csel, pmu)
             nt = sel_count(us[u, R_SFLAGS], us[u, R_SPAY], sel_ptr)
             for j in range(nt):
@@ -325,10 +323,9 @@ def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
     swoff = up[u, A.UP_A0 + A.PA_SWITCH_OFF]
     while True:
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             s = slots[row, A.SL_TOKEN + A.TK_STOP]
@@ -356,10 +353,9 @@ def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     n_out = up[u, A.UP_N_OUT]
     while True:
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1

@@ -11,9 +11,10 @@ All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (STEP_SEMANTIC
   input the close ends the dim (padding happens at the close). ``add_outer_dim``: a chunk-completing element
   waits for the next element (level 1) or the close (level 2).
 * ExpandRef(k): PEEK in; per ref element DEQ ref and ENQ a copy with the ref's stop; DEQ in at ref stop >= k.
-* RepeatStatic(r): PEEK; copy i requested at t + i (t = clock after the peek), the last is ValStop(s + 1);
-  ``now += r``; DEQ.
-* RowStreamify: DEQ a tile; burst its rows (1xC) or columns (Rx1) at now; the last carries the tile's stop.
+* RepeatStatic(r): PEEK; copy i requested at (clock before its credit wait) + i (§9 S10), the last is
+  ValStop(s + 1); ``now += r``; DEQ.
+* RowStreamify: DEQ a tile; burst its rows (1xC) or columns (Rx1) at now; the last carries the tile's stop
+  (+ 1 with ``new_dim``, the FlatMap form).
   With filtering, only the tile's valid rows (TK_OFFSET) are emitted and pad tiles vanish.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push, pop
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import block, emit, emit_copy, look, seen_closed, spend, stash, take
+from stepsim.kernels.units_common import await_input, block, emit, emit_copy, look, seen_closed, spend, stash, take
 
 R_I = A.US_R0 + 0
 R_N = A.US_R0 + 1
@@ -47,10 +48,9 @@ def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
     rank = up[u, A.UP_A0 + A.PA_RANK]
     while True:
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             s = slots[row, A.SL_TOKEN + A.TK_STOP]
@@ -80,10 +80,9 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
@@ -200,16 +199,14 @@ def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
     out = out_ch[up[u, A.UP_OUT_START]]
     k = up[u, A.UP_A0 + A.PA_RANK]
     while True:
-        if not can_pop(chs, c):
-            if seen_closed(us, u, chs, c):
-                return A.STEP_DONE
-            return block(us, u, c, A.WAIT_EMPTY)
+        got = await_input(us, u, chs, c)
+        if got != A.STEP_READY:
+            return got
         row = look(us, u, chs, slots, c)
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, ref):
-                if seen_closed(us, u, chs, ref):
-                    return A.STEP_DONE
-                return block(us, u, ref, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, ref)
+            if got != A.STEP_READY:
+                return got
             rrow = take(us, u, chs, slots, ref)
             us[u, R_REFSTOP] = slots[rrow, A.SL_TOKEN + A.TK_STOP]
             us[u, A.US_FIRES] += 1
@@ -230,10 +227,9 @@ def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     out = out_ch[up[u, A.UP_OUT_START]]
     r = up[u, A.UP_A0 + A.PA_COUNT]
     while True:
-        if not can_pop(chs, c):
-            if seen_closed(us, u, chs, c):
-                return A.STEP_DONE
-            return block(us, u, c, A.WAIT_EMPTY)
+        got = await_input(us, u, chs, c)
+        if got != A.STEP_READY:
+            return got
         row = look(us, u, chs, slots, c)
         if us[u, A.US_PHASE] == 0:
             us[u, R_I] = 0
@@ -264,10 +260,9 @@ def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     a = A.US_TOK_A
     while True:
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             stash(us, u, a, slots, row, A.SL_TOKEN)
             n = us[u, a + A.TK_ROWS] if split_rows else us[u, a + A.TK_COLS]

@@ -14,9 +14,18 @@
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push
+from stepsim.kernels.channels import can_push
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import block, emit, seen_closed, sel_count, sel_target, spend, stop_from_shape, take
+from stepsim.kernels.units_common import (
+    await_input,
+    block,
+    emit,
+    sel_count,
+    sel_target,
+    spend,
+    stop_from_shape,
+    take,
+)
 
 R_I = A.US_R0 + 0
 R_N = A.US_R0 + 1
@@ -78,10 +87,9 @@ def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
     """reads: input channel / writes: input credits, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
-        if not can_pop(chs, c):
-            if seen_closed(us, u, chs, c):
-                return A.STEP_DONE
-            return block(us, u, c, A.WAIT_EMPTY)
+        got = await_input(us, u, chs, c)
+        if got != A.STEP_READY:
+            return got
         take(us, u, chs, slots, c)
         spend(us, u, 1)
         us[u, A.US_FIRES] += 1
@@ -97,10 +105,9 @@ def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
     base = up[u, A.UP_A0 + A.PA_BASE]
     while True:
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             us[u, R_SFLAGS] = slots[row, A.SL_TOKEN + A.TK_FLAGS]
             us[u, R_SPAY] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
@@ -137,19 +144,17 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            if not can_pop(chs, cidx):
-                if seen_closed(us, u, chs, cidx):
-                    return A.STEP_DONE
-                return block(us, u, cidx, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, cidx)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, cidx)
             us[u, R_VAL] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             us[u, A.US_PHASE] = 1
         elif ph == 1:
-            if not can_pop(chs, clen):
-                if seen_closed(us, u, chs, clen):
-                    return A.STEP_DONE
-                return block(us, u, clen, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, clen)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, clen)
             us[u, R_N] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_START] = us[u, A.US_CLOCK]
@@ -177,10 +182,9 @@ def step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr
     out = out_ch[up[u, A.UP_OUT_START]]
     while True:
         if us[u, A.US_PHASE] == 0:
-            if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
-                    return A.STEP_DONE
-                return block(us, u, c, A.WAIT_EMPTY)
+            got = await_input(us, u, chs, c)
+            if got != A.STEP_READY:
+                return got
             row = take(us, u, chs, slots, c)
             us[u, R_N] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
