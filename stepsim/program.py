@@ -48,6 +48,9 @@ _ALL = frozenset({_TILE, _SCALAR, _SELECTOR, _BUFFER})
 #: what routing operators move: data, and selectors too (the dynamic attention routes EagerMerge choices)
 _ROUTED = frozenset({_TILE, _SCALAR, _SELECTOR})
 
+#: functional mode keeps one stride per view dim in a fixed-size table (stepsim.kernels.values.N_STRIDES)
+_MAX_VIEW_DIMS = 8
+
 _FN_BY_NAME = {name: code for code, name in abi.FUNCTION_NAMES.items()}
 _FN_BY_NAME.update({"rowwise_sum": abi.FN_ROWSUM, "rowwise_max": abi.FN_ROWMAX, "row_wise_append": abi.FN_ROW_APPEND,
                     "dyn_matmul": abi.FN_MATMUL})
@@ -64,6 +67,49 @@ def function_code(fn: int | str, *, unit: str = "?") -> int:
     if code not in abi.FUNCTION_NAMES:
         raise LoweringError(f"{unit}: unknown function code {fn!r}")
     return code
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a memory operator's tiles live, for functional mode (timing never reads it).
+
+    Attributes
+    ----------
+    name : str
+        Tensor name; memory operators naming the same tensor share its values (a KV cache is read and written).
+    rows, cols : int
+        The tensor as a matrix: leading dims are folded into rows (``shape[:-1]`` multiplied), cols = ``shape[-1]``.
+    tile_rows, tile_cols : int
+        The tile grid: tile t is at tile-row ``t // (cols / tile_cols)``, tile-col ``t % (cols / tile_cols)``
+        (the row-major tiled tensor of STEP_SEMANTICS §2.1; random addresses are such tile indices).
+    bf16 : bool
+        Stored as bf16: values are rounded to bf16 on load and on store.
+    strides : tuple of int
+        Loads only: tile stride per view dim (the tile read by view index vector i is ``sum i_k * strides_k``);
+        empty means row-major over the view (stride 1 on the innermost dim, as a contiguous read).
+    shape : tuple of int
+        The tensor's own shape (functional outputs are returned in it); empty means ``(rows, cols)``.
+    """
+
+    name: str
+    rows: int
+    cols: int
+    tile_rows: int
+    tile_cols: int
+    bf16: bool = False
+    strides: tuple = ()
+    shape: tuple = ()
+
+    def __post_init__(self):
+        if min(self.rows, self.cols, self.tile_rows, self.tile_cols) < 1 or self.rows % self.tile_rows \
+                or self.cols % self.tile_cols:
+            raise LoweringError(f"tensor {self.name!r}: tile {self.tile_rows}x{self.tile_cols} must divide its "
+                                f"{self.rows}x{self.cols} matrix")
+
+    @property
+    def n_tiles(self) -> int:
+        """Tiles in the tensor."""
+        return (self.rows // self.tile_rows) * (self.cols // self.tile_cols)
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +140,8 @@ class Program:
         Labels for messages.
     hardware : Hardware
         The hardware the program was built for.
+    unit_tensors : tuple of (TensorRef or None)
+        Per unit, the tensor a memory operator reads or writes (functional mode); None elsewhere.
     """
 
     unit_params: np.ndarray
@@ -115,6 +163,7 @@ class Program:
     unit_names: tuple[str, ...]
     channel_names: tuple[str, ...]
     hardware: Hardware = field(default_factory=Hardware)
+    unit_tensors: tuple = ()
 
     @property
     def n_units(self) -> int:
@@ -168,6 +217,7 @@ class _Unit:
     out_kinds: list[object]  # per output port: a kind, or ("same", input_port)
     payload: list[int] = field(default_factory=list)  # appended to the program payload; offsets patched
     payload_slots: tuple[int, ...] = ()  # PA_* slots that hold offsets into this unit's payload (relative)
+    tensor: TensorRef | None = None  # memory operators: the tensor (functional mode)
 
 
 class ProgramBuilder:
@@ -221,7 +271,7 @@ class ProgramBuilder:
     # ------------------------------------------------------------------------------------------ internals
     def _add(self, opcode: int, name: str | None, ins: Sequence[int], outs: Sequence[int], params: dict[int, int],
              in_kinds: Sequence[frozenset], out_kinds: Sequence[object], payload: Sequence[int] = (),
-             payload_slots: tuple[int, ...] = ()) -> int:
+             payload_slots: tuple[int, ...] = (), tensor: TensorRef | None = None) -> int:
         uid = len(self._units)
         label = name if name is not None else f"{abi.OPCODE_NAMES[opcode]}_{uid}"
         for c in list(ins) + list(outs):
@@ -229,7 +279,7 @@ class ProgramBuilder:
                 raise LoweringError(f"{label}: {c!r} is not a channel id (add it with add_channel first)")
         self._units.append(_Unit(opcode, label, [int(c) for c in ins], [int(c) for c in outs],
                                  {k: int(v) for k, v in params.items()}, list(in_kinds), list(out_kinds),
-                                 [int(v) for v in payload], payload_slots))
+                                 [int(v) for v in payload], payload_slots, tensor))
         return uid
 
     @staticmethod
@@ -313,12 +363,30 @@ class ProgramBuilder:
         return {abi.PA_TILE_ROWS: tile_rows, abi.PA_TILE_COLS: tile_cols, abi.PA_ELEM_BYTES: elem_bytes,
                 abi.PA_PAR_DISPATCH: par_dispatch}
 
+    def _check_tensor(self, label, tensor, tile_rows, tile_cols, view_dims=None):
+        """Functional-mode tensor of a memory op: its tile grid must be the op's tile; strides fit the view."""
+        if tensor is None:
+            return None
+        self._need(isinstance(tensor, TensorRef), label, f"tensor must be a TensorRef, got {tensor!r}")
+        if tile_rows is not None:
+            self._need((tensor.tile_rows, tensor.tile_cols) == (tile_rows, tile_cols), label,
+                       f"tensor {tensor.name!r} is tiled {tensor.tile_rows}x{tensor.tile_cols}, the op reads "
+                       f"{tile_rows}x{tile_cols} tiles")
+        if view_dims is not None and tensor.strides:
+            self._need(len(tensor.strides) == len(view_dims), label,
+                       f"tensor {tensor.name!r} has {len(tensor.strides)} strides for a {len(view_dims)}-dim view")
+            self._need(len(view_dims) <= _MAX_VIEW_DIMS, label,
+                       f"functional mode supports views of at most {_MAX_VIEW_DIMS} dims")
+        return tensor
+
     def offchip_load(self, *, out: int, tile_rows: int, tile_cols: int, elem_bytes: int,
-                     view_shape: Sequence[int], par_dispatch: int = 1, name: str | None = None) -> int:
+                     view_shape: Sequence[int], par_dispatch: int = 1, tensor: TensorRef | None = None,
+                     name: str | None = None) -> int:
         """Load ``prod(view_shape)`` tiles in view order; a tile's stop level is the number of view dims it closes.
 
         Each tile costs ``n_req = tile_rows * ceil(tile_cols * elem_bytes / addr_offset)`` HBM requests issued
         ``par_dispatch`` per cycle; tiles of one op never overlap. Output tiles have read_from_mu set.
+        ``tensor`` says where the values come from in functional mode.
         """
         label = self._label(abi.OP_OFFCHIP_LOAD, name)
         params = self._mem_params(label, tile_rows, tile_cols, elem_bytes, par_dispatch)
@@ -326,10 +394,12 @@ class ProgramBuilder:
         self._need(len(dims) >= 1, label, "view_shape must have at least one dim")
         params.update({abi.PA_VIEW_LEN: len(dims), abi.PA_N_TILES: int(np.prod(dims))})
         return self._add(abi.OP_OFFCHIP_LOAD, name, [], [out], params, [], [_TILE], payload=dims,
-                         payload_slots=(abi.PA_VIEW_OFF,))
+                         payload_slots=(abi.PA_VIEW_OFF,),
+                         tensor=self._check_tensor(label, tensor, tile_rows, tile_cols, dims))
 
     def dyn_offchip_load(self, *, ref: int, out: int, tile_rows: int, tile_cols: int, elem_bytes: int,
-                         view_shape: Sequence[int], par_dispatch: int = 1, name: str | None = None) -> int:
+                         view_shape: Sequence[int], par_dispatch: int = 1, tensor: TensorRef | None = None,
+                         name: str | None = None) -> int:
         """Per ``ref`` element: load the whole view; the closing tile gets ``ref stop + len(view_shape)``."""
         label = self._label(abi.OP_DYN_OFFCHIP_LOAD, name)
         params = self._mem_params(label, tile_rows, tile_cols, elem_bytes, par_dispatch)
@@ -337,37 +407,42 @@ class ProgramBuilder:
         self._need(len(dims) >= 1, label, "view_shape must have at least one dim")
         params.update({abi.PA_VIEW_LEN: len(dims), abi.PA_N_TILES: int(np.prod(dims))})
         return self._add(abi.OP_DYN_OFFCHIP_LOAD, name, [ref], [out], params, [_ALL], [_TILE], payload=dims,
-                         payload_slots=(abi.PA_VIEW_OFF,))
+                         payload_slots=(abi.PA_VIEW_OFF,),
+                         tensor=self._check_tensor(label, tensor, tile_rows, tile_cols, dims))
 
     def random_offchip_load(self, *, raddr: int, out: int, tile_rows: int, tile_cols: int, elem_bytes: int,
-                            par_dispatch: int = 1, name: str | None = None) -> int:
-        """Per u64 address element: load one tile, emitted with the address element's stop level."""
+                            par_dispatch: int = 1, tensor: TensorRef | None = None, name: str | None = None) -> int:
+        """Per u64 address element: load one tile (the address is its tile index in ``tensor``), emitted with
+        the address element's stop level."""
         label = self._label(abi.OP_RANDOM_OFFCHIP_LOAD, name)
         params = self._mem_params(label, tile_rows, tile_cols, elem_bytes, par_dispatch)
-        return self._add(abi.OP_RANDOM_OFFCHIP_LOAD, name, [raddr], [out], params, [_DATA], [_TILE])
+        return self._add(abi.OP_RANDOM_OFFCHIP_LOAD, name, [raddr], [out], params, [_DATA], [_TILE],
+                         tensor=self._check_tensor(label, tensor, tile_rows, tile_cols))
 
     def offchip_store(self, *, inp: int, par_dispatch: int = 1, traffic_elem_bytes: int = 0,
-                      name: str | None = None) -> int:
+                      tensor: TensorRef | None = None, name: str | None = None) -> int:
         """Store each input tile; ``n_req`` comes from the tile's own rows / cols / bytes (a sink).
 
         ``traffic_elem_bytes`` > 0 counts the stored traffic at that width per element instead of the tile's
         (step-perf's mock_bf16 times fp32 stores at 2 B/elem, but the tensor in memory is 4 B/elem).
+        In functional mode, input tile i is written as tile i of ``tensor``.
         """
         label = self._label(abi.OP_OFFCHIP_STORE, name)
         self._need(par_dispatch >= 1, label, f"par_dispatch must be >= 1, got {par_dispatch}")
         self._need(traffic_elem_bytes >= 0, label, f"traffic_elem_bytes must be >= 0, got {traffic_elem_bytes}")
         return self._add(abi.OP_OFFCHIP_STORE, name, [inp], [],
-                         {abi.PA_PAR_DISPATCH: par_dispatch, abi.PA_ELEM_BYTES: traffic_elem_bytes}, [_DATA], [])
+                         {abi.PA_PAR_DISPATCH: par_dispatch, abi.PA_ELEM_BYTES: traffic_elem_bytes}, [_DATA], [],
+                         tensor=self._check_tensor(label, tensor, None, None))
 
     def random_offchip_store(self, *, waddr: int, wdata: int, ack: int, tile_rows: int, tile_cols: int,
                              elem_bytes: int, par_dispatch: int = 1, ack_based_on_waddr: bool = True,
-                             name: str | None = None) -> int:
+                             tensor: TensorRef | None = None, name: str | None = None) -> int:
         """Per (waddr, wdata) pair: store one tile, then emit a bool ack (stop level from waddr or wdata)."""
         label = self._label(abi.OP_RANDOM_OFFCHIP_STORE, name)
         params = self._mem_params(label, tile_rows, tile_cols, elem_bytes, par_dispatch)
         params[abi.PA_ACK_ON_WADDR] = int(bool(ack_based_on_waddr))
         return self._add(abi.OP_RANDOM_OFFCHIP_STORE, name, [waddr, wdata], [ack], params, [_DATA, _DATA],
-                         [_SCALAR])
+                         [_SCALAR], tensor=self._check_tensor(label, tensor, tile_rows, tile_cols))
 
     # ------------------------------------------------------------------------------------------ buffers
     def bufferize(self, *, inp: int, out: int, rank: int, max_buffer_elems: int = 1024,
@@ -710,7 +785,7 @@ class ProgramBuilder:
             sel_idx=frozen(self._sel_idx if self._sel_idx else [0]), hw=frozen(hw),
             mem_order=frozen(mem_order if mem_order else []), arena_rows=max(arena, 1),
             unit_names=tuple(u.name for u in self._units), channel_names=tuple(self._ch_names),
-            hardware=self.hardware)
+            hardware=self.hardware, unit_tensors=tuple(u.tensor for u in self._units))
 
     def _check_kinds(self, producer: list[int]) -> None:
         """Propagate element kinds along channels and check every input port accepts what it is fed."""

@@ -2,11 +2,15 @@
 
 Compilation happens on the first call in a process (numba's on-disk cache makes later processes fast);
 ``compile_s`` reports it separately from ``sim_wall_s`` (engine time only).
+
+``functional=True`` runs the same engine with real tile values (:mod:`stepsim.kernels.values`): loads read
+the given (or seeded random) tensors, stores write ``SimResult.outputs``; every timing result is unchanged.
 """
 
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +18,7 @@ import numpy as np
 from stepsim.graph.graph import Graph
 from stepsim.graph.lower import lower
 from stepsim.hardware import Hardware
+from stepsim.kernels.arena import FunctionalStats
 from stepsim.workloads.base import Workload
 
 _UNSET = object()
@@ -41,6 +46,10 @@ class SimResult:
         fires, busy cycles, cycles blocked on input, cycles blocked on output, final clock.
     channel_counters : int64 array (n_channels, 2)
         pushes, peak occupancy.
+    inputs, outputs : dict of str to float32 array, or None
+        Functional mode: the tensors the run loaded and the tensors it stored, by name.
+    functional : FunctionalStats or None
+        Functional mode: value-arena usage.
     """
 
     cycles: int
@@ -55,6 +64,9 @@ class SimResult:
     channel_names: list = field(repr=False)
     unit_counters: np.ndarray = field(repr=False)
     channel_counters: np.ndarray = field(repr=False)
+    inputs: dict | None = field(default=None, repr=False)
+    outputs: dict | None = field(default=None, repr=False)
+    functional: FunctionalStats | None = None
 
     @property
     def off_chip_bytes(self) -> int:
@@ -65,8 +77,9 @@ _compiled = False
 
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
-             max_events: int | None = None) -> SimResult:
-    """Simulate ``target`` (a Graph or a Workload) in timing mode.
+             max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
+             arena_tiles: int | None = None) -> SimResult:
+    """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
     ----------
@@ -78,6 +91,16 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         Default FIFO depth (elements); None means 1024. Default: the workload's, else 2.
     max_events : int, optional
         Safety bound on engine events.
+    functional : bool
+        Carry real values (functional mode); the result then has ``inputs``, ``outputs`` and ``functional``.
+    inputs : dict of str to array, optional
+        Functional mode: tensor values by name. Default: a Workload's seeded inputs
+        (:func:`stepsim.workloads.reference.make_inputs`); for a Graph, each tensor's ``data`` or seeded
+        normal values (bf16-rounded for bf16 tensors).
+    seed : int
+        Seed of the default inputs.
+    arena_tiles : int, optional
+        Functional mode: value-arena capacity in tiles (default: a bound that cannot run out).
     """
     global _compiled
     from stepsim.kernels import run
@@ -100,9 +123,39 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         _ensure_compiled(_engine())  # compile or load from numba's disk cache, outside the timed run
         compile_s = time.perf_counter() - start
         _compiled = True
-    res = run(program, max_events=max_events)
+    if functional:
+        if inputs is None:
+            inputs = default_inputs(target, seed)
+        res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles)
+    else:
+        res = run(program, max_events=max_events)
     return SimResult(cycles=int(res.cycles), off_chip_bytes_read=int(res.bytes_read),
                      off_chip_bytes_written=int(res.bytes_written), events=int(res.events), fires=int(res.fires),
                      sim_wall_s=float(res.wall_seconds), compile_s=compile_s, lower_s=lower_s,
                      unit_names=list(program.unit_names), channel_names=list(program.channel_names),
-                     unit_counters=res.unit_counters, channel_counters=res.channel_counters)
+                     unit_counters=res.unit_counters, channel_counters=res.channel_counters,
+                     inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional)
+
+
+def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded functional-mode inputs: a Workload's :func:`~stepsim.workloads.reference.make_inputs`; for a
+    Graph, every loaded tensor's ``data`` when set, else standard normal values (bf16-rounded when the tensor
+    is bf16) drawn from ``seed`` and the tensor's name."""
+    if isinstance(target, Workload):
+        from stepsim.workloads.reference import make_inputs
+
+        return make_inputs(target, seed)
+    from stepsim.workloads.reference import round_to_bf16
+
+    arrays = {}
+    for op in target.ops:
+        tensor = getattr(op, "tensor", None)
+        if tensor is None or op.kind == "RandomOffChipStore" or tensor.name in arrays:
+            continue
+        if tensor.data is not None:
+            arrays[tensor.name] = np.asarray(tensor.data, dtype=np.float32)
+            continue
+        rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(tensor.name.encode())]))
+        a = rng.standard_normal(tensor.shape).astype(np.float32)
+        arrays[tensor.name] = round_to_bf16(a) if tensor.dtype.name == "bf16" else a
+    return arrays

@@ -26,15 +26,17 @@ Decisions made here (and why):
 
 from __future__ import annotations
 
+import numpy as np
+
 from stepsim.errors import LoweringError
 from stepsim.graph import ops_compute as C
 from stepsim.graph import ops_memory as M
 from stepsim.graph import ops_shape as S
 from stepsim.graph.dims import is_static, product
-from stepsim.graph.dtypes import FP32
+from stepsim.graph.dtypes import BF16, FP32
 from stepsim.graph.graph import Graph
 from stepsim.hardware import Hardware
-from stepsim.program import Program, ProgramBuilder
+from stepsim.program import Program, ProgramBuilder, TensorRef
 
 DEFAULT_CHANNEL_DEPTH = 1024
 
@@ -122,7 +124,9 @@ class _Lowering:
 
     def _LinearOffChipLoad(self, op, ins, outs):
         kw = dict(out=outs[0], tile_rows=op.tile_rows, tile_cols=op.tile_cols, elem_bytes=op.tensor.dtype.bytes,
-                  view_shape=op.out_shape_tiled, par_dispatch=op.par_dispatch, name=op.name)
+                  view_shape=op.out_shape_tiled, par_dispatch=op.par_dispatch, name=op.name,
+                  tensor=_tensor_ref(op.tensor.name, op.tensor.shape, op.tensor.dtype, op.tile_rows, op.tile_cols,
+                                     op.stride))
         if op.has_ref:
             self.builder.dyn_offchip_load(ref=ins[0], **kw)
         else:
@@ -131,18 +135,23 @@ class _Lowering:
     def _LinearOffChipStore(self, op, ins, outs):
         # traffic at the stream dtype's width (what the symbolic metric counts); timing from the tile's width
         self.builder.offchip_store(inp=ins[0], par_dispatch=op.par_dispatch,
-                                   traffic_elem_bytes=op.inputs[0].stream.dtype.dtype.bytes, name=op.name)
+                                   traffic_elem_bytes=op.inputs[0].stream.dtype.dtype.bytes, name=op.name,
+                                   tensor=_tensor_ref(op.tensor_name, op.tensor_shape, op.inputs[0].stream.dtype.dtype,
+                                                      op.tile_rows, op.tile_cols))
 
     def _RandomOffChipLoad(self, op, ins, outs):
         self.builder.random_offchip_load(raddr=ins[0], out=outs[0], tile_rows=op.tile_rows, tile_cols=op.tile_cols,
-                                         elem_bytes=op.tensor.dtype.bytes, par_dispatch=op.par_dispatch, name=op.name)
+                                         elem_bytes=op.tensor.dtype.bytes, par_dispatch=op.par_dispatch, name=op.name,
+                                         tensor=_tensor_ref(op.tensor.name, op.tensor.shape, op.tensor.dtype,
+                                                            op.tile_rows, op.tile_cols))
 
     def _RandomOffChipStore(self, op, ins, outs):
         wdata, waddr = ins
         self.builder.random_offchip_store(waddr=waddr, wdata=wdata, ack=outs[0], tile_rows=op.tile_rows,
                                           tile_cols=op.tile_cols, elem_bytes=op.tensor.dtype.bytes,
                                           par_dispatch=op.par_dispatch, ack_based_on_waddr=op.ack_based_on_waddr,
-                                          name=op.name)
+                                          name=op.name, tensor=_tensor_ref(op.tensor.name, op.tensor.shape,
+                                                                           op.tensor.dtype, op.tile_rows, op.tile_cols))
 
     def _Bufferize(self, op, ins, outs):
         shape = op.stream.dtype.shape
@@ -241,6 +250,18 @@ class _Lowering:
 
     def _Sink(self, op, ins, outs):
         self.builder.sink(inp=ins[0], name=op.name)
+
+
+def _tensor_ref(name, shape, dtype, tile_rows, tile_cols, strides=()) -> TensorRef | None:
+    """The functional-mode view of a memory operator's tensor (leading dims folded into rows), or None when a
+    dim is symbolic (timing does not need it; functional mode then reports the operator)."""
+    dims = (*shape, tile_rows, tile_cols)
+    if not all(is_static(d) for d in dims):
+        return None
+    dims = [int(d) for d in dims]
+    rows = int(np.prod(dims[:len(shape) - 1]))
+    return TensorRef(name, rows, dims[len(shape) - 1], dims[-2], dims[-1], bf16=dtype == BF16,
+                     strides=tuple(int(x) for x in strides), shape=tuple(dims[:len(shape)]))
 
 
 def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth: int | None = 2) -> Program:

@@ -212,9 +212,10 @@ ST_BAD_STOP = 4  # a stop level an operator cannot accept (step-perf panics); ST
 ST_MISMATCH = 5  # two lock-stepped inputs disagree (stop levels / one closed early); ST_ARG = the unit
 ST_CAUSALITY = 6  # internal: a request scheduled before the HBM's processed horizon; ST_ARG = the unit
 ST_BAD_SELECTOR = 7  # a selector target out of range; ST_ARG = the unit
+ST_VALUES = 8  # functional mode: the value arena failed (details in fi, see kernels.values)
 STATUS_NAMES = {ST_OK: "ok", ST_DEADLOCK: "deadlock", ST_MAX_EVENTS: "max_events", ST_ARENA_FULL: "arena_full",
                 ST_BAD_STOP: "bad_stop", ST_MISMATCH: "mismatch", ST_CAUSALITY: "causality",
-                ST_BAD_SELECTOR: "bad_selector"}
+                ST_BAD_SELECTOR: "bad_selector", ST_VALUES: "values"}
 
 # engine scalar outputs (the int64 vector returned next to the arrays)
 OUT_STATUS = 0

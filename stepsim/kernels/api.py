@@ -14,13 +14,18 @@ Example
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import numpy as np
+from numba import types
 
-from stepsim.errors import ArenaError, DeadlockError, SimulationError
+from stepsim.errors import ArenaError, ArgumentError, DeadlockError, SimulationError
 from stepsim.kernels import abi as A
+from stepsim.kernels import arena
+from stepsim.kernels import values as V
+from stepsim.kernels.arena import FunctionalStats
 
 #: the engine doubles Bufferize arena regions at most this many times before giving up
 MAX_ARENA_DOUBLINGS = 12
@@ -49,6 +54,10 @@ class EngineResult:
         Wall time of the engine call, excluding numba compilation.
     events_recorded : int64 array (n, 4)
         Recorded steps ``[unit, clock after the step, fires so far, step code]`` (empty unless requested).
+    outputs : dict of str to float32 array, or None
+        Functional mode: every stored tensor after the run, in its own shape.
+    functional : FunctionalStats or None
+        Functional mode: value-arena usage (:class:`stepsim.kernels.arena.FunctionalStats`).
     """
 
     cycles: int
@@ -60,6 +69,8 @@ class EngineResult:
     fires: int
     wall_seconds: float
     events_recorded: np.ndarray
+    outputs: dict | None = None
+    functional: FunctionalStats | None = None
 
     @property
     def firings_per_second(self) -> float:
@@ -73,23 +84,35 @@ def _engine():
     return engine_run
 
 
-def _call(engine_run, program, max_events, rec):
+def _call(engine_run, program, max_events, rec, fv=None, fi=None):
     return engine_run(program.unit_params, program.in_ptr, program.in_ch, program.out_ptr, program.out_ch,
                       program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
                       program.ch_consumer, program.payload, program.sel_ptr, program.sel_idx, program.hw,
-                      len(program.mem_order), program.arena_rows, max_events, rec)
+                      len(program.mem_order), program.arena_rows, max_events, rec, fv, fi)
 
 
-def _ensure_compiled(engine_run) -> None:
-    """Compile (or load from the disk cache) outside the timed call."""
-    if getattr(engine_run, "signatures", None) == [] or (
-            hasattr(engine_run, "signatures") and not engine_run.signatures):
-        from stepsim.kernels.warm import warm_program
+def _ensure_compiled(engine_run, functional: bool = False) -> None:
+    """Compile (or load from the disk cache) the timing or functional specialization outside the timed call."""
+    sigs = getattr(engine_run, "signatures", None)
+    if sigs is None:  # NUMBA_DISABLE_JIT: plain Python
+        return
+    want_none = not functional
+    if any((isinstance(sig[-1], types.NoneType)) == want_none for sig in sigs):
+        return
+    from stepsim.kernels.warm import warm_program
 
-        _call(engine_run, warm_program(), 1 << 40, np.zeros((0, 4), dtype=np.int64))
+    program = warm_program(functional)
+    rec = np.zeros((0, 4), dtype=np.int64)
+    state = None
+    if functional:
+        refs = arena.tensor_refs(program)
+        arrays = {name: np.zeros((refs[name].rows, refs[name].cols), np.float32) for name in refs}
+        state = arena.build_state(program, arrays, 256, arena.static_block_hint(program) * 4)
+    _call(engine_run, program, 1 << 40, rec, *(state[:2] if state else ()))
 
 
-def run(program, *, max_events: int | None = None, record_events: int = 0) -> EngineResult:
+def run(program, *, max_events: int | None = None, record_events: int = 0, inputs: dict | None = None,
+        arena_tiles: int | None = None) -> EngineResult:
     """Simulate a :class:`stepsim.program.Program`.
 
     Parameters
@@ -100,6 +123,13 @@ def run(program, *, max_events: int | None = None, record_events: int = 0) -> En
         Stop with :class:`SimulationError` after this many engine events (default: unlimited).
     record_events : int
         Record the first ``record_events`` unit steps into ``EngineResult.events_recorded``.
+    inputs : dict of str to array, optional
+        Functional mode: the values of every tensor the program loads, by tensor name (any shape with the
+        tensor's element count). Tiles then carry real values and ``EngineResult.outputs`` holds the stored
+        tensors; every timing result is identical to timing mode.
+    arena_tiles : int, optional
+        Functional mode: value-arena capacity in tiles. Default: a bound that cannot run out (module
+        :mod:`stepsim.kernels.arena`), found with one extra timing run.
 
     Returns
     -------
@@ -110,35 +140,105 @@ def run(program, *, max_events: int | None = None, record_events: int = 0) -> En
     DeadlockError
         No unit can progress and some are unfinished; lists every blocked unit, its channel and occupancy.
     ArenaError
-        A Bufferize buffer kept outgrowing its arena region.
+        A Bufferize buffer kept outgrowing its arena region, or (functional) ``arena_tiles`` is too small;
+        the message says how many tiles the run needs.
     SimulationError
-        Event limit reached, or an operator met input step-perf would panic on (stop level, selector, ...).
+        Event limit reached, an operator met input step-perf would panic on (stop level, selector, ...), or
+        (functional) a random address outside its tensor.
     """
     engine_run = _engine()
-    _ensure_compiled(engine_run)
+    _ensure_compiled(engine_run, functional=inputs is not None)
     limit = (1 << 62) if max_events is None else int(max_events)
     rec = np.zeros((max(int(record_events), 0), 4), dtype=np.int64)
+    if inputs is None:
+        out, us, chs, wall, _, _ = _run_growing(engine_run, program, limit, rec, None)
+        return _result(program, out, us, chs, wall, rec)
+    return _run_functional(engine_run, program, limit, rec, inputs, arena_tiles)
+
+
+def _run_growing(engine_run, program, limit, rec, make_state):
+    """One engine run, rerun with larger Bufferize regions while a buffer overflows its region.
+
+    ``make_state(program)`` returns the functional ``(fv, fi)`` for a run (None: timing mode).
+    Returns (out, us, chs, wall seconds, the program that ran, (fv, fi, offsets) or None).
+    """
     scale = 1
     current = program
     while True:
+        state = make_state(current) if make_state else None
+        fv, fi = (state[0], state[1]) if state else (None, None)
         t0 = time.perf_counter()
-        out, us, chs = _call(engine_run, current, limit, rec)
+        out, us, chs = _call(engine_run, current, limit, rec, fv, fi)
         wall = time.perf_counter() - t0
-        status = int(out[A.OUT_STATUS])
-        if status != A.ST_ARENA_FULL:
-            break
+        if int(out[A.OUT_STATUS]) != A.ST_ARENA_FULL:
+            return out, us, chs, wall, current, state
         if scale >= 1 << MAX_ARENA_DOUBLINGS:
             unit = int(out[A.OUT_STATUS_ARG])
             raise ArenaError(f"{program.unit_names[unit]} (Bufferize): a buffer needs more than "
                              f"{int(current.unit_params[unit, A.UP_A0 + A.PA_ARENA_SIZE])} arena elements")
         scale *= 2
         current = program.with_arena_scale(scale)
+
+
+def _run_functional(engine_run, program, limit, rec, inputs, arena_tiles):
+    """Functional mode: size the value arena, run, rerun once with larger blocks if a tile outgrew them."""
+    arrays = arena.check_inputs(program, inputs)
+    if arena_tiles is not None and (isinstance(arena_tiles, bool) or not isinstance(arena_tiles, (int, np.integer))
+                                    or arena_tiles < 1):
+        raise ArgumentError(f"arena_tiles must be a positive int, got {arena_tiles!r}")
+    pushes = None
+
+    def capacity(current):
+        nonlocal pushes
+        if arena_tiles is not None:
+            return int(arena_tiles)
+        if pushes is None:  # element count per channel; a timing run gives them exactly
+            pushes = run(program, max_events=limit).channel_counters[:, A.CCNT_PUSHES]
+        return arena.safe_capacity(current, pushes)
+
+    block = arena.static_block_hint(program)
+    while True:
+        out, us, chs, wall, current, state = _run_growing(
+            engine_run, program, limit, rec,
+            lambda cur: arena.build_state(cur, arrays, capacity(cur), block))
+        fv, fi, offsets = state
+        vstatus = int(fi[V.FI_STATUS])
+        if vstatus == V.VS_TOO_BIG and int(out[A.OUT_STATUS]) == A.ST_OK:
+            block = int(fi[V.FI_ARG2])  # the largest tile of the run: one more run fits every tile
+            continue
+        break
+    if vstatus == V.VS_FULL:
+        raise _arena_full_error(program, fi, arena_tiles, lambda: _run_functional(engine_run, program, limit, rec,
+                                                                                  inputs, None))
+    if vstatus == V.VS_BAD_ADDRESS:
+        unit = int(fi[V.FI_ARG])
+        t = program.unit_tensors[unit]
+        raise SimulationError(f"{program.unit_names[unit]} ({program.opcode_name(unit)}): tile address "
+                              f"{int(fi[V.FI_ARG2])} is outside tensor {t.name!r} ({t.n_tiles} tiles of "
+                              f"{t.tile_rows}x{t.tile_cols})")
+    result = _result(current, out, us, chs, wall, rec)
+    return dataclasses.replace(result, outputs=arena.read_outputs(program, fv, offsets), functional=arena.stats(fi))
+
+
+def _arena_full_error(program, fi, arena_tiles, rerun) -> ArenaError:
+    """The user's arena was too small: rerun with a safe capacity to say how many tiles the run needs."""
+    unit = int(fi[V.FI_ARG])
+    block = int(fi[V.FI_BLOCK])
+    need = rerun().functional.peak_tiles
+    return ArenaError(f"functional value arena full: {program.unit_names[unit]} ({program.opcode_name(unit)}) "
+                      f"needed a tile beyond arena_tiles={arena_tiles} ({(arena_tiles + 1) * block * 4} bytes of "
+                      f"{block}-float blocks); this run needs {need} tiles ({(need + 1) * block * 4} bytes)")
+
+
+def _result(program, out, us, chs, wall, rec) -> EngineResult:
+    """Check the engine status and package the counters."""
+    status = int(out[A.OUT_STATUS])
     if status == A.ST_DEADLOCK:
         raise _deadlock_error(program, us, chs)
     if status == A.ST_MAX_EVENTS:
-        raise SimulationError(f"engine stopped after max_events={limit} events at cycle "
+        raise SimulationError(f"engine stopped after max_events={int(out[A.OUT_EVENTS])} events at cycle "
                               f"{int(us[:, A.US_CLOCK].max()) if len(us) else 0} (raise max_events?)")
-    if status != A.ST_OK:
+    if status not in (A.ST_OK, A.ST_VALUES):
         unit = int(out[A.OUT_STATUS_ARG])
         raise SimulationError(f"{program.unit_names[unit]} ({program.opcode_name(unit)}): "
                               f"{_STATUS_MESSAGES.get(status, A.STATUS_NAMES.get(status, str(status)))} "

@@ -71,10 +71,11 @@ from stepsim.kernels.units_sources import (
     step_select_gen,
     step_sink,
 )
+from stepsim.kernels.values import FI_STATUS, VS_FULL
 
 
 @inline_kernel
-def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """Step unit u by its opcode. reads/writes: whatever the unit's step does / returns: its STEP_* code.
 
     Inlined into the event loop (numba IR inlining) so a step costs one call, not two: every call passes
@@ -83,85 +84,85 @@ def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
     op = up[u, A.UP_OPCODE]
     if op == A.OP_MAP:
         return step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                        hact)
+                        hact, fv, fi)
     if op == A.OP_ACCUM or op == A.OP_MAP_ACCUM or op == A.OP_SCAN:
         return step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                          hact)
+                          hact, fv, fi)
     if op == A.OP_OFFCHIP_LOAD or op == A.OP_DYN_OFFCHIP_LOAD:
         return step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                 hfree, hact)
+                                 hfree, hact, fv, fi)
     if op == A.OP_SINK:
         return step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact)
+                         hact, fv, fi)
     if op == A.OP_BROADCAST:
         return step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact)
+                              hfree, hact, fv, fi)
     if op == A.OP_FLATTEN:
         return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hact)
+                                    eng, hfree, hact, fv, fi)
     if op == A.OP_PROMOTE:
         if up[u, A.UP_A0 + A.PA_PROMOTE_OUTER]:
             return step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                      eng, hfree, hact)
+                                      eng, hfree, hact, fv, fi)
         return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hact)
+                                    eng, hfree, hact, fv, fi)
     if op == A.OP_RESHAPE:
         return step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                            hfree, hact)
+                            hfree, hact, fv, fi)
     if op == A.OP_PARTITION:
         return step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact)
+                              hfree, hact, fv, fi)
     if op == A.OP_REASSEMBLE:
         return step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hact)
+                               hfree, hact, fv, fi)
     if op == A.OP_EAGER_MERGE:
         return step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                hfree, hact)
+                                hfree, hact, fv, fi)
     if op == A.OP_PARALLELIZE:
         return step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                hfree, hact)
+                                hfree, hact, fv, fi)
     if op == A.OP_OFFCHIP_STORE:
         return step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact)
+                                  eng, hfree, hact, fv, fi)
     if op == A.OP_RANDOM_OFFCHIP_LOAD:
         return step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                        arena, eng, hfree, hact)
+                                        arena, eng, hfree, hact, fv, fi)
     if op == A.OP_RANDOM_OFFCHIP_STORE:
         return step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                         arena, eng, hfree, hact)
+                                         arena, eng, hfree, hact, fv, fi)
     if op == A.OP_BUFFERIZE:
         return step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact)
+                              hfree, hact, fv, fi)
     if op == A.OP_STREAMIFY:
         return step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact)
+                              hfree, hact, fv, fi)
     if op == A.OP_DYN_STREAMIFY:
         return step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact)
+                                  eng, hfree, hact, fv, fi)
     if op == A.OP_EXPAND_REF:
         return step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hact)
+                               hfree, hact, fv, fi)
     if op == A.OP_REPEAT_STATIC:
         return step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact)
+                                  eng, hfree, hact, fv, fi)
     if op == A.OP_ROW_STREAMIFY:
         return step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact)
+                                  eng, hfree, hact, fv, fi)
     if op == A.OP_SELECT_GEN:
         return step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hact)
+                               hfree, hact, fv, fi)
     if op == A.OP_METADATA_GEN:
         return step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                 hfree, hact)
+                                 hfree, hact, fv, fi)
     if op == A.OP_EXPERT_ADDR_GEN:
         return step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hact)
+                                    eng, hfree, hact, fv, fi)
     if op == A.OP_CACHE_READ_ADDR_GEN:
         return step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                        arena, eng, hfree, hact)
+                                        arena, eng, hfree, hact, fv, fi)
     if op == A.OP_FILTER_LAST_TILE:
         return step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                     eng, hfree, hact)
+                                     eng, hfree, hact, fv, fi)
     return A.STEP_DONE
 
 
@@ -177,7 +178,7 @@ def _wake(us, wl, wl_n, v):
 
 @kernel
 def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots, payload, sel_ptr, sel_idx, hw,
-               arena, eng, hfree, hact, done_list, wl, ts_units, n_ts, max_events, rec):
+               arena, eng, hfree, hact, done_list, wl, ts_units, n_ts, max_events, rec, fv, fi):
     """The scheduler (compiled without NRT: no reference counting on the hot path).
 
     reads: the program / writes: every state array, rec / returns: (status, events, recorded steps).
@@ -193,7 +194,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             u = wl[wl_n]
             us[u, A.US_IN_WORKLIST] = 0
             r = dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact)
+                         hact, fv, fi)
             events += 1
             if n_rec < n_rec_max:
                 rec[n_rec, 0] = u
@@ -203,6 +204,9 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 n_rec += 1
             if eng[E_STATUS] != A.ST_OK:
                 status = eng[E_STATUS]
+                break
+            if fi is not None and fi[FI_STATUS] >= VS_FULL:  # functional mode: out of handles, bad address
+                status = A.ST_VALUES
                 break
             if r == A.STEP_DONE:
                 us[u, A.US_DONE] = 1
@@ -258,7 +262,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
 
 @alloc_kernel
 def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, payload, sel_ptr,
-               sel_idx, hw, n_mem, arena_rows, max_events, rec):
+               sel_idx, hw, n_mem, arena_rows, max_events, rec, fv, fi):
     """Run a program to completion, deadlock or the event limit.
 
     reads: the program arrays / writes: rec (recorded steps: unit, clock, fires, step code) /
@@ -309,7 +313,7 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
     eng[E_WL_N] = wl_n
     status, events, n_rec = event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots,
                                        payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, done_list, wl,
-                                       ts_units, n_ts, max_events, rec)
+                                       ts_units, n_ts, max_events, rec, fv, fi)
     if status == A.ST_OK:
         for u in range(n_units):
             if us[u, A.US_DONE] == 0:

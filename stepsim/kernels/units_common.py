@@ -13,6 +13,7 @@ from __future__ import annotations
 from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, closed_empty, head_row, pop, push, push_copy
 from stepsim.kernels.jit import kernel
+from stepsim.kernels.values import drop, keep
 
 
 @kernel
@@ -95,6 +96,17 @@ def take(us, u, chs, slots, c):
 
 
 @kernel
+def consume(us, u, chs, slots, c, fi):
+    """:func:`take` for a unit that only reads the token's metadata: its values (functional mode) are released.
+
+    reads: the head slot / writes: us[u] clock, the channel / returns: the head's slot row (metadata readable).
+    """
+    row = take(us, u, chs, slots, c)
+    drop(fi, slots, row, A.SL_TOKEN)
+    return row
+
+
+@kernel
 def look(us, u, chs, slots, c):
     """Blocking peek of c's head (c must be non-empty): clock = max(clock, stamp).
 
@@ -119,11 +131,13 @@ def emit(us, u, chs, slots, c, requested, stop, flags, nbytes, rows, cols, offse
 
 
 @kernel
-def emit_copy(us, u, chs, slots, c, requested, src, srow, scol, stop):
+def emit_copy(us, u, chs, slots, c, requested, src, srow, scol, stop, fi):
     """Enqueue a copy of the token at ``src[srow, scol:]`` with stop ``stop``; like :func:`emit`.
 
+    The copy holds its own reference to a tile's values (functional mode, :func:`stepsim.kernels.values.keep`).
     reads: the source row / writes: the channel, us[u] clock and blocked-out counter / returns: nothing.
     """
+    keep(fi, src, srow, scol)
     clock = us[u, A.US_CLOCK]
     t = push_copy(chs, slots, c, clock, requested, src, srow, scol, stop)
     if t > clock:

@@ -16,10 +16,12 @@ tile shapes are computed from the tokens at run time (dynamic tiles follow the t
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
+from stepsim.kernels import values as V
 from stepsim.kernels.channels import can_pop, can_push, head_row, pop
 from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import block, emit, load_cycles, pmu_cycles, seen_closed, spend, wait_input
+from stepsim.kernels.values import drop, keep
 
 R_INIT = A.US_R0 + 0  # 1 once the accumulator holds the init tile
 
@@ -116,8 +118,9 @@ def fn_fold(fn, bw, sa, ra, ca, sx, rx, cx):
 
 
 @kernel
-def _init_acc(u, up, us):
-    """reads: up[u] init tile / writes: us[u] accumulator (token A) / returns: nothing."""
+def _init_acc(u, up, us, fv, fi):
+    """reads: up[u] init tile / writes: us[u] accumulator (token A; functional: a fresh zero tile) / returns:
+    nothing."""
     wb = up[u, A.UP_A0 + A.PA_WRITE_BACK]
     fn = up[u, A.UP_A0 + A.PA_FN]
     col = A.US_TOK_A
@@ -129,12 +132,18 @@ def _init_acc(u, up, us):
     us[u, col + A.TK_COLS] = up[u, A.UP_A0 + A.PA_INIT_COLS]
     us[u, col + A.TK_OFFSET] = 0
     us[u, col + A.TK_PAYLOAD] = -1
+    if fi is not None and fn != A.FN_SIGNAL_REQ_ALL_READ:
+        n = up[u, A.UP_A0 + A.PA_INIT_ROWS] * up[u, A.UP_A0 + A.PA_INIT_COLS]
+        h = V.alloc(fi, n, u)
+        V.fill_zero(fv, fi, h, n)
+        us[u, col + A.TK_PAYLOAD] = h
     us[u, R_INIT] = 1
 
 
 @kernel
-def _set_acc(u, us, fn, wb, res):
-    """reads: a fold result / writes: us[u] accumulator (token A) / returns: nothing."""
+def _set_acc(u, us, fn, wb, res, handle):
+    """reads: a fold result / writes: us[u] accumulator (token A), its payload ``handle`` when >= 0 (functional
+    mode) / returns: nothing."""
     col = A.US_TOK_A
     flags = res[1]
     if fn != A.FN_RETILE_ROW and fn != A.FN_RETILE_COL and wb:
@@ -144,7 +153,7 @@ def _set_acc(u, us, fn, wb, res):
     us[u, col + A.TK_ROWS] = res[3]
     us[u, col + A.TK_COLS] = res[4]
     us[u, col + A.TK_OFFSET] = res[5]
-    us[u, col + A.TK_PAYLOAD] = res[6]
+    us[u, col + A.TK_PAYLOAD] = handle if handle >= 0 else res[6]
 
 
 @kernel
@@ -155,7 +164,55 @@ def _mismatch(u, eng, us):
 
 
 @kernel
-def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def _map_values(u, fn, param, slots, r1, r2, rows, cols, fv, fi):
+    """Functional mode: compute a Map's output tile. reads: the operand tiles / writes: a fresh block /
+    returns: its handle (set_offset shares operand 1's block: its values do not change)."""
+    c = A.SL_TOKEN
+    h1 = V.tile_handle(slots, r1, c)
+    if fn == A.FN_SET_OFFSET:
+        V.incref(fi, h1)
+        return h1
+    h = V.alloc(fi, rows * cols, u)
+    V.map_values(fv, fi, fn, param, h1, slots[r1, c + A.TK_ROWS], slots[r1, c + A.TK_COLS], slots[r1, c + A.TK_OFFSET],
+                 V.tile_handle(slots, r2, c), slots[r2, c + A.TK_ROWS], slots[r2, c + A.TK_COLS], h, rows, cols)
+    return h
+
+
+@kernel
+def _fold_values(u, us, fn, param, binary, slots, r1, r2, rows, cols, fv, fi):
+    """Functional mode: the next accumulator tile (``rows x cols``) of an Accum / Scan / MapAccum.
+
+    Accum / Scan fold element r1 into the accumulator with fn; MapAccum folds ``fn(r1, r2)`` with add. The
+    old accumulator block is released (the accumulator register owns one reference).
+    reads: the accumulator and operands / writes: fresh blocks / returns: the new accumulator's handle.
+    """
+    c = A.SL_TOKEN
+    acc = A.US_TOK_A
+    ha = us[u, acc + A.TK_PAYLOAD]
+    ar = us[u, acc + A.TK_ROWS]
+    ac = us[u, acc + A.TK_COLS]
+    h = V.alloc(fi, rows * cols, u)
+    if binary:
+        pr = slots[r1, c + A.TK_ROWS]
+        pc = slots[r2, c + A.TK_ROWS] if (fn == A.FN_MATMUL and param == 1) else slots[r2, c + A.TK_COLS]
+        if fn != A.FN_MATMUL:
+            pr = max(pr, slots[r2, c + A.TK_ROWS])
+            pc = max(slots[r1, c + A.TK_COLS], slots[r2, c + A.TK_COLS])
+        hp = V.alloc(fi, pr * pc, u)
+        V.map_values(fv, fi, fn, param, V.tile_handle(slots, r1, c), slots[r1, c + A.TK_ROWS],
+                     slots[r1, c + A.TK_COLS], 0, V.tile_handle(slots, r2, c), slots[r2, c + A.TK_ROWS],
+                     slots[r2, c + A.TK_COLS], hp, pr, pc)
+        V.fold_values(fv, fi, A.FN_ADD, ha, ar, ac, hp, pr, pc, h, rows, cols)
+        V.decref(fi, hp)
+    else:
+        V.fold_values(fv, fi, fn, ha, ar, ac, V.tile_handle(slots, r1, c), slots[r1, c + A.TK_ROWS],
+                      slots[r1, c + A.TK_COLS], h, rows, cols)
+    V.decref(fi, ha)
+    return h
+
+
+@kernel
+def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: inputs / writes: output, input credits, us[u] / returns: DONE when the inputs close."""
     start = up[u, A.UP_IN_START]
     c1 = in_ch[start]
@@ -199,16 +256,21 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
             store = pmu_cycles(res[2] * res[3] * res[4], pmu)
             cost = max(cost, store)
         spend(us, u, cost)
+        value = res[6]
+        if fi is not None and res[1] == A.KIND_TILE:
+            value = _map_values(u, fn, param, slots, r1, r2, res[3], res[4], fv, fi)
         emit(us, u, chs, slots, out, us[u, A.US_CLOCK], slots[r1, A.SL_TOKEN + A.TK_STOP],
-             res[1] | (A.FLAG_MU if wb else 0), res[2], res[3], res[4], res[5], res[6])
+             res[1] | (A.FLAG_MU if wb else 0), res[2], res[3], res[4], res[5], value)
         pop(chs, slots, c1, us[u, A.US_CLOCK])
+        drop(fi, slots, r1, A.SL_TOKEN)
         if binary:
             pop(chs, slots, c2, us[u, A.US_CLOCK])
+            drop(fi, slots, r2, A.SL_TOKEN)
         us[u, A.US_FIRES] += 1
 
 
 @kernel
-def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """Accum, MapAccum and Scan (by opcode).
 
     reads: inputs / writes: output, input credits, us[u] accumulator / returns: DONE when the inputs close.
@@ -230,7 +292,7 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
         init_store = pmu_cycles(up[u, A.UP_A0 + A.PA_INIT_ROWS] * up[u, A.UP_A0 + A.PA_INIT_COLS]
                                 * up[u, A.UP_A0 + A.PA_INIT_BYTES], pmu)
     if us[u, R_INIT] == 0:
-        _init_acc(u, up, us)
+        _init_acc(u, up, us, fv, fi)
     while True:
         if us[u, A.US_PHASE] == 1:
             # pending output in token B (Accum / MapAccum: DEQ happened before this ENQ)
@@ -244,6 +306,7 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
         if not can_pop(chs, c1):
             if seen_closed(us, u, chs, c1):
                 if not binary or seen_closed(us, u, chs, c2):
+                    drop(fi, us, u, A.US_TOK_A)  # the init tile of a group that never came
                     return A.STEP_DONE
                 if can_pop(chs, c2):  # input 2 still has elements: the inputs disagree
                     return _mismatch(u, eng, us)
@@ -257,6 +320,7 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
         wait_input(us, u, slots[r1, A.SL_STAMP])
         load = load_cycles(slots, r1, A.SL_TOKEN, pmu)
         stop = slots[r1, A.SL_TOKEN + A.TK_STOP]
+        r2 = r1
         if binary:
             r2 = head_row(chs, c2)
             wait_input(us, u, slots[r2, A.SL_STAMP])
@@ -278,6 +342,9 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             res = (prod[0], A.KIND_TILE, nbytes, rows, cols, valid, -1)
         else:
             res = fn_fold(fn, bw, us, u, A.US_TOK_A, slots, r1, A.SL_TOKEN)
+        handle = -1
+        if fi is not None and res[1] & A.KIND_MASK == A.KIND_TILE:
+            handle = _fold_values(u, us, fn, param, binary, slots, r1, r2, res[3], res[4], fv, fi)
         comp = res[0]
         cost = max(comp, load)
         if op == A.OP_SCAN:
@@ -286,12 +353,15 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
                 cost = max(cost, store)
             spend(us, u, cost)
             pop(chs, slots, c1, us[u, A.US_CLOCK])
-            _set_acc(u, us, fn, wb, res)
+            drop(fi, slots, r1, A.SL_TOKEN)
+            _set_acc(u, us, fn, wb, res, handle)
             for k in range(A.N_TOKEN):
                 us[u, A.US_TOK_B + k] = us[u, A.US_TOK_A + k]
+            keep(fi, us, u, A.US_TOK_B)  # the pending output shares the accumulator's values
             us[u, A.US_TOK_B + A.TK_STOP] = stop
             if stop >= rank:
-                _init_acc(u, up, us)
+                drop(fi, us, u, A.US_TOK_A)
+                _init_acc(u, up, us, fv, fi)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 1
             continue
@@ -300,13 +370,15 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             cost = init_store
         spend(us, u, cost)
         pop(chs, slots, c1, us[u, A.US_CLOCK])
+        drop(fi, slots, r1, A.SL_TOKEN)
         if binary:
             pop(chs, slots, c2, us[u, A.US_CLOCK])
-        _set_acc(u, us, fn, wb, res)
+            drop(fi, slots, r2, A.SL_TOKEN)
+        _set_acc(u, us, fn, wb, res, handle)
         us[u, A.US_FIRES] += 1
         if closing:
-            for k in range(A.N_TOKEN):
+            for k in range(A.N_TOKEN):  # the accumulator's reference moves to the pending output
                 us[u, A.US_TOK_B + k] = us[u, A.US_TOK_A + k]
             us[u, A.US_TOK_B + A.TK_STOP] = stop - rank
-            _init_acc(u, up, us)
+            _init_acc(u, up, us, fv, fi)
             us[u, A.US_PHASE] = 1

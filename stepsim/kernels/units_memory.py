@@ -21,12 +21,14 @@ consumer's DEQ of a reference releases its elements (``us[owner, R_FREED]``).
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
+from stepsim.kernels import values as V
 from stepsim.kernels.channels import can_push, head_row, pop
 from stepsim.kernels.hbm import E_BYTES_READ, E_BYTES_WRITTEN, E_STATUS, E_STATUS_ARG, hbm_register, n_requests
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
     await_input,
     block,
+    consume,
     emit,
     emit_copy,
     look,
@@ -34,6 +36,7 @@ from stepsim.kernels.units_common import (
     stop_from_shape,
     take,
 )
+from stepsim.kernels.values import drop
 
 R_I = A.US_R0 + 0  # tile index within the view / element index
 R_REFSTOP = A.US_R0 + 1
@@ -42,6 +45,7 @@ R_BSTART = A.US_R0 + 3  # bufferize: ring position of the current buffer's first
 R_FREED = A.US_R0 + 4  # bufferize: ring position up to which elements were released
 R_J = A.US_R0 + 5  # streamify: emitted count
 R_TOTAL = A.US_R0 + 6
+R_ADDR = A.US_R0 + 7  # random load: the tile address (functional mode)
 
 TILE_FLAGS = A.KIND_TILE | A.FLAG_MU
 
@@ -67,8 +71,23 @@ def _start_tile(u, up, us, eng, hact, hw, rows, cols, nbytes, traffic_bytes, is_
 
 
 @kernel
+def _load_values(u, t, rows, cols, fv, fi):
+    """Functional mode: a fresh block holding tile t of unit u's tensor. returns: its handle."""
+    h = V.alloc(fi, rows * cols, u)
+    V.load_tile(fv, fi, u, t, h, rows, cols)
+    return h
+
+
+@kernel
+def _store_values(u, t, src, row, fv, fi):
+    """Functional mode: write the tile token at ``src[row]`` as tile t of unit u's tensor."""
+    c = A.SL_TOKEN
+    V.store_tile(fv, fi, u, t, V.tile_handle(src, row, c), src[row, c + A.TK_ROWS], src[row, c + A.TK_COLS])
+
+
+@kernel
 def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                      hact):
+                      hact, fv, fi):
     """reads: view shape / writes: tile output, HBM registration, us[u] / returns: DONE after the last tile."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n_tiles = up[u, A.UP_A0 + A.PA_N_TILES]
@@ -87,7 +106,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
                     got = await_input(us, u, chs, ref)
                     if got != A.STEP_READY:
                         return got
-                    row = take(us, u, chs, slots, ref)
+                    row = consume(us, u, chs, slots, ref, fi)
                     us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
                     us[u, R_I] = 0
             elif us[u, R_I] == n_tiles:
@@ -104,7 +123,10 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
             stop = stop_from_shape(payload, voff, vlen, i)
             if is_dyn and i == n_tiles - 1:
                 stop += us[u, R_REFSTOP]
-            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, TILE_FLAGS, nb, rows, cols, rows, -1)
+            value = -1
+            if fi is not None:
+                value = _load_values(u, V.view_tile(fi, payload, u, voff, vlen, i), rows, cols, fv, fi)
+            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, TILE_FLAGS, nb, rows, cols, rows, value)
             us[u, R_I] = i + 1
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
@@ -112,7 +134,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
 
 @kernel
 def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                             hfree, hact):
+                             hfree, hact, fv, fi):
     """reads: address input / writes: tile output, HBM registration, us[u] / returns: DONE when raddr closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -125,8 +147,9 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
             got = await_input(us, u, chs, c)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = consume(us, u, chs, slots, c, fi)
             us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
+            us[u, R_ADDR] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, False)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
@@ -135,14 +158,18 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
         else:
             if not can_push(chs, out):
                 return block(us, u, out, A.WAIT_FULL)
-            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, R_REFSTOP], TILE_FLAGS, nb, rows, cols, rows, -1)
+            value = -1
+            if fi is not None:
+                value = _load_values(u, us[u, R_ADDR], rows, cols, fv, fi)
+            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, R_REFSTOP], TILE_FLAGS, nb, rows, cols, rows,
+                 value)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact):
+                       hact, fv, fi):
     """reads: tile input / writes: HBM registration, input credits, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
@@ -159,14 +186,18 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
+            row = head_row(chs, c)
+            if fi is not None:  # tile i of the stream is tile i of the tensor
+                _store_values(u, us[u, A.US_FIRES], slots, row, fv, fi)
             pop(chs, slots, c, us[u, A.US_CLOCK])
+            drop(fi, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact):
+                              hfree, hact, fv, fi):
     """reads: waddr and wdata inputs / writes: ack output, HBM registration, us[u] / returns: DONE on close."""
     ca = in_ch[up[u, A.UP_IN_START]]
     cd = in_ch[up[u, A.UP_IN_START] + 1]
@@ -196,16 +227,20 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
                 return block(us, u, out, A.WAIT_FULL)
             src = head_row(chs, ca) if on_waddr else head_row(chs, cd)
             stop = slots[src, A.SL_TOKEN + A.TK_STOP]
+            data = head_row(chs, cd)
+            if fi is not None:
+                _store_values(u, slots[head_row(chs, ca), A.SL_TOKEN + A.TK_PAYLOAD], slots, data, fv, fi)
             emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, A.KIND_SCALAR, 1, 1, 1, 1, 1)
             pop(chs, slots, ca, us[u, A.US_CLOCK])
             pop(chs, slots, cd, us[u, A.US_CLOCK])
+            drop(fi, slots, data, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
 
 
 # ---------------------------------------------------------------------------------------------- buffers
 @kernel
-def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: element input / writes: arena region, buffer output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -245,14 +280,20 @@ def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
 
 
 @kernel
-def _release_buffer(up, us, slots, row):
-    """The consumer dequeued a buffer reference: release its arena elements.
+def _release_buffer(up, us, slots, row, arena, fi):
+    """The consumer dequeued a buffer reference: release its arena elements (and, functional, their values).
 
     reads: the reference token / writes: the owner's freed position / returns: nothing.
     """
     owner = slots[row, A.SL_TOKEN + A.TK_OFFSET]
-    end = slots[row, A.SL_TOKEN + A.TK_PAYLOAD] + slots[row, A.SL_TOKEN + A.TK_ROWS]
-    us[owner, R_FREED] = max(us[owner, R_FREED], end)
+    start = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
+    count = slots[row, A.SL_TOKEN + A.TK_ROWS]
+    if fi is not None:
+        abase = up[owner, A.UP_A0 + A.PA_ARENA_BASE]
+        asize = up[owner, A.UP_A0 + A.PA_ARENA_SIZE]
+        for j in range(count):
+            drop(fi, arena, abase + (start + j) % asize, 0)
+    us[owner, R_FREED] = max(us[owner, R_FREED], start + count)
 
 
 @kernel
@@ -265,7 +306,7 @@ def _buffer_stop(arena, arow, b, closing_extra):
 
 
 @kernel
-def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: buffer references, arena / writes: element output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -294,18 +335,18 @@ def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             extra = stop_from_shape(payload, roff, rlen, rep) if rlen > 0 else 0
             if extra == rlen:
                 extra += bstop
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], arena, arow, 0, _buffer_stop(arena, arow, b, extra))
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], arena, arow, 0, _buffer_stop(arena, arow, b, extra), fi)
             spend(us, u, 1)
             us[u, R_J] = j + 1
         pop(chs, slots, c, us[u, A.US_CLOCK])
-        _release_buffer(up, us, slots, row)
+        _release_buffer(up, us, slots, row, arena, fi)
         us[u, R_J] = 0
         us[u, A.US_FIRES] += 1
 
 
 @kernel
 def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact):
+                       hact, fv, fi):
     """reads: buffer references, ref input, arena / writes: element output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     ref = in_ch[up[u, A.UP_IN_START] + 1]
@@ -320,7 +361,7 @@ def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             got = await_input(us, u, chs, ref)
             if got != A.STEP_READY:
                 return got
-            rrow = take(us, u, chs, slots, ref)
+            rrow = consume(us, u, chs, slots, ref, fi)
             us[u, R_REFSTOP] = slots[rrow, A.SL_TOKEN + A.TK_STOP]
             us[u, R_J] = 0
             us[u, A.US_PHASE] = 1
@@ -336,11 +377,11 @@ def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             j = us[u, R_J]
             arow = abase + (start + j) % asize
             emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], arena, arow, 0,
-                      _buffer_stop(arena, arow, b, us[u, R_REFSTOP]))
+                      _buffer_stop(arena, arow, b, us[u, R_REFSTOP]), fi)
             spend(us, u, 1)
             us[u, R_J] = j + 1
         us[u, A.US_FIRES] += 1
         us[u, A.US_PHASE] = 0
         if us[u, R_REFSTOP] >= repeat_rank + 1:
             pop(chs, slots, c, us[u, A.US_CLOCK])
-            _release_buffer(up, us, slots, row)
+            _release_buffer(up, us, slots, row, arena, fi)

@@ -39,6 +39,7 @@ from stepsim.kernels.units_common import (
     tok_bytes,
     wait_input,
 )
+from stepsim.kernels.values import drop
 
 R_SFLAGS = A.US_R0 + 0
 R_SPAY = A.US_R0 + 1
@@ -62,18 +63,19 @@ def _bad(eng, u, code):
 
 
 @kernel
-def _take_selector(u, us, chs, slots, c, pmu):
+def _take_selector(u, us, chs, slots, c, pmu, fi):
     """PEEK sel, now += L(sel), DEQ sel; keep its flags/payload/stop. reads: sel head / writes: us[u]."""
     row = look(us, u, chs, slots, c)
     spend(us, u, load_cycles(slots, row, A.SL_TOKEN, pmu))
     pop(chs, slots, c, us[u, A.US_CLOCK])
+    drop(fi, slots, row, A.SL_TOKEN)
     us[u, R_SFLAGS] = slots[row, A.SL_TOKEN + A.TK_FLAGS]
     us[u, R_SPAY] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
     us[u, R_SSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
 
 
 @kernel
-def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: data and selector inputs / writes: outputs, us[u] / returns: DONE when the selector closes."""
     cdata = in_ch[up[u, A.UP_IN_START]]
     csel = in_ch[up[u, A.UP_IN_START] + 1]
@@ -89,7 +91,7 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             got = await_input(us, u, chs, csel)
             if got != A.STEP_READY:
                 return got
-            _take_selector(u, us, chs, slots, csel, pmu)
+            _take_selector(u, us, chs, slots, csel, pmu, fi)
             nt = sel_count(us[u, R_SFLAGS], us[u, R_SPAY], sel_ptr)
             maxsw = 0
             for j in range(nt):
@@ -125,13 +127,14 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
                 c = out_ch[ostart + e]
                 if not can_push(chs, c):
                     return block(us, u, c, A.WAIT_FULL)
-                emit_copy(us, u, chs, slots, c, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+                emit_copy(us, u, chs, slots, c, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
                 us[u, R_J] += 1
+            drop(fi, us, u, A.US_TOK_A)  # every target holds its own copy (none: the element is dropped)
             us[u, A.US_PHASE] = 0 if us[u, R_GEND] else 1
 
 
 @kernel
-def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: data inputs and selector / writes: output, us[u], scratch rows / returns: DONE on selector close."""
     istart = up[u, A.UP_IN_START]
     n_in = up[u, A.UP_N_IN] - 1
@@ -148,7 +151,7 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
             got = await_input(us, u, chs, csel)
             if got != A.STEP_READY:
                 return got
-            _take_selector(u, us, chs, slots, csel, pmu)
+            _take_selector(u, us, chs, slots, csel, pmu, fi)
             nt = sel_count(us[u, R_SFLAGS], us[u, R_SPAY], sel_ptr)
             for j in range(nt):
                 e = sel_target(us[u, R_SFLAGS], us[u, R_SPAY], j, sel_ptr, sel_idx)
@@ -210,7 +213,8 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
         else:
             if not can_push(chs, out):
                 return block(us, u, out, A.WAIT_FULL)
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+            drop(fi, us, u, A.US_TOK_A)
             us[u, A.US_PHASE] = 2
             if us[u, R_GEND]:
                 us[u, R_J] += 1
@@ -250,7 +254,7 @@ def eager_merge_event_time(u, up, us, in_ch, chs, slots):
 
 @kernel
 def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                     hact):
+                     hact, fv, fi):
     """reads: inputs, us[u, R_DECIDE] / writes: data and selector outputs, us[u] /
     returns: STEP_TIME while choosing without a decision time, DONE when all inputs closed."""
     istart = up[u, A.UP_IN_START]
@@ -304,7 +308,9 @@ def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
         else:
             if not can_push(chs, cdata):
                 return block(us, u, cdata, A.WAIT_FULL)
-            emit_copy(us, u, chs, slots, cdata, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, A.US_TOK_A + A.TK_STOP])
+            emit_copy(us, u, chs, slots, cdata, us[u, A.US_CLOCK], us, u, A.US_TOK_A,
+                      us[u, A.US_TOK_A + A.TK_STOP], fi)
+            drop(fi, us, u, A.US_TOK_A)
             if us[u, R_GEND]:
                 us[u, A.US_PHASE] = 0
             else:
@@ -314,7 +320,7 @@ def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
 
 @kernel
 def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                     hact):
+                     hact, fv, fi):
     """reads: input / writes: outputs, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ostart = up[u, A.UP_OUT_START]
@@ -339,14 +345,15 @@ def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
         if not can_push(chs, o):
             return block(us, u, o, A.WAIT_FULL)
         emit_copy(us, u, chs, slots, o, us[u, A.US_CLOCK] + payload[swoff + lane], us, u, A.US_TOK_A,
-                  us[u, A.US_TOK_A + A.TK_STOP])
+                  us[u, A.US_TOK_A + A.TK_STOP], fi)
+        drop(fi, us, u, A.US_TOK_A)
         if us[u, R_GEND]:
             us[u, R_LANE] = (lane + 1) % n_out
         us[u, A.US_PHASE] = 0
 
 
 @kernel
-def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: input / writes: every output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ostart = up[u, A.UP_OUT_START]
@@ -373,5 +380,6 @@ def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             us[u, A.US_CLOCK] = latest
         for k in range(n_out):
             emit_copy(us, u, chs, slots, out_ch[ostart + k], us[u, A.US_CLOCK], us, u, A.US_TOK_A,
-                      us[u, A.US_TOK_A + A.TK_STOP])
+                      us[u, A.US_TOK_A + A.TK_STOP], fi)
+        drop(fi, us, u, A.US_TOK_A)
         us[u, A.US_PHASE] = 0

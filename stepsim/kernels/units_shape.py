@@ -21,9 +21,22 @@ All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (STEP_SEMANTIC
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
+from stepsim.kernels import values as V
 from stepsim.kernels.channels import can_pop, can_push, pop
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.units_common import await_input, block, emit, emit_copy, look, seen_closed, spend, stash, take
+from stepsim.kernels.units_common import (
+    await_input,
+    block,
+    consume,
+    emit,
+    emit_copy,
+    look,
+    seen_closed,
+    spend,
+    stash,
+    take,
+)
+from stepsim.kernels.values import drop
 
 R_I = A.US_R0 + 0
 R_N = A.US_R0 + 1
@@ -38,7 +51,7 @@ R_PENDING = A.US_R0 + 9
 
 @kernel
 def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact):
+                         hact, fv, fi):
     """Flatten and (inner) Promote. reads: input / writes: output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -66,13 +79,14 @@ def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
             us[u, A.US_PHASE] = 1
         if not can_push(chs, out):
             return block(us, u, out, A.WAIT_FULL)
-        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+        drop(fi, us, u, A.US_TOK_A)
         us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact):
+                       hact, fv, fi):
     """Promote of the outermost dim. reads: input / writes: output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -102,14 +116,15 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
         else:
             if not can_push(chs, out):
                 return block(us, u, out, A.WAIT_FULL)
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+            drop(fi, us, u, A.US_TOK_A)
             if us[u, R_CLOSING]:
                 return A.STEP_DONE
             us[u, A.US_PHASE] = 0
 
 
 @kernel
-def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: input / writes: output (data and pad tiles), us[u] / returns: DONE after the close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -176,15 +191,20 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
         elif ph == 1:
             if not can_push(chs, out):
                 return block(us, u, out, A.WAIT_FULL)
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP])
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+            drop(fi, us, u, A.US_TOK_A)
             us[u, A.US_PHASE] = 2 if us[u, R_NPAD] > 0 else 0
         else:
             while us[u, R_NPAD] > 0:
                 if not can_push(chs, out):
                     return block(us, u, out, A.WAIT_FULL)
                 n = us[u, R_NPAD]
+                value = -1
+                if fi is not None:  # a pad tile holds zeros
+                    value = V.alloc(fi, pad_rows * pad_cols, u)
+                    V.fill_zero(fv, fi, value, pad_rows * pad_cols)
                 emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, R_PADLVL] if n == 1 else 0, pad_flags,
-                     pad_bytes, pad_rows, pad_cols, 0, -1)
+                     pad_bytes, pad_rows, pad_cols, 0, value)
                 us[u, R_NPAD] = n - 1
             if us[u, R_CLOSING]:
                 return A.STEP_DONE
@@ -192,7 +212,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
 
 
 @kernel
-def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: input and ref / writes: output, us[u] / returns: DONE when either input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ref = in_ch[up[u, A.UP_IN_START] + 1]
@@ -207,21 +227,22 @@ def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
             got = await_input(us, u, chs, ref)
             if got != A.STEP_READY:
                 return got
-            rrow = take(us, u, chs, slots, ref)
+            rrow = consume(us, u, chs, slots, ref, fi)
             us[u, R_REFSTOP] = slots[rrow, A.SL_TOKEN + A.TK_STOP]
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 1
         if not can_push(chs, out):
             return block(us, u, out, A.WAIT_FULL)
-        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], slots, row, A.SL_TOKEN, us[u, R_REFSTOP])
+        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], slots, row, A.SL_TOKEN, us[u, R_REFSTOP], fi)
         us[u, A.US_PHASE] = 0
         if us[u, R_REFSTOP] >= k:
             pop(chs, slots, c, us[u, A.US_CLOCK])
+            drop(fi, slots, row, A.SL_TOKEN)
 
 
 @kernel
 def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact):
+                       hact, fv, fi):
     """reads: input / writes: output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -240,17 +261,18 @@ def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             i = us[u, R_I]
             stop = slots[row, A.SL_TOKEN + A.TK_STOP] + 1 if i == r - 1 else 0
             # requested = the clock before this copy's credit wait + i (§9 S10: copy 3 requests 149 + 3)
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK] + i, slots, row, A.SL_TOKEN, stop)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK] + i, slots, row, A.SL_TOKEN, stop, fi)
             us[u, R_I] = i + 1
         spend(us, u, r)
         pop(chs, slots, c, us[u, A.US_CLOCK])
+        drop(fi, slots, row, A.SL_TOKEN)
         us[u, A.US_FIRES] += 1
         us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact):
+                       hact, fv, fi):
     """reads: tile input / writes: row output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -283,11 +305,20 @@ def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             i = us[u, R_I]
             # the last row closes the new dim too (FlatMap: stops shift up by one) or keeps the tile's level
             stop = us[u, a + A.TK_STOP] + new_dim if i == n - 1 else 0
+            rows = us[u, a + A.TK_ROWS]
+            cols = us[u, a + A.TK_COLS]
+            value = -1
+            if fi is not None:  # a fresh block per row / column
+                value = V.alloc(fi, cols if split_rows else rows, u)
+                if split_rows:
+                    V.copy_rows(fv, fi, us[u, a + A.TK_PAYLOAD], cols, i, 1, value, 0)
+                else:
+                    V.copy_col(fv, fi, us[u, a + A.TK_PAYLOAD], rows, cols, i, value)
             if split_rows:
-                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], 1,
-                     us[u, a + A.TK_COLS], 1, -1)
+                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], 1, cols, 1, value)
             else:
-                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES],
-                     us[u, a + A.TK_ROWS], 1, us[u, a + A.TK_ROWS], -1)
+                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], rows, 1, rows,
+                     value)
             us[u, R_I] = i + 1
+        drop(fi, us, u, a)
         us[u, A.US_PHASE] = 0

@@ -19,12 +19,12 @@ from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
     await_input,
     block,
+    consume,
     emit,
     sel_count,
     sel_target,
     spend,
     stop_from_shape,
-    take,
 )
 
 R_I = A.US_R0 + 0
@@ -41,7 +41,7 @@ SELECTOR_FLAGS = A.KIND_SELECTOR
 
 
 @kernel
-def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: selector CSR, shape / writes: out channel, us[u] / returns: DONE after the last element."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n = up[u, A.UP_A0 + A.PA_N_ELEMS]
@@ -64,7 +64,7 @@ def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
 
 @kernel
 def step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                      hact):
+                      hact, fv, fi):
     """reads: values, shape / writes: out channel, us[u] / returns: DONE after the last element."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n = up[u, A.UP_A0 + A.PA_N_ELEMS]
@@ -83,21 +83,21 @@ def step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
 
 
 @kernel
-def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact):
+def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: input channel / writes: input credits, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
         got = await_input(us, u, chs, c)
         if got != A.STEP_READY:
             return got
-        take(us, u, chs, slots, c)
+        consume(us, u, chs, slots, c, fi)
         spend(us, u, 1)
         us[u, A.US_FIRES] += 1
 
 
 @kernel
 def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact):
+                         hact, fv, fi):
     """reads: selector input / writes: address output, us[u] / returns: DONE when the selectors close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -108,7 +108,7 @@ def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
             got = await_input(us, u, chs, c)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = consume(us, u, chs, slots, c, fi)
             us[u, R_SFLAGS] = slots[row, A.SL_TOKEN + A.TK_FLAGS]
             us[u, R_SPAY] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
@@ -135,7 +135,7 @@ def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
 
 @kernel
 def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                             hfree, hact):
+                             hfree, hact, fv, fi):
     """reads: idx and seq_len inputs / writes: address output, us[u] / returns: DONE when an input closes."""
     cidx = in_ch[up[u, A.UP_IN_START]]
     clen = in_ch[up[u, A.UP_IN_START] + 1]
@@ -147,7 +147,7 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
             got = await_input(us, u, chs, cidx)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, cidx)
+            row = consume(us, u, chs, slots, cidx, fi)
             us[u, R_VAL] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             us[u, A.US_PHASE] = 1
@@ -155,7 +155,7 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
             got = await_input(us, u, chs, clen)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, clen)
+            row = consume(us, u, chs, slots, clen, fi)
             us[u, R_N] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_START] = us[u, A.US_CLOCK]
             us[u, R_I] = 0
@@ -176,7 +176,7 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
 
 @kernel
 def step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                          hact):
+                          hact, fv, fi):
     """reads: seq_len input / writes: selector output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -185,7 +185,7 @@ def step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr
             got = await_input(us, u, chs, c)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = consume(us, u, chs, slots, c, fi)
             us[u, R_N] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             us[u, R_I] = 0

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from stepsim.hardware import Hardware
+from stepsim.kernels.abi import (
+    MEMORY_READ_OPS,
+    OP_OFFCHIP_STORE,
+    OP_RANDOM_OFFCHIP_STORE,
+    PA_TILE_COLS,
+    PA_TILE_ROWS,
+    UP_A0,
+)
 
 
-def warm_program():
-    """Build a small program exercising every opcode. Returns a :class:`stepsim.program.Program`."""
-    from stepsim.program import ProgramBuilder
+def warm_program(functional: bool = False):
+    """Build a small program exercising every opcode. Returns a :class:`stepsim.program.Program`.
+
+    With ``functional``, every memory operator gets a tensor of 16 x 16 of its tiles (4 x 4 tiles for the
+    store) so the program also compiles the functional specialization; its values are meaningless.
+    """
+    from stepsim.program import ProgramBuilder, TensorRef
 
     b = ProgramBuilder(Hardware.preset("step-eval"))
     ch = b.add_channel
@@ -78,4 +92,18 @@ def warm_program():
     b.metadata_gen(out=ref2, values=[0, 0], shape=(2,))
     b.dyn_streamify(inp=buf2, ref=ref2, out=ds, repeat_rank=0, bufferized_rank=1)
     b.sink(inp=ds)
-    return b.build()
+    program = b.build()
+    if not functional:
+        return program
+    p = program.unit_params
+    tensors = []
+    for u in range(program.n_units):
+        op = program.opcode(u)
+        if op in MEMORY_READ_OPS or op == OP_RANDOM_OFFCHIP_STORE:
+            rows, cols = int(p[u, UP_A0 + PA_TILE_ROWS]), int(p[u, UP_A0 + PA_TILE_COLS])
+            tensors.append(TensorRef(f"t{u}", 16 * rows, 16 * cols, rows, cols))
+        elif op == OP_OFFCHIP_STORE:
+            tensors.append(TensorRef(f"t{u}", 16, 16, 4, 4))
+        else:
+            tensors.append(None)
+    return dataclasses.replace(program, unit_tensors=tuple(tensors))

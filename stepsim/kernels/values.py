@@ -1,0 +1,368 @@
+"""Functional mode: the value arena that tile tokens point into, and the fp32 tile math.
+
+In functional mode a tile token's ``TK_PAYLOAD`` is a *handle*: the index of a fixed-size block of ``fv`` (one
+float32 array) holding the tile's ``rows x cols`` values row-major. Timing never reads values, so timing mode
+passes ``fv = fi = None`` and numba compiles a second specialization of every kernel in which all the
+``if fi is not None`` blocks are pruned: timing mode pays nothing for functional mode.
+
+Ownership (reference counts, so Broadcast / RepeatStatic / Streamify replay never copy a tile): every place
+holding a token (a channel slot, a unit's stash register, a Bufferize arena row) owns one reference.
+
+* ``emit`` of a fresh handle moves the creator's reference into the channel;
+* ``emit_copy`` copies a token, so it takes a new reference (:func:`keep`);
+* ``pop`` / ``take`` / ``stash`` move a reference (no count change); the unit that is done with a token it
+  consumed, or with its stash after forwarding copies of it, calls :func:`drop`.
+
+A block returns to the free stack when its count reaches zero. Everything outside the handles lives in ``fi``
+(int64): the header ``FI_*``, the reference counts, the free stack and a per-unit table ``FU_*`` telling
+memory operators where their tensor sits in ``fv`` (after the ``cap + 1`` blocks; the extra block is a spare
+that absorbs writes after an allocation failed, so a failure never corrupts memory).
+
+Failures do not stop a step midway: they set ``fi[FI_STATUS]``. :data:`VS_FULL` (out of handles) and
+:data:`VS_BAD_ADDRESS` (a tile index outside its tensor) stop the event loop after the step. :data:`VS_TOO_BIG`
+(a tile larger than a block) lets the run finish without values (tile math is skipped once a status is set,
+timing is unaffected) so that ``FI_ARG2`` ends as the largest tile of the whole run, and the caller reruns once
+with blocks that size.
+
+Numerics: fp32 values, fp32 accumulation (products of fp32 summed in fp32, in index order). Tensors stored
+as bf16 are rounded to bf16 on load and on store (:func:`bf16_round`: round to nearest, ties to even, the
+rule of :func:`stepsim.workloads.reference.round_to_bf16`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stepsim.kernels import abi as A
+from stepsim.kernels.jit import kernel
+
+# ------------------------------------------------------------------------------------------ fi header
+FI_BLOCK = 0  # floats per block
+FI_CAP = 1  # handles (blocks) in the arena; block FI_CAP is the spare
+FI_TOP = 2  # free-stack size
+FI_LIVE = 3  # handles in use
+FI_PEAK = 4  # most handles in use at once
+FI_STATUS = 5  # VS_* below
+FI_ARG = 6  # the unit that failed
+FI_ARG2 = 7  # VS_TOO_BIG: elements of the largest tile that did not fit; VS_BAD_ADDRESS: the tile index
+FI_REFS = 8  # offset in fi of the reference counts (cap words)
+FI_STACK = 9  # offset in fi of the free stack (cap words)
+FI_UNITS = 10  # offset in fi of the per-unit table (N_FU words per unit)
+FI_ALLOCS = 11  # allocations so far (functional work counter)
+N_FI_HEADER = 12
+
+VS_OK = 0
+VS_TOO_BIG = 1
+VS_FULL = 2  # this and the codes above stop the run
+VS_BAD_ADDRESS = 3
+
+# ---------------------------------------------------------------------- per-unit table (memory ops)
+FU_MEM = 0  # first float of the unit's tensor in fv (-1: the unit has no tensor)
+FU_COLS = 1  # tensor columns: the row stride in floats (leading dims are folded into rows)
+FU_GRID_COLS = 2  # tiles per tensor row (cols / tile cols)
+FU_TILE_ROWS = 3
+FU_TILE_COLS = 4
+FU_BF16 = 5  # 1: round to bf16 on load / store
+FU_N_TILES = 6  # tiles in the tensor (addresses are checked against it)
+FU_STRIDE = 7  # first of PA view-dim strides (loads); strides for at most N_STRIDES view dims
+N_STRIDES = 8
+N_FU = FU_STRIDE + N_STRIDES
+
+
+# ------------------------------------------------------------------------------------------ handles
+@kernel
+def alloc(fi, n_elems, u):
+    """A fresh handle (reference count 1) for a tile of ``n_elems`` floats.
+
+    reads/writes: the arena state in fi / returns: the handle, or the spare block after a failure (the
+    status then says why; the run stops after this step).
+    """
+    cap = fi[FI_CAP]
+    if n_elems > fi[FI_BLOCK]:
+        if fi[FI_STATUS] == VS_OK:
+            fi[FI_STATUS] = VS_TOO_BIG
+            fi[FI_ARG] = u
+        if fi[FI_STATUS] == VS_TOO_BIG:
+            fi[FI_ARG2] = max(fi[FI_ARG2], n_elems)
+        return cap
+    top = fi[FI_TOP]
+    if top == 0:
+        if fi[FI_STATUS] < VS_FULL:
+            fi[FI_STATUS] = VS_FULL
+            fi[FI_ARG] = u
+        return cap
+    top -= 1
+    h = fi[fi[FI_STACK] + top]
+    fi[FI_TOP] = top
+    fi[fi[FI_REFS] + h] = 1
+    live = fi[FI_LIVE] + 1
+    fi[FI_LIVE] = live
+    fi[FI_PEAK] = max(fi[FI_PEAK], live)
+    fi[FI_ALLOCS] += 1
+    return h
+
+
+@kernel
+def incref(fi, h):
+    """reads/writes: h's reference count / returns: nothing (no-op for -1 and the spare)."""
+    if 0 <= h < fi[FI_CAP]:
+        fi[fi[FI_REFS] + h] += 1
+
+
+@kernel
+def decref(fi, h):
+    """reads/writes: h's reference count, the free stack / returns: nothing (no-op for -1 and the spare)."""
+    if 0 <= h < fi[FI_CAP]:
+        r = fi[FI_REFS] + h
+        fi[r] -= 1
+        if fi[r] == 0:
+            fi[fi[FI_STACK] + fi[FI_TOP]] = h
+            fi[FI_TOP] += 1
+            fi[FI_LIVE] -= 1
+
+
+@kernel
+def tile_handle(src, row, col):
+    """reads: the token at ``src[row, col:]`` / writes: nothing / returns: its handle, -1 if not a tile."""
+    if src[row, col + A.TK_FLAGS] & A.KIND_MASK == A.KIND_TILE:
+        return src[row, col + A.TK_PAYLOAD]
+    return -1
+
+
+@kernel
+def keep(fi, src, row, col):
+    """Take a reference for a copy of the token at ``src[row, col:]`` (no-op in timing mode)."""
+    if fi is not None:
+        incref(fi, tile_handle(src, row, col))
+
+
+@kernel
+def drop(fi, src, row, col):
+    """Release the reference held by the token at ``src[row, col:]`` (no-op in timing mode)."""
+    if fi is not None:
+        decref(fi, tile_handle(src, row, col))
+
+
+# ------------------------------------------------------------------------------------------ numerics
+@kernel
+def bf16_round(x):
+    """Round a float32 to the nearest bf16 value, ties to even (returned as float32).
+
+    bf16 keeps float32's exponent range and 8 significant bits: normal values keep 8 bits of their
+    significand; below the smallest normal (2**-126) the spacing is fixed at 2**-133 (bf16 subnormals).
+    Overflow rounds to inf; inf, NaN and zeros are returned unchanged. Exact: every intermediate is a float64
+    computation on at most 24 significant bits.
+    """
+    xf = np.float64(x)
+    if xf == 0.0 or not math.isfinite(xf):
+        return x
+    if abs(xf) < 2.0 ** -126:
+        return np.float32(np.rint(xf * 2.0 ** 133) * 2.0 ** -133)
+    m, e = math.frexp(xf)
+    return np.float32(math.ldexp(np.rint(m * 256.0) / 256.0, e))
+
+
+@kernel
+def _silu(x):
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+@kernel
+def _elementwise(fn, a, b):
+    if fn == A.FN_ADD:
+        return a + b
+    if fn == A.FN_SUB:
+        return a - b
+    if fn == A.FN_MUL:
+        return a * b
+    if fn == A.FN_DIV:
+        return a / b
+    return max(a, b)  # FN_MAX
+
+
+@kernel
+def _tile_addr(fi, u, t):
+    """reads: the unit table / writes: the status on a bad address / returns: float offset of tile t, -1."""
+    f = fi[FI_UNITS] + u * N_FU
+    if t < 0 or t >= fi[f + FU_N_TILES]:
+        if fi[FI_STATUS] == VS_OK:
+            fi[FI_STATUS] = VS_BAD_ADDRESS
+            fi[FI_ARG] = u
+            fi[FI_ARG2] = t
+        return -1
+    grid = fi[f + FU_GRID_COLS]
+    return fi[f + FU_MEM] + (t // grid) * fi[f + FU_TILE_ROWS] * fi[f + FU_COLS] + (t % grid) * fi[f + FU_TILE_COLS]
+
+
+@kernel
+def view_tile(fi, payload, u, voff, vlen, i):
+    """Tile index read by element i of a load's view: ``sum_k idx_k * stride_k`` (idx: i unravelled over the
+    view shape ``payload[voff:voff+vlen]``, outermost first). reads: view shape, strides / returns: the index."""
+    f = fi[FI_UNITS] + u * N_FU
+    t = 0
+    for k in range(vlen - 1, -1, -1):
+        d = payload[voff + k]
+        t += (i % d) * fi[f + FU_STRIDE + k]
+        i //= d
+    return t
+
+
+@kernel
+def load_tile(fv, fi, u, t, h, rows, cols):
+    """Copy tile t of unit u's tensor into block h (bf16-rounded if the tensor is bf16)."""
+    if fi[FI_STATUS] != VS_OK:
+        return
+    src = _tile_addr(fi, u, t)
+    if src < 0:
+        return
+    f = fi[FI_UNITS] + u * N_FU
+    stride = fi[f + FU_COLS]
+    bf16 = fi[f + FU_BF16]
+    dst = h * fi[FI_BLOCK]
+    for r in range(rows):
+        for c in range(cols):
+            x = fv[src + r * stride + c]
+            fv[dst + r * cols + c] = bf16_round(x) if bf16 else x
+
+
+@kernel
+def store_tile(fv, fi, u, t, h, rows, cols):
+    """Write block h (``rows x cols``) as tile t of unit u's tensor (bf16-rounded if the tensor is bf16)."""
+    if fi[FI_STATUS] != VS_OK:
+        return
+    dst = _tile_addr(fi, u, t)
+    if dst < 0:
+        return
+    f = fi[FI_UNITS] + u * N_FU
+    stride = fi[f + FU_COLS]
+    bf16 = fi[f + FU_BF16]
+    rows = min(rows, fi[f + FU_TILE_ROWS])
+    cols = min(cols, fi[f + FU_TILE_COLS])
+    src = h * fi[FI_BLOCK]
+    for r in range(rows):
+        for c in range(cols):
+            x = fv[src + r * cols + c]
+            fv[dst + r * stride + c] = bf16_round(x) if bf16 else x
+
+
+@kernel
+def fill_zero(fv, fi, h, n):
+    """Zero the first n floats of block h (init, pad and empty tiles)."""
+    if fi[FI_STATUS] != VS_OK:
+        return
+    base = h * fi[FI_BLOCK]
+    for k in range(n):
+        fv[base + k] = np.float32(0.0)
+
+
+@kernel
+def copy_rows(fv, fi, hs, cols, r0, n_rows, hd, d0):
+    """Copy rows ``r0 .. r0+n_rows`` of block hs (``cols`` wide) to rows ``d0 ..`` of block hd."""
+    if fi[FI_STATUS] != VS_OK:
+        return
+    b = fi[FI_BLOCK]
+    s = hs * b + r0 * cols
+    d = hd * b + d0 * cols
+    for k in range(n_rows * cols):
+        fv[d + k] = fv[s + k]
+
+
+@kernel
+def copy_col(fv, fi, hs, rows, cols, c, hd):
+    """Copy column c of block hs (``rows x cols``) to block hd as a ``rows x 1`` tile."""
+    if fi[FI_STATUS] != VS_OK:
+        return
+    b = fi[FI_BLOCK]
+    for r in range(rows):
+        fv[hd * b + r] = fv[hs * b + r * cols + c]
+
+
+@kernel
+def concat_cols(fv, fi, ha, ar, ac, hx, xc, ho):
+    """Block ho = [a | x] (both ``ar`` rows; a is ``ar x ac``, x ``ar x xc``)."""
+    if fi[FI_STATUS] != VS_OK:
+        return
+    b = fi[FI_BLOCK]
+    oc = ac + xc
+    for r in range(ar):
+        for c in range(ac):
+            fv[ho * b + r * oc + c] = fv[ha * b + r * ac + c]
+        for c in range(xc):
+            fv[ho * b + r * oc + ac + c] = fv[hx * b + r * xc + c]
+
+
+@kernel
+def map_values(fv, fi, fn, param, ha, ar, ac, a_off, hb, br, bc, ho, orows, ocols):
+    """Block ho (``orows x ocols``) = fn(a, b) for a Map function (fp32).
+
+    matmul: ``a [ar, K] @ b`` with b ``[K, N]`` (``param`` 0) or ``[N, K]`` (1, weight transposed);
+    elementwise: numpy broadcasting of size-1 dims; unary: SiLU, exp, row sum / max (``[R, 1]``);
+    set_offset: a copy of a; row_append: a copy of a with b (``1 x C``) written at row ``a_off``.
+    """
+    if fi[FI_STATUS] != VS_OK:
+        return
+    blk = fi[FI_BLOCK]
+    pa = ha * blk
+    pb = hb * blk
+    po = ho * blk
+    if fn == A.FN_MATMUL:
+        k_len = ac
+        for i in range(orows):
+            for j in range(ocols):
+                s = np.float32(0.0)
+                for k in range(k_len):
+                    w = fv[pb + j * bc + k] if param == 1 else fv[pb + k * bc + j]
+                    s += fv[pa + i * ac + k] * w
+                fv[po + i * ocols + j] = s
+    elif fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
+        for i in range(orows):
+            ia = i if ar > 1 else 0
+            ib = i if br > 1 else 0
+            for j in range(ocols):
+                x = fv[pa + ia * ac + (j if ac > 1 else 0)]
+                y = fv[pb + ib * bc + (j if bc > 1 else 0)]
+                fv[po + i * ocols + j] = _elementwise(fn, x, y)
+    elif fn == A.FN_SILU or fn == A.FN_EXP:
+        for k in range(ar * ac):
+            x = fv[pa + k]
+            fv[po + k] = _silu(x) if fn == A.FN_SILU else np.exp(x)
+    elif fn == A.FN_ROWSUM or fn == A.FN_ROWMAX:
+        for i in range(ar):
+            s = fv[pa + i * ac]
+            for j in range(1, ac):
+                x = fv[pa + i * ac + j]
+                s = s + x if fn == A.FN_ROWSUM else max(s, x)
+            fv[po + i] = s
+    elif fn == A.FN_SET_OFFSET or fn == A.FN_ROW_APPEND:
+        for k in range(ar * ac):
+            fv[po + k] = fv[pa + k]
+        if fn == A.FN_ROW_APPEND and 0 <= a_off < ar:
+            for j in range(min(ac, bc)):
+                fv[po + a_off * ac + j] = fv[pb + j]
+
+
+@kernel
+def fold_values(fv, fi, fn, ha, ar, ac, hx, xr, xc, ho, orows, ocols):
+    """Block ho = fold(acc a, element x) for an Accum / Scan function (an empty acc takes x's values).
+
+    add / mul / max: elementwise with broadcasting; retile_row: a's rows then x's; retile_col: a's columns
+    then x's.
+    """
+    if fi[FI_STATUS] != VS_OK:
+        return
+    blk = fi[FI_BLOCK]
+    if fn == A.FN_RETILE_ROW:
+        copy_rows(fv, fi, ha, ac if ar > 0 else xc, 0, ar, ho, 0)
+        copy_rows(fv, fi, hx, xc, 0, xr, ho, ar)
+    elif fn == A.FN_RETILE_COL:
+        if ac == 0:
+            copy_rows(fv, fi, hx, xc, 0, xr, ho, 0)
+        else:
+            concat_cols(fv, fi, ha, xr, ac, hx, xc, ho)
+    elif ar * ac == 0:
+        for k in range(xr * xc):
+            fv[ho * blk + k] = fv[hx * blk + k]
+    else:
+        map_values(fv, fi, fn, 0, ha, ar, ac, 0, hx, xr, xc, ho, orows, ocols)
