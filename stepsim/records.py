@@ -1,10 +1,13 @@
 """One record per run: :class:`RunResult`, its fixed Arrow schema, and Parquet output.
 
-A *run* is one configuration (the knobs of :mod:`stepsim.workloads.config`) measured in one of two modes:
+A *run* is one configuration (the knobs of :mod:`stepsim.workloads.config`) measured in one of four modes:
 
 * ``"metrics"``: the symbolic off-chip / on-chip / FLOP totals with the trace's values substituted;
 * ``"simulate"``: the same plus a timing simulation on the compiled engine (cycles, measured traffic,
-  per-unit and per-channel counters).
+  per-unit and per-channel counters);
+* ``"functional"``: the simulation with real tile values (seeded inputs, seed 0); timing columns are identical;
+* ``"check"``: functional, then the stored tensors are compared with the package's NumPy reference
+  (:func:`stepsim.workloads.reference.check_outputs`).
 
 >>> run = run_config({"workload": "swiglu", "tile_m": 32, "tile_n": 64})
 >>> run.row["off_chip_bytes"], run.row["cycles"] is None
@@ -17,7 +20,7 @@ this order (units are stored as Arrow field metadata ``{"unit": ...}``; a dash m
 column                             unit        meaning
 =================================  ==========  ================================================================
 run_id                             none        SHA-256 of the normalized config (mode included) and trace hash
-mode                               none        ``metrics`` or ``simulate``
+mode                               none        ``metrics``, ``simulate``, ``functional`` or ``check``
 stepsim_version                    none        version that produced the record
 trace_path                         none        trace read (the bundled one if no ``trace`` knob); null: no trace
 trace_sha256                       none        SHA-256 of the trace file (of its files, for a folder)
@@ -44,6 +47,9 @@ build_s                            s           building the workload (trace read
 metrics_s                          s           evaluating the symbolic metrics
 lower_s, compile_s, sim_wall_s     s           lowering, first-call compilation, engine run; null (metrics)
 total_s                            s           whole :func:`run_config` call; null when not measured
+check_max_rel_error                ratio       ``check`` runs: max over stored tensors of max|sim-ref|/max|ref|
+check_tolerance                    ratio       ``check`` runs: the smallest dtype-derived tolerance of them
+check_passed                       none        ``check`` runs: every stored tensor within its tolerance
 =================================  ==========  ================================================================
 
 Utilizations follow STEP_SEMANTICS §5.4: ``compute_util = (alg_flops / cycles) / allocated_comp_flops`` and
@@ -133,6 +139,7 @@ SCHEMA = pa.schema(
        _f64("compute_utilization", "ratio"), _f64("off_chip_bw_utilization", "ratio"),
        _i64("events", "count"), _i64("fires", "count")]
     + [_f64(name, "s") for name in ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")]
+    + [_f64("check_max_rel_error", "ratio"), _f64("check_tolerance", "ratio"), _field("check_passed", pa.bool_())]
 )
 
 #: per-unit counters of a simulation run (one row per engine unit, in program order)
@@ -288,8 +295,9 @@ class RunResult:
     @classmethod
     def from_simulation(cls, workload: Workload, sim_result, config: Mapping, *, convention: str | None = None,
                         hardware: Hardware | None = None, source: str | None = None,
-                        timings: Timings | None = None) -> RunResult:
-        """Record of a simulation run (see :meth:`from_metrics`; ``mode`` is set to ``"simulate"``).
+                        timings: Timings | None = None, mode: str = "simulate") -> RunResult:
+        """Record of a simulation run (see :meth:`from_metrics`; ``mode`` is ``"simulate"`` unless a functional
+        run says ``"functional"`` or ``"check"``).
 
         Parameters
         ----------
@@ -298,7 +306,7 @@ class RunResult:
         hardware : Hardware, optional
             The hardware simulated (for ``hbm_bytes_per_cycle``); default: resolved from ``config``.
         """
-        cfg = _run_config(config, "simulate", convention, source, workload)
+        cfg = _run_config(config, mode, convention, source, workload)
         hardware = hardware or resolve_hardware(cfg, workload, source=source)
         return cls._make(workload, cfg, sim_result, hardware, timings)
 
@@ -315,7 +323,7 @@ class RunResult:
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
                    compile_s=_attr(sim, "compile_s"), sim_wall_s=_attr(sim, "sim_wall_s"), total_s=timings.total_s)
-        row = {name: row[name] for name in SCHEMA.names}
+        row = {name: row.get(name) for name in SCHEMA.names}  # check_* stay null unless run_config checks
         units = channels = None
         if sim is not None:
             units = _unit_table(run_id, sim, workload)
@@ -330,8 +338,8 @@ class RunResult:
 
     @property
     def simulated(self) -> bool:
-        """True for ``mode="simulate"`` records."""
-        return self.row["mode"] == "simulate"
+        """True for records of an engine run (every mode but ``"metrics"``)."""
+        return self.row["mode"] != "metrics"
 
     def to_arrow(self) -> pa.Table:
         """The row as a one-row table with :data:`SCHEMA` (units in field metadata)."""
@@ -471,7 +479,8 @@ def _channel_table(run_id: str, sim) -> pa.Table:
 
 # --- running and collecting -------------------------------------------------------------------------------
 def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
-    """Build and run one configuration; ``config["mode"]`` is ``"metrics"`` (default) or ``"simulate"``.
+    """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
+    ``"functional"`` or ``"check"`` (see the module docstring).
 
     Parameters
     ----------
@@ -504,10 +513,24 @@ def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
     else:
         from stepsim.simulate import simulate
 
-        sim = simulate(workload, hardware)
+        mode = cfg["mode"]
+        sim = simulate(workload, hardware, functional=mode in ("functional", "check"))
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
-                                           timings=Timings(build_s=build_s))
+                                           timings=Timings(build_s=build_s), mode=mode)
+        if mode == "check":
+            record = dataclasses.replace(record, row={**record.row, **check_columns(workload, sim)})
     return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))
+
+
+def check_columns(workload: Workload, sim) -> dict[str, Any]:
+    """The ``check_*`` columns of a functional run: the largest relative error over the stored tensors
+    (:func:`stepsim.workloads.reference.max_rel_error`), the smallest tolerance, and whether every tensor is
+    within its own tolerance."""
+    from stepsim.workloads.reference import check_outputs
+
+    checks = check_outputs(workload, sim.inputs, sim.outputs).values()
+    return {"check_max_rel_error": max(c.error for c in checks), "check_tolerance": min(c.tolerance for c in checks),
+            "check_passed": all(c.passed for c in checks)}
 
 
 def concat_runs(runs: Iterable[RunResult], kind: str = "runs") -> pa.Table:

@@ -308,14 +308,22 @@ def map_values(fv, fi, fn, param, ha, ar, ac, a_off, hb, br, bc, ho, orows, ocol
     pb = hb * blk
     po = ho * blk
     if fn == A.FN_MATMUL:
-        k_len = ac
-        for i in range(orows):
-            for j in range(ocols):
-                s = np.float32(0.0)
-                for k in range(k_len):
-                    w = fv[pb + j * bc + k] if param == 1 else fv[pb + k * bc + j]
-                    s += fv[pa + i * ac + k] * w
-                fv[po + i * ocols + j] = s
+        # every output sums its products in ascending k; the loop order only keeps the inner loop contiguous
+        if param == 1:  # b is [N, K]: rows of a and b are both contiguous in k
+            for i in range(orows):
+                for j in range(ocols):
+                    s = np.float32(0.0)
+                    for k in range(ac):
+                        s += fv[pa + i * ac + k] * fv[pb + j * bc + k]
+                    fv[po + i * ocols + j] = s
+        else:  # b is [K, N]: accumulate row k of b into the output row
+            for i in range(orows):
+                for j in range(ocols):
+                    fv[po + i * ocols + j] = np.float32(0.0)
+                for k in range(ac):
+                    x = fv[pa + i * ac + k]
+                    for j in range(ocols):
+                        fv[po + i * ocols + j] += x * fv[pb + k * bc + j]
     elif fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
         for i in range(orows):
             ia = i if ar > 1 else 0

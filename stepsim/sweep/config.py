@@ -49,7 +49,8 @@ RANGE_KEYS = ("start", "stop", "step", "factor")
 PATH_KEYS = ("trace", "hardware")
 #: result columns shown at the end of a sweep when the file has no ``report`` key
 DEFAULT_REPORT = {"metrics": ("off_chip_bytes", "on_chip_bytes", "flops"),
-                  "simulate": ("cycles", "off_chip_bytes")}
+                  "simulate": ("cycles", "off_chip_bytes"), "functional": ("cycles", "off_chip_bytes"),
+                  "check": ("cycles", "check_max_rel_error", "check_passed")}
 #: keys every task config holds besides the knobs
 TASK_KEYS = ("workload", "mode")
 

@@ -193,7 +193,7 @@ def _run_pending(report: SweepReport, pending: list, executor, jobs: int, addres
     failures = 0
     stopped = True  # until the loop ends normally
     try:
-        runner = make_executor(executor, jobs=jobs, warm_kernels=spec.mode == "simulate", address=address) \
+        runner = make_executor(executor, jobs=jobs, warm_kernels=spec.mode != "metrics", address=address) \
             if owned else executor
         report.executor = runner.describe()
         for task, outcome in runner.imap_unordered(pending):

@@ -91,15 +91,24 @@ def _metrics(args) -> int:
 
 
 def _run(args) -> int:
-    return _record_command(args, "simulate")
+    if args.check and not args.functional:
+        print("stepsim run: --check needs --functional (it compares the values a functional run stored)",
+              file=sys.stderr)
+        return 2
+    return _record_command(args, "check" if args.check else "functional" if args.functional else "simulate")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("run", help="simulate a workload on the compiled engine (timing mode)",
+    p = subparsers.add_parser("run", help="simulate a workload on the compiled engine (timing or functional)",
                               description="Simulate a workload on a trace and print cycles and traffic.")
     add_workload_arguments(p)
     p.add_argument("--out", metavar="DIR",
                    help="also write the record (part-<id>.parquet) and its unit/channel tables into DIR")
+    p.add_argument("--functional", action="store_true",
+                   help="carry real tile values (seeded inputs); timing results are unchanged")
+    p.add_argument("--check", action="store_true",
+                   help="with --functional: compare the stored tensors with the NumPy reference "
+                        "(check_max_rel_error, check_tolerance, check_passed)")
     p.set_defaults(handler=_run)
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from stepsim.hardware import Hardware
 
 WORKLOADS = ("moe", "swiglu", "attention")
-MODES = ("metrics", "simulate")
+MODES = ("metrics", "simulate", "functional", "check")
 
 #: every workload knob, in the order of the result schema's config columns
 KNOBS: tuple[str, ...] = (
@@ -51,7 +51,8 @@ KNOBS: tuple[str, ...] = (
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "compute_bw", "channel_depth", "hardware",
     "convention",
 )
-#: keys a config mapping may hold: the knobs plus ``mode`` ("metrics" or "simulate"; used by
+#: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
+#: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
 #: :func:`stepsim.records.run_config`, validated and otherwise ignored by :func:`workload_from_config`)
 KNOWN_KEYS: frozenset[str] = frozenset(KNOBS) | {"mode"}
 

@@ -56,7 +56,9 @@ def test_schema_order_types_and_units():
         "algorithmic_flops": "FLOP", "allocated_compute_flops_per_cycle": "FLOP/cycle",
         "hbm_bytes_per_cycle": "bytes/cycle", "compute_utilization": "ratio", "off_chip_bw_utilization": "ratio",
         "events": "count", "fires": "count", "build_s": "s", "metrics_s": "s", "lower_s": "s", "compile_s": "s",
-        "sim_wall_s": "s", "total_s": "s"}
+        "sim_wall_s": "s", "total_s": "s", "check_max_rel_error": "ratio", "check_tolerance": "ratio"}
+    assert SCHEMA.names[-3:] == ["check_max_rel_error", "check_tolerance", "check_passed"]
+    assert SCHEMA.field("check_passed").type == pa.bool_()
     assert SCHEMA.field("tile_n").type == pa.int64() and SCHEMA.field("tiling").type == pa.string()
     assert SCHEMA.field("compute_utilization").type == pa.float64()
     assert UNIT_SCHEMA.names == ["run_id", "name", "kind", "fires", "busy_cycles", "blocked_in_cycles",

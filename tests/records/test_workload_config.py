@@ -36,7 +36,7 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
     ({"workload": "moe", "iteration": -1}, "config key 'iteration' must be an int >= 0, got -1"),
     ({"workload": "moe", "tiling": "Static"}, "config key 'tiling' must be one of 'static', 'dynamic', got 'Static'"),
     ({"workload": "moe", "trace": ""}, "config key 'trace' must be a non-empty string, got ''"),
-    ({"workload": "swiglu", "mode": "run"}, "config key 'mode' must be one of 'metrics', 'simulate', got 'run'"),
+    ({"workload": "swiglu", "mode": "run"}, "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'run'"),
     ({"workload": "moe", "tile_m": 16}, "config key 'tile_m' does not apply to workload 'moe' (it applies to: swiglu)"),
     ({"workload": "swiglu", "model": "qwen3-30b-a3b"},
      "config key 'model' does not apply to workload 'swiglu' (it applies to: moe)"),

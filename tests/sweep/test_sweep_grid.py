@@ -154,7 +154,7 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
      "partition_by key 'model' is not a key of the tasks (expected one of workload, mode)"),
     ('mode = "metrics"\n', "missing key 'workload' (one of moe, swiglu, attention)"),
     ('workload = "gemm"\n', "unknown workload 'gemm' (expected one of moe, swiglu, attention)"),
-    ('workload = "swiglu"\nmode = "fast"\n', "mode must be one of metrics, simulate, got 'fast'"),
+    ('workload = "swiglu"\nmode = "fast"\n', "mode must be one of metrics, simulate, functional, check, got 'fast'"),
     ('workload = "swiglu"\n[fixed]\ntile_n = 16\n[axes]\ntile_n = [16]\n',
      "key 'tile_n' is both in [fixed] and in [axes]; keep one"),
     ('workload = "swiglu"\n[fixed]\ntile_n = [16]\n', ("[fixed] tile_n must be a single value, got [16] "
