@@ -7,9 +7,6 @@ benchmark) and then times :func:`stepsim.simulate.simulate` warm (kernels compil
 :class:`~stepsim.simulate.SimResult` splits a call into lowering (``lower_s``: graph to engine program) and the
 engine run (``sim_wall_s``); both are recorded in ``benchmark.extra_info`` (fastest round) and summarised at the
 end. The target is a warm B=64 MoE configuration in under 5 s; nothing here asserts on time.
-
-Attention simulation was still being fixed when this benchmark was written, so an attention case that raises is
-skipped with the error text ("not yet available") instead of failing.
 """
 
 from __future__ import annotations
@@ -96,19 +93,15 @@ def test_moe_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, mode
 @pytest.mark.traces
 @pytest.mark.parametrize("strategy", ATTENTION_STRATEGIES)
 def test_attention_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, strategy):
-    """Warm simulate() of the B=64 decode attention; skipped (with the error) while it does not simulate."""
+    """Warm simulate() of the B=64 decode attention."""
     from stepsim.workloads.attention import build_attention
 
     trace = _first(shared_traces / "kv_lengths" / "b64", "*.npy")
     kv_lengths = load_kv_lengths(trace, None)
     assert len(kv_lengths) == 64
     t0 = time.perf_counter()
-    try:
-        workload = build_attention(kv_lengths, strategy)
-        build_s = time.perf_counter() - t0
-        simulate(workload)  # probe once: attention simulation may not be available yet
-    except Exception as exc:  # any failure means "not available yet"; the skip reason quotes it
-        pytest.skip(f"attention {strategy} not yet available: {type(exc).__name__}: {exc}")
+    workload = build_attention(kv_lengths, strategy)
+    build_s = time.perf_counter() - t0
     results, walls = _time_simulate(benchmark, workload, rounds(3))
     _record(benchmark, bench_summary, "B=64 attention, warm", f"attention {strategy}", build_s, results, walls,
             strategy=strategy, trace=trace.name)
