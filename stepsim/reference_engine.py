@@ -103,6 +103,11 @@ class Token:
     read_from_mu, ``pad`` = Reshape padding, ``valid`` = valid rows (RowStreamify filtering, SetOffset).
     Scalars: ``value``. Selectors: ``targets`` (ascending tuple) and ``cols`` = number of targets.
     Buffers: ``items`` (the buffered tokens) and ``rank`` b.
+
+    ``ident`` says which values a tile holds (the reference engine computes no values; the functional-mode tests
+    derive them from it): ``(load unit, tile index read)`` for a loaded tile, ``(parent ident, "row" | "col", i)``
+    for row / column i that RowStreamify split off a tile, None for a Reshape pad tile (zeros) and for a tile
+    computed by Map / Accum / Scan (no identity). Shape and routing operators forward it unchanged.
     """
 
     kind: str
@@ -117,6 +122,7 @@ class Token:
     targets: tuple = ()
     items: tuple = ()
     rank: int = 0
+    ident: object = None
 
     @property
     def size(self) -> int:
@@ -155,6 +161,8 @@ class ReferenceResult:
         Per memory unit, the arrival stamp of every HBM response (read data or write ack) in arrival order.
     steps : int
         Scheduler resumptions (a cost measure).
+    stored : dict
+        Per OffChipStore unit, every token it stored, in store order (tile i of its tensor is ``stored[u][i]``).
     """
 
     cycles: int
@@ -168,6 +176,7 @@ class ReferenceResult:
     hbm_responses: dict = field(default_factory=dict)
     tokens: list | None = None
     steps: int = 0
+    stored: dict = field(default_factory=dict)
 
     def unit_clock(self, unit: int) -> int:
         """Final clock of a unit."""
@@ -304,6 +313,7 @@ class _Engine:
         self.hbm = _HBM(P.hw, self.mem_units) if self.mem_units else None
         self.bytes_read = 0
         self.bytes_written = 0
+        self.stored: dict[int, list] = {}
         self.ready: deque = deque()
         self.steps = 0
 
@@ -561,7 +571,7 @@ class _Engine:
                                dequeues=[[t - ch.clat for t in ch.credits] for ch in self.ch],
                                hbm_responses=dict(self.hbm.log) if self.hbm else {},
                                tokens=[ch.tokens for ch in self.ch] if self.ch and self.ch[0].tokens is not None
-                               else None, steps=self.steps)
+                               else None, steps=self.steps, stored=self.stored)
 
     # ----------------------------------------------------------------- unit generators
     def _make(self, U):
@@ -708,12 +718,31 @@ def _offchip_load(E, U, ins, outs):
     yield from _load_view(E, U, outs[0], rows, cols, nb, par, dims, 0)
 
 
+def _view_strides(E, u, dims):
+    """Tile stride per view dim of a load: its tensor's strides, else row-major over the view."""
+    t = E.p.unit_tensors[u] if E.p.unit_tensors else None
+    if t is not None and t.strides:
+        return [int(s) for s in t.strides]
+    return [int(np.prod(dims[k + 1:])) for k in range(len(dims))]
+
+
+def _view_tile(dims, strides, i):
+    """Tile index read by view element i: ``sum_k idx_k * stride_k`` (idx: i unravelled over dims)."""
+    t = 0
+    for d, s in zip(reversed(dims), reversed(strides)):
+        t += (i % d) * s
+        i //= d
+    return t
+
+
 def _load_view(E, U, out, rows, cols, nb, par, dims, ref_stop):
     n = int(np.prod(dims))
+    strides = _view_strides(E, U.uid, dims)
     for i in range(n):
         yield from E.hbm_tile(U, rows, cols, nb, par, False)
         stop = _stop_from_shape(dims, i) + (ref_stop if i == n - 1 else 0)
-        tok = Token(KIND_TILE, stop=stop, rows=rows, cols=cols, nbytes=nb, mu=True, valid=rows)
+        tok = Token(KIND_TILE, stop=stop, rows=rows, cols=cols, nbytes=nb, mu=True, valid=rows,
+                    ident=(U.uid, _view_tile(dims, strides, i)))
         yield from E.enq(U, out, tok)
         U.fires += 1
 
@@ -738,7 +767,7 @@ def _random_offchip_load(E, U, ins, outs):
             return
         yield from E.hbm_tile(U, rows, cols, nb, par, False)
         yield from E.enq(U, outs[0], Token(KIND_TILE, stop=addr.stop, rows=rows, cols=cols, nbytes=nb, mu=True,
-                                           valid=rows))
+                                           valid=rows, ident=(U.uid, addr.value)))
         U.fires += 1
 
 
@@ -746,12 +775,14 @@ def _random_offchip_load(E, U, ins, outs):
 def _offchip_store(E, U, ins, outs):
     par = E.par(U.uid, A.PA_PAR_DISPATCH)
     traffic = E.par(U.uid, A.PA_ELEM_BYTES)  # 0: count at the tile's own width
+    stored = E.stored.setdefault(U.uid, [])
     while True:
         x = yield from E.peek(U, ins[0])
         if x is None:
             return
         yield from E.hbm_tile(U, x.rows, x.cols, x.nbytes, par, True, traffic or x.nbytes)
         E.pop(U, ins[0])
+        stored.append(x)
         U.fires += 1
 
 
@@ -1295,8 +1326,10 @@ def _row_streamify(E, U, ins, outs):
             elif split:
                 n = min(n, x.valid)
         piece = replace(x, rows=1, valid=1, pad=False) if split else replace(x, cols=1, valid=x.rows, pad=False)
+        axis = "row" if split else "col"
         for i in range(n):
-            yield from E.enq(U, outs[0], replace(piece, stop=x.stop + new_dim if i == n - 1 else 0))
+            ident = None if x.ident is None else (x.ident, axis, i)
+            yield from E.enq(U, outs[0], replace(piece, stop=x.stop + new_dim if i == n - 1 else 0, ident=ident))
 
 
 # ---------------------------------------------------------------------------------- public API
