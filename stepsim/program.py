@@ -372,11 +372,12 @@ class ProgramBuilder:
             self._need((tensor.tile_rows, tensor.tile_cols) == (tile_rows, tile_cols), label,
                        f"tensor {tensor.name!r} is tiled {tensor.tile_rows}x{tensor.tile_cols}, the op reads "
                        f"{tile_rows}x{tile_cols} tiles")
-        if view_dims is not None and tensor.strides:
-            self._need(len(tensor.strides) == len(view_dims), label,
-                       f"tensor {tensor.name!r} has {len(tensor.strides)} strides for a {len(view_dims)}-dim view")
+        if view_dims is not None:
             self._need(len(view_dims) <= _MAX_VIEW_DIMS, label,
-                       f"functional mode supports views of at most {_MAX_VIEW_DIMS} dims")
+                       f"a load with a tensor (functional mode) supports views of at most {_MAX_VIEW_DIMS} dims, "
+                       f"got {len(view_dims)}")
+            self._need(not tensor.strides or len(tensor.strides) == len(view_dims), label,
+                       f"tensor {tensor.name!r} has {len(tensor.strides)} strides for a {len(view_dims)}-dim view")
         return tensor
 
     def offchip_load(self, *, out: int, tile_rows: int, tile_cols: int, elem_bytes: int,
