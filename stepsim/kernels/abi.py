@@ -158,7 +158,10 @@ CH_PRODUCER = 9
 CH_CONSUMER = 10
 CH_PK_NEXT = 11  # peak occupancy: first send whose occupancy is not known yet
 CH_PK_OLDEST = 12  # peak occupancy: oldest element that may still hold a slot at that send
-N_CH = 13
+CH_HEAD_ROW = 13  # slot row of the head element (base + head % cap), kept so pop/peek need no division
+CH_TAIL_ROW = 14  # slot row the next send writes (base + tail % cap)
+CH_END = 15  # base + cap: one past the channel's last slot row (where the ring rows wrap)
+N_CH = 16
 
 # ------------------------------------------------------------------------------------ unit state columns
 US_CLOCK = 0

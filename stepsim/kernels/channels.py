@@ -1,7 +1,9 @@
 """Channels: SPSC FIFOs stored as rows of one 2-D int64 slot array (array of structs).
 
 Channel c owns slot rows ``[chs[c, CH_BASE], chs[c, CH_BASE] + chs[c, CH_CAP])``; send number i uses row
-``base + i % cap``. A slot row is ``[stamp, credit_free, token...]`` (``abi.SL_*``, ``abi.TK_*``).
+``base + i % cap``; the rows of the head and of the next send are kept in ``CH_HEAD_ROW`` / ``CH_TAIL_ROW`` and
+advanced with a wrap test, since an integer division per push, pop and peek is a large part of a firing's cost.
+A slot row is ``[stamp, credit_free, token...]`` (``abi.SL_*``, ``abi.TK_*``).
 
 Timing (canonical rule 1, STEP_TIMING §1.2):
 
@@ -41,19 +43,28 @@ def can_push(chs, c):
 @kernel
 def head_row(chs, c):
     """reads: chs[c] / writes: nothing / returns: slot row of c's head element (c must be non-empty)."""
-    return chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP]
+    return chs[c, A.CH_HEAD_ROW]
 
 
 @kernel
 def head_stamp(chs, slots, c):
     """reads: chs[c], slots / writes: nothing / returns: arrival stamp of c's head (c must be non-empty)."""
-    return slots[chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP], A.SL_STAMP]
+    return slots[chs[c, A.CH_HEAD_ROW], A.SL_STAMP]
 
 
 @kernel
 def next_free(chs, slots, c):
     """reads: chs[c], slots / writes: nothing / returns: credit time of the slot the next send uses."""
-    return slots[chs[c, A.CH_BASE] + chs[c, A.CH_TAIL] % chs[c, A.CH_CAP], A.SL_FREE]
+    return slots[chs[c, A.CH_TAIL_ROW], A.SL_FREE]
+
+
+@kernel
+def next_row(chs, c, row):
+    """reads: chs[c] / writes: nothing / returns: the slot row after ``row`` in c's ring (wrapping to its base)."""
+    row += 1
+    if row == chs[c, A.CH_END]:
+        row = chs[c, A.CH_BASE]
+    return row
 
 
 @kernel
@@ -67,14 +78,16 @@ def settle_peak(chs, slots, c, final):
     credit is known or k reaches p; ``final`` treats elements never dequeued as holding their slot forever.
     Settling is lazy: a dequeue settles first when a send older than its element is open (its credit would
     overwrite the credit of element head - cap), an enqueue when the send it overwrites is open, and the engine
-    settles everything at the end, so every value read here is still in its slot row.
+    settles everything at the end, so every value read here is still in its slot row. Once the peak reaches the
+    capacity it is final: the cursor ``CH_PK_NEXT`` is parked at ``NEVER``, which turns the settle tests in push
+    and pop (and this function) into no-ops at no extra cost on their hot path.
 
     reads: chs[c], slot send/credit times / writes: chs[c] peak and cursors / returns: nothing.
     """
     p = chs[c, A.CH_PK_NEXT]
     tail = chs[c, A.CH_TAIL]
     if p >= tail:
-        return
+        return  # nothing open, or the cursor is parked (the peak is final)
     k = chs[c, A.CH_PK_OLDEST]
     head = chs[c, A.CH_HEAD]
     cap = chs[c, A.CH_CAP]
@@ -92,11 +105,12 @@ def settle_peak(chs, slots, c, final):
         if k < p and k >= head and not final:
             break  # element k is still queued: its credit (and so this occupancy) is not known yet
         peak = max(peak, p - k + 1)
+        if peak == cap:  # no occupancy exceeds the capacity: park the cursor so push/pop never settle again
+            p = A.NEVER
+            break
+        # k > p - cap still holds for p + 1: k == p + 1 - cap would have made this occupancy cap (parked above)
         p += 1
         rp = 0 if rp == cap - 1 else rp + 1
-        if k < p - cap + 1:  # k may lag only when send p was a lone element (k == p); keep the invariant
-            k = p - cap + 1
-            rk = k % cap
     chs[c, A.CH_PEAK] = peak
     chs[c, A.CH_PK_NEXT] = p
     chs[c, A.CH_PK_OLDEST] = k
@@ -110,11 +124,12 @@ def pop(chs, slots, c, clock):
     """
     if chs[c, A.CH_PK_NEXT] < chs[c, A.CH_HEAD]:  # an open send may still need element head - cap's credit
         settle_peak(chs, slots, c, False)
-    row = chs[c, A.CH_BASE] + chs[c, A.CH_HEAD] % chs[c, A.CH_CAP]
+    row = chs[c, A.CH_HEAD_ROW]
     d = clock
     d = max(d, slots[row, A.SL_STAMP])
     slots[row, A.SL_FREE] = d + chs[c, A.CH_CREDIT_LAT]
     chs[c, A.CH_HEAD] += 1
+    chs[c, A.CH_HEAD_ROW] = next_row(chs, c, row)
 
 
 @kernel
@@ -127,7 +142,7 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     tail = chs[c, A.CH_TAIL]
     if chs[c, A.CH_PK_NEXT] <= tail - chs[c, A.CH_CAP]:  # this send overwrites an open send's time
         settle_peak(chs, slots, c, False)
-    row = chs[c, A.CH_BASE] + tail % chs[c, A.CH_CAP]
+    row = chs[c, A.CH_TAIL_ROW]
     free = slots[row, A.SL_FREE]
     clock = max(clock, free)
     stamp = clock + chs[c, A.CH_LAT]
@@ -142,6 +157,7 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     slots[row, A.SL_TOKEN + A.TK_PAYLOAD] = payload
     slots[row, A.SL_SENT] = clock
     chs[c, A.CH_TAIL] = tail + 1
+    chs[c, A.CH_TAIL_ROW] = next_row(chs, c, row)
     return clock
 
 

@@ -280,6 +280,9 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
         chs[c, A.CH_LAT] = ch_lat[c]
         chs[c, A.CH_CREDIT_LAT] = ch_credit[c]
         chs[c, A.CH_BASE] = total
+        chs[c, A.CH_HEAD_ROW] = total
+        chs[c, A.CH_TAIL_ROW] = total
+        chs[c, A.CH_END] = total + ch_cap[c]
         chs[c, A.CH_PRODUCER] = ch_prod[c]
         chs[c, A.CH_CONSUMER] = ch_cons[c]
         total += ch_cap[c]
