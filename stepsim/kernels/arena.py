@@ -82,22 +82,23 @@ def tensor_refs(program) -> dict:
     return refs
 
 
-def stored_names(program) -> list[str]:
-    """Names of the tensors some operator of the program writes."""
+def _names(program, opcodes) -> list[str]:
+    """Names of the tensors of the units with one of ``opcodes``, in unit order, once each."""
     names = []
     for u in range(program.n_units):
-        if program.opcode(u) in A.MEMORY_WRITE_OPS and program.unit_tensors[u].name not in names:
+        if program.opcode(u) in opcodes and program.unit_tensors[u].name not in names:
             names.append(program.unit_tensors[u].name)
     return names
+
+
+def stored_names(program) -> list[str]:
+    """Names of the tensors some operator of the program writes."""
+    return _names(program, A.MEMORY_WRITE_OPS)
 
 
 def loaded_names(program) -> list[str]:
     """Names of the tensors some operator of the program reads."""
-    names = []
-    for u in range(program.n_units):
-        if program.opcode(u) in A.MEMORY_READ_OPS and program.unit_tensors[u].name not in names:
-            names.append(program.unit_tensors[u].name)
-    return names
+    return _names(program, A.MEMORY_READ_OPS)
 
 
 def static_block_hint(program) -> int:
@@ -134,10 +135,11 @@ def check_inputs(program, inputs: dict) -> dict[str, np.ndarray]:
     if unknown:
         raise ArgumentError(f"functional inputs name tensors the program does not use: {unknown} "
                             f"(its tensors: {sorted(refs)})")
+    loaded = loaded_names(program)
     arrays = {}
     for name, t in refs.items():
         if name not in inputs:
-            if name in loaded_names(program):
+            if name in loaded:
                 raise ArgumentError(f"functional mode: no input for tensor {name!r} "
                                     f"[{', '.join(map(str, t.shape or (t.rows, t.cols)))}], which the program loads")
             continue

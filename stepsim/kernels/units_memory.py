@@ -74,7 +74,7 @@ def _start_tile(u, up, us, eng, hact, hw, rows, cols, nbytes, traffic_bytes, is_
 def _load_values(u, t, rows, cols, fv, fi):
     """Functional mode: a fresh block holding tile t of unit u's tensor. returns: its handle."""
     h = V.alloc(fi, rows * cols, u)
-    V.load_tile(fv, fi, u, t, h, rows, cols)
+    V.copy_tile(fv, fi, u, t, h, rows, cols, False)
     return h
 
 
@@ -82,7 +82,7 @@ def _load_values(u, t, rows, cols, fv, fi):
 def _store_values(u, t, src, row, fv, fi):
     """Functional mode: write the tile token at ``src[row]`` as tile t of unit u's tensor."""
     c = A.SL_TOKEN
-    V.store_tile(fv, fi, u, t, V.tile_handle(src, row, c), src[row, c + A.TK_ROWS], src[row, c + A.TK_COLS])
+    V.copy_tile(fv, fi, u, t, V.tile_handle(src, row, c), src[row, c + A.TK_ROWS], src[row, c + A.TK_COLS], True)
 
 
 @kernel

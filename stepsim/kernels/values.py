@@ -210,41 +210,29 @@ def view_tile(fi, payload, u, voff, vlen, i):
 
 
 @kernel
-def load_tile(fv, fi, u, t, h, rows, cols):
-    """Copy tile t of unit u's tensor into block h (bf16-rounded if the tensor is bf16)."""
+def copy_tile(fv, fi, u, t, h, rows, cols, to_tensor):
+    """Copy between block h (``rows x cols``, row-major) and tile t of unit u's tensor: a load
+    (``to_tensor`` False) or a store (True). At most the tensor's tile is copied; values are rounded to bf16
+    if the tensor is bf16 (on load and on store)."""
     if fi[FI_STATUS] != VS_OK:
         return
-    src = _tile_addr(fi, u, t)
-    if src < 0:
+    at = _tile_addr(fi, u, t)
+    if at < 0:
         return
     f = fi[FI_UNITS] + u * N_FU
     stride = fi[f + FU_COLS]
     bf16 = fi[f + FU_BF16]
-    dst = h * fi[FI_BLOCK]
-    for r in range(rows):
-        for c in range(cols):
-            x = fv[src + r * stride + c]
-            fv[dst + r * cols + c] = bf16_round(x) if bf16 else x
-
-
-@kernel
-def store_tile(fv, fi, u, t, h, rows, cols):
-    """Write block h (``rows x cols``) as tile t of unit u's tensor (bf16-rounded if the tensor is bf16)."""
-    if fi[FI_STATUS] != VS_OK:
-        return
-    dst = _tile_addr(fi, u, t)
-    if dst < 0:
-        return
-    f = fi[FI_UNITS] + u * N_FU
-    stride = fi[f + FU_COLS]
-    bf16 = fi[f + FU_BF16]
-    rows = min(rows, fi[f + FU_TILE_ROWS])
-    cols = min(cols, fi[f + FU_TILE_COLS])
-    src = h * fi[FI_BLOCK]
-    for r in range(rows):
-        for c in range(cols):
-            x = fv[src + r * cols + c]
-            fv[dst + r * stride + c] = bf16_round(x) if bf16 else x
+    blk = h * fi[FI_BLOCK]
+    for r in range(min(rows, fi[f + FU_TILE_ROWS])):
+        for c in range(min(cols, fi[f + FU_TILE_COLS])):
+            if to_tensor:
+                src = blk + r * cols + c
+                dst = at + r * stride + c
+            else:
+                src = at + r * stride + c
+                dst = blk + r * cols + c
+            x = fv[src]
+            fv[dst] = bf16_round(x) if bf16 else x
 
 
 @kernel
