@@ -179,34 +179,15 @@ def _map_values(u, fn, param, slots, r1, r2, rows, cols, fv, fi):
 
 
 @kernel
-def _fold_values(u, us, fn, param, binary, slots, r1, r2, rows, cols, fv, fi):
-    """Functional mode: the next accumulator tile (``rows x cols``) of an Accum / Scan / MapAccum.
-
-    Accum / Scan fold element r1 into the accumulator with fn; MapAccum folds ``fn(r1, r2)`` with add. The
-    old accumulator block is released (the accumulator register owns one reference).
-    reads: the accumulator and operands / writes: fresh blocks / returns: the new accumulator's handle.
+def _fold_values(u, us, fn, hx, xr, xc, rows, cols, fv, fi):
+    """Functional mode: the next accumulator tile (``rows x cols``): fn(accumulator, x) for the
+    ``xr x xc`` tile in block hx. The old accumulator block is released (the register owns one reference).
+    reads: the accumulator and x / writes: a fresh block / returns: the new accumulator's handle.
     """
-    c = A.SL_TOKEN
     acc = A.US_TOK_A
     ha = us[u, acc + A.TK_PAYLOAD]
-    ar = us[u, acc + A.TK_ROWS]
-    ac = us[u, acc + A.TK_COLS]
     h = V.alloc(fi, rows * cols, u)
-    if binary:
-        pr = slots[r1, c + A.TK_ROWS]
-        pc = slots[r2, c + A.TK_ROWS] if (fn == A.FN_MATMUL and param == 1) else slots[r2, c + A.TK_COLS]
-        if fn != A.FN_MATMUL:
-            pr = max(pr, slots[r2, c + A.TK_ROWS])
-            pc = max(slots[r1, c + A.TK_COLS], slots[r2, c + A.TK_COLS])
-        hp = V.alloc(fi, pr * pc, u)
-        V.map_values(fv, fi, fn, param, V.tile_handle(slots, r1, c), slots[r1, c + A.TK_ROWS],
-                     slots[r1, c + A.TK_COLS], 0, V.tile_handle(slots, r2, c), slots[r2, c + A.TK_ROWS],
-                     slots[r2, c + A.TK_COLS], hp, pr, pc)
-        V.fold_values(fv, fi, A.FN_ADD, ha, ar, ac, hp, pr, pc, h, rows, cols)
-        V.decref(fi, hp)
-    else:
-        V.fold_values(fv, fi, fn, ha, ar, ac, V.tile_handle(slots, r1, c), slots[r1, c + A.TK_ROWS],
-                      slots[r1, c + A.TK_COLS], h, rows, cols)
+    V.fold_values(fv, fi, fn, ha, us[u, acc + A.TK_ROWS], us[u, acc + A.TK_COLS], hx, xr, xc, h, rows, cols)
     V.decref(fi, ha)
     return h
 
@@ -321,6 +302,7 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
         load = load_cycles(slots, r1, A.SL_TOKEN, pmu)
         stop = slots[r1, A.SL_TOKEN + A.TK_STOP]
         r2 = r1
+        prod_rows = prod_cols = 0  # MapAccum: shape of fn(in1, in2) before it is added to the accumulator
         if binary:
             r2 = head_row(chs, c2)
             wait_input(us, u, slots[r2, A.SL_STAMP])
@@ -340,11 +322,19 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
                 valid = max(valid, us[u, acc + A.TK_OFFSET])
             nbytes = us[u, acc + A.TK_BYTES] if us[u, acc + A.TK_BYTES] > 0 else prod[2]
             res = (prod[0], A.KIND_TILE, nbytes, rows, cols, valid, -1)
+            prod_rows = prod[3]
+            prod_cols = prod[4]
         else:
             res = fn_fold(fn, bw, us, u, A.US_TOK_A, slots, r1, A.SL_TOKEN)
         handle = -1
         if fi is not None and res[1] & A.KIND_MASK == A.KIND_TILE:
-            handle = _fold_values(u, us, fn, param, binary, slots, r1, r2, res[3], res[4], fv, fi)
+            if binary:  # MapAccum: acc + fn(in1, in2)
+                hp = _map_values(u, fn, param, slots, r1, r2, prod_rows, prod_cols, fv, fi)
+                handle = _fold_values(u, us, A.FN_ADD, hp, prod_rows, prod_cols, res[3], res[4], fv, fi)
+                V.decref(fi, hp)
+            else:
+                handle = _fold_values(u, us, fn, V.tile_handle(slots, r1, A.SL_TOKEN), slots[r1, A.SL_TOKEN + A.TK_ROWS],
+                                      slots[r1, A.SL_TOKEN + A.TK_COLS], res[3], res[4], fv, fi)
         comp = res[0]
         cost = max(comp, load)
         if op == A.OP_SCAN:
