@@ -632,23 +632,25 @@ class ProgramBuilder:
 
     def reshape(self, *, inp: int, out: int, chunk: int, rank: int, pad_rows: int = 0, pad_cols: int = 0,
                 pad_elem_bytes: int = 0, add_outer_dim: bool = False, write_back_mu: bool = False,
-                name: str | None = None) -> int:
+                flags_out: int | None = None, name: str | None = None) -> int:
         """Split the dim at ``rank`` into (ceil(D/chunk), chunk); pad a partial last chunk (rank 0 only).
 
         ``pad_elem_bytes = 0`` means no padding. Pad tiles carry the pad flag and read_from_mu =
         ``write_back_mu``. ``add_outer_dim`` (rank-0 inputs) makes chunk-closing elements wait for the next
-        element or the close.
+        element or the close. ``flags_out`` (optional) receives the padding-flag stream: one 1-byte Bool scalar
+        per output element with the element's stop, value 1 on a pad tile, sent together with the element.
         """
         label = self._label(abi.OP_RESHAPE, name)
         self._need(chunk >= 1 and rank >= 0, label, f"need chunk >= 1 and rank >= 0, got {chunk}, {rank}")
         self._need(pad_elem_bytes == 0 or rank == 0, label, "padding is only allowed when reshaping rank 0")
         self._need(not add_outer_dim or rank == 0, label, "add_outer_dim is only allowed for rank-0 inputs")
         self._need(min(pad_rows, pad_cols, pad_elem_bytes) >= 0, label, "pad tile dims must be >= 0")
-        return self._add(abi.OP_RESHAPE, name, [inp], [out],
+        outs, kinds = ([out], [("same", 0)]) if flags_out is None else ([out, flags_out], [("same", 0), _SCALAR])
+        return self._add(abi.OP_RESHAPE, name, [inp], outs,
                          {abi.PA_CHUNK: chunk, abi.PA_RANK: rank, abi.PA_PAD_ROWS: pad_rows,
                           abi.PA_PAD_COLS: pad_cols, abi.PA_PAD_BYTES: pad_elem_bytes,
                           abi.PA_ADD_OUTER: int(bool(add_outer_dim)), abi.PA_RESHAPE_WB: int(bool(write_back_mu))},
-                         [_ALL], [("same", 0)])
+                         [_ALL], kinds)
 
     def expand_ref(self, *, inp: int, ref: int, out: int, rank: int, name: str | None = None) -> int:
         """Repeat each input element once per ``ref`` element of its group (group end: ref stop >= ``rank``)."""

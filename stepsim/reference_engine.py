@@ -1236,11 +1236,25 @@ def _reshape(E, U, ins, outs):
     pad = Token(KIND_TILE, rows=E.par(u, A.PA_PAD_ROWS), cols=E.par(u, A.PA_PAD_COLS), nbytes=pad_bytes,
                 mu=bool(wb), pad=True, valid=0)
     out = outs[0]
+    flags = outs[1] if len(outs) == 2 else None
+
+    def send(tok, padded=False):
+        """The element, and its padding flag (when read: 1 if this Reshape padded it) at one time."""
+        if flags is None:
+            yield from E.enq(U, out, tok)
+            return
+        yield from E.room(U, out)
+        yield from E.room(U, flags)
+        E.credit(U, out)
+        E.credit(U, flags)
+        t = U.clock
+        E.put(U, out, tok, t)
+        E.put(U, flags, Token(KIND_SCALAR, stop=tok.stop, nbytes=1, valid=1, value=int(padded)), t)
 
     def pads(final_stop):
         n = S - j % S
         for k in range(n):
-            yield from E.enq(U, out, replace(pad, stop=final_stop if k == n - 1 else 0))
+            yield from send(replace(pad, stop=final_stop if k == n - 1 else 0), padded=True)
 
     j = 0  # rank-r units seen in the current dim
     while True:
@@ -1252,7 +1266,7 @@ def _reshape(E, U, ins, outs):
         U.fires += 1
         L = x.stop
         if L < r:
-            yield from E.enq(U, out, x)
+            yield from send(x)
             continue
         j += 1
         if L == r:
@@ -1265,14 +1279,14 @@ def _reshape(E, U, ins, outs):
                         j = 0
             else:
                 s = r
-            yield from E.enq(U, out, replace(x, stop=s))
+            yield from send(replace(x, stop=s))
             continue
         # L > r: the element closes the whole dim
         if j % S != 0 and r == 0 and pad_bytes > 0:
-            yield from E.enq(U, out, replace(x, stop=0))
+            yield from send(replace(x, stop=0))
             yield from pads(L + 1)
         else:
-            yield from E.enq(U, out, replace(x, stop=L + 1))
+            yield from send(replace(x, stop=L + 1))
         j = 0
 
 

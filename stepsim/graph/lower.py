@@ -12,14 +12,14 @@ Decisions made here (and why):
   :meth:`Graph.insert_broadcasts` carry the producer's ``fanout_depth``, matching the artifact's overrides
   keyed by the Broadcast's id.
 * **Unconsumed outputs** get an implicit sink (a stream nobody reads would otherwise fill and deadlock),
-  except Reshape's padding-flag output, which the engine does not materialize.
+  except Reshape's padding-flag output: step-perf has no such output, so it gets a channel only when read
+  (and then the Reshape sends each element and its flag together).
 * **Timing byte widths.** step-perf sizes on-chip tiles with ``f32_bytes``: 2 when the experiment stores fp32
   tensors as bf16 (``mock_bf16``), else 4. Here that width is *derived from the dtypes*: if every loaded
   tensor with an fp32 stream dtype is stored in 2 bytes, fp32 accumulator / padding tiles are 2 bytes wide in
   time, else 4. Loaded tiles are as wide as their storage dtype.
 * **Zip** lowers by fusion: a Zip read only by a Map becomes that Map's two operands (the engine has no tuple
-  tokens). Other uses of Zip and consumed Reshape padding outputs are not yet executable and raise
-  :class:`LoweringError` naming the operator.
+  tokens). Other uses of Zip are not executable and raise :class:`LoweringError` naming the operator.
 * **FlatMap(RowStreamify)** runs on the RetileStreamify unit with ``new_dim``: the rows form a new innermost
   dim, so the last row's stop is the tile's + 1.
 """
@@ -82,10 +82,7 @@ class _Lowering:
                 continue
             for idx in range(op.num_outputs):
                 users = uses.get((op.id, idx), [])
-                if isinstance(op, S.Reshape) and idx == 1:
-                    if users:
-                        raise LoweringError(f"{op.name}: its padding-flag output is read by {users[0][0].name}; "
-                                            "the engine does not execute padding-flag streams yet")
+                if isinstance(op, S.Reshape) and idx == 1 and not users:
                     continue
                 assert len(users) <= 1, "broadcasts were inserted"
                 ch = self.builder.add_channel(self._capacity(op), name=f"{op.name}[{idx}]")
@@ -222,7 +219,8 @@ class _Lowering:
         self.builder.reshape(inp=ins[0], out=outs[0], chunk=op.chunk_size, rank=op.rank,
                              pad_rows=pad.rows if pad else 0, pad_cols=pad.cols if pad else 0,
                              pad_elem_bytes=self.tile_width(pad.dtype) if pad else 0,
-                             add_outer_dim=op.add_outer_dim, write_back_mu=op.write_back_mu, name=op.name)
+                             add_outer_dim=op.add_outer_dim, write_back_mu=op.write_back_mu,
+                             flags_out=self.out_channel.get((op.id, 1)), name=op.name)
 
     def _Expand(self, op, ins, outs):
         self.builder.expand_ref(inp=ins[0], ref=ins[1], out=outs[0], rank=op.rank, name=op.name)

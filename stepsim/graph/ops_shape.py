@@ -57,7 +57,9 @@ class Reshape(Op):
     (the tail is padded with ``pad`` tiles) or ``chunk_size == 1``. ``add_outer_dim`` (rank-0 inputs only)
     prepends ``1`` or, for a symbolic dim ``X``, ``Piecewise((1, X >= 1), (0, True))`` (the paper's Promote).
 
-    Outputs: 0 = data (the primary output), 1 = padding flags (Bool, same shape; True on pad elements).
+    Outputs: 0 = data (the primary output), 1 = padding flags (Bool, same shape; True on the pad tiles this
+    Reshape inserted). The flag stream is a stepsim extension (step-perf does not expose it): it is only
+    materialized when something reads it, and then each element and its flag leave together.
     """
 
     kind = "Reshape"

@@ -9,7 +9,10 @@ All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (STEP_SEMANTIC
   a chunk; L > r -> L + 1. A partial last chunk at rank 0 is padded with pad tiles (burst, pad flag,
   read_from_mu = write_back_mu); the real element becomes Val and the last pad carries L + 1. For a rank-0
   input the close ends the dim (padding happens at the close). ``add_outer_dim``: a chunk-completing element
-  waits for the next element (level 1) or the close (level 2).
+  waits for the next element (level 1) or the close (level 2). The optional second output is the paper's
+  padding-flag stream: per element a Bool scalar (payload 1 on a pad tile, else 0) with the element's stop,
+  sent at the same time as the element once both outputs have a free slot (as Broadcast does). step-perf has no
+  such output, so it exists only when something reads it and otherwise costs nothing.
 * ExpandRef(k): PEEK in; per ref element DEQ ref and ENQ a copy with the ref's stop; DEQ in at ref stop >= k.
 * RepeatStatic(r): PEEK; copy i requested at (clock before its credit wait) + i (§9 S10), the last is
   ValStop(s + 1); ``now += r``; DEQ.
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from stepsim.kernels import abi as A
 from stepsim.kernels import values as V
-from stepsim.kernels.channels import can_pop, can_push, pop
+from stepsim.kernels.channels import can_pop, can_push, next_free, pop
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
     await_input,
@@ -124,6 +127,29 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 
 @kernel
+def _room_for_element(us, u, chs, slots, out, flags_out):
+    """Reshape's send condition: a free slot on the data output and, if read, on the padding-flag output.
+
+    With both outputs, waits for the later of the two credits (counted as blocked-on-output) so that the element
+    and its flag leave at one time. reads: chs, slots / writes: us[u] clock, blocked-out counter and wait /
+    returns: True when the element can be sent now, False after recording the block.
+    """
+    if not can_push(chs, out):
+        block(us, u, out, A.WAIT_FULL)
+        return False
+    if flags_out < 0:
+        return True
+    if not can_push(chs, flags_out):
+        block(us, u, flags_out, A.WAIT_FULL)
+        return False
+    latest = max(next_free(chs, slots, out), next_free(chs, slots, flags_out))
+    if latest > us[u, A.US_CLOCK]:
+        us[u, A.US_BLOCKED_OUT] += latest - us[u, A.US_CLOCK]
+        us[u, A.US_CLOCK] = latest
+    return True
+
+
+@kernel
 def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: input / writes: output (data and pad tiles), us[u] / returns: DONE after the close."""
     c = in_ch[up[u, A.UP_IN_START]]
@@ -136,6 +162,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
     add_outer = up[u, A.UP_A0 + A.PA_ADD_OUTER]
     wb = up[u, A.UP_A0 + A.PA_RESHAPE_WB]
     pad_flags = A.KIND_TILE | A.FLAG_PAD | (A.FLAG_MU if wb else 0)
+    flags_out = out_ch[up[u, A.UP_OUT_START] + 1] if up[u, A.UP_N_OUT] == 2 else -1
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
@@ -189,22 +216,27 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
                 return block(us, u, c, A.WAIT_EMPTY)
             us[u, A.US_PHASE] = 1
         elif ph == 1:
-            if not can_push(chs, out):
-                return block(us, u, out, A.WAIT_FULL)
+            if not _room_for_element(us, u, chs, slots, out, flags_out):
+                return A.STEP_BLOCKED
             emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+            if flags_out >= 0:
+                emit(us, u, chs, slots, flags_out, us[u, A.US_CLOCK], us[u, R_OSTOP], A.KIND_SCALAR, 1, 1, 1, 1, 0)
             drop(fi, us, u, A.US_TOK_A)
             us[u, A.US_PHASE] = 2 if us[u, R_NPAD] > 0 else 0
         else:
             while us[u, R_NPAD] > 0:
-                if not can_push(chs, out):
-                    return block(us, u, out, A.WAIT_FULL)
+                if not _room_for_element(us, u, chs, slots, out, flags_out):
+                    return A.STEP_BLOCKED
                 n = us[u, R_NPAD]
+                stop = us[u, R_PADLVL] if n == 1 else 0
                 value = -1
                 if fi is not None:  # a pad tile holds zeros
                     value = V.alloc(fi, pad_rows * pad_cols, u)
                     V.fill_zero(fv, fi, value, pad_rows * pad_cols)
-                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, R_PADLVL] if n == 1 else 0, pad_flags,
-                     pad_bytes, pad_rows, pad_cols, 0, value)
+                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, pad_flags, pad_bytes, pad_rows, pad_cols, 0,
+                     value)
+                if flags_out >= 0:
+                    emit(us, u, chs, slots, flags_out, us[u, A.US_CLOCK], stop, A.KIND_SCALAR, 1, 1, 1, 1, 1)
                 us[u, R_NPAD] = n - 1
             if us[u, R_CLOSING]:
                 return A.STEP_DONE

@@ -249,6 +249,32 @@ def test_reshape_with_an_outer_dim_pads_at_the_close_of_a_random_load():
     assert idents(ref, s) == [(load, 3), (load, 0), (load, 2), None]
 
 
+def test_reshape_padding_flags_mark_each_pad_and_carry_its_stop():
+    """(2, 3) -> chunks of 2 with the flag output read: the flags, used as tile addresses into a two-tile table
+    (tile 0 = "real", tile 1 = "pad"), fetch real real real pad real real real pad."""
+    b = builder()
+    x, y, flags, marks = (b.add_channel() for _ in range(4))
+    t_in = tensor("x", 6, 2, 4)
+    a, T = filled(t_in)
+    b.offchip_load(out=x, tile_rows=2, tile_cols=4, elem_bytes=2, view_shape=(2, 3), tensor=t_in)
+    b.reshape(inp=x, out=y, chunk=2, rank=0, pad_rows=2, pad_cols=4, pad_elem_bytes=2, flags_out=flags)
+    t_table = tensor("table", 2, 2, 4)
+    table, (real, pad) = filled(t_table, base=1000)
+    b.random_offchip_load(raddr=flags, out=marks, tile_rows=2, tile_cols=4, elem_bytes=2, tensor=t_table)
+    t_y, t_marks = tensor("y", 8, 2, 4, grid=2), tensor("marks", 8, 2, 4)
+    b.offchip_store(inp=y, tensor=t_y)
+    b.offchip_store(inp=marks, tensor=t_marks)
+    program = b.build()
+    run_checked(program, {"x": a, "table": table},
+                {"y": assembled(t_y, [T[0], T[1], T[2], None, T[3], T[4], T[5], None]),
+                 "marks": np.vstack([real, real, real, pad, real, real, real, pad])})
+    sent = ref_run(program, record_tokens=True).tokens[flags]
+    # stops: a completed chunk closes rank 1; the pad after a row's odd last tile closes the row (2) / tensor (3)
+    assert [(tok.kind, tok.stop, tok.value, tok.nbytes) for tok in sent] == [
+        ("scalar", 0, 0, 1), ("scalar", 1, 0, 1), ("scalar", 0, 0, 1), ("scalar", 2, 1, 1),
+        ("scalar", 0, 0, 1), ("scalar", 1, 0, 1), ("scalar", 0, 0, 1), ("scalar", 3, 1, 1)]
+
+
 @pytest.mark.parametrize("ref_kind", ["metadata", "tiles"])
 def test_expand_ref_repeats_each_tile_once_per_reference_element(ref_kind):
     """Tiles as the reference stream are consumed and released (no leak)."""

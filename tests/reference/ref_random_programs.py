@@ -173,9 +173,13 @@ class _Gen:
         D = s.dims[-1]
         rows, cols, nb = s.tile
         pad = D % S != 0
+        dims = s.dims[:-1] + (-(-D // S), S)
+        flags = self.ch(self.r.choice([1, 2])) if self.r.random() < 0.3 else None  # the padding-flag stream
         self.b.reshape(inp=s.ch, out=c, chunk=S, rank=0, pad_rows=rows if pad else 0, pad_cols=cols if pad else 0,
-                       pad_elem_bytes=nb if pad else 0, write_back_mu=self.r.random() < 0.5)
-        self.pool.append(_S(c, s.count, s.dims[:-1] + (-(-D // S), S), s.tile))
+                       pad_elem_bytes=nb if pad else 0, write_back_mu=self.r.random() < 0.5, flags_out=flags)
+        self.pool.append(_S(c, s.count, dims, s.tile))
+        if flags is not None:
+            self.pool.append(_S(flags, s.count, dims, (1, 1, 1), "scalar"))
         return True
 
     def op_repeat(self):

@@ -132,3 +132,32 @@ def test_flatmap_row_streamify_opens_a_new_dim_in_both_engines():
     assert fast.cycles == ref.cycles
     np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
     np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+
+
+def test_a_graph_that_reads_reshape_padding_flags_lowers_and_runs_in_both_engines():
+    """5 tiles of (2, 8) in chunks of 4 padded with Zero(2, 8): flags 0 0 0 0 | 0 1 1 1 with the data's stops;
+    without a reader the flag output gets no channel at all (step-perf has none)."""
+    from stepsim.graph import FP32, Graph, LinearOffChipLoad, Reshape, Sink, Tensor, Zero
+
+    def graph(read_flags: bool) -> Graph:
+        g = Graph("flags")
+        x = LinearOffChipLoad(g, Tensor("x", (10, 8), FP32), (2, 8), (5,), (1,))
+        r = Reshape(g, x, 4, 0, pad=Zero(2, 8))
+        Sink(g, r)
+        if read_flags:
+            Sink(g, r[1], name="flag_sink")
+        return g
+
+    hw = Hardware.preset("step-eval")
+    assert not any("Reshape" in n and "[1]" in n for n in lower(graph(False), hw, channel_depth=2).channel_names)
+    program = lower(graph(True), hw, channel_depth=2)
+    flags = next(i for i, n in enumerate(program.channel_names) if n.startswith("Reshape") and n.endswith("[1]"))
+    ref = ref_run(program, record_tokens=True)
+    assert [(t.stop, t.value) for t in ref.tokens[flags]] == [(0, 0), (0, 0), (0, 0), (1, 0),
+                                                              (0, 0), (0, 1), (0, 1), (2, 1)]
+    fast = fast_run(program)
+    assert fast.cycles == ref.cycles
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    result = simulate(graph(True), "step-eval", channel_depth=2)
+    assert result.unit_counters[result.unit_names.index("flag_sink"), 0] == 8
