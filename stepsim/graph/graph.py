@@ -286,8 +286,15 @@ class Graph:
         return dict(counts)
 
     def validate(self) -> None:
-        """Raise :class:`GraphError` for unconnected placeholders or inputs from foreign operators."""
+        """Raise :class:`GraphError` for unconnected placeholders, inputs from foreign operators, or a Zip that
+        is not read by exactly one Map.
+
+        Why the Zip rule: a tuple stream exists only to give a Map a two-operand function (the paper's only
+        use). The engine executes a Zip by fusing it into its Map, so other readers of tuples would build
+        graphs that can be measured but never run; they are rejected here, where the graph is built.
+        """
         members = {id(op) for op in self.ops}
+        uses = self.consumers()
         for op in self.ops:
             if isinstance(op, Placeholder):
                 raise GraphError(
@@ -297,6 +304,12 @@ class Graph:
             for ref in op.inputs:
                 if id(ref.op) not in members:
                     raise GraphError(f"{op.name}: input {ref} is not part of graph {self.name!r}")
+            if op.kind == "Zip":
+                readers = [reader for reader, _ in uses.get((op.id, 0), [])]
+                if len(readers) != 1 or readers[0].kind != "Map":
+                    raise GraphError(f"{op.name}: a Zip must be read by exactly one Map, which applies a two-operand "
+                                     f"function to its pairs; it is read by {[r.name for r in readers]} "
+                                     "(zip the streams once per Map)")
 
     def insert_broadcasts(self) -> None:
         """Insert a Broadcast wherever one output feeds several inputs (idempotent; STEP_SEMANTICS §2.7).

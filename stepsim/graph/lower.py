@@ -18,8 +18,8 @@ Decisions made here (and why):
   tensors as bf16 (``mock_bf16``), else 4. Here that width is *derived from the dtypes*: if every loaded
   tensor with an fp32 stream dtype is stored in 2 bytes, fp32 accumulator / padding tiles are 2 bytes wide in
   time, else 4. Loaded tiles are as wide as their storage dtype.
-* **Zip** lowers by fusion: a Zip read only by a Map becomes that Map's two operands (the engine has no tuple
-  tokens). Other uses of Zip are not executable and raise :class:`LoweringError` naming the operator.
+* **Zip** lowers by fusion: the Map that reads it (the graph allows exactly one reader, a Map) takes the Zip's
+  two input streams as its operands (the engine has no tuple tokens).
 * **FlatMap(RowStreamify)** runs on the RetileStreamify unit with ``new_dim``: the rows form a new innermost
   dim, so the last row's stop is the tile's + 1.
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.errors import LoweringError
-from stepsim.graph import ops_compute as C
 from stepsim.graph import ops_memory as M
 from stepsim.graph import ops_shape as S
 from stepsim.graph.dims import is_static, product
@@ -69,11 +68,8 @@ class _Lowering:
         uses = self.graph.consumers()
         for op in self.graph.ops:
             if isinstance(op, S.Zip):
-                users = uses.get((op.id, 0), [])
-                if len(users) != 1 or not isinstance(users[0][0], C.Map):
-                    raise LoweringError(f"{op.name}: Zip can only be executed when a single Map reads it "
-                                        f"(it is read by {[u.name for u, _ in users]})")
-                self.fused_zips[users[0][0].id] = op
+                (reader, _), = uses[(op.id, 0)]  # Graph.validate: exactly one reader, a Map
+                self.fused_zips[reader.id] = op
 
     def _make_channels(self) -> None:
         uses = self.graph.consumers()

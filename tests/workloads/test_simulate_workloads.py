@@ -10,9 +10,13 @@ on the workloads at reduced size.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
+from stepsim.errors import GraphError
+from stepsim.graph import FP32, Add, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Tensor, Zip
 from stepsim.graph.lower import lower
 from stepsim.hardware import Hardware
 from stepsim.kernels.api import run as fast_run
@@ -161,3 +165,40 @@ def test_a_graph_that_reads_reshape_padding_flags_lowers_and_runs_in_both_engine
     np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
     result = simulate(graph(True), "step-eval", channel_depth=2)
     assert result.unit_counters[result.unit_names.index("flag_sink"), 0] == 8
+
+
+def _zip_graph(read):
+    """Two loads of 3 (2, 8) fp32 tiles; ``read(g, a, b)`` builds what reads them."""
+    g = Graph("zip")
+    a = LinearOffChipLoad(g, Tensor("a", (6, 8), FP32), (2, 8), (3,), (1,))
+    b = LinearOffChipLoad(g, Tensor("b", (6, 8), FP32), (2, 8), (3,), (1,))
+    read(g, a, b)
+    return g
+
+
+def test_a_map_over_a_zip_runs_as_the_binary_map_of_its_two_streams():
+    zipped = _zip_graph(lambda g, a, b: LinearOffChipStore(g, Map(g, Zip(g, a, b), Add(), compute_bw=64),
+                                                           tensor_name="y"))
+    binary = _zip_graph(lambda g, a, b: LinearOffChipStore(g, Map(g, [a, b], Add(), compute_bw=64),
+                                                           tensor_name="y"))
+    z, m = (simulate(g, "step-eval", functional=True, seed=3) for g in (zipped, binary))
+    assert z.cycles == m.cycles and z.events == m.events
+    np.testing.assert_array_equal(z.unit_counters, m.unit_counters)
+    np.testing.assert_array_equal(z.outputs["y"], z.inputs["a"] + z.inputs["b"])
+
+
+def _flatten(g, pairs):
+    Flatten(g, pairs, 0, 1)
+
+
+def _two_maps(g, pairs):
+    for _ in range(2):
+        Map(g, pairs, Add(), compute_bw=64)
+
+
+@pytest.mark.parametrize("read, readers", [(_flatten, "['Flatten_"), (_two_maps, "['Map_"),
+                                           (lambda g, pairs: None, "[]")])
+def test_a_zip_not_read_by_exactly_one_map_is_rejected_when_the_graph_is_finalized(read, readers):
+    g = _zip_graph(lambda g, a, b: read(g, Zip(g, a, b, name="pairs")))
+    with pytest.raises(GraphError, match=r"pairs: a Zip must be read by exactly one Map.*read by " + re.escape(readers)):
+        simulate(g, "step-eval")
