@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from stepsim.records import RunResult
+from stepsim.reproduce.errors import TracesLayoutError
 from stepsim.reproduce.execute import Point
 from stepsim.reproduce.layout import VARIANCE_CLASSES, kv_windows
 from stepsim.reproduce.stats import geomean
@@ -40,6 +41,8 @@ STRATEGIES = ("coarse", "interleave", "dynamic")
 STATIC_STRATEGIES = ("coarse", "interleave")
 #: §5.5: KV-cache tile (tokens) used for the tile statistics of a window
 TILE_N = 32
+#: §5.5: parallel regions of the interleave and dynamic strategies (build_attention's default)
+REGIONS = 4
 JSON_KEYS = ("dynamic_parallelization_speedup_geomean",)
 
 SCHEMA = pa.schema([
@@ -55,9 +58,22 @@ SCHEMA = pa.schema([
 
 
 def plan(traces: str | Path) -> list[Point]:
-    """Per KV window (batch, variance class, paper order): one point per strategy of :data:`STRATEGIES`."""
+    """Per KV window (batch, variance class, paper order): one point per strategy of :data:`STRATEGIES`.
+
+    Raises
+    ------
+    TracesLayoutError
+        The layout problems of :func:`~stepsim.reproduce.layout.kv_windows`, or a ``b<B>`` folder whose batch
+        size is not a multiple of :data:`REGIONS` (static interleave deals requests round-robin in equal
+        shares), so the experiment fails before simulating anything.
+    """
     points = []
-    for w in kv_windows(traces):
+    windows = kv_windows(traces)
+    for batch, folder in sorted({(w.batch, w.path.parent) for w in windows}):
+        if batch % REGIONS:
+            raise TracesLayoutError(f"{folder}: batch {batch} is not a multiple of {REGIONS}: static interleave "
+                                    f"deals the requests round-robin in equal shares over {REGIONS} regions")
+    for w in windows:
         labels = {"batch": w.batch, "variance": w.variance, "trace": w.name, "start": w.start, "end": w.end}
         points += [Point(labels, {"workload": "attention", "trace": str(w.path), "strategy": s})
                    for s in STRATEGIES]

@@ -33,11 +33,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stepsim.errors import ConfigError
 from stepsim.records import RunResult
 from stepsim.reproduce.execute import Point
 from stepsim.reproduce.layout import MODEL_ORDER, routing_files
 from stepsim.reproduce.stats import geomean
 from stepsim.reproduce.tables import field, format_rows, group_rows
+from stepsim.workloads.models import moe_model
 
 NAME = "dynamic-tiling"
 STEM = "dynamic_tiling"
@@ -72,8 +74,24 @@ def static_tiles(batch: int) -> tuple[int, ...]:
     return tiles or (batch,)
 
 
+def _model_config(model: str, dims: Mapping[str, int] | None) -> dict:
+    """The config keys naming ``model``: the preset, or a ``custom`` model with the preset's experts and
+    top-k and ``dims`` (``hidden`` and/or ``intermediate``) replacing its sizes."""
+    if not dims:
+        return {"model": model}
+    unknown = sorted(set(dims) - {"hidden", "intermediate"})
+    if unknown:
+        raise ConfigError(f"model_dims[{model!r}]: unknown key(s) {', '.join(unknown)}; "
+                          f"expected hidden, intermediate")
+    preset = moe_model(model)
+    return {"model": "custom", "hidden": int(dims.get("hidden", preset.hidden)),
+            "intermediate": int(dims.get("intermediate", preset.intermediate)),
+            "experts": preset.experts, "top_k": preset.top_k}
+
+
 def plan(traces: str | Path, *, tiles: Mapping[int, Sequence[int]] | None = None,
-         models: Sequence[str] | None = None) -> list[Point]:
+         models: Sequence[str] | None = None,
+         model_dims: Mapping[str, Mapping[str, int]] | None = None) -> list[Point]:
     """The experiment's points: per routing batch, each static tile (ascending), then dynamic.
 
     Parameters
@@ -84,11 +102,18 @@ def plan(traces: str | Path, *, tiles: Mapping[int, Sequence[int]] | None = None
         Override :func:`static_tiles` (reduced configurations for tests).
     models : sequence of str, optional
         Model presets to run (default: every model with a routing folder).
+    model_dims : mapping preset -> {"hidden": D, "intermediate": F}, optional
+        Run that preset's routing with a smaller layer (reduced configurations for tests): a ``custom``
+        model with the preset's experts and top-k. Tables still name the preset.
     """
+    unknown = sorted(set(model_dims or {}) - set(MODEL_ORDER))
+    if unknown:
+        raise ConfigError(f"model_dims: unknown model(s) {', '.join(unknown)}; expected {', '.join(MODEL_ORDER)}")
     points = []
     for f in routing_files(traces, tuple(models) if models else MODEL_ORDER):
         labels = {"model": f.model, "batch": f.batch, "trace": f.name}
-        base = {"workload": "moe", "model": f.model, "trace": str(f.path)}
+        base = {"workload": "moe", **_model_config(f.model, (model_dims or {}).get(f.model)),
+                "trace": str(f.path)}
         if f.model == "qwen3-30b-a3b" and f.batch == 1024:
             base["channel_depth"] = UNBOUNDED_CHANNEL_DEPTH
         chosen = (tiles or {}).get(f.batch) or static_tiles(f.batch)

@@ -13,8 +13,10 @@ KV windows are grouped into the paper's variance classes ``high`` / ``med`` / ``
 * for B = 16, 64, 80 the classes are the paper's own windows (STEP_SEMANTICS §5.5,
   :data:`stepsim.trace_io.batches.PAPER_WINDOWS`); the windows present in the folder are used, other files of
   the folder are ignored, and every class needs at least one window;
-* for any other B the paper names no windows, so the folder's windows, sorted by stdev, are split into
-  thirds (lowest third ``low``, highest ``high``); at least 3 windows are needed.
+* for any other B the paper names no windows, so the folder's windows, sorted by the sample stdev of their
+  contents (not the label in the name), are split into thirds: with n windows sorted by stdev, highest
+  first, window i (0-based) is ``high`` / ``med`` / ``low`` for ``3*i // n`` = 0 / 1 / 2 (4 windows: high,
+  high, med, low); at least 3 windows are needed.
 
 Every problem raises :class:`~stepsim.reproduce.errors.TracesLayoutError` naming the offending path.
 """
@@ -133,6 +135,15 @@ def routing_files(traces: str | Path, models: tuple[str, ...] = MODEL_ORDER) -> 
     return sorted(found, key=lambda f: (MODEL_ORDER.index(f.model), f.batch, f.path.name))
 
 
+def _stdev(path: Path) -> float:
+    """Sample standard deviation (ddof=1, tokens) of the KV lengths in ``path`` (0 for a single request)."""
+    try:
+        kv = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise TracesLayoutError(f"{path}: cannot read the KV-length array: {exc}") from exc
+    return float(np.std(kv.astype(np.float64), ddof=1)) if kv.size > 1 else 0.0
+
+
 def _parsed_windows(folder: Path, batch: int) -> list[tuple[dict, Path]]:
     out = []
     for path in sorted(folder.glob("*.npy")):
@@ -162,7 +173,8 @@ def _classify(folder: Path, batch: int) -> list[KVWindowFile]:
             raise TracesLayoutError(f"{folder}: batch {batch} has no paper windows, and splitting windows into "
                                     f"high/med/low variance needs at least 3 <trace>_stdev<SSSS>_<start>_<end>.npy "
                                     f"files of {batch} requests, found {len(parsed)}")
-        ordered = sorted(parsed, key=lambda item: (item[0]["stdev"], item[0]["start"], item[1].name))
+        # by the stdev of the contents (the label in a name can be off: two shared B=64 files are)
+        ordered = sorted(parsed, key=lambda item: (_stdev(item[1]), item[0]["start"], item[1].name))
         n = len(ordered)
         for i, (p, path) in enumerate(reversed(ordered)):  # highest stdev first, like the paper's lists
             chosen.append(KVWindowFile(batch, VARIANCE_CLASSES[min(2, 3 * i // n)], p["start"], p["end"], path))
