@@ -504,8 +504,8 @@ class ProgramBuilder:
         params = self._compute_params(label, fn, fn_param, compute_bw, write_back_mu, accum=False)
         code = params[abi.PA_FN]
         self._need(len(ins) in (1, 2), label, f"needs 1 or 2 inputs, got {len(ins)}")
-        self._need(code not in (abi.FN_RETILE_ROW, abi.FN_RETILE_COL, abi.FN_SIGNAL_REQ_ALL_READ), label,
-                   f"{abi.FUNCTION_NAMES[code]!r} is an accumulator function")
+        self._need(code not in (abi.FN_RETILE_ROW, abi.FN_RETILE_COL, abi.FN_SIGNAL_REQ_ALL_READ,
+                                abi.FN_ONLINE_SOFTMAX), label, f"{abi.FUNCTION_NAMES[code]!r} is an accumulator function")
         binary = code in abi.BINARY_FUNCTIONS
         self._need(binary == (len(ins) == 2), label,
                    f"function {abi.FUNCTION_NAMES[code]!r} takes {2 if binary else 1} input(s), got {len(ins)}")
@@ -536,7 +536,7 @@ class ProgramBuilder:
         """BinaryMapAccum: two lock-stepped inputs, loads summed, reduce over ``rank``; DEQ both, then ENQ."""
         label = self._label(abi.OP_MAP_ACCUM, name)
         params = self._compute_params(label, fn, fn_param, compute_bw, write_back_mu, accum=False)
-        self._need(params[abi.PA_FN] in (abi.FN_MATMUL, abi.FN_ADD, abi.FN_SUB, abi.FN_MUL, abi.FN_MAX), label,
+        self._need(params[abi.PA_FN] in abi.MAP_ACCUM_FUNCTIONS, label,
                    f"{abi.FUNCTION_NAMES[params[abi.PA_FN]]!r} is not a MapAccum function")
         params.update(self._init_params(label, init_rows, init_cols, init_elem_bytes, rank))
         self._need(rank >= 1, label, f"rank must be >= 1, got {rank}")

@@ -110,7 +110,7 @@ class NotSimulatedError(ConfigError):
 
 
 # --- schemas ----------------------------------------------------------------------------------------------
-_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "hardware", "convention"}
+_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "softmax", "hardware", "convention"}
 
 
 def _field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:

@@ -895,6 +895,11 @@ def _map_result(E, U, fn, fn_param, x: Token, y: Token | None):
         return x.rows, x.cols, _ceil_div(4 * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn in (A.FN_ROWSUM, A.FN_ROWMAX):
         return x.rows, 1, _ceil_div(x.rows * x.cols, bw), KIND_TILE, 0, x.valid
+    if fn == A.FN_ONLINE_SOFTMAX:  # x: scores [q, n], y: values [n, d]
+        q, n, d = x.rows, x.cols, y.cols
+        return q, d + 2, _ceil_div(2 * q * n * d + 8 * q * n + 2 * q * d + 6 * q, bw), KIND_TILE, 0, x.valid
+    if fn == A.FN_SOFTMAX_NORMALIZE:
+        return x.rows, x.cols - 2, _ceil_div(x.rows * (x.cols - 2), bw), KIND_TILE, 0, x.valid
     if fn == A.FN_SET_OFFSET:
         return x.rows, x.cols, 1, KIND_TILE, 0, y.value
     if fn == A.FN_ROW_APPEND:

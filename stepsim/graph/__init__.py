@@ -37,6 +37,7 @@ from stepsim.graph.functions import (
                                   Matmul,
                                   Max,
                                   Mul,
+                                  OnlineSoftmax,
                                   RetileCol,
                                   RetileRow,
                                   RowAppend,
@@ -46,6 +47,7 @@ from stepsim.graph.functions import (
                                   SetOffset,
                                   SignalReqAllRead,
                                   Silu,
+                                  SoftmaxNormalize,
                                   Sub,
                                   Zero,
 )

@@ -172,6 +172,71 @@ RowSum = _declare(_RowReduce, "RowSum", "rowsum", "Row sums ``[R,C] -> [R,1]``; 
 RowMax = _declare(_RowReduce, "RowMax", "rowmax", "Row maxima ``[R,C] -> [R,1]``; ``R*C`` FLOPs.")
 
 
+class OnlineSoftmax(Function):
+    """MapAccum function: FlashAttention's numerically stable softmax-weighted sum, one KV tile at a time.
+
+    Operands: a score tile ``S = q K^T`` ``[q, n]`` and the matching value tile ``V`` ``[n, d]``. The
+    accumulator (init ``Zero(q, d + 2)``) is the state ``[acc | l | m]``: per query row the running maximum
+    ``m`` of the scaled scores ``x = S / sqrt(head_dim)``, the running sum ``l = sum exp(x - m)`` and the
+    running ``acc = sum exp(x - m) v``; a new tile raises ``m`` to ``m'`` and rescales ``l`` and ``acc`` by
+    ``exp(m - m')`` (``l == 0`` marks the empty state). :class:`SoftmaxNormalize` turns the final state into
+    ``acc / l = softmax(x) V``. Every exponent is <= 0, so it never overflows, unlike the plain
+    ``exp(S) V / rowsum(exp(S))`` form.
+
+    FLOPs per tile ``2qnd + 8qn + 2qd + 6q``: ``P V``; row max, scale and subtract (2), exp (4) and row sum of
+    the scores; rescale and add of ``acc``; the correction's exp (4) and rescale and add of ``l``.
+    ``head_dim = 0`` leaves the scores unscaled.
+    """
+
+    code = "online_softmax"
+    arity = 2
+    map_accum_only = True
+
+    def __init__(self, head_dim: int):
+        if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 0:
+            raise ArgumentError(f"OnlineSoftmax head_dim must be a non-negative int (0: no scale), got {head_dim!r}")
+        self.head_dim = head_dim
+
+    @property
+    def param(self) -> int:
+        return self.head_dim
+
+    def _qnd(self, in_types):
+        s, v = in_types
+        _need_tile(s, "OnlineSoftmax score operand")
+        _need_tile(v, "OnlineSoftmax value operand")
+        if not dims_equal(s.cols, v.rows):
+            raise ValueError(f"OnlineSoftmax needs score columns == value rows (one score per KV row), got scores "
+                             f"{s} and values {v}")
+        return s.rows, s.cols, v.cols
+
+    def out_type(self, in_types):
+        q, _, d = self._qnd(in_types)
+        return tile(in_types[0].dtype, q, normalize(d + 2))
+
+    def flops(self, in_types):
+        q, n, d = self._qnd(in_types)
+        return normalize(2 * q * n * d + 8 * q * n + 2 * q * d + 6 * q)
+
+    def __repr__(self):
+        return f"OnlineSoftmax(head_dim={self.head_dim})"
+
+
+class SoftmaxNormalize(_Unary):
+    """The final step of :class:`OnlineSoftmax`: state ``[q, d + 2]`` -> ``acc / l`` ``[q, d]``; ``q*d`` FLOPs."""
+
+    code = "softmax_normalize"
+
+    def _out(self, a):
+        if not is_static(a.cols) or a.cols < 3:
+            raise ValueError(f"SoftmaxNormalize needs an OnlineSoftmax state [q, d + 2], got {a}")
+        return tile(a.dtype, a.rows, a.cols - 2)
+
+    def flops(self, in_types):
+        out = self.out_type(in_types)
+        return normalize(out.rows * out.cols)
+
+
 class SetOffset(Function):
     """(tile, [1,1] u64 offset) -> tile with the KV-append row offset recorded; fixed 1 cycle."""
 

@@ -21,6 +21,8 @@ def _check_fn(op: Op, fn, arity: int | None = None) -> Function:
         raise op._error(ArgumentError, f"fn must be a stepsim function (e.g. Matmul()), got {fn!r}")
     if arity is not None and fn.arity != arity:
         raise op._error(ArgumentError, f"{fn!r} takes {fn.arity} operand(s), but {arity} were given")
+    if getattr(fn, "map_accum_only", False) and op.kind != "MapAccum":
+        raise op._error(ArgumentError, f"{fn!r} folds its operands into an accumulator state; use it in a MapAccum")
     return fn
 
 
@@ -171,7 +173,11 @@ class MapAccum(Op):
         self.fn = fn
         self.compute_bw = _check_bw(self, fn, compute_bw)
         self.write_back_mu = bool(write_back_mu)
-        self._finish([Stream(_apply(self, fn, (a.dtype, b.dtype)), a.shape[:-rank])])
+        out = _apply(self, fn, (a.dtype, b.dtype))
+        if getattr(fn, "map_accum_only", False) and (not isinstance(init, Zero) or init.tile() != out):
+            raise self._error(DTypeError, f"{fn!r} needs the zero state Zero({out.rows}, {out.cols}) as init, "
+                                          f"got {init!r}")
+        self._finish([Stream(out, a.shape[:-rank])])
 
     def flops(self):
         a, b = (r.stream for r in self.inputs)

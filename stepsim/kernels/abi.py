@@ -101,19 +101,28 @@ FN_CACHE_WRITE_ADDR = 13  # (u64 idx, u64 seq_len) -> u64 idx*fn_param + seq_len
 FN_RETILE_ROW = 14  # accumulate rows by concatenation; 0 cycles
 FN_RETILE_COL = 15  # accumulate cols by concatenation; 0 cycles
 FN_SIGNAL_REQ_ALL_READ = 16  # accumulate to one u64 1x1 signal; 1 cycle
-N_FUNCTIONS = 17
+# MapAccum only: (scores [q,n], values [n,d]) folded into [acc | l | m] ([q, d+2]); fn_param = head_dim of the
+# 1/sqrt(head_dim) score scale (0: unscaled); FLOPs 2qnd + 8qn + 2qd + 6q (graph.functions.OnlineSoftmax)
+FN_ONLINE_SOFTMAX = 17
+FN_SOFTMAX_NORMALIZE = 18  # [q, d+2] -> [q, d] = acc / l; FLOPs q*d
+N_FUNCTIONS = 19
 
 FUNCTION_NAMES = {
     FN_MATMUL: "matmul", FN_ADD: "add", FN_SUB: "sub", FN_MUL: "mul", FN_DIV: "div", FN_MAX: "max",
     FN_SILU: "silu", FN_EXP: "exp", FN_ROWSUM: "rowsum", FN_ROWMAX: "rowmax", FN_SET_OFFSET: "set_offset",
     FN_ROW_APPEND: "row_append", FN_CACHE_WRITE_ADDR: "cache_write_addr", FN_RETILE_ROW: "retile_row",
-    FN_RETILE_COL: "retile_col", FN_SIGNAL_REQ_ALL_READ: "signal_req_all_read",
+    FN_RETILE_COL: "retile_col", FN_SIGNAL_REQ_ALL_READ: "signal_req_all_read", FN_ONLINE_SOFTMAX: "online_softmax",
+    FN_SOFTMAX_NORMALIZE: "softmax_normalize",
 }
 #: functions whose cost is FLOPs / compute_bw (compute_bw must be > 0 for them)
-FLOP_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_DIV, FN_MAX, FN_SILU, FN_EXP, FN_ROWSUM, FN_ROWMAX)
+FLOP_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_DIV, FN_MAX, FN_SILU, FN_EXP, FN_ROWSUM, FN_ROWMAX,
+                  FN_ONLINE_SOFTMAX, FN_SOFTMAX_NORMALIZE)
 #: functions taking two operands in a Map
 BINARY_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_DIV, FN_MAX, FN_SET_OFFSET, FN_ROW_APPEND,
                     FN_CACHE_WRITE_ADDR)
+#: functions a MapAccum applies to its two operands (the product is added to the accumulator, except for
+#: online_softmax, which folds the operands into it)
+MAP_ACCUM_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_MAX, FN_ONLINE_SOFTMAX)
 #: functions usable as an Accum / Scan fold (acc, x)
 ACCUM_FUNCTIONS = (FN_ADD, FN_MUL, FN_MAX, FN_RETILE_ROW, FN_RETILE_COL, FN_SIGNAL_REQ_ALL_READ)
 

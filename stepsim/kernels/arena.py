@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import ArgumentError, LoweringError
+from stepsim.errors import ArenaError, ArgumentError, LoweringError
 from stepsim.kernels import abi as A
 from stepsim.kernels import values as V
 
@@ -164,6 +164,7 @@ def build_state(program, arrays: dict, capacity: int, block: int):
     for name, t in refs.items():
         offsets[name] = pos
         pos += t.rows * t.cols
+    _check_memory(4 * pos, 4 * (capacity + 1) * block)
     fv = np.zeros(pos, dtype=np.float32)
     for name, a in arrays.items():
         fv[offsets[name]:offsets[name] + a.size] = a.ravel()
@@ -195,6 +196,36 @@ def build_state(program, arrays: dict, capacity: int, block: int):
         fi[row + V.FU_N_TILES] = t.n_tiles
         fi[row + V.FU_STRIDE:row + V.FU_STRIDE + V.N_STRIDES] = _strides(program, u, t)
     return fv, fi, offsets
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where it cannot be read, e.g. not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def _check_memory(needed: int, arena_bytes: int) -> None:
+    """Refuse a functional run whose value array does not fit in the memory available now.
+
+    Why: ``np.zeros`` maps zero pages lazily, so an oversized run would not fail here but be killed by the
+    kernel's OOM killer halfway through, with no message. Raises :class:`ArenaError` saying how much it needs.
+    """
+    free = available_memory_bytes()
+    if free is not None and needed > free:
+        raise ArenaError(f"functional mode needs {_mib(needed)} for tile values and tensors (arena "
+                         f"{_mib(arena_bytes)}, tensors {_mib(needed - arena_bytes)}) but only {_mib(free)} of "
+                         "memory is available; use smaller model dimensions (e.g. "
+                         "stepsim.workloads.reference.small_moe_model) or a smaller arena_tiles")
 
 
 def _strides(program, u: int, t) -> np.ndarray:

@@ -72,6 +72,11 @@ def fn_map(fn, param, bw, sa, ra, ca, sb, rb, cb):
         return _ceil_div(4 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_valid, -1
     if fn == A.FN_ROWSUM or fn == A.FN_ROWMAX:
         return _ceil_div(a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, 1, a_valid, -1
+    if fn == A.FN_ONLINE_SOFTMAX:  # a: scores [q, n], b: values [n, d] -> the [q, d + 2] state
+        q, n, d = a_rows, a_cols, b_cols
+        return _ceil_div(2 * q * n * d + 8 * q * n + 2 * q * d + 6 * q, bw), A.KIND_TILE, a_bytes, q, d + 2, a_valid, -1
+    if fn == A.FN_SOFTMAX_NORMALIZE:
+        return _ceil_div(a_rows * (a_cols - 2), bw), A.KIND_TILE, a_bytes, a_rows, a_cols - 2, a_valid, -1
     if fn == A.FN_SET_OFFSET:
         return 1, A.KIND_TILE, a_bytes, a_rows, a_cols, sb[rb, cb + A.TK_PAYLOAD], -1
     if fn == A.FN_ROW_APPEND:
@@ -188,6 +193,21 @@ def _fold_values(u, us, fn, hx, xr, xc, rows, cols, fv, fi):
     ha = us[u, acc + A.TK_PAYLOAD]
     h = V.alloc(fi, rows * cols, u)
     V.fold_values(fv, fi, fn, ha, us[u, acc + A.TK_ROWS], us[u, acc + A.TK_COLS], hx, xr, xc, h, rows, cols)
+    V.decref(fi, ha)
+    return h
+
+
+@kernel
+def _online_softmax_values(u, us, head_dim, slots, r1, r2, rows, cols, fv, fi):
+    """Functional mode: the next softmax state (``rows x cols``) of an online_softmax MapAccum from the score
+    tile (slot r1) and the value tile (slot r2). The old state block is released.
+    reads: the state and both tiles / writes: a fresh block / returns: its handle.
+    """
+    c = A.SL_TOKEN
+    ha = us[u, A.US_TOK_A + A.TK_PAYLOAD]
+    h = V.alloc(fi, rows * cols, u)
+    V.online_softmax(fv, fi, ha, V.tile_handle(slots, r1, c), slots[r1, c + A.TK_ROWS], slots[r1, c + A.TK_COLS],
+                     V.tile_handle(slots, r2, c), slots[r2, c + A.TK_COLS], head_dim, h)
     V.decref(fi, ha)
     return h
 
@@ -328,7 +348,9 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             res = fn_fold(fn, bw, us, u, A.US_TOK_A, slots, r1, A.SL_TOKEN)
         handle = -1
         if fi is not None and res[1] & A.KIND_MASK == A.KIND_TILE:
-            if binary:  # MapAccum: acc + fn(in1, in2)
+            if fn == A.FN_ONLINE_SOFTMAX:  # MapAccum folding both operands into the softmax state
+                handle = _online_softmax_values(u, us, param, slots, r1, r2, res[3], res[4], fv, fi)
+            elif binary:  # MapAccum: acc + fn(in1, in2)
                 hp = _map_values(u, fn, param, slots, r1, r2, prod_rows, prod_cols, fv, fi)
                 handle = _fold_values(u, us, A.FN_ADD, hp, prod_rows, prod_cols, res[3], res[4], fv, fi)
                 V.decref(fi, hp)

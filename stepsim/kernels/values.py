@@ -331,6 +331,12 @@ def map_values(fv, fi, fn, param, ha, ar, ac, a_off, hb, br, bc, ho, orows, ocol
                 x = fv[pa + i * ac + j]
                 s = s + x if fn == A.FN_ROWSUM else max(s, x)
             fv[po + i] = s
+    elif fn == A.FN_SOFTMAX_NORMALIZE:  # a = [acc | l | m] -> acc / l
+        d = ac - 2
+        for i in range(ar):
+            total = fv[pa + i * ac + d]
+            for k in range(d):
+                fv[po + i * d + k] = fv[pa + i * ac + k] / total
     elif fn == A.FN_SET_OFFSET or fn == A.FN_ROW_APPEND:
         for k in range(ar * ac):
             fv[po + k] = fv[pa + k]
@@ -362,3 +368,44 @@ def fold_values(fv, fi, fn, ha, ar, ac, hx, xr, xc, ho, orows, ocols):
             fv[ho * blk + k] = fv[hx * blk + k]
     else:
         map_values(fv, fi, fn, 0, ha, ar, ac, 0, hx, xr, xc, ho, orows, ocols)
+
+
+@kernel
+def online_softmax(fv, fi, ha, hs, q, n, hv, d, head_dim, ho):
+    """Block ho = the FlashAttention fold of a score tile and its value tile into the softmax state (fp32).
+
+    ``ha`` / ``ho``: the state ``[q, d + 2]`` = ``[acc | l | m]`` (``l == 0``: nothing folded yet, so the old
+    max is ignored); ``hs``: scores ``[q, n]``; ``hv``: values ``[n, d]``. With ``x = s / sqrt(head_dim)``
+    (``head_dim`` 0: ``x = s``), per row: ``m' = max(m, max_j x_j)``, ``c = exp(m - m')``,
+    ``l' = c*l + sum_j exp(x_j - m')``, ``acc' = c*acc + sum_j exp(x_j - m') v_j`` (sums in ascending j).
+    Every exponent is <= 0, so nothing overflows.
+    """
+    if fi[FI_STATUS] != VS_OK:
+        return
+    blk = fi[FI_BLOCK]
+    w = d + 2
+    pa = ha * blk
+    ps = hs * blk
+    pv = hv * blk
+    po = ho * blk
+    scale = np.float32(1.0) if head_dim == 0 else np.float32(1.0 / math.sqrt(head_dim))
+    for i in range(q):
+        l_old = fv[pa + i * w + d]
+        m_old = fv[pa + i * w + d + 1]
+        m = fv[ps + i * n] * scale
+        for j in range(1, n):
+            m = max(m, fv[ps + i * n + j] * scale)
+        c = np.float32(0.0)
+        if l_old != 0:
+            m = max(m, m_old)
+            c = np.exp(m_old - m)
+        for k in range(d):
+            fv[po + i * w + k] = fv[pa + i * w + k] * c
+        l_new = l_old * c
+        for j in range(n):
+            p = np.exp(fv[ps + i * n + j] * scale - m)
+            l_new += p
+            for k in range(d):
+                fv[po + i * w + k] += p * fv[pv + j * d + k]
+        fv[po + i * w + d] = l_new
+        fv[po + i * w + d + 1] = m

@@ -2,9 +2,21 @@
 
 One KV head is simulated: ``query_per_kv_head`` query rows (8 for Qwen3-30B-A3B) share it. Every request
 reads its whole KV cache in tiles of ``tile_n`` rows, appends the new key/value at ``offset`` in its last
-tile, writes that tile back, and computes ``exp(q K^T) V / rowsum(exp(q K^T))`` (the artifact's plain exp-sum
-softmax: no running max, no 1/sqrt(d) scaling). Requests are spread over ``regions`` copies of that
-subgraph:
+tile, writes that tile back, and computes attention in one of two softmax forms:
+
+* ``softmax="plain"`` (default): ``exp(q K^T) V / rowsum(exp(q K^T))``, the artifact's exp-sum form (no
+  running max, no 1/sqrt(d) scale). It is the graph the paper's cycle counts come from, so every cycle
+  comparison and ``stepsim reproduce`` use it. Its ``exp`` overflows fp32 once a score passes ~88.7.
+* ``softmax="stable"``: ``softmax(q K^T / sqrt(d)) V`` as FlashAttention computes it: one fused
+  ``MapAccum(OnlineSoftmax)`` keeps a running row max and rescales its running sums whenever the max grows,
+  and ``Map(SoftmaxNormalize)`` divides at the end. It replaces the plain form's Exp, P V MapAccum, row-sum
+  Accum, RowSum and Div (five compute nodes) by two, so its cycles differ from the artifact's; use it for
+  functional runs (``stepsim run attention --functional`` picks it unless ``softmax`` is given).
+
+Neither form masks the rows after the new token in the last KV tile (the artifact does not either); they
+take part in the softmax with whatever the cache holds there (see
+:func:`stepsim.workloads.reference.gqa_decode_reference`, ``include_tile_padding``). Requests are spread over
+``regions`` copies of the per-request subgraph:
 
 * ``"dynamic"``: a feedback loop (EagerMerge over per-region "request fully read" signals) sends each request
   after the first ``regions`` ones to the region that most recently finished reading an earlier request's
@@ -67,6 +79,7 @@ from stepsim.graph import (
     MapAccum,
     Matmul,
     MetadataSource,
+    OnlineSoftmax,
     Parallelize,
     Partition,
     RandomOffChipLoad,
@@ -78,6 +91,7 @@ from stepsim.graph import (
     SetOffset,
     SignalReqAllRead,
     Sink,
+    SoftmaxNormalize,
     Stream,
     Tensor,
     Tile,
@@ -87,7 +101,7 @@ from stepsim.graph.dims import make_symbol
 from stepsim.workloads.base import Workload
 
 STRATEGIES = ("dynamic", "interleave", "coarse")
-SOFTMAX_FORMS = ("plain",)
+SOFTMAX_FORMS = ("plain", "stable")
 #: §5.5: every compute node (qkt, exp, multv, tile-wise rowsum, intra-tile rowsum, softmax div) runs at 2048
 COMPUTE_BW = 2048
 #: §5.5: requests per block of the static-coarse strategy
@@ -175,17 +189,24 @@ def region_assignment(batch: int, strategy: str, regions: int = 4) -> list[np.nd
 
 
 def attention_algorithmic_flops(seq_len_tiled, *, head_dim: int = 64, query_per_kv_head: int = 8,
-                                tile_n: int = 32) -> int:
+                                tile_n: int = 32, softmax: str = "plain") -> int:
     """Decode-attention FLOPs over the real KV tiles (padding rows of the last tile included).
 
-    With ``q`` = query_per_kv_head, ``d`` = head_dim, ``n`` = tile_n, per KV tile: ``q K^T`` ``2*q*n*d``,
-    ``exp`` ``4*q*n``, ``P V`` ``2*q*n*d``, tile-wise row-sum accumulation ``q*n``; per request: the
-    intra-tile row sum ``q*n`` and the softmax division ``q*d``. Total
-    ``T*(4*q*n*d + 5*q*n) + B*(q*n + q*d)`` with ``T = sum(seq_len_tiled)``; this equals the graph's FLOP sum
-    under stepsim's FLOP convention.
+    With ``q`` = query_per_kv_head, ``d`` = head_dim, ``n`` = tile_n and ``T = sum(seq_len_tiled)``:
+
+    * plain: per KV tile ``q K^T`` ``2*q*n*d``, ``exp`` ``4*q*n``, ``P V`` ``2*q*n*d``, tile-wise row-sum
+      accumulation ``q*n``; per request the intra-tile row sum ``q*n`` and the division ``q*d``. Total
+      ``T*(4*q*n*d + 5*q*n) + B*(q*n + q*d)``.
+    * stable: per KV tile ``q K^T`` ``2*q*n*d`` and the online-softmax fold ``2*q*n*d + 8*q*n + 2*q*d + 6*q``
+      (:class:`~stepsim.graph.OnlineSoftmax`); per request the normalization ``q*d``. Total
+      ``T*(4*q*n*d + 8*q*n + 2*q*d + 6*q) + B*q*d``.
+
+    Either equals the graph's FLOP sum under stepsim's FLOP convention.
     """
     s = np.asarray(seq_len_tiled, dtype=np.int64)
     q, d, n = query_per_kv_head, head_dim, tile_n
+    if softmax == "stable":
+        return int(s.sum()) * (4 * q * n * d + 8 * q * n + 2 * q * d + 6 * q) + len(s) * q * d
     return int(s.sum()) * (4 * q * n * d + 5 * q * n) + len(s) * (q * n + q * d)
 
 
@@ -266,8 +287,9 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     metadata_fifo_depth, cache_write_back_fifo_depth : int
         FIFO depth of the per-region metadata broadcasts (16) and of the channel feeding each KV-cache
         write-back store, which is also the store's buffer depth (4).
-    softmax : {"plain"}
-        ``"plain"``: the artifact's ``exp`` / row-sum form without max subtraction (the only one so far).
+    softmax : {"plain", "stable"}
+        ``"plain"``: the artifact's ``exp`` / row-sum form (its cycles); ``"stable"``: FlashAttention's running
+        max with rescaling and the 1/sqrt(head_dim) scale (see the module docstring).
 
     Returns
     -------
@@ -305,7 +327,7 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
 
     g = Graph(f"attention-{strategy}-b{batch}")
     cfg = dict(head_dim=head_dim, q_rows=q_rows, tile_n=tile_n, row_offset=row_offset, compute_bw=compute_bw,
-               wb_depth=cache_write_back_fifo_depth)
+               wb_depth=cache_write_back_fifo_depth, softmax=softmax)
     k_cache = Tensor("k_cache", (batch * max_n, head_dim), BF16)
     v_cache = Tensor("v_cache", (batch * max_n, head_dim), BF16)
     out = Tensor("out", (batch * q_rows, head_dim), BF16)
@@ -372,13 +394,15 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     workload = Workload(
         name="attention", graph=g, channel_depth=CHANNEL_DEPTH, hardware="step-eval",
         algorithmic_flops=attention_algorithmic_flops(seq_len_tiled, head_dim=head_dim, query_per_kv_head=q_rows,
-                                                      tile_n=tile_n),
+                                                      tile_n=tile_n, softmax=softmax),
         params=dict(strategy=strategy, batch=batch, head_dim=head_dim, query_per_kv_head=q_rows, tile_n=tile_n,
                     max_n=max_n, cache_row_offset_tiled=row_offset, regions=len(assignment),
                     compute_bw=compute_bw, metadata_fifo_depth=metadata_fifo_depth,
                     cache_write_back_fifo_depth=cache_write_back_fifo_depth, softmax=softmax,
                     channel_depth=CHANNEL_DEPTH, par_dispatch=1, kv_tiles=int(seq_len_tiled.sum())),
+        trace={"kv_lengths": kv},  # _check_lengths' own int64 copy
     )
+    kv.flags.writeable = False
     workload.bindings = assignment_bindings(workload, assignment, kv)
     workload.idle_groups = {("region", r) for r, reqs in enumerate(assignment) if len(reqs) == 0}
     return workload
@@ -447,11 +471,15 @@ def _flash_region(g: Graph, r: int, q, k, v, idx, seq_len, offset, caches, cfg):
     _, values = kv_path(v_cache, v, k_tiles.stream.shape)
     q_rep = Expand(g, q, keys, 1)
     scores = Map(g, [q_rep, keys], Matmul(weight_transposed=True), compute_bw=bw)
-    probs = Map(g, scores, Exp(), compute_bw=bw)
-    pv = MapAccum(g, probs, values, Matmul(), Zero(cfg["q_rows"], d), 1, compute_bw=bw)
-    row_tiles = Accum(g, probs, AccumAdd(), Zero(cfg["q_rows"], tile_n), 1, compute_bw=bw)
-    denom = Map(g, row_tiles, RowSum(), compute_bw=bw)
-    result = Map(g, [pv, denom], Div(), compute_bw=bw, write_back_mu=True)
+    if cfg["softmax"] == "stable":
+        state = MapAccum(g, scores, values, OnlineSoftmax(d), Zero(cfg["q_rows"], d + 2), 1, compute_bw=bw)
+        result = Map(g, state, SoftmaxNormalize(), compute_bw=bw, write_back_mu=True)
+    else:
+        probs = Map(g, scores, Exp(), compute_bw=bw)
+        pv = MapAccum(g, probs, values, Matmul(), Zero(cfg["q_rows"], d), 1, compute_bw=bw)
+        row_tiles = Accum(g, probs, AccumAdd(), Zero(cfg["q_rows"], tile_n), 1, compute_bw=bw)
+        denom = Map(g, row_tiles, RowSum(), compute_bw=bw)
+        result = Map(g, [pv, denom], Div(), compute_bw=bw, write_back_mu=True)
     Sink(g, RandomOffChipStore(g, result, idx, out, (cfg["q_rows"], d)))
     _label(g.ops[before:], r)
     return k_tiles

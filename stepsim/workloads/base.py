@@ -51,6 +51,10 @@ class Workload:
         Default FIFO depth the paper's experiment uses for this workload (None = 1024 in step-perf).
     hardware : str
         Hardware preset the paper's experiment uses.
+    trace : dict
+        The trace values the graph was built from, as read-only int64 arrays: ``routing`` ([B, top_k] expert
+        ids) for ``moe``, ``kv_lengths`` ([B] tokens) for ``attention``; empty for ``swiglu``. Kept apart from
+        ``params`` (which go into every result row as JSON) because they grow with the batch.
     """
 
     name: str
@@ -61,6 +65,7 @@ class Workload:
     idle_groups: set = field(default_factory=set)
     channel_depth: int | None = 2
     hardware: str = "step-eval"
+    trace: dict = field(default_factory=dict)
 
     def symbolic(self, on_chip_convention=PUBLISHED) -> dict:
         """Symbolic totals (sympy): ``off_chip_bytes``, ``on_chip_bytes``, ``flops``."""

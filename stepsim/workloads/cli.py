@@ -39,6 +39,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--regions", type=int, help="MoE configuration time-multiplexing: parallel expert regions")
     p.add_argument("--strategy", choices=("coarse", "interleave", "dynamic"),
                    help="attention parallelization (default: dynamic)")
+    p.add_argument("--softmax", choices=("plain", "stable"),
+                   help="attention softmax: plain (the artifact's exp-sum form, default) or stable (running max, "
+                        "1/sqrt(head_dim); the default with --functional)")
     p.add_argument("--compute-bw", type=int, help="FLOPs/cycle of every compute node")
     p.add_argument("--channel-depth", type=int, help="default FIFO depth (elements)")
     p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")
@@ -105,7 +108,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", metavar="DIR",
                    help="also write the record (part-<id>.parquet) and its unit/channel tables into DIR")
     p.add_argument("--functional", action="store_true",
-                   help="carry real tile values (seeded inputs); timing results are unchanged")
+                   help="carry real tile values (seeded inputs); cycles equal a timing run of the same graph "
+                        "(attention defaults to --softmax stable here; give --softmax plain for the artifact's)")
     p.add_argument("--check", action="store_true",
                    help="with --functional: compare the stored tensors with the NumPy reference "
                         "(check_max_rel_error, check_tolerance, check_passed)")

@@ -22,8 +22,9 @@ when a ``source`` label such as a file name is given):
   re-raised as ConfigError with the ``source`` prefix.
 
 Defaults applied here (the command line's defaults): ``model="mixtral-8x7b"`` and ``tiling="static"`` for
-``moe``; ``tile_m=16``, ``tile_n=16`` for ``swiglu``; ``strategy="dynamic"`` for ``attention``;
-``convention="published"`` and ``mode="metrics"`` for all. Every other unset knob keeps the builder's default
+``moe``; ``tile_m=16``, ``tile_n=16`` for ``swiglu``; ``strategy="dynamic"`` for ``attention``, whose
+``softmax`` is ``"stable"`` in modes ``functional`` / ``check`` and otherwise ``"plain"`` (the artifact's form,
+whose cycles the paper reports); ``convention="published"`` and ``mode="metrics"`` for all. Every other unset knob keeps the builder's default
 (e.g. MoE ``tile_n`` 32, ``compute_bw`` per experiment; see the builders).
 """
 
@@ -48,8 +49,8 @@ MODES = ("metrics", "simulate", "functional", "check")
 #: every workload knob, in the order of the result schema's config columns
 KNOBS: tuple[str, ...] = (
     "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
-    "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "compute_bw", "channel_depth", "hardware",
-    "convention",
+    "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
+    "hardware", "convention",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -61,6 +62,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "workload": WORKLOADS,
     "tiling": ("static", "dynamic"),
     "strategy": ("coarse", "interleave", "dynamic"),
+    "softmax": ("plain", "stable"),
     "convention": ("published", "paper"),
     "mode": MODES,
 }
@@ -76,7 +78,7 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     "model": ("moe",), "hidden": ("moe",), "intermediate": ("moe",), "experts": ("moe",), "top_k": ("moe",),
     "trace": ("moe", "attention"), "iteration": ("moe",), "layer": ("moe",), "batch_id": ("attention",),
     "tiling": ("moe",), "tile_n": ("moe", "swiglu"), "tile_f": ("moe",), "tile_m": ("swiglu",),
-    "regions": ("moe",), "strategy": ("attention",),
+    "regions": ("moe",), "strategy": ("attention",), "softmax": ("attention",),
 }
 CUSTOM_MODEL_KEYS = ("hidden", "intermediate", "experts", "top_k")
 #: defaults filled in by :func:`normalize_config` (per workload, then for all)
@@ -197,6 +199,9 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
         if cfg[key] is None:
             cfg[key] = value
+    if cfg["workload"] == "attention" and cfg["softmax"] is None:
+        # runs with real values use the numerically stable form; cycle and metric runs the artifact's form
+        cfg["softmax"] = "stable" if cfg["mode"] in ("functional", "check") else "plain"
     _check_applicable(cfg, source)
     _check_hardware_name(cfg["hardware"], source)
     return cfg
@@ -240,7 +245,7 @@ def _build_attention(cfg: Mapping) -> Workload:
     kv = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
     kw = _bandwidth_kwargs(cfg)
     channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
-    workload = build_attention(kv, cfg["strategy"], **kw)
+    workload = build_attention(kv, cfg["strategy"], softmax=cfg["softmax"], **kw)
     if channel_depth is not None:
         workload.channel_depth = channel_depth
         workload.params["channel_depth"] = channel_depth

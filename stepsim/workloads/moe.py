@@ -180,12 +180,14 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         per_region = experts // regions
         idle |= {("region", r) for r in range(regions)
                  if not counts[r * per_region:(r + 1) * per_region].any()}
+    routing.flags.writeable = False
     return Workload(
         name="moe", graph=g, bindings=bindings, idle_groups=idle, channel_depth=channel_depth,
         algorithmic_flops=algorithmic_flops(counts, model, tile_n),
         params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
                     tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
                     packing_compute_bw=packing_compute_bw, channel_depth=channel_depth),
+        trace={"routing": routing},  # check_routing's own int64 copy
     )
 
 

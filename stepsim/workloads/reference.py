@@ -502,9 +502,9 @@ def gqa_decode_reference(q, k_cache, v_cache, kv_lengths, new_k, new_v, *, softm
     running sums of ``exp(S_t) V_t`` and ``rowsum(exp(S_t))`` (the graph's MapAccum and Accum); stable keeps a
     running row max ``m``, rescaling the running sums by ``exp(m_old - m_new)`` whenever it grows
     (FlashAttention). ``order="direct"`` forms all scores at once (a one-shot softmax), for cross-checking.
-    Both accumulate in float64 and agree to float32 rounding. The plain form rounds the score and ``exp``
-    tiles to fp32 where the graph materialises them; no shipped graph computes the stable form yet, so only
-    its scores are rounded to fp32 and the rest stays in float64.
+    Both accumulate in float64 and agree to float32 rounding. Both forms round the score tiles to fp32, as the
+    graph materialises them; the plain form also rounds its ``exp`` tiles. The stable form's running state
+    stays in float64 here (the graph's ``OnlineSoftmax`` keeps it in fp32), which the tolerance covers.
 
     ``include_tile_padding=True`` reproduces what :func:`~stepsim.workloads.attention.build_attention`
     computes: it reads ``ceil((L+1)/tile_n)`` whole tiles, and the rows ``L+1 ..`` of the last tile take part
@@ -840,30 +840,19 @@ def _moe_inputs(w: Workload, seed: int) -> dict:
     return arrays
 
 
-def _attention_meta(w: Workload) -> np.ndarray:
-    """The KV lengths the attention graph was built for, recovered from its metadata sources.
-
-    Each region (coarse) or the whole graph (interleave, dynamic) has three MetadataSources created in the
-    order request index, KV tiles, offset; ``L = (tiles - 1) * tile_n + offset`` inverts :func:`kv_metadata`.
-    """
-    tile_n, batch = w.params["tile_n"], w.params["batch"]
-    sources = [op.values.ravel() for op in w.graph.ops if op.kind == "MetadataSource"]
-    if not sources or len(sources) % 3:
-        raise GraphError(f"attention graph {w.graph.name!r}: expected (index, tiles, offset) metadata sources, "
-                         f"found {len(sources)}")
-    lengths = np.full(batch, -1, np.int64)
-    for idx, tiles, offset in zip(sources[0::3], sources[1::3], sources[2::3]):
-        lengths[idx] = (tiles - 1) * tile_n + offset
-    if (lengths < 0).any():
-        raise GraphError(f"attention graph {w.graph.name!r}: the metadata sources do not cover requests "
-                         f"{np.flatnonzero(lengths < 0).tolist()}")
-    return lengths
+def _trace(w: Workload, key: str) -> np.ndarray:
+    """The trace array ``key`` the workload was built from (its builder records it in ``Workload.trace``)."""
+    try:
+        return w.trace[key]
+    except KeyError:
+        raise ArgumentError(f"workload {w.name!r} (graph {w.graph.name!r}) has no {key!r} trace; build it with "
+                            f"stepsim's {w.name} builder") from None
 
 
 def _attention_inputs(w: Workload, seed: int) -> dict:
     p = w.params
     b, g, d, max_n = p["batch"], p["query_per_kv_head"], p["head_dim"], p["max_n"]
-    lengths = _attention_meta(w)
+    lengths = _trace(w, "kv_lengths")
     qk_std = d ** -0.25  # q.k then has standard deviation ~1: exp stays far from fp32 overflow
     q = _normal(seed, "q", (b * g, d), qk_std, bf16=True)
     new_k = _normal(seed, "k", (b, d), qk_std, bf16=True)
@@ -885,16 +874,6 @@ def _attention_inputs(w: Workload, seed: int) -> dict:
     return arrays
 
 
-def _moe_routing(w: Workload) -> np.ndarray:
-    """The ``[B, top_k]`` expert ids the MoE graph routes with, from its per-slot selector source."""
-    b, k = w.params["batch"], w.params["top_k"]
-    for op in w.graph.ops:
-        one_hot_per_slot = op.kind == "SelectorSource" and tuple(op.stream.shape) == (1, b, k) \
-            and len(op.targets) == b * k and np.all(np.diff(op.ptr) == 1)
-        if one_hot_per_slot:
-            return op.targets.reshape(b, k)
-    raise GraphError(f"MoE graph {w.graph.name!r}: no one-hot [1, {b}, {k}] per-slot selector source found")
-
 
 def _take(inputs: dict, name: str, who: str) -> np.ndarray:
     try:
@@ -907,13 +886,12 @@ def workload_reference(workload: Workload, inputs: dict) -> dict[str, np.ndarray
     """What the workload's graph should store, keyed by stored tensor name, computed from ``inputs``.
 
     * ``swiglu``: ``{"y": swiglu_reference(x, w_gate, w_up, w_down)}``.
-    * ``moe``: ``{"y": moe_reference(...)}`` with the routing the graph was built with (read from its selector
-      source), ``"routing_weights"`` as gate weights and the expert weights from ``"expert{e:03d}_*"`` or,
+    * ``moe``: ``{"y": moe_reference(...)}`` with the routing the graph was built with (``workload.trace``), ``"routing_weights"`` as gate weights and the expert weights from ``"expert{e:03d}_*"`` or,
       time-multiplexed, the slices of ``"region{r:03d}_*"``.
     * ``attention``: ``{"out": ..., "k_cache": ..., "v_cache": ...}`` from :func:`gqa_decode_reference` with
-      the graph's own settings: ``softmax`` from the workload (``"plain"``), ``tile_n`` from the workload,
+      the graph's own settings: ``softmax`` and ``tile_n`` from the workload,
       ``include_tile_padding=True`` (the graph does not mask the tail of the last tile), in the graph's flat
-      layouts; the KV lengths are read from the graph's metadata sources. The caches are the whole tensors
+      layouts, for the KV lengths in ``workload.trace``. The caches are the whole tensors
       after the append.
 
     ``inputs`` is used as given (e.g. from :func:`make_inputs`); give an engine that rounds bf16 tensors on
@@ -939,7 +917,7 @@ def workload_reference(workload: Workload, inputs: dict) -> dict[str, np.ndarray
             stacks = [np.concatenate([np.asarray(_take(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
                                       for r in range(regions)])
                       for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
-        y = moe_reference(_take(inputs, "x", who), _moe_routing(workload), _take(inputs, "routing_weights", who),
+        y = moe_reference(_take(inputs, "x", who), _trace(workload, "routing"), _take(inputs, "routing_weights", who),
                           *stacks)
         return {"y": y}
     if kind == "attention":
@@ -956,7 +934,7 @@ def workload_reference(workload: Workload, inputs: dict) -> dict[str, np.ndarray
         else:
             q, new_k, new_v = (_take(inputs, n, who) for n in ("q", "k", "v"))
         res = gqa_decode_reference(q, _take(inputs, "k_cache", who), _take(inputs, "v_cache", who),
-                                   _attention_meta(workload), new_k, new_v, softmax=p["softmax"], order="tiled",
+                                   _trace(workload, "kv_lengths"), new_k, new_v, softmax=p["softmax"], order="tiled",
                                    tile_n=p["tile_n"], include_tile_padding=True)
         return {"out": res.out, "k_cache": res.k_cache, "v_cache": res.v_cache}
     raise ArgumentError(f"{who}: unknown workload kind {kind!r}; expected 'swiglu', 'moe' or 'attention'")
@@ -980,7 +958,7 @@ def _reduction_length(workload: Workload, name: str) -> int:
         return p["hidden"] + p["intermediate"] + p["top_k"]
     if name in ("k_cache", "v_cache"):
         return 0  # a pure append: no arithmetic
-    seq_len_tiled, _ = kv_metadata(_attention_meta(workload), p["tile_n"])
+    seq_len_tiled, _ = kv_metadata(_trace(workload, "kv_lengths"), p["tile_n"])
     return p["head_dim"] + int(seq_len_tiled.max()) * p["tile_n"]  # scores over D, then sums over rows read
 
 

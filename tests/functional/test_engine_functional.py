@@ -19,9 +19,16 @@ from stepsim.cli import main
 from stepsim.errors import ArenaError, ArgumentError
 from stepsim.simulate import simulate
 from stepsim.workloads.attention import build_attention
+from stepsim.workloads.config import bundled_trace
 from stepsim.workloads.models import moe_model
 from stepsim.workloads.moe import build_moe
-from stepsim.workloads.reference import check_outputs, make_inputs, small_moe_model
+from stepsim.workloads.reference import (
+    check_outputs,
+    gqa_decode_reference,
+    make_inputs,
+    max_rel_error,
+    small_moe_model,
+)
 from stepsim.workloads.swiglu import build_swiglu
 from stepsim.workloads.traces import load_kv_lengths, load_routing
 
@@ -61,12 +68,32 @@ def test_swiglu_matches_numpy():
     assert checks["y"].error < 1e-5
 
 
+@pytest.mark.parametrize("softmax", ["plain", "stable"])
 @pytest.mark.parametrize("strategy", ["coarse", "interleave", "dynamic"])
-def test_small_attention_matches_numpy(strategy):
+def test_small_attention_matches_numpy(strategy, softmax):
     kv = [70, 3, 31, 32, 100, 0, 64, 5]
-    func, checks = _run_and_check(build_attention(kv, strategy, head_dim=16, query_per_kv_head=2, tile_n=16))
+    func, checks = _run_and_check(build_attention(kv, strategy, head_dim=16, query_per_kv_head=2, tile_n=16,
+                                                  softmax=softmax))
     # the KV append is a copy: the caches come back exactly (rows appended at each request's length)
     assert checks["k_cache"].error == 0.0 and checks["v_cache"].error == 0.0
+
+
+def test_stable_softmax_survives_scores_that_overflow_the_plain_form():
+    """Queries scaled by 128 (exact in bf16) push scores far past exp's fp32 range (~88.7): the plain form
+    stores inf / nan, the stable form stays finite and equals a one-shot float64 softmax within tolerance."""
+    kv = [70, 3, 31, 32, 100, 0, 64, 5]
+    plain, stable = (build_attention(kv, "dynamic", head_dim=16, query_per_kv_head=2, tile_n=16, softmax=f)
+                     for f in ("plain", "stable"))
+    inputs = make_inputs(stable, seed=1)
+    inputs["q"] = inputs["q"] * np.float32(128)
+    assert not np.isfinite(simulate(plain, functional=True, inputs=inputs).outputs["out"]).all()
+    result = simulate(stable, functional=True, inputs=inputs)
+    assert np.isfinite(result.outputs["out"]).all()
+    checks = check_outputs(stable, inputs, result.outputs)  # the tile-by-tile float64 reference
+    assert checks["out"].passed, checks["out"]
+    direct = gqa_decode_reference(inputs["q"], inputs["k_cache"], inputs["v_cache"], kv, inputs["k"], inputs["v"],
+                                  softmax="stable", order="direct", tile_n=16, include_tile_padding=True).out
+    assert max_rel_error(result.outputs["out"], direct) <= checks["out"].tolerance
 
 
 def test_functional_runs_are_bit_identical():
@@ -96,6 +123,23 @@ def test_too_small_arena_says_how_many_tiles_the_run_needs():
     assert f"this run needs {need} tiles" in str(err.value)
     exact = simulate(w, functional=True, arena_tiles=need)  # exactly enough is enough
     assert exact.functional.arena_tiles == need and exact.functional.peak_tiles == need
+
+
+def test_a_run_larger_than_the_available_memory_is_refused_before_it_starts(monkeypatch):
+    from stepsim.kernels import arena
+
+    w = build_moe(SMALL_MOE, SMALL_ROUTING, tiling="static", tile_n=4)
+    stats = simulate(w, functional=True).functional
+    tensor_bytes = 4 * sum(a.size for a in make_inputs(w).values()) + 4 * 8 * 32  # inputs + the stored y
+    monkeypatch.setattr(arena, "available_memory_bytes", lambda: 1_000)
+    with pytest.raises(ArenaError) as err:
+        simulate(w, functional=True)
+    mib = lambda n: f"{n / 2**20:,.2f} MiB"  # noqa: E731
+    assert str(err.value) == (
+        f"functional mode needs {mib(stats.arena_bytes + tensor_bytes)} for tile values and tensors "
+        f"(arena {mib(stats.arena_bytes)}, tensors {mib(tensor_bytes)}) but only 0.00 MiB of memory "
+        "is available; use smaller model dimensions (e.g. stepsim.workloads.reference.small_moe_model) or a "
+        "smaller arena_tiles")
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True])
@@ -134,11 +178,12 @@ def test_moe_on_real_routing_matches_numpy(shared_traces, model, folder, kw):
     _run_and_check(build_moe(small, routing, **kw))
 
 
+@pytest.mark.parametrize("softmax", ["plain", "stable"])
 @pytest.mark.parametrize("batch", [16, 64])
 @pytest.mark.parametrize("strategy", ["coarse", "interleave", "dynamic"])
-def test_attention_on_real_kv_lengths_matches_numpy(shared_traces, batch, strategy):
+def test_attention_on_real_kv_lengths_matches_numpy(shared_traces, batch, strategy, softmax):
     kv = load_kv_lengths(_first(shared_traces / "kv_lengths" / f"b{batch}", "*.npy"))
-    _run_and_check(build_attention(kv, strategy, head_dim=16, query_per_kv_head=4))
+    _run_and_check(build_attention(kv, strategy, head_dim=16, query_per_kv_head=4, softmax=softmax))
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -150,6 +195,16 @@ def test_cli_run_functional_check_reports_the_error(capsys):
     assert 0 < row["check_max_rel_error"] <= row["check_tolerance"] < 1e-3
     timing = simulate(build_swiglu())
     assert row["cycles"] == timing.cycles and row["off_chip_bytes"] == timing.off_chip_bytes
+
+
+def test_cli_functional_attention_defaults_to_the_stable_softmax(capsys):
+    assert main(["run", "attention", "--functional", "--check", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["softmax"], row["check_passed"]) == ("stable", True)
+    kv = load_kv_lengths(bundled_trace("attention"))
+    assert row["cycles"] == simulate(build_attention(kv, "dynamic", softmax="stable")).cycles
+    assert main(["run", "attention", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["softmax"] == "plain"
 
 
 def test_cli_check_needs_functional(capsys):

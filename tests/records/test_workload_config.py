@@ -9,11 +9,11 @@ from stepsim.workloads.cli import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
 KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, hardware, hidden, intermediate, iteration, "
-         "layer, mode, model, regions, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
+         "layer, mode, model, regions, softmax, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 20 and KNOWN_KEYS == set(KNOBS) | {"mode"}
+    assert len(KNOBS) == 21 and KNOWN_KEYS == set(KNOBS) | {"mode"}
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 
@@ -89,6 +89,22 @@ def test_normalize_fills_the_cli_defaults_and_nulls_and_is_idempotent():
     swiglu = normalize_config({"workload": "swiglu"})
     assert (swiglu["tile_m"], swiglu["tile_n"], swiglu["model"], swiglu["tiling"]) == (16, 16, None, None)
     assert normalize_config({"workload": "attention"})["strategy"] == "dynamic"
+
+
+@pytest.mark.parametrize("mode, softmax", [("metrics", "plain"), ("simulate", "plain"), ("functional", "stable"),
+                                           ("check", "stable")])
+def test_attention_softmax_defaults_to_stable_only_for_runs_with_values(mode, softmax):
+    assert normalize_config({"workload": "attention", "mode": mode})["softmax"] == softmax
+    assert normalize_config({"workload": "attention", "mode": mode, "softmax": "plain"})["softmax"] == "plain"
+    built = workload_from_config({"workload": "attention", "mode": mode})
+    assert built.params["softmax"] == softmax
+
+
+def test_softmax_applies_to_attention_only_and_takes_two_values():
+    with pytest.raises(ConfigError, match="config key 'softmax' does not apply to workload 'moe'"):
+        normalize_config({"workload": "moe", "softmax": "stable"})
+    with pytest.raises(ConfigError, match="config key 'softmax' must be one of 'plain', 'stable', got 'safe'"):
+        normalize_config({"workload": "attention", "softmax": "safe"})
 
 
 def test_none_means_unset():

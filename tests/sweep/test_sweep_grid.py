@@ -85,7 +85,8 @@ def test_trace_glob_sweeps_every_matching_file_sorted_and_hashes_its_content(tmp
     path = write(tmp_path, 'workload = "attention"\n[axes]\ntrace = {glob = "kv/*.npy"}\nstrategy = ["coarse"]\n')
     tasks = expand(load_sweep(path))
     high, low = (traces / "b16_high.npy").as_posix(), (traces / "b16_low.npy").as_posix()
-    base = {"workload": "attention", "mode": "metrics", "strategy": "coarse", "convention": "published"}
+    base = {"workload": "attention", "mode": "metrics", "strategy": "coarse", "softmax": "plain",
+            "convention": "published"}
     assert [t.config for t in tasks] == [{**base, "trace": high}, {**base, "trace": low}]
     assert [t.trace_path for t in tasks] == [high, low]
     assert [t.trace_sha256 for t in tasks] == [hashlib.sha256(b"high").hexdigest(),
@@ -132,7 +133,7 @@ def test_a_sweep_without_axes_is_one_task(tmp_path):
 
 
 KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, "
-         "tile_m, regions, strategy, compute_bw, channel_depth, hardware, convention")
+         "tile_m, regions, strategy, softmax, compute_bw, channel_depth, hardware, convention")
 
 
 @pytest.mark.parametrize("text, message", [

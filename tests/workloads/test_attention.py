@@ -220,6 +220,25 @@ def test_workload_fields_and_flops(built, kv16):
         assert m["flops"] == m["graph_flops"] == expected
 
 
+def test_stable_softmax_graph_and_flops(kv16):
+    """The stable form fuses Exp, the P V MapAccum, the row-sum Accum, RowSum and Div into one OnlineSoftmax
+    MapAccum and a SoftmaxNormalize Map per region; same traffic, its own FLOPs."""
+    plain, stable = (build_attention(kv16, "dynamic", softmax=f) for f in ("plain", "stable"))
+    kinds = {f: [op.kind for op in w.graph] for f, w in (("plain", plain), ("stable", stable))}
+    # per region: 5 compute nodes and the Broadcast of exp's output -> 2 compute nodes
+    assert len(kinds["plain"]) - len(kinds["stable"]) == 4 * 4
+    fused = [op for op in stable.graph if op.kind == "MapAccum"]
+    assert len(fused) == 4 and all(repr(op.fn) == "OnlineSoftmax(head_dim=64)" for op in fused)
+    assert all(op.stream.dtype.shape == (8, 66) for op in fused)  # [acc | l | m]
+    per_tile = 2 * 8 * 32 * 64 + (2 * 8 * 32 * 64 + 8 * 8 * 32 + 2 * 8 * 64 + 6 * 8)
+    expected = 604 * per_tile + 16 * 8 * 64
+    assert attention_algorithmic_flops(kv_metadata(kv16, 32)[0], softmax="stable") == expected == 41_476_416
+    m, mp = stable.metrics(), plain.metrics()
+    assert m["flops"] == m["graph_flops"] == expected
+    assert (m["off_chip_bytes"], m["on_chip_bytes"]) == (mp["off_chip_bytes"], mp["on_chip_bytes"] - 4 * 1_024
+                                                         + 4 * 8 * 66 * 4 - 4 * 8 * 64 * 4)
+
+
 # --- coarse strategy -----------------------------------------------------------------------------------------
 def test_coarse_region_counts(built):
     assert built["coarse"].params["regions"] == 1
