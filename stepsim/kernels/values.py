@@ -16,7 +16,8 @@ holding a token (a channel slot, a unit's stash register, a Bufferize arena row)
 A block returns to the free stack when its count reaches zero. Everything outside the handles lives in ``fi``
 (int64): the header ``FI_*``, the reference counts, the free stack and a per-unit table ``FU_*`` telling
 memory operators where their tensor sits in ``fv`` (after the ``cap + 1`` blocks; the extra block is a spare
-that absorbs writes after an allocation failed, so a failure never corrupts memory).
+that absorbs writes after an allocation failed, so a failure never corrupts memory, and while the status is OK
+serves as a transposed matmul operand's scratch).
 
 Failures do not stop a step midway: they set ``fi[FI_STATUS]``. :data:`VS_FULL` (out of handles) and
 :data:`VS_BAD_ADDRESS` (a tile index outside its tensor) stop the event loop after the step. :data:`VS_TOO_BIG`
@@ -25,7 +26,7 @@ timing is unaffected) so that ``FI_ARG2`` ends as the largest tile of the whole 
 with blocks that size.
 
 Numerics: fp32 values, fp32 accumulation (products of fp32 summed in fp32, in index order). Tensors stored
-as bf16 are rounded to bf16 on load and on store (:func:`bf16_round`: round to nearest, ties to even, the
+as bf16 are rounded to bf16 on load and on store (:func:`bf16_round_into`: round to nearest, ties to even, the
 rule of :func:`stepsim.workloads.reference.round_to_bf16`).
 """
 
@@ -40,7 +41,7 @@ from stepsim.kernels.jit import kernel
 
 # ------------------------------------------------------------------------------------------ fi header
 FI_BLOCK = 0  # floats per block
-FI_CAP = 1  # handles (blocks) in the arena; block FI_CAP is the spare
+FI_CAP = 1  # handles (blocks) in the arena; block FI_CAP is the spare (see alloc, _matmul)
 FI_TOP = 2  # free-stack size
 FI_LIVE = 3  # handles in use
 FI_PEAK = 4  # most handles in use at once
@@ -147,21 +148,24 @@ def drop(fi, src, row, col):
 
 # ------------------------------------------------------------------------------------------ numerics
 @kernel
-def bf16_round(x):
-    """Round a float32 to the nearest bf16 value, ties to even (returned as float32).
+def bf16_round_into(src, dst):
+    """``dst[i]`` = float32 ``src[i]`` rounded to the nearest bf16 value, ties to even (float32 slices of one
+    length; they may be the same slice).
 
-    bf16 keeps float32's exponent range and 8 significant bits: normal values keep 8 bits of their
-    significand; below the smallest normal (2**-126) the spacing is fixed at 2**-133 (bf16 subnormals).
-    Overflow rounds to inf; inf, NaN and zeros are returned unchanged. Exact: every intermediate is a float64
-    computation on at most 24 significant bits.
+    On the bit pattern: adding ``0x7FFF`` plus the lowest kept bit to the 16 bits bf16 drops carries into the
+    kept bits exactly when the dropped part is above half, or half with an odd kept part; the carry runs
+    through the exponent, so values past the largest bf16 become inf and subnormals round like normals. NaNs
+    keep their sign and high payload and get the quiet bit. The same rule as
+    :func:`stepsim.workloads.reference.round_to_bf16` (one integer add per element, no float arithmetic).
     """
-    xf = np.float64(x)
-    if xf == 0.0 or not math.isfinite(xf):
-        return x
-    if abs(xf) < 2.0 ** -126:
-        return np.float32(np.rint(xf * 2.0 ** 133) * 2.0 ** -133)
-    m, e = math.frexp(xf)
-    return np.float32(math.ldexp(np.rint(m * 256.0) / 256.0, e))
+    sb = src.view(np.uint32)
+    db = dst.view(np.uint32)
+    for i in range(sb.size):
+        u = sb[i]
+        if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN
+            db[i] = (u & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
+        else:
+            db[i] = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
 
 
 @kernel
@@ -221,18 +225,18 @@ def copy_tile(fv, fi, u, t, h, rows, cols, to_tensor):
         return
     f = fi[FI_UNITS] + u * N_FU
     stride = fi[f + FU_COLS]
-    bf16 = fi[f + FU_BF16]
     blk = h * fi[FI_BLOCK]
+    n_cols = min(cols, fi[f + FU_TILE_COLS])
     for r in range(min(rows, fi[f + FU_TILE_ROWS])):
-        for c in range(min(cols, fi[f + FU_TILE_COLS])):
-            if to_tensor:
-                src = blk + r * cols + c
-                dst = at + r * stride + c
-            else:
-                src = at + r * stride + c
-                dst = blk + r * cols + c
-            x = fv[src]
-            fv[dst] = bf16_round(x) if bf16 else x
+        block_row = fv[blk + r * cols:blk + r * cols + n_cols]
+        tensor_row = fv[at + r * stride:at + r * stride + n_cols]
+        src = block_row if to_tensor else tensor_row
+        dst = tensor_row if to_tensor else block_row
+        if fi[f + FU_BF16]:
+            bf16_round_into(src, dst)
+        else:
+            for c in range(n_cols):
+                dst[c] = src[c]
 
 
 @kernel
@@ -282,6 +286,35 @@ def concat_cols(fv, fi, ha, ar, ac, hx, xc, ho):
 
 
 @kernel
+def _matmul(fv, fi, pa, pb, po, m, k_len, n, b_cols, b_transposed):
+    """``fv[po:] [m, n] = fv[pa:] [m, k_len] @ B``; B at ``pb`` is ``[k_len, n]`` or, ``b_transposed``,
+    ``[n, k_len]`` (row stride ``b_cols`` either way).
+
+    Every output sums its products in ascending k (bit-identical to the plain triple loop). Why the loops look
+    like this: indexing the one big array with computed offsets kept LLVM from vectorizing; through row slices
+    the inner loop over n vectorizes (about 8x faster on AVX2). A transposed B is first copied as ``[k_len, n]``
+    into the spare block (free while the status is OK; B fits in a block, so its transpose does too).
+    """
+    if b_transposed:
+        pt = fi[FI_CAP] * fi[FI_BLOCK]
+        for j in range(n):
+            for k in range(k_len):
+                fv[pt + k * n + j] = fv[pb + j * b_cols + k]
+        pb = pt
+        b_cols = n
+    for i in range(m):
+        out = fv[po + i * n:po + (i + 1) * n]
+        for j in range(n):
+            out[j] = np.float32(0.0)
+        a = fv[pa + i * k_len:pa + (i + 1) * k_len]
+        for k in range(k_len):
+            x = a[k]
+            row = fv[pb + k * b_cols:pb + k * b_cols + n]
+            for j in range(n):
+                out[j] += x * row[j]
+
+
+@kernel
 def map_values(fv, fi, fn, param, ha, ar, ac, a_off, hb, br, bc, ho, orows, ocols):
     """Block ho (``orows x ocols``) = fn(a, b) for a Map function (fp32).
 
@@ -296,22 +329,7 @@ def map_values(fv, fi, fn, param, ha, ar, ac, a_off, hb, br, bc, ho, orows, ocol
     pb = hb * blk
     po = ho * blk
     if fn == A.FN_MATMUL:
-        # every output sums its products in ascending k; the loop order only keeps the inner loop contiguous
-        if param == 1:  # b is [N, K]: rows of a and b are both contiguous in k
-            for i in range(orows):
-                for j in range(ocols):
-                    s = np.float32(0.0)
-                    for k in range(ac):
-                        s += fv[pa + i * ac + k] * fv[pb + j * bc + k]
-                    fv[po + i * ocols + j] = s
-        else:  # b is [K, N]: accumulate row k of b into the output row
-            for i in range(orows):
-                for j in range(ocols):
-                    fv[po + i * ocols + j] = np.float32(0.0)
-                for k in range(ac):
-                    x = fv[pa + i * ac + k]
-                    for j in range(ocols):
-                        fv[po + i * ocols + j] += x * fv[pb + k * bc + j]
+        _matmul(fv, fi, pa, pb, po, orows, ac, ocols, bc, param == 1)
     elif fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
         for i in range(orows):
             ia = i if ar > 1 else 0
