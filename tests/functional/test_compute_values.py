@@ -177,6 +177,39 @@ def test_map_accum_sums_matmuls():
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_map_accum_online_softmax_rescales_when_the_max_grows(normalize):
+    """Three KV tiles of 8 scores for 4 query rows; tile 2 raises every row's max (up to 200 / sqrt(16) = 50,
+    and one row's scores reach 400, past exp's fp32 range unscaled). State = [acc | l | m]; normalized =
+    softmax(S / 4) V, compared with float64."""
+    q, n, d, head_dim = 4, 8, 6, 16
+    scores = _mat(q, 3 * n)
+    scores[:, n:2 * n] += np.float32(200.0)
+    scores[0, 2 * n:] += np.float32(400.0)
+    values = _mat(3 * n, d)
+    b = ProgramBuilder()
+    state = b.add_channel()
+    cs = _load(b, "s", scores, (q, n))
+    cv = _load(b, "v", values, (n, d))
+    b.map_accum(in1=cs, in2=cv, out=state, fn="online_softmax", fn_param=head_dim, init_rows=q, init_cols=d + 2,
+                init_elem_bytes=4, rank=1)
+    x = scores.astype(np.float64) * 0.25
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    if normalize:
+        out = b.add_channel()
+        b.map(ins=[state], out=out, fn="softmax_normalize")
+        _store(b, out, q, d, (q, d))
+        got = _run(b, {"s": scores, "v": values})["y"]
+        np.testing.assert_allclose(got, (p @ values) / p.sum(axis=1, keepdims=True), rtol=2e-6, atol=2e-6)
+        return
+    _store(b, state, q, d + 2, (q, d + 2))
+    got = _run(b, {"s": scores, "v": values})["y"]
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got[:, d + 1], (scores * np.float32(0.25)).max(axis=1))  # m: exact in fp32
+    np.testing.assert_allclose(got[:, d], p.sum(axis=1), rtol=2e-6)  # l, relative to the final max
+    np.testing.assert_allclose(got[:, :d], p @ values, rtol=2e-6, atol=2e-6)
+
+
 # ------------------------------------------------------------------------------------------------ memory
 def test_strided_and_broadcast_loads_read_the_right_tiles():
     x = _mat(8, 8)  # 2x2 tiles of 4x4: t0 t1 / t2 t3

@@ -40,6 +40,7 @@ from stepsim.graph import (
     Map,
     Matmul,
     MetadataSource,
+    OnlineSoftmax,
     Parallelize,
     Partition,
     Promote,
@@ -126,6 +127,26 @@ def test_map_accum_with_inputs_of_different_shapes_is_a_shape_error():
     a, b = src(g, (1, 4, 2)), src(g, (1, 4, 3))
     with expect(ShapeError, "MapAccum_2: inputs must have identical shapes", "[1, 4, 2] and [1, 4, 3]"):
         BinaryMapAccum(g, a, b, Matmul(), Zero(16, 16), 1, compute_bw=1)
+
+
+def test_online_softmax_outside_a_map_accum_is_an_argument_error():
+    g = Graph()
+    s, v = src(g, (1, 4), Tile(FP32, 8, 32)), src(g, (1, 4), Tile(FP32, 32, 64))
+    with expect(ArgumentError, "Map_2: OnlineSoftmax(head_dim=64) folds its operands into an accumulator state; "
+                               "use it in a MapAccum"):
+        BinaryMap(g, s, v, OnlineSoftmax(64), compute_bw=1)
+
+
+def test_online_softmax_needs_the_zero_state_init_and_matching_tiles():
+    g = Graph()
+    s, v = src(g, (1, 4), Tile(FP32, 8, 32)), src(g, (1, 4), Tile(FP32, 32, 64))
+    with expect(DTypeError, "MapAccum_2: OnlineSoftmax(head_dim=64) needs the zero state Zero(8, 66) as init, got "
+                            "Zero(rows=8, cols=64"):
+        BinaryMapAccum(g, s, v, OnlineSoftmax(64), Zero(8, 64), 1, compute_bw=1)
+    w = src(g, (1, 4), Tile(FP32, 16, 64))
+    with expect(DTypeError, "MapAccum_4: OnlineSoftmax(head_dim=64) cannot be applied: OnlineSoftmax needs score "
+                            "columns == value rows"):
+        BinaryMapAccum(g, s, w, OnlineSoftmax(64), Zero(8, 66), 1, compute_bw=1)
 
 
 def test_compute_bw_0_with_a_flop_based_function_is_an_argument_error():
