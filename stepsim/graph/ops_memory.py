@@ -220,7 +220,9 @@ class RandomOffChipStore(_MemoryOp):
     The ack stream has ``waddr``'s shape (``ack_based_on_waddr``, default) or ``wdata``'s. Off-chip
     ``N(ack) * tile_bytes`` (storage dtype); on-chip ``buffer_depth`` tiles (x2 double-buffered).
     ``buffer_depth`` is a metric only; give the feeding FIFO that depth with ``channel_depth`` /
-    ``fanout_depth`` on its producer to model it in time, as the artifact does.
+    ``fanout_depth`` on its producer to model it in time. (The artifact tries this with a ``config_dict``
+    override on a hand-made Broadcast, which step-perf ignores because the Broadcast is built before the
+    store; STEP_TIMING §2.)
     """
 
     kind = "RandomOffChipStore"

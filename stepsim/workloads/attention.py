@@ -32,8 +32,22 @@ The graph is the artifact's operator for operator (``dynamic_parallel.py``, ``st
 295 edges (dynamic) and 194 / 272 (interleave), as the artifact. Differences that do not change any metric:
 k and v are loaded from their own tensors (the artifact reads the query tensor), the feedback loop is closed
 with a placeholder and ``graph.connect`` (the artifact's MockStreamOp + ``replace_full_input``), and the
-metadata FIFO overrides are set with ``fanout_depth`` on the metadata producers (the artifact creates those
-Broadcasts by hand and overrides their depth in ``config_dict``).
+metadata fan-out Broadcasts are inserted by stepsim (the artifact creates them by hand).
+
+FIFO depths
+-----------
+The scripts run with ``channel_depth=1`` and put two overrides in ``config_dict``: 16 for the per-region
+metadata Broadcasts (idx x5, seq_len x6, offset x2) and 4 for the Broadcast(1) feeding each KV-cache
+write-back store (STEP_SEMANTICS §5.5, §6.3). Neither takes effect in step-perf: a channel is created by
+whichever endpoint is built first, and a Broadcast built before its consumers creates its input and output
+channels with the plain ``channel_depth``, ignoring ``config_dict`` (STEP_TIMING §2, "Channels between
+operators"). The artifact builds both kinds of Broadcast by hand, before their consumers, so those FIFOs hold
+1 element in the published runs. :func:`build_attention` therefore gives them the run's default depth unless
+``metadata_fifo_depth`` / ``cache_write_back_channel_depth`` are given (16 / 4 model the intended design).
+With the defaults the B=16 runs are within 1 cycle of the artifact's published CSVs; with metadata FIFOs of
+16 they take 0-8 % fewer cycles. The write-back stores' ``buffer_depth`` of 4 is kept: it is not serialized,
+so step-perf never sees it; it only sizes the stores' on-chip bytes (STEP_SEMANTICS §2.1,
+``RandomOffChipStore``), which §8.5's on-chip totals count (2 stores x 4096 B x 4 per region).
 
 Storage types reproduce ``mock_bf16``: q/k/v, the KV caches and the output live in bf16 (2-byte off-chip
 traffic and load/store buffers) while the streams carry fp32 tiles (4-byte accumulators and ExpandRef
@@ -108,7 +122,8 @@ COMPUTE_BW = 2048
 COARSE_BLOCK = 16
 #: §5.5: the KV-cache capacity (tokens per request) the experiments allocate for each batch size
 SPEC_MAX_N = {16: 4672, 64: 6464, 80: 6528}
-#: §5.5: attention experiments run with 1-element FIFOs (overrides: metadata 16, cache write-back 4)
+#: §5.5: attention experiments run with 1-element FIFOs; their ``config_dict`` overrides (metadata 16, cache
+#: write-back 4) are dead in step-perf (STEP_TIMING §2), so every FIFO of the published runs holds 1 element
 CHANNEL_DEPTH = 1
 
 
@@ -260,8 +275,8 @@ def assignment_bindings(workload: Workload, assignment, kv_lengths) -> dict:
 
 def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64, query_per_kv_head: int = 8,
                     tile_n: int = 32, max_n: int | None = None, regions: int = 4, compute_bw: int = COMPUTE_BW,
-                    metadata_fifo_depth: int = 16, cache_write_back_fifo_depth: int = 4,
-                    softmax: str = "plain") -> Workload:
+                    metadata_fifo_depth: int | None = None, cache_write_back_fifo_depth: int = 4,
+                    cache_write_back_channel_depth: int | None = None, softmax: str = "plain") -> Workload:
     """Build the decode attention of one KV head for a batch of requests.
 
     Parameters
@@ -284,9 +299,17 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
         Parallel regions (4). Coarse uses ``min(ceil(B/16), regions)``; interleave needs ``B % regions == 0``.
     compute_bw : int
         FLOPs/cycle of the six compute nodes (2048); the helper maps and SignalReqAllRead use 0.
-    metadata_fifo_depth, cache_write_back_fifo_depth : int
-        FIFO depth of the per-region metadata broadcasts (16) and of the channel feeding each KV-cache
-        write-back store, which is also the store's buffer depth (4).
+    metadata_fifo_depth : int, optional
+        FIFO depth of the per-region metadata broadcasts. Default None: the run's default channel depth (1),
+        which is what step-perf simulates for the artifact; the artifact asks for 16 in ``config_dict``, but a
+        Broadcast built before its consumers ignores ``config_dict`` (STEP_TIMING §2). Give 16 to model the
+        intended design (0-8 % fewer cycles than the published runs).
+    cache_write_back_fifo_depth : int
+        The KV-cache write-back stores' ``buffer_depth`` (4): their on-chip bytes, as in §8.5. A metric only.
+    cache_write_back_channel_depth : int, optional
+        FIFO depth of the channel feeding each write-back store. Default None: the run's default (1), what
+        step-perf simulates, for the same reason as the metadata FIFOs; the artifact's intended depth is 4
+        (``cache_write_back_fifo_depth``). No measured run changes by a cycle between 1 and 4.
     softmax : {"plain", "stable"}
         ``"plain"``: the artifact's ``exp`` / row-sum form (its cycles); ``"stable"``: FlashAttention's running
         max with rescaling and the 1/sqrt(head_dim) scale (see the module docstring).
@@ -305,8 +328,12 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     q_rows = _positive_int("query_per_kv_head", query_per_kv_head)
     tile_n = _positive_int("tile_n", tile_n)
     regions = _positive_int("regions", regions)
-    metadata_fifo_depth = _positive_int("metadata_fifo_depth", metadata_fifo_depth)
+    if metadata_fifo_depth is not None:
+        metadata_fifo_depth = _positive_int("metadata_fifo_depth", metadata_fifo_depth)
     cache_write_back_fifo_depth = _positive_int("cache_write_back_fifo_depth", cache_write_back_fifo_depth)
+    if cache_write_back_channel_depth is not None:
+        cache_write_back_channel_depth = _positive_int("cache_write_back_channel_depth",
+                                                       cache_write_back_channel_depth)
     compute_bw = _positive_int("compute_bw", compute_bw)
     kv = _check_lengths(kv_lengths)
     seq_len_tiled, offset = kv_metadata(kv, tile_n)
@@ -327,7 +354,8 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
 
     g = Graph(f"attention-{strategy}-b{batch}")
     cfg = dict(head_dim=head_dim, q_rows=q_rows, tile_n=tile_n, row_offset=row_offset, compute_bw=compute_bw,
-               wb_depth=cache_write_back_fifo_depth, softmax=softmax)
+               wb_depth=cache_write_back_fifo_depth, wb_channel_depth=cache_write_back_channel_depth,
+               softmax=softmax)
     k_cache = Tensor("k_cache", (batch * max_n, head_dim), BF16)
     v_cache = Tensor("v_cache", (batch * max_n, head_dim), BF16)
     out = Tensor("out", (batch * q_rows, head_dim), BF16)
@@ -398,7 +426,8 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
         params=dict(strategy=strategy, batch=batch, head_dim=head_dim, query_per_kv_head=q_rows, tile_n=tile_n,
                     max_n=max_n, cache_row_offset_tiled=row_offset, regions=len(assignment),
                     compute_bw=compute_bw, metadata_fifo_depth=metadata_fifo_depth,
-                    cache_write_back_fifo_depth=cache_write_back_fifo_depth, softmax=softmax,
+                    cache_write_back_fifo_depth=cache_write_back_fifo_depth,
+                    cache_write_back_channel_depth=cache_write_back_channel_depth, softmax=softmax,
                     channel_depth=CHANNEL_DEPTH, par_dispatch=1, kv_tiles=int(seq_len_tiled.sum())),
         trace={"kv_lengths": kv},  # _check_lengths' own int64 copy
     )
@@ -463,7 +492,7 @@ def _flash_region(g: Graph, r: int, q, k, v, idx, seq_len, offset, caches, cfg):
         merged.assume_shape(0, shape + (1,))  # one tile per selector
         full = Flatten(g, merged, 0, 1)
         waddr = Map(g, [idx, seq_len], CacheWriteAddr(row_offset), compute_bw=0)
-        wdata = Broadcast(g, appended[1], 1, channel_depth=cfg["wb_depth"])
+        wdata = Broadcast(g, appended[1], 1, channel_depth=cfg["wb_channel_depth"])
         Sink(g, RandomOffChipStore(g, wdata, waddr, cache, (tile_n, d), buffer_depth=cfg["wb_depth"]))
         return tiles, full
 

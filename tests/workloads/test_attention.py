@@ -178,9 +178,31 @@ def test_node_and_edge_counts_match_the_artifact(built):
     assert kinds["Parallelize"] == 6 and kinds["Sink"] == 12 and kinds["CacheReadAddrGen"] == 8
 
 
-@pytest.mark.parametrize("strategy", ["dynamic", "interleave"])
-def test_fifo_overrides(built, strategy):
+@pytest.mark.parametrize("strategy", ["dynamic", "interleave", "coarse"])
+def test_default_fifos_are_what_step_perf_simulates(built, strategy):
+    # the artifact's config_dict overrides are dead in step-perf (STEP_TIMING §2): every FIFO has the run's depth
     g = built[strategy].graph
+    assert [op.name for op in g if op.channel_depth is not None] == []
+    assert built[strategy].channel_depth == 1
+    stores = [op for op in g if op.kind == "RandomOffChipStore" and op.tensor.name in ("k_cache", "v_cache")]
+    assert [s.buffer_depth for s in stores] == [4] * len(stores)  # a metric only (§8.5 on-chip bytes)
+
+
+def test_cycles_match_the_artifacts_published_runs(kv16):
+    # dynamic_par/batch16_sweep.csv of the artifact, window 3349-3364: coarse 52,236, interleave 20,361,
+    # dynamic 17,494 cycles; stepsim ends 1 cycle earlier (the end-of-run tail, STEP_TIMING §1.3)
+    from stepsim.simulate import simulate
+
+    cycles = {s: simulate(build_attention(kv16, s)).cycles for s in ("coarse", "interleave", "dynamic")}
+    assert cycles == {"coarse": 52_235, "interleave": 20_360, "dynamic": 17_493}
+    # the artifact's intended FIFO depths (dead in step-perf) give coarse 2,536 cycles fewer than its CSV
+    intended = build_attention(kv16, "coarse", metadata_fifo_depth=16, cache_write_back_channel_depth=4)
+    assert simulate(intended).cycles == 52_236 - 2_536
+
+
+@pytest.mark.parametrize("strategy", ["dynamic", "interleave"])
+def test_fifo_overrides(kv16, strategy):
+    g = build_attention(kv16, strategy, metadata_fifo_depth=16, cache_write_back_channel_depth=4).graph
     depths = sorted((op.channel_depth, op.group) for op in g if op.kind == "Broadcast" and op.channel_depth)
     # 3 metadata broadcasts at 16 and 2 cache write-back broadcasts at 4 per region
     assert depths == sorted([(16, ("region", r)) for r in range(4) for _ in range(3)]
@@ -210,8 +232,8 @@ def test_workload_fields_and_flops(built, kv16):
     p = w.params
     assert (p["batch"], p["max_n"], p["cache_row_offset_tiled"], p["regions"], p["compute_bw"]) == (16, 4672, 146, 4,
                                                                                                     2048)
-    assert (p["metadata_fifo_depth"], p["cache_write_back_fifo_depth"], p["softmax"], p["tile_n"]) == (16, 4, "plain",
-                                                                                                        32)
+    assert (p["metadata_fifo_depth"], p["cache_write_back_fifo_depth"], p["cache_write_back_channel_depth"],
+            p["softmax"], p["tile_n"]) == (None, 4, None, "plain", 32)
     per_tile = 2 * 8 * 32 * 64 + 4 * 8 * 32 + 2 * 8 * 32 * 64 + 8 * 32
     expected = 604 * per_tile + 16 * (8 * 32 + 8 * 64)
     assert attention_algorithmic_flops(kv_metadata(kv16, 32)[0]) == expected == 40_369_152
@@ -298,6 +320,8 @@ def test_default_max_n_falls_back_to_the_longest_request():
     (([1, 2, 3, 4],), {"softmax": "online"}, r"softmax .*'online'"),
     (([1, 2, 3, 4],), {"tile_n": 0}, "tile_n must be a positive int"),
     (([1, 2, 3, 4],), {"regions": -1}, "regions must be a positive int"),
+    (([1, 2, 3, 4],), {"metadata_fifo_depth": 0}, "metadata_fifo_depth must be a positive int"),
+    (([1, 2, 3, 4],), {"cache_write_back_channel_depth": 1.5}, "cache_write_back_channel_depth must be a positive"),
     (([1, 2, 3, 4],), {"max_n": 48}, "max_n must be a multiple of tile_n=32"),
     (([1, 2, 3, 400],), {"max_n": 64}, r"max_n=64 cannot hold request 3"),
     (([1, 2, 3, 4, 5, 6],), {"strategy": "interleave"}, "not divisible by regions=4"),
