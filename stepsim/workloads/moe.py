@@ -7,6 +7,11 @@ Variants:
 * ``regions < experts``: configuration time-multiplexing; ``experts / regions`` experts share one compute
   region whose weights are fetched with random loads addressed by an EagerMerge selector (§6.1, last part).
 
+Memory operators are created in the order the artifact's scripts register them with the HBM, because that
+order decides same-cycle arbitration (STEP_TIMING §2 step 2, §4.2). One region per expert: the token load,
+the routing-weight load, then each expert's up, gate and down loads. Time-multiplexed: the token load, every
+region's up load, then every gate load, then every down load, then the routing-weight load.
+
 Storage types reproduce the experiments' ``mock_bf16``: activations, routing weights and expert weights are
 stored in bf16 and computed in fp32; the output is stored in fp32.
 """
@@ -128,7 +133,14 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     feature_select = SelectorSource(g, multihot(routing, experts), experts)
     weight_select = SelectorSource(g, onehot_per_slot(routing, experts), experts)
     route_w = Tensor("routing_weights", (batch, k), BF16)
-    weights = LinearOffChipLoad(g, route_w, (1, 1), (batch, k), (k, 1), stream_dtype=FP32)
+
+    def load_routing_weights():
+        return LinearOffChipLoad(g, route_w, (1, 1), (batch, k), (k, 1), stream_dtype=FP32)
+
+    # HBM registration order (graph order) decides same-cycle arbitration (STEP_TIMING §2 step 2, §4.2): the
+    # per-expert scripts load the routing weights here, the time-multiplexing script (regions < experts) after
+    # the expert weights
+    weights = load_routing_weights() if regions == experts else None
 
     # 4: tokens to experts; the partition's count symbols are the per-expert token counts
     per_expert = Partition(g, tokens, feature_select, 0, experts)
@@ -160,6 +172,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         bindings.update(region_bindings)
 
     # 5c-7: unpack rows, scale by routing weights, reassemble tokens, sum over slots, store
+    if weights is None:
+        weights = load_routing_weights()
     slot_weights = Partition(g, weights, weight_select, 0, experts)
     scaled = []
     for e in range(experts):
@@ -231,6 +245,10 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
     """Regions of ``experts/regions`` experts: EagerMerge the token tiles, fetch the chosen expert's weights
     with random loads, compute, and route results back to per-expert streams.
 
+    The weight loads are created stage by stage, as the artifact's time-multiplexing scripts build them (every
+    region's up load, then every gate load, then every down load), because the HBM serves same-cycle requests
+    in the order the loads were registered, which is graph order (STEP_TIMING §2 step 2, §4.2).
+
     With dynamic tiling a region's merged tiles have a ragged row count; it is bound to the largest member
     expert's token count, because on-chip buffers must hold the largest tile (this makes the region's
     ``graph_flops`` an upper bound; ``algorithmic_flops`` is exact). Returns (results, bindings).
@@ -239,24 +257,33 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
     d, f = model.hidden, model.intermediate
     n_f = f // tile_f
     per_region = model.experts // regions
+    members = [list(range(r * per_region, (r + 1) * per_region)) for r in range(regions)]
+    merges, reps, addrs = [], [], []
+    for r in range(regions):
+        before = len(g.ops)
+        merge = EagerMerge(g, [packed[e] for e in members[r]], 0)
+        merged_rows = merge.outputs[0].dtype.rows
+        if dynamic and merged_rows not in [packed[e].stream.dtype.rows for e in members[r]]:
+            bindings[merged_rows] = int(max(counts[e] for e in members[r]))
+        merges.append(merge)
+        reps.append(RepeatStatic(g, merge[0], n_f))
+        addrs.append(ExpertAddrGen(g, merge[1], n_f))
+        _label(g.ops[before:], ("region", r))
+    tensors = [_weights(model, f"region{r:03d}", per_region) for r in range(regions)]  # (gate, up, down)
+    loads = {}
+    for name, which, tile in (("up", 1, (d, tile_f)), ("gate", 0, (d, tile_f)), ("down", 2, (tile_f, d))):
+        for r in range(regions):
+            before = len(g.ops)
+            loads[name, r] = Flatten(g, RandomOffChipLoad(g, addrs[r], tensors[r][which], tile, stream_dtype=FP32),
+                                     0, 1)
+            _label(g.ops[before:], ("region", r))
     results = []
     for r in range(regions):
         before = len(g.ops)
-        members = list(range(r * per_region, (r + 1) * per_region))
-        merge = EagerMerge(g, [packed[e] for e in members], 0)
-        merged_rows = merge.outputs[0].dtype.rows
-        if dynamic and merged_rows not in [packed[e].stream.dtype.rows for e in members]:
-            bindings[merged_rows] = int(max(counts[e] for e in members))
-        rep = RepeatStatic(g, merge[0], n_f)
-        addr = ExpertAddrGen(g, merge[1], n_f)
-        gate_t, up_t, down_t = _weights(model, f"region{r:03d}", per_region)
-        up_w, gate_w, down_w = (
-            Flatten(g, RandomOffChipLoad(g, addr, t, tile, stream_dtype=FP32), 0, 1)
-            for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d))))
-        out = _ffn_body(g, rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw)
-        back = Partition(g, out, merge[1], 0, per_region)
+        out = _ffn_body(g, reps[r], loads["gate", r], loads["up", r], loads["down", r], model, tile_f, dynamic, bw)
+        back = Partition(g, out, merges[r][1], 0, per_region)
         _label(g.ops[before:], ("region", r))
-        for i, e in enumerate(members):
+        for i, e in enumerate(members[r]):
             # The partition's count for expert e is its number of token tiles, already known upstream.
             back.assume_shape(i, packed[e].stream.shape)
             if dynamic:

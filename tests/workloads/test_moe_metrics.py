@@ -116,6 +116,24 @@ def test_time_multiplexing_keeps_off_chip_traffic_for_every_region_count(routing
     assert w.params["tile_f"] == 48 and w.params["compute_bw"] == 1024
 
 
+@pytest.mark.parametrize("regions", [4, 128])
+def test_memory_operators_are_registered_in_the_artifacts_order(routing, regions):
+    # same-cycle HBM requests are served in graph order (STEP_TIMING §2 step 2, §4.2): the time-multiplexing
+    # script builds every region's up load, then every gate load, then every down load, then the routing weights;
+    # the per-expert script loads the routing weights first and the weights expert by expert
+    w = build_moe(moe_model("qwen3-30b-a3b"), routing["qwen3-30b-a3b"], tile_n=32, regions=regions)
+    names = [op.tensor.name if hasattr(op, "tensor") else op.kind for op in w.graph.ops if op.is_memory]
+    if regions == 4:
+        weights = [f"region{r:03d}_{kind}" for kind in ("up", "gate", "down") for r in range(4)]
+        assert names == ["x", *weights, "routing_weights", "LinearOffChipStore"]
+    else:
+        weights = [f"expert{e:03d}_{kind}" for e in range(128) for kind in ("up", "gate", "down")]
+        assert names == ["x", "routing_weights", *weights, "LinearOffChipStore"]
+    if regions == 4:  # every region's operators stay attributed to it
+        loads = [op for op in w.graph.ops if op.kind == "RandomOffChipLoad"]
+        assert [op.group for op in loads] == [("region", r) for _ in range(3) for r in range(4)]
+
+
 def test_metrics_cli_prints_the_published_numbers_as_json(shared_traces, capsys):
     trace = shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"
     assert main(["metrics", "moe", "--model", "qwen3-30b-a3b", "--trace", str(trace), "--tiling", "static",
