@@ -423,6 +423,18 @@ class _Engine:
         ch.pushes += 1
         self._wake(ch.consumer, W_EMPTY, c)
 
+    def enq_together(self, U, sends):
+        """Blocking enqueue of one element on several channels at one time: ``sends`` is ``[(channel, token)]``;
+        wait until every channel has a free slot, then for every credit, then send all (Broadcast, and Reshape
+        with its padding flags)."""
+        for c, _ in sends:
+            yield from self.room(U, c)
+        for c, _ in sends:
+            self.credit(U, c)
+        t = U.clock
+        for c, tok in sends:
+            self.put(U, c, tok, t)
+
     def enq(self, U, c, tok, requested=None):
         """Blocking enqueue at ``requested`` (default: the clock before any wait)."""
         if requested is None:
@@ -1189,13 +1201,7 @@ def _broadcast(E, U, ins, outs):
         x = yield from E.deq(U, ins[0])
         if x is None:
             return
-        for c in outs:  # wait until every target has a free slot, then send all at one time
-            yield from E.room(U, c)
-        for c in outs:
-            E.credit(U, c)
-        t = U.clock
-        for c in outs:
-            E.put(U, c, x, t)
+        yield from E.enq_together(U, [(c, x) for c in outs])
         U.fires += 1
 
 
@@ -1248,13 +1254,8 @@ def _reshape(E, U, ins, outs):
         if flags is None:
             yield from E.enq(U, out, tok)
             return
-        yield from E.room(U, out)
-        yield from E.room(U, flags)
-        E.credit(U, out)
-        E.credit(U, flags)
-        t = U.clock
-        E.put(U, out, tok, t)
-        E.put(U, flags, Token(KIND_SCALAR, stop=tok.stop, nbytes=1, valid=1, value=int(padded)), t)
+        flag = Token(KIND_SCALAR, stop=tok.stop, nbytes=1, valid=1, value=int(padded))
+        yield from E.enq_together(U, [(out, tok), (flags, flag)])
 
     def pads(final_stop):
         n = S - j % S

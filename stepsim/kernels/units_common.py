@@ -11,7 +11,7 @@ physically present, or its progress so far is kept in ``US_PHASE`` and the scrat
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, closed_empty, head_row, pop, push, push_copy
+from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, next_free, pop, push, push_copy
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.values import drop, keep
 
@@ -128,6 +128,28 @@ def emit(us, u, chs, slots, c, requested, stop, flags, nbytes, rows, cols, offse
     if t > clock:
         us[u, A.US_BLOCKED_OUT] += t - clock
         us[u, A.US_CLOCK] = t
+
+
+@kernel
+def room_on_outputs(us, u, chs, slots, out_ch, start, n):
+    """Make room to send one element on every output ``out_ch[start:start+n]`` at one time (Broadcast, and
+    Reshape with its padding flags): each needs a free slot, then the clock waits for the latest credit
+    (counted as blocked-on-output).
+
+    reads: chs, slots / writes: us[u] clock, blocked-out counter and wait / returns: True when the element can be
+    sent now, False after recording the block on the first full output.
+    """
+    latest = us[u, A.US_CLOCK]
+    for k in range(n):
+        o = out_ch[start + k]
+        if not can_push(chs, o):
+            block(us, u, o, A.WAIT_FULL)
+            return False
+        latest = max(latest, next_free(chs, slots, o))
+    if latest > us[u, A.US_CLOCK]:
+        us[u, A.US_BLOCKED_OUT] += latest - us[u, A.US_CLOCK]
+        us[u, A.US_CLOCK] = latest
+    return True
 
 
 @kernel

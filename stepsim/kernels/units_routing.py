@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, head_stamp, next_free, pop
+from stepsim.kernels.channels import can_pop, can_push, head_stamp, pop
 from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
@@ -30,6 +30,7 @@ from stepsim.kernels.units_common import (
     load_cycles,
     look,
     pmu_cycles,
+    room_on_outputs,
     seen_closed,
     sel_count,
     sel_target,
@@ -367,17 +368,8 @@ def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 1
-        latest = us[u, A.US_CLOCK]
-        for k in range(n_out):
-            o = out_ch[ostart + k]
-            if not can_push(chs, o):
-                return block(us, u, o, A.WAIT_FULL)
-            f = next_free(chs, slots, o)
-            latest = max(latest, f)
-        clock = us[u, A.US_CLOCK]
-        if latest > clock:
-            us[u, A.US_BLOCKED_OUT] += latest - clock
-            us[u, A.US_CLOCK] = latest
+        if not room_on_outputs(us, u, chs, slots, out_ch, ostart, n_out):
+            return A.STEP_BLOCKED
         for k in range(n_out):
             emit_copy(us, u, chs, slots, out_ch[ostart + k], us[u, A.US_CLOCK], us, u, A.US_TOK_A,
                       us[u, A.US_TOK_A + A.TK_STOP], fi)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from stepsim.kernels import abi as A
 from stepsim.kernels import values as V
-from stepsim.kernels.channels import can_pop, can_push, next_free, pop
+from stepsim.kernels.channels import can_pop, can_push, pop
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
     await_input,
@@ -34,6 +34,7 @@ from stepsim.kernels.units_common import (
     emit,
     emit_copy,
     look,
+    room_on_outputs,
     seen_closed,
     spend,
     stash,
@@ -127,29 +128,6 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 
 @kernel
-def _room_for_element(us, u, chs, slots, out, flags_out):
-    """Reshape's send condition: a free slot on the data output and, if read, on the padding-flag output.
-
-    With both outputs, waits for the later of the two credits (counted as blocked-on-output) so that the element
-    and its flag leave at one time. reads: chs, slots / writes: us[u] clock, blocked-out counter and wait /
-    returns: True when the element can be sent now, False after recording the block.
-    """
-    if not can_push(chs, out):
-        block(us, u, out, A.WAIT_FULL)
-        return False
-    if flags_out < 0:
-        return True
-    if not can_push(chs, flags_out):
-        block(us, u, flags_out, A.WAIT_FULL)
-        return False
-    latest = max(next_free(chs, slots, out), next_free(chs, slots, flags_out))
-    if latest > us[u, A.US_CLOCK]:
-        us[u, A.US_BLOCKED_OUT] += latest - us[u, A.US_CLOCK]
-        us[u, A.US_CLOCK] = latest
-    return True
-
-
-@kernel
 def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
     """reads: input / writes: output (data and pad tiles), us[u] / returns: DONE after the close."""
     c = in_ch[up[u, A.UP_IN_START]]
@@ -162,7 +140,9 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
     add_outer = up[u, A.UP_A0 + A.PA_ADD_OUTER]
     wb = up[u, A.UP_A0 + A.PA_RESHAPE_WB]
     pad_flags = A.KIND_TILE | A.FLAG_PAD | (A.FLAG_MU if wb else 0)
-    flags_out = out_ch[up[u, A.UP_OUT_START] + 1] if up[u, A.UP_N_OUT] == 2 else -1
+    out_start = up[u, A.UP_OUT_START]
+    n_out = up[u, A.UP_N_OUT]  # 2 when the padding flags are read
+    flags_out = out_ch[out_start + 1] if n_out == 2 else -1
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
@@ -216,7 +196,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
                 return block(us, u, c, A.WAIT_EMPTY)
             us[u, A.US_PHASE] = 1
         elif ph == 1:
-            if not _room_for_element(us, u, chs, slots, out, flags_out):
+            if not room_on_outputs(us, u, chs, slots, out_ch, out_start, n_out):
                 return A.STEP_BLOCKED
             emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
             if flags_out >= 0:
@@ -225,7 +205,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
             us[u, A.US_PHASE] = 2 if us[u, R_NPAD] > 0 else 0
         else:
             while us[u, R_NPAD] > 0:
-                if not _room_for_element(us, u, chs, slots, out, flags_out):
+                if not room_on_outputs(us, u, chs, slots, out_ch, out_start, n_out):
                     return A.STEP_BLOCKED
                 n = us[u, R_NPAD]
                 stop = us[u, R_PADLVL] if n == 1 else 0
