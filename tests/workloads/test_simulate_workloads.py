@@ -16,7 +16,22 @@ import numpy as np
 import pytest
 
 from stepsim.errors import GraphError
-from stepsim.graph import FP32, Add, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Tensor, Zip
+from stepsim.graph import (
+    FP32,
+    Add,
+    FlatMap,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Reshape,
+    RowStreamify,
+    Sink,
+    Tensor,
+    Zero,
+    Zip,
+)
 from stepsim.graph.lower import lower
 from stepsim.hardware import Hardware
 from stepsim.kernels.api import run as fast_run
@@ -94,13 +109,19 @@ SMALL_ROUTING = np.array([[0, 1], [1, 2], [0, 2], [1, 0], [2, 1], [0, 1], [2, 0]
 
 def _assert_engines_agree(workload):
     program = lower(workload.graph, Hardware.preset(workload.hardware), channel_depth=workload.channel_depth)
-    ref = ref_run(program, max_steps=20_000_000)
+    fast = _assert_same_run(ref_run(program, max_steps=20_000_000), program)
+    assert fast.bytes_read + fast.bytes_written == workload.metrics()["off_chip_bytes"]
+    return fast
+
+
+def _assert_same_run(ref, program):
+    """The numba engine's run of ``program`` equals the reference engine's result ``ref``: cycles, unit and
+    channel counters (pushes, peak occupancy), off-chip bytes. Returns the numba engine's result."""
     fast = fast_run(program)
     assert ref.cycles == fast.cycles
     np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)  # pushes and peak occupancy
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
     assert (ref.off_chip_bytes_read, ref.off_chip_bytes_written) == (fast.bytes_read, fast.bytes_written)
-    assert fast.bytes_read + fast.bytes_written == workload.metrics()["off_chip_bytes"]
     return fast
 
 
@@ -121,8 +142,6 @@ def test_engines_agree_on_reduced_attention(strategy):
 def test_flatmap_row_streamify_opens_a_new_dim_in_both_engines():
     """FlatMap(RowStreamify) of a [1, 2] stream of (4, 8) tiles gives [1, 2, 4] of (1, 8) rows: the last row of
     each tile carries the tile's stop + 1 (levels 1 then 2)."""
-    from stepsim.graph import FP32, FlatMap, Graph, LinearOffChipLoad, RowStreamify, Sink, Tensor
-
     g = Graph("flatmap")
     rows = FlatMap(g, LinearOffChipLoad(g, Tensor("x", (8, 8), FP32), (4, 8), (2,), (1,)), RowStreamify())
     Sink(g, rows)
@@ -132,17 +151,12 @@ def test_flatmap_row_streamify_opens_a_new_dim_in_both_engines():
     out = program.channel_names.index(next(n for n in program.channel_names if n.startswith(rows.name)))
     assert [t.stop for t in ref.tokens[out]] == [0, 0, 0, 1, 0, 0, 0, 2]
     assert all((t.rows, t.cols) == (1, 8) for t in ref.tokens[out])
-    fast = fast_run(program)
-    assert fast.cycles == ref.cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    _assert_same_run(ref, program)
 
 
 def test_a_graph_that_reads_reshape_padding_flags_lowers_and_runs_in_both_engines():
     """5 tiles of (2, 8) in chunks of 4 padded with Zero(2, 8): flags 0 0 0 0 | 0 1 1 1 with the data's stops;
     without a reader the flag output gets no channel at all (step-perf has none)."""
-    from stepsim.graph import FP32, Graph, LinearOffChipLoad, Reshape, Sink, Tensor, Zero
-
     def graph(read_flags: bool) -> Graph:
         g = Graph("flags")
         x = LinearOffChipLoad(g, Tensor("x", (10, 8), FP32), (2, 8), (5,), (1,))
@@ -159,10 +173,7 @@ def test_a_graph_that_reads_reshape_padding_flags_lowers_and_runs_in_both_engine
     ref = ref_run(program, record_tokens=True)
     assert [(t.stop, t.value) for t in ref.tokens[flags]] == [(0, 0), (0, 0), (0, 0), (1, 0),
                                                               (0, 0), (0, 1), (0, 1), (2, 1)]
-    fast = fast_run(program)
-    assert fast.cycles == ref.cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    _assert_same_run(ref, program)
     result = simulate(graph(True), "step-eval", channel_depth=2)
     assert result.unit_counters[result.unit_names.index("flag_sink"), 0] == 8
 
