@@ -213,7 +213,7 @@ def _online_softmax_values(u, us, head_dim, slots, r1, r2, rows, cols, fv, fi):
 
 
 @kernel
-def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: inputs / writes: output, input credits, us[u] / returns: DONE when the inputs close."""
     start = up[u, A.UP_IN_START]
     c1 = in_ch[start]
@@ -271,7 +271,7 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
 
 
 @kernel
-def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """Accum, MapAccum and Scan (by opcode).
 
     reads: inputs / writes: output, input credits, us[u] accumulator / returns: DONE when the inputs close.
