@@ -7,7 +7,6 @@ of ``rounds``. Both runs must agree exactly (asserted); the ratio of the best ti
 
 from __future__ import annotations
 
-import pytest
 from test_bench_hbm_scaling import synthetic_routing
 
 from stepsim.graph.lower import lower
