@@ -41,7 +41,7 @@ from stepsim.kernels.hbm import (
 )
 from stepsim.kernels.jit import alloc_kernel, inline_kernel, kernel
 from stepsim.kernels.units_common import advance_busy
-from stepsim.kernels.units_compute import step_accum, step_map
+from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
 from stepsim.kernels.units_memory import (
     step_bufferize,
     step_dyn_streamify,
@@ -311,6 +311,8 @@ def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, aren
         elif op == A.OP_EAGER_MERGE:
             us[u, R_DECIDE] = -1
             n_ts += 1
+        elif op == A.OP_MAP or op == A.OP_MAP_ACCUM:
+            us[u, R_COST_A_ROWS] = -1  # no operand shape seen yet (see units_compute._cached_map_cycles)
     arena = np.zeros((arena_rows + extra, A.N_TOKEN), dtype=np.int64)
     ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
     k = 0
