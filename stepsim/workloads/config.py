@@ -196,6 +196,10 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
     if cfg["workload"] is None:
         raise ConfigError(f"{_prefix(source)}missing required config key 'workload' "
                           f"(one of {', '.join(WORKLOADS)})")
+    if cfg["model"] is not None:  # one name per model in records and run ids: aliases become the preset name
+        from stepsim.workloads.models import canonical_model_name
+
+        cfg["model"] = canonical_model_name(cfg["model"])
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
         if cfg[key] is None:
             cfg[key] = value
