@@ -1,4 +1,4 @@
-"""``stepsim trace import | inspect | synth``: convert, check and generate traces from the command line.
+"""``stepsim trace import | import-routed | inspect | synth``: convert, check and generate traces from the command line.
 
 Registered by :mod:`stepsim.cli` through :func:`register`. Errors are StepsimErrors (TraceError for bad
 traces, ConfigError for bad arguments), which the dispatcher prints and turns into exit status 2. Outputs are
@@ -63,6 +63,17 @@ def _cmd_import(args: argparse.Namespace) -> int:
     stream = _open(args.src, args)
     rows = write_trace(stream.batches(), args.out, schema=stream.schema)
     print(f"wrote {args.out}: {stream.info.kind} trace, {rows} rows (from {stream.format} {args.src})")
+    return 0
+
+
+def _cmd_import_routed(args: argparse.Namespace) -> int:
+    from stepsim.trace_io.serving import import_routed_experts
+
+    rows, batches, layers = import_routed_experts(
+        args.src, args.out, key=args.key, iteration_key=args.iteration_key, iteration=args.iteration,
+        num_experts=args.num_experts, model=args.model)
+    print(f"wrote {args.out}: routing trace, {rows} rows, {layers} layer(s), {batches} (iteration, layer) "
+          f"batch(es) (from {args.src})")
     return 0
 
 
@@ -188,6 +199,27 @@ def register(subparsers) -> None:
                                    "or a Hugging Face config.json")
     p.add_argument("--out", required=True, help="output .arrow / .feather / .parquet file")
     p.set_defaults(handler=_cmd_import)
+
+    p = sub.add_parser(
+        "import-routed",
+        help="convert a serving engine's per-token routed-expert array [tokens, layers, top_k] (.npy, .npz, "
+        ".safetensors) to a multi-layer routing trace",
+        description="Convert the routed experts SGLang / vLLM return per token ([tokens, layers, top_k] integer "
+        "array) to a routing trace with one batch per layer (or per iteration x layer with --iteration-key).",
+    )
+    p.add_argument("src", metavar="SRC", help=".npy, .npz or .safetensors file (safetensors: pip install "
+                   "'stepsim[serving]')")
+    p.add_argument("--key", help="array name in a .npz / .safetensors file (default: the only array, else "
+                   "'routed_experts')")
+    p.add_argument("--iteration-key", help="array [tokens] of iteration numbers in the same file: one batch per "
+                   "(iteration, layer)")
+    p.add_argument("--iteration", type=int, default=0, help="iteration label of every row without --iteration-key "
+                   "(default 0)")
+    p.add_argument("--num-experts", type=int, help="experts per layer (default: from --model)")
+    p.add_argument("--model", help="preset name or alias (mixtral, qwen, ...) or a Hugging Face config.json: "
+                   "gives num_experts and checks top_k")
+    p.add_argument("--out", required=True, help="output .arrow / .parquet file")
+    p.set_defaults(handler=_cmd_import_routed)
 
     p = sub.add_parser("inspect", help="validate a trace and print its statistics")
     p.add_argument("path", metavar="PATH", help="trace file or folder")
