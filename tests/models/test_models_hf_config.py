@@ -238,3 +238,17 @@ def test_missing_and_unreadable_files(tmp_path):
     assert str(err.value) == ("unknown model 'gpt-5'; expected one of deepseek-moe-16b, llama-3.1-8b, mixtral-8x7b, "
                               "qwen3-30b-a3b (aliases deepseek, deepseekv316b, llama, mixtral, mixtral8x7b, qwen, "
                               "qwen30b) or a Hugging Face config.json path")
+
+
+def test_editing_a_model_file_changes_the_run_id(tmp_path):
+    path = _write(tmp_path, MIXTRAL_8X7B)
+    config = {"workload": "moe", "model": str(path), "tiling": "dynamic", "trace": bundled_trace("mixtral-8x7b")}
+    first = run_identity(config)[0]
+    assert run_identity(config)[0] == first
+    assert run_config(config).row["run_id"] == first
+    _write(tmp_path, dict(MIXTRAL_8X7B, num_hidden_layers=16))  # same path, other content
+    assert run_identity(config)[0] != first
+    path.unlink()
+    with pytest.raises(ConfigError) as err:
+        run_identity(config)
+    assert str(err.value) == f"model file {path}: cannot read: No such file or directory"
