@@ -224,7 +224,24 @@ def _int_field(cfg: dict, key: str, where: str, *, required: bool, minimum: int 
     return value
 
 
-def parse_hf_config(cfg: dict, source: str, *, name: str | None = None) -> ModelConfig:
+def _preset_meta(cfg: dict, where: str) -> dict:
+    """The checked ``"stepsim"`` object of a shipped preset file: name, aliases, optional paper_attention."""
+    meta = cfg.get("stepsim")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise ConfigError(f"{where}: a preset needs a 'stepsim' object with a 'name', got {meta!r}")
+    aliases = meta.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise ConfigError(f"{where}: field 'stepsim.aliases' must be a list of names, got {aliases!r}")
+    paper = meta.get("paper_attention", {})
+    if not isinstance(paper, dict) or any(k not in ("hidden", "head_dim", "heads", "kv_heads") or
+                                          isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                          for k, v in paper.items()):
+        raise ConfigError(f"{where}: field 'stepsim.paper_attention' must map hidden / head_dim / heads / kv_heads "
+                          f"to positive integers, got {paper!r}")
+    return meta
+
+
+def parse_hf_config(cfg: dict, source: str, *, name: str | None = None, preset: bool = False) -> ModelConfig:
     """Resolve the dimensions of a parsed ``config.json`` mapping (see the module docstring).
 
     Parameters
@@ -234,7 +251,11 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None) -> Model
     source : str
         File name for messages (``model file <source>: ...``) and :attr:`ModelConfig.source`.
     name : str, optional
-        Model name (default: the ``stepsim.name`` entry, else ``source``).
+        Model name (default: ``source``; a preset's ``stepsim.name``).
+    preset : bool
+        Read the ``"stepsim"`` object (name, aliases, paper_attention) of a shipped preset. A user's file is
+        named by its path and its ``"stepsim"`` object is ignored like any other field, so a copy of a preset
+        file never poses as the preset.
 
     Raises
     ------
@@ -242,9 +263,7 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None) -> Model
         Missing or invalid field, or an unsupported feature (MLA), naming the file and the field.
     """
     where = f"model file {source}"
-    meta = cfg.get("stepsim") or {}
-    if not isinstance(meta, dict):
-        raise ConfigError(f"{where}: field 'stepsim' must be an object, got {meta!r}")
+    meta = _preset_meta(cfg, where) if preset else {}
     if cfg.get("hidden_size") is None and isinstance(cfg.get("text_config"), dict):
         cfg, where = cfg["text_config"], f"{where}: text_config"
     for key in MLA_FIELDS:
@@ -311,7 +330,7 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None) -> Model
 def load_hf_config(path: str | os.PathLike, *, name: str | None = None) -> ModelConfig:
     """Read a Hugging Face ``config.json`` (see the module docstring for the fields).
 
-    ``name`` defaults to the path as given (``stepsim.name`` for the shipped presets).
+    ``name`` defaults to the path as given.
     """
     source = os.fspath(path)
     return parse_hf_config(_read_json(Path(source)), source, name=name)
@@ -323,7 +342,8 @@ def _load_presets() -> dict[str, ModelConfig]:
     presets = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
-            model = parse_hf_config(json.loads(entry.read_text(encoding="utf-8")), f"stepsim/data/models/{entry.name}")
+            model = parse_hf_config(json.loads(entry.read_text(encoding="utf-8")), f"stepsim/data/models/{entry.name}",
+                                    preset=True)
             if model.name in presets:  # two shipped files claiming one name would shadow each other silently
                 raise ConfigError(f"model file {model.source}: preset name {model.name!r} is used twice")
             presets[model.name] = model

@@ -198,7 +198,6 @@ MALFORMED = [
                                  "not model"),
     (_mixtral(num_local_experts=..., num_experts_per_tok=..., intermediate_size=...),
      "missing field 'intermediate_size' (a dense model: no num_local_experts / num_experts / n_routed_experts)"),
-    (_mixtral(stepsim=[1]), "field 'stepsim' must be an object, got [1]"),
     ("[1, 2]", "expected a JSON object of config fields, got list"),
     ('{"hidden_size": 4096,', "not valid JSON: Expecting property name enclosed in double quotes (line 1, column 22)"),
 ]
@@ -252,3 +251,23 @@ def test_editing_a_model_file_changes_the_run_id(tmp_path):
     with pytest.raises(ConfigError) as err:
         run_identity(config)
     assert str(err.value) == f"model file {path}: cannot read: No such file or directory"
+
+
+def test_python_api_takes_the_aliases_too():
+    from stepsim.workloads.reference import small_moe_model
+
+    assert small_moe_model("qwen", hidden=16, intermediate=48) == small_moe_model("qwen3-30b-a3b", hidden=16,
+                                                                                  intermediate=48)
+    assert small_moe_model("mixtral").name == "mixtral-8x7b-small"
+
+
+def test_a_copy_of_a_preset_file_is_named_by_its_path(tmp_path):
+    from importlib import resources
+
+    text = (resources.files("stepsim") / "data" / "models" / "qwen3-30b-a3b.json").read_text()
+    path = _write(tmp_path, text.replace('"hidden_size": 2048', '"hidden_size": 1024'), "qwen-copy.json")
+    m = load_hf_config(path)
+    assert (m.name, m.hidden, m.aliases, m.paper_attention) == (str(path), 1024, (), {})
+    assert moe_model(str(path)).name == str(path)
+    # the "stepsim" object of a user's file is ignored like any other unknown field
+    assert load_hf_config(_write(tmp_path, dict(MIXTRAL_8X7B, stepsim=[1]))).experts == 8
