@@ -97,6 +97,7 @@ from stepsim.results import (
 )
 from stepsim.workloads.base import Workload
 from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
+from stepsim.workloads.models import is_model_file
 
 __all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult", "allocated_compute_flops",
            "concat_runs", "identity", "read_runs", "run_config", "run_identity", "trace_sha256"]
@@ -219,10 +220,19 @@ def _unit_kind(name: str, kinds: Mapping[str, str]) -> str:
 def identity(cfg: Mapping, trace_hash: str | None) -> dict:
     """What ``run_id`` hashes (and what written files record as ``stepsim.config``).
 
-    ``{"config": <normalized config, mode included>, "trace_sha256": <trace content hash or None>}``; the
-    stepsim version is left out, so re-running a configuration after an upgrade replaces its files.
+    ``{"config": <normalized config, mode included>, "trace_sha256": <trace content hash or None>}``, plus
+    ``"model_sha256"`` (the file's content hash) when the model is a Hugging Face ``config.json``, so editing
+    that file changes the run id; the stepsim version is left out, so re-running a configuration after an
+    upgrade replaces its files.
     """
-    return {"config": dict(cfg), "trace_sha256": trace_hash}
+    ident = {"config": dict(cfg), "trace_sha256": trace_hash}
+    model = cfg.get("model")
+    if isinstance(model, str) and is_model_file(model):
+        try:
+            ident["model_sha256"] = file_sha256(model)
+        except OSError as exc:
+            raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
+    return ident
 
 
 _identity = identity  # the name stepsim.sweep first imported
