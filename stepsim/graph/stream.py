@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from stepsim.errors import ArgumentError
@@ -28,33 +29,16 @@ class Stream:
                 f"Stream<{self.dtype}>: shape must be a sequence of dimensions, got {self.shape!r}") from None
         if not raw:
             raise ArgumentError(f"Stream<{self.dtype}>: a stream shape needs at least one dimension, got {raw!r}")
-        text = "[" + ", ".join(str(d) for d in raw) + "]"
-        shape = tuple(self._checked_dim(d, f"Stream<{self.dtype}>{text}: entry {i} (rank {len(raw) - 1 - i})")
-                      for i, d in enumerate(raw))
-        object.__setattr__(self, "shape", shape)
-
-    @staticmethod
-    def _checked_dim(d, where: str) -> Dim:
-        """``d`` normalized; an ArgumentError naming ``where`` if it is not a non-negative integer dimension.
-
-        Symbolic dims are rejected only when sympy can decide: ``X / 4`` (an integer for the right ``X``) is
-        kept, ``5/2``, ``2.5`` or ``-X - 1`` (negative for every non-negative ``X``) are not.
-        """
-        try:
-            d = normalize(d)
-        except ArgumentError as exc:
-            raise ArgumentError(f"{where} is invalid: {exc}") from None
-        if isinstance(d, int):
-            if d < 0:
-                raise ArgumentError(f"{where} is {d}; a dimension must be >= 0")
-            return d
-        if d.is_Number or d.is_integer is False:
-            raise ArgumentError(
-                f"{where} is {d} ({type(d).__name__}); a dimension must be an int or an integer-valued sympy "
-                "expression")
-        if d.is_negative:
-            raise ArgumentError(f"{where} is {d}, negative for every value of its symbols; a dimension must be >= 0")
-        return d
+        shape = []
+        for i, d in enumerate(raw):
+            problem = _dim_problem(d) if not (type(d) is int and d >= 0) else None
+            if problem is not None:
+                # the message is built only here: formatting every dim of every stream cost more than the
+                # rest of building a graph
+                text = "[" + ", ".join(str(x) for x in raw) + "]"
+                raise ArgumentError(f"Stream<{self.dtype}>{text}: entry {i} (rank {len(raw) - 1 - i}) {problem}")
+            shape.append(normalize(d))
+        object.__setattr__(self, "shape", tuple(shape))
 
     @property
     def rank(self) -> int:
@@ -74,6 +58,33 @@ class Stream:
 
     def __str__(self) -> str:
         return f"Stream<{self.dtype}>{fmt_shape(self.shape)}"
+
+
+def _dim_problem(d) -> str | None:
+    """What is wrong with ``d`` as a dimension (the end of an error sentence), or None if it is valid.
+
+    Symbolic dims are rejected only when sympy can decide: ``X / 4`` (an integer for the right ``X``) is kept,
+    ``5/2``, ``2.5`` or ``-X - 1`` (negative for every non-negative ``X``) are not.
+    """
+    try:
+        d = normalize(d)
+    except ArgumentError as exc:
+        return f"is invalid: {exc}"
+    if isinstance(d, int):
+        return f"is {d}; a dimension must be >= 0" if d < 0 else None
+    return _symbolic_dim_problem(d)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _symbolic_dim_problem(d) -> str | None:
+    """:func:`_dim_problem` for a sympy expression, remembered: graphs reuse the same dimension objects in
+    many streams, and each assumption query on a new expression costs milliseconds."""
+    if d.is_Number or d.is_integer is False:
+        return (f"is {d} ({type(d).__name__}); a dimension must be an int or an integer-valued sympy "
+                "expression")
+    if d.is_negative:
+        return f"is {d}, negative for every value of its symbols; a dimension must be >= 0"
+    return None
 
 
 def stop_level(index: tuple, shape: tuple) -> int:
