@@ -13,12 +13,12 @@ file + rename), so a file that exists is complete.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from stepsim.errors import ConfigError
-from stepsim.results import partition_dir
+from stepsim.results import partition_dir, stable_hash
 from stepsim.sweep.config import SweepSpec
 
 #: hex digits of the run id in a result file name (as stepsim.results.write_partitioned names files)
@@ -52,6 +52,11 @@ class Task:
     trace_sha256: str | None = None
 
     @property
+    def slot(self) -> str:
+        """The task's :func:`slot_key` (same for every generation of the task)."""
+        return slot_key(self.config)
+
+    @property
     def key(self) -> str:
         """The task's result-file key: ``run_id[:16]``."""
         return self.run_id[:KEY_DIGITS]
@@ -62,7 +67,7 @@ class Task:
 
 
 def expand(spec: SweepSpec) -> list[Task]:
-    """The tasks of ``spec``, in a deterministic order.
+    """The tasks of ``spec``, in a deterministic order (a list: :func:`iter_tasks` expands lazily).
 
     Each ``[axes]`` grid is the cartesian product of its axes in file order, the last axis varying fastest;
     grids follow one another; a grid with no axes is one task (the fixed knobs). Every task config is checked
@@ -77,11 +82,18 @@ def expand(spec: SweepSpec) -> list[Task]:
         A task has a knob of the wrong type or value, or one its workload does not use, or an unreadable trace
         (the message names the sweep file, the task and the key), or it lacks a ``partition_by`` key.
     """
+    return list(iter_tasks(spec))
+
+
+def iter_tasks(spec: SweepSpec) -> Iterator[Task]:
+    """The tasks of :func:`expand`, one at a time: a million-point grid starts at once and is never held in
+    memory (only the 16-hex keys of the tasks seen, to drop repeats across grids). A task is checked when it
+    is reached, so a bad knob value deep in a huge grid stops the sweep there (finished rows are kept)."""
     from stepsim.records import run_identity
     from stepsim.workloads.config import normalize_config
 
-    tasks: list[Task] = []
     seen = set()
+    index = 0
     for grid in spec.grids:
         names = list(grid)
         for values in itertools.product(*(grid[n] for n in names)):
@@ -93,15 +105,25 @@ def expand(spec: SweepSpec) -> list[Task]:
             missing = [k for k in spec.partition_by if k not in config]
             if missing:
                 raise ConfigError(f"{source}: partition_by key {missing[0]!r} is not set for this task")
-            try:  # the config is valid by now: what can fail is reading the trace (to hash it)
+            try:  # the config is valid by now: what can fail is reading the trace or hardware file
                 run_id, trace, trace_hash = run_identity(config)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: {exc}") from exc
-            if run_id not in seen:
-                seen.add(run_id)
-                tasks.append(Task(index=len(tasks), config=config, run_id=run_id, trace_path=trace,
-                                  trace_sha256=trace_hash))
-    return tasks
+            key = run_id[:KEY_DIGITS]
+            if key not in seen:
+                seen.add(key)
+                yield Task(index=index, config=config, run_id=run_id, trace_path=trace, trace_sha256=trace_hash)
+                index += 1
+
+
+def slot_key(values: Mapping) -> str:
+    """Which task of a sweep a config or a row is, whatever its result: a hash of its knobs and mode *as
+    spelled* (paths as given, not their content), every value as a string (hive partition columns read back
+    as strings). Two rows with one slot key and different run ids are two generations of one task (its trace
+    or hardware file changed in between)."""
+    from stepsim.workloads.config import KNOBS
+
+    return stable_hash({k: str(values[k]) for k in (*KNOBS, "mode") if values.get(k) is not None})[:KEY_DIGITS]
 
 
 def result_path(out: str | Path, task: Task, partition_by: Iterable[str]) -> Path:
