@@ -152,7 +152,7 @@ class LocalExecutor(WindowedExecutor):
             # takes effect only if this process has not started its (process-wide) fork server yet
             context.set_forkserver_preload([*FORKSERVER_PRELOAD, *([FORKSERVER_WARM] if warm_kernels else [])])
         self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=init_local_worker,
-                                         initargs=(warm_kernels,))
+                                         initargs=(warm_kernels, os.getpid()))
 
     def _submit(self, task: Task):
         try:
@@ -183,12 +183,12 @@ class LocalExecutor(WindowedExecutor):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def abort(self) -> None:
-        """Terminate the workers mid-task: after a stop their results would be dropped, and a simulation can
+        """Kill the workers mid-task: after a stop their results would be dropped, and a simulation can
         take minutes, which Ctrl-C should not wait for. Workers write nothing, so nothing is left half-written.
         """
         # ProcessPoolExecutor has no public way to stop running tasks before Python 3.14 (terminate_workers)
         for process in list((getattr(self._pool, "_processes", None) or {}).values()):
-            process.terminate()
+            process.kill()  # SIGKILL: workers ignore SIGTERM (see init_local_worker) and write nothing
         self.close()
 
 
