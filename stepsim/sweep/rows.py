@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from stepsim._version import __version__
@@ -19,10 +20,13 @@ from stepsim.records import SCHEMA
 from stepsim.sweep.grid import Task
 from stepsim.workloads.config import normalize_config
 
-#: columns added to every row: outcome, typed error (null when ok), wall time of the task in its worker
+#: columns added to every row: outcome, typed error (null when ok), wall time of the task in its worker, and
+#: ``task_slot``: which task of the sweep the row is, the same for every generation of the task
+#: (:func:`stepsim.sweep.grid.slot_key`; its run id changes when its trace or hardware file does)
 SWEEP_COLUMNS = pa.schema([
     pa.field("status", pa.string()), pa.field("error_type", pa.string()), pa.field("error_message", pa.string()),
     pa.field("error_traceback", pa.string()), pa.field("task_wall_s", pa.float64(), metadata={"unit": "s"}),
+    pa.field("task_slot", pa.string()),
 ])
 #: characters of an error message shown in the summary and in a fail-fast stop (the row keeps all of it)
 MAX_MESSAGE_CHARS = 160
@@ -47,7 +51,7 @@ def row_table(task: Task, outcome: dict) -> pa.Table:
     table = record.to_arrow() if record is not None else pa.Table.from_pylist([failed_row(task)], schema=SCHEMA)
     values = {"status": outcome["status"], "error_type": outcome["error_type"],
               "error_message": outcome["error_message"], "error_traceback": outcome["error_traceback"],
-              "task_wall_s": outcome["wall_s"]}
+              "task_wall_s": outcome["wall_s"], "task_slot": task.slot}
     for f in SWEEP_COLUMNS:
         table = table.append_column(f, pa.array([values[f.name]], type=f.type))
     return table
@@ -103,10 +107,20 @@ def read_sweep(out: str | Path, filter=None) -> pa.Table:
                                                                              pa.string()))
         tables.append(table)
         origins.append((path.stat().st_mtime_ns, path.as_posix()))
-    keep = _latest_generation(tables, origins)
-    tables = [t.filter(pa.array(mask)) if not all(mask) else t for t, mask in zip(tables, keep)]
     table = pa.concat_tables(tables, promote_options="default")
+    if not _one_generation(table):
+        keep = _latest_generation(tables, origins)
+        tables = [t.filter(pa.array(mask)) if not all(mask) else t for t, mask in zip(tables, keep)]
+        table = pa.concat_tables(tables, promote_options="default")
     return table.filter(filter) if filter is not None else table
+
+
+def _one_generation(table: pa.Table) -> bool:
+    """Whether every row has a ``task_slot`` and the slots and run ids are all distinct (the fast, usual case)."""
+    if "task_slot" not in table.column_names or table["task_slot"].null_count:
+        return False
+    n = table.num_rows
+    return pc.count_distinct(table["task_slot"]).as_py() == n == pc.count_distinct(table["run_id"]).as_py()
 
 
 def _latest_generation(tables: list, origins: list) -> list:

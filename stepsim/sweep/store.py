@@ -114,15 +114,19 @@ class ResultIndex:
         index = cls(out)
         for path in row_files(out):
             names = pq.read_schema(path).names
-            wanted = [c for c in ("run_id", "status", "mode", *KNOBS) if c in names]
-            rows = pq.read_table(path, columns=wanted).to_pylist()
-            extra = partition_values(out, path)
-            for row in rows:
-                key = row["run_id"][:KEY_DIGITS]
+            if "task_slot" in names:  # rows of this version say which task they are
+                cols = pq.read_table(path, columns=["run_id", "status", "task_slot"]).to_pydict()
+                triples = zip(cols["run_id"], cols["status"], cols["task_slot"])
+            else:  # an older sweep's file: the slot from the knob columns and the folder names
+                wanted = [c for c in ("run_id", "status", "mode", *KNOBS) if c in names]
+                extra = partition_values(out, path)
+                rows = pq.read_table(path, columns=wanted).to_pylist()
+                triples = ((r["run_id"], r.get("status"), slot_key({**r, **extra})) for r in rows)
+            for run_id, status, slot in triples:
+                key = run_id[:KEY_DIGITS]
                 if key in index.by_key:  # a copy left by a crash during a purge: the first one counts
                     continue
-                slot = slot_key({**row, **extra})
-                index.by_key[key] = Entry(path, row.get("status") or "ok", slot)
+                index.by_key[key] = Entry(path, status or "ok", slot)
                 index.by_slot.setdefault(slot, set()).add(key)
         return index
 
