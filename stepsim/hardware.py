@@ -144,7 +144,7 @@ class Hardware:
             raise ConfigError(f"unknown hardware preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
         base = PRESETS[name]
         _check_keys(overrides, where="overrides")
-        return _over(base, overrides)
+        return _over(base, overrides) if overrides else base  # frozen: the preset itself can be shared
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "dict") -> Hardware:

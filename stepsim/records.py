@@ -259,7 +259,11 @@ def run_identity(config: Mapping, *, source: str | None = None) -> tuple[str, st
     ConfigError
         Invalid config, or the trace or hardware file cannot be read.
     """
-    cfg = normalize_config(config, source=source)
+    return identity_of_normalized(normalize_config(config, source=source), source=source)
+
+
+def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[str, str | None, str | None]:
+    """:func:`run_identity` of a config already passed through ``normalize_config`` (not checked again)."""
     trace = resolved_trace(cfg)
     trace_hash = trace_sha256(trace) if trace is not None else None
     hardware = resolve_hardware(cfg, source=source)

@@ -89,7 +89,7 @@ def iter_tasks(spec: SweepSpec) -> Iterator[Task]:
     """The tasks of :func:`expand`, one at a time: a million-point grid starts at once and is never held in
     memory (only the 16-hex keys of the tasks seen, to drop repeats across grids). A task is checked when it
     is reached, so a bad knob value deep in a huge grid stops the sweep there (finished rows are kept)."""
-    from stepsim.records import run_identity
+    from stepsim.records import identity_of_normalized
     from stepsim.workloads.config import normalize_config
 
     seen = set()
@@ -101,12 +101,13 @@ def iter_tasks(spec: SweepSpec) -> Iterator[Task]:
             raw = {"workload": spec.workload, "mode": spec.mode, **spec.fixed, **point}
             label = " ".join(f"{k}={short_value(v)}" for k, v in point.items())
             source = f"{spec.source} (task {label})" if label else str(spec.source)
-            config = {k: v for k, v in normalize_config(raw, source=source).items() if v is not None}
+            normalized = normalize_config(raw, source=source)
+            config = {k: v for k, v in normalized.items() if v is not None}
             missing = [k for k in spec.partition_by if k not in config]
             if missing:
                 raise ConfigError(f"{source}: partition_by key {missing[0]!r} is not set for this task")
             try:  # the config is valid by now: what can fail is reading the trace or hardware file
-                run_id, trace, trace_hash = run_identity(config)
+                run_id, trace, trace_hash = identity_of_normalized(normalized)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: {exc}") from exc
             key = run_id[:KEY_DIGITS]
