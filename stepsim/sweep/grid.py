@@ -1,13 +1,13 @@
-"""Expand a sweep into tasks, and find which tasks already have a result file (resume).
+"""Expand a sweep into tasks, lazily, and name each task twice: by its result and by its place in the sweep.
 
 A task is a plain dict (``workload``, ``mode``, the fixed knobs, one value per axis): exactly what
 :func:`stepsim.records.run_config` takes, and what is sent to a worker. Its identity is the record's
-``run_id`` (:mod:`stepsim.records`): the stable hash of the normalized config and of the trace file's content,
-computed here before the task runs. The result file is ``<out>/<hive folders>/part-<run_id[:16]>.parquet``,
-the name :meth:`stepsim.records.RunResult.write` gives the same run, so "is this task done?" is "does a
-``part-<key>`` file exist?", whatever the partition folders are: a re-run of the same sweep skips exactly the
-tasks whose file is there, and runs again a task whose trace file changed. Files are written atomically (temp
-file + rename), so a file that exists is complete.
+``run_id`` (:func:`stepsim.records.run_identity`): the hash of everything that determines its result (knobs,
+resolved hardware values, FIFO depth, timing-model version, the trace's *content*), computed here before the
+task runs. "Is this task done?" is "is there a row with its run id?" (:mod:`stepsim.sweep.store`): a re-run
+skips exactly those tasks, and runs again a task whose trace or hardware file changed. Its *slot*
+(:func:`slot_key`: its knobs as spelled, paths included) stays the same across such changes, which is how the
+rows of an older generation are found and replaced.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepsim.errors import ConfigError
-from stepsim.results import partition_dir, stable_hash
+from stepsim.results import stable_hash
 from stepsim.sweep.config import SweepSpec
 
-#: hex digits of the run id in a result file name (as stepsim.results.write_partitioned names files)
+#: hex digits of the run id in a task key (and in the name of a part file whose first row is that task)
 KEY_DIGITS = 16
-RESULT_GLOB = "**/part-*.parquet"
 #: temp files stepsim.results.atomic_output leaves behind only if its process was killed mid-write (row files,
 #: and the unit / channel counter files stepsim.records writes beside simulation rows)
 TEMP_GLOBS = ("**/.part-*.tmp", "**/._units-*.tmp", "**/._channels-*.tmp")
@@ -40,7 +39,7 @@ class Task:
     config : dict
         The plain task config sent to a worker (normalized; unset knobs left out).
     run_id : str
-        The record's ``run_id`` (SHA-256 hex of the normalized config and the trace content).
+        The record's ``run_id`` (:func:`stepsim.records.run_identity`).
     trace_path, trace_sha256 : str or None
         The trace the task reads (the bundled one when the config names none) and its content hash.
     """
@@ -125,26 +124,6 @@ def slot_key(values: Mapping) -> str:
     from stepsim.workloads.config import KNOBS
 
     return stable_hash({k: str(values[k]) for k in (*KNOBS, "mode") if values.get(k) is not None})[:KEY_DIGITS]
-
-
-def result_path(out: str | Path, task: Task, partition_by: Iterable[str]) -> Path:
-    """Where ``task``'s result file goes: ``out/<k>=<v>/.../part-<key>.parquet`` (hive levels from its config)."""
-    partition_by = tuple(partition_by)
-    return partition_dir(out, task.config, partition_by) / f"part-{task.key}.parquet"
-
-
-def existing_keys(out: str | Path) -> dict[str, Path]:
-    """``{task key: result file}`` of every result file under ``out`` (any partition layout)."""
-    out = Path(out)
-    if not out.is_dir():
-        return {}
-    return {p.stem[len("part-"):]: p for p in sorted(out.glob(RESULT_GLOB))}
-
-
-def stale_temp_files(out: str | Path) -> list[Path]:
-    """Temp files of interrupted writes under ``out`` (their target file was never renamed into place)."""
-    out = Path(out)
-    return sorted(p for pattern in TEMP_GLOBS for p in out.glob(pattern)) if out.is_dir() else []
 
 
 def short_value(value) -> str:
