@@ -338,19 +338,22 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def _sigterm_as_interrupt():
-    """While the sweep runs, SIGTERM stops it as Ctrl-C does (rows held are written, workers stopped)."""
-    def interrupt(signum, frame):
+    """While the sweep runs, Ctrl-C raises KeyboardInterrupt (whatever handler the caller installed: the sweep
+    stops between two outcomes) and SIGTERM stops it the same way (rows held are written, workers stopped)."""
+    def terminate(signum, frame):
         raise Terminated
 
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: leave SIGTERM alone
+        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+                    signal.SIGTERM: signal.signal(signal.SIGTERM, terminate)}
+    except ValueError:  # not the main thread: leave the signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextmanager
