@@ -153,17 +153,18 @@ class Hardware:
         Raises
         ------
         ConfigError
-            Unknown key (the message names the key and ``source``).
+            Unknown key or preset, or a bad value (the message names the key and ``source``).
         """
         data = dict(data)
         preset = data.pop("preset", None)
         _check_keys(data, where=source)
-        if preset is not None:
-            if preset not in PRESETS:
-                raise ConfigError(f"{source}: unknown hardware preset {preset!r}; "
-                                  f"known presets: {', '.join(sorted(PRESETS))}")
-            return _over(PRESETS[preset], data)
-        return _over(PRESETS["step-eval"], data)
+        if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
+            raise ConfigError(f"{source}: unknown hardware preset {preset!r}; "
+                              f"known presets: {', '.join(sorted(PRESETS))}")
+        try:
+            return _over(PRESETS[preset or "step-eval"], data)
+        except ConfigError as exc:  # a bad value: say which file (or mapping) it came from
+            raise ConfigError(f"{source}: {exc}") from None
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Hardware:

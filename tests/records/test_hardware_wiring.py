@@ -149,3 +149,19 @@ def test_a_presets_own_depth_never_overrides_a_workloads_depth_but_an_explicit_o
     assert simulate(graph, "step-eval").channel_depth == 2
     assert simulate(graph, "step-hdl").channel_depth == 1
     assert simulate(graph, "step-eval", channel_depth=None).channel_depth == UNBOUNDED_CHANNEL_DEPTH
+
+
+@pytest.mark.parametrize("text, message", [
+    ('hbm_channels = "4"\n', "hardware 'step-eval': hbm_channels must be a positive int, got '4'"),
+    ('preset = "step-hdl"\nchannel_depth = 0\n', "hardware 'step-hdl': channel_depth must be None or an int >= 1, got 0"),
+    ("preset = 3\n", "unknown hardware preset 3; known presets: step-eval, step-hdl"),
+    ('explicit = ["pmu_bw"]\n', "unknown hardware key 'explicit'"),
+])
+def test_bad_hardware_files_name_the_file_and_the_key(tmp_path, text, message):
+    from stepsim.errors import ConfigError
+
+    path = tmp_path / "hw.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        run_identity({"workload": "swiglu", "hardware": str(path)})
+    assert str(info.value).startswith(f"{path}: {message}")
