@@ -20,6 +20,7 @@ content); its old row is removed before the new one is written, so the folder ne
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -201,8 +202,8 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
     if jobs is not None:
         check_jobs(jobs)
     check_size(spec, yes)
+    _make_output_folder(out)
     tasks: Iterable[Task] = expand(spec) if spec.points <= EAGER_TASKS else iter_tasks(spec)
-    out.mkdir(parents=True, exist_ok=True)
     report = SweepReport(spec=spec, out=out, total=len(tasks) if isinstance(tasks, list) else spec.points)
     try:
         with _exclusive(out), _sigterm_as_interrupt():
@@ -215,6 +216,21 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
     finally:  # also for a SweepStopped, whose report is printed
         report.wall_s = time.perf_counter() - start
     return report
+
+
+def _make_output_folder(out: Path) -> None:
+    """Create ``out`` (and check it takes files) before any task runs; a ConfigError naming it otherwise."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".stepsim-write-check-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if isinstance(exc, (FileExistsError, NotADirectoryError)):
+            reason = "a file is in the way (the output is a folder)"
+        raise ConfigError(f"cannot write the sweep's output folder {out} (--out / the sweep file's out): "
+                          f"{reason}") from None
 
 
 def check_size(spec: SweepSpec, yes: bool) -> None:

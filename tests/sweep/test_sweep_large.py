@@ -143,3 +143,15 @@ def test_retrying_a_failed_task_rewrites_its_batch_without_the_old_row(sweep_fil
     assert [r["status"] for r in rows if r["tile_n"] == 24] == ["failed"]
     # the first file lost the old failed row, the new one holds the retried row alone
     assert sorted(pq.read_table(p).num_rows for p in spec.out.glob("**/part-*.parquet")) == [1, 2, 3]
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_runs(sweep_file, tmp_path, capsys):
+    path = sweep_file(TWELVE)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for out in (blocker, blocker / "sub"):
+        assert main(["sweep", str(path), "--out", str(out), "--no-progress"]) == 2
+        assert capsys.readouterr().err == (
+            f"stepsim: error: cannot write the sweep's output folder {out} (--out / the sweep file's out): a file "
+            f"is in the way (the output is a folder)\n")
+    assert blocker.read_text() == "not a folder"
