@@ -18,6 +18,7 @@ from stepsim.errors import StepsimError
 COMMAND_MODULES = (
     "stepsim.workloads.cli",  # metrics, run
     "stepsim.trace_io.cli",  # trace import / inspect / synth
+    "stepsim.workloads.models_cli",  # models list / show
     "stepsim.kernels.cli",  # cache warm
     "stepsim.demo",  # demo
     "stepsim.sweep.cli",  # sweep

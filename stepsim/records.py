@@ -101,6 +101,7 @@ from stepsim.results import (
 )
 from stepsim.workloads.base import Workload
 from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
+from stepsim.workloads.models import is_model_file
 
 __all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult", "allocated_compute_flops",
            "concat_runs", "identity", "read_runs", "run_config", "run_identity", "trace_sha256"]
@@ -223,11 +224,20 @@ def _unit_kind(name: str, kinds: Mapping[str, str]) -> str:
 def identity(cfg: Mapping, trace_hash: str | None) -> dict:
     """What ``run_id`` hashes (and what written files record as ``stepsim.config``).
 
-    ``{"config": <identity config, see identity_config>, "trace_sha256": <trace content hash or None>}``; the
-    stepsim version is left out (re-running a configuration after an upgrade that changed no cycle replaces
-    its files), but the timing-model version is in the identity config.
+    ``{"config": <identity config, see identity_config>, "trace_sha256": <trace content hash or None>}``, plus
+    ``"model_sha256"`` (the file's content hash) when ``cfg``'s model is a Hugging Face ``config.json`` path
+    (:func:`identity_config` already puts that hash in place of the path), so editing that file changes the
+    run id. The stepsim version is left out (re-running a configuration after an upgrade that changed no cycle
+    replaces its files), but the timing-model version is in the identity config.
     """
-    return {"config": dict(cfg), "trace_sha256": trace_hash}
+    ident = {"config": dict(cfg), "trace_sha256": trace_hash}
+    model = cfg.get("model")
+    if isinstance(model, str) and is_model_file(model):
+        try:
+            ident["model_sha256"] = file_sha256(model)
+        except OSError as exc:
+            raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
+    return ident
 
 
 _identity = identity  # the name stepsim.sweep first imported
@@ -240,12 +250,19 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     """Everything that determines a run's result, as plain data: the identity half of :func:`identity`.
 
     The normalized config (every knob plus ``mode``) without the path-valued knobs, so the same run spelled
-    with another path (relative or absolute, a copy, a symlink) has one identity; in their place the resolved
+    with another path (relative or absolute, a copy, a symlink) has one identity (a model ``config.json`` path
+    becomes its content hash); in place of the others the resolved
     hardware values (:meth:`Hardware.values`, after TOML file and overrides), the default FIFO depth the run
     uses (:func:`stepsim.defaults.resolve_channel_depth`) and :data:`~stepsim.defaults.TIMING_MODEL_VERSION`.
     The trace enters through its content hash (beside this config in :func:`identity`).
     """
     ident = {k: v for k, v in cfg.items() if k not in _PATH_KNOBS}
+    model = cfg.get("model")
+    if isinstance(model, str) and is_model_file(model):  # a config.json: its content, not its path
+        try:
+            ident["model"] = f"config.json sha256:{file_sha256(model)}"
+        except OSError as exc:
+            raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
     ident.update(hardware_values=hardware.values(), run_channel_depth=int(channel_depth),
                  timing_model=TIMING_MODEL_VERSION)
     return ident

@@ -81,7 +81,7 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None) -> SimResult:
+             arena_tiles: int | None = None, progress=None) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -106,6 +106,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         Seed of the default inputs.
     arena_tiles : int, optional
         Functional mode: value-arena capacity in tiles (default: a bound that cannot run out).
+    progress : callable, optional
+        ``progress(events, cycle)``, called between slices of a long engine run (see
+        :func:`stepsim.progress.engine_progress`).
     """
     global _compiled
     from stepsim.kernels import run
@@ -131,9 +134,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     if functional:
         if inputs is None:
             inputs = default_inputs(target, seed)
-        res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles)
+        res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress)
     else:
-        res = run(program, max_events=max_events)
+        res = run(program, max_events=max_events, progress=progress)
     return SimResult(cycles=int(res.cycles), off_chip_bytes_read=int(res.bytes_read),
                      off_chip_bytes_written=int(res.bytes_written), events=int(res.events), fires=int(res.fires),
                      sim_wall_s=float(res.wall_seconds), compile_s=compile_s, lower_s=lower_s,

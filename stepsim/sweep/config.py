@@ -234,7 +234,10 @@ def _string_list(data: Mapping, key: str, source: Path, *, default: tuple) -> tu
 
 
 def _is_path_value(key: str, value) -> bool:
-    # a hardware knob is either a preset name ("step-eval") or a TOML file; only the file is a path
+    # a hardware knob is either a preset name ("step-eval") or a TOML file; only the file is a path. A model knob
+    # naming a Hugging Face config.json is a path too (a preset name or alias is not)
+    if key == "model":
+        return isinstance(value, str) and value.lower().endswith(".json")
     return key in PATH_KEYS and isinstance(value, str) and (key != "hardware" or value.endswith(".toml"))
 
 

@@ -25,7 +25,8 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_workload_arguments", "build_workl
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
     p.add_argument("workload", choices=WORKLOADS, help="which layer to build")
-    p.add_argument("--model", help="MoE: mixtral-8x7b (default) | qwen3-30b-a3b | custom")
+    p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
+                                   "a Hugging Face config.json path | custom (see stepsim models list)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
         p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
     p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")

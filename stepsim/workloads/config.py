@@ -18,6 +18,9 @@ when a ``source`` label such as a file name is given):
 * a knob that the chosen workload does not use is refused (``tile_m`` for ``moe``, ``tile_n`` with dynamic
   tiling, ``hidden`` without ``model="custom"``), so two configs that build the same program never differ
   only in an ignored knob;
+* ``model`` is a preset name, an alias (``mixtral``, ``qwen``: stored as the preset's canonical name, so both
+  spellings give one run id), a Hugging Face ``config.json`` path or ``custom``
+  (:mod:`stepsim.workloads.models`);
 * errors raised by the builders themselves (a tile that does not divide a dimension, an unknown model) are
   re-raised as ConfigError with the ``source`` prefix.
 
@@ -196,6 +199,10 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
     if cfg["workload"] is None:
         raise ConfigError(f"{_prefix(source)}missing required config key 'workload' "
                           f"(one of {', '.join(WORKLOADS)})")
+    if cfg["model"] is not None:  # one name per model in records and run ids: aliases become the preset name
+        from stepsim.workloads.models import canonical_model_name
+
+        cfg["model"] = canonical_model_name(cfg["model"])
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
         if cfg[key] is None:
             cfg[key] = value
