@@ -143,3 +143,20 @@ def test_the_run_id_changes_with_the_hardware_values_and_the_timing_model_versio
 
     monkeypatch.setattr(records, "TIMING_MODEL_VERSION", defaults.TIMING_MODEL_VERSION)
     assert run_identity(config)[0] != same_as_preset
+
+
+def test_a_model_config_file_counts_by_its_content_not_its_path(tmp_path, monkeypatch):
+    from importlib import resources
+
+    shipped = resources.files("stepsim") / "data" / "models" / "mixtral-8x7b.json"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_bytes(shipped.read_bytes())
+    (tmp_path / "b.json").write_bytes(shipped.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    base = {"workload": "moe", "tiling": "dynamic", "trace": bundled_trace("mixtral-8x7b")}
+    ids = {run_identity({**base, "model": path})[0]
+           for path in ("a/config.json", str(tmp_path / "a" / "config.json"), "b.json", "./a/../b.json")}
+    assert len(ids) == 1
+    (tmp_path / "b.json").write_text((tmp_path / "b.json").read_text().replace('"num_local_experts": 8',
+                                                                               '"num_local_experts": 16'))
+    assert run_identity({**base, "model": "b.json"})[0] not in ids
