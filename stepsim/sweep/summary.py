@@ -24,7 +24,8 @@ def format_summary(report: SweepReport) -> str:
     if report.removed_temp_files:
         lines.append(f"  removed    {len(report.removed_temp_files)} temp file(s) left by an interrupted sweep")
     if report.superseded:
-        lines.append(f"  replaced   {report.superseded} row(s) of tasks whose trace or hardware file changed")
+        lines.append(f"  replaced   {report.superseded} row(s) of an older generation of their task (its trace, "
+                     f"hardware or model file, or the timing model, changed)")
     axes = spec_axes(report.spec)
     for task in failed[:MAX_FAILURES_LISTED]:
         row = report.row(task) or {}
