@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stepsim.defaults import UNSET, resolve_channel_depth
 from stepsim.graph.graph import Graph
 from stepsim.graph.lower import lower
 from stepsim.hardware import Hardware
 from stepsim.kernels.arena import FunctionalStats
 from stepsim.workloads.base import Workload
 
-_UNSET = object()
+_UNSET = UNSET  # the name this module first used
 
 
 @dataclass
@@ -67,6 +68,8 @@ class SimResult:
     inputs: dict | None = field(default=None, repr=False)
     outputs: dict | None = field(default=None, repr=False)
     functional: FunctionalStats | None = None
+    #: default FIFO depth (elements) the run used, after the precedence of stepsim.defaults
+    channel_depth: int | None = None
 
     @property
     def off_chip_bytes(self) -> int:
@@ -88,7 +91,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     hardware : Hardware or str, optional
         A :class:`Hardware` or a preset name.
     channel_depth : int or None, optional
-        Default FIFO depth (elements); None means 1024. Default: the workload's, else 2.
+        Default FIFO depth (elements); None means 1024. Default: the hardware's when it sets one explicitly
+        (a hardware file's ``channel_depth``), else the workload's, else (a bare graph) the hardware's; see
+        :mod:`stepsim.defaults`.
     max_events : int, optional
         Safety bound on engine events.
     functional : bool
@@ -113,8 +118,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         hardware = target.hardware if isinstance(target, Workload) else "step-eval"
     if isinstance(hardware, str):
         hardware = Hardware.preset(hardware)
-    if channel_depth is _UNSET:
-        channel_depth = target.channel_depth if isinstance(target, Workload) else 2
+    channel_depth = resolve_channel_depth(channel_depth, hardware,
+                                          target.channel_depth if isinstance(target, Workload) else UNSET)
     start = time.perf_counter()
     program = lower(graph, hardware, channel_depth=channel_depth)
     lower_s = time.perf_counter() - start
@@ -137,7 +142,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
                      sim_wall_s=float(res.wall_seconds), compile_s=compile_s, lower_s=lower_s,
                      unit_names=list(program.unit_names), channel_names=list(program.channel_names),
                      unit_counters=res.unit_counters, channel_counters=res.channel_counters,
-                     inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional)
+                     inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional,
+                     channel_depth=channel_depth)
 
 
 def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:

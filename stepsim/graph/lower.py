@@ -7,8 +7,9 @@ registers memory operators with the HBM in graph order, which decides same-tick 
 
 Decisions made here (and why):
 
-* **Channel capacity** = the producer's ``channel_depth`` override, else the simulation default
-  (``None`` means 1024, as step-perf's ``DEFAULT_CHAN_SIZE``). Broadcasts inserted by
+* **Channel capacity** = the producer's ``channel_depth`` override, else the run's default depth (``None``
+  means 1024, as step-perf's ``DEFAULT_CHAN_SIZE``); without a ``channel_depth`` argument, the hardware's
+  (precedence of knob, hardware and workload depths: :mod:`stepsim.defaults`). Broadcasts inserted by
   :meth:`Graph.insert_broadcasts` carry the producer's ``fanout_depth``, matching the artifact's overrides
   keyed by the Broadcast's id.
 * **Unconsumed outputs** get an implicit sink (a stream nobody reads would otherwise fill and deadlock),
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepsim.defaults import UNBOUNDED_CHANNEL_DEPTH, UNSET, resolve_channel_depth
 from stepsim.errors import LoweringError
 from stepsim.graph import ops_memory as M
 from stepsim.graph import ops_shape as S
@@ -37,7 +39,8 @@ from stepsim.graph.graph import Graph
 from stepsim.hardware import Hardware
 from stepsim.program import Program, ProgramBuilder, TensorRef
 
-DEFAULT_CHANNEL_DEPTH = 1024
+#: kept for importers: the depth ``None`` stands for (stepsim.defaults.UNBOUNDED_CHANNEL_DEPTH)
+DEFAULT_CHANNEL_DEPTH = UNBOUNDED_CHANNEL_DEPTH
 
 
 def fp32_timing_bytes(graph: Graph) -> int:
@@ -53,7 +56,7 @@ class _Lowering:
     def __init__(self, graph: Graph, hardware: Hardware, channel_depth):
         self.graph = graph.finalize()
         self.builder = ProgramBuilder(hardware)
-        self.default_depth = DEFAULT_CHANNEL_DEPTH if channel_depth is None else int(channel_depth)
+        self.default_depth = resolve_channel_depth(channel_depth, hardware)
         self.f32_bytes = fp32_timing_bytes(graph)
         self.channel_of: dict[tuple[int, int, int], int] = {}  # (consumer id, input pos) -> channel
         self.out_channel: dict[tuple[int, int], int] = {}  # (producer id, output index) -> channel
@@ -258,7 +261,7 @@ def _tensor_ref(name, shape, dtype, tile_rows, tile_cols, strides=()) -> TensorR
                      strides=tuple(int(x) for x in strides), shape=tuple(dims[:len(shape)]))
 
 
-def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth: int | None = 2) -> Program:
+def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth=UNSET) -> Program:
     """Lower ``graph`` to an engine :class:`~stepsim.program.Program`.
 
     Parameters
@@ -267,8 +270,9 @@ def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth: int 
         The graph; broadcasts are inserted and placeholders must be connected.
     hardware : Hardware
         Timing parameters (HBM, on-chip bandwidth); default the ``step-eval`` preset.
-    channel_depth : int or None
-        FIFO depth (elements) of every channel without an override; None means 1024.
+    channel_depth : int or None, optional
+        FIFO depth (elements) of every channel without an override; None means 1024. Default: the hardware's
+        ``channel_depth`` (2 for ``step-eval``).
 
     Selector and metadata payloads come from the graph's sources (filled from traces by the workload
     builders), so routing in the engine follows the trace.

@@ -278,19 +278,21 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
         raise ConfigError(f"{_prefix(source)}{exc}") from exc
 
 
-def resolve_hardware(cfg: Mapping, workload: Workload, *, source: str | None = None) -> Hardware:
+def resolve_hardware(cfg: Mapping, workload: Workload | None = None, *, source: str | None = None) -> Hardware:
     """The :class:`~stepsim.hardware.Hardware` a normalized config runs on.
 
-    ``cfg["hardware"]`` (a preset name or a TOML file) if set, else the workload experiment's preset.
+    ``cfg["hardware"]`` (a preset name or a TOML file) if set, else the workload experiment's preset (that of
+    ``workload``, or without one :data:`stepsim.defaults.WORKLOAD_HARDWARE` of the config's workload kind).
 
     Raises
     ------
     ConfigError
         Unknown preset, unreadable TOML or unknown hardware key (message prefixed with ``source``).
     """
+    from stepsim.defaults import WORKLOAD_HARDWARE
     from stepsim.hardware import Hardware
 
-    name = cfg.get("hardware") or workload.hardware
+    name = cfg.get("hardware") or (workload.hardware if workload is not None else WORKLOAD_HARDWARE[cfg["workload"]])
     try:
         return Hardware.from_toml(name) if name.endswith(".toml") else Hardware.preset(name)
     except ConfigError as exc:
