@@ -108,8 +108,9 @@ def nonzero_indicator(d: Dim) -> Dim:
     d = normalize(d)
     if isinstance(d, int):
         return 1 if d >= 1 else 0
-    # evaluating the Piecewise only asks the assumption system; for a plain count symbol it changes nothing
-    return sp.Piecewise((1, d >= 1), (0, True), evaluate=not _plain_count(d))
+    if _plain_count(d):  # evaluating only asks the assumption system; for a plain count symbol it changes nothing
+        return sp.Piecewise((1, sp.GreaterThan(d, 1, evaluate=False)), (0, True), evaluate=False)
+    return sp.Piecewise((1, d >= 1), (0, True))
 
 
 def _plain_count(d) -> bool:
