@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import sympy as sp
+
 from stepsim.errors import ArgumentError
 from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal
 from stepsim.graph.dtypes import ElementType
@@ -78,13 +80,47 @@ def _dim_problem(d) -> str | None:
 @functools.lru_cache(maxsize=1 << 16)
 def _symbolic_dim_problem(d) -> str | None:
     """:func:`_dim_problem` for a sympy expression, remembered: graphs reuse the same dimension objects in
-    many streams, and each assumption query on a new expression costs milliseconds."""
+    many streams, and each assumption query on a new expression costs about a millisecond."""
+    if _surely_count(d):
+        return None
     if d.is_Number or d.is_integer is False:
         return (f"is {d} ({type(d).__name__}); a dimension must be an int or an integer-valued sympy "
                 "expression")
     if d.is_negative:
         return f"is {d}, negative for every value of its symbols; a dimension must be >= 0"
     return None
+
+
+def _surely_count(e) -> bool:
+    """True if ``e`` is built so that it is a non-negative integer for every value of its symbols: counts
+    (integer, non-negative symbols), non-negative integers, and sums, products, Max / Min, Piecewise values
+    and floor / ceiling (of non-negative arguments) of such. A cheap structural proof that spares sympy's
+    assumption queries for the dimensions graphs build; False only means "not proven here"."""
+    if e.is_Symbol:
+        return e.is_integer is True and e.is_nonnegative is True
+    if e.is_Integer:
+        return e >= 0
+    if isinstance(e, (sp.floor, sp.ceiling)):
+        return _surely_nonnegative(e.args[0])
+    if isinstance(e, sp.Piecewise):
+        return all(_surely_count(expr) for expr, _ in e.args)
+    if e.is_Add or e.is_Mul or isinstance(e, (sp.Max, sp.Min)):
+        return all(_surely_count(a) for a in e.args)
+    return False
+
+
+def _surely_nonnegative(e) -> bool:
+    """True if ``e`` is built from non-negative symbols and non-negative rationals by sums, products, Max / Min,
+    Piecewise values, floor and ceiling (so it is >= 0 for every value of its symbols)."""
+    if e.is_Symbol:
+        return e.is_nonnegative is True
+    if e.is_Rational:
+        return e >= 0
+    if isinstance(e, sp.Piecewise):
+        return all(_surely_nonnegative(expr) for expr, _ in e.args)
+    if e.is_Add or e.is_Mul or isinstance(e, (sp.Max, sp.Min, sp.floor, sp.ceiling)):
+        return all(_surely_nonnegative(a) for a in e.args)
+    return False
 
 
 def stop_level(index: tuple, shape: tuple) -> int:
