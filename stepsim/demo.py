@@ -115,4 +115,4 @@ def register(subparsers) -> None:
                    "qwen3-30b-a3b (alias qwen): the models with a bundled trace")
     p.add_argument("--metrics-only", action="store_true",
                    help="skip the engine: symbolic metrics only (no cycles)")
-    p.set_defaults(handler=_demo)
+    p.set_defaults(handler=_demo, out_kind="dir")

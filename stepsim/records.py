@@ -537,7 +537,7 @@ def _channel_table(run_id: str, sim) -> pa.Table:
 
 
 # --- running and collecting -------------------------------------------------------------------------------
-def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
+def run_config(config: Mapping, *, source: str | None = None, progress=None) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).
 
@@ -547,6 +547,8 @@ def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
         Knobs of :mod:`stepsim.workloads.config` plus ``mode``; plain data (picklable, JSON-able).
     source : str, optional
         Label for error messages (e.g. the sweep file and point).
+    progress : callable, optional
+        ``progress(events, cycle)`` between engine slices (:func:`stepsim.progress.engine_progress`).
 
     Returns
     -------
@@ -573,7 +575,8 @@ def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
         from stepsim.simulate import simulate
 
         mode = cfg["mode"]
-        sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"))
+        sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
+                       progress=progress)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s), mode=mode)
         if mode == "check":

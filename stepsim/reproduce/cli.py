@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes for the simulations (default 1)")
     p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
-    p.set_defaults(handler=_reproduce)
+    p.set_defaults(handler=_reproduce, out_kind="dir")
 
 
 def _reproduce(args) -> int:

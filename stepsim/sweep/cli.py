@@ -12,7 +12,6 @@ prints the task count and the first tasks and runs nothing.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from stepsim.sweep.executors import EXECUTORS
 
@@ -44,11 +43,12 @@ def register(subparsers) -> None:
                    help="run a grid of more than 10,000 points (or more than the sweep file's max_tasks)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the task count and the first tasks, run nothing, write nothing")
-    p.set_defaults(handler=_sweep)
+    p.set_defaults(handler=_sweep, out_kind="dir")
 
 
 def _sweep(args) -> int:
     from stepsim.errors import ConfigError
+    from stepsim.signals import reason, stopped_status
     from stepsim.sweep.config import load_sweep
     from stepsim.sweep.executors import check_jobs
     from stepsim.sweep.runner import SweepStopped, run_sweep
@@ -68,26 +68,16 @@ def _sweep(args) -> int:
                            fail_fast=args.fail_fast, retry_failed=args.retry_failed,
                            progress=not args.no_progress, yes=args.yes)
     except KeyboardInterrupt as exc:  # before any task ran (expanding, hashing traces, starting workers)
-        return _stopped_status("terminated" if type(exc).__name__ == "Terminated" else "interrupted")
+        return stopped_status(reason(exc))
     except SweepStopped as stop:
         if stop.reason in ("interrupted", "terminated"):
             print(format_summary(stop.report))
             print(f"  stopped    {stop}")
-            return _stopped_status(stop.reason)
+            return stopped_status(stop.reason)
         print(format_summary(stop.report))
         raise  # printed by stepsim.cli as "stepsim: error: ..." with exit status 2
     print(format_summary(report))
     return 1 if report.failed else 0
-
-
-#: exit status and stderr line of a sweep stopped by a signal (128 + signal number, as shells report it)
-STOPPED = {"interrupted": (130, "stepsim: interrupted"), "terminated": (143, "stepsim: terminated")}
-
-
-def _stopped_status(reason: str) -> int:
-    status, line = STOPPED[reason]
-    print(line, file=sys.stderr)
-    return status
 
 
 #: tasks a dry run lists

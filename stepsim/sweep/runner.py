@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from stepsim.errors import ConfigError, StepsimError
+from stepsim.signals import interrupts_raise, reason
 from stepsim.sweep.config import DEFAULT_MAX_TASKS, SweepSpec
 from stepsim.sweep.executors import WorkerLostError, check_jobs, default_jobs, make_executor
 from stepsim.sweep.grid import TEMP_GLOBS, Task, expand, iter_tasks
@@ -206,7 +207,7 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
     tasks: Iterable[Task] = expand(spec) if spec.points <= EAGER_TASKS else iter_tasks(spec)
     report = SweepReport(spec=spec, out=out, total=len(tasks) if isinstance(tasks, list) else spec.points)
     try:
-        with _exclusive(out), _sigterm_as_interrupt():
+        with _exclusive(out), interrupts_raise():
             temps, orphans = remove_leftovers(out, TEMP_GLOBS)
             report.removed_temp_files.extend(temps)
             report.removed_counter_files.extend(orphans)
@@ -315,8 +316,8 @@ def _run(report: SweepReport, tasks: Iterable[Task], index: ResultIndex, executo
     except WorkerLostError as exc:
         raise SweepStopped("worker-lost", str(exc), report) from exc
     except KeyboardInterrupt as exc:
-        reason = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        raise SweepStopped(reason, f"{reason}; {report.ran} of {_pending_count(report)} task(s) "
+        why = reason(exc)
+        raise SweepStopped(why, f"{why}; {report.ran} of {_pending_count(report)} task(s) "
                            f"finished and saved; run the same sweep again to resume", report) from None
     finally:
         bar.close()
@@ -333,8 +334,8 @@ def _run(report: SweepReport, tasks: Iterable[Task], index: ResultIndex, executo
         if lazy and not stopped:
             report.total = expanded
     if held:  # a signal arrived while the last rows were written: the sweep is complete, say so by stopping
-        reason = "terminated" if signal.SIGTERM in held else "interrupted"
-        raise SweepStopped(reason, f"{reason}; {report.ran} of {_pending_count(report)} task(s) finished and "
+        why = "terminated" if signal.SIGTERM in held else "interrupted"
+        raise SweepStopped(why, f"{why}; {report.ran} of {_pending_count(report)} task(s) finished and "
                            f"saved; run the same sweep again to resume", report)
 
 
@@ -346,30 +347,6 @@ def _pending_count(report: SweepReport) -> int:
 def _chain(first: Task, rest: Iterator[Task]) -> Iterator[Task]:
     yield first
     yield from rest
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived during a sweep: handled as Ctrl-C (rows held are written, workers stopped)."""
-
-
-@contextmanager
-def _sigterm_as_interrupt():
-    """While the sweep runs, Ctrl-C raises KeyboardInterrupt (whatever handler the caller installed: the sweep
-    stops between two outcomes) and SIGTERM stops it the same way (rows held are written, workers stopped)."""
-    def terminate(signum, frame):
-        raise Terminated
-
-    try:
-        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-                    signal.SIGTERM: signal.signal(signal.SIGTERM, terminate)}
-    except ValueError:  # not the main thread: leave the signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 @contextmanager

@@ -198,7 +198,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="routing: model name or alias (mixtral, qwen, ...: also sets num_experts/top_k) "
                                    "or a Hugging Face config.json")
     p.add_argument("--out", required=True, help="output .arrow / .feather / .parquet file")
-    p.set_defaults(handler=_cmd_import)
+    p.set_defaults(handler=_cmd_import, out_kind="file")
 
     p = sub.add_parser(
         "import-routed",
@@ -219,7 +219,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="preset name or alias (mixtral, qwen, ...) or a Hugging Face config.json: "
                    "gives num_experts and checks top_k")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
-    p.set_defaults(handler=_cmd_import_routed)
+    p.set_defaults(handler=_cmd_import_routed, out_kind="file")
 
     p = sub.add_parser("inspect", help="validate a trace and print its statistics")
     p.add_argument("path", metavar="PATH", help="trace file or folder")
@@ -252,7 +252,7 @@ def register(subparsers) -> None:
     p.add_argument("--gate-weights", action="store_true", help="also write normalized gate weights")
     p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
-    p.set_defaults(handler=_cmd_synth_routing)
+    p.set_defaults(handler=_cmd_synth_routing, out_kind="file")
 
     p = ssub.add_parser("kv", help="decode batches with KV lengths drawn from the Azure distribution")
     p.add_argument("--batch", type=int, required=True, help="requests per decode batch")
@@ -265,4 +265,4 @@ def register(subparsers) -> None:
     )
     p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
-    p.set_defaults(handler=_cmd_synth_kv)
+    p.set_defaults(handler=_cmd_synth_kv, out_kind="file")

@@ -82,9 +82,11 @@ def _write_record(record, out_dir: str | None, as_json: bool) -> None:
 
 
 def _record_command(args, mode: str) -> int:
+    from stepsim.progress import engine_progress
     from stepsim.records import run_config
 
-    record = run_config({**config_from_args(args), "mode": mode})
+    with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
+        record = run_config({**config_from_args(args), "mode": mode}, progress=progress)
     _print_record(record, args.json)
     _write_record(record, args.out, args.json)
     return 0
@@ -114,9 +116,9 @@ def register(subparsers) -> None:
     p.add_argument("--check", action="store_true",
                    help="with --functional: compare the stored tensors with the NumPy reference "
                         "(check_max_rel_error, check_tolerance, check_passed)")
-    p.set_defaults(handler=_run)
+    p.set_defaults(handler=_run, out_kind="dir")
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")
     add_workload_arguments(p)
     p.add_argument("--out", metavar="DIR", help="also write the record (part-<id>.parquet) into DIR")
-    p.set_defaults(handler=_metrics)
+    p.set_defaults(handler=_metrics, out_kind="dir")
