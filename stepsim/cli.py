@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from stepsim._version import __version__
 from stepsim.errors import StepsimError
@@ -70,8 +71,23 @@ def _compile_notice(args) -> None:
               file=sys.stderr, flush=True)
 
 
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """stepsim's own warnings as one line (``stepsim: warning: ...``); others as Python prints them."""
+    from stepsim.errors import StepsimWarning
+
+    if issubclass(category, StepsimWarning):
+        print(f"stepsim: warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     from stepsim.signals import interrupts_raise, reason, stopped_status
+
+    warnings.showwarning = _print_warning
 
     parser = build_parser()
     args = parser.parse_args(argv)

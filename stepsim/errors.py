@@ -12,6 +12,10 @@ class StepsimError(Exception):
     """Root of every error stepsim raises on purpose."""
 
 
+class StepsimWarning(UserWarning):
+    """A configuration that runs but is probably not what was meant (the CLI prints it as one line)."""
+
+
 # --- graph definition -------------------------------------------------------------------------------------
 class GraphError(StepsimError):
     """A graph is malformed (wiring, cycles without placeholders closed, unknown nodes)."""

@@ -23,9 +23,10 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def _check_creatable(path: Path, flag: str) -> None:
-    """Every existing ancestor must be a writable folder (so ``path`` can be created under it)."""
-    existing = _nearest_existing(path.parent if not path.exists() else path)
-    if existing != path and not existing.is_dir():
+    """``path`` can be written: its nearest existing ancestor is a writable folder (files are replaced by
+    renaming a temporary file in their folder, so an existing file's folder must be writable too)."""
+    existing = _nearest_existing(path.parent)
+    if not existing.is_dir():
         raise ArgumentError(f"{flag} {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ArgumentError(f"{flag} {path}: {existing} is not writable")
@@ -57,6 +58,4 @@ def check_out_file(path, flag: str = "--out") -> Path:
     if p.is_dir():
         raise ArgumentError(f"{flag} {p}: is a folder; give a file name")
     _check_creatable(p, flag)
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ArgumentError(f"{flag} {p}: the file is not writable")
     return p

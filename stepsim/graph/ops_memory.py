@@ -16,7 +16,7 @@ import numpy as np
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
 from stepsim.graph.dims import fmt_shape, is_static, normalize, product
-from stepsim.graph.dtypes import BOOL, FP32, UINT64, ScalarType, Tile, is_tile
+from stepsim.graph.dtypes import BOOL, FP32, SCALARS, UINT64, ScalarType, Tile, is_tile
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.stream import Stream
 
@@ -32,8 +32,9 @@ class Tensor:
     shape : tuple of int
         Untiled shape in elements (at least 2-D, positive). Integer-valued floats (``64.0``) are accepted;
         any other non-integer raises ArgumentError.
-    dtype : ScalarType
-        Storage type in HBM (bytes per element on the off-chip interface).
+    dtype : ScalarType or str
+        Storage type in HBM (bytes per element on the off-chip interface); a name such as ``"bf16"`` is
+        accepted (:data:`stepsim.graph.dtypes.SCALARS`).
     data : numpy.ndarray, optional
         Values for functional simulation (later); not used for timing.
     """
@@ -52,6 +53,11 @@ class Tensor:
         if len(shape) < 2 or any(d < 1 for d in shape):
             raise ArgumentError(f"tensor {self.name!r}: shape must be at least 2-D with positive dims, got {shape}")
         object.__setattr__(self, "shape", shape)
+        if isinstance(self.dtype, str) and self.dtype in SCALARS:
+            object.__setattr__(self, "dtype", SCALARS[self.dtype])
+        if not isinstance(self.dtype, ScalarType):
+            raise ArgumentError(f"tensor {self.name!r}: dtype must be one of {', '.join(SCALARS)} (a ScalarType such "
+                                f"as stepsim.graph.BF16, or its name), got {self.dtype!r}")
 
     def tiled_shape(self, tile_rows: int, tile_cols: int, who: str) -> tuple:
         rows, cols = self.shape[-2:]

@@ -43,7 +43,7 @@ def register(subparsers) -> None:
                    help="run a grid of more than 10,000 points (or more than the sweep file's max_tasks)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the task count and the first tasks, run nothing, write nothing")
-    p.set_defaults(handler=_sweep, out_kind="dir")
+    p.set_defaults(handler=_sweep)  # checks its own output folder (--out or the sweep file's out)
 
 
 def _sweep(args) -> int:

@@ -183,6 +183,17 @@ def _cmd_synth_kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seed(text: str) -> int:
+    """argparse type of --seed: NumPy's generators take non-negative seeds only."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
+    return value
+
+
 def register(subparsers) -> None:
     """Add the ``trace`` command (subcommands import, inspect, synth) to the stepsim CLI."""
     trace = subparsers.add_parser(
@@ -250,7 +261,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, help="tokens per iteration (default: all tokens in iteration 0)")
     p.add_argument("--layer", type=int, default=0, help="layer number stored in the rows (default 0)")
     p.add_argument("--gate-weights", action="store_true", help="also write normalized gate weights")
-    p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
+    p.add_argument("--seed", type=_seed, required=True, help="random seed >= 0 (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
     p.set_defaults(handler=_cmd_synth_routing, out_kind="file")
 
@@ -263,6 +274,6 @@ def register(subparsers) -> None:
         help="request trace (e.g. the Azure CSV) to resample context lengths from "
         "(default: bundled Azure percentile table)",
     )
-    p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
+    p.add_argument("--seed", type=_seed, required=True, help="random seed >= 0 (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
     p.set_defaults(handler=_cmd_synth_kv, out_kind="file")

@@ -158,10 +158,34 @@ def detect_format(path: str | Path, format: str | None = None) -> str:
 
 
 # --- STeP artifact .npz routing files -------------------------------------------------------------------
+#: the first bytes of a .npz (a zip archive) and of a .npy file
+_NUMPY_MAGIC = {".npz": (b"PK\x03\x04", "a NumPy .npz archive"), ".npy": (b"\x93NUMPY", "a NumPy .npy file")}
+
+
 def _load_npy_member(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
+    """Run ``loader`` on the NumPy file ``p``, with NumPy's failures said in terms of the file.
+
+    NumPy reads a file without its magic bytes as a pickle ("contains pickled (object) data"), which is
+    misleading for, say, a text file saved as .npz: the header is checked first.
+    """
+    magic, what = _NUMPY_MAGIC.get(p.suffix.lower(), (None, None))
+    if magic is not None:
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(len(magic))
+        except OSError as exc:
+            raise TraceError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+        if head != magic:
+            raise TraceError(f"{p}: not {what} (its first bytes are {head!r}); save the array with numpy "
+                             f"{'savez' if p.suffix.lower() == '.npz' else 'save'}")
     try:
         return loader()
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+    except ValueError as exc:
+        if "Object arrays cannot be loaded" in str(exc) or "pickled" in str(exc):
+            raise TraceError(f"{p}: holds Python objects (an object-dtype array), not numbers; save an integer "
+                             "(routing) or integer/float (KV lengths) array") from exc
+        raise TraceError(f"{p}: cannot read NumPy file: {exc}") from exc
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         raise TraceError(f"{p}: cannot read NumPy file: {exc}") from exc
 
 
@@ -180,16 +204,25 @@ def _npz_matrix(p: Path) -> np.ndarray:
     return data
 
 
-def _open_npz(p: Path, num_experts: int | None, model: str | None) -> tuple[TraceInfo, Callable, pa.Schema]:
+def _open_npz(p: Path, num_experts: int | None, model: str | None,
+              labels: tuple[int, int] = (0, 0)) -> tuple[TraceInfo, Callable, pa.Schema]:
+    """An artifact routing file, or a folder of them. A file's (iteration, layer) come from its name when it is
+    ``<iteration>_<layer>.npz``, else from ``labels``; in a folder every name must follow the pattern (it orders
+    the batches)."""
     files = sorted(p.glob("*.npz")) if p.is_dir() else [p]
     parsed = []
     for f in files:
         m = _NPZ_NAME.match(f.name)
-        if not m:
+        if m:
+            parsed.append((f, int(m.group(1)), int(m.group(2))))
+        elif not p.is_dir():
+            _npz_matrix(f)  # content errors first
+            parsed.append((f, int(labels[0]), int(labels[1])))
+        else:
+            _npz_matrix(f)
             raise TraceSchemaError(
-                f"{f}: routing file name must be <iteration>_<layer>.npz (e.g. 008_010.npz), got {f.name!r}"
-            )
-        parsed.append((f, int(m.group(1)), int(m.group(2))))
+                f"{p}: file {f.name!r}: a routing file in a folder must be named <iteration>_<layer>.npz (e.g. "
+                f"008_010.npz; the names order the batches); a single file may have any name")
     if model is None:
         # the artifact's folders are named <model>_b<batch> (mixtral_b64, qwen_b64)
         folder = p.name if p.is_dir() else p.parent.name
@@ -483,6 +516,7 @@ def open_trace(
     model: str | None = None,
     *,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    npz_labels: tuple[int, int] = (0, 0),
 ) -> TraceStream:
     """Open a trace for streaming; checks format, schema version and metadata, not yet the rows.
 
@@ -500,6 +534,8 @@ def open_trace(
         num_experts and top_k. For ``.npz`` files it defaults to the artifact folder name (``mixtral_b64``).
     batch_rows : int
         Maximum rows per streamed batch.
+    npz_labels : (int, int)
+        ``(iteration, layer)`` of a single ``.npz`` routing file whose name is not ``<iteration>_<layer>.npz``.
 
     Returns
     -------
@@ -508,7 +544,7 @@ def open_trace(
     p = Path(path)
     fmt = detect_format(p, format)
     if fmt == "npz":
-        info, raw, _ = _open_npz(p, num_experts, model)
+        info, raw, _ = _open_npz(p, num_experts, model, npz_labels)
     elif fmt == "npy":
         info, raw, _ = _open_npy(p)
     elif fmt == "azure-csv":
@@ -527,6 +563,8 @@ def read_trace(
     format: str | None = None,
     num_experts: int | None = None,
     model: str | None = None,
+    *,
+    npz_labels: tuple[int, int] = (0, 0),
 ) -> pa.Table:
     """Read, validate and normalize a whole trace into one table.
 
@@ -538,7 +576,7 @@ def read_trace(
     TraceError
         (or its subclasses TraceSchemaError / TraceValueError) naming the file, row, column and value.
     """
-    return open_trace(path, format, num_experts, model).read_all()
+    return open_trace(path, format, num_experts, model, npz_labels=npz_labels).read_all()
 
 
 def _num_experts(table: pa.Table | pa.RecordBatch) -> int:

@@ -295,6 +295,11 @@ def trace_info(
             f"num_experts (CLI --num-experts) or a known model ({', '.join(sorted(KNOWN_MODELS))})"
         )
     if shape is not None and shape[0] != file_e:
+        if num_experts is not None:  # the caller's model does not match the model the trace was recorded for
+            raise TraceSchemaError(
+                f"{source}: this routing trace is for {meta[MODEL_KEY]!r} ({shape[0]} experts), but the run's "
+                f"model has {num_experts} experts; pass --model {meta[MODEL_KEY]} (or a trace of your model)"
+            )
         raise TraceSchemaError(
             f"{source}: num_experts = {file_e} conflicts with model {meta[MODEL_KEY]!r} ({shape[0]} experts)"
         )

@@ -16,7 +16,14 @@ import json
 import sys
 
 from stepsim.workloads.base import Workload
-from stepsim.workloads.config import BUNDLED_TRACES, KNOBS, WORKLOADS, bundled_trace, workload_from_config
+from stepsim.workloads.config import (
+    BUNDLED_TRACES,
+    COMMAND_LINE,
+    KNOBS,
+    WORKLOADS,
+    bundled_trace,
+    workload_from_config,
+)
 
 __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_workload_arguments", "build_workload", "bundled_trace",
            "config_from_args", "register"]
@@ -86,7 +93,7 @@ def _record_command(args, mode: str) -> int:
     from stepsim.records import run_config
 
     with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
-        record = run_config({**config_from_args(args), "mode": mode}, progress=progress)
+        record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress)
     _print_record(record, args.json)
     _write_record(record, args.out, args.json)
     return 0

@@ -111,8 +111,17 @@ def bundled_trace(key: str) -> str:
 
 
 # --- validation -------------------------------------------------------------------------------------------
+#: the ``source`` of a config built from command-line flags: errors then name the flag (``--tile-n``)
+COMMAND_LINE = "command line"
+
+
 def _prefix(source: str | None) -> str:
-    return f"{source}: " if source else ""
+    return f"{source}: " if source and source != COMMAND_LINE else ""
+
+
+def _key(key: str, source: str | None) -> str:
+    """How an error names a knob: the flag the user typed on the command line, else the config key."""
+    return f"--{key.replace('_', '-')}" if source == COMMAND_LINE else f"config key {key!r}"
 
 
 def _check_known(config: Mapping, source: str | None) -> None:
@@ -128,7 +137,7 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
     """The value, type-checked and converted to a plain int / str; None passes (unset)."""
     if value is None:
         return None
-    where = f"{_prefix(source)}config key {key!r}"
+    where = f"{_prefix(source)}{_key(key, source)}"
     if key in INT_MINIMUM:
         low = INT_MINIMUM[key]
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
@@ -149,17 +158,17 @@ def _check_applicable(cfg: dict, source: str | None) -> None:
     workload = cfg["workload"]
     for key, workloads in APPLIES_TO.items():
         if cfg.get(key) is not None and workload not in workloads:
-            raise ConfigError(f"{_prefix(source)}config key {key!r} does not apply to workload {workload!r} "
+            raise ConfigError(f"{_prefix(source)}{_key(key, source)} does not apply to workload {workload!r} "
                               f"(it applies to: {', '.join(workloads)})")
     if workload != "moe":
         return
     if cfg.get("model") != "custom":
         for key in CUSTOM_MODEL_KEYS:
             if cfg.get(key) is not None:
-                raise ConfigError(f"{_prefix(source)}config key {key!r} only applies with model 'custom' "
+                raise ConfigError(f"{_prefix(source)}{_key(key, source)} only applies with model 'custom' "
                                   f"(model is {cfg.get('model')!r})")
     if cfg.get("tiling") == "dynamic" and cfg.get("tile_n") is not None:
-        raise ConfigError(f"{_prefix(source)}config key 'tile_n' does not apply to tiling 'dynamic' "
+        raise ConfigError(f"{_prefix(source)}{_key('tile_n', source)} does not apply to tiling 'dynamic' "
                           f"(dynamic tiling packs each expert's tokens into one tile)")
 
 
@@ -167,7 +176,7 @@ def _check_hardware_name(name: str | None, source: str | None) -> None:
     from stepsim.hardware import PRESETS
 
     if name is not None and not name.endswith(".toml") and name not in PRESETS:
-        raise ConfigError(f"{_prefix(source)}config key 'hardware' must be a preset "
+        raise ConfigError(f"{_prefix(source)}{_key('hardware', source)} must be a preset "
                           f"({', '.join(sorted(PRESETS))}) or a .toml file, got {name!r}")
 
 

@@ -18,8 +18,10 @@ stored in bf16 and computed in fp32; the output is stored in fp32.
 
 from __future__ import annotations
 
+import warnings
+
 from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH
-from stepsim.errors import ArgumentError
+from stepsim.errors import ArgumentError, StepsimWarning
 from stepsim.graph import (
     BF16,
     FP32,
@@ -125,6 +127,10 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         raise ArgumentError(f"tile_f must be a positive divisor of the intermediate size {f}, got {tile_f!r}")
 
     batch = routing.shape[0]
+    if not dynamic and tile_n > batch:
+        warnings.warn(f"tile_n {tile_n} is larger than the batch ({batch} tokens): every expert tile is mostly "
+                      f"padding; tiles up to {batch} give the same traffic with less on-chip memory",
+                      StepsimWarning, stacklevel=2)
     counts = expert_counts(routing, experts)
     g = Graph(f"moe-{model.name}-{tiling}")
     bw = dict(compute_bw=compute_bw)

@@ -14,11 +14,12 @@ def load_routing(path, experts: int, model: str | None = None, iteration: int | 
                  layer: int | None = None) -> np.ndarray:
     """The ``[tokens, top_k]`` expert ids of one (iteration, layer) batch of a routing trace.
 
-    A trace holding several batches needs ``iteration`` and ``layer`` to pick one.
+    A trace holding several batches needs ``iteration`` and ``layer`` to pick one. A single ``.npz`` file whose
+    name is not ``<iteration>_<layer>.npz`` is labelled with ``iteration`` and ``layer`` (0 when not given).
     """
     from stepsim.trace_io.readers import read_trace, routing_matrix
 
-    table = read_trace(path, num_experts=experts)
+    table = read_trace(path, num_experts=experts, npz_labels=(iteration or 0, layer or 0))
     if iteration is not None:
         table = table.filter(pc.equal(table["iteration"], iteration))
     if layer is not None:

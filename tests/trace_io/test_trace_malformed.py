@@ -98,9 +98,15 @@ CASES = [
     ("npz-no-data-array",
      lambda t: npz(t, None, ids=np.zeros((2, 2))),
      TraceSchemaError, ["no array 'data'", "arrays: ids"]),
-    ("npz-bad-file-name",
-     lambda t: npz(t, [[0, 1]], name="layer10.npz"),
-     TraceSchemaError, ["<iteration>_<layer>.npz", "'layer10.npz'"]),
+    ("npz-bad-file-name-in-folder",  # a single file may have any name; in a folder the names order the batches
+     lambda t: npz(t, [[0, 1]], name="layer10.npz").parent,
+     TraceSchemaError, ["a routing file in a folder must be named <iteration>_<layer>.npz", "'layer10.npz'"]),
+    ("npz-text-file",
+     lambda t: (t / "routing.npz").write_text("hello") and t / "routing.npz",
+     TraceError, ["routing.npz: not a NumPy .npz archive", "save the array with numpy savez"]),
+    ("npz-object-array",
+     lambda t: np.savez(t / "obj.npz", data=np.array([{"a": 1}], dtype=object)) or t / "obj.npz",
+     TraceError, ["obj.npz: holds Python objects (an object-dtype array), not numbers"]),
     ("npz-missing-num-experts",
      lambda t: npz(t, [[0, 1]], folder="unknownmodel_b2"),
      TraceSchemaError, ["missing metadata 'num_experts'"]),
@@ -220,7 +226,9 @@ def test_error_row_is_global_across_batches(tmp_path):
 
 def test_num_experts_conflict(tmp_path):
     p = npz(tmp_path, [[0, 1]])
-    with pytest.raises(TraceSchemaError, match=r"num_experts = 16 conflicts with model 'mixtral' \(8 experts\)"):
+    with pytest.raises(TraceSchemaError, match=r"this routing trace is for 'mixtral' \(8 experts\), but the run's "
+                                               r"model has 16 experts; pass --model mixtral \(or a trace of your "
+                                               r"model\)"):
         read_trace(p, num_experts=16)
 
 
@@ -231,7 +239,8 @@ def test_not_a_trace_file(tmp_path):
         read_trace(p)
     q = tmp_path / "001_002.npz"
     q.write_bytes(b"not a zip")
-    with pytest.raises(TraceError, match=rf"{re.escape(str(q))}: cannot read NumPy file"):
+    with pytest.raises(TraceError, match=rf"{re.escape(str(q))}: not a NumPy .npz archive \(its first bytes are "
+                                         r"b'not '\); save the array with numpy savez"):
         read_trace(q)
     with pytest.raises(TraceError, match="no such file or directory"):
         read_trace(tmp_path / "missing.arrow")
@@ -269,3 +278,17 @@ def test_corrupt_and_truncated_files(tmp_path):
     cut.write_bytes(good_ipc.read_bytes()[: good_ipc.stat().st_size // 2])
     with pytest.raises(TraceError, match=rf"{re.escape(str(cut))}: not a readable arrow file"):
         validate_trace(cut)
+
+
+def test_npz_routing_file_under_any_name(tmp_path):
+    """A single routing file needs no <iteration>_<layer>.npz name: it is labelled with the iteration and layer
+    asked for (0/0 by default), and a name that has the pattern still gives the labels."""
+    from stepsim.workloads.traces import load_routing
+
+    data = [[0, 1], [2, 3], [1, 4]]
+    p = npz(tmp_path, data, name="routing.npz")
+    table = read_trace(p)
+    assert set(zip(table["iteration"].to_pylist(), table["layer"].to_pylist())) == {(0, 0)}
+    assert load_routing(p, 8, iteration=3, layer=2).tolist() == data
+    named = npz(tmp_path, data, name="008_010.npz", folder="mixtral_b3")
+    assert set(read_trace(named)["layer"].to_pylist()) == {10}
