@@ -148,6 +148,11 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
         except TypeError as exc:
             raise ConfigError(f"bad options for experiment {name!r}: {exc}") from None
         plans[name] = plan(traces, **kwargs)
+    if progress:
+        from stepsim.reproduce.layout import skipped_folders
+
+        for folder, why in skipped_folders(traces):
+            progress(f"skipped {folder}: {why}")
     results = []
     with Runner(jobs) as runner:
         for name in names:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepsim.errors import TraceError
 from stepsim.reproduce.errors import TracesLayoutError
 from stepsim.trace_io.batches import PAPER_WINDOWS
 from stepsim.trace_io.readers import parse_kv_name
@@ -95,14 +96,40 @@ def _subdir(root: Path, name: str) -> Path:
 
 
 def _rows(path: Path, what: str) -> int:
-    """Leading dimension of the array in ``path`` (tokens of a routing batch, requests of a KV window)."""
+    """Leading dimension of the array in ``path`` (tokens of a routing batch, requests of a KV window).
+
+    Read with the trace readers' checks (a text or corrupt file, an object array, a missing ``data`` array, a
+    wrong rank are each one clear line naming the file), before any simulation starts."""
+    from stepsim.trace_io.readers import _load_npy_member, _npz_matrix
+
     try:
         if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                return int(z["data"].shape[0])
-        return int(np.load(path, allow_pickle=False, mmap_mode="r").shape[0])
-    except (OSError, ValueError, KeyError, IndexError, EOFError) as exc:
-        raise TracesLayoutError(f"{path}: cannot read the {what}: {exc}") from exc
+            return int(_npz_matrix(path).shape[0])
+        array = _load_npy_member(path, lambda: np.load(path, allow_pickle=False, mmap_mode="r"))
+        if array.ndim != 1:
+            raise TracesLayoutError(f"{path}: the {what} has shape {list(array.shape)}, expected one value per request")
+        return int(array.shape[0])
+    except TraceError as exc:
+        raise TracesLayoutError(str(exc)) from exc
+
+
+def skipped_folders(traces: str | Path) -> list[tuple[Path, str]]:
+    """The sub-folders of ``expert_routing/`` and ``kv_lengths/`` that no experiment reads, with the reason
+    (so a ``llama_b64/`` beside ``mixtral_b64/`` is reported, not silently ignored)."""
+    root = Path(traces)
+    skipped = []
+    routing, kv = root / ROUTING_DIR, root / KV_DIR
+    if routing.is_dir():
+        known = ", ".join(f"{prefix}_b<B>" for prefix in FOLDER_MODELS)
+        for sub in sorted(p for p in routing.iterdir() if p.is_dir()):
+            m = _ROUTING_FOLDER.match(sub.name)
+            if not m or m.group("prefix") not in FOLDER_MODELS:
+                skipped.append((sub, f"not a routing folder of a model the paper ran ({known})"))
+    if kv.is_dir():
+        for sub in sorted(p for p in kv.iterdir() if p.is_dir()):
+            if not _KV_FOLDER.match(sub.name):
+                skipped.append((sub, "not a b<B> folder of KV-length windows"))
+    return skipped
 
 
 def routing_files(traces: str | Path, models: tuple[str, ...] = MODEL_ORDER) -> list[RoutingFile]:

@@ -181,7 +181,7 @@ def _load_npy_member(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
     try:
         return loader()
     except ValueError as exc:
-        if "Object arrays cannot be loaded" in str(exc) or "pickled" in str(exc):
+        if any(text in str(exc) for text in ("Object arrays cannot be loaded", "pickled", "Python objects")):
             raise TraceError(f"{p}: holds Python objects (an object-dtype array), not numbers; save an integer "
                              "(routing) or integer/float (KV lengths) array") from exc
         raise TraceError(f"{p}: cannot read NumPy file: {exc}") from exc

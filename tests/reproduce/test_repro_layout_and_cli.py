@@ -160,3 +160,35 @@ def test_missing_matplotlib_skips_the_figure_with_an_install_hint(tmp_path, monk
     assert result.figure_note == "figure skipped: matplotlib is missing; install it with: pip install 'stepsim[plot]'"
     assert "figure" not in result.files and not (tmp_path / "out" / "validation.png").exists()
     assert (tmp_path / "out" / "validation.csv").exists()
+
+
+def test_corrupt_files_fail_before_any_simulation_naming_the_path(shared_traces, tmp_path, capsys):
+    traces = tiny_traces(shared_traces, tmp_path / "traces")
+    bad = traces / "expert_routing" / "mixtral_b64" / "009_010.npz"
+    bad.write_text("not a zip")
+    assert main(["reproduce", "all", "--traces", str(traces), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"stepsim: error: {bad}: not a NumPy .npz archive (its first bytes are "
+                                       "b'not '); save the array with numpy savez\n")
+    assert not (tmp_path / "out").exists()
+    bad.unlink()
+    window = sorted((traces / "kv_lengths" / "b16").glob("*.npy"))[0]
+    np.save(window, np.array([{"a": 1}] * 16, dtype=object))
+    with pytest.raises(TracesLayoutError, match=rf"{window}: holds Python objects \(an object-dtype array\)"):
+        kv_windows(traces)
+
+
+def test_unknown_subfolders_are_listed_as_skipped(shared_traces, tmp_path):
+    from stepsim.reproduce.layout import skipped_folders
+
+    traces = tiny_traces(shared_traces, tmp_path / "traces")
+    (traces / "expert_routing" / "llama_b64").mkdir()
+    (traces / "kv_lengths" / "azure").mkdir()
+    assert [(p.name, why) for p, why in skipped_folders(traces)] == [
+        ("llama_b64", "not a routing folder of a model the paper ran (mixtral_b<B>, qwen_b<B>)"),
+        ("azure", "not a b<B> folder of KV-length windows")]
+    lines = []
+    reproduce("validation", traces, tmp_path / "out", options={"validation": SMALLEST["validation"]},
+              progress=lines.append)
+    assert lines[:2] == [f"skipped {traces / 'expert_routing' / 'llama_b64'}: not a routing folder of a model the "
+                         "paper ran (mixtral_b<B>, qwen_b<B>)",
+                         f"skipped {traces / 'kv_lengths' / 'azure'}: not a b<B> folder of KV-length windows"]
