@@ -132,9 +132,17 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         compile_s = time.perf_counter() - start
         _compiled = True
     if functional:
-        if inputs is None:
-            inputs = default_inputs(target, seed)
-        res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress)
+        from stepsim.errors import ArenaError
+        from stepsim.kernels.arena import check_tensors_fit
+
+        check_tensors_fit(program)
+        try:
+            if inputs is None:
+                inputs = default_inputs(target, seed)
+            res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress)
+        except MemoryError as exc:  # the estimates above leave out NumPy's temporaries
+            raise ArenaError(f"functional mode ran out of memory ({exc}); use smaller model dimensions "
+                             "(e.g. stepsim.workloads.reference.small_moe_model)") from None
     else:
         res = run(program, max_events=max_events, progress=progress)
     return SimResult(cycles=int(res.cycles), off_chip_bytes_read=int(res.bytes_read),

@@ -199,13 +199,38 @@ def build_state(program, arrays: dict, capacity: int, block: int):
 
 
 def available_memory_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where it cannot be read, e.g. not Linux)."""
+    """Bytes this process can still allocate: the smaller of MemAvailable (/proc/meminfo) and what the
+    address-space limit (``ulimit -v``, RLIMIT_AS) leaves above the process's current size (VmSize). None where
+    neither can be read (e.g. not Linux)."""
+    limits = [_meminfo_available(), _address_space_left()]
+    known = [n for n in limits if n is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _address_space_left() -> int | None:
+    """RLIMIT_AS minus VmSize: numpy allocations beyond it fail with MemoryError (or crash in numba)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return max(soft - int(line.split()[1]) * 1024, 0)
+    except (ImportError, OSError, ValueError, IndexError):
         return None
     return None
 
@@ -226,6 +251,18 @@ def _check_memory(needed: int, arena_bytes: int) -> None:
                          f"{_mib(arena_bytes)}, tensors {_mib(needed - arena_bytes)}) but only {_mib(free)} of "
                          "memory is available; use smaller model dimensions (e.g. "
                          "stepsim.workloads.reference.small_moe_model) or a smaller arena_tiles")
+
+
+def check_tensors_fit(program) -> None:
+    """Refuse a functional run whose tensors alone (fp32, inputs and outputs) cannot fit in the memory this
+    process may still allocate (:func:`available_memory_bytes`, which includes ``ulimit -v``), before any input is
+    generated. Raises :class:`ArenaError`."""
+    needed = sum(4 * t.rows * t.cols for t in tensor_refs(program).values())
+    free = available_memory_bytes()
+    if free is not None and needed > free:
+        raise ArenaError(f"functional mode needs {_mib(needed)} for its tensors alone (fp32) but only {_mib(free)} "
+                         "of memory is available to this process (free memory and ulimit -v); use smaller model "
+                         "dimensions (e.g. stepsim.workloads.reference.small_moe_model)")
 
 
 def _strides(program, u: int, t) -> np.ndarray:

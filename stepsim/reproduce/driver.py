@@ -22,7 +22,7 @@ import pyarrow as pa
 from stepsim.errors import ConfigError
 from stepsim.records import trace_sha256
 from stepsim.reproduce import dynamic_parallelization, dynamic_tiling, time_multiplexing, validation
-from stepsim.reproduce.execute import Runner
+from stepsim.reproduce.execute import Runner, check_jobs
 from stepsim.reproduce.figures import PLOTTERS
 from stepsim.reproduce.output import write_headline, write_table
 
@@ -135,6 +135,7 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
         A simulation failed.
     """
     names = experiment_names(experiment)
+    check_jobs(jobs)  # flags before the traces folder is read
     options = dict(options or {})
     unknown = sorted(set(options) - set(EXPERIMENTS))
     if unknown:

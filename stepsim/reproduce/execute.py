@@ -42,6 +42,12 @@ class Point:
         return " ".join(f"{k}={v}" for k, v in pairs.items())
 
 
+def check_jobs(jobs) -> None:
+    """``--jobs`` must be a positive int (ConfigError naming the flag)."""
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ConfigError(f"--jobs must be an int >= 1, got {jobs!r}")
+
+
 class Runner:
     """Runs lists of :class:`Point` s; a context manager that owns its worker pool (if any).
 
@@ -52,8 +58,7 @@ class Runner:
     """
 
     def __init__(self, jobs: int = 1):
-        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-            raise ConfigError(f"--jobs must be an int >= 1, got {jobs!r}")
+        check_jobs(jobs)
         self.jobs = jobs
         self._executor = None
 

@@ -42,7 +42,11 @@ def load_kv_lengths(path, batch_id: int | None = None) -> np.ndarray:
     if "kv_lengths" not in table.column_names:
         raise ConfigError(f"{path}: not a decode-batch trace (no kv_lengths column); columns: {table.column_names}")
     if batch_id is not None:
+        ids = table["batch_id"].to_pylist()
         table = table.filter(pc.equal(table["batch_id"], batch_id))
+        if table.num_rows == 0:
+            raise ConfigError(f"{path}: no decode batch with --batch-id {batch_id} (batch ids "
+                              f"{min(ids)}..{max(ids)})" if ids else f"{path}: holds no decode batch")
     if table.num_rows != 1:
         raise ConfigError(f"{path}: holds {table.num_rows} decode batches; choose one with --batch-id")
     return np.asarray(table["kv_lengths"][0].as_py(), dtype=np.int64)
