@@ -78,7 +78,7 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None) -> SimResult:
+             arena_tiles: int | None = None, channel_depths=_UNSET) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -101,6 +101,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         Seed of the default inputs.
     arena_tiles : int, optional
         Functional mode: value-arena capacity in tiles (default: a bound that cannot run out).
+    channel_depths : mapping of channel name to int, optional
+        Per-channel FIFO depths overriding ``channel_depth`` (see :func:`stepsim.graph.lower.lower`). Default:
+        a Workload's ``channel_depths`` (set from a ``--fifo-depths`` file), else none.
     """
     global _compiled
     from stepsim.kernels import run
@@ -112,8 +115,10 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         hardware = Hardware.preset(hardware)
     if channel_depth is _UNSET:
         channel_depth = target.channel_depth if isinstance(target, Workload) else 2
+    if channel_depths is _UNSET:
+        channel_depths = target.channel_depths if isinstance(target, Workload) else None
     start = time.perf_counter()
-    program = lower(graph, hardware, channel_depth=channel_depth)
+    program = lower(graph, hardware, channel_depth=channel_depth, channel_depths=channel_depths)
     lower_s = time.perf_counter() - start
     compile_s = 0.0
     if not _compiled:
