@@ -110,7 +110,8 @@ class NotSimulatedError(ConfigError):
 
 
 # --- schemas ----------------------------------------------------------------------------------------------
-_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "softmax", "hardware", "convention"}
+_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "softmax", "fifo_depths", "hardware",
+                 "convention"}
 
 
 def _field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:
@@ -222,7 +223,10 @@ def identity(cfg: Mapping, trace_hash: str | None) -> dict:
     ``{"config": <normalized config, mode included>, "trace_sha256": <trace content hash or None>}``; the
     stepsim version is left out, so re-running a configuration after an upgrade replaces its files.
     """
-    return {"config": dict(cfg), "trace_sha256": trace_hash}
+    out = {"config": dict(cfg), "trace_sha256": trace_hash}
+    if cfg.get("fifo_depths") is not None:  # a FIFO depths file counts by its content, not its path
+        out["fifo_depths_sha256"] = file_sha256(cfg["fifo_depths"])
+    return out
 
 
 _identity = identity  # the name stepsim.sweep first imported

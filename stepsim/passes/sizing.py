@@ -30,8 +30,8 @@ already carries (``Workload.channel_depths``), so re-running it on a workload lo
 gives the same depths again.
 
 ``uniform_fifo_bytes`` is the FIFO memory of the same graph with every channel at the smallest uniform depth
-that finishes (``uniform_depth``; found by doubling from ``min(min_depth, default)`` and bisection, counted in
-``uniform_simulations``, not in ``simulations``).
+that finishes (``uniform_depth``; found by doubling from 1 and bisection, counted in ``uniform_simulations``,
+not in ``simulations``).
 """
 
 from __future__ import annotations
@@ -397,10 +397,10 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
             group = members[role]
             hi = max(state[c.name] for c in group)
             lo = min_depth - 1
-            first = True
+            first_round, searched = True, hi - lo > 1
             while hi - lo > 1:
-                probes = _probes(lo, hi, jobs, first)
-                first = False
+                probes = _probes(lo, hi, jobs, first_round)
+                first_round = False
                 candidates = [{**state, **{c.name: min(state[c.name], k) for c in group}} for k in probes]
                 results = runner.passes(candidates)
                 passing = [(k, cand, c) for k, cand, (ok, c) in zip(probes, candidates, results) if ok]
@@ -409,14 +409,15 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
                     state, cycles, hi = cand, c, k
                 failing = [k for k, (ok, _) in zip(probes, results) if not ok and k < hi]
                 lo = max(failing) if failing else lo
-            say(f"{_role_label(role)}: cap {hi} -> {_fifo_bytes(channels, state):,} B")
+            if searched:
+                say(f"{_role_label(role)} ({len(group)} channels): cap {hi} -> {_fifo_bytes(channels, state):,} B "
+                    f"after {runner.simulations} simulations")
     finally:
         runner.close()
 
     uniform_depth, uniform_sims = 0, 0
     if uniform:
-        default = (first.channel_depth if isinstance(first, Workload) else 2) or UNBOUNDED_DEPTH
-        uniform_depth, uniform_sims = _uniform_search(cases, min(min_depth, default))
+        uniform_depth, uniform_sims = _uniform_search(cases, 1)
     default_depth = (first.channel_depth if isinstance(first, Workload) else 2) or UNBOUNDED_DEPTH
     groups = []
     for role, group in sorted(members.items(), key=lambda kv: _role_label(kv[0])):
@@ -425,7 +426,8 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
     identity = {"workload": first.name if isinstance(first, Workload) else "graph",
                 "params": dict(first.params) if isinstance(first, Workload) else {}}
     if cases[0].config is not None:
-        identity["config"] = {k: v for k, v in cases[0].config.items() if k not in ("trace", "mode", "fifo_depths")}
+        identity["config"] = {k: v for k, v in cases[0].config.items()
+                              if v is not None and k not in ("trace", "mode", "fifo_depths")}
     return SizingResult(
         depths={n: int(state[n]) for n in names}, cycles=int(cycles), unbounded_cycles=int(u_cycles),
         total_fifo_bytes=_fifo_bytes(channels, state), lp_fifo_bytes=_fifo_bytes(channels, lp_map),
