@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import SimulationError
+from stepsim.errors import ConfigError, SimulationError
 from stepsim.graph import ops_memory as M
 from stepsim.graph.graph import Graph
 from stepsim.hardware import Hardware
@@ -214,8 +214,12 @@ def lp_depths(graph: Graph, bindings: dict | None = None, hardware: Hardware | N
     SimulationError
         HiGHS did not find an optimum (it always should: the LP is feasible and bounded below by 0).
     """
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix
+    try:
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+    except ImportError as exc:
+        raise ConfigError(f"FIFO sizing needs SciPy's HiGHS solver ({exc}); install it with "
+                          "pip install 'stepsim[passes]' (or 'scipy')") from None
 
     bindings = bindings or {}
     hardware = hardware or Hardware.preset("step-eval")
