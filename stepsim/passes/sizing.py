@@ -19,8 +19,8 @@ Two layers (both always run):
       local executor (:class:`stepsim.sweep.executors.LocalExecutor`), so the search takes
       ``log_(jobs+1)`` rounds instead of ``log_2``.
 
-   A candidate *passes* when every trace's run finishes and takes at most ``floor(unbounded_cycles *
-   (1 + slack))`` cycles. Every accepted state was simulated, so the result is verified as returned. The
+   A candidate *passes* when every trace's run finishes and takes at most ``floor(U * (1 + slack))`` cycles,
+   ``U`` being that trace's cycles with unbounded FIFOs. Every accepted state was simulated, so the result is verified as returned. The
    search assumes that a deeper cap never fails where a shallower one passes (true in practice; the answer
    is verified either way).
 
@@ -223,8 +223,8 @@ def _worker_cycles(config: dict, depths: dict) -> int | None:
 class _Runner:
     """Evaluates candidate depth maps: in this process, or ``jobs`` at a time on a local worker pool."""
 
-    def __init__(self, cases: list[_Case], limit: int, jobs: int):
-        self.cases, self.limit, self.simulations = cases, limit, 0
+    def __init__(self, cases: list[_Case], limits: list[int], jobs: int):
+        self.cases, self.limits, self.simulations = cases, limits, 0
         self.pool = None
         if jobs > 1 and all(c.config is not None for c in cases):
             from stepsim.sweep.executors import LocalExecutor
@@ -236,7 +236,8 @@ class _Runner:
             self.pool.close()
 
     def passes(self, candidates: list[dict]) -> list[tuple[bool, int | None]]:
-        """For each candidate: (passes, largest cycles over the traces or None when a run did not finish)."""
+        """For each candidate: (passes, largest cycles over the traces or None when a run did not finish); it
+        passes when every trace's run finishes within that trace's limit."""
         self.simulations += len(candidates) * len(self.cases)
         if self.pool is None:
             results = [[_simulate(c, d)[0] for c in self.cases] for d in candidates]
@@ -248,7 +249,7 @@ class _Runner:
             if any(c is None for c in cycles):
                 out.append((False, None))
             else:
-                out.append((max(cycles) <= self.limit, max(cycles)))
+                out.append((all(c <= lim for c, lim in zip(cycles, self.limits)), max(cycles)))
         return out
 
 
@@ -367,12 +368,12 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
         cycles_u.append(cycles)
         peaks.append(peak)
     u_cycles = max(cycles_u)
-    limit = math.floor(u_cycles * (1.0 + slack))
+    limits = [math.floor(c * (1.0 + slack)) for c in cycles_u]
     peak = np.max(np.stack(peaks), axis=0)
     ub = {n: int(min(UNBOUNDED_DEPTH, max(min_depth, p))) for n, p in zip(names, peak)}
-    say(f"unbounded: {u_cycles:,} cycles; limit {limit:,}; peak occupancy total {_fifo_bytes(channels, ub):,} B")
+    say(f"unbounded: {u_cycles:,} cycles; limit {max(limits):,}; peak occupancy total {_fifo_bytes(channels, ub):,} B")
 
-    runner = _Runner(cases, limit, jobs)
+    runner = _Runner(cases, limits, jobs)
     runner.simulations = sims
     try:
         # 2b. starting state: peaks, then the LP inside them
