@@ -55,8 +55,6 @@ class ChannelInfo:
         Elements over the whole run.
     role : tuple
         Equivalence key (channels sharing it are sized together).
-    stream : str
-        The stream type, for fingerprints and messages.
     """
 
     name: str
@@ -66,7 +64,11 @@ class ChannelInfo:
     elem_bytes: int
     tokens: int
     role: tuple
-    stream: str
+
+    @property
+    def stream(self) -> str:
+        """The stream type (for messages)."""
+        return str(self.producer.outputs[self.index])
 
 
 def _value(expr, bindings: dict) -> int:
@@ -131,15 +133,31 @@ def channel_infos(graph: Graph, bindings: dict | None = None) -> list[ChannelInf
             role = ("channel", op.name, idx)
         out.append(ChannelInfo(name=f"{op.name}[{idx}]", producer=op, index=idx, consumer=consumer,
                                elem_bytes=max(_value(size_in_bytes(stream.dtype), bindings), 1),
-                               tokens=_value(stream.total_elements(), bindings), role=role, stream=str(stream)))
+                               tokens=_value(stream.total_elements(), bindings), role=role))
     return out
 
 
+def _dim_key(d) -> str:
+    """A stable, cheap text for a dimension: the int, or the sorted names of its symbols (printing a sympy
+    expression costs ~1 ms, too much for thousands of channels; the symbols are named after their operators)."""
+    if isinstance(d, int):
+        return str(d)
+    return "(" + ",".join(sorted(s.name for s in d.free_symbols)) + ")"
+
+
+def _stream_key(stream) -> str:
+    dtype = stream.dtype
+    inner = ",".join(_dim_key(d) for d in getattr(dtype, "shape", ()) if d is not None)
+    return f"{type(dtype).__name__}[{inner}]{getattr(getattr(dtype, 'dtype', None), 'name', '')}" \
+           f"<{','.join(_dim_key(d) for d in stream.shape)}>"
+
+
 def graph_fingerprint(graph: Graph) -> str:
-    """SHA-256 (hex) of the graph's channel structure: every channel's name, consumer name and stream type,
-    in lowering order. Two builds of the same workload (same model, tiling, batch) agree; a depths file whose
-    fingerprint differs was made for another graph."""
+    """SHA-256 (hex) of the graph's channel structure: every channel's name, consumer name and stream type
+    (element type, tile dims and stream dims; symbolic dims by their symbols' names), in lowering order. Two
+    builds of the same workload (same model, tiling, batch) agree; a depths file whose fingerprint differs was
+    made for another graph."""
     graph = graph.finalize()
-    lines = [f"{op.name}[{idx}]\t{consumer.name if consumer else '-'}\t{op.outputs[idx]}\n"
+    lines = [f"{op.name}[{idx}]\t{consumer.name if consumer else '-'}\t{_stream_key(op.outputs[idx])}\n"
              for op, idx, consumer in _endpoints(graph)]
     return hashlib.sha256("".join(lines).encode()).hexdigest()

@@ -141,12 +141,27 @@ class SizingResult:
 
 @dataclass
 class _Case:
-    """One trace's workload (or a bare graph) to simulate."""
+    """One trace's workload (or a bare graph) to simulate, and its program lowered once."""
 
     target: Workload | Graph
     hardware: Hardware
     trace_hash: str
     config: dict | None = None
+    program: object = None
+    names: list | None = None
+
+    def lowered(self):
+        """The program with every FIFO 1024 deep (lowered on first use)."""
+        if self.program is None:
+            from stepsim.graph.lower import lower
+            from stepsim.kernels import abi
+
+            graph = self.target.graph if isinstance(self.target, Workload) else self.target
+            program = lower(graph, self.hardware, channel_depth=UNBOUNDED_DEPTH)
+            # Bufferize arena regions are sized from their output FIFO's depth in the builder: re-lower those
+            reuse = not (program.unit_params[:, abi.UP_OPCODE] == abi.OP_BUFFERIZE).any()
+            self.program, self.names = (program if reuse else False), list(program.channel_names)
+        return self.program
 
 
 def _array_hash(trace: Mapping) -> str:
@@ -192,22 +207,35 @@ def _hardware(hardware) -> Hardware | None:
 
 
 def _simulate(case: _Case, depths: dict) -> tuple[int | None, np.ndarray | None]:
-    """(cycles, peak occupancy per channel), or (None, None) when the run does not finish."""
+    """(cycles, peak occupancy per channel), or (None, None) when the run does not finish.
+
+    The graph is lowered once per case; a candidate only replaces the program's channel capacities (what
+    lowering with ``channel_depths`` would give, without re-walking thousands of operators per candidate).
+    """
+    import dataclasses
+
+    from stepsim.kernels import run
     from stepsim.simulate import simulate
 
+    program = case.lowered()
     try:
-        res = simulate(case.target, case.hardware, channel_depth=UNBOUNDED_DEPTH, channel_depths=depths)
+        if program is False:
+            res = simulate(case.target, case.hardware, channel_depth=UNBOUNDED_DEPTH, channel_depths=depths)
+        else:
+            capacity = np.array([depths[n] for n in case.names], dtype=np.int64)
+            capacity.setflags(write=False)
+            res = run(dataclasses.replace(program, ch_capacity=capacity))
     except SimulationError:
         return None, None
-    return res.cycles, res.channel_counters[:, 1]
+    return int(res.cycles), res.channel_counters[:, 1]
 
 
 # --- parallel candidate runs on the sweep executor -----------------------------------------------------
-_WORKER_CACHE: dict[str, Workload] = {}
+_WORKER_CACHE: dict[str, _Case] = {}
 
 
 def _worker_cycles(config: dict, depths: dict) -> int | None:
-    """Worker side: build (once per process) the workload of ``config`` and simulate it with ``depths``."""
+    """Worker side: build and lower (once per process) the workload of ``config``; simulate it with ``depths``."""
     import json
 
     from stepsim.workloads.config import build_normalized, resolve_hardware
@@ -215,9 +243,9 @@ def _worker_cycles(config: dict, depths: dict) -> int | None:
     key = json.dumps(config, sort_keys=True)
     if key not in _WORKER_CACHE:
         _WORKER_CACHE.clear()
-        _WORKER_CACHE[key] = build_normalized(config)
-    workload = _WORKER_CACHE[key]
-    return _simulate(_Case(workload, resolve_hardware(config, workload), ""), depths)[0]
+        workload = build_normalized(config)
+        _WORKER_CACHE[key] = _Case(workload, resolve_hardware(config, workload), "")
+    return _simulate(_WORKER_CACHE[key], depths)[0]
 
 
 class _Runner:
@@ -263,17 +291,14 @@ def _role_label(role: tuple) -> str:
 
 def _uniform_search(cases: list[_Case], start: int) -> tuple[int, int]:
     """(smallest uniform depth with which every case finishes, simulations used)."""
-    from stepsim.simulate import simulate
-
     sims = 0
 
     def finishes(depth: int) -> bool:
         nonlocal sims
         for case in cases:
             sims += 1
-            try:
-                simulate(case.target, case.hardware, channel_depth=depth, channel_depths={})
-            except SimulationError:
+            case.lowered()
+            if _simulate(case, dict.fromkeys(case.names, depth))[0] is None:
                 return False
         return True
 
