@@ -143,3 +143,23 @@ def apply_depths_file(workload, path: str | os.PathLike):
     """Load ``path`` into ``workload.channel_depths`` (checked against its graph); returns the workload."""
     workload.channel_depths = check_against(read_depths_file(path), workload.graph)
     return workload
+
+
+#: config keys that decide the graph a depths file was sized for (FIFO defaults, hardware and accounting do not)
+MATCH_KEYS = ("workload", "model", "hidden", "intermediate", "experts", "top_k", "iteration", "layer", "batch_id",
+              "tiling", "tile_n", "tile_f", "regions", "strategy", "softmax", "compute_bw")
+
+
+def matches_config(depths: DepthsFile, config) -> bool:
+    """Whether ``config`` (a run config) builds the workload ``depths`` was sized for: the same knobs of
+    :data:`MATCH_KEYS` and a trace among the ones it was sized on (by content hash)."""
+    from stepsim.records import trace_sha256
+    from stepsim.workloads.config import normalize_config, resolved_trace
+
+    if depths.config is None:
+        return False
+    cfg = normalize_config(config)
+    if any(cfg.get(key) != depths.config.get(key) for key in MATCH_KEYS):
+        return False
+    trace = resolved_trace(cfg)
+    return trace is not None and trace_sha256(trace) in depths.trace_hashes

@@ -62,3 +62,33 @@ def test_time_multiplexing_at_b1024_finishes_and_says_which_fifos(tmp_path):
     note = fifo_note("time-multiplexing", "qwen3-30b-a3b", 1024)
     assert lines.count(f"qwen_b1024/000_001.npz static: {note}") == 1
     assert lines.count(f"qwen_b1024/000_001.npz dynamic: {note}") == 1
+
+
+def test_reproduce_applies_a_depths_file_to_the_points_it_was_sized_for(tmp_path):
+    from stepsim.errors import ConfigError
+    from stepsim.passes import size_fifos
+    from stepsim.passes.depths_file import write_depths_file
+
+    routing = np.argsort(np.random.default_rng(3).random((32, 8)), 1)[:, :2]
+    trace = write_routing(tmp_path, "mixtral_b32", routing)
+    options = {"dynamic-tiling": {"tiles": {32: (8,)}, "model_dims": {"mixtral-8x7b": {"hidden": 64,
+                                                                                         "intermediate": 128}}}}
+    config = {"workload": "moe", "model": "custom", "hidden": 64, "intermediate": 128, "experts": 8, "top_k": 2,
+              "trace": str(trace), "tiling": "static", "tile_n": 8}
+    depths = write_depths_file(size_fifos(config, uniform=False), tmp_path / "d.toml")
+    lines = []
+    result, = reproduce("dynamic-tiling", tmp_path, tmp_path / "out", options=options, fifo_depths=[depths],
+                        progress=lines.append)
+    assert f"sized FIFOs from {depths} (instead of uniform depths) for 1 point(s): dynamic-tiling " \
+           "mixtral_b32/000_001.npz" in lines
+    static, dynamic = result.table.to_pylist()
+    from stepsim.passes.depths_file import apply_depths_file
+    from stepsim.workloads.config import workload_from_config
+
+    assert static["cycles"] == simulate(apply_depths_file(workload_from_config(config), depths)).cycles
+    assert dynamic["cycles"] == simulate(workload_from_config({**config, "tiling": "dynamic", "tile_n": None})).cycles
+    other = write_depths_file(size_fifos({**config, "tile_n": 16}, uniform=False), tmp_path / "other.toml")
+    with pytest.raises(ConfigError, match=rf"--fifo-depths {other}: made for graph moe-custom-static \(config .*\), "
+                                          r"which no point of dynamic-tiling runs on these traces"):
+        reproduce("dynamic-tiling", tmp_path, tmp_path / "out2", options=options, fifo_depths=[other])
+    assert not (tmp_path / "out2").exists()
