@@ -63,7 +63,7 @@ def register(subparsers) -> None:
                    help="allowed cycle overhead over 1024-deep FIFOs (default 0.01 = 1 %%)")
     p.add_argument("--out", required=True, metavar="FILE", help="depths file to write (e.g. depths.toml)")
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="candidate simulations run at once (default 1)")
-    p.add_argument("--min-depth", type=int, default=2, help="smallest depth of any FIFO (default 2)")
+    p.add_argument("--min-depth", type=int, default=1, help="smallest depth of any FIFO (default 1)")
     p.set_defaults(handler=_size)
 
 

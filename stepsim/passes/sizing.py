@@ -317,7 +317,7 @@ def _uniform_search(cases: list[_Case], start: int) -> tuple[int, int]:
 
 
 def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, hardware=None, jobs: int = 1,
-               min_depth: int = BASE_DEPTH, uniform: bool = True, progress=None) -> SizingResult:
+               min_depth: int = 1, uniform: bool = True, progress=None) -> SizingResult:
     """Size every FIFO of a workload (see the module docstring for the method).
 
     Parameters
@@ -335,7 +335,9 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
     jobs : int
         Candidate simulations run at once (config mappings only; a Workload or Graph runs in this process).
     min_depth : int
-        Smallest depth given to any channel (default 2, see :data:`stepsim.passes.fifo_lp.BASE_DEPTH`).
+        Smallest depth the refinement gives a channel (default 1: a depth-1 FIFO costs a bubble per element,
+        STEP_TIMING §1.4, which the slack check accepts or refuses; the LP itself never goes below
+        :data:`stepsim.passes.fifo_lp.BASE_DEPTH`).
     uniform : bool
         Also search the smallest uniform depth that finishes (``uniform_fifo_bytes``).
     progress : callable, optional
@@ -376,7 +378,7 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
     # 1. analytical start
     lp = [lp_depths(graph if i == 0 else (c.target.graph if isinstance(c.target, Workload) else c.target),
                     c.target.bindings if isinstance(c.target, Workload) else {}, c.hardware,
-                    base_depth=min_depth, channels=per_case[i]) for i, c in enumerate(cases)]
+                    base_depth=max(BASE_DEPTH, min_depth), channels=per_case[i]) for i, c in enumerate(cases)]
     lp_map = {n: max(r.depths[n] for r in lp) for n in names}
     say(f"LP: {_fifo_bytes(channels, lp_map):,} FIFO bytes (bottleneck {lp[0].bottleneck_cycles:,} cycles)")
 

@@ -91,7 +91,10 @@ def test_config_key_records_the_file_content_in_the_run_identity(sized, trace, t
     assert record.row["cycles"] == simulate(apply_depths_file(workload_from_config(_config(trace)), copy)).cycles
     before = run_identity(_config(trace, fifo_depths=str(copy), mode="simulate"))[0]
     assert before == record.run_id
-    copy.write_text(copy.read_text().replace('"LinearOffChipLoad_0[0]" = 2', '"LinearOffChipLoad_0[0]" = 3'))
+    depth = read_depths_file(copy).channels["LinearOffChipLoad_0[0]"]
+    text = copy.read_text()
+    copy.write_text(text.replace(f'"LinearOffChipLoad_0[0]" = {depth}\n', f'"LinearOffChipLoad_0[0]" = {depth + 1}\n'))
+    assert read_depths_file(copy).channels["LinearOffChipLoad_0[0]"] == depth + 1
     assert run_identity(_config(trace, fifo_depths=str(copy), mode="simulate"))[0] != before
 
 
