@@ -157,3 +157,17 @@ def test_sizing_on_several_traces_holds_on_each(trace, tmp_path):
         assert cycles <= int(unbounded * 1.01)
         worst = max(worst, cycles)
     assert result.cycles == worst
+
+
+def test_sweep_key_fifo_depths_resolves_against_the_sweep_file(sized, trace, tmp_path):
+    from stepsim.sweep.rows import read_sweep
+
+    (tmp_path / "d.toml").write_bytes(sized[0].read_bytes())
+    (tmp_path / "sweep.toml").write_text(
+        'workload = "moe"\nmode = "simulate"\nout = "res"\n[fixed]\nmodel = "custom"\nhidden = 32\n'
+        f'intermediate = 192\nexperts = 128\ntop_k = 8\ntrace = "{trace}"\ntiling = "static"\n'
+        'fifo_depths = "d.toml"\n[axes]\ntile_n = [32]\n')
+    assert main(["sweep", str(tmp_path / "sweep.toml"), "--no-progress"]) == 0
+    rows = read_sweep(tmp_path / "res").to_pylist()
+    assert [(r["fifo_depths"], r["status"]) for r in rows] == [(str(tmp_path / "d.toml"), "ok")]
+    assert rows[0]["cycles"] == simulate(apply_depths_file(workload_from_config(_config(trace)), sized[0])).cycles
