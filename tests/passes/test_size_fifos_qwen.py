@@ -62,7 +62,16 @@ def _check_sizing(workload, *, deadlocks_at_default: bool):
 
 
 def test_static_tile_32_one_region_per_expert(routing_b1024):
-    _check_sizing(build_moe(MODEL, routing_b1024, tiling="static", tile_n=32), deadlocks_at_default=True)
+    workload = build_moe(MODEL, routing_b1024, tiling="static", tile_n=32)
+    result = _check_sizing(workload, deadlocks_at_default=True)
+    # the deadlock at depth 2 and the pass agree: of the channels the deadlock reports full, those the pass
+    # deepens are enough, on their own (every other FIFO at 2), to let the run finish
+    with pytest.raises(DeadlockError) as err:
+        simulate(workload)
+    full = {b["channel"] for b in err.value.blocked if b["waiting_for"] == "full"}
+    deepened = {name for name, depth in result.depths.items() if depth > 2}
+    assert full & deepened
+    assert simulate(workload, channel_depths={n: result.depths[n] for n in full & deepened}).cycles > 0
 
 
 @pytest.mark.parametrize("regions", [64, 32])
