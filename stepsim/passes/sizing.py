@@ -85,7 +85,8 @@ class SizingResult:
     lp_depths : dict of str to int
         The LP's depths.
     groups : list of (str, int, int)
-        Per group of equivalent channels: label, bytes at 1024 deep, bytes sized.
+        Per group of equivalent channels (sorted by role): label (first channel, count, per expert/region),
+        bytes at 1024 deep, bytes sized.
     fingerprint : str
         :func:`~stepsim.passes.channels.graph_fingerprint` of the graph.
     graph_name : str
@@ -289,6 +290,15 @@ def _role_label(role: tuple) -> str:
     return "/".join(str(x) for x in role)
 
 
+def _group_label(role: tuple, group: list) -> str:
+    """A readable name for a group of equivalent channels: its first channel, how many, and per what."""
+    if role[0] == "channel":
+        return group[0].name
+    per = role[1] if role[0] == "into" else role[0]
+    more = f" + {len(group) - 1} more" if len(group) > 1 else ""
+    return f"{group[0].name}{more} ({'into ' if role[0] == 'into' else ''}each {per})"
+
+
 def _uniform_search(cases: list[_Case], start: int) -> tuple[int, int]:
     """(smallest uniform depth with which every case finishes, simulations used)."""
     sims = 0
@@ -438,7 +448,7 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
                 failing = [k for k, (ok, _) in zip(probes, results) if not ok and k < hi]
                 lo = max(failing) if failing else lo
             if searched:
-                say(f"{_role_label(role)} ({len(group)} channels): cap {hi} -> {_fifo_bytes(channels, state):,} B "
+                say(f"{_group_label(role, group)}: cap {hi} -> {_fifo_bytes(channels, state):,} B "
                     f"after {runner.simulations} simulations")
     finally:
         runner.close()
@@ -449,7 +459,7 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
     default_depth = (first.channel_depth if isinstance(first, Workload) else 2) or UNBOUNDED_DEPTH
     groups = []
     for role, group in sorted(members.items(), key=lambda kv: _role_label(kv[0])):
-        groups.append((_role_label(role), sum(UNBOUNDED_DEPTH * c.elem_bytes for c in group),
+        groups.append((_group_label(role, group), sum(UNBOUNDED_DEPTH * c.elem_bytes for c in group),
                        sum(state[c.name] * c.elem_bytes for c in group)))
     identity = {"workload": first.name if isinstance(first, Workload) else "graph",
                 "params": dict(first.params) if isinstance(first, Workload) else {}}
