@@ -40,7 +40,7 @@ t2 = time.perf_counter()
 a._ensure_compiled(engine_run)
 t3 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "engine_import_s": t2 - t1, "ensure_compiled_s": t3 - t2,
-                  "signatures": len(engine_run.signatures)}))
+                  "signatures": len(engine_run.event_loop.signatures)}))
 """
 
 #: what the import check imports: bare ``stepsim``, and everything a user or the CLI touches before simulating

@@ -2,7 +2,10 @@
 
 Each command family lives beside the code it drives and registers itself here through a
 ``register(subparsers)`` function, so this module stays a thin dispatcher. Every :class:`StepsimError` is
-printed as ``stepsim: error: <message>`` with exit status 2 and no traceback.
+printed as ``stepsim: error: <message>`` with exit status 2 and no traceback. Before a command runs, its
+``--out`` is checked (a parser declares ``out_kind`` "dir" or "file"; :mod:`stepsim.outputs`), and a command
+that simulates says so once when the kernels still have to be compiled. Ctrl-C prints
+``stepsim: interrupted`` (exit 130) and SIGTERM ``stepsim: terminated`` (exit 143; :mod:`stepsim.signals`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from stepsim.errors import StepsimError
 COMMAND_MODULES = (
     "stepsim.workloads.cli",  # metrics, run
     "stepsim.trace_io.cli",  # trace import / inspect / synth
+    "stepsim.workloads.models_cli",  # models list / show
     "stepsim.kernels.cli",  # cache warm
     "stepsim.demo",  # demo
     "stepsim.sweep.cli",  # sweep
@@ -41,17 +45,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: commands that run the engine (the compile notice is printed before them)
+SIMULATING_COMMANDS = ("run", "demo", "sweep", "reproduce", "size-fifos", "optimize")
+
+
+def _check_out(args) -> None:
+    """A bad ``--out`` fails now, before any work (see :mod:`stepsim.outputs`)."""
+    out = getattr(args, "out", None)
+    kind = getattr(args, "out_kind", None)
+    if out is None or kind is None:
+        return
+    from stepsim.outputs import check_out_dir, check_out_file
+
+    (check_out_dir if kind == "dir" else check_out_file)(out)
+
+
+def _compile_notice(args) -> None:
+    """One line on stderr before the first kernel compilation (a cold numba cache takes about 40 s)."""
+    if args.command not in SIMULATING_COMMANDS or getattr(args, "dry_run", False):
+        return
+    from stepsim.kernels.jit import kernels_cached
+
+    if not kernels_cached():
+        print("stepsim: compiling the simulation kernels once, about 40 s (`stepsim cache warm` does it ahead)",
+              file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from stepsim.signals import interrupts_raise, reason, stopped_status
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 1
     try:
-        return int(args.handler(args) or 0)
+        with interrupts_raise():
+            _check_out(args)
+            _compile_notice(args)
+            return int(args.handler(args) or 0)
     except StepsimError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        return stopped_status(reason(exc))
     except BrokenPipeError:
         return 0
 

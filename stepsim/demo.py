@@ -16,6 +16,7 @@ import pyarrow as pa
 from stepsim.records import concat_runs, run_config
 from stepsim.results import provenance_metadata, write_parquet_atomic
 from stepsim.workloads.config import bundled_trace
+from stepsim.workloads.models import canonical_model_name
 
 TILES = (8, 16, 32, 64, "dynamic")
 
@@ -109,7 +110,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="MoE static vs dynamic tiling on the bundled synthetic trace",
                               description=__doc__.splitlines()[0])
     p.add_argument("--out", default="stepsim-out/demo", help="output folder (default: stepsim-out/demo)")
-    p.add_argument("--model", default="mixtral-8x7b", choices=("mixtral-8x7b", "qwen3-30b-a3b"))
+    p.add_argument("--model", default="mixtral-8x7b", type=canonical_model_name,
+                   choices=("mixtral-8x7b", "qwen3-30b-a3b"), help="mixtral-8x7b (default, alias mixtral) or "
+                   "qwen3-30b-a3b (alias qwen): the models with a bundled trace")
     p.add_argument("--metrics-only", action="store_true",
                    help="skip the engine: symbolic metrics only (no cycles)")
-    p.set_defaults(handler=_demo)
+    p.set_defaults(handler=_demo, out_kind="dir")

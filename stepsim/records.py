@@ -19,12 +19,15 @@ this order (units are stored as Arrow field metadata ``{"unit": ...}``; a dash m
 =================================  ==========  ================================================================
 column                             unit        meaning
 =================================  ==========  ================================================================
-run_id                             none        SHA-256 of the normalized config (mode included) and trace hash
+run_id                             none        SHA-256 of everything that determines the result (identity_config:
+                                               knobs, mode, hardware values, FIFO depth, timing-model version)
+                                               and of the trace's content (never of how a path is spelled)
 mode                               none        ``metrics``, ``simulate``, ``functional`` or ``check``
 stepsim_version                    none        version that produced the record
 trace_path                         none        trace read (the bundled one if no ``trace`` knob); null: no trace
 trace_sha256                       none        SHA-256 of the trace file (of its files, for a folder)
-hardware_name                      none        hardware the run used (the ``hardware`` knob or the workload's)
+hardware_name                      none        hardware the run used: a preset's name, or ``<preset>+<field>=<value>,...``
+                                               for a hardware file or overrides (``Hardware.name``)
 workload ... convention            none        every knob of :data:`~stepsim.workloads.config.KNOBS` as
                                                configured (config-level defaults applied; null = unset)
 params                             none        canonical JSON of every parameter the builder used
@@ -82,6 +85,7 @@ from typing import Any
 import pyarrow as pa
 
 from stepsim._version import __version__
+from stepsim.defaults import TIMING_MODEL_VERSION, UNSET, WORKLOAD_CHANNEL_DEPTH, resolve_channel_depth
 from stepsim.errors import ConfigError
 from stepsim.hardware import Hardware
 from stepsim.results import (
@@ -97,6 +101,7 @@ from stepsim.results import (
 )
 from stepsim.workloads.base import Workload
 from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
+from stepsim.workloads.models import is_model_file
 
 __all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult", "allocated_compute_flops",
            "concat_runs", "identity", "read_runs", "run_config", "run_identity", "trace_sha256"]
@@ -220,16 +225,50 @@ def _unit_kind(name: str, kinds: Mapping[str, str]) -> str:
 def identity(cfg: Mapping, trace_hash: str | None) -> dict:
     """What ``run_id`` hashes (and what written files record as ``stepsim.config``).
 
-    ``{"config": <normalized config, mode included>, "trace_sha256": <trace content hash or None>}``; the
-    stepsim version is left out, so re-running a configuration after an upgrade replaces its files.
+    ``{"config": <identity config, see identity_config>, "trace_sha256": <trace content hash or None>}``, plus
+    ``"model_sha256"`` (the file's content hash) when ``cfg``'s model is a Hugging Face ``config.json`` path
+    (:func:`identity_config` already puts that hash in place of the path), so editing that file changes the
+    run id. The stepsim version is left out (re-running a configuration after an upgrade that changed no cycle
+    replaces its files), but the timing-model version is in the identity config.
     """
-    out = {"config": dict(cfg), "trace_sha256": trace_hash}
+    ident = {"config": dict(cfg), "trace_sha256": trace_hash}
+    model = cfg.get("model")
+    if isinstance(model, str) and is_model_file(model):
+        try:
+            ident["model_sha256"] = file_sha256(model)
+        except OSError as exc:
+            raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
     if cfg.get("fifo_depths") is not None:  # a FIFO depths file counts by its content, not its path
-        out["fifo_depths_sha256"] = file_sha256(cfg["fifo_depths"])
-    return out
+        ident["fifo_depths_sha256"] = file_sha256(cfg["fifo_depths"])
+    return ident
 
 
 _identity = identity  # the name stepsim.sweep first imported
+
+#: knobs whose value is a path: the identity holds what they resolve to (trace content hash, hardware values)
+_PATH_KNOBS = ("trace", "hardware")
+
+
+def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dict:
+    """Everything that determines a run's result, as plain data: the identity half of :func:`identity`.
+
+    The normalized config (every knob plus ``mode``) without the path-valued knobs, so the same run spelled
+    with another path (relative or absolute, a copy, a symlink) has one identity (a model ``config.json`` path
+    becomes its content hash); in place of the others the resolved
+    hardware values (:meth:`Hardware.values`, after TOML file and overrides), the default FIFO depth the run
+    uses (:func:`stepsim.defaults.resolve_channel_depth`) and :data:`~stepsim.defaults.TIMING_MODEL_VERSION`.
+    The trace enters through its content hash (beside this config in :func:`identity`).
+    """
+    ident = {k: v for k, v in cfg.items() if k not in _PATH_KNOBS}
+    model = cfg.get("model")
+    if isinstance(model, str) and is_model_file(model):  # a config.json: its content, not its path
+        try:
+            ident["model"] = f"config.json sha256:{file_sha256(model)}"
+        except OSError as exc:
+            raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
+    ident.update(hardware_values=hardware.values(), run_channel_depth=int(channel_depth),
+                 timing_model=TIMING_MODEL_VERSION)
+    return ident
 
 
 def run_identity(config: Mapping, *, source: str | None = None) -> tuple[str, str | None, str | None]:
@@ -238,12 +277,23 @@ def run_identity(config: Mapping, *, source: str | None = None) -> tuple[str, st
     Raises
     ------
     ConfigError
-        Invalid config, or the trace cannot be read.
+        Invalid config, or the trace or hardware file cannot be read.
     """
-    cfg = normalize_config(config, source=source)
+    return identity_of_normalized(normalize_config(config, source=source), source=source)
+
+
+def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[str, str | None, str | None]:
+    """:func:`run_identity` of a config already passed through ``normalize_config`` (not checked again)."""
     trace = resolved_trace(cfg)
     trace_hash = trace_sha256(trace) if trace is not None else None
-    return stable_hash(identity(cfg, trace_hash)), trace, trace_hash
+    hardware = resolve_hardware(cfg, source=source)
+    depth = resolve_channel_depth(_knob_depth(cfg), hardware, WORKLOAD_CHANNEL_DEPTH[cfg["workload"]])
+    return stable_hash(identity(identity_config(cfg, hardware, depth), trace_hash)), trace, trace_hash
+
+
+def _knob_depth(cfg: Mapping):
+    """The ``channel_depth`` knob as a per-run depth (UNSET when the config leaves it unset)."""
+    return UNSET if cfg.get("channel_depth") is None else cfg["channel_depth"]
 
 
 # --- the record -------------------------------------------------------------------------------------------
@@ -266,7 +316,9 @@ class RunResult:
     row : dict
         Column name -> plain Python value (int, float, str or None), in :data:`SCHEMA` order.
     config : dict
-        The normalized config (every knob plus ``mode``) the run used.
+        The run's identity config (:func:`identity_config`): the normalized knobs and ``mode`` without path
+        knobs, plus the resolved hardware values, FIFO depth and timing-model version; :attr:`run_id` hashes it
+        with the trace's content hash.
     """
 
     row: dict
@@ -319,7 +371,13 @@ class RunResult:
         start = time.perf_counter()
         metrics = workload.metrics(cfg["convention"])
         metrics_s = time.perf_counter() - start
-        run_id, trace, trace_hash = run_identity(cfg)
+        trace = resolved_trace(cfg)
+        trace_hash = trace_sha256(trace) if trace is not None else None
+        depth = getattr(sim, "channel_depth", None) if sim is not None else None
+        if depth is None:  # a metrics run: the depth a simulation of it would use
+            depth = resolve_channel_depth(_knob_depth(cfg), hardware, workload.channel_depth)
+        ident = identity_config(cfg, hardware, depth)
+        run_id = stable_hash(identity(ident, trace_hash))
         row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
                **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
@@ -332,7 +390,7 @@ class RunResult:
         if sim is not None:
             units = _unit_table(run_id, sim, workload)
             channels = _channel_table(run_id, sim)
-        return cls(row=row, config=cfg, _units=units, _channels=channels)
+        return cls(row=row, config=ident, _units=units, _channels=channels)
 
     # --- views ----------------------------------------------------------------------------------------
     @property
@@ -482,7 +540,7 @@ def _channel_table(run_id: str, sim) -> pa.Table:
 
 
 # --- running and collecting -------------------------------------------------------------------------------
-def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
+def run_config(config: Mapping, *, source: str | None = None, progress=None) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).
 
@@ -492,6 +550,8 @@ def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
         Knobs of :mod:`stepsim.workloads.config` plus ``mode``; plain data (picklable, JSON-able).
     source : str, optional
         Label for error messages (e.g. the sweep file and point).
+    progress : callable, optional
+        ``progress(events, cycle)`` between engine slices (:func:`stepsim.progress.engine_progress`).
 
     Returns
     -------
@@ -518,7 +578,8 @@ def run_config(config: Mapping, *, source: str | None = None) -> RunResult:
         from stepsim.simulate import simulate
 
         mode = cfg["mode"]
-        sim = simulate(workload, hardware, functional=mode in ("functional", "check"))
+        sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
+                       progress=progress)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s), mode=mode)
         if mode == "check":

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stepsim.defaults import UNSET, resolve_channel_depth
 from stepsim.graph.graph import Graph
 from stepsim.graph.lower import lower
 from stepsim.hardware import Hardware
 from stepsim.kernels.arena import FunctionalStats
 from stepsim.workloads.base import Workload
 
-_UNSET = object()
+_UNSET = UNSET  # the name this module first used
 
 
 @dataclass
@@ -67,6 +68,8 @@ class SimResult:
     inputs: dict | None = field(default=None, repr=False)
     outputs: dict | None = field(default=None, repr=False)
     functional: FunctionalStats | None = None
+    #: default FIFO depth (elements) the run used, after the precedence of stepsim.defaults
+    channel_depth: int | None = None
 
     @property
     def off_chip_bytes(self) -> int:
@@ -78,7 +81,7 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None, channel_depths=_UNSET) -> SimResult:
+             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -88,7 +91,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     hardware : Hardware or str, optional
         A :class:`Hardware` or a preset name.
     channel_depth : int or None, optional
-        Default FIFO depth (elements); None means 1024. Default: the workload's, else 2.
+        Default FIFO depth (elements); None means 1024. Default: the hardware's when it sets one explicitly
+        (a hardware file's ``channel_depth``), else the workload's, else (a bare graph) the hardware's; see
+        :mod:`stepsim.defaults`.
     max_events : int, optional
         Safety bound on engine events.
     functional : bool
@@ -101,6 +106,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         Seed of the default inputs.
     arena_tiles : int, optional
         Functional mode: value-arena capacity in tiles (default: a bound that cannot run out).
+    progress : callable, optional
+        ``progress(events, cycle)``, called between slices of a long engine run (see
+        :func:`stepsim.progress.engine_progress`).
     channel_depths : mapping of channel name to int, optional
         Per-channel FIFO depths overriding ``channel_depth`` (see :func:`stepsim.graph.lower.lower`). Default:
         a Workload's ``channel_depths`` (set from a ``--fifo-depths`` file), else none.
@@ -113,8 +121,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         hardware = target.hardware if isinstance(target, Workload) else "step-eval"
     if isinstance(hardware, str):
         hardware = Hardware.preset(hardware)
-    if channel_depth is _UNSET:
-        channel_depth = target.channel_depth if isinstance(target, Workload) else 2
+    channel_depth = resolve_channel_depth(channel_depth, hardware,
+                                          target.channel_depth if isinstance(target, Workload) else UNSET)
     if channel_depths is _UNSET:
         channel_depths = target.channel_depths if isinstance(target, Workload) else None
     start = time.perf_counter()
@@ -131,15 +139,16 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     if functional:
         if inputs is None:
             inputs = default_inputs(target, seed)
-        res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles)
+        res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress)
     else:
-        res = run(program, max_events=max_events)
+        res = run(program, max_events=max_events, progress=progress)
     return SimResult(cycles=int(res.cycles), off_chip_bytes_read=int(res.bytes_read),
                      off_chip_bytes_written=int(res.bytes_written), events=int(res.events), fires=int(res.fires),
                      sim_wall_s=float(res.wall_seconds), compile_s=compile_s, lower_s=lower_s,
                      unit_names=list(program.unit_names), channel_names=list(program.channel_names),
                      unit_counters=res.unit_counters, channel_counters=res.channel_counters,
-                     inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional)
+                     inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional,
+                     channel_depth=channel_depth)
 
 
 def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:

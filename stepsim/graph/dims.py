@@ -95,6 +95,11 @@ def ceil_div(d: Dim, s: int) -> Dim:
     d = normalize(d)
     if isinstance(d, int):
         return -(-d // s)
+    if _plain_count(d):
+        # floor's evaluation asks sympy's assumption system about the sum (milliseconds per call); for a
+        # non-negative integer symbol it leaves floor(d/s + (s-1)/s) as it is (or d for s = 1), so build that
+        # directly (tests/graph check it is the same expression for s up to 1100)
+        return d if s == 1 else sp.floor((d + s - 1) / sp.Integer(s), evaluate=False)
     return normalize(sp.floor((d + s - 1) / sp.Integer(s)))
 
 
@@ -103,7 +108,14 @@ def nonzero_indicator(d: Dim) -> Dim:
     d = normalize(d)
     if isinstance(d, int):
         return 1 if d >= 1 else 0
+    if _plain_count(d):  # evaluating only asks the assumption system; for a plain count symbol it changes nothing
+        return sp.Piecewise((1, sp.GreaterThan(d, 1, evaluate=False)), (0, True), evaluate=False)
     return sp.Piecewise((1, d >= 1), (0, True))
+
+
+def _plain_count(d) -> bool:
+    """True for a sympy symbol declared integer and non-negative (a token or tile count)."""
+    return isinstance(d, sp.Symbol) and d.is_integer is True and d.is_nonnegative is True
 
 
 def product(dims: Iterable[Dim]) -> Dim:

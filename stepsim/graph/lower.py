@@ -7,8 +7,9 @@ registers memory operators with the HBM in graph order, which decides same-tick 
 
 Decisions made here (and why):
 
-* **Channel capacity** = the producer's ``channel_depth`` override, else the simulation default
-  (``None`` means 1024, as step-perf's ``DEFAULT_CHAN_SIZE``). Broadcasts inserted by
+* **Channel capacity** = the producer's ``channel_depth`` override, else the run's default depth (``None``
+  means 1024, as step-perf's ``DEFAULT_CHAN_SIZE``); without a ``channel_depth`` argument, the hardware's
+  (precedence of knob, hardware and workload depths: :mod:`stepsim.defaults`). Broadcasts inserted by
   :meth:`Graph.insert_broadcasts` carry the producer's ``fanout_depth``, matching the artifact's overrides
   keyed by the Broadcast's id.
 * **Per-channel overrides** (``channel_depths``, e.g. from ``stepsim size-fifos``) are keyed by the channel
@@ -33,6 +34,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from stepsim.defaults import UNBOUNDED_CHANNEL_DEPTH, UNSET, resolve_channel_depth
 from stepsim.errors import LoweringError
 from stepsim.graph import ops_memory as M
 from stepsim.graph import ops_shape as S
@@ -42,7 +44,8 @@ from stepsim.graph.graph import Graph
 from stepsim.hardware import Hardware
 from stepsim.program import Program, ProgramBuilder, TensorRef
 
-DEFAULT_CHANNEL_DEPTH = 1024
+#: kept for importers: the depth ``None`` stands for (stepsim.defaults.UNBOUNDED_CHANNEL_DEPTH)
+DEFAULT_CHANNEL_DEPTH = UNBOUNDED_CHANNEL_DEPTH
 
 
 def fp32_timing_bytes(graph: Graph) -> int:
@@ -59,7 +62,7 @@ class _Lowering:
         self.graph = graph.finalize()
         self.channel_depths = dict(channel_depths or {})
         self.builder = ProgramBuilder(hardware)
-        self.default_depth = DEFAULT_CHANNEL_DEPTH if channel_depth is None else int(channel_depth)
+        self.default_depth = resolve_channel_depth(channel_depth, hardware)
         self.f32_bytes = fp32_timing_bytes(graph)
         self.channel_of: dict[tuple[int, int, int], int] = {}  # (consumer id, input pos) -> channel
         self.out_channel: dict[tuple[int, int], int] = {}  # (producer id, output index) -> channel
@@ -269,7 +272,7 @@ def _tensor_ref(name, shape, dtype, tile_rows, tile_cols, strides=()) -> TensorR
                      strides=tuple(int(x) for x in strides), shape=tuple(dims[:len(shape)]))
 
 
-def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth: int | None = 2,
+def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth=UNSET,
           channel_depths: Mapping[str, int] | None = None) -> Program:
     """Lower ``graph`` to an engine :class:`~stepsim.program.Program`.
 
@@ -279,8 +282,9 @@ def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth: int 
         The graph; broadcasts are inserted and placeholders must be connected.
     hardware : Hardware
         Timing parameters (HBM, on-chip bandwidth); default the ``step-eval`` preset.
-    channel_depth : int or None
-        FIFO depth (elements) of every channel without an override; None means 1024.
+    channel_depth : int or None, optional
+        FIFO depth (elements) of every channel without an override; None means 1024. Default: the hardware's
+        ``channel_depth`` (2 for ``step-eval``).
     channel_depths : mapping of channel name to int, optional
         Per-channel FIFO depths (elements) that override everything else, keyed by stable channel names
         (``"Map_12[0]"``, see :func:`stepsim.passes.channels.channel_infos`); each must be an int >= 1 and name

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+import sympy as sp
 
 from stepsim.errors import ArgumentError
 from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal
@@ -28,33 +31,16 @@ class Stream:
                 f"Stream<{self.dtype}>: shape must be a sequence of dimensions, got {self.shape!r}") from None
         if not raw:
             raise ArgumentError(f"Stream<{self.dtype}>: a stream shape needs at least one dimension, got {raw!r}")
-        text = "[" + ", ".join(str(d) for d in raw) + "]"
-        shape = tuple(self._checked_dim(d, f"Stream<{self.dtype}>{text}: entry {i} (rank {len(raw) - 1 - i})")
-                      for i, d in enumerate(raw))
-        object.__setattr__(self, "shape", shape)
-
-    @staticmethod
-    def _checked_dim(d, where: str) -> Dim:
-        """``d`` normalized; an ArgumentError naming ``where`` if it is not a non-negative integer dimension.
-
-        Symbolic dims are rejected only when sympy can decide: ``X / 4`` (an integer for the right ``X``) is
-        kept, ``5/2``, ``2.5`` or ``-X - 1`` (negative for every non-negative ``X``) are not.
-        """
-        try:
-            d = normalize(d)
-        except ArgumentError as exc:
-            raise ArgumentError(f"{where} is invalid: {exc}") from None
-        if isinstance(d, int):
-            if d < 0:
-                raise ArgumentError(f"{where} is {d}; a dimension must be >= 0")
-            return d
-        if d.is_Number or d.is_integer is False:
-            raise ArgumentError(
-                f"{where} is {d} ({type(d).__name__}); a dimension must be an int or an integer-valued sympy "
-                "expression")
-        if d.is_negative:
-            raise ArgumentError(f"{where} is {d}, negative for every value of its symbols; a dimension must be >= 0")
-        return d
+        shape = []
+        for i, d in enumerate(raw):
+            problem = _dim_problem(d) if not (type(d) is int and d >= 0) else None
+            if problem is not None:
+                # the message is built only here: formatting every dim of every stream cost more than the
+                # rest of building a graph
+                text = "[" + ", ".join(str(x) for x in raw) + "]"
+                raise ArgumentError(f"Stream<{self.dtype}>{text}: entry {i} (rank {len(raw) - 1 - i}) {problem}")
+            shape.append(normalize(d))
+        object.__setattr__(self, "shape", tuple(shape))
 
     @property
     def rank(self) -> int:
@@ -74,6 +60,67 @@ class Stream:
 
     def __str__(self) -> str:
         return f"Stream<{self.dtype}>{fmt_shape(self.shape)}"
+
+
+def _dim_problem(d) -> str | None:
+    """What is wrong with ``d`` as a dimension (the end of an error sentence), or None if it is valid.
+
+    Symbolic dims are rejected only when sympy can decide: ``X / 4`` (an integer for the right ``X``) is kept,
+    ``5/2``, ``2.5`` or ``-X - 1`` (negative for every non-negative ``X``) are not.
+    """
+    try:
+        d = normalize(d)
+    except ArgumentError as exc:
+        return f"is invalid: {exc}"
+    if isinstance(d, int):
+        return f"is {d}; a dimension must be >= 0" if d < 0 else None
+    return _symbolic_dim_problem(d)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _symbolic_dim_problem(d) -> str | None:
+    """:func:`_dim_problem` for a sympy expression, remembered: graphs reuse the same dimension objects in
+    many streams, and each assumption query on a new expression costs about a millisecond."""
+    if _surely_count(d):
+        return None
+    if d.is_Number or d.is_integer is False:
+        return (f"is {d} ({type(d).__name__}); a dimension must be an int or an integer-valued sympy "
+                "expression")
+    if d.is_negative:
+        return f"is {d}, negative for every value of its symbols; a dimension must be >= 0"
+    return None
+
+
+def _surely_count(e) -> bool:
+    """True if ``e`` is built so that it is a non-negative integer for every value of its symbols: counts
+    (integer, non-negative symbols), non-negative integers, and sums, products, Max / Min, Piecewise values
+    and floor / ceiling (of non-negative arguments) of such. A cheap structural proof that spares sympy's
+    assumption queries for the dimensions graphs build; False only means "not proven here"."""
+    if e.is_Symbol:
+        return e.is_integer is True and e.is_nonnegative is True
+    if e.is_Integer:
+        return e >= 0
+    if isinstance(e, (sp.floor, sp.ceiling)):
+        return _surely_nonnegative(e.args[0])
+    if isinstance(e, sp.Piecewise):
+        return all(_surely_count(expr) for expr, _ in e.args)
+    if e.is_Add or e.is_Mul or isinstance(e, (sp.Max, sp.Min)):
+        return all(_surely_count(a) for a in e.args)
+    return False
+
+
+def _surely_nonnegative(e) -> bool:
+    """True if ``e`` is built from non-negative symbols and non-negative rationals by sums, products, Max / Min,
+    Piecewise values, floor and ceiling (so it is >= 0 for every value of its symbols)."""
+    if e.is_Symbol:
+        return e.is_nonnegative is True
+    if e.is_Rational:
+        return e >= 0
+    if isinstance(e, sp.Piecewise):
+        return all(_surely_nonnegative(expr) for expr, _ in e.args)
+    if e.is_Add or e.is_Mul or isinstance(e, (sp.Max, sp.Min, sp.floor, sp.ceiling)):
+        return all(_surely_nonnegative(a) for a in e.args)
+    return False
 
 
 def stop_level(index: tuple, shape: tuple) -> int:

@@ -238,7 +238,9 @@ OUT_BYTES_READ = 4
 OUT_BYTES_WRITTEN = 5
 OUT_N_RECORDED = 6
 OUT_FIRES = 7
-N_OUT = 8
+OUT_HBM_REQUESTS = 8  # HBM requests served
+OUT_HBM_CLOSED_FORM_TICKS = 9  # HBM ticks served in closed form (whole periods, see kernels.hbm)
+N_OUT = 10
 
 # ---------------------------------------------------------------------------------- unit parameter table
 UP_OPCODE = 0

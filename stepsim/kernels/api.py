@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from stepsim.kernels import abi as A
 from stepsim.kernels import arena
 from stepsim.kernels import values as V
 from stepsim.kernels.arena import FunctionalStats
+from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK
 
 #: the engine doubles Bufferize arena regions at most this many times before giving up
 MAX_ARENA_DOUBLINGS = 12
@@ -58,6 +60,11 @@ class EngineResult:
         Functional mode: every stored tensor after the run, in its own shape.
     functional : FunctionalStats or None
         Functional mode: value-arena usage (:class:`stepsim.kernels.arena.FunctionalStats`).
+    hbm_requests : int
+        HBM requests served (``addr_offset``-byte requests, reads and writes).
+    hbm_closed_form_ticks : int
+        HBM ticks served in closed form as whole periods of a steady state (:mod:`stepsim.kernels.hbm`);
+        0 with ``run(..., hbm_closed_form=False)``.
     """
 
     cycles: int
@@ -71,6 +78,8 @@ class EngineResult:
     events_recorded: np.ndarray
     outputs: dict | None = None
     functional: FunctionalStats | None = None
+    hbm_requests: int = 0
+    hbm_closed_form_ticks: int = 0
 
     @property
     def firings_per_second(self) -> float:
@@ -78,22 +87,59 @@ class EngineResult:
         return self.fires / self.wall_seconds if self.wall_seconds > 0 else float("inf")
 
 
+#: events in the engine's first slice; later slices grow until one takes about SLICE_SECONDS
+FIRST_SLICE_EVENTS = 1 << 16
+#: target wall time of one engine slice (s): Python handles signals (Ctrl-C) and progress between slices
+SLICE_SECONDS = 0.1
+#: a callback ``progress(events, cycle)`` after each slice: engine events so far and the latest unit clock
+Progress = Callable[[int, int], None]
+
+
 def _engine():
-    from stepsim.kernels.engine import engine_run
+    """The engine's kernels module (imported on first use: importing it loads numba's cached code)."""
+    from stepsim.kernels import engine
 
-    return engine_run
-
-
-def _call(engine_run, program, max_events, rec, fv=None, fi=None):
-    return engine_run(program.unit_params, program.in_ptr, program.in_ch, program.out_ptr, program.out_ch,
-                      program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
-                      program.ch_consumer, program.payload, program.sel_ptr, program.sel_idx, program.hw,
-                      len(program.mem_order), program.arena_rows, max_events, rec, fv, fi)
+    return engine
 
 
-def _ensure_compiled(engine_run, functional: bool = False) -> None:
+def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress | None = None,
+          hbm_closed_form: bool = True):
+    """Run a program to completion, deadlock or ``max_events``, in slices of the event loop.
+
+    The engine's state lives in arrays, so stopping the event loop after any event and calling it again
+    continues exactly where it stopped: slicing changes no cycle, count or event (the tests compare sliced
+    and unsliced runs). Between slices Python can react to signals (Ctrl-C raises KeyboardInterrupt here,
+    not after a minutes-long engine call) and report progress. Slices start small, so short runs pay almost
+    nothing, and double while a slice takes less than half of SLICE_SECONDS, so long runs make a few calls
+    per second (the per-call cost is about 20 µs).
+
+    Returns (out scalars abi.OUT_*, unit state us, channel state chs).
+    """
+    us, chs, slots, arena_rows, eng, hfree, hq, done_list, wl, ts_units, n_ts = engine.engine_init(
+        program.unit_params, program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
+        program.ch_consumer, program.hw, len(program.mem_order), program.arena_rows)
+    eng[E_HBM_PER_TICK] = 0 if hbm_closed_form else 1
+    n_slice = FIRST_SLICE_EVENTS
+    while True:
+        stop = min(max_events, int(eng[E_EVENTS]) + n_slice)
+        t0 = time.perf_counter()
+        status = engine.event_loop(program.unit_params, us, program.in_ptr, program.in_ch, program.out_ptr,
+                                   program.out_ch, program.ch_producer, program.ch_consumer, chs, slots,
+                                   program.payload, program.sel_ptr, program.sel_idx, program.hw, arena_rows, eng,
+                                   hfree, hq, done_list, wl, ts_units, n_ts, stop, rec, fv, fi)
+        if status != A.ST_MAX_EVENTS or eng[E_EVENTS] >= max_events:
+            break
+        if time.perf_counter() - t0 < SLICE_SECONDS / 2:
+            n_slice *= 2
+        if progress is not None:
+            progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
+    out = engine.engine_finish(program.unit_params, us, chs, slots, eng, status)
+    return out, us, chs
+
+
+def _ensure_compiled(engine, functional: bool = False) -> None:
     """Compile (or load from the disk cache) the timing or functional specialization outside the timed call."""
-    sigs = getattr(engine_run, "signatures", None)
+    sigs = getattr(engine.event_loop, "signatures", None)
     if sigs is None:  # NUMBA_DISABLE_JIT: plain Python
         return
     want_none = not functional
@@ -108,11 +154,12 @@ def _ensure_compiled(engine_run, functional: bool = False) -> None:
         refs = arena.tensor_refs(program)
         arrays = {name: np.zeros((refs[name].rows, refs[name].cols), np.float32) for name in refs}
         state = arena.build_state(program, arrays, 256, arena.static_block_hint(program) * 4)
-    _call(engine_run, program, 1 << 40, rec, *(state[:2] if state else ()))
+    _call(engine, program, 1 << 40, rec, *(state[:2] if state else ()))
 
 
 def run(program, *, max_events: int | None = None, record_events: int = 0, inputs: dict | None = None,
-        arena_tiles: int | None = None) -> EngineResult:
+        arena_tiles: int | None = None, progress: Progress | None = None, hbm_closed_form: bool = True
+        ) -> EngineResult:
     """Simulate a :class:`stepsim.program.Program`.
 
     Parameters
@@ -130,6 +177,12 @@ def run(program, *, max_events: int | None = None, record_events: int = 0, input
     arena_tiles : int, optional
         Functional mode: value-arena capacity in tiles. Default: a bound that cannot run out (module
         :mod:`stepsim.kernels.arena`), found with one extra timing run.
+    progress : callable, optional
+        Called as ``progress(events, cycle)`` between slices of a long run (engine events so far, latest
+        unit clock); see :func:`_call`.
+    hbm_closed_form : bool
+        Serve steady HBM periods in closed form (default). False serves every tick one by one: the same
+        results, slower; the equivalence tests compare the two.
 
     Returns
     -------
@@ -146,17 +199,17 @@ def run(program, *, max_events: int | None = None, record_events: int = 0, input
         Event limit reached, an operator met input step-perf would panic on (stop level, selector, ...), or
         (functional) a random address outside its tensor.
     """
-    engine_run = _engine()
-    _ensure_compiled(engine_run, functional=inputs is not None)
+    engine = _engine()
+    _ensure_compiled(engine, functional=inputs is not None)
     limit = (1 << 62) if max_events is None else int(max_events)
     rec = np.zeros((max(int(record_events), 0), 4), dtype=np.int64)
     if inputs is None:
-        out, us, chs, wall, _, _ = _run_growing(engine_run, program, limit, rec, None)
+        out, us, chs, wall, _, _ = _run_growing(engine, program, limit, rec, None, progress, hbm_closed_form)
         return _result(program, out, us, chs, wall, rec)
-    return _run_functional(engine_run, program, limit, rec, inputs, arena_tiles)
+    return _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress, hbm_closed_form)
 
 
-def _run_growing(engine_run, program, limit, rec, make_state):
+def _run_growing(engine, program, limit, rec, make_state, progress=None, hbm_closed_form=True):
     """One engine run, rerun with larger Bufferize regions while a buffer overflows its region.
 
     ``make_state(program)`` returns the functional ``(fv, fi)`` for a run (None: timing mode).
@@ -168,7 +221,7 @@ def _run_growing(engine_run, program, limit, rec, make_state):
         state = make_state(current) if make_state else None
         fv, fi = (state[0], state[1]) if state else (None, None)
         t0 = time.perf_counter()
-        out, us, chs = _call(engine_run, current, limit, rec, fv, fi)
+        out, us, chs = _call(engine, current, limit, rec, fv, fi, progress, hbm_closed_form)
         wall = time.perf_counter() - t0
         if int(out[A.OUT_STATUS]) != A.ST_ARENA_FULL:
             return out, us, chs, wall, current, state
@@ -180,7 +233,7 @@ def _run_growing(engine_run, program, limit, rec, make_state):
         current = program.with_arena_scale(scale)
 
 
-def _run_functional(engine_run, program, limit, rec, inputs, arena_tiles):
+def _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress=None, hbm_closed_form=True):
     """Functional mode: size the value arena, run, rerun once with larger blocks if a tile outgrew them."""
     arrays = arena.check_inputs(program, inputs)
     if arena_tiles is not None and (isinstance(arena_tiles, bool) or not isinstance(arena_tiles, (int, np.integer))
@@ -199,8 +252,8 @@ def _run_functional(engine_run, program, limit, rec, inputs, arena_tiles):
     block = arena.static_block_hint(program)
     while True:
         out, us, chs, wall, current, state = _run_growing(
-            engine_run, program, limit, rec,
-            lambda cur: arena.build_state(cur, arrays, capacity(cur), block))
+            engine, program, limit, rec,
+            lambda cur: arena.build_state(cur, arrays, capacity(cur), block), progress, hbm_closed_form)
         fv, fi, offsets = state
         vstatus = int(fi[V.FI_STATUS])
         if vstatus == V.VS_TOO_BIG and int(out[A.OUT_STATUS]) == A.ST_OK:
@@ -208,7 +261,7 @@ def _run_functional(engine_run, program, limit, rec, inputs, arena_tiles):
             continue
         break
     if vstatus == V.VS_FULL:
-        raise _arena_full_error(program, fi, arena_tiles, lambda: _run_functional(engine_run, program, limit, rec,
+        raise _arena_full_error(program, fi, arena_tiles, lambda: _run_functional(engine, program, limit, rec,
                                                                                   inputs, None))
     if vstatus == V.VS_BAD_ADDRESS:
         unit = int(fi[V.FI_ARG])
@@ -249,7 +302,9 @@ def _result(program, out, us, chs, wall, rec) -> EngineResult:
     return EngineResult(cycles=int(out[A.OUT_CYCLES]), unit_counters=counters, channel_counters=ch_counters,
                         bytes_read=int(out[A.OUT_BYTES_READ]), bytes_written=int(out[A.OUT_BYTES_WRITTEN]),
                         events=int(out[A.OUT_EVENTS]), fires=int(out[A.OUT_FIRES]), wall_seconds=wall,
-                        events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy())
+                        events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy(),
+                        hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
+                        hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]))
 
 
 _STATUS_MESSAGES = {

@@ -25,17 +25,23 @@ from stepsim.kernels.channels import can_pop, can_push, settle_peak
 from stepsim.kernels.hbm import (
     E_BYTES_READ,
     E_BYTES_WRITTEN,
-    E_HBM_NACT,
+    E_EVENTS,
+    E_HBM_REQS,
+    E_HBM_SKIPPED,
+    E_HBM_SNAP_T,
+    E_N_REC,
     E_STATUS,
     E_STATUS_ARG,
     E_WL_N,
     N_ENG,
+    N_HQ,
+    hbm_init,
     hbm_next_tick,
     hbm_process,
 )
 from stepsim.kernels.jit import alloc_kernel, inline_kernel, kernel
 from stepsim.kernels.units_common import advance_busy
-from stepsim.kernels.units_compute import step_accum, step_map
+from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
 from stepsim.kernels.units_memory import (
     step_bufferize,
     step_dyn_streamify,
@@ -75,7 +81,7 @@ from stepsim.kernels.values import FI_STATUS, VS_FULL
 
 
 @inline_kernel
-def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """Step unit u by its opcode. reads/writes: whatever the unit's step does / returns: its STEP_* code.
 
     Inlined into the event loop (numba IR inlining) so a step costs one call, not two: every call passes
@@ -84,85 +90,85 @@ def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
     op = up[u, A.UP_OPCODE]
     if op == A.OP_MAP:
         return step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                        hact, fv, fi)
+                        hq, fv, fi)
     if op == A.OP_ACCUM or op == A.OP_MAP_ACCUM or op == A.OP_SCAN:
         return step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                          hact, fv, fi)
+                          hq, fv, fi)
     if op == A.OP_OFFCHIP_LOAD or op == A.OP_DYN_OFFCHIP_LOAD:
         return step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                 hfree, hact, fv, fi)
+                                 hfree, hq, fv, fi)
     if op == A.OP_SINK:
         return step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact, fv, fi)
+                         hq, fv, fi)
     if op == A.OP_BROADCAST:
         return step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact, fv, fi)
+                              hfree, hq, fv, fi)
     if op == A.OP_FLATTEN:
         return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hact, fv, fi)
+                                    eng, hfree, hq, fv, fi)
     if op == A.OP_PROMOTE:
         if up[u, A.UP_A0 + A.PA_PROMOTE_OUTER]:
             return step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                      eng, hfree, hact, fv, fi)
+                                      eng, hfree, hq, fv, fi)
         return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hact, fv, fi)
+                                    eng, hfree, hq, fv, fi)
     if op == A.OP_RESHAPE:
         return step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                            hfree, hact, fv, fi)
+                            hfree, hq, fv, fi)
     if op == A.OP_PARTITION:
         return step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact, fv, fi)
+                              hfree, hq, fv, fi)
     if op == A.OP_REASSEMBLE:
         return step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hact, fv, fi)
+                               hfree, hq, fv, fi)
     if op == A.OP_EAGER_MERGE:
         return step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                hfree, hact, fv, fi)
+                                hfree, hq, fv, fi)
     if op == A.OP_PARALLELIZE:
         return step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                hfree, hact, fv, fi)
+                                hfree, hq, fv, fi)
     if op == A.OP_OFFCHIP_STORE:
         return step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact, fv, fi)
+                                  eng, hfree, hq, fv, fi)
     if op == A.OP_RANDOM_OFFCHIP_LOAD:
         return step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                        arena, eng, hfree, hact, fv, fi)
+                                        arena, eng, hfree, hq, fv, fi)
     if op == A.OP_RANDOM_OFFCHIP_STORE:
         return step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                         arena, eng, hfree, hact, fv, fi)
+                                         arena, eng, hfree, hq, fv, fi)
     if op == A.OP_BUFFERIZE:
         return step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact, fv, fi)
+                              hfree, hq, fv, fi)
     if op == A.OP_STREAMIFY:
         return step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact, fv, fi)
+                              hfree, hq, fv, fi)
     if op == A.OP_DYN_STREAMIFY:
         return step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact, fv, fi)
+                                  eng, hfree, hq, fv, fi)
     if op == A.OP_EXPAND_REF:
         return step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hact, fv, fi)
+                               hfree, hq, fv, fi)
     if op == A.OP_REPEAT_STATIC:
         return step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact, fv, fi)
+                                  eng, hfree, hq, fv, fi)
     if op == A.OP_ROW_STREAMIFY:
         return step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hact, fv, fi)
+                                  eng, hfree, hq, fv, fi)
     if op == A.OP_SELECT_GEN:
         return step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hact, fv, fi)
+                               hfree, hq, fv, fi)
     if op == A.OP_METADATA_GEN:
         return step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                 hfree, hact, fv, fi)
+                                 hfree, hq, fv, fi)
     if op == A.OP_EXPERT_ADDR_GEN:
         return step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hact, fv, fi)
+                                    eng, hfree, hq, fv, fi)
     if op == A.OP_CACHE_READ_ADDR_GEN:
         return step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                        arena, eng, hfree, hact, fv, fi)
+                                        arena, eng, hfree, hq, fv, fi)
     if op == A.OP_FILTER_LAST_TILE:
         return step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                     eng, hfree, hact, fv, fi)
+                                     eng, hfree, hq, fv, fi)
     return A.STEP_DONE
 
 
@@ -178,15 +184,19 @@ def _wake(us, wl, wl_n, v):
 
 @kernel
 def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots, payload, sel_ptr, sel_idx, hw,
-               arena, eng, hfree, hact, done_list, wl, ts_units, n_ts, max_events, rec, fv, fi):
+               arena, eng, hfree, hq, done_list, wl, ts_units, n_ts, stop_events, rec, fv, fi):
     """The scheduler (compiled without NRT: no reference counting on the hot path).
 
-    reads: the program / writes: every state array, rec / returns: (status, events, recorded steps).
+    Runs until the program ends, a unit raises a status, or ``eng[E_EVENTS]`` reaches ``stop_events``
+    (then it returns ST_MAX_EVENTS with every state array consistent, so a later call resumes exactly where
+    this one stopped: the engine runs in slices, see :mod:`stepsim.kernels.api`).
+
+    reads: the program / writes: every state array, rec, eng[E_EVENTS / E_N_REC / E_WL_N] / returns: status.
     """
     wl_n = eng[E_WL_N]
     n_rec_max = rec.shape[0]
-    n_rec = 0
-    events = 0
+    n_rec = eng[E_N_REC]
+    events = eng[E_EVENTS]
     status = A.ST_OK
     while status == A.ST_OK:
         while wl_n > 0:
@@ -194,7 +204,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             u = wl[wl_n]
             us[u, A.US_IN_WORKLIST] = 0
             r = dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact, fv, fi)
+                         hq, fv, fi)
             events += 1
             if n_rec < n_rec_max:
                 rec[n_rec, 0] = u
@@ -227,7 +237,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_EMPTY and (
                         can_pop(chs, c) or chs[c, A.CH_CLOSED] == 1):
                     wl_n = _wake(us, wl, wl_n, v)
-            if events >= max_events:
+            if events >= stop_events:
                 status = A.ST_MAX_EVENTS
                 break
         if status != A.ST_OK:
@@ -242,11 +252,11 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 if t < best_t:
                     best_t = t
                     best_u = v
-        t_hbm = hbm_next_tick(us, eng, hact) if eng[E_HBM_NACT] > 0 else A.NEVER
+        t_hbm = hbm_next_tick(eng, hq)
         if t_hbm == A.NEVER and best_u < 0:
             break
         if t_hbm <= best_t:
-            nd = hbm_process(best_t, us, eng, hact, hw, hfree, done_list)
+            nd = hbm_process(best_t, us, eng, hq, hw, hfree, done_list)
             events += 1
             for k in range(nd):
                 v = done_list[k]
@@ -257,16 +267,19 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             us[best_u, R_DECIDE] = best_t
             us[best_u, A.US_WAIT_KIND] = A.WAIT_NONE
             wl_n = _wake(us, wl, wl_n, best_u)
-    return status, events, n_rec
+    eng[E_WL_N] = wl_n
+    eng[E_EVENTS] = events
+    eng[E_N_REC] = n_rec
+    return status
 
 
 @alloc_kernel
-def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, payload, sel_ptr,
-               sel_idx, hw, n_mem, arena_rows, max_events, rec, fv, fi):
-    """Run a program to completion, deadlock or the event limit.
+def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, arena_rows):
+    """Allocate and initialize the run state of a program (every unit on the worklist).
 
-    reads: the program arrays / writes: rec (recorded steps: unit, clock, fires, step code) /
-    returns: (out scalars abi.OUT_*, unit state us, channel state chs).
+    reads: the program arrays / writes: nothing / returns: (us, chs, slots, arena, eng, hfree, hq, done_list,
+    wl, ts_units, n_ts): unit and channel state, channel slots, arena, engine scalars, HBM state, worklist
+    and the time-sensitive units.
     """
     n_units = up.shape[0]
     n_ch = ch_cap.shape[0]
@@ -298,6 +311,8 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
         elif op == A.OP_EAGER_MERGE:
             us[u, R_DECIDE] = -1
             n_ts += 1
+        elif op == A.OP_MAP or op == A.OP_MAP_ACCUM:
+            us[u, R_COST_A_ROWS] = -1  # no operand shape seen yet (see units_compute._cached_map_cycles)
     arena = np.zeros((arena_rows + extra, A.N_TOKEN), dtype=np.int64)
     ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
     k = 0
@@ -305,24 +320,34 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
         if up[u, A.UP_OPCODE] == A.OP_EAGER_MERGE:
             ts_units[k] = u
             k += 1
-    hfree = np.zeros(hw[A.HW_HBM_CHANNELS], dtype=np.int64)
-    hact = np.zeros(max(n_mem, 1), dtype=np.int64)
+    hfree = np.zeros((2, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)  # free times; period snapshot (hbm.py)
+    hq = np.zeros((max(n_mem, 1), N_HQ), dtype=np.int64)
+    hbm_init(hq, up)
     done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
     eng = np.zeros(N_ENG, dtype=np.int64)
+    eng[E_HBM_SNAP_T] = -1
     wl = np.zeros(max(n_units, 1), dtype=np.int64)
     wl_n = 0
     for u in range(n_units - 1, -1, -1):
         wl_n = _wake(us, wl, wl_n, u)
     eng[E_WL_N] = wl_n
-    status, events, n_rec = event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots,
-                                       payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, done_list, wl,
-                                       ts_units, n_ts, max_events, rec, fv, fi)
+    return us, chs, slots, arena, eng, hfree, hq, done_list, wl, ts_units, n_ts
+
+
+@alloc_kernel
+def engine_finish(up, us, chs, slots, eng, status):
+    """Close a run: settle channel peaks, compute the reported cycles and the output scalars.
+
+    reads: unit and channel state / writes: chs peaks / returns: the out scalars (abi.OUT_*); a run that
+    stopped with ST_OK and unfinished units is a deadlock.
+    """
+    n_units = up.shape[0]
     if status == A.ST_OK:
         for u in range(n_units):
             if us[u, A.US_DONE] == 0:
                 status = A.ST_DEADLOCK
                 break
-    for c in range(n_ch):  # elements still queued hold their slots to the end
+    for c in range(chs.shape[0]):  # elements still queued hold their slots to the end
         settle_peak(chs, slots, c, True)
     cycles = 0
     fires = 0
@@ -335,10 +360,12 @@ def engine_run(up, in_ptr, in_ch, out_ptr, out_ch, ch_cap, ch_lat, ch_credit, ch
     out = np.zeros(A.N_OUT, dtype=np.int64)
     out[A.OUT_STATUS] = status
     out[A.OUT_STATUS_ARG] = eng[E_STATUS_ARG]
-    out[A.OUT_EVENTS] = events
+    out[A.OUT_EVENTS] = eng[E_EVENTS]
     out[A.OUT_CYCLES] = cycles
     out[A.OUT_BYTES_READ] = eng[E_BYTES_READ]
     out[A.OUT_BYTES_WRITTEN] = eng[E_BYTES_WRITTEN]
-    out[A.OUT_N_RECORDED] = n_rec
+    out[A.OUT_N_RECORDED] = eng[E_N_REC]
     out[A.OUT_FIRES] = fires
-    return out, us, chs
+    out[A.OUT_HBM_REQUESTS] = eng[E_HBM_REQS]
+    out[A.OUT_HBM_CLOSED_FORM_TICKS] = eng[E_HBM_SKIPPED]
+    return out

@@ -1,4 +1,4 @@
-"""The HBM model of step-perf (STEP_TIMING §4), batched: one engine event per tile, not per request.
+"""The HBM model of step-perf (docs: STEP_TIMING §4), batched: one engine event per tile, not per request.
 
 A memory unit that starts a tile at clock ``t0`` registers ``(t0, n_req, par_dispatch)`` with
 :func:`hbm_register`; chunk k (``min(P, n_req - kP)`` requests) is taken by the HBM at tick ``t0 + 1 + k``
@@ -14,8 +14,26 @@ stops after a tick that completed some tile, so the Kahn units can react before 
 a completion at ``ready + 1 >= T + 18`` can only cause requests at ticks after T, and a time-sensitive event
 at E can only cause requests at ticks >= E + 2.
 
-State: ``hfree[c]`` = channel c's next free cycle; ``hact[0:n]`` = active memory units sorted by priority;
-``eng[E_HBM_*]`` scalars (next tick, offset, active count).
+Cost: work per tick is proportional to the units that are due at that tick, not to all registered units.
+A registered tile is either *pending* (its first chunk lies in the future) or *started*. Once started, a
+unit is served at every tick until its last chunk (chunk k at ``t0 + 1 + k``, consecutive ticks), so at any
+tick the due units are exactly: every started unit, plus the pending units whose first tick is now. Pending
+units wait in a binary min-heap keyed by ``(first tick, priority)``; started units are kept sorted by
+priority in one of two buffers, and a tick with newcomers merges the heap's due units into the other buffer
+(an O(due) merge; no insertion shifts). Finding the next tick is O(1): the tick after the last served one
+while any unit is started, else the heap's top. The per-request path has no division or modulo.
+(An earlier version kept every registered unit in one sorted array and scanned it three times per tick;
+512-expert MoE layers spent 99 % of their engine time there.)
+
+State (all int64):
+
+* ``hfree[0, c]``: channel c's next free cycle; ``hfree[1, c]``: its value at the start of the watched period.
+* ``hq[n_mem, N_HQ]``, one row per memory unit, indexed by its priority p (``UP_MEM_PRIORITY``; readers
+  first, then writers, in builder order). Columns ``HQ_START_A`` / ``HQ_START_B`` (the two started-list
+  buffers) and ``HQ_HEAP`` hold priorities, not rows of their own; ``HQ_T0`` .. ``HQ_UNIT`` are unit p's
+  registers for the tile in flight (64 bytes per memory unit).
+* ``eng[E_HBM_*]`` scalars: next tick, channel offset, started count, pending count, which started buffer is
+  current, requests served.
 """
 
 from __future__ import annotations
@@ -24,9 +42,9 @@ from stepsim.kernels import abi as A
 from stepsim.kernels.jit import kernel
 
 # engine scalar slots owned by the HBM (indices into eng; see engine.py for the rest)
-E_HBM_NEXT = 0  # first tick not yet served
+E_HBM_NEXT = 0  # first tick not yet served (started units are due exactly then)
 E_HBM_OFF = 1  # channel offset (persistent across ticks)
-E_HBM_NACT = 2  # number of active memory units
+E_HBM_NACT = 2  # number of started units
 E_HBM_REQS = 3  # requests served (for statistics)
 # the engine's other scalars (kept here so every kernel module shares one layout)
 E_BYTES_READ = 4  # off-chip bytes read (sum of loaded tile bytes)
@@ -34,13 +52,29 @@ E_BYTES_WRITTEN = 5  # off-chip bytes written
 E_STATUS = 6  # abi.ST_* raised by a unit
 E_STATUS_ARG = 7  # the unit that raised it
 E_WL_N = 8  # worklist length
-N_ENG = 16
+E_HBM_NPEND = 9  # number of pending units (in the heap)
+E_HBM_CUR = 10  # which started buffer is current: 0 = HQ_START_A, 1 = HQ_START_B
+E_EVENTS = 11  # engine events so far (kept across slices of the event loop)
+E_N_REC = 12  # recorded steps so far
+E_HBM_SNAP_T = 13  # tick of the period snapshot in hfree[1] (-1: none; see _start_period)
+E_HBM_PERIOD = 14  # ticks per period of the channel pattern (L)
+E_HBM_IDLE = 15  # 1 if a request of the watched period found its channel idle
+E_HBM_TICK_REQS = 16  # requests per tick of the watched run
+E_HBM_PER_TICK = 17  # 1: serve every tick one by one (no closed form; for equivalence tests)
+E_HBM_SKIPPED = 18  # ticks served in closed form
+N_ENG = 24
 
-# registers of a memory unit while its tile is in flight (us columns)
-R_T0 = A.US_R0 + 12
-R_NREQ = A.US_R0 + 13
-R_PAR = A.US_R0 + 14
-R_CHUNK = A.US_R0 + 15  # chunks served so far; the completion time accumulates in US_TOK_B
+# hq columns
+HQ_START_A = 0  # started list (priorities, ascending), buffer A
+HQ_START_B = 1  # buffer B
+HQ_HEAP = 2  # pending heap (priorities), ordered by (HQ_T0, priority)
+HQ_T0 = 3  # the tile's start clock t0 (first chunk at tick t0 + 1)
+HQ_LEFT = 4  # requests not yet served
+HQ_PAR = 5  # requests per chunk (par_dispatch)
+HQ_COMP = 6  # completion so far: max over served requests of ready + 1 (t0 before the first)
+HQ_UNIT = 7  # the unit with this priority
+HQ_PMAX = 8  # the maximum of the completions in the watched period (see _try_skip)
+N_HQ = 9
 
 
 @kernel
@@ -50,130 +84,287 @@ def n_requests(rows, cols, elem_bytes, addr_offset):
 
 
 @kernel
-def hbm_register(u, up, us, eng, hact, t0, nreq, par):
+def _before(hq, p, q):
+    """reads: hq / returns: True if pending unit p is due before q (first tick, then priority)."""
+    tp = hq[p, HQ_T0]
+    tq = hq[q, HQ_T0]
+    return tp < tq or (tp == tq and p < q)
+
+
+@kernel
+def _heap_push(hq, n, p):
+    """Insert priority p into the pending heap of size n. writes: hq[:, HQ_HEAP] / returns: nothing."""
+    k = n
+    while k > 0:
+        parent = (k - 1) >> 1
+        q = hq[parent, HQ_HEAP]
+        if not _before(hq, p, q):
+            break
+        hq[k, HQ_HEAP] = q
+        k = parent
+    hq[k, HQ_HEAP] = p
+
+
+@kernel
+def _heap_pop(hq, n):
+    """Remove and return the top of the pending heap of size n (n >= 1). writes: hq[:, HQ_HEAP]."""
+    top = hq[0, HQ_HEAP]
+    n -= 1
+    last = hq[n, HQ_HEAP]
+    k = 0
+    while True:
+        child = 2 * k + 1
+        if child >= n:
+            break
+        c = hq[child, HQ_HEAP]
+        if child + 1 < n:
+            c2 = hq[child + 1, HQ_HEAP]
+            if _before(hq, c2, c):
+                child += 1
+                c = c2
+        if not _before(hq, c, last):
+            break
+        hq[k, HQ_HEAP] = c
+        k = child
+    if n > 0:
+        hq[k, HQ_HEAP] = last
+    return top
+
+
+@kernel
+def hbm_init(hq, up):
+    """reads: up priorities / writes: hq[:, HQ_UNIT] (the unit of each priority) / returns: nothing."""
+    for u in range(up.shape[0]):
+        p = up[u, A.UP_MEM_PRIORITY]
+        if p >= 0:
+            hq[p, HQ_UNIT] = u
+
+
+@kernel
+def hbm_register(u, up, us, eng, hq, t0, nreq, par):
     """Start a tile of memory unit u at clock t0 with nreq requests, par per chunk.
 
-    reads: up[u] priority, eng / writes: us[u] tile registers, hact, eng / returns: False if the first chunk
+    reads: up[u] priority, eng / writes: us[u] wait state, hq, eng / returns: False if the first chunk
     would fall before the HBM's served horizon (a causality bug), else True.
     """
-    us[u, R_T0] = t0
-    us[u, R_NREQ] = nreq
-    us[u, R_PAR] = par
-    us[u, R_CHUNK] = 0
-    us[u, A.US_TOK_B] = t0  # completion time (max over responses)
+    p = up[u, A.UP_MEM_PRIORITY]
+    hq[p, HQ_T0] = t0
+    hq[p, HQ_LEFT] = nreq
+    hq[p, HQ_PAR] = par
+    hq[p, HQ_COMP] = t0
     us[u, A.US_WAIT_KIND] = A.WAIT_HBM
     us[u, A.US_WAIT_CH] = -1
-    n = eng[E_HBM_NACT]
-    prio = up[u, A.UP_MEM_PRIORITY]
-    k = n
-    while k > 0 and up[hact[k - 1], A.UP_MEM_PRIORITY] > prio:
-        hact[k] = hact[k - 1]
-        k -= 1
-    hact[k] = u
-    eng[E_HBM_NACT] = n + 1
+    n = eng[E_HBM_NPEND]
+    _heap_push(hq, n, p)
+    eng[E_HBM_NPEND] = n + 1
     return t0 + 1 >= eng[E_HBM_NEXT]
 
 
 @kernel
-def hbm_next_tick(us, eng, hact):
-    """reads: active units' registers / writes: nothing / returns: the next tick with a chunk, or NEVER."""
-    best = A.NEVER
-    for k in range(eng[E_HBM_NACT]):
-        u = hact[k]
-        t = us[u, R_T0] + 1 + us[u, R_CHUNK]
-        best = min(best, t)
-    return best
+def hbm_next_tick(eng, hq):
+    """reads: eng, the heap's top / writes: nothing / returns: the next tick with a chunk, or NEVER."""
+    if eng[E_HBM_NACT] > 0:
+        return eng[E_HBM_NEXT]
+    if eng[E_HBM_NPEND] > 0:
+        return hq[hq[0, HQ_HEAP], HQ_T0] + 1
+    return A.NEVER
 
 
 @kernel
-def _serve_chunk(u, us, T, bi, off, hw, hfree):
-    """Serve chunk us[u, R_CHUNK] of unit u at tick T; bi is the tick's batch index so far.
+def _serve_chunk(hq, p, T1, off, bim, C, ii, lat, hfree):
+    """Serve the next chunk of unit p (priority) at tick T1 - 1, from channel offset off and batch step bim.
 
-    reads: hw, hfree / writes: hfree, us[u] completion + chunk count / returns: (bi, off) after the chunk.
+    reads: hq[p], hw values / writes: hfree[0], hq[p] requests left, completion and period maximum /
+    returns: (off, bim, requests served, 1 if some request found its channel idle before T1 else 0).
+    """
+    n = min(hq[p, HQ_PAR], hq[p, HQ_LEFT])
+    smax = -1
+    idle = 0
+    for _ in range(n):
+        off += bim
+        if off >= C:
+            off -= C
+        bim += 1
+        if bim == C:
+            bim = 0
+        s = hfree[0, off]
+        if s < T1:
+            s = T1
+            idle = 1
+        hfree[0, off] = s + ii
+        if s > smax:
+            smax = s
+    hq[p, HQ_LEFT] -= n
+    if smax >= 0:
+        r = smax + lat
+        if r > hq[p, HQ_COMP]:
+            hq[p, HQ_COMP] = r
+        if r > hq[p, HQ_PMAX]:
+            hq[p, HQ_PMAX] = r
+    return off, bim, n, idle
+
+
+@kernel
+def _gcd(a, b):
+    """returns: gcd(a, b) for a, b >= 0."""
+    while b:
+        a, b = b, a % b
+    return a
+
+
+@kernel
+def _start_period(hq, col, ns, eng, hfree, C, T, n_tick):
+    """Begin watching for a periodic steady state at tick T: snapshot the channels, reset the period maxima.
+
+    A tick of n requests moves the channel offset by n(n+1)/2 (mod C), so the channel pattern of the ticks
+    repeats every L = C / gcd(n(n+1)/2 mod C, C) ticks. writes: hfree[1], hq period maxima, eng period slots.
+    """
+    delta = (n_tick * (n_tick + 1) // 2) % C
+    eng[E_HBM_PERIOD] = C // _gcd(delta, C)
+    eng[E_HBM_SNAP_T] = T
+    eng[E_HBM_IDLE] = 0
+    eng[E_HBM_TICK_REQS] = n_tick
+    for c in range(C):
+        hfree[1, c] = hfree[0, c]
+    for i in range(ns):
+        hq[hq[i, col], HQ_PMAX] = -1
+
+
+@kernel
+def _try_skip(hq, col, ns, eng, hfree, C, bound, t_pend):
+    """At the end of a watched period: if it repeats, serve as many whole periods as allowed in closed form.
+
+    The channels are independent, and channel c's future depends only on its backlog r_c = free[c] - T at a
+    period start. Over one period (L ticks, the same units each serving a full chunk per tick, so the same
+    channel sequence) every visited channel moved by the same D = L + d: if d = 0 the backlogs repeat
+    exactly, so every later period repeats this one shifted by L ticks; if d > 0 and no request found its
+    channel idle (max(free, T+1) = free throughout, a linear recurrence), every later period is this one
+    shifted by D. Either way K more periods shift every response and every visited channel's free time by
+    K*D, so each unit's completion becomes max(completion, its maximum in this period + K*D). K is the
+    largest number of periods in which no unit finishes, no pending unit starts and no tick passes bound.
+
+    reads: hfree, hq, eng / writes: hfree[0], hq, eng next tick and request count / returns: ticks skipped.
+    """
+    L = eng[E_HBM_PERIOD]
+    T = eng[E_HBM_NEXT]  # the first tick of the next period
+    D = -1
+    for c in range(C):
+        moved = hfree[0, c] - hfree[1, c]
+        if moved != 0:
+            if D < 0:
+                D = moved
+            elif moved != D:
+                return 0
+    if D < L or (D > L and eng[E_HBM_IDLE] != 0):
+        return 0
+    K = (bound - T + 1) // L
+    if t_pend != A.NEVER:
+        K = min(K, (t_pend - T) // L)
+    for i in range(ns):
+        p = hq[i, col]
+        K = min(K, (hq[p, HQ_LEFT] - 1) // (L * hq[p, HQ_PAR]))
+    if K <= 0:
+        return 0
+    shift = K * D
+    for c in range(C):
+        if hfree[0, c] != hfree[1, c]:
+            hfree[0, c] += shift
+    for i in range(ns):
+        p = hq[i, col]
+        hq[p, HQ_LEFT] -= K * L * hq[p, HQ_PAR]
+        r = hq[p, HQ_PMAX] + shift
+        if r > hq[p, HQ_COMP]:
+            hq[p, HQ_COMP] = r
+    eng[E_HBM_REQS] += K * L * eng[E_HBM_TICK_REQS]
+    eng[E_HBM_NEXT] = T + K * L
+    eng[E_HBM_SKIPPED] += K * L
+    return K * L
+
+
+@kernel
+def hbm_process(bound, us, eng, hq, hw, hfree, done_list):
+    """Serve HBM ticks in order while the next tick is <= bound; stop after a tick that completes a tile.
+
+    Ticks are served one by one; while the set of due units stays the same, the HBM watches for a periodic
+    steady state and serves whole periods of it in closed form (:func:`_try_skip`), so a long stream of
+    tiles costs time in proportion to its changes, not its requests.
+
+    reads: hq, hw / writes: hfree, eng HBM scalars, hq; a completed unit u gets its completion time in
+    us[u, US_TOK_B] and is written to done_list / returns: the number of completed units.
     """
     C = hw[A.HW_HBM_CHANNELS]
     ii = hw[A.HW_HBM_INIT_INTERVAL]
     lat = hw[A.HW_HBM_START_UP] + hw[A.HW_HBM_LATENCY] + 1
-    par = us[u, R_PAR]
-    k = us[u, R_CHUNK]
-    n = us[u, R_NREQ] - k * par
-    n = min(n, par)
-    comp = us[u, A.US_TOK_B]
-    for _ in range(n):
-        off = (off + bi) % C
-        bi += 1
-        s = hfree[off]
-        s = max(s, T + 1)
-        hfree[off] = s + ii
-        r = s + lat
-        comp = max(comp, r)
-    us[u, A.US_TOK_B] = comp
-    us[u, R_CHUNK] = k + 1
-    return bi, off
-
-
-@kernel
-def n_chunks(us, u):
-    """reads: us[u] tile registers / writes: nothing / returns: ceil(n_req / par) (at least 1)."""
-    par = us[u, R_PAR]
-    m = (us[u, R_NREQ] + par - 1) // par
-    return m if m > 0 else 1
-
-
-@kernel
-def hbm_process(bound, us, eng, hact, hw, hfree, done_list):
-    """Serve HBM ticks in order while the next tick is <= bound; stop after a tick that completes a tile.
-
-    reads: active units, hw / writes: hfree, eng HBM scalars, us of served units; completed units are
-    removed from hact and written to done_list / returns: the number of completed units.
-    """
-    C = hw[A.HW_HBM_CHANNELS]
     ndone = 0
-    while eng[E_HBM_NACT] > 0:
-        n_act = eng[E_HBM_NACT]
-        if n_act == 1:
-            # fast path: one active unit, its chunks fall on consecutive ticks
-            u = hact[0]
-            m = n_chunks(us, u)
-            off = eng[E_HBM_OFF]
-            T = us[u, R_T0] + 1 + us[u, R_CHUNK]
-            if T > bound:
-                return ndone
-            while us[u, R_CHUNK] < m and T <= bound:
-                bi, off = _serve_chunk(u, us, T, 0, off, hw, hfree)
-                off = (off + bi) % C
-                eng[E_HBM_REQS] += bi
-                T += 1
-            eng[E_HBM_OFF] = off
-            eng[E_HBM_NEXT] = T
-            if us[u, R_CHUNK] == m:
-                eng[E_HBM_NACT] = 0
-                done_list[ndone] = u
-                ndone += 1
-            return ndone
-        T = hbm_next_tick(us, eng, hact)
+    ns = eng[E_HBM_NACT]
+    npend = eng[E_HBM_NPEND]
+    cur = eng[E_HBM_CUR]
+    off = eng[E_HBM_OFF]
+    while ns > 0 or npend > 0:
+        t_pend = hq[hq[0, HQ_HEAP], HQ_T0] + 1 if npend > 0 else A.NEVER
+        T = eng[E_HBM_NEXT] if ns > 0 else t_pend
         if T > bound:
-            return ndone
-        bi = 0
-        off = eng[E_HBM_OFF]
-        for k in range(n_act):
-            u = hact[k]
-            if us[u, R_T0] + 1 + us[u, R_CHUNK] == T:
-                bi, off = _serve_chunk(u, us, T, bi, off, hw, hfree)
-        eng[E_HBM_OFF] = (off + bi) % C
-        eng[E_HBM_REQS] += bi
-        eng[E_HBM_NEXT] = T + 1
-        # remove completed units (keeps priority order)
+            break
+        # Serve the due units in priority order: the started list merged with the newcomers popped from the
+        # heap. Units that stay started are compacted into the other buffer when there are newcomers, else in
+        # place (the write index never passes the read index).
+        merging = t_pend == T
+        src = HQ_START_A + cur
+        dst = HQ_START_B - cur if merging else src
+        bi = 0  # requests of this tick so far (for the statistics)
+        bim = 0  # bi mod C: the triangular offset step, kept without a division
+        idle = 0
+        i = 0
         w = 0
-        for k in range(n_act):
-            u = hact[k]
-            if us[u, R_CHUNK] >= n_chunks(us, u):
+        while True:
+            a = hq[i, src] if i < ns else A.NEVER
+            b = A.NEVER
+            if merging and npend > 0:
+                top = hq[0, HQ_HEAP]
+                if hq[top, HQ_T0] + 1 == T:
+                    b = top
+            if a < b:
+                p = a
+                i += 1
+            elif b != A.NEVER:
+                p = _heap_pop(hq, npend)
+                npend -= 1
+            else:
+                break
+            off, bim, n, idle_p = _serve_chunk(hq, p, T + 1, off, bim, C, ii, lat, hfree)
+            bi += n
+            idle |= idle_p
+            if hq[p, HQ_LEFT] == 0:
+                u = hq[p, HQ_UNIT]
+                us[u, A.US_TOK_B] = hq[p, HQ_COMP]
                 done_list[ndone] = u
                 ndone += 1
             else:
-                hact[w] = u
+                hq[w, dst] = p
                 w += 1
-        eng[E_HBM_NACT] = w
+        if merging:
+            cur = 1 - cur
+        ns = w
+        off += bim
+        if off >= C:
+            off -= C
+        eng[E_HBM_REQS] += bi
+        eng[E_HBM_NEXT] = T + 1
         if ndone > 0:
-            return ndone
+            eng[E_HBM_SNAP_T] = -1
+            break
+        # the same units serve full chunks at the next tick unless a unit joins: watch for a steady state
+        col = HQ_START_A + cur
+        if merging or eng[E_HBM_SNAP_T] < 0 or eng[E_HBM_TICK_REQS] != bi:
+            _start_period(hq, col, ns, eng, hfree, C, T + 1, bi)
+        else:
+            eng[E_HBM_IDLE] |= idle
+            if T + 1 - eng[E_HBM_SNAP_T] == eng[E_HBM_PERIOD] and eng[E_HBM_PER_TICK] == 0:
+                t_next = hq[hq[0, HQ_HEAP], HQ_T0] + 1 if npend > 0 else A.NEVER
+                _try_skip(hq, col, ns, eng, hfree, C, bound, t_next)
+                _start_period(hq, col, ns, eng, hfree, C, eng[E_HBM_NEXT], bi)
+    eng[E_HBM_NACT] = ns
+    eng[E_HBM_NPEND] = npend
+    eng[E_HBM_CUR] = cur
+    eng[E_HBM_OFF] = off
     return ndone

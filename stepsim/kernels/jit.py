@@ -48,6 +48,19 @@ def _invalidate_stale_cache() -> None:
 
 _invalidate_stale_cache()
 
+
+def kernels_cached() -> bool:
+    """True if numba's disk cache holds the engine's event loop (so a run loads it instead of compiling).
+
+    Looks where numba puts it: beside the sources (``__pycache__``), else under ``NUMBA_CACHE_DIR``. Only
+    decides whether to print the "compiling once" notice; a wrong answer costs nothing else.
+    """
+    pattern = "engine.event_loop-*.nbi"
+    if any((_HERE / "__pycache__").glob(pattern)):
+        return True
+    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
+    return bool(cache_dir) and any(Path(cache_dir).rglob(pattern))
+
 #: decorator for kernels that never allocate (unit steps, HBM, helpers): compiled without numba's runtime
 #: (``_nrt=False``), so passing arrays between them costs no reference counting
 kernel = numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False)

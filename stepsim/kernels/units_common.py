@@ -1,7 +1,7 @@
 """Helpers shared by the per-family unit state machines (clock accounting, tokens, selectors, stop levels).
 
 Every unit step function has the signature
-``step(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact)`` and
+``step(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq)`` and
 returns ``abi.STEP_BLOCKED`` (after recording what it waits on in ``us[u, US_WAIT_CH / US_WAIT_KIND]``),
 ``abi.STEP_DONE`` or ``abi.STEP_TIME`` (a time-sensitive unit yielding to the global scheduler).
 Units run ahead until they block (canonical rule 2): a firing is started only when everything it needs is

@@ -19,11 +19,18 @@ from stepsim.kernels import abi as A
 from stepsim.kernels import values as V
 from stepsim.kernels.channels import can_pop, can_push, head_row, pop
 from stepsim.kernels.hbm import E_STATUS, E_STATUS_ARG
-from stepsim.kernels.jit import kernel
+from stepsim.kernels.jit import inline_kernel, kernel
 from stepsim.kernels.units_common import block, emit, load_cycles, pmu_cycles, seen_closed, spend, wait_input
 from stepsim.kernels.values import drop, keep
 
 R_INIT = A.US_R0 + 0  # 1 once the accumulator holds the init tile
+# the last operand shapes of a Map / MapAccum and their compute cycles (see _cached_map_cycles); shapes start at
+# -1, so the first firing always computes
+R_COST_A_ROWS = A.US_R0 + 1
+R_COST_A_COLS = A.US_R0 + 2
+R_COST_B_ROWS = A.US_R0 + 3
+R_COST_B_COLS = A.US_R0 + 4
+R_COST = A.US_R0 + 5
 
 
 @kernel
@@ -44,10 +51,54 @@ def stops_conflict(s1, s2):
 
 
 @kernel
-def fn_map(fn, param, bw, sa, ra, ca, sb, rb, cb):
-    """Apply a Map function to operand tokens a (and b).
+def fn_map_cycles(fn, param, bw, a_rows, a_cols, b_rows, b_cols):
+    """reads/writes: nothing / returns: the compute cycles of a Map function on operands of these shapes."""
+    if fn == A.FN_MATMUL:
+        n = b_rows if param == 1 else b_cols
+        return _ceil_div(2 * a_rows * a_cols * n, bw)
+    if fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
+        return _ceil_div(max(b_rows, a_rows) * max(b_cols, a_cols), bw)
+    if fn == A.FN_SILU:
+        return _ceil_div(8 * a_rows * a_cols, bw)
+    if fn == A.FN_EXP:
+        return _ceil_div(4 * a_rows * a_cols, bw)
+    if fn == A.FN_ROWSUM or fn == A.FN_ROWMAX:
+        return _ceil_div(a_rows * a_cols, bw)
+    if fn == A.FN_ONLINE_SOFTMAX:  # a: scores [q, n], b: values [n, d]
+        q, n, d = a_rows, a_cols, b_cols
+        return _ceil_div(2 * q * n * d + 8 * q * n + 2 * q * d + 6 * q, bw)
+    if fn == A.FN_SOFTMAX_NORMALIZE:
+        return _ceil_div(a_rows * (a_cols - 2), bw)
+    if fn == A.FN_SET_OFFSET or fn == A.FN_ROW_APPEND or fn == A.FN_CACHE_WRITE_ADDR:
+        return 1
+    return 0
 
-    reads: the operand tokens / writes: nothing /
+
+@inline_kernel
+def _cached_map_cycles(us, u, fn, param, bw, a_rows, a_cols, b_rows, b_cols):
+    """:func:`fn_map_cycles`, remembered per unit for the last operand shapes (R_COST_*).
+
+    A unit's function, parameter and bandwidth never change and its operands mostly keep their shape, so
+    this saves the integer division on almost every firing (about 20 % of a Map firing's cost).
+    reads/writes: us[u] cost registers / returns: cycles.
+    """
+    if (a_rows == us[u, R_COST_A_ROWS] and a_cols == us[u, R_COST_A_COLS] and b_rows == us[u, R_COST_B_ROWS]
+            and b_cols == us[u, R_COST_B_COLS]):
+        return us[u, R_COST]
+    cycles = fn_map_cycles(fn, param, bw, a_rows, a_cols, b_rows, b_cols)
+    us[u, R_COST_A_ROWS] = a_rows
+    us[u, R_COST_A_COLS] = a_cols
+    us[u, R_COST_B_ROWS] = b_rows
+    us[u, R_COST_B_COLS] = b_cols
+    us[u, R_COST] = cycles
+    return cycles
+
+
+@inline_kernel
+def fn_map(us, u, fn, param, bw, sa, ra, ca, sb, rb, cb):
+    """Apply a Map function to operand tokens a (and b) of unit u.
+
+    reads: the operand tokens, us[u] cost registers / writes: us[u] cost registers /
     returns: (cycles, kind flags, bytes/elem, rows, cols, offset, payload) of the output (MU flag not set).
     """
     a_rows = sa[ra, ca + A.TK_ROWS]
@@ -55,36 +106,30 @@ def fn_map(fn, param, bw, sa, ra, ca, sb, rb, cb):
     a_bytes = sa[ra, ca + A.TK_BYTES]
     b_rows = sb[rb, cb + A.TK_ROWS]
     b_cols = sb[rb, cb + A.TK_COLS]
+    cycles = _cached_map_cycles(us, u, fn, param, bw, a_rows, a_cols, b_rows, b_cols)
     # valid rows follow the operand that supplies the output's rows, so RowStreamify(filter_mask) after a
     # chain of row-preserving compute still drops exactly the padded rows of the packed token tile
     a_valid = sa[ra, ca + A.TK_OFFSET]
     if fn == A.FN_MATMUL:
         n = b_rows if param == 1 else b_cols
-        return _ceil_div(2 * a_rows * a_cols * n, bw), A.KIND_TILE, a_bytes, a_rows, n, a_valid, -1
+        return cycles, A.KIND_TILE, a_bytes, a_rows, n, a_valid, -1
     if fn == A.FN_ADD or fn == A.FN_SUB or fn == A.FN_MUL or fn == A.FN_DIV or fn == A.FN_MAX:
         r = max(b_rows, a_rows)
         c = max(b_cols, a_cols)
         valid = a_valid if a_rows == r else sb[rb, cb + A.TK_OFFSET]
-        return _ceil_div(r * c, bw), A.KIND_TILE, a_bytes, r, c, valid, -1
-    if fn == A.FN_SILU:
-        return _ceil_div(8 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_valid, -1
-    if fn == A.FN_EXP:
-        return _ceil_div(4 * a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, a_cols, a_valid, -1
+        return cycles, A.KIND_TILE, a_bytes, r, c, valid, -1
     if fn == A.FN_ROWSUM or fn == A.FN_ROWMAX:
-        return _ceil_div(a_rows * a_cols, bw), A.KIND_TILE, a_bytes, a_rows, 1, a_valid, -1
-    if fn == A.FN_ONLINE_SOFTMAX:  # a: scores [q, n], b: values [n, d] -> the [q, d + 2] state
-        q, n, d = a_rows, a_cols, b_cols
-        return _ceil_div(2 * q * n * d + 8 * q * n + 2 * q * d + 6 * q, bw), A.KIND_TILE, a_bytes, q, d + 2, a_valid, -1
+        return cycles, A.KIND_TILE, a_bytes, a_rows, 1, a_valid, -1
+    if fn == A.FN_ONLINE_SOFTMAX:  # -> the [q, d + 2] state
+        return cycles, A.KIND_TILE, a_bytes, a_rows, b_cols + 2, a_valid, -1
     if fn == A.FN_SOFTMAX_NORMALIZE:
-        return _ceil_div(a_rows * (a_cols - 2), bw), A.KIND_TILE, a_bytes, a_rows, a_cols - 2, a_valid, -1
+        return cycles, A.KIND_TILE, a_bytes, a_rows, a_cols - 2, a_valid, -1
     if fn == A.FN_SET_OFFSET:
-        return 1, A.KIND_TILE, a_bytes, a_rows, a_cols, sb[rb, cb + A.TK_PAYLOAD], -1
-    if fn == A.FN_ROW_APPEND:
-        return 1, A.KIND_TILE, a_bytes, a_rows, a_cols, sa[ra, ca + A.TK_OFFSET], -1
+        return cycles, A.KIND_TILE, a_bytes, a_rows, a_cols, sb[rb, cb + A.TK_PAYLOAD], -1
     if fn == A.FN_CACHE_WRITE_ADDR:
         value = sa[ra, ca + A.TK_PAYLOAD] * param + sb[rb, cb + A.TK_PAYLOAD] - 1
-        return 1, A.KIND_SCALAR, a_bytes, 1, 1, 1, value
-    return 0, A.KIND_TILE, a_bytes, a_rows, a_cols, sa[ra, ca + A.TK_OFFSET], -1
+        return cycles, A.KIND_SCALAR, a_bytes, 1, 1, 1, value
+    return cycles, A.KIND_TILE, a_bytes, a_rows, a_cols, a_valid, -1  # SiLU, Exp, RowAppend, others
 
 
 @kernel
@@ -213,7 +258,7 @@ def _online_softmax_values(u, us, head_dim, slots, r1, r2, rows, cols, fv, fi):
 
 
 @kernel
-def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: inputs / writes: output, input credits, us[u] / returns: DONE when the inputs close."""
     start = up[u, A.UP_IN_START]
     c1 = in_ch[start]
@@ -250,7 +295,7 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
             load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
             if stops_conflict(slots[r1, A.SL_TOKEN + A.TK_STOP], slots[r2, A.SL_TOKEN + A.TK_STOP]):
                 return _mismatch(u, eng, us)
-        res = fn_map(fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
+        res = fn_map(us, u, fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
         cost = res[0]
         cost = max(cost, load)
         if wb:
@@ -271,7 +316,7 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
 
 
 @kernel
-def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """Accum, MapAccum and Scan (by opcode).
 
     reads: inputs / writes: output, input credits, us[u] accumulator / returns: DONE when the inputs close.
@@ -329,7 +374,7 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
             if stops_conflict(stop, slots[r2, A.SL_TOKEN + A.TK_STOP]):
                 return _mismatch(u, eng, us)
-            prod = fn_map(fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
+            prod = fn_map(us, u, fn, param, bw, slots, r1, A.SL_TOKEN, slots, r2, A.SL_TOKEN)
             acc = A.US_TOK_A
             a_rows = us[u, acc + A.TK_ROWS]
             a_cols = us[u, acc + A.TK_COLS]

@@ -51,7 +51,7 @@ TILE_FLAGS = A.KIND_TILE | A.FLAG_MU
 
 
 @kernel
-def _start_tile(u, up, us, eng, hact, hw, rows, cols, nbytes, traffic_bytes, is_write):
+def _start_tile(u, up, us, eng, hq, hw, rows, cols, nbytes, traffic_bytes, is_write):
     """Register one tile with the HBM: ``nbytes`` per element set the request count (timing), ``traffic_bytes``
     per element are counted as off-chip traffic (they differ only for stores of mock-bf16 fp32 tiles).
 
@@ -63,7 +63,7 @@ def _start_tile(u, up, us, eng, hact, hw, rows, cols, nbytes, traffic_bytes, is_
     else:
         eng[E_BYTES_READ] += rows * cols * traffic_bytes
     par = up[u, A.UP_A0 + A.PA_PAR_DISPATCH]
-    if not hbm_register(u, up, us, eng, hact, us[u, A.US_CLOCK], nreq, par):
+    if not hbm_register(u, up, us, eng, hq, us[u, A.US_CLOCK], nreq, par):
         eng[E_STATUS] = A.ST_CAUSALITY
         eng[E_STATUS_ARG] = u
     us[u, A.US_PHASE] = 1
@@ -87,7 +87,7 @@ def _store_values(u, t, src, row, fv, fi):
 
 @kernel
 def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                      hact, fv, fi):
+                      hq, fv, fi):
     """reads: view shape / writes: tile output, HBM registration, us[u] / returns: DONE after the last tile."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n_tiles = up[u, A.UP_A0 + A.PA_N_TILES]
@@ -111,7 +111,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
                     us[u, R_I] = 0
             elif us[u, R_I] == n_tiles:
                 return A.STEP_DONE
-            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, False)
+            return _start_tile(u, up, us, eng, hq, hw, rows, cols, nb, nb, False)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
@@ -134,7 +134,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
 
 @kernel
 def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                             hfree, hact, fv, fi):
+                             hfree, hq, fv, fi):
     """reads: address input / writes: tile output, HBM registration, us[u] / returns: DONE when raddr closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -150,7 +150,7 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
             row = consume(us, u, chs, slots, c, fi)
             us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             us[u, R_ADDR] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
-            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, False)
+            return _start_tile(u, up, us, eng, hq, hw, rows, cols, nb, nb, False)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
@@ -169,7 +169,7 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
 
 @kernel
 def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact, fv, fi):
+                       hq, fv, fi):
     """reads: tile input / writes: HBM registration, input credits, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
@@ -181,7 +181,7 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             row = look(us, u, chs, slots, c)
             nb = slots[row, A.SL_TOKEN + A.TK_BYTES]
             traffic = up[u, A.UP_A0 + A.PA_ELEM_BYTES]
-            return _start_tile(u, up, us, eng, hact, hw, slots[row, A.SL_TOKEN + A.TK_ROWS],
+            return _start_tile(u, up, us, eng, hq, hw, slots[row, A.SL_TOKEN + A.TK_ROWS],
                                slots[row, A.SL_TOKEN + A.TK_COLS], nb, traffic if traffic > 0 else nb, True)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
@@ -197,7 +197,7 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 @kernel
 def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hact, fv, fi):
+                              hfree, hq, fv, fi):
     """reads: waddr and wdata inputs / writes: ack output, HBM registration, us[u] / returns: DONE on close."""
     ca = in_ch[up[u, A.UP_IN_START]]
     cd = in_ch[up[u, A.UP_IN_START] + 1]
@@ -217,7 +217,7 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
                 return got
             look(us, u, chs, slots, ca)
             look(us, u, chs, slots, cd)
-            return _start_tile(u, up, us, eng, hact, hw, rows, cols, nb, nb, True)
+            return _start_tile(u, up, us, eng, hq, hw, rows, cols, nb, nb, True)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
                 return A.STEP_BLOCKED
@@ -240,7 +240,7 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
 
 # ---------------------------------------------------------------------------------------------- buffers
 @kernel
-def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: element input / writes: arena region, buffer output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -306,7 +306,7 @@ def _buffer_stop(arena, arow, b, closing_extra):
 
 
 @kernel
-def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: buffer references, arena / writes: element output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -346,7 +346,7 @@ def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
 
 @kernel
 def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact, fv, fi):
+                       hq, fv, fi):
     """reads: buffer references, ref input, arena / writes: element output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     ref = in_ch[up[u, A.UP_IN_START] + 1]

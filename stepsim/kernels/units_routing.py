@@ -76,7 +76,7 @@ def _take_selector(u, us, chs, slots, c, pmu, fi):
 
 
 @kernel
-def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: data and selector inputs / writes: outputs, us[u] / returns: DONE when the selector closes."""
     cdata = in_ch[up[u, A.UP_IN_START]]
     csel = in_ch[up[u, A.UP_IN_START] + 1]
@@ -135,7 +135,7 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
 
 
 @kernel
-def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: data inputs and selector / writes: output, us[u], scratch rows / returns: DONE on selector close."""
     istart = up[u, A.UP_IN_START]
     n_in = up[u, A.UP_N_IN] - 1
@@ -255,7 +255,7 @@ def eager_merge_event_time(u, up, us, in_ch, chs, slots):
 
 @kernel
 def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                     hact, fv, fi):
+                     hq, fv, fi):
     """reads: inputs, us[u, R_DECIDE] / writes: data and selector outputs, us[u] /
     returns: STEP_TIME while choosing without a decision time, DONE when all inputs closed."""
     istart = up[u, A.UP_IN_START]
@@ -321,7 +321,7 @@ def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
 
 @kernel
 def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                     hact, fv, fi):
+                     hq, fv, fi):
     """reads: input / writes: outputs, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ostart = up[u, A.UP_OUT_START]
@@ -354,7 +354,7 @@ def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
 
 
 @kernel
-def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: input / writes: every output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ostart = up[u, A.UP_OUT_START]

@@ -55,7 +55,7 @@ R_PENDING = A.US_R0 + 9
 
 @kernel
 def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact, fv, fi):
+                         hq, fv, fi):
     """Flatten and (inner) Promote. reads: input / writes: output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -90,7 +90,7 @@ def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
 
 @kernel
 def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact, fv, fi):
+                       hq, fv, fi):
     """Promote of the outermost dim. reads: input / writes: output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -128,7 +128,7 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 
 @kernel
-def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: input / writes: output (data and pad tiles), us[u] / returns: DONE after the close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -224,7 +224,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
 
 
 @kernel
-def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: input and ref / writes: output, us[u] / returns: DONE when either input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ref = in_ch[up[u, A.UP_IN_START] + 1]
@@ -254,7 +254,7 @@ def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
 
 @kernel
 def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact, fv, fi):
+                       hq, fv, fi):
     """reads: input / writes: output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -284,7 +284,7 @@ def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 @kernel
 def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hact, fv, fi):
+                       hq, fv, fi):
     """reads: tile input / writes: row output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]

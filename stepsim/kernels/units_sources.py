@@ -41,7 +41,7 @@ SELECTOR_FLAGS = A.KIND_SELECTOR
 
 
 @kernel
-def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: selector CSR, shape / writes: out channel, us[u] / returns: DONE after the last element."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n = up[u, A.UP_A0 + A.PA_N_ELEMS]
@@ -64,7 +64,7 @@ def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
 
 @kernel
 def step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                      hact, fv, fi):
+                      hq, fv, fi):
     """reads: values, shape / writes: out channel, us[u] / returns: DONE after the last element."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n = up[u, A.UP_A0 + A.PA_N_ELEMS]
@@ -83,7 +83,7 @@ def step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
 
 
 @kernel
-def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hact, fv, fi):
+def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
     """reads: input channel / writes: input credits, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
@@ -97,7 +97,7 @@ def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
 
 @kernel
 def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hact, fv, fi):
+                         hq, fv, fi):
     """reads: selector input / writes: address output, us[u] / returns: DONE when the selectors close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -135,7 +135,7 @@ def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
 
 @kernel
 def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                             hfree, hact, fv, fi):
+                             hfree, hq, fv, fi):
     """reads: idx and seq_len inputs / writes: address output, us[u] / returns: DONE when an input closes."""
     cidx = in_ch[up[u, A.UP_IN_START]]
     clen = in_ch[up[u, A.UP_IN_START] + 1]
@@ -176,7 +176,7 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
 
 @kernel
 def step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                          hact, fv, fi):
+                          hq, fv, fi):
     """reads: seq_len input / writes: selector output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]

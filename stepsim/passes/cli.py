@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from stepsim.errors import ConfigError
 
 
 def _size(args) -> int:
-    from stepsim.passes.depths_file import check_destination, write_depths_file
+    from stepsim.passes.depths_file import write_depths_file
     from stepsim.passes.sizing import size_fifos
     from stepsim.workloads.cli import config_from_args
     from stepsim.workloads.config import normalize_config
 
-    check_destination(args.out)
+    # --out was checked before this handler ran (out_kind "file", stepsim.outputs); create its folder
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     if not 0 <= args.slack < 1:
@@ -34,6 +35,7 @@ def _size(args) -> int:
     normalize_config(config)  # bad flags fail here, before any simulation
     say = None if args.json else (lambda line: print(f"size-fifos: {line}", file=sys.stderr, flush=True))
     result = size_fifos(config, slack=args.slack, jobs=args.jobs or 1, min_depth=args.min_depth, progress=say)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     out = write_depths_file(result, args.out)
     png = out.with_suffix(".png")
     try:
@@ -64,7 +66,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="depths file to write (e.g. depths.toml)")
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="candidate simulations run at once (default 1)")
     p.add_argument("--min-depth", type=int, default=1, help="smallest depth of any FIFO (default 1)")
-    p.set_defaults(handler=_size)
+    p.set_defaults(handler=_size, out_kind="file")
 
 
 __all__ = ["register"]

@@ -90,17 +90,6 @@ def write_depths_file(result, path: str | os.PathLike) -> Path:
     return path
 
 
-def check_destination(path: str | os.PathLike, flag: str = "--out") -> None:
-    """Fail before any work when ``path`` cannot be written: its folder is missing or it is a folder."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{flag} {p}: is a folder; give a file path such as depths.toml")
-    if not p.parent.is_dir():
-        raise ConfigError(f"{flag} {p}: folder {p.parent} does not exist")
-    if not os.access(p.parent, os.W_OK):
-        raise ConfigError(f"{flag} {p}: folder {p.parent} is not writable")
-
-
 def read_depths_file(path: str | os.PathLike) -> DepthsFile:
     """Read and check ``path`` (structure and values; not yet against a graph)."""
     p = Path(path)

@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
     p.add_argument("--fifo-depths", action="append", default=[], metavar="FILE",
                    help="stepsim size-fifos file; the points that build its workload use its depths (repeatable)")
-    p.set_defaults(handler=_reproduce)
+    p.set_defaults(handler=_reproduce, out_kind="dir")
 
 
 def _reproduce(args) -> int:

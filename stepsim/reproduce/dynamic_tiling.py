@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stepsim import defaults
 from stepsim.errors import ConfigError
 from stepsim.records import RunResult
 from stepsim.reproduce.execute import Point
@@ -50,7 +51,7 @@ SPEC_TILES = {64: (8, 16, 32, 64), 1024: (16, 32, 64, 128, 256, 512, 1024)}
 #: "comparable" performance / memory: within 5 %
 TOLERANCE = 0.05
 #: §5.3 quirk 8: the Qwen B=1024 sweep runs with unbounded FIFOs (step-perf's None = 1024 elements)
-UNBOUNDED_CHANNEL_DEPTH = 1024
+UNBOUNDED_CHANNEL_DEPTH = defaults.UNBOUNDED_CHANNEL_DEPTH
 JSON_KEYS = ("dynamic_tiling_onchip_reduction_geomean", "dynamic_tiling_speedup_geomean")
 
 SCHEMA = pa.schema([

@@ -3,13 +3,15 @@
 ``stepsim sweep SWEEP.toml`` (see :mod:`stepsim.sweep.cli`). The pieces, one purpose each:
 
 * :mod:`~stepsim.sweep.config` reads and checks the sweep file (format in its docstring);
-* :mod:`~stepsim.sweep.grid` expands it into plain-dict tasks keyed by their record ``run_id`` and finds the
-  tasks that already have a result file;
+* :mod:`~stepsim.sweep.grid` expands it (lazily) into plain-dict tasks keyed by their record ``run_id`` (a hash
+  of everything that determines the result, trace and hardware file contents included);
 * :mod:`~stepsim.sweep.tasks` is what a worker runs for one task (a failure becomes an outcome, not an
   exception);
 * :mod:`~stepsim.sweep.executors` / :mod:`~stepsim.sweep.dask_executor` run tasks on warm local worker
   processes or on a Dask cluster;
-* :mod:`~stepsim.sweep.rows` turns outcomes into rows (ok or failed, one schema) and writes them atomically;
+* :mod:`~stepsim.sweep.rows` turns outcomes into rows (ok or failed, one schema) and reads a folder back;
+* :mod:`~stepsim.sweep.store` batches rows into atomically written part files, indexes the finished tasks and
+  replaces the rows of tasks whose trace or hardware file changed;
 * :mod:`~stepsim.sweep.runner` ties these together (resume, fail-fast, progress bar) and
   :mod:`~stepsim.sweep.summary` prints the end-of-sweep table.
 

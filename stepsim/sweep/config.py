@@ -7,6 +7,7 @@ A sweep file looks like this (paths are relative to the sweep file's folder)::
     out = "results/swiglu"         # output folder; ``stepsim sweep --out`` overrides it
     partition_by = ["workload"]    # hive folder levels (task-config keys; read back as strings); default ["workload"]
     report = ["cycles"]            # result columns of the end-of-sweep table; default by mode
+    max_tasks = 50000              # the largest grid this file may expand to without --yes (default 10,000)
 
     [fixed]                        # knobs every task shares (the keys workload_from_config accepts)
     compute_bw = 4096
@@ -44,6 +45,10 @@ from stepsim.errors import ConfigError
 from stepsim.workloads.config import MODES
 
 TOP_LEVEL_KEYS = ("workload", "mode", "out", "partition_by", "report", "fixed", "axes")
+#: optional top-level keys accepted besides TOP_LEVEL_KEYS (error messages list the main keys only)
+EXTRA_TOP_LEVEL_KEYS = ("max_tasks",)
+#: grids larger than this need ``--yes`` (``run_sweep(yes=True)``) or a ``max_tasks`` key at least as large
+DEFAULT_MAX_TASKS = 10_000
 RANGE_KEYS = ("start", "stop", "step", "factor")
 #: knobs whose values are files (a hardware knob is a file only when it names a ``.toml``, else a preset)
 PATH_KEYS = ("trace", "hardware", "fifo_depths")
@@ -78,6 +83,8 @@ class SweepSpec:
         Task-config keys that become hive folder levels.
     report : tuple of str
         Result columns of the summary table.
+    max_tasks : int or None
+        The file's ``max_tasks`` (None: :data:`DEFAULT_MAX_TASKS` applies).
     """
 
     source: Path
@@ -88,6 +95,19 @@ class SweepSpec:
     grids: tuple
     partition_by: tuple
     report: tuple
+    max_tasks: int | None = None
+
+    @property
+    def points(self) -> int:
+        """Grid points: the sum over ``grids`` of the product of their axis lengths (before duplicates across
+        grids are dropped); computed without expanding anything."""
+        total = 0
+        for grid in self.grids:
+            n = 1
+            for values in grid.values():
+                n *= len(values)
+            total += n
+        return total
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -116,7 +136,7 @@ def parse_sweep(data: Mapping, *, source: str | Path) -> SweepSpec:
     """Check the parsed TOML ``data`` of the sweep file ``source`` (see the module docstring for the format)."""
     source = Path(source)
     base = source.resolve().parent
-    _check_keys(data, TOP_LEVEL_KEYS, source, where="")
+    _check_keys({k: v for k, v in data.items() if k not in EXTRA_TOP_LEVEL_KEYS}, TOP_LEVEL_KEYS, source, where="")
     workload = data.get("workload")
     if workload is None:
         raise ConfigError(f"{source}: missing key 'workload' (one of {', '.join(_workloads())})")
@@ -160,8 +180,11 @@ def parse_sweep(data: Mapping, *, source: str | Path) -> SweepSpec:
             close = difflib.get_close_matches(column, columns, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{source}: report column {column!r} is not a result column{hint}")
+    max_tasks = data.get("max_tasks")
+    if max_tasks is not None and (isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1):
+        raise ConfigError(f"{source}: max_tasks must be an int >= 1, got {max_tasks!r}")
     return SweepSpec(source=source, workload=workload, mode=mode, out=(base / out) if out else None, fixed=fixed,
-                     grids=tuple(grids), partition_by=partition_by, report=report)
+                     grids=tuple(grids), partition_by=partition_by, report=report, max_tasks=max_tasks)
 
 
 # --- pieces ---------------------------------------------------------------------------------------------
@@ -211,7 +234,10 @@ def _string_list(data: Mapping, key: str, source: Path, *, default: tuple) -> tu
 
 
 def _is_path_value(key: str, value) -> bool:
-    # a hardware knob is either a preset name ("step-eval") or a TOML file; only the file is a path
+    # a hardware knob is either a preset name ("step-eval") or a TOML file; only the file is a path. A model knob
+    # naming a Hugging Face config.json is a path too (a preset name or alias is not)
+    if key == "model":
+        return isinstance(value, str) and value.lower().endswith(".json")
     return key in PATH_KEYS and isinstance(value, str) and (key != "hardware" or value.endswith(".toml"))
 
 

@@ -14,7 +14,7 @@ from distributed import Client, KilledWorker, LocalCluster, wait
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from stepsim.errors import ConfigError
-from stepsim.sweep.executors import WindowedExecutor, WorkerLostError
+from stepsim.sweep.executors import WindowedExecutor, WorkerLostError, check_jobs
 from stepsim.sweep.grid import Task
 from stepsim.sweep.tasks import load_kernels, run_task
 
@@ -50,8 +50,7 @@ class DaskExecutor(WindowedExecutor):
 
     def __init__(self, *, address: str | None = None, jobs: int = 1, warm_kernels: bool = False,
                  processes: bool = True):
-        if jobs < 1:
-            raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        check_jobs(jobs)
         self._cluster = None
         self._processes = processes
         if address is None:

@@ -35,6 +35,15 @@ class WorkerLostError(StepsimError):
     """A worker process died (killed, out of memory, crashed) while it ran a task; the sweep cannot go on."""
 
 
+def check_jobs(jobs) -> int:
+    """``jobs`` if it is an int >= 1; else a ConfigError naming ``--jobs`` (0 does not mean "all CPUs": leave
+    the flag out for that)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"--jobs must be an int >= 1 (leave it out to use every CPU: {default_jobs()}), "
+                          f"got {jobs!r}")
+    return jobs
+
+
 def default_jobs() -> int:
     """CPUs this process may use (the affinity mask where the OS has one)."""
     if hasattr(os, "sched_getaffinity"):
@@ -137,15 +146,13 @@ class LocalExecutor(WindowedExecutor):
     name = "local"
 
     def __init__(self, jobs: int, *, warm_kernels: bool):
-        if jobs < 1:
-            raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-        self.jobs = jobs
+        self.jobs = check_jobs(jobs)
         context = multiprocessing.get_context(start_method())
         if context.get_start_method() == "forkserver":
             # takes effect only if this process has not started its (process-wide) fork server yet
             context.set_forkserver_preload([*FORKSERVER_PRELOAD, *([FORKSERVER_WARM] if warm_kernels else [])])
         self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=init_local_worker,
-                                         initargs=(warm_kernels,))
+                                         initargs=(warm_kernels, os.getpid()))
 
     def _submit(self, task: Task):
         try:
@@ -176,12 +183,12 @@ class LocalExecutor(WindowedExecutor):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def abort(self) -> None:
-        """Terminate the workers mid-task: after a stop their results would be dropped, and a simulation can
+        """Kill the workers mid-task: after a stop their results would be dropped, and a simulation can
         take minutes, which Ctrl-C should not wait for. Workers write nothing, so nothing is left half-written.
         """
         # ProcessPoolExecutor has no public way to stop running tasks before Python 3.14 (terminate_workers)
         for process in list((getattr(self._pool, "_processes", None) or {}).values()):
-            process.terminate()
+            process.kill()  # SIGKILL: workers ignore SIGTERM (see init_local_worker) and write nothing
         self.close()
 
 

@@ -1,29 +1,28 @@
-"""Expand a sweep into tasks, and find which tasks already have a result file (resume).
+"""Expand a sweep into tasks, lazily, and name each task twice: by its result and by its place in the sweep.
 
 A task is a plain dict (``workload``, ``mode``, the fixed knobs, one value per axis): exactly what
 :func:`stepsim.records.run_config` takes, and what is sent to a worker. Its identity is the record's
-``run_id`` (:mod:`stepsim.records`): the stable hash of the normalized config and of the trace file's content,
-computed here before the task runs. The result file is ``<out>/<hive folders>/part-<run_id[:16]>.parquet``,
-the name :meth:`stepsim.records.RunResult.write` gives the same run, so "is this task done?" is "does a
-``part-<key>`` file exist?", whatever the partition folders are: a re-run of the same sweep skips exactly the
-tasks whose file is there, and runs again a task whose trace file changed. Files are written atomically (temp
-file + rename), so a file that exists is complete.
+``run_id`` (:func:`stepsim.records.run_identity`): the hash of everything that determines its result (knobs,
+resolved hardware values, FIFO depth, timing-model version, the trace's *content*), computed here before the
+task runs. "Is this task done?" is "is there a row with its run id?" (:mod:`stepsim.sweep.store`): a re-run
+skips exactly those tasks, and runs again a task whose trace or hardware file changed. Its *slot*
+(:func:`slot_key`: its knobs as spelled, paths included) stays the same across such changes, which is how the
+rows of an older generation are found and replaced.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from stepsim.errors import ConfigError
-from stepsim.results import partition_dir
+from stepsim.results import stable_hash
 from stepsim.sweep.config import SweepSpec
 
-#: hex digits of the run id in a result file name (as stepsim.results.write_partitioned names files)
+#: hex digits of the run id in a task key (and in the name of a part file whose first row is that task)
 KEY_DIGITS = 16
-RESULT_GLOB = "**/part-*.parquet"
 #: temp files stepsim.results.atomic_output leaves behind only if its process was killed mid-write (row files,
 #: and the unit / channel counter files stepsim.records writes beside simulation rows)
 TEMP_GLOBS = ("**/.part-*.tmp", "**/._units-*.tmp", "**/._channels-*.tmp")
@@ -40,7 +39,7 @@ class Task:
     config : dict
         The plain task config sent to a worker (normalized; unset knobs left out).
     run_id : str
-        The record's ``run_id`` (SHA-256 hex of the normalized config and the trace content).
+        The record's ``run_id`` (:func:`stepsim.records.run_identity`).
     trace_path, trace_sha256 : str or None
         The trace the task reads (the bundled one when the config names none) and its content hash.
     """
@@ -50,6 +49,11 @@ class Task:
     run_id: str
     trace_path: str | None = None
     trace_sha256: str | None = None
+
+    @property
+    def slot(self) -> str:
+        """The task's :func:`slot_key` (same for every generation of the task)."""
+        return slot_key(self.config)
 
     @property
     def key(self) -> str:
@@ -62,7 +66,7 @@ class Task:
 
 
 def expand(spec: SweepSpec) -> list[Task]:
-    """The tasks of ``spec``, in a deterministic order.
+    """The tasks of ``spec``, in a deterministic order (a list: :func:`iter_tasks` expands lazily).
 
     Each ``[axes]`` grid is the cartesian product of its axes in file order, the last axis varying fastest;
     grids follow one another; a grid with no axes is one task (the fixed knobs). Every task config is checked
@@ -77,11 +81,18 @@ def expand(spec: SweepSpec) -> list[Task]:
         A task has a knob of the wrong type or value, or one its workload does not use, or an unreadable trace
         (the message names the sweep file, the task and the key), or it lacks a ``partition_by`` key.
     """
-    from stepsim.records import run_identity
+    return list(iter_tasks(spec))
+
+
+def iter_tasks(spec: SweepSpec) -> Iterator[Task]:
+    """The tasks of :func:`expand`, one at a time: a million-point grid starts at once and is never held in
+    memory (only the 16-hex keys of the tasks seen, to drop repeats across grids). A task is checked when it
+    is reached, so a bad knob value deep in a huge grid stops the sweep there (finished rows are kept)."""
+    from stepsim.records import identity_of_normalized
     from stepsim.workloads.config import normalize_config
 
-    tasks: list[Task] = []
     seen = set()
+    index = 0
     for grid in spec.grids:
         names = list(grid)
         for values in itertools.product(*(grid[n] for n in names)):
@@ -89,39 +100,30 @@ def expand(spec: SweepSpec) -> list[Task]:
             raw = {"workload": spec.workload, "mode": spec.mode, **spec.fixed, **point}
             label = " ".join(f"{k}={short_value(v)}" for k, v in point.items())
             source = f"{spec.source} (task {label})" if label else str(spec.source)
-            config = {k: v for k, v in normalize_config(raw, source=source).items() if v is not None}
+            normalized = normalize_config(raw, source=source)
+            config = {k: v for k, v in normalized.items() if v is not None}
             missing = [k for k in spec.partition_by if k not in config]
             if missing:
                 raise ConfigError(f"{source}: partition_by key {missing[0]!r} is not set for this task")
-            try:  # the config is valid by now: what can fail is reading the trace (to hash it)
-                run_id, trace, trace_hash = run_identity(config)
+            try:  # the config is valid by now: what can fail is reading the trace or hardware file
+                run_id, trace, trace_hash = identity_of_normalized(normalized)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: {exc}") from exc
-            if run_id not in seen:
-                seen.add(run_id)
-                tasks.append(Task(index=len(tasks), config=config, run_id=run_id, trace_path=trace,
-                                  trace_sha256=trace_hash))
-    return tasks
+            key = run_id[:KEY_DIGITS]
+            if key not in seen:
+                seen.add(key)
+                yield Task(index=index, config=config, run_id=run_id, trace_path=trace, trace_sha256=trace_hash)
+                index += 1
 
 
-def result_path(out: str | Path, task: Task, partition_by: Iterable[str]) -> Path:
-    """Where ``task``'s result file goes: ``out/<k>=<v>/.../part-<key>.parquet`` (hive levels from its config)."""
-    partition_by = tuple(partition_by)
-    return partition_dir(out, task.config, partition_by) / f"part-{task.key}.parquet"
+def slot_key(values: Mapping) -> str:
+    """Which task of a sweep a config or a row is, whatever its result: a hash of its knobs and mode *as
+    spelled* (paths as given, not their content), every value as a string (hive partition columns read back
+    as strings). Two rows with one slot key and different run ids are two generations of one task (its trace
+    or hardware file changed in between)."""
+    from stepsim.workloads.config import KNOBS
 
-
-def existing_keys(out: str | Path) -> dict[str, Path]:
-    """``{task key: result file}`` of every result file under ``out`` (any partition layout)."""
-    out = Path(out)
-    if not out.is_dir():
-        return {}
-    return {p.stem[len("part-"):]: p for p in sorted(out.glob(RESULT_GLOB))}
-
-
-def stale_temp_files(out: str | Path) -> list[Path]:
-    """Temp files of interrupted writes under ``out`` (their target file was never renamed into place)."""
-    out = Path(out)
-    return sorted(p for pattern in TEMP_GLOBS for p in out.glob(pattern)) if out.is_dir() else []
+    return stable_hash({k: str(values[k]) for k in (*KNOBS, "mode") if values.get(k) is not None})[:KEY_DIGITS]
 
 
 def short_value(value) -> str:

@@ -3,28 +3,30 @@
 A successful task's row is its :class:`~stepsim.records.RunResult` row; a failed task's row has the same
 columns (:data:`stepsim.records.SCHEMA`), with its identity and knobs filled in and every measurement null.
 Both get the :data:`SWEEP_COLUMNS`, so one dataset holds both and can be filtered on ``status`` and on the
-knob columns alike. Files are named as :meth:`RunResult.write` names them (``part-<run_id[:16]>``; simulation
-runs add ``_units-`` / ``_channels-`` counter files, written first so a row file implies its counters).
+knob columns alike. How rows are batched into files: :mod:`stepsim.sweep.store`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from stepsim._version import __version__
 from stepsim.errors import ConfigError
-from stepsim.records import SCHEMA, identity
-from stepsim.results import partition_dir, provenance_metadata, read_results, write_parquet_atomic
-from stepsim.sweep.grid import RESULT_GLOB, Task, result_path
+from stepsim.records import SCHEMA
+from stepsim.sweep.grid import Task
 from stepsim.workloads.config import normalize_config
 
-#: columns added to every row: outcome, typed error (null when ok), wall time of the task in its worker
+#: columns added to every row: outcome, typed error (null when ok), wall time of the task in its worker, and
+#: ``task_slot``: which task of the sweep the row is, the same for every generation of the task
+#: (:func:`stepsim.sweep.grid.slot_key`; its run id changes when its trace or hardware file does)
 SWEEP_COLUMNS = pa.schema([
     pa.field("status", pa.string()), pa.field("error_type", pa.string()), pa.field("error_message", pa.string()),
     pa.field("error_traceback", pa.string()), pa.field("task_wall_s", pa.float64(), metadata={"unit": "s"}),
+    pa.field("task_slot", pa.string()),
 ])
 #: characters of an error message shown in the summary and in a fail-fast stop (the row keeps all of it)
 MAX_MESSAGE_CHARS = 160
@@ -49,32 +51,10 @@ def row_table(task: Task, outcome: dict) -> pa.Table:
     table = record.to_arrow() if record is not None else pa.Table.from_pylist([failed_row(task)], schema=SCHEMA)
     values = {"status": outcome["status"], "error_type": outcome["error_type"],
               "error_message": outcome["error_message"], "error_traceback": outcome["error_traceback"],
-              "task_wall_s": outcome["wall_s"]}
+              "task_wall_s": outcome["wall_s"], "task_slot": task.slot}
     for f in SWEEP_COLUMNS:
         table = table.append_column(f, pa.array([values[f.name]], type=f.type))
     return table
-
-
-def write_task(out: Path, task: Task, outcome: dict, table: pa.Table, partition_by: Sequence[str]) -> Path:
-    """Write ``task``'s files under ``out`` atomically; return the row file's path.
-
-    ``table`` is :func:`row_table`'s. The partition keys become folder levels (values from the task config, so
-    the path is known before the task runs) and are left out of the row file, as hive layouts expect. Schema
-    metadata records provenance (stepsim version, the run's identity config and hash, the trace hash), as
-    :meth:`RunResult.write` does.
-    """
-    record = outcome["record"]
-    if record is not None:
-        meta = record.provenance()
-        if record.simulated:  # counters first: a row file that exists implies its counter files do
-            folder = partition_dir(out, task.config, partition_by)
-            write_parquet_atomic(record.unit_table(), folder / f"_units-{task.key}.parquet", meta)
-            write_parquet_atomic(record.channel_table(), folder / f"_channels-{task.key}.parquet", meta)
-    else:
-        meta = provenance_metadata(identity(normalize_config(task.config), task.trace_sha256),
-                                   trace_hash=task.trace_sha256)
-    table = table.drop_columns([c for c in partition_by if c in table.column_names])
-    return write_parquet_atomic(table, result_path(out, task, partition_by), meta)
 
 
 def first_line(message: str | None, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -93,7 +73,11 @@ def read_sweep(out: str | Path, filter=None) -> pa.Table:
     """Read every row of the sweep output folder ``out`` (ok and failed), partition columns restored.
 
     The partition levels are read off the folder names (``workload=swiglu/...``), so the caller need not
-    repeat the sweep file's ``partition_by``; their values come back as strings.
+    repeat the sweep file's ``partition_by``; their values come back as strings. Reads one-file-per-task
+    folders and batched ones alike (:mod:`stepsim.sweep.store`). Never returns two generations of one task:
+    when rows of one task slot (:func:`~stepsim.sweep.grid.slot_key`) have different run ids (a folder that no
+    sweep of this version cleaned after the task's trace or hardware file changed), only the rows of the most
+    recently written file are kept; a run id is returned once.
 
     Parameters
     ----------
@@ -107,9 +91,60 @@ def read_sweep(out: str | Path, filter=None) -> pa.Table:
     ConfigError
         No result file under ``out``.
     """
+    from stepsim.sweep.store import partition_values, row_files
+
     out = Path(out)
-    first = next(iter(sorted(out.glob(RESULT_GLOB))), None)
-    if first is None:
+    files = row_files(out)
+    if not files:
         raise ConfigError(f"{out}: no sweep result files (part-*.parquet) found")
-    partition_cols = [part.split("=", 1)[0] for part in first.relative_to(out).parent.parts]
-    return read_results(out, partition_cols, filter=filter)
+    partition_cols = list(partition_values(out, files[0]))
+    tables, origins = [], []
+    for path in files:
+        table = pq.read_table(path)
+        values = partition_values(out, path)
+        for c in partition_cols:
+            table = table.append_column(pa.field(c, pa.string()), pa.array([values.get(c)] * table.num_rows,
+                                                                             pa.string()))
+        tables.append(table)
+        origins.append((path.stat().st_mtime_ns, path.as_posix()))
+    table = pa.concat_tables(tables, promote_options="default")
+    if not _one_generation(table):
+        keep = _latest_generation(tables, origins)
+        tables = [t.filter(pa.array(mask)) if not all(mask) else t for t, mask in zip(tables, keep)]
+        table = pa.concat_tables(tables, promote_options="default")
+    return table.filter(filter) if filter is not None else table
+
+
+def _one_generation(table: pa.Table) -> bool:
+    """Whether every row has a ``task_slot`` and the slots and run ids are all distinct (the fast, usual case)."""
+    if "task_slot" not in table.column_names or table["task_slot"].null_count:
+        return False
+    n = table.num_rows
+    return pc.count_distinct(table["task_slot"]).as_py() == n == pc.count_distinct(table["run_id"]).as_py()
+
+
+def _latest_generation(tables: list, origins: list) -> list:
+    """Per table, a keep-mask: each run id once, and per slot only the run id of the newest file."""
+    from stepsim.sweep.grid import slot_key
+    from stepsim.workloads.config import KNOBS
+
+    newest: dict[str, tuple] = {}  # slot -> (origin, run_id) of its newest row
+    rows_of = []
+    for table, origin in zip(tables, origins):
+        columns = [c for c in ("run_id", "mode", *KNOBS) if c in table.column_names]
+        rows = table.select(columns).to_pylist()
+        rows_of.append(rows)
+        for row in rows:
+            slot = slot_key(row)
+            if slot not in newest or origin > newest[slot][0]:
+                newest[slot] = (origin, row["run_id"])
+    seen = set()
+    masks = []
+    for rows in rows_of:
+        mask = []
+        for row in rows:
+            ok = row["run_id"] not in seen and newest[slot_key(row)][1] == row["run_id"]
+            seen.add(row["run_id"])
+            mask.append(ok)
+        masks.append(mask)
+    return masks

@@ -17,12 +17,15 @@ def format_summary(report: SweepReport) -> str:
     failed = report.failed
     failed_now = sum(1 for o in report.outcomes.values() if o["status"] == "failed")
     lines = [f"sweep {report.spec.source} -> {report.out}",
-             (f"  tasks      {len(report.tasks)}: {report.ran} run, {len(report.skipped)} skipped (result file "
+             (f"  tasks      {report.total}: {report.ran} run, {len(report.skipped)} skipped (result file "
               f"already there), {report.not_run} not run"),
              f"  failed     {len(failed)} ({failed_now} in this run)",
              f"  wall time  {report.wall_s:.1f} s" + (f" ({report.executor})" if report.executor else "")]
     if report.removed_temp_files:
         lines.append(f"  removed    {len(report.removed_temp_files)} temp file(s) left by an interrupted sweep")
+    if report.superseded:
+        lines.append(f"  replaced   {report.superseded} row(s) of an older generation of their task (its trace, "
+                     f"hardware or model file, or the timing model, changed)")
     axes = spec_axes(report.spec)
     for task in failed[:MAX_FAILURES_LISTED]:
         row = report.row(task) or {}
@@ -58,8 +61,8 @@ def results_table(report: SweepReport, max_rows: int = MAX_TABLE_ROWS) -> str:
     out = ["  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(columns, widths, numeric)).rstrip()]
     for r in rows:
         out.append("  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(r, widths, numeric)).rstrip())
-    if len(report.tasks) > max_rows:
-        out.append(f"... {len(report.tasks) - max_rows} more row(s): stepsim.sweep.read_sweep({str(report.out)!r})")
+    if report.total > len(rows):
+        out.append(f"... {report.total - len(rows)} more row(s): stepsim.sweep.read_sweep({str(report.out)!r})")
     return "\n".join(out)
 
 

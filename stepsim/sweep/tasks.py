@@ -8,7 +8,9 @@ no jitted function ever crosses a process boundary. A worker writes nothing: the
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 import time
 import traceback
 
@@ -61,13 +63,47 @@ def load_kernels() -> None:
     _ensure_compiled(_engine())
 
 
-def init_local_worker(warm_kernels: bool) -> None:
-    """Initializer of a local pool worker: leave Ctrl-C to the parent, load the kernels if tasks simulate.
+#: seconds between two checks that the sweep's parent process is still alive
+PARENT_CHECK_S = 0.5
 
-    Ctrl-C reaches every process of the terminal's process group; workers ignore it so the parent alone
-    decides (it stops submitting, cancels queued tasks and lets running ones end), instead of each worker
-    printing a KeyboardInterrupt traceback.
+
+def init_local_worker(warm_kernels: bool, parent_pid: int | None = None) -> None:
+    """Initializer of a local pool worker: leave Ctrl-C and SIGTERM to the parent, exit when the parent is
+    gone, load the kernels if tasks simulate.
+
+    Ctrl-C (and a SIGTERM sent to the process group) reaches every process of the group; workers ignore them
+    so the parent alone decides (it stops submitting, writes the rows it holds and stops the workers with
+    SIGKILL: they write nothing), instead of each worker printing a KeyboardInterrupt traceback or dying
+    before the parent has written what it holds. A parent killed with SIGKILL cannot stop its workers: each
+    one watches ``parent_pid`` and exits when it is gone, so no worker outlives its sweep.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if parent_pid is not None:
+        threading.Thread(target=_exit_without_parent, args=(parent_pid,), name="stepsim-parent-watch",
+                         daemon=True).start()
     if warm_kernels:
         load_kernels()
+
+
+def _parent_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the OS whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _exit_without_parent(pid: int) -> None:
+    while _parent_alive(pid):
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)

@@ -1,4 +1,4 @@
-"""``stepsim trace import | inspect | synth``: convert, check and generate traces from the command line.
+"""``stepsim trace import | import-routed | inspect | synth``: convert, check and generate traces from the command line.
 
 Registered by :mod:`stepsim.cli` through :func:`register`. Errors are StepsimErrors (TraceError for bad
 traces, ConfigError for bad arguments), which the dispatcher prints and turns into exit status 2. Outputs are
@@ -24,12 +24,56 @@ def _positive(name: str, value: int | None) -> None:
         raise ConfigError(f"--{name} must be a positive integer, got {value}")
 
 
+def resolve_model_arg(model: str | None, num_experts: int | None) -> tuple[str | None, int | None, int | None]:
+    """``(model name to store, num_experts, top_k)`` from ``--model`` and ``--num-experts``.
+
+    A preset or alias (``mixtral``, ``qwen``; see ``stepsim models list``) is stored as typed (trace metadata
+    keeps the user's label; readers compare names through the aliases); a Hugging Face ``config.json`` gives its
+    expert count and top-k (the path is the stored name). top_k is None unless a config file gave it (a
+    preset's is checked by the reader).
+
+    Raises
+    ------
+    ConfigError
+        An unreadable or dense config file, or ``--num-experts`` disagreeing with the file.
+    """
+    from stepsim.workloads.models import is_model_file, routing_shape
+
+    if model is None or not is_model_file(model):
+        return model, num_experts, None
+    experts, top_k = routing_shape(model)
+    if num_experts is not None and num_experts != experts:
+        raise ConfigError(f"--num-experts {num_experts} conflicts with --model {model} ({experts} experts)")
+    return model, experts, top_k
+
+
+def _open(path, args: argparse.Namespace):
+    """Open a trace with the --format / --num-experts / --model flags (a config file's top_k is checked)."""
+    _positive("num-experts", args.num_experts)
+    model, num_experts, top_k = resolve_model_arg(args.model, args.num_experts)
+    stream = open_trace(path, args.format, num_experts, model)
+    if top_k is not None and stream.info.top_k != top_k:
+        raise ConfigError(f"{path}: the trace has top_k = {stream.info.top_k}, but --model {args.model} says "
+                          f"num_experts_per_tok = {top_k}")
+    return stream
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     output_format(args.out)  # fail on a bad --out before reading anything
-    _positive("num-experts", args.num_experts)
-    stream = open_trace(args.src, args.format, args.num_experts, args.model)
+    stream = _open(args.src, args)
     rows = write_trace(stream.batches(), args.out, schema=stream.schema)
     print(f"wrote {args.out}: {stream.info.kind} trace, {rows} rows (from {stream.format} {args.src})")
+    return 0
+
+
+def _cmd_import_routed(args: argparse.Namespace) -> int:
+    from stepsim.trace_io.serving import import_routed_experts
+
+    rows, batches, layers = import_routed_experts(
+        args.src, args.out, key=args.key, iteration_key=args.iteration_key, iteration=args.iteration,
+        num_experts=args.num_experts, model=args.model)
+    print(f"wrote {args.out}: routing trace, {rows} rows, {layers} layer(s), {batches} (iteration, layer) "
+          f"batch(es) (from {args.src})")
     return 0
 
 
@@ -69,9 +113,8 @@ def _print_summary(s: dict) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    _positive("num-experts", args.num_experts)
     _positive("tile", args.tile)
-    stream = open_trace(args.path, args.format, args.num_experts, args.model)
+    stream = _open(args.path, args)
     summary = TraceSummary(stream.info, tile=args.tile).consume(stream.batches()).as_dict()
     if args.json:
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
@@ -83,9 +126,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_synth_routing(args: argparse.Namespace) -> int:
     output_format(args.out)
-    shape = model_shape(args.model)
+    model, shape_e, shape_k = resolve_model_arg(args.model, args.num_experts)
+    shape = (shape_e, shape_k) if shape_k is not None else model_shape(model)
     num_experts = args.num_experts if args.num_experts is not None else (shape[0] if shape else None)
     top_k = args.top_k if args.top_k is not None else (shape[1] if shape else None)
+    if shape and top_k != shape[1] and (shape_k is not None or args.top_k is not None):
+        raise ConfigError(f"--top-k {top_k} conflicts with --model {args.model} (top_k {shape[1]})")
     if num_experts is None or top_k is None:
         raise ConfigError("synth routing needs --num-experts and --top-k (or a known --model such as mixtral, qwen)")
     for name, v in (("tokens", args.tokens), ("num-experts", num_experts), ("top-k", top_k), ("batch", args.batch)):
@@ -101,13 +147,13 @@ def _cmd_synth_routing(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         batch=args.batch,
         layer=args.layer,
-        model=args.model,
+        model=model,
         gate_weights=args.gate_weights,
     )
     schema = routing_schema_for(
         num_experts,
         top_k,
-        model=args.model,
+        model=model,
         seed=args.seed,
         skew=args.skew,
         alpha=args.alpha,
@@ -149,15 +195,37 @@ def register(subparsers) -> None:
     p.add_argument("src", metavar="SRC", help="trace file or folder")
     p.add_argument("--format", choices=FORMATS, help="input format (default: from the suffix)")
     p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
-    p.add_argument("--model", help="routing: model name (mixtral, qwen, ... also set num_experts/top_k)")
+    p.add_argument("--model", help="routing: model name or alias (mixtral, qwen, ...: also sets num_experts/top_k) "
+                                   "or a Hugging Face config.json")
     p.add_argument("--out", required=True, help="output .arrow / .feather / .parquet file")
-    p.set_defaults(handler=_cmd_import)
+    p.set_defaults(handler=_cmd_import, out_kind="file")
+
+    p = sub.add_parser(
+        "import-routed",
+        help="convert a serving engine's per-token routed-expert array [tokens, layers, top_k] (.npy, .npz, "
+        ".safetensors) to a multi-layer routing trace",
+        description="Convert the routed experts SGLang / vLLM return per token ([tokens, layers, top_k] integer "
+        "array) to a routing trace with one batch per layer (or per iteration x layer with --iteration-key).",
+    )
+    p.add_argument("src", metavar="SRC", help=".npy, .npz or .safetensors file (safetensors: pip install "
+                   "'stepsim[serving]')")
+    p.add_argument("--key", help="array name in a .npz / .safetensors file (default: the only array, else "
+                   "'routed_experts')")
+    p.add_argument("--iteration-key", help="array [tokens] of iteration numbers in the same file: one batch per "
+                   "(iteration, layer)")
+    p.add_argument("--iteration", type=int, default=0, help="iteration label of every row without --iteration-key "
+                   "(default 0)")
+    p.add_argument("--num-experts", type=int, help="experts per layer (default: from --model)")
+    p.add_argument("--model", help="preset name or alias (mixtral, qwen, ...) or a Hugging Face config.json: "
+                   "gives num_experts and checks top_k")
+    p.add_argument("--out", required=True, help="output .arrow / .parquet file")
+    p.set_defaults(handler=_cmd_import_routed, out_kind="file")
 
     p = sub.add_parser("inspect", help="validate a trace and print its statistics")
     p.add_argument("path", metavar="PATH", help="trace file or folder")
     p.add_argument("--format", choices=FORMATS, help="input format (default: from the suffix)")
     p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
-    p.add_argument("--model", help="routing: model name")
+    p.add_argument("--model", help="routing: model name or alias, or a Hugging Face config.json")
     p.add_argument("--tile", type=int, default=32, help="KV sequence tile in tokens (default 32)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(handler=_cmd_inspect)
@@ -170,7 +238,8 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=int, required=True, help="token rows")
     p.add_argument("--num-experts", type=int, help="experts per layer (default: from --model)")
     p.add_argument("--top-k", type=int, help="experts per token (default: from --model)")
-    p.add_argument("--model", help="model name for metadata; a known name gives num_experts/top_k")
+    p.add_argument("--model", help="model name for metadata; a preset or alias (mixtral, qwen, ...) or a Hugging "
+                                   "Face config.json gives num_experts/top_k")
     p.add_argument("--skew", choices=SKEWS, default="dirichlet", help="expert popularity model (default dirichlet)")
     p.add_argument(
         "--alpha",
@@ -183,7 +252,7 @@ def register(subparsers) -> None:
     p.add_argument("--gate-weights", action="store_true", help="also write normalized gate weights")
     p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
-    p.set_defaults(handler=_cmd_synth_routing)
+    p.set_defaults(handler=_cmd_synth_routing, out_kind="file")
 
     p = ssub.add_parser("kv", help="decode batches with KV lengths drawn from the Azure distribution")
     p.add_argument("--batch", type=int, required=True, help="requests per decode batch")
@@ -196,4 +265,4 @@ def register(subparsers) -> None:
     )
     p.add_argument("--seed", type=int, required=True, help="random seed (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
-    p.set_defaults(handler=_cmd_synth_kv)
+    p.set_defaults(handler=_cmd_synth_kv, out_kind="file")

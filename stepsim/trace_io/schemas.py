@@ -81,10 +81,26 @@ BATCH_FIELDS = (
 
 
 def model_shape(model: str | None) -> tuple[int, int] | None:
-    """Return ``(num_experts, top_k)`` of a known MoE model name (case-insensitive), else None."""
+    """Return ``(num_experts, top_k)`` of a known MoE model name (case-insensitive), else None.
+
+    Known: :data:`KNOWN_MODELS` and the MoE presets of :mod:`stepsim.workloads.models` with their aliases.
+    """
     if not model:
         return None
-    return KNOWN_MODELS.get(model.strip().lower())
+    shape = KNOWN_MODELS.get(model.strip().lower())
+    if shape is None:
+        from stepsim.workloads.models import PRESETS, canonical_model_name
+
+        preset = PRESETS.get(canonical_model_name(model))
+        shape = (preset.experts, preset.top_k) if preset is not None and preset.is_moe else None
+    return shape
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names mean the same model (aliases such as ``qwen`` / ``qwen3-30b-a3b`` agree)."""
+    from stepsim.workloads.models import canonical_model_name
+
+    return canonical_model_name(a).lower() == canonical_model_name(b).lower()
 
 
 def routing_fields(top_k: int, gate_weights: bool = False) -> list[pa.Field]:
@@ -257,7 +273,7 @@ def trace_info(
         return TraceInfo(kind=kind, source=source, metadata=meta)
 
     if model:
-        if MODEL_KEY in meta and meta[MODEL_KEY].lower() != model.lower():
+        if MODEL_KEY in meta and not same_model(meta[MODEL_KEY], model):
             raise TraceSchemaError(f"{source}: metadata model {meta[MODEL_KEY]!r} conflicts with model {model!r}")
         meta.setdefault(MODEL_KEY, model)
     file_e = _int_meta(meta, NUM_EXPERTS_KEY, source)

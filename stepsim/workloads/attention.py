@@ -71,6 +71,7 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
+from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.errors import ArgumentError
 from stepsim.graph import (
     BF16,
@@ -124,7 +125,7 @@ COARSE_BLOCK = 16
 SPEC_MAX_N = {16: 4672, 64: 6464, 80: 6528}
 #: §5.5: attention experiments run with 1-element FIFOs; their ``config_dict`` overrides (metadata 16, cache
 #: write-back 4) are dead in step-perf (STEP_TIMING §2), so every FIFO of the published runs holds 1 element
-CHANNEL_DEPTH = 1
+CHANNEL_DEPTH = WORKLOAD_CHANNEL_DEPTH["attention"]
 
 
 def _positive_int(name: str, value) -> int:
@@ -420,7 +421,7 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
             op.group = ("region", op.inputs[0].index)
 
     workload = Workload(
-        name="attention", graph=g, channel_depth=CHANNEL_DEPTH, hardware="step-eval",
+        name="attention", graph=g, channel_depth=CHANNEL_DEPTH, hardware=WORKLOAD_HARDWARE["attention"],
         algorithmic_flops=attention_algorithmic_flops(seq_len_tiled, head_dim=head_dim, query_per_kv_head=q_rows,
                                                       tile_n=tile_n, softmax=softmax),
         params=dict(strategy=strategy, batch=batch, head_dim=head_dim, query_per_kv_head=q_rows, tile_n=tile_n,

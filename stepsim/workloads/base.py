@@ -12,6 +12,7 @@ from typing import Any
 
 import sympy as sp
 
+from stepsim.defaults import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
 
 
@@ -48,7 +49,8 @@ class Workload:
         Operator groups (``op.group`` labels) that received no work in the trace; their on-chip footprint
         is what ``on_chip_bytes_active`` leaves out (the spec's unselected-expert correction).
     channel_depth : int or None
-        Default FIFO depth the paper's experiment uses for this workload (None = 1024 in step-perf).
+        Default FIFO depth the paper's experiment uses for this workload (None = 1024 in step-perf); a hardware
+        that sets ``channel_depth`` explicitly, or a per-run depth, overrides it (:mod:`stepsim.defaults`).
     hardware : str
         Hardware preset the paper's experiment uses.
     trace : dict
@@ -66,8 +68,8 @@ class Workload:
     bindings: dict = field(default_factory=dict)
     algorithmic_flops: int | None = None
     idle_groups: set = field(default_factory=set)
-    channel_depth: int | None = 2
-    hardware: str = "step-eval"
+    channel_depth: int | None = DEFAULT_WORKLOAD_CHANNEL_DEPTH
+    hardware: str = WORKLOAD_HARDWARE["moe"]
     trace: dict = field(default_factory=dict)
     channel_depths: dict | None = None
 

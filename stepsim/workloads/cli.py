@@ -25,7 +25,8 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_workload_arguments", "build_workl
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
     p.add_argument("workload", choices=WORKLOADS, help="which layer to build")
-    p.add_argument("--model", help="MoE: mixtral-8x7b (default) | qwen3-30b-a3b | custom")
+    p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
+                                   "a Hugging Face config.json path | custom (see stepsim models list)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
         p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
     p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")
@@ -88,9 +89,11 @@ def _write_record(record, out_dir: str | None, as_json: bool) -> None:
 
 
 def _record_command(args, mode: str) -> int:
+    from stepsim.progress import engine_progress
     from stepsim.records import run_config
 
-    record = run_config({**config_from_args(args), "mode": mode})
+    with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
+        record = run_config({**config_from_args(args), "mode": mode}, progress=progress)
     _print_record(record, args.json)
     _write_record(record, args.out, args.json)
     return 0
@@ -121,9 +124,9 @@ def register(subparsers) -> None:
                    help="with --functional: compare the stored tensors with the NumPy reference "
                         "(check_max_rel_error, check_tolerance, check_passed)")
     add_fifo_depths_argument(p)
-    p.set_defaults(handler=_run)
+    p.set_defaults(handler=_run, out_kind="dir")
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")
     add_workload_arguments(p)
     p.add_argument("--out", metavar="DIR", help="also write the record (part-<id>.parquet) into DIR")
-    p.set_defaults(handler=_metrics)
+    p.set_defaults(handler=_metrics, out_kind="dir")

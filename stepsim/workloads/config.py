@@ -18,6 +18,9 @@ when a ``source`` label such as a file name is given):
 * a knob that the chosen workload does not use is refused (``tile_m`` for ``moe``, ``tile_n`` with dynamic
   tiling, ``hidden`` without ``model="custom"``), so two configs that build the same program never differ
   only in an ignored knob;
+* ``model`` is a preset name, an alias (``mixtral``, ``qwen``: stored as the preset's canonical name, so both
+  spellings give one run id), a Hugging Face ``config.json`` path or ``custom``
+  (:mod:`stepsim.workloads.models`);
 * errors raised by the builders themselves (a tile that does not divide a dimension, an unknown model) are
   re-raised as ConfigError with the ``source`` prefix.
 
@@ -197,6 +200,10 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
     if cfg["workload"] is None:
         raise ConfigError(f"{_prefix(source)}missing required config key 'workload' "
                           f"(one of {', '.join(WORKLOADS)})")
+    if cfg["model"] is not None:  # one name per model in records and run ids: aliases become the preset name
+        from stepsim.workloads.models import canonical_model_name
+
+        cfg["model"] = canonical_model_name(cfg["model"])
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
         if cfg[key] is None:
             cfg[key] = value
@@ -277,19 +284,21 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
         raise ConfigError(f"{_prefix(source)}{exc}") from exc
 
 
-def resolve_hardware(cfg: Mapping, workload: Workload, *, source: str | None = None) -> Hardware:
+def resolve_hardware(cfg: Mapping, workload: Workload | None = None, *, source: str | None = None) -> Hardware:
     """The :class:`~stepsim.hardware.Hardware` a normalized config runs on.
 
-    ``cfg["hardware"]`` (a preset name or a TOML file) if set, else the workload experiment's preset.
+    ``cfg["hardware"]`` (a preset name or a TOML file) if set, else the workload experiment's preset (that of
+    ``workload``, or without one :data:`stepsim.defaults.WORKLOAD_HARDWARE` of the config's workload kind).
 
     Raises
     ------
     ConfigError
         Unknown preset, unreadable TOML or unknown hardware key (message prefixed with ``source``).
     """
+    from stepsim.defaults import WORKLOAD_HARDWARE
     from stepsim.hardware import Hardware
 
-    name = cfg.get("hardware") or workload.hardware
+    name = cfg.get("hardware") or (workload.hardware if workload is not None else WORKLOAD_HARDWARE[cfg["workload"]])
     try:
         return Hardware.from_toml(name) if name.endswith(".toml") else Hardware.preset(name)
     except ConfigError as exc:

@@ -18,6 +18,7 @@ stored in bf16 and computed in fp32; the output is stored in fp32.
 
 from __future__ import annotations
 
+from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH
 from stepsim.errors import ArgumentError
 from stepsim.graph import (
     BF16,
@@ -79,7 +80,8 @@ def algorithmic_flops(counts, model: MoEModel, tile_n: int | None) -> int:
 
 def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int | None = None,
               tile_f: int | None = None, regions: int | None = None, compute_bw: int | None = None,
-              packing_compute_bw: int = PACKING_COMPUTE_BW, channel_depth: int | None = 2) -> Workload:
+              packing_compute_bw: int = PACKING_COMPUTE_BW,
+              channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"]) -> Workload:
     """Build the MoE layer for one decoding batch.
 
     Parameters

@@ -51,7 +51,7 @@ import numpy as np
 from stepsim.errors import ArgumentError, GraphError, ShapeError
 from stepsim.workloads.attention import kv_metadata, region_assignment
 from stepsim.workloads.base import Workload
-from stepsim.workloads.models import MOE_MODELS, MoEModel
+from stepsim.workloads.models import MOE_MODELS, MoEModel, canonical_model_name
 from stepsim.workloads.routing import check_routing
 
 __all__ = [
@@ -715,10 +715,11 @@ def small_moe_model(name: str, *, hidden: int = 64, intermediate: int = 128) -> 
     >>> small_moe_model("mixtral-8x7b", hidden=32, intermediate=64)
     MoEModel(name='mixtral-8x7b-small', hidden=32, intermediate=64, experts=8, top_k=2)
     """
-    if name not in MOE_MODELS:
+    canonical = canonical_model_name(name)  # the aliases (mixtral, qwen) name the same presets here too
+    if canonical not in MOE_MODELS:
         raise ArgumentError(f"unknown MoE preset {name!r}; expected one of {sorted(MOE_MODELS)}")
-    base = MOE_MODELS[name]
-    return MoEModel(f"{name}-small", hidden=hidden, intermediate=intermediate, experts=base.experts,
+    base = MOE_MODELS[canonical]
+    return MoEModel(f"{canonical}-small", hidden=hidden, intermediate=intermediate, experts=base.experts,
                     top_k=base.top_k)
 
 

@@ -6,6 +6,7 @@ the full D as K tile; down tiled by tile_m rows and tile_n of K, the full D as N
 
 from __future__ import annotations
 
+from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.errors import ArgumentError
 from stepsim.graph import (
     FP32,
@@ -35,7 +36,7 @@ def swiglu_algorithmic_flops(batch: int, hidden: int, intermediate: int) -> int:
 
 def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden: int = 256, intermediate: int = 512,
                  compute_bw: int = HDL_COMPUTE_BW, par_dispatch: int = HDL_PAR_DISPATCH,
-                 channel_depth: int | None = 1) -> Workload:
+                 channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["swiglu"]) -> Workload:
     """Build the SwiGLU validation layer (B=64, D=256, F=512 by default; fp32; HDL hardware preset).
 
     ``tile_m`` tiles the batch (rows of x), ``tile_n`` tiles F for gate/up and K of the down projection.
@@ -61,7 +62,7 @@ def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden:
     out = MapAccum(g, rows, w_down, Matmul(), Zero(tile_m, d), 1, write_back_mu=True, **bw)
     LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
     return Workload(
-        name="swiglu", graph=g, channel_depth=channel_depth, hardware="step-hdl",
+        name="swiglu", graph=g, channel_depth=channel_depth, hardware=WORKLOAD_HARDWARE["swiglu"],
         algorithmic_flops=swiglu_algorithmic_flops(b, d, f),
         params=dict(batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
                     par_dispatch=par_dispatch, channel_depth=channel_depth),

@@ -997,3 +997,23 @@ def test_output_refs_name_multi_output_ops_with_an_index():
     assert str(m[1]) == "EagerMerge_2[1]" and isinstance(m[1], OutputRef)
     assert m.outputs[0].shape == (7,)
     assert re.fullmatch(r"Placeholder_0", str(m.inputs[0]))
+
+
+def test_ceil_div_and_indicator_fast_paths_build_the_evaluated_expressions():
+    """dims.ceil_div / nonzero_indicator skip sympy's evaluation for plain count symbols: the result must be the
+    very expression (same tree) the evaluation gives."""
+    import sympy as sp
+
+    from stepsim.graph import dims
+
+    symbols = [dims.make_symbol(f"Partition_4_{i:03d}") for i in range(2)] + [
+        dims.RaggedSymbol("Ragged_1", integer=True, nonnegative=True)]
+    for x in symbols:
+        for s in range(1, 1100):
+            evaluated = dims.normalize(sp.floor((x + s - 1) / sp.Integer(s)))
+            fast = dims.ceil_div(x, s)
+            assert fast == evaluated and sp.srepr(fast) == sp.srepr(evaluated), (x, s)
+        evaluated = sp.Piecewise((1, x >= 1), (0, True))
+        assert sp.srepr(dims.nonzero_indicator(x)) == sp.srepr(evaluated)
+    plain = sp.Symbol("y")  # no assumptions: the slow path
+    assert dims.ceil_div(plain, 4) == sp.floor((plain + 3) / 4)

@@ -130,3 +130,81 @@ def test_batched_hbm_equals_per_request_tick_model(ops, channels, ii, start_up, 
 def test_reference_model_reproduces_s12():
     hw = Hardware.preset("step-hdl")
     assert reference_hbm([{"kind": "load", "n_req": 16, "par": 4, "tiles": 1}], hw) == [23]
+
+
+# ------------------------------------------------------------------------------------------- closed form
+# Tiles long enough for the HBM's steady-state periods (kernels.hbm._try_skip): several readers and writers,
+# par_dispatch 1 and 4, 8 and 32 channels, against the per-request tick model above and against the same
+# engine serving every tick one by one.
+long_op_strategy = st.fixed_dictionaries({
+    "rows": st.integers(1, 48),
+    "row_bytes": st.sampled_from([64, 128, 256, 512, 1024]),
+    "par": st.sampled_from([1, 4]),
+    "tiles": st.integers(1, 3),
+    "store": st.booleans(),
+})
+
+
+def _memory_program(ops, hw):
+    """Loads in builder order (each feeding a sink or a store), then the stores; returns the program, the
+    reference model's ops and the memory units in reference order."""
+    b = ProgramBuilder(hw)
+    ref_ops, load_units, store_inputs, store_units = [], [], [], []
+    for o in ops:
+        x = b.add_channel()
+        load_units.append(b.offchip_load(out=x, tile_rows=o["rows"], tile_cols=o["row_bytes"] // 2, elem_bytes=2,
+                                         view_shape=(o["tiles"],), par_dispatch=o["par"]))
+        n_req = o["rows"] * (o["row_bytes"] // 64)
+        ref_ops.append({"kind": "load", "n_req": n_req, "par": o["par"], "tiles": o["tiles"]})
+        if o["store"]:
+            store_inputs.append((len(ref_ops) - 1, x, n_req, o))
+        else:
+            b.sink(inp=x)
+    for src, x, n_req, o in store_inputs:
+        store_units.append(b.offchip_store(inp=x, par_dispatch=o["par"]))
+        ref_ops.append({"kind": "store", "n_req": n_req, "par": o["par"], "tiles": o["tiles"], "source": src})
+    return b.build(), ref_ops, load_units + store_units
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(long_op_strategy, min_size=1, max_size=6), channels=st.sampled_from([8, 32]),
+       ii=st.integers(1, 3))
+def test_closed_form_hbm_equals_per_request_model(ops, channels, ii):
+    hw = Hardware.preset("step-eval", hbm_channels=channels, hbm_init_interval=ii, channel_depth=None)
+    program, ref_ops, units = _memory_program(ops, hw)
+    fast = run(program)
+    per_tick = run(program, hbm_closed_form=False)
+    assert [final_clock(fast, u) for u in units] == reference_hbm(ref_ops, hw)
+    assert per_tick.hbm_closed_form_ticks == 0
+    for field in ("cycles", "events", "fires", "bytes_read", "bytes_written", "hbm_requests"):
+        assert getattr(fast, field) == getattr(per_tick, field), field
+    assert (fast.unit_counters == per_tick.unit_counters).all()
+    assert (fast.channel_counters == per_tick.channel_counters).all()
+
+
+def test_closed_form_serves_the_steady_state_of_one_long_tile():
+    """STEP_TIMING §9 S1 (one 64x4096 bf16 tile: 8192 requests, P=1, 32 channels): 8212 cycles either way.
+
+    Ticks t0+1 .. t0+8192 serve one request each; the channel pattern repeats every L = 32 ticks. The tick
+    t0+1 starts the run, the first watched period (ticks t0+2 .. t0+33) still sees channels never used before,
+    the second (t0+34 .. t0+65) repeats exactly (every channel moved by 32), so K = (8192 - 65 - 1) // 32 = 253
+    periods = 8096 ticks are served in closed form and the last 31 ticks one by one."""
+    b = ProgramBuilder(Hardware.preset("step-eval"))
+    x = b.add_channel()
+    b.offchip_load(out=x, tile_rows=64, tile_cols=4096, elem_bytes=2, view_shape=(1,))
+    b.sink(inp=x)
+    fast = run(b.build())
+    assert (fast.cycles, fast.hbm_requests, fast.hbm_closed_form_ticks) == (8212, 8192, 8096)
+    assert run(b.build(), hbm_closed_form=False).cycles == 8212
+
+
+def test_closed_form_with_saturated_channels():
+    """Eight loads with P=16 on 8 channels ask for 128 requests per tick against a capacity of 4 (II 2): the
+    backlog grows by the same amount every period (the linear case of _try_skip) and results stay exact."""
+    hw = Hardware.preset("step-eval", hbm_channels=8, channel_depth=None)
+    ops = [{"rows": 64, "row_bytes": 1024, "par": 16, "tiles": 2, "store": False} for _ in range(8)]
+    program, ref_ops, units = _memory_program(ops, hw)
+    fast = run(program)
+    assert fast.hbm_closed_form_ticks > 0
+    assert [final_clock(fast, u) for u in units] == reference_hbm(ref_ops, hw)
+    assert fast.cycles == run(program, hbm_closed_form=False).cycles

@@ -130,17 +130,17 @@ def test_bad_depths_files_are_one_line_errors_naming_the_file(tmp_path, content,
 def test_bad_cli_input_fails_before_any_work(tmp_path, capsys, trace):
     base = ["size-fifos", "moe", *DIMS, "--trace", trace]
     assert main([*base, "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"stepsim: error: --out {tmp_path}: is a folder; give a file path such as " \
-                                      "depths.toml\n"
-    assert main([*base, "--out", str(tmp_path / "no" / "d.toml")]) == 2
-    assert capsys.readouterr().err == (f"stepsim: error: --out {tmp_path / 'no' / 'd.toml'}: folder "
-                                       f"{tmp_path / 'no'} does not exist\n")
+    assert capsys.readouterr().err == f"stepsim: error: --out {tmp_path}: is a folder; give a file name\n"
+    (tmp_path / "f").write_text("")
+    assert main([*base, "--out", str(tmp_path / "f" / "d.toml")]) == 2
+    assert capsys.readouterr().err == (f"stepsim: error: --out {tmp_path / 'f' / 'd.toml'}: {tmp_path / 'f'} is "
+                                       "a file, not a folder\n")
     assert main([*base, "--out", str(tmp_path / "d.toml"), "--slack", "1.5"]) == 2
     assert capsys.readouterr().err == "stepsim: error: --slack must be in [0, 1) (0.01 = 1 %), got 1.5\n"
     assert main(["run", "moe", *DIMS, "--trace", trace, "--fifo-depths", str(tmp_path / "missing.toml")]) == 2
     assert capsys.readouterr().err.startswith(f"stepsim: error: {tmp_path / 'missing.toml'}: cannot read FIFO "
                                               "depths file: No such file or directory")
-    assert not list(tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
 
 
 def test_sizing_on_several_traces_holds_on_each(trace, tmp_path):
