@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "stepsim.demo",  # demo
     "stepsim.sweep.cli",  # sweep
     "stepsim.reproduce.cli",  # reproduce
+    "stepsim.passes.cli",  # size-fifos
 )
 
 

@@ -115,7 +115,8 @@ class NotSimulatedError(ConfigError):
 
 
 # --- schemas ----------------------------------------------------------------------------------------------
-_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "softmax", "hardware", "convention"}
+_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "softmax", "fifo_depths", "hardware",
+                 "convention"}
 
 
 def _field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:
@@ -237,6 +238,8 @@ def identity(cfg: Mapping, trace_hash: str | None) -> dict:
             ident["model_sha256"] = file_sha256(model)
         except OSError as exc:
             raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
+    if cfg.get("fifo_depths") is not None:  # a FIFO depths file counts by its content, not its path
+        ident["fifo_depths_sha256"] = file_sha256(cfg["fifo_depths"])
     return ident
 
 

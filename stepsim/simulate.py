@@ -81,7 +81,7 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None, progress=None) -> SimResult:
+             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -109,6 +109,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     progress : callable, optional
         ``progress(events, cycle)``, called between slices of a long engine run (see
         :func:`stepsim.progress.engine_progress`).
+    channel_depths : mapping of channel name to int, optional
+        Per-channel FIFO depths overriding ``channel_depth`` (see :func:`stepsim.graph.lower.lower`). Default:
+        a Workload's ``channel_depths`` (set from a ``--fifo-depths`` file), else none.
     """
     global _compiled
     from stepsim.kernels import run
@@ -120,8 +123,10 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         hardware = Hardware.preset(hardware)
     channel_depth = resolve_channel_depth(channel_depth, hardware,
                                           target.channel_depth if isinstance(target, Workload) else UNSET)
+    if channel_depths is _UNSET:
+        channel_depths = target.channel_depths if isinstance(target, Workload) else None
     start = time.perf_counter()
-    program = lower(graph, hardware, channel_depth=channel_depth)
+    program = lower(graph, hardware, channel_depth=channel_depth, channel_depths=channel_depths)
     lower_s = time.perf_counter() - start
     compile_s = 0.0
     if not _compiled:

@@ -12,6 +12,9 @@ Decisions made here (and why):
   (precedence of knob, hardware and workload depths: :mod:`stepsim.defaults`). Broadcasts inserted by
   :meth:`Graph.insert_broadcasts` carry the producer's ``fanout_depth``, matching the artifact's overrides
   keyed by the Broadcast's id.
+* **Per-channel overrides** (``channel_depths``, e.g. from ``stepsim size-fifos``) are keyed by the channel
+  names below (``<operator name>[<output index>]``, stable across builds of the same graph) and win over both;
+  a name the graph does not have is an error, so depths sized for another graph are never applied silently.
 * **Unconsumed outputs** get an implicit sink (a stream nobody reads would otherwise fill and deadlock),
   except Reshape's padding-flag output: step-perf has no such output, so it gets a channel only when read
   (and then the Reshape sends each element and its flag together).
@@ -26,6 +29,8 @@ Decisions made here (and why):
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -53,8 +58,9 @@ def fp32_timing_bytes(graph: Graph) -> int:
 
 
 class _Lowering:
-    def __init__(self, graph: Graph, hardware: Hardware, channel_depth):
+    def __init__(self, graph: Graph, hardware: Hardware, channel_depth, channel_depths=None):
         self.graph = graph.finalize()
+        self.channel_depths = dict(channel_depths or {})
         self.builder = ProgramBuilder(hardware)
         self.default_depth = resolve_channel_depth(channel_depth, hardware)
         self.f32_bytes = fp32_timing_bytes(graph)
@@ -84,13 +90,18 @@ class _Lowering:
                 if isinstance(op, S.Reshape) and idx == 1 and not users:
                     continue
                 assert len(users) <= 1, "broadcasts were inserted"
-                ch = self.builder.add_channel(self._capacity(op), name=f"{op.name}[{idx}]")
+                name = f"{op.name}[{idx}]"
+                ch = self.builder.add_channel(self.channel_depths.pop(name, None) or self._capacity(op), name=name)
                 self.out_channel[(op.id, idx)] = ch
                 if users:
                     consumer, pos = users[0]
                     self.channel_of[(consumer.id, pos)] = ch
                 else:
                     self.builder.sink(inp=ch, name=f"{op.name}[{idx}].implicit_sink")
+        if self.channel_depths:  # every override was consumed above unless it names no channel of this graph
+            unknown = sorted(self.channel_depths)
+            raise LoweringError(f"channel_depths: graph {self.graph.name!r} has no channel {unknown[0]!r}"
+                                f"{f' (and {len(unknown) - 1} more unknown names)' if len(unknown) > 1 else ''}")
 
     def inputs(self, op) -> list[int]:
         if op.id in self.fused_zips:
@@ -261,7 +272,8 @@ def _tensor_ref(name, shape, dtype, tile_rows, tile_cols, strides=()) -> TensorR
                      strides=tuple(int(x) for x in strides), shape=tuple(dims[:len(shape)]))
 
 
-def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth=UNSET) -> Program:
+def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth=UNSET,
+          channel_depths: Mapping[str, int] | None = None) -> Program:
     """Lower ``graph`` to an engine :class:`~stepsim.program.Program`.
 
     Parameters
@@ -273,12 +285,19 @@ def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth=UNSET
     channel_depth : int or None, optional
         FIFO depth (elements) of every channel without an override; None means 1024. Default: the hardware's
         ``channel_depth`` (2 for ``step-eval``).
+    channel_depths : mapping of channel name to int, optional
+        Per-channel FIFO depths (elements) that override everything else, keyed by stable channel names
+        (``"Map_12[0]"``, see :func:`stepsim.passes.channels.channel_infos`); each must be an int >= 1 and name
+        a channel of ``graph`` (else :class:`~stepsim.errors.LoweringError`).
 
     Selector and metadata payloads come from the graph's sources (filled from traces by the workload
     builders), so routing in the engine follows the trace.
     """
     hardware = hardware or Hardware.preset("step-eval")
-    return _Lowering(graph, hardware, channel_depth).run()
+    for name, depth in (channel_depths or {}).items():
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
+            raise LoweringError(f"channel_depths[{name!r}] must be an int >= 1, got {depth!r}")
+    return _Lowering(graph, hardware, channel_depth, channel_depths).run()
 
 
 __all__ = ["lower", "fp32_timing_bytes"]

@@ -25,6 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes for the simulations (default 1)")
     p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
+    p.add_argument("--fifo-depths", action="append", default=[], metavar="FILE",
+                   help="stepsim size-fifos file; the points that build its workload use its depths (repeatable)")
     p.set_defaults(handler=_reproduce, out_kind="dir")
 
 
@@ -34,7 +36,8 @@ def _reproduce(args) -> int:
     def progress(line: str) -> None:
         print(f"[reproduce] {line}", file=sys.stderr, flush=True)
 
-    results = reproduce(args.experiment, args.traces, args.out, jobs=args.jobs, progress=progress)
+    results = reproduce(args.experiment, args.traces, args.out, jobs=args.jobs, progress=progress,
+                        fifo_depths=args.fifo_depths)
     total = time.perf_counter() - start
     if args.json:
         print(json.dumps({k: v for r in results for k, v in r.headline.items()}))

@@ -97,9 +97,29 @@ def _provenance(module: ModuleType, points) -> dict:
     return {"experiment": module.NAME, "traces": traces}
 
 
+def apply_fifo_depths(plans: Mapping[str, list], files) -> list[str]:
+    """Give the points each depths file was sized for (:func:`stepsim.passes.depths_file.matches_config`) its
+    ``fifo_depths`` key; one line per file saying which points use it. A file that fits no point is refused."""
+    from stepsim.passes.depths_file import matches_config, read_depths_file
+
+    lines = []
+    for path in files:
+        depths = read_depths_file(path)
+        used = [(name, point) for name, points in plans.items() for point in points
+                if matches_config(depths, point.config)]
+        if not used:
+            raise ConfigError(f"--fifo-depths {path}: made for graph {depths.graph} (config {depths.config}), "
+                              f"which no point of {', '.join(plans)} runs on these traces")
+        for _, point in used:
+            point.config["fifo_depths"] = str(path)
+        lines.append(f"sized FIFOs from {path} (instead of uniform depths) for {len(used)} point(s): "
+                     + ", ".join(sorted({f'{name} {point.labels.get("trace", "")}'.strip() for name, point in used})))
+    return lines
+
+
 def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int = 1,
               options: Mapping[str, Mapping] | None = None,
-              progress: Callable[[str], None] | None = None) -> list[ExperimentResult]:
+              progress: Callable[[str], None] | None = None, fifo_depths=()) -> list[ExperimentResult]:
     """Run ``experiment`` (one name of :data:`CHOICES`) on the traces under ``traces``; write into ``out``.
 
     Parameters
@@ -114,6 +134,9 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
         ``validation``).
     jobs : int
         Worker processes for the simulations (1: this process).
+    fifo_depths : sequence of paths
+        ``stepsim size-fifos`` files: every point that builds the workload a file was sized for (same knobs, a
+        trace it was sized on) runs with its depths; a file no point uses is a ConfigError.
     options : mapping, optional
         ``{experiment name: keyword arguments of its plan()}``: reduced configurations (tile lists, region
         counts, models), used by the tests.
@@ -154,6 +177,9 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
 
         for folder, why in skipped_folders(traces):
             progress(f"skipped {folder}: {why}")
+    for line in apply_fifo_depths(plans, fifo_depths):
+        if progress:
+            progress(line)
     results = []
     with Runner(jobs) as runner:
         for name in names:

@@ -12,7 +12,10 @@ and 1024 FLOPs/cycle per compute node (the builder's time-multiplexing defaults)
 * ``allocated_flops_per_cycle`` = sum of ``compute_bw`` over FLOP-based compute operators
   (:func:`stepsim.records.allocated_compute_flops`: 787456 ... 152576 for 128 ... 4 regions);
 * ``on_chip_kb`` = on-chip bytes without idle experts and empty regions (``on_chip_bytes_active``) / 1000;
-* ``off_chip_bw_utilization_pct`` = ``100 * off_chip_bytes / cycles / 1024`` (HBM peak, bytes/cycle).
+* ``off_chip_bw_utilization_pct`` = ``100 * off_chip_bytes / cycles / 1024`` (HBM peak, bytes/cycle);
+* ``channel_depth``: the FIFO depth of the run: 2 at B=64 as in the paper; 1024 (the artifact's unbounded
+  ``None``) at batch sizes the paper did not run, where depth 2 can deadlock (:mod:`stepsim.reproduce.fifos`;
+  the summary says which).
 
 Headline (our reading of the paper's "utilization gain at < 1 % / < 5 % overhead"; the spec gives no
 formula): for static tiling, the highest compute utilization among region counts whose overhead is below
@@ -29,6 +32,8 @@ import pyarrow as pa
 
 from stepsim.records import RunResult
 from stepsim.reproduce.execute import Point
+from stepsim.reproduce.fifos import DEFAULT as DEFAULT_FIFO_DEPTH
+from stepsim.reproduce.fifos import fifo_depth, fifo_note
 from stepsim.reproduce.layout import routing_files
 from stepsim.reproduce.stats import geomean
 from stepsim.reproduce.tables import field, format_rows, group_rows
@@ -57,6 +62,7 @@ SCHEMA = pa.schema([
     field("off_chip_bw_utilization_pct", pa.float64(), "%"), field("off_chip_bytes", pa.int64(), "bytes"),
     field("on_chip_bytes", pa.int64(), "bytes"), field("on_chip_bytes_active", pa.int64(), "bytes"),
     field("flops", pa.int64(), "FLOP"), field("run_id", pa.string()),
+    field("channel_depth", pa.int64(), "elements"),
 ])
 
 
@@ -73,6 +79,8 @@ def plan(traces: str | Path, *, regions: Sequence[int] | None = None) -> list[Po
         labels = {"model": f.model, "batch": f.batch, "trace": f.name}
         for tiling in TILINGS:
             base = {"workload": "moe", "model": f.model, "trace": str(f.path), "tiling": tiling}
+            if fifo_depth(NAME, f.model, f.batch) != DEFAULT_FIFO_DEPTH:  # batch sizes the paper did not run
+                base["channel_depth"] = fifo_depth(NAME, f.model, f.batch)
             if tiling == "static":
                 base["tile_n"] = STATIC_TILE_N
             points += [Point(labels, {**base, "regions": r}) for r in chosen]
@@ -97,6 +105,7 @@ def build_table(points: Sequence[Point], records: Sequence[RunResult]) -> pa.Tab
             "off_chip_bw_utilization_pct": 100.0 * r["off_chip_bytes"] / r["cycles"] / r["hbm_bytes_per_cycle"],
             "off_chip_bytes": r["off_chip_bytes"], "on_chip_bytes": r["on_chip_bytes"],
             "on_chip_bytes_active": r["on_chip_bytes_active"], "flops": r["flops"], "run_id": r["run_id"],
+            "channel_depth": params["channel_depth"],
         })
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
@@ -119,7 +128,8 @@ def headline(table: pa.Table) -> tuple[dict, dict]:
         base = max(rows, key=lambda r: r["regions"])
         best = best_under(rows, OVERHEAD_LIMIT_PCT[tiling])
         util0 = base["compute_utilization_pct"]
-        groups.append({"trace": trace, "tiling": tiling, "limit_pct": OVERHEAD_LIMIT_PCT[tiling],
+        groups.append({"trace": trace, "tiling": tiling, "batch": base["batch"],
+                       "limit_pct": OVERHEAD_LIMIT_PCT[tiling],
                        "regions": best["regions"], "overhead_pct": best["performance_overhead_pct"],
                        "gain": best["compute_utilization_pct"] / util0,
                        "gain_by_regions": {str(r["regions"]): r["compute_utilization_pct"] / util0 for r in rows}})
@@ -138,6 +148,7 @@ def summary(table: pa.Table, json_headline: dict, details: dict) -> list[str]:
     paper = {"static": 2.64, "dynamic": 2.51}
     for g in details["groups"]:
         by_regions = ", ".join(f"{r}: {v:.2f}x" for r, v in g["gain_by_regions"].items())
+        lines.append(f"{g['trace']} {g['tiling']}: {fifo_note(NAME, MODEL, g['batch'])}")
         lines.append(f"{g['trace']} {g['tiling']}: best utilization under {g['limit_pct']:g}% overhead at "
                      f"{g['regions']} regions ({g['overhead_pct']:+.2f}%), gain {g['gain']:.2f}x "
                      f"(paper: {paper[g['tiling']]}x); gain by regions: {by_regions}")

@@ -57,6 +57,9 @@ class Workload:
         The trace values the graph was built from, as read-only int64 arrays: ``routing`` ([B, top_k] expert
         ids) for ``moe``, ``kv_lengths`` ([B] tokens) for ``attention``; empty for ``swiglu``. Kept apart from
         ``params`` (which go into every result row as JSON) because they grow with the batch.
+    channel_depths : dict or None
+        Per-channel FIFO depths (channel name -> elements) that override ``channel_depth`` in simulation, e.g.
+        from a ``stepsim size-fifos`` file (:func:`stepsim.passes.depths_file.apply_depths_file`); None: none.
     """
 
     name: str
@@ -68,6 +71,7 @@ class Workload:
     channel_depth: int | None = DEFAULT_WORKLOAD_CHANNEL_DEPTH
     hardware: str = WORKLOAD_HARDWARE["moe"]
     trace: dict = field(default_factory=dict)
+    channel_depths: dict | None = None
 
     def symbolic(self, on_chip_convention=PUBLISHED) -> dict:
         """Symbolic totals (sympy): ``off_chip_bytes``, ``on_chip_bytes``, ``flops``."""

@@ -58,6 +58,13 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the record as one JSON object")
 
 
+def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
+    """``--fifo-depths FILE``: per-channel FIFO depths written by ``stepsim size-fifos`` (config key
+    ``fifo_depths``); a file made for another graph is refused."""
+    p.add_argument("--fifo-depths", metavar="FILE",
+                   help="per-channel FIFO depths from stepsim size-fifos (overrides --channel-depth per channel)")
+
+
 def config_from_args(args: argparse.Namespace) -> dict:
     """The config mapping of the knobs set on the command line (unset flags are left out)."""
     return {key: getattr(args, key) for key in KNOBS if getattr(args, key, None) is not None}
@@ -123,6 +130,7 @@ def register(subparsers) -> None:
     p.add_argument("--check", action="store_true",
                    help="with --functional: compare the stored tensors with the NumPy reference "
                         "(check_max_rel_error, check_tolerance, check_passed)")
+    add_fifo_depths_argument(p)
     p.set_defaults(handler=_run, out_kind="dir")
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")

@@ -53,7 +53,7 @@ MODES = ("metrics", "simulate", "functional", "check")
 KNOBS: tuple[str, ...] = (
     "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
-    "hardware", "convention",
+    "fifo_depths", "hardware", "convention",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -74,8 +74,9 @@ INT_MINIMUM: dict[str, int] = {
     "hidden": 1, "intermediate": 1, "experts": 1, "top_k": 1, "iteration": 0, "layer": 0, "batch_id": 0,
     "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1,
 }
-#: free-form string knobs (``trace`` also accepts os.PathLike)
-STRING_KEYS = ("model", "trace", "hardware")
+#: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
+#: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
+STRING_KEYS = ("model", "trace", "fifo_depths", "hardware")
 #: knobs used by some workloads only (absent here: used by every workload)
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     "model": ("moe",), "hidden": ("moe",), "intermediate": ("moe",), "experts": ("moe",), "top_k": ("moe",),
@@ -147,7 +148,7 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
         if not isinstance(value, str) or value not in CHOICES[key]:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, CHOICES[key]))}, got {value!r}")
         return value
-    if key == "trace" and isinstance(value, os.PathLike):
+    if key in ("trace", "fifo_depths") and isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
@@ -280,7 +281,12 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
         A builder refused a value (message prefixed with ``source``). Trace errors keep their own type.
     """
     try:
-        return _BUILDERS[cfg["workload"]](cfg)
+        workload = _BUILDERS[cfg["workload"]](cfg)
+        if cfg.get("fifo_depths") is not None:
+            from stepsim.passes.depths_file import apply_depths_file
+
+            apply_depths_file(workload, cfg["fifo_depths"])
+        return workload
     except (ArgumentError, ConfigError) as exc:
         if source is None and isinstance(exc, ConfigError):
             raise

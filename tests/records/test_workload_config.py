@@ -8,12 +8,13 @@ from stepsim.errors import ConfigError
 from stepsim.workloads.cli import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
-KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, hardware, hidden, intermediate, iteration, "
+KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, fifo_depths, hardware, hidden, intermediate, "
+         "iteration, "
          "layer, mode, model, regions, softmax, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 21 and KNOWN_KEYS == set(KNOBS) | {"mode"}
+    assert len(KNOBS) == 22 and KNOWN_KEYS == set(KNOBS) | {"mode"}
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 

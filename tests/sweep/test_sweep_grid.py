@@ -133,7 +133,7 @@ def test_a_sweep_without_axes_is_one_task(tmp_path):
 
 
 KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, "
-         "tile_m, regions, strategy, softmax, compute_bw, channel_depth, hardware, convention")
+         "tile_m, regions, strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -170,7 +170,7 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
     ('workload = "swiglu"\n[axes]\ntile_n = {start = 1.5, stop = 5, step = 1}\n',
      "[axes] tile_n: range start must be an integer, got 1.5"),
     ('workload = "swiglu"\n[axes]\ntile_n = {glob = "*.npy"}\n',
-     "[axes] tile_n: glob is only for file knobs (trace, hardware)"),
+     "[axes] tile_n: glob is only for file knobs (trace, hardware, fifo_depths)"),
 ])
 def test_sweep_file_errors_name_the_file_and_the_key(tmp_path, text, message):
     path = write(tmp_path, text)

@@ -1,0 +1,154 @@
+"""``depths.toml``: the per-channel FIFO depths ``stepsim size-fifos`` writes and ``--fifo-depths`` reads.
+
+A plain TOML file::
+
+    [workload]
+    workload = "moe"                       # the workload kind ("graph" for a bare Graph)
+    graph = "moe-qwen3-30b-a3b-static"     # Graph.name
+    fingerprint = "3f2a..."                # stepsim.passes.channels.graph_fingerprint (channel structure)
+    params = '{"batch": 1024, ...}'        # the builder's parameters (canonical JSON)
+    config = '{"model": ...}'              # the run config it was sized from (canonical JSON; may be absent)
+
+    [traces]
+    sha256 = ["9c1e..."]                   # content hash of every trace it was sized on
+
+    [sizing]                               # the report (informational)
+    slack = 0.01
+    cycles = 3117734
+    ...
+
+    [channels]                             # every channel of the graph, in lowering order
+    "LinearOffChipLoad_0[0]" = 2
+    "Map_12[0]" = 4
+
+Loading checks the file against the graph it is applied to: the fingerprint must match (else the file was
+made for another graph: another model, tiling, tile size, batch size or region count), every depth must be an
+int >= 1, and the channel names must be the graph's. Every problem is one :class:`~stepsim.errors.ConfigError`
+line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepsim._version import __version__
+from stepsim.errors import ConfigError
+from stepsim.passes.channels import graph_fingerprint
+
+
+@dataclass(frozen=True)
+class DepthsFile:
+    """A read ``depths.toml``."""
+
+    path: str
+    channels: dict
+    fingerprint: str
+    graph: str
+    workload: str
+    params: dict
+    config: dict | None
+    trace_hashes: list
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def render(result) -> str:
+    """The file's text for a :class:`~stepsim.passes.sizing.SizingResult`."""
+    ident = result.identity
+    lines = ["# FIFO depths (elements) per channel, written by stepsim size-fifos", "", "[workload]",
+             f"workload = {_toml_str(ident.get('workload', 'graph'))}", f"graph = {_toml_str(result.graph_name)}",
+             f"fingerprint = {_toml_str(result.fingerprint)}",
+             f"params = {_toml_str(json.dumps(ident.get('params', {}), sort_keys=True, default=str))}"]
+    if "config" in ident:
+        lines.append(f"config = {_toml_str(json.dumps(ident['config'], sort_keys=True, default=str))}")
+    lines += ["", "[traces]", f"sha256 = [{', '.join(_toml_str(h) for h in result.trace_hashes)}]", "",
+              "[sizing]", f"stepsim_version = {_toml_str(__version__)}", f"slack = {result.slack!r}"]
+    lines += [f"{key} = {value}" for key, value in result.report().items()]
+    lines += ["", "[channels]"]
+    lines += [f"{_toml_str(name)} = {depth}" for name, depth in result.depths.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_depths_file(result, path: str | os.PathLike) -> Path:
+    """Write ``result`` to ``path`` atomically (a temporary file in the same folder, then ``os.replace``)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(render(result))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_depths_file(path: str | os.PathLike) -> DepthsFile:
+    """Read and check ``path`` (structure and values; not yet against a graph)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read FIFO depths file: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not a valid TOML file: {exc}") from None
+    workload, channels = data.get("workload"), data.get("channels")
+    if not isinstance(workload, dict) or not isinstance(channels, dict) or "fingerprint" not in workload:
+        raise ConfigError(f"{p}: not a FIFO depths file (needs [workload] with a fingerprint and [channels]; "
+                          f"write one with stepsim size-fifos)")
+    for name, depth in channels.items():
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"{p}: [channels] {name!r} must be an int >= 1 (elements), got {depth!r}")
+    try:
+        params = json.loads(workload.get("params", "{}"))
+        config = json.loads(workload["config"]) if "config" in workload else None
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p}: [workload] params/config must be JSON strings: {exc}") from None
+    hashes = data.get("traces", {}).get("sha256", [])
+    return DepthsFile(path=str(p), channels=dict(channels), fingerprint=str(workload["fingerprint"]),
+                      graph=str(workload.get("graph", "?")), workload=str(workload.get("workload", "?")),
+                      params=params, config=config, trace_hashes=list(hashes))
+
+
+def check_against(depths: DepthsFile, graph) -> dict:
+    """The file's channel depths after checking they were made for ``graph`` (ConfigError otherwise)."""
+    fp = graph_fingerprint(graph)
+    if fp != depths.fingerprint:
+        raise ConfigError(f"{depths.path}: FIFO depths made for another graph ({depths.graph}, fingerprint "
+                          f"{depths.fingerprint[:12]}) than this run's ({graph.name}, fingerprint {fp[:12]}); "
+                          f"size this workload with stepsim size-fifos")
+    return dict(depths.channels)
+
+
+def apply_depths_file(workload, path: str | os.PathLike):
+    """Load ``path`` into ``workload.channel_depths`` (checked against its graph); returns the workload."""
+    workload.channel_depths = check_against(read_depths_file(path), workload.graph)
+    return workload
+
+
+#: config keys that decide the graph a depths file was sized for (FIFO defaults, hardware and accounting do not)
+MATCH_KEYS = ("workload", "model", "hidden", "intermediate", "experts", "top_k", "iteration", "layer", "batch_id",
+              "tiling", "tile_n", "tile_f", "regions", "strategy", "softmax", "compute_bw")
+
+
+def matches_config(depths: DepthsFile, config) -> bool:
+    """Whether ``config`` (a run config) builds the workload ``depths`` was sized for: the same knobs of
+    :data:`MATCH_KEYS` and a trace among the ones it was sized on (by content hash)."""
+    from stepsim.records import trace_sha256
+    from stepsim.workloads.config import normalize_config, resolved_trace
+
+    if depths.config is None:
+        return False
+    cfg = normalize_config(config)
+    if any(cfg.get(key) != depths.config.get(key) for key in MATCH_KEYS):
+        return False
+    trace = resolved_trace(cfg)
+    return trace is not None and trace_sha256(trace) in depths.trace_hashes
