@@ -50,6 +50,30 @@ def check_out_dir(path, flag: str = "--out") -> Path:
     return p
 
 
+def record_file_paths(path) -> dict[str, Path]:
+    """Where ``stepsim run --out NAME.parquet`` writes: the record row at ``NAME.parquet``, and for simulations
+    the per-unit and per-channel tables beside it (``NAME_units.parquet``, ``NAME_channels.parquet``)."""
+    p = Path(path)
+    return {"run": p, "units": p.with_name(f"{p.stem}_units.parquet"),
+            "channels": p.with_name(f"{p.stem}_channels.parquet")}
+
+
+def is_record_file(path) -> bool:
+    """``--out`` of ``run`` / ``metrics`` names a Parquet file (``.parquet``, not an existing folder)."""
+    p = Path(path)
+    return p.suffix == ".parquet" and not p.is_dir()
+
+
+def check_record_out(path, flag: str = "--out") -> Path:
+    """``run`` / ``metrics --out``: a ``.parquet`` file name (checked with the tables written beside it, see
+    :func:`record_file_paths`) or a folder (:func:`check_out_dir`)."""
+    if not is_record_file(path):
+        return check_out_dir(path, flag)
+    for target in record_file_paths(path).values():
+        check_out_file(target, flag if target == Path(path) else f"{flag} {path}: table file")
+    return Path(path)
+
+
 def check_out_file(path, flag: str = "--out") -> Path:
     """Check that file ``path`` can be written (a new file, or an existing file that is not a folder)."""
     p = Path(path)

@@ -39,6 +39,7 @@ def write_bad_files(d: Path) -> None:
     (d / "folder_npz").mkdir()
     np.savez(d / "folder_npz" / "layer10.npz", data=np.array([[0, 1]] * 4, dtype=np.int64))
     (d / "a_file").write_text("in the way")
+    (d / "taken_units.parquet").mkdir()  # where `run --out taken.parquet` would write its unit table
     (d / "sweep_syntax.toml").write_text("[axes\nworkload = 'swiglu'\n")
     (d / "sweep_unknown.toml").write_text("workload = 'swiglu'\n[fixed]\ntile_mm = 16\n")
     (d / "sweep_type.toml").write_text("workload = 'swiglu'\n[axes]\ntile_m = ['big']\n")

@@ -112,7 +112,10 @@ CLI_CASES = [
     ("run swiglu --out /proc/x", 2, E + "--out /proc/x: cannot write under /proc"),
     ("run swiglu --out a_file/x", 2, E + "--out a_file/x: a_file is a file, not a folder"),
     ("run swiglu --out a_file", 2, E + "--out a_file: is a file; give a folder (stepsim writes several files into it)"),
-    ("run swiglu --out x.parquet", 2,
+    ("run swiglu --out taken.parquet", 2,
+     E + "--out taken.parquet: table file taken_units.parquet: is a folder; give a file name"),
+    ("run swiglu --out a_file/x.parquet", 2, E + "--out a_file/x.parquet: a_file is a file, not a folder"),
+    ("demo --out x.parquet", 2,
      E + "--out x.parquet: give a folder, not a .parquet file name (the record and its unit and channel tables are "
          "written into it as part-<id>.parquet, _units-... and _channels-...)"),
     ("metrics swiglu --out /proc/x", 2, E + "--out /proc/x: cannot write under /proc"),
@@ -135,7 +138,7 @@ CLI_CASES = [
     ("sweep sweep_unknown.toml", 2,
      E + "sweep_unknown.toml: unknown key 'tile_mm' in [fixed] (did you mean 'tile_m'?); known keys: model, hidden, "
          "intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, tile_m, regions, "
-         "strategy, softmax, compute_bw, channel_depth, hardware, convention"),
+         "strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention"),
     ("sweep sweep_type.toml --out s", 2,
      E + "sweep_type.toml (task tile_m=big): config key 'tile_m' must be an int >= 1, got 'big'"),
     ("sweep sweep_huge.toml --out s", 2,
@@ -274,7 +277,7 @@ API_CASES = [
      "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: batch_id, channel_depth, compute_bw, "
-     "convention, experts, hardware, hidden, intermediate, iteration, layer, mode, model, regions, softmax, strategy, "
+     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, regions, softmax, strategy, "
      "tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
     ("run-config-mode", lambda G: G.run_config({"workload": "swiglu", "mode": "fast"}), ConfigError,
      "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'fast'"),
