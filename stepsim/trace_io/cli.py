@@ -95,18 +95,21 @@ def _print_summary(s: dict) -> None:
             f"tokens: {s['tokens']}  batch size: {_fmt(s['batch_size'])}  (iteration, layer) groups: "
             f"{s['iterations_layers']}"
         )
-        print(f"expert counts: {' '.join(map(str, s['expert_counts']))}")
-        print(f"assignments: {s['assignments']}  max per expert: {s['max_count']}  idle experts: {s['idle_experts']}")
+        print(f"expert counts: {' '.join(map(str, s['expert_counts']))} (tokens per expert)")
+        print(f"assignments: {s['assignments']} (token, expert) pairs  max per expert: {s['max_count']} tokens  "
+              f"idle experts: {s['idle_experts']}")
     elif s["kind"] == "requests":
         for name in ("context_tokens", "generated_tokens"):
             st = s[name]
-            print(f"{name}: min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  stdev {_fmt(st['stdev'])}")
+            print(f"{name} (tokens): min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  "
+                  f"stdev {_fmt(st['stdev'])}")
         print(f"duration: {_fmt(s['duration_s'])} s")
     else:
         st, tl = s["kv_lengths"], s["kv_tiles"]
-        print(f"batches: {s['batches']}  batch size: {_fmt(s['batch_size'])}")
-        print(f"kv lengths: min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  stdev {_fmt(st['stdev'])}")
-        print(f"kv tiles (tile {s['tile']}): sum {tl['sum']}  max {tl['max']}")
+        print(f"batches: {s['batches']}  batch size: {_fmt(s['batch_size'])} requests")
+        print(f"kv lengths (tokens): min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  "
+              f"stdev {_fmt(st['stdev'])}")
+        print(f"kv tiles (tiles of {s['tile']} tokens): sum {tl['sum']}  max {tl['max']} per request")
     extra = {k: v for k, v in s["metadata"].items() if k not in ("model", "num_experts", "top_k")}
     if extra:
         print("metadata: " + "  ".join(f"{k}={v}" for k, v in sorted(extra.items())))

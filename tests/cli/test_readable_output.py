@@ -89,3 +89,17 @@ def test_demo_table_cells_carry_units(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split() == ["static", "8", "6.70", "GB", "15.8", "MB", "125", "GFLOP"]
     assert lines[6].split() == ["dynamic", "-", "2.82", "GB", "18.9", "MB", "105", "GFLOP"]
+
+
+def test_trace_inspect_names_the_units(capsys):
+    from stepsim.workloads.config import bundled_trace
+
+    assert main(["trace", "inspect", str(bundled_trace("attention"))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:6] == ["batches: 1  batch size: 16 requests",
+                          "kv lengths (tokens): min 131  max 4140  mean 971.31  stdev 1035.36",
+                          "kv tiles (tiles of 32 tokens): sum 494  max 130 per request"]
+    assert main(["trace", "inspect", str(bundled_trace("mixtral-8x7b"))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[5:7] == ["expert counts: 12 13 17 22 7 24 22 11 (tokens per expert)",
+                          "assignments: 128 (token, expert) pairs  max per expert: 24 tokens  idle experts: 0"]
