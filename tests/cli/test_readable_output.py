@@ -103,3 +103,23 @@ def test_trace_inspect_names_the_units(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[5:7] == ["expert counts: 12 13 17 22 7 24 22 11 (tokens per expert)",
                           "assignments: 128 (token, expert) pairs  max per expert: 24 tokens  idle experts: 0"]
+
+
+def test_reproduce_tables_show_units_and_bytes_as_mb_gb():
+    import pyarrow as pa
+
+    from stepsim.reproduce.tables import field, format_rows
+
+    schema = pa.schema([field("tiling", pa.string()), field("cycles", pa.int64(), "cycles"),
+                        field("off_chip_bytes", pa.int64(), "bytes"), field("overhead_pct", pa.float64(), "%")])
+    table = pa.Table.from_pylist([{"tiling": "static", "cycles": 12_345, "off_chip_bytes": 2_820_145_408,
+                                   "overhead_pct": 1.234},
+                                  {"tiling": "dynamic", "cycles": None, "off_chip_bytes": 512, "overhead_pct": 0.0}],
+                                 schema=schema)
+    assert format_rows(table, [("tiling", None), ("cycles", "{:,}"), ("off_chip_bytes", "{:,}"),
+                               ("overhead_pct", "{:.2f}")]) == [
+        " tiling    cycles  off_chip_bytes  overhead_pct",
+        "         [cycles]                           [%]",
+        "-------  --------  --------------  ------------",
+        " static    12,345         2.82 GB          1.23",
+        "dynamic         -           512 B          0.00"]
