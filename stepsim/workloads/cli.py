@@ -105,17 +105,25 @@ def _write_record(record, out: str | None, as_json: bool) -> None:
 def _write_record_file(record, out: str) -> dict:
     """``--out NAME.parquet``: the row (with provenance metadata) at that path; a simulation's unit and channel
     tables as ``NAME_units.parquet`` / ``NAME_channels.parquet`` (each written to a temporary name, then
-    renamed into place)."""
+    renamed into place; an interrupt removes the ones already written)."""
     from stepsim.outputs import record_file_paths
     from stepsim.results import write_parquet_atomic
 
     targets = record_file_paths(out)
     meta = record.provenance()
-    paths = {"run": write_parquet_atomic(record.to_arrow(), targets["run"], meta)}
+    tables = {"run": record.to_arrow()}
     if record.simulated:
-        paths["units"] = write_parquet_atomic(record.unit_table(), targets["units"], meta)
-        paths["channels"] = write_parquet_atomic(record.channel_table(), targets["channels"], meta)
-    return paths
+        tables.update(units=record.unit_table(), channels=record.channel_table())
+    written = {}
+    try:  # the tables first, the record last; stopped halfway, none of this run's files is left
+        for kind in ("units", "channels", "run"):
+            if kind in tables:
+                written[kind] = write_parquet_atomic(tables[kind], targets[kind], meta)
+    except BaseException:
+        for path in written.values():
+            path.unlink(missing_ok=True)
+        raise
+    return {kind: written[kind] for kind in tables}
 
 
 def _record_command(args, mode: str) -> int:

@@ -123,3 +123,33 @@ def test_reproduce_tables_show_units_and_bytes_as_mb_gb():
         "-------  --------  --------------  ------------",
         " static    12,345         2.82 GB          1.23",
         "dynamic         -           512 B          0.00"]
+
+
+def test_a_cold_kernel_cache_is_announced_once_before_simulating_commands(monkeypatch, capsys, tmp_path):
+    import stepsim.kernels.jit as jit
+
+    notice = "stepsim: compiling the simulation kernels once, about 40 s (`stepsim cache warm` does it ahead)\n"
+    monkeypatch.setattr(jit, "kernels_cached", lambda: False)
+    assert main(["run", "swiglu", "--json"]) == 0
+    assert capsys.readouterr().err == notice
+    assert main(["metrics", "swiglu", "--json"]) == 0  # no engine, no notice
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(jit, "kernels_cached", lambda: True)
+    assert main(["run", "swiglu", "--json"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_kernels_cached_looks_for_the_event_loop_in_numbas_cache(monkeypatch, tmp_path):
+    import stepsim.kernels.jit as jit
+
+    monkeypatch.setattr(jit, "_HERE", tmp_path / "src")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    assert not jit.kernels_cached()
+    (tmp_path / "cache" / "x").mkdir(parents=True)
+    (tmp_path / "cache" / "x" / "engine.event_loop-12.py311.nbi").write_bytes(b"")
+    assert jit.kernels_cached()
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    assert not jit.kernels_cached()
+    (tmp_path / "src" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "src" / "__pycache__" / "engine.event_loop-12.py311.nbi").write_bytes(b"")
+    assert jit.kernels_cached()
