@@ -30,9 +30,15 @@ def _check_creatable(path: Path, flag: str) -> None:
         raise ArgumentError(f"{flag} {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ArgumentError(f"{flag} {path}: {existing} is not writable")
-    # pseudo file systems accept access() but refuse new files
+    check_not_pseudo(path, flag)
+
+
+def check_not_pseudo(path, flag: str = "--out") -> None:
+    """Refuse a path under ``/proc``, ``/sys`` or ``/dev``: those file systems accept ``access()`` (and, for
+    root, every permission check) but refuse new files."""
+    resolved = str(Path(path).resolve())
     for root in ("/proc", "/sys", "/dev"):
-        if str(path.resolve()).startswith(root + "/") or str(path.resolve()) == root:
+        if resolved.startswith(root + "/") or resolved == root:
             raise ArgumentError(f"{flag} {path}: cannot write under {root}")
 
 

@@ -48,6 +48,7 @@ def write_bad_files(d: Path) -> None:
     (d / "sweep_empty_axis.toml").write_text("workload = 'swiglu'\n[axes]\ntile_m = []\n")
     (d / "sweep_no_workload.toml").write_text("mode = 'metrics'\n[axes]\ntile_m = [16]\n")
     (d / "sweep_ok.toml").write_text(SWEEP_OK)
+    (d / "sweep_proc_out.toml").write_text('out = "/proc/sweep"\n' + SWEEP_OK)
     (d / "hw_syntax.toml").write_text("hbm_channels = \n")
     (d / "hw_unknown.toml").write_text("preset = 'step-eval'\nhbm_chanels = 4\n")
     (d / "hw_negative.toml").write_text("preset = 'step-eval'\nhbm_channels = -4\n")

@@ -129,6 +129,8 @@ CLI_CASES = [
     ("sweep sweep_ok.toml --out a_file", 2,
      E + "cannot write the sweep's output folder a_file (--out / the sweep file's out): a file is in the way (the "
          "output is a folder)"),
+    ("sweep sweep_ok.toml --out /proc/x", 2, E + "--out /proc/x: cannot write under /proc"),
+    ("sweep sweep_proc_out.toml", 2, E + "sweep_proc_out.toml: out /proc/sweep: cannot write under /proc"),
     # --- sweep files and flags
     ("sweep sweep_ok.toml --jobs 0", 2, None),  # names the machine's CPU count: fragment below
     ("sweep sweep_ok.toml --jobs -1", 2, None),
