@@ -74,6 +74,14 @@ CLI_CASES = [
     ("trace import mixtral_b4/003_007.npz --out x.txt", 2,
      E + "output 'x.txt': suffix must be one of .arrow, .feather, .ipc, .parquet, .pq"),
     ("trace import missing.csv --out x.parquet", 2, E + "missing.csv: no such file or directory"),
+    ("trace import mixtral_b4/003_007.npz --layer 2 --out x.parquet", 2,
+     E + "--layer labels a single routing .npz file whose name is not <iteration>_<layer>.npz; mixtral_b4/003_007.npz "
+         "is not one"),
+    ("trace inspect folder_npz --iteration 1", 2,
+     E + "--iteration labels a single routing .npz file whose name is not <iteration>_<layer>.npz; folder_npz is not "
+         "one"),
+    ("trace inspect duplicate.npz --layer -1", 2, "stepsim trace inspect: error: argument --layer: must be an int >= 0, "
+                                                  "got -1"),
     # --- trace synth
     ("trace synth routing --model mixtral --tokens 10 --seed -1 --out x.arrow", 2,
      "stepsim trace synth routing: error: argument --seed: must be an int >= 0, got -1"),
