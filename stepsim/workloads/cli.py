@@ -143,9 +143,9 @@ def _metrics(args) -> int:
 
 def _run(args) -> int:
     if args.check and not args.functional:
-        print("stepsim run: --check needs --functional (it compares the values a functional run stored)",
-              file=sys.stderr)
-        return 2
+        from stepsim.errors import ArgumentError
+
+        raise ArgumentError("--check needs --functional (it compares the values a functional run stored)")
     return _record_command(args, "check" if args.check else "functional" if args.functional else "simulate")
 
 

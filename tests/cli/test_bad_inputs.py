@@ -107,8 +107,7 @@ CLI_CASES = [
     ("run moe --model custom", 2, E + "model 'custom' needs --hidden, --intermediate, --experts, --top-k"),
     ("run moe --channel-depth 0", 2, E + "--channel-depth must be an int >= 1, got 0"),
     ("run moe --compute-bw 0", 2, E + "--compute-bw must be an int >= 1, got 0"),
-    ("run swiglu --check", 2, "stepsim run: --check needs --functional (it compares the values a functional run "
-                              "stored)"),
+    ("run swiglu --check", 2, E + "--check needs --functional (it compares the values a functional run stored)"),
     ("run moe --tiling dynamic --tile-n 16", 2, E + "--tile-n does not apply to tiling 'dynamic' (dynamic tiling "
                                                     "packs each expert's tokens into one tile)"),
     ("run moe --softmax stable", 2, E + "--softmax does not apply to workload 'moe' (it applies to: attention)"),
@@ -353,3 +352,20 @@ def test_a_static_tile_larger_than_the_batch_warns_in_one_line(capsys):
     assert capsys.readouterr().err == (
         "stepsim: warning: tile_n 4096 is larger than the batch (64 tokens): every expert tile is mostly padding; "
         "tiles up to 64 give the same traffic with less on-chip memory\n")
+
+
+#: a few table cases again as a user runs them (a new process: the real exit status, stderr and stdout)
+SUBPROCESS_CASES = ["run moe --trace text.npz", "trace synth routing --model mixtral --tokens 10 --seed -1 --out x.arrow",
+                    "run swiglu --out /proc/x", "sweep sweep_unknown.toml"]
+
+
+@pytest.mark.parametrize("command", SUBPROCESS_CASES)
+def test_cli_bad_input_in_a_new_process(bad_files, command):
+    import subprocess
+    import sys
+
+    [(status, line)] = [(c[1], c[2]) for c in CLI_CASES if c[0] == command]
+    proc = subprocess.run([sys.executable, "-m", "stepsim", *shlex.split(command)], cwd=bad_files,
+                          capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1], proc.stdout) == (status, line, "")
