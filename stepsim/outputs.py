@@ -50,8 +50,8 @@ def check_out_dir(path, flag: str = "--out") -> Path:
     if p.exists() and not p.is_dir():
         raise ArgumentError(f"{flag} {p}: is a file; give a folder (stepsim writes several files into it)")
     if p.suffix == ".parquet" and not p.exists():
-        raise ArgumentError(f"{flag} {p}: give a folder, not a .parquet file name (the record and its unit and "
-                            "channel tables are written into it as part-<id>.parquet, _units-... and _channels-...)")
+        raise ArgumentError(f"{flag} {p}: give a folder, not a .parquet file name (this command writes several "
+                            "files into it)")
     _check_creatable(p, flag)
     return p
 

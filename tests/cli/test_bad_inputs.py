@@ -123,8 +123,9 @@ CLI_CASES = [
      E + "--out taken.parquet: table file taken_units.parquet: is a folder; give a file name"),
     ("run swiglu --out a_file/x.parquet", 2, E + "--out a_file/x.parquet: a_file is a file, not a folder"),
     ("demo --out x.parquet", 2,
-     E + "--out x.parquet: give a folder, not a .parquet file name (the record and its unit and channel tables are "
-         "written into it as part-<id>.parquet, _units-... and _channels-...)"),
+     E + "--out x.parquet: give a folder, not a .parquet file name (this command writes several files into it)"),
+    ("reproduce all --traces traces_empty --out r.parquet", 2,
+     E + "--out r.parquet: give a folder, not a .parquet file name (this command writes several files into it)"),
     ("metrics swiglu --out /proc/x", 2, E + "--out /proc/x: cannot write under /proc"),
     ("demo --out a_file", 2, E + "--out a_file: is a file; give a folder (stepsim writes several files into it)"),
     ("reproduce all --traces traces_empty --out a_file", 2,
