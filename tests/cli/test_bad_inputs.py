@@ -135,7 +135,7 @@ CLI_CASES = [
     ("sweep sweep_unknown.toml", 2,
      E + "sweep_unknown.toml: unknown key 'tile_mm' in [fixed] (did you mean 'tile_m'?); known keys: model, hidden, "
          "intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, tile_m, regions, "
-         "strategy, softmax, compute_bw, channel_depth, hardware, convention"),
+         "strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention"),
     ("sweep sweep_type.toml --out s", 2,
      E + "sweep_type.toml (task tile_m=big): config key 'tile_m' must be an int >= 1, got 'big'"),
     ("sweep sweep_huge.toml --out s", 2,
@@ -274,7 +274,8 @@ API_CASES = [
      "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: batch_id, channel_depth, compute_bw, "
-     "convention, experts, hardware, hidden, intermediate, iteration, layer, mode, model, regions, softmax, strategy, "
+     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, regions, "
+     "softmax, strategy, "
      "tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
     ("run-config-mode", lambda G: G.run_config({"workload": "swiglu", "mode": "fast"}), ConfigError,
      "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'fast'"),
