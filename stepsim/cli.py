@@ -89,14 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     from stepsim.signals import interrupts_raise, reason, stopped_status
 
     warnings.showwarning = _print_warning
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 1
     try:
-        with interrupts_raise():
+        with interrupts_raise():  # from the start: a signal while modules load stops cleanly too
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "handler", None):
+                parser.print_help()
+                return 1
             _check_out(args)
             _compile_notice(args)
             return int(args.handler(args) or 0)

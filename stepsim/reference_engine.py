@@ -86,7 +86,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from stepsim.errors import DeadlockError, SimulationError
+from stepsim.errors import BlockedUnit, DeadlockError, SimulationError
 from stepsim.kernels import abi as A
 
 __all__ = ["ReferenceResult", "Token", "run"]
@@ -544,23 +544,25 @@ class _Engine:
         parts = []
         for U in pending:
             kind, arg = U.wait if U.wait is not None else ("none", None)
-            entry = {"unit": U.name, "opcode": A.OPCODE_NAMES[U.op], "clock": U.clock}
+            opcode = A.OPCODE_NAMES[U.op]
+
+            def record(ch, state):
+                return BlockedUnit(unit=U.name, opcode=opcode, clock=U.clock, channel=ch.name, waiting_for=state,
+                                   occupancy=len(ch.q), capacity=ch.cap)
+
             if kind in (W_EMPTY, W_FULL):
                 ch = self.ch[arg]
-                entry.update(channel=ch.name, state=kind, occupancy=len(ch.q), capacity=ch.cap)
-                parts.append(f"{U.name} ({entry['opcode']}) waits on {kind} channel {ch.name!r} "
+                blocked.append(record(ch, kind))
+                parts.append(f"{U.name} ({opcode}) waits on {kind} channel {ch.name!r} "
                              f"(occupancy {len(ch.q)}/{ch.cap})")
-            elif kind == W_TIME:
-                names = [self.ch[c].name for c in self.p.inputs(U.uid)]
-                entry.update(channel=",".join(names), state="empty", occupancy=0,
-                             capacity=min(self.ch[c].cap for c in self.p.inputs(U.uid)))
-                parts.append(f"{U.name} ({entry['opcode']}) waits on empty channels "
+            elif kind == W_TIME:  # an EagerMerge choosing waits on every input: one record per channel
+                blocked += [record(self.ch[c], "empty") for c in self.p.inputs(U.uid)]
+                parts.append(f"{U.name} ({opcode}) waits on empty channels "
                              + ", ".join(f"{self.ch[c].name!r} (occupancy {len(self.ch[c].q)}/{self.ch[c].cap})"
                                          for c in self.p.inputs(U.uid)))
             else:
-                entry.update(channel=None, state=kind, occupancy=0, capacity=0)
-                parts.append(f"{U.name} ({entry['opcode']}) waits on {kind}")
-            blocked.append(entry)
+                blocked.append(BlockedUnit(unit=U.name, opcode=opcode, clock=U.clock, channel=None, waiting_for=kind))
+                parts.append(f"{U.name} ({opcode}) waits on {kind}")
         return DeadlockError("deadlock: no unit can make progress; " + "; ".join(parts), blocked)
 
     def _result(self):

@@ -287,7 +287,8 @@ API_CASES = [
      "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: batch_id, channel_depth, compute_bw, "
-     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, regions, softmax, strategy, "
+     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, regions, "
+     "softmax, strategy, "
      "tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
     ("run-config-mode", lambda G: G.run_config({"workload": "swiglu", "mode": "fast"}), ConfigError,
      "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'fast'"),
