@@ -62,8 +62,8 @@ def format_value(value, unit: str | None, *, exact: bool = False) -> str:
         return text + exact_text if exact and abs(value) >= 1000 else text
     if unit == "s":
         return format_seconds(value)
-    if unit == "ratio":
-        return f"{value * 100:.2f} %"
+    if unit == "ratio":  # a tiny ratio (a relative error of 6e-07) keeps its digits instead of "0.00 %"
+        return f"{value * 100:.2f} %" if value == 0 or abs(value) >= 1e-3 else f"{value:.3g}"
     if unit == "count":
         return f"{value:,}"
     number = f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"

@@ -34,6 +34,8 @@ def test_values_carry_their_units():
     assert format_value(117_473_280, "FLOP", exact=True) == "117 MFLOP (117,473,280 FLOP)"
     assert format_value(8_454_144, "bytes", exact=True) == "8.45 MB (8,454,144 B)"
     assert format_value(0.17231434751261715, "ratio") == "17.23 %"
+    assert (format_value(0.0, "ratio"), format_value(6.1e-07, "ratio"), format_value(0.001, "ratio")) == (
+        "0.00 %", "6.1e-07", "0.10 %")
     assert format_value(20_480, "FLOP/cycle") == "20,480 FLOP/cycle"
     assert format_value(2003, "count") == "2,003"
     assert format_value(None, "bytes") == "-"
