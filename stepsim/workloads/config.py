@@ -74,6 +74,9 @@ INT_MINIMUM: dict[str, int] = {
     "hidden": 1, "intermediate": 1, "experts": 1, "top_k": 1, "iteration": 0, "layer": 0, "batch_id": 0,
     "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1,
 }
+#: largest value of every int knob: sizes, tiles, depths and FLOP rates beyond it would overflow the engine's
+#: int64 arithmetic (products of a tile and a dimension) long before they meant anything
+INT_MAXIMUM = 2**31 - 1
 #: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
 #: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
 STRING_KEYS = ("model", "trace", "fifo_depths", "hardware")
@@ -143,6 +146,8 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
         low = INT_MINIMUM[key]
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
             raise ConfigError(f"{where} must be an int >= {low}, got {value!r}")
+        if int(value) > INT_MAXIMUM:
+            raise ConfigError(f"{where} must be at most {INT_MAXIMUM:,} (2**31 - 1), got {value!r}")
         return int(value)
     if key in CHOICES:
         if not isinstance(value, str) or value not in CHOICES[key]:

@@ -45,6 +45,7 @@ def write_bad_files(d: Path) -> None:
     (d / "sweep_type.toml").write_text("workload = 'swiglu'\n[axes]\ntile_m = ['big']\n")
     (d / "sweep_huge.toml").write_text("workload = 'swiglu'\nmode = 'metrics'\n[axes]\n"
                                        f"tile_m = {list(range(1, 201))}\ntile_n = {list(range(1, 101))}\n")
+    (d / "sweep_huge_value.toml").write_text("workload = 'swiglu'\n[axes]\ntile_m = [16, 2147483648]\n")
     (d / "sweep_empty_axis.toml").write_text("workload = 'swiglu'\n[axes]\ntile_m = []\n")
     (d / "sweep_no_workload.toml").write_text("mode = 'metrics'\n[axes]\ntile_m = [16]\n")
     (d / "sweep_ok.toml").write_text(SWEEP_OK)

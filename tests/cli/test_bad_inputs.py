@@ -93,6 +93,11 @@ CLI_CASES = [
     # --- workload flags
     ("run moe --tile-n 0", 2, E + "--tile-n must be an int >= 1, got 0"),
     ("run moe --tile-n -3", 2, E + "--tile-n must be an int >= 1, got -3"),
+    ("run moe --tile-n 99999999999999999999", 2,
+     E + "--tile-n must be at most 2,147,483,647 (2**31 - 1), got 99999999999999999999"),
+    ("sweep sweep_huge_value.toml --out s", 2,
+     E + "sweep_huge_value.toml (task tile_m=2147483648): config key 'tile_m' must be at most 2,147,483,647 (2**31 - "
+         "1), got 2147483648"),
     ("run moe --tile-n abc", 2, RUN_USAGE + "argument --tile-n: invalid int value: 'abc'"),
     ("run moe --tiling diagonal", 2,
      RUN_USAGE + "argument --tiling: invalid choice: 'diagonal' (choose from 'static', 'dynamic')"),
@@ -290,6 +295,8 @@ API_CASES = [
      "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, regions, "
      "softmax, strategy, "
      "tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
+    ("run-config-too-large", lambda G: G.run_config({"workload": "moe", "channel_depth": 2**63}), ConfigError,
+     "config key 'channel_depth' must be at most 2,147,483,647 (2**31 - 1), got 9223372036854775808"),
     ("run-config-mode", lambda G: G.run_config({"workload": "swiglu", "mode": "fast"}), ConfigError,
      "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'fast'"),
     ("run-config-not-a-mapping", lambda G: G.run_config(["swiglu"]), ConfigError,
