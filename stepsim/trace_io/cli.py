@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from stepsim.errors import ConfigError
 from stepsim.trace_io.readers import FORMATS, open_trace, read_trace
@@ -18,10 +19,15 @@ from stepsim.trace_io.summary import TraceSummary
 from stepsim.trace_io.synthetic import SKEWS, iter_synthetic_routing, routing_schema_for, synthetic_kv_batches
 from stepsim.trace_io.writers import output_format, write_trace
 
+#: token ids, expert ids and KV lengths are stored as int32
+_INT32_MAX = 2**31 - 1
+
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"--{name} must be a positive integer, got {value}")
+    if value is not None and value > _INT32_MAX:
+        raise ConfigError(f"--{name} must be at most {_INT32_MAX:,} (traces store int32 values), got {value}")
 
 
 def resolve_model_arg(model: str | None, num_experts: int | None) -> tuple[str | None, int | None, int | None]:
@@ -65,8 +71,6 @@ def _open(path, args: argparse.Namespace):
 
 def _single_npz(path) -> bool:
     """A single ``.npz`` file whose name does not carry its (iteration, layer) labels."""
-    from pathlib import Path
-
     from stepsim.trace_io.readers import _NPZ_NAME
 
     p = Path(path)

@@ -152,14 +152,18 @@ def detect_format(path: str | Path, format: str | None = None) -> str:
     fmt = _SUFFIX_FORMATS.get(p.suffix.lower())
     if fmt is None:
         raise TraceError(
-            f"{p}: cannot tell the trace format from suffix {p.suffix!r}; pass format= one of {', '.join(FORMATS)}"
+            f"{p}: cannot tell the trace format from suffix {p.suffix!r}; give the file one of the suffixes "
+            f"{', '.join(sorted(_SUFFIX_FORMATS))} or give the format (stepsim trace ... --format, format= in Python: "
+            f"one of {', '.join(FORMATS)})"
         )
     return fmt
 
 
 # --- STeP artifact .npz routing files -------------------------------------------------------------------
-#: the first bytes of a .npz (a zip archive) and of a .npy file
-_NUMPY_MAGIC = {".npz": (b"PK\x03\x04", "a NumPy .npz archive"), ".npy": (b"\x93NUMPY", "a NumPy .npy file")}
+#: the first bytes of a .npz (a zip archive: a first member, or the end record of an empty archive, which
+#: numpy.savez() with no arrays writes) and of a .npy file
+_NUMPY_MAGIC = {".npz": ((b"PK\x03\x04", b"PK\x05\x06"), "a NumPy .npz archive"),
+                ".npy": ((b"\x93NUMPY",), "a NumPy .npy file")}
 
 
 def _load_npy_member(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
@@ -168,14 +172,14 @@ def _load_npy_member(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
     NumPy reads a file without its magic bytes as a pickle ("contains pickled (object) data"), which is
     misleading for, say, a text file saved as .npz: the header is checked first.
     """
-    magic, what = _NUMPY_MAGIC.get(p.suffix.lower(), (None, None))
-    if magic is not None:
+    magics, what = _NUMPY_MAGIC.get(p.suffix.lower(), (None, None))
+    if magics is not None:
         try:
             with open(p, "rb") as fh:
-                head = fh.read(len(magic))
+                head = fh.read(len(magics[0]))
         except OSError as exc:
             raise TraceError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-        if head != magic:
+        if head not in magics:
             raise TraceError(f"{p}: not {what} (its first bytes are {head!r}); save the array with numpy "
                              f"{'savez' if p.suffix.lower() == '.npz' else 'save'}")
     try:

@@ -21,6 +21,9 @@ def write_bad_files(d: Path) -> None:
     (d / "text.npz").write_text("hello")
     np.savez(d / "object.npz", data=np.array([{"a": 1}], dtype=object))
     (d / "truncated.npz").write_bytes(b"PK\x03\x04" + b"\x00" * 20)
+    np.savez(d / "empty.npz")  # an archive without arrays
+    np.savez(d / "zero_rows.npz", data=np.zeros((0, 2), dtype=np.int64))
+    np.save(d / "empty_kv.npy", np.zeros((0,), dtype=np.int64))
     np.savez(d / "no_data.npz", ids=np.zeros((2, 2), dtype=np.int64))
     np.savez(d / "rank3.npz", data=np.zeros((2, 2, 2), dtype=np.int64))
     np.savez(d / "floats.npz", data=np.zeros((4, 2), dtype=np.float32))

@@ -27,6 +27,9 @@ CLI_CASES = [
     ("run moe --trace object.npz", 2, E + "object.npz: holds Python objects (an object-dtype array), not numbers; "
                                           "save an integer (routing) or integer/float (KV lengths) array"),
     ("run moe --trace truncated.npz", 2, E + "truncated.npz: cannot read NumPy file: File is not a zip file"),
+    ("run moe --trace empty.npz", 2, E + "empty.npz: no array 'data' (arrays: none)"),
+    ("run moe --trace zero_rows.npz", 2, E + "zero_rows.npz: empty trace (0 rows)"),
+    ("run attention --trace empty_kv.npy", 2, E + "empty_kv.npy: row 0, column 'kv_lengths': empty batch (0 requests)"),
     ("run moe --trace no_data.npz", 2, E + "no_data.npz: no array 'data' (arrays: ids)"),
     ("run moe --trace rank3.npz", 2, E + "rank3.npz: array 'data' has shape [2, 2, 2], expected [batch, top_k]"),
     ("run moe --trace floats.npz", 2, E + "floats.npz: array 'data' has dtype float32, expected integer expert ids"),
@@ -82,6 +85,12 @@ CLI_CASES = [
          "one"),
     ("trace inspect duplicate.npz --layer -1", 2, "stepsim trace inspect: error: argument --layer: must be an int >= 0, "
                                                   "got -1"),
+    ("trace inspect a_file", 2,
+     E + "a_file: cannot tell the trace format from suffix ''; give the file one of the suffixes .arrow, .csv, "
+         ".feather, .ipc, .npy, .npz, .parquet, .pq or give the format (stepsim trace ... --format, format= in Python: "
+         "one of npz, npy, azure-csv, arrow, parquet)"),
+    ("trace synth routing --model mixtral --tokens 99999999999 --seed 1 --out x.arrow", 2,
+     E + "--tokens must be at most 2,147,483,647 (traces store int32 values), got 99999999999"),
     # --- trace synth
     ("trace synth routing --model mixtral --tokens 10 --seed -1 --out x.arrow", 2,
      "stepsim trace synth routing: error: argument --seed: must be an int >= 0, got -1"),
