@@ -92,6 +92,12 @@ class Hardware:
         if self.channel_depth is not None and (not isinstance(self.channel_depth, int) or self.channel_depth < 1):
             raise ConfigError(f"hardware {self.name!r}: channel_depth must be None or an int >= 1, "
                               f"got {self.channel_depth!r}")
+        for field in ("addr_offset", "hbm_channels", "hbm_init_interval", "pmu_bw", "hbm_latency", "hbm_start_up",
+                      "hbm_outstanding", "channel_depth"):
+            value = getattr(self, field)
+            if value is not None and value > 2**31 - 1:  # beyond it the engine's int64 products overflow
+                raise ConfigError(f"hardware {self.name!r}: {field} must be at most 2,147,483,647 (2**31 - 1), "
+                                  f"got {value!r}")
         self._record_explicit()
 
     def _record_explicit(self) -> None:

@@ -127,7 +127,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise ConfigError(f"sweep file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read sweep file {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # a binary file is not UTF-8 text
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     return parse_sweep(data, source=path)
 

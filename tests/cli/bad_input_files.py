@@ -57,6 +57,8 @@ def write_bad_files(d: Path) -> None:
     (d / "hw_unknown.toml").write_text("preset = 'step-eval'\nhbm_chanels = 4\n")
     (d / "hw_negative.toml").write_text("preset = 'step-eval'\nhbm_channels = -4\n")
     (d / "hw_depth.toml").write_text("preset = 'step-eval'\nchannel_depth = 0\n")
+    (d / "hw_huge.toml").write_text("preset = 'step-eval'\nhbm_channels = 99999999999999999999\n")
+    (d / "sweep_binary.toml").write_bytes(b"\xff\xfe garbage")
     (d / "hw_preset.toml").write_text("preset = 'step-fast'\n")
     (d / "config_bad.json").write_text("{not json")
     (d / "config_mla.json").write_text('{"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,'

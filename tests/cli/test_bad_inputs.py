@@ -168,6 +168,8 @@ CLI_CASES = [
     ("sweep sweep_huge.toml --out s", 2,
      E + "sweep_huge.toml: the grid has 20,000 points, more than 10,000; pass --yes to run it (or set max_tasks = "
          "20000 in the sweep file); --dry-run lists the first tasks"),
+    ("sweep sweep_binary.toml", 2, E + "sweep_binary.toml: not valid TOML: 'utf-8' codec can't decode byte 0xff in "
+                                       "position 0: invalid start byte"),
     ("sweep sweep_empty_axis.toml --out s", 2, E + "sweep_empty_axis.toml: [axes] tile_m has no values"),
     ("sweep sweep_no_workload.toml --out s", 2,
      E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention)"),
@@ -184,6 +186,9 @@ CLI_CASES = [
      E + "hw_negative.toml: hardware 'step-eval': hbm_channels must be a positive int, got -4"),
     ("run swiglu --hardware hw_depth.toml", 2,
      E + "hw_depth.toml: hardware 'step-eval': channel_depth must be None or an int >= 1, got 0"),
+    ("run swiglu --hardware hw_huge.toml", 2,
+     E + "hw_huge.toml: hardware 'step-eval': hbm_channels must be at most 2,147,483,647 (2**31 - 1), got "
+         "99999999999999999999"),
     ("run swiglu --hardware hw_preset.toml", 2,
      E + "hw_preset.toml: unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
     # --- reproduce
