@@ -98,7 +98,7 @@ def read_depths_file(path: str | os.PathLike) -> DepthsFile:
             data = tomllib.load(f)
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read FIFO depths file: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # a binary file is not UTF-8 text
         raise ConfigError(f"{p}: not a valid TOML file: {exc}") from None
     workload, channels = data.get("workload"), data.get("channels")
     if not isinstance(workload, dict) or not isinstance(channels, dict) or "fingerprint" not in workload:

@@ -186,6 +186,9 @@ CLI_CASES = [
      E + "hw_negative.toml: hardware 'step-eval': hbm_channels must be a positive int, got -4"),
     ("run swiglu --hardware hw_depth.toml", 2,
      E + "hw_depth.toml: hardware 'step-eval': channel_depth must be None or an int >= 1, got 0"),
+    ("run swiglu --fifo-depths sweep_binary.toml", 2,
+     E + "sweep_binary.toml: not a valid TOML file: 'utf-8' codec can't decode byte 0xff in position 0: invalid start "
+         "byte"),
     ("run swiglu --hardware hw_huge.toml", 2,
      E + "hw_huge.toml: hardware 'step-eval': hbm_channels must be at most 2,147,483,647 (2**31 - 1), got "
          "99999999999999999999"),
