@@ -14,6 +14,7 @@ import sympy as sp
 
 from stepsim.defaults import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
+from stepsim.graph.numeric import Unbound, Unsupported, exact_value
 
 
 def substitute(expr, bindings: dict) -> Any:
@@ -25,7 +26,19 @@ def substitute(expr, bindings: dict) -> Any:
 
 
 def evaluate(expr, bindings: dict, what: str = "value") -> int:
-    """Substitute ``bindings`` and return an int, or raise a MetricError naming the unbound symbols."""
+    """Substitute ``bindings`` and return an int, or raise a MetricError naming the unbound symbols.
+
+    Evaluated numerically and exactly (:func:`stepsim.graph.numeric.exact_value`); expressions it does not
+    handle, unbound symbols and non-integer results go through sympy, which gives the same value or the error.
+    """
+    try:
+        value = exact_value(expr, bindings)
+    except (Unsupported, Unbound):
+        return as_int(substitute(expr, bindings), what)
+    if isinstance(value, int):
+        return value
+    if value.denominator == 1:
+        return int(value)
     return as_int(substitute(expr, bindings), what)
 
 
