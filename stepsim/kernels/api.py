@@ -8,7 +8,7 @@ Example
 >>> x = b.add_channel()
 >>> _ = b.offchip_load(out=x, tile_rows=64, tile_cols=4096, elem_bytes=2, view_shape=(1,))
 >>> _ = b.sink(inp=x)
->>> run(b.build()).cycles    # STEP_TIMING §9 S1
+>>> run(b.build()).cycles    # docs/timing_model.md §9 S1
 8212
 """
 
