@@ -540,28 +540,29 @@ class _Engine:
             self._wake(ch.consumer, W_EMPTY, c)
 
     def _deadlock(self, pending):
+        """The diagnosed DeadlockError (:mod:`stepsim.insight.deadlock`), with the records the numba engine
+        gives (an EagerMerge choosing waits on each of its inputs: one record per input)."""
+        from stepsim.insight.deadlock import BlockedUnit, deadlock_error
+
         blocked = []
-        parts = []
+        lines = []
         for U in pending:
             kind, arg = U.wait if U.wait is not None else ("none", None)
-            entry = {"unit": U.name, "opcode": A.OPCODE_NAMES[U.op], "clock": U.clock}
+            op = A.OPCODE_NAMES[U.op]
             if kind in (W_EMPTY, W_FULL):
                 ch = self.ch[arg]
-                entry.update(channel=ch.name, state=kind, occupancy=len(ch.q), capacity=ch.cap)
-                parts.append(f"{U.name} ({entry['opcode']}) waits on {kind} channel {ch.name!r} "
+                blocked.append(BlockedUnit(U.name, op, U.clock, ch.name, kind, len(ch.q), ch.cap))
+                lines.append(f"  {U.name} ({op}) waits on {kind} channel {ch.name!r} "
                              f"(occupancy {len(ch.q)}/{ch.cap})")
             elif kind == W_TIME:
-                names = [self.ch[c].name for c in self.p.inputs(U.uid)]
-                entry.update(channel=",".join(names), state="empty", occupancy=0,
-                             capacity=min(self.ch[c].cap for c in self.p.inputs(U.uid)))
-                parts.append(f"{U.name} ({entry['opcode']}) waits on empty channels "
-                             + ", ".join(f"{self.ch[c].name!r} (occupancy {len(self.ch[c].q)}/{self.ch[c].cap})"
-                                         for c in self.p.inputs(U.uid)))
+                chans = [self.ch[c] for c in self.p.inputs(U.uid)]
+                blocked += [BlockedUnit(U.name, op, U.clock, ch.name, "empty", len(ch.q), ch.cap) for ch in chans]
+                lines.append(f"  {U.name} ({op}) waits on empty channels "
+                             + ", ".join(f"{ch.name!r} (occupancy {len(ch.q)}/{ch.cap})" for ch in chans))
             else:
-                entry.update(channel=None, state=kind, occupancy=0, capacity=0)
-                parts.append(f"{U.name} ({entry['opcode']}) waits on {kind}")
-            blocked.append(entry)
-        return DeadlockError("deadlock: no unit can make progress; " + "; ".join(parts), blocked)
+                blocked.append(BlockedUnit(U.name, op, U.clock, None, str(kind)))
+                lines.append(f"  {U.name} ({op}) waits on {kind}")
+        return deadlock_error(self.p, blocked, lines)
 
     def _result(self):
         P = self.p

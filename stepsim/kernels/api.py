@@ -315,37 +315,24 @@ _STATUS_MESSAGES = {
 }
 
 
-def blocked_units(program, us, chs) -> list[dict]:
-    """Describe every unfinished unit of a stopped run (what it waits on, and that channel's occupancy)."""
-    blocked = []
-    for u in range(program.n_units):
-        if us[u, A.US_DONE]:
-            continue
-        kind = int(us[u, A.US_WAIT_KIND])
-        c = int(us[u, A.US_WAIT_CH])
-        waits = []
-        if kind == A.WAIT_TIME:  # EagerMerge choosing: waits on every input
-            waits = [(ch, "empty") for ch in program.inputs(u)]
-        elif c >= 0:
-            waits = [(c, A.WAIT_NAMES[kind])]
-        for ch, state in waits or [(-1, A.WAIT_NAMES[kind])]:
-            entry = {"unit": program.unit_names[u], "opcode": program.opcode_name(u), "clock": int(us[u, A.US_CLOCK]),
-                     "channel": program.channel_names[ch] if ch >= 0 else None, "waiting_for": state}
-            if ch >= 0:
-                entry["occupancy"] = int(chs[ch, A.CH_TAIL] - chs[ch, A.CH_HEAD])
-                entry["capacity"] = int(chs[ch, A.CH_CAP])
-            blocked.append(entry)
-    return blocked
+def blocked_units(program, us, chs) -> list:
+    """Every unfinished unit of a stopped run (:class:`stepsim.insight.deadlock.BlockedUnit` records)."""
+    from stepsim.insight.deadlock import blocked_from_state
+
+    return blocked_from_state(program, us, chs)
 
 
 def _deadlock_error(program, us, chs) -> DeadlockError:
+    """The diagnosed DeadlockError (:mod:`stepsim.insight.deadlock`); one listing line per blocked record."""
+    from stepsim.insight.deadlock import deadlock_error
+
     blocked = blocked_units(program, us, chs)
     lines = []
     for b in blocked:
-        if b["channel"] is None:
-            lines.append(f"  {b['unit']} ({b['opcode']}) at cycle {b['clock']}: waiting ({b['waiting_for']})")
+        if b.channel is None:
+            lines.append(f"  {b.unit} ({b.opcode}) at cycle {b.clock}: waiting ({b.waiting_for})")
         else:
-            what = "a free slot on" if b["waiting_for"] == "full" else "data on"
-            lines.append(f"  {b['unit']} ({b['opcode']}) at cycle {b['clock']}: waits for {what} channel "
-                         f"{b['channel']!r} ({b['waiting_for']}, {b['occupancy']}/{b['capacity']})")
-    return DeadlockError("deadlock: no unit can make progress; blocked units:\n" + "\n".join(lines), blocked)
+            what = "a free slot on" if b.waiting_for == "full" else "data on"
+            lines.append(f"  {b.unit} ({b.opcode}) at cycle {b.clock}: waits for {what} channel "
+                         f"{b.channel!r} ({b.waiting_for}, {b.occupancy}/{b.capacity})")
+    return deadlock_error(program, blocked, lines)

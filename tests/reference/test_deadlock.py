@@ -25,7 +25,7 @@ def test_cycle_without_initial_tokens_deadlocks_naming_units_and_channels():
     assert "fanout (Broadcast) waits on empty channel 'y' (occupancy 0/2)" in msg
     blocked = {e["unit"]: e for e in info.value.blocked}
     assert set(blocked) == {"source", "adder", "fanout", "sink"}
-    assert blocked["adder"]["channel"] == "feedback" and blocked["adder"]["state"] == "empty"
+    assert blocked["adder"]["channel"] == "feedback" and blocked["adder"].waiting_for == "empty"
     assert (blocked["source"]["occupancy"], blocked["source"]["capacity"]) == (2, 2)
 
 
