@@ -79,9 +79,13 @@ def config_key(row: dict) -> tuple:
     """What identifies a record's configuration across two result sets (see the module docstring)."""
     from stepsim.workloads.config import KNOBS
 
-    return tuple((k, row.get(k)) for k in KNOBS if k != "trace") + (
-        ("trace_sha256", row.get("trace_sha256")), ("hardware_name", row.get("hardware_name")),
-        ("mode", row.get("mode")))
+    # values as text: hive folder levels of a sweep give them back as strings
+    def text(v):
+        return None if v is None else str(v)
+
+    return tuple((k, text(row.get(k))) for k in KNOBS if k != "trace") + (
+        ("trace_sha256", text(row.get("trace_sha256"))), ("hardware_name", text(row.get("hardware_name"))),
+        ("mode", text(row.get("mode"))))
 
 
 def _label(row: dict) -> str:
@@ -158,7 +162,8 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
     out_pairs, worse = [], []
     for b, c in pairs:
         changes = [_change(m, b.get(m), c.get(m), threshold) for m in metrics]
-        differs = {k: [v, c.get(k)] for k, v in config_key(b) if c.get(k) != v}
+        ck = dict(config_key(c))
+        differs = {k: [b.get(k), c.get(k)] for k, v in config_key(b) if ck[k] != v}
         units = []
         if len(pairs) == 1 and b.get("run_id") in base_units and c.get("run_id") in cand_units:
             units = _unit_changes(base_units[b["run_id"]], cand_units[c["run_id"]])

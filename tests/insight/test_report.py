@@ -6,7 +6,6 @@ import json
 import math
 
 import numpy as np
-import pytest
 
 from stepsim.cli import main
 from stepsim.insight.report import build_report, format_report, load_run, report_run_dir, write_png
