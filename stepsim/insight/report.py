@@ -296,8 +296,6 @@ def write_png(rep: dict, path: str | os.PathLike) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("the report's PNG needs matplotlib: pip install 'stepsim[plot]'") from None
-    import tempfile
-
     groups = rep["top_units"]["groups"][:40]
     on_path = {h["group"] for h in rep["critical_path"]}
     cycles = rep["roofline"]["cycles"] or 1
@@ -320,15 +318,12 @@ def write_png(rep: dict, path: str | os.PathLike) -> Path:
     ax.set_title(f"{rep.get('workload')}: {rep['bound']}; critical-path groups in red", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    from stepsim.results import atomic_output
+
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent if str(path.parent) else ".")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=90)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=90)
     finally:
         plt.close(fig)
     return path
