@@ -91,7 +91,7 @@ def _run_with_insight(inner, args) -> int:
     if getattr(args, "deadlock_report", None):
         from stepsim.outputs import check_out_file
 
-        check_out_file(args.deadlock_report)
+        check_out_file(args.deadlock_report, "--deadlock-report")
     records: list = []
     start = time.perf_counter()
     try:

@@ -98,10 +98,11 @@ def _change(metric: str, base, cand, threshold: float) -> dict:
     entry = {"metric": metric, "baseline": base, "candidate": cand, "change": None, "worse": False}
     if base is None or cand is None:
         return entry
-    if base == 0:
-        entry["change"] = 0.0 if cand == 0 else float("inf") if cand > 0 else float("-inf")
-    else:
-        entry["change"] = (cand - base) / abs(base)
+    if base == 0:  # no relative change (kept JSON-valid: no infinities); any growth from 0 is worse
+        entry["change"] = 0.0 if cand == 0 else None
+        entry["worse"] = bool(cand < 0 if higher_is_better(metric) else cand > 0)
+        return entry
+    entry["change"] = (cand - base) / abs(base)
     worse = -entry["change"] if higher_is_better(metric) else entry["change"]
     entry["worse"] = bool(worse > threshold)
     return entry

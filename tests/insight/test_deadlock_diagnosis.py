@@ -8,6 +8,7 @@ here (Dirichlet alpha 0.3, seed 1: the hottest expert gets 718 of the 8192 slots
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -78,6 +79,23 @@ def test_both_engines_give_the_same_records_and_diagnosis():
     assert ref.value.diagnosis.fix_channels == ["direct"]
     assert str(ref.value).splitlines()[1:7] == CYCLE
     assert ref.value.blocked[0]["unit"] == ref.value.blocked[0].unit  # item access reads the fields
+
+
+def test_the_error_pickles_without_its_program():
+    """Sweep workers send errors back to the parent process."""
+    with pytest.raises(DeadlockError) as info:
+        run(_fork_join())
+    back = pickle.loads(pickle.dumps(info.value))
+    assert (str(back), back.blocked, back.diagnosis, back.program) == (
+        str(info.value), info.value.blocked, info.value.diagnosis, None)
+
+
+def test_a_bad_deadlock_report_path_fails_before_the_run(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["run", "swiglu", "--deadlock-report", str(tmp_path / "file" / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"stepsim: error: --deadlock-report {tmp_path / 'file' / 'x.json'}: {tmp_path / 'file'} is a "
+                   f"file, not a folder\n")
 
 
 def test_a_loop_without_initial_tokens_has_no_fifo_fix():
