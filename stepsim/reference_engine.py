@@ -86,7 +86,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from stepsim.errors import DeadlockError, SimulationError
+from stepsim.errors import SimulationError
 from stepsim.kernels import abi as A
 
 __all__ = ["ReferenceResult", "Token", "run"]
