@@ -7,6 +7,8 @@ where (operator name, stream shapes, trace file and row, config key) and, where 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class StepsimError(Exception):
     """Root of every error stepsim raises on purpose."""
@@ -51,13 +53,31 @@ class SimulationError(StepsimError):
     """The engine stopped abnormally."""
 
 
+@dataclass(frozen=True)
+class BlockedUnit:
+    """One unfinished unit of a stopped run and what it waits for (both engines report these).
+
+    ``waiting_for`` is ``"empty"`` (data on ``channel``), ``"full"`` (a free slot on ``channel``), ``"hbm"``,
+    ``"time"`` or ``"none"``; a unit waiting on several channels at once (an EagerMerge choosing) has one record
+    per channel. ``occupancy`` / ``capacity`` (elements) describe ``channel`` (None without a channel).
+    """
+
+    unit: str
+    opcode: str
+    clock: int
+    channel: str | None
+    waiting_for: str
+    occupancy: int | None = None
+    capacity: int | None = None
+
+
 class DeadlockError(SimulationError):
     """No unit can make progress while some are unfinished; the message names the wait cycle, a fix and the
     blocked units (at most 40 lines; :mod:`stepsim.insight.deadlock`).
 
     Attributes
     ----------
-    blocked : list of stepsim.insight.deadlock.BlockedUnit
+    blocked : list of BlockedUnit
         Every blocked unit (unit, opcode, clock, channel, waiting_for, occupancy, capacity), both engines.
     diagnosis : stepsim.insight.deadlock.Diagnosis or None
         The wait cycles and the channels whose deeper FIFO breaks them.
@@ -65,7 +85,7 @@ class DeadlockError(SimulationError):
         The deadlocked program (to check a fix by rerunning it; not pickled).
     """
 
-    def __init__(self, message: str, blocked: list | None = None, diagnosis=None, program=None):
+    def __init__(self, message: str, blocked: list[BlockedUnit] | None = None, diagnosis=None, program=None):
         super().__init__(message)
         self.blocked = blocked or []
         self.diagnosis = diagnosis

@@ -1,7 +1,7 @@
 """Pure-Python reference engine: the slow, obviously-correct twin of :mod:`stepsim.kernels`.
 
 It executes a :class:`stepsim.program.Program` with exactly the semantics of the numba engine
-(STEP_TIMING.md, canonical rules of the project lead) and is used by the tests and the benchmarks to
+(docs/timing_model.md, canonical rules of the project lead) and is used by the tests and the benchmarks to
 cross-check the fast engine. It is written DAM-style and favours clarity over speed:
 
 * every unit (operator) is a Python generator with its own local clock; it ``yield``\\ s only when it must
@@ -11,14 +11,14 @@ cross-check the fast engine. It is written DAM-style and favours clarity over sp
   time-sensitive unit with the earliest action time act (EagerMerge choices and HBM ticks);
 * channels are deques of ``(stamp, token)`` with a capacity, a send latency, a credit latency and
   per-slot credit-free times;
-* the HBM is modelled per request, tick by tick (STEP_TIMING §4.2-§4.3): per tick, at most one response per
+* the HBM is modelled per request, tick by tick (docs/timing_model.md §4.2-§4.3): per tick, at most one response per
   HBM channel is forwarded (arriving at the memory op one cycle later), then at most one ``ParAddrs`` chunk
   per reader and then per writer (registration order = ``program.mem_order``) is taken, request i of the
   tick's batch goes to channel ``off = (off + i) mod C`` and afterwards ``off = (off + len(batch)) mod C``;
   a request taken at tick T on channel c starts at ``s = max(free[c], T + 1)``, sets ``free[c] = s + II``
   and is ready at ``s + start_up + latency``.
 
-Canonical rules (STEP_TIMING §1.2-§1.3, lead's decisions)
+Canonical rules (docs/timing_model.md §1.2-§1.3, lead's decisions)
 --------------------------------------------------------
 1. Enqueue: send number ``i >= capacity`` first waits for the credit of slot ``i mod capacity``
    (``clock = max(clock, free)``); the element is stamped ``max(requested, clock + latency)``. A dequeue at
@@ -237,7 +237,7 @@ class _Unit:
 
 
 class _HBM:
-    """The HBM controller and its channels, ticked per request (STEP_TIMING §4.2-§4.4)."""
+    """The HBM controller and its channels, ticked per request (docs/timing_model.md §4.2-§4.4)."""
 
     def __init__(self, hw, mem_units):
         self.C = int(hw[A.HW_HBM_CHANNELS])
@@ -1323,7 +1323,7 @@ def _repeat_static(E, U, ins, outs):
         if x is None:
             return
         for i in range(n):
-            # requested stamp = current clock (after earlier credit waits) + i  (STEP_TIMING §9 S10)
+            # requested stamp = current clock (after earlier credit waits) + i  (docs/timing_model.md §9 S10)
             yield from E.room(U, outs[0])
             requested = U.clock + i
             E.put(U, outs[0], replace(x, stop=x.stop + 1 if i == n - 1 else 0), requested)

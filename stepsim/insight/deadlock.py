@@ -1,6 +1,6 @@
 """Deadlock diagnosis: which units wait on which, the wait cycle(s), and the FIFO that breaks them.
 
-Both engines describe a deadlock with the same record, :class:`BlockedUnit` (one per unit and channel it
+Both engines describe a deadlock with the same record, :class:`stepsim.errors.BlockedUnit` (one per unit and channel it
 waits on; an EagerMerge choosing between inputs waits on each of them). From the records and the program's
 channel endpoints, :func:`diagnose` builds the *wait-for graph*:
 
@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stepsim.errors import BlockedUnit  # the record both engines give (re-exported here)
+
 #: the deadlock message never has more lines than this
 MAX_LINES = 40
 #: at most this many cycles are drawn hop by hop (the others are counted)
@@ -38,53 +40,6 @@ MAX_CYCLES_SHOWN = 2
 MAX_HOPS_SHOWN = 12
 #: the deepest FIFO :func:`suggest_fix` tries (the artifact's "unbounded" FIFOs are 1024 deep)
 MAX_FIX_DEPTH = 1024
-
-
-@dataclass(frozen=True)
-class BlockedUnit:
-    """One unit of a deadlocked run and what it waits on (shared by the numba and the reference engine).
-
-    Attributes
-    ----------
-    unit, opcode : str
-        Unit name and operator class.
-    clock : int
-        The unit's clock when the run stopped (cycles).
-    channel : str or None
-        The channel it waits on (None: it waits on nothing the engine names).
-    waiting_for : str
-        ``"full"`` (a free slot in its output channel), ``"empty"`` (data on its input channel), or the
-        engine's wait kind when it waits on no channel.
-    occupancy, capacity : int or None
-        The channel's elements when the run stopped, and its depth (elements); None without a channel.
-
-    Item access (``record["unit"]``, ``record.get("occupancy")``) reads the same fields.
-    """
-
-    unit: str
-    opcode: str
-    clock: int
-    channel: str | None
-    waiting_for: str
-    occupancy: int | None = None
-    capacity: int | None = None
-
-    def __getitem__(self, key: str):
-        if key not in _FIELDS:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default=None):
-        """The field ``key``, or ``default`` when it is not a field or is None."""
-        value = getattr(self, key, None) if key in _FIELDS else None
-        return default if value is None else value
-
-    def as_dict(self) -> dict:
-        """The record as a plain dict (JSON-ready)."""
-        return dataclasses.asdict(self)
-
-
-_FIELDS = frozenset(f.name for f in dataclasses.fields(BlockedUnit))
 
 
 @dataclass(frozen=True)
@@ -170,31 +125,6 @@ class Fix:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-# --- records from the numba engine's state ------------------------------------------------------------------
-def blocked_from_state(program, us, chs) -> list[BlockedUnit]:
-    """Every unfinished unit of a stopped numba-engine run (what it waits on, and that channel's occupancy)."""
-    from stepsim.kernels import abi as A
-
-    blocked = []
-    for u in range(program.n_units):
-        if us[u, A.US_DONE]:
-            continue
-        kind = int(us[u, A.US_WAIT_KIND])
-        c = int(us[u, A.US_WAIT_CH])
-        waits = []
-        if kind == A.WAIT_TIME:  # EagerMerge choosing: waits on every input
-            waits = [(ch, "empty") for ch in program.inputs(u)]
-        elif c >= 0:
-            waits = [(c, A.WAIT_NAMES[kind])]
-        for ch, state in waits or [(-1, A.WAIT_NAMES[kind])]:
-            blocked.append(BlockedUnit(
-                unit=program.unit_names[u], opcode=program.opcode_name(u), clock=int(us[u, A.US_CLOCK]),
-                channel=program.channel_names[ch] if ch >= 0 else None, waiting_for=state,
-                occupancy=int(chs[ch, A.CH_TAIL] - chs[ch, A.CH_HEAD]) if ch >= 0 else None,
-                capacity=int(chs[ch, A.CH_CAP]) if ch >= 0 else None))
-    return blocked
 
 
 # --- the wait-for graph ---------------------------------------------------------------------------------------
@@ -445,4 +375,4 @@ def suggest_fix(program, diag: Diagnosis, *, budget_s: float = 30.0, runner=None
 
 def full_list(error) -> list[dict]:
     """Every blocked record of a DeadlockError as plain dicts (the ``--deadlock-report`` file's ``blocked``)."""
-    return [b.as_dict() if isinstance(b, BlockedUnit) else dict(b) for b in error.blocked]
+    return [dataclasses.asdict(b) for b in error.blocked]

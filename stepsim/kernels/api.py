@@ -8,7 +8,7 @@ Example
 >>> x = b.add_channel()
 >>> _ = b.offchip_load(out=x, tile_rows=64, tile_cols=4096, elem_bytes=2, view_shape=(1,))
 >>> _ = b.sink(inp=x)
->>> run(b.build()).cycles    # STEP_TIMING §9 S1
+>>> run(b.build()).cycles    # docs/timing_model.md §9 S1
 8212
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import types
 
-from stepsim.errors import ArenaError, ArgumentError, DeadlockError, SimulationError
+from stepsim.errors import ArenaError, ArgumentError, BlockedUnit, DeadlockError, SimulationError
 from stepsim.kernels import abi as A
 from stepsim.kernels import arena
 from stepsim.kernels import values as V
@@ -315,11 +315,26 @@ _STATUS_MESSAGES = {
 }
 
 
-def blocked_units(program, us, chs) -> list:
-    """Every unfinished unit of a stopped run (:class:`stepsim.insight.deadlock.BlockedUnit` records)."""
-    from stepsim.insight.deadlock import blocked_from_state
-
-    return blocked_from_state(program, us, chs)
+def blocked_units(program, us, chs) -> list[BlockedUnit]:
+    """Every unfinished unit of a stopped run: what it waits on, and that channel's occupancy."""
+    blocked = []
+    for u in range(program.n_units):
+        if us[u, A.US_DONE]:
+            continue
+        kind = int(us[u, A.US_WAIT_KIND])
+        c = int(us[u, A.US_WAIT_CH])
+        waits = []
+        if kind == A.WAIT_TIME:  # EagerMerge choosing: waits on every input
+            waits = [(ch, "empty") for ch in program.inputs(u)]
+        elif c >= 0:
+            waits = [(c, A.WAIT_NAMES[kind])]
+        for ch, state in waits or [(-1, A.WAIT_NAMES[kind])]:
+            blocked.append(BlockedUnit(
+                unit=program.unit_names[u], opcode=program.opcode_name(u), clock=int(us[u, A.US_CLOCK]),
+                channel=program.channel_names[ch] if ch >= 0 else None, waiting_for=state,
+                occupancy=int(chs[ch, A.CH_TAIL] - chs[ch, A.CH_HEAD]) if ch >= 0 else None,
+                capacity=int(chs[ch, A.CH_CAP]) if ch >= 0 else None))
+    return blocked
 
 
 def _deadlock_error(program, us, chs) -> DeadlockError:

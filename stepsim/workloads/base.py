@@ -2,7 +2,7 @@
 
 Symbols are bound *by meaning*: a builder knows that ``Partition_4``'s count symbol ``i`` is the number of
 tokens routed to expert ``i`` and records ``{symbol: count}`` from the trace, instead of sorting symbol names
-and hoping the order lines up (the artifact's scripts do that; STEP_SEMANTICS §9 item 6).
+and hoping the order lines up (the artifact's scripts do that; docs/semantics.md §9 item 6).
 """
 
 from __future__ import annotations
