@@ -68,8 +68,10 @@ def load_records(path: str | os.PathLike) -> tuple[list[dict], dict]:
         rows += [{**extra, **r} for r in table.to_pylist()]
     rows = [r for r in rows if r.get("status", "ok") in (None, "ok")]
     units: dict = {}
-    if p.is_dir():
-        for f in sorted(p.rglob("_units-*.parquet")):
+    unit_files = sorted(p.rglob("_units-*.parquet")) if p.is_dir() else [
+        f for f in [p.with_name(f"{p.stem}_units.parquet")] if f.is_file()]  # run --out NAME.parquet
+    if unit_files:
+        for f in unit_files:
             for u in pq.read_table(f).to_pylist():
                 units.setdefault(u.get("run_id"), []).append(u)
     return rows, units

@@ -67,18 +67,30 @@ def _one(folder: Path, prefix: str) -> Path:
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
-    """``(row, unit rows, channel rows)`` of a ``stepsim run --out`` folder (ConfigError when it is not one)."""
+    """``(row, unit rows, channel rows)`` of a ``stepsim run --out`` folder, or of the ``NAME.parquet`` file of
+    ``stepsim run --out NAME.parquet`` (its tables ``NAME_units.parquet`` / ``NAME_channels.parquet`` beside it);
+    ConfigError when it is neither."""
     import pyarrow.parquet as pq
 
     folder = Path(run_dir)
-    if not folder.is_dir():
+    if folder.is_file() and folder.suffix == ".parquet":  # `stepsim run --out NAME.parquet`
+        part = folder
+        tables = [folder.with_name(f"{folder.stem}_{kind}.parquet") for kind in ("units", "channels")]
+    elif not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder (give the folder of `stepsim run ... --out DIR`)")
-    part = _one(folder, "part-")
+    else:
+        part = _one(folder, "part-")
+        tables = None
     row = pq.read_table(part).to_pylist()[0]
     if row.get("mode") == "metrics" or row.get("cycles") is None:
         raise ConfigError(f"{part}: a metrics run (no simulation); write it with `stepsim run ... --out DIR`")
-    units = pq.read_table(_one(folder, "_units-")).to_pylist()
-    channels = pq.read_table(_one(folder, "_channels-")).to_pylist()
+    if tables is None:
+        tables = [_one(folder, "_units-"), _one(folder, "_channels-")]
+    missing = [t for t in tables if not t.is_file()]
+    if missing:
+        raise ConfigError(f"{folder}: no {missing[0].name} beside it (written by `stepsim run ... --out "
+                          f"{folder.name}`)")
+    units, channels = (pq.read_table(t).to_pylist() for t in tables)
     return row, units, channels
 
 

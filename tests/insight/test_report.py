@@ -123,6 +123,13 @@ def test_cli_report_and_run_report(tmp_path, capsys):
     assert both["report"]["critical_path"] == rep["critical_path"] and both["record"]["cycles"] == rep["roofline"]["cycles"]
     assert main(["run", "swiglu", "--report"]) == 0
     assert "critical path (" in capsys.readouterr().out
+    # `run --out NAME.parquet` writes the record file and its tables beside it
+    assert main(["run", "swiglu", "--out", str(tmp_path / "one.parquet")]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "one.parquet"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["critical_path"] == rep["critical_path"]
+    assert main(["compare", str(out), str(tmp_path / "one.parquet"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["worse"] == []
 
 
 def test_report_errors_are_one_line(tmp_path, capsys):
