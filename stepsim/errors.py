@@ -72,12 +72,27 @@ class BlockedUnit:
 
 
 class DeadlockError(SimulationError):
-    """No unit can make progress while some are unfinished; the message lists the blocked units."""
+    """No unit can make progress while some are unfinished; the message names the wait cycle, a fix and the
+    blocked units (at most 40 lines; :mod:`stepsim.insight.deadlock`).
 
-    def __init__(self, message: str, blocked: list[BlockedUnit] | None = None):
+    Attributes
+    ----------
+    blocked : list of BlockedUnit
+        Every blocked unit (unit, opcode, clock, channel, waiting_for, occupancy, capacity), both engines.
+    diagnosis : stepsim.insight.deadlock.Diagnosis or None
+        The wait cycles and the channels whose deeper FIFO breaks them.
+    program : stepsim.program.Program or None
+        The deadlocked program (to check a fix by rerunning it; not pickled).
+    """
+
+    def __init__(self, message: str, blocked: list[BlockedUnit] | None = None, diagnosis=None, program=None):
         super().__init__(message)
-        #: every blocked unit (:class:`BlockedUnit`), in unit order
-        self.blocked: list[BlockedUnit] = blocked or []
+        self.blocked = blocked or []
+        self.diagnosis = diagnosis
+        self.program = program
+
+    def __reduce__(self):  # worker processes send it back without the program's arrays
+        return (type(self), (str(self), self.blocked, self.diagnosis))
 
 
 class ArenaError(SimulationError):

@@ -86,7 +86,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from stepsim.errors import BlockedUnit, DeadlockError, SimulationError
+from stepsim.errors import SimulationError
 from stepsim.kernels import abi as A
 
 __all__ = ["ReferenceResult", "Token", "run"]
@@ -540,30 +540,29 @@ class _Engine:
             self._wake(ch.consumer, W_EMPTY, c)
 
     def _deadlock(self, pending):
+        """The diagnosed DeadlockError (:mod:`stepsim.insight.deadlock`), with the records the numba engine
+        gives (an EagerMerge choosing waits on each of its inputs: one record per input)."""
+        from stepsim.insight.deadlock import BlockedUnit, deadlock_error
+
         blocked = []
-        parts = []
+        lines = []
         for U in pending:
             kind, arg = U.wait if U.wait is not None else ("none", None)
-            opcode = A.OPCODE_NAMES[U.op]
-
-            def record(ch, state):
-                return BlockedUnit(unit=U.name, opcode=opcode, clock=U.clock, channel=ch.name, waiting_for=state,
-                                   occupancy=len(ch.q), capacity=ch.cap)
-
+            op = A.OPCODE_NAMES[U.op]
             if kind in (W_EMPTY, W_FULL):
                 ch = self.ch[arg]
-                blocked.append(record(ch, kind))
-                parts.append(f"{U.name} ({opcode}) waits on {kind} channel {ch.name!r} "
+                blocked.append(BlockedUnit(U.name, op, U.clock, ch.name, kind, len(ch.q), ch.cap))
+                lines.append(f"  {U.name} ({op}) waits on {kind} channel {ch.name!r} "
                              f"(occupancy {len(ch.q)}/{ch.cap})")
-            elif kind == W_TIME:  # an EagerMerge choosing waits on every input: one record per channel
-                blocked += [record(self.ch[c], "empty") for c in self.p.inputs(U.uid)]
-                parts.append(f"{U.name} ({opcode}) waits on empty channels "
-                             + ", ".join(f"{self.ch[c].name!r} (occupancy {len(self.ch[c].q)}/{self.ch[c].cap})"
-                                         for c in self.p.inputs(U.uid)))
+            elif kind == W_TIME:
+                chans = [self.ch[c] for c in self.p.inputs(U.uid)]
+                blocked += [BlockedUnit(U.name, op, U.clock, ch.name, "empty", len(ch.q), ch.cap) for ch in chans]
+                lines.append(f"  {U.name} ({op}) waits on empty channels "
+                             + ", ".join(f"{ch.name!r} (occupancy {len(ch.q)}/{ch.cap})" for ch in chans))
             else:
-                blocked.append(BlockedUnit(unit=U.name, opcode=opcode, clock=U.clock, channel=None, waiting_for=kind))
-                parts.append(f"{U.name} ({opcode}) waits on {kind}")
-        return DeadlockError("deadlock: no unit can make progress; " + "; ".join(parts), blocked)
+                blocked.append(BlockedUnit(U.name, op, U.clock, None, str(kind)))
+                lines.append(f"  {U.name} ({op}) waits on {kind}")
+        return deadlock_error(self.p, blocked, lines)
 
     def _result(self):
         P = self.p

@@ -338,6 +338,9 @@ def blocked_units(program, us, chs) -> list[BlockedUnit]:
 
 
 def _deadlock_error(program, us, chs) -> DeadlockError:
+    """The diagnosed DeadlockError (:mod:`stepsim.insight.deadlock`); one listing line per blocked record."""
+    from stepsim.insight.deadlock import deadlock_error
+
     blocked = blocked_units(program, us, chs)
     lines = []
     for b in blocked:
@@ -347,4 +350,4 @@ def _deadlock_error(program, us, chs) -> DeadlockError:
             what = "a free slot on" if b.waiting_for == "full" else "data on"
             lines.append(f"  {b.unit} ({b.opcode}) at cycle {b.clock}: waits for {what} channel "
                          f"{b.channel!r} ({b.waiting_for}, {b.occupancy}/{b.capacity})")
-    return DeadlockError("deadlock: no unit can make progress; blocked units:\n" + "\n".join(lines), blocked)
+    return deadlock_error(program, blocked, lines)

@@ -1,0 +1,345 @@
+"""The bottleneck report of one simulation run: is it memory-, compute- or latency/imbalance-bound, and why.
+
+Input: a folder written by ``stepsim run --out RUN_DIR`` (its row ``part-*.parquet`` and the per-unit and
+per-channel tables ``_units-*`` / ``_channels-*``, :mod:`stepsim.records`), or a :class:`RunResult` in memory.
+The graph's topology (which unit produces and consumes each channel, FIFO depths, operator groups) is not in
+those files: it is rebuilt from the row's configuration (the trace must still be where the row says, with the
+same content hash) and checked against the tables' unit and channel names.
+
+JSON keys (stable):
+
+* ``bound``: ``"memory-bound"``, ``"compute-bound"`` or ``"latency-or-imbalance-bound"``. With
+  ``memory_cycles = off_chip_bytes / hbm_bytes_per_cycle`` and ``compute_cycles = flops /
+  allocated_compute_flops_per_cycle`` (the row's columns), the run is bound by the larger of the two when that
+  roofline time is at least :data:`BOUND_FRACTION` of the simulated cycles; otherwise neither resource is
+  near its peak, and the time goes to latency (pipeline fill, dependencies) or load imbalance.
+* ``roofline``: ``cycles``, ``memory_cycles``, ``compute_cycles`` (floats, cycles), ``off_chip_bytes``,
+  ``flops``, ``hbm_bytes_per_cycle`` (peak), ``achieved_hbm_bytes_per_cycle``, ``hbm_utilization``,
+  ``allocated_compute_flops_per_cycle``, ``achieved_flops_per_cycle``, ``compute_utilization`` (ratios 0-1).
+* ``critical_path``: list of ``{unit, kind, group, busy_cycles, blocked_input_cycles, blocked_output_cycles}``,
+  from the unit that finishes last (largest final clock) back towards the start: at each unit, when it spent
+  at least as many cycles blocked on input as on output, the next hop is the producer that starved it;
+  otherwise the consumer that back-pressured it. The walk ends at a unit with neither kind of wait, a unit already on the
+  path, or after :data:`MAX_PATH` hops. The culprit among several neighbours is the one that spent the most
+  cycles not waiting for this unit (a starved unit's producer: final clock minus its cycles blocked on output;
+  a back-pressured unit's consumer: final clock minus its cycles blocked on input), then the one finishing last.
+* ``top_units``: ``by_busy`` and ``by_blocked`` (the :data:`TOP` units with the largest busy / blocked
+  cycles, each with its share of the run's cycles) and ``groups`` (every group's summed counters, busiest first).
+* ``imbalance``: across the expert / region groups (``op.group`` labels of the builders; SwiGLU has none):
+  ``kind``, ``groups``, ``max_busy_cycles``, ``mean_busy_cycles``, ``ratio`` (max / mean of each group's summed
+  busy cycles; idle groups count as 0), ``straggler`` (the busiest group; ties: the one finishing last, then
+  the first) and ``straggler_final_clock``; null fields when the graph has no such groups.
+* ``full_fifos``: ``full`` (channels whose peak occupancy reached their depth, ordered by their producer's
+  cycles blocked on output, longest first: candidates for deeper FIFOs), ``n_full``, ``never_above_one``
+  (channels that carried data but never held more than one element: their depth could shrink) and
+  ``n_never_above_one``.
+
+Groups: ``expert 7`` / ``region 2`` from the graph's ``op.group`` labels; other operators are ``shared``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from stepsim.errors import ConfigError
+
+#: a run is bound by a resource when that resource's roofline time is at least this share of the cycles
+BOUND_FRACTION = 0.5
+#: units listed in ``top_units``
+TOP = 10
+#: longest critical path walked (hops)
+MAX_PATH = 64
+#: full channels listed in ``full_fifos.full`` (all are counted)
+TOP_FIFOS = 10
+
+
+def _one(folder: Path, prefix: str) -> Path:
+    files = sorted(folder.glob(f"{prefix}*.parquet"))
+    if not files:
+        raise ConfigError(f"{folder}: no {prefix}*.parquet file (write a run folder with `stepsim run ... --out "
+                          f"{folder}`)")
+    if len(files) > 1:
+        raise ConfigError(f"{folder}: holds {len(files)} runs ({prefix}*.parquet files); give a folder with one "
+                          f"run (stepsim run --out)")
+    return files[0]
+
+
+def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
+    """``(row, unit rows, channel rows)`` of a ``stepsim run --out`` folder, or of the ``NAME.parquet`` file of
+    ``stepsim run --out NAME.parquet`` (its tables ``NAME_units.parquet`` / ``NAME_channels.parquet`` beside it);
+    ConfigError when it is neither."""
+    import pyarrow.parquet as pq
+
+    folder = Path(run_dir)
+    if folder.is_file() and folder.suffix == ".parquet":  # `stepsim run --out NAME.parquet`
+        part = folder
+        tables = [folder.with_name(f"{folder.stem}_{kind}.parquet") for kind in ("units", "channels")]
+    elif not folder.is_dir():
+        raise ConfigError(f"{folder}: not a folder (give the folder of `stepsim run ... --out DIR`)")
+    else:
+        part = _one(folder, "part-")
+        tables = None
+    row = pq.read_table(part).to_pylist()[0]
+    if row.get("mode") == "metrics" or row.get("cycles") is None:
+        raise ConfigError(f"{part}: a metrics run (no simulation); write it with `stepsim run ... --out DIR`")
+    if tables is None:
+        tables = [_one(folder, "_units-"), _one(folder, "_channels-")]
+    missing = [t for t in tables if not t.is_file()]
+    if missing:
+        raise ConfigError(f"{folder}: no {missing[0].name} beside it (written by `stepsim run ... --out "
+                          f"{folder.name}`)")
+    units, channels = (pq.read_table(t).to_pylist() for t in tables)
+    return row, units, channels
+
+
+def _group_label(group) -> str:
+    if isinstance(group, tuple) and len(group) == 2:
+        return f"{group[0]} {group[1]}"
+    return "shared"
+
+
+def rebuild(row: dict):
+    """``(workload, program)`` of a row's configuration, lowered as the run was (checked trace content)."""
+    from stepsim.defaults import UNSET, resolve_channel_depth
+    from stepsim.graph.lower import lower
+    from stepsim.records import trace_sha256
+    from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
+
+    cfg = normalize_config({k: row[k] for k in KNOBS if row.get(k) is not None})
+    trace = resolved_trace(cfg)
+    if trace is not None and row.get("trace_sha256") and trace_sha256(trace) != row["trace_sha256"]:
+        raise ConfigError(f"trace {trace} changed since the run (content hash differs); the report needs the "
+                          f"graph the run simulated")
+    workload = build_normalized(cfg)
+    hardware = resolve_hardware(cfg, workload)
+    depth = resolve_channel_depth(UNSET if cfg.get("channel_depth") is None else cfg["channel_depth"], hardware,
+                                  workload.channel_depth)
+    program = lower(workload.graph, hardware, channel_depth=depth, channel_depths=workload.channel_depths)
+    return workload, program
+
+
+def _roofline(row: dict) -> dict:
+    cycles = int(row["cycles"])
+    off_chip = int(row["off_chip_bytes"] or 0)
+    flops = int(row["flops"] or 0)
+    hbm = int(row["hbm_bytes_per_cycle"] or 0)
+    alloc = int(row["allocated_compute_flops_per_cycle"] or 0)
+    return {"cycles": cycles, "memory_cycles": off_chip / hbm if hbm else None,
+            "compute_cycles": flops / alloc if alloc else None, "off_chip_bytes": off_chip, "flops": flops,
+            "hbm_bytes_per_cycle": hbm, "achieved_hbm_bytes_per_cycle": off_chip / cycles if cycles else None,
+            "hbm_utilization": off_chip / (cycles * hbm) if cycles and hbm else None,
+            "allocated_compute_flops_per_cycle": alloc,
+            "achieved_flops_per_cycle": flops / cycles if cycles else None,
+            "compute_utilization": flops / (cycles * alloc) if cycles and alloc else None}
+
+
+def _bound(roof: dict) -> str:
+    mem, comp, cycles = roof["memory_cycles"] or 0.0, roof["compute_cycles"] or 0.0, roof["cycles"]
+    if cycles and max(mem, comp) >= BOUND_FRACTION * cycles:
+        return "memory-bound" if mem >= comp else "compute-bound"
+    return "latency-or-imbalance-bound"
+
+
+def _entry(u: dict, cycles: int) -> dict:
+    return {"unit": u["name"], "kind": u["kind"], "group": u["group"], "busy_cycles": u["busy_cycles"],
+            "blocked_input_cycles": u["blocked_in_cycles"], "blocked_output_cycles": u["blocked_out_cycles"],
+            "busy_share": u["busy_cycles"] / cycles if cycles else None,
+            "blocked_share": (u["blocked_in_cycles"] + u["blocked_out_cycles"]) / cycles if cycles else None}
+
+
+def _critical_path(units: list[dict], program) -> list[dict]:
+    order = {id(u): i for i, u in enumerate(units)}
+    # the unit finishing last; ties: the busiest, then program order
+    current = max(units, key=lambda u: (u["final_clock"], u["busy_cycles"], -order[id(u)]))
+    path, seen = [], set()
+    while current is not None and len(path) < MAX_PATH:
+        i = order[id(current)]
+        seen.add(i)
+        path.append({k: v for k, v in _entry(current, 0).items() if not k.endswith("_share")})
+        bin_, bout = current["blocked_in_cycles"], current["blocked_out_cycles"]
+        if bin_ == 0 and bout == 0:
+            break
+        starved = bin_ >= bout
+        if starved:
+            cands = [int(program.ch_producer[c]) for c in program.inputs(i)]
+        else:
+            cands = [int(program.ch_consumer[c]) for c in program.outputs(i)]
+        cands = [c for c in dict.fromkeys(cands) if c not in seen]
+        if not cands:
+            break
+        # the culprit is the neighbour that spent the most time *not* waiting for this unit: a producer that
+        # sat back-pressured (blocked on output) had data ready; a consumer that sat starved had room
+        waited = "blocked_out_cycles" if starved else "blocked_in_cycles"
+        nxt = max(cands, key=lambda c: (units[c]["final_clock"] - units[c][waited], units[c]["final_clock"], -c))
+        current = units[nxt]
+    return path
+
+
+def _groups(units: list[dict]) -> list[dict]:
+    groups: dict[str, dict] = {}
+    for u in units:
+        g = groups.setdefault(u["group"], {"group": u["group"], "units": 0, "busy_cycles": 0,
+                                           "blocked_input_cycles": 0, "blocked_output_cycles": 0,
+                                           "final_clock": 0})
+        g["units"] += 1
+        g["busy_cycles"] += u["busy_cycles"]
+        g["blocked_input_cycles"] += u["blocked_in_cycles"]
+        g["blocked_output_cycles"] += u["blocked_out_cycles"]
+        g["final_clock"] = max(g["final_clock"], u["final_clock"])
+    return sorted(groups.values(), key=lambda g: (-g["busy_cycles"], g["group"]))
+
+
+def _imbalance(groups: list[dict]) -> dict:
+    labelled = [g for g in groups if g["group"] != "shared"]
+    if not labelled:
+        return {"kind": None, "groups": 0, "max_busy_cycles": None, "mean_busy_cycles": None, "ratio": None,
+                "straggler": None, "straggler_final_clock": None}
+    kind = labelled[0]["group"].split()[0]
+    labelled = [g for g in labelled if g["group"].split()[0] == kind]
+    mean = sum(g["busy_cycles"] for g in labelled) / len(labelled)
+    top = max(labelled, key=lambda g: (g["busy_cycles"], g["final_clock"], -labelled.index(g)))
+    return {"kind": kind, "groups": len(labelled), "max_busy_cycles": top["busy_cycles"], "mean_busy_cycles": mean,
+            "ratio": top["busy_cycles"] / mean if mean else None, "straggler": top["group"],
+            "straggler_final_clock": top["final_clock"]}
+
+
+def _fifos(units: list[dict], channels: list[dict], program) -> dict:
+    full, idle = [], []
+    for c, ch in enumerate(channels):
+        cap = int(program.ch_capacity[c])
+        prod, cons = int(program.ch_producer[c]), int(program.ch_consumer[c])
+        if ch["peak_occupancy"] >= cap:
+            full.append({"channel": ch["name"], "producer": units[prod]["name"], "consumer": units[cons]["name"],
+                         "capacity": cap, "peak_occupancy": ch["peak_occupancy"], "pushes": ch["pushes"],
+                         "producer_blocked_output_cycles": units[prod]["blocked_out_cycles"]})
+        elif ch["pushes"] > 0 and ch["peak_occupancy"] <= 1:
+            idle.append(ch["name"])
+    full.sort(key=lambda f: -f["producer_blocked_output_cycles"])
+    return {"n_full": len(full), "full": full[:TOP_FIFOS], "n_never_above_one": len(idle), "never_above_one": idle}
+
+
+def build_report(row: dict, units: list[dict], channels: list[dict], workload=None, program=None) -> dict:
+    """The report (see the module docstring) of a run's row and tables; rebuilds the graph unless given."""
+    if workload is None or program is None:
+        workload, program = rebuild(row)
+    names = [u["name"] for u in units]
+    if names != list(program.unit_names) or [c["name"] for c in channels] != list(program.channel_names):
+        raise ConfigError("the run's unit/channel tables do not match the graph rebuilt from its configuration "
+                          "(written by another stepsim version?)")
+    groups = {op.name: _group_label(op.group) for op in workload.graph.ops}
+    units = [dict(u, group=groups.get(u["name"], "shared")) for u in units]
+    cycles = int(row["cycles"])
+    roof = _roofline(row)
+    by_group = _groups(units)
+    return {
+        "run_id": row.get("run_id"), "workload": row.get("workload"),
+        "bound": _bound(roof),
+        "roofline": roof,
+        "critical_path": _critical_path(units, program),
+        "top_units": {
+            "by_busy": [_entry(u, cycles) for u in sorted(units, key=lambda u: -u["busy_cycles"])[:TOP]],
+            "by_blocked": [_entry(u, cycles) for u in sorted(
+                units, key=lambda u: -(u["blocked_in_cycles"] + u["blocked_out_cycles"]))[:TOP]],
+            "groups": by_group},
+        "imbalance": _imbalance(by_group),
+        "full_fifos": _fifos(units, channels, program),
+    }
+
+
+def report_run_dir(run_dir: str | os.PathLike) -> dict:
+    """The report of a ``stepsim run --out`` folder (Python entry point of ``stepsim report``)."""
+    row, units, channels = load_run(run_dir)
+    return build_report(row, units, channels)
+
+
+def report_record(record, workload=None) -> dict:
+    """The report of an in-memory :class:`stepsim.records.RunResult` of a simulation run."""
+    return build_report(record.row, record.unit_table().to_pylist(), record.channel_table().to_pylist(),
+                        workload, None)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def format_report(rep: dict) -> str:
+    """The report as text (at most about 40 lines)."""
+    roof = rep["roofline"]
+    lines = [f"verdict: {rep['bound']} ({roof['cycles']:,} cycles; memory roofline "
+             f"{roof['memory_cycles'] or 0:,.0f}, compute roofline {roof['compute_cycles'] or 0:,.0f} cycles)",
+             f"  HBM: {roof['achieved_hbm_bytes_per_cycle'] or 0:,.1f} of {roof['hbm_bytes_per_cycle']:,} B/cycle "
+             f"({_pct(roof['hbm_utilization'])}); compute: {roof['achieved_flops_per_cycle'] or 0:,.0f} of "
+             f"{roof['allocated_compute_flops_per_cycle']:,} FLOP/cycle ({_pct(roof['compute_utilization'])})"]
+    imb = rep["imbalance"]
+    if imb["kind"]:
+        lines.append(f"imbalance across {imb['groups']} {imb['kind']}s: max/mean busy {imb['ratio']:.2f} "
+                     f"(straggler: {imb['straggler']}, busy {imb['max_busy_cycles']:,} cycles, finishes at "
+                     f"{imb['straggler_final_clock']:,})")
+    path = rep["critical_path"]
+    lines.append(f"critical path ({len(path)} hops, from the unit finishing last; busy / blocked in / blocked out "
+                 f"cycles):")
+    shown = path[:12]
+    lines += [f"  {h['unit']} ({h['kind']}, {h['group']}): {h['busy_cycles']:,} / {h['blocked_input_cycles']:,} / "
+              f"{h['blocked_output_cycles']:,}" for h in shown]
+    if len(path) > len(shown):
+        lines.append(f"  ... {len(path) - len(shown)} more hops (--json has all)")
+    lines.append("top units by busy share:")
+    lines += [f"  {u['unit']} ({u['kind']}, {u['group']}): {_pct(u['busy_share'])}"
+              for u in rep["top_units"]["by_busy"][:5]]
+    lines.append("top groups by busy cycles: " + ", ".join(
+        f"{g['group']} {g['busy_cycles']:,}" for g in rep["top_units"]["groups"][:5]))
+    fifos = rep["full_fifos"]
+    lines.append(f"FIFOs full at some point: {fifos['n_full']} (longest producer back-pressure first):")
+    lines += [f"  {f['channel']} depth {f['capacity']}: {f['producer']} blocked on output "
+              f"{f['producer_blocked_output_cycles']:,} cycles" for f in fifos["full"][:5]]
+    lines.append(f"FIFOs never above one element: {fifos['n_never_above_one']}")
+    return "\n".join(lines)
+
+
+def write_png(rep: dict, path: str | os.PathLike) -> Path:
+    """Bars of busy / blocked-in / blocked-out cycles per group (groups on the critical path in red); needs
+    matplotlib (the ``plot`` extra). Written atomically."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("the report's PNG needs matplotlib: pip install 'stepsim[plot]'") from None
+    groups = rep["top_units"]["groups"][:40]
+    on_path = {h["group"] for h in rep["critical_path"]}
+    cycles = rep["roofline"]["cycles"] or 1
+    fig, ax = plt.subplots(figsize=(8, 0.22 * len(groups) + 1.5))
+    y = list(range(len(groups)))[::-1]
+    units = [max(g["units"], 1) * cycles for g in groups]  # per-group share of its units' time
+    busy = [g["busy_cycles"] / n for g, n in zip(groups, units, strict=True)]
+    bin_ = [g["blocked_input_cycles"] / n for g, n in zip(groups, units, strict=True)]
+    bout = [g["blocked_output_cycles"] / n for g, n in zip(groups, units, strict=True)]
+    ax.barh(y, busy, color="tab:blue", label="busy")
+    ax.barh(y, bin_, left=busy, color="tab:orange", label="blocked on input")
+    ax.barh(y, bout, left=[a + b for a, b in zip(busy, bin_, strict=True)], color="tab:gray",
+            label="blocked on output")
+    ax.set_yticks(y, [g["group"] for g in groups], fontsize=7)
+    for tick, g in zip(ax.get_yticklabels(), groups, strict=True):
+        if g["group"] in on_path:
+            tick.set_color("red")
+            tick.set_fontweight("bold")
+    ax.set_xlabel("share of the run's cycles (mean over the group's units)")
+    ax.set_title(f"{rep.get('workload')}: {rep['bound']}; critical-path groups in red", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    from stepsim.results import atomic_output
+
+    path = Path(path)
+    try:
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=90)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def to_json(rep: dict) -> str:
+    return json.dumps(rep)
