@@ -1,7 +1,6 @@
 """``stepsim report``, ``stepsim compare``, and the ``--report`` / ``--deadlock-report`` flags of ``stepsim run``.
 
-``stepsim run`` is registered by :mod:`stepsim.workloads.cli`; this module (registered after it) adds its two
-flags to that parser and wraps its handler, so the run command itself stays untouched:
+``stepsim run`` (:mod:`stepsim.workloads.cli`) calls two functions of this module for its flags:
 
 * ``--report``: after the run, print the bottleneck report (:mod:`stepsim.insight.report`); with ``--json`` the
   output is one object ``{"record": <row>, "report": <report>}``.
@@ -12,11 +11,8 @@ flags to that parser and wraps its handler, so the run command itself stays unto
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import sys
-import time
 
 from stepsim.errors import DeadlockError
 
@@ -45,26 +41,7 @@ def _compare_cmd(args) -> int:
     return 1 if res["regressed"] else 0
 
 
-@contextlib.contextmanager
-def _capture_record(sink: list):
-    """Keep the RunResult that ``stepsim run`` builds (it calls :func:`stepsim.records.run_config`)."""
-    import stepsim.records as records
-
-    original = records.run_config
-
-    def capturing(*a, **k):
-        record = original(*a, **k)
-        sink.append(record)
-        return record
-
-    records.run_config = capturing
-    try:
-        yield
-    finally:
-        records.run_config = original
-
-
-def _deadlock_with_fix(exc: DeadlockError, elapsed: float, report_file: str | None) -> DeadlockError:
+def deadlock_with_fix(exc: DeadlockError, elapsed: float, report_file: str | None) -> DeadlockError:
     """The error re-rendered with a checked (or, for a slow run, unchecked) fix; the JSON file written."""
     from stepsim.insight.deadlock import Fix, format_message, full_list, suggest_fix
     from stepsim.results import atomic_output
@@ -87,48 +64,21 @@ def _deadlock_with_fix(exc: DeadlockError, elapsed: float, report_file: str | No
     return DeadlockError(message, exc.blocked, diagnosis=diag, program=exc.program)
 
 
-def _run_with_insight(inner, args) -> int:
-    if getattr(args, "deadlock_report", None):
-        from stepsim.outputs import check_out_file
-
-        check_out_file(args.deadlock_report, "--deadlock-report")
-    records: list = []
-    start = time.perf_counter()
-    try:
-        with _capture_record(records) if args.report else contextlib.nullcontext():
-            if args.report and args.json:
-                with contextlib.redirect_stdout(None):
-                    status = inner(args)
-            else:
-                status = inner(args)
-    except DeadlockError as exc:
-        raise _deadlock_with_fix(exc, time.perf_counter() - start, args.deadlock_report) from None
-    if status or not args.report or not records:
-        return status
+def print_record_and_report(record, as_json: bool, print_record) -> None:
+    """``stepsim run --report``: the record (``print_record()``) then the bottleneck report, or with ``--json``
+    one object ``{"record": <row>, "report": <report>}``."""
     from stepsim.insight.report import format_report, report_record
 
-    rep = report_record(records[-1])
-    if args.json:
-        print(json.dumps({"record": records[-1].row, "report": rep}))
-    else:
-        print()
-        print(format_report(rep))
-    return 0
-
-
-def _augment_run(subparsers) -> None:
-    run = subparsers.choices.get("run")
-    if run is None:
+    rep = report_record(record)
+    if as_json:
+        print(json.dumps({"record": record.row, "report": rep}))
         return
-    run.add_argument("--report", action="store_true",
-                     help="after the run, print the bottleneck report (as `stepsim report` does)")
-    run.add_argument("--deadlock-report", metavar="FILE",
-                     help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON")
-    run.set_defaults(handler=functools.partial(_run_with_insight, run.get_default("handler")))
+    print_record()
+    print()
+    print(format_report(rep))
 
 
 def register(subparsers) -> None:
-    _augment_run(subparsers)
     p = subparsers.add_parser("report", help="why a run is slow: bound, critical path, imbalance, full FIFOs",
                               description="Bottleneck report of a folder written by `stepsim run --out RUN_DIR`.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by stepsim run --out")

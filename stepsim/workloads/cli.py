@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from stepsim.workloads.base import Workload
 from stepsim.workloads.config import (
@@ -127,12 +128,24 @@ def _write_record_file(record, out: str) -> dict:
 
 
 def _record_command(args, mode: str) -> int:
+    from stepsim.errors import DeadlockError
     from stepsim.progress import engine_progress
     from stepsim.records import run_config
 
-    with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
-        record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress)
-    _print_record(record, args.json, getattr(args, "verbose", False))
+    start = time.perf_counter()
+    try:
+        with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
+            record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress)
+    except DeadlockError as exc:  # say which FIFO to deepen (checked by reruns when cheap), see stepsim.insight
+        from stepsim.insight.cli import deadlock_with_fix
+
+        raise deadlock_with_fix(exc, time.perf_counter() - start, getattr(args, "deadlock_report", None)) from None
+    if getattr(args, "report", False):  # run --report: the record, then the bottleneck report
+        from stepsim.insight.cli import print_record_and_report
+
+        print_record_and_report(record, args.json, lambda: _print_record(record, False, args.verbose))
+    else:
+        _print_record(record, args.json, getattr(args, "verbose", False))
     _write_record(record, args.out, args.json)
     return 0
 
@@ -146,6 +159,10 @@ def _run(args) -> int:
         from stepsim.errors import ArgumentError
 
         raise ArgumentError("--check needs --functional (it compares the values a functional run stored)")
+    if args.deadlock_report:  # like --out: a bad destination fails before the run, not after a deadlock
+        from stepsim.outputs import check_out_file
+
+        check_out_file(args.deadlock_report, "--deadlock-report")
     return _record_command(args, "check" if args.check else "functional" if args.functional else "simulate")
 
 
@@ -163,6 +180,10 @@ def register(subparsers) -> None:
                    help="with --functional: compare the stored tensors with the NumPy reference "
                         "(check_max_rel_error, check_tolerance, check_passed)")
     add_fifo_depths_argument(p)
+    p.add_argument("--report", action="store_true",
+                   help="after the run, print the bottleneck report (as `stepsim report` does)")
+    p.add_argument("--deadlock-report", metavar="FILE",
+                   help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON")
     p.set_defaults(handler=_run, out_kind="record")
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")
