@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "stepsim.sweep.cli",  # sweep
     "stepsim.reproduce.cli",  # reproduce
     "stepsim.passes.cli",  # size-fifos
+    "stepsim.optimize.cli",  # optimize
 )
 
 

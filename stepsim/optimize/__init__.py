@@ -13,7 +13,9 @@ The pieces, one purpose each: :mod:`~stepsim.optimize.space` (the documented def
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,3 +239,13 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     result.wall_s = time.perf_counter() - start
     return result
 
+
+
+class _CallableModule(types.ModuleType):
+    """``stepsim.optimize(...)`` is :func:`optimize`: the package and the function share the name."""
+
+    def __call__(self, *args, **kwargs) -> OptimizeResult:
+        return optimize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
