@@ -116,3 +116,14 @@ def test_bad_input_one_line_exit_2(argv, message, tmp_path, capsys):
     from stepsim.sweep.executors import default_jobs
 
     assert err == [message.format(cpus=default_jobs())]
+
+
+def test_dask_executor_finds_the_same_front(window, tmp_path, serial):
+    pytest.importorskip("distributed")
+    space = [{"strategy": ("interleave", "dynamic"), "regions": (2, 4)}]
+    local = optimize("attention", out=tmp_path / "serial", trace=window, executor=serial, space=space)
+    dask = optimize("attention", out=tmp_path / "dask", trace=window, executor="dask", jobs=1, space=space)
+    assert [c.point() for c in dask.front] == [c.point() for c in local.front]
+    assert [(c.config["strategy"], c.config["regions"], c.cycles) for c in dask.front] == [
+        ("interleave", 4, 11754), ("dynamic", 2, 23094), ("interleave", 2, 23332)]
+    assert (dask.candidates, dask.simulations) == (4, 4)
