@@ -216,7 +216,9 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
         if both:
             raise ConfigError(f"knob {both[0]!r} is both fixed (--{both[0].replace('_', '-')}) and an axis of "
                               f"the search space; leave one")
-    out = Path(out)
+    from stepsim.outputs import check_out_dir
+
+    out = check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     owned = isinstance(executor, str)
     runner = make_executor(executor, jobs=jobs or default_jobs(), warm_kernels=True, address=address) \

@@ -48,7 +48,9 @@ def _optimize(args) -> int:
 
     from stepsim.errors import ConfigError
     from stepsim.optimize import optimize
+    from stepsim.signals import stopped_status
     from stepsim.sweep.executors import check_jobs
+    from stepsim.sweep.runner import SweepStopped
     from stepsim.workloads.cli import config_from_args
 
     executor = args.executor or ("dask" if args.address else "local")
@@ -57,9 +59,17 @@ def _optimize(args) -> int:
     if args.jobs is not None:
         check_jobs(args.jobs)
     knobs = {k: v for k, v in config_from_args(args).items() if k != "workload"}
-    result = optimize(args.workload, out=args.out, objective=args.objective, max_on_chip=args.max_on_chip,
-                      max_compute=args.max_compute, space=args.space, jobs=args.jobs, executor=executor,
-                      address=args.address, progress=not args.no_progress and sys.stderr.isatty(), **knobs)
+    try:
+        result = optimize(args.workload, out=args.out, objective=args.objective, max_on_chip=args.max_on_chip,
+                          max_compute=args.max_compute, space=args.space, jobs=args.jobs, executor=executor,
+                          address=args.address, progress=not args.no_progress and sys.stderr.isatty(), **knobs)
+    except SweepStopped as stop:  # Ctrl-C / SIGTERM inside a round: the finished results are saved
+        if stop.reason in ("interrupted", "terminated"):
+            status = stopped_status(stop.reason)
+            print(f"stepsim: finished evaluations and simulations are saved in {args.out}; run the same command "
+                  f"again to resume", file=sys.stderr)
+            return status
+        raise
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
