@@ -3,7 +3,7 @@
 Each command family lives beside the code it drives and registers itself here through a
 ``register(subparsers)`` function, so this module stays a thin dispatcher. Every :class:`StepsimError` is
 printed as ``stepsim: error: <message>`` with exit status 2 and no traceback. Before a command runs, its
-``--out`` is checked (a parser declares ``out_kind`` "dir" or "file"; :mod:`stepsim.outputs`), and a command
+``--out`` is checked (a parser declares ``out_kind`` "dir", "file" or "record"; :mod:`stepsim.outputs`), and a command
 that simulates says so once when the kernels still have to be compiled. Ctrl-C prints
 ``stepsim: interrupted`` (exit 130) and SIGTERM ``stepsim: terminated`` (exit 143; :mod:`stepsim.signals`).
 """
@@ -57,9 +57,9 @@ def _check_out(args) -> None:
     kind = getattr(args, "out_kind", None)
     if out is None or kind is None:
         return
-    from stepsim.outputs import check_out_dir, check_out_file
+    from stepsim.outputs import check_out_dir, check_out_file, check_record_out
 
-    (check_out_dir if kind == "dir" else check_out_file)(out)
+    {"dir": check_out_dir, "file": check_out_file, "record": check_record_out}[kind](out)
 
 
 def _compile_notice(args) -> None:
@@ -90,14 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     from stepsim.signals import interrupts_raise, reason, stopped_status
 
     warnings.showwarning = _print_warning
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 1
     try:
-        with interrupts_raise():
+        with interrupts_raise():  # from the start: a signal while modules load stops cleanly too
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "handler", None):
+                parser.print_help()
+                return 1
             _check_out(args)
             _compile_notice(args)
             return int(args.handler(args) or 0)

@@ -7,6 +7,8 @@ where (operator name, stream shapes, trace file and row, config key) and, where 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class StepsimError(Exception):
     """Root of every error stepsim raises on purpose."""
@@ -51,13 +53,31 @@ class SimulationError(StepsimError):
     """The engine stopped abnormally."""
 
 
+@dataclass(frozen=True)
+class BlockedUnit:
+    """One unfinished unit of a stopped run and what it waits for (both engines report these).
+
+    ``waiting_for`` is ``"empty"`` (data on ``channel``), ``"full"`` (a free slot on ``channel``), ``"hbm"``,
+    ``"time"`` or ``"none"``; a unit waiting on several channels at once (an EagerMerge choosing) has one record
+    per channel. ``occupancy`` / ``capacity`` (elements) describe ``channel`` (None without a channel).
+    """
+
+    unit: str
+    opcode: str
+    clock: int
+    channel: str | None
+    waiting_for: str
+    occupancy: int | None = None
+    capacity: int | None = None
+
+
 class DeadlockError(SimulationError):
     """No unit can make progress while some are unfinished; the message lists the blocked units."""
 
-    def __init__(self, message: str, blocked: list | None = None):
+    def __init__(self, message: str, blocked: list[BlockedUnit] | None = None):
         super().__init__(message)
-        #: list of dicts: unit name, opcode name, waiting-on channel, "full"/"empty", occupancy/capacity
-        self.blocked = blocked or []
+        #: every blocked unit (:class:`BlockedUnit`), in unit order
+        self.blocked: list[BlockedUnit] = blocked or []
 
 
 class ArenaError(SimulationError):

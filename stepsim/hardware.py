@@ -6,7 +6,7 @@ a ``name`` is given), so a record never labels modified hardware with a preset's
 run uses (the hardware's ``channel_depth`` against a knob or a workload's own depth) is decided in
 :mod:`stepsim.defaults`.
 
-Two named presets reproduce the step-perf configurations of STEP_TIMING §2 / §3.2:
+Two named presets reproduce the step-perf configurations of docs/timing_model.md §2 / §3.2:
 
 * ``step-eval``: ``HBMConfig(64, 32, 2, 2, 1, 14)``, 1024 B/cycle HBM peak, PMU 64 B/cycle, channel depth 2
   (the paper's evaluation setup).

@@ -30,9 +30,15 @@ def _check_creatable(path: Path, flag: str) -> None:
         raise ArgumentError(f"{flag} {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ArgumentError(f"{flag} {path}: {existing} is not writable")
-    # pseudo file systems accept access() but refuse new files
+    check_not_pseudo(path, flag)
+
+
+def check_not_pseudo(path, flag: str = "--out") -> None:
+    """Refuse a path under ``/proc``, ``/sys`` or ``/dev``: those file systems accept ``access()`` (and, for
+    root, every permission check) but refuse new files."""
+    resolved = str(Path(path).resolve())
     for root in ("/proc", "/sys", "/dev"):
-        if str(path.resolve()).startswith(root + "/") or str(path.resolve()) == root:
+        if resolved.startswith(root + "/") or resolved == root:
             raise ArgumentError(f"{flag} {path}: cannot write under {root}")
 
 
@@ -44,10 +50,34 @@ def check_out_dir(path, flag: str = "--out") -> Path:
     if p.exists() and not p.is_dir():
         raise ArgumentError(f"{flag} {p}: is a file; give a folder (stepsim writes several files into it)")
     if p.suffix == ".parquet" and not p.exists():
-        raise ArgumentError(f"{flag} {p}: give a folder, not a .parquet file name (the record and its unit and "
-                            "channel tables are written into it as part-<id>.parquet, _units-... and _channels-...)")
+        raise ArgumentError(f"{flag} {p}: give a folder, not a .parquet file name (this command writes several "
+                            "files into it)")
     _check_creatable(p, flag)
     return p
+
+
+def record_file_paths(path) -> dict[str, Path]:
+    """Where ``stepsim run --out NAME.parquet`` writes: the record row at ``NAME.parquet``, and for simulations
+    the per-unit and per-channel tables beside it (``NAME_units.parquet``, ``NAME_channels.parquet``)."""
+    p = Path(path)
+    return {"run": p, "units": p.with_name(f"{p.stem}_units.parquet"),
+            "channels": p.with_name(f"{p.stem}_channels.parquet")}
+
+
+def is_record_file(path) -> bool:
+    """``--out`` of ``run`` / ``metrics`` names a Parquet file (``.parquet``, not an existing folder)."""
+    p = Path(path)
+    return p.suffix == ".parquet" and not p.is_dir()
+
+
+def check_record_out(path, flag: str = "--out") -> Path:
+    """``run`` / ``metrics --out``: a ``.parquet`` file name (checked with the tables written beside it, see
+    :func:`record_file_paths`) or a folder (:func:`check_out_dir`)."""
+    if not is_record_file(path):
+        return check_out_dir(path, flag)
+    for target in record_file_paths(path).values():
+        check_out_file(target, flag if target == Path(path) else f"{flag} {path}: table file")
+    return Path(path)
 
 
 def check_out_file(path, flag: str = "--out") -> Path:

@@ -25,7 +25,7 @@ Conventions (all builder methods)
 * Channel arguments are ids returned by :meth:`ProgramBuilder.add_channel`. A channel has exactly one
   producer and one consumer; fan-out needs an explicit :meth:`ProgramBuilder.broadcast`.
 * Sizes: rows / cols in elements, ``elem_bytes`` in bytes per element, ``compute_bw`` in FLOPs/cycle,
-  ``switch_cycles`` in cycles. Shapes are tuples of ints, outermost first; stop levels follow STEP_SEMANTICS
+  ``switch_cycles`` in cycles. Shapes are tuples of ints, outermost first; stop levels follow docs/semantics.md
   §1.2 (the last element of a static shape ``(D_n, ..., D_1)`` closes level ``n``).
 * Function codes are :mod:`stepsim.kernels.abi` ``FN_*`` ints or their names (``"matmul"``, ``"exp"``, ...).
 """
@@ -81,7 +81,7 @@ class TensorRef:
         The tensor as a matrix: leading dims are folded into rows (``shape[:-1]`` multiplied), cols = ``shape[-1]``.
     tile_rows, tile_cols : int
         The tile grid: tile t is at tile-row ``t // (cols / tile_cols)``, tile-col ``t % (cols / tile_cols)``
-        (the row-major tiled tensor of STEP_SEMANTICS §2.1; random addresses are such tile indices).
+        (the row-major tiled tensor of docs/semantics.md §2.1; random addresses are such tile indices).
     bf16 : bool
         Stored as bf16: values are rounded to bf16 on load and on store.
     strides : tuple of int

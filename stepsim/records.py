@@ -55,7 +55,7 @@ check_tolerance                    ratio       ``check`` runs: the smallest dtyp
 check_passed                       none        ``check`` runs: every stored tensor within its tolerance
 =================================  ==========  ================================================================
 
-Utilizations follow STEP_SEMANTICS §5.4: ``compute_util = (alg_flops / cycles) / allocated_comp_flops`` and
+Utilizations follow docs/semantics.md §5.4: ``compute_util = (alg_flops / cycles) / allocated_comp_flops`` and
 ``off_chip_bandwidth_utilization = (off_chip_traffic / cycles) / 1024`` (1024 B/cycle is the step-eval HBM
 peak; here the run's hardware peak). They are ratios (1.0 = 100 %), null for metrics runs or zero cycles.
 ``allocated_compute_flops_per_cycle`` counts operators whose function is FLOP-based (``fixed_cycles is
@@ -193,7 +193,7 @@ def allocated_compute_flops(workload: Workload) -> int:
     """FLOPs/cycle allocated to the workload: ``compute_bw`` summed over FLOP-based compute operators.
 
     Operators whose function takes fixed cycles (e.g. the token-packing ``Accum(RetileRow)``) are left out,
-    as in STEP_SEMANTICS §5.4's ``allocated_comp_flops``.
+    as in docs/semantics.md §5.4's ``allocated_comp_flops``.
     """
     total = 0
     for op in workload.graph.finalize().ops:

@@ -1,7 +1,7 @@
 """Pure-Python reference engine: the slow, obviously-correct twin of :mod:`stepsim.kernels`.
 
 It executes a :class:`stepsim.program.Program` with exactly the semantics of the numba engine
-(STEP_TIMING.md, canonical rules of the project lead) and is used by the tests and the benchmarks to
+(docs/timing_model.md, canonical rules of the project lead) and is used by the tests and the benchmarks to
 cross-check the fast engine. It is written DAM-style and favours clarity over speed:
 
 * every unit (operator) is a Python generator with its own local clock; it ``yield``\\ s only when it must
@@ -11,14 +11,14 @@ cross-check the fast engine. It is written DAM-style and favours clarity over sp
   time-sensitive unit with the earliest action time act (EagerMerge choices and HBM ticks);
 * channels are deques of ``(stamp, token)`` with a capacity, a send latency, a credit latency and
   per-slot credit-free times;
-* the HBM is modelled per request, tick by tick (STEP_TIMING §4.2-§4.3): per tick, at most one response per
+* the HBM is modelled per request, tick by tick (docs/timing_model.md §4.2-§4.3): per tick, at most one response per
   HBM channel is forwarded (arriving at the memory op one cycle later), then at most one ``ParAddrs`` chunk
   per reader and then per writer (registration order = ``program.mem_order``) is taken, request i of the
   tick's batch goes to channel ``off = (off + i) mod C`` and afterwards ``off = (off + len(batch)) mod C``;
   a request taken at tick T on channel c starts at ``s = max(free[c], T + 1)``, sets ``free[c] = s + II``
   and is ready at ``s + start_up + latency``.
 
-Canonical rules (STEP_TIMING §1.2-§1.3, lead's decisions)
+Canonical rules (docs/timing_model.md §1.2-§1.3, lead's decisions)
 --------------------------------------------------------
 1. Enqueue: send number ``i >= capacity`` first waits for the credit of slot ``i mod capacity``
    (``clock = max(clock, free)``); the element is stamped ``max(requested, clock + latency)``. A dequeue at
@@ -86,7 +86,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from stepsim.errors import DeadlockError, SimulationError
+from stepsim.errors import BlockedUnit, DeadlockError, SimulationError
 from stepsim.kernels import abi as A
 
 __all__ = ["ReferenceResult", "Token", "run"]
@@ -237,7 +237,7 @@ class _Unit:
 
 
 class _HBM:
-    """The HBM controller and its channels, ticked per request (STEP_TIMING §4.2-§4.4)."""
+    """The HBM controller and its channels, ticked per request (docs/timing_model.md §4.2-§4.4)."""
 
     def __init__(self, hw, mem_units):
         self.C = int(hw[A.HW_HBM_CHANNELS])
@@ -544,23 +544,25 @@ class _Engine:
         parts = []
         for U in pending:
             kind, arg = U.wait if U.wait is not None else ("none", None)
-            entry = {"unit": U.name, "opcode": A.OPCODE_NAMES[U.op], "clock": U.clock}
+            opcode = A.OPCODE_NAMES[U.op]
+
+            def record(ch, state):
+                return BlockedUnit(unit=U.name, opcode=opcode, clock=U.clock, channel=ch.name, waiting_for=state,
+                                   occupancy=len(ch.q), capacity=ch.cap)
+
             if kind in (W_EMPTY, W_FULL):
                 ch = self.ch[arg]
-                entry.update(channel=ch.name, state=kind, occupancy=len(ch.q), capacity=ch.cap)
-                parts.append(f"{U.name} ({entry['opcode']}) waits on {kind} channel {ch.name!r} "
+                blocked.append(record(ch, kind))
+                parts.append(f"{U.name} ({opcode}) waits on {kind} channel {ch.name!r} "
                              f"(occupancy {len(ch.q)}/{ch.cap})")
-            elif kind == W_TIME:
-                names = [self.ch[c].name for c in self.p.inputs(U.uid)]
-                entry.update(channel=",".join(names), state="empty", occupancy=0,
-                             capacity=min(self.ch[c].cap for c in self.p.inputs(U.uid)))
-                parts.append(f"{U.name} ({entry['opcode']}) waits on empty channels "
+            elif kind == W_TIME:  # an EagerMerge choosing waits on every input: one record per channel
+                blocked += [record(self.ch[c], "empty") for c in self.p.inputs(U.uid)]
+                parts.append(f"{U.name} ({opcode}) waits on empty channels "
                              + ", ".join(f"{self.ch[c].name!r} (occupancy {len(self.ch[c].q)}/{self.ch[c].cap})"
                                          for c in self.p.inputs(U.uid)))
             else:
-                entry.update(channel=None, state=kind, occupancy=0, capacity=0)
-                parts.append(f"{U.name} ({entry['opcode']}) waits on {kind}")
-            blocked.append(entry)
+                blocked.append(BlockedUnit(unit=U.name, opcode=opcode, clock=U.clock, channel=None, waiting_for=kind))
+                parts.append(f"{U.name} ({opcode}) waits on {kind}")
         return DeadlockError("deadlock: no unit can make progress; " + "; ".join(parts), blocked)
 
     def _result(self):
@@ -1322,7 +1324,7 @@ def _repeat_static(E, U, ins, outs):
         if x is None:
             return
         for i in range(n):
-            # requested stamp = current clock (after earlier credit waits) + i  (STEP_TIMING §9 S10)
+            # requested stamp = current clock (after earlier credit waits) + i  (docs/timing_model.md §9 S10)
             yield from E.room(U, outs[0])
             requested = U.clock + i
             E.put(U, outs[0], replace(x, stop=x.stop + 1 if i == n - 1 else 0), requested)

@@ -1,6 +1,6 @@
 """Element types of streams: scalars, static and dynamic tiles, selectors, buffer references, tuples.
 
-Byte sizes follow the STeP artifact (STEP_SEMANTICS §1.3): a tile is ``rows * cols * element bytes``; a
+Byte sizes follow the STeP artifact (docs/semantics.md §1.3): a tile is ``rows * cols * element bytes``; a
 multi-hot selector over ``n`` targets is ``n`` bytes; an index selector holding ``k`` indices is ``2k`` bytes;
 a buffer reference is the size of the buffer it names. Every type is an immutable, hashable value.
 """

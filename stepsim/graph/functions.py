@@ -1,6 +1,6 @@
 """Functions applied by Map, Accum, Scan, MapAccum and FlatMap: type rules and FLOP counts.
 
-FLOP convention (the reference simulator's, STEP_TIMING §3.3; one FLOP = one multiply or one add):
+FLOP convention (the reference simulator's, docs/timing_model.md §3.3; one FLOP = one multiply or one add):
 
 * Matmul ``[M,K] x [K,N]``: ``2*M*K*N`` (the accumulate-add of a MapAccum is not counted);
 * elementwise Add / Sub / Mul / Div / Max and accumulating Add / Mul: ``R*C`` of the broadcast output;

@@ -24,7 +24,7 @@ from stepsim.graph.stream import Stream
 
 
 class OnChipConvention(NamedTuple):
-    """How on-chip bytes are counted (STEP_SEMANTICS §2.0, §9).
+    """How on-chip bytes are counted (docs/semantics.md §2.0, §9).
 
     ``mode=1, count_fifos=False`` (``PUBLISHED``, the default) produced every published number: off-chip ops
     count one tile, maps count nothing. ``mode=2, count_fifos=True`` (``PAPER``) is the paper §4.1 model:
@@ -312,7 +312,7 @@ class Graph:
                                      "(zip the streams once per Map)")
 
     def insert_broadcasts(self) -> None:
-        """Insert a Broadcast wherever one output feeds several inputs (idempotent; STEP_SEMANTICS §2.7).
+        """Insert a Broadcast wherever one output feeds several inputs (idempotent; docs/semantics.md §2.7).
 
         Multi-edges count (an op reading the same stream twice gets two broadcast outputs). Broadcasts are
         appended after all existing operators, as the artifact's rewrite does.

@@ -1,4 +1,4 @@
-"""On-chip buffer operators: Bufferize, Streamify and its reference-stream form (STEP_SEMANTICS §2.2)."""
+"""On-chip buffer operators: Bufferize, Streamify and its reference-stream form (docs/semantics.md §2.2)."""
 
 from __future__ import annotations
 

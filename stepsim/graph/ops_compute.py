@@ -1,4 +1,4 @@
-"""Higher-order compute operators: Map, Accum, MapAccum, Scan, FlatMap (STEP_SEMANTICS §2.3).
+"""Higher-order compute operators: Map, Accum, MapAccum, Scan, FlatMap (docs/semantics.md §2.3).
 
 Each takes ``compute_bw`` (FLOPs/cycle for this node) and ``write_back_mu`` (results go to an on-chip memory
 unit, which costs store cycles in the timing model). FLOP-based functions need ``compute_bw > 0``; the

@@ -1,4 +1,4 @@
-"""Off-chip memory operators: linear and random loads and stores (STEP_SEMANTICS §2.1).
+"""Off-chip memory operators: linear and random loads and stores (docs/semantics.md §2.1).
 
 Byte widths come from dtypes, never from a global flag: a :class:`Tensor` has a *storage* dtype (what sits in
 HBM and crosses the off-chip interface; e.g. bf16 weights) while the tiles a load puts on its stream carry a
@@ -228,7 +228,7 @@ class RandomOffChipStore(_MemoryOp):
     ``buffer_depth`` is a metric only; give the feeding FIFO that depth with ``channel_depth`` /
     ``fanout_depth`` on its producer to model it in time. (The artifact tries this with a ``config_dict``
     override on a hand-made Broadcast, which step-perf ignores because the Broadcast is built before the
-    store; STEP_TIMING §2.)
+    store; docs/timing_model.md §2.)
     """
 
     kind = "RandomOffChipStore"

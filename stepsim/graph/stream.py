@@ -127,7 +127,7 @@ def stop_level(index: tuple, shape: tuple) -> int:
     """Stop level attached to the element at ``index`` (outermost first) of a static ``shape``.
 
     ``level = max k such that i_j == D_j - 1 for all j < k`` (rank-j indices), capped at the stream rank;
-    0 means a plain value without stop token (STEP_SEMANTICS §1.2).
+    0 means a plain value without stop token (docs/semantics.md §1.2).
     """
     rank = len(shape) - 1
     level = 0

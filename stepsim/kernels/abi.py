@@ -8,7 +8,7 @@ Contents
 --------
 * ``NEVER``: the "no time / infinitely far" sentinel (``INT64_MAX``).
 * Opcodes ``OP_*`` (one per builder method of :class:`stepsim.program.ProgramBuilder`).
-* Function codes ``FN_*`` for Map / Accum / MapAccum / Scan (STEP_TIMING §3.3).
+* Function codes ``FN_*`` for Map / Accum / MapAccum / Scan (docs/timing_model.md §3.3).
 * Token layout: the columns ``TK_*`` of a token, the flag bits ``FLAG_*`` and the element kinds ``KIND_*``.
 * Channel slot layout ``SL_*`` (a token plus its arrival stamp and its credit-free time).
 * Channel state columns ``CH_*``, unit state columns ``US_*``, unit parameter columns ``UP_*``/``PA_*``.

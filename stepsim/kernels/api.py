@@ -8,7 +8,7 @@ Example
 >>> x = b.add_channel()
 >>> _ = b.offchip_load(out=x, tile_rows=64, tile_cols=4096, elem_bytes=2, view_shape=(1,))
 >>> _ = b.sink(inp=x)
->>> run(b.build()).cycles    # STEP_TIMING §9 S1
+>>> run(b.build()).cycles    # docs/timing_model.md §9 S1
 8212
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import types
 
-from stepsim.errors import ArenaError, ArgumentError, DeadlockError, SimulationError
+from stepsim.errors import ArenaError, ArgumentError, BlockedUnit, DeadlockError, SimulationError
 from stepsim.kernels import abi as A
 from stepsim.kernels import arena
 from stepsim.kernels import values as V
@@ -315,8 +315,8 @@ _STATUS_MESSAGES = {
 }
 
 
-def blocked_units(program, us, chs) -> list[dict]:
-    """Describe every unfinished unit of a stopped run (what it waits on, and that channel's occupancy)."""
+def blocked_units(program, us, chs) -> list[BlockedUnit]:
+    """Every unfinished unit of a stopped run: what it waits on, and that channel's occupancy."""
     blocked = []
     for u in range(program.n_units):
         if us[u, A.US_DONE]:
@@ -329,12 +329,11 @@ def blocked_units(program, us, chs) -> list[dict]:
         elif c >= 0:
             waits = [(c, A.WAIT_NAMES[kind])]
         for ch, state in waits or [(-1, A.WAIT_NAMES[kind])]:
-            entry = {"unit": program.unit_names[u], "opcode": program.opcode_name(u), "clock": int(us[u, A.US_CLOCK]),
-                     "channel": program.channel_names[ch] if ch >= 0 else None, "waiting_for": state}
-            if ch >= 0:
-                entry["occupancy"] = int(chs[ch, A.CH_TAIL] - chs[ch, A.CH_HEAD])
-                entry["capacity"] = int(chs[ch, A.CH_CAP])
-            blocked.append(entry)
+            blocked.append(BlockedUnit(
+                unit=program.unit_names[u], opcode=program.opcode_name(u), clock=int(us[u, A.US_CLOCK]),
+                channel=program.channel_names[ch] if ch >= 0 else None, waiting_for=state,
+                occupancy=int(chs[ch, A.CH_TAIL] - chs[ch, A.CH_HEAD]) if ch >= 0 else None,
+                capacity=int(chs[ch, A.CH_CAP]) if ch >= 0 else None))
     return blocked
 
 
@@ -342,10 +341,10 @@ def _deadlock_error(program, us, chs) -> DeadlockError:
     blocked = blocked_units(program, us, chs)
     lines = []
     for b in blocked:
-        if b["channel"] is None:
-            lines.append(f"  {b['unit']} ({b['opcode']}) at cycle {b['clock']}: waiting ({b['waiting_for']})")
+        if b.channel is None:
+            lines.append(f"  {b.unit} ({b.opcode}) at cycle {b.clock}: waiting ({b.waiting_for})")
         else:
-            what = "a free slot on" if b["waiting_for"] == "full" else "data on"
-            lines.append(f"  {b['unit']} ({b['opcode']}) at cycle {b['clock']}: waits for {what} channel "
-                         f"{b['channel']!r} ({b['waiting_for']}, {b['occupancy']}/{b['capacity']})")
+            what = "a free slot on" if b.waiting_for == "full" else "data on"
+            lines.append(f"  {b.unit} ({b.opcode}) at cycle {b.clock}: waits for {what} channel "
+                         f"{b.channel!r} ({b.waiting_for}, {b.occupancy}/{b.capacity})")
     return DeadlockError("deadlock: no unit can make progress; blocked units:\n" + "\n".join(lines), blocked)

@@ -5,7 +5,7 @@ Channel c owns slot rows ``[chs[c, CH_BASE], chs[c, CH_BASE] + chs[c, CH_CAP])``
 advanced with a wrap test, since an integer division per push, pop and peek is a large part of a firing's cost.
 A slot row is ``[stamp, credit_free, token...]`` (``abi.SL_*``, ``abi.TK_*``).
 
-Timing (canonical rule 1, STEP_TIMING §1.2):
+Timing (canonical rule 1, docs/timing_model.md §1.2):
 
 * enqueue: the sender first waits for the slot's credit (``clock = max(clock, credit_free)``), then the element
   is stamped ``max(requested, clock + latency)``;

@@ -1,4 +1,4 @@
-"""The HBM model of step-perf (docs: STEP_TIMING §4), batched: one engine event per tile, not per request.
+"""The HBM model of step-perf (docs: docs/timing_model.md §4), batched: one engine event per tile, not per request.
 
 A memory unit that starts a tile at clock ``t0`` registers ``(t0, n_req, par_dispatch)`` with
 :func:`hbm_register`; chunk k (``min(P, n_req - kP)`` requests) is taken by the HBM at tick ``t0 + 1 + k``

@@ -40,7 +40,7 @@ def wait_input(us, u, t):
 def seen_closed(us, u, chs, c):
     """True if channel c is closed and empty; the unit then observes the closure at the producer's final clock.
 
-    Canonical rule (STEP_TIMING §1.3): a closure is observed at T iff the producer's final clock <= T, so the
+    Canonical rule (docs/timing_model.md §1.3): a closure is observed at T iff the producer's final clock <= T, so the
     observer's clock becomes ``max(clock, close time)`` (counted as blocked-on-input). Acting on a closure
     earlier would let a unit react to the future, e.g. pad a ragged tile or issue HBM requests in the past.
 

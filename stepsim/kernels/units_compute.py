@@ -1,4 +1,4 @@
-"""Compute operators: Map (unary / binary), Accum, MapAccum, Scan (STEP_TIMING §3.3, §6).
+"""Compute operators: Map (unary / binary), Accum, MapAccum, Scan (docs/timing_model.md §3.3, §6).
 
 Costs (cycles), with L(x) = ceil(bytes/PMU_BW) if x.read_from_mu, W(x) = ceil(bytes/PMU_BW) if write_back_mu:
 

@@ -1,4 +1,4 @@
-"""Off-chip memory operators and on-chip buffers (STEP_TIMING §5, §7.6).
+"""Off-chip memory operators and on-chip buffers (docs/timing_model.md §5, §7.6).
 
 Off-chip ops keep one tile in flight: phase 0 registers the tile with the HBM (:func:`hbm.hbm_register`) and
 blocks with ``WAIT_HBM``; the HBM sets the unit's clock to the tile's completion and wakes it (phase 2).

@@ -1,4 +1,4 @@
-"""Routing operators: Partition, Reassemble, EagerMerge, Parallelize, Broadcast (STEP_TIMING §7.1-§7.5).
+"""Routing operators: Partition, Reassemble, EagerMerge, Parallelize, Broadcast (docs/timing_model.md §7.1-§7.5).
 
 * Partition: PEEK sel, ``now += L(sel)``, DEQ sel; per data element of the group: ``now += L(x)``, DEQ,
   ``now += max switch over targets + W(x)``, ENQ every target (ascending). Out stop ``min(stop, rank)``;

@@ -1,6 +1,6 @@
-"""Shape operators: Flatten, Promote, Reshape, ExpandRef, RepeatStatic, RowStreamify (STEP_TIMING §7.7).
+"""Shape operators: Flatten, Promote, Reshape, ExpandRef, RepeatStatic, RowStreamify (docs/timing_model.md §7.7).
 
-All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (STEP_SEMANTICS §1.2, §2.5):
+All spend 0 own cycles except RepeatStatic (+r). Stop-level rules (docs/semantics.md §1.2, §2.5):
 
 * Flatten(min, max): L <= min kept; min < L <= max -> min (Val when min = 0); L > max -> L - (max - min).
 * Promote(p): L >= p -> L + 1. Outer promote (p = input rank + 1): each element waits for the next element

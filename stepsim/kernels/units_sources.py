@@ -1,4 +1,4 @@
-"""Sources, sinks and address / selector generators (STEP_TIMING §7.7, §7.8).
+"""Sources, sinks and address / selector generators (docs/timing_model.md §7.7, §7.8).
 
 * SelectGen: element i stamped ``now + 1``, then ``now += 1``; stops from the static shape.
 * MetadataGen: element i requested at stamp i (arrivals 1, 1, 2, ...); the clock only moves on credit waits.

@@ -14,7 +14,7 @@ Model (the assumptions, all first-order; :func:`stepsim.passes.size_fifos` check
 * **Token counts** ``n_e``: each stream's element count from its symbolic shape with the trace's bindings
   (:mod:`stepsim.passes.channels`), so data-dependent streams (a Partition's output e) carry the number of
   tokens the trace routes there.
-* **Per-firing cost** ``c_u`` (cycles), from the timing model (``docs``: STEP_TIMING §3, §4, §8): FLOP-based
+* **Per-firing cost** ``c_u`` (cycles), from the timing model (``docs``: docs/timing_model.md §3, §4, §8): FLOP-based
   compute operators ``ceil(FLOPs / compute_bw)`` per firing (total FLOPs over firings); fixed-cost functions
   their fixed cycles; off-chip loads and stores the tile's bytes at the HBM peak
   (``Hardware.hbm_peak_bytes_per_cycle``); selector/metadata sources, buffers, repeats and sinks 1 cycle per
@@ -22,7 +22,7 @@ Model (the assumptions, all first-order; :func:`stepsim.passes.size_fifos` check
   output stream for sources).
 * **Latency** ``L_u``: cycles from a unit's first firing to its first output: ``c_u`` times the firings per
   output element (an Accum emits once per reduced group), plus the 1-cycle hop every channel adds
-  (STEP_TIMING §1.4); off-chip loads add the HBM start-up and latency.
+  (docs/timing_model.md §1.4); off-chip loads add the HBM start-up and latency.
 * **Rates.** A static dataflow graph runs at the pace of its bottleneck: ``T = max_u c_u * firings_u``
   cycles, and every stream spreads its ``n_e`` tokens evenly over ``T``: the period of edge e is
   ``p_e = T / n_e`` cycles per token.
@@ -38,7 +38,7 @@ state ``sigma_e / p_e`` tokens are in flight, so the depth that avoids back-pres
     depth_e = max(base, ceil(sigma_e / p_e))
 
 with ``base = 2`` (the smallest depth at which two back-to-back units are not slowed by the credit round
-trip, STEP_TIMING §1.4). On a reconvergent path the constraints force the slacks of the fast branch to add
+trip, docs/timing_model.md §1.4). On a reconvergent path the constraints force the slacks of the fast branch to add
 up to the latency difference; the objective puts them on the edges where they cost the fewest bytes. (The
 constraint matrix is a network matrix, so HiGHS returns an integral vertex for integral latencies.) The LP is
 solved with ``scipy.optimize.linprog(method="highs")``.
@@ -62,7 +62,7 @@ from stepsim.graph.graph import Graph
 from stepsim.hardware import Hardware
 from stepsim.passes.channels import ChannelInfo, _value, channel_infos
 
-#: smallest depth without the credit round-trip bubble (STEP_TIMING §1.4)
+#: smallest depth without the credit round-trip bubble (docs/timing_model.md §1.4)
 BASE_DEPTH = 2
 #: operators that spend one cycle per element
 _ONE_CYCLE = {"SelectorSource", "MetadataSource", "Bufferize", "Streamify", "DynStreamify", "RepeatStatic",

@@ -346,7 +346,7 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
         Candidate simulations run at once (config mappings only; a Workload or Graph runs in this process).
     min_depth : int
         Smallest depth the refinement gives a channel (default 1: a depth-1 FIFO costs a bubble per element,
-        STEP_TIMING §1.4, which the slack check accepts or refuses; the LP itself never goes below
+        docs/timing_model.md §1.4, which the slack check accepts or refuses; the LP itself never goes below
         :data:`stepsim.passes.fifo_lp.BASE_DEPTH`).
     uniform : bool
         Also search the smallest uniform depth that finishes (``uniform_fifo_bytes``).

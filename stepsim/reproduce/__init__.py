@@ -1,4 +1,4 @@
-"""Reproduce the STeP paper's evaluation (STEP_SEMANTICS §5.3-§5.6): ``stepsim reproduce EXPERIMENT``.
+"""Reproduce the STeP paper's evaluation (docs/semantics.md §5.3-§5.6): ``stepsim reproduce EXPERIMENT``.
 
 One module per purpose:
 

@@ -10,7 +10,7 @@ ignored. Every ``.npz`` of a routing folder is one experiment point (the shared 
 
 KV windows are grouped into the paper's variance classes ``high`` / ``med`` / ``low``:
 
-* for B = 16, 64, 80 the classes are the paper's own windows (STEP_SEMANTICS §5.5,
+* for B = 16, 64, 80 the classes are the paper's own windows (docs/semantics.md §5.5,
   :data:`stepsim.trace_io.batches.PAPER_WINDOWS`); the windows present in the folder are used, other files of
   the folder are ignored, and every class needs at least one window;
 * for any other B the paper names no windows, so the folder's windows, sorted by the sample stdev of their

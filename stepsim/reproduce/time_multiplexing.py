@@ -3,7 +3,7 @@
 For every Qwen routing batch found, the layer runs with 128 parallel regions (the baseline: one dedicated
 region per expert) and with 64, 32, 16, 8, 4 regions (128/regions experts share a region and fetch the chosen
 expert's weights with random loads), for static tiles of 32 tokens and for dynamic tiling, with F tiles of 48
-and 1024 FLOPs/cycle per compute node (the builder's time-multiplexing defaults). Columns (STEP_SEMANTICS
+and 1024 FLOPs/cycle per compute node (the builder's time-multiplexing defaults). Columns (docs/semantics.md
 §5.4, kept unrounded; the artifact rounds to 2 decimals):
 
 * ``performance_overhead_pct`` = ``100 * (cycles / baseline cycles - 1)``, baseline = 128 regions, same tiling;

@@ -64,6 +64,10 @@ def _sweep(args) -> int:
         if args.dry_run:
             print(dry_run(spec, args.out))
             return 0
+        if (args.out or spec.out) is not None:  # the runner checks the folder; /proc etc. fail here, clearly
+            from stepsim.outputs import check_not_pseudo
+
+            check_not_pseudo(args.out or spec.out, "--out" if args.out else f"{spec.source}: out")
         report = run_sweep(spec, out=args.out, executor=executor, jobs=args.jobs, address=args.address,
                            fail_fast=args.fail_fast, retry_failed=args.retry_failed,
                            progress=not args.no_progress, yes=args.yes)

@@ -1,7 +1,7 @@
 """Form decode batches from a request trace, as the STeP paper's dynamic-parallelization experiment does.
 
 A decode batch of size B is a window of B consecutive requests; the KV-cache length of a request is its
-``context_tokens`` (STEP_SEMANTICS §5.2, the artifact's convention). Windows are named by the 1-based,
+``context_tokens`` (docs/semantics.md §5.2, the artifact's convention). Windows are named by the 1-based,
 inclusive request numbers of the Azure CSV (``request_id`` from :func:`~stepsim.trace_io.readers.read_trace`):
 ``conv_stdev0987_3349_3364.npy`` holds requests 3349..3364, i.e. 0-based data rows 3348..3363. This is the
 only convention that reproduces every shipped ``kv_lengths/*.npy`` file exactly.
@@ -216,7 +216,7 @@ def decode_batches_table(requests: pa.Table, windows: Sequence[KVWindow | tuple[
 
 
 def attention_metadata(kv: np.ndarray, tile: int = 32) -> tuple[np.ndarray, np.ndarray]:
-    """Per-request attention metadata of a decode batch (STEP_SEMANTICS §5.2).
+    """Per-request attention metadata of a decode batch (docs/semantics.md §5.2).
 
     Parameters
     ----------

@@ -51,11 +51,34 @@ def _open(path, args: argparse.Namespace):
     """Open a trace with the --format / --num-experts / --model flags (a config file's top_k is checked)."""
     _positive("num-experts", args.num_experts)
     model, num_experts, top_k = resolve_model_arg(args.model, args.num_experts)
-    stream = open_trace(path, args.format, num_experts, model)
+    labels = (getattr(args, "iteration", None), getattr(args, "layer", None))
+    if any(v is not None for v in labels) and not _single_npz(path):
+        flag = "--iteration" if labels[0] is not None else "--layer"
+        raise ConfigError(f"{flag} labels a single routing .npz file whose name is not <iteration>_<layer>.npz; "
+                          f"{path} is not one")
+    stream = open_trace(path, args.format, num_experts, model, npz_labels=tuple(v or 0 for v in labels))
     if top_k is not None and stream.info.top_k != top_k:
         raise ConfigError(f"{path}: the trace has top_k = {stream.info.top_k}, but --model {args.model} says "
                           f"num_experts_per_tok = {top_k}")
     return stream
+
+
+def _single_npz(path) -> bool:
+    """A single ``.npz`` file whose name does not carry its (iteration, layer) labels."""
+    from pathlib import Path
+
+    from stepsim.trace_io.readers import _NPZ_NAME
+
+    p = Path(path)
+    return p.suffix == ".npz" and not p.is_dir() and not _NPZ_NAME.match(p.name)
+
+
+def _add_npz_label_arguments(p: argparse.ArgumentParser) -> None:
+    """``--iteration`` / ``--layer``: the labels of a single routing .npz file named other than
+    <iteration>_<layer>.npz (default 0 / 0)."""
+    for flag in ("--iteration", "--layer"):
+        p.add_argument(flag, type=_non_negative_int,
+                       help=f"routing .npz file not named <iteration>_<layer>.npz: its {flag[2:]} label (default 0)")
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -95,18 +118,21 @@ def _print_summary(s: dict) -> None:
             f"tokens: {s['tokens']}  batch size: {_fmt(s['batch_size'])}  (iteration, layer) groups: "
             f"{s['iterations_layers']}"
         )
-        print(f"expert counts: {' '.join(map(str, s['expert_counts']))}")
-        print(f"assignments: {s['assignments']}  max per expert: {s['max_count']}  idle experts: {s['idle_experts']}")
+        print(f"expert counts: {' '.join(map(str, s['expert_counts']))} (tokens per expert)")
+        print(f"assignments: {s['assignments']} (token, expert) pairs  max per expert: {s['max_count']} tokens  "
+              f"idle experts: {s['idle_experts']}")
     elif s["kind"] == "requests":
         for name in ("context_tokens", "generated_tokens"):
             st = s[name]
-            print(f"{name}: min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  stdev {_fmt(st['stdev'])}")
+            print(f"{name} (tokens): min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  "
+                  f"stdev {_fmt(st['stdev'])}")
         print(f"duration: {_fmt(s['duration_s'])} s")
     else:
         st, tl = s["kv_lengths"], s["kv_tiles"]
-        print(f"batches: {s['batches']}  batch size: {_fmt(s['batch_size'])}")
-        print(f"kv lengths: min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  stdev {_fmt(st['stdev'])}")
-        print(f"kv tiles (tile {s['tile']}): sum {tl['sum']}  max {tl['max']}")
+        print(f"batches: {s['batches']}  batch size: {_fmt(s['batch_size'])} requests")
+        print(f"kv lengths (tokens): min {st['min']}  max {st['max']}  mean {_fmt(st['mean'])}  "
+              f"stdev {_fmt(st['stdev'])}")
+        print(f"kv tiles (tiles of {s['tile']} tokens): sum {tl['sum']}  max {tl['max']} per request")
     extra = {k: v for k, v in s["metadata"].items() if k not in ("model", "num_experts", "top_k")}
     if extra:
         print("metadata: " + "  ".join(f"{k}={v}" for k, v in sorted(extra.items())))
@@ -183,8 +209,8 @@ def _cmd_synth_kv(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seed(text: str) -> int:
-    """argparse type of --seed: NumPy's generators take non-negative seeds only."""
+def _non_negative_int(text: str) -> int:
+    """argparse type of --seed (NumPy's generators take non-negative seeds only) and of the label flags."""
     try:
         value = int(text)
     except ValueError:
@@ -208,6 +234,7 @@ def register(subparsers) -> None:
     p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
     p.add_argument("--model", help="routing: model name or alias (mixtral, qwen, ...: also sets num_experts/top_k) "
                                    "or a Hugging Face config.json")
+    _add_npz_label_arguments(p)
     p.add_argument("--out", required=True, help="output .arrow / .feather / .parquet file")
     p.set_defaults(handler=_cmd_import, out_kind="file")
 
@@ -237,6 +264,7 @@ def register(subparsers) -> None:
     p.add_argument("--format", choices=FORMATS, help="input format (default: from the suffix)")
     p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
     p.add_argument("--model", help="routing: model name or alias, or a Hugging Face config.json")
+    _add_npz_label_arguments(p)
     p.add_argument("--tile", type=int, default=32, help="KV sequence tile in tokens (default 32)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(handler=_cmd_inspect)
@@ -261,7 +289,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, help="tokens per iteration (default: all tokens in iteration 0)")
     p.add_argument("--layer", type=int, default=0, help="layer number stored in the rows (default 0)")
     p.add_argument("--gate-weights", action="store_true", help="also write normalized gate weights")
-    p.add_argument("--seed", type=_seed, required=True, help="random seed >= 0 (same seed -> identical file)")
+    p.add_argument("--seed", type=_non_negative_int, required=True, help="random seed >= 0 (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
     p.set_defaults(handler=_cmd_synth_routing, out_kind="file")
 
@@ -274,6 +302,6 @@ def register(subparsers) -> None:
         help="request trace (e.g. the Azure CSV) to resample context lengths from "
         "(default: bundled Azure percentile table)",
     )
-    p.add_argument("--seed", type=_seed, required=True, help="random seed >= 0 (same seed -> identical file)")
+    p.add_argument("--seed", type=_non_negative_int, required=True, help="random seed >= 0 (same seed -> identical file)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
     p.set_defaults(handler=_cmd_synth_kv, out_kind="file")

@@ -49,7 +49,7 @@ TOP_K_KEY = "top_k"
 SOURCE_KEY = "source"
 
 #: MoE models whose routing shape is known, so ``--model`` alone fills num_experts and top_k
-#: (STEP_SEMANTICS §5.1). Keys are lower-case aliases.
+#: (docs/semantics.md §5.1). Keys are lower-case aliases.
 KNOWN_MODELS: dict[str, tuple[int, int]] = {
     "mixtral": (8, 2),
     "mixtral8x7b": (8, 2),

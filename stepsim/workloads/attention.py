@@ -1,4 +1,4 @@
-"""GQA FlashAttention decode with coarse, interleaved and dynamic parallelization (STEP_SEMANTICS §6.3, §5.5).
+"""GQA FlashAttention decode with coarse, interleaved and dynamic parallelization (docs/semantics.md §6.3, §5.5).
 
 One KV head is simulated: ``query_per_kv_head`` query rows (8 for Qwen3-30B-A3B) share it. Every request
 reads its whole KV cache in tiles of ``tile_n`` rows, appends the new key/value at ``offset`` in its last
@@ -38,15 +38,15 @@ FIFO depths
 -----------
 The scripts run with ``channel_depth=1`` and put two overrides in ``config_dict``: 16 for the per-region
 metadata Broadcasts (idx x5, seq_len x6, offset x2) and 4 for the Broadcast(1) feeding each KV-cache
-write-back store (STEP_SEMANTICS §5.5, §6.3). Neither takes effect in step-perf: a channel is created by
+write-back store (docs/semantics.md §5.5, §6.3). Neither takes effect in step-perf: a channel is created by
 whichever endpoint is built first, and a Broadcast built before its consumers creates its input and output
-channels with the plain ``channel_depth``, ignoring ``config_dict`` (STEP_TIMING §2, "Channels between
+channels with the plain ``channel_depth``, ignoring ``config_dict`` (docs/timing_model.md §2, "Channels between
 operators"). The artifact builds both kinds of Broadcast by hand, before their consumers, so those FIFOs hold
 1 element in the published runs. :func:`build_attention` therefore gives them the run's default depth unless
 ``metadata_fifo_depth`` / ``cache_write_back_channel_depth`` are given (16 / 4 model the intended design).
 With the defaults the B=16 runs are within 1 cycle of the artifact's published CSVs; with metadata FIFOs of
 16 they take 0-8 % fewer cycles. The write-back stores' ``buffer_depth`` of 4 is kept: it is not serialized,
-so step-perf never sees it; it only sizes the stores' on-chip bytes (STEP_SEMANTICS §2.1,
+so step-perf never sees it; it only sizes the stores' on-chip bytes (docs/semantics.md §2.1,
 ``RandomOffChipStore``), which §8.5's on-chip totals count (2 stores x 4096 B x 4 per region).
 
 Storage types reproduce ``mock_bf16``: q/k/v, the KV caches and the output live in bf16 (2-byte off-chip
@@ -124,7 +124,7 @@ COARSE_BLOCK = 16
 #: §5.5: the KV-cache capacity (tokens per request) the experiments allocate for each batch size
 SPEC_MAX_N = {16: 4672, 64: 6464, 80: 6528}
 #: §5.5: attention experiments run with 1-element FIFOs; their ``config_dict`` overrides (metadata 16, cache
-#: write-back 4) are dead in step-perf (STEP_TIMING §2), so every FIFO of the published runs holds 1 element
+#: write-back 4) are dead in step-perf (docs/timing_model.md §2), so every FIFO of the published runs holds 1 element
 CHANNEL_DEPTH = WORKLOAD_CHANNEL_DEPTH["attention"]
 
 
@@ -303,7 +303,7 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     metadata_fifo_depth : int, optional
         FIFO depth of the per-region metadata broadcasts. Default None: the run's default channel depth (1),
         which is what step-perf simulates for the artifact; the artifact asks for 16 in ``config_dict``, but a
-        Broadcast built before its consumers ignores ``config_dict`` (STEP_TIMING §2). Give 16 to model the
+        Broadcast built before its consumers ignores ``config_dict`` (docs/timing_model.md §2). Give 16 to model the
         intended design (0-8 % fewer cycles than the published runs).
     cache_write_back_fifo_depth : int
         The KV-cache write-back stores' ``buffer_depth`` (4): their on-chip bytes, as in §8.5. A metric only.

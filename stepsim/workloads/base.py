@@ -2,7 +2,7 @@
 
 Symbols are bound *by meaning*: a builder knows that ``Partition_4``'s count symbol ``i`` is the number of
 tokens routed to expert ``i`` and records ``{symbol: count}`` from the trace, instead of sorting symbol names
-and hoping the order lines up (the artifact's scripts do that; STEP_SEMANTICS §9 item 6).
+and hoping the order lines up (the artifact's scripts do that; docs/semantics.md §9 item 6).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sympy as sp
 
 from stepsim.defaults import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
+from stepsim.graph.numeric import Unbound, Unsupported, exact_value
 
 
 def substitute(expr, bindings: dict) -> Any:
@@ -25,7 +26,19 @@ def substitute(expr, bindings: dict) -> Any:
 
 
 def evaluate(expr, bindings: dict, what: str = "value") -> int:
-    """Substitute ``bindings`` and return an int, or raise a MetricError naming the unbound symbols."""
+    """Substitute ``bindings`` and return an int, or raise a MetricError naming the unbound symbols.
+
+    Evaluated numerically and exactly (:func:`stepsim.graph.numeric.exact_value`); expressions it does not
+    handle, unbound symbols and non-integer results go through sympy, which gives the same value or the error.
+    """
+    try:
+        value = exact_value(expr, bindings)
+    except (Unsupported, Unbound):
+        return as_int(substitute(expr, bindings), what)
+    if isinstance(value, int):
+        return value
+    if value.denominator == 1:
+        return int(value)
     return as_int(substitute(expr, bindings), what)
 
 

@@ -56,7 +56,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")
     p.add_argument("--convention", choices=("published", "paper"),
                    help="on-chip accounting: published (artifact, default) or paper (double-buffered, FIFOs)")
-    p.add_argument("--json", action="store_true", help="print the record as one JSON object")
+    p.add_argument("--json", action="store_true", help="print the record as one JSON object (exact numbers)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="print every column (params, provenance, phase timings) and exact byte counts")
 
 
 def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
@@ -76,24 +78,53 @@ def build_workload(args: argparse.Namespace) -> Workload:
     return workload_from_config(config_from_args(args))
 
 
-def _print_record(record, as_json: bool) -> None:
-    """One JSON object, or aligned ``key  value`` lines of the row's set (non-null) columns."""
+def _print_record(record, as_json: bool, verbose: bool = False) -> None:
+    """One JSON object (exact numbers), or aligned ``column  value unit`` lines of the row's set columns
+    (bytes in MB / GB, times rounded; ``verbose`` adds the params and provenance columns and exact byte counts;
+    :mod:`stepsim.display`)."""
     if as_json:
         print(json.dumps(record.row))
         return
-    row = {key: value for key, value in record.row.items() if value is not None}
-    width = max(len(key) for key in row)
-    for key, value in row.items():
-        text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-        print(f"{key:<{width}}  {text}")
+    from stepsim.display import record_lines
+    from stepsim.records import SCHEMA
+
+    print("\n".join(record_lines(record.row, SCHEMA, verbose=verbose)))
 
 
-def _write_record(record, out_dir: str | None, as_json: bool) -> None:
-    """``--out DIR``: write the record's files; report them on stderr when stdout carries JSON."""
-    if out_dir is None:
+def _write_record(record, out: str | None, as_json: bool) -> None:
+    """``--out``: write the record's files (into a folder, or ``NAME.parquet`` with its tables beside it);
+    report them on stderr when stdout carries JSON."""
+    if out is None:
         return
-    for kind, path in record.write(out_dir).items():
+    from stepsim.outputs import is_record_file
+
+    paths = _write_record_file(record, out) if is_record_file(out) else record.write(out)
+    for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr if as_json else sys.stdout)
+
+
+def _write_record_file(record, out: str) -> dict:
+    """``--out NAME.parquet``: the row (with provenance metadata) at that path; a simulation's unit and channel
+    tables as ``NAME_units.parquet`` / ``NAME_channels.parquet`` (each written to a temporary name, then
+    renamed into place; an interrupt removes the ones already written)."""
+    from stepsim.outputs import record_file_paths
+    from stepsim.results import write_parquet_atomic
+
+    targets = record_file_paths(out)
+    meta = record.provenance()
+    tables = {"run": record.to_arrow()}
+    if record.simulated:
+        tables.update(units=record.unit_table(), channels=record.channel_table())
+    written = {}
+    try:  # the tables first, the record last; stopped halfway, none of this run's files is left
+        for kind in ("units", "channels", "run"):
+            if kind in tables:
+                written[kind] = write_parquet_atomic(tables[kind], targets[kind], meta)
+    except BaseException:
+        for path in written.values():
+            path.unlink(missing_ok=True)
+        raise
+    return {kind: written[kind] for kind in tables}
 
 
 def _record_command(args, mode: str) -> int:
@@ -102,7 +133,7 @@ def _record_command(args, mode: str) -> int:
 
     with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
         record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress)
-    _print_record(record, args.json)
+    _print_record(record, args.json, getattr(args, "verbose", False))
     _write_record(record, args.out, args.json)
     return 0
 
@@ -113,9 +144,9 @@ def _metrics(args) -> int:
 
 def _run(args) -> int:
     if args.check and not args.functional:
-        print("stepsim run: --check needs --functional (it compares the values a functional run stored)",
-              file=sys.stderr)
-        return 2
+        from stepsim.errors import ArgumentError
+
+        raise ArgumentError("--check needs --functional (it compares the values a functional run stored)")
     return _record_command(args, "check" if args.check else "functional" if args.functional else "simulate")
 
 
@@ -123,8 +154,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="simulate a workload on the compiled engine (timing or functional)",
                               description="Simulate a workload on a trace and print cycles and traffic.")
     add_workload_arguments(p)
-    p.add_argument("--out", metavar="DIR",
-                   help="also write the record (part-<id>.parquet) and its unit/channel tables into DIR")
+    p.add_argument("--out", metavar="DIR|FILE.parquet",
+                   help="also write the record (part-<id>.parquet) and its unit/channel tables into DIR, or the "
+                        "record to FILE.parquet and the tables beside it (FILE_units.parquet, FILE_channels.parquet)")
     p.add_argument("--functional", action="store_true",
                    help="carry real tile values (seeded inputs); cycles equal a timing run of the same graph "
                         "(attention defaults to --softmax stable here; give --softmax plain for the artifact's)")
@@ -132,9 +164,10 @@ def register(subparsers) -> None:
                    help="with --functional: compare the stored tensors with the NumPy reference "
                         "(check_max_rel_error, check_tolerance, check_passed)")
     add_fifo_depths_argument(p)
-    p.set_defaults(handler=_run, out_kind="dir")
+    p.set_defaults(handler=_run, out_kind="record")
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")
     add_workload_arguments(p)
-    p.add_argument("--out", metavar="DIR", help="also write the record (part-<id>.parquet) into DIR")
-    p.set_defaults(handler=_metrics, out_kind="dir")
+    p.add_argument("--out", metavar="DIR|FILE.parquet",
+                   help="also write the record into DIR (part-<id>.parquet) or to FILE.parquet")
+    p.set_defaults(handler=_metrics, out_kind="record")

@@ -358,7 +358,7 @@ ALIASES: dict[str, str] = {key.lower(): m.name for m in PRESETS.values() for key
 #: MoE layers of the presets the ``moe`` workload simulates (routed experts only): the paper's two models
 MOE_MODELS: dict[str, MoEModel] = {n: m.moe for n, m in PRESETS.items() if m.is_moe and not m.shared_experts}
 
-#: the attention configurations of the artifact's ``dynamic_par`` scripts (STEP_SEMANTICS §5.1): the published
+#: the attention configurations of the artifact's ``dynamic_par`` scripts (docs/semantics.md §5.1): the published
 #: dimensions with the preset's ``paper_attention`` applied (Qwen3-30B-A3B: head_dim 64 instead of 128)
 ATTENTION_MODELS: dict[str, AttentionModel] = {n: m.paper_attention_model for n, m in PRESETS.items()
                                                if n in MOE_MODELS}

@@ -1,4 +1,4 @@
-"""The Mixture-of-Experts layer of the paper (Fig. 2; STEP_SEMANTICS §6.1), weight-stationary per expert.
+"""The Mixture-of-Experts layer of the paper (Fig. 2; docs/semantics.md §6.1), weight-stationary per expert.
 
 Variants:
 
@@ -8,7 +8,7 @@ Variants:
   region whose weights are fetched with random loads addressed by an EagerMerge selector (§6.1, last part).
 
 Memory operators are created in the order the artifact's scripts register them with the HBM, because that
-order decides same-cycle arbitration (STEP_TIMING §2 step 2, §4.2). One region per expert: the token load,
+order decides same-cycle arbitration (docs/timing_model.md §2 step 2, §4.2). One region per expert: the token load,
 the routing-weight load, then each expert's up, gate and down loads. Time-multiplexed: the token load, every
 region's up load, then every gate load, then every down load, then the routing-weight load.
 
@@ -71,7 +71,7 @@ DEFAULT_TILE_N = 32
 
 def algorithmic_flops(counts, model: MoEModel, tile_n: int | None) -> int:
     """The paper scripts' FLOPs: per expert with ``b`` tokens after padding to ``tile_n`` (``b = c`` when
-    dynamic), ``2*b*D*F*3 + b*F + 8*b*D*F``. The SiLU term multiplies by D (sic, STEP_SEMANTICS §9.5)."""
+    dynamic), ``2*b*D*F*3 + b*F + 8*b*D*F``. The SiLU term multiplies by D (sic, docs/semantics.md §9.5)."""
     d, f = model.hidden, model.intermediate
     total = 0
     for c in (int(x) for x in counts):
@@ -145,7 +145,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     def load_routing_weights():
         return LinearOffChipLoad(g, route_w, (1, 1), (batch, k), (k, 1), stream_dtype=FP32)
 
-    # HBM registration order (graph order) decides same-cycle arbitration (STEP_TIMING §2 step 2, §4.2): the
+    # HBM registration order (graph order) decides same-cycle arbitration (docs/timing_model.md §2 step 2, §4.2): the
     # per-expert scripts load the routing weights here, the time-multiplexing script (regions < experts) after
     # the expert weights
     weights = load_routing_weights() if regions == experts else None
@@ -255,7 +255,7 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
 
     The weight loads are created stage by stage, as the artifact's time-multiplexing scripts build them (every
     region's up load, then every gate load, then every down load), because the HBM serves same-cycle requests
-    in the order the loads were registered, which is graph order (STEP_TIMING §2 step 2, §4.2).
+    in the order the loads were registered, which is graph order (docs/timing_model.md §2 step 2, §4.2).
 
     With dynamic tiling a region's merged tiles have a ragged row count; it is bound to the largest member
     expert's token count, because on-chip buffers must hold the largest tile (this makes the region's

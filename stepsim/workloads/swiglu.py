@@ -1,4 +1,4 @@
-"""The single-expert SwiGLU layer of the HDL validation (README Fig. 8; STEP_SEMANTICS §6.2, §5.6).
+"""The single-expert SwiGLU layer of the HDL validation (README Fig. 8; docs/semantics.md §6.2, §5.6).
 
 ``y = down(silu(x @ W_gate) * (x @ W_up))`` with schedule "mn_mk": gate/up tiled by (tile_m, tile_n) with
 the full D as K tile; down tiled by tile_m rows and tile_n of K, the full D as N. Everything fp32.

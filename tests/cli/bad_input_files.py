@@ -39,6 +39,7 @@ def write_bad_files(d: Path) -> None:
     (d / "folder_npz").mkdir()
     np.savez(d / "folder_npz" / "layer10.npz", data=np.array([[0, 1]] * 4, dtype=np.int64))
     (d / "a_file").write_text("in the way")
+    (d / "taken_units.parquet").mkdir()  # where `run --out taken.parquet` would write its unit table
     (d / "sweep_syntax.toml").write_text("[axes\nworkload = 'swiglu'\n")
     (d / "sweep_unknown.toml").write_text("workload = 'swiglu'\n[fixed]\ntile_mm = 16\n")
     (d / "sweep_type.toml").write_text("workload = 'swiglu'\n[axes]\ntile_m = ['big']\n")
@@ -47,6 +48,7 @@ def write_bad_files(d: Path) -> None:
     (d / "sweep_empty_axis.toml").write_text("workload = 'swiglu'\n[axes]\ntile_m = []\n")
     (d / "sweep_no_workload.toml").write_text("mode = 'metrics'\n[axes]\ntile_m = [16]\n")
     (d / "sweep_ok.toml").write_text(SWEEP_OK)
+    (d / "sweep_proc_out.toml").write_text('out = "/proc/sweep"\n' + SWEEP_OK)
     (d / "hw_syntax.toml").write_text("hbm_channels = \n")
     (d / "hw_unknown.toml").write_text("preset = 'step-eval'\nhbm_chanels = 4\n")
     (d / "hw_negative.toml").write_text("preset = 'step-eval'\nhbm_channels = -4\n")

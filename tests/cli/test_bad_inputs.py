@@ -74,6 +74,14 @@ CLI_CASES = [
     ("trace import mixtral_b4/003_007.npz --out x.txt", 2,
      E + "output 'x.txt': suffix must be one of .arrow, .feather, .ipc, .parquet, .pq"),
     ("trace import missing.csv --out x.parquet", 2, E + "missing.csv: no such file or directory"),
+    ("trace import mixtral_b4/003_007.npz --layer 2 --out x.parquet", 2,
+     E + "--layer labels a single routing .npz file whose name is not <iteration>_<layer>.npz; mixtral_b4/003_007.npz "
+         "is not one"),
+    ("trace inspect folder_npz --iteration 1", 2,
+     E + "--iteration labels a single routing .npz file whose name is not <iteration>_<layer>.npz; folder_npz is not "
+         "one"),
+    ("trace inspect duplicate.npz --layer -1", 2, "stepsim trace inspect: error: argument --layer: must be an int >= 0, "
+                                                  "got -1"),
     # --- trace synth
     ("trace synth routing --model mixtral --tokens 10 --seed -1 --out x.arrow", 2,
      "stepsim trace synth routing: error: argument --seed: must be an int >= 0, got -1"),
@@ -99,8 +107,7 @@ CLI_CASES = [
     ("run moe --model custom", 2, E + "model 'custom' needs --hidden, --intermediate, --experts, --top-k"),
     ("run moe --channel-depth 0", 2, E + "--channel-depth must be an int >= 1, got 0"),
     ("run moe --compute-bw 0", 2, E + "--compute-bw must be an int >= 1, got 0"),
-    ("run swiglu --check", 2, "stepsim run: --check needs --functional (it compares the values a functional run "
-                              "stored)"),
+    ("run swiglu --check", 2, E + "--check needs --functional (it compares the values a functional run stored)"),
     ("run moe --tiling dynamic --tile-n 16", 2, E + "--tile-n does not apply to tiling 'dynamic' (dynamic tiling "
                                                     "packs each expert's tokens into one tile)"),
     ("run moe --softmax stable", 2, E + "--softmax does not apply to workload 'moe' (it applies to: attention)"),
@@ -112,9 +119,13 @@ CLI_CASES = [
     ("run swiglu --out /proc/x", 2, E + "--out /proc/x: cannot write under /proc"),
     ("run swiglu --out a_file/x", 2, E + "--out a_file/x: a_file is a file, not a folder"),
     ("run swiglu --out a_file", 2, E + "--out a_file: is a file; give a folder (stepsim writes several files into it)"),
-    ("run swiglu --out x.parquet", 2,
-     E + "--out x.parquet: give a folder, not a .parquet file name (the record and its unit and channel tables are "
-         "written into it as part-<id>.parquet, _units-... and _channels-...)"),
+    ("run swiglu --out taken.parquet", 2,
+     E + "--out taken.parquet: table file taken_units.parquet: is a folder; give a file name"),
+    ("run swiglu --out a_file/x.parquet", 2, E + "--out a_file/x.parquet: a_file is a file, not a folder"),
+    ("demo --out x.parquet", 2,
+     E + "--out x.parquet: give a folder, not a .parquet file name (this command writes several files into it)"),
+    ("reproduce all --traces traces_empty --out r.parquet", 2,
+     E + "--out r.parquet: give a folder, not a .parquet file name (this command writes several files into it)"),
     ("metrics swiglu --out /proc/x", 2, E + "--out /proc/x: cannot write under /proc"),
     ("demo --out a_file", 2, E + "--out a_file: is a file; give a folder (stepsim writes several files into it)"),
     ("reproduce all --traces traces_empty --out a_file", 2,
@@ -126,6 +137,8 @@ CLI_CASES = [
     ("sweep sweep_ok.toml --out a_file", 2,
      E + "cannot write the sweep's output folder a_file (--out / the sweep file's out): a file is in the way (the "
          "output is a folder)"),
+    ("sweep sweep_ok.toml --out /proc/x", 2, E + "--out /proc/x: cannot write under /proc"),
+    ("sweep sweep_proc_out.toml", 2, E + "sweep_proc_out.toml: out /proc/sweep: cannot write under /proc"),
     # --- sweep files and flags
     ("sweep sweep_ok.toml --jobs 0", 2, None),  # names the machine's CPU count: fragment below
     ("sweep sweep_ok.toml --jobs -1", 2, None),
@@ -135,7 +148,7 @@ CLI_CASES = [
     ("sweep sweep_unknown.toml", 2,
      E + "sweep_unknown.toml: unknown key 'tile_mm' in [fixed] (did you mean 'tile_m'?); known keys: model, hidden, "
          "intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, tile_m, regions, "
-         "strategy, softmax, compute_bw, channel_depth, hardware, convention"),
+         "strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention"),
     ("sweep sweep_type.toml --out s", 2,
      E + "sweep_type.toml (task tile_m=big): config key 'tile_m' must be an int >= 1, got 'big'"),
     ("sweep sweep_huge.toml --out s", 2,
@@ -274,7 +287,8 @@ API_CASES = [
      "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: batch_id, channel_depth, compute_bw, "
-     "convention, experts, hardware, hidden, intermediate, iteration, layer, mode, model, regions, softmax, strategy, "
+     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, regions, "
+     "softmax, strategy, "
      "tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
     ("run-config-mode", lambda G: G.run_config({"workload": "swiglu", "mode": "fast"}), ConfigError,
      "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'fast'"),
@@ -340,3 +354,20 @@ def test_a_static_tile_larger_than_the_batch_warns_in_one_line(capsys):
     assert capsys.readouterr().err == (
         "stepsim: warning: tile_n 4096 is larger than the batch (64 tokens): every expert tile is mostly padding; "
         "tiles up to 64 give the same traffic with less on-chip memory\n")
+
+
+#: a few table cases again as a user runs them (a new process: the real exit status, stderr and stdout)
+SUBPROCESS_CASES = ["run moe --trace text.npz", "trace synth routing --model mixtral --tokens 10 --seed -1 --out x.arrow",
+                    "run swiglu --out /proc/x", "sweep sweep_unknown.toml"]
+
+
+@pytest.mark.parametrize("command", SUBPROCESS_CASES)
+def test_cli_bad_input_in_a_new_process(bad_files, command):
+    import subprocess
+    import sys
+
+    [(status, line)] = [(c[1], c[2]) for c in CLI_CASES if c[0] == command]
+    proc = subprocess.run([sys.executable, "-m", "stepsim", *shlex.split(command)], cwd=bad_files,
+                          capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1], proc.stdout) == (status, line, "")

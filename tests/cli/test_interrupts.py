@@ -32,9 +32,23 @@ def long_trace(tmp_path_factory) -> Path:
     return path
 
 
+def _handlers_installed(pid: int) -> bool:
+    """True once the process catches SIGTERM: stepsim.cli.main has installed its handlers (a signal before that
+    would hit the interpreter's start-up, which is not what these tests are about)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
 def _signal_and_wait(cmd, signum, cwd):
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(SIGNAL_AFTER_S)
+    deadline = time.monotonic() + 120
+    while not _handlers_installed(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(SIGNAL_AFTER_S)  # well into the work (building, lowering, simulating)
     assert proc.poll() is None, "the command ended before the signal: make the run longer"
     proc.send_signal(signum)
     sent = time.monotonic()

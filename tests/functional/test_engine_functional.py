@@ -131,15 +131,24 @@ def test_a_run_larger_than_the_available_memory_is_refused_before_it_starts(monk
     w = build_moe(SMALL_MOE, SMALL_ROUTING, tiling="static", tile_n=4)
     stats = simulate(w, functional=True).functional
     tensor_bytes = 4 * sum(a.size for a in make_inputs(w).values()) + 4 * 8 * 32  # inputs + the stored y
+    mib = lambda n: f"{n / 2**20:,.2f} MiB"  # noqa: E731
+    # the tensors fit, the arena does not: refused when the value arena is sized
+    monkeypatch.setattr(arena, "available_memory_bytes", lambda: tensor_bytes + 1)
+    with pytest.raises(ArenaError) as err:
+        simulate(w, functional=True)
+    assert str(err.value) == (
+        f"functional mode needs {mib(stats.arena_bytes + tensor_bytes)} for tile values and tensors "
+        f"(arena {mib(stats.arena_bytes)}, tensors {mib(tensor_bytes)}) but only {mib(tensor_bytes + 1)} of memory "
+        "is available; use smaller model dimensions (e.g. stepsim.workloads.reference.small_moe_model) or a "
+        "smaller arena_tiles")
+    # not even the tensors fit: refused before any input is generated
     monkeypatch.setattr(arena, "available_memory_bytes", lambda: 1_000)
     with pytest.raises(ArenaError) as err:
         simulate(w, functional=True)
-    mib = lambda n: f"{n / 2**20:,.2f} MiB"  # noqa: E731
     assert str(err.value) == (
-        f"functional mode needs {mib(stats.arena_bytes + tensor_bytes)} for tile values and tensors "
-        f"(arena {mib(stats.arena_bytes)}, tensors {mib(tensor_bytes)}) but only 0.00 MiB of memory "
-        "is available; use smaller model dimensions (e.g. stepsim.workloads.reference.small_moe_model) or a "
-        "smaller arena_tiles")
+        f"functional mode needs {mib(tensor_bytes)} for its tensors alone (fp32) but only 0.00 MiB of memory is "
+        "available to this process (free memory and ulimit -v); use smaller model dimensions (e.g. "
+        "stepsim.workloads.reference.small_moe_model)")
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True])

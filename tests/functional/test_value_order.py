@@ -501,7 +501,7 @@ def _outcome(fn):
     try:
         return fn()
     except DeadlockError as exc:
-        return ("deadlock", frozenset(e["unit"] for e in exc.blocked))
+        return ("deadlock", frozenset(e.unit for e in exc.blocked))
 
 
 def _assert_same_timing(ref, fast):

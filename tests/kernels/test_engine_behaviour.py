@@ -33,7 +33,7 @@ def test_cycle_without_initial_tokens_raises_deadlock_naming_both_units():
     with pytest.raises(DeadlockError) as info:
         run(b.build())
     assert time.perf_counter() - t0 < 1.0
-    blocked = {(e["unit"], e["channel"], e["waiting_for"]) for e in info.value.blocked}
+    blocked = {(e.unit, e.channel, e.waiting_for) for e in info.value.blocked}
     assert blocked == {("first", "x", "empty"), ("second", "y", "empty")}
     assert "'x' (empty, 0/2)" in str(info.value)
 
@@ -53,7 +53,7 @@ def test_too_shallow_fifo_on_a_reconvergent_path_deadlocks():
     with pytest.raises(DeadlockError) as info:
         run(b.build())
     assert time.perf_counter() - t0 < 1.0
-    blocked = {e["unit"]: (e["channel"], e["waiting_for"], e.get("occupancy"), e.get("capacity"))
+    blocked = {e.unit: (e.channel, e.waiting_for, e.occupancy, e.capacity)
                for e in info.value.blocked}
     assert blocked["fanout"] == ("direct", "full", 2, 2)
     assert blocked["join"] == ("replay", "empty", 0, 2)

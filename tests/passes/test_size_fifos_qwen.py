@@ -68,7 +68,7 @@ def test_static_tile_32_one_region_per_expert(routing_b1024):
     # deepens are enough, on their own (every other FIFO at 2), to let the run finish
     with pytest.raises(DeadlockError) as err:
         simulate(workload)
-    full = {b["channel"] for b in err.value.blocked if b["waiting_for"] == "full"}
+    full = {b.channel for b in err.value.blocked if b.waiting_for == "full"}
     deepened = {name for name, depth in result.depths.items() if depth > 2}
     assert full & deepened
     assert simulate(workload, channel_depths={n: result.depths[n] for n in full & deepened}).cycles > 0

@@ -23,10 +23,10 @@ def test_cycle_without_initial_tokens_deadlocks_naming_units_and_channels():
     assert "adder (Map) waits on empty channel 'feedback' (occupancy 0/2)" in msg
     assert "source (MetadataGen) waits on full channel 'src' (occupancy 2/2)" in msg
     assert "fanout (Broadcast) waits on empty channel 'y' (occupancy 0/2)" in msg
-    blocked = {e["unit"]: e for e in info.value.blocked}
+    blocked = {e.unit: e for e in info.value.blocked}
     assert set(blocked) == {"source", "adder", "fanout", "sink"}
-    assert blocked["adder"]["channel"] == "feedback" and blocked["adder"]["state"] == "empty"
-    assert (blocked["source"]["occupancy"], blocked["source"]["capacity"]) == (2, 2)
+    assert blocked["adder"].channel == "feedback" and blocked["adder"].waiting_for == "empty"
+    assert (blocked["source"].occupancy, blocked["source"].capacity) == (2, 2)
 
 
 def _reconvergent(depth_b):
@@ -69,3 +69,32 @@ def test_a_deadlocked_eager_merge_names_its_input_channels():
     with pytest.raises(DeadlockError) as info:
         run(b.build(), max_steps=10_000)
     assert "merge (EagerMerge) waits on empty channels 'a' (occupancy 0/2), 'fb' (occupancy 0/2)" in str(info.value)
+
+
+def test_both_engines_report_the_same_blocked_records():
+    """One record type (errors.BlockedUnit) from the numba and the reference engine, field for field but the
+    clock: a deadlocked run has no final clocks, and the engines stop stepping at different points (here the
+    reference engine has already charged the adder's first cycle)."""
+    import dataclasses
+
+    from stepsim.errors import BlockedUnit
+    from stepsim.kernels import run as fast_run
+
+    b = ProgramBuilder(Hardware.preset("step-eval"))
+    src, fb, y, out = (b.add_channel(name=n) for n in ("src", "feedback", "y", "out"))
+    b.metadata_gen(out=src, values=list(range(8)), name="source")
+    b.map(ins=[src, fb], out=y, fn="add", compute_bw=1, name="adder")
+    b.broadcast(inp=y, outs=[out, fb], name="fanout")
+    b.sink(inp=out, name="sink")
+    program = b.build()
+    records = []
+    for engine in (run, fast_run):
+        with pytest.raises(DeadlockError) as info:
+            engine(program)
+        assert all(isinstance(r, BlockedUnit) for r in info.value.blocked)
+        records.append(sorted((dataclasses.replace(r, clock=0) for r in info.value.blocked),
+                              key=lambda r: (r.unit, r.channel or "")))
+    assert records[0] == records[1]
+    assert {r.unit: (r.channel, r.waiting_for, r.occupancy, r.capacity) for r in records[0]} == {
+        "source": ("src", "full", 2, 2), "adder": ("feedback", "empty", 0, 2), "fanout": ("y", "empty", 0, 2),
+        "sink": ("out", "empty", 0, 2)}

@@ -30,7 +30,7 @@ def _outcome(engine, program):
     try:
         return engine(program)
     except DeadlockError as exc:
-        return ("deadlock", frozenset(e["unit"] for e in exc.blocked))
+        return ("deadlock", frozenset(e.unit for e in exc.blocked))
     except SimulationError:
         return ("error",)
 

@@ -19,7 +19,7 @@ def _run(program):
     try:
         return run(program, max_steps=2_000_000)
     except DeadlockError as exc:
-        return ("deadlock", sorted(e["unit"] for e in exc.blocked))
+        return ("deadlock", sorted(e.unit for e in exc.blocked))
     except SimulationError as exc:
         return ("error", str(exc))
 

@@ -172,3 +172,26 @@ def test_errors_exit_2_with_message(tmp_path, capsys):
 def test_bare_trace_command_prints_help(capsys):
     code, out, _ = run(capsys, "trace")
     assert code == 1 and "import" in out and "inspect" in out and "synth" in out
+
+
+def test_import_labels_a_routing_npz_of_any_name_from_iteration_and_layer(tmp_path, capsys):
+    """``routing.npz`` imports as iteration/layer 0/0, or as the --iteration / --layer given; a file named
+    <iteration>_<layer>.npz takes its labels from the name, and the flags are refused for it."""
+    data = np.array([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=np.int64)
+    np.savez(tmp_path / "routing.npz", data=data)
+    out = tmp_path / "r.parquet"
+    for flags, labels in (([], {(0, 0)}), (["--iteration", 3, "--layer", 2], {(3, 2)}), (["--layer", 5], {(0, 5)})):
+        code, stdout, err = run(capsys, "trace", "import", tmp_path / "routing.npz", "--model", "mixtral", *flags,
+                                "--out", out)
+        assert (code, err) == (0, ""), err
+        assert stdout == f"wrote {out}: expert_routing trace, 4 rows (from npz {tmp_path / 'routing.npz'})\n"
+        table = read_trace(out)
+        assert set(zip(table["iteration"].to_pylist(), table["layer"].to_pylist())) == labels
+        assert routing_matrix(table).tolist() == data.tolist()
+    (tmp_path / "mixtral_b4").mkdir()
+    named = tmp_path / "mixtral_b4" / "003_007.npz"
+    np.savez(named, data=data)
+    assert run(capsys, "trace", "inspect", named, "--layer", 2) == (
+        2, "", f"stepsim: error: --layer labels a single routing .npz file whose name is not "
+               f"<iteration>_<layer>.npz; {named} is not one\n")
+    assert inspect_json(capsys, tmp_path / "routing.npz", "--model", "mixtral", "--iteration", 4)["tokens"] == 4

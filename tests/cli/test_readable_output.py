@@ -1,0 +1,157 @@
+"""What `stepsim run` / `metrics` / `demo` print for a person (units, rounding, concise unless --verbose), and
+`run --out NAME.parquet` writing Parquet files rather than a folder of that name."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from stepsim.cli import main
+from stepsim.display import format_bytes, format_seconds, format_value
+from stepsim.records import CHANNEL_SCHEMA, SCHEMA, UNIT_SCHEMA
+
+
+@pytest.mark.parametrize(("n", "text"), [(0, "0 B"), (999, "999 B"), (1000, "1.00 kB"), (100_352, "100 kB"),
+                                         (999_499, "999 kB"), (999_999, "1.00 MB"), (8_454_144, "8.45 MB"),
+                                         (25_206_786, "25.2 MB"), (2_820_145_408, "2.82 GB"),
+                                         (4_000_000_000_000, "4.00 TB")])
+def test_bytes_read_as_kb_mb_gb(n, text):
+    assert format_bytes(n) == text
+
+
+@pytest.mark.parametrize(("s", "text"), [(0.000394, "394 us"), (0.0009996, "1.00 ms"), (0.0123, "12.3 ms"),
+                                         (0.80176, "802 ms"), (0.99996, "1.00 s"), (1.2051, "1.21 s"),
+                                         (45.67, "45.7 s"), (1234.5, "1,234 s")])
+def test_times_are_rounded_to_three_digits(s, text):
+    assert format_seconds(s) == text
+
+
+def test_values_carry_their_units():
+    assert format_value(33_288, "cycles") == "33,288 cycles"
+    assert format_value(117_473_280, "FLOP") == "117 MFLOP"
+    assert format_value(117_473_280, "FLOP", exact=True) == "117 MFLOP (117,473,280 FLOP)"
+    assert format_value(8_454_144, "bytes", exact=True) == "8.45 MB (8,454,144 B)"
+    assert format_value(0.17231434751261715, "ratio") == "17.23 %"
+    assert (format_value(0.0, "ratio"), format_value(6.1e-07, "ratio"), format_value(0.001, "ratio")) == (
+        "0.00 %", "6.1e-07", "0.10 %")
+    assert format_value(20_480, "FLOP/cycle") == "20,480 FLOP/cycle"
+    assert format_value(2003, "count") == "2,003"
+    assert format_value(None, "bytes") == "-"
+    assert format_value("swiglu", None) == "swiglu"
+
+
+def _lines(out: str) -> dict[str, str]:
+    return dict(line.split(None, 1) for line in out.splitlines())
+
+
+def test_run_prints_a_concise_view_with_units_and_json_keeps_exact_numbers(capsys):
+    assert main(["run", "swiglu"]) == 0
+    view = _lines(capsys.readouterr().out)
+    assert "params" not in view and "stepsim_version" not in view and "compile_s" not in view
+    assert (view["cycles"], view["off_chip_bytes"], view["on_chip_bytes"]) == ("33,288 cycles", "8.45 MB", "100 kB")
+    assert (view["flops"], view["compute_utilization"], view["off_chip_bw_utilization"]) == (
+        "117 MFLOP", "17.23 %", "99.21 %")
+    assert view["total_s"].endswith((" us", " ms", " s"))
+    assert main(["run", "swiglu", "--verbose"]) == 0
+    verbose = _lines(capsys.readouterr().out)
+    assert verbose["params"].startswith('{"batch":64,')
+    assert verbose["off_chip_bytes"] == "8.45 MB (8,454,144 B)"
+    assert set(view) < set(verbose)
+    assert main(["run", "swiglu", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["cycles"], row["off_chip_bytes"], row["on_chip_bytes"]) == (33_288, 8_454_144, 100_352)
+
+
+def test_run_out_parquet_file_writes_the_record_and_its_tables_beside_it(tmp_path, capsys):
+    out = tmp_path / "sub" / "x.parquet"
+    assert main(["run", "swiglu", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()[-3:]
+    units, channels = tmp_path / "sub" / "x_units.parquet", tmp_path / "sub" / "x_channels.parquet"
+    assert printed == [f"wrote run: {out}", f"wrote units: {units}", f"wrote channels: {channels}"]
+    assert out.is_file() and sorted(p.name for p in out.parent.iterdir()) == [
+        "x.parquet", "x_channels.parquet", "x_units.parquet"]
+    row = pq.read_table(out)
+    assert row.schema.equals(SCHEMA) and row.column("cycles").to_pylist() == [33_288]
+    assert b"stepsim.config_hash" in row.schema.metadata
+    assert pq.read_table(units).schema.equals(UNIT_SCHEMA)
+    assert pq.read_table(channels).schema.equals(CHANNEL_SCHEMA)
+    # metrics runs have no tables: the row alone; an existing folder named *.parquet is still a folder
+    assert main(["metrics", "swiglu", "--out", str(tmp_path / "m.parquet")]) == 0
+    assert pq.read_table(tmp_path / "m.parquet").column("mode").to_pylist() == ["metrics"]
+    assert not (tmp_path / "m_units.parquet").exists()
+    (tmp_path / "d.parquet").mkdir()
+    assert main(["metrics", "swiglu", "--out", str(tmp_path / "d.parquet")]) == 0
+    assert [p.name.startswith("part-") for p in (tmp_path / "d.parquet").iterdir()] == [True]
+
+
+def test_demo_table_cells_carry_units(tmp_path, capsys):
+    assert main(["demo", "--metrics-only", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == ["static", "8", "6.70", "GB", "15.8", "MB", "125", "GFLOP"]
+    assert lines[6].split() == ["dynamic", "-", "2.82", "GB", "18.9", "MB", "105", "GFLOP"]
+
+
+def test_trace_inspect_names_the_units(capsys):
+    from stepsim.workloads.config import bundled_trace
+
+    assert main(["trace", "inspect", str(bundled_trace("attention"))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:6] == ["batches: 1  batch size: 16 requests",
+                          "kv lengths (tokens): min 131  max 4140  mean 971.31  stdev 1035.36",
+                          "kv tiles (tiles of 32 tokens): sum 494  max 130 per request"]
+    assert main(["trace", "inspect", str(bundled_trace("mixtral-8x7b"))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[5:7] == ["expert counts: 12 13 17 22 7 24 22 11 (tokens per expert)",
+                          "assignments: 128 (token, expert) pairs  max per expert: 24 tokens  idle experts: 0"]
+
+
+def test_reproduce_tables_show_units_and_bytes_as_mb_gb():
+    import pyarrow as pa
+
+    from stepsim.reproduce.tables import field, format_rows
+
+    schema = pa.schema([field("tiling", pa.string()), field("cycles", pa.int64(), "cycles"),
+                        field("off_chip_bytes", pa.int64(), "bytes"), field("overhead_pct", pa.float64(), "%")])
+    table = pa.Table.from_pylist([{"tiling": "static", "cycles": 12_345, "off_chip_bytes": 2_820_145_408,
+                                   "overhead_pct": 1.234},
+                                  {"tiling": "dynamic", "cycles": None, "off_chip_bytes": 512, "overhead_pct": 0.0}],
+                                 schema=schema)
+    assert format_rows(table, [("tiling", None), ("cycles", "{:,}"), ("off_chip_bytes", "{:,}"),
+                               ("overhead_pct", "{:.2f}")]) == [
+        " tiling    cycles  off_chip_bytes  overhead_pct",
+        "         [cycles]                           [%]",
+        "-------  --------  --------------  ------------",
+        " static    12,345         2.82 GB          1.23",
+        "dynamic         -           512 B          0.00"]
+
+
+def test_a_cold_kernel_cache_is_announced_once_before_simulating_commands(monkeypatch, capsys, tmp_path):
+    import stepsim.kernels.jit as jit
+
+    notice = "stepsim: compiling the simulation kernels once, about 40 s (`stepsim cache warm` does it ahead)\n"
+    monkeypatch.setattr(jit, "kernels_cached", lambda: False)
+    assert main(["run", "swiglu", "--json"]) == 0
+    assert capsys.readouterr().err == notice
+    assert main(["metrics", "swiglu", "--json"]) == 0  # no engine, no notice
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(jit, "kernels_cached", lambda: True)
+    assert main(["run", "swiglu", "--json"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_kernels_cached_looks_for_the_event_loop_in_numbas_cache(monkeypatch, tmp_path):
+    import stepsim.kernels.jit as jit
+
+    monkeypatch.setattr(jit, "_HERE", tmp_path / "src")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    assert not jit.kernels_cached()
+    (tmp_path / "cache" / "x").mkdir(parents=True)
+    (tmp_path / "cache" / "x" / "engine.event_loop-12.py311.nbi").write_bytes(b"")
+    assert jit.kernels_cached()
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    assert not jit.kernels_cached()
+    (tmp_path / "src" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "src" / "__pycache__" / "engine.event_loop-12.py311.nbi").write_bytes(b"")
+    assert jit.kernels_cached()

@@ -1,0 +1,89 @@
+"""Ctrl-C / SIGTERM as the CLI sees them (a KeyboardInterrupt or stepsim.signals.Terminated raised inside a
+command): one line on stderr, exit 130 / 143, no traceback, and no partial or temporary file, for `run`, `demo` and
+`trace import` (the subprocess tests with real signals are in test_interrupts.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepsim.cli import main
+from stepsim.signals import Terminated
+
+STOPS = [(KeyboardInterrupt, 130, "stepsim: interrupted\n"), (Terminated, 143, "stepsim: terminated\n")]
+
+
+def _files(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize(("exc", "status", "err"), STOPS)
+def test_demo_stopped_between_points_writes_nothing(tmp_path, monkeypatch, capsys, exc, status, err):
+    import stepsim.demo as demo
+
+    calls = []
+
+    def stop_at_the_third(config, **kw):
+        calls.append(config)
+        if len(calls) == 3:
+            raise exc
+        return real(config, **kw)
+
+    real = demo.run_config
+    monkeypatch.setattr(demo, "run_config", stop_at_the_third)
+    assert main(["demo", "--metrics-only", "--out", str(tmp_path / "d")]) == status
+    assert capsys.readouterr().err == err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(("exc", "status", "err"), STOPS)
+def test_trace_import_stopped_while_writing_leaves_no_temporary_file(tmp_path, monkeypatch, capsys, exc, status,
+                                                                      err):
+    import stepsim.trace_io.cli as trace_cli
+
+    src = tmp_path / "003_007.npz"
+    np.savez(src, data=np.array([[0, 1], [2, 3]] * 8, dtype=np.int64))
+    (tmp_path / "out").mkdir()
+    real_open = trace_cli._open
+
+    class Stopping:
+        """The opened trace, whose second batch never comes: the interrupt arrives mid-write."""
+
+        def __init__(self, stream):
+            self._stream = stream
+
+        def __getattr__(self, name):
+            return getattr(self._stream, name)
+
+        def batches(self):
+            for batch in self._stream.batches():
+                yield batch
+                raise exc
+
+    monkeypatch.setattr(trace_cli, "_open", lambda path, args: Stopping(real_open(path, args)))
+    for suffix in (".parquet", ".arrow"):
+        assert main(["trace", "import", str(src), "--model", "mixtral", "--out",
+                     str(tmp_path / "out" / f"t{suffix}")]) == status
+        assert capsys.readouterr().err == err
+    assert _files(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize(("exc", "status", "err"), STOPS)
+def test_run_stopped_while_writing_a_parquet_file_leaves_none_of_its_files(tmp_path, monkeypatch, capsys, exc,
+                                                                           status, err):
+    import stepsim.results as results
+
+    real = results.write_parquet_atomic
+    written = []
+
+    def stop_at_the_third(table, path, *a, **kw):
+        if len(written) == 2:
+            raise exc
+        written.append(path)
+        return real(table, path, *a, **kw)
+
+    monkeypatch.setattr(results, "write_parquet_atomic", stop_at_the_third)
+    assert main(["run", "swiglu", "--out", str(tmp_path / "r.parquet")]) == status
+    assert capsys.readouterr().err == err
+    assert [p.name for p in written] == ["r_units.parquet", "r_channels.parquet"]
+    assert _files(tmp_path) == []
