@@ -30,7 +30,7 @@ def roofline_lower_bound(off_chip_bytes: int, hbm_bytes_per_cycle: int, flops: i
 
     ``max(ceil(off_chip_bytes / hbm_bytes_per_cycle), ceil(flops / allocated_flops_per_cycle))``: the HBM
     moves at most its peak bytes per cycle, and each FLOP-based compute unit spends at least
-    ``ceil(flops / compute_bw)`` cycles per firing (STEP_TIMING §3.3), so all of them together retire at most
+    ``ceil(flops / compute_bw)`` cycles per firing (docs/timing_model.md §3.3), so all of them together retire at most
     ``sum(compute_bw)`` FLOPs per cycle. ``flops`` is the graph's FLOP count in the engine's convention
     (``graph_flops``, not the paper's algorithmic count, which over-counts SiLU). Checked against every
     simulated point by the tests.
