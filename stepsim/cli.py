@@ -28,7 +28,8 @@ COMMAND_MODULES = (
     "stepsim.sweep.cli",  # sweep
     "stepsim.reproduce.cli",  # reproduce
     "stepsim.passes.cli",  # size-fifos
-    "stepsim.insight.cli",  # report, compare; adds --report / --deadlock-report to run (after workloads.cli)
+    "stepsim.insight.cli",  # report, compare
+    "stepsim.optimize.cli",  # optimize
 )
 
 

@@ -45,7 +45,8 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tile-n", type=int, help="MoE: tokens per tile (static, default 32); SwiGLU: F tile (16)")
     p.add_argument("--tile-f", type=int, help="MoE: F columns per weight tile")
     p.add_argument("--tile-m", type=int, help="SwiGLU: batch rows per tile (default 16)")
-    p.add_argument("--regions", type=int, help="MoE configuration time-multiplexing: parallel expert regions")
+    p.add_argument("--regions", type=int, help="MoE configuration time-multiplexing: parallel expert regions; "
+                                                  "attention: parallel regions (default 4)")
     p.add_argument("--strategy", choices=("coarse", "interleave", "dynamic"),
                    help="attention parallelization (default: dynamic)")
     p.add_argument("--softmax", choices=("plain", "stable"),

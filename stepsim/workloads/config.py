@@ -85,7 +85,7 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     "model": ("moe",), "hidden": ("moe",), "intermediate": ("moe",), "experts": ("moe",), "top_k": ("moe",),
     "trace": ("moe", "attention"), "iteration": ("moe",), "layer": ("moe",), "batch_id": ("attention",),
     "tiling": ("moe",), "tile_n": ("moe", "swiglu"), "tile_f": ("moe",), "tile_m": ("swiglu",),
-    "regions": ("moe",), "strategy": ("attention",), "softmax": ("attention",),
+    "regions": ("moe", "attention"), "strategy": ("attention",), "softmax": ("attention",),
 }
 CUSTOM_MODEL_KEYS = ("hidden", "intermediate", "experts", "top_k")
 #: defaults filled in by :func:`normalize_config` (per workload, then for all)
@@ -267,6 +267,8 @@ def _build_attention(cfg: Mapping) -> Workload:
     kv = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
     kw = _bandwidth_kwargs(cfg)
     channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
+    if cfg.get("regions") is not None:  # parallel regions (builder default 4); set by stepsim optimize's space
+        kw["regions"] = cfg["regions"]
     workload = build_attention(kv, cfg["strategy"], softmax=cfg["softmax"], **kw)
     if channel_depth is not None:
         workload.channel_depth = channel_depth

@@ -1,0 +1,253 @@
+"""``stepsim optimize``: find the Pareto front of a workload's schedules on a trace with few simulations.
+
+>>> from stepsim import optimize                                              # doctest: +SKIP
+>>> r = optimize("moe", model="qwen", trace="routing.npz", out="opt", jobs=2)  # doctest: +SKIP
+>>> r.recommended.config, r.recommended.cycles, r.simulations                 # doctest: +SKIP
+
+The pieces, one purpose each: :mod:`~stepsim.optimize.space` (the documented default search spaces and the
+``--space`` TOML override), :mod:`~stepsim.optimize.pareto` (dominance, the roofline lower bound),
+:mod:`~stepsim.optimize.search` (symbolic evaluation, budgets, pruning, simulation rounds),
+:mod:`~stepsim.optimize.output` (Parquet, PNG, JSON, the ``stepsim run`` command line) and
+:mod:`~stepsim.optimize.cli` (the subcommand).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stepsim.errors import ConfigError
+
+__all__ = ["OptimizeResult", "optimize"]
+
+
+@dataclass
+class OptimizeResult:
+    """What :func:`optimize` found.
+
+    Attributes
+    ----------
+    workload, objective : str
+        The workload kind and the objective of the recommendation.
+    out : Path
+        Output folder.
+    front : list of Candidate
+        The Pareto front over (cycles, on-chip bytes, allocated compute), by cycles.
+    recommended : Candidate or None
+        The front point best for ``objective``.
+    candidate_list : list of Candidate
+        Every candidate of the space, with its status.
+    axes : list of str
+        The searched knobs.
+    budgets : dict
+        ``max_on_chip`` (bytes) and ``max_compute`` (FLOPs/cycle), None when not set.
+    simulated_now, rounds : int
+        Simulations run by this call (the rest were read back from ``out``), simulation rounds.
+    wall_s : float
+        Wall time (seconds).
+    files : dict
+        Files written (``pareto``, ``candidates``, ``plot``, ``json``).
+    """
+
+    workload: str
+    objective: str
+    out: Path
+    front: list
+    recommended: object
+    candidate_list: list
+    axes: list
+    budgets: dict
+    simulated_now: int = 0
+    rounds: int = 0
+    wall_s: float = 0.0
+    files: dict = field(default_factory=dict)
+
+    def _count(self, *statuses) -> int:
+        return sum(c.status in statuses for c in self.candidate_list)
+
+    @property
+    def candidates(self) -> int:
+        """Size of the search space (distinct candidates)."""
+        return len(self.candidate_list)
+
+    @property
+    def pruned_symbolically(self) -> int:
+        """Candidates dropped without simulating: over a budget, or with a dominated cycle bound."""
+        return self._count("over-budget", "pruned")
+
+    @property
+    def simulations(self) -> int:
+        """Candidates the search simulated (ok or failed), including those read back when resuming."""
+        return self._count("simulated", "failed")
+
+    @property
+    def command(self) -> str | None:
+        """``stepsim run`` command line of the recommended configuration."""
+        from stepsim.optimize.output import run_command
+
+        return run_command(self.recommended.config) if self.recommended is not None else None
+
+    def to_json(self) -> dict:
+        """The ``--json`` object: ``pareto``, ``recommended``, ``candidates``, ``pruned_symbolically``,
+        ``simulations``, and details (budgets, objective, invalid / failed counts, files)."""
+        rec = None
+        if self.recommended is not None:
+            rec = {**self.recommended.point(), "command": self.command}
+        return {"workload": self.workload, "objective": self.objective, **self.budgets,
+                "pareto": [c.point() for c in self.front], "recommended": rec, "candidates": self.candidates,
+                "pruned_symbolically": self.pruned_symbolically, "simulations": self.simulations,
+                "pruned_by_budget": self._count("over-budget"), "pruned_by_bound": self._count("pruned"),
+                "invalid": self._count("invalid"), "failed_simulations": self._count("failed"),
+                "simulations_run_now": self.simulated_now, "rounds": self.rounds, "out": str(self.out),
+                "files": {k: str(v) for k, v in self.files.items()}}
+
+
+def _positive(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _absolute(config: dict) -> dict:
+    """File-valued knobs as absolute POSIX paths (workers may run in another folder)."""
+    from stepsim.sweep.config import _is_path_value
+
+    return {k: (Path(v).resolve().as_posix() if _is_path_value(k, v) else v) for k, v in config.items()}
+
+
+def _default_grids(cfg: dict) -> list:
+    """The default space of the normalized base config ``cfg`` (:mod:`stepsim.optimize.space`)."""
+    from stepsim.optimize import space
+    from stepsim.workloads.config import CUSTOM_MODEL_KEYS, resolved_trace
+
+    if cfg["workload"] == "moe":
+        from stepsim.workloads.models import moe_model
+        from stepsim.workloads.traces import load_routing
+
+        model = moe_model(cfg["model"], **{k: cfg[k] for k in CUSTOM_MODEL_KEYS})
+        routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+        return space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0]))
+    from stepsim.workloads.traces import load_kv_lengths
+
+    return space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])))
+
+
+def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int | None = None,
+             max_compute: int | None = None, space=None, jobs: int | None = None, executor="local",
+             address: str | None = None, round_size: int | None = None, progress: bool = False,
+             **knobs) -> OptimizeResult:
+    """Search the schedules of ``workload`` on a trace for the Pareto front (module docstring of
+    :mod:`stepsim.optimize.search` for the method) and write it into ``out``.
+
+    Parameters
+    ----------
+    workload : str
+        ``moe`` or ``attention``.
+    out : str or Path
+        Output folder (created; a search into a folder that holds an earlier one resumes it).
+    objective : str
+        ``cycles`` (default), ``on-chip`` or ``compute``: what the recommendation minimizes first.
+    max_on_chip : int, optional
+        On-chip budget (bytes); candidates over it are dropped.
+    max_compute : int, optional
+        Allocated-compute budget (FLOPs/cycle).
+    space : str, Path or list of dict, optional
+        A space file (:mod:`stepsim.optimize.space`) or grids ``[{knob: values}]``; default: the documented
+        default space of the workload.
+    jobs : int, optional
+        Worker processes (default: the CPUs available).
+    executor : str or executor object
+        ``local`` or ``dask`` (or an executor object, used as is and not closed).
+    address : str, optional
+        Dask scheduler address.
+    round_size : int, optional
+        Candidates simulated per round (default :data:`stepsim.optimize.search.ROUND_SIZE`).
+    progress : bool
+        Progress bar of the symbolic evaluation on stderr.
+    **knobs
+        The fixed knobs of the run (``model``, ``trace``, ``hardware``, ``compute_bw``, ...: the keys of
+        :data:`stepsim.workloads.config.KNOBS`).
+
+    Returns
+    -------
+    OptimizeResult
+
+    Raises
+    ------
+    ConfigError
+        Bad workload, objective, budget, knob or space; no candidate within the budgets (the message names the
+        smallest candidate).
+    """
+    from stepsim.optimize import search
+    from stepsim.optimize.output import write_outputs
+    from stepsim.optimize.space import OPTIMIZE_WORKLOADS, grid_size, load_space
+    from stepsim.sweep.executors import check_jobs, default_jobs, make_executor
+    from stepsim.workloads.config import COMMAND_LINE, normalize_config
+
+    start = time.perf_counter()
+    if workload not in OPTIMIZE_WORKLOADS:
+        raise ConfigError(f"stepsim optimize searches {', '.join(OPTIMIZE_WORKLOADS)}, not {workload!r}")
+    if objective not in search.OBJECTIVES:
+        raise ConfigError(f"--objective must be one of {', '.join(search.OBJECTIVES)}, got {objective!r}")
+    max_on_chip = _positive("--max-on-chip", max_on_chip)
+    max_compute = _positive("--max-compute", max_compute)
+    round_size = _positive("round_size", round_size) or search.ROUND_SIZE
+    if jobs is not None:
+        check_jobs(jobs)
+    if "mode" in knobs:
+        raise ConfigError("stepsim optimize sets the mode itself (metrics, then simulate); leave 'mode' out")
+    base = _absolute({"workload": workload, **{k: v for k, v in knobs.items() if v is not None}})
+    cfg = normalize_config({**base, "mode": "metrics"}, source=COMMAND_LINE)
+    if space is None:
+        grids, source = _default_grids(cfg), Path(out) / "default-space"
+    elif isinstance(space, (str, Path)):
+        grids, source = load_space(space, workload), Path(space)
+    else:
+        grids, source = [dict(g) for g in space], Path(out) / "space"
+    if not grids or grid_size(grids) == 0:
+        raise ConfigError("the search space is empty")
+    for grid in grids:
+        both = [k for k in grid if k in base and k != "workload"]
+        if both:
+            raise ConfigError(f"knob {both[0]!r} is both fixed (--{both[0].replace('_', '-')}) and an axis of "
+                              f"the search space; leave one")
+    from stepsim.outputs import check_out_dir
+
+    out = check_out_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    owned = isinstance(executor, str)
+    runner = make_executor(executor, jobs=jobs or default_jobs(), warm_kernels=True, address=address) \
+        if owned else executor
+    ok = False
+    try:
+        state = search.evaluate_space(base, grids, out=out, runner=runner, source=source, progress=progress)
+        search.apply_budgets(state, max_on_chip, max_compute)
+        search.simulate_rounds(state, base, out=out, runner=runner, source=source, round_size=round_size)
+        ok = True
+    finally:
+        if owned:
+            runner.close() if ok else runner.abort()
+    front = search.front_of(state)
+    result = OptimizeResult(workload=workload, objective=objective, out=out, front=front,
+                            recommended=search.recommend(front, objective), candidate_list=state.candidates,
+                            axes=state.axes, budgets={"max_on_chip": max_on_chip, "max_compute": max_compute},
+                            simulated_now=state.simulated_now, rounds=state.rounds)
+    result.files = write_outputs(out, result)
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+
+class _CallableModule(types.ModuleType):
+    """``stepsim.optimize(...)`` is :func:`optimize`: the package and the function share the name."""
+
+    def __call__(self, *args, **kwargs) -> OptimizeResult:
+        return optimize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

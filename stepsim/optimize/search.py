@@ -1,0 +1,274 @@
+"""The hierarchical search of ``stepsim optimize``: symbolic evaluation, pruning, simulation in rounds.
+
+1. **Symbolic evaluation** of every candidate (a ``mode = "metrics"`` sweep into ``OUT/metrics``): exact
+   on-chip bytes, off-chip bytes, FLOPs and allocated compute (:meth:`stepsim.workloads.base.Workload.metrics`,
+   :func:`stepsim.records.allocated_compute_flops`), and from them the roofline lower bound on cycles
+   (:func:`stepsim.optimize.pareto.roofline_lower_bound`). Candidates that differ only in their FIFO depths
+   share one evaluation (the published on-chip accounting does not count FIFOs).
+2. **Budgets**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are dropped.
+3. **Simulation in rounds** (``mode = "simulate"`` sweeps into ``OUT/runs``), in order of promise (lowest cycle
+   bound first, then on-chip bytes, then allocated compute): before each round, a candidate whose *optimistic*
+   vector (cycle bound, on-chip bytes, allocated compute) is dominated by a simulated point is dropped: its
+   real cycles are at least its bound, so the same point dominates it, and it cannot enter the front. The next
+   :data:`ROUND_SIZE` remaining candidates are simulated in parallel on the sweep executors. The search stops
+   when no candidate remains, so the front equals the front of simulating every candidate (exhaustive), point
+   for point. The round size is fixed (not the worker count), so the number of simulations is deterministic.
+
+Both sweeps use the sweep runner (:func:`stepsim.sweep.runner.run_sweep`), so a search stopped at any point
+resumes when run again into the same folder: finished evaluations and simulations are read back, and the
+search takes the same decisions, in the same order, without running them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stepsim.errors import ConfigError
+from stepsim.optimize.pareto import dominates, pareto_front, roofline_lower_bound
+
+#: candidates simulated per round (fixed, so the number of simulations does not depend on the worker count)
+ROUND_SIZE = 4
+#: objectives of the recommendation: the lexicographic order of (cycles, on-chip bytes, allocated compute)
+OBJECTIVES = {"cycles": ("cycles", "on_chip_bytes", "allocated_flops_per_cycle"),
+              "on-chip": ("on_chip_bytes", "cycles", "allocated_flops_per_cycle"),
+              "compute": ("allocated_flops_per_cycle", "cycles", "on_chip_bytes")}
+#: knobs that change only the FIFO depths (not the symbolic metrics under the published accounting)
+FIFO_KNOBS = ("channel_depth", "fifo_depths")
+#: task keys that are not knobs of the candidate
+TASK_ONLY = ("mode",)
+#: sub-folders of the output folder
+METRICS_DIR, RUNS_DIR = "metrics", "runs"
+
+
+@dataclass
+class Candidate:
+    """One point of the space and what is known about it.
+
+    Attributes
+    ----------
+    index : int
+        Position in the space (grid order).
+    config : dict
+        The candidate's knobs (normalized, unset ones left out; ``workload`` included, ``mode`` not).
+    run_id : str
+        Run id of its simulation (:func:`stepsim.records.run_identity` with ``mode = "simulate"``).
+    on_chip_bytes, off_chip_bytes, flops, allocated_flops_per_cycle, hbm_bytes_per_cycle : int
+        Symbolic metrics (bytes, FLOPs in the engine's convention, FLOP/cycle, bytes/cycle).
+    lower_bound : int
+        Roofline lower bound on cycles.
+    status : str
+        ``invalid`` (the builder refused it), ``over-budget``, ``pruned`` (its bound is dominated),
+        ``simulated`` (ok), ``failed`` (the simulation failed, e.g. a deadlock), ``pending``.
+    cycles : int or None
+        Simulated cycles.
+    error : str or None
+        First line of the error of an invalid or failed candidate.
+    """
+
+    index: int
+    config: dict
+    run_id: str = ""
+    on_chip_bytes: int | None = None
+    off_chip_bytes: int | None = None
+    flops: int | None = None
+    allocated_flops_per_cycle: int | None = None
+    hbm_bytes_per_cycle: int | None = None
+    lower_bound: int | None = None
+    status: str = "pending"
+    cycles: int | None = None
+    error: str | None = None
+
+    @property
+    def optimistic(self) -> tuple[int, int, int]:
+        """(cycle lower bound, on-chip bytes, allocated compute): the best this candidate can be."""
+        return (self.lower_bound, self.on_chip_bytes, self.allocated_flops_per_cycle)
+
+    @property
+    def objectives(self) -> tuple[int, int, int]:
+        """(cycles, on-chip bytes, allocated compute) of a simulated candidate."""
+        return (self.cycles, self.on_chip_bytes, self.allocated_flops_per_cycle)
+
+    def point(self) -> dict:
+        """The JSON form of a simulated candidate (the ``pareto`` entries)."""
+        return {"config": self.config, "cycles": self.cycles, "on_chip_bytes": self.on_chip_bytes,
+                "allocated_flops_per_cycle": self.allocated_flops_per_cycle}
+
+    def label(self, axes) -> str:
+        """``k=v`` of the searched knobs, for messages."""
+        return " ".join(f"{k}={self.config[k]}" for k in axes if k in self.config) or "(fixed knobs only)"
+
+
+@dataclass
+class SearchState:
+    """Everything the search decided (see :class:`stepsim.optimize.OptimizeResult` for the public view)."""
+
+    candidates: list = field(default_factory=list)
+    axes: list = field(default_factory=list)
+    simulated_now: int = 0
+    rounds: int = 0
+
+
+def _first_line(message: str | None) -> str | None:
+    return message.splitlines()[0] if message else message
+
+
+def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list):
+    from stepsim.sweep.config import DEFAULT_REPORT, SweepSpec
+
+    return SweepSpec(source=source, workload=workload, mode=mode, out=None, fixed=fixed, grids=tuple(grids),
+                     partition_by=("workload",), report=DEFAULT_REPORT[mode], max_tasks=None)
+
+
+def _run_rows(spec, out: Path, runner, progress: bool) -> tuple[dict, int]:
+    """Run (or resume) the sweep ``spec`` into ``out``: ``({run_id: (status, row or None, error)}, tasks run
+    now)``; the rows of tasks finished earlier are read back."""
+    from stepsim.sweep.grid import expand
+    from stepsim.sweep.runner import run_sweep
+
+    rows: dict = {}
+
+    def take(task, outcome):
+        record = outcome["record"]
+        rows[task.run_id] = (outcome["status"], record.row if record is not None else None,
+                             _first_line(outcome["error_message"]))
+
+    report = run_sweep(spec, out=out, executor=runner, progress=progress, on_outcome=take, yes=True)
+    ran = len(rows)
+
+    for task in expand(spec):
+        if task.run_id in rows:
+            continue
+        row = report.row(task)
+        status = report.status(task)
+        if row is None or status is None:
+            raise ConfigError(f"{out}: the result of task {task.key} could not be read back")
+        rows[task.run_id] = (status, row, _first_line(row.get("error_message")))
+    return rows, ran
+
+
+def symbolic_key(config: dict, convention: str) -> tuple:
+    """Candidates with one key share their symbolic metrics (FIFO depths aside, published accounting)."""
+    drop = FIFO_KNOBS if convention == "published" else ()
+    return tuple(sorted((k, str(v)) for k, v in config.items() if k not in drop and k not in TASK_ONLY))
+
+
+def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, progress: bool) -> SearchState:
+    """Expand the space into candidates and evaluate each one symbolically (a metrics sweep into
+    ``out/metrics``, resumable). Invalid candidates (the builder refuses them) are marked, not raised."""
+    from stepsim.sweep.grid import expand
+    from stepsim.workloads.config import normalize_config
+
+    workload = base["workload"]
+    fixed = {k: v for k, v in base.items() if k != "workload"}
+    sim_tasks = expand(_spec(source, workload, "simulate", fixed, grids))
+    convention = normalize_config({**base, "mode": "metrics"})["convention"]
+    metric_grids = [{k: v for k, v in g.items() if k not in FIFO_KNOBS} for g in grids] \
+        if convention == "published" else grids
+    metric_spec = _spec(source, workload, "metrics", fixed, metric_grids)
+    metric_tasks = expand(metric_spec)
+    rows, _ = _run_rows(metric_spec, out / METRICS_DIR, runner, progress)
+    by_key = {symbolic_key(t.config, convention): rows[t.run_id] for t in metric_tasks}
+    state = SearchState(axes=list(dict.fromkeys(k for g in grids for k in g)))
+    for task in sim_tasks:
+        config = {k: v for k, v in task.config.items() if k not in TASK_ONLY}
+        cand = Candidate(index=task.index, config=config, run_id=task.run_id)
+        status, row, error = by_key[symbolic_key(task.config, convention)]
+        if status != "ok":
+            cand.status, cand.error = "invalid", error
+        else:
+            cand.on_chip_bytes = int(row["on_chip_bytes"])
+            cand.off_chip_bytes = int(row["off_chip_bytes"])
+            cand.flops = int(row["graph_flops"])
+            cand.allocated_flops_per_cycle = int(row["allocated_compute_flops_per_cycle"])
+            cand.hbm_bytes_per_cycle = int(row["hbm_bytes_per_cycle"])
+            cand.lower_bound = roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle, cand.flops,
+                                                    cand.allocated_flops_per_cycle)
+        state.candidates.append(cand)
+    return state
+
+
+def apply_budgets(state: SearchState, max_on_chip: int | None, max_compute: int | None) -> None:
+    """Mark the candidates over a budget; a ConfigError naming the smallest candidate when none fits."""
+    valid = [c for c in state.candidates if c.status != "invalid"]
+    if not valid:
+        first = state.candidates[0] if state.candidates else None
+        why = f": {first.label(state.axes)}: {first.error}" if first is not None else ""
+        raise ConfigError(f"no candidate of the search space can be built{why}")
+
+    def fits(c):
+        return ((max_on_chip is None or c.on_chip_bytes <= max_on_chip)
+                and (max_compute is None or c.allocated_flops_per_cycle <= max_compute))
+
+    for c in valid:
+        if not fits(c):
+            c.status = "over-budget"
+    if any(fits(c) for c in valid):
+        return
+    smallest_on = min(valid, key=lambda c: (c.on_chip_bytes, c.allocated_flops_per_cycle, c.index))
+    smallest_comp = min(valid, key=lambda c: (c.allocated_flops_per_cycle, c.on_chip_bytes, c.index))
+    if max_on_chip is not None and smallest_on.on_chip_bytes > max_on_chip:
+        raise ConfigError(f"--max-on-chip {max_on_chip:,}: no candidate fits; the smallest on-chip footprint is "
+                          f"{smallest_on.on_chip_bytes:,} bytes ({smallest_on.label(state.axes)})")
+    if max_compute is not None and smallest_comp.allocated_flops_per_cycle > max_compute:
+        raise ConfigError(f"--max-compute {max_compute:,}: no candidate fits; the smallest allocated compute is "
+                          f"{smallest_comp.allocated_flops_per_cycle:,} FLOPs/cycle "
+                          f"({smallest_comp.label(state.axes)})")
+    within = min((c for c in valid if c.allocated_flops_per_cycle <= max_compute),
+                 key=lambda c: (c.on_chip_bytes, c.index))
+    raise ConfigError(f"--max-on-chip {max_on_chip:,} with --max-compute {max_compute:,}: no candidate fits both; "
+                      f"the smallest on-chip footprint within --max-compute is {within.on_chip_bytes:,} bytes "
+                      f"({within.label(state.axes)})")
+
+
+def promise(c: Candidate) -> tuple:
+    """Order of simulation: lowest cycle bound first (it sets the bar the others are pruned against)."""
+    return (c.lower_bound, c.on_chip_bytes, c.allocated_flops_per_cycle, c.index)
+
+
+def simulate_rounds(state: SearchState, base: dict, *, out: Path, runner, source: Path,
+                    round_size: int = ROUND_SIZE) -> None:
+    """Simulate the promising candidates in rounds, pruning before each (module docstring)."""
+    workload = base["workload"]
+    remaining = sorted((c for c in state.candidates if c.status == "pending"), key=promise)
+    front: list = []
+    while True:
+        kept = []
+        for c in remaining:
+            if any(dominates(p.objectives, c.optimistic) for p in front):
+                c.status = "pruned"
+            else:
+                kept.append(c)
+        remaining = kept
+        if not remaining:
+            break
+        batch, remaining = remaining[:round_size], remaining[round_size:]
+        grids = [{k: (v,) for k, v in c.config.items() if k != "workload"} for c in batch]
+        spec = _spec(source, workload, "simulate", {}, grids)
+        rows, ran = _run_rows(spec, out / RUNS_DIR, runner, progress=False)
+        state.rounds += 1
+        state.simulated_now += ran
+        for c in batch:
+            status, row, error = rows[c.run_id]
+            if status == "ok":
+                c.status, c.cycles = "simulated", int(row["cycles"])
+            else:
+                c.status, c.error = "failed", error
+        simulated = [c for c in state.candidates if c.status == "simulated"]
+        front = [simulated[i] for i in pareto_front([c.objectives for c in simulated])]
+
+
+def front_of(state: SearchState) -> list:
+    """The Pareto front of the simulated candidates, by cycles then on-chip bytes then compute."""
+    simulated = [c for c in state.candidates if c.status == "simulated"]
+    front = [simulated[i] for i in pareto_front([c.objectives for c in simulated])]
+    return sorted(front, key=lambda c: (*c.objectives, c.index))
+
+
+def recommend(front: list, objective: str):
+    """The front point best for ``objective`` (:data:`OBJECTIVES`: lexicographic), None on an empty front."""
+    keys = OBJECTIVES[objective]
+    if not front:
+        return None
+    return min(front, key=lambda c: (*(c.point()[k] for k in keys), c.index))
+

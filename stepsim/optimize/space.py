@@ -1,0 +1,129 @@
+"""The search space of ``stepsim optimize``: which schedules of a workload are candidates.
+
+A space is a list of grids, exactly like a sweep file's ``[[axes]]`` tables (each grid is the cartesian
+product of its axes; grids follow one another), on top of the *base* knobs the user fixed (model, trace,
+hardware, ...). The default spaces (derived from the model and the trace, so they fit the user's workload):
+
+MoE (``E`` experts, intermediate size ``F``, batch ``B`` tokens)
+    * tiling: ``dynamic``, or ``static`` with ``tile_n`` over the powers of two ``1, 2, 4, ... <= B``;
+    * ``tile_f``: the divisors of ``F`` in :data:`TILE_F_RANGE` (32 ... 256 columns: below 32 the weight
+      tiles are too thin to use a compute node, above 256 one tile holds most of a small expert);
+    * time-multiplexing ``regions``: the divisors of ``E``. ``regions = E`` (one dedicated region per expert,
+      the paper's baseline) is written by leaving ``regions`` unset, so the builder uses that experiment's
+      defaults (``compute_bw`` 4096 static / 6400 dynamic) and the paper's dynamic-tiling point (tile_f 64) is a
+      candidate; ``regions < E`` uses the time-multiplexing experiment's ``compute_bw`` 1024;
+    * FIFO depths: the workload's default (2 for MoE, the paper's), uniform for every channel.
+
+Attention (``B`` requests)
+    * ``strategy``: coarse, interleave, dynamic;
+    * ``regions``: the powers of two ``1 ... min(B, 16)`` that divide ``B`` (interleave needs ``B % regions
+      == 0``).
+
+Overriding (``--space FILE``): a TOML file of ``[[axes]]`` tables (or one ``[axes]`` table), in the format of
+a sweep file's axes (:mod:`stepsim.sweep.config`: lists, ``{start, stop, step|factor}`` ranges, ``{glob}`` for
+files); it replaces the default grids. Uniform FIFO depths are an axis like any other
+(``channel_depth = [2, 8, 32]``). FIFO depths sized by the FIFO-sizing pass (``stepsim size-fifos``) enter as
+the ``fifo_depths`` knob: a depths file is made for one graph, so it is given per grid of one configuration
+(``fifo_depths = ["depths.toml"]`` next to that configuration's single-valued axes). *Hook*: a search that
+sizes the FIFOs of each candidate itself would add a ``fifo_depths`` value per candidate in
+:func:`stepsim.optimize.search.candidate_configs`; the rest of the search (symbolic bounds, pruning, front)
+does not depend on the depths, since FIFO buffers do not enter the published on-chip accounting.
+
+Note: in the published accounting FIFO buffers cost no on-chip bytes, so deeper FIFOs can only tie or win on
+cycles; the ``paper`` convention (``--convention paper``) counts them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+from stepsim.errors import ConfigError
+
+#: tile_f candidates of the default MoE space: divisors of F in this closed range (columns)
+TILE_F_RANGE = (32, 256)
+#: largest attention region count of the default space
+MAX_ATTENTION_REGIONS = 16
+#: workloads stepsim optimize searches
+OPTIMIZE_WORKLOADS = ("moe", "attention")
+#: top-level keys of a space file
+SPACE_KEYS = ("axes",)
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def powers_of_two(limit: int) -> list[int]:
+    """``1, 2, 4, ...`` up to and including ``limit``."""
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def default_moe_grids(experts: int, intermediate: int, batch: int) -> list[dict]:
+    """The default MoE grids (see the module docstring): dynamic and static tiling, each with the dedicated
+    regions (``regions`` unset) and with every time-multiplexed region count."""
+    lo, hi = TILE_F_RANGE
+    tile_f = tuple(d for d in divisors(intermediate) if lo <= d <= hi) or (intermediate,)
+    shared = tuple(r for r in divisors(experts) if r < experts)
+    tile_n = tuple(powers_of_two(batch))
+    grids = [{"tiling": ("dynamic",), "tile_f": tile_f}]
+    if shared:
+        grids.append({"tiling": ("dynamic",), "tile_f": tile_f, "regions": shared})
+    grids.append({"tiling": ("static",), "tile_n": tile_n, "tile_f": tile_f})
+    if shared:
+        grids.append({"tiling": ("static",), "tile_n": tile_n, "tile_f": tile_f, "regions": shared})
+    return grids
+
+
+def default_attention_grids(batch: int) -> list[dict]:
+    """The default attention grid: the three strategies times the region counts (see the module docstring)."""
+    regions = tuple(r for r in powers_of_two(min(batch, MAX_ATTENTION_REGIONS)) if batch % r == 0)
+    return [{"strategy": ("coarse", "interleave", "dynamic"), "regions": regions}]
+
+
+def load_space(path: str | Path, workload: str) -> list[dict]:
+    """The grids of the space file ``path`` (format: the module docstring), checked like a sweep file's axes.
+
+    Raises
+    ------
+    ConfigError
+        Missing or invalid file, an unknown key (naming it and the file), a bad axis value.
+    """
+    from stepsim.sweep.config import parse_sweep
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--space: space file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--space: {path} is a folder, not a space file") from None
+    except OSError as exc:
+        raise ConfigError(f"--space: cannot read space file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for key in data:
+        if key not in SPACE_KEYS:
+            raise ConfigError(f"{path}: unknown key {key!r}; a space file holds [axes] or [[axes]] tables only")
+    if "axes" not in data:
+        raise ConfigError(f"{path}: no [axes] or [[axes]] table; a space file lists the axes to search")
+    spec = parse_sweep({"workload": workload, "axes": data["axes"]}, source=path)
+    return [dict(g) for g in spec.grids]
+
+
+def grid_size(grids: list[Mapping]) -> int:
+    """Points of ``grids`` (before duplicates are dropped)."""
+    total = 0
+    for grid in grids:
+        n = 1
+        for values in grid.values():
+            n *= len(values)
+        total += n
+    return total

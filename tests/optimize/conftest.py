@@ -1,0 +1,50 @@
+"""Fixtures of the optimize tests: an in-process executor (no worker start-up) and the exhaustive front."""
+
+from __future__ import annotations
+
+import pytest
+
+
+class SerialExecutor:
+    """Runs each task in this process, in order: the executor interface run_sweep takes (imap_unordered,
+    describe), so the search logic is tested without starting worker processes (one CLI test uses them)."""
+
+    def imap_unordered(self, tasks):
+        from stepsim.sweep.tasks import run_task
+
+        for task in tasks:
+            yield task, run_task(task.config)
+
+    def describe(self) -> str:
+        return "serial (tests)"
+
+
+@pytest.fixture
+def serial():
+    return SerialExecutor()
+
+
+def exhaustive(result) -> tuple[list, dict]:
+    """Simulate every buildable candidate of ``result`` (run_config, no pruning): the exhaustive front as
+    ``[(run_id, cycles, on_chip_bytes, allocated)]`` sorted, and ``{run_id: cycles or None}`` (None: failed)."""
+    from stepsim.errors import StepsimError
+    from stepsim.optimize.pareto import pareto_front
+    from stepsim.records import run_config
+
+    cycles = {}
+    for c in result.candidate_list:
+        if c.status == "invalid":
+            continue
+        try:
+            cycles[c.run_id] = run_config({**c.config, "mode": "simulate"}).row["cycles"]
+        except StepsimError:
+            cycles[c.run_id] = None
+    ok = [c for c in result.candidate_list if cycles.get(c.run_id) is not None]
+    points = [(cycles[c.run_id], c.on_chip_bytes, c.allocated_flops_per_cycle) for c in ok]
+    front = sorted((ok[i].run_id, *points[i]) for i in pareto_front(points))
+    return front, cycles
+
+
+@pytest.fixture
+def exhaustive_front():
+    return exhaustive
