@@ -37,15 +37,11 @@ def stopped_status(why: str) -> int:
 
 
 @contextmanager
-def interrupts_raise() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated inside the block (main thread only;
-    elsewhere the signals are left alone). The previous handlers are restored afterwards."""
-    def terminate(signum, frame):
-        raise Terminated
-
+def handlers(installed: dict) -> Iterator[None]:
+    """Install ``{signal number: handler}`` inside the block and restore the previous handlers afterwards
+    (main thread only; elsewhere the signals are left alone)."""
     try:
-        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-                    signal.SIGTERM: signal.signal(signal.SIGTERM, terminate)}
+        previous = {signum: signal.signal(signum, handler) for signum, handler in installed.items()}
     except ValueError:  # not the main thread
         yield
         return
@@ -54,3 +50,13 @@ def interrupts_raise() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated inside the block."""
+    def terminate(signum, frame):
+        raise Terminated
+
+    with handlers({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: terminate}):
+        yield

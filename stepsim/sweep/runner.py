@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from stepsim.errors import ConfigError, StepsimError
-from stepsim.signals import interrupts_raise, reason
+from stepsim.signals import handlers, interrupts_raise, reason
 from stepsim.sweep.config import DEFAULT_MAX_TASKS, SweepSpec
 from stepsim.sweep.executors import WorkerLostError, check_jobs, default_jobs, make_executor
 from stepsim.sweep.grid import TEMP_GLOBS, Task, expand, iter_tasks
@@ -356,16 +356,8 @@ def _signals_deferred(received: list):
     def hold(signum, frame):
         received.append(signum)
 
-    try:
-        previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread
+    with handlers({signal.SIGINT: hold, signal.SIGTERM: hold}):
         yield
-        return
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def spec_axes(spec: SweepSpec) -> list:

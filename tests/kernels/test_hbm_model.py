@@ -86,65 +86,6 @@ def reference_hbm(ops, hw: Hardware):
     return [s["clock"] for s in state]
 
 
-op_strategy = st.fixed_dictionaries({
-    "rows": st.integers(1, 6),
-    "row_bytes": st.sampled_from([64, 128, 192, 256, 512]),
-    "par": st.integers(1, 8),
-    "tiles": st.integers(1, 4),
-    "store": st.booleans(),
-})
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(op_strategy, min_size=1, max_size=5), channels=st.sampled_from([2, 3, 4, 8, 32]),
-       ii=st.integers(1, 3), start_up=st.integers(0, 14), latency=st.integers(0, 3))
-def test_batched_hbm_equals_per_request_tick_model(ops, channels, ii, start_up, latency):
-    hw = Hardware.preset("step-eval", hbm_channels=channels, hbm_init_interval=ii, hbm_start_up=start_up,
-                         hbm_latency=latency, channel_depth=None)
-    b = ProgramBuilder(hw)
-    ref_ops = []
-    load_units, store_units = [], []
-    store_inputs = []
-    # loads first (builder order), then the stores fed by them
-    for o in ops:
-        x = b.add_channel()
-        cols = o["row_bytes"] // 2
-        unit = b.offchip_load(out=x, tile_rows=o["rows"], tile_cols=cols, elem_bytes=2, view_shape=(o["tiles"],),
-                              par_dispatch=o["par"])
-        n_req = o["rows"] * (o["row_bytes"] // 64)
-        ref_ops.append({"kind": "load", "n_req": n_req, "par": o["par"], "tiles": o["tiles"]})
-        load_units.append(unit)
-        if o["store"]:
-            store_inputs.append((len(ref_ops) - 1, x, n_req, o))
-        else:
-            b.sink(inp=x)
-    for src, x, n_req, o in store_inputs:
-        store_units.append(b.offchip_store(inp=x, par_dispatch=o["par"]))
-        ref_ops.append({"kind": "store", "n_req": n_req, "par": o["par"], "tiles": o["tiles"], "source": src})
-    result = run(b.build())
-    expected = reference_hbm(ref_ops, hw)
-    got = [final_clock(result, u) for u in load_units + store_units]
-    assert got == expected
-
-
-def test_reference_model_reproduces_s12():
-    hw = Hardware.preset("step-hdl")
-    assert reference_hbm([{"kind": "load", "n_req": 16, "par": 4, "tiles": 1}], hw) == [23]
-
-
-# ------------------------------------------------------------------------------------------- closed form
-# Tiles long enough for the HBM's steady-state periods (kernels.hbm._try_skip): several readers and writers,
-# par_dispatch 1 and 4, 8 and 32 channels, against the per-request tick model above and against the same
-# engine serving every tick one by one.
-long_op_strategy = st.fixed_dictionaries({
-    "rows": st.integers(1, 48),
-    "row_bytes": st.sampled_from([64, 128, 256, 512, 1024]),
-    "par": st.sampled_from([1, 4]),
-    "tiles": st.integers(1, 3),
-    "store": st.booleans(),
-})
-
-
 def _memory_program(ops, hw):
     """Loads in builder order (each feeding a sink or a store), then the stores; returns the program, the
     reference model's ops and the memory units in reference order."""
@@ -164,6 +105,44 @@ def _memory_program(ops, hw):
         store_units.append(b.offchip_store(inp=x, par_dispatch=o["par"]))
         ref_ops.append({"kind": "store", "n_req": n_req, "par": o["par"], "tiles": o["tiles"], "source": src})
     return b.build(), ref_ops, load_units + store_units
+
+
+op_strategy = st.fixed_dictionaries({
+    "rows": st.integers(1, 6),
+    "row_bytes": st.sampled_from([64, 128, 192, 256, 512]),
+    "par": st.integers(1, 8),
+    "tiles": st.integers(1, 4),
+    "store": st.booleans(),
+})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op_strategy, min_size=1, max_size=5), channels=st.sampled_from([2, 3, 4, 8, 32]),
+       ii=st.integers(1, 3), start_up=st.integers(0, 14), latency=st.integers(0, 3))
+def test_batched_hbm_equals_per_request_tick_model(ops, channels, ii, start_up, latency):
+    hw = Hardware.preset("step-eval", hbm_channels=channels, hbm_init_interval=ii, hbm_start_up=start_up,
+                         hbm_latency=latency, channel_depth=None)
+    program, ref_ops, units = _memory_program(ops, hw)
+    result = run(program)
+    assert [final_clock(result, u) for u in units] == reference_hbm(ref_ops, hw)
+
+
+def test_reference_model_reproduces_s12():
+    hw = Hardware.preset("step-hdl")
+    assert reference_hbm([{"kind": "load", "n_req": 16, "par": 4, "tiles": 1}], hw) == [23]
+
+
+# ------------------------------------------------------------------------------------------- closed form
+# Tiles long enough for the HBM's steady-state periods (kernels.hbm._try_skip): several readers and writers,
+# par_dispatch 1 and 4, 8 and 32 channels, against the per-request tick model above and against the same
+# engine serving every tick one by one.
+long_op_strategy = st.fixed_dictionaries({
+    "rows": st.integers(1, 48),
+    "row_bytes": st.sampled_from([64, 128, 256, 512, 1024]),
+    "par": st.sampled_from([1, 4]),
+    "tiles": st.integers(1, 3),
+    "store": st.booleans(),
+})
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
