@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -42,7 +43,7 @@ def test_cli_json_resume_and_files(window, tmp_path, capsys):
         ("coarse", 8, 44691, 48384, 12288), ("coarse", 16, 44691, 48384, 12288)]
     assert first["recommended"]["cycles"] == 4724
     assert first["recommended"]["command"] == (
-        f"stepsim run attention --trace {window} --regions 16 --strategy interleave --softmax plain "
+        f"stepsim run attention --trace {Path(window).resolve()} --regions 16 --strategy interleave --softmax plain "
         f"--convention published")
     front = pq.read_table(out / "pareto.parquet")
     assert front.column("cycles").to_pylist() == [p["cycles"] for p in first["pareto"]]
