@@ -17,7 +17,7 @@ MoE (``E`` experts, intermediate size ``F``, batch ``B`` tokens)
 Attention (``B`` requests)
     * ``strategy``: coarse, interleave, dynamic;
     * ``regions``: the powers of two ``1 ... min(B, 16)`` that divide ``B`` (interleave needs ``B % regions
-      == 0``).
+      == 0``); for coarse only those up to ``ceil(B/16)``, since coarse uses ``min(ceil(B/16), regions)``.
 
 Overriding (``--space FILE``): a TOML file of ``[[axes]]`` tables (or one ``[axes]`` table), in the format of
 a sweep file's axes (:mod:`stepsim.sweep.config`: lists, ``{start, stop, step|factor}`` ranges, ``{glob}`` for
@@ -82,9 +82,15 @@ def default_moe_grids(experts: int, intermediate: int, batch: int) -> list[dict]
 
 
 def default_attention_grids(batch: int) -> list[dict]:
-    """The default attention grid: the three strategies times the region counts (see the module docstring)."""
+    """The default attention grid: the three strategies times the region counts (see the module docstring).
+
+    Coarse parallelization uses ``min(ceil(B/16), regions)`` regions (``build_attention``), so region counts
+    above ``ceil(B/16)`` build the same graph as ``ceil(B/16)``: only the distinct ones are candidates.
+    """
     regions = tuple(r for r in powers_of_two(min(batch, MAX_ATTENTION_REGIONS)) if batch % r == 0)
-    return [{"strategy": ("coarse", "interleave", "dynamic"), "regions": regions}]
+    coarse = tuple(r for r in regions if r <= -(-batch // 16)) or regions[:1]
+    return [{"strategy": ("coarse",), "regions": coarse},
+            {"strategy": ("interleave", "dynamic"), "regions": regions}]
 
 
 def load_space(path: str | Path, workload: str) -> list[dict]:
