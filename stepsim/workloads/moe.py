@@ -132,7 +132,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     if not dynamic and tile_n > batch:
         warnings.warn(f"tile_n {tile_n} is larger than the batch ({batch} tokens): every expert tile is mostly "
                       f"padding; tiles up to {batch} give the same traffic with less on-chip memory",
-                      StepsimWarning, stacklevel=2)
+                      StepsimWarning, stacklevel=3)  # 3: past the gc_paused wrapper, to the caller
     counts = expert_counts(routing, experts)
     g = Graph(f"moe-{model.name}-{tiling}")
     bw = dict(compute_bw=compute_bw)
