@@ -113,6 +113,7 @@ from stepsim.graph import (
     Zero,
 )
 from stepsim.graph.dims import make_symbol
+from stepsim.graph.gcpause import gc_paused
 from stepsim.workloads.base import Workload
 
 STRATEGIES = ("dynamic", "interleave", "coarse")
@@ -274,6 +275,7 @@ def assignment_bindings(workload: Workload, assignment, kv_lengths) -> dict:
     return bindings
 
 
+@gc_paused  # see stepsim.graph.gcpause: collections made large builds superlinear
 def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64, query_per_kv_head: int = 8,
                     tile_n: int = 32, max_n: int | None = None, regions: int = 4, compute_bw: int = COMPUTE_BW,
                     metadata_fifo_depth: int | None = None, cache_write_back_fifo_depth: int = 4,

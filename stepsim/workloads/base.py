@@ -13,6 +13,7 @@ from typing import Any
 import sympy as sp
 
 from stepsim.defaults import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
+from stepsim.graph.gcpause import gc_paused
 from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
 from stepsim.graph.numeric import Unbound, Unsupported, exact_value
 
@@ -95,6 +96,7 @@ class Workload:
             "flops": g.flops(),
         }
 
+    @gc_paused  # see stepsim.graph.gcpause: collections made large builds superlinear
     def op_values(self, on_chip_convention=PUBLISHED) -> dict:
         """Per-operator concrete metrics ``{op name: (off_chip_bytes, on_chip_bytes, flops)}`` (ints).
 

@@ -53,6 +53,7 @@ from stepsim.graph import (
     Zero,
 )
 from stepsim.graph.dims import ceil_div
+from stepsim.graph.gcpause import gc_paused
 from stepsim.workloads.base import Workload
 from stepsim.workloads.models import MoEModel
 from stepsim.workloads.routing import check_routing, expert_counts, multihot, onehot_per_slot
@@ -80,6 +81,7 @@ def algorithmic_flops(counts, model: MoEModel, tile_n: int | None) -> int:
     return total
 
 
+@gc_paused  # see stepsim.graph.gcpause: collections made large builds superlinear
 def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int | None = None,
               tile_f: int | None = None, regions: int | None = None, compute_bw: int | None = None,
               packing_compute_bw: int = PACKING_COMPUTE_BW,
@@ -130,7 +132,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     if not dynamic and tile_n > batch:
         warnings.warn(f"tile_n {tile_n} is larger than the batch ({batch} tokens): every expert tile is mostly "
                       f"padding; tiles up to {batch} give the same traffic with less on-chip memory",
-                      StepsimWarning, stacklevel=2)
+                      StepsimWarning, stacklevel=3)  # 3: past the gc_paused wrapper, to the caller
     counts = expert_counts(routing, experts)
     g = Graph(f"moe-{model.name}-{tiling}")
     bw = dict(compute_bw=compute_bw)
