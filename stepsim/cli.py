@@ -88,6 +88,18 @@ _python_showwarning = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
+    status = _main(argv)
+    if argv is None and status in (130, 143):
+        # the program is exiting because of a signal: a repeated one during interpreter shutdown must not turn
+        # that into death by signal (seen under load); only for the program itself, not for in-process callers
+        import signal
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     from stepsim.signals import interrupts_raise, reason, stopped_status
 
     warnings.showwarning = _print_warning
