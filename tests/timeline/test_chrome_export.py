@@ -61,3 +61,38 @@ def test_files_load_with_json_and_have_required_fields(tmp_path):
             if e["ph"] == "X":
                 assert isinstance(e["dur"], int) and e["dur"] >= 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.json.gz"]  # no temp file left
+
+
+def test_perfetto_trace_decodes_with_the_writers_protos(tmp_path):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+    from stepsim.timeline_export import write_timeline
+
+    p = tmp_path / "t.pftrace"
+    write_timeline(p, INTERVALS, COUNTERS)
+    trace = Trace()
+    trace.ParseFromString(p.read_bytes())
+    tracks = {pk.track_descriptor.uuid: (pk.track_descriptor.name, pk.track_descriptor.parent_uuid)
+              for pk in trace.packet if pk.HasField("track_descriptor")}
+    assert sorted(tracks.values()) == [("a->b", 3000001), ("expert 0", 0), ("fifos", 0), ("graph", 0),
+                                       ("load_a", 1000001), ("map_b", 1000001), ("sink", 2000001)]
+    ev = [(pk.timestamp, pk.track_event.type, tracks[pk.track_event.track_uuid][0], pk.track_event.name,
+           pk.track_event.counter_value) for pk in trace.packet if pk.HasField("track_event")]
+    B, E, C = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END, TrackEvent.TYPE_COUNTER
+    assert ev == [(0, B, "load_a", "busy", 0), (4000, E, "load_a", "", 0),
+                  (0, B, "map_b", "blocked_in", 0), (4000, E, "map_b", "", 0),
+                  (4000, B, "map_b", "busy", 0), (5000, E, "map_b", "", 0),
+                  (5000, B, "map_b", "busy", 0), (6000, E, "map_b", "", 0),
+                  (6000, B, "sink", "busy", 0), (7000, E, "sink", "", 0),
+                  (4000, C, "a->b", "", 1), (5000, C, "a->b", "", 0)]
+
+
+def test_unknown_suffix_is_a_config_error(tmp_path):
+    import pytest
+
+    from stepsim.errors import ConfigError
+    from stepsim.timeline_export import write_timeline
+
+    with pytest.raises(ConfigError, match=r"^--timeline .*t\.txt: unknown trace format"):
+        write_timeline(tmp_path / "t.txt", INTERVALS)
+    assert list(tmp_path.iterdir()) == []
