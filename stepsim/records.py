@@ -325,6 +325,8 @@ class RunResult:
     config: dict
     _units: pa.Table | None = field(default=None, repr=False)
     _channels: pa.Table | None = field(default=None, repr=False)
+    #: ``run_config(..., timeline=N)``: the run's :class:`stepsim.timeline.Timeline` (not part of the record)
+    timeline: object | None = field(default=None, repr=False)
 
     # --- constructors ---------------------------------------------------------------------------------
     @classmethod
@@ -540,7 +542,7 @@ def _channel_table(run_id: str, sim) -> pa.Table:
 
 
 # --- running and collecting -------------------------------------------------------------------------------
-def run_config(config: Mapping, *, source: str | None = None, progress=None) -> RunResult:
+def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).
 
@@ -552,6 +554,9 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None) -> 
         Label for error messages (e.g. the sweep file and point).
     progress : callable, optional
         ``progress(events, cycle)`` between engine slices (:func:`stepsim.progress.engine_progress`).
+    timeline : int
+        Simulations: record a timeline of at most this many records into ``RunResult.timeline``
+        (:mod:`stepsim.timeline`); 0 records nothing. It changes no result, so it is not part of the identity.
 
     Returns
     -------
@@ -579,9 +584,10 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None) -> 
 
         mode = cfg["mode"]
         sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
-                       progress=progress)
+                       progress=progress, timeline=timeline or False)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s), mode=mode)
+        record = dataclasses.replace(record, timeline=sim.timeline)
         if mode == "check":
             record = dataclasses.replace(record, row={**record.row, **check_columns(workload, sim)})
     return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))

@@ -70,6 +70,8 @@ class SimResult:
     functional: FunctionalStats | None = None
     #: default FIFO depth (elements) the run used, after the precedence of stepsim.defaults
     channel_depth: int | None = None
+    #: ``simulate(..., timeline=...)``: the run's :class:`stepsim.timeline.Timeline` (Arrow tables)
+    timeline: object | None = field(default=None, repr=False)
 
     @property
     def off_chip_bytes(self) -> int:
@@ -81,7 +83,8 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET) -> SimResult:
+             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False
+             ) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -112,10 +115,16 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     channel_depths : mapping of channel name to int, optional
         Per-channel FIFO depths overriding ``channel_depth`` (see :func:`stepsim.graph.lower.lower`). Default:
         a Workload's ``channel_depths`` (set from a ``--fifo-depths`` file), else none.
+    timeline : bool or int
+        Record the run's timeline into ``SimResult.timeline`` (:class:`stepsim.timeline.Timeline`: unit
+        intervals, FIFO occupancy, on-chip FIFO bytes and HBM requests as Arrow tables). True records at most
+        :data:`stepsim.timeline.DEFAULT_RECORDS` records, an int at most that many (past the limit the trace is
+        cut, never the run). Off by default; timing results are identical either way.
     """
     global _compiled
     from stepsim.kernels import run
 
+    records = _timeline_records(timeline)
     graph = target.graph if isinstance(target, Workload) else target
     if hardware is None:
         hardware = target.hardware if isinstance(target, Workload) else "step-eval"
@@ -144,19 +153,40 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         try:
             if inputs is None:
                 inputs = default_inputs(target, seed)
-            res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress)
+            res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress,
+                      timeline=records)
         except MemoryError as exc:  # the estimates above leave out NumPy's temporaries
             raise ArenaError(f"functional mode ran out of memory ({exc}); use smaller model dimensions "
                              "(e.g. stepsim.workloads.reference.small_moe_model)") from None
     else:
-        res = run(program, max_events=max_events, progress=progress)
+        res = run(program, max_events=max_events, progress=progress, timeline=records)
+    recorded = None
+    if res.timeline is not None:
+        from stepsim.timeline import decode, graph_labels
+
+        recorded = decode(res.timeline, program, *graph_labels(graph))
     return SimResult(cycles=int(res.cycles), off_chip_bytes_read=int(res.bytes_read),
                      off_chip_bytes_written=int(res.bytes_written), events=int(res.events), fires=int(res.fires),
                      sim_wall_s=float(res.wall_seconds), compile_s=compile_s, lower_s=lower_s,
                      unit_names=list(program.unit_names), channel_names=list(program.channel_names),
                      unit_counters=res.unit_counters, channel_counters=res.channel_counters,
                      inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional,
-                     channel_depth=channel_depth)
+                     channel_depth=channel_depth, timeline=recorded)
+
+
+def _timeline_records(timeline) -> int:
+    """The record limit of ``simulate(..., timeline=...)`` (0: off); ArgumentError for anything else."""
+    from stepsim.errors import ArgumentError
+
+    if timeline is False or timeline is None:
+        return 0
+    if timeline is True:
+        from stepsim.timeline import DEFAULT_RECORDS
+
+        return DEFAULT_RECORDS
+    if isinstance(timeline, (int, np.integer)) and timeline > 0:
+        return int(timeline)
+    raise ArgumentError(f"timeline must be True, False or a positive record limit, got {timeline!r}")
 
 
 def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:

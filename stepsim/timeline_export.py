@@ -1,12 +1,15 @@
 """Chrome trace-event JSON export of a timeline (issue 14, "Timelines").
 
-Input: an interval table (columns ``unit`` str, ``group`` str, ``kind`` str in {busy, blocked_in, blocked_out},
-``start`` / ``end`` int cycles, ``channel`` str or None) and a counter table (``channel`` str, ``t`` int cycles,
-``occupancy`` int elements); either a pyarrow Table or a list of row dicts. Times are cycles, written 1:1 as
-microseconds (``ts``/``dur``), so the Perfetto UI's "us" reads as cycles.
+Input: the tables of a :class:`stepsim.timeline.Timeline` (each a pyarrow Table or a list of row dicts): the
+interval table (columns ``unit`` str, ``group`` str, ``state`` str in {busy, blocked_in, blocked_out}, ``start``
+/ ``end`` int cycles, ``channel`` str or None, optionally ``kind`` (operator class) and ``hbm`` bool), the FIFO
+counter table (``channel`` str, ``t`` int cycles, ``occupancy`` int elements) and optionally the ``onchip``
+(``t``, ``fifo_bytes``) and ``hbm`` (``start``, ``end``, ``bytes_per_cycle``) tables. Times are cycles,
+written 1:1 as microseconds (``ts``/``dur``), so the Perfetto UI's "us" reads as cycles.
 
 Tracks: one process per group (region / expert / stage, ``"graph"`` when a unit has none), one thread per unit
-inside it; FIFO occupancy as counter events (``ph: "C"``) in a ``fifos`` process. Large runs stay usable:
+inside it; FIFO occupancy as counter events (``ph: "C"``) in a ``fifos`` process; live FIFO bytes and HBM
+bandwidth (bytes per cycle per window) as counters in a ``memory`` process. Large runs stay usable:
 intervals shorter than ``min_dur`` cycles are merged with their neighbours of the same kind on the same track,
 and at most ``max_events_per_track`` events are written per track; what was merged or cut is written in the
 trace's ``metadata`` (``aggregated`` and ``dropped`` counts per track).
@@ -37,7 +40,7 @@ def _aggregate(intervals: list[dict], min_dur: int) -> tuple[list[dict], int]:
     merged = 0
     for iv in intervals:
         short = iv["end"] - iv["start"] < min_dur
-        if (short and out and out[-1]["kind"] == iv["kind"] and out[-1].get("_short")
+        if (short and out and out[-1]["state"] == iv["state"] and out[-1].get("_short")
                 and iv["start"] - out[-1]["end"] < min_dur):
             out[-1]["end"] = max(out[-1]["end"], iv["end"])
             out[-1]["_n"] += 1
@@ -47,8 +50,8 @@ def _aggregate(intervals: list[dict], min_dur: int) -> tuple[list[dict], int]:
     return out, merged
 
 
-def chrome_trace(intervals, counters=None, *, min_dur: int = 0, max_events_per_track: int = 100_000,
-                 metadata: dict | None = None) -> dict:
+def chrome_trace(intervals, counters=None, *, onchip=None, hbm=None, min_dur: int = 0,
+                 max_events_per_track: int = 100_000, metadata: dict | None = None) -> dict:
     """The Chrome trace-event document (a dict ready for :func:`json.dump`).
 
     ``min_dur`` (cycles): intervals shorter than this are aggregated (0 = keep all).
@@ -81,9 +84,12 @@ def chrome_trace(intervals, counters=None, *, min_dur: int = 0, max_events_per_t
             args = {}
             if iv.get("channel") is not None:
                 args["channel"] = iv["channel"]
+            if iv.get("kind"):
+                args["op"] = iv["kind"]
             if iv.get("_n", 1) > 1:
                 args["merged_intervals"] = iv["_n"]
-            events.append({"name": iv["kind"], "cat": iv["kind"], "ph": "X", "pid": pid, "tid": tid,
+            name = "busy (HBM)" if iv.get("hbm") else iv["state"]
+            events.append({"name": name, "cat": iv["state"], "ph": "X", "pid": pid, "tid": tid,
                            "ts": int(iv["start"]), "dur": int(iv["end"] - iv["start"]), "args": args})
     crows = _rows(counters)
     if crows:
@@ -99,11 +105,35 @@ def chrome_trace(intervals, counters=None, *, min_dur: int = 0, max_events_per_t
             for c in cs:
                 events.append({"name": ch, "ph": "C", "pid": fifo_pid, "tid": 0, "ts": int(c["t"]),
                                "args": {"occupancy": int(c["occupancy"])}})
+    series = _memory_series(onchip, hbm)
+    if series:
+        mem_pid = max(e["pid"] for e in events) + 1 if events else 1
+        events.append({"name": "process_name", "ph": "M", "pid": mem_pid, "tid": 0, "args": {"name": "memory"}})
+        for name, key, points in series:
+            if len(points) > max_events_per_track:
+                dropped[name] = len(points) - max_events_per_track
+                points = points[:max_events_per_track]
+            events.extend({"name": name, "ph": "C", "pid": mem_pid, "tid": 0, "ts": t, "args": {key: v}}
+                          for t, v in points)
     meta = dict(metadata or {})
     meta.update({"time_unit": "1 us = 1 cycle", "min_dur_cycles": int(min_dur),
                  "max_events_per_track": int(max_events_per_track),
                  "aggregated": aggregated, "dropped": dropped})
     return {"traceEvents": events, "displayTimeUnit": "ns", "metadata": meta}
+
+
+def _memory_series(onchip, hbm) -> list[tuple[str, str, list]]:
+    """Counter series ``(track name, value key, [(t, value)])`` of live FIFO bytes and HBM bandwidth."""
+    series = []
+    rows = _rows(onchip)
+    if rows:
+        series.append(("on-chip FIFO bytes", "bytes", [(int(r["t"]), int(r["fifo_bytes"])) for r in rows]))
+    rows = _rows(hbm)
+    if rows:
+        points = [(int(r["start"]), float(r["bytes_per_cycle"])) for r in rows]
+        points.append((int(rows[-1]["end"]), 0.0))  # the last window ends
+        series.append(("HBM bytes/cycle", "bytes_per_cycle", points))
+    return series
 
 
 def write_chrome_trace(path, intervals, counters=None, **kwargs) -> None:
@@ -154,8 +184,9 @@ def perfetto_trace_bytes(intervals, counters=None, **kwargs) -> bytes:
                 if kind == TrackEvent.TYPE_SLICE_BEGIN:
                     p.track_event.name = e["name"]
         elif e["ph"] == "C":
-            if e["name"] not in counter_uuid:
-                counter_uuid[e["name"]] = next_uuid
+            key = (e["pid"], e["name"])
+            if key not in counter_uuid:
+                counter_uuid[key] = next_uuid
                 d = builder.add_packet()
                 d.track_descriptor.uuid = next_uuid
                 d.track_descriptor.name = e["name"]
@@ -166,8 +197,22 @@ def perfetto_trace_bytes(intervals, counters=None, **kwargs) -> bytes:
             p.timestamp = e["ts"] * 1000
             p.trusted_packet_sequence_id = seq
             p.track_event.type = TrackEvent.TYPE_COUNTER
-            p.track_event.track_uuid = counter_uuid[e["name"]]
-            p.track_event.counter_value = e["args"]["occupancy"]
+            p.track_event.track_uuid = counter_uuid[key]
+            value = next(iter(e["args"].values()))
+            if isinstance(value, float):
+                p.track_event.double_counter_value = value
+            else:
+                p.track_event.counter_value = value
+    # what was merged or cut (the JSON form's metadata): one instant event on a "stepsim notes" track
+    p = builder.add_packet()
+    p.track_descriptor.uuid = next_uuid
+    p.track_descriptor.name = "stepsim notes"
+    p = builder.add_packet()
+    p.timestamp = 0
+    p.trusted_packet_sequence_id = seq
+    p.track_event.type = TrackEvent.TYPE_INSTANT
+    p.track_event.track_uuid = next_uuid
+    p.track_event.name = json.dumps(doc["metadata"], sort_keys=True, separators=(",", ":"))
     return builder.serialize()
 
 
@@ -187,10 +232,15 @@ def write_timeline(path, intervals, counters=None, **kwargs) -> None:
 
 
 def _atomic_write(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".timeline-")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)  # as --out does: missing folders are created
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".timeline-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a trace is an ordinary output file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -94,12 +94,6 @@ def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
     return row, units, channels
 
 
-def _group_label(group) -> str:
-    if isinstance(group, tuple) and len(group) == 2:
-        return f"{group[0]} {group[1]}"
-    return "shared"
-
-
 def rebuild(row: dict):
     """``(workload, program)`` of a row's configuration, lowered as the run was (checked trace content)."""
     from stepsim.defaults import UNSET, resolve_channel_depth
@@ -228,7 +222,9 @@ def build_report(row: dict, units: list[dict], channels: list[dict], workload=No
     if names != list(program.unit_names) or [c["name"] for c in channels] != list(program.channel_names):
         raise ConfigError("the run's unit/channel tables do not match the graph rebuilt from its configuration "
                           "(written by another stepsim version?)")
-    groups = {op.name: _group_label(op.group) for op in workload.graph.ops}
+    from stepsim.timeline import graph_labels
+
+    groups = graph_labels(workload.graph)[0]
     units = [dict(u, group=groups.get(u["name"], "shared")) for u in units]
     cycles = int(row["cycles"])
     roof = _roofline(row)

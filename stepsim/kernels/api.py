@@ -25,6 +25,7 @@ from numba import types
 from stepsim.errors import ArenaError, ArgumentError, BlockedUnit, DeadlockError, SimulationError
 from stepsim.kernels import abi as A
 from stepsim.kernels import arena
+from stepsim.kernels import timeline as TL
 from stepsim.kernels import values as V
 from stepsim.kernels.arena import FunctionalStats
 from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK
@@ -65,6 +66,9 @@ class EngineResult:
     hbm_closed_form_ticks : int
         HBM ticks served in closed form as whole periods of a steady state (:mod:`stepsim.kernels.hbm`);
         0 with ``run(..., hbm_closed_form=False)``.
+    timeline : int64 array or None
+        ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
+        decoded by :func:`stepsim.timeline.decode`).
     """
 
     cycles: int
@@ -80,6 +84,7 @@ class EngineResult:
     functional: FunctionalStats | None = None
     hbm_requests: int = 0
     hbm_closed_form_ticks: int = 0
+    timeline: np.ndarray | None = None
 
     @property
     def firings_per_second(self) -> float:
@@ -103,7 +108,7 @@ def _engine():
 
 
 def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress | None = None,
-          hbm_closed_form: bool = True):
+          hbm_closed_form: bool = True, tl=None):
     """Run a program to completion, deadlock or ``max_events``, in slices of the event loop.
 
     The engine's state lives in arrays, so stopping the event loop after any event and calling it again
@@ -112,6 +117,8 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
     not after a minutes-long engine call) and report progress. Slices start small, so short runs pay almost
     nothing, and double while a slice takes less than half of SLICE_SECONDS, so long runs make a few calls
     per second (the per-call cost is about 20 µs).
+
+    ``tl``: the timeline recording buffer (:mod:`stepsim.kernels.timeline`), or None to record nothing.
 
     Returns (out scalars abi.OUT_*, unit state us, channel state chs).
     """
@@ -126,7 +133,7 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
         status = engine.event_loop(program.unit_params, us, program.in_ptr, program.in_ch, program.out_ptr,
                                    program.out_ch, program.ch_producer, program.ch_consumer, chs, slots,
                                    program.payload, program.sel_ptr, program.sel_idx, program.hw, arena_rows, eng,
-                                   hfree, hq, done_list, wl, ts_units, n_ts, stop, rec, fv, fi)
+                                   hfree, hq, done_list, wl, ts_units, n_ts, stop, rec, fv, fi, tl)
         if status != A.ST_MAX_EVENTS or eng[E_EVENTS] >= max_events:
             break
         if time.perf_counter() - t0 < SLICE_SECONDS / 2:
@@ -143,7 +150,7 @@ def _ensure_compiled(engine, functional: bool = False) -> None:
     if sigs is None:  # NUMBA_DISABLE_JIT: plain Python
         return
     want_none = not functional
-    if any((isinstance(sig[-1], types.NoneType)) == want_none for sig in sigs):
+    if any((isinstance(sig[-2], types.NoneType)) == want_none for sig in sigs):  # sig[-2]: fi; sig[-1]: tl
         return
     from stepsim.kernels.warm import warm_program
 
@@ -158,8 +165,8 @@ def _ensure_compiled(engine, functional: bool = False) -> None:
 
 
 def run(program, *, max_events: int | None = None, record_events: int = 0, inputs: dict | None = None,
-        arena_tiles: int | None = None, progress: Progress | None = None, hbm_closed_form: bool = True
-        ) -> EngineResult:
+        arena_tiles: int | None = None, progress: Progress | None = None, hbm_closed_form: bool = True,
+        timeline: int = 0) -> EngineResult:
     """Simulate a :class:`stepsim.program.Program`.
 
     Parameters
@@ -183,6 +190,9 @@ def run(program, *, max_events: int | None = None, record_events: int = 0, input
     hbm_closed_form : bool
         Serve steady HBM periods in closed form (default). False serves every tick one by one: the same
         results, slower; the equivalence tests compare the two.
+    timeline : int
+        Record a timeline of at most this many records (unit intervals and FIFO occupancy changes) into
+        ``EngineResult.timeline``; 0 (default) records nothing and runs the engine without any recording code.
 
     Returns
     -------
@@ -203,28 +213,56 @@ def run(program, *, max_events: int | None = None, record_events: int = 0, input
     _ensure_compiled(engine, functional=inputs is not None)
     limit = (1 << 62) if max_events is None else int(max_events)
     rec = np.zeros((max(int(record_events), 0), 4), dtype=np.int64)
-    if inputs is None:
-        out, us, chs, wall, _, _ = _run_growing(engine, program, limit, rec, None, progress, hbm_closed_form)
-        return _result(program, out, us, chs, wall, rec)
-    return _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress, hbm_closed_form)
+    if isinstance(timeline, bool) or not isinstance(timeline, (int, np.integer)) or timeline < 0:
+        raise ArgumentError(f"timeline must be a record count >= 0, got {timeline!r}")
+
+    def attempt(cutoff: int) -> EngineResult:
+        recording = (int(timeline), cutoff)
+        if inputs is None:
+            out, us, chs, wall, _, _, tl = _run_growing(engine, program, limit, rec, None, progress,
+                                                        hbm_closed_form, recording)
+            return _result(program, out, us, chs, wall, rec, tl)
+        return _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress, hbm_closed_form,
+                               recording)
+
+    result = attempt(A.NEVER)
+    if result.timeline is not None and result.timeline[TL.TLH_DROPPED]:
+        # the records did not fit: run again keeping only those before the latest time at which they all fit
+        # (kernels/timeline.py), so the partial timeline is complete up to as late a cycle as the limit allows
+        result = attempt(TL.cutoff_that_fits(result.timeline))
+    return result
 
 
-def _run_growing(engine, program, limit, rec, make_state, progress=None, hbm_closed_form=True):
+def _new_timeline(program, recording):
+    """A zeroed recording buffer for ``recording = (capacity, cutoff)`` (None when capacity is 0: the engine
+    then records nothing)."""
+    capacity, cutoff = recording
+    if capacity <= 0:
+        return None
+    tl = np.zeros(TL.layout_size(program.n_units, capacity), dtype=np.int64)
+    TL.init(tl, program.n_units, capacity, cutoff)
+    return tl
+
+
+def _run_growing(engine, program, limit, rec, make_state, progress=None, hbm_closed_form=True,
+                 recording=(0, A.NEVER)):
     """One engine run, rerun with larger Bufferize regions while a buffer overflows its region.
 
     ``make_state(program)`` returns the functional ``(fv, fi)`` for a run (None: timing mode).
-    Returns (out, us, chs, wall seconds, the program that ran, (fv, fi, offsets) or None).
+    ``recording``: (record capacity, cutoff cycle) of a fresh timeline buffer per attempt (capacity 0: none).
+    Returns (out, us, chs, wall seconds, the program that ran, (fv, fi, offsets) or None, timeline or None).
     """
     scale = 1
     current = program
     while True:
         state = make_state(current) if make_state else None
         fv, fi = (state[0], state[1]) if state else (None, None)
+        tl = _new_timeline(current, recording)
         t0 = time.perf_counter()
-        out, us, chs = _call(engine, current, limit, rec, fv, fi, progress, hbm_closed_form)
+        out, us, chs = _call(engine, current, limit, rec, fv, fi, progress, hbm_closed_form, tl)
         wall = time.perf_counter() - t0
         if int(out[A.OUT_STATUS]) != A.ST_ARENA_FULL:
-            return out, us, chs, wall, current, state
+            return out, us, chs, wall, current, state, tl
         if scale >= 1 << MAX_ARENA_DOUBLINGS:
             unit = int(out[A.OUT_STATUS_ARG])
             raise ArenaError(f"{program.unit_names[unit]} (Bufferize): a buffer needs more than "
@@ -233,7 +271,8 @@ def _run_growing(engine, program, limit, rec, make_state, progress=None, hbm_clo
         current = program.with_arena_scale(scale)
 
 
-def _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress=None, hbm_closed_form=True):
+def _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress=None, hbm_closed_form=True,
+                    recording=(0, A.NEVER)):
     """Functional mode: size the value arena, run, rerun once with larger blocks if a tile outgrew them."""
     arrays = arena.check_inputs(program, inputs)
     if arena_tiles is not None and (isinstance(arena_tiles, bool) or not isinstance(arena_tiles, (int, np.integer))
@@ -251,9 +290,9 @@ def _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress=N
 
     block = arena.static_block_hint(program)
     while True:
-        out, us, chs, wall, current, state = _run_growing(
+        out, us, chs, wall, current, state, tl = _run_growing(
             engine, program, limit, rec,
-            lambda cur: arena.build_state(cur, arrays, capacity(cur), block), progress, hbm_closed_form)
+            lambda cur: arena.build_state(cur, arrays, capacity(cur), block), progress, hbm_closed_form, recording)
         fv, fi, offsets = state
         vstatus = int(fi[V.FI_STATUS])
         if vstatus == V.VS_TOO_BIG and int(out[A.OUT_STATUS]) == A.ST_OK:
@@ -269,7 +308,7 @@ def _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress=N
         raise SimulationError(f"{program.unit_names[unit]} ({program.opcode_name(unit)}): tile address "
                               f"{int(fi[V.FI_ARG2])} is outside tensor {t.name!r} ({t.n_tiles} tiles of "
                               f"{t.tile_rows}x{t.tile_cols})")
-    result = _result(current, out, us, chs, wall, rec)
+    result = _result(current, out, us, chs, wall, rec, tl)
     return dataclasses.replace(result, outputs=arena.read_outputs(program, fv, offsets), functional=arena.stats(fi))
 
 
@@ -283,7 +322,7 @@ def _arena_full_error(program, fi, arena_tiles, rerun) -> ArenaError:
                       f"{block}-float blocks); this run needs {need} tiles ({(need + 1) * block * 4} bytes)")
 
 
-def _result(program, out, us, chs, wall, rec) -> EngineResult:
+def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
     """Check the engine status and package the counters."""
     status = int(out[A.OUT_STATUS])
     if status == A.ST_DEADLOCK:
@@ -304,7 +343,7 @@ def _result(program, out, us, chs, wall, rec) -> EngineResult:
                         events=int(out[A.OUT_EVENTS]), fires=int(out[A.OUT_FIRES]), wall_seconds=wall,
                         events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy(),
                         hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
-                        hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]))
+                        hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]), timeline=tl)
 
 
 _STATUS_MESSAGES = {

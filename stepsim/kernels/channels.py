@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from stepsim.kernels import abi as A
 from stepsim.kernels.jit import kernel
+from stepsim.kernels.timeline import tl_channel
 
 
 @kernel
@@ -117,7 +118,7 @@ def settle_peak(chs, slots, c, final):
 
 
 @kernel
-def pop(chs, slots, c, clock):
+def pop(chs, slots, c, clock, tl):
     """Dequeue c's head at receiver clock ``clock`` (>= its stamp).
 
     reads: chs[c], slots / writes: the slot's credit-free time, chs[c, CH_HEAD] / returns: nothing.
@@ -128,12 +129,16 @@ def pop(chs, slots, c, clock):
     d = clock
     d = max(d, slots[row, A.SL_STAMP])
     slots[row, A.SL_FREE] = d + chs[c, A.CH_CREDIT_LAT]
+    if tl is not None:
+        tk = A.SL_TOKEN
+        tl_channel(tl, c, d + chs[c, A.CH_CREDIT_LAT], -1,
+                   -slots[row, tk + A.TK_ROWS] * slots[row, tk + A.TK_COLS] * slots[row, tk + A.TK_BYTES])
     chs[c, A.CH_HEAD] += 1
     chs[c, A.CH_HEAD_ROW] = next_row(chs, c, row)
 
 
 @kernel
-def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload):
+def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload, tl):
     """Enqueue a token on c (c must have a free slot).
 
     reads: chs[c], the slot's credit-free time / writes: the slot, chs[c] tail and peak /
@@ -156,17 +161,19 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     slots[row, A.SL_TOKEN + A.TK_OFFSET] = offset
     slots[row, A.SL_TOKEN + A.TK_PAYLOAD] = payload
     slots[row, A.SL_SENT] = clock
+    if tl is not None:
+        tl_channel(tl, c, clock, 1, rows * cols * nbytes)
     chs[c, A.CH_TAIL] = tail + 1
     chs[c, A.CH_TAIL_ROW] = next_row(chs, c, row)
     return clock
 
 
 @kernel
-def push_copy(chs, slots, c, clock, requested, src, srow, scol, stop):
+def push_copy(chs, slots, c, clock, requested, src, srow, scol, stop, tl):
     """Enqueue a copy of the token at ``src[srow, scol:scol+N_TOKEN]`` with its stop level replaced.
 
     reads: src row, chs[c] / writes: the slot, chs[c] / returns: the sender's clock after the credit wait.
     """
     return push(chs, slots, c, clock, requested, stop, src[srow, scol + A.TK_FLAGS], src[srow, scol + A.TK_BYTES],
                 src[srow, scol + A.TK_ROWS], src[srow, scol + A.TK_COLS], src[srow, scol + A.TK_OFFSET],
-                src[srow, scol + A.TK_PAYLOAD])
+                src[srow, scol + A.TK_PAYLOAD], tl)

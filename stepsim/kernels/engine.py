@@ -40,6 +40,7 @@ from stepsim.kernels.hbm import (
     hbm_process,
 )
 from stepsim.kernels.jit import alloc_kernel, inline_kernel, kernel
+from stepsim.kernels.timeline import TL_CH_HBM
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
 from stepsim.kernels.units_memory import (
@@ -81,7 +82,7 @@ from stepsim.kernels.values import FI_STATUS, VS_FULL
 
 
 @inline_kernel
-def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi, tl):
     """Step unit u by its opcode. reads/writes: whatever the unit's step does / returns: its STEP_* code.
 
     Inlined into the event loop (numba IR inlining) so a step costs one call, not two: every call passes
@@ -90,85 +91,85 @@ def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
     op = up[u, A.UP_OPCODE]
     if op == A.OP_MAP:
         return step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                        hq, fv, fi)
+                        hq, fv, fi, tl)
     if op == A.OP_ACCUM or op == A.OP_MAP_ACCUM or op == A.OP_SCAN:
         return step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                          hq, fv, fi)
+                          hq, fv, fi, tl)
     if op == A.OP_OFFCHIP_LOAD or op == A.OP_DYN_OFFCHIP_LOAD:
         return step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                 hfree, hq, fv, fi)
+                                 hfree, hq, fv, fi, tl)
     if op == A.OP_SINK:
         return step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hq, fv, fi)
+                         hq, fv, fi, tl)
     if op == A.OP_BROADCAST:
         return step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hq, fv, fi)
+                              hfree, hq, fv, fi, tl)
     if op == A.OP_FLATTEN:
         return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hq, fv, fi)
+                                    eng, hfree, hq, fv, fi, tl)
     if op == A.OP_PROMOTE:
         if up[u, A.UP_A0 + A.PA_PROMOTE_OUTER]:
             return step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                      eng, hfree, hq, fv, fi)
+                                      eng, hfree, hq, fv, fi, tl)
         return step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hq, fv, fi)
+                                    eng, hfree, hq, fv, fi, tl)
     if op == A.OP_RESHAPE:
         return step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                            hfree, hq, fv, fi)
+                            hfree, hq, fv, fi, tl)
     if op == A.OP_PARTITION:
         return step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hq, fv, fi)
+                              hfree, hq, fv, fi, tl)
     if op == A.OP_REASSEMBLE:
         return step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hq, fv, fi)
+                               hfree, hq, fv, fi, tl)
     if op == A.OP_EAGER_MERGE:
         return step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                hfree, hq, fv, fi)
+                                hfree, hq, fv, fi, tl)
     if op == A.OP_PARALLELIZE:
         return step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                hfree, hq, fv, fi)
+                                hfree, hq, fv, fi, tl)
     if op == A.OP_OFFCHIP_STORE:
         return step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hq, fv, fi)
+                                  eng, hfree, hq, fv, fi, tl)
     if op == A.OP_RANDOM_OFFCHIP_LOAD:
         return step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                        arena, eng, hfree, hq, fv, fi)
+                                        arena, eng, hfree, hq, fv, fi, tl)
     if op == A.OP_RANDOM_OFFCHIP_STORE:
         return step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                         arena, eng, hfree, hq, fv, fi)
+                                         arena, eng, hfree, hq, fv, fi, tl)
     if op == A.OP_BUFFERIZE:
         return step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hq, fv, fi)
+                              hfree, hq, fv, fi, tl)
     if op == A.OP_STREAMIFY:
         return step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hq, fv, fi)
+                              hfree, hq, fv, fi, tl)
     if op == A.OP_DYN_STREAMIFY:
         return step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hq, fv, fi)
+                                  eng, hfree, hq, fv, fi, tl)
     if op == A.OP_EXPAND_REF:
         return step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hq, fv, fi)
+                               hfree, hq, fv, fi, tl)
     if op == A.OP_REPEAT_STATIC:
         return step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hq, fv, fi)
+                                  eng, hfree, hq, fv, fi, tl)
     if op == A.OP_ROW_STREAMIFY:
         return step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                  eng, hfree, hq, fv, fi)
+                                  eng, hfree, hq, fv, fi, tl)
     if op == A.OP_SELECT_GEN:
         return step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                               hfree, hq, fv, fi)
+                               hfree, hq, fv, fi, tl)
     if op == A.OP_METADATA_GEN:
         return step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                                 hfree, hq, fv, fi)
+                                 hfree, hq, fv, fi, tl)
     if op == A.OP_EXPERT_ADDR_GEN:
         return step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                    eng, hfree, hq, fv, fi)
+                                    eng, hfree, hq, fv, fi, tl)
     if op == A.OP_CACHE_READ_ADDR_GEN:
         return step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw,
-                                        arena, eng, hfree, hq, fv, fi)
+                                        arena, eng, hfree, hq, fv, fi, tl)
     if op == A.OP_FILTER_LAST_TILE:
         return step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
-                                     eng, hfree, hq, fv, fi)
+                                     eng, hfree, hq, fv, fi, tl)
     return A.STEP_DONE
 
 
@@ -184,7 +185,7 @@ def _wake(us, wl, wl_n, v):
 
 @kernel
 def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots, payload, sel_ptr, sel_idx, hw,
-               arena, eng, hfree, hq, done_list, wl, ts_units, n_ts, stop_events, rec, fv, fi):
+               arena, eng, hfree, hq, done_list, wl, ts_units, n_ts, stop_events, rec, fv, fi, tl):
     """The scheduler (compiled without NRT: no reference counting on the hot path).
 
     Runs until the program ends, a unit raises a status, or ``eng[E_EVENTS]`` reaches ``stop_events``
@@ -204,7 +205,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             u = wl[wl_n]
             us[u, A.US_IN_WORKLIST] = 0
             r = dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hq, fv, fi)
+                         hq, fv, fi, tl)
             events += 1
             if n_rec < n_rec_max:
                 rec[n_rec, 0] = u
@@ -256,11 +257,11 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
         if t_hbm == A.NEVER and best_u < 0:
             break
         if t_hbm <= best_t:
-            nd = hbm_process(best_t, us, eng, hq, hw, hfree, done_list)
+            nd = hbm_process(best_t, us, eng, hq, hw, hfree, done_list, tl)
             events += 1
             for k in range(nd):
                 v = done_list[k]
-                advance_busy(us, v, us[v, A.US_TOK_B])
+                advance_busy(us, v, us[v, A.US_TOK_B], TL_CH_HBM, tl)
                 us[v, A.US_WAIT_KIND] = A.WAIT_NONE
                 wl_n = _wake(us, wl, wl_n, v)
         else:

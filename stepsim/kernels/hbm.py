@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from stepsim.kernels import abi as A
 from stepsim.kernels.jit import kernel
+from stepsim.kernels.timeline import tl_hbm
 
 # engine scalar slots owned by the HBM (indices into eng; see engine.py for the rest)
 E_HBM_NEXT = 0  # first tick not yet served (started units are due exactly then)
@@ -282,7 +283,7 @@ def _try_skip(hq, col, ns, eng, hfree, C, bound, t_pend):
 
 
 @kernel
-def hbm_process(bound, us, eng, hq, hw, hfree, done_list):
+def hbm_process(bound, us, eng, hq, hw, hfree, done_list, tl):
     """Serve HBM ticks in order while the next tick is <= bound; stop after a tick that completes a tile.
 
     Ticks are served one by one; while the set of due units stays the same, the HBM watches for a periodic
@@ -350,6 +351,8 @@ def hbm_process(bound, us, eng, hq, hw, hfree, done_list):
             off -= C
         eng[E_HBM_REQS] += bi
         eng[E_HBM_NEXT] = T + 1
+        if tl is not None:
+            tl_hbm(tl, T, 1, bi)
         if ndone > 0:
             eng[E_HBM_SNAP_T] = -1
             break
@@ -361,7 +364,10 @@ def hbm_process(bound, us, eng, hq, hw, hfree, done_list):
             eng[E_HBM_IDLE] |= idle
             if T + 1 - eng[E_HBM_SNAP_T] == eng[E_HBM_PERIOD] and eng[E_HBM_PER_TICK] == 0:
                 t_next = hq[hq[0, HQ_HEAP], HQ_T0] + 1 if npend > 0 else A.NEVER
-                _try_skip(hq, col, ns, eng, hfree, C, bound, t_next)
+                t_from = eng[E_HBM_NEXT]
+                skipped = _try_skip(hq, col, ns, eng, hfree, C, bound, t_next)
+                if tl is not None:
+                    tl_hbm(tl, t_from, skipped, eng[E_HBM_TICK_REQS])
                 _start_period(hq, col, ns, eng, hfree, C, eng[E_HBM_NEXT], bi)
     eng[E_HBM_NACT] = ns
     eng[E_HBM_NPEND] = npend

@@ -13,6 +13,7 @@ from __future__ import annotations
 from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push, closed_empty, head_row, next_free, pop, push, push_copy
 from stepsim.kernels.jit import kernel
+from stepsim.kernels.timeline import TL_BLOCKED_IN, TL_BLOCKED_OUT, TL_BUSY, tl_interval
 from stepsim.kernels.values import drop, keep
 
 
@@ -25,7 +26,7 @@ def block(us, u, c, kind):
 
 
 @kernel
-def wait_input(us, u, t):
+def wait_input(us, u, t, c, tl):
     """Blocking-receive clock rule ``clock = max(clock, t)``, counted as blocked-on-input.
 
     reads: us[u] clock / writes: us[u] clock and blocked-in counter / returns: nothing.
@@ -34,10 +35,12 @@ def wait_input(us, u, t):
     if t > clock:
         us[u, A.US_BLOCKED_IN] += t - clock
         us[u, A.US_CLOCK] = t
+        if tl is not None:
+            tl_interval(tl, TL_BLOCKED_IN, u, clock, t, c)
 
 
 @kernel
-def seen_closed(us, u, chs, c):
+def seen_closed(us, u, chs, c, tl):
     """True if channel c is closed and empty; the unit then observes the closure at the producer's final clock.
 
     Canonical rule (docs/timing_model.md §1.3): a closure is observed at T iff the producer's final clock <= T, so the
@@ -47,13 +50,13 @@ def seen_closed(us, u, chs, c):
     reads: chs[c] / writes: us[u] clock and blocked-in counter when closed / returns: bool.
     """
     if closed_empty(chs, c):
-        wait_input(us, u, chs[c, A.CH_CLOSE_TIME])
+        wait_input(us, u, chs[c, A.CH_CLOSE_TIME], c, tl)
         return True
     return False
 
 
 @kernel
-def await_input(us, u, chs, c):
+def await_input(us, u, chs, c, tl):
     """The input prologue of a unit driven by channel c.
 
     reads: chs[c] / writes: us[u] wait registers (or clock, on close) / returns: STEP_READY when c holds an
@@ -62,76 +65,85 @@ def await_input(us, u, chs, c):
     """
     if can_pop(chs, c):
         return A.STEP_READY
-    if seen_closed(us, u, chs, c):
+    if seen_closed(us, u, chs, c, tl):
         return A.STEP_DONE
     return block(us, u, c, A.WAIT_EMPTY)
 
 
 @kernel
-def spend(us, u, cycles):
+def spend(us, u, cycles, tl):
     """reads: nothing / writes: us[u] clock += cycles and the busy counter / returns: nothing."""
+    if tl is not None and cycles > 0:
+        tl_interval(tl, TL_BUSY, u, us[u, A.US_CLOCK], us[u, A.US_CLOCK] + cycles, -1)
     us[u, A.US_CLOCK] += cycles
     us[u, A.US_BUSY] += cycles
 
 
 @kernel
-def advance_busy(us, u, t):
-    """``clock = max(clock, t)`` counted as busy. reads/writes: us[u] clock, busy / returns: nothing."""
+def advance_busy(us, u, t, ch, tl):
+    """``clock = max(clock, t)`` counted as busy (``ch``: the timeline's channel column, -1 or TL_CH_HBM).
+
+    reads/writes: us[u] clock, busy / returns: nothing.
+    """
     clock = us[u, A.US_CLOCK]
     if t > clock:
         us[u, A.US_BUSY] += t - clock
         us[u, A.US_CLOCK] = t
+        if tl is not None:
+            tl_interval(tl, TL_BUSY, u, clock, t, ch)
 
 
 @kernel
-def take(us, u, chs, slots, c):
+def take(us, u, chs, slots, c, tl):
     """Blocking dequeue of c's head (c must be non-empty): clock = max(clock, stamp), then pop.
 
     reads: the head slot / writes: us[u] clock, the channel / returns: the head's slot row (still readable).
     """
     row = head_row(chs, c)
-    wait_input(us, u, slots[row, A.SL_STAMP])
-    pop(chs, slots, c, us[u, A.US_CLOCK])
+    wait_input(us, u, slots[row, A.SL_STAMP], c, tl)
+    pop(chs, slots, c, us[u, A.US_CLOCK], tl)
     return row
 
 
 @kernel
-def consume(us, u, chs, slots, c, fi):
+def consume(us, u, chs, slots, c, fi, tl):
     """:func:`take` for a unit that only reads the token's metadata: its values (functional mode) are released.
 
     reads: the head slot / writes: us[u] clock, the channel / returns: the head's slot row (metadata readable).
     """
-    row = take(us, u, chs, slots, c)
+    row = take(us, u, chs, slots, c, tl)
     drop(fi, slots, row, A.SL_TOKEN)
     return row
 
 
 @kernel
-def look(us, u, chs, slots, c):
+def look(us, u, chs, slots, c, tl):
     """Blocking peek of c's head (c must be non-empty): clock = max(clock, stamp).
 
     reads: the head slot / writes: us[u] clock / returns: the head's slot row.
     """
     row = head_row(chs, c)
-    wait_input(us, u, slots[row, A.SL_STAMP])
+    wait_input(us, u, slots[row, A.SL_STAMP], c, tl)
     return row
 
 
 @kernel
-def emit(us, u, chs, slots, c, requested, stop, flags, nbytes, rows, cols, offset, payload):
+def emit(us, u, chs, slots, c, requested, stop, flags, nbytes, rows, cols, offset, payload, tl):
     """Enqueue on c at ``requested`` (c must have a free slot); credit waits count as blocked-on-output.
 
     reads: us[u] clock / writes: the channel, us[u] clock and blocked-out counter / returns: nothing.
     """
     clock = us[u, A.US_CLOCK]
-    t = push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload)
+    t = push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload, tl)
     if t > clock:
         us[u, A.US_BLOCKED_OUT] += t - clock
         us[u, A.US_CLOCK] = t
+        if tl is not None:
+            tl_interval(tl, TL_BLOCKED_OUT, u, clock, t, c)
 
 
 @kernel
-def room_on_outputs(us, u, chs, slots, out_ch, start, n):
+def room_on_outputs(us, u, chs, slots, out_ch, start, n, tl):
     """Make room to send one element on every output ``out_ch[start:start+n]`` at one time (Broadcast, and
     Reshape with its padding flags): each needs a free slot, then the clock waits for the latest credit
     (counted as blocked-on-output).
@@ -139,21 +151,28 @@ def room_on_outputs(us, u, chs, slots, out_ch, start, n):
     reads: chs, slots / writes: us[u] clock, blocked-out counter and wait / returns: True when the element can be
     sent now, False after recording the block on the first full output.
     """
-    latest = us[u, A.US_CLOCK]
+    clock = us[u, A.US_CLOCK]
+    latest = clock
+    latest_ch = -1
     for k in range(n):
         o = out_ch[start + k]
         if not can_push(chs, o):
             block(us, u, o, A.WAIT_FULL)
             return False
-        latest = max(latest, next_free(chs, slots, o))
-    if latest > us[u, A.US_CLOCK]:
-        us[u, A.US_BLOCKED_OUT] += latest - us[u, A.US_CLOCK]
+        free = next_free(chs, slots, o)
+        if free > latest:
+            latest = free
+            latest_ch = o
+    if latest > clock:
+        us[u, A.US_BLOCKED_OUT] += latest - clock
         us[u, A.US_CLOCK] = latest
+        if tl is not None:
+            tl_interval(tl, TL_BLOCKED_OUT, u, clock, latest, latest_ch)
     return True
 
 
 @kernel
-def emit_copy(us, u, chs, slots, c, requested, src, srow, scol, stop, fi):
+def emit_copy(us, u, chs, slots, c, requested, src, srow, scol, stop, fi, tl):
     """Enqueue a copy of the token at ``src[srow, scol:]`` with stop ``stop``; like :func:`emit`.
 
     The copy holds its own reference to a tile's values (functional mode, :func:`stepsim.kernels.values.keep`).
@@ -161,10 +180,12 @@ def emit_copy(us, u, chs, slots, c, requested, src, srow, scol, stop, fi):
     """
     keep(fi, src, srow, scol)
     clock = us[u, A.US_CLOCK]
-    t = push_copy(chs, slots, c, clock, requested, src, srow, scol, stop)
+    t = push_copy(chs, slots, c, clock, requested, src, srow, scol, stop, tl)
     if t > clock:
         us[u, A.US_BLOCKED_OUT] += t - clock
         us[u, A.US_CLOCK] = t
+        if tl is not None:
+            tl_interval(tl, TL_BLOCKED_OUT, u, clock, t, c)
 
 
 @kernel

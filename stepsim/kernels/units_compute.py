@@ -258,7 +258,7 @@ def _online_softmax_values(u, us, head_dim, slots, r1, r2, rows, cols, fv, fi):
 
 
 @kernel
-def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi, tl):
     """reads: inputs / writes: output, input credits, us[u] / returns: DONE when the inputs close."""
     start = up[u, A.UP_IN_START]
     c1 = in_ch[start]
@@ -272,26 +272,26 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
     pmu = hw[A.HW_PMU_BW]
     while True:
         if not can_pop(chs, c1):
-            if seen_closed(us, u, chs, c1):
-                if not binary or seen_closed(us, u, chs, c2):
+            if seen_closed(us, u, chs, c1, tl):
+                if not binary or seen_closed(us, u, chs, c2, tl):
                     return A.STEP_DONE
                 if can_pop(chs, c2):  # input 2 still has elements: the inputs disagree
                     return _mismatch(u, eng, us)
                 return block(us, u, c2, A.WAIT_EMPTY)  # input 2 may still close: wait for it
             return block(us, u, c1, A.WAIT_EMPTY)
         if binary and not can_pop(chs, c2):
-            if seen_closed(us, u, chs, c2):
+            if seen_closed(us, u, chs, c2, tl):
                 return _mismatch(u, eng, us)
             return block(us, u, c2, A.WAIT_EMPTY)
         if not can_push(chs, out):
             return block(us, u, out, A.WAIT_FULL)
         r1 = head_row(chs, c1)
-        wait_input(us, u, slots[r1, A.SL_STAMP])
+        wait_input(us, u, slots[r1, A.SL_STAMP], c1, tl)
         load = load_cycles(slots, r1, A.SL_TOKEN, pmu)
         r2 = r1
         if binary:
             r2 = head_row(chs, c2)
-            wait_input(us, u, slots[r2, A.SL_STAMP])
+            wait_input(us, u, slots[r2, A.SL_STAMP], c2, tl)
             load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
             if stops_conflict(slots[r1, A.SL_TOKEN + A.TK_STOP], slots[r2, A.SL_TOKEN + A.TK_STOP]):
                 return _mismatch(u, eng, us)
@@ -301,22 +301,22 @@ def step_map(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
         if wb:
             store = pmu_cycles(res[2] * res[3] * res[4], pmu)
             cost = max(cost, store)
-        spend(us, u, cost)
+        spend(us, u, cost, tl)
         value = res[6]
         if fi is not None and res[1] == A.KIND_TILE:
             value = _map_values(u, fn, param, slots, r1, r2, res[3], res[4], fv, fi)
         emit(us, u, chs, slots, out, us[u, A.US_CLOCK], slots[r1, A.SL_TOKEN + A.TK_STOP],
-             res[1] | (A.FLAG_MU if wb else 0), res[2], res[3], res[4], res[5], value)
-        pop(chs, slots, c1, us[u, A.US_CLOCK])
+             res[1] | (A.FLAG_MU if wb else 0), res[2], res[3], res[4], res[5], value, tl)
+        pop(chs, slots, c1, us[u, A.US_CLOCK], tl)
         drop(fi, slots, r1, A.SL_TOKEN)
         if binary:
-            pop(chs, slots, c2, us[u, A.US_CLOCK])
+            pop(chs, slots, c2, us[u, A.US_CLOCK], tl)
             drop(fi, slots, r2, A.SL_TOKEN)
         us[u, A.US_FIRES] += 1
 
 
 @kernel
-def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi, tl):
     """Accum, MapAccum and Scan (by opcode).
 
     reads: inputs / writes: output, input credits, us[u] accumulator / returns: DONE when the inputs close.
@@ -347,11 +347,11 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             b = A.US_TOK_B
             emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, b + A.TK_STOP], us[u, b + A.TK_FLAGS],
                  us[u, b + A.TK_BYTES], us[u, b + A.TK_ROWS], us[u, b + A.TK_COLS], us[u, b + A.TK_OFFSET],
-                 us[u, b + A.TK_PAYLOAD])
+                 us[u, b + A.TK_PAYLOAD], tl)
             us[u, A.US_PHASE] = 0
         if not can_pop(chs, c1):
-            if seen_closed(us, u, chs, c1):
-                if not binary or seen_closed(us, u, chs, c2):
+            if seen_closed(us, u, chs, c1, tl):
+                if not binary or seen_closed(us, u, chs, c2, tl):
                     drop(fi, us, u, A.US_TOK_A)  # the init tile of a group that never came
                     return A.STEP_DONE
                 if can_pop(chs, c2):  # input 2 still has elements: the inputs disagree
@@ -359,18 +359,18 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
                 return block(us, u, c2, A.WAIT_EMPTY)  # input 2 may still close: wait for it
             return block(us, u, c1, A.WAIT_EMPTY)
         if binary and not can_pop(chs, c2):
-            if seen_closed(us, u, chs, c2):
+            if seen_closed(us, u, chs, c2, tl):
                 return _mismatch(u, eng, us)
             return block(us, u, c2, A.WAIT_EMPTY)
         r1 = head_row(chs, c1)
-        wait_input(us, u, slots[r1, A.SL_STAMP])
+        wait_input(us, u, slots[r1, A.SL_STAMP], c1, tl)
         load = load_cycles(slots, r1, A.SL_TOKEN, pmu)
         stop = slots[r1, A.SL_TOKEN + A.TK_STOP]
         r2 = r1
         prod_rows = prod_cols = 0  # MapAccum: shape of fn(in1, in2) before it is added to the accumulator
         if binary:
             r2 = head_row(chs, c2)
-            wait_input(us, u, slots[r2, A.SL_STAMP])
+            wait_input(us, u, slots[r2, A.SL_STAMP], c2, tl)
             load += load_cycles(slots, r2, A.SL_TOKEN, pmu)
             if stops_conflict(stop, slots[r2, A.SL_TOKEN + A.TK_STOP]):
                 return _mismatch(u, eng, us)
@@ -408,8 +408,8 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
             if wb:
                 store = pmu_cycles(res[2] * res[3] * res[4], pmu)
                 cost = max(cost, store)
-            spend(us, u, cost)
-            pop(chs, slots, c1, us[u, A.US_CLOCK])
+            spend(us, u, cost, tl)
+            pop(chs, slots, c1, us[u, A.US_CLOCK], tl)
             drop(fi, slots, r1, A.SL_TOKEN)
             _set_acc(u, us, fn, wb, res, handle)
             for k in range(A.N_TOKEN):
@@ -425,11 +425,11 @@ def step_accum(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, 
         closing = stop >= rank
         if closing and init_store > cost:
             cost = init_store
-        spend(us, u, cost)
-        pop(chs, slots, c1, us[u, A.US_CLOCK])
+        spend(us, u, cost, tl)
+        pop(chs, slots, c1, us[u, A.US_CLOCK], tl)
         drop(fi, slots, r1, A.SL_TOKEN)
         if binary:
-            pop(chs, slots, c2, us[u, A.US_CLOCK])
+            pop(chs, slots, c2, us[u, A.US_CLOCK], tl)
             drop(fi, slots, r2, A.SL_TOKEN)
         _set_acc(u, us, fn, wb, res, handle)
         us[u, A.US_FIRES] += 1

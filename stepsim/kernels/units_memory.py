@@ -87,7 +87,7 @@ def _store_values(u, t, src, row, fv, fi):
 
 @kernel
 def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                      hq, fv, fi):
+                      hq, fv, fi, tl):
     """reads: view shape / writes: tile output, HBM registration, us[u] / returns: DONE after the last tile."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n_tiles = up[u, A.UP_A0 + A.PA_N_TILES]
@@ -103,10 +103,10 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
             if is_dyn:
                 ref = in_ch[up[u, A.UP_IN_START]]
                 if us[u, R_I] == 0 or us[u, R_I] == n_tiles:
-                    got = await_input(us, u, chs, ref)
+                    got = await_input(us, u, chs, ref, tl)
                     if got != A.STEP_READY:
                         return got
-                    row = consume(us, u, chs, slots, ref, fi)
+                    row = consume(us, u, chs, slots, ref, fi, tl)
                     us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
                     us[u, R_I] = 0
             elif us[u, R_I] == n_tiles:
@@ -126,7 +126,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
             value = -1
             if fi is not None:
                 value = _load_values(u, V.view_tile(fi, payload, u, voff, vlen, i), rows, cols, fv, fi)
-            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, TILE_FLAGS, nb, rows, cols, rows, value)
+            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, TILE_FLAGS, nb, rows, cols, rows, value, tl)
             us[u, R_I] = i + 1
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
@@ -134,7 +134,7 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
 
 @kernel
 def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                             hfree, hq, fv, fi):
+                             hfree, hq, fv, fi, tl):
     """reads: address input / writes: tile output, HBM registration, us[u] / returns: DONE when raddr closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -144,10 +144,10 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = consume(us, u, chs, slots, c, fi)
+            row = consume(us, u, chs, slots, c, fi, tl)
             us[u, R_REFSTOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             us[u, R_ADDR] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             return _start_tile(u, up, us, eng, hq, hw, rows, cols, nb, nb, False)
@@ -162,23 +162,23 @@ def step_random_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
             if fi is not None:
                 value = _load_values(u, us[u, R_ADDR], rows, cols, fv, fi)
             emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, R_REFSTOP], TILE_FLAGS, nb, rows, cols, rows,
-                 value)
+                 value, tl)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hq, fv, fi):
+                       hq, fv, fi, tl):
     """reads: tile input / writes: HBM registration, input credits, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = look(us, u, chs, slots, c)
+            row = look(us, u, chs, slots, c, tl)
             nb = slots[row, A.SL_TOKEN + A.TK_BYTES]
             traffic = up[u, A.UP_A0 + A.PA_ELEM_BYTES]
             return _start_tile(u, up, us, eng, hq, hw, slots[row, A.SL_TOKEN + A.TK_ROWS],
@@ -189,7 +189,7 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             row = head_row(chs, c)
             if fi is not None:  # tile i of the stream is tile i of the tensor
                 _store_values(u, us[u, A.US_FIRES], slots, row, fv, fi)
-            pop(chs, slots, c, us[u, A.US_CLOCK])
+            pop(chs, slots, c, us[u, A.US_CLOCK], tl)
             drop(fi, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
@@ -197,7 +197,7 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 @kernel
 def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                              hfree, hq, fv, fi):
+                              hfree, hq, fv, fi, tl):
     """reads: waddr and wdata inputs / writes: ack output, HBM registration, us[u] / returns: DONE on close."""
     ca = in_ch[up[u, A.UP_IN_START]]
     cd = in_ch[up[u, A.UP_IN_START] + 1]
@@ -209,14 +209,14 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            got = await_input(us, u, chs, ca)
+            got = await_input(us, u, chs, ca, tl)
             if got != A.STEP_READY:
                 return got
-            got = await_input(us, u, chs, cd)
+            got = await_input(us, u, chs, cd, tl)
             if got != A.STEP_READY:
                 return got
-            look(us, u, chs, slots, ca)
-            look(us, u, chs, slots, cd)
+            look(us, u, chs, slots, ca, tl)
+            look(us, u, chs, slots, cd, tl)
             return _start_tile(u, up, us, eng, hq, hw, rows, cols, nb, nb, True)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
@@ -230,9 +230,9 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
             data = head_row(chs, cd)
             if fi is not None:
                 _store_values(u, slots[head_row(chs, ca), A.SL_TOKEN + A.TK_PAYLOAD], slots, data, fv, fi)
-            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, A.KIND_SCALAR, 1, 1, 1, 1, 1)
-            pop(chs, slots, ca, us[u, A.US_CLOCK])
-            pop(chs, slots, cd, us[u, A.US_CLOCK])
+            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, A.KIND_SCALAR, 1, 1, 1, 1, 1, tl)
+            pop(chs, slots, ca, us[u, A.US_CLOCK], tl)
+            pop(chs, slots, cd, us[u, A.US_CLOCK], tl)
             drop(fi, slots, data, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 0
@@ -240,7 +240,8 @@ def step_random_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel
 
 # ---------------------------------------------------------------------------------------------- buffers
 @kernel
-def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                   hq, fv, fi, tl):
     """reads: element input / writes: arena region, buffer output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -249,7 +250,7 @@ def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     size = up[u, A.UP_A0 + A.PA_ARENA_SIZE]
     while True:
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
             wpos = us[u, R_WPOS]
@@ -257,7 +258,7 @@ def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
                 eng[E_STATUS] = A.ST_ARENA_FULL
                 eng[E_STATUS_ARG] = u
                 return block(us, u, c, A.WAIT_EMPTY)
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             arow = base + wpos % size
             for k in range(A.N_TOKEN):
                 arena[arow, k] = slots[row, A.SL_TOKEN + k]
@@ -265,7 +266,7 @@ def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             us[u, R_WPOS] = wpos + 1
             us[u, A.US_FIRES] += 1
             if s < b:
-                spend(us, u, 1)
+                spend(us, u, 1, tl)
                 continue
             arena[arow, A.TK_STOP] = b
             us[u, A.US_TOK_A + A.TK_STOP] = s - b
@@ -274,7 +275,7 @@ def step_bufferize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             return block(us, u, out, A.WAIT_FULL)
         start = us[u, R_BSTART]
         emit(us, u, chs, slots, out, us[u, A.US_CLOCK], us[u, A.US_TOK_A + A.TK_STOP], A.KIND_BUFFER, 0,
-             us[u, R_WPOS] - start, b, u, start)
+             us[u, R_WPOS] - start, b, u, start, tl)
         us[u, R_BSTART] = us[u, R_WPOS]
         us[u, A.US_PHASE] = 0
 
@@ -306,7 +307,8 @@ def _buffer_stop(arena, arow, b, closing_extra):
 
 
 @kernel
-def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                   hq, fv, fi, tl):
     """reads: buffer references, arena / writes: element output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -314,10 +316,10 @@ def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     rlen = up[u, A.UP_A0 + A.PA_REPEAT_LEN]
     nrep = up[u, A.UP_A0 + A.PA_REPEAT_PROD]
     while True:
-        got = await_input(us, u, chs, c)
+        got = await_input(us, u, chs, c, tl)
         if got != A.STEP_READY:
             return got
-        row = look(us, u, chs, slots, c)
+        row = look(us, u, chs, slots, c, tl)
         count = slots[row, A.SL_TOKEN + A.TK_ROWS]
         b = slots[row, A.SL_TOKEN + A.TK_COLS]
         owner = slots[row, A.SL_TOKEN + A.TK_OFFSET]
@@ -335,10 +337,11 @@ def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             extra = stop_from_shape(payload, roff, rlen, rep) if rlen > 0 else 0
             if extra == rlen:
                 extra += bstop
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], arena, arow, 0, _buffer_stop(arena, arow, b, extra), fi)
-            spend(us, u, 1)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], arena, arow, 0, _buffer_stop(arena, arow, b, extra),
+                      fi, tl)
+            spend(us, u, 1, tl)
             us[u, R_J] = j + 1
-        pop(chs, slots, c, us[u, A.US_CLOCK])
+        pop(chs, slots, c, us[u, A.US_CLOCK], tl)
         _release_buffer(up, us, slots, row, arena, fi)
         us[u, R_J] = 0
         us[u, A.US_FIRES] += 1
@@ -346,22 +349,22 @@ def step_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
 
 @kernel
 def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hq, fv, fi):
+                       hq, fv, fi, tl):
     """reads: buffer references, ref input, arena / writes: element output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     ref = in_ch[up[u, A.UP_IN_START] + 1]
     out = out_ch[up[u, A.UP_OUT_START]]
     repeat_rank = up[u, A.UP_A0 + A.PA_REPEAT_RANK]
     while True:
-        got = await_input(us, u, chs, c)
+        got = await_input(us, u, chs, c, tl)
         if got != A.STEP_READY:
             return got
-        row = look(us, u, chs, slots, c)
+        row = look(us, u, chs, slots, c, tl)
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, ref)
+            got = await_input(us, u, chs, ref, tl)
             if got != A.STEP_READY:
                 return got
-            rrow = consume(us, u, chs, slots, ref, fi)
+            rrow = consume(us, u, chs, slots, ref, fi, tl)
             us[u, R_REFSTOP] = slots[rrow, A.SL_TOKEN + A.TK_STOP]
             us[u, R_J] = 0
             us[u, A.US_PHASE] = 1
@@ -377,11 +380,11 @@ def step_dyn_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             j = us[u, R_J]
             arow = abase + (start + j) % asize
             emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], arena, arow, 0,
-                      _buffer_stop(arena, arow, b, us[u, R_REFSTOP]), fi)
-            spend(us, u, 1)
+                      _buffer_stop(arena, arow, b, us[u, R_REFSTOP]), fi, tl)
+            spend(us, u, 1, tl)
             us[u, R_J] = j + 1
         us[u, A.US_FIRES] += 1
         us[u, A.US_PHASE] = 0
         if us[u, R_REFSTOP] >= repeat_rank + 1:
-            pop(chs, slots, c, us[u, A.US_CLOCK])
+            pop(chs, slots, c, us[u, A.US_CLOCK], tl)
             _release_buffer(up, us, slots, row, arena, fi)

@@ -64,11 +64,11 @@ def _bad(eng, u, code):
 
 
 @kernel
-def _take_selector(u, us, chs, slots, c, pmu, fi):
+def _take_selector(u, us, chs, slots, c, pmu, fi, tl):
     """PEEK sel, now += L(sel), DEQ sel; keep its flags/payload/stop. reads: sel head / writes: us[u]."""
-    row = look(us, u, chs, slots, c)
-    spend(us, u, load_cycles(slots, row, A.SL_TOKEN, pmu))
-    pop(chs, slots, c, us[u, A.US_CLOCK])
+    row = look(us, u, chs, slots, c, tl)
+    spend(us, u, load_cycles(slots, row, A.SL_TOKEN, pmu), tl)
+    pop(chs, slots, c, us[u, A.US_CLOCK], tl)
     drop(fi, slots, row, A.SL_TOKEN)
     us[u, R_SFLAGS] = slots[row, A.SL_TOKEN + A.TK_FLAGS]
     us[u, R_SPAY] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
@@ -76,7 +76,8 @@ def _take_selector(u, us, chs, slots, c, pmu, fi):
 
 
 @kernel
-def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                   hq, fv, fi, tl):
     """reads: data and selector inputs / writes: outputs, us[u] / returns: DONE when the selector closes."""
     cdata = in_ch[up[u, A.UP_IN_START]]
     csel = in_ch[up[u, A.UP_IN_START] + 1]
@@ -89,10 +90,10 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            got = await_input(us, u, chs, csel)
+            got = await_input(us, u, chs, csel, tl)
             if got != A.STEP_READY:
                 return got
-            _take_selector(u, us, chs, slots, csel, pmu, fi)
+            _take_selector(u, us, chs, slots, csel, pmu, fi, tl)
             nt = sel_count(us[u, R_SFLAGS], us[u, R_SPAY], sel_ptr)
             maxsw = 0
             for j in range(nt):
@@ -104,16 +105,16 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
             us[u, R_MAXSW] = maxsw
             us[u, A.US_PHASE] = 1
         elif ph == 1:
-            got = await_input(us, u, chs, cdata)
+            got = await_input(us, u, chs, cdata, tl)
             if got != A.STEP_READY:
                 return got
-            row = look(us, u, chs, slots, cdata)
-            spend(us, u, load_cycles(slots, row, A.SL_TOKEN, pmu))
-            pop(chs, slots, cdata, us[u, A.US_CLOCK])
+            row = look(us, u, chs, slots, cdata, tl)
+            spend(us, u, load_cycles(slots, row, A.SL_TOKEN, pmu), tl)
+            pop(chs, slots, cdata, us[u, A.US_CLOCK], tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             s = slots[row, A.SL_TOKEN + A.TK_STOP]
             w = pmu_cycles(tok_bytes(slots, row, A.SL_TOKEN), pmu) if wb else 0
-            spend(us, u, us[u, R_MAXSW] + w)
+            spend(us, u, us[u, R_MAXSW] + w, tl)
             us[u, R_GEND] = 1 if (rank == 0 or s >= rank) else 0
             us[u, R_OSTOP] = min(rank, s)
             flags = us[u, A.US_TOK_A + A.TK_FLAGS] & ~A.FLAG_MU
@@ -128,14 +129,15 @@ def step_partition(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_i
                 c = out_ch[ostart + e]
                 if not can_push(chs, c):
                     return block(us, u, c, A.WAIT_FULL)
-                emit_copy(us, u, chs, slots, c, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+                emit_copy(us, u, chs, slots, c, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi, tl)
                 us[u, R_J] += 1
             drop(fi, us, u, A.US_TOK_A)  # every target holds its own copy (none: the element is dropped)
             us[u, A.US_PHASE] = 0 if us[u, R_GEND] else 1
 
 
 @kernel
-def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                    hq, fv, fi, tl):
     """reads: data inputs and selector / writes: output, us[u], scratch rows / returns: DONE on selector close."""
     istart = up[u, A.UP_IN_START]
     n_in = up[u, A.UP_N_IN] - 1
@@ -149,10 +151,10 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            got = await_input(us, u, chs, csel)
+            got = await_input(us, u, chs, csel, tl)
             if got != A.STEP_READY:
                 return got
-            _take_selector(u, us, chs, slots, csel, pmu, fi)
+            _take_selector(u, us, chs, slots, csel, pmu, fi, tl)
             nt = sel_count(us[u, R_SFLAGS], us[u, R_SPAY], sel_ptr)
             for j in range(nt):
                 e = sel_target(us[u, R_SFLAGS], us[u, R_SPAY], j, sel_ptr, sel_idx)
@@ -166,14 +168,14 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
             for j in range(nt):
                 c = in_ch[istart + sel_target(us[u, R_SFLAGS], us[u, R_SPAY], j, sel_ptr, sel_idx)]
                 if not can_pop(chs, c):
-                    if seen_closed(us, u, chs, c):
+                    if seen_closed(us, u, chs, c, tl):
                         return _bad(eng, u, A.ST_MISMATCH)
                     return block(us, u, c, A.WAIT_EMPTY)
             # order by head stamp, ties in selector order (stable insertion sort into scratch rows)
             for j in range(nt):
                 e = sel_target(us[u, R_SFLAGS], us[u, R_SPAY], j, sel_ptr, sel_idx)
                 a = head_stamp(chs, slots, in_ch[istart + e])
-                wait_input(us, u, a)
+                wait_input(us, u, a, in_ch[istart + e], tl)
                 k = j
                 while k > 0 and arena[scr + k - 1, 1] > a:
                     arena[scr + k, 0] = arena[scr + k - 1, 0]
@@ -188,15 +190,16 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
             e = arena[scr + j, 0]
             c = in_ch[istart + e]
             if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
+                if seen_closed(us, u, chs, c, tl):
                     return _bad(eng, u, A.ST_MISMATCH)
                 return block(us, u, c, A.WAIT_EMPTY)
-            row = look(us, u, chs, slots, c)
-            advance_busy(us, u, arena[scr + j, 1] + payload[swoff + e] + load_cycles(slots, row, A.SL_TOKEN, pmu))
-            pop(chs, slots, c, us[u, A.US_CLOCK])
+            row = look(us, u, chs, slots, c, tl)
+            ready = arena[scr + j, 1] + payload[swoff + e] + load_cycles(slots, row, A.SL_TOKEN, pmu)
+            advance_busy(us, u, ready, -1, tl)
+            pop(chs, slots, c, us[u, A.US_CLOCK], tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             if wb:
-                spend(us, u, pmu_cycles(tok_bytes(slots, row, A.SL_TOKEN), pmu))
+                spend(us, u, pmu_cycles(tok_bytes(slots, row, A.SL_TOKEN), pmu), tl)
             s = slots[row, A.SL_TOKEN + A.TK_STOP]
             gend = rank == 0 or s >= rank
             ostop = s
@@ -214,7 +217,7 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
         else:
             if not can_push(chs, out):
                 return block(us, u, out, A.WAIT_FULL)
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi, tl)
             drop(fi, us, u, A.US_TOK_A)
             us[u, A.US_PHASE] = 2
             if us[u, R_GEND]:
@@ -255,7 +258,7 @@ def eager_merge_event_time(u, up, us, in_ch, chs, slots):
 
 @kernel
 def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                     hq, fv, fi):
+                     hq, fv, fi, tl):
     """reads: inputs, us[u, R_DECIDE] / writes: data and selector outputs, us[u] /
     returns: STEP_TIME while choosing without a decision time, DONE when all inputs closed."""
     istart = up[u, A.UP_IN_START]
@@ -281,7 +284,7 @@ def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
                     if t <= T and t < best:
                         best = t
                         chosen = k
-            wait_input(us, u, T)
+            wait_input(us, u, T, in_ch[istart + chosen] if chosen >= 0 else -1, tl)
             if chosen < 0:
                 return A.STEP_DONE
             us[u, R_CHOSEN] = chosen
@@ -289,16 +292,16 @@ def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
         elif ph == 1:
             if not can_push(chs, csel):
                 return block(us, u, csel, A.WAIT_FULL)
-            emit(us, u, chs, slots, csel, us[u, A.US_CLOCK], 0, A.KIND_SELECTOR, 1, 1, n_in, 0, us[u, R_CHOSEN])
+            emit(us, u, chs, slots, csel, us[u, A.US_CLOCK], 0, A.KIND_SELECTOR, 1, 1, n_in, 0, us[u, R_CHOSEN], tl)
             us[u, A.US_PHASE] = 2
         elif ph == 2:
             c = in_ch[istart + us[u, R_CHOSEN]]
             if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
+                if seen_closed(us, u, chs, c, tl):
                     us[u, A.US_PHASE] = 0
                     continue
                 return block(us, u, c, A.WAIT_EMPTY)
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             s = slots[row, A.SL_TOKEN + A.TK_STOP]
             if s > rank:
@@ -310,18 +313,18 @@ def step_eager_merge(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
             if not can_push(chs, cdata):
                 return block(us, u, cdata, A.WAIT_FULL)
             emit_copy(us, u, chs, slots, cdata, us[u, A.US_CLOCK], us, u, A.US_TOK_A,
-                      us[u, A.US_TOK_A + A.TK_STOP], fi)
+                      us[u, A.US_TOK_A + A.TK_STOP], fi, tl)
             drop(fi, us, u, A.US_TOK_A)
             if us[u, R_GEND]:
                 us[u, A.US_PHASE] = 0
             else:
-                spend(us, u, 1)
+                spend(us, u, 1, tl)
                 us[u, A.US_PHASE] = 2
 
 
 @kernel
 def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                     hq, fv, fi):
+                     hq, fv, fi, tl):
     """reads: input / writes: outputs, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ostart = up[u, A.UP_OUT_START]
@@ -330,10 +333,10 @@ def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
     swoff = up[u, A.UP_A0 + A.PA_SWITCH_OFF]
     while True:
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             s = slots[row, A.SL_TOKEN + A.TK_STOP]
             if s > rank:
@@ -346,7 +349,7 @@ def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
         if not can_push(chs, o):
             return block(us, u, o, A.WAIT_FULL)
         emit_copy(us, u, chs, slots, o, us[u, A.US_CLOCK] + payload[swoff + lane], us, u, A.US_TOK_A,
-                  us[u, A.US_TOK_A + A.TK_STOP], fi)
+                  us[u, A.US_TOK_A + A.TK_STOP], fi, tl)
         drop(fi, us, u, A.US_TOK_A)
         if us[u, R_GEND]:
             us[u, R_LANE] = (lane + 1) % n_out
@@ -354,24 +357,25 @@ def step_parallelize(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel
 
 
 @kernel
-def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_broadcast(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                   hq, fv, fi, tl):
     """reads: input / writes: every output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ostart = up[u, A.UP_OUT_START]
     n_out = up[u, A.UP_N_OUT]
     while True:
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 1
-        if not room_on_outputs(us, u, chs, slots, out_ch, ostart, n_out):
+        if not room_on_outputs(us, u, chs, slots, out_ch, ostart, n_out, tl):
             return A.STEP_BLOCKED
         for k in range(n_out):
             emit_copy(us, u, chs, slots, out_ch[ostart + k], us[u, A.US_CLOCK], us, u, A.US_TOK_A,
-                      us[u, A.US_TOK_A + A.TK_STOP], fi)
+                      us[u, A.US_TOK_A + A.TK_STOP], fi, tl)
         drop(fi, us, u, A.US_TOK_A)
         us[u, A.US_PHASE] = 0

@@ -55,7 +55,7 @@ R_PENDING = A.US_R0 + 9
 
 @kernel
 def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hq, fv, fi):
+                         hq, fv, fi, tl):
     """Flatten and (inner) Promote. reads: input / writes: output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -65,10 +65,10 @@ def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
     rank = up[u, A.UP_A0 + A.PA_RANK]
     while True:
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             s = slots[row, A.SL_TOKEN + A.TK_STOP]
             if op == A.OP_FLATTEN:
@@ -83,14 +83,14 @@ def step_flatten_promote(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
             us[u, A.US_PHASE] = 1
         if not can_push(chs, out):
             return block(us, u, out, A.WAIT_FULL)
-        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi, tl)
         drop(fi, us, u, A.US_TOK_A)
         us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hq, fv, fi):
+                       hq, fv, fi, tl):
     """Promote of the outermost dim. reads: input / writes: output, us[u] / returns: DONE on close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -98,20 +98,20 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 1
         elif ph == 1:
             # wait for the next element (or the close) to know whether this one is the last
             if can_pop(chs, c):
-                look(us, u, chs, slots, c)
+                look(us, u, chs, slots, c, tl)
                 us[u, R_OSTOP] = us[u, A.US_TOK_A + A.TK_STOP]
                 us[u, R_CLOSING] = 0
-            elif seen_closed(us, u, chs, c):
+            elif seen_closed(us, u, chs, c, tl):
                 us[u, R_OSTOP] = p
                 us[u, R_CLOSING] = 1
             else:
@@ -120,7 +120,7 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
         else:
             if not can_push(chs, out):
                 return block(us, u, out, A.WAIT_FULL)
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi, tl)
             drop(fi, us, u, A.US_TOK_A)
             if us[u, R_CLOSING]:
                 return A.STEP_DONE
@@ -128,7 +128,8 @@ def step_promote_outer(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 
 @kernel
-def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                 hq, fv, fi, tl):
     """reads: input / writes: output (data and pad tiles), us[u] / returns: DONE after the close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -147,7 +148,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
         ph = us[u, A.US_PHASE]
         if ph == 0:
             if not can_pop(chs, c):
-                if seen_closed(us, u, chs, c):
+                if seen_closed(us, u, chs, c, tl):
                     # the close ends a rank-0 input's split dim: pad a partial chunk
                     if us[u, R_CNT] > 0 and pad_bytes > 0:
                         us[u, R_NPAD] = S - us[u, R_CNT]
@@ -158,7 +159,7 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
                         continue
                     return A.STEP_DONE
                 return block(us, u, c, A.WAIT_EMPTY)
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             us[u, A.US_FIRES] += 1
             L = slots[row, A.SL_TOKEN + A.TK_STOP]
@@ -188,24 +189,24 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
         elif ph == 3:
             # add_outer_dim: a chunk-closing element waits for the next element or the close
             if can_pop(chs, c):
-                look(us, u, chs, slots, c)
+                look(us, u, chs, slots, c, tl)
                 us[u, R_OSTOP] = 1
-            elif seen_closed(us, u, chs, c):
+            elif seen_closed(us, u, chs, c, tl):
                 us[u, R_OSTOP] = 2
             else:
                 return block(us, u, c, A.WAIT_EMPTY)
             us[u, A.US_PHASE] = 1
         elif ph == 1:
-            if not room_on_outputs(us, u, chs, slots, out_ch, out_start, n_out):
+            if not room_on_outputs(us, u, chs, slots, out_ch, out_start, n_out, tl):
                 return A.STEP_BLOCKED
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], us, u, A.US_TOK_A, us[u, R_OSTOP], fi, tl)
             if flags_out >= 0:
-                emit(us, u, chs, slots, flags_out, us[u, A.US_CLOCK], us[u, R_OSTOP], A.KIND_SCALAR, 1, 1, 1, 1, 0)
+                emit(us, u, chs, slots, flags_out, us[u, A.US_CLOCK], us[u, R_OSTOP], A.KIND_SCALAR, 1, 1, 1, 1, 0, tl)
             drop(fi, us, u, A.US_TOK_A)
             us[u, A.US_PHASE] = 2 if us[u, R_NPAD] > 0 else 0
         else:
             while us[u, R_NPAD] > 0:
-                if not room_on_outputs(us, u, chs, slots, out_ch, out_start, n_out):
+                if not room_on_outputs(us, u, chs, slots, out_ch, out_start, n_out, tl):
                     return A.STEP_BLOCKED
                 n = us[u, R_NPAD]
                 stop = us[u, R_PADLVL] if n == 1 else 0
@@ -214,9 +215,9 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
                     value = V.alloc(fi, pad_rows * pad_cols, u)
                     V.fill_zero(fv, fi, value, pad_rows * pad_cols)
                 emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, pad_flags, pad_bytes, pad_rows, pad_cols, 0,
-                     value)
+                     value, tl)
                 if flags_out >= 0:
-                    emit(us, u, chs, slots, flags_out, us[u, A.US_CLOCK], stop, A.KIND_SCALAR, 1, 1, 1, 1, 1)
+                    emit(us, u, chs, slots, flags_out, us[u, A.US_CLOCK], stop, A.KIND_SCALAR, 1, 1, 1, 1, 1, tl)
                 us[u, R_NPAD] = n - 1
             if us[u, R_CLOSING]:
                 return A.STEP_DONE
@@ -224,46 +225,47 @@ def step_reshape(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx
 
 
 @kernel
-def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_expand_ref(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                    hq, fv, fi, tl):
     """reads: input and ref / writes: output, us[u] / returns: DONE when either input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     ref = in_ch[up[u, A.UP_IN_START] + 1]
     out = out_ch[up[u, A.UP_OUT_START]]
     k = up[u, A.UP_A0 + A.PA_RANK]
     while True:
-        got = await_input(us, u, chs, c)
+        got = await_input(us, u, chs, c, tl)
         if got != A.STEP_READY:
             return got
-        row = look(us, u, chs, slots, c)
+        row = look(us, u, chs, slots, c, tl)
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, ref)
+            got = await_input(us, u, chs, ref, tl)
             if got != A.STEP_READY:
                 return got
-            rrow = consume(us, u, chs, slots, ref, fi)
+            rrow = consume(us, u, chs, slots, ref, fi, tl)
             us[u, R_REFSTOP] = slots[rrow, A.SL_TOKEN + A.TK_STOP]
             us[u, A.US_FIRES] += 1
             us[u, A.US_PHASE] = 1
         if not can_push(chs, out):
             return block(us, u, out, A.WAIT_FULL)
-        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], slots, row, A.SL_TOKEN, us[u, R_REFSTOP], fi)
+        emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK], slots, row, A.SL_TOKEN, us[u, R_REFSTOP], fi, tl)
         us[u, A.US_PHASE] = 0
         if us[u, R_REFSTOP] >= k:
-            pop(chs, slots, c, us[u, A.US_CLOCK])
+            pop(chs, slots, c, us[u, A.US_CLOCK], tl)
             drop(fi, slots, row, A.SL_TOKEN)
 
 
 @kernel
 def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hq, fv, fi):
+                       hq, fv, fi, tl):
     """reads: input / writes: output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
     r = up[u, A.UP_A0 + A.PA_COUNT]
     while True:
-        got = await_input(us, u, chs, c)
+        got = await_input(us, u, chs, c, tl)
         if got != A.STEP_READY:
             return got
-        row = look(us, u, chs, slots, c)
+        row = look(us, u, chs, slots, c, tl)
         if us[u, A.US_PHASE] == 0:
             us[u, R_I] = 0
             us[u, A.US_PHASE] = 1
@@ -273,10 +275,10 @@ def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             i = us[u, R_I]
             stop = slots[row, A.SL_TOKEN + A.TK_STOP] + 1 if i == r - 1 else 0
             # requested = the clock before this copy's credit wait + i (§9 S10: copy 3 requests 149 + 3)
-            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK] + i, slots, row, A.SL_TOKEN, stop, fi)
+            emit_copy(us, u, chs, slots, out, us[u, A.US_CLOCK] + i, slots, row, A.SL_TOKEN, stop, fi, tl)
             us[u, R_I] = i + 1
-        spend(us, u, r)
-        pop(chs, slots, c, us[u, A.US_CLOCK])
+        spend(us, u, r, tl)
+        pop(chs, slots, c, us[u, A.US_CLOCK], tl)
         drop(fi, slots, row, A.SL_TOKEN)
         us[u, A.US_FIRES] += 1
         us[u, A.US_PHASE] = 0
@@ -284,7 +286,7 @@ def step_repeat_static(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
 
 @kernel
 def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                       hq, fv, fi):
+                       hq, fv, fi, tl):
     """reads: tile input / writes: row output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -294,10 +296,10 @@ def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
     a = A.US_TOK_A
     while True:
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = take(us, u, chs, slots, c)
+            row = take(us, u, chs, slots, c, tl)
             stash(us, u, a, slots, row, A.SL_TOKEN)
             n = us[u, a + A.TK_ROWS] if split_rows else us[u, a + A.TK_COLS]
             if filt:
@@ -327,10 +329,11 @@ def step_row_streamify(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
                 else:
                     V.copy_col(fv, fi, us[u, a + A.TK_PAYLOAD], rows, cols, i, value)
             if split_rows:
-                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], 1, cols, 1, value)
+                emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], 1, cols, 1, value,
+                     tl)
             else:
                 emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, flags, us[u, a + A.TK_BYTES], rows, 1, rows,
-                     value)
+                     value, tl)
             us[u, R_I] = i + 1
         drop(fi, us, u, a)
         us[u, A.US_PHASE] = 0

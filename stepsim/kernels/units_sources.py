@@ -41,7 +41,8 @@ SELECTOR_FLAGS = A.KIND_SELECTOR
 
 
 @kernel
-def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                    hq, fv, fi, tl):
     """reads: selector CSR, shape / writes: out channel, us[u] / returns: DONE after the last element."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n = up[u, A.UP_A0 + A.PA_N_ELEMS]
@@ -55,8 +56,8 @@ def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
         i = us[u, R_I]
         stop = stop_from_shape(payload, soff, slen, i)
         emit(us, u, chs, slots, out, us[u, A.US_CLOCK] + 1, stop, SELECTOR_FLAGS | A.FLAG_SEL_CSR, 1, 1, width,
-             0, e0 + i)
-        spend(us, u, 1)
+             0, e0 + i, tl)
+        spend(us, u, 1, tl)
         us[u, R_I] = i + 1
         us[u, A.US_FIRES] += 1
     return A.STEP_DONE
@@ -64,7 +65,7 @@ def step_select_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
 
 @kernel
 def step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                      hq, fv, fi):
+                      hq, fv, fi, tl):
     """reads: values, shape / writes: out channel, us[u] / returns: DONE after the last element."""
     out = out_ch[up[u, A.UP_OUT_START]]
     n = up[u, A.UP_A0 + A.PA_N_ELEMS]
@@ -76,28 +77,28 @@ def step_metadata_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
             return block(us, u, out, A.WAIT_FULL)
         i = us[u, R_I]
         stop = stop_from_shape(payload, soff, slen, i)
-        emit(us, u, chs, slots, out, i, stop, SCALAR_FLAGS, 8, 1, 1, 1, payload[voff + i])
+        emit(us, u, chs, slots, out, i, stop, SCALAR_FLAGS, 8, 1, 1, 1, payload[voff + i], tl)
         us[u, R_I] = i + 1
         us[u, A.US_FIRES] += 1
     return A.STEP_DONE
 
 
 @kernel
-def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi):
+def step_sink(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi, tl):
     """reads: input channel / writes: input credits, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     while True:
-        got = await_input(us, u, chs, c)
+        got = await_input(us, u, chs, c, tl)
         if got != A.STEP_READY:
             return got
-        consume(us, u, chs, slots, c, fi)
-        spend(us, u, 1)
+        consume(us, u, chs, slots, c, fi, tl)
+        spend(us, u, 1, tl)
         us[u, A.US_FIRES] += 1
 
 
 @kernel
 def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                         hq, fv, fi):
+                         hq, fv, fi, tl):
     """reads: selector input / writes: address output, us[u] / returns: DONE when the selectors close."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
@@ -105,10 +106,10 @@ def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
     base = up[u, A.UP_A0 + A.PA_BASE]
     while True:
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = consume(us, u, chs, slots, c, fi)
+            row = consume(us, u, chs, slots, c, fi, tl)
             us[u, R_SFLAGS] = slots[row, A.SL_TOKEN + A.TK_FLAGS]
             us[u, R_SPAY] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
@@ -128,14 +129,14 @@ def step_expert_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr,
                 stop = 2
                 if i == n - 1:
                     stop = 2 + us[u, R_STOP]
-            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, SCALAR_FLAGS, 8, 1, 1, 1, base + e * T + j)
+            emit(us, u, chs, slots, out, us[u, A.US_CLOCK], stop, SCALAR_FLAGS, 8, 1, 1, 1, base + e * T + j, tl)
             us[u, R_I] = i + 1
         us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng,
-                             hfree, hq, fv, fi):
+                             hfree, hq, fv, fi, tl):
     """reads: idx and seq_len inputs / writes: address output, us[u] / returns: DONE when an input closes."""
     cidx = in_ch[up[u, A.UP_IN_START]]
     clen = in_ch[up[u, A.UP_IN_START] + 1]
@@ -144,18 +145,18 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
     while True:
         ph = us[u, A.US_PHASE]
         if ph == 0:
-            got = await_input(us, u, chs, cidx)
+            got = await_input(us, u, chs, cidx, tl)
             if got != A.STEP_READY:
                 return got
-            row = consume(us, u, chs, slots, cidx, fi)
+            row = consume(us, u, chs, slots, cidx, fi, tl)
             us[u, R_VAL] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             us[u, A.US_PHASE] = 1
         elif ph == 1:
-            got = await_input(us, u, chs, clen)
+            got = await_input(us, u, chs, clen, tl)
             if got != A.STEP_READY:
                 return got
-            row = consume(us, u, chs, slots, clen, fi)
+            row = consume(us, u, chs, slots, clen, fi, tl)
             us[u, R_N] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_START] = us[u, A.US_CLOCK]
             us[u, R_I] = 0
@@ -169,23 +170,23 @@ def step_cache_read_addr_gen(u, up, us, in_ch, out_ch, chs, slots, payload, sel_
                 j = us[u, R_I]
                 stop = 1 + us[u, R_STOP] if j == n - 1 else 0
                 emit(us, u, chs, slots, out, us[u, R_START] + j, stop, SCALAR_FLAGS, 8, 1, 1, 1,
-                     us[u, R_VAL] * row_offset + j)
+                     us[u, R_VAL] * row_offset + j, tl)
                 us[u, R_I] = j + 1
             us[u, A.US_PHASE] = 0
 
 
 @kernel
 def step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
-                          hq, fv, fi):
+                          hq, fv, fi, tl):
     """reads: seq_len input / writes: selector output, us[u] / returns: DONE when the input closes."""
     c = in_ch[up[u, A.UP_IN_START]]
     out = out_ch[up[u, A.UP_OUT_START]]
     while True:
         if us[u, A.US_PHASE] == 0:
-            got = await_input(us, u, chs, c)
+            got = await_input(us, u, chs, c, tl)
             if got != A.STEP_READY:
                 return got
-            row = consume(us, u, chs, slots, c, fi)
+            row = consume(us, u, chs, slots, c, fi, tl)
             us[u, R_N] = slots[row, A.SL_TOKEN + A.TK_PAYLOAD]
             us[u, R_STOP] = slots[row, A.SL_TOKEN + A.TK_STOP]
             us[u, R_I] = 0
@@ -198,6 +199,6 @@ def step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr
             j = us[u, R_I]
             last = j == n - 1
             emit(us, u, chs, slots, out, us[u, A.US_CLOCK], 1 + us[u, R_STOP] if last else 0, SELECTOR_FLAGS, 1, 1,
-                 2, 0, 0 if last else 1)
+                 2, 0, 0 if last else 1, tl)
             us[u, R_I] = j + 1
         us[u, A.US_PHASE] = 0

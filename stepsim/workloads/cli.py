@@ -136,7 +136,8 @@ def _record_command(args, mode: str) -> int:
     start = time.perf_counter()
     try:
         with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
-            record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress)
+            record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress,
+                                timeline=args.timeline_limit if getattr(args, "timeline", None) else 0)
     except DeadlockError as exc:  # say which FIFO to deepen (checked by reruns when cheap), see stepsim.insight
         from stepsim.insight.cli import deadlock_with_fix
 
@@ -148,6 +149,10 @@ def _record_command(args, mode: str) -> int:
     else:
         _print_record(record, args.json, getattr(args, "verbose", False))
     _write_record(record, args.out, args.json)
+    if getattr(args, "timeline", None):
+        from stepsim.timeline import write_run_timeline
+
+        write_run_timeline(record, args.timeline, args.timeline_min_dur, sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -164,6 +169,10 @@ def _run(args) -> int:
         from stepsim.outputs import check_out_file
 
         check_out_file(args.deadlock_report, "--deadlock-report")
+    if args.timeline or args.timeline_limit is not None or args.timeline_min_dur is not None:
+        from stepsim.timeline import check_timeline_args  # format, destination, writer extra: before the run
+
+        args.timeline_limit = check_timeline_args(args.timeline, args.timeline_limit, args.timeline_min_dur)
     return _record_command(args, "check" if args.check else "functional" if args.functional else "simulate")
 
 
@@ -185,6 +194,15 @@ def register(subparsers) -> None:
                    help="after the run, print the bottleneck report (as `stepsim report` does)")
     p.add_argument("--deadlock-report", metavar="FILE",
                    help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON")
+    p.add_argument("--timeline", metavar="PATH",
+                   help="also write a Perfetto timeline of the run: PATH ending in .json or .json.gz (Chrome "
+                        "trace-event JSON) or .pftrace / .perfetto-trace (Perfetto protobuf, extra 'timeline')")
+    p.add_argument("--timeline-limit", type=int, default=None, metavar="RECORDS",
+                   help="record at most this many engine records (default 4,000,000, 40 bytes each); past it the "
+                        "trace is cut at the earliest cycle left out, and says so")
+    p.add_argument("--timeline-min-dur", type=int, default=None, metavar="CYCLES",
+                   help="merge intervals shorter than this many cycles in the trace (default: cycles / 200,000, "
+                        "0 for runs under 200,000 cycles); the trace's metadata counts what was merged")
     p.set_defaults(handler=_run, out_kind="record")
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")

@@ -217,6 +217,13 @@ CLI_CASES = [
     ("models show config_missing.json", 2, E + "model file config_missing.json: missing field 'num_hidden_layers'"),
     ("run moe --model config_mla.json", 2, E + "model file config_mla.json: field 'kv_lora_rank' means multi-head "
                                                "latent attention (MLA), which stepsim does not model"),
+    # --- timelines (checked before the run: nothing is simulated or written)
+    ("run swiglu --timeline o/t.txt", 2,
+     E + "--timeline o/t.txt: unknown trace format (use .json, .json.gz, .pftrace or .perfetto-trace)"),
+    ("run swiglu --timeline-limit 100", 2, E + "--timeline-limit needs --timeline PATH"),
+    ("run swiglu --timeline-min-dur 5", 2, E + "--timeline-min-dur needs --timeline PATH"),
+    ("run swiglu --timeline o/t.json --timeline-limit 0", 2, E + "--timeline-limit 0: give a record count >= 1"),
+    ("run swiglu --timeline o/t.json --timeline-min-dur -1", 2, E + "--timeline-min-dur -1: give cycles >= 0"),
 ]
 
 #: cases whose line holds a machine- or install-dependent part: (command line, fragments of the last line)

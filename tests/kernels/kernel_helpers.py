@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from stepsim.hardware import Hardware
 from stepsim.kernels import abi
 from stepsim.program import ProgramBuilder
@@ -16,3 +18,26 @@ def final_clock(result, unit: int) -> int:
     """A unit's final clock (cycles) from an EngineResult."""
     return int(result.unit_counters[unit, abi.CNT_CLOCK])
 
+
+def check_timeline_against_counters(timeline, result, depths) -> None:
+    """The exact relations between a complete timeline and a run's counters (``depths``: FIFO depth per channel)."""
+    assert timeline.complete and timeline.horizon is None and timeline.dropped == 0
+    index = {name: i for i, name in enumerate(result.unit_names)}
+    sums = np.zeros((len(index), 3), dtype=np.int64)
+    iv = timeline.intervals.to_pydict()
+    previous_end = {}
+    for unit, state, start, end in zip(iv["unit"], iv["state"], iv["start"], iv["end"]):
+        assert end > start
+        assert previous_end.get(unit, 0) == start  # a unit's intervals tile its time without gaps or overlaps
+        previous_end[unit] = end
+        sums[index[unit], ("busy", "blocked_in", "blocked_out").index(state)] += end - start
+    np.testing.assert_array_equal(sums, result.unit_counters[:, 1:4])
+    for unit, i in index.items():  # ... up to the final clock
+        assert previous_end.get(unit, 0) == result.unit_counters[i, 4]
+    fifo = timeline.fifo.to_pydict()
+    peak = {}
+    depth_of = dict(zip(result.channel_names, depths))
+    for ch, occupancy in zip(fifo["channel"], fifo["occupancy"]):
+        assert 0 <= occupancy <= depth_of[ch]
+        peak[ch] = max(peak.get(ch, 0), occupancy)
+    assert [peak.get(ch, 0) for ch in result.channel_names] == result.channel_counters[:, 1].tolist()

@@ -5,11 +5,11 @@ import json
 from stepsim.timeline_export import chrome_trace, write_chrome_trace
 
 INTERVALS = [
-    {"unit": "load_a", "group": "expert 0", "kind": "busy", "start": 0, "end": 4, "channel": None},
-    {"unit": "map_b", "group": "expert 0", "kind": "blocked_in", "start": 0, "end": 4, "channel": "a->b"},
-    {"unit": "map_b", "group": "expert 0", "kind": "busy", "start": 4, "end": 5, "channel": None},
-    {"unit": "map_b", "group": "expert 0", "kind": "busy", "start": 5, "end": 6, "channel": None},
-    {"unit": "sink", "group": None, "kind": "busy", "start": 6, "end": 7, "channel": None},
+    {"unit": "load_a", "group": "expert 0", "state": "busy", "start": 0, "end": 4, "channel": None},
+    {"unit": "map_b", "group": "expert 0", "state": "blocked_in", "start": 0, "end": 4, "channel": "a->b"},
+    {"unit": "map_b", "group": "expert 0", "state": "busy", "start": 4, "end": 5, "channel": None},
+    {"unit": "map_b", "group": "expert 0", "state": "busy", "start": 5, "end": 6, "channel": None},
+    {"unit": "sink", "group": None, "state": "busy", "start": 6, "end": 7, "channel": None},
 ]
 COUNTERS = [{"channel": "a->b", "t": 4, "occupancy": 1}, {"channel": "a->b", "t": 5, "occupancy": 0}]
 
@@ -75,7 +75,8 @@ def test_perfetto_trace_decodes_with_the_writers_protos(tmp_path):
     tracks = {pk.track_descriptor.uuid: (pk.track_descriptor.name, pk.track_descriptor.parent_uuid)
               for pk in trace.packet if pk.HasField("track_descriptor")}
     assert sorted(tracks.values()) == [("a->b", 3000001), ("expert 0", 0), ("fifos", 0), ("graph", 0),
-                                       ("load_a", 1000001), ("map_b", 1000001), ("sink", 2000001)]
+                                       ("load_a", 1000001), ("map_b", 1000001), ("sink", 2000001),
+                                       ("stepsim notes", 0)]
     ev = [(pk.timestamp, pk.track_event.type, tracks[pk.track_event.track_uuid][0], pk.track_event.name,
            pk.track_event.counter_value) for pk in trace.packet if pk.HasField("track_event")]
     B, E, C = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END, TrackEvent.TYPE_COUNTER
@@ -84,7 +85,9 @@ def test_perfetto_trace_decodes_with_the_writers_protos(tmp_path):
                   (4000, B, "map_b", "busy", 0), (5000, E, "map_b", "", 0),
                   (5000, B, "map_b", "busy", 0), (6000, E, "map_b", "", 0),
                   (6000, B, "sink", "busy", 0), (7000, E, "sink", "", 0),
-                  (4000, C, "a->b", "", 1), (5000, C, "a->b", "", 0)]
+                  (4000, C, "a->b", "", 1), (5000, C, "a->b", "", 0),
+                  (0, TrackEvent.TYPE_INSTANT, "stepsim notes", json.dumps(
+                      chrome_trace(INTERVALS, COUNTERS)["metadata"], sort_keys=True, separators=(",", ":")), 0)]
 
 
 def test_unknown_suffix_is_a_config_error(tmp_path):

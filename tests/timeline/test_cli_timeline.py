@@ -1,0 +1,82 @@
+"""``stepsim run ... --timeline PATH``: Chrome JSON (.json / .json.gz) and Perfetto protobuf (.pftrace) traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from stepsim.cli import main
+from stepsim.records import run_config
+
+QWEN = ["run", "moe", "--model", "qwen", "--tile-n", "32"]
+
+
+def _events(path):
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+
+
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz"])
+def test_json_trace_of_a_moe_layer(tmp_path, capsys, name):
+    path = tmp_path / "new_folder" / name
+    assert main([*QWEN, "--timeline", str(path), "--timeline-min-dur", "0"]) == 0
+    out = capsys.readouterr().out
+    record = run_config({"workload": "moe", "model": "qwen", "tile_n": 32, "mode": "simulate"}, timeline=10**7)
+    timeline = record.timeline
+    assert out.splitlines()[-1] == f"wrote timeline: {path} ({timeline.records:,} records (complete))"
+    doc = _events(path)
+    events = doc["traceEvents"]
+    for e in events:  # the trace-event format's required fields
+        assert {"name", "ph", "pid", "tid"} <= e.keys()
+        if e["ph"] == "X":
+            assert isinstance(e["ts"], int) and isinstance(e["dur"], int) and e["dur"] > 0
+        if e["ph"] == "C":
+            assert isinstance(e["ts"], int) and len(e["args"]) == 1
+    # one slice per recorded interval (nothing merged at --timeline-min-dur 0, nothing capped)
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == timeline.intervals.num_rows
+    assert sum(e["dur"] for e in slices) == sum(e - s for s, e in zip(timeline.intervals.column("start").to_pylist(),
+                                                                      timeline.intervals.column("end").to_pylist()))
+    processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert {"expert 0", "expert 127", "shared", "fifos", "memory"} <= processes
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert {"on-chip FIFO bytes", "HBM bytes/cycle"} <= counters
+    meta = doc["metadata"]
+    assert meta["status"] == f"timeline: {timeline.records:,} records (complete)" and meta["complete"] is True
+    assert meta["aggregated"] == {} and meta["dropped"] == {} and meta["time_unit"] == "1 us = 1 cycle"
+
+
+def test_default_aggregation_and_a_full_buffer_are_stated(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    assert main([*QWEN, "--timeline", str(path), "--timeline-limit", "20000", "--json"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    min_dur = record["cycles"] // 200_000
+    line = captured.err.strip().splitlines()[-1]
+    assert line.startswith(f"wrote timeline: {path} (over the limit of 20,000 records; kept the ")
+    assert line.endswith(f"(raise the limit to record more); intervals under {min_dur} cycles merged)")
+    meta = _events(path)["metadata"]
+    assert meta["complete"] is False and meta["min_dur_cycles"] == min_dur
+    assert meta["horizon_cycle"] > 0 and meta["status"].startswith("timeline: over the limit of 20,000 records")
+    assert max(e["ts"] + e.get("dur", 0) for e in _events(path)["traceEvents"]
+               if e["ph"] == "X") <= meta["horizon_cycle"]
+
+
+def test_perfetto_protobuf_trace_decodes_with_the_writers_protos(tmp_path):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+    path = tmp_path / "t.pftrace"
+    assert main(["run", "swiglu", "--timeline", str(path)]) == 0
+    trace = Trace()
+    trace.ParseFromString(path.read_bytes())
+    names = {pk.track_descriptor.uuid: pk.track_descriptor.name for pk in trace.packet
+             if pk.HasField("track_descriptor")}
+    record = run_config({"workload": "swiglu", "mode": "simulate"}, timeline=10**6)
+    units = set(record.timeline.intervals.column("unit").to_pylist())
+    assert units <= set(names.values()) and {"shared", "fifos", "memory", "stepsim notes"} <= set(names.values())
+    begins = [pk for pk in trace.packet if pk.HasField("track_event") and
+              pk.track_event.type == TrackEvent.TYPE_SLICE_BEGIN]
+    assert len(begins) == record.timeline.intervals.num_rows  # a short run: nothing merged
+    assert all(pk.timestamp % 1000 == 0 for pk in begins)  # 1 cycle = 1 us = 1000 ns
