@@ -113,11 +113,14 @@ def decode(tl: np.ndarray, program, groups: dict[str, str] | None = None,
     dropped = int(tl[T.TLH_DROPPED])
     horizon = int(tl[T.TLH_HORIZON]) if dropped else None
     cut = horizon if horizon is not None else A.NEVER
-    is_ivl = rec[:, 0] < T.TL_CHANNEL
-    return Timeline(intervals=_intervals(rec[is_ivl], program, groups or {}, kinds or {}, cut),
-                    fifo=_fifo(rec[~is_ivl], program, cut), onchip=_onchip(rec[~is_ivl], cut),
+    kind = rec[:, 0] & 3
+    is_ivl = kind < T.TL_CHANNEL
+    ivl = np.column_stack([kind[is_ivl], rec[is_ivl, 0] >> 2, rec[is_ivl, 1:]])  # kind, unit, start, end, ch
+    changes = _changes(rec[~is_ivl], cut)
+    return Timeline(intervals=_intervals(ivl, program, groups or {}, kinds or {}, cut),
+                    fifo=_fifo(changes, program), onchip=_onchip(changes),
                     hbm=_hbm(tl, program), records=n, capacity=int(tl[T.TLH_CAP]), dropped=dropped,
-                    horizon=horizon, hbm_window=int(tl[T.TLH_WINDOW]))
+                    horizon=horizon, hbm_window=1 << int(tl[T.TLH_SHIFT]))
 
 
 def _intervals(iv: np.ndarray, program, groups, kinds, cut: int) -> pa.Table:
@@ -135,21 +138,25 @@ def _intervals(iv: np.ndarray, program, groups, kinds, cut: int) -> pa.Table:
         "hbm": (iv[:, 4] == T.TL_CH_HBM)}, schema=INTERVAL_SCHEMA)
 
 
-def _sorted_changes(ev: np.ndarray, cut: int) -> np.ndarray:
-    """Channel events before ``cut``, by (channel, t), releases before sends at equal times."""
-    ev = ev[ev[:, 2] < cut]
-    return ev[np.lexsort((ev[:, 3], ev[:, 2], ev[:, 1]))]
+def _changes(elements: np.ndarray, cut: int) -> np.ndarray:
+    """Occupancy changes ``[channel, t, +-1, +-bytes]`` of the element records before ``cut``: +1 at the send,
+    -1 when the credit is back; sorted by (channel, t), releases before sends at equal times."""
+    ch = elements[:, 0] >> 2
+    sends = np.column_stack([ch, elements[:, 1], np.ones_like(ch), elements[:, 3]])
+    releases = np.column_stack([ch, elements[:, 2], -np.ones_like(ch), -elements[:, 3]])
+    ev = np.concatenate([sends, releases])
+    ev = ev[ev[:, 1] < cut]
+    return ev[np.lexsort((ev[:, 2], ev[:, 1], ev[:, 0]))]
 
 
-def _fifo(ev: np.ndarray, program, cut: int) -> pa.Table:
-    ev = _sorted_changes(ev, cut)
-    ch, t = ev[:, 1], ev[:, 2]
+def _fifo(ev: np.ndarray, program) -> pa.Table:
+    ch, t = ev[:, 0], ev[:, 1]
     occ = np.zeros(len(ev), dtype=np.int64)
     held = np.zeros(len(ev), dtype=np.int64)
     if len(ev):
         starts = np.flatnonzero(np.r_[True, ch[1:] != ch[:-1]])  # first event of each channel
-        occ = _segment_cumsum(ev[:, 3], starts)
-        held = _segment_cumsum(ev[:, 4], starts)
+        occ = _segment_cumsum(ev[:, 2], starts)
+        held = _segment_cumsum(ev[:, 3], starts)
     last = np.r_[(ch[1:] != ch[:-1]) | (t[1:] != t[:-1]), True] if len(ev) else np.zeros(0, bool)
     names = program.channel_names
     return pa.Table.from_pydict({"channel": [names[c] for c in ch[last].tolist()], "t": t[last],
@@ -164,18 +171,17 @@ def _segment_cumsum(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return total - before[segment]
 
 
-def _onchip(ev: np.ndarray, cut: int) -> pa.Table:
-    ev = ev[ev[:, 2] < cut]
-    ev = ev[np.lexsort((ev[:, 3], ev[:, 2]))]
-    held = np.cumsum(ev[:, 4])
-    t = ev[:, 2]
+def _onchip(ev: np.ndarray) -> pa.Table:
+    ev = ev[np.lexsort((ev[:, 2], ev[:, 1]))]  # by time, releases first
+    held = np.cumsum(ev[:, 3])
+    t = ev[:, 1]
     last = np.r_[t[1:] != t[:-1], True] if len(ev) else np.zeros(0, bool)
     return pa.Table.from_pydict({"t": t[last], "fifo_bytes": held[last]}, schema=ONCHIP_SCHEMA)
 
 
 def _hbm(tl: np.ndarray, program) -> pa.Table:
     """Never cut: the engine keeps counting HBM requests after the record buffer is full."""
-    w = int(tl[T.TLH_WINDOW])
+    w = 1 << int(tl[T.TLH_SHIFT])
     b0 = int(tl[T.TLH_BUCKETS])
     buckets = tl[b0:b0 + T.TL_N_BUCKETS]
     used = np.flatnonzero(buckets)

@@ -141,6 +141,10 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
         if progress is not None:
             progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
     out = engine.engine_finish(program.unit_params, us, chs, slots, eng, status)
+    if tl is not None:
+        from stepsim.kernels.channels import record_queued
+
+        record_queued(chs, slots, tl)
     return out, us, chs
 
 

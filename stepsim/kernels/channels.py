@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from stepsim.kernels import abi as A
 from stepsim.kernels.jit import kernel
-from stepsim.kernels.timeline import tl_channel
+from stepsim.kernels.timeline import tl_element
 
 
 @kernel
@@ -131,14 +131,14 @@ def pop(chs, slots, c, clock, tl):
     slots[row, A.SL_FREE] = d + chs[c, A.CH_CREDIT_LAT]
     if tl is not None:
         tk = A.SL_TOKEN
-        tl_channel(tl, c, d + chs[c, A.CH_CREDIT_LAT], -1,
-                   -slots[row, tk + A.TK_ROWS] * slots[row, tk + A.TK_COLS] * slots[row, tk + A.TK_BYTES])
+        tl_element(tl, c, slots[row, A.SL_SENT], d + chs[c, A.CH_CREDIT_LAT],
+                   slots[row, tk + A.TK_ROWS] * slots[row, tk + A.TK_COLS] * slots[row, tk + A.TK_BYTES])
     chs[c, A.CH_HEAD] += 1
     chs[c, A.CH_HEAD_ROW] = next_row(chs, c, row)
 
 
 @kernel
-def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload, tl):
+def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload):
     """Enqueue a token on c (c must have a free slot).
 
     reads: chs[c], the slot's credit-free time / writes: the slot, chs[c] tail and peak /
@@ -161,19 +161,30 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     slots[row, A.SL_TOKEN + A.TK_OFFSET] = offset
     slots[row, A.SL_TOKEN + A.TK_PAYLOAD] = payload
     slots[row, A.SL_SENT] = clock
-    if tl is not None:
-        tl_channel(tl, c, clock, 1, rows * cols * nbytes)
     chs[c, A.CH_TAIL] = tail + 1
     chs[c, A.CH_TAIL_ROW] = next_row(chs, c, row)
     return clock
 
 
 @kernel
-def push_copy(chs, slots, c, clock, requested, src, srow, scol, stop, tl):
+def push_copy(chs, slots, c, clock, requested, src, srow, scol, stop):
     """Enqueue a copy of the token at ``src[srow, scol:scol+N_TOKEN]`` with its stop level replaced.
 
     reads: src row, chs[c] / writes: the slot, chs[c] / returns: the sender's clock after the credit wait.
     """
     return push(chs, slots, c, clock, requested, stop, src[srow, scol + A.TK_FLAGS], src[srow, scol + A.TK_BYTES],
                 src[srow, scol + A.TK_ROWS], src[srow, scol + A.TK_COLS], src[srow, scol + A.TK_OFFSET],
-                src[srow, scol + A.TK_PAYLOAD], tl)
+                src[srow, scol + A.TK_PAYLOAD])
+
+
+@kernel
+def record_queued(chs, slots, tl):
+    """Timeline: record every element still queued when the run ends as holding its slot forever (credit NEVER),
+    as the peak counter counts it. reads: chs, slots / writes: tl / returns: nothing."""
+    tk = A.SL_TOKEN
+    for c in range(chs.shape[0]):
+        row = chs[c, A.CH_HEAD_ROW]
+        for _ in range(chs[c, A.CH_TAIL] - chs[c, A.CH_HEAD]):
+            tl_element(tl, c, slots[row, A.SL_SENT], A.NEVER,
+                       slots[row, tk + A.TK_ROWS] * slots[row, tk + A.TK_COLS] * slots[row, tk + A.TK_BYTES])
+            row = next_row(chs, c, row)

@@ -134,7 +134,7 @@ def emit(us, u, chs, slots, c, requested, stop, flags, nbytes, rows, cols, offse
     reads: us[u] clock / writes: the channel, us[u] clock and blocked-out counter / returns: nothing.
     """
     clock = us[u, A.US_CLOCK]
-    t = push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload, tl)
+    t = push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offset, payload)
     if t > clock:
         us[u, A.US_BLOCKED_OUT] += t - clock
         us[u, A.US_CLOCK] = t
@@ -180,7 +180,7 @@ def emit_copy(us, u, chs, slots, c, requested, src, srow, scol, stop, fi, tl):
     """
     keep(fi, src, srow, scol)
     clock = us[u, A.US_CLOCK]
-    t = push_copy(chs, slots, c, clock, requested, src, srow, scol, stop, tl)
+    t = push_copy(chs, slots, c, clock, requested, src, srow, scol, stop)
     if t > clock:
         us[u, A.US_BLOCKED_OUT] += t - clock
         us[u, A.US_CLOCK] = t

@@ -126,7 +126,7 @@ def test_s10_repeat_static_at_depth_2_whole_timeline():
     assert t.hbm.column("bytes_per_cycle").to_pylist() == [0.0] + [64.0] * 128
 
 
-@pytest.mark.parametrize("capacity, horizon", [(1, 0), (300, 114), (3000, 5336)])
+@pytest.mark.parametrize("capacity, horizon", [(1, 0), (300, 167), (3000, 9200)])
 def test_a_full_buffer_gives_the_complete_timeline_cut_at_its_horizon(capacity, horizon):
     """Records arrive out of time order (units run ahead); the engine keeps those before the latest cycle at
     which they fit (a second run with that cutoff), so the cut trace is the complete one up to its horizon."""
