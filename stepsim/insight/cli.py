@@ -25,10 +25,10 @@ VERIFY_BUDGET_S = 60.0
 def _report_cmd(args) -> int:
     from stepsim.insight.report import format_report, report_run_dir, write_png
 
-    rep = report_run_dir(args.run_dir)
+    rep, timeline = report_run_dir(args.run_dir)
     print(json.dumps(rep) if args.json else format_report(rep))
     if args.png:
-        path = write_png(rep, args.png)
+        path = write_png(rep, args.png, timeline)
         print(f"wrote png: {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
@@ -84,7 +84,8 @@ def register(subparsers) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by stepsim run --out")
     p.add_argument("--json", action="store_true",
                    help="one JSON object (keys bound, roofline, critical_path, top_units, imbalance, full_fifos)")
-    p.add_argument("--png", metavar="FILE", help="also draw busy / blocked shares per group (needs matplotlib)")
+    p.add_argument("--png", metavar="FILE",
+                   help="also draw busy / blocked shares per group and their busy share over time (matplotlib)")
     p.set_defaults(handler=_report_cmd, out=None)
     p = subparsers.add_parser("compare", help="compare two result sets; exit 1 when a metric got worse",
                               description="Compare run records (run --out folders, sweep folders or Parquet files).")

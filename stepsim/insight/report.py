@@ -29,10 +29,13 @@ JSON keys (stable):
   ``kind``, ``groups``, ``max_busy_cycles``, ``mean_busy_cycles``, ``ratio`` (max / mean of each group's summed
   busy cycles; idle groups count as 0), ``straggler`` (the busiest group; ties: the one finishing last, then
   the first) and ``straggler_final_clock``; null fields when the graph has no such groups.
-* ``full_fifos``: ``full`` (channels whose peak occupancy reached their depth, ordered by their producer's
-  cycles blocked on output, longest first: candidates for deeper FIFOs), ``n_full``, ``never_above_one``
-  (channels that carried data but never held more than one element: their depth could shrink) and
-  ``n_never_above_one``.
+* ``full_fifos``: ``full`` (channels whose peak occupancy reached their depth: candidates for deeper FIFOs),
+  ``n_full``, ``never_above_one`` (channels that carried data but never held more than one element: their
+  depth could shrink), ``n_never_above_one`` and ``source``. With a timeline of the run (``source:
+  "timeline"``) every full channel has ``full_cycles``, the exact cycles it spent at its depth, and the list is
+  ordered by it; without one (``source: "producer back-pressure"``, ``full_cycles`` null) it is ordered by the
+  producer's cycles blocked on output. ``stepsim report`` simulates the run again with a timeline when the
+  original simulation took at most :data:`RESIMULATE_SECONDS`; ``stepsim run --report`` records it during the run.
 
 Groups: ``expert 7`` / ``region 2`` from the graph's ``op.group`` labels; other operators are ``shared``.
 """
@@ -53,6 +56,8 @@ TOP = 10
 MAX_PATH = 64
 #: full channels listed in ``full_fifos.full`` (all are counted)
 TOP_FIFOS = 10
+#: ``stepsim report`` re-simulates a run with a timeline when its engine time was at most this (seconds)
+RESIMULATE_SECONDS = 30.0
 
 
 def _one(folder: Path, prefix: str) -> Path:
@@ -199,7 +204,20 @@ def _imbalance(groups: list[dict]) -> dict:
             "straggler_final_clock": top["final_clock"]}
 
 
-def _fifos(units: list[dict], channels: list[dict], program) -> dict:
+def _full_cycles(timeline, capacity: dict[str, int]) -> dict[str, int]:
+    """Cycles each channel spent holding ``capacity`` elements (its depth), from the timeline's FIFO table."""
+    fifo = timeline.fifo.to_pydict()
+    full: dict[str, int] = {}
+    rows = list(zip(fifo["channel"], fifo["t"], fifo["occupancy"]))
+    for (ch, t, occ), nxt in zip(rows, rows[1:] + [(None, None, None)]):
+        if occ >= capacity[ch] and nxt[0] == ch:
+            full[ch] = full.get(ch, 0) + nxt[1] - t
+    return full
+
+
+def _fifos(units: list[dict], channels: list[dict], program, timeline=None) -> dict:
+    capacity = {ch["name"]: int(program.ch_capacity[c]) for c, ch in enumerate(channels)}
+    full_cycles = _full_cycles(timeline, capacity) if timeline is not None and timeline.complete else None
     full, idle = [], []
     for c, ch in enumerate(channels):
         cap = int(program.ch_capacity[c])
@@ -207,15 +225,22 @@ def _fifos(units: list[dict], channels: list[dict], program) -> dict:
         if ch["peak_occupancy"] >= cap:
             full.append({"channel": ch["name"], "producer": units[prod]["name"], "consumer": units[cons]["name"],
                          "capacity": cap, "peak_occupancy": ch["peak_occupancy"], "pushes": ch["pushes"],
-                         "producer_blocked_output_cycles": units[prod]["blocked_out_cycles"]})
+                         "producer_blocked_output_cycles": units[prod]["blocked_out_cycles"],
+                         "full_cycles": None if full_cycles is None else full_cycles.get(ch["name"], 0)})
         elif ch["pushes"] > 0 and ch["peak_occupancy"] <= 1:
             idle.append(ch["name"])
-    full.sort(key=lambda f: -f["producer_blocked_output_cycles"])
-    return {"n_full": len(full), "full": full[:TOP_FIFOS], "n_never_above_one": len(idle), "never_above_one": idle}
+    if full_cycles is None:
+        full.sort(key=lambda f: -f["producer_blocked_output_cycles"])
+    else:
+        full.sort(key=lambda f: (-f["full_cycles"], -f["producer_blocked_output_cycles"]))
+    return {"n_full": len(full), "full": full[:TOP_FIFOS], "n_never_above_one": len(idle), "never_above_one": idle,
+            "source": "producer back-pressure" if full_cycles is None else "timeline"}
 
 
-def build_report(row: dict, units: list[dict], channels: list[dict], workload=None, program=None) -> dict:
-    """The report (see the module docstring) of a run's row and tables; rebuilds the graph unless given."""
+def build_report(row: dict, units: list[dict], channels: list[dict], workload=None, program=None,
+                 timeline=None) -> dict:
+    """The report (see the module docstring) of a run's row and tables; rebuilds the graph unless given.
+    ``timeline``: the run's :class:`stepsim.timeline.Timeline`, for the exact time each FIFO spent full."""
     if workload is None or program is None:
         workload, program = rebuild(row)
     names = [u["name"] for u in units]
@@ -240,20 +265,40 @@ def build_report(row: dict, units: list[dict], channels: list[dict], workload=No
                 units, key=lambda u: -(u["blocked_in_cycles"] + u["blocked_out_cycles"]))[:TOP]],
             "groups": by_group},
         "imbalance": _imbalance(by_group),
-        "full_fifos": _fifos(units, channels, program),
+        "full_fifos": _fifos(units, channels, program, timeline),
     }
 
 
-def report_run_dir(run_dir: str | os.PathLike) -> dict:
-    """The report of a ``stepsim run --out`` folder (Python entry point of ``stepsim report``)."""
+def report_run_dir(run_dir: str | os.PathLike, *, with_timeline: bool = True) -> tuple[dict, object | None]:
+    """``(report, timeline)`` of a ``stepsim run --out`` folder (Python entry point of ``stepsim report``).
+
+    With ``with_timeline`` the run is simulated again with a timeline when its engine time was at most
+    :data:`RESIMULATE_SECONDS` (the timeline is None otherwise); the rerun must reproduce the row's cycles."""
     row, units, channels = load_run(run_dir)
-    return build_report(row, units, channels)
+    workload, program = rebuild(row)
+    timeline = None
+    if with_timeline and (row.get("sim_wall_s") or 0.0) <= RESIMULATE_SECONDS:
+        timeline = _resimulate(row, workload, program)
+    return build_report(row, units, channels, workload, program, timeline), timeline
+
+
+def _resimulate(row: dict, workload, program):
+    """The run's timeline: the rebuilt program simulated again (it must give the recorded cycles)."""
+    from stepsim.kernels import run
+    from stepsim.timeline import DEFAULT_RECORDS, decode, graph_labels
+
+    result = run(program, timeline=DEFAULT_RECORDS)
+    if result.cycles != row["cycles"]:
+        raise ConfigError(f"simulating the run again gave {result.cycles:,} cycles, the record says "
+                          f"{row['cycles']:,} (written by another stepsim version?)")
+    return decode(result.timeline, program, *graph_labels(workload.graph))
 
 
 def report_record(record, workload=None) -> dict:
-    """The report of an in-memory :class:`stepsim.records.RunResult` of a simulation run."""
+    """The report of an in-memory :class:`stepsim.records.RunResult` of a simulation run (with its timeline
+    when it was recorded: ``run_config(..., timeline=N)``)."""
     return build_report(record.row, record.unit_table().to_pylist(), record.channel_table().to_pylist(),
-                        workload, None)
+                        workload, None, record.timeline)
 
 
 def _pct(x) -> str:
@@ -287,16 +332,48 @@ def format_report(rep: dict) -> str:
     lines.append("top groups by busy cycles: " + ", ".join(
         f"{g['group']} {g['busy_cycles']:,}" for g in rep["top_units"]["groups"][:5]))
     fifos = rep["full_fifos"]
-    lines.append(f"FIFOs full at some point: {fifos['n_full']} (longest producer back-pressure first):")
-    lines += [f"  {f['channel']} depth {f['capacity']}: {f['producer']} blocked on output "
-              f"{f['producer_blocked_output_cycles']:,} cycles" for f in fifos["full"][:5]]
+    if fifos["source"] == "timeline":
+        lines.append(f"FIFOs full at some point: {fifos['n_full']} (longest time full first):")
+        lines += [f"  {f['channel']} depth {f['capacity']}: full {f['full_cycles']:,} cycles; {f['producer']} "
+                  f"blocked on output {f['producer_blocked_output_cycles']:,} cycles" for f in fifos["full"][:5]]
+    else:
+        lines.append(f"FIFOs full at some point: {fifos['n_full']} (longest producer back-pressure first):")
+        lines += [f"  {f['channel']} depth {f['capacity']}: {f['producer']} blocked on output "
+                  f"{f['producer_blocked_output_cycles']:,} cycles" for f in fifos["full"][:5]]
     lines.append(f"FIFOs never above one element: {fifos['n_never_above_one']}")
     return "\n".join(lines)
 
 
-def write_png(rep: dict, path: str | os.PathLike) -> Path:
-    """Bars of busy / blocked-in / blocked-out cycles per group (groups on the critical path in red); needs
-    matplotlib (the ``plot`` extra). Written atomically."""
+def busy_over_time(timeline, groups: list[str], units_per_group: list[int], bins: int = 100):
+    """``(edges, share)``: per group, the share of its units' time spent busy in each of ``bins`` equal windows
+    of the run (``share[g, k]`` in [0, 1]; ``edges`` in cycles). Exact: integrates the busy intervals."""
+    import numpy as np
+
+    iv = timeline.intervals.to_pydict()
+    end = max(iv["end"], default=0)
+    edges = np.linspace(0, max(end, 1), bins + 1)
+    share = np.zeros((len(groups), bins))
+    index = {g: k for k, g in enumerate(groups)}
+    starts: dict[str, list] = {g: [] for g in groups}
+    ends: dict[str, list] = {g: [] for g in groups}
+    for g, state, s, e in zip(iv["group"], iv["state"], iv["start"], iv["end"]):
+        if state == "busy" and g in index:
+            starts[g].append(s)
+            ends[g].append(e)
+    for g, k in index.items():
+        s, e = np.sort(np.array(starts[g], dtype=float)), np.sort(np.array(ends[g], dtype=float))
+        # busy time before t: sum over intervals of clip(t - s, 0, e - s) = sum_{s<t}(t - s) - sum_{e<t}(t - e)
+        cs, ce = np.r_[0, np.cumsum(s)], np.r_[0, np.cumsum(e)]
+        ns, ne = np.searchsorted(s, edges), np.searchsorted(e, edges)
+        before = ns * edges - cs[ns] - (ne * edges - ce[ne])
+        share[k] = np.diff(before) / (np.diff(edges) * max(units_per_group[k], 1))
+    return edges, share
+
+
+def write_png(rep: dict, path: str | os.PathLike, timeline=None) -> Path:
+    """Bars of busy / blocked-in / blocked-out cycles per group (groups on the critical path in red) and, with
+    the run's timeline, a heat map of each group's busy share over time; needs matplotlib (the ``plot`` extra).
+    Written atomically."""
     try:
         import matplotlib
 
@@ -307,7 +384,11 @@ def write_png(rep: dict, path: str | os.PathLike) -> Path:
     groups = rep["top_units"]["groups"][:40]
     on_path = {h["group"] for h in rep["critical_path"]}
     cycles = rep["roofline"]["cycles"] or 1
-    fig, ax = plt.subplots(figsize=(8, 0.22 * len(groups) + 1.5))
+    height = 0.22 * len(groups) + 1.5
+    if timeline is None:
+        fig, ax = plt.subplots(figsize=(8, height))
+    else:
+        fig, (ax, heat) = plt.subplots(1, 2, figsize=(15, height), gridspec_kw={"width_ratios": [1, 1.4]})
     y = list(range(len(groups)))[::-1]
     units = [max(g["units"], 1) * cycles for g in groups]  # per-group share of its units' time
     busy = [g["busy_cycles"] / n for g, n in zip(groups, units, strict=True)]
@@ -325,6 +406,19 @@ def write_png(rep: dict, path: str | os.PathLike) -> Path:
     ax.set_xlabel("share of the run's cycles (mean over the group's units)")
     ax.set_title(f"{rep.get('workload')}: {rep['bound']}; critical-path groups in red", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
+    if timeline is not None:
+        names = [g["group"] for g in groups]
+        edges, share = busy_over_time(timeline, names, [g["units"] for g in groups])
+        image = heat.imshow(share, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest",
+                            extent=(edges[0], edges[-1], len(names) - 0.5, -0.5))
+        heat.set_yticks(range(len(names)), names, fontsize=7)
+        for tick, name in zip(heat.get_yticklabels(), names, strict=True):
+            if name in on_path:
+                tick.set_color("red")
+                tick.set_fontweight("bold")
+        heat.set_xlabel("cycle")
+        heat.set_title("busy share of each group's units over time (timeline)", fontsize=9)
+        fig.colorbar(image, ax=heat, fraction=0.03, pad=0.01)
     fig.tight_layout()
     from stepsim.results import atomic_output
 

@@ -137,7 +137,7 @@ def _record_command(args, mode: str) -> int:
     try:
         with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
             record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress,
-                                timeline=args.timeline_limit if getattr(args, "timeline", None) else 0)
+                                timeline=_timeline_records(args))
     except DeadlockError as exc:  # say which FIFO to deepen (checked by reruns when cheap), see stepsim.insight
         from stepsim.insight.cli import deadlock_with_fix
 
@@ -153,6 +153,18 @@ def _record_command(args, mode: str) -> int:
         from stepsim.timeline import write_run_timeline
 
         write_run_timeline(record, args.timeline, args.timeline_min_dur, sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _timeline_records(args) -> int:
+    """The record limit of the run's timeline: --timeline's (checked), else the default for --report (which
+    reads the time each FIFO spent full from it), else 0 (none)."""
+    if getattr(args, "timeline", None):
+        return args.timeline_limit
+    if getattr(args, "report", False):
+        from stepsim.timeline import DEFAULT_RECORDS
+
+        return DEFAULT_RECORDS
     return 0
 
 

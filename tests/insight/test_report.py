@@ -20,7 +20,7 @@ HOP_KEYS = {"unit", "kind", "group", "busy_cycles", "blocked_input_cycles", "blo
 def _written(tmp_path, config):
     record = run_config({**config, "mode": "simulate"})
     record.write(tmp_path)
-    return record, report_run_dir(tmp_path)
+    return record, report_run_dir(tmp_path)[0]
 
 
 def _check_path_is_connected(rep, record):
@@ -65,10 +65,23 @@ def test_memory_bound_moe_layer(tmp_path):
     assert tiles[31] == max(tiles)
     assert imb["ratio"] == imb["max_busy_cycles"] / imb["mean_busy_cycles"]
     fifos = rep["full_fifos"]
-    blocked = [f["producer_blocked_output_cycles"] for f in fifos["full"]]
-    assert blocked == sorted(blocked, reverse=True) and fifos["n_full"] >= len(fifos["full"])
+    assert fifos["source"] == "timeline"  # the report simulated the run again with a timeline
+    full = [f["full_cycles"] for f in fifos["full"]]
+    assert full == sorted(full, reverse=True) and fifos["n_full"] >= len(fifos["full"]) and 0 < full[-1]
     assert all(f["peak_occupancy"] == f["capacity"] for f in fifos["full"])
     assert len(format_report(rep).splitlines()) <= 40
+    # the time at full depth, counted cycle by cycle from the timeline's occupancy steps
+    _, timeline = report_run_dir(tmp_path)
+    top = fifos["full"][0]
+    steps = [(r["t"], r["occupancy"]) for r in timeline.fifo.to_pylist() if r["channel"] == top["channel"]]
+    per_cycle = np.repeat([o for _, o in steps[:-1]], np.diff([t for t, _ in steps]))
+    assert top["full_cycles"] == int((per_cycle == top["capacity"]).sum())
+    # without a timeline: the same full channels, ordered by their producers' back-pressure
+    proxy, none = report_run_dir(tmp_path, with_timeline=False)
+    assert none is None and proxy["full_fifos"]["source"] == "producer back-pressure"
+    blocked = [f["producer_blocked_output_cycles"] for f in proxy["full_fifos"]["full"]]
+    assert blocked == sorted(blocked, reverse=True) and proxy["full_fifos"]["n_full"] == fifos["n_full"]
+    assert all(f["full_cycles"] is None for f in proxy["full_fifos"]["full"])
 
 
 def test_swiglu_64x256_on_the_hdl_preset_and_a_compute_bound_point(tmp_path):
@@ -112,7 +125,7 @@ def test_cli_report_and_run_report(tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", str(out), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep == json.loads(json.dumps(report_run_dir(out)))
+    assert rep == json.loads(json.dumps(report_run_dir(out)[0]))
     png = tmp_path / "report.png"
     assert main(["report", str(out), "--png", str(png)]) == 0
     text = capsys.readouterr().out
