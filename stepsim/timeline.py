@@ -33,7 +33,7 @@ import pyarrow as pa
 from stepsim.kernels import abi as A
 from stepsim.kernels import timeline as T
 
-#: default record limit of ``simulate(..., timeline=True)`` and ``stepsim run --timeline`` (40 bytes each)
+#: default record limit of ``simulate(..., timeline=True)`` and ``stepsim run --timeline`` (32 bytes each)
 DEFAULT_RECORDS = 4_000_000
 
 STATES = ("busy", "blocked_in", "blocked_out")

@@ -210,7 +210,7 @@ def register(subparsers) -> None:
                    help="also write a Perfetto timeline of the run: PATH ending in .json or .json.gz (Chrome "
                         "trace-event JSON) or .pftrace / .perfetto-trace (Perfetto protobuf, extra 'timeline')")
     p.add_argument("--timeline-limit", type=int, default=None, metavar="RECORDS",
-                   help="record at most this many engine records (default 4,000,000, 40 bytes each); past it the "
+                   help="record at most this many engine records (default 4,000,000, 32 bytes each); past it the "
                         "trace is cut at the earliest cycle left out, and says so")
     p.add_argument("--timeline-min-dur", type=int, default=None, metavar="CYCLES",
                    help="merge intervals shorter than this many cycles in the trace (default: cycles / 200,000, "
