@@ -83,6 +83,8 @@ class DeadlockError(SimulationError):
         The wait cycles and the channels whose deeper FIFO breaks them.
     program : stepsim.program.Program or None
         The deadlocked program (to check a fix by rerunning it; not pickled).
+    timeline : stepsim.timeline.Timeline or None
+        ``simulate(..., timeline=...)``: the timeline up to the deadlock (not pickled).
     """
 
     def __init__(self, message: str, blocked: list[BlockedUnit] | None = None, diagnosis=None, program=None):
@@ -90,6 +92,7 @@ class DeadlockError(SimulationError):
         self.blocked = blocked or []
         self.diagnosis = diagnosis
         self.program = program
+        self.timeline = None
 
     def __reduce__(self):  # worker processes send it back without the program's arrays
         return (type(self), (str(self), self.blocked, self.diagnosis))

@@ -159,7 +159,16 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
             raise ArenaError(f"functional mode ran out of memory ({exc}); use smaller model dimensions "
                              "(e.g. stepsim.workloads.reference.small_moe_model)") from None
     else:
-        res = run(program, max_events=max_events, progress=progress, timeline=records)
+        from stepsim.errors import DeadlockError
+
+        try:
+            res = run(program, max_events=max_events, progress=progress, timeline=records)
+        except DeadlockError as exc:  # the timeline up to the deadlock shows how the run got stuck
+            if exc.timeline is not None:
+                from stepsim.timeline import decode, graph_labels
+
+                exc.timeline = decode(exc.timeline, program, *graph_labels(graph))
+            raise
     recorded = None
     if res.timeline is not None:
         from stepsim.timeline import decode, graph_labels

@@ -237,3 +237,13 @@ def write_run_timeline(record, path: str, min_dur: int | None, out) -> None:
     timeline.write(path, min_dur=min_dur)
     print(f"wrote timeline: {path} ({timeline.status().removeprefix('timeline: ')}"
           f"{f'; intervals under {min_dur} cycles merged' if min_dur > 1 else ''})", file=out)
+
+
+def write_deadlock_timeline(timeline: Timeline, path: str, min_dur: int | None) -> None:
+    """``stepsim run --timeline PATH`` on a run that deadlocked: the timeline up to the deadlock (stderr note)."""
+    import sys
+
+    end = max(timeline.intervals.column("end").to_pylist(), default=0)
+    timeline.write(path, min_dur=end // MIN_DUR_DIVISOR if min_dur is None else min_dur)
+    print(f"wrote timeline up to the deadlock: {path} ({timeline.status().removeprefix('timeline: ')})",
+          file=sys.stderr)

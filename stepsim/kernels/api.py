@@ -330,7 +330,9 @@ def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
     """Check the engine status and package the counters."""
     status = int(out[A.OUT_STATUS])
     if status == A.ST_DEADLOCK:
-        raise _deadlock_error(program, us, chs)
+        err = _deadlock_error(program, us, chs)
+        err.timeline = tl  # the raw buffer up to the deadlock; simulate() decodes it
+        raise err
     if status == A.ST_MAX_EVENTS:
         raise SimulationError(f"engine stopped after max_events={int(out[A.OUT_EVENTS])} events at cycle "
                               f"{int(us[:, A.US_CLOCK].max()) if len(us) else 0} (raise max_events?)")

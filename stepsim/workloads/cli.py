@@ -141,6 +141,11 @@ def _record_command(args, mode: str) -> int:
     except DeadlockError as exc:  # say which FIFO to deepen (checked by reruns when cheap), see stepsim.insight
         from stepsim.insight.cli import deadlock_with_fix
 
+        if getattr(args, "timeline", None) and exc.timeline is not None:  # how the run got stuck, before the fix
+            from stepsim.timeline import write_deadlock_timeline
+
+            write_deadlock_timeline(exc.timeline, args.timeline, args.timeline_min_dur)
+
         raise deadlock_with_fix(exc, time.perf_counter() - start, getattr(args, "deadlock_report", None)) from None
     if getattr(args, "report", False):  # run --report: the record, then the bottleneck report
         from stepsim.insight.cli import print_record_and_report

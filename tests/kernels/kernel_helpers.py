@@ -14,6 +14,22 @@ def builder(preset: str = "step-eval", **overrides) -> ProgramBuilder:
     return ProgramBuilder(Hardware.preset(preset, **overrides))
 
 
+def fork_join_program(direct_depth: int | None = None):
+    """A reconvergent path: a Broadcast forks 8 tiles into a fast branch ('direct', straight into the join) and
+    a slow one (Bufferize + Streamify: nothing leaves it before all 8 tiles arrived); a binary Map joins them.
+    Deadlocks at the default depth 2 of 'direct'; depth 8 finishes (in 918 cycles)."""
+    b = builder()
+    src, buffered, buf, replay, out = (b.add_channel(name=n) for n in ("src", "to_buffer", "buf", "replay", "out"))
+    direct = b.add_channel(capacity=direct_depth, name="direct")
+    b.offchip_load(out=src, tile_rows=16, tile_cols=64, elem_bytes=2, view_shape=(8,), name="load")
+    b.broadcast(inp=src, outs=[direct, buffered], name="fanout")
+    b.bufferize(inp=buffered, out=buf, rank=1, name="bufferize")
+    b.streamify(inp=buf, out=replay, rank=1, name="streamify")
+    b.map(ins=[direct, replay], out=out, fn="add", name="join")
+    b.sink(inp=out, name="sink")
+    return b.build()
+
+
 def final_clock(result, unit: int) -> int:
     """A unit's final clock (cycles) from an EngineResult."""
     return int(result.unit_counters[unit, abi.CNT_CLOCK])

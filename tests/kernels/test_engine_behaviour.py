@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from kernel_helpers import builder
+from kernel_helpers import builder, fork_join_program
 
 from stepsim.errors import ConfigError, DeadlockError, LoweringError, SimulationError
 from stepsim.hardware import Hardware
@@ -39,19 +39,10 @@ def test_cycle_without_initial_tokens_raises_deadlock_naming_both_units():
 
 
 def test_too_shallow_fifo_on_a_reconvergent_path_deadlocks():
-    """Broadcast feeds a direct branch (depth 1) and a Bufferize->Streamify branch that needs all 8 tiles."""
-    b = builder()
-    src, direct, buffered, buf, replay, out = (b.add_channel(name=n) for n in
-                                               ("src", "direct", "to_buffer", "buf", "replay", "out"))
-    b.offchip_load(out=src, tile_rows=16, tile_cols=64, elem_bytes=2, view_shape=(8,), name="load")
-    b.broadcast(inp=src, outs=[direct, buffered], name="fanout")
-    b.bufferize(inp=buffered, out=buf, rank=1, name="bufferize")
-    b.streamify(inp=buf, out=replay, rank=1, name="streamify")
-    b.map(ins=[direct, replay], out=out, fn="add", name="join")
-    b.sink(inp=out, name="sink")
+    """Broadcast feeds a direct branch (depth 2) and a Bufferize->Streamify branch that needs all 8 tiles."""
     t0 = time.perf_counter()
     with pytest.raises(DeadlockError) as info:
-        run(b.build())
+        run(fork_join_program())
     assert time.perf_counter() - t0 < 1.0
     blocked = {e.unit: (e.channel, e.waiting_for, e.occupancy, e.capacity)
                for e in info.value.blocked}

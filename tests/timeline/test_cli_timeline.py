@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from stepsim.cli import main
@@ -80,3 +81,22 @@ def test_perfetto_protobuf_trace_decodes_with_the_writers_protos(tmp_path):
               pk.track_event.type == TrackEvent.TYPE_SLICE_BEGIN]
     assert len(begins) == record.timeline.intervals.num_rows  # a short run: nothing merged
     assert all(pk.timestamp % 1000 == 0 for pk in begins)  # 1 cycle = 1 us = 1000 ns
+
+
+def test_a_deadlocked_run_writes_its_timeline_up_to_the_deadlock(tmp_path, capsys):
+    from stepsim.trace_io.synthetic import synthetic_routing
+
+    table = synthetic_routing(1024, 32, 4, seed=1, skew="dirichlet", alpha=0.3)
+    trace = tmp_path / "skewed.npz"
+    np.savez(trace, data=np.stack(table.column("expert_ids").to_numpy(zero_copy_only=False)).astype(np.int64))
+    path = tmp_path / "stuck.json"
+    status = main(["run", "moe", "--model", "custom", "--hidden", "32", "--intermediate", "64", "--experts", "32",
+                   "--top-k", "4", "--trace", str(trace), "--tile-n", "32", "--channel-depth", "2",
+                   "--timeline", str(path)])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2
+    assert err[0].startswith(f"wrote timeline up to the deadlock: {path} (") and err[0].endswith(" (complete))")
+    assert err[1].startswith("stepsim: error: deadlock: no unit can make progress; 620 unit(s) blocked")
+    doc = _events(path)
+    assert doc["metadata"]["complete"] is True
+    assert any(e["ph"] == "X" and e["name"] == "blocked_out" for e in doc["traceEvents"])

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_helpers import builder, check_timeline_against_counters
+from kernel_helpers import builder, check_timeline_against_counters, fork_join_program
 
-from stepsim.errors import ArgumentError
+from stepsim.errors import ArgumentError, DeadlockError
 from stepsim.graph.lower import lower
 from stepsim.hardware import Hardware
 from stepsim.kernels import run
@@ -150,3 +150,21 @@ def test_a_full_buffer_gives_the_complete_timeline_cut_at_its_horizon(capacity, 
 def test_simulate_refuses_a_bad_timeline_argument(bad):
     with pytest.raises(ArgumentError, match=f"timeline must be True, False or a positive record limit, got {bad!r}"):
         simulate(WORKLOADS["moe-static16"](), timeline=bad)
+
+
+def test_a_deadlocked_run_keeps_its_timeline_up_to_the_deadlock():
+    """The reconvergent fork/join at depth 2: every blocked unit's intervals end at its clock, and 'direct'
+    still holds its 2 elements (queued elements hold their slots to the end, as the peak counter counts them)."""
+    program = fork_join_program()
+    with pytest.raises(DeadlockError) as info:
+        run(program, timeline=1000)
+    t = decode(info.value.timeline, program)
+    assert t.complete
+    ends = {}
+    for r in t.intervals.to_pylist():
+        ends[r["unit"]] = r["end"]
+    blocked = {b.unit: b.clock for b in info.value.blocked}
+    assert set(blocked) == {"load", "fanout", "bufferize", "streamify", "join", "sink"}
+    assert all(ends.get(unit, 0) == clock for unit, clock in blocked.items())
+    direct = [r for r in t.fifo.to_pylist() if r["channel"] == "direct"]
+    assert direct[-1]["occupancy"] == 2 and max(r["occupancy"] for r in direct) == 2
