@@ -18,33 +18,33 @@ import warnings
 from stepsim._version import __version__
 from stepsim.errors import StepsimError
 
-#: modules that provide ``register(subparsers)``; imported lazily so ``stepsim --help`` stays fast
-COMMAND_MODULES = (
-    "stepsim.workloads.cli",  # metrics, run
-    "stepsim.trace_io.cli",  # trace import / inspect / synth
-    "stepsim.workloads.models_cli",  # models list / show
-    "stepsim.kernels.cli",  # cache warm
-    "stepsim.demo",  # demo
-    "stepsim.sweep.cli",  # sweep
-    "stepsim.reproduce.cli",  # reproduce
-    "stepsim.passes.cli",  # size-fifos
-    "stepsim.insight.cli",  # report, compare
-    "stepsim.optimize.cli",  # optimize
-)
+#: the module that provides each command's ``register(subparsers)`` (in help order)
+COMMANDS = {
+    "metrics": "stepsim.workloads.cli", "run": "stepsim.workloads.cli",
+    "trace": "stepsim.trace_io.cli",
+    "models": "stepsim.workloads.models_cli",
+    "cache": "stepsim.kernels.cli",
+    "demo": "stepsim.demo",
+    "sweep": "stepsim.sweep.cli",
+    "reproduce": "stepsim.reproduce.cli",
+    "size-fifos": "stepsim.passes.cli",
+    "report": "stepsim.insight.cli", "compare": "stepsim.insight.cli",
+    "optimize": "stepsim.optimize.cli",
+}
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line, only the module of its command is imported (each one pulls in
+    what its command runs: sympy, numba, pyarrow...), so ``stepsim run`` does not pay for ``stepsim optimize``.
+    ``stepsim --help`` and unknown commands import every module."""
     parser = argparse.ArgumentParser(prog="stepsim", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"stepsim {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a command family not built yet
-            if exc.name == module_name:
-                continue
-            raise
-        module.register(subparsers)
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
+    for module_name in modules:
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 
@@ -105,7 +105,7 @@ def _main(argv: list[str] | None) -> int:
     warnings.showwarning = _print_warning
     try:
         with interrupts_raise():  # from the start: a signal while modules load stops cleanly too
-            parser = build_parser()
+            parser = build_parser(argv)
             args = parser.parse_args(argv)
             if not getattr(args, "handler", None):
                 parser.print_help()
