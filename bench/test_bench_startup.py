@@ -154,3 +154,33 @@ def test_cached_startup(benchmark, rounds, cold_allowed, tmp_path_factory, bench
             f"_ensure_compiled, {best['import_s']:.2f} s import)")
     bench_summary("start-up", line)
     print("\n" + line)
+
+
+#: what every simulating process pays for numba before loading a single cached kernel: importing it and
+#: initialising its CPU target (the typing and lowering registries numba loads with the first cached function)
+NUMBA_FLOOR = "import numba; from numba.core.registry import cpu_target; cpu_target.target_context.refresh()"
+
+
+def test_warm_run_swiglu_whole_process(benchmark, rounds, bench_summary):
+    """``stepsim run swiglu --json`` on a warm cache (the working tree's), whole process, against two baselines
+    in the same run: a bare interpreter and the numba floor (NUMBA_FLOOR). Best of ``rounds``, alternating."""
+    from stepsim.kernels.api import _engine, _ensure_compiled
+
+    _ensure_compiled(_engine())  # the working tree's cache is warm before timing
+    commands = {"python": [sys.executable, "-c", "pass"], "numba floor": [sys.executable, "-c", NUMBA_FLOOR],
+                "stepsim run swiglu": [sys.executable, "-m", "stepsim", "run", "swiglu", "--json"]}
+    best = {name: float("inf") for name in commands}
+
+    def once():
+        for name, cmd in commands.items():
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            best[name] = min(best[name], time.perf_counter() - t0)
+            assert proc.returncode == 0, proc.stderr
+
+    benchmark.pedantic(once, rounds=rounds(5), iterations=1, warmup_rounds=1)
+    run_s, floor_s = best["stepsim run swiglu"], best["numba floor"]
+    benchmark.extra_info.update({k.replace(" ", "_") + "_s": v for k, v in best.items()})
+    bench_summary("start-up", f"warm `stepsim run swiglu --json`: {run_s:.2f} s whole process; bare python "
+                              f"{best['python']:.2f} s; numba import + CPU target {floor_s:.2f} s "
+                              f"({run_s / floor_s:.2f}x the floor)")

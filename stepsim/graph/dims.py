@@ -82,7 +82,11 @@ def dims_equal(a: Dim, b: Dim) -> bool:
         return a == b
     if isinstance(a, int) != isinstance(b, int):
         return False
-    return a == b or bool(sp.simplify(a - b) == 0)
+    if a == b:
+        return True
+    if a.is_Symbol and b.is_Symbol:  # two different symbols are independent dimensions: never equal
+        return False
+    return bool(sp.simplify(a - b) == 0)
 
 
 def shapes_equal(a: Iterable[Dim], b: Iterable[Dim]) -> bool:

@@ -195,6 +195,7 @@ class Graph:
         self.ops: list[Op] = []
         self._next_id = 0
         self._broadcasts_inserted = False
+        self._consumers = None  # cache of consumers(); every change of ops or of their inputs drops it
 
     # --- construction -----------------------------------------------------------------------------------
     def _reserve_id(self) -> int:
@@ -205,6 +206,7 @@ class Graph:
     def _add(self, op: Op) -> None:
         self.ops.append(op)
         self._broadcasts_inserted = False
+        self._consumers = None
 
     def _resolve(self, x, consumer: Op) -> OutputRef:
         if isinstance(x, OutputRef):
@@ -254,6 +256,7 @@ class Graph:
             op.inputs = [ref if (r.op is placeholder) else r for r in op.inputs]
         self.ops.remove(placeholder)
         self._broadcasts_inserted = False
+        self._consumers = None
 
     # --- queries ----------------------------------------------------------------------------------------
     def __iter__(self):
@@ -269,12 +272,17 @@ class Graph:
         raise GraphError(f"graph {self.name!r} has no operator named {name!r}")
 
     def consumers(self) -> dict[tuple[int, int], list[tuple[Op, int]]]:
-        """Map ``(producer id, output index)`` to the list of ``(consumer, input position)`` in op order."""
-        out: dict[tuple[int, int], list[tuple[Op, int]]] = defaultdict(list)
-        for op in self.ops:
-            for pos, ref in enumerate(op.inputs):
-                out[(ref.op.id, ref.index)].append((op, pos))
-        return out
+        """Map ``(producer id, output index)`` to the list of ``(consumer, input position)`` in op order.
+
+        Cached until the graph changes (an operator added, a placeholder connected, broadcasts inserted):
+        validation, broadcast insertion, metrics and lowering each ask for it. Read-only for callers."""
+        if self._consumers is None:
+            out: dict[tuple[int, int], list[tuple[Op, int]]] = {}
+            for op in self.ops:
+                for pos, ref in enumerate(op.inputs):
+                    out.setdefault((ref.op.id, ref.index), []).append((op, pos))
+            self._consumers = out
+        return self._consumers
 
     def num_edges(self) -> int:
         return sum(len(op.inputs) for op in self.ops)
@@ -321,10 +329,11 @@ class Graph:
 
         if self._broadcasts_inserted:
             return
+        by_id = {op.id: op for op in self.ops}
         for (pid, idx), uses in list(self.consumers().items()):
             if len(uses) < 2:
                 continue
-            producer = next(op for op in self.ops if op.id == pid)
+            producer = by_id[pid]
             if isinstance(producer, Broadcast):
                 continue
             bc = Broadcast(self, producer.out(idx), len(uses))
@@ -332,6 +341,7 @@ class Graph:
             bc.group = producer.group
             for k, (consumer, pos) in enumerate(uses):
                 consumer.inputs[pos] = bc.out(k)
+        self._consumers = None
         self._broadcasts_inserted = True
 
     def finalize(self) -> "Graph":
