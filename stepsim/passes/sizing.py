@@ -19,6 +19,14 @@ Two layers (both always run):
       local executor (:class:`stepsim.sweep.executors.LocalExecutor`), so the search takes
       ``log_(jobs+1)`` rounds instead of ``log_2``.
 
+   d. **Agreement with the deadlock diagnosis.** Before 2a the graph runs once at its default FIFO depth; if
+      it deadlocks, the channels the diagnosis names (:mod:`stepsim.insight.deadlock`: the full channels of
+      the wait cycles, the ones its message tells the user to deepen) get a floor of their default depth + 1
+      through the whole refinement, so the sized file deepens every channel the diagnosis named
+      (``deadlock_fix_channels``). Without the floor the search often breaks the same cycle by deepening
+      another channel of it (a cheaper one of equal effect), which would leave the two pieces of advice
+      disagreeing; the floor costs a few elements (``deadlock_fix_bytes``, counted in the total).
+
    A candidate *passes* when every trace's run finishes and takes at most ``floor(U * (1 + slack))`` cycles,
    ``U`` being that trace's cycles with unbounded FIFOs. Every accepted state was simulated, so the result is verified as returned. The
    search assumes that a deeper cap never fails where a shallower one passes (true in practice; the answer
@@ -55,7 +63,8 @@ from stepsim.workloads.base import Workload
 UNBOUNDED_DEPTH = 1024
 #: keys of :meth:`SizingResult.report` (``--json``)
 REPORT_KEYS = ("cycles", "unbounded_cycles", "total_fifo_bytes", "uniform_fifo_bytes", "uniform_depth",
-               "lp_fifo_bytes", "unbounded_fifo_bytes", "simulations", "uniform_simulations", "channels_changed")
+               "lp_fifo_bytes", "unbounded_fifo_bytes", "simulations", "uniform_simulations", "channels_changed",
+               "deadlock_fix_channels", "deadlock_fix_bytes")
 
 
 @dataclass
@@ -95,6 +104,11 @@ class SizingResult:
     trace_hashes : list of str
         SHA-256 of each trace sized on.
     slack : float
+    deadlock_fix_channels : dict of str to int
+        The channels the deadlock diagnosis named at the default depth, with the floor the sizing kept them at
+        (default depth + 1); empty when the default depth finishes.
+    deadlock_fix_bytes : int
+        Bytes of those channels at their floors (floor x element bytes, summed).
     """
 
     depths: dict
@@ -116,6 +130,8 @@ class SizingResult:
     identity: dict = field(default_factory=dict)
     trace_hashes: list = field(default_factory=list)
     slack: float = 0.01
+    deadlock_fix_channels: dict = field(default_factory=dict)
+    deadlock_fix_bytes: int = 0
 
     def report(self) -> dict:
         """The report as plain data (the ``--json`` object, keys :data:`REPORT_KEYS`)."""
@@ -137,7 +153,9 @@ class SizingResult:
             f"{self.unbounded_fifo_bytes / max(self.total_fifo_bytes, 1):,.0f}x the sized total)",
             f"simulations         {self.simulations} (+{self.uniform_simulations} for the uniform depth)",
             f"channels changed    {self.channels_changed:,} (depth other than the default {self.default_depth})",
-        ]
+        ] + ([f"deadlock fix        {len(self.deadlock_fix_channels):,} channel(s) the diagnosis named at depth "
+              f"{self.default_depth} kept deeper ({self.deadlock_fix_bytes:,} B)"] if self.deadlock_fix_channels
+             else [])
 
 
 @dataclass
@@ -392,9 +410,13 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
     lp_map = {n: max(r.depths[n] for r in lp) for n in names}
     say(f"LP: {_fifo_bytes(channels, lp_map):,} FIFO bytes (bottleneck {lp[0].bottleneck_cycles:,} cycles)")
 
+    # 2d first: the channels the deadlock diagnosis names at the default depth keep a floor above it
+    floors, sims = _diagnosis_floors(cases)
+    if floors:
+        say(f"default depth deadlocks: {len(floors)} channel(s) the diagnosis names kept deeper")
+
     # 2a. unbounded run
     unbounded = {n: UNBOUNDED_DEPTH for n in names}
-    sims = 0
     cycles_u, peaks = [], []
     for case in cases:
         cycles, peak = _simulate(case, unbounded)
@@ -407,7 +429,7 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
     u_cycles = max(cycles_u)
     limits = [math.floor(c * (1.0 + slack)) for c in cycles_u]
     peak = np.max(np.stack(peaks), axis=0)
-    ub = {n: int(min(UNBOUNDED_DEPTH, max(min_depth, p))) for n, p in zip(names, peak)}
+    ub = {n: int(min(UNBOUNDED_DEPTH, max(min_depth, floors.get(n, 0), p))) for n, p in zip(names, peak)}
     say(f"unbounded: {u_cycles:,} cycles; limit {max(limits):,}; peak occupancy total {_fifo_bytes(channels, ub):,} B")
 
     runner = _Runner(cases, limits, jobs)
@@ -418,7 +440,7 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
         (ok, c), = runner.passes([ub])
         if ok:
             state, cycles = ub, c
-        lp_start = {n: min(state[n], max(min_depth, lp_map[n])) for n in names}
+        lp_start = {n: min(state[n], max(min_depth, floors.get(n, 0), lp_map[n])) for n in names}
         if lp_start != state:
             (ok, c), = runner.passes([lp_start])
             if ok:
@@ -439,7 +461,8 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
             while hi - lo > 1:
                 probes = _probes(lo, hi, jobs, first_round)
                 first_round = False
-                candidates = [{**state, **{c.name: min(state[c.name], k) for c in group}} for k in probes]
+                candidates = [{**state, **{c.name: max(floors.get(c.name, 0), min(state[c.name], k)) for c in group}}
+                              for k in probes]
                 results = runner.passes(candidates)
                 passing = [(k, cand, c) for k, cand, (ok, c) in zip(probes, candidates, results) if ok]
                 if passing:
@@ -474,7 +497,27 @@ def size_fifos(target, traces: Sequence | None = None, *, slack: float = 0.01, h
         simulations=runner.simulations, uniform_simulations=uniform_sims,
         channels_changed=sum(1 for n in names if state[n] != default_depth), default_depth=default_depth,
         lp_depths=lp_map, groups=groups, fingerprint=fingerprint, graph_name=graph.name, identity=identity,
-        trace_hashes=[c.trace_hash for c in cases if c.trace_hash], slack=float(slack))
+        trace_hashes=[c.trace_hash for c in cases if c.trace_hash], slack=float(slack),
+        deadlock_fix_channels=dict(floors),
+        deadlock_fix_bytes=sum(floors[c.name] * c.elem_bytes for c in channels if c.name in floors))
+
+
+def _diagnosis_floors(cases: list[_Case]) -> tuple[dict[str, int], int]:
+    """``({channel: floor}, simulations)``: run every case at its default FIFO depths (ignoring depths it
+    carries); for each that deadlocks, every channel the diagnosis names (``fix_channels``) gets a floor of
+    its depth + 1."""
+    from stepsim.errors import DeadlockError
+    from stepsim.simulate import simulate
+
+    floors: dict[str, int] = {}
+    for case in cases:
+        try:
+            simulate(case.target, case.hardware, channel_depths=None)
+        except DeadlockError as exc:
+            if exc.diagnosis is not None:
+                for name in exc.diagnosis.fix_channels:
+                    floors[name] = max(floors.get(name, 0), exc.diagnosis.fix_capacities[name] + 1)
+    return floors, len(cases)
 
 
 def _probes(lo: int, hi: int, jobs: int, first: bool) -> list[int]:
