@@ -36,8 +36,8 @@ JSON, a missing required field, a field of the wrong type (a non-positive or non
 counts that disagree, and multi-head latent attention (``kv_lora_rank`` / ``q_lora_rank``, DeepSeek-V2/V3),
 which stepsim does not model. A multimodal config whose text model sits under ``text_config`` is read from there.
 
-The MoE workload (:func:`moe_model`) simulates routed experts only, so it refuses models with shared experts
-and dense models, naming why.
+The MoE workload (:func:`moe_model`) simulates routed experts and, where the model has them, its shared experts;
+it refuses dense models, naming why.
 """
 
 from __future__ import annotations
@@ -55,7 +55,10 @@ from stepsim.errors import ConfigError
 class MoEModel:
     """Dimensions of one Mixture-of-Experts layer.
 
-    ``hidden`` is D (the model dimension), ``intermediate`` is F (the expert FFN dimension).
+    ``hidden`` is D (the model dimension), ``intermediate`` is F (the expert FFN dimension),
+    ``shared_intermediate`` the FFN dimension of the shared expert(s) every token visits besides its routed ones
+    (DeepSeek: ``n_shared_experts * moe_intermediate_size``, Qwen2-MoE: ``shared_expert_intermediate_size``;
+    0: none). Shared experts of one layer act as one SwiGLU FFN of that width, so they are modelled as one.
     """
 
     name: str
@@ -63,12 +66,16 @@ class MoEModel:
     intermediate: int
     experts: int
     top_k: int
+    shared_intermediate: int = 0
 
     def __post_init__(self):
         for key in ("hidden", "intermediate", "experts", "top_k"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"model {self.name!r}: {key} must be a positive int, got {v!r}")
+        v = self.shared_intermediate
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"model {self.name!r}: shared_intermediate must be an int >= 0, got {v!r}")
         if self.top_k > self.experts:
             raise ConfigError(f"model {self.name!r}: top_k {self.top_k} exceeds experts {self.experts}")
 
@@ -153,17 +160,13 @@ class ModelConfig:
         Raises
         ------
         ConfigError
-            A dense model, or a model with shared experts (not simulated by the ``moe`` workload).
+            A dense model.
         """
         if not self.is_moe:
             raise ConfigError(f"model {self.name!r} is dense (no routed experts in {self.source}); "
                               "the moe workload needs an MoE model")
-        if self.shared_experts:
-            raise ConfigError(f"model {self.name!r} has {self.shared_experts} shared expert(s) (FFN "
-                              f"{self.shared_intermediate}), which the moe workload does not simulate "
-                              "(it models routed experts only)")
         return MoEModel(self.name, hidden=self.hidden, intermediate=self.expert_intermediate,
-                        experts=self.experts, top_k=self.top_k)
+                        experts=self.experts, top_k=self.top_k, shared_intermediate=self.shared_intermediate)
 
     @property
     def attention(self) -> AttentionModel:
@@ -355,13 +358,15 @@ PRESETS: dict[str, ModelConfig] = _load_presets()
 #: lower-case name or alias -> canonical preset name
 ALIASES: dict[str, str] = {key.lower(): m.name for m in PRESETS.values() for key in (m.name, *m.aliases)}
 
-#: MoE layers of the presets the ``moe`` workload simulates (routed experts only): the paper's two models
-MOE_MODELS: dict[str, MoEModel] = {n: m.moe for n, m in PRESETS.items() if m.is_moe and not m.shared_experts}
+#: MoE layers of the presets the ``moe`` workload simulates (routed experts, and shared experts where the model has
+#: them)
+MOE_MODELS: dict[str, MoEModel] = {n: m.moe for n, m in PRESETS.items() if m.is_moe}
 
-#: the attention configurations of the artifact's ``dynamic_par`` scripts (docs/semantics.md §5.1): the published
-#: dimensions with the preset's ``paper_attention`` applied (Qwen3-30B-A3B: head_dim 64 instead of 128)
+#: the attention configurations of the artifact's ``dynamic_par`` scripts (docs/semantics.md §5.1) for the paper's
+#: two models: the published dimensions with the preset's ``paper_attention`` applied (Qwen3-30B-A3B: head_dim 64
+#: instead of 128)
 ATTENTION_MODELS: dict[str, AttentionModel] = {n: m.paper_attention_model for n, m in PRESETS.items()
-                                               if n in MOE_MODELS}
+                                               if m.is_moe and not m.shared_experts}
 
 CUSTOM_KEYS = ("hidden", "intermediate", "experts", "top_k")
 

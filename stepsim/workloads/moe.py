@@ -5,7 +5,14 @@ Variants:
 * ``tiling="static"``: each expert's tokens are padded to tiles of ``tile_n`` rows;
 * ``tiling="dynamic"``: each expert's tokens are packed into one dynamically sized tile (round_N = 1);
 * ``regions < experts``: configuration time-multiplexing; ``experts / regions`` experts share one compute
-  region whose weights are fetched with random loads addressed by an EagerMerge selector (§6.1, last part).
+  region whose weights are fetched with random loads addressed by an EagerMerge selector (§6.1, last part);
+* ``model.shared_intermediate > 0``: shared experts (DeepSeek, Qwen2-MoE), which every token visits besides its
+  routed ones, modelled as one SwiGLU FFN of that width in its own region (group ``("shared_expert", 0)``,
+  weights ``shared_gate`` / ``shared_up`` / ``shared_down``): a Broadcast of the token stream feeds it, tiles
+  of ``tile_n`` tokens (32 with dynamic tiling), and its rows are added to the routed experts' sum before the
+  store. Its output FIFO holds the whole batch (``batch`` rows), because the sum waits for the routed experts,
+  which need most of the batch before their first row; shallower, the shared branch back-pressures the token
+  broadcast and the layer deadlocks. Qwen2-MoE's sigmoid gate on the shared expert is not modelled.
 
 Memory operators are created in the order the artifact's scripts register them with the HBM, because that
 order decides same-cycle arbitration (docs/timing_model.md §2 step 2, §4.2). One region per expert: the token load,
@@ -27,6 +34,7 @@ from stepsim.graph import (
     FP32,
     Accum,
     AccumAdd,
+    Add,
     DynTile,
     EagerMerge,
     Empty,
@@ -72,12 +80,20 @@ DEFAULT_TILE_N = 32
 
 def algorithmic_flops(counts, model: MoEModel, tile_n: int | None) -> int:
     """The paper scripts' FLOPs: per expert with ``b`` tokens after padding to ``tile_n`` (``b = c`` when
-    dynamic), ``2*b*D*F*3 + b*F + 8*b*D*F``. The SiLU term multiplies by D (sic, docs/semantics.md §9.5)."""
+    dynamic), ``2*b*D*F*3 + b*F + 8*b*D*F``. The SiLU term multiplies by D (sic, docs/semantics.md §9.5).
+    Shared experts add the same terms with F the shared width and ``b`` the batch padded to their tiles."""
     d, f = model.hidden, model.intermediate
+
+    def ffn(b, width):
+        return 2 * b * d * width * 3 + b * width + 8 * b * d * width
+
     total = 0
     for c in (int(x) for x in counts):
-        b = c if tile_n is None else ceil_div(c, tile_n) * tile_n
-        total += 2 * b * d * f * 3 + b * f + 8 * b * d * f
+        total += ffn(c if tile_n is None else ceil_div(c, tile_n) * tile_n, f)
+    if model.shared_intermediate:
+        batch = int(sum(int(x) for x in counts)) // model.top_k
+        tn = tile_n or DEFAULT_TILE_N
+        total += ffn(ceil_div(batch, tn) * tn, model.shared_intermediate)
     return total
 
 
@@ -127,6 +143,9 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         raise ArgumentError(f"tile_n must be a positive int, got {tile_n!r}")
     if not isinstance(tile_f, int) or tile_f < 1 or f % tile_f:
         raise ArgumentError(f"tile_f must be a positive divisor of the intermediate size {f}, got {tile_f!r}")
+    if model.shared_intermediate % tile_f:
+        raise ArgumentError(f"tile_f must also divide the shared experts' intermediate size "
+                            f"{model.shared_intermediate}, got {tile_f!r}")
 
     batch = routing.shape[0]
     if not dynamic and tile_n > batch:
@@ -197,6 +216,11 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     gathered = Reassemble(g, scaled, reassemble_select, 0)
     bindings[gathered.ragged_symbol] = k  # every token gathers exactly top_k expert outputs
     summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
+    if model.shared_intermediate:
+        before = len(g.ops)
+        shared = _shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
+        summed = Map(g, [summed, shared], Add(), **bw)
+        _label(g.ops[before:], ("shared_expert", 0))
     LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
 
     idle = {("expert", e) for e in range(experts) if counts[e] == 0}
@@ -210,7 +234,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         algorithmic_flops=algorithmic_flops(counts, model, tile_n),
         params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
                     tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
-                    packing_compute_bw=packing_compute_bw, channel_depth=channel_depth),
+                    packing_compute_bw=packing_compute_bw, channel_depth=channel_depth,
+                    **({"shared_intermediate": model.shared_intermediate} if model.shared_intermediate else {})),
         trace={"routing": routing},  # check_routing's own int64 copy
     )
 
@@ -234,6 +259,27 @@ def _ffn_body(g, tiles_rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw):
     hidden = Map(g, [up, Map(g, gate, Silu(), **bw)], Mul(), **bw)
     init = Empty(0, d) if dynamic else Zero(tiles_rep.stream.dtype.rows, d)
     return MapAccum(g, hidden, down_w, Matmul(), init, 1, **bw)
+
+
+def _shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw):
+    """The shared experts as one FFN of width ``model.shared_intermediate`` over every token, in tiles of
+    ``tile_n`` rows (the last one zero-padded); returns its ``batch`` output rows in token order."""
+    d, fs = model.hidden, model.shared_intermediate
+    rows_in = Reshape(g, tokens, tile_n, 0, pad=Zero(1, d))  # [1, ceil(B / tile_n), tile_n] rows
+    tiles = Accum(g, rows_in, RetileRow(), Empty(0, d), 1, out_dtype=Tile(FP32, tile_n, d),
+                  compute_bw=packing_compute_bw)
+    n_f = fs // tile_f
+    gate_t, up_t, down_t = (Tensor("shared_gate", (d, fs), BF16), Tensor("shared_up", (d, fs), BF16),
+                            Tensor("shared_down", (fs, d), BF16))
+    rep = RepeatStatic(g, tiles, n_f)
+    up_w, gate_w, down_w = (
+        Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
+        for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d))))
+    out = _ffn_body(g, rep, gate_w, up_w, down_w, model, tile_f, False, bw)
+    rows = RetileStreamify(g, out, split_row=True, filter_mask=True)
+    rows.assume_shape(0, tokens.stream.shape)  # the padding rows are filtered out: one row per token
+    rows.channel_depth = batch  # the residual-style buffer the sum needs (module docstring)
+    return rows
 
 
 def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw):

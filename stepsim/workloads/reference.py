@@ -394,7 +394,7 @@ def _expert_outputs(x, routing, w_gate, w_up, w_down) -> list[ExpertOutput]:
     return out
 
 
-def moe_reference(x, routing, gate_weights, w_gate, w_up, w_down) -> np.ndarray:
+def moe_reference(x, routing, gate_weights, w_gate, w_up, w_down, shared=None) -> np.ndarray:
     """The MoE layer: each token's top-k experts' SwiGLU FFNs, weighted by the routing weights and summed.
 
     ``y[t] = sum_s gate_weights[t, s] * ffn_{routing[t, s]}(x[t])`` with
@@ -430,6 +430,9 @@ def moe_reference(x, routing, gate_weights, w_gate, w_up, w_down) -> np.ndarray:
         Per-expert gate and up projections (``v @ W`` convention).
     w_down : array [E, F, D]
         Per-expert down projections.
+    shared : (w_gate [D, Fs], w_up [D, Fs], w_down [Fs, D]) or None
+        The shared experts' FFN (tensors ``"shared_gate"``, ``"shared_up"``, ``"shared_down"``), which every
+        token visits: its rows are added (in fp32, as the graph's ``Map(Add)``) to the routed sum.
 
     Returns
     -------
@@ -464,6 +467,10 @@ def moe_reference(x, routing, gate_weights, w_gate, w_up, w_down) -> np.ndarray:
         slot = np.argmax(routing[tokens] == e, axis=1)  # the slot where each of these tokens chose e
         # the graph's Map(Mul)(routing weight (1,1), row (1,D)) materialises an fp32 tile
         total[tokens] += _f32(weights[tokens, slot][:, None] * rows.astype(np.float64))
+    if shared is not None:
+        s_gate, s_up, s_down = (_f32(_array(w, who, f"shared {name}", 2))
+                                for w, name in zip(shared, ("w_gate", "w_up", "w_down")))
+        total = _f32(_f32(total) + _ffn_rows(x, s_gate, s_up, s_down))
     return total.astype(np.float32)
 
 
@@ -709,18 +716,20 @@ def graph_tensors(workload: Workload) -> dict[str, TensorSpec]:
     return found
 
 
-def small_moe_model(name: str, *, hidden: int = 64, intermediate: int = 128) -> MoEModel:
-    """A preset's expert count and top-k (so its routing traces replay unchanged) with small D and F.
+def small_moe_model(name: str, *, hidden: int = 64, intermediate: int = 128,
+                    shared_intermediate: int = 0) -> MoEModel:
+    """A preset's expert count and top-k (so its routing traces replay unchanged) with small D and F (and a
+    shared-expert FFN of ``shared_intermediate``, 0 for none).
 
     >>> small_moe_model("mixtral-8x7b", hidden=32, intermediate=64)
-    MoEModel(name='mixtral-8x7b-small', hidden=32, intermediate=64, experts=8, top_k=2)
+    MoEModel(name='mixtral-8x7b-small', hidden=32, intermediate=64, experts=8, top_k=2, shared_intermediate=0)
     """
     canonical = canonical_model_name(name)  # the aliases (mixtral, qwen) name the same presets here too
     if canonical not in MOE_MODELS:
         raise ArgumentError(f"unknown MoE preset {name!r}; expected one of {sorted(MOE_MODELS)}")
     base = MOE_MODELS[canonical]
     return MoEModel(f"{canonical}-small", hidden=hidden, intermediate=intermediate, experts=base.experts,
-                    top_k=base.top_k)
+                    top_k=base.top_k, shared_intermediate=shared_intermediate)
 
 
 def _rng(seed: int, what: str, *index: int) -> np.random.Generator:
@@ -827,6 +836,11 @@ def _moe_inputs(w: Workload, seed: int) -> dict:
         "routing_weights": round_to_bf16(soft / soft.sum(axis=1, keepdims=True)),
     }
     gate, up, down = _moe_expert_weights(seed, experts, d, f)
+    fs = p.get("shared_intermediate", 0)
+    if fs:
+        arrays.update({"shared_gate": _normal(seed, "shared_gate", (d, fs), d ** -0.5, bf16=True),
+                       "shared_up": _normal(seed, "shared_up", (d, fs), d ** -0.5, bf16=True),
+                       "shared_down": _normal(seed, "shared_down", (fs, d), fs ** -0.5, bf16=True)})
     if regions == experts:
         for e in range(experts):
             arrays.update({f"expert{e:03d}_gate": gate[e], f"expert{e:03d}_up": up[e],
@@ -887,8 +901,9 @@ def workload_reference(workload: Workload, inputs: dict) -> dict[str, np.ndarray
     """What the workload's graph should store, keyed by stored tensor name, computed from ``inputs``.
 
     * ``swiglu``: ``{"y": swiglu_reference(x, w_gate, w_up, w_down)}``.
-    * ``moe``: ``{"y": moe_reference(...)}`` with the routing the graph was built with (``workload.trace``), ``"routing_weights"`` as gate weights and the expert weights from ``"expert{e:03d}_*"`` or,
-      time-multiplexed, the slices of ``"region{r:03d}_*"``.
+    * ``moe``: ``{"y": moe_reference(...)}`` with the routing the graph was built with (``workload.trace``),
+      ``"routing_weights"`` as gate weights and the expert weights from ``"expert{e:03d}_*"`` or,
+      time-multiplexed, the slices of ``"region{r:03d}_*"``; with shared experts, ``"shared_*"``.
     * ``attention``: ``{"out": ..., "k_cache": ..., "v_cache": ...}`` from :func:`gqa_decode_reference` with
       the graph's own settings: ``softmax`` and ``tile_n`` from the workload,
       ``include_tile_padding=True`` (the graph does not mask the tail of the last tile), in the graph's flat
@@ -918,8 +933,10 @@ def workload_reference(workload: Workload, inputs: dict) -> dict[str, np.ndarray
             stacks = [np.concatenate([np.asarray(_take(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
                                       for r in range(regions)])
                       for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
+        shared = ([_take(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
+                  if p.get("shared_intermediate") else None)
         y = moe_reference(_take(inputs, "x", who), _trace(workload, "routing"), _take(inputs, "routing_weights", who),
-                          *stacks)
+                          *stacks, shared=shared)
         return {"y": y}
     if kind == "attention":
         b, g, d = p["batch"], p["query_per_kv_head"], p["head_dim"]
@@ -955,8 +972,9 @@ def _reduction_length(workload: Workload, name: str) -> int:
     p = workload.params
     if workload.name == "swiglu":
         return p["hidden"] + p["intermediate"]
-    if workload.name == "moe":
-        return p["hidden"] + p["intermediate"] + p["top_k"]
+    if workload.name == "moe":  # the routed sum, then the shared experts' rows added (+1)
+        shared = p.get("shared_intermediate", 0)
+        return p["hidden"] + max(p["intermediate"], shared) + p["top_k"] + (1 if shared else 0)
     if name in ("k_cache", "v_cache"):
         return 0  # a pure append: no arithmetic
     seq_len_tiled, _ = kv_metadata(_trace(workload, "kv_lengths"), p["tile_n"])

@@ -57,6 +57,8 @@ def test_presets_resolve_to_the_paper_dimensions_used_so_far():
     assert MOE_MODELS == {
         "mixtral-8x7b": MoEModel("mixtral-8x7b", hidden=4096, intermediate=14336, experts=8, top_k=2),
         "qwen3-30b-a3b": MoEModel("qwen3-30b-a3b", hidden=2048, intermediate=768, experts=128, top_k=8),
+        "deepseek-moe-16b": MoEModel("deepseek-moe-16b", hidden=2048, intermediate=1408, experts=64, top_k=6,
+                                     shared_intermediate=2816),  # 2 shared experts of 1408
     }
     assert ATTENTION_MODELS == {
         "qwen3-30b-a3b": AttentionModel("qwen3-30b-a3b", hidden=2048, head_dim=64, heads=32, kv_heads=4),
@@ -134,11 +136,9 @@ def test_aliases_store_the_canonical_name_and_share_the_run_id():
     assert resolve_model("deepseek") is PRESETS["deepseek-moe-16b"]
 
 
-def test_models_the_moe_workload_does_not_simulate_are_refused_with_the_reason(tmp_path):
-    with pytest.raises(ConfigError) as err:
-        moe_model("deepseek")
-    assert str(err.value) == ("model 'deepseek-moe-16b' has 2 shared expert(s) (FFN 2816), which the moe workload "
-                              "does not simulate (it models routed experts only)")
+def test_dense_models_are_refused_and_shared_experts_are_kept(tmp_path):
+    assert moe_model("deepseek") == MoEModel("deepseek-moe-16b", hidden=2048, intermediate=1408, experts=64, top_k=6,
+                                             shared_intermediate=2816)  # 2 shared experts of 1408
     with pytest.raises(ConfigError) as err:
         run_config({"workload": "moe", "model": "llama"})
     assert str(err.value) == ("model 'llama-3.1-8b' is dense (no routed experts in "
@@ -149,8 +149,7 @@ def test_models_the_moe_workload_does_not_simulate_are_refused_with_the_reason(t
     path = _write(tmp_path, qwen2)
     m = load_hf_config(path)
     assert (m.experts, m.top_k, m.shared_experts, m.shared_intermediate, m.head_dim) == (60, 4, 1, 5632, 128)
-    with pytest.raises(ConfigError, match=r"has 1 shared expert\(s\) \(FFN 5632\)"):
-        moe_model(str(path))
+    assert moe_model(str(path)).shared_intermediate == 5632
 
 
 def test_config_without_bundled_trace_asks_for_one(tmp_path):
