@@ -116,7 +116,7 @@ class NotSimulatedError(ConfigError):
 
 # --- schemas ----------------------------------------------------------------------------------------------
 _STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "softmax", "fifo_depths", "hardware",
-                 "convention"}
+                 "convention", "program"}
 
 
 def _field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:
@@ -266,6 +266,15 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
             ident["model"] = f"config.json sha256:{file_sha256(model)}"
         except OSError as exc:
             raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
+    program = cfg.get("program")
+    if program is not None:  # a user's file.py:function: the file's content and the function, not its path
+        from stepsim.workloads.program import split_spec
+
+        path, function = split_spec(program)
+        try:
+            ident["program"] = f"{function} in sha256:{file_sha256(path)}"
+        except OSError as exc:
+            raise ConfigError(f"program {program!r}: cannot read {path}: {exc.strerror or exc}") from None
     ident.update(hardware_values=hardware.values(), run_channel_depth=int(channel_depth),
                  timing_model=TIMING_MODEL_VERSION)
     return ident
@@ -486,7 +495,7 @@ def _run_config(config: Mapping, mode: str, convention: str | None, source: str 
     """Normalize ``config`` for a run of ``mode``; check it describes ``workload``."""
     override = {"mode": mode} if convention is None else {"mode": mode, "convention": convention}
     cfg = normalize_config({**config, **override}, source=source)
-    if workload.name != cfg["workload"]:
+    if workload.name != cfg["workload"] and cfg["workload"] != "program":  # a user program returns any kind
         prefix = f"{source}: " if source else ""
         raise ConfigError(f"{prefix}config key 'workload' is {cfg['workload']!r} but the workload given is "
                           f"{workload.name!r}")

@@ -189,16 +189,20 @@ def parse_sweep(data: Mapping, *, source: str | Path) -> SweepSpec:
 
 # --- pieces ---------------------------------------------------------------------------------------------
 def _workloads() -> tuple:
+    """The workload kinds a sweep runs: all but ``program`` (a user's file.py:function), whose result depends on
+    Python code the run id does not fingerprint (modules it imports, data it reads), so resuming a sweep could
+    reuse a stale result; user programs run with ``stepsim run``."""
     from stepsim.workloads.config import WORKLOADS
 
-    return WORKLOADS
+    return tuple(w for w in WORKLOADS if w != "program")
 
 
 def _knob_keys() -> tuple:
-    """The knobs a sweep may set in [fixed] / [axes]: every workload knob but ``workload`` (top level)."""
+    """The knobs a sweep may set in [fixed] / [axes]: every workload knob but ``workload`` (top level) and
+    ``program`` (user programs do not run in sweeps, see :func:`_workloads`)."""
     from stepsim.workloads.config import KNOBS
 
-    return tuple(k for k in KNOBS if k not in TASK_KEYS)
+    return tuple(k for k in KNOBS if k not in TASK_KEYS and k != "program")
 
 
 def _row_columns() -> list:

@@ -32,7 +32,9 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_workload_arguments", "build_workl
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
-    p.add_argument("workload", choices=WORKLOADS, help="which layer to build")
+    p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
+                   help="moe | swiglu | attention | path/to/file.py:function (a function returning a stepsim Graph "
+                        "or Workload)")
     p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
                                    "a Hugging Face config.json path | custom (see stepsim models list)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
@@ -69,9 +71,24 @@ def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
                    help="per-channel FIFO depths from stepsim size-fifos (overrides --channel-depth per channel)")
 
 
+def _workload_argument(value: str) -> str:
+    """A workload kind, or a user program ``path/to/file.py:function`` (argparse type of the positional)."""
+    from stepsim.workloads.program import is_program_spec
+
+    if value in WORKLOADS[:-1] or is_program_spec(value):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])} or "
+                                     f"path/to/file.py:function)")
+
+
 def config_from_args(args: argparse.Namespace) -> dict:
-    """The config mapping of the knobs set on the command line (unset flags are left out)."""
-    return {key: getattr(args, key) for key in KNOBS if getattr(args, key, None) is not None}
+    """The config mapping of the knobs set on the command line (unset flags are left out); a user program's
+    ``file.py:function`` becomes ``{"workload": "program", "program": "file.py:function"}``."""
+    config = {key: getattr(args, key) for key in KNOBS if getattr(args, key, None) is not None}
+    if config["workload"] not in WORKLOADS:
+        config["program"] = config["workload"]
+        config["workload"] = "program"
+    return config
 
 
 def build_workload(args: argparse.Namespace) -> Workload:

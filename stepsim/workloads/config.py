@@ -46,14 +46,15 @@ from stepsim.workloads.base import Workload
 if TYPE_CHECKING:
     from stepsim.hardware import Hardware
 
-WORKLOADS = ("moe", "swiglu", "attention")
+#: workload kinds; ``program`` is a user's ``file.py:function`` (knob ``program``; :mod:`stepsim.workloads.program`)
+WORKLOADS = ("moe", "swiglu", "attention", "program")
 MODES = ("metrics", "simulate", "functional", "check")
 
 #: every workload knob, in the order of the result schema's config columns
 KNOBS: tuple[str, ...] = (
     "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
-    "fifo_depths", "hardware", "convention",
+    "fifo_depths", "hardware", "convention", "program",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -79,13 +80,14 @@ INT_MINIMUM: dict[str, int] = {
 INT_MAXIMUM = 2**31 - 1
 #: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
 #: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
-STRING_KEYS = ("model", "trace", "fifo_depths", "hardware")
+STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program")
 #: knobs used by some workloads only (absent here: used by every workload)
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     "model": ("moe",), "hidden": ("moe",), "intermediate": ("moe",), "experts": ("moe",), "top_k": ("moe",),
     "trace": ("moe", "attention"), "iteration": ("moe",), "layer": ("moe",), "batch_id": ("attention",),
     "tiling": ("moe",), "tile_n": ("moe", "swiglu"), "tile_f": ("moe",), "tile_m": ("swiglu",),
     "regions": ("moe", "attention"), "strategy": ("attention",), "softmax": ("attention",),
+    "compute_bw": ("moe", "swiglu", "attention"), "program": ("program",),
 }
 CUSTOM_MODEL_KEYS = ("hidden", "intermediate", "experts", "top_k")
 #: defaults filled in by :func:`normalize_config` (per workload, then for all)
@@ -93,6 +95,7 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
     "moe": {"model": "mixtral-8x7b", "tiling": "static"},
     "swiglu": {"tile_m": 16, "tile_n": 16},
     "attention": {"strategy": "dynamic"},
+    "program": {},
 }
 COMMON_DEFAULTS: dict[str, Any] = {"convention": "published", "mode": "metrics"}
 
@@ -232,7 +235,7 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
 # --- building ---------------------------------------------------------------------------------------------
 def resolved_trace(cfg: Mapping) -> str | None:
     """Trace path a normalized config reads: its ``trace``, else the bundled one; None for ``swiglu``."""
-    if cfg["workload"] == "swiglu":
+    if cfg["workload"] in ("swiglu", "program"):
         return None
     if cfg.get("trace") is not None:
         return cfg["trace"]
@@ -276,7 +279,15 @@ def _build_attention(cfg: Mapping) -> Workload:
     return workload
 
 
-_BUILDERS = {"moe": _build_moe, "swiglu": _build_swiglu, "attention": _build_attention}
+def _build_program(cfg: Mapping) -> Workload:
+    from stepsim.workloads.program import build_program
+
+    if cfg.get("program") is None:
+        raise ConfigError("workload 'program' needs the knob 'program' (path/to/file.py:function)")
+    return build_program(cfg["program"])
+
+
+_BUILDERS = {"moe": _build_moe, "swiglu": _build_swiglu, "attention": _build_attention, "program": _build_program}
 
 
 def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:

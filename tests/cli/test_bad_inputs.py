@@ -116,8 +116,8 @@ CLI_CASES = [
     ("run moe --tile-f 5", 2, E + "tile_f must be a positive divisor of the intermediate size 14336, got 5"),
     ("run moe --hidden 64", 2, E + "--hidden only applies with model 'custom' (model is 'mixtral-8x7b')"),
     ("run moe --model gpt5", 2,
-     E + "unknown model 'gpt5'; expected one of ['mixtral-8x7b', 'qwen3-30b-a3b', 'custom'], an alias (mixtral, "
-         "mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
+     E + "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'mixtral-8x7b', 'qwen3-30b-a3b', 'custom'], an "
+         "alias (deepseek, deepseekv316b, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
     ("run moe --model custom", 2, E + "model 'custom' needs --hidden, --intermediate, --experts, --top-k"),
     ("run moe --channel-depth 0", 2, E + "--channel-depth must be an int >= 1, got 0"),
     ("run moe --compute-bw 0", 2, E + "--compute-bw must be an int >= 1, got 0"),
@@ -298,8 +298,8 @@ API_CASES = [
     ("moe-top-k", lambda G: G.build_moe(G.moe_model("mixtral"), _routing(0, 1, 2)), ArgumentError,
      "routing: each token must pick top_k=2 experts, got 3 per row"),
     ("moe-model", lambda G: G.moe_model("gpt5"), ConfigError,
-     "unknown model 'gpt5'; expected one of ['mixtral-8x7b', 'qwen3-30b-a3b', 'custom'], an alias (mixtral, "
-     "mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
+     "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'mixtral-8x7b', 'qwen3-30b-a3b', 'custom'], an "
+     "alias (deepseek, deepseekv316b, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
     ("attention-strategy", lambda G: G.build_attention(np.array([10, 20, 30, 40]), "fastest"), ArgumentError,
      "strategy must be one of 'dynamic', 'interleave', 'coarse'; got 'fastest'"),
     ("attention-negative-kv", lambda G: G.build_attention(np.array([10, -20, 30, 40])), ArgumentError,
@@ -316,7 +316,8 @@ API_CASES = [
      "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: batch_id, channel_depth, compute_bw, "
-     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, regions, "
+     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, program, "
+     "regions, "
      "softmax, strategy, "
      "tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
     ("run-config-too-large", lambda G: G.run_config({"workload": "moe", "channel_depth": 2**63}), ConfigError,

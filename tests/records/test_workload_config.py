@@ -10,11 +10,11 @@ from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize
 
 KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, fifo_depths, hardware, hidden, intermediate, "
          "iteration, "
-         "layer, mode, model, regions, softmax, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
+         "layer, mode, model, program, regions, softmax, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 22 and KNOWN_KEYS == set(KNOBS) | {"mode"}
+    assert len(KNOBS) == 23 and KNOWN_KEYS == set(KNOBS) | {"mode"}
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 
@@ -28,8 +28,8 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({}, "missing required config key 'workload' (one of moe, swiglu, attention)"),
-    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', got 'mlp'"),
+    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, program)"),
+    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'program', got 'mlp'"),
     ({"workload": "swiglu", "tile_m": "16"}, "config key 'tile_m' must be an int >= 1, got '16'"),
     ({"workload": "swiglu", "tile_m": 16.0}, "config key 'tile_m' must be an int >= 1, got 16.0"),
     ({"workload": "swiglu", "tile_m": True}, "config key 'tile_m' must be an int >= 1, got True"),
