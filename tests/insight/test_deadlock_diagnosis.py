@@ -12,6 +12,7 @@ import pickle
 
 import numpy as np
 import pytest
+from kernel_helpers import fork_join_program
 
 from stepsim import reference_engine
 from stepsim.cli import main
@@ -26,21 +27,6 @@ from stepsim.workloads.models import moe_model
 from stepsim.workloads.moe import build_moe
 
 
-def _fork_join(direct_depth: int | None = None):
-    """A Broadcast forks 8 tiles into a fast branch ('direct', straight into the join) and a slow one
-    (Bufferize + Streamify: nothing leaves it before all 8 tiles arrived); a binary Map joins them."""
-    b = ProgramBuilder(Hardware.preset("step-eval"))
-    src, buffered, buf, replay, out = (b.add_channel(name=n) for n in ("src", "to_buffer", "buf", "replay", "out"))
-    direct = b.add_channel(capacity=direct_depth, name="direct")
-    b.offchip_load(out=src, tile_rows=16, tile_cols=64, elem_bytes=2, view_shape=(8,), name="load")
-    b.broadcast(inp=src, outs=[direct, buffered], name="fanout")
-    b.bufferize(inp=buffered, out=buf, rank=1, name="bufferize")
-    b.streamify(inp=buf, out=replay, rank=1, name="streamify")
-    b.map(ins=[direct, replay], out=out, fn="add", name="join")
-    b.sink(inp=out, name="sink")
-    return b.build()
-
-
 CYCLE = [
     "cycle 1: 4 hop(s), in a group of 4 unit(s) waiting on each other:",
     "  fanout (Broadcast) waits for a free slot in 'direct' (full, 2/2), read by join (Map)",
@@ -53,7 +39,7 @@ CYCLE = [
 
 def test_reconvergent_fork_join_names_exactly_the_shallow_channel():
     with pytest.raises(DeadlockError) as info:
-        run(_fork_join())
+        run(fork_join_program())
     err = info.value
     lines = str(err).splitlines()
     assert lines[0] == "deadlock: no unit can make progress; 6 unit(s) blocked (2 on a full FIFO), 1 wait cycle(s)"
@@ -63,16 +49,16 @@ def test_reconvergent_fork_join_names_exactly_the_shallow_channel():
     assert all(isinstance(b, BlockedUnit) for b in err.blocked)
     fix = suggest_fix(err.program, err.diagnosis)
     assert (fix.channels, fix.depth, fix.verified, fix.cycles) == ({"direct": 8}, 8, True, 918)
-    assert run(_fork_join(direct_depth=8)).cycles == 918  # the checked depth, applied, finishes
+    assert run(fork_join_program(direct_depth=8)).cycles == 918  # the checked depth, applied, finishes
     with pytest.raises(DeadlockError):
-        run(_fork_join(direct_depth=7))  # and it is the smallest that does
+        run(fork_join_program(direct_depth=7))  # and it is the smallest that does
 
 
 def test_both_engines_give_the_same_records_and_diagnosis():
     with pytest.raises(DeadlockError) as fast:
-        run(_fork_join())
+        run(fork_join_program())
     with pytest.raises(DeadlockError) as ref:
-        reference_engine.run(_fork_join())
+        reference_engine.run(fork_join_program())
     key = lambda e: {(b.unit, b.opcode, b.channel, b.waiting_for, b.occupancy, b.capacity) for b in e.blocked}  # noqa: E731
     assert key(fast.value) == key(ref.value)
     assert all(type(b) is BlockedUnit for b in ref.value.blocked)
@@ -83,7 +69,7 @@ def test_both_engines_give_the_same_records_and_diagnosis():
 def test_the_error_pickles_without_its_program():
     """Sweep workers send errors back to the parent process."""
     with pytest.raises(DeadlockError) as info:
-        run(_fork_join())
+        run(fork_join_program())
     back = pickle.loads(pickle.dumps(info.value))
     assert (str(back), back.blocked, back.diagnosis, back.program) == (
         str(info.value), info.value.blocked, info.value.diagnosis, None)
