@@ -100,7 +100,15 @@ from stepsim.results import (
     write_partitioned,
 )
 from stepsim.workloads.base import Workload
-from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
+from stepsim.workloads.config import (
+    CHOICES,
+    KNOBS,
+    STRING_KEYS,
+    build_normalized,
+    normalize_config,
+    resolve_hardware,
+    resolved_trace,
+)
 from stepsim.workloads.models import is_model_file
 
 __all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult", "allocated_compute_flops",
@@ -115,8 +123,8 @@ class NotSimulatedError(ConfigError):
 
 
 # --- schemas ----------------------------------------------------------------------------------------------
-_STRING_KNOBS = {"workload", "model", "trace", "tiling", "strategy", "softmax", "fifo_depths", "hardware",
-                 "convention", "program"}
+#: knobs stored as strings (choices and free-form strings); the others are ints
+_STRING_KNOBS = {k for k in KNOBS if k in CHOICES or k in STRING_KEYS}
 
 
 def _field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:

@@ -42,12 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 from stepsim.errors import ArgumentError, ConfigError
 from stepsim.workloads.base import Workload
+from stepsim.workloads.kinds import COMMON_KNOBS, KINDS
 
 if TYPE_CHECKING:
     from stepsim.hardware import Hardware
 
-#: workload kinds; ``program`` is a user's ``file.py:function`` (knob ``program``; :mod:`stepsim.workloads.program`)
-WORKLOADS = ("moe", "swiglu", "attention", "program")
+#: workload kinds (:mod:`stepsim.workloads.kinds`); ``program`` is a user's ``file.py:function``
+#: (:mod:`stepsim.workloads.program`)
+WORKLOADS = tuple(KINDS)
 MODES = ("metrics", "simulate", "functional", "check")
 
 #: every workload knob, in the order of the result schema's config columns
@@ -81,22 +83,13 @@ INT_MAXIMUM = 2**31 - 1
 #: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
 #: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
 STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program")
-#: knobs used by some workloads only (absent here: used by every workload)
+#: knobs used by some workloads only (absent here: used by every workload), from the kinds' registry entries
 APPLIES_TO: dict[str, tuple[str, ...]] = {
-    "model": ("moe",), "hidden": ("moe",), "intermediate": ("moe",), "experts": ("moe",), "top_k": ("moe",),
-    "trace": ("moe", "attention"), "iteration": ("moe",), "layer": ("moe",), "batch_id": ("attention",),
-    "tiling": ("moe",), "tile_n": ("moe", "swiglu"), "tile_f": ("moe",), "tile_m": ("swiglu",),
-    "regions": ("moe", "attention"), "strategy": ("attention",), "softmax": ("attention",),
-    "compute_bw": ("moe", "swiglu", "attention"), "program": ("program",),
-}
+    knob: tuple(k.name for k in KINDS.values() if knob in k.knobs)
+    for knob in KNOBS if knob != "workload" and knob not in COMMON_KNOBS}
 CUSTOM_MODEL_KEYS = ("hidden", "intermediate", "experts", "top_k")
 #: defaults filled in by :func:`normalize_config` (per workload, then for all)
-WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "moe": {"model": "mixtral-8x7b", "tiling": "static"},
-    "swiglu": {"tile_m": 16, "tile_n": 16},
-    "attention": {"strategy": "dynamic"},
-    "program": {},
-}
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {k.name: dict(k.defaults) for k in KINDS.values()}
 COMMON_DEFAULTS: dict[str, Any] = {"convention": "published", "mode": "metrics"}
 
 BUNDLED_TRACES = {"mixtral-8x7b": "synthetic_routing_mixtral_b64.arrow",
@@ -234,12 +227,14 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
 
 # --- building ---------------------------------------------------------------------------------------------
 def resolved_trace(cfg: Mapping) -> str | None:
-    """Trace path a normalized config reads: its ``trace``, else the bundled one; None for ``swiglu``."""
-    if cfg["workload"] in ("swiglu", "program"):
+    """Trace path a normalized config reads: its ``trace``, else the bundled one (a routing trace per model,
+    one decode batch for attention); None for a kind that reads no trace."""
+    slot = KINDS[cfg["workload"]].trace
+    if slot is None:
         return None
     if cfg.get("trace") is not None:
         return cfg["trace"]
-    return bundled_trace(cfg["model"] if cfg["workload"] == "moe" else "attention")
+    return bundled_trace(cfg["model"] if slot == "routing" else "attention")
 
 
 def _bandwidth_kwargs(cfg: Mapping) -> dict[str, int]:
@@ -287,9 +282,6 @@ def _build_program(cfg: Mapping) -> Workload:
     return build_program(cfg["program"])
 
 
-_BUILDERS = {"moe": _build_moe, "swiglu": _build_swiglu, "attention": _build_attention, "program": _build_program}
-
-
 def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
     """Build the workload of a config already passed through :func:`normalize_config`.
 
@@ -299,7 +291,7 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
         A builder refused a value (message prefixed with ``source``). Trace errors keep their own type.
     """
     try:
-        workload = _BUILDERS[cfg["workload"]](cfg)
+        workload = KINDS[cfg["workload"]].function("build")(cfg)
         if cfg.get("fifo_depths") is not None:
             from stepsim.passes.depths_file import apply_depths_file
 

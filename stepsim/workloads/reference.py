@@ -789,14 +789,7 @@ def make_inputs(workload: Workload, seed: int = 0) -> dict[str, np.ndarray]:
     seed = int(seed)
     specs = graph_tensors(workload)
     kind = workload.name
-    if kind == "swiglu":
-        arrays = _swiglu_inputs(workload, seed)
-    elif kind == "moe":
-        arrays = _moe_inputs(workload, seed)
-    elif kind == "attention":
-        arrays = _attention_inputs(workload, seed)
-    else:
-        raise ArgumentError(f"make_inputs: unknown workload kind {kind!r}; expected 'swiglu', 'moe' or 'attention'")
+    arrays = _kind_function("make_inputs", kind, "inputs")(workload, seed)
     loaded = {name: spec for name, spec in specs.items() if spec.loaded}
     missing = sorted(set(loaded) - set(arrays))
     if missing:
@@ -918,44 +911,61 @@ def workload_reference(workload: Workload, inputs: dict) -> dict[str, np.ndarray
     ArgumentError
         For an unknown workload kind or a missing input tensor.
     """
-    who = "workload_reference"
-    kind, p = workload.name, workload.params
-    if kind == "swiglu":
-        args = [_take(inputs, n, who) for n in ("x", "w_gate", "w_up", "w_down")]
-        return {"y": swiglu_reference(*args)}
-    if kind == "moe":
-        experts, regions, d, f = p["experts"], p["regions"], p["hidden"], p["intermediate"]
-        if regions == experts:
-            stacks = [np.stack([_take(inputs, f"expert{e:03d}_{part}", who) for e in range(experts)])
-                      for part in ("gate", "up", "down")]
-        else:
-            m = experts // regions
-            stacks = [np.concatenate([np.asarray(_take(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
-                                      for r in range(regions)])
-                      for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
-        shared = ([_take(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
-                  if p.get("shared_intermediate") else None)
-        y = moe_reference(_take(inputs, "x", who), _trace(workload, "routing"), _take(inputs, "routing_weights", who),
-                          *stacks, shared=shared)
-        return {"y": y}
-    if kind == "attention":
-        b, g, d = p["batch"], p["query_per_kv_head"], p["head_dim"]
-        if p["strategy"] == "coarse":
-            q = np.zeros((b, g, d), np.float32)
-            new_k = np.zeros((b, d), np.float32)
-            new_v = np.zeros((b, d), np.float32)
-            for r, reqs in enumerate(region_assignment(b, "coarse", p["regions"])):
-                q[reqs] = np.asarray(_take(inputs, f"q_region{r}", who)).reshape(len(reqs), g, d)
-                new_k[reqs] = _take(inputs, f"k_region{r}", who)
-                new_v[reqs] = _take(inputs, f"v_region{r}", who)
-            q = q.reshape(b * g, d)
-        else:
-            q, new_k, new_v = (_take(inputs, n, who) for n in ("q", "k", "v"))
-        res = gqa_decode_reference(q, _take(inputs, "k_cache", who), _take(inputs, "v_cache", who),
-                                   _trace(workload, "kv_lengths"), new_k, new_v, softmax=p["softmax"], order="tiled",
-                                   tile_n=p["tile_n"], include_tile_padding=True)
-        return {"out": res.out, "k_cache": res.k_cache, "v_cache": res.v_cache}
-    raise ArgumentError(f"{who}: unknown workload kind {kind!r}; expected 'swiglu', 'moe' or 'attention'")
+    return _kind_function("workload_reference", workload.name, "reference")(workload, inputs)
+
+
+def _kind_function(who: str, kind: str, attr: str):
+    """The registry's ``attr`` function of workload kind ``kind`` (:mod:`stepsim.workloads.kinds`)."""
+    from stepsim.workloads.kinds import KINDS
+
+    if kind not in KINDS or getattr(KINDS[kind], attr) is None:
+        known = [k.name for k in KINDS.values() if getattr(k, attr) is not None]
+        raise ArgumentError(f"{who}: unknown workload kind {kind!r}; expected {', '.join(map(repr, known[:-1]))} "
+                            f"or {known[-1]!r}")
+    return KINDS[kind].function(attr)
+
+
+def _swiglu_outputs(workload: Workload, inputs: dict) -> dict:
+    args = [_take(inputs, n, "workload_reference") for n in ("x", "w_gate", "w_up", "w_down")]
+    return {"y": swiglu_reference(*args)}
+
+
+def _moe_outputs(workload: Workload, inputs: dict) -> dict:
+    who, p = "workload_reference", workload.params
+    experts, regions, d, f = p["experts"], p["regions"], p["hidden"], p["intermediate"]
+    if regions == experts:
+        stacks = [np.stack([_take(inputs, f"expert{e:03d}_{part}", who) for e in range(experts)])
+                  for part in ("gate", "up", "down")]
+    else:
+        m = experts // regions
+        stacks = [np.concatenate([np.asarray(_take(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
+                                  for r in range(regions)])
+                  for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
+    shared = ([_take(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
+              if p.get("shared_intermediate") else None)
+    y = moe_reference(_take(inputs, "x", who), _trace(workload, "routing"), _take(inputs, "routing_weights", who),
+                      *stacks, shared=shared)
+    return {"y": y}
+
+
+def _attention_outputs(workload: Workload, inputs: dict) -> dict:
+    who, p = "workload_reference", workload.params
+    b, g, d = p["batch"], p["query_per_kv_head"], p["head_dim"]
+    if p["strategy"] == "coarse":
+        q = np.zeros((b, g, d), np.float32)
+        new_k = np.zeros((b, d), np.float32)
+        new_v = np.zeros((b, d), np.float32)
+        for r, reqs in enumerate(region_assignment(b, "coarse", p["regions"])):
+            q[reqs] = np.asarray(_take(inputs, f"q_region{r}", who)).reshape(len(reqs), g, d)
+            new_k[reqs] = _take(inputs, f"k_region{r}", who)
+            new_v[reqs] = _take(inputs, f"v_region{r}", who)
+        q = q.reshape(b * g, d)
+    else:
+        q, new_k, new_v = (_take(inputs, n, who) for n in ("q", "k", "v"))
+    res = gqa_decode_reference(q, _take(inputs, "k_cache", who), _take(inputs, "v_cache", who),
+                               _trace(workload, "kv_lengths"), new_k, new_v, softmax=p["softmax"], order="tiled",
+                               tile_n=p["tile_n"], include_tile_padding=True)
+    return {"out": res.out, "k_cache": res.k_cache, "v_cache": res.v_cache}
 
 
 class OutputCheck(NamedTuple):
@@ -969,14 +979,24 @@ class OutputCheck(NamedTuple):
 
 def _reduction_length(workload: Workload, name: str) -> int:
     """The reduction lengths along the longest path to tensor ``name`` (see :func:`tolerance_for`)."""
+    return _kind_function("check_outputs", workload.name, "reduction_length")(workload, name)
+
+
+def _swiglu_reduction_length(workload: Workload, name: str) -> int:
+    return workload.params["hidden"] + workload.params["intermediate"]
+
+
+def _moe_reduction_length(workload: Workload, name: str) -> int:
+    """The routed sum, then the shared experts' rows added (+1)."""
     p = workload.params
-    if workload.name == "swiglu":
-        return p["hidden"] + p["intermediate"]
-    if workload.name == "moe":  # the routed sum, then the shared experts' rows added (+1)
-        shared = p.get("shared_intermediate", 0)
-        return p["hidden"] + max(p["intermediate"], shared) + p["top_k"] + (1 if shared else 0)
+    shared = p.get("shared_intermediate", 0)
+    return p["hidden"] + max(p["intermediate"], shared) + p["top_k"] + (1 if shared else 0)
+
+
+def _attention_reduction_length(workload: Workload, name: str) -> int:
     if name in ("k_cache", "v_cache"):
         return 0  # a pure append: no arithmetic
+    p = workload.params
     seq_len_tiled, _ = kv_metadata(_trace(workload, "kv_lengths"), p["tile_n"])
     return p["head_dim"] + int(seq_len_tiled.max()) * p["tile_n"]  # scores over D, then sums over rows read
 

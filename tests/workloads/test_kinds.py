@@ -1,0 +1,67 @@
+"""Every registered workload kind is complete (stepsim.workloads.kinds): knobs, defaults, a builder, CLI flags,
+experiment defaults, and functional inputs plus a reference that pass the check on a small instance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stepsim.cli import main
+from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
+from stepsim.records import SCHEMA
+from stepsim.simulate import simulate
+from stepsim.workloads.config import APPLIES_TO, KNOBS, WORKLOAD_DEFAULTS, WORKLOADS, workload_from_config
+from stepsim.workloads.kinds import COMMON_KNOBS, KINDS
+from stepsim.workloads.reference import check_outputs, make_inputs
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "user_graph.py"
+
+
+def _small(kind: str, tmp_path: Path) -> dict:
+    """A small instance of each kind (seconds to simulate functionally)."""
+    if kind == "moe":
+        routing = np.random.default_rng(0).integers(0, 8, size=(16, 1))
+        np.savez(tmp_path / "routing.npz", data=routing)
+        return {"model": "custom", "hidden": 32, "intermediate": 64, "experts": 8, "top_k": 1,
+                "trace": str(tmp_path / "routing.npz"), "tile_n": 8}
+    if kind == "attention":
+        np.save(tmp_path / "kv.npy", np.array([5, 40, 17, 64]))
+        return {"trace": str(tmp_path / "kv.npy"), "strategy": "interleave"}
+    if kind == "program":
+        return {"program": f"{EXAMPLE}:small_moe_with_shared_expert"}
+    return {"tile_m": 32, "tile_n": 64}
+
+
+def test_the_config_tables_come_from_the_registry():
+    assert WORKLOADS == tuple(KINDS) == ("moe", "swiglu", "attention", "program")
+    assert WORKLOAD_DEFAULTS == {name: dict(k.defaults) for name, k in KINDS.items()}
+    for knob in KNOBS:
+        if knob == "workload" or knob in COMMON_KNOBS:
+            assert knob not in APPLIES_TO
+        else:
+            assert APPLIES_TO[knob] == tuple(name for name, k in KINDS.items() if knob in k.knobs), knob
+    assert {f.name for f in SCHEMA} >= set(KNOBS)
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_every_kind_is_complete(name, tmp_path, capsys):
+    k = KINDS[name]
+    assert set(k.knobs) <= set(KNOBS) and set(k.defaults) <= set(k.knobs)
+    assert name in WORKLOAD_CHANNEL_DEPTH and name in WORKLOAD_HARDWARE
+    assert callable(k.function("build"))
+    # every knob has its flag on `stepsim run` (a user program's knob is the positional itself)
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    usage = capsys.readouterr().out
+    assert all(f"--{knob.replace('_', '-')}" in usage for knob in set(k.knobs) - {"program"})
+    # inputs, reference and tolerance come together; a kind without them (a user program) checks as the kind
+    # of the workload it returns
+    own = [k.inputs, k.reference, k.reduction_length]
+    assert all(own) or not any(own)
+    w = workload_from_config({"workload": name, **_small(name, tmp_path)})
+    r = simulate(w, functional=True, inputs=make_inputs(w, seed=1))
+    checks = check_outputs(w, r.inputs, r.outputs)
+    assert checks and all(c.passed for c in checks.values()), checks
+    assert (w.name == name) == all(own)
