@@ -100,17 +100,31 @@ def _rows(path: Path, what: str) -> int:
 
     Read with the trace readers' checks (a text or corrupt file, an object array, a missing ``data`` array, a
     wrong rank are each one clear line naming the file), before any simulation starts."""
-    from stepsim.trace_io.readers import _load_npy_member, _npz_matrix
+    from stepsim.trace_io.readers import load_numpy_file, npz_routing_matrix
 
     try:
         if path.suffix == ".npz":
-            return int(_npz_matrix(path).shape[0])
-        array = _load_npy_member(path, lambda: np.load(path, allow_pickle=False, mmap_mode="r"))
+            return int(npz_routing_matrix(path).shape[0])
+        array = load_numpy_file(path, lambda: np.load(path, allow_pickle=False, mmap_mode="r"))
         if array.ndim != 1:
             raise TracesLayoutError(f"{path}: the {what} has shape {list(array.shape)}, expected one value per request")
         return int(array.shape[0])
     except TraceError as exc:
         raise TracesLayoutError(str(exc)) from exc
+
+
+def _routing_folder(sub: Path) -> tuple[str, int] | None:
+    """``(model, batch)`` of a ``<prefix>_b<B>`` routing folder of a model the paper ran, else None."""
+    m = _ROUTING_FOLDER.match(sub.name)
+    if not m or m.group("prefix") not in FOLDER_MODELS:
+        return None
+    return FOLDER_MODELS[m.group("prefix")], int(m.group("batch"))
+
+
+def _kv_folder(sub: Path) -> int | None:
+    """The batch size of a ``b<B>`` folder of KV-length windows, else None."""
+    m = _KV_FOLDER.match(sub.name)
+    return int(m.group("batch")) if m else None
 
 
 def skipped_folders(traces: str | Path) -> list[tuple[Path, str]]:
@@ -122,12 +136,11 @@ def skipped_folders(traces: str | Path) -> list[tuple[Path, str]]:
     if routing.is_dir():
         known = ", ".join(f"{prefix}_b<B>" for prefix in FOLDER_MODELS)
         for sub in sorted(p for p in routing.iterdir() if p.is_dir()):
-            m = _ROUTING_FOLDER.match(sub.name)
-            if not m or m.group("prefix") not in FOLDER_MODELS:
+            if _routing_folder(sub) is None:
                 skipped.append((sub, f"not a routing folder of a model the paper ran ({known})"))
     if kv.is_dir():
         for sub in sorted(p for p in kv.iterdir() if p.is_dir()):
-            if not _KV_FOLDER.match(sub.name):
+            if _kv_folder(sub) is None:
                 skipped.append((sub, "not a b<B> folder of KV-length windows"))
     return skipped
 
@@ -144,10 +157,10 @@ def routing_files(traces: str | Path, models: tuple[str, ...] = MODEL_ORDER) -> 
     folder = _subdir(_root(traces), ROUTING_DIR)
     found = []
     for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
-        m = _ROUTING_FOLDER.match(sub.name)
-        if not m or FOLDER_MODELS.get(m.group("prefix")) not in models:
+        found_folder = _routing_folder(sub)
+        if found_folder is None or found_folder[0] not in models:
             continue
-        model, batch = FOLDER_MODELS[m.group("prefix")], int(m.group("batch"))
+        model, batch = found_folder
         files = sorted(sub.glob("*.npz"))
         if not files:
             raise TracesLayoutError(f"{sub}: no .npz routing files ({_LAYOUT_HINT})")
@@ -222,8 +235,7 @@ def kv_windows(traces: str | Path) -> list[KVWindowFile]:
         No ``kv_lengths`` folder, no ``b<B>`` folder in it, or a ``b<B>`` folder without usable windows.
     """
     folder = _subdir(_root(traces), KV_DIR)
-    subs = [(int(m.group("batch")), p) for p in sorted(folder.iterdir())
-            if p.is_dir() and (m := _KV_FOLDER.match(p.name))]
+    subs = [(batch, p) for p in sorted(folder.iterdir()) if p.is_dir() and (batch := _kv_folder(p)) is not None]
     if not subs:
         raise TracesLayoutError(f"{folder}: no b<B> folder of KV-length windows ({_LAYOUT_HINT})")
     out = []

@@ -166,7 +166,7 @@ _NUMPY_MAGIC = {".npz": ((b"PK\x03\x04", b"PK\x05\x06"), "a NumPy .npz archive")
                 ".npy": ((b"\x93NUMPY",), "a NumPy .npy file")}
 
 
-def _load_npy_member(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
+def load_numpy_file(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
     """Run ``loader`` on the NumPy file ``p``, with NumPy's failures said in terms of the file.
 
     NumPy reads a file without its magic bytes as a pickle ("contains pickled (object) data"), which is
@@ -193,14 +193,17 @@ def _load_npy_member(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
         raise TraceError(f"{p}: cannot read NumPy file: {exc}") from exc
 
 
-def _npz_matrix(p: Path) -> np.ndarray:
+def npz_routing_matrix(p: Path) -> np.ndarray:
+    """The ``[batch, top_k]`` integer matrix ``data`` of a routing ``.npz`` file (TraceSchemaError naming the file
+    when it is missing, of another rank or not integer)."""
+
     def load():
         with np.load(p, allow_pickle=False) as z:
             if "data" not in z.files:
                 raise TraceSchemaError(f"{p}: no array 'data' (arrays: {', '.join(z.files) or 'none'})")
             return z["data"]
 
-    data = _load_npy_member(p, load)
+    data = load_numpy_file(p, load)
     if data.ndim != 2:
         raise TraceSchemaError(f"{p}: array 'data' has shape {list(data.shape)}, expected [batch, top_k]")
     if not np.issubdtype(data.dtype, np.integer):
@@ -220,10 +223,10 @@ def _open_npz(p: Path, num_experts: int | None, model: str | None,
         if m:
             parsed.append((f, int(m.group(1)), int(m.group(2))))
         elif not p.is_dir():
-            _npz_matrix(f)  # content errors first
+            npz_routing_matrix(f)  # content errors first
             parsed.append((f, int(labels[0]), int(labels[1])))
         else:
-            _npz_matrix(f)
+            npz_routing_matrix(f)
             raise TraceSchemaError(
                 f"{p}: file {f.name!r}: a routing file in a folder must be named <iteration>_<layer>.npz (e.g. "
                 f"008_010.npz; the names order the batches); a single file may have any name")
@@ -233,7 +236,7 @@ def _open_npz(p: Path, num_experts: int | None, model: str | None,
         m = _MODEL_DIR.match(folder)
         if m and m.group("model").lower() in KNOWN_MODELS:
             model = m.group("model")
-    first = _npz_matrix(parsed[0][0])
+    first = npz_routing_matrix(parsed[0][0])
     k = first.shape[1]
     raw_schema = pa.schema(
         [
@@ -248,7 +251,7 @@ def _open_npz(p: Path, num_experts: int | None, model: str | None,
 
     def raw() -> Iterator[pa.RecordBatch]:
         for f, it, layer in parsed:
-            data = first if f == parsed[0][0] else _npz_matrix(f)
+            data = first if f == parsed[0][0] else npz_routing_matrix(f)
             if data.shape[1] != k:
                 raise TraceSchemaError(f"{f}: array 'data' has {data.shape[1]} experts per token, expected top_k = {k}")
             b = data.shape[0]
@@ -289,7 +292,7 @@ def parse_kv_name(name: str) -> dict[str, int | str] | None:
 
 def _npy_vector(p: Path) -> tuple[np.ndarray, np.ndarray]:
     """KV lengths of one ``.npy`` file and the request ids its name implies."""
-    v = _load_npy_member(p, lambda: np.load(p, allow_pickle=False))
+    v = load_numpy_file(p, lambda: np.load(p, allow_pickle=False))
     if v.ndim != 1:
         raise TraceSchemaError(f"{p}: array has shape {list(v.shape)}, expected a 1-D array of KV lengths")
     if not np.issubdtype(v.dtype, np.integer):

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from stepsim.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
-from stepsim.trace_io.readers import _load_npy_member
+from stepsim.trace_io.readers import load_numpy_file
 from stepsim.trace_io.schemas import ROUTING, make_schema
 from stepsim.trace_io.writers import output_format, write_trace
 
@@ -45,13 +45,13 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     if suffix == ".npy":
-        return {"array": _load_npy_member(path, lambda: np.load(path, allow_pickle=False))}
+        return {"array": load_numpy_file(path, lambda: np.load(path, allow_pickle=False))}
     if suffix == ".npz":
         def load():
             with np.load(path, allow_pickle=False) as z:
                 return {name: z[name] for name in z.files}
 
-        return _load_npy_member(path, load)
+        return load_numpy_file(path, load)
     try:
         from safetensors.numpy import load_file
     except ImportError:
