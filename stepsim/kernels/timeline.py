@@ -3,7 +3,7 @@
 The engine passes one more array, ``tl``, down to every function that moves a unit's clock or a channel.
 When recording is off it is ``None``: numba compiles that specialization with every ``if tl is not None``
 branch pruned, so a run without a timeline executes exactly the code it did before (the bench checks the
-throughput). When it is an array (built by :func:`stepsim.timeline.new_buffer`) the engine writes:
+throughput). When it is an array (``stepsim.kernels.api._new_timeline``) the engine writes:
 
 * **intervals** ``[4 * unit + kind, start, end, channel]``: every advance of a unit's clock is one of busy
   (``TL_BUSY``; channel -1, or ``TL_CH_HBM`` while a memory unit waits for its tile), blocked on input
@@ -11,12 +11,12 @@ throughput). When it is an array (built by :func:`stepsim.timeline.new_buffer`) 
   credit it waits for). These are exactly the increments of the unit's busy / blocked counters, so per unit
   the intervals sum to the counters. A new interval that continues the unit's previous one (same kind and
   channel, no gap) extends it instead of taking a record.
-* **elements** ``[4 * channel + TL_CHANNEL, sent, credit, bytes]``, written when an element is dequeued: it held a
-  slot from its send (the sender's clock after its credit wait) until its credit is back (dequeue time +
-  credit latency), the same timestamps the peak-occupancy counter uses, so the running occupancy per channel
-  (releases before sends at equal times) never exceeds the depth and its maximum equals the peak counter.
-  (One record per element rather than one per change halves the records; every element of a finished run
-  is dequeued.)
+* **elements** ``[4 * channel + TL_CHANNEL, sent, credit, bytes]``, written when an element is dequeued: it
+  held a slot from its send (the sender's clock after its credit wait) until its credit is back (dequeue
+  time + credit latency), the same timestamps the peak-occupancy counter uses, so the running occupancy per
+  channel (releases before sends at equal times) never exceeds the depth and its maximum equals the peak
+  counter. One record per element rather than one per change halves the records; elements still queued
+  when the run ends are recorded then, with credit ``NEVER`` (:func:`stepsim.kernels.channels.record_queued`).
 * **HBM requests per window**: the requests the HBM takes at each tick (also for ticks served in closed
   form), summed into ``TL_N_BUCKETS`` buckets of ``window`` cycles. The window starts at 1 cycle and doubles
   (adjacent buckets merged) whenever a tick falls past the last bucket, so memory stays fixed and the counts

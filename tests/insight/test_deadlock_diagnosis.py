@@ -26,7 +26,6 @@ from stepsim.trace_io.synthetic import synthetic_routing
 from stepsim.workloads.models import moe_model
 from stepsim.workloads.moe import build_moe
 
-
 CYCLE = [
     "cycle 1: 4 hop(s), in a group of 4 unit(s) waiting on each other:",
     "  fanout (Broadcast) waits for a free slot in 'direct' (full, 2/2), read by join (Map)",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from kernel_helpers import builder, check_timeline_against_counters, fork_join_program
 
 from stepsim.errors import ArgumentError, DeadlockError
