@@ -40,11 +40,11 @@ TIMING_MODEL_VERSION = 1
 UNBOUNDED_CHANNEL_DEPTH = 1024
 
 #: default FIFO depth (elements) of each workload's paper experiment (the builders' ``channel_depth`` default)
-WORKLOAD_CHANNEL_DEPTH: dict[str, int | None] = {"swiglu": 1, "moe": 2, "attention": 1, "program": 2}
+WORKLOAD_CHANNEL_DEPTH: dict[str, int | None] = {"swiglu": 1, "moe": 2, "attention": 1, "decoder": 2, "program": 2}
 
 #: hardware preset of each workload's paper experiment
 WORKLOAD_HARDWARE: dict[str, str] = {"swiglu": "step-hdl", "moe": "step-eval", "attention": "step-eval",
-                                     "program": "step-eval"}  # program: a user's file.py:function
+                                     "decoder": "step-eval", "program": "step-eval"}  # program: a user's file.py:function
 
 #: ``channel_depth`` field of each hardware preset (elements)
 PRESET_CHANNEL_DEPTH: dict[str, int] = {"step-eval": 2, "step-hdl": 1}

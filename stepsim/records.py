@@ -274,6 +274,9 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
             ident["model"] = f"config.json sha256:{file_sha256(model)}"
         except OSError as exc:
             raise ConfigError(f"model file {model}: cannot read: {exc.strerror or exc}") from None
+    for slot in ("routing", "kv_lengths"):  # the decoder's two traces: their content, not their paths
+        if cfg.get(slot) is not None:
+            ident[slot] = f"sha256:{trace_sha256(cfg[slot])}"
     program = cfg.get("program")
     if program is not None:  # a user's file.py:function: the file's content and the function, not its path
         from stepsim.workloads.program import split_spec

@@ -51,7 +51,7 @@ EXTRA_TOP_LEVEL_KEYS = ("max_tasks",)
 DEFAULT_MAX_TASKS = 10_000
 RANGE_KEYS = ("start", "stop", "step", "factor")
 #: knobs whose values are files (a hardware knob is a file only when it names a ``.toml``, else a preset)
-PATH_KEYS = ("trace", "hardware", "fifo_depths")
+PATH_KEYS = ("trace", "hardware", "fifo_depths", "routing", "kv_lengths")
 #: result columns shown at the end of a sweep when the file has no ``report`` key
 DEFAULT_REPORT = {"metrics": ("off_chip_bytes", "on_chip_bytes", "flops"),
                   "simulate": ("cycles", "off_chip_bytes"), "functional": ("cycles", "off_chip_bytes"),

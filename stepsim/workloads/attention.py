@@ -359,62 +359,8 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     cfg = dict(head_dim=head_dim, q_rows=q_rows, tile_n=tile_n, row_offset=row_offset, compute_bw=compute_bw,
                wb_depth=cache_write_back_fifo_depth, wb_channel_depth=cache_write_back_channel_depth,
                softmax=softmax)
-    k_cache = Tensor("k_cache", (batch * max_n, head_dim), BF16)
-    v_cache = Tensor("v_cache", (batch * max_n, head_dim), BF16)
-    out = Tensor("out", (batch * q_rows, head_dim), BF16)
-    caches = (k_cache, v_cache, out)
-    assignment = region_assignment(batch, strategy, regions)
-    idx = np.arange(batch, dtype=np.int64)
-
-    distributors = []  # ops whose output i carries region i's metadata (their fan-out broadcasts join region i)
-    if strategy == "coarse":
-        k_loads = []
-        for r, reqs in enumerate(assignment):
-            before = len(g.ops)
-            n = len(reqs)
-            q_t = Tensor(f"q_region{r}", (n * q_rows, head_dim), BF16)
-            k_t = Tensor(f"k_region{r}", (n, head_dim), BF16)
-            v_t = Tensor(f"v_region{r}", (n, head_dim), BF16)
-            q, k, v = (Flatten(g, LinearOffChipLoad(g, t, (rows, head_dim), (n, 1), (1, 1), stream_dtype=FP32), 1, 2)
-                       for t, rows in ((q_t, q_rows), (k_t, 1), (v_t, 1)))
-            meta = []
-            for values in (idx[reqs], seq_len_tiled[reqs], offset[reqs]):
-                m = Flatten(g, MetadataSource(g, values), 0, 1)
-                m.fanout_depth = metadata_fifo_depth
-                meta.append(m)
-            _label(g.ops[before:], r)
-            k_loads.append(_flash_region(g, r, q, k, v, *meta, caches, cfg))
-    else:
-        q_load, k_load, v_load = (
-            LinearOffChipLoad(g, t, (rows, head_dim), (batch, 1), (1, 1), stream_dtype=FP32)
-            for t, rows in ((Tensor("q", (batch * q_rows, head_dim), BF16), q_rows),
-                            (Tensor("k", (batch, head_dim), BF16), 1), (Tensor("v", (batch, head_dim), BF16), 1)))
-        meta_src = [MetadataSource(g, values) for values in (idx, seq_len_tiled, offset)]
-        if strategy == "interleave":
-            qkv = [Parallelize(g, Flatten(g, x, 1, 2), 1, regions) for x in (q_load, k_load, v_load)]
-            meta = [Parallelize(g, Flatten(g, m, 0, 1), 0, regions) for m in meta_src]
-        else:
-            control, signals = _dynamic_dispatch(g, batch, regions)
-            req_dims = [make_symbol(f"num_req_region{i}") for i in range(regions)]
-            qkv = [Partition(g, x, control, 1, regions) for x in (q_load, k_load, v_load)]
-            meta = [Partition(g, m, control, 0, regions) for m in meta_src]
-            for part in qkv + meta:
-                for i, dim in enumerate(req_dims):
-                    part.assume_shape(i, (dim,) + part.outputs[i].shape[1:])
-        for m in meta:
-            m.fanout_depth = metadata_fifo_depth
-        distributors = meta
-        k_loads = [_flash_region(g, r, qkv[0][r], qkv[1][r], qkv[2][r], meta[0][r], meta[1][r], meta[2][r],
-                                 caches, cfg) for r in range(regions)]
-        if strategy == "dynamic":
-            # one "request fully read" token per request and region closes the dispatch loop
-            for r, (kl, ph) in enumerate(zip(k_loads, signals)):
-                before = len(g.ops)
-                sig = Accum(g, kl, SignalReqAllRead(), Zero(1, 1, UINT64), 1, compute_bw=0,
-                            out_dtype=Tile(UINT64, 1, 1))
-                _label(g.ops[before:], r)
-                g.connect(ph, sig)
-
+    assignment, distributors, _ = attention_stage(g, seq_len_tiled, offset, strategy, regions, max_n,
+                                                  metadata_fifo_depth, cfg)
     g.finalize()
     # fan-out broadcasts of a region's metadata belong to that region
     dist = {id(op) for op in distributors}
@@ -438,6 +384,83 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     workload.bindings = assignment_bindings(workload, assignment, kv)
     workload.idle_groups = {("region", r) for r, reqs in enumerate(assignment) if len(reqs) == 0}
     return workload
+
+
+def attention_stage(g: Graph, seq_len_tiled, offset, strategy: str, regions: int, max_n: int,
+                    metadata_fifo_depth, cfg: dict, *, prefix: str = "", collect: list | None = None):
+    """One KV head's decode attention as operators of ``g`` (the body of :func:`build_attention`).
+
+    Tensors are named with ``prefix`` (``h2_k_cache`` for head 2 of a layer). With ``collect`` (a list) each
+    region's result stream (``[requests of the region]`` of ``(query_per_kv_head, head_dim)`` tiles) is
+    appended to it instead of being stored to ``<prefix>out``, so a caller can stream the output onward.
+
+    Returns ``(assignment, distributors, control)``: the region assignment, the operators whose outputs carry
+    each region's metadata, and the dynamic dispatcher's one-hot region per request (None for static
+    strategies).
+    """
+    stage_control = []
+    batch = len(seq_len_tiled)
+    head_dim, q_rows = cfg["head_dim"], cfg["q_rows"]
+    k_cache = Tensor(f"{prefix}k_cache", (batch * max_n, head_dim), BF16)
+    v_cache = Tensor(f"{prefix}v_cache", (batch * max_n, head_dim), BF16)
+    out = Tensor(f"{prefix}out", (batch * q_rows, head_dim), BF16)
+    caches = (k_cache, v_cache, out)
+    assignment = region_assignment(batch, strategy, regions)
+    idx = np.arange(batch, dtype=np.int64)
+    cfg = dict(cfg, collect=collect)
+
+    distributors = []  # ops whose output i carries region i's metadata (their fan-out broadcasts join region i)
+    if strategy == "coarse":
+        k_loads = []
+        for r, reqs in enumerate(assignment):
+            before = len(g.ops)
+            n = len(reqs)
+            q_t = Tensor(f"{prefix}q_region{r}", (n * q_rows, head_dim), BF16)
+            k_t = Tensor(f"{prefix}k_region{r}", (n, head_dim), BF16)
+            v_t = Tensor(f"{prefix}v_region{r}", (n, head_dim), BF16)
+            q, k, v = (Flatten(g, LinearOffChipLoad(g, t, (rows, head_dim), (n, 1), (1, 1), stream_dtype=FP32), 1, 2)
+                       for t, rows in ((q_t, q_rows), (k_t, 1), (v_t, 1)))
+            meta = []
+            for values in (idx[reqs], seq_len_tiled[reqs], offset[reqs]):
+                m = Flatten(g, MetadataSource(g, values), 0, 1)
+                m.fanout_depth = metadata_fifo_depth
+                meta.append(m)
+            _label(g.ops[before:], r)
+            k_loads.append(_flash_region(g, r, q, k, v, *meta, caches, cfg))
+    else:
+        q_load, k_load, v_load = (
+            LinearOffChipLoad(g, t, (rows, head_dim), (batch, 1), (1, 1), stream_dtype=FP32)
+            for t, rows in ((Tensor(f"{prefix}q", (batch * q_rows, head_dim), BF16), q_rows),
+                            (Tensor(f"{prefix}k", (batch, head_dim), BF16), 1),
+                            (Tensor(f"{prefix}v", (batch, head_dim), BF16), 1)))
+        meta_src = [MetadataSource(g, values) for values in (idx, seq_len_tiled, offset)]
+        if strategy == "interleave":
+            qkv = [Parallelize(g, Flatten(g, x, 1, 2), 1, regions) for x in (q_load, k_load, v_load)]
+            meta = [Parallelize(g, Flatten(g, m, 0, 1), 0, regions) for m in meta_src]
+        else:
+            control, signals = _dynamic_dispatch(g, batch, regions)
+            stage_control.append(control)
+            req_dims = [make_symbol(f"num_req_region{i}") for i in range(regions)]
+            qkv = [Partition(g, x, control, 1, regions) for x in (q_load, k_load, v_load)]
+            meta = [Partition(g, m, control, 0, regions) for m in meta_src]
+            for part in qkv + meta:
+                for i, dim in enumerate(req_dims):
+                    part.assume_shape(i, (dim,) + part.outputs[i].shape[1:])
+        for m in meta:
+            m.fanout_depth = metadata_fifo_depth
+        distributors = meta
+        k_loads = [_flash_region(g, r, qkv[0][r], qkv[1][r], qkv[2][r], meta[0][r], meta[1][r], meta[2][r],
+                                 caches, cfg) for r in range(regions)]
+        if strategy == "dynamic":
+            # one "request fully read" token per request and region closes the dispatch loop
+            for r, (kl, ph) in enumerate(zip(k_loads, signals)):
+                before = len(g.ops)
+                sig = Accum(g, kl, SignalReqAllRead(), Zero(1, 1, UINT64), 1, compute_bw=0,
+                            out_dtype=Tile(UINT64, 1, 1))
+                _label(g.ops[before:], r)
+                g.connect(ph, sig)
+
+    return assignment, distributors, (stage_control[0] if stage_control else None)
 
 
 def _label(ops, region: int) -> None:
@@ -512,6 +535,9 @@ def _flash_region(g: Graph, r: int, q, k, v, idx, seq_len, offset, caches, cfg):
         row_tiles = Accum(g, probs, AccumAdd(), Zero(cfg["q_rows"], tile_n), 1, compute_bw=bw)
         denom = Map(g, row_tiles, RowSum(), compute_bw=bw)
         result = Map(g, [pv, denom], Div(), compute_bw=bw, write_back_mu=True)
-    Sink(g, RandomOffChipStore(g, result, idx, out, (cfg["q_rows"], d)))
+    if cfg.get("collect") is not None:  # a decoder layer streams the result on (attention_stage)
+        cfg["collect"].append(result)
+    else:
+        Sink(g, RandomOffChipStore(g, result, idx, out, (cfg["q_rows"], d)))
     _label(g.ops[before:], r)
     return k_tiles

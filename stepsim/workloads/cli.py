@@ -33,13 +33,18 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_workload_arguments", "build_workl
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
     p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
-                   help="moe | swiglu | attention | path/to/file.py:function (a function returning a stepsim Graph "
-                        "or Workload)")
+                   help="moe | swiglu | attention | decoder | path/to/file.py:function (a function returning a "
+                        "stepsim Graph or Workload)")
     p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
                                    "a Hugging Face config.json path | custom (see stepsim models list)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
         p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
     p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")
+    p.add_argument("--routing", help="decoder: routing trace of the MoE block (expert ids per token)")
+    p.add_argument("--kv-lengths", help="decoder: KV-cache lengths of the decode batch (a KV trace)")
+    p.add_argument("--kv-heads", type=int, help="decoder: KV heads simulated (default: all of the model's)")
+    p.add_argument("--one-head", dest="kv_heads", action="store_const", const=1,
+                   help="decoder: simulate one KV head, as the paper's attention runs (same as --kv-heads 1)")
     p.add_argument("--iteration", type=int, help="routing traces with several batches: iteration to use")
     p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use")
     p.add_argument("--batch-id", type=int, help="decode-batch traces with several batches: batch to use")

@@ -56,7 +56,7 @@ MODES = ("metrics", "simulate", "functional", "check")
 KNOBS: tuple[str, ...] = (
     "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
-    "fifo_depths", "hardware", "convention", "program",
+    "fifo_depths", "hardware", "convention", "program", "routing", "kv_lengths", "kv_heads",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -75,14 +75,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
 #: integer knobs and their smallest allowed value
 INT_MINIMUM: dict[str, int] = {
     "hidden": 1, "intermediate": 1, "experts": 1, "top_k": 1, "iteration": 0, "layer": 0, "batch_id": 0,
-    "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1,
+    "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1, "kv_heads": 1,
 }
 #: largest value of every int knob: sizes, tiles, depths and FLOP rates beyond it would overflow the engine's
 #: int64 arithmetic (products of a tile and a dimension) long before they meant anything
 INT_MAXIMUM = 2**31 - 1
 #: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
 #: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
-STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program")
+STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program", "routing", "kv_lengths")
 #: knobs used by some workloads only (absent here: used by every workload), from the kinds' registry entries
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     knob: tuple(k.name for k in KINDS.values() if knob in k.knobs)
@@ -149,7 +149,7 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
         if not isinstance(value, str) or value not in CHOICES[key]:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, CHOICES[key]))}, got {value!r}")
         return value
-    if key in ("trace", "fifo_depths") and isinstance(value, os.PathLike):
+    if key in ("trace", "fifo_depths", "routing", "kv_lengths") and isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
@@ -217,7 +217,7 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
         if cfg[key] is None:
             cfg[key] = value
-    if cfg["workload"] == "attention" and cfg["softmax"] is None:
+    if cfg["workload"] in ("attention", "decoder") and cfg["softmax"] is None:
         # runs with real values use the numerically stable form; cycle and metric runs the artifact's form
         cfg["softmax"] = "stable" if cfg["mode"] in ("functional", "check") else "plain"
     _check_applicable(cfg, source)
@@ -232,6 +232,8 @@ def resolved_trace(cfg: Mapping) -> str | None:
     slot = KINDS[cfg["workload"]].trace
     if slot is None:
         return None
+    if cfg["workload"] == "decoder":  # its routing slot (the KV lengths enter the identity beside it)
+        return cfg.get("routing")
     if cfg.get("trace") is not None:
         return cfg["trace"]
     return bundled_trace(cfg["model"] if slot == "routing" else "attention")
@@ -272,6 +274,30 @@ def _build_attention(cfg: Mapping) -> Workload:
         workload.channel_depth = channel_depth
         workload.params["channel_depth"] = channel_depth
     return workload
+
+
+def _build_decoder(cfg: Mapping) -> Workload:
+    from stepsim.workloads.decoder import build_decoder
+    from stepsim.workloads.models import resolve_model
+    from stepsim.workloads.traces import load_kv_lengths, load_routing
+
+    model = resolve_model(cfg["model"])
+    if cfg.get("kv_lengths") is None:
+        raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
+                          "(config key 'kv_lengths')")
+    routing = None
+    if model.is_moe:
+        if cfg.get("routing") is None:
+            raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
+                              "key 'routing')")
+        routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+    elif cfg.get("routing") is not None:
+        raise ConfigError(f"model {model.name!r} is dense: --routing does not apply")
+    kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
+    kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
+          if cfg.get(key) is not None}
+    return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
+                         kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)
 
 
 def _build_program(cfg: Mapping) -> Workload:

@@ -79,6 +79,11 @@ KINDS: dict[str, WorkloadKind] = {k.name: k for k in (
                  defaults={"strategy": "dynamic"}, trace="kv_lengths", build=f"{_CFG}:_build_attention",
                  inputs=f"{_REF}:_attention_inputs", reference=f"{_REF}:_attention_outputs",
                  reduction_length=f"{_REF}:_attention_reduction_length"),
+    WorkloadKind("decoder", knobs=("model", "routing", "kv_lengths", "iteration", "layer", "batch_id", "kv_heads",
+                                   "strategy", "softmax", "tiling", "tile_n", "tile_f", "regions", "compute_bw"),
+                 defaults={"model": "qwen3-30b-a3b", "tiling": "static", "strategy": "dynamic"}, trace="routing",
+                 build=f"{_CFG}:_build_decoder", inputs=f"{_REF}:_decoder_inputs",
+                 reference=f"{_REF}:_decoder_outputs", reduction_length=f"{_REF}:_decoder_reduction_length"),
     WorkloadKind("program", knobs=("program",), build=f"{_CFG}:_build_program"),
 )}
 

@@ -154,11 +154,41 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
                       StepsimWarning, stacklevel=3)  # 3: past the gc_paused wrapper, to the caller
     counts = expert_counts(routing, experts)
     g = Graph(f"moe-{model.name}-{tiling}")
-    bw = dict(compute_bw=compute_bw)
 
-    # 1-3: token loads, selectors, routing weights
+    # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
     x = Tensor("x", (batch, d), BF16)
     tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+    summed, bindings = moe_stage(g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f,
+                                 regions=regions, compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
+    LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
+
+    idle = idle_groups(counts, regions)
+    routing.flags.writeable = False
+    return Workload(
+        name="moe", graph=g, bindings=bindings, idle_groups=idle, channel_depth=channel_depth,
+        algorithmic_flops=algorithmic_flops(counts, model, tile_n),
+        params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
+                    tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+                    packing_compute_bw=packing_compute_bw, channel_depth=channel_depth,
+                    **({"shared_intermediate": model.shared_intermediate} if model.shared_intermediate else {})),
+        trace={"routing": routing},  # check_routing's own int64 copy
+    )
+
+
+def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,
+              regions: int, compute_bw: int, packing_compute_bw: int):
+    """The MoE block as a stage of graph ``g``: token rows in (``tokens``: the batch's rows, 1 x D fp32, in token
+    order), the block's output rows out, in token order (routed experts weighted by the routing weights and
+    summed, plus the shared experts' rows). Creates its operators in the order the artifact registers the
+    memory operators (module docstring). ``routing`` is checked, ``counts`` its per-expert token counts.
+
+    Returns ``(output rows, bindings)``: the symbols' values from the trace.
+    """
+    experts, k, d = model.experts, model.top_k, model.hidden
+    batch = routing.shape[0]
+    bw = dict(compute_bw=compute_bw)
+
+    # 2-3: selectors, routing weights
     feature_select = SelectorSource(g, multihot(routing, experts), experts)
     weight_select = SelectorSource(g, onehot_per_slot(routing, experts), experts)
     route_w = Tensor("routing_weights", (batch, k), BF16)
@@ -221,23 +251,17 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         shared = _shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
         summed = Map(g, [summed, shared], Add(), **bw)
         _label(g.ops[before:], ("shared_expert", 0))
-    LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
+    return summed, bindings
 
+
+def idle_groups(counts, regions: int) -> set:
+    """Expert (and time-multiplexed region) groups that received no token (``Workload.idle_groups``)."""
+    experts = len(counts)
     idle = {("expert", e) for e in range(experts) if counts[e] == 0}
     if regions != experts:
         per_region = experts // regions
-        idle |= {("region", r) for r in range(regions)
-                 if not counts[r * per_region:(r + 1) * per_region].any()}
-    routing.flags.writeable = False
-    return Workload(
-        name="moe", graph=g, bindings=bindings, idle_groups=idle, channel_depth=channel_depth,
-        algorithmic_flops=algorithmic_flops(counts, model, tile_n),
-        params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
-                    tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
-                    packing_compute_bw=packing_compute_bw, channel_depth=channel_depth,
-                    **({"shared_intermediate": model.shared_intermediate} if model.shared_intermediate else {})),
-        trace={"routing": routing},  # check_routing's own int64 copy
-    )
+        idle |= {("region", r) for r in range(regions) if not counts[r * per_region:(r + 1) * per_region].any()}
+    return idle
 
 
 def _label(ops, group) -> None:

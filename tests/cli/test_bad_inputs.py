@@ -124,9 +124,11 @@ CLI_CASES = [
     ("run swiglu --check", 2, E + "--check needs --functional (it compares the values a functional run stored)"),
     ("run moe --tiling dynamic --tile-n 16", 2, E + "--tile-n does not apply to tiling 'dynamic' (dynamic tiling "
                                                     "packs each expert's tokens into one tile)"),
-    ("run moe --softmax stable", 2, E + "--softmax does not apply to workload 'moe' (it applies to: attention)"),
+    ("run moe --softmax stable", 2, E + "--softmax does not apply to workload 'moe' (it applies to: attention, "
+                                        "decoder)"),
     ("run moe --tile-m 16", 2, E + "--tile-m does not apply to workload 'moe' (it applies to: swiglu)"),
-    ("metrics swiglu --tiling static", 2, E + "--tiling does not apply to workload 'swiglu' (it applies to: moe)"),
+    ("metrics swiglu --tiling static", 2, E + "--tiling does not apply to workload 'swiglu' (it applies to: moe, "
+                                              "decoder)"),
     ("run moe --iteration -1", 2, E + "--iteration must be an int >= 0, got -1"),
     ("run moe --layer -2", 2, E + "--layer must be an int >= 0, got -2"),
     # --- output destinations (checked before any work)
@@ -162,7 +164,8 @@ CLI_CASES = [
     ("sweep sweep_unknown.toml", 2,
      E + "sweep_unknown.toml: unknown key 'tile_mm' in [fixed] (did you mean 'tile_m'?); known keys: model, hidden, "
          "intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, tile_m, regions, "
-         "strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention"),
+         "strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention, routing, kv_lengths, "
+         "kv_heads"),
     ("sweep sweep_type.toml --out s", 2,
      E + "sweep_type.toml (task tile_m=big): config key 'tile_m' must be an int >= 1, got 'big'"),
     ("sweep sweep_huge.toml --out s", 2,
@@ -172,7 +175,7 @@ CLI_CASES = [
                                        "position 0: invalid start byte"),
     ("sweep sweep_empty_axis.toml --out s", 2, E + "sweep_empty_axis.toml: [axes] tile_m has no values"),
     ("sweep sweep_no_workload.toml --out s", 2,
-     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention)"),
+     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, decoder)"),
     # --- hardware TOML files
     ("run swiglu --hardware missing.toml", 2, None),
     ("run swiglu --hardware step-fast", 2,
@@ -316,10 +319,8 @@ API_CASES = [
      "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: batch_id, channel_depth, compute_bw, "
-     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, layer, mode, model, program, "
-     "regions, "
-     "softmax, strategy, "
-     "tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
+     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, kv_heads, kv_lengths, layer, mode, "
+     "model, program, regions, routing, softmax, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
     ("run-config-too-large", lambda G: G.run_config({"workload": "moe", "channel_depth": 2**63}), ConfigError,
      "config key 'channel_depth' must be at most 2,147,483,647 (2**31 - 1), got 9223372036854775808"),
     ("run-config-mode", lambda G: G.run_config({"workload": "swiglu", "mode": "fast"}), ConfigError,

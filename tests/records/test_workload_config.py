@@ -9,12 +9,12 @@ from stepsim.workloads.cli import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
 KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, fifo_depths, hardware, hidden, intermediate, "
-         "iteration, "
-         "layer, mode, model, program, regions, softmax, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
+         "iteration, kv_heads, kv_lengths, layer, mode, model, program, regions, routing, softmax, strategy, tile_f, "
+         "tile_m, tile_n, tiling, top_k, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 23 and KNOWN_KEYS == set(KNOBS) | {"mode"}
+    assert len(KNOBS) == 26 and KNOWN_KEYS == set(KNOBS) | {"mode"}
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 
@@ -28,8 +28,9 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, program)"),
-    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'program', got 'mlp'"),
+    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, decoder, program)"),
+    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'decoder', 'program', "
+                          "got 'mlp'"),
     ({"workload": "swiglu", "tile_m": "16"}, "config key 'tile_m' must be an int >= 1, got '16'"),
     ({"workload": "swiglu", "tile_m": 16.0}, "config key 'tile_m' must be an int >= 1, got 16.0"),
     ({"workload": "swiglu", "tile_m": True}, "config key 'tile_m' must be an int >= 1, got True"),
@@ -40,9 +41,9 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
     ({"workload": "swiglu", "mode": "run"}, "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'run'"),
     ({"workload": "moe", "tile_m": 16}, "config key 'tile_m' does not apply to workload 'moe' (it applies to: swiglu)"),
     ({"workload": "swiglu", "model": "qwen3-30b-a3b"},
-     "config key 'model' does not apply to workload 'swiglu' (it applies to: moe)"),
+     "config key 'model' does not apply to workload 'swiglu' (it applies to: moe, decoder)"),
     ({"workload": "attention", "tile_n": 8},
-     "config key 'tile_n' does not apply to workload 'attention' (it applies to: moe, swiglu)"),
+     "config key 'tile_n' does not apply to workload 'attention' (it applies to: moe, swiglu, decoder)"),
     ({"workload": "moe", "hidden": 8},
      "config key 'hidden' only applies with model 'custom' (model is 'mixtral-8x7b')"),
     ({"workload": "moe", "tiling": "dynamic", "tile_n": 8},

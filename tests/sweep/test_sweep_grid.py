@@ -133,7 +133,8 @@ def test_a_sweep_without_axes_is_one_task(tmp_path):
 
 
 KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, "
-         "tile_m, regions, strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention")
+         "tile_m, regions, strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention, routing, "
+         "kv_lengths, kv_heads")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -153,8 +154,8 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
      "report column 'cyclez' is not a result column (did you mean 'cycles'?)"),
     ('workload = "swiglu"\npartition_by = ["model"]\n',
      "partition_by key 'model' is not a key of the tasks (expected one of workload, mode)"),
-    ('mode = "metrics"\n', "missing key 'workload' (one of moe, swiglu, attention)"),
-    ('workload = "gemm"\n', "unknown workload 'gemm' (expected one of moe, swiglu, attention)"),
+    ('mode = "metrics"\n', "missing key 'workload' (one of moe, swiglu, attention, decoder)"),
+    ('workload = "gemm"\n', "unknown workload 'gemm' (expected one of moe, swiglu, attention, decoder)"),
     ('workload = "swiglu"\nmode = "fast"\n', "mode must be one of metrics, simulate, functional, check, got 'fast'"),
     ('workload = "swiglu"\n[fixed]\ntile_n = 16\n[axes]\ntile_n = [16]\n',
      "key 'tile_n' is both in [fixed] and in [axes]; keep one"),
@@ -170,7 +171,7 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
     ('workload = "swiglu"\n[axes]\ntile_n = {start = 1.5, stop = 5, step = 1}\n',
      "[axes] tile_n: range start must be an integer, got 1.5"),
     ('workload = "swiglu"\n[axes]\ntile_n = {glob = "*.npy"}\n',
-     "[axes] tile_n: glob is only for file knobs (trace, hardware, fifo_depths)"),
+     "[axes] tile_n: glob is only for file knobs (trace, hardware, fifo_depths, routing, kv_lengths)"),
 ])
 def test_sweep_file_errors_name_the_file_and_the_key(tmp_path, text, message):
     path = write(tmp_path, text)
@@ -181,7 +182,7 @@ def test_sweep_file_errors_name_the_file_and_the_key(tmp_path, text, message):
 
 @pytest.mark.parametrize("text, task, message", [
     ('workload = "swiglu"\n[axes]\ntiling = ["static"]\n', "tiling=static",
-     "config key 'tiling' does not apply to workload 'swiglu' (it applies to: moe)"),
+     "config key 'tiling' does not apply to workload 'swiglu' (it applies to: moe, decoder)"),
     ('workload = "swiglu"\n[axes]\ntile_n = [16, 0]\n', "tile_n=0", "config key 'tile_n' must be an int >= 1, got 0"),
     ('workload = "moe"\n[axes]\ntiling = ["static", "dynamic"]\ntile_n = [8]\n', "tiling=dynamic tile_n=8",
      ("config key 'tile_n' does not apply to tiling 'dynamic' (dynamic tiling packs each expert's tokens into one "

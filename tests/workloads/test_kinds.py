@@ -3,6 +3,7 @@ experiment defaults, and functional inputs plus a reference that pass the check 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +32,21 @@ def _small(kind: str, tmp_path: Path) -> dict:
         return {"trace": str(tmp_path / "kv.npy"), "strategy": "interleave"}
     if kind == "program":
         return {"program": f"{EXAMPLE}:small_moe_with_shared_expert"}
+    if kind == "decoder":  # a Qwen3-like layer with small dims, from a Hugging Face config.json
+        (tmp_path / "config.json").write_text(json.dumps({
+            "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+            "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "head_dim": 16, "num_hidden_layers": 2}))
+        np.savez(tmp_path / "routing.npz", data=np.stack([np.random.default_rng(e).choice(8, 2, replace=False)
+                                                          for e in range(8)]))
+        np.save(tmp_path / "kv.npy", np.array([5, 40, 17, 64, 3, 33, 100, 31]))
+        return {"model": str(tmp_path / "config.json"), "routing": str(tmp_path / "routing.npz"),
+                "kv_lengths": str(tmp_path / "kv.npy"), "tile_f": 16}
     return {"tile_m": 32, "tile_n": 64}
 
 
 def test_the_config_tables_come_from_the_registry():
-    assert WORKLOADS == tuple(KINDS) == ("moe", "swiglu", "attention", "program")
+    assert WORKLOADS == tuple(KINDS) == ("moe", "swiglu", "attention", "decoder", "program")
     assert WORKLOAD_DEFAULTS == {name: dict(k.defaults) for name, k in KINDS.items()}
     for knob in KNOBS:
         if knob == "workload" or knob in COMMON_KNOBS:
