@@ -6,9 +6,10 @@ FIFO depths are in elements (tiles, selectors, ...) per channel.
   ``DEFAULT_CHAN_SIZE``: bounded, not infinite). ``lower`` also uses it as the buffer bound of a Bufferize
   whose shape is dynamic.
 * :data:`WORKLOAD_CHANNEL_DEPTH`: the depth each paper experiment runs its workload with (SwiGLU
-  validation 1, MoE 2, decode attention 1; the builders' ``channel_depth`` defaults).
+  validation 1, MoE 2, decode attention 1; the decoder layer and user programs 2; the builders' ``channel_depth``
+  defaults), read from the workload kinds' registry (:mod:`stepsim.workloads.kinds`), where a kind declares it.
 * :data:`WORKLOAD_HARDWARE`: the hardware preset of each experiment (SwiGLU on ``step-hdl``, the others on
-  ``step-eval``).
+  ``step-eval``), from the registry too.
 * :data:`PRESET_CHANNEL_DEPTH`: the ``channel_depth`` field of the hardware presets (``step-eval`` 2,
   ``step-hdl`` 1).
 
@@ -33,18 +34,20 @@ model.
 
 from __future__ import annotations
 
+from stepsim.workloads.kinds import KINDS
+
 #: version of the timing model (engine + lowering); part of every run id. Bump when any cycle count changes.
 TIMING_MODEL_VERSION = 1
 
 #: step-perf's DEFAULT_CHAN_SIZE: the depth ``None`` stands for (elements)
 UNBOUNDED_CHANNEL_DEPTH = 1024
 
-#: default FIFO depth (elements) of each workload's paper experiment (the builders' ``channel_depth`` default)
-WORKLOAD_CHANNEL_DEPTH: dict[str, int | None] = {"swiglu": 1, "moe": 2, "attention": 1, "decoder": 2, "program": 2}
+#: default FIFO depth (elements) of each workload kind's paper experiment (the builders' ``channel_depth``
+#: default), from the kinds' registry (:mod:`stepsim.workloads.kinds`)
+WORKLOAD_CHANNEL_DEPTH: dict[str, int | None] = {k.name: k.channel_depth for k in KINDS.values()}
 
-#: hardware preset of each workload's paper experiment
-WORKLOAD_HARDWARE: dict[str, str] = {"swiglu": "step-hdl", "moe": "step-eval", "attention": "step-eval",
-                                     "decoder": "step-eval", "program": "step-eval"}  # program: a user's file.py:function
+#: hardware preset of each workload kind's paper experiment (from the registry too)
+WORKLOAD_HARDWARE: dict[str, str] = {k.name: k.hardware for k in KINDS.values()}
 
 #: ``channel_depth`` field of each hardware preset (elements)
 PRESET_CHANNEL_DEPTH: dict[str, int] = {"step-eval": 2, "step-hdl": 1}

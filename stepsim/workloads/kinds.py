@@ -45,6 +45,10 @@ class WorkloadKind:
         reference ``(workload, inputs) -> {stored tensor: array}``, the reduction length behind a stored
         tensor's tolerance ``(workload, tensor) -> int``; None when the kind has none of its own (a user
         program's workload brings the kind it was built as).
+    hardware : str
+        The hardware preset of the kind's paper experiment (the default run hardware).
+    channel_depth : int or None
+        The FIFO depth of that experiment (elements; None means 1024), the builder's default.
     """
 
     name: str
@@ -55,6 +59,8 @@ class WorkloadKind:
     inputs: str | None = None
     reference: str | None = None
     reduction_length: str | None = None
+    hardware: str = "step-eval"
+    channel_depth: int | None = 2
 
     def function(self, attr: str):
         """The function an attribute names (imported now)."""
@@ -73,10 +79,12 @@ KINDS: dict[str, WorkloadKind] = {k.name: k for k in (
                  build=f"{_CFG}:_build_moe", inputs=f"{_REF}:_moe_inputs", reference=f"{_REF}:_moe_outputs",
                  reduction_length=f"{_REF}:_moe_reduction_length"),
     WorkloadKind("swiglu", knobs=("tile_n", "tile_m", "compute_bw"), defaults={"tile_m": 16, "tile_n": 16},
+                 hardware="step-hdl", channel_depth=1,
                  build=f"{_CFG}:_build_swiglu", inputs=f"{_REF}:_swiglu_inputs", reference=f"{_REF}:_swiglu_outputs",
                  reduction_length=f"{_REF}:_swiglu_reduction_length"),
     WorkloadKind("attention", knobs=("trace", "batch_id", "regions", "strategy", "softmax", "compute_bw"),
                  defaults={"strategy": "dynamic"}, trace="kv_lengths", build=f"{_CFG}:_build_attention",
+                 channel_depth=1,
                  inputs=f"{_REF}:_attention_inputs", reference=f"{_REF}:_attention_outputs",
                  reduction_length=f"{_REF}:_attention_reduction_length"),
     WorkloadKind("decoder", knobs=("model", "routing", "kv_lengths", "iteration", "layer", "batch_id", "kv_heads",

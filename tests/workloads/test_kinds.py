@@ -54,6 +54,8 @@ def test_the_config_tables_come_from_the_registry():
         else:
             assert APPLIES_TO[knob] == tuple(name for name, k in KINDS.items() if knob in k.knobs), knob
     assert {f.name for f in SCHEMA} >= set(KNOBS)
+    # every knob is taken by some kind (or by all): none is left over from a removed kind
+    assert set(KNOBS) == {"workload", *COMMON_KNOBS, *(knob for k in KINDS.values() for knob in k.knobs)}
 
 
 @pytest.mark.parametrize("name", list(KINDS))
