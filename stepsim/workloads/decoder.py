@@ -58,9 +58,9 @@ from stepsim.workloads.moe import (
     DEFAULT_TILE_N,
     PACKING_COMPUTE_BW,
     STATIC_COMPUTE_BW,
-    _shared_ffn,
     idle_groups,
     moe_stage,
+    shared_ffn,
 )
 from stepsim.workloads.routing import check_routing, expert_counts
 
@@ -131,6 +131,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
             raise ArgumentError(f"tile_f must divide the FFN widths {[w for w in widths if w]}, got {tile_f}")
     if tiling not in ("static", "dynamic"):
         raise ArgumentError(f"tiling must be 'static' or 'dynamic', got {tiling!r}")
+    if moe is not None and regions is not None and (regions < 1 or moe.experts % regions):
+        raise ArgumentError(f"regions must divide the number of experts {moe.experts}, got {regions!r}")
     kv_tile = 32
     seq_len_tiled, offset = att.kv_metadata(kv, kv_tile)
     max_n = att._default_max_n(batch, seq_len_tiled, kv_tile)
@@ -195,7 +197,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     else:
         dense = MoEModel(model.name, hidden=d, intermediate=1, experts=1, top_k=1,
                          shared_intermediate=model.dense_intermediate)
-        ffn_out = _shared_ffn(g, h_rows, dense, batch, o_tile, tile_f, PACKING_COMPUTE_BW, bw)
+        ffn_out = shared_ffn(g, h_rows, dense, batch, o_tile, tile_f, PACKING_COMPUTE_BW, bw)
         _label(g.ops[before:], ("ffn", 0))
         idle = set()
     out = Map(g, [ffn_out, h_rows], Add(), **bw)

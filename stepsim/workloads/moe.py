@@ -248,7 +248,7 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
     if model.shared_intermediate:
         before = len(g.ops)
-        shared = _shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
+        shared = shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
         summed = Map(g, [summed, shared], Add(), **bw)
         _label(g.ops[before:], ("shared_expert", 0))
     return summed, bindings
@@ -285,7 +285,7 @@ def _ffn_body(g, tiles_rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw):
     return MapAccum(g, hidden, down_w, Matmul(), init, 1, **bw)
 
 
-def _shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw):
+def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw):
     """The shared experts as one FFN of width ``model.shared_intermediate`` over every token, in tiles of
     ``tile_n`` rows (the last one zero-padded); returns its ``batch`` output rows in token order."""
     d, fs = model.hidden, model.shared_intermediate
