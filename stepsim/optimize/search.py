@@ -2,8 +2,10 @@
 
 1. **Symbolic evaluation** of every candidate (a ``mode = "metrics"`` sweep into ``OUT/metrics``): exact
    on-chip bytes, off-chip bytes, FLOPs and allocated compute (:meth:`stepsim.workloads.base.Workload.metrics`,
-   :func:`stepsim.records.allocated_compute_flops`), and from them the roofline lower bound on cycles
-   (:func:`stepsim.optimize.pareto.roofline_lower_bound`). Candidates that differ only in their FIFO depths
+   :func:`stepsim.records.allocated_compute_flops`), and from them a lower bound on cycles: the larger of the
+   roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) and the busiest off-chip load unit's tiles
+   one after another (:func:`stepsim.records.load_unit_cycles`), which is the tight one for time-multiplexed
+   MoE layers with few regions and for decode attention. Candidates that differ only in their FIFO depths
    share one evaluation (the published on-chip accounting does not count FIFOs).
 2. **Budgets**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are dropped.
 3. **Simulation in rounds** (``mode = "simulate"`` sweeps into ``OUT/runs``), in order of promise (lowest cycle
@@ -182,8 +184,9 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
             cand.flops = int(row["graph_flops"])
             cand.allocated_flops_per_cycle = int(row["allocated_compute_flops_per_cycle"])
             cand.hbm_bytes_per_cycle = int(row["hbm_bytes_per_cycle"])
-            cand.lower_bound = roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle, cand.flops,
-                                                    cand.allocated_flops_per_cycle)
+            cand.lower_bound = max(roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle, cand.flops,
+                                                        cand.allocated_flops_per_cycle),
+                                   int(row["load_unit_cycles"] or 0))  # the busiest load unit (records.py)
         state.candidates.append(cand)
     return state
 
