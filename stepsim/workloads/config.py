@@ -162,9 +162,9 @@ def _check_applicable(cfg: dict, source: str | None) -> None:
         if cfg.get(key) is not None and workload not in workloads:
             raise ConfigError(f"{_prefix(source)}{_key(key, source)} does not apply to workload {workload!r} "
                               f"(it applies to: {', '.join(workloads)})")
-    if workload != "moe":
+    if workload not in ("moe", "decoder"):
         return
-    if cfg.get("model") != "custom":
+    if workload == "moe" and cfg.get("model") != "custom":
         for key in CUSTOM_MODEL_KEYS:
             if cfg.get(key) is not None:
                 raise ConfigError(f"{_prefix(source)}{_key(key, source)} only applies with model 'custom' "

@@ -104,6 +104,8 @@ def test_cli_runs_the_decoder_on_the_shared_traces(shared_traces, capsys):
                                                   "batch has one token per request"),
     ("--model qwen --routing R --kv-lengths K --kv-heads 5", "kv_heads must be between 1 and the model's 4, got 5"),
     ("--trace R", "--trace does not apply to workload 'decoder' (it applies to: moe, attention)"),
+    ("--model qwen --routing R --kv-lengths K --tiling dynamic --tile-n 8",
+     "--tile-n does not apply to tiling 'dynamic' (dynamic tiling packs each expert's tokens into one tile)"),
 ])
 def test_bad_decoder_input_is_one_line(shared_traces, capsys, args, message):
     paths = {"R": shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz",
