@@ -164,14 +164,21 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     """Context manager: yield a temp path beside ``path``; on success fsync it and rename it to ``path``.
 
     The temp file is hidden (``.<name>.<random>.tmp``) so dataset discovery skips it. On any exception
-    (including KeyboardInterrupt) the temp file is deleted and ``path`` is left as it was.
+    (including KeyboardInterrupt) the temp file is deleted and ``path`` is left as it was. SIGINT / SIGTERM are
+    blocked while the temp file is created and named, so a signal cannot arrive between ``mkstemp`` creating the
+    file and this function knowing its name (it would leave the file behind); a signal that came meanwhile is
+    delivered as soon as they are unblocked, inside the ``try`` that removes the file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = None
+    previous = _signal_mask()  # only read here: a signal before the try leaves nothing to undo
     try:
+        _block_stop_signals()
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        _restore_signals(previous)
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -179,9 +186,37 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
-        with suppress(FileNotFoundError):
-            tmp.unlink()
+        if tmp is not None:
+            with suppress(FileNotFoundError):
+                tmp.unlink()
         raise
+    finally:
+        _restore_signals(previous)
+
+
+def _signal_mask():
+    """This thread's blocked signals (POSIX), or None where signal masks are not supported."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def _block_stop_signals() -> None:
+    """Block SIGINT and SIGTERM for this thread (POSIX; nothing elsewhere)."""
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _restore_signals(previous) -> None:
+    """Set the mask :func:`_signal_mask` read (``previous`` None: nothing to undo)."""
+    import signal
+
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def write_parquet_atomic(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 
 __all__ = ["chrome_trace", "perfetto_trace_bytes", "write_chrome_trace", "write_timeline"]
 
@@ -232,17 +231,8 @@ def write_timeline(path, intervals, counters=None, **kwargs) -> None:
 
 
 def _atomic_write(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)  # as --out does: missing folders are created
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".timeline-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a trace is an ordinary output file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` to ``path`` through a temp file renamed into place (:func:`stepsim.results.atomic_output`)."""
+    from stepsim.results import atomic_output
+
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
