@@ -44,7 +44,11 @@ algorithmic_flops                  FLOP        the paper's formula; null when th
 allocated_compute_flops_per_cycle  FLOP/cycle  sum of ``compute_bw`` over FLOP-based compute operators
 hbm_bytes_per_cycle                bytes/cycle peak off-chip bandwidth of the hardware
 load_unit_cycles                   cycles      a lower bound on cycles: the busiest load unit's tiles one after
-                                               another (:func:`load_unit_cycles`)
+                                               another (:func:`stepsim.bounds.load_unit_cycles`)
+compute_unit_cycles                cycles      a lower bound on cycles: the busiest compute unit's FLOPs at its
+                                               ``compute_bw`` (:func:`stepsim.bounds.compute_unit_cycles`)
+hbm_request_cycles                 cycles      a lower bound on cycles: the busiest HBM channel's share of the
+                                               64-byte requests (:func:`stepsim.bounds.hbm_request_cycles`)
 compute_utilization                ratio       ``flops / (cycles * allocated_compute_flops_per_cycle)``
 off_chip_bw_utilization            ratio       ``off_chip_bytes / (cycles * hbm_bytes_per_cycle)``
 events, fires                      count       engine events and unit firings; null for metrics runs
@@ -87,8 +91,9 @@ from typing import Any
 import pyarrow as pa
 
 from stepsim._version import __version__
+from stepsim.bounds import compute_unit_cycles, hbm_request_cycles, load_unit_cycles
 from stepsim.defaults import TIMING_MODEL_VERSION, UNSET, WORKLOAD_CHANNEL_DEPTH, resolve_channel_depth
-from stepsim.errors import ConfigError, MetricError
+from stepsim.errors import ConfigError
 from stepsim.hardware import Hardware
 from stepsim.results import (
     TRACE_HASH_KEY,
@@ -152,7 +157,8 @@ SCHEMA = pa.schema(
                                         "on_chip_bytes_active")]
     + [_i64(name, "FLOP") for name in ("flops", "graph_flops", "algorithmic_flops")]
     + [_i64("allocated_compute_flops_per_cycle", "FLOP/cycle"), _i64("hbm_bytes_per_cycle", "bytes/cycle"),
-       _i64("load_unit_cycles", "cycles"),
+       _i64("load_unit_cycles", "cycles"), _i64("compute_unit_cycles", "cycles"),
+       _i64("hbm_request_cycles", "cycles"),
        _f64("compute_utilization", "ratio"), _f64("off_chip_bw_utilization", "ratio"),
        _i64("events", "count"), _i64("fires", "count")]
     + [_f64(name, "s") for name in ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")]
@@ -212,35 +218,6 @@ def allocated_compute_flops(workload: Workload) -> int:
         if getattr(op, "compute_bw", None) and fn is not None and fn.fixed_cycles is None:
             total += int(op.compute_bw)
     return total
-
-
-def load_unit_cycles(workload: Workload, hardware: Hardware) -> int:
-    """A lower bound on the simulated cycles from the off-chip loads alone (cycles).
-
-    An off-chip load keeps one tile in flight (:mod:`stepsim.kernels.units_memory`): it registers a tile with
-    the HBM at its clock ``t0``, waits for it, and starts the next tile no earlier. A tile of ``n`` requests
-    (``rows * ceil(cols * elem_bytes / addr_offset)``) dispatched ``P`` per tick has its last chunk taken at
-    tick ``t0 + ceil(n / P)`` at the earliest and served at the next tick, and a response arrives
-    ``start_up + latency + 1`` cycles after service (docs/timing_model.md §4; ``kernels/hbm.py``). So the
-    tile completes no earlier than ``t0 + ceil(n / P) + start_up + latency + 2``, and a load unit's final clock
-    is at least its tile count times that; the run takes at least as long as its busiest load unit. Tile
-    counts are the loads' output element counts with the trace's bindings (a count that stays symbolic is
-    left out, which only weakens the bound). Stores are left out (their tile shapes follow the data).
-    """
-    from stepsim.workloads.base import evaluate
-
-    per_tile_latency = hardware.hbm_start_up + hardware.hbm_latency + 2
-    best = 0
-    for op in workload.graph.ops:
-        if op.kind not in ("LinearOffChipLoad", "RandomOffChipLoad"):
-            continue
-        try:
-            tiles = evaluate(op.outputs[0].total_elements(), workload.bindings)
-        except MetricError:
-            continue
-        requests = op.tile_rows * -(-(op.tile_cols * op.tensor.dtype.bytes) // hardware.addr_offset)
-        best = max(best, tiles * (-(-requests // op.par_dispatch) + per_tile_latency))
-    return best
 
 
 def _ratio(numerator: int | None, cycles: int | None, per_cycle: int | None) -> float | None:
@@ -557,6 +534,8 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware)
         "graph_flops": metrics["graph_flops"], "algorithmic_flops": workload.algorithmic_flops,
         "allocated_compute_flops_per_cycle": allocated, "hbm_bytes_per_cycle": hbm,
         "load_unit_cycles": load_unit_cycles(workload, hardware),
+        "compute_unit_cycles": compute_unit_cycles(workload),
+        "hbm_request_cycles": hbm_request_cycles(workload, hardware),
         "compute_utilization": None, "off_chip_bw_utilization": None, "events": None, "fires": None,
     }
     if sim is not None:

@@ -383,6 +383,8 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     kv.flags.writeable = False
     workload.bindings = assignment_bindings(workload, assignment, kv)
     workload.idle_groups = {("region", r) for r, reqs in enumerate(assignment) if len(reqs) == 0}
+    if strategy == "dynamic":  # the dispatcher assigns requests during the run; `assignment` is nominal
+        workload.balanced_units = [region_units(g.ops, len(assignment))]
     return workload
 
 
@@ -461,6 +463,12 @@ def attention_stage(g: Graph, seq_len_tiled, offset, strategy: str, regions: int
                 g.connect(ph, sig)
 
     return assignment, distributors, (stage_control[0] if stage_control else None)
+
+
+def region_units(ops, regions: int, offset: int = 0) -> tuple:
+    """Names of the operators of each region ``offset + r`` among ``ops``, one tuple per region
+    (``Workload.balanced_units``)."""
+    return tuple(tuple(op.name for op in ops if op.group == ("region", offset + r)) for r in range(regions))
 
 
 def _label(ops, region: int) -> None:

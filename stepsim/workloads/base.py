@@ -71,6 +71,14 @@ class Workload:
         The trace values the graph was built from, as read-only int64 arrays: ``routing`` ([B, top_k] expert
         ids) for ``moe``, ``kv_lengths`` ([B] tokens) for ``attention``; empty for ``swiglu``. Kept apart from
         ``params`` (which go into every result row as JSON) because they grow with the batch.
+    flop_bindings : dict
+        Values that replace ``bindings`` when counting each operator's FLOPs exactly (:meth:`op_flops`). A
+        symbol bound for sizing to the largest of several tiles (a time-multiplexed region's merged dynamic
+        tiles) is bound here to their mean rows (a Fraction), which makes tiles x rows the exact sum.
+    balanced_units : list
+        Regions among which a dispatcher assigns the work during the run (dynamic parallelization), one entry
+        per dispatcher: a tuple of one operator-name tuple per region, the regions built alike. Their
+        per-region metrics use a nominal assignment; only sums over the regions are exact (:mod:`stepsim.bounds`).
     channel_depths : dict or None
         Per-channel FIFO depths (channel name -> elements) that override ``channel_depth`` in simulation, e.g.
         from a ``stepsim size-fifos`` file (:func:`stepsim.passes.depths_file.apply_depths_file`); None: none.
@@ -86,6 +94,8 @@ class Workload:
     hardware: str = WORKLOAD_HARDWARE["moe"]
     trace: dict = field(default_factory=dict)
     channel_depths: dict | None = None
+    flop_bindings: dict = field(default_factory=dict)
+    balanced_units: list = field(default_factory=list)
 
     def symbolic(self, on_chip_convention=PUBLISHED) -> dict:
         """Symbolic totals (sympy): ``off_chip_bytes``, ``on_chip_bytes``, ``flops``."""
@@ -111,6 +121,22 @@ class Workload:
                 evaluate(v, self.bindings, f"{what} of {op.name}")
                 for what, v in (("off-chip bytes", op.off_chip_bytes()), ("on-chip bytes", op.on_chip_bytes(c)),
                                 ("FLOPs", op.flops())))
+        return out
+
+    def op_flops(self) -> dict:
+        """``{op name: FLOPs}`` of every FLOP-based compute operator, exactly what the engine's cost model
+        charges it over the run (the sum over its firings of the function's FLOPs, docs/timing_model.md §3.3),
+        as an int or, where ``flop_bindings`` holds a mean, an exact Fraction whose sum is an integer."""
+        bindings = {**self.bindings, **self.flop_bindings}
+        self.graph.finalize()
+        out = {}
+        for op in self.graph.ops:
+            fn = getattr(op, "fn", None)
+            if getattr(op, "compute_bw", None) and fn is not None and fn.fixed_cycles is None:
+                try:
+                    out[op.name] = exact_value(op.flops(), bindings)
+                except (Unsupported, Unbound):
+                    out[op.name] = evaluate(op.flops(), bindings, f"FLOPs of {op.name}")
         return out
 
     def group_on_chip_bytes(self, group, on_chip_convention=PUBLISHED) -> int:

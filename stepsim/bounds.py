@@ -1,0 +1,153 @@
+"""Lower bounds on a workload's simulated cycles, from its graph, the trace's values and the hardware alone.
+
+``stepsim optimize`` prunes a candidate without simulating it when a simulated point beats even its lower bound,
+so every bound here must hold for *every* run (the tests check each one against the engine on many workloads,
+unit by unit). Each bound is "the busiest unit of one kind, doing its work back to back":
+
+* :func:`load_unit_cycles`: an off-chip load keeps one tile in flight, so its tiles follow one another;
+* :func:`compute_unit_cycles`: a compute unit fires one element at a time, each firing costing at least its
+  function's ``ceil(FLOPs / compute_bw)`` cycles;
+* :func:`hbm_request_cycles`: the busiest HBM channel serves its requests ``hbm_init_interval`` apart. It
+  counts 64-byte requests, not bytes, so it sees what a bytes roofline misses: a weight tile of 56 bf16
+  columns (112 bytes a row) takes two requests a row, 128 bytes of channel time.
+
+The whole-graph roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) sums bandwidth over every unit;
+these see what the sum hides: one busy region among idle ones, padded static tiles on few time-multiplexed
+regions, and the skew of a real routing trace.
+
+Per-unit work is exact where the graph fixes it. Where a dispatcher assigns work to regions *during* the run
+(dynamic parallelization, ``Workload.balanced_units``), the per-region values come from a nominal assignment
+and only their sum over the regions is exact; such units count with the mean of their counterparts in the
+other regions (the busiest of them does at least that much).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from fractions import Fraction
+
+from stepsim.errors import MetricError
+from stepsim.hardware import Hardware
+from stepsim.workloads.base import Workload, evaluate
+
+__all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "hbm_request_cycles", "load_unit_bounds",
+           "load_unit_cycles"]
+
+#: operator kinds that load from off-chip memory one tile at a time
+LOAD_KINDS = ("LinearOffChipLoad", "RandomOffChipLoad")
+#: operator kinds that store to off-chip memory
+STORE_KINDS = ("LinearOffChipStore", "RandomOffChipStore")
+
+
+def load_unit_cycles(workload: Workload, hardware: Hardware) -> int:
+    """A lower bound on the simulated cycles from the off-chip loads alone (cycles): the busiest load unit's
+    tiles one after another (:func:`load_unit_bounds`)."""
+    return busiest_unit(workload, load_unit_bounds(workload, hardware))
+
+
+def load_unit_bounds(workload: Workload, hardware: Hardware) -> dict[str, Fraction]:
+    """``{load op name: a lower bound on its unit's final clock}`` (cycles).
+
+    An off-chip load keeps one tile in flight (:mod:`stepsim.kernels.units_memory`): it registers a tile with
+    the HBM at its clock ``t0``, waits for it, and starts the next tile no earlier. A tile of ``n`` requests
+    (``rows * ceil(cols * elem_bytes / addr_offset)``) dispatched ``P`` per tick has its last chunk taken at
+    tick ``t0 + ceil(n / P)`` at the earliest and served at the next tick, and a response arrives
+    ``start_up + latency + 1`` cycles after service (docs/timing_model.md §4; ``kernels/hbm.py``). So the
+    tile completes no earlier than ``t0 + ceil(n / P) + start_up + latency + 2``, and a load unit's final clock
+    is at least its tile count times that. Tile counts are the loads' output element counts with the trace's
+    bindings (a count that stays symbolic is left out, which only weakens the bound). Stores are left out
+    (their tile shapes follow the data).
+    """
+    per_tile_latency = hardware.hbm_start_up + hardware.hbm_latency + 2
+    out = {}
+    for op in workload.graph.ops:
+        if op.kind not in LOAD_KINDS:
+            continue
+        try:
+            tiles = _fraction(evaluate(op.outputs[0].total_elements(), workload.bindings))
+        except MetricError:
+            continue
+        out[op.name] = tiles * (-(-_tile_requests(op, hardware) // op.par_dispatch) + per_tile_latency)
+    return out
+
+
+def hbm_request_cycles(workload: Workload, hardware: Hardware) -> int:
+    """A lower bound on the simulated cycles from the HBM channels alone (cycles).
+
+    Requests are spread over ``C`` channels, and a channel starts a request no earlier than ``hbm_init_interval``
+    (``II``) after its previous one and no earlier than tick 2 (a tile's first chunk is taken at tick ``t0 + 1``
+    and served one cycle later; docs/timing_model.md §4). So the busiest channel, with at least ``k =
+    ceil(R / C)`` of the ``R`` requests, starts its last one at ``2 + (k - 1) * II`` or later, whose response
+    reaches its unit ``start_up + latency + 1`` cycles after that. A load's requests are exact (tiles times
+    ``rows * ceil(cols * bytes / addr_offset)``); a store moves at most ``addr_offset`` bytes a request, so its
+    off-chip bytes over ``addr_offset`` is a lower bound on its requests. A count that stays symbolic is left
+    out, which only weakens the bound.
+    """
+    requests = Fraction(0)
+    for op in workload.graph.ops:
+        try:
+            if op.kind in LOAD_KINDS:
+                tiles = _fraction(evaluate(op.outputs[0].total_elements(), workload.bindings))
+                requests += tiles * _tile_requests(op, hardware)
+            elif op.kind in STORE_KINDS:
+                stored = evaluate(op.off_chip_bytes(), workload.bindings)
+                requests += -(-stored // hardware.addr_offset)
+        except MetricError:
+            continue
+    per_channel = math.ceil(requests / hardware.hbm_channels)
+    if not per_channel:
+        return 0
+    return 2 + (per_channel - 1) * hardware.hbm_init_interval + hardware.hbm_start_up + hardware.hbm_latency + 1
+
+
+def compute_unit_cycles(workload: Workload) -> int:
+    """A lower bound on the simulated cycles from the compute units alone (cycles): the busiest compute unit's
+    FLOPs at its bandwidth (:func:`compute_unit_bounds`)."""
+    return busiest_unit(workload, compute_unit_bounds(workload))
+
+
+def compute_unit_bounds(workload: Workload) -> dict[str, Fraction]:
+    """``{compute op name: a lower bound on its unit's busy cycles}`` (cycles).
+
+    A compute unit fires one element at a time and each firing advances its clock by at least its function's
+    ``ceil(FLOPs / compute_bw)`` (docs/timing_model.md §3.3, §6), so it is busy for at least its total FLOPs
+    over ``compute_bw`` (a sum of ceilings is at least the ceiling of the sum). The FLOPs are the engine's,
+    per operator (:meth:`stepsim.workloads.base.Workload.op_flops`).
+    """
+    bandwidth = {op.name: op.compute_bw for op in workload.graph.ops if getattr(op, "compute_bw", None)}
+    return {name: _fraction(flops) / bandwidth[name] for name, flops in workload.op_flops().items()}
+
+
+def busiest_unit(workload: Workload, per_unit: Mapping[str, Fraction]) -> int:
+    """``ceil`` of the largest per-unit lower bound in ``per_unit`` ({op name: cycles}), 0 when empty.
+
+    Units of ``workload.balanced_units`` (work assigned during the run) count with the mean over their
+    counterparts, the units at the same position of every region, which must be of one kind; when the
+    regions are not built alike, their units are left out (module docstring).
+    """
+    values = dict(per_unit)
+    kinds = {op.name: op.kind for op in workload.graph.ops}
+    for regions in workload.balanced_units:
+        members = [[name for name in names if name in per_unit] for names in regions]
+        for names in members:
+            for name in names:
+                del values[name]
+        if len({len(names) for names in members}) != 1:
+            continue
+        for counterparts in zip(*members):
+            if len({kinds[name] for name in counterparts}) == 1:
+                values[counterparts[0]] = sum(per_unit[name] for name in counterparts) / len(counterparts)
+    return math.ceil(max(values.values(), default=0))
+
+
+def _tile_requests(op, hardware: Hardware) -> int:
+    """HBM requests of one tile of the memory operator ``op``: ``rows * ceil(cols * bytes / addr_offset)``."""
+    return op.tile_rows * -(-(op.tile_cols * op.tensor.dtype.bytes) // hardware.addr_offset)
+
+
+def _fraction(value) -> Fraction:
+    """An int, Fraction or sympy Rational as a Fraction (trace bindings may be sympy Rationals)."""
+    if isinstance(value, (int, Fraction)):
+        return Fraction(value)
+    return Fraction(int(value.p), int(value.q))
