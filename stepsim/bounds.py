@@ -101,13 +101,13 @@ def hbm_request_cycles(workload: Workload, hardware: Hardware) -> int:
     return 2 + (per_channel - 1) * hardware.hbm_init_interval + hardware.hbm_start_up + hardware.hbm_latency + 1
 
 
-def compute_unit_cycles(workload: Workload) -> int:
+def compute_unit_cycles(workload: Workload, values: dict | None = None) -> int:
     """A lower bound on the simulated cycles from the compute units alone (cycles): the busiest compute unit's
-    FLOPs at its bandwidth (:func:`compute_unit_bounds`)."""
-    return busiest_unit(workload, compute_unit_bounds(workload))
+    FLOPs at its bandwidth (:func:`compute_unit_bounds`; ``values``: an ``op_values`` result to reuse)."""
+    return busiest_unit(workload, compute_unit_bounds(workload, values))
 
 
-def compute_unit_bounds(workload: Workload) -> dict[str, Fraction]:
+def compute_unit_bounds(workload: Workload, values: dict | None = None) -> dict[str, Fraction]:
     """``{compute op name: a lower bound on its unit's busy cycles}`` (cycles).
 
     A compute unit fires one element at a time and each firing advances its clock by at least its function's
@@ -116,7 +116,7 @@ def compute_unit_bounds(workload: Workload) -> dict[str, Fraction]:
     per operator (:meth:`stepsim.workloads.base.Workload.op_flops`).
     """
     bandwidth = {op.name: op.compute_bw for op in workload.graph.ops if getattr(op, "compute_bw", None)}
-    return {name: _fraction(flops) / bandwidth[name] for name, flops in workload.op_flops().items()}
+    return {name: _fraction(flops) / bandwidth[name] for name, flops in workload.op_flops(values).items()}
 
 
 def busiest_unit(workload: Workload, per_unit: Mapping[str, Fraction]) -> int:

@@ -400,7 +400,8 @@ class RunResult:
     @classmethod
     def _make(cls, workload: Workload, cfg: dict, sim, hardware: Hardware, timings: Timings | None) -> RunResult:
         start = time.perf_counter()
-        metrics = workload.metrics(cfg["convention"])
+        values = workload.op_values(cfg["convention"])
+        metrics = workload.metrics(cfg["convention"], values)
         metrics_s = time.perf_counter() - start
         trace = resolved_trace(cfg)
         trace_hash = trace_sha256(trace) if trace is not None else None
@@ -412,7 +413,7 @@ class RunResult:
         row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
                **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
-        row.update(_measurements(workload, metrics, sim, hardware))
+        row.update(_measurements(workload, metrics, sim, hardware, values))
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
                    compile_s=_attr(sim, "compile_s"), sim_wall_s=_attr(sim, "sim_wall_s"), total_s=timings.total_s)
@@ -522,8 +523,9 @@ def _run_config(config: Mapping, mode: str, convention: str | None, source: str 
     return cfg
 
 
-def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware) -> dict[str, Any]:
-    """Cycles, traffic, footprint, FLOPs, utilizations and event counts of one run (None = not measured)."""
+def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware, values: dict) -> dict[str, Any]:
+    """Cycles, traffic, footprint, FLOPs, bounds, utilizations and event counts of one run (None = not
+    measured); ``values`` is the workload's ``op_values``."""
     allocated = allocated_compute_flops(workload)
     hbm = hardware.hbm_peak_bytes_per_cycle
     out = {
@@ -534,7 +536,7 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware)
         "graph_flops": metrics["graph_flops"], "algorithmic_flops": workload.algorithmic_flops,
         "allocated_compute_flops_per_cycle": allocated, "hbm_bytes_per_cycle": hbm,
         "load_unit_cycles": load_unit_cycles(workload, hardware),
-        "compute_unit_cycles": compute_unit_cycles(workload),
+        "compute_unit_cycles": compute_unit_cycles(workload, values),
         "hbm_request_cycles": hbm_request_cycles(workload, hardware),
         "compute_utilization": None, "off_chip_bw_utilization": None, "events": None, "fires": None,
     }

@@ -8,7 +8,8 @@ and hoping the order lines up (the artifact's scripts do that; docs/semantics.md
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from fractions import Fraction
+from typing import Any, NamedTuple
 
 import sympy as sp
 
@@ -41,6 +42,23 @@ def evaluate(expr, bindings: dict, what: str = "value") -> int:
     if value.denominator == 1:
         return int(value)
     return as_int(substitute(expr, bindings), what)
+
+
+class OpValues(NamedTuple):
+    """One operator's concrete metrics (:meth:`Workload.op_values`): bytes, bytes, FLOPs, FLOPs or None."""
+
+    off_chip_bytes: int
+    on_chip_bytes: int
+    flops: int
+    exact_flops: int | Fraction | None
+
+
+def _exact(expr, bindings: dict, what: str) -> int | Fraction:
+    """``expr``'s exact value with ``bindings`` that may hold Fractions (an int or a Fraction)."""
+    try:
+        return exact_value(expr, bindings)
+    except (Unsupported, Unbound):
+        return evaluate(expr, bindings, what)
 
 
 @dataclass
@@ -107,45 +125,47 @@ class Workload:
         }
 
     @gc_paused  # see stepsim.graph.gcpause: collections made large builds superlinear
-    def op_values(self, on_chip_convention=PUBLISHED) -> dict:
-        """Per-operator concrete metrics ``{op name: (off_chip_bytes, on_chip_bytes, flops)}`` (ints).
+    def op_values(self, on_chip_convention=PUBLISHED) -> dict[str, OpValues]:
+        """Per-operator concrete metrics ``{op name: OpValues(off_chip_bytes, on_chip_bytes, flops,
+        exact_flops)}``.
 
         Each operator's small expression is evaluated on its own (``xreplace`` of just its symbols), which is
         far cheaper than substituting into the whole-graph sum for graphs with thousands of operators.
+        ``exact_flops`` (FLOP-based compute operators only, else None) is what the engine's cost model charges
+        the operator over the run, the sum over its firings of the function's FLOPs (docs/timing_model.md
+        §3.3): ``flops`` evaluated with ``flop_bindings`` over ``bindings``, an int or, where a mean is bound,
+        an exact Fraction. The FLOP expression is built once for both.
         """
         c = convention(on_chip_convention)
         self.graph.finalize()
+        exact_bindings = {**self.bindings, **self.flop_bindings}
         out = {}
         for op in self.graph.ops:
-            out[op.name] = tuple(
-                evaluate(v, self.bindings, f"{what} of {op.name}")
-                for what, v in (("off-chip bytes", op.off_chip_bytes()), ("on-chip bytes", op.on_chip_bytes(c)),
-                                ("FLOPs", op.flops())))
-        return out
-
-    def op_flops(self) -> dict:
-        """``{op name: FLOPs}`` of every FLOP-based compute operator, exactly what the engine's cost model
-        charges it over the run (the sum over its firings of the function's FLOPs, docs/timing_model.md §3.3),
-        as an int or, where ``flop_bindings`` holds a mean, an exact Fraction whose sum is an integer."""
-        bindings = {**self.bindings, **self.flop_bindings}
-        self.graph.finalize()
-        out = {}
-        for op in self.graph.ops:
+            name, flops = op.name, op.flops()
+            values = [evaluate(v, self.bindings, f"{what} of {name}")
+                      for what, v in (("off-chip bytes", op.off_chip_bytes()),
+                                      ("on-chip bytes", op.on_chip_bytes(c)), ("FLOPs", flops))]
+            exact = None
             fn = getattr(op, "fn", None)
             if getattr(op, "compute_bw", None) and fn is not None and fn.fixed_cycles is None:
-                try:
-                    out[op.name] = exact_value(op.flops(), bindings)
-                except (Unsupported, Unbound):
-                    out[op.name] = evaluate(op.flops(), bindings, f"FLOPs of {op.name}")
+                exact = _exact(flops, exact_bindings, f"FLOPs of {name}") if self.flop_bindings else values[2]
+            out[name] = OpValues(*values, exact)
         return out
+
+    def op_flops(self, values: dict | None = None) -> dict:
+        """``{op name: exact FLOPs}`` of every FLOP-based compute operator (``OpValues.exact_flops``), from
+        ``values`` (an :meth:`op_values` result) or evaluated now."""
+        values = values if values is not None else self.op_values()
+        return {name: v.exact_flops for name, v in values.items() if v.exact_flops is not None}
 
     def group_on_chip_bytes(self, group, on_chip_convention=PUBLISHED) -> int:
         """On-chip bytes of the operators labelled ``group`` with the trace's values substituted."""
         values = self.op_values(on_chip_convention)
         return sum(values[op.name][1] for op in self.graph.ops if op.group == group)
 
-    def metrics(self, on_chip_convention=PUBLISHED) -> dict:
-        """Concrete totals for the bound trace.
+    def metrics(self, on_chip_convention=PUBLISHED, values: dict | None = None) -> dict:
+        """Concrete totals for the bound trace (from ``values``, an :meth:`op_values` result of the same
+        convention, when given).
 
         Returns
         -------
@@ -155,7 +175,7 @@ class Workload:
             paper's formula; falls back to ``graph_flops``), ``graph_flops`` (sum over compute operators with
             the engine's FLOP convention), all ints in bytes / FLOPs.
         """
-        values = self.op_values(on_chip_convention)
+        values = values if values is not None else self.op_values(on_chip_convention)
         off = sum(v[0] for v in values.values())
         on = sum(v[1] for v in values.values())
         graph_flops = sum(v[2] for v in values.values())
