@@ -31,13 +31,36 @@ from stepsim.errors import MetricError
 from stepsim.hardware import Hardware
 from stepsim.workloads.base import Workload, evaluate
 
-__all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "hbm_request_cycles", "load_unit_bounds",
-           "load_unit_cycles"]
+__all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "hbm_request_cycles",
+           "load_tiles", "load_unit_bounds", "load_unit_cycles"]
 
 #: operator kinds that load from off-chip memory one tile at a time
 LOAD_KINDS = ("LinearOffChipLoad", "RandomOffChipLoad")
 #: operator kinds that store to off-chip memory
 STORE_KINDS = ("LinearOffChipStore", "RandomOffChipStore")
+
+
+def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = None) -> dict[str, int]:
+    """The three bounds by record column (``load_unit_cycles``, ``compute_unit_cycles``,
+    ``hbm_request_cycles``), sharing the per-operator evaluations; ``values``: an ``op_values`` result to
+    reuse."""
+    values = values if values is not None else workload.op_values()
+    tiles = load_tiles(workload)
+    return {"load_unit_cycles": busiest_unit(workload, load_unit_bounds(workload, hardware, tiles)),
+            "compute_unit_cycles": compute_unit_cycles(workload, values),
+            "hbm_request_cycles": hbm_request_cycles(workload, hardware, tiles, values)}
+
+
+def load_tiles(workload: Workload) -> dict[str, Fraction]:
+    """``{load op name: tiles it loads}`` with the trace's bindings; a count that stays symbolic is left out."""
+    out = {}
+    for op in workload.graph.ops:
+        if op.kind in LOAD_KINDS:
+            try:
+                out[op.name] = _fraction(evaluate(op.outputs[0].total_elements(), workload.bindings))
+            except MetricError:
+                continue
+    return out
 
 
 def load_unit_cycles(workload: Workload, hardware: Hardware) -> int:
@@ -46,7 +69,7 @@ def load_unit_cycles(workload: Workload, hardware: Hardware) -> int:
     return busiest_unit(workload, load_unit_bounds(workload, hardware))
 
 
-def load_unit_bounds(workload: Workload, hardware: Hardware) -> dict[str, Fraction]:
+def load_unit_bounds(workload: Workload, hardware: Hardware, tiles: dict | None = None) -> dict[str, Fraction]:
     """``{load op name: a lower bound on its unit's final clock}`` (cycles).
 
     An off-chip load keeps one tile in flight (:mod:`stepsim.kernels.units_memory`): it registers a tile with
@@ -55,24 +78,19 @@ def load_unit_bounds(workload: Workload, hardware: Hardware) -> dict[str, Fracti
     tick ``t0 + ceil(n / P)`` at the earliest and served at the next tick, and a response arrives
     ``start_up + latency + 1`` cycles after service (docs/timing_model.md §4; ``kernels/hbm.py``). So the
     tile completes no earlier than ``t0 + ceil(n / P) + start_up + latency + 2``, and a load unit's final clock
-    is at least its tile count times that. Tile counts are the loads' output element counts with the trace's
-    bindings (a count that stays symbolic is left out, which only weakens the bound). Stores are left out
-    (their tile shapes follow the data).
+    is at least its tile count times that (:func:`load_tiles`, or ``tiles`` when given; a count that stays
+    symbolic is left out, which only weakens the bound). Stores are left out (their tile shapes follow the
+    data).
     """
+    tiles = tiles if tiles is not None else load_tiles(workload)
     per_tile_latency = hardware.hbm_start_up + hardware.hbm_latency + 2
-    out = {}
-    for op in workload.graph.ops:
-        if op.kind not in LOAD_KINDS:
-            continue
-        try:
-            tiles = _fraction(evaluate(op.outputs[0].total_elements(), workload.bindings))
-        except MetricError:
-            continue
-        out[op.name] = tiles * (-(-_tile_requests(op, hardware) // op.par_dispatch) + per_tile_latency)
-    return out
+    ops = {op.name: op for op in workload.graph.ops}
+    return {name: n * (-(-_tile_requests(ops[name], hardware) // ops[name].par_dispatch) + per_tile_latency)
+            for name, n in tiles.items()}
 
 
-def hbm_request_cycles(workload: Workload, hardware: Hardware) -> int:
+def hbm_request_cycles(workload: Workload, hardware: Hardware, tiles: dict | None = None,
+                       values: dict | None = None) -> int:
     """A lower bound on the simulated cycles from the HBM channels alone (cycles).
 
     Requests are spread over ``C`` channels, and a channel starts a request no earlier than ``hbm_init_interval``
@@ -82,19 +100,16 @@ def hbm_request_cycles(workload: Workload, hardware: Hardware) -> int:
     reaches its unit ``start_up + latency + 1`` cycles after that. A load's requests are exact (tiles times
     ``rows * ceil(cols * bytes / addr_offset)``); a store moves at most ``addr_offset`` bytes a request, so its
     off-chip bytes over ``addr_offset`` is a lower bound on its requests. A count that stays symbolic is left
-    out, which only weakens the bound.
+    out, which only weakens the bound. ``tiles`` (:func:`load_tiles`) and ``values`` (``op_values``) are
+    reused when given.
     """
-    requests = Fraction(0)
+    tiles = tiles if tiles is not None else load_tiles(workload)
+    values = values if values is not None else workload.op_values()
+    ops = {op.name: op for op in workload.graph.ops}
+    requests = sum((n * _tile_requests(ops[name], hardware) for name, n in tiles.items()), Fraction(0))
     for op in workload.graph.ops:
-        try:
-            if op.kind in LOAD_KINDS:
-                tiles = _fraction(evaluate(op.outputs[0].total_elements(), workload.bindings))
-                requests += tiles * _tile_requests(op, hardware)
-            elif op.kind in STORE_KINDS:
-                stored = evaluate(op.off_chip_bytes(), workload.bindings)
-                requests += -(-stored // hardware.addr_offset)
-        except MetricError:
-            continue
+        if op.kind in STORE_KINDS:
+            requests += -(-values[op.name].off_chip_bytes // hardware.addr_offset)
     per_channel = math.ceil(requests / hardware.hbm_channels)
     if not per_channel:
         return 0

@@ -91,7 +91,7 @@ from typing import Any
 import pyarrow as pa
 
 from stepsim._version import __version__
-from stepsim.bounds import compute_unit_cycles, hbm_request_cycles, load_unit_cycles
+from stepsim.bounds import cycle_bounds
 from stepsim.defaults import TIMING_MODEL_VERSION, UNSET, WORKLOAD_CHANNEL_DEPTH, resolve_channel_depth
 from stepsim.errors import ConfigError
 from stepsim.hardware import Hardware
@@ -535,9 +535,7 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
         "on_chip_bytes_active": metrics["on_chip_bytes_active"], "flops": metrics["flops"],
         "graph_flops": metrics["graph_flops"], "algorithmic_flops": workload.algorithmic_flops,
         "allocated_compute_flops_per_cycle": allocated, "hbm_bytes_per_cycle": hbm,
-        "load_unit_cycles": load_unit_cycles(workload, hardware),
-        "compute_unit_cycles": compute_unit_cycles(workload, values),
-        "hbm_request_cycles": hbm_request_cycles(workload, hardware),
+        **cycle_bounds(workload, hardware, values),
         "compute_utilization": None, "off_chip_bw_utilization": None, "events": None, "fires": None,
     }
     if sim is not None:

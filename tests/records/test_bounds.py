@@ -17,6 +17,7 @@ import pytest
 from stepsim.bounds import (
     compute_unit_bounds,
     compute_unit_cycles,
+    cycle_bounds,
     hbm_request_cycles,
     load_unit_bounds,
     load_unit_cycles,
@@ -77,6 +78,8 @@ def test_every_bound_holds_unit_by_unit(name):
     sim = simulate(workload, hardware=hardware)
     _check_units(workload, sim, hardware)
     assert max(_bounds(workload, hardware)) <= sim.cycles
+    # the record's columns share one evaluation and give the same values
+    assert list(cycle_bounds(workload, hardware).values()) == list(_bounds(workload, hardware))
     # the request bound is never below the bytes roofline it refines
     off_chip = workload.metrics()["off_chip_bytes"]
     assert hbm_request_cycles(workload, hardware) >= roofline_lower_bound(off_chip, hardware.hbm_peak_bytes_per_cycle,
