@@ -106,7 +106,7 @@ from stepsim.results import (
     write_parquet_atomic,
     write_partitioned,
 )
-from stepsim.workloads.base import Workload
+from stepsim.workloads.base import Workload, flop_based
 from stepsim.workloads.config import (
     CHOICES,
     KNOBS,
@@ -212,12 +212,7 @@ def allocated_compute_flops(workload: Workload) -> int:
     Operators whose function takes fixed cycles (e.g. the token-packing ``Accum(RetileRow)``) are left out,
     as in docs/semantics.md §5.4's ``allocated_comp_flops``.
     """
-    total = 0
-    for op in workload.graph.finalize().ops:
-        fn = getattr(op, "fn", None)
-        if getattr(op, "compute_bw", None) and fn is not None and fn.fixed_cycles is None:
-            total += int(op.compute_bw)
-    return total
+    return sum(int(op.compute_bw) for op in workload.graph.finalize().ops if flop_based(op))
 
 
 def _ratio(numerator: int | None, cycles: int | None, per_cycle: int | None) -> float | None:

@@ -3,12 +3,12 @@
 1. **Symbolic evaluation** of every candidate (a ``mode = "metrics"`` sweep into ``OUT/metrics``): exact
    on-chip bytes, off-chip bytes, FLOPs and allocated compute (:meth:`stepsim.workloads.base.Workload.metrics`,
    :func:`stepsim.records.allocated_compute_flops`), and from them a lower bound on cycles: the largest of the
-   roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`), the busiest off-chip load unit's tiles
-   one after another (:func:`stepsim.bounds.load_unit_cycles`) and the busiest compute unit's FLOPs at its
-   bandwidth (:func:`stepsim.bounds.compute_unit_cycles`) and the busiest HBM channel's 64-byte requests
-   (:func:`stepsim.bounds.hbm_request_cycles`, a roofline in requests, not bytes). The HBM bounds are the tight
-   ones for memory-bound layers with a region per expert, the per-unit bounds for time-multiplexed MoE layers (padded static tiles,
-   the region with the most tokens) and decode attention. Candidates that differ only in their FIFO depths
+   roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) and the per-unit bounds of
+   :mod:`stepsim.bounds` (record columns :data:`BOUND_COLUMNS`): the busiest off-chip load unit's tiles one
+   after another, the busiest compute unit's exact FLOPs at its bandwidth, and the busiest HBM channel's
+   64-byte requests. The request bound is the tight one for memory-bound layers with a region per expert, the
+   compute and load bounds for time-multiplexed MoE layers (padded static tiles, the region with the most
+   tokens) and decode attention. Candidates that differ only in their FIFO depths
    share one evaluation (the published on-chip accounting does not count FIFOs).
 2. **Budgets**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are dropped.
 3. **Simulation in rounds** (``mode = "simulate"`` sweeps into ``OUT/runs``), in order of promise (lowest cycle
@@ -189,7 +189,7 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
             cand.flops = int(row["graph_flops"])
             cand.allocated_flops_per_cycle = int(row["allocated_compute_flops_per_cycle"])
             cand.hbm_bytes_per_cycle = int(row["hbm_bytes_per_cycle"])
-            # the busiest load and compute units (stepsim.bounds); a row written before a column existed lacks it
+            # a row written before a bound column existed lacks it (a weaker bound, still valid)
             cand.lower_bound = max(roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle, cand.flops,
                                                         cand.allocated_flops_per_cycle),
                                    *(int(row.get(k) or 0) for k in BOUND_COLUMNS))

@@ -53,6 +53,13 @@ class OpValues(NamedTuple):
     exact_flops: int | Fraction | None
 
 
+def flop_based(op) -> bool:
+    """Whether ``op`` is a compute operator whose cycles follow its FLOPs (``ceil(FLOPs / compute_bw)``), not a
+    fixed-cost function such as the token-packing ``Accum(RetileRow)``."""
+    fn = getattr(op, "fn", None)
+    return bool(getattr(op, "compute_bw", None)) and fn is not None and fn.fixed_cycles is None
+
+
 def _exact(expr, bindings: dict, what: str) -> int | Fraction:
     """``expr``'s exact value with ``bindings`` that may hold Fractions (an int or a Fraction)."""
     try:
@@ -146,8 +153,7 @@ class Workload:
                       for what, v in (("off-chip bytes", op.off_chip_bytes()),
                                       ("on-chip bytes", op.on_chip_bytes(c)), ("FLOPs", flops))]
             exact = None
-            fn = getattr(op, "fn", None)
-            if getattr(op, "compute_bw", None) and fn is not None and fn.fixed_cycles is None:
+            if flop_based(op):
                 exact = _exact(flops, exact_bindings, f"FLOPs of {name}") if self.flop_bindings else values[2]
             out[name] = OpValues(*values, exact)
         return out

@@ -189,9 +189,9 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         dynamic = tiling == "dynamic"
         ffn_tile_n = None if dynamic else (tile_n or DEFAULT_TILE_N)
         ffn_regions = moe.experts if regions is None else regions
-        ffn_out, moe_bindings, flop_bindings = moe_stage(g, h_rows, moe, routing, counts, dynamic=dynamic, tile_n=ffn_tile_n,
-                                          tile_f=tile_f, regions=ffn_regions,
-                                          compute_bw=compute_bw, packing_compute_bw=PACKING_COMPUTE_BW)
+        ffn_out, moe_bindings, flop_bindings = moe_stage(
+            g, h_rows, moe, routing, counts, dynamic=dynamic, tile_n=ffn_tile_n, tile_f=tile_f, regions=ffn_regions,
+            compute_bw=compute_bw, packing_compute_bw=PACKING_COMPUTE_BW)
         bindings.update(moe_bindings)
         idle = idle_groups(counts, ffn_regions)
     else:
