@@ -46,7 +46,7 @@ def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = N
     reuse."""
     values = values if values is not None else workload.op_values()
     tiles = load_tiles(workload)
-    return {"load_unit_cycles": busiest_unit(workload, load_unit_bounds(workload, hardware, tiles)),
+    return {"load_unit_cycles": load_unit_cycles(workload, hardware, tiles),
             "compute_unit_cycles": compute_unit_cycles(workload, values),
             "hbm_request_cycles": hbm_request_cycles(workload, hardware, tiles, values)}
 
@@ -63,10 +63,10 @@ def load_tiles(workload: Workload) -> dict[str, Fraction]:
     return out
 
 
-def load_unit_cycles(workload: Workload, hardware: Hardware) -> int:
+def load_unit_cycles(workload: Workload, hardware: Hardware, tiles: dict | None = None) -> int:
     """A lower bound on the simulated cycles from the off-chip loads alone (cycles): the busiest load unit's
-    tiles one after another (:func:`load_unit_bounds`)."""
-    return busiest_unit(workload, load_unit_bounds(workload, hardware))
+    tiles one after another (:func:`load_unit_bounds`; ``tiles``: a :func:`load_tiles` result to reuse)."""
+    return busiest_unit(workload, load_unit_bounds(workload, hardware, tiles))
 
 
 def load_unit_bounds(workload: Workload, hardware: Hardware, tiles: dict | None = None) -> dict[str, Fraction]:
