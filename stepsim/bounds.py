@@ -6,7 +6,7 @@ unit by unit). Each bound is "the busiest unit of one kind, doing its work back 
 
 * :func:`load_unit_cycles`: an off-chip load keeps one tile in flight, so its tiles follow one another;
 * :func:`compute_unit_cycles`: a compute unit fires one element at a time, each firing costing at least its
-  function's ``ceil(FLOPs / compute_bw)`` cycles;
+  function's ``ceil(FLOPs / compute_bw)`` cycles and at least the on-chip (PMU) reads of its operand tiles;
 * :func:`hbm_request_cycles`: the busiest HBM channel serves its requests ``hbm_init_interval`` apart. It
   counts 64-byte requests, not bytes, so it sees what a bytes roofline misses: a weight tile of 56 bf16
   columns (112 bytes a row) takes two requests a row, 128 bytes of channel time.
@@ -29,7 +29,7 @@ from fractions import Fraction
 
 from stepsim.errors import MetricError
 from stepsim.hardware import Hardware
-from stepsim.workloads.base import Workload, evaluate
+from stepsim.workloads.base import Workload, evaluate, evaluate_exact
 
 __all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "hbm_request_cycles",
            "load_tiles", "load_unit_bounds", "load_unit_cycles"]
@@ -38,6 +38,12 @@ __all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_
 LOAD_KINDS = ("LinearOffChipLoad", "RandomOffChipLoad")
 #: operator kinds that store to off-chip memory
 STORE_KINDS = ("LinearOffChipStore", "RandomOffChipStore")
+#: operator kinds whose tiles pass through unchanged, ``read_from_mu`` flag included (docs/timing_model.md §3.1;
+#: Reshape only without padding, since its pad tiles carry its own flag)
+PASS_THROUGH_KINDS = ("Flatten", "RepeatStatic", "Broadcast", "Parallelize", "EagerMerge", "Reshape")
+#: compute kinds whose firing costs ``max(PMU reads of the operands, compute)`` or more (§6; Scan's cost differs
+#: between step-perf versions, so it is charged its FLOPs only)
+PMU_READING_KINDS = ("Map", "Accum", "MapAccum")
 
 
 def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = None) -> dict[str, int]:
@@ -47,7 +53,7 @@ def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = N
     values = values if values is not None else workload.op_values()
     tiles = load_tiles(workload)
     return {"load_unit_cycles": load_unit_cycles(workload, hardware, tiles),
-            "compute_unit_cycles": compute_unit_cycles(workload, values),
+            "compute_unit_cycles": compute_unit_cycles(workload, hardware, values),
             "hbm_request_cycles": hbm_request_cycles(workload, hardware, tiles, values)}
 
 
@@ -116,22 +122,90 @@ def hbm_request_cycles(workload: Workload, hardware: Hardware, tiles: dict | Non
     return 2 + (per_channel - 1) * hardware.hbm_init_interval + hardware.hbm_start_up + hardware.hbm_latency + 1
 
 
-def compute_unit_cycles(workload: Workload, values: dict | None = None) -> int:
+def compute_unit_cycles(workload: Workload, hardware: Hardware, values: dict | None = None) -> int:
     """A lower bound on the simulated cycles from the compute units alone (cycles): the busiest compute unit's
-    FLOPs at its bandwidth (:func:`compute_unit_bounds`; ``values``: an ``op_values`` result to reuse)."""
-    return busiest_unit(workload, compute_unit_bounds(workload, values))
+    firings back to back (:func:`compute_unit_bounds`; ``values``: an ``op_values`` result to reuse)."""
+    return busiest_unit(workload, compute_unit_bounds(workload, hardware, values))
 
 
-def compute_unit_bounds(workload: Workload, values: dict | None = None) -> dict[str, Fraction]:
+def compute_unit_bounds(workload: Workload, hardware: Hardware, values: dict | None = None) -> dict[str, Fraction]:
     """``{compute op name: a lower bound on its unit's busy cycles}`` (cycles).
 
-    A compute unit fires one element at a time and each firing advances its clock by at least its function's
-    ``ceil(FLOPs / compute_bw)`` (docs/timing_model.md §3.3, §6), so it is busy for at least its total FLOPs
-    over ``compute_bw`` (a sum of ceilings is at least the ceiling of the sum). The FLOPs are the engine's,
-    per operator (:meth:`stepsim.workloads.base.Workload.op_flops`).
+    A compute unit fires one element at a time. A Map, Accum or MapAccum firing advances its clock by
+    ``max(L, ceil(FLOPs / compute_bw), ...)`` (docs/timing_model.md §3.3, §6), ``L`` being the PMU reads of its
+    operand tiles that carry ``read_from_mu``: ``ceil(bytes / pmu_bw)`` each. This counts ``L`` only for
+    operands whose tiles come straight from an off-chip load (:func:`loaded_tile_bytes`), which always carry
+    the flag; other operands count 0, which only weakens the bound. A firing of a small token tile against a
+    weight tile is PMU-bound (Qwen3's four-row tiles read a 2048 x 64 bf16 weight tile in 4,096 cycles and
+    multiply it in 1,024), so per firing the larger term is what counts.
+
+    Firings are the input stream's elements; the FLOPs of each are the operator's per-firing FLOPs with the
+    trace's values, except for a ragged tile dimension of :attr:`Workload.tile_rows`, whose tiles fire equally
+    often: each of them is charged its own ``max`` and the unit the mean over them. Without PMU reads this is
+    the operator's exact FLOPs over ``compute_bw`` (``values``' ``exact_flops``).
     """
-    bandwidth = {op.name: op.compute_bw for op in workload.graph.ops if getattr(op, "compute_bw", None)}
-    return {name: _fraction(flops) / bandwidth[name] for name, flops in workload.op_flops(values).items()}
+    values = values if values is not None else workload.op_values()
+    ops = {op.name: op for op in workload.graph.ops}
+    mean_rows = workload.mean_tile_rows()
+    out = {}
+    for name, flops in workload.op_flops(values).items():
+        op = ops[name]
+        bound = _fraction(flops) / op.compute_bw
+        reads = _pmu_reads(op, hardware) if op.kind in PMU_READING_KINDS else 0
+        if reads:
+            try:
+                firings = _fraction(evaluate(op.inputs[0].stream.total_elements(), workload.bindings))
+            except MetricError:
+                firings = None
+            if firings:
+                per_firing = _firing_cycles(op, flops / firings, reads, workload, mean_rows)
+                bound = max(bound, firings * per_firing)
+        out[name] = bound
+    return out
+
+
+def loaded_tile_bytes(ref) -> int | None:
+    """Bytes of every tile on stream ``ref`` (an :class:`stepsim.graph.graph.OutputRef`) when each comes
+    unchanged from an off-chip load, through operators that pass tiles on (:data:`PASS_THROUGH_KINDS`);
+    else None. Such tiles carry ``read_from_mu``, and the engine sizes them by the loaded tensor's dtype."""
+    sizes = set()
+    pending = [ref]
+    while pending:
+        ref = pending.pop()
+        op = ref.op
+        if op.kind in LOAD_KINDS:
+            sizes.add(op.tile_rows * op.tile_cols * op.tensor.dtype.bytes)
+            continue
+        if op.kind not in PASS_THROUGH_KINDS or getattr(op, "pad", None) is not None:
+            return None
+        if op.kind in ("EagerMerge", "Reshape") and ref.index != 0:  # the selector / padding-flag output
+            return None
+        pending.extend(op.inputs)
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _pmu_reads(op, hardware: Hardware) -> int:
+    """PMU read cycles of one firing of ``op`` that are certain: its operands' loaded tiles (cycles)."""
+    reads = 0
+    for ref in op.inputs:
+        nbytes = loaded_tile_bytes(ref)
+        if nbytes is not None:
+            reads += -(-nbytes // hardware.pmu_bw)
+    return reads
+
+
+def _firing_cycles(op, mean_flops: Fraction, reads: int, workload: Workload, mean_rows: dict) -> Fraction:
+    """Mean over ``op``'s firings of ``max(PMU reads, FLOPs / compute_bw)`` (cycles): ``mean_flops`` when every
+    firing does the same work, else each tile of a :attr:`Workload.tile_rows` dimension on its own."""
+    expr = op.firing_flops()
+    ragged = [s for s in getattr(expr, "free_symbols", ()) if s in workload.tile_rows]
+    if not ragged:
+        return max(Fraction(reads), mean_flops / op.compute_bw)
+    (symbol,) = ragged  # a builder gives an operator at most one such dimension
+    costs = [max(Fraction(reads), _fraction(evaluate_exact(expr, {**workload.bindings, **mean_rows, symbol: rows},
+                                                           f"FLOPs of {op.name}")) / op.compute_bw)
+             for rows in workload.tile_rows[symbol]]
+    return sum(costs, Fraction(0)) / len(costs) if costs else Fraction(0)
 
 
 def busiest_unit(workload: Workload, per_unit: Mapping[str, Fraction]) -> int:

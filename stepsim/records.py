@@ -45,8 +45,9 @@ allocated_compute_flops_per_cycle  FLOP/cycle  sum of ``compute_bw`` over FLOP-b
 hbm_bytes_per_cycle                bytes/cycle peak off-chip bandwidth of the hardware
 load_unit_cycles                   cycles      a lower bound on cycles: the busiest load unit's tiles one after
                                                another (:func:`stepsim.bounds.load_unit_cycles`)
-compute_unit_cycles                cycles      a lower bound on cycles: the busiest compute unit's FLOPs at its
-                                               ``compute_bw`` (:func:`stepsim.bounds.compute_unit_cycles`)
+compute_unit_cycles                cycles      a lower bound on cycles: the busiest compute unit's firings, each
+                                               the larger of its FLOPs at ``compute_bw`` and its PMU reads of
+                                               loaded tiles (:func:`stepsim.bounds.compute_unit_cycles`)
 hbm_request_cycles                 cycles      a lower bound on cycles: the busiest HBM channel's share of the
                                                64-byte requests (:func:`stepsim.bounds.hbm_request_cycles`)
 compute_utilization                ratio       ``flops / (cycles * allocated_compute_flops_per_cycle)``

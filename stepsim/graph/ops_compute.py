@@ -91,8 +91,12 @@ class Map(Op):
         self.write_back_mu = bool(write_back_mu)
         self._finish([Stream(_apply(self, fn, types), ins[0].shape)])
 
+    def firing_flops(self):
+        """FLOPs of one firing (one element of each input)."""
+        return self.fn.flops(self.operand_types)
+
     def flops(self):
-        return normalize(self.inputs[0].stream.total_elements() * self.fn.flops(self.operand_types))
+        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         if not convention.count_fifos:
@@ -141,9 +145,12 @@ class Accum(Op):
         self.out_dtype = out_dtype or acc
         self._finish([Stream(self.out_dtype, s.shape[:-rank])])
 
+    def firing_flops(self):
+        """FLOPs of one firing (folding one input element into the accumulator)."""
+        return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
+
     def flops(self):
-        s = self.inputs[0].stream
-        return normalize(s.total_elements() * self.fn.flops((self.out_dtype, s.dtype)))
+        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         out = size_in_bytes(self.out_dtype)
@@ -179,9 +186,13 @@ class MapAccum(Op):
                                           f"got {init!r}")
         self._finish([Stream(out, a.shape[:-rank])])
 
-    def flops(self):
+    def firing_flops(self):
+        """FLOPs of one firing (one element pair folded into the accumulator)."""
         a, b = (r.stream for r in self.inputs)
-        return normalize(a.total_elements() * self.fn.flops((a.dtype, b.dtype)))
+        return self.fn.flops((a.dtype, b.dtype))
+
+    def flops(self):
+        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         out = size_in_bytes(self.stream.dtype)
@@ -220,9 +231,12 @@ class Scan(Op):
         self.write_back_mu = bool(write_back_mu)
         self._finish([Stream(self.out_dtype, s.shape)])
 
+    def firing_flops(self):
+        """FLOPs of one firing (folding one input element into the accumulator)."""
+        return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
+
     def flops(self):
-        s = self.inputs[0].stream
-        return normalize(s.total_elements() * self.fn.flops((self.out_dtype, s.dtype)))
+        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return size_in_bytes(self.out_dtype)

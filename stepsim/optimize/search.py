@@ -5,8 +5,8 @@
    :func:`stepsim.records.allocated_compute_flops`), and from them a lower bound on cycles: the largest of the
    roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) and the per-unit bounds of
    :mod:`stepsim.bounds` (record columns :data:`BOUND_COLUMNS`): the busiest off-chip load unit's tiles one
-   after another, the busiest compute unit's exact FLOPs at its bandwidth, and the busiest HBM channel's
-   64-byte requests. The request bound is the tight one for memory-bound layers with a region per expert, the
+   after another, the busiest compute unit's firings (each the larger of its exact FLOPs at the unit's bandwidth
+   and its PMU reads of loaded weight tiles), and the busiest HBM channel's 64-byte requests. The request bound is the tight one for memory-bound layers with a region per expert, the
    compute and load bounds for time-multiplexed MoE layers (padded static tiles, the region with the most
    tokens) and decode attention. Candidates that differ only in their FIFO depths
    share one evaluation (the published on-chip accounting does not count FIFOs).
@@ -15,9 +15,10 @@
    bound first, then on-chip bytes, then allocated compute): before each round, a candidate whose *optimistic*
    vector (cycle bound, on-chip bytes, allocated compute) is dominated by a simulated point is dropped: its
    real cycles are at least its bound, so the same point dominates it, and it cannot enter the front. The next
-   :data:`ROUND_SIZE` remaining candidates are simulated in parallel on the sweep executors. The search stops
-   when no candidate remains, so the front equals the front of simulating every candidate (exhaustive), point
-   for point. The round size is fixed (not the worker count), so the number of simulations is deterministic.
+   :data:`ROUND_SIZE` remaining candidates that no earlier one could prune (:func:`next_round`) are simulated in
+   parallel on the sweep executors. The search stops when no candidate remains, so the front equals the front
+   of simulating every candidate (exhaustive), point for point. The candidates simulated are those of
+   simulating one at a time in promise order, whatever the round size and the worker count.
 
 Both sweeps use the sweep runner (:func:`stepsim.sweep.runner.run_sweep`), so a search stopped at any point
 resumes when run again into the same folder: finished evaluations and simulations are read back, and the
@@ -32,7 +33,7 @@ from pathlib import Path
 from stepsim.errors import ConfigError
 from stepsim.optimize.pareto import dominates, pareto_front, roofline_lower_bound
 
-#: candidates simulated per round (fixed, so the number of simulations does not depend on the worker count)
+#: candidates simulated per round at most (the parallelism; the candidates simulated do not depend on it)
 ROUND_SIZE = 4
 #: objectives of the recommendation: the lexicographic order of (cycles, on-chip bytes, allocated compute)
 OBJECTIVES = {"cycles": ("cycles", "on_chip_bytes", "allocated_flops_per_cycle"),
@@ -235,10 +236,48 @@ def promise(c: Candidate) -> tuple:
     return (c.lower_bound, c.on_chip_bytes, c.allocated_flops_per_cycle, c.index)
 
 
+def next_round(remaining: list, round_size: int) -> list:
+    """The first ``round_size`` of ``remaining`` (in promise order) that no candidate before them could prune.
+
+    Candidate ``p`` can prune ``c`` only if ``p``'s optimistic vector dominates ``c``'s (its cycles are at
+    least its bound). A candidate that no earlier one can prune is never pruned (a point that dominates it
+    comes earlier in promise order, and the simulated ones were checked already), so simulating it now
+    wastes nothing; a candidate that an earlier one might prune waits for that one's result. A round may
+    therefore be shorter than ``round_size``. Every candidate is decided with all its possible pruners
+    resolved, exactly as when simulating one at a time in promise order, so the candidates simulated (and
+    their number) do not depend on ``round_size``: only the parallelism does.
+    """
+    batch = []
+    for i, c in enumerate(remaining):
+        if not any(dominates(p.optimistic, c.optimistic) for p in remaining[:i]):
+            batch.append(c)
+            if len(batch) == round_size:
+                break
+    return batch
+
+
 def simulate_rounds(state: SearchState, base: dict, *, out: Path, runner, source: Path,
                     round_size: int = ROUND_SIZE) -> None:
-    """Simulate the promising candidates in rounds, pruning before each (module docstring)."""
+    """Simulate the promising candidates in rounds on ``runner``, pruning before each (module docstring)."""
     workload = base["workload"]
+
+    def simulate(batch: list) -> None:
+        grids = [{k: (v,) for k, v in c.config.items() if k != "workload"} for c in batch]
+        rows, ran = _run_rows(_spec(source, workload, "simulate", {}, grids), out / RUNS_DIR, runner, progress=False)
+        state.simulated_now += ran
+        for c in batch:
+            status, row, error = rows[c.run_id]
+            if status == "ok":
+                c.status, c.cycles = "simulated", int(row["cycles"])
+            else:
+                c.status, c.error = "failed", error
+
+    search_rounds(state, round_size, simulate)
+
+
+def search_rounds(state: SearchState, round_size: int, simulate) -> None:
+    """The pruning loop: ``simulate(batch)`` sets each candidate's status to ``simulated`` (with cycles) or
+    ``failed``; pending candidates end ``pruned`` or simulated (module docstring)."""
     remaining = sorted((c for c in state.candidates if c.status == "pending"), key=promise)
     front: list = []
     while True:
@@ -251,18 +290,11 @@ def simulate_rounds(state: SearchState, base: dict, *, out: Path, runner, source
         remaining = kept
         if not remaining:
             break
-        batch, remaining = remaining[:round_size], remaining[round_size:]
-        grids = [{k: (v,) for k, v in c.config.items() if k != "workload"} for c in batch]
-        spec = _spec(source, workload, "simulate", {}, grids)
-        rows, ran = _run_rows(spec, out / RUNS_DIR, runner, progress=False)
+        batch = next_round(remaining, round_size)
+        chosen = {id(c) for c in batch}
+        remaining = [c for c in remaining if id(c) not in chosen]
+        simulate(batch)
         state.rounds += 1
-        state.simulated_now += ran
-        for c in batch:
-            status, row, error = rows[c.run_id]
-            if status == "ok":
-                c.status, c.cycles = "simulated", int(row["cycles"])
-            else:
-                c.status, c.error = "failed", error
         simulated = [c for c in state.candidates if c.status == "simulated"]
         front = [simulated[i] for i in pareto_front([c.objectives for c in simulated])]
 

@@ -60,7 +60,7 @@ def flop_based(op) -> bool:
     return bool(getattr(op, "compute_bw", None)) and fn is not None and fn.fixed_cycles is None
 
 
-def _exact(expr, bindings: dict, what: str) -> int | Fraction:
+def evaluate_exact(expr, bindings: dict, what: str) -> int | Fraction:
     """``expr``'s exact value with ``bindings`` that may hold Fractions (an int or a Fraction)."""
     try:
         return exact_value(expr, bindings)
@@ -96,10 +96,12 @@ class Workload:
         The trace values the graph was built from, as read-only int64 arrays: ``routing`` ([B, top_k] expert
         ids) for ``moe``, ``kv_lengths`` ([B] tokens) for ``attention``; empty for ``swiglu``. Kept apart from
         ``params`` (which go into every result row as JSON) because they grow with the batch.
-    flop_bindings : dict
-        Values that replace ``bindings`` when counting each operator's FLOPs exactly (:meth:`op_flops`). A
-        symbol bound for sizing to the largest of several tiles (a time-multiplexed region's merged dynamic
-        tiles) is bound here to their mean rows (a Fraction), which makes tiles x rows the exact sum.
+    tile_rows : dict
+        ``{symbol: tuple of ints}``: the rows of every tile of a ragged tile dimension that ``bindings`` binds,
+        for sizing, to the largest of several tiles (a time-multiplexed region's merged dynamic tiles, one per
+        member expert with tokens). Every tile fires the operators that see it equally often, so the mean
+        (:meth:`mean_tile_rows`) makes tiles x rows the exact sum of FLOPs (:meth:`op_flops`), and
+        :mod:`stepsim.bounds` charges each tile its own firing costs.
     balanced_units : list
         Regions among which a dispatcher assigns the work during the run (dynamic parallelization), one entry
         per dispatcher: a tuple of one operator-name tuple per region, the regions built alike. Their
@@ -119,7 +121,7 @@ class Workload:
     hardware: str = WORKLOAD_HARDWARE["moe"]
     trace: dict = field(default_factory=dict)
     channel_depths: dict | None = None
-    flop_bindings: dict = field(default_factory=dict)
+    tile_rows: dict = field(default_factory=dict)
     balanced_units: list = field(default_factory=list)
 
     def symbolic(self, on_chip_convention=PUBLISHED) -> dict:
@@ -140,12 +142,12 @@ class Workload:
         far cheaper than substituting into the whole-graph sum for graphs with thousands of operators.
         ``exact_flops`` (FLOP-based compute operators only, else None) is what the engine's cost model charges
         the operator over the run, the sum over its firings of the function's FLOPs (docs/timing_model.md
-        §3.3): ``flops`` evaluated with ``flop_bindings`` over ``bindings``, an int or, where a mean is bound,
-        an exact Fraction. The FLOP expression is built once for both.
+        §3.3): ``flops`` evaluated with the mean of ``tile_rows`` over ``bindings``, an int or, where a mean is
+        bound, an exact Fraction. The FLOP expression is built once for both.
         """
         c = convention(on_chip_convention)
         self.graph.finalize()
-        exact_bindings = {**self.bindings, **self.flop_bindings}
+        exact_bindings = {**self.bindings, **self.mean_tile_rows()}
         out = {}
         for op in self.graph.ops:
             name, flops = op.name, op.flops()
@@ -154,9 +156,13 @@ class Workload:
                                       ("on-chip bytes", op.on_chip_bytes(c)), ("FLOPs", flops))]
             exact = None
             if flop_based(op):
-                exact = _exact(flops, exact_bindings, f"FLOPs of {name}") if self.flop_bindings else values[2]
+                exact = evaluate_exact(flops, exact_bindings, f"FLOPs of {name}") if self.tile_rows else values[2]
             out[name] = OpValues(*values, exact)
         return out
+
+    def mean_tile_rows(self) -> dict:
+        """``{symbol: mean rows}`` of :attr:`tile_rows` (an exact Fraction; 0 for a dimension without tiles)."""
+        return {s: Fraction(sum(rows), len(rows)) if rows else Fraction(0) for s, rows in self.tile_rows.items()}
 
     def op_flops(self, values: dict | None = None) -> dict:
         """``{op name: exact FLOPs}`` of every FLOP-based compute operator (``OpValues.exact_flops``), from

@@ -189,7 +189,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         dynamic = tiling == "dynamic"
         ffn_tile_n = None if dynamic else (tile_n or DEFAULT_TILE_N)
         ffn_regions = moe.experts if regions is None else regions
-        ffn_out, moe_bindings, flop_bindings = moe_stage(
+        ffn_out, moe_bindings, tile_rows = moe_stage(
             g, h_rows, moe, routing, counts, dynamic=dynamic, tile_n=ffn_tile_n, tile_f=tile_f, regions=ffn_regions,
             compute_bw=compute_bw, packing_compute_bw=PACKING_COMPUTE_BW)
         bindings.update(moe_bindings)
@@ -198,7 +198,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         dense = MoEModel(model.name, hidden=d, intermediate=1, experts=1, top_k=1,
                          shared_intermediate=model.dense_intermediate)
         ffn_out = shared_ffn(g, h_rows, dense, batch, o_tile, tile_f, PACKING_COMPUTE_BW, bw)
-        flop_bindings = {}
+        tile_rows = {}
         _label(g.ops[before:], ("ffn", 0))
         idle = set()
     out = Map(g, [ffn_out, h_rows], Add(), **bw)
@@ -216,7 +216,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     balanced = [att.region_units(g.ops[start:stop], attention_regions, offset_r)
                 for start, stop, offset_r, _ in relabel] if strategy == "dynamic" else []
     workload = Workload(
-        name="decoder", graph=g, bindings=bindings, flop_bindings=flop_bindings, balanced_units=balanced,
+        name="decoder", graph=g, bindings=bindings, tile_rows=tile_rows, balanced_units=balanced,
         idle_groups=idle, channel_depth=channel_depth,
         params=dict(model=model.name, hidden=d, heads=model.heads, kv_heads=n_heads, head_dim=hd,
                     query_per_kv_head=q_rows, batch=batch, strategy=strategy, softmax=softmax,

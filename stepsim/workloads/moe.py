@@ -26,7 +26,6 @@ stored in bf16 and computed in fp32; the output is stored in fp32.
 from __future__ import annotations
 
 import warnings
-from fractions import Fraction
 
 from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH
 from stepsim.errors import ArgumentError, StepsimWarning
@@ -159,7 +158,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
     x = Tensor("x", (batch, d), BF16)
     tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
-    summed, bindings, flop_bindings = moe_stage(
+    summed, bindings, tile_rows = moe_stage(
         g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
         compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
     LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
@@ -167,7 +166,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     idle = idle_groups(counts, regions)
     routing.flags.writeable = False
     return Workload(
-        name="moe", graph=g, bindings=bindings, flop_bindings=flop_bindings, idle_groups=idle,
+        name="moe", graph=g, bindings=bindings, tile_rows=tile_rows, idle_groups=idle,
         channel_depth=channel_depth,
         algorithmic_flops=algorithmic_flops(counts, model, tile_n),
         params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
@@ -185,8 +184,8 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     summed, plus the shared experts' rows). Creates its operators in the order the artifact registers the
     memory operators (module docstring). ``routing`` is checked, ``counts`` its per-expert token counts.
 
-    Returns ``(output rows, bindings, flop_bindings)``: the symbols' values from the trace, and the values
-    under which each operator's FLOPs are exact (:attr:`stepsim.workloads.base.Workload.flop_bindings`).
+    Returns ``(output rows, bindings, tile_rows)``: the symbols' values from the trace, and the rows of each
+    time-multiplexed region's merged dynamic tiles (:attr:`stepsim.workloads.base.Workload.tile_rows`).
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     batch = routing.shape[0]
@@ -228,11 +227,11 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
         _label(g.ops[before:], ("expert", e))
 
     # 5b: expert FFNs, one region per expert or time-multiplexed regions
-    flop_bindings = {}
+    tile_rows = {}
     if regions == experts:
         results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw) for e in range(experts)]
     else:
-        results, region_bindings, flop_bindings = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
+        results, region_bindings, tile_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
                                                                    counts, bw)
         bindings.update(region_bindings)
 
@@ -257,7 +256,7 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
         shared = shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
         summed = Map(g, [summed, shared], Add(), **bw)
         _label(g.ops[before:], ("shared_expert", 0))
-    return summed, bindings, flop_bindings
+    return summed, bindings, tile_rows
 
 
 def idle_groups(counts, regions: int) -> set:
@@ -338,11 +337,11 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
     With dynamic tiling a region's merged tiles have a ragged row count; it is bound to the largest member
     expert's token count, because on-chip buffers must hold the largest tile (this makes the region's
     ``graph_flops`` an upper bound; ``algorithmic_flops`` is exact). For FLOP counting the same symbol is bound
-    to the mean rows of the region's tiles (one tile per member expert with tokens): every function's FLOPs
-    are linear in a tile's rows, so tiles x mean rows is the exact sum. Returns (results, bindings,
-    flop_bindings).
+    to the rows of each of the region's tiles (one tile per member expert with tokens, ``tile_rows``): every
+    function's FLOPs are linear in a tile's rows, so tiles x mean rows is the exact sum, and the per-unit
+    bounds charge each tile its own firing costs. Returns (results, bindings, tile_rows).
     """
-    bindings, flop_bindings = {}, {}
+    bindings, tile_rows = {}, {}
     d, f = model.hidden, model.intermediate
     n_f = f // tile_f
     per_region = model.experts // regions
@@ -354,8 +353,7 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
         merged_rows = merge.outputs[0].dtype.rows
         if dynamic and merged_rows not in [packed[e].stream.dtype.rows for e in members[r]]:
             bindings[merged_rows] = int(max(counts[e] for e in members[r]))
-            tiles = sum(1 for e in members[r] if counts[e])
-            flop_bindings[merged_rows] = Fraction(int(sum(counts[e] for e in members[r])), tiles) if tiles else 0
+            tile_rows[merged_rows] = tuple(int(counts[e]) for e in members[r] if counts[e])
         merges.append(merge)
         reps.append(RepeatStatic(g, merge[0], n_f))
         addrs.append(ExpertAddrGen(g, merge[1], n_f))
@@ -380,4 +378,4 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
             if dynamic:
                 back.assume_dtype(i, packed[e].stream.dtype)
             results.append(back[i])
-    return results, bindings, flop_bindings
+    return results, bindings, tile_rows

@@ -54,7 +54,7 @@ def _check_units(workload, sim, hardware) -> None:
     row = {name: i for i, name in enumerate(sim.unit_names)}
     balanced = [[[n for n in names] for names in regions] for regions in workload.balanced_units]
     in_balanced = {n for regions in balanced for names in regions for n in names}
-    for bounds, column in ((load_unit_bounds(workload, hardware), 4), (compute_unit_bounds(workload), 1)):
+    for bounds, column in ((load_unit_bounds(workload, hardware), 4), (compute_unit_bounds(workload, hardware), 1)):
         for name, bound in bounds.items():
             if name not in in_balanced:
                 assert bound <= sim.unit_counters[row[name], column], name
@@ -66,7 +66,7 @@ def _check_units(workload, sim, hardware) -> None:
 
 
 def _bounds(workload, hardware) -> tuple[int, int, int]:
-    return (load_unit_cycles(workload, hardware), compute_unit_cycles(workload),
+    return (load_unit_cycles(workload, hardware), compute_unit_cycles(workload, hardware),
             hbm_request_cycles(workload, hardware))
 
 
@@ -88,7 +88,7 @@ def test_every_bound_holds_unit_by_unit(name):
 
 def test_decoder_with_dynamic_attention_and_time_multiplexed_experts():
     """Both kinds of runtime-dependent per-unit values in one graph: each KV head's dispatcher (balanced_units,
-    one entry per head) and the MoE regions' merged dynamic tiles (flop_bindings)."""
+    one entry per head) and the MoE regions' merged dynamic tiles (tile_rows)."""
     model = dataclasses.replace(resolve_model("qwen"), hidden=64, heads=8, kv_heads=2, head_dim=16,
                                 expert_intermediate=32, experts=8, top_k=2)
     rng = np.random.default_rng(0)
@@ -105,12 +105,13 @@ def test_decoder_with_dynamic_attention_and_time_multiplexed_experts():
 def test_exact_values_where_each_bound_is_the_tight_one():
     """(load, compute, hbm requests, simulated cycles). The compute bound is within 0.6 % on one region of
     padded static tiles (8 experts x 28 F tiles x 2*64*4096*512 FLOPs at 1024 FLOPs/cycle), the request bound
-    within 0.8 % on SwiGLU (8 HBM channels on step-hdl), the load bound within 1.5 % on 4 dynamic regions."""
+    within 0.8 % on SwiGLU (8 HBM channels on step-hdl), the load bound within 1.5 % on 4 dynamic regions.
+    Qwen3's merged tiles of a few rows are PMU-bound: 1,102,848 cycles where their FLOPs alone give 457,728."""
     expected = {
         "mixtral-static-64-1-region": (14_684_096, 58_720_256, 2_754_073, 59_065_966),
-        "qwen-dynamic-4-regions": (1_448_128, 457_728, 901_937, 1_470_017),
+        "qwen-dynamic-4-regions": (1_448_128, 1_102_848, 901_937, 1_470_017),
         "attention-coarse": (40_508, 7_904, 4_133, 43_215),
-        "swiglu": (10_496, 4_096, 33_041, 33_288),
+        "swiglu": (10_496, 16_384, 33_041, 33_288),
     }
     got = {}
     for name in expected:
@@ -121,9 +122,43 @@ def test_exact_values_where_each_bound_is_the_tight_one():
     assert got == expected
 
 
+MOE_AND_SWIGLU = [name for name in CONFIGS if not name.startswith("attention")]
+
+
+@pytest.mark.parametrize("name", MOE_AND_SWIGLU)
+def test_compute_bound_is_the_busiest_units_busy_cycles(name):
+    """Without runtime dispatch, each firing's cost is max(PMU reads of its loaded operand tiles, FLOPs /
+    compute_bw) and nothing else on these layers' busiest units: the bound is their busy time exactly."""
+    config = {"workload": "moe", **CONFIGS[name]}
+    workload = workload_from_config(config)
+    hardware = resolve_hardware(config, workload)
+    bounds = compute_unit_bounds(workload, hardware)
+    busiest = max(bounds, key=lambda n: (bounds[n], n))
+    sim = simulate(workload, hardware=hardware)
+    assert bounds[busiest] == sim.unit_counters[sim.unit_names.index(busiest), 1]
+
+
+def test_pmu_reads_bound_small_merged_tiles(shared_traces):
+    """Mixtral B=64, dynamic tiles, one time-multiplexed region, tile_f 64: a firing reads a 4096 x 64 bf16
+    weight tile from the PMU in 8,192 cycles (64 B/cycle) and multiplies a tile of b rows in 512 * b, so the
+    experts with fewer than 16 tokens (counts 13, 10, 17, 14, 17, 10, 24, 23) cost 16 rows each: 224 F tiles x
+    512 x 145 = 16,629,760 busy cycles, exactly the engine's, where the FLOPs alone give 128 rows' 14,680,064."""
+    trace = shared_traces / "expert_routing" / "mixtral_b64" / "008_010.npz"
+    config = {"workload": "moe", "model": "mixtral-8x7b", "trace": str(trace), "tiling": "dynamic", "tile_f": 64,
+              "regions": 1}
+    workload = workload_from_config(config)
+    hardware = resolve_hardware(config, workload)
+    flops_only = max(f / op.compute_bw for op in workload.graph.ops
+                     for name, f in workload.op_flops().items() if name == op.name)
+    sim = simulate(workload, hardware=hardware)
+    busy = int(sim.unit_counters[:, 1].max())
+    assert (flops_only, compute_unit_cycles(workload, hardware), busy, sim.cycles) == \
+        (14_680_064, 16_629_760, 16_629_760, 16_673_010)
+
+
 def test_merged_dynamic_tiles_count_their_exact_flops():
     """A time-multiplexed region's merged dynamic tiles are sized by its largest member tile (bindings), but
-    their FLOPs use the mean rows (flop_bindings), so the per-operator FLOPs are exactly what the engine
+    their FLOPs use the mean rows (tile_rows), so the per-operator FLOPs are exactly what the engine
     charges: for each of the B * top_k = 128 token-expert pairs, the gate, up and down matmuls (6*D*F), SiLU
     (8*F), the gate*up product (F), the routing-weight scale (D) and the sum over the slots (D)."""
     config = {"workload": "moe", **CONFIGS["mixtral-dynamic-2-regions"]}
