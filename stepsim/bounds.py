@@ -53,17 +53,17 @@ def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = N
     values = values if values is not None else workload.op_values()
     tiles = load_tiles(workload)
     return {"load_unit_cycles": load_unit_cycles(workload, hardware, tiles),
-            "compute_unit_cycles": compute_unit_cycles(workload, hardware, values),
+            "compute_unit_cycles": compute_unit_cycles(workload, hardware, values, tiles),
             "hbm_request_cycles": hbm_request_cycles(workload, hardware, tiles, values)}
 
 
-def load_tiles(workload: Workload) -> dict[str, Fraction]:
+def load_tiles(workload: Workload) -> dict[str, int]:
     """``{load op name: tiles it loads}`` with the trace's bindings; a count that stays symbolic is left out."""
     out = {}
     for op in workload.graph.ops:
         if op.kind in LOAD_KINDS:
             try:
-                out[op.name] = _fraction(evaluate(op.outputs[0].total_elements(), workload.bindings))
+                out[op.name] = evaluate(op.outputs[0].total_elements(), workload.bindings)
             except MetricError:
                 continue
     return out
@@ -75,7 +75,7 @@ def load_unit_cycles(workload: Workload, hardware: Hardware, tiles: dict | None 
     return busiest_unit(workload, load_unit_bounds(workload, hardware, tiles))
 
 
-def load_unit_bounds(workload: Workload, hardware: Hardware, tiles: dict | None = None) -> dict[str, Fraction]:
+def load_unit_bounds(workload: Workload, hardware: Hardware, tiles: dict | None = None) -> dict[str, int]:
     """``{load op name: a lower bound on its unit's final clock}`` (cycles).
 
     An off-chip load keeps one tile in flight (:mod:`stepsim.kernels.units_memory`): it registers a tile with
@@ -122,87 +122,96 @@ def hbm_request_cycles(workload: Workload, hardware: Hardware, tiles: dict | Non
     return 2 + (per_channel - 1) * hardware.hbm_init_interval + hardware.hbm_start_up + hardware.hbm_latency + 1
 
 
-def compute_unit_cycles(workload: Workload, hardware: Hardware, values: dict | None = None) -> int:
+def compute_unit_cycles(workload: Workload, hardware: Hardware, values: dict | None = None,
+                        tiles: dict | None = None) -> int:
     """A lower bound on the simulated cycles from the compute units alone (cycles): the busiest compute unit's
-    firings back to back (:func:`compute_unit_bounds`; ``values``: an ``op_values`` result to reuse)."""
-    return busiest_unit(workload, compute_unit_bounds(workload, hardware, values))
+    firings back to back (:func:`compute_unit_bounds`; ``values``, ``tiles``: ``op_values`` and
+    :func:`load_tiles` results to reuse)."""
+    return busiest_unit(workload, compute_unit_bounds(workload, hardware, values, tiles))
 
 
-def compute_unit_bounds(workload: Workload, hardware: Hardware, values: dict | None = None) -> dict[str, Fraction]:
+def compute_unit_bounds(workload: Workload, hardware: Hardware, values: dict | None = None,
+                        tiles: dict | None = None) -> dict[str, Fraction]:
     """``{compute op name: a lower bound on its unit's busy cycles}`` (cycles).
 
     A compute unit fires one element at a time. A Map, Accum or MapAccum firing advances its clock by
     ``max(L, ceil(FLOPs / compute_bw), ...)`` (docs/timing_model.md §3.3, §6), ``L`` being the PMU reads of its
     operand tiles that carry ``read_from_mu``: ``ceil(bytes / pmu_bw)`` each. This counts ``L`` only for
-    operands whose tiles come straight from an off-chip load (:func:`loaded_tile_bytes`), which always carry
-    the flag; other operands count 0, which only weakens the bound. A firing of a small token tile against a
+    operands whose tiles come straight from an off-chip load (:func:`loaded_operand`), which always carry the
+    flag; other operands count 0, which only weakens the bound. A firing of a small token tile against a
     weight tile is PMU-bound (Qwen3's four-row tiles read a 2048 x 64 bf16 weight tile in 4,096 cycles and
     multiply it in 1,024), so per firing the larger term is what counts.
 
-    Firings are the input stream's elements; the FLOPs of each are the operator's per-firing FLOPs with the
-    trace's values, except for a ragged tile dimension of :attr:`Workload.tile_rows`, whose tiles fire equally
-    often: each of them is charged its own ``max`` and the unit the mean over them. Without PMU reads this is
-    the operator's exact FLOPs over ``compute_bw`` (``values``' ``exact_flops``).
+    The firings are the loaded operand's tiles (times the repeats on its way), and every firing does the same
+    FLOPs, except along a ragged tile dimension of :attr:`Workload.tile_rows`, whose tiles fire equally often:
+    each of them is charged its own ``max`` and the unit the mean over them. Without PMU reads this is the
+    operator's exact FLOPs over ``compute_bw`` (``values``' ``exact_flops``).
     """
     values = values if values is not None else workload.op_values()
+    tiles = tiles if tiles is not None else load_tiles(workload)
     ops = {op.name: op for op in workload.graph.ops}
-    mean_rows = workload.mean_tile_rows()
     out = {}
     for name, flops in workload.op_flops(values).items():
         op = ops[name]
-        bound = _fraction(flops) / op.compute_bw
-        reads = _pmu_reads(op, hardware) if op.kind in PMU_READING_KINDS else 0
-        if reads:
-            try:
-                firings = _fraction(evaluate(op.inputs[0].stream.total_elements(), workload.bindings))
-            except MetricError:
-                firings = None
-            if firings:
-                per_firing = _firing_cycles(op, flops / firings, reads, workload, mean_rows)
-                bound = max(bound, firings * per_firing)
+        bound = Fraction(flops, op.compute_bw) if type(flops) is int else flops / op.compute_bw
+        if op.kind in PMU_READING_KINDS:
+            reads, firings = _pmu_reads(op, hardware, tiles)
+            if reads and firings:
+                bound = max(bound, firings * _firing_cycles(op, Fraction(flops) / firings, reads, workload))
         out[name] = bound
     return out
 
 
-def loaded_tile_bytes(ref) -> int | None:
-    """Bytes of every tile on stream ``ref`` (an :class:`stepsim.graph.graph.OutputRef`) when each comes
-    unchanged from an off-chip load, through operators that pass tiles on (:data:`PASS_THROUGH_KINDS`);
-    else None. Such tiles carry ``read_from_mu``, and the engine sizes them by the loaded tensor's dtype."""
-    sizes = set()
+def loaded_operand(ref, tiles: Mapping[str, int]) -> tuple[int, int | None] | None:
+    """``(bytes of every tile, number of tiles or None)`` of stream ``ref`` (an
+    :class:`stepsim.graph.graph.OutputRef`) when each tile comes unchanged from an off-chip load, through
+    operators that pass tiles on (:data:`PASS_THROUGH_KINDS`); else None. Such tiles carry ``read_from_mu``,
+    and the engine sizes them by the loaded tensor's dtype. The count is the load's tiles (``tiles``, a
+    :func:`load_tiles` result) times the repeats on the way, None past an operator that splits or merges
+    streams or a load whose count stays symbolic."""
+    sizes, count = set(), 1
     pending = [ref]
     while pending:
         ref = pending.pop()
         op = ref.op
         if op.kind in LOAD_KINDS:
             sizes.add(op.tile_rows * op.tile_cols * op.tensor.dtype.bytes)
+            count = count * tiles[op.name] if count is not None and op.name in tiles else None
             continue
         if op.kind not in PASS_THROUGH_KINDS or getattr(op, "pad", None) is not None:
             return None
         if op.kind in ("EagerMerge", "Reshape") and ref.index != 0:  # the selector / padding-flag output
             return None
+        if op.kind in ("EagerMerge", "Parallelize"):
+            count = None
+        elif op.kind == "RepeatStatic" and count is not None:
+            count *= op.count
         pending.extend(op.inputs)
-    return sizes.pop() if len(sizes) == 1 else None
+    return (sizes.pop(), count) if len(sizes) == 1 else None
 
 
-def _pmu_reads(op, hardware: Hardware) -> int:
-    """PMU read cycles of one firing of ``op`` that are certain: its operands' loaded tiles (cycles)."""
-    reads = 0
+def _pmu_reads(op, hardware: Hardware, tiles: Mapping[str, int]) -> tuple[int, int | None]:
+    """``(PMU read cycles of one firing of op that are certain, its firings or None)``: its operands' loaded
+    tiles (cycles); the firings from the first loaded operand whose count is known."""
+    reads, firings = 0, None
     for ref in op.inputs:
-        nbytes = loaded_tile_bytes(ref)
-        if nbytes is not None:
-            reads += -(-nbytes // hardware.pmu_bw)
-    return reads
+        loaded = loaded_operand(ref, tiles)
+        if loaded is not None:
+            reads += -(-loaded[0] // hardware.pmu_bw)
+            firings = firings or loaded[1]
+    return reads, firings
 
 
-def _firing_cycles(op, mean_flops: Fraction, reads: int, workload: Workload, mean_rows: dict) -> Fraction:
+def _firing_cycles(op, mean_flops: Fraction, reads: int, workload: Workload) -> Fraction:
     """Mean over ``op``'s firings of ``max(PMU reads, FLOPs / compute_bw)`` (cycles): ``mean_flops`` when every
     firing does the same work, else each tile of a :attr:`Workload.tile_rows` dimension on its own."""
-    expr = op.firing_flops()
+    expr = op.firing_flops() if workload.tile_rows else 0
     ragged = [s for s in getattr(expr, "free_symbols", ()) if s in workload.tile_rows]
-    if not ragged:
+    if len(ragged) != 1:  # max(reads, mean) is at most the mean of the maxima, so this is a bound too
         return max(Fraction(reads), mean_flops / op.compute_bw)
-    (symbol,) = ragged  # a builder gives an operator at most one such dimension
-    costs = [max(Fraction(reads), _fraction(evaluate_exact(expr, {**workload.bindings, **mean_rows, symbol: rows},
+    (symbol,) = ragged
+    bindings = {**workload.bindings, **workload.mean_tile_rows()}
+    costs = [max(Fraction(reads), _fraction(evaluate_exact(expr, {**bindings, symbol: rows},
                                                            f"FLOPs of {op.name}")) / op.compute_bw)
              for rows in workload.tile_rows[symbol]]
     return sum(costs, Fraction(0)) / len(costs) if costs else Fraction(0)
@@ -226,7 +235,7 @@ def busiest_unit(workload: Workload, per_unit: Mapping[str, Fraction]) -> int:
             continue
         for counterparts in zip(*members):
             if len({kinds[name] for name in counterparts}) == 1:
-                values[counterparts[0]] = sum(per_unit[name] for name in counterparts) / len(counterparts)
+                values[counterparts[0]] = sum((per_unit[name] for name in counterparts), Fraction(0)) / len(counterparts)
     return math.ceil(max(values.values(), default=0))
 
 
