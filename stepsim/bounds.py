@@ -235,7 +235,8 @@ def busiest_unit(workload: Workload, per_unit: Mapping[str, Fraction]) -> int:
             continue
         for counterparts in zip(*members):
             if len({kinds[name] for name in counterparts}) == 1:
-                values[counterparts[0]] = sum((per_unit[name] for name in counterparts), Fraction(0)) / len(counterparts)
+                total = sum((per_unit[name] for name in counterparts), Fraction(0))
+                values[counterparts[0]] = total / len(counterparts)
     return math.ceil(max(values.values(), default=0))
 
 

@@ -6,10 +6,11 @@
    roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) and the per-unit bounds of
    :mod:`stepsim.bounds` (record columns :data:`BOUND_COLUMNS`): the busiest off-chip load unit's tiles one
    after another, the busiest compute unit's firings (each the larger of its exact FLOPs at the unit's bandwidth
-   and its PMU reads of loaded weight tiles), and the busiest HBM channel's 64-byte requests. The request bound is the tight one for memory-bound layers with a region per expert, the
-   compute and load bounds for time-multiplexed MoE layers (padded static tiles, the region with the most
-   tokens) and decode attention. Candidates that differ only in their FIFO depths
-   share one evaluation (the published on-chip accounting does not count FIFOs).
+   and its PMU reads of loaded weight tiles), and the busiest HBM channel's 64-byte requests. The request bound
+   is the tight one for memory-bound layers with a region per expert, the compute and load bounds for
+   time-multiplexed MoE layers (padded static tiles, small tiles against weight tiles, the region with the most
+   tokens) and decode attention. Candidates that differ only in their FIFO depths share one evaluation (the
+   published on-chip accounting does not count FIFOs).
 2. **Budgets**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are dropped.
 3. **Simulation in rounds** (``mode = "simulate"`` sweeps into ``OUT/runs``), in order of promise (lowest cycle
    bound first, then on-chip bytes, then allocated compute): before each round, a candidate whose *optimistic*
