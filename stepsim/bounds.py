@@ -210,7 +210,7 @@ def _firing_cycles(op, mean_flops: Fraction, reads: int, workload: Workload) -> 
     if len(ragged) != 1:  # max(reads, mean) is at most the mean of the maxima, so this is a bound too
         return max(Fraction(reads), mean_flops / op.compute_bw)
     (symbol,) = ragged
-    bindings = {**workload.bindings, **workload.mean_tile_rows()}
+    bindings = workload.flop_bindings()
     costs = [max(Fraction(reads), _fraction(evaluate_exact(expr, {**bindings, symbol: rows},
                                                            f"FLOPs of {op.name}")) / op.compute_bw)
              for rows in workload.tile_rows[symbol]]

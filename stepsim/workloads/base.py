@@ -100,7 +100,7 @@ class Workload:
         ``{symbol: tuple of ints}``: the rows of every tile of a ragged tile dimension that ``bindings`` binds,
         for sizing, to the largest of several tiles (a time-multiplexed region's merged dynamic tiles, one per
         member expert with tokens). Every tile fires the operators that see it equally often, so the mean
-        (:meth:`mean_tile_rows`) makes tiles x rows the exact sum of FLOPs (:meth:`op_flops`), and
+        (:meth:`flop_bindings`) makes tiles x rows the exact sum of FLOPs (:meth:`op_flops`), and
         :mod:`stepsim.bounds` charges each tile its own firing costs.
     balanced_units : list
         Regions among which a dispatcher assigns the work during the run (dynamic parallelization), one entry
@@ -147,7 +147,7 @@ class Workload:
         """
         c = convention(on_chip_convention)
         self.graph.finalize()
-        exact_bindings = {**self.bindings, **self.mean_tile_rows()}
+        exact_bindings = self.flop_bindings()
         out = {}
         for op in self.graph.ops:
             name, flops = op.name, op.flops()
@@ -160,9 +160,11 @@ class Workload:
             out[name] = OpValues(*values, exact)
         return out
 
-    def mean_tile_rows(self) -> dict:
-        """``{symbol: mean rows}`` of :attr:`tile_rows` (an exact Fraction; 0 for a dimension without tiles)."""
-        return {s: Fraction(sum(rows), len(rows)) if rows else Fraction(0) for s, rows in self.tile_rows.items()}
+    def flop_bindings(self) -> dict:
+        """``bindings`` with each :attr:`tile_rows` dimension bound to its mean rows (an exact Fraction; 0 for a
+        dimension without tiles): the values under which an operator's FLOPs are its exact total."""
+        means = {s: Fraction(sum(rows), len(rows)) if rows else Fraction(0) for s, rows in self.tile_rows.items()}
+        return {**self.bindings, **means}
 
     def op_flops(self, values: dict | None = None) -> dict:
         """``{op name: exact FLOPs}`` of every FLOP-based compute operator (``OpValues.exact_flops``), from

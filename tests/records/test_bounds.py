@@ -148,8 +148,8 @@ def test_pmu_reads_bound_small_merged_tiles(shared_traces):
               "regions": 1}
     workload = workload_from_config(config)
     hardware = resolve_hardware(config, workload)
-    flops_only = max(f / op.compute_bw for op in workload.graph.ops
-                     for name, f in workload.op_flops().items() if name == op.name)
+    bandwidth = {op.name: getattr(op, "compute_bw", None) for op in workload.graph.ops}
+    flops_only = max(f / bandwidth[name] for name, f in workload.op_flops().items())
     sim = simulate(workload, hardware=hardware)
     busy = int(sim.unit_counters[:, 1].max())
     assert (flops_only, compute_unit_cycles(workload, hardware), busy, sim.cycles) == \
