@@ -14,5 +14,16 @@ One module per purpose:
 * :mod:`~stepsim.reproduce.driver` ties them together; :mod:`~stepsim.reproduce.cli` is the command.
 """
 
-from stepsim.reproduce.driver import CHOICES, EXPERIMENTS, JSON_KEYS, ExperimentResult, reproduce
-from stepsim.reproduce.errors import RunFailedError, TracesLayoutError
+import importlib
+
+#: public names -> the module that defines them; imported on first use (PEP 562), so that ``stepsim reproduce``
+#: can start its worker pool before the experiments' heavy dependencies load (stepsim.reproduce.cli)
+_EXPORTS = {"CHOICES": "names", "EXPERIMENTS": "driver", "JSON_KEYS": "driver", "ExperimentResult": "driver",
+            "reproduce": "driver", "RunFailedError": "errors", "TracesLayoutError": "errors"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from stepsim.reproduce.driver import CHOICES, reproduce
+from stepsim.reproduce.names import CHOICES
 
 
 def register(subparsers) -> None:
@@ -32,6 +32,12 @@ def register(subparsers) -> None:
 
 def _reproduce(args) -> int:
     start = time.perf_counter()
+    if isinstance(args.jobs, int) and args.jobs > 1:
+        # the pool's fork server preloads stepsim and the kernels while this process imports the experiments
+        from stepsim.forkserver import start_fork_server
+
+        start_fork_server(warm_kernels=True)
+    from stepsim.reproduce.driver import reproduce
 
     def progress(line: str) -> None:
         print(f"[reproduce] {line}", file=sys.stderr, flush=True)
@@ -49,6 +55,7 @@ def _reproduce(args) -> int:
             print(f"wrote {kind}: {path}")
         if r.figure_note:
             print(r.figure_note)
-        print(f"{r.name}: {r.simulations} simulations in {r.wall_s:.1f} s\n")
-    print(f"total wall time: {total:.1f} s ({', '.join(f'{r.name} {r.wall_s:.1f} s' for r in results)})")
+        print(f"{r.name}: {r.simulations} simulations, done {r.wall_s:.1f} s after the start\n")
+    print(f"total wall time: {total:.1f} s (experiments overlap on the workers; done after "
+          f"{', '.join(f'{r.name} {r.wall_s:.1f} s' for r in results)})")
     return 0

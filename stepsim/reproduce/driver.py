@@ -24,13 +24,12 @@ from stepsim.records import trace_sha256
 from stepsim.reproduce import dynamic_parallelization, dynamic_tiling, time_multiplexing, validation
 from stepsim.reproduce.execute import Runner, check_jobs
 from stepsim.reproduce.figures import PLOTTERS
+from stepsim.reproduce.names import ALL, CHOICES
 from stepsim.reproduce.output import write_headline, write_table
 
 #: experiment name -> module (plan, build_table, headline, summary, NAME, STEM, JSON_KEYS)
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (dynamic_tiling, time_multiplexing,
                                                             dynamic_parallelization, validation)}
-ALL = "all"
-CHOICES = (*EXPERIMENTS, ALL)
 #: every key ``--json`` may print, in print order
 JSON_KEYS = tuple(k for m in EXPERIMENTS.values() for k in m.JSON_KEYS)
 
@@ -58,7 +57,9 @@ class ExperimentResult:
     simulations : int
         Configurations simulated.
     wall_s : float
-        Wall time of the experiment (planning excluded; simulation, tables, files and figure included), seconds.
+        Seconds from the start of the simulations until this experiment's files and figure were written
+        (planning excluded). Experiments share one worker pool and overlap, so these are finish times, not
+        durations.
     """
 
     name: str
@@ -180,14 +181,14 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
     for line in apply_fifo_depths(plans, fifo_depths):
         if progress:
             progress(line)
-    results = []
-    with Runner(jobs) as runner:
+    results = {}
+    if progress:
         for name in names:
+            progress(f"{name}: {len(plans[name])} simulations on {jobs} worker{'s' if jobs > 1 else ''}")
+    start = time.perf_counter()
+    with Runner(jobs) as runner:
+        for name, records in runner.run_experiments(plans):
             module, points = EXPERIMENTS[name], plans[name]
-            if progress:
-                progress(f"{name}: {len(points)} simulations on {jobs} worker{'s' if jobs > 1 else ''}")
-            start = time.perf_counter()
-            records = runner.run(name, points)
             table = module.build_table(points, records)
             headline, details = module.headline(table)
             files = write_table(table, out, module.STEM, _provenance(module, points))
@@ -197,8 +198,8 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
                 files["figure"] = PLOTTERS[module.STEM](table, details, out / f"{module.STEM}.png")
             except ConfigError as exc:  # matplotlib missing: the tables are still useful
                 note = f"figure skipped: {exc}"
-            results.append(ExperimentResult(name=name, table=table, headline=headline, details=details,
-                                            summary=module.summary(table, headline, details), files=files,
-                                            figure_note=note, simulations=len(points),
-                                            wall_s=time.perf_counter() - start))
-    return results
+            results[name] = ExperimentResult(name=name, table=table, headline=headline, details=details,
+                                             summary=module.summary(table, headline, details), files=files,
+                                             figure_note=note, simulations=len(points),
+                                             wall_s=time.perf_counter() - start)
+    return [results[name] for name in names]

@@ -10,7 +10,7 @@ completion order, so tables do not depend on ``jobs``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stepsim.errors import ConfigError
@@ -48,13 +48,23 @@ def check_jobs(jobs) -> None:
         raise ConfigError(f"--jobs must be an int >= 1, got {jobs!r}")
 
 
+def _records(experiment: str, points: Sequence[Point], outcomes: list[dict]) -> list[RunResult]:
+    """The records of ``outcomes`` (one per point); RunFailedError naming the first failed point."""
+    for point, outcome in zip(points, outcomes):
+        if outcome["status"] != OK:
+            raise RunFailedError(f"{experiment}: point {point.describe()} failed: "
+                                 f"{outcome['error_type']}: {outcome['error_message']}")
+    return [outcome["record"] for outcome in outcomes]
+
+
 class Runner:
     """Runs lists of :class:`Point` s; a context manager that owns its worker pool (if any).
 
     Parameters
     ----------
     jobs : int
-        1: run in this process. More: that many worker processes, started at the first :meth:`run`.
+        1: run in this process. More: that many worker processes, started at the first
+        :meth:`run_experiments`.
     """
 
     def __init__(self, jobs: int = 1):
@@ -62,8 +72,15 @@ class Runner:
         self.jobs = jobs
         self._executor = None
 
-    def run(self, experiment: str, points: Sequence[Point]) -> list[RunResult]:
-        """Simulate every point; return their records in the order of ``points``.
+    def run_experiments(self, plans: Mapping[str, Sequence[Point]]) -> Iterator[tuple[str, list[RunResult]]]:
+        """Simulate every experiment's points; yield ``(experiment, records in the order of its points)`` as each
+        experiment's last point finishes.
+
+        With a worker pool, every point of every experiment is submitted at once (in plan order: the paper's
+        large MoE experiments first, the many small points last, which keeps the pool's tail short), so the
+        workers go on with the next experiment while the caller writes this one's files and figure; one
+        experiment at a time left them idle during every figure and at every experiment's tail. Experiments
+        then finish in any order; each one's records are still in the order of its points.
 
         Raises
         ------
@@ -72,30 +89,31 @@ class Runner:
         WorkerLostError
             A worker process died.
         """
-        configs = [{**p.config, "mode": "simulate"} for p in points]
+        configs = {name: [{**p.config, "mode": "simulate"} for p in points] for name, points in plans.items()}
         if self.jobs == 1:
-            outcomes = [run_task(c) for c in configs]
-        else:
-            outcomes = self._run_pool(configs)
-        records = []
-        for point, outcome in zip(points, outcomes):
-            if outcome["status"] != OK:
-                raise RunFailedError(f"{experiment}: point {point.describe()} failed: "
-                                     f"{outcome['error_type']}: {outcome['error_message']}")
-            records.append(outcome["record"])
-        return records
-
-    def _run_pool(self, configs: list[dict]) -> list[dict]:
+            for name, points in plans.items():
+                yield name, _records(name, points, [run_task(c) for c in configs[name]])
+            return
         from stepsim.sweep.executors import make_executor
         from stepsim.sweep.grid import Task
 
+        owners, tasks = [], []
+        for name, experiment_configs in configs.items():
+            for i, config in enumerate(experiment_configs):
+                owners.append((name, i))
+                tasks.append(Task(index=len(tasks), config=config, run_id=run_identity(config)[0]))
+        outcomes = {name: [None] * len(c) for name, c in configs.items()}
+        left = {name: len(c) for name, c in configs.items()}
+        for name in [n for n, count in left.items() if count == 0]:
+            yield name, []
         if self._executor is None:
             self._executor = make_executor("local", jobs=self.jobs, warm_kernels=True)
-        tasks = [Task(index=i, config=c, run_id=run_identity(c)[0]) for i, c in enumerate(configs)]
-        outcomes: list[dict | None] = [None] * len(tasks)
-        for task, outcome in self._executor.imap_unordered(tasks):
-            outcomes[task.index] = outcome
-        return outcomes
+        for task, outcome in self._executor.imap_unordered(tasks, in_flight=len(tasks)):
+            name, i = owners[task.index]
+            outcomes[name][i] = outcome
+            left[name] -= 1
+            if left[name] == 0:
+                yield name, _records(name, plans[name], outcomes[name])
 
     def close(self, *, abort: bool = False) -> None:
         """Stop the worker pool (if one was started); ``abort`` terminates running tasks instead of waiting."""

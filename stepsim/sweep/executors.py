@@ -10,23 +10,21 @@ so a re-run simply picks those tasks up).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING
 
 from stepsim.errors import ConfigError, StepsimError
-from stepsim.sweep.grid import Task
+from stepsim.forkserver import start_fork_server
 from stepsim.sweep.tasks import init_local_worker, run_task
 
+if TYPE_CHECKING:
+    from stepsim.sweep.grid import Task
+
 EXECUTORS = ("local", "dask")
-#: modules the fork server imports once so forked workers start with them loaded (the worker code, the
-#: record builder with sympy and the workloads, the engine module with numba)
-FORKSERVER_PRELOAD = ("stepsim.sweep.tasks", "stepsim.records", "stepsim.simulate", "stepsim.kernels.engine")
-#: imported too for simulation sweeps: loads the engine kernels in the fork server (see that module)
-FORKSERVER_WARM = "stepsim.sweep.forkserver_preload"
 #: tasks kept submitted per worker: one running plus one queued, so a worker never waits for the parent
 IN_FLIGHT_PER_WORKER = 2
 
@@ -49,20 +47,6 @@ def default_jobs() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(len(os.sched_getaffinity(0)), 1)
     return max(os.cpu_count() or 1, 1)
-
-
-def start_method() -> str:
-    """Start method of local workers: ``forkserver`` where the OS has it, else ``spawn``.
-
-    Not ``fork``: when the pool starts, the parent may already run other threads (tqdm's monitor thread,
-    pyarrow's thread pool after reading existing results, a Dask client's event loop in the same program), and a
-    forked child inherits every lock those threads held at that instant with no thread to release it, an
-    occasional deadlock (Python 3.12 warns about exactly this). The numba engine starts no threads of its own,
-    but that does not make the parent single-threaded. The fork server is a clean single-threaded process that
-    forks the workers, which also starts them faster than ``spawn``: it imports stepsim (and, for simulation
-    sweeps, loads the engine kernels) once, and every worker is forked with them in memory.
-    """
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 class WindowedExecutor(ABC):
@@ -95,8 +79,12 @@ class WindowedExecutor(ABC):
         for future in futures:
             future.cancel()
 
-    def imap_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
+    def imap_unordered(self, tasks: Iterable[Task], *, in_flight: int | None = None) -> Iterator[tuple[Task, dict]]:
         """Yield ``(task, outcome)`` as tasks finish (completion order, not grid order).
+
+        ``in_flight`` overrides the window of :data:`IN_FLIGHT_PER_WORKER` ``* jobs`` submitted tasks. A caller
+        with a short, known task list and slow work between two results (``stepsim reproduce`` draws figures)
+        submits them all, so the workers never wait for it.
 
         Raises
         ------
@@ -104,22 +92,22 @@ class WindowedExecutor(ABC):
             A worker died; the message names a task that was running and how many did not finish.
         """
         pending = iter(tasks)
-        in_flight: dict = {}
-        limit = IN_FLIGHT_PER_WORKER * self.jobs
+        submitted: dict = {}
+        limit = in_flight or IN_FLIGHT_PER_WORKER * self.jobs
 
         def refill():
-            while len(in_flight) < limit and (task := next(pending, None)) is not None:
-                in_flight[self._submit(task)] = task
+            while len(submitted) < limit and (task := next(pending, None)) is not None:
+                submitted[self._submit(task)] = task
 
         try:
             refill()
-            while in_flight:
-                for future in self._wait_first(list(in_flight)):
-                    task = in_flight.pop(future)
-                    yield task, self._outcome(future, task, len(in_flight) + 1)
+            while submitted:
+                for future in self._wait_first(list(submitted)):
+                    task = submitted.pop(future)
+                    yield task, self._outcome(future, task, len(submitted) + 1)
                 refill()
         finally:
-            self._cancel(list(in_flight))
+            self._cancel(list(submitted))
 
     def __enter__(self):
         return self
@@ -147,10 +135,7 @@ class LocalExecutor(WindowedExecutor):
 
     def __init__(self, jobs: int, *, warm_kernels: bool):
         self.jobs = check_jobs(jobs)
-        context = multiprocessing.get_context(start_method())
-        if context.get_start_method() == "forkserver":
-            # takes effect only if this process has not started its (process-wide) fork server yet
-            context.set_forkserver_preload([*FORKSERVER_PRELOAD, *([FORKSERVER_WARM] if warm_kernels else [])])
+        context = start_fork_server(warm_kernels=warm_kernels)  # a no-op if a command started it earlier
         self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=init_local_worker,
                                          initargs=(warm_kernels, os.getpid()))
 

@@ -1,6 +1,6 @@
 """Imported by the local pool's fork server, and only there: load the engine kernels once, before any fork.
 
-The fork server (see :func:`stepsim.sweep.executors.start_method`) imports the modules named in its preload
+The fork server (see :func:`stepsim.forkserver.start_method`) imports the modules named in its preload
 list once, then forks every worker from itself, so each worker starts with the kernels already in memory
 instead of loading them from numba's disk cache on its own (about a second of CPU per worker). With a cold
 cache it matters more: the engine is compiled once here, not by every worker at the same time. Loading at

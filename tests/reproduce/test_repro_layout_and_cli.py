@@ -3,6 +3,7 @@
 import functools
 import json
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -10,13 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 from repro_traces import KV_B16, tiny_traces
 
-import stepsim.reproduce.cli as reproduce_cli
 from stepsim.cli import main
 from stepsim.errors import ConfigError, StepsimError
 from stepsim.reproduce import JSON_KEYS, RunFailedError, TracesLayoutError, reproduce
+from stepsim.reproduce.driver import EXPERIMENTS
 from stepsim.reproduce.driver import reproduce as driver_reproduce
 from stepsim.reproduce.execute import Runner
 from stepsim.reproduce.layout import kv_windows, routing_files
+from stepsim.reproduce.names import EXPERIMENT_NAMES
 
 pytestmark = pytest.mark.traces
 
@@ -121,9 +123,18 @@ def test_cli_errors_exit_2_with_one_line_naming_the_problem(tmp_path, capsys):
         f"kv_lengths/b<B>/<trace>_stdev<SSSS>_<start>_<end>.npy, as in ../shared/traces)\n"
 
 
+def test_the_command_module_loads_without_the_experiments_dependencies():
+    # stepsim reproduce --jobs N starts its pool's fork server before it imports them (stepsim/forkserver.py)
+    code = ("import sys, stepsim.reproduce.cli; "
+            "print(sorted(m for m in ('sympy', 'pyarrow', 'numba', 'numpy', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "[]\n"
+    assert tuple(EXPERIMENTS) == EXPERIMENT_NAMES
+
+
 def test_cli_all_json_prints_exactly_the_five_headline_keys(shared_traces, tmp_path, capsys, monkeypatch):
     traces = tiny_traces(shared_traces, tmp_path / "traces")
-    monkeypatch.setattr(reproduce_cli, "reproduce", functools.partial(driver_reproduce, options=SMALLEST))
+    monkeypatch.setattr("stepsim.reproduce.driver.reproduce", functools.partial(driver_reproduce, options=SMALLEST))
     assert main(["reproduce", "all", "--traces", str(traces), "--out", str(tmp_path / "out"), "--json"]) == 0
     captured = capsys.readouterr()
     headline = json.loads(captured.out)
@@ -150,7 +161,7 @@ def test_cli_single_experiment_json_holds_only_its_keys_and_text_mode_reports_fi
     assert main(["reproduce", "validation", "--traces", str(traces), "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"wrote csv: {out / 'validation.csv'}" in text and "Pearson r(simulated cycles, roofline bound)" in text
-    assert "validation: 15 simulations in" in text and text.rstrip().splitlines()[-1].startswith("total wall time:")
+    assert "validation: 15 simulations, done " in text and text.rstrip().splitlines()[-1].startswith("total wall time:")
 
 
 def test_missing_matplotlib_skips_the_figure_with_an_install_hint(tmp_path, monkeypatch):
