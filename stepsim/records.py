@@ -95,6 +95,7 @@ from stepsim._version import __version__
 from stepsim.bounds import cycle_bounds
 from stepsim.defaults import TIMING_MODEL_VERSION, UNSET, WORKLOAD_CHANNEL_DEPTH, resolve_channel_depth
 from stepsim.errors import ConfigError
+from stepsim.graph.gcpause import gc_paused
 from stepsim.hardware import Hardware
 from stepsim.results import (
     TRACE_HASH_KEY,
@@ -570,6 +571,7 @@ def _channel_table(run_id: str, sim) -> pa.Table:
 
 
 # --- running and collecting -------------------------------------------------------------------------------
+@gc_paused  # the build, lowering and records allocate long-lived objects: see stepsim.graph.gcpause
 def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).

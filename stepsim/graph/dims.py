@@ -102,8 +102,12 @@ def ceil_div(d: Dim, s: int) -> Dim:
     if _plain_count(d):
         # floor's evaluation asks sympy's assumption system about the sum (milliseconds per call); for a
         # non-negative integer symbol it leaves floor(d/s + (s-1)/s) as it is (or d for s = 1), so build that
-        # directly (tests/graph check it is the same expression for s up to 1100)
-        return d if s == 1 else sp.floor((d + s - 1) / sp.Integer(s), evaluate=False)
+        # tree directly, in sympy's canonical argument order (the number first), without the arithmetic that
+        # would canonicalize it (tests/graph check it is the same tree for s up to 1100)
+        if s == 1:
+            return d
+        inner = sp.Add(sp.Rational(s - 1, s), sp.Mul(sp.Rational(1, s), d, evaluate=False), evaluate=False)
+        return sp.floor(inner, evaluate=False)
     return normalize(sp.floor((d + s - 1) / sp.Integer(s)))
 
 
@@ -128,6 +132,15 @@ def product(dims: Iterable[Dim]) -> Dim:
     for d in dims:
         out = normalize(out * normalize(d))
     return out
+
+
+def dim_sum(dims: Iterable[Dim]) -> Dim:
+    """Sum of dimensions, an int when all are static. Symbolic terms go into one sympy ``Add``: adding them one
+    at a time re-canonicalizes the growing sum each time (quadratic in the terms; the same tree either way)."""
+    terms = [normalize(d) for d in dims]
+    static = sum(t for t in terms if isinstance(t, int))
+    symbolic = [t for t in terms if not isinstance(t, int)]
+    return normalize(sp.Add(static, *symbolic)) if symbolic else static
 
 
 def fmt_dim(d: Dim) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import dims_equal, fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
+from stepsim.graph.dims import dim_sum, dims_equal, fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
 from stepsim.graph.dtypes import DynTile, Selector, Tile, size_in_bytes
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.stream import Stream
@@ -134,13 +134,12 @@ class EagerMerge(Op):
         if not isinstance(rank, int) or not 0 <= rank <= first.rank:
             raise self._error(ArgumentError, f"rank must be between 0 and the input rank {first.rank}, got {rank!r}")
         inner = first.shape[len(first.shape) - rank:]
-        total = 0
         dtype = self._merged_dtype([s.dtype for s in ins])
         for i, s in enumerate(ins):
             if rank > s.rank or not shapes_equal(s.shape[len(s.shape) - rank:], inner):
                 raise self._error(
                     ShapeError, f"input {i} {fmt_shape(s.shape)} must share the inner {rank} dims {fmt_shape(inner)}")
-            total = normalize(total + product(s.shape[:len(s.shape) - rank]))
+        total = dim_sum(product(s.shape[:len(s.shape) - rank]) for s in ins)
         self.rank = rank
         self._finish([Stream(dtype, (total,) + inner), Stream(Selector(len(ins)), (total,))])
 

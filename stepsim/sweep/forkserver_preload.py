@@ -10,7 +10,14 @@ engine starts no threads (no ``parallel=True`` kernels).
 Each worker's initializer still calls :func:`stepsim.sweep.tasks.load_kernels` (a no-op when the kernels came
 with the fork), so a failure here costs only time: it is swallowed, because an exception would take the fork
 server down, and the worker's own attempt reports it.
+
+Afterwards everything loaded so far (about 200,000 objects of sympy, numba and stepsim) is moved to the
+collector's permanent generation (``gc.freeze``, as the :mod:`gc` documentation advises before forking): the
+workers' collections then never walk them, which also keeps the pages they share with the server from being
+copied. In a ``stepsim reproduce`` run the workers' collections took 0.6 s before, 0.3 s after.
 """
+
+import gc
 
 from stepsim.sweep.tasks import load_kernels
 
@@ -18,3 +25,4 @@ try:
     load_kernels()
 except Exception:  # noqa: BLE001, S110 - see the module docstring
     pass
+gc.freeze()
