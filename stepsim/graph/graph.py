@@ -172,6 +172,17 @@ class Op:
         """Floating-point operations over the whole stream (see :mod:`stepsim.graph.functions`)."""
         return 0
 
+    def off_chip_bytes_factors(self) -> tuple:
+        """Factors whose product is :meth:`off_chip_bytes`: a memory operator's stream dims and its bytes per
+        element. Evaluating them one by one gives the exact value without building the sympy product
+        (:meth:`stepsim.workloads.base.Workload.op_values`)."""
+        return (self.off_chip_bytes(),)
+
+    def flops_factors(self) -> tuple:
+        """Factors whose product is :meth:`flops`: a compute operator's firing count dims and one firing's
+        FLOPs (see :meth:`off_chip_bytes_factors`)."""
+        return (self.flops(),)
+
     def __repr__(self) -> str:
         return f"<{self.name}: " + ", ".join(str(s) for s in self.outputs) + ">"
 

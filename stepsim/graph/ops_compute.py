@@ -9,7 +9,7 @@ artifact's attention graphs use them (the reference simulator would panic dividi
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, shapes_equal
+from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
 from stepsim.graph.dtypes import TupleType, is_tile, size_in_bytes, tile
 from stepsim.graph.functions import Empty, Function, Matmul, RowStreamify, Zero
 from stepsim.graph.graph import PUBLISHED, Op
@@ -95,8 +95,11 @@ class Map(Op):
         """FLOPs of one firing (one element of each input)."""
         return self.fn.flops(self.operand_types)
 
+    def flops_factors(self):
+        return (*self.inputs[0].stream.shape, self.firing_flops())
+
     def flops(self):
-        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
+        return product(self.flops_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         if not convention.count_fifos:
@@ -149,8 +152,11 @@ class Accum(Op):
         """FLOPs of one firing (folding one input element into the accumulator)."""
         return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
 
+    def flops_factors(self):
+        return (*self.inputs[0].stream.shape, self.firing_flops())
+
     def flops(self):
-        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
+        return product(self.flops_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         out = size_in_bytes(self.out_dtype)
@@ -191,8 +197,11 @@ class MapAccum(Op):
         a, b = (r.stream for r in self.inputs)
         return self.fn.flops((a.dtype, b.dtype))
 
+    def flops_factors(self):
+        return (*self.inputs[0].stream.shape, self.firing_flops())
+
     def flops(self):
-        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
+        return product(self.flops_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         out = size_in_bytes(self.stream.dtype)
@@ -235,8 +244,11 @@ class Scan(Op):
         """FLOPs of one firing (folding one input element into the accumulator)."""
         return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
 
+    def flops_factors(self):
+        return (*self.inputs[0].stream.shape, self.firing_flops())
+
     def flops(self):
-        return normalize(self.inputs[0].stream.total_elements() * self.firing_flops())
+        return product(self.flops_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return size_in_bytes(self.out_dtype)

@@ -153,8 +153,11 @@ class LinearOffChipLoad(_MemoryOp):
     def has_ref(self) -> bool:
         return bool(self.inputs)
 
+    def off_chip_bytes_factors(self):
+        return (*self.stream.shape, self.tile_bytes())
+
     def off_chip_bytes(self):
-        return normalize(self.stream.total_elements() * self.tile_bytes())
+        return product(self.off_chip_bytes_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return self.tile_bytes() * (2 if convention.mode == 2 else 1)
@@ -184,9 +187,12 @@ class LinearOffChipStore(_MemoryOp):
                 normalize(tiled[-2] * s.dtype.rows), normalize(tiled[-1] * s.dtype.cols))
         self._finish([])
 
-    def off_chip_bytes(self):
+    def off_chip_bytes_factors(self):
         s = self.inputs[0].stream
-        return normalize(s.total_elements() * s.dtype.size_in_bytes())
+        return (*s.shape, s.dtype.size_in_bytes())
+
+    def off_chip_bytes(self):
+        return product(self.off_chip_bytes_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         b = self.inputs[0].stream.dtype.size_in_bytes()
@@ -213,8 +219,11 @@ class RandomOffChipLoad(_MemoryOp):
         self.stream_dtype = stream_dtype or tensor.dtype
         self._finish([Stream(Tile(self.stream_dtype, self.tile_rows, self.tile_cols), a.shape)])
 
+    def off_chip_bytes_factors(self):
+        return (*self.stream.shape, self.tile_bytes())
+
     def off_chip_bytes(self):
-        return normalize(self.stream.total_elements() * self.tile_bytes())
+        return product(self.off_chip_bytes_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return self.tile_bytes() * (2 if convention.mode == 2 else 1)
@@ -254,8 +263,11 @@ class RandomOffChipStore(_MemoryOp):
         self.ack_based_on_waddr = bool(ack_based_on_waddr)
         self._finish([Stream(BOOL, a.shape if ack_based_on_waddr else d.shape)])
 
+    def off_chip_bytes_factors(self):
+        return (*self.stream.shape, self.tile_bytes())
+
     def off_chip_bytes(self):
-        return normalize(self.stream.total_elements() * self.tile_bytes())
+        return product(self.off_chip_bytes_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return self.tile_bytes() * self.buffer_depth * (2 if convention.mode == 2 else 1)

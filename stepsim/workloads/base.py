@@ -44,33 +44,26 @@ def evaluate(expr, bindings: dict, what: str = "value") -> int:
     return as_int(substitute(expr, bindings), what)
 
 
-def op_flops_value(op, bindings: dict, what: str) -> int | Fraction:
-    """``op.flops()`` evaluated with ``bindings`` (which may hold exact Fractions): an int or a Fraction.
+def factors_value(factors: tuple, metric, bindings: dict, what: str) -> int | Fraction:
+    """The value of an operator's ``metric()`` with ``bindings`` (which may hold exact Fractions), from its
+    ``factors`` (whose product ``metric()`` is), an int or a Fraction.
 
-    A Map, Accum or MapAccum fires once per element of its first input, so its FLOPs are that stream's
-    element count times one firing's FLOPs (``flops()`` is exactly that product). Each factor is evaluated on
-    its own: building the sympy product of a symbolic shape and a tile's FLOPs cost about a tenth of a
-    ``stepsim reproduce`` run, and the product of the exact values is the exact value of the product. Any
-    other operator, or a factor the numeric evaluator cannot handle, goes through the expression."""
-    if hasattr(op, "firing_flops"):
-        try:
-            value = exact_value(op.firing_flops(), bindings)
-            for d in op.inputs[0].stream.shape:
-                value = value * exact_value(d, bindings)
-            return value
-        except (Unsupported, Unbound):
-            pass
-    return evaluate_exact(op.flops(), bindings, what)
+    Each factor is evaluated on its own: building the sympy product of a symbolic stream shape and a per-element
+    term (a firing's FLOPs, a tile's bytes) cost about a tenth of a ``stepsim reproduce`` run, and the product
+    of the exact values is the exact value of the product. A factor the numeric evaluator cannot handle sends
+    the whole metric through :func:`evaluate_exact`."""
+    try:
+        value = 1
+        for factor in factors:
+            value = value * exact_value(factor, bindings)
+        return int(value) if isinstance(value, Fraction) and value.denominator == 1 else value
+    except (Unsupported, Unbound):
+        return evaluate_exact(metric(), bindings, what)
 
 
-def _int_if_whole(value: int | Fraction) -> int | Fraction:
-    return int(value) if isinstance(value, Fraction) and value.denominator == 1 else value
-
-
-def _as_int_or_raise(value: int | Fraction, op, bindings: dict, what: str) -> int:
-    """``value`` as an int; a non-integer goes through :func:`evaluate` of ``op.flops()`` for its error."""
-    value = _int_if_whole(value)
-    return value if isinstance(value, int) else evaluate(op.flops(), bindings, what)
+def _whole(value: int | Fraction, metric, bindings: dict, what: str) -> int:
+    """``value`` if it is an int; else :func:`evaluate` of ``metric()``, which raises the MetricError."""
+    return value if isinstance(value, int) else evaluate(metric(), bindings, what)
 
 
 class OpValues(NamedTuple):
@@ -172,21 +165,23 @@ class Workload:
         ``exact_flops`` (FLOP-based compute operators only, else None) is what the engine's cost model charges
         the operator over the run, the sum over its firings of the function's FLOPs (docs/timing_model.md
         §3.3): ``flops`` evaluated with the mean of ``tile_rows`` over ``bindings``, an int or, where a mean is
-        bound, an exact Fraction. FLOPs are evaluated factor by factor (:func:`op_flops_value`).
+        bound, an exact Fraction. FLOPs and off-chip bytes are evaluated factor by factor (:func:`factors_value`).
         """
         c = convention(on_chip_convention)
         self.graph.finalize()
         exact_bindings = self.flop_bindings()
         out = {}
         for op in self.graph.ops:
-            name = op.name
-            off_chip = evaluate(op.off_chip_bytes(), self.bindings, f"off-chip bytes of {name}")
-            on_chip = evaluate(op.on_chip_bytes(c), self.bindings, f"on-chip bytes of {name}")
+            name, b = op.name, self.bindings
+            what = f"off-chip bytes of {name}"
+            off_chip = _whole(factors_value(op.off_chip_bytes_factors(), op.off_chip_bytes, b, what),
+                              op.off_chip_bytes, b, what)
+            on_chip = evaluate(op.on_chip_bytes(c), b, f"on-chip bytes of {name}")
             what = f"FLOPs of {name}"
-            flops = _as_int_or_raise(op_flops_value(op, self.bindings, what), op, self.bindings, what)
+            flops = _whole(factors_value(op.flops_factors(), op.flops, b, what), op.flops, b, what)
             exact = None
             if flop_based(op):
-                exact = _int_if_whole(op_flops_value(op, exact_bindings, what)) if self.tile_rows else flops
+                exact = factors_value(op.flops_factors(), op.flops, exact_bindings, what) if self.tile_rows else flops
             out[name] = OpValues(off_chip, on_chip, flops, exact)
         return out
 
