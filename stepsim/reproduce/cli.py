@@ -1,6 +1,7 @@
 """``stepsim reproduce EXPERIMENT --traces DIR --out DIR [--jobs N] [--json]``.
 
-Prints each experiment's table, its headline numbers and the files written, then the wall times. With
+Prints each experiment's table, its headline numbers and the files written, then when each experiment was done
+(with ``--jobs`` above 1 the experiments share the workers and overlap). With
 ``--json`` stdout is one JSON object holding only the headline numbers of the experiments that ran (keys of
 :data:`stepsim.reproduce.driver.JSON_KEYS`); progress lines go to stderr either way.
 """
@@ -56,6 +57,5 @@ def _reproduce(args) -> int:
         if r.figure_note:
             print(r.figure_note)
         print(f"{r.name}: {r.simulations} simulations, done {r.wall_s:.1f} s after the start\n")
-    print(f"total wall time: {total:.1f} s (experiments overlap on the workers; done after "
-          f"{', '.join(f'{r.name} {r.wall_s:.1f} s' for r in results)})")
+    print(f"total wall time: {total:.1f} s (done after: {', '.join(f'{r.name} {r.wall_s:.1f} s' for r in results)})")
     return 0
