@@ -21,7 +21,7 @@ ROUTING = np.random.default_rng(5).integers(0, 8, size=(64, 2))
 ROUTING[:, 1] = (ROUTING[:, 0] + 1 + ROUTING[:, 1] % 7) % 8
 
 
-@pytest.mark.parametrize("make", [
+WORKLOADS = [
     lambda: build_moe(moe_model("mixtral"), ROUTING, tiling="static", tile_n=16),
     lambda: build_moe(moe_model("mixtral"), ROUTING, tiling="dynamic"),
     lambda: build_moe(moe_model("mixtral"), ROUTING, tiling="static", tile_n=32, regions=2, tile_f=64),
@@ -31,8 +31,12 @@ ROUTING[:, 1] = (ROUTING[:, 0] + 1 + ROUTING[:, 1] % 7) % 8
     lambda: build_attention(np.arange(1, 65) * 37, "coarse"),
     lambda: build_attention(np.arange(1, 17) * 211, "interleave", softmax="stable"),
     lambda: build_swiglu(tile_m=32, tile_n=64),
-], ids=["moe-static", "moe-dynamic", "moe-timeshared-static", "moe-timeshared-dynamic", "attention-dynamic",
-        "attention-coarse", "attention-interleave-stable", "swiglu"])
+]
+IDS = ["moe-static", "moe-dynamic", "moe-timeshared-static", "moe-timeshared-dynamic", "attention-dynamic",
+       "attention-coarse", "attention-interleave-stable", "swiglu"]
+
+
+@pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
 def test_numeric_equals_sympy_on_every_operator(make):
     w = make()
     w.graph.finalize()
@@ -57,3 +61,25 @@ def test_numeric_exactness_and_fallbacks():
         exact_value(x + y, {x: 1})
     with pytest.raises(Unsupported):
         exact_value(sp.sin(x), {x: 1})
+
+
+@pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
+def test_op_values_evaluated_factor_by_factor_equal_sympy_substitution(make):
+    """op_values evaluates FLOPs and off-chip bytes from their factors (firing count dims x one firing's FLOPs,
+    stream dims x bytes per element) without building the product: the same ints as substituting into the
+    whole expression, and for exact FLOPs the same value under the tile_rows means."""
+    w = make()
+    values = w.op_values()
+    means = w.flop_bindings()
+    factored = 0
+    for op in w.graph.ops:
+        v = values[op.name]
+        assert v.off_chip_bytes == int(substitute(op.off_chip_bytes(), w.bindings)), op.name
+        assert v.on_chip_bytes == int(substitute(op.on_chip_bytes(convention(PUBLISHED)), w.bindings)), op.name
+        assert v.flops == int(substitute(op.flops(), w.bindings)), op.name
+        if v.exact_flops is not None:
+            exact = sp.sympify(substitute(op.flops(), means))
+            assert v.exact_flops == Fraction(int(exact.p), int(exact.q)), op.name
+            assert type(v.exact_flops) is (int if exact.q == 1 else Fraction), op.name
+        factored += len(op.flops_factors()) > 1 or len(op.off_chip_bytes_factors()) > 1
+    assert factored > len(w.graph.ops) // 10  # the factor path is the one exercised
