@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 
 def _reproduce(args) -> int:
     start = time.perf_counter()
-    if isinstance(args.jobs, int) and args.jobs > 1:
+    if args.jobs > 1:
         # the pool's fork server preloads stepsim and the kernels while this process imports the experiments
         from stepsim.forkserver import start_fork_server
 

@@ -23,7 +23,7 @@ from stepsim.errors import ConfigError
 from stepsim.records import trace_sha256
 from stepsim.reproduce import dynamic_parallelization, dynamic_tiling, time_multiplexing, validation
 from stepsim.reproduce.execute import Runner, check_jobs
-from stepsim.reproduce.figures import PLOTTERS
+from stepsim.reproduce.figures import PLOTTERS, require_matplotlib
 from stepsim.reproduce.names import ALL, CHOICES
 from stepsim.reproduce.output import write_headline, write_table
 
@@ -118,6 +118,17 @@ def apply_fifo_depths(plans: Mapping[str, list], files) -> list[str]:
     return lines
 
 
+def _import_matplotlib() -> None:
+    """Import matplotlib now, before the worker pool starts: the pool's fork server is still loading the kernels
+    (about 2 s after the command started), so this import (about half a second) costs no wall time here; later,
+    during the first figure, it would compete with both workers for the two cores. Missing, it is the figures'
+    business (they are skipped with a note)."""
+    try:
+        require_matplotlib()
+    except ConfigError:
+        pass
+
+
 def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int = 1,
               options: Mapping[str, Mapping] | None = None,
               progress: Callable[[str], None] | None = None, fifo_depths=()) -> list[ExperimentResult]:
@@ -181,6 +192,8 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
     for line in apply_fifo_depths(plans, fifo_depths):
         if progress:
             progress(line)
+    if jobs > 1:
+        _import_matplotlib()
     results = {}
     if progress:
         for name in names:
