@@ -19,8 +19,10 @@ copied. In a ``stepsim reproduce`` run the workers' collections took 0.6 s befor
 
 import gc
 
+from stepsim.kernels.target import skip_blas_probe
 from stepsim.sweep.tasks import load_kernels
 
+skip_blas_probe()  # the pool's workers run only stepsim's kernels (stepsim.kernels.target)
 try:
     load_kernels()
 except Exception:  # noqa: BLE001, S110 - see the module docstring
