@@ -56,7 +56,18 @@ def _check_rank(op: Op, rank, s: Stream) -> int:
     return rank
 
 
-class Map(Op):
+class _FiringOp(Op):
+    """A compute operator that fires once per element of its first input; subclasses give
+    ``firing_flops()``, the FLOPs of one firing."""
+
+    def flops_factors(self):
+        return (*self.inputs[0].stream.shape, self.firing_flops())
+
+    def flops(self):
+        return product(self.flops_factors())
+
+
+class Map(_FiringOp):
     """Apply ``fn`` to each element (``UnaryMap``) or to element pairs of two lock-stepped streams
     (``BinaryMap``), or to the elements of a tuple stream made by :class:`Zip`.
 
@@ -95,12 +106,6 @@ class Map(Op):
         """FLOPs of one firing (one element of each input)."""
         return self.fn.flops(self.operand_types)
 
-    def flops_factors(self):
-        return (*self.inputs[0].stream.shape, self.firing_flops())
-
-    def flops(self):
-        return product(self.flops_factors())
-
     def on_chip_bytes(self, convention=PUBLISHED):
         if not convention.count_fifos:
             return 0
@@ -125,7 +130,7 @@ def BinaryMap(graph, in1, in2, fn, **kw) -> Map:
     return Map(graph, [in1, in2], fn, **kw)
 
 
-class Accum(Op):
+class Accum(_FiringOp):
     """Reduce the inner ``rank`` dims with ``fn(acc, x)`` starting from ``init``; one output per group.
 
     Output ``in.shape[:-rank]`` of ``out_dtype`` (given by the caller as in the artifact; defaults to the
@@ -152,12 +157,6 @@ class Accum(Op):
         """FLOPs of one firing (folding one input element into the accumulator)."""
         return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
 
-    def flops_factors(self):
-        return (*self.inputs[0].stream.shape, self.firing_flops())
-
-    def flops(self):
-        return product(self.flops_factors())
-
     def on_chip_bytes(self, convention=PUBLISHED):
         out = size_in_bytes(self.out_dtype)
         if convention.count_fifos and convention.mode == 1:
@@ -165,7 +164,7 @@ class Accum(Op):
         return out
 
 
-class MapAccum(Op):
+class MapAccum(_FiringOp):
     """Fused Zip + Map + Accum over two lock-stepped inputs (the artifact's BinaryMapAccum).
 
     Typically the matmul reduction over K: ``acc += in1 @ in2``. Output ``in1.shape[:-rank]``. On-chip
@@ -197,12 +196,6 @@ class MapAccum(Op):
         a, b = (r.stream for r in self.inputs)
         return self.fn.flops((a.dtype, b.dtype))
 
-    def flops_factors(self):
-        return (*self.inputs[0].stream.shape, self.firing_flops())
-
-    def flops(self):
-        return product(self.flops_factors())
-
     def on_chip_bytes(self, convention=PUBLISHED):
         out = size_in_bytes(self.stream.dtype)
         if not convention.count_fifos:
@@ -218,7 +211,7 @@ class MapAccum(Op):
 BinaryMapAccum = MapAccum
 
 
-class Scan(Op):
+class Scan(_FiringOp):
     """Running reduction: like Accum but emits the accumulator after every element (paper Table 4).
 
     Output has the input's shape, of the accumulator's type; the accumulator resets at every group of the
@@ -243,12 +236,6 @@ class Scan(Op):
     def firing_flops(self):
         """FLOPs of one firing (folding one input element into the accumulator)."""
         return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
-
-    def flops_factors(self):
-        return (*self.inputs[0].stream.shape, self.firing_flops())
-
-    def flops(self):
-        return product(self.flops_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return size_in_bytes(self.out_dtype)

@@ -105,6 +105,13 @@ class _MemoryOp(Op):
         """Bytes of one tile in off-chip storage."""
         return self.tile_rows * self.tile_cols * self.tensor.dtype.bytes
 
+    def off_chip_bytes_factors(self):
+        """One tile per element of the output stream (a store overrides it with its input's elements)."""
+        return (*self.stream.shape, self.tile_bytes())
+
+    def off_chip_bytes(self):
+        return product(self.off_chip_bytes_factors())
+
 
 class LinearOffChipLoad(_MemoryOp):
     """Affine tiled read of ``tensor`` (the paper's LinearOffChipLoad; the artifact's OffChipLoad).
@@ -153,12 +160,6 @@ class LinearOffChipLoad(_MemoryOp):
     def has_ref(self) -> bool:
         return bool(self.inputs)
 
-    def off_chip_bytes_factors(self):
-        return (*self.stream.shape, self.tile_bytes())
-
-    def off_chip_bytes(self):
-        return product(self.off_chip_bytes_factors())
-
     def on_chip_bytes(self, convention=PUBLISHED):
         return self.tile_bytes() * (2 if convention.mode == 2 else 1)
 
@@ -191,9 +192,6 @@ class LinearOffChipStore(_MemoryOp):
         s = self.inputs[0].stream
         return (*s.shape, s.dtype.size_in_bytes())
 
-    def off_chip_bytes(self):
-        return product(self.off_chip_bytes_factors())
-
     def on_chip_bytes(self, convention=PUBLISHED):
         b = self.inputs[0].stream.dtype.size_in_bytes()
         return normalize(b * (2 if convention.mode == 2 else 1))
@@ -218,12 +216,6 @@ class RandomOffChipLoad(_MemoryOp):
         self.base_addr_byte = int(base_addr_byte)
         self.stream_dtype = stream_dtype or tensor.dtype
         self._finish([Stream(Tile(self.stream_dtype, self.tile_rows, self.tile_cols), a.shape)])
-
-    def off_chip_bytes_factors(self):
-        return (*self.stream.shape, self.tile_bytes())
-
-    def off_chip_bytes(self):
-        return product(self.off_chip_bytes_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return self.tile_bytes() * (2 if convention.mode == 2 else 1)
@@ -262,12 +254,6 @@ class RandomOffChipStore(_MemoryOp):
         self.buffer_depth = buffer_depth
         self.ack_based_on_waddr = bool(ack_based_on_waddr)
         self._finish([Stream(BOOL, a.shape if ack_based_on_waddr else d.shape)])
-
-    def off_chip_bytes_factors(self):
-        return (*self.stream.shape, self.tile_bytes())
-
-    def off_chip_bytes(self):
-        return product(self.off_chip_bytes_factors())
 
     def on_chip_bytes(self, convention=PUBLISHED):
         return self.tile_bytes() * self.buffer_depth * (2 if convention.mode == 2 else 1)

@@ -61,8 +61,10 @@ def factors_value(factors: tuple, metric, bindings: dict, what: str) -> int | Fr
         return evaluate_exact(metric(), bindings, what)
 
 
-def _whole(value: int | Fraction, metric, bindings: dict, what: str) -> int:
-    """``value`` if it is an int; else :func:`evaluate` of ``metric()``, which raises the MetricError."""
+def factors_int(factors: tuple, metric, bindings: dict, what: str) -> int:
+    """:func:`factors_value` that must be an int (bindings of ints): a non-integer goes through
+    :func:`evaluate` of ``metric()``, which raises the MetricError naming ``what``."""
+    value = factors_value(factors, metric, bindings, what)
     return value if isinstance(value, int) else evaluate(metric(), bindings, what)
 
 
@@ -173,15 +175,13 @@ class Workload:
         out = {}
         for op in self.graph.ops:
             name, b = op.name, self.bindings
-            what = f"off-chip bytes of {name}"
-            off_chip = _whole(factors_value(op.off_chip_bytes_factors(), op.off_chip_bytes, b, what),
-                              op.off_chip_bytes, b, what)
+            off_chip = factors_int(op.off_chip_bytes_factors(), op.off_chip_bytes, b, f"off-chip bytes of {name}")
             on_chip = evaluate(op.on_chip_bytes(c), b, f"on-chip bytes of {name}")
-            what = f"FLOPs of {name}"
-            flops = _whole(factors_value(op.flops_factors(), op.flops, b, what), op.flops, b, what)
+            flop_factors, what = op.flops_factors(), f"FLOPs of {name}"
+            flops = factors_int(flop_factors, op.flops, b, what)
             exact = None
             if flop_based(op):
-                exact = factors_value(op.flops_factors(), op.flops, exact_bindings, what) if self.tile_rows else flops
+                exact = factors_value(flop_factors, op.flops, exact_bindings, what) if self.tile_rows else flops
             out[name] = OpValues(off_chip, on_chip, flops, exact)
         return out
 
