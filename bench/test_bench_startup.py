@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,26 +162,44 @@ def test_cached_startup(benchmark, rounds, cold_allowed, tmp_path_factory, bench
 NUMBA_FLOOR = "import numba; from numba.core.registry import cpu_target; cpu_target.target_context.refresh()"
 
 
-def test_warm_run_swiglu_whole_process(benchmark, rounds, bench_summary):
-    """``stepsim run swiglu --json`` on a warm cache (the working tree's), whole process, against two baselines
-    in the same run: a bare interpreter and the numba floor (NUMBA_FLOOR). Best of ``rounds``, alternating."""
+def test_warm_run_swiglu_whole_process(benchmark, rounds, bench_summary, tmp_path):
+    """``stepsim run swiglu --json`` on a warm cache (the working tree's), whole process: in its own process
+    (``STEPSIM_SERVER=off``) and through a command server (``stepsim server start``, in a private folder),
+    against two baselines in the same run: a bare interpreter and the numba floor (NUMBA_FLOOR). Best of
+    ``rounds``, alternating. Both ways must print the same record but for its wall times."""
     from stepsim.kernels.api import _engine, _ensure_compiled
 
     _ensure_compiled(_engine())  # the working tree's cache is warm before timing
-    commands = {"python": [sys.executable, "-c", "pass"], "numba floor": [sys.executable, "-c", NUMBA_FLOOR],
-                "stepsim run swiglu": [sys.executable, "-m", "stepsim", "run", "swiglu", "--json"]}
+    folder = tempfile.mkdtemp(prefix="stepsim-bench-", dir="/tmp")  # short: socket paths are limited
+    served = dict(os.environ, STEPSIM_SERVER_DIR=folder, STEPSIM_SERVER="on")
+    alone = dict(served, STEPSIM_SERVER="off")
+    run = [sys.executable, "-m", "stepsim", "run", "swiglu", "--json"]
+    commands = {"python": ([sys.executable, "-c", "pass"], alone),
+                "numba floor": ([sys.executable, "-c", NUMBA_FLOOR], alone),
+                "stepsim run swiglu": (run, alone), "stepsim run swiglu, server": (run, served)}
     best = {name: float("inf") for name in commands}
+    outputs = {}
 
     def once():
-        for name, cmd in commands.items():
+        for name, (cmd, env) in commands.items():
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
             best[name] = min(best[name], time.perf_counter() - t0)
             assert proc.returncode == 0, proc.stderr
+            outputs[name] = proc.stdout
 
-    benchmark.pedantic(once, rounds=rounds(5), iterations=1, warmup_rounds=1)
-    run_s, floor_s = best["stepsim run swiglu"], best["numba floor"]
-    benchmark.extra_info.update({k.replace(" ", "_") + "_s": v for k, v in best.items()})
-    bench_summary("start-up", f"warm `stepsim run swiglu --json`: {run_s:.2f} s whole process; bare python "
-                              f"{best['python']:.2f} s; numba import + CPU target {floor_s:.2f} s "
-                              f"({run_s / floor_s:.2f}x the floor)")
+    start = subprocess.run([sys.executable, "-m", "stepsim", "server", "start", "--idle-timeout", "600"],
+                           env=served, cwd=tmp_path, capture_output=True, text=True)
+    assert start.returncode == 0, start.stderr
+    try:
+        benchmark.pedantic(once, rounds=rounds(5), iterations=1, warmup_rounds=1)
+    finally:
+        subprocess.run([sys.executable, "-m", "stepsim", "server", "stop"], env=served, cwd=tmp_path)
+    records = [json.loads(outputs[name]) for name in ("stepsim run swiglu", "stepsim run swiglu, server")]
+    assert [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records] == [
+        {k: v for k, v in records[0].items() if not k.endswith("_s")}] * 2
+    run_s, server_s, floor_s = best["stepsim run swiglu"], best["stepsim run swiglu, server"], best["numba floor"]
+    benchmark.extra_info.update({k.replace(" ", "_").replace(",", "") + "_s": v for k, v in best.items()})
+    bench_summary("start-up", f"warm `stepsim run swiglu --json`: {run_s:.2f} s whole process, {server_s:.2f} s "
+                              f"through `stepsim server`; bare python {best['python']:.2f} s; numba import + "
+                              f"CPU target {floor_s:.2f} s ({run_s / floor_s:.2f}x the floor)")

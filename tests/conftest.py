@@ -1,8 +1,13 @@
 """Shared fixtures: the real traces live in ``../shared/traces`` beside the repository, never inside it."""
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Commands the tests start run in their own process, even when the user has a command server running
+# (stepsim.server): the tests of the server itself turn it back on for their own commands.
+os.environ["STEPSIM_SERVER"] = "off"
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 

@@ -1,0 +1,253 @@
+"""The server process: preload stepsim once, then fork one child per command.
+
+Started by ``stepsim server start`` (:mod:`stepsim.server.cli`) in a session of its own, with the starting
+program's ``sys.path`` and environment, so it loads exactly what that program would. It listens on a Unix
+socket in a private folder (:func:`stepsim.server.client.server_dir`) and ends after ``idle_timeout`` seconds
+without a command, on ``stepsim server stop``, on SIGTERM, or when its socket is removed or replaced.
+
+Each command runs in a child forked from the state right after the preload: it takes over the caller's
+stdin, stdout and stderr, working directory, environment, umask and ``sys.argv``, and runs
+:func:`stepsim.cli.main` as the program would. Forking is safe because the server is single-threaded (the
+engine starts no threads; see :mod:`stepsim.sweep.forkserver_preload`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import io
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+from stepsim.server import client
+
+#: modules the server imports before it serves (every command's module, the worker pool's preload); the kernels
+#: are loaded by the last one
+PRELOAD = ("stepsim.cli", "stepsim.sweep.tasks", "stepsim.records", "stepsim.simulate", "stepsim.kernels.engine",
+           "stepsim.sweep.forkserver_preload")
+#: imported too when installed (the ``plot`` extra): a demo or reproduce run draws figures
+OPTIONAL_PRELOAD = ("matplotlib.pyplot",)
+#: seconds between checks of the idle timeout and of the socket file
+POLL_S = 1.0
+#: seconds a connection may take to deliver its request
+REQUEST_TIMEOUT_S = 10.0
+
+#: commands this server has forked so far (told by ``ping``)
+_served = [0]
+
+
+def serve(socket_file: str, idle_timeout: float) -> None:
+    """Preload, listen on ``socket_file`` and serve until idle for ``idle_timeout`` seconds (or stopped)."""
+    client.in_server = True
+    _preload()
+    listener = _listen(socket_file)
+    inode = os.stat(socket_file).st_ino
+    children: dict[int, socket.socket] = {}
+    last_active = time.monotonic()
+    stop = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    try:
+        while not stop:
+            _reap(children)
+            if children:
+                last_active = time.monotonic()
+            elif time.monotonic() - last_active > idle_timeout or not _still_ours(socket_file, inode):
+                break
+            if not select.select([listener], [], [], POLL_S)[0]:
+                continue
+            conn, _ = listener.accept()
+            if _handle(conn, listener, children, socket_file) == "stop":
+                break
+            last_active = time.monotonic()
+    finally:
+        listener.close()
+        if _still_ours(socket_file, inode):
+            os.unlink(socket_file)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(state_file(socket_file))
+
+
+def state_file(socket_file: str) -> str:
+    """The JSON file beside a server's socket describing it (pid, start time, versions, idle timeout)."""
+    return socket_file[: -len(".sock")] + ".json"
+
+
+def _preload() -> None:
+    """Import what commands use and load the engine kernels; then freeze the collector's view of it all so
+    the children's collections skip it and leave the shared pages alone."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    for name in OPTIONAL_PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+
+
+def _listen(socket_file: str) -> socket.socket:
+    """A listening socket at ``socket_file``, bound under a temporary name and renamed into place, so a
+    client never finds a socket that is not listening yet and two starting servers cannot both serve."""
+    temporary = f"{socket_file}.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(temporary)
+    listener.listen(64)
+    os.rename(temporary, socket_file)
+    return listener
+
+
+def _still_ours(socket_file: str, inode: int) -> bool:
+    """Whether ``socket_file`` is still this server's socket (``stepsim server stop`` or a newer server
+    removes or replaces it)."""
+    try:
+        return os.stat(socket_file).st_ino == inode
+    except FileNotFoundError:
+        return False
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Collect ended children; tell each one's caller its exit status (a child normally sends it itself,
+    this covers one killed by a signal: status 128 + signal number, as a shell reports it)."""
+    for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            continue
+        conn = children.pop(pid)
+        code = os.waitstatus_to_exitcode(status)
+        with contextlib.suppress(OSError):
+            client.send_message(conn, {"exit": code if code >= 0 else 128 - code})
+        conn.close()
+
+
+def _handle(conn: socket.socket, listener: socket.socket, children: dict, socket_file: str) -> str | None:
+    """Answer one connection: ``ping``, ``stop`` or ``run`` (forks the command's child). Returns "stop" when
+    the server should end."""
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    fds: list[int] = []
+    try:
+        if not _same_user(conn):
+            conn.close()
+            return None
+        received = client.recv_message(conn, max_fds=3)
+        if received is None:
+            conn.close()
+            return None
+        request, fds = received
+        if "ping" in request or "stop" in request:
+            client.send_message(conn, {"pid": os.getpid(), "socket": socket_file, "served": _served[0],
+                                       "running": sorted(children)})
+            conn.close()
+            return "stop" if "stop" in request else None
+        if len(fds) != 3:
+            raise ValueError("a command request carries stdin, stdout and stderr")
+    except (OSError, ValueError) as exc:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            client.send_message(conn, {"exit": 1, "error": str(exc)})
+        conn.close()
+        return None
+    conn.settimeout(None)
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        _run_child(conn, fds, request)  # never returns
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    _served[0] += 1
+    return None
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the peer runs as this user (Linux's ``SO_PEERCRED``; elsewhere the private folder guards)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return True
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.getuid()
+
+
+def _run_child(conn: socket.socket, fds: list[int], request: dict) -> None:
+    """In the forked child: become the caller's process (descriptors, folder, environment, umask, argv), run
+    the command, send its exit status and exit."""
+    status = 1
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        _reopen_stdio(request["stdio"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.umask(request["umask"])
+        sys.argv = [request["argv0"], *request["run"]]
+        sys.path[0] = request["path0"]  # the caller's working folder or script folder (client.fingerprint)
+        threading.Thread(target=_watch_caller, args=(conn,), daemon=True).start()
+        try:
+            os.chdir(request["cwd"])
+        except OSError as exc:
+            print(f"stepsim: error: cannot enter the working folder {request['cwd']}: {exc.strerror}",
+                  file=sys.stderr)
+            status = 2
+        else:
+            from stepsim.cli import main
+
+            status = main()
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the command's own crash: print it as the program would, then report
+        traceback.print_exc()
+        status = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with contextlib.suppress(OSError):
+            client.send_message(conn, {"exit": status})
+        os._exit(status & 0xFF)
+
+
+def _reopen_stdio(settings: list) -> None:
+    """New ``sys.stdin/stdout/stderr`` on descriptors 0-2 with the caller's encodings, buffered as Python
+    buffers them (stdout line-buffered on a terminal, stderr always line-buffered)."""
+    streams = []
+    for fd, (encoding, errors) in enumerate(settings):
+        mode = "r" if fd == 0 else "w"
+        stream = io.open(fd, mode, encoding=encoding or "utf-8", errors=errors or "strict", closefd=False)
+        if fd:
+            stream.reconfigure(line_buffering=fd == 2 or os.isatty(fd))
+        streams.append(stream)
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+def _watch_caller(conn: socket.socket) -> None:
+    """Deliver the caller's signals to this process; if the caller goes away (killed, its terminal closed),
+    stop the command as SIGTERM would, so nothing is left half-written."""
+    while True:
+        try:
+            message = client.recv_message(conn)
+        except (OSError, ValueError):
+            message = None
+        if message is None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if "signal" in message:
+            os.kill(os.getpid(), int(message["signal"]))
+
+
+def main(spec_json: str) -> None:
+    """Entry point of the server process: ``spec_json`` holds ``path`` (the starting program's ``sys.path``),
+    ``socket`` and ``idle_timeout``."""
+    spec = json.loads(spec_json)
+    serve(spec["socket"], float(spec["idle_timeout"]))
