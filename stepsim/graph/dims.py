@@ -143,6 +143,12 @@ def dim_sum(dims: Iterable[Dim]) -> Dim:
     return normalize(sp.Add(static, *symbolic)) if symbolic else static
 
 
+def sum_of_products(terms: Iterable[tuple]) -> Dim:
+    """The sum over ``terms`` (tuples of dims) of each term's :func:`product`: a metric given as terms of factors
+    (``Op.on_chip_bytes_terms``), as one expression."""
+    return dim_sum(product(term) for term in terms)
+
+
 def fmt_dim(d: Dim) -> str:
     return str(normalize(d))
 

@@ -83,8 +83,12 @@ class DynTile:
     def shape(self) -> tuple[Dim, Dim]:
         return (self.rows, self.cols)
 
+    def size_factors(self) -> tuple[Dim, Dim, int]:
+        """Rows, cols and bytes per scalar: the factors of :meth:`size_in_bytes`."""
+        return (self.rows, self.cols, self.dtype.bytes)
+
     def size_in_bytes(self) -> Dim:
-        return normalize(self.rows * self.cols * self.dtype.bytes)
+        return product(self.size_factors())
 
     def with_dtype(self, dtype: ScalarType) -> "DynTile":
         return DynTile(dtype, self.rows, self.cols)
@@ -173,6 +177,17 @@ ElementType = ScalarType | Tile | DynTile | Selector | BufferRef | TupleType
 def size_in_bytes(t: ElementType) -> Dim:
     """Bytes of one element of type ``t`` (a sympy expression for dynamic tiles)."""
     return normalize(t.size_in_bytes())
+
+
+def size_factors(t: ElementType) -> tuple:
+    """Factors whose product is :func:`size_in_bytes` of ``t`` (bytes of one element): a dynamic tile's rows, cols
+    and bytes per scalar, one factor for any other type.
+
+    Operators give their on-chip bytes as terms of these factors (``Op.on_chip_bytes_terms``) so that a dynamic
+    tile's size is evaluated from its symbolic rows without building a sympy product per operator."""
+    if isinstance(t, DynTile):
+        return t.size_factors()
+    return (size_in_bytes(t),)
 
 
 def as_expr_bytes(t: ElementType) -> sp.Expr:

@@ -9,9 +9,9 @@ FLOP convention (the reference simulator's, docs/timing_model.md §3.3; one FLOP
   of compute bandwidth and count 0 FLOPs; concatenating accumulators (RetileRow / RetileCol) take 0 cycles.
 
 Each function exposes ``out_type(in_types)`` (raises ``ValueError`` with a readable reason, which the operator
-wraps into a typed error naming itself), ``flops(in_types)`` (per application, an int or sympy expression)
-and ``fixed_cycles`` (``None`` for FLOP-based functions). ``code`` is the stable name the engine lowering maps
-to an integer function code.
+wraps into a typed error naming itself), ``flops(in_types)`` (per application, an int or sympy expression) with
+``flops_factors(in_types)`` (factors whose product it is), and ``fixed_cycles`` (``None`` for FLOP-based
+functions). ``code`` is the stable name the engine lowering maps to an integer function code.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepsim.errors import ArgumentError
-from stepsim.graph.dims import Dim, dims_equal, fmt_dim, is_static, normalize
+from stepsim.graph.dims import Dim, dims_equal, fmt_dim, is_static, normalize, product
 from stepsim.graph.dtypes import FP32, UINT64, DynTile, ScalarType, Tile, is_tile, tile
 
 
@@ -49,7 +49,13 @@ class Function:
         raise NotImplementedError
 
     def flops(self, in_types: tuple) -> Dim:
+        """FLOPs of one application to operands of types ``in_types`` (0: a fixed-cost function)."""
         return 0
+
+    def flops_factors(self, in_types: tuple) -> tuple:
+        """Factors (ints or sympy dims) whose product is :meth:`flops` (FLOPs per application); here the one
+        factor :meth:`flops` (see :class:`_FactoredFlops`)."""
+        return (self.flops(in_types),)
 
     @property
     def param(self) -> int:
@@ -66,8 +72,24 @@ class Function:
         return hash((type(self).__name__, tuple(sorted(self.__dict__.items()))))
 
 
+class _FactoredFlops(Function):
+    """A function whose FLOPs per application are a product: subclasses give :meth:`flops_factors` and
+    :meth:`flops` is their product.
+
+    A dynamic tile's FLOPs are a product of its symbolic rows and static sizes; the factors let the metrics
+    evaluate them one by one (:func:`stepsim.workloads.base.factors_value`) instead of building a new sympy
+    product for each operator: each product holds another expert's token-count symbol, so sympy's expression
+    cache cannot reuse it, and building them was most of ``Workload.metrics()`` of a dynamic-tiling MoE layer."""
+
+    def flops(self, in_types: tuple) -> Dim:
+        return product(self.flops_factors(in_types))
+
+    def flops_factors(self, in_types: tuple) -> tuple:
+        raise NotImplementedError
+
+
 # --- map functions -------------------------------------------------------------------------------------
-class Matmul(Function):
+class Matmul(_FactoredFlops):
     """``A @ B`` (``A @ B.T`` when ``weight_transposed``); static or dynamic tiles; FLOPs ``2*M*K*N``."""
 
     code = "matmul"
@@ -99,9 +121,9 @@ class Matmul(Function):
         m, _, n = self._mkn(in_types)
         return tile(in_types[0].dtype, m, n)
 
-    def flops(self, in_types):
+    def flops_factors(self, in_types):
         m, k, n = self._mkn(in_types)
-        return normalize(2 * m * k * n)
+        return (2, m, k, n)
 
     def __repr__(self):
         return f"Matmul(weight_transposed={self.weight_transposed})"
@@ -118,7 +140,7 @@ def _declare(base: type, name: str, code: str, doc: str, **attrs) -> type:
                                       "code": code, **attrs})
 
 
-class _Elementwise(Function):
+class _Elementwise(_FactoredFlops):
     """Two tiles in, broadcasting 1-sized dims; ``R*C`` FLOPs of the broadcast output."""
 
     arity = 2
@@ -129,12 +151,12 @@ class _Elementwise(Function):
         _need_tile(b, f"{type(self).__name__} right operand")
         return tile(a.dtype, _broadcast_dim(a.rows, b.rows), _broadcast_dim(a.cols, b.cols))
 
-    def flops(self, in_types):
+    def flops_factors(self, in_types):
         out = self.out_type(in_types)
-        return normalize(out.rows * out.cols)
+        return (out.rows, out.cols)
 
 
-class _Unary(Function):
+class _Unary(_FactoredFlops):
     """One tile in, ``_out(tile)`` out (the same tile by default); ``flops_per_element`` FLOPs per input element."""
 
     arity = 1
@@ -148,9 +170,9 @@ class _Unary(Function):
         _need_tile(a, f"{type(self).__name__} operand")
         return self._out(a)
 
-    def flops(self, in_types):
+    def flops_factors(self, in_types):
         (a,) = in_types
-        return normalize(self.flops_per_element * a.rows * a.cols)
+        return (self.flops_per_element, a.rows, a.cols)
 
 
 class _RowReduce(_Unary):
@@ -232,9 +254,9 @@ class SoftmaxNormalize(_Unary):
             raise ValueError(f"SoftmaxNormalize needs an OnlineSoftmax state [q, d + 2], got {a}")
         return tile(a.dtype, a.rows, a.cols - 2)
 
-    def flops(self, in_types):
+    def flops_factors(self, in_types):
         out = self.out_type(in_types)
-        return normalize(out.rows * out.cols)
+        return (out.rows, out.cols)
 
 
 class SetOffset(Function):

@@ -179,9 +179,16 @@ class Op:
         return (self.off_chip_bytes(),)
 
     def flops_factors(self) -> tuple:
-        """Factors whose product is :meth:`flops`: a compute operator's firing count dims and one firing's
-        FLOPs (see :meth:`off_chip_bytes_factors`)."""
+        """Factors whose product is :meth:`flops`: a compute operator's firing count dims and the factors of one
+        firing's FLOPs (see :meth:`off_chip_bytes_factors`)."""
         return (self.flops(),)
+
+    def on_chip_bytes_terms(self, convention: OnChipConvention = PUBLISHED) -> tuple[tuple, ...]:
+        """Terms whose sum is :meth:`on_chip_bytes` under ``convention``, each a tuple of factors whose product
+        is the term: an operator whose footprint counts dynamic tiles gives their size factors
+        (:func:`stepsim.graph.dtypes.size_factors`), so that it is evaluated without building a sympy sum or
+        product (see :meth:`off_chip_bytes_factors`); here the one term :meth:`on_chip_bytes`."""
+        return ((self.on_chip_bytes(convention),),)
 
     def __repr__(self) -> str:
         return f"<{self.name}: " + ", ".join(str(s) for s in self.outputs) + ">"

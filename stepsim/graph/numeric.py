@@ -14,6 +14,7 @@ ceiling, Mod, Max, Min and Piecewise with relational / boolean conditions. Anyth
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 
 import sympy as sp
@@ -35,6 +36,28 @@ def exact_value(expr, bindings: dict) -> int | Fraction:
     if isinstance(expr, int):
         return expr
     return _value(expr, bindings)
+
+
+def python_bindings(bindings: dict) -> dict:
+    """``bindings`` with every number as a Python int or Fraction: sympy Integers and Rationals and numpy integers
+    converted exactly, anything else (an int, a Fraction, an expression) as it is.
+
+    :func:`exact_value` returns a bound symbol's value unchanged, so a sympy number there makes the rest of the
+    evaluation sympy arithmetic, whose result is no Python int: callers then fall back to sympy substitution
+    (attention binds its per-region counts to sympy Integers and Rationals)."""
+    return {symbol: _python_number(value) for symbol, value in bindings.items()}
+
+
+def _python_number(value):
+    if isinstance(value, (int, Fraction)):
+        return value
+    if isinstance(value, sp.Integer):
+        return int(value)
+    if isinstance(value, sp.Rational):
+        return Fraction(int(value.p), int(value.q))
+    if isinstance(value, numbers.Integral):  # numpy integers: a Python int cannot overflow
+        return int(value)
+    return value
 
 
 def _value(e, b):

@@ -9,8 +9,8 @@ artifact's attention graphs use them (the reference simulator would panic dividi
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
-from stepsim.graph.dtypes import TupleType, is_tile, size_in_bytes, tile
+from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, product, shapes_equal, sum_of_products
+from stepsim.graph.dtypes import TupleType, is_tile, size_factors, tile
 from stepsim.graph.functions import Empty, Function, Matmul, RowStreamify, Zero
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.stream import Stream
@@ -57,14 +57,25 @@ def _check_rank(op: Op, rank, s: Stream) -> int:
 
 
 class _FiringOp(Op):
-    """A compute operator that fires once per element of its first input; subclasses give
-    ``firing_flops()``, the FLOPs of one firing."""
+    """A compute operator that fires once per element of its first input, applying ``fn`` to operands of the
+    types ``firing_types()`` (which subclasses give)."""
+
+    def firing_types(self) -> tuple:
+        """Element types of the operands of one firing."""
+        raise NotImplementedError
+
+    def firing_flops(self):
+        """FLOPs of one firing (an int or a sympy expression)."""
+        return self.fn.flops(self.firing_types())
 
     def flops_factors(self):
-        return (*self.inputs[0].stream.shape, self.firing_flops())
+        """The firing count dims (the first input's shape) and the factors of one firing's FLOPs: evaluated one
+        by one, a dynamic tile's FLOPs need no sympy product (:class:`stepsim.graph.functions._FactoredFlops`)."""
+        return (*self.inputs[0].stream.shape, *self.fn.flops_factors(self.firing_types()))
 
     def flops(self):
-        return product(self.flops_factors())
+        # the firing count times one firing's FLOPs, multiplied in this order as always: the same sympy tree
+        return product((*self.inputs[0].stream.shape, self.firing_flops()))
 
 
 class Map(_FiringOp):
@@ -102,22 +113,24 @@ class Map(_FiringOp):
         self.write_back_mu = bool(write_back_mu)
         self._finish([Stream(_apply(self, fn, types), ins[0].shape)])
 
-    def firing_flops(self):
-        """FLOPs of one firing (one element of each input)."""
-        return self.fn.flops(self.operand_types)
+    def firing_types(self):
+        """One element of each input (or the elements of the zipped tuple)."""
+        return self.operand_types
 
-    def on_chip_bytes(self, convention=PUBLISHED):
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """Nothing (published); with FIFOs the output and each operand element (mode 1) or, for a matmul in mode 2,
+        16 rows of the left operand, the right operand and the output (size factors)."""
         if not convention.count_fifos:
-            return 0
+            return ((0,),)
         if convention.mode == 2:
             if isinstance(self.fn, Matmul):
                 a, b = self.operand_types
-                return normalize(16 * a.cols + size_in_bytes(b) + size_in_bytes(self.stream.dtype))
-            return 0
-        total = size_in_bytes(self.stream.dtype)
-        for s in self.operand_types:
-            total = normalize(total + size_in_bytes(s))
-        return total
+                return ((16, a.cols), size_factors(b), size_factors(self.stream.dtype))
+            return ((0,),)
+        return (size_factors(self.stream.dtype), *(size_factors(s) for s in self.operand_types))
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 def UnaryMap(graph, inp, fn, **kw) -> Map:
@@ -153,15 +166,18 @@ class Accum(_FiringOp):
         self.out_dtype = out_dtype or acc
         self._finish([Stream(self.out_dtype, s.shape[:-rank])])
 
-    def firing_flops(self):
-        """FLOPs of one firing (folding one input element into the accumulator)."""
-        return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
+    def firing_types(self):
+        """The accumulator and one input element."""
+        return (self.out_dtype, self.inputs[0].stream.dtype)
+
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """The accumulator, and with FIFOs (mode 1) an input element (size factors)."""
+        if convention.count_fifos and convention.mode == 1:
+            return (size_factors(self.out_dtype), size_factors(self.inputs[0].stream.dtype))
+        return (size_factors(self.out_dtype),)
 
     def on_chip_bytes(self, convention=PUBLISHED):
-        out = size_in_bytes(self.out_dtype)
-        if convention.count_fifos and convention.mode == 1:
-            return normalize(out + size_in_bytes(self.inputs[0].stream.dtype))
-        return out
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class MapAccum(_FiringOp):
@@ -191,21 +207,25 @@ class MapAccum(_FiringOp):
                                           f"got {init!r}")
         self._finish([Stream(out, a.shape[:-rank])])
 
-    def firing_flops(self):
-        """FLOPs of one firing (one element pair folded into the accumulator)."""
-        a, b = (r.stream for r in self.inputs)
-        return self.fn.flops((a.dtype, b.dtype))
+    def firing_types(self):
+        """One element of each input."""
+        return tuple(r.stream.dtype for r in self.inputs)
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        out = size_in_bytes(self.stream.dtype)
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """The output, or with FIFOs three left-operand elements (mode 1) or, for a matmul in mode 2, 16 rows of
+        the left operand, the right operand and the output (size factors)."""
+        out = size_factors(self.stream.dtype)
         if not convention.count_fifos:
-            return out
+            return (out,)
         a, b = (r.stream.dtype for r in self.inputs)
         if convention.mode == 1:
-            return normalize(3 * size_in_bytes(a))
+            return ((*size_factors(a), 3),)
         if isinstance(self.fn, Matmul):
-            return normalize(16 * a.cols + size_in_bytes(b) + out)
-        return out
+            return ((16, a.cols), size_factors(b), out)
+        return (out,)
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 BinaryMapAccum = MapAccum
@@ -233,12 +253,16 @@ class Scan(_FiringOp):
         self.write_back_mu = bool(write_back_mu)
         self._finish([Stream(self.out_dtype, s.shape)])
 
-    def firing_flops(self):
-        """FLOPs of one firing (folding one input element into the accumulator)."""
-        return self.fn.flops((self.out_dtype, self.inputs[0].stream.dtype))
+    def firing_types(self):
+        """The accumulator and one input element."""
+        return (self.out_dtype, self.inputs[0].stream.dtype)
+
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """The accumulator (size factors)."""
+        return (size_factors(self.out_dtype),)
 
     def on_chip_bytes(self, convention=PUBLISHED):
-        return size_in_bytes(self.out_dtype)
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class FlatMap(Op):

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import fmt_shape, is_static, normalize, product
-from stepsim.graph.dtypes import BOOL, FP32, SCALARS, UINT64, ScalarType, Tile, is_tile
+from stepsim.graph.dims import fmt_shape, is_static, normalize, product, sum_of_products
+from stepsim.graph.dtypes import BOOL, FP32, SCALARS, UINT64, ScalarType, Tile, is_tile, size_factors
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.stream import Stream
 
@@ -192,9 +192,12 @@ class LinearOffChipStore(_MemoryOp):
         s = self.inputs[0].stream
         return (*s.shape, s.dtype.size_in_bytes())
 
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """One input element (size factors), twice when double-buffered (mode 2)."""
+        return ((*size_factors(self.inputs[0].stream.dtype), 2 if convention.mode == 2 else 1),)
+
     def on_chip_bytes(self, convention=PUBLISHED):
-        b = self.inputs[0].stream.dtype.size_in_bytes()
-        return normalize(b * (2 if convention.mode == 2 else 1))
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class RandomOffChipLoad(_MemoryOp):

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import dim_sum, dims_equal, fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
-from stepsim.graph.dtypes import DynTile, Selector, Tile, size_in_bytes
+from stepsim.graph.dims import (
+    dim_sum,
+    dims_equal,
+    fmt_shape,
+    is_static,
+    make_symbol,
+    normalize,
+    product,
+    shapes_equal,
+    sum_of_products,
+)
+from stepsim.graph.dtypes import DynTile, Selector, Tile, size_factors, size_in_bytes
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.stream import Stream
 
@@ -64,10 +74,14 @@ class Partition(Op):
         inner = s.shape[len(s.shape) - rank:]
         self._finish([Stream(s.dtype, (sym,) + inner) for sym in self.count_symbols])
 
-    def on_chip_bytes(self, convention=PUBLISHED):
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """With FIFOs, one input element per output FIFO and the input's (size factors); else 0."""
         if not convention.count_fifos:
-            return 0
-        return normalize(size_in_bytes(self.inputs[0].stream.dtype) * (self.num_consumers + 1))
+            return ((0,),)
+        return ((*size_factors(self.inputs[0].stream.dtype), self.num_consumers + 1),)
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class Reassemble(Op):
@@ -159,11 +173,15 @@ class EagerMerge(Op):
         i = next(i for i, t in enumerate(dtypes) if t != first)
         raise self._error(DTypeError, f"input {i} carries {dtypes[i]} but input 0 carries {first}")
 
-    def on_chip_bytes(self, convention=PUBLISHED):
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """With FIFOs, a data element (size factors) and a selector per input FIFO and per output; else 0."""
         if not convention.count_fifos:
-            return 0
-        per = normalize(size_in_bytes(self.inputs[0].stream.dtype) + self.outputs[1].dtype.size_in_bytes())
-        return normalize(per * (len(self.inputs) + 1))
+            return ((0,),)
+        fifos = len(self.inputs) + 1
+        return ((*size_factors(self.inputs[0].stream.dtype), fifos), (self.outputs[1].dtype.size_in_bytes(), fifos))
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class Parallelize(Op):
@@ -194,10 +212,14 @@ class Parallelize(Op):
         self.write_back_mu = bool(write_back_mu)
         self._finish([Stream(s.dtype, (part,) + s.shape[1:]) for _ in range(p)])
 
-    def on_chip_bytes(self, convention=PUBLISHED):
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        """With FIFOs, one input element per output FIFO and the input's (size factors); else 0."""
         if not convention.count_fifos:
-            return 0
-        return normalize(size_in_bytes(self.inputs[0].stream.dtype) * (self.num_consumers + 1))
+            return ((0,),)
+        return ((*size_factors(self.inputs[0].stream.dtype), self.num_consumers + 1),)
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class Broadcast(Op):

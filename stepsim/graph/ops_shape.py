@@ -7,20 +7,49 @@ implement; tests check both against each other.
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import ceil_div, fmt_shape, is_static, nonzero_indicator, normalize, shapes_equal
-from stepsim.graph.dtypes import BOOL, TupleType, is_tile, size_in_bytes
+from stepsim.graph.dims import (
+    ceil_div,
+    fmt_shape,
+    is_static,
+    nonzero_indicator,
+    normalize,
+    shapes_equal,
+    sum_of_products,
+)
+from stepsim.graph.dtypes import BOOL, TupleType, is_tile, size_factors
 from stepsim.graph.functions import Empty, Zero
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.stream import Stream
 
 
-def _fifo_bytes(op: Op, convention, factor: int = 2):
-    if convention.count_fifos:
-        return normalize(factor * size_in_bytes(op.inputs[0].stream.dtype))
-    return 0
+class _FifoOnChip(Op):
+    """A shape operator that holds nothing itself: on-chip its input FIFO's two elements when FIFOs count, else 0.
+
+    Given as size factors (:func:`stepsim.graph.dtypes.size_factors`) so that a dynamic tile's size is
+    evaluated without a sympy product per operator."""
+
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        if convention.count_fifos:
+            return ((*size_factors(self.inputs[0].stream.dtype), 2),)
+        return ((0,),)
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
-class Flatten(Op):
+class _ElementOnChip(Op):
+    """A shape operator that holds one output element (two when FIFOs count), in size factors (see
+    :class:`_FifoOnChip`)."""
+
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        element = size_factors(self.stream.dtype)
+        return ((*element, 2),) if convention.count_fifos else (element,)
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
+
+
+class Flatten(_FifoOnChip):
     """Merge the dims of ranks ``min_rank..max_rank`` (inclusive) into one (their product)."""
 
     kind = "Flatten"
@@ -46,11 +75,8 @@ class Flatten(Op):
             return self.min_rank
         return level - (self.max_rank - self.min_rank)
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return _fifo_bytes(self, convention)
 
-
-class Reshape(Op):
+class Reshape(_FifoOnChip):
     """Split the dim at ``rank`` into ``(ceil(D/chunk), chunk)``.
 
     A static dim must be divisible by ``chunk_size`` unless ``rank == 0`` and a ``pad`` initialiser is given
@@ -100,11 +126,8 @@ class Reshape(Op):
         self.write_back_mu = bool(write_back_mu)
         self._finish([Stream(s.dtype, shape), Stream(BOOL, shape)])
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return _fifo_bytes(self, convention)
 
-
-class Promote(Op):
+class Promote(_FifoOnChip):
     """Insert a new dim of size 1 so that it has rank ``rank`` in the output (artifact semantics).
 
     Stop levels ``L >= rank`` become ``L + 1``.
@@ -123,11 +146,8 @@ class Promote(Op):
     def stop_level_out(self, level: int) -> int:
         return level + 1 if level >= self.rank else level
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return _fifo_bytes(self, convention)
 
-
-class Expand(Op):
+class Expand(_ElementOnChip):
     """Repeat each input element over the reference stream's inner ``rank`` dims (the artifact's ExpandRef).
 
     The input's innermost ``rank`` dims must be 1 and its outer dims must equal the reference's. Output has
@@ -150,15 +170,11 @@ class Expand(Op):
         self.rank = rank
         self._finish([Stream(s.dtype, r.shape)])
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        b = size_in_bytes(self.stream.dtype)
-        return normalize(2 * b) if convention.count_fifos else b
-
 
 ExpandRef = Expand
 
 
-class RepeatStatic(Op):
+class RepeatStatic(_ElementOnChip):
     """Emit each element ``count`` times in a row: output ``in.shape + (count,)``; on-chip one element."""
 
     kind = "RepeatStatic"
@@ -169,10 +185,6 @@ class RepeatStatic(Op):
             raise self._error(ArgumentError, f"count must be a positive int, got {count!r}")
         self.count = count
         self._finish([Stream(s.dtype, s.shape + (count,))])
-
-    def on_chip_bytes(self, convention=PUBLISHED):
-        b = size_in_bytes(self.stream.dtype)
-        return normalize(2 * b) if convention.count_fifos else b
 
 
 class Zip(Op):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from typing import Any, NamedTuple
 
 import sympy as sp
@@ -16,7 +17,7 @@ import sympy as sp
 from stepsim.defaults import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.graph.gcpause import gc_paused
 from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
-from stepsim.graph.numeric import Unbound, Unsupported, exact_value
+from stepsim.graph.numeric import Unbound, Unsupported, exact_value, python_bindings
 
 
 def substitute(expr, bindings: dict) -> Any:
@@ -53,18 +54,44 @@ def factors_value(factors: tuple, metric, bindings: dict, what: str) -> int | Fr
     of the exact values is the exact value of the product. A factor the numeric evaluator cannot handle sends
     the whole metric through :func:`evaluate_exact`."""
     try:
-        value = 1
-        for factor in factors:
-            value = value * exact_value(factor, bindings)
-        return int(value) if isinstance(value, Fraction) and value.denominator == 1 else value
+        return _whole(_exact_product(factors, bindings))
     except (Unsupported, Unbound):
         return evaluate_exact(metric(), bindings, what)
+
+
+def _exact_product(factors: tuple, bindings: dict) -> int | Fraction:
+    """The product of the exact values of ``factors`` (raises Unsupported or Unbound as :func:`exact_value`)."""
+    value = 1
+    for factor in factors:
+        value = value * exact_value(factor, bindings)
+    return value
+
+
+def _whole(value: int | Fraction) -> int | Fraction:
+    """``value`` as an int when it is a whole Fraction."""
+    # exact_value gives ints and Fractions only; a type test avoids isinstance's ABC machinery, once per metric
+    return int(value) if type(value) is Fraction and value.denominator == 1 else value
 
 
 def factors_int(factors: tuple, metric, bindings: dict, what: str) -> int:
     """:func:`factors_value` that must be an int (bindings of ints): a non-integer goes through
     :func:`evaluate` of ``metric()``, which raises the MetricError naming ``what``."""
     value = factors_value(factors, metric, bindings, what)
+    return value if isinstance(value, int) else evaluate(metric(), bindings, what)
+
+
+def terms_int(terms: tuple, metric, bindings: dict, what: str) -> int:
+    """The int value of an operator's ``metric()`` (bytes) with ``bindings`` of ints, from its ``terms`` (tuples
+    of factors; ``metric()`` is the sum of their products), as :func:`factors_int` does for one product: no sympy
+    sum or product is built. A term the numeric evaluator cannot handle, or a non-integer total, goes through
+    :func:`evaluate` of ``metric()`` (which raises the MetricError naming ``what``)."""
+    try:
+        if len(terms) == 1:  # most footprints are one product: no generator
+            value = _whole(_exact_product(terms[0], bindings))
+        else:
+            value = _whole(sum((_exact_product(term, bindings) for term in terms), 0))
+    except (Unsupported, Unbound):
+        return evaluate(metric(), bindings, what)
     return value if isinstance(value, int) else evaluate(metric(), bindings, what)
 
 
@@ -90,6 +117,20 @@ def evaluate_exact(expr, bindings: dict, what: str) -> int | Fraction:
         return exact_value(expr, bindings)
     except (Unsupported, Unbound):
         return evaluate(expr, bindings, what)
+
+
+def _op_values(op, c, bindings: dict, exact_bindings: dict | None) -> OpValues:
+    """``op``'s :class:`OpValues` under on-chip convention ``c``; ``exact_bindings`` (the tile-rows means, or
+    None when no dimension has them) give ``exact_flops``."""
+    name = op.name
+    off_chip = factors_int(op.off_chip_bytes_factors(), op.off_chip_bytes, bindings, f"off-chip bytes of {name}")
+    on_chip = terms_int(op.on_chip_bytes_terms(c), partial(op.on_chip_bytes, c), bindings, f"on-chip bytes of {name}")
+    flop_factors, what = op.flops_factors(), f"FLOPs of {name}"
+    flops = factors_int(flop_factors, op.flops, bindings, what)
+    exact = None
+    if flop_based(op):
+        exact = flops if exact_bindings is None else factors_value(flop_factors, op.flops, exact_bindings, what)
+    return OpValues(off_chip, on_chip, flops, exact)
 
 
 @dataclass
@@ -162,28 +203,20 @@ class Workload:
         """Per-operator concrete metrics ``{op name: OpValues(off_chip_bytes, on_chip_bytes, flops,
         exact_flops)}``.
 
-        Each operator's small expression is evaluated on its own (``xreplace`` of just its symbols), which is
-        far cheaper than substituting into the whole-graph sum for graphs with thousands of operators.
-        ``exact_flops`` (FLOP-based compute operators only, else None) is what the engine's cost model charges
-        the operator over the run, the sum over its firings of the function's FLOPs (docs/timing_model.md
-        §3.3): ``flops`` evaluated with the mean of ``tile_rows`` over ``bindings``, an int or, where a mean is
-        bound, an exact Fraction. FLOPs and off-chip bytes are evaluated factor by factor (:func:`factors_value`).
+        Each metric is evaluated on its own, factor by factor (:func:`factors_value`, :func:`terms_int`: stream
+        dims, a dynamic tile's rows, cols and bytes, a function's FLOP factors), with the bindings as Python ints
+        and Fractions (:func:`~stepsim.graph.numeric.python_bindings`): the paper's workloads build no sympy
+        expression here (the sympy products of dynamic tiles, about 30 per expert, were two thirds to three
+        quarters of a dynamic-tiling MoE layer's metrics time; bench/README.md). ``exact_flops`` (FLOP-based compute
+        operators only, else None) is what the engine's cost model charges the operator over the run, the sum
+        over its firings of the function's FLOPs (docs/timing_model.md §3.3): ``flops`` evaluated with the mean
+        of ``tile_rows`` over ``bindings``, an int or, where a mean is bound, an exact Fraction.
         """
         c = convention(on_chip_convention)
         self.graph.finalize()
-        exact_bindings = self.flop_bindings()
-        out = {}
-        for op in self.graph.ops:
-            name, b = op.name, self.bindings
-            off_chip = factors_int(op.off_chip_bytes_factors(), op.off_chip_bytes, b, f"off-chip bytes of {name}")
-            on_chip = evaluate(op.on_chip_bytes(c), b, f"on-chip bytes of {name}")
-            flop_factors, what = op.flops_factors(), f"FLOPs of {name}"
-            flops = factors_int(flop_factors, op.flops, b, what)
-            exact = None
-            if flop_based(op):
-                exact = factors_value(flop_factors, op.flops, exact_bindings, what) if self.tile_rows else flops
-            out[name] = OpValues(off_chip, on_chip, flops, exact)
-        return out
+        bindings = python_bindings(self.bindings)
+        exact_bindings = python_bindings(self.flop_bindings()) if self.tile_rows else None
+        return {op.name: _op_values(op, c, bindings, exact_bindings) for op in self.graph.ops}
 
     def flop_bindings(self) -> dict:
         """``bindings`` with each :attr:`tile_rows` dimension bound to its mean rows (an exact Fraction; 0 for a

@@ -1,24 +1,37 @@
 """The exact numeric evaluator of metric expressions equals sympy substitution on every operator of the paper's
-workloads (and falls back to sympy for what it does not handle)."""
+workloads (and falls back to sympy for what it does not handle); ``op_values`` evaluates every metric from its
+factors and builds no sympy expression."""
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import sympy as sp
+import sympy.core.operations
 
-from stepsim.graph.graph import PAPER, PUBLISHED, convention
-from stepsim.graph.numeric import Unbound, Unsupported, exact_value
+from stepsim.graph.dims import make_symbol, product, sum_of_products
+from stepsim.graph.dtypes import BF16, FP32, DynTile, Tile
+from stepsim.graph.functions import Add, Exp, Matmul, RowSum, Silu, SoftmaxNormalize
+from stepsim.graph.graph import CONVENTIONS, PAPER, PUBLISHED, convention
+from stepsim.graph.numeric import Unbound, Unsupported, exact_value, python_bindings
 from stepsim.workloads.attention import build_attention
 from stepsim.workloads.base import substitute
-from stepsim.workloads.models import moe_model
+from stepsim.workloads.decoder import build_decoder
+from stepsim.workloads.models import moe_model, resolve_model
 from stepsim.workloads.moe import build_moe
 from stepsim.workloads.swiglu import build_swiglu
 
 ROUTING = np.random.default_rng(5).integers(0, 8, size=(64, 2))
 ROUTING[:, 1] = (ROUTING[:, 0] + 1 + ROUTING[:, 1] % 7) % 8
+QWEN_ROUTING = np.argsort(np.random.default_rng(7).random((16, 128)), axis=1)[:, :8]  # 16 tokens, 8 of 128 experts
+DECODER_MODEL = dataclasses.replace(resolve_model("qwen"), hidden=64, heads=8, kv_heads=2, head_dim=16,
+                                    expert_intermediate=32, experts=8, top_k=2)
+_rng = np.random.default_rng(0)
+DECODER_ROUTING = np.stack([_rng.choice(8, 2, replace=False) for _ in range(32)])
+DECODER_KV = _rng.integers(1, 300, 32)
 
 
 WORKLOADS = [
@@ -31,9 +44,15 @@ WORKLOADS = [
     lambda: build_attention(np.arange(1, 65) * 37, "coarse"),
     lambda: build_attention(np.arange(1, 17) * 211, "interleave", softmax="stable"),
     lambda: build_swiglu(tile_m=32, tile_n=64),
+    lambda: build_moe(moe_model("qwen"), QWEN_ROUTING, tiling="static", tile_n=16),
+    lambda: build_moe(moe_model("qwen"), QWEN_ROUTING, tiling="dynamic"),
+    # attention's per-region counts are bound to sympy numbers, the MoE regions' tile rows to Fraction means
+    lambda: build_decoder(DECODER_MODEL, DECODER_KV, DECODER_ROUTING, strategy="dynamic", tiling="dynamic",
+                          regions=2, tile_f=16),
 ]
 IDS = ["moe-static", "moe-dynamic", "moe-timeshared-static", "moe-timeshared-dynamic", "attention-dynamic",
-       "attention-coarse", "attention-interleave-stable", "swiglu"]
+       "attention-coarse", "attention-interleave-stable", "swiglu", "qwen-static", "qwen-dynamic",
+       "decoder-dynamic-timeshared"]
 
 
 @pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
@@ -65,21 +84,87 @@ def test_numeric_exactness_and_fallbacks():
 
 @pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
 def test_op_values_evaluated_factor_by_factor_equal_sympy_substitution(make):
-    """op_values evaluates FLOPs and off-chip bytes from their factors (firing count dims x one firing's FLOPs,
-    stream dims x bytes per element) without building the product: the same ints as substituting into the
-    whole expression, and for exact FLOPs the same value under the tile_rows means."""
+    """op_values evaluates FLOPs and off-chip bytes from their factors (firing count dims x one firing's FLOP
+    factors, stream dims x bytes per element) and on-chip bytes from terms of factors (a dynamic tile's rows x
+    cols x bytes) without building a sympy expression: the same ints as substituting into the whole expression
+    in every on-chip convention, and for exact FLOPs the same value, an int or a Fraction, under the tile_rows
+    means."""
     w = make()
-    values = w.op_values()
+    by_convention = {name: w.op_values(c) for name, c in CONVENTIONS.items()}
+    values = by_convention["published"]
     means = w.flop_bindings()
     factored = 0
     for op in w.graph.ops:
         v = values[op.name]
         assert v.off_chip_bytes == int(substitute(op.off_chip_bytes(), w.bindings)), op.name
-        assert v.on_chip_bytes == int(substitute(op.on_chip_bytes(convention(PUBLISHED)), w.bindings)), op.name
-        assert v.flops == int(substitute(op.flops(), w.bindings)), op.name
+        for name, c in CONVENTIONS.items():
+            on_chip = by_convention[name][op.name].on_chip_bytes
+            assert type(on_chip) is int and on_chip == int(substitute(op.on_chip_bytes(c), w.bindings)), (op.name, name)
+        assert type(v.flops) is int and v.flops == int(substitute(op.flops(), w.bindings)), op.name
         if v.exact_flops is not None:
             exact = sp.sympify(substitute(op.flops(), means))
             assert v.exact_flops == Fraction(int(exact.p), int(exact.q)), op.name
             assert type(v.exact_flops) is (int if exact.q == 1 else Fraction), op.name
         factored += len(op.flops_factors()) > 1 or len(op.off_chip_bytes_factors()) > 1
     assert factored > len(w.graph.ops) // 10  # the factor path is the one exercised
+
+
+@pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
+def test_on_chip_terms_and_flop_factors_are_the_metrics(make):
+    """Each operator's on-chip bytes are the sum of products of its terms (the same sympy tree) in every
+    convention, and its FLOP factors multiply to its FLOPs (a firing's factors are flattened into the product,
+    so the value is compared)."""
+    w = make()
+    w.graph.finalize()
+    for op in w.graph.ops:
+        for name, c in CONVENTIONS.items():
+            assert sum_of_products(op.on_chip_bytes_terms(c)) == op.on_chip_bytes(c), (op.name, name)
+        assert substitute(product(op.flops_factors()), w.bindings) == substitute(op.flops(), w.bindings), op.name
+
+
+def _sympy_expressions_built(monkeypatch, call) -> int:
+    """How many sympy sums and products (``AssocOp`` instances: Add, Mul, ...) ``call()`` constructs."""
+    count = 0
+    real = sympy.core.operations.AssocOp.__new__
+
+    def counting(cls, *args, **kwargs):
+        nonlocal count
+        count += 1
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(sympy.core.operations.AssocOp, "__new__", counting)
+    call()
+    monkeypatch.setattr(sympy.core.operations.AssocOp, "__new__", real)
+    return count
+
+
+@pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
+def test_metrics_build_no_sympy_expression(make, monkeypatch):
+    """Metric evaluation is numeric only, in every on-chip convention: no sympy sum or product per operator (under
+    dynamic tiling each holds another expert's symbol, so sympy's cache cannot reuse it, and building them was
+    most of the metrics' time)."""
+    w = make()
+    w.metrics()  # inserts the broadcasts
+    for c in CONVENTIONS.values():
+        assert _sympy_expressions_built(monkeypatch, lambda: w.metrics(c)) == 0, c
+
+
+def test_function_flop_factors():
+    """A function's FLOPs per application are the product of its factors, on static and dynamic tiles; a
+    function whose FLOPs are a sum gives the sum as its one factor."""
+    n = make_symbol("n")
+    a, w = DynTile(BF16, n, 64), Tile(BF16, 64, 32)
+    assert Matmul().flops_factors((a, w)) == (2, n, 64, 32) and Matmul().flops((a, w)) == 4096 * n
+    assert Silu().flops_factors((a,)) == (8, n, 64) and Silu().flops((a,)) == 512 * n
+    assert Exp().flops((Tile(FP32, 4, 8),)) == 128 and RowSum().flops_factors((a,)) == (1, n, 64)
+    assert Add().flops_factors((a, DynTile(BF16, n, 1))) == (n, 64)
+    assert SoftmaxNormalize().flops_factors((DynTile(FP32, n, 18),)) == (n, 16)
+
+
+def test_python_bindings_convert_numbers_exactly():
+    """sympy and numpy numbers become Python ints and Fractions of the same value; other values stay as they are."""
+    expr = sp.Symbol("k") + 1
+    values = [sp.Integer(7), sp.Rational(7, 3), np.int64(2**62), expr, Fraction(1, 2), 5]
+    out = python_bindings({sp.Symbol(f"s{i}"): v for i, v in enumerate(values)})
+    assert [(type(v), v) for v in out.values()] == [
+        (int, 7), (Fraction, Fraction(7, 3)), (int, 2**62), (type(expr), expr), (Fraction, Fraction(1, 2)), (int, 5)]
