@@ -144,7 +144,8 @@ def _request(path: str, message: dict) -> dict | None:
     try:
         sock.connect(path)
         client.send_message(sock, message)
-        return client.recv_message(sock)
+        answer = client.recv_message(sock)
+        return answer if answer and "pid" in answer else None
     except (OSError, ValueError):
         return None
     finally:

@@ -133,9 +133,9 @@ def forward(argv: list[str]) -> int | None:
         return _wait_for_status(sock)
 
 
-def _wait_for_status(sock: socket.socket) -> int:
+def _wait_for_status(sock: socket.socket) -> int | None:
     """Pass signals on to the command while it runs; its exit status (1 with a message if the server's
-    process ended without one)."""
+    process ended without one), or None when the server refused the command before starting it."""
     def pass_on(signum, frame):
         try:
             send_message(sock, {"signal": signum})
@@ -150,6 +150,8 @@ def _wait_for_status(sock: socket.socket) -> int:
                 print("stepsim: error: the command's process in the server ended without an exit status "
                       "(`stepsim server status` lists the servers)", file=sys.stderr)
                 return 1
+            if "refused" in message:
+                return None
             if "exit" in message:
                 return int(message["exit"])
     finally:

@@ -133,8 +133,7 @@ def _handle(conn: socket.socket, listener: socket.socket, children: dict, socket
     fds: list[int] = []
     try:
         if not _same_user(conn):
-            conn.close()
-            return None
+            raise ValueError("the caller runs as another user")
         received = client.recv_message(conn, max_fds=3)
         if received is None:
             conn.close()
@@ -147,15 +146,15 @@ def _handle(conn: socket.socket, listener: socket.socket, children: dict, socket
             return "stop" if "stop" in request else None
         if len(fds) != 3:
             raise ValueError("a command request carries stdin, stdout and stderr")
-    except (OSError, ValueError) as exc:
+        conn.settimeout(None)
+        pid = os.fork()
+    except (OSError, ValueError) as exc:  # the command did not start: the caller runs it itself
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
-            client.send_message(conn, {"exit": 1, "error": str(exc)})
+            client.send_message(conn, {"refused": str(exc)})
         conn.close()
         return None
-    conn.settimeout(None)
-    pid = os.fork()
     if pid == 0:
         listener.close()
         _run_child(conn, fds, request)  # never returns

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -168,3 +170,33 @@ def test_bad_start_flags(tmp_path):
     proc = _run(["server", "start", "--idle-timeout", "0"], os.environ, tmp_path)
     assert (proc.returncode, proc.stderr) == (2, "stepsim: error: --idle-timeout: must be a positive number of "
                                                  "seconds\n")
+
+
+def test_a_refused_command_runs_in_its_own_process(monkeypatch):
+    """A server that does not start the command (here one that refuses every request) makes the program run it
+    itself: forward() returns None and nothing was run twice."""
+    folder = tempfile.mkdtemp(prefix="stepsim-ref-", dir="/tmp")
+    monkeypatch.setenv("STEPSIM_SERVER_DIR", folder)
+    monkeypatch.delenv("STEPSIM_SERVER")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(client.socket_path(folder, client.fingerprint()))
+    listener.listen(1)
+    requests = []
+
+    def refuse():
+        conn, _ = listener.accept()
+        request, fds = client.recv_message(conn, max_fds=3)
+        for fd in fds:
+            os.close(fd)
+        requests.append((request["run"], len(fds)))
+        client.send_message(conn, {"refused": "test"})
+        conn.close()
+
+    server = threading.Thread(target=refuse)
+    server.start()
+    try:
+        assert client.forward(["stepsim", "run", "swiglu"]) is None
+    finally:
+        server.join(10)
+        listener.close()
+    assert requests == [(["run", "swiglu"], 3)]
