@@ -27,10 +27,10 @@ import math
 import time
 
 import pytest
-import sympy.core.operations
 from test_bench_hbm_scaling import synthetic_routing
 
 from stepsim.graph.graph import PUBLISHED
+from stepsim.graph.numeric import sympy_expressions_built
 from stepsim.workloads.base import as_int, substitute
 from stepsim.workloads.models import moe_model
 from stepsim.workloads.moe import build_moe
@@ -50,24 +50,6 @@ def _xreplace_totals(workload) -> tuple[int, int, int]:
         on += as_int(substitute(op.on_chip_bytes(PUBLISHED), workload.bindings))
         flops += as_int(substitute(op.flops(), workload.bindings))
     return off, on, flops
-
-
-def _sympy_built(workload) -> int:
-    """How many sympy sums and products (``AssocOp`` constructor calls) one ``workload.metrics()`` makes."""
-    built = 0
-    real = sympy.core.operations.AssocOp.__new__
-
-    def counting(cls, *args, **kwargs):
-        nonlocal built
-        built += 1
-        return real(cls, *args, **kwargs)
-
-    sympy.core.operations.AssocOp.__new__ = counting
-    try:
-        workload.metrics()
-    finally:
-        sympy.core.operations.AssocOp.__new__ = real
-    return built
 
 
 def _growth(tiling: str, experts: int, index: int, seconds: float) -> str:
@@ -92,7 +74,7 @@ def test_build_and_metrics_vs_experts(benchmark, bench_summary, experts, tiling)
     metrics = workload.metrics()
     metrics_s = time.perf_counter() - t0
     assert results[0] == metrics
-    sympy_built = _sympy_built(workload)  # a third call: the count's wrapper stays out of the timed one
+    sympy_built = sympy_expressions_built(workload.metrics)  # a third call: the count's wrapper stays out of the timed one
     xreplace = "        -"
     xreplace_s = None
     if experts <= XREPLACE_MAX_EXPERTS:

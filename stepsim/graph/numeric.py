@@ -124,3 +124,23 @@ def _truth(c, b) -> bool:
     if isinstance(c, sp.Not):
         return not _truth(c.args[0], b)
     raise Unsupported(c)
+
+
+def sympy_expressions_built(call) -> int:
+    """How many sympy sums and products (``AssocOp`` instances: Add, Mul, ...) ``call()`` constructs: the check
+    that a numeric path builds no expression per operator (tests, bench). Not thread-safe: it patches sympy's
+    ``AssocOp.__new__`` while ``call`` runs."""
+    count = 0
+    real = sp.core.operations.AssocOp.__new__
+
+    def counting(cls, *args, **kwargs):
+        nonlocal count
+        count += 1
+        return real(cls, *args, **kwargs)
+
+    sp.core.operations.AssocOp.__new__ = counting
+    try:
+        call()
+    finally:
+        sp.core.operations.AssocOp.__new__ = real
+    return count
