@@ -180,8 +180,8 @@ def _run_child(conn: socket.socket, fds: list[int], request: dict) -> None:
     the command, send its exit status and exit."""
     status = 1
     try:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh process (the server's own handler: serve)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -208,12 +208,23 @@ def _run_child(conn: socket.socket, fds: list[int], request: dict) -> None:
         traceback.print_exc()
         status = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        _exit_as_python_does()
         with contextlib.suppress(OSError):
             client.send_message(conn, {"exit": status})
         os._exit(status & 0xFF)
+
+
+def _exit_as_python_does() -> None:
+    """What an interpreter does at exit that matters to the caller: the atexit handlers (a pool's clean-up,
+    those of the modules the server preloaded, as in any process that loaded them) and flushing the output,
+    before the status is sent, so everything the command writes is in place when its caller returns."""
+    import atexit
+
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()  # noqa: SLF001 - os._exit below skips them; nothing else runs them in a child
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _reopen_stdio(settings: list) -> None:
