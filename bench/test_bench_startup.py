@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,7 +171,7 @@ def test_warm_run_swiglu_whole_process(benchmark, rounds, bench_summary, tmp_pat
     from stepsim.kernels.api import _engine, _ensure_compiled
 
     _ensure_compiled(_engine())  # the working tree's cache is warm before timing
-    folder = tempfile.mkdtemp(prefix="stepsim-bench-", dir="/tmp")  # short: socket paths are limited
+    folder = tempfile.mkdtemp(prefix="stepsim-bench-", dir="/tmp")  # short: socket paths are limited; removed below
     served = dict(os.environ, STEPSIM_SERVER_DIR=folder, STEPSIM_SERVER="on")
     alone = dict(served, STEPSIM_SERVER="off")
     run = [sys.executable, "-m", "stepsim", "run", "swiglu", "--json"]
@@ -195,6 +196,7 @@ def test_warm_run_swiglu_whole_process(benchmark, rounds, bench_summary, tmp_pat
         benchmark.pedantic(once, rounds=rounds(5), iterations=1, warmup_rounds=1)
     finally:
         subprocess.run([sys.executable, "-m", "stepsim", "server", "stop"], env=served, cwd=tmp_path)
+        shutil.rmtree(folder, ignore_errors=True)
     records = [json.loads(outputs[name]) for name in ("stepsim run swiglu", "stepsim run swiglu, server")]
     assert [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records] == [
         {k: v for k, v in records[0].items() if not k.endswith("_s")}] * 2

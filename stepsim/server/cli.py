@@ -12,7 +12,7 @@ import time
 
 from stepsim.errors import ConfigError, StepsimError
 from stepsim.server import client
-from stepsim.server.daemon import state_file
+from stepsim.server.daemon import log_file, state_file
 
 #: default idle timeout of a server (seconds)
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
@@ -64,7 +64,7 @@ def _start(args) -> int:
     if running:
         print(f"stepsim server: already running (pid {running['pid']}, socket {path})")
         return 0
-    log_path = path[: -len(".sock")] + ".log"
+    log_path = log_file(path)
     spec = json.dumps({"path": sys.path, "socket": path, "idle_timeout": args.idle_timeout})
     with open(log_path, "ab") as log:
         process = subprocess.Popen([sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _BOOT, spec],

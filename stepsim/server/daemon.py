@@ -71,8 +71,20 @@ def serve(socket_file: str, idle_timeout: float) -> None:
         listener.close()
         if _still_ours(socket_file, inode):
             os.unlink(socket_file)
+            _remove_if_empty(log_file(socket_file))  # a log is kept only when it says something
         with contextlib.suppress(FileNotFoundError):
             os.unlink(state_file(socket_file))
+
+
+def log_file(socket_file: str) -> str:
+    """The server's log beside its socket (its stdout and stderr; empty unless something went wrong)."""
+    return socket_file[: -len(".sock")] + ".log"
+
+
+def _remove_if_empty(path: str) -> None:
+    with contextlib.suppress(OSError):
+        if os.path.getsize(path) == 0:
+            os.unlink(path)
 
 
 def state_file(socket_file: str) -> str:

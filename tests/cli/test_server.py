@@ -28,11 +28,21 @@ STEPSIM = [sys.executable, "-m", "stepsim"]
 TIMING_KEYS = ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")
 
 
+def _short_folder(prefix: str):
+    """A private folder under /tmp, removed afterwards: pytest's own are too deep for a socket path (at most 107
+    bytes)."""
+    return tempfile.TemporaryDirectory(prefix=prefix, dir="/tmp")
+
+
 @pytest.fixture(scope="module")
 def server_env():
-    """The environment of this module's commands: a private server folder (short: socket paths are limited to
-    107 bytes), forwarding on; a server is started in it for the module and stopped afterwards."""
-    folder = tempfile.mkdtemp(prefix="stepsim-srv-", dir="/tmp")
+    """The environment of this module's commands: a private server folder, forwarding on; a server is started in
+    it for the module and stopped afterwards."""
+    with _short_folder("stepsim-srv-") as folder:
+        yield from _server_in(folder)
+
+
+def _server_in(folder: str):
     env = dict(os.environ, STEPSIM_SERVER_DIR=folder)
     env.pop("STEPSIM_SERVER", None)
     start = subprocess.run([*STEPSIM, "server", "start", "--idle-timeout", "300"], env=env, capture_output=True,
@@ -144,24 +154,27 @@ def test_a_killed_caller_stops_its_command(server_env, long_trace, tmp_path):
 
 
 def test_start_refuses_a_folder_others_can_enter(tmp_path):
-    folder = Path(tempfile.mkdtemp(prefix="stepsim-open-", dir="/tmp"))
-    folder.chmod(0o755)
-    env = dict(os.environ, STEPSIM_SERVER_DIR=str(folder))
-    proc = _run(["server", "start"], env, tmp_path)
+    with _short_folder("stepsim-open-") as folder:
+        Path(folder).chmod(0o755)
+        env = dict(os.environ, STEPSIM_SERVER_DIR=folder)
+        proc = _run(["server", "start"], env, tmp_path)
     assert (proc.returncode, proc.stderr) == (2, f"stepsim: error: server folder {folder} is open to other users "
                                                  f"(mode 755; it must be 700) (STEPSIM_SERVER_DIR chooses another)\n")
-    folder.rmdir()
 
 
 def test_idle_server_ends_and_removes_its_socket(tmp_path):
-    folder = tempfile.mkdtemp(prefix="stepsim-idle-", dir="/tmp")
+    with _short_folder("stepsim-idle-") as folder:
+        _idle_server_ends(folder, tmp_path)
+
+
+def _idle_server_ends(folder: str, tmp_path: Path) -> None:
     env = dict(os.environ, STEPSIM_SERVER_DIR=folder)
     start = _run(["server", "start", "--idle-timeout", "1"], env, tmp_path)
     assert start.returncode == 0, start.stderr
     deadline = time.monotonic() + 30
     while any(n.endswith(".sock") for n in os.listdir(folder)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert sorted(n for n in os.listdir(folder) if not n.endswith(".log")) == []
+    assert os.listdir(folder) == []  # socket, state file and (empty) log removed
     status = _run(["server", "status"], env, tmp_path)
     assert status.stdout == f"stepsim server: none in {folder}\n"
 
@@ -175,7 +188,11 @@ def test_bad_start_flags(tmp_path):
 def test_a_refused_command_runs_in_its_own_process(monkeypatch):
     """A server that does not start the command (here one that refuses every request) makes the program run it
     itself: forward() returns None and nothing was run twice."""
-    folder = tempfile.mkdtemp(prefix="stepsim-ref-", dir="/tmp")
+    with _short_folder("stepsim-ref-") as folder:
+        _refusing_server_in(folder, monkeypatch)
+
+
+def _refusing_server_in(folder: str, monkeypatch) -> None:
     monkeypatch.setenv("STEPSIM_SERVER_DIR", folder)
     monkeypatch.delenv("STEPSIM_SERVER")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
