@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim.records import SCHEMA, concat_runs, run_config
+from stepsim.records import COLUMN_UNITS, concat_runs, run_config
 from stepsim.results import provenance_metadata, write_parquet_atomic
 from stepsim.workloads.config import bundled_trace
 from stepsim.workloads.models import canonical_model_name
@@ -51,13 +51,12 @@ def _has_values(table: pa.Table, column: str) -> bool:
 def format_table(table: pa.Table) -> str:
     """A fixed-width text table of the demo results, each cell with its unit (cycles, MB / GB, FLOP; the exact
     integers are in results.parquet)."""
-    from stepsim.display import format_value, schema_units
+    from stepsim.display import format_value
 
     cols = [c for c in ("tiling", "tile_n", "cycles", "off_chip_bytes", "on_chip_bytes", "flops")
             if c in table.column_names and (c != "cycles" or _has_values(table, c))]
     rows = table.select(cols).to_pylist()
-    units = schema_units(SCHEMA)
-    cells = [[format_value(r[c], units.get(c)) for c in cols] for r in rows]
+    cells = [[format_value(r[c], COLUMN_UNITS.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     def line(vals):
         return "  ".join(v.rjust(w) for v, w in zip(vals, widths))

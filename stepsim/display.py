@@ -1,7 +1,7 @@
 """What a person reads: CLI values with their units (cycles, MB / GB, GFLOP, %, s), rounded; ``--json`` keeps the
 exact numbers.
 
-:func:`format_value` turns one value and its unit (the ``unit`` metadata of :data:`stepsim.records.SCHEMA`) into
+:func:`format_value` turns one value and its unit (:data:`stepsim.records.COLUMN_UNITS`, also the ``unit`` metadata of the Parquet columns) into
 text; :func:`record_lines` is the ``stepsim run`` / ``stepsim metrics`` view of one record (concise by default,
 every column with ``--verbose``). Byte and FLOP counts use decimal prefixes (1 MB = 10**6 bytes, as disk and bandwidth
 figures do); the exact integer is in ``--json``, the Parquet files, and (``--verbose``) in parentheses.
@@ -10,8 +10,6 @@ figures do); the exact integer is in ``--json``, the Parquet files, and (``--ver
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import pyarrow as pa
 
 #: decimal prefixes, largest first
 _PREFIXES = ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "k"))
@@ -70,18 +68,13 @@ def format_value(value, unit: str | None, *, exact: bool = False) -> str:
     return f"{number} {unit}"
 
 
-def schema_units(schema: pa.Schema) -> dict[str, str | None]:
-    """Column name -> its ``unit`` metadata (None where a column has none)."""
-    return {f.name: (f.metadata or {}).get(b"unit", b"").decode() or None for f in schema}
-
-
-def record_lines(row: Mapping, schema: pa.Schema, *, verbose: bool = False) -> list[str]:
-    """Aligned ``column  value unit`` lines of a record's set (non-null) columns.
+def record_lines(row: Mapping, units: Mapping[str, str], *, verbose: bool = False) -> list[str]:
+    """Aligned ``column  value unit`` lines of a record's set (non-null) columns; ``units``: {column: unit}
+    (:data:`stepsim.records.COLUMN_UNITS`).
 
     The concise view (default) leaves out :data:`VERBOSE_ONLY`; ``verbose`` shows every column and the exact
     byte counts next to the rounded ones.
     """
-    units = schema_units(schema)
     shown = {k: v for k, v in row.items() if v is not None and (verbose or k not in VERBOSE_ONLY)}
     width = max(map(len, shown), default=0)
     return [f"{key:<{width}}  {format_value(value, units.get(key), exact=verbose)}" for key, value in shown.items()]

@@ -11,9 +11,12 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 
+from stepsim.lazy_import import LAZY_IMPORTS
+
 #: modules the fork server imports once so forked workers start with them loaded (the worker code, the
-#: record builder with sympy and the workloads, the engine module with numba)
-FORKSERVER_PRELOAD = ("stepsim.sweep.tasks", "stepsim.records", "stepsim.simulate", "stepsim.kernels.engine")
+#: record builder and the workloads, the engine module with numba, sympy and pyarrow)
+FORKSERVER_PRELOAD = ("stepsim.sweep.tasks", "stepsim.records", "stepsim.simulate", "stepsim.kernels.engine",
+                      *LAZY_IMPORTS)
 #: imported too for simulation sweeps: loads the engine kernels in the fork server (see that module)
 FORKSERVER_WARM = "stepsim.sweep.forkserver_preload"
 

@@ -80,6 +80,7 @@ writes ``part-<run_id[:16]>.parquet`` (the row) and, for simulations, ``_units-<
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import re
@@ -89,14 +90,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from stepsim._version import __version__
 from stepsim.bounds import cycle_bounds
 from stepsim.defaults import TIMING_MODEL_VERSION, UNSET, WORKLOAD_CHANNEL_DEPTH, resolve_channel_depth
 from stepsim.errors import ConfigError
 from stepsim.graph.gcpause import gc_paused
 from stepsim.hardware import Hardware
+from stepsim.lazy_import import LazyModule
 from stepsim.results import (
     TRACE_HASH_KEY,
     canonical_json,
@@ -120,8 +120,13 @@ from stepsim.workloads.config import (
 )
 from stepsim.workloads.models import is_model_file
 
-__all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult", "allocated_compute_flops",
-           "concat_runs", "identity", "read_runs", "run_config", "run_identity", "trace_sha256"]
+#: pyarrow, imported when a table is first made (a printed record needs none)
+pa = LazyModule("pyarrow")
+
+# The three Arrow schemas are made on first use (module __getattr__ below), which ruff cannot see.
+__all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult",  # noqa: F822
+           "allocated_compute_flops", "concat_runs", "identity", "read_runs", "run_config", "run_identity",
+           "trace_sha256"]
 
 
 class NotSimulatedError(ConfigError):
@@ -136,51 +141,64 @@ class NotSimulatedError(ConfigError):
 _STRING_KNOBS = {k for k in KNOBS if k in CHOICES or k in STRING_KEYS}
 
 
-def _field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:
-    return pa.field(name, typ, metadata={"unit": unit} if unit else None)
+# Columns are plain (name, Arrow type, unit) triples, so a record is built and printed without pyarrow (0.1 s of
+# start-up); the Arrow schemas are made from them when a table is first written or read.
+def _strings(*names: str) -> list[tuple]:
+    return [(name, "string", None) for name in names]
 
 
-def _i64(name: str, unit: str) -> pa.Field:
-    return _field(name, pa.int64(), unit)
+def _i64(unit: str, *names: str) -> list[tuple]:
+    return [(name, "int64", unit) for name in names]
 
 
-def _f64(name: str, unit: str) -> pa.Field:
-    return _field(name, pa.float64(), unit)
+def _f64(unit: str, *names: str) -> list[tuple]:
+    return [(name, "float64", unit) for name in names]
 
 
-#: the row schema (see the module docstring for every column's meaning)
-SCHEMA = pa.schema(
-    [_field(name, pa.string()) for name in ("run_id", "mode", "stepsim_version", "trace_path", "trace_sha256",
-                                            "hardware_name")]
-    + [_field(k, pa.string() if k in _STRING_KNOBS else pa.int64()) for k in KNOBS]
-    + [_field("params", pa.string()), _i64("cycles", "cycles")]
-    + [_i64(name, "bytes") for name in ("off_chip_bytes", "off_chip_bytes_read", "off_chip_bytes_written",
-                                        "off_chip_bytes_measured", "off_chip_bytes_symbolic", "on_chip_bytes",
-                                        "on_chip_bytes_active")]
-    + [_i64(name, "FLOP") for name in ("flops", "graph_flops", "algorithmic_flops")]
-    + [_i64("allocated_compute_flops_per_cycle", "FLOP/cycle"), _i64("hbm_bytes_per_cycle", "bytes/cycle"),
-       _i64("load_unit_cycles", "cycles"), _i64("compute_unit_cycles", "cycles"),
-       _i64("hbm_request_cycles", "cycles"),
-       _f64("compute_utilization", "ratio"), _f64("off_chip_bw_utilization", "ratio"),
-       _i64("events", "count"), _i64("fires", "count")]
-    + [_f64(name, "s") for name in ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")]
-    + [_f64("check_max_rel_error", "ratio"), _f64("check_tolerance", "ratio"), _field("check_passed", pa.bool_())]
+#: the row's columns, (name, Arrow type, unit or None), in order (see the module docstring for their meaning)
+COLUMNS = tuple(
+    _strings("run_id", "mode", "stepsim_version", "trace_path", "trace_sha256", "hardware_name")
+    + [(k, "string" if k in _STRING_KNOBS else "int64", None) for k in KNOBS]
+    + _strings("params") + _i64("cycles", "cycles")
+    + _i64("bytes", "off_chip_bytes", "off_chip_bytes_read", "off_chip_bytes_written", "off_chip_bytes_measured",
+           "off_chip_bytes_symbolic", "on_chip_bytes", "on_chip_bytes_active")
+    + _i64("FLOP", "flops", "graph_flops", "algorithmic_flops")
+    + _i64("FLOP/cycle", "allocated_compute_flops_per_cycle") + _i64("bytes/cycle", "hbm_bytes_per_cycle")
+    + _i64("cycles", "load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles")
+    + _f64("ratio", "compute_utilization", "off_chip_bw_utilization") + _i64("count", "events", "fires")
+    + _f64("s", "build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")
+    + _f64("ratio", "check_max_rel_error", "check_tolerance") + [("check_passed", "bool", None)]
 )
-
+#: the row's column names, in order
+COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
+#: {column: unit} of the row's columns that have one
+COLUMN_UNITS = {name: unit for name, _, unit in COLUMNS if unit}
 #: per-unit counters of a simulation run (one row per engine unit, in program order)
-UNIT_SCHEMA = pa.schema([
-    _field("run_id", pa.string()), _field("name", pa.string()), _field("kind", pa.string()),
-    _i64("fires", "count"), _i64("busy_cycles", "cycles"), _i64("blocked_in_cycles", "cycles"),
-    _i64("blocked_out_cycles", "cycles"), _i64("final_clock", "cycles"), _f64("utilization", "ratio"),
-])
-
+UNIT_COLUMNS = tuple(
+    _strings("run_id", "name", "kind")
+    + _i64("count", "fires") + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
+    + _f64("ratio", "utilization"))
 #: per-channel counters of a simulation run (one row per FIFO channel, in program order)
-CHANNEL_SCHEMA = pa.schema([
-    _field("run_id", pa.string()), _field("name", pa.string()), _i64("pushes", "count"),
-    _i64("peak_occupancy", "elements"),
-])
+CHANNEL_COLUMNS = tuple(_strings("run_id", "name") + _i64("count", "pushes") + _i64("elements", "peak_occupancy"))
+#: the Arrow schemas (module attributes made on first use): row, per-unit and per-channel
+_SCHEMA_COLUMNS = {"SCHEMA": COLUMNS, "UNIT_SCHEMA": UNIT_COLUMNS, "CHANNEL_SCHEMA": CHANNEL_COLUMNS}
 
-_KINDS = {"runs": ("part-", SCHEMA), "units": ("_units-", UNIT_SCHEMA), "channels": ("_channels-", CHANNEL_SCHEMA)}
+
+@functools.cache
+def arrow_schema(columns: tuple) -> pa.Schema:
+    """The Arrow schema of ``columns`` ((name, Arrow type, unit) triples; units in field metadata)."""
+    return pa.schema([pa.field(name, getattr(pa, "bool_" if typ == "bool" else typ)(),
+                               metadata={"unit": unit} if unit else None) for name, typ, unit in columns])
+
+
+def __getattr__(name: str):
+    if name in _SCHEMA_COLUMNS:
+        return arrow_schema(_SCHEMA_COLUMNS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: {kind: (file name prefix, columns)} of the three tables a run folder holds
+_KINDS = {"runs": ("part-", COLUMNS), "units": ("_units-", UNIT_COLUMNS), "channels": ("_channels-", CHANNEL_COLUMNS)}
 
 
 # --- small pure helpers -----------------------------------------------------------------------------------
@@ -349,8 +367,9 @@ class RunResult:
 
     row: dict
     config: dict
-    _units: pa.Table | None = field(default=None, repr=False)
-    _channels: pa.Table | None = field(default=None, repr=False)
+    #: per-unit and per-channel counters, {column: values} (Arrow tables are made when asked for)
+    _units: dict | None = field(default=None, repr=False)
+    _channels: dict | None = field(default=None, repr=False)
     #: ``run_config(..., timeline=N)``: the run's :class:`stepsim.timeline.Timeline` (not part of the record)
     timeline: object | None = field(default=None, repr=False)
 
@@ -414,11 +433,11 @@ class RunResult:
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
                    compile_s=_attr(sim, "compile_s"), sim_wall_s=_attr(sim, "sim_wall_s"), total_s=timings.total_s)
-        row = {name: row.get(name) for name in SCHEMA.names}  # check_* stay null unless run_config checks
+        row = {name: row.get(name) for name in COLUMN_NAMES}  # check_* stay null unless run_config checks
         units = channels = None
         if sim is not None:
-            units = _unit_table(run_id, sim, workload)
-            channels = _channel_table(run_id, sim)
+            units = _unit_columns(run_id, sim, workload)
+            channels = _channel_columns(run_id, sim)
         return cls(row=row, config=ident, _units=units, _channels=channels)
 
     # --- views ----------------------------------------------------------------------------------------
@@ -434,7 +453,7 @@ class RunResult:
 
     def to_arrow(self) -> pa.Table:
         """The row as a one-row table with :data:`SCHEMA` (units in field metadata)."""
-        return pa.Table.from_pylist([self.row], schema=SCHEMA)
+        return pa.Table.from_pylist([self.row], schema=arrow_schema(COLUMNS))
 
     def unit_table(self) -> pa.Table:
         """Per-unit counters (:data:`UNIT_SCHEMA`), one row per engine unit.
@@ -444,7 +463,7 @@ class RunResult:
         NotSimulatedError
             This is a metrics run.
         """
-        return self._need_simulation("unit counters", self._units)
+        return self._need_simulation("unit counters", self._units, UNIT_COLUMNS)
 
     def channel_table(self) -> pa.Table:
         """Per-channel counters (:data:`CHANNEL_SCHEMA`), one row per FIFO channel.
@@ -454,13 +473,13 @@ class RunResult:
         NotSimulatedError
             This is a metrics run.
         """
-        return self._need_simulation("channel counters", self._channels)
+        return self._need_simulation("channel counters", self._channels, CHANNEL_COLUMNS)
 
-    def _need_simulation(self, what: str, table: pa.Table | None) -> pa.Table:
-        if table is None:
+    def _need_simulation(self, what: str, data: dict | None, columns: tuple) -> pa.Table:
+        if data is None:
             raise NotSimulatedError(f"run {self.run_id[:16]} ({self.row['workload']}) is a metrics run "
                                     f"(mode 'metrics'); {what} exist only for mode 'simulate'")
-        return table
+        return pa.Table.from_pydict(data, schema=arrow_schema(columns))
 
     # --- output ---------------------------------------------------------------------------------------
     def provenance(self) -> dict[str, str]:
@@ -498,7 +517,7 @@ class RunResult:
         if self.simulated:
             folder = partition_dir(out_dir, self.row, partition_cols)
             meta = self.provenance()
-            for kind, table in (("units", self._units), ("channels", self._channels)):
+            for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
                 path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
                 paths[kind] = write_parquet_atomic(table, path, meta)
         return paths
@@ -545,29 +564,27 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
     return out
 
 
-def _unit_table(run_id: str, sim, workload: Workload) -> pa.Table:
+def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
     """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock)."""
     kinds = {op.name: type(op).__name__ for op in workload.graph.ops}
     counters = sim.unit_counters
     names = list(sim.unit_names)
     cycles = int(sim.cycles)
     busy = [int(v) for v in counters[:, 1]]
-    return pa.Table.from_pydict({
+    return {
         "run_id": [run_id] * len(names), "name": names, "kind": [_unit_kind(n, kinds) for n in names],
         "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
         "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
         "utilization": [b / cycles if cycles else None for b in busy],
-    }, schema=UNIT_SCHEMA)
+    }
 
 
-def _channel_table(run_id: str, sim) -> pa.Table:
+def _channel_columns(run_id: str, sim) -> dict[str, list]:
     """Per-channel counters of ``sim`` (columns of SimResult.channel_counters: pushes, peak occupancy)."""
     counters = sim.channel_counters
     names = list(sim.channel_names)
-    return pa.Table.from_pydict({
-        "run_id": [run_id] * len(names), "name": names, "pushes": counters[:, 0].tolist(),
-        "peak_occupancy": counters[:, 1].tolist(),
-    }, schema=CHANNEL_SCHEMA)
+    return {"run_id": [run_id] * len(names), "name": names, "pushes": counters[:, 0].tolist(),
+            "peak_occupancy": counters[:, 1].tolist()}
 
 
 # --- running and collecting -------------------------------------------------------------------------------
@@ -653,9 +670,9 @@ def concat_runs(runs: Iterable[RunResult], kind: str = "runs") -> pa.Table:
         raise ConfigError(f"kind must be one of {', '.join(_KINDS)}, got {kind!r}")
     runs = list(runs)
     if kind == "runs":
-        return pa.Table.from_pylist([r.row for r in runs], schema=SCHEMA)
+        return pa.Table.from_pylist([r.row for r in runs], schema=arrow_schema(COLUMNS))
     tables = [r.unit_table() if kind == "units" else r.channel_table() for r in runs if r.simulated]
-    return pa.concat_tables(tables) if tables else _KINDS[kind][1].empty_table()
+    return pa.concat_tables(tables) if tables else arrow_schema(_KINDS[kind][1]).empty_table()
 
 
 def read_runs(root: str | os.PathLike, partition_cols: tuple[str, ...] = (), kind: str = "runs",

@@ -24,12 +24,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from stepsim._version import __version__
 from stepsim.errors import ConfigError
+from stepsim.lazy_import import LazyModule
+
+# pyarrow is imported when a table is first written or read (a command that only prints imports none of it)
+pa, ds, pq = LazyModule("pyarrow"), LazyModule("pyarrow.dataset"), LazyModule("pyarrow.parquet")
 
 VERSION_KEY = "stepsim.version"
 CONFIG_HASH_KEY = "stepsim.config_hash"

@@ -9,7 +9,7 @@ No timing and no numba here. Build a graph by constructing operators against a :
     g.off_chip_bytes()     # sympy expression in bytes
 """
 
-from stepsim.graph.dims import RaggedSymbol, is_ragged, make_symbol
+from stepsim.graph.dims import is_ragged, make_symbol
 from stepsim.graph.dims import kind as dim_kind
 from stepsim.graph.dtypes import (
                                   BF16,
@@ -85,4 +85,12 @@ from stepsim.graph.ops_sources import (
 )
 from stepsim.graph.stream import Stream, stop_level
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ = [name for name in dir() if not name.startswith("_")] + ["RaggedSymbol"]
+
+
+def __getattr__(name: str):
+    if name == "RaggedSymbol":  # a sympy subclass, defined when first asked for (stepsim.graph.dims)
+        from stepsim.graph.dims import ragged_symbol_class
+
+        return ragged_symbol_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,24 +13,45 @@ never from a process-global counter, so two builds of the same graph give identi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-from typing import Union
-
-import sympy as sp
+from typing import TYPE_CHECKING, Union
 
 from stepsim.errors import ArgumentError
+from stepsim.lazy_import import LazyModule
 
-Dim = Union[int, sp.Expr]
+if TYPE_CHECKING:
+    import sympy
+
+#: sympy, imported when a graph first has a symbolic dimension (all-static graphs never import it)
+sp = LazyModule("sympy")
+
+Dim = Union[int, "sympy.Expr"]
 Shape = tuple  # tuple[Dim, ...], outermost first: (D_N, ..., D_0)
 
 
-class RaggedSymbol(sp.Symbol):
-    """A symbol standing for a ragged dimension (its value differs between sub-tensors of one stream)."""
+@functools.cache
+def ragged_symbol_class() -> type:
+    """The class :class:`RaggedSymbol`, a sympy ``Symbol`` subclass standing for a ragged dimension (its value
+    differs between sub-tensors of one stream). Defined on first use because it subclasses a sympy class;
+    ``stepsim.graph.dims.RaggedSymbol`` names it (and pickle finds it there)."""
+
+    class RaggedSymbol(sp.Symbol):
+        """A symbol standing for a ragged dimension (its value differs between sub-tensors of one stream)."""
+
+    RaggedSymbol.__module__, RaggedSymbol.__qualname__ = __name__, "RaggedSymbol"
+    return RaggedSymbol
 
 
-def make_symbol(name: str, ragged: bool = False) -> sp.Symbol:
+def __getattr__(name: str):
+    if name == "RaggedSymbol":
+        return ragged_symbol_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_symbol(name: str, ragged: bool = False) -> sympy.Symbol:
     """Create the dimension symbol ``name`` (integer, nonnegative); ragged symbols absorb expressions."""
-    cls = RaggedSymbol if ragged else sp.Symbol
+    cls = ragged_symbol_class() if ragged else sp.Symbol
     return cls(name, integer=True, nonnegative=True)
 
 
@@ -60,7 +81,7 @@ def is_static(d: Dim) -> bool:
 def is_ragged(d: Dim) -> bool:
     """True when the expression contains a ragged symbol (the absorbing rule)."""
     d = normalize(d)
-    return not isinstance(d, int) and any(isinstance(s, RaggedSymbol) for s in d.free_symbols)
+    return not isinstance(d, int) and any(isinstance(s, ragged_symbol_class()) for s in d.free_symbols)
 
 
 def kind(d: Dim) -> str:
@@ -70,7 +91,7 @@ def kind(d: Dim) -> str:
     return "ragged" if is_ragged(d) else "dynamic"
 
 
-def as_expr(d: Dim) -> sp.Expr:
+def as_expr(d: Dim) -> sympy.Expr:
     """The dimension as a sympy expression."""
     return sp.Integer(d) if isinstance(d, int) else d
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sympy as sp
-
 from stepsim.errors import ArgumentError
-from stepsim.graph.dims import Dim, fmt_dim, fmt_shape, is_static, normalize, product
+from stepsim.graph.dims import Dim, fmt_dim, fmt_shape, is_static, normalize, product, sp
 
 
 @dataclass(frozen=True)

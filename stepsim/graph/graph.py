@@ -16,10 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-import sympy as sp
-
 from stepsim.errors import ArgumentError, GraphError
-from stepsim.graph.dims import normalize
+from stepsim.graph.dims import normalize, sp
 from stepsim.graph.stream import Stream
 
 

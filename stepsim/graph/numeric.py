@@ -13,11 +13,12 @@ ceiling, Mod, Max, Min and Piecewise with relational / boolean conditions. Anyth
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from fractions import Fraction
 
-import sympy as sp
+from stepsim.graph.dims import sp
 
 
 class Unsupported(Exception):
@@ -102,11 +103,12 @@ def _value(e, b):
     raise Unsupported(e)
 
 
-_RELATIONS = {
-    sp.GreaterThan: lambda x, y: x >= y, sp.StrictGreaterThan: lambda x, y: x > y,
-    sp.LessThan: lambda x, y: x <= y, sp.StrictLessThan: lambda x, y: x < y,
-    sp.Equality: lambda x, y: x == y, sp.Unequality: lambda x, y: x != y,
-}
+@functools.cache
+def _relations() -> dict:
+    """{sympy relational class: its test on numbers} (built on first use: sympy is imported lazily)."""
+    return {sp.GreaterThan: lambda x, y: x >= y, sp.StrictGreaterThan: lambda x, y: x > y,
+            sp.LessThan: lambda x, y: x <= y, sp.StrictLessThan: lambda x, y: x < y,
+            sp.Equality: lambda x, y: x == y, sp.Unequality: lambda x, y: x != y}
 
 
 def _truth(c, b) -> bool:
@@ -114,7 +116,7 @@ def _truth(c, b) -> bool:
         return True
     if c is sp.false:
         return False
-    relation = _RELATIONS.get(type(c))
+    relation = _relations().get(type(c))
     if relation is not None:
         return relation(_value(c.lhs, b), _value(c.rhs, b))
     if isinstance(c, sp.And):

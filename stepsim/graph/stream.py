@@ -5,10 +5,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import sympy as sp
-
 from stepsim.errors import ArgumentError
-from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal
+from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal, sp
 from stepsim.graph.dtypes import ElementType
 
 

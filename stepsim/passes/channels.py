@@ -28,9 +28,8 @@ import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 
-import sympy as sp
-
 from stepsim.graph import ops_shape as S
+from stepsim.graph.dims import sp
 from stepsim.graph.dtypes import size_in_bytes
 from stepsim.graph.graph import Graph, Op
 

@@ -207,10 +207,10 @@ def _knob_keys() -> tuple:
 
 def _row_columns() -> list:
     """Columns of a sweep row: the record schema plus the sweep's status columns."""
-    from stepsim.records import SCHEMA
+    from stepsim.records import COLUMN_NAMES
     from stepsim.sweep.rows import SWEEP_COLUMNS
 
-    return [*SCHEMA.names, *SWEEP_COLUMNS.names]
+    return [*COLUMN_NAMES, *SWEEP_COLUMNS.names]
 
 
 def _check_keys(data: Mapping, known, source: Path, *, where: str) -> None:

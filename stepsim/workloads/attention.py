@@ -69,7 +69,6 @@ on the assignment (``sum_i R_i*T_i`` is always the batch's tile total), only per
 from __future__ import annotations
 
 import numpy as np
-import sympy as sp
 
 from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.errors import ArgumentError
@@ -112,7 +111,7 @@ from stepsim.graph import (
     Tile,
     Zero,
 )
-from stepsim.graph.dims import make_symbol
+from stepsim.graph.dims import make_symbol, sp
 from stepsim.graph.gcpause import gc_paused
 from stepsim.workloads.base import Workload
 

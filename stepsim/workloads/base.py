@@ -12,9 +12,8 @@ from fractions import Fraction
 from functools import partial
 from typing import Any, NamedTuple
 
-import sympy as sp
-
 from stepsim.defaults import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
+from stepsim.graph.dims import sp
 from stepsim.graph.gcpause import gc_paused
 from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
 from stepsim.graph.numeric import Unbound, Unsupported, exact_value, python_bindings

@@ -109,9 +109,9 @@ def _print_record(record, as_json: bool, verbose: bool = False) -> None:
         print(json.dumps(record.row))
         return
     from stepsim.display import record_lines
-    from stepsim.records import SCHEMA
+    from stepsim.records import COLUMN_UNITS
 
-    print("\n".join(record_lines(record.row, SCHEMA, verbose=verbose)))
+    print("\n".join(record_lines(record.row, COLUMN_UNITS, verbose=verbose)))
 
 
 def _write_record(record, out: str | None, as_json: bool) -> None:

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 #: run the command as the program (argv None), then report what the process holds
 PROGRAM = """
 import io, contextlib, gc, json, sys
@@ -14,7 +16,18 @@ with contextlib.redirect_stdout(out):
     status = main()
 import numba.np.arraymath as arraymath
 print(json.dumps({"status": status, "scipy_linalg": "scipy.linalg" in sys.modules, "blas": arraymath._HAVE_BLAS,
-                  "frozen": gc.get_freeze_count() > 0, "cycles": json.loads(out.getvalue())["cycles"]}))
+                  "frozen": gc.get_freeze_count() > 0, "cycles": json.loads(out.getvalue())["cycles"],
+                  "sympy": "sympy" in sys.modules, "pyarrow": "pyarrow" in sys.modules}))
+"""
+
+#: run ``stepsim ARGS`` as the program; report which of the lazily imported packages it imported
+IMPORTS = """
+import io, contextlib, json, sys
+sys.argv = ["stepsim", *json.loads(sys.argv[1])]
+from stepsim.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    status = main()
+print(json.dumps({"status": status, "sympy": "sympy" in sys.modules, "pyarrow": "pyarrow" in sys.modules}))
 """
 
 IN_PROCESS = """
@@ -28,14 +41,25 @@ print(json.dumps({"status": status, "scipy_linalg": "scipy.linalg" in sys.module
 """
 
 
-def _run(code: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+def _run(code: str, *args: str, cwd=None) -> dict:
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True, cwd=cwd)
     return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_a_command_skips_numbas_blas_probe_and_freezes_before_exit():
     program = _run(PROGRAM)
     assert program == {"status": 0, "scipy_linalg": False, "blas": False, "frozen": True,
-                       "cycles": program["cycles"]}
+                       "cycles": program["cycles"], "sympy": False, "pyarrow": False}
     # an in-process caller keeps numba's own set-up (its BLAS probe imports scipy.linalg); same cycles
     assert _run(IN_PROCESS) == {"status": 0, "scipy_linalg": True, "cycles": program["cycles"]}
+
+
+@pytest.mark.parametrize(("args", "sympy", "pyarrow"), [
+    (["run", "swiglu"], False, False),  # static shapes only, the record printed
+    (["run", "swiglu", "--out", "out"], False, True),  # Parquet written
+    (["run", "moe", "--json"], True, True),  # token counts per expert are symbols; the routing trace is Arrow
+])
+def test_sympy_and_pyarrow_are_imported_only_when_used(tmp_path, args, sympy, pyarrow):
+    """sympy (0.3-0.4 s) and pyarrow (0.1 s) are most of a short command's start-up; see stepsim/lazy_import.py."""
+    assert _run(IMPORTS, json.dumps(args), cwd=tmp_path) == {"status": 0, "sympy": sympy, "pyarrow": pyarrow}
+    assert (tmp_path / "out").is_dir() == ("--out" in args)

@@ -636,6 +636,20 @@ def test_dimension_kinds_static_dynamic_ragged():
     assert isinstance(R, RaggedSymbol) and isinstance(R, sp.Symbol)
 
 
+def test_ragged_symbols_pickle_as_ragged_symbols():
+    """RaggedSymbol is defined on first use (sympy is imported lazily); pickle still finds it by name, so sweeps
+    can send ragged expressions to worker processes."""
+    import pickle
+
+    from stepsim.graph import dims
+
+    R = make_symbol("R", ragged=True)
+    assert RaggedSymbol is dims.RaggedSymbol
+    assert RaggedSymbol.__module__ + "." + RaggedSymbol.__qualname__ == "stepsim.graph.dims.RaggedSymbol"
+    copy = pickle.loads(pickle.dumps(R * 3 + 1))
+    assert copy == R * 3 + 1 and dim_kind(copy) == "ragged"
+
+
 def test_ragged_symbols_absorb_every_expression_they_appear_in():
     X, Y = make_symbol("X"), make_symbol("Y")
     R = make_symbol("R", ragged=True)
