@@ -11,12 +11,11 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 
-from stepsim.lazy_import import LAZY_IMPORTS
-
 #: modules the fork server imports once so forked workers start with them loaded (the worker code, the
-#: record builder and the workloads, the engine module with numba, sympy and pyarrow)
+#: record builder and the workloads, the engine module with numba, and sympy and pyarrow, which stepsim's modules
+#: import on first use: stepsim.lazy_import)
 FORKSERVER_PRELOAD = ("stepsim.sweep.tasks", "stepsim.records", "stepsim.simulate", "stepsim.kernels.engine",
-                      *LAZY_IMPORTS)
+                      "sympy", "pyarrow.dataset", "pyarrow.parquet")
 #: imported too for simulation sweeps: loads the engine kernels in the fork server (see that module)
 FORKSERVER_WARM = "stepsim.sweep.forkserver_preload"
 

@@ -12,10 +12,6 @@ import importlib
 import sys
 from types import ModuleType
 
-#: the lazily imported modules; the processes that fork others (the worker pool's fork server, the command
-#: server) import them up front, so each worker or command does not import them again
-LAZY_IMPORTS = ("sympy", "pyarrow", "pyarrow.dataset", "pyarrow.parquet")
-
 
 class LazyModule:
     """Stands for the module ``name`` and imports it the first time one of its attributes is read.
@@ -26,9 +22,13 @@ class LazyModule:
     the first read those are plain module attribute look-ups again, with no forwarding in between.
     """
 
+    #: every stand-in created so far (see :func:`import_all`)
+    instances: list[LazyModule] = []
+
     def __init__(self, name: str) -> None:
         self._name = name
         self._module: ModuleType | None = None
+        LazyModule.instances.append(self)
 
     def __getattr__(self, attribute: str):
         return getattr(self._module or self.module(), attribute)
@@ -47,3 +47,11 @@ class LazyModule:
 
     def __repr__(self) -> str:
         return f"<lazily imported module {self._name!r}>"
+
+
+def import_all() -> None:
+    """Import every module that stands in for one now (and put them in place). The processes that fork others
+    (the worker pool's fork server, the command server) call it while preloading, so a worker or command
+    neither imports them again nor copies the module pages it would change by putting them in place."""
+    for stand_in in LazyModule.instances:
+        stand_in.module()

@@ -27,13 +27,12 @@ import threading
 import time
 import traceback
 
-from stepsim.lazy_import import LAZY_IMPORTS
 from stepsim.server import client
 
 #: modules the server imports before it serves (every command's module, the worker pool's preload); the kernels
 #: are loaded by the last one
 PRELOAD = ("stepsim.cli", "stepsim.sweep.tasks", "stepsim.records", "stepsim.simulate", "stepsim.kernels.engine",
-           "stepsim.sweep.forkserver_preload", *LAZY_IMPORTS)
+           "stepsim.sweep.forkserver_preload")  # the last one also imports sympy and pyarrow
 #: imported too when installed (the ``plot`` extra): a demo or reproduce run draws figures
 OPTIONAL_PRELOAD = ("matplotlib.pyplot",)
 #: seconds between checks of the idle timeout and of the socket file
