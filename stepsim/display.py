@@ -1,10 +1,11 @@
 """What a person reads: CLI values with their units (cycles, MB / GB, GFLOP, %, s), rounded; ``--json`` keeps the
 exact numbers.
 
-:func:`format_value` turns one value and its unit (:data:`stepsim.records.COLUMN_UNITS`, also the ``unit`` metadata of the Parquet columns) into
-text; :func:`record_lines` is the ``stepsim run`` / ``stepsim metrics`` view of one record (concise by default,
-every column with ``--verbose``). Byte and FLOP counts use decimal prefixes (1 MB = 10**6 bytes, as disk and bandwidth
-figures do); the exact integer is in ``--json``, the Parquet files, and (``--verbose``) in parentheses.
+:func:`format_value` turns one value and its unit (:data:`stepsim.records.COLUMN_UNITS`, also the ``unit``
+metadata of the Parquet columns) into text; :func:`record_lines` is the ``stepsim run`` / ``stepsim metrics`` view
+of one record (concise by default, every column with ``--verbose``). Byte and FLOP counts use decimal prefixes
+(1 MB = 10**6 bytes, as disk and bandwidth figures do); the exact integer is in ``--json``, the Parquet files, and
+(``--verbose``) in parentheses.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 sympy takes 0.3-0.4 s to import and pyarrow about 0.1 s, which is most of the start-up of a short command such as
 ``stepsim run swiglu --json``, whose graph has only static dimensions and which writes no Parquet. Modules that
 need them refer to them through a :class:`LazyModule`, so a command that never touches a symbolic dimension or
-an Arrow table never imports them (``tests/test_lazy_imports.py`` checks which commands do).
+an Arrow table never imports them (``tests/cli/test_process_startup.py`` checks which commands do).
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ COLUMN_UNITS = {name: unit for name, _, unit in COLUMNS if unit}
 #: per-unit counters of a simulation run (one row per engine unit, in program order)
 UNIT_COLUMNS = tuple(
     _strings("run_id", "name", "kind")
-    + _i64("count", "fires") + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
+    + _i64("count", "fires")
+    + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
     + _f64("ratio", "utilization"))
 #: per-channel counters of a simulation run (one row per FIFO channel, in program order)
 CHANNEL_COLUMNS = tuple(_strings("run_id", "name") + _i64("count", "pushes") + _i64("elements", "peak_occupancy"))
@@ -198,7 +199,8 @@ def __getattr__(name: str):
 
 
 #: {kind: (file name prefix, columns)} of the three tables a run folder holds
-_KINDS = {"runs": ("part-", COLUMNS), "units": ("_units-", UNIT_COLUMNS), "channels": ("_channels-", CHANNEL_COLUMNS)}
+_KINDS = {"runs": ("part-", COLUMNS), "units": ("_units-", UNIT_COLUMNS),
+          "channels": ("_channels-", CHANNEL_COLUMNS)}
 
 
 # --- small pure helpers -----------------------------------------------------------------------------------
