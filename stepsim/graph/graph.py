@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from stepsim.errors import ArgumentError, GraphError
-from stepsim.graph.dims import normalize, sp
+from stepsim.graph.dims import normalize, sp, sum_of_products
 from stepsim.graph.stream import Stream
 
 
@@ -190,6 +190,14 @@ class Op:
 
     def __repr__(self) -> str:
         return f"<{self.name}: " + ", ".join(str(s) for s in self.outputs) + ">"
+
+
+class OnChipFromTerms:
+    """Mixin (before :class:`Op` in the bases) for operators that define :meth:`Op.on_chip_bytes_terms`: their
+    :meth:`Op.on_chip_bytes` is the sum of the terms' products, so the two can never disagree."""
+
+    def on_chip_bytes(self, convention: OnChipConvention = PUBLISHED):
+        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class Placeholder(Op):

@@ -9,10 +9,10 @@ artifact's attention graphs use them (the reference simulator would panic dividi
 from __future__ import annotations
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, product, shapes_equal, sum_of_products
+from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
 from stepsim.graph.dtypes import TupleType, is_tile, size_factors, tile
 from stepsim.graph.functions import Empty, Function, Matmul, RowStreamify, Zero
-from stepsim.graph.graph import PUBLISHED, Op
+from stepsim.graph.graph import PUBLISHED, OnChipFromTerms, Op
 from stepsim.graph.stream import Stream
 
 
@@ -56,7 +56,7 @@ def _check_rank(op: Op, rank, s: Stream) -> int:
     return rank
 
 
-class _FiringOp(Op):
+class _FiringOp(OnChipFromTerms, Op):
     """A compute operator that fires once per element of its first input, applying ``fn`` to operands of the
     types ``firing_types()`` (which subclasses give)."""
 
@@ -129,9 +129,6 @@ class Map(_FiringOp):
             return ((0,),)
         return (size_factors(self.stream.dtype), *(size_factors(s) for s in self.operand_types))
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
-
 
 def UnaryMap(graph, inp, fn, **kw) -> Map:
     """Map with one operand (artifact name)."""
@@ -175,9 +172,6 @@ class Accum(_FiringOp):
         if convention.count_fifos and convention.mode == 1:
             return (size_factors(self.out_dtype), size_factors(self.inputs[0].stream.dtype))
         return (size_factors(self.out_dtype),)
-
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class MapAccum(_FiringOp):
@@ -224,9 +218,6 @@ class MapAccum(_FiringOp):
             return ((16, a.cols), size_factors(b), out)
         return (out,)
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
-
 
 BinaryMapAccum = MapAccum
 
@@ -260,9 +251,6 @@ class Scan(_FiringOp):
     def on_chip_bytes_terms(self, convention=PUBLISHED):
         """The accumulator (size factors)."""
         return (size_factors(self.out_dtype),)
-
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class FlatMap(Op):

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepsim.errors import ArgumentError, DTypeError, ShapeError
-from stepsim.graph.dims import fmt_shape, is_static, normalize, product, sum_of_products
+from stepsim.graph.dims import fmt_shape, is_static, normalize, product
 from stepsim.graph.dtypes import BOOL, FP32, SCALARS, UINT64, ScalarType, Tile, is_tile, size_factors
-from stepsim.graph.graph import PUBLISHED, Op
+from stepsim.graph.graph import PUBLISHED, OnChipFromTerms, Op
 from stepsim.graph.stream import Stream
 
 
@@ -164,7 +164,7 @@ class LinearOffChipLoad(_MemoryOp):
         return self.tile_bytes() * (2 if convention.mode == 2 else 1)
 
 
-class LinearOffChipStore(_MemoryOp):
+class LinearOffChipStore(OnChipFromTerms, _MemoryOp):
     """Store a tile stream linearly into a tensor (a sink; the artifact's OffChipStore).
 
     Off-chip bytes ``N(in) * |in dtype|`` (the *stream* dtype: fp32 tiles cost 4 B each element even when
@@ -195,9 +195,6 @@ class LinearOffChipStore(_MemoryOp):
     def on_chip_bytes_terms(self, convention=PUBLISHED):
         """One input element (size factors), twice when double-buffered (mode 2)."""
         return ((*size_factors(self.inputs[0].stream.dtype), 2 if convention.mode == 2 else 1),)
-
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class RandomOffChipLoad(_MemoryOp):

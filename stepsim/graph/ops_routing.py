@@ -12,10 +12,9 @@ from stepsim.graph.dims import (
     normalize,
     product,
     shapes_equal,
-    sum_of_products,
 )
 from stepsim.graph.dtypes import DynTile, Selector, Tile, size_factors, size_in_bytes
-from stepsim.graph.graph import PUBLISHED, Op
+from stepsim.graph.graph import PUBLISHED, OnChipFromTerms, Op
 from stepsim.graph.stream import Stream
 
 
@@ -40,7 +39,7 @@ def _count(op: Op, n, what: str) -> int:
     return n
 
 
-class Partition(Op):
+class Partition(OnChipFromTerms, Op):
     """Route each chunk of the inner ``rank`` dims to every output its selector picks (the artifact's
     FlatPartition). Output ``i`` is ``(S_i,) + in.shape[-rank:]`` with ``S_i`` the symbol
     ``<control>_<i:03d>`` (the number of chunks routed to ``i``: a dynamic-regular dimension).
@@ -79,9 +78,6 @@ class Partition(Op):
         if not convention.count_fifos:
             return ((0,),)
         return ((*size_factors(self.inputs[0].stream.dtype), self.num_consumers + 1),)
-
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class Reassemble(Op):
@@ -129,7 +125,7 @@ class Reassemble(Op):
         return total
 
 
-class EagerMerge(Op):
+class EagerMerge(OnChipFromTerms, Op):
     """Merge whole chunks of the inner ``rank`` dims from several inputs in arrival order.
 
     Output 0 (data): ``(sum_i outer_i,) + inner``; output 1 (select): ``(sum_i outer_i,)`` of a one-hot
@@ -180,11 +176,8 @@ class EagerMerge(Op):
         fifos = len(self.inputs) + 1
         return ((*size_factors(self.inputs[0].stream.dtype), fifos), (self.outputs[1].dtype.size_in_bytes(), fifos))
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
-
-class Parallelize(Op):
+class Parallelize(OnChipFromTerms, Op):
     """Deal the outermost dim out round-robin to ``num_consumers`` outputs (static interleave).
 
     ``rank`` must equal the input rank. Each output is ``(D_outer / p,) + rest``; a static outer dim must be
@@ -217,9 +210,6 @@ class Parallelize(Op):
         if not convention.count_fifos:
             return ((0,),)
         return ((*size_factors(self.inputs[0].stream.dtype), self.num_consumers + 1),)
-
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class Broadcast(Op):

@@ -14,15 +14,14 @@ from stepsim.graph.dims import (
     nonzero_indicator,
     normalize,
     shapes_equal,
-    sum_of_products,
 )
 from stepsim.graph.dtypes import BOOL, TupleType, is_tile, size_factors
 from stepsim.graph.functions import Empty, Zero
-from stepsim.graph.graph import PUBLISHED, Op
+from stepsim.graph.graph import PUBLISHED, OnChipFromTerms, Op
 from stepsim.graph.stream import Stream
 
 
-class _FifoOnChip(Op):
+class _FifoOnChip(OnChipFromTerms, Op):
     """A shape operator that holds nothing itself: on-chip its input FIFO's two elements when FIFOs count, else 0.
 
     Given as size factors (:func:`stepsim.graph.dtypes.size_factors`) so that a dynamic tile's size is
@@ -33,20 +32,14 @@ class _FifoOnChip(Op):
             return ((*size_factors(self.inputs[0].stream.dtype), 2),)
         return ((0,),)
 
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
-
-class _ElementOnChip(Op):
+class _ElementOnChip(OnChipFromTerms, Op):
     """A shape operator that holds one output element (two when FIFOs count), in size factors (see
     :class:`_FifoOnChip`)."""
 
     def on_chip_bytes_terms(self, convention=PUBLISHED):
         element = size_factors(self.stream.dtype)
         return ((*element, 2),) if convention.count_fifos else (element,)
-
-    def on_chip_bytes(self, convention=PUBLISHED):
-        return sum_of_products(self.on_chip_bytes_terms(convention))
 
 
 class Flatten(_FifoOnChip):
