@@ -73,19 +73,18 @@ def _whole(value: int | Fraction) -> int | Fraction:
 
 
 def factors_int(factors: tuple, metric, bindings: dict, what: str) -> int:
-    """:func:`factors_value` that must be an int (bindings of ints): a non-integer goes through
-    :func:`evaluate` of ``metric()``, which raises the MetricError naming ``what``."""
-    value = factors_value(factors, metric, bindings, what)
-    return value if isinstance(value, int) else evaluate(metric(), bindings, what)
+    """The int value of an operator's ``metric()`` with ``bindings`` of ints, from its ``factors`` (whose product
+    ``metric()`` is): :func:`terms_int` of the one term."""
+    return terms_int((factors,), metric, bindings, what)
 
 
 def terms_int(terms: tuple, metric, bindings: dict, what: str) -> int:
-    """The int value of an operator's ``metric()`` (bytes) with ``bindings`` of ints, from its ``terms`` (tuples
-    of factors; ``metric()`` is the sum of their products), as :func:`factors_int` does for one product: no sympy
-    sum or product is built. A term the numeric evaluator cannot handle, or a non-integer total, goes through
-    :func:`evaluate` of ``metric()`` (which raises the MetricError naming ``what``)."""
+    """The int value of an operator's ``metric()`` with ``bindings`` of ints, from its ``terms`` (tuples of
+    factors; ``metric()`` is the sum of their products): no sympy sum or product is built. A term the numeric
+    evaluator cannot handle, or a non-integer total, goes through :func:`evaluate` of ``metric()`` (which gives
+    the same value or raises the MetricError naming ``what``)."""
     try:
-        if len(terms) == 1:  # most footprints are one product: no generator
+        if len(terms) == 1:  # most metrics are one product: no generator
             value = _whole(_exact_product(terms[0], bindings))
         else:
             value = _whole(sum((_exact_product(term, bindings) for term in terms), 0))
