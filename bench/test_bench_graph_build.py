@@ -74,7 +74,8 @@ def test_build_and_metrics_vs_experts(benchmark, bench_summary, experts, tiling)
     metrics = workload.metrics()
     metrics_s = time.perf_counter() - t0
     assert results[0] == metrics
-    sympy_built = sympy_expressions_built(workload.metrics)  # a third call: the count's wrapper stays out of the timed one
+    # a third call: the count's wrapper stays out of the timed one
+    sympy_built = sympy_expressions_built(workload.metrics)
     xreplace = "        -"
     xreplace_s = None
     if experts <= XREPLACE_MAX_EXPERTS:

@@ -78,7 +78,7 @@ def serve(socket_file: str, idle_timeout: float) -> None:
 
 def log_file(socket_file: str) -> str:
     """The server's log beside its socket (its stdout and stderr; empty unless something went wrong)."""
-    return socket_file[: -len(".sock")] + ".log"
+    return _beside(socket_file, ".log")
 
 
 def _remove_if_empty(path: str) -> None:
@@ -89,7 +89,12 @@ def _remove_if_empty(path: str) -> None:
 
 def state_file(socket_file: str) -> str:
     """The JSON file beside a server's socket describing it (pid, start time, versions, idle timeout)."""
-    return socket_file[: -len(".sock")] + ".json"
+    return _beside(socket_file, ".json")
+
+
+def _beside(socket_file: str, suffix: str) -> str:
+    """The file named like the server's socket with ``suffix`` instead of ``.sock``."""
+    return socket_file.removesuffix(".sock") + suffix
 
 
 def _preload() -> None:

@@ -28,30 +28,32 @@ STEPSIM = [sys.executable, "-m", "stepsim"]
 TIMING_KEYS = ("build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")
 
 
-def _short_folder(prefix: str):
+def _short_folder():
     """A private folder under /tmp, removed afterwards: pytest's own are too deep for a socket path (at most 107
     bytes)."""
-    return tempfile.TemporaryDirectory(prefix=prefix, dir="/tmp")
+    return tempfile.TemporaryDirectory(prefix="stepsim-test-", dir="/tmp")
+
+
+@pytest.fixture
+def short_folder():
+    with _short_folder() as folder:
+        yield folder
 
 
 @pytest.fixture(scope="module")
 def server_env():
     """The environment of this module's commands: a private server folder, forwarding on; a server is started in
     it for the module and stopped afterwards."""
-    with _short_folder("stepsim-srv-") as folder:
-        yield from _server_in(folder)
-
-
-def _server_in(folder: str):
-    env = dict(os.environ, STEPSIM_SERVER_DIR=folder)
-    env.pop("STEPSIM_SERVER", None)
-    start = subprocess.run([*STEPSIM, "server", "start", "--idle-timeout", "300"], env=env, capture_output=True,
-                           text=True, cwd=folder)
-    assert start.returncode == 0, start.stderr
-    assert start.stdout.startswith("stepsim server: ready (pid ")
-    yield env
-    stop = subprocess.run([*STEPSIM, "server", "stop"], env=env, capture_output=True, text=True, cwd=folder)
-    assert stop.stdout.startswith("stepsim server: stopped pid ")
+    with _short_folder() as folder:
+        env = dict(os.environ, STEPSIM_SERVER_DIR=folder)
+        env.pop("STEPSIM_SERVER", None)
+        start = subprocess.run([*STEPSIM, "server", "start", "--idle-timeout", "300"], env=env, capture_output=True,
+                               text=True, cwd=folder)
+        assert start.returncode == 0, start.stderr
+        assert start.stdout.startswith("stepsim server: ready (pid ")
+        yield env
+        stop = subprocess.run([*STEPSIM, "server", "stop"], env=env, capture_output=True, text=True, cwd=folder)
+        assert stop.stdout.startswith("stepsim server: stopped pid ")
 
 
 def _ping(env) -> dict:
@@ -153,21 +155,16 @@ def test_a_killed_caller_stops_its_command(server_env, long_trace, tmp_path):
     assert _ping(server_env)["commands_running"] == 0
 
 
-def test_start_refuses_a_folder_others_can_enter(tmp_path):
-    with _short_folder("stepsim-open-") as folder:
-        Path(folder).chmod(0o755)
-        env = dict(os.environ, STEPSIM_SERVER_DIR=folder)
-        proc = _run(["server", "start"], env, tmp_path)
+def test_start_refuses_a_folder_others_can_enter(short_folder, tmp_path):
+    folder = short_folder
+    Path(folder).chmod(0o755)
+    proc = _run(["server", "start"], dict(os.environ, STEPSIM_SERVER_DIR=folder), tmp_path)
     assert (proc.returncode, proc.stderr) == (2, f"stepsim: error: server folder {folder} is open to other users "
                                                  f"(mode 755; it must be 700) (STEPSIM_SERVER_DIR chooses another)\n")
 
 
-def test_idle_server_ends_and_removes_its_socket(tmp_path):
-    with _short_folder("stepsim-idle-") as folder:
-        _idle_server_ends(folder, tmp_path)
-
-
-def _idle_server_ends(folder: str, tmp_path: Path) -> None:
+def test_idle_server_ends_and_removes_its_socket(short_folder, tmp_path):
+    folder = short_folder
     env = dict(os.environ, STEPSIM_SERVER_DIR=folder)
     start = _run(["server", "start", "--idle-timeout", "1"], env, tmp_path)
     assert start.returncode == 0, start.stderr
@@ -185,14 +182,10 @@ def test_bad_start_flags(tmp_path):
                                                  "seconds\n")
 
 
-def test_a_refused_command_runs_in_its_own_process(monkeypatch):
+def test_a_refused_command_runs_in_its_own_process(short_folder, monkeypatch):
     """A server that does not start the command (here one that refuses every request) makes the program run it
     itself: forward() returns None and nothing was run twice."""
-    with _short_folder("stepsim-ref-") as folder:
-        _refusing_server_in(folder, monkeypatch)
-
-
-def _refusing_server_in(folder: str, monkeypatch) -> None:
+    folder = short_folder
     monkeypatch.setenv("STEPSIM_SERVER_DIR", folder)
     monkeypatch.delenv("STEPSIM_SERVER")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
