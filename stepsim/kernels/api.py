@@ -153,10 +153,6 @@ def _ensure_compiled(engine, functional: bool = False) -> None:
     sigs = getattr(engine.event_loop, "signatures", None)
     if sigs is None:  # NUMBA_DISABLE_JIT: plain Python
         return
-    if not sigs:  # the first kernel this process loads
-        from stepsim.kernels.target import prepare
-
-        prepare()
     want_none = not functional
     if any((isinstance(sig[-2], types.NoneType)) == want_none for sig in sigs):  # sig[-2]: fi; sig[-1]: tl
         return

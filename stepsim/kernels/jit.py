@@ -62,15 +62,28 @@ def kernels_cached() -> bool:
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
     return bool(cache_dir) and any(Path(cache_dir).rglob(pattern))
 
+def _cached(decorate):
+    """``decorate`` (a ``numba.njit(cache=True, ...)`` decorator) whose dispatchers load cached machine code
+    without setting numba's whole CPU target up (:func:`stepsim.kernels.target.load_cached`)."""
+    from stepsim.kernels.target import load_cached
+
+    def decorator(fn):
+        dispatcher = decorate(fn)
+        load_cached(dispatcher)
+        return dispatcher
+
+    return decorator
+
+
 #: decorator for kernels that never allocate (unit steps, HBM, helpers): compiled without numba's runtime
 #: (``_nrt=False``), so passing arrays between them costs no reference counting
-kernel = numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False)
+kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False))
 
 #: decorator for the kernels that allocate arrays (the engine entry point)
-alloc_kernel = numba.njit(cache=True, nogil=True, error_model="numpy")
+alloc_kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy"))
 
 #: like ``kernel`` but inlined into its callers at numba-IR level (only for tiny call-forwarding functions)
-inline_kernel = numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False, inline="always")
+inline_kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False, inline="always"))
 
 #: True when numba's JIT is disabled (NUMBA_DISABLE_JIT=1)
 JIT_DISABLED = bool(numba.config.DISABLE_JIT)

@@ -1,13 +1,27 @@
-"""numba's CPU target set-up, without its BLAS probe, in processes that stepsim owns.
+"""numba's CPU target set-up for stepsim's kernels: only what loading cached machine code needs.
 
-The first kernel a process loads makes numba import its CPU target's registries. One of them,
-``numba.np.arraymath``, probes for BLAS by importing ``scipy.linalg`` (0.15-0.4 s, 40 % of loading the cached
-kernels; SciPy is installed for the FIFO-sizing LP). The engine's kernels call no BLAS routine (no ``np.dot``,
-``np.linalg``, ``np.correlate`` or ``np.convolve``), so a stepsim command and the worker pool's fork server set
-the target up with ``scipy.linalg`` hidden. numba then records that BLAS is missing, which changes only
-``np.correlate`` and ``np.convolve`` in jitted code (a plain inner product instead of BLAS's): code those
-processes never run. A program that merely imports stepsim keeps numba's own behaviour, since its own jitted
-code may use them.
+numba sets its CPU target up in full before the first kernel it loads from the disk cache
+(``Cache.load_overload`` calls ``target_context.refresh()``): it imports and installs the lowering and typing
+registries of everything numba can compile (NumPy's ufuncs and linear algebra, random generators, typed
+containers, ...), 0.2-0.35 s per process on the 2-core reference machine, a third of a warm
+``stepsim run swiglu``. Loading cached *nopython* code needs none of it: the cache holds finished machine code,
+which needs only numba's runtime (NRT, for the kernels that allocate) and the C helpers set up when the
+context is created (numba's own maintainers observed the same: numba/numba#9806 defers the refresh to object
+mode). So every kernel dispatcher gets :func:`load_cached` as its cache loader:
+
+* a cache hit initializes only the runtime and rebuilds the cached code, exactly as numba would;
+* a cache miss first sets the target up in full (:func:`prepare`), then numba compiles as usual.
+
+Results are identical either way (the same cached bytes run); ``tests/kernels/test_target.py`` checks in fresh
+processes that a hit skips the registries and a miss compiles and then loads the same function.
+
+:func:`prepare` sets the target up without its BLAS probe in processes that stepsim owns. One of the
+registries, ``numba.np.arraymath``, probes for BLAS by importing ``scipy.linalg`` (0.15-0.4 s; SciPy is
+installed for the FIFO-sizing LP). The engine's kernels call no BLAS routine (no ``np.dot``, ``np.linalg``,
+``np.correlate`` or ``np.convolve``), so a stepsim command and the worker pool's fork server set the target up
+with ``scipy.linalg`` hidden. numba then records that BLAS is missing, which changes only ``np.correlate`` and
+``np.convolve`` in jitted code (a plain inner product instead of BLAS's): code those processes never run. A
+program that merely imports stepsim keeps numba's own behaviour, since its own jitted code may use them.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ def skip_blas_probe() -> None:
 
 
 def prepare() -> None:
-    """Set numba's CPU target up before the first kernel loads; with :func:`skip_blas_probe` declared and
+    """Set numba's CPU target up in full (before compiling); with :func:`skip_blas_probe` declared and
     ``scipy.linalg`` not yet imported, without importing it. Idempotent (numba refreshes once)."""
     from numba.core.registry import cpu_target
 
@@ -42,3 +56,30 @@ def prepare() -> None:
     finally:
         if hide and sys.modules.get("scipy.linalg", False) is None:
             del sys.modules["scipy.linalg"]
+
+
+def load_cached(dispatcher) -> None:
+    """Give ``dispatcher`` (a ``cache=True`` kernel) the light cache loader described in the module docstring.
+
+    Keeps numba's own loader when the JIT is disabled, or when this numba's cache lacks the two internals
+    numba's own ``Cache.load_overload`` is made of (``_load_overload`` and ``_guard_against_spurious_io_errors``).
+    """
+    cache = getattr(dispatcher, "_cache", None)
+    if not (hasattr(cache, "_load_overload") and hasattr(cache, "_guard_against_spurious_io_errors")):
+        return
+
+    def load_overload(sig, target_context):
+        # numba's Cache.load_overload with target_context.refresh() replaced by the runtime set-up that cached
+        # nopython code needs; the guard turns a racing writer's partial file into a miss, as in numba
+        from numba.core.runtime import rtsys
+
+        rtsys.initialize(target_context)
+        with cache._guard_against_spurious_io_errors():
+            result = cache._load_overload(sig, target_context)
+            if result is None:  # a miss: numba compiles next, with the target set up in full
+                prepare()
+            return result
+        prepare()  # the guard swallowed an I/O error: treated as a miss
+        return None
+
+    cache.load_overload = load_overload

@@ -1,0 +1,97 @@
+"""Loading cached kernels without numba's full CPU-target set-up (stepsim.kernels.target.load_cached).
+
+Each check runs in a fresh interpreter, since what is under test is what a new process imports and loads.
+``numba.np.arraymath`` stands for numba's lowering registries: the full set-up imports it, a cache hit must not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from stepsim.kernels.api import _engine, _ensure_compiled
+
+#: a child process reporting what loading the engine's kernels did, and one simulation's exact counts
+ENGINE_CHILD = """
+import json, sys
+from stepsim.kernels import api
+from stepsim.kernels.warm import warm_program
+engine = api._engine()
+api._ensure_compiled(engine)
+loop = engine.event_loop.stats
+res = api.run(warm_program())
+print(json.dumps({"registries": "numba.np.arraymath" in sys.modules, "scipy_linalg": "scipy.linalg" in sys.modules,
+                  "hits": sum(loop.cache_hits.values()), "misses": sum(loop.cache_misses.values()),
+                  "counts": [int(res.cycles), int(res.events), int(res.fires), int(res.bytes_read),
+                             int(res.bytes_written)]}))
+"""
+
+#: a tiny allocating kernel (needs numba's runtime) in its own file, so numba can cache it
+TINY_KERNEL = """
+import numpy as np
+from stepsim.kernels.jit import alloc_kernel
+
+@alloc_kernel
+def ramp(n):
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        out[i] = i * i
+    return out
+"""
+
+TINY_CHILD = """
+import json, sys
+if sys.argv[1] == "own":  # a process stepsim owns (a command, a pool worker)
+    from stepsim.kernels.target import skip_blas_probe
+
+    skip_blas_probe()
+import tiny_kernel
+values = tiny_kernel.ramp(5).tolist()
+stats = tiny_kernel.ramp.stats
+arraymath = sys.modules.get("numba.np.arraymath")
+print(json.dumps({"registries": arraymath is not None, "blas": arraymath and arraymath._HAVE_BLAS,
+                  "scipy_linalg": "scipy.linalg" in sys.modules, "values": values,
+                  "hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())}))
+"""
+
+
+def _child(code: str, *args: str, **env) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=dict(os.environ, **env), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_cached_engine_loads_without_numba_registries():
+    """With the kernels cached, a new process loads them (one hit, no miss) without numba's registries or
+    SciPy's linear algebra, and simulates exactly what this process simulates."""
+    from stepsim.kernels.api import run
+    from stepsim.kernels.warm import warm_program
+
+    _ensure_compiled(_engine())
+    res = run(warm_program())
+    child = _child(ENGINE_CHILD)
+    assert child == {"registries": False, "scipy_linalg": False, "hits": 1, "misses": 0,
+                     "counts": [int(res.cycles), int(res.events), int(res.fires), int(res.bytes_read),
+                                int(res.bytes_written)]}
+
+
+def test_cache_miss_compiles_with_full_target_then_hit_loads_light(tmp_path):
+    """A miss sets numba's target up in full and compiles: in a process stepsim owns without the BLAS probe
+    (scipy.linalg hidden), elsewhere with it. The next process hits and loads the same machine code (runtime
+    allocation included) without the registries."""
+    (tmp_path / "tiny_kernel.py").write_text(textwrap.dedent(TINY_KERNEL))
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    values = [0, 1, 4, 9, 16]
+    own = _child(TINY_CHILD, "own", **env, NUMBA_CACHE_DIR=str(tmp_path / "own"))
+    assert own == {"registries": True, "blas": False, "scipy_linalg": False, "values": values, "hits": 0,
+                   "misses": 1}
+    hit = _child(TINY_CHILD, "own", **env, NUMBA_CACHE_DIR=str(tmp_path / "own"))
+    assert hit == {"registries": False, "blas": None, "scipy_linalg": False, "values": values, "hits": 1,
+                   "misses": 0}
+    library_user = _child(TINY_CHILD, "library", **env, NUMBA_CACHE_DIR=str(tmp_path / "library"))
+    assert library_user == {"registries": True, "blas": True, "scipy_linalg": True, "values": values, "hits": 0,
+                            "misses": 1}
