@@ -39,7 +39,7 @@ State (all int64):
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.jit import kernel
+from stepsim.kernels.jit import inline_kernel, kernel
 from stepsim.kernels.timeline import tl_hbm
 
 # engine scalar slots owned by the HBM (indices into eng; see engine.py for the rest)
@@ -171,7 +171,7 @@ def hbm_next_tick(eng, hq):
     return A.NEVER
 
 
-@kernel
+@inline_kernel  # one call site, once per chunk: a call passed ~25 words (two exploded arrays) per chunk
 def _serve_chunk(hq, p, T1, off, bim, C, ii, lat, hfree):
     """Serve the next chunk of unit p (priority) at tick T1 - 1, from channel offset off and batch step bim.
 
