@@ -240,7 +240,8 @@ OUT_N_RECORDED = 6
 OUT_FIRES = 7
 OUT_HBM_REQUESTS = 8  # HBM requests served
 OUT_HBM_CLOSED_FORM_TICKS = 9  # HBM ticks served in closed form (whole periods, see kernels.hbm)
-N_OUT = 10
+OUT_HBM_UNEVEN_TICKS = 10  # of those, ticks of periods whose channels moved by different amounts
+N_OUT = 11
 
 # ---------------------------------------------------------------------------------- unit parameter table
 UP_OPCODE = 0

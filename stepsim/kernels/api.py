@@ -66,6 +66,9 @@ class EngineResult:
     hbm_closed_form_ticks : int
         HBM ticks served in closed form as whole periods of a steady state (:mod:`stepsim.kernels.hbm`);
         0 with ``run(..., hbm_closed_form=False)``.
+    hbm_uneven_closed_form_ticks : int
+        Of those, the ticks of periods whose channels moved by different amounts (served with the K-th period
+        tick by tick, see ``kernels.hbm._try_skip``).
     timeline : int64 array or None
         ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
         decoded by :func:`stepsim.timeline.decode`).
@@ -84,6 +87,7 @@ class EngineResult:
     functional: FunctionalStats | None = None
     hbm_requests: int = 0
     hbm_closed_form_ticks: int = 0
+    hbm_uneven_closed_form_ticks: int = 0
     timeline: np.ndarray | None = None
 
     @property
@@ -349,7 +353,8 @@ def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
                         events=int(out[A.OUT_EVENTS]), fires=int(out[A.OUT_FIRES]), wall_seconds=wall,
                         events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy(),
                         hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
-                        hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]), timeline=tl)
+                        hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]),
+                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl)
 
 
 _STATUS_MESSAGES = {

@@ -29,6 +29,7 @@ from stepsim.kernels.hbm import (
     E_HBM_REQS,
     E_HBM_SKIPPED,
     E_HBM_SNAP_T,
+    E_HBM_UNEVEN,
     E_N_REC,
     E_STATUS,
     E_STATUS_ARG,
@@ -321,7 +322,7 @@ def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, aren
         if up[u, A.UP_OPCODE] == A.OP_EAGER_MERGE:
             ts_units[k] = u
             k += 1
-    hfree = np.zeros((2, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)  # free times; period snapshot (hbm.py)
+    hfree = np.zeros((3, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)  # free times, period snapshot, idle flags (hbm.py)
     hq = np.zeros((max(n_mem, 1), N_HQ), dtype=np.int64)
     hbm_init(hq, up)
     done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
@@ -369,4 +370,5 @@ def engine_finish(up, us, chs, slots, eng, status):
     out[A.OUT_FIRES] = fires
     out[A.OUT_HBM_REQUESTS] = eng[E_HBM_REQS]
     out[A.OUT_HBM_CLOSED_FORM_TICKS] = eng[E_HBM_SKIPPED]
+    out[A.OUT_HBM_UNEVEN_TICKS] = eng[E_HBM_UNEVEN]
     return out

@@ -27,7 +27,8 @@ while any unit is started, else the heap's top. The per-request path has no divi
 
 State (all int64):
 
-* ``hfree[0, c]``: channel c's next free cycle; ``hfree[1, c]``: its value at the start of the watched period.
+* ``hfree[0, c]``: channel c's next free cycle; ``hfree[1, c]``: its value at the start of the watched period;
+  ``hfree[2, c]``: 1 if a request of the watched period found channel c idle (started at its tick + 1).
 * ``hq[n_mem, N_HQ]``, one row per memory unit, indexed by its priority p (``UP_MEM_PRIORITY``; readers
   first, then writers, in builder order). Columns ``HQ_START_A`` / ``HQ_START_B`` (the two started-list
   buffers) and ``HQ_HEAP`` hold priorities, not rows of their own; ``HQ_T0`` .. ``HQ_UNIT`` are unit p's
@@ -59,7 +60,7 @@ E_EVENTS = 11  # engine events so far (kept across slices of the event loop)
 E_N_REC = 12  # recorded steps so far
 E_HBM_SNAP_T = 13  # tick of the period snapshot in hfree[1] (-1: none; see _start_period)
 E_HBM_PERIOD = 14  # ticks per period of the channel pattern (L)
-E_HBM_IDLE = 15  # 1 if a request of the watched period found its channel idle
+E_HBM_UNEVEN = 15  # ticks served in closed form with channels shifted by different amounts (see _try_skip)
 E_HBM_TICK_REQS = 16  # requests per tick of the watched run
 E_HBM_PER_TICK = 17  # 1: serve every tick one by one (no closed form; for equivalence tests)
 E_HBM_SKIPPED = 18  # ticks served in closed form
@@ -175,12 +176,11 @@ def hbm_next_tick(eng, hq):
 def _serve_chunk(hq, p, T1, off, bim, C, ii, lat, hfree):
     """Serve the next chunk of unit p (priority) at tick T1 - 1, from channel offset off and batch step bim.
 
-    reads: hq[p], hw values / writes: hfree[0], hq[p] requests left, completion and period maximum /
-    returns: (off, bim, requests served, 1 if some request found its channel idle before T1 else 0).
+    reads: hq[p], hw values / writes: hfree[0] and the idle flags hfree[2], hq[p] requests left, completion and
+    period maximum / returns: (off, bim, requests served).
     """
     n = min(hq[p, HQ_PAR], hq[p, HQ_LEFT])
     smax = -1
-    idle = 0
     for _ in range(n):
         off += bim
         if off >= C:
@@ -191,7 +191,7 @@ def _serve_chunk(hq, p, T1, off, bim, C, ii, lat, hfree):
         s = hfree[0, off]
         if s < T1:
             s = T1
-            idle = 1
+            hfree[2, off] = 1
         hfree[0, off] = s + ii
         if s > smax:
             smax = s
@@ -202,7 +202,7 @@ def _serve_chunk(hq, p, T1, off, bim, C, ii, lat, hfree):
             hq[p, HQ_COMP] = r
         if r > hq[p, HQ_PMAX]:
             hq[p, HQ_PMAX] = r
-    return off, bim, n, idle
+    return off, bim, n
 
 
 @kernel
@@ -218,15 +218,16 @@ def _start_period(hq, col, ns, eng, hfree, C, T, n_tick):
     """Begin watching for a periodic steady state at tick T: snapshot the channels, reset the period maxima.
 
     A tick of n requests moves the channel offset by n(n+1)/2 (mod C), so the channel pattern of the ticks
-    repeats every L = C / gcd(n(n+1)/2 mod C, C) ticks. writes: hfree[1], hq period maxima, eng period slots.
+    repeats every L = C / gcd(n(n+1)/2 mod C, C) ticks. writes: hfree[1] and hfree[2], hq period maxima, eng
+    period slots.
     """
     delta = (n_tick * (n_tick + 1) // 2) % C
     eng[E_HBM_PERIOD] = C // _gcd(delta, C)
     eng[E_HBM_SNAP_T] = T
-    eng[E_HBM_IDLE] = 0
     eng[E_HBM_TICK_REQS] = n_tick
     for c in range(C):
         hfree[1, c] = hfree[0, c]
+        hfree[2, c] = 0
     for i in range(ns):
         hq[hq[i, col], HQ_PMAX] = -1
 
@@ -237,48 +238,61 @@ def _try_skip(hq, col, ns, eng, hfree, C, bound, t_pend):
 
     The channels are independent, and channel c's future depends only on its backlog r_c = free[c] - T at a
     period start. Over one period (L ticks, the same units each serving a full chunk per tick, so the same
-    channel sequence) every visited channel moved by the same D = L + d: if d = 0 the backlogs repeat
-    exactly, so every later period repeats this one shifted by L ticks; if d > 0 and no request found its
-    channel idle (max(free, T+1) = free throughout, a linear recurrence), every later period is this one
-    shifted by D. Either way K more periods shift every response and every visited channel's free time by
-    K*D, so each unit's completion becomes max(completion, its maximum in this period + K*D). K is the
-    largest number of periods in which no unit finishes, no pending unit starts and no tick passes bound.
+    channel sequence) channel c moved by m_c. If m_c = L, its backlog repeats exactly, so every later period
+    repeats this one on c shifted by L. If m_c > L and no request found c idle (max(free, T+1) = free throughout,
+    a linear recurrence), its backlog only grows, so every later period is this one on c shifted by m_c. Any
+    other visited channel (m_c < L, or idle with m_c > L) is not steady yet: no skip. K is the largest number of
+    periods in which no unit finishes, no pending unit starts and no tick passes bound.
 
-    reads: hfree, hq, eng / writes: hfree[0], hq, eng next tick and request count / returns: ticks skipped.
+    * Every visited channel moved by the same D: K periods shift every response by K*D, so each unit's
+      completion becomes max(completion, its maximum in this period + K*D).
+    * Channels moved by different amounts: only K - 1 periods are skipped (channel c shifted by (K-1) m_c), with
+      no completion update, and the K-th is served tick by tick: each request skipped on channel c has the
+      request at the same place of the K-th period on the same channel, at least as late (m_c >= 0), so the
+      K-th period's completions cover the skipped ones and each unit's maximum stays exact without a per-channel
+      maximum in the per-request path.
+
+    reads: hfree, hq, eng / writes: hfree[0], hq, eng next tick and request counts / returns: ticks skipped.
     """
     L = eng[E_HBM_PERIOD]
     T = eng[E_HBM_NEXT]  # the first tick of the next period
     D = -1
+    even = True
     for c in range(C):
         moved = hfree[0, c] - hfree[1, c]
-        if moved != 0:
-            if D < 0:
-                D = moved
-            elif moved != D:
-                return 0
-    if D < L or (D > L and eng[E_HBM_IDLE] != 0):
-        return 0
+        if moved == 0:
+            continue
+        if moved < L or (moved > L and hfree[2, c] != 0):
+            return 0
+        if D < 0:
+            D = moved
+        elif moved != D:
+            even = False
     K = (bound - T + 1) // L
     if t_pend != A.NEVER:
         K = min(K, (t_pend - T) // L)
     for i in range(ns):
         p = hq[i, col]
         K = min(K, (hq[p, HQ_LEFT] - 1) // (L * hq[p, HQ_PAR]))
+    if not even:
+        K -= 1  # the K-th period is served tick by tick (see above)
     if K <= 0:
         return 0
-    shift = K * D
     for c in range(C):
-        if hfree[0, c] != hfree[1, c]:
-            hfree[0, c] += shift
+        moved = hfree[0, c] - hfree[1, c]
+        hfree[0, c] += K * moved
     for i in range(ns):
         p = hq[i, col]
         hq[p, HQ_LEFT] -= K * L * hq[p, HQ_PAR]
-        r = hq[p, HQ_PMAX] + shift
-        if r > hq[p, HQ_COMP]:
-            hq[p, HQ_COMP] = r
+        if even:
+            r = hq[p, HQ_PMAX] + K * D
+            if r > hq[p, HQ_COMP]:
+                hq[p, HQ_COMP] = r
     eng[E_HBM_REQS] += K * L * eng[E_HBM_TICK_REQS]
     eng[E_HBM_NEXT] = T + K * L
     eng[E_HBM_SKIPPED] += K * L
+    if not even:
+        eng[E_HBM_UNEVEN] += K * L
     return K * L
 
 
@@ -314,7 +328,6 @@ def hbm_process(bound, us, eng, hq, hw, hfree, done_list, tl):
         dst = HQ_START_B - cur if merging else src
         bi = 0  # requests of this tick so far (for the statistics)
         bim = 0  # bi mod C: the triangular offset step, kept without a division
-        idle = 0
         i = 0
         w = 0
         while True:
@@ -332,9 +345,8 @@ def hbm_process(bound, us, eng, hq, hw, hfree, done_list, tl):
                 npend -= 1
             else:
                 break
-            off, bim, n, idle_p = _serve_chunk(hq, p, T + 1, off, bim, C, ii, lat, hfree)
+            off, bim, n = _serve_chunk(hq, p, T + 1, off, bim, C, ii, lat, hfree)
             bi += n
-            idle |= idle_p
             if hq[p, HQ_LEFT] == 0:
                 u = hq[p, HQ_UNIT]
                 us[u, A.US_TOK_B] = hq[p, HQ_COMP]
@@ -360,15 +372,13 @@ def hbm_process(bound, us, eng, hq, hw, hfree, done_list, tl):
         col = HQ_START_A + cur
         if merging or eng[E_HBM_SNAP_T] < 0 or eng[E_HBM_TICK_REQS] != bi:
             _start_period(hq, col, ns, eng, hfree, C, T + 1, bi)
-        else:
-            eng[E_HBM_IDLE] |= idle
-            if T + 1 - eng[E_HBM_SNAP_T] == eng[E_HBM_PERIOD] and eng[E_HBM_PER_TICK] == 0:
-                t_next = hq[hq[0, HQ_HEAP], HQ_T0] + 1 if npend > 0 else A.NEVER
-                t_from = eng[E_HBM_NEXT]
-                skipped = _try_skip(hq, col, ns, eng, hfree, C, bound, t_next)
-                if tl is not None:
-                    tl_hbm(tl, t_from, skipped, eng[E_HBM_TICK_REQS])
-                _start_period(hq, col, ns, eng, hfree, C, eng[E_HBM_NEXT], bi)
+        elif T + 1 - eng[E_HBM_SNAP_T] == eng[E_HBM_PERIOD] and eng[E_HBM_PER_TICK] == 0:
+            t_next = hq[hq[0, HQ_HEAP], HQ_T0] + 1 if npend > 0 else A.NEVER
+            t_from = eng[E_HBM_NEXT]
+            skipped = _try_skip(hq, col, ns, eng, hfree, C, bound, t_next)
+            if tl is not None:
+                tl_hbm(tl, t_from, skipped, eng[E_HBM_TICK_REQS])
+            _start_period(hq, col, ns, eng, hfree, C, eng[E_HBM_NEXT], bi)
     eng[E_HBM_NACT] = ns
     eng[E_HBM_NPEND] = npend
     eng[E_HBM_CUR] = cur

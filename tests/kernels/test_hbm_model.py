@@ -150,15 +150,52 @@ long_op_strategy = st.fixed_dictionaries({
        ii=st.integers(1, 3))
 def test_closed_form_hbm_equals_per_request_model(ops, channels, ii):
     hw = Hardware.preset("step-eval", hbm_channels=channels, hbm_init_interval=ii, channel_depth=None)
-    program, ref_ops, units = _memory_program(ops, hw)
+    _assert_closed_form_exact(*_memory_program(ops, hw), hw)
+
+
+def _assert_closed_form_exact(program, ref_ops, units, hw):
+    """The default engine against the per-request tick model and against the engine serving every tick."""
     fast = run(program)
     per_tick = run(program, hbm_closed_form=False)
+    assert per_tick.hbm_closed_form_ticks == per_tick.hbm_uneven_closed_form_ticks == 0
     assert [final_clock(fast, u) for u in units] == reference_hbm(ref_ops, hw)
-    assert per_tick.hbm_closed_form_ticks == 0
     for field in ("cycles", "events", "fires", "bytes_read", "bytes_written", "hbm_requests"):
         assert getattr(fast, field) == getattr(per_tick, field), field
     assert (fast.unit_counters == per_tick.unit_counters).all()
     assert (fast.channel_counters == per_tick.channel_counters).all()
+    return fast
+
+
+# Few channels and par_dispatch 1-2 make the channels of a period receive different request counts, so they move
+# by different amounts (the uneven case of _try_skip: K - 1 periods skipped, the K-th served tick by tick).
+uneven_op_strategy = st.fixed_dictionaries({
+    "rows": st.integers(8, 48),
+    "row_bytes": st.sampled_from([256, 512, 1024]),
+    "par": st.sampled_from([1, 2]),
+    "tiles": st.integers(1, 3),
+    "store": st.booleans(),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(uneven_op_strategy, min_size=2, max_size=5), channels=st.sampled_from([3, 5, 6, 8]),
+       ii=st.integers(1, 4))
+def test_uneven_closed_form_equals_per_request_model(ops, channels, ii):
+    hw = Hardware.preset("step-eval", hbm_channels=channels, hbm_init_interval=ii, channel_depth=None)
+    _assert_closed_form_exact(*_memory_program(ops, hw), hw)
+
+
+def test_uneven_periods_are_served_in_closed_form():
+    """Three loads with P=1 on 8 channels (II 3): 3 requests per tick, so the channel pattern repeats every
+    L = 8 / gcd(6, 8) = 4 ticks and a period sends 2 requests to channels 1, 3, 5, 7 and 1 to the others. The
+    single-request channels find the channel idle each period and move by exactly L; the others stay backlogged
+    and move by 2 * II = 6. Every tick served in closed form is of this uneven kind (1116 of them), and every
+    count equals the per-tick engine's."""
+    hw = Hardware.preset("step-eval", hbm_channels=8, hbm_init_interval=3, channel_depth=None)
+    ops = [{"rows": 48, "row_bytes": 1024, "par": 1, "tiles": 2, "store": False} for _ in range(3)]
+    fast = _assert_closed_form_exact(*_memory_program(ops, hw), hw)
+    assert (fast.cycles, fast.hbm_requests, fast.hbm_closed_form_ticks, fast.hbm_uneven_closed_form_ticks) == (
+        2180, 4608, 1116, 1116)
 
 
 def test_closed_form_serves_the_steady_state_of_one_long_tile():
