@@ -31,8 +31,8 @@ State (all int64):
   ``hfree[2, c]``: 1 if a request of the watched period found channel c idle (started at its tick + 1).
 * ``hq[n_mem, N_HQ]``, one row per memory unit, indexed by its priority p (``UP_MEM_PRIORITY``; readers
   first, then writers, in builder order). Columns ``HQ_START_A`` / ``HQ_START_B`` (the two started-list
-  buffers) and ``HQ_HEAP`` hold priorities, not rows of their own; ``HQ_T0`` .. ``HQ_UNIT`` are unit p's
-  registers for the tile in flight (64 bytes per memory unit).
+  buffers) and ``HQ_HEAP`` hold priorities, not rows of their own; ``HQ_T0`` .. ``HQ_PMAX`` are unit p's
+  registers for the tile in flight (a 72-byte row per memory unit in all).
 * ``eng[E_HBM_*]`` scalars: next tick, channel offset, started count, pending count, which started buffer is
   current, requests served.
 """
