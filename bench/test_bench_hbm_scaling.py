@@ -12,7 +12,8 @@ Each case builds the layer, lowers it and runs the engine twice in the same proc
 (the default) and serving every tick one by one (``run(..., hbm_closed_form=False)``; the per-tick column, skipped
 above ``PER_TICK_MAX_REQUESTS`` requests because it then takes minutes). Both runs must give identical results
 (asserted, with the counters); the ratio per-tick / closed form is the closed form's gain in the same run.
-``hbm_closed_form_ticks`` / HBM ticks is a deterministic count. Nothing asserts on time.
+``hbm_closed_form_ticks`` (and of those ``hbm_uneven_closed_form_ticks``, periods whose channels moved by
+different amounts) are deterministic counts. Nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -67,12 +68,14 @@ def _case(benchmark, bench_summary, section, label, build):
         per_tick_s = slow.wall_seconds
     benchmark.extra_info.update(build_s=build_s, lower_s=lower_s, engine_s=fast.wall_seconds,
                                 per_tick_engine_s=per_tick_s, cycles=fast.cycles, events=fast.events,
-                                hbm_requests=fast.hbm_requests, closed_form_ticks=fast.hbm_closed_form_ticks)
+                                hbm_requests=fast.hbm_requests, closed_form_ticks=fast.hbm_closed_form_ticks,
+                                uneven_closed_form_ticks=fast.hbm_uneven_closed_form_ticks)
     ratio = f"x{per_tick_s / fast.wall_seconds:6.1f}" if per_tick_s else "      -"
     per_tick = f"{per_tick_s:7.3f} s" if per_tick_s else "      - "
     bench_summary(section, f"{label:22s} build {build_s:6.2f} s  lower {lower_s:5.2f} s  engine {fast.wall_seconds:7.3f} s"
                            f"  per-tick {per_tick} {ratio}  total {build_s + lower_s + fast.wall_seconds:6.2f} s  |"
-                           f" {fast.cycles:>12,} cycles {fast.hbm_requests:>12,} requests")
+                           f" {fast.cycles:>12,} cycles {fast.hbm_requests:>12,} requests, closed-form ticks"
+                           f" {fast.hbm_closed_form_ticks:>11,} ({fast.hbm_uneven_closed_form_ticks:,} uneven)")
 
 
 @pytest.mark.parametrize("tiling", ["static", "dynamic"])
