@@ -6,8 +6,8 @@ registries of everything numba can compile (NumPy's ufuncs and linear algebra, r
 containers, ...), 0.2-0.35 s per process on the 2-core reference machine, a third of a warm
 ``stepsim run swiglu``. Loading cached *nopython* code needs none of it: the cache holds finished machine code,
 which needs only numba's runtime (NRT, for the kernels that allocate) and the C helpers set up when the
-context is created (numba's own maintainers observed the same: numba/numba#9806 defers the refresh to object
-mode). So every kernel dispatcher gets :func:`load_cached` as its cache loader:
+context is created (a numba pull request, numba/numba#9806, proposed the same: refresh on a cache hit only for
+object mode). So every kernel dispatcher gets :func:`load_cached` as its cache loader:
 
 * a cache hit initializes only the runtime and rebuilds the cached code, exactly as numba would;
 * a cache miss first sets the target up in full (:func:`prepare`), then numba compiles as usual.
