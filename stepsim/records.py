@@ -96,11 +96,11 @@ from stepsim.defaults import TIMING_MODEL_VERSION, UNSET, WORKLOAD_CHANNEL_DEPTH
 from stepsim.errors import ConfigError
 from stepsim.graph.gcpause import gc_paused
 from stepsim.hardware import Hardware
-from stepsim.lazy_import import LazyModule
 from stepsim.results import (
     TRACE_HASH_KEY,
     canonical_json,
     file_sha256,
+    pa,  # pyarrow's stand-in: imported when a table is first made (a printed record needs none)
     partition_dir,
     provenance_metadata,
     read_results,
@@ -119,9 +119,6 @@ from stepsim.workloads.config import (
     resolved_trace,
 )
 from stepsim.workloads.models import is_model_file
-
-#: pyarrow, imported when a table is first made (a printed record needs none)
-pa = LazyModule("pyarrow")
 
 # The three Arrow schemas are made on first use (module __getattr__ below), which ruff cannot see.
 __all__ = ["CHANNEL_SCHEMA", "SCHEMA", "UNIT_SCHEMA", "NotSimulatedError", "RunResult",  # noqa: F822

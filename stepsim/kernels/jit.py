@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numba
 
+from stepsim.kernels.target import load_cached
+
 _HERE = Path(__file__).resolve().parent
 #: modules holding kernels or constants compiled into them (changing any of them invalidates the cache)
 KERNEL_MODULES = ("abi.py", "jit.py", "channels.py", "hbm.py", "values.py", "units_common.py", "units_compute.py",
@@ -65,7 +67,6 @@ def kernels_cached() -> bool:
 def _cached(decorate):
     """``decorate`` (a ``numba.njit(cache=True, ...)`` decorator) whose dispatchers load cached machine code
     without setting numba's whole CPU target up (:func:`stepsim.kernels.target.load_cached`)."""
-    from stepsim.kernels.target import load_cached
 
     def decorator(fn):
         dispatcher = decorate(fn)

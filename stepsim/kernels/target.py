@@ -74,12 +74,11 @@ def load_cached(dispatcher) -> None:
         from numba.core.runtime import rtsys
 
         rtsys.initialize(target_context)
+        result = None  # stays None if the guard swallows an I/O error: a miss
         with cache._guard_against_spurious_io_errors():
             result = cache._load_overload(sig, target_context)
-            if result is None:  # a miss: numba compiles next, with the target set up in full
-                prepare()
-            return result
-        prepare()  # the guard swallowed an I/O error: treated as a miss
-        return None
+        if result is None:  # a miss: numba compiles next, with the target set up in full
+            prepare()
+        return result
 
     cache.load_overload = load_overload
