@@ -126,7 +126,7 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
 
     Returns (out scalars abi.OUT_*, unit state us, channel state chs).
     """
-    us, chs, slots, arena_rows, eng, hfree, hq, done_list, wl, ts_units, n_ts = engine.engine_init(
+    us, chs, slots, arena_rows, eng, hfree, hq, done_list, wl, ts_units, n_ts = engine.new_state(
         program.unit_params, program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
         program.ch_consumer, program.hw, len(program.mem_order), program.arena_rows)
     eng[E_HBM_PER_TICK] = 0 if hbm_closed_form else 1
@@ -144,7 +144,8 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
             n_slice *= 2
         if progress is not None:
             progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
-    out = engine.engine_finish(program.unit_params, us, chs, slots, eng, status)
+    out = np.zeros(A.N_OUT, dtype=np.int64)
+    engine.engine_finish(program.unit_params, us, chs, slots, eng, status, out)
     if tl is not None:
         from stepsim.kernels.channels import record_queued
 

@@ -40,7 +40,7 @@ from stepsim.kernels.hbm import (
     hbm_next_tick,
     hbm_process,
 )
-from stepsim.kernels.jit import alloc_kernel, inline_kernel, kernel
+from stepsim.kernels.jit import inline_kernel, kernel
 from stepsim.kernels.timeline import TL_CH_HBM
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
@@ -275,22 +275,43 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
     return status
 
 
-@alloc_kernel
-def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, arena_rows):
+def new_state(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, arena_rows):
     """Allocate and initialize the run state of a program (every unit on the worklist).
 
-    reads: the program arrays / writes: nothing / returns: (us, chs, slots, arena, eng, hfree, hq, done_list,
-    wl, ts_units, n_ts): unit and channel state, channel slots, arena, engine scalars, HBM state, worklist
-    and the time-sensitive units.
+    Plain Python: NumPy allocates, :func:`engine_init` fills in. No kernel allocates, because numba's
+    allocation code lives in ``numba.np.arrayobj``: a cached kernel that allocated would make every process
+    that loads the engine import that module (50-90 ms of a 0.7 s warm start).
+
+    Returns (us, chs, slots, arena, eng, hfree, hq, done_list, wl, ts_units, n_ts): unit and channel state,
+    channel slots, arena, engine scalars, HBM state, worklist and the time-sensitive units.
     """
+    opcodes = up[:, A.UP_OPCODE]
     n_units = up.shape[0]
-    n_ch = ch_cap.shape[0]
+    n_ts = int(np.count_nonzero(opcodes == A.OP_EAGER_MERGE))
+    scratch_rows = int(up[opcodes == A.OP_REASSEMBLE, A.UP_N_IN].sum())
     us = np.zeros((n_units, A.N_US), dtype=np.int64)
+    chs = np.zeros((ch_cap.shape[0], A.N_CH), dtype=np.int64)
+    slots = np.zeros((max(int(ch_cap.sum()), 1), A.N_SLOT), dtype=np.int64)
+    arena = np.zeros((arena_rows + scratch_rows, A.N_TOKEN), dtype=np.int64)
+    ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
+    hfree = np.zeros((3, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)  # free times, period snapshot, idle flags (hbm.py)
+    hq = np.zeros((max(n_mem, 1), N_HQ), dtype=np.int64)
+    done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
+    eng = np.zeros(N_ENG, dtype=np.int64)
+    wl = np.zeros(max(n_units, 1), dtype=np.int64)
+    engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, arena_rows, us, chs, ts_units, hq, eng, wl)
+    return us, chs, slots, arena, eng, hfree, hq, done_list, wl, ts_units, n_ts
+
+
+@kernel
+def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, arena_rows, us, chs, ts_units, hq, eng, wl):
+    """Initialize the run state that :func:`new_state` allocated (zeroed).
+
+    reads: the program arrays / writes: us, chs, ts_units, hq, eng, wl / returns: nothing.
+    """
     us[:, A.US_WAIT_CH] = -1
-    # channels
-    chs = np.zeros((n_ch, A.N_CH), dtype=np.int64)
     total = 0
-    for c in range(n_ch):
+    for c in range(ch_cap.shape[0]):
         chs[c, A.CH_CAP] = ch_cap[c]
         chs[c, A.CH_LAT] = ch_lat[c]
         chs[c, A.CH_CREDIT_LAT] = ch_credit[c]
@@ -301,10 +322,9 @@ def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, aren
         chs[c, A.CH_PRODUCER] = ch_prod[c]
         chs[c, A.CH_CONSUMER] = ch_cons[c]
         total += ch_cap[c]
-    slots = np.zeros((max(total, 1), A.N_SLOT), dtype=np.int64)
-    # arena: Bufferize regions, then Reassemble scratch rows
-    extra = 0
-    n_ts = 0
+    extra = 0  # the arena holds the Bufferize regions, then the Reassemble scratch rows
+    k = 0
+    n_units = up.shape[0]
     for u in range(n_units):
         op = up[u, A.UP_OPCODE]
         if op == A.OP_REASSEMBLE:
@@ -312,36 +332,24 @@ def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, aren
             extra += up[u, A.UP_N_IN]
         elif op == A.OP_EAGER_MERGE:
             us[u, R_DECIDE] = -1
-            n_ts += 1
-        elif op == A.OP_MAP or op == A.OP_MAP_ACCUM:
-            us[u, R_COST_A_ROWS] = -1  # no operand shape seen yet (see units_compute._cached_map_cycles)
-    arena = np.zeros((arena_rows + extra, A.N_TOKEN), dtype=np.int64)
-    ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
-    k = 0
-    for u in range(n_units):
-        if up[u, A.UP_OPCODE] == A.OP_EAGER_MERGE:
             ts_units[k] = u
             k += 1
-    hfree = np.zeros((3, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)  # free times, period snapshot, idle flags (hbm.py)
-    hq = np.zeros((max(n_mem, 1), N_HQ), dtype=np.int64)
+        elif op == A.OP_MAP or op == A.OP_MAP_ACCUM:
+            us[u, R_COST_A_ROWS] = -1  # no operand shape seen yet (see units_compute._cached_map_cycles)
     hbm_init(hq, up)
-    done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
-    eng = np.zeros(N_ENG, dtype=np.int64)
     eng[E_HBM_SNAP_T] = -1
-    wl = np.zeros(max(n_units, 1), dtype=np.int64)
     wl_n = 0
     for u in range(n_units - 1, -1, -1):
         wl_n = _wake(us, wl, wl_n, u)
     eng[E_WL_N] = wl_n
-    return us, chs, slots, arena, eng, hfree, hq, done_list, wl, ts_units, n_ts
 
 
-@alloc_kernel
-def engine_finish(up, us, chs, slots, eng, status):
+@kernel
+def engine_finish(up, us, chs, slots, eng, status, out):
     """Close a run: settle channel peaks, compute the reported cycles and the output scalars.
 
-    reads: unit and channel state / writes: chs peaks / returns: the out scalars (abi.OUT_*); a run that
-    stopped with ST_OK and unfinished units is a deadlock.
+    reads: unit and channel state / writes: chs peaks, out (the scalars abi.OUT_*, zeroed by the caller) /
+    returns: nothing. A run that stopped with ST_OK and unfinished units is a deadlock.
     """
     n_units = up.shape[0]
     if status == A.ST_OK:
@@ -359,7 +367,6 @@ def engine_finish(up, us, chs, slots, eng, status):
             t += 1
         cycles = max(cycles, t)
         fires += us[u, A.US_FIRES]
-    out = np.zeros(A.N_OUT, dtype=np.int64)
     out[A.OUT_STATUS] = status
     out[A.OUT_STATUS_ARG] = eng[E_STATUS_ARG]
     out[A.OUT_EVENTS] = eng[E_EVENTS]
@@ -371,4 +378,3 @@ def engine_finish(up, us, chs, slots, eng, status):
     out[A.OUT_HBM_REQUESTS] = eng[E_HBM_REQS]
     out[A.OUT_HBM_CLOSED_FORM_TICKS] = eng[E_HBM_SKIPPED]
     out[A.OUT_HBM_UNEVEN_TICKS] = eng[E_HBM_UNEVEN]
-    return out

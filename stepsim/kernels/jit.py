@@ -76,12 +76,10 @@ def _cached(decorate):
     return decorator
 
 
-#: decorator for kernels that never allocate (unit steps, HBM, helpers): compiled without numba's runtime
-#: (``_nrt=False``), so passing arrays between them costs no reference counting
+#: decorator for every kernel: compiled without numba's runtime (``_nrt=False``), so passing arrays between
+#: kernels costs no reference counting and loading them needs no runtime set-up. No kernel allocates: the
+#: engine's state arrays come from NumPy (``engine.new_state``)
 kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False))
-
-#: decorator for the kernels that allocate arrays (the engine entry point)
-alloc_kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy"))
 
 #: like ``kernel`` but inlined into its callers at numba-IR level (only for tiny call-forwarding functions)
 inline_kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False, inline="always"))

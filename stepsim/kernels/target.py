@@ -5,11 +5,14 @@ numba sets its CPU target up in full before the first kernel it loads from the d
 registries of everything numba can compile (NumPy's ufuncs and linear algebra, random generators, typed
 containers, ...), 0.2-0.35 s per process on the 2-core reference machine, a third of a warm
 ``stepsim run swiglu``. Loading cached *nopython* code needs none of it: the cache holds finished machine code,
-which needs only numba's runtime (NRT, for the kernels that allocate) and the C helpers set up when the
-context is created (a numba pull request, numba/numba#9806, proposed the same: refresh on a cache hit only for
-object mode). So every kernel dispatcher gets :func:`load_cached` as its cache loader:
+which needs only the C helpers set up when the context is created and, for code compiled with numba's
+runtime (NRT, which allocates), that runtime (a numba pull request, numba/numba#9806, proposed the same:
+refresh on a cache hit only for object mode). So every kernel dispatcher gets :func:`load_cached` as its cache
+loader:
 
-* a cache hit initializes only the runtime and rebuilds the cached code, exactly as numba would;
+* a cache hit rebuilds the cached code, exactly as numba would, after initializing the runtime if the kernel
+  uses it. The engine's kernels do not (``_nrt=False``, :mod:`stepsim.kernels.jit`), which saves compiling
+  NRT's own functions (about 45 ms);
 * a cache miss first sets the target up in full (:func:`prepare`), then numba compiles as usual.
 
 Results are identical either way (the same cached bytes run); ``tests/kernels/test_target.py`` checks in fresh
@@ -68,12 +71,15 @@ def load_cached(dispatcher) -> None:
     if not (hasattr(cache, "_load_overload") and hasattr(cache, "_guard_against_spurious_io_errors")):
         return
 
+    uses_runtime = dispatcher.targetoptions.get("_nrt", True)
+
     def load_overload(sig, target_context):
         # numba's Cache.load_overload with target_context.refresh() replaced by the runtime set-up that cached
         # nopython code needs; the guard turns a racing writer's partial file into a miss, as in numba
-        from numba.core.runtime import rtsys
+        if uses_runtime:
+            from numba.core.runtime import rtsys
 
-        rtsys.initialize(target_context)
+            rtsys.initialize(target_context)
         result = None  # stays None if the guard swallows an I/O error: a miss
         with cache._guard_against_spurious_io_errors():
             result = cache._load_overload(sig, target_context)

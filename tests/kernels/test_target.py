@@ -24,6 +24,9 @@ api._ensure_compiled(engine)
 loop = engine.event_loop.stats
 res = api.run(warm_program())
 registries = "numba.np.arraymath" in sys.modules
+allocator = "numba.np.arrayobj" in sys.modules
+from numba.core.runtime import rtsys
+runtime = rtsys._init
 import numba, numpy as np  # the process's own jitted code afterwards: numba sets its target up then
 
 @numba.njit
@@ -31,17 +34,18 @@ def total(a):
     return np.sum(a * 2)
 
 print(json.dumps({"registries": registries, "scipy_linalg": "scipy.linalg" in sys.modules,
-                  "hits": sum(loop.cache_hits.values()), "misses": sum(loop.cache_misses.values()),
+                  "allocator": allocator, "runtime": runtime, "hits": sum(loop.cache_hits.values()), "misses": sum(loop.cache_misses.values()),
                   "counts": [int(res.cycles), int(res.events), int(res.fires), int(res.bytes_read),
                              int(res.bytes_written)], "own_jit": int(total(np.arange(4)))}))
 """
 
-#: a tiny allocating kernel (needs numba's runtime) in its own file, so numba can cache it
+#: a tiny allocating kernel (needs numba's runtime, unlike the engine's) in its own file, so numba can cache it
 TINY_KERNEL = """
+import numba
 import numpy as np
-from stepsim.kernels.jit import alloc_kernel
+from stepsim.kernels.jit import _cached
 
-@alloc_kernel
+@_cached(numba.njit(cache=True))
 def ramp(n):
     out = np.empty(n, dtype=np.int64)
     for i in range(n):
@@ -59,8 +63,9 @@ import tiny_kernel
 values = tiny_kernel.ramp(5).tolist()
 stats = tiny_kernel.ramp.stats
 arraymath = sys.modules.get("numba.np.arraymath")
+from numba.core.runtime import rtsys
 print(json.dumps({"registries": arraymath is not None, "blas": arraymath and arraymath._HAVE_BLAS,
-                  "scipy_linalg": "scipy.linalg" in sys.modules, "values": values,
+                  "scipy_linalg": "scipy.linalg" in sys.modules, "runtime": rtsys._init, "values": values,
                   "hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())}))
 """
 
@@ -73,16 +78,17 @@ def _child(code: str, *args: str, **env) -> dict:
 
 
 def test_cached_engine_loads_without_numba_registries():
-    """With the kernels cached, a new process loads them (one hit, no miss) without numba's registries or
-    SciPy's linear algebra, and simulates exactly what this process simulates; jitted code of its own compiles
-    afterwards as usual."""
+    """With the kernels cached, a new process loads them (one hit, no miss) without numba's registries, its
+    allocator module, its runtime or SciPy's linear algebra, and simulates exactly what this process
+    simulates; jitted code of its own compiles afterwards as usual."""
     from stepsim.kernels.api import run
     from stepsim.kernels.warm import warm_program
 
     _ensure_compiled(_engine())
     res = run(warm_program())
     child = _child(ENGINE_CHILD)
-    assert child == {"registries": False, "scipy_linalg": False, "hits": 1, "misses": 0,
+    assert child == {"registries": False, "scipy_linalg": False, "allocator": False, "runtime": False,
+                     "hits": 1, "misses": 0,
                      "counts": [int(res.cycles), int(res.events), int(res.fires), int(res.bytes_read),
                                 int(res.bytes_written)], "own_jit": 12}
 
@@ -90,16 +96,16 @@ def test_cached_engine_loads_without_numba_registries():
 def test_cache_miss_compiles_with_full_target_then_hit_loads_light(tmp_path):
     """A miss sets numba's target up in full and compiles: in a process stepsim owns without the BLAS probe
     (scipy.linalg hidden), elsewhere with it. The next process hits and loads the same machine code (runtime
-    allocation included) without the registries."""
+    allocation included: this kernel, unlike the engine's, uses numba's runtime) without the registries."""
     (tmp_path / "tiny_kernel.py").write_text(textwrap.dedent(TINY_KERNEL))
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     values = [0, 1, 4, 9, 16]
     own = _child(TINY_CHILD, "own", **env, NUMBA_CACHE_DIR=str(tmp_path / "own"))
-    assert own == {"registries": True, "blas": False, "scipy_linalg": False, "values": values, "hits": 0,
-                   "misses": 1}
+    assert own == {"registries": True, "blas": False, "scipy_linalg": False, "runtime": True, "values": values,
+                   "hits": 0, "misses": 1}
     hit = _child(TINY_CHILD, "own", **env, NUMBA_CACHE_DIR=str(tmp_path / "own"))
-    assert hit == {"registries": False, "blas": None, "scipy_linalg": False, "values": values, "hits": 1,
-                   "misses": 0}
+    assert hit == {"registries": False, "blas": None, "scipy_linalg": False, "runtime": True, "values": values,
+                   "hits": 1, "misses": 0}
     library_user = _child(TINY_CHILD, "library", **env, NUMBA_CACHE_DIR=str(tmp_path / "library"))
-    assert library_user == {"registries": True, "blas": True, "scipy_linalg": True, "values": values, "hits": 0,
-                            "misses": 1}
+    assert library_user == {"registries": True, "blas": True, "scipy_linalg": True, "runtime": True,
+                            "values": values, "hits": 0, "misses": 1}
