@@ -127,11 +127,11 @@ def _main(argv: list[str] | None) -> int:
                 parser.print_help()
                 return 1
             _check_out(args)
-            _compile_notice(args)
-            if argv is None:  # the program itself, not an in-process caller
-                from stepsim.kernels.target import skip_blas_probe
+            if argv is None:  # the program itself, not an in-process caller; before numba is imported
+                from stepsim.kernels.target import own_process
 
-                skip_blas_probe()
+                own_process()
+            _compile_notice(args)
             return int(args.handler(args) or 0)
     except StepsimError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)

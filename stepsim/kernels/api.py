@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from numba import types
 
 from stepsim.errors import ArenaError, ArgumentError, BlockedUnit, DeadlockError, SimulationError
 from stepsim.kernels import abi as A
@@ -158,6 +157,8 @@ def _ensure_compiled(engine, functional: bool = False) -> None:
     sigs = getattr(engine.event_loop, "signatures", None)
     if sigs is None:  # NUMBA_DISABLE_JIT: plain Python
         return
+    from numba import types
+
     want_none = not functional
     if any((isinstance(sig[-2], types.NoneType)) == want_none for sig in sigs):  # sig[-2]: fi; sig[-1]: tl
         return

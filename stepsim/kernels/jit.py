@@ -15,9 +15,9 @@ import hashlib
 import os
 from pathlib import Path
 
-import numba
+from stepsim.kernels.target import import_numba, load_cached
 
-from stepsim.kernels.target import load_cached
+numba = import_numba()
 
 _HERE = Path(__file__).resolve().parent
 #: modules holding kernels or constants compiled into them (changing any of them invalidates the cache)

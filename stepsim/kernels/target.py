@@ -25,27 +25,55 @@ installed for the FIFO-sizing LP). The engine's kernels call no BLAS routine (no
 with ``scipy.linalg`` hidden. numba then records that BLAS is missing, which changes only ``np.correlate`` and
 ``np.convolve`` in jitted code (a plain inner product instead of BLAS's): code those processes never run. A
 program that merely imports stepsim keeps numba's own behaviour, since its own jitted code may use them.
+
+For the same reason those processes import numba (:func:`import_numba`) without the two modules numba imports
+only to check something: SciPy (for its version) and PyYAML (to read a ``.numba_config.yaml`` in the working
+directory, kept when such a file is there). Together 30-50 ms of a 0.6 s warm ``stepsim run``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
-_skip_blas_probe = False
+_own_process = False
+
+#: modules numba imports at its own import only for a check (see the module docstring)
+CHECK_ONLY_IMPORTS = ("scipy", "yaml")
 
 
-def skip_blas_probe() -> None:
-    """Declare this process stepsim's own (a command, a pool worker): its kernel set-up skips the BLAS probe."""
-    global _skip_blas_probe
-    _skip_blas_probe = True
+def own_process() -> None:
+    """Declare this process stepsim's own (a command, a pool worker): it imports numba without its check-only
+    imports, and its kernel set-up skips the BLAS probe (module docstring). Call it before numba is imported."""
+    global _own_process
+    _own_process = True
+
+
+def import_numba():
+    """``import numba``; in a process declared :func:`own_process`, with the modules of
+    :data:`CHECK_ONLY_IMPORTS` that are not imported yet hidden meanwhile (PyYAML only without a
+    ``.numba_config.yaml`` here). Returns the numba module."""
+    hide = [] if not _own_process or "numba" in sys.modules else \
+        [name for name in CHECK_ONLY_IMPORTS if name not in sys.modules]
+    if "yaml" in hide and os.path.isfile(".numba_config.yaml"):
+        hide.remove("yaml")
+    for name in hide:
+        sys.modules[name] = None  # importing it raises ImportError, which numba takes as "not installed"
+    try:
+        import numba
+    finally:
+        for name in hide:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+    return numba
 
 
 def prepare() -> None:
-    """Set numba's CPU target up in full (before compiling); with :func:`skip_blas_probe` declared and
+    """Set numba's CPU target up in full (before compiling); in a process declared :func:`own_process` with
     ``scipy.linalg`` not yet imported, without importing it. Idempotent (numba refreshes once)."""
     from numba.core.registry import cpu_target
 
-    hide = _skip_blas_probe and "scipy.linalg" not in sys.modules
+    hide = _own_process and "scipy.linalg" not in sys.modules
     if hide:
         sys.modules["scipy.linalg"] = None  # importing it, or any of its modules, raises ImportError
     try:

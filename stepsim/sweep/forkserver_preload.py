@@ -19,12 +19,12 @@ copied. In a ``stepsim reproduce`` run the workers' collections took 0.6 s befor
 
 import gc
 
-from stepsim.kernels.target import skip_blas_probe
+from stepsim.kernels.target import own_process
 from stepsim.lazy_import import import_all
 from stepsim.sweep.tasks import load_kernels
 
 import_all()  # put sympy and pyarrow in place of their stand-ins once here, not in every worker
-skip_blas_probe()  # the pool's workers run only stepsim's kernels (stepsim.kernels.target)
+own_process()  # the pool's workers run only stepsim's kernels (stepsim.kernels.target)
 try:
     load_kernels()
 except Exception:  # noqa: BLE001, S110 - see the module docstring

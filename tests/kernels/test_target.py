@@ -56,9 +56,9 @@ def ramp(n):
 TINY_CHILD = """
 import json, sys
 if sys.argv[1] == "own":  # a process stepsim owns (a command, a pool worker)
-    from stepsim.kernels.target import skip_blas_probe
+    from stepsim.kernels.target import own_process
 
-    skip_blas_probe()
+    own_process()
 import tiny_kernel
 values = tiny_kernel.ramp(5).tolist()
 stats = tiny_kernel.ramp.stats
@@ -109,3 +109,38 @@ def test_cache_miss_compiles_with_full_target_then_hit_loads_light(tmp_path):
     library_user = _child(TINY_CHILD, "library", **env, NUMBA_CACHE_DIR=str(tmp_path / "library"))
     assert library_user == {"registries": True, "blas": True, "scipy_linalg": True, "runtime": True,
                             "values": values, "hits": 0, "misses": 1}
+
+
+#: a child importing the kernels' numba: argv[1] "own" declares the process stepsim's own first
+IMPORT_CHILD = """
+import json, sys
+if sys.argv[1] == "own":
+    from stepsim.kernels.target import own_process
+
+    own_process()
+import stepsim.kernels.jit
+from numba.core import config
+imported = {name: name in sys.modules for name in ("scipy", "yaml")}
+import scipy, yaml  # importable afterwards
+print(json.dumps({**imported, "numba_reads_yaml": config._HAVE_YAML, "boundscheck": config.BOUNDSCHECK}))
+"""
+
+
+def test_own_process_imports_numba_without_check_only_modules(tmp_path):
+    """A process stepsim owns imports numba without SciPy (a version check) and PyYAML (a config-file reader),
+    unless a ``.numba_config.yaml`` is in its working directory, which numba then reads as usual; both stay
+    importable afterwards. Any other process imports numba exactly as numba does."""
+
+    def child(mode, cwd):
+        proc = subprocess.run([sys.executable, "-c", IMPORT_CHILD, mode], capture_output=True, text=True,
+                              cwd=cwd, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    plain, with_config = tmp_path / "plain", tmp_path / "with_config"
+    plain.mkdir()
+    with_config.mkdir()
+    (with_config / ".numba_config.yaml").write_text("boundscheck: 1\n")
+    assert child("own", plain) == {"scipy": False, "yaml": False, "numba_reads_yaml": False, "boundscheck": None}
+    assert child("own", with_config) == {"scipy": False, "yaml": True, "numba_reads_yaml": True, "boundscheck": 1}
+    assert child("library", plain) == {"scipy": True, "yaml": True, "numba_reads_yaml": True, "boundscheck": None}
