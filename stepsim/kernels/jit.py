@@ -6,7 +6,8 @@ the decorator returns the plain Python function, so the engine also runs (slowly
 numba's on-disk cache is keyed on the source file of each function only, not on the modules it calls or the
 constants it reads (for instance :mod:`stepsim.kernels.abi`). To keep cached machine code from going stale,
 importing this module hashes the kernel modules' sources (``KERNEL_MODULES``) and drops the package's cache files
-(``__pycache__/*.nbi|*.nbc``) when the hash changed since the last run.
+(``__pycache__/*.nbi|*.nbc`` and the symbol lists of :func:`stepsim.kernels.target.defined_symbols`) when the hash
+changed since the last run.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _invalidate_stale_cache() -> None:
             return
         if cache_dir.is_dir():
             for path in cache_dir.iterdir():
-                if path.suffix in (".nbi", ".nbc"):
+                if path.suffix in (".nbi", ".nbc") or path.name.startswith("stepsim-symbols-"):  # target.py
                     path.unlink(missing_ok=True)
         cache_dir.mkdir(exist_ok=True)
         tmp = stamp.with_suffix(f".{os.getpid()}.tmp")

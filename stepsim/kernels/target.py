@@ -33,6 +33,9 @@ directory, kept when such a file is there). Together 30-50 ms of a 0.6 s warm ``
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import sys
 
@@ -103,16 +106,109 @@ def load_cached(dispatcher) -> None:
 
     def load_overload(sig, target_context):
         # numba's Cache.load_overload with target_context.refresh() replaced by the runtime set-up that cached
-        # nopython code needs; the guard turns a racing writer's partial file into a miss, as in numba
+        # nopython code needs; the guard turns a racing writer's partial file into a miss, as in numba. Runs
+        # under numba's global compiler lock (Dispatcher.compile), like everything that creates libraries.
         if uses_runtime:
             from numba.core.runtime import rtsys
 
             rtsys.initialize(target_context)
+        codegen = target_context.codegen()
+        previous = codegen._library_class
+        codegen._library_class = lazy_linking_library(previous, cache._cache_path)
         result = None  # stays None if the guard swallows an I/O error: a miss
-        with cache._guard_against_spurious_io_errors():
-            result = cache._load_overload(sig, target_context)
+        try:
+            with cache._guard_against_spurious_io_errors():
+                result = cache._load_overload(sig, target_context)
+        finally:
+            codegen._library_class = previous
         if result is None:  # a miss: numba compiles next, with the target set up in full
             prepare()
         return result
 
     cache.load_overload = load_overload
+
+
+_lazy_classes: dict = {}
+
+
+def lazy_linking_library(base: type, folder: str) -> type:
+    """``base`` (numba's JIT code library class) unserializing cached machine code without parsing its LLVM
+    bitcode; the subclass is made on first use per cache folder (this module is imported before numba).
+
+    numba caches a library as its object code plus the bitcode of the whole library, and parses that bitcode
+    on every load (35-45 ms for the engine's event loop), for two uses: the names of the symbols it defines
+    (which the JIT engine must know before looking any up) and linking the library into code compiled later.
+    Here the names come from :func:`defined_symbols` (parsed once per bitcode, then read from a file) and
+    the bitcode is parsed only when something links the library. ``base`` is returned unchanged when this
+    numba lacks the internals the subclass relies on.
+    """
+    key = (base, folder)
+    if key in _lazy_classes:
+        return _lazy_classes[key]
+    if not all(hasattr(base, name) for name in ("_unserialize", "_get_module_for_linking", "_set_compiled_object",
+                                                 "_finalize_final_module", "enable_object_caching")):
+        _lazy_classes[key] = base
+        return base
+    import llvmlite.binding as ll
+
+    class LazyLinkingLibrary(base):
+        _linking_bitcode = None
+
+        @classmethod
+        def _unserialize(cls, codegen, state):
+            # numba's CPUCodeLibrary._unserialize for object code, with the bitcode kept instead of parsed
+            name, kind, data = state
+            if kind != "object" or not hasattr(codegen._engine, "_defined_symbols"):
+                return super()._unserialize(codegen, state)
+            object_code, bitcode = data
+            library = codegen.create_library(name)
+            library.enable_object_caching()
+            library._set_compiled_object(object_code)
+            library._linking_bitcode = bitcode
+            library._finalize_final_module()
+            names, module = defined_symbols(bitcode, folder)
+            library._shared_module = module  # parsed here only when the names were not on file yet
+            codegen._engine._defined_symbols |= names
+            return library
+
+        def _get_module_for_linking(self):
+            if self._shared_module is None and self._linking_bitcode is not None:
+                self._shared_module = ll.parse_bitcode(self._linking_bitcode)
+            return super()._get_module_for_linking()
+
+    _lazy_classes[key] = LazyLinkingLibrary
+    return LazyLinkingLibrary
+
+
+def defined_symbols(bitcode: bytes, folder: str | None):
+    """``(names, module)``: the symbols the LLVM bitcode module ``bitcode`` defines (functions and global
+    variables that are not declarations, as numba's ``_load_defined_symbols`` collects them), and the parsed
+    module, or None when the names were read from their file.
+
+    The names are kept in ``folder`` as ``stepsim-symbols-<sha256 of the bitcode>.json``: named after what they
+    are derived from, written once (atomically) and never changed, so processes cannot race on one and a stale
+    one is never read (other bitcode, other name). An unwritable folder only means parsing again next time.
+    """
+    digest = hashlib.sha256(bitcode).hexdigest()
+    path = os.path.join(folder, f"stepsim-symbols-{digest}.json") if folder else None
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return set(json.load(f)), None
+        except (OSError, ValueError):
+            pass
+    import llvmlite.binding as ll
+
+    module = ll.parse_bitcode(bitcode)
+    names = {gv.name for group in (module.functions, module.global_variables) for gv in group
+             if not gv.is_declaration}
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(sorted(names), f)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return names, module

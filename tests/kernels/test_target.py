@@ -144,3 +144,73 @@ def test_own_process_imports_numba_without_check_only_modules(tmp_path):
     assert child("own", plain) == {"scipy": False, "yaml": False, "numba_reads_yaml": False, "boundscheck": None}
     assert child("own", with_config) == {"scipy": False, "yaml": True, "numba_reads_yaml": True, "boundscheck": 1}
     assert child("library", plain) == {"scipy": True, "yaml": True, "numba_reads_yaml": True, "boundscheck": None}
+
+
+#: a child loading the engine (symbol lists on file), then linking a cached kernel into its own jitted code
+LAZY_LINKING_CHILD = """
+import json
+import llvmlite.binding as ll
+
+parsed = []
+parse_bitcode = ll.parse_bitcode
+ll.parse_bitcode = lambda *args: parsed.append(1) or parse_bitcode(*args)
+from stepsim.kernels import api
+
+engine = api._engine()
+api._ensure_compiled(engine)
+parses_on_load = len(parsed)
+library = engine.event_loop.overloads[engine.event_loop.signatures[0]].library
+known = library._codegen._engine._defined_symbols
+module = library._get_module_for_linking()  # parsed now, on first use
+defined = {gv.name for group in (module.functions, module.global_variables) for gv in group
+           if not gv.is_declaration}
+import numba
+from stepsim.kernels.units_common import pmu_cycles
+
+@numba.njit
+def reads(nbytes, pmu_bw):
+    return pmu_cycles(nbytes, pmu_bw)
+
+value = reads(1000, 64)
+print(json.dumps({"parses_on_load": parses_on_load, "parses_to_link": len(parsed) - parses_on_load,
+                  "defined_known": defined <= known, "defined": len(defined), "reads": value,
+                  "callee_hits": sum(pmu_cycles.stats.cache_hits.values())}))
+"""
+
+
+def test_cached_library_links_lazily_with_exact_symbols():
+    """A process loading the cached engine parses no LLVM bitcode (the symbol names come from the lists
+    target.defined_symbols keeps beside the cache), yet the JIT engine knows every symbol the library defines,
+    and the library still links into code compiled afterwards (its bitcode parsed then, once)."""
+    from stepsim.kernels.units_common import pmu_cycles
+
+    _ensure_compiled(_engine())
+    _child(LAZY_LINKING_CHILD)  # writes the symbol lists if this cache has none yet
+    child = _child(LAZY_LINKING_CHILD)
+    assert child["defined"] > 100
+    assert child == {"parses_on_load": 0, "parses_to_link": 2, "defined_known": True, "defined": child["defined"],
+                     "reads": pmu_cycles(1000, 64), "callee_hits": 1}
+    assert pmu_cycles(1000, 64) == 16
+
+
+def test_defined_symbols_file_holds_exactly_the_parsed_names(tmp_path):
+    """The symbol list is parsed once, written beside the cache under the bitcode's digest, and read back as
+    exactly the names a parse gives; without a writable folder every call parses."""
+    import hashlib
+
+    from stepsim.kernels.target import defined_symbols
+
+    engine = _engine()
+    _ensure_compiled(engine)
+    bitcode = engine.event_loop.overloads[engine.event_loop.signatures[0]].library._get_module_for_linking() \
+        .as_bitcode()
+    names, module = defined_symbols(bitcode, str(tmp_path))
+    assert module is not None
+    assert names == {gv.name for group in (module.functions, module.global_variables) for gv in group
+                     if not gv.is_declaration}
+    assert [p.name for p in tmp_path.iterdir()] == [f"stepsim-symbols-{hashlib.sha256(bitcode).hexdigest()}.json"]
+    assert defined_symbols(bitcode, str(tmp_path)) == (names, None)
+    missing = str(tmp_path / "absent")
+    again, parsed = defined_symbols(bitcode, missing)
+    assert again == names and parsed is not None
+    assert not os.path.exists(missing)
