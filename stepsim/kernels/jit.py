@@ -1,7 +1,8 @@
 """The one place that owns numba's jit flags for the engine.
 
-Every kernel is ``@kernel``-decorated: ``numba.njit(cache=True, nogil=True)``. Under ``NUMBA_DISABLE_JIT=1``
-the decorator returns the plain Python function, so the engine also runs (slowly) as pure Python.
+Every kernel is ``@kernel``-decorated: ``numba.njit(nogil=True)`` with numba's disk cache (as ``cache=True``, but
+built on first use). Under ``NUMBA_DISABLE_JIT=1`` the decorator returns the plain Python function, so the engine
+also runs (slowly) as pure Python.
 
 numba's on-disk cache is keyed on the source file of each function only, not on the modules it calls or the
 constants it reads (for instance :mod:`stepsim.kernels.abi`). To keep cached machine code from going stale,
@@ -16,7 +17,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from stepsim.kernels.target import import_numba, load_cached
+from stepsim.kernels.target import cache_on_first_use, import_numba
 
 numba = import_numba()
 
@@ -66,12 +67,13 @@ def kernels_cached() -> bool:
     return bool(cache_dir) and any(Path(cache_dir).rglob(pattern))
 
 def _cached(decorate):
-    """``decorate`` (a ``numba.njit(cache=True, ...)`` decorator) whose dispatchers load cached machine code
-    without setting numba's whole CPU target up (:func:`stepsim.kernels.target.load_cached`)."""
+    """``decorate`` (a ``numba.njit(...)`` decorator without ``cache=True``) whose dispatchers use numba's disk
+    cache as ``cache=True`` would, built on first use and loading cached machine code without setting numba's
+    whole CPU target up (:func:`stepsim.kernels.target.cache_on_first_use`)."""
 
     def decorator(fn):
         dispatcher = decorate(fn)
-        load_cached(dispatcher)
+        cache_on_first_use(dispatcher)
         return dispatcher
 
     return decorator
@@ -80,10 +82,10 @@ def _cached(decorate):
 #: decorator for every kernel: compiled without numba's runtime (``_nrt=False``), so passing arrays between
 #: kernels costs no reference counting and loading them needs no runtime set-up. No kernel allocates: the
 #: engine's state arrays come from NumPy (``engine.new_state``)
-kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False))
+kernel = _cached(numba.njit(nogil=True, error_model="numpy", _nrt=False))
 
 #: like ``kernel`` but inlined into its callers at numba-IR level (only for tiny call-forwarding functions)
-inline_kernel = _cached(numba.njit(cache=True, nogil=True, error_model="numpy", _nrt=False, inline="always"))
+inline_kernel = _cached(numba.njit(nogil=True, error_model="numpy", _nrt=False, inline="always"))
 
 #: True when numba's JIT is disabled (NUMBA_DISABLE_JIT=1)
 JIT_DISABLED = bool(numba.config.DISABLE_JIT)

@@ -92,6 +92,34 @@ def prepare() -> None:
             del sys.modules["scipy.linalg"]
 
 
+def cache_on_first_use(dispatcher) -> None:
+    """Give ``dispatcher`` (made without ``cache=True``) numba's disk cache when it first needs it, with the
+    light loader of :func:`load_cached`: the same as ``cache=True``, which builds the cache at decoration.
+
+    Building a cache object locates its folder and proves it writable by creating a temporary file in it:
+    about 0.4 ms per kernel, 40-50 ms for the engine's ~120 kernels in every process that imports them, while
+    a run with a warm cache touches only the few entry points (their callees come compiled into them). Kept
+    as is under ``NUMBA_DISABLE_JIT`` (no dispatcher) or on a numba without ``enable_caching``.
+    """
+    if hasattr(dispatcher, "enable_caching") and hasattr(dispatcher, "_cache"):
+        dispatcher._cache = _CacheOnFirstUse(dispatcher)
+
+
+class _CacheOnFirstUse:
+    """Stands in for a dispatcher's cache; the first use of any attribute builds the real one in its place."""
+
+    __slots__ = ("_dispatcher",)
+
+    def __init__(self, dispatcher):
+        self._dispatcher = dispatcher
+
+    def __getattr__(self, name):
+        dispatcher = self._dispatcher
+        dispatcher.enable_caching()  # dispatcher._cache = numba's FunctionCache
+        load_cached(dispatcher)
+        return getattr(dispatcher._cache, name)
+
+
 def load_cached(dispatcher) -> None:
     """Give ``dispatcher`` (a ``cache=True`` kernel) the light cache loader described in the module docstring.
 
@@ -125,7 +153,19 @@ def load_cached(dispatcher) -> None:
             prepare()
         return result
 
+    save = cache.save_overload
+
+    def save_overload(sig, cres):
+        # numba's, then the symbol list of what it saved, so that no later process parses its bitcode
+        save(sig, cres)
+        library = getattr(cres, "library", None)
+        if hasattr(library, "_get_module_for_linking") and os.path.isdir(cache._cache_path):
+            module = library._get_module_for_linking()
+            with contextlib.suppress(OSError):
+                _write_symbols(symbols_path(cache._cache_path, module.as_bitcode()), module_symbols(module))
+
     cache.load_overload = load_overload
+    cache.save_overload = save_overload
 
 
 _lazy_classes: dict = {}
@@ -181,16 +221,15 @@ def lazy_linking_library(base: type, folder: str) -> type:
 
 
 def defined_symbols(bitcode: bytes, folder: str | None):
-    """``(names, module)``: the symbols the LLVM bitcode module ``bitcode`` defines (functions and global
-    variables that are not declarations, as numba's ``_load_defined_symbols`` collects them), and the parsed
-    module, or None when the names were read from their file.
+    """``(names, module)``: the symbols the LLVM bitcode module ``bitcode`` defines (:func:`module_symbols`),
+    and the parsed module, or None when the names were read from their file in ``folder``.
 
-    The names are kept in ``folder`` as ``stepsim-symbols-<sha256 of the bitcode>.json``: named after what they
+    The names are kept as ``stepsim-symbols-<sha256 of the bitcode>.json`` beside numba's cache files, written
+    when numba saves a library and, for a library saved without one, on its first load: named after what they
     are derived from, written once (atomically) and never changed, so processes cannot race on one and a stale
     one is never read (other bitcode, other name). An unwritable folder only means parsing again next time.
     """
-    digest = hashlib.sha256(bitcode).hexdigest()
-    path = os.path.join(folder, f"stepsim-symbols-{digest}.json") if folder else None
+    path = symbols_path(folder, bitcode) if folder else None
     if path:
         try:
             with open(path, encoding="utf-8") as f:
@@ -200,15 +239,34 @@ def defined_symbols(bitcode: bytes, folder: str | None):
     import llvmlite.binding as ll
 
     module = ll.parse_bitcode(bitcode)
-    names = {gv.name for group in (module.functions, module.global_variables) for gv in group
-             if not gv.is_declaration}
+    names = module_symbols(module)
     if path:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(sorted(names), f)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            _write_symbols(path, names)
     return names, module
+
+
+def module_symbols(module) -> set[str]:
+    """The symbols an LLVM module defines: its functions and global variables that are not declarations, as
+    numba's ``JitEngine._load_defined_symbols`` collects them."""
+    return {gv.name for group in (module.functions, module.global_variables) for gv in group
+            if not gv.is_declaration}
+
+
+def symbols_path(folder: str, bitcode: bytes) -> str:
+    """Where :func:`defined_symbols` keeps the symbol names of ``bitcode``."""
+    return os.path.join(folder, f"stepsim-symbols-{hashlib.sha256(bitcode).hexdigest()}.json")
+
+
+def _write_symbols(path: str, names: set[str]) -> None:
+    """Write the list atomically (a temporary file renamed into place); OSError when the folder is not
+    writable."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(sorted(names), f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

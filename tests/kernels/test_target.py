@@ -45,7 +45,7 @@ import numba
 import numpy as np
 from stepsim.kernels.jit import _cached
 
-@_cached(numba.njit(cache=True))
+@_cached(numba.njit())  # cached as stepsim's kernels are
 def ramp(n):
     out = np.empty(n, dtype=np.int64)
     for i in range(n):
@@ -59,6 +59,11 @@ if sys.argv[1] == "own":  # a process stepsim owns (a command, a pool worker)
     from stepsim.kernels.target import own_process
 
     own_process()
+import llvmlite.binding as ll
+
+parsed = []
+parse_bitcode = ll.parse_bitcode
+ll.parse_bitcode = lambda *args: parsed.append(1) or parse_bitcode(*args)
 import tiny_kernel
 values = tiny_kernel.ramp(5).tolist()
 stats = tiny_kernel.ramp.stats
@@ -66,6 +71,7 @@ arraymath = sys.modules.get("numba.np.arraymath")
 from numba.core.runtime import rtsys
 print(json.dumps({"registries": arraymath is not None, "blas": arraymath and arraymath._HAVE_BLAS,
                   "scipy_linalg": "scipy.linalg" in sys.modules, "runtime": rtsys._init, "values": values,
+                  "bitcode_parses": len(parsed),
                   "hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())}))
 """
 
@@ -95,20 +101,24 @@ def test_cached_engine_loads_without_numba_registries():
 
 def test_cache_miss_compiles_with_full_target_then_hit_loads_light(tmp_path):
     """A miss sets numba's target up in full and compiles: in a process stepsim owns without the BLAS probe
-    (scipy.linalg hidden), elsewhere with it. The next process hits and loads the same machine code (runtime
-    allocation included: this kernel, unlike the engine's, uses numba's runtime) without the registries."""
+    (scipy.linalg hidden), elsewhere with it. The save writes the code's symbol list too. The next process hits and loads the same machine code (runtime
+    allocation included: this kernel, unlike the engine's, uses numba's runtime) without the registries and
+    without parsing LLVM bitcode, and changes no cache file."""
     (tmp_path / "tiny_kernel.py").write_text(textwrap.dedent(TINY_KERNEL))
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     values = [0, 1, 4, 9, 16]
     own = _child(TINY_CHILD, "own", **env, NUMBA_CACHE_DIR=str(tmp_path / "own"))
     assert own == {"registries": True, "blas": False, "scipy_linalg": False, "runtime": True, "values": values,
-                   "hits": 0, "misses": 1}
+                   "bitcode_parses": 0, "hits": 0, "misses": 1}
+    saved = {p: p.stat().st_mtime_ns for p in (tmp_path / "own").rglob("*") if p.is_file()}
+    assert sorted(p.suffix for p in saved) == [".json", ".nbc", ".nbi"]  # the symbol list comes with the code
     hit = _child(TINY_CHILD, "own", **env, NUMBA_CACHE_DIR=str(tmp_path / "own"))
     assert hit == {"registries": False, "blas": None, "scipy_linalg": False, "runtime": True, "values": values,
-                   "hits": 1, "misses": 0}
+                   "bitcode_parses": 0, "hits": 1, "misses": 0}
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "own").rglob("*") if p.is_file()} == saved
     library_user = _child(TINY_CHILD, "library", **env, NUMBA_CACHE_DIR=str(tmp_path / "library"))
     assert library_user == {"registries": True, "blas": True, "scipy_linalg": True, "runtime": True,
-                            "values": values, "hits": 0, "misses": 1}
+                            "values": values, "bitcode_parses": 0, "hits": 0, "misses": 1}
 
 
 #: a child importing the kernels' numba: argv[1] "own" declares the process stepsim's own first
