@@ -66,13 +66,14 @@ def _check_out(args) -> None:
 
 
 def _compile_notice(args) -> None:
-    """One line on stderr before the first kernel compilation (a cold numba cache takes about 40 s)."""
+    """One line on stderr before the first kernel compilation (a cold numba cache takes 40-70 s on the 2-core
+    reference machine, depending on its speed at the time)."""
     if args.command not in SIMULATING_COMMANDS or getattr(args, "dry_run", False):
         return
     from stepsim.kernels.jit import kernels_cached
 
     if not kernels_cached():
-        print("stepsim: compiling the simulation kernels once, about 40 s (`stepsim cache warm` does it ahead)",
+        print("stepsim: compiling the simulation kernels once, about a minute (`stepsim cache warm` does it ahead)",
               file=sys.stderr, flush=True)
 
 

@@ -1,10 +1,10 @@
 """A resident command server: ``stepsim server start`` keeps one process with stepsim loaded, and later
 commands of the same environment run in a fork of it instead of starting from nothing.
 
-Why: a command spends more than half a second before it does any work. Importing numba and numpy takes
-0.3-0.6 s on a 2-core EPYC (the machine's speed varies), loading the engine kernels from numba's cache 0.15-0.2 s
-more, sympy and pyarrow (imported when a command needs them) 0.3-0.5 s, while a small simulation takes
-milliseconds. The same remedy as Gradle's daemon or Nailgun: pay those costs once, in a process that
+Why: a command spends about half a second before it does any work. Importing numba and numpy takes
+0.3-0.6 s on a 2-core EPYC (the machine's speed varies), stepsim's modules and loading the engine kernels from
+numba's cache 0.1-0.2 s more, sympy and pyarrow (imported when a command needs them) 0.3-0.5 s, while a small
+simulation takes milliseconds. The same remedy as Gradle's daemon or Nailgun: pay those costs once, in a process that
 stays, and fork it per command (about 10 ms). A forked command starts from the server's state right after its
 preload, never from another command's leftovers, so its output is the same as in a fresh process.
 

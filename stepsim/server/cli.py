@@ -16,7 +16,7 @@ from stepsim.server.daemon import log_file, state_file
 
 #: default idle timeout of a server (seconds)
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
-#: default wait for a server to be ready (seconds): a cold kernel cache compiles for about 40 s
+#: default wait for a server to be ready (seconds): a cold kernel cache compiles for about a minute
 DEFAULT_START_WAIT_S = 300.0
 #: what the server process runs: the starting program's sys.path first, so it loads what the program would
 _BOOT = ("import sys, json; spec = json.loads(sys.argv[1]); sys.path[:] = spec['path']; "

@@ -130,7 +130,7 @@ def test_reproduce_tables_show_units_and_bytes_as_mb_gb():
 def test_a_cold_kernel_cache_is_announced_once_before_simulating_commands(monkeypatch, capsys, tmp_path):
     import stepsim.kernels.jit as jit
 
-    notice = "stepsim: compiling the simulation kernels once, about 40 s (`stepsim cache warm` does it ahead)\n"
+    notice = "stepsim: compiling the simulation kernels once, about a minute (`stepsim cache warm` does it ahead)\n"
     monkeypatch.setattr(jit, "kernels_cached", lambda: False)
     assert main(["run", "swiglu", "--json"]) == 0
     assert capsys.readouterr().err == notice
