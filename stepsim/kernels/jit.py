@@ -7,7 +7,7 @@ also runs (slowly) as pure Python.
 numba's on-disk cache is keyed on the source file of each function only, not on the modules it calls or the
 constants it reads (for instance :mod:`stepsim.kernels.abi`). To keep cached machine code from going stale,
 importing this module hashes the kernel modules' sources (``KERNEL_MODULES``) and drops the package's cache files
-(``__pycache__/*.nbi|*.nbc`` and the symbol lists of :func:`stepsim.kernels.target.defined_symbols`) when the hash
+(``__pycache__/*.nbi|*.nbc`` and the symbol lists of :mod:`stepsim.kernels.cached_library`) when the hash
 changed since the last run.
 """
 
@@ -41,7 +41,7 @@ def _invalidate_stale_cache() -> None:
             return
         if cache_dir.is_dir():
             for path in cache_dir.iterdir():
-                if path.suffix in (".nbi", ".nbc") or path.name.startswith("stepsim-symbols-"):  # target.py
+                if path.suffix in (".nbi", ".nbc") or path.name.startswith("stepsim-symbols-"):  # cached_library.py
                     path.unlink(missing_ok=True)
         cache_dir.mkdir(exist_ok=True)
         tmp = stamp.with_suffix(f".{os.getpid()}.tmp")

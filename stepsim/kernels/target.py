@@ -15,6 +15,9 @@ loader:
   NRT's own functions (about 45 ms);
 * a cache miss first sets the target up in full (:func:`prepare`), then numba compiles as usual.
 
+The libraries a hit rebuilds link lazily (:mod:`stepsim.kernels.cached_library`: no LLVM bitcode is parsed), and
+each dispatcher's cache is built on its first use (:func:`cache_on_first_use`).
+
 Results are identical either way (the same cached bytes run); ``tests/kernels/test_target.py`` checks in fresh
 processes that a hit skips the registries and a miss compiles and then loads the same function.
 
@@ -33,9 +36,6 @@ directory, kept when such a file is there). Together 30-50 ms of a 0.6 s warm ``
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import sys
 
@@ -140,6 +140,8 @@ def load_cached(dispatcher) -> None:
             from numba.core.runtime import rtsys
 
             rtsys.initialize(target_context)
+        from stepsim.kernels.cached_library import lazy_linking_library
+
         codegen = target_context.codegen()
         previous = codegen._library_class
         codegen._library_class = lazy_linking_library(previous, cache._cache_path)
@@ -160,113 +162,9 @@ def load_cached(dispatcher) -> None:
         save(sig, cres)
         library = getattr(cres, "library", None)
         if hasattr(library, "_get_module_for_linking") and os.path.isdir(cache._cache_path):
-            module = library._get_module_for_linking()
-            with contextlib.suppress(OSError):
-                _write_symbols(symbols_path(cache._cache_path, module.as_bitcode()), module_symbols(module))
+            from stepsim.kernels.cached_library import save_symbols
+
+            save_symbols(cache._cache_path, library._get_module_for_linking())
 
     cache.load_overload = load_overload
     cache.save_overload = save_overload
-
-
-_lazy_classes: dict = {}
-
-
-def lazy_linking_library(base: type, folder: str) -> type:
-    """``base`` (numba's JIT code library class) unserializing cached machine code without parsing its LLVM
-    bitcode; the subclass is made on first use per cache folder (this module is imported before numba).
-
-    numba caches a library as its object code plus the bitcode of the whole library, and parses that bitcode
-    on every load (35-45 ms for the engine's event loop), for two uses: the names of the symbols it defines
-    (which the JIT engine must know before looking any up) and linking the library into code compiled later.
-    Here the names come from :func:`defined_symbols` (parsed once per bitcode, then read from a file) and
-    the bitcode is parsed only when something links the library. ``base`` is returned unchanged when this
-    numba lacks the internals the subclass relies on.
-    """
-    key = (base, folder)
-    if key in _lazy_classes:
-        return _lazy_classes[key]
-    if not all(hasattr(base, name) for name in ("_unserialize", "_get_module_for_linking", "_set_compiled_object",
-                                                 "_finalize_final_module", "enable_object_caching")):
-        _lazy_classes[key] = base
-        return base
-    import llvmlite.binding as ll
-
-    class LazyLinkingLibrary(base):
-        _linking_bitcode = None
-
-        @classmethod
-        def _unserialize(cls, codegen, state):
-            # numba's CPUCodeLibrary._unserialize for object code, with the bitcode kept instead of parsed
-            name, kind, data = state
-            if kind != "object" or not hasattr(codegen._engine, "_defined_symbols"):
-                return super()._unserialize(codegen, state)
-            object_code, bitcode = data
-            library = codegen.create_library(name)
-            library.enable_object_caching()
-            library._set_compiled_object(object_code)
-            library._linking_bitcode = bitcode
-            library._finalize_final_module()
-            names, module = defined_symbols(bitcode, folder)
-            library._shared_module = module  # parsed here only when the names were not on file yet
-            codegen._engine._defined_symbols |= names
-            return library
-
-        def _get_module_for_linking(self):
-            if self._shared_module is None and self._linking_bitcode is not None:
-                self._shared_module = ll.parse_bitcode(self._linking_bitcode)
-            return super()._get_module_for_linking()
-
-    _lazy_classes[key] = LazyLinkingLibrary
-    return LazyLinkingLibrary
-
-
-def defined_symbols(bitcode: bytes, folder: str | None):
-    """``(names, module)``: the symbols the LLVM bitcode module ``bitcode`` defines (:func:`module_symbols`),
-    and the parsed module, or None when the names were read from their file in ``folder``.
-
-    The names are kept as ``stepsim-symbols-<sha256 of the bitcode>.json`` beside numba's cache files, written
-    when numba saves a library and, for a library saved without one, on its first load: named after what they
-    are derived from, written once (atomically) and never changed, so processes cannot race on one and a stale
-    one is never read (other bitcode, other name). An unwritable folder only means parsing again next time.
-    """
-    path = symbols_path(folder, bitcode) if folder else None
-    if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                return set(json.load(f)), None
-        except (OSError, ValueError):
-            pass
-    import llvmlite.binding as ll
-
-    module = ll.parse_bitcode(bitcode)
-    names = module_symbols(module)
-    if path:
-        with contextlib.suppress(OSError):
-            _write_symbols(path, names)
-    return names, module
-
-
-def module_symbols(module) -> set[str]:
-    """The symbols an LLVM module defines: its functions and global variables that are not declarations, as
-    numba's ``JitEngine._load_defined_symbols`` collects them."""
-    return {gv.name for group in (module.functions, module.global_variables) for gv in group
-            if not gv.is_declaration}
-
-
-def symbols_path(folder: str, bitcode: bytes) -> str:
-    """Where :func:`defined_symbols` keeps the symbol names of ``bitcode``."""
-    return os.path.join(folder, f"stepsim-symbols-{hashlib.sha256(bitcode).hexdigest()}.json")
-
-
-def _write_symbols(path: str, names: set[str]) -> None:
-    """Write the list atomically (a temporary file renamed into place); OSError when the folder is not
-    writable."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(sorted(names), f)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -190,7 +190,7 @@ print(json.dumps({"parses_on_load": parses_on_load, "parses_to_link": len(parsed
 
 def test_cached_library_links_lazily_with_exact_symbols():
     """A process loading the cached engine parses no LLVM bitcode (the symbol names come from the lists
-    target.defined_symbols keeps beside the cache), yet the JIT engine knows every symbol the library defines,
+    stepsim.kernels.cached_library keeps beside the cache), yet the JIT engine knows every symbol the library defines,
     and the library still links into code compiled afterwards (its bitcode parsed then, once)."""
     from stepsim.kernels.units_common import pmu_cycles
 
@@ -208,7 +208,7 @@ def test_defined_symbols_file_holds_exactly_the_parsed_names(tmp_path):
     exactly the names a parse gives; without a writable folder every call parses."""
     import hashlib
 
-    from stepsim.kernels.target import defined_symbols
+    from stepsim.kernels.cached_library import defined_symbols
 
     engine = _engine()
     _ensure_compiled(engine)
