@@ -36,6 +36,8 @@ directory, kept when such a file is there). Together 30-50 ms of a 0.6 s warm ``
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sys
 
@@ -100,22 +102,43 @@ def cache_on_first_use(dispatcher) -> None:
     about 0.4 ms per kernel, 40-50 ms for the engine's ~120 kernels in every process that imports them, while
     a run with a warm cache touches only the few entry points (their callees come compiled into them). Kept
     as is under ``NUMBA_DISABLE_JIT`` (no dispatcher) or on a numba without ``enable_caching``.
+
+    numba stamps a cache with the SHA-256 of the function's source file when it builds it, and loads only
+    entries with that stamp. Built later, it would read the file as it is then: a kernel file edited between a
+    process's import and its first call would let the process load machine code of the edited source under
+    its old Python code. So the digest is taken now, once per file, and given to the cache when it is built.
     """
     if hasattr(dispatcher, "enable_caching") and hasattr(dispatcher, "_cache"):
-        dispatcher._cache = _CacheOnFirstUse(dispatcher)
+        dispatcher._cache = _CacheOnFirstUse(dispatcher, _source_digest(dispatcher.py_func.__code__.co_filename))
+
+
+@functools.lru_cache(maxsize=None)
+def _source_digest(path: str) -> bytes | None:
+    """SHA-256 of a source file as numba's cache stamps it (``caching._hash_source_file``); None if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).digest()
+    except OSError:
+        return None
 
 
 class _CacheOnFirstUse:
-    """Stands in for a dispatcher's cache; the first use of any attribute builds the real one in its place."""
+    """Stands in for a dispatcher's cache; the first use of any attribute builds the real one in its place,
+    stamped with the source digest taken at decoration (:func:`cache_on_first_use`)."""
 
-    __slots__ = ("_dispatcher",)
+    __slots__ = ("_dispatcher", "_stamp")
 
-    def __init__(self, dispatcher):
+    def __init__(self, dispatcher, stamp: bytes | None):
         self._dispatcher = dispatcher
+        self._stamp = stamp
 
     def __getattr__(self, name):
         dispatcher = self._dispatcher
         dispatcher.enable_caching()  # dispatcher._cache = numba's FunctionCache
+        cache_file = getattr(dispatcher._cache, "_cache_file", None)
+        current = getattr(cache_file, "_source_stamp", None)
+        if self._stamp is not None and isinstance(current, bytes) and len(current) == len(self._stamp):
+            cache_file._source_stamp = self._stamp  # the same kind of stamp, of the source this process runs
         load_cached(dispatcher)
         return getattr(dispatcher._cache, name)
 

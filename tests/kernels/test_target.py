@@ -224,3 +224,27 @@ def test_defined_symbols_file_holds_exactly_the_parsed_names(tmp_path):
     again, parsed = defined_symbols(bitcode, missing)
     assert again == names and parsed is not None
     assert not os.path.exists(missing)
+
+
+#: a child importing the tiny kernel, editing its file before the first call, then calling it
+EDITED_CHILD = """
+import hashlib, json, sys
+from pathlib import Path
+import tiny_kernel
+
+path = Path(tiny_kernel.__file__)
+digest = hashlib.sha256(path.read_bytes()).digest()
+path.write_text(path.read_text() + "# edited after the import\\n")
+values = tiny_kernel.ramp(3).tolist()
+stamp = tiny_kernel.ramp._cache._cache_file._source_stamp
+print(json.dumps({"values": values, "stamp_of_imported_source": stamp == digest}))
+"""
+
+
+def test_cache_built_on_first_use_is_stamped_with_the_imported_source(tmp_path):
+    """A kernel's cache is built on its first call but stamped with its source file as imported, as with
+    ``cache=True``: editing the file in between must not let the process load code of the edited source."""
+    (tmp_path / "tiny_kernel.py").write_text(textwrap.dedent(TINY_KERNEL))
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    assert _child(EDITED_CHILD, **env, NUMBA_CACHE_DIR=str(tmp_path / "cache")) == {
+        "values": [0, 1, 4], "stamp_of_imported_source": True}
