@@ -83,16 +83,14 @@ def defined_symbols(bitcode: bytes, folder: str | None):
     module = ll.parse_bitcode(bitcode)
     names = module_symbols(module)
     if path:
-        with contextlib.suppress(OSError):
-            _write_symbols(path, names)
+        _write_symbols(path, names)
     return names, module
 
 
 def save_symbols(folder: str, module) -> None:
     """Keep the symbol list of a library numba just saved into ``folder``; ``module``: its module for linking,
     whose bitcode numba saved (nothing happens when the folder is not writable)."""
-    with contextlib.suppress(OSError):
-        _write_symbols(symbols_path(folder, module.as_bitcode()), module_symbols(module))
+    _write_symbols(symbols_path(folder, module.as_bitcode()), module_symbols(module))
 
 
 def module_symbols(module) -> set[str]:
@@ -108,8 +106,8 @@ def symbols_path(folder: str, bitcode: bytes) -> str:
 
 
 def _write_symbols(path: str, names: set[str]) -> None:
-    """Write the list atomically (a temporary file renamed into place); OSError when the folder is not
-    writable."""
+    """Write the list atomically (a temporary file renamed into place); nothing when the folder is not
+    writable (a later load parses the bitcode instead)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -118,4 +116,3 @@ def _write_symbols(path: str, names: set[str]) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise

@@ -76,8 +76,10 @@ print(json.dumps({"registries": arraymath is not None, "blas": arraymath and arr
 """
 
 
-def _child(code: str, *args: str, **env) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+def _child(code: str, *args: str, cwd=None, **env) -> dict:
+    """Run ``code`` in a fresh interpreter (argv ``args``, working directory ``cwd``, ``env`` added to the
+    environment); its JSON output."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd,
                           env=dict(os.environ, **env), timeout=600)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -141,19 +143,13 @@ def test_own_process_imports_numba_without_check_only_modules(tmp_path):
     unless a ``.numba_config.yaml`` is in its working directory, which numba then reads as usual; both stay
     importable afterwards. Any other process imports numba exactly as numba does."""
 
-    def child(mode, cwd):
-        proc = subprocess.run([sys.executable, "-c", IMPORT_CHILD, mode], capture_output=True, text=True,
-                              cwd=cwd, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
-
     plain, with_config = tmp_path / "plain", tmp_path / "with_config"
     plain.mkdir()
     with_config.mkdir()
     (with_config / ".numba_config.yaml").write_text("boundscheck: 1\n")
-    assert child("own", plain) == {"scipy": False, "yaml": False, "numba_reads_yaml": False, "boundscheck": None}
-    assert child("own", with_config) == {"scipy": False, "yaml": True, "numba_reads_yaml": True, "boundscheck": 1}
-    assert child("library", plain) == {"scipy": True, "yaml": True, "numba_reads_yaml": True, "boundscheck": None}
+    assert _child(IMPORT_CHILD, "own", cwd=plain) == {"scipy": False, "yaml": False, "numba_reads_yaml": False, "boundscheck": None}
+    assert _child(IMPORT_CHILD, "own", cwd=with_config) == {"scipy": False, "yaml": True, "numba_reads_yaml": True, "boundscheck": 1}
+    assert _child(IMPORT_CHILD, "library", cwd=plain) == {"scipy": True, "yaml": True, "numba_reads_yaml": True, "boundscheck": None}
 
 
 #: a child loading the engine (symbol lists on file), then linking a cached kernel into its own jitted code
