@@ -10,6 +10,10 @@ unit by unit). Each bound is "the busiest unit of one kind, doing its work back 
 * :func:`hbm_request_cycles`: the busiest HBM channel serves its requests ``hbm_init_interval`` apart. It
   counts 64-byte requests, not bytes, so it sees what a bytes roofline misses: a weight tile of 56 bf16
   columns (112 bytes a row) takes two requests a row, 128 bytes of channel time.
+* :func:`pipeline_cycles`: a unit cannot start before its first operands exist, so the load and compute bounds
+  above also pay the pipeline's fill in front of the unit (:func:`first_output_times`): on a time-multiplexed
+  region of 256-column weight tiles, one 2 MiB tile load and one 32,768-cycle firing before the down
+  projection's first firing.
 
 The whole-graph roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) sums bandwidth over every unit;
 these see what the sum hides: one busy region among idle ones, padded static tiles on few time-multiplexed
@@ -29,10 +33,12 @@ from fractions import Fraction
 
 from stepsim.errors import MetricError
 from stepsim.hardware import Hardware
-from stepsim.workloads.base import Workload, evaluate, evaluate_exact
+from stepsim.graph.numeric import python_bindings
+from stepsim.workloads.base import Workload, evaluate, evaluate_exact, factors_value
 
-__all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "hbm_request_cycles",
-           "load_tiles", "load_unit_bounds", "load_unit_cycles"]
+__all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "first_output_times",
+           "hbm_request_cycles", "load_tiles", "load_unit_bounds", "load_unit_cycles", "pipeline_cycles",
+           "pipeline_unit_bounds"]
 
 #: operator kinds that load from off-chip memory one tile at a time
 LOAD_KINDS = ("LinearOffChipLoad", "RandomOffChipLoad")
@@ -44,17 +50,23 @@ PASS_THROUGH_KINDS = ("Flatten", "RepeatStatic", "Broadcast", "Parallelize", "Ea
 #: compute kinds whose firing costs ``max(PMU reads of the operands, compute)`` or more (§6; Scan's cost differs
 #: between step-perf versions, so it is charged its FLOPs only)
 PMU_READING_KINDS = ("Map", "Accum", "MapAccum")
+#: kinds that may emit an output before the stamp of the input it answers: EagerMerge's selector is enqueued
+#: when the merge *sees* an element, which the canonical visibility rule allows at the sender's clock, one
+#: cycle before the element's stamp (docs/timing_model.md §1.2, §7.3)
+EARLY_EMITTING_KINDS = ("EagerMerge",)
 
 
 def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = None) -> dict[str, int]:
-    """The three bounds by record column (``load_unit_cycles``, ``compute_unit_cycles``,
-    ``hbm_request_cycles``), sharing the per-operator evaluations; ``values``: an ``op_values`` result to
-    reuse."""
+    """The four bounds by record column (``load_unit_cycles``, ``compute_unit_cycles``, ``hbm_request_cycles``,
+    ``pipeline_cycles``), sharing the per-operator evaluations; ``values``: an ``op_values`` result to reuse."""
     values = values if values is not None else workload.op_values()
     tiles = load_tiles(workload)
-    return {"load_unit_cycles": load_unit_cycles(workload, hardware, tiles),
-            "compute_unit_cycles": compute_unit_cycles(workload, hardware, values, tiles),
-            "hbm_request_cycles": hbm_request_cycles(workload, hardware, tiles, values)}
+    loads = load_unit_bounds(workload, hardware, tiles)
+    computes = compute_unit_bounds(workload, hardware, values, tiles)
+    return {"load_unit_cycles": busiest_unit(workload, loads),
+            "compute_unit_cycles": busiest_unit(workload, computes),
+            "hbm_request_cycles": hbm_request_cycles(workload, hardware, tiles, values),
+            "pipeline_cycles": pipeline_cycles(workload, hardware, values, tiles, loads, computes)}
 
 
 def load_tiles(workload: Workload) -> dict[str, int]:
@@ -215,6 +227,160 @@ def _firing_cycles(op, mean_flops: Fraction, reads: int, workload: Workload) -> 
                                                            f"FLOPs of {op.name}")) / op.compute_bw)
              for rows in workload.tile_rows[symbol]]
     return sum(costs, Fraction(0)) / len(costs) if costs else Fraction(0)
+
+
+def pipeline_cycles(workload: Workload, hardware: Hardware, values: dict | None = None, tiles: dict | None = None,
+                    loads: dict | None = None, computes: dict | None = None) -> int:
+    """A lower bound on the simulated cycles (cycles): the largest of :func:`pipeline_unit_bounds`, each unit's
+    earliest start plus its work. ``values``, ``tiles``, ``loads`` (:func:`load_unit_bounds`) and ``computes``
+    (:func:`compute_unit_bounds`) are reused when given."""
+    per_unit = pipeline_unit_bounds(workload, hardware, values, tiles, loads, computes)
+    return math.ceil(max(per_unit.values(), default=0))
+
+
+def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | None = None,
+                         tiles: dict | None = None, loads: dict | None = None,
+                         computes: dict | None = None) -> dict[str, Fraction]:
+    """``{unit: a lower bound on its final clock}`` (cycles) for the off-chip loads and compute units: the
+    earliest time its first tile or firing can start plus its work back to back.
+
+    A unit starts no earlier than its inputs' first elements exist (:func:`first_output_times`), and then a load
+    needs :func:`load_unit_bounds`' time for its tiles, a compute unit :func:`compute_unit_bounds`' busy cycles
+    for its firings (one at a time). A unit without work (an expert without tokens) is left out: it never
+    starts. Units whose work a dispatcher assigns during the run (``workload.balanced_units``) count as one per
+    position: the earliest start of the counterparts plus the mean of their work (the busiest of them does at
+    least that much, and starts no earlier than the earliest).
+    """
+    values = values if values is not None else workload.op_values()
+    tiles = tiles if tiles is not None else load_tiles(workload)
+    loads = loads if loads is not None else load_unit_bounds(workload, hardware, tiles)
+    computes = computes if computes is not None else compute_unit_bounds(workload, hardware, values, tiles)
+    first = first_output_times(workload, hardware, values, tiles)
+    ops = {op.name: op for op in workload.graph.ops}
+    work = {name: w for name, w in (*loads.items(), *computes.items()) if w > 0}
+    start = {name: max((first[ref.op.name] for ref in ops[name].inputs), default=0) for name in work}
+    out = {name: start[name] + w for name, w in work.items()}
+    for regions in workload.balanced_units:
+        members = [[name for name in names if name in work] for names in regions]
+        for names in members:
+            for name in names:
+                del out[name]
+        if len({len(names) for names in members}) != 1:
+            continue
+        for counterparts in zip(*members):
+            mean = sum((Fraction(work[name]) for name in counterparts), Fraction(0)) / len(counterparts)
+            out[counterparts[0]] = min(start[name] for name in counterparts) + mean
+    return out
+
+
+def first_output_times(workload: Workload, hardware: Hardware, values: dict | None = None,
+                       tiles: dict | None = None) -> dict[str, int]:
+    """``{op name: a lower bound on the stamp of its first output element}`` (cycles), over any of its outputs.
+
+    In graph order from the sources (every context's clock starts at 0; docs/timing_model.md §1):
+
+    * an operator emits no earlier than one cycle after it read an input (an element is stamped at least the
+      sender's clock + 1, and a reader's clock is at least the stamp it read; §1.2, §1.4). Which input comes
+      first is not known, so the earliest counts; a source emits at 1 or later;
+    * an off-chip load reads its address or reference first, if it has one, and its first tile of ``n``
+      requests completes ``ceil(n / P) + start_up + latency + 2`` cycles after it starts (:func:`load_unit_bounds`);
+    * a compute unit (FLOP-based or fixed-cost) fires once every operand is there: its output waits for the
+      latest input plus the cheapest firing it can do (:func:`_cheapest_firings`);
+    * an :data:`EARLY_EMITTING_KINDS` operator gets no cycle beyond its earliest input.
+
+    Operators are visited producers first (:func:`_producers_first`); on a feedback loop an input not visited
+    yet counts from 0, which only weakens the bound. These times are lower bounds on the sender's clock at the
+    enqueue plus one, not only on the stamps, so they also hold where a stamp is requested in the future (HBM
+    responses).
+    """
+    values = values if values is not None else workload.op_values()
+    tiles = tiles if tiles is not None else load_tiles(workload)
+    per_tile = hardware.hbm_start_up + hardware.hbm_latency + 2
+    firing = _cheapest_firings(workload, hardware, values, tiles)
+    first: dict[str, int] = {}
+    for op in _producers_first(workload.graph.ops):
+        arrivals = [first.get(ref.op.name, 0) for ref in op.inputs]
+        if op.kind in LOAD_KINDS:
+            time = max(arrivals, default=0) + -(-_tile_requests(op, hardware) // op.par_dispatch) + per_tile + 1
+        elif op.name in firing:
+            time = max(arrivals, default=0) + firing[op.name] + 1
+        elif op.kind in EARLY_EMITTING_KINDS:
+            time = min(arrivals, default=0)
+        else:
+            time = min(arrivals, default=0) + 1
+        first[op.name] = time
+    return first
+
+
+def _producers_first(ops: list) -> list:
+    """``ops`` in an order that puts every operator after its producers (Kahn's algorithm; the graph lists
+    broadcasts, inserted last, after their consumers), then those left on a feedback loop in graph order."""
+    producers = {op.name: {ref.op.name for ref in op.inputs} for op in ops}
+    consumers: dict[str, list] = {}
+    for op in ops:
+        for name in producers[op.name]:
+            consumers.setdefault(name, []).append(op)
+    waiting = {name: len(names) for name, names in producers.items()}
+    ready = [op for op in ops if not waiting[op.name]]
+    order = []
+    while ready:
+        op = ready.pop()
+        order.append(op)
+        for consumer in consumers.get(op.name, ()):
+            waiting[consumer.name] -= 1
+            if not waiting[consumer.name]:
+                ready.append(consumer)
+    if len(order) < len(ops):
+        placed = {op.name for op in order}
+        order += [op for op in ops if op.name not in placed]
+    return order
+
+
+def _cheapest_firings(workload: Workload, hardware: Hardware, values: dict,
+                      tiles: Mapping[str, int]) -> dict[str, int]:
+    """``{compute op name: a lower bound on the cycles of any one of its firings}``: for a FLOP-based unit the
+    larger of its certain PMU reads and its FLOPs at ``compute_bw`` on the smallest tile it can fire on (the
+    fewest rows of a :attr:`Workload.tile_rows` dimension; otherwise every firing does the same work), for a
+    fixed-cost function its cycles; 0 where the FLOPs of one firing stay symbolic."""
+    flops = workload.op_flops(values)
+    bindings = python_bindings(workload.bindings)
+    out = {}
+    for op in workload.graph.ops:
+        fn = getattr(op, "fn", None)
+        if fn is None or not hasattr(op, "firing_flops"):
+            continue
+        if fn.fixed_cycles is not None:
+            out[op.name] = fn.fixed_cycles
+            continue
+        if op.name not in flops or not op.compute_bw:
+            continue
+        reads = _pmu_reads(op, hardware, tiles)[0] if op.kind in PMU_READING_KINDS else 0
+        # the engine charges whole cycles: ceil(FLOPs / compute_bw) (docs/timing_model.md §3.3)
+        out[op.name] = max(reads, math.ceil(_fewest_flops(op, workload, bindings) / op.compute_bw))
+    return out
+
+
+def _fewest_flops(op, workload: Workload, bindings: dict) -> Fraction:
+    """FLOPs of ``op``'s cheapest firing: its firing FLOPs with the fewest rows of a ragged
+    :attr:`Workload.tile_rows` dimension, else with ``bindings`` (the workload's, as Python numbers); 0 when
+    they stay symbolic. A static tile's FLOPs count its padding, as the engine charges them (docs/timing_model.md
+    §3.3). Evaluated factor by factor (:func:`factors_value`): a sympy product per operator would cost more than
+    all the other bounds together."""
+    types = op.firing_types()
+    factors = op.fn.flops_factors(types)
+    symbols = set().union(*(getattr(f, "free_symbols", ()) for f in factors))
+    ragged = [s for s in symbols if s in workload.tile_rows]
+    if len(ragged) > 1:
+        return Fraction(0)
+    if ragged:
+        rows = workload.tile_rows[ragged[0]]
+        if not rows:
+            return Fraction(0)
+        bindings = {**bindings, ragged[0]: min(rows)}
+    try:
+        return _fraction(factors_value(factors, lambda: op.fn.flops(types), bindings, f"FLOPs of {op.name}"))
+    except MetricError:
+        return Fraction(0)
 
 
 def busiest_unit(workload: Workload, per_unit: Mapping[str, Fraction]) -> int:

@@ -50,6 +50,9 @@ compute_unit_cycles                cycles      a lower bound on cycles: the busi
                                                loaded tiles (:func:`stepsim.bounds.compute_unit_cycles`)
 hbm_request_cycles                 cycles      a lower bound on cycles: the busiest HBM channel's share of the
                                                64-byte requests (:func:`stepsim.bounds.hbm_request_cycles`)
+pipeline_cycles                    cycles      a lower bound on cycles: a load or compute unit's work after the
+                                               earliest time its first operands can exist
+                                               (:func:`stepsim.bounds.pipeline_cycles`)
 compute_utilization                ratio       ``flops / (cycles * allocated_compute_flops_per_cycle)``
 off_chip_bw_utilization            ratio       ``off_chip_bytes / (cycles * hbm_bytes_per_cycle)``
 events, fires                      count       engine events and unit firings; null for metrics runs
@@ -161,7 +164,8 @@ COLUMNS = tuple(
            "off_chip_bytes_symbolic", "on_chip_bytes", "on_chip_bytes_active")
     + _i64("FLOP", "flops", "graph_flops", "algorithmic_flops")
     + _i64("FLOP/cycle", "allocated_compute_flops_per_cycle") + _i64("bytes/cycle", "hbm_bytes_per_cycle")
-    + _i64("cycles", "load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles")
+    + _i64("cycles", "load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles",
+           "pipeline_cycles")
     + _f64("ratio", "compute_utilization", "off_chip_bw_utilization") + _i64("count", "events", "fires")
     + _f64("s", "build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")
     + _f64("ratio", "check_max_rel_error", "check_tolerance") + [("check_passed", "bool", None)]

@@ -18,9 +18,12 @@ from stepsim.bounds import (
     compute_unit_bounds,
     compute_unit_cycles,
     cycle_bounds,
+    first_output_times,
     hbm_request_cycles,
     load_unit_bounds,
     load_unit_cycles,
+    pipeline_cycles,
+    pipeline_unit_bounds,
 )
 from stepsim.hardware import Hardware
 from stepsim.optimize.pareto import roofline_lower_bound
@@ -65,9 +68,31 @@ def _check_units(workload, sim, hardware) -> None:
                 assert mean <= max(sim.unit_counters[row[n], column] for n in counterparts), counterparts
 
 
-def _bounds(workload, hardware) -> tuple[int, int, int]:
+def _bounds(workload, hardware) -> tuple[int, int, int, int]:
     return (load_unit_cycles(workload, hardware), compute_unit_cycles(workload, hardware),
-            hbm_request_cycles(workload, hardware))
+            hbm_request_cycles(workload, hardware), pipeline_cycles(workload, hardware))
+
+
+def _check_pipeline(workload, sim, hardware) -> None:
+    """Every unit starts no earlier than its inputs' first elements can exist (first_output_times): checked
+    against the first busy interval of the run's timeline; every pipeline bound is at most its unit's final
+    clock (for units dispatched during the run, at most the latest of its counterparts')."""
+    first = first_output_times(workload, hardware)
+    intervals = sim.timeline.intervals.to_pydict()
+    started = {}
+    for unit, state, start in zip(intervals["unit"], intervals["state"], intervals["start"]):
+        if state == "busy":
+            started[unit] = min(started.get(unit, start), start)
+    assert sim.timeline.complete
+    ops = {op.name: op for op in workload.graph.ops}
+    for name, start in started.items():
+        assert max((first[ref.op.name] for ref in ops[name].inputs), default=0) <= start, name
+    row = {name: i for i, name in enumerate(sim.unit_names)}
+    final = {name: sim.unit_counters[row[name], 4] for name in row}
+    dispatched = {name: [n for names in regions for n in names]
+                  for regions in workload.balanced_units for names in regions for name in names}
+    for name, bound in pipeline_unit_bounds(workload, hardware).items():
+        assert bound <= max(final[n] for n in dispatched.get(name, [name])), name
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -75,8 +100,9 @@ def test_every_bound_holds_unit_by_unit(name):
     config = {"workload": "moe", **CONFIGS[name]}
     workload = workload_from_config(config)
     hardware = resolve_hardware(config, workload)
-    sim = simulate(workload, hardware=hardware)
+    sim = simulate(workload, hardware=hardware, timeline=True)
     _check_units(workload, sim, hardware)
+    _check_pipeline(workload, sim, hardware)
     assert max(_bounds(workload, hardware)) <= sim.cycles
     # the record's columns share one evaluation and give the same values
     assert list(cycle_bounds(workload, hardware).values()) == list(_bounds(workload, hardware))
@@ -97,21 +123,26 @@ def test_decoder_with_dynamic_attention_and_time_multiplexed_experts():
     workload = build_decoder(model, kv, routing, strategy="dynamic", tiling="dynamic", regions=2, tile_f=16)
     hardware = Hardware.preset(workload.hardware)
     assert [len(regions) for regions in workload.balanced_units] == [4, 4]
-    sim = simulate(workload, hardware=hardware)
+    sim = simulate(workload, hardware=hardware, timeline=True)
     _check_units(workload, sim, hardware)
+    _check_pipeline(workload, sim, hardware)
     assert max(_bounds(workload, hardware)) <= sim.cycles
 
 
 def test_exact_values_where_each_bound_is_the_tight_one():
-    """(load, compute, hbm requests, simulated cycles). The compute bound is within 0.6 % on one region of
-    padded static tiles (8 experts x 28 F tiles x 2*64*4096*512 FLOPs at 1024 FLOPs/cycle), the request bound
-    within 0.8 % on SwiGLU (8 HBM channels on step-hdl), the load bound within 1.5 % on 4 dynamic regions.
-    Qwen3's merged tiles of a few rows are PMU-bound: 1,102,848 cycles where their FLOPs alone give 457,728."""
+    """(load, compute, hbm requests, pipeline, simulated cycles). The compute bound is within 0.6 % on one
+    region of padded static tiles (8 experts x 28 F tiles x 2*64*4096*512 FLOPs at 1024 FLOPs/cycle), the
+    request bound within 0.8 % on SwiGLU (8 HBM channels on step-hdl), the load bound within 1.5 % on 4 dynamic
+    regions. Qwen3's merged tiles of a few rows are PMU-bound: 1,102,848 cycles where their FLOPs alone give
+    457,728. The pipeline bound adds what must pass before the busiest unit's first firing: on the one region
+    of padded static tiles, the down projection (as busy as the gate) waits for a 4096 x 512 bf16 weight
+    tile's load (65,536 requests, 65,563 cycles), a gate firing (2*64*4096*512 / 1024 = 262,144 cycles) and
+    the SwiGLU maps: 327,999 cycles, and the bound is 0.03 % short of the run."""
     expected = {
-        "mixtral-static-64-1-region": (14_684_096, 58_720_256, 2_754_073, 59_065_966),
-        "qwen-dynamic-4-regions": (1_448_128, 1_102_848, 901_937, 1_470_017),
-        "attention-coarse": (40_508, 7_904, 4_133, 43_215),
-        "swiglu": (10_496, 16_384, 33_041, 33_288),
+        "mixtral-static-64-1-region": (14_684_096, 58_720_256, 2_754_073, 59_048_255, 59_065_966),
+        "qwen-dynamic-4-regions": (1_448_128, 1_102_848, 901_937, 1_448_136, 1_470_017),
+        "attention-coarse": (40_508, 7_904, 4_133, 40_512, 43_215),
+        "swiglu": (10_496, 16_384, 33_041, 16_468, 33_288),
     }
     got = {}
     for name in expected:
@@ -181,3 +212,24 @@ def test_dynamic_attention_load_bound_uses_the_regions_mean(shared_traces):
     sim = simulate(workload, hardware=hardware)
     assert (int(nominal), load_unit_cycles(workload, hardware), sim.cycles) == (40_836, 36_326, 39_961)
     _check_units(workload, sim, hardware)
+
+
+def test_pipeline_bound_prunes_by_the_fill_of_large_weight_tiles(shared_traces):
+    """Mixtral B=64, dynamic tiles on 4 time-multiplexed regions, tile_f 256: region 3's down projection is
+    busy 5,390,336 cycles (the compute bound, exactly), but cannot fire before a 4096 x 256 bf16 weight tile is
+    loaded (32,768 requests: ready at 32,796) and its gate has fired once on the smallest merged tile (23 rows:
+    2*23*4096*256 / 1024 = 47,104 cycles) and the SwiGLU maps after it (46 + 6 cycles): 79,955. The run's
+    first down-projection firing is at 91,480 (the weight loads wait for the routed tokens' addresses until
+    9,482, and the first tile has 24 rows), and it ends at 5,491,035. The bound is above 5,419,308, the cycles
+    of the front point that beats this candidate in `stepsim optimize` (dynamic tile_f 32 on 4 regions)."""
+    trace = shared_traces / "expert_routing" / "mixtral_b64" / "008_010.npz"
+    config = {"workload": "moe", "model": "mixtral-8x7b", "trace": str(trace), "tiling": "dynamic", "tile_f": 256,
+              "regions": 4}
+    workload = workload_from_config(config)
+    hardware = resolve_hardware(config, workload)
+    first = first_output_times(workload, hardware)
+    down = workload.graph.op("MapAccum_87")
+    sim = simulate(workload, hardware=hardware, timeline=True)
+    _check_pipeline(workload, sim, hardware)
+    assert ([first[ref.op.name] for ref in down.inputs], compute_unit_bounds(workload, hardware)[down.name],
+            pipeline_cycles(workload, hardware), sim.cycles) == ([79_955, 32_796], 5_390_336, 5_470_291, 5_491_035)
