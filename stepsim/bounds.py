@@ -277,7 +277,7 @@ def first_output_times(workload: Workload, hardware: Hardware, values: dict | No
                        tiles: dict | None = None) -> dict[str, int]:
     """``{op name: a lower bound on the stamp of its first output element}`` (cycles), over any of its outputs.
 
-    In graph order from the sources (every context's clock starts at 0; docs/timing_model.md §1):
+    From the sources on (every context's clock starts at 0; docs/timing_model.md §1):
 
     * an operator emits no earlier than one cycle after it read an input (an element is stamped at least the
       sender's clock + 1, and a reader's clock is at least the stamp it read; §1.2, §1.4). Which input comes
