@@ -259,17 +259,11 @@ def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | 
     ops = {op.name: op for op in workload.graph.ops}
     work = {name: w for name, w in (*loads.items(), *computes.items()) if w > 0}
     start = {name: max((first[ref.op.name] for ref in ops[name].inputs), default=0) for name in work}
-    out = {name: start[name] + w for name, w in work.items()}
-    for regions in workload.balanced_units:
-        members = [[name for name in names if name in work] for names in regions]
-        for names in members:
-            for name in names:
-                del out[name]
-        if len({len(names) for names in members}) != 1:
-            continue
-        for counterparts in zip(*members):
-            mean = sum((Fraction(work[name]) for name in counterparts), Fraction(0)) / len(counterparts)
-            out[counterparts[0]] = min(start[name] for name in counterparts) + mean
+    dispatched, groups = _dispatched_units(workload, work)
+    out = {name: start[name] + w for name, w in work.items() if name not in dispatched}
+    for counterparts in groups:
+        mean = sum((Fraction(work[name]) for name in counterparts), Fraction(0)) / len(counterparts)
+        out[counterparts[0]] = min(start[name] for name in counterparts) + mean
     return out
 
 
@@ -390,20 +384,26 @@ def busiest_unit(workload: Workload, per_unit: Mapping[str, Fraction]) -> int:
     counterparts, the units at the same position of every region, which must be of one kind; when the
     regions are not built alike, their units are left out (module docstring).
     """
-    values = dict(per_unit)
-    kinds = {op.name: op.kind for op in workload.graph.ops}
-    for regions in workload.balanced_units:
-        members = [[name for name in names if name in per_unit] for names in regions]
-        for names in members:
-            for name in names:
-                del values[name]
-        if len({len(names) for names in members}) != 1:
-            continue
-        for counterparts in zip(*members):
-            if len({kinds[name] for name in counterparts}) == 1:
-                total = sum((per_unit[name] for name in counterparts), Fraction(0))
-                values[counterparts[0]] = total / len(counterparts)
+    dispatched, groups = _dispatched_units(workload, per_unit)
+    values = {name: value for name, value in per_unit.items() if name not in dispatched}
+    for counterparts in groups:
+        values[counterparts[0]] = sum((per_unit[name] for name in counterparts), Fraction(0)) / len(counterparts)
     return math.ceil(max(values.values(), default=0))
+
+
+def _dispatched_units(workload: Workload, units: Mapping) -> tuple[set, list[tuple]]:
+    """``(names, groups)``: the names among ``units`` whose work a dispatcher assigns during the run
+    (``workload.balanced_units``), and their counterparts, one tuple per position of a region (the units at that
+    position in every region, of one kind). Regions not built alike, and positions of mixed kinds, give no
+    group: their units are left out."""
+    kinds = {op.name: op.kind for op in workload.graph.ops}
+    names, groups = set(), []
+    for regions in workload.balanced_units:
+        members = [[name for name in region if name in units] for region in regions]
+        names.update(name for region in members for name in region)
+        if len({len(region) for region in members}) == 1:
+            groups += [c for c in zip(*members) if len({kinds[name] for name in c}) == 1]
+    return names, groups
 
 
 def _tile_requests(op, hardware: Hardware) -> int:
