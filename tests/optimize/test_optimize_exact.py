@@ -69,3 +69,18 @@ def test_attention_b64_front_equals_exhaustive(shared_traces, tmp_path, serial, 
     result = optimize("attention", out=tmp_path / "opt", trace=str(trace), executor=serial)
     _check(result, exhaustive_front)
     assert (result.candidates, result.pruned_symbolically, result.simulations) == (13, 1, 12)
+
+
+def test_mixtral_b64_pipeline_bound_prunes_large_weight_tiles(shared_traces, tmp_path, serial, exhaustive_front):
+    """Dynamic tiles on 4 time-multiplexed regions: tile_f 32 runs 5,419,308 cycles; tile_f 256 does the same
+    FLOPs with more on-chip bytes, and its busiest unit's work alone (5,390,336) does not beat that, but its
+    fill does: a 4096 x 256 weight tile and a gate firing before the down projection can start
+    (pipeline_cycles 5,470,291; run 5,491,035). So it is pruned without simulating, and the front is exact."""
+    trace = shared_traces / "expert_routing" / "mixtral_b64" / "008_010.npz"
+    space = [{"tiling": ("dynamic",), "tile_f": (32, 256), "regions": (4,)}]
+    result = optimize("moe", out=tmp_path / "opt", model="mixtral", trace=str(trace), space=space,
+                      executor=serial, round_size=1)
+    _check(result, exhaustive_front)
+    assert [(c.config["tile_f"], c.status, c.lower_bound, c.cycles) for c in result.candidate_list] == \
+        [(32, "simulated", 5_400_358, 5_419_308), (256, "pruned", 5_470_291, None)]
+    assert (result.candidates, result.pruned_symbolically, result.simulations) == (2, 1, 1)
