@@ -13,7 +13,8 @@ unit by unit). Each bound is "the busiest unit of one kind, doing its work back 
 * :func:`pipeline_cycles`: a unit cannot start before its first operands exist, so the load and compute bounds
   above also pay the pipeline's fill in front of the unit (:func:`first_output_times`): on a time-multiplexed
   region of 256-column weight tiles, one 2 MiB tile load and one 32,768-cycle firing before the down
-  projection's first firing.
+  projection's first firing. And the HBM's last weight request still leaves its tile a firing to do
+  (:func:`hbm_drain_cycles`): 16,384 cycles of PMU reads for a 2048 x 256 bf16 tile.
 
 The whole-graph roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) sums bandwidth over every unit;
 these see what the sum hides: one busy region among idle ones, padded static tiles on few time-multiplexed
@@ -37,7 +38,7 @@ from stepsim.graph.numeric import python_bindings
 from stepsim.workloads.base import Workload, evaluate, evaluate_exact, factors_value
 
 __all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "first_output_times",
-           "hbm_request_cycles", "load_tiles", "load_unit_bounds", "load_unit_cycles", "pipeline_cycles",
+           "hbm_drain_cycles", "hbm_request_cycles", "load_tiles", "load_unit_bounds", "load_unit_cycles", "pipeline_cycles",
            "pipeline_unit_bounds"]
 
 #: operator kinds that load from off-chip memory one tile at a time
@@ -231,16 +232,75 @@ def _firing_cycles(op, mean_flops: Fraction, reads: int, workload: Workload) -> 
 
 def pipeline_cycles(workload: Workload, hardware: Hardware, values: dict | None = None, tiles: dict | None = None,
                     loads: dict | None = None, computes: dict | None = None) -> int:
-    """A lower bound on the simulated cycles (cycles): the largest of :func:`pipeline_unit_bounds`, each unit's
-    earliest start plus its work. ``values``, ``tiles``, ``loads`` (:func:`load_unit_bounds`) and ``computes``
-    (:func:`compute_unit_bounds`) are reused when given."""
-    per_unit = pipeline_unit_bounds(workload, hardware, values, tiles, loads, computes)
-    return math.ceil(max(per_unit.values(), default=0))
+    """A lower bound on the simulated cycles (cycles) from the pipeline's fill and drain: the largest of
+    :func:`pipeline_unit_bounds` (each unit's earliest start plus its work) and :func:`hbm_drain_cycles` (the
+    last weight request plus the firing its tile still gets). ``values``, ``tiles``, ``loads``
+    (:func:`load_unit_bounds`) and ``computes`` (:func:`compute_unit_bounds`) are reused when given."""
+    values = values if values is not None else workload.op_values()
+    tiles = tiles if tiles is not None else load_tiles(workload)
+    firing = _cheapest_firings(workload, hardware, values, tiles)
+    per_unit = pipeline_unit_bounds(workload, hardware, values, tiles, loads, computes, firing)
+    return max(math.ceil(max(per_unit.values(), default=0)),
+               hbm_drain_cycles(workload, hardware, values, tiles, firing))
+
+
+def hbm_drain_cycles(workload: Workload, hardware: Hardware, values: dict | None = None,
+                     tiles: dict | None = None, firing: dict | None = None) -> int:
+    """A lower bound on the simulated cycles (cycles): the HBM's last request of some loads, and the firing its
+    tile still gets.
+
+    A loaded tile goes, through operators that pass it on (:data:`PASS_THROUGH_KINDS`), to compute units that
+    fire on it: its *drain* is the cheapest such firing (:func:`_cheapest_firings`; 0 when the tile may reach
+    anything else). For the loads whose drain is at least ``d``, with ``R`` requests together, the busiest of
+    the ``C`` channels starts the last of its at least ``ceil(R / C)`` of them no earlier than ``2 + (ceil(R / C)
+    - 1) * II`` (as in :func:`hbm_request_cycles`); the response reaches its load ``start_up + latency + 1``
+    cycles later, the tile its consumer one cycle after that, and the firing takes ``d`` more. The bound is the
+    largest over ``d``. Stores are left out: their requests only delay the loads'. ``values``, ``tiles`` and
+    ``firing`` (:func:`_cheapest_firings`) are reused when given.
+    """
+    values = values if values is not None else workload.op_values()
+    tiles = tiles if tiles is not None else load_tiles(workload)
+    firing = firing if firing is not None else _cheapest_firings(workload, hardware, values, tiles)
+    consumers = workload.graph.consumers()
+    ops = {op.name: op for op in workload.graph.ops}
+    drained = sorted(((_drain(ops[name], consumers, firing), n * _tile_requests(ops[name], hardware))
+                      for name, n in tiles.items() if n > 0), reverse=True)
+    best, requests = 0, 0
+    for drain, count in drained:
+        requests += count
+        last = 2 + (math.ceil(requests / hardware.hbm_channels) - 1) * hardware.hbm_init_interval
+        best = max(best, last + hardware.hbm_start_up + hardware.hbm_latency + 2 + drain)
+    return best
+
+
+def _drain(load, consumers: Mapping, firing: Mapping[str, int]) -> int:
+    """The cheapest firing any compute unit does on a tile of ``load`` (cycles): the smallest
+    :func:`_cheapest_firings` value among the units its tiles reach through :data:`PASS_THROUGH_KINDS`; 0 when a
+    tile may reach another kind of operator or none."""
+    cheapest, pending, seen = None, [load], set()
+    while pending:
+        op = pending.pop()
+        outputs = [(consumer, pos) for index in range(op.num_outputs)
+                   for consumer, pos in consumers.get((op.id, index), ())]
+        if not outputs:
+            return 0
+        for consumer, pos in outputs:
+            if consumer.name in firing:
+                cost = firing[consumer.name]
+            elif consumer.kind in PASS_THROUGH_KINDS and getattr(consumer, "pad", None) is None:
+                if consumer.name not in seen:
+                    seen.add(consumer.name)
+                    pending.append(consumer)
+                continue
+            else:
+                return 0
+            cheapest = cost if cheapest is None else min(cheapest, cost)
+    return cheapest or 0
 
 
 def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | None = None,
-                         tiles: dict | None = None, loads: dict | None = None,
-                         computes: dict | None = None) -> dict[str, Fraction]:
+                         tiles: dict | None = None, loads: dict | None = None, computes: dict | None = None,
+                         firing: dict | None = None) -> dict[str, Fraction]:
     """``{unit: a lower bound on its final clock}`` (cycles) for the off-chip loads and compute units: the
     earliest time its first tile or firing can start plus its work back to back.
 
@@ -249,13 +309,14 @@ def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | 
     for its firings (one at a time). A unit without work (an expert without tokens) is left out: it never
     starts. Units whose work a dispatcher assigns during the run (``workload.balanced_units``) count as one per
     position: the earliest start of the counterparts plus the mean of their work (the busiest of them does at
-    least that much, and starts no earlier than the earliest).
+    least that much, and starts no earlier than the earliest). ``firing`` (:func:`_cheapest_firings`) and the
+    other optional arguments are reused when given.
     """
     values = values if values is not None else workload.op_values()
     tiles = tiles if tiles is not None else load_tiles(workload)
     loads = loads if loads is not None else load_unit_bounds(workload, hardware, tiles)
     computes = computes if computes is not None else compute_unit_bounds(workload, hardware, values, tiles)
-    first = first_output_times(workload, hardware, values, tiles)
+    first = first_output_times(workload, hardware, values, tiles, firing)
     ops = {op.name: op for op in workload.graph.ops}
     work = {name: w for name, w in (*loads.items(), *computes.items()) if w > 0}
     start = {name: max((first[ref.op.name] for ref in ops[name].inputs), default=0) for name in work}
@@ -268,7 +329,7 @@ def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | 
 
 
 def first_output_times(workload: Workload, hardware: Hardware, values: dict | None = None,
-                       tiles: dict | None = None) -> dict[str, int]:
+                       tiles: dict | None = None, firing: dict | None = None) -> dict[str, int]:
     """``{op name: a lower bound on the stamp of its first output element}`` (cycles), over any of its outputs.
 
     From the sources on (every context's clock starts at 0; docs/timing_model.md §1):
@@ -285,12 +346,12 @@ def first_output_times(workload: Workload, hardware: Hardware, values: dict | No
     Operators are visited producers first (:func:`_producers_first`); on a feedback loop an input not visited
     yet counts from 0, which only weakens the bound. These times are lower bounds on the sender's clock at the
     enqueue plus one, not only on the stamps, so they also hold where a stamp is requested in the future (HBM
-    responses).
+    responses). ``values``, ``tiles`` and ``firing`` (:func:`_cheapest_firings`) are reused when given.
     """
     values = values if values is not None else workload.op_values()
     tiles = tiles if tiles is not None else load_tiles(workload)
     per_tile = hardware.hbm_start_up + hardware.hbm_latency + 2
-    firing = _cheapest_firings(workload, hardware, values, tiles)
+    firing = firing if firing is not None else _cheapest_firings(workload, hardware, values, tiles)
     first: dict[str, int] = {}
     for op in _producers_first(workload.graph.ops):
         arrivals = [first.get(ref.op.name, 0) for ref in op.inputs]

@@ -84,3 +84,18 @@ def test_mixtral_b64_pipeline_bound_prunes_large_weight_tiles(shared_traces, tmp
     assert [(c.config["tile_f"], c.status, c.lower_bound, c.cycles) for c in result.candidate_list] == \
         [(32, "simulated", 5_400_358, 5_419_308), (256, "pruned", 5_470_291, None)]
     assert (result.candidates, result.pruned_symbolically, result.simulations) == (2, 1, 1)
+
+
+def test_qwen_b64_drain_bound_prunes_a_memory_bound_candidate(shared_traces, tmp_path, serial, exhaustive_front):
+    """A region per expert: static tile_n 64 with tile_f 32 runs 571,459 cycles; tile_n 32 with tile_f 256 has
+    more on-chip bytes, and the HBM's last weight request plus the 16,384-cycle firing on its tile
+    (hbm_drain_cycles, 578,578) already exceeds that: it is pruned without simulating."""
+    trace = shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"
+    space = [{"tiling": ("static",), "tile_n": (64,), "tile_f": (32,)},
+             {"tiling": ("static",), "tile_n": (32,), "tile_f": (256,)}]
+    result = optimize("moe", out=tmp_path / "opt", model="qwen", trace=str(trace), space=space, executor=serial,
+                      round_size=1)
+    _check(result, exhaustive_front)
+    assert [(c.config["tile_n"], c.status, c.cycles) for c in result.candidate_list] == \
+        [(64, "simulated", 571_459), (32, "pruned", None)]
+    assert result.candidate_list[1].lower_bound == 578_578

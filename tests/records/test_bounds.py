@@ -19,6 +19,7 @@ from stepsim.bounds import (
     compute_unit_cycles,
     cycle_bounds,
     first_output_times,
+    hbm_drain_cycles,
     hbm_request_cycles,
     load_unit_bounds,
     load_unit_cycles,
@@ -142,7 +143,7 @@ def test_exact_values_where_each_bound_is_the_tight_one():
         "mixtral-static-64-1-region": (14_684_096, 58_720_256, 2_754_073, 59_048_255, 59_065_966),
         "qwen-dynamic-4-regions": (1_448_128, 1_102_848, 901_937, 1_448_136, 1_470_017),
         "attention-coarse": (40_508, 7_904, 4_133, 40_512, 43_215),
-        "swiglu": (10_496, 16_384, 33_041, 16_468, 33_288),
+        "swiglu": (10_496, 16_384, 33_041, 32_850, 33_288),
     }
     got = {}
     for name in expected:
@@ -233,3 +234,21 @@ def test_pipeline_bound_prunes_by_the_fill_of_large_weight_tiles(shared_traces):
     _check_pipeline(workload, sim, hardware)
     assert ([first[ref.op.name] for ref in down.inputs], compute_unit_bounds(workload, hardware)[down.name],
             pipeline_cycles(workload, hardware), sim.cycles) == ([79_955, 32_796], 5_390_336, 5_470_291, 5_491_035)
+
+
+def test_hbm_drain_bound_adds_the_last_weight_tiles_firing(shared_traces):
+    """Qwen3 B=64, static tile_n 32, tile_f 256, a region per expert: memory-bound. The weight loads make
+    8,994,816 of the 64-byte requests, so the busiest of 32 channels starts its last no earlier than 2 + 281,087
+    x 2 = 562,176; its response reaches the load 17 cycles later and the tile its Map one cycle after that, and
+    every Map or MapAccum firing on a 2048 x 256 bf16 weight tile reads it from the PMU in 16,384 cycles:
+    578,578. The request bound (every request, stores included, and no firing after) is 562,993; the run takes
+    628,841. The bound is above the 571,459 cycles of the front point that beats this candidate (tile_n 64,
+    tile_f 32)."""
+    trace = shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"
+    config = {"workload": "moe", "model": "qwen3-30b-a3b", "trace": str(trace), "tiling": "static", "tile_n": 32,
+              "tile_f": 256}
+    workload = workload_from_config(config)
+    hardware = resolve_hardware(config, workload)
+    sim = simulate(workload, hardware=hardware)
+    assert (hbm_request_cycles(workload, hardware), hbm_drain_cycles(workload, hardware),
+            pipeline_cycles(workload, hardware), sim.cycles) == (562_993, 578_578, 578_578, 628_841)
