@@ -280,11 +280,11 @@ def _drain(load, consumers: Mapping, firing: Mapping[str, int]) -> int:
     cheapest, pending, seen = None, [load], set()
     while pending:
         op = pending.pop()
-        outputs = [(consumer, pos) for index in range(op.num_outputs)
-                   for consumer, pos in consumers.get((op.id, index), ())]
+        outputs = [consumer for index in range(op.num_outputs)
+                   for consumer, _ in consumers.get((op.id, index), ())]
         if not outputs:
             return 0
-        for consumer, pos in outputs:
+        for consumer in outputs:
             if consumer.name in firing:
                 cost = firing[consumer.name]
             elif consumer.kind in PASS_THROUGH_KINDS and getattr(consumer, "pad", None) is None:
