@@ -353,7 +353,7 @@ def first_output_times(workload: Workload, hardware: Hardware, values: dict | No
     per_tile = hardware.hbm_start_up + hardware.hbm_latency + 2
     firing = firing if firing is not None else _cheapest_firings(workload, hardware, values, tiles)
     first: dict[str, int] = {}
-    for op in _producers_first(workload.graph.ops):
+    for op in _producers_first(workload.graph):
         arrivals = [first.get(ref.op.name, 0) for ref in op.inputs]
         if op.kind in LOAD_KINDS:
             time = max(arrivals, default=0) + -(-_tile_requests(op, hardware) // op.par_dispatch) + per_tile + 1
@@ -367,27 +367,25 @@ def first_output_times(workload: Workload, hardware: Hardware, values: dict | No
     return first
 
 
-def _producers_first(ops: list) -> list:
-    """``ops`` in an order that puts every operator after its producers (Kahn's algorithm; the graph lists
-    broadcasts, inserted last, after their consumers), then those left on a feedback loop in graph order."""
-    producers = {op.name: {ref.op.name for ref in op.inputs} for op in ops}
-    consumers: dict[str, list] = {}
-    for op in ops:
-        for name in producers[op.name]:
-            consumers.setdefault(name, []).append(op)
-    waiting = {name: len(names) for name, names in producers.items()}
-    ready = [op for op in ops if not waiting[op.name]]
+def _producers_first(graph) -> list:
+    """The graph's operators in an order that puts every operator after its producers (Kahn's algorithm over
+    the graph's cached consumer map; the graph lists broadcasts, inserted last, after their consumers), then
+    those left on a feedback loop in graph order."""
+    consumers = graph.consumers()
+    waiting = {op.id: len(op.inputs) for op in graph.ops}  # one consumer-map entry per input
+    ready = [op for op in graph.ops if not op.inputs]
     order = []
     while ready:
         op = ready.pop()
         order.append(op)
-        for consumer in consumers.get(op.name, ()):
-            waiting[consumer.name] -= 1
-            if not waiting[consumer.name]:
-                ready.append(consumer)
-    if len(order) < len(ops):
-        placed = {op.name for op in order}
-        order += [op for op in ops if op.name not in placed]
+        for index in range(op.num_outputs):
+            for consumer, _ in consumers.get((op.id, index), ()):
+                waiting[consumer.id] -= 1
+                if not waiting[consumer.id]:
+                    ready.append(consumer)
+    if len(order) < len(graph.ops):
+        placed = {op.id for op in order}
+        order += [op for op in graph.ops if op.id not in placed]
     return order
 
 
