@@ -13,8 +13,11 @@ unit by unit). Each bound is "the busiest unit of one kind, doing its work back 
 * :func:`pipeline_cycles`: a unit cannot start before its first operands exist, so the load and compute bounds
   above also pay the pipeline's fill in front of the unit (:func:`first_output_times`): on a time-multiplexed
   region of 256-column weight tiles, one 2 MiB tile load and one 32,768-cycle firing before the down
-  projection's first firing. And the HBM's last weight request still leaves its tile a firing to do
-  (:func:`hbm_drain_cycles`): 16,384 cycles of PMU reads for a 2048 x 256 bf16 tile.
+  projection's first firing; and on a MoE layer no expert's first token tile, so no weight request, exists
+  before its tokens are loaded (a tile closes on its last token, or on the end of the token stream: 5,250
+  cycles for Qwen3's 64 tokens). The HBM's last weight request, which comes no earlier than its load can
+  start, still leaves its tile a firing to do (:func:`hbm_drain_cycles`): 16,384 cycles of PMU reads for a
+  2048 x 256 bf16 tile.
 
 The whole-graph roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) sums bandwidth over every unit;
 these see what the sum hides: one busy region among idle ones, padded static tiles on few time-multiplexed
@@ -31,6 +34,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from fractions import Fraction
+
+import numpy as np
 
 from stepsim.errors import MetricError
 from stepsim.hardware import Hardware
@@ -55,6 +60,8 @@ PMU_READING_KINDS = ("Map", "Accum", "MapAccum")
 #: when the merge *sees* an element, which the canonical visibility rule allows at the sender's clock, one
 #: cycle before the element's stamp (docs/timing_model.md §1.2, §7.3)
 EARLY_EMITTING_KINDS = ("EagerMerge",)
+#: longest stream whose per-element arrival times the fill bound follows (elements; a batch's tokens)
+MAX_TIMED_ELEMENTS = 1 << 16
 
 
 def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = None) -> dict[str, int]:
@@ -102,10 +109,8 @@ def load_unit_bounds(workload: Workload, hardware: Hardware, tiles: dict | None 
     data).
     """
     tiles = tiles if tiles is not None else load_tiles(workload)
-    per_tile_latency = hardware.hbm_start_up + hardware.hbm_latency + 2
     ops = {op.name: op for op in workload.graph.ops}
-    return {name: n * (-(-_tile_requests(ops[name], hardware) // ops[name].par_dispatch) + per_tile_latency)
-            for name, n in tiles.items()}
+    return {name: n * _tile_cycles(ops[name], hardware) for name, n in tiles.items()}
 
 
 def hbm_request_cycles(workload: Workload, hardware: Hardware, tiles: dict | None = None,
@@ -239,37 +244,46 @@ def pipeline_cycles(workload: Workload, hardware: Hardware, values: dict | None 
     values = values if values is not None else workload.op_values()
     tiles = tiles if tiles is not None else load_tiles(workload)
     firing = _cheapest_firings(workload, hardware, values, tiles)
-    per_unit = pipeline_unit_bounds(workload, hardware, values, tiles, loads, computes, firing)
+    first = first_output_times(workload, hardware, values, tiles, firing)
+    per_unit = pipeline_unit_bounds(workload, hardware, values, tiles, loads, computes, firing, first)
     return max(math.ceil(max(per_unit.values(), default=0)),
-               hbm_drain_cycles(workload, hardware, values, tiles, firing))
+               hbm_drain_cycles(workload, hardware, values, tiles, firing, first))
 
 
 def hbm_drain_cycles(workload: Workload, hardware: Hardware, values: dict | None = None,
-                     tiles: dict | None = None, firing: dict | None = None) -> int:
+                     tiles: dict | None = None, firing: dict | None = None, first: dict | None = None) -> int:
     """A lower bound on the simulated cycles (cycles): the HBM's last request of some loads, and the firing its
     tile still gets.
 
     A loaded tile goes, through operators that pass it on (:data:`PASS_THROUGH_KINDS`), to compute units that
     fire on it: its *drain* is the cheapest such firing (:func:`_cheapest_firings`; 0 when the tile may reach
-    anything else). For the loads whose drain is at least ``d``, with ``R`` requests together, the busiest of
-    the ``C`` channels starts the last of its at least ``ceil(R / C)`` of them no earlier than ``2 + (ceil(R / C)
-    - 1) * II`` (as in :func:`hbm_request_cycles`); the response reaches its load ``start_up + latency + 1``
-    cycles later, the tile its consumer one cycle after that, and the firing takes ``d`` more. The bound is the
-    largest over ``d``. Stores are left out: their requests only delay the loads'. ``values``, ``tiles`` and
-    ``firing`` (:func:`_cheapest_firings`) are reused when given.
+    anything else). A load registers its first tile no earlier than its inputs' first elements exist (its
+    *start*, from :func:`first_output_times`): the weight loads of a MoE layer wait for the routed tokens'
+    tiles. For the loads whose drain is at least ``d`` and whose start is at least ``a``, with ``R`` requests
+    together, the busiest of the ``C`` channels starts the last of its at least ``ceil(R / C)`` of them no
+    earlier than ``a + 2 + (ceil(R / C) - 1) * II`` (a tile's first chunk is taken the tick after it is
+    registered and served one cycle later; :func:`hbm_request_cycles`); the response reaches its load
+    ``start_up + latency + 1`` cycles later, the tile its consumer one cycle after that, and the firing takes
+    ``d`` more. The bound is the largest over ``a`` and ``d``. Stores are left out: their requests only delay
+    the loads'. ``values``, ``tiles``, ``firing`` (:func:`_cheapest_firings`) and ``first`` are reused when given.
     """
     values = values if values is not None else workload.op_values()
     tiles = tiles if tiles is not None else load_tiles(workload)
     firing = firing if firing is not None else _cheapest_firings(workload, hardware, values, tiles)
+    first = first if first is not None else first_output_times(workload, hardware, values, tiles, firing)
     consumers = workload.graph.consumers()
     ops = {op.name: op for op in workload.graph.ops}
-    drained = sorted(((_drain(ops[name], consumers, firing), n * _tile_requests(ops[name], hardware))
-                      for name, n in tiles.items() if n > 0), reverse=True)
-    best, requests = 0, 0
-    for drain, count in drained:
-        requests += count
-        last = 2 + (math.ceil(requests / hardware.hbm_channels) - 1) * hardware.hbm_init_interval
-        best = max(best, last + hardware.hbm_start_up + hardware.hbm_latency + 2 + drain)
+    loads = [(max((first[ref.op.name] for ref in ops[name].inputs), default=0),
+              _drain(ops[name], consumers, firing), n * _tile_requests(ops[name], hardware))
+             for name, n in tiles.items() if n > 0]
+    after = hardware.hbm_start_up + hardware.hbm_latency + 2
+    best = 0
+    for drain in {d for _, d, _ in loads}:
+        requests = 0
+        for start, _, count in sorted((load for load in loads if load[1] >= drain), reverse=True):
+            requests += count  # every load so far starts at `start` or later
+            last = start + 2 + (math.ceil(requests / hardware.hbm_channels) - 1) * hardware.hbm_init_interval
+            best = max(best, last + after + drain)
     return best
 
 
@@ -300,7 +314,7 @@ def _drain(load, consumers: Mapping, firing: Mapping[str, int]) -> int:
 
 def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | None = None,
                          tiles: dict | None = None, loads: dict | None = None, computes: dict | None = None,
-                         firing: dict | None = None) -> dict[str, Fraction]:
+                         firing: dict | None = None, first: dict | None = None) -> dict[str, Fraction]:
     """``{unit: a lower bound on its final clock}`` (cycles) for the off-chip loads and compute units: the
     earliest time its first tile or firing can start plus its work back to back.
 
@@ -309,14 +323,14 @@ def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | 
     for its firings (one at a time). A unit without work (an expert without tokens) is left out: it never
     starts. Units whose work a dispatcher assigns during the run (``workload.balanced_units``) count as one per
     position: the earliest start of the counterparts plus the mean of their work (the busiest of them does at
-    least that much, and starts no earlier than the earliest). ``firing`` (:func:`_cheapest_firings`) and the
-    other optional arguments are reused when given.
+    least that much, and starts no earlier than the earliest). ``firing`` (:func:`_cheapest_firings`), ``first``
+    (:func:`first_output_times`) and the other optional arguments are reused when given.
     """
     values = values if values is not None else workload.op_values()
     tiles = tiles if tiles is not None else load_tiles(workload)
     loads = loads if loads is not None else load_unit_bounds(workload, hardware, tiles)
     computes = computes if computes is not None else compute_unit_bounds(workload, hardware, values, tiles)
-    first = first_output_times(workload, hardware, values, tiles, firing)
+    first = first if first is not None else first_output_times(workload, hardware, values, tiles, firing)
     ops = {op.name: op for op in workload.graph.ops}
     work = {name: w for name, w in (*loads.items(), *computes.items()) if w > 0}
     start = {name: max((first[ref.op.name] for ref in ops[name].inputs), default=0) for name in work}
@@ -341,6 +355,9 @@ def first_output_times(workload: Workload, hardware: Hardware, values: dict | No
       requests completes ``ceil(n / P) + start_up + latency + 2`` cycles after it starts (:func:`load_unit_bounds`);
     * a compute unit (FLOP-based or fixed-cost) fires once every operand is there: its output waits for the
       latest input plus the cheapest firing it can do (:func:`_cheapest_firings`);
+    * an Accum whose input stream is a single group (fewer elements than its reduced dims hold: an expert's
+      tokens in one static tile, or a dynamic tile) emits only on the group's closing stop, the stream's last
+      element (:func:`_stream_ends`): on the MoE layer, no expert's first tile exists before every token is loaded;
     * an :data:`EARLY_EMITTING_KINDS` operator gets no cycle beyond its earliest input.
 
     Operators are visited producers first (:func:`_producers_first`); on a feedback loop an input not visited
@@ -350,21 +367,132 @@ def first_output_times(workload: Workload, hardware: Hardware, values: dict | No
     """
     values = values if values is not None else workload.op_values()
     tiles = tiles if tiles is not None else load_tiles(workload)
-    per_tile = hardware.hbm_start_up + hardware.hbm_latency + 2
     firing = firing if firing is not None else _cheapest_firings(workload, hardware, values, tiles)
     first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    end: dict[str, int] = {}
+    times: dict[tuple[str, int], np.ndarray] = {}
     for op in _producers_first(workload.graph):
         arrivals = [first.get(ref.op.name, 0) for ref in op.inputs]
         if op.kind in LOAD_KINDS:
-            time = max(arrivals, default=0) + -(-_tile_requests(op, hardware) // op.par_dispatch) + per_tile + 1
+            time = max(arrivals, default=0) + _tile_cycles(op, hardware) + 1
         elif op.name in firing:
             time = max(arrivals, default=0) + firing[op.name] + 1
+            if op.kind == "Accum":
+                time = max(time, _first_group_close(op, workload, last, end, times) + firing[op.name] + 1)
         elif op.kind in EARLY_EMITTING_KINDS:
             time = min(arrivals, default=0)
         else:
             time = min(arrivals, default=0) + 1
         first[op.name] = time
+        last[op.name], end[op.name] = _stream_ends(op, workload, hardware, first, last, end, tiles)
+        times.update(_element_times(op, hardware, times, tiles))
     return first
+
+
+def _stream_ends(op, workload: Workload, hardware: Hardware, first: Mapping[str, int], last: Mapping[str, int],
+                 end: Mapping[str, int], tiles: Mapping[str, int]) -> tuple[int, int]:
+    """``(last, end)``: lower bounds on the stamp of the last element of each of ``op``'s outputs and on its
+    final clock, when the close of its input stream is passed on (cycles; 0 where not modelled). ``first``,
+    ``last`` and ``end`` hold the values of ``op``'s producers (one not visited yet, on a feedback loop, counts 0).
+
+    * An off-chip load without an input (its tiles are not waited for) completes its tiles one after another
+      (:func:`load_unit_bounds`): its last tile no earlier than their count times the per-tile time.
+    * A Flatten passes every element on, after reading it.
+    * A Partition ends (closes its outputs) no earlier than it read the last element of its data input; the
+      last element of one output may be any earlier token.
+    * A Reshape that adds an outer dim, or pads a partial chunk, emits its last element only once it has seen
+      its input closed (``units_shape.step_reshape``: the closing element waits for the next one or the close;
+      the pad follows the close), so no earlier than its producer's end.
+    """
+    if op.kind in LOAD_KINDS and not op.inputs and op.name in tiles:
+        time = tiles[op.name] * _tile_cycles(op, hardware)
+        return time, time
+    if op.kind == "Flatten":
+        source = op.inputs[0].op.name
+        return last.get(source, 0), max(last.get(source, 0), end.get(source, 0))
+    if op.kind == "Partition":
+        return 0, last.get(op.inputs[0].op.name, 0)
+    if op.kind == "Reshape":
+        source = op.inputs[0].op.name
+        elements = _elements(op.inputs[0].stream, workload)
+        if op.add_outer_dim or (op.pad is not None and elements is not None and elements % op.chunk_size):
+            return max(last.get(source, 0), end.get(source, 0)), end.get(source, 0)
+        return last.get(source, 0), end.get(source, 0)
+    return 0, 0
+
+
+def _first_group_close(op, workload: Workload, last: Mapping[str, int], end: Mapping[str, int],
+                       times: Mapping[tuple[str, int], np.ndarray]) -> int:
+    """A lower bound on the stamp of the element that closes the first group of the Accum ``op`` (its innermost
+    ``op.rank`` dims; cycles; 0 when not known). An Accum emits only on a group's closing stop, so its first
+    output waits for it.
+
+    * A single group (the stream holds no more elements than one group: an expert's tokens in one static tile,
+      or a dynamic tile): its closing element is the stream's last (:func:`_stream_ends`).
+    * A first group that is the first chunk of ``S`` elements of a rank-0 Reshape (through Flattens that keep
+      the rank-0 dim): the chunk's last element, or, when the Reshape adds an outer dim, the element after it,
+      which the Reshape looks at before it emits the close (``units_shape.step_reshape``). The element times
+      come from :func:`_element_times`: an expert with more tokens than a tile closes its first tile no earlier
+      than its tile's last token is loaded.
+    """
+    stream = op.inputs[0].stream
+    total = _elements(stream, workload)
+    group = _elements(stream, workload, stream.shape[len(stream.shape) - op.rank:])
+    if total is None or group is None:
+        return 0
+    if total <= group:
+        return last.get(op.inputs[0].op.name, 0)
+    ref = op.inputs[0]
+    while ref.op.kind == "Flatten":
+        ref = ref.op.inputs[0]
+    reshape = ref.op
+    if (op.rank != 1 or reshape.kind != "Reshape" or ref.index != 0 or reshape.rank != 0
+            or reshape.chunk_size != group or stream.shape[-1] != reshape.outputs[0].shape[-1]):
+        return 0
+    source = reshape.inputs[0]
+    arrivals = times.get((source.op.name, source.index))
+    lookahead = 1 if reshape.add_outer_dim else 0
+    if arrivals is None or len(arrivals) < group + lookahead:
+        return 0
+    return int(arrivals[group - 1 + lookahead])
+
+
+def _element_times(op, hardware: Hardware, times: Mapping[tuple[str, int], np.ndarray],
+                   tiles: Mapping[str, int]) -> dict[tuple[str, int], np.ndarray]:
+    """``{(op name, output index): lower bounds on the stamps of that output's elements, in order}`` (cycles)
+    where they are known, from ``times`` (the producers'):
+
+    * an off-chip load without an input, of ``n`` tiles: tile ``j`` (one element) completes no earlier than
+      ``(j + 1)`` per-tile times (one tile in flight; :func:`load_unit_bounds`);
+    * a Flatten keeps its input's elements;
+    * a rank-0 Partition whose selectors come from a SelectorSource sends data element ``i`` to the outputs
+      selector ``i`` names, no earlier than it arrived: each output's element times are its input's at the
+      positions routed there.
+    """
+    if op.kind in LOAD_KINDS and not op.inputs and 0 < tiles.get(op.name, 0) <= MAX_TIMED_ELEMENTS:
+        return {(op.name, 0): _tile_cycles(op, hardware) * np.arange(1, tiles[op.name] + 1, dtype=np.int64)}
+    if op.kind == "Flatten" and (op.inputs[0].op.name, op.inputs[0].index) in times:
+        return {(op.name, 0): times[op.inputs[0].op.name, op.inputs[0].index]}
+    if op.kind == "Partition" and op.rank == 0:
+        data, selector = op.inputs[0], op.inputs[1]
+        arrivals = times.get((data.op.name, data.index))
+        source = selector.op
+        if arrivals is None or source.kind != "SelectorSource" or len(source.ptr) - 1 != len(arrivals):
+            return {}
+        position = np.repeat(np.arange(len(arrivals)), np.diff(source.ptr))
+        return {(op.name, e): arrivals[position[source.targets == e]] for e in range(op.num_outputs)}
+    return {}
+
+
+def _elements(stream, workload: Workload, dims=None) -> int | None:
+    """The product of ``dims`` (default: every dim of ``stream``) with the trace's bindings; None when it stays
+    symbolic."""
+    expr = stream.total_elements() if dims is None else math.prod(dims)
+    try:
+        return evaluate(expr, workload.bindings)
+    except MetricError:
+        return None
 
 
 def _producers_first(graph) -> list:
@@ -463,6 +591,13 @@ def _dispatched_units(workload: Workload, units: Mapping) -> tuple[set, list[tup
         if len({len(region) for region in members}) == 1:
             groups += [c for c in zip(*members) if len({kinds[name] for name in c}) == 1]
     return names, groups
+
+
+def _tile_cycles(op, hardware: Hardware) -> int:
+    """The fewest cycles from an off-chip load registering a tile to the tile's completion:
+    ``ceil(n / P) + start_up + latency + 2`` for ``n`` requests dispatched ``P`` per tick
+    (:func:`load_unit_bounds`)."""
+    return -(-_tile_requests(op, hardware) // op.par_dispatch) + hardware.hbm_start_up + hardware.hbm_latency + 2
 
 
 def _tile_requests(op, hardware: Hardware) -> int:

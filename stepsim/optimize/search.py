@@ -7,13 +7,14 @@
    :mod:`stepsim.bounds` (record columns :data:`BOUND_COLUMNS`): the busiest off-chip load unit's tiles one
    after another, the busiest compute unit's firings (each the larger of its exact FLOPs at the unit's bandwidth
    and its PMU reads of loaded weight tiles), the busiest HBM channel's 64-byte requests, and each unit's work
-   after the pipeline's fill in front of it, or the HBM's last weight request plus the firing its tile still
-   gets (``pipeline_cycles``). The request bound is the tight one for
-   memory-bound layers with a region per expert, the compute and load bounds for time-multiplexed MoE layers
-   (padded static tiles, small tiles against weight tiles, the region with the most tokens) and decode
-   attention, and the pipeline bound where large weight tiles make the fill or the drain long (a 256-column
-   tile and one firing on it before a region's down projection can start, or after the last request). Candidates that differ only in their FIFO depths share one evaluation (the
-   published on-chip accounting does not count FIFOs).
+   after the pipeline's fill in front of it, or the HBM's last weight request plus the firings its tile still
+   causes (``pipeline_cycles``). The compute and load bounds are the tight ones for time-multiplexed MoE
+   layers (padded static tiles, small tiles against weight tiles, the region with the most tokens) and decode
+   attention, and the pipeline bound for memory-bound layers with a region per expert (no weight request
+   before the routed tokens are loaded) and where large weight tiles make the fill or the drain long (a
+   256-column tile and one firing on it before a region's down projection can start, or after the last
+   request). Candidates that differ only in their FIFO depths share one evaluation (the published on-chip
+   accounting does not count FIFOs).
 2. **Budgets**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are dropped.
 3. **Simulation in rounds** (``mode = "simulate"`` sweeps into ``OUT/runs``), in order of promise (lowest cycle
    bound first, then on-chip bytes, then allocated compute): before each round, a candidate whose *optimistic*

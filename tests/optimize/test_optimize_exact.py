@@ -75,27 +75,31 @@ def test_mixtral_b64_pipeline_bound_prunes_large_weight_tiles(shared_traces, tmp
     """Dynamic tiles on 4 time-multiplexed regions: tile_f 32 runs 5,419,308 cycles; tile_f 256 does the same
     FLOPs with more on-chip bytes, and its busiest unit's work alone (5,390,336) does not beat that, but its
     fill does: a 4096 x 256 weight tile and a gate firing before the down projection can start
-    (pipeline_cycles 5,470,291; run 5,491,035). So it is pruned without simulating, and the front is exact."""
+    (pipeline_cycles 5,479,631; run 5,491,035). So it is pruned without simulating, and the front is exact."""
     trace = shared_traces / "expert_routing" / "mixtral_b64" / "008_010.npz"
     space = [{"tiling": ("dynamic",), "tile_f": (32, 256), "regions": (4,)}]
     result = optimize("moe", out=tmp_path / "opt", model="mixtral", trace=str(trace), space=space,
                       executor=serial, round_size=1)
     _check(result, exhaustive_front)
     assert [(c.config["tile_f"], c.status, c.lower_bound, c.cycles) for c in result.candidate_list] == \
-        [(32, "simulated", 5_400_358, 5_419_308), (256, "pruned", 5_470_291, None)]
+        [(32, "simulated", 5_409_698, 5_419_308), (256, "pruned", 5_479_631, None)]
     assert (result.candidates, result.pruned_symbolically, result.simulations) == (2, 1, 1)
 
 
 def test_qwen_b64_drain_bound_prunes_a_memory_bound_candidate(shared_traces, tmp_path, serial, exhaustive_front):
-    """A region per expert: static tile_n 64 with tile_f 32 runs 571,459 cycles; tile_n 32 with tile_f 256 has
-    more on-chip bytes, and the HBM's last weight request plus the 16,384-cycle firing on its tile
-    (hbm_drain_cycles, 578,578) already exceeds that: it is pruned without simulating."""
+    """A region per expert: static tile_n 64 with tile_f 32 runs 571,459 cycles. Tile_n 32 has more on-chip
+    bytes, and no weight request can start before the first tile of an expert's tokens closes (4,348 for the
+    expert with 42 tokens, 5,250 for the others; tests/records/test_bounds.py), so the HBM's last weight
+    request plus the firing on its tile (hbm_drain_cycles) already exceeds 571,459: 582,926 with tile_f 256
+    (a 16,384-cycle firing) and 574,734 with tile_f 128 (8,192; counting the requests from tick 2 gives
+    570,386, which would not prune it). Both are pruned without simulating, and the front is exact."""
     trace = shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"
     space = [{"tiling": ("static",), "tile_n": (64,), "tile_f": (32,)},
-             {"tiling": ("static",), "tile_n": (32,), "tile_f": (256,)}]
+             {"tiling": ("static",), "tile_n": (32,), "tile_f": (256, 128)}]
     result = optimize("moe", out=tmp_path / "opt", model="qwen", trace=str(trace), space=space, executor=serial,
                       round_size=1)
     _check(result, exhaustive_front)
-    assert [(c.config["tile_n"], c.status, c.cycles) for c in result.candidate_list] == \
-        [(64, "simulated", 571_459), (32, "pruned", None)]
-    assert result.candidate_list[1].lower_bound == 578_578
+    assert [(c.config["tile_n"], c.config["tile_f"], c.status, c.lower_bound, c.cycles)
+            for c in result.candidate_list] == [(64, 32, "simulated", 560_276, 571_459),
+                                                (32, 256, "pruned", 582_926, None),
+                                                (32, 128, "pruned", 574_734, None)]

@@ -138,10 +138,12 @@ def test_exact_values_where_each_bound_is_the_tight_one():
     457,728. The pipeline bound adds what must pass before the busiest unit's first firing: on the one region
     of padded static tiles, the down projection (as busy as the gate) waits for a 4096 x 512 bf16 weight
     tile's load (65,536 requests, 65,563 cycles), a gate firing (2*64*4096*512 / 1024 = 262,144 cycles) and
-    the SwiGLU maps: 327,999 cycles, and the bound is 0.03 % short of the run."""
+    the SwiGLU maps, all after the first tile of tokens exists: an expert's tokens fill one 64-row tile, which
+    closes only when the last of the 64 tokens is loaded (64 x 146 cycles = 9,344). The bound is 0.014 % short
+    of the run; on 4 dynamic regions it is 1.1 % short."""
     expected = {
-        "mixtral-static-64-1-region": (14_684_096, 58_720_256, 2_754_073, 59_048_255, 59_065_966),
-        "qwen-dynamic-4-regions": (1_448_128, 1_102_848, 901_937, 1_448_136, 1_470_017),
+        "mixtral-static-64-1-region": (14_684_096, 58_720_256, 2_754_073, 59_057_595, 59_065_966),
+        "qwen-dynamic-4-regions": (1_448_128, 1_102_848, 901_937, 1_453_380, 1_470_017),
         "attention-coarse": (40_508, 7_904, 4_133, 40_512, 43_215),
         "swiglu": (10_496, 16_384, 33_041, 32_850, 33_288),
     }
@@ -217,12 +219,15 @@ def test_dynamic_attention_load_bound_uses_the_regions_mean(shared_traces):
 
 def test_pipeline_bound_prunes_by_the_fill_of_large_weight_tiles(shared_traces):
     """Mixtral B=64, dynamic tiles on 4 time-multiplexed regions, tile_f 256: region 3's down projection is
-    busy 5,390,336 cycles (the compute bound, exactly), but cannot fire before a 4096 x 256 bf16 weight tile is
-    loaded (32,768 requests: ready at 32,796) and its gate has fired once on the smallest merged tile (23 rows:
-    2*23*4096*256 / 1024 = 47,104 cycles) and the SwiGLU maps after it (46 + 6 cycles): 79,955. The run's
-    first down-projection firing is at 91,480 (the weight loads wait for the routed tokens' addresses until
-    9,482, and the first tile has 24 rows), and it ends at 5,491,035. The bound is above 5,419,308, the cycles
-    of the front point that beats this candidate in `stepsim optimize` (dynamic tile_f 32 on 4 regions)."""
+    busy 5,390,336 cycles (the compute bound, exactly), but cannot fire before its operands exist. A dynamic
+    tile closes only when the token stream ends: the 64 token rows (128 requests each, one in flight: 146
+    cycles a row) are loaded no earlier than 9,344, so the region's first merged tile, and with it the first
+    weight address, comes at 9,349 or later. A 4096 x 256 bf16 weight tile is then loaded (32,768 requests:
+    ready at 42,136), and the gate fires once on the smallest merged tile (23 rows: 2*23*4096*256 / 1024 =
+    47,104 cycles) and the SwiGLU maps after it (46 + 9 cycles): 89,295. The run's first down-projection
+    firing is at 91,480 (its weight loads start at 9,482, and the first tile has 24 rows), and it ends at
+    5,491,035. The bound is above 5,419,308, the cycles of the front point that beats this candidate in
+    `stepsim optimize` (dynamic tile_f 32 on 4 regions)."""
     trace = shared_traces / "expert_routing" / "mixtral_b64" / "008_010.npz"
     config = {"workload": "moe", "model": "mixtral-8x7b", "trace": str(trace), "tiling": "dynamic", "tile_f": 256,
               "regions": 4}
@@ -233,22 +238,43 @@ def test_pipeline_bound_prunes_by_the_fill_of_large_weight_tiles(shared_traces):
     sim = simulate(workload, hardware=hardware, timeline=True)
     _check_pipeline(workload, sim, hardware)
     assert ([first[ref.op.name] for ref in down.inputs], compute_unit_bounds(workload, hardware)[down.name],
-            pipeline_cycles(workload, hardware), sim.cycles) == ([79_955, 32_796], 5_390_336, 5_470_291, 5_491_035)
+            pipeline_cycles(workload, hardware), sim.cycles) == ([89_295, 42_136], 5_390_336, 5_479_631, 5_491_035)
 
 
 def test_hbm_drain_bound_adds_the_last_weight_tiles_firing(shared_traces):
     """Qwen3 B=64, static tile_n 32, tile_f 256, a region per expert: memory-bound. The weight loads make
-    8,994,816 of the 64-byte requests, so the busiest of 32 channels starts its last no earlier than 2 + 281,087
-    x 2 = 562,176; its response reaches the load 17 cycles later and the tile its Map one cycle after that, and
-    every Map or MapAccum firing on a 2048 x 256 bf16 weight tile reads it from the PMU in 16,384 cycles:
-    578,578. The request bound (every request, stores included, and no firing after) is 562,993; the run takes
-    628,841. The bound is above the 571,459 cycles of the front point that beats this candidate (tile_n 64,
-    tile_f 32)."""
+    8,994,816 of the 64-byte requests, so the busiest of 32 channels serves at least 281,088 of them, 2 cycles
+    apart. None of them can start before the first tile of an expert's tokens closes: with 32 tokens or fewer
+    (every expert but one) only once every token is loaded (64 rows of 64 requests, one in flight: 82 cycles a
+    row, 5,248), and expert 104, with 42 tokens, closes its first tile once its 33rd token (row 52 of the batch)
+    is loaded, since the Reshape looks at the next row before it closes a chunk: 53 x 82 = 4,346. So the weight
+    loads start at 4,348 (expert 104's three) and 5,250 (the other 381); the run's first weight requests come 70
+    cycles later. The last request starts no earlier than 4,348 + 2 + 281,087 x 2 = 566,524, its response
+    reaches the load 17 cycles later and the tile its consumer one cycle after that, and every Map or MapAccum
+    firing on a 2048 x 256 bf16 weight tile reads it from the PMU in 16,384 cycles: 582,926. The request bound (every request, stores
+    included, from tick 2, and no firing after) is 562,993; the run takes 628,841. The bound is above the
+    571,459 cycles of the front point that beats this candidate (tile_n 64, tile_f 32)."""
     trace = shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"
     config = {"workload": "moe", "model": "qwen3-30b-a3b", "trace": str(trace), "tiling": "static", "tile_n": 32,
               "tile_f": 256}
     workload = workload_from_config(config)
     hardware = resolve_hardware(config, workload)
-    sim = simulate(workload, hardware=hardware)
+    sim = simulate(workload, hardware=hardware, timeline=True)
+    _check_pipeline(workload, sim, hardware)
+    first = first_output_times(workload, hardware)
+    weight_loads = [op for op in workload.graph.ops if op.kind == "LinearOffChipLoad" and op.inputs]
+    starts = {}
+    for op in weight_loads:
+        starts.setdefault(max(first[ref.op.name] for ref in op.inputs), []).append(op.group[1])
+    assert {start: (len(experts), set(experts)) if len(experts) < 4 else len(experts)
+            for start, experts in starts.items()} == {4_348: (3, {104}), 5_250: 381}
+    intervals = sim.timeline.intervals.to_pydict()
+    first_busy = {}
+    for unit, state, start in zip(intervals["unit"], intervals["state"], intervals["start"]):
+        if state == "busy":
+            first_busy[unit] = min(first_busy.get(unit, start), start)
+    assert (min(first_busy[op.name] for op in weight_loads if op.group == ("expert", 104)),
+            min(first_busy.get(op.name, sim.cycles) for op in weight_loads
+                if op.group != ("expert", 104))) == (4_418, 5_320)
     assert (hbm_request_cycles(workload, hardware), hbm_drain_cycles(workload, hardware),
-            pipeline_cycles(workload, hardware), sim.cycles) == (562_993, 578_578, 578_578, 628_841)
+            pipeline_cycles(workload, hardware), sim.cycles) == (562_993, 582_926, 582_926, 628_841)
