@@ -60,6 +60,9 @@ PMU_READING_KINDS = ("Map", "Accum", "MapAccum")
 #: when the merge *sees* an element, which the canonical visibility rule allows at the sender's clock, one
 #: cycle before the element's stamp (docs/timing_model.md §1.2, §7.3)
 EARLY_EMITTING_KINDS = ("EagerMerge",)
+#: kinds that pass every element of their (one) input on, in order, to every output (the fill bound follows
+#: element times and stream ends through them)
+ELEMENT_KEEPING_KINDS = ("Flatten", "Broadcast")
 #: longest stream whose per-element arrival times the fill bound follows (elements; a batch's tokens)
 MAX_TIMED_ELEMENTS = 1 << 16
 
@@ -398,7 +401,7 @@ def _stream_ends(op, workload: Workload, hardware: Hardware, first: Mapping[str,
 
     * An off-chip load without an input (its tiles are not waited for) completes its tiles one after another
       (:func:`load_unit_bounds`): its last tile no earlier than their count times the per-tile time.
-    * A Flatten passes every element on, after reading it.
+    * A Flatten or Broadcast passes every element on, after reading it.
     * A Partition ends (closes its outputs) no earlier than it read the last element of its data input; the
       last element of one output may be any earlier token.
     * A Reshape that adds an outer dim, or pads a partial chunk, emits its last element only once it has seen
@@ -408,7 +411,7 @@ def _stream_ends(op, workload: Workload, hardware: Hardware, first: Mapping[str,
     if op.kind in LOAD_KINDS and not op.inputs and op.name in tiles:
         time = tiles[op.name] * _tile_cycles(op, hardware)
         return time, time
-    if op.kind == "Flatten":
+    if op.kind in ELEMENT_KEEPING_KINDS:
         source = op.inputs[0].op.name
         return last.get(source, 0), max(last.get(source, 0), end.get(source, 0))
     if op.kind == "Partition":
@@ -465,15 +468,15 @@ def _element_times(op, hardware: Hardware, times: Mapping[tuple[str, int], np.nd
 
     * an off-chip load without an input, of ``n`` tiles: tile ``j`` (one element) completes no earlier than
       ``(j + 1)`` per-tile times (one tile in flight; :func:`load_unit_bounds`);
-    * a Flatten keeps its input's elements;
+    * a Flatten keeps its input's elements, and a Broadcast gives each of its outputs a copy of every one;
     * a rank-0 Partition whose selectors come from a SelectorSource sends data element ``i`` to the outputs
       selector ``i`` names, no earlier than it arrived: each output's element times are its input's at the
       positions routed there.
     """
     if op.kind in LOAD_KINDS and not op.inputs and 0 < tiles.get(op.name, 0) <= MAX_TIMED_ELEMENTS:
         return {(op.name, 0): _tile_cycles(op, hardware) * np.arange(1, tiles[op.name] + 1, dtype=np.int64)}
-    if op.kind == "Flatten" and (op.inputs[0].op.name, op.inputs[0].index) in times:
-        return {(op.name, 0): times[op.inputs[0].op.name, op.inputs[0].index]}
+    if op.kind in ELEMENT_KEEPING_KINDS and (op.inputs[0].op.name, op.inputs[0].index) in times:
+        return {(op.name, index): times[op.inputs[0].op.name, op.inputs[0].index] for index in range(op.num_outputs)}
     if op.kind == "Partition" and op.rank == 0:
         data, selector = op.inputs[0], op.inputs[1]
         arrivals = times.get((data.op.name, data.index))

@@ -31,7 +31,8 @@ from stepsim.optimize.pareto import roofline_lower_bound
 from stepsim.simulate import simulate
 from stepsim.workloads.config import resolve_hardware, workload_from_config
 from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.models import resolve_model
+from stepsim.workloads.moe import build_moe
+from stepsim.workloads.models import MoEModel, resolve_model
 
 #: bundled synthetic traces (no ../shared needed): every kind, tiling, time-multiplexing and strategy
 CONFIGS = {
@@ -75,9 +76,10 @@ def _bounds(workload, hardware) -> tuple[int, int, int, int]:
 
 
 def _check_pipeline(workload, sim, hardware) -> None:
-    """Every unit starts no earlier than its inputs' first elements can exist (first_output_times): checked
-    against the first busy interval of the run's timeline; every pipeline bound is at most its unit's final
-    clock (for units dispatched during the run, at most the latest of its counterparts')."""
+    """Every load or compute unit starts no earlier than all its inputs' first elements can exist, any other
+    unit no earlier than one of them (first_output_times): checked against the first busy interval of the
+    run's timeline; every pipeline bound is at most its unit's final clock (for units dispatched during the
+    run, at most the latest of its counterparts')."""
     first = first_output_times(workload, hardware)
     intervals = sim.timeline.intervals.to_pydict()
     started = {}
@@ -86,13 +88,17 @@ def _check_pipeline(workload, sim, hardware) -> None:
             started[unit] = min(started.get(unit, start), start)
     assert sim.timeline.complete
     ops = {op.name: op for op in workload.graph.ops}
+    bounds = pipeline_unit_bounds(workload, hardware)
     for name, start in started.items():
-        assert max((first[ref.op.name] for ref in ops[name].inputs), default=0) <= start, name
+        # loads and compute units need every operand (their pipeline bound counts from the latest); routing
+        # units such as a Reassemble start on whichever input comes first
+        arrivals = [first[ref.op.name] for ref in ops[name].inputs]
+        assert (max if name in bounds else min)(arrivals, default=0) <= start, name
     row = {name: i for i, name in enumerate(sim.unit_names)}
     final = {name: sim.unit_counters[row[name], 4] for name in row}
     dispatched = {name: [n for names in regions for n in names]
                   for regions in workload.balanced_units for names in regions for name in names}
-    for name, bound in pipeline_unit_bounds(workload, hardware).items():
+    for name, bound in bounds.items():
         assert bound <= max(final[n] for n in dispatched.get(name, [name])), name
 
 
@@ -278,3 +284,36 @@ def test_hbm_drain_bound_adds_the_last_weight_tiles_firing(shared_traces):
                 if op.group != ("expert", 104))) == (4_418, 5_320)
     assert (hbm_request_cycles(workload, hardware), hbm_drain_cycles(workload, hardware),
             pipeline_cycles(workload, hardware), sim.cycles) == (562_993, 582_926, 582_926, 628_841)
+
+
+@pytest.mark.parametrize("regions, shared", [(None, 0), (2, 0), (None, 64)])
+def test_an_experts_first_tile_waits_for_the_token_after_it(regions, shared):
+    """Static tiles of 4 tokens, 24 skewed tokens over 4 experts (top-2), FIFOs deep enough not to deadlock: an
+    expert with more than 4 tokens closes its first tile only when its 5th token arrives (the Reshape looks at
+    it before it closes the chunk), and that token is row ``p`` of the batch, loaded no earlier than ``(p + 1)``
+    token-load tile times. The packing Accum's first output is bounded by exactly that plus its firing and one
+    cycle; an expert with at most 4 tokens waits for the whole batch. The shared expert's tiles (no outer dim
+    added) close on their 4th row. Every unit's first busy cycle and final clock respect the bounds."""
+    model = MoEModel("tiny", hidden=64, intermediate=64, experts=4, top_k=2, shared_intermediate=shared)
+    rng = np.random.default_rng(7)
+    routing = np.stack([rng.choice(4, 2, replace=False, p=[0.5, 0.3, 0.15, 0.05]) for _ in range(24)])
+    workload = build_moe(model, routing, tiling="static", tile_n=4, tile_f=32, regions=regions, channel_depth=16)
+    hardware = Hardware.preset(workload.hardware)
+    first = first_output_times(workload, hardware)
+    # a 1 x 64 bf16 row: 128 bytes, two requests dispatched one per tick, then the HBM's start-up and latency
+    per_row = -(-128 // hardware.addr_offset) + hardware.hbm_start_up + hardware.hbm_latency + 2
+    accums = [op for op in workload.graph.ops if op.kind == "Accum" and op.group and op.group[0] == "expert"]
+    expected = {}
+    for op in accums:
+        rows = np.flatnonzero((routing == op.group[1]).any(axis=1))
+        close = (rows[4] + 1) * per_row if len(rows) > 4 else len(routing) * per_row
+        expected[op.name] = close + 1  # the RetileRow firing costs no FLOPs, then the emission
+    assert {op.name: first[op.name] for op in accums} == expected
+    assert sorted(len(np.flatnonzero((routing == e).any(axis=1))) for e in range(4)) == [3, 10, 16, 19]
+    if shared:
+        [packing] = [op for op in workload.graph.ops if op.kind == "Accum" and op.group == ("shared_expert", 0)]
+        assert first[packing.name] == 4 * per_row + 1
+    sim = simulate(workload, hardware=hardware, timeline=True)
+    _check_units(workload, sim, hardware)
+    _check_pipeline(workload, sim, hardware)
+    assert max(_bounds(workload, hardware)) <= sim.cycles
