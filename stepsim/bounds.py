@@ -358,9 +358,9 @@ def first_output_times(workload: Workload, hardware: Hardware, values: dict | No
       requests completes ``ceil(n / P) + start_up + latency + 2`` cycles after it starts (:func:`load_unit_bounds`);
     * a compute unit (FLOP-based or fixed-cost) fires once every operand is there: its output waits for the
       latest input plus the cheapest firing it can do (:func:`_cheapest_firings`);
-    * an Accum whose input stream is a single group (fewer elements than its reduced dims hold: an expert's
-      tokens in one static tile, or a dynamic tile) emits only on the group's closing stop, the stream's last
-      element (:func:`_stream_ends`): on the MoE layer, no expert's first tile exists before every token is loaded;
+    * an Accum emits only on the stop that closes a group of its reduced dims (:func:`_first_group_close`): on
+      the MoE layer an expert's first token tile closes on its token after the tile, or, with fewer tokens or
+      dynamic tiles, on the end of the token stream, so it follows the tokens' load (:func:`_element_times`);
     * an :data:`EARLY_EMITTING_KINDS` operator gets no cycle beyond its earliest input.
 
     Operators are visited producers first (:func:`_producers_first`); on a feedback loop an input not visited
