@@ -51,9 +51,9 @@ compute_unit_cycles                cycles      a lower bound on cycles: the busi
 hbm_request_cycles                 cycles      a lower bound on cycles: the busiest HBM channel's share of the
                                                64-byte requests (:func:`stepsim.bounds.hbm_request_cycles`)
 pipeline_cycles                    cycles      a lower bound on cycles: a load or compute unit's work after the
-                                               earliest time its first operands can exist, plus the firings its
-                                               last output still causes, or the HBM's last weight request (no
-                                               earlier than its load can start) plus the firings its tile causes
+                                               earliest time its first operands can exist, or the HBM's last
+                                               weight request (no earlier than its load can start) plus the
+                                               firing its tile still gets
                                                (:func:`stepsim.bounds.pipeline_cycles`)
 compute_utilization                ratio       ``flops / (cycles * allocated_compute_flops_per_cycle)``
 off_chip_bw_utilization            ratio       ``off_chip_bytes / (cycles * hbm_bytes_per_cycle)``

@@ -7,8 +7,8 @@
    :mod:`stepsim.bounds` (record columns :data:`BOUND_COLUMNS`): the busiest off-chip load unit's tiles one
    after another, the busiest compute unit's firings (each the larger of its exact FLOPs at the unit's bandwidth
    and its PMU reads of loaded weight tiles), the busiest HBM channel's 64-byte requests, and each unit's work
-   after the pipeline's fill in front of it, or the HBM's last weight request plus the firings its tile still
-   causes (``pipeline_cycles``). The compute and load bounds are the tight ones for time-multiplexed MoE
+   after the pipeline's fill in front of it, or the HBM's last weight request plus the firing its tile still
+   gets (``pipeline_cycles``). The compute and load bounds are the tight ones for time-multiplexed MoE
    layers (padded static tiles, small tiles against weight tiles, the region with the most tokens) and decode
    attention, and the pipeline bound for memory-bound layers with a region per expert (no weight request
    before the routed tokens are loaded) and where large weight tiles make the fill or the drain long (a
