@@ -34,6 +34,8 @@ model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from stepsim.workloads.kinds import KINDS
 
 #: version of the timing model (engine + lowering); part of every run id. Bump when any cycle count changes.
@@ -88,3 +90,14 @@ def resolve_channel_depth(explicit, hardware, workload_depth=UNSET) -> int:
     if "channel_depth" in hardware.explicit or workload_depth is UNSET:
         return depth_elements(hardware.channel_depth)
     return depth_elements(workload_depth)
+
+
+def channel_capacity(producer, index: int, default_depth: int, overrides: Mapping[str, int]) -> int:
+    """Capacity (elements) of the FIFO channel of ``producer``'s output ``index``: its override in
+    ``overrides`` (keyed ``<operator name>[<output index>]``, e.g. from ``stepsim size-fifos``), else the
+    producer's own ``channel_depth``, else ``default_depth`` (the run's, :func:`resolve_channel_depth`). The
+    lowering (:mod:`stepsim.graph.lower`) sizes every channel so."""
+    override = overrides.get(f"{producer.name}[{index}]")
+    if override:
+        return override
+    return default_depth if producer.channel_depth is None else int(producer.channel_depth)

@@ -55,6 +55,10 @@ pipeline_cycles                    cycles      a lower bound on cycles: a load o
                                                weight request (no earlier than its load can start) plus the
                                                firing its tile still gets
                                                (:func:`stepsim.bounds.pipeline_cycles`)
+deadlock_proof                     -           null, or one line proving, without simulating, that the run
+                                               deadlocks at its FIFO depths (a time-multiplexed MoE region
+                                               whose experts' tiles cannot all wait for the Reassemble;
+                                               :func:`stepsim.deadlock_proof.prove_deadlock`)
 compute_utilization                ratio       ``flops / (cycles * allocated_compute_flops_per_cycle)``
 off_chip_bw_utilization            ratio       ``off_chip_bytes / (cycles * hbm_bytes_per_cycle)``
 events, fires                      count       engine events and unit firings; null for metrics runs
@@ -97,6 +101,7 @@ from typing import Any
 
 from stepsim._version import __version__
 from stepsim.bounds import cycle_bounds
+from stepsim.deadlock_proof import prove_deadlock
 from stepsim.defaults import TIMING_MODEL_VERSION, UNSET, WORKLOAD_CHANNEL_DEPTH, resolve_channel_depth
 from stepsim.errors import ConfigError
 from stepsim.graph.gcpause import gc_paused
@@ -167,7 +172,7 @@ COLUMNS = tuple(
     + _i64("FLOP", "flops", "graph_flops", "algorithmic_flops")
     + _i64("FLOP/cycle", "allocated_compute_flops_per_cycle") + _i64("bytes/cycle", "hbm_bytes_per_cycle")
     + _i64("cycles", "load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles",
-           "pipeline_cycles")
+           "pipeline_cycles") + _strings("deadlock_proof")
     + _f64("ratio", "compute_utilization", "off_chip_bw_utilization") + _i64("count", "events", "fires")
     + _f64("s", "build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")
     + _f64("ratio", "check_max_rel_error", "check_tolerance") + [("check_passed", "bool", None)]
@@ -434,7 +439,7 @@ class RunResult:
         row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
                **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
-        row.update(_measurements(workload, metrics, sim, hardware, values))
+        row.update(_measurements(workload, metrics, sim, hardware, values, depth))
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
                    compile_s=_attr(sim, "compile_s"), sim_wall_s=_attr(sim, "sim_wall_s"), total_s=timings.total_s)
@@ -544,9 +549,10 @@ def _run_config(config: Mapping, mode: str, convention: str | None, source: str 
     return cfg
 
 
-def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware, values: dict) -> dict[str, Any]:
-    """Cycles, traffic, footprint, FLOPs, bounds, utilizations and event counts of one run (None = not
-    measured); ``values`` is the workload's ``op_values``."""
+def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware, values: dict,
+                  depth: int) -> dict[str, Any]:
+    """Cycles, traffic, footprint, FLOPs, bounds, a deadlock proof, utilizations and event counts of one run
+    (None = not measured); ``values`` is the workload's ``op_values``, ``depth`` the run's default FIFO depth."""
     allocated = allocated_compute_flops(workload)
     hbm = hardware.hbm_peak_bytes_per_cycle
     out = {
@@ -557,6 +563,7 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
         "graph_flops": metrics["graph_flops"], "algorithmic_flops": workload.algorithmic_flops,
         "allocated_compute_flops_per_cycle": allocated, "hbm_bytes_per_cycle": hbm,
         **cycle_bounds(workload, hardware, values),
+        "deadlock_proof": getattr(prove_deadlock(workload, depth), "message", None),
         "compute_utilization": None, "off_chip_bw_utilization": None, "events": None, "fires": None,
     }
     if sim is not None:

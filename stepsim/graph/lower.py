@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from stepsim.defaults import UNBOUNDED_CHANNEL_DEPTH, UNSET, resolve_channel_depth
+from stepsim.defaults import UNBOUNDED_CHANNEL_DEPTH, UNSET, channel_capacity, resolve_channel_depth
 from stepsim.errors import LoweringError
 from stepsim.graph import ops_memory as M
 from stepsim.graph import ops_shape as S
@@ -69,9 +69,6 @@ class _Lowering:
         self.fused_zips: dict[int, S.Zip] = {}
 
     # --- channels -------------------------------------------------------------------------------------
-    def _capacity(self, producer) -> int:
-        depth = producer.channel_depth
-        return self.default_depth if depth is None else int(depth)
 
     def _plan_zip_fusion(self) -> None:
         uses = self.graph.consumers()
@@ -91,7 +88,9 @@ class _Lowering:
                     continue
                 assert len(users) <= 1, "broadcasts were inserted"
                 name = f"{op.name}[{idx}]"
-                ch = self.builder.add_channel(self.channel_depths.pop(name, None) or self._capacity(op), name=name)
+                ch = self.builder.add_channel(channel_capacity(op, idx, self.default_depth, self.channel_depths),
+                                              name=name)
+                self.channel_depths.pop(name, None)
                 self.out_channel[(op.id, idx)] = ch
                 if users:
                     consumer, pos = users[0]

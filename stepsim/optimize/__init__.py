@@ -75,8 +75,9 @@ class OptimizeResult:
 
     @property
     def pruned_symbolically(self) -> int:
-        """Candidates dropped without simulating: over a budget, or with a dominated cycle bound."""
-        return self._count("over-budget", "pruned")
+        """Candidates dropped without simulating: over a budget, with a dominated cycle bound, or proven to
+        deadlock."""
+        return self._count("over-budget", "pruned", "deadlock")
 
     @property
     def simulations(self) -> int:
@@ -100,6 +101,7 @@ class OptimizeResult:
                 "pareto": [c.point() for c in self.front], "recommended": rec, "candidates": self.candidates,
                 "pruned_symbolically": self.pruned_symbolically, "simulations": self.simulations,
                 "pruned_by_budget": self._count("over-budget"), "pruned_by_bound": self._count("pruned"),
+                "proven_deadlocks": self._count("deadlock"),
                 "invalid": self._count("invalid"), "failed_simulations": self._count("failed"),
                 "simulations_run_now": self.simulated_now, "rounds": self.rounds, "out": str(self.out),
                 "files": {k: str(v) for k, v in self.files.items()}}

@@ -84,10 +84,11 @@ def format_result(result) -> str:
              f"  pruned symbolically  {result.pruned_symbolically:,}",
              f"  simulations          {result.simulations:,} ({result.simulated_now:,} run now, "
              f"{result.rounds} round(s), {result.wall_s:.1f} s)"]
-    invalid = sum(c.status == "invalid" for c in result.candidate_list)
-    failed = sum(c.status == "failed" for c in result.candidate_list)
-    if invalid or failed:
-        lines.append(f"  not buildable        {invalid:,}; failed simulations (e.g. deadlock) {failed:,}")
+    invalid, proven, failed = (sum(c.status == s for c in result.candidate_list)
+                               for s in ("invalid", "deadlock", "failed"))
+    if invalid or proven or failed:
+        lines.append(f"  not buildable        {invalid:,}; proven to deadlock {proven:,}; "
+                     f"failed simulations (e.g. deadlock) {failed:,}")
     lines.append(f"  Pareto front ({len(result.front)} point(s)): cycles, on-chip bytes, FLOPs/cycle")
     for c in result.front:
         mark = "*" if c is result.recommended else " "

@@ -15,7 +15,12 @@
    256-column tile and one firing on it before a region's down projection can start, or after the last
    request). Candidates that differ only in their FIFO depths share one evaluation (the published on-chip
    accounting does not count FIFOs).
-2. **Budgets**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are dropped.
+2. **Budgets and proven deadlocks**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are
+   dropped, and so are those whose metrics row proves they deadlock at their FIFO depths (``deadlock_proof``,
+   :mod:`stepsim.deadlock_proof`: a time-multiplexed MoE region whose experts' tiles cannot all wait for the
+   Reassemble; on Qwen3-30B-A3B B=64, 26 of the default space's otherwise simulated candidates). The metrics
+   row is evaluated at the workload's own FIFO depths, so its proof applies only to candidates that set no FIFO
+   knob (or to every candidate under the ``paper`` convention, whose metrics rows keep them).
 3. **Simulation in rounds** (``mode = "simulate"`` sweeps into ``OUT/runs``), in order of promise (lowest cycle
    bound first, then on-chip bytes, then allocated compute): before each round, a candidate whose *optimistic*
    vector (cycle bound, on-chip bytes, allocated compute) is dominated by a simulated point is dropped: its
@@ -72,11 +77,12 @@ class Candidate:
         Roofline lower bound on cycles.
     status : str
         ``invalid`` (the builder refused it), ``over-budget``, ``pruned`` (its bound is dominated),
-        ``simulated`` (ok), ``failed`` (the simulation failed, e.g. a deadlock), ``pending``.
+        ``deadlock`` (proven without simulating), ``simulated`` (ok), ``failed`` (the simulation failed, e.g. a
+        deadlock), ``pending``.
     cycles : int or None
         Simulated cycles.
     error : str or None
-        First line of the error of an invalid or failed candidate.
+        First line of the error of an invalid or failed candidate, or the deadlock proof.
     """
 
     index: int
@@ -199,6 +205,9 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
             cand.lower_bound = max(roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle, cand.flops,
                                                         cand.allocated_flops_per_cycle),
                                    *(int(row.get(k) or 0) for k in BOUND_COLUMNS))
+            proof = row.get("deadlock_proof")
+            if proof and (convention != "published" or not any(k in config for k in FIFO_KNOBS)):
+                cand.status, cand.error = "deadlock", proof
         state.candidates.append(cand)
     return state
 
