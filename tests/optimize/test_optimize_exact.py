@@ -32,6 +32,8 @@ def _check(result, exhaustive_front):
             assert cycles[c.run_id] is None or any(
                 p[1] <= cycles[c.run_id] and p[2] <= c.on_chip_bytes and p[3] <= c.allocated_flops_per_cycle
                 for p in front)
+        if c.status == "deadlock":  # proven without simulating: the exhaustive run deadlocked
+            assert cycles[c.run_id] is None, c.config
         if cycles.get(c.run_id) is not None:  # the bound holds on every simulated point, pruned ones too
             assert c.lower_bound <= cycles[c.run_id], c.config
     return front
@@ -103,3 +105,25 @@ def test_qwen_b64_drain_bound_prunes_a_memory_bound_candidate(shared_traces, tmp
             for c in result.candidate_list] == [(64, 32, "simulated", 560_276, 571_459),
                                                 (32, 256, "pruned", 582_926, None),
                                                 (32, 128, "pruned", 574_734, None)]
+
+
+def test_qwen_b64_proven_deadlocks_are_not_simulated(shared_traces, tmp_path, serial, exhaustive_front):
+    """Static tiles of one token on 1 or 2 time-multiplexed regions at the workload's FIFO depth (2) are proven
+    to deadlock (stepsim.deadlock_proof) and dropped without simulating; the exhaustive runs deadlock too. The
+    same layer with ``channel_depth = 8`` sets a FIFO knob, which the shared metrics row (evaluated at the
+    workload's own depth) does not cover: it is simulated, and finishes."""
+    trace = shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"
+    space = [{"tiling": ("static",), "tile_n": (1,), "tile_f": (32,), "regions": (1, 2)},
+             {"tiling": ("dynamic",), "tile_f": (32,), "regions": (1,)},
+             {"tiling": ("static",), "tile_n": (1,), "tile_f": (32,), "regions": (1,), "channel_depth": (8,)}]
+    result = optimize("moe", out=tmp_path / "opt", model="qwen", trace=str(trace), space=space, executor=serial,
+                      round_size=1)
+    _check(result, exhaustive_front)
+    assert [(c.config.get("tiling"), c.config.get("regions"), c.config.get("channel_depth"), c.status)
+            for c in result.candidate_list] == [("static", 1, None, "deadlock"), ("static", 2, None, "deadlock"),
+                                                ("dynamic", 1, None, "simulated"), ("static", 1, 8, "simulated")]
+    assert result.candidate_list[0].error.startswith("deadlock at these FIFO depths, proven without simulating: ")
+    report = result.to_json()
+    assert (report["candidates"], report["pruned_symbolically"], report["proven_deadlocks"],
+            report["simulations"]) == (4, 2, 2, 2)
+
