@@ -38,8 +38,8 @@ from fractions import Fraction
 import numpy as np
 
 from stepsim.errors import MetricError
-from stepsim.hardware import Hardware
 from stepsim.graph.numeric import python_bindings
+from stepsim.hardware import Hardware
 from stepsim.workloads.base import Workload, evaluate, evaluate_exact, factors_value
 
 __all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "first_output_times",

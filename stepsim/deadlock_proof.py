@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import MetricError
 from stepsim.defaults import channel_capacity
+from stepsim.errors import MetricError
 from stepsim.workloads.base import Workload, evaluate
 
 __all__ = ["DeadlockProof", "prove_deadlock"]
