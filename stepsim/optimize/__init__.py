@@ -50,6 +50,9 @@ class OptimizeResult:
         Wall time (seconds).
     files : dict
         Files written (``pareto``, ``candidates``, ``plot``, ``json``).
+    stages : list of dict
+        The stages searched, in order: ``stage`` (name), ``candidates``, and for a stage that chooses for the
+        next one, ``kept_strategies`` (the decoder's attention strategies on its front).
     """
 
     workload: str
@@ -64,6 +67,7 @@ class OptimizeResult:
     rounds: int = 0
     wall_s: float = 0.0
     files: dict = field(default_factory=dict)
+    stages: list = field(default_factory=list)
 
     def _count(self, *statuses) -> int:
         return sum(c.status in statuses for c in self.candidate_list)
@@ -103,7 +107,8 @@ class OptimizeResult:
                 "pruned_by_budget": self._count("over-budget"), "pruned_by_bound": self._count("pruned"),
                 "proven_deadlocks": self._count("deadlock"),
                 "invalid": self._count("invalid"), "failed_simulations": self._count("failed"),
-                "simulations_run_now": self.simulated_now, "rounds": self.rounds, "out": str(self.out),
+                "simulations_run_now": self.simulated_now, "rounds": self.rounds, "stages": self.stages,
+                "out": str(self.out),
                 "files": {k: str(v) for k, v in self.files.items()}}
 
 
@@ -122,10 +127,12 @@ def _absolute(config: dict) -> dict:
     return {k: (Path(v).resolve().as_posix() if _is_path_value(k, v) else v) for k, v in config.items()}
 
 
-def _default_grids(cfg: dict) -> list:
-    """The default space of the normalized base config ``cfg`` (:mod:`stepsim.optimize.space`)."""
+def _default_stages(cfg: dict) -> list[tuple[str, list]]:
+    """The default space of the normalized base config ``cfg`` as ``[(stage name, grids)]``
+    (:mod:`stepsim.optimize.space`): one stage for the MoE and attention layers, two for the decoder."""
     from stepsim.optimize import space
     from stepsim.workloads.config import CUSTOM_MODEL_KEYS, resolved_trace
+    from stepsim.workloads.traces import load_kv_lengths
 
     if cfg["workload"] == "moe":
         from stepsim.workloads.models import moe_model
@@ -133,10 +140,30 @@ def _default_grids(cfg: dict) -> list:
 
         model = moe_model(cfg["model"], **{k: cfg[k] for k in CUSTOM_MODEL_KEYS})
         routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
-        return space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0]))
-    from stepsim.workloads.traces import load_kv_lengths
+        return [("space", space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0])))]
+    if cfg["workload"] == "decoder":
+        from stepsim.workloads.models import resolve_model
 
-    return space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])))
+        if cfg.get("kv_lengths") is None:
+            raise ConfigError("stepsim optimize decoder needs the KV lengths of its decode batch: --kv-lengths PATH")
+        batch = len(load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"]))
+        return space.default_decoder_stages(resolve_model(cfg["model"]), batch)
+    return [("space", space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"]))))]
+
+
+def _merged(states: list):
+    """One search state of the stages' candidates (a candidate a later stage repeats is kept once, as the
+    earlier stage decided it) and their counts."""
+    from stepsim.optimize.search import SearchState
+
+    merged, seen = SearchState(), set()
+    for state in states:
+        merged.candidates += [c for c in state.candidates if c.run_id not in seen]
+        seen.update(c.run_id for c in state.candidates)
+        merged.axes += [a for a in state.axes if a not in merged.axes]
+        merged.simulated_now += state.simulated_now
+        merged.rounds += state.rounds
+    return merged
 
 
 def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int | None = None,
@@ -149,7 +176,7 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     Parameters
     ----------
     workload : str
-        ``moe`` or ``attention``.
+        ``moe``, ``attention`` or ``decoder`` (searched stage by stage: :mod:`stepsim.optimize.space`).
     out : str or Path
         Output folder (created; a search into a folder that holds an earlier one resumes it).
     objective : str
@@ -206,18 +233,19 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     base = _absolute({"workload": workload, **{k: v for k, v in knobs.items() if v is not None}})
     cfg = normalize_config({**base, "mode": "metrics"}, source=COMMAND_LINE)
     if space is None:
-        grids, source = _default_grids(cfg), Path(out) / "default-space"
+        stages, source = _default_stages(cfg), Path(out) / "default-space"
     elif isinstance(space, (str, Path)):
-        grids, source = load_space(space, workload), Path(space)
+        stages, source = [("space", load_space(space, workload))], Path(space)
     else:
-        grids, source = [dict(g) for g in space], Path(out) / "space"
-    if not grids or grid_size(grids) == 0:
-        raise ConfigError("the search space is empty")
-    for grid in grids:
-        both = [k for k in grid if k in base and k != "workload"]
-        if both:
-            raise ConfigError(f"knob {both[0]!r} is both fixed (--{both[0].replace('_', '-')}) and an axis of "
-                              f"the search space; leave one")
+        stages, source = [("space", [dict(g) for g in space])], Path(out) / "space"
+    for _, grids in stages:
+        if not grids or grid_size(grids) == 0:
+            raise ConfigError("the search space is empty")
+        for grid in grids:
+            both = [k for k in grid if k in base and k != "workload"]
+            if both:
+                raise ConfigError(f"knob {both[0]!r} is both fixed (--{both[0].replace('_', '-')}) and an axis of "
+                                  f"the search space; leave one")
     from stepsim.outputs import check_out_dir
 
     out = check_out_dir(out)
@@ -226,19 +254,32 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     runner = make_executor(executor, jobs=jobs or default_jobs(), warm_kernels=True, address=address) \
         if owned else executor
     ok = False
+    states, summary, kept = [], [], None
     try:
-        state = search.evaluate_space(base, grids, out=out, runner=runner, source=source, progress=progress)
-        search.apply_budgets(state, max_on_chip, max_compute)
-        search.simulate_rounds(state, base, out=out, runner=runner, source=source, round_size=round_size)
+        for number, (name, grids) in enumerate(stages, 1):
+            if kept:  # the decoder's FFN stage: with every attention strategy stage 1 kept
+                grids = [{"strategy": kept, **g} for g in grids]
+            state = search.evaluate_space(base, grids, out=out, runner=runner, source=source, progress=progress)
+            # an earlier stage only chooses what the next one keeps: a budget that rules out all of it keeps all
+            search.apply_budgets(state, max_on_chip, max_compute, required=number == len(stages))
+            search.simulate_rounds(state, base, out=out, runner=runner, source=source, round_size=round_size)
+            states.append(state)
+            if number < len(stages):
+                strategies = [c.config["strategy"] for c in search.front_of(state)] \
+                    or [c.config["strategy"] for c in state.candidates]
+                kept = tuple(dict.fromkeys(strategies))
+            summary.append({"stage": name, "candidates": len(state.candidates),
+                            **({"kept_strategies": list(kept)} if number < len(stages) else {})})
         ok = True
     finally:
         if owned:
             runner.close() if ok else runner.abort()
+    state = _merged(states)
     front = search.front_of(state)
     result = OptimizeResult(workload=workload, objective=objective, out=out, front=front,
                             recommended=search.recommend(front, objective), candidate_list=state.candidates,
                             axes=state.axes, budgets={"max_on_chip": max_on_chip, "max_compute": max_compute},
-                            simulated_now=state.simulated_now, rounds=state.rounds)
+                            simulated_now=state.simulated_now, rounds=state.rounds, stages=summary)
     result.files = write_outputs(out, result)
     result.wall_s = time.perf_counter() - start
     return result

@@ -212,8 +212,10 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
     return state
 
 
-def apply_budgets(state: SearchState, max_on_chip: int | None, max_compute: int | None) -> None:
-    """Mark the candidates over a budget; a ConfigError naming the smallest candidate when none fits."""
+def apply_budgets(state: SearchState, max_on_chip: int | None, max_compute: int | None,
+                  required: bool = True) -> None:
+    """Mark the candidates over a budget; a ConfigError naming the smallest candidate when none fits and
+    ``required`` (when not, such a state simply has nothing to simulate)."""
     valid = [c for c in state.candidates if c.status != "invalid"]
     if not valid:
         first = state.candidates[0] if state.candidates else None
@@ -227,7 +229,7 @@ def apply_budgets(state: SearchState, max_on_chip: int | None, max_compute: int 
     for c in valid:
         if not fits(c):
             c.status = "over-budget"
-    if any(fits(c) for c in valid):
+    if any(fits(c) for c in valid) or not required:
         return
     smallest_on = min(valid, key=lambda c: (c.on_chip_bytes, c.allocated_flops_per_cycle, c.index))
     smallest_comp = min(valid, key=lambda c: (c.allocated_flops_per_cycle, c.on_chip_bytes, c.index))

@@ -19,6 +19,20 @@ Attention (``B`` requests)
     * ``regions``: the powers of two ``1 ... min(B, 16)`` that divide ``B`` (interleave needs ``B % regions
       == 0``); for coarse only those up to ``ceil(B/16)``, since coarse uses ``min(ceil(B/16), regions)``.
 
+Decoder layer (``B`` requests), searched stage by stage
+    1. *attention*: ``strategy`` (coarse, interleave, dynamic; its regions per KV head are the decoder's 4),
+       with the FFN at the first point of stage 2's grid (MoE: dynamic tiles, the smallest ``tile_f``, a region
+       per expert), which every model can build;
+    2. *FFN*: the MoE grids above for the decoder's MoE block (its experts, expert intermediate size and batch;
+       ``tile_f`` must also divide a shared expert's width, other values are not buildable), or ``tile_f`` for a
+       dense FFN, each with every ``strategy`` on stage 1's Pareto front.
+
+    Why stage by stage: the layer's cycles are close to the sum of its two stages' (the FFN needs most of the
+    batch before its first row), and its on-chip bytes and allocated compute are the sums, so an attention choice
+    that stage 1 shows dominated (same FFN) stays dominated under any FFN. The product (3 x the FFN grid) is
+    never simulated whole: stage 2 multiplies the FFN grid by the kept strategies only. Each stage's search is
+    exact on its own space; across stages it relies on that near-additivity (not a proof).
+
 Overriding (``--space FILE``): a TOML file of ``[[axes]]`` tables (or one ``[axes]`` table), in the format of
 a sweep file's axes (:mod:`stepsim.sweep.config`: lists, ``{start, stop, step|factor}`` ranges, ``{glob}`` for
 files); it replaces the default grids. Uniform FIFO depths are an axis like any other
@@ -46,7 +60,9 @@ TILE_F_RANGE = (32, 256)
 #: largest attention region count of the default space
 MAX_ATTENTION_REGIONS = 16
 #: workloads stepsim optimize searches
-OPTIMIZE_WORKLOADS = ("moe", "attention")
+OPTIMIZE_WORKLOADS = ("moe", "attention", "decoder")
+#: the attention strategies of the decoder's first stage
+DECODER_STRATEGIES = ("coarse", "interleave", "dynamic")
 #: top-level keys of a space file
 SPACE_KEYS = ("axes",)
 
@@ -79,6 +95,20 @@ def default_moe_grids(experts: int, intermediate: int, batch: int) -> list[dict]
     if shared:
         grids.append({"tiling": ("static",), "tile_n": tile_n, "tile_f": tile_f, "regions": shared})
     return grids
+
+
+def default_decoder_stages(model, batch: int) -> list[tuple[str, list[dict]]]:
+    """The decoder's default space as ``[(stage name, grids)]`` (module docstring): the attention strategies,
+    then the FFN grids (without ``strategy``: the search adds the strategies stage 1 keeps). ``model``: a
+    :class:`stepsim.workloads.models.ModelConfig`."""
+    if model.is_moe:
+        ffn = default_moe_grids(model.experts, model.expert_intermediate, batch)
+    else:
+        lo, hi = TILE_F_RANGE
+        width = model.dense_intermediate
+        ffn = [{"tile_f": tuple(d for d in divisors(width) if lo <= d <= hi) or (width,)}]
+    reference = {knob: values[:1] for knob, values in ffn[0].items()}  # the FFN grid's first point
+    return [("attention", [{"strategy": DECODER_STRATEGIES, **reference}]), ("ffn", ffn)]
 
 
 def default_attention_grids(batch: int) -> list[dict]:

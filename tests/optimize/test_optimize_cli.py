@@ -18,7 +18,7 @@ pytestmark = pytest.mark.traces
 WINDOW = "conv_stdev0174_1845_1860.npy"
 JSON_KEYS = ["workload", "objective", "max_on_chip", "max_compute", "pareto", "recommended", "candidates",
              "pruned_symbolically", "simulations", "pruned_by_budget", "pruned_by_bound", "proven_deadlocks", "invalid",
-             "failed_simulations", "simulations_run_now", "rounds", "out", "files"]
+             "failed_simulations", "simulations_run_now", "rounds", "stages", "out", "files"]
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_budget_below_every_candidate(window, tmp_path, serial, budgets, message
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["optimize", "swiglu"], "stepsim: error: stepsim optimize searches moe, attention, not 'swiglu'"),
+    (["optimize", "swiglu"], "stepsim: error: stepsim optimize searches moe, attention, decoder, not 'swiglu'"),
     (["optimize", "attention", "--max-on-chip", "0"], "stepsim: error: --max-on-chip must be an integer >= 1, got 0"),
     (["optimize", "attention", "--max-compute", "-5"],
      "stepsim: error: --max-compute must be an integer >= 1, got -5"),
