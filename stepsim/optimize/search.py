@@ -18,7 +18,7 @@
 2. **Budgets and proven deadlocks**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are
    dropped, and so are those whose metrics row proves they deadlock at their FIFO depths (``deadlock_proof``,
    :mod:`stepsim.deadlock_proof`: a time-multiplexed MoE region whose experts' tiles cannot all wait for the
-   Reassemble; on Qwen3-30B-A3B B=64, 26 of the default space's otherwise simulated candidates). The metrics
+   Reassemble; on Qwen3-30B-A3B B=64, 25 of the 34 deadlocks the default space used to simulate). The metrics
    row is evaluated at the workload's own FIFO depths, so its proof applies only to candidates that set no FIFO
    knob (or to every candidate under the ``paper`` convention, whose metrics rows keep them).
 3. **Simulation in rounds** (``mode = "simulate"`` sweeps into ``OUT/runs``), in order of promise (lowest cycle
