@@ -127,23 +127,25 @@ def prove_deadlock(workload: Workload, default_depth: int) -> DeadlockProof | No
         return None if rows is None else depth * rows
 
     by_selector = {_origin(op.inputs[1]): op for op in graph.ops if op.kind == "Partition"}
+    routings = {}  # every region of a layer shares its token Partition: its routing is read once
     for merge in graph.ops:
         if merge.kind != "EagerMerge":
             continue
         found = _region(merge, by_selector.get((merge.id, 1)), consumers, capacity_rows, workload)
         if found is None:
             continue
-        tokens_of, paths, batch = found
-        proof = _count(merge.name, tokens_of, paths, batch)
+        partition, paths = found
+        if partition.id not in routings:
+            routings[partition.id] = _Routing.of(partition)
+        proof = _count(merge.name, routings[partition.id], paths)
         if proof is not None:
             return proof
     return None
 
 
 def _region(merge, back, consumers, capacity_rows, workload):
-    """``(tokens routed to each expert, the region's paths, batch size)`` when ``merge`` heads the pattern of
-    the module docstring with ``back`` (the Partition whose selector is ``merge``'s) as its back-partition,
-    else None."""
+    """``(the token Partition, the region's paths)`` when ``merge`` heads the pattern of the module docstring
+    with ``back`` (the Partition whose selector is ``merge``'s) as its back-partition, else None."""
     if back is None or not _keeps_order(merge, back, consumers):
         return None
     partition, reassemble, paths = None, None, []
@@ -161,31 +163,52 @@ def _region(merge, back, consumers, capacity_rows, workload):
     if (partition.rank != 0 or reassemble.rank != 0 or routing is None
             or not _same_routing(routing, _selectors(reassemble.inputs[-1].op))):
         return None
-    ptr, targets = routing
-    batch = len(ptr) - 1
-    position = np.repeat(np.arange(batch), np.diff(ptr))
-    return {e: position[targets == e] for e in range(partition.num_outputs)}, paths, batch
+    return partition, paths
 
 
-def _count(merge: str, tokens_of: dict, paths: list, batch: int) -> DeadlockProof | None:
-    """Step 4 of the module docstring over every ``y``, its tokens ``t`` and every ``x`` of the region."""
-    for y in paths:
+@dataclass
+class _Routing:
+    """The tokens of a Partition's selectors: ``tokens[e]`` the tokens routed to output ``e`` (ascending), and
+    ``before[u, e]`` how many of them come before token ``u`` (``batch + 1`` rows)."""
+
+    tokens: list
+    before: np.ndarray
+    batch: int
+
+    @classmethod
+    def of(cls, partition) -> _Routing:
+        ptr, targets = _selectors(partition.inputs[1].op)
+        batch, outputs = len(ptr) - 1, partition.num_outputs
+        position = np.repeat(np.arange(batch), np.diff(ptr))
+        routed = np.zeros((batch, outputs), dtype=np.int64)
+        routed[position, targets] = 1
+        before = np.vstack([np.zeros((1, outputs), dtype=np.int64), np.cumsum(routed, axis=0)])
+        return cls([position[targets == e] for e in range(outputs)], before, batch)
+
+
+def _count(merge: str, routing: _Routing, paths: list) -> DeadlockProof | None:
+    """Step 4 of the module docstring over every ``y``, its tokens ``t`` (ascending) and every ``x`` of the
+    region (in merge-input order), all ``(t, x)`` of one ``y`` at once."""
+    experts = np.array([p.expert for p in paths])
+    capacity = np.array([p.pre + p.post for p in paths])
+    for column, y in enumerate(paths):
         if y.chunk is None:
             continue
-        ys = tokens_of[y.expert]
-        for j, token in enumerate(ys):
-            end = (j // y.chunk + 1) * y.chunk  # y's tokens [.., end) fill the tile holding this one
-            if y.lookahead:
-                until = int(ys[end]) if end < len(ys) else batch
-            else:
-                until = int(ys[end - 1]) if end <= len(ys) else batch
-            for x in paths:
-                if x is y:
-                    continue
-                xs = tokens_of[x.expert]
-                rows = int(np.count_nonzero((xs > token) & (xs < until)))
-                if rows > x.pre + x.post:
-                    return DeadlockProof(merge, x.expert, y.expert, int(token), until, rows, x.pre, x.post, batch)
+        ys = routing.tokens[y.expert]
+        end = (np.arange(len(ys)) // y.chunk + 1) * y.chunk  # y's tokens [.., end) fill each token's tile
+        if y.lookahead:
+            until = np.append(ys, routing.batch)[np.minimum(end, len(ys))]
+        else:
+            until = np.append(ys, routing.batch)[np.where(end <= len(ys), end - 1, len(ys))]
+        # x's tokens strictly between t and until
+        rows = routing.before[until][:, experts] - routing.before[ys + 1][:, experts]
+        over = rows > capacity
+        over[:, column] = False
+        if over.any():
+            j, i = np.argwhere(over)[0]
+            x = paths[i]
+            return DeadlockProof(merge, x.expert, y.expert, int(ys[j]), int(until[j]), int(rows[j, i]), x.pre,
+                                 x.post, routing.batch)
     return None
 
 
