@@ -43,8 +43,8 @@ from stepsim.hardware import Hardware
 from stepsim.workloads.base import Workload, evaluate, evaluate_exact, factors_value
 
 __all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "first_output_times",
-           "hbm_drain_cycles", "hbm_request_cycles", "load_tiles", "load_unit_bounds", "load_unit_cycles", "pipeline_cycles",
-           "pipeline_unit_bounds"]
+           "hbm_drain_cycles", "hbm_request_cycles", "load_tiles", "load_unit_bounds", "load_unit_cycles",
+           "pipeline_cycles", "pipeline_unit_bounds"]
 
 #: operator kinds that load from off-chip memory one tile at a time
 LOAD_KINDS = ("LinearOffChipLoad", "RandomOffChipLoad")
@@ -276,8 +276,7 @@ def hbm_drain_cycles(workload: Workload, hardware: Hardware, values: dict | None
     first = first if first is not None else first_output_times(workload, hardware, values, tiles, firing)
     consumers = workload.graph.consumers()
     ops = {op.name: op for op in workload.graph.ops}
-    loads = [(max((first[ref.op.name] for ref in ops[name].inputs), default=0),
-              _drain(ops[name], consumers, firing), n * _tile_requests(ops[name], hardware))
+    loads = [(_start(ops[name], first), _drain(ops[name], consumers, firing), n * _tile_requests(ops[name], hardware))
              for name, n in tiles.items() if n > 0]
     after = hardware.hbm_start_up + hardware.hbm_latency + 2
     best = 0
@@ -336,13 +335,19 @@ def pipeline_unit_bounds(workload: Workload, hardware: Hardware, values: dict | 
     first = first if first is not None else first_output_times(workload, hardware, values, tiles, firing)
     ops = {op.name: op for op in workload.graph.ops}
     work = {name: w for name, w in (*loads.items(), *computes.items()) if w > 0}
-    start = {name: max((first[ref.op.name] for ref in ops[name].inputs), default=0) for name in work}
+    start = {name: _start(ops[name], first) for name in work}
     dispatched, groups = _dispatched_units(workload, work)
     out = {name: start[name] + w for name, w in work.items() if name not in dispatched}
     for counterparts in groups:
         mean = sum((Fraction(work[name]) for name in counterparts), Fraction(0)) / len(counterparts)
         out[counterparts[0]] = min(start[name] for name in counterparts) + mean
     return out
+
+
+def _start(op, first: Mapping[str, int]) -> int:
+    """The earliest time the load or compute unit ``op`` can start (cycles): once every input's first element
+    exists (``first``: :func:`first_output_times`); 0 for a unit without inputs."""
+    return max((first[ref.op.name] for ref in op.inputs), default=0)
 
 
 def first_output_times(workload: Workload, hardware: Hardware, values: dict | None = None,

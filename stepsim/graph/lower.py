@@ -90,7 +90,7 @@ class _Lowering:
                 name = f"{op.name}[{idx}]"
                 ch = self.builder.add_channel(channel_capacity(op, idx, self.default_depth, self.channel_depths),
                                               name=name)
-                self.channel_depths.pop(name, None)
+                self.channel_depths.pop(name, None)  # used: an override left over names no channel (below)
                 self.out_channel[(op.id, idx)] = ch
                 if users:
                     consumer, pos = users[0]
