@@ -81,11 +81,17 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def tile_f_choices(width: int) -> tuple[int, ...]:
+    """The ``tile_f`` values of an FFN of ``width`` columns: its divisors in :data:`TILE_F_RANGE` (the width
+    itself when none is)."""
+    lo, hi = TILE_F_RANGE
+    return tuple(d for d in divisors(width) if lo <= d <= hi) or (width,)
+
+
 def default_moe_grids(experts: int, intermediate: int, batch: int) -> list[dict]:
     """The default MoE grids (see the module docstring): dynamic and static tiling, each with the dedicated
     regions (``regions`` unset) and with every time-multiplexed region count."""
-    lo, hi = TILE_F_RANGE
-    tile_f = tuple(d for d in divisors(intermediate) if lo <= d <= hi) or (intermediate,)
+    tile_f = tile_f_choices(intermediate)
     shared = tuple(r for r in divisors(experts) if r < experts)
     tile_n = tuple(powers_of_two(batch))
     grids = [{"tiling": ("dynamic",), "tile_f": tile_f}]
@@ -104,9 +110,7 @@ def default_decoder_stages(model, batch: int) -> list[tuple[str, list[dict]]]:
     if model.is_moe:
         ffn = default_moe_grids(model.experts, model.expert_intermediate, batch)
     else:
-        lo, hi = TILE_F_RANGE
-        width = model.dense_intermediate
-        ffn = [{"tile_f": tuple(d for d in divisors(width) if lo <= d <= hi) or (width,)}]
+        ffn = [{"tile_f": tile_f_choices(model.dense_intermediate)}]
     reference = {knob: values[:1] for knob, values in ffn[0].items()}  # the FFN grid's first point
     return [("attention", [{"strategy": DECODER_STRATEGIES, **reference}]), ("ffn", ffn)]
 
