@@ -257,19 +257,20 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     states, summary, kept = [], [], None
     try:
         for number, (name, grids) in enumerate(stages, 1):
+            last = number == len(stages)
             if kept:  # the decoder's FFN stage: with every attention strategy stage 1 kept
                 grids = [{"strategy": kept, **g} for g in grids]
             state = search.evaluate_space(base, grids, out=out, runner=runner, source=source, progress=progress)
             # an earlier stage only chooses what the next one keeps: a budget that rules out all of it keeps all
-            search.apply_budgets(state, max_on_chip, max_compute, required=number == len(stages))
+            search.apply_budgets(state, max_on_chip, max_compute, required=last)
             search.simulate_rounds(state, base, out=out, runner=runner, source=source, round_size=round_size)
             states.append(state)
-            if number < len(stages):
+            summary.append({"stage": name, "candidates": len(state.candidates)})
+            if not last:
                 strategies = [c.config["strategy"] for c in search.front_of(state)] \
                     or [c.config["strategy"] for c in state.candidates]
                 kept = tuple(dict.fromkeys(strategies))
-            summary.append({"stage": name, "candidates": len(state.candidates),
-                            **({"kept_strategies": list(kept)} if number < len(stages) else {})})
+                summary[-1]["kept_strategies"] = list(kept)
         ok = True
     finally:
         if owned:
