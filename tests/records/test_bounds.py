@@ -75,17 +75,23 @@ def _bounds(workload, hardware) -> tuple[int, int, int, int]:
             hbm_request_cycles(workload, hardware), pipeline_cycles(workload, hardware))
 
 
+def _first_busy(sim) -> dict[str, int]:
+    """{unit: the start of its first busy interval} in the run's timeline (units never busy are left out)."""
+    intervals = sim.timeline.intervals.to_pydict()
+    started = {}
+    for unit, state, start in zip(intervals["unit"], intervals["state"], intervals["start"]):
+        if state == "busy":
+            started[unit] = min(started.get(unit, start), start)
+    return started
+
+
 def _check_pipeline(workload, sim, hardware) -> None:
     """Every load or compute unit starts no earlier than all its inputs' first elements can exist, any other
     unit no earlier than one of them (first_output_times): checked against the first busy interval of the
     run's timeline; every pipeline bound is at most its unit's final clock (for units dispatched during the
     run, at most the latest of its counterparts')."""
     first = first_output_times(workload, hardware)
-    intervals = sim.timeline.intervals.to_pydict()
-    started = {}
-    for unit, state, start in zip(intervals["unit"], intervals["state"], intervals["start"]):
-        if state == "busy":
-            started[unit] = min(started.get(unit, start), start)
+    started = _first_busy(sim)
     assert sim.timeline.complete
     ops = {op.name: op for op in workload.graph.ops}
     bounds = pipeline_unit_bounds(workload, hardware)
@@ -274,11 +280,7 @@ def test_hbm_drain_bound_adds_the_last_weight_tiles_firing(shared_traces):
         starts.setdefault(max(first[ref.op.name] for ref in op.inputs), []).append(op.group[1])
     assert {start: (len(experts), set(experts)) if len(experts) < 4 else len(experts)
             for start, experts in starts.items()} == {4_348: (3, {104}), 5_250: 381}
-    intervals = sim.timeline.intervals.to_pydict()
-    first_busy = {}
-    for unit, state, start in zip(intervals["unit"], intervals["state"], intervals["start"]):
-        if state == "busy":
-            first_busy[unit] = min(first_busy.get(unit, start), start)
+    first_busy = _first_busy(sim)
     assert (min(first_busy[op.name] for op in weight_loads if op.group == ("expert", 104)),
             min(first_busy.get(op.name, sim.cycles) for op in weight_loads
                 if op.group != ("expert", 104))) == (4_418, 5_320)
