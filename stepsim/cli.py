@@ -32,6 +32,7 @@ COMMANDS = {
     "report": "stepsim.insight.cli", "compare": "stepsim.insight.cli",
     "optimize": "stepsim.optimize.cli",
     "server": "stepsim.server.cli",
+    "serve": "stepsim.serve.cli",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
