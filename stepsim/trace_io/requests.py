@@ -92,13 +92,13 @@ def check_requests(source: str, arrival_s: np.ndarray, prompt: np.ndarray, outpu
         i = _first(back) + 1
         raise TraceValueError(f"{source}: row {i}, column {a!r}: arrival {float(arrival_s[i])!r} s is before the previous "
                               f"row's {float(arrival_s[i - 1])!r} s (requests must be sorted by arrival)")
-    for col, values, what in ((p, prompt, "prompt"), (o, output, "output")):
+    for col, values, what in ((p, prompt, "a prompt"), (o, output, "an output")):
         if (values < 0).any():
             i = _first(values < 0)
             raise TraceValueError(f"{source}: row {i}, column {col!r}: negative token count {values[i]}")
         if (values == 0).any():
             i = _first(values == 0)
-            raise TraceValueError(f"{source}: row {i}, column {col!r}: an {what} of 0 tokens (a request has at "
+            raise TraceValueError(f"{source}: row {i}, column {col!r}: {what} of 0 tokens (a request has at "
                                   "least 1)")
 
 
