@@ -142,11 +142,16 @@ class Scheduler:
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.preempted = 0  # preemptions in the last schedule()
-        self.schedule = {"vllm": self._vllm, "orca": self._orca, "sarathi": self._sarathi}[config.policy]
+        self._policy = {"vllm": self._vllm, "orca": self._orca, "sarathi": self._sarathi}[config.policy]
 
     @property
     def blocks_used(self) -> int:
         return self.usable - self.free
+
+    def schedule(self) -> list[tuple[Request, int]]:
+        """The next step's batch: ``(request, new tokens)`` pairs; KV blocks allocated, preemptions done
+        (counted in :attr:`preempted`)."""
+        return self._policy()
 
     def _preempt(self, victim: Request) -> None:
         """Recompute preemption: free the victim's blocks, forget its KV, put it at the head of waiting."""
