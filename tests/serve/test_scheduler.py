@@ -102,9 +102,9 @@ def test_vllm_preemption_conserves_tokens():
     config = SchedulerConfig.make("vllm", max_num_seqs=64, max_num_batched_tokens=2048)
     s, res = _run(config, _capacity(600), 600 * 16 - 16, arrival, prompt, output)
     # 9,584 tokens of KV for up to 64 requests of 100-3,000 prompt tokens: vLLM V1 admits on the first chunk's
-    # blocks and then thrashes (one request is preempted 28 times)
+    # blocks and then thrashes (one request is preempted 36 times)
     assert len(s.victims) == int(res.preemptions.sum()) == 524
-    assert (res.preemptions > 0).sum() == 112 and int(res.preemptions.max()) == 28
+    assert (res.preemptions > 0).sum() == 112 and int(res.preemptions.max()) == 36
     assert s.lost == 955233
     # every request finishes and emits exactly its output tokens at strictly increasing times
     assert (res.finish > 0).all() and (res.first_token <= res.finish).all()
