@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from stepsim._version import __version__
-from stepsim.errors import ConfigError, TraceValueError
+from stepsim.base.errors import ConfigError, TraceValueError
+from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
 from stepsim.serve.latency import ConstantLatency, LatencyProvider
 from stepsim.serve.memory import model_memory
@@ -28,7 +29,6 @@ from stepsim.serve.output import write_outputs
 from stepsim.serve.replay import replay
 from stepsim.serve.scheduler import Scheduler, SchedulerConfig
 from stepsim.trace_io.requests import RequestTrace, read_requests
-from stepsim.workloads.models import resolve_model
 
 #: HBM capacity when no hardware says otherwise (bytes): 64 GiB, the HBM of one SambaNova SN40L socket
 #: (Prabhakar et al., "SambaNova SN40L", arXiv 2405.07518, sec. 3: 64 GB HBM per socket), a shipping dataflow

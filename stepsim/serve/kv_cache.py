@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 
 #: vLLM's default block size on GPUs (tokens; vllm/platforms/cuda.py)
 DEFAULT_BLOCK_SIZE = 16

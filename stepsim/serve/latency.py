@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ some families are left out (under 0.01 % of any model here); every layer of an M
 head per layer per token: ``layers * 2 * kv_heads * head_dim * 2`` bytes.
 
 ``vocab_size`` (required), ``max_position_embeddings`` and ``tie_word_embeddings`` come from the model's
-``config.json`` (the preset's file for a preset), which :class:`~stepsim.workloads.models.ModelConfig` does not
+``config.json`` (the preset's file for a preset), which :class:`~stepsim.models.presets.ModelConfig` does not
 carry.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from stepsim.errors import ConfigError
-from stepsim.workloads.models import ModelConfig
+from stepsim.base.errors import ConfigError
+from stepsim.models.presets import ModelConfig
 
 #: bytes per weight and per KV element (bf16)
 DTYPE_BYTES = 2
@@ -56,7 +56,7 @@ def _config_json(model: ModelConfig) -> dict:
     else:
         text = Path(source).read_text(encoding="utf-8")
     cfg = json.loads(text)
-    # multimodal configs keep the language model under text_config (as stepsim.workloads.models reads them)
+    # multimodal configs keep the language model under text_config (as stepsim.models.presets reads them)
     return cfg["text_config"] if "vocab_size" not in cfg and isinstance(cfg.get("text_config"), dict) else cfg
 
 

@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 
 #: SLO keys ``--slo`` takes (``e2el`` is vLLM's name for e2e)
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}

@@ -7,7 +7,7 @@
 * ``summary.json``: the ``--json`` object.
 
 Each file is written to a hidden temporary name in ``--out`` and renamed into place
-(:func:`stepsim.results.atomic_output`), so an interrupted run never leaves half a file. The same inputs give
+(:func:`stepsim.base.files.atomic_output`), so an interrupted run never leaves half a file. The same inputs give
 byte-identical Parquet files and a ``summary.json`` that differs only in ``wall_s``.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepsim.results import atomic_output, write_parquet_atomic
+from stepsim.base.files import atomic_output, write_parquet_atomic
 
 REQUESTS_FILE, ITERATIONS_FILE, SUMMARY_FILE = "requests.parquet", "iterations.parquet", "summary.json"
 #: requests.parquet columns and units

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import SimulationError
+from stepsim.base.errors import SimulationError
 from stepsim.serve.latency import IterationBatch, LatencyProvider
 from stepsim.serve.scheduler import Request, Scheduler
 

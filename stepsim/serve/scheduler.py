@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, blocks_for
 
 SCHEDULERS = ("vllm", "sarathi", "orca")

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepsim.errors import TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
 from stepsim.trace_io.readers import detect_format, read_trace
 
 #: columns of the serving request schema (name -> meaning), in file order after the optional ``request_id``
@@ -191,7 +191,7 @@ def read_requests(path: str | Path) -> RequestTrace:
 
 def write_requests(trace: RequestTrace, path: str | Path) -> Path:
     """Write ``trace`` in the serving request schema (``.parquet``, else Arrow IPC), atomically."""
-    from stepsim.results import atomic_output
+    from stepsim.base.files import atomic_output
 
     table = pa.table({"request_id": pa.array(trace.request_id, pa.int64()),
                       "arrival_s": pa.array(trace.arrival_s, pa.float64()),

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import requests_file
 
-from stepsim.errors import TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
 from stepsim.trace_io.requests import read_requests
 
 CSV_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"

@@ -157,7 +157,7 @@ def test_orca_and_vllm_agree_for_one_sequence_at_a_time():
     ("sarathi", {"chunk_tokens": 0}, "--chunk-tokens must be a positive integer, got 0"),
 ])
 def test_scheduler_config_errors(policy, kwargs, message):
-    from stepsim.errors import ConfigError
+    from stepsim.base.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         SchedulerConfig.make(policy, **kwargs)

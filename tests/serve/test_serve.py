@@ -189,7 +189,7 @@ def test_cli_bad_inputs_are_one_line(tmp_path, capsys):
 
 
 def test_prompt_longer_than_kv_capacity(tmp_path):
-    from stepsim.errors import TraceValueError
+    from stepsim.base.errors import TraceValueError
 
     trace = requests_file(tmp_path / "t.parquet", [0.0, 1.0], [10, 9000], 1000)
     with pytest.raises(TraceValueError) as e:
