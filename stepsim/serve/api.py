@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from stepsim._version import __version__
 from stepsim.base.errors import ConfigError, TraceValueError
+from stepsim.base.hardware import PRESETS, SERVING_FIELDS, Hardware
 from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
 from stepsim.serve.latency import ConstantLatency, LatencyProvider
@@ -30,15 +31,13 @@ from stepsim.serve.replay import replay
 from stepsim.serve.scheduler import Scheduler, SchedulerConfig
 from stepsim.trace_io.requests import RequestTrace, read_requests
 
-#: HBM capacity when no hardware says otherwise (bytes): 64 GiB, the HBM of one SambaNova SN40L socket
-#: (Prabhakar et al., "SambaNova SN40L", arXiv 2405.07518, sec. 3: 64 GB HBM per socket), a shipping dataflow
-#: accelerator
+#: hardware when none is given: one SambaNova SN40L socket (docs/hardware.md), a shipping dataflow accelerator
+DEFAULT_HARDWARE = "sn40l"
+#: its HBM capacity (bytes): 64 GiB
 DEFAULT_HBM_BYTES = 64 * 2**30
 
 #: parts of issue 32 not built yet, by parameter: each refuses with one line instead of being ignored
 NOT_BUILT = {
-    "hardware": "--hardware: serving hardware fields (HBM capacity, clock) are not built yet; the HBM is "
-                f"{DEFAULT_HBM_BYTES} bytes (64 GiB, SN40L)",
     "routing": "--routing: per-token routing for serving is not built yet (the engine-backed latency needs it)",
     "fidelity": "--fidelity: the engine-backed iteration latency (exact / fast) is not built yet; give "
                 "--iteration-latency SECONDS",
@@ -128,10 +127,23 @@ def check_fits(trace: RequestTrace, limit: int, capacity: KVCapacity, max_positi
                               f"{limit} tokens ({why})")
 
 
+def resolve_serving_hardware(hardware) -> Hardware:
+    """The :class:`Hardware` a serve run uses: a given one, a preset name, a ``.toml`` file, or ``sn40l``."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    name = DEFAULT_HARDWARE if hardware is None else str(hardware)
+    if name.endswith(".toml"):
+        return Hardware.from_toml(name)
+    if name not in PRESETS:
+        raise ConfigError(f"--hardware must be a preset ({', '.join(sorted(PRESETS))}) or a .toml file, "
+                          f"got {name!r}")
+    return PRESETS[name]
+
+
 def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, seed=0, iteration_latency=None, timeline=None,
-          hbm_bytes=DEFAULT_HBM_BYTES, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None
+          hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None
           ) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
@@ -162,13 +174,16 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         Seed of the Poisson arrivals.
     iteration_latency : float, optional
         Seconds per scheduler step (the constant provider).
-    hbm_bytes : int
-        HBM capacity (bytes); the KV cache is what the weights leave.
+    hardware : str, path or Hardware, optional
+        Preset name or TOML file (docs/hardware.md); default ``sn40l``. Its ``hbm_capacity_bytes`` sizes the
+        KV cache, its clock turns an engine-backed latency's cycles into seconds.
+    hbm_bytes : int, optional
+        HBM capacity (bytes) instead of the hardware's; the KV cache is what the weights leave.
     block_size : int
         Tokens per KV block.
     provider : LatencyProvider, optional
         Prices each step (instead of ``iteration_latency``).
-    hardware, routing, fidelity, jobs, executor, timeline
+    routing, fidelity, jobs, executor, timeline
         Not built yet: giving one raises a ConfigError saying so.
 
     Returns
@@ -176,7 +191,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     ServeResult
     """
     started = time.perf_counter()
-    for name, value in (("hardware", hardware), ("routing", routing), ("fidelity", fidelity), ("jobs", jobs),
+    for name, value in (("routing", routing), ("fidelity", fidelity), ("jobs", jobs),
                         ("executor", executor), ("timeline", timeline)):
         if value is not None:
             raise ConfigError(NOT_BUILT[name])
@@ -190,9 +205,11 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     slo_seconds = parse_slo(slo) if slo is not None else None
     config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                                   chunk_tokens=chunk_tokens, block_size=block_size)
+    hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
     memory = model_memory(resolved)
-    capacity = kv_capacity(hbm_bytes, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+    hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
+    capacity = kv_capacity(hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
     limit = max_model_len(config, capacity, memory.max_position_embeddings)
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
@@ -218,6 +235,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     summary["iterations"] = iterations_table.num_rows
     summary["fidelity"] = {"mode": provider.mode, "error": provider.error}
     summary["model"] = resolved.name
+    summary["hardware"] = {"name": hw.name, **{f: getattr(hw, f) for f in SERVING_FIELDS}}
     summary["scheduler"] = asdict(config)
     summary["kv_cache"] = {"hbm_bytes": capacity.hbm_bytes, "weight_bytes": capacity.weight_bytes,
                            "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,
@@ -226,7 +244,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     if out is not None:
-        config_text = json.dumps({k: summary[k] for k in ("model", "scheduler", "kv_cache", "fidelity", "slo")},
+        config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
                 "stepsim.requests": str(requests)}

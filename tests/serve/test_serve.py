@@ -154,8 +154,7 @@ def _error(capsys, argv):
                               "--iteration-latency SECONDS"),
     (["--routing", "synthetic"], "--routing: per-token routing for serving is not built yet (the engine-backed "
                                  "latency needs it)"),
-    (["--hardware", "step-eval"], "--hardware: serving hardware fields (HBM capacity, clock) are not built yet; the "
-                                  "HBM is 68719476736 bytes (64 GiB, SN40L)"),
+    (["--hardware", "tpu"], "--hardware must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'tpu'"),
     (["--jobs", "2"], "--jobs: parallel layer simulation is for the engine-backed latency, which is not built yet"),
     (["--executor", "dask"], "--executor: Dask is for the engine-backed latency, which is not built yet"),
     (["--timeline", "t.json"], "--timeline: the Perfetto timeline of a serve run is not built yet"),
