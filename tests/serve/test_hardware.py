@@ -7,12 +7,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import requests_file
 
 import stepsim
 from stepsim.base.errors import ConfigError
 from stepsim.base.hardware import ENGINE_FIELDS, PRESETS, SERVING_DEFAULTS, SERVING_FIELDS, Hardware
 from stepsim.serve.output import read_outputs
-from conftest import requests_file
 
 MODEL = "qwen3-30b-a3b"
 
