@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     window.add_argument("--limit-requests", type=int, metavar="N", help="replay the first N requests")
     window.add_argument("--duration", type=float, metavar="SECONDS",
                         help="replay the requests arriving in the first SECONDS")
-    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (not built yet for serving)")
+    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -39,8 +39,11 @@ def register(subparsers) -> None:
                    help="vLLM's max_num_batched_tokens (default 2048)")
     p.add_argument("--chunk-tokens", type=int, metavar="N",
                    help="vLLM: long_prefill_token_threshold (default 0, off); Sarathi: chunk size (default 512)")
-    p.add_argument("--routing", metavar="synthetic|FILE", help="expert routing (not built yet)")
-    p.add_argument("--fidelity", choices=("exact", "fast"), help="engine-backed latency (not built yet)")
+    p.add_argument("--routing", metavar="synthetic|FILE",
+                   help="expert routing of --fidelity exact: the seeded synthetic model (default) or a routed-experts "
+                        "dump [tokens, layers, top_k]")
+    p.add_argument("--fidelity", choices=("exact", "fast"),
+                   help="price each step on the cycle engine: exact simulates every layer (fast: not built yet)")
     p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e)")
     parallel = p.add_mutually_exclusive_group()
     parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency)")

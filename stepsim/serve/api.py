@@ -38,11 +38,8 @@ DEFAULT_HBM_BYTES = 64 * 2**30
 
 #: parts of issue 32 not built yet, by parameter: each refuses with one line instead of being ignored
 NOT_BUILT = {
-    "routing": "--routing: per-token routing for serving is not built yet (the engine-backed latency needs it)",
-    "fidelity": "--fidelity: the engine-backed iteration latency (exact / fast) is not built yet; give "
-                "--iteration-latency SECONDS",
-    "jobs": "--jobs: parallel layer simulation is for the engine-backed latency, which is not built yet",
-    "executor": "--executor: Dask is for the engine-backed latency, which is not built yet",
+    "fast": "--fidelity fast: the calibrated latency model is not built yet; use --fidelity exact",
+    "executor": "--executor: Dask for the layer simulations is not built yet; use --jobs N",
     "timeline": "--timeline: the Perfetto timeline of a serve run is not built yet",
 }
 
@@ -140,6 +137,28 @@ def resolve_serving_hardware(hardware) -> Hardware:
     return PRESETS[name]
 
 
+#: engine-backed fidelities
+FIDELITIES = ("exact", "fast")
+
+
+def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
+                    jobs: int | None):
+    """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
+    MoE model, or a routed-experts file)."""
+    from stepsim.serve.exact import EngineLatency
+    from stepsim.serve.routing import ReplayRouting, SyntheticRouting
+
+    source = None
+    if model.is_moe:
+        if routing is None or routing == "synthetic":
+            source = SyntheticRouting(model.experts, model.top_k, model.layers, seed=seed)
+        else:
+            source = ReplayRouting(routing, str(model_arg), model.layers)
+    elif routing is not None:
+        raise ConfigError(f"--routing: model {model.name!r} is dense (no routed experts)")
+    return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+
+
 def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, seed=0, iteration_latency=None, timeline=None,
@@ -183,7 +202,14 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         Tokens per KV block.
     provider : LatencyProvider, optional
         Prices each step (instead of ``iteration_latency``).
-    routing, fidelity, jobs, executor, timeline
+    fidelity : {"exact"}, optional
+        Price each step on the cycle engine (:mod:`stepsim.serve.exact`); ``fast`` is not built yet.
+    routing : str or path, optional
+        ``synthetic`` (default for an MoE model, seeded by ``seed``) or a routed-experts dump
+        ``[tokens, layers, top_k]`` (:mod:`stepsim.serve.routing`).
+    jobs : int, optional
+        Worker processes for the layers of a step (exact fidelity).
+    executor, timeline
         Not built yet: giving one raises a ConfigError saying so.
 
     Returns
@@ -191,14 +217,28 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     ServeResult
     """
     started = time.perf_counter()
-    for name, value in (("routing", routing), ("fidelity", fidelity), ("jobs", jobs),
-                        ("executor", executor), ("timeline", timeline)):
+    for name, value in (("executor", executor), ("timeline", timeline)):
         if value is not None:
             raise ConfigError(NOT_BUILT[name])
-    if (provider is None) == (iteration_latency is None):
-        raise ConfigError("stepsim serve needs --iteration-latency SECONDS (the engine-backed latency is not built "
-                          "yet)" if provider is None else "give iteration_latency or provider, not both")
-    if provider is None:
+    if fidelity is not None and fidelity not in FIDELITIES:
+        raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
+    if fidelity == "fast":
+        raise ConfigError(NOT_BUILT["fast"])
+    given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),
+                                      ("provider", provider)) if value is not None]
+    if len(given) != 1:
+        raise ConfigError("stepsim serve needs --iteration-latency SECONDS or --fidelity exact" if not given else
+                          f"{' and '.join(given)} both price the steps; give one")
+    if fidelity is None:
+        for name, value in (("--routing", routing), ("--jobs", jobs)):
+            if value is not None:
+                raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact); "
+                                  f"{given[0]} does not simulate layers")
+    if jobs is not None:
+        from stepsim.batch.executors import check_jobs
+
+        check_jobs(jobs)
+    if provider is None and iteration_latency is not None:
         provider = ConstantLatency(iteration_latency)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
@@ -214,9 +254,16 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
     check_fits(trace, limit, capacity, memory.max_position_embeddings)
+    if fidelity == "exact":
+        provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
+                                   vocab=memory.vocab_size, jobs=jobs)
 
-    result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                    Scheduler(config, capacity, limit), provider)
+    try:
+        result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                        Scheduler(config, capacity, limit), provider)
+    finally:
+        if hasattr(provider, "close"):
+            provider.close()
     lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
     requests_table = pa.table({
         "request_id": pa.array(trace.request_id, pa.int64()),
@@ -234,6 +281,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     summary["preemptions"] = int(result.preemptions.sum())
     summary["iterations"] = iterations_table.num_rows
     summary["fidelity"] = {"mode": provider.mode, "error": provider.error}
+    if hasattr(provider, "describe"):
+        summary["fidelity"].update(provider.describe())
     summary["model"] = resolved.name
     summary["hardware"] = {"name": hw.name, **{f: getattr(hw, f) for f in SERVING_FIELDS}}
     summary["scheduler"] = asdict(config)

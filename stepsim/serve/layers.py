@@ -8,7 +8,9 @@ A serving iteration runs, per decoder layer, three stepsim workloads (docs/servi
   (:func:`stepsim.workloads.prefill_attention.build.build_prefill_attention`);
 * ``ffn``: the MoE block (routed and shared experts, :func:`stepsim.workloads.moe.build.build_moe`, static
   tiling) over every token of the iteration with that layer's routing, or a dense model's FFN (the same
-  builder with one expert every token goes to).
+  builder with one expert every token goes to). Its FIFOs hold ``max(2, tokens x top_k)`` elements: with the
+  paper's depth of 2, a prefill chunk of hundreds of tokens with skewed routing deadlocks the token-order
+  reassembly (the engine proves it), which a serving engine's buffers never do.
 
 **Rebinding.** Which graph a builder makes depends only on a *shape* (decode: requests; prefill: requests and
 query tiles; ffn: tokens); the KV lengths and the routing enter the engine program only as the values of
@@ -75,6 +77,8 @@ def _prefill_values(data: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray
 
 
 def _ffn_values(routing: np.ndarray) -> dict[str, np.ndarray]:
+    if routing.shape[1] == 1:  # top-1: a token's sorted experts are its one slot
+        return {"experts_by_slot": routing.ravel()}
     return {"experts_sorted": np.sort(routing, axis=1).ravel(), "experts_by_slot": routing.ravel()}
 
 
@@ -149,7 +153,10 @@ def build(kind: str, data, spec: LayerSpec):
                                        query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n)
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
-        return build_moe(spec.ffn_model, data)
+        workload = build_moe(spec.ffn_model, data)
+    # every routed row fits in any FIFO: a skewed iteration of many tokens cannot deadlock the reassembly
+    workload.channel_depth = max(2, data.size)
+    return workload
 
 
 class RebindError(StepsimError):
@@ -211,8 +218,7 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec) -> Template:
     data = marker(kind, shape, spec)
     workload = build(kind, data, spec)
     on_chip = int(workload.metrics()["on_chip_bytes"])
-    spec.hardware.check_on_chip(on_chip, f"serving layer {kind!r} at shape {shape} "
-                                         f"({spec.model.name}, KV head {spec.model.attention.head_dim}-wide)")
+    spec.hardware.check_on_chip(on_chip, f"serving layer {kind!r} at shape {shape}")
     program = lowered(workload, spec.hardware)
     values = VALUES[kind](data)
     payload_slots, sel_slots = [], []
