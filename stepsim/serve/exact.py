@@ -108,7 +108,8 @@ class EngineLatency:
         self.wall_s = 0.0
 
     # ---------------------------------------------------------------------------------------- parallelism
-    def _map(self, tasks: list) -> list:
+    def run_tasks(self, tasks: list) -> list:
+        """``layer_task`` of every ``(kind, data)`` task, in order (on the workers when ``jobs`` > 1)."""
         if not self.jobs or self.jobs == 1:
             return [layer_task(self.spec, kind, data) for kind, data in tasks]
         if self._pool is None:
@@ -133,29 +134,37 @@ class EngineLatency:
         context = np.asarray(batch.context_tokens, dtype=np.int64)
         new = np.asarray(batch.new_tokens, dtype=np.int64)
         tokens = int(new.sum())
-        heads, layers = self.model.kv_heads, self.model.layers
-        tasks, roles = [], []
+        layers = self.model.layers
+        tasks = []
         decode = new == 1
         if decode.any():
             tasks.append(("decode", context[decode]))
-            roles.append(("attention", heads * layers))
         if (~decode).any():
             tasks.append(("prefill", (context[~decode], new[~decode])))
-            roles.append(("attention", heads * layers))
         if self.model.is_moe:
             routing = self.routing.route(tokens)
-            for layer in range(layers):
-                tasks.append(("ffn", np.ascontiguousarray(routing[:, layer, :])))
-                roles.append(("ffn", 1))
+            tasks.extend(("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(layers))
         else:
             tasks.append(("ffn", np.zeros((tokens, 1), dtype=np.int64)))
-            roles.append(("ffn", layers))
-        return tasks, roles
+        return tasks, self.roles(tasks)
+
+    def roles(self, tasks: list) -> list:
+        """``(cycles column, layers it counts for)`` of each task: the attention counts for every KV head of
+        every layer, an MoE layer for itself, a dense FFN for every layer."""
+        heads, layers = self.model.kv_heads, self.model.layers
+        return [("attention", heads * layers) if kind != "ffn" else ("ffn", 1 if self.model.is_moe else layers)
+                for kind, _ in tasks]
+
+    def weight_cycles(self, batch: IterationBatch) -> int:
+        """Cycles of the off-chip weights outside the graphs for ``batch`` (module docstring)."""
+        tokens = int(sum(batch.new_tokens))
+        embedding = math.ceil(tokens * self.embedding_bytes / self.hardware.hbm_peak_bytes_per_cycle)
+        return self.model.layers * self.layer_weights + self.head_cycles + embedding
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
         start = time.perf_counter()
         tasks, roles = self.tasks(batch)
-        results = self._map(tasks)
+        results = self.run_tasks(tasks)
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
         for (role, count), (c, build_s, engine_s, built) in zip(roles, results):
             cycles[role] += count * c
@@ -163,9 +172,7 @@ class EngineLatency:
             self.engine_s += engine_s
             self.templates += built
             self.simulations += 1
-        tokens = int(sum(batch.new_tokens))
-        embedding = math.ceil(tokens * self.embedding_bytes / self.hardware.hbm_peak_bytes_per_cycle)
-        cycles["weights"] = self.model.layers * self.layer_weights + self.head_cycles + embedding
+        cycles["weights"] = self.weight_cycles(batch)
         total = sum(cycles.values())
         self.wall_s += time.perf_counter() - start
         return IterationCost(total / self.hardware.clock_hz, cycles)

@@ -8,9 +8,10 @@ A serving iteration runs, per decoder layer, three stepsim workloads (docs/servi
   (:func:`stepsim.workloads.prefill_attention.build.build_prefill_attention`);
 * ``ffn``: the MoE block (routed and shared experts, :func:`stepsim.workloads.moe.build.build_moe`, static
   tiling) over every token of the iteration with that layer's routing, or a dense model's FFN (the same
-  builder with one expert every token goes to). Its FIFOs hold ``max(2, tokens x top_k)`` elements: with the
-  paper's depth of 2, a prefill chunk of hundreds of tokens with skewed routing deadlocks the token-order
-  reassembly (the engine proves it), which a serving engine's buffers never do.
+  builder with one expert every token goes to). Its FIFOs hold ``max(1024, tokens x top_k)`` elements: with
+  the paper's depth of 2, a prefill chunk of hundreds of tokens with skewed routing deadlocks the token-order
+  reassembly (the engine proves it), which a serving engine's buffers never do; 1024 is step-perf's default
+  channel size, and a depth that grew with every token would make a step's cycles jump with its size.
 
 **Rebinding.** Which graph a builder makes depends only on a *shape* (decode: requests; prefill: requests and
 query tiles; ffn: tokens); the KV lengths and the routing enter the engine program only as the values of
@@ -46,6 +47,9 @@ from stepsim.workloads.prefill_attention.build import query_tiles
 #: KV rows per tile of the decode attention (the paper's) and of the prefill attention
 KV_TILE = 32
 KINDS = ("decode", "prefill", "ffn")
+#: smallest FIFO depth of the FFN graphs: step-perf's default channel size (1024), so the depth of a step's
+#: FFN does not change with its token count until ``tokens x top_k`` exceeds it
+FFN_MIN_DEPTH = 1024
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,7 @@ def build(kind: str, data, spec: LayerSpec):
         warnings.simplefilter("ignore")
         workload = build_moe(spec.ffn_model, data)
     # every routed row fits in any FIFO: a skewed iteration of many tokens cannot deadlock the reassembly
-    workload.channel_depth = max(2, data.size)
+    workload.channel_depth = max(FFN_MIN_DEPTH, data.size)
     return workload
 
 

@@ -147,15 +147,14 @@ def test_a_layer_that_does_not_fit_on_chip_is_one_line(small_model, tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(fidelity="fast"), "--fidelity fast: the calibrated latency model is not built yet; use --fidelity exact"),
     (dict(fidelity="exact", iteration_latency=0.01), "--iteration-latency and --fidelity both price the steps; "
                                                      "give one"),
     (dict(iteration_latency=0.01, routing="synthetic"), "--routing is for the engine-backed latency (--fidelity "
-                                                        "exact); --iteration-latency does not simulate layers"),
-    (dict(iteration_latency=0.01, jobs=2), "--jobs is for the engine-backed latency (--fidelity exact); "
+                                                        "exact|fast); --iteration-latency does not simulate layers"),
+    (dict(iteration_latency=0.01, jobs=2), "--jobs is for the engine-backed latency (--fidelity exact|fast); "
                                            "--iteration-latency does not simulate layers"),
     (dict(fidelity="exact", jobs=0), "--jobs must be an int >= 1 (leave it out to use every CPU: {cpus}), got 0"),
-    (dict(), "stepsim serve needs --iteration-latency SECONDS or --fidelity exact"),
+    (dict(), "stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast"),
 ])
 def test_bad_combinations_are_one_line(small_model, tmp_path, kw, message):
     from stepsim.batch.executors import default_jobs
