@@ -8,10 +8,11 @@ A serving iteration runs, per decoder layer, three stepsim workloads (docs/servi
   (:func:`stepsim.workloads.prefill_attention.build.build_prefill_attention`);
 * ``ffn``: the MoE block (routed and shared experts, :func:`stepsim.workloads.moe.build.build_moe`, static
   tiling) over every token of the iteration with that layer's routing, or a dense model's FFN (the same
-  builder with one expert every token goes to). Its FIFOs hold ``max(1024, tokens x top_k)`` elements: with
-  the paper's depth of 2, a prefill chunk of hundreds of tokens with skewed routing deadlocks the token-order
-  reassembly (the engine proves it), which a serving engine's buffers never do; 1024 is step-perf's default
-  channel size, and a depth that grew with every token would make a step's cycles jump with its size.
+  builder with one expert every token goes to). Its FIFOs hold 64 elements: with the paper's depth of 2, a
+  prefill chunk of a couple of thousand tokens with skewed routing deadlocks the token-order reassembly (the
+  engine proves it), which a serving engine's buffers never do. A piece that still deadlocks is run again at
+  256, 1024, then 4096 elements (:data:`FFN_DEPTHS`), so the depth is a function of the piece's data alone.
+  Deeper FIFOs cost engine time (every channel's buffer is allocated per run).
 
 **Rebinding.** Which graph a builder makes depends only on a *shape* (decode: requests; prefill: requests and
 query tiles; ffn: tokens); the KV lengths and the routing enter the engine program only as the values of
@@ -47,9 +48,8 @@ from stepsim.workloads.prefill_attention.build import query_tiles
 #: KV rows per tile of the decode attention (the paper's) and of the prefill attention
 KV_TILE = 32
 KINDS = ("decode", "prefill", "ffn")
-#: smallest FIFO depth of the FFN graphs: step-perf's default channel size (1024), so the depth of a step's
-#: FFN does not change with its token count until ``tokens x top_k`` exceeds it
-FFN_MIN_DEPTH = 1024
+#: FIFO depths of the FFN graphs, tried in turn while the engine proves a deadlock (module docstring)
+FFN_DEPTHS = (64, 256, 1024, 4096)
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,8 @@ def shape_of(kind: str, data) -> tuple:
     return (len(data),)
 
 
-def build(kind: str, data, spec: LayerSpec):
-    """The workload of one layer piece (fresh, no template)."""
+def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
+    """The workload of one layer piece (fresh, no template); ``depth``: the FFN's FIFO depth."""
     from stepsim.workloads.attention.build import build_attention
     from stepsim.workloads.moe.build import build_moe
     from stepsim.workloads.prefill_attention.build import build_prefill_attention
@@ -158,8 +158,7 @@ def build(kind: str, data, spec: LayerSpec):
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
         workload = build_moe(spec.ffn_model, data)
-    # every routed row fits in any FIFO: a skewed iteration of many tokens cannot deadlock the reassembly
-    workload.channel_depth = max(FFN_MIN_DEPTH, data.size)
+    workload.channel_depth = depth
     return workload
 
 
@@ -216,11 +215,11 @@ def lowered(workload, hardware: Hardware):
     return lower(workload.graph, hardware, channel_depth=depth, channel_depths=workload.channel_depths)
 
 
-def make_template(kind: str, shape: tuple, spec: LayerSpec) -> Template:
+def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEPTHS[0]) -> Template:
     """Build and lower ``kind`` at ``shape`` from marker data, and locate its data-derived values."""
     start = time.perf_counter()
     data = marker(kind, shape, spec)
-    workload = build(kind, data, spec)
+    workload = build(kind, data, spec, depth)
     on_chip = int(workload.metrics()["on_chip_bytes"])
     spec.hardware.check_on_chip(on_chip, f"serving layer {kind!r} at shape {shape}")
     program = lowered(workload, spec.hardware)
@@ -266,18 +265,28 @@ class LayerRunner:
     def cycles(self, kind: str, data) -> int:
         """Engine cycles of one layer piece on ``data`` (its template built on first use)."""
         from stepsim.analysis.deadlock import run_diagnosed
+        from stepsim.base.errors import DeadlockError
 
-        key = (kind, shape_of(kind, data))
-        template = self.templates.get(key)
-        if template is None:
-            template = self.templates[key] = make_template(kind, key[1], self.spec)
-            self.build_s += template.build_s
-            self.builds += 1
-        t0 = time.perf_counter()
-        program = template.bind(data)
-        t1 = time.perf_counter()
-        result = run_diagnosed(program)
-        self.bind_s += t1 - t0
-        self.engine_s += time.perf_counter() - t1
-        self.runs += 1
-        return int(result.cycles)
+        depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
+        for i, depth in enumerate(depths):
+            key = (kind, shape_of(kind, data), depth)
+            template = self.templates.get(key)
+            if template is None:
+                template = self.templates[key] = make_template(kind, key[1], self.spec, depth)
+                self.build_s += template.build_s
+                self.builds += 1
+            t0 = time.perf_counter()
+            program = template.bind(data)
+            t1 = time.perf_counter()
+            try:
+                result = run_diagnosed(program)
+            except DeadlockError:
+                if i + 1 == len(depths):
+                    raise
+                continue
+            finally:
+                self.bind_s += t1 - t0
+                self.engine_s += time.perf_counter() - t1
+                self.runs += 1
+            return int(result.cycles)
+        raise AssertionError("unreachable")

@@ -176,3 +176,17 @@ def test_dense_model_takes_no_routing(tmp_path):
     assert str(e.value) == f"--routing: model '{tmp_path / 'dense.json'}' is dense (no routed experts)"
     r = stepsim.serve(str(tmp_path / "dense.json"), trace, fidelity="exact")
     assert r.summary["fidelity"]["routing"] is None and r.summary["completed"] == 2
+
+
+def test_an_ffn_piece_that_deadlocks_runs_again_with_deeper_fifos(monkeypatch):
+    import stepsim.serve.layers as layers
+    from stepsim.base.errors import DeadlockError
+
+    spec = LayerSpec(resolve_model("qwen3-30b-a3b"), PRESETS["sn40l"], 4096)
+    routing = SyntheticRouting(128, 8, 1, seed=0).route(2048)[:, 0, :]  # skewed: deadlocks at depth 2
+    with pytest.raises(DeadlockError):
+        simulate(build("ffn", routing, spec, depth=2), spec.hardware)
+    monkeypatch.setattr(layers, "FFN_DEPTHS", (2, 64))
+    runner = LayerRunner(spec)
+    assert runner.cycles("ffn", routing) == simulate(build("ffn", routing, spec, depth=64), spec.hardware).cycles
+    assert (runner.builds, runner.runs) == (2, 2)
