@@ -388,7 +388,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         if matplotlib_available():
             from stepsim.serve.figures import CDF_FILE, latency_cdf
 
-            title = (f"{resolved.name} on {hw.name}, {config.policy}, {summary['completed']} requests, "
-                     f"{provider.mode}")
+            title = (f"{Path(resolved.name).name} on {hw.name}, {config.policy}, {summary['completed']} "
+                     f"requests, {provider.mode}")
             files["latency_cdf"] = latency_cdf(requests_table, Path(out) / CDF_FILE, title=title, slo=slo_seconds)
     return ServeResult(summary, requests_table, iterations_table, files)

@@ -20,6 +20,8 @@ PANELS = (("ttft_s", "time to first token", "ttft"), ("tpot_s", "time per output
 def latency_cdf(requests: pa.Table, path: Path, *, title: str, slo: dict | None = None) -> Path:
     """Draw the three CDFs of ``requests`` (requests.parquet's columns) into ``path``."""
     plt = require_matplotlib()
+    from matplotlib.ticker import NullFormatter
+
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=100)
     for ax, (column, name, key) in zip(axes, PANELS):
         values = requests[column].drop_null().to_numpy(zero_copy_only=False) * 1000.0
@@ -27,6 +29,7 @@ def latency_cdf(requests: pa.Table, path: Path, *, title: str, slo: dict | None 
         if len(values):
             ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color="#1f77b4")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # decade labels only: minor ones overlap
         if slo and slo.get(key) is not None:
             ax.axvline(slo[key] * 1000.0, color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo[key] * 1000:g} ms")
             ax.legend(loc="lower right", fontsize=8)
