@@ -20,10 +20,10 @@ refuses them unless they reproduce every build's ``Workload.metrics()`` exactly.
 **Calibration** (:func:`calibrate`). A pilot replay prices every step with ``max(HBM bound, compute bound)``
 and keeps seeded reservoirs of :data:`SAMPLED_ITERATIONS` steps (their batches and routing) with a prefill
 chunk and as many decode-only ones. Of those, :data:`HELD_OUT` (half from each) are simulated exactly, every
-layer, and held out; from the others each step's decode and
-prefill attention and :data:`FFN_LAYERS` of its FFN layers are simulated exactly and fitted per piece by least
-squares on relative error. The summary's ``fidelity.error`` is the held-out steps' relative error of the
-whole step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients
+layer, and held out; from the others each step's decode and prefill attention and :data:`FFN_LAYERS` of its FFN
+layers are simulated exactly and fitted per piece by least squares on relative error (FFN pieces of more than
+:data:`FFN_SPLIT_TOKENS` tokens get their own coefficients). The summary's ``fidelity.error`` is the held-out
+steps' relative error of the whole step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients
 and error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
 """
 
@@ -40,7 +40,7 @@ from stepsim.base.errors import ConfigError
 from stepsim.base.files import atomic_output, stable_hash
 from stepsim.serve.exact import CYCLE_KINDS, EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
-from stepsim.serve.layers import KINDS, KV_TILE, LayerSpec, build
+from stepsim.serve.layers import KV_TILE, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
@@ -55,6 +55,16 @@ BOUND_COMPUTE_BW = 2048
 CALIBRATION_VERSION = 1
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
+#: FFN pieces of more tokens than this get their own coefficients (``ffn_large``): prefill-sized steps
+FFN_SPLIT_TOKENS = 128
+#: the coefficient sets of the model
+MODELS = ("decode", "prefill", "ffn", "ffn_large")
+
+
+def model_of(kind: str, data) -> str:
+    """Which coefficients price a piece: its kind, an FFN of more than :data:`FFN_SPLIT_TOKENS` tokens
+    ``ffn_large``."""
+    return "ffn_large" if kind == "ffn" and len(data) > FFN_SPLIT_TOKENS else kind
 
 
 # ----------------------------------------------------------------------------------------------- features
@@ -147,7 +157,7 @@ class FastLatency(EngineLatency):
 
     def piece_cycles(self, kind: str, data) -> int:
         return predict(regressors(kind, data, self.forms[kind], self.spec), None if self.theta is None else
-                       self.theta[kind])
+                       self.theta[model_of(kind, data)])
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
         tasks, roles = self.tasks(batch)
@@ -207,8 +217,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
         raise ConfigError(f"--fidelity fast: the run has {len(samples)} steps, too few to hold any out for "
                           "measuring the model's error; use --fidelity exact")
     forms = exact.forms
-    rows: dict[str, list] = {k: [] for k in KINDS}
-    targets: dict[str, list] = {k: [] for k in KINDS}
+    rows: dict[str, list] = {k: [] for k in MODELS}
+    targets: dict[str, list] = {k: [] for k in MODELS}
     fit_tasks = []
     for i, (_, _, batch, tasks) in enumerate(samples):
         if i in held:
@@ -222,10 +232,10 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
             fit_tasks.append((kind, data))
     cycles = [r[0] for r in exact.run_tasks(fit_tasks)]
     for (kind, data), c in zip(fit_tasks, cycles):
-        rows[kind].append(regressors(kind, data, forms[kind], exact.spec))
-        targets[kind].append(c)
+        rows[model_of(kind, data)].append(regressors(kind, data, forms[kind], exact.spec))
+        targets[model_of(kind, data)].append(c)
     theta = {}
-    for kind in KINDS:
+    for kind in MODELS:
         if not rows[kind]:
             theta[kind] = None
             continue
@@ -239,7 +249,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
         roles = exact.roles(tasks)
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
-        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec), theta[kind])
+        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec), theta[model_of(kind, data)])
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch)
         errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))
