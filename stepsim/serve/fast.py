@@ -30,7 +30,6 @@ and error) is cached under a key that hashes everything that determines it (:fun
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,18 +128,40 @@ def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
 def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray:
     """``[1, features, extra features, HBM bound, compute bound, max of both]`` of one piece (the last is the
     pilot's estimate)."""
+    if kind == "ffn":
+        return ffn_regressors(np.asarray(data)[:, None, :], form, spec)[0]
     f = np.array([1.0, *features(kind, data)])
-    hbm = float(f @ np.array(form.off_chip)) / spec.hardware.hbm_peak_bytes_per_cycle
-    compute = float(f @ np.array(form.flops)) / BOUND_COMPUTE_BW
+    hbm = float((f * np.array(form.off_chip)).sum()) / spec.hardware.hbm_peak_bytes_per_cycle
+    compute = float((f * np.array(form.flops)).sum()) / BOUND_COMPUTE_BW
     return np.array([*f, *extra_features(kind, data), hbm, compute, max(hbm, compute)])
+
+
+def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np.ndarray:
+    """The FFN regressors of every layer at once: ``routing`` ``[tokens, layers, top_k]`` -> ``[layers, 8]``
+    (the same numbers :func:`regressors` gives layer by layer)."""
+    tokens, layers, _ = routing.shape
+    experts = spec.ffn_model.experts
+    offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
+    counts = np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
+    tiles = (counts + KV_TILE - 1) // KV_TILE
+    f = np.column_stack([np.ones(layers), np.full(layers, float(tokens)), tiles.sum(axis=1), (counts > 0).sum(axis=1),
+                         tiles.max(axis=1)]).astype(np.float64)
+    hbm = (f * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
+    compute = (f * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
+    return np.column_stack([f, hbm, compute, np.maximum(hbm, compute)])
 
 
 def predict(x: np.ndarray, theta) -> int:
     """Cycles of a piece from its regressors: ``theta . x`` (at least 1), or without coefficients for its kind
     (none of its pieces was in the calibration sample) the bound ``ceil(max(HBM bound, compute bound))``."""
+    return int(predict_rows(x[None, :], theta)[0])
+
+
+def predict_rows(x: np.ndarray, theta) -> np.ndarray:
+    """:func:`predict` of every row of ``x`` (int64)."""
     if theta is None:
-        return int(math.ceil(x[-1]))
-    return max(int(round(float(x @ np.array(theta)))), 1)
+        return np.ceil(x[:, -1]).astype(np.int64)
+    return np.maximum(np.rint((x * np.array(theta)).sum(axis=1)), 1).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------------------------- the provider
@@ -164,8 +185,14 @@ class FastLatency(EngineLatency):
         if self.recorder is not None:
             self.recorder(batch, tasks)
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
+        ffn = [data for kind, data in tasks if kind == "ffn"]
         for (kind, data), (role, count) in zip(tasks, roles):
-            cycles[role] += count * self.piece_cycles(kind, data)
+            if kind != "ffn":
+                cycles[role] += count * self.piece_cycles(kind, data)
+        count = roles[-1][1]  # every FFN task counts alike (1 per MoE layer; every layer for a dense FFN)
+        x = ffn_regressors(np.stack(ffn, axis=1), self.forms["ffn"], self.spec)
+        theta = None if self.theta is None else self.theta[model_of("ffn", ffn[0])]
+        cycles["ffn"] = int(count * predict_rows(x, theta).sum())
         cycles["weights"] = self.weight_cycles(batch)
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
 
