@@ -21,10 +21,11 @@ refuses them unless they reproduce every build's ``Workload.metrics()`` exactly.
 and keeps seeded reservoirs of :data:`SAMPLED_ITERATIONS` steps (their batches and routing) with a prefill
 chunk and as many decode-only ones. Of those, :data:`HELD_OUT` (half from each) are simulated exactly, every
 layer, and held out; from the others each step's decode and prefill attention and :data:`FFN_LAYERS` of its FFN
-layers are simulated exactly and fitted per piece by least squares on relative error (FFN pieces of more than
-:data:`FFN_SPLIT_TOKENS` tokens get their own coefficients). The summary's ``fidelity.error`` is the held-out
-steps' relative error of the whole step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients
-and error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
+layers are simulated exactly and fitted per piece by least squares on relative error (the FFN pieces of steps
+with a prefill chunk get their own coefficients when both kinds of step give at least twice as many samples as
+regressors). The summary's ``fidelity.error`` is the held-out steps' relative error of the whole
+step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients and
+error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
 """
 
 from __future__ import annotations
@@ -54,16 +55,16 @@ BOUND_COMPUTE_BW = 2048
 CALIBRATION_VERSION = 1
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
-#: FFN pieces of more tokens than this get their own coefficients (``ffn_large``): prefill-sized steps
-FFN_SPLIT_TOKENS = 128
-#: the coefficient sets of the model
-MODELS = ("decode", "prefill", "ffn", "ffn_large")
+#: the coefficient sets of the model: FFN pieces of steps with a prefill chunk have their own
+MODELS = ("decode", "prefill", "ffn", "ffn_prefill")
+#: regressors of an FFN piece; with fewer than twice as many samples on either side of the split, both sides
+#: share one fit
+FFN_REGRESSORS = 8
 
 
-def model_of(kind: str, data) -> str:
-    """Which coefficients price a piece: its kind, an FFN of more than :data:`FFN_SPLIT_TOKENS` tokens
-    ``ffn_large``."""
-    return "ffn_large" if kind == "ffn" and len(data) > FFN_SPLIT_TOKENS else kind
+def model_of(kind: str, prefill_step: bool) -> str:
+    """Which coefficients price a piece: its kind; the FFN of a step with a prefill chunk ``ffn_prefill``."""
+    return "ffn_prefill" if kind == "ffn" and prefill_step else kind
 
 
 # ----------------------------------------------------------------------------------------------- features
@@ -178,7 +179,7 @@ class FastLatency(EngineLatency):
 
     def piece_cycles(self, kind: str, data) -> int:
         return predict(regressors(kind, data, self.forms[kind], self.spec), None if self.theta is None else
-                       self.theta[model_of(kind, data)])
+                       self.theta[kind])
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
         tasks, roles = self.tasks(batch)
@@ -191,7 +192,8 @@ class FastLatency(EngineLatency):
                 cycles[role] += count * self.piece_cycles(kind, data)
         count = roles[-1][1]  # every FFN task counts alike (1 per MoE layer; every layer for a dense FFN)
         x = ffn_regressors(np.stack(ffn, axis=1), self.forms["ffn"], self.spec)
-        theta = None if self.theta is None else self.theta[model_of("ffn", ffn[0])]
+        prefill_step = any(kind == "prefill" for kind, _ in tasks)
+        theta = None if self.theta is None else self.theta[model_of("ffn", prefill_step)]
         cycles["ffn"] = int(count * predict_rows(x, theta).sum())
         cycles["weights"] = self.weight_cycles(batch)
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
@@ -247,7 +249,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
     rows: dict[str, list] = {k: [] for k in MODELS}
     targets: dict[str, list] = {k: [] for k in MODELS}
     fit_tasks = []
-    for i, (_, _, batch, tasks) in enumerate(samples):
+    fit_models = []
+    for i, (_, stratum, batch, tasks) in enumerate(samples):
         if i in held:
             continue
         ffn_seen = 0
@@ -257,10 +260,14 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
                 if ffn_seen > FFN_LAYERS:
                     continue
             fit_tasks.append((kind, data))
+            fit_models.append(model_of(kind, stratum == "prefill"))
     cycles = [r[0] for r in exact.run_tasks(fit_tasks)]
-    for (kind, data), c in zip(fit_tasks, cycles):
-        rows[model_of(kind, data)].append(regressors(kind, data, forms[kind], exact.spec))
-        targets[model_of(kind, data)].append(c)
+    for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
+        rows[model].append(regressors(kind, data, forms[kind], exact.spec))
+        targets[model].append(c)
+    if min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS:  # too few to split: one FFN model
+        rows["ffn"] = rows["ffn_prefill"] = rows["ffn"] + rows["ffn_prefill"]
+        targets["ffn"] = targets["ffn_prefill"] = targets["ffn"] + targets["ffn_prefill"]
     theta = {}
     for kind in MODELS:
         if not rows[kind]:
@@ -276,7 +283,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
         roles = exact.roles(tasks)
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
-        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec), theta[model_of(kind, data)])
+        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec),
+                                        theta[model_of(kind, stratum == "prefill")])
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch)
         errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))
