@@ -312,5 +312,6 @@ def save_calibration(cache: Path, key: str, record: dict) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"{key}.json"
     with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        # keys in the order the run made them: a cached run's summary.json is the calibrating run's, byte for byte
+        tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return path

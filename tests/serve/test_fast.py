@@ -65,8 +65,10 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
     # the second run reads the cache (no simulation) and writes the same bytes
     b = stepsim.serve(str(small_model), trace, out=tmp_path / "b", fidelity="fast", calibration_cache=cache)
     assert b.summary["fidelity"] == f and b.summary["wall_s"] < a.summary["wall_s"]
-    for name in ("requests.parquet", "iterations.parquet"):
+    for name in ("requests.parquet", "iterations.parquet", "latency_cdf.png"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    first, again = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert first.pop("wall_s") > again.pop("wall_s") and json.dumps(first) == json.dumps(again)  # keys in order too
     req, it, summary = read_outputs(tmp_path / "b")
     assert summary["fidelity"] == f and req.equals(b.requests)
     assert np.array_equal(it["duration_s"].to_numpy(), sum(it[f"cycles_{k}"].to_numpy()
