@@ -53,7 +53,8 @@ def register(subparsers) -> None:
     p.add_argument("--iteration-latency", type=float, metavar="SECONDS",
                    help="every scheduler step takes SECONDS (instead of the engine)")
     p.add_argument("--out", required=True, metavar="DIR",
-                   help="output folder: requests.parquet, iterations.parquet, summary.json, latency_cdf.png")
+                   help="output folder: requests.parquet, iterations.parquet, summary.json, latency_cdf.png, "
+                        "over_time.png")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--timeline", metavar="PATH", help="Perfetto timeline (not built yet)")
     p.set_defaults(handler=_serve, out_kind="dir")

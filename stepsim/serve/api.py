@@ -386,9 +386,11 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                 "stepsim.requests": str(requests)}
         files = write_outputs(out, requests_table, iterations_table, summary, meta)
         if matplotlib_available():
-            from stepsim.serve.figures import CDF_FILE, latency_cdf
+            from stepsim.serve.figures import CDF_FILE, OVER_TIME_FILE, latency_cdf, over_time
 
             title = (f"{Path(resolved.name).name} on {hw.name}, {config.policy}, {summary['completed']} "
                      f"requests, {provider.mode}")
             files["latency_cdf"] = latency_cdf(requests_table, Path(out) / CDF_FILE, title=title, slo=slo_seconds)
+            files["over_time"] = over_time(iterations_table, Path(out) / OVER_TIME_FILE, title=title,
+                                           usable_blocks=capacity.usable_blocks)
     return ServeResult(summary, requests_table, iterations_table, files)

@@ -1,4 +1,5 @@
-"""latency_cdf.png: written beside the Parquet files, read back as an image, the same bytes for the same run."""
+"""latency_cdf.png and over_time.png: written beside the Parquet files, read back as images, the same bytes for the
+same run."""
 
 from __future__ import annotations
 
@@ -20,3 +21,6 @@ def test_latency_cdf_png_is_written_read_back_and_reproducible(tmp_path):
     image = imread(png)
     assert image.shape == (360, 1200, 4)
     assert (image[..., :3] < 0.9).any()  # something is drawn
+    over = tmp_path / "a" / "over_time.png"
+    assert runs[0].files["over_time"] == over and over.read_bytes() == (tmp_path / "b" / "over_time.png").read_bytes()
+    assert imread(over).shape == (360, 1200, 4)

@@ -117,7 +117,7 @@ def test_same_seed_same_bytes(conv_csv, tmp_path):
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a.pop("wall_s") > 0 and b.pop("wall_s") > 0 and a == b
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["iterations.parquet", "latency_cdf.png",
-                                                                  "requests.parquet", "summary.json"]
+                                                                  "over_time.png", "requests.parquet", "summary.json"]
     assert (tmp_path / "a" / "latency_cdf.png").read_bytes() == (tmp_path / "b" / "latency_cdf.png").read_bytes()
 
 
