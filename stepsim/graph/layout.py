@@ -142,6 +142,15 @@ class Layout:
             loops.append(Loop(dim, trips, (s // weights[dim]) * tile[dim]))
         return cls(shape, tile, tuple(loops), elem_bytes)
 
+    def tile_view(self) -> tuple[tuple, tuple]:
+        """``(out_shape_tiled, stride)`` of the LinearOffChipLoad that reads this layout (the inverse of
+        :meth:`from_tile_view`; tiles over the last two dims, leading tile dims 1)."""
+        if any(t != 1 for t in self.tile[:-2]):
+            raise LayoutError(f"{self}: a load tiles only the last two dims (leading tile dims must be 1)")
+        grid = tuple(d // t for d, t in zip(self.shape, self.tile))
+        weights = [math.prod(grid[k + 1:]) for k in range(len(grid))]
+        return self.trips, tuple(lp.step // self.tile[lp.dim] * weights[lp.dim] for lp in self.loops)
+
     # --- views --------------------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
