@@ -38,6 +38,7 @@ from stepsim.graph.functions import (
                                   Max,
                                   Mul,
                                   OnlineSoftmax,
+                                  Pointwise,
                                   RetileCol,
                                   RetileRow,
                                   RowAppend,
