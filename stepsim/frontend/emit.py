@@ -1,0 +1,370 @@
+"""Pass 5: STeP emission. One handler per ONNX op type (the :data:`HANDLERS` registry), each turning a node into
+operators on row-tile streams (:mod:`stepsim.frontend.layouts`): every activation is a stream of shape
+``(1, M)`` of ``tile_m x cols`` fp32 tiles, ``M`` the number of row tiles.
+
+Graph inputs are loaded by name, graph outputs stored by name; initializers are off-chip tensors named as in the
+model (a weight read once per row tile of the MatMul's input, a row vector (bias, norm scale) read once and
+repeated on chip). A spilled edge goes through ``Bufferize(off_chip) -> Streamify(off_chip)``: the tensor is
+written and read back once each (``2 x`` its bytes of traffic) while the values keep flowing in order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stepsim.errors import FrontendError
+from stepsim.frontend.ir import Model, Node, scalar
+from stepsim.frontend.layouts import Tiling, groups_rows_cols
+from stepsim.graph import (
+    FP32,
+    Accum,
+    Add,
+    Bufferize,
+    Div,
+    Empty,
+    Exp,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    MapAccum,
+    Matmul,
+    Max,
+    Mul,
+    Pointwise,
+    Promote,
+    RepeatStatic,
+    Reshape,
+    RetileCol,
+    RowMax,
+    RowSum,
+    Streamify,
+    Sub,
+    Tensor,
+    Tile,
+    Zero,
+)
+from stepsim.graph.ops_convert import convert
+
+HANDLERS: dict = {}
+
+
+def handles(*op_types: str):
+    """Register a handler ``(emitter, node)`` for ``op_types``."""
+    def register(fn):
+        for t in op_types:
+            HANDLERS[t] = fn
+        return fn
+    return register
+
+
+def supported_ops() -> str:
+    return ", ".join(sorted(HANDLERS))
+
+
+class Emitter:
+    """Builds the STeP graph of a :class:`Model` (see the module docstring)."""
+
+    def __init__(self, model: Model, tiling: Tiling, tile_m: int, conversions: dict, edges: list):
+        self.model = model
+        self.tiling = tiling
+        self.tm = tile_m
+        self.bw = tiling.compute_bw
+        self.conversions = conversions
+        self.spilled = {(e.value, e.consumer) for e in edges if not e.fused}
+        self.g = Graph(model.name)
+        self.val: dict = {}  # value -> its row-tile stream
+        self.producer = model.producer()
+        self.converter_ops: dict = {}  # node name -> the operator holding its converter buffer
+
+    # --- streams -----------------------------------------------------------------------------------------
+    def tiles(self, value: str) -> int:
+        """Row tiles ``M`` of an activation."""
+        b, r, _ = groups_rows_cols(self.model.shapes[value])
+        return b * r // self.tm
+
+    def cols(self, value: str) -> int:
+        return groups_rows_cols(self.model.shapes[value])[2]
+
+    def act(self, value: str, node: Node):
+        """The row-tile stream of activation ``value`` as ``node`` reads it (through a spill if the edge spills)."""
+        if value not in self.val:
+            raise FrontendError(f"{node.describe()}: input {value!r} is neither a graph input, an initializer nor "
+                                f"the output of an earlier node")
+        s = self.val[value]
+        if (value, node.name) in self.spilled:
+            b = Bufferize(self.g, Promote(self.g, s, 0), 1, off_chip=True, name=f"spill_write[{value}->{node.name}]")
+            s = Flatten(self.g, Streamify(self.g, b, [1], 1, off_chip=True, name=f"spill_read[{value}->{node.name}]"),
+                        0, 2)
+        return s
+
+    def load_rows(self, name: str, shape: tuple, data=None):
+        """A row-tile load of tensor ``name`` (a graph input, or a full-size initializer)."""
+        b, r, n = groups_rows_cols(shape)
+        tensor_shape = (r, n) if b == 1 else (b, r, n)
+        m = b * r // self.tm
+        return LinearOffChipLoad(self.g, Tensor(name, tensor_shape, FP32, data), (self.tm, n), (m,), (1,))
+
+    def row_vector(self, name: str, vec: np.ndarray, m: int):
+        """A ``[1, N]`` constant read once and repeated for ``m`` row tiles (on chip: one tile)."""
+        n = vec.size
+        load = LinearOffChipLoad(self.g, Tensor(name, (1, n), FP32, vec.reshape(1, n).astype(np.float32)),
+                                 (1, n), (1,), (0,))
+        return Flatten(self.g, RepeatStatic(self.g, load, m), 0, 1)
+
+    def map(self, ins, fn):
+        return Map(self.g, ins, fn, compute_bw=self.bw)
+
+    def pw(self, s, kind: str, c: float = 0.0):
+        return self.map(s, Pointwise(kind, c))
+
+    # --- driver -----------------------------------------------------------------------------------------
+    def run(self) -> Graph:
+        for name in self.model.inputs:
+            self.val[name] = self.load_rows(name, self._float_shape(name, f"graph input {name!r}"))
+        for node in self.model.nodes:
+            handler = HANDLERS.get(node.op_type)
+            if handler is None:
+                raise FrontendError(f"{node.describe()}: unsupported operator; supported: {supported_ops()}")
+            handler(self, node)
+        for name in self.model.outputs:
+            self.store(name)
+        return self.g
+
+    def _float_shape(self, name: str, what: str) -> tuple:
+        shape = self.model.shapes[name]
+        try:
+            groups_rows_cols(shape)
+        except ValueError:
+            raise FrontendError(f"{what} has shape {list(shape)}; supported are 1-D to 3-D activations") from None
+        return shape
+
+    def store(self, name: str):
+        if name not in self.val:
+            raise FrontendError(f"graph output {name!r} is a constant or a graph input; nothing to compute")
+        s = self.val[name]
+        b, r, _ = groups_rows_cols(self.model.shapes[name])
+        if b > 1:  # (1, B * R/tm) -> (1, B, R/tm, 1): the store then writes a [B, R, N] tensor
+            s = Promote(self.g, Reshape(self.g, s, r // self.tm, 0), 0)
+        LinearOffChipStore(self.g, s, tensor_name=name)
+
+    def const_or_act(self, node: Node, value: str, like: str):
+        """The stream of input ``value`` of an elementwise node whose activation operand is ``like``: the
+        activation itself, or a constant as a row vector or a full tensor. Scalars are handled by the caller."""
+        if not self.model.is_const(value):
+            return self.act(value, node)
+        c = self.model.consts[value].astype(np.float32)
+        n, m = self.cols(like), self.tiles(like)
+        if c.size == n and all(d == 1 for d in c.shape[:-1]):
+            return self.row_vector(value, c, m)
+        if tuple(c.shape) == tuple(self.model.shapes[like]):
+            return self.load_rows(value, c.shape, c)
+        raise FrontendError(f"{node.describe()}: constant {value!r} of shape {list(c.shape)} broadcasts against "
+                            f"{like!r} {list(self.model.shapes[like])} in a way that is not supported (scalars, "
+                            f"row vectors of the last dim, or the same shape)")
+
+
+# --- elementwise ---------------------------------------------------------------------------------------
+_BINARY = {"Add": (Add, "add_c", "add_c"), "Sub": (Sub, "sub_c", "rsub_c"), "Mul": (Mul, "mul_c", "mul_c"),
+           "Div": (Div, "div_c", "rdiv_c"), "Max": (Max, "max_c", "max_c"), "Min": (None, "min_c", "min_c"),
+           "Pow": (None, "pow_c", None)}
+
+
+@handles(*_BINARY)
+def _binary(e: Emitter, node: Node):
+    a, b = node.inputs[:2]
+    fn, kind_right, kind_left = _BINARY[node.op_type]
+    y = node.outputs[0]
+    ca, cb = e.model.is_const(a), e.model.is_const(b)
+    act = b if ca else a
+    if tuple(e.model.shapes[y]) != tuple(e.model.shapes[act]) and groups_rows_cols(e.model.shapes[y]) != \
+            groups_rows_cols(e.model.shapes[act]):
+        raise FrontendError(f"{node.describe()}: the output {list(e.model.shapes[y])} is larger than the activation "
+                            f"operand {list(e.model.shapes[act])}; broadcasting an activation is not supported")
+    for const, kind in ((b, kind_right), (a, kind_left)):
+        if e.model.is_const(const) and scalar(e.model.consts[const]) is not None:
+            if kind is None:
+                raise FrontendError(f"{node.describe()}: a constant base of Pow is not supported")
+            c = scalar(e.model.consts[const])
+            e.val[y] = _pow(e, e.act(act, node), c) if kind == "pow_c" else e.pw(e.act(act, node), kind, c)
+            return
+    if fn is None:
+        raise FrontendError(f"{node.describe()}: {node.op_type} of two tensors is supported only with a scalar "
+                            f"constant operand")
+    ga, gb = groups_rows_cols(e.model.shapes[a]), groups_rows_cols(e.model.shapes[b])
+    if not ca and not cb and (ga[:2] != gb[:2] or (ga[2] != gb[2] and 1 not in (ga[2], gb[2]))):
+        raise FrontendError(f"{node.describe()}: operands {list(e.model.shapes[a])} and {list(e.model.shapes[b])} "
+                            f"must have the same rows (and the same last dim, or 1)")
+    e.val[y] = e.map([e.const_or_act(node, a, act), e.const_or_act(node, b, act)], fn())
+
+
+def _pow(e: Emitter, s, c: float):
+    """``x ** c``; squares (the exporters' RMSNorm and GELU) as an exact product."""
+    if c == 2.0:
+        return e.map([s, s], Mul())
+    if c == 1.0:
+        return s
+    return e.pw(s, "pow_c", c)
+
+
+_UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Sqrt": "sqrt", "Neg": "neg"}
+
+
+@handles(*_UNARY)
+def _unary(e: Emitter, node: Node):
+    e.val[node.outputs[0]] = e.pw(e.act(node.inputs[0], node), _UNARY[node.op_type])
+
+
+@handles("Exp")
+def _exp(e: Emitter, node: Node):
+    e.val[node.outputs[0]] = e.map(e.act(node.inputs[0], node), Exp())
+
+
+@handles("Reciprocal")
+def _reciprocal(e: Emitter, node: Node):
+    e.val[node.outputs[0]] = e.pw(e.act(node.inputs[0], node), "rdiv_c", 1.0)
+
+
+@handles("Gelu")
+def _gelu(e: Emitter, node: Node):
+    x = e.act(node.inputs[0], node)
+    if node.attrs.get("approximate", b"none") in (b"none", "none"):
+        e.val[node.outputs[0]] = e.pw(x, "gelu")
+        return
+    # tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    inner = e.pw(e.map([x, e.map([x, x], Mul())], Mul()), "mul_c", 0.044715)
+    t = e.pw(e.pw(e.map([x, inner], Add()), "mul_c", math.sqrt(2 / math.pi)), "tanh")
+    e.val[node.outputs[0]] = e.map([e.pw(x, "mul_c", 0.5), e.pw(t, "add_c", 1.0)], Mul())
+
+
+@handles("Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def _same_stream(e: Emitter, node: Node):
+    """Ops that leave the row-tile stream as it is: the last dim and the row order are kept."""
+    x, y = node.inputs[0], node.outputs[0]
+    if node.op_type == "Cast" and node.attrs.get("to") != 1:  # TensorProto.FLOAT
+        raise FrontendError(f"{node.describe()}: casts to element type {node.attrs.get('to')} are not supported "
+                            f"(fp32 activations only)")
+    sx, sy = e.model.shapes[x], e.model.shapes[y]
+    gx, gy = groups_rows_cols(sx), groups_rows_cols(sy)
+    if gx[2] != gy[2] or gx[0] * gx[1] != gy[0] * gy[1] or gy[1] % e.tm:
+        raise FrontendError(f"{node.describe()}: {list(sx)} -> {list(sy)} changes the last dim or splits rows off "
+                            f"tile boundaries; only reshapes of the leading dims stream on chip")
+    e.val[y] = e.act(x, node)
+
+
+# --- reductions over the last axis ---------------------------------------------------------------------
+def _last_axis(e: Emitter, node: Node, axes) -> None:
+    rank = len(e.model.shapes[node.inputs[0]])
+    if [a % rank for a in axes] != [rank - 1]:
+        raise FrontendError(f"{node.describe()}: only the last axis can be reduced or normalized (got axes "
+                            f"{list(axes)} of a rank-{rank} tensor)")
+
+
+@handles("ReduceMean", "ReduceSum", "ReduceMax")
+def _reduce(e: Emitter, node: Node):
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+        axes = [int(a) for a in e.model.consts[node.inputs[1]].reshape(-1)]
+    _last_axis(e, node, axes if axes is not None else range(len(e.model.shapes[node.inputs[0]])))
+    if node.attrs.get("keepdims", 1) != 1:
+        raise FrontendError(f"{node.describe()}: keepdims=0 is not supported")
+    x = e.act(node.inputs[0], node)
+    if node.op_type == "ReduceMax":
+        e.val[node.outputs[0]] = e.map(x, RowMax())
+        return
+    s = e.map(x, RowSum())
+    n = e.cols(node.inputs[0])
+    e.val[node.outputs[0]] = e.pw(s, "mul_c", 1.0 / n) if node.op_type == "ReduceMean" else s
+
+
+@handles("Softmax")
+def _softmax(e: Emitter, node: Node):
+    _last_axis(e, node, [node.attrs.get("axis", -1)])
+    x = e.act(node.inputs[0], node)
+    ex = e.map(e.map([x, e.map(x, RowMax())], Sub()), Exp())
+    e.val[node.outputs[0]] = e.map([ex, e.map(ex, RowSum())], Div())
+
+
+def _normalize(e: Emitter, node: Node, x, centered: bool):
+    """``(x - mean) / sqrt(var + eps)`` (LayerNorm) or ``x / sqrt(mean(x^2) + eps)`` (RMSNorm), then the scale
+    and bias (row vectors)."""
+    _last_axis(e, node, [node.attrs.get("axis", -1)])
+    n, m = e.cols(node.inputs[0]), e.tiles(node.inputs[0])
+    if centered:
+        x = e.map([x, e.pw(e.map(x, RowSum()), "mul_c", 1.0 / n)], Sub())
+    ms = e.pw(e.map(e.map([x, x], Mul()), RowSum()), "mul_c", 1.0 / n)
+    inv = e.pw(e.pw(e.pw(ms, "add_c", node.attrs.get("epsilon", 1e-5)), "sqrt"), "rdiv_c", 1.0)
+    y = e.map([x, inv], Mul())
+    for k, fn in ((1, Mul), (2, Add)):
+        if len(node.inputs) > k and node.inputs[k]:
+            v = node.inputs[k]
+            if not e.model.is_const(v):
+                raise FrontendError(f"{node.describe()}: the scale and bias must be initializers")
+            y = e.map([y, e.row_vector(v, e.model.consts[v].astype(np.float32), m)], fn())
+    e.val[node.outputs[0]] = y
+
+
+@handles("LayerNormalization")
+def _layer_norm(e: Emitter, node: Node):
+    _normalize(e, node, e.act(node.inputs[0], node), centered=True)
+
+
+@handles("RMSNormalization", "SimplifiedLayerNormalization")
+def _rms_norm(e: Emitter, node: Node):
+    _normalize(e, node, e.act(node.inputs[0], node), centered=False)
+
+
+# --- MatMul / Gemm -------------------------------------------------------------------------------------
+@handles("MatMul", "Gemm")
+def _matmul(e: Emitter, node: Node):
+    a, w = node.inputs[:2]
+    trans_b = bool(node.attrs.get("transB", 0))
+    if node.attrs.get("transA", 0):
+        raise FrontendError(f"{node.describe()}: transA=1 is not supported")
+    if e.model.is_const(a) or not e.model.is_const(w) or e.model.consts[w].ndim != 2:
+        raise FrontendError(f"{node.describe()}: supported is an activation times a 2-D initializer (weights); a "
+                            f"product of two activations (attention scores) is not lowered yet")
+    weights = e.model.consts[w].astype(np.float32)
+    k, n = weights.shape[::-1] if trans_b else weights.shape
+    y = node.outputs[0]
+    tn = e.tiling.n_tile(node.name, n)
+    m, nt = e.tiles(a), n // tn
+    x = Promote(e.g, RepeatStatic(e.g, e.act(a, node), nt) if nt > 1 else Promote(e.g, e.act(a, node), 0), 0)
+    if trans_b:  # [N, K] stored: tile n is row block n
+        wl = LinearOffChipLoad(e.g, Tensor(w, (n, k), FP32, weights), (tn, k), (m, nt, 1), (0, 1, 0))
+    else:
+        wl = LinearOffChipLoad(e.g, Tensor(w, (k, n), FP32, weights), (k, tn), (m, nt, 1), (0, 1, nt))
+    prod = MapAccum(e.g, x, wl, Matmul(weight_transposed=trans_b), Zero(e.tm, tn), 1, compute_bw=e.bw)
+    if nt > 1:  # the retile converter (stepsim.frontend.converters): one row stripe
+        out = Accum(e.g, prod, RetileCol(), Empty(e.tm, 0), 1, compute_bw=0, out_dtype=Tile(FP32, e.tm, n))
+        e.converter_ops[node.name] = out
+    else:
+        out = Flatten(e.g, prod, 0, 1)
+    alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
+    if alpha != 1.0:
+        out = e.pw(out, "mul_c", alpha)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        c = e.model.consts.get(node.inputs[2])
+        if c is None:
+            raise FrontendError(f"{node.describe()}: the bias C must be an initializer")
+        c = beta * c.astype(np.float32)
+        out = e.pw(out, "add_c", scalar(c)) if c.size == 1 else e.map(
+            [out, e.row_vector(node.inputs[2], c, m)], Add())
+    e.val[y] = out
+
+
+# --- layout-only ops -----------------------------------------------------------------------------------
+@handles("Transpose")
+def _transpose(e: Emitter, node: Node):
+    conv = e.conversions[node.name]
+    x = node.inputs[0]
+    b, r, _ = groups_rows_cols(e.model.shapes[x])
+    s = Reshape(e.g, e.act(x, node), r, 0)  # (1, B*R) -> (1, B, R): the producer's loops
+    producer = e.producer.get(x)
+    out = convert(e.g, s, conv.producer, conv.consumer, producer_name=producer.name if producer else x,
+                  consumer_name=node.name)
+    e.converter_ops[node.name] = out
+    e.val[node.outputs[0]] = Flatten(e.g, out, 0, 1)

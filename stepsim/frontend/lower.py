@@ -1,0 +1,66 @@
+"""The front end's driver: the passes in order, and the Workload they make."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepsim.frontend import converters, emit, fusion, layouts, shapes
+from stepsim.frontend.layouts import Tiling
+from stepsim.frontend.load import load_model
+from stepsim.workloads.base import Workload
+
+#: the hardware preset a lowered model runs on unless ``hardware=`` says otherwise
+DEFAULT_HARDWARE = "step-eval"
+
+
+@dataclass(frozen=True)
+class FrontendReport:
+    """What the lowering decided: ``tile_m`` (rows per activation tile), ``edges`` (each node-to-node edge:
+    fused or spilled, and why), ``converters`` (node name -> :class:`~stepsim.frontend.converters.Conversion`)
+    and ``converter_ops`` (node name -> the operator holding that converter's buffer)."""
+
+    tile_m: int
+    edges: tuple
+    converters: dict
+    converter_ops: dict
+
+    def spilled(self) -> list:
+        return [e for e in self.edges if not e.fused]
+
+
+def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
+              dims: dict | None = None, fuse: bool = True, spill=()) -> Workload:
+    """Lower an ONNX model to a STeP :class:`~stepsim.workloads.base.Workload` named ``onnx``.
+
+    Parameters
+    ----------
+    source : str, os.PathLike or onnx.ModelProto
+    tiling : Tiling or dict, optional
+        Tile sizes (:class:`~stepsim.frontend.layouts.Tiling`; a dict of its fields).
+    hardware : str
+        Hardware preset of the workload.
+    dims : dict, optional
+        Sizes of the model's named dynamic input dims (``{"batch": 4}``).
+    fuse : bool
+        False spills every node-to-node edge to off-chip memory.
+    spill : iterable of str
+        Values whose edges spill even when ``fuse`` is on.
+
+    The result's ``frontend`` attribute is the :class:`FrontendReport`. Raises FrontendError (one line) for a
+    malformed file, an unsupported operator (naming the node, its op type and the supported list) or a dynamic
+    dim that is not bound; LayoutError when no converter can join two layouts.
+    """
+    tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
+    model = shapes.to_model(load_model(source), dims)
+    tile_m = layouts.choose_tile_m(model, tiling)
+    conversions = converters.plan(model, tiling, tile_m)
+    edges = fusion.decide(model, fuse=fuse, spill=spill)
+    emitter = emit.Emitter(model, tiling, tile_m, conversions, edges)
+    graph = emitter.run()
+    report = FrontendReport(tile_m, tuple(edges), conversions, dict(emitter.converter_ops))
+    workload = Workload(name="onnx", graph=graph, hardware=hardware,
+                        params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,
+                                    compute_bw=tiling.compute_bw, fuse=fuse,
+                                    spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled())))
+    workload.frontend = report  # not in params: params go into every result row as JSON
+    return workload

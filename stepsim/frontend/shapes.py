@@ -1,0 +1,108 @@
+"""Pass 1: bind dynamic input dims, infer every value's static shape, and fold constant subgraphs.
+
+Folding evaluates, with onnx's reference evaluator, every node whose inputs are all constants (initializers,
+``Constant`` nodes, folded values), and turns ``Shape`` / ``Size`` of a statically shaped value into a constant.
+Shape subgraphs (``Shape -> Gather -> Concat -> Reshape``) thus disappear, as exporters' do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepsim.errors import FrontendError
+from stepsim.frontend.ir import Model, Node
+from stepsim.frontend.load import onnx_module
+
+
+def to_model(proto, dims: dict | None = None) -> Model:
+    """The :class:`Model` of a checked ``onnx.ModelProto``: dims bound (``dims``: dim_param name -> size),
+    shapes inferred, constants folded. FrontendError (one line naming the node) when a shape stays unknown."""
+    onnx = onnx_module()
+    proto = _bind_dims(onnx, proto, dict(dims or {}))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:  # InferenceError and friends
+        raise FrontendError(f"model {proto.graph.name!r}: shape inference failed ({str(exc).strip().splitlines()[0]})"
+                            ) from None
+    graph = inferred.graph
+    shapes = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        dims_ = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+        if vi.type.tensor_type.HasField("shape") and all(d is not None for d in dims_):
+            shapes[vi.name] = tuple(int(d) for d in dims_)
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    for name, a in consts.items():
+        shapes[name] = tuple(a.shape)
+    nodes = []
+    for i, n in enumerate(graph.node):
+        node = Node(n.name or f"{n.op_type}_{i}", n.op_type, list(n.input), list(n.output),
+                    {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute})
+        if n.domain not in ("", "ai.onnx"):
+            node.op_type = f"{n.domain}.{n.op_type}"
+            nodes.append(node)
+            continue
+        folded = _fold(onnx, n, node, consts, shapes, inferred)
+        if folded is None:
+            nodes.append(node)
+            continue
+        for v, a in zip(n.output, folded):
+            consts[v] = np.asarray(a)
+            shapes[v] = tuple(np.asarray(a).shape)
+    initializers = {t.name for t in graph.initializer}
+    inputs = [vi.name for vi in graph.input if vi.name not in initializers]
+    model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts)
+    for node in nodes:
+        for v in node.inputs + node.outputs:
+            if v and v not in shapes:
+                raise FrontendError(f"{node.describe()}: the shape of {v!r} is not static after shape inference; "
+                                    f"bind the model's dynamic dims with from_onnx(..., dims={{name: size}})")
+    return model
+
+
+def _bind_dims(onnx, proto, dims: dict):
+    """A copy of ``proto`` whose graph inputs have ``dims`` substituted for their named dynamic dims."""
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    initializers = {t.name for t in proto.graph.initializer}
+    for vi in proto.graph.input:
+        if vi.name in initializers:
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                continue
+            param = d.dim_param
+            if param not in dims:
+                user = next((f"node {n.name or n.op_type!r} ({n.op_type})" for n in proto.graph.node
+                             if vi.name in n.input), f"graph input {vi.name!r}")
+                raise FrontendError(f"{user}: input {vi.name!r} has the dynamic dimension {param or '?'!r}; bind it "
+                                    f"with from_onnx(..., dims={{{param or '?'!r}: size}})")
+            d.dim_value = int(dims[param])
+    return proto
+
+
+def _fold(onnx, proto_node, node: Node, consts: dict, shapes: dict, model):
+    """The output arrays of ``node`` if it can be evaluated now (all inputs constant, or a Shape / Size of a
+    statically shaped value), else None."""
+    if node.op_type in ("Shape", "Size") and node.inputs[0] in shapes:
+        shape = np.array(shapes[node.inputs[0]], np.int64)
+        if node.op_type == "Size":
+            return [np.array(shape.prod(), np.int64)]
+        start, end = node.attrs.get("start", 0), node.attrs.get("end", None)
+        return [shape[start:end]]
+    if not all(v == "" or v in consts for v in node.inputs):
+        return None
+    if node.op_type in ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"):
+        return None
+    from onnx.reference import ReferenceEvaluator
+
+    opsets = {o.domain: o.version for o in model.opset_import}
+    graph = onnx.helper.make_graph(
+        [proto_node], "fold",
+        [onnx.helper.make_tensor_value_info(v, onnx.helper.np_dtype_to_tensor_dtype(consts[v].dtype),
+                                            consts[v].shape) for v in dict.fromkeys(node.inputs) if v],
+        [onnx.helper.make_empty_tensor_value_info(v) for v in node.outputs])
+    one = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    try:
+        return ReferenceEvaluator(one).run(None, {v: consts[v] for v in node.inputs if v})
+    except Exception as exc:
+        raise FrontendError(f"{node.describe()}: folding its constant inputs failed ({str(exc).splitlines()[0]})"
+                            ) from None
