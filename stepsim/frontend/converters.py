@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepsim.errors import FrontendError
+from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
 from stepsim.frontend.layouts import Tiling, groups_rows_cols, matmul_layout, row_layout
 from stepsim.graph.layout import ConverterBuffer, Layout, Loop, converter_buffer

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from stepsim.errors import FrontendError
+from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model, Node, scalar
 from stepsim.frontend.layouts import Tiling, groups_rows_cols
 from stepsim.graph import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stepsim.errors import FrontendError
+from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from stepsim.errors import FrontendError
+from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
 from stepsim.graph.layout import Layout, Loop
 

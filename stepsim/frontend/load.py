@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from stepsim.errors import FrontendError
+from stepsim.base.errors import FrontendError
 
 
 def onnx_module():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepsim.errors import FrontendError
+from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model, Node
 from stepsim.frontend.load import onnx_module
 

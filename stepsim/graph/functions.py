@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph.dims import Dim, dims_equal, fmt_dim, is_static, normalize, product
 from stepsim.graph.dtypes import FP32, UINT64, DynTile, ScalarType, Tile, is_tile, tile
 

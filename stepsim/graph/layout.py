@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from stepsim.errors import LayoutError
+from stepsim.base.errors import LayoutError
 
 
 class Loop(NamedTuple):

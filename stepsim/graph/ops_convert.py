@@ -26,7 +26,7 @@ import heapq
 
 import numpy as np
 
-from stepsim.errors import LayoutError
+from stepsim.base.errors import LayoutError
 from stepsim.graph.graph import PUBLISHED, Op
 from stepsim.graph.layout import Layout, converter_buffer, tile_numbers
 from stepsim.graph.ops_routing import Partition, Reassemble

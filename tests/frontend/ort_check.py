@@ -9,7 +9,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from stepsim.frontend import from_onnx
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.reference import max_rel_error, tolerance_for
 
 F = TensorProto.FLOAT

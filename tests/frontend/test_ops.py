@@ -129,7 +129,7 @@ def test_shape_subgraph_is_folded():
     m = model(nodes, {"x": [2, 4, N]}, {"y": [2, 4 * N]},
               {"zero": np.array([0], np.int64), "minus1": np.array([-1], np.int64)}, name="shape_fold")
     # the reshape merges rows into the last dim: not a row-preserving reshape -> a one-line error (test_errors)
-    from stepsim.errors import FrontendError
+    from stepsim.base.errors import FrontendError
     with pytest.raises(FrontendError, match="changes the last dim"):
         check(m, {"x": rand((2, 4, N))}, 0)
 

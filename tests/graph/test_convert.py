@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepsim.errors import LayoutError
+from stepsim.base.errors import LayoutError
 from stepsim.graph import FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Tensor
 from stepsim.graph.layout import Layout, Loop, converter_buffer
 from stepsim.graph.ops_convert import ConverterPartition, convert, slot_schedule
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_layout import random_layout  # noqa: E402

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from stepsim.errors import LayoutError
+from stepsim.base.errors import LayoutError
 from stepsim.graph.layout import Layout, Loop, compatible, converter_buffer
 
 

@@ -9,8 +9,8 @@ from stepsim.graph import FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Ma
 from stepsim.graph.functions import POINTWISE_KINDS
 from stepsim.graph.lower import lower
 from stepsim.kernels import abi
-from stepsim.reference_engine import run as ref_run
-from stepsim.simulate import simulate
+from stepsim.kernels.reference import run as ref_run
+from stepsim.simulation.simulate import simulate
 
 _ERF = np.vectorize(math.erf)
 EXPECTED = {
