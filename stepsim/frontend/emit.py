@@ -356,6 +356,14 @@ def _matmul(e: Emitter, node: Node):
     e.val[y] = out
 
 
+@handles("Gather")
+def _gather(e: Emitter, node: Node):
+    # a Gather whose table and indices are constants was folded (pass 1); embeddings of run-time token ids
+    # need the ids as a run-time address stream, which is not lowered yet
+    raise FrontendError(f"{node.describe()}: Gather is supported on constant tables with constant indices (folded); "
+                        f"run-time indices are not lowered yet")
+
+
 # --- layout-only ops -----------------------------------------------------------------------------------
 @handles("Transpose")
 def _transpose(e: Emitter, node: Node):
