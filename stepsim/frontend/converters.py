@@ -1,8 +1,8 @@
 """Pass 3: converter insertion. Where a consumer's layout differs from its producer's, a converter goes
 between them, sized by :func:`stepsim.graph.layout.converter_buffer` (the least buffer, in bytes):
 
-* ``retile``: a MatMul's ``tile_m x tile_n`` tiles into row tiles; its buffer is one row stripe, which the
-  emitted ``Accum(RetileCol)`` holds exactly;
+* ``retile``: column stripes (``tile_m x tn`` tiles, a MatMul's output) into row tiles, for a consumer that needs
+  whole rows; its buffer is one row block, which the emitted ``Accum(RetileCol)`` holds exactly;
 * ``reorder``: a Transpose of leading dims (one-row tiles) is the same tiles in another order, built by
   :func:`stepsim.graph.ops_convert.convert` (slots of depth-1 FIFOs, exactly the least buffer).
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
-from stepsim.frontend.layouts import Tiling, groups_rows_cols, matmul_layout, row_layout
+from stepsim.frontend.layouts import Tiling, groups_rows_cols, matmul_layout, needs_rows, row_layout
 from stepsim.graph.layout import ConverterBuffer, Layout, Loop, converter_buffer
 
 
@@ -32,19 +32,21 @@ class Conversion:
     buffer: ConverterBuffer
 
 
-def plan(model: Model, tiling: Tiling, tile_m: int) -> dict:
-    """``{node name: Conversion}`` for every node whose output needs a converter."""
+def plan(model: Model, tiling: Tiling, tile_m: int, tn: dict) -> dict:
+    """``{value or node name: Conversion}``: a retile per activation streaming as stripes that some consumer needs
+    as whole rows (keyed by the value), a reorder per Transpose (keyed by the node)."""
     out = {}
+    producers = model.producer()
     for node in model.nodes:
-        if node.op_type in ("MatMul", "Gemm") and not model.is_const(node.inputs[0]):
-            y = node.outputs[0]
-            n = model.shapes[y][-1]
-            tn = tiling.n_tile(node.name, n)
-            if tn != n:
-                p, c = matmul_layout(model.shapes[y], tile_m, tn), row_layout(model.shapes[y], tile_m)
-                out[node.name] = Conversion(node.name, y, "retile", p, c,
-                                            converter_buffer(p, c, producer=node.name, consumer="its consumers"))
-        elif node.op_type == "Transpose" and not model.is_const(node.inputs[0]):
+        for i, v in enumerate(node.inputs):
+            if not v or model.is_const(v) or v in out or tn[v] == model.shapes[v][-1]:
+                continue
+            if needs_rows(model, tiling, tn, node, i):
+                shape = model.shapes[v]
+                p, c = matmul_layout(shape, tile_m, tn[v]), row_layout(shape, tile_m)
+                name = producers[v].name if v in producers else v
+                out[v] = Conversion(name, v, "retile", p, c, converter_buffer(p, c, producer=name, consumer=node.name))
+        if node.op_type == "Transpose" and not model.is_const(node.inputs[0]):
             out[node.name] = _transpose(model, node, tile_m)
     return out
 

@@ -11,12 +11,13 @@ written and read back once each (``2 x`` its bytes of traffic) while the values 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model, Node, scalar
-from stepsim.frontend.layouts import Tiling, groups_rows_cols
+from stepsim.frontend.layouts import Tiling, groups_rows_cols, matmul_out_tile, needs_rows
 from stepsim.graph import (
     FP32,
     Accum,
@@ -41,6 +42,7 @@ from stepsim.graph import (
     RetileCol,
     RowMax,
     RowSum,
+    Silu,
     Streamify,
     Sub,
     Tensor,
@@ -65,66 +67,125 @@ def supported_ops() -> str:
     return ", ".join(sorted(HANDLERS))
 
 
+@dataclass(frozen=True)
+class Act:
+    """An activation's stream: ``s`` (an operator or output) of shape ``(1, M)`` (row tiles, ``tn == n``) or
+    ``(1, M, n / tn)`` (column stripes), of ``tile_m x tn`` fp32 tiles; ``n`` is the last dim (elements)."""
+
+    s: object
+    tn: int
+    n: int
+
+    @property
+    def stripes(self) -> bool:
+        return self.tn != self.n
+
+
 class Emitter:
     """Builds the STeP graph of a :class:`Model` (see the module docstring)."""
 
-    def __init__(self, model: Model, tiling: Tiling, tile_m: int, conversions: dict, edges: list):
+    def __init__(self, model: Model, tiling: Tiling, tile_m: int, tn: dict, conversions: dict, edges: list):
         self.model = model
         self.tiling = tiling
         self.tm = tile_m
+        self.tn = tn
         self.bw = tiling.compute_bw
         self.conversions = conversions
         self.spilled = {(e.value, e.consumer) for e in edges if not e.fused}
         self.g = Graph(model.name)
-        self.val: dict = {}  # value -> its row-tile stream
+        self.val: dict = {}  # value -> its Act
+        self.rows: dict = {}  # value -> its retiled Act (built once, shared by every consumer that needs rows)
         self.producer = model.producer()
-        self.converter_ops: dict = {}  # node name -> the operator holding its converter buffer
+        self.converter_ops: dict = {}  # conversion key -> the operator holding that converter's buffer
+        self.inputs: set = set()  # graph inputs not loaded yet
+        self.loads: dict = {}  # (tensor, tile, view) -> its load: one load per distinct read, shared
 
     # --- streams -----------------------------------------------------------------------------------------
     def tiles(self, value: str) -> int:
-        """Row tiles ``M`` of an activation."""
+        """Row blocks ``M`` of an activation."""
         b, r, _ = groups_rows_cols(self.model.shapes[value])
         return b * r // self.tm
 
     def cols(self, value: str) -> int:
         return groups_rows_cols(self.model.shapes[value])[2]
 
-    def act(self, value: str, node: Node):
-        """The row-tile stream of activation ``value`` as ``node`` reads it (through a spill if the edge spills)."""
+    def act(self, value: str, node: Node) -> Act:
+        """Activation ``value`` as ``node`` reads it: retiled to rows if the node needs rows (layouts.needs_rows),
+        through a spill if the edge spills."""
+        if value in self.inputs:
+            self.inputs.discard(value)
+            self.val[value] = self.load(value, self.model.shapes[value], self.model.shapes[value][-1])
         if value not in self.val:
             raise FrontendError(f"{node.describe()}: input {value!r} is neither a graph input, an initializer nor "
                                 f"the output of an earlier node")
-        s = self.val[value]
+        a = self.val[value]
+        if a.stripes and needs_rows(self.model, self.tiling, self.tn, node, node.inputs.index(value)):
+            a = self.retiled(value)
         if (value, node.name) in self.spilled:
-            b = Bufferize(self.g, Promote(self.g, s, 0), 1, off_chip=True, name=f"spill_write[{value}->{node.name}]")
-            s = Flatten(self.g, Streamify(self.g, b, [1], 1, off_chip=True, name=f"spill_read[{value}->{node.name}]"),
-                        0, 2)
-        return s
+            b = Bufferize(self.g, Promote(self.g, a.s, 0), 1, off_chip=True, name=f"spill_write[{value}->{node.name}]")
+            a = Act(Flatten(self.g, Streamify(self.g, b, [1], 1, off_chip=True,
+                                              name=f"spill_read[{value}->{node.name}]"), 0, 2), a.tn, a.n)
+        return a
 
-    def load_rows(self, name: str, shape: tuple, data=None):
-        """A row-tile load of tensor ``name`` (a graph input, or a full-size initializer)."""
+    def retiled(self, value: str) -> Act:
+        """The retile converter of ``value`` (column stripes -> row tiles): an accumulator of one row block."""
+        if value not in self.rows:
+            a = self.val[value]
+            acc = Accum(self.g, a.s, RetileCol(), Empty(self.tm, 0), 1, compute_bw=0,
+                        out_dtype=Tile(FP32, self.tm, a.n), name=f"retile[{value}]")
+            self.converter_ops[value] = acc
+            self.rows[value] = Act(acc, a.n, a.n)
+        return self.rows[value]
+
+    def load(self, name: str, shape: tuple, tn: int, data=None) -> Act:
+        """A load of tensor ``name`` (a graph input, or a full-size initializer) as row tiles or stripes."""
         b, r, n = groups_rows_cols(shape)
         tensor_shape = (r, n) if b == 1 else (b, r, n)
-        m = b * r // self.tm
-        return LinearOffChipLoad(self.g, Tensor(name, tensor_shape, FP32, data), (self.tm, n), (m,), (1,))
+        m, nt = b * r // self.tm, n // tn
+        view = ((m,), (1,)) if nt == 1 else ((m, nt), (nt, 1))
+        return Act(self.load_view(Tensor(name, tensor_shape, FP32, data), (self.tm, tn), *view), tn, n)
 
-    def row_vector(self, name: str, vec: np.ndarray, m: int):
-        """A ``[1, N]`` constant read once and repeated for ``m`` row tiles (on chip: one tile)."""
-        n = vec.size
-        load = LinearOffChipLoad(self.g, Tensor(name, (1, n), FP32, vec.reshape(1, n).astype(np.float32)),
-                                 (1, n), (1,), (0,))
-        return Flatten(self.g, RepeatStatic(self.g, load, m), 0, 1)
+    def load_view(self, tensor: Tensor, tile: tuple, out_shape_tiled: tuple, stride: tuple):
+        """A LinearOffChipLoad, shared by every reader of the same tensor, tile and view (one DRAM read)."""
+        key = (tensor.name, tile, out_shape_tiled, stride)
+        if key not in self.loads:
+            self.loads[key] = LinearOffChipLoad(self.g, tensor, tile, out_shape_tiled, stride,
+                                                par_dispatch=self.tiling.par_dispatch)
+        return self.loads[key]
 
-    def map(self, ins, fn):
-        return Map(self.g, ins, fn, compute_bw=self.bw)
+    def row_vector(self, name: str, vec: np.ndarray, like: Act) -> Act:
+        """A ``[1, N]`` constant read once, streamed alongside ``like``: repeated as one tile per row block (on
+        chip: one tile), or, for stripes, buffered whole and replayed per row block."""
+        n, m = vec.size, self.tiles_of(like)
+        data = vec.reshape(1, n).astype(np.float32)
+        if not like.stripes:
+            load = LinearOffChipLoad(self.g, Tensor(name, (1, n), FP32, data), (1, n), (1,), (0,))
+            return Act(Flatten(self.g, RepeatStatic(self.g, load, m), 0, 1), n, n)
+        nt = n // like.tn
+        load = LinearOffChipLoad(self.g, Tensor(name, (1, n), FP32, data), (1, like.tn), (nt,), (1,))
+        return Act(Streamify(self.g, Bufferize(self.g, load, 1), [m], 1), like.tn, n)
 
-    def pw(self, s, kind: str, c: float = 0.0):
-        return self.map(s, Pointwise(kind, c))
+    @staticmethod
+    def tiles_of(a: Act) -> int:
+        """Row blocks ``M`` of a stream."""
+        return a.s.stream.shape[1]
+
+    def map(self, ins, fn) -> Act:
+        """``Map`` over one or two lock-stepped activations (the same layout), broadcasting inside tiles."""
+        ins = [ins] if isinstance(ins, Act) else ins
+        out = Map(self.g, [a.s for a in ins], fn, compute_bw=self.bw)
+        cols = out.stream.dtype.cols
+        stripes = next((a for a in ins if a.stripes), None)
+        return Act(out, cols, stripes.n if stripes else cols)
+
+    def pw(self, a: Act, kind: str, c: float = 0.0) -> Act:
+        return self.map(a, Pointwise(kind, c))
 
     # --- driver -----------------------------------------------------------------------------------------
     def run(self) -> Graph:
         for name in self.model.inputs:
-            self.val[name] = self.load_rows(name, self._float_shape(name, f"graph input {name!r}"))
+            self._float_shape(name, f"graph input {name!r}")
+            self.inputs.add(name)  # loaded on first use (a MatMul may read it with its own view instead)
         for node in self.model.nodes:
             handler = HANDLERS.get(node.op_type)
             if handler is None:
@@ -145,23 +206,26 @@ class Emitter:
     def store(self, name: str):
         if name not in self.val:
             raise FrontendError(f"graph output {name!r} is a constant or a graph input; nothing to compute")
-        s = self.val[name]
+        a = self.val[name]
+        s = a.s
         b, r, _ = groups_rows_cols(self.model.shapes[name])
-        if b > 1:  # (1, B * R/tm) -> (1, B, R/tm, 1): the store then writes a [B, R, N] tensor
+        if b > 1 and not a.stripes:  # (1, B * R/tm) -> (1, B, R/tm, 1): the store writes a [B, R, N] tensor
             s = Promote(self.g, Reshape(self.g, s, r // self.tm, 0), 0)
-        LinearOffChipStore(self.g, s, tensor_name=name)
+        elif b > 1:  # (1, B * R/tm, nt) -> (1, B, R/tm, nt)
+            s = Reshape(self.g, s, r // self.tm, 1)
+        LinearOffChipStore(self.g, s, tensor_name=name, par_dispatch=self.tiling.par_dispatch)
 
-    def const_or_act(self, node: Node, value: str, like: str):
-        """The stream of input ``value`` of an elementwise node whose activation operand is ``like``: the
-        activation itself, or a constant as a row vector or a full tensor. Scalars are handled by the caller."""
+    def const_or_act(self, node: Node, value: str, like: str) -> Act:
+        """Input ``value`` of an elementwise node whose activation operand is ``like``: the activation itself, or
+        a constant as a row vector or a full tensor, in ``like``'s layout. Scalars are handled by the caller."""
         if not self.model.is_const(value):
             return self.act(value, node)
         c = self.model.consts[value].astype(np.float32)
-        n, m = self.cols(like), self.tiles(like)
-        if c.size == n and all(d == 1 for d in c.shape[:-1]):
-            return self.row_vector(value, c, m)
+        a = self.act(like, node)
+        if c.size == a.n and all(d == 1 for d in c.shape[:-1]):
+            return self.row_vector(value, c, a)
         if tuple(c.shape) == tuple(self.model.shapes[like]):
-            return self.load_rows(value, c.shape, c)
+            return self.load(value, c.shape, a.tn, c)
         raise FrontendError(f"{node.describe()}: constant {value!r} of shape {list(c.shape)} broadcasts against "
                             f"{like!r} {list(self.model.shapes[like])} in a way that is not supported (scalars, "
                             f"row vectors of the last dim, or the same shape)")
@@ -216,6 +280,13 @@ _UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "S
 @handles(*_UNARY)
 def _unary(e: Emitter, node: Node):
     e.val[node.outputs[0]] = e.pw(e.act(node.inputs[0], node), _UNARY[node.op_type])
+
+
+@handles("Swish")
+def _swish(e: Emitter, node: Node):
+    if node.attrs.get("alpha", 1.0) != 1.0:
+        raise FrontendError(f"{node.describe()}: only alpha = 1 (SiLU) is supported, got {node.attrs['alpha']}")
+    e.val[node.outputs[0]] = e.map(e.act(node.inputs[0], node), Silu())
 
 
 @handles("Exp")
@@ -292,7 +363,7 @@ def _normalize(e: Emitter, node: Node, x, centered: bool):
     """``(x - mean) / sqrt(var + eps)`` (LayerNorm) or ``x / sqrt(mean(x^2) + eps)`` (RMSNorm), then the scale
     and bias (row vectors)."""
     _last_axis(e, node, [node.attrs.get("axis", -1)])
-    n, m = e.cols(node.inputs[0]), e.tiles(node.inputs[0])
+    n = e.cols(node.inputs[0])
     if centered:
         x = e.map([x, e.pw(e.map(x, RowSum()), "mul_c", 1.0 / n)], Sub())
     ms = e.pw(e.map(e.map([x, x], Mul()), RowSum()), "mul_c", 1.0 / n)
@@ -303,7 +374,7 @@ def _normalize(e: Emitter, node: Node, x, centered: bool):
             v = node.inputs[k]
             if not e.model.is_const(v):
                 raise FrontendError(f"{node.describe()}: the scale and bias must be initializers")
-            y = e.map([y, e.row_vector(v, e.model.consts[v].astype(np.float32), m)], fn())
+            y = e.map([y, e.row_vector(v, e.model.consts[v].astype(np.float32), y)], fn())
     e.val[node.outputs[0]] = y
 
 
@@ -330,19 +401,35 @@ def _matmul(e: Emitter, node: Node):
     weights = e.model.consts[w].astype(np.float32)
     k, n = weights.shape[::-1] if trans_b else weights.shape
     y = node.outputs[0]
-    tn = e.tiling.n_tile(node.name, n)
-    m, nt = e.tiles(a), n // tn
-    x = Promote(e.g, RepeatStatic(e.g, e.act(a, node), nt) if nt > 1 else Promote(e.g, e.act(a, node), 0), 0)
-    if trans_b:  # [N, K] stored: tile n is row block n
-        wl = LinearOffChipLoad(e.g, Tensor(w, (n, k), FP32, weights), (tn, k), (m, nt, 1), (0, 1, 0))
+    tn, _ = matmul_out_tile(e.model, e.tiling, node)
+    nt = n // tn
+    if e.tiling.reread_inputs and a in e.model.inputs and nt > 1 and (a, node.name) not in e.spilled:
+        # the graph input read from DRAM once per N tile (the hand-written layers' "mn_mk" schedule) instead of
+        # once and repeated on chip; MatMuls reading it alike share the load
+        b_, r_, _ = groups_rows_cols(e.model.shapes[a])
+        m, tk, kt = b_ * r_ // e.tm, k, 1
+        xs = e.load_view(Tensor(a, (r_, k) if b_ == 1 else (b_, r_, k), FP32), (e.tm, k), (m, nt, 1), (1, 0, 1))
     else:
-        wl = LinearOffChipLoad(e.g, Tensor(w, (k, n), FP32, weights), (k, tn), (m, nt, 1), (0, 1, nt))
-    prod = MapAccum(e.g, x, wl, Matmul(weight_transposed=trans_b), Zero(e.tm, tn), 1, compute_bw=e.bw)
-    if nt > 1:  # the retile converter (stepsim.frontend.converters): one row stripe
-        out = Accum(e.g, prod, RetileCol(), Empty(e.tm, 0), 1, compute_bw=0, out_dtype=Tile(FP32, e.tm, n))
-        e.converter_ops[node.name] = out
+        x = e.act(a, node)  # whole rows, unless this MatMul's N is one tile: then stripes are its K chunks
+        m, tk = e.tiles_of(x), x.tn
+        kt = k // tk
+        if x.stripes:  # (1, M, kt) -> (1, M, 1, kt): the K loop innermost, one N tile
+            xs = Reshape(e.g, x.s, 1, 1)
+        elif nt > 1:  # (1, M) -> (1, M, nt, 1): each row block once per N tile (on chip: one tile)
+            xs = Promote(e.g, RepeatStatic(e.g, x.s, nt), 0)
+        else:
+            xs = Promote(e.g, Promote(e.g, x.s, 0), 0)
+    # tile (k-chunk, n-tile) of the weight; tile numbers of the row-major tiled tensor
+    if trans_b:  # [N, K] stored
+        wl = LinearOffChipLoad(e.g, Tensor(w, (n, k), FP32, weights), (tn, tk), (m, nt, kt), (0, kt, 1),
+                               par_dispatch=e.tiling.par_dispatch)
     else:
-        out = Flatten(e.g, prod, 0, 1)
+        wl = LinearOffChipLoad(e.g, Tensor(w, (k, n), FP32, weights), (tk, tn), (m, nt, kt), (0, 1, nt),
+                               par_dispatch=e.tiling.par_dispatch)
+    # a K-chunked product accumulates a whole-N row block: too wide for a compute unit, it lives in a memory unit
+    prod = MapAccum(e.g, xs, wl, Matmul(weight_transposed=trans_b), Zero(e.tm, tn), 1, compute_bw=e.bw,
+                    write_back_mu=kt > 1)
+    out = Act(prod, tn, n) if nt > 1 else Act(Flatten(e.g, prod, 0, 1), n, n)
     alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
     if alpha != 1.0:
         out = e.pw(out, "mul_c", alpha)
@@ -352,7 +439,7 @@ def _matmul(e: Emitter, node: Node):
             raise FrontendError(f"{node.describe()}: the bias C must be an initializer")
         c = beta * c.astype(np.float32)
         out = e.pw(out, "add_c", scalar(c)) if c.size == 1 else e.map(
-            [out, e.row_vector(node.inputs[2], c, m)], Add())
+            [out, e.row_vector(node.inputs[2], c, out)], Add())
     e.val[y] = out
 
 
@@ -370,9 +457,10 @@ def _transpose(e: Emitter, node: Node):
     conv = e.conversions[node.name]
     x = node.inputs[0]
     b, r, _ = groups_rows_cols(e.model.shapes[x])
-    s = Reshape(e.g, e.act(x, node), r, 0)  # (1, B*R) -> (1, B, R): the producer's loops
+    s = Reshape(e.g, e.act(x, node).s, r, 0)  # (1, B*R) -> (1, B, R): the producer's loops
     producer = e.producer.get(x)
     out = convert(e.g, s, conv.producer, conv.consumer, producer_name=producer.name if producer else x,
                   consumer_name=node.name)
     e.converter_ops[node.name] = out
-    e.val[node.outputs[0]] = Flatten(e.g, out, 0, 1)
+    n = e.cols(x)
+    e.val[node.outputs[0]] = Act(Flatten(e.g, out, 0, 1), n, n)

@@ -1,6 +1,12 @@
-"""Pass 2: layout assignment. Every activation streams as *row tiles*: ``tile_m`` rows by the whole last dim,
-in row-major order (a 3-D value ``[B, S, N]`` as ``B`` groups of ``S / tile_m`` tiles); a MatMul produces
-``tile_m x tile_n`` tiles, ``n`` innermost, which the converter pass retiles into rows.
+"""Pass 2: layout assignment. Every activation streams ``tile_m`` rows at a time, in row-major order (a 3-D value
+``[B, S, N]`` as ``B`` groups of ``S / tile_m``); within a row block either as one *row tile* (``tile_m`` x the
+whole last dim ``N``; stream ``(1, M)``) or as *column stripes* (``tile_m x tn`` tiles, ``n`` innermost; stream
+``(1, M, N / tn)``), the layout a MatMul with ``tile_n < N`` produces.
+
+Stripes flow through elementwise ops and into a MatMul whose N is one tile, which takes them as its K chunks
+(the same tiles in the same order: compatible layouts, no converter); a consumer that needs whole rows
+(reductions, Softmax, norms, Transpose, a MatMul with several N tiles, a binary op whose operands' stripes
+differ) gets them from a retile converter (:mod:`stepsim.frontend.converters`).
 
 Shape ops that keep the last dim and the row order (Reshape, Flatten, Squeeze, Unsqueeze merging or splitting
 leading dims) are map rewrites: the stream is unchanged. A Transpose of leading dims with one-row tiles is a
@@ -35,12 +41,19 @@ class Tiling:
         ``{node name: tile_n}``.
     compute_bw : int
         FLOPs per cycle of each compute operator.
+    par_dispatch : int
+        Requests each off-chip load and store issues per cycle.
+    reread_inputs : bool
+        A MatMul with several N tiles reads a graph input from off-chip memory once per N tile (the hand-written
+        layers' schedule) instead of once, repeated on chip.
     """
 
     tile_m: int | None = None
     tile_n: int | None = None
     per_node: dict = field(default_factory=dict)
     compute_bw: int = DEFAULT_COMPUTE_BW
+    par_dispatch: int = 1
+    reread_inputs: bool = False
 
     def n_tile(self, node_name: str, n: int) -> int:
         tn = self.per_node.get(node_name, self.tile_n) or n
@@ -75,6 +88,61 @@ def matmul_layout(shape: tuple, tile_m: int, tile_n: int) -> Layout:
     b, r, n = groups_rows_cols(shape)
     return Layout((b, r, n), (1, tile_m, tile_n),
                   (Loop(0, b, 1), Loop(1, r // tile_m, tile_m), Loop(2, n // tile_n, tile_n)))
+
+
+#: ops whose input 0 must arrive as whole rows
+ROW_CONSUMERS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "Softmax", "LayerNormalization", "RMSNormalization",
+                           "SimplifiedLayerNormalization", "Transpose"})
+#: elementwise ops (output layout = input layout)
+ELEMENTWISE = frozenset({"Swish", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Neg", "Exp", "Reciprocal", "Gelu", "Identity",
+                         "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
+
+
+def matmul_out_tile(model: Model, tiling: Tiling, node) -> tuple[int, int]:
+    """``(tn, N)`` of a MatMul / Gemm node's output."""
+    n = model.shapes[node.outputs[0]][-1]
+    return tiling.n_tile(node.name, n), n
+
+
+def assign(model: Model, tiling: Tiling) -> dict:
+    """``{activation: tn}``: the column tile of every activation (its last dim ``N`` for row tiles), in node order
+    (module docstring)."""
+    tn = {v: model.shapes[v][-1] for v in model.inputs}
+    for node in model.nodes:
+        ins = [v for v in node.inputs[:2 if node.op_type in BINARY else 1] if v and not model.is_const(v)]
+        out = node.outputs[0]
+        cols = model.shapes[out][-1] if model.shapes[out] else 1
+        if node.op_type in ("MatMul", "Gemm"):
+            tn[out] = matmul_out_tile(model, tiling, node)[0]
+        elif node.op_type in ELEMENTWISE and ins:
+            tn[out] = tn.get(ins[0], cols)
+        elif node.op_type in BINARY and ins:
+            tn[out] = tn[ins[0]] if _same_stripes(model, tn, ins) else cols
+        else:
+            tn[out] = cols
+        for v in node.outputs[1:]:
+            tn[v] = model.shapes[v][-1] if model.shapes.get(v) else 1
+    return tn
+
+
+def needs_rows(model: Model, tiling: Tiling, tn: dict, node, index: int) -> bool:
+    """Whether ``node`` must read its input ``index`` as whole rows (a retile converter goes before it when that
+    input streams as stripes)."""
+    if node.op_type in ROW_CONSUMERS:
+        return index == 0
+    if node.op_type in ("MatMul", "Gemm"):
+        out_tn, n = matmul_out_tile(model, tiling, node)
+        return index == 0 and out_tn != n  # one N tile: the stripes are its K chunks
+    if node.op_type in BINARY:
+        return not _same_stripes(model, tn, [v for v in node.inputs[:2] if v and not model.is_const(v)])
+    return False
+
+
+def _same_stripes(model: Model, tn: dict, acts: list) -> bool:
+    """Whether the activation operands of a binary op can be combined tile by tile as they stream: one operand,
+    or two of the same last dim streaming the same column tiles."""
+    return len(acts) == 1 or (tn[acts[0]] == tn[acts[1]] and model.shapes[acts[0]][-1] == model.shapes[acts[1]][-1])
 
 
 def choose_tile_m(model: Model, tiling: Tiling) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepsim.frontend import converters, emit, fusion, layouts, shapes
+from stepsim.base.defaults import UNSET
+from stepsim.frontend import converters, emit, fusion, layouts, patterns, shapes
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
@@ -16,10 +17,12 @@ DEFAULT_HARDWARE = "step-eval"
 @dataclass(frozen=True)
 class FrontendReport:
     """What the lowering decided: ``tile_m`` (rows per activation tile), ``edges`` (each node-to-node edge:
-    fused or spilled, and why), ``converters`` (node name -> :class:`~stepsim.frontend.converters.Conversion`)
-    and ``converter_ops`` (node name -> the operator holding that converter's buffer)."""
+    fused or spilled, and why), ``tn`` (value -> column tile: its last dim for row tiles, less for stripes),
+    ``converters`` (a retiled value, or a Transpose node's name -> :class:`~stepsim.frontend.converters.Conversion`)
+    and ``converter_ops`` (the same keys -> the operator holding that converter's buffer)."""
 
     tile_m: int
+    tn: dict
     edges: tuple
     converters: dict
     converter_ops: dict
@@ -29,7 +32,7 @@ class FrontendReport:
 
 
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
-              dims: dict | None = None, fuse: bool = True, spill=()) -> Workload:
+              dims: dict | None = None, fuse: bool = True, spill=(), channel_depth=UNSET) -> Workload:
     """Lower an ONNX model to a STeP :class:`~stepsim.workloads.base.Workload` named ``onnx``.
 
     Parameters
@@ -45,20 +48,24 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str
         Values whose edges spill even when ``fuse`` is on.
+    channel_depth : int or None, optional
+        The workload's default FIFO depth (elements; None: unbounded); default the workloads' default.
 
     The result's ``frontend`` attribute is the :class:`FrontendReport`. Raises FrontendError (one line) for a
     malformed file, an unsupported operator (naming the node, its op type and the supported list) or a dynamic
     dim that is not bound; LayoutError when no converter can join two layouts.
     """
     tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
-    model = shapes.to_model(load_model(source), dims)
+    model = patterns.raise_patterns(shapes.to_model(load_model(source), dims))
     tile_m = layouts.choose_tile_m(model, tiling)
-    conversions = converters.plan(model, tiling, tile_m)
+    tn = layouts.assign(model, tiling)
+    conversions = converters.plan(model, tiling, tile_m, tn)
     edges = fusion.decide(model, fuse=fuse, spill=spill)
-    emitter = emit.Emitter(model, tiling, tile_m, conversions, edges)
+    emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
     graph = emitter.run()
-    report = FrontendReport(tile_m, tuple(edges), conversions, dict(emitter.converter_ops))
-    workload = Workload(name="onnx", graph=graph, hardware=hardware,
+    report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops))
+    depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
+    workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,
                                     compute_bw=tiling.compute_bw, fuse=fuse,
                                     spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled())))

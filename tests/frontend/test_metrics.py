@@ -65,11 +65,16 @@ def test_values_match_onnxruntime_with_spills():
           spill=("h2",))
 
 
-def test_the_retile_converter_holds_exactly_the_minimum_buffer():
+def test_stripes_feed_a_one_tile_matmul_directly_and_a_row_consumer_through_the_minimum_retile():
     w = from_onnx(mlp(), tiling={"tile_m": TILE_M, "tile_n": TILE_N})
-    conv = w.frontend.converters["fc1"]
-    assert conv.kind == "retile" and conv.buffer.bytes == TILE_M * F * 4  # one row stripe
+    # h1 leaves fc1 as 2 x 8 stripes, passes Relu as stripes and enters fc2 (N = D, one tile) as its K chunks
+    assert (w.frontend.tn["h1"], w.frontend.tn["h2"], w.frontend.tn["h3"]) == (TILE_N, TILE_N, D)
+    assert w.frontend.converters == {}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+             helper.make_node("Softmax", ["h1"], ["y"], name="softmax", axis=-1)]
+    m = model(nodes, {"x": [B, S, K]}, {"y": [B, S, F]}, {"w1": rand((K, F), 1, K ** -0.5)}, name="fc_softmax")
+    w, _, _ = check(m, {"x": rand((B, S, K), 4)}, K + F + 4, tiling={"tile_m": TILE_M, "tile_n": TILE_N})
+    conv = w.frontend.converters["h1"]
+    assert conv.kind == "retile" and conv.buffer.bytes == TILE_M * F * 4  # one row block
     assert conv.buffer == converter_buffer(conv.producer, conv.consumer)
-    assert w.frontend.converter_ops["fc1"].on_chip_bytes() == conv.buffer.bytes
-    # fc2's N is one tile: its output is already row tiles, no converter
-    assert set(w.frontend.converters) == {"fc1"}
+    assert w.frontend.converter_ops["h1"].on_chip_bytes() == conv.buffer.bytes

@@ -150,3 +150,21 @@ def test_transpose_of_leading_dims_is_one_converter():
     assert conv.kind == "reorder" and conv.buffer.bytes == 7 * N * 4
     part = next(op for op in w.graph if op.kind == "Partition")
     assert part.on_chip_bytes() == 7 * N * 4
+
+
+def test_silu_as_sigmoid_times_x_becomes_one_silu_map():
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
+    w, _, _ = check(model(nodes, X, Y, name="silu"), {"x": rand((R, N))}, 8)
+    maps = [op.fn for op in w.graph if op.kind == "Map"]
+    assert [type(f).__name__ for f in maps] == ["Silu"]
+
+
+def test_sigmoid_read_twice_is_not_rewritten():
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["m"]),
+             helper.make_node("Add", ["m", "s"], ["y"])]
+    w, _, _ = check(model(nodes, X, Y, name="silu_plus"), {"x": rand((R, N))}, 9)
+    assert sorted(type(op.fn).__name__ for op in w.graph if op.kind == "Map") == ["Add", "Mul", "Pointwise"]
+
+
+def test_swish_op():
+    check(one("Swish", attrs={"alpha": 1.0}, opset=24), {"x": rand((R, N))}, 8)
