@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepsim.base.defaults import UNSET
-from stepsim.frontend import converters, emit, fusion, layouts, patterns, shapes
+from stepsim.frontend import check, converters, emit, fusion, layouts, patterns, shapes
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
@@ -19,13 +19,17 @@ class FrontendReport:
     """What the lowering decided: ``tile_m`` (rows per activation tile), ``edges`` (each node-to-node edge:
     fused or spilled, and why), ``tn`` (value -> column tile: its last dim for row tiles, less for stripes),
     ``converters`` (a retiled value, or a Transpose node's name -> :class:`~stepsim.frontend.converters.Conversion`)
-    and ``converter_ops`` (the same keys -> the operator holding that converter's buffer)."""
+    and ``converter_ops`` (the same keys -> the operator holding that converter's buffer); ``chain_length``
+    (value -> the longest chain of fp32 operations behind it, for the check's tolerance) and ``proto`` (the
+    checked, dims-bound ONNX model, for the reference)."""
 
     tile_m: int
     tn: dict
     edges: tuple
     converters: dict
     converter_ops: dict
+    chain_length: dict
+    proto: object
 
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
@@ -56,14 +60,16 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     dim that is not bound; LayoutError when no converter can join two layouts.
     """
     tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
-    model = patterns.raise_patterns(shapes.to_model(load_model(source), dims))
+    proto = shapes.bind_dims(load_model(source), dims)
+    model = patterns.raise_patterns(shapes.to_model(proto))
     tile_m = layouts.choose_tile_m(model, tiling)
     tn = layouts.assign(model, tiling)
     conversions = converters.plan(model, tiling, tile_m, tn)
     edges = fusion.decide(model, fuse=fuse, spill=spill)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
     graph = emitter.run()
-    report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops))
+    report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
+                            check.chain_length(model), proto)
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,

@@ -14,11 +14,16 @@ from stepsim.frontend.ir import Model, Node
 from stepsim.frontend.load import onnx_module
 
 
-def to_model(proto, dims: dict | None = None) -> Model:
-    """The :class:`Model` of a checked ``onnx.ModelProto``: dims bound (``dims``: dim_param name -> size),
-    shapes inferred, constants folded. FrontendError (one line naming the node) when a shape stays unknown."""
+def bind_dims(proto, dims: dict | None = None):
+    """A copy of a checked ``onnx.ModelProto`` with its inputs' named dynamic dims set from ``dims`` (dim_param
+    name -> size); FrontendError naming the first reader of an input whose dim is not given."""
+    return _bind_dims(onnx_module(), proto, dict(dims or {}))
+
+
+def to_model(proto) -> Model:
+    """The :class:`Model` of a checked, dims-bound ``onnx.ModelProto`` (:func:`bind_dims`): shapes inferred,
+    constants folded. FrontendError (one line naming the node) when a shape stays unknown."""
     onnx = onnx_module()
-    proto = _bind_dims(onnx, proto, dict(dims or {}))
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:  # InferenceError and friends

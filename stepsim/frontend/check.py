@@ -1,0 +1,74 @@
+"""The functional check of a lowered model: its stored outputs against onnx's reference evaluator on the same
+inputs, within the fp32 tolerance of :func:`stepsim.workloads.reference.tolerance_for` whose ``n`` is the
+model's longest chain of fp32 operations (:func:`chain_length`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepsim.frontend.ir import Model, scalar
+from stepsim.frontend.load import onnx_module
+from stepsim.workloads.reference import OutputCheck, max_rel_error, tolerance_for
+
+#: fp32 operations per element of each elementwise op (Pointwise FLOPs: a transcendental counts 4, sigmoid and
+#: tanh 7, SiLU 8, GELU 8 (erf form) or 14 (tanh form)); binary ops count 1, Pow 4 (1 for a square)
+_ELEMENTWISE = {"Relu": 1, "Sigmoid": 7, "Tanh": 7, "Erf": 4, "Sqrt": 4, "Neg": 1, "Reciprocal": 1, "Exp": 4,
+                "Swish": 8, "Add": 1, "Sub": 1, "Mul": 1, "Div": 1, "Max": 0, "Min": 0}
+
+
+def node_length(model: Model, node) -> int:
+    """The fp32 operations ``node`` chains onto its inputs' (see the module docstring)."""
+    op, x = node.op_type, node.inputs[0] if node.inputs else ""
+    n = model.shapes[x][-1] if x and model.shapes.get(x) else 1
+    if op in ("MatMul", "Gemm"):
+        k = model.shapes[x][-1]
+        return k + (len(node.inputs) > 2 and bool(node.inputs[2])) + (node.attrs.get("alpha", 1.0) != 1.0)
+    if op in ("ReduceSum", "ReduceMean"):
+        return n + (op == "ReduceMean")
+    if op == "Softmax":
+        return n + 6  # subtract the max, exp (4), sum, divide
+    if op == "LayerNormalization":
+        return 2 * n + 13
+    if op in ("RMSNormalization", "SimplifiedLayerNormalization"):
+        return n + 11
+    if op == "Gelu":
+        return 8 if node.attrs.get("approximate", "none") in ("none", b"none") else 14
+    if op == "Pow":
+        c = model.consts.get(node.inputs[1])
+        return 1 if c is not None and scalar(c) == 2.0 else 4
+    return _ELEMENTWISE.get(op, 0)
+
+
+def chain_length(model: Model) -> dict:
+    """``{value: n}``: the longest chain of fp32 operations from the inputs to each value."""
+    depth = {v: 0 for v in model.inputs}
+    for node in model.nodes:
+        d = max((depth.get(v, 0) for v in node.inputs if v), default=0) + node_length(model, node)
+        for v in node.outputs:
+            depth[v] = d
+    return depth
+
+
+def reference_outputs(proto, inputs: dict) -> dict:
+    """The model's outputs on ``inputs`` (graph inputs by name) from onnx's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    onnx_module()
+    names = [o.name for o in proto.graph.output]
+    initializers = {t.name for t in proto.graph.initializer}
+    feeds = {i.name: np.asarray(inputs[i.name], np.float32).reshape([d.dim_value for d in
+                                                                      i.type.tensor_type.shape.dim])
+             for i in proto.graph.input if i.name not in initializers}
+    return dict(zip(names, ReferenceEvaluator(proto).run(names, feeds)))
+
+
+def check_outputs(workload, inputs: dict, outputs: dict) -> dict:
+    """``{output: OutputCheck}`` of a functional run of a lowered model (see the module docstring)."""
+    report = workload.frontend
+    expected = reference_outputs(report.proto, inputs)
+    checks = {}
+    for name, ref in expected.items():
+        tol = tolerance_for("fp32", report.chain_length[name])
+        err = max_rel_error(np.asarray(outputs[name]).reshape(ref.shape), ref)
+        checks[name] = OutputCheck(name, err, tol, err <= tol)
+    return checks
