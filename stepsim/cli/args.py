@@ -26,7 +26,7 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
     p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
                    help="moe | swiglu | attention | decoder | path/to/file.py:function (a function returning a "
-                        "stepsim Graph or Workload)")
+                        "stepsim Graph or Workload) | path/to/model.onnx (lowered by stepsim.frontend.from_onnx)")
     p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
                                    "a Hugging Face config.json path | custom (see stepsim models list)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
@@ -72,10 +72,10 @@ def _workload_argument(value: str) -> str:
     """A workload kind, or a user program ``path/to/file.py:function`` (argparse type of the positional)."""
     from stepsim.workloads.program.build import is_program_spec
 
-    if value in WORKLOADS[:-1] or is_program_spec(value):
+    if value in WORKLOADS[:-1] or is_program_spec(value) or value.endswith(".onnx"):
         return value
-    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])} or "
-                                     f"path/to/file.py:function)")
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])}, "
+                                     f"path/to/file.py:function or path/to/model.onnx)")
 
 
 def config_from_args(args: argparse.Namespace) -> dict:

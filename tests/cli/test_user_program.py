@@ -87,7 +87,7 @@ def test_bad_programs_are_one_line_errors(tmp_path, monkeypatch, capsys, args, m
     assert status == 2 and "Traceback" not in "\n".join(err)
     if message is None:
         assert err[-1] == ("stepsim run: error: argument WORKLOAD: invalid choice: 'funcs.py' (choose from moe, "
-                           "swiglu, attention, decoder or path/to/file.py:function)")
+                           "swiglu, attention, decoder, path/to/file.py:function or path/to/model.onnx)")
     else:
         assert err == [f"stepsim: error: {message}"]
 
