@@ -145,6 +145,11 @@ def _same_stripes(model: Model, tn: dict, acts: list) -> bool:
     return len(acts) == 1 or (tn[acts[0]] == tn[acts[1]] and model.shapes[acts[0]][-1] == model.shapes[acts[1]][-1])
 
 
+def stream_layout(shape: tuple, tile_m: int, tn: int) -> Layout:
+    """The layout of an activation streaming ``tn`` columns per tile (row tiles when ``tn`` is the last dim)."""
+    return row_layout(shape, tile_m) if tn == groups_rows_cols(shape)[2] else matmul_layout(shape, tile_m, tn)
+
+
 def choose_tile_m(model: Model, tiling: Tiling) -> int:
     """``tiling.tile_m``, checked against every activation's rows, or their gcd."""
     rows = {}

@@ -18,6 +18,7 @@ DEFAULT_HARDWARE = "step-eval"
 class FrontendReport:
     """What the lowering decided: ``tile_m`` (rows per activation tile), ``edges`` (each node-to-node edge:
     fused or spilled, and why), ``tn`` (value -> column tile: its last dim for row tiles, less for stripes),
+    ``layouts`` (value -> its stream's :class:`~stepsim.graph.layout.Layout`; :meth:`describe` shows them),
     ``converters`` (a retiled value, or a Transpose node's name -> :class:`~stepsim.frontend.converters.Conversion`)
     and ``converter_ops`` (the same keys -> the operator holding that converter's buffer); ``chain_length``
     (value -> the longest chain of fp32 operations behind it, for the check's tolerance) and ``proto`` (the
@@ -30,13 +31,27 @@ class FrontendReport:
     converter_ops: dict
     chain_length: dict
     proto: object
+    layouts: dict
 
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
 
+    def describe(self) -> str:
+        """The layout of every activation stream, the converters and each edge's fusion decision, one per line."""
+        width = max(map(len, self.layouts), default=0)
+        lines = [f"layouts (tile_m {self.tile_m}):"]
+        lines += [f"  {v:<{width}}  {lay}" for v, lay in self.layouts.items()]
+        lines.append("converters:" if self.converters else "converters: none")
+        lines += [f"  {k:<{width}}  {c.kind}, {c.buffer.bytes} B ({c.buffer.method}): {c.producer} -> {c.consumer}"
+                  for k, c in self.converters.items()]
+        lines.append("edges:")
+        lines += [f"  {e.value} -> {e.consumer}: {e.reason}" for e in self.edges]
+        return "\n".join(lines)
+
 
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
-              dims: dict | None = None, fuse: bool = True, spill=(), channel_depth=UNSET) -> Workload:
+              dims: dict | None = None, fuse: bool = True, spill=(), budget: int | None = None,
+              channel_depth=UNSET) -> Workload:
     """Lower an ONNX model to a STeP :class:`~stepsim.workloads.base.Workload` named ``onnx``.
 
     Parameters
@@ -52,6 +67,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str
         Values whose edges spill even when ``fuse`` is on.
+    budget : int, optional
+        Bytes of on-chip FIFO for fused edges (:mod:`stepsim.frontend.fusion`); default unlimited.
     channel_depth : int or None, optional
         The workload's default FIFO depth (elements; None: unbounded); default the workloads' default.
 
@@ -65,11 +82,14 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     tile_m = layouts.choose_tile_m(model, tiling)
     tn = layouts.assign(model, tiling)
     conversions = converters.plan(model, tiling, tile_m, tn)
-    edges = fusion.decide(model, fuse=fuse, spill=spill)
+    tile_bytes = {v: tile_m * t * 4 for v, t in tn.items()}
+    fifo_depth = 2 if channel_depth is UNSET or channel_depth is None else channel_depth
+    edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
     graph = emitter.run()
+    stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items()}
     report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
-                            check.chain_length(model), proto)
+                            check.chain_length(model), proto, stream_layouts)
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,

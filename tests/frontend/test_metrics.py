@@ -78,3 +78,35 @@ def test_stripes_feed_a_one_tile_matmul_directly_and_a_row_consumer_through_the_
     assert conv.kind == "retile" and conv.buffer.bytes == TILE_M * F * 4  # one row block
     assert conv.buffer == converter_buffer(conv.producer, conv.consumer)
     assert w.frontend.converter_ops["h1"].on_chip_bytes() == conv.buffer.bytes
+
+
+def test_fusion_under_an_on_chip_budget():
+    tiling = {"tile_m": TILE_M, "tile_n": TILE_N}
+    # FIFOs of 2 tiles: h1 and h2 stream 2 x 8 stripes (128 B), h3 2 x 8 rows (128 B); spilling h1 or h2 costs
+    # 2 * 1024 B, h3 2 * 256 B: h1 and h2 save more per FIFO byte
+    assert all(e.fused for e in from_onnx(mlp(), tiling=tiling).frontend.edges)
+    assert [e.fifo_bytes for e in from_onnx(mlp(), tiling=tiling).frontend.edges] == [128, 128, 128]
+    none = from_onnx(mlp(), tiling=tiling, budget=0)
+    assert [e.reason for e in none.frontend.edges] == [
+        "spilled: its FIFO (128 B) exceeds the on-chip budget left (0 B of 0 B)"] * 3
+    assert none.metrics()["off_chip_bytes"] == expected_off_chip({"h1", "h2", "h3"})
+    two = from_onnx(mlp(), tiling=tiling, budget=300)
+    assert [(e.value, e.fused) for e in two.frontend.edges] == [("h1", True), ("h2", True), ("h3", False)]
+    assert two.frontend.edges[2].reason == "spilled: its FIFO (128 B) exceeds the on-chip budget left (44 B of 300 B)"
+    assert two.metrics()["off_chip_bytes"] == expected_off_chip({"h3"})
+
+
+def test_the_report_shows_every_streams_layout_the_converters_and_the_edges():
+    w = from_onnx(mlp(), tiling={"tile_m": TILE_M, "tile_n": TILE_N}, spill=("h3",))
+    assert w.frontend.describe() == "\n".join([
+        "layouts (tile_m 2):",
+        "  x   Layout(tensor 2x4x16, tile 1x2x16, loops [d0:2x1, d1:2x2])",
+        "  h1  Layout(tensor 2x4x32, tile 1x2x8, loops [d0:2x1, d1:2x2, d2:4x8])",
+        "  h2  Layout(tensor 2x4x32, tile 1x2x8, loops [d0:2x1, d1:2x2, d2:4x8])",
+        "  h3  Layout(tensor 2x4x8, tile 1x2x8, loops [d0:2x1, d1:2x2])",
+        "  y   Layout(tensor 2x4x8, tile 1x2x8, loops [d0:2x1, d1:2x2])",
+        "converters: none",
+        "edges:",
+        "  h1 -> act: fused: the consumer takes the producer's stream",
+        "  h2 -> fc2: fused: the consumer takes the producer's stream",
+        "  h3 -> bias: spilled: named in spill="])
