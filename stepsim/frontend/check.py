@@ -53,19 +53,21 @@ def reference_outputs(proto, inputs: dict) -> dict:
     """The model's outputs on ``inputs`` (graph inputs by name) from onnx's reference evaluator."""
     from onnx.reference import ReferenceEvaluator
 
-    onnx_module()
     names = [o.name for o in proto.graph.output]
     initializers = {t.name for t in proto.graph.initializer}
-    feeds = {i.name: np.asarray(inputs[i.name], np.float32).reshape([d.dim_value for d in
-                                                                      i.type.tensor_type.shape.dim])
-             for i in proto.graph.input if i.name not in initializers}
+    onnx = onnx_module()
+    feeds = {}
+    for i in proto.graph.input:
+        if i.name not in initializers:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+            feeds[i.name] = np.asarray(inputs[i.name], dtype).reshape([d.dim_value for d in i.type.tensor_type.shape.dim])
     return dict(zip(names, ReferenceEvaluator(proto).run(names, feeds)))
 
 
 def check_outputs(workload, inputs: dict, outputs: dict) -> dict:
     """``{output: OutputCheck}`` of a functional run of a lowered model (see the module docstring)."""
     report = workload.frontend
-    expected = reference_outputs(report.proto, inputs)
+    expected = reference_outputs(report.proto, {**inputs, **report.bound})
     checks = {}
     for name, ref in expected.items():
         tol = tolerance_for("fp32", report.chain_length[name])

@@ -39,7 +39,7 @@ def plan(model: Model, tiling: Tiling, tile_m: int, tn: dict) -> dict:
     producers = model.producer()
     for node in model.nodes:
         for i, v in enumerate(node.inputs):
-            if not v or model.is_const(v) or v in out or tn[v] == model.shapes[v][-1]:
+            if not v or v not in tn or v in out or tn[v] == model.shapes[v][-1]:
                 continue
             if needs_rows(model, tiling, tn, node, i):
                 shape = model.shapes[v]

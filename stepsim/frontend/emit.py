@@ -34,12 +34,15 @@ from stepsim.graph import (
     MapAccum,
     Matmul,
     Max,
+    MetadataSource,
     Mul,
     Pointwise,
     Promote,
+    RandomOffChipLoad,
     RepeatStatic,
     Reshape,
     RetileCol,
+    RetileRow,
     RowMax,
     RowSum,
     Silu,
@@ -184,6 +187,8 @@ class Emitter:
     # --- driver -----------------------------------------------------------------------------------------
     def run(self) -> Graph:
         for name in self.model.inputs:
+            if name in self.model.bound:  # integer values given at lowering (token ids): not a loaded tensor
+                continue
             self._float_shape(name, f"graph input {name!r}")
             self.inputs.add(name)  # loaded on first use (a MatMul may read it with its own view instead)
         for node in self.model.nodes:
@@ -445,10 +450,29 @@ def _matmul(e: Emitter, node: Node):
 
 @handles("Gather")
 def _gather(e: Emitter, node: Node):
-    # a Gather whose table and indices are constants was folded (pass 1); embeddings of run-time token ids
-    # need the ids as a run-time address stream, which is not lowered yet
-    raise FrontendError(f"{node.describe()}: Gather is supported on constant tables with constant indices (folded); "
-                        f"run-time indices are not lowered yet")
+    """An embedding lookup: rows of a constant table at the token ids given at lowering (``values=``), one random
+    read of a ``1 x D`` tile per id, packed ``tile_m`` rows at a time (a retile of one row block)."""
+    table, ids = node.inputs[:2]
+    if not e.model.is_const(table) or e.model.consts[table].ndim != 2 or node.attrs.get("axis", 0) != 0 \
+            or ids not in e.model.bound:
+        raise FrontendError(f"{node.describe()}: supported is a Gather of rows (axis 0) of a 2-D initializer at "
+                            f"token ids given with from_onnx(..., values=...)")
+    data = e.model.consts[table].astype(np.float32)
+    v, d = data.shape
+    idx = e.model.bound[ids].reshape(-1)
+    if idx.min() < 0 or idx.max() >= v:
+        raise FrontendError(f"{node.describe()}: token id {int(idx.max() if idx.max() >= v else idx.min())} is "
+                            f"outside the table's {v} rows")
+    rows = RandomOffChipLoad(e.g, MetadataSource(e.g, idx), Tensor(table, (v, d), FP32, data), (1, d),
+                             par_dispatch=e.tiling.par_dispatch)
+    out = node.outputs[0]
+    if e.tm == 1:  # one-row tiles already
+        e.val[out] = Act(rows, d, d)
+        return
+    packed = Accum(e.g, Reshape(e.g, rows, e.tm, 0), RetileRow(), Empty(0, d), 1, compute_bw=0,
+                   out_dtype=Tile(FP32, e.tm, d), name=f"retile[{out}]")
+    e.converter_ops[out] = packed
+    e.val[out] = Act(packed, d, d)
 
 
 # --- layout-only ops -----------------------------------------------------------------------------------

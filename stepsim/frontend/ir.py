@@ -31,7 +31,8 @@ class Node:
 class Model:
     """A model with static shapes: ``nodes`` in topological order (constant subgraphs folded away), ``inputs`` /
     ``outputs`` (value names of the graph's inputs that are not initializers, and of its outputs), ``shapes``
-    (value -> tuple of ints, elements), ``consts`` (value -> numpy array: initializers and folded values)."""
+    (value -> tuple of ints, elements), ``consts`` (value -> numpy array: initializers and folded values) and
+    ``bound`` (graph input -> the integer values given at lowering, e.g. the token ids a Gather looks up)."""
 
     name: str
     nodes: list
@@ -39,6 +40,7 @@ class Model:
     outputs: list
     shapes: dict
     consts: dict
+    bound: dict = field(default_factory=dict)
 
     def producer(self) -> dict:
         """Value name -> the node producing it."""

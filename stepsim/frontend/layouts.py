@@ -108,7 +108,7 @@ def matmul_out_tile(model: Model, tiling: Tiling, node) -> tuple[int, int]:
 def assign(model: Model, tiling: Tiling) -> dict:
     """``{activation: tn}``: the column tile of every activation (its last dim ``N`` for row tiles), in node order
     (module docstring)."""
-    tn = {v: model.shapes[v][-1] for v in model.inputs}
+    tn = {v: model.shapes[v][-1] for v in model.inputs if v not in model.bound}
     for node in model.nodes:
         ins = [v for v in node.inputs[:2 if node.op_type in BINARY else 1] if v and not model.is_const(v)]
         out = node.outputs[0]
@@ -155,7 +155,7 @@ def choose_tile_m(model: Model, tiling: Tiling) -> int:
     rows = {}
     for node in model.nodes:
         for v in node.inputs + node.outputs:
-            if v and not model.is_const(v) and len(model.shapes[v]) >= 1:
+            if v and not model.is_const(v) and v not in model.bound and len(model.shapes[v]) >= 1:
                 try:
                     rows[v] = groups_rows_cols(model.shapes[v])[1]
                 except ValueError:

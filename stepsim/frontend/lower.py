@@ -22,7 +22,7 @@ class FrontendReport:
     ``converters`` (a retiled value, or a Transpose node's name -> :class:`~stepsim.frontend.converters.Conversion`)
     and ``converter_ops`` (the same keys -> the operator holding that converter's buffer); ``chain_length``
     (value -> the longest chain of fp32 operations behind it, for the check's tolerance) and ``proto`` (the
-    checked, dims-bound ONNX model, for the reference)."""
+    checked, dims-bound ONNX model, for the reference) and ``bound`` (the integer inputs' values given)."""
 
     tile_m: int
     tn: dict
@@ -32,6 +32,7 @@ class FrontendReport:
     chain_length: dict
     proto: object
     layouts: dict
+    bound: dict
 
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
@@ -50,7 +51,7 @@ class FrontendReport:
 
 
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
-              dims: dict | None = None, fuse: bool = True, spill=(), budget: int | None = None,
+              dims: dict | None = None, values: dict | None = None, fuse: bool = True, spill=(), budget: int | None = None,
               channel_depth=UNSET) -> Workload:
     """Lower an ONNX model to a STeP :class:`~stepsim.workloads.base.Workload` named ``onnx``.
 
@@ -63,6 +64,9 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
         Hardware preset of the workload.
     dims : dict, optional
         Sizes of the model's named dynamic input dims (``{"batch": 4}``).
+    values : dict, optional
+        Values of the model's integer inputs (``{"input_ids": array}``): the token ids an embedding Gather looks
+        up become the addresses of its reads, as a trace's values do.
     fuse : bool
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str
@@ -78,7 +82,7 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     """
     tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
     proto = shapes.bind_dims(load_model(source), dims)
-    model = patterns.raise_patterns(shapes.to_model(proto))
+    model = patterns.raise_patterns(shapes.to_model(proto, values))
     tile_m = layouts.choose_tile_m(model, tiling)
     tn = layouts.assign(model, tiling)
     conversions = converters.plan(model, tiling, tile_m, tn)
@@ -89,7 +93,7 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     graph = emitter.run()
     stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items()}
     report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
-                            check.chain_length(model), proto, stream_layouts)
+                            check.chain_length(model), proto, stream_layouts, dict(model.bound))
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,

@@ -20,9 +20,10 @@ def bind_dims(proto, dims: dict | None = None):
     return _bind_dims(onnx_module(), proto, dict(dims or {}))
 
 
-def to_model(proto) -> Model:
+def to_model(proto, values: dict | None = None) -> Model:
     """The :class:`Model` of a checked, dims-bound ``onnx.ModelProto`` (:func:`bind_dims`): shapes inferred,
-    constants folded. FrontendError (one line naming the node) when a shape stays unknown."""
+    constants folded; ``values`` (graph input -> integer array) are kept as the model's ``bound`` run-time values,
+    not folded. FrontendError (one line naming the node) when a shape stays unknown."""
     onnx = onnx_module()
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
@@ -55,13 +56,36 @@ def to_model(proto) -> Model:
             shapes[v] = tuple(np.asarray(a).shape)
     initializers = {t.name for t in graph.initializer}
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
-    model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts)
+    bound = _bound_values(graph, inputs, shapes, dict(values or {}))
+    model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts, bound)
     for node in nodes:
         for v in node.inputs + node.outputs:
             if v and v not in shapes:
                 raise FrontendError(f"{node.describe()}: the shape of {v!r} is not static after shape inference; "
                                     f"bind the model's dynamic dims with from_onnx(..., dims={{name: size}})")
     return model
+
+
+def _bound_values(graph, inputs: list, shapes: dict, values: dict) -> dict:
+    """``values`` checked against the graph's integer inputs (name, shape), as int64 arrays."""
+    ints = {vi.name for vi in graph.input if vi.type.tensor_type.elem_type in (6, 7)}  # INT32, INT64
+    out = {}
+    for name, v in values.items():
+        a = np.asarray(v)
+        if name not in inputs or name not in ints:
+            raise FrontendError(f"values: {name!r} is not an integer graph input of model {graph.name!r} (those: "
+                                f"{sorted(ints) or 'none'})")
+        if tuple(a.shape) != shapes.get(name) or not np.issubdtype(a.dtype, np.integer):
+            raise FrontendError(f"values: {name!r} must be integers of shape {list(shapes.get(name, ()))}, got "
+                                f"{a.dtype} {list(a.shape)}")
+        out[name] = a.astype(np.int64)
+    missing = sorted(ints - set(out))
+    if missing:
+        user = next((n for n in graph.node if missing[0] in n.input), None)
+        where = f"node {user.name or user.op_type!r} ({user.op_type})" if user else f"graph input {missing[0]!r}"
+        raise FrontendError(f"{where}: the integer input {missing[0]!r} is read at run time; give its values with "
+                            f"from_onnx(..., values={{{missing[0]!r}: array}})")
+    return out
 
 
 def _bind_dims(onnx, proto, dims: dict):

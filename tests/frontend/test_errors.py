@@ -64,8 +64,8 @@ def test_unsupported_forms_of_supported_ops():
     gather = model([helper.make_node("Gather", ["table", "ids"], ["y"], name="embed")], {"ids": [4]},
                    {"y": [4, 8]}, {"table": np.zeros((10, 8), np.float32)})
     gather.graph.input[0].type.tensor_type.elem_type = 7  # int64 token ids
-    assert lowering_error(gather) == ("node 'embed' (Gather): Gather is supported on constant tables with constant "
-                                      "indices (folded); run-time indices are not lowered yet")
+    assert lowering_error(gather) == ("node 'embed' (Gather): the integer input 'ids' is read at run time; give its "
+                                      "values with from_onnx(..., values={'ids': array})")
 
 
 def test_tile_sizes_that_do_not_divide():
