@@ -15,7 +15,17 @@ from dataclasses import dataclass
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
-from stepsim.frontend.layouts import Tiling, groups_rows_cols, matmul_layout, needs_rows, row_layout
+from stepsim.frontend.layouts import (
+    Tiling,
+    activation_matmul,
+    groups_rows_cols,
+    head_merge,
+    head_split,
+    matmul_layout,
+    needs_rows,
+    row_layout,
+    transpose_kind,
+)
 from stepsim.graph.layout import ConverterBuffer, Layout, Loop, converter_buffer
 
 
@@ -47,30 +57,46 @@ def plan(model: Model, tiling: Tiling, tile_m: int, tn: dict) -> dict:
                 name = producers[v].name if v in producers else v
                 out[v] = Conversion(name, v, "retile", p, c, converter_buffer(p, c, producer=name, consumer=node.name))
         if node.op_type == "Transpose" and not model.is_const(node.inputs[0]):
-            out[node.name] = _transpose(model, node, tile_m)
+            conv = _transpose(model, node, tile_m)
+            if conv is not None:
+                out[node.name] = conv
     return out
 
 
-def transpose_perm(model: Model, node) -> list:
-    shape = model.shapes[node.inputs[0]]
-    return list(node.attrs.get("perm", range(len(shape) - 1, -1, -1)))
-
-
-def _transpose(model: Model, node, tile_m: int) -> Conversion:
-    x = node.inputs[0]
+def _transpose(model: Model, node, tile_m: int) -> Conversion | None:
+    """The converter of a Transpose (None for a last-two-dims swap, which its MatMul reads transposed)."""
+    x, y = node.inputs[0], node.outputs[0]
     shape = model.shapes[x]
-    perm = transpose_perm(model, node)
-    if len(shape) != 3 or perm[-1] != 2 or tile_m != 1:
-        raise FrontendError(f"{node.describe()}: only a Transpose of the two leading dims of a 3-D activation with "
-                            f"one-row tiles (tile_m=1) streams on chip; got perm {perm} of shape {list(shape)} with "
-                            f"tile_m {tile_m}")
-    b, r, n = groups_rows_cols(shape)
-    p = Layout((b, r, n), (1, 1, n), (Loop(0, b, 1), Loop(1, r, 1)))
-    c = p if perm == [0, 1, 2] else Layout((b, r, n), (1, 1, n), (Loop(1, r, 1), Loop(0, b, 1)))
-    consumer = ", ".join(f"{v}" for v in node.outputs)
-    return Conversion(node.name, node.outputs[0], "reorder", p, c,
-                      converter_buffer(p, c, producer=node.name, consumer=consumer))
-
-
-def row_layout_of(model: Model, value: str, tile_m: int) -> Layout:
-    return row_layout(model.shapes[value], tile_m)
+    kind = transpose_kind(model, node)
+    producers, readers = model.producer(), model.consumers()
+    if kind == "swap":
+        bad = [n for n in readers.get(y, []) if not (activation_matmul(model, n) and n.inputs[1] == y)]
+        if bad or y in model.outputs:
+            raise FrontendError(f"{node.describe()}: a swap of the last two dims streams only into the right operand "
+                                f"of a MatMul of two activations (it is read transposed)")
+        return None
+    if kind == "heads":
+        b, s_, h, hd = shape if x in producers and head_split(model, producers[x]) else (
+            shape[0], shape[2], shape[1], shape[3])
+        if s_ % tile_m:
+            raise FrontendError(f"{node.describe()}: tile_m {tile_m} does not divide the sequence of {s_}")
+        by_head = (Loop(0, b, 1), Loop(1, h, 1), Loop(2, s_ // tile_m, tile_m))  # [B, H, S, hd] row-major
+        by_row = (Loop(0, b, 1), Loop(2, s_ // tile_m, tile_m), Loop(1, h, 1))  # row blocks, heads inside
+        split = x in producers and head_split(model, producers[x]) is not None
+        merge = all(head_merge(model, n) for n in readers.get(y, [])) and readers.get(y)
+        if not (split or merge):
+            raise FrontendError(f"{node.describe()}: a [B, S, H, hd] <-> [B, H, S, hd] Transpose streams on chip "
+                                f"after a head-splitting Reshape or before a head-merging one")
+        tensor, tile = (b, h, s_, hd), (1, 1, tile_m, hd)
+        p, c = (Layout(tensor, tile, by_row), Layout(tensor, tile, by_head)) if split else (
+            Layout(tensor, tile, by_head), Layout(tensor, tile, by_row))
+        return Conversion(node.name, y, "reorder", p, c, converter_buffer(p, c, producer=node.name, consumer=y))
+    if kind == "leading" and tile_m == 1:
+        b, r, n = groups_rows_cols(shape)
+        p = Layout((b, r, n), (1, 1, n), (Loop(0, b, 1), Loop(1, r, 1)))
+        c = Layout((b, r, n), (1, 1, n), (Loop(1, r, 1), Loop(0, b, 1)))
+        return Conversion(node.name, y, "reorder", p, c, converter_buffer(p, c, producer=node.name, consumer=y))
+    perm = list(node.attrs.get("perm", range(len(shape) - 1, -1, -1)))
+    raise FrontendError(f"{node.describe()}: perm {perm} of shape {list(shape)} does not stream on chip; supported: "
+                        f"the last two dims (a MatMul's right operand), [B, S, H, hd] <-> [B, H, S, hd] around a head "
+                        f"split or merge, the two leading dims of a 3-D value with tile_m=1")

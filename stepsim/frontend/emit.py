@@ -17,7 +17,16 @@ import numpy as np
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model, Node, scalar
-from stepsim.frontend.layouts import Tiling, groups_rows_cols, matmul_out_tile, needs_rows
+from stepsim.frontend.layouts import (
+    Tiling,
+    activation_matmul,
+    groups_rows_cols,
+    head_merge,
+    head_split,
+    matmul_out_tile,
+    needs_rows,
+    transpose_kind,
+)
 from stepsim.graph import (
     FP32,
     Accum,
@@ -78,6 +87,8 @@ class Act:
     s: object
     tn: int
     n: int
+    #: a ``[.., S, H, hd]`` head view: the stream is the ``hd``-wide stripes of ``[.., S, H * hd]``
+    merged: bool = False
 
     @property
     def stripes(self) -> bool:
@@ -102,6 +113,7 @@ class Emitter:
         self.converter_ops: dict = {}  # conversion key -> the operator holding that converter's buffer
         self.inputs: set = set()  # graph inputs not loaded yet
         self.loads: dict = {}  # (tensor, tile, view) -> its load: one load per distinct read, shared
+        self.swapped: set = set()  # values that are a last-two-dims swap of their Transpose's input
 
     # --- streams -----------------------------------------------------------------------------------------
     def tiles(self, value: str) -> int:
@@ -122,7 +134,8 @@ class Emitter:
             raise FrontendError(f"{node.describe()}: input {value!r} is neither a graph input, an initializer nor "
                                 f"the output of an earlier node")
         a = self.val[value]
-        if a.stripes and needs_rows(self.model, self.tiling, self.tn, node, node.inputs.index(value)):
+        if a.stripes and not a.merged and needs_rows(self.model, self.tiling, self.tn, node,
+                                                     node.inputs.index(value)):
             a = self.retiled(value)
         if (value, node.name) in self.spilled:
             b = Bufferize(self.g, Promote(self.g, a.s, 0), 1, off_chip=True, name=f"spill_write[{value}->{node.name}]")
@@ -189,7 +202,6 @@ class Emitter:
         for name in self.model.inputs:
             if name in self.model.bound:  # integer values given at lowering (token ids): not a loaded tensor
                 continue
-            self._float_shape(name, f"graph input {name!r}")
             self.inputs.add(name)  # loaded on first use (a MatMul may read it with its own view instead)
         for node in self.model.nodes:
             handler = HANDLERS.get(node.op_type)
@@ -199,14 +211,6 @@ class Emitter:
         for name in self.model.outputs:
             self.store(name)
         return self.g
-
-    def _float_shape(self, name: str, what: str) -> tuple:
-        shape = self.model.shapes[name]
-        try:
-            groups_rows_cols(shape)
-        except ValueError:
-            raise FrontendError(f"{what} has shape {list(shape)}; supported are 1-D to 3-D activations") from None
-        return shape
 
     def store(self, name: str):
         if name not in self.val:
@@ -231,6 +235,11 @@ class Emitter:
             return self.row_vector(value, c, a)
         if tuple(c.shape) == tuple(self.model.shapes[like]):
             return self.load(value, c.shape, a.tn, c)
+        g, r, n = groups_rows_cols(self.model.shapes[like])
+        if c.size == r * n and c.shape[-2:] == (r, n) and not a.stripes:  # one [R, N] for every group: a mask
+            load = self.load_view(Tensor(value, (r, n), FP32, c.reshape(r, n)), (self.tm, n), (g, r // self.tm),
+                                  (0, 1))
+            return Act(Flatten(self.g, load, 0, 1), n, n)
         raise FrontendError(f"{node.describe()}: constant {value!r} of shape {list(c.shape)} broadcasts against "
                             f"{like!r} {list(self.model.shapes[like])} in a way that is not supported (scalars, "
                             f"row vectors of the last dim, or the same shape)")
@@ -323,6 +332,18 @@ def _same_stream(e: Emitter, node: Node):
     if node.op_type == "Cast" and node.attrs.get("to") != 1:  # TensorProto.FLOAT
         raise FrontendError(f"{node.describe()}: casts to element type {node.attrs.get('to')} are not supported "
                             f"(fp32 activations only)")
+    if head_split(e.model, node):  # the producer streams one hd-wide stripe per head: a view
+        a = e.act(x, node)
+        heads, hd = head_split(e.model, node)
+        if a.tn != hd:
+            raise FrontendError(f"{node.describe()}: splitting into {heads} heads of {hd} needs its input to stream "
+                                f"{hd}-wide stripes (its MatMul's tile_n = {hd}), got {a.tn}")
+        e.val[y] = Act(a.s, hd, a.n, merged=True)
+        return
+    if head_merge(e.model, node) and e.val.get(x, Act(None, 0, 0)).merged:  # heads' stripes: the merged value's
+        a = e.act(x, node)
+        e.val[y] = Act(a.s, a.tn, a.n)
+        return
     sx, sy = e.model.shapes[x], e.model.shapes[y]
     gx, gy = groups_rows_cols(sx), groups_rows_cols(sy)
     if gx[2] != gy[2] or gx[0] * gx[1] != gy[0] * gy[1] or gy[1] % e.tm:
@@ -400,9 +421,12 @@ def _matmul(e: Emitter, node: Node):
     trans_b = bool(node.attrs.get("transB", 0))
     if node.attrs.get("transA", 0):
         raise FrontendError(f"{node.describe()}: transA=1 is not supported")
+    if activation_matmul(e.model, node) and not e.model.is_const(a):
+        _matmul_activations(e, node)
+        return
     if e.model.is_const(a) or not e.model.is_const(w) or e.model.consts[w].ndim != 2:
-        raise FrontendError(f"{node.describe()}: supported is an activation times a 2-D initializer (weights); a "
-                            f"product of two activations (attention scores) is not lowered yet")
+        raise FrontendError(f"{node.describe()}: supported is an activation times a 2-D initializer (weights) or "
+                            f"times another activation")
     weights = e.model.consts[w].astype(np.float32)
     k, n = weights.shape[::-1] if trans_b else weights.shape
     y = node.outputs[0]
@@ -448,6 +472,31 @@ def _matmul(e: Emitter, node: Node):
     e.val[y] = out
 
 
+def _matmul_activations(e: Emitter, node: Node):
+    """``A @ B`` of two activations with the same groups (batch x heads): B is packed into one tile per group (the
+    reuse buffer, ``rows x cols`` of B) and repeated for each row block of A; B may be a last-two-dims swap,
+    read transposed."""
+    a, b = node.inputs[:2]
+    ga, ra, _ = groups_rows_cols(e.model.shapes[a])
+    gb, rb, cb = groups_rows_cols(e.model.shapes[b])
+    trans = b in e.swapped
+    src_rows, src_cols = (cb, rb) if trans else (rb, cb)  # B's stream: rows of its Transpose's input
+    if ga != gb:
+        raise FrontendError(f"{node.describe()}: operands {list(e.model.shapes[a])} and {list(e.model.shapes[b])} "
+                            f"must have the same leading dims (no broadcasting of the right operand)")
+    x, bs = e.act(a, node), e.act(b, node)
+    packed = bs.s
+    if src_rows > e.tm:  # (1, G * rows/tm) -> (1, G, rows/tm) -> (1, G) of one [rows, cols] tile per group
+        packed = Accum(e.g, Reshape(e.g, bs.s, src_rows // e.tm, 0), RetileRow(), Empty(0, src_cols), 1,
+                       compute_bw=0, out_dtype=Tile(FP32, src_rows, src_cols), name=f"pack[{b}->{node.name}]")
+    m_per_group = ra // e.tm
+    if m_per_group > 1:  # (1, G) -> (1, G, M_g) -> (1, G * M_g): each group's tile once per row block of A
+        packed = Flatten(e.g, RepeatStatic(e.g, packed, m_per_group), 0, 1)
+    n = e.model.shapes[node.outputs[0]][-1]
+    e.val[node.outputs[0]] = e.map([x, Act(packed, src_cols, src_cols)], Matmul(weight_transposed=trans))
+    assert e.val[node.outputs[0]].n == n
+
+
 @handles("Gather")
 def _gather(e: Emitter, node: Node):
     """An embedding lookup: rows of a constant table at the token ids given at lowering (``values=``), one random
@@ -478,13 +527,32 @@ def _gather(e: Emitter, node: Node):
 # --- layout-only ops -----------------------------------------------------------------------------------
 @handles("Transpose")
 def _transpose(e: Emitter, node: Node):
+    x, y = node.inputs[0], node.outputs[0]
+    kind = transpose_kind(e.model, node)
+    if kind == "swap":  # read transposed by its MatMul (converters.plan checked the readers)
+        e.val[y] = e.act(x, node)
+        e.swapped.add(y)
+        return
     conv = e.conversions[node.name]
-    x = node.inputs[0]
-    b, r, _ = groups_rows_cols(e.model.shapes[x])
-    s = Reshape(e.g, e.act(x, node).s, r, 0)  # (1, B*R) -> (1, B, R): the producer's loops
+    a = e.act(x, node)
     producer = e.producer.get(x)
-    out = convert(e.g, s, conv.producer, conv.consumer, producer_name=producer.name if producer else x,
-                  consumer_name=node.name)
+    names = dict(producer_name=producer.name if producer else x, consumer_name=node.name)
+    if kind == "leading":
+        b, r, _ = groups_rows_cols(e.model.shapes[x])
+        out = convert(e.g, Reshape(e.g, a.s, r, 0), conv.producer, conv.consumer, **names)  # (1, B, R) -> (1, R, B)
+        e.val[y] = Act(Flatten(e.g, out, 0, 1), a.n, a.n)
+    elif conv.buffer.method == "compatible":  # one row block per sequence: (1, B, H) either way, no buffer
+        h = conv.producer.shape[1]
+        e.val[y] = (Act(Flatten(e.g, a.s, 0, 1), a.tn, a.tn) if a.merged else
+                    Act(Reshape(e.g, a.s, h, 0), a.tn, a.tn * h, merged=True))
+        return
+    elif a.merged:  # [B, S, H, hd] -> [B, H, S, hd]: (1, B*Sm, H) -> (1, B, Sm, H) -> (1, B, H, Sm) -> rows
+        sm = conv.producer.trips[1]
+        out = convert(e.g, Reshape(e.g, a.s, sm, 1), conv.producer, conv.consumer, **names)
+        e.val[y] = Act(Flatten(e.g, out, 0, 2), a.tn, a.tn)
+    else:  # [B, H, S, hd] rows -> [B, S, H, hd]: (1, B*H*Sm) -> (1, B, H, Sm) -> (1, B, Sm, H) -> (1, B*Sm, H)
+        h, sm = conv.producer.shape[1], conv.producer.trips[2]
+        s = Reshape(e.g, Reshape(e.g, a.s, sm, 0), h, 1)
+        out = convert(e.g, s, conv.producer, conv.consumer, **names)
+        e.val[y] = Act(Flatten(e.g, out, 1, 2), a.tn, a.tn * h, merged=True)
     e.converter_ops[node.name] = out
-    n = e.cols(x)
-    e.val[node.outputs[0]] = Act(Flatten(e.g, out, 0, 1), n, n)

@@ -63,18 +63,14 @@ class Tiling:
 
 
 def groups_rows_cols(shape: tuple) -> tuple[int, int, int]:
-    """``(groups, rows, cols)`` of an activation: ``[N]`` -> (1, 1, N), ``[R, N]`` -> (1, R, N), ``[B, S, N]`` ->
-    (B, S, N); higher ranks with leading 1s are squeezed."""
+    """``(groups, rows, cols)`` of an activation: ``[N]`` -> (1, 1, N), ``[R, N]`` -> (1, R, N), ``[..., S, N]``
+    -> (product of the leading dims, S, N) (a batch, or batch x heads)."""
     shape = tuple(shape)
-    while len(shape) > 3 and shape[0] == 1:
-        shape = shape[1:]
+    if len(shape) == 0:
+        return 1, 1, 1
     if len(shape) == 1:
         return 1, 1, shape[0]
-    if len(shape) == 2:
-        return 1, shape[0], shape[1]
-    if len(shape) == 3:
-        return shape
-    raise ValueError(f"rank {len(shape)}")
+    return math.prod(shape[:-2]), shape[-2], shape[-1]
 
 
 def row_layout(shape: tuple, tile_m: int) -> Layout:
@@ -99,6 +95,80 @@ ELEMENTWISE = frozenset({"Swish", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Neg
 BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
 
 
+def head_split(model: Model, node) -> tuple[int, int] | None:
+    """``(H, hd)`` if ``node`` is a Reshape splitting the last dim into heads, ``[.., S, H*hd] -> [.., S, H, hd]``."""
+    if node.op_type != "Reshape":
+        return None
+    sx, sy = model.shapes[node.inputs[0]], model.shapes[node.outputs[0]]
+    if len(sy) == len(sx) + 1 and sy[:-2] == sx[:-1] and sy[-2] * sy[-1] == sx[-1] and sy[-2] > 1:
+        return sy[-2], sy[-1]
+    return None
+
+
+def head_merge(model: Model, node) -> tuple[int, int] | None:
+    """``(H, hd)`` if ``node`` is a Reshape merging heads into the last dim, ``[.., S, H, hd] -> [.., S, H*hd]``."""
+    if node.op_type != "Reshape":
+        return None
+    sx, sy = model.shapes[node.inputs[0]], model.shapes[node.outputs[0]]
+    if len(sx) == len(sy) + 1 and sx[:-2] == sy[:-1] and sx[-2] * sx[-1] == sy[-1] and sx[-2] > 1:
+        return sx[-2], sx[-1]
+    return None
+
+
+def head_tiles(model: Model) -> dict:
+    """``{MatMul node: hd}``: a MatMul whose output is split into heads (through elementwise ops, e.g. its bias)
+    streams ``hd``-wide stripes, one per head, so the split needs no data movement."""
+    producers = model.producer()
+    forced = {}
+    for node in model.nodes:
+        heads = head_split(model, node)
+        v = node.inputs[0]
+        while heads and v in producers:
+            p = producers[v]
+            if p.op_type in ("MatMul", "Gemm"):
+                forced[p.name] = heads[1]
+                break
+            acts = [u for u in p.inputs[:2] if u and not model.is_const(u)]
+            if p.op_type not in ELEMENTWISE | BINARY or len(acts) != 1:
+                break
+            v = acts[0]
+    return forced
+
+
+def transpose_kind(model: Model, node) -> str:
+    """``"swap"`` (the last two dims: a MatMul's right operand read transposed), ``"heads"`` (``[B, S, H, hd]``
+    <-> ``[B, H, S, hd]``), ``"leading"`` (the two leading dims of a 3-D value) or ``"other"``."""
+    shape = model.shapes[node.inputs[0]]
+    r = len(shape)
+    perm = list(node.attrs.get("perm", range(r - 1, -1, -1)))
+    if r >= 2 and perm == list(range(r - 2)) + [r - 1, r - 2]:
+        return "swap"
+    if perm == [0, 2, 1, 3]:
+        return "heads"
+    if perm == [1, 0, 2]:
+        return "leading"
+    return "other"
+
+
+def views(model: Model) -> set:
+    """Values that never stream in their own shape: a head split's ``[B, S, H, hd]`` (the stripes of its input),
+    the ``[B, S, H, hd]`` a head merge reads, and a last-two-dims swap (its MatMul reads the input transposed)."""
+    out = set()
+    for node in model.nodes:
+        if head_split(model, node):
+            out.add(node.outputs[0])
+        elif head_merge(model, node):
+            out.add(node.inputs[0])
+        elif node.op_type == "Transpose" and transpose_kind(model, node) == "swap":
+            out.add(node.outputs[0])
+    return out
+
+
+def activation_matmul(model: Model, node) -> bool:
+    """A MatMul of two activations (attention scores, or attention probabilities times values)."""
+    return node.op_type == "MatMul" and not model.is_const(node.inputs[1])
+
+
 def matmul_out_tile(model: Model, tiling: Tiling, node) -> tuple[int, int]:
     """``(tn, N)`` of a MatMul / Gemm node's output."""
     n = model.shapes[node.outputs[0]][-1]
@@ -113,7 +183,9 @@ def assign(model: Model, tiling: Tiling) -> dict:
         ins = [v for v in node.inputs[:2 if node.op_type in BINARY else 1] if v and not model.is_const(v)]
         out = node.outputs[0]
         cols = model.shapes[out][-1] if model.shapes[out] else 1
-        if node.op_type in ("MatMul", "Gemm"):
+        if activation_matmul(model, node):
+            tn[out] = cols
+        elif node.op_type in ("MatMul", "Gemm"):
             tn[out] = matmul_out_tile(model, tiling, node)[0]
         elif node.op_type in ELEMENTWISE and ins:
             tn[out] = tn.get(ins[0], cols)
@@ -131,6 +203,8 @@ def needs_rows(model: Model, tiling: Tiling, tn: dict, node, index: int) -> bool
     input streams as stripes)."""
     if node.op_type in ROW_CONSUMERS:
         return index == 0
+    if activation_matmul(model, node):
+        return True  # the left operand row by row, the right one packed per group
     if node.op_type in ("MatMul", "Gemm"):
         out_tn, n = matmul_out_tile(model, tiling, node)
         return index == 0 and out_tn != n  # one N tile: the stripes are its K chunks
@@ -150,17 +224,26 @@ def stream_layout(shape: tuple, tile_m: int, tn: int) -> Layout:
     return row_layout(shape, tile_m) if tn == groups_rows_cols(shape)[2] else matmul_layout(shape, tile_m, tn)
 
 
+def default_depth(model: Model, tile_m: int) -> int | None:
+    """The FIFO depth (elements) a lowered model runs with unless told otherwise: with attention, twice the most
+    row blocks of any activation's group, since an edge that bypasses it (the residual) holds a whole sequence
+    while the attention packs that sequence's keys and values; without, None (the workloads' default)."""
+    if not any(activation_matmul(model, n) for n in model.nodes):
+        return None
+    skip = views(model)
+    blocks = [groups_rows_cols(model.shapes[v])[1] // tile_m for n in model.nodes for v in n.inputs + n.outputs
+              if v and not model.is_const(v) and v not in model.bound and v not in skip]
+    return max(2, 2 * max(blocks))
+
+
 def choose_tile_m(model: Model, tiling: Tiling) -> int:
     """``tiling.tile_m``, checked against every activation's rows, or their gcd."""
     rows = {}
+    skip = views(model)
     for node in model.nodes:
         for v in node.inputs + node.outputs:
-            if v and not model.is_const(v) and v not in model.bound and len(model.shapes[v]) >= 1:
-                try:
-                    rows[v] = groups_rows_cols(model.shapes[v])[1]
-                except ValueError:
-                    raise FrontendError(f"{node.describe()}: value {v!r} of shape {list(model.shapes[v])} has more "
-                                        f"than 3 dims; supported are 1-D to 3-D activations") from None
+            if v and not model.is_const(v) and v not in model.bound and v not in skip:
+                rows[v] = groups_rows_cols(model.shapes[v])[1]
     if tiling.tile_m is None:
         return math.gcd(*rows.values()) if rows else 1
     bad = next((v for v, r in rows.items() if r % tiling.tile_m), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from stepsim.base.defaults import UNSET
@@ -74,7 +75,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     budget : int, optional
         Bytes of on-chip FIFO for fused edges (:mod:`stepsim.frontend.fusion`); default unlimited.
     channel_depth : int or None, optional
-        The workload's default FIFO depth (elements; None: unbounded); default the workloads' default.
+        The workload's default FIFO depth (elements; None: unbounded); default the workloads' default, deeper
+        with attention (:func:`stepsim.frontend.layouts.default_depth`).
 
     The result's ``frontend`` attribute is the :class:`FrontendReport`. Raises FrontendError (one line) for a
     malformed file, an unsupported operator (naming the node, its op type and the supported list) or a dynamic
@@ -83,15 +85,21 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
     proto = shapes.bind_dims(load_model(source), dims)
     model = patterns.raise_patterns(shapes.to_model(proto, values))
+    forced = layouts.head_tiles(model)  # head splits fix their MatMul's tile_n (a user's per_node wins)
+    if forced:
+        tiling = dataclasses.replace(tiling, per_node={**forced, **tiling.per_node})
     tile_m = layouts.choose_tile_m(model, tiling)
     tn = layouts.assign(model, tiling)
     conversions = converters.plan(model, tiling, tile_m, tn)
+    if channel_depth is UNSET and layouts.default_depth(model, tile_m) is not None:
+        channel_depth = layouts.default_depth(model, tile_m)
     tile_bytes = {v: tile_m * t * 4 for v, t in tn.items()}
     fifo_depth = 2 if channel_depth is UNSET or channel_depth is None else channel_depth
     edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
     graph = emitter.run()
-    stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items()}
+    skip = layouts.views(model)
+    stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items() if v not in skip}
     report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
                             check.chain_length(model), proto, stream_layouts, dict(model.bound))
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}

@@ -52,9 +52,9 @@ def test_malformed_and_missing_files(tmp_path):
 
 
 def test_unsupported_forms_of_supported_ops():
-    two = one("MatMul", {"x": [4, 8], "z": [8, 4]}, {"y": [4, 4]}, name="qk")
-    assert lowering_error(two) == ("node 'qk' (MatMul): supported is an activation times a 2-D initializer "
-                                   "(weights); a product of two activations (attention scores) is not lowered yet")
+    two = one("MatMul", {"x": [2, 4, 8], "z": [8, 4]}, {"y": [2, 4, 4]}, name="qk")
+    assert lowering_error(two) == ("node 'qk' (MatMul): operands [2, 4, 8] and [8, 4] must have the same leading "
+                                   "dims (no broadcasting of the right operand)")
     pow_base = model([helper.make_node("Pow", ["c", "x"], ["y"], name="p")], {"x": [4, 8]}, {"y": [4, 8]},
                      {"c": np.array(2.0, np.float32)})
     assert lowering_error(pow_base) == "node 'p' (Pow): a constant base of Pow is not supported"
