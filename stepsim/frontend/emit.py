@@ -10,6 +10,7 @@ written and read back once each (``2 x`` its bytes of traffic) while the values 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -139,8 +140,8 @@ class Emitter:
             a = self.retiled(value)
         if (value, node.name) in self.spilled:
             b = Bufferize(self.g, Promote(self.g, a.s, 0), 1, off_chip=True, name=f"spill_write[{value}->{node.name}]")
-            a = Act(Flatten(self.g, Streamify(self.g, b, [1], 1, off_chip=True,
-                                              name=f"spill_read[{value}->{node.name}]"), 0, 2), a.tn, a.n)
+            read = Streamify(self.g, b, [1], 1, off_chip=True, name=f"spill_read[{value}->{node.name}]")
+            a = dataclasses.replace(a, s=Flatten(self.g, read, 0, 2))
         return a
 
     def retiled(self, value: str) -> Act:
@@ -207,7 +208,10 @@ class Emitter:
             handler = HANDLERS.get(node.op_type)
             if handler is None:
                 raise FrontendError(f"{node.describe()}: unsupported operator; supported: {supported_ops()}")
+            first = len(self.g.ops)
             handler(self, node)
+            for op in self.g.ops[first:]:  # metrics per ONNX node (and per layer: stepsim.frontend.layers)
+                op.group = ("node", node.name)
         for name in self.model.outputs:
             self.store(name)
         return self.g

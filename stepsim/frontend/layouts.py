@@ -36,7 +36,8 @@ class Tiling:
         Rows per activation tile (elements); it must divide the rows of every activation (the second-to-last dim
         of a 3-D one). Default: the gcd of those row counts.
     tile_n : int or None
-        Columns per MatMul output tile (elements); default the whole N. ``per_node`` overrides it per MatMul.
+        Columns per MatMul output tile (elements), at most a MatMul's N; default the whole N. ``per_node``
+        overrides it per MatMul.
     per_node : dict
         ``{node name: tile_n}``.
     compute_bw : int
@@ -57,6 +58,8 @@ class Tiling:
 
     def n_tile(self, node_name: str, n: int) -> int:
         tn = self.per_node.get(node_name, self.tile_n) or n
+        if node_name not in self.per_node and tn > n:  # the global tile_n caps at a narrower MatMul's N
+            tn = n
         if n % tn:
             raise FrontendError(f"node {node_name!r} (MatMul): tile_n {tn} does not divide N = {n}")
         return tn
