@@ -17,7 +17,7 @@ import sys
 import warnings
 
 from stepsim._version import __version__
-from stepsim.errors import StepsimError
+from stepsim.errors import EXIT_ERROR, StepsimError, exit_status
 
 #: the module that provides each command's ``register(subparsers)`` (in help order)
 COMMANDS = {
@@ -136,11 +136,18 @@ def _main(argv: list[str] | None) -> int:
             return int(args.handler(args) or 0)
     except StepsimError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        return stopped_status(reason(exc))
+        return exit_status(exc)
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the writers turn their own errors into OutputError; this catches any other failing
+        # file operation, so that it too ends in one line naming the path rather than a traceback
+        from stepsim.errors import os_reason
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"stepsim: error: {where}{os_reason(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt as exc:
+        return stopped_status(reason(exc))
 
 
 if __name__ == "__main__":

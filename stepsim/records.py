@@ -114,6 +114,7 @@ from stepsim.results import (
     partition_dir,
     provenance_metadata,
     read_results,
+    published_folder,
     stable_hash,
     write_parquet_atomic,
     write_partitioned,
@@ -522,15 +523,19 @@ class RunResult:
         """
         ident = identity(self.config, self.row["trace_sha256"])
         extra = {TRACE_HASH_KEY: self.row["trace_sha256"]} if self.row["trace_sha256"] else None
-        paths = {"run": write_partitioned(self.to_arrow(), out_dir, partition_cols, config=ident,
-                                          metadata=extra)}
-        if self.simulated:
-            folder = partition_dir(out_dir, self.row, partition_cols)
-            meta = self.provenance()
-            for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
-                path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
-                paths[kind] = write_parquet_atomic(table, path, meta)
-        return paths
+        # the row and its tables appear together or not at all: a record without its channel table is a run
+        # folder `stepsim report` rejects (a full disk after the first file left one)
+        with published_folder(out_dir) as root:
+            paths = {"run": write_partitioned(self.to_arrow(), root, partition_cols, config=ident,
+                                              metadata=extra)}
+            if self.simulated:
+                folder = partition_dir(root, self.row, partition_cols)
+                meta = self.provenance()
+                for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
+                    path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
+                    paths[kind] = write_parquet_atomic(table, path, meta)
+        # a new folder was built under a temporary name: name the files where they are now
+        return {kind: Path(out_dir) / path.relative_to(root) for kind, path in paths.items()}
 
 
 def _attr(sim, name: str):

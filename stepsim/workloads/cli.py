@@ -128,10 +128,10 @@ def _write_record(record, out: str | None, as_json: bool) -> None:
 
 def _write_record_file(record, out: str) -> dict:
     """``--out NAME.parquet``: the row (with provenance metadata) at that path; a simulation's unit and channel
-    tables as ``NAME_units.parquet`` / ``NAME_channels.parquet`` (each written to a temporary name, then
-    renamed into place; an interrupt removes the ones already written)."""
+    tables as ``NAME_units.parquet`` / ``NAME_channels.parquet`` (each written to a temporary name; all renamed
+    into place at the end, so a full disk or an interrupt leaves none of them)."""
     from stepsim.outputs import record_file_paths
-    from stepsim.results import write_parquet_atomic
+    from stepsim.results import published_together, write_parquet_atomic
 
     targets = record_file_paths(out)
     meta = record.provenance()
@@ -139,14 +139,10 @@ def _write_record_file(record, out: str) -> dict:
     if record.simulated:
         tables.update(units=record.unit_table(), channels=record.channel_table())
     written = {}
-    try:  # the tables first, the record last; stopped halfway, none of this run's files is left
+    with published_together():  # the tables and the record appear together or not at all
         for kind in ("units", "channels", "run"):
             if kind in tables:
                 written[kind] = write_parquet_atomic(tables[kind], targets[kind], meta)
-    except BaseException:
-        for path in written.values():
-            path.unlink(missing_ok=True)
-        raise
     return {kind: written[kind] for kind in tables}
 
 
