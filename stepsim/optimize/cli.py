@@ -97,6 +97,9 @@ def format_result(result) -> str:
     if result.recommended is not None:
         lines.append(f"  recommended ({result.objective}): {result.recommended.label(result.axes)}")
         lines.append(f"  reproduce: {result.command}")
-    else:
-        lines.append("  no simulation succeeded: no recommendation")
+    else:  # an empty front is an answer: say why, and where the candidates' statuses are
+        lines.append(f"  no candidate completed a simulation: the front is empty, no recommendation (every status "
+                     f"is in {result.out / 'candidates.parquet'})")
+    if result.plot_skipped:
+        lines.append(f"  pareto.png not drawn: {result.plot_skipped}")
     return "\n".join(lines)
