@@ -50,10 +50,10 @@ class OutputError(StepsimError):
     naming the path and the OS's reason; the writer has removed what it had begun (see
     :func:`stepsim.results.atomic_output`), so the output is absent, never half-written."""
 
-    def __init__(self, path, exc: OSError):
+    def __init__(self, path, exc: "OSError | OutputError"):
         self.path = str(path)
-        self.errno = exc.errno
-        super().__init__(f"cannot write {path}: {os_reason(exc)}")
+        self.reason = exc.reason if isinstance(exc, OutputError) else os_reason(exc)
+        super().__init__(f"cannot write {path}: {self.reason}")
 
 
 # --- graph definition -------------------------------------------------------------------------------------

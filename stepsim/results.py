@@ -266,8 +266,11 @@ def published_folder(folder: str | Path) -> Iterator[Path]:
     :func:`published_together`. Yields the folder to write into (the temp one while it is being built)."""
     folder = Path(folder)
     if folder.is_dir():
-        with published_together():
-            yield folder
+        try:
+            with published_together():
+                yield folder
+        except OutputError as exc:  # named by the folder the user gave (the files in it are this run's)
+            raise OutputError(folder, exc) from None
         return
     top = folder  # the outermost folder that does not exist yet: it is the one renamed into place
     while not top.parent.exists() and top.parent != top:
@@ -285,7 +288,7 @@ def published_folder(folder: str | Path) -> Iterator[Path]:
         _fsync_dir(top.parent)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError):
+        if isinstance(exc, (OSError, OutputError)):  # named by the folder given, not by the temporary one
             raise OutputError(folder, exc) from None
         raise
 

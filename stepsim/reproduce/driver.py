@@ -26,6 +26,7 @@ from stepsim.reproduce.execute import Runner, check_jobs
 from stepsim.reproduce.figures import PLOTTERS, require_matplotlib
 from stepsim.reproduce.names import ALL, CHOICES
 from stepsim.reproduce.output import write_headline, write_table
+from stepsim.results import published_together
 
 #: experiment name -> module (plan, build_table, headline, summary, NAME, STEM, JSON_KEYS)
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (dynamic_tiling, time_multiplexing,
@@ -204,13 +205,14 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
             module, points = EXPERIMENTS[name], plans[name]
             table = module.build_table(points, records)
             headline, details = module.headline(table)
-            files = write_table(table, out, module.STEM, _provenance(module, points))
-            files["headline"] = write_headline(out, module.STEM, name, headline, details)
-            note = None
-            try:
-                files["figure"] = PLOTTERS[module.STEM](table, details, out / f"{module.STEM}.png")
-            except ConfigError as exc:  # matplotlib missing: the tables are still useful
-                note = f"figure skipped: {exc}"
+            with published_together():  # an experiment's files appear together (a full disk leaves none)
+                files = write_table(table, out, module.STEM, _provenance(module, points))
+                files["headline"] = write_headline(out, module.STEM, name, headline, details)
+                note = None
+                try:
+                    files["figure"] = PLOTTERS[module.STEM](table, details, out / f"{module.STEM}.png")
+                except ConfigError as exc:  # matplotlib missing: the tables are still useful
+                    note = f"figure skipped: {exc}"
             results[name] = ExperimentResult(name=name, table=table, headline=headline, details=details,
                                              summary=module.summary(table, headline, details), files=files,
                                              figure_note=note, simulations=len(points),
