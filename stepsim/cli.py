@@ -120,6 +120,11 @@ def _main(argv: list[str] | None) -> int:
     from stepsim.signals import interrupts_raise, reason, stopped_status
 
     warnings.showwarning = _print_warning
+    from stepsim.errors import StepsimWarning
+
+    # each of stepsim's warnings is said every time its cause is there, also when a command server runs several
+    # commands in one process (Python's default shows a warning once per place of the code)
+    warnings.filterwarnings("always", category=StepsimWarning)
     try:
         with interrupts_raise():  # from the start: a signal while modules load stops cleanly too
             parser = build_parser(argv)
