@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from stepsim.simulate import simulate
+from stepsim.models.presets import resolve_model
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.attention import build_attention
 from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.models import resolve_model
 from stepsim.workloads.moe import build_moe
 
 

@@ -5,7 +5,7 @@ Importing stepsim never compiles kernels; compilation happens on first simulatio
 """
 
 from stepsim._version import __version__
-from stepsim.errors import StepsimError
+from stepsim.base.errors import StepsimError
 
 __all__ = ["__version__", "StepsimError", "optimize"]
 

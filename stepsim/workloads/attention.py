@@ -70,8 +70,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph import (
     BF16,
     FP32,
@@ -114,6 +113,7 @@ from stepsim.graph import (
 from stepsim.graph.dims import make_symbol, sp
 from stepsim.graph.gcpause import gc_paused
 from stepsim.workloads.base import Workload
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 
 STRATEGIES = ("dynamic", "interleave", "coarse")
 SOFTMAX_FORMS = ("plain", "stable")

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph import (
     BF16,
     FP32,
@@ -50,9 +49,10 @@ from stepsim.graph import (
     Zero,
 )
 from stepsim.graph.gcpause import gc_paused
+from stepsim.models.presets import ModelConfig, MoEModel
 from stepsim.workloads import attention as att
 from stepsim.workloads.base import Workload
-from stepsim.workloads.models import ModelConfig, MoEModel
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
 from stepsim.workloads.moe import (
     DEFAULT_TILE_F,
     DEFAULT_TILE_N,
@@ -84,7 +84,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     Parameters
     ----------
     model : ModelConfig
-        The model (:func:`stepsim.workloads.models.resolve_model`): hidden size, heads, KV heads, head
+        The model (:func:`stepsim.models.presets.resolve_model`): hidden size, heads, KV heads, head
         dimension, and its MoE block (experts, top-k, expert and shared FFN sizes) or dense FFN size.
     kv_lengths : array [B]
         KV-cache length of each request.

@@ -3,7 +3,7 @@
 A kind names the knobs it takes beyond the common ones, their defaults, what its ``trace`` knob holds, and the
 functions that build it from a normalized config, draw seeded functional-mode inputs, compute its NumPy
 reference and say how long its reductions are (for the tolerance). Configuration validation
-(:mod:`stepsim.workloads.config`), the result schema (:mod:`stepsim.records`), the CLI flags and the functional
+(:mod:`stepsim.workloads.config`), the result schema (:mod:`stepsim.results.records`), the CLI flags and the functional
 check (:mod:`stepsim.workloads.reference`) read this table instead of keeping their own per-kind lists, so a new
 kind is its builder module plus one entry here (``tests/workloads/test_kinds.py`` checks every entry is
 complete: defaults, a builder, CLI flags for its knobs, and inputs / reference that pass the functional check).
@@ -99,3 +99,14 @@ KINDS: dict[str, WorkloadKind] = {k.name: k for k in (
 def kind(name: str) -> WorkloadKind:
     """The registry entry of a workload kind (KeyError for an unknown name; callers validate first)."""
     return KINDS[name]
+
+
+#: default FIFO depth (elements) of each workload kind's paper experiment (the builders' ``channel_depth``
+#: default), from the registry above
+WORKLOAD_CHANNEL_DEPTH: dict[str, int | None] = {k.name: k.channel_depth for k in KINDS.values()}
+
+#: hardware preset of each workload kind's paper experiment (from the registry too)
+WORKLOAD_HARDWARE: dict[str, str] = {k.name: k.hardware for k in KINDS.values()}
+
+#: the ``Workload`` dataclass's default depth (a workload built without a builder); MoE's experiment depth
+DEFAULT_WORKLOAD_CHANNEL_DEPTH = WORKLOAD_CHANNEL_DEPTH["moe"]

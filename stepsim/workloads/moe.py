@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import warnings
 
-from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH
-from stepsim.errors import ArgumentError, StepsimWarning
+from stepsim.base.errors import ArgumentError, StepsimWarning
 from stepsim.graph import (
     BF16,
     FP32,
@@ -62,8 +61,9 @@ from stepsim.graph import (
 )
 from stepsim.graph.dims import ceil_div
 from stepsim.graph.gcpause import gc_paused
+from stepsim.models.presets import MoEModel
 from stepsim.workloads.base import Workload
-from stepsim.workloads.models import MoEModel
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
 from stepsim.workloads.routing import check_routing, expert_counts, multihot, onehot_per_slot
 
 #: §5.3: static tiling runs use 4096 FLOPs/cycle per compute node; dynamic tiling 6400

@@ -9,7 +9,7 @@ The function is called without arguments and returns what to simulate:
   then compares with the NumPy reference of its kind (``moe``, ``swiglu``, ``attention``).
 
 The file is imported as a module of its own (its folder first on ``sys.path`` while it loads, so it can import
-files beside it). Every way this can fail is one :class:`~stepsim.errors.ConfigError` line naming the file and
+files beside it). Every way this can fail is one :class:`~stepsim.base.errors.ConfigError` line naming the file and
 function: a spec without ``:function``, a missing file, an import that raises, a missing function, a call
 that raises, a result of another type.
 
@@ -25,7 +25,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 from stepsim.workloads.base import Workload
 
 

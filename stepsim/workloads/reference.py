@@ -48,10 +48,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from stepsim.errors import ArgumentError, GraphError, ShapeError
+from stepsim.base.errors import ArgumentError, GraphError, ShapeError
+from stepsim.models.presets import MOE_MODELS, MoEModel, canonical_model_name
 from stepsim.workloads.attention import kv_metadata, region_assignment
 from stepsim.workloads.base import Workload
-from stepsim.workloads.models import MOE_MODELS, MoEModel, canonical_model_name
 from stepsim.workloads.routing import check_routing
 
 __all__ = [

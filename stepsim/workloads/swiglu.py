@@ -6,8 +6,7 @@ the full D as K tile; down tiled by tile_m rows and tile_n of K, the full D as N
 
 from __future__ import annotations
 
-from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph import (
     FP32,
     Graph,
@@ -23,6 +22,7 @@ from stepsim.graph import (
     Zero,
 )
 from stepsim.workloads.base import Workload
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 
 #: §5.6: every compute node runs at 4096 FLOPs/cycle; loads dispatch 4 requests per cycle
 HDL_COMPUTE_BW = 4096

@@ -224,6 +224,6 @@ def test_report_png_into_a_read_only_folder_is_one_line(read_only_disk, tmp_path
     png = read_only_disk / "report.png"
     status, err = _run(["report", str(run), "--png", str(png)], capsys)
     assert status == 2
-    # checked before the report is built (stepsim.outputs), or at the write: either way the path and the reason
+    # checked before the report is built (stepsim.base.outputs), or at the write: either way the path and the reason
     assert err[-1] in (E + f"--png {png}: {read_only_disk} is not writable", E + f"cannot write {png}: {READ_ONLY}")
     assert list(read_only_disk.iterdir()) == []

@@ -4,7 +4,7 @@ scaled-down model helper."""
 import numpy as np
 import pytest
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.workloads.reference import (
     check_outputs,
     graph_tensors,

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from stepsim.cli import main
+from stepsim.graph.depths_file import read_depths_file
 from stepsim.passes import size_fifos
-from stepsim.passes.depths_file import read_depths_file, write_depths_file
+from stepsim.passes.depths_writer import write_depths_file
 from stepsim.trace_io.synthetic import synthetic_routing
 from stepsim.workloads.config import workload_from_config
 
@@ -155,7 +156,7 @@ def test_a_file_sized_on_another_trace_warns_every_time(deadlock_fix_file, folde
     capsys.readouterr()
     sized = read_depths_file(deadlock_fix_file).trace_hashes[0][:12]
     other = folder / "other.npz"
-    from stepsim.records import trace_sha256
+    from stepsim.base.files import trace_sha256
 
     warning = (W + f"{deadlock_fix_file}: sized on another trace (sha256 {sized}) than this run's {other} (sha256 "
                    f"{trace_sha256(other)[:12]}); its depths may run slower or deadlock here; size this trace with "

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from stepsim.errors import MetricError
+from stepsim.base.errors import MetricError
 from stepsim.reproduce import reproduce
 from stepsim.reproduce.stats import geomean, pearson
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.swiglu import build_swiglu
 
 #: STEP_SEMANTICS §8.2: (tile_m, tile_n) -> (off-chip bytes, on-chip bytes), in the sweep's order

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
+from stepsim.base.errors import ArgumentError
 from stepsim.cli import main
-from stepsim.errors import ArgumentError
-from stepsim.simulate import simulate
+from stepsim.models.presets import resolve_model
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.attention import build_attention
 from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.models import resolve_model
 from stepsim.workloads.moe import build_moe
 from stepsim.workloads.reference import check_outputs, max_rel_error, workload_reference
 

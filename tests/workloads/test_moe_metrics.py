@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import sympy as sp
 
+from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.cli import main
-from stepsim.errors import ArgumentError, ConfigError
-from stepsim.workloads.models import moe_model
+from stepsim.models.presets import moe_model
 from stepsim.workloads.moe import build_moe
 
 MIXTRAL = {  # tile: (off-chip, on-chip)
