@@ -17,7 +17,7 @@ import pytest
 
 from stepsim.simulation.simulate import simulate
 from stepsim.trace_io.load import load_routing
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 from stepsim.workloads.reference import check_outputs, make_inputs, small_moe_model
 
 MOE_TRACES = {"mixtral-8x7b": "mixtral_b64", "qwen3-30b-a3b": "qwen_b64"}

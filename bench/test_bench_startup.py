@@ -49,7 +49,7 @@ print(json.dumps({"import_s": t1 - t0, "engine_import_s": t2 - t1, "ensure_compi
 IMPORT_SETS = {
     "stepsim": ["stepsim"],
     "all": ["stepsim", "stepsim.cli", "stepsim.simulation.simulate", "stepsim.kernels.program", "stepsim.kernels.reference",
-            "stepsim.workloads.moe", "stepsim.workloads.attention", "stepsim.kernels", "stepsim.kernels.api",
+            "stepsim.workloads.moe.build", "stepsim.workloads.attention.build", "stepsim.kernels", "stepsim.kernels.api",
             "stepsim.kernels.warm", "stepsim.kernels.engine"],
 }
 

@@ -75,7 +75,7 @@ def _record(benchmark, bench_summary, section, label, build_s, results, walls, *
 @pytest.mark.parametrize("model_name", sorted(MOE_TRACES))
 def test_moe_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, model_name, tiling, tile_n):
     """Warm simulate() of one B=64 MoE layer; lowering and engine time reported separately."""
-    from stepsim.workloads.moe import build_moe
+    from stepsim.workloads.moe.build import build_moe
 
     trace = _first(shared_traces / "expert_routing" / MOE_TRACES[model_name], "*.npz")
     model = moe_model(model_name)
@@ -94,7 +94,7 @@ def test_moe_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, mode
 @pytest.mark.parametrize("strategy", ATTENTION_STRATEGIES)
 def test_attention_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, strategy):
     """Warm simulate() of the B=64 decode attention."""
-    from stepsim.workloads.attention import build_attention
+    from stepsim.workloads.attention.build import build_attention
 
     trace = _first(shared_traces / "kv_lengths" / "b64", "*.npy")
     kv_lengths = load_kv_lengths(trace, None)

@@ -8,7 +8,7 @@ import numpy as np
 
 from stepsim.graph import BF16, FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Silu, Tensor
 from stepsim.models.presets import MoEModel
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 
 def silu_rows():

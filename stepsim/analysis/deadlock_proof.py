@@ -5,7 +5,7 @@ the lowest of the space, so no simulated point dominates it), and simulating it 
 Qwen3-30B-A3B B=64, 34 of the default space's simulations did. Here a counting argument over the graph's
 buffers and the trace's routing shows some of them must deadlock, whatever the timing.
 
-The pattern (``stepsim.workloads.moe``): a Partition sends each token, in token order, to its experts; each
+The pattern (``stepsim.workloads.moe.build``): a Partition sends each token, in token order, to its experts; each
 expert packs its rows into tiles (Reshape into chunks of ``S`` rows, Flatten, Accum) on its own *pre* path;
 an EagerMerge takes the tiles of a region's experts in whatever order they come, the region computes them in
 that order, and a Partition sends each result back to its expert (the back-partition); each expert's *post*

@@ -34,6 +34,7 @@ COMMANDS = {
     "compare": "stepsim.cli.compare",
     "optimize": "stepsim.cli.optimize",
     "server": "stepsim.cli.server",
+    "serve": "stepsim.cli.serve",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 

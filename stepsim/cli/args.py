@@ -70,7 +70,7 @@ def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
 
 def _workload_argument(value: str) -> str:
     """A workload kind, or a user program ``path/to/file.py:function`` (argparse type of the positional)."""
-    from stepsim.workloads.program import is_program_spec
+    from stepsim.workloads.program.build import is_program_spec
 
     if value in WORKLOADS[:-1] or is_program_spec(value):
         return value

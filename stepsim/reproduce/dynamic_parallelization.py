@@ -33,7 +33,7 @@ from stepsim.reproduce.layout import VARIANCE_CLASSES, kv_windows
 from stepsim.reproduce.stats import geomean
 from stepsim.reproduce.tables import field, format_rows, group_rows
 from stepsim.results.records import RunResult
-from stepsim.workloads.attention import kv_metadata
+from stepsim.workloads.attention.build import kv_metadata
 
 NAME = "dynamic-parallelization"
 STEM = "dynamic_parallelization"

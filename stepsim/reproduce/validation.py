@@ -27,7 +27,7 @@ from stepsim.reproduce.execute import Point
 from stepsim.reproduce.stats import pearson
 from stepsim.reproduce.tables import field, format_rows
 from stepsim.results.records import RunResult
-from stepsim.workloads.swiglu import HDL_COMPUTE_BW
+from stepsim.workloads.swiglu.build import HDL_COMPUTE_BW
 
 NAME = "validation"
 STEM = "validation"

@@ -291,7 +291,7 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
             ident[slot] = f"sha256:{trace_sha256(cfg[slot])}"
     program = cfg.get("program")
     if program is not None:  # a user's file.py:function: the file's content and the function, not its path
-        from stepsim.workloads.program import split_spec
+        from stepsim.workloads.program.build import split_spec
 
         path, function = split_spec(program)
         try:

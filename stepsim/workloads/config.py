@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from stepsim.base.hardware import Hardware
 
 #: workload kinds (:mod:`stepsim.workloads.kinds`); ``program`` is a user's ``file.py:function``
-#: (:mod:`stepsim.workloads.program`)
+#: (:mod:`stepsim.workloads.program.build`)
 WORKLOADS = tuple(KINDS)
 MODES = ("metrics", "simulate", "functional", "check")
 
@@ -239,73 +239,9 @@ def resolved_trace(cfg: Mapping) -> str | None:
     return bundled_trace(cfg["model"] if slot == "routing" else "attention")
 
 
-def _bandwidth_kwargs(cfg: Mapping) -> dict[str, int]:
+def bandwidth_kwargs(cfg: Mapping) -> dict[str, int]:
+    """The ``compute_bw`` (FLOPs/cycle) and ``channel_depth`` (elements) knobs a config sets, as builder keywords."""
     return {key: cfg[key] for key in ("compute_bw", "channel_depth") if cfg.get(key) is not None}
-
-
-def _build_moe(cfg: Mapping) -> Workload:
-    from stepsim.models.presets import moe_model
-    from stepsim.trace_io.load import load_routing
-    from stepsim.workloads.moe import build_moe
-
-    model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
-    routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
-    return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
-                     regions=cfg["regions"], **_bandwidth_kwargs(cfg))
-
-
-def _build_swiglu(cfg: Mapping) -> Workload:
-    from stepsim.workloads.swiglu import build_swiglu
-
-    return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **_bandwidth_kwargs(cfg))
-
-
-def _build_attention(cfg: Mapping) -> Workload:
-    from stepsim.trace_io.load import load_kv_lengths
-    from stepsim.workloads.attention import build_attention
-
-    kv = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
-    kw = _bandwidth_kwargs(cfg)
-    channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
-    if cfg.get("regions") is not None:  # parallel regions (builder default 4); set by stepsim optimize's space
-        kw["regions"] = cfg["regions"]
-    workload = build_attention(kv, cfg["strategy"], softmax=cfg["softmax"], **kw)
-    if channel_depth is not None:
-        workload.channel_depth = channel_depth
-        workload.params["channel_depth"] = channel_depth
-    return workload
-
-
-def _build_decoder(cfg: Mapping) -> Workload:
-    from stepsim.models.presets import resolve_model
-    from stepsim.trace_io.load import load_kv_lengths, load_routing
-    from stepsim.workloads.decoder import build_decoder
-
-    model = resolve_model(cfg["model"])
-    if cfg.get("kv_lengths") is None:
-        raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
-                          "(config key 'kv_lengths')")
-    routing = None
-    if model.is_moe:
-        if cfg.get("routing") is None:
-            raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
-                              "key 'routing')")
-        routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
-    elif cfg.get("routing") is not None:
-        raise ConfigError(f"model {model.name!r} is dense: --routing does not apply")
-    kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
-    kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
-          if cfg.get(key) is not None}
-    return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
-                         kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)
-
-
-def _build_program(cfg: Mapping) -> Workload:
-    from stepsim.workloads.program import build_program
-
-    if cfg.get("program") is None:
-        raise ConfigError("workload 'program' needs the knob 'program' (path/to/file.py:function)")
-    return build_program(cfg["program"])
 
 
 def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:

@@ -341,9 +341,9 @@ class _Api:
         from stepsim.models.presets import moe_model
         from stepsim.results.records import run_config
         from stepsim.simulation.simulate import simulate
-        from stepsim.workloads.attention import build_attention
-        from stepsim.workloads.moe import build_moe
-        from stepsim.workloads.swiglu import build_swiglu
+        from stepsim.workloads.attention.build import build_attention
+        from stepsim.workloads.moe.build import build_moe
+        from stepsim.workloads.swiglu.build import build_swiglu
 
         self.__dict__.update(Tensor=graph.Tensor, Graph=graph.Graph, BF16=graph.BF16, FP32=graph.FP32, tile=tile,
                              Stream=Stream, Hardware=Hardware, run_config=run_config, simulate=simulate,

@@ -14,7 +14,7 @@ from stepsim.batch.config import load_sweep
 from stepsim.cli import main
 from stepsim.results.records import run_identity
 from stepsim.simulation.simulate import simulate
-from stepsim.workloads.program import build_program
+from stepsim.workloads.program.build import build_program
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "user_graph.py"
 

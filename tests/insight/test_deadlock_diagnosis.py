@@ -24,7 +24,7 @@ from stepsim.kernels.program import ProgramBuilder
 from stepsim.models.presets import moe_model
 from stepsim.simulation.simulate import simulate
 from stepsim.trace_io.synthetic import synthetic_routing
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 CYCLE = [
     "cycle 1: 4 hop(s), in a group of 4 unit(s) waiting on each other:",

@@ -17,7 +17,7 @@ from stepsim.models.presets import MoEModel
 from stepsim.results.records import run_config
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import resolve_hardware, workload_from_config
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 
 def _depth(workload, hardware) -> int:

@@ -31,8 +31,8 @@ from stepsim.models.presets import MoEModel, resolve_model
 from stepsim.optimize.pareto import roofline_lower_bound
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import resolve_hardware, workload_from_config
-from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.decoder.build import build_decoder
+from stepsim.workloads.moe.build import build_moe
 
 #: bundled synthetic traces (no ../shared needed): every kind, tiling, time-multiplexing and strategy
 CONFIGS = {

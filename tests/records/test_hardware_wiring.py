@@ -19,7 +19,7 @@ from stepsim.kernels import abi
 from stepsim.results.records import run_config, run_identity
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
-from stepsim.workloads.swiglu import build_swiglu
+from stepsim.workloads.swiglu.build import build_swiglu
 
 #: field -> the slot of the program's hardware vector it sets
 HW_SLOTS = {"addr_offset": abi.HW_ADDR_OFFSET, "hbm_channels": abi.HW_HBM_CHANNELS,
@@ -97,7 +97,7 @@ def test_modified_hardware_is_never_named_after_its_preset(tmp_path):
 
 # --- FIFO depth: one home for the defaults, one precedence -----------------------------------------------
 def test_the_defaults_module_holds_what_the_builders_and_presets_use():
-    from stepsim.workloads.attention import CHANNEL_DEPTH
+    from stepsim.workloads.attention.build import CHANNEL_DEPTH
     from stepsim.workloads.config import workload_from_config
 
     for kind in ("swiglu", "moe", "attention"):

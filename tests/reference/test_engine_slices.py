@@ -19,8 +19,8 @@ from stepsim.base.hardware import Hardware
 from stepsim.graph.lower import lower
 from stepsim.kernels import api
 from stepsim.models.presets import moe_model
-from stepsim.workloads.attention import build_attention
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.attention.build import build_attention
+from stepsim.workloads.moe.build import build_moe
 
 
 def _outcome(program, **kw):

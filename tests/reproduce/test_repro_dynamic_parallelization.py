@@ -8,7 +8,7 @@ from repro_traces import KV_B16, tiny_traces
 
 from stepsim.reproduce import reproduce
 from stepsim.simulation.simulate import simulate
-from stepsim.workloads.attention import build_attention
+from stepsim.workloads.attention.build import build_attention
 
 pytestmark = pytest.mark.traces
 

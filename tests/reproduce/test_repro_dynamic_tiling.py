@@ -12,7 +12,7 @@ from stepsim.models.presets import moe_model
 from stepsim.reproduce import reproduce
 from stepsim.reproduce.dynamic_tiling import compare, static_tiles
 from stepsim.simulation.simulate import simulate
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 pytestmark = pytest.mark.traces
 

@@ -15,7 +15,7 @@ from stepsim.reproduce.time_multiplexing import plan as timeshare_plan
 from stepsim.reproduce.time_multiplexing import summary
 from stepsim.simulation.simulate import simulate
 from stepsim.trace_io.synthetic import synthetic_routing
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 
 def _skewed(batch):

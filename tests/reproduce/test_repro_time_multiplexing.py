@@ -8,7 +8,7 @@ from stepsim.models.presets import moe_model
 from stepsim.reproduce import reproduce
 from stepsim.reproduce.time_multiplexing import best_under, plan
 from stepsim.simulation.simulate import simulate
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 pytestmark = pytest.mark.traces
 

@@ -19,9 +19,9 @@ from stepsim.kernels import run
 from stepsim.models.presets import moe_model
 from stepsim.simulation.simulate import simulate
 from stepsim.simulation.timeline import decode, graph_labels
-from stepsim.workloads.attention import build_attention
+from stepsim.workloads.attention.build import build_attention
 from stepsim.workloads.config import workload_from_config
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 
 def _moe(tiling, **kw):

@@ -12,7 +12,7 @@ from stepsim.results.records import run_config
 from stepsim.trace_io.load import load_routing
 from stepsim.trace_io.readers import read_trace, routing_matrix
 from stepsim.trace_io.serving import import_routed_experts, synthetic_routed_experts
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 TOKENS, LAYERS, E, K = 64, 3, 8, 2
 

@@ -8,7 +8,7 @@ import sympy as sp
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import make_symbol
-from stepsim.workloads.attention import (
+from stepsim.workloads.attention.build import (
     assignment_bindings,
     attention_algorithmic_flops,
     build_attention,

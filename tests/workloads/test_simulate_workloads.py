@@ -39,8 +39,8 @@ from stepsim.kernels.reference import run as ref_run
 from stepsim.models.presets import moe_model
 from stepsim.simulation.simulate import simulate
 from stepsim.trace_io.load import load_kv_lengths, load_routing
-from stepsim.workloads.attention import build_attention
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.attention.build import build_attention
+from stepsim.workloads.moe.build import build_moe
 
 MOE_MODELS = {"mixtral-8x7b": "mixtral_b64", "qwen3-30b-a3b": "qwen_b64"}
 

@@ -26,6 +26,7 @@ stored in bf16 and computed in fp32; the output is stored in fp32.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 from stepsim.base.errors import ArgumentError, StepsimWarning
 from stepsim.graph import (
@@ -379,3 +380,15 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
                 back.assume_dtype(i, packed[e].stream.dtype)
             results.append(back[i])
     return results, bindings, tile_rows
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The moe workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    from stepsim.models.presets import moe_model
+    from stepsim.trace_io.load import load_routing
+    from stepsim.workloads.config import CUSTOM_MODEL_KEYS, bandwidth_kwargs, resolved_trace
+
+    model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
+    routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+    return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
+                     regions=cfg["regions"], **bandwidth_kwargs(cfg))

@@ -3,7 +3,7 @@ then an MoE block (routed and shared experts) or a dense SwiGLU FFN with the res
 
 Stages (each a function that adds operators to one graph and passes a stream on):
 
-1. **Attention** (:func:`stepsim.workloads.attention.attention_stage`), once per KV head (``kv_heads``; 1 is
+1. **Attention** (:func:`stepsim.workloads.attention.build.attention_stage`), once per KV head (``kv_heads``; 1 is
    the paper's one-head run): the same operators as the ``attention`` workload, each head with its own
    ``regions`` and tensors ``h<h>_*``. Each head's region results are put back in request order with a
    Reassemble (the dynamic dispatcher's own one-hot region per request; the static strategies' assignment).
@@ -11,7 +11,7 @@ Stages (each a function that adds operators to one graph and passes a stream on)
    row ``j`` of every request goes to its own stream (a Partition), is packed into tiles of ``o_tile``
    requests and multiplied by ``wo_h<h>_q<j>`` ``(head_dim, D)``, one weight tile per token tile; the products
    of all query heads are summed (a tree of Adds), and ``x`` is added: ``h = x + attn @ W_o``.
-3. **FFN**: the rows of ``h`` feed :func:`stepsim.workloads.moe.moe_stage` (its routing from the ``routing``
+3. **FFN**: the rows of ``h`` feed :func:`stepsim.workloads.moe.build.moe_stage` (its routing from the ``routing``
    trace) or, for a dense model, one SwiGLU FFN over every token (the shared-expert operators); the output
    adds ``h`` back and is stored as ``y``. The rows of ``h`` wait in a ``batch``-deep FIFO for that last
    add (the FFN needs most of the batch before its first row).
@@ -21,6 +21,8 @@ read from HBM as in the paper's attention graph) and rotary embeddings.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -50,10 +52,10 @@ from stepsim.graph import (
 )
 from stepsim.graph.gcpause import gc_paused
 from stepsim.models.presets import ModelConfig, MoEModel
-from stepsim.workloads import attention as att
+from stepsim.workloads.attention import build as att
 from stepsim.workloads.base import Workload
 from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
-from stepsim.workloads.moe import (
+from stepsim.workloads.moe.build import (
     DEFAULT_TILE_F,
     DEFAULT_TILE_N,
     PACKING_COMPUTE_BW,
@@ -91,12 +93,12 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     routing : array [B, top_k], optional
         Expert ids per token (required for an MoE model, refused for a dense one).
     strategy, softmax : str
-        The attention's parallelization and softmax form (:func:`stepsim.workloads.attention.build_attention`).
+        The attention's parallelization and softmax form (:func:`stepsim.workloads.attention.build.build_attention`).
     kv_heads : int, optional
         KV heads simulated (default: all of the model's; 1 simulates one head, as the paper's runs).
     attention_regions : int
         Parallel regions per KV head (4).
-    tiling, tile_n, tile_f, regions : MoE block settings (:func:`stepsim.workloads.moe.build_moe`); ``tile_f``
+    tiling, tile_n, tile_f, regions : MoE block settings (:func:`stepsim.workloads.moe.build.build_moe`); ``tile_f``
         also tiles the dense FFN.
     compute_bw : int
         FLOPs/cycle of the projection, residual and FFN compute nodes.
@@ -235,7 +237,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
 
 def _attention_bindings(workload, seq_len_tiled, strategy, regions, n_heads) -> dict:
     """Every head's per-region request count and mean KV tiles per request (see
-    :func:`stepsim.workloads.attention.assignment_bindings`)."""
+    :func:`stepsim.workloads.attention.build.assignment_bindings`)."""
     import sympy as sp
 
     assignment = att.region_assignment(len(seq_len_tiled), strategy, regions)
@@ -250,3 +252,28 @@ def _attention_bindings(workload, seq_len_tiled, strategy, regions, n_heads) -> 
             tiles = int(seq_len_tiled[reqs].sum())
             out[tiles_sym] = sp.Rational(tiles, len(reqs)) if len(reqs) else sp.Integer(0)
     return out
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The decoder workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    from stepsim.base.errors import ConfigError
+    from stepsim.models.presets import resolve_model
+    from stepsim.trace_io.load import load_kv_lengths, load_routing
+
+    model = resolve_model(cfg["model"])
+    if cfg.get("kv_lengths") is None:
+        raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
+                          "(config key 'kv_lengths')")
+    routing = None
+    if model.is_moe:
+        if cfg.get("routing") is None:
+            raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
+                              "key 'routing')")
+        routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+    elif cfg.get("routing") is not None:
+        raise ConfigError(f"model {model.name!r} is dense: --routing does not apply")
+    kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
+    kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
+          if cfg.get(key) is not None}
+    return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
+                         kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)

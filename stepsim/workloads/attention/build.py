@@ -68,6 +68,8 @@ on the assignment (``sum_i R_i*T_i`` is always the batch's tile total), only per
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from stepsim.base.errors import ArgumentError
@@ -548,3 +550,20 @@ def _flash_region(g: Graph, r: int, q, k, v, idx, seq_len, offset, caches, cfg):
         Sink(g, RandomOffChipStore(g, result, idx, out, (cfg["q_rows"], d)))
     _label(g.ops[before:], r)
     return k_tiles
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The attention workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    from stepsim.trace_io.load import load_kv_lengths
+    from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
+
+    kv = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
+    kw = bandwidth_kwargs(cfg)
+    channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
+    if cfg.get("regions") is not None:  # parallel regions (builder default 4); set by stepsim optimize's space
+        kw["regions"] = cfg["regions"]
+    workload = build_attention(kv, cfg["strategy"], softmax=cfg["softmax"], **kw)
+    if channel_depth is not None:
+        workload.channel_depth = channel_depth
+        workload.params["channel_depth"] = channel_depth
+    return workload

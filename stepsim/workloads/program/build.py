@@ -4,7 +4,7 @@ The function is called without arguments and returns what to simulate:
 
 * a :class:`~stepsim.graph.Graph`: run on the ``step-eval`` preset with FIFOs of 2 unless ``--hardware`` /
   ``--channel-depth`` say otherwise (the workload kind ``program``);
-* a :class:`~stepsim.workloads.base.Workload` (e.g. built with :func:`stepsim.workloads.moe.build_moe` on the
+* a :class:`~stepsim.workloads.base.Workload` (e.g. built with :func:`stepsim.workloads.moe.build.build_moe` on the
   user's own model and trace): run with its own hardware, FIFO depth and bindings; ``--functional --check``
   then compares with the NumPy reference of its kind (``moe``, ``swiglu``, ``attention``).
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
@@ -83,3 +84,10 @@ def build_program(spec: str) -> Workload:
         return Workload(name="program", graph=built, params={"program": spec})
     raise ConfigError(f"program {spec!r}: {function}() returned {type(built).__name__}; expected a stepsim Graph "
                       f"or Workload")
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The program workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    if cfg.get("program") is None:
+        raise ConfigError("workload 'program' needs the knob 'program' (path/to/file.py:function)")
+    return build_program(cfg["program"])

@@ -6,6 +6,8 @@ the full D as K tile; down tiled by tile_m rows and tile_n of K, the full D as N
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import (
     FP32,
@@ -67,3 +69,10 @@ def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden:
         params=dict(batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
                     par_dispatch=par_dispatch, channel_depth=channel_depth),
     )
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The swiglu workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    from stepsim.workloads.config import bandwidth_kwargs
+
+    return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **bandwidth_kwargs(cfg))
