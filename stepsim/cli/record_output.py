@@ -81,7 +81,7 @@ def record_command(args, mode: str) -> int:
     try:
         with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
             record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress,
-                                timeline=_timeline_records(args))
+                                timeline=_timeline_records(args), force=getattr(args, "force", False))
     except DeadlockError as exc:  # say which FIFO to deepen (checked by reruns when cheap), see stepsim.insight
         if getattr(args, "timeline", None) and exc.timeline is not None:  # how the run got stuck, before the fix
             from stepsim.simulation.timeline import write_deadlock_timeline

@@ -99,7 +99,7 @@ class EngineResult:
 FIRST_SLICE_EVENTS = 1 << 16
 #: HBM work in the engine's first slice (kernels.hbm: a tick costs one plus its due units). One event can hold
 #: unbounded work (a tile of 2**30 columns is billions of requests), so a slice is bounded by work as well as by
-#: events; both grow while a slice takes under SLICE_SECONDS / 2 and shrink when one takes over 2 x SLICE_SECONDS
+#: events; both grow while a slice takes under SLICE_SECONDS / 2
 FIRST_SLICE_WORK = 1 << 20
 #: target wall time of one engine slice (s): Python handles signals (Ctrl-C) and progress between slices
 SLICE_SECONDS = 0.1
@@ -127,8 +127,8 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
 
     ``tl``: the timeline recording buffer (:mod:`stepsim.kernels.timeline`), or None to record nothing.
 
-    A slice also ends when its HBM work (ticks, weighted by their due units; from FIRST_SLICE_WORK, grown and
-    shrunk by the slices' wall times like the event count) is spent, in the middle of an HBM event (:func:`stepsim.kernels.hbm.hbm_process`), so that a Ctrl-C acts
+    A slice also ends when its HBM work (ticks, weighted by their due units; from FIRST_SLICE_WORK, grown with
+    the event count and halved after a slow slice that ended on it) is spent, in the middle of an HBM event (:func:`stepsim.kernels.hbm.hbm_process`), so that a Ctrl-C acts
     within a fraction of a second whatever the tile sizes; this too changes no cycle, count or event.
 
     Returns (out scalars abi.OUT_*, unit state us, channel state chs).
@@ -151,8 +151,8 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
         elapsed = time.perf_counter() - t0
         if elapsed < SLICE_SECONDS / 2:
             n_slice, work = 2 * n_slice, 2 * work
-        elif elapsed > 2 * SLICE_SECONDS:  # the work got denser (larger tiles, more due units): smaller slices
-            n_slice, work = max(n_slice // 2, 1), max(work // 2, 1)
+        elif elapsed > 2 * SLICE_SECONDS and eng[E_WORK_LEFT] <= 0:  # a slow slice that ended on its HBM work:
+            work = max(work // 2, 1)  # the ticks got dearer (more due units), so fewer of them per slice
         if progress is not None:
             progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
     out = np.zeros(A.N_OUT, dtype=np.int64)

@@ -583,7 +583,8 @@ def _channel_columns(run_id: str, sim) -> dict[str, list]:
 
 # --- running and collecting -------------------------------------------------------------------------------
 @gc_paused  # the build, lowering and records allocate long-lived objects: see stepsim.graph.gcpause
-def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0) -> RunResult:
+def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0,
+               force: bool = False) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).
 
@@ -598,6 +599,8 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     timeline : int
         Simulations: record a timeline of at most this many records into ``RunResult.timeline``
         (:mod:`stepsim.simulation.timeline`); 0 records nothing. It changes no result, so it is not part of the identity.
+    force : bool
+        Simulate even when the estimated work is over the limit (:mod:`stepsim.kernels.run_size`).
 
     Returns
     -------
@@ -625,7 +628,7 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
 
         mode = cfg["mode"]
         sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
-                       progress=progress, timeline=timeline or False)
+                       progress=progress, timeline=timeline or False, force=force)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s), mode=mode)
         record = dataclasses.replace(record, timeline=sim.timeline)

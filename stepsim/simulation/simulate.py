@@ -83,8 +83,8 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False
-             ) -> SimResult:
+             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False,
+             force: bool = False) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -120,6 +120,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         intervals, FIFO occupancy, on-chip FIFO bytes and HBM requests as Arrow tables). True records at most
         :data:`stepsim.simulation.timeline.DEFAULT_RECORDS` records, an int at most that many (past the limit the trace is
         cut, never the run). Off by default; timing results are identical either way.
+    force : bool
+        Run even when the estimated HBM work exceeds :data:`stepsim.kernels.run_size.MAX_HBM_REQUESTS` (a run
+        needing more memory than is available is refused anyway; :mod:`stepsim.kernels.run_size`).
     """
     global _compiled
     from stepsim.analysis.deadlock import run_diagnosed as run  # the numba engine; a deadlock comes explained
@@ -137,6 +140,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     start = time.perf_counter()
     program = lower(graph, hardware, channel_depth=channel_depth, channel_depths=channel_depths)
     lower_s = time.perf_counter() - start
+    from stepsim.kernels import run_size
+
+    run_size.check(run_size.estimate(program, records), force=force)  # before any allocation or engine time
     compile_s = 0.0
     if not _compiled:
         from stepsim.kernels.api import _engine, _ensure_compiled
