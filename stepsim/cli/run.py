@@ -15,11 +15,12 @@ def _run(args) -> int:
         from stepsim.base.errors import ArgumentError
 
         raise ArgumentError("--check needs --functional (it compares the values a functional run stored)")
-    if args.deadlock_report:  # like --out: a bad destination fails before the run, not after a deadlock
+    # `is not None`, not truth: an empty path ('') is a mistake to say, not "no file" (it once ran and wrote nothing)
+    if args.deadlock_report is not None:  # like --out: a bad destination fails before the run, not after a deadlock
         from stepsim.base.outputs import check_out_file
 
         check_out_file(args.deadlock_report, "--deadlock-report")
-    if args.timeline or args.timeline_limit is not None or args.timeline_min_dur is not None:
+    if args.timeline is not None or args.timeline_limit is not None or args.timeline_min_dur is not None:
         from stepsim.simulation.timeline import check_timeline_args  # format, destination, writer extra: before the run
 
         args.timeline_limit = check_timeline_args(args.timeline, args.timeline_limit, args.timeline_min_dur)

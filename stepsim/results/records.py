@@ -414,7 +414,10 @@ class RunResult:
             depth = resolve_channel_depth(_knob_depth(cfg), hardware, workload.channel_depth)
         ident = identity_config(cfg, hardware, depth)
         run_id = stable_hash(identity(ident, trace_hash))
-        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
+        # trace_path absolute: `stepsim report` run from another folder finds the trace (the knob keeps the path
+        # as given, relative or not)
+        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__,
+               "trace_path": None if trace is None else Path(trace).resolve().as_posix(),
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
                **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
         row.update(_measurements(workload, metrics, sim, hardware, values, depth))

@@ -127,6 +127,7 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     global _compiled
     from stepsim.analysis.deadlock import run_diagnosed as run  # the numba engine; a deadlock comes explained
 
+    _check_arguments(target, channel_depth, max_events)
     records = _timeline_records(timeline)
     graph = target.graph if isinstance(target, Workload) else target
     if hardware is None:
@@ -187,6 +188,27 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
                      unit_counters=res.unit_counters, channel_counters=res.channel_counters,
                      inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional,
                      channel_depth=channel_depth, timeline=recorded)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_arguments(target, channel_depth, max_events) -> None:
+    """ArgumentError for a target that is no Graph or Workload and for a depth or event limit that is not a
+    positive int: a float depth was truncated, a bool taken as 1, None failed deep in the lowering, and
+    ``max_events=0`` reported a limit of 1 that was never given."""
+    from stepsim.base.errors import ArgumentError
+
+    if not isinstance(target, (Graph, Workload)):
+        raise ArgumentError(f"simulate: target must be a stepsim Graph or Workload, got {type(target).__name__} "
+                            f"{target!r:.60}")
+    if channel_depth is not _UNSET and channel_depth is not None and (not _is_int(channel_depth)
+                                                                     or channel_depth < 1):
+        raise ArgumentError(f"simulate: channel_depth must be an int >= 1 (elements) or None (1024), got "
+                            f"{channel_depth!r} ({type(channel_depth).__name__})")
+    if max_events is not None and (not _is_int(max_events) or max_events < 1):
+        raise ArgumentError(f"simulate: max_events must be an int >= 1 or None (no limit), got {max_events!r}")
 
 
 def _timeline_records(timeline) -> int:
