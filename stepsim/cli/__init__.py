@@ -1,10 +1,11 @@
 """Command-line interface: ``stepsim <command> ...`` (also ``python -m stepsim``).
 
 Each command has one module in this package (its argparse and its handler) with a ``register(subparsers)``
-function, so this module stays a thin dispatcher; the flags several commands share are in :mod:`stepsim.cli.args`. Every :class:`StepsimError` is
-printed as ``stepsim: error: <message>`` with exit status 2 and no traceback. Before a command runs, its
-``--out`` is checked (a parser declares ``out_kind`` "dir", "file" or "record"; :mod:`stepsim.base.outputs`), and a command
-that simulates says so once when the kernels still have to be compiled. Ctrl-C prints
+function, so this module stays a thin dispatcher; the flags several commands share are in
+:mod:`stepsim.cli.args`. Every :class:`StepsimError` is printed as ``stepsim: error: <message>`` with exit
+status 2 and no traceback. Before a command runs, its ``--out`` is checked (a parser declares ``out_kind``
+"dir", "file" or "record"; :mod:`stepsim.base.outputs`), and a command that simulates says so once when the
+kernels still have to be compiled. Ctrl-C prints
 ``stepsim: interrupted`` (exit 130) and SIGTERM ``stepsim: terminated`` (exit 143; :mod:`stepsim.base.signals`).
 """
 

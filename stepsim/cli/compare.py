@@ -1,4 +1,5 @@
-"""``stepsim compare BASELINE CANDIDATE``: compare two result sets; exit 1 when a metric got worse (:mod:`stepsim.insight.compare`)."""
+"""``stepsim compare BASELINE CANDIDATE``: compare two result sets; exit 1 when a metric got worse
+(:mod:`stepsim.insight.compare`)."""
 
 from __future__ import annotations
 
