@@ -34,6 +34,7 @@ from stepsim.kernels.hbm import (
     E_STATUS,
     E_STATUS_ARG,
     E_WL_N,
+    HBM_OUT_OF_WORK,
     N_ENG,
     N_HQ,
     hbm_init,
@@ -259,6 +260,9 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             break
         if t_hbm <= best_t:
             nd = hbm_process(best_t, us, eng, hq, hw, hfree, done_list, tl)
+            if nd == HBM_OUT_OF_WORK:  # the slice's work is spent: end it; the next slice resumes this event
+                status = A.ST_MAX_EVENTS
+                break
             events += 1
             for k in range(nd):
                 v = done_list[k]

@@ -110,6 +110,7 @@ from stepsim.base.files import (
     pa,  # pyarrow's stand-in: imported when a table is first made (a printed record needs none)
     partition_dir,
     provenance_metadata,
+    published_folder,
     read_results,
     stable_hash,
     trace_sha256,
@@ -418,7 +419,10 @@ class RunResult:
             depth = resolve_channel_depth(_knob_depth(cfg), hardware, workload.channel_depth)
         ident = identity_config(cfg, hardware, depth)
         run_id = stable_hash(identity(ident, trace_hash))
-        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
+        # trace_path absolute: `stepsim report` run from another folder finds the trace (the knob keeps the path
+        # as given, relative or not)
+        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__,
+               "trace_path": None if trace is None else Path(trace).resolve().as_posix(),
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
                **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
         row.update(_measurements(workload, metrics, sim, hardware, values, depth))
@@ -504,15 +508,19 @@ class RunResult:
         """
         ident = identity(self.config, self.row["trace_sha256"])
         extra = {TRACE_HASH_KEY: self.row["trace_sha256"]} if self.row["trace_sha256"] else None
-        paths = {"run": write_partitioned(self.to_arrow(), out_dir, partition_cols, config=ident,
-                                          metadata=extra)}
-        if self.simulated:
-            folder = partition_dir(out_dir, self.row, partition_cols)
-            meta = self.provenance()
-            for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
-                path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
-                paths[kind] = write_parquet_atomic(table, path, meta)
-        return paths
+        # the row and its tables appear together or not at all: a record without its channel table is a run
+        # folder `stepsim report` rejects (a full disk after the first file left one)
+        with published_folder(out_dir) as root:
+            paths = {"run": write_partitioned(self.to_arrow(), root, partition_cols, config=ident,
+                                              metadata=extra)}
+            if self.simulated:
+                folder = partition_dir(root, self.row, partition_cols)
+                meta = self.provenance()
+                for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
+                    path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
+                    paths[kind] = write_parquet_atomic(table, path, meta)
+        # a new folder was built under a temporary name: name the files where they are now
+        return {kind: Path(out_dir) / path.relative_to(root) for kind, path in paths.items()}
 
 
 def _attr(sim, name: str):
@@ -583,7 +591,8 @@ def _channel_columns(run_id: str, sim) -> dict[str, list]:
 
 # --- running and collecting -------------------------------------------------------------------------------
 @gc_paused  # the build, lowering and records allocate long-lived objects: see stepsim.graph.gcpause
-def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0) -> RunResult:
+def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0,
+               force: bool = False) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).
 
@@ -598,6 +607,8 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     timeline : int
         Simulations: record a timeline of at most this many records into ``RunResult.timeline``
         (:mod:`stepsim.simulation.timeline`); 0 records nothing. It changes no result, so it is not part of the identity.
+    force : bool
+        Simulate even when the estimated work is over the limit (:mod:`stepsim.kernels.run_size`).
 
     Returns
     -------
@@ -625,7 +636,7 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
 
         mode = cfg["mode"]
         sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
-                       progress=progress, timeline=timeline or False)
+                       progress=progress, timeline=timeline or False, force=force)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s), mode=mode)
         record = dataclasses.replace(record, timeline=sim.timeline)
