@@ -227,16 +227,18 @@ def stream_layout(shape: tuple, tile_m: int, tn: int) -> Layout:
     return row_layout(shape, tile_m) if tn == groups_rows_cols(shape)[2] else matmul_layout(shape, tile_m, tn)
 
 
-def default_depth(model: Model, tile_m: int) -> int | None:
+def default_depth(model: Model, tile_m: int, tn: dict) -> int | None:
     """The FIFO depth (elements) a lowered model runs with unless told otherwise: with attention, twice the most
-    row blocks of any activation's group, since an edge that bypasses it (the residual) holds a whole sequence
-    while the attention packs that sequence's keys and values; without, None (the workloads' default)."""
+    tiles of any activation's group (row blocks x column tiles), since an edge that bypasses attention (the
+    residual, the queries while the keys are packed) holds a whole sequence of tiles while the head Transposes and
+    the packing wait for that sequence's last row; without attention, None (the workloads' default)."""
     if not any(activation_matmul(model, n) for n in model.nodes):
         return None
     skip = views(model)
-    blocks = [groups_rows_cols(model.shapes[v])[1] // tile_m for n in model.nodes for v in n.inputs + n.outputs
-              if v and not model.is_const(v) and v not in model.bound and v not in skip]
-    return max(2, 2 * max(blocks))
+    tiles = [groups_rows_cols(model.shapes[v])[1] // tile_m * (model.shapes[v][-1] // tn.get(v, model.shapes[v][-1]))
+             for n in model.nodes for v in n.inputs + n.outputs
+             if v and not model.is_const(v) and v not in model.bound and v not in skip]
+    return max(2, 2 * max(tiles))
 
 
 def choose_tile_m(model: Model, tiling: Tiling) -> int:

@@ -91,8 +91,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     tile_m = layouts.choose_tile_m(model, tiling)
     tn = layouts.assign(model, tiling)
     conversions = converters.plan(model, tiling, tile_m, tn)
-    if channel_depth is UNSET and layouts.default_depth(model, tile_m) is not None:
-        channel_depth = layouts.default_depth(model, tile_m)
+    if channel_depth is UNSET and layouts.default_depth(model, tile_m, tn) is not None:
+        channel_depth = layouts.default_depth(model, tile_m, tn)
     tile_bytes = {v: tile_m * t * 4 for v, t in tn.items()}
     fifo_depth = 2 if channel_depth is UNSET or channel_depth is None else channel_depth
     edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
