@@ -3,7 +3,9 @@
 
     python examples/onnx_models.py gpt2 gpt2.onnx [--layers 2 --batch 2 --seq 8 --hidden 64 --heads 4 ...]
 
-Both run a forward pass over ``seq`` tokens (token ids in, logits out; no KV cache, a causal mask):
+Both run a forward pass over ``seq`` tokens (token ids in, logits out; a causal mask), or with ``--past N`` one
+decode step at position N against per-layer KV caches (``l<i>.attn.past_k`` / ``past_v`` in, ``present_k`` /
+``present_v`` out, a Concat along the sequence):
 
 * GPT-2: token + position embeddings (Gather), per layer LayerNormalization -> q / k / v MatMul + bias -> heads
   (Reshape, Transpose) -> softmax(q k^T / sqrt(hd) + mask) v -> merge heads -> output MatMul + bias -> residual ->
@@ -30,6 +32,7 @@ class _Builder:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.init = [], {}
+        self.inputs, self.outputs = [], []  # (name, shape): KV caches in and out
 
     def w(self, name, shape, std=None):
         std = shape[0] ** -0.5 if std is None else std
@@ -44,10 +47,12 @@ class _Builder:
         self.nodes.append(helper.make_node(op, ins, [out], name=name or out, **attrs))
         return out
 
-    def model(self, name, ids_shape, out_shape):
+    def model(self, name, ids_shape, out_shape, inputs=(), outputs=()):
+        """The model: ``input_ids`` and ``inputs`` (name, shape) in, ``logits`` and ``outputs`` out (fp32)."""
         ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ids_shape)
-        logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, out_shape)
-        graph = helper.make_graph(self.nodes, name, [ids], [logits],
+        ins = [helper.make_tensor_value_info(k, TensorProto.FLOAT, s) for k, s in inputs]
+        outs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, s) for k, s in (("logits", out_shape), *outputs)]
+        graph = helper.make_graph(self.nodes, name, [ids, *ins], outs,
                                   [numpy_helper.from_array(v, k) for k, v in self.init.items()])
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         m.ir_version = 10
@@ -55,12 +60,16 @@ class _Builder:
         return m
 
 
-def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: bool, rope=None) -> str:
+def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: bool, rope=None, past=0) -> str:
+    """Multi-head attention of ``x``; with ``past`` > 0 a decode step (``seq`` 1) against a KV cache of ``past``
+    tokens: inputs ``<p>.past_k`` / ``<p>.past_v`` and outputs ``<p>.present_k`` / ``<p>.present_v`` (Concat along
+    the sequence), no mask."""
     hd = hidden // heads
     b.const("shape_heads", [batch, seq, heads, hd], np.int64)
     b.const("shape_merged", [batch, seq, hidden], np.int64)
     b.const("scale", math.sqrt(hd))
-    b.const("mask", np.triu(np.full((seq, seq), -1e9, np.float32), 1).reshape(1, 1, seq, seq))
+    if not past:
+        b.const("mask", np.triu(np.full((seq, seq), -1e9, np.float32), 1).reshape(1, 1, seq, seq))
     qkv = {}
     for t in "qkv":
         y = b.op("MatMul", [x, b.w(f"{p}.w_{t}", (hidden, hidden))], f"{p}.{t}0")
@@ -70,10 +79,14 @@ def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: boo
         y = b.op("Transpose", [y], f"{p}.{t}2", perm=[0, 2, 1, 3])
         if rope is not None and t in "qk":
             y = rope(y, f"{p}.{t}")
+        if past and t in "kv":
+            b.inputs.append((f"{p}.past_{t}", [batch, heads, past, hd]))
+            b.outputs.append((f"{p}.present_{t}", [batch, heads, past + seq, hd]))
+            y = b.op("Concat", [f"{p}.past_{t}", y], f"{p}.present_{t}", axis=2)
         qkv[t] = y
     kt = b.op("Transpose", [qkv["k"]], f"{p}.kt", perm=[0, 1, 3, 2])
     s = b.op("Div", [b.op("MatMul", [qkv["q"], kt], f"{p}.scores"), "scale"], f"{p}.scaled")
-    prob = b.op("Softmax", [b.op("Add", [s, "mask"], f"{p}.masked")], f"{p}.probs", axis=-1)
+    prob = b.op("Softmax", [s if past else b.op("Add", [s, "mask"], f"{p}.masked")], f"{p}.probs", axis=-1)
     o = b.op("Transpose", [b.op("MatMul", [prob, qkv["v"]], f"{p}.ctx")], f"{p}.ctx_t", perm=[0, 2, 1, 3])
     o = b.op("MatMul", [b.op("Reshape", [o, "shape_merged"], f"{p}.merged"), b.w(f"{p}.w_o", (hidden, hidden))],
              f"{p}.o")
@@ -82,11 +95,13 @@ def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: boo
     return o
 
 
-def gpt2_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=256, vocab=128, seed=0):
+def gpt2_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=256, vocab=128, seed=0, past=0):
+    """The GPT-2-shaped model; ``past`` > 0: one decode step (``seq`` 1) at position ``past`` against KV caches."""
     b = _Builder(seed)
+    seq = 1 if past else seq
     wte = b.w("wte", (vocab, hidden), 0.5)
-    pos = b.op("Gather", [b.w("wpe", (seq, hidden), 0.1), b.const("positions", np.arange(seq), np.int64)],
-               "embed.pos", axis=0)
+    pos = b.op("Gather", [b.w("wpe", (past + seq, hidden), 0.1),
+                          b.const("positions", np.arange(past, past + seq), np.int64)], "embed.pos", axis=0)
     x = b.op("Add", [b.op("Gather", [wte, "input_ids"], "embed.tok", axis=0), pos], "embed.sum")
     for c, v in {"half": 0.5, "one": 1.0, "three": 3.0, "k_gelu": 0.044715, "s2pi": math.sqrt(2 / math.pi)}.items():
         b.const(c, v)
@@ -94,7 +109,8 @@ def gpt2_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=256, v
         p = f"l{i}"
         h = b.op("LayerNormalization", [x, b.const(f"{p}.ln1_g", np.ones(hidden)), b.w(f"{p}.ln1_b", (hidden,), 0.1)],
                  f"{p}.ln1", axis=-1, epsilon=1e-5)
-        x = b.op("Add", [x, _attention(b, f"{p}.attn", h, batch, seq, hidden, heads, bias=True)], f"{p}.res1")
+        x = b.op("Add", [x, _attention(b, f"{p}.attn", h, batch, seq, hidden, heads, bias=True, past=past)],
+                 f"{p}.res1")
         h = b.op("LayerNormalization", [x, b.const(f"{p}.ln2_g", np.ones(hidden)), b.w(f"{p}.ln2_b", (hidden,), 0.1)],
                  f"{p}.ln2", axis=-1, epsilon=1e-5)
         a = b.op("Add", [b.op("MatMul", [h, b.w(f"{p}.w_fc", (hidden, intermediate))], f"{p}.fc0"),
@@ -109,14 +125,16 @@ def gpt2_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=256, v
     h = b.op("LayerNormalization", [x, b.const("head.ln_g", np.ones(hidden)), b.w("head.ln_b", (hidden,), 0.1)],
              "head.ln", axis=-1, epsilon=1e-5)
     b.op("MatMul", [h, b.op("Transpose", [wte], "head.wte_t", perm=[1, 0])], "logits", name="head.lm")
-    return b.model("gpt2", [batch, seq], [batch, seq, vocab])
+    return b.model("gpt2", [batch, seq], [batch, seq, vocab], b.inputs, b.outputs)
 
 
-def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, vocab=128, seed=0):
+def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, vocab=128, seed=0, past=0):
+    """The Llama-shaped model; ``past`` > 0: one decode step (``seq`` 1) at position ``past`` against KV caches."""
     b = _Builder(seed)
+    seq = 1 if past else seq
     hd = hidden // heads
     inv = 1.0 / (10000 ** (np.arange(0, hd, 2) / hd))
-    ang = np.outer(np.arange(seq), inv)
+    ang = np.outer(np.arange(past, past + seq), inv)
     ang = np.concatenate([ang, ang], axis=-1).reshape(1, 1, seq, hd)
     b.const("cos", np.cos(ang))
     b.const("sin", np.sin(ang))
@@ -142,8 +160,8 @@ def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, 
     for i in range(layers):
         p = f"l{i}"
         h = rmsnorm(x, f"{p}.norm1")
-        x = b.op("Add", [x, _attention(b, f"{p}.attn", h, batch, seq, hidden, heads, bias=False, rope=rope)],
-                 f"{p}.res1")
+        x = b.op("Add", [x, _attention(b, f"{p}.attn", h, batch, seq, hidden, heads, bias=False, rope=rope,
+                                       past=past)], f"{p}.res1")
         h = rmsnorm(x, f"{p}.norm2")
         gate = b.op("MatMul", [h, b.w(f"{p}.w_gate", (hidden, intermediate))], f"{p}.gate")
         up = b.op("MatMul", [h, b.w(f"{p}.w_up", (hidden, intermediate))], f"{p}.up")
@@ -152,7 +170,7 @@ def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, 
                     f"{p}.down")
         x = b.op("Add", [x, down], f"{p}.res2")
     b.op("MatMul", [rmsnorm(x, "head.norm"), b.w("head.w", (hidden, vocab))], "logits", name="head.lm")
-    return b.model("llama", [batch, seq], [batch, seq, vocab])
+    return b.model("llama", [batch, seq], [batch, seq, vocab], b.inputs, b.outputs)
 
 
 MODELS = {"gpt2": gpt2_model, "llama": llama_model}
@@ -162,7 +180,8 @@ if __name__ == "__main__":
     ap.add_argument("model", choices=sorted(MODELS))
     ap.add_argument("out", help="the .onnx file to write")
     for flag, default in (("--layers", 2), ("--batch", 2), ("--seq", 8), ("--hidden", 64), ("--heads", 4),
-                          ("--intermediate", 128), ("--vocab", 128)):
+                          ("--intermediate", 128), ("--vocab", 128), ("--past", 0)):
         ap.add_argument(flag, type=int, default=default)
     a = ap.parse_args()
-    onnx.save(MODELS[a.model](a.layers, a.batch, a.seq, a.hidden, a.heads, a.intermediate, a.vocab), a.out)
+    onnx.save(MODELS[a.model](a.layers, a.batch, a.seq, a.hidden, a.heads, a.intermediate, a.vocab, past=a.past),
+              a.out)

@@ -49,12 +49,14 @@ from stepsim.graph import (
     Pointwise,
     Promote,
     RandomOffChipLoad,
+    Reassemble,
     RepeatStatic,
     Reshape,
     RetileCol,
     RetileRow,
     RowMax,
     RowSum,
+    SelectorSource,
     Silu,
     Streamify,
     Sub,
@@ -499,6 +501,33 @@ def _matmul_activations(e: Emitter, node: Node):
     n = e.model.shapes[node.outputs[0]][-1]
     e.val[node.outputs[0]] = e.map([x, Act(packed, src_cols, src_cols)], Matmul(weight_transposed=trans))
     assert e.val[node.outputs[0]].n == n
+
+
+@handles("Concat")
+def _concat(e: Emitter, node: Node):
+    """Concatenation along the rows (``axis`` = -2; e.g. a KV cache and the new token's keys): per group, each
+    input's row blocks in turn, merged by a Reassemble on a static selector (on chip: nothing)."""
+    y = node.outputs[0]
+    rank = len(e.model.shapes[y])
+    ins = [v for v in node.inputs if v]
+    if rank < 2 or node.attrs.get("axis", 0) % rank != rank - 2 or any(e.model.is_const(v) for v in ins):
+        raise FrontendError(f"{node.describe()}: supported is a concatenation of activations along the rows "
+                            f"(axis -2)")
+    g, _, n = groups_rows_cols(e.model.shapes[y])
+    blocks = []
+    for v in ins:
+        gv, rv, nv = groups_rows_cols(e.model.shapes[v])
+        if (gv, nv) != (g, n) or rv % e.tm:
+            raise FrontendError(f"{node.describe()}: input {v!r} {list(e.model.shapes[v])} must share the leading "
+                                f"dims and the last dim, with rows a multiple of tile_m {e.tm}")
+        blocks.append(rv // e.tm)
+    acts = [e.act(v, node) for v in ins]  # whole rows (layouts.needs_rows)
+    order = np.concatenate([np.repeat(np.arange(len(ins)), blocks)] * g)
+    sel = SelectorSource(e.g, np.eye(len(ins), dtype=np.int8)[order], len(ins))
+    # (1, M_i) -> (M_i,): a rank-0 stream, whose elements carry no stop level into the Reassemble's groups
+    merged = Reassemble(e.g, [Flatten(e.g, a.s, 0, 1) for a in acts], sel, 0)
+    merged.assume_shape(0, (1, len(order), 1))  # one tile per selector element
+    e.val[y] = Act(Flatten(e.g, merged, 0, 1), n, n)
 
 
 @handles("Gather")

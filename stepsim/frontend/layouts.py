@@ -206,6 +206,8 @@ def needs_rows(model: Model, tiling: Tiling, tn: dict, node, index: int) -> bool
     input streams as stripes)."""
     if node.op_type in ROW_CONSUMERS:
         return index == 0
+    if node.op_type == "Concat":
+        return True
     if activation_matmul(model, node):
         return True  # the left operand row by row, the right one packed per group
     if node.op_type in ("MatMul", "Gemm"):

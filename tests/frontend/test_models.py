@@ -68,3 +68,38 @@ def test_spilling_every_edge_keeps_the_logits(name):
     extra = spilled_w.metrics()["off_chip_bytes"] - from_onnx(MODELS[name](), values={"input_ids": IDS}).metrics()[
         "off_chip_bytes"]
     assert extra == sum(2 * e.bytes for e in spilled_w.frontend.edges)  # exactly the spills
+
+
+def _decode_feeds(m, seed=0):
+    from ort_check import rand
+
+    return {i.name: rand([d.dim_value for d in i.type.tensor_type.shape.dim], seed + k)
+            for k, i in enumerate(m.graph.input) if i.name != "input_ids"}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_decode_step_against_a_kv_cache(name):
+    ids = IDS[:, :1]
+    m = MODELS[name](past=7)
+    feeds = _decode_feeds(m)
+    w = from_onnx(m, values={"input_ids": ids})
+    r = simulate(w, functional=True, inputs=feeds)
+    want = ort_run(m, {"input_ids": ids, **feeds})
+    assert sorted(want) == sorted(["logits"] + [f"l{i}.attn.present_{t}" for i in range(2) for t in "kv"])
+    for out, ref in want.items():
+        err = np.abs(r.outputs[out].reshape(ref.shape) - ref).max() / np.abs(ref).max()
+        print(f"{name} decode {out}: max rel error {err:.2e}")
+        assert err < 2e-6
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_decode_step_traffic_grows_with_the_cache_exactly(name):
+    ids = IDS[:, :1]
+    layers, batch, heads, hd = 2, 2, 4, 64 // 4
+    off = {past: from_onnx(MODELS[name](past=past), values={"input_ids": ids}).metrics()["off_chip_bytes"]
+           for past in (7, 15)}
+    # per layer, keys and values: the cache read (past rows) and the present written back (past + 1 rows)
+    assert off[15] - off[7] == layers * 2 * 2 * (15 - 7) * batch * heads * hd * 4
+    sim = simulate(from_onnx(MODELS[name](past=15), values={"input_ids": ids}))
+    print(name, "decode step, cache 15:", sim.cycles, "cycles,", off[15], "B off chip")

@@ -168,3 +168,9 @@ def test_sigmoid_read_twice_is_not_rewritten():
 
 def test_swish_op():
     check(one("Swish", attrs={"alpha": 1.0}, opset=24), {"x": rand((R, N))}, 8)
+
+
+def test_concat_along_rows():
+    nodes = [helper.make_node("Concat", ["past", "x"], ["c"], axis=2), helper.make_node("Relu", ["c"], ["y"])]
+    m = model(nodes, {"past": [2, 3, 5, N], "x": [2, 3, 1, N]}, {"y": [2, 3, 6, N]}, name="concat")
+    check(m, {"past": rand((2, 3, 5, N), 1), "x": rand((2, 3, 1, N), 2)}, 1)
