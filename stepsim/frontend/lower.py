@@ -65,9 +65,9 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
         Hardware preset of the workload.
     dims : dict, optional
         Sizes of the model's named dynamic input dims (``{"batch": 4}``).
-    values : dict, optional
+    values : dict or "seeded", optional
         Values of the model's integer inputs (``{"input_ids": array}``): the token ids an embedding Gather looks
-        up become the addresses of its reads, as a trace's values do.
+        up become the addresses of its reads, as a trace's values do; ``"seeded"`` draws them (seed 0).
     fuse : bool
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str

@@ -23,7 +23,7 @@ def bind_dims(proto, dims: dict | None = None):
 def to_model(proto, values: dict | None = None) -> Model:
     """The :class:`Model` of a checked, dims-bound ``onnx.ModelProto`` (:func:`bind_dims`): shapes inferred,
     constants folded; ``values`` (graph input -> integer array) are kept as the model's ``bound`` run-time values,
-    not folded. FrontendError (one line naming the node) when a shape stays unknown."""
+    not folded (``"seeded"``: seeded ids for the inputs that only embedding Gathers read). FrontendError (one line naming the node) when a shape stays unknown."""
     onnx = onnx_module()
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
@@ -56,6 +56,8 @@ def to_model(proto, values: dict | None = None) -> Model:
             shapes[v] = tuple(np.asarray(a).shape)
     initializers = {t.name for t in graph.initializer}
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
+    if values == "seeded":
+        values = _seeded_ids(graph, inputs, shapes, consts)
     bound = _bound_values(graph, inputs, shapes, dict(values or {}))
     model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts, bound)
     for node in nodes:
@@ -64,6 +66,20 @@ def to_model(proto, values: dict | None = None) -> Model:
                 raise FrontendError(f"{node.describe()}: the shape of {v!r} is not static after shape inference; "
                                     f"bind the model's dynamic dims with from_onnx(..., dims={{name: size}})")
     return model
+
+
+def _seeded_ids(graph, inputs: list, shapes: dict, consts: dict) -> dict:
+    """Seeded token ids (seed 0, uniform over the table's rows) for every integer input that only row Gathers of
+    constant tables read (``values="seeded"``: ``stepsim run model.onnx`` has no ids to give)."""
+    out = {}
+    ints = [vi.name for vi in graph.input if vi.name in inputs and vi.type.tensor_type.elem_type in (6, 7)]
+    for name in ints:
+        readers = [n for n in graph.node if name in n.input]
+        tables = [consts.get(n.input[0]) for n in readers if n.op_type == "Gather" and list(n.input).index(name) == 1]
+        if readers and len(tables) == len(readers) and all(t is not None and t.ndim == 2 for t in tables):
+            rows = min(t.shape[0] for t in tables)
+            out[name] = np.random.default_rng(0).integers(0, rows, shapes[name])
+    return out
 
 
 def _bound_values(graph, inputs: list, shapes: dict, values: dict) -> dict:

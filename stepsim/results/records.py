@@ -657,7 +657,7 @@ def _build(cfg: Mapping, source: str | None) -> Workload:
         return build_normalized(cfg, source=source)
     from stepsim.frontend import from_onnx  # the front end sits below results (docs/architecture.md)
 
-    workload = from_onnx(cfg["program"])
+    workload = from_onnx(cfg["program"], values="seeded")  # token ids: seeded, as the CLI has none to give
     if cfg.get("fifo_depths") is not None:
         from stepsim.graph.depths_file import apply_depths_file
 

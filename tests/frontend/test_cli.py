@@ -5,6 +5,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from stepsim.cli import main
@@ -54,3 +55,16 @@ def test_a_bad_file_is_one_line_and_status_2(tmp_path, capsys):
     assert err.startswith(f"stepsim: error: {bad}: not a readable ONNX model (") and err.count("\n") == 1
     assert main(["run", str(tmp_path / "none.onnx")]) == 2
     assert capsys.readouterr().err == f"stepsim: error: {tmp_path / 'none.onnx'}: no such ONNX file\n"
+
+
+def test_a_whole_model_runs_with_seeded_token_ids(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    from onnx_models import MODELS
+
+    path = tmp_path / "llama_decode.onnx"
+    onnx.save(MODELS["llama"](past=7), path)
+    row = _json(capsys, "run", str(path), "--functional", "--check")
+    assert row["check_passed"] is True and row["check_max_rel_error"] < 2e-6
+    w = from_onnx(path, values="seeded")
+    assert row["cycles"] == simulate(w).cycles
+    assert w.frontend.bound["input_ids"].tolist() == np.random.default_rng(0).integers(0, 128, (2, 1)).tolist()
