@@ -1,4 +1,6 @@
-"""Pass 5: STeP emission. One handler per ONNX op type (the :data:`HANDLERS` registry), each turning a node into
+"""Pass 5: STeP emission. One handler per ONNX op type (the :data:`HANDLERS` registry, filled by
+:mod:`~stepsim.frontend.ops_elementwise`, :mod:`~stepsim.frontend.ops_matmul` and
+:mod:`~stepsim.frontend.ops_layout`), each turning a node into
 operators on row-tile streams (:mod:`stepsim.frontend.layouts`): every activation is a stream of shape
 ``(1, M)`` of ``tile_m x cols`` fp32 tiles, ``M`` the number of row tiles.
 
@@ -11,60 +13,36 @@ written and read back once each (``2 x`` its bytes of traffic) while the values 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from stepsim.base.errors import FrontendError
-from stepsim.frontend.ir import Model, Node, scalar
+from stepsim.frontend.ir import Model, Node
 from stepsim.frontend.layouts import (
     Tiling,
-    activation_matmul,
     groups_rows_cols,
-    head_merge,
-    head_split,
-    matmul_out_tile,
     needs_rows,
-    transpose_kind,
 )
 from stepsim.graph import (
     FP32,
     Accum,
-    Add,
     Bufferize,
-    Div,
     Empty,
-    Exp,
     Flatten,
     Graph,
     LinearOffChipLoad,
     LinearOffChipStore,
     Map,
-    MapAccum,
-    Matmul,
-    Max,
-    MetadataSource,
-    Mul,
     Pointwise,
     Promote,
-    RandomOffChipLoad,
-    Reassemble,
     RepeatStatic,
     Reshape,
     RetileCol,
-    RetileRow,
-    RowMax,
-    RowSum,
-    SelectorSource,
-    Silu,
     Streamify,
-    Sub,
     Tensor,
     Tile,
-    Zero,
 )
-from stepsim.graph.ops_convert import convert
 
 HANDLERS: dict = {}
 
@@ -249,343 +227,3 @@ class Emitter:
         raise FrontendError(f"{node.describe()}: constant {value!r} of shape {list(c.shape)} broadcasts against "
                             f"{like!r} {list(self.model.shapes[like])} in a way that is not supported (scalars, "
                             f"row vectors of the last dim, or the same shape)")
-
-
-# --- elementwise ---------------------------------------------------------------------------------------
-_BINARY = {"Add": (Add, "add_c", "add_c"), "Sub": (Sub, "sub_c", "rsub_c"), "Mul": (Mul, "mul_c", "mul_c"),
-           "Div": (Div, "div_c", "rdiv_c"), "Max": (Max, "max_c", "max_c"), "Min": (None, "min_c", "min_c"),
-           "Pow": (None, "pow_c", None)}
-
-
-@handles(*_BINARY)
-def _binary(e: Emitter, node: Node):
-    a, b = node.inputs[:2]
-    fn, kind_right, kind_left = _BINARY[node.op_type]
-    y = node.outputs[0]
-    ca, cb = e.model.is_const(a), e.model.is_const(b)
-    act = b if ca else a
-    if tuple(e.model.shapes[y]) != tuple(e.model.shapes[act]) and groups_rows_cols(e.model.shapes[y]) != \
-            groups_rows_cols(e.model.shapes[act]):
-        raise FrontendError(f"{node.describe()}: the output {list(e.model.shapes[y])} is larger than the activation "
-                            f"operand {list(e.model.shapes[act])}; broadcasting an activation is not supported")
-    for const, kind in ((b, kind_right), (a, kind_left)):
-        if e.model.is_const(const) and scalar(e.model.consts[const]) is not None:
-            if kind is None:
-                raise FrontendError(f"{node.describe()}: a constant base of Pow is not supported")
-            c = scalar(e.model.consts[const])
-            e.val[y] = _pow(e, e.act(act, node), c) if kind == "pow_c" else e.pw(e.act(act, node), kind, c)
-            return
-    if fn is None:
-        raise FrontendError(f"{node.describe()}: {node.op_type} of two tensors is supported only with a scalar "
-                            f"constant operand")
-    ga, gb = groups_rows_cols(e.model.shapes[a]), groups_rows_cols(e.model.shapes[b])
-    if not ca and not cb and (ga[:2] != gb[:2] or (ga[2] != gb[2] and 1 not in (ga[2], gb[2]))):
-        raise FrontendError(f"{node.describe()}: operands {list(e.model.shapes[a])} and {list(e.model.shapes[b])} "
-                            f"must have the same rows (and the same last dim, or 1)")
-    e.val[y] = e.map([e.const_or_act(node, a, act), e.const_or_act(node, b, act)], fn())
-
-
-def _pow(e: Emitter, s, c: float):
-    """``x ** c``; squares (the exporters' RMSNorm and GELU) as an exact product."""
-    if c == 2.0:
-        return e.map([s, s], Mul())
-    if c == 1.0:
-        return s
-    return e.pw(s, "pow_c", c)
-
-
-_UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Sqrt": "sqrt", "Neg": "neg"}
-
-
-@handles(*_UNARY)
-def _unary(e: Emitter, node: Node):
-    e.val[node.outputs[0]] = e.pw(e.act(node.inputs[0], node), _UNARY[node.op_type])
-
-
-@handles("Swish")
-def _swish(e: Emitter, node: Node):
-    if node.attrs.get("alpha", 1.0) != 1.0:
-        raise FrontendError(f"{node.describe()}: only alpha = 1 (SiLU) is supported, got {node.attrs['alpha']}")
-    e.val[node.outputs[0]] = e.map(e.act(node.inputs[0], node), Silu())
-
-
-@handles("Exp")
-def _exp(e: Emitter, node: Node):
-    e.val[node.outputs[0]] = e.map(e.act(node.inputs[0], node), Exp())
-
-
-@handles("Reciprocal")
-def _reciprocal(e: Emitter, node: Node):
-    e.val[node.outputs[0]] = e.pw(e.act(node.inputs[0], node), "rdiv_c", 1.0)
-
-
-@handles("Gelu")
-def _gelu(e: Emitter, node: Node):
-    x = e.act(node.inputs[0], node)
-    if node.attrs.get("approximate", b"none") in (b"none", "none"):
-        e.val[node.outputs[0]] = e.pw(x, "gelu")
-        return
-    # tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-    inner = e.pw(e.map([x, e.map([x, x], Mul())], Mul()), "mul_c", 0.044715)
-    t = e.pw(e.pw(e.map([x, inner], Add()), "mul_c", math.sqrt(2 / math.pi)), "tanh")
-    e.val[node.outputs[0]] = e.map([e.pw(x, "mul_c", 0.5), e.pw(t, "add_c", 1.0)], Mul())
-
-
-@handles("Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
-def _same_stream(e: Emitter, node: Node):
-    """Ops that leave the row-tile stream as it is: the last dim and the row order are kept."""
-    x, y = node.inputs[0], node.outputs[0]
-    if node.op_type == "Cast" and node.attrs.get("to") != 1:  # TensorProto.FLOAT
-        raise FrontendError(f"{node.describe()}: casts to element type {node.attrs.get('to')} are not supported "
-                            f"(fp32 activations only)")
-    if head_split(e.model, node):  # the producer streams one hd-wide stripe per head: a view
-        a = e.act(x, node)
-        heads, hd = head_split(e.model, node)
-        if a.tn != hd:
-            raise FrontendError(f"{node.describe()}: splitting into {heads} heads of {hd} needs its input to stream "
-                                f"{hd}-wide stripes (its MatMul's tile_n = {hd}), got {a.tn}")
-        e.val[y] = Act(a.s, hd, a.n, merged=True)
-        return
-    if head_merge(e.model, node) and e.val.get(x, Act(None, 0, 0)).merged:  # heads' stripes: the merged value's
-        a = e.act(x, node)
-        e.val[y] = Act(a.s, a.tn, a.n)
-        return
-    sx, sy = e.model.shapes[x], e.model.shapes[y]
-    gx, gy = groups_rows_cols(sx), groups_rows_cols(sy)
-    if gx[2] != gy[2] or gx[0] * gx[1] != gy[0] * gy[1] or gy[1] % e.tm:
-        raise FrontendError(f"{node.describe()}: {list(sx)} -> {list(sy)} changes the last dim or splits rows off "
-                            f"tile boundaries; only reshapes of the leading dims stream on chip")
-    e.val[y] = e.act(x, node)
-
-
-# --- reductions over the last axis ---------------------------------------------------------------------
-def _last_axis(e: Emitter, node: Node, axes) -> None:
-    rank = len(e.model.shapes[node.inputs[0]])
-    if [a % rank for a in axes] != [rank - 1]:
-        raise FrontendError(f"{node.describe()}: only the last axis can be reduced or normalized (got axes "
-                            f"{list(axes)} of a rank-{rank} tensor)")
-
-
-@handles("ReduceMean", "ReduceSum", "ReduceMax")
-def _reduce(e: Emitter, node: Node):
-    axes = node.attrs.get("axes")
-    if axes is None and len(node.inputs) > 1 and node.inputs[1]:
-        axes = [int(a) for a in e.model.consts[node.inputs[1]].reshape(-1)]
-    _last_axis(e, node, axes if axes is not None else range(len(e.model.shapes[node.inputs[0]])))
-    if node.attrs.get("keepdims", 1) != 1:
-        raise FrontendError(f"{node.describe()}: keepdims=0 is not supported")
-    x = e.act(node.inputs[0], node)
-    if node.op_type == "ReduceMax":
-        e.val[node.outputs[0]] = e.map(x, RowMax())
-        return
-    s = e.map(x, RowSum())
-    n = e.cols(node.inputs[0])
-    e.val[node.outputs[0]] = e.pw(s, "mul_c", 1.0 / n) if node.op_type == "ReduceMean" else s
-
-
-@handles("Softmax")
-def _softmax(e: Emitter, node: Node):
-    _last_axis(e, node, [node.attrs.get("axis", -1)])
-    x = e.act(node.inputs[0], node)
-    ex = e.map(e.map([x, e.map(x, RowMax())], Sub()), Exp())
-    e.val[node.outputs[0]] = e.map([ex, e.map(ex, RowSum())], Div())
-
-
-def _normalize(e: Emitter, node: Node, x, centered: bool):
-    """``(x - mean) / sqrt(var + eps)`` (LayerNorm) or ``x / sqrt(mean(x^2) + eps)`` (RMSNorm), then the scale
-    and bias (row vectors)."""
-    _last_axis(e, node, [node.attrs.get("axis", -1)])
-    n = e.cols(node.inputs[0])
-    if centered:
-        x = e.map([x, e.pw(e.map(x, RowSum()), "mul_c", 1.0 / n)], Sub())
-    ms = e.pw(e.map(e.map([x, x], Mul()), RowSum()), "mul_c", 1.0 / n)
-    inv = e.pw(e.pw(e.pw(ms, "add_c", node.attrs.get("epsilon", 1e-5)), "sqrt"), "rdiv_c", 1.0)
-    y = e.map([x, inv], Mul())
-    for k, fn in ((1, Mul), (2, Add)):
-        if len(node.inputs) > k and node.inputs[k]:
-            v = node.inputs[k]
-            if not e.model.is_const(v):
-                raise FrontendError(f"{node.describe()}: the scale and bias must be initializers")
-            y = e.map([y, e.row_vector(v, e.model.consts[v].astype(np.float32), y)], fn())
-    e.val[node.outputs[0]] = y
-
-
-@handles("LayerNormalization")
-def _layer_norm(e: Emitter, node: Node):
-    _normalize(e, node, e.act(node.inputs[0], node), centered=True)
-
-
-@handles("RMSNormalization", "SimplifiedLayerNormalization")
-def _rms_norm(e: Emitter, node: Node):
-    _normalize(e, node, e.act(node.inputs[0], node), centered=False)
-
-
-# --- MatMul / Gemm -------------------------------------------------------------------------------------
-@handles("MatMul", "Gemm")
-def _matmul(e: Emitter, node: Node):
-    a, w = node.inputs[:2]
-    trans_b = bool(node.attrs.get("transB", 0))
-    if node.attrs.get("transA", 0):
-        raise FrontendError(f"{node.describe()}: transA=1 is not supported")
-    if activation_matmul(e.model, node) and not e.model.is_const(a):
-        _matmul_activations(e, node)
-        return
-    if e.model.is_const(a) or not e.model.is_const(w) or e.model.consts[w].ndim != 2:
-        raise FrontendError(f"{node.describe()}: supported is an activation times a 2-D initializer (weights) or "
-                            f"times another activation")
-    weights = e.model.consts[w].astype(np.float32)
-    k, n = weights.shape[::-1] if trans_b else weights.shape
-    y = node.outputs[0]
-    tn, _ = matmul_out_tile(e.model, e.tiling, node)
-    nt = n // tn
-    if e.tiling.reread_inputs and a in e.model.inputs and nt > 1 and (a, node.name) not in e.spilled:
-        # the graph input read from DRAM once per N tile (the hand-written layers' "mn_mk" schedule) instead of
-        # once and repeated on chip; MatMuls reading it alike share the load
-        b_, r_, _ = groups_rows_cols(e.model.shapes[a])
-        m, tk, kt = b_ * r_ // e.tm, k, 1
-        xs = e.load_view(Tensor(a, (r_, k) if b_ == 1 else (b_, r_, k), FP32), (e.tm, k), (m, nt, 1), (1, 0, 1))
-    else:
-        x = e.act(a, node)  # whole rows, unless this MatMul's N is one tile: then stripes are its K chunks
-        m, tk = e.tiles_of(x), x.tn
-        kt = k // tk
-        if x.stripes:  # (1, M, kt) -> (1, M, 1, kt): the K loop innermost, one N tile
-            xs = Reshape(e.g, x.s, 1, 1)
-        elif nt > 1:  # (1, M) -> (1, M, nt, 1): each row block once per N tile (on chip: one tile)
-            xs = Promote(e.g, RepeatStatic(e.g, x.s, nt), 0)
-        else:
-            xs = Promote(e.g, Promote(e.g, x.s, 0), 0)
-    # tile (k-chunk, n-tile) of the weight; tile numbers of the row-major tiled tensor
-    if trans_b:  # [N, K] stored
-        wl = LinearOffChipLoad(e.g, Tensor(w, (n, k), FP32, weights), (tn, tk), (m, nt, kt), (0, kt, 1),
-                               par_dispatch=e.tiling.par_dispatch)
-    else:
-        wl = LinearOffChipLoad(e.g, Tensor(w, (k, n), FP32, weights), (tk, tn), (m, nt, kt), (0, 1, nt),
-                               par_dispatch=e.tiling.par_dispatch)
-    # a K-chunked product accumulates a whole-N row block: too wide for a compute unit, it lives in a memory unit
-    prod = MapAccum(e.g, xs, wl, Matmul(weight_transposed=trans_b), Zero(e.tm, tn), 1, compute_bw=e.bw,
-                    write_back_mu=kt > 1)
-    out = Act(prod, tn, n) if nt > 1 else Act(Flatten(e.g, prod, 0, 1), n, n)
-    alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
-    if alpha != 1.0:
-        out = e.pw(out, "mul_c", alpha)
-    if len(node.inputs) > 2 and node.inputs[2]:
-        c = e.model.consts.get(node.inputs[2])
-        if c is None:
-            raise FrontendError(f"{node.describe()}: the bias C must be an initializer")
-        c = beta * c.astype(np.float32)
-        out = e.pw(out, "add_c", scalar(c)) if c.size == 1 else e.map(
-            [out, e.row_vector(node.inputs[2], c, out)], Add())
-    e.val[y] = out
-
-
-def _matmul_activations(e: Emitter, node: Node):
-    """``A @ B`` of two activations with the same groups (batch x heads): B is packed into one tile per group (the
-    reuse buffer, ``rows x cols`` of B) and repeated for each row block of A; B may be a last-two-dims swap,
-    read transposed."""
-    a, b = node.inputs[:2]
-    ga, ra, _ = groups_rows_cols(e.model.shapes[a])
-    gb, rb, cb = groups_rows_cols(e.model.shapes[b])
-    trans = b in e.swapped
-    src_rows, src_cols = (cb, rb) if trans else (rb, cb)  # B's stream: rows of its Transpose's input
-    if ga != gb:
-        raise FrontendError(f"{node.describe()}: operands {list(e.model.shapes[a])} and {list(e.model.shapes[b])} "
-                            f"must have the same leading dims (no broadcasting of the right operand)")
-    x, bs = e.act(a, node), e.act(b, node)
-    packed = bs.s
-    if src_rows > e.tm:  # (1, G * rows/tm) -> (1, G, rows/tm) -> (1, G) of one [rows, cols] tile per group
-        packed = Accum(e.g, Reshape(e.g, bs.s, src_rows // e.tm, 0), RetileRow(), Empty(0, src_cols), 1,
-                       compute_bw=0, out_dtype=Tile(FP32, src_rows, src_cols), name=f"pack[{b}->{node.name}]")
-    m_per_group = ra // e.tm
-    if m_per_group > 1:  # (1, G) -> (1, G, M_g) -> (1, G * M_g): each group's tile once per row block of A
-        packed = Flatten(e.g, RepeatStatic(e.g, packed, m_per_group), 0, 1)
-    n = e.model.shapes[node.outputs[0]][-1]
-    e.val[node.outputs[0]] = e.map([x, Act(packed, src_cols, src_cols)], Matmul(weight_transposed=trans))
-    assert e.val[node.outputs[0]].n == n
-
-
-@handles("Concat")
-def _concat(e: Emitter, node: Node):
-    """Concatenation along the rows (``axis`` = -2; e.g. a KV cache and the new token's keys): per group, each
-    input's row blocks in turn, merged by a Reassemble on a static selector (on chip: nothing)."""
-    y = node.outputs[0]
-    rank = len(e.model.shapes[y])
-    ins = [v for v in node.inputs if v]
-    if rank < 2 or node.attrs.get("axis", 0) % rank != rank - 2 or any(e.model.is_const(v) for v in ins):
-        raise FrontendError(f"{node.describe()}: supported is a concatenation of activations along the rows "
-                            f"(axis -2)")
-    g, _, n = groups_rows_cols(e.model.shapes[y])
-    blocks = []
-    for v in ins:
-        gv, rv, nv = groups_rows_cols(e.model.shapes[v])
-        if (gv, nv) != (g, n) or rv % e.tm:
-            raise FrontendError(f"{node.describe()}: input {v!r} {list(e.model.shapes[v])} must share the leading "
-                                f"dims and the last dim, with rows a multiple of tile_m {e.tm}")
-        blocks.append(rv // e.tm)
-    acts = [e.act(v, node) for v in ins]  # whole rows (layouts.needs_rows)
-    order = np.concatenate([np.repeat(np.arange(len(ins)), blocks)] * g)
-    sel = SelectorSource(e.g, np.eye(len(ins), dtype=np.int8)[order], len(ins))
-    # (1, M_i) -> (M_i,): a rank-0 stream, whose elements carry no stop level into the Reassemble's groups
-    merged = Reassemble(e.g, [Flatten(e.g, a.s, 0, 1) for a in acts], sel, 0)
-    merged.assume_shape(0, (1, len(order), 1))  # one tile per selector element
-    e.val[y] = Act(Flatten(e.g, merged, 0, 1), n, n)
-
-
-@handles("Gather")
-def _gather(e: Emitter, node: Node):
-    """An embedding lookup: rows of a constant table at the token ids given at lowering (``values=``), one random
-    read of a ``1 x D`` tile per id, packed ``tile_m`` rows at a time (a retile of one row block)."""
-    table, ids = node.inputs[:2]
-    if not e.model.is_const(table) or e.model.consts[table].ndim != 2 or node.attrs.get("axis", 0) != 0 \
-            or ids not in e.model.bound:
-        raise FrontendError(f"{node.describe()}: supported is a Gather of rows (axis 0) of a 2-D initializer at "
-                            f"token ids given with from_onnx(..., values=...)")
-    data = e.model.consts[table].astype(np.float32)
-    v, d = data.shape
-    idx = e.model.bound[ids].reshape(-1)
-    if idx.min() < 0 or idx.max() >= v:
-        raise FrontendError(f"{node.describe()}: token id {int(idx.max() if idx.max() >= v else idx.min())} is "
-                            f"outside the table's {v} rows")
-    rows = RandomOffChipLoad(e.g, MetadataSource(e.g, idx), Tensor(table, (v, d), FP32, data), (1, d),
-                             par_dispatch=e.tiling.par_dispatch)
-    out = node.outputs[0]
-    if e.tm == 1:  # one-row tiles already
-        e.val[out] = Act(rows, d, d)
-        return
-    packed = Accum(e.g, Reshape(e.g, rows, e.tm, 0), RetileRow(), Empty(0, d), 1, compute_bw=0,
-                   out_dtype=Tile(FP32, e.tm, d), name=f"retile[{out}]")
-    e.converter_ops[out] = packed
-    e.val[out] = Act(packed, d, d)
-
-
-# --- layout-only ops -----------------------------------------------------------------------------------
-@handles("Transpose")
-def _transpose(e: Emitter, node: Node):
-    x, y = node.inputs[0], node.outputs[0]
-    kind = transpose_kind(e.model, node)
-    if kind == "swap":  # read transposed by its MatMul (converters.plan checked the readers)
-        e.val[y] = e.act(x, node)
-        e.swapped.add(y)
-        return
-    conv = e.conversions[node.name]
-    a = e.act(x, node)
-    producer = e.producer.get(x)
-    names = dict(producer_name=producer.name if producer else x, consumer_name=node.name)
-    if kind == "leading":
-        b, r, _ = groups_rows_cols(e.model.shapes[x])
-        out = convert(e.g, Reshape(e.g, a.s, r, 0), conv.producer, conv.consumer, **names)  # (1, B, R) -> (1, R, B)
-        e.val[y] = Act(Flatten(e.g, out, 0, 1), a.n, a.n)
-    elif conv.buffer.method == "compatible":  # one row block per sequence: (1, B, H) either way, no buffer
-        h = conv.producer.shape[1]
-        e.val[y] = (Act(Flatten(e.g, a.s, 0, 1), a.tn, a.tn) if a.merged else
-                    Act(Reshape(e.g, a.s, h, 0), a.tn, a.tn * h, merged=True))
-        return
-    elif a.merged:  # [B, S, H, hd] -> [B, H, S, hd]: (1, B*Sm, H) -> (1, B, Sm, H) -> (1, B, H, Sm) -> rows
-        sm = conv.producer.trips[1]
-        out = convert(e.g, Reshape(e.g, a.s, sm, 1), conv.producer, conv.consumer, **names)
-        e.val[y] = Act(Flatten(e.g, out, 0, 2), a.tn, a.tn)
-    else:  # [B, H, S, hd] rows -> [B, S, H, hd]: (1, B*H*Sm) -> (1, B, H, Sm) -> (1, B, Sm, H) -> (1, B*Sm, H)
-        h, sm = conv.producer.shape[1], conv.producer.trips[2]
-        s = Reshape(e.g, Reshape(e.g, a.s, sm, 0), h, 1)
-        out = convert(e.g, s, conv.producer, conv.consumer, **names)
-        e.val[y] = Act(Flatten(e.g, out, 1, 2), a.tn, a.tn * h, merged=True)
-    e.converter_ops[node.name] = out

@@ -6,7 +6,18 @@ import dataclasses
 from dataclasses import dataclass
 
 from stepsim.base.defaults import UNSET
-from stepsim.frontend import check, converters, emit, fusion, layouts, patterns, shapes
+from stepsim.frontend import (  # noqa: F401 (they register the handlers)
+    check,
+    converters,
+    emit,
+    fusion,
+    layouts,
+    ops_elementwise,
+    ops_layout,
+    ops_matmul,
+    patterns,
+    shapes,
+)
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
