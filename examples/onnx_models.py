@@ -11,6 +11,8 @@ decode step at position N against per-layer KV caches (``l<i>.attn.past_k`` / ``
   (Reshape, Transpose) -> softmax(q k^T / sqrt(hd) + mask) v -> merge heads -> output MatMul + bias -> residual ->
   LayerNormalization -> MatMul + bias -> tanh-GELU as Mul / Pow / Tanh / Add -> MatMul + bias -> residual; a final
   LayerNormalization and the tied LM head (MatMul by the transposed token embedding).
+* Qwen3-MoE: the Llama shape with a Mixture-of-Experts FFN in every layer (router softmax, top-k gates
+  renormalized, every expert's SwiGLU weighted by its gate, summed: the dense spelling); the routing is a trace.
 * Llama: token embedding, per layer RMSNorm as Pow -> ReduceMean -> Add -> Sqrt -> Reciprocal -> Mul -> q / k / v
   MatMuls -> heads -> RoPE (q cos + rotate_half(q) sin, rotate_half as Slice / Neg / Concat) -> causal attention
   -> output MatMul -> residual -> RMSNorm -> gate / up MatMuls -> SiLU as Sigmoid x Mul -> down MatMul ->
@@ -95,6 +97,28 @@ def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: boo
     return o
 
 
+def _rope_tables(b: _Builder, seq, hd, past):
+    """RoPE's cos / sin at positions ``past .. past + seq`` and the Slice bounds of rotate_half."""
+    inv = 1.0 / (10000 ** (np.arange(0, hd, 2) / hd))
+    ang = np.outer(np.arange(past, past + seq), inv)
+    ang = np.concatenate([ang, ang], axis=-1).reshape(1, 1, seq, hd)
+    b.const("cos", np.cos(ang))
+    b.const("sin", np.sin(ang))
+    b.const("axes", [-1], np.int64)
+    b.const("half_start", [hd // 2], np.int64)
+    b.const("half_end", [hd], np.int64)
+    b.const("zero", [0], np.int64)
+
+    def rope(y, p):
+        """``y cos + rotate_half(y) sin``, rotate_half as Slice / Neg / Concat (as exported)."""
+        hi = b.op("Slice", [y, "half_start", "half_end", "axes"], f"{p}.hi")
+        lo = b.op("Slice", [y, "zero", "half_start", "axes"], f"{p}.lo")
+        rot = b.op("Concat", [b.op("Neg", [hi], f"{p}.neg"), lo], f"{p}.rot", axis=-1)
+        return b.op("Add", [b.op("Mul", [y, "cos"], f"{p}.cos"), b.op("Mul", [rot, "sin"], f"{p}.sin")], f"{p}.rope")
+
+    return rope
+
+
 def gpt2_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=256, vocab=128, seed=0, past=0):
     """The GPT-2-shaped model; ``past`` > 0: one decode step (``seq`` 1) at position ``past`` against KV caches."""
     b = _Builder(seed)
@@ -132,29 +156,14 @@ def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, 
     """The Llama-shaped model; ``past`` > 0: one decode step (``seq`` 1) at position ``past`` against KV caches."""
     b = _Builder(seed)
     seq = 1 if past else seq
-    hd = hidden // heads
-    inv = 1.0 / (10000 ** (np.arange(0, hd, 2) / hd))
-    ang = np.outer(np.arange(past, past + seq), inv)
-    ang = np.concatenate([ang, ang], axis=-1).reshape(1, 1, seq, hd)
-    b.const("cos", np.cos(ang))
-    b.const("sin", np.sin(ang))
+    rope = _rope_tables(b, seq, hidden // heads, past)
     for c, v in {"two": 2.0, "eps": 1e-6}.items():
         b.const(c, v)
-    b.const("axes", [-1], np.int64)
-    b.const("half_start", [hd // 2], np.int64)
-    b.const("half_end", [hd], np.int64)
-    b.const("zero", [0], np.int64)
 
     def rmsnorm(x, p):
         ms = b.op("ReduceMean", [b.op("Pow", [x, "two"], f"{p}.sq"), "axes"], f"{p}.ms", keepdims=1)
         inv_rms = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, "eps"], f"{p}.mse")], f"{p}.rms")], f"{p}.inv")
         return b.op("Mul", [b.op("Mul", [x, inv_rms], f"{p}.xn"), b.const(f"{p}.w", np.ones(hidden))], f"{p}.out")
-
-    def rope(y, p):
-        hi = b.op("Slice", [y, "half_start", "half_end", "axes"], f"{p}.hi")
-        lo = b.op("Slice", [y, "zero", "half_start", "axes"], f"{p}.lo")
-        rot = b.op("Concat", [b.op("Neg", [hi], f"{p}.neg"), lo], f"{p}.rot", axis=-1)
-        return b.op("Add", [b.op("Mul", [y, "cos"], f"{p}.cos"), b.op("Mul", [rot, "sin"], f"{p}.sin")], f"{p}.rope")
 
     x = b.op("Gather", [b.w("embed", (vocab, hidden), 0.5), "input_ids"], "embed.tok", axis=0)
     for i in range(layers):
@@ -173,7 +182,60 @@ def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, 
     return b.model("llama", [batch, seq], [batch, seq, vocab], b.inputs, b.outputs)
 
 
-MODELS = {"gpt2": gpt2_model, "llama": llama_model}
+def _moe_ffn(b: _Builder, p: str, h: str, hidden, experts, k, intermediate) -> str:
+    """A Qwen3-MoE-style block written densely: router softmax, top-k gates renormalized, every expert's SwiGLU
+    weighted by its gate (zero for the tokens not routed to it), summed."""
+    b.const("axes", [-1], np.int64)
+    b.const(f"{p}.k", [k], np.int64)
+    probs = b.op("Softmax", [b.op("MatMul", [h, b.w(f"{p}.router", (hidden, experts))], f"{p}.logits")],
+                 f"{p}.probs", axis=-1)
+    b.nodes.append(helper.make_node("TopK", [probs, f"{p}.k"], [f"{p}.topv", f"{p}.topi"], name=f"{p}.topk",
+                                    axis=-1))
+    norm = b.op("Div", [f"{p}.topv", b.op("ReduceSum", [f"{p}.topv", "axes"], f"{p}.topsum", keepdims=1)],
+                f"{p}.gates")
+    acc = None
+    for e in range(experts):
+        q = f"{p}.e{e}"
+        hit = b.op("Cast", [b.op("Equal", [f"{p}.topi", b.const(f"{q}.id", e, np.int64)], f"{q}.eq")], f"{q}.hit",
+                   to=TensorProto.FLOAT)
+        w = b.op("ReduceSum", [b.op("Mul", [norm, hit], f"{q}.wk"), "axes"], f"{q}.w", keepdims=1)
+        gate = b.op("MatMul", [h, b.w(f"{q}.w_gate", (hidden, intermediate))], f"{q}.gate")
+        silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{q}.sg")], f"{q}.silu")
+        up = b.op("MatMul", [h, b.w(f"{q}.w_up", (hidden, intermediate))], f"{q}.up")
+        down = b.op("MatMul", [b.op("Mul", [silu, up], f"{q}.z"), b.w(f"{q}.w_down", (intermediate, hidden))],
+                    f"{q}.down")
+        out = b.op("Mul", [down, w], f"{q}.out")
+        acc = out if acc is None else b.op("Add", [acc, out], f"{q}.acc")
+    return acc
+
+
+def qwen3_moe_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=64, vocab=128, seed=0, past=0,
+                    experts=8, top_k=2):
+    """The Llama-shaped model with a Qwen3-MoE-style FFN (``experts``, top-``top_k``, renormalized gates) in
+    every layer; the routing is a trace at lowering (``from_onnx(..., routing={"l<i>.moe.topk": ids})``)."""
+    b = _Builder(seed)
+    seq = 1 if past else seq
+    rope = _rope_tables(b, seq, hidden // heads, past)
+    for c, v in {"two": 2.0, "eps": 1e-6}.items():
+        b.const(c, v)
+
+    def rmsnorm(x, p):
+        ms = b.op("ReduceMean", [b.op("Pow", [x, "two"], f"{p}.sq"), "axes"], f"{p}.ms", keepdims=1)
+        inv_rms = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, "eps"], f"{p}.mse")], f"{p}.rms")], f"{p}.inv")
+        return b.op("Mul", [b.op("Mul", [x, inv_rms], f"{p}.xn"), b.const(f"{p}.w", np.ones(hidden))], f"{p}.out")
+
+    x = b.op("Gather", [b.w("embed", (vocab, hidden), 0.5), "input_ids"], "embed.tok", axis=0)
+    for i in range(layers):
+        p = f"l{i}"
+        x = b.op("Add", [x, _attention(b, f"{p}.attn", rmsnorm(x, f"{p}.norm1"), batch, seq, hidden, heads,
+                                       bias=False, rope=rope, past=past)], f"{p}.res1")
+        x = b.op("Add", [x, _moe_ffn(b, f"{p}.moe", rmsnorm(x, f"{p}.norm2"), hidden, experts, top_k,
+                                     intermediate)], f"{p}.res2")
+    b.op("MatMul", [rmsnorm(x, "head.norm"), b.w("head.w", (hidden, vocab))], "logits", name="head.lm")
+    return b.model("qwen3_moe", [batch, seq], [batch, seq, vocab], b.inputs, b.outputs)
+
+
+MODELS = {"gpt2": gpt2_model, "llama": llama_model, "qwen3_moe": qwen3_moe_model}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

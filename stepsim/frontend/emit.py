@@ -95,6 +95,7 @@ class Emitter:
         self.inputs: set = set()  # graph inputs not loaded yet
         self.loads: dict = {}  # (tensor, tile, view) -> its load: one load per distinct read, shared
         self.swapped: set = set()  # values that are a last-two-dims swap of their Transpose's input
+        self.routing = None  # the MoE blocks' routing traces (stepsim.frontend.moe)
 
     # --- streams -----------------------------------------------------------------------------------------
     def tiles(self, value: str) -> int:

@@ -233,8 +233,9 @@ def default_depth(model: Model, tile_m: int, tn: dict) -> int | None:
     """The FIFO depth (elements) a lowered model runs with unless told otherwise: with attention, twice the most
     tiles of any activation's group (row blocks x column tiles), since an edge that bypasses attention (the
     residual, the queries while the keys are packed) holds a whole sequence of tiles while the head Transposes and
-    the packing wait for that sequence's last row; without attention, None (the workloads' default)."""
-    if not any(activation_matmul(model, n) for n in model.nodes):
+    the packing wait for that sequence's last row; the same with a MoE block (each expert packs all its tokens
+    before computing); without either, None (the workloads' default)."""
+    if not any(activation_matmul(model, n) or n.op_type == "MoE" for n in model.nodes):
         return None
     skip = views(model)
     tiles = [groups_rows_cols(model.shapes[v])[1] // tile_m * (model.shapes[v][-1] // tn.get(v, model.shapes[v][-1]))

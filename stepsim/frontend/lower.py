@@ -5,19 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import stepsim.frontend.ops_elementwise  # noqa: F401  (registers its emission handlers, as the two below)
+import stepsim.frontend.ops_layout  # noqa: F401
+import stepsim.frontend.ops_matmul  # noqa: F401
 from stepsim.base.defaults import UNSET
-from stepsim.frontend import (  # noqa: F401 (they register the handlers)
-    check,
-    converters,
-    emit,
-    fusion,
-    layouts,
-    ops_elementwise,
-    ops_layout,
-    ops_matmul,
-    patterns,
-    shapes,
-)
+from stepsim.frontend import check, converters, emit, fusion, layouts, moe, patterns, shapes
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
@@ -63,7 +55,7 @@ class FrontendReport:
 
 
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
-              dims: dict | None = None, values: dict | None = None, fuse: bool = True, spill=(), budget: int | None = None,
+              dims: dict | None = None, values: dict | None = None, routing=None, fuse: bool = True, spill=(), budget: int | None = None,
               channel_depth=UNSET) -> Workload:
     """Lower an ONNX model to a STeP :class:`~stepsim.workloads.base.Workload` named ``onnx``.
 
@@ -79,6 +71,9 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     values : dict or "seeded", optional
         Values of the model's integer inputs (``{"input_ids": array}``): the token ids an embedding Gather looks
         up become the addresses of its reads, as a trace's values do; ``"seeded"`` draws them (seed 0).
+    routing : array or dict, optional
+        The expert ids each token is routed to (``[tokens, k]``), per MoE block (a dict by its TopK node's name
+        when the model has several): a trace, as the hand-written MoE layers take (:mod:`stepsim.frontend.moe`).
     fuse : bool
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str
@@ -95,10 +90,12 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     """
     tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
     proto = shapes.bind_dims(load_model(source), dims)
-    model = patterns.raise_patterns(shapes.to_model(proto, values))
+    model = moe.raise_moe(patterns.raise_patterns(shapes.to_model(proto, values)))
     forced = layouts.head_tiles(model)  # head splits fix their MatMul's tile_n (a user's per_node wins)
     if forced:
         tiling = dataclasses.replace(tiling, per_node={**forced, **tiling.per_node})
+    if tiling.tile_m is None and any(n.op_type == "MoE" for n in model.nodes):
+        tiling = dataclasses.replace(tiling, tile_m=1)  # routing moves single tokens
     tile_m = layouts.choose_tile_m(model, tiling)
     tn = layouts.assign(model, tiling)
     conversions = converters.plan(model, tiling, tile_m, tn)
@@ -108,6 +105,7 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     fifo_depth = 2 if channel_depth is UNSET or channel_depth is None else channel_depth
     edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
+    emitter.routing = routing
     graph = emitter.run()
     skip = layouts.views(model)
     stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items() if v not in skip}

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ort_check import model  # noqa: E402
 
 SUPPORTED = ("Add, Cast, Concat, Div, Dropout, Erf, Exp, Flatten, Gather, Gelu, Gemm, Identity, LayerNormalization, MatMul, "
-             "Max, Min, Mul, Neg, Pow, RMSNormalization, Reciprocal, ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, "
+             "Max, Min, MoE, Mul, Neg, Pow, RMSNormalization, Reciprocal, ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, "
              "Sigmoid, SimplifiedLayerNormalization, Softmax, Sqrt, Squeeze, Sub, Swish, Tanh, Transpose, Unsqueeze")
 
 

@@ -20,9 +20,10 @@ from onnx_models import MODELS  # noqa: E402
 from ort_check import ort_run  # noqa: E402
 
 IDS = np.random.default_rng(0).integers(0, 128, (2, 8))
+DENSE = ["gpt2", "llama"]  # the MoE model needs its routing trace: tests/frontend/test_moe.py
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", DENSE)
 @pytest.mark.parametrize("tiling", [{}, {"tile_m": 2, "tile_n": 32}])
 def test_model_matches_onnxruntime(name, tiling):
     m = MODELS[name]()
@@ -36,7 +37,7 @@ def test_model_matches_onnxruntime(name, tiling):
     assert c.passed and err <= c.tolerance
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", DENSE)
 def test_per_layer_metrics(name):
     w = from_onnx(MODELS[name](layers=3), values={"input_ids": IDS})
     sim = simulate(w)
@@ -59,7 +60,7 @@ def test_per_layer_metrics(name):
     print(name, {k: v for k, v in parts.items()}, sim.cycles)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", DENSE)
 def test_spilling_every_edge_keeps_the_logits(name):
     fused = simulate(from_onnx(MODELS[name](), values={"input_ids": IDS}), functional=True)
     spilled_w = from_onnx(MODELS[name](), values={"input_ids": IDS}, fuse=False)
@@ -77,7 +78,7 @@ def _decode_feeds(m, seed=0):
             for k, i in enumerate(m.graph.input) if i.name != "input_ids"}
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", DENSE)
 def test_decode_step_against_a_kv_cache(name):
     ids = IDS[:, :1]
     m = MODELS[name](past=7)
@@ -93,7 +94,7 @@ def test_decode_step_against_a_kv_cache(name):
     assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", DENSE)
 def test_decode_step_traffic_grows_with_the_cache_exactly(name):
     ids = IDS[:, :1]
     layers, batch, heads, hd = 2, 2, 4, 64 // 4
