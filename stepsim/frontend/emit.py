@@ -96,6 +96,7 @@ class Emitter:
         self.loads: dict = {}  # (tensor, tile, view) -> its load: one load per distinct read, shared
         self.swapped: set = set()  # values that are a last-two-dims swap of their Transpose's input
         self.routing = None  # the MoE blocks' routing traces (stepsim.frontend.moe)
+        self.input_data: dict = {}  # graph input -> the values its load carries (teacher-routed MoE models)
 
     # --- streams -----------------------------------------------------------------------------------------
     def tiles(self, value: str) -> int:
@@ -111,7 +112,8 @@ class Emitter:
         through a spill if the edge spills."""
         if value in self.inputs:
             self.inputs.discard(value)
-            self.val[value] = self.load(value, self.model.shapes[value], self.model.shapes[value][-1])
+            self.val[value] = self.load(value, self.model.shapes[value], self.model.shapes[value][-1],
+                                        self.input_data.get(value))
         if value not in self.val:
             raise FrontendError(f"{node.describe()}: input {value!r} is neither a graph input, an initializer nor "
                                 f"the output of an earlier node")

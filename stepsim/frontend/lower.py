@@ -55,7 +55,7 @@ class FrontendReport:
 
 
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
-              dims: dict | None = None, values: dict | None = None, routing=None, fuse: bool = True, spill=(), budget: int | None = None,
+              dims: dict | None = None, values: dict | None = None, routing=None, seed: int = 0, fuse: bool = True, spill=(), budget: int | None = None,
               channel_depth=UNSET) -> Workload:
     """Lower an ONNX model to a STeP :class:`~stepsim.workloads.base.Workload` named ``onnx``.
 
@@ -71,9 +71,11 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     values : dict or "seeded", optional
         Values of the model's integer inputs (``{"input_ids": array}``): the token ids an embedding Gather looks
         up become the addresses of its reads, as a trace's values do; ``"seeded"`` draws them (seed 0).
-    routing : array or dict, optional
+    routing : array, dict or "teacher", optional
         The expert ids each token is routed to (``[tokens, k]``), per MoE block (a dict by its TopK node's name
         when the model has several): a trace, as the hand-written MoE layers take (:mod:`stepsim.frontend.moe`).
+        ``"teacher"``: the routers' own choice on seeded graph inputs (``seed``), which the workload's loads
+        then carry as their values.
     fuse : bool
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str
@@ -105,6 +107,10 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     fifo_depth = 2 if channel_depth is UNSET or channel_depth is None else channel_depth
     edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
+    if isinstance(routing, str) and routing == "teacher":
+        feeds = moe.seeded_inputs(model, seed)
+        emitter.input_data = feeds  # the loads carry them: simulate's default inputs are the ones routed on
+        routing = moe.teacher_routing(proto, model, {**feeds, **model.bound})
     emitter.routing = routing
     graph = emitter.run()
     skip = layouts.views(model)

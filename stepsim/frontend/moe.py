@@ -17,6 +17,8 @@ to the router's own top-k (teacher forcing), the outputs equal the dense graph's
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from stepsim.base.errors import FrontendError
@@ -129,7 +131,7 @@ def _match(model: Model, topk, producers, readers):
     (x,) = xs
     node = Node(f"{topk.name}.moe", "MoE", [x, probs], [total],
                 {"experts": [experts[e] for e in range(len(experts))], "k": int(scalar(k)), "normalize": normalize,
-                 "topk": topk.name})
+                 "topk": topk.name, "indices": indices})
     return drop, node
 
 
@@ -152,6 +154,32 @@ def _swiglu(model: Model, producers, readers, h):
         return None
     names = {down.name, mul.name, swish.name, up.name, gate.name}
     return {"x": gate.inputs[0], "gate": gate.inputs[1], "up": up.inputs[1], "down": down.inputs[1]}, names
+
+
+def seeded_inputs(model: Model, seed: int) -> dict:
+    """Standard normal fp32 values for the model's float graph inputs, each from ``seed`` and its name (the rule
+    :func:`stepsim.simulation.simulate.default_inputs` uses for a graph's tensors)."""
+    out = {}
+    for name in model.inputs:
+        if name not in model.bound:
+            rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(name.encode())]))
+            out[name] = rng.standard_normal(model.shapes[name]).astype(np.float32)
+    return out
+
+
+def teacher_routing(proto, model: Model, feeds: dict) -> dict:
+    """``{TopK node: [tokens, k] expert ids}``: the routing the model's own routers choose on ``feeds`` (graph
+    inputs, integer ones included), from onnx's reference evaluator (teacher forcing)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    moes = [n for n in model.nodes if n.op_type == "MoE"]
+    probe = type(proto).FromString(proto.SerializeToString())
+    for n in moes:
+        probe.graph.output.append(helper.make_value_info(n.attrs["indices"], helper.TypeProto()))
+    names = [n.attrs["indices"] for n in moes]
+    got = ReferenceEvaluator(probe).run(names, feeds)
+    return {n.attrs["topk"]: np.asarray(v).reshape(-1, n.attrs["k"]) for n, v in zip(moes, got)}
 
 
 def check_routing(node, routing, tokens: int, experts: int, k: int) -> np.ndarray:

@@ -657,7 +657,8 @@ def _build(cfg: Mapping, source: str | None) -> Workload:
         return build_normalized(cfg, source=source)
     from stepsim.frontend import from_onnx  # the front end sits below results (docs/architecture.md)
 
-    workload = from_onnx(cfg["program"], values="seeded")  # token ids: seeded, as the CLI has none to give
+    # token ids seeded and a MoE block routed as its router chooses on seeded inputs: the CLI has neither to give
+    workload = from_onnx(cfg["program"], values="seeded", routing="teacher")
     if cfg.get("fifo_depths") is not None:
         from stepsim.graph.depths_file import apply_depths_file
 

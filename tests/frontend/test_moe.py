@@ -120,3 +120,30 @@ def test_qwen3_moe_decode_step():
         err = np.abs(r.outputs[out].reshape(ref.shape) - ref).max() / np.abs(ref).max()
         print(f"qwen3_moe decode {out}: max rel error {err:.2e}")
         assert err < 2e-6
+
+
+def test_teacher_routing_is_the_routers_choice_on_the_seeded_inputs():
+    w = from_onnx(moe_block(), routing="teacher", seed=4)
+    x = next(op.tensor.data for op in w.graph if op.kind == "LinearOffChipLoad" and op.tensor.name == "x")
+    import zlib
+
+    rng = np.random.default_rng(np.random.SeedSequence([4, zlib.crc32(b"x")]))
+    assert np.array_equal(x, rng.standard_normal((T, D)).astype(np.float32))
+    _, routing = teacher_forced(moe_block(), {"x": x}, {"moe.topk": "moe.topi"})
+    r = simulate(w, functional=True)  # the default inputs: the loads' data
+    assert np.array_equal(r.inputs["x"], x)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    explicit = from_onnx(moe_block(), routing=routing)
+    assert simulate(explicit).cycles == simulate(w).cycles  # the same routing
+
+
+def test_cli_runs_a_moe_model_with_teacher_routing(tmp_path, capsys):
+    import json
+
+    from stepsim.cli import main
+
+    path = tmp_path / "qwen3_moe.onnx"
+    onnx.save(MODELS["qwen3_moe"](), path)
+    assert main(["run", str(path), "--functional", "--check", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["check_passed"] is True and row["check_max_rel_error"] < 2e-6
