@@ -62,29 +62,42 @@ class _Builder:
         return m
 
 
-def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: bool, rope=None, past=0) -> str:
+def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: bool, rope=None, past=0,
+               kv_heads=None) -> str:
     """Multi-head attention of ``x``; with ``past`` > 0 a decode step (``seq`` 1) against a KV cache of ``past``
     tokens: inputs ``<p>.past_k`` / ``<p>.past_v`` and outputs ``<p>.present_k`` / ``<p>.present_v`` (Concat along
-    the sequence), no mask."""
+    the sequence), no mask. ``kv_heads`` < ``heads``: grouped-query attention, the key / value heads repeated as
+    transformers' ``repeat_kv`` exports it (Unsqueeze, Expand, Reshape)."""
     hd = hidden // heads
+    kv_heads = kv_heads or heads
     b.const("shape_heads", [batch, seq, heads, hd], np.int64)
     b.const("shape_merged", [batch, seq, hidden], np.int64)
     b.const("scale", math.sqrt(hd))
     if not past:
         b.const("mask", np.triu(np.full((seq, seq), -1e9, np.float32), 1).reshape(1, 1, seq, seq))
+    if kv_heads != heads:
+        b.const("shape_kv_heads", [batch, seq, kv_heads, hd], np.int64)
+        b.const("kv_axis", [2], np.int64)
+        b.const("shape_rep", [batch, kv_heads, heads // kv_heads, past + seq, hd], np.int64)
+        b.const("shape_q_heads", [batch, heads, past + seq, hd], np.int64)
     qkv = {}
     for t in "qkv":
-        y = b.op("MatMul", [x, b.w(f"{p}.w_{t}", (hidden, hidden))], f"{p}.{t}0")
+        width = hidden if t == "q" else kv_heads * hd
+        y = b.op("MatMul", [x, b.w(f"{p}.w_{t}", (hidden, width))], f"{p}.{t}0")
         if bias:
-            y = b.op("Add", [y, b.w(f"{p}.b_{t}", (hidden,), 0.1)], f"{p}.{t}b")
-        y = b.op("Reshape", [y, "shape_heads"], f"{p}.{t}1")
+            y = b.op("Add", [y, b.w(f"{p}.b_{t}", (width,), 0.1)], f"{p}.{t}b")
+        y = b.op("Reshape", [y, "shape_heads" if t == "q" or kv_heads == heads else "shape_kv_heads"], f"{p}.{t}1")
         y = b.op("Transpose", [y], f"{p}.{t}2", perm=[0, 2, 1, 3])
         if rope is not None and t in "qk":
             y = rope(y, f"{p}.{t}")
         if past and t in "kv":
-            b.inputs.append((f"{p}.past_{t}", [batch, heads, past, hd]))
-            b.outputs.append((f"{p}.present_{t}", [batch, heads, past + seq, hd]))
+            b.inputs.append((f"{p}.past_{t}", [batch, kv_heads, past, hd]))
+            b.outputs.append((f"{p}.present_{t}", [batch, kv_heads, past + seq, hd]))
             y = b.op("Concat", [f"{p}.past_{t}", y], f"{p}.present_{t}", axis=2)
+        if t in "kv" and kv_heads != heads:  # repeat_kv
+            y = b.op("Unsqueeze", [y, "kv_axis"], f"{p}.{t}_u")
+            y = b.op("Expand", [y, "shape_rep"], f"{p}.{t}_rep")
+            y = b.op("Reshape", [y, "shape_q_heads"], f"{p}.{t}_heads")
         qkv[t] = y
     kt = b.op("Transpose", [qkv["k"]], f"{p}.kt", perm=[0, 1, 3, 2])
     s = b.op("Div", [b.op("MatMul", [qkv["q"], kt], f"{p}.scores"), "scale"], f"{p}.scaled")
@@ -152,7 +165,8 @@ def gpt2_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=256, v
     return b.model("gpt2", [batch, seq], [batch, seq, vocab], b.inputs, b.outputs)
 
 
-def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, vocab=128, seed=0, past=0):
+def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, vocab=128, seed=0, past=0,
+                kv_heads=None):
     """The Llama-shaped model; ``past`` > 0: one decode step (``seq`` 1) at position ``past`` against KV caches."""
     b = _Builder(seed)
     seq = 1 if past else seq
@@ -170,7 +184,7 @@ def llama_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=128, 
         p = f"l{i}"
         h = rmsnorm(x, f"{p}.norm1")
         x = b.op("Add", [x, _attention(b, f"{p}.attn", h, batch, seq, hidden, heads, bias=False, rope=rope,
-                                       past=past)], f"{p}.res1")
+                                       past=past, kv_heads=kv_heads)], f"{p}.res1")
         h = rmsnorm(x, f"{p}.norm2")
         gate = b.op("MatMul", [h, b.w(f"{p}.w_gate", (hidden, intermediate))], f"{p}.gate")
         up = b.op("MatMul", [h, b.w(f"{p}.w_up", (hidden, intermediate))], f"{p}.up")
@@ -210,7 +224,7 @@ def _moe_ffn(b: _Builder, p: str, h: str, hidden, experts, k, intermediate) -> s
 
 
 def qwen3_moe_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=64, vocab=128, seed=0, past=0,
-                    experts=8, top_k=2):
+                    experts=8, top_k=2, kv_heads=None):
     """The Llama-shaped model with a Qwen3-MoE-style FFN (``experts``, top-``top_k``, renormalized gates) in
     every layer; the routing is a trace at lowering (``from_onnx(..., routing={"l<i>.moe.topk": ids})``)."""
     b = _Builder(seed)
@@ -228,7 +242,7 @@ def qwen3_moe_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=6
     for i in range(layers):
         p = f"l{i}"
         x = b.op("Add", [x, _attention(b, f"{p}.attn", rmsnorm(x, f"{p}.norm1"), batch, seq, hidden, heads,
-                                       bias=False, rope=rope, past=past)], f"{p}.res1")
+                                       bias=False, rope=rope, past=past, kv_heads=kv_heads)], f"{p}.res1")
         x = b.op("Add", [x, _moe_ffn(b, f"{p}.moe", rmsnorm(x, f"{p}.norm2"), hidden, experts, top_k,
                                      intermediate)], f"{p}.res2")
     b.op("MatMul", [rmsnorm(x, "head.norm"), b.w("head.w", (hidden, vocab))], "logits", name="head.lm")
@@ -242,8 +256,9 @@ if __name__ == "__main__":
     ap.add_argument("model", choices=sorted(MODELS))
     ap.add_argument("out", help="the .onnx file to write")
     for flag, default in (("--layers", 2), ("--batch", 2), ("--seq", 8), ("--hidden", 64), ("--heads", 4),
-                          ("--intermediate", 128), ("--vocab", 128), ("--past", 0)):
+                          ("--intermediate", 128), ("--vocab", 128), ("--past", 0), ("--kv-heads", 0)):
         ap.add_argument(flag, type=int, default=default)
     a = ap.parse_args()
-    onnx.save(MODELS[a.model](a.layers, a.batch, a.seq, a.hidden, a.heads, a.intermediate, a.vocab, past=a.past),
-              a.out)
+    extra = {"kv_heads": a.kv_heads or None} if a.model != "gpt2" else {}
+    onnx.save(MODELS[a.model](a.layers, a.batch, a.seq, a.hidden, a.heads, a.intermediate, a.vocab, past=a.past,
+                              **extra), a.out)

@@ -94,7 +94,7 @@ ROW_CONSUMERS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "Softmax", "L
                            "SimplifiedLayerNormalization", "Transpose"})
 #: elementwise ops (output layout = input layout)
 ELEMENTWISE = frozenset({"Swish", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Neg", "Exp", "Reciprocal", "Gelu", "Identity",
-                         "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+                         "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"})
 BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
 
 

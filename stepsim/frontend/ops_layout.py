@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 
 from stepsim.base.errors import FrontendError
@@ -15,10 +18,12 @@ from stepsim.frontend.layouts import (
     transpose_kind,
 )
 from stepsim.graph import (
+    Bufferize,
     Flatten,
     Reassemble,
     Reshape,
     SelectorSource,
+    Streamify,
 )
 from stepsim.graph.ops_convert import convert
 
@@ -109,3 +114,25 @@ def _transpose(e: Emitter, node: Node):
         out = convert(e.g, s, conv.producer, conv.consumer, **names)
         e.val[y] = Act(Flatten(e.g, out, 1, 2), a.tn, a.tn * h, merged=True)
     e.converter_ops[node.name] = out
+
+
+@handles("Expand")
+def _expand(e: Emitter, node: Node):
+    """Repeat along one leading dim (grouped-query attention's ``repeat_kv``: ``[B, Hkv, 1, S, hd]`` ->
+    ``[B, Hkv, rep, S, hd]``): the block of tiles inside that dim is buffered once and streamed ``rep`` times
+    (Bufferize + Streamify; on chip: the block, double-buffered)."""
+    x, y = node.inputs[0], node.outputs[0]
+    sx, sy = e.model.shapes[x], e.model.shapes[y]
+    grown = [i for i, (a, b) in enumerate(zip(sx, sy)) if a != b] if len(sx) == len(sy) else None
+    if not grown or len(grown) != 1 or grown[0] >= len(sy) - 2 or sx[grown[0]] != 1:
+        raise FrontendError(f"{node.describe()}: {list(sx)} -> {list(sy)}; supported is a repeat along one leading "
+                            f"dim of size 1 (grouped-query heads)")
+    j, rep = grown[0], sy[grown[0]]
+    a = e.act(x, node)
+    inner = math.prod(sx[j + 1:-2]) * (sx[-2] // e.tm) * (a.n // a.tn)  # tiles inside the repeated dim
+    s = a.s if not a.stripes else Flatten(e.g, a.s, 0, 1)  # (1, M[, nt]) -> one tile dim
+    block = Bufferize(e.g, Reshape(e.g, s, inner, 0), 1)  # (1, outer, inner) -> (1, outer) of [inner] buffers
+    out = Flatten(e.g, Streamify(e.g, block, [rep], 1), 0, 2)  # (1, outer, rep, inner) -> (1, outer*rep*inner)
+    if a.stripes:
+        out = Reshape(e.g, out, a.n // a.tn, 0)
+    e.val[y] = dataclasses.replace(a, s=out)

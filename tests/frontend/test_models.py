@@ -104,3 +104,22 @@ def test_decode_step_traffic_grows_with_the_cache_exactly(name):
     assert off[15] - off[7] == layers * 2 * 2 * (15 - 7) * batch * heads * hd * 4
     sim = simulate(from_onnx(MODELS[name](past=15), values={"input_ids": ids}))
     print(name, "decode step, cache 15:", sim.cycles, "cycles,", off[15], "B off chip")
+
+
+@pytest.mark.parametrize("past", [0, 7])
+def test_grouped_query_attention(past):
+    """Llama with 2 key / value heads for 4 query heads (transformers' repeat_kv: Unsqueeze, Expand, Reshape)."""
+    ids = IDS[:, :1] if past else IDS
+    m = MODELS["llama"](kv_heads=2, past=past)
+    feeds = _decode_feeds(m) if past else {}
+    w = from_onnx(m, values={"input_ids": ids})
+    r = simulate(w, functional=True, inputs=feeds)
+    want = ort_run(m, {"input_ids": ids, **feeds})
+    for out, ref in want.items():
+        err = np.abs(r.outputs[out].reshape(ref.shape) - ref).max() / np.abs(ref).max()
+        print(f"llama gqa past {past} {out}: max rel error {err:.2e}")
+        assert err < 2e-6
+    # each layer repeats its keys and values: one buffered block per key / value head, streamed twice
+    sequence, hd = (past + 1) if past else 8, 16
+    repeats = [op for op in w.graph if op.kind == "Bufferize" and not op.off_chip]
+    assert len(repeats) == 2 * 2 and all(op.stream.dtype.size_in_bytes() == sequence * hd * 4 for op in repeats)
