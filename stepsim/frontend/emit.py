@@ -25,6 +25,7 @@ from stepsim.frontend.layouts import (
     needs_rows,
 )
 from stepsim.graph import (
+    BF16,
     FP32,
     Accum,
     Bufferize,
@@ -137,19 +138,25 @@ class Emitter:
             self.rows[value] = Act(acc, a.n, a.n)
         return self.rows[value]
 
+    def tensor(self, name: str, shape: tuple, data=None) -> Tensor:
+        """The off-chip tensor ``name``: stored as the model stores it (bf16 or fp32; frontend-made constants fp32),
+        loaded into fp32 tiles (compute is fp32: the artifact's accounting of bf16 models)."""
+        dtype = BF16 if name in self.model.bf16 else FP32
+        return Tensor(name, shape, dtype, None if data is None else np.asarray(data, np.float32))
+
     def load(self, name: str, shape: tuple, tn: int, data=None) -> Act:
         """A load of tensor ``name`` (a graph input, or a full-size initializer) as row tiles or stripes."""
         b, r, n = groups_rows_cols(shape)
         tensor_shape = (r, n) if b == 1 else (b, r, n)
         m, nt = b * r // self.tm, n // tn
         view = ((m,), (1,)) if nt == 1 else ((m, nt), (nt, 1))
-        return Act(self.load_view(Tensor(name, tensor_shape, FP32, data), (self.tm, tn), *view), tn, n)
+        return Act(self.load_view(self.tensor(name, tensor_shape, data), (self.tm, tn), *view), tn, n)
 
     def load_view(self, tensor: Tensor, tile: tuple, out_shape_tiled: tuple, stride: tuple):
         """A LinearOffChipLoad, shared by every reader of the same tensor, tile and view (one DRAM read)."""
         key = (tensor.name, tile, out_shape_tiled, stride)
         if key not in self.loads:
-            self.loads[key] = LinearOffChipLoad(self.g, tensor, tile, out_shape_tiled, stride,
+            self.loads[key] = LinearOffChipLoad(self.g, tensor, tile, out_shape_tiled, stride, stream_dtype=FP32,
                                                 par_dispatch=self.tiling.par_dispatch)
         return self.loads[key]
 
@@ -159,10 +166,10 @@ class Emitter:
         n, m = vec.size, self.tiles_of(like)
         data = vec.reshape(1, n).astype(np.float32)
         if not like.stripes:
-            load = LinearOffChipLoad(self.g, Tensor(name, (1, n), FP32, data), (1, n), (1,), (0,))
+            load = LinearOffChipLoad(self.g, self.tensor(name, (1, n), data), (1, n), (1,), (0,), stream_dtype=FP32)
             return Act(Flatten(self.g, RepeatStatic(self.g, load, m), 0, 1), n, n)
         nt = n // like.tn
-        load = LinearOffChipLoad(self.g, Tensor(name, (1, n), FP32, data), (1, like.tn), (nt,), (1,))
+        load = LinearOffChipLoad(self.g, self.tensor(name, (1, n), data), (1, like.tn), (nt,), (1,), stream_dtype=FP32)
         return Act(Streamify(self.g, Bufferize(self.g, load, 1), [m], 1), like.tn, n)
 
     @staticmethod
@@ -224,7 +231,7 @@ class Emitter:
             return self.load(value, c.shape, a.tn, c)
         g, r, n = groups_rows_cols(self.model.shapes[like])
         if c.size == r * n and c.shape[-2:] == (r, n) and not a.stripes:  # one [R, N] for every group: a mask
-            load = self.load_view(Tensor(value, (r, n), FP32, c.reshape(r, n)), (self.tm, n), (g, r // self.tm),
+            load = self.load_view(self.tensor(value, (r, n), c.reshape(r, n)), (self.tm, n), (g, r // self.tm),
                                   (0, 1))
             return Act(Flatten(self.g, load, 0, 1), n, n)
         raise FrontendError(f"{node.describe()}: constant {value!r} of shape {list(c.shape)} broadcasts against "

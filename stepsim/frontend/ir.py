@@ -32,7 +32,8 @@ class Model:
     """A model with static shapes: ``nodes`` in topological order (constant subgraphs folded away), ``inputs`` /
     ``outputs`` (value names of the graph's inputs that are not initializers, and of its outputs), ``shapes``
     (value -> tuple of ints, elements), ``consts`` (value -> numpy array: initializers and folded values) and
-    ``bound`` (graph input -> the integer values given at lowering, e.g. the token ids a Gather looks up)."""
+    ``bound`` (graph input -> the integer values given at lowering, e.g. the token ids a Gather looks up) and
+    ``bf16`` (the graph inputs and initializers stored as bfloat16: loaded as 2-byte elements)."""
 
     name: str
     nodes: list
@@ -41,6 +42,7 @@ class Model:
     shapes: dict
     consts: dict
     bound: dict = field(default_factory=dict)
+    bf16: set = field(default_factory=set)
 
     def producer(self) -> dict:
         """Value name -> the node producing it."""

@@ -241,8 +241,8 @@ def emit_moe(e: Emitter, node: Node):
         xk = Promote(e.g, Promote(e.g, packed, 0), 0)
 
         def weight(name, shape):
-            return LinearOffChipLoad(e.g, Tensor(name, shape, FP32, e.model.consts[name].astype(np.float32)), shape,
-                                     (1, 1), (0, 0), par_dispatch=e.tiling.par_dispatch)
+            return LinearOffChipLoad(e.g, e.tensor(name, shape, e.model.consts[name]), shape, (1, 1), (0, 0),
+                                     stream_dtype=FP32, par_dispatch=e.tiling.par_dispatch)
 
         bw = dict(compute_bw=e.bw)
         gate = MapAccum(e.g, xk, weight(w["gate"], (d, f)), Matmul(), Zero(c, f), 1, **bw)

@@ -32,9 +32,11 @@ from stepsim.graph.ops_convert import convert
 def _same_stream(e: Emitter, node: Node):
     """Ops that leave the row-tile stream as it is: the last dim and the row order are kept."""
     x, y = node.inputs[0], node.outputs[0]
-    if node.op_type == "Cast" and node.attrs.get("to") != 1:  # TensorProto.FLOAT
+    # compute is fp32 throughout: a cast between float types (FLOAT, FLOAT16, BFLOAT16) keeps the stream, which
+    # the check's dtype tolerance covers for bf16 / fp16 models
+    if node.op_type == "Cast" and node.attrs.get("to") not in (1, 10, 16):
         raise FrontendError(f"{node.describe()}: casts to element type {node.attrs.get('to')} are not supported "
-                            f"(fp32 activations only)")
+                            f"(float activations only)")
     if head_split(e.model, node):  # the producer streams one hd-wide stripe per head: a view
         a = e.act(x, node)
         heads, hd = head_split(e.model, node)

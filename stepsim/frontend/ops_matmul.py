@@ -28,7 +28,6 @@ from stepsim.graph import (
     RepeatStatic,
     Reshape,
     RetileRow,
-    Tensor,
     Tile,
     Zero,
 )
@@ -57,7 +56,7 @@ def _matmul(e: Emitter, node: Node):
         # once and repeated on chip; MatMuls reading it alike share the load
         b_, r_, _ = groups_rows_cols(e.model.shapes[a])
         m, tk, kt = b_ * r_ // e.tm, k, 1
-        xs = e.load_view(Tensor(a, (r_, k) if b_ == 1 else (b_, r_, k), FP32), (e.tm, k), (m, nt, 1), (1, 0, 1))
+        xs = e.load_view(e.tensor(a, (r_, k) if b_ == 1 else (b_, r_, k)), (e.tm, k), (m, nt, 1), (1, 0, 1))
     else:
         x = e.act(a, node)  # whole rows, unless this MatMul's N is one tile: then stripes are its K chunks
         m, tk = e.tiles_of(x), x.tn
@@ -70,11 +69,11 @@ def _matmul(e: Emitter, node: Node):
             xs = Promote(e.g, Promote(e.g, x.s, 0), 0)
     # tile (k-chunk, n-tile) of the weight; tile numbers of the row-major tiled tensor
     if trans_b:  # [N, K] stored
-        wl = LinearOffChipLoad(e.g, Tensor(w, (n, k), FP32, weights), (tn, tk), (m, nt, kt), (0, kt, 1),
-                               par_dispatch=e.tiling.par_dispatch)
+        wl = LinearOffChipLoad(e.g, e.tensor(w, (n, k), weights), (tn, tk), (m, nt, kt), (0, kt, 1),
+                               stream_dtype=FP32, par_dispatch=e.tiling.par_dispatch)
     else:
-        wl = LinearOffChipLoad(e.g, Tensor(w, (k, n), FP32, weights), (tk, tn), (m, nt, kt), (0, 1, nt),
-                               par_dispatch=e.tiling.par_dispatch)
+        wl = LinearOffChipLoad(e.g, e.tensor(w, (k, n), weights), (tk, tn), (m, nt, kt), (0, 1, nt),
+                               stream_dtype=FP32, par_dispatch=e.tiling.par_dispatch)
     # a K-chunked product accumulates a whole-N row block: too wide for a compute unit, it lives in a memory unit
     prod = MapAccum(e.g, xs, wl, Matmul(weight_transposed=trans_b), Zero(e.tm, tn), 1, compute_bw=e.bw,
                     write_back_mu=kt > 1)
@@ -130,7 +129,7 @@ def _gather(e: Emitter, node: Node):
     if idx.min() < 0 or idx.max() >= v:
         raise FrontendError(f"{node.describe()}: token id {int(idx.max() if idx.max() >= v else idx.min())} is "
                             f"outside the table's {v} rows")
-    rows = RandomOffChipLoad(e.g, MetadataSource(e.g, idx), Tensor(table, (v, d), FP32, data), (1, d),
+    rows = RandomOffChipLoad(e.g, MetadataSource(e.g, idx), e.tensor(table, (v, d), data), (1, d), stream_dtype=FP32,
                              par_dispatch=e.tiling.par_dispatch)
     out = node.outputs[0]
     if e.tm == 1:  # one-row tiles already

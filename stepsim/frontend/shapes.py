@@ -59,7 +59,9 @@ def to_model(proto, values: dict | None = None) -> Model:
     if values == "seeded":
         values = _seeded_ids(graph, inputs, shapes, consts)
     bound = _bound_values(graph, inputs, shapes, dict(values or {}))
-    model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts, bound)
+    bf16 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.BFLOAT16} | {
+        vi.name for vi in graph.input if vi.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+    model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts, bound, bf16)
     for node in nodes:
         for v in node.inputs + node.outputs:
             if v and v not in shapes:
