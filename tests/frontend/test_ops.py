@@ -174,3 +174,12 @@ def test_concat_along_rows():
     nodes = [helper.make_node("Concat", ["past", "x"], ["c"], axis=2), helper.make_node("Relu", ["c"], ["y"])]
     m = model(nodes, {"past": [2, 3, 5, N], "x": [2, 3, 1, N]}, {"y": [2, 3, 6, N]}, name="concat")
     check(m, {"past": rand((2, 3, 5, N), 1), "x": rand((2, 3, 1, N), 2)}, 1)
+
+
+def test_expand_of_one_leading_dim():
+    shape = np.array([2, 3, 4, N], np.int64)
+    nodes = [helper.make_node("Expand", ["x", "s"], ["e"]), helper.make_node("Relu", ["e"], ["y"])]
+    m = model(nodes, {"x": [2, 1, 4, N]}, {"y": [2, 3, 4, N]}, {"s": shape}, name="expand")
+    w, _, _ = check(m, {"x": rand((2, 1, 4, N))}, 1, tiling={"tile_m": 2})
+    (buf,) = [op for op in w.graph if op.kind == "Bufferize"]
+    assert buf.stream.dtype.size_in_bytes() == 4 * N * 4  # the repeated block: one group's 4 rows, 2 tiles
