@@ -185,7 +185,7 @@ COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 COLUMN_UNITS = {name: unit for name, _, unit in COLUMNS if unit}
 #: per-unit counters of a simulation run (one row per engine unit, in program order)
 UNIT_COLUMNS = tuple(
-    _strings("run_id", "name", "kind")
+    _strings("run_id", "name", "kind", "group", "label")
     + _i64("count", "fires")
     + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
     + _f64("ratio", "utilization"))
@@ -566,15 +566,35 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
     return out
 
 
+def unit_labels(names: list[str], kinds: list[str], groups: list[str]) -> list[str]:
+    """A stable label per unit: ``<group>/<kind>#<k>``, the k-th unit of that kind in that group, in program order
+    (``expert 3/Matmul#1``). Unit names are numbered by position in the whole graph (``Map_130``), so one more
+    operator anywhere renames every later unit; a label changes only when its own group changes, which lets
+    ``stepsim compare`` match the units of two graphs of the same structure."""
+    seen: dict[tuple[str, str], int] = {}
+    labels = []
+    for kind, group in zip(kinds, groups, strict=True):
+        k = seen.get((group, kind), 0)
+        seen[(group, kind)] = k + 1
+        labels.append(f"{group}/{kind}#{k}")
+    return labels
+
+
 def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
-    """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock)."""
-    kinds = {op.name: type(op).__name__ for op in workload.graph.ops}
+    """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock), with
+    each unit's operator class, group (``expert 3``; ``shared`` outside any group) and stable label."""
+    from stepsim.simulation.timeline import graph_labels
+
+    group_of, kind_of = graph_labels(workload.graph)
     counters = sim.unit_counters
     names = list(sim.unit_names)
+    kinds = [_unit_kind(n, kind_of) for n in names]
+    groups = [group_of.get(n, "shared") for n in names]
     cycles = int(sim.cycles)
     busy = [int(v) for v in counters[:, 1]]
     return {
-        "run_id": [run_id] * len(names), "name": names, "kind": [_unit_kind(n, kinds) for n in names],
+        "run_id": [run_id] * len(names), "name": names, "kind": kinds, "group": groups,
+        "label": unit_labels(names, kinds, groups),
         "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
         "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
         "utilization": [b / cycles if cycles else None for b in busy],

@@ -130,3 +130,57 @@ def test_units_of_different_graphs_are_not_diffed_by_name(tmp_path, capsys):
     assert out[-2:] == ["  units not compared: the graphs differ (12 vs 3 units), so equal names are not the same "
                         "units", "no metric worse by more than 1 %"]
     assert not any(line.startswith("  unit ") for line in out)
+
+
+GROUPED_PROGRAMS = '''
+from stepsim.graph import FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Silu, Tensor
+
+
+def _expert(g, e, maps, compute_bw):
+    x = LinearOffChipLoad(g, Tensor(f"x{e}", (64, 256), FP32), tile=(16, 256), out_shape_tiled=(4, 1),
+                          stride=(1, 0))
+    ops = [x]
+    for _ in range(maps):
+        ops.append(Map(g, ops[-1], Silu(), compute_bw=compute_bw))
+    ops.append(LinearOffChipStore(g, ops[-1], tensor_name=f"y{e}"))
+    for op in ops:
+        op.group = ("expert", e)
+
+
+def base():
+    g = Graph("grouped")
+    _expert(g, 0, maps=1, compute_bw=1024)
+    _expert(g, 1, maps=2, compute_bw=1024)
+    return g
+
+
+def candidate():  # expert 0 gains a Map (every later unit is renamed); expert 1 computes at 1/16 of the rate
+    g = Graph("grouped")
+    _expert(g, 0, maps=2, compute_bw=1024)
+    _expert(g, 1, maps=2, compute_bw=64)
+    return g
+'''
+
+
+def test_units_of_groups_with_the_same_operators_pair_by_label(tmp_path, capsys):
+    programs = tmp_path / "grouped.py"
+    programs.write_text(GROUPED_PROGRAMS)
+    for name in ("base", "candidate"):
+        assert main(["run", f"{programs}:{name}", "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    units = pq.read_table(next((tmp_path / "candidate").rglob("_units-*.parquet"))).to_pylist()
+    assert [(u["name"], u["group"], u["label"]) for u in units] == [
+        ("LinearOffChipLoad_0", "expert 0", "expert 0/LinearOffChipLoad#0"), ("Map_1", "expert 0", "expert 0/Map#0"),
+        ("Map_2", "expert 0", "expert 0/Map#1"), ("LinearOffChipStore_3", "expert 0", "expert 0/LinearOffChipStore#0"),
+        ("LinearOffChipLoad_4", "expert 1", "expert 1/LinearOffChipLoad#0"), ("Map_5", "expert 1", "expert 1/Map#0"),
+        ("Map_6", "expert 1", "expert 1/Map#1"), ("LinearOffChipStore_7", "expert 1", "expert 1/LinearOffChipStore#0")]
+    status, out, _ = _compare(capsys, tmp_path / "base", tmp_path / "candidate", "--metric", "cycles", "--json")
+    pair = json.loads("\n".join(out))["pairs"][0]
+    assert pair["units_note"] == ("units paired by label in the 1 group(s) with the same operators on both sides; "
+                                  "not compared: expert 0")
+    # expert 1's units are Map_4.. in the baseline and Map_5.. in the candidate: paired by label, not by name
+    assert pair["units"] == [
+        {"unit": "expert 1/Map#1", "kind": "Map", "baseline_busy_cycles": 128, "candidate_busy_cycles": 2048,
+         "change_cycles": 1920},
+        {"unit": "expert 1/Map#0", "kind": "Map", "baseline_busy_cycles": 1024, "candidate_busy_cycles": 2048,
+         "change_cycles": 1024}]
