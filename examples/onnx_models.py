@@ -7,7 +7,8 @@ Both run a forward pass over ``seq`` tokens (token ids in, logits out; a causal 
 decode step at position N against per-layer KV caches (``l<i>.attn.past_k`` / ``past_v`` in, ``present_k`` /
 ``present_v`` out, a Concat along the sequence):
 
-* GPT-2: token + position embeddings (Gather), per layer LayerNormalization -> q / k / v MatMul + bias -> heads
+* GPT-2: token + position embeddings (Gather), per layer LayerNormalization -> the fused q / k / v projection
+  (``c_attn``: MatMul + bias to 3 x hidden, Split) -> heads
   (Reshape, Transpose) -> softmax(q k^T / sqrt(hd) + mask) v -> merge heads -> output MatMul + bias -> residual ->
   LayerNormalization -> MatMul + bias -> tanh-GELU as Mul / Pow / Tanh / Add -> MatMul + bias -> residual; a final
   LayerNormalization and the tied LM head (MatMul by the transposed token embedding).
@@ -63,11 +64,12 @@ class _Builder:
 
 
 def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: bool, rope=None, past=0,
-               kv_heads=None) -> str:
+               kv_heads=None, fused_qkv=False) -> str:
     """Multi-head attention of ``x``; with ``past`` > 0 a decode step (``seq`` 1) against a KV cache of ``past``
     tokens: inputs ``<p>.past_k`` / ``<p>.past_v`` and outputs ``<p>.present_k`` / ``<p>.present_v`` (Concat along
     the sequence), no mask. ``kv_heads`` < ``heads``: grouped-query attention, the key / value heads repeated as
-    transformers' ``repeat_kv`` exports it (Unsqueeze, Expand, Reshape)."""
+    transformers' ``repeat_kv`` exports it (Unsqueeze, Expand, Reshape). ``fused_qkv``: one projection to
+    ``3 x hidden`` split into q, k, v (GPT-2's ``c_attn`` and ``Split``)."""
     hd = hidden // heads
     kv_heads = kv_heads or heads
     b.const("shape_heads", [batch, seq, heads, hd], np.int64)
@@ -81,11 +83,19 @@ def _attention(b: _Builder, p: str, x: str, batch, seq, hidden, heads, bias: boo
         b.const("shape_rep", [batch, kv_heads, heads // kv_heads, past + seq, hd], np.int64)
         b.const("shape_q_heads", [batch, heads, past + seq, hd], np.int64)
     qkv = {}
+    if fused_qkv:
+        fused = b.op("Add", [b.op("MatMul", [x, b.w(f"{p}.c_attn_w", (hidden, 3 * hidden))], f"{p}.c_attn0"),
+                             b.w(f"{p}.c_attn_b", (3 * hidden,), 0.1)], f"{p}.c_attn")
+        b.nodes.append(helper.make_node("Split", [fused, b.const(f"{p}.split", [hidden] * 3, np.int64)],
+                                        [f"{p}.{t}b" for t in "qkv"], name=f"{p}.split", axis=-1))
     for t in "qkv":
         width = hidden if t == "q" else kv_heads * hd
-        y = b.op("MatMul", [x, b.w(f"{p}.w_{t}", (hidden, width))], f"{p}.{t}0")
-        if bias:
-            y = b.op("Add", [y, b.w(f"{p}.b_{t}", (width,), 0.1)], f"{p}.{t}b")
+        if fused_qkv:
+            y = f"{p}.{t}b"
+        else:
+            y = b.op("MatMul", [x, b.w(f"{p}.w_{t}", (hidden, width))], f"{p}.{t}0")
+            if bias:
+                y = b.op("Add", [y, b.w(f"{p}.b_{t}", (width,), 0.1)], f"{p}.{t}b")
         y = b.op("Reshape", [y, "shape_heads" if t == "q" or kv_heads == heads else "shape_kv_heads"], f"{p}.{t}1")
         y = b.op("Transpose", [y], f"{p}.{t}2", perm=[0, 2, 1, 3])
         if rope is not None and t in "qk":
@@ -146,8 +156,8 @@ def gpt2_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=256, v
         p = f"l{i}"
         h = b.op("LayerNormalization", [x, b.const(f"{p}.ln1_g", np.ones(hidden)), b.w(f"{p}.ln1_b", (hidden,), 0.1)],
                  f"{p}.ln1", axis=-1, epsilon=1e-5)
-        x = b.op("Add", [x, _attention(b, f"{p}.attn", h, batch, seq, hidden, heads, bias=True, past=past)],
-                 f"{p}.res1")
+        x = b.op("Add", [x, _attention(b, f"{p}.attn", h, batch, seq, hidden, heads, bias=True, past=past,
+                                       fused_qkv=True)], f"{p}.res1")
         h = b.op("LayerNormalization", [x, b.const(f"{p}.ln2_g", np.ones(hidden)), b.w(f"{p}.ln2_b", (hidden,), 0.1)],
                  f"{p}.ln2", axis=-1, epsilon=1e-5)
         a = b.op("Add", [b.op("MatMul", [h, b.w(f"{p}.w_fc", (hidden, intermediate))], f"{p}.fc0"),

@@ -118,21 +118,33 @@ def head_merge(model: Model, node) -> tuple[int, int] | None:
     return None
 
 
+def split_sizes(model: Model, node) -> list | None:
+    """The part widths of a Split along the last dim, else None."""
+    if node.op_type != "Split":
+        return None
+    rank = len(model.shapes[node.inputs[0]])
+    if node.attrs.get("axis", 0) % rank != rank - 1:
+        return None
+    return [model.shapes[v][-1] for v in node.outputs]
+
+
 def head_tiles(model: Model) -> dict:
-    """``{MatMul node: hd}``: a MatMul whose output is split into heads (through elementwise ops, e.g. its bias)
-    streams ``hd``-wide stripes, one per head, so the split needs no data movement."""
+    """``{MatMul node: width}``: a MatMul whose output is split into heads or parts along its last dim (through
+    elementwise ops, e.g. its bias, and Splits) streams stripes that wide (the gcd of every head and part width),
+    so the splits need no data movement."""
     producers = model.producer()
-    forced = {}
+    forced: dict = {}
     for node in model.nodes:
         heads = head_split(model, node)
+        width = heads[1] if heads else math.gcd(*split_sizes(model, node)) if split_sizes(model, node) else None
         v = node.inputs[0]
-        while heads and v in producers:
+        while width and v in producers:
             p = producers[v]
             if p.op_type in ("MatMul", "Gemm"):
-                forced[p.name] = heads[1]
+                forced[p.name] = math.gcd(forced.get(p.name, width), width)
                 break
             acts = [u for u in p.inputs[:2] if u and not model.is_const(u)]
-            if p.op_type not in ELEMENTWISE | BINARY or len(acts) != 1:
+            if p.op_type not in ELEMENTWISE | BINARY | {"Split"} or len(acts) != 1:
                 break
             v = acts[0]
     return forced
@@ -198,6 +210,9 @@ def assign(model: Model, tiling: Tiling) -> dict:
             tn[out] = cols
         for v in node.outputs[1:]:
             tn[v] = model.shapes[v][-1] if model.shapes.get(v) else 1
+        if split_sizes(model, node) and ins:  # each part keeps the input's stripes
+            for v in node.outputs:
+                tn[v] = min(tn[ins[0]], model.shapes[v][-1])
     return tn
 
 

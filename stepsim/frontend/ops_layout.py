@@ -15,11 +15,14 @@ from stepsim.frontend.layouts import (
     groups_rows_cols,
     head_merge,
     head_split,
+    split_sizes,
     transpose_kind,
 )
 from stepsim.graph import (
     Bufferize,
     Flatten,
+    Partition,
+    Promote,
     Reassemble,
     Reshape,
     SelectorSource,
@@ -138,3 +141,26 @@ def _expand(e: Emitter, node: Node):
     if a.stripes:
         out = Reshape(e.g, out, a.n // a.tn, 0)
     e.val[y] = dataclasses.replace(a, s=out)
+
+
+@handles("Split")
+def _split(e: Emitter, node: Node):
+    """A split along the last dim of a stream of column stripes (a fused projection, GPT-2's ``c_attn``): a
+    Partition sends each stripe to its part (on chip: nothing); each part streams its own stripes."""
+    x = node.inputs[0]
+    sizes = split_sizes(e.model, node)
+    a = e.act(x, node)
+    if sizes is None or any(w % a.tn for w in sizes):
+        raise FrontendError(f"{node.describe()}: supported is a split along the last dim into parts that are whole "
+                            f"column stripes of its input (stripes {a.tn} wide; the producing MatMul's tile_n)")
+    per = [w // a.tn for w in sizes]  # stripes of each part
+    m = e.tiles_of(a)
+    part_of = np.repeat(np.arange(len(sizes)), per)  # stripe -> part
+    hot = np.zeros((m, len(part_of), len(sizes)), np.int8)
+    hot[:, np.arange(len(part_of)), part_of] = 1
+    s = a.s if a.stripes else Promote(e.g, a.s, 0)  # (1, M, nt)
+    part = Partition(e.g, s, SelectorSource(e.g, hot, len(sizes)), 0, len(sizes), name=f"{node.name}.split")
+    for i, (v, k) in enumerate(zip(node.outputs, per)):
+        part.assume_shape(i, (m * k,))
+        out = Promote(e.g, Reshape(e.g, part[i], k, 0), 2)  # (M*k,) -> (M, k) -> (1, M, k)
+        e.val[v] = Act(out, a.tn, sizes[i]) if k > 1 else Act(Flatten(e.g, out, 0, 1), sizes[i], sizes[i])

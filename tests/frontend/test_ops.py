@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from stepsim.base.errors import FrontendError
+
 sys.path.insert(0, str(Path(__file__).parent))
 from ort_check import check, model, rand  # noqa: E402
 
@@ -183,3 +185,24 @@ def test_expand_of_one_leading_dim():
     w, _, _ = check(m, {"x": rand((2, 1, 4, N))}, 1, tiling={"tile_m": 2})
     (buf,) = [op for op in w.graph if op.kind == "Bufferize"]
     assert buf.stream.dtype.size_in_bytes() == 4 * N * 4  # the repeated block: one group's 4 rows, 2 tiles
+
+
+def test_split_of_a_fused_projection():
+    """A MatMul to 3 parts split along the last dim: the MatMul streams part-wide stripes, a Partition routes them."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Split", ["h", "sizes"], ["a", "b", "c"], axis=-1),
+             helper.make_node("Mul", ["a", "b"], ["ab"]), helper.make_node("Add", ["ab", "c"], ["y"])]
+    m = model(nodes, X, {"y": [R, 8]}, {"w": rand((N, 24), 3, N ** -0.5), "sizes": np.array([8, 8, 8], np.int64)},
+              name="split")
+    w, _, _ = check(m, {"x": rand((R, N))}, N + 2)
+    assert w.frontend.tn["h"] == 8  # the split fixed the MatMul's tile_n
+
+
+def test_split_of_whole_rows_is_an_error():
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b"], axis=-1, name="sp"),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    m = model(nodes, X, {"y": [R, 8]}, {"sizes": np.array([8, 8], np.int64)}, name="split_rows")
+    with pytest.raises(FrontendError) as err:
+        check(m, {"x": rand((R, N))}, 1)
+    assert str(err.value) == ("node 'sp' (Split): supported is a split along the last dim into parts that are whole "
+                              "column stripes of its input (stripes 16 wide; the producing MatMul's tile_n)")
