@@ -1,12 +1,13 @@
 """Pass 5: STeP emission. One handler per ONNX op type (the :data:`HANDLERS` registry, filled by
 :mod:`~stepsim.frontend.ops_elementwise`, :mod:`~stepsim.frontend.ops_matmul` and
 :mod:`~stepsim.frontend.ops_layout`), each turning a node into
-operators on row-tile streams (:mod:`stepsim.frontend.layouts`): every activation is a stream of shape
-``(1, M)`` of ``tile_m x cols`` fp32 tiles, ``M`` the number of row tiles.
+operators on the streams :mod:`stepsim.frontend.layouts` assigns (an :class:`Act`): every activation streams
+``tile_m``-row blocks of fp32 tiles, as row tiles (stream ``(1, M)``) or column stripes (``(1, M, N / tn)``);
+a ``[B, S, H, hd]`` head view streams the ``hd``-wide stripes of ``[B, S, H * hd]``.
 
 Graph inputs are loaded by name, graph outputs stored by name; initializers are off-chip tensors named as in the
-model (a weight read once per row tile of the MatMul's input, a row vector (bias, norm scale) read once and
-repeated on chip). A spilled edge goes through ``Bufferize(off_chip) -> Streamify(off_chip)``: the tensor is
+model (a weight read once per row block of the MatMul's input, a row vector (bias, norm scale) read once and
+repeated on chip, a constant shared by several readers loaded once). A spilled edge goes through ``Bufferize(off_chip) -> Streamify(off_chip)``: the tensor is
 written and read back once each (``2 x`` its bytes of traffic) while the values keep flowing in order.
 """
 

@@ -9,8 +9,11 @@ Stripes flow through elementwise ops and into a MatMul whose N is one tile, whic
 differ) gets them from a retile converter (:mod:`stepsim.frontend.converters`).
 
 Shape ops that keep the last dim and the row order (Reshape, Flatten, Squeeze, Unsqueeze merging or splitting
-leading dims) are map rewrites: the stream is unchanged. A Transpose of leading dims with one-row tiles is a
-reorder of the same tiles (a converter, :mod:`stepsim.frontend.converters`).
+leading dims) are map rewrites: the stream is unchanged. So is a split into heads (``[.., S, H * hd] ->
+[.., S, H, hd]``) when the projection before it streams ``hd``-wide stripes (:func:`head_tiles` sets its tile_n),
+and a Split of a fused projection into part-wide stripes. A Transpose of heads (``[B, S, H, hd] <->
+[B, H, S, hd]``) or of leading dims with one-row tiles is a reorder of the same tiles (a converter,
+:mod:`stepsim.frontend.converters`); a swap of the last two dims is read transposed by its MatMul.
 """
 
 from __future__ import annotations
