@@ -609,6 +609,38 @@ class ProgramBuilder:
         self._need(len(outs) >= 1, self._label(abi.OP_BROADCAST, name), "needs >= 1 output")
         return self._add(abi.OP_BROADCAST, name, [inp], outs, {}, [_ALL], [("same", 0)] * len(outs))
 
+    def link(self, *, ins: Sequence[int], outs: Sequence[int], bandwidth: int, latency: int,
+             name: str | None = None) -> int:
+        """A link between two chips shared by ``len(ins)`` transfers: transfer k enters on ``ins[k]`` and leaves on
+        ``outs[k]`` (:mod:`stepsim.kernels.units_link`).
+
+        Parameters
+        ----------
+        ins, outs : sequences of channel ids
+            One input and one output per transfer (same length, >= 1). Buffer references cannot cross chips.
+        bandwidth : int
+            Bytes per cycle (>= 1): an element of b bytes occupies the link ``ceil(b / bandwidth)`` cycles.
+        latency : int
+            Cycles (>= 1) from an element's last byte leaving to its arrival at the receiving unit.
+
+        Example
+        -------
+        >>> b = ProgramBuilder()
+        >>> a, z = b.add_channel(), b.add_channel()
+        >>> b.link(ins=[a], outs=[z], bandwidth=64, latency=100, name="chip0->chip1")
+        0
+        """
+        label = self._label(abi.OP_LINK, name)
+        ins = [int(c) for c in ins]
+        outs = [int(c) for c in outs]
+        self._need(len(ins) >= 1 and len(ins) == len(outs), label,
+                   f"needs one output per input (>= 1), got {len(ins)} inputs and {len(outs)} outputs")
+        for what, value in (("bandwidth", bandwidth), ("latency", latency)):
+            self._need(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 1 <= value <= 2**31 - 1,
+                       label, f"{what} must be an int in 1..2147483647, got {value!r}")
+        return self._add(abi.OP_LINK, name, ins, outs, {abi.PA_LINK_BW: int(bandwidth), abi.PA_LINK_LAT: int(latency)},
+                         [_ROUTED] * len(ins), [("same", k) for k in range(len(outs))])
+
     # ------------------------------------------------------------------------------------------ shape
     def flatten(self, *, inp: int, out: int, min_rank: int, max_rank: int, name: str | None = None) -> int:
         """Merge dims ``min_rank..max_rank``: L <= min kept, min < L <= max -> min, L > max -> L - (max - min)."""

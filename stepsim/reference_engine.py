@@ -6,9 +6,9 @@ cross-check the fast engine. It is written DAM-style and favours clarity over sp
 
 * every unit (operator) is a Python generator with its own local clock; it ``yield``\\ s only when it must
   block: on an empty input channel, on a full output channel, on the HBM (a memory op waiting for its
-  responses) or, for the time-sensitive EagerMerge, to wait for the global time;
+  responses) or, for the time-sensitive EagerMerge and Link, to wait for the global time;
 * a small scheduler resumes units whose request can be satisfied; when none can run, it lets the
-  time-sensitive unit with the earliest action time act (EagerMerge choices and HBM ticks);
+  time-sensitive unit with the earliest action time act (EagerMerge and Link choices and HBM ticks);
 * channels are deques of ``(stamp, token)`` with a capacity, a send latency, a credit latency and
   per-slot credit-free times;
 * the HBM is modelled per request, tick by tick (docs/timing_model.md §4.2-§4.3): per tick, at most one response per
@@ -32,7 +32,8 @@ Canonical rules (docs/timing_model.md §1.2-§1.3, lead's decisions)
    with the smallest action time first. A head element is visible at T iff its stamp ``<= T``; a closed channel
    is observed at T iff its producer's final clock ``<= T``. EagerMerge decides at the first ``T >= clock``
    where some input head is visible, picking the smallest stamp (ties: lowest input index), or where all
-   inputs are observed closed (it then finishes with clock T).
+   inputs are observed closed (it then finishes with clock T). A Link chooses by the same rule, then serializes
+   the element (``ceil(bytes / bandwidth)`` busy cycles) and sends it at ``clock + latency``.
 4. FlatReassemble: blocking peeks of every selected input, then drains them ordered by head stamp (ties in
    selector order) with ``now = max(now, a_i + switch_i + L(x))``, DEQ, ``now += W(x)``, ENQ.
 5. Reported cycles = max over every unit's final clock and the HBM's end, which is (the max final clock over
@@ -163,6 +164,8 @@ class ReferenceResult:
         Scheduler resumptions (a cost measure).
     stored : dict
         Per OffChipStore unit, every token it stored, in store order (tile i of its tensor is ``stored[u][i]``).
+    link_bytes : int64 array (n_units,)
+        Bytes each Link unit carried (0 for every other unit).
     """
 
     cycles: int
@@ -177,6 +180,7 @@ class ReferenceResult:
     tokens: list | None = None
     steps: int = 0
     stored: dict = field(default_factory=dict)
+    link_bytes: np.ndarray | None = None
 
     def unit_clock(self, unit: int) -> int:
         """Final clock of a unit."""
@@ -314,6 +318,7 @@ class _Engine:
         self.bytes_read = 0
         self.bytes_written = 0
         self.stored: dict[int, list] = {}
+        self.link_bytes = np.zeros(P.n_units, dtype=np.int64)
         self.ready: deque = deque()
         self.steps = 0
 
@@ -584,7 +589,7 @@ class _Engine:
                                dequeues=[[t - ch.clat for t in ch.credits] for ch in self.ch],
                                hbm_responses=dict(self.hbm.log) if self.hbm else {},
                                tokens=[ch.tokens for ch in self.ch] if self.ch and self.ch[0].tokens is not None
-                               else None, steps=self.steps, stored=self.stored)
+                               else None, steps=self.steps, stored=self.stored, link_bytes=self.link_bytes)
 
     # ----------------------------------------------------------------- unit generators
     def _make(self, U):
@@ -1141,20 +1146,8 @@ def _eager_merge(E, U, ins, outs):
     r = E.par(U.uid, A.PA_RANK)
     chans = [E.ch[c] for c in ins]
     data_out, sel_out = outs
-
-    def candidate():
-        best = None
-        for ch in chans:
-            if ch.q:
-                t = max(U.clock, ch.q[0][0])
-                if best is None or t < best:
-                    best = t
-        if best is None and all(ch.done for ch in chans):
-            best = max([U.clock] + [ch.close_time for ch in chans])
-        return best
-
     while True:
-        T = yield from E.time_wait(U, candidate)
+        T = yield from E.time_wait(U, lambda: _earliest_head(U, chans))
         E.in_wait(U, T)
         pick = None
         for k, ch in enumerate(chans):
@@ -1177,6 +1170,45 @@ def _eager_merge(E, U, ins, outs):
             if r == 0 or x.stop == r:
                 break
             E.spend(U, 1)
+
+
+def _earliest_head(U, chans):
+    """The decision time of a unit that takes its inputs' heads in arrival order (EagerMerge, Link): the first
+    time >= its clock at which a head is visible, or at which every input is observed closed; None: wait."""
+    best = None
+    for ch in chans:
+        if ch.q:
+            t = max(U.clock, ch.q[0][0])
+            if best is None or t < best:
+                best = t
+    if best is None and all(ch.done for ch in chans):
+        best = max([U.clock] + [ch.close_time for ch in chans])
+    return best
+
+
+@_op(A.OP_LINK)
+def _link(E, U, ins, outs):
+    """First come, first served over the link; each element occupies it ceil(bytes / bandwidth) cycles and
+    arrives ``latency`` cycles after its last byte left (kernels.units_link)."""
+    bandwidth = E.par(U.uid, A.PA_LINK_BW)
+    latency = E.par(U.uid, A.PA_LINK_LAT)
+    chans = [E.ch[c] for c in ins]
+    while True:
+        T = yield from E.time_wait(U, lambda: _earliest_head(U, chans))
+        E.in_wait(U, T)
+        pick = None
+        for k, ch in enumerate(chans):
+            if ch.q and ch.q[0][0] <= T and (pick is None or ch.q[0][0] < chans[pick].q[0][0]):
+                pick = k
+        if pick is None:
+            if all(ch.done and not ch.q and ch.close_time <= T for ch in chans):
+                return
+            continue
+        x = yield from E.deq(U, ins[pick])
+        U.fires += 1
+        E.link_bytes[U.uid] += x.size
+        E.spend(U, _ceil_div(x.size, bandwidth))
+        yield from E.enq(U, outs[pick], x, U.clock + latency)
 
 
 @_op(A.OP_PARALLELIZE)

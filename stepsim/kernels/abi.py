@@ -65,7 +65,8 @@ OP_ROW_STREAMIFY = 26
 OP_EXPERT_ADDR_GEN = 27
 OP_CACHE_READ_ADDR_GEN = 28
 OP_FILTER_LAST_TILE = 29
-N_OPCODES = 30
+OP_LINK = 30  # a link between two chips (kernels.units_link): serializes by bandwidth, adds latency
+N_OPCODES = 31
 
 OPCODE_NAMES = {
     OP_SELECT_GEN: "SelectGen", OP_METADATA_GEN: "MetadataGen", OP_SINK: "Sink",
@@ -77,8 +78,10 @@ OPCODE_NAMES = {
     OP_PARALLELIZE: "Parallelize", OP_BROADCAST: "Broadcast", OP_FLATTEN: "Flatten", OP_PROMOTE: "Promote",
     OP_RESHAPE: "Reshape", OP_EXPAND_REF: "ExpandRef", OP_REPEAT_STATIC: "RepeatStatic",
     OP_ROW_STREAMIFY: "RowStreamify", OP_EXPERT_ADDR_GEN: "ExpertAddrGen",
-    OP_CACHE_READ_ADDR_GEN: "CacheReadAddrGen", OP_FILTER_LAST_TILE: "FilterLastTile",
+    OP_CACHE_READ_ADDR_GEN: "CacheReadAddrGen", OP_FILTER_LAST_TILE: "FilterLastTile", OP_LINK: "Link",
 }
+#: opcodes that act only at the global minimum time (they compare arrival times): the engine's ts_units
+TIME_SENSITIVE_OPS = (OP_EAGER_MERGE, OP_LINK)
 
 #: opcodes that talk to the HBM (they register in builder order: readers, then writers)
 MEMORY_READ_OPS = (OP_OFFCHIP_LOAD, OP_DYN_OFFCHIP_LOAD, OP_RANDOM_OFFCHIP_LOAD)
@@ -303,6 +306,8 @@ PA_REPEAT_LEN = 1
 PA_REPEAT_PROD = 2
 PA_REPEAT_RANK = 0  # dyn_streamify
 PA_BUF_RANK = 1
+PA_LINK_BW = 0  # link: bandwidth (bytes/cycle, >= 1)
+PA_LINK_LAT = 1  # link: latency (cycles, >= 1) from the end of an element's serialization to its arrival
 PA_ARENA_BASE = 8  # bufferize: arena region [base, base + size)
 PA_ARENA_SIZE = 9
 

@@ -71,6 +71,8 @@ class EngineResult:
     timeline : int64 array or None
         ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
         decoded by :func:`stepsim.timeline.decode`).
+    link_bytes : int64 array (n_units,) or None
+        Bytes each Link unit carried (0 for every other unit; :mod:`stepsim.kernels.units_link`).
     """
 
     cycles: int
@@ -88,6 +90,7 @@ class EngineResult:
     hbm_closed_form_ticks: int = 0
     hbm_uneven_closed_form_ticks: int = 0
     timeline: np.ndarray | None = None
+    link_bytes: np.ndarray | None = None
 
     @property
     def firings_per_second(self) -> float:
@@ -356,7 +359,16 @@ def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
                         events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy(),
                         hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
                         hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]),
-                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl)
+                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl,
+                        link_bytes=_link_bytes(program, us))
+
+
+def _link_bytes(program, us) -> np.ndarray:
+    """Bytes carried per unit: the Link units' byte register, 0 elsewhere (the register is scratch there)."""
+    from stepsim.kernels.units_link import R_LINK_BYTES  # a plain constant; the kernels it sits beside load lazily
+
+    links = program.unit_params[:, A.UP_OPCODE] == A.OP_LINK
+    return np.where(links, us[:, R_LINK_BYTES], 0).astype(np.int64)
 
 
 _STATUS_MESSAGES = {

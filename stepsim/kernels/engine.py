@@ -2,12 +2,12 @@
 
 Scheduling (canonical rules 2 and 3):
 
-1. Every Kahn unit (all but EagerMerge while it chooses, and the HBM) runs ahead until it blocks on an empty
-   input, a full output or the HBM. Blocking operations are timestamp-deterministic, so the order in which
+1. Every Kahn unit (all but EagerMerge and Link while they choose, and the HBM) runs ahead until it blocks on an
+   empty input, a full output or the HBM. Blocking operations are timestamp-deterministic, so the order in which
    runnable units are stepped does not change any time. After a unit steps, the engine wakes the neighbour
    on each of its channels if that neighbour waits on exactly that channel and the channel now allows it.
 2. When no Kahn unit is runnable, the earliest time-sensitive event is taken: the HBM's next tick or an
-   EagerMerge's decision time (ties go to the HBM; any action at time T only creates elements stamped > T,
+   EagerMerge's or a Link's decision time (ties go to the HBM; any action at time T only creates elements stamped > T,
    so the order of equal-time actions cannot matter). The HBM serves ticks up to the earliest EagerMerge
    event and stops after a tick that completed a tile (see :mod:`stepsim.kernels.hbm`).
 3. When neither exists, the run is over: finished if every unit is done, else a deadlock.
@@ -44,6 +44,7 @@ from stepsim.kernels.jit import inline_kernel, kernel
 from stepsim.kernels.timeline import TL_CH_HBM
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
+from stepsim.kernels.units_link import step_link
 from stepsim.kernels.units_memory import (
     step_bufferize,
     step_dyn_streamify,
@@ -171,6 +172,9 @@ def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
     if op == A.OP_FILTER_LAST_TILE:
         return step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
                                      eng, hfree, hq, fv, fi, tl)
+    if op == A.OP_LINK:
+        return step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                         hq, fv, fi, tl)
     return A.STEP_DONE
 
 
@@ -250,7 +254,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
         for k in range(n_ts):
             v = ts_units[k]
             if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
-                t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                t = eager_merge_event_time(v, up, us, in_ch, chs, slots)  # a Link chooses by the same rule
                 if t < best_t:
                     best_t = t
                     best_u = v
@@ -287,7 +291,7 @@ def new_state(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, arena_
     """
     opcodes = up[:, A.UP_OPCODE]
     n_units = up.shape[0]
-    n_ts = int(np.count_nonzero(opcodes == A.OP_EAGER_MERGE))
+    n_ts = int(np.count_nonzero(np.isin(opcodes, A.TIME_SENSITIVE_OPS)))
     scratch_rows = int(up[opcodes == A.OP_REASSEMBLE, A.UP_N_IN].sum())
     us = np.zeros((n_units, A.N_US), dtype=np.int64)
     chs = np.zeros((ch_cap.shape[0], A.N_CH), dtype=np.int64)
@@ -330,7 +334,7 @@ def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, arena_rows, us,
         if op == A.OP_REASSEMBLE:
             us[u, R_SCR] = arena_rows + extra
             extra += up[u, A.UP_N_IN]
-        elif op == A.OP_EAGER_MERGE:
+        elif op == A.OP_EAGER_MERGE or op == A.OP_LINK:  # time-sensitive: abi.TIME_SENSITIVE_OPS
             us[u, R_DECIDE] = -1
             ts_units[k] = u
             k += 1

@@ -296,8 +296,8 @@ def from_dict(data: dict[str, Any], *, source: str = "dict", base_dir: Path | No
             raise SystemConfigError(f"{where}: chips must be at most {MAX_CHIPS}, got {chips}")
         links, n_switches = _grid_links(dims, chips)
     table = routes(links, chips, chips + n_switches)
-    for dst in range(chips):
-        for src in range(chips):
+    for src in range(chips):
+        for dst in range(chips):
             if src != dst and (src, dst) not in table:
                 raise SystemConfigError(f"{where}: chip {dst} is unreachable from chip {src} over the links")
     label = name if isinstance(name, str) else str(data.get("name", source))
