@@ -382,15 +382,17 @@ class ProgramBuilder:
 
     def offchip_load(self, *, out: int, tile_rows: int, tile_cols: int, elem_bytes: int,
                      view_shape: Sequence[int], par_dispatch: int = 1, tensor: TensorRef | None = None,
-                     name: str | None = None) -> int:
+                     name: str | None = None, resident: bool = False) -> int:
         """Load ``prod(view_shape)`` tiles in view order; a tile's stop level is the number of view dims it closes.
 
         Each tile costs ``n_req = tile_rows * ceil(tile_cols * elem_bytes / addr_offset)`` HBM requests issued
         ``par_dispatch`` per cycle; tiles of one op never overlap. Output tiles have read_from_mu set.
-        ``tensor`` says where the values come from in functional mode.
+        ``tensor`` says where the values come from in functional mode. ``resident``: the tensor is already in
+        on-chip memory (a collective's input): no HBM requests, no off-chip bytes, 0 own cycles per tile.
         """
         label = self._label(abi.OP_OFFCHIP_LOAD, name)
         params = self._mem_params(label, tile_rows, tile_cols, elem_bytes, par_dispatch)
+        params[abi.PA_RESIDENT] = int(bool(resident))
         dims = self._shape(view_shape, label, "view_shape")
         self._need(len(dims) >= 1, label, "view_shape must have at least one dim")
         params.update({abi.PA_VIEW_LEN: len(dims), abi.PA_N_TILES: int(np.prod(dims))})
@@ -421,18 +423,20 @@ class ProgramBuilder:
                          tensor=self._check_tensor(label, tensor, tile_rows, tile_cols))
 
     def offchip_store(self, *, inp: int, par_dispatch: int = 1, traffic_elem_bytes: int = 0,
-                      tensor: TensorRef | None = None, name: str | None = None) -> int:
+                      tensor: TensorRef | None = None, name: str | None = None, resident: bool = False) -> int:
         """Store each input tile; ``n_req`` comes from the tile's own rows / cols / bytes (a sink).
 
         ``traffic_elem_bytes`` > 0 counts the stored traffic at that width per element instead of the tile's
         (step-perf's mock_bf16 times fp32 stores at 2 B/elem, but the tensor in memory is 4 B/elem).
-        In functional mode, input tile i is written as tile i of ``tensor``.
+        In functional mode, input tile i is written as tile i of ``tensor``. ``resident``: the tensor stays in
+        on-chip memory (a collective's output): each tile is dequeued at its arrival, no HBM, no off-chip bytes.
         """
         label = self._label(abi.OP_OFFCHIP_STORE, name)
         self._need(par_dispatch >= 1, label, f"par_dispatch must be >= 1, got {par_dispatch}")
         self._need(traffic_elem_bytes >= 0, label, f"traffic_elem_bytes must be >= 0, got {traffic_elem_bytes}")
         return self._add(abi.OP_OFFCHIP_STORE, name, [inp], [],
-                         {abi.PA_PAR_DISPATCH: par_dispatch, abi.PA_ELEM_BYTES: traffic_elem_bytes}, [_DATA], [],
+                         {abi.PA_PAR_DISPATCH: par_dispatch, abi.PA_ELEM_BYTES: traffic_elem_bytes,
+                          abi.PA_RESIDENT: int(bool(resident))}, [_DATA], [],
                          tensor=self._check_tensor(label, tensor, None, None))
 
     def random_offchip_store(self, *, waddr: int, wdata: int, ack: int, tile_rows: int, tile_cols: int,
@@ -768,8 +772,11 @@ class ProgramBuilder:
         out_ptr = np.zeros(n_units + 1, dtype=np.int64)
         in_ch: list[int] = []
         out_ch: list[int] = []
-        readers = [u for u, x in enumerate(self._units) if x.opcode in abi.MEMORY_READ_OPS]
-        writers = [u for u, x in enumerate(self._units) if x.opcode in abi.MEMORY_WRITE_OPS]
+        # resident loads / stores (on-chip tensors) never talk to the HBM: no arbitration rank
+        readers = [u for u, x in enumerate(self._units)
+                   if x.opcode in abi.MEMORY_READ_OPS and not x.params.get(abi.PA_RESIDENT, 0)]
+        writers = [u for u, x in enumerate(self._units)
+                   if x.opcode in abi.MEMORY_WRITE_OPS and not x.params.get(abi.PA_RESIDENT, 0)]
         mem_order = readers + writers
         priority = {u: i for i, u in enumerate(mem_order)}
         arena = 0

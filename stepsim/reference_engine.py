@@ -540,6 +540,8 @@ class _Engine:
         U.wait = None
         for c in self.p.outputs(U.uid):
             ch = self.ch[c]
+            if ch.done:  # a Link closed this transfer's output when the transfer ended
+                continue
             ch.done = True
             ch.close_time = U.clock
             self._wake(ch.consumer, W_EMPTY, c)
@@ -733,7 +735,7 @@ def _mem_tile_params(E, u):
 def _offchip_load(E, U, ins, outs):
     rows, cols, nb, par = _mem_tile_params(E, U.uid)
     dims = E.payload(E.par(U.uid, A.PA_VIEW_OFF), E.par(U.uid, A.PA_VIEW_LEN))
-    yield from _load_view(E, U, outs[0], rows, cols, nb, par, dims, 0)
+    yield from _load_view(E, U, outs[0], rows, cols, nb, par, dims, 0, bool(E.par(U.uid, A.PA_RESIDENT)))
 
 
 def _view_strides(E, u, dims):
@@ -753,11 +755,13 @@ def _view_tile(dims, strides, i):
     return t
 
 
-def _load_view(E, U, out, rows, cols, nb, par, dims, ref_stop):
+def _load_view(E, U, out, rows, cols, nb, par, dims, ref_stop, resident=False):
+    """The tiles of a load's view; a resident tensor (on-chip memory) skips the HBM round trip."""
     n = int(np.prod(dims))
     strides = _view_strides(E, U.uid, dims)
     for i in range(n):
-        yield from E.hbm_tile(U, rows, cols, nb, par, False)
+        if not resident:
+            yield from E.hbm_tile(U, rows, cols, nb, par, False)
         stop = _stop_from_shape(dims, i) + (ref_stop if i == n - 1 else 0)
         tok = Token(KIND_TILE, stop=stop, rows=rows, cols=cols, nbytes=nb, mu=True, valid=rows,
                     ident=(U.uid, _view_tile(dims, strides, i)))
@@ -798,7 +802,8 @@ def _offchip_store(E, U, ins, outs):
         x = yield from E.peek(U, ins[0])
         if x is None:
             return
-        yield from E.hbm_tile(U, x.rows, x.cols, x.nbytes, par, True, traffic or x.nbytes)
+        if not E.par(U.uid, A.PA_RESIDENT):  # a resident tensor (on-chip memory) needs no HBM round trip
+            yield from E.hbm_tile(U, x.rows, x.cols, x.nbytes, par, True, traffic or x.nbytes)
         E.pop(U, ins[0])
         stored.append(x)
         U.fires += 1
@@ -1189,13 +1194,36 @@ def _earliest_head(U, chans):
 @_op(A.OP_LINK)
 def _link(E, U, ins, outs):
     """First come, first served over the link; each element occupies it ceil(bytes / bandwidth) cycles and
-    arrives ``latency`` cycles after its last byte left (kernels.units_link)."""
+    arrives ``latency`` cycles after its last byte left; transfer k's output closes when its input is observed
+    closed (kernels.units_link)."""
     bandwidth = E.par(U.uid, A.PA_LINK_BW)
     latency = E.par(U.uid, A.PA_LINK_LAT)
     chans = [E.ch[c] for c in ins]
+    out_chans = [E.ch[c] for c in outs]
+
+    def candidate():
+        best = None
+        for ch, out in zip(chans, out_chans):
+            if ch.q:
+                t = max(U.clock, ch.q[0][0])
+            elif ch.done and not out.done:
+                t = max(U.clock, ch.close_time)
+            else:
+                continue
+            if best is None or t < best:
+                best = t
+        if best is None and all(ch.done for ch in chans):
+            best = max([U.clock] + [ch.close_time for ch in chans])
+        return best
+
     while True:
-        T = yield from E.time_wait(U, lambda: _earliest_head(U, chans))
+        T = yield from E.time_wait(U, candidate)
         E.in_wait(U, T)
+        for ch, out in zip(chans, out_chans):
+            if ch.done and not ch.q and ch.close_time <= T and not out.done:
+                out.done = True
+                out.close_time = U.clock
+                E._wake(out.consumer, W_EMPTY, out.cid)
         pick = None
         for k, ch in enumerate(chans):
             if ch.q and ch.q[0][0] <= T and (pick is None or ch.q[0][0] < chans[pick].q[0][0]):

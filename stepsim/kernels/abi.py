@@ -266,6 +266,7 @@ PA_VIEW_OFF = 4  # view_shape dims (outermost first) in payload
 PA_VIEW_LEN = 5
 PA_ACK_ON_WADDR = 6
 PA_N_TILES = 7  # product of the view shape
+PA_RESIDENT = 8  # OffChipLoad / OffChipStore: 1 = the tensor is resident in on-chip memory (no HBM, 0 own cycles)
 
 PA_FN = 0  # compute ops
 PA_FN_PARAM = 1

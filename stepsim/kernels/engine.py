@@ -44,7 +44,7 @@ from stepsim.kernels.jit import inline_kernel, kernel
 from stepsim.kernels.timeline import TL_CH_HBM
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
-from stepsim.kernels.units_link import step_link
+from stepsim.kernels.units_link import link_event_time, step_link
 from stepsim.kernels.units_memory import (
     step_bufferize,
     step_dyn_streamify,
@@ -230,8 +230,9 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 us[u, A.US_WAIT_CH] = -1
                 for k in range(out_ptr[u], out_ptr[u + 1]):
                     c = out_ch[k]
-                    chs[c, A.CH_CLOSED] = 1
-                    chs[c, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+                    if chs[c, A.CH_CLOSED] == 0:  # a Link closes each transfer's output when that transfer ends
+                        chs[c, A.CH_CLOSED] = 1
+                        chs[c, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
             for k in range(in_ptr[u], in_ptr[u + 1]):
                 c = in_ch[k]
                 v = ch_prod[c]
@@ -254,7 +255,10 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
         for k in range(n_ts):
             v = ts_units[k]
             if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
-                t = eager_merge_event_time(v, up, us, in_ch, chs, slots)  # a Link chooses by the same rule
+                if up[v, A.UP_OPCODE] == A.OP_LINK:
+                    t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                else:
+                    t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
                 if t < best_t:
                     best_t = t
                     best_u = v

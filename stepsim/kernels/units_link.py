@@ -14,6 +14,11 @@ A link has ``n`` inputs and ``n`` outputs; transfer k enters on input k and leav
   full, the link waits for the credit (blocked-out) and the element arrives ``max(requested, credit + 1)``:
   the output FIFO's depth is the link's window of elements in flight (credit-based flow control).
 
+* Closing: a transfer ends on its own. When input k is observed closed and empty (at a decision time, like
+  an arrival: the engine's event time includes it), output k closes at the link's clock; the link finishes when
+  every input has. A link that waited for all its transfers would couple them: in a ring all-reduce a chip's
+  last add waits for its received stream to close, and that stream shares links with later steps.
+
 Phases: ``PH_CHOOSE`` (0: wait for a decision time, take the chosen head and serialize it) -> ``PH_DELIVER``
 (1: send it on its output) -> ``PH_CHOOSE``. Counters: fires = elements carried, busy = serialization
 cycles, ``R_LINK_BYTES`` = bytes carried.
@@ -42,6 +47,38 @@ def link_serialize_cycles(nbytes, bandwidth):
 
 
 @kernel
+def link_event_time(u, up, us, in_ch, out_ch, chs, slots):
+    """When may link u decide? (only while choosing)
+
+    reads: its inputs' heads and close times, its outputs' closed flags / writes: nothing / returns:
+    max(clock, the earliest head stamp or close time of an input whose output is still open), or, when every
+    input is closed and empty and every output closed, max(clock, last close time); NEVER while it must wait.
+    """
+    istart = up[u, A.UP_IN_START]
+    ostart = up[u, A.UP_OUT_START]
+    clock = us[u, A.US_CLOCK]
+    best = A.NEVER
+    all_closed = True
+    last_close = clock
+    for k in range(up[u, A.UP_N_IN]):
+        c = in_ch[istart + k]
+        if can_pop(chs, c):
+            best = min(best, head_stamp(chs, slots, c))
+            all_closed = False
+        elif chs[c, A.CH_CLOSED] == 1:
+            last_close = max(last_close, chs[c, A.CH_CLOSE_TIME])
+            if chs[out_ch[ostart + k], A.CH_CLOSED] == 0:
+                best = min(best, chs[c, A.CH_CLOSE_TIME])
+        else:
+            all_closed = False
+    if best != A.NEVER:
+        return max(clock, best)
+    if all_closed:
+        return last_close
+    return A.NEVER
+
+
+@kernel
 def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi,
               tl):
     """reads: inputs, us[u, R_DECIDE] / writes: outputs, us[u] / returns: STEP_TIME while choosing without a
@@ -59,20 +96,32 @@ def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
                 us[u, A.US_WAIT_CH] = -1
                 return A.STEP_TIME
             us[u, R_DECIDE] = -1
+            wait_input(us, u, T, -1, tl)
             chosen = -1
             best = A.NEVER
+            open_transfers = 0
             for k in range(n_in):
                 c = in_ch[istart + k]
+                o = out_ch[ostart + k]
                 if can_pop(chs, c):
                     t = head_stamp(chs, slots, c)
                     if t <= T and t < best:
                         best = t
                         chosen = k
-            if chosen < 0:  # every input closed and empty (the engine's event time says so)
-                wait_input(us, u, T, -1, tl)
-                return A.STEP_DONE
+                    open_transfers += 1
+                elif chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_CLOSE_TIME] <= T:
+                    if chs[o, A.CH_CLOSED] == 0:  # transfer k ended: pass its closure on (the engine wakes the
+                        chs[o, A.CH_CLOSED] = 1   # consumer after this step)
+                        chs[o, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+                else:
+                    open_transfers += 1
+            if chosen < 0:
+                if open_transfers == 0:
+                    return A.STEP_DONE
+                us[u, A.US_WAIT_KIND] = A.WAIT_TIME
+                us[u, A.US_WAIT_CH] = -1
+                return A.STEP_TIME
             c = in_ch[istart + chosen]
-            wait_input(us, u, T, c, tl)
             row = take(us, u, chs, slots, c, tl)
             stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
             nbytes = tok_bytes(slots, row, A.SL_TOKEN)

@@ -35,6 +35,9 @@ from stepsim.system.topology import TOPOLOGIES, Link, group_members, node_name, 
 
 #: the most chips a system may have (the engine has one unit per link; beyond this the tables get unwieldy)
 MAX_CHIPS = 4096
+#: the least link latency (cycles): one for the on-chip edge from the sending operator into the link, at least one
+#: on the link itself (the engine's Link unit gets ``latency - 1``; see stepsim.collectives.network)
+MIN_LATENCY = 2
 #: beyond it the engine's int64 products of bytes and cycles could overflow (as for the hardware fields)
 MAX_VALUE = 2**31 - 1
 
@@ -190,7 +193,7 @@ def _dimensions(data: dict, chips: int | None, where: str) -> tuple[Dimension, .
                 raise SystemConfigError(f"{at}: topology 'custom' is for a whole system, not a dimension")
             dims.append(Dimension(_int(table["size"], at, "size", 1, "chips"), topology,
                                   _int(table["link_bandwidth"], at, "link_bandwidth", 1, "bytes/cycle"),
-                                  _int(table["link_latency"], at, "link_latency", 1, "cycles")))
+                                  _int(table["link_latency"], at, "link_latency", MIN_LATENCY, "cycles")))
         product = 1
         for d in dims:
             product *= d.size
@@ -204,7 +207,7 @@ def _dimensions(data: dict, chips: int | None, where: str) -> tuple[Dimension, .
             raise SystemConfigError(f"{where}: missing key {key!r}")
     return (Dimension(chips, _topology(data["topology"], where),
                       _int(data["link_bandwidth"], where, "link_bandwidth", 1, "bytes/cycle"),
-                      _int(data["link_latency"], where, "link_latency", 1, "cycles")),)
+                      _int(data["link_latency"], where, "link_latency", MIN_LATENCY, "cycles")),)
 
 
 def _grid_links(dims: tuple[Dimension, ...], chips: int) -> tuple[tuple[Link, ...], int]:
@@ -256,7 +259,7 @@ def _custom_links(data: dict, chips: int, where: str) -> tuple[Link, ...]:
         if bandwidth is None or latency is None:
             raise SystemConfigError(f"{at}: needs bandwidth and latency (or top-level link_bandwidth, link_latency)")
         bandwidth = _int(bandwidth, at, "bandwidth", 1, "bytes/cycle")
-        latency = _int(latency, at, "latency", 1, "cycles")
+        latency = _int(latency, at, "latency", MIN_LATENCY, "cycles")
         both = table.get("bidirectional", True)
         if not isinstance(both, bool):
             raise SystemConfigError(f"{at}: bidirectional must be true or false, got {both!r}")

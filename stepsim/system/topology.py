@@ -38,7 +38,9 @@ class Link:
     bandwidth : int
         Bytes per cycle the link serializes (>= 1).
     latency : int
-        Cycles from the end of an element's serialization to its arrival at the receiving unit (>= 1).
+        Cycles (>= 2) an element takes from the sending operator's enqueue to its arrival at the receiving
+        operator on an idle link, beyond its serialization ``ceil(bytes / bandwidth)``: the alpha of the
+        alpha-beta model. It includes the one-cycle on-chip edge into the link (docs/system.md).
     name : str
         ``chip0->chip1``, ``chip2->switch0``, ...
     """

@@ -122,3 +122,20 @@ def test_a_buffer_reference_cannot_cross_a_link():
 def test_every_opcode_has_a_reference_behaviour_and_a_name():
     assert set(abi.OPCODE_NAMES) == set(range(1, abi.N_OPCODES)) == set(reference_engine._BEHAVIOURS)
     assert set(abi.TIME_SENSITIVE_OPS) <= set(abi.OPCODE_NAMES)
+
+
+def test_a_transfer_closes_when_its_own_input_closes_not_when_the_link_finishes():
+    """Transfer 0 (one scalar) ends at cycle 2 although transfer 1 still runs: its sink finishes at 8, not after
+    the load's tile (a ring all-reduce deadlocks if a link closes its outputs only when all transfers ended)."""
+    b = builder()
+    x, y, a, z = (b.add_channel(name=n) for n in ("x", "y", "a", "z"))
+    b.metadata_gen(out=x, values=[5], shape=(1,), name="meta")  # arrives at 1, producer done at 0
+    b.offchip_load(out=y, tile_rows=16, tile_cols=32, elem_bytes=2, view_shape=(1,), name="load")  # arrives 35
+    link = b.link(ins=[x, y], outs=[a, z], bandwidth=8, latency=5, name="l")
+    sink_a = b.sink(inp=a, name="sink_a")
+    sink_z = b.sink(inp=z, name="sink_z")
+    r = _both(b.build())
+    assert r.arrivals[2] == [7]  # 1 + 1 cycle on the wire + 5
+    assert r.unit_clock(sink_a) == 8  # takes it at 7, +1; the closure (at the link's clock 2) is already seen
+    assert r.arrivals[3] == [35 + 128 + 5]  # 1024 B at 8 B/cycle
+    assert r.unit_clock(sink_z) == 169 and r.unit_clock(link) == 163
