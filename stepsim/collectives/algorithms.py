@@ -17,8 +17,9 @@ Algorithms (transfers are routed over the system's links by :class:`~stepsim.col
   ``(c - s - 1) mod n``: its own at s = 0, later the partial sum it received plus its own chunk (a Map add);
   after n - 1 steps chip c holds the sum of chunk c. All-gather: n - 1 steps forwarding what arrived.
   All-reduce = reduce-scatter then all-gather.
-* ``direct``: every chip sends straight to every other (reduce-scatter: chunk k to chip k, which adds the n
-  contributions in the order c = k+1, k+2, ...; all-gather: its chunk to every chip). All-to-all is direct only.
+* ``direct``: every chip sends straight to every other, to c+1 first, then c+2, ... (reduce-scatter: chunk k to
+  chip k, which adds the contributions in the order they leave their senders, c = k-1, k-2, ...; all-gather:
+  its chunk to every chip). All-to-all is direct only.
 
 Reductions are ``Map(Add)`` with ``compute_bw`` FLOPs/cycle and ``write_back_mu=True`` (partials live in
 on-chip memory), so every add reads both operands from the PMU: its cost is
@@ -135,8 +136,8 @@ class _Builder:
         out = {}
         for k in range(n):
             acc = x[(k, k)]
-            for step in range(1, n):
-                c = (k + step) % n
+            for step in range(1, n):  # in the order the chunks leave their senders: c = k-1 first (its 1st send)
+                c = (k - step) % n
                 acc = self.add(acc, received[(k, c)], name=f"chip{k}.rs.add{c}")
             out[k] = acc
         return out
