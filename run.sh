@@ -16,7 +16,10 @@ case "${1:-}" in
   test)
     .venv/bin/python -m pip install -q -e ".[dev]"
     shift
-    exec .venv/bin/python -m pytest "$@"
+    # the layer contracts of docs/architecture.md first (about a second), then the suite on every core, each test
+    # file on one worker (the README test runs its commands in order; module fixtures are built once)
+    .venv/bin/lint-imports --no-logo --no-cache
+    exec .venv/bin/python -m pytest -n auto --dist loadfile "$@"
     ;;
   *)
     echo "usage: ./run.sh demo|test [args...]" >&2

@@ -1,6 +1,6 @@
 """A SimPy model of a stepsim program, as the "off-the-shelf discrete-event simulator" baseline of the benchmarks.
 
-It reads the graph of a built :class:`stepsim.program.Program` (units, channels, capacities, latencies), so it
+It reads the graph of a built :class:`stepsim.kernels.program.Program` (units, channels, capacities, latencies), so it
 runs exactly the graphs the numba and reference engines run, and models each unit as one SimPy process:
 
 * a channel is a ``simpy.Store`` (unbounded; it only carries ``(stamp, value)``) plus a ``simpy.Container`` of

@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from stepsim.simulate import simulate
-from stepsim.workloads.attention import build_attention
-from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.models import resolve_model
-from stepsim.workloads.moe import build_moe
+from stepsim.models.presets import resolve_model
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.attention.build import build_attention
+from stepsim.workloads.decoder.build import build_decoder
+from stepsim.workloads.moe.build import build_moe
 
 
 @pytest.mark.parametrize("kv_heads", [None, 1], ids=["all-heads", "one-head"])

@@ -1,6 +1,6 @@
 """Engine throughput: unit firings per second of three engines on the same synthetic graphs.
 
-Workloads (built with :class:`stepsim.program.ProgramBuilder`; the graph is the same for every engine, only the
+Workloads (built with :class:`stepsim.kernels.program.ProgramBuilder`; the graph is the same for every engine, only the
 number of elements streamed through it changes):
 
 * ``chain``: a u64 MetadataGen through 1000 unary Maps into a sink (1000 elements: 1,002,000 firings);
@@ -11,7 +11,7 @@ Each runs with channel depth 2 (the evaluation default) and 16, on
 
 * ``numba``: the compiled engine, :func:`stepsim.kernels.run` (timed: ``EngineResult.wall_seconds``, the engine
   call alone, compilation excluded), with 1000 elements (~1M firings, so that per-call overhead is negligible);
-* ``reference``: the pure-Python twin, :func:`stepsim.reference_engine.run`, and
+* ``reference``: the pure-Python twin, :func:`stepsim.kernels.reference.run`, and
 * ``simpy``: a SimPy model of the same graph (``bench/simpy_engine.py``; one process per unit, a Store plus a
   credit Container per channel), both with 100 elements (~100k firings) to keep their runs around a second.
 
@@ -33,9 +33,9 @@ import numpy as np
 import pytest
 import simpy_engine  # bench/simpy_engine.py: bench/ is on sys.path under pytest's default (prepend) import mode
 
-from stepsim.hardware import Hardware
+from stepsim.base.hardware import Hardware
 from stepsim.kernels import abi as A
-from stepsim.program import ProgramBuilder
+from stepsim.kernels.program import ProgramBuilder
 
 #: elements streamed through the graph for the numba engine (~1M firings) and for the slow engines (~100k)
 LARGE, SMALL = 1000, 100
@@ -49,7 +49,7 @@ def _numba_engine(program):
 
 
 def _reference_engine(program):
-    from stepsim import reference_engine
+    from stepsim.kernels import reference as reference_engine
 
     # the bound only guards against a runaway program; these graphs need about one step per firing
     t0 = time.perf_counter()

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from stepsim.simulate import simulate
-from stepsim.workloads.moe import build_moe
+from stepsim.simulation.simulate import simulate
+from stepsim.trace_io.load import load_routing
+from stepsim.workloads.moe.build import build_moe
 from stepsim.workloads.reference import check_outputs, make_inputs, small_moe_model
-from stepsim.workloads.traces import load_routing
 
 MOE_TRACES = {"mixtral-8x7b": "mixtral_b64", "qwen3-30b-a3b": "qwen_b64"}
 

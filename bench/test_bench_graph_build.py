@@ -31,9 +31,9 @@ from test_bench_hbm_scaling import synthetic_routing
 
 from stepsim.graph.graph import PUBLISHED
 from stepsim.graph.numeric import sympy_expressions_built
+from stepsim.models.presets import moe_model
 from stepsim.workloads.base import as_int, substitute
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 #: (tiling, experts) -> (build seconds, metrics seconds), for the growth exponents
 _TIMES: dict[tuple[str, int], tuple[float, float]] = {}

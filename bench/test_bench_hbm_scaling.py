@@ -23,11 +23,11 @@ import time
 import numpy as np
 import pytest
 
+from stepsim.base.hardware import Hardware
 from stepsim.graph.lower import lower
-from stepsim.hardware import Hardware
 from stepsim.kernels import api
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.models.presets import moe_model
+from stepsim.workloads.moe.build import build_moe
 
 #: the per-tick run is skipped above this many HBM requests (about 20 ns each)
 PER_TICK_MAX_REQUESTS = 200_000_000

@@ -63,7 +63,7 @@ def test_optimize_moe_wall_time(benchmark, bench_summary, shared_traces, tmp_pat
                  and json.loads(r["config"]).get("tile_f") == 64 and "regions" not in json.loads(r["config"]))
     paper_cycles = paper["cycles"]
     if paper_cycles is None:  # pruned by the search: simulate it for the comparison
-        from stepsim.records import run_config
+        from stepsim.results.records import run_config
 
         paper_cycles = run_config({**json.loads(paper["config"]), "mode": "simulate"}).row["cycles"]
     budgeted = _run([*argv, "--max-on-chip", str(paper["on_chip_bytes"])], capsys)

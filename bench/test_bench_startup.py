@@ -48,8 +48,8 @@ print(json.dumps({"import_s": t1 - t0, "engine_import_s": t2 - t1, "ensure_compi
 #: what the import check imports: bare ``stepsim``, and everything a user or the CLI touches before simulating
 IMPORT_SETS = {
     "stepsim": ["stepsim"],
-    "all": ["stepsim", "stepsim.cli", "stepsim.simulate", "stepsim.program", "stepsim.reference_engine",
-            "stepsim.workloads.moe", "stepsim.workloads.attention", "stepsim.kernels", "stepsim.kernels.api",
+    "all": ["stepsim", "stepsim.cli", "stepsim.simulation.simulate", "stepsim.kernels.program", "stepsim.kernels.reference",
+            "stepsim.workloads.moe.build", "stepsim.workloads.attention.build", "stepsim.kernels", "stepsim.kernels.api",
             "stepsim.kernels.warm", "stepsim.kernels.engine"],
 }
 

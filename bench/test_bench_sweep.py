@@ -5,7 +5,7 @@
   expansion cost per task (what a running sweep pays as it streams tasks to workers), against the eager
   ``expand`` of a 2,000-point grid. The ratio first-task(1 M) / first-task(2 k) is the number to watch (~1).
 * ``test_resume_index_of_100k_rows``: 100,000 rows in 100 part files (the batched layout of a large sweep): the
-  time to index them for a resume (:class:`~stepsim.sweep.store.ResultIndex`) and to ``read_sweep`` them.
+  time to index them for a resume (:class:`~stepsim.batch.store.ResultIndex`) and to ``read_sweep`` them.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepsim.sweep import load_sweep
-from stepsim.sweep.cli import dry_run
-from stepsim.sweep.grid import expand, iter_tasks
-from stepsim.sweep.rows import read_sweep
-from stepsim.sweep.store import ResultIndex
+from stepsim.batch import load_sweep
+from stepsim.batch.grid import expand, iter_tasks
+from stepsim.batch.rows import read_sweep
+from stepsim.batch.store import ResultIndex
+from stepsim.cli.sweep import dry_run
 
 GRID = """
 workload = "swiglu"
@@ -66,9 +66,9 @@ def test_million_point_grid_starts_at_once(tmp_path, benchmark, bench_summary, r
 
 
 def test_resume_index_of_100k_rows(tmp_path, bench_summary):
-    from stepsim.records import run_config
-    from stepsim.sweep.grid import Task, slot_key
-    from stepsim.sweep.rows import row_table
+    from stepsim.batch.grid import Task, slot_key
+    from stepsim.batch.rows import row_table
+    from stepsim.results.records import run_config
 
     record = run_config({"workload": "swiglu"})
     task = Task(index=0, config={"workload": "swiglu", "mode": "metrics", "tile_m": 16, "tile_n": 16,

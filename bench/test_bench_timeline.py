@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 from test_bench_engine import chain_program
 
+from stepsim.base.hardware import Hardware
 from stepsim.graph.lower import lower
-from stepsim.hardware import Hardware
 from stepsim.kernels import api
 from stepsim.workloads.config import workload_from_config
 

@@ -3,8 +3,8 @@
 MoE: static tiling with 16 and 64 tokens per tile, and dynamic tiling, on the first ``b64`` routing file of
 each model in ``../shared/traces/expert_routing``. Attention: the coarse, interleave and dynamic strategies on
 the first ``kv_lengths/b64`` window. Each case builds the workload once (``build_s``, reported, not part of the
-benchmark) and then times :func:`stepsim.simulate.simulate` warm (kernels compiled before anything is timed).
-:class:`~stepsim.simulate.SimResult` splits a call into lowering (``lower_s``: graph to engine program) and the
+benchmark) and then times :func:`stepsim.simulation.simulate.simulate` warm (kernels compiled before anything is timed).
+:class:`~stepsim.simulation.simulate.SimResult` splits a call into lowering (``lower_s``: graph to engine program) and the
 engine run (``sim_wall_s``); both are recorded in ``benchmark.extra_info`` (fastest round) and summarised at the
 end. The target is a warm B=64 MoE configuration in under 5 s; nothing here asserts on time.
 """
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from stepsim.simulate import simulate
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.traces import load_kv_lengths, load_routing
+from stepsim.models.presets import moe_model
+from stepsim.simulation.simulate import simulate
+from stepsim.trace_io.load import load_kv_lengths, load_routing
 
 #: model preset -> its routing-trace folder under expert_routing/
 MOE_TRACES = {"mixtral-8x7b": "mixtral_b64", "qwen3-30b-a3b": "qwen_b64"}
@@ -75,7 +75,7 @@ def _record(benchmark, bench_summary, section, label, build_s, results, walls, *
 @pytest.mark.parametrize("model_name", sorted(MOE_TRACES))
 def test_moe_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, model_name, tiling, tile_n):
     """Warm simulate() of one B=64 MoE layer; lowering and engine time reported separately."""
-    from stepsim.workloads.moe import build_moe
+    from stepsim.workloads.moe.build import build_moe
 
     trace = _first(shared_traces / "expert_routing" / MOE_TRACES[model_name], "*.npz")
     model = moe_model(model_name)
@@ -94,7 +94,7 @@ def test_moe_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, mode
 @pytest.mark.parametrize("strategy", ATTENTION_STRATEGIES)
 def test_attention_b64_wall_time(benchmark, rounds, bench_summary, shared_traces, strategy):
     """Warm simulate() of the B=64 decode attention."""
-    from stepsim.workloads.attention import build_attention
+    from stepsim.workloads.attention.build import build_attention
 
     trace = _first(shared_traces / "kv_lengths" / "b64", "*.npy")
     kv_lengths = load_kv_lengths(trace, None)

@@ -7,8 +7,8 @@ own hardware preset, FIFO depth and trace bindings).
 import numpy as np
 
 from stepsim.graph import BF16, FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Silu, Tensor
-from stepsim.workloads.models import MoEModel
-from stepsim.workloads.moe import build_moe
+from stepsim.models.presets import MoEModel
+from stepsim.workloads.moe.build import build_moe
 
 
 def silu_rows():

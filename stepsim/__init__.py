@@ -5,16 +5,17 @@ Importing stepsim never compiles kernels; compilation happens on first simulatio
 """
 
 from stepsim._version import __version__
-from stepsim.errors import StepsimError
+from stepsim.base.errors import StepsimError
 
-__all__ = ["__version__", "StepsimError", "optimize"]
+__all__ = ["__version__", "StepsimError", "optimize", "serve"]
 
 
 def __getattr__(name: str):
-    """``stepsim.optimize(...)``: the :mod:`stepsim.optimize` package, imported on first use (so ``import
-    stepsim`` stays light); the package is callable as :func:`stepsim.optimize.optimize`."""
-    if name == "optimize":
+    """``stepsim.optimize(...)`` / ``stepsim.serve(...)``: the :mod:`stepsim.optimize` / :mod:`stepsim.serve`
+    package, imported on first use (so ``import stepsim`` stays light); each package is callable as its
+    function (:func:`stepsim.optimize.optimize`, :func:`stepsim.serve.serve`)."""
+    if name in ("optimize", "serve"):
         import importlib
 
-        return importlib.import_module("stepsim.optimize")
+        return importlib.import_module(f"stepsim.{name}")
     raise AttributeError(f"module 'stepsim' has no attribute {name!r}")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 # Commands the tests start run in their own process, even when the user has a command server running
-# (stepsim.server): the tests of the server itself turn it back on for their own commands.
+# (stepsim.cli.server_daemon): the tests of the server itself turn it back on for their own commands.
 os.environ["STEPSIM_SERVER"] = "off"
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -4,8 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepsim.cli import main
-from stepsim.demo import demo_configs
-from stepsim.records import SCHEMA
+from stepsim.demo.moe_tiling import demo_configs
+from stepsim.results.records import SCHEMA
 from stepsim.workloads.config import normalize_config
 
 

@@ -1,9 +1,9 @@
-"""stepsim.lazy_import.LazyModule: imported on first attribute read, transparent afterwards."""
+"""stepsim.base.lazy_import.LazyModule: imported on first attribute read, transparent afterwards."""
 
 import sys
 import types
 
-from stepsim.lazy_import import LazyModule
+from stepsim.base.lazy_import import LazyModule
 
 
 def test_imported_on_first_read_then_replaced_in_stepsim_globals(tmp_path, monkeypatch):

@@ -51,7 +51,17 @@ from stepsim.graph.functions import (
                                   Sub,
                                   Zero,
 )
-from stepsim.graph.graph import PAPER, PUBLISHED, Graph, OnChipConvention, Op, OutputRef, Placeholder, as_int
+from stepsim.graph.graph import (
+    PAPER,
+    PUBLISHED,
+    Broadcast,
+    Graph,
+    OnChipConvention,
+    Op,
+    OutputRef,
+    Placeholder,
+    as_int,
+)
 from stepsim.graph.ops_buffer import Bufferize, DynStreamify, Streamify
 from stepsim.graph.ops_compute import (
                                   Accum,
@@ -72,7 +82,7 @@ from stepsim.graph.ops_memory import (
                                   RandomOffChipStore,
                                   Tensor,
 )
-from stepsim.graph.ops_routing import Broadcast, EagerMerge, Parallelize, Partition, Reassemble
+from stepsim.graph.ops_routing import EagerMerge, Parallelize, Partition, Reassemble
 from stepsim.graph.ops_shape import Expand, ExpandRef, Flatten, Promote, RepeatStatic, Reshape, Zip
 from stepsim.graph.ops_sources import (
                                   CacheReadAddrGen,

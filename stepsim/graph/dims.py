@@ -17,8 +17,8 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Union
 
-from stepsim.errors import ArgumentError
-from stepsim.lazy_import import LazyModule
+from stepsim.base.errors import ArgumentError
+from stepsim.base.lazy_import import LazyModule
 
 if TYPE_CHECKING:
     import sympy
@@ -58,7 +58,7 @@ def make_symbol(name: str, ragged: bool = False) -> sympy.Symbol:
 def normalize(d) -> Dim:
     """Return ``d`` as a Python int when it is a concrete integer, else as a sympy expression.
 
-    Raises :class:`~stepsim.errors.ArgumentError` for anything else (a bool, a Python float, a string, ...).
+    Raises :class:`~stepsim.base.errors.ArgumentError` for anything else (a bool, a Python float, a string, ...).
     """
     if isinstance(d, bool):
         raise ArgumentError(f"a dimension cannot be a bool, got {d!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph.dims import Dim, fmt_dim, fmt_shape, is_static, normalize, product, sp
 
 

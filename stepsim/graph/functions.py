@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph.dims import Dim, dims_equal, fmt_dim, is_static, normalize, product
 from stepsim.graph.dtypes import FP32, UINT64, DynTile, ScalarType, Tile, is_tile, tile
 

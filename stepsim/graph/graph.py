@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from stepsim.errors import ArgumentError, GraphError
+from stepsim.base.errors import ArgumentError, GraphError
 from stepsim.graph.dims import normalize, sp, sum_of_products
 from stepsim.graph.stream import Stream
 
@@ -211,6 +211,22 @@ class Placeholder(Op):
         self._finish([stream])
 
 
+class Broadcast(Op):
+    """``num_consumers`` identical copies of the input stream (inserted automatically for fan-out).
+
+    Defined beside :class:`Graph` because the graph inserts it itself (:meth:`Graph.insert_broadcasts`); the
+    other routing operators are in :mod:`stepsim.graph.ops_routing`."""
+
+    kind = "Broadcast"
+
+    def __init__(self, graph, inp, num_consumers: int, *, channel_depth: int | None = None, name: str | None = None):
+        (s,) = self._begin(graph, [inp], name)
+        if not isinstance(num_consumers, int) or num_consumers < 1:
+            raise self._error(ArgumentError, f"num_consumers must be a positive int, got {num_consumers!r}")
+        self._finish([s] * num_consumers)
+        self.channel_depth = channel_depth
+
+
 class Graph:
     """A STeP dataflow graph: operators in insertion order, edges implied by their inputs."""
 
@@ -349,8 +365,6 @@ class Graph:
         Multi-edges count (an op reading the same stream twice gets two broadcast outputs). Broadcasts are
         appended after all existing operators, as the artifact's rewrite does.
         """
-        from stepsim.graph.ops_routing import Broadcast
-
         if self._broadcasts_inserted:
             return
         by_id = {op.id: op for op in self.ops}
@@ -399,7 +413,7 @@ def as_int(value, what: str = "value") -> int:
     the leftover symbols when some are unbound, or saying the value is not an integer (e.g. ``5/2``) when none
     are left.
     """
-    from stepsim.errors import MetricError
+    from stepsim.base.errors import MetricError
 
     v = normalize(sp.sympify(value)) if not isinstance(value, int) else value
     if isinstance(v, int):

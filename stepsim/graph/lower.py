@@ -1,7 +1,7 @@
 """Lowering: the one seam between the symbolic graph and the numba engine.
 
 ``lower(graph, hardware, bindings) -> Program`` walks the finalized graph (broadcasts inserted) in operator
-order, gives every edge a FIFO channel, and calls one :class:`~stepsim.program.ProgramBuilder` method per
+order, gives every edge a FIFO channel, and calls one :class:`~stepsim.kernels.program.ProgramBuilder` method per
 operator, resolving every parameter to an int. Operator order is kept because the reference simulator
 registers memory operators with the HBM in graph order, which decides same-tick arbitration.
 
@@ -9,7 +9,7 @@ Decisions made here (and why):
 
 * **Channel capacity** = the producer's ``channel_depth`` override, else the run's default depth (``None``
   means 1024, as step-perf's ``DEFAULT_CHAN_SIZE``); without a ``channel_depth`` argument, the hardware's
-  (precedence of knob, hardware and workload depths: :mod:`stepsim.defaults`). Broadcasts inserted by
+  (precedence of knob, hardware and workload depths: :mod:`stepsim.base.defaults`). Broadcasts inserted by
   :meth:`Graph.insert_broadcasts` carry the producer's ``fanout_depth``, matching the artifact's overrides
   keyed by the Broadcast's id.
 * **Per-channel overrides** (``channel_depths``, e.g. from ``stepsim size-fifos``) are keyed by the channel
@@ -34,17 +34,17 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from stepsim.defaults import UNBOUNDED_CHANNEL_DEPTH, UNSET, channel_capacity, resolve_channel_depth
-from stepsim.errors import LoweringError
+from stepsim.base.defaults import UNBOUNDED_CHANNEL_DEPTH, UNSET, channel_capacity, resolve_channel_depth
+from stepsim.base.errors import LoweringError
+from stepsim.base.hardware import Hardware
 from stepsim.graph import ops_memory as M
 from stepsim.graph import ops_shape as S
 from stepsim.graph.dims import is_static, product
 from stepsim.graph.dtypes import BF16, FP32
 from stepsim.graph.graph import Graph
-from stepsim.hardware import Hardware
-from stepsim.program import Program, ProgramBuilder, TensorRef
+from stepsim.kernels.program import Program, ProgramBuilder, TensorRef
 
-#: kept for importers: the depth ``None`` stands for (stepsim.defaults.UNBOUNDED_CHANNEL_DEPTH)
+#: kept for importers: the depth ``None`` stands for (stepsim.base.defaults.UNBOUNDED_CHANNEL_DEPTH)
 DEFAULT_CHANNEL_DEPTH = UNBOUNDED_CHANNEL_DEPTH
 
 
@@ -286,7 +286,7 @@ def _tensor_ref(name, shape, dtype, tile_rows, tile_cols, strides=()) -> TensorR
 
 def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth=UNSET,
           channel_depths: Mapping[str, int] | None = None) -> Program:
-    """Lower ``graph`` to an engine :class:`~stepsim.program.Program`.
+    """Lower ``graph`` to an engine :class:`~stepsim.kernels.program.Program`.
 
     Parameters
     ----------
@@ -299,8 +299,8 @@ def lower(graph: Graph, hardware: Hardware | None = None, *, channel_depth=UNSET
         ``channel_depth`` (2 for ``step-eval``).
     channel_depths : mapping of channel name to int, optional
         Per-channel FIFO depths (elements) that override everything else, keyed by stable channel names
-        (``"Map_12[0]"``, see :func:`stepsim.passes.channels.channel_infos`); each must be an int >= 1 and name
-        a channel of ``graph`` (else :class:`~stepsim.errors.LoweringError`).
+        (``"Map_12[0]"``, see :func:`stepsim.graph.channels.channel_infos`); each must be an int >= 1 and name
+        a channel of ``graph`` (else :class:`~stepsim.base.errors.LoweringError`).
 
     Selector and metadata payloads come from the graph's sources (filled from traces by the workload
     builders), so routing in the engine follows the trace.

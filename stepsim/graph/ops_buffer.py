@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepsim.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.base.errors import ArgumentError, DTypeError, ShapeError
 from stepsim.graph.dims import fmt_shape, is_static, normalize, product, shapes_equal
 from stepsim.graph.dtypes import BufferRef, Tile
 from stepsim.graph.graph import PUBLISHED, Op

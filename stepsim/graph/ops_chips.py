@@ -7,13 +7,13 @@
   collective's input and output): no HBM, no off-chip bytes; the load's tiles carry read_from_mu, so the
   operator that reads them pays the PMU bandwidth.
 
-Graphs build links through :class:`stepsim.collectives.network.Network`, which routes transfers over a
-:class:`~stepsim.system.System` and creates one Link per physical link used.
+Graphs build links through :class:`stepsim.graph.network.Network`, which routes transfers over a
+:class:`~stepsim.base.system.System` and creates one Link per physical link used.
 """
 
 from __future__ import annotations
 
-from stepsim.errors import ArgumentError, DTypeError
+from stepsim.base.errors import ArgumentError, DTypeError
 from stepsim.graph.dims import normalize, product
 from stepsim.graph.dtypes import BufferRef, Tile
 from stepsim.graph.graph import Op

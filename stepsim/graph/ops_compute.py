@@ -8,7 +8,7 @@ artifact's attention graphs use them (the reference simulator would panic dividi
 
 from __future__ import annotations
 
-from stepsim.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.base.errors import ArgumentError, DTypeError, ShapeError
 from stepsim.graph.dims import fmt_shape, is_static, make_symbol, normalize, product, shapes_equal
 from stepsim.graph.dtypes import TupleType, is_tile, size_factors, tile
 from stepsim.graph.functions import Empty, Function, Matmul, RowStreamify, Zero

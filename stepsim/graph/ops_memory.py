@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepsim.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.base.errors import ArgumentError, DTypeError, ShapeError
 from stepsim.graph.dims import fmt_shape, is_static, normalize, product
 from stepsim.graph.dtypes import BOOL, FP32, SCALARS, UINT64, ScalarType, Tile, is_tile, size_factors
 from stepsim.graph.graph import PUBLISHED, OnChipFromTerms, Op

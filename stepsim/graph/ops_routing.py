@@ -1,8 +1,8 @@
-"""Routing and merging operators: Partition, Reassemble, EagerMerge, Parallelize, Broadcast (§2.4)."""
+"""Routing and merging operators: Partition, Reassemble, EagerMerge, Parallelize (§2.4); Broadcast, which the graph inserts itself, is in :mod:`stepsim.graph.graph`."""
 
 from __future__ import annotations
 
-from stepsim.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.base.errors import ArgumentError, DTypeError, ShapeError
 from stepsim.graph.dims import (
     dim_sum,
     dims_equal,
@@ -210,15 +210,3 @@ class Parallelize(OnChipFromTerms, Op):
         if not convention.count_fifos:
             return ((0,),)
         return ((*size_factors(self.inputs[0].stream.dtype), self.num_consumers + 1),)
-
-
-class Broadcast(Op):
-    """``num_consumers`` identical copies of the input stream (inserted automatically for fan-out)."""
-
-    kind = "Broadcast"
-
-    def __init__(self, graph, inp, num_consumers: int, *, channel_depth: int | None = None, name: str | None = None):
-        (s,) = self._begin(graph, [inp], name)
-        n = _count(self, num_consumers, "num_consumers")
-        self._finish([s] * n)
-        self.channel_depth = channel_depth

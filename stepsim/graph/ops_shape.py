@@ -6,7 +6,7 @@ implement; tests check both against each other.
 
 from __future__ import annotations
 
-from stepsim.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.base.errors import ArgumentError, DTypeError, ShapeError
 from stepsim.graph.dims import (
     ceil_div,
     fmt_shape,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepsim.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.base.errors import ArgumentError, DTypeError, ShapeError
 from stepsim.graph.dims import make_symbol, shapes_equal
 from stepsim.graph.dtypes import UINT64, Selector, Tile
 from stepsim.graph.graph import Op

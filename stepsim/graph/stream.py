@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal, sp
 from stepsim.graph.dtypes import ElementType
 

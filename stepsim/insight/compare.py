@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 
 #: metrics compared by default
 DEFAULT_METRICS = ("cycles", "off_chip_bytes", "on_chip_bytes", "compute_utilization", "off_chip_bw_utilization")

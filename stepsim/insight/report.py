@@ -1,7 +1,7 @@
 """The bottleneck report of one simulation run: is it memory-, compute- or latency/imbalance-bound, and why.
 
 Input: a folder written by ``stepsim run --out RUN_DIR`` (its row ``part-*.parquet`` and the per-unit and
-per-channel tables ``_units-*`` / ``_channels-*``, :mod:`stepsim.records`), or a :class:`RunResult` in memory.
+per-channel tables ``_units-*`` / ``_channels-*``, :mod:`stepsim.results.records`), or a :class:`RunResult` in memory.
 The graph's topology (which unit produces and consumes each channel, FIFO depths, operator groups) is not in
 those files: it is rebuilt from the row's configuration (the trace must still be where the row says, with the
 same content hash) and checked against the tables' unit and channel names.
@@ -46,7 +46,7 @@ import json
 import os
 from pathlib import Path
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 
 #: a run is bound by a resource when that resource's roofline time is at least this share of the cycles
 BOUND_FRACTION = 0.5
@@ -101,9 +101,9 @@ def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
 
 def rebuild(row: dict):
     """``(workload, program)`` of a row's configuration, lowered as the run was (checked trace content)."""
-    from stepsim.defaults import UNSET, resolve_channel_depth
+    from stepsim.base.defaults import UNSET, resolve_channel_depth
+    from stepsim.base.files import trace_sha256
     from stepsim.graph.lower import lower
-    from stepsim.records import trace_sha256
     from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
 
     cfg = normalize_config({k: row[k] for k in KNOBS if row.get(k) is not None})
@@ -240,14 +240,14 @@ def _fifos(units: list[dict], channels: list[dict], program, timeline=None) -> d
 def build_report(row: dict, units: list[dict], channels: list[dict], workload=None, program=None,
                  timeline=None) -> dict:
     """The report (see the module docstring) of a run's row and tables; rebuilds the graph unless given.
-    ``timeline``: the run's :class:`stepsim.timeline.Timeline`, for the exact time each FIFO spent full."""
+    ``timeline``: the run's :class:`stepsim.simulation.timeline.Timeline`, for the exact time each FIFO spent full."""
     if workload is None or program is None:
         workload, program = rebuild(row)
     names = [u["name"] for u in units]
     if names != list(program.unit_names) or [c["name"] for c in channels] != list(program.channel_names):
         raise ConfigError("the run's unit/channel tables do not match the graph rebuilt from its configuration "
                           "(written by another stepsim version?)")
-    from stepsim.timeline import graph_labels
+    from stepsim.simulation.timeline import graph_labels
 
     groups = graph_labels(workload.graph)[0]
     units = [dict(u, group=groups.get(u["name"], "shared")) for u in units]
@@ -285,7 +285,7 @@ def report_run_dir(run_dir: str | os.PathLike, *, with_timeline: bool = True) ->
 def _resimulate(row: dict, workload, program):
     """The run's timeline: the rebuilt program simulated again (it must give the recorded cycles)."""
     from stepsim.kernels import run
-    from stepsim.timeline import DEFAULT_RECORDS, decode, graph_labels
+    from stepsim.simulation.timeline import DEFAULT_RECORDS, decode, graph_labels
 
     result = run(program, timeline=DEFAULT_RECORDS)
     if result.cycles != row["cycles"]:
@@ -295,7 +295,7 @@ def _resimulate(row: dict, workload, program):
 
 
 def report_record(record, workload=None) -> dict:
-    """The report of an in-memory :class:`stepsim.records.RunResult` of a simulation run (with its timeline
+    """The report of an in-memory :class:`stepsim.results.records.RunResult` of a simulation run (with its timeline
     when it was recorded: ``run_config(..., timeline=N)``)."""
     return build_report(record.row, record.unit_table().to_pylist(), record.channel_table().to_pylist(),
                         workload, None, record.timeline)
@@ -420,7 +420,7 @@ def write_png(rep: dict, path: str | os.PathLike, timeline=None) -> Path:
         heat.set_title("busy share of each group's units over time (timeline)", fontsize=9)
         fig.colorbar(image, ax=heat, fraction=0.03, pad=0.01)
     fig.tight_layout()
-    from stepsim.results import atomic_output
+    from stepsim.base.files import atomic_output
 
     path = Path(path)
     try:

@@ -1,6 +1,6 @@
 """The compiled engine: plain int64 arrays in, cycle counts and counters out.
 
-``run(program, ...)`` executes a :class:`stepsim.program.Program`. Importing this package never compiles
+``run(program, ...)`` executes a :class:`stepsim.kernels.program.Program`. Importing this package never compiles
 anything (the numba kernels are imported lazily on the first call to :func:`run`).
 """
 

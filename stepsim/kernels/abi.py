@@ -1,4 +1,4 @@
-"""Every integer code shared between :mod:`stepsim.program` and the numba kernels.
+"""Every integer code shared between :mod:`stepsim.kernels.program` and the numba kernels.
 
 Plain module-level Python ints: numba freezes them as compile-time constants, so changing a value here
 invalidates numba's on-disk cache automatically (the cache keys on this file's source too, via the importing
@@ -7,7 +7,7 @@ kernel modules' dependencies) -- run ``stepsim cache warm`` after editing.
 Contents
 --------
 * ``NEVER``: the "no time / infinitely far" sentinel (``INT64_MAX``).
-* Opcodes ``OP_*`` (one per builder method of :class:`stepsim.program.ProgramBuilder`).
+* Opcodes ``OP_*`` (one per builder method of :class:`stepsim.kernels.program.ProgramBuilder`).
 * Function codes ``FN_*`` for Map / Accum / MapAccum / Scan (docs/timing_model.md §3.3).
 * Token layout: the columns ``TK_*`` of a token, the flag bits ``FLAG_*`` and the element kinds ``KIND_*``.
 * Channel slot layout ``SL_*`` (a token plus its arrival stamp and its credit-free time).

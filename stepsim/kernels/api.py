@@ -2,7 +2,7 @@
 
 Example
 -------
->>> from stepsim.program import ProgramBuilder
+>>> from stepsim.kernels.program import ProgramBuilder
 >>> from stepsim.kernels import run
 >>> b = ProgramBuilder()
 >>> x = b.add_channel()
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import ArenaError, ArgumentError, BlockedUnit, DeadlockError, SimulationError
+from stepsim.base.errors import ArenaError, ArgumentError, BlockedUnit, DeadlockError, SimulationError, raw_deadlock
 from stepsim.kernels import abi as A
 from stepsim.kernels import arena
 from stepsim.kernels import timeline as TL
@@ -70,7 +70,7 @@ class EngineResult:
         tick by tick, see ``kernels.hbm._try_skip``).
     timeline : int64 array or None
         ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
-        decoded by :func:`stepsim.timeline.decode`).
+        decoded by :func:`stepsim.simulation.timeline.decode`).
     link_bytes : int64 array (n_units,) or None
         Bytes each Link unit carried (0 for every other unit; :mod:`stepsim.kernels.units_link`).
     """
@@ -180,12 +180,12 @@ def _ensure_compiled(engine, functional: bool = False) -> None:
 def run(program, *, max_events: int | None = None, record_events: int = 0, inputs: dict | None = None,
         arena_tiles: int | None = None, progress: Progress | None = None, hbm_closed_form: bool = True,
         timeline: int = 0) -> EngineResult:
-    """Simulate a :class:`stepsim.program.Program`.
+    """Simulate a :class:`stepsim.kernels.program.Program`.
 
     Parameters
     ----------
     program : Program
-        Built by :class:`stepsim.program.ProgramBuilder` (or the lowering).
+        Built by :class:`stepsim.kernels.program.ProgramBuilder` (or the lowering).
     max_events : int, optional
         Stop with :class:`SimulationError` after this many engine events (default: unlimited).
     record_events : int
@@ -402,9 +402,8 @@ def blocked_units(program, us, chs) -> list[BlockedUnit]:
 
 
 def _deadlock_error(program, us, chs) -> DeadlockError:
-    """The diagnosed DeadlockError (:mod:`stepsim.insight.deadlock`); one listing line per blocked record."""
-    from stepsim.insight.deadlock import deadlock_error
-
+    """The engine's raw DeadlockError: one record and one listing line per blocked unit and channel (the
+    diagnosis is attached above the engine, :func:`stepsim.analysis.deadlock.diagnosed`)."""
     blocked = blocked_units(program, us, chs)
     lines = []
     for b in blocked:
@@ -414,4 +413,4 @@ def _deadlock_error(program, us, chs) -> DeadlockError:
             what = "a free slot on" if b.waiting_for == "full" else "data on"
             lines.append(f"  {b.unit} ({b.opcode}) at cycle {b.clock}: waits for {what} channel "
                          f"{b.channel!r} ({b.waiting_for}, {b.occupancy}/{b.capacity})")
-    return deadlock_error(program, blocked, lines)
+    return raw_deadlock(program, blocked, lines)

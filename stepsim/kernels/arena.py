@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import ArenaError, ArgumentError, LoweringError
+from stepsim.base.errors import ArenaError, ArgumentError, LoweringError
 from stepsim.kernels import abi as A
 from stepsim.kernels import values as V
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stepsim.hardware import Hardware
+from stepsim.base.hardware import Hardware
 from stepsim.kernels.abi import (
     MEMORY_READ_OPS,
     OP_OFFCHIP_STORE,
@@ -16,12 +16,12 @@ from stepsim.kernels.abi import (
 
 
 def warm_program(functional: bool = False):
-    """Build a small program exercising every opcode. Returns a :class:`stepsim.program.Program`.
+    """Build a small program exercising every opcode. Returns a :class:`stepsim.kernels.program.Program`.
 
     With ``functional``, every memory operator gets a tensor of 16 x 16 of its tiles (4 x 4 tiles for the
     store) so the program also compiles the functional specialization; its values are meaningless.
     """
-    from stepsim.program import ProgramBuilder, TensorRef
+    from stepsim.kernels.program import ProgramBuilder, TensorRef
 
     b = ProgramBuilder(Hardware.preset("step-eval"))
     ch = b.add_channel

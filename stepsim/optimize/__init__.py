@@ -8,7 +8,7 @@ The pieces, one purpose each: :mod:`~stepsim.optimize.space` (the documented def
 ``--space`` TOML override), :mod:`~stepsim.optimize.pareto` (dominance, the roofline lower bound),
 :mod:`~stepsim.optimize.search` (symbolic evaluation, budgets, pruning, simulation rounds),
 :mod:`~stepsim.optimize.output` (Parquet, PNG, JSON, the ``stepsim run`` command line) and
-:mod:`~stepsim.optimize.cli` (the subcommand).
+:mod:`~stepsim.cli.optimize` (the subcommand).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 
 __all__ = ["OptimizeResult", "optimize"]
 
@@ -122,7 +122,7 @@ def _positive(name: str, value) -> int | None:
 
 def _absolute(config: dict) -> dict:
     """File-valued knobs as absolute POSIX paths (workers may run in another folder)."""
-    from stepsim.sweep.config import _is_path_value
+    from stepsim.batch.config import _is_path_value
 
     return {k: (Path(v).resolve().as_posix() if _is_path_value(k, v) else v) for k, v in config.items()}
 
@@ -131,18 +131,18 @@ def _default_stages(cfg: dict) -> list[tuple[str, list]]:
     """The default space of the normalized base config ``cfg`` as ``[(stage name, grids)]``
     (:mod:`stepsim.optimize.space`): one stage for the MoE and attention layers, two for the decoder."""
     from stepsim.optimize import space
+    from stepsim.trace_io.load import load_kv_lengths
     from stepsim.workloads.config import CUSTOM_MODEL_KEYS, resolved_trace
-    from stepsim.workloads.traces import load_kv_lengths
 
     if cfg["workload"] == "moe":
-        from stepsim.workloads.models import moe_model
-        from stepsim.workloads.traces import load_routing
+        from stepsim.models.presets import moe_model
+        from stepsim.trace_io.load import load_routing
 
         model = moe_model(cfg["model"], **{k: cfg[k] for k in CUSTOM_MODEL_KEYS})
         routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
         return [("space", space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0])))]
     if cfg["workload"] == "decoder":
-        from stepsim.workloads.models import resolve_model
+        from stepsim.models.presets import resolve_model
 
         if cfg.get("kv_lengths") is None:
             raise ConfigError("stepsim optimize decoder needs the KV lengths of its decode batch: --kv-lengths PATH")
@@ -212,10 +212,11 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
         Bad workload, objective, budget, knob or space; no candidate within the budgets (the message names the
         smallest candidate).
     """
+    from stepsim.batch.executor_factory import make_executor
+    from stepsim.batch.executors import check_jobs, default_jobs
     from stepsim.optimize import search
     from stepsim.optimize.output import write_outputs
     from stepsim.optimize.space import OPTIMIZE_WORKLOADS, grid_size, load_space
-    from stepsim.sweep.executors import check_jobs, default_jobs, make_executor
     from stepsim.workloads.config import COMMAND_LINE, normalize_config
 
     start = time.perf_counter()
@@ -246,7 +247,7 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
             if both:
                 raise ConfigError(f"knob {both[0]!r} is both fixed (--{both[0].replace('_', '-')}) and an axis of "
                                   f"the search space; leave one")
-    from stepsim.outputs import check_out_dir
+    from stepsim.base.outputs import check_out_dir
 
     out = check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim.results import atomic_output, write_parquet_atomic
+from stepsim.base.files import atomic_output, write_parquet_atomic
 
 #: knobs left out of a command line (not flags of stepsim run)
 NOT_FLAGS = ("workload", "mode")

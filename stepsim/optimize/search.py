@@ -2,9 +2,9 @@
 
 1. **Symbolic evaluation** of every candidate (a ``mode = "metrics"`` sweep into ``OUT/metrics``): exact
    on-chip bytes, off-chip bytes, FLOPs and allocated compute (:meth:`stepsim.workloads.base.Workload.metrics`,
-   :func:`stepsim.records.allocated_compute_flops`), and from them a lower bound on cycles: the largest of the
+   :func:`stepsim.results.records.allocated_compute_flops`), and from them a lower bound on cycles: the largest of the
    roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) and the per-unit bounds of
-   :mod:`stepsim.bounds` (record columns :data:`BOUND_COLUMNS`): the busiest off-chip load unit's tiles one
+   :mod:`stepsim.analysis.bounds` (record columns :data:`BOUND_COLUMNS`): the busiest off-chip load unit's tiles one
    after another, the busiest compute unit's firings (each the larger of its exact FLOPs at the unit's bandwidth
    and its PMU reads of loaded weight tiles), the busiest HBM channel's 64-byte requests, and each unit's work
    after the pipeline's fill in front of it, or the HBM's last weight request plus the firing its tile still
@@ -17,7 +17,7 @@
    accounting does not count FIFOs).
 2. **Budgets and proven deadlocks**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are
    dropped, and so are those whose metrics row proves they deadlock at their FIFO depths (``deadlock_proof``,
-   :mod:`stepsim.deadlock_proof`: a time-multiplexed MoE region whose experts' tiles cannot all wait for the
+   :mod:`stepsim.analysis.deadlock_proof`: a time-multiplexed MoE region whose experts' tiles cannot all wait for the
    Reassemble; on Qwen3-30B-A3B B=64, 25 of the 34 deadlocks the default space used to simulate). The metrics
    row is evaluated at the workload's own FIFO depths, so its proof applies only to candidates that set no FIFO
    knob (or to every candidate under the ``paper`` convention, whose metrics rows keep them).
@@ -30,7 +30,7 @@
    of simulating every candidate (exhaustive), point for point. The candidates simulated are those of
    simulating one at a time in promise order, whatever the round size and the worker count.
 
-Both sweeps use the sweep runner (:func:`stepsim.sweep.runner.run_sweep`), so a search stopped at any point
+Both sweeps use the sweep runner (:func:`stepsim.batch.runner.run_sweep`), so a search stopped at any point
 resumes when run again into the same folder: finished evaluations and simulations are read back, and the
 search takes the same decisions, in the same order, without running them again.
 """
@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 from stepsim.optimize.pareto import dominates, pareto_front, roofline_lower_bound
 
 #: candidates simulated per round at most (the parallelism; the candidates simulated do not depend on it)
@@ -53,7 +53,7 @@ OBJECTIVES = {"cycles": ("cycles", "on_chip_bytes", "allocated_flops_per_cycle")
 FIFO_KNOBS = ("channel_depth", "fifo_depths")
 #: task keys that are not knobs of the candidate
 TASK_ONLY = ("mode",)
-#: record columns holding per-unit lower bounds on cycles (stepsim.bounds)
+#: record columns holding per-unit lower bounds on cycles (stepsim.analysis.bounds)
 BOUND_COLUMNS = ("load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles", "pipeline_cycles")
 #: sub-folders of the output folder
 METRICS_DIR, RUNS_DIR = "metrics", "runs"
@@ -70,7 +70,7 @@ class Candidate:
     config : dict
         The candidate's knobs (normalized, unset ones left out; ``workload`` included, ``mode`` not).
     run_id : str
-        Run id of its simulation (:func:`stepsim.records.run_identity` with ``mode = "simulate"``).
+        Run id of its simulation (:func:`stepsim.results.records.run_identity` with ``mode = "simulate"``).
     on_chip_bytes, off_chip_bytes, flops, allocated_flops_per_cycle, hbm_bytes_per_cycle : int
         Symbolic metrics (bytes, FLOPs in the engine's convention, FLOP/cycle, bytes/cycle).
     lower_bound : int
@@ -133,7 +133,7 @@ def _first_line(message: str | None) -> str | None:
 
 
 def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list):
-    from stepsim.sweep.config import DEFAULT_REPORT, SweepSpec
+    from stepsim.batch.config import DEFAULT_REPORT, SweepSpec
 
     return SweepSpec(source=source, workload=workload, mode=mode, out=None, fixed=fixed, grids=tuple(grids),
                      partition_by=("workload",), report=DEFAULT_REPORT[mode], max_tasks=None)
@@ -142,8 +142,8 @@ def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list):
 def _run_rows(spec, out: Path, runner, progress: bool) -> tuple[dict, int]:
     """Run (or resume) the sweep ``spec`` into ``out``: ``({run_id: (status, row or None, error)}, tasks run
     now)``; the rows of tasks finished earlier are read back."""
-    from stepsim.sweep.grid import expand
-    from stepsim.sweep.runner import run_sweep
+    from stepsim.batch.grid import expand
+    from stepsim.batch.runner import run_sweep
 
     rows: dict = {}
 
@@ -175,7 +175,7 @@ def symbolic_key(config: dict, convention: str) -> tuple:
 def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, progress: bool) -> SearchState:
     """Expand the space into candidates and evaluate each one symbolically (a metrics sweep into
     ``out/metrics``, resumable). Invalid candidates (the builder refuses them) are marked, not raised."""
-    from stepsim.sweep.grid import expand
+    from stepsim.batch.grid import expand
     from stepsim.workloads.config import normalize_config
 
     workload = base["workload"]

@@ -34,7 +34,7 @@ Decoder layer (``B`` requests), searched stage by stage
     exact on its own space; across stages it relies on that near-additivity (not a proof).
 
 Overriding (``--space FILE``): a TOML file of ``[[axes]]`` tables (or one ``[axes]`` table), in the format of
-a sweep file's axes (:mod:`stepsim.sweep.config`: lists, ``{start, stop, step|factor}`` ranges, ``{glob}`` for
+a sweep file's axes (:mod:`stepsim.batch.config`: lists, ``{start, stop, step|factor}`` ranges, ``{glob}`` for
 files); it replaces the default grids. Uniform FIFO depths are an axis like any other
 (``channel_depth = [2, 8, 32]``). FIFO depths sized by the FIFO-sizing pass (``stepsim size-fifos``) enter as
 the ``fifo_depths`` knob: a depths file is made for one graph, so it is given per grid of one configuration
@@ -53,7 +53,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 
 #: tile_f candidates of the default MoE space: divisors of F in this closed range (columns)
 TILE_F_RANGE = (32, 256)
@@ -106,7 +106,7 @@ def default_moe_grids(experts: int, intermediate: int, batch: int) -> list[dict]
 def default_decoder_stages(model, batch: int) -> list[tuple[str, list[dict]]]:
     """The decoder's default space as ``[(stage name, grids)]`` (module docstring): the attention strategies,
     then the FFN grids (without ``strategy``: the search adds the strategies stage 1 keeps). ``model``: a
-    :class:`stepsim.workloads.models.ModelConfig`."""
+    :class:`stepsim.models.presets.ModelConfig`."""
     if model.is_moe:
         ffn = default_moe_grids(model.experts, model.expert_intermediate, batch)
     else:
@@ -135,7 +135,7 @@ def load_space(path: str | Path, workload: str) -> list[dict]:
     ConfigError
         Missing or invalid file, an unknown key (naming it and the file), a bad axis value.
     """
-    from stepsim.sweep.config import parse_sweep
+    from stepsim.batch.config import parse_sweep
 
     path = Path(path)
     try:

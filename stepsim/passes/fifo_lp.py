@@ -12,7 +12,7 @@ Model (the assumptions, all first-order; :func:`stepsim.passes.size_fifos` check
   per channel with a consumer. Feedback edges (cycles closed with ``graph.connect``) are left out of the LP
   and keep the base depth.
 * **Token counts** ``n_e``: each stream's element count from its symbolic shape with the trace's bindings
-  (:mod:`stepsim.passes.channels`), so data-dependent streams (a Partition's output e) carry the number of
+  (:mod:`stepsim.graph.channels`), so data-dependent streams (a Partition's output e) carry the number of
   tokens the trace routes there.
 * **Per-firing cost** ``c_u`` (cycles), from the timing model (``docs``: docs/timing_model.md §3, §4, §8): FLOP-based
   compute operators ``ceil(FLOPs / compute_bw)`` per firing (total FLOPs over firings); fixed-cost functions
@@ -56,11 +56,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.errors import ConfigError, SimulationError
+from stepsim.base.errors import ConfigError, SimulationError
+from stepsim.base.hardware import Hardware
 from stepsim.graph import ops_memory as M
+from stepsim.graph.channels import ChannelInfo, _value, channel_infos
 from stepsim.graph.graph import Graph
-from stepsim.hardware import Hardware
-from stepsim.passes.channels import ChannelInfo, _value, channel_infos
 
 #: smallest depth without the credit round-trip bubble (docs/timing_model.md §1.4)
 BASE_DEPTH = 2
@@ -207,7 +207,7 @@ def lp_depths(graph: Graph, bindings: dict | None = None, hardware: Hardware | N
     base_depth : int
         Smallest depth given to any channel.
     channels : list of ChannelInfo, optional
-        Precomputed :func:`~stepsim.passes.channels.channel_infos` of ``graph``.
+        Precomputed :func:`~stepsim.graph.channels.channel_infos` of ``graph``.
 
     Raises
     ------

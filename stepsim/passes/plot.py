@@ -11,7 +11,7 @@ MAX_BARS = 14
 def plot_fifo_bytes(result, path: str | Path) -> Path:
     """Draw ``result.groups`` (label, bytes at 1024, bytes sized) as paired horizontal bars on a log axis and
     write ``path`` atomically (same result, same bytes). Raises ConfigError when matplotlib is missing."""
-    from stepsim.reproduce.figures import _save, require_matplotlib
+    from stepsim.base.figures import require_matplotlib, save_figure
 
     plt = require_matplotlib()
     groups = sorted(result.groups, key=lambda g: (-g[1], g[0]))
@@ -31,4 +31,4 @@ def plot_fifo_bytes(result, path: str | Path) -> Path:
     ax.set_title(f"{result.graph_name}: {result.unbounded_fifo_bytes / 1e6:,.1f} MB -> "
                  f"{result.total_fifo_bytes / 1e6:,.2f} MB", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))

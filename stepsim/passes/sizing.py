@@ -12,15 +12,15 @@ Two layers (both always run):
    b. check ``ub`` (every channel at its peak) by simulation, then the LP's depths clipped to
       ``[min_depth, ub]``; the cheaper one that passes is the starting state;
    c. shrink groups of equivalent channels (one role in every expert or region,
-      :mod:`stepsim.passes.channels`), largest bytes first: a search over a cap ``k`` (each channel of the
+      :mod:`stepsim.graph.channels`), largest bytes first: a search over a cap ``k`` (each channel of the
       group gets ``min(its depth, k)``) between ``min_depth`` and the group's largest depth, keeping the
       smallest cap that passes. The first probe of a group is ``min_depth`` itself (most groups get there
       in one run), then bisection. With ``jobs > 1`` each round probes ``jobs`` caps at once on the sweep's
-      local executor (:class:`stepsim.sweep.executors.LocalExecutor`), so the search takes
+      local executor (:class:`stepsim.batch.executors.LocalExecutor`), so the search takes
       ``log_(jobs+1)`` rounds instead of ``log_2``.
 
    d. **Agreement with the deadlock diagnosis.** Before 2a the graph runs once at its default FIFO depth; if
-      it deadlocks, the channels the diagnosis names (:mod:`stepsim.insight.deadlock`: the full channels of
+      it deadlocks, the channels the diagnosis names (:mod:`stepsim.analysis.deadlock`: the full channels of
       the wait cycles, the ones its message tells the user to deepen) get a floor of their default depth + 1
       through the whole refinement, so the sized file deepens every channel the diagnosis named
       (``deadlock_fix_channels``). Without the floor the search often breaks the same cycle by deepening
@@ -52,10 +52,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepsim.errors import ArgumentError, SimulationError
+from stepsim.base.errors import ArgumentError, SimulationError
+from stepsim.base.hardware import Hardware
+from stepsim.graph.channels import ChannelInfo, channel_infos, graph_fingerprint
 from stepsim.graph.graph import Graph
-from stepsim.hardware import Hardware
-from stepsim.passes.channels import ChannelInfo, channel_infos, graph_fingerprint
 from stepsim.passes.fifo_lp import BASE_DEPTH, lp_depths
 from stepsim.workloads.base import Workload
 
@@ -97,7 +97,7 @@ class SizingResult:
         Per group of equivalent channels (sorted by role): label (first channel, count, per expert/region),
         bytes at 1024 deep, bytes sized.
     fingerprint : str
-        :func:`~stepsim.passes.channels.graph_fingerprint` of the graph.
+        :func:`~stepsim.graph.channels.graph_fingerprint` of the graph.
     graph_name : str
     identity : dict
         The workload's identity (``workload``, ``params``; ``config`` when sized from a config).
@@ -193,7 +193,7 @@ def _array_hash(trace: Mapping) -> str:
 
 
 def _cases(target, traces, hardware) -> list[_Case]:
-    from stepsim.records import trace_sha256
+    from stepsim.base.files import trace_sha256
     from stepsim.workloads.config import build_normalized, normalize_config, resolve_hardware, resolved_trace
 
     if isinstance(target, Mapping):
@@ -234,7 +234,7 @@ def _simulate(case: _Case, depths: dict) -> tuple[int | None, np.ndarray | None]
     import dataclasses
 
     from stepsim.kernels import run
-    from stepsim.simulate import simulate
+    from stepsim.simulation.simulate import simulate
 
     program = case.lowered()
     try:
@@ -274,7 +274,7 @@ class _Runner:
         self.cases, self.limits, self.simulations = cases, limits, 0
         self.pool = None
         if jobs > 1 and all(c.config is not None for c in cases):
-            from stepsim.sweep.executors import LocalExecutor
+            from stepsim.batch.executors import LocalExecutor
 
             self.pool = LocalExecutor(jobs, warm_kernels=True)
 
@@ -506,8 +506,8 @@ def _diagnosis_floors(cases: list[_Case]) -> tuple[dict[str, int], int]:
     """``({channel: floor}, simulations)``: run every case at its default FIFO depths (ignoring depths it
     carries); for each that deadlocks, every channel the diagnosis names (``fix_channels``) gets a floor of
     its depth + 1."""
-    from stepsim.errors import DeadlockError
-    from stepsim.simulate import simulate
+    from stepsim.base.errors import DeadlockError
+    from stepsim.simulation.simulate import simulate
 
     floors: dict[str, int] = {}
     for case in cases:

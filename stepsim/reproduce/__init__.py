@@ -11,13 +11,13 @@ One module per purpose:
   plans its points, builds its raw table, computes its headline numbers and prints a summary;
 * :mod:`~stepsim.reproduce.figures` draws the paper-like PNGs; :mod:`~stepsim.reproduce.output` writes the
   tables (Parquet with provenance, CSV) and the headline JSON atomically;
-* :mod:`~stepsim.reproduce.driver` ties them together; :mod:`~stepsim.reproduce.cli` is the command.
+* :mod:`~stepsim.reproduce.driver` ties them together; :mod:`~stepsim.cli.reproduce` is the command.
 """
 
 import importlib
 
 #: public names -> the module that defines them; imported on first use (PEP 562), so that ``stepsim reproduce``
-#: can start its worker pool before the experiments' heavy dependencies load (stepsim.reproduce.cli)
+#: can start its worker pool before the experiments' heavy dependencies load (stepsim.cli.reproduce)
 _EXPORTS = {"CHOICES": "names", "EXPERIMENTS": "driver", "JSON_KEYS": "driver", "ExperimentResult": "driver",
             "reproduce": "driver", "RunFailedError": "errors", "TracesLayoutError": "errors"}
 __all__ = list(_EXPORTS)

@@ -19,11 +19,12 @@ from types import ModuleType
 
 import pyarrow as pa
 
-from stepsim.errors import ConfigError
-from stepsim.records import trace_sha256
+from stepsim.base.errors import ConfigError
+from stepsim.base.figures import require_matplotlib
+from stepsim.base.files import trace_sha256
 from stepsim.reproduce import dynamic_parallelization, dynamic_tiling, time_multiplexing, validation
 from stepsim.reproduce.execute import Runner, check_jobs
-from stepsim.reproduce.figures import PLOTTERS, require_matplotlib
+from stepsim.reproduce.figures import PLOTTERS
 from stepsim.reproduce.names import ALL, CHOICES
 from stepsim.reproduce.output import write_headline, write_table
 
@@ -99,15 +100,16 @@ def _provenance(module: ModuleType, points) -> dict:
 
 
 def apply_fifo_depths(plans: Mapping[str, list], files) -> list[str]:
-    """Give the points each depths file was sized for (:func:`stepsim.passes.depths_file.matches_config`) its
+    """Give the points each depths file was sized for (:func:`stepsim.workloads.config.matches_depths_file`) its
     ``fifo_depths`` key; one line per file saying which points use it. A file that fits no point is refused."""
-    from stepsim.passes.depths_file import matches_config, read_depths_file
+    from stepsim.graph.depths_file import read_depths_file
+    from stepsim.workloads.config import matches_depths_file
 
     lines = []
     for path in files:
         depths = read_depths_file(path)
         used = [(name, point) for name, points in plans.items() for point in points
-                if matches_config(depths, point.config)]
+                if matches_depths_file(depths, point.config)]
         if not used:
             raise ConfigError(f"--fifo-depths {path}: made for graph {depths.graph} (config {depths.config}), "
                               f"which no point of {', '.join(plans)} runs on these traces")

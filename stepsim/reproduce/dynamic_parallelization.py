@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from stepsim.records import RunResult
 from stepsim.reproduce.errors import TracesLayoutError
 from stepsim.reproduce.execute import Point
 from stepsim.reproduce.layout import VARIANCE_CLASSES, kv_windows
 from stepsim.reproduce.stats import geomean
 from stepsim.reproduce.tables import field, format_rows, group_rows
-from stepsim.workloads.attention import kv_metadata
+from stepsim.results.records import RunResult
+from stepsim.workloads.attention.build import kv_metadata
 
 NAME = "dynamic-parallelization"
 STEM = "dynamic_parallelization"

@@ -33,16 +33,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim import defaults
-from stepsim.errors import ConfigError
-from stepsim.records import RunResult
+from stepsim.base import defaults
+from stepsim.base.errors import ConfigError
+from stepsim.models.presets import moe_model
 from stepsim.reproduce.execute import Point
 from stepsim.reproduce.fifos import DEFAULT as DEFAULT_FIFO_DEPTH
 from stepsim.reproduce.fifos import fifo_depth, fifo_note
 from stepsim.reproduce.layout import MODEL_ORDER, routing_files
 from stepsim.reproduce.stats import geomean
 from stepsim.reproduce.tables import field, format_rows, group_rows
-from stepsim.workloads.models import moe_model
+from stepsim.results.records import RunResult
 
 NAME = "dynamic-tiling"
 STEM = "dynamic_tiling"

@@ -1,8 +1,8 @@
-"""Typed errors of ``stepsim reproduce`` (both derive from :class:`~stepsim.errors.StepsimError`)."""
+"""Typed errors of ``stepsim reproduce`` (both derive from :class:`~stepsim.base.errors.StepsimError`)."""
 
 from __future__ import annotations
 
-from stepsim.errors import ConfigError, SimulationError
+from stepsim.base.errors import ConfigError, SimulationError
 
 
 class TracesLayoutError(ConfigError):

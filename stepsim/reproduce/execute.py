@@ -1,9 +1,9 @@
 """Run an experiment's configurations, in this process or on a pool of worker processes.
 
 A configuration is a plain dict of :mod:`stepsim.workloads.config` knobs plus ``mode="simulate"``, run by
-:func:`stepsim.records.run_config` (through :func:`stepsim.sweep.tasks.run_task`, which turns a failure into
+:func:`stepsim.results.records.run_config` (through :func:`stepsim.batch.tasks.run_task`, which turns a failure into
 a value instead of an exception). With ``jobs > 1`` the configurations go to the sweep package's local
-executor (:class:`stepsim.sweep.executors.LocalExecutor`: warm forked workers, plain data in and out); one
+executor (:class:`stepsim.batch.executors.LocalExecutor`: warm forked workers, plain data in and out); one
 pool serves every experiment of a ``reproduce all`` run. Results come back in plan order whatever the
 completion order, so tables do not depend on ``jobs``.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from stepsim.errors import ConfigError
-from stepsim.records import RunResult, run_identity
+from stepsim.base.errors import ConfigError
+from stepsim.batch.tasks import OK, run_task
 from stepsim.reproduce.errors import RunFailedError
-from stepsim.sweep.tasks import OK, run_task
+from stepsim.results.records import RunResult, run_identity
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Point:
         What the experiment's table records about the point beyond the run itself (model, trace file name,
         variance class, ...); also used to name the point in error messages.
     config : dict
-        The :func:`stepsim.records.run_config` mapping (``mode`` is set to ``"simulate"`` when run).
+        The :func:`stepsim.results.records.run_config` mapping (``mode`` is set to ``"simulate"`` when run).
     """
 
     labels: Mapping = field(default_factory=dict)
@@ -94,8 +94,8 @@ class Runner:
             for name, points in plans.items():
                 yield name, _records(name, points, [run_task(c) for c in configs[name]])
             return
-        from stepsim.sweep.executors import make_executor
-        from stepsim.sweep.grid import Task
+        from stepsim.batch.executor_factory import make_executor
+        from stepsim.batch.grid import Task
 
         owners, tasks = [], []
         for name, experiment_configs in configs.items():

@@ -1,7 +1,7 @@
 """PNG figures of the four experiments, drawn like the paper's (matplotlib, from the ``plot`` extra).
 
 Each ``plot_<experiment>(table, details, path)`` draws from the experiment's table (and headline details) and
-writes ``path`` atomically. :func:`require_matplotlib` raises a clear error when matplotlib is missing; the
+writes ``path`` atomically. :func:`~stepsim.base.figures.require_matplotlib` raises a clear error when matplotlib is missing; the
 driver turns that into a "figure skipped" message instead of failing the experiment.
 """
 
@@ -11,40 +11,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim.errors import ConfigError
+from stepsim.base.figures import require_matplotlib, save_figure
 from stepsim.reproduce.tables import group_rows
-from stepsim.results import atomic_output
 
-MISSING_MATPLOTLIB = "matplotlib is missing; install it with: pip install 'stepsim[plot]'"
 _MODEL_TITLES = {"mixtral-8x7b": "Mixtral-8x7B", "qwen3-30b-a3b": "Qwen3-30B-A3B"}
-
-
-def require_matplotlib():
-    """``matplotlib.pyplot`` with the non-interactive Agg backend.
-
-    Raises
-    ------
-    ConfigError
-        matplotlib is not installed (the message says how to install it).
-    """
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ConfigError(MISSING_MATPLOTLIB) from exc
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    plt = require_matplotlib()
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        # no timestamp metadata, so the same table gives the same bytes
-        fig.savefig(tmp, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return Path(path)
 
 
 def plot_dynamic_tiling(table: pa.Table, details: dict, path: Path) -> Path:
@@ -70,7 +40,7 @@ def plot_dynamic_tiling(table: pa.Table, details: dict, path: Path) -> Path:
         ax.set_title(f"{_MODEL_TITLES.get(model, model)}, B={batch} ({trace})", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _region_labels(rows) -> list[str]:
@@ -126,7 +96,7 @@ def plot_time_multiplexing(table: pa.Table, details: dict, path: Path) -> Path:
         for ax in (resources, bandwidth):
             ax.set_xticks(x, _region_labels(ref), fontsize=8)
             ax.set_xlabel("parallel regions (experts per region)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_dynamic_parallelization(table: pa.Table, details: dict, path: Path) -> Path:
@@ -148,7 +118,7 @@ def plot_dynamic_parallelization(table: pa.Table, details: dict, path: Path) -> 
         ax.set_ylabel("cycles normalized to dynamic")
         ax.set_title(f"GQA decode attention, B={batch}", fontsize=10)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_validation(table: pa.Table, details: dict, path: Path) -> Path:
@@ -175,7 +145,7 @@ def plot_validation(table: pa.Table, details: dict, path: Path) -> Path:
     right.set_ylabel("cycles (dotted: roofline bound)")
     right.set_title("cycles per tile configuration", fontsize=10)
     right.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 PLOTTERS = {"dynamic_tiling": plot_dynamic_tiling, "time_multiplexing": plot_time_multiplexing,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepsim.errors import TraceError
+from stepsim.base.errors import TraceError
 from stepsim.reproduce.errors import TracesLayoutError
 from stepsim.trace_io.batches import PAPER_WINDOWS
 from stepsim.trace_io.readers import parse_kv_name

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from stepsim.results import atomic_output, provenance_metadata, write_parquet_atomic
+from stepsim.base.files import atomic_output, provenance_metadata, write_parquet_atomic
 
 
 def write_table(table: pa.Table, out_dir: Path, stem: str, provenance: dict) -> dict[str, Path]:

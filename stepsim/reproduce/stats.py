@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from stepsim.errors import MetricError
+from stepsim.base.errors import MetricError
 
 
 def geomean(values: Sequence[float]) -> float:

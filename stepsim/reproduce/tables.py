@@ -8,7 +8,7 @@ import pyarrow as pa
 
 
 def field(name: str, typ: pa.DataType, unit: str | None = None) -> pa.Field:
-    """An Arrow field, with ``{"unit": unit}`` field metadata when a unit is given (as stepsim.records does)."""
+    """An Arrow field, with ``{"unit": unit}`` field metadata when a unit is given (as stepsim.results.records does)."""
     return pa.field(name, typ, metadata={"unit": unit} if unit else None)
 
 
@@ -24,7 +24,7 @@ def _cell(value, fmt: str | None, unit: str | None) -> str:
     if value is None:
         return "-"
     if unit == "bytes" and isinstance(value, int):  # read as kB / MB / GB; the CSV and Parquet keep the integer
-        from stepsim.display import format_bytes
+        from stepsim.base.display import format_bytes
 
         return format_bytes(value)
     if fmt is not None:

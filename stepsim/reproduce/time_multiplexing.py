@@ -10,7 +10,7 @@ and 1024 FLOPs/cycle per compute node (the builder's time-multiplexing defaults)
 * ``compute_utilization_pct`` = ``100 * flops / cycles / allocated_flops_per_cycle`` with the paper's
   algorithmic FLOPs (tokens padded to the tile for static tiling);
 * ``allocated_flops_per_cycle`` = sum of ``compute_bw`` over FLOP-based compute operators
-  (:func:`stepsim.records.allocated_compute_flops`: 787456 ... 152576 for 128 ... 4 regions);
+  (:func:`stepsim.results.records.allocated_compute_flops`: 787456 ... 152576 for 128 ... 4 regions);
 * ``on_chip_kb`` = on-chip bytes without idle experts and empty regions (``on_chip_bytes_active``) / 1000;
 * ``off_chip_bw_utilization_pct`` = ``100 * off_chip_bytes / cycles / 1024`` (HBM peak, bytes/cycle);
 * ``channel_depth``: the FIFO depth of the run: 2 at B=64 as in the paper; 1024 (the artifact's unbounded
@@ -30,14 +30,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim.records import RunResult
+from stepsim.models.presets import moe_model
 from stepsim.reproduce.execute import Point
 from stepsim.reproduce.fifos import DEFAULT as DEFAULT_FIFO_DEPTH
 from stepsim.reproduce.fifos import fifo_depth, fifo_note
 from stepsim.reproduce.layout import routing_files
 from stepsim.reproduce.stats import geomean
 from stepsim.reproduce.tables import field, format_rows, group_rows
-from stepsim.workloads.models import moe_model
+from stepsim.results.records import RunResult
 
 NAME = "time-multiplexing"
 STEM = "time_multiplexing"

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim.records import RunResult
 from stepsim.reproduce.execute import Point
 from stepsim.reproduce.stats import pearson
 from stepsim.reproduce.tables import field, format_rows
-from stepsim.workloads.swiglu import HDL_COMPUTE_BW
+from stepsim.results.records import RunResult
+from stepsim.workloads.swiglu.build import HDL_COMPUTE_BW
 
 NAME = "validation"
 STEM = "validation"

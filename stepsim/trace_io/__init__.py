@@ -4,7 +4,7 @@ Modules: :mod:`~stepsim.trace_io.schemas` (versioned Arrow schemas), :mod:`~step
 (npz / npy / Azure CSV / Arrow IPC / Parquet), :mod:`~stepsim.trace_io.validate` (streaming checks),
 :mod:`~stepsim.trace_io.writers`, :mod:`~stepsim.trace_io.batches` (decode-batch windows, attention
 metadata), :mod:`~stepsim.trace_io.synthetic` (seeded generators), :mod:`~stepsim.trace_io.summary`
-(statistics for ``stepsim trace inspect``) and :mod:`~stepsim.trace_io.cli`.
+(statistics for ``stepsim trace inspect``) and :mod:`~stepsim.cli.trace`.
 """
 
 from stepsim.trace_io.batches import (
@@ -27,6 +27,7 @@ from stepsim.trace_io.readers import (
     parse_kv_name,
     read_trace,
     routing_matrix,
+    validate_trace,
 )
 from stepsim.trace_io.schemas import SCHEMA_VERSION, TraceInfo, make_schema, trace_info
 from stepsim.trace_io.summary import TraceSummary
@@ -36,7 +37,7 @@ from stepsim.trace_io.synthetic import (
     synthetic_kv_batches,
     synthetic_routing,
 )
-from stepsim.trace_io.validate import conform_batches, validate_table, validate_trace
+from stepsim.trace_io.validate import conform_batches, validate_table
 from stepsim.trace_io.writers import write_trace
 
 __all__ = [

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stepsim.errors import ConfigError, TraceValueError
+from stepsim.base.errors import ConfigError, TraceValueError
 from stepsim.trace_io.schemas import DECODE_BATCHES, SOURCE_KEY, TraceInfo, decode_metadata
 
 #: the paper's chosen windows, (start, end, floor of stdev) per batch size and variance class (spec §5.5)

@@ -23,7 +23,7 @@ import pyarrow.csv as pcsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from stepsim.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
 from stepsim.trace_io.schemas import (
     DECODE_BATCHES,
     KNOWN_MODELS,
@@ -624,3 +624,39 @@ def routing_matrix(table: pa.Table | pa.RecordBatch, dtype=np.int64) -> np.ndarr
         col = col.combine_chunks() if col.num_chunks else pa.array([], col.type)
     k = col.type.list_size
     return col.flatten().to_numpy().astype(dtype).reshape(-1, k)
+
+
+def validate_trace(
+    path,
+    format: str | None = None,
+    num_experts: int | None = None,
+    model: str | None = None,
+    *,
+    tile: int = 32,
+):
+    """Validate a trace file by streaming over its record batches; return its statistics.
+
+    Memory is bounded by one record batch (:data:`~stepsim.trace_io.readers.DEFAULT_BATCH_ROWS` rows) plus
+    the running aggregates, whatever the trace length.
+
+    Parameters
+    ----------
+    path, format, num_experts, model
+        As for :func:`stepsim.trace_io.readers.open_trace`.
+    tile : int
+        Sequence tile (tokens) for the KV-tile statistics of decode batches.
+
+    Returns
+    -------
+    TraceSummary
+        Row count, per-expert counts (routing) or length statistics.
+
+    Raises
+    ------
+    TraceError
+        The first problem found, naming file, row, column and value.
+    """
+    from stepsim.trace_io.summary import TraceSummary
+
+    stream = open_trace(path, format, num_experts, model)
+    return TraceSummary(stream.info, tile=tile).consume(stream.batches())

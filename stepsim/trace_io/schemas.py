@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim.errors import TraceSchemaError
+from stepsim.base.errors import TraceSchemaError
 
 #: schema-metadata key holding the schema version (a decimal string)
 VERSION_KEY = "stepsim.schema_version"
@@ -83,13 +83,13 @@ BATCH_FIELDS = (
 def model_shape(model: str | None) -> tuple[int, int] | None:
     """Return ``(num_experts, top_k)`` of a known MoE model name (case-insensitive), else None.
 
-    Known: :data:`KNOWN_MODELS` and the MoE presets of :mod:`stepsim.workloads.models` with their aliases.
+    Known: :data:`KNOWN_MODELS` and the MoE presets of :mod:`stepsim.models.presets` with their aliases.
     """
     if not model:
         return None
     shape = KNOWN_MODELS.get(model.strip().lower())
     if shape is None:
-        from stepsim.workloads.models import PRESETS, canonical_model_name
+        from stepsim.models.presets import PRESETS, canonical_model_name
 
         preset = PRESETS.get(canonical_model_name(model))
         shape = (preset.experts, preset.top_k) if preset is not None and preset.is_moe else None
@@ -98,7 +98,7 @@ def model_shape(model: str | None) -> tuple[int, int] | None:
 
 def same_model(a: str, b: str) -> bool:
     """Whether two model names mean the same model (aliases such as ``qwen`` / ``qwen3-30b-a3b`` agree)."""
-    from stepsim.workloads.models import canonical_model_name
+    from stepsim.models.presets import canonical_model_name
 
     return canonical_model_name(a).lower() == canonical_model_name(b).lower()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from stepsim.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
 from stepsim.trace_io.readers import load_numpy_file
 from stepsim.trace_io.schemas import ROUTING, make_schema
 from stepsim.trace_io.writers import output_format, write_trace
@@ -123,7 +123,7 @@ def _check_iterations(iterations: np.ndarray, tokens: int, where: str) -> np.nda
 
 def _resolve_shape(model: str | None, num_experts: int | None, top_k: int, where: str) -> int:
     """The expert count from ``num_experts`` / ``model``, checking the model's top_k against the array's."""
-    from stepsim.workloads.models import routing_shape
+    from stepsim.models.presets import routing_shape
 
     if num_experts is not None and (isinstance(num_experts, bool) or num_experts < 1):
         raise ConfigError(f"num_experts must be a positive integer, got {num_experts!r}")

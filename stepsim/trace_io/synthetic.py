@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 from stepsim.trace_io.azure_quantiles import AZURE_CONV_CONTEXT_PERCENTILES
 from stepsim.trace_io.schemas import DECODE_BATCHES, ROUTING, make_schema
 

@@ -8,7 +8,7 @@ the offending value.
 Checks
 ------
 * columns present with acceptable types (any integer width for integer columns, list / large_list /
-  fixed_size_list for list columns) -> :class:`~stepsim.errors.TraceSchemaError`;
+  fixed_size_list for list columns) -> :class:`~stepsim.base.errors.TraceSchemaError`;
 * no nulls, no negative ids or lengths, values that fit the normalized type -> ``TraceValueError``;
 * routing: every row has ``top_k`` experts, each id in ``[0, num_experts)``, no id twice in one token,
   gate weights finite and non-negative;
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stepsim.errors import TraceSchemaError, TraceValueError
+from stepsim.base.errors import TraceSchemaError, TraceValueError
 from stepsim.trace_io.schemas import DECODE_BATCHES, REQUESTS, ROUTING, TraceInfo
 
 #: integer columns per kind: name -> (target type, must be >= 0)
@@ -323,41 +323,3 @@ def validate_table(table: pa.Table, info: TraceInfo | None = None, source: str =
     for _ in conform_batches(table.to_batches(), info):
         pass
     return info
-
-
-def validate_trace(
-    path,
-    format: str | None = None,
-    num_experts: int | None = None,
-    model: str | None = None,
-    *,
-    tile: int = 32,
-):
-    """Validate a trace file by streaming over its record batches; return its statistics.
-
-    Memory is bounded by one record batch (:data:`~stepsim.trace_io.readers.DEFAULT_BATCH_ROWS` rows) plus
-    the running aggregates, whatever the trace length.
-
-    Parameters
-    ----------
-    path, format, num_experts, model
-        As for :func:`stepsim.trace_io.readers.open_trace`.
-    tile : int
-        Sequence tile (tokens) for the KV-tile statistics of decode batches.
-
-    Returns
-    -------
-    TraceSummary
-        Row count, per-expert counts (routing) or length statistics.
-
-    Raises
-    ------
-    TraceError
-        The first problem found, naming file, row, column and value.
-    """
-    # imported here: readers depend on this module
-    from stepsim.trace_io.readers import open_trace
-    from stepsim.trace_io.summary import TraceSummary
-
-    stream = open_trace(path, format, num_experts, model)
-    return TraceSummary(stream.info, tile=tile).consume(stream.batches())

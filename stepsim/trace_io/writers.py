@@ -1,7 +1,7 @@
 """Write normalized traces as Arrow IPC (``.arrow`` / ``.feather``) or Parquet, atomically and streaming.
 
 Batches are written as they arrive, so converting a large trace never holds it whole in memory. The output
-appears only when complete (:func:`stepsim.results.atomic_output`). Same batches in -> same bytes out: Arrow
+appears only when complete (:func:`stepsim.base.files.atomic_output`). Same batches in -> same bytes out: Arrow
 IPC files are uncompressed (memory-mappable, zero-copy reads) and Parquet files use zstd with fixed row-group
 sizes.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepsim.errors import ConfigError
-from stepsim.results import atomic_output
+from stepsim.base.errors import ConfigError
+from stepsim.base.files import atomic_output
 
 #: output suffix -> format
 OUTPUT_FORMATS = {".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".parquet": "parquet", ".pq": "parquet"}

@@ -12,11 +12,11 @@ from fractions import Fraction
 from functools import partial
 from typing import Any, NamedTuple
 
-from stepsim.defaults import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.graph.dims import sp
 from stepsim.graph.gcpause import gc_paused
 from stepsim.graph.graph import PUBLISHED, Graph, as_int, convention
 from stepsim.graph.numeric import Unbound, Unsupported, exact_value, python_bindings
+from stepsim.workloads.kinds import DEFAULT_WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 
 
 def substitute(expr, bindings: dict) -> Any:
@@ -152,7 +152,7 @@ class Workload:
         is what ``on_chip_bytes_active`` leaves out (the spec's unselected-expert correction).
     channel_depth : int or None
         Default FIFO depth the paper's experiment uses for this workload (None = 1024 in step-perf); a hardware
-        that sets ``channel_depth`` explicitly, or a per-run depth, overrides it (:mod:`stepsim.defaults`).
+        that sets ``channel_depth`` explicitly, or a per-run depth, overrides it (:mod:`stepsim.base.defaults`).
     hardware : str
         Hardware preset the paper's experiment uses.
     trace : dict
@@ -164,14 +164,14 @@ class Workload:
         for sizing, to the largest of several tiles (a time-multiplexed region's merged dynamic tiles, one per
         member expert with tokens). Every tile fires the operators that see it equally often, so the mean
         (:meth:`flop_bindings`) makes tiles x rows the exact sum of FLOPs (:meth:`op_flops`), and
-        :mod:`stepsim.bounds` charges each tile its own firing costs.
+        :mod:`stepsim.analysis.bounds` charges each tile its own firing costs.
     balanced_units : list
         Regions among which a dispatcher assigns the work during the run (dynamic parallelization), one entry
         per dispatcher: a tuple of one operator-name tuple per region, the regions built alike. Their
-        per-region metrics use a nominal assignment; only sums over the regions are exact (:mod:`stepsim.bounds`).
+        per-region metrics use a nominal assignment; only sums over the regions are exact (:mod:`stepsim.analysis.bounds`).
     channel_depths : dict or None
         Per-channel FIFO depths (channel name -> elements) that override ``channel_depth`` in simulation, e.g.
-        from a ``stepsim size-fifos`` file (:func:`stepsim.passes.depths_file.apply_depths_file`); None: none.
+        from a ``stepsim size-fifos`` file (:func:`stepsim.graph.depths_file.apply_depths_file`); None: none.
     """
 
     name: str

@@ -1,7 +1,7 @@
 """Build a :class:`~stepsim.workloads.base.Workload` from a plain mapping of knobs, with validation.
 
 The knobs are the flags of ``stepsim metrics`` / ``stepsim run`` (``--tile-n`` is ``tile_n``), so a sweep file,
-a Python dict and the command line describe a run the same way; :func:`stepsim.workloads.cli.build_workload`
+a Python dict and the command line describe a run the same way; :func:`stepsim.cli.args.build_workload`
 is a thin wrapper over :func:`workload_from_config`.
 
 Example
@@ -10,7 +10,7 @@ Example
 >>> w.params["tile_m"], w.hardware
 (32, 'step-hdl')
 
-Validation (every failure is a :class:`~stepsim.errors.ConfigError` whose message starts with ``source: ``
+Validation (every failure is a :class:`~stepsim.base.errors.ConfigError` whose message starts with ``source: ``
 when a ``source`` label such as a file name is given):
 
 * an unknown key names the key (with a close match, if any) and lists the known keys;
@@ -20,7 +20,7 @@ when a ``source`` label such as a file name is given):
   only in an ignored knob;
 * ``model`` is a preset name, an alias (``mixtral``, ``qwen``: stored as the preset's canonical name, so both
   spellings give one run id), a Hugging Face ``config.json`` path or ``custom``
-  (:mod:`stepsim.workloads.models`);
+  (:mod:`stepsim.models.presets`);
 * errors raised by the builders themselves (a tile that does not divide a dimension, an unknown model) are
   re-raised as ConfigError with the ``source`` prefix.
 
@@ -40,15 +40,15 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from stepsim.errors import ArgumentError, ConfigError
+from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.workloads.base import Workload
 from stepsim.workloads.kinds import COMMON_KNOBS, KINDS
 
 if TYPE_CHECKING:
-    from stepsim.hardware import Hardware
+    from stepsim.base.hardware import Hardware
 
 #: workload kinds (:mod:`stepsim.workloads.kinds`); ``program`` is a user's ``file.py:function``
-#: (:mod:`stepsim.workloads.program`)
+#: (:mod:`stepsim.workloads.program.build`)
 WORKLOADS = tuple(KINDS)
 MODES = ("metrics", "simulate", "functional", "check")
 
@@ -60,7 +60,7 @@ KNOBS: tuple[str, ...] = (
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
-#: :func:`stepsim.records.run_config`, validated and otherwise ignored by :func:`workload_from_config`)
+#: :func:`stepsim.results.records.run_config`, validated and otherwise ignored by :func:`workload_from_config`)
 KNOWN_KEYS: frozenset[str] = frozenset(KNOBS) | {"mode"}
 
 #: string knobs with a fixed set of values
@@ -175,7 +175,7 @@ def _check_applicable(cfg: dict, source: str | None) -> None:
 
 
 def _check_hardware_name(name: str | None, source: str | None) -> None:
-    from stepsim.hardware import PRESETS
+    from stepsim.base.hardware import PRESETS
 
     if name is not None and not name.endswith(".toml") and name not in PRESETS:
         raise ConfigError(f"{_prefix(source)}{_key('hardware', source)} must be a preset "
@@ -211,7 +211,7 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
         raise ConfigError(f"{_prefix(source)}missing required config key 'workload' "
                           f"(one of {', '.join(WORKLOADS)})")
     if cfg["model"] is not None:  # one name per model in records and run ids: aliases become the preset name
-        from stepsim.workloads.models import canonical_model_name
+        from stepsim.models.presets import canonical_model_name
 
         cfg["model"] = canonical_model_name(cfg["model"])
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
@@ -239,73 +239,9 @@ def resolved_trace(cfg: Mapping) -> str | None:
     return bundled_trace(cfg["model"] if slot == "routing" else "attention")
 
 
-def _bandwidth_kwargs(cfg: Mapping) -> dict[str, int]:
+def bandwidth_kwargs(cfg: Mapping) -> dict[str, int]:
+    """The ``compute_bw`` (FLOPs/cycle) and ``channel_depth`` (elements) knobs a config sets, as builder keywords."""
     return {key: cfg[key] for key in ("compute_bw", "channel_depth") if cfg.get(key) is not None}
-
-
-def _build_moe(cfg: Mapping) -> Workload:
-    from stepsim.workloads.models import moe_model
-    from stepsim.workloads.moe import build_moe
-    from stepsim.workloads.traces import load_routing
-
-    model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
-    routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
-    return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
-                     regions=cfg["regions"], **_bandwidth_kwargs(cfg))
-
-
-def _build_swiglu(cfg: Mapping) -> Workload:
-    from stepsim.workloads.swiglu import build_swiglu
-
-    return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **_bandwidth_kwargs(cfg))
-
-
-def _build_attention(cfg: Mapping) -> Workload:
-    from stepsim.workloads.attention import build_attention
-    from stepsim.workloads.traces import load_kv_lengths
-
-    kv = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
-    kw = _bandwidth_kwargs(cfg)
-    channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
-    if cfg.get("regions") is not None:  # parallel regions (builder default 4); set by stepsim optimize's space
-        kw["regions"] = cfg["regions"]
-    workload = build_attention(kv, cfg["strategy"], softmax=cfg["softmax"], **kw)
-    if channel_depth is not None:
-        workload.channel_depth = channel_depth
-        workload.params["channel_depth"] = channel_depth
-    return workload
-
-
-def _build_decoder(cfg: Mapping) -> Workload:
-    from stepsim.workloads.decoder import build_decoder
-    from stepsim.workloads.models import resolve_model
-    from stepsim.workloads.traces import load_kv_lengths, load_routing
-
-    model = resolve_model(cfg["model"])
-    if cfg.get("kv_lengths") is None:
-        raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
-                          "(config key 'kv_lengths')")
-    routing = None
-    if model.is_moe:
-        if cfg.get("routing") is None:
-            raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
-                              "key 'routing')")
-        routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
-    elif cfg.get("routing") is not None:
-        raise ConfigError(f"model {model.name!r} is dense: --routing does not apply")
-    kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
-    kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
-          if cfg.get(key) is not None}
-    return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
-                         kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)
-
-
-def _build_program(cfg: Mapping) -> Workload:
-    from stepsim.workloads.program import build_program
-
-    if cfg.get("program") is None:
-        raise ConfigError("workload 'program' needs the knob 'program' (path/to/file.py:function)")
-    return build_program(cfg["program"])
 
 
 def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
@@ -319,7 +255,7 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
     try:
         workload = KINDS[cfg["workload"]].function("build")(cfg)
         if cfg.get("fifo_depths") is not None:
-            from stepsim.passes.depths_file import apply_depths_file
+            from stepsim.graph.depths_file import apply_depths_file
 
             apply_depths_file(workload, cfg["fifo_depths"])
         return workload
@@ -330,18 +266,18 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
 
 
 def resolve_hardware(cfg: Mapping, workload: Workload | None = None, *, source: str | None = None) -> Hardware:
-    """The :class:`~stepsim.hardware.Hardware` a normalized config runs on.
+    """The :class:`~stepsim.base.hardware.Hardware` a normalized config runs on.
 
     ``cfg["hardware"]`` (a preset name or a TOML file) if set, else the workload experiment's preset (that of
-    ``workload``, or without one :data:`stepsim.defaults.WORKLOAD_HARDWARE` of the config's workload kind).
+    ``workload``, or without one :data:`stepsim.workloads.kinds.WORKLOAD_HARDWARE` of the config's workload kind).
 
     Raises
     ------
     ConfigError
         Unknown preset, unreadable TOML or unknown hardware key (message prefixed with ``source``).
     """
-    from stepsim.defaults import WORKLOAD_HARDWARE
-    from stepsim.hardware import Hardware
+    from stepsim.base.hardware import Hardware
+    from stepsim.workloads.kinds import WORKLOAD_HARDWARE
 
     name = cfg.get("hardware") or (workload.hardware if workload is not None else WORKLOAD_HARDWARE[cfg["workload"]])
     try:
@@ -365,7 +301,7 @@ def workload_from_config(config: Mapping, *, source: str | None = None) -> Workl
     Returns
     -------
     Workload
-        Ready to measure (``.metrics()``) or simulate (:func:`stepsim.simulate.simulate`).
+        Ready to measure (``.metrics()``) or simulate (:func:`stepsim.simulation.simulate.simulate`).
 
     Raises
     ------
@@ -376,3 +312,22 @@ def workload_from_config(config: Mapping, *, source: str | None = None) -> Workl
     """
     cfg = normalize_config(config, source=source)
     return build_normalized(cfg, source=source)
+
+
+#: config keys that decide the graph a depths file (:mod:`stepsim.graph.depths_file`) was sized for (FIFO defaults, hardware and accounting do not)
+DEPTHS_MATCH_KEYS = ("workload", "model", "hidden", "intermediate", "experts", "top_k", "iteration", "layer", "batch_id",
+              "tiling", "tile_n", "tile_f", "regions", "strategy", "softmax", "compute_bw")
+
+
+def matches_depths_file(depths, config) -> bool:
+    """Whether ``config`` (a run config) builds the workload ``depths`` was sized for: the same knobs of
+    :data:`DEPTHS_MATCH_KEYS` and a trace among the ones it was sized on (by content hash)."""
+    from stepsim.base.files import trace_sha256
+
+    if depths.config is None:
+        return False
+    cfg = normalize_config(config)
+    if any(cfg.get(key) != depths.config.get(key) for key in DEPTHS_MATCH_KEYS):
+        return False
+    trace = resolved_trace(cfg)
+    return trace is not None and trace_sha256(trace) in depths.trace_hashes

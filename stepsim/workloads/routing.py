@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 
 
 def check_routing(routing, experts: int, top_k: int, source: str = "routing") -> np.ndarray:

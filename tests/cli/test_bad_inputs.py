@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from bad_input_files import write_bad_files
 
+from stepsim.base.errors import ArgumentError, ConfigError, ShapeError, StepsimError
 from stepsim.cli import main
-from stepsim.errors import ArgumentError, ConfigError, ShapeError, StepsimError
 
 E = "stepsim: error: "
 RUN_USAGE = "stepsim run: error: "
@@ -335,15 +335,15 @@ class _Api:
 
     def __init__(self):
         from stepsim import graph
+        from stepsim.base.hardware import Hardware
         from stepsim.graph.dtypes import tile
         from stepsim.graph.stream import Stream
-        from stepsim.hardware import Hardware
-        from stepsim.records import run_config
-        from stepsim.simulate import simulate
-        from stepsim.workloads.attention import build_attention
-        from stepsim.workloads.models import moe_model
-        from stepsim.workloads.moe import build_moe
-        from stepsim.workloads.swiglu import build_swiglu
+        from stepsim.models.presets import moe_model
+        from stepsim.results.records import run_config
+        from stepsim.simulation.simulate import simulate
+        from stepsim.workloads.attention.build import build_attention
+        from stepsim.workloads.moe.build import build_moe
+        from stepsim.workloads.swiglu.build import build_swiglu
 
         self.__dict__.update(Tensor=graph.Tensor, Graph=graph.Graph, BF16=graph.BF16, FP32=graph.FP32, tile=tile,
                              Stream=Stream, Hardware=Hardware, run_config=run_config, simulate=simulate,

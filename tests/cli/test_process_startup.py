@@ -1,4 +1,4 @@
-"""What a stepsim command does to its own process at start-up and exit (stepsim/kernels/target.py, stepsim/cli.py)."""
+"""What a stepsim command does to its own process at start-up and exit (stepsim/kernels/target.py, stepsim/cli/__init__.py)."""
 
 import json
 import subprocess
@@ -61,6 +61,6 @@ def test_a_command_loads_cached_kernels_light_and_freezes_before_exit():
     (["run", "moe", "--json"], True, True),  # token counts per expert are symbols; the routing trace is Arrow
 ])
 def test_sympy_and_pyarrow_are_imported_only_when_used(tmp_path, args, sympy, pyarrow):
-    """sympy (0.3-0.4 s) and pyarrow (0.1 s) are most of a short command's start-up; see stepsim/lazy_import.py."""
+    """sympy (0.3-0.4 s) and pyarrow (0.1 s) are most of a short command's start-up; see stepsim/base/lazy_import.py."""
     assert _run(IMPORTS, json.dumps(args), cwd=tmp_path) == {"status": 0, "sympy": sympy, "pyarrow": pyarrow}
     assert (tmp_path / "out").is_dir() == ("--out" in args)

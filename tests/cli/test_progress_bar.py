@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from stepsim.progress import engine_progress
+from stepsim.base.progress import engine_progress
 
 
 class _Terminal(io.StringIO):

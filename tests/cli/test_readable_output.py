@@ -8,9 +8,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from stepsim.base.display import format_bytes, format_seconds, format_value
 from stepsim.cli import main
-from stepsim.display import format_bytes, format_seconds, format_value
-from stepsim.records import CHANNEL_SCHEMA, SCHEMA, UNIT_SCHEMA
+from stepsim.results.records import CHANNEL_SCHEMA, SCHEMA, UNIT_SCHEMA
 
 
 @pytest.mark.parametrize(("n", "text"), [(0, "0 B"), (999, "999 B"), (1000, "1.00 kB"), (100_352, "100 kB"),

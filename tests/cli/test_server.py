@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.server import client
+from stepsim.cli import server_client as client
 
 STEPSIM = [sys.executable, "-m", "stepsim"]
 #: wall-time keys of a run record (they differ between any two runs)

@@ -1,4 +1,4 @@
-"""Ctrl-C / SIGTERM as the CLI sees them (a KeyboardInterrupt or stepsim.signals.Terminated raised inside a
+"""Ctrl-C / SIGTERM as the CLI sees them (a KeyboardInterrupt or stepsim.base.signals.Terminated raised inside a
 command): one line on stderr, exit 130 / 143, no traceback, and no partial or temporary file, for `run`, `demo` and
 `trace import` (the subprocess tests with real signals are in test_interrupts.py)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stepsim.base.signals import Terminated
 from stepsim.cli import main
-from stepsim.signals import Terminated
 
 STOPS = [(KeyboardInterrupt, 130, "stepsim: interrupted\n"), (Terminated, 143, "stepsim: terminated\n")]
 
@@ -19,7 +19,7 @@ def _files(folder):
 
 @pytest.mark.parametrize(("exc", "status", "err"), STOPS)
 def test_demo_stopped_between_points_writes_nothing(tmp_path, monkeypatch, capsys, exc, status, err):
-    import stepsim.demo as demo
+    import stepsim.demo.moe_tiling as demo
 
     calls = []
 
@@ -39,7 +39,7 @@ def test_demo_stopped_between_points_writes_nothing(tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize(("exc", "status", "err"), STOPS)
 def test_trace_import_stopped_while_writing_leaves_no_temporary_file(tmp_path, monkeypatch, capsys, exc, status,
                                                                       err):
-    import stepsim.trace_io.cli as trace_cli
+    import stepsim.cli.trace as trace_cli
 
     src = tmp_path / "003_007.npz"
     np.savez(src, data=np.array([[0, 1], [2, 3]] * 8, dtype=np.int64))
@@ -71,7 +71,7 @@ def test_trace_import_stopped_while_writing_leaves_no_temporary_file(tmp_path, m
 @pytest.mark.parametrize(("exc", "status", "err"), STOPS)
 def test_run_stopped_while_writing_a_parquet_file_leaves_none_of_its_files(tmp_path, monkeypatch, capsys, exc,
                                                                            status, err):
-    import stepsim.results as results
+    import stepsim.base.files as results
 
     real = results.write_parquet_atomic
     written = []

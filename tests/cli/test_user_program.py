@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from stepsim.base.errors import ConfigError
+from stepsim.batch.config import load_sweep
 from stepsim.cli import main
-from stepsim.errors import ConfigError
-from stepsim.records import run_identity
-from stepsim.simulate import simulate
-from stepsim.sweep.config import load_sweep
-from stepsim.workloads.program import build_program
+from stepsim.results.records import run_identity
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.program.build import build_program
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "user_graph.py"
 

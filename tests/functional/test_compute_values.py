@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepsim.errors import SimulationError
+from stepsim.base.errors import SimulationError
 from stepsim.kernels import run
+from stepsim.kernels.program import ProgramBuilder, TensorRef
 from stepsim.kernels.values import bf16_round_into
-from stepsim.program import ProgramBuilder, TensorRef
 from stepsim.workloads.reference import round_to_bf16
 
 RNG = np.random.default_rng(7)

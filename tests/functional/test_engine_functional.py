@@ -15,13 +15,14 @@ import json
 import numpy as np
 import pytest
 
+from stepsim.base.errors import ArenaError, ArgumentError
 from stepsim.cli import main
-from stepsim.errors import ArenaError, ArgumentError
-from stepsim.simulate import simulate
-from stepsim.workloads.attention import build_attention
+from stepsim.models.presets import moe_model
+from stepsim.simulation.simulate import simulate
+from stepsim.trace_io.load import load_kv_lengths, load_routing
+from stepsim.workloads.attention.build import build_attention
 from stepsim.workloads.config import bundled_trace
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 from stepsim.workloads.reference import (
     check_outputs,
     gqa_decode_reference,
@@ -29,8 +30,7 @@ from stepsim.workloads.reference import (
     max_rel_error,
     small_moe_model,
 )
-from stepsim.workloads.swiglu import build_swiglu
-from stepsim.workloads.traces import load_kv_lengths, load_routing
+from stepsim.workloads.swiglu.build import build_swiglu
 
 SMALL_MOE = moe_model("custom", hidden=32, intermediate=64, experts=4, top_k=2)
 #: 8 tokens, top-2 over 4 experts; expert 3 gets no token (an idle expert)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepsim.errors import LoweringError
-from stepsim.hardware import Hardware
+from stepsim.base.errors import LoweringError
+from stepsim.base.hardware import Hardware
 from stepsim.kernels import run
-from stepsim.program import ProgramBuilder, TensorRef
-from stepsim.reference_engine import run as ref_run
+from stepsim.kernels.program import ProgramBuilder, TensorRef
+from stepsim.kernels.reference import run as ref_run
 
 
 # ------------------------------------------------------------------------------------------------ helpers

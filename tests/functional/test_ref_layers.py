@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from stepsim.errors import ArgumentError, ShapeError
+from stepsim.base.errors import ArgumentError, ShapeError
 from stepsim.workloads.reference import (
     gqa_decode_reference,
     max_rel_error,

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from stepsim.errors import ArgumentError, ShapeError
+from stepsim.base.errors import ArgumentError, ShapeError
 from stepsim.graph import BF16, FP32
 from stepsim.workloads.reference import bf16_bits, max_rel_error, round_to_bf16, tolerance_for, unit_roundoff
 

@@ -4,7 +4,7 @@ scaled-down model helper."""
 import numpy as np
 import pytest
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.workloads.reference import (
     check_outputs,
     graph_tensors,
@@ -13,7 +13,7 @@ from stepsim.workloads.reference import (
     swiglu_reference,
     workload_reference,
 )
-from stepsim.workloads.swiglu import build_swiglu
+from stepsim.workloads.swiglu.build import build_swiglu
 
 SMALL = {"batch": 16, "hidden": 32, "intermediate": 64}
 

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from stepsim.errors import ArgumentError
-from stepsim.workloads.attention import build_attention, kv_metadata
-from stepsim.workloads.moe import build_moe
+from stepsim.base.errors import ArgumentError
+from stepsim.workloads.attention.build import build_attention, kv_metadata
+from stepsim.workloads.moe.build import build_moe
 from stepsim.workloads.reference import (
     check_outputs,
     gqa_decode_reference,

@@ -31,11 +31,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepsim.errors import DeadlockError
-from stepsim.hardware import Hardware
+from stepsim.base.errors import DeadlockError
+from stepsim.base.hardware import Hardware
 from stepsim.kernels import run as fast_run
-from stepsim.program import ProgramBuilder, TensorRef
-from stepsim.reference_engine import run as ref_run
+from stepsim.kernels.program import ProgramBuilder, TensorRef
+from stepsim.kernels.reference import run as ref_run
 
 DEPTHS = (1, 2, 3, 4, 8)
 ROWS = (1, 2, 4)

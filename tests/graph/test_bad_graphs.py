@@ -1,4 +1,4 @@
-"""Malformed graphs raise the precise typed error (stepsim.errors) with a message naming the operator
+"""Malformed graphs raise the precise typed error (stepsim.base.errors) with a message naming the operator
 (graph-local names such as ``Map_2``, deterministic from the build order) and the offending shapes / values.
 
 Each case builds a small graph and triggers one mistake. ``expect`` checks the *exact* error class (a
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from stepsim.errors import ArgumentError, DTypeError, GraphError, MetricError, ShapeError, StepsimError
+from stepsim.base.errors import ArgumentError, DTypeError, GraphError, MetricError, ShapeError, StepsimError
 from stepsim.graph import (
     BF16,
     FP32,

@@ -16,12 +16,12 @@ from stepsim.graph.dtypes import BF16, FP32, DynTile, Tile
 from stepsim.graph.functions import Add, Exp, Matmul, RowSum, Silu, SoftmaxNormalize
 from stepsim.graph.graph import CONVENTIONS, PAPER, PUBLISHED, convention
 from stepsim.graph.numeric import Unbound, Unsupported, exact_value, python_bindings, sympy_expressions_built
-from stepsim.workloads.attention import build_attention
+from stepsim.models.presets import moe_model, resolve_model
+from stepsim.workloads.attention.build import build_attention
 from stepsim.workloads.base import substitute
-from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.models import moe_model, resolve_model
-from stepsim.workloads.moe import build_moe
-from stepsim.workloads.swiglu import build_swiglu
+from stepsim.workloads.decoder.build import build_decoder
+from stepsim.workloads.moe.build import build_moe
+from stepsim.workloads.swiglu.build import build_swiglu
 
 ROUTING = np.random.default_rng(5).integers(0, 8, size=(64, 2))
 ROUTING[:, 1] = (ROUTING[:, 0] + 1 + ROUTING[:, 1] % 7) % 8

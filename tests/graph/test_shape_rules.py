@@ -16,7 +16,7 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepsim.errors import ArgumentError, GraphError
+from stepsim.base.errors import ArgumentError, GraphError
 from stepsim.graph import (
     BF16,
     BOOL,

@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 from kernel_helpers import fork_join_program
 
-from stepsim import reference_engine
+from stepsim.analysis.deadlock import MAX_LINES, diagnosed, run_diagnosed, suggest_fix
+from stepsim.base.errors import BlockedUnit, DeadlockError
+from stepsim.base.hardware import Hardware
 from stepsim.cli import main
-from stepsim.errors import BlockedUnit, DeadlockError
-from stepsim.hardware import Hardware
-from stepsim.insight.deadlock import MAX_LINES, suggest_fix
+from stepsim.kernels import reference as reference_engine
 from stepsim.kernels import run
-from stepsim.program import ProgramBuilder
-from stepsim.simulate import simulate
+from stepsim.kernels.program import ProgramBuilder
+from stepsim.models.presets import moe_model
+from stepsim.simulation.simulate import simulate
 from stepsim.trace_io.synthetic import synthetic_routing
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 CYCLE = [
     "cycle 1: 4 hop(s), in a group of 4 unit(s) waiting on each other:",
@@ -38,7 +38,7 @@ CYCLE = [
 
 def test_reconvergent_fork_join_names_exactly_the_shallow_channel():
     with pytest.raises(DeadlockError) as info:
-        run(fork_join_program())
+        run_diagnosed(fork_join_program())
     err = info.value
     lines = str(err).splitlines()
     assert lines[0] == "deadlock: no unit can make progress; 6 unit(s) blocked (2 on a full FIFO), 1 wait cycle(s)"
@@ -55,9 +55,9 @@ def test_reconvergent_fork_join_names_exactly_the_shallow_channel():
 
 def test_both_engines_give_the_same_records_and_diagnosis():
     with pytest.raises(DeadlockError) as fast:
-        run(fork_join_program())
+        run_diagnosed(fork_join_program())
     with pytest.raises(DeadlockError) as ref:
-        reference_engine.run(fork_join_program())
+        run_diagnosed(fork_join_program(), reference_engine.run)
     key = lambda e: {(b.unit, b.opcode, b.channel, b.waiting_for, b.occupancy, b.capacity) for b in e.blocked}  # noqa: E731
     assert key(fast.value) == key(ref.value)
     assert all(type(b) is BlockedUnit for b in ref.value.blocked)
@@ -65,10 +65,29 @@ def test_both_engines_give_the_same_records_and_diagnosis():
     assert str(ref.value).splitlines()[1:7] == CYCLE
 
 
+def test_the_engines_raise_raw_records_and_the_diagnosis_is_attached_above_them():
+    """The engine layer imports no analysis: its error lists the blocked units; diagnosed() explains it."""
+    for engine in (run, reference_engine.run):
+        with pytest.raises(DeadlockError) as info:
+            engine(fork_join_program())
+        raw = info.value
+        lines = str(raw).splitlines()
+        assert raw.diagnosis is None and raw.program is not None
+        assert lines[:2] == [f"deadlock: no unit can make progress; {len(raw.blocked)} record(s) of blocked units",
+                             "blocked units:"]
+        assert lines[2:] == raw.unit_lines and len(raw.unit_lines) == len(raw.blocked)
+        explained = diagnosed(raw)
+        assert explained.diagnosis.fix_channels == ["direct"]
+        assert str(explained).splitlines()[1:7] == CYCLE
+        assert (explained.blocked, explained.unit_lines, explained.program) == (raw.blocked, raw.unit_lines,
+                                                                               raw.program)
+        assert diagnosed(explained) is explained
+
+
 def test_the_error_pickles_without_its_program():
     """Sweep workers send errors back to the parent process."""
     with pytest.raises(DeadlockError) as info:
-        run(fork_join_program())
+        run_diagnosed(fork_join_program())
     back = pickle.loads(pickle.dumps(info.value))
     assert (str(back), back.blocked, back.diagnosis, back.program) == (
         str(info.value), info.value.blocked, info.value.diagnosis, None)
@@ -88,7 +107,7 @@ def test_a_loop_without_initial_tokens_has_no_fifo_fix():
     b.map(ins=[x], out=y, fn="exp", name="first")
     b.map(ins=[y], out=x, fn="exp", name="second")
     with pytest.raises(DeadlockError) as info:
-        run(b.build())
+        run_diagnosed(b.build())
     assert info.value.diagnosis.fix_channels == []
     assert ("fix: no FIFO on the cycle is full, so no FIFO depth breaks it: the loop needs an initial token "
             "(a feedback channel without one never starts)") in str(info.value).splitlines()

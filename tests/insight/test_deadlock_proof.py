@@ -1,4 +1,4 @@
-"""The static deadlock proof (stepsim.deadlock_proof): exact on a Qwen3 layer, and never wrong on random layers.
+"""The static deadlock proof (stepsim.analysis.deadlock_proof): exact on a Qwen3 layer, and never wrong on random layers.
 
 Soundness is what matters (``stepsim optimize`` skips a proven candidate without simulating it), so every
 proof below is checked against the engine: the layer it proves must deadlock when simulated.
@@ -9,15 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepsim.deadlock_proof import DeadlockProof, prove_deadlock
-from stepsim.defaults import UNSET, channel_capacity, resolve_channel_depth
-from stepsim.errors import DeadlockError
-from stepsim.hardware import Hardware
-from stepsim.records import run_config
-from stepsim.simulate import simulate
+from stepsim.analysis.deadlock_proof import DeadlockProof, prove_deadlock
+from stepsim.base.defaults import UNSET, channel_capacity, resolve_channel_depth
+from stepsim.base.errors import DeadlockError
+from stepsim.base.hardware import Hardware
+from stepsim.models.presets import MoEModel
+from stepsim.results.records import run_config
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import resolve_hardware, workload_from_config
-from stepsim.workloads.models import MoEModel
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 
 def _depth(workload, hardware) -> int:

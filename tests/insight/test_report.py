@@ -9,9 +9,9 @@ import numpy as np
 
 from stepsim.cli import main
 from stepsim.insight.report import build_report, format_report, load_run, report_run_dir, write_png
-from stepsim.records import run_config
+from stepsim.results.records import run_config
+from stepsim.trace_io.load import load_routing
 from stepsim.workloads.config import bundled_trace
-from stepsim.workloads.traces import load_routing
 
 KEYS = {"run_id", "workload", "bound", "roofline", "critical_path", "top_units", "imbalance", "full_fifos"}
 HOP_KEYS = {"unit", "kind", "group", "busy_cycles", "blocked_input_cycles", "blocked_output_cycles"}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepsim.hardware import Hardware
+from stepsim.base.hardware import Hardware
 from stepsim.kernels import abi
-from stepsim.program import ProgramBuilder
+from stepsim.kernels.program import ProgramBuilder
 
 
 def builder(preset: str = "step-eval", **overrides) -> ProgramBuilder:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from kernel_helpers import builder, fork_join_program
 
-from stepsim.errors import ConfigError, DeadlockError, LoweringError, SimulationError
-from stepsim.hardware import Hardware
+from stepsim.base.errors import ConfigError, DeadlockError, LoweringError, SimulationError
+from stepsim.base.hardware import Hardware
 from stepsim.kernels import abi, run
 from stepsim.kernels.warm import warm_program
 
@@ -216,7 +216,7 @@ def test_hardware_from_toml_names_unknown_keys_and_the_file(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ packaging
 def test_importing_stepsim_kernels_does_not_compile():
-    code = ("import sys, stepsim, stepsim.kernels, stepsim.program; "
+    code = ("import sys, stepsim, stepsim.kernels, stepsim.kernels.program; "
             "print('stepsim.kernels.engine' in sys.modules, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]

@@ -15,9 +15,9 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 from kernel_helpers import final_clock
 
-from stepsim.hardware import Hardware
+from stepsim.base.hardware import Hardware
 from stepsim.kernels import run
-from stepsim.program import ProgramBuilder
+from stepsim.kernels.program import ProgramBuilder
 
 
 def reference_hbm(ops, hw: Hardware):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from kernel_helpers import builder
 
-from stepsim import reference_engine
-from stepsim.errors import LoweringError
+from stepsim.kernels import reference as reference_engine
+from stepsim.base.errors import LoweringError
 from stepsim.kernels import abi
 from stepsim.kernels.api import run as fast_run
-from stepsim.reference_engine import run as ref_run
+from stepsim.kernels.reference import run as ref_run
 
 
 def _both(program):

@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 
+from stepsim.batch.config import parse_sweep
+from stepsim.batch.grid import expand
 from stepsim.cli import build_parser, main
-from stepsim.sweep.config import parse_sweep
-from stepsim.sweep.grid import expand
+from stepsim.models.presets import PRESETS
 from stepsim.trace_io.serving import synthetic_routed_experts
 from stepsim.workloads.config import bundled_trace
-from stepsim.workloads.models import PRESETS
 
 MIXTRAL_FIELDS = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_local_experts": 8,
                   "num_experts_per_tok": 2, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -4,10 +4,8 @@ import json
 
 import pytest
 
-from stepsim.errors import ConfigError
-from stepsim.records import run_config, run_identity
-from stepsim.workloads.config import bundled_trace
-from stepsim.workloads.models import (
+from stepsim.base.errors import ConfigError
+from stepsim.models.presets import (
     ATTENTION_MODELS,
     MOE_MODELS,
     PRESETS,
@@ -18,6 +16,8 @@ from stepsim.workloads.models import (
     moe_model,
     resolve_model,
 )
+from stepsim.results.records import run_config, run_identity
+from stepsim.workloads.config import bundled_trace
 
 # The published config.json files (every field as released; stepsim reads a subset, the rest must not matter).
 MIXTRAL_8X7B = {

@@ -10,7 +10,7 @@ class SerialExecutor:
     describe), so the search logic is tested without starting worker processes (one CLI test uses them)."""
 
     def imap_unordered(self, tasks):
-        from stepsim.sweep.tasks import run_task
+        from stepsim.batch.tasks import run_task
 
         for task in tasks:
             yield task, run_task(task.config)
@@ -27,9 +27,9 @@ def serial():
 def exhaustive(result) -> tuple[list, dict]:
     """Simulate every buildable candidate of ``result`` (run_config, no pruning): the exhaustive front as
     ``[(run_id, cycles, on_chip_bytes, allocated)]`` sorted, and ``{run_id: cycles or None}`` (None: failed)."""
-    from stepsim.errors import StepsimError
+    from stepsim.base.errors import StepsimError
     from stepsim.optimize.pareto import pareto_front
-    from stepsim.records import run_config
+    from stepsim.results.records import run_config
 
     cycles = {}
     for c in result.candidate_list:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from stepsim.base.errors import ConfigError
 from stepsim.cli import build_parser, main
-from stepsim.errors import ConfigError
 from stepsim.optimize import optimize
 
 pytestmark = pytest.mark.traces
@@ -58,8 +58,8 @@ def test_cli_json_resume_and_files(window, tmp_path, capsys):
 
 
 def test_reproduce_command_has_the_candidates_run_id(window, tmp_path, serial):
-    from stepsim.records import run_identity
-    from stepsim.workloads.cli import config_from_args
+    from stepsim.cli.args import config_from_args
+    from stepsim.results.records import run_identity
 
     result = optimize("attention", out=tmp_path / "opt", trace=window, executor=serial, objective="on-chip")
     assert (result.recommended.config["strategy"], result.recommended.config["regions"]) == ("coarse", 1)
@@ -112,7 +112,7 @@ def test_budget_below_every_candidate(window, tmp_path, serial, budgets, message
 def test_bad_input_one_line_exit_2(argv, message, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    from stepsim.sweep.executors import default_jobs
+    from stepsim.batch.executors import default_jobs
 
     assert err == [message.format(cpus=default_jobs())]
 

@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from stepsim.base.errors import ConfigError
 from stepsim.cli import main
-from stepsim.errors import ConfigError
+from stepsim.models.presets import resolve_model
 from stepsim.optimize import optimize
 from stepsim.optimize.space import DECODER_STRATEGIES, default_decoder_stages
-from stepsim.workloads.models import resolve_model
 
 #: a Qwen3-like MoE layer with small dims (D=64, 8 query and 2 KV heads of 16, 8 experts of 32, top-2)
 CONFIG = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,

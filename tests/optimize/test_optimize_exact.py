@@ -65,7 +65,7 @@ def test_attention_b16_front_equals_exhaustive(shared_traces, tmp_path, serial, 
 
 def test_attention_b64_front_equals_exhaustive(shared_traces, tmp_path, serial, exhaustive_front):
     """B=64: dynamic parallelization assigns requests to regions during the run, so its per-region bounds use
-    the mean over the regions (stepsim.bounds); the round-robin assignment's busiest region (40,836 cycles of
+    the mean over the regions (stepsim.analysis.bounds); the round-robin assignment's busiest region (40,836 cycles of
     K-cache tiles with 4 regions) exceeds the real run (39,961) and would have pruned by a wrong bound."""
     trace = sorted((shared_traces / "kv_lengths" / "b64").glob("*.npy"))[0]
     result = optimize("attention", out=tmp_path / "opt", trace=str(trace), executor=serial)
@@ -109,7 +109,7 @@ def test_qwen_b64_drain_bound_prunes_a_memory_bound_candidate(shared_traces, tmp
 
 def test_qwen_b64_proven_deadlocks_are_not_simulated(shared_traces, tmp_path, serial, exhaustive_front):
     """Static tiles of one token on 1 or 2 time-multiplexed regions at the workload's FIFO depth (2) are proven
-    to deadlock (stepsim.deadlock_proof) and dropped without simulating; the exhaustive runs deadlock too. The
+    to deadlock (stepsim.analysis.deadlock_proof) and dropped without simulating; the exhaustive runs deadlock too. The
     same layer with ``channel_depth = 8`` sets a FIFO knob, which the shared metrics row (evaluated at the
     workload's own depth) does not cover: it is simulated, and finishes."""
     trace = shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 from stepsim.optimize.pareto import dominates, pareto_front, roofline_lower_bound
 from stepsim.optimize.space import (
     default_attention_grids,

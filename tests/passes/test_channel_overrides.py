@@ -2,12 +2,12 @@
 
 import pytest
 
-from stepsim.errors import ArgumentError, LoweringError
+from stepsim.base.errors import ArgumentError, LoweringError
 from stepsim.graph import FP32, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Silu, Tensor
+from stepsim.graph.channels import channel_infos, graph_fingerprint
 from stepsim.graph.lower import lower
 from stepsim.passes import size_fifos
-from stepsim.passes.channels import channel_infos, graph_fingerprint
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 
 
 def _graph():

@@ -26,7 +26,7 @@ from stepsim.graph import (
 )
 from stepsim.graph.functions import RowSum
 from stepsim.passes import lp_depths
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 
 TILES = 128
 SLOW_BW = 64  # Silu of a 16x64 tile: 8 * 1024 FLOPs / 64 = 128 cycles per tile

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
+from stepsim.base.errors import ConfigError
 from stepsim.cli import main
-from stepsim.errors import ConfigError
+from stepsim.graph.depths_file import apply_depths_file, read_depths_file
 from stepsim.passes import size_fifos
-from stepsim.passes.depths_file import apply_depths_file, read_depths_file
 from stepsim.passes.sizing import REPORT_KEYS
-from stepsim.records import run_config, run_identity
-from stepsim.simulate import simulate
+from stepsim.results.records import run_config, run_identity
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import workload_from_config
 
 DIMS = ["--model", "custom", "--hidden", "32", "--intermediate", "192", "--experts", "128", "--top-k", "8"]
@@ -160,7 +160,7 @@ def test_sizing_on_several_traces_holds_on_each(trace, tmp_path):
 
 
 def test_sweep_key_fifo_depths_resolves_against_the_sweep_file(sized, trace, tmp_path):
-    from stepsim.sweep.rows import read_sweep
+    from stepsim.batch.rows import read_sweep
 
     (tmp_path / "d.toml").write_bytes(sized[0].read_bytes())
     (tmp_path / "sweep.toml").write_text(

@@ -14,12 +14,12 @@ import math
 import numpy as np
 import pytest
 
-from stepsim.errors import DeadlockError
+from stepsim.base.errors import DeadlockError
+from stepsim.graph.channels import channel_infos
 from stepsim.passes import size_fifos
-from stepsim.passes.channels import channel_infos
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 from stepsim.trace_io.synthetic import synthetic_routing
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 from stepsim.workloads.reference import small_moe_model
 
 pytestmark = pytest.mark.slow

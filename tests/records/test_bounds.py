@@ -1,4 +1,4 @@
-"""Lower bounds on cycles without simulating (stepsim.bounds): each holds unit by unit against the engine.
+"""Lower bounds on cycles without simulating (stepsim.analysis.bounds): each holds unit by unit against the engine.
 
 ``stepsim optimize`` drops a candidate when a simulated point beats its lower bound, so a bound above a real run
 would silently drop a front point. Every per-unit bound is checked against that unit's counters (final clock
@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from stepsim.bounds import (
+from stepsim.analysis.bounds import (
     compute_unit_bounds,
     compute_unit_cycles,
     cycle_bounds,
@@ -26,13 +26,13 @@ from stepsim.bounds import (
     pipeline_cycles,
     pipeline_unit_bounds,
 )
-from stepsim.hardware import Hardware
+from stepsim.base.hardware import Hardware
+from stepsim.models.presets import MoEModel, resolve_model
 from stepsim.optimize.pareto import roofline_lower_bound
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import resolve_hardware, workload_from_config
-from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.models import MoEModel, resolve_model
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.decoder.build import build_decoder
+from stepsim.workloads.moe.build import build_moe
 
 #: bundled synthetic traces (no ../shared needed): every kind, tiling, time-multiplexing and strategy
 CONFIGS = {
@@ -55,7 +55,7 @@ CONFIGS = {
 
 def _check_units(workload, sim, hardware) -> None:
     """Every per-unit bound is at most its unit's counter; units whose work is dispatched during the run only
-    on average over their counterparts (stepsim.bounds.busiest_unit)."""
+    on average over their counterparts (stepsim.analysis.bounds.busiest_unit)."""
     row = {name: i for i, name in enumerate(sim.unit_names)}
     balanced = [[[n for n in names] for names in regions] for regions in workload.balanced_units]
     in_balanced = {n for regions in balanced for names in regions for n in names}

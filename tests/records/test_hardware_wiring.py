@@ -12,13 +12,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from stepsim.defaults import UNBOUNDED_CHANNEL_DEPTH, WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
+from stepsim.base.defaults import UNBOUNDED_CHANNEL_DEPTH
+from stepsim.base.hardware import PRESETS, Hardware
 from stepsim.graph.lower import lower
-from stepsim.hardware import PRESETS, Hardware
 from stepsim.kernels import abi
-from stepsim.records import run_config, run_identity
-from stepsim.simulate import simulate
-from stepsim.workloads.swiglu import build_swiglu
+from stepsim.results.records import run_config, run_identity
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
+from stepsim.workloads.swiglu.build import build_swiglu
 
 #: field -> the slot of the program's hardware vector it sets
 HW_SLOTS = {"addr_offset": abi.HW_ADDR_OFFSET, "hbm_channels": abi.HW_HBM_CHANNELS,
@@ -70,9 +71,9 @@ def test_every_hardware_field_is_wired_to_what_it_changes():
 
 def _identity_with(config: dict, hw: Hardware) -> str:
     """The run id ``config`` would have on ``hw`` (what run_identity computes from a hardware file)."""
-    from stepsim.defaults import UNSET, resolve_channel_depth
-    from stepsim.records import identity, identity_config
-    from stepsim.results import stable_hash
+    from stepsim.base.defaults import UNSET, resolve_channel_depth
+    from stepsim.base.files import stable_hash
+    from stepsim.results.records import identity, identity_config
     from stepsim.workloads.config import normalize_config
 
     cfg = normalize_config(config)
@@ -96,7 +97,7 @@ def test_modified_hardware_is_never_named_after_its_preset(tmp_path):
 
 # --- FIFO depth: one home for the defaults, one precedence -----------------------------------------------
 def test_the_defaults_module_holds_what_the_builders_and_presets_use():
-    from stepsim.workloads.attention import CHANNEL_DEPTH
+    from stepsim.workloads.attention.build import CHANNEL_DEPTH
     from stepsim.workloads.config import workload_from_config
 
     for kind in ("swiglu", "moe", "attention"):
@@ -165,7 +166,7 @@ def test_a_presets_own_depth_never_overrides_a_workloads_depth_but_an_explicit_o
     ('explicit = ["pmu_bw"]\n', "unknown hardware key 'explicit'"),
 ])
 def test_bad_hardware_files_name_the_file_and_the_key(tmp_path, text, message):
-    from stepsim.errors import ConfigError
+    from stepsim.base.errors import ConfigError
 
     path = tmp_path / "hw.toml"
     path.write_text(text)

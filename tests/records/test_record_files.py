@@ -7,10 +7,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from stepsim.base.errors import ConfigError
+from stepsim.base.files import file_sha256, stable_hash
 from stepsim.cli import main
-from stepsim.errors import ConfigError
-from stepsim.records import CHANNEL_SCHEMA, SCHEMA, UNIT_SCHEMA, read_runs, run_config
-from stepsim.results import file_sha256, stable_hash
+from stepsim.results.records import CHANNEL_SCHEMA, SCHEMA, UNIT_SCHEMA, read_runs, run_config
 from stepsim.workloads.config import bundled_trace
 
 CONFIGS = [

@@ -7,9 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from stepsim.base.errors import ConfigError
+from stepsim.base.files import file_sha256
 from stepsim.cli import main
-from stepsim.errors import ConfigError
-from stepsim.records import (
+from stepsim.results.records import (
     CHANNEL_SCHEMA,
     SCHEMA,
     UNIT_SCHEMA,
@@ -21,8 +22,7 @@ from stepsim.records import (
     run_identity,
     trace_sha256,
 )
-from stepsim.results import file_sha256
-from stepsim.simulate import SimResult, simulate
+from stepsim.simulation.simulate import SimResult, simulate
 from stepsim.workloads.config import KNOBS, bundled_trace, workload_from_config
 
 SWIGLU = {"workload": "swiglu", "tile_m": 32, "tile_n": 64}

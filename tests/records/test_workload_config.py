@@ -3,9 +3,9 @@ with messages that name the key, the value and the source."""
 
 import pytest
 
+from stepsim.base.errors import ConfigError
 from stepsim.cli import build_parser
-from stepsim.errors import ConfigError
-from stepsim.workloads.cli import build_workload
+from stepsim.cli.args import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
 KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, fifo_depths, hardware, hidden, intermediate, "

@@ -19,8 +19,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from stepsim.hardware import Hardware
-from stepsim.program import ProgramBuilder
+from stepsim.base.hardware import Hardware
+from stepsim.kernels.program import ProgramBuilder
 
 DEPTHS = (1, 2, 3, 4, 8)
 

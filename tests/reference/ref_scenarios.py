@@ -6,8 +6,8 @@ Common setup (§9): ``step-eval`` hardware (HBMConfig(64,32,2,2,1,14), PMU 64 B/
 
 from __future__ import annotations
 
-from stepsim.hardware import Hardware
-from stepsim.program import ProgramBuilder
+from stepsim.base.hardware import Hardware
+from stepsim.kernels.program import ProgramBuilder
 
 
 def _b(**hw):

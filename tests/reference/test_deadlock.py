@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from stepsim.errors import DeadlockError
-from stepsim.hardware import Hardware
-from stepsim.program import ProgramBuilder
-from stepsim.reference_engine import run
+from stepsim.base.errors import DeadlockError
+from stepsim.base.hardware import Hardware
+from stepsim.kernels.program import ProgramBuilder
+from stepsim.kernels.reference import run
 
 
 def test_cycle_without_initial_tokens_deadlocks_naming_units_and_channels():
@@ -77,7 +77,7 @@ def test_both_engines_report_the_same_blocked_records():
     reference engine has already charged the adder's first cycle)."""
     import dataclasses
 
-    from stepsim.errors import BlockedUnit
+    from stepsim.base.errors import BlockedUnit
     from stepsim.kernels import run as fast_run
 
     b = ProgramBuilder(Hardware.preset("step-eval"))

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ref_random_programs import random_program
 
-from stepsim.errors import DeadlockError, SimulationError
+from stepsim.base.errors import DeadlockError, SimulationError
+from stepsim.base.hardware import Hardware
 from stepsim.graph.lower import lower
-from stepsim.hardware import Hardware
 from stepsim.kernels import api
-from stepsim.workloads.attention import build_attention
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.models.presets import moe_model
+from stepsim.workloads.attention.build import build_attention
+from stepsim.workloads.moe.build import build_moe
 
 
 def _outcome(program, **kw):

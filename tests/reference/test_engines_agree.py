@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from ref_random_programs import random_program
 
-from stepsim.errors import DeadlockError, SimulationError
+from stepsim.base.errors import DeadlockError, SimulationError
 from stepsim.kernels import abi
-from stepsim.reference_engine import run as ref_run
+from stepsim.kernels.reference import run as ref_run
 
 try:  # skip ONLY when the fast engine cannot be imported
     from stepsim.kernels.api import run as fast_run
@@ -104,8 +104,8 @@ def test_engines_agree_on_random_programs_that_read_reshape_padding_flags():
 
 def test_binary_map_waits_for_its_second_input_to_close_instead_of_reporting_a_mismatch():
     """Regression found by the random programs: in1 closed, in2 empty but its producer still running."""
-    from stepsim.hardware import Hardware
-    from stepsim.program import ProgramBuilder
+    from stepsim.base.hardware import Hardware
+    from stepsim.kernels.program import ProgramBuilder
     b = ProgramBuilder(Hardware.preset("step-eval"))
     x, lane0, lane1, c1, c2, c3, y = (b.add_channel(name=n) for n in ("x", "lane0", "lane1", "c1", "c2", "c3", "y"))
     b.offchip_load(out=x, tile_rows=1, tile_cols=32, elem_bytes=2, view_shape=(1,), name="load")

@@ -7,9 +7,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from ref_random_programs import random_program
 
-from stepsim.errors import DeadlockError, SimulationError
+from stepsim.base.errors import DeadlockError, SimulationError
 from stepsim.kernels import abi as A
-from stepsim.reference_engine import run
+from stepsim.kernels.reference import run
 
 
 def _run(program):

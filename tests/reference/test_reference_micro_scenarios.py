@@ -10,7 +10,7 @@ import pytest
 import ref_scenarios as S
 
 from stepsim.kernels import abi as A
-from stepsim.reference_engine import run
+from stepsim.kernels.reference import run
 
 
 @pytest.mark.parametrize("name", list(S.ALL))
@@ -85,8 +85,8 @@ def test_s6_eager_merge_forwards_a_first_then_b():
 
 
 def test_s6_variant_equal_stamps_the_lower_input_index_wins():
-    from stepsim.hardware import Hardware
-    from stepsim.program import ProgramBuilder
+    from stepsim.base.hardware import Hardware
+    from stepsim.kernels.program import ProgramBuilder
     b = ProgramBuilder(Hardware.preset("step-eval"))
     a, c, d, s = (b.add_channel(name=n) for n in ("a", "b", "data", "sel"))
     b.metadata_gen(out=a, values=[7], name="A")

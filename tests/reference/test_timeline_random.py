@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 from kernel_helpers import check_timeline_against_counters
 from ref_random_programs import random_program
 
-from stepsim.errors import DeadlockError, SimulationError
+from stepsim.base.errors import DeadlockError, SimulationError
 from stepsim.kernels import api
-from stepsim.timeline import decode
+from stepsim.simulation.timeline import decode
 
 
 def _outcome(program, **kw):

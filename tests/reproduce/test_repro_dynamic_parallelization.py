@@ -7,8 +7,8 @@ import pytest
 from repro_traces import KV_B16, tiny_traces
 
 from stepsim.reproduce import reproduce
-from stepsim.simulate import simulate
-from stepsim.workloads.attention import build_attention
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.attention.build import build_attention
 
 pytestmark = pytest.mark.traces
 

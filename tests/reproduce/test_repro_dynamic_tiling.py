@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 from repro_traces import tiny_traces
 
+from stepsim.models.presets import moe_model
 from stepsim.reproduce import reproduce
 from stepsim.reproduce.dynamic_tiling import compare, static_tiles
-from stepsim.simulate import simulate
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.moe.build import build_moe
 
 pytestmark = pytest.mark.traces
 

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 from repro_traces import write_routing
 
-from stepsim.errors import DeadlockError
+from stepsim.base.errors import DeadlockError
+from stepsim.models.presets import moe_model
 from stepsim.reproduce import reproduce
 from stepsim.reproduce.dynamic_tiling import plan as tiling_plan
 from stepsim.reproduce.fifos import fifo_depth, fifo_note
 from stepsim.reproduce.time_multiplexing import plan as timeshare_plan
 from stepsim.reproduce.time_multiplexing import summary
-from stepsim.simulate import simulate
+from stepsim.simulation.simulate import simulate
 from stepsim.trace_io.synthetic import synthetic_routing
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 
 def _skewed(batch):
@@ -65,9 +65,9 @@ def test_time_multiplexing_at_b1024_finishes_and_says_which_fifos(tmp_path):
 
 
 def test_reproduce_applies_a_depths_file_to_the_points_it_was_sized_for(tmp_path):
-    from stepsim.errors import ConfigError
+    from stepsim.base.errors import ConfigError
     from stepsim.passes import size_fifos
-    from stepsim.passes.depths_file import write_depths_file
+    from stepsim.passes.depths_writer import write_depths_file
 
     routing = np.argsort(np.random.default_rng(3).random((32, 8)), 1)[:, :2]
     trace = write_routing(tmp_path, "mixtral_b32", routing)
@@ -82,7 +82,7 @@ def test_reproduce_applies_a_depths_file_to_the_points_it_was_sized_for(tmp_path
     assert f"sized FIFOs from {depths} (instead of uniform depths) for 1 point(s): dynamic-tiling " \
            "mixtral_b32/000_001.npz" in lines
     static, dynamic = result.table.to_pylist()
-    from stepsim.passes.depths_file import apply_depths_file
+    from stepsim.graph.depths_file import apply_depths_file
     from stepsim.workloads.config import workload_from_config
 
     assert static["cycles"] == simulate(apply_depths_file(workload_from_config(config), depths)).cycles

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from repro_traces import KV_B16, tiny_traces
 
+from stepsim.base.errors import ConfigError, StepsimError
 from stepsim.cli import main
-from stepsim.errors import ConfigError, StepsimError
 from stepsim.reproduce import JSON_KEYS, RunFailedError, TracesLayoutError, reproduce
 from stepsim.reproduce.driver import EXPERIMENTS
 from stepsim.reproduce.driver import reproduce as driver_reproduce
@@ -124,8 +124,8 @@ def test_cli_errors_exit_2_with_one_line_naming_the_problem(tmp_path, capsys):
 
 
 def test_the_command_module_loads_without_the_experiments_dependencies():
-    # stepsim reproduce --jobs N starts its pool's fork server before it imports them (stepsim/forkserver.py)
-    code = ("import sys, stepsim.reproduce.cli; "
+    # stepsim reproduce --jobs N starts its pool's fork server before it imports them (stepsim/base/forkserver.py)
+    code = ("import sys, stepsim.cli.reproduce; "
             "print(sorted(m for m in ('sympy', 'pyarrow', 'numba', 'numpy', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out == "[]\n"

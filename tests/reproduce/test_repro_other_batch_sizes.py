@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from repro_traces import synthetic_routing, write_kv_window, write_routing
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
+from stepsim.models.presets import MoEModel
 from stepsim.reproduce import TracesLayoutError, reproduce
 from stepsim.reproduce.dynamic_tiling import plan as tiling_plan
-from stepsim.simulate import simulate
-from stepsim.workloads.attention import build_attention
-from stepsim.workloads.models import MoEModel
-from stepsim.workloads.moe import build_moe
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.attention.build import build_attention
+from stepsim.workloads.moe.build import build_moe
 
 # --- KV windows: B=80 (paper windows) and B=20 (thirds by stdev) --------------------------------------------
 #: paper B=80 windows written (start, end, label): two of the three high ones, one med, one low (§5.5)

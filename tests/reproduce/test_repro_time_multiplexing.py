@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from repro_traces import tiny_traces
 
+from stepsim.models.presets import moe_model
 from stepsim.reproduce import reproduce
 from stepsim.reproduce.time_multiplexing import best_under, plan
-from stepsim.simulate import simulate
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.moe.build import build_moe
 
 pytestmark = pytest.mark.traces
 

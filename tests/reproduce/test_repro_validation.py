@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from stepsim.errors import MetricError
+from stepsim.base.errors import MetricError
 from stepsim.reproduce import reproduce
 from stepsim.reproduce.stats import geomean, pearson
-from stepsim.simulate import simulate
-from stepsim.workloads.swiglu import build_swiglu
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.swiglu.build import build_swiglu
 
 #: STEP_SEMANTICS §8.2: (tile_m, tile_n) -> (off-chip bytes, on-chip bytes), in the sweep's order
 SPEC = {(16, 16): (8_454_144, 100_352), (16, 32): (7_405_568, 151_552), (16, 64): (6_881_280, 253_952),

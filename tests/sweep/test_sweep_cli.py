@@ -6,9 +6,9 @@ import re
 
 from sweep_helpers import files_under
 
+from stepsim.batch import expand, load_sweep
+from stepsim.batch.rows import read_sweep
 from stepsim.cli import main
-from stepsim.sweep import expand, load_sweep
-from stepsim.sweep.rows import read_sweep
 
 # Mixtral-8x7B on the bundled synthetic B=64 routing trace, symbolic metrics (fast: no simulation)
 MOE_SWEEP = """

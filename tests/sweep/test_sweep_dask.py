@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sweep_helpers import SWIGLU_CYCLES, files_under
 
-from stepsim.errors import ConfigError
-from stepsim.sweep import load_sweep, run_sweep
-from stepsim.sweep.executors import make_executor
-from stepsim.sweep.rows import WALL_TIME_COLUMNS, read_sweep
+from stepsim.base.errors import ConfigError
+from stepsim.batch import load_sweep, run_sweep
+from stepsim.batch.executor_factory import make_executor
+from stepsim.batch.rows import WALL_TIME_COLUMNS, read_sweep
 
 pytest.importorskip("distributed")
 
@@ -28,7 +28,7 @@ def comparable(table) -> list[dict]:
 
 
 def test_dask_and_local_executors_write_identical_rows(sweep_file, tmp_path):
-    from stepsim.sweep.dask_executor import DaskExecutor
+    from stepsim.batch.dask_executor import DaskExecutor
 
     spec = load_sweep(sweep_file(SWEEP))
     local = run_sweep(spec, out=tmp_path / "local", jobs=1, progress=False)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sweep_helpers import SWIGLU_OFF_CHIP, files_under
 
-from stepsim.records import SCHEMA
-from stepsim.sweep import SweepStopped, expand, load_sweep, run_sweep
-from stepsim.sweep.rows import SWEEP_COLUMNS, first_line, read_sweep
-from stepsim.sweep.tasks import run_task
+from stepsim.batch import SweepStopped, expand, load_sweep, run_sweep
+from stepsim.batch.rows import SWEEP_COLUMNS, first_line, read_sweep
+from stepsim.batch.tasks import run_task
+from stepsim.results.records import SCHEMA
 
 # tile_n = 24 does not divide F = 512: the SwiGLU builder refuses it when the task runs
 SWIGLU_WITH_A_BAD_TILE = """
@@ -75,7 +75,7 @@ def test_an_unexpected_exception_is_recorded_with_its_traceback(monkeypatch):
     def broken(config):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr("stepsim.records.run_config", broken)
+    monkeypatch.setattr("stepsim.results.records.run_config", broken)
     outcome = run_task({"workload": "swiglu", "mode": "metrics"})
     assert {k: outcome[k] for k in ("status", "error_type", "error_message", "record")} == {
         "status": "failed", "error_type": "ZeroDivisionError", "error_message": "boom", "record": None}

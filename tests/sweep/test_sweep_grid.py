@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.errors import ConfigError
-from stepsim.sweep.config import load_sweep, parse_sweep
-from stepsim.sweep.grid import expand
+from stepsim.base.errors import ConfigError
+from stepsim.batch.config import load_sweep, parse_sweep
+from stepsim.batch.grid import expand
 
 
 def write(folder: Path, text: str, name: str = "sweep.toml") -> Path:

@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow.parquet as pq
 from sweep_helpers import files_under
 
-from stepsim import defaults
-from stepsim.records import run_config, run_identity
-from stepsim.sweep import expand, load_sweep, run_sweep
-from stepsim.sweep.rows import WALL_TIME_COLUMNS, read_sweep
+from stepsim.base import defaults
+from stepsim.batch import expand, load_sweep, run_sweep
+from stepsim.batch.rows import WALL_TIME_COLUMNS, read_sweep
+from stepsim.results.records import run_config, run_identity
 from stepsim.workloads.config import bundled_trace
 
 SWIGLU_ON_A_HARDWARE_FILE = """
@@ -139,7 +139,7 @@ def test_the_run_id_changes_with_the_hardware_values_and_the_timing_model_versio
     assert run_identity(config)[0] != same_as_preset
     hw.write_text('preset = "step-hdl"\n')
     monkeypatch.setattr(defaults, "TIMING_MODEL_VERSION", defaults.TIMING_MODEL_VERSION + 1)
-    from stepsim import records
+    from stepsim.results import records
 
     monkeypatch.setattr(records, "TIMING_MODEL_VERSION", defaults.TIMING_MODEL_VERSION)
     assert run_identity(config)[0] != same_as_preset

@@ -9,13 +9,13 @@ import pyarrow.parquet as pq
 import pytest
 from sweep_helpers import SWIGLU_OFF_CHIP, files_under
 
+from stepsim.base.errors import ConfigError
+from stepsim.batch import expand, load_sweep, run_sweep
+from stepsim.batch import runner as sweep_runner
+from stepsim.batch.grid import iter_tasks
+from stepsim.batch.rows import WALL_TIME_COLUMNS, read_sweep
+from stepsim.batch.store import batch_rows_for
 from stepsim.cli import main
-from stepsim.errors import ConfigError
-from stepsim.sweep import expand, load_sweep, run_sweep
-from stepsim.sweep import runner as sweep_runner
-from stepsim.sweep.grid import iter_tasks
-from stepsim.sweep.rows import WALL_TIME_COLUMNS, read_sweep
-from stepsim.sweep.store import batch_rows_for
 
 #: 1000 x 1000 = 1,000,000 SwiGLU points (compute_bw values: every one valid)
 MILLION = """

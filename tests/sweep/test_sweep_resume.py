@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from sweep_helpers import SWIGLU_CYCLES, SWIGLU_OFF_CHIP, SWIGLU_SIMULATE, files_under
 
-from stepsim.errors import ConfigError
-from stepsim.sweep import SweepStopped, expand, load_sweep, run_sweep
-from stepsim.sweep.rows import read_sweep
+from stepsim.base.errors import ConfigError
+from stepsim.batch import SweepStopped, expand, load_sweep, run_sweep
+from stepsim.batch.rows import read_sweep
 
 
 def cycles_by_point(out) -> dict:

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from sweep_helpers import files_under
 
-from stepsim.sweep import expand, load_sweep, run_sweep
-from stepsim.sweep.rows import WALL_TIME_COLUMNS, read_sweep
+from stepsim.batch import expand, load_sweep, run_sweep
+from stepsim.batch.rows import WALL_TIME_COLUMNS, read_sweep
 
 # 24 SwiGLU simulations with small tiles (0.01-0.2 s of engine time each): long enough to be stopped mid-way
 SLOW_SWEEP = """
@@ -27,7 +27,7 @@ tile_m = [1, 2, 4]
 tile_n = [1, 2, 4, 8, 16, 32, 64, 128]
 """
 #: runs ``stepsim`` with part files of 4 rows (a grid this small would get one row per file)
-BATCHED_MAIN = ("import sys; import stepsim.sweep.runner as r; r.batch_rows_for = lambda n: 4; "
+BATCHED_MAIN = ("import sys; import stepsim.batch.runner as r; r.batch_rows_for = lambda n: 4; "
                 "from stepsim.cli import main; raise SystemExit(main(sys.argv[1:]))")
 
 

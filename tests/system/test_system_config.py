@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stepsim.errors import ConfigError, SystemConfigError
-from stepsim.system import System, from_toml
+from stepsim.base.errors import ConfigError, SystemConfigError
+from stepsim.base.system import System, from_toml
 
 
 def _write(tmp_path, text, name="sys.toml"):

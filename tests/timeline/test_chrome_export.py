@@ -1,8 +1,8 @@
-"""Chrome trace-event JSON export (stepsim.timeline_export) on hand-built timelines."""
+"""Chrome trace-event JSON export (stepsim.simulation.timeline_export) on hand-built timelines."""
 import gzip
 import json
 
-from stepsim.timeline_export import chrome_trace, write_chrome_trace
+from stepsim.simulation.timeline_export import chrome_trace, write_chrome_trace
 
 INTERVALS = [
     {"unit": "load_a", "group": "expert 0", "state": "busy", "start": 0, "end": 4, "channel": None},
@@ -66,7 +66,7 @@ def test_files_load_with_json_and_have_required_fields(tmp_path):
 def test_perfetto_trace_decodes_with_the_writers_protos(tmp_path):
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 
-    from stepsim.timeline_export import write_timeline
+    from stepsim.simulation.timeline_export import write_timeline
 
     p = tmp_path / "t.pftrace"
     write_timeline(p, INTERVALS, COUNTERS)
@@ -93,8 +93,8 @@ def test_perfetto_trace_decodes_with_the_writers_protos(tmp_path):
 def test_unknown_suffix_is_a_config_error(tmp_path):
     import pytest
 
-    from stepsim.errors import ConfigError
-    from stepsim.timeline_export import write_timeline
+    from stepsim.base.errors import ConfigError
+    from stepsim.simulation.timeline_export import write_timeline
 
     with pytest.raises(ConfigError, match=r"^--timeline .*t\.txt: unknown trace format"):
         write_timeline(tmp_path / "t.txt", INTERVALS)

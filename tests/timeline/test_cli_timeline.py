@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from stepsim.cli import main
-from stepsim.records import run_config
+from stepsim.results.records import run_config
 
 QWEN = ["run", "moe", "--model", "qwen", "--tile-n", "32"]
 

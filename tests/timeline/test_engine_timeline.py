@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from kernel_helpers import builder, check_timeline_against_counters, fork_join_program
 
-from stepsim.errors import ArgumentError, DeadlockError
+from stepsim.base.errors import ArgumentError, DeadlockError
+from stepsim.base.hardware import Hardware
 from stepsim.graph.lower import lower
-from stepsim.hardware import Hardware
 from stepsim.kernels import run
-from stepsim.simulate import simulate
-from stepsim.timeline import decode, graph_labels
-from stepsim.workloads.attention import build_attention
+from stepsim.models.presets import moe_model
+from stepsim.simulation.simulate import simulate
+from stepsim.simulation.timeline import decode, graph_labels
+from stepsim.workloads.attention.build import build_attention
 from stepsim.workloads.config import workload_from_config
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.workloads.moe.build import build_moe
 
 
 def _moe(tiling, **kw):

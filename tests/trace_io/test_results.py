@@ -1,4 +1,4 @@
-"""stepsim.results: atomic Parquet writes with provenance and units, partitioned result sets, hashes."""
+"""stepsim.base.files: atomic Parquet writes with provenance and units, partitioned result sets, hashes."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from stepsim import results
 from stepsim._version import __version__
-from stepsim.errors import ConfigError
-from stepsim.results import (
+from stepsim.base import files as results
+from stepsim.base.errors import ConfigError
+from stepsim.base.files import (
     file_sha256,
     provenance_metadata,
     read_results,

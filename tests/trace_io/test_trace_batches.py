@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepsim.errors import ConfigError, TraceValueError
+from stepsim.base.errors import ConfigError, TraceValueError
 from stepsim.trace_io import (
     KVWindow,
     attention_metadata,

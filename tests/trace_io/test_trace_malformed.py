@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stepsim.errors import TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
 from stepsim.trace_io import make_schema, read_trace, validate_trace
 from stepsim.trace_io.readers import DEFAULT_BATCH_ROWS
 
@@ -283,7 +283,7 @@ def test_corrupt_and_truncated_files(tmp_path):
 def test_npz_routing_file_under_any_name(tmp_path):
     """A single routing file needs no <iteration>_<layer>.npz name: it is labelled with the iteration and layer
     asked for (0/0 by default), and a name that has the pattern still gives the labels."""
-    from stepsim.workloads.traces import load_routing
+    from stepsim.trace_io.load import load_routing
 
     data = [[0, 1], [2, 3], [1, 4]]
     p = npz(tmp_path, data, name="routing.npz")

@@ -5,14 +5,14 @@ import pyarrow as pa
 import pytest
 from safetensors.numpy import save_file
 
+from stepsim.base.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
 from stepsim.cli import main
-from stepsim.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
-from stepsim.records import run_config
+from stepsim.models.presets import moe_model
+from stepsim.results.records import run_config
+from stepsim.trace_io.load import load_routing
 from stepsim.trace_io.readers import read_trace, routing_matrix
 from stepsim.trace_io.serving import import_routed_experts, synthetic_routed_experts
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
-from stepsim.workloads.traces import load_routing
+from stepsim.workloads.moe.build import build_moe
 
 TOKENS, LAYERS, E, K = 64, 3, 8, 2
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepsim.errors import ConfigError
+from stepsim.base.errors import ConfigError
 from stepsim.trace_io import (
     expert_counts,
     read_trace,

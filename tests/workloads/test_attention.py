@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from stepsim.errors import ArgumentError
+from stepsim.base.errors import ArgumentError
 from stepsim.graph import make_symbol
-from stepsim.workloads.attention import (
+from stepsim.workloads.attention.build import (
     assignment_bindings,
     attention_algorithmic_flops,
     build_attention,
@@ -191,7 +191,7 @@ def test_default_fifos_are_what_step_perf_simulates(built, strategy):
 def test_cycles_match_the_artifacts_published_runs(kv16):
     # dynamic_par/batch16_sweep.csv of the artifact, window 3349-3364: coarse 52,236, interleave 20,361,
     # dynamic 17,494 cycles; stepsim ends 1 cycle earlier (the end-of-run tail, STEP_TIMING §1.3)
-    from stepsim.simulate import simulate
+    from stepsim.simulation.simulate import simulate
 
     cycles = {s: simulate(build_attention(kv16, s)).cycles for s in ("coarse", "interleave", "dynamic")}
     assert cycles == {"coarse": 52_235, "interleave": 20_360, "dynamic": 17_493}

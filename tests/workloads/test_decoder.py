@@ -1,4 +1,4 @@
-"""The decoder layer (stepsim.workloads.decoder): attention over every KV head, output projection and residual,
+"""The decoder layer (stepsim.workloads.decoder.build): attention over every KV head, output projection and residual,
 then an MoE block (with or without shared experts) or a dense FFN, and the second residual, in one graph."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import json
 import numpy as np
 import pytest
 
+from stepsim.base.errors import ArgumentError
 from stepsim.cli import main
-from stepsim.errors import ArgumentError
-from stepsim.simulate import simulate
-from stepsim.workloads.attention import build_attention
-from stepsim.workloads.decoder import build_decoder
-from stepsim.workloads.models import resolve_model
-from stepsim.workloads.moe import build_moe
+from stepsim.models.presets import resolve_model
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.attention.build import build_attention
+from stepsim.workloads.decoder.build import build_decoder
+from stepsim.workloads.moe.build import build_moe
 from stepsim.workloads.reference import check_outputs, max_rel_error, workload_reference
 
 KV = np.array([5, 40, 17, 64, 3, 33, 100, 31])

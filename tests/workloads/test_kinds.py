@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from stepsim.cli import main
-from stepsim.defaults import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
-from stepsim.records import SCHEMA
-from stepsim.simulate import simulate
+from stepsim.results.records import SCHEMA
+from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import APPLIES_TO, KNOBS, WORKLOAD_DEFAULTS, WORKLOADS, workload_from_config
-from stepsim.workloads.kinds import COMMON_KNOBS, KINDS
+from stepsim.workloads.kinds import COMMON_KNOBS, KINDS, WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.workloads.reference import check_outputs, make_inputs
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "user_graph.py"

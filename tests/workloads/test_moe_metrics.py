@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import sympy as sp
 
+from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.cli import main
-from stepsim.errors import ArgumentError, ConfigError
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
+from stepsim.models.presets import moe_model
+from stepsim.workloads.moe.build import build_moe
 
 MIXTRAL = {  # tile: (off-chip, on-chip)
     8: (7_048_003_840, 15_769_602),

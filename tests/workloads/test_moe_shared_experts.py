@@ -14,11 +14,11 @@ import math
 import numpy as np
 import pytest
 
+from stepsim.base.errors import ArgumentError
 from stepsim.cli import main
-from stepsim.errors import ArgumentError
-from stepsim.simulate import simulate
-from stepsim.workloads.models import MoEModel
-from stepsim.workloads.moe import algorithmic_flops, build_moe
+from stepsim.models.presets import MoEModel
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.moe.build import algorithmic_flops, build_moe
 from stepsim.workloads.reference import check_outputs, max_rel_error, moe_reference, tolerance_for
 from stepsim.workloads.routing import expert_counts
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from stepsim.cli import main
-from stepsim.simulate import simulate
-from stepsim.workloads.swiglu import build_swiglu
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.swiglu.build import build_swiglu
 
 POINTS = [(tm, tn) for tm in (16, 32, 64) for tn in (16, 32, 64, 128, 256)]
 

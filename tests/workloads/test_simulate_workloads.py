@@ -15,7 +15,8 @@ import re
 import numpy as np
 import pytest
 
-from stepsim.errors import GraphError
+from stepsim.base.errors import GraphError
+from stepsim.base.hardware import Hardware
 from stepsim.graph import (
     FP32,
     Add,
@@ -33,14 +34,13 @@ from stepsim.graph import (
     Zip,
 )
 from stepsim.graph.lower import lower
-from stepsim.hardware import Hardware
 from stepsim.kernels.api import run as fast_run
-from stepsim.reference_engine import run as ref_run
-from stepsim.simulate import simulate
-from stepsim.workloads.attention import build_attention
-from stepsim.workloads.models import moe_model
-from stepsim.workloads.moe import build_moe
-from stepsim.workloads.traces import load_kv_lengths, load_routing
+from stepsim.kernels.reference import run as ref_run
+from stepsim.models.presets import moe_model
+from stepsim.simulation.simulate import simulate
+from stepsim.trace_io.load import load_kv_lengths, load_routing
+from stepsim.workloads.attention.build import build_attention
+from stepsim.workloads.moe.build import build_moe
 
 MOE_MODELS = {"mixtral-8x7b": "mixtral_b64", "qwen3-30b-a3b": "qwen_b64"}
 

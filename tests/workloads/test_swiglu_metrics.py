@@ -5,7 +5,7 @@ import json
 import pytest
 
 from stepsim.cli import main
-from stepsim.workloads.swiglu import build_swiglu
+from stepsim.workloads.swiglu.build import build_swiglu
 
 TABLE = [  # tm, tn, off-chip bytes, on-chip bytes
     (16, 16, 8_454_144, 100_352), (16, 32, 7_405_568, 151_552), (16, 64, 6_881_280, 253_952),

@@ -1,0 +1,108 @@
+"""Run sweep tasks on a ``dask.distributed`` cluster (an optional dependency: ``pip install 'stepsim[dist]'``).
+
+The tasks and outcomes are the same plain data the local pool uses (:func:`stepsim.batch.tasks.run_task`), so
+the rows are identical whichever executor ran them; only wall-time columns differ. Workers need stepsim
+installed (same version) and, for a cluster on other machines, the trace files at the same absolute paths.
+The parent process writes every result file, so workers need no access to the output folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from distributed import Client, KilledWorker, LocalCluster, wait
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from stepsim.base.errors import ConfigError
+from stepsim.batch.executors import WindowedExecutor, WorkerLostError, check_jobs
+from stepsim.batch.grid import Task
+from stepsim.batch.tasks import load_kernels, run_task
+
+#: seconds to wait for a scheduler given by address before giving up with a ConfigError
+CONNECT_TIMEOUT_S = 30
+
+
+class LoadKernels(WorkerPlugin):
+    """Load the engine kernels once when a worker joins (including workers that join later)."""
+
+    def setup(self, worker) -> None:
+        load_kernels()
+
+
+class DaskExecutor(WindowedExecutor):
+    """Submit tasks to a Dask scheduler.
+
+    Parameters
+    ----------
+    address : str, optional
+        Scheduler address. Without one, a :class:`distributed.LocalCluster` is started on 127.0.0.1 (no
+        dashboard) with ``jobs`` workers of one thread each, and closed with the executor.
+    jobs : int
+        Workers of the local cluster; with an address, the in-flight window is sized from the cluster's
+        thread count instead.
+    warm_kernels : bool
+        Register a worker plugin that loads the engine kernels (simulate sweeps).
+    processes : bool
+        Local cluster only: worker processes (default) or threads of this process (light, for tests).
+    """
+
+    name = "dask"
+
+    def __init__(self, *, address: str | None = None, jobs: int = 1, warm_kernels: bool = False,
+                 processes: bool = True):
+        check_jobs(jobs)
+        self._cluster = None
+        self._processes = processes
+        if address is None:
+            # one thread per worker process: building a workload (sympy, Python) holds the GIL, so threads would
+            # take turns; processes use every CPU
+            # tcp on loopback even for thread workers (whose default, in-process transport takes no host)
+            self._cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=processes,
+                                         host="127.0.0.1", protocol="tcp://", dashboard_address=None)
+            self._client = Client(self._cluster)
+            self.jobs = jobs
+        else:
+            try:
+                self._client = Client(address, timeout=CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError) as exc:
+                raise ConfigError(f"cannot connect to the Dask scheduler at {address}: {exc}") from exc
+            self.jobs = max(sum(self._client.nthreads().values()), 1)
+        self.address = self._client.scheduler.address
+        if warm_kernels:
+            self._client.register_plugin(LoadKernels(), name="stepsim-load-kernels")
+
+    def _submit(self, task: Task):
+        # pure=False: a re-submitted task must run again, not be served from the scheduler's memory
+        return self._client.submit(run_task, task.config, pure=False)
+
+    def _wait_first(self, futures: list) -> Iterable:
+        done, _ = wait(futures, return_when="FIRST_COMPLETED")
+        return sorted(done, key=futures.index)
+
+    def _outcome(self, future, task: Task, in_flight: int) -> dict:
+        try:
+            return future.result()
+        except KilledWorker as exc:
+            raise WorkerLostError(
+                f"Dask workers kept dying while running task {task.index} ({task.key}): {exc}; {in_flight} "
+                f"submitted task(s) did not finish. Finished tasks are saved: run the same sweep again to "
+                f"resume") from exc
+
+    def _cancel(self, futures: list) -> None:
+        if futures:
+            self._client.cancel(futures)
+
+    def close(self) -> None:
+        self._client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def describe(self) -> str:
+        if self._cluster is None:
+            return f"dask ({self.address}), {_count(self.jobs, 'worker thread')}"
+        return f"dask (local cluster), {_count(self.jobs, 'worker process' if self._processes else 'worker thread')}"
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 worker process``, ``2 worker processes``, ``2 worker threads``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"

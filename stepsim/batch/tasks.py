@@ -1,0 +1,109 @@
+"""What a worker does: run one plain-dict task and return its outcome (never raises for a task failure).
+
+Workers receive plain dicts and return plain data (a small dict holding the :class:`~stepsim.results.records.RunResult`,
+itself plain rows and Arrow tables), so the same function serves a local process pool and a Dask cluster, and
+no jitted function ever crosses a process boundary. A worker writes nothing: the parent writes every file
+(:mod:`stepsim.batch.rows`), so a worker killed mid-task leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+
+from stepsim.base.errors import StepsimError
+
+OK = "ok"
+FAILED = "failed"
+
+
+def run_task(config: dict) -> dict:
+    """Run the task ``config`` with :func:`stepsim.results.records.run_config` and return its outcome.
+
+    A :class:`StepsimError` (a value the builder refuses, a trace problem, a deadlock, ...) makes a ``failed``
+    outcome with the error's type and message. Any other exception is a stepsim bug, but one bad grid point
+    should not cost the rest of a long sweep: it is recorded the same way, with its traceback.
+
+    Returns
+    -------
+    dict
+        ``status`` (``ok``/``failed``), ``error_type``, ``error_message``, ``error_traceback`` (None unless the
+        error is not a StepsimError), ``wall_s`` (seconds in this function) and ``record`` (the RunResult, None
+        on failure).
+    """
+    from stepsim.results.records import run_config
+
+    start = time.perf_counter()
+    record = error_type = error_message = error_traceback = None
+    try:
+        record = run_config(dict(config))
+    except StepsimError as exc:
+        error_type, error_message = type(exc).__name__, str(exc)
+    except Exception as exc:  # noqa: BLE001 - recorded as a failed row, see the docstring
+        cls = type(exc)
+        error_type = cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+        error_message, error_traceback = str(exc), traceback.format_exc()
+    return {"status": OK if record is not None else FAILED, "error_type": error_type,
+            "error_message": error_message, "error_traceback": error_traceback,
+            "wall_s": time.perf_counter() - start, "record": record}
+
+
+# --- worker start-up -----------------------------------------------------------------------------------
+def load_kernels() -> None:
+    """Load the engine kernels from numba's on-disk cache (compiling them if the cache is cold).
+
+    Done once per worker process, so no task pays for it (each task's ``compile_s`` is ~0): the same call
+    :func:`stepsim.simulation.simulate.simulate` makes the first time a process simulates.
+    """
+    from stepsim.kernels.api import _engine, _ensure_compiled
+
+    _ensure_compiled(_engine())
+
+
+#: seconds between two checks that the sweep's parent process is still alive
+PARENT_CHECK_S = 0.5
+
+
+def init_local_worker(warm_kernels: bool, parent_pid: int | None = None) -> None:
+    """Initializer of a local pool worker: leave Ctrl-C and SIGTERM to the parent, exit when the parent is
+    gone, load the kernels if tasks simulate.
+
+    Ctrl-C (and a SIGTERM sent to the process group) reaches every process of the group; workers ignore them
+    so the parent alone decides (it stops submitting, writes the rows it holds and stops the workers with
+    SIGKILL: they write nothing), instead of each worker printing a KeyboardInterrupt traceback or dying
+    before the parent has written what it holds. A parent killed with SIGKILL cannot stop its workers: each
+    one watches ``parent_pid`` and exits when it is gone, so no worker outlives its sweep.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if parent_pid is not None:
+        threading.Thread(target=_exit_without_parent, args=(parent_pid,), name="stepsim-parent-watch",
+                         daemon=True).start()
+    if warm_kernels:
+        load_kernels()
+
+
+def _parent_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the OS whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _exit_without_parent(pid: int) -> None:
+    while _parent_alive(pid):
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)

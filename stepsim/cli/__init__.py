@@ -1,0 +1,150 @@
+"""Command-line interface: ``stepsim <command> ...`` (also ``python -m stepsim``).
+
+Each command has one module in this package (its argparse and its handler) with a ``register(subparsers)``
+function, so this module stays a thin dispatcher; the flags several commands share are in :mod:`stepsim.cli.args`. Every :class:`StepsimError` is
+printed as ``stepsim: error: <message>`` with exit status 2 and no traceback. Before a command runs, its
+``--out`` is checked (a parser declares ``out_kind`` "dir", "file" or "record"; :mod:`stepsim.base.outputs`), and a command
+that simulates says so once when the kernels still have to be compiled. Ctrl-C prints
+``stepsim: interrupted`` (exit 130) and SIGTERM ``stepsim: terminated`` (exit 143; :mod:`stepsim.base.signals`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import sys
+import warnings
+
+from stepsim._version import __version__
+from stepsim.base.errors import StepsimError
+
+#: the module that provides each command's ``register(subparsers)`` (in help order)
+COMMANDS = {
+    "run": "stepsim.cli.run",
+    "metrics": "stepsim.cli.metrics",
+    "trace": "stepsim.cli.trace",
+    "models": "stepsim.cli.models",
+    "cache": "stepsim.cli.cache",
+    "demo": "stepsim.cli.demo",
+    "sweep": "stepsim.cli.sweep",
+    "reproduce": "stepsim.cli.reproduce",
+    "size-fifos": "stepsim.cli.size_fifos",
+    "report": "stepsim.cli.report",
+    "compare": "stepsim.cli.compare",
+    "optimize": "stepsim.cli.optimize",
+    "server": "stepsim.cli.server",
+    "serve": "stepsim.cli.serve",
+}
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line, only the module of its command is imported (each one pulls in
+    what its command runs: sympy, numba, pyarrow...), so ``stepsim run`` does not pay for ``stepsim optimize``.
+    ``stepsim --help`` and unknown commands import every module."""
+    parser = argparse.ArgumentParser(prog="stepsim", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"stepsim {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
+    for module_name in modules:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+#: commands that run the engine (the compile notice is printed before them)
+SIMULATING_COMMANDS = ("run", "demo", "sweep", "reproduce", "size-fifos", "optimize")
+
+
+def _check_out(args) -> None:
+    """A bad ``--out`` fails now, before any work (see :mod:`stepsim.base.outputs`)."""
+    out = getattr(args, "out", None)
+    kind = getattr(args, "out_kind", None)
+    if out is None or kind is None:
+        return
+    from stepsim.base.outputs import check_out_dir, check_out_file, check_record_out
+
+    {"dir": check_out_dir, "file": check_out_file, "record": check_record_out}[kind](out)
+
+
+def _compile_notice(args) -> None:
+    """One line on stderr before the first kernel compilation (a cold numba cache takes 40-70 s on the 2-core
+    reference machine, depending on its speed at the time)."""
+    if args.command not in SIMULATING_COMMANDS or getattr(args, "dry_run", False):
+        return
+    from stepsim.kernels.jit import kernels_cached
+
+    if not kernels_cached():
+        print("stepsim: compiling the simulation kernels once, about a minute (`stepsim cache warm` does it ahead)",
+              file=sys.stderr, flush=True)
+
+
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """stepsim's own warnings as one line (``stepsim: warning: ...``); others as Python prints them."""
+    from stepsim.base.errors import StepsimWarning
+
+    if issubclass(category, StepsimWarning):
+        print(f"stepsim: warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        # the program itself: a running command server of this environment runs the command instead (about
+        # 0.1 s instead of 1.5 s of imports and kernel loading; stepsim.cli.server_daemon)
+        from stepsim.cli.server_client import forward
+
+        status = forward(sys.argv)
+        if status is not None:
+            return status
+    status = _main(argv)
+    if argv is None:
+        # The program is about to exit, and Python's final collection would walk every object still alive (the
+        # modules of sympy, numba, pyarrow, the workload's graph): 0.3-0.7 s of a 2 s `stepsim run`. Frozen
+        # objects are skipped; atexit handlers, output buffers and files are unaffected. Only for the program
+        # itself: an in-process caller keeps its collector as it was.
+        gc.freeze()
+    if argv is None and status in (130, 143):
+        # the program is exiting because of a signal: a repeated one during interpreter shutdown must not turn
+        # that into death by signal (seen under load); only for the program itself, not for in-process callers
+        import signal
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
+    from stepsim.base.signals import interrupts_raise, reason, stopped_status
+
+    warnings.showwarning = _print_warning
+    try:
+        with interrupts_raise():  # from the start: a signal while modules load stops cleanly too
+            parser = build_parser(argv)
+            args = parser.parse_args(argv)
+            if not getattr(args, "handler", None):
+                parser.print_help()
+                return 1
+            _check_out(args)
+            if argv is None:  # the program itself, not an in-process caller; before numba is imported
+                from stepsim.kernels.target import own_process
+
+                own_process()
+            _compile_notice(args)
+            return int(args.handler(args) or 0)
+    except StepsimError as exc:
+        print(f"stepsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        return stopped_status(reason(exc))
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

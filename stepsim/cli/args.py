@@ -1,0 +1,93 @@
+"""The flags every command that takes a workload shares, and their translation into a run config.
+
+Flags map one-to-one onto the config keys of :mod:`stepsim.workloads.config` (``--tile-n`` is ``tile_n``),
+which owns the validation and the building; this module only translates ``argparse`` namespaces. Defaults
+reproduce the paper's experiments (spec §5). Used by ``run``, ``metrics``, ``size-fifos`` and ``optimize``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from stepsim.workloads.base import Workload
+from stepsim.workloads.config import (
+    BUNDLED_TRACES,
+    KNOBS,
+    WORKLOADS,
+    bundled_trace,
+    workload_from_config,
+)
+
+__all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_fifo_depths_argument", "add_workload_arguments", "build_workload",
+           "bundled_trace", "config_from_args"]
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
+    p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
+                   help="moe | swiglu | attention | decoder | path/to/file.py:function (a function returning a "
+                        "stepsim Graph or Workload)")
+    p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
+                                   "a Hugging Face config.json path | custom (see stepsim models list)")
+    for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
+        p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
+    p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")
+    p.add_argument("--routing", help="decoder: routing trace of the MoE block (expert ids per token)")
+    p.add_argument("--kv-lengths", help="decoder: KV-cache lengths of the decode batch (a KV trace)")
+    p.add_argument("--kv-heads", type=int, help="decoder: KV heads simulated (default: all of the model's)")
+    p.add_argument("--one-head", dest="kv_heads", action="store_const", const=1,
+                   help="decoder: simulate one KV head, as the paper's attention runs (same as --kv-heads 1)")
+    p.add_argument("--iteration", type=int, help="routing traces with several batches: iteration to use")
+    p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use")
+    p.add_argument("--batch-id", type=int, help="decode-batch traces with several batches: batch to use")
+    p.add_argument("--tiling", choices=("static", "dynamic"), help="MoE token tiling (default: static)")
+    p.add_argument("--tile-n", type=int, help="MoE: tokens per tile (static, default 32); SwiGLU: F tile (16)")
+    p.add_argument("--tile-f", type=int, help="MoE: F columns per weight tile")
+    p.add_argument("--tile-m", type=int, help="SwiGLU: batch rows per tile (default 16)")
+    p.add_argument("--regions", type=int, help="MoE configuration time-multiplexing: parallel expert regions; "
+                                                  "attention: parallel regions (default 4)")
+    p.add_argument("--strategy", choices=("coarse", "interleave", "dynamic"),
+                   help="attention parallelization (default: dynamic)")
+    p.add_argument("--softmax", choices=("plain", "stable"),
+                   help="attention softmax: plain (the artifact's exp-sum form, default) or stable (running max, "
+                        "1/sqrt(head_dim); the default with --functional)")
+    p.add_argument("--compute-bw", type=int, help="FLOPs/cycle of every compute node")
+    p.add_argument("--channel-depth", type=int, help="default FIFO depth (elements)")
+    p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")
+    p.add_argument("--convention", choices=("published", "paper"),
+                   help="on-chip accounting: published (artifact, default) or paper (double-buffered, FIFOs)")
+    p.add_argument("--json", action="store_true", help="print the record as one JSON object (exact numbers)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="print every column (params, provenance, phase timings) and exact byte counts")
+
+
+def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
+    """``--fifo-depths FILE``: per-channel FIFO depths written by ``stepsim size-fifos`` (config key
+    ``fifo_depths``); a file made for another graph is refused."""
+    p.add_argument("--fifo-depths", metavar="FILE",
+                   help="per-channel FIFO depths from stepsim size-fifos (overrides --channel-depth per channel)")
+
+
+def _workload_argument(value: str) -> str:
+    """A workload kind, or a user program ``path/to/file.py:function`` (argparse type of the positional)."""
+    from stepsim.workloads.program.build import is_program_spec
+
+    if value in WORKLOADS[:-1] or is_program_spec(value):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])} or "
+                                     f"path/to/file.py:function)")
+
+
+def config_from_args(args: argparse.Namespace) -> dict:
+    """The config mapping of the knobs set on the command line (unset flags are left out); a user program's
+    ``file.py:function`` becomes ``{"workload": "program", "program": "file.py:function"}``."""
+    config = {key: getattr(args, key) for key in KNOBS if getattr(args, key, None) is not None}
+    if config["workload"] not in WORKLOADS:
+        config["program"] = config["workload"]
+        config["workload"] = "program"
+    return config
+
+
+def build_workload(args: argparse.Namespace) -> Workload:
+    """Build the workload the flags describe (see :func:`stepsim.workloads.config.workload_from_config`)."""
+    return workload_from_config(config_from_args(args))

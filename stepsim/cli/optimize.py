@@ -1,0 +1,102 @@
+"""``stepsim optimize WORKLOAD [run flags] [--objective ...] [--max-on-chip BYTES] [--max-compute FLOPS] --out DIR``.
+
+Prints the Pareto front, the recommended configuration and the ``stepsim run`` command line that reproduces
+it (``--json``: one JSON object with the keys ``pareto``, ``recommended``, ``candidates``,
+``pruned_symbolically``, ``simulations``); writes ``pareto.parquet``, ``candidates.parquet``, ``pareto.png``
+and ``optimize.json`` into ``--out`` (:mod:`stepsim.optimize.output`). Running the same command again into
+the same folder resumes (finished evaluations and simulations are read back). Exit status 2 on an error
+(a budget no candidate fits names the smallest candidate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from stepsim.batch.executors import EXECUTORS
+
+
+def register(subparsers) -> None:
+    """Add ``stepsim optimize`` to the top-level subparsers."""
+    from stepsim.cli.args import add_workload_arguments
+    from stepsim.optimize.search import OBJECTIVES
+
+    p = subparsers.add_parser(
+        "optimize", help="search tilings, time-multiplexing and parallelization for the Pareto front",
+        description="Evaluate every schedule of the search space symbolically, prune with exact on-chip / "
+                    "compute figures and a roofline lower bound on cycles, simulate the rest in parallel, and "
+                    "report the Pareto front over (cycles, on-chip bytes, allocated compute).",
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_arguments(p)
+    p.add_argument("--objective", choices=tuple(OBJECTIVES), default="cycles",
+                   help="what the recommendation minimizes first (default: cycles; ties by the other two)")
+    p.add_argument("--max-on-chip", type=int, metavar="BYTES", help="on-chip memory budget (bytes)")
+    p.add_argument("--max-compute", type=int, metavar="FLOPS_PER_CYCLE",
+                   help="allocated compute budget (FLOPs/cycle)")
+    p.add_argument("--space", metavar="SPACE.toml",
+                   help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
+    p.add_argument("--jobs", "-j", type=int, metavar="N", help="worker processes (default: the CPUs available)")
+    p.add_argument("--executor", choices=EXECUTORS, help="local worker processes (default) or dask")
+    p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask)")
+    p.add_argument("--out", metavar="DIR", required=True, help="output folder (resumes a search found there)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_optimize, out_kind="dir")
+
+
+def _optimize(args) -> int:
+    import sys
+
+    from stepsim.base.errors import ConfigError
+    from stepsim.base.signals import stopped_status
+    from stepsim.batch.executors import check_jobs
+    from stepsim.batch.runner import SweepStopped
+    from stepsim.cli.args import config_from_args
+    from stepsim.optimize import optimize
+
+    executor = args.executor or ("dask" if args.address else "local")
+    if args.address and executor != "dask":
+        raise ConfigError("--address is only for --executor dask")
+    if args.jobs is not None:
+        check_jobs(args.jobs)
+    knobs = {k: v for k, v in config_from_args(args).items() if k != "workload"}
+    try:
+        result = optimize(args.workload, out=args.out, objective=args.objective, max_on_chip=args.max_on_chip,
+                          max_compute=args.max_compute, space=args.space, jobs=args.jobs, executor=executor,
+                          address=args.address, progress=not args.no_progress and sys.stderr.isatty(), **knobs)
+    except SweepStopped as stop:  # Ctrl-C / SIGTERM inside a round: the finished results are saved
+        if stop.reason in ("interrupted", "terminated"):
+            status = stopped_status(stop.reason)
+            print(f"stepsim: finished evaluations and simulations are saved in {args.out}; run the same command "
+                  f"again to resume", file=sys.stderr)
+            return status
+        raise
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    print(format_result(result))
+    return 0
+
+
+def format_result(result) -> str:
+    """The text summary: counts, the front (searched knobs, cycles, on-chip bytes, compute), recommendation."""
+    lines = [f"optimize {result.workload} -> {result.out}",
+             f"  candidates           {result.candidates:,}",
+             f"  pruned symbolically  {result.pruned_symbolically:,}",
+             f"  simulations          {result.simulations:,} ({result.simulated_now:,} run now, "
+             f"{result.rounds} round(s), {result.wall_s:.1f} s)"]
+    invalid, proven, failed = (sum(c.status == s for c in result.candidate_list)
+                               for s in ("invalid", "deadlock", "failed"))
+    if invalid or proven or failed:
+        lines.append(f"  not buildable        {invalid:,}; proven to deadlock {proven:,}; "
+                     f"failed simulations (e.g. deadlock) {failed:,}")
+    lines.append(f"  Pareto front ({len(result.front)} point(s)): cycles, on-chip bytes, FLOPs/cycle")
+    for c in result.front:
+        mark = "*" if c is result.recommended else " "
+        lines.append(f"  {mark} {c.cycles:>12,} {c.on_chip_bytes:>14,} {c.allocated_flops_per_cycle:>10,}  "
+                     f"{c.label(result.axes)}")
+    if result.recommended is not None:
+        lines.append(f"  recommended ({result.objective}): {result.recommended.label(result.axes)}")
+        lines.append(f"  reproduce: {result.command}")
+    else:
+        lines.append("  no simulation succeeded: no recommendation")
+    return "\n".join(lines)

@@ -1,0 +1,28 @@
+"""``stepsim report RUN_DIR``: why a run is slow (bound, critical path, imbalance, full FIFOs; :mod:`stepsim.insight.report`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _report_cmd(args) -> int:
+    from stepsim.insight.report import format_report, report_run_dir, write_png
+
+    rep, timeline = report_run_dir(args.run_dir)
+    print(json.dumps(rep) if args.json else format_report(rep))
+    if args.png:
+        path = write_png(rep, args.png, timeline)
+        print(f"wrote png: {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("report", help="why a run is slow: bound, critical path, imbalance, full FIFOs",
+                              description="Bottleneck report of a folder written by `stepsim run --out RUN_DIR`.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by stepsim run --out")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object (keys bound, roofline, critical_path, top_units, imbalance, full_fifos)")
+    p.add_argument("--png", metavar="FILE",
+                   help="also draw busy / blocked shares per group and their busy share over time (matplotlib)")
+    p.set_defaults(handler=_report_cmd, out=None)

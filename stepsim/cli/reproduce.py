@@ -1,0 +1,61 @@
+"""``stepsim reproduce EXPERIMENT --traces DIR --out DIR [--jobs N] [--json]``.
+
+Prints each experiment's table, its headline numbers and the files written, then when each experiment was done
+(with ``--jobs`` above 1 the experiments share the workers and overlap). With
+``--json`` stdout is one JSON object holding only the headline numbers of the experiments that ran (keys of
+:data:`stepsim.reproduce.driver.JSON_KEYS`); progress lines go to stderr either way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from stepsim.reproduce.names import CHOICES
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "reproduce", help="reproduce the paper's evaluation (tables, figures, headline numbers)",
+        description="Reproduce the STeP paper's evaluation: " + ", ".join(CHOICES[:-1]) + " (or all).")
+    # not argparse choices: an unknown name is a StepsimError like every other bad input (exit status 2)
+    p.add_argument("experiment", metavar="EXPERIMENT", help=f"one of: {', '.join(CHOICES)}")
+    p.add_argument("--traces", required=True, metavar="DIR",
+                   help="folder laid out like ../shared/traces (expert_routing/, kv_lengths/)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes for the simulations (default 1)")
+    p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
+    p.add_argument("--fifo-depths", action="append", default=[], metavar="FILE",
+                   help="stepsim size-fifos file; the points that build its workload use its depths (repeatable)")
+    p.set_defaults(handler=_reproduce, out_kind="dir")
+
+
+def _reproduce(args) -> int:
+    start = time.perf_counter()
+    if args.jobs > 1:
+        # the pool's fork server preloads stepsim and the kernels while this process imports the experiments
+        from stepsim.base.forkserver import start_fork_server
+
+        start_fork_server(warm_kernels=True)
+    from stepsim.reproduce.driver import reproduce
+
+    def progress(line: str) -> None:
+        print(f"[reproduce] {line}", file=sys.stderr, flush=True)
+
+    results = reproduce(args.experiment, args.traces, args.out, jobs=args.jobs, progress=progress,
+                        fifo_depths=args.fifo_depths)
+    total = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({k: v for r in results for k, v in r.headline.items()}))
+        return 0
+    for r in results:
+        print(f"== {r.name} ==")
+        print("\n".join(r.summary))
+        for kind, path in r.files.items():
+            print(f"wrote {kind}: {path}")
+        if r.figure_note:
+            print(r.figure_note)
+        print(f"{r.name}: {r.simulations} simulations, done {r.wall_s:.1f} s after the start\n")
+    print(f"total wall time: {total:.1f} s (done after: {', '.join(f'{r.name} {r.wall_s:.1f} s' for r in results)})")
+    return 0

@@ -1,0 +1,91 @@
+"""``stepsim serve``: replay a request trace through a serving scheduler (argparse and handler; the work is
+:mod:`stepsim.serve.api`).
+
+Example (the Azure conversation trace's first 2,000 requests, 20 ms per step, vLLM V1 defaults):
+
+  stepsim serve --model qwen3-30b-a3b --requests ../shared/traces/azure/AzureLLMInferenceTrace_conv.csv \\
+      --limit-requests 2000 --iteration-latency 0.02 --slo ttft=2s,tpot=200ms --out serve-out
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    """Add ``stepsim serve`` to the top-level subparsers."""
+    p = subparsers.add_parser(
+        "serve", help="replay a request trace through a vLLM / Sarathi / Orca scheduler (TTFT, TPOT, goodput)",
+        description="Replay a request trace (Azure LLM inference CSV, or Parquet/Arrow with arrival_s, "
+                    "prompt_tokens, output_tokens) through a serving scheduler with a paged KV cache sized by the "
+                    "HBM left after the model's weights, and report latencies as vllm bench serve does.",
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, metavar="M", help="preset name or Hugging Face config.json")
+    p.add_argument("--requests", required=True, metavar="TRACE", help="request trace (.csv, .parquet, .arrow)")
+    arrivals = p.add_mutually_exclusive_group()
+    arrivals.add_argument("--arrival-scale", type=float, metavar="X",
+                          help="multiply every arrival time by X (0.5: twice the rate)")
+    arrivals.add_argument("--arrival", metavar="poisson:RATE",
+                          help="replace the arrivals by a Poisson process of RATE requests/s (seeded by --seed)")
+    window = p.add_mutually_exclusive_group()
+    window.add_argument("--limit-requests", type=int, metavar="N", help="replay the first N requests")
+    window.add_argument("--duration", type=float, metavar="SECONDS",
+                        help="replay the requests arriving in the first SECONDS")
+    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (not built yet for serving)")
+    p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
+                   help="batch scheduler (default: vllm, V1 rules)")
+    p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
+    p.add_argument("--max-batch-tokens", type=int, metavar="N",
+                   help="vLLM's max_num_batched_tokens (default 2048)")
+    p.add_argument("--chunk-tokens", type=int, metavar="N",
+                   help="vLLM: long_prefill_token_threshold (default 0, off); Sarathi: chunk size (default 512)")
+    p.add_argument("--routing", metavar="synthetic|FILE", help="expert routing (not built yet)")
+    p.add_argument("--fidelity", choices=("exact", "fast"), help="engine-backed latency (not built yet)")
+    p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e)")
+    parallel = p.add_mutually_exclusive_group()
+    parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency)")
+    parallel.add_argument("--executor", choices=("dask",), help="run layer simulations on Dask")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of --arrival poisson (default 0)")
+    p.add_argument("--iteration-latency", type=float, metavar="SECONDS",
+                   help="every scheduler step takes SECONDS (instead of the engine)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder: requests.parquet, iterations.parquet, summary.json")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--timeline", metavar="PATH", help="Perfetto timeline (not built yet)")
+    p.set_defaults(handler=_serve, out_kind="dir")
+
+
+def _fmt(d: dict | None, scale: float = 1000.0, unit: str = "ms") -> str:
+    if not d or d["mean"] is None:
+        return "n/a"
+    return ", ".join(f"{k} {d[k] * scale:.1f}" for k in ("mean", "p50", "p90", "p99")) + f" {unit}"
+
+
+def _serve(args) -> int:
+    import json
+
+    from stepsim.serve.api import serve
+
+    result = serve(args.model, args.requests, out=args.out, arrival_scale=args.arrival_scale, arrival=args.arrival,
+                   limit_requests=args.limit_requests, duration=args.duration, hardware=args.hardware,
+                   scheduler=args.scheduler, max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens,
+                   chunk_tokens=args.chunk_tokens, routing=args.routing, fidelity=args.fidelity, slo=args.slo,
+                   jobs=args.jobs, executor=args.executor, seed=args.seed,
+                   iteration_latency=args.iteration_latency, timeline=args.timeline)
+    s = result.summary
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"requests    {s['completed']} of {s['requests']} completed in {s['duration_s']:.2f} s, "
+          f"{s['iterations']} steps, {s['preemptions']} preemptions")
+    print(f"throughput  {s['throughput_tokens_per_s']:.1f} tokens/s, {s['throughput_requests_per_s']:.3f} requests/s")
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        print(f"{key[:-2]:<11} {_fmt(s[key])}")
+    if s["slo_attainment"] is not None:
+        print(f"SLO         {s['slo_attainment'] * 100:.1f} % attained, goodput {s['goodput_requests_per_s']:.3f} "
+              "requests/s")
+    kv = s["kv_cache"]
+    print(f"KV cache    {kv['usable_blocks']} blocks of {kv['block_size']} tokens, at most {kv['max_blocks_used']} "
+          f"used; wall {s['wall_s']:.2f} s")
+    print(f"wrote       {', '.join(str(p) for p in result.files.values())}")
+    return 0

@@ -1,0 +1,101 @@
+"""``depths.toml``: the per-channel FIFO depths ``stepsim size-fifos`` writes and ``--fifo-depths`` reads.
+
+Reading and checking live here, below the workloads that apply a file (``--fifo-depths``); writing lives with
+the pass that sizes the depths (:mod:`stepsim.passes.depths_writer`), and deciding which run configurations a
+file was sized for with the configurations (:func:`stepsim.workloads.config.matches_depths_file`).
+
+A plain TOML file::
+
+    [workload]
+    workload = "moe"                       # the workload kind ("graph" for a bare Graph)
+    graph = "moe-qwen3-30b-a3b-static"     # Graph.name
+    fingerprint = "3f2a..."                # stepsim.graph.channels.graph_fingerprint (channel structure)
+    params = '{"batch": 1024, ...}'        # the builder's parameters (canonical JSON)
+    config = '{"model": ...}'              # the run config it was sized from (canonical JSON; may be absent)
+
+    [traces]
+    sha256 = ["9c1e..."]                   # content hash of every trace it was sized on
+
+    [sizing]                               # the report (informational)
+    slack = 0.01
+    cycles = 3117734
+    ...
+
+    [channels]                             # every channel of the graph, in lowering order
+    "LinearOffChipLoad_0[0]" = 2
+    "Map_12[0]" = 4
+
+Loading checks the file against the graph it is applied to: the fingerprint must match (else the file was
+made for another graph: another model, tiling, tile size, batch size or region count), every depth must be an
+int >= 1, and the channel names must be the graph's. Every problem is one :class:`~stepsim.base.errors.ConfigError`
+line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepsim.base.errors import ConfigError
+from stepsim.graph.channels import graph_fingerprint
+
+
+@dataclass(frozen=True)
+class DepthsFile:
+    """A read ``depths.toml``."""
+
+    path: str
+    channels: dict
+    fingerprint: str
+    graph: str
+    workload: str
+    params: dict
+    config: dict | None
+    trace_hashes: list
+
+
+def read_depths_file(path: str | os.PathLike) -> DepthsFile:
+    """Read and check ``path`` (structure and values; not yet against a graph)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read FIFO depths file: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # a binary file is not UTF-8 text
+        raise ConfigError(f"{p}: not a valid TOML file: {exc}") from None
+    workload, channels = data.get("workload"), data.get("channels")
+    if not isinstance(workload, dict) or not isinstance(channels, dict) or "fingerprint" not in workload:
+        raise ConfigError(f"{p}: not a FIFO depths file (needs [workload] with a fingerprint and [channels]; "
+                          f"write one with stepsim size-fifos)")
+    for name, depth in channels.items():
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"{p}: [channels] {name!r} must be an int >= 1 (elements), got {depth!r}")
+    try:
+        params = json.loads(workload.get("params", "{}"))
+        config = json.loads(workload["config"]) if "config" in workload else None
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p}: [workload] params/config must be JSON strings: {exc}") from None
+    hashes = data.get("traces", {}).get("sha256", [])
+    return DepthsFile(path=str(p), channels=dict(channels), fingerprint=str(workload["fingerprint"]),
+                      graph=str(workload.get("graph", "?")), workload=str(workload.get("workload", "?")),
+                      params=params, config=config, trace_hashes=list(hashes))
+
+
+def check_against(depths: DepthsFile, graph) -> dict:
+    """The file's channel depths after checking they were made for ``graph`` (ConfigError otherwise)."""
+    fp = graph_fingerprint(graph)
+    if fp != depths.fingerprint:
+        raise ConfigError(f"{depths.path}: FIFO depths made for another graph ({depths.graph}, fingerprint "
+                          f"{depths.fingerprint[:12]}) than this run's ({graph.name}, fingerprint {fp[:12]}); "
+                          f"size this workload with stepsim size-fifos")
+    return dict(depths.channels)
+
+
+def apply_depths_file(workload, path: str | os.PathLike):
+    """Load ``path`` into ``workload.channel_depths`` (checked against its graph); returns the workload."""
+    workload.channel_depths = check_against(read_depths_file(path), workload.graph)
+    return workload

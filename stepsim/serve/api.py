@@ -1,0 +1,234 @@
+"""``stepsim.serve(...)``: replay a request trace through a serving scheduler and report its latencies.
+
+Steps: read the trace (:mod:`stepsim.trace_io.requests`); take the first ``limit_requests``; replace the arrivals
+by a seeded Poisson process (``arrival="poisson:RATE"``) or scale them (``arrival_scale``); keep the requests
+arriving before ``duration`` seconds; size the KV cache from the HBM left after the model's weights; check that
+every request fits; replay (:mod:`stepsim.serve.replay`); compute the metrics (:mod:`stepsim.serve.metrics`);
+write the outputs (:mod:`stepsim.serve.output`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from stepsim._version import __version__
+from stepsim.base.errors import ConfigError, TraceValueError
+from stepsim.models.presets import resolve_model
+from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
+from stepsim.serve.latency import ConstantLatency, LatencyProvider
+from stepsim.serve.memory import model_memory
+from stepsim.serve.metrics import parse_slo, request_latencies, summarize
+from stepsim.serve.output import write_outputs
+from stepsim.serve.replay import replay
+from stepsim.serve.scheduler import Scheduler, SchedulerConfig
+from stepsim.trace_io.requests import RequestTrace, read_requests
+
+#: HBM capacity when no hardware says otherwise (bytes): 64 GiB, the HBM of one SambaNova SN40L socket
+#: (Prabhakar et al., "SambaNova SN40L", arXiv 2405.07518, sec. 3: 64 GB HBM per socket), a shipping dataflow
+#: accelerator
+DEFAULT_HBM_BYTES = 64 * 2**30
+
+#: parts of issue 32 not built yet, by parameter: each refuses with one line instead of being ignored
+NOT_BUILT = {
+    "hardware": "--hardware: serving hardware fields (HBM capacity, clock) are not built yet; the HBM is "
+                f"{DEFAULT_HBM_BYTES} bytes (64 GiB, SN40L)",
+    "routing": "--routing: per-token routing for serving is not built yet (the engine-backed latency needs it)",
+    "fidelity": "--fidelity: the engine-backed iteration latency (exact / fast) is not built yet; give "
+                "--iteration-latency SECONDS",
+    "jobs": "--jobs: parallel layer simulation is for the engine-backed latency, which is not built yet",
+    "executor": "--executor: Dask is for the engine-backed latency, which is not built yet",
+    "timeline": "--timeline: the Perfetto timeline of a serve run is not built yet",
+}
+
+
+@dataclass
+class ServeResult:
+    """A serve run: ``summary`` (the ``--json`` object), ``requests`` and ``iterations`` tables, the files."""
+
+    summary: dict
+    requests: pa.Table
+    iterations: pa.Table
+    files: dict[str, Path]
+
+
+def _positive(name: str, value, integer: bool):
+    bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
+    if bad or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number"
+        raise ConfigError(f"{name} must be {kind}, got {value!r}")
+    return value
+
+
+def _poisson_rate(text: str) -> float:
+    kind, _, rate = text.partition(":")
+    try:
+        value = float(rate)
+    except ValueError:
+        value = math.nan
+    if kind != "poisson" or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"--arrival {text!r}: expected poisson:RATE with RATE in requests per second > 0")
+    return value
+
+
+def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arrival_scale=None, duration=None,
+                seed: int = 0) -> RequestTrace:
+    """The requests replayed: the first ``limit_requests``, arrivals replaced or scaled, then those arriving
+    before ``duration`` seconds."""
+    if arrival is not None and arrival_scale is not None:
+        raise ConfigError("--arrival and --arrival-scale both set the arrivals; give one")
+    if limit_requests is not None:
+        trace = trace.head(_positive("--limit-requests", limit_requests, integer=True))
+    if arrival is not None:
+        rate = _poisson_rate(arrival)
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(trace))
+        trace = trace.with_arrivals(np.cumsum(gaps))
+    elif arrival_scale is not None:
+        trace = trace.with_arrivals(trace.arrival_s * _positive("--arrival-scale", arrival_scale, integer=False))
+    if duration is not None:
+        keep = int(np.searchsorted(trace.arrival_s, _positive("--duration", duration, integer=False), side="left"))
+        if keep == 0:
+            raise ConfigError(f"--duration {duration}: no request arrives in the first {duration} s "
+                              f"(the first arrives at {float(trace.arrival_s[0])} s)")
+        trace = trace.head(keep)
+    return trace
+
+
+def max_model_len(config: SchedulerConfig, capacity: KVCapacity, max_position_embeddings: int | None) -> int:
+    """The longest sequence (prompt + output, tokens) the engine takes: the model's ``max_position_embeddings``,
+    capped by what the KV cache can hold for one request (Orca and Sarathi: above the watermark)."""
+    from stepsim.serve.scheduler import WATERMARK
+
+    blocks = capacity.usable_blocks
+    if config.policy != "vllm":
+        blocks -= int(WATERMARK * capacity.num_blocks)
+    limit = blocks * capacity.block_size
+    return min(limit, max_position_embeddings) if max_position_embeddings else limit
+
+
+def check_fits(trace: RequestTrace, limit: int, capacity: KVCapacity, max_position: int | None) -> None:
+    """Every request's prompt + output fits ``limit`` tokens (vLLM's API server rejects the others; stepsim
+    refuses the trace instead of dropping or shortening requests)."""
+    total = trace.prompt_tokens + trace.output_tokens
+    over = total > limit
+    if over.any():
+        i = int(np.argmax(over))
+        why = (f"the KV cache holds {capacity.tokens} tokens ({capacity.usable_blocks} blocks of "
+               f"{capacity.block_size})")
+        if max_position and max_position == limit:
+            why = f"the model's max_position_embeddings is {max_position}"
+        raise TraceValueError(f"{trace.source}: row {i}: prompt {int(trace.prompt_tokens[i])} + output "
+                              f"{int(trace.output_tokens[i])} tokens exceed the longest sequence the engine takes, "
+                              f"{limit} tokens ({why})")
+
+
+def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
+          hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
+          fidelity=None, slo=None, jobs=None, executor=None, seed=0, iteration_latency=None, timeline=None,
+          hbm_bytes=DEFAULT_HBM_BYTES, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None
+          ) -> ServeResult:
+    """Replay ``requests`` on ``model`` through a serving scheduler.
+
+    Parameters
+    ----------
+    model : str or path
+        Preset name or Hugging Face ``config.json`` (weights and KV bytes per token, max_position_embeddings).
+    requests : str or path
+        Request trace (:func:`stepsim.trace_io.requests.read_requests`).
+    out : str or path, optional
+        Folder for ``requests.parquet``, ``iterations.parquet`` and ``summary.json``.
+    arrival_scale : float, optional
+        Multiply every arrival time (s) by this (0.5: the same requests at twice the rate).
+    arrival : str, optional
+        ``poisson:RATE``: arrivals of a Poisson process of RATE requests/s (seeded by ``seed``).
+    limit_requests : int, optional
+        Replay the first N requests.
+    duration : float, optional
+        Replay the requests arriving in the first SECONDS (after ``arrival`` / ``arrival_scale``).
+    scheduler : str
+        ``vllm``, ``sarathi`` or ``orca``.
+    max_seqs, max_batch_tokens, chunk_tokens : int, optional
+        ``max_num_seqs``; vLLM's ``max_num_batched_tokens``; vLLM's ``long_prefill_token_threshold`` or
+        Sarathi's chunk size (defaults in :mod:`stepsim.serve.scheduler`).
+    slo : str, optional
+        ``ttft=2s,tpot=200ms`` (keys ttft, tpot, e2e): enables ``slo_attainment`` and goodput.
+    seed : int
+        Seed of the Poisson arrivals.
+    iteration_latency : float, optional
+        Seconds per scheduler step (the constant provider).
+    hbm_bytes : int
+        HBM capacity (bytes); the KV cache is what the weights leave.
+    block_size : int
+        Tokens per KV block.
+    provider : LatencyProvider, optional
+        Prices each step (instead of ``iteration_latency``).
+    hardware, routing, fidelity, jobs, executor, timeline
+        Not built yet: giving one raises a ConfigError saying so.
+
+    Returns
+    -------
+    ServeResult
+    """
+    started = time.perf_counter()
+    for name, value in (("hardware", hardware), ("routing", routing), ("fidelity", fidelity), ("jobs", jobs),
+                        ("executor", executor), ("timeline", timeline)):
+        if value is not None:
+            raise ConfigError(NOT_BUILT[name])
+    if (provider is None) == (iteration_latency is None):
+        raise ConfigError("stepsim serve needs --iteration-latency SECONDS (the engine-backed latency is not built "
+                          "yet)" if provider is None else "give iteration_latency or provider, not both")
+    if provider is None:
+        provider = ConstantLatency(iteration_latency)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
+    slo_seconds = parse_slo(slo) if slo is not None else None
+    config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
+                                  chunk_tokens=chunk_tokens, block_size=block_size)
+    resolved = resolve_model(model)
+    memory = model_memory(resolved)
+    capacity = kv_capacity(hbm_bytes, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+    limit = max_model_len(config, capacity, memory.max_position_embeddings)
+    trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
+                        arrival_scale=arrival_scale, duration=duration, seed=seed)
+    check_fits(trace, limit, capacity, memory.max_position_embeddings)
+
+    result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                    Scheduler(config, capacity, limit), provider)
+    lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
+    requests_table = pa.table({
+        "request_id": pa.array(trace.request_id, pa.int64()),
+        "arrival_s": trace.arrival_s, "first_scheduled_s": result.first_scheduled,
+        "first_token_s": result.first_token, "finish_s": result.finish,
+        "prompt_tokens": pa.array(trace.prompt_tokens, pa.int64()),
+        "output_tokens": pa.array(trace.output_tokens, pa.int64()),
+        "ttft_s": lat["ttft_s"], "tpot_s": pa.array(lat["tpot_s"], pa.float64(), from_pandas=True),
+        "e2e_s": lat["e2e_s"], "preemptions": result.preemptions,
+    })
+    iterations = {"iteration": np.arange(len(result.iterations["start_s"]), dtype=np.int64), **result.iterations}
+    iterations_table = pa.table(iterations)
+
+    summary = summarize(trace.arrival_s, result.finish, trace.output_tokens, lat, result.itl, slo_seconds)
+    summary["preemptions"] = int(result.preemptions.sum())
+    summary["iterations"] = iterations_table.num_rows
+    summary["fidelity"] = {"mode": provider.mode, "error": provider.error}
+    summary["model"] = resolved.name
+    summary["scheduler"] = asdict(config)
+    summary["kv_cache"] = {"hbm_bytes": capacity.hbm_bytes, "weight_bytes": capacity.weight_bytes,
+                           "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,
+                           "num_blocks": capacity.num_blocks, "usable_blocks": capacity.usable_blocks,
+                           "max_blocks_used": result.max_blocks_used, "max_model_len": limit}
+    summary["wall_s"] = time.perf_counter() - started
+    files = {}
+    if out is not None:
+        config_text = json.dumps({k: summary[k] for k in ("model", "scheduler", "kv_cache", "fidelity", "slo")},
+                                 sort_keys=True)
+        meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
+                "stepsim.requests": str(requests)}
+        files = write_outputs(out, requests_table, iterations_table, summary, meta)
+    return ServeResult(summary, requests_table, iterations_table, files)

@@ -1,0 +1,80 @@
+"""Iteration-latency providers: how long one scheduler step (one forward pass over a batch) takes.
+
+The scheduler hands a provider an :class:`IterationBatch` (every scheduled request's context length and new
+tokens) and gets an :class:`IterationCost` back; it never knows which provider it has. Implementations:
+
+* :class:`ConstantLatency` -- ``--iteration-latency SECONDS``: every step takes the same time (what-if studies,
+  and testing the scheduler against queueing theory);
+* the cycle engine and a calibrated fast model (issue 32, not built yet).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from stepsim.base.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class IterationBatch:
+    """One step's work, in the scheduler's batch order.
+
+    Attributes
+    ----------
+    context_tokens : list of int
+        Per scheduled request: tokens already in its KV cache before the step (tokens).
+    new_tokens : list of int
+        Per scheduled request: tokens computed in the step (a decode: 1; a prefill chunk: its length).
+    prefill_tokens, decode_tokens : int
+        Sum of ``new_tokens`` over prefilling and decoding requests.
+    """
+
+    context_tokens: list[int]
+    new_tokens: list[int]
+    prefill_tokens: int
+    decode_tokens: int
+
+
+@dataclass(frozen=True)
+class IterationCost:
+    """What a provider says about one step.
+
+    Attributes
+    ----------
+    seconds : float
+        Duration of the step (s), > 0.
+    cycles : dict of str to int
+        Cycles per layer kind (``attention``, ``moe``, ...), when the provider simulates them; empty otherwise.
+    """
+
+    seconds: float
+    cycles: dict[str, int] = field(default_factory=dict)
+
+
+class LatencyProvider(Protocol):
+    """Anything that prices a step. ``mode`` names it in the summary's ``fidelity``; ``error`` is its measured
+    relative error (None when not measured, e.g. a constant)."""
+
+    mode: str
+    error: float | None
+
+    def __call__(self, batch: IterationBatch) -> IterationCost: ...
+
+
+class ConstantLatency:
+    """Every step takes ``seconds`` (s), whatever its batch."""
+
+    mode = "iteration-latency"
+    error = None
+
+    def __init__(self, seconds: float):
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                or seconds <= 0:
+            raise ConfigError(f"--iteration-latency must be a positive number of seconds, got {seconds!r}")
+        self.seconds = float(seconds)
+        self._cost = IterationCost(self.seconds)  # one object for every step: the scheduler's hot loop allocates none
+
+    def __call__(self, batch: IterationBatch) -> IterationCost:
+        return self._cost

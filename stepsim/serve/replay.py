@@ -1,0 +1,133 @@
+"""The replay loop: arrivals, scheduler steps back to back, one latency per step, per-request and per-step records.
+
+Time (seconds) starts at 0. Order at one instant, fixed so a replay is deterministic:
+
+1. every request whose arrival is at or before the current time joins the tail of ``waiting``, in trace order
+   (vLLM adds requests between steps only: one arriving during a step waits for the next);
+2. an idle engine (nothing running or waiting) jumps to the next arrival and starts a step at that instant;
+3. the scheduler picks the step's batch; the provider prices it; the step ends ``seconds`` later, and the tokens
+   it produced carry that end time. A schedule that only preempted (no tokens) is retried at the same instant.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepsim.base.errors import SimulationError
+from stepsim.serve.latency import IterationBatch, LatencyProvider
+from stepsim.serve.scheduler import Request, Scheduler
+
+
+@dataclass
+class ReplayResult:
+    """Raw outcome of a replay (all times in seconds).
+
+    Attributes
+    ----------
+    first_scheduled, first_token, finish : ndarray of float64
+        Per request (trace order).
+    preemptions : ndarray of int64
+        Per request.
+    itl : ndarray of float64
+        Every inter-token gap of every request, pooled (s).
+    iterations : dict of str to ndarray
+        Per step: ``start_s``, ``duration_s``, ``tokens``, ``sequences``, ``prefill_tokens``, ``decode_tokens``,
+        ``kv_blocks_used`` (after scheduling), ``preemptions``, ``waiting`` (after scheduling), and
+        ``cycles_<kind>`` when the provider reports cycles.
+    max_blocks_used : int
+        Largest ``kv_blocks_used`` of any step.
+    """
+
+    first_scheduled: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    preemptions: np.ndarray
+    itl: np.ndarray
+    iterations: dict[str, np.ndarray]
+    max_blocks_used: int
+
+
+def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
+           provider: LatencyProvider) -> ReplayResult:
+    """Serve every request of a trace to completion.
+
+    Parameters
+    ----------
+    arrival_s : ndarray of float64
+        Arrival times (s), sorted.
+    prompt, output : ndarray of int64
+        Prompt and output tokens per request (each fits the scheduler's ``max_model_len``).
+    scheduler : Scheduler
+        A fresh scheduler (its policy, knobs and KV capacity).
+    provider : LatencyProvider
+        Prices each step.
+    """
+    arrivals = arrival_s.tolist()
+    requests = [Request(i, p, o, a) for i, (p, o, a) in enumerate(zip(prompt.tolist(), output.tolist(), arrivals))]
+    total = len(requests)
+    gaps = array("d")
+    starts, durations, ntokens, nseqs, nprefill, ndecode, blocks, npreempt, nwaiting = ([] for _ in range(9))
+    cycles: dict[str, list[int]] = {}
+    now = 0.0
+    nxt = 0
+    done = 0
+    while done < total:
+        while nxt < total and arrivals[nxt] <= now:
+            scheduler.waiting.append(requests[nxt])
+            nxt += 1
+        if not scheduler.running and not scheduler.waiting:
+            now = arrivals[nxt]  # idle: the next step starts the moment a request arrives
+            continue
+        batch = scheduler.schedule()
+        if not batch:
+            if scheduler.preempted:
+                continue  # only preempted: schedule again at this instant
+            head = scheduler.waiting[0]
+            raise SimulationError(f"request {head.index} ({head.prompt} prompt + {head.output} output tokens) cannot "
+                                  "be scheduled on an idle engine")
+        context = []
+        new = []
+        prefill = 0
+        for r, n in batch:
+            if r.first_scheduled < 0.0:
+                r.first_scheduled = now
+            context.append(r.computed)
+            new.append(n)
+            if r.prefilling:
+                prefill += n
+        tokens = sum(new)
+        cost = provider(IterationBatch(context, new, prefill, tokens - prefill))
+        starts.append(now)
+        durations.append(cost.seconds)
+        ntokens.append(tokens)
+        nseqs.append(len(batch))
+        nprefill.append(prefill)
+        ndecode.append(tokens - prefill)
+        blocks.append(scheduler.blocks_used)
+        npreempt.append(scheduler.preempted)
+        nwaiting.append(len(scheduler.waiting))
+        for kind, c in cost.cycles.items():
+            cycles.setdefault(kind, [0] * (len(starts) - 1)).append(c)
+        now = now + cost.seconds
+        done += scheduler.finish_step(batch, now, gaps)
+    iterations = {
+        "start_s": np.array(starts, dtype=np.float64), "duration_s": np.array(durations, dtype=np.float64),
+        "tokens": np.array(ntokens, dtype=np.int64), "sequences": np.array(nseqs, dtype=np.int64),
+        "prefill_tokens": np.array(nprefill, dtype=np.int64), "decode_tokens": np.array(ndecode, dtype=np.int64),
+        "kv_blocks_used": np.array(blocks, dtype=np.int64), "preemptions": np.array(npreempt, dtype=np.int64),
+        "waiting": np.array(nwaiting, dtype=np.int64),
+    }
+    for kind in sorted(cycles):
+        iterations[f"cycles_{kind}"] = np.array(cycles[kind], dtype=np.int64)
+    return ReplayResult(
+        first_scheduled=np.array([r.first_scheduled for r in requests], dtype=np.float64),
+        first_token=np.array([r.first_token for r in requests], dtype=np.float64),
+        finish=np.array([r.finish for r in requests], dtype=np.float64),
+        preemptions=np.array([r.preemptions for r in requests], dtype=np.int64),
+        itl=np.frombuffer(gaps, dtype=np.float64).copy(),
+        iterations=iterations,
+        max_blocks_used=int(max(blocks, default=0)),
+    )

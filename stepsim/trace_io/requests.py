@@ -1,0 +1,207 @@
+"""Request traces for serving replay: arrival time, prompt tokens and output tokens of every request.
+
+Two inputs, one result (:class:`RequestTrace`, arrival in seconds):
+
+* a ``requests`` trace as the other trace readers know it (:func:`stepsim.trace_io.readers.read_trace`): the
+  Azure LLM inference CSV as shipped (``TIMESTAMP,ContextTokens,GeneratedTokens``, Windows line endings) or a
+  Parquet / Arrow file of the normalized ``requests`` schema (``request_id``, ``arrival`` timestamp,
+  ``context_tokens``, ``generated_tokens``). Arrival seconds count from the first row's timestamp (the first
+  request arrives at 0 s), as ``vllm bench serve`` replays these traces;
+* a Parquet / Arrow file of the serving request schema (:data:`SERVE_COLUMNS`): ``arrival_s`` (seconds, any
+  float or integer type, used as given), ``prompt_tokens`` and ``output_tokens`` (integers), and optionally
+  ``request_id`` (integer; default the 0-based row number). :func:`write_requests` writes it.
+
+Every error is one line naming the file and the (0-based) row: a missing column, a null, a NaN or negative
+arrival, arrivals out of order (a trace is replayed in file order, so it must be sorted), a negative token
+count, and a prompt or output of 0 tokens (a serving engine refuses an empty prompt and ``max_tokens`` 0).
+Nothing is ever shortened, clipped or reordered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
+from stepsim.trace_io.readers import detect_format, read_trace
+
+#: columns of the serving request schema (name -> meaning), in file order after the optional ``request_id``
+SERVE_COLUMNS = {"arrival_s": "arrival time (s)", "prompt_tokens": "prompt tokens", "output_tokens": "output tokens"}
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """Requests in arrival order.
+
+    Attributes
+    ----------
+    source : str
+        The file as named (error messages start with it).
+    request_id : ndarray of int64
+        Request ids (Azure: the 1-based data-row number; serving schema: the column, else the row number).
+    arrival_s : ndarray of float64
+        Arrival times (seconds), non-decreasing, >= 0.
+    prompt_tokens, output_tokens : ndarray of int64
+        Prompt length and output length of each request (tokens, >= 1).
+    """
+
+    source: str
+    request_id: np.ndarray
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def head(self, n: int) -> RequestTrace:
+        """The first ``n`` requests."""
+        return RequestTrace(self.source, self.request_id[:n], self.arrival_s[:n], self.prompt_tokens[:n],
+                            self.output_tokens[:n])
+
+    def with_arrivals(self, arrival_s: np.ndarray) -> RequestTrace:
+        """The same requests with other arrival times (seconds, same length, sorted)."""
+        return RequestTrace(self.source, self.request_id, np.asarray(arrival_s, dtype=np.float64),
+                            self.prompt_tokens, self.output_tokens)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.argmax(mask))
+
+
+def check_requests(source: str, arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                   names: tuple[str, str, str]) -> None:
+    """Check arrivals and token counts, naming the file, the row and the column of the first bad value.
+
+    ``names`` are the arrival, prompt and output column names as the file spells them.
+    """
+    a, p, o = names
+    bad = ~np.isfinite(arrival_s)
+    if bad.any():
+        i = _first(bad)
+        raise TraceValueError(f"{source}: row {i}, column {a!r}: arrival {float(arrival_s[i])} is not a finite number")
+    if (arrival_s < 0).any():
+        i = _first(arrival_s < 0)
+        raise TraceValueError(f"{source}: row {i}, column {a!r}: negative arrival {float(arrival_s[i])!r} s")
+    back = np.diff(arrival_s) < 0
+    if back.any():
+        i = _first(back) + 1
+        raise TraceValueError(f"{source}: row {i}, column {a!r}: arrival {float(arrival_s[i])!r} s is before the previous "
+                              f"row's {float(arrival_s[i - 1])!r} s (requests must be sorted by arrival)")
+    for col, values, what in ((p, prompt, "a prompt"), (o, output, "an output")):
+        if (values < 0).any():
+            i = _first(values < 0)
+            raise TraceValueError(f"{source}: row {i}, column {col!r}: negative token count {values[i]}")
+        if (values == 0).any():
+            i = _first(values == 0)
+            raise TraceValueError(f"{source}: row {i}, column {col!r}: {what} of 0 tokens (a request has at "
+                                  "least 1)")
+
+
+def _numeric(table: pa.Table, name: str, source: str, integer: bool) -> np.ndarray:
+    col = table.column(name)
+    kind = "an integer" if integer else "a numeric"
+    ok = pa.types.is_integer(col.type) or (not integer and pa.types.is_floating(col.type))
+    if not ok:
+        raise TraceSchemaError(f"{source}: column {name!r} has type {col.type}, expected {kind} type")
+    if col.null_count:
+        i = _first(col.is_null().to_numpy(zero_copy_only=False))
+        raise TraceValueError(f"{source}: row {i}, column {name!r}: missing value (null)")
+    return col.to_numpy().astype(np.int64 if integer else np.float64)
+
+
+def _read_serve_schema(path: Path, fmt: str, names: list[str]) -> RequestTrace:
+    src = str(path)
+    missing = [c for c in SERVE_COLUMNS if c not in names]
+    if missing:
+        raise TraceSchemaError(f"{src}: missing column(s) {', '.join(missing)} for a request trace (columns: "
+                               f"{', '.join(names)}; expected arrival_s, prompt_tokens, output_tokens, or a "
+                               "requests trace with context_tokens)")
+    cols = [c for c in ("request_id", *SERVE_COLUMNS) if c in names]
+    try:
+        if fmt == "parquet":
+            table = pq.read_table(path, columns=cols)
+        else:
+            with pa.OSFile(str(path)) as f:
+                table = pa.ipc.open_file(f).read_all().select(cols)
+    except (pa.ArrowException, OSError) as exc:
+        raise TraceError(f"{src}: cannot read {fmt} data: {exc}") from exc
+    if table.num_rows == 0:
+        raise TraceValueError(f"{src}: empty trace (0 rows)")
+    arrival = _numeric(table, "arrival_s", src, integer=False)
+    prompt = _numeric(table, "prompt_tokens", src, integer=True)
+    output = _numeric(table, "output_tokens", src, integer=True)
+    check_requests(src, arrival, prompt, output, tuple(SERVE_COLUMNS))
+    rid = (_numeric(table, "request_id", src, integer=True) if "request_id" in names
+           else np.arange(table.num_rows, dtype=np.int64))
+    return RequestTrace(src, rid, arrival, prompt, output)
+
+
+def _file_columns(path: Path, fmt: str) -> list[str]:
+    try:
+        if fmt == "parquet":
+            return pq.read_schema(path).names
+        with pa.OSFile(str(path)) as f:
+            return pa.ipc.open_file(f).schema.names
+    except (pa.ArrowException, OSError) as exc:
+        raise TraceError(f"{path}: not a readable {fmt} file: {exc}") from exc
+
+
+def read_requests(path: str | Path) -> RequestTrace:
+    """Read a request trace (Azure CSV, a ``requests`` trace, or the serving request schema), checked.
+
+    Raises
+    ------
+    TraceError
+        (TraceSchemaError / TraceValueError) one line naming the file, the row and the column.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"{p}: no such file" if not p.exists() else f"{p}: a request trace is one file, not a folder")
+    fmt = detect_format(p)
+    if fmt in ("arrow", "parquet"):
+        names = _file_columns(p, fmt)
+        if "context_tokens" not in names:
+            return _read_serve_schema(p, fmt, names)
+    elif fmt != "azure-csv":
+        raise TraceError(f"{p}: a request trace is an Azure CSV, Parquet or Arrow file, not {fmt}")
+    # the existing reader checks the CSV header, column types, nulls, negative counts and timestamp precision
+    table = read_trace(p, format=fmt)
+    if table.schema.metadata.get(b"stepsim.kind") != b"requests":
+        raise TraceSchemaError(f"{p}: holds a {table.schema.metadata.get(b'stepsim.kind', b'?').decode()} trace, "
+                               "not requests")
+    us = table.column("arrival").cast(pa.int64()).to_numpy()
+    arrival = (us - us[0]) / 1e6  # seconds from the first row, as vllm bench serve replays a trace
+    prompt = table.column("context_tokens").to_numpy().astype(np.int64)
+    output = table.column("generated_tokens").to_numpy().astype(np.int64)
+    names = ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if fmt == "azure-csv" else \
+        ("arrival", "context_tokens", "generated_tokens")
+    if (np.diff(us) < 0).any():  # name the timestamps, not seconds relative to a later row
+        i = _first(np.diff(us) < 0) + 1
+        raise TraceValueError(f"{p}: row {i}, column {names[0]!r}: arrival is {float((us[i - 1] - us[i]) / 1e6)!r} s before "
+                              "the previous row's (requests must be sorted by arrival)")
+    check_requests(str(p), arrival, prompt, output, names)
+    rid = table.column("request_id").to_numpy().astype(np.int64)
+    return RequestTrace(str(p), rid, arrival, prompt, output)
+
+
+def write_requests(trace: RequestTrace, path: str | Path) -> Path:
+    """Write ``trace`` in the serving request schema (``.parquet``, else Arrow IPC), atomically."""
+    from stepsim.base.files import atomic_output
+
+    table = pa.table({"request_id": pa.array(trace.request_id, pa.int64()),
+                      "arrival_s": pa.array(trace.arrival_s, pa.float64()),
+                      "prompt_tokens": pa.array(trace.prompt_tokens, pa.int32()),
+                      "output_tokens": pa.array(trace.output_tokens, pa.int32())})
+    p = Path(path)
+    with atomic_output(p) as tmp:
+        if p.suffix.lower() in (".parquet", ".pq"):
+            pq.write_table(table, tmp)
+        else:
+            with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+                w.write_table(table)
+    return p

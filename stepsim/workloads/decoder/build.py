@@ -1,0 +1,279 @@
+"""A decoder layer in one graph: GQA decode attention over every KV head, the output projection with the residual,
+then an MoE block (routed and shared experts) or a dense SwiGLU FFN with the residual.
+
+Stages (each a function that adds operators to one graph and passes a stream on):
+
+1. **Attention** (:func:`stepsim.workloads.attention.build.attention_stage`), once per KV head (``kv_heads``; 1 is
+   the paper's one-head run): the same operators as the ``attention`` workload, each head with its own
+   ``regions`` and tensors ``h<h>_*``. Each head's region results are put back in request order with a
+   Reassemble (the dynamic dispatcher's own one-hot region per request; the static strategies' assignment).
+2. **Output projection**: a head's result tile ``(q, head_dim)`` per request is split into its ``q`` rows;
+   row ``j`` of every request goes to its own stream (a Partition), is packed into tiles of ``o_tile``
+   requests and multiplied by ``wo_h<h>_q<j>`` ``(head_dim, D)``, one weight tile per token tile; the products
+   of all query heads are summed (a tree of Adds), and ``x`` is added: ``h = x + attn @ W_o``.
+3. **FFN**: the rows of ``h`` feed :func:`stepsim.workloads.moe.build.moe_stage` (its routing from the ``routing``
+   trace) or, for a dense model, one SwiGLU FFN over every token (the shared-expert operators); the output
+   adds ``h`` back and is stored as ``y``. The rows of ``h`` wait in a ``batch``-deep FIFO for that last
+   add (the FFN needs most of the batch before its first row).
+
+Not modelled: the normalizations (RMSNorm), the query / key / value projections (the new token's q, k, v are
+read from HBM as in the paper's attention graph) and rotary embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from stepsim.base.errors import ArgumentError
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Accum,
+    Add,
+    Empty,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Matmul,
+    Partition,
+    Promote,
+    Reassemble,
+    Reshape,
+    RetileRow,
+    RetileStreamify,
+    SelectorSource,
+    Tensor,
+    Tile,
+    Zero,
+)
+from stepsim.graph.gcpause import gc_paused
+from stepsim.models.presets import ModelConfig, MoEModel
+from stepsim.workloads.attention import build as att
+from stepsim.workloads.base import Workload
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
+from stepsim.workloads.moe.build import (
+    DEFAULT_TILE_F,
+    DEFAULT_TILE_N,
+    PACKING_COMPUTE_BW,
+    STATIC_COMPUTE_BW,
+    idle_groups,
+    moe_stage,
+    shared_ffn,
+)
+from stepsim.workloads.routing import check_routing, expert_counts
+
+#: requests per tile of the output projection (and of the dense FFN)
+O_TILE = 32
+
+
+def _label(ops, group) -> None:
+    for op in ops:
+        op.group = group
+
+
+@gc_paused  # see stepsim.graph.gcpause
+def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str = "dynamic",
+                  softmax: str = "plain", kv_heads: int | None = None, attention_regions: int = 4,
+                  tiling: str = "static", tile_n: int | None = None, tile_f: int | None = None,
+                  regions: int | None = None, compute_bw: int = STATIC_COMPUTE_BW,
+                  channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"]) -> Workload:
+    """Build one decoder layer for a decode batch (see the module docstring).
+
+    Parameters
+    ----------
+    model : ModelConfig
+        The model (:func:`stepsim.models.presets.resolve_model`): hidden size, heads, KV heads, head
+        dimension, and its MoE block (experts, top-k, expert and shared FFN sizes) or dense FFN size.
+    kv_lengths : array [B]
+        KV-cache length of each request.
+    routing : array [B, top_k], optional
+        Expert ids per token (required for an MoE model, refused for a dense one).
+    strategy, softmax : str
+        The attention's parallelization and softmax form (:func:`stepsim.workloads.attention.build.build_attention`).
+    kv_heads : int, optional
+        KV heads simulated (default: all of the model's; 1 simulates one head, as the paper's runs).
+    attention_regions : int
+        Parallel regions per KV head (4).
+    tiling, tile_n, tile_f, regions : MoE block settings (:func:`stepsim.workloads.moe.build.build_moe`); ``tile_f``
+        also tiles the dense FFN.
+    compute_bw : int
+        FLOPs/cycle of the projection, residual and FFN compute nodes.
+    channel_depth : int or None
+        Default FIFO depth (2).
+    """
+    kv = att._check_lengths(kv_lengths)
+    batch = len(kv)
+    d, hd = model.hidden, model.head_dim
+    q_rows = model.heads // model.kv_heads
+    n_heads = model.kv_heads if kv_heads is None else int(kv_heads)
+    if not 1 <= n_heads <= model.kv_heads:
+        raise ArgumentError(f"kv_heads must be between 1 and the model's {model.kv_heads}, got {kv_heads!r}")
+    o_tile = min(O_TILE, batch)
+    if batch % o_tile:
+        raise ArgumentError(f"the decoder layer needs a batch that is a multiple of {O_TILE} (or at most "
+                            f"{O_TILE}), got {batch} requests")
+    if model.is_moe and routing is None:
+        raise ArgumentError(f"model {model.name!r} is an MoE model: give its routing (expert ids per token)")
+    if not model.is_moe and routing is not None:
+        raise ArgumentError(f"model {model.name!r} is dense: it takes no routing")
+    moe = model.moe if model.is_moe else None
+    if moe is not None:
+        routing = check_routing(routing, moe.experts, moe.top_k)
+        if routing.shape[0] != batch:
+            raise ArgumentError(f"the routing has {routing.shape[0]} tokens but the KV lengths {batch} requests; "
+                                "a decode batch has one token per request")
+    tile_f = tile_f or DEFAULT_TILE_F
+    widths = [moe.intermediate, moe.shared_intermediate] if moe is not None else [model.dense_intermediate]
+    for width in (w for w in widths if w):
+        if width % tile_f:
+            raise ArgumentError(f"tile_f must divide the FFN widths {[w for w in widths if w]}, got {tile_f}")
+    if tiling not in ("static", "dynamic"):
+        raise ArgumentError(f"tiling must be 'static' or 'dynamic', got {tiling!r}")
+    if moe is not None and regions is not None and (regions < 1 or moe.experts % regions):
+        raise ArgumentError(f"regions must divide the number of experts {moe.experts}, got {regions!r}")
+    kv_tile = 32
+    seq_len_tiled, offset = att.kv_metadata(kv, kv_tile)
+    max_n = att._default_max_n(batch, seq_len_tiled, kv_tile)
+    g = Graph(f"decoder-{model.name}-{strategy}-b{batch}")
+    bw = dict(compute_bw=compute_bw)
+    bindings: dict = {}
+
+    # 1-2: attention per KV head, then the output projection of its query heads
+    att_cfg = dict(head_dim=hd, q_rows=q_rows, tile_n=kv_tile, row_offset=max_n // kv_tile,
+                   compute_bw=att.COMPUTE_BW, wb_depth=4, wb_channel_depth=None, softmax=softmax)
+    products, relabel = [], []
+    for h in range(n_heads):
+        before = len(g.ops)
+        results: list = []
+        assignment, distributors, control = att.attention_stage(
+            g, seq_len_tiled, offset, strategy, attention_regions, max_n, None, att_cfg, prefix=f"h{h}_",
+            collect=results)
+        region_of = np.empty(batch, dtype=np.int64)
+        for r, reqs in enumerate(assignment):
+            region_of[reqs] = r
+        if control is not None:  # the dispatcher's choice per request; deep enough not to hold it back
+            selector = control
+            control.fanout_depth = batch
+        else:
+            selector = SelectorSource(g, np.eye(len(assignment), dtype=np.int8)[region_of], len(assignment))
+        ordered = Reassemble(g, results, selector, 0)
+        bindings[ordered.ragged_symbol] = 1  # one region's result per request
+        rows = Flatten(g, RetileStreamify(g, ordered, split_row=True), 0, 2)
+        rows.assume_shape(0, (batch * q_rows,))  # q rows of each request's one result tile
+        head_of_row = np.tile(np.arange(q_rows), batch)
+        query_select = Flatten(g, SelectorSource(g, np.eye(q_rows, dtype=np.int8)[head_of_row], q_rows), 0, 1)
+        per_query = Partition(g, rows, query_select, 0, q_rows)
+        for j in range(q_rows):
+            per_query.assume_shape(j, (batch,))
+            tiles = Accum(g, Reshape(g, per_query[j], o_tile, 0, pad=Zero(1, hd)), RetileRow(), Empty(0, hd), 1,
+                          out_dtype=Tile(FP32, o_tile, hd), compute_bw=PACKING_COMPUTE_BW)
+            w = LinearOffChipLoad(g, Tensor(f"wo_h{h}_q{j}", (hd, d), BF16), (hd, d), (1, 1), (1, 1), ref=tiles,
+                                  stream_dtype=FP32)
+            products.append(Map(g, [tiles, Flatten(g, Flatten(g, w, 0, 1), 0, 1)], Matmul(), **bw))
+        relabel.append((before, len(g.ops), h * len(assignment), distributors))
+    while len(products) > 1:  # sum the query heads' products pairwise
+        products = [Map(g, [a, b], Add(), **bw) for a, b in zip(products[::2], products[1::2])] + (
+            [products[-1]] if len(products) % 2 else [])
+    x = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (o_tile, d), (batch // o_tile,), (1,),
+                                     stream_dtype=FP32), 0, 1)  # [1, n] -> [n] tiles of o_tile rows
+    residual = Map(g, [products[0], x], Add(), **bw)
+    h_rows = Promote(g, RetileStreamify(g, residual, split_row=True), 1)  # [B] -> [1, B], the MoE's token stream
+    h_rows.fanout_depth = batch  # the rows wait for the FFN's first output (module docstring)
+
+    # 3: the FFN block and the second residual
+    before = len(g.ops)
+    if moe is not None:
+        counts = expert_counts(routing, moe.experts)
+        dynamic = tiling == "dynamic"
+        ffn_tile_n = None if dynamic else (tile_n or DEFAULT_TILE_N)
+        ffn_regions = moe.experts if regions is None else regions
+        ffn_out, moe_bindings, tile_rows = moe_stage(
+            g, h_rows, moe, routing, counts, dynamic=dynamic, tile_n=ffn_tile_n, tile_f=tile_f, regions=ffn_regions,
+            compute_bw=compute_bw, packing_compute_bw=PACKING_COMPUTE_BW)
+        bindings.update(moe_bindings)
+        idle = idle_groups(counts, ffn_regions)
+    else:
+        dense = MoEModel(model.name, hidden=d, intermediate=1, experts=1, top_k=1,
+                         shared_intermediate=model.dense_intermediate)
+        ffn_out = shared_ffn(g, h_rows, dense, batch, o_tile, tile_f, PACKING_COMPUTE_BW, bw)
+        tile_rows = {}
+        _label(g.ops[before:], ("ffn", 0))
+        idle = set()
+    out = Map(g, [ffn_out, h_rows], Add(), **bw)
+    LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
+
+    g.finalize()
+    for start, stop, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
+        dist = {id(op) for op in distributors}
+        for op in g.ops[start:stop]:
+            if isinstance(op.group, tuple) and op.group[0] == "region":
+                op.group = ("region", offset_r + op.group[1])
+        for op in g.ops:
+            if op.kind == "Broadcast" and op.group is None and id(op.inputs[0].op) in dist:
+                op.group = ("region", offset_r + op.inputs[0].index)
+    balanced = [att.region_units(g.ops[start:stop], attention_regions, offset_r)
+                for start, stop, offset_r, _ in relabel] if strategy == "dynamic" else []
+    workload = Workload(
+        name="decoder", graph=g, bindings=bindings, tile_rows=tile_rows, balanced_units=balanced,
+        idle_groups=idle, channel_depth=channel_depth,
+        params=dict(model=model.name, hidden=d, heads=model.heads, kv_heads=n_heads, head_dim=hd,
+                    query_per_kv_head=q_rows, batch=batch, strategy=strategy, softmax=softmax,
+                    attention_regions=attention_regions, max_n=max_n, o_tile=o_tile, tiling=tiling,
+                    tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw, channel_depth=channel_depth,
+                    **(dict(experts=moe.experts, top_k=moe.top_k, intermediate=moe.intermediate,
+                            ffn_regions=ffn_regions, shared_intermediate=moe.shared_intermediate) if moe is not None
+                       else dict(dense_intermediate=model.dense_intermediate))),
+        trace={"kv_lengths": kv, **({"routing": routing} if moe is not None else {})},
+    )
+    # the attention's symbols, for the round-robin / block assignment of every head
+    head_symbols = _attention_bindings(workload, seq_len_tiled, strategy, attention_regions, n_heads)
+    workload.bindings.update(head_symbols)
+    return workload
+
+
+def _attention_bindings(workload, seq_len_tiled, strategy, regions, n_heads) -> dict:
+    """Every head's per-region request count and mean KV tiles per request (see
+    :func:`stepsim.workloads.attention.build.assignment_bindings`)."""
+    import sympy as sp
+
+    assignment = att.region_assignment(len(seq_len_tiled), strategy, regions)
+    out = {}
+    for h in range(n_heads):
+        for r, reqs in enumerate(assignment):
+            group = ("region", h * len(assignment) + r)
+            crag = next(op for op in workload.graph.ops if op.kind == "CacheReadAddrGen" and op.group == group)
+            req_dim, tiles_sym = crag.stream.shape[0], crag.tiles_symbol
+            if isinstance(req_dim, sp.Symbol):
+                out[req_dim] = len(reqs)
+            tiles = int(seq_len_tiled[reqs].sum())
+            out[tiles_sym] = sp.Rational(tiles, len(reqs)) if len(reqs) else sp.Integer(0)
+    return out
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The decoder workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    from stepsim.base.errors import ConfigError
+    from stepsim.models.presets import resolve_model
+    from stepsim.trace_io.load import load_kv_lengths, load_routing
+
+    model = resolve_model(cfg["model"])
+    if cfg.get("kv_lengths") is None:
+        raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
+                          "(config key 'kv_lengths')")
+    routing = None
+    if model.is_moe:
+        if cfg.get("routing") is None:
+            raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
+                              "key 'routing')")
+        routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+    elif cfg.get("routing") is not None:
+        raise ConfigError(f"model {model.name!r} is dense: --routing does not apply")
+    kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
+    kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
+          if cfg.get(key) is not None}
+    return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
+                         kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)

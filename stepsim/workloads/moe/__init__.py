@@ -1,0 +1,18 @@
+"""The Mixture-of-Experts layer: static or dynamic token tiling, configuration time-multiplexing (``regions``),
+shared experts; routed by a trace of expert ids per token.
+
+``build.py`` builds it (and ``from_config`` from a run config), ``reference.py`` draws its seeded functional
+inputs and computes its NumPy reference; ``KIND`` is its entry in :mod:`stepsim.workloads.kinds`.
+
+Importing this package imports no builder (the registry is read by the CLI to build its parser).
+"""
+
+from stepsim.workloads.kind import WorkloadKind
+
+_HERE = __name__
+
+KIND = WorkloadKind("moe", knobs=("model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer",
+                                  "tiling", "tile_n", "tile_f", "regions", "compute_bw"),
+                    defaults={"model": "mixtral-8x7b", "tiling": "static"}, trace="routing",
+                    build=f"{_HERE}.build:from_config", inputs=f"{_HERE}.reference:inputs",
+                    reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length")

@@ -1,0 +1,394 @@
+"""The Mixture-of-Experts layer of the paper (Fig. 2; docs/semantics.md §6.1), weight-stationary per expert.
+
+Variants:
+
+* ``tiling="static"``: each expert's tokens are padded to tiles of ``tile_n`` rows;
+* ``tiling="dynamic"``: each expert's tokens are packed into one dynamically sized tile (round_N = 1);
+* ``regions < experts``: configuration time-multiplexing; ``experts / regions`` experts share one compute
+  region whose weights are fetched with random loads addressed by an EagerMerge selector (§6.1, last part);
+* ``model.shared_intermediate > 0``: shared experts (DeepSeek, Qwen2-MoE), which every token visits besides its
+  routed ones, modelled as one SwiGLU FFN of that width in its own region (group ``("shared_expert", 0)``,
+  weights ``shared_gate`` / ``shared_up`` / ``shared_down``): a Broadcast of the token stream feeds it, tiles
+  of ``tile_n`` tokens (32 with dynamic tiling), and its rows are added to the routed experts' sum before the
+  store. Its output FIFO holds the whole batch (``batch`` rows), because the sum waits for the routed experts,
+  which need most of the batch before their first row; shallower, the shared branch back-pressures the token
+  broadcast and the layer deadlocks. Qwen2-MoE's sigmoid gate on the shared expert is not modelled.
+
+Memory operators are created in the order the artifact's scripts register them with the HBM, because that
+order decides same-cycle arbitration (docs/timing_model.md §2 step 2, §4.2). One region per expert: the token load,
+the routing-weight load, then each expert's up, gate and down loads. Time-multiplexed: the token load, every
+region's up load, then every gate load, then every down load, then the routing-weight load.
+
+Storage types reproduce the experiments' ``mock_bf16``: activations, routing weights and expert weights are
+stored in bf16 and computed in fp32; the output is stored in fp32.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+from stepsim.base.errors import ArgumentError, StepsimWarning
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Accum,
+    AccumAdd,
+    Add,
+    DynTile,
+    EagerMerge,
+    Empty,
+    ExpertAddrGen,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    MapAccum,
+    Matmul,
+    Mul,
+    Partition,
+    RandomOffChipLoad,
+    Reassemble,
+    RepeatStatic,
+    Reshape,
+    RetileRow,
+    RetileStreamify,
+    SelectorSource,
+    Silu,
+    Tensor,
+    Tile,
+    Zero,
+)
+from stepsim.graph.dims import ceil_div
+from stepsim.graph.gcpause import gc_paused
+from stepsim.models.presets import MoEModel
+from stepsim.workloads.base import Workload
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
+from stepsim.workloads.routing import check_routing, expert_counts, multihot, onehot_per_slot
+
+#: §5.3: static tiling runs use 4096 FLOPs/cycle per compute node; dynamic tiling 6400
+STATIC_COMPUTE_BW = 4096
+DYNAMIC_COMPUTE_BW = 6400
+#: §5.3 / §5.4: the token-packing Accum(RetileRow) is hard-coded to 1024 FLOPs/cycle
+PACKING_COMPUTE_BW = 1024
+#: §5.4: the time-multiplexing experiment uses 1024 FLOPs/cycle per node and F tiles of 48
+TIMESHARE_COMPUTE_BW = 1024
+TIMESHARE_TILE_F = 48
+DEFAULT_TILE_F = 64
+DEFAULT_TILE_N = 32
+
+
+def algorithmic_flops(counts, model: MoEModel, tile_n: int | None) -> int:
+    """The paper scripts' FLOPs: per expert with ``b`` tokens after padding to ``tile_n`` (``b = c`` when
+    dynamic), ``2*b*D*F*3 + b*F + 8*b*D*F``. The SiLU term multiplies by D (sic, docs/semantics.md §9.5).
+    Shared experts add the same terms with F the shared width and ``b`` the batch padded to their tiles."""
+    d, f = model.hidden, model.intermediate
+
+    def ffn(b, width):
+        return 2 * b * d * width * 3 + b * width + 8 * b * d * width
+
+    total = 0
+    for c in (int(x) for x in counts):
+        total += ffn(c if tile_n is None else ceil_div(c, tile_n) * tile_n, f)
+    if model.shared_intermediate:
+        batch = int(sum(int(x) for x in counts)) // model.top_k
+        tn = tile_n or DEFAULT_TILE_N
+        total += ffn(ceil_div(batch, tn) * tn, model.shared_intermediate)
+    return total
+
+
+@gc_paused  # see stepsim.graph.gcpause: collections made large builds superlinear
+def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int | None = None,
+              tile_f: int | None = None, regions: int | None = None, compute_bw: int | None = None,
+              packing_compute_bw: int = PACKING_COMPUTE_BW,
+              channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"]) -> Workload:
+    """Build the MoE layer for one decoding batch.
+
+    Parameters
+    ----------
+    model : MoEModel
+        Layer dimensions (D, F, experts, top_k).
+    routing : array [tokens, top_k]
+        Expert ids chosen for each token (a routing trace); the batch size is ``tokens``.
+    tiling : {"static", "dynamic"}
+        Token tiling per expert.
+    tile_n : int
+        Tokens per tile for static tiling (default 32); ignored for dynamic tiling.
+    tile_f : int
+        Columns of F per weight tile (default 64; 48 when ``regions`` is given, as in §5.4).
+    regions : int
+        Parallel expert regions (default: one per expert). Giving it selects the time-multiplexing
+        experiment's defaults (``tile_f`` 48, ``compute_bw`` 1024).
+    compute_bw : int
+        FLOPs/cycle of every compute node (default 4096 static, 6400 dynamic, 1024 time-multiplexed).
+    packing_compute_bw : int
+        FLOPs/cycle of the token-packing Accum (1024 in every experiment).
+    channel_depth : int or None
+        Default FIFO depth for simulation (2 in the experiments; None means 1024).
+    """
+    if tiling not in ("static", "dynamic"):
+        raise ArgumentError(f"tiling must be 'static' or 'dynamic', got {tiling!r}")
+    routing = check_routing(routing, model.experts, model.top_k)
+    experts, k, d, f = model.experts, model.top_k, model.hidden, model.intermediate
+    timeshare = regions is not None
+    regions = experts if regions is None else regions
+    if not isinstance(regions, int) or regions < 1 or experts % regions:
+        raise ArgumentError(f"regions must divide the number of experts {experts}, got {regions!r}")
+    dynamic = tiling == "dynamic"
+    tile_n = None if dynamic else (DEFAULT_TILE_N if tile_n is None else tile_n)
+    tile_f = tile_f or (TIMESHARE_TILE_F if timeshare else DEFAULT_TILE_F)
+    if compute_bw is None:
+        compute_bw = TIMESHARE_COMPUTE_BW if timeshare else (DYNAMIC_COMPUTE_BW if dynamic else STATIC_COMPUTE_BW)
+    if not dynamic and (not isinstance(tile_n, int) or tile_n < 1):
+        raise ArgumentError(f"tile_n must be a positive int, got {tile_n!r}")
+    if not isinstance(tile_f, int) or tile_f < 1 or f % tile_f:
+        raise ArgumentError(f"tile_f must be a positive divisor of the intermediate size {f}, got {tile_f!r}")
+    if model.shared_intermediate % tile_f:
+        raise ArgumentError(f"tile_f must also divide the shared experts' intermediate size "
+                            f"{model.shared_intermediate}, got {tile_f!r}")
+
+    batch = routing.shape[0]
+    if not dynamic and tile_n > batch:
+        warnings.warn(f"tile_n {tile_n} is larger than the batch ({batch} tokens): every expert tile is mostly "
+                      f"padding; tiles up to {batch} give the same traffic with less on-chip memory",
+                      StepsimWarning, stacklevel=3)  # 3: past the gc_paused wrapper, to the caller
+    counts = expert_counts(routing, experts)
+    g = Graph(f"moe-{model.name}-{tiling}")
+
+    # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
+    x = Tensor("x", (batch, d), BF16)
+    tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+    summed, bindings, tile_rows = moe_stage(
+        g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
+        compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
+    LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
+
+    idle = idle_groups(counts, regions)
+    routing.flags.writeable = False
+    return Workload(
+        name="moe", graph=g, bindings=bindings, tile_rows=tile_rows, idle_groups=idle,
+        channel_depth=channel_depth,
+        algorithmic_flops=algorithmic_flops(counts, model, tile_n),
+        params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
+                    tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+                    packing_compute_bw=packing_compute_bw, channel_depth=channel_depth,
+                    **({"shared_intermediate": model.shared_intermediate} if model.shared_intermediate else {})),
+        trace={"routing": routing},  # check_routing's own int64 copy
+    )
+
+
+def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,
+              regions: int, compute_bw: int, packing_compute_bw: int):
+    """The MoE block as a stage of graph ``g``: token rows in (``tokens``: the batch's rows, 1 x D fp32, in token
+    order), the block's output rows out, in token order (routed experts weighted by the routing weights and
+    summed, plus the shared experts' rows). Creates its operators in the order the artifact registers the
+    memory operators (module docstring). ``routing`` is checked, ``counts`` its per-expert token counts.
+
+    Returns ``(output rows, bindings, tile_rows)``: the symbols' values from the trace, and the rows of each
+    time-multiplexed region's merged dynamic tiles (:attr:`stepsim.workloads.base.Workload.tile_rows`).
+    """
+    experts, k, d = model.experts, model.top_k, model.hidden
+    batch = routing.shape[0]
+    bw = dict(compute_bw=compute_bw)
+
+    # 2-3: selectors, routing weights
+    feature_select = SelectorSource(g, multihot(routing, experts), experts)
+    weight_select = SelectorSource(g, onehot_per_slot(routing, experts), experts)
+    route_w = Tensor("routing_weights", (batch, k), BF16)
+
+    def load_routing_weights():
+        return LinearOffChipLoad(g, route_w, (1, 1), (batch, k), (k, 1), stream_dtype=FP32)
+
+    # HBM registration order (graph order) decides same-cycle arbitration (docs/timing_model.md §2 step 2, §4.2): the
+    # per-expert scripts load the routing weights here, the time-multiplexing script (regions < experts) after
+    # the expert weights
+    weights = load_routing_weights() if regions == experts else None
+
+    # 4: tokens to experts; the partition's count symbols are the per-expert token counts
+    per_expert = Partition(g, tokens, feature_select, 0, experts)
+    count_symbol = per_expert.count_symbols
+    bindings = {count_symbol[e]: int(counts[e]) for e in range(experts)}
+
+    # 5a: pack each expert's tokens into tiles
+    packed = []
+    for e in range(experts):
+        c = count_symbol[e]
+        before = len(g.ops)
+        if dynamic:
+            padded = Reshape(g, per_expert[e], 1, 0, pad=Zero(1, d), add_outer_dim=True)
+            rows = Flatten(g, padded, 0, 1)
+            out_dtype = DynTile(FP32, c, d)
+        else:
+            padded = Reshape(g, per_expert[e], tile_n, 0, pad=Zero(1, d), add_outer_dim=True)
+            rows = Flatten(g, padded, 1, 2)
+            out_dtype = Tile(FP32, tile_n, d)
+        packed.append(Accum(g, rows, RetileRow(), Empty(0, d), 1, out_dtype=out_dtype,
+                            compute_bw=packing_compute_bw))
+        _label(g.ops[before:], ("expert", e))
+
+    # 5b: expert FFNs, one region per expert or time-multiplexed regions
+    tile_rows = {}
+    if regions == experts:
+        results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw) for e in range(experts)]
+    else:
+        results, region_bindings, tile_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
+                                                                   counts, bw)
+        bindings.update(region_bindings)
+
+    # 5c-7: unpack rows, scale by routing weights, reassemble tokens, sum over slots, store
+    if weights is None:
+        weights = load_routing_weights()
+    slot_weights = Partition(g, weights, weight_select, 0, experts)
+    scaled = []
+    for e in range(experts):
+        before = len(g.ops)
+        slot_weights.assume_shape(e, (count_symbol[e],))
+        rows = RetileStreamify(g, results[e], split_row=True, filter_mask=True)
+        rows.assume_shape(0, (count_symbol[e],))
+        scaled.append(Map(g, [slot_weights[e], rows], Mul(), **bw))
+        _label(g.ops[before:], ("expert", e))
+    reassemble_select = SelectorSource(g, multihot(routing, experts), experts)
+    gathered = Reassemble(g, scaled, reassemble_select, 0)
+    bindings[gathered.ragged_symbol] = k  # every token gathers exactly top_k expert outputs
+    summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
+    if model.shared_intermediate:
+        before = len(g.ops)
+        shared = shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
+        summed = Map(g, [summed, shared], Add(), **bw)
+        _label(g.ops[before:], ("shared_expert", 0))
+    return summed, bindings, tile_rows
+
+
+def idle_groups(counts, regions: int) -> set:
+    """Expert (and time-multiplexed region) groups that received no token (``Workload.idle_groups``)."""
+    experts = len(counts)
+    idle = {("expert", e) for e in range(experts) if counts[e] == 0}
+    if regions != experts:
+        per_region = experts // regions
+        idle |= {("region", r) for r in range(regions) if not counts[r * per_region:(r + 1) * per_region].any()}
+    return idle
+
+
+def _label(ops, group) -> None:
+    for op in ops:
+        op.group = group
+
+
+def _weights(model: MoEModel, prefix: str, experts: int = 1):
+    d, f = model.hidden, model.intermediate
+    return (Tensor(f"{prefix}_gate", (experts * d, f), BF16), Tensor(f"{prefix}_up", (experts * d, f), BF16),
+            Tensor(f"{prefix}_down", (experts * f, d), BF16))
+
+
+def _ffn_body(g, tiles_rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw):
+    """gate/up matmuls, SiLU, product, and the down projection reduced over F tiles."""
+    d = model.hidden
+    gate = Map(g, [tiles_rep, gate_w], Matmul(), **bw)
+    up = Map(g, [tiles_rep, up_w], Matmul(), **bw)
+    hidden = Map(g, [up, Map(g, gate, Silu(), **bw)], Mul(), **bw)
+    init = Empty(0, d) if dynamic else Zero(tiles_rep.stream.dtype.rows, d)
+    return MapAccum(g, hidden, down_w, Matmul(), init, 1, **bw)
+
+
+def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw):
+    """The shared experts as one FFN of width ``model.shared_intermediate`` over every token, in tiles of
+    ``tile_n`` rows (the last one zero-padded); returns its ``batch`` output rows in token order."""
+    d, fs = model.hidden, model.shared_intermediate
+    rows_in = Reshape(g, tokens, tile_n, 0, pad=Zero(1, d))  # [1, ceil(B / tile_n), tile_n] rows
+    tiles = Accum(g, rows_in, RetileRow(), Empty(0, d), 1, out_dtype=Tile(FP32, tile_n, d),
+                  compute_bw=packing_compute_bw)
+    n_f = fs // tile_f
+    gate_t, up_t, down_t = (Tensor("shared_gate", (d, fs), BF16), Tensor("shared_up", (d, fs), BF16),
+                            Tensor("shared_down", (fs, d), BF16))
+    rep = RepeatStatic(g, tiles, n_f)
+    up_w, gate_w, down_w = (
+        Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
+        for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d))))
+    out = _ffn_body(g, rep, gate_w, up_w, down_w, model, tile_f, False, bw)
+    rows = RetileStreamify(g, out, split_row=True, filter_mask=True)
+    rows.assume_shape(0, tokens.stream.shape)  # the padding rows are filtered out: one row per token
+    rows.channel_depth = batch  # the residual-style buffer the sum needs (module docstring)
+    return rows
+
+
+def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw):
+    """One dedicated region: weights re-read once per token tile (LinearOffChipLoad with a reference)."""
+    d, f = model.hidden, model.intermediate
+    n_f = f // tile_f
+    before = len(g.ops)
+    gate_t, up_t, down_t = _weights(model, f"expert{e:03d}")
+    rep = RepeatStatic(g, tiles, n_f)
+    loads = [Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
+             for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d)))]
+    up_w, gate_w, down_w = loads
+    out = _ffn_body(g, rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw)
+    _label(g.ops[before:], ("expert", e))
+    return out
+
+
+def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
+    """Regions of ``experts/regions`` experts: EagerMerge the token tiles, fetch the chosen expert's weights
+    with random loads, compute, and route results back to per-expert streams.
+
+    The weight loads are created stage by stage, as the artifact's time-multiplexing scripts build them (every
+    region's up load, then every gate load, then every down load), because the HBM serves same-cycle requests
+    in the order the loads were registered, which is graph order (docs/timing_model.md §2 step 2, §4.2).
+
+    With dynamic tiling a region's merged tiles have a ragged row count; it is bound to the largest member
+    expert's token count, because on-chip buffers must hold the largest tile (this makes the region's
+    ``graph_flops`` an upper bound; ``algorithmic_flops`` is exact). For FLOP counting the same symbol is bound
+    to the rows of each of the region's tiles (one tile per member expert with tokens, ``tile_rows``): every
+    function's FLOPs are linear in a tile's rows, so tiles x mean rows is the exact sum, and the per-unit
+    bounds charge each tile its own firing costs. Returns (results, bindings, tile_rows).
+    """
+    bindings, tile_rows = {}, {}
+    d, f = model.hidden, model.intermediate
+    n_f = f // tile_f
+    per_region = model.experts // regions
+    members = [list(range(r * per_region, (r + 1) * per_region)) for r in range(regions)]
+    merges, reps, addrs = [], [], []
+    for r in range(regions):
+        before = len(g.ops)
+        merge = EagerMerge(g, [packed[e] for e in members[r]], 0)
+        merged_rows = merge.outputs[0].dtype.rows
+        if dynamic and merged_rows not in [packed[e].stream.dtype.rows for e in members[r]]:
+            bindings[merged_rows] = int(max(counts[e] for e in members[r]))
+            tile_rows[merged_rows] = tuple(int(counts[e]) for e in members[r] if counts[e])
+        merges.append(merge)
+        reps.append(RepeatStatic(g, merge[0], n_f))
+        addrs.append(ExpertAddrGen(g, merge[1], n_f))
+        _label(g.ops[before:], ("region", r))
+    tensors = [_weights(model, f"region{r:03d}", per_region) for r in range(regions)]  # (gate, up, down)
+    loads = {}
+    for name, which, tile in (("up", 1, (d, tile_f)), ("gate", 0, (d, tile_f)), ("down", 2, (tile_f, d))):
+        for r in range(regions):
+            before = len(g.ops)
+            loads[name, r] = Flatten(g, RandomOffChipLoad(g, addrs[r], tensors[r][which], tile, stream_dtype=FP32),
+                                     0, 1)
+            _label(g.ops[before:], ("region", r))
+    results = []
+    for r in range(regions):
+        before = len(g.ops)
+        out = _ffn_body(g, reps[r], loads["gate", r], loads["up", r], loads["down", r], model, tile_f, dynamic, bw)
+        back = Partition(g, out, merges[r][1], 0, per_region)
+        _label(g.ops[before:], ("region", r))
+        for i, e in enumerate(members[r]):
+            # The partition's count for expert e is its number of token tiles, already known upstream.
+            back.assume_shape(i, packed[e].stream.shape)
+            if dynamic:
+                back.assume_dtype(i, packed[e].stream.dtype)
+            results.append(back[i])
+    return results, bindings, tile_rows
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The moe workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    from stepsim.models.presets import moe_model
+    from stepsim.trace_io.load import load_routing
+    from stepsim.workloads.config import CUSTOM_MODEL_KEYS, bandwidth_kwargs, resolved_trace
+
+    model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
+    routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+    return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
+                     regions=cfg["regions"], **bandwidth_kwargs(cfg))

@@ -1,0 +1,14 @@
+"""A user's program, ``path/to/file.py:function`` returning a Graph or a Workload (it brings its own inputs and
+reference through the kind it was built as).
+
+``build.py`` loads the function (and ``from_config`` from a run config); ``KIND`` is its entry in
+:mod:`stepsim.workloads.kinds`.
+
+Importing this package imports no builder (the registry is read by the CLI to build its parser).
+"""
+
+from stepsim.workloads.kind import WorkloadKind
+
+_HERE = __name__
+
+KIND = WorkloadKind("program", knobs=("program",), build=f"{_HERE}.build:from_config")

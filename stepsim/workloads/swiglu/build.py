@@ -1,0 +1,78 @@
+"""The single-expert SwiGLU layer of the HDL validation (README Fig. 8; docs/semantics.md §6.2, §5.6).
+
+``y = down(silu(x @ W_gate) * (x @ W_up))`` with schedule "mn_mk": gate/up tiled by (tile_m, tile_n) with
+the full D as K tile; down tiled by tile_m rows and tile_n of K, the full D as N. Everything fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from stepsim.base.errors import ArgumentError
+from stepsim.graph import (
+    FP32,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    MapAccum,
+    Matmul,
+    Mul,
+    Reshape,
+    Silu,
+    Tensor,
+    Zero,
+)
+from stepsim.workloads.base import Workload
+from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
+
+#: §5.6: every compute node runs at 4096 FLOPs/cycle; loads dispatch 4 requests per cycle
+HDL_COMPUTE_BW = 4096
+HDL_PAR_DISPATCH = 4
+
+
+def swiglu_algorithmic_flops(batch: int, hidden: int, intermediate: int) -> int:
+    """The validation script's FLOPs ``2*B*D*F*3 + B*F + 8*B*D*F`` (SiLU term multiplied by D, sic)."""
+    return 2 * batch * hidden * intermediate * 3 + batch * intermediate + 8 * batch * hidden * intermediate
+
+
+def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden: int = 256, intermediate: int = 512,
+                 compute_bw: int = HDL_COMPUTE_BW, par_dispatch: int = HDL_PAR_DISPATCH,
+                 channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["swiglu"]) -> Workload:
+    """Build the SwiGLU validation layer (B=64, D=256, F=512 by default; fp32; HDL hardware preset).
+
+    ``tile_m`` tiles the batch (rows of x), ``tile_n`` tiles F for gate/up and K of the down projection.
+    """
+    for key, v, total in (("tile_m", tile_m, batch), ("tile_n", tile_n, intermediate)):
+        if not isinstance(v, int) or v < 1 or total % v:
+            raise ArgumentError(f"{key} must be a positive divisor of {total}, got {v!r}")
+    b, d, f = batch, hidden, intermediate
+    m_tiles, n_tiles = b // tile_m, f // tile_n
+    g = Graph(f"swiglu-m{tile_m}-n{tile_n}")
+    bw = dict(compute_bw=compute_bw)
+    x = LinearOffChipLoad(g, Tensor("x", (b, d), FP32), (tile_m, d), (m_tiles, n_tiles, 1), (1, 0, 1),
+                          par_dispatch=par_dispatch)
+    w_gate, w_up = (LinearOffChipLoad(g, Tensor(name, (d, f), FP32), (d, tile_n), (m_tiles, n_tiles, 1),
+                                      (0, 1, n_tiles), par_dispatch=par_dispatch) for name in ("w_gate", "w_up"))
+    gate = MapAccum(g, x, w_gate, Matmul(), Zero(tile_m, tile_n), 1, **bw)
+    up = MapAccum(g, x, w_up, Matmul(), Zero(tile_m, tile_n), 1, **bw)
+    hidden_act = Map(g, [up, Map(g, gate, Silu(), **bw)], Mul(), **bw)
+    # Linear(down): N equals the tile's N, so the input is re-chunked instead of buffered (§6.2)
+    rows = Reshape(g, hidden_act, 1, 1)
+    w_down = LinearOffChipLoad(g, Tensor("w_down", (f, d), FP32), (tile_n, d), (m_tiles, 1, n_tiles), (0, 1, 1),
+                               par_dispatch=par_dispatch)
+    out = MapAccum(g, rows, w_down, Matmul(), Zero(tile_m, d), 1, write_back_mu=True, **bw)
+    LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
+    return Workload(
+        name="swiglu", graph=g, channel_depth=channel_depth, hardware=WORKLOAD_HARDWARE["swiglu"],
+        algorithmic_flops=swiglu_algorithmic_flops(b, d, f),
+        params=dict(batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
+                    par_dispatch=par_dispatch, channel_depth=channel_depth),
+    )
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The swiglu workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
+    from stepsim.workloads.config import bandwidth_kwargs
+
+    return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **bandwidth_kwargs(cfg))

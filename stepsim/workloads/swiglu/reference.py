@@ -1,0 +1,86 @@
+"""The SwiGLU validation layer's NumPy reference and seeded functional inputs (kind ``swiglu``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepsim.base.errors import ShapeError
+from stepsim.workloads.base import Workload
+from stepsim.workloads.numerics import (
+    checked_array,
+    expect_shape,
+    ffn_rows,
+    seeded_normal,
+    take_input,
+)
+
+
+# =========================================================================================================
+# SwiGLU
+# =========================================================================================================
+def swiglu_reference(x, w_gate, w_up, w_down) -> np.ndarray:
+    """The SwiGLU validation layer: ``y = (silu(x @ w_gate) * (x @ w_up)) @ w_down``.
+
+    Maps onto :func:`~stepsim.workloads.swiglu.build.build_swiglu`'s tensors ``"x"``, ``"w_gate"``, ``"w_up"``,
+    ``"w_down"`` (all fp32) and its stored tensor ``"y"`` (fp32). The graph's tiling (``tile_m`` rows of x,
+    ``tile_n`` columns of F) does not change the values: every output row depends on its input row only, and
+    the down projection's sum over F tiles is done here in one float64 reduction.
+
+    Parameters
+    ----------
+    x : array [B, D]
+        Activations (tokens x hidden).
+    w_gate, w_up : array [D, F]
+        Gate and up projections (``x @ W`` convention, i.e. the transposed ``nn.Linear`` weight).
+    w_down : array [F, D]
+        Down projection.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``y`` [B, D], float32.
+
+    Raises
+    ------
+    ShapeError
+        Naming the argument whose shape does not fit (``D`` from ``x``, ``F`` from ``w_gate``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.array([[1.0, 2.0]])
+    >>> swiglu_reference(x, 32 * np.eye(2), np.eye(2), np.eye(2) / 32).tolist()  # silu(32 t) = 32 t in fp32
+    [[1.0, 4.0]]
+    """
+    who = "swiglu_reference"
+    x = checked_array(x, who, "x", 2)
+    w_gate = checked_array(w_gate, who, "w_gate", 2)
+    w_up = checked_array(w_up, who, "w_up", 2)
+    w_down = checked_array(w_down, who, "w_down", 2)
+    d = x.shape[1]
+    if w_gate.shape[0] != d:
+        raise ShapeError(f"{who}: w_gate has shape {list(w_gate.shape)}; its rows must equal x's D = {d} "
+                         f"(x has shape {list(x.shape)})")
+    f = w_gate.shape[1]
+    expect_shape(who, "w_up", w_up, (d, f), "[D, F] (the shape of w_gate)")
+    expect_shape(who, "w_down", w_down, (f, d), "[F, D]")
+    return ffn_rows(x, w_gate, w_up, w_down).astype(np.float32)
+
+
+def inputs(w: Workload, seed: int) -> dict:
+    b, d, f = w.params["batch"], w.params["hidden"], w.params["intermediate"]
+    return {
+        "x": seeded_normal(seed, "x", (b, d), 1.0, bf16=False),
+        "w_gate": seeded_normal(seed, "w_gate", (d, f), d ** -0.5, bf16=False),
+        "w_up": seeded_normal(seed, "w_up", (d, f), d ** -0.5, bf16=False),
+        "w_down": seeded_normal(seed, "w_down", (f, d), f ** -0.5, bf16=False),
+    }
+
+
+def outputs(workload: Workload, inputs: dict) -> dict:
+    args = [take_input(inputs, n, "workload_reference") for n in ("x", "w_gate", "w_up", "w_down")]
+    return {"y": swiglu_reference(*args)}
+
+
+def reduction_length(workload: Workload, name: str) -> int:
+    return workload.params["hidden"] + workload.params["intermediate"]
