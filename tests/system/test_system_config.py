@@ -62,7 +62,7 @@ link_bandwidth = 50
 link_latency = 20
 """
     s = from_toml(_write(tmp_path, text))
-    assert s.chips == 6 and s.hardware.name == "step-hdl"
+    assert s.chips == 6 and s.hardware.name == "step-hdl" and s.hardware_spec == "step-hdl"
     # dimension 0 groups (0,1) (2,3) (4,5): 6 links; dimension 1 groups (0,2,4) (1,3,5): 12 links
     assert len(s.links) == 18
     assert s.links[0].name == "chip0->chip1" and (s.links[0].bandwidth, s.links[0].latency) == (100, 10)
@@ -92,7 +92,7 @@ latency = 9
 bidirectional = false
 """
     s = from_toml(_write(tmp_path, text))
-    assert s.hardware.hbm_channels == 8
+    assert s.hardware.hbm_channels == 8 and s.hardware_spec == str((tmp_path / "hw.toml").resolve())
     assert [(link.name, link.bandwidth, link.latency) for link in s.links] == [
         ("chip0->chip1", 16, 3), ("chip1->chip0", 16, 3), ("chip1->chip2", 8, 3), ("chip2->chip0", 16, 9)]
     assert s.route(0, 2) == (0, 2)
@@ -123,7 +123,7 @@ BAD = [
      "link_latency, name, topology"),
     ('chips = 2\ntopology = "ring"\nlink_latency = 2\n', "{p}: missing key 'link_bandwidth'"),
     ('chips = 2\nhardware = "tpu"\ntopology = "ring"\nlink_bandwidth = 1\nlink_latency = 2\n',
-     "{p}: hardware 'tpu' is neither a preset (step-eval, step-hdl) nor a file"),
+     "{p}: hardware 'tpu' is neither a preset (step-eval, step-hdl) nor a .toml file"),
     ('chips = 2\ntopology = "ring"\nlink_bandwidth = 1.5\nlink_latency = 2\n',
      "{p}: link_bandwidth must be an int in 1..2147483647 (bytes/cycle), got 1.5"),
     ('chips = 0\ntopology = "ring"\nlink_bandwidth = 1\nlink_latency = 2\n',

@@ -3,7 +3,7 @@
 A system file is TOML. The one-dimension form is top-level keys::
 
     chips = 8
-    hardware = "step-eval"          # a hardware preset or a hardware TOML file (relative to this file)
+    hardware = "step-eval"          # a hardware preset or a hardware .toml file (relative to this file)
     topology = "ring"               # "ring", "fully-connected", "switch" or "custom"
     link_bandwidth = 64             # bytes/cycle, per link and direction
     link_latency = 500              # cycles
@@ -77,6 +77,8 @@ class System:
         Every directed link; switches are nodes ``chips ..``.
     n_switches : int
         Number of switch nodes.
+    hardware_spec : str
+        The hardware as a preset name or the absolute path of its TOML file (what ``--hardware`` would take).
     """
 
     name: str
@@ -85,6 +87,7 @@ class System:
     dimensions: tuple[Dimension, ...]
     links: tuple[Link, ...]
     n_switches: int = 0
+    hardware_spec: str = "step-eval"
     _routes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def route(self, src: int, dst: int) -> tuple[int, ...]:
@@ -114,8 +117,8 @@ class System:
 
     @classmethod
     def load(cls, spec: str | Path) -> System:
-        """A preset name or a TOML file path."""
-        if isinstance(spec, str) and spec in PRESETS:
+        """A preset name or a TOML file path (a name that is neither: the unknown-preset error)."""
+        if isinstance(spec, str) and not spec.endswith(".toml") and not Path(spec).is_file():
             return cls.preset(spec)
         return from_toml(spec)
 
@@ -136,24 +139,20 @@ def _int(value: Any, where: str, key: str, minimum: int, unit: str) -> int:
     return value
 
 
-def _hardware(value: Any, where: str, base_dir: Path | None) -> Hardware:
-    if isinstance(value, dict):
-        try:
-            return Hardware.from_dict(value, source=f"{where} [hardware]")
-        except ConfigError as exc:
-            raise SystemConfigError(str(exc)) from None
+def _hardware(value: Any, where: str, base_dir: Path | None) -> tuple[Hardware, str]:
+    """The chips' hardware and how to name it again: a preset name or the hardware file's absolute path."""
     if not isinstance(value, str):
-        raise SystemConfigError(f"{where}: hardware must be a preset name, a file or a table, got {value!r}")
+        raise SystemConfigError(f"{where}: hardware must be a preset name or a hardware TOML file, got {value!r}")
     if value in HARDWARE_PRESETS:
-        return Hardware.preset(value)
+        return Hardware.preset(value), value
     path = Path(value)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
-    if not path.is_file():
+    if not path.is_file() or path.suffix != ".toml":
         raise SystemConfigError(f"{where}: hardware {value!r} is neither a preset "
-                                f"({', '.join(sorted(HARDWARE_PRESETS))}) nor a file")
+                                f"({', '.join(sorted(HARDWARE_PRESETS))}) nor a .toml file")
     try:
-        return Hardware.from_toml(path)
+        return Hardware.from_toml(path), str(path.resolve())
     except ConfigError as exc:
         raise SystemConfigError(f"{where}: {exc}") from None
 
@@ -281,7 +280,7 @@ def from_dict(data: dict[str, Any], *, source: str = "dict", base_dir: Path | No
         chips = _int(chips, where, "chips", 1, "chips")
         if chips > MAX_CHIPS:
             raise SystemConfigError(f"{where}: chips must be at most {MAX_CHIPS}, got {chips}")
-    hardware = _hardware(data.get("hardware", "step-eval"), where, base_dir)
+    hardware, hardware_spec = _hardware(data.get("hardware", "step-eval"), where, base_dir)
     if data.get("topology") == "custom":
         if chips is None:
             raise SystemConfigError(f"{where}: missing key 'chips'")
@@ -304,7 +303,7 @@ def from_dict(data: dict[str, Any], *, source: str = "dict", base_dir: Path | No
             if src != dst and (src, dst) not in table:
                 raise SystemConfigError(f"{where}: chip {dst} is unreachable from chip {src} over the links")
     label = name if isinstance(name, str) else str(data.get("name", source))
-    return System(label, chips, hardware, dims, links, n_switches, table)
+    return System(label, chips, hardware, dims, links, n_switches, hardware_spec, table)
 
 
 #: named systems (illustrative link figures: 64 B/cycle is 64 GB/s per direction at 1 GHz, 500 cycles 0.5 us)

@@ -28,6 +28,7 @@ on-chip memory), so every add reads both operands from the PMU: its cost is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stepsim.base.errors import ArgumentError
@@ -39,9 +40,9 @@ from stepsim.graph.ops_chips import ResidentLoad, ResidentStore
 from stepsim.graph.ops_compute import Map
 from stepsim.graph.ops_memory import Tensor
 from stepsim.base.system import System
+from stepsim.workloads.base import Workload
+from stepsim.workloads.collective import ALGORITHMS, OPS
 
-OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
-ALGORITHMS = ("ring", "direct")
 #: bytes per element of the collectives' vectors (fp32)
 ELEM_BYTES = 4
 #: FLOPs/cycle of the reduction adds (a Map's compute_bw; the PMU reads usually dominate)
@@ -199,3 +200,36 @@ def build_collective(system: System, op: str, nbytes: int, algorithm: str = "rin
             b.all_gather(reduced, algorithm)
     b.net.finish()
     return Collective(b.g, b.net, op, algorithm, b.n, nbytes, b.m, tuple(b.inputs), tuple(b.outputs))
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The collective workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`).
+
+    The chips' hardware is the system's (``--hardware`` does not apply: the system file names it).
+    """
+    from stepsim.workloads.collective.closed_form import collective_cycles
+    from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
+
+    if cfg.get("hardware") is not None:
+        raise ArgumentError("--hardware does not apply to workload 'collective': the system file names the "
+                            "chips' hardware")
+    system = System.load(cfg["system"])
+    kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
+    c = build_collective(system, cfg["op"], cfg["bytes"], cfg["algorithm"], **kw)
+    topologies = {d.topology for d in system.dimensions}
+    closed = None
+    if len(system.dimensions) == 1 and topologies <= {"ring", "fully-connected", "switch"} and \
+            len({(link.bandwidth, link.latency) for link in system.links}) == 1:
+        try:
+            closed = collective_cycles(c.op, c.algorithm, system.dimensions[0].topology, c.chips, c.nbytes,
+                                       system.links[0].latency, system.links[0].bandwidth, system.hardware.pmu_bw,
+                                       kw.get("compute_bw", DEFAULT_COMPUTE_BW))
+        except ArgumentError:  # no closed form (direct collectives on a ring share links)
+            closed = None
+    params = {"op": c.op, "bytes": c.nbytes, "algorithm": c.algorithm, "system": system.name, "chips": c.chips,
+              "chunk_bytes": c.nbytes // c.chips, "links_used": len(c.network.links),
+              "compute_bw": kw.get("compute_bw", DEFAULT_COMPUTE_BW), "closed_form_cycles": closed,
+              "link_bytes": {name: int(b) for name, b in c.network.link_bytes().items()}}
+    return Workload("collective", c.graph, params=params, hardware=system.hardware_spec,
+                    channel_depth=cfg.get("channel_depth") or WORKLOAD_CHANNEL_DEPTH["collective"],
+                    trace={})
