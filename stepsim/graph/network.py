@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from stepsim.base.errors import ArgumentError
+from stepsim.base.system import System
 from stepsim.graph.graph import Graph, OutputRef
 from stepsim.graph.ops_chips import Link
-from stepsim.base.system import System
-
 
 _SENDER = SimpleNamespace(name="Network.send", kind="Network")
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from kernel_helpers import builder
 
-from stepsim.kernels import reference as reference_engine
 from stepsim.base.errors import LoweringError
 from stepsim.kernels import abi
+from stepsim.kernels import reference as reference_engine
 from stepsim.kernels.api import run as fast_run
 from stepsim.kernels.reference import run as ref_run
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stepsim.base.errors import ArgumentError
+from stepsim.base.system import System
 from stepsim.graph.dtypes import FP32
 from stepsim.graph.functions import Add
 from stepsim.graph.graph import Graph
@@ -39,7 +40,6 @@ from stepsim.graph.network import Network
 from stepsim.graph.ops_chips import ResidentLoad, ResidentStore
 from stepsim.graph.ops_compute import Map
 from stepsim.graph.ops_memory import Tensor
-from stepsim.base.system import System
 from stepsim.workloads.base import Workload
 from stepsim.workloads.collective import ALGORITHMS, OPS
 

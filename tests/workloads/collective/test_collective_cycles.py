@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepsim.workloads.collective.build import build_collective
-from stepsim.workloads.collective.closed_form import add_cycles, collective_cycles
 from stepsim.base.errors import ArgumentError
+from stepsim.base.system import from_dict
 from stepsim.graph.lower import lower
 from stepsim.kernels.api import run as fast_run
 from stepsim.kernels.reference import run as ref_run
-from stepsim.base.system import from_dict
+from stepsim.workloads.collective.build import build_collective
+from stepsim.workloads.collective.closed_form import add_cycles, collective_cycles
 
 
 def _system(topology, n, alpha, bandwidth):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepsim.workloads.collective.build import build_collective
+from stepsim.base.system import from_dict
 from stepsim.graph.lower import lower
 from stepsim.kernels.api import run as fast_run
-from stepsim.base.system import from_dict
+from stepsim.workloads.collective.build import build_collective
 
 
 def _expected(c, inputs):
