@@ -125,6 +125,7 @@ class _Lowering:
             handler = getattr(self, "_" + type(op).__name__, None)
             if handler is None:
                 raise LoweringError(f"{op.name}: operator {op.kind} is not executable by the engine yet")
+            self.builder.chip = getattr(op, "chip", 0)  # many chips: memory operators use their chip's HBM
             handler(op, self.inputs(op), self.outputs(op))
         return self.builder.build()
 

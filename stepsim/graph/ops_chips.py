@@ -3,6 +3,8 @@
 * :class:`Link` is one directed physical link shared by several transfers: input k leaves on output k
   (the engine's Link unit, :mod:`stepsim.kernels.units_link`: first come first served, ``ceil(bytes / B)``
   cycles on the wire, then ``latency`` cycles). Its metric :meth:`Link.link_bytes` is the bytes it carries.
+* An operator's ``chip`` attribute (0 when absent) places it on a chip: the lowering puts its unit there, and a
+  memory operator then uses that chip's HBM (each chip has its own, :mod:`stepsim.kernels.hbm`).
 * :class:`ResidentLoad` / :class:`ResidentStore` read / write a tensor held in one chip's on-chip memory (a
   collective's input and output): no HBM, no off-chip bytes; the load's tiles carry read_from_mu, so the
   operator that reads them pays the PMU bandwidth.
@@ -50,6 +52,7 @@ class Link(Op):
             if isinstance(s.dtype, BufferRef):
                 raise self._error(DTypeError, f"a buffer reference cannot cross chips, got {s}")
         self.bandwidth, self.latency, self.src, self.dst = bandwidth, latency, src, dst
+        self.chip = src if src >= 0 else 0  # the sending end
         self._finish(list(streams))
 
     def link_bytes(self):

@@ -252,10 +252,11 @@ UP_IN_START = 1  # first index into in_ch (== in_ptr[u])
 UP_N_IN = 2
 UP_OUT_START = 3
 UP_N_OUT = 4
-UP_MEM_PRIORITY = 5  # HBM arbitration rank (readers in builder order, then writers); -1 if not a memory op
+UP_MEM_PRIORITY = 5  # rank in its chip's HBM (readers in builder order, then writers); -1 if not a memory op
 UP_A0 = 6  # opcode-specific parameters PA_* (index relative to UP_A0)
 N_PARAMS_OP = 14
-N_UP = UP_A0 + N_PARAMS_OP
+UP_CHIP = UP_A0 + N_PARAMS_OP  # the chip a unit is on (0 on one chip); a memory op uses that chip's HBM
+N_UP = UP_CHIP + 1
 
 # opcode-specific parameter slots (add UP_A0). Payload offsets/lengths index Program.payload.
 PA_TILE_ROWS = 0  # memory ops

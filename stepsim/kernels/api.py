@@ -27,7 +27,7 @@ from stepsim.kernels import arena
 from stepsim.kernels import timeline as TL
 from stepsim.kernels import values as V
 from stepsim.kernels.arena import FunctionalStats
-from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK
+from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK, N_ENG
 
 #: the engine doubles Bufferize arena regions at most this many times before giving up
 MAX_ARENA_DOUBLINGS = 12
@@ -131,7 +131,7 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
     us, chs, slots, arena_rows, eng, hfree, hq, done_list, wl, ts_units, n_ts = engine.new_state(
         program.unit_params, program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
         program.ch_consumer, program.hw, len(program.mem_order), program.arena_rows)
-    eng[E_HBM_PER_TICK] = 0 if hbm_closed_form else 1
+    eng[E_HBM_PER_TICK::N_ENG] = 0 if hbm_closed_form else 1  # in every chip's HBM segment
     n_slice = FIRST_SLICE_EVENTS
     while True:
         stop = min(max_events, int(eng[E_EVENTS]) + n_slice)

@@ -262,11 +262,24 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 if t < best_t:
                     best_t = t
                     best_u = v
-        t_hbm = hbm_next_tick(eng, hq)
+        # the HBM (one per chip) with the earliest tick; it may serve ticks up to the earliest other event,
+        # another HBM's next tick included (a completion there can only cause requests here at later ticks)
+        t_hbm = A.NEVER
+        t_other = A.NEVER
+        best_h = 0
+        for h in range(hq.shape[0]):
+            t = hbm_next_tick(eng[h * N_ENG:(h + 1) * N_ENG], hq[h])
+            if t < t_hbm:
+                t_other = t_hbm
+                t_hbm = t
+                best_h = h
+            elif t < t_other:
+                t_other = t
         if t_hbm == A.NEVER and best_u < 0:
             break
         if t_hbm <= best_t:
-            nd = hbm_process(best_t, us, eng, hq, hw, hfree, done_list, tl)
+            nd = hbm_process(min(best_t, t_other), us, eng[best_h * N_ENG:(best_h + 1) * N_ENG], hq[best_h], hw,
+                             hfree[best_h], done_list, tl)
             events += 1
             for k in range(nd):
                 v = done_list[k]
@@ -302,10 +315,16 @@ def new_state(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, arena_
     slots = np.zeros((max(int(ch_cap.sum()), 1), A.N_SLOT), dtype=np.int64)
     arena = np.zeros((arena_rows + scratch_rows, A.N_TOKEN), dtype=np.int64)
     ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
-    hfree = np.zeros((3, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)  # free times, period snapshot, idle flags (hbm.py)
-    hq = np.zeros((max(n_mem, 1), N_HQ), dtype=np.int64)
+    # one HBM per chip whose memory ops use it (one on a single chip): its free times, period snapshot and idle
+    # flags (hbm.py), its queue rows (one per memory op of that chip) and its scalar segment of eng
+    memory = up[:, A.UP_MEM_PRIORITY] >= 0
+    hbm_of = up[memory, A.UP_CHIP]
+    n_hbm = int(hbm_of.max()) + 1 if hbm_of.size else 1
+    rows = int(np.bincount(hbm_of, minlength=n_hbm).max()) if hbm_of.size else 1
+    hfree = np.zeros((n_hbm, 3, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)
+    hq = np.zeros((n_hbm, max(rows, 1), N_HQ), dtype=np.int64)
     done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
-    eng = np.zeros(N_ENG, dtype=np.int64)
+    eng = np.zeros(N_ENG * n_hbm, dtype=np.int64)
     wl = np.zeros(max(n_units, 1), dtype=np.int64)
     engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, arena_rows, us, chs, ts_units, hq, eng, wl)
     return us, chs, slots, arena, eng, hfree, hq, done_list, wl, ts_units, n_ts
@@ -344,8 +363,9 @@ def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, arena_rows, us,
             k += 1
         elif op == A.OP_MAP or op == A.OP_MAP_ACCUM:
             us[u, R_COST_A_ROWS] = -1  # no operand shape seen yet (see units_compute._cached_map_cycles)
-    hbm_init(hq, up)
-    eng[E_HBM_SNAP_T] = -1
+    for h in range(hq.shape[0]):
+        hbm_init(hq[h], up, h)
+        eng[h * N_ENG + E_HBM_SNAP_T] = -1
     wl_n = 0
     for u in range(n_units - 1, -1, -1):
         wl_n = _wake(us, wl, wl_n, u)
@@ -383,6 +403,7 @@ def engine_finish(up, us, chs, slots, eng, status, out):
     out[A.OUT_BYTES_WRITTEN] = eng[E_BYTES_WRITTEN]
     out[A.OUT_N_RECORDED] = eng[E_N_REC]
     out[A.OUT_FIRES] = fires
-    out[A.OUT_HBM_REQUESTS] = eng[E_HBM_REQS]
-    out[A.OUT_HBM_CLOSED_FORM_TICKS] = eng[E_HBM_SKIPPED]
-    out[A.OUT_HBM_UNEVEN_TICKS] = eng[E_HBM_UNEVEN]
+    for h in range(eng.shape[0] // N_ENG):  # every chip's HBM
+        out[A.OUT_HBM_REQUESTS] += eng[h * N_ENG + E_HBM_REQS]
+        out[A.OUT_HBM_CLOSED_FORM_TICKS] += eng[h * N_ENG + E_HBM_SKIPPED]
+        out[A.OUT_HBM_UNEVEN_TICKS] += eng[h * N_ENG + E_HBM_UNEVEN]

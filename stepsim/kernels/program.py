@@ -133,7 +133,8 @@ class Program:
     hw : int64 array (abi.N_HW,)
         Hardware vector (``abi.HW_*``).
     mem_order : int64 array
-        Memory units in HBM arbitration order (readers in builder order, then writers).
+        Memory units in HBM arbitration order (readers in builder order, then writers); each chip's HBM serves
+        its own memory units (``unit_params[:, abi.UP_CHIP]``, set from :attr:`ProgramBuilder.chip`) in this order.
     arena_rows : int
         Rows of the Bufferize token arena.
     unit_names, channel_names : tuple of str
@@ -218,6 +219,7 @@ class _Unit:
     payload: list[int] = field(default_factory=list)  # appended to the program payload; offsets patched
     payload_slots: tuple[int, ...] = ()  # PA_* slots that hold offsets into this unit's payload (relative)
     tensor: TensorRef | None = None  # memory operators: the tensor (functional mode)
+    chip: int = 0  # the chip the unit is on (memory operators use its HBM)
 
 
 class ProgramBuilder:
@@ -239,6 +241,8 @@ class ProgramBuilder:
         self._ch_names: list[str] = []
         self._sel_ptr: list[int] = [0]
         self._sel_idx: list[int] = []
+        #: the chip the operators added next are placed on (>= 0); memory operators use that chip's HBM
+        self.chip = 0
 
     # ------------------------------------------------------------------------------------------ channels
     def add_channel(self, capacity: int | None = None, name: str | None = None, latency: int = 1,
@@ -277,9 +281,11 @@ class ProgramBuilder:
         for c in list(ins) + list(outs):
             if not isinstance(c, (int, np.integer)) or not 0 <= int(c) < len(self._ch_capacity):
                 raise LoweringError(f"{label}: {c!r} is not a channel id (add it with add_channel first)")
+        if isinstance(self.chip, bool) or not isinstance(self.chip, (int, np.integer)) or self.chip < 0:
+            raise LoweringError(f"{label}: ProgramBuilder.chip must be an int >= 0, got {self.chip!r}")
         self._units.append(_Unit(opcode, label, [int(c) for c in ins], [int(c) for c in outs],
                                  {k: int(v) for k, v in params.items()}, list(in_kinds), list(out_kinds),
-                                 [int(v) for v in payload], payload_slots, tensor))
+                                 [int(v) for v in payload], payload_slots, tensor, int(self.chip)))
         return uid
 
     @staticmethod
@@ -778,7 +784,13 @@ class ProgramBuilder:
         writers = [u for u, x in enumerate(self._units)
                    if x.opcode in abi.MEMORY_WRITE_OPS and not x.params.get(abi.PA_RESIDENT, 0)]
         mem_order = readers + writers
-        priority = {u: i for i, u in enumerate(mem_order)}
+        # each chip's HBM ranks its own memory operators: readers, then writers, in builder order
+        priority = {}
+        served: dict[int, int] = {}
+        for u in mem_order:
+            chip = self._units[u].chip
+            priority[u] = served.get(chip, 0)
+            served[chip] = priority[u] + 1
         arena = 0
         for uid, unit in enumerate(self._units):
             row = params[uid]
@@ -788,6 +800,7 @@ class ProgramBuilder:
             row[abi.UP_OUT_START] = len(out_ch)
             row[abi.UP_N_OUT] = len(unit.outs)
             row[abi.UP_MEM_PRIORITY] = priority.get(uid, -1)
+            row[abi.UP_CHIP] = unit.chip
             in_ch.extend(unit.ins)
             out_ch.extend(unit.outs)
             in_ptr[uid + 1] = len(in_ch)

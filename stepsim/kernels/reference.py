@@ -11,7 +11,7 @@ cross-check the fast engine. It is written DAM-style and favours clarity over sp
   time-sensitive unit with the earliest action time act (EagerMerge and Link choices and HBM ticks);
 * channels are deques of ``(stamp, token)`` with a capacity, a send latency, a credit latency and
   per-slot credit-free times;
-* the HBM is modelled per request, tick by tick (docs/timing_model.md §4.2-§4.3): per tick, at most one response per
+* the HBM (one per chip, serving the memory ops on that chip) is modelled per request, tick by tick (docs/timing_model.md §4.2-§4.3): per tick, at most one response per
   HBM channel is forwarded (arriving at the memory op one cycle later), then at most one ``ParAddrs`` chunk
   per reader and then per writer (registration order = ``program.mem_order``) is taken, request i of the
   tick's batch goes to channel ``off = (off + i) mod C`` and afterwards ``off = (off + len(batch)) mod C``;
@@ -314,7 +314,10 @@ class _Engine:
             for ch in self.ch:
                 ch.tokens = []
         self.mem_units = [int(u) for u in P.mem_order]
-        self.hbm = _HBM(P.hw, self.mem_units) if self.mem_units else None
+        # one HBM per chip, serving that chip's memory units in mem_order
+        chips = sorted({int(P.unit_params[u, A.UP_CHIP]) for u in self.mem_units})
+        self.hbms = {c: _HBM(P.hw, [u for u in self.mem_units if int(P.unit_params[u, A.UP_CHIP]) == c])
+                     for c in chips}
         self.bytes_read = 0
         self.bytes_written = 0
         self.stored: dict[int, list] = {}
@@ -458,14 +461,15 @@ class _Engine:
 
         ``nbytes`` per element set the request count; ``traffic_bytes`` (default ``nbytes``) are counted.
         """
-        nreq = rows * _ceil_div(cols * nbytes, self.hbm.addr_offset)
+        hbm = self.hbms[int(self.p.unit_params[U.uid, A.UP_CHIP])]
+        nreq = rows * _ceil_div(cols * nbytes, hbm.addr_offset)
         counted = rows * cols * (nbytes if traffic_bytes is None else traffic_bytes)
         if write:
             self.bytes_written += counted
         else:
             self.bytes_read += counted
         t0 = U.clock
-        q = self.hbm.addr[U.uid]
+        q = hbm.addr[U.uid]
         k = 0
         left = nreq
         while left > 0:
@@ -473,7 +477,7 @@ class _Engine:
             q.append((max(t0 + k, t0 + 1), n))  # unbounded channel, latency 1
             k += 1
             left -= n
-        resp = self.hbm.resp[U.uid]
+        resp = hbm.resp[U.uid]
         for _ in range(nreq):
             while not resp:
                 U.wait = (W_HBM, None)
@@ -507,15 +511,16 @@ class _Engine:
                     t = U.wait[1]()
                     if t is not None and (best is None or t < best):
                         best, best_u = t, U
-            if self.hbm is not None:
-                t = self.hbm.candidate()
+            best_hbm = None
+            for hbm in self.hbms.values():  # the chips' HBMs in chip order: ties go to the lowest chip
+                t = hbm.candidate()
                 if t is not None and (best is None or t < best):
-                    best, best_u = t, None
+                    best, best_u, best_hbm = t, None, hbm
             if best is None:
                 break
             self.steps += 1
             if best_u is None:
-                self.hbm.tick(best, self.wake_hbm)
+                best_hbm.tick(best, self.wake_hbm)
             else:
                 best_u.wait = None
                 best_u.send = best
@@ -589,7 +594,7 @@ class _Engine:
                                off_chip_bytes_read=self.bytes_read, off_chip_bytes_written=self.bytes_written,
                                hbm_end=hbm_end, arrivals=[list(ch.stamps) for ch in self.ch],
                                dequeues=[[t - ch.clat for t in ch.credits] for ch in self.ch],
-                               hbm_responses=dict(self.hbm.log) if self.hbm else {},
+                               hbm_responses={u: log for hbm in self.hbms.values() for u, log in hbm.log.items()},
                                tokens=[ch.tokens for ch in self.ch] if self.ch and self.ch[0].tokens is not None
                                else None, steps=self.steps, stored=self.stored, link_bytes=self.link_bytes)
 

@@ -26,7 +26,15 @@ from __future__ import annotations
 from stepsim.kernels import abi as A
 from stepsim.kernels import values as V
 from stepsim.kernels.channels import can_push, head_row, pop
-from stepsim.kernels.hbm import E_BYTES_READ, E_BYTES_WRITTEN, E_STATUS, E_STATUS_ARG, hbm_register, n_requests
+from stepsim.kernels.hbm import (
+    E_BYTES_READ,
+    E_BYTES_WRITTEN,
+    E_STATUS,
+    E_STATUS_ARG,
+    N_ENG,
+    hbm_register,
+    n_requests,
+)
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
     await_input,
@@ -66,7 +74,8 @@ def _start_tile(u, up, us, eng, hq, hw, rows, cols, nbytes, traffic_bytes, is_wr
     else:
         eng[E_BYTES_READ] += rows * cols * traffic_bytes
     par = up[u, A.UP_A0 + A.PA_PAR_DISPATCH]
-    if not hbm_register(u, up, us, eng, hq, us[u, A.US_CLOCK], nreq, par):
+    h = up[u, A.UP_CHIP]  # the chip's HBM: its queue rows and its segment of the engine scalars
+    if not hbm_register(u, up, us, eng[h * N_ENG:(h + 1) * N_ENG], hq[h], us[u, A.US_CLOCK], nreq, par):
         eng[E_STATUS] = A.ST_CAUSALITY
         eng[E_STATUS_ARG] = u
     us[u, A.US_PHASE] = 1

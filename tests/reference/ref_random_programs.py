@@ -10,7 +10,8 @@ Leftover streams end in sinks or off-chip stores. FIFO depths are random in {1, 
 
 ``random_program(seed, links=True)`` builds multi-chip programs: the operators also include links between chips
 (one to three streams sharing a Link unit with random bandwidth and latency, and chains of links, as a transfer
-routed over several hops); without ``links`` the programs are the same as before links existed.
+routed over several hops), and after each link the operators go on on a random one of three chips, each with
+its own HBM; without ``links`` the programs are the same as before links existed.
 """
 
 from __future__ import annotations
@@ -337,6 +338,8 @@ class _Gen:
         outs = [self.ch() for _ in streams]
         self.b.link(ins=[s.ch for s in streams], outs=outs, bandwidth=self.r.choice([1, 8, 64, 512]),
                     latency=self.r.choice([1, 2, 7, 40]))
+        # later operators (their loads and stores) may sit on another chip, with its own HBM
+        self.b.chip = self.r.randrange(3)
         return [_S(o, s.count, s.dims, s.tile, s.kind) for s, o in zip(streams, outs)]
 
     def op_link(self):

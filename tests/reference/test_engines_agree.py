@@ -79,6 +79,9 @@ def test_most_random_multichip_programs_have_links_and_finish():
     shared = [p for p in with_links if np.any((p.unit_params[:, abi.UP_OPCODE] == abi.OP_LINK)
                                               & (p.unit_params[:, abi.UP_N_IN] > 1))]
     assert len(with_links) >= 60 and len(shared) >= 20
+    several_hbms = [p for p in with_links if len(set(p.unit_params[p.unit_params[:, abi.UP_MEM_PRIORITY] >= 0,
+                                                                    abi.UP_CHIP].tolist())) > 1]
+    assert len(several_hbms) >= 20
     finished = [p for p in with_links if not isinstance(_assert_agree(p), tuple)]
     assert len(finished) >= 0.9 * len(with_links)
 
