@@ -58,8 +58,13 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
                         "multiple of 4 x chips (default 1048576)")
     p.add_argument("--algorithm", choices=("ring", "direct"), help="collective: ring (default) or direct")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="collective: the chips and links, a system TOML file or preset (docs/system.md; "
-                        "default ring-4)")
+                   help="collective, MoE with --ep: the chips and links, a system TOML file or preset "
+                        "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
+    p.add_argument("--ep", type=int, metavar="N",
+                   help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
+    p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
+                   help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
+                        "from the routing trace)")
     p.add_argument("--compute-bw", type=int, help="FLOPs/cycle of every compute node")
     p.add_argument("--channel-depth", type=int, help="default FIFO depth (elements)")
     p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")

@@ -32,7 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from stepsim.base.defaults import UNBOUNDED_CHANNEL_DEPTH
 from stepsim.base.errors import ArgumentError
+from stepsim.graph.dims import is_static
 from stepsim.base.system import System
 from stepsim.graph.graph import Graph, OutputRef
 from stepsim.graph.ops_chips import Link
@@ -111,6 +113,7 @@ class Network:
             # the system's latency counts the one-cycle on-chip edge into the link; the Link unit adds the rest
             op = Link(g, [e[0] for e in entries], bandwidth=spec.bandwidth, latency=spec.latency - 1,
                       src=spec.src, dst=spec.dst, name=f"{self.prefix}{spec.name}")
+            op.channel_depth = window(spec, op.outputs)
             self.links[link_index] = op
             for k, (_, t, h) in enumerate(entries):
                 where[(t, h)] = (op, k)
@@ -126,3 +129,57 @@ class Network:
     def link_bytes(self) -> dict[str, object]:
         """Bytes over each used link (symbolic metric, by Link name), after :meth:`finish`."""
         return {op.name: op.link_bytes() for _, op in sorted(self.links.items())}
+
+
+def window(link, streams) -> int | None:
+    """FIFO depth (elements) of a link's outputs: enough slots to keep the link busy over a round trip.
+
+    A receiver's slot is held from the element's send until its credit is back, at least ``latency`` cycles, while
+    the link sends an element every ``ceil(b / B)`` cycles; so ``ceil(latency / that) + 2`` slots. ``b`` is the
+    smallest element of the link's streams at half its stream dtype's width (an fp32 stream may be timed at 2
+    bytes per element, see :func:`stepsim.graph.lower.fp32_timing_bytes`); None (the run's default) when no
+    element size is static.
+    """
+    sizes = [s.dtype.size_in_bytes() for s in streams]
+    sizes = [int(b) for b in sizes if is_static(b)]
+    if not sizes:
+        return None
+    sigma = max(1, -(-max(1, min(sizes) // 2) // link.bandwidth))
+    return min(UNBOUNDED_CHANNEL_DEPTH, -(-link.latency // sigma) + 2)
+
+
+def place_on_chips(graph: Graph, system: System, chip_of) -> Network:
+    """Place every operator of ``graph`` on a chip and turn each edge between two chips into a transfer.
+
+    ``chip_of(op)`` gives an operator's chip (it is stored as ``op.chip``). An operator output read on another
+    chip is sent there once per destination chip (a second reader on that chip shares the delivered stream),
+    routed over ``system``'s links; transfers are created in operator order, so a link serves them first come,
+    first served with ties in that order. Call before the graph is lowered (broadcasts are inserted after).
+
+    Returns the finished :class:`Network` (its links and per-link bytes). Raises ArgumentError for a chip
+    outside the system or a placeholder (a feedback edge) that would cross chips.
+    """
+    net = Network(graph, system)
+    ops = [op for op in graph.ops]
+    for op in ops:
+        chip = chip_of(op)
+        if isinstance(chip, bool) or not isinstance(chip, int) or not 0 <= chip < system.chips:
+            raise ArgumentError(f"{op.name}: placed on chip {chip!r}, but system {system.name!r} has chips "
+                                f"0..{system.chips - 1}")
+        op.chip = chip
+    delivered: dict[tuple[int, int, int], object] = {}  # (producer id, output, chip) -> its stream on that chip
+    for op in ops:
+        for pos, ref in enumerate(op.inputs):
+            src = ref.op.chip
+            if src == op.chip:
+                continue
+            if ref.op.kind == "Placeholder":
+                raise ArgumentError(f"{op.name}: a feedback edge from {ref.op.name} cannot cross chips")
+            key = (ref.op.id, ref.index, op.chip)
+            if key not in delivered:
+                delivered[key] = net.send(src, op.chip, ref, name=f"{ref.op.name}[{ref.index}]@chip{op.chip}")
+            op.inputs[pos] = delivered[key].out(0)
+    graph._consumers = None  # the inputs changed under the graph's cache
+    graph._broadcasts_inserted = False
+    net.finish()
+    return net

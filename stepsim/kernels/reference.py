@@ -1198,26 +1198,35 @@ def _earliest_head(U, chans):
 
 @_op(A.OP_LINK)
 def _link(E, U, ins, outs):
-    """First come, first served over the link; each element occupies it ceil(bytes / bandwidth) cycles and
-    arrives ``latency`` cycles after its last byte left; transfer k's output closes when its input is observed
-    closed (kernels.units_link)."""
+    """First come, first served among the transfers whose receiver has a free slot; each element occupies the link
+    ceil(bytes / bandwidth) cycles and arrives ``latency`` cycles after its last byte left; transfer k's output
+    closes when its input is observed closed (kernels.units_link)."""
     bandwidth = E.par(U.uid, A.PA_LINK_BW)
     latency = E.par(U.uid, A.PA_LINK_LAT)
     chans = [E.ch[c] for c in ins]
     out_chans = [E.ch[c] for c in outs]
 
+    def ready(ch, out):
+        """When transfer (ch -> out) may send its head: arrived and the receiver's next slot free (None: full)."""
+        if len(out.q) >= out.cap:
+            return None
+        return max(ch.q[0][0], out.free[out.pushes % out.cap])
+
     def candidate():
         best = None
         for ch, out in zip(chans, out_chans):
             if ch.q:
-                t = max(U.clock, ch.q[0][0])
+                t = ready(ch, out)
+                if t is None:
+                    continue
+                t = max(U.clock, t)
             elif ch.done and not out.done:
                 t = max(U.clock, ch.close_time)
             else:
                 continue
             if best is None or t < best:
                 best = t
-        if best is None and all(ch.done for ch in chans):
+        if best is None and all(ch.done and not ch.q for ch in chans):  # a queued head waits for its credit
             best = max([U.clock] + [ch.close_time for ch in chans])
         return best
 
@@ -1230,9 +1239,11 @@ def _link(E, U, ins, outs):
                 out.close_time = U.clock
                 E._wake(out.consumer, W_EMPTY, out.cid)
         pick = None
-        for k, ch in enumerate(chans):
-            if ch.q and ch.q[0][0] <= T and (pick is None or ch.q[0][0] < chans[pick].q[0][0]):
-                pick = k
+        for k, (ch, out) in enumerate(zip(chans, out_chans)):
+            if ch.q and (pick is None or ch.q[0][0] < chans[pick].q[0][0]):
+                t = ready(ch, out)
+                if t is not None and t <= T:
+                    pick = k
         if pick is None:
             if all(ch.done and not ch.q and ch.close_time <= T for ch in chans):
                 return

@@ -3,31 +3,36 @@
 A link has ``n`` inputs and ``n`` outputs; transfer k enters on input k and leaves on output k. Timing
 (bandwidth B bytes/cycle, latency alpha cycles, both >= 1):
 
-* The link is time-sensitive while choosing (like EagerMerge, canonical rule 3): the engine calls it with a
-  decision time ``T = max(clock, smallest head stamp)``; every element stamped <= T is then in its channel.
-  It takes the head with the smallest stamp (ties: lowest input index): first come, first served.
+* Credits. Output k's FIFO is transfer k's buffer at the receiving end, so the link sends an element of
+  transfer k only when that FIFO has a free slot whose credit is back: transfer k is *ready* at
+  ``max(head stamp, credit time of the slot its next element takes)``, and not at all while the FIFO is
+  physically full. Transfers are independent (virtual channels): a full receiver never blocks the others, so
+  a link cannot deadlock a graph by head-of-line blocking.
+* Arbitration, first come first served. The link is time-sensitive while choosing (like EagerMerge, canonical
+  rule 3): the engine calls it at ``T = max(clock, earliest ready time)``, when every element stamped <= T is in
+  its channel and every slot that frees by T has (a consumer dequeues only at or after the time it woke up,
+  which is later than T). Among the transfers ready by T it takes the head with the smallest stamp (ties: the
+  lowest input).
 * Serialization: an element of b bytes (``rows * cols * bytes``; a selector ``n_targets`` B, a scalar 8 B)
   occupies the link for ``ceil(b / B)`` cycles (busy), from T.
 * Latency: it is sent on output k with requested stamp ``T + ceil(b / B) + alpha``, so it arrives alpha cycles
-  after its last byte left (alpha includes the on-chip hop into the receiving unit, hence >= 1). The link is
-  free for the next element as soon as the last byte left: transfers pipeline over the wire. If output k is
-  full, the link waits for the credit (blocked-out) and the element arrives ``max(requested, credit + 1)``:
-  the output FIFO's depth is the link's window of elements in flight (credit-based flow control).
-
+  after its last byte left (>= 1: the one-cycle hop into the receiving unit is the least). The link is free for
+  the next element as soon as the last byte left: transfers pipeline over the wire, up to each output FIFO's
+  depth in flight (its window; the graph layer sizes it to cover the link's bandwidth-delay product).
 * Closing: a transfer ends on its own. When input k is observed closed and empty (at a decision time, like
   an arrival: the engine's event time includes it), output k closes at the link's clock; the link finishes when
   every input has. A link that waited for all its transfers would couple them: in a ring all-reduce a chip's
   last add waits for its received stream to close, and that stream shares links with later steps.
 
 Phases: ``PH_CHOOSE`` (0: wait for a decision time, take the chosen head and serialize it) -> ``PH_DELIVER``
-(1: send it on its output) -> ``PH_CHOOSE``. Counters: fires = elements carried, busy = serialization
-cycles, ``R_LINK_BYTES`` = bytes carried.
+(1: send it on its output; its credit is already back) -> ``PH_CHOOSE``. Counters: fires = elements carried,
+busy = serialization cycles, blocked-in = idle time, ``R_LINK_BYTES`` = bytes carried.
 """
 
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, head_stamp
+from stepsim.kernels.channels import can_pop, can_push, head_stamp, next_free
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import block, emit_copy, spend, stash, take, tok_bytes, wait_input
 from stepsim.kernels.units_routing import R_DECIDE
@@ -51,8 +56,9 @@ def link_event_time(u, up, us, in_ch, out_ch, chs, slots):
     """When may link u decide? (only while choosing)
 
     reads: its inputs' heads and close times, its outputs' closed flags / writes: nothing / returns:
-    max(clock, the earliest head stamp or close time of an input whose output is still open), or, when every
-    input is closed and empty and every output closed, max(clock, last close time); NEVER while it must wait.
+    max(clock, the earliest ready time of a transfer (head stamp and credit, see the module docstring) or close
+    time of an input whose output is still open), or, when every input is closed and empty and every output
+    closed, max(clock, last close time); NEVER while it must wait.
     """
     istart = up[u, A.UP_IN_START]
     ostart = up[u, A.UP_OUT_START]
@@ -62,12 +68,14 @@ def link_event_time(u, up, us, in_ch, out_ch, chs, slots):
     last_close = clock
     for k in range(up[u, A.UP_N_IN]):
         c = in_ch[istart + k]
+        o = out_ch[ostart + k]
         if can_pop(chs, c):
-            best = min(best, head_stamp(chs, slots, c))
+            if can_push(chs, o):  # ready once its head arrived and its receiver's slot is free
+                best = min(best, max(head_stamp(chs, slots, c), next_free(chs, slots, o)))
             all_closed = False
         elif chs[c, A.CH_CLOSED] == 1:
             last_close = max(last_close, chs[c, A.CH_CLOSE_TIME])
-            if chs[out_ch[ostart + k], A.CH_CLOSED] == 0:
+            if chs[o, A.CH_CLOSED] == 0:
                 best = min(best, chs[c, A.CH_CLOSE_TIME])
         else:
             all_closed = False
@@ -105,7 +113,7 @@ def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
                 o = out_ch[ostart + k]
                 if can_pop(chs, c):
                     t = head_stamp(chs, slots, c)
-                    if t <= T and t < best:
+                    if t < best and can_push(chs, o) and max(t, next_free(chs, slots, o)) <= T:
                         best = t
                         chosen = k
                     open_transfers += 1

@@ -58,9 +58,9 @@ def test_a_byte_that_does_not_fill_a_cycle_still_takes_one():
     assert r.link_bytes[link] == 24
 
 
-def test_a_full_output_fifo_limits_the_elements_in_flight():
-    """Depth 1 at the far end and a latency of 20: the second element cannot leave before the first one's credit
-    is back (dequeued at its arrival 1+1+20 = 22, credit at 23), so it arrives at 24, not at 23."""
+def test_a_full_receiver_holds_its_transfer_back_before_it_is_sent():
+    """Depth 1 at the far end and a latency of 20: the second element waits for the first one's credit (the sink
+    dequeues it at its arrival 1+1+20 = 22, credit at 23) before it goes on the wire: 23..24, arrives at 44."""
     b = builder()
     x = b.add_channel(name="x")
     a = b.add_channel(capacity=1, name="a")
@@ -68,10 +68,33 @@ def test_a_full_output_fifo_limits_the_elements_in_flight():
     link = b.link(ins=[x], outs=[a], bandwidth=8, latency=20, name="l")
     b.sink(inp=a, name="sink")
     r = _both(b.build())
-    assert r.arrivals[1] == [22, 24]
-    # second element: on the wire 2..3, then waits for the credit of slot 0 (sink dequeues at 22, credit 23)
-    assert r.unit_counters[link, abi.CNT_BLOCKED_OUT] == 20
-    assert r.dequeues[1] == [22, 24]
+    assert r.arrivals[1] == [22, 44]
+    fires, busy, blocked_in, blocked_out, clock = r.unit_counters[link]
+    assert (fires, busy, blocked_in, blocked_out, clock) == (2, 2, 22, 0, 24)  # idle 0..1 and 2..23
+    assert r.dequeues[1] == [22, 44]
+
+
+def test_a_full_receiver_does_not_block_the_other_transfers_on_the_link():
+    """Transfer 0's receiver (depth 1) is slow; transfer 1 shares the link and goes on while transfer 0 waits for
+    its credit (virtual channels: no head-of-line blocking)."""
+    b = builder()
+    x, y, z, a2 = (b.add_channel(name=n) for n in ("x", "y", "z", "a2"))
+    b.metadata_gen(out=x, values=[1, 2], shape=(2,), name="meta_x")  # arrivals 1, 1
+    b.metadata_gen(out=y, values=[3, 4, 5], shape=(3,), name="meta_y")  # arrivals 1, 1, 2
+    a = b.add_channel(capacity=1, name="a_slow")
+    link = b.link(ins=[x, y], outs=[a, z], bandwidth=8, latency=3, name="l")
+    b.repeat_static(inp=a, out=a2, count=30, name="slow")  # holds each element 30 cycles before dequeuing it
+    b.sink(inp=a2, name="sink_a")
+    b.sink(inp=z, name="sink_z")
+    r = _both(b.build())
+    names = list(b.build().channel_names)
+    # x0 at 1 (1..2, +3 -> 5); y0 2..3 -> 6, y1 3..4 -> 7; y2 (arrived at 4) waits for its own receiver's credit
+    # (sink_z dequeued y0 at 6, credit 7): 7..8 -> 11. x1 waits for x0's credit: 'slow' dequeues x0 at 181 (after
+    # its 30 copies), credit 182: 182..183 -> 186, long after transfer 1 finished.
+    assert r.arrivals[names.index("a_slow")] == [5, 186]
+    assert r.dequeues[names.index("a_slow")] == [181, 362]
+    assert r.arrivals[names.index("z")] == [6, 7, 11]
+    assert r.unit_counters[link, abi.CNT_BLOCKED_OUT] == 0
 
 
 def test_a_selector_crosses_a_link_with_one_byte_per_target():
@@ -117,6 +140,18 @@ def test_a_buffer_reference_cannot_cross_a_link():
         b.build()
     assert str(info.value) == ("l (Link): input port 0 (channel 'buf', from 'bufferize') carries buffer elements; "
                                "expected scalar or selector or tile")
+
+
+def test_every_kernel_module_invalidates_the_numba_cache():
+    """numba keys its disk cache on a function's own file: a kernel module missing from jit.KERNEL_MODULES would
+    keep stale machine code after an edit (units_link.py once was)."""
+    from pathlib import Path
+
+    from stepsim.kernels import jit
+
+    here = Path(jit.__file__).parent
+    with_kernels = {p.name for p in here.glob("*.py") if "@kernel" in p.read_text() or "@inline_kernel" in p.read_text()}
+    assert with_kernels - {"jit.py"} <= set(jit.KERNEL_MODULES)
 
 
 def test_every_opcode_has_a_reference_behaviour_and_a_name():
