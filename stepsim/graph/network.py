@@ -34,8 +34,8 @@ from types import SimpleNamespace
 
 from stepsim.base.defaults import UNBOUNDED_CHANNEL_DEPTH
 from stepsim.base.errors import ArgumentError
-from stepsim.graph.dims import is_static
 from stepsim.base.system import System
+from stepsim.graph.dims import is_static
 from stepsim.graph.graph import Graph, OutputRef
 from stepsim.graph.ops_chips import Link
 
