@@ -8,13 +8,13 @@ from stepsim.cli import build_parser
 from stepsim.cli.args import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
-KNOWN = ("algorithm, batch_id, bytes, channel_depth, compute_bw, convention, experts, fifo_depths, hardware, hidden, "
-         "intermediate, iteration, kv_heads, kv_lengths, layer, mode, model, op, program, regions, routing, softmax, "
-         "strategy, system, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
+KNOWN = ("algorithm, batch_id, bytes, channel_depth, compute_bw, convention, ep, experts, fifo_depths, hardware, "
+         "hidden, intermediate, iteration, kv_heads, kv_lengths, layer, mode, model, op, placement, program, regions, "
+         "routing, softmax, strategy, system, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 30 and KNOWN_KEYS == set(KNOBS) | {"mode"}  # 26 + the collective's op, bytes, algorithm, system
+    assert len(KNOBS) == 32 and KNOWN_KEYS == set(KNOBS) | {"mode"}  # 26 + op, bytes, algorithm, system, ep, placement
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 
