@@ -18,6 +18,44 @@ class StepsimWarning(UserWarning):
     """A configuration that runs but is probably not what was meant (the CLI prints it as one line)."""
 
 
+# --- exit statuses of the command line (documented in the README, "Exit statuses") --------------------------
+#: a bad flag, input or output: the message says what to change
+EXIT_ERROR = 2
+#: the simulated program deadlocked: a property of the configuration (its FIFO depths), not of the command line;
+#: the message points at ``stepsim size-fifos``
+EXIT_DEADLOCK = 3
+
+
+def exit_status(exc: "StepsimError") -> int:
+    """The command line's exit status for ``exc``."""
+    return EXIT_DEADLOCK if isinstance(exc, DeadlockError) else EXIT_ERROR
+
+
+# --- outputs ---------------------------------------------------------------------------------------------
+def os_reason(exc: OSError) -> str:
+    """The OS's words for ``exc`` ("No space left on device"): pyarrow raises OSError without an errno but
+    with "[errno 28]" in its message, so the number is read from the text when the attribute is missing."""
+    import os
+    import re
+
+    number = exc.errno
+    if number is None:
+        found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
+        number = int(found.group(1)) if found else None
+    return os.strerror(number) if number else (exc.strerror or str(exc) or type(exc).__name__)
+
+
+class OutputError(StepsimError):
+    """An output could not be written (a full disk, a read-only folder, no permission). The message is one line
+    naming the path and the OS's reason; the writer has removed what it had begun (see
+    :func:`stepsim.results.atomic_output`), so the output is absent, never half-written."""
+
+    def __init__(self, path, exc: "OSError | OutputError"):
+        self.path = str(path)
+        self.reason = exc.reason if isinstance(exc, OutputError) else os_reason(exc)
+        super().__init__(f"cannot write {path}: {self.reason}")
+
+
 # --- graph definition -------------------------------------------------------------------------------------
 class GraphError(StepsimError):
     """A graph is malformed (wiring, cycles without placeholders closed, unknown nodes)."""

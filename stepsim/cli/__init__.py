@@ -1,10 +1,11 @@
 """Command-line interface: ``stepsim <command> ...`` (also ``python -m stepsim``).
 
 Each command has one module in this package (its argparse and its handler) with a ``register(subparsers)``
-function, so this module stays a thin dispatcher; the flags several commands share are in :mod:`stepsim.cli.args`. Every :class:`StepsimError` is
-printed as ``stepsim: error: <message>`` with exit status 2 and no traceback. Before a command runs, its
-``--out`` is checked (a parser declares ``out_kind`` "dir", "file" or "record"; :mod:`stepsim.base.outputs`), and a command
-that simulates says so once when the kernels still have to be compiled. Ctrl-C prints
+function, so this module stays a thin dispatcher; the flags several commands share are in
+:mod:`stepsim.cli.args`. Every :class:`StepsimError` is printed as ``stepsim: error: <message>`` with exit
+status 2 and no traceback. Before a command runs, its ``--out`` is checked (a parser declares ``out_kind``
+"dir", "file" or "record"; :mod:`stepsim.base.outputs`), and a command that simulates says so once when the
+kernels still have to be compiled. Ctrl-C prints
 ``stepsim: interrupted`` (exit 130) and SIGTERM ``stepsim: terminated`` (exit 143; :mod:`stepsim.base.signals`).
 """
 
@@ -17,7 +18,7 @@ import sys
 import warnings
 
 from stepsim._version import __version__
-from stepsim.base.errors import StepsimError
+from stepsim.base.errors import EXIT_ERROR, StepsimError, exit_status
 
 #: the module that provides each command's ``register(subparsers)`` (in help order)
 COMMANDS = {
@@ -123,6 +124,11 @@ def _main(argv: list[str] | None) -> int:
     from stepsim.base.signals import interrupts_raise, reason, stopped_status
 
     warnings.showwarning = _print_warning
+    from stepsim.base.errors import StepsimWarning
+
+    # each of stepsim's warnings is said every time its cause is there, also when a command server runs several
+    # commands in one process (Python's default shows a warning once per place of the code)
+    warnings.filterwarnings("always", category=StepsimWarning)
     try:
         with interrupts_raise():  # from the start: a signal while modules load stops cleanly too
             parser = build_parser(argv)
@@ -139,11 +145,18 @@ def _main(argv: list[str] | None) -> int:
             return int(args.handler(args) or 0)
     except StepsimError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        return stopped_status(reason(exc))
+        return exit_status(exc)
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the writers turn their own errors into OutputError; this catches any other failing
+        # file operation, so that it too ends in one line naming the path rather than a traceback
+        from stepsim.base.errors import os_reason
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"stepsim: error: {where}{os_reason(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt as exc:
+        return stopped_status(reason(exc))
 
 
 if __name__ == "__main__":

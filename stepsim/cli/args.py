@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from stepsim.base.errors import ConfigError
 from stepsim.workloads.base import Workload
 from stepsim.workloads.config import (
     BUNDLED_TRACES,
@@ -35,7 +36,7 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", help="decoder: routing trace of the MoE block (expert ids per token)")
     p.add_argument("--kv-lengths", help="decoder: KV-cache lengths of the decode batch (a KV trace)")
     p.add_argument("--kv-heads", type=int, help="decoder: KV heads simulated (default: all of the model's)")
-    p.add_argument("--one-head", dest="kv_heads", action="store_const", const=1,
+    p.add_argument("--one-head", action="store_true",
                    help="decoder: simulate one KV head, as the paper's attention runs (same as --kv-heads 1)")
     p.add_argument("--iteration", type=int, help="routing traces with several batches: iteration to use")
     p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use")
@@ -95,6 +96,11 @@ def _workload_argument(value: str) -> str:
 def config_from_args(args: argparse.Namespace) -> dict:
     """The config mapping of the knobs set on the command line (unset flags are left out); a user program's
     ``file.py:function`` becomes ``{"workload": "program", "program": "file.py:function"}``."""
+    if getattr(args, "one_head", False):  # its own flag, so that a conflict is said, not settled by flag order
+        if args.kv_heads not in (None, 1):
+            raise ConfigError(f"--one-head and --kv-heads {args.kv_heads} conflict: --one-head simulates 1 KV head; "
+                              f"give one of them")
+        args.kv_heads = 1
     config = {key: getattr(args, key) for key in KNOBS if getattr(args, key, None) is not None}
     if config["workload"] not in WORKLOADS:
         config["program"] = config["workload"]

@@ -1,4 +1,5 @@
-"""``stepsim compare BASELINE CANDIDATE``: compare two result sets; exit 1 when a metric got worse (:mod:`stepsim.insight.compare`)."""
+"""``stepsim compare BASELINE CANDIDATE``: compare two result sets; exit 1 when a metric got worse
+(:mod:`stepsim.insight.compare`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 def _compare_cmd(args) -> int:
     from stepsim.insight.compare import compare, format_markdown, format_text
 
-    res = compare(args.baseline, args.candidate, metrics=args.metric, threshold=args.threshold)
+    res = compare(args.baseline, args.candidate, metrics=args.metric, threshold=args.threshold,
+                  allow_missing=args.allow_missing)
     print(json.dumps(res) if args.json else format_markdown(res) if args.markdown else format_text(res))
     return 1 if res["regressed"] else 0
 
@@ -23,6 +25,8 @@ def register(subparsers) -> None:
                         "compute_utilization, off_chip_bw_utilization)")
     p.add_argument("--threshold", type=float, default=0.01,
                    help="relative worsening that fails the comparison (ratio; default 0.01 = 1 %%)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="baseline configurations the candidate lacks do not fail the comparison (they are listed)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON object")
     fmt.add_argument("--markdown", action="store_true", help="a Markdown table (for a CI log or pull request)")

@@ -22,7 +22,8 @@ def _demo(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="MoE static vs dynamic tiling on the bundled synthetic trace",
-                              description="``stepsim demo``: the README's main job, on the bundled synthetic routing trace.")
+                              description="``stepsim demo``: the README's main job, on the bundled synthetic "
+                                          "routing trace.")
     p.add_argument("--out", default="stepsim-out/demo", help="output folder (default: stepsim-out/demo)")
     p.add_argument("--model", default="mixtral-8x7b", type=canonical_model_name,
                    choices=("mixtral-8x7b", "qwen3-30b-a3b"), help="mixtral-8x7b (default, alias mixtral) or "

@@ -97,6 +97,11 @@ def format_result(result) -> str:
     if result.recommended is not None:
         lines.append(f"  recommended ({result.objective}): {result.recommended.label(result.axes)}")
         lines.append(f"  reproduce: {result.command}")
-    else:
-        lines.append("  no simulation succeeded: no recommendation")
+    else:  # an empty front is an answer: say why, and where the candidates' statuses are
+        first = next((c for c in result.candidate_list if c.error), None)
+        why = f"; e.g. {first.label(result.axes)}: {first.error}" if first is not None else ""
+        lines.append(f"  no candidate completed a simulation: the front is empty, no recommendation (every status "
+                     f"is in {result.out / 'candidates.parquet'}{why})")
+    if result.plot_skipped:
+        lines.append(f"  pareto.png not drawn: {result.plot_skipped}")
     return "\n".join(lines)

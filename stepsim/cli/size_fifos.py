@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from stepsim.base.errors import ConfigError
 
 
 def _size(args) -> int:
+    from stepsim.base.files import published_together
     from stepsim.cli.args import config_from_args
     from stepsim.passes.depths_writer import write_depths_file
     from stepsim.passes.sizing import size_fifos
@@ -35,16 +35,16 @@ def _size(args) -> int:
     normalize_config(config)  # bad flags fail here, before any simulation
     say = None if args.json else (lambda line: print(f"size-fifos: {line}", file=sys.stderr, flush=True))
     result = size_fifos(config, slack=args.slack, jobs=args.jobs or 1, min_depth=args.min_depth, progress=say)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    out = write_depths_file(result, args.out)
-    png = out.with_suffix(".png")
-    try:
-        from stepsim.passes.plot import plot_fifo_bytes
+    with published_together():  # the depths file and its PNG appear together (a full disk leaves neither)
+        out = write_depths_file(result, args.out)
+        png = out.with_suffix(".png")
+        try:
+            from stepsim.passes.plot import plot_fifo_bytes
 
-        plot_fifo_bytes(result, png)
-    except ConfigError as exc:  # matplotlib missing: the depths are what matters
-        print(f"size-fifos: no PNG: {exc}", file=sys.stderr)
-        png = None
+            plot_fifo_bytes(result, png)
+        except ConfigError as exc:  # matplotlib missing: the depths are what matters
+            print(f"size-fifos: no PNG: {exc}", file=sys.stderr)
+            png = None
     if args.json:
         print(json.dumps(result.report()))
     else:

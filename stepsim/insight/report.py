@@ -75,7 +75,6 @@ def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
     """``(row, unit rows, channel rows)`` of a ``stepsim run --out`` folder, or of the ``NAME.parquet`` file of
     ``stepsim run --out NAME.parquet`` (its tables ``NAME_units.parquet`` / ``NAME_channels.parquet`` beside it);
     ConfigError when it is neither."""
-    import pyarrow.parquet as pq
 
     folder = Path(run_dir)
     if folder.is_file() and folder.suffix == ".parquet":  # `stepsim run --out NAME.parquet`
@@ -86,7 +85,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
     else:
         part = _one(folder, "part-")
         tables = None
-    row = pq.read_table(part).to_pylist()[0]
+    row = _read_table(part)[0]
     if row.get("mode") == "metrics" or row.get("cycles") is None:
         raise ConfigError(f"{part}: a metrics run (no simulation); write it with `stepsim run ... --out DIR`")
     if tables is None:
@@ -95,8 +94,24 @@ def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
     if missing:
         raise ConfigError(f"{folder}: no {missing[0].name} beside it (written by `stepsim run ... --out "
                           f"{folder.name}`)")
-    units, channels = (pq.read_table(t).to_pylist() for t in tables)
+    units, channels = (_read_table(t) for t in tables)
     return row, units, channels
+
+
+def _read_table(path: Path) -> list[dict]:
+    """The rows of a Parquet file of a run; ConfigError for a cut or damaged one (pyarrow raises several types,
+    with its own multi-line wording)."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # ArrowInvalid, OSError, ...: one line naming the file
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{path}: not a readable Parquet table (cut or damaged? {reason}); write the run again "
+                          f"with stepsim run --out") from None
+    if not rows:
+        raise ConfigError(f"{path}: an empty table; write the run again with stepsim run --out")
+    return rows
 
 
 def rebuild(row: dict):
@@ -106,7 +121,15 @@ def rebuild(row: dict):
     from stepsim.graph.lower import lower
     from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
 
-    cfg = normalize_config({k: row[k] for k in KNOBS if row.get(k) is not None})
+    knobs = {k: row[k] for k in KNOBS if row.get(k) is not None}
+    if knobs.get("trace") and not Path(knobs["trace"]).exists() and row.get("trace_path") \
+            and Path(row["trace_path"]).exists():  # a relative trace, and the report runs from another folder
+        knobs["trace"] = row["trace_path"]
+    if row.get("workload") == "program" and row.get("program"):
+        changed = _program_changed(row, knobs)
+        if changed:
+            raise ConfigError(changed)
+    cfg = normalize_config(knobs)
     trace = resolved_trace(cfg)
     if trace is not None and row.get("trace_sha256") and trace_sha256(trace) != row["trace_sha256"]:
         raise ConfigError(f"trace {trace} changed since the run (content hash differs); the report needs the "
@@ -246,7 +269,7 @@ def build_report(row: dict, units: list[dict], channels: list[dict], workload=No
     names = [u["name"] for u in units]
     if names != list(program.unit_names) or [c["name"] for c in channels] != list(program.channel_names):
         raise ConfigError("the run's unit/channel tables do not match the graph rebuilt from its configuration "
-                          "(written by another stepsim version?)")
+                          f"({_why_different(row)})")
     from stepsim.simulation.timeline import graph_labels
 
     groups = graph_labels(workload.graph)[0]
@@ -282,6 +305,32 @@ def report_run_dir(run_dir: str | os.PathLike, *, with_timeline: bool = True) ->
     return build_report(row, units, channels, workload, program, timeline), timeline
 
 
+def _program_changed(row: dict, knobs: dict) -> str | None:
+    """Why a user program's run cannot be rebuilt as it ran: its file changed since (the file's content is part
+    of the run id, so the run id of its configuration today differs), or it cannot be read; None when it did
+    not change."""
+    from stepsim.results.records import run_identity
+
+    try:
+        run_id = run_identity({**knobs, "mode": row["mode"]})[0]
+    except ConfigError as exc:
+        return f"the run's program cannot be read again: {exc}"
+    if run_id != row.get("run_id"):
+        return (f"the program {row['program']} changed since the run (its content is part of the run id "
+                f"{str(row.get('run_id'))[:16]}); run it again, then report")
+    return None
+
+
+def _why_different(row: dict) -> str:
+    """Why a rebuilt run differs from its record (a changed program is refused before, by :func:`rebuild`)."""
+    from stepsim._version import __version__
+
+    written = row.get("stepsim_version")
+    if written != __version__:
+        return f"written by stepsim {written or 'of an unknown version'}, this is {__version__}"
+    return f"written by this stepsim version, {__version__}: a difference it should not have, please report it"
+
+
 def _resimulate(row: dict, workload, program):
     """The run's timeline: the rebuilt program simulated again (it must give the recorded cycles)."""
     from stepsim.kernels import run
@@ -290,7 +339,7 @@ def _resimulate(row: dict, workload, program):
     result = run(program, timeline=DEFAULT_RECORDS)
     if result.cycles != row["cycles"]:
         raise ConfigError(f"simulating the run again gave {result.cycles:,} cycles, the record says "
-                          f"{row['cycles']:,} (written by another stepsim version?)")
+                          f"{row['cycles']:,} ({_why_different(row)})")
     return decode(result.timeline, program, *graph_labels(workload.graph))
 
 

@@ -34,6 +34,8 @@ from stepsim.kernels.hbm import (
     E_STATUS,
     E_STATUS_ARG,
     E_WL_N,
+    E_WORK_LEFT,
+    HBM_OUT_OF_WORK,
     N_ENG,
     N_HQ,
     hbm_init,
@@ -278,8 +280,15 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
         if t_hbm == A.NEVER and best_u < 0:
             break
         if t_hbm <= best_t:
-            nd = hbm_process(min(best_t, t_other), us, eng[best_h * N_ENG:(best_h + 1) * N_ENG], hq[best_h], hw,
-                             hfree[best_h], done_list, tl)
+            seg = eng[best_h * N_ENG:(best_h + 1) * N_ENG]  # this chip's HBM scalars
+            if best_h != 0:  # the slice's work budget is one for every HBM: lend it to this one's segment
+                seg[E_WORK_LEFT] = eng[E_WORK_LEFT]
+            nd = hbm_process(min(best_t, t_other), us, seg, hq[best_h], hw, hfree[best_h], done_list, tl)
+            if best_h != 0:
+                eng[E_WORK_LEFT] = seg[E_WORK_LEFT]
+            if nd == HBM_OUT_OF_WORK:  # the slice's work is spent: end it; the next slice resumes this event
+                status = A.ST_MAX_EVENTS
+                break
             events += 1
             for k in range(nd):
                 v = done_list[k]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stepsim.base.files import atomic_output, write_parquet_atomic
+from stepsim.base.files import atomic_output, published_together, write_parquet_atomic
 
 #: knobs left out of a command line (not flags of stepsim run)
 NOT_FLAGS = ("workload", "mode")
@@ -54,14 +54,24 @@ def candidates_table(candidates: list, axes: list) -> pa.Table:
 
 
 def write_outputs(out: Path, result) -> dict:
-    """Write the files of the module docstring; ``{kind: path}``."""
+    """Write the files of the module docstring, together (a full disk leaves none of them); ``{kind: path}``.
+
+    An empty front is an answer (no candidate completed): the tables and ``optimize.json`` say so, and the plot,
+    which would have no point to draw (matplotlib refuses a log axis without data), is skipped with its reason in
+    ``result.plot_skipped``."""
     paths = {"pareto": out / "pareto.parquet", "candidates": out / "candidates.parquet",
              "plot": out / "pareto.png", "json": out / "optimize.json"}
-    write_parquet_atomic(candidates_table(result.front, result.axes), paths["pareto"])
-    write_parquet_atomic(candidates_table(result.candidate_list, result.axes), paths["candidates"])
-    plot_front(result, paths["plot"])
-    with atomic_output(paths["json"]) as tmp:
-        tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if not any(c.status == "simulated" for c in result.candidate_list):
+        del paths["plot"]
+        result.plot_skipped = "no candidate completed a simulation, so there is no point to plot"
+    with published_together():
+        write_parquet_atomic(candidates_table(result.front, result.axes), paths["pareto"])
+        write_parquet_atomic(candidates_table(result.candidate_list, result.axes), paths["candidates"])
+        if "plot" in paths:
+            plot_front(result, paths["plot"])
+        with atomic_output(paths["json"]) as tmp:
+            tmp.write_text(json.dumps({**result.to_json(), "files": {k: str(v) for k, v in paths.items()}},
+                                      indent=2) + "\n")
     return paths
 
 

@@ -44,7 +44,6 @@ not in ``simulations``).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -53,6 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepsim.base.errors import ArgumentError, SimulationError
+from stepsim.base.files import arrays_sha256
 from stepsim.base.hardware import Hardware
 from stepsim.graph.channels import ChannelInfo, channel_infos, graph_fingerprint
 from stepsim.graph.graph import Graph
@@ -184,12 +184,7 @@ class _Case:
 
 
 def _array_hash(trace: Mapping) -> str:
-    h = hashlib.sha256()
-    for key in sorted(trace):
-        arr = np.ascontiguousarray(trace[key])
-        h.update(f"{key}\0{arr.dtype.str}\0{arr.shape}\0".encode())
-        h.update(arr.tobytes())
-    return h.hexdigest()
+    return arrays_sha256(trace)  # in base.files: applying a depths file compares it too
 
 
 def _cases(target, traces, hardware) -> list[_Case]:

@@ -1,8 +1,8 @@
 """PNG figures of the four experiments, drawn like the paper's (matplotlib, from the ``plot`` extra).
 
 Each ``plot_<experiment>(table, details, path)`` draws from the experiment's table (and headline details) and
-writes ``path`` atomically. :func:`~stepsim.base.figures.require_matplotlib` raises a clear error when matplotlib is missing; the
-driver turns that into a "figure skipped" message instead of failing the experiment.
+writes ``path`` atomically. :func:`~stepsim.base.figures.require_matplotlib` raises a clear error when
+matplotlib is missing; the driver turns that into a "figure skipped" message instead of failing the experiment.
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ from stepsim.base.files import (
     pa,  # pyarrow's stand-in: imported when a table is first made (a printed record needs none)
     partition_dir,
     provenance_metadata,
+    published_folder,
     read_results,
     stable_hash,
     trace_sha256,
@@ -184,7 +185,7 @@ COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 COLUMN_UNITS = {name: unit for name, _, unit in COLUMNS if unit}
 #: per-unit counters of a simulation run (one row per engine unit, in program order)
 UNIT_COLUMNS = tuple(
-    _strings("run_id", "name", "kind")
+    _strings("run_id", "name", "kind", "group", "label")
     + _i64("count", "fires")
     + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
     + _f64("ratio", "utilization") + _i64("bytes", "bytes"))
@@ -423,7 +424,10 @@ class RunResult:
             depth = resolve_channel_depth(_knob_depth(cfg), hardware, workload.channel_depth)
         ident = identity_config(cfg, hardware, depth)
         run_id = stable_hash(identity(ident, trace_hash))
-        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
+        # trace_path absolute: `stepsim report` run from another folder finds the trace (the knob keeps the path
+        # as given, relative or not)
+        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__,
+               "trace_path": None if trace is None else Path(trace).resolve().as_posix(),
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
                **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
         row.update(_measurements(workload, metrics, sim, hardware, values, depth))
@@ -509,15 +513,19 @@ class RunResult:
         """
         ident = identity(self.config, self.row["trace_sha256"])
         extra = {TRACE_HASH_KEY: self.row["trace_sha256"]} if self.row["trace_sha256"] else None
-        paths = {"run": write_partitioned(self.to_arrow(), out_dir, partition_cols, config=ident,
-                                          metadata=extra)}
-        if self.simulated:
-            folder = partition_dir(out_dir, self.row, partition_cols)
-            meta = self.provenance()
-            for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
-                path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
-                paths[kind] = write_parquet_atomic(table, path, meta)
-        return paths
+        # the row and its tables appear together or not at all: a record without its channel table is a run
+        # folder `stepsim report` rejects (a full disk after the first file left one)
+        with published_folder(out_dir) as root:
+            paths = {"run": write_partitioned(self.to_arrow(), root, partition_cols, config=ident,
+                                              metadata=extra)}
+            if self.simulated:
+                folder = partition_dir(root, self.row, partition_cols)
+                meta = self.provenance()
+                for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
+                    path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
+                    paths[kind] = write_parquet_atomic(table, path, meta)
+        # a new folder was built under a temporary name: name the files where they are now
+        return {kind: Path(out_dir) / path.relative_to(root) for kind, path in paths.items()}
 
 
 def _attr(sim, name: str):
@@ -563,15 +571,35 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
     return out
 
 
+def unit_labels(names: list[str], kinds: list[str], groups: list[str]) -> list[str]:
+    """A stable label per unit: ``<group>/<kind>#<k>``, the k-th unit of that kind in that group, in program order
+    (``expert 3/Matmul#1``). Unit names are numbered by position in the whole graph (``Map_130``), so one more
+    operator anywhere renames every later unit; a label changes only when its own group changes, which lets
+    ``stepsim compare`` match the units of two graphs of the same structure."""
+    seen: dict[tuple[str, str], int] = {}
+    labels = []
+    for kind, group in zip(kinds, groups, strict=True):
+        k = seen.get((group, kind), 0)
+        seen[(group, kind)] = k + 1
+        labels.append(f"{group}/{kind}#{k}")
+    return labels
+
+
 def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
-    """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock)."""
-    kinds = {op.name: type(op).__name__ for op in workload.graph.ops}
+    """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock), with
+    each unit's operator class, group (``expert 3``; ``shared`` outside any group) and stable label."""
+    from stepsim.simulation.timeline import graph_labels
+
+    group_of, kind_of = graph_labels(workload.graph)
     counters = sim.unit_counters
     names = list(sim.unit_names)
+    kinds = [_unit_kind(n, kind_of) for n in names]
+    groups = [group_of.get(n, "shared") for n in names]
     cycles = int(sim.cycles)
     busy = [int(v) for v in counters[:, 1]]
     return {
-        "run_id": [run_id] * len(names), "name": names, "kind": [_unit_kind(n, kinds) for n in names],
+        "run_id": [run_id] * len(names), "name": names, "kind": kinds, "group": groups,
+        "label": unit_labels(names, kinds, groups),
         "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
         "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
         "utilization": [b / cycles if cycles else None for b in busy],
@@ -599,7 +627,8 @@ def _channel_columns(run_id: str, sim) -> dict[str, list]:
 
 # --- running and collecting -------------------------------------------------------------------------------
 @gc_paused  # the build, lowering and records allocate long-lived objects: see stepsim.graph.gcpause
-def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0) -> RunResult:
+def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0,
+               force: bool = False) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).
 
@@ -614,6 +643,8 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     timeline : int
         Simulations: record a timeline of at most this many records into ``RunResult.timeline``
         (:mod:`stepsim.simulation.timeline`); 0 records nothing. It changes no result, so it is not part of the identity.
+    force : bool
+        Simulate even when the estimated work is over the limit (:mod:`stepsim.kernels.run_size`).
 
     Returns
     -------
@@ -641,7 +672,7 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
 
         mode = cfg["mode"]
         sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
-                       progress=progress, timeline=timeline or False)
+                       progress=progress, timeline=timeline or False, force=force)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s), mode=mode)
         record = dataclasses.replace(record, timeline=sim.timeline)

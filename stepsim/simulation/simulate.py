@@ -89,8 +89,8 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False
-             ) -> SimResult:
+             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False,
+             force: bool = False) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -126,10 +126,14 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         intervals, FIFO occupancy, on-chip FIFO bytes and HBM requests as Arrow tables). True records at most
         :data:`stepsim.simulation.timeline.DEFAULT_RECORDS` records, an int at most that many (past the limit the trace is
         cut, never the run). Off by default; timing results are identical either way.
+    force : bool
+        Run even when the estimated HBM work exceeds :data:`stepsim.kernels.run_size.MAX_HBM_REQUESTS` (a run
+        needing more memory than is available is refused anyway; :mod:`stepsim.kernels.run_size`).
     """
     global _compiled
     from stepsim.analysis.deadlock import run_diagnosed as run  # the numba engine; a deadlock comes explained
 
+    _check_arguments(target, channel_depth, max_events)
     records = _timeline_records(timeline)
     graph = target.graph if isinstance(target, Workload) else target
     if hardware is None:
@@ -143,6 +147,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     start = time.perf_counter()
     program = lower(graph, hardware, channel_depth=channel_depth, channel_depths=channel_depths)
     lower_s = time.perf_counter() - start
+    from stepsim.kernels import run_size
+
+    run_size.check(run_size.estimate(program, records), force=force)  # before any allocation or engine time
     compile_s = 0.0
     if not _compiled:
         from stepsim.kernels.api import _engine, _ensure_compiled
@@ -188,6 +195,27 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
                      inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional,
                      channel_depth=channel_depth, timeline=recorded, link_bytes=res.link_bytes,
                      unit_opcodes=[program.opcode_name(u) for u in range(program.n_units)])
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_arguments(target, channel_depth, max_events) -> None:
+    """ArgumentError for a target that is no Graph or Workload and for a depth or event limit that is not a
+    positive int: a float depth was truncated, a bool taken as 1, None failed deep in the lowering, and
+    ``max_events=0`` reported a limit of 1 that was never given."""
+    from stepsim.base.errors import ArgumentError
+
+    if not isinstance(target, (Graph, Workload)):
+        raise ArgumentError(f"simulate: target must be a stepsim Graph or Workload, got {type(target).__name__} "
+                            f"{target!r:.60}")
+    if channel_depth is not _UNSET and channel_depth is not None and (not _is_int(channel_depth)
+                                                                     or channel_depth < 1):
+        raise ArgumentError(f"simulate: channel_depth must be an int >= 1 (elements) or None (1024), got "
+                            f"{channel_depth!r} ({type(channel_depth).__name__})")
+    if max_events is not None and (not _is_int(max_events) or max_events < 1):
+        raise ArgumentError(f"simulate: max_events must be an int >= 1 or None (no limit), got {max_events!r}")
 
 
 def _timeline_records(timeline) -> int:

@@ -206,6 +206,9 @@ def check_timeline_args(path: str | None, limit: int | None, min_dur: int | None
     from stepsim.base.errors import ArgumentError, ConfigError
     from stepsim.base.outputs import check_out_file
 
+    if path == "":
+        raise ArgumentError("--timeline: empty path; give a file name ending in .json, .json.gz, .pftrace or "
+                            ".perfetto-trace")
     if not path:
         flag = "--timeline-limit" if limit is not None else "--timeline-min-dur"
         raise ArgumentError(f"{flag} needs --timeline PATH")

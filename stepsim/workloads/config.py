@@ -264,7 +264,7 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
         if cfg.get("fifo_depths") is not None:
             from stepsim.graph.depths_file import apply_depths_file
 
-            apply_depths_file(workload, cfg["fifo_depths"])
+            apply_depths_file(workload, cfg["fifo_depths"], resolved_trace(cfg))
         return workload
     except (ArgumentError, ConfigError) as exc:
         if source is None and isinstance(exc, ConfigError):

@@ -101,7 +101,7 @@ def test_errors_exit_2(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--metric", "speed"]) == 2
     assert capsys.readouterr().err == "stepsim: error: --metric speed: not a column of the baseline's records\n"
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--threshold", "-1"]) == 2
-    assert "--threshold must be a ratio >= 0" in capsys.readouterr().err
+    assert "--threshold must be a finite ratio >= 0" in capsys.readouterr().err
     (tmp_path / "bad.parquet").write_text("not parquet")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "bad.parquet")]) == 2
     assert capsys.readouterr().err.startswith(f"stepsim: error: {tmp_path / 'bad.parquet'}: not a Parquet file")

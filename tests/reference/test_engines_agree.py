@@ -16,14 +16,8 @@ from ref_random_programs import random_program
 
 from stepsim.base.errors import DeadlockError, SimulationError
 from stepsim.kernels import abi
+from stepsim.kernels.api import run as fast_run  # an engine that fails to import fails these tests
 from stepsim.kernels.reference import run as ref_run
-
-try:  # skip ONLY when the fast engine cannot be imported
-    from stepsim.kernels.api import run as fast_run
-except ImportError:  # pragma: no cover - depends on the other engineer's progress
-    fast_run = None
-
-pytestmark = pytest.mark.skipif(fast_run is None, reason="numba engine not available yet")
 
 
 def _outcome(engine, program):

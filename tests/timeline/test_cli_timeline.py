@@ -94,7 +94,7 @@ def test_a_deadlocked_run_writes_its_timeline_up_to_the_deadlock(tmp_path, capsy
                    "--top-k", "4", "--trace", str(trace), "--tile-n", "32", "--channel-depth", "2",
                    "--timeline", str(path)])
     err = capsys.readouterr().err.splitlines()
-    assert status == 2
+    assert status == 3  # the deadlock status
     assert err[0].startswith(f"wrote timeline up to the deadlock: {path} (") and err[0].endswith(" (complete))")
     assert err[1].startswith("stepsim: error: deadlock: no unit can make progress; 620 unit(s) blocked")
     doc = _events(path)
