@@ -26,8 +26,9 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_fifo_depths_argument", "add_workl
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
     p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
-                   help="moe | swiglu | attention | decoder | path/to/file.py:function (a function returning a "
-                        "stepsim Graph or Workload) | path/to/model.onnx (lowered by stepsim.frontend.from_onnx)")
+                   help="moe | swiglu | attention | decoder | collective | path/to/file.py:function (a function "
+                        "returning a stepsim Graph or Workload) | path/to/model.onnx (lowered by "
+                        "stepsim.frontend.from_onnx)")
     p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
                                    "a Hugging Face config.json path | custom (see stepsim models list)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
@@ -52,6 +53,20 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--softmax", choices=("plain", "stable"),
                    help="attention softmax: plain (the artifact's exp-sum form, default) or stable (running max, "
                         "1/sqrt(head_dim); the default with --functional)")
+    p.add_argument("--op", choices=("all-reduce", "reduce-scatter", "all-gather", "all-to-all"),
+                   help="collective: which one (default all-reduce)")
+    p.add_argument("--bytes", type=int, metavar="S",
+                   help="collective: the whole vector in bytes (each chip's input; an all-gather's output), a "
+                        "multiple of 4 x chips (default 1048576)")
+    p.add_argument("--algorithm", choices=("ring", "direct"), help="collective: ring (default) or direct")
+    p.add_argument("--system", metavar="FILE|PRESET",
+                   help="collective, MoE with --ep: the chips and links, a system TOML file or preset "
+                        "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
+    p.add_argument("--ep", type=int, metavar="N",
+                   help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
+    p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
+                   help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
+                        "from the routing trace)")
     p.add_argument("--compute-bw", type=int, help="FLOPs/cycle of every compute node")
     p.add_argument("--channel-depth", type=int, help="default FIFO depth (elements)")
     p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")

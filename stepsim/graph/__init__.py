@@ -75,6 +75,7 @@ from stepsim.graph.ops_compute import (
                                   Scan,
                                   UnaryMap,
 )
+from stepsim.graph.ops_chips import Link, ResidentLoad, ResidentStore
 from stepsim.graph.ops_memory import (
                                   LinearOffChipLoad,
                                   LinearOffChipStore,

@@ -188,7 +188,7 @@ UNIT_COLUMNS = tuple(
     _strings("run_id", "name", "kind", "group", "label")
     + _i64("count", "fires")
     + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
-    + _f64("ratio", "utilization"))
+    + _f64("ratio", "utilization") + _i64("bytes", "bytes"))
 #: per-channel counters of a simulation run (one row per FIFO channel, in program order)
 CHANNEL_COLUMNS = tuple(_strings("run_id", "name") + _i64("count", "pushes") + _i64("elements", "peak_occupancy"))
 #: the Arrow schemas (module attributes made on first use): row, per-unit and per-channel
@@ -266,7 +266,7 @@ def identity(cfg: Mapping, trace_hash: str | None) -> dict:
 _identity = identity  # the name stepsim.batch first imported
 
 #: knobs whose value is a path: the identity holds what they resolve to (trace content hash, hardware values)
-_PATH_KNOBS = ("trace", "hardware")
+_PATH_KNOBS = ("trace", "hardware", "system")
 
 
 def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dict:
@@ -289,6 +289,9 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     for slot in ("routing", "kv_lengths"):  # the decoder's two traces: their content, not their paths
         if cfg.get(slot) is not None:
             ident[slot] = f"sha256:{trace_sha256(cfg[slot])}"
+    system = cfg.get("system")
+    if system is not None:  # a system preset by name, a system file by its content (its hardware: hardware_values)
+        ident["system"] = system if not system.endswith(".toml") else _system_file_hash(system)
     program = cfg.get("program")
     if is_onnx_program(cfg):  # an ONNX model: the file's content, not its path
         try:
@@ -306,6 +309,13 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     ident.update(hardware_values=hardware.values(), run_channel_depth=int(channel_depth),
                  timing_model=TIMING_MODEL_VERSION)
     return ident
+
+
+def _system_file_hash(path: str) -> str:
+    try:
+        return f"sha256:{file_sha256(path)}"
+    except OSError as exc:
+        raise ConfigError(f"system file {path}: cannot read: {exc.strerror or exc}") from None
 
 
 def run_identity(config: Mapping, *, source: str | None = None) -> tuple[str, str | None, str | None]:
@@ -598,7 +608,18 @@ def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
         "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
         "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
         "utilization": [b / cycles if cycles else None for b in busy],
+        # bytes a Link unit carried (its busy cycles are its serialization, its utilization its occupancy)
+        "bytes": _link_bytes(sim, names),
     }
+
+
+def _link_bytes(sim, names: list) -> list:
+    """Per unit: the bytes a Link carried, None for every other unit (and for results without the counter)."""
+    carried = getattr(sim, "link_bytes", None)
+    kinds = getattr(sim, "unit_opcodes", None)
+    if carried is None or kinds is None:
+        return [None] * len(names)
+    return [int(b) if k == "Link" else None for b, k in zip(carried, kinds)]
 
 
 def _channel_columns(run_id: str, sim) -> dict[str, list]:
