@@ -2,6 +2,8 @@
 
 Every figure stepsim draws (reproduce, size-fifos, report, optimize, demo) goes through :func:`require_matplotlib`
 (a clear one-line error when matplotlib is missing) and :func:`save_figure` (same figure, same bytes).
+:func:`si_axis` writes an axis' ticks with the decimal prefixes of the text views (:mod:`stepsim.base.display`:
+``2 MB``, ``200k`` cycles), on linear and log axes alike, so a figure and the CLI read the same.
 """
 
 from __future__ import annotations
@@ -32,10 +34,49 @@ def require_matplotlib():
     return plt
 
 
-def save_figure(fig, path: Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` as PNG atomically, close it; returns ``path``."""
+def si_axis(axis, unit: str = "") -> None:
+    """Ticks of ``axis`` (``ax.xaxis`` / ``ax.yaxis``) with decimal prefixes and ``unit``: ``500 kB``, ``2 MB``;
+    without a unit ``20k``, ``1.5M``. On a log axis only the decades and their 2x / 5x multiples are labelled
+    (no overlapping ``3x10^4`` minor labels)."""
+    require_matplotlib()
+    from matplotlib.ticker import EngFormatter, NullFormatter
+
+    formatter = EngFormatter(unit=unit, sep=" " if unit else "")
+    axis.set_major_formatter(formatter)
+    if axis.get_scale() == "log":
+        axis.set_major_locator(_DecadeLocator())
+        axis.set_minor_formatter(NullFormatter())
+
+
+def _decade_locator_class():
+    from matplotlib.ticker import LogLocator
+
+    class DecadeLocator(LogLocator):
+        """Decades, plus their 2x and 5x multiples when the axis spans at most two and a half decades."""
+
+        def __init__(self):
+            super().__init__(base=10, subs=(1.0, 2.0, 5.0))
+
+        def tick_values(self, vmin, vmax):
+            import math
+
+            lo, hi = sorted((vmin, vmax))
+            wide = lo > 0 and math.log10(hi / lo) > 2.5
+            self.set_params(subs=(1.0,) if wide else (1.0, 2.0, 5.0))
+            return super().tick_values(vmin, vmax)
+
+    return DecadeLocator
+
+
+def _DecadeLocator():  # noqa: N802 - builds the matplotlib subclass on first use (matplotlib is optional)
+    return _decade_locator_class()()
+
+
+def save_figure(fig, path: Path, *, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay out ``fig`` (``tight_layout`` inside ``rect``, the figure fraction left for the axes: room for a
+    caption), write it to ``path`` as PNG atomically, close it; returns ``path``."""
     plt = require_matplotlib()
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     with atomic_output(path) as tmp:
         # no timestamp metadata, so the same table gives the same bytes
         fig.savefig(tmp, format="png", metadata={"Software": None})

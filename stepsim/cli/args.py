@@ -22,13 +22,25 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_fifo_depths_argument", "add_workl
            "bundled_trace", "config_from_args"]
 
 
+def model_help(default: str | None = "mixtral-8x7b") -> str:
+    """``--model``'s help: every preset with its aliases (as ``stepsim models list``), config files, custom."""
+    from stepsim.models.presets import PRESETS
+
+    def one(name, m):
+        notes = (["default"] if name == default else []) + ([f"alias {', '.join(m.aliases)}"] if m.aliases else [])
+        return f"{name} ({'; '.join(notes)})" if notes else name
+
+    names = ", ".join(one(name, m) for name, m in sorted(PRESETS.items()))
+    return f"a preset: {names}; or a Hugging Face config.json path (stepsim models list shows their dimensions)"
+
+
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
     p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
                    help="moe | swiglu | attention | decoder | path/to/file.py:function (a function returning a "
                         "stepsim Graph or Workload)")
-    p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
-                                   "a Hugging Face config.json path | custom (see stepsim models list)")
+    p.add_argument("--model", help=f"MoE and decoder: {model_help()}; or custom (MoE: with --hidden, "
+                                   f"--intermediate, --experts, --top-k)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
         p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
     p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")

@@ -89,8 +89,8 @@ def test_run_out_parquet_file_writes_the_record_and_its_tables_beside_it(tmp_pat
 def test_demo_table_cells_carry_units(tmp_path, capsys):
     assert main(["demo", "--metrics-only", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2].split() == ["static", "8", "6.70", "GB", "15.8", "MB", "125", "GFLOP"]
-    assert lines[6].split() == ["dynamic", "-", "2.82", "GB", "18.9", "MB", "105", "GFLOP"]
+    assert lines[5].split() == ["static", "8", "6.70", "GB", "15.8", "MB", "15.8", "MB", "125", "GFLOP"]
+    assert lines[9].split() == ["dynamic", "-", "2.82", "GB", "18.9", "MB", "18.9", "MB", "105", "GFLOP"]
 
 
 def test_trace_inspect_names_the_units(capsys):
