@@ -33,7 +33,8 @@ JSON keys (stable):
   tokens), ``max_busy_cycles`` / ``mean_busy_cycles`` (largest ``max_unit_busy_cycles`` of the groups, and its
   mean over the groups that are not idle), ``ratio`` (max / mean), ``busiest`` (the group with the largest
   ``max_unit_busy_cycles``; ties: the one finishing last, then the first), ``lead_cycles`` (its busiest unit's
-  busy cycles minus those of every other group's busiest unit: what the run waits on this group alone) and
+  busy cycles minus those of every other group's busiest unit: what the run waits on this group alone; null
+  with a single group) and
   ``straggler``: ``busiest`` when its lead is at least :data:`STRAGGLER_SHARE` of the run's cycles, otherwise
   null (the groups' bottlenecks are equally busy, however their summed work differs), with
   ``straggler_final_clock``; null fields when the graph has no such groups.
@@ -224,8 +225,9 @@ def _imbalance(groups: list[dict], cycles: int) -> dict:
     active = [b for b in busy if b > 0]
     mean = sum(active) / len(active) if active else 0.0
     top = max(labelled, key=lambda g: (g["max_unit_busy_cycles"], g["final_clock"], -labelled.index(g)))
-    lead = top["max_unit_busy_cycles"] - max((b for g, b in zip(labelled, busy) if g is not top), default=0)
-    straggler = lead > 0 and lead >= STRAGGLER_SHARE * cycles
+    others = [b for g, b in zip(labelled, busy, strict=True) if g is not top]
+    lead = top["max_unit_busy_cycles"] - max(others) if others else None  # one group: nothing to lag behind
+    straggler = lead is not None and lead > 0 and lead >= STRAGGLER_SHARE * cycles
     return {"kind": kind, "groups": len(labelled), "idle_groups": len(busy) - len(active),
             "max_busy_cycles": max(busy), "mean_busy_cycles": mean,
             "ratio": max(busy) / mean if mean else None, "busiest": top["group"], "lead_cycles": lead,
@@ -404,7 +406,9 @@ def format_report(rep: dict) -> str:
              f"({_pct(roof['hbm_utilization'])}); compute: {roof['achieved_flops_per_cycle'] or 0:,.0f} of "
              f"{roof['allocated_compute_flops_per_cycle']:,} FLOP/cycle ({_pct(roof['compute_utilization'])})"]
     imb = rep["imbalance"]
-    if imb["kind"]:
+    if imb["kind"] and imb["lead_cycles"] is None:
+        lines.append(f"imbalance: none (one {imb['kind']}, {imb['busiest']})")
+    elif imb["kind"]:
         cycles = roof["cycles"] or 1
         idle = f" ({imb['idle_groups']} idle)" if imb["idle_groups"] else ""
         head = (f"imbalance across {imb['groups']} {imb['kind']}s{idle}: busiest unit max/mean "
@@ -488,13 +492,13 @@ def write_png(rep: dict, path: str | os.PathLike, timeline=None) -> Path:
     """Bars of the busy / blocked-in / blocked-out share of each group's units (groups on the critical path in
     red) and, with the run's timeline, a heat map of each group's busiest unit's busy share over time; needs
     matplotlib (the ``plot`` extra). Written atomically (:func:`stepsim.base.figures.save_figure`)."""
-    from stepsim.base.figures import require_matplotlib, save_figure
+    from stepsim.base.figures import require_matplotlib, save_figure, si_axis
 
     plt = require_matplotlib()
     groups = rep["top_units"]["groups"][:40]
     on_path = {h["group"] for h in rep["critical_path"]}
     cycles = rep["roofline"]["cycles"] or 1
-    height = 0.24 * len(groups) + 1.8
+    height = max(0.24 * len(groups) + 1.8, 3.0)
     if timeline is None:
         fig, ax = plt.subplots(figsize=(7, height))
     else:
@@ -528,9 +532,7 @@ def write_png(rep: dict, path: str | os.PathLike, timeline=None) -> Path:
                 tick.set_color("red")
                 tick.set_fontweight("bold")
         heat.set_xlabel("cycle", fontsize=9)
-        from matplotlib.ticker import EngFormatter
-
-        heat.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.5M cycles
+        si_axis(heat.xaxis)  # 200k, 1.5M cycles
         heat.set_title("busy share of each group's busiest unit over time", fontsize=10)
         bar = fig.colorbar(image, ax=heat, fraction=0.04, pad=0.02)
         bar.set_label("busy share (0 idle, 1 always busy)", fontsize=9)

@@ -5,7 +5,8 @@ Files in the output folder (each written atomically: temp file, then rename)::
 
     pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle)
     candidates.parquet  every candidate: knobs, symbolic metrics, cycle lower bound, status, cycles
-    pareto.png          every simulated point, the front highlighted (log axes, like the paper's Figs 9/10)
+    pareto.png          cycles against on-chip bytes and against compute (the front is over all three), every
+                        simulated point, the front numbered and named (log axes, like the paper's Figs 9/10)
     optimize.json       the JSON summary (the keys of ``stepsim optimize --json``)
     metrics/, runs/     the symbolic-evaluation and simulation sweeps (sweep folder layout; resumable)
 """

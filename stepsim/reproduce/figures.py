@@ -18,27 +18,34 @@ _MODEL_TITLES = {"mixtral-8x7b": "Mixtral-8x7B", "qwen3-30b-a3b": "Qwen3-30B-A3B
 
 
 def plot_dynamic_tiling(table: pa.Table, details: dict, path: Path) -> Path:
-    """Fig 9/10: per routing batch, on-chip memory (plotted accounting) vs cycles, log-log; static tiles
-    form a line, dynamic tiling is one star."""
+    """Fig 9/10: per routing batch, on-chip memory (plotted accounting: published for static tiles, active for
+    dynamic tiling) vs cycles, log-log; static tiles form a line, each point labelled with its tile, dynamic
+    tiling is one star."""
     plt = require_matplotlib()
     groups = list(group_rows(table, ("model", "batch", "trace")))
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), squeeze=False)
     for ax, ((model, batch, trace), rows) in zip(axes[0], groups):
         static = [r for r in rows if r["tiling"] == "static"]
         dynamic = [r for r in rows if r["tiling"] == "dynamic"]
         ax.plot([r["on_chip_bytes_plotted"] for r in static], [r["cycles"] for r in static], "o-",
-                color="tab:blue", label="static tiling")
-        for r in static:
-            ax.annotate(f"{r['tile_n']}", (r["on_chip_bytes_plotted"], r["cycles"]), textcoords="offset points",
-                        xytext=(5, 4), fontsize=8)
+                color="tab:blue", label="static tiles (published on-chip)")
+        right = max((r["on_chip_bytes_plotted"] for r in static), default=0)
+        for r in static:  # the rightmost label sits left of its point, inside the axes
+            last = r["on_chip_bytes_plotted"] == right
+            ax.annotate(f"tile {r['tile_n']}", (r["on_chip_bytes_plotted"], r["cycles"]),
+                        textcoords="offset points", xytext=(-6, 6) if last else (6, 6),
+                        ha="right" if last else "left", fontsize=8)
         ax.plot([r["on_chip_bytes_plotted"] for r in dynamic], [r["cycles"] for r in dynamic], "*",
-                color="tab:red", markersize=15, label="dynamic tiling")
+                color="tab:red", markersize=15, label="dynamic tiling (active on-chip)")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("on-chip memory (bytes)")
+        ax.margins(x=0.08, y=0.1)
+        si_axis(ax.xaxis, "B")
+        si_axis(ax.yaxis)
+        ax.set_xlabel("on-chip memory")
         ax.set_ylabel("cycles")
         ax.set_title(f"{_MODEL_TITLES.get(model, model)}, B={batch} ({trace})", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8)
     return save_figure(fig, path)
 
@@ -130,7 +137,9 @@ def plot_dynamic_parallelization(table: pa.Table, details: dict, path: Path) -> 
         ax.set_xlabel("KV-length variance class / stdev (tokens)")
         ax.set_ylabel("cycles normalized to dynamic")
         ax.set_title(f"GQA decode attention, B={batch}", fontsize=10)
-        ax.legend(fontsize=8)
+        top = max(max(r["coarse_cycles"], r["interleave_cycles"]) / r["dynamic_cycles"] for r in rows)
+        ax.set_ylim(0, top * 1.18)  # room for the legend above the bars
+        ax.legend(fontsize=8, loc="upper center", ncol=3)
     return save_figure(fig, path)
 
 

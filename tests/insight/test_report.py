@@ -259,3 +259,12 @@ def test_png_is_written_atomically(tmp_path):
     path = write_png(rep, tmp_path / "r.png")
     assert path.stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".png") == ["r.png"]
+
+
+def test_a_single_region_is_no_straggler(tmp_path):
+    """The bundled B=16 batch on coarse attention has one region: nothing can lag behind it."""
+    _, rep = _written(tmp_path, {"workload": "attention", "strategy": "coarse"})
+    imb = rep["imbalance"]
+    assert (imb["kind"], imb["groups"], imb["busiest"], imb["lead_cycles"], imb["straggler"]) == (
+        "region", 1, "region 0", None, None)
+    assert format_report(rep).splitlines()[2] == "imbalance: none (one region, region 0)"
