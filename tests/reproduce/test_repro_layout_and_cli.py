@@ -135,7 +135,7 @@ def test_the_command_module_loads_without_the_experiments_dependencies():
 def test_cli_all_json_prints_exactly_the_seven_headline_keys(shared_traces, tmp_path, capsys, monkeypatch):
     traces = tiny_traces(shared_traces, tmp_path / "traces")
     monkeypatch.setattr("stepsim.reproduce.driver.reproduce", functools.partial(driver_reproduce, options=SMALLEST))
-    assert main(["reproduce", "all", "--traces", str(traces), "--out", str(tmp_path / "out"), "--json"]) == 0
+    assert main(["reproduce", "all", "--traces", str(traces), "--out", str(tmp_path / "out"), "--json", "--jobs", "1"]) == 0
     captured = capsys.readouterr()
     headline = json.loads(captured.out)
     assert list(headline) == list(JSON_KEYS) == [
