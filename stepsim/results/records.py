@@ -29,7 +29,8 @@ trace_sha256                       none        SHA-256 of the trace file (of its
 hardware_name                      none        hardware the run used: a preset's name, or ``<preset>+<field>=<value>,...``
                                                for a hardware file or overrides (``Hardware.name``)
 workload ... convention            none        every knob of :data:`~stepsim.workloads.config.KNOBS` as
-                                               configured (config-level defaults applied; null = unset)
+                                               the run used it: as configured, and where unset the builder's
+                                               value for the knobs of :data:`RESOLVED_KNOBS` (null = not used)
 params                             none        canonical JSON of every parameter the builder used
 cycles                             cycles      simulated cycles; null for metrics runs
 off_chip_bytes                     bytes       measured total for simulations, symbolic total for metrics
@@ -338,6 +339,34 @@ def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[
     return stable_hash(identity(identity_config(cfg, hardware, depth), trace_hash)), trace, trace_hash
 
 
+#: knobs a builder resolves when a config leaves them unset (a default tile, every expert its own region, the
+#: FIFO depth of the hardware): the record stores the value the run used (``workload.params``)
+RESOLVED_KNOBS = ("tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw",
+                  "channel_depth", "kv_heads")
+
+
+def resolved_knobs(cfg: Mapping, params: Mapping, channel_depth: int | None) -> dict:
+    """The record's knob columns: the config's knobs, where unset the value the run used.
+
+    An unset knob of :data:`RESOLVED_KNOBS` that applies to the workload takes the builder's value from
+    ``params`` (``tile_n`` 32 of a static MoE layer, ``regions`` = experts, ``compute_bw``...), and
+    ``channel_depth`` the run's default FIFO depth; knobs the run did not use (a dynamic layer's ``tile_n``)
+    stay null. The run id is not affected: it hashes the config as given (:func:`identity_config`), so runs that
+    had one id keep it; two spellings of one run (a default given or left out) now record the same values,
+    which is what :mod:`stepsim.insight.compare` and sweep tables pair and group by.
+    """
+    from stepsim.workloads.config import APPLIES_TO
+
+    out = {k: cfg[k] for k in KNOBS}
+    for k in RESOLVED_KNOBS:
+        if out[k] is not None or cfg["workload"] not in APPLIES_TO.get(k, (cfg["workload"],)):
+            continue
+        value = channel_depth if k == "channel_depth" else params.get(k)
+        if isinstance(value, (int, str)) and not isinstance(value, bool):
+            out[k] = value
+    return out
+
+
 def _knob_depth(cfg: Mapping):
     """The ``channel_depth`` knob as a per-run depth (UNSET when the config leaves it unset)."""
     return UNSET if cfg.get("channel_depth") is None else cfg["channel_depth"]
@@ -434,7 +463,7 @@ class RunResult:
         row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__,
                "trace_path": None if trace is None else Path(trace).resolve().as_posix(),
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
-               **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
+               **resolved_knobs(cfg, workload.params, depth), "params": canonical_json(workload.params)}
         row.update(_measurements(workload, metrics, sim, hardware, values, depth))
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
