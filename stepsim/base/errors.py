@@ -82,6 +82,11 @@ class ConfigError(StepsimError):
     """A hardware / sweep / CLI configuration value is unknown or invalid (the message names the key)."""
 
 
+class SystemConfigError(ConfigError):
+    """A multi-chip system description is invalid (a link to a missing chip, zero bandwidth, an unreachable
+    chip, ...); the message names the file and the key (:mod:`stepsim.base.system`)."""
+
+
 class LoweringError(StepsimError):
     """A graph cannot be lowered to an engine program (an unresolved symbol, an unsupported operator)."""
 

@@ -65,7 +65,8 @@ OP_ROW_STREAMIFY = 26
 OP_EXPERT_ADDR_GEN = 27
 OP_CACHE_READ_ADDR_GEN = 28
 OP_FILTER_LAST_TILE = 29
-N_OPCODES = 30
+OP_LINK = 30  # a link between two chips (kernels.units_link): serializes by bandwidth, adds latency
+N_OPCODES = 31
 
 OPCODE_NAMES = {
     OP_SELECT_GEN: "SelectGen", OP_METADATA_GEN: "MetadataGen", OP_SINK: "Sink",
@@ -77,8 +78,10 @@ OPCODE_NAMES = {
     OP_PARALLELIZE: "Parallelize", OP_BROADCAST: "Broadcast", OP_FLATTEN: "Flatten", OP_PROMOTE: "Promote",
     OP_RESHAPE: "Reshape", OP_EXPAND_REF: "ExpandRef", OP_REPEAT_STATIC: "RepeatStatic",
     OP_ROW_STREAMIFY: "RowStreamify", OP_EXPERT_ADDR_GEN: "ExpertAddrGen",
-    OP_CACHE_READ_ADDR_GEN: "CacheReadAddrGen", OP_FILTER_LAST_TILE: "FilterLastTile",
+    OP_CACHE_READ_ADDR_GEN: "CacheReadAddrGen", OP_FILTER_LAST_TILE: "FilterLastTile", OP_LINK: "Link",
 }
+#: opcodes that act only at the global minimum time (they compare arrival times): the engine's ts_units
+TIME_SENSITIVE_OPS = (OP_EAGER_MERGE, OP_LINK)
 
 #: opcodes that talk to the HBM (they register in builder order: readers, then writers)
 MEMORY_READ_OPS = (OP_OFFCHIP_LOAD, OP_DYN_OFFCHIP_LOAD, OP_RANDOM_OFFCHIP_LOAD)
@@ -274,10 +277,11 @@ UP_IN_START = 1  # first index into in_ch (== in_ptr[u])
 UP_N_IN = 2
 UP_OUT_START = 3
 UP_N_OUT = 4
-UP_MEM_PRIORITY = 5  # HBM arbitration rank (readers in builder order, then writers); -1 if not a memory op
+UP_MEM_PRIORITY = 5  # rank in its chip's HBM (readers in builder order, then writers); -1 if not a memory op
 UP_A0 = 6  # opcode-specific parameters PA_* (index relative to UP_A0)
 N_PARAMS_OP = 14
-N_UP = UP_A0 + N_PARAMS_OP
+UP_CHIP = UP_A0 + N_PARAMS_OP  # the chip a unit is on (0 on one chip); a memory op uses that chip's HBM
+N_UP = UP_CHIP + 1
 
 # opcode-specific parameter slots (add UP_A0). Payload offsets/lengths index Program.payload.
 PA_TILE_ROWS = 0  # memory ops
@@ -288,6 +292,7 @@ PA_VIEW_OFF = 4  # view_shape dims (outermost first) in payload
 PA_VIEW_LEN = 5
 PA_ACK_ON_WADDR = 6
 PA_N_TILES = 7  # product of the view shape
+PA_RESIDENT = 8  # OffChipLoad / OffChipStore: 1 = the tensor is resident in on-chip memory (no HBM, 0 own cycles)
 
 PA_FN = 0  # compute ops
 PA_FN_PARAM = 1
@@ -328,6 +333,8 @@ PA_REPEAT_LEN = 1
 PA_REPEAT_PROD = 2
 PA_REPEAT_RANK = 0  # dyn_streamify
 PA_BUF_RANK = 1
+PA_LINK_BW = 0  # link: bandwidth (bytes/cycle, >= 1)
+PA_LINK_LAT = 1  # link: latency (cycles, >= 1) from the end of an element's serialization to its arrival
 PA_ARENA_BASE = 8  # bufferize: arena region [base, base + size)
 PA_ARENA_SIZE = 9
 

@@ -27,7 +27,7 @@ from stepsim.kernels import arena
 from stepsim.kernels import timeline as TL
 from stepsim.kernels import values as V
 from stepsim.kernels.arena import FunctionalStats
-from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK, E_WORK_LEFT
+from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK, E_WORK_LEFT, N_ENG
 
 #: the engine doubles Bufferize arena regions at most this many times before giving up
 MAX_ARENA_DOUBLINGS = 12
@@ -71,6 +71,8 @@ class EngineResult:
     timeline : int64 array or None
         ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
         decoded by :func:`stepsim.simulation.timeline.decode`).
+    link_bytes : int64 array (n_units,) or None
+        Bytes each Link unit carried (0 for every other unit; :mod:`stepsim.kernels.units_link`).
     """
 
     cycles: int
@@ -88,6 +90,7 @@ class EngineResult:
     hbm_closed_form_ticks: int = 0
     hbm_uneven_closed_form_ticks: int = 0
     timeline: np.ndarray | None = None
+    link_bytes: np.ndarray | None = None
 
     @property
     def firings_per_second(self) -> float:
@@ -136,7 +139,7 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
     us, chs, slots, arena_rows, eng, hfree, hq, done_list, wl, ts_units, n_ts = engine.new_state(
         program.unit_params, program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
         program.ch_consumer, program.hw, len(program.mem_order), program.arena_rows)
-    eng[E_HBM_PER_TICK] = 0 if hbm_closed_form else 1
+    eng[E_HBM_PER_TICK::N_ENG] = 0 if hbm_closed_form else 1  # in every chip's HBM segment
     n_slice, work = FIRST_SLICE_EVENTS, FIRST_SLICE_WORK
     while True:
         stop = min(max_events, int(eng[E_EVENTS]) + n_slice)
@@ -368,7 +371,16 @@ def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
                         events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy(),
                         hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
                         hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]),
-                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl)
+                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl,
+                        link_bytes=_link_bytes(program, us))
+
+
+def _link_bytes(program, us) -> np.ndarray:
+    """Bytes carried per unit: the Link units' byte register, 0 elsewhere (the register is scratch there)."""
+    from stepsim.kernels.units_link import R_LINK_BYTES  # a plain constant; the kernels it sits beside load lazily
+
+    links = program.unit_params[:, A.UP_OPCODE] == A.OP_LINK
+    return np.where(links, us[:, R_LINK_BYTES], 0).astype(np.int64)
 
 
 _STATUS_MESSAGES = {

@@ -25,7 +25,8 @@ while any unit is started, else the heap's top. The per-request path has no divi
 (An earlier version kept every registered unit in one sorted array and scanned it three times per tick;
 512-expert MoE layers spent 99 % of their engine time there.)
 
-State (all int64):
+State (all int64), one set per HBM (a chip's; the engine passes each HBM's views: ``hq[h]``, ``hfree[h]`` and the
+segment ``eng[h * N_ENG:(h + 1) * N_ENG]``, whose engine-wide scalars are used in segment 0 only):
 
 * ``hfree[0, c]``: channel c's next free cycle; ``hfree[1, c]``: its value at the start of the watched period;
   ``hfree[2, c]``: 1 if a request of the watched period found channel c idle (started at its tick + 1).
@@ -138,11 +139,12 @@ def _heap_pop(hq, n):
 
 
 @kernel
-def hbm_init(hq, up):
-    """reads: up priorities / writes: hq[:, HQ_UNIT] (the unit of each priority) / returns: nothing."""
+def hbm_init(hq, up, h):
+    """reads: up priorities and HBM ids / writes: hq[:, HQ_UNIT] (the unit of each priority) of HBM h / returns:
+    nothing."""
     for u in range(up.shape[0]):
         p = up[u, A.UP_MEM_PRIORITY]
-        if p >= 0:
+        if p >= 0 and up[u, A.UP_CHIP] == h:
             hq[p, HQ_UNIT] = u
 
 

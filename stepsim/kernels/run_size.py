@@ -48,6 +48,8 @@ def estimate(program, timeline_records: int = 0) -> RunSize:
     addr = int(program.hw[A.HW_ADDR_OFFSET])
     total = largest = 0
     for u in np.flatnonzero(np.isin(opcodes, A.MEMORY_READ_OPS + A.MEMORY_WRITE_OPS)):
+        if up[u, A.UP_A0 + A.PA_RESIDENT]:  # an on-chip tensor (a collective's): no HBM requests
+            continue
         rows, cols, elem = (int(up[u, A.UP_A0 + k]) for k in (A.PA_TILE_ROWS, A.PA_TILE_COLS, A.PA_ELEM_BYTES))
         per_tile = rows * -(-cols * elem // addr)
         tiles = int(up[u, A.UP_A0 + A.PA_N_TILES]) if opcodes[u] == A.OP_OFFCHIP_LOAD else 1

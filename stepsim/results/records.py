@@ -29,7 +29,8 @@ trace_sha256                       none        SHA-256 of the trace file (of its
 hardware_name                      none        hardware the run used: a preset's name, or ``<preset>+<field>=<value>,...``
                                                for a hardware file or overrides (``Hardware.name``)
 workload ... convention            none        every knob of :data:`~stepsim.workloads.config.KNOBS` as
-                                               configured (config-level defaults applied; null = unset)
+                                               the run used it: as configured, and where unset the builder's
+                                               value for the knobs of :data:`RESOLVED_KNOBS` (null = not used)
 params                             none        canonical JSON of every parameter the builder used
 cycles                             cycles      simulated cycles; null for metrics runs
 off_chip_bytes                     bytes       measured total for simulations, symbolic total for metrics
@@ -188,7 +189,7 @@ UNIT_COLUMNS = tuple(
     _strings("run_id", "name", "kind", "group", "label")
     + _i64("count", "fires")
     + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
-    + _f64("ratio", "utilization"))
+    + _f64("ratio", "utilization") + _i64("bytes", "bytes"))
 #: per-channel counters of a simulation run (one row per FIFO channel, in program order)
 CHANNEL_COLUMNS = tuple(_strings("run_id", "name") + _i64("count", "pushes") + _i64("elements", "peak_occupancy"))
 #: the Arrow schemas (module attributes made on first use): row, per-unit and per-channel
@@ -266,7 +267,7 @@ def identity(cfg: Mapping, trace_hash: str | None) -> dict:
 _identity = identity  # the name stepsim.batch first imported
 
 #: knobs whose value is a path: the identity holds what they resolve to (trace content hash, hardware values)
-_PATH_KNOBS = ("trace", "hardware")
+_PATH_KNOBS = ("trace", "hardware", "system")
 
 
 def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dict:
@@ -289,6 +290,9 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     for slot in ("routing", "kv_lengths"):  # the decoder's two traces: their content, not their paths
         if cfg.get(slot) is not None:
             ident[slot] = f"sha256:{trace_sha256(cfg[slot])}"
+    system = cfg.get("system")
+    if system is not None:  # a system preset by name, a system file by its content (its hardware: hardware_values)
+        ident["system"] = system if not system.endswith(".toml") else _system_file_hash(system)
     program = cfg.get("program")
     if is_onnx_program(cfg):  # an ONNX model: the file's content, not its path
         try:
@@ -306,6 +310,13 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     ident.update(hardware_values=hardware.values(), run_channel_depth=int(channel_depth),
                  timing_model=TIMING_MODEL_VERSION)
     return ident
+
+
+def _system_file_hash(path: str) -> str:
+    try:
+        return f"sha256:{file_sha256(path)}"
+    except OSError as exc:
+        raise ConfigError(f"system file {path}: cannot read: {exc.strerror or exc}") from None
 
 
 def run_identity(config: Mapping, *, source: str | None = None) -> tuple[str, str | None, str | None]:
@@ -326,6 +337,34 @@ def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[
     hardware = resolve_hardware(cfg, source=source)
     depth = resolve_channel_depth(_knob_depth(cfg), hardware, WORKLOAD_CHANNEL_DEPTH[cfg["workload"]])
     return stable_hash(identity(identity_config(cfg, hardware, depth), trace_hash)), trace, trace_hash
+
+
+#: knobs a builder resolves when a config leaves them unset (a default tile, every expert its own region, the
+#: FIFO depth of the hardware): the record stores the value the run used (``workload.params``)
+RESOLVED_KNOBS = ("tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw",
+                  "channel_depth", "kv_heads")
+
+
+def resolved_knobs(cfg: Mapping, params: Mapping, channel_depth: int | None) -> dict:
+    """The record's knob columns: the config's knobs, where unset the value the run used.
+
+    An unset knob of :data:`RESOLVED_KNOBS` that applies to the workload takes the builder's value from
+    ``params`` (``tile_n`` 32 of a static MoE layer, ``regions`` = experts, ``compute_bw``...), and
+    ``channel_depth`` the run's default FIFO depth; knobs the run did not use (a dynamic layer's ``tile_n``)
+    stay null. The run id is not affected: it hashes the config as given (:func:`identity_config`), so runs that
+    had one id keep it; two spellings of one run (a default given or left out) now record the same values,
+    which is what :mod:`stepsim.insight.compare` and sweep tables pair and group by.
+    """
+    from stepsim.workloads.config import APPLIES_TO
+
+    out = {k: cfg[k] for k in KNOBS}
+    for k in RESOLVED_KNOBS:
+        if out[k] is not None or cfg["workload"] not in APPLIES_TO.get(k, (cfg["workload"],)):
+            continue
+        value = channel_depth if k == "channel_depth" else params.get(k)
+        if isinstance(value, (int, str)) and not isinstance(value, bool):
+            out[k] = value
+    return out
 
 
 def _knob_depth(cfg: Mapping):
@@ -424,7 +463,7 @@ class RunResult:
         row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__,
                "trace_path": None if trace is None else Path(trace).resolve().as_posix(),
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
-               **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
+               **resolved_knobs(cfg, workload.params, depth), "params": canonical_json(workload.params)}
         row.update(_measurements(workload, metrics, sim, hardware, values, depth))
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
@@ -598,7 +637,18 @@ def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
         "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
         "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
         "utilization": [b / cycles if cycles else None for b in busy],
+        # bytes a Link unit carried (its busy cycles are its serialization, its utilization its occupancy)
+        "bytes": _link_bytes(sim, names),
     }
+
+
+def _link_bytes(sim, names: list) -> list:
+    """Per unit: the bytes a Link carried, None for every other unit (and for results without the counter)."""
+    carried = getattr(sim, "link_bytes", None)
+    kinds = getattr(sim, "unit_opcodes", None)
+    if carried is None or kinds is None:
+        return [None] * len(names)
+    return [int(b) if k == "Link" else None for b, k in zip(carried, kinds)]
 
 
 def _channel_columns(run_id: str, sim) -> dict[str, list]:

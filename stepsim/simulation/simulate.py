@@ -51,6 +51,10 @@ class SimResult:
         Functional mode: the tensors the run loaded and the tensors it stored, by name.
     functional : FunctionalStats or None
         Functional mode: value-arena usage.
+    link_bytes : int64 array or None
+        Bytes each unit carried over a link (Link units; 0 for the others).
+    unit_opcodes : list of str or None
+        Each unit's operator kind (``"Link"``, ``"Map"``, ...), matching ``unit_names``.
     """
 
     cycles: int
@@ -72,6 +76,8 @@ class SimResult:
     channel_depth: int | None = None
     #: ``simulate(..., timeline=...)``: the run's :class:`stepsim.simulation.timeline.Timeline` (Arrow tables)
     timeline: object | None = field(default=None, repr=False)
+    link_bytes: np.ndarray | None = field(default=None, repr=False)
+    unit_opcodes: list | None = field(default=None, repr=False)
 
     @property
     def off_chip_bytes(self) -> int:
@@ -189,7 +195,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
                      unit_names=list(program.unit_names), channel_names=list(program.channel_names),
                      unit_counters=res.unit_counters, channel_counters=res.channel_counters,
                      inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional,
-                     channel_depth=channel_depth, timeline=recorded)
+                     channel_depth=channel_depth, timeline=recorded, link_bytes=res.link_bytes,
+                     unit_opcodes=[program.opcode_name(u) for u in range(program.n_units)])
 
 
 def _is_int(value) -> bool:

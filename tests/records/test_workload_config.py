@@ -8,13 +8,13 @@ from stepsim.cli import build_parser
 from stepsim.cli.args import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
-KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, fifo_depths, hardware, hidden, intermediate, "
-         "iteration, kv_heads, kv_lengths, layer, mode, model, program, regions, routing, softmax, strategy, tile_f, "
-         "tile_m, tile_n, tiling, top_k, trace, workload")
+KNOWN = ("algorithm, batch_id, bytes, channel_depth, compute_bw, convention, ep, experts, fifo_depths, hardware, "
+         "hidden, intermediate, iteration, kv_heads, kv_lengths, layer, mode, model, op, placement, program, regions, "
+         "routing, softmax, strategy, system, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 26 and KNOWN_KEYS == set(KNOBS) | {"mode"}
+    assert len(KNOBS) == 32 and KNOWN_KEYS == set(KNOBS) | {"mode"}  # 26 + op, bytes, algorithm, system, ep, placement
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 
@@ -28,8 +28,8 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, decoder, program)"),
-    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'decoder', 'program', "
+    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, decoder, collective, program)"),
+    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'decoder', 'collective', 'program', "
                           "got 'mlp'"),
     ({"workload": "swiglu", "tile_m": "16"}, "config key 'tile_m' must be an int >= 1, got '16'"),
     ({"workload": "swiglu", "tile_m": 16.0}, "config key 'tile_m' must be an int >= 1, got 16.0"),
@@ -49,7 +49,7 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
     ({"workload": "moe", "tiling": "dynamic", "tile_n": 8},
      "config key 'tile_n' does not apply to tiling 'dynamic' (dynamic tiling packs each expert's tokens into one tile)"),
     ({"workload": "swiglu", "hardware": "tpu"},
-     "config key 'hardware' must be a preset (step-eval, step-hdl) or a .toml file, got 'tpu'"),
+     "config key 'hardware' must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'tpu'"),
 ])
 def test_bad_values_name_the_key_and_the_value(config, message):
     with pytest.raises(ConfigError) as err:
