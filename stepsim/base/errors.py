@@ -172,3 +172,12 @@ class TraceSchemaError(TraceError):
 
 class TraceValueError(TraceError):
     """A trace value is out of range (expert id, negative length, duplicated expert within a token, ...)."""
+
+
+# --- layouts and the ONNX front end (issue 33) ----------------------------------------------------------
+class LayoutError(GraphError):
+    """A stream layout is malformed, or no converter can turn a producer's layout into a consumer's."""
+
+
+class FrontendError(StepsimError):
+    """A model cannot be imported: a malformed file, an unsupported operator or an unbindable dynamic shape."""

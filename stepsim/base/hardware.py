@@ -1,4 +1,5 @@
-"""Hardware parameters of the simulated accelerator (HBM model, on-chip bandwidth, FIFO depth).
+"""Hardware parameters of the simulated accelerator (HBM model, on-chip bandwidth, FIFO depth, and for serving
+the clock, HBM and on-chip capacities and peak compute).
 
 A TOML file or overrides start from a preset (``preset = "..."``, default ``step-eval``); every field they
 set is recorded in :attr:`Hardware.explicit`, and the name becomes ``<preset>+<field>=<value>,...`` (unless
@@ -12,6 +13,13 @@ Two named presets reproduce the step-perf configurations of docs/timing_model.md
   (the paper's evaluation setup).
 * ``step-hdl``: ``HBMConfig(64, 8, 2, 2, 1, 14)``, 256 B/cycle HBM peak, PMU 256 B/cycle, channel depth 1
   (the HDL validation, README Fig. 8).
+
+A third, ``sn40l``, is one socket of SambaNova's SN40L from its public specifications (docs/hardware.md).
+
+The serving fields (``clock_hz``, ``hbm_capacity_bytes``, ``on_chip_capacity_bytes``, ``peak_flops_per_cycle``)
+change no cycle count: they turn cycles into seconds, size the KV cache, refuse a layer that does not fit on chip
+and bound compute. They join a run's identity (:meth:`Hardware.values`) only when they differ from their
+defaults, so every run id from before they existed is unchanged.
 
 Example
 -------
@@ -64,6 +72,15 @@ class Hardware:
         Default FIFO capacity (elements) of op-to-op channels; ``None`` means 1024 (step-perf's default). A
         preset's value yields to a workload's own depth; a value set explicitly (see ``explicit``) overrides it
         (precedence: :mod:`stepsim.base.defaults`).
+    clock_hz : int
+        Clock frequency (Hz): cycles to seconds. Default 1 GHz (step-perf counts cycles only).
+    hbm_capacity_bytes : int
+        Off-chip (HBM) capacity (bytes): weights plus the KV cache of a serve run. Default 64 GiB.
+    on_chip_capacity_bytes : int
+        On-chip memory capacity (bytes, all memory units): a serving layer needing more is refused. Default
+        520 MiB.
+    peak_flops_per_cycle : int
+        Peak compute of the whole chip (FLOPs per cycle). Default 638,000 (638 TFLOP/s at 1 GHz).
     explicit : tuple of str
         Fields set over the base preset (TOML keys, overrides, constructor values that differ from the preset),
         sorted. Filled in automatically; decides the derived name and the FIFO-depth precedence.
@@ -78,10 +95,14 @@ class Hardware:
     hbm_outstanding: int = 1
     pmu_bw: int = 64
     channel_depth: int | None = PRESET_CHANNEL_DEPTH["step-eval"]
+    clock_hz: int = 1_000_000_000
+    hbm_capacity_bytes: int = 64 * 2**30
+    on_chip_capacity_bytes: int = 1040 * 512 * 2**10
+    peak_flops_per_cycle: int = 638_000
     explicit: tuple = dc_field(default=())
 
     def __post_init__(self):
-        for field in ("addr_offset", "hbm_channels", "hbm_init_interval", "pmu_bw"):
+        for field in ("addr_offset", "hbm_channels", "hbm_init_interval", "pmu_bw") + SERVING_FIELDS:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"hardware {self.name!r}: {field} must be a positive int, got {value!r}")
@@ -128,8 +149,23 @@ class Hardware:
         return depth_elements(self.channel_depth)
 
     def values(self) -> dict[str, Any]:
-        """The fields that determine a simulation (every field but ``name`` and ``explicit``)."""
-        return {f: getattr(self, f) for f in VALUE_FIELDS}
+        """The fields that determine a run: every engine field, and each serving field that differs from its
+        default (so run ids from before the serving fields existed stay as they were)."""
+        values = {f: getattr(self, f) for f in ENGINE_FIELDS}
+        values.update({f: getattr(self, f) for f in SERVING_FIELDS if getattr(self, f) != SERVING_DEFAULTS[f]})
+        return values
+
+    def seconds(self, cycles: int) -> float:
+        """``cycles`` at ``clock_hz``, in seconds."""
+        return cycles / self.clock_hz
+
+    def check_on_chip(self, needed_bytes: int, what: str) -> None:
+        """Raise a one-line :class:`ConfigError` when ``needed_bytes`` of on-chip memory exceed the capacity,
+        saying by how much."""
+        if needed_bytes > self.on_chip_capacity_bytes:
+            raise ConfigError(f"{what} needs {needed_bytes:,} bytes on chip; hardware {self.name!r} has "
+                              f"{self.on_chip_capacity_bytes:,} ({needed_bytes - self.on_chip_capacity_bytes:,} "
+                              "bytes short)")
 
     @property
     def hbm_peak_bytes_per_cycle(self) -> int:
@@ -209,8 +245,14 @@ class Hardware:
 _TOML_CACHE: dict[tuple[str, int, int], Hardware] = {}
 
 _FIELDS = {f.name for f in dataclasses.fields(Hardware)} - {"explicit"}
-#: the fields that determine a simulation (not labels or bookkeeping)
+#: the fields that determine a run (not labels or bookkeeping)
 VALUE_FIELDS = tuple(f.name for f in dataclasses.fields(Hardware) if f.name not in ("name", "explicit"))
+#: the serving fields: no cycle count depends on them
+SERVING_FIELDS = ("clock_hz", "hbm_capacity_bytes", "on_chip_capacity_bytes", "peak_flops_per_cycle")
+#: their defaults (the dataclass's)
+SERVING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Hardware) if f.name in SERVING_FIELDS}
+#: the fields the engine reads (and ``hbm_outstanding``, kept for the artifact's files): always in a run's identity
+ENGINE_FIELDS = tuple(f for f in VALUE_FIELDS if f not in SERVING_FIELDS)
 
 
 def derived_name(base_name: str, hw: Hardware) -> str:
@@ -240,4 +282,12 @@ PRESETS: dict[str, Hardware] = {
     "step-hdl": Hardware(name="step-hdl", addr_offset=64, hbm_channels=8, hbm_latency=2, hbm_init_interval=2,
                          hbm_start_up=14, hbm_outstanding=1, pmu_bw=256,
                          channel_depth=PRESET_CHANNEL_DEPTH["step-hdl"]),
+    # one SN40L socket from its public specifications (every number and its source: docs/hardware.md). The
+    # clock is not published: 1 GHz is assumed, which makes the published 1.6 TB/s HBM bandwidth 1600 B/cycle
+    # (50 channels of 64 B every 2 cycles) and 638 TFLOP/s 638,000 FLOPs/cycle.
+    "sn40l": Hardware(name="sn40l", addr_offset=64, hbm_channels=50, hbm_latency=2, hbm_init_interval=2,
+                      hbm_start_up=14, hbm_outstanding=1, pmu_bw=64,
+                      channel_depth=PRESET_CHANNEL_DEPTH["step-eval"], clock_hz=1_000_000_000,
+                      hbm_capacity_bytes=64 * 2**30, on_chip_capacity_bytes=1040 * 512 * 2**10,
+                      peak_flops_per_cycle=638_000),
 }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import re
 import sys
 import warnings
 
@@ -44,14 +45,43 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given the command line, only the module of its command is imported (each one pulls in
     what its command runs: sympy, numba, pyarrow...), so ``stepsim run`` does not pay for ``stepsim optimize``.
     ``stepsim --help`` and unknown commands import every module."""
-    parser = argparse.ArgumentParser(prog="stepsim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="stepsim", description="Simulate Streaming Tensor Programs on dataflow accelerators: traffic, on-chip "
+        "memory, FLOPs and cycles of LLM layers on real traces.",
+        epilog="Run 'stepsim COMMAND --help' for a command's flags; 'python -m stepsim' works the same.")
     parser.add_argument("--version", action="version", version=f"stepsim {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
+    _plain_help(parser)
     return parser
+
+
+_ROLE = re.compile(r":(?:mod|func|class|meth|data|attr|exc):`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Help text without reStructuredText markup: ``code`` and :func:`a.b` roles become their plain text
+    (docstrings double as command descriptions, and --help is read in a terminal)."""
+    return _ROLE.sub(lambda m: m.group(1), text).replace("``", "")
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """:func:`plain_text` over a parser's description, epilog and every argument's help, subcommands included."""
+    for attr in ("description", "epilog"):
+        if getattr(parser, attr):
+            setattr(parser, attr, plain_text(getattr(parser, attr)))
+    for action in parser._actions:
+        if action.help:
+            action.help = plain_text(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                if choice.help:
+                    choice.help = plain_text(choice.help)
+            for sub in dict.fromkeys(action.choices.values()):
+                _plain_help(sub)
 
 
 #: commands that run the engine (the compile notice is printed before them)

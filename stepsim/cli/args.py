@@ -23,13 +23,44 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_fifo_depths_argument", "add_workl
            "bundled_trace", "config_from_args"]
 
 
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
+def add_jobs_argument(p: argparse.ArgumentParser, what: str, *, dask: bool = False) -> None:
+    """``--jobs N`` / ``-j N`` as every command that runs simulations in parallel takes it: ``what`` runs on N
+    worker processes, by default one per CPU available (``stepsim.batch.executors.default_jobs``). Checked
+    (an int >= 1) before any work by :func:`jobs_from_args`."""
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help=f"{what} on N worker processes, N >= 1 (default: one per CPU available)"
+                        + ("; local executor and local Dask cluster" if dask else ""))
+
+
+def jobs_from_args(args: argparse.Namespace) -> int:
+    """``--jobs`` checked (ConfigError for N < 1, naming the default), or the CPUs available when left out."""
+    from stepsim.batch.executors import check_jobs, default_jobs
+
+    return default_jobs() if args.jobs is None else check_jobs(args.jobs)
+
+
+def model_help(default: str | None = "mixtral-8x7b") -> str:
+    """``--model``'s help: every preset with its aliases (as ``stepsim models list``), config files, custom."""
+    from stepsim.models.presets import PRESETS
+
+    def one(name, m):
+        notes = (["default"] if name == default else []) + ([f"alias {', '.join(m.aliases)}"] if m.aliases else [])
+        return f"{name} ({'; '.join(notes)})" if notes else name
+
+    names = ", ".join(one(name, m) for name, m in sorted(PRESETS.items()))
+    return f"a preset: {names}; or a Hugging Face config.json path (stepsim models list shows their dimensions)"
+
+
+def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | None = None) -> None:
+    """The flags every workload command shares (unset flags are None; config.py applies the defaults).
+    ``kinds``: the workload kinds the command takes, when not every kind and no user program (its help lists
+    only those; the command refuses the others in one line)."""
     p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
-                   help="moe | swiglu | attention | decoder | collective | path/to/file.py:function (a function "
-                        "returning a stepsim Graph or Workload)")
-    p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
-                                   "a Hugging Face config.json path | custom (see stepsim models list)")
+                   help=" | ".join(kinds) if kinds is not None else
+                   " | ".join(WORKLOADS[:-1]) + " | path/to/file.py:function (a function returning a stepsim Graph "
+                   "or Workload) | path/to/model.onnx (lowered by stepsim.frontend.from_onnx)")
+    p.add_argument("--model", help=f"MoE and decoder: {model_help()}; or custom (MoE: with --hidden, "
+                                   f"--intermediate, --experts, --top-k)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
         p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
     p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")
@@ -87,10 +118,10 @@ def _workload_argument(value: str) -> str:
     """A workload kind, or a user program ``path/to/file.py:function`` (argparse type of the positional)."""
     from stepsim.workloads.program.build import is_program_spec
 
-    if value in WORKLOADS[:-1] or is_program_spec(value):
+    if value in WORKLOADS[:-1] or is_program_spec(value) or value.endswith(".onnx"):
         return value
-    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])} or "
-                                     f"path/to/file.py:function)")
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])}, "
+                                     f"path/to/file.py:function or path/to/model.onnx)")
 
 
 def config_from_args(args: argparse.Namespace) -> dict:

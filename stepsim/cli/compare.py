@@ -18,8 +18,10 @@ def _compare_cmd(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare two result sets; exit 1 when a metric got worse",
                               description="Compare run records (run --out folders, sweep folders or Parquet files).")
-    p.add_argument("baseline", metavar="BASELINE")
-    p.add_argument("candidate", metavar="CANDIDATE")
+    records = ("a run folder (stepsim run --out), a sweep or optimize folder, or a Parquet file of run records; "
+               "records are paired by their configuration (run id)")
+    p.add_argument("baseline", metavar="BASELINE", help=f"the reference results: {records}")
+    p.add_argument("candidate", metavar="CANDIDATE", help="the results checked against BASELINE (same kinds)")
     p.add_argument("--metric", action="append", metavar="M",
                    help="metric column to compare (repeatable; default cycles, off_chip_bytes, on_chip_bytes, "
                         "compute_utilization, off_chip_bw_utilization)")

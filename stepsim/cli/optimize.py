@@ -18,8 +18,9 @@ from stepsim.batch.executors import EXECUTORS
 
 def register(subparsers) -> None:
     """Add ``stepsim optimize`` to the top-level subparsers."""
-    from stepsim.cli.args import add_workload_arguments
+    from stepsim.cli.args import add_jobs_argument, add_workload_arguments
     from stepsim.optimize.search import OBJECTIVES
+    from stepsim.optimize.space import OPTIMIZE_WORKLOADS
 
     p = subparsers.add_parser(
         "optimize", help="search tilings, time-multiplexing and parallelization for the Pareto front",
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
                     "compute figures and a roofline lower bound on cycles, simulate the rest in parallel, and "
                     "report the Pareto front over (cycles, on-chip bytes, allocated compute).",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_workload_arguments(p)
+    add_workload_arguments(p, OPTIMIZE_WORKLOADS)
     p.add_argument("--objective", choices=tuple(OBJECTIVES), default="cycles",
                    help="what the recommendation minimizes first (default: cycles; ties by the other two)")
     p.add_argument("--max-on-chip", type=int, metavar="BYTES", help="on-chip memory budget (bytes)")
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
                    help="allocated compute budget (FLOPs/cycle)")
     p.add_argument("--space", metavar="SPACE.toml",
                    help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
-    p.add_argument("--jobs", "-j", type=int, metavar="N", help="worker processes (default: the CPUs available)")
+    add_jobs_argument(p, "the simulations", dask=True)
     p.add_argument("--executor", choices=EXECUTORS, help="local worker processes (default) or dask")
     p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask)")
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (resumes a search found there)")

@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     window.add_argument("--limit-requests", type=int, metavar="N", help="replay the first N requests")
     window.add_argument("--duration", type=float, metavar="SECONDS",
                         help="replay the requests arriving in the first SECONDS")
-    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (not built yet for serving)")
+    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -39,8 +39,12 @@ def register(subparsers) -> None:
                    help="vLLM's max_num_batched_tokens (default 2048)")
     p.add_argument("--chunk-tokens", type=int, metavar="N",
                    help="vLLM: long_prefill_token_threshold (default 0, off); Sarathi: chunk size (default 512)")
-    p.add_argument("--routing", metavar="synthetic|FILE", help="expert routing (not built yet)")
-    p.add_argument("--fidelity", choices=("exact", "fast"), help="engine-backed latency (not built yet)")
+    p.add_argument("--routing", metavar="synthetic|FILE",
+                   help="expert routing of --fidelity exact: the seeded synthetic model (default) or a routed-experts "
+                        "dump [tokens, layers, top_k]")
+    p.add_argument("--fidelity", choices=("exact", "fast"),
+                   help="price each step on the cycle engine: exact simulates every layer; fast uses a model "
+                        "calibrated on exact simulations of the same run (cached), with its measured error")
     p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e)")
     parallel = p.add_mutually_exclusive_group()
     parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency)")
@@ -49,7 +53,7 @@ def register(subparsers) -> None:
     p.add_argument("--iteration-latency", type=float, metavar="SECONDS",
                    help="every scheduler step takes SECONDS (instead of the engine)")
     p.add_argument("--out", required=True, metavar="DIR",
-                   help="output folder: requests.parquet, iterations.parquet, summary.json")
+                   help="output folder: requests.parquet, iterations.parquet, summary.json, latency_cdf.png")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--timeline", metavar="PATH", help="Perfetto timeline (not built yet)")
     p.set_defaults(handler=_serve, out_kind="dir")
@@ -84,6 +88,13 @@ def _serve(args) -> int:
     if s["slo_attainment"] is not None:
         print(f"SLO         {s['slo_attainment'] * 100:.1f} % attained, goodput {s['goodput_requests_per_s']:.3f} "
               "requests/s")
+    f = s["fidelity"]
+    if f["mode"] == "exact":
+        print(f"fidelity    exact: {f['simulations']} layer simulations on {s['hardware']['name']}")
+    elif f["mode"] == "fast":
+        e = f["error"]
+        print(f"fidelity    fast: held-out step error p50 {e['iteration_p50'] * 100:.1f} %, p95 "
+              f"{e['iteration_p95'] * 100:.1f} % ({e['held_out_iterations']} steps simulated exactly)")
     kv = s["kv_cache"]
     print(f"KV cache    {kv['usable_blocks']} blocks of {kv['block_size']} tokens, at most {kv['max_blocks_used']} "
           f"used; wall {s['wall_s']:.2f} s")

@@ -217,6 +217,8 @@ class _Lowering:
         self.builder.partition(data=ins[0], sel=ins[1], outs=outs, rank=op.rank, switch_cycles=op.switch_cycles,
                                write_back_mu=op.write_back_mu, name=op.name)
 
+    _ConverterPartition = _Partition  # a layout converter's slots (stepsim.graph.ops_convert)
+
     def _Reassemble(self, op, ins, outs):
         self.builder.reassemble(ins=ins[:-1], sel=ins[-1], out=outs[0], rank=op.rank, switch_cycles=op.switch_cycles,
                                 write_back_mu=op.write_back_mu, name=op.name)

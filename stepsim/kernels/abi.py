@@ -108,18 +108,43 @@ FN_SIGNAL_REQ_ALL_READ = 16  # accumulate to one u64 1x1 signal; 1 cycle
 # 1/sqrt(head_dim) score scale (0: unscaled); FLOPs 2qnd + 8qn + 2qd + 6q (graph.functions.OnlineSoftmax)
 FN_ONLINE_SOFTMAX = 17
 FN_SOFTMAX_NORMALIZE = 18  # [q, d+2] -> [q, d] = acc / l; FLOPs q*d
-N_FUNCTIONS = 19
+# one elementwise function of a tile (and a float32 constant c): fn_param = kind + 256 * (float32 bits of c);
+# FLOPs POINTWISE_FLOPS[kind] * R*C (graph.functions.Pointwise); the ONNX front end's unary ops
+FN_POINTWISE = 19
+N_FUNCTIONS = 20
+
+# Pointwise kinds (fn_param & 0xFF)
+PW_NEG = 0  # -x
+PW_SQRT = 1  # sqrt(x)
+PW_RELU = 2  # max(x, 0)
+PW_SIGMOID = 3  # 1 / (1 + exp(-x))
+PW_TANH = 4  # tanh(x)
+PW_ERF = 5  # erf(x)
+PW_GELU = 6  # x * (1 + erf(x / sqrt(2))) / 2
+PW_ADD_C = 7  # x + c
+PW_MUL_C = 8  # x * c
+PW_RSUB_C = 9  # c - x
+PW_RDIV_C = 10  # c / x
+PW_POW_C = 11  # x ** c
+PW_MAX_C = 12  # max(x, c)
+PW_MIN_C = 13  # min(x, c)
+PW_SUB_C = 14  # x - c
+PW_DIV_C = 15  # x / c
+#: FLOPs per element of each kind (a transcendental counts 4, as Exp does; SiLU's 8 = sigmoid's 7 + a multiply)
+POINTWISE_FLOPS = (1, 4, 1, 7, 7, 4, 8, 1, 1, 1, 1, 4, 1, 1, 1, 1)
+POINTWISE_NAMES = ("neg", "sqrt", "relu", "sigmoid", "tanh", "erf", "gelu", "add_c", "mul_c", "rsub_c", "rdiv_c",
+                   "pow_c", "max_c", "min_c", "sub_c", "div_c")
 
 FUNCTION_NAMES = {
     FN_MATMUL: "matmul", FN_ADD: "add", FN_SUB: "sub", FN_MUL: "mul", FN_DIV: "div", FN_MAX: "max",
     FN_SILU: "silu", FN_EXP: "exp", FN_ROWSUM: "rowsum", FN_ROWMAX: "rowmax", FN_SET_OFFSET: "set_offset",
     FN_ROW_APPEND: "row_append", FN_CACHE_WRITE_ADDR: "cache_write_addr", FN_RETILE_ROW: "retile_row",
     FN_RETILE_COL: "retile_col", FN_SIGNAL_REQ_ALL_READ: "signal_req_all_read", FN_ONLINE_SOFTMAX: "online_softmax",
-    FN_SOFTMAX_NORMALIZE: "softmax_normalize",
+    FN_SOFTMAX_NORMALIZE: "softmax_normalize", FN_POINTWISE: "pointwise",
 }
 #: functions whose cost is FLOPs / compute_bw (compute_bw must be > 0 for them)
 FLOP_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_DIV, FN_MAX, FN_SILU, FN_EXP, FN_ROWSUM, FN_ROWMAX,
-                  FN_ONLINE_SOFTMAX, FN_SOFTMAX_NORMALIZE)
+                  FN_ONLINE_SOFTMAX, FN_SOFTMAX_NORMALIZE, FN_POINTWISE)
 #: functions taking two operands in a Map
 BINARY_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_DIV, FN_MAX, FN_SET_OFFSET, FN_ROW_APPEND,
                     FN_CACHE_WRITE_ADDR)

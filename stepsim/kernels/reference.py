@@ -921,6 +921,9 @@ def _map_result(E, U, fn, fn_param, x: Token, y: Token | None):
         return x.rows, x.cols, _ceil_div(8 * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn == A.FN_EXP:
         return x.rows, x.cols, _ceil_div(4 * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
+    if fn == A.FN_POINTWISE:
+        flops = A.POINTWISE_FLOPS[fn_param & 255]
+        return x.rows, x.cols, _ceil_div(flops * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn in (A.FN_ROWSUM, A.FN_ROWMAX):
         return x.rows, 1, _ceil_div(x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn == A.FN_ONLINE_SOFTMAX:  # x: scores [q, n], y: values [n, d]

@@ -5,7 +5,8 @@ Files in the output folder (each written atomically: temp file, then rename)::
 
     pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle)
     candidates.parquet  every candidate: knobs, symbolic metrics, cycle lower bound, status, cycles
-    pareto.png          every simulated point, the front highlighted (log axes, like the paper's Figs 9/10)
+    pareto.png          cycles against on-chip bytes and against compute (the front is over all three), every
+                        simulated point, the front numbered and named (log axes, like the paper's Figs 9/10)
     optimize.json       the JSON summary (the keys of ``stepsim optimize --json``)
     metrics/, runs/     the symbolic-evaluation and simulation sweeps (sweep folder layout; resumable)
 """
@@ -75,34 +76,75 @@ def write_outputs(out: Path, result) -> dict:
     return paths
 
 
-def plot_front(result, path: Path) -> None:
-    """Cycles against on-chip bytes (log axes) of every simulated point, the front highlighted, the
-    recommendation marked; the colour is the allocated compute."""
-    import matplotlib
+#: front points listed by name under the Pareto plot (all are numbered on it)
+LABELLED = 12
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot_front(result, path: Path) -> Path:
+    """Two panels sharing the cycles axis (log axes, like the paper's Figs 9/10): cycles against on-chip memory
+    and against allocated compute. The front is over all three objectives, so a front point can look dominated
+    in one panel (it wins on the other axis); both panels show every simulated point in grey and the front's
+    points numbered 1..n in the order ``stepsim optimize`` lists them, named under the plot. The title's counts
+    are the CLI's (``simulations`` counts failed simulations too)."""
+    from stepsim.base.figures import require_matplotlib, save_figure, si_axis
+
+    plt = require_matplotlib()
     simulated = [c for c in result.candidate_list if c.status == "simulated"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    if simulated:
-        sc = ax.scatter([c.on_chip_bytes for c in simulated], [c.cycles for c in simulated],
-                        c=[c.allocated_flops_per_cycle for c in simulated], cmap="viridis", s=18, alpha=0.6,
-                        norm=matplotlib.colors.LogNorm(), label="simulated")
-        fig.colorbar(sc, ax=ax, label="allocated compute (FLOPs/cycle)")
-    ax.scatter([c.on_chip_bytes for c in result.front], [c.cycles for c in result.front], facecolors="none",
-               edgecolors="red", s=60, linewidths=1.4, label="Pareto front")
-    if result.recommended is not None:
-        r = result.recommended
-        ax.scatter([r.on_chip_bytes], [r.cycles], marker="*", color="black", s=140,
-                   label=f"recommended ({result.objective})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("on-chip memory (bytes)")
-    ax.set_ylabel("cycles")
-    ax.set_title(f"stepsim optimize {result.workload}: {len(simulated)} simulated of {result.candidates}")
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    front = list(result.front)
+    shown = front[:LABELLED]
+    lines = [f"{i}{'*' if c is result.recommended else ''}: {c.label(result.axes)}" for i, c in
+             enumerate(shown, 1)]
+    if len(front) > len(shown):
+        lines.append(f"... {len(front) - len(shown)} more front points in pareto.parquet")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2 + 0.14 * len(lines)), sharey=True)
+    panels = ((axes[0], "on_chip_bytes", "on-chip memory", "B"),
+              (axes[1], "allocated_flops_per_cycle", "allocated compute", ""))
+    for ax, key, name, unit in panels:
+        if simulated:
+            ax.scatter([getattr(c, key) for c in simulated], [c.cycles for c in simulated], color="0.65", s=16,
+                       label="simulated", zorder=2)
+        if front:
+            ax.scatter([getattr(c, key) for c in front], [c.cycles for c in front], facecolors="none",
+                       edgecolors="tab:red", s=70, linewidths=1.4, label="Pareto front (3 objectives)", zorder=3)
+            for (x, y), numbers in _coinciding([(getattr(c, key), c.cycles) for c in front]):
+                ax.annotate(",".join(map(str, numbers)), (x, y), textcoords="offset points", xytext=(6, 5),
+                            fontsize=8, color="tab:red")
+        if result.recommended is not None:
+            r = result.recommended
+            ax.scatter([getattr(r, key)], [r.cycles], marker="*", color="black", s=120, zorder=4,
+                       label=f"recommended ({result.objective})")
+        if simulated:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.margins(0.12)
+        si_axis(ax.xaxis, unit)
+        si_axis(ax.yaxis)
+        ax.set_xlabel(f"{name} ({unit or 'FLOP/cycle'})")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("cycles")
+    axes[0].legend(loc="best", fontsize=8)
+    fig.suptitle(f"stepsim optimize {result.workload}: {result.simulations:,} simulations of "
+                 f"{result.candidates:,} candidates; front over cycles, on-chip memory and compute "
+                 f"({len(front)} points)", fontsize=10)
+    caption = 0.0
+    if lines:
+        height = fig.get_size_inches()[1]
+        caption = (0.14 * len(lines) + 0.05) / height  # 8 pt lines (11.2 pt apart), in figure fractions
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=8, va="bottom", family="monospace")
+    return save_figure(fig, path, rect=(0, caption, 1, 1))
+
+
+def _coinciding(points: list[tuple[float, float]], within: float = 0.02) -> list[tuple[tuple, list[int]]]:
+    """Points (numbered from 1) grouped when they fall on the same spot of a log-log plot (within ``within``
+    decades on both axes), so their numbers share one label: ``[((x, y), [4, 5]), ...]``."""
+    import math
+
+    groups: list[tuple[tuple, list[int]]] = []
+    for i, (x, y) in enumerate(points, 1):
+        for (gx, gy), numbers in groups:
+            if min(x, y, gx, gy) > 0 and abs(math.log10(x / gx)) < within and abs(math.log10(y / gy)) < within:
+                numbers.append(i)
+                break
+        else:
+            groups.append(((x, y), [i]))
+    return groups

@@ -29,7 +29,8 @@ trace_sha256                       none        SHA-256 of the trace file (of its
 hardware_name                      none        hardware the run used: a preset's name, or ``<preset>+<field>=<value>,...``
                                                for a hardware file or overrides (``Hardware.name``)
 workload ... convention            none        every knob of :data:`~stepsim.workloads.config.KNOBS` as
-                                               configured (config-level defaults applied; null = unset)
+                                               the run used it: as configured, and where unset the builder's
+                                               value for the knobs of :data:`RESOLVED_KNOBS` (null = not used)
 params                             none        canonical JSON of every parameter the builder used
 cycles                             cycles      simulated cycles; null for metrics runs
 off_chip_bytes                     bytes       measured total for simulations, symbolic total for metrics
@@ -293,7 +294,12 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     if system is not None:  # a system preset by name, a system file by its content (its hardware: hardware_values)
         ident["system"] = system if not system.endswith(".toml") else _system_file_hash(system)
     program = cfg.get("program")
-    if program is not None:  # a user's file.py:function: the file's content and the function, not its path
+    if is_onnx_program(cfg):  # an ONNX model: the file's content, not its path
+        try:
+            ident["program"] = f"onnx sha256:{file_sha256(program)}"
+        except OSError as exc:
+            raise ConfigError(f"ONNX model {program}: cannot read: {exc.strerror or exc}") from None
+    elif program is not None:  # a user's file.py:function: the file's content and the function, not its path
         from stepsim.workloads.program.build import split_spec
 
         path, function = split_spec(program)
@@ -331,6 +337,34 @@ def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[
     hardware = resolve_hardware(cfg, source=source)
     depth = resolve_channel_depth(_knob_depth(cfg), hardware, WORKLOAD_CHANNEL_DEPTH[cfg["workload"]])
     return stable_hash(identity(identity_config(cfg, hardware, depth), trace_hash)), trace, trace_hash
+
+
+#: knobs a builder resolves when a config leaves them unset (a default tile, every expert its own region, the
+#: FIFO depth of the hardware): the record stores the value the run used (``workload.params``)
+RESOLVED_KNOBS = ("tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw",
+                  "channel_depth", "kv_heads")
+
+
+def resolved_knobs(cfg: Mapping, params: Mapping, channel_depth: int | None) -> dict:
+    """The record's knob columns: the config's knobs, where unset the value the run used.
+
+    An unset knob of :data:`RESOLVED_KNOBS` that applies to the workload takes the builder's value from
+    ``params`` (``tile_n`` 32 of a static MoE layer, ``regions`` = experts, ``compute_bw``...), and
+    ``channel_depth`` the run's default FIFO depth; knobs the run did not use (a dynamic layer's ``tile_n``)
+    stay null. The run id is not affected: it hashes the config as given (:func:`identity_config`), so runs that
+    had one id keep it; two spellings of one run (a default given or left out) now record the same values,
+    which is what :mod:`stepsim.insight.compare` and sweep tables pair and group by.
+    """
+    from stepsim.workloads.config import APPLIES_TO
+
+    out = {k: cfg[k] for k in KNOBS}
+    for k in RESOLVED_KNOBS:
+        if out[k] is not None or cfg["workload"] not in APPLIES_TO.get(k, (cfg["workload"],)):
+            continue
+        value = channel_depth if k == "channel_depth" else params.get(k)
+        if isinstance(value, (int, str)) and not isinstance(value, bool):
+            out[k] = value
+    return out
 
 
 def _knob_depth(cfg: Mapping):
@@ -429,7 +463,7 @@ class RunResult:
         row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__,
                "trace_path": None if trace is None else Path(trace).resolve().as_posix(),
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
-               **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
+               **resolved_knobs(cfg, workload.params, depth), "params": canonical_json(workload.params)}
         row.update(_measurements(workload, metrics, sim, hardware, values, depth))
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
@@ -662,7 +696,7 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     """
     start = time.perf_counter()
     cfg = normalize_config(config, source=source)
-    workload = build_normalized(cfg, source=source)
+    workload = _build(cfg, source)
     build_s = time.perf_counter() - start
     hardware = resolve_hardware(cfg, workload, source=source)
     if cfg["mode"] == "metrics":
@@ -681,11 +715,35 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))
 
 
+def is_onnx_program(cfg: Mapping) -> bool:
+    """Whether a config's workload is an ONNX model (``stepsim run model.onnx``: the program knob names the file)."""
+    program = cfg.get("program")
+    return cfg.get("workload") == "program" and isinstance(program, str) and program.endswith(".onnx")
+
+
+def _build(cfg: Mapping, source: str | None) -> Workload:
+    """The workload of a normalized config: an ONNX model through the front end, else the kinds' builders."""
+    if not is_onnx_program(cfg):
+        return build_normalized(cfg, source=source)
+    from stepsim.frontend import from_onnx  # the front end sits below results (docs/architecture.md)
+
+    # token ids seeded and a MoE block routed as its router chooses on seeded inputs: the CLI has neither to give
+    workload = from_onnx(cfg["program"], values="seeded", routing="teacher")
+    if cfg.get("fifo_depths") is not None:
+        from stepsim.graph.depths_file import apply_depths_file
+
+        apply_depths_file(workload, cfg["fifo_depths"])
+    return workload
+
+
 def check_columns(workload: Workload, sim) -> dict[str, Any]:
     """The ``check_*`` columns of a functional run: the largest relative error over the stored tensors
     (:func:`stepsim.workloads.reference.max_rel_error`), the smallest tolerance, and whether every tensor is
-    within its own tolerance."""
-    from stepsim.workloads.reference import check_outputs
+    within its own tolerance (an ONNX model's against onnx's reference evaluator, :mod:`stepsim.frontend.check`)."""
+    if workload.name == "onnx":
+        from stepsim.frontend.check import check_outputs
+    else:
+        from stepsim.workloads.reference import check_outputs
 
     checks = check_outputs(workload, sim.inputs, sim.outputs).values()
     return {"check_max_rel_error": max(c.error for c in checks), "check_tolerance": min(c.tolerance for c in checks),

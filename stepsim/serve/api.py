@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ import pyarrow as pa
 
 from stepsim._version import __version__
 from stepsim.base.errors import ConfigError, TraceValueError
+from stepsim.base.files import file_sha256
+from stepsim.base.hardware import PRESETS, SERVING_FIELDS, VALUE_FIELDS, Hardware
 from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
 from stepsim.serve.latency import ConstantLatency, LatencyProvider
@@ -30,20 +33,14 @@ from stepsim.serve.replay import replay
 from stepsim.serve.scheduler import Scheduler, SchedulerConfig
 from stepsim.trace_io.requests import RequestTrace, read_requests
 
-#: HBM capacity when no hardware says otherwise (bytes): 64 GiB, the HBM of one SambaNova SN40L socket
-#: (Prabhakar et al., "SambaNova SN40L", arXiv 2405.07518, sec. 3: 64 GB HBM per socket), a shipping dataflow
-#: accelerator
+#: hardware when none is given: one SambaNova SN40L socket (docs/hardware.md), a shipping dataflow accelerator
+DEFAULT_HARDWARE = "sn40l"
+#: its HBM capacity (bytes): 64 GiB
 DEFAULT_HBM_BYTES = 64 * 2**30
 
 #: parts of issue 32 not built yet, by parameter: each refuses with one line instead of being ignored
 NOT_BUILT = {
-    "hardware": "--hardware: serving hardware fields (HBM capacity, clock) are not built yet; the HBM is "
-                f"{DEFAULT_HBM_BYTES} bytes (64 GiB, SN40L)",
-    "routing": "--routing: per-token routing for serving is not built yet (the engine-backed latency needs it)",
-    "fidelity": "--fidelity: the engine-backed iteration latency (exact / fast) is not built yet; give "
-                "--iteration-latency SECONDS",
-    "jobs": "--jobs: parallel layer simulation is for the engine-backed latency, which is not built yet",
-    "executor": "--executor: Dask is for the engine-backed latency, which is not built yet",
+    "executor": "--executor: Dask for the layer simulations is not built yet; use --jobs N",
     "timeline": "--timeline: the Perfetto timeline of a serve run is not built yet",
 }
 
@@ -128,11 +125,114 @@ def check_fits(trace: RequestTrace, limit: int, capacity: KVCapacity, max_positi
                               f"{limit} tokens ({why})")
 
 
+def matplotlib_available() -> bool:
+    """Whether the ``plot`` extra is installed (the figure is written only then)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def resolve_serving_hardware(hardware) -> Hardware:
+    """The :class:`Hardware` a serve run uses: a given one, a preset name, a ``.toml`` file, or ``sn40l``."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    name = DEFAULT_HARDWARE if hardware is None else str(hardware)
+    if name.endswith(".toml"):
+        return Hardware.from_toml(name)
+    if name not in PRESETS:
+        raise ConfigError(f"--hardware must be a preset ({', '.join(sorted(PRESETS))}) or a .toml file, "
+                          f"got {name!r}")
+    return PRESETS[name]
+
+
+#: engine-backed fidelities
+FIDELITIES = ("exact", "fast")
+#: where fast-fidelity calibrations are cached when no ``calibration_cache`` is given
+CALIBRATION_CACHE_ENV = "STEPSIM_SERVE_CACHE"
+
+
+def default_calibration_cache() -> Path:
+    """``$STEPSIM_SERVE_CACHE``, else ``~/.cache/stepsim/serve-calibration``."""
+    env = os.environ.get(CALIBRATION_CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "stepsim" / "serve-calibration"
+
+
+def _routing_identity(routing) -> dict:
+    if routing is None or routing == "synthetic":
+        return {"mode": "synthetic"}
+    return {"mode": "replay", "sha256": file_sha256(routing)}
+
+
+def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
+                  jobs: int | None, key_parts: dict, cache, pilot):
+    """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
+    ``pilot(provider)`` replays the run with a provider."""
+    from stepsim.serve.fast import (
+        SAMPLED_ITERATIONS,
+        FastLatency,
+        Reservoir,
+        calibrate,
+        calibration_key,
+        load_calibration,
+        metric_forms,
+        save_calibration,
+    )
+    from stepsim.serve.layers import KINDS
+
+    cache = Path(cache) if cache is not None else default_calibration_cache()
+    key = calibration_key(key_parts)
+    record = load_calibration(cache, key)
+
+    def make(theta=None, error=None, forms=None):
+        engine = engine_provider(model, model_arg, hardware, routing, seed=seed, max_model_len=max_model_len,
+                                 vocab=vocab, jobs=jobs)
+        forms = forms or {kind: metric_forms(kind, engine.spec) for kind in KINDS}
+        return FastLatency(model, hardware, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
+                           forms=forms, theta=theta, error=error)
+
+    if record is None:
+        probe = make()
+        probe.recorder = Reservoir(SAMPLED_ITERATIONS, seed)
+        try:
+            pilot(probe)
+            theta, error = calibrate(probe, probe.recorder.items, seed)
+        finally:
+            probe.close()
+        forms = {kind: [list(f.off_chip), list(f.flops)] for kind, f in probe.forms.items()}
+        record = {"key": key, "theta": theta, "error": error, "forms": forms, "stats": probe.stats()}
+        save_calibration(cache, key, record)
+        record["cached"] = False
+    else:
+        record["cached"] = True
+    from stepsim.serve.fast import MetricForm
+
+    forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
+    return make(record["theta"], record["error"], forms), record
+
+
+def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
+                    jobs: int | None):
+    """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
+    MoE model, or a routed-experts file)."""
+    from stepsim.serve.exact import EngineLatency
+    from stepsim.serve.routing import ReplayRouting, SyntheticRouting
+
+    source = None
+    if model.is_moe:
+        if routing is None or routing == "synthetic":
+            source = SyntheticRouting(model.experts, model.top_k, model.layers, seed=seed)
+        else:
+            source = ReplayRouting(routing, str(model_arg), model.layers)
+    elif routing is not None:
+        raise ConfigError(f"--routing: model {model.name!r} is dense (no routed experts)")
+    return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+
+
 def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, seed=0, iteration_latency=None, timeline=None,
-          hbm_bytes=DEFAULT_HBM_BYTES, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None
-          ) -> ServeResult:
+          hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
+          calibration_cache=None) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -162,13 +262,27 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         Seed of the Poisson arrivals.
     iteration_latency : float, optional
         Seconds per scheduler step (the constant provider).
-    hbm_bytes : int
-        HBM capacity (bytes); the KV cache is what the weights leave.
+    hardware : str, path or Hardware, optional
+        Preset name or TOML file (docs/hardware.md); default ``sn40l``. Its ``hbm_capacity_bytes`` sizes the
+        KV cache, its clock turns an engine-backed latency's cycles into seconds.
+    hbm_bytes : int, optional
+        HBM capacity (bytes) instead of the hardware's; the KV cache is what the weights leave.
     block_size : int
         Tokens per KV block.
     provider : LatencyProvider, optional
         Prices each step (instead of ``iteration_latency``).
-    hardware, routing, fidelity, jobs, executor, timeline
+    fidelity : {"exact", "fast"}, optional
+        Price each step on the cycle engine (:mod:`stepsim.serve.exact`) or with the model calibrated on exact
+        simulations of the same run (:mod:`stepsim.serve.fast`).
+    routing : str or path, optional
+        ``synthetic`` (default for an MoE model, seeded by ``seed``) or a routed-experts dump
+        ``[tokens, layers, top_k]`` (:mod:`stepsim.serve.routing`).
+    jobs : int, optional
+        Worker processes for the layers of a step (exact fidelity).
+    calibration_cache : path, optional
+        Folder of cached fast-fidelity calibrations (default ``$STEPSIM_SERVE_CACHE`` or
+        ``~/.cache/stepsim/serve-calibration``).
+    executor, timeline
         Not built yet: giving one raises a ConfigError saying so.
 
     Returns
@@ -176,30 +290,65 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     ServeResult
     """
     started = time.perf_counter()
-    for name, value in (("hardware", hardware), ("routing", routing), ("fidelity", fidelity), ("jobs", jobs),
-                        ("executor", executor), ("timeline", timeline)):
+    for name, value in (("executor", executor), ("timeline", timeline)):
         if value is not None:
             raise ConfigError(NOT_BUILT[name])
-    if (provider is None) == (iteration_latency is None):
-        raise ConfigError("stepsim serve needs --iteration-latency SECONDS (the engine-backed latency is not built "
-                          "yet)" if provider is None else "give iteration_latency or provider, not both")
-    if provider is None:
+    if fidelity is not None and fidelity not in FIDELITIES:
+        raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
+    given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),
+                                      ("provider", provider)) if value is not None]
+    if len(given) != 1:
+        raise ConfigError("stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast" if not given else
+                          f"{' and '.join(given)} both price the steps; give one")
+    if fidelity is None:
+        for name, value in (("--routing", routing), ("--jobs", jobs)):
+            if value is not None:
+                raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
+                                  f"{given[0]} does not simulate layers")
+    if jobs is not None:
+        from stepsim.batch.executors import check_jobs
+
+        check_jobs(jobs)
+    if provider is None and iteration_latency is not None:
         provider = ConstantLatency(iteration_latency)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     slo_seconds = parse_slo(slo) if slo is not None else None
     config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                                   chunk_tokens=chunk_tokens, block_size=block_size)
+    hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
     memory = model_memory(resolved)
-    capacity = kv_capacity(hbm_bytes, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+    hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
+    capacity = kv_capacity(hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
     limit = max_model_len(config, capacity, memory.max_position_embeddings)
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
     check_fits(trace, limit, capacity, memory.max_position_embeddings)
+    calibration = None
+    if fidelity == "exact":
+        provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
+                                   vocab=memory.vocab_size, jobs=jobs)
+    elif fidelity == "fast":
+        key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
+                                                                                   VALUE_FIELDS},
+                     "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
+                     "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
+                     "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
+                                 "duration": duration}}
+        provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
+                                              vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
+                                              cache=calibration_cache,
+                                              pilot=lambda p: replay(trace.arrival_s, trace.prompt_tokens,
+                                                                     trace.output_tokens,
+                                                                     Scheduler(config, capacity, limit), p))
 
-    result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                    Scheduler(config, capacity, limit), provider)
+    try:
+        result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                        Scheduler(config, capacity, limit), provider)
+    finally:
+        if hasattr(provider, "close"):
+            provider.close()
     lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
     requests_table = pa.table({
         "request_id": pa.array(trace.request_id, pa.int64()),
@@ -217,7 +366,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     summary["preemptions"] = int(result.preemptions.sum())
     summary["iterations"] = iterations_table.num_rows
     summary["fidelity"] = {"mode": provider.mode, "error": provider.error}
+    if hasattr(provider, "describe"):
+        summary["fidelity"].update(provider.describe())
+    if calibration is not None:
+        summary["fidelity"]["calibration"] = calibration["key"]
     summary["model"] = resolved.name
+    summary["hardware"] = {"name": hw.name, **{f: getattr(hw, f) for f in SERVING_FIELDS}}
     summary["scheduler"] = asdict(config)
     summary["kv_cache"] = {"hbm_bytes": capacity.hbm_bytes, "weight_bytes": capacity.weight_bytes,
                            "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,
@@ -226,9 +380,15 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     if out is not None:
-        config_text = json.dumps({k: summary[k] for k in ("model", "scheduler", "kv_cache", "fidelity", "slo")},
+        config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
                 "stepsim.requests": str(requests)}
         files = write_outputs(out, requests_table, iterations_table, summary, meta)
+        if matplotlib_available():
+            from stepsim.serve.figures import CDF_FILE, latency_cdf
+
+            title = (f"{Path(resolved.name).name} on {hw.name}, {config.policy}, {summary['completed']} "
+                     f"requests, {provider.mode}")
+            files["latency_cdf"] = latency_cdf(requests_table, Path(out) / CDF_FILE, title=title, slo=slo_seconds)
     return ServeResult(summary, requests_table, iterations_table, files)

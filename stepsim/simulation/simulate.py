@@ -166,6 +166,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         try:
             if inputs is None:
                 inputs = default_inputs(target, seed)
+            else:  # tensors that carry their values (an ONNX model's initializers) need not be given
+                inputs = {**tensor_data(graph), **inputs}
             res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress,
                       timeline=records)
         except MemoryError as exc:  # the estimates above leave out NumPy's temporaries
@@ -233,14 +235,26 @@ def _timeline_records(timeline) -> int:
     raise ArgumentError(f"timeline must be True, False or a positive record limit, got {timeline!r}")
 
 
-def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded functional-mode inputs: a Workload's :func:`~stepsim.workloads.reference.make_inputs`; for a
-    Graph, every loaded tensor's ``data`` when set, else standard normal values (bf16-rounded when the tensor
-    is bf16) drawn from ``seed`` and the tensor's name."""
-    if isinstance(target, Workload):
-        from stepsim.workloads.reference import make_inputs
+def tensor_data(graph: Graph) -> dict[str, np.ndarray]:
+    """The values of every loaded tensor that carries them (``Tensor.data``), by name."""
+    return {op.tensor.name: np.asarray(op.tensor.data, dtype=np.float32) for op in graph.ops
+            if getattr(op, "tensor", None) is not None and op.tensor.data is not None}
 
-        return make_inputs(target, seed)
+
+def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded functional-mode inputs: a Workload's :func:`~stepsim.workloads.reference.make_inputs` (for a
+    workload kind without one, e.g. an ONNX model's ``onnx``, its graph's); for a Graph, every loaded tensor's
+    ``data`` when set, else standard normal values (bf16-rounded when the tensor is bf16) drawn from ``seed``
+    and the tensor's name."""
+    if isinstance(target, Workload):
+        from stepsim.workloads.kinds import KINDS
+
+        kind = KINDS.get(target.name)
+        if kind is not None and kind.inputs is not None:
+            from stepsim.workloads.reference import make_inputs
+
+            return make_inputs(target, seed)
+        target = target.graph
     from stepsim.workloads.reference import round_to_bf16
 
     arrays = {}

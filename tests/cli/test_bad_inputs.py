@@ -179,12 +179,13 @@ CLI_CASES = [
     # --- hardware TOML files
     ("run swiglu --hardware missing.toml", 2, None),
     ("run swiglu --hardware step-fast", 2,
-     E + "--hardware must be a preset (step-eval, step-hdl) or a .toml file, got 'step-fast'"),
+     E + "--hardware must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'step-fast'"),
     ("run swiglu --hardware hw_syntax.toml", 2,
      E + "cannot read hardware config hw_syntax.toml: Invalid value (at line 1, column 16)"),
     ("run swiglu --hardware hw_unknown.toml", 2,
-     E + "hw_unknown.toml: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, hbm_channels, "
-         "hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, pmu_bw"),
+     E + "hw_unknown.toml: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, clock_hz, "
+         "hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, "
+         "on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
     ("run swiglu --hardware hw_negative.toml", 2,
      E + "hw_negative.toml: hardware 'step-eval': hbm_channels must be a positive int, got -4"),
     ("run swiglu --hardware hw_depth.toml", 2,
@@ -196,7 +197,7 @@ CLI_CASES = [
      E + "hw_huge.toml: hardware 'step-eval': hbm_channels must be at most 2,147,483,647 (2**31 - 1), got "
          "99999999999999999999"),
     ("run swiglu --hardware hw_preset.toml", 2,
-     E + "hw_preset.toml: unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
+     E + "hw_preset.toml: unknown hardware preset 'step-fast'; known presets: sn40l, step-eval, step-hdl"),
     # --- reproduce
     ("reproduce fastest --traces traces_empty --out o", 2,
      E + "unknown experiment 'fastest'; expected one of dynamic-tiling, time-multiplexing, dynamic-parallelization, "
@@ -208,7 +209,7 @@ CLI_CASES = [
      E + "traces_empty/expert_routing: folder not found in the traces folder traces_empty (expected "
          "expert_routing/<mixtral|qwen>_b<B>/*.npz and kv_lengths/b<B>/<trace>_stdev<SSSS>_<start>_<end>.npy, as in "
          "../shared/traces)"),
-    ("reproduce all --traces traces_empty --out o --jobs 0", 2, E + "--jobs must be an int >= 1, got 0"),
+    ("reproduce all --traces traces_empty --out o --jobs 0", 2, None),  # the same message as sweep's (below)
     # --- models and model files
     ("models show gpt5", 2,
      E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, llama-3.1-8b, mixtral-8x7b, qwen3-30b-a3b (aliases "
@@ -234,6 +235,8 @@ FRAGMENTS = {
     "run attention --batch-id 7": ["synthetic_kv_b16.arrow: no decode batch with --batch-id 7 (batch ids 0..0)"],
     "sweep sweep_ok.toml --jobs 0": [E + "--jobs must be an int >= 1 (leave it out to use every CPU: ", "got 0"],
     "sweep sweep_ok.toml --jobs -1": [E + "--jobs must be an int >= 1 (leave it out to use every CPU: ", "got -1"],
+    "reproduce all --traces traces_empty --out o --jobs 0": [
+        E + "--jobs must be an int >= 1 (leave it out to use every CPU: ", "got 0"],
     "run swiglu --hardware missing.toml": [E + "cannot read hardware config missing.toml: ", "No such file"],
 }
 
@@ -309,14 +312,15 @@ API_CASES = [
      "kv_lengths[1] = -20 is negative (KV lengths count tokens)"),
     ("swiglu-tile", lambda G: G.build_swiglu(tile_m=0), ArgumentError, "tile_m must be a positive divisor of 64, got 0"),
     ("hardware-preset", lambda G: G.Hardware.preset("step-fast"), ConfigError,
-     "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
+     "unknown hardware preset 'step-fast'; known presets: sn40l, step-eval, step-hdl"),
     ("hardware-field", lambda G: G.Hardware.preset("step-eval", hbm_channels=0), ConfigError,
      "hardware 'step-eval': hbm_channels must be a positive int, got 0"),
     ("hardware-unknown-override", lambda G: G.Hardware.preset("step-eval", hbm_chanels=4), ConfigError,
-     "overrides: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, hbm_channels, "
-     "hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, pmu_bw"),
+     "overrides: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, clock_hz, "
+     "hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, "
+     "on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
     ("simulate-hardware", lambda G: G.simulate(G.build_swiglu(), "step-fast"), ConfigError,
-     "unknown hardware preset 'step-fast'; known presets: step-eval, step-hdl"),
+     "unknown hardware preset 'step-fast'; known presets: sn40l, step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: algorithm, batch_id, bytes, channel_depth, "
      "compute_bw, convention, ep, experts, fifo_depths, hardware, hidden, intermediate, iteration, kv_heads, "

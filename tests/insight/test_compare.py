@@ -41,8 +41,8 @@ def test_a_slower_configuration_exits_1_and_names_the_metric(tmp_path, capsys):
     _run(capsys, tmp_path / "slow", "--tile-m", "16", "--tile-n", "16")
     assert main(["compare", str(tmp_path / "fast"), str(tmp_path / "slow"), "--metric", "cycles"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("workload=swiglu tile_n=32 tile_m=32 hardware=step-hdl convention=published  "
-                      "(differs: tile_n 32 -> 16, tile_m 32 -> 16)")
+    assert out[0] == ("workload=swiglu tile_n=32 tile_m=32 compute_bw=4096 channel_depth=1 hardware=step-hdl "
+                      "convention=published  (differs: tile_n 32 -> 16, tile_m 32 -> 16)")
     assert out[1] == "  cycles                             17,096 ->           33,288  +94.71 %  WORSE"
     assert out[-1] == "worse by more than 1 %: cycles"
     # the other way round is an improvement; a utilization that fell is worse (higher is better there)
@@ -67,7 +67,8 @@ def test_markdown_and_json(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--markdown", "--metric", "cycles"]) == 1
     md = capsys.readouterr().out.splitlines()
     assert md[0] == "| configuration | metric | baseline | candidate | change | |"
-    assert md[2] == ("| workload=swiglu tile_n=32 tile_m=32 hardware=step-hdl convention=published | cycles | 17,096 | "
+    assert md[2] == ("| workload=swiglu tile_n=32 tile_m=32 compute_bw=4096 channel_depth=1 hardware=step-hdl "
+                     "convention=published | cycles | 17,096 | "
                      "21,222 | +24.13 % | :x: worse |")
     assert md[6] == "| LinearOffChipLoad_0 | 16,304 | 20,745 | +4,441 |"
     assert md[-1] == "**worse by more than 1 %: cycles**"

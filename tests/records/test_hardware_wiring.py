@@ -31,10 +31,16 @@ NOT_IN_PROGRAM = {
     "channel_depth": "the capacity of every channel without its own depth",
     "hbm_outstanding": "nothing: step-perf ignores it (kept so the artifact's hardware files load); run id only",
     "explicit": "bookkeeping: whether channel_depth outranks a workload's depth",
+    "clock_hz": "serving: cycles to seconds; run id only when not the default",
+    "hbm_capacity_bytes": "serving: the KV cache's size; run id only when not the default",
+    "on_chip_capacity_bytes": "serving: which layers fit on chip; run id only when not the default",
+    "peak_flops_per_cycle": "serving: the compute bound of the fast model; run id only when not the default",
 }
 #: a value different from step-eval's for every field
 OTHER_VALUE = {"name": "chip", "addr_offset": 32, "hbm_channels": 4, "hbm_latency": 5, "hbm_init_interval": 3,
-               "hbm_start_up": 9, "hbm_outstanding": 4, "pmu_bw": 128, "channel_depth": 7}
+               "hbm_start_up": 9, "hbm_outstanding": 4, "pmu_bw": 128, "channel_depth": 7,
+               "clock_hz": 2_000_000_000, "hbm_capacity_bytes": 2**30, "on_chip_capacity_bytes": 2**20,
+               "peak_flops_per_cycle": 1024}
 
 
 def _program(hw: Hardware):
@@ -162,7 +168,7 @@ def test_a_presets_own_depth_never_overrides_a_workloads_depth_but_an_explicit_o
 @pytest.mark.parametrize("text, message", [
     ('hbm_channels = "4"\n', "hardware 'step-eval': hbm_channels must be a positive int, got '4'"),
     ('preset = "step-hdl"\nchannel_depth = 0\n', "hardware 'step-hdl': channel_depth must be None or an int >= 1, got 0"),
-    ("preset = 3\n", "unknown hardware preset 3; known presets: step-eval, step-hdl"),
+    ("preset = 3\n", "unknown hardware preset 3; known presets: sn40l, step-eval, step-hdl"),
     ('explicit = ["pmu_bw"]\n', "unknown hardware key 'explicit'"),
 ])
 def test_bad_hardware_files_name_the_file_and_the_key(tmp_path, text, message):

@@ -49,7 +49,7 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
     ({"workload": "moe", "tiling": "dynamic", "tile_n": 8},
      "config key 'tile_n' does not apply to tiling 'dynamic' (dynamic tiling packs each expert's tokens into one tile)"),
     ({"workload": "swiglu", "hardware": "tpu"},
-     "config key 'hardware' must be a preset (step-eval, step-hdl) or a .toml file, got 'tpu'"),
+     "config key 'hardware' must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'tpu'"),
 ])
 def test_bad_values_name_the_key_and_the_value(config, message):
     with pytest.raises(ConfigError) as err:

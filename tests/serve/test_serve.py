@@ -116,8 +116,9 @@ def test_same_seed_same_bytes(conv_csv, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() != (tmp_path / "c" / name).read_bytes()
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a.pop("wall_s") > 0 and b.pop("wall_s") > 0 and a == b
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["iterations.parquet", "requests.parquet",
-                                                                  "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["iterations.parquet", "latency_cdf.png",
+                                                                  "requests.parquet", "summary.json"]
+    assert (tmp_path / "a" / "latency_cdf.png").read_bytes() == (tmp_path / "b" / "latency_cdf.png").read_bytes()
 
 
 def test_cli_text_and_json(conv_csv, tmp_path, capsys):
@@ -150,14 +151,13 @@ def _error(capsys, argv):
     (["--arrival", "poisson:-1"], "--arrival 'poisson:-1': expected poisson:RATE with RATE in requests per second > 0"),
     (["--arrival-scale", "0"], "--arrival-scale must be a positive number, got 0.0"),
     (["--limit-requests", "0"], "--limit-requests must be a positive integer, got 0"),
-    (["--fidelity", "exact"], "--fidelity: the engine-backed iteration latency (exact / fast) is not built yet; give "
-                              "--iteration-latency SECONDS"),
-    (["--routing", "synthetic"], "--routing: per-token routing for serving is not built yet (the engine-backed "
-                                 "latency needs it)"),
-    (["--hardware", "step-eval"], "--hardware: serving hardware fields (HBM capacity, clock) are not built yet; the "
-                                  "HBM is 68719476736 bytes (64 GiB, SN40L)"),
-    (["--jobs", "2"], "--jobs: parallel layer simulation is for the engine-backed latency, which is not built yet"),
-    (["--executor", "dask"], "--executor: Dask is for the engine-backed latency, which is not built yet"),
+    (["--fidelity", "exact"], "--iteration-latency and --fidelity both price the steps; give one"),
+    (["--routing", "synthetic"], "--routing is for the engine-backed latency (--fidelity exact|fast); "
+                                 "--iteration-latency does not simulate layers"),
+    (["--hardware", "tpu"], "--hardware must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'tpu'"),
+    (["--jobs", "2"], "--jobs is for the engine-backed latency (--fidelity exact|fast); --iteration-latency does not "
+                      "simulate layers"),
+    (["--executor", "dask"], "--executor: Dask for the layer simulations is not built yet; use --jobs N"),
     (["--timeline", "t.json"], "--timeline: the Perfetto timeline of a serve run is not built yet"),
     (["--scheduler", "orca", "--max-batch-tokens", "10"], "--max-batch-tokens is vLLM's token budget; orca has none "
                                                           "(it never chunks)"),
@@ -183,7 +183,7 @@ def test_cli_bad_inputs_are_one_line(tmp_path, capsys):
     assert _error(capsys, [*base, "--model", MODEL, "--requests", str(bad)]) == (
         f"stepsim: error: {bad}: row 1, column 'arrival_s': negative arrival -1.0 s")
     assert _error(capsys, ["serve", "--model", MODEL, "--requests", str(trace), "--out", str(tmp_path / "o")]) == (
-        "stepsim: error: stepsim serve needs --iteration-latency SECONDS (the engine-backed latency is not built yet)")
+        "stepsim: error: stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast")
     assert _error(capsys, [*base, "--model", MODEL, "--requests", str(trace), "--iteration-latency", "-1"]) == (
         "stepsim: error: --iteration-latency must be a positive number of seconds, got -1.0")
 

@@ -1,0 +1,88 @@
+"""Serving (issue 32): where --fidelity exact spends its time, and the wall time of serve runs.
+
+* ``test_rebinding_versus_building``: 16 decode-attention batches (32 requests) and 16 MoE layers (32 tokens) of a
+  Qwen3-30B-A3B-shaped model on ``sn40l``, priced twice: built and lowered afresh for each, and through one
+  template per shape rebound per piece (:mod:`stepsim.serve.layers`). Asserts the cycles are identical; reports
+  build + lowering time per piece against the template's one build, the rebinding and the engine time.
+* ``test_serve_wall_times``: the first ``STEPSIM_BENCH_SERVE_REQUESTS`` (default 40) requests of the Azure
+  conversation trace on ``examples/qwen3-30b-a3b-4layers.json`` (Qwen3-30B-A3B's dimensions, 4 layers):
+  ``--iteration-latency`` (the scheduler's own cost), ``--fidelity fast`` calibrating, the same again from the
+  cached calibration, and ``--fidelity exact --jobs 2``; reports wall times and the fast run's TTFT / TPOT p50 and
+  p99 against the exact run's, and its held-out step error. Asserts both engine-backed runs serve every request
+  over the same number of steps.
+
+Nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+import stepsim
+from stepsim.base.hardware import PRESETS
+from stepsim.models.presets import resolve_model
+from stepsim.serve.exact import max_kv_rows
+from stepsim.serve.layers import LayerRunner, LayerSpec, build, lowered
+from stepsim.serve.routing import SyntheticRouting
+
+MODEL = Path(__file__).resolve().parents[1] / "examples" / "qwen3-30b-a3b-4layers.json"
+
+
+def test_rebinding_versus_building(bench_summary):
+    from stepsim.analysis.deadlock import run_diagnosed
+
+    spec = LayerSpec(resolve_model(str(MODEL)), PRESETS["sn40l"], max_kv_rows(40960))
+    rng = np.random.default_rng(0)
+    routing = SyntheticRouting(128, 8, 1, seed=0)
+    pieces = [("decode", rng.integers(50, 4000, 32)) for _ in range(16)]
+    pieces += [("ffn", routing.route(32)[:, 0, :]) for _ in range(16)]
+    fresh_build = fresh_engine = 0.0
+    fresh_cycles = []
+    for kind, data in pieces:
+        t0 = time.perf_counter()
+        program = lowered(build(kind, data, spec), spec.hardware)
+        t1 = time.perf_counter()
+        fresh_cycles.append(int(run_diagnosed(program).cycles))
+        fresh_build += t1 - t0
+        fresh_engine += time.perf_counter() - t1
+    runner = LayerRunner(spec)
+    cycles = [runner.cycles(kind, data) for kind, data in pieces]
+    assert cycles == fresh_cycles and runner.builds == 2 and runner.runs == 32
+    n = len(pieces)
+    bench_summary("serve: graph building vs engine (32 pieces)",
+                  f"fresh: build+lower {fresh_build / n * 1e3:.1f} ms/piece, engine {fresh_engine / n * 1e3:.1f} "
+                  f"ms/piece")
+    bench_summary("serve: graph building vs engine (32 pieces)",
+                  f"templates: {runner.builds} built in {runner.build_s:.2f} s, rebinding "
+                  f"{runner.bind_s / n * 1e6:.0f} us/piece, engine {runner.engine_s / n * 1e3:.1f} ms/piece")
+
+
+def test_serve_wall_times(shared_traces, bench_summary, tmp_path):
+    requests = int(os.environ.get("STEPSIM_BENCH_SERVE_REQUESTS", "40"))
+    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+    kw = dict(limit_requests=requests, calibration_cache=tmp_path / "cache")
+    runs = {}
+    for name, extra in (("iteration-latency 20 ms", dict(iteration_latency=0.02)),
+                        ("fast, calibrating", dict(fidelity="fast")),
+                        ("fast, cached calibration", dict(fidelity="fast")),
+                        ("exact, --jobs 2", dict(fidelity="exact", jobs=2))):
+        t0 = time.perf_counter()
+        runs[name] = stepsim.serve(str(MODEL), trace, **kw, **extra)
+        wall = time.perf_counter() - t0
+        s = runs[name].summary
+        bench_summary(f"serve: {requests} requests of the conversation trace, Qwen3-30B-A3B x 4 layers, sn40l",
+                      f"{name}: {wall:.1f} s, {s['iterations']} steps, TTFT p50 {s['ttft_s']['p50'] * 1e3:.2f} ms, "
+                      f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.3f} ms")
+    fast, exact = runs["fast, cached calibration"].summary, runs["exact, --jobs 2"].summary
+    assert fast["completed"] == exact["completed"] == requests
+    assert fast["iterations"] == exact["iterations"]
+    diffs = ", ".join(f"{k[:-2]} {q} {(fast[k][q] / exact[k][q] - 1) * 100:+.2f} %"
+                      for k in ("ttft_s", "tpot_s") for q in ("p50", "p99"))
+    e = fast["fidelity"]["error"]
+    bench_summary(f"serve: {requests} requests of the conversation trace, Qwen3-30B-A3B x 4 layers, sn40l",
+                  f"fast vs exact: {diffs}; held-out step error p50 {e['iteration_p50'] * 100:.2f} %, p95 "
+                  f"{e['iteration_p95'] * 100:.2f} %")

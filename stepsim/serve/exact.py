@@ -1,0 +1,189 @@
+"""``--fidelity exact``: every layer of every iteration on the cycle engine (docs/serving.md §9).
+
+For one scheduler step (an :class:`~stepsim.serve.latency.IterationBatch`), with the model's ``L`` layers and
+``H`` KV heads:
+
+* requests computing one token (decodes, and a 1-token prefill chunk: the same computation) form the decode
+  attention over their KV lengths (the tokens cached before the step); requests computing more form the prefill
+  attention over their chunks (``cached`` = tokens cached before the step). One KV head of each is simulated
+  (:mod:`stepsim.serve.layers`); a layer's attention takes ``H x (decode + prefill)`` cycles (its KV heads share
+  the attention units one after another). Every layer sees the same KV lengths, so the attention is simulated
+  once per step and counted ``L`` times;
+* the FFN of layer ``l`` is the MoE block over every token of the step with layer ``l``'s routing
+  (:mod:`stepsim.serve.routing`, one row per token in batch order), or a dense FFN (one simulation per step);
+* weights outside those graphs are off-chip traffic at the HBM's peak: per layer the q/k/v/o projections and
+  the router (``(2 d h_q hd + 2 d H hd + d E) x 2`` bytes), per step the LM head (``vocab x d x 2``; a tied
+  head is the embedding matrix, read all the same) and the step's embedding rows (``tokens x d x 2``), each
+  ``ceil(bytes / hbm_peak_bytes_per_cycle)`` cycles.
+
+The step takes the sum of those cycles over its layers, at the hardware's clock: ``cycles / clock_hz`` seconds.
+The stages of a layer do not overlap (the FFN needs the attention's output) and neither do layers.
+
+Layers of one step run in parallel on ``jobs`` worker processes (the fork-server pool of
+:mod:`stepsim.batch.executors`' local executor); every worker keeps its own templates. Results do not depend on
+which worker ran what.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from stepsim.base.hardware import Hardware
+from stepsim.models.presets import ModelConfig
+from stepsim.serve.latency import IterationBatch, IterationCost
+from stepsim.serve.layers import KV_TILE, LayerRunner, LayerSpec
+
+#: bf16 bytes per weight
+DTYPE_BYTES = 2
+#: the cycles columns an engine-backed provider reports (iterations.parquet ``cycles_<kind>``)
+CYCLE_KINDS = ("attention", "ffn", "weights")
+
+_RUNNERS: dict = {}  # per process: LayerRunner by spec
+
+
+def _runner(spec: LayerSpec) -> LayerRunner:
+    key = repr(spec)  # ModelConfig holds a dict: not hashable; its repr names every dimension
+    runner = _RUNNERS.get(key)
+    if runner is None:
+        runner = _RUNNERS[key] = LayerRunner(spec)
+    return runner
+
+
+def layer_task(spec: LayerSpec, kind: str, data) -> tuple[int, float, float, int]:
+    """``(cycles, build seconds, engine seconds, templates built)`` of one layer piece (runs in a worker)."""
+    runner = _runner(spec)
+    build_s, engine_s, builds = runner.build_s, runner.engine_s + runner.bind_s, runner.builds
+    cycles = runner.cycles(kind, data)
+    return (cycles, runner.build_s - build_s, runner.engine_s + runner.bind_s - engine_s, runner.builds - builds)
+
+
+def max_kv_rows(max_model_len: int) -> int:
+    """KV rows reserved per request in the attention graphs: ``max_model_len + 1`` rounded up to tiles."""
+    return -(-(max_model_len + 1) // KV_TILE) * KV_TILE
+
+
+def weight_cycles(model: ModelConfig, hardware: Hardware, vocab: int) -> tuple[int, int, int]:
+    """``(per layer, LM head per step, embedding bytes per token)``: the off-chip weights outside the graphs."""
+    d, hd = model.hidden, model.head_dim
+    per_layer = (2 * d * model.heads * hd + 2 * d * model.kv_heads * hd
+                 + (d * model.experts if model.is_moe else 0)) * DTYPE_BYTES
+    peak = hardware.hbm_peak_bytes_per_cycle
+    return math.ceil(per_layer / peak), math.ceil(vocab * d * DTYPE_BYTES / peak), d * DTYPE_BYTES
+
+
+class EngineLatency:
+    """The exact provider (module docstring).
+
+    Parameters
+    ----------
+    model : ModelConfig
+    hardware : Hardware
+    routing : SyntheticRouting or ReplayRouting, optional
+        Required for an MoE model.
+    max_model_len : int
+        The longest sequence: sizes the KV rows of the attention graphs.
+    vocab : int
+        Vocabulary size (the LM head's rows).
+    jobs : int, optional
+        Worker processes for the layers of a step (default: in this process).
+    """
+
+    mode = "exact"
+    error = None
+
+    def __init__(self, model: ModelConfig, hardware: Hardware, routing, *, max_model_len: int, vocab: int,
+                 jobs: int | None = None):
+        self.model, self.hardware, self.routing = model, hardware, routing
+        self.spec = LayerSpec(model, hardware, max_kv_rows(max_model_len))
+        self.layer_weights, self.head_cycles, self.embedding_bytes = weight_cycles(model, hardware, vocab)
+        self.jobs = jobs
+        self._pool = None
+        self.build_s = self.engine_s = 0.0
+        self.templates = self.simulations = 0
+        self.wall_s = 0.0
+
+    # ---------------------------------------------------------------------------------------- parallelism
+    def run_tasks(self, tasks: list) -> list:
+        """``layer_task`` of every ``(kind, data)`` task, in order (on the workers when ``jobs`` > 1)."""
+        if not self.jobs or self.jobs == 1:
+            return [layer_task(self.spec, kind, data) for kind, data in tasks]
+        if self._pool is None:
+            from stepsim.base.forkserver import start_fork_server
+            from stepsim.batch.tasks import init_local_worker
+
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs,
+                                             mp_context=start_fork_server(warm_kernels=True),
+                                             initializer=init_local_worker, initargs=(True, os.getpid()))
+        futures = [self._pool.submit(layer_task, self.spec, kind, data) for kind, data in tasks]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    # ---------------------------------------------------------------------------------------- one step
+    def tasks(self, batch: IterationBatch) -> tuple[list, list]:
+        """The layer pieces of a step: ``(tasks, roles)``, ``roles[i]`` = ``("attention", count)`` or
+        ``("ffn", count)``: how many of the step's layers task ``i`` stands for."""
+        context = np.asarray(batch.context_tokens, dtype=np.int64)
+        new = np.asarray(batch.new_tokens, dtype=np.int64)
+        tokens = int(new.sum())
+        layers = self.model.layers
+        tasks = []
+        decode = new == 1
+        if decode.any():
+            tasks.append(("decode", context[decode]))
+        if (~decode).any():
+            tasks.append(("prefill", (context[~decode], new[~decode])))
+        if self.model.is_moe:
+            routing = self.routing.route(tokens)
+            tasks.extend(("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(layers))
+        else:
+            tasks.append(("ffn", np.zeros((tokens, 1), dtype=np.int64)))
+        return tasks, self.roles(tasks)
+
+    def roles(self, tasks: list) -> list:
+        """``(cycles column, layers it counts for)`` of each task: the attention counts for every KV head of
+        every layer, an MoE layer for itself, a dense FFN for every layer."""
+        heads, layers = self.model.kv_heads, self.model.layers
+        return [("attention", heads * layers) if kind != "ffn" else ("ffn", 1 if self.model.is_moe else layers)
+                for kind, _ in tasks]
+
+    def weight_cycles(self, batch: IterationBatch) -> int:
+        """Cycles of the off-chip weights outside the graphs for ``batch`` (module docstring)."""
+        tokens = int(sum(batch.new_tokens))
+        embedding = math.ceil(tokens * self.embedding_bytes / self.hardware.hbm_peak_bytes_per_cycle)
+        return self.model.layers * self.layer_weights + self.head_cycles + embedding
+
+    def __call__(self, batch: IterationBatch) -> IterationCost:
+        start = time.perf_counter()
+        tasks, roles = self.tasks(batch)
+        results = self.run_tasks(tasks)
+        cycles = dict.fromkeys(CYCLE_KINDS, 0)
+        for (role, count), (c, build_s, engine_s, built) in zip(roles, results):
+            cycles[role] += count * c
+            self.build_s += build_s
+            self.engine_s += engine_s
+            self.templates += built
+            self.simulations += 1
+        cycles["weights"] = self.weight_cycles(batch)
+        total = sum(cycles.values())
+        self.wall_s += time.perf_counter() - start
+        return IterationCost(total / self.hardware.clock_hz, cycles)
+
+    def describe(self) -> dict:
+        """What the summary's ``fidelity`` says beyond the mode: the routing and the engine runs (not the
+        templates built, which depend on how many workers built them: the outputs do not)."""
+        routing = self.routing.describe() if self.routing is not None else None
+        return {"routing": routing, "simulations": self.simulations}
+
+    def stats(self) -> dict:
+        """Where the provider's time went: templates built (graph building and lowering) against engine runs."""
+        return {"templates": self.templates, "simulations": self.simulations, "build_s": self.build_s,
+                "engine_s": self.engine_s, "provider_wall_s": self.wall_s, "jobs": self.jobs or 1}

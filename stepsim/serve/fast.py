@@ -1,0 +1,271 @@
+"""``--fidelity fast``: per-layer latencies from a model calibrated on exact simulations of the same run
+(docs/serving.md §10).
+
+**Features.** Each layer piece (:mod:`stepsim.serve.layers`: decode attention, prefill attention, FFN) is
+described by the quantities its graph's symbolic metrics and stepsim's cycle bounds are made of, computed in
+closed form from the step's data in microseconds:
+
+* decode: requests, KV tiles ``sum(ceil((x + 1) / 32))``, the longest request's tiles, and the largest load of
+  the graph's 4 regions when the requests are dealt greedily (its dynamic dispatcher), requests per region;
+* prefill: requests, query tiles, KV tiles read (``sum(g + 1)`` over query tiles ``g``);
+* ffn: tokens, expert tiles ``sum(ceil(c_e / 32))`` over the per-expert token counts ``c_e`` (every tile reads
+  its expert's weights), active experts, the busiest expert's tiles;
+
+and by two bounds from the workload's exact symbolic metrics: ``off_chip_bytes / hbm_peak_bytes_per_cycle``
+(the HBM bound) and ``flops / compute_bw`` (the compute bound of a node running every FLOP). Those metrics are
+linear in the features above; :func:`metric_forms` finds the coefficients from builds of the piece and
+refuses them unless they reproduce every build's ``Workload.metrics()`` exactly. The regressors are
+``[1, features, HBM bound, compute bound, max(HBM bound, compute bound)]``.
+
+**Calibration** (:func:`calibrate`). A pilot replay prices every step with ``max(HBM bound, compute bound)``
+and keeps seeded reservoirs of :data:`SAMPLED_ITERATIONS` steps (their batches and routing) with a prefill
+chunk and as many decode-only ones. Of those, :data:`HELD_OUT` (half from each) are simulated exactly, every
+layer, and held out; from the others each step's decode and
+prefill attention and :data:`FFN_LAYERS` of its FFN layers are simulated exactly and fitted per piece by least
+squares on relative error. The summary's ``fidelity.error`` is the held-out steps' relative error of the
+whole step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients
+and error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stepsim.base.errors import ConfigError
+from stepsim.base.files import atomic_output, stable_hash
+from stepsim.serve.exact import CYCLE_KINDS, EngineLatency
+from stepsim.serve.latency import IterationBatch, IterationCost
+from stepsim.serve.layers import KINDS, KV_TILE, LayerSpec, build
+from stepsim.workloads.prefill_attention.build import query_tiles
+
+#: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
+SAMPLED_ITERATIONS = 30
+#: of those, steps simulated exactly (every layer) and held out to measure the error (half per stratum)
+HELD_OUT = 12
+#: FFN layers simulated per calibration step (the first ones of the model)
+FFN_LAYERS = 4
+#: FLOPs/cycle of the compute bound (one node running every FLOP at the attention's rate)
+BOUND_COMPUTE_BW = 2048
+#: bump when the model or the calibration changes: part of the cache key
+CALIBRATION_VERSION = 1
+#: parallel regions of the decode attention graph (build_attention's default)
+DECODE_REGIONS = 4
+
+
+# ----------------------------------------------------------------------------------------------- features
+def features(kind: str, data) -> np.ndarray:
+    """The structural features of one piece its symbolic metrics are linear in (module docstring), float64."""
+    if kind == "decode":
+        tiles = (np.asarray(data) + 1 + KV_TILE - 1) // KV_TILE
+        return np.array([len(tiles), tiles.sum(), tiles.max()], dtype=np.float64)
+    if kind == "prefill":
+        _, group = query_tiles(np.asarray(data[0]), np.asarray(data[1]), KV_TILE)
+        return np.array([len(data[0]), len(group), (group + 1).sum()], dtype=np.float64)
+    routing = np.asarray(data)
+    counts = np.bincount(routing.ravel(), minlength=1)
+    tiles = (counts + KV_TILE - 1) // KV_TILE
+    return np.array([len(routing), tiles.sum(), (counts > 0).sum(), tiles.max()], dtype=np.float64)
+
+
+def extra_features(kind: str, data) -> np.ndarray:
+    """Features beyond the metrics' basis: decode: the largest region load when the requests' KV tiles are
+    dealt greedily (each to the least-loaded of the graph's 4 regions, as its dynamic dispatcher does), and
+    the requests per region rounded up; none for the other pieces."""
+    if kind != "decode":
+        return np.zeros(0)
+    tiles = ((np.asarray(data) + 1 + KV_TILE - 1) // KV_TILE).tolist()
+    loads = [0] * DECODE_REGIONS
+    for t in tiles:
+        loads[loads.index(min(loads))] += t
+    return np.array([max(loads), -(-len(tiles) // DECODE_REGIONS)], dtype=np.float64)
+
+
+def _metric_samples(kind: str, spec: LayerSpec) -> list:
+    rng = np.random.default_rng(7)
+    if kind == "decode":
+        return [rng.integers(0, 2000, b) for b in (1, 2, 3, 5, 8, 13)]
+    if kind == "prefill":
+        return [(rng.integers(0, 400, r), rng.integers(2, 300, r)) for r in (1, 1, 2, 2, 3, 4)]
+    m = spec.ffn_model
+    return [np.stack([rng.choice(m.experts, m.top_k, replace=False) for _ in range(t)]) for t in (1, 3, 7, 20, 40, 65)]
+
+
+@dataclass(frozen=True)
+class MetricForm:
+    """``off_chip_bytes`` and ``flops`` of a piece as exact linear forms over ``[1, features]``."""
+
+    off_chip: tuple
+    flops: tuple
+
+
+def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
+    """Coefficients of the piece's symbolic metrics over its features, from builds; refused unless exact."""
+    samples = _metric_samples(kind, spec)
+    a = np.array([[1.0, *features(kind, d)] for d in samples])
+    metrics = [build(kind, d, spec).metrics() for d in samples]
+    y = np.array([[m["off_chip_bytes"], m["graph_flops"]] for m in metrics], dtype=np.float64)
+    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    coef = np.round(coef * 64) / 64  # the metrics are integer combinations (bytes per tile, FLOPs per tile)
+    if not np.array_equal(a @ coef, y):
+        raise ConfigError(f"serving layer {kind!r}: its metrics are not linear in {kind} features (stepsim bug)")
+    return MetricForm(tuple(coef[:, 0].tolist()), tuple(coef[:, 1].tolist()))
+
+
+def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray:
+    """``[1, features, extra features, HBM bound, compute bound, max of both]`` of one piece (the last is the
+    pilot's estimate)."""
+    f = np.array([1.0, *features(kind, data)])
+    hbm = float(f @ np.array(form.off_chip)) / spec.hardware.hbm_peak_bytes_per_cycle
+    compute = float(f @ np.array(form.flops)) / BOUND_COMPUTE_BW
+    return np.array([*f, *extra_features(kind, data), hbm, compute, max(hbm, compute)])
+
+
+def predict(x: np.ndarray, theta) -> int:
+    """Cycles of a piece from its regressors: ``theta . x`` (at least 1), or without coefficients for its kind
+    (none of its pieces was in the calibration sample) the bound ``ceil(max(HBM bound, compute bound))``."""
+    if theta is None:
+        return int(math.ceil(x[-1]))
+    return max(int(round(float(x @ np.array(theta)))), 1)
+
+
+# ----------------------------------------------------------------------------------------------- the provider
+class FastLatency(EngineLatency):
+    """Prices a step like :class:`~stepsim.serve.exact.EngineLatency`, each piece's cycles predicted by
+    ``theta[kind] . regressors`` (``theta`` None: the pilot's ``max(HBM bound, compute bound)``)."""
+
+    mode = "fast"
+
+    def __init__(self, *args, forms: dict, theta: dict | None = None, error: dict | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.forms, self.theta, self.error = forms, theta, error
+        self.recorder = None
+
+    def piece_cycles(self, kind: str, data) -> int:
+        return predict(regressors(kind, data, self.forms[kind], self.spec), None if self.theta is None else
+                       self.theta[kind])
+
+    def __call__(self, batch: IterationBatch) -> IterationCost:
+        tasks, roles = self.tasks(batch)
+        if self.recorder is not None:
+            self.recorder(batch, tasks)
+        cycles = dict.fromkeys(CYCLE_KINDS, 0)
+        for (kind, data), (role, count) in zip(tasks, roles):
+            cycles[role] += count * self.piece_cycles(kind, data)
+        cycles["weights"] = self.weight_cycles(batch)
+        return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+
+    def describe(self) -> dict:
+        routing = self.routing.describe() if self.routing is not None else None
+        return {"routing": routing, "theta": self.theta}
+
+
+class Reservoir:
+    """Seeded reservoir samples of ``size`` steps per stratum (steps with a prefill chunk, decode-only steps),
+    each kept with its batch and layer pieces: prefill steps are rare in a long run but decide TTFT."""
+
+    def __init__(self, size: int, seed: int):
+        self.size = size
+        self.strata = {"prefill": [], "decode": []}
+        self.seen = {"prefill": 0, "decode": 0}
+        self.steps = 0
+        self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA1]))
+
+    def __call__(self, batch, tasks) -> None:
+        stratum = "prefill" if any(kind == "prefill" for kind, _ in tasks) else "decode"
+        items = self.strata[stratum]
+        self.seen[stratum] += 1
+        item = (self.steps, stratum, batch, tasks)
+        self.steps += 1
+        if len(items) < self.size:
+            items.append(item)
+            return
+        j = int(self._rng.integers(0, self.seen[stratum]))
+        if j < self.size:
+            items[j] = item
+
+    @property
+    def items(self) -> list:
+        """Every kept step, in step order."""
+        return sorted(self.strata["prefill"] + self.strata["decode"], key=lambda item: item[0])
+
+
+def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]:
+    """``(theta, error)`` from the reservoir's ``samples`` (module docstring); ``exact`` runs the exact
+    simulations (its templates and workers) and holds the metric forms."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xE44]))
+    held = set()
+    for stratum in ("prefill", "decode"):  # HELD_OUT / 2 of each stratum, at most half of it
+        members = [i for i, item in enumerate(samples) if item[1] == stratum]
+        n = min(HELD_OUT // 2, len(members) // 2)
+        held.update(int(members[j]) for j in rng.choice(len(members), size=n, replace=False))
+    if not held:
+        raise ConfigError(f"--fidelity fast: the run has {len(samples)} steps, too few to hold any out for "
+                          "measuring the model's error; use --fidelity exact")
+    forms = exact.forms
+    rows: dict[str, list] = {k: [] for k in KINDS}
+    targets: dict[str, list] = {k: [] for k in KINDS}
+    fit_tasks = []
+    for i, (_, _, batch, tasks) in enumerate(samples):
+        if i in held:
+            continue
+        ffn_seen = 0
+        for kind, data in tasks:
+            if kind == "ffn":
+                ffn_seen += 1
+                if ffn_seen > FFN_LAYERS:
+                    continue
+            fit_tasks.append((kind, data))
+    cycles = [r[0] for r in exact.run_tasks(fit_tasks)]
+    for (kind, data), c in zip(fit_tasks, cycles):
+        rows[kind].append(regressors(kind, data, forms[kind], exact.spec))
+        targets[kind].append(c)
+    theta = {}
+    for kind in KINDS:
+        if not rows[kind]:
+            theta[kind] = None
+            continue
+        a, y = np.array(rows[kind]), np.array(targets[kind], dtype=np.float64)
+        w = 1.0 / np.maximum(y, 1.0)  # least squares on relative error
+        theta[kind] = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)[0].tolist()
+    errors, strata = [], []
+    for i in sorted(held):
+        _, stratum, batch, tasks = samples[i]
+        strata.append(stratum)
+        roles = exact.roles(tasks)
+        exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
+        truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
+        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec), theta[kind])
+                        for (kind, data), (_, count) in zip(tasks, roles))
+        weights = exact.weight_cycles(batch)
+        errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))
+    errors, strata = np.array(errors), np.array(strata)
+    error = {"iteration_p50": float(np.percentile(errors, 50)), "iteration_p95": float(np.percentile(errors, 95)),
+             "iteration_max": float(errors.max()), "held_out_iterations": int(len(errors)),
+             "held_out_prefill_iterations": int((strata == "prefill").sum()),
+             "calibration_simulations": len(fit_tasks)}
+    return theta, error
+
+
+def calibration_key(parts: dict) -> str:
+    """The cache key: a stable hash of everything that determines a calibration."""
+    return stable_hash({"calibration_version": CALIBRATION_VERSION, **parts})
+
+
+def load_calibration(cache: Path, key: str) -> dict | None:
+    path = cache / f"{key}.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def save_calibration(cache: Path, key: str, record: dict) -> Path:
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{key}.json"
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,292 @@
+"""One serving layer's pieces on the cycle engine, each built once per shape and rebound per iteration.
+
+A serving iteration runs, per decoder layer, three stepsim workloads (docs/serving.md §9):
+
+* ``decode``: GQA decode attention of one KV head over the decoding requests' KV lengths
+  (:func:`stepsim.workloads.attention.build.build_attention`, dynamic strategy, the artifact's plain softmax);
+* ``prefill``: causal prefill attention of one KV head over the prompt chunks
+  (:func:`stepsim.workloads.prefill_attention.build.build_prefill_attention`);
+* ``ffn``: the MoE block (routed and shared experts, :func:`stepsim.workloads.moe.build.build_moe`, static
+  tiling) over every token of the iteration with that layer's routing, or a dense model's FFN (the same
+  builder with one expert every token goes to). Its FIFOs hold 64 elements: with the paper's depth of 2, a
+  prefill chunk of a couple of thousand tokens with skewed routing deadlocks the token-order reassembly (the
+  engine proves it), which a serving engine's buffers never do. A piece that still deadlocks is run again at
+  256, 1024, then 4096 elements (:data:`FFN_DEPTHS`), so the depth is a function of the piece's data alone.
+  Deeper FIFOs cost engine time (every channel's buffer is allocated per run).
+
+**Rebinding.** Which graph a builder makes depends only on a *shape* (decode: requests; prefill: requests and
+query tiles; ffn: tokens); the KV lengths and the routing enter the engine program only as the values of
+metadata sources (``Program.payload``) and the targets of selector sources (``Program.sel_idx``). A
+:class:`Template` builds and lowers a shape once, from *marker* data chosen so that every data-derived source is
+recognisable by its values (no two candidate arrays coincide), records where those values sit, and for each
+iteration writes the new values there (:meth:`Template.bind`). Nothing else of the program changes, which
+``tests/serve/test_layers.py`` checks array for array against a fresh build, and cycle for cycle.
+
+Each shape's on-chip requirement (the workload's ``on_chip_bytes``) is checked against the hardware when its
+template is made: a layer that does not fit is a one-line error saying by how much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepsim.base.defaults import UNSET, resolve_channel_depth
+from stepsim.base.errors import StepsimError
+from stepsim.base.hardware import Hardware
+from stepsim.graph.lower import lower
+from stepsim.kernels import abi
+from stepsim.models.presets import ModelConfig, MoEModel
+from stepsim.workloads.attention.build import kv_metadata
+from stepsim.workloads.prefill_attention.build import query_tiles
+
+#: KV rows per tile of the decode attention (the paper's) and of the prefill attention
+KV_TILE = 32
+KINDS = ("decode", "prefill", "ffn")
+#: FIFO depths of the FFN graphs, tried in turn while the engine proves a deadlock (module docstring)
+FFN_DEPTHS = (64, 256, 1024, 4096)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What a serving layer's graphs depend on besides their shape: the model's dimensions, the hardware and
+    the KV-cache rows reserved per request (``max_n``, a multiple of :data:`KV_TILE`)."""
+
+    model: ModelConfig
+    hardware: Hardware
+    max_n: int
+
+    @property
+    def ffn_model(self) -> MoEModel:
+        m = self.model
+        if m.is_moe:
+            return m.moe
+        return MoEModel(m.name, hidden=m.hidden, intermediate=m.dense_intermediate, experts=1, top_k=1)
+
+
+# --------------------------------------------------------------------------------------- data -> source values
+def _decode_values(kv: np.ndarray) -> dict[str, np.ndarray]:
+    seq_len_tiled, offset = kv_metadata(kv, KV_TILE)
+    return {"seq_len_tiled": seq_len_tiled, "offset": offset}
+
+
+def _prefill_values(data: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    request, group = query_tiles(data[0], data[1], KV_TILE)
+    return {"request": request, "groups": group + 1}
+
+
+def _ffn_values(routing: np.ndarray) -> dict[str, np.ndarray]:
+    if routing.shape[1] == 1:  # top-1: a token's sorted experts are its one slot
+        return {"experts_by_slot": routing.ravel()}
+    return {"experts_sorted": np.sort(routing, axis=1).ravel(), "experts_by_slot": routing.ravel()}
+
+
+def _elements(kind: str, name: str, data) -> int:
+    """Source elements holding value array ``name`` (a selector of a token's experts has top_k targets)."""
+    if kind == "ffn" and name == "experts_sorted":
+        return len(data)
+    return len(VALUES[kind](data)[name])
+
+
+VALUES: dict[str, Callable] = {"decode": _decode_values, "prefill": _prefill_values, "ffn": _ffn_values}
+
+
+# --------------------------------------------------------------------------------------- marker data per shape
+def marker(kind: str, shape: tuple, spec: LayerSpec):
+    """Data of ``shape`` whose source values are all distinct arrays (see the module docstring)."""
+    if kind == "decode":
+        (b,) = shape
+        i = np.arange(b, dtype=np.int64)
+        # offset (7i + 5) % 31 and tiles i % 5 + 3 differ from each other and from 0..b-1 at i = 0
+        return KV_TILE * (i % 5 + 2) + (7 * i + 5) % 31
+    if kind == "prefill":
+        requests, tiles = shape
+        per = np.full(requests, tiles // requests, dtype=np.int64)
+        per[: tiles % requests] += 1  # query tiles of each request, >= 1
+        cached = KV_TILE * (np.arange(requests, dtype=np.int64) % 3 + 1) + 1  # chunks start inside tile 1..3
+        chunk = KV_TILE * per - 1
+        return cached, chunk
+    (tokens,) = shape
+    m = spec.ffn_model
+    # descending within a row, so the by-slot order differs from the sorted one
+    rows = (np.arange(tokens)[:, None] * 7 - np.arange(m.top_k)[None, :] * 3 + 3 * m.top_k) % m.experts
+    return _distinct_rows(rows, m.experts)
+
+
+def _distinct_rows(rows: np.ndarray, experts: int) -> np.ndarray:
+    """``rows`` with duplicates in a row moved to the next free expert."""
+    out = rows.copy()
+    for r in range(len(out)):
+        seen: set[int] = set()
+        for j in range(out.shape[1]):
+            e = int(out[r, j])
+            while e in seen:
+                e = (e + 1) % experts
+            seen.add(e)
+            out[r, j] = e
+    return out
+
+
+def shape_of(kind: str, data) -> tuple:
+    """The template key of ``data``."""
+    if kind == "decode":
+        return (len(data),)
+    if kind == "prefill":
+        request, _ = query_tiles(data[0], data[1], KV_TILE)
+        return (len(data[0]), len(request))
+    return (len(data),)
+
+
+def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
+    """The workload of one layer piece (fresh, no template); ``depth``: the FFN's FIFO depth."""
+    from stepsim.workloads.attention.build import build_attention
+    from stepsim.workloads.moe.build import build_moe
+    from stepsim.workloads.prefill_attention.build import build_prefill_attention
+
+    a = spec.model.attention
+    if kind == "decode":
+        return build_attention(data, "dynamic", head_dim=a.head_dim, query_per_kv_head=a.query_per_kv_head,
+                               max_n=spec.max_n)
+    if kind == "prefill":
+        return build_prefill_attention(data[0], data[1], head_dim=a.head_dim,
+                                       query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n)
+    with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
+        warnings.simplefilter("ignore")
+        workload = build_moe(spec.ffn_model, data)
+    workload.channel_depth = depth
+    return workload
+
+
+class RebindError(StepsimError):
+    """A template could not locate its data-derived sources (a builder changed): a stepsim bug."""
+
+
+@dataclass
+class Template:
+    """A lowered program of one (kind, shape) and where its data-derived values sit.
+
+    Attributes
+    ----------
+    program : Program
+    payload_slots : list of (start, stop, name)
+        Slices of ``program.payload`` holding ``VALUES[kind](data)[name]``.
+    sel_slots : list of (start, stop, name)
+        Slices of ``program.sel_idx`` holding ``VALUES[kind](data)[name]``.
+    on_chip_bytes : int
+        The shape's on-chip requirement (checked against the hardware).
+    build_s : float
+        Seconds spent building and lowering it.
+    """
+
+    kind: str
+    program: object
+    payload_slots: list
+    sel_slots: list
+    on_chip_bytes: int
+    build_s: float
+
+    def bind(self, data):
+        """The program with ``data``'s values written in (a new Program; the template is untouched)."""
+        values = VALUES[self.kind](data)
+        replace = {}
+        if self.payload_slots:
+            payload = self.program.payload.copy()
+            for start, stop, name in self.payload_slots:
+                payload[start:stop] = values[name]
+            payload.setflags(write=False)
+            replace["payload"] = payload
+        if self.sel_slots:
+            sel_idx = self.program.sel_idx.copy()
+            for start, stop, name in self.sel_slots:
+                sel_idx[start:stop] = values[name]
+            sel_idx.setflags(write=False)
+            replace["sel_idx"] = sel_idx
+        return dataclasses.replace(self.program, **replace)
+
+
+def lowered(workload, hardware: Hardware):
+    """``workload`` lowered as :func:`stepsim.simulation.simulate.simulate` lowers it on ``hardware``."""
+    depth = resolve_channel_depth(UNSET, hardware, workload.channel_depth)
+    return lower(workload.graph, hardware, channel_depth=depth, channel_depths=workload.channel_depths)
+
+
+def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEPTHS[0]) -> Template:
+    """Build and lower ``kind`` at ``shape`` from marker data, and locate its data-derived values."""
+    start = time.perf_counter()
+    data = marker(kind, shape, spec)
+    workload = build(kind, data, spec, depth)
+    on_chip = int(workload.metrics()["on_chip_bytes"])
+    spec.hardware.check_on_chip(on_chip, f"serving layer {kind!r} at shape {shape}")
+    program = lowered(workload, spec.hardware)
+    values = VALUES[kind](data)
+    payload_slots, sel_slots = [], []
+    params = program.unit_params
+    for u in range(program.n_units):
+        op = int(params[u, abi.UP_OPCODE])
+        n = int(params[u, abi.UP_A0 + abi.PA_N_ELEMS])
+        off = int(params[u, abi.UP_A0 + abi.PA_VALUES_OFF])
+        if op not in (abi.OP_METADATA_GEN, abi.OP_SELECT_GEN):
+            continue
+        if op == abi.OP_METADATA_GEN:
+            lo, hi, slots, array = off, off + n, payload_slots, program.payload
+        else:
+            lo, hi, slots, array = int(program.sel_ptr[off]), int(program.sel_ptr[off + n]), sel_slots, program.sel_idx
+        matches = [name for name, want in values.items()
+                   if _elements(kind, name, data) == n and len(want) == hi - lo and np.array_equal(array[lo:hi], want)]
+        if len(matches) > 1:
+            raise RebindError(f"serving layer {kind!r} at shape {shape}: the marker data make {matches} alike "
+                              "(stepsim bug)")
+        slots.extend((lo, hi, name) for name in matches)
+    found_names = {name for *_, name in payload_slots + sel_slots}
+    needed = set(values) if kind != "ffn" or spec.ffn_model.experts > 1 else set()  # one expert: constant
+    if not needed <= found_names:
+        raise RebindError(f"serving layer {kind!r} at shape {shape}: the program holds no source of "
+                          f"{sorted(needed - found_names)} (a builder changed; stepsim bug)")
+    return Template(kind, program, payload_slots, sel_slots, on_chip, time.perf_counter() - start)
+
+
+@dataclass
+class LayerRunner:
+    """Templates of one process, and the time spent building versus running them."""
+
+    spec: LayerSpec
+    templates: dict = dataclasses.field(default_factory=dict)
+    build_s: float = 0.0
+    bind_s: float = 0.0
+    engine_s: float = 0.0
+    builds: int = 0
+    runs: int = 0
+
+    def cycles(self, kind: str, data) -> int:
+        """Engine cycles of one layer piece on ``data`` (its template built on first use)."""
+        from stepsim.analysis.deadlock import run_diagnosed
+        from stepsim.base.errors import DeadlockError
+
+        depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
+        for i, depth in enumerate(depths):
+            key = (kind, shape_of(kind, data), depth)
+            template = self.templates.get(key)
+            if template is None:
+                template = self.templates[key] = make_template(kind, key[1], self.spec, depth)
+                self.build_s += template.build_s
+                self.builds += 1
+            t0 = time.perf_counter()
+            program = template.bind(data)
+            t1 = time.perf_counter()
+            try:
+                result = run_diagnosed(program)
+            except DeadlockError:
+                if i + 1 == len(depths):
+                    raise
+                continue
+            finally:
+                self.bind_s += t1 - t0
+                self.engine_s += time.perf_counter() - t1
+                self.runs += 1
+            return int(result.cycles)
+        raise AssertionError("unreachable")

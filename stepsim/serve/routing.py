@@ -1,0 +1,138 @@
+"""Expert routing for every token of every MoE layer of a serve run (docs/serving.md §9.3).
+
+* :class:`ReplayRouting` (``--routing FILE``): a routed-experts dump ``[tokens, layers, top_k]`` (SGLang's /
+  vLLM's "return routed experts", read and checked by :func:`stepsim.trace_io.serving.load_routed_experts`).
+  The run's tokens take the dump's rows in order, the first token of the run row 0, wrapping around at the end;
+  layer ``l`` of the model uses the dump's layer ``l`` (a dump with fewer layers than the model is refused).
+* :class:`SyntheticRouting` (``--routing synthetic``, the default): a seeded model. Expert ``e`` of layer ``l``
+  has popularity rank ``rank_l(e)`` (a seeded permutation per layer: layers differ in *which* experts are
+  popular, not in how skewed they are) and logit ``-alpha * log(rank + 1) - beta * rank`` (a Zipf law with an
+  exponential cut-off); each token draws its ``top_k`` experts without replacement by Gumbel-top-k
+  (probability proportional to ``exp(logit)`` for the first pick), in decreasing order of their perturbed
+  logits. With probability ``locality`` a token repeats
+  the previous token's experts in that layer (token-to-token locality; default 0: tokens are independent).
+
+``(alpha, beta)`` is fitted to a real routing trace by :func:`fit_skew`: the pair whose simulated batches (of
+the trace's token count, common random numbers, :data:`FIT_BATCHES` of them) have mean sorted per-expert token
+counts closest (least squares) to the trace's, on the grid alpha = 0, 0.1, .., 2 by beta = 0, 0.01, .., 0.2.
+The fit reproduces the Qwen3 trace's shape: 64 tokens x top-8 leave 68 experts idle and give the busiest 42
+tokens; the model's batches leave 60.1 idle and give the busiest 39.7 on average. The shared traces
+are one decoding batch of one layer each, so per-layer differences and locality cannot be fitted; they are the
+documented parameters above. Fitted values (``tests/serve/test_routing.py`` re-fits them from the traces):
+
+* Qwen3-30B-A3B (128 experts, top-8; ``expert_routing/qwen_b64/032_012.npz``): alpha 0.3, beta 0.05
+* Mixtral-8x7B (8 experts, top-2; ``expert_routing/mixtral_b64/008_010.npz``): alpha 0.1, beta 0.09
+
+Models with another expert count use the Qwen3 value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepsim.base.errors import ConfigError
+
+#: batches simulated per candidate (alpha, beta) when fitting
+FIT_BATCHES = 100
+#: (alpha, beta) fitted per expert count (from the real traces named in the module docstring)
+FITTED_SKEW = {128: (0.3, 0.05), 8: (0.1, 0.09)}
+#: the fit's seed (common random numbers for every candidate)
+FIT_SEED = 2024
+
+
+def gumbel_top_k(logits: np.ndarray, top_k: int, rng: np.random.Generator, tokens: int) -> np.ndarray:
+    """``tokens`` draws of ``top_k`` distinct indices of ``logits`` (Gumbel-top-k), largest perturbed logit
+    first. Returns int64 ``[tokens, top_k]``."""
+    keys = logits[None, :] + rng.gumbel(size=(tokens, len(logits)))
+    return _top_k(keys, top_k)
+
+
+def _top_k(keys: np.ndarray, top_k: int) -> np.ndarray:
+    part = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k]
+    order = np.argsort(-np.take_along_axis(keys, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1).astype(np.int64)
+
+
+def sorted_counts(routing: np.ndarray, experts: int) -> np.ndarray:
+    """Per-expert token counts of a ``[tokens, top_k]`` routing, largest first."""
+    return np.sort(np.bincount(routing.ravel(), minlength=experts))[::-1]
+
+
+def fit_skew(routing: np.ndarray, experts: int) -> tuple[float, float]:
+    """The skew ``(alpha, beta)`` whose simulated batches best match the sorted counts of ``routing`` (module
+    docstring)."""
+    tokens, top_k = routing.shape
+    target = sorted_counts(routing, experts).astype(np.float64)
+    gumbel = np.random.default_rng(FIT_SEED).gumbel(size=(FIT_BATCHES, tokens, experts))
+    rank = np.arange(experts, dtype=np.float64)
+    slots = np.repeat(np.arange(FIT_BATCHES), tokens * top_k)
+
+    def error(alpha: float, beta: float) -> float:
+        keys = (gumbel - alpha * np.log(rank + 1) - beta * rank).reshape(-1, experts)
+        picks = _top_k(keys, top_k).reshape(FIT_BATCHES, tokens * top_k)
+        counts = np.zeros((FIT_BATCHES, experts))
+        np.add.at(counts, (slots, picks.ravel()), 1)
+        mean = np.sort(counts, axis=1)[:, ::-1].mean(axis=0)
+        return float(np.sum((mean - target) ** 2))
+
+    _, a, b = min((error(a / 10, b / 100), a, b) for a in range(21) for b in range(21))
+    return a / 10, b / 100
+
+
+class SyntheticRouting:
+    """The seeded synthetic routing model (module docstring)."""
+
+    mode = "synthetic"
+
+    def __init__(self, experts: int, top_k: int, layers: int, *, seed: int = 0,
+                 skew: tuple[float, float] | None = None, locality: float = 0.0):
+        if not 0.0 <= locality <= 1.0:
+            raise ConfigError(f"routing locality must be between 0 and 1, got {locality!r}")
+        self.experts, self.top_k, self.layers = experts, top_k, layers
+        self.alpha, self.beta = FITTED_SKEW.get(experts, FITTED_SKEW[128]) if skew is None else skew
+        self.locality = float(locality)
+        self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E4E]))
+        ranks = np.arange(experts)
+        perms = [self._rng.permutation(ranks).astype(np.float64) for _ in range(layers)]
+        self._logits = np.stack([-self.alpha * np.log(p + 1.0) - self.beta * p for p in perms])
+        self._previous = None
+
+    def route(self, tokens: int) -> np.ndarray:
+        """Expert ids ``[tokens, layers, top_k]`` of the next ``tokens`` tokens of the run."""
+        out = np.stack([gumbel_top_k(self._logits[layer], self.top_k, self._rng, tokens)
+                        for layer in range(self.layers)], axis=1)
+        if self.locality > 0.0:
+            repeat = self._rng.random(tokens) < self.locality
+            for t in range(tokens):
+                previous = out[t - 1] if t else self._previous
+                if repeat[t] and previous is not None:
+                    out[t] = previous
+        self._previous = out[-1].copy()
+        return out
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "alpha": self.alpha, "beta": self.beta, "locality": self.locality}
+
+
+class ReplayRouting:
+    """A routed-experts dump replayed token by token (module docstring)."""
+
+    mode = "replay"
+
+    def __init__(self, path, model, layers: int):
+        from stepsim.trace_io.serving import load_routed_experts
+
+        experts, _, _ = load_routed_experts(path, model=model)
+        if experts.shape[1] < layers:
+            raise ConfigError(f"--routing {path}: the dump has {experts.shape[1]} layers; the model has {layers}")
+        self.path = str(path)
+        self.experts = np.ascontiguousarray(experts[:, :layers, :]).astype(np.int64)
+        self._next = 0
+
+    def route(self, tokens: int) -> np.ndarray:
+        rows = (self._next + np.arange(tokens)) % len(self.experts)
+        self._next = int((self._next + tokens) % len(self.experts))
+        return self.experts[rows]
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "file": self.path, "tokens": int(len(self.experts))}
