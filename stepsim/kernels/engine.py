@@ -27,6 +27,8 @@ from stepsim.kernels.hbm import (
     E_BYTES_WRITTEN,
     E_EVENTS,
     E_HBM_REQS,
+    E_HBM_RESUME,
+    E_HBM_RESUME_BOUND,
     E_HBM_SKIPPED,
     E_HBM_SNAP_T,
     E_HBM_UNEVEN,
@@ -190,6 +192,27 @@ def _wake(us, wl, wl_n, v):
     return wl_n
 
 
+@inline_kernel
+def _earliest_hbm(eng, hq):
+    """The HBM (one per chip) with the earliest tick, which may serve ticks up to the earliest other event,
+    another HBM's next tick included (a completion there can only cause requests here at later ticks).
+
+    reads: every HBM's next tick / writes: nothing / returns: (its tick, the next other HBM's tick, its index).
+    """
+    t_hbm = A.NEVER
+    t_other = A.NEVER
+    best_h = 0
+    for h in range(hq.shape[0]):
+        t = hbm_next_tick(eng[h * N_ENG:(h + 1) * N_ENG], hq[h])
+        if t < t_hbm:
+            t_other = t_hbm
+            t_hbm = t
+            best_h = h
+        elif t < t_other:
+            t_other = t
+    return t_hbm, t_other, best_h
+
+
 @kernel
 def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, slots, payload, sel_ptr, sel_idx, hw,
                arena, eng, hfree, hq, done_list, wl, ts_units, n_ts, stop_events, rec, fv, fi, tl):
@@ -254,39 +277,39 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
         # no Kahn unit can run: take the earliest time-sensitive event
         best_t = A.NEVER
         best_u = -1
-        for k in range(n_ts):
-            v = ts_units[k]
-            if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
-                if up[v, A.UP_OPCODE] == A.OP_LINK:
-                    t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
-                else:
-                    t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
-                if t < best_t:
-                    best_t = t
-                    best_u = v
-        # the HBM (one per chip) with the earliest tick; it may serve ticks up to the earliest other event,
-        # another HBM's next tick included (a completion there can only cause requests here at later ticks)
-        t_hbm = A.NEVER
-        t_other = A.NEVER
-        best_h = 0
-        for h in range(hq.shape[0]):
-            t = hbm_next_tick(eng[h * N_ENG:(h + 1) * N_ENG], hq[h])
-            if t < t_hbm:
-                t_other = t_hbm
-                t_hbm = t
-                best_h = h
-            elif t < t_other:
-                t_other = t
-        if t_hbm == A.NEVER and best_u < 0:
-            break
-        if t_hbm <= best_t:
+        resume = eng[E_HBM_RESUME]
+        if resume > 0:  # an HBM batch the last slice cut short (its work ran out): finish it first, as it was
+            best_h = resume - 1
+            bound = eng[E_HBM_RESUME_BOUND]
+            eng[E_HBM_RESUME] = 0
+            t_hbm = A.NEVER
+            take_hbm = True
+        else:
+            for k in range(n_ts):
+                v = ts_units[k]
+                if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
+                    if up[v, A.UP_OPCODE] == A.OP_LINK:
+                        t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                    else:
+                        t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                    if t < best_t:
+                        best_t = t
+                        best_u = v
+            t_hbm, t_other, best_h = _earliest_hbm(eng, hq)
+            if t_hbm == A.NEVER and best_u < 0:
+                break
+            take_hbm = t_hbm <= best_t
+            bound = min(best_t, t_other)
+        if take_hbm:
             seg = eng[best_h * N_ENG:(best_h + 1) * N_ENG]  # this chip's HBM scalars
             if best_h != 0:  # the slice's work budget is one for every HBM: lend it to this one's segment
                 seg[E_WORK_LEFT] = eng[E_WORK_LEFT]
-            nd = hbm_process(min(best_t, t_other), us, seg, hq[best_h], hw, hfree[best_h], done_list, tl)
+            nd = hbm_process(bound, us, seg, hq[best_h], hw, hfree[best_h], done_list, tl)
             if best_h != 0:
                 eng[E_WORK_LEFT] = seg[E_WORK_LEFT]
             if nd == HBM_OUT_OF_WORK:  # the slice's work is spent: end it; the next slice resumes this event
+                eng[E_HBM_RESUME] = best_h + 1
+                eng[E_HBM_RESUME_BOUND] = bound
                 status = A.ST_MAX_EVENTS
                 break
             events += 1

@@ -125,3 +125,14 @@ def test_bad_expert_parallel_configs_are_one_line(trace, extra, message):
     with pytest.raises(ConfigError) as info:
         workload_from_config(_config(path, **extra))
     assert str(info.value) == message
+
+
+def test_the_cycle_bounds_count_one_hbm_per_chip():
+    """Qwen3 on the bundled B=64 trace over 8 chips is HBM-bound: a bound that put every chip's weight reads on
+    one HBM (747,313 cycles) would exceed the run (144,577); per chip it is 119,825."""
+    from stepsim.results.records import run_config
+
+    row = run_config({"workload": "moe", "model": "qwen3-30b-a3b", "ep": 8, "mode": "simulate"}).row
+    assert (row["cycles"], row["hbm_request_cycles"], row["pipeline_cycles"]) == (144577, 119825, 123929)
+    assert all(row[c] <= row["cycles"] for c in ("hbm_request_cycles", "pipeline_cycles", "load_unit_cycles",
+                                                 "compute_unit_cycles"))
