@@ -10,7 +10,6 @@ from stepsim.demo.moe_tiling import demo_configs
 from stepsim.results.records import SCHEMA
 from stepsim.workloads.config import normalize_config
 
-
 ACCOUNTING = ("on_chip_bytes: published accounting (every expert allocated); on_chip_bytes_active: minus the "
               "experts that received no token (the figure, like `stepsim reproduce dynamic_tiling`, draws static "
               "tiles published and dynamic tiling active)")

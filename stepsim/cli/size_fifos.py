@@ -19,13 +19,11 @@ from stepsim.base.errors import ConfigError
 
 
 def _size(args) -> int:
-    from stepsim.cli.args import config_from_args
+    # --out was checked before this handler ran (out_kind "file", stepsim.base.outputs); create its folder
+    from stepsim.cli.args import config_from_args, jobs_from_args
     from stepsim.passes.depths_writer import write_depths_file
     from stepsim.passes.sizing import size_fifos
     from stepsim.workloads.config import normalize_config
-
-    # --out was checked before this handler ran (out_kind "file", stepsim.base.outputs); create its folder
-    from stepsim.cli.args import jobs_from_args
 
     jobs = jobs_from_args(args)
     if not 0 <= args.slack < 1:
