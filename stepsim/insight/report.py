@@ -66,6 +66,8 @@ BOUND_FRACTION = 0.5
 #: the busiest group is a straggler when its busiest unit is busy at least this share of the run's cycles
 #: longer than every other group's busiest unit
 STRAGGLER_SHARE = 0.01
+#: a latency-or-imbalance-bound run whose busiest unit is busy at least this share of it is paced by that unit
+UNIT_BOUND_SHARE = 0.9
 #: units listed in ``top_units``
 TOP = 10
 #: longest critical path walked (hops)
@@ -470,6 +472,12 @@ def format_report(rep: dict) -> str:
              f"  HBM: {roof['achieved_hbm_bytes_per_cycle'] or 0:,.1f} of {roof['hbm_bytes_per_cycle']:,} B/cycle "
              f"({_pct(roof['hbm_utilization'])}); compute: {roof['achieved_flops_per_cycle'] or 0:,.0f} of "
              f"{roof['allocated_compute_flops_per_cycle']:,} FLOP/cycle ({_pct(roof['compute_utilization'])})"]
+    busiest = rep["top_units"]["by_busy"][0] if rep["top_units"]["by_busy"] else None
+    if (rep["bound"] == "latency-or-imbalance-bound" and busiest is not None
+            and (busiest["busy_share"] or 0) >= UNIT_BOUND_SHARE):
+        # neither roofline is near, but one unit never rests: the run goes at that unit's pace
+        lines.append(f"  one unit sets the pace: {busiest['unit']} ({busiest['kind']}, {busiest['group']}) busy "
+                     f"{_pct(busiest['busy_share'])} of the run")
     imb = rep["imbalance"]
     if imb["kind"] and imb["lead_cycles"] is None:
         lines.append(f"imbalance: none (one {imb['kind']}, {imb['busiest']})")
