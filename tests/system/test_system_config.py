@@ -123,7 +123,7 @@ BAD = [
      "link_latency, name, topology"),
     ('chips = 2\ntopology = "ring"\nlink_latency = 2\n', "{p}: missing key 'link_bandwidth'"),
     ('chips = 2\nhardware = "tpu"\ntopology = "ring"\nlink_bandwidth = 1\nlink_latency = 2\n',
-     "{p}: hardware 'tpu' is neither a preset (step-eval, step-hdl) nor a .toml file"),
+     "{p}: hardware 'tpu' is neither a preset (sn40l, step-eval, step-hdl) nor a .toml file"),
     ('chips = 2\ntopology = "ring"\nlink_bandwidth = 1.5\nlink_latency = 2\n',
      "{p}: link_bandwidth must be an int in 1..2147483647 (bytes/cycle), got 1.5"),
     ('chips = 0\ntopology = "ring"\nlink_bandwidth = 1\nlink_latency = 2\n',
