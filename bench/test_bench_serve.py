@@ -9,7 +9,7 @@
   ``--iteration-latency`` (the scheduler's own cost), ``--fidelity fast`` calibrating, the same again from the
   cached calibration, and ``--fidelity exact --jobs 2``; reports wall times and the fast run's TTFT / TPOT p50 and
   p99 against the exact run's, and its held-out step error. Asserts both engine-backed runs serve every request
-  over the same number of steps.
+  and the cached fast run repeats the calibrating one step for step.
 
 Nothing asserts on time.
 """
@@ -78,8 +78,8 @@ def test_serve_wall_times(shared_traces, bench_summary, tmp_path):
                       f"{name}: {wall:.1f} s, {s['iterations']} steps, TTFT p50 {s['ttft_s']['p50'] * 1e3:.2f} ms, "
                       f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.3f} ms")
     fast, exact = runs["fast, cached calibration"].summary, runs["exact, --jobs 2"].summary
-    assert fast["completed"] == exact["completed"] == requests
-    assert fast["iterations"] == exact["iterations"]
+    assert fast["completed"] == exact["completed"] == requests  # (their schedules differ with their step times)
+    assert runs["fast, cached calibration"].iterations.equals(runs["fast, calibrating"].iterations)
     diffs = ", ".join(f"{k[:-2]} {q} {(fast[k][q] / exact[k][q] - 1) * 100:+.2f} %"
                       for k in ("ttft_s", "tpot_s") for q in ("p50", "p99"))
     e = fast["fidelity"]["error"]

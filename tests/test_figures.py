@@ -106,3 +106,78 @@ def test_the_four_reproduce_figures(shared_traces, tmp_path, capsys, monkeypatch
     assert list(sizes) == ["dynamic_parallelization.png", "dynamic_tiling.png", "time_multiplexing.png",
                            "validation.png"]
     assert sizes["dynamic_tiling.png"][0] == 1040  # one panel per routing batch (Mixtral, Qwen)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures save_figure is given (laid out and drawn, then saved as usual)."""
+    from stepsim.base import figures
+
+    captured = []
+    real = figures.save_figure
+
+    def keep(fig, path, **kwargs):
+        fig.tight_layout(rect=kwargs.get("rect"))  # the layout save_figure gives it, read before it is closed
+        captured.append(_texts(fig))
+        return real(fig, path, **kwargs)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    return captured
+
+
+def _texts(fig) -> dict:
+    """What a reader sees: titles, axis labels, tick labels, annotations, and whether annotations stay inside."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    out = {"suptitle": fig._suptitle.get_text() if fig._suptitle else None, "axes": []}
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        notes = [(a.get_text(), box.x0 - 1 <= a.get_window_extent(renderer).x0 and
+                  a.get_window_extent(renderer).x1 <= box.x1 + 1) for a in ax.texts]
+        out["axes"].append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                            "xticks": [t.get_text() for t in ax.get_xticklabels() if t.get_text() and
+                                       min(ax.get_xlim()) <= t.get_position()[0] <= max(ax.get_xlim())],
+                            "notes": notes})
+    out["figtext"] = [t.get_text() for t in fig.texts if t is not fig._suptitle]
+    return out
+
+
+def test_pareto_plot_numbers_its_front_on_two_panels_with_the_clis_counts(tmp_path, drawn):
+    from stepsim.optimize import optimize
+    from stepsim.optimize.output import LABELLED
+    from stepsim.workloads.config import bundled_trace
+
+    result = optimize("attention", out=tmp_path / "opt", trace=bundled_trace("attention"), jobs=1)
+    [texts] = drawn
+    assert texts["suptitle"] == (f"stepsim optimize attention: {result.simulations} simulations of "
+                                 f"{result.candidates} candidates; front over cycles, on-chip memory and compute "
+                                 f"({len(result.front)} points)")
+    on_chip, compute = texts["axes"][:2]
+    assert (on_chip["xlabel"], compute["xlabel"], on_chip["ylabel"]) == (
+        "on-chip memory (B)", "allocated compute (FLOP/cycle)", "cycles")
+    numbers = sorted(int(n) for text, _ in on_chip["notes"] for n in text.split(","))
+    assert numbers == list(range(1, len(result.front) + 1))  # every front point numbered, once
+    assert [text for text, _ in compute["notes"]] == [text for text, _ in on_chip["notes"]]
+    shown = min(len(result.front), LABELLED)
+    assert texts["figtext"][0].splitlines()[:shown] == [
+        f"{i}{'*' if c is result.recommended else ''}: {c.label(result.axes)}"
+        for i, c in enumerate(result.front[:shown], 1)]
+
+
+def test_demo_and_depths_plots_keep_their_labels_inside_and_bytes_in_cli_form(tmp_path, capsys, drawn):
+    from stepsim.base.display import format_bytes
+
+    assert main(["demo", "--metrics-only", "--out", str(tmp_path / "demo")]) == 0
+    [demo] = drawn
+    [ax] = demo["axes"]
+    assert [text for text, _ in ax["notes"]] == ["tile 8", "tile 16", "tile 32", "tile 64"]
+    assert all(inside for _, inside in ax["notes"])  # "tile 64" was clipped at the right edge
+    assert all(t.endswith("MB") for t in ax["xticks"]) and ax["title"] == (
+        "MoE layer mixtral-8x7b, synthetic_routing_mixtral_b64.arrow")
+    assert main(["size-fifos", "moe", "--model", "mixtral", "--out", str(tmp_path / "d.toml"), "--jobs", "1"]) == 0
+    depths = drawn[1]["axes"][0]
+    sized = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FIFO bytes")]
+    assert depths["title"] == (f"moe-mixtral-8x7b-static: FIFOs {sized[3].split()[3]} {sized[3].split()[4]} at depth "
+                               f"1024 -> {sized[0].split()[3]} {sized[0].split()[4]} sized")
+    assert depths["xticks"] == ["1 MB", "10 MB", "100 MB", "1 GB", "10 GB"]
+    assert {text for text, _ in depths["notes"]} >= {format_bytes(8_589_934_592), format_bytes(8_388_608)}

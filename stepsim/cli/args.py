@@ -73,9 +73,11 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use")
     p.add_argument("--batch-id", type=int, help="decode-batch traces with several batches: batch to use")
     p.add_argument("--tiling", choices=("static", "dynamic"), help="MoE token tiling (default: static)")
-    p.add_argument("--tile-n", type=int, help="MoE: tokens per tile (static, default 32); SwiGLU: F tile (16)")
+    p.add_argument("--tile-n", type=int, help="MoE: tokens per tile (static, default 32); SwiGLU: F tile (16); "
+                                              "prefill_attention: rows per query / KV tile (32)")
     p.add_argument("--tile-f", type=int, help="MoE: F columns per weight tile")
-    p.add_argument("--tile-m", type=int, help="SwiGLU: batch rows per tile (default 16)")
+    p.add_argument("--tile-m", type=int, help="SwiGLU: batch rows per tile (default 16); prefill_attention: "
+                                              "prompt-chunk tokens per request (128)")
     p.add_argument("--regions", type=int, help="MoE configuration time-multiplexing: parallel expert regions; "
                                                   "attention: parallel regions (default 4)")
     p.add_argument("--strategy", choices=("coarse", "interleave", "dynamic"),

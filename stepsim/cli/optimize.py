@@ -44,8 +44,38 @@ def register(subparsers) -> None:
     p.set_defaults(handler=_optimize, out_kind="dir")
 
 
+def _optimize_onnx(args) -> int:
+    """``stepsim optimize model.onnx``: the tile search of :mod:`stepsim.optimize.onnx_search`; prints the front
+    and writes it to ``--out``/optimize.json."""
+    from pathlib import Path
+
+    from stepsim.base.files import atomic_output
+    from stepsim.optimize.onnx_search import search
+
+    result = search(args.workload, hardware=args.hardware, objective=args.objective, max_on_chip=args.max_on_chip)
+    doc = {"pareto": [dict(p.tiling, cycles=p.cycles, on_chip_bytes=p.on_chip_bytes,
+                           allocated_flops_per_cycle=p.allocated_flops_per_cycle) for p in result.front],
+           "recommended": None if result.recommended is None else result.recommended.tiling,
+           "candidates": len(result.candidates), "simulations": result.simulations}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with atomic_output(Path(args.out) / "optimize.json") as tmp:
+        tmp.write_text(json.dumps(doc, indent=1))
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    print(f"optimize {args.workload} -> {args.out}: {doc['candidates']} tilings, {doc['simulations']} simulated")
+    for p in doc["pareto"]:
+        print(f"  tile_m {p['tile_m']}, tile_n {p['tile_n'] or 'rows'}: {p['cycles']:,} cycles, "
+              f"{p['on_chip_bytes']:,} B on chip")
+    print(f"recommended ({args.objective}): {doc['recommended']}")
+    return 0
+
+
 def _optimize(args) -> int:
     import sys
+
+    if args.workload.endswith(".onnx"):
+        return _optimize_onnx(args)
 
     from stepsim.base.errors import ConfigError
     from stepsim.base.signals import stopped_status

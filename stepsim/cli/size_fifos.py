@@ -20,8 +20,6 @@ from stepsim.base.errors import ConfigError
 
 def _size(args) -> int:
     from stepsim.base.files import published_together
-
-    # --out was checked before this handler ran (out_kind "file", stepsim.base.outputs); create its folder
     from stepsim.cli.args import config_from_args, jobs_from_args
     from stepsim.passes.depths_writer import write_depths_file
     from stepsim.passes.sizing import size_fifos
@@ -36,6 +34,7 @@ def _size(args) -> int:
     normalize_config(config)  # bad flags fail here, before any simulation
     say = None if args.json else (lambda line: print(f"size-fifos: {line}", file=sys.stderr, flush=True))
     result = size_fifos(config, slack=args.slack, jobs=jobs, min_depth=args.min_depth, progress=say)
+    # --out was checked before this handler ran (out_kind "file", stepsim.base.outputs); create its folder
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with published_together():  # the depths file and its PNG appear together (a full disk leaves neither)
         out = write_depths_file(result, args.out)

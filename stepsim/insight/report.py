@@ -66,6 +66,8 @@ BOUND_FRACTION = 0.5
 #: the busiest group is a straggler when its busiest unit is busy at least this share of the run's cycles
 #: longer than every other group's busiest unit
 STRAGGLER_SHARE = 0.01
+#: a latency-or-imbalance-bound run whose busiest unit is busy at least this share of it is paced by that unit
+UNIT_BOUND_SHARE = 0.9
 #: units listed in ``top_units``
 TOP = 10
 #: longest critical path walked (hops)
@@ -102,6 +104,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
         part = _one(folder, "part-")
         tables = None
     row = _read_table(part)[0]
+    if row.get("workload") == "program":  # what its program was when it ran (the record's provenance metadata)
+        row["program_identity"] = _stored_program_identity(part)
     if row.get("mode") == "metrics" or row.get("cycles") is None:
         raise ConfigError(f"{part}: a metrics run (no simulation); write it with `stepsim run ... --out DIR`")
     if tables is None:
@@ -397,17 +401,31 @@ def report_run_dir(run_dir: str | os.PathLike, *, with_timeline: bool = True) ->
     return build_report(row, units, channels, workload, program, timeline), timeline
 
 
+def _stored_program_identity(part: Path) -> str | None:
+    """The program's identity (:func:`stepsim.results.records.program_identity`) in a record file's provenance
+    metadata, None in a file without it."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from stepsim.base.files import CONFIG_KEY
+
+    meta = pq.read_schema(part).metadata or {}
+    stored = json.loads(meta.get(CONFIG_KEY.encode(), b"{}"))
+    return (stored.get("config") or {}).get("program")
+
+
 def _program_changed(row: dict, knobs: dict) -> str | None:
     """Why a user program's run cannot be rebuilt as it ran: its file changed since (the file's content is part
-    of the run id, so the run id of its configuration today differs), or it cannot be read; None when it did
-    not change."""
-    from stepsim.results.records import run_identity
+    of the run's identity, stored with the record), or it cannot be read; None when it did not change (or the
+    record does not say what it was)."""
+    from stepsim.results.records import program_identity
 
     try:
-        run_id = run_identity({**knobs, "mode": row["mode"]})[0]
+        now = program_identity(knobs)
     except ConfigError as exc:
         return f"the run's program cannot be read again: {exc}"
-    if run_id != row.get("run_id"):
+    if row.get("program_identity") is not None and now != row["program_identity"]:
         return (f"the program {row['program']} changed since the run (its content is part of the run id "
                 f"{str(row.get('run_id'))[:16]}); run it again, then report")
     return None
@@ -454,6 +472,12 @@ def format_report(rep: dict) -> str:
              f"  HBM: {roof['achieved_hbm_bytes_per_cycle'] or 0:,.1f} of {roof['hbm_bytes_per_cycle']:,} B/cycle "
              f"({_pct(roof['hbm_utilization'])}); compute: {roof['achieved_flops_per_cycle'] or 0:,.0f} of "
              f"{roof['allocated_compute_flops_per_cycle']:,} FLOP/cycle ({_pct(roof['compute_utilization'])})"]
+    busiest = rep["top_units"]["by_busy"][0] if rep["top_units"]["by_busy"] else None
+    if (rep["bound"] == "latency-or-imbalance-bound" and busiest is not None
+            and (busiest["busy_share"] or 0) >= UNIT_BOUND_SHARE):
+        # neither roofline is near, but one unit never rests: the run goes at that unit's pace
+        lines.append(f"  one unit sets the pace: {busiest['unit']} ({busiest['kind']}, {busiest['group']}) busy "
+                     f"{_pct(busiest['busy_share'])} of the run")
     imb = rep["imbalance"]
     if imb["kind"] and imb["lead_cycles"] is None:
         lines.append(f"imbalance: none (one {imb['kind']}, {imb['busiest']})")

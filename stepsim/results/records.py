@@ -268,6 +268,28 @@ _identity = identity  # the name stepsim.batch first imported
 
 #: knobs whose value is a path: the identity holds what they resolve to (trace content hash, hardware values)
 _PATH_KNOBS = ("trace", "hardware", "system")
+#: knobs added after run ids were first written (the collectives' and expert parallelism's): they enter a run's
+#: identity only when set, so a config that leaves them unset keeps the run id it always had (a resumed sweep
+#: finds its results; tests/records/test_resolved_knobs.py pins four ids)
+_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement")
+
+
+def program_identity(cfg: Mapping) -> str:
+    """What a config's ``program`` knob enters the run identity as: an ONNX model's file content, or a user's
+    ``file.py:function`` as the function and the file's content (never the path)."""
+    program = cfg["program"]
+    if is_onnx_program(cfg):
+        try:
+            return f"onnx sha256:{file_sha256(program)}"
+        except OSError as exc:
+            raise ConfigError(f"ONNX model {program}: cannot read: {exc.strerror or exc}") from None
+    from stepsim.workloads.program.build import split_spec
+
+    path, function = split_spec(program)
+    try:
+        return f"{function} in sha256:{file_sha256(path)}"
+    except OSError as exc:
+        raise ConfigError(f"program {program!r}: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dict:
@@ -280,7 +302,8 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     uses (:func:`stepsim.base.defaults.resolve_channel_depth`) and :data:`~stepsim.base.defaults.TIMING_MODEL_VERSION`.
     The trace enters through its content hash (beside this config in :func:`identity`).
     """
-    ident = {k: v for k, v in cfg.items() if k not in _PATH_KNOBS}
+    ident = {k: v for k, v in cfg.items()
+             if k not in _PATH_KNOBS and not (k in _KNOBS_IN_IDENTITY_WHEN_SET and v is None)}
     model = cfg.get("model")
     if isinstance(model, str) and is_model_file(model):  # a config.json: its content, not its path
         try:
@@ -294,19 +317,8 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     if system is not None:  # a system preset by name, a system file by its content (its hardware: hardware_values)
         ident["system"] = system if not system.endswith(".toml") else _system_file_hash(system)
     program = cfg.get("program")
-    if is_onnx_program(cfg):  # an ONNX model: the file's content, not its path
-        try:
-            ident["program"] = f"onnx sha256:{file_sha256(program)}"
-        except OSError as exc:
-            raise ConfigError(f"ONNX model {program}: cannot read: {exc.strerror or exc}") from None
-    elif program is not None:  # a user's file.py:function: the file's content and the function, not its path
-        from stepsim.workloads.program.build import split_spec
-
-        path, function = split_spec(program)
-        try:
-            ident["program"] = f"{function} in sha256:{file_sha256(path)}"
-        except OSError as exc:
-            raise ConfigError(f"program {program!r}: cannot read {path}: {exc.strerror or exc}") from None
+    if program is not None:
+        ident["program"] = program_identity(cfg)
     ident.update(hardware_values=hardware.values(), run_channel_depth=int(channel_depth),
                  timing_model=TIMING_MODEL_VERSION)
     return ident
@@ -622,7 +634,7 @@ def unit_labels(names: list[str], kinds: list[str], groups: list[str]) -> list[s
 def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
     """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock), with
     each unit's operator class, group (``expert 3``; ``shared`` outside any group) and stable label."""
-    from stepsim.simulation.timeline import graph_labels
+    from stepsim.graph.labels import graph_labels
 
     group_of, kind_of = graph_labels(workload.graph)
     counters = sim.unit_counters

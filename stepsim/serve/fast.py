@@ -20,17 +20,17 @@ refuses them unless they reproduce every build's ``Workload.metrics()`` exactly.
 **Calibration** (:func:`calibrate`). A pilot replay prices every step with ``max(HBM bound, compute bound)``
 and keeps seeded reservoirs of :data:`SAMPLED_ITERATIONS` steps (their batches and routing) with a prefill
 chunk and as many decode-only ones. Of those, :data:`HELD_OUT` (half from each) are simulated exactly, every
-layer, and held out; from the others each step's decode and
-prefill attention and :data:`FFN_LAYERS` of its FFN layers are simulated exactly and fitted per piece by least
-squares on relative error. The summary's ``fidelity.error`` is the held-out steps' relative error of the
-whole step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients
-and error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
+layer, and held out; from the others each step's decode and prefill attention and :data:`FFN_LAYERS` of its FFN
+layers are simulated exactly and fitted per piece by least squares on relative error (the FFN pieces of steps
+with a prefill chunk get their own coefficients when both kinds of step give at least twice as many samples as
+regressors). The summary's ``fidelity.error`` is the held-out steps' relative error of the whole
+step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients and
+error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ from stepsim.base.errors import ConfigError
 from stepsim.base.files import atomic_output, stable_hash
 from stepsim.serve.exact import CYCLE_KINDS, EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
-from stepsim.serve.layers import KINDS, KV_TILE, LayerSpec, build
+from stepsim.serve.layers import KV_TILE, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
@@ -55,6 +55,16 @@ BOUND_COMPUTE_BW = 2048
 CALIBRATION_VERSION = 1
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
+#: the coefficient sets of the model: FFN pieces of steps with a prefill chunk have their own
+MODELS = ("decode", "prefill", "ffn", "ffn_prefill")
+#: regressors of an FFN piece; with fewer than twice as many samples on either side of the split, both sides
+#: share one fit
+FFN_REGRESSORS = 8
+
+
+def model_of(kind: str, prefill_step: bool) -> str:
+    """Which coefficients price a piece: its kind; the FFN of a step with a prefill chunk ``ffn_prefill``."""
+    return "ffn_prefill" if kind == "ffn" and prefill_step else kind
 
 
 # ----------------------------------------------------------------------------------------------- features
@@ -119,18 +129,40 @@ def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
 def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray:
     """``[1, features, extra features, HBM bound, compute bound, max of both]`` of one piece (the last is the
     pilot's estimate)."""
+    if kind == "ffn":
+        return ffn_regressors(np.asarray(data)[:, None, :], form, spec)[0]
     f = np.array([1.0, *features(kind, data)])
-    hbm = float(f @ np.array(form.off_chip)) / spec.hardware.hbm_peak_bytes_per_cycle
-    compute = float(f @ np.array(form.flops)) / BOUND_COMPUTE_BW
+    hbm = float((f * np.array(form.off_chip)).sum()) / spec.hardware.hbm_peak_bytes_per_cycle
+    compute = float((f * np.array(form.flops)).sum()) / BOUND_COMPUTE_BW
     return np.array([*f, *extra_features(kind, data), hbm, compute, max(hbm, compute)])
+
+
+def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np.ndarray:
+    """The FFN regressors of every layer at once: ``routing`` ``[tokens, layers, top_k]`` -> ``[layers, 8]``
+    (the same numbers :func:`regressors` gives layer by layer)."""
+    tokens, layers, _ = routing.shape
+    experts = spec.ffn_model.experts
+    offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
+    counts = np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
+    tiles = (counts + KV_TILE - 1) // KV_TILE
+    f = np.column_stack([np.ones(layers), np.full(layers, float(tokens)), tiles.sum(axis=1), (counts > 0).sum(axis=1),
+                         tiles.max(axis=1)]).astype(np.float64)
+    hbm = (f * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
+    compute = (f * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
+    return np.column_stack([f, hbm, compute, np.maximum(hbm, compute)])
 
 
 def predict(x: np.ndarray, theta) -> int:
     """Cycles of a piece from its regressors: ``theta . x`` (at least 1), or without coefficients for its kind
     (none of its pieces was in the calibration sample) the bound ``ceil(max(HBM bound, compute bound))``."""
+    return int(predict_rows(x[None, :], theta)[0])
+
+
+def predict_rows(x: np.ndarray, theta) -> np.ndarray:
+    """:func:`predict` of every row of ``x`` (int64)."""
     if theta is None:
-        return int(math.ceil(x[-1]))
-    return max(int(round(float(x @ np.array(theta)))), 1)
+        return np.ceil(x[:, -1]).astype(np.int64)
+    return np.maximum(np.rint((x * np.array(theta)).sum(axis=1)), 1).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------------------------- the provider
@@ -154,8 +186,15 @@ class FastLatency(EngineLatency):
         if self.recorder is not None:
             self.recorder(batch, tasks)
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
+        ffn = [data for kind, data in tasks if kind == "ffn"]
         for (kind, data), (role, count) in zip(tasks, roles):
-            cycles[role] += count * self.piece_cycles(kind, data)
+            if kind != "ffn":
+                cycles[role] += count * self.piece_cycles(kind, data)
+        count = roles[-1][1]  # every FFN task counts alike (1 per MoE layer; every layer for a dense FFN)
+        x = ffn_regressors(np.stack(ffn, axis=1), self.forms["ffn"], self.spec)
+        prefill_step = any(kind == "prefill" for kind, _ in tasks)
+        theta = None if self.theta is None else self.theta[model_of("ffn", prefill_step)]
+        cycles["ffn"] = int(count * predict_rows(x, theta).sum())
         cycles["weights"] = self.weight_cycles(batch)
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
 
@@ -207,10 +246,11 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
         raise ConfigError(f"--fidelity fast: the run has {len(samples)} steps, too few to hold any out for "
                           "measuring the model's error; use --fidelity exact")
     forms = exact.forms
-    rows: dict[str, list] = {k: [] for k in KINDS}
-    targets: dict[str, list] = {k: [] for k in KINDS}
+    rows: dict[str, list] = {k: [] for k in MODELS}
+    targets: dict[str, list] = {k: [] for k in MODELS}
     fit_tasks = []
-    for i, (_, _, batch, tasks) in enumerate(samples):
+    fit_models = []
+    for i, (_, stratum, batch, tasks) in enumerate(samples):
         if i in held:
             continue
         ffn_seen = 0
@@ -220,12 +260,16 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
                 if ffn_seen > FFN_LAYERS:
                     continue
             fit_tasks.append((kind, data))
+            fit_models.append(model_of(kind, stratum == "prefill"))
     cycles = [r[0] for r in exact.run_tasks(fit_tasks)]
-    for (kind, data), c in zip(fit_tasks, cycles):
-        rows[kind].append(regressors(kind, data, forms[kind], exact.spec))
-        targets[kind].append(c)
+    for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
+        rows[model].append(regressors(kind, data, forms[kind], exact.spec))
+        targets[model].append(c)
+    if min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS:  # too few to split: one FFN model
+        rows["ffn"] = rows["ffn_prefill"] = rows["ffn"] + rows["ffn_prefill"]
+        targets["ffn"] = targets["ffn_prefill"] = targets["ffn"] + targets["ffn_prefill"]
     theta = {}
-    for kind in KINDS:
+    for kind in MODELS:
         if not rows[kind]:
             theta[kind] = None
             continue
@@ -239,7 +283,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
         roles = exact.roles(tasks)
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
-        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec), theta[kind])
+        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec),
+                                        theta[model_of(kind, stratum == "prefill")])
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch)
         errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))

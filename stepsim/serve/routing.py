@@ -7,16 +7,17 @@
 * :class:`SyntheticRouting` (``--routing synthetic``, the default): a seeded model. Expert ``e`` of layer ``l``
   has popularity rank ``rank_l(e)`` (a seeded permutation per layer: layers differ in *which* experts are
   popular, not in how skewed they are) and logit ``-alpha * log(rank + 1) - beta * rank`` (a Zipf law with an
-  exponential cut-off); each token draws its ``top_k`` experts without replacement by Gumbel-top-k
-  (probability proportional to ``exp(logit)`` for the first pick), in decreasing order of their perturbed
-  logits. With probability ``locality`` a token repeats
-  the previous token's experts in that layer (token-to-token locality; default 0: tokens are independent).
+  exponential cut-off); each token draws its ``top_k`` experts without replacement, slot by slot, each with
+  probability proportional to ``exp(logit)`` among the experts not yet drawn (Plackett-Luce: a categorical
+  draw that repeats an expert is drawn again; the same law as Gumbel-top-k, for a few random numbers per slot
+  instead of one per expert). With probability ``locality`` a token repeats the previous token's experts in
+  that layer (token-to-token locality; default 0: tokens are independent).
 
 ``(alpha, beta)`` is fitted to a real routing trace by :func:`fit_skew`: the pair whose simulated batches (of
 the trace's token count, common random numbers, :data:`FIT_BATCHES` of them) have mean sorted per-expert token
 counts closest (least squares) to the trace's, on the grid alpha = 0, 0.1, .., 2 by beta = 0, 0.01, .., 0.2.
 The fit reproduces the Qwen3 trace's shape: 64 tokens x top-8 leave 68 experts idle and give the busiest 42
-tokens; the model's batches leave 60.1 idle and give the busiest 39.7 on average. The shared traces
+tokens; the model's batches leave 60.0 idle and give the busiest 39.3 on average. The shared traces
 are one decoding batch of one layer each, so per-layer differences and locality cannot be fitted; they are the
 documented parameters above. Fitted values (``tests/serve/test_routing.py`` re-fits them from the traces):
 
@@ -95,12 +96,28 @@ class SyntheticRouting:
         ranks = np.arange(experts)
         perms = [self._rng.permutation(ranks).astype(np.float64) for _ in range(layers)]
         self._logits = np.stack([-self.alpha * np.log(p + 1.0) - self.beta * p for p in perms])
+        weights = np.exp(self._logits - self._logits.max(axis=1, keepdims=True))
+        cdf = np.cumsum(weights / weights.sum(axis=1, keepdims=True), axis=1)
+        cdf[:, -1] = 1.0
+        # layer l's CDF shifted to (l, l + 1]: one searchsorted draws every (token, layer) row at once
+        self._cdf = (cdf + np.arange(layers)[:, None]).ravel()
         self._previous = None
 
     def route(self, tokens: int) -> np.ndarray:
         """Expert ids ``[tokens, layers, top_k]`` of the next ``tokens`` tokens of the run."""
-        out = np.stack([gumbel_top_k(self._logits[layer], self.top_k, self._rng, tokens)
-                        for layer in range(self.layers)], axis=1)
+        layers, k = self.layers, self.top_k
+        layer = np.tile(np.arange(layers, dtype=np.int64), tokens)  # row t * layers + l: token t, layer l
+        picks = np.empty((tokens * layers, k), dtype=np.int64)
+        for slot in range(k):  # sequential draws without replacement: a repeat is drawn again
+            pending = np.arange(tokens * layers)
+            while len(pending):
+                rows = layer[pending]
+                u = rows + self._rng.random(len(pending))
+                expert = np.searchsorted(self._cdf, u, side="right") - rows * self.experts
+                repeat = (picks[pending, :slot] == expert[:, None]).any(axis=1)
+                picks[pending[~repeat], slot] = expert[~repeat]
+                pending = pending[repeat]
+        out = picks.reshape(tokens, layers, k)
         if self.locality > 0.0:
             repeat = self._rng.random(tokens) < self.locality
             for t in range(tokens):

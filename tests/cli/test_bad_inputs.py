@@ -125,8 +125,8 @@ CLI_CASES = [
     ("run moe --tiling dynamic --tile-n 16", 2, E + "--tile-n does not apply to tiling 'dynamic' (dynamic tiling "
                                                     "packs each expert's tokens into one tile)"),
     ("run moe --softmax stable", 2, E + "--softmax does not apply to workload 'moe' (it applies to: attention, "
-                                        "decoder)"),
-    ("run moe --tile-m 16", 2, E + "--tile-m does not apply to workload 'moe' (it applies to: swiglu)"),
+                                        "prefill_attention, decoder)"),
+    ("run moe --tile-m 16", 2, E + "--tile-m does not apply to workload 'moe' (it applies to: swiglu, prefill_attention)"),
     ("metrics swiglu --tiling static", 2, E + "--tiling does not apply to workload 'swiglu' (it applies to: moe, "
                                               "decoder)"),
     ("run moe --iteration -1", 2, E + "--iteration must be an int >= 0, got -1"),
@@ -175,7 +175,7 @@ CLI_CASES = [
                                        "position 0: invalid start byte"),
     ("sweep sweep_empty_axis.toml --out s", 2, E + "sweep_empty_axis.toml: [axes] tile_m has no values"),
     ("sweep sweep_no_workload.toml --out s", 2,
-     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, decoder, collective)"),
+     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder, collective)"),
     # --- hardware TOML files
     ("run swiglu --hardware missing.toml", 2, None),
     ("run swiglu --hardware step-fast", 2,

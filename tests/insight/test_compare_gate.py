@@ -23,7 +23,8 @@ hardware = "step-hdl"
 tile_m = [16, 32]
 tile_n = [16, 32]
 """
-LABEL = "workload=swiglu tile_n={n} tile_m={m} hardware=step-hdl convention=published"
+# the records store the values a run used (compute_bw, channel_depth), so the labels name them too
+LABEL = "workload=swiglu tile_n={n} tile_m={m} compute_bw=4096 channel_depth=1 hardware=step-hdl convention=published"
 
 
 @pytest.fixture(scope="module")
