@@ -194,8 +194,8 @@ def _wake(us, wl, wl_n, v):
 
 @inline_kernel
 def _earliest_hbm(eng, hq):
-    """The HBM (one per chip) with the earliest tick, which may serve ticks up to the earliest other event,
-    another HBM's next tick included (a completion there can only cause requests here at later ticks).
+    """The HBM (one per chip) with the earliest tick, which may serve ticks up to the earliest other event; for
+    another HBM's next tick T', up to T' + start_up + latency + 1 (see the event loop).
 
     reads: every HBM's next tick / writes: nothing / returns: (its tick, the next other HBM's tick, its index).
     """
@@ -299,6 +299,10 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             if t_hbm == A.NEVER and best_u < 0:
                 break
             take_hbm = t_hbm <= best_t
+            # another HBM's tick T' completes a tile no earlier than T' + 1 + start_up + latency, and a request
+            # that completion causes is taken at a later tick: this HBM may serve ticks up to that point
+            if t_other != A.NEVER:
+                t_other += hw[A.HW_HBM_START_UP] + hw[A.HW_HBM_LATENCY] + 1
             bound = min(best_t, t_other)
         if take_hbm:
             seg = eng[best_h * N_ENG:(best_h + 1) * N_ENG]  # this chip's HBM scalars
