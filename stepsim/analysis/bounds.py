@@ -133,14 +133,24 @@ def hbm_request_cycles(workload: Workload, hardware: Hardware, tiles: dict | Non
     tiles = tiles if tiles is not None else load_tiles(workload)
     values = values if values is not None else workload.op_values()
     ops = {op.name: op for op in workload.graph.ops}
-    requests = sum((n * _tile_requests(ops[name], hardware) for name, n in tiles.items()), Fraction(0))
+    requests: dict[int, Fraction] = {}  # per chip: each chip has its own HBM (docs/system.md)
+    for name, n in tiles.items():
+        chip = _chip(ops[name])
+        requests[chip] = requests.get(chip, Fraction(0)) + n * _tile_requests(ops[name], hardware)
     for op in workload.graph.ops:
         if op.kind in STORE_KINDS:
-            requests += -(-values[op.name].off_chip_bytes // hardware.addr_offset)
-    per_channel = math.ceil(requests / hardware.hbm_channels)
+            requests[_chip(op)] = requests.get(_chip(op), Fraction(0)) + \
+                -(-values[op.name].off_chip_bytes // hardware.addr_offset)
+    per_channel = max((math.ceil(r / hardware.hbm_channels) for r in requests.values()), default=0)
     if not per_channel:
         return 0
     return 2 + (per_channel - 1) * hardware.hbm_init_interval + hardware.hbm_start_up + hardware.hbm_latency + 1
+
+
+def _chip(op) -> int:
+    """The chip an operator is on (0 unless placed, :func:`stepsim.graph.network.place_on_chips`); its loads and
+    stores use that chip's HBM."""
+    return getattr(op, "chip", 0)
 
 
 def compute_unit_cycles(workload: Workload, hardware: Hardware, values: dict | None = None,
@@ -276,16 +286,18 @@ def hbm_drain_cycles(workload: Workload, hardware: Hardware, values: dict | None
     first = first if first is not None else first_output_times(workload, hardware, values, tiles, firing)
     consumers = workload.graph.consumers()
     ops = {op.name: op for op in workload.graph.ops}
-    loads = [(_start(ops[name], first), _drain(ops[name], consumers, firing), n * _tile_requests(ops[name], hardware))
-             for name, n in tiles.items() if n > 0]
+    loads = [(_start(ops[name], first), _drain(ops[name], consumers, firing), n * _tile_requests(ops[name], hardware),
+              _chip(ops[name])) for name, n in tiles.items() if n > 0]
     after = hardware.hbm_start_up + hardware.hbm_latency + 2
     best = 0
-    for drain in {d for _, d, _ in loads}:
-        requests = 0
-        for start, _, count in sorted((load for load in loads if load[1] >= drain), reverse=True):
-            requests += count  # every load so far starts at `start` or later
-            last = start + 2 + (math.ceil(requests / hardware.hbm_channels) - 1) * hardware.hbm_init_interval
-            best = max(best, last + after + drain)
+    for chip in {c for *_, c in loads}:  # each chip's HBM serves its own loads
+        on_chip = [load[:3] for load in loads if load[3] == chip]
+        for drain in {d for _, d, _ in on_chip}:
+            requests = 0
+            for start, _, count in sorted((load for load in on_chip if load[1] >= drain), reverse=True):
+                requests += count  # every load so far starts at `start` or later
+                last = start + 2 + (math.ceil(requests / hardware.hbm_channels) - 1) * hardware.hbm_init_interval
+                best = max(best, last + after + drain)
     return best
 
 

@@ -242,14 +242,20 @@ def fix_lines(diag: Diagnosis, fix: Fix | None = None) -> list[str]:
         also = f" (with {len(extra)} more full channel(s) the reruns found: {_names(extra, 2)})" if extra else ""
         lines.append(f"  verified: depth {fix.depth} on those {len(fix.channels)} channel(s){also} finishes in "
                      f"{fix.cycles:,} cycles ({fix.probes} rerun(s), {fix.seconds:.1f} s)")
-        lines.append(f"  pass --fifo-depths depths.toml with [channels] {_names(list(fix.channels), 1)} = "
-                     f"{fix.depth}, or --channel-depth {fix.depth} for every FIFO (more on-chip memory)")
+        lines.append(f"  {SIZE_FIFOS_ADVICE}, or --channel-depth {fix.depth} for every FIFO (more on-chip "
+                     f"memory)")
     else:
         depth = fix.depth if fix is not None and fix.depth else 2 * max(depths)
         why = f" ({fix.note})" if fix is not None and fix.note else " (not verified by a rerun)"
-        lines.append(f"  try depth {depth} there: --fifo-depths depths.toml with [channels] {_names(chans, 1)} = "
-                     f"{depth}, or --channel-depth {depth} for every FIFO{why}")
+        lines.append(f"  try depth {depth} there{why}: {SIZE_FIFOS_ADVICE}, or --channel-depth {depth} for every "
+                     f"FIFO")
     return lines
+
+
+#: the fix a user should apply: a depths file stepsim writes and checks (a hand-written one names channels by
+#: their generated names and is easy to get wrong), sized with the run's own flags
+SIZE_FIFOS_ADVICE = ("run `stepsim size-fifos` with this run's flags and --out depths.toml, then rerun with "
+                     "--fifo-depths depths.toml")
 
 
 def format_message(diag: Diagnosis, unit_lines: list[str], fix: Fix | None = None) -> str:

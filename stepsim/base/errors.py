@@ -18,6 +18,44 @@ class StepsimWarning(UserWarning):
     """A configuration that runs but is probably not what was meant (the CLI prints it as one line)."""
 
 
+# --- exit statuses of the command line (documented in the README, "Exit statuses") --------------------------
+#: a bad flag, input or output: the message says what to change
+EXIT_ERROR = 2
+#: the simulated program deadlocked: a property of the configuration (its FIFO depths), not of the command line;
+#: the message points at ``stepsim size-fifos``
+EXIT_DEADLOCK = 3
+
+
+def exit_status(exc: "StepsimError") -> int:
+    """The command line's exit status for ``exc``."""
+    return EXIT_DEADLOCK if isinstance(exc, DeadlockError) else EXIT_ERROR
+
+
+# --- outputs ---------------------------------------------------------------------------------------------
+def os_reason(exc: OSError) -> str:
+    """The OS's words for ``exc`` ("No space left on device"): pyarrow raises OSError without an errno but
+    with "[errno 28]" in its message, so the number is read from the text when the attribute is missing."""
+    import os
+    import re
+
+    number = exc.errno
+    if number is None:
+        found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
+        number = int(found.group(1)) if found else None
+    return os.strerror(number) if number else (exc.strerror or str(exc) or type(exc).__name__)
+
+
+class OutputError(StepsimError):
+    """An output could not be written (a full disk, a read-only folder, no permission). The message is one line
+    naming the path and the OS's reason; the writer has removed what it had begun (see
+    :func:`stepsim.results.atomic_output`), so the output is absent, never half-written."""
+
+    def __init__(self, path, exc: "OSError | OutputError"):
+        self.path = str(path)
+        self.reason = exc.reason if isinstance(exc, OutputError) else os_reason(exc)
+        super().__init__(f"cannot write {path}: {self.reason}")
+
+
 # --- graph definition -------------------------------------------------------------------------------------
 class GraphError(StepsimError):
     """A graph is malformed (wiring, cycles without placeholders closed, unknown nodes)."""
@@ -42,6 +80,11 @@ class MetricError(StepsimError):
 # --- configuration and lowering ---------------------------------------------------------------------------
 class ConfigError(StepsimError):
     """A hardware / sweep / CLI configuration value is unknown or invalid (the message names the key)."""
+
+
+class SystemConfigError(ConfigError):
+    """A multi-chip system description is invalid (a link to a missing chip, zero bandwidth, an unreachable
+    chip, ...); the message names the file and the key (:mod:`stepsim.base.system`)."""
 
 
 class LoweringError(StepsimError):
@@ -129,3 +172,12 @@ class TraceSchemaError(TraceError):
 
 class TraceValueError(TraceError):
     """A trace value is out of range (expert id, negative length, duplicated expert within a token, ...)."""
+
+
+# --- layouts and the ONNX front end (issue 33) ----------------------------------------------------------
+class LayoutError(GraphError):
+    """A stream layout is malformed, or no converter can turn a producer's layout into a consumer's."""
+
+
+class FrontendError(StepsimError):
+    """A model cannot be imported: a malformed file, an unsupported operator or an unbindable dynamic shape."""

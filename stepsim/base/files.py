@@ -17,16 +17,18 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
 
 from stepsim._version import __version__
-from stepsim.base.errors import ConfigError
+from stepsim.base.errors import ConfigError, OutputError
 from stepsim.base.lazy_import import LazyModule
 
 # pyarrow is imported when a table is first written or read (a command that only prints imports none of it)
@@ -160,21 +162,34 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+#: the renames an enclosing :func:`published_together` defers (None: each file is renamed when written)
+_PENDING: ContextVar[list | None] = ContextVar("stepsim_pending_renames", default=None)
+
+
+def _is_write_error(exc: OSError, tmp: Path | None) -> bool:
+    """Whether ``exc`` came from writing the output (pyarrow's and matplotlib's errors name no file; Python's
+    name the temp file) rather than from reading an input inside the ``with`` block (a trace being copied)."""
+    return exc.filename is None or tmp is None or Path(exc.filename) in (tmp, tmp.parent)
+
+
 @contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
     """Context manager: yield a temp path beside ``path``; on success fsync it and rename it to ``path``.
 
     The temp file is hidden (``.<name>.<random>.tmp``) so dataset discovery skips it. On any exception
-    (including KeyboardInterrupt) the temp file is deleted and ``path`` is left as it was. SIGINT / SIGTERM are
+    (including KeyboardInterrupt) the temp file is deleted and ``path`` is left as it was. An OSError of the
+    write (a full disk, a read-only folder, no permission) becomes :class:`~stepsim.base.errors.OutputError`, one line
+    naming ``path`` and the OS's reason, so every writer of stepsim reports it the same way. SIGINT / SIGTERM are
     blocked while the temp file is created and named, so a signal cannot arrive between ``mkstemp`` creating the
     file and this function knowing its name (it would leave the file behind); a signal that came meanwhile is
-    delivered as soon as they are unblocked, inside the ``try`` that removes the file.
+    delivered as soon as they are unblocked, inside the ``try`` that removes the file. Inside
+    :func:`published_together` the rename waits until every file of the group is written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
     previous = _signal_mask()  # only read here: a signal before the try leaves nothing to undo
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         _block_stop_signals()
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
@@ -184,15 +199,98 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give the usual permissions
+        pending = _PENDING.get()
+        if pending is not None:
+            pending.append((tmp, path))  # published_together renames it (or removes it) at its end
+            return
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         if tmp is not None:
             with suppress(FileNotFoundError):
                 tmp.unlink()
+        if isinstance(exc, OSError) and _is_write_error(exc, tmp):
+            raise OutputError(path, exc) from None
         raise
     finally:
         _restore_signals(previous)
+
+
+@contextmanager
+def published_together() -> Iterator[None]:
+    """Context manager: the files written with :func:`atomic_output` inside appear together at the end, or
+    none of them (a run's record without its channel table is an output ``stepsim report`` rejects).
+
+    Every file is first written and fsynced under its temp name; only then are they renamed into place, with
+    SIGINT / SIGTERM blocked so an interrupt cannot fall between two renames. A failed rename removes the files
+    already renamed (a rename within a folder needs no space, so this is a read-only remount, not a full disk).
+    """
+    pending: list = []
+    token = _PENDING.set(pending)
+    try:
+        yield
+    except BaseException:
+        _PENDING.reset(token)
+        for tmp, _ in pending:
+            with suppress(FileNotFoundError):
+                tmp.unlink()
+        raise
+    _PENDING.reset(token)
+    previous = _signal_mask()
+    _block_stop_signals()
+    done: list[Path] = []
+    try:
+        for tmp, path in pending:
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                for written in done:
+                    with suppress(FileNotFoundError):
+                        written.unlink()
+                for left, _ in pending:
+                    with suppress(FileNotFoundError):
+                        left.unlink()
+                raise OutputError(path, exc) from None
+            done.append(path)
+        for folder in dict.fromkeys(path.parent for _, path in pending):
+            _fsync_dir(folder)
+    finally:
+        _restore_signals(previous)
+
+
+@contextmanager
+def published_folder(folder: str | Path) -> Iterator[Path]:
+    """Context manager for a command that writes several files into ``folder``: they appear as a whole or not
+    at all. A new folder is built as a hidden temp sibling and renamed into place at the end (its new parent
+    folders too, so a failure leaves no empty folders); into an existing folder the files are published with
+    :func:`published_together`. Yields the folder to write into (the temp one while it is being built)."""
+    folder = Path(folder)
+    if folder.is_dir():
+        try:
+            with published_together():
+                yield folder
+        except OutputError as exc:  # named by the folder the user gave (the files in it are this run's)
+            raise OutputError(folder, exc) from None
+        return
+    top = folder  # the outermost folder that does not exist yet: it is the one renamed into place
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{top.name}.", suffix=".tmp", dir=top.parent))
+    except OSError as exc:
+        raise OutputError(folder, exc) from None
+    try:
+        inner = staging / folder.relative_to(top)
+        inner.mkdir(parents=True, exist_ok=True)
+        yield inner
+        os.chmod(staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700 folders; give the usual permissions
+        os.rename(staging, top)
+        _fsync_dir(top.parent)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, (OSError, OutputError)):  # named by the folder given, not by the temporary one
+            raise OutputError(folder, exc) from None
+        raise
 
 
 def _signal_mask():
@@ -357,6 +455,17 @@ def read_results(root: str | Path, partition_cols: Sequence[str] = ("model", "ti
 
 
 _TRACE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def arrays_sha256(arrays) -> str:
+    """SHA-256 (hex) of a mapping of arrays (names, dtypes, shapes and bytes): the hash of a trace given as arrays
+    (a Workload built in Python), where :func:`trace_sha256` hashes a trace file."""
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        arr = np.ascontiguousarray(arrays[key])
+        h.update(f"{key}\0{arr.dtype.str}\0{arr.shape}\0".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
 
 
 def trace_sha256(path: str | os.PathLike) -> str:

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from stepsim.base.files import VERSION_KEY, partition_dir, write_parquet_atomic
+from stepsim.base.files import VERSION_KEY, partition_dir, published_together, write_parquet_atomic
 from stepsim.batch.grid import KEY_DIGITS, Task, slot_key
 
 ROW_PREFIX = "part-"
@@ -252,10 +252,13 @@ class BatchWriter:
             stem = f"{batch.tasks[0].key}-{n}"
         # one task: the run's full provenance (identity config and hash, trace hash); a batch: the version
         meta = batch.provenance if len(batch.tasks) == 1 else {VERSION_KEY: _version()}
-        for prefix, tables in (("_units-", batch.units), ("_channels-", batch.channels)):
-            if tables:
-                write_parquet_atomic(pa.concat_tables(tables), folder / f"{prefix}{stem}.parquet", meta)
-        path = write_parquet_atomic(pa.concat_tables(batch.rows), folder / f"{ROW_PREFIX}{stem}.parquet", meta)
+        # the tables and the rows appear together (a full disk leaves none of them, not tables without rows)
+        with published_together():
+            for prefix, tables in (("_units-", batch.units), ("_channels-", batch.channels)):
+                if tables:
+                    write_parquet_atomic(pa.concat_tables(tables), folder / f"{prefix}{stem}.parquet", meta)
+            path = write_parquet_atomic(pa.concat_tables(batch.rows), folder / f"{ROW_PREFIX}{stem}.parquet",
+                                        meta)
         self.files_written.append(path)
 
 

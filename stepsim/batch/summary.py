@@ -50,7 +50,7 @@ def results_table(report: SweepReport, max_rows: int = MAX_TABLE_ROWS) -> str:
             values = ["-"] * len(report.spec.report)
             status = "not run"
         else:
-            values = [_cell(row.get(c)) for c in report.spec.report]
+            values = [_cell(row.get(c), c) for c in report.spec.report]
             status = row.get("status") or "-"
         rows.append([str(task.index), *(short_value(task.config.get(a, "-")) for a in axes), status, *values])
     if not rows:
@@ -66,11 +66,19 @@ def results_table(report: SweepReport, max_rows: int = MAX_TABLE_ROWS) -> str:
     return "\n".join(out)
 
 
-def _cell(value) -> str:
+def _cell(value, column: str | None = None) -> str:
+    """A record column's value as ``stepsim run`` prints it (``format_value`` with the column's unit: a ratio
+    as ``4.72 %``, bytes as ``2.82 GB``, seconds rounded); other columns as plain numbers or short text."""
+    from stepsim.base.display import format_value
+    from stepsim.results.records import COLUMN_UNITS
+
     if value is None:
         return "-"
     if isinstance(value, bool):
         return str(value)
+    unit = COLUMN_UNITS.get(column)
+    if unit is not None and isinstance(value, (int, float)):
+        return format_value(value, unit)
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
@@ -79,10 +87,11 @@ def _cell(value) -> str:
 
 
 def _is_number(text: str) -> bool:
+    """A number, with or without its unit (``17,096 cycles``, ``4.72 %``, ``2.82 GB``)."""
     if text == "-":
         return True
     try:
-        float(text.replace(",", ""))
+        float(text.split(" ")[0].replace(",", ""))
     except ValueError:
         return False
     return True

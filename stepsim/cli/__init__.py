@@ -1,10 +1,11 @@
 """Command-line interface: ``stepsim <command> ...`` (also ``python -m stepsim``).
 
 Each command has one module in this package (its argparse and its handler) with a ``register(subparsers)``
-function, so this module stays a thin dispatcher; the flags several commands share are in :mod:`stepsim.cli.args`. Every :class:`StepsimError` is
-printed as ``stepsim: error: <message>`` with exit status 2 and no traceback. Before a command runs, its
-``--out`` is checked (a parser declares ``out_kind`` "dir", "file" or "record"; :mod:`stepsim.base.outputs`), and a command
-that simulates says so once when the kernels still have to be compiled. Ctrl-C prints
+function, so this module stays a thin dispatcher; the flags several commands share are in
+:mod:`stepsim.cli.args`. Every :class:`StepsimError` is printed as ``stepsim: error: <message>`` with exit
+status 2 and no traceback. Before a command runs, its ``--out`` is checked (a parser declares ``out_kind``
+"dir", "file" or "record"; :mod:`stepsim.base.outputs`), and a command that simulates says so once when the
+kernels still have to be compiled. Ctrl-C prints
 ``stepsim: interrupted`` (exit 130) and SIGTERM ``stepsim: terminated`` (exit 143; :mod:`stepsim.base.signals`).
 """
 
@@ -13,11 +14,12 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import re
 import sys
 import warnings
 
 from stepsim._version import __version__
-from stepsim.base.errors import StepsimError
+from stepsim.base.errors import EXIT_ERROR, StepsimError, exit_status
 
 #: the module that provides each command's ``register(subparsers)`` (in help order)
 COMMANDS = {
@@ -43,14 +45,43 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given the command line, only the module of its command is imported (each one pulls in
     what its command runs: sympy, numba, pyarrow...), so ``stepsim run`` does not pay for ``stepsim optimize``.
     ``stepsim --help`` and unknown commands import every module."""
-    parser = argparse.ArgumentParser(prog="stepsim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="stepsim", description="Simulate Streaming Tensor Programs on dataflow accelerators: traffic, on-chip "
+        "memory, FLOPs and cycles of LLM layers on real traces.",
+        epilog="Run 'stepsim COMMAND --help' for a command's flags; 'python -m stepsim' works the same.")
     parser.add_argument("--version", action="version", version=f"stepsim {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
+    _plain_help(parser)
     return parser
+
+
+_ROLE = re.compile(r":(?:mod|func|class|meth|data|attr|exc):`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Help text without reStructuredText markup: ``code`` and :func:`a.b` roles become their plain text
+    (docstrings double as command descriptions, and --help is read in a terminal)."""
+    return _ROLE.sub(lambda m: m.group(1), text).replace("``", "")
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """:func:`plain_text` over a parser's description, epilog and every argument's help, subcommands included."""
+    for attr in ("description", "epilog"):
+        if getattr(parser, attr):
+            setattr(parser, attr, plain_text(getattr(parser, attr)))
+    for action in parser._actions:
+        if action.help:
+            action.help = plain_text(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                if choice.help:
+                    choice.help = plain_text(choice.help)
+            for sub in dict.fromkeys(action.choices.values()):
+                _plain_help(sub)
 
 
 #: commands that run the engine (the compile notice is printed before them)
@@ -123,6 +154,11 @@ def _main(argv: list[str] | None) -> int:
     from stepsim.base.signals import interrupts_raise, reason, stopped_status
 
     warnings.showwarning = _print_warning
+    from stepsim.base.errors import StepsimWarning
+
+    # each of stepsim's warnings is said every time its cause is there, also when a command server runs several
+    # commands in one process (Python's default shows a warning once per place of the code)
+    warnings.filterwarnings("always", category=StepsimWarning)
     try:
         with interrupts_raise():  # from the start: a signal while modules load stops cleanly too
             parser = build_parser(argv)
@@ -139,11 +175,18 @@ def _main(argv: list[str] | None) -> int:
             return int(args.handler(args) or 0)
     except StepsimError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        return stopped_status(reason(exc))
+        return exit_status(exc)
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the writers turn their own errors into OutputError; this catches any other failing
+        # file operation, so that it too ends in one line naming the path rather than a traceback
+        from stepsim.base.errors import os_reason
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"stepsim: error: {where}{os_reason(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt as exc:
+        return stopped_status(reason(exc))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from stepsim.base.errors import ConfigError
 from stepsim.workloads.base import Workload
 from stepsim.workloads.config import (
     BUNDLED_TRACES,
@@ -22,20 +23,51 @@ __all__ = ["BUNDLED_TRACES", "WORKLOADS", "add_fifo_depths_argument", "add_workl
            "bundled_trace", "config_from_args"]
 
 
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags every workload command shares (unset flags are None; config.py applies the defaults)."""
+def add_jobs_argument(p: argparse.ArgumentParser, what: str, *, dask: bool = False) -> None:
+    """``--jobs N`` / ``-j N`` as every command that runs simulations in parallel takes it: ``what`` runs on N
+    worker processes, by default one per CPU available (``stepsim.batch.executors.default_jobs``). Checked
+    (an int >= 1) before any work by :func:`jobs_from_args`."""
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help=f"{what} on N worker processes, N >= 1 (default: one per CPU available)"
+                        + ("; local executor and local Dask cluster" if dask else ""))
+
+
+def jobs_from_args(args: argparse.Namespace) -> int:
+    """``--jobs`` checked (ConfigError for N < 1, naming the default), or the CPUs available when left out."""
+    from stepsim.batch.executors import check_jobs, default_jobs
+
+    return default_jobs() if args.jobs is None else check_jobs(args.jobs)
+
+
+def model_help(default: str | None = "mixtral-8x7b") -> str:
+    """``--model``'s help: every preset with its aliases (as ``stepsim models list``), config files, custom."""
+    from stepsim.models.presets import PRESETS
+
+    def one(name, m):
+        notes = (["default"] if name == default else []) + ([f"alias {', '.join(m.aliases)}"] if m.aliases else [])
+        return f"{name} ({'; '.join(notes)})" if notes else name
+
+    names = ", ".join(one(name, m) for name, m in sorted(PRESETS.items()))
+    return f"a preset: {names}; or a Hugging Face config.json path (stepsim models list shows their dimensions)"
+
+
+def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | None = None) -> None:
+    """The flags every workload command shares (unset flags are None; config.py applies the defaults).
+    ``kinds``: the workload kinds the command takes, when not every kind and no user program (its help lists
+    only those; the command refuses the others in one line)."""
     p.add_argument("workload", type=_workload_argument, metavar="WORKLOAD",
-                   help="moe | swiglu | attention | decoder | path/to/file.py:function (a function returning a "
-                        "stepsim Graph or Workload)")
-    p.add_argument("--model", help="MoE: mixtral-8x7b (default, alias mixtral) | qwen3-30b-a3b (alias qwen) | "
-                                   "a Hugging Face config.json path | custom (see stepsim models list)")
+                   help=" | ".join(kinds) if kinds is not None else
+                   " | ".join(WORKLOADS[:-1]) + " | path/to/file.py:function (a function returning a stepsim Graph "
+                   "or Workload) | path/to/model.onnx (lowered by stepsim.frontend.from_onnx)")
+    p.add_argument("--model", help=f"MoE and decoder: {model_help()}; or custom (MoE: with --hidden, "
+                                   f"--intermediate, --experts, --top-k)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
         p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
     p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")
     p.add_argument("--routing", help="decoder: routing trace of the MoE block (expert ids per token)")
     p.add_argument("--kv-lengths", help="decoder: KV-cache lengths of the decode batch (a KV trace)")
     p.add_argument("--kv-heads", type=int, help="decoder: KV heads simulated (default: all of the model's)")
-    p.add_argument("--one-head", dest="kv_heads", action="store_const", const=1,
+    p.add_argument("--one-head", action="store_true",
                    help="decoder: simulate one KV head, as the paper's attention runs (same as --kv-heads 1)")
     p.add_argument("--iteration", type=int, help="routing traces with several batches: iteration to use")
     p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use")
@@ -53,6 +85,20 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--softmax", choices=("plain", "stable"),
                    help="attention softmax: plain (the artifact's exp-sum form, default) or stable (running max, "
                         "1/sqrt(head_dim); the default with --functional)")
+    p.add_argument("--op", choices=("all-reduce", "reduce-scatter", "all-gather", "all-to-all"),
+                   help="collective: which one (default all-reduce)")
+    p.add_argument("--bytes", type=int, metavar="S",
+                   help="collective: the whole vector in bytes (each chip's input; an all-gather's output), a "
+                        "multiple of 4 x chips (default 1048576)")
+    p.add_argument("--algorithm", choices=("ring", "direct"), help="collective: ring (default) or direct")
+    p.add_argument("--system", metavar="FILE|PRESET",
+                   help="collective, MoE with --ep: the chips and links, a system TOML file or preset "
+                        "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
+    p.add_argument("--ep", type=int, metavar="N",
+                   help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
+    p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
+                   help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
+                        "from the routing trace)")
     p.add_argument("--compute-bw", type=int, help="FLOPs/cycle of every compute node")
     p.add_argument("--channel-depth", type=int, help="default FIFO depth (elements)")
     p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")
@@ -74,15 +120,20 @@ def _workload_argument(value: str) -> str:
     """A workload kind, or a user program ``path/to/file.py:function`` (argparse type of the positional)."""
     from stepsim.workloads.program.build import is_program_spec
 
-    if value in WORKLOADS[:-1] or is_program_spec(value):
+    if value in WORKLOADS[:-1] or is_program_spec(value) or value.endswith(".onnx"):
         return value
-    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])} or "
-                                     f"path/to/file.py:function)")
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(WORKLOADS[:-1])}, "
+                                     f"path/to/file.py:function or path/to/model.onnx)")
 
 
 def config_from_args(args: argparse.Namespace) -> dict:
     """The config mapping of the knobs set on the command line (unset flags are left out); a user program's
     ``file.py:function`` becomes ``{"workload": "program", "program": "file.py:function"}``."""
+    if getattr(args, "one_head", False):  # its own flag, so that a conflict is said, not settled by flag order
+        if args.kv_heads not in (None, 1):
+            raise ConfigError(f"--one-head and --kv-heads {args.kv_heads} conflict: --one-head simulates 1 KV head; "
+                              f"give one of them")
+        args.kv_heads = 1
     config = {key: getattr(args, key) for key in KNOBS if getattr(args, key, None) is not None}
     if config["workload"] not in WORKLOADS:
         config["program"] = config["workload"]

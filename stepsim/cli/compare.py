@@ -1,4 +1,5 @@
-"""``stepsim compare BASELINE CANDIDATE``: compare two result sets; exit 1 when a metric got worse (:mod:`stepsim.insight.compare`)."""
+"""``stepsim compare BASELINE CANDIDATE``: compare two result sets; exit 1 when a metric got worse
+(:mod:`stepsim.insight.compare`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 def _compare_cmd(args) -> int:
     from stepsim.insight.compare import compare, format_markdown, format_text
 
-    res = compare(args.baseline, args.candidate, metrics=args.metric, threshold=args.threshold)
+    res = compare(args.baseline, args.candidate, metrics=args.metric, threshold=args.threshold,
+                  allow_missing=args.allow_missing)
     print(json.dumps(res) if args.json else format_markdown(res) if args.markdown else format_text(res))
     return 1 if res["regressed"] else 0
 
@@ -16,13 +18,17 @@ def _compare_cmd(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare two result sets; exit 1 when a metric got worse",
                               description="Compare run records (run --out folders, sweep folders or Parquet files).")
-    p.add_argument("baseline", metavar="BASELINE")
-    p.add_argument("candidate", metavar="CANDIDATE")
+    records = ("a run folder (stepsim run --out), a sweep or optimize folder, or a Parquet file of run records; "
+               "records are paired by their configuration (run id)")
+    p.add_argument("baseline", metavar="BASELINE", help=f"the reference results: {records}")
+    p.add_argument("candidate", metavar="CANDIDATE", help="the results checked against BASELINE (same kinds)")
     p.add_argument("--metric", action="append", metavar="M",
                    help="metric column to compare (repeatable; default cycles, off_chip_bytes, on_chip_bytes, "
                         "compute_utilization, off_chip_bw_utilization)")
     p.add_argument("--threshold", type=float, default=0.01,
                    help="relative worsening that fails the comparison (ratio; default 0.01 = 1 %%)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="baseline configurations the candidate lacks do not fail the comparison (they are listed)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON object")
     fmt.add_argument("--markdown", action="store_true", help="a Markdown table (for a CI log or pull request)")

@@ -18,8 +18,9 @@ from stepsim.batch.executors import EXECUTORS
 
 def register(subparsers) -> None:
     """Add ``stepsim optimize`` to the top-level subparsers."""
-    from stepsim.cli.args import add_workload_arguments
+    from stepsim.cli.args import add_jobs_argument, add_workload_arguments
     from stepsim.optimize.search import OBJECTIVES
+    from stepsim.optimize.space import OPTIMIZE_WORKLOADS
 
     p = subparsers.add_parser(
         "optimize", help="search tilings, time-multiplexing and parallelization for the Pareto front",
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
                     "compute figures and a roofline lower bound on cycles, simulate the rest in parallel, and "
                     "report the Pareto front over (cycles, on-chip bytes, allocated compute).",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_workload_arguments(p)
+    add_workload_arguments(p, OPTIMIZE_WORKLOADS)
     p.add_argument("--objective", choices=tuple(OBJECTIVES), default="cycles",
                    help="what the recommendation minimizes first (default: cycles; ties by the other two)")
     p.add_argument("--max-on-chip", type=int, metavar="BYTES", help="on-chip memory budget (bytes)")
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
                    help="allocated compute budget (FLOPs/cycle)")
     p.add_argument("--space", metavar="SPACE.toml",
                    help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
-    p.add_argument("--jobs", "-j", type=int, metavar="N", help="worker processes (default: the CPUs available)")
+    add_jobs_argument(p, "the simulations", dask=True)
     p.add_argument("--executor", choices=EXECUTORS, help="local worker processes (default) or dask")
     p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask)")
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (resumes a search found there)")
@@ -43,8 +44,38 @@ def register(subparsers) -> None:
     p.set_defaults(handler=_optimize, out_kind="dir")
 
 
+def _optimize_onnx(args) -> int:
+    """``stepsim optimize model.onnx``: the tile search of :mod:`stepsim.optimize.onnx_search`; prints the front
+    and writes it to ``--out``/optimize.json."""
+    from pathlib import Path
+
+    from stepsim.base.files import atomic_output
+    from stepsim.optimize.onnx_search import search
+
+    result = search(args.workload, hardware=args.hardware, objective=args.objective, max_on_chip=args.max_on_chip)
+    doc = {"pareto": [dict(p.tiling, cycles=p.cycles, on_chip_bytes=p.on_chip_bytes,
+                           allocated_flops_per_cycle=p.allocated_flops_per_cycle) for p in result.front],
+           "recommended": None if result.recommended is None else result.recommended.tiling,
+           "candidates": len(result.candidates), "simulations": result.simulations}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with atomic_output(Path(args.out) / "optimize.json") as tmp:
+        tmp.write_text(json.dumps(doc, indent=1))
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    print(f"optimize {args.workload} -> {args.out}: {doc['candidates']} tilings, {doc['simulations']} simulated")
+    for p in doc["pareto"]:
+        print(f"  tile_m {p['tile_m']}, tile_n {p['tile_n'] or 'rows'}: {p['cycles']:,} cycles, "
+              f"{p['on_chip_bytes']:,} B on chip")
+    print(f"recommended ({args.objective}): {doc['recommended']}")
+    return 0
+
+
 def _optimize(args) -> int:
     import sys
+
+    if args.workload.endswith(".onnx"):
+        return _optimize_onnx(args)
 
     from stepsim.base.errors import ConfigError
     from stepsim.base.signals import stopped_status
@@ -97,6 +128,11 @@ def format_result(result) -> str:
     if result.recommended is not None:
         lines.append(f"  recommended ({result.objective}): {result.recommended.label(result.axes)}")
         lines.append(f"  reproduce: {result.command}")
-    else:
-        lines.append("  no simulation succeeded: no recommendation")
+    else:  # an empty front is an answer: say why, and where the candidates' statuses are
+        first = next((c for c in result.candidate_list if c.error), None)
+        why = f"; e.g. {first.label(result.axes)}: {first.error}" if first is not None else ""
+        lines.append(f"  no candidate completed a simulation: the front is empty, no recommendation (every status "
+                     f"is in {result.out / 'candidates.parquet'}{why})")
+    if result.plot_skipped:
+        lines.append(f"  pareto.png not drawn: {result.plot_skipped}")
     return "\n".join(lines)

@@ -55,9 +55,9 @@ def write_record(record, out: str | None, as_json: bool) -> None:
 
 def _write_record_file(record, out: str) -> dict:
     """``--out NAME.parquet``: the row (with provenance metadata) at that path; a simulation's unit and channel
-    tables as ``NAME_units.parquet`` / ``NAME_channels.parquet`` (each written to a temporary name, then
-    renamed into place; an interrupt removes the ones already written)."""
-    from stepsim.base.files import write_parquet_atomic
+    tables as ``NAME_units.parquet`` / ``NAME_channels.parquet`` (each written to a temporary name; all renamed
+    into place at the end, so a full disk or an interrupt leaves none of them)."""
+    from stepsim.base.files import published_together, write_parquet_atomic
     from stepsim.base.outputs import record_file_paths
 
     targets = record_file_paths(out)
@@ -66,14 +66,10 @@ def _write_record_file(record, out: str) -> dict:
     if record.simulated:
         tables.update(units=record.unit_table(), channels=record.channel_table())
     written = {}
-    try:  # the tables first, the record last; stopped halfway, none of this run's files is left
+    with published_together():  # the tables and the record appear together or not at all
         for kind in ("units", "channels", "run"):
             if kind in tables:
                 written[kind] = write_parquet_atomic(tables[kind], targets[kind], meta)
-    except BaseException:
-        for path in written.values():
-            path.unlink(missing_ok=True)
-        raise
     return {kind: written[kind] for kind in tables}
 
 
@@ -85,7 +81,7 @@ def record_command(args, mode: str) -> int:
     try:
         with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
             record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress,
-                                timeline=_timeline_records(args))
+                                timeline=_timeline_records(args), force=getattr(args, "force", False))
     except DeadlockError as exc:  # say which FIFO to deepen (checked by reruns when cheap), see stepsim.insight
         if getattr(args, "timeline", None) and exc.timeline is not None:  # how the run got stuck, before the fix
             from stepsim.simulation.timeline import write_deadlock_timeline

@@ -1,4 +1,5 @@
-"""``stepsim report RUN_DIR``: why a run is slow (bound, critical path, imbalance, full FIFOs; :mod:`stepsim.insight.report`)."""
+"""``stepsim report RUN_DIR``: why a run is slow (bound, critical path, imbalance, full FIFOs;
+:mod:`stepsim.insight.report`)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--traces", required=True, metavar="DIR",
                    help="folder laid out like ../shared/traces (expert_routing/, kv_lengths/)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes for the simulations (default 1)")
+    from stepsim.cli.args import add_jobs_argument
+
+    add_jobs_argument(p, "the simulations (the tables do not depend on N)")
     p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
     p.add_argument("--fifo-depths", action="append", default=[], metavar="FILE",
                    help="stepsim size-fifos file; the points that build its workload use its depths (repeatable)")
@@ -32,7 +34,10 @@ def register(subparsers) -> None:
 
 
 def _reproduce(args) -> int:
+    from stepsim.cli.args import jobs_from_args
+
     start = time.perf_counter()
+    args.jobs = jobs_from_args(args)
     if args.jobs > 1:
         # the pool's fork server preloads stepsim and the kernels while this process imports the experiments
         from stepsim.base.forkserver import start_fork_server

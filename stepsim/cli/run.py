@@ -15,11 +15,12 @@ def _run(args) -> int:
         from stepsim.base.errors import ArgumentError
 
         raise ArgumentError("--check needs --functional (it compares the values a functional run stored)")
-    if args.deadlock_report:  # like --out: a bad destination fails before the run, not after a deadlock
+    # `is not None`, not truth: an empty path ('') is a mistake to say, not "no file" (it once ran and wrote nothing)
+    if args.deadlock_report is not None:  # like --out: a bad destination fails before the run, not after a deadlock
         from stepsim.base.outputs import check_out_file
 
         check_out_file(args.deadlock_report, "--deadlock-report")
-    if args.timeline or args.timeline_limit is not None or args.timeline_min_dur is not None:
+    if args.timeline is not None or args.timeline_limit is not None or args.timeline_min_dur is not None:
         from stepsim.simulation.timeline import check_timeline_args  # format, destination, writer extra: before the run
 
         args.timeline_limit = check_timeline_args(args.timeline, args.timeline_limit, args.timeline_min_dur)
@@ -44,6 +45,9 @@ def register(subparsers) -> None:
                    help="after the run, print the bottleneck report (as `stepsim report` does)")
     p.add_argument("--deadlock-report", metavar="FILE",
                    help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON")
+    p.add_argument("--force", action="store_true",
+                   help="simulate even when the estimated HBM work is over the limit (10^10 requests, about ten "
+                        "seconds; a run needing more memory than is available is refused anyway)")
     p.add_argument("--timeline", metavar="PATH",
                    help="also write a Perfetto timeline of the run: PATH ending in .json or .json.gz (Chrome "
                         "trace-event JSON) or .pftrace / .perfetto-trace (Perfetto protobuf, extra 'timeline')")

@@ -19,14 +19,13 @@ from stepsim.base.errors import ConfigError
 
 
 def _size(args) -> int:
-    from stepsim.cli.args import config_from_args
+    from stepsim.base.files import published_together
+    from stepsim.cli.args import config_from_args, jobs_from_args
     from stepsim.passes.depths_writer import write_depths_file
     from stepsim.passes.sizing import size_fifos
     from stepsim.workloads.config import normalize_config
 
-    # --out was checked before this handler ran (out_kind "file", stepsim.base.outputs); create its folder
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    jobs = jobs_from_args(args)
     if not 0 <= args.slack < 1:
         raise ConfigError(f"--slack must be in [0, 1) (0.01 = 1 %), got {args.slack}")
     if not 1 <= args.min_depth <= 1024:
@@ -34,17 +33,19 @@ def _size(args) -> int:
     config = config_from_args(args)
     normalize_config(config)  # bad flags fail here, before any simulation
     say = None if args.json else (lambda line: print(f"size-fifos: {line}", file=sys.stderr, flush=True))
-    result = size_fifos(config, slack=args.slack, jobs=args.jobs or 1, min_depth=args.min_depth, progress=say)
+    result = size_fifos(config, slack=args.slack, jobs=jobs, min_depth=args.min_depth, progress=say)
+    # --out was checked before this handler ran (out_kind "file", stepsim.base.outputs); create its folder
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    out = write_depths_file(result, args.out)
-    png = out.with_suffix(".png")
-    try:
-        from stepsim.passes.plot import plot_fifo_bytes
+    with published_together():  # the depths file and its PNG appear together (a full disk leaves neither)
+        out = write_depths_file(result, args.out)
+        png = out.with_suffix(".png")
+        try:
+            from stepsim.passes.plot import plot_fifo_bytes
 
-        plot_fifo_bytes(result, png)
-    except ConfigError as exc:  # matplotlib missing: the depths are what matters
-        print(f"size-fifos: no PNG: {exc}", file=sys.stderr)
-        png = None
+            plot_fifo_bytes(result, png)
+        except ConfigError as exc:  # matplotlib missing: the depths are what matters
+            print(f"size-fifos: no PNG: {exc}", file=sys.stderr)
+            png = None
     if args.json:
         print(json.dumps(result.report()))
     else:
@@ -54,7 +55,7 @@ def _size(args) -> int:
 
 
 def register(subparsers) -> None:
-    from stepsim.cli.args import add_workload_arguments
+    from stepsim.cli.args import add_jobs_argument, add_workload_arguments
 
     p = subparsers.add_parser(
         "size-fifos", help="size every FIFO: finishes, within --slack of unbounded FIFOs, fewest bytes",
@@ -64,7 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--slack", type=float, default=0.01,
                    help="allowed cycle overhead over 1024-deep FIFOs (default 0.01 = 1 %%)")
     p.add_argument("--out", required=True, metavar="FILE", help="depths file to write (e.g. depths.toml)")
-    p.add_argument("--jobs", "-j", type=int, metavar="N", help="candidate simulations run at once (default 1)")
+    add_jobs_argument(p, "candidate depths simulated at once")
     p.add_argument("--min-depth", type=int, default=1, help="smallest depth of any FIFO (default 1)")
     p.set_defaults(handler=_size, out_kind="file")
 

@@ -25,9 +25,9 @@ def register(subparsers) -> None:
                     "Sweep file format: see stepsim.batch.config.",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_file", metavar="SWEEP.toml", help="the sweep file")
-    p.add_argument("--jobs", "-j", type=int, metavar="N",
-                   help="worker processes, >= 1 (default: the CPUs available); local executor and local Dask "
-                        "cluster")
+    from stepsim.cli.args import add_jobs_argument
+
+    add_jobs_argument(p, "the runs", dask=True)
     p.add_argument("--executor", choices=EXECUTORS,
                    help="local worker processes (default) or a dask.distributed cluster (default with --address)")
     p.add_argument("--address", metavar="ADDR",

@@ -114,6 +114,11 @@ def _endpoints(graph: Graph):
             yield op, idx, consumer
 
 
+def channel_names(graph: Graph) -> list[str]:
+    """The names of every channel the lowering of ``graph`` creates, in lowering order (cheap: no quantities)."""
+    return [f"{op.name}[{idx}]" for op, idx, _ in _endpoints(graph.finalize())]
+
+
 def channel_infos(graph: Graph, bindings: dict | None = None) -> list[ChannelInfo]:
     """Every channel the lowering of ``graph`` creates, in lowering order (the graph is finalized)."""
     graph = graph.finalize()

@@ -36,11 +36,15 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepsim.base.errors import ConfigError
-from stepsim.graph.channels import graph_fingerprint
+from stepsim.base.errors import ConfigError, StepsimWarning
+from stepsim.graph.channels import channel_names, graph_fingerprint
+
+#: the deepest FIFO a file may give: the limit of --channel-depth (stepsim.workloads.config.INT_MAXIMUM)
+MAX_DEPTH = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ def read_depths_file(path: str | os.PathLike) -> DepthsFile:
     for name, depth in channels.items():
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ConfigError(f"{p}: [channels] {name!r} must be an int >= 1 (elements), got {depth!r}")
+        if depth > MAX_DEPTH:  # the engine stores a channel's slots up front: 10**12 would be a MemoryError
+            raise ConfigError(f"{p}: [channels] {name!r} = {depth:,} is deeper than stepsim allows ({MAX_DEPTH:,}, "
+                              f"the limit of --channel-depth); size the FIFOs with stepsim size-fifos")
     try:
         params = json.loads(workload.get("params", "{}"))
         config = json.loads(workload["config"]) if "config" in workload else None
@@ -85,17 +92,55 @@ def read_depths_file(path: str | os.PathLike) -> DepthsFile:
                       params=params, config=config, trace_hashes=list(hashes))
 
 
+def _names(names: list, limit: int = 3) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit:,} more" if len(names) > limit else "")
+
+
 def check_against(depths: DepthsFile, graph) -> dict:
-    """The file's channel depths after checking they were made for ``graph`` (ConfigError otherwise)."""
+    """The file's channel depths after checking they were made for ``graph`` and name each of its channels
+    once (ConfigError otherwise: a file missing channels would run them at the default depth, silently giving
+    other cycles than the sizing promised)."""
     fp = graph_fingerprint(graph)
     if fp != depths.fingerprint:
         raise ConfigError(f"{depths.path}: FIFO depths made for another graph ({depths.graph}, fingerprint "
                           f"{depths.fingerprint[:12]}) than this run's ({graph.name}, fingerprint {fp[:12]}); "
                           f"size this workload with stepsim size-fifos")
+    names = channel_names(graph)
+    missing = [n for n in names if n not in depths.channels]
+    if missing:
+        raise ConfigError(f"{depths.path}: gives depths for {len(names) - len(missing):,} of the graph's "
+                          f"{len(names):,} channels; missing {_names(missing)} (a cut or edited file?); write it "
+                          f"again with stepsim size-fifos")
+    known = set(names)
+    unknown = [n for n in depths.channels if n not in known]
+    if unknown:
+        raise ConfigError(f"{depths.path}: names {len(unknown):,} channel(s) graph {graph.name} does not have: "
+                          f"{_names(unknown)}; write it again with stepsim size-fifos")
     return dict(depths.channels)
 
 
-def apply_depths_file(workload, path: str | os.PathLike):
-    """Load ``path`` into ``workload.channel_depths`` (checked against its graph); returns the workload."""
-    workload.channel_depths = check_against(read_depths_file(path), workload.graph)
+def check_trace(depths: DepthsFile, trace_hashes: list[str], trace: str) -> None:
+    """Warn (every time) when ``depths`` was sized on traces other than the run's: the graph is the same, so the
+    depths apply, but they were chosen for other routing or KV lengths and may run slower or deadlock on these.
+    ``trace_hashes``: the run's trace as :func:`stepsim.base.files.trace_sha256` of its file and as the sizing's
+    hash of its array (a Workload sized in Python records the latter)."""
+    if not depths.trace_hashes or any(h in depths.trace_hashes for h in trace_hashes):
+        return
+    warnings.warn(f"{depths.path}: sized on another trace (sha256 {depths.trace_hashes[0][:12]}"
+                  f"{f' and {len(depths.trace_hashes) - 1} more' if len(depths.trace_hashes) > 1 else ''}) than "
+                  f"this run's {trace} (sha256 {trace_hashes[0][:12]}); its depths may run slower or deadlock "
+                  f"here; size this trace with stepsim size-fifos", StepsimWarning, stacklevel=2)
+
+
+def apply_depths_file(workload, path: str | os.PathLike, trace: str | os.PathLike | None = None):
+    """Load ``path`` into ``workload.channel_depths`` (checked against its graph, and with ``trace``, the file
+    the workload's trace was read from, against the traces it was sized on); returns the workload."""
+    depths = read_depths_file(path)
+    workload.channel_depths = check_against(depths, workload.graph)
+    if trace is not None:
+        from stepsim.base.files import arrays_sha256, trace_sha256
+
+        hashes = [trace_sha256(trace)] + ([arrays_sha256(workload.trace)] if workload.trace else [])
+        check_trace(depths, hashes, str(trace))
     return workload

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from stepsim.base.errors import ArgumentError
 from stepsim.graph.dims import Dim, dims_equal, fmt_dim, is_static, normalize, product
 from stepsim.graph.dtypes import FP32, UINT64, DynTile, ScalarType, Tile, is_tile, tile
@@ -192,6 +194,43 @@ Silu = _declare(_Unary, "Silu", "silu", "``x * sigmoid(x)``; 8 FLOPs per element
 Exp = _declare(_Unary, "Exp", "exp", "``exp(x)``; 4 FLOPs per element.", flops_per_element=4)
 RowSum = _declare(_RowReduce, "RowSum", "rowsum", "Row sums ``[R,C] -> [R,1]``; ``R*C`` FLOPs.")
 RowMax = _declare(_RowReduce, "RowMax", "rowmax", "Row maxima ``[R,C] -> [R,1]``; ``R*C`` FLOPs.")
+
+
+#: the kinds of :class:`Pointwise`: name -> (engine kind code, FLOPs per element, takes a constant)
+#: (codes and FLOPs as stepsim.kernels.abi.PW_* / POINTWISE_FLOPS, which the engine uses; a test checks they agree)
+POINTWISE_KINDS = {
+    "neg": (0, 1, False), "sqrt": (1, 4, False), "relu": (2, 1, False), "sigmoid": (3, 7, False),
+    "tanh": (4, 7, False), "erf": (5, 4, False), "gelu": (6, 8, False), "add_c": (7, 1, True), "mul_c": (8, 1, True),
+    "rsub_c": (9, 1, True), "rdiv_c": (10, 1, True), "pow_c": (11, 4, True), "max_c": (12, 1, True),
+    "min_c": (13, 1, True), "sub_c": (14, 1, True), "div_c": (15, 1, True),
+}
+
+
+class Pointwise(_Unary):
+    """One elementwise function of a tile, optionally with a float32 constant ``c``: ``neg``, ``sqrt``, ``relu``,
+    ``sigmoid``, ``tanh``, ``erf``, ``gelu`` (erf form), ``add_c`` (x + c), ``sub_c``, ``rsub_c`` (c - x),
+    ``mul_c``, ``div_c``, ``rdiv_c`` (c / x), ``pow_c`` (x ** c), ``max_c``, ``min_c``.
+
+    FLOPs per element: a transcendental counts 4 as :class:`Exp` does (sqrt, erf, pow), sigmoid and tanh 7
+    (SiLU's 8 less its multiply), gelu 8, the rest 1. The engine gets ``kind + 256 * bits(float32(c))``.
+    """
+
+    code = "pointwise"
+
+    def __init__(self, kind: str, c: float = 0.0):
+        if kind not in POINTWISE_KINDS:
+            raise ArgumentError(f"Pointwise kind must be one of {', '.join(POINTWISE_KINDS)}, got {kind!r}")
+        self.kind = kind
+        self.c = float(np.float32(c))
+        self.flops_per_element = POINTWISE_KINDS[kind][1]
+
+    @property
+    def param(self) -> int:
+        bits = int(np.array([self.c], np.float32).view(np.uint32)[0])
+        return POINTWISE_KINDS[self.kind][0] + 256 * bits
+
+    def __repr__(self):
+        return f"Pointwise({self.kind!r}" + (f", {self.c!r})" if POINTWISE_KINDS[self.kind][2] else ")")
 
 
 class OnlineSoftmax(Function):

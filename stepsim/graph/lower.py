@@ -125,22 +125,36 @@ class _Lowering:
             handler = getattr(self, "_" + type(op).__name__, None)
             if handler is None:
                 raise LoweringError(f"{op.name}: operator {op.kind} is not executable by the engine yet")
+            self.builder.chip = getattr(op, "chip", 0)  # many chips: memory operators use their chip's HBM
             handler(op, self.inputs(op), self.outputs(op))
         return self.builder.build()
 
-    def _LinearOffChipLoad(self, op, ins, outs):
+    def _LinearOffChipLoad(self, op, ins, outs, resident=False):
         kw = dict(out=outs[0], tile_rows=op.tile_rows, tile_cols=op.tile_cols, elem_bytes=op.tensor.dtype.bytes,
                   view_shape=op.out_shape_tiled, par_dispatch=op.par_dispatch, name=op.name,
                   tensor=_tensor_ref(op.tensor.name, op.tensor.shape, op.tensor.dtype, op.tile_rows, op.tile_cols,
                                      op.stride))
-        if op.has_ref:
+        if resident:
+            if op.has_ref:
+                raise LoweringError(f"{op.name}: a resident load cannot take a reference stream")
+            self.builder.offchip_load(resident=True, **kw)
+        elif op.has_ref:
             self.builder.dyn_offchip_load(ref=ins[0], **kw)
         else:
             self.builder.offchip_load(**kw)
 
-    def _LinearOffChipStore(self, op, ins, outs):
+    def _ResidentLoad(self, op, ins, outs):
+        self._LinearOffChipLoad(op, ins, outs, resident=True)
+
+    def _ResidentStore(self, op, ins, outs):
+        self._LinearOffChipStore(op, ins, outs, resident=True)
+
+    def _Link(self, op, ins, outs):
+        self.builder.link(ins=ins, outs=outs, bandwidth=op.bandwidth, latency=op.latency, name=op.name)
+
+    def _LinearOffChipStore(self, op, ins, outs, resident=False):
         # traffic at the stream dtype's width (what the symbolic metric counts); timing from the tile's width
-        self.builder.offchip_store(inp=ins[0], par_dispatch=op.par_dispatch,
+        self.builder.offchip_store(inp=ins[0], par_dispatch=op.par_dispatch, resident=resident,
                                    traffic_elem_bytes=op.inputs[0].stream.dtype.dtype.bytes, name=op.name,
                                    tensor=_tensor_ref(op.tensor_name, op.tensor_shape, op.inputs[0].stream.dtype.dtype,
                                                       op.tile_rows, op.tile_cols))
@@ -202,6 +216,8 @@ class _Lowering:
     def _Partition(self, op, ins, outs):
         self.builder.partition(data=ins[0], sel=ins[1], outs=outs, rank=op.rank, switch_cycles=op.switch_cycles,
                                write_back_mu=op.write_back_mu, name=op.name)
+
+    _ConverterPartition = _Partition  # a layout converter's slots (stepsim.graph.ops_convert)
 
     def _Reassemble(self, op, ins, outs):
         self.builder.reassemble(ins=ins[:-1], sel=ins[-1], out=outs[0], rank=op.rank, switch_cycles=op.switch_cycles,

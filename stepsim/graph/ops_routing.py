@@ -1,4 +1,5 @@
-"""Routing and merging operators: Partition, Reassemble, EagerMerge, Parallelize (§2.4); Broadcast, which the graph inserts itself, is in :mod:`stepsim.graph.graph`."""
+"""Routing and merging operators: Partition, Reassemble, EagerMerge, Parallelize (§2.4); Broadcast, which the
+graph inserts itself, is in :mod:`stepsim.graph.graph`."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ OP_ROW_STREAMIFY = 26
 OP_EXPERT_ADDR_GEN = 27
 OP_CACHE_READ_ADDR_GEN = 28
 OP_FILTER_LAST_TILE = 29
-N_OPCODES = 30
+OP_LINK = 30  # a link between two chips (kernels.units_link): serializes by bandwidth, adds latency
+N_OPCODES = 31
 
 OPCODE_NAMES = {
     OP_SELECT_GEN: "SelectGen", OP_METADATA_GEN: "MetadataGen", OP_SINK: "Sink",
@@ -77,8 +78,10 @@ OPCODE_NAMES = {
     OP_PARALLELIZE: "Parallelize", OP_BROADCAST: "Broadcast", OP_FLATTEN: "Flatten", OP_PROMOTE: "Promote",
     OP_RESHAPE: "Reshape", OP_EXPAND_REF: "ExpandRef", OP_REPEAT_STATIC: "RepeatStatic",
     OP_ROW_STREAMIFY: "RowStreamify", OP_EXPERT_ADDR_GEN: "ExpertAddrGen",
-    OP_CACHE_READ_ADDR_GEN: "CacheReadAddrGen", OP_FILTER_LAST_TILE: "FilterLastTile",
+    OP_CACHE_READ_ADDR_GEN: "CacheReadAddrGen", OP_FILTER_LAST_TILE: "FilterLastTile", OP_LINK: "Link",
 }
+#: opcodes that act only at the global minimum time (they compare arrival times): the engine's ts_units
+TIME_SENSITIVE_OPS = (OP_EAGER_MERGE, OP_LINK)
 
 #: opcodes that talk to the HBM (they register in builder order: readers, then writers)
 MEMORY_READ_OPS = (OP_OFFCHIP_LOAD, OP_DYN_OFFCHIP_LOAD, OP_RANDOM_OFFCHIP_LOAD)
@@ -105,18 +108,43 @@ FN_SIGNAL_REQ_ALL_READ = 16  # accumulate to one u64 1x1 signal; 1 cycle
 # 1/sqrt(head_dim) score scale (0: unscaled); FLOPs 2qnd + 8qn + 2qd + 6q (graph.functions.OnlineSoftmax)
 FN_ONLINE_SOFTMAX = 17
 FN_SOFTMAX_NORMALIZE = 18  # [q, d+2] -> [q, d] = acc / l; FLOPs q*d
-N_FUNCTIONS = 19
+# one elementwise function of a tile (and a float32 constant c): fn_param = kind + 256 * (float32 bits of c);
+# FLOPs POINTWISE_FLOPS[kind] * R*C (graph.functions.Pointwise); the ONNX front end's unary ops
+FN_POINTWISE = 19
+N_FUNCTIONS = 20
+
+# Pointwise kinds (fn_param & 0xFF)
+PW_NEG = 0  # -x
+PW_SQRT = 1  # sqrt(x)
+PW_RELU = 2  # max(x, 0)
+PW_SIGMOID = 3  # 1 / (1 + exp(-x))
+PW_TANH = 4  # tanh(x)
+PW_ERF = 5  # erf(x)
+PW_GELU = 6  # x * (1 + erf(x / sqrt(2))) / 2
+PW_ADD_C = 7  # x + c
+PW_MUL_C = 8  # x * c
+PW_RSUB_C = 9  # c - x
+PW_RDIV_C = 10  # c / x
+PW_POW_C = 11  # x ** c
+PW_MAX_C = 12  # max(x, c)
+PW_MIN_C = 13  # min(x, c)
+PW_SUB_C = 14  # x - c
+PW_DIV_C = 15  # x / c
+#: FLOPs per element of each kind (a transcendental counts 4, as Exp does; SiLU's 8 = sigmoid's 7 + a multiply)
+POINTWISE_FLOPS = (1, 4, 1, 7, 7, 4, 8, 1, 1, 1, 1, 4, 1, 1, 1, 1)
+POINTWISE_NAMES = ("neg", "sqrt", "relu", "sigmoid", "tanh", "erf", "gelu", "add_c", "mul_c", "rsub_c", "rdiv_c",
+                   "pow_c", "max_c", "min_c", "sub_c", "div_c")
 
 FUNCTION_NAMES = {
     FN_MATMUL: "matmul", FN_ADD: "add", FN_SUB: "sub", FN_MUL: "mul", FN_DIV: "div", FN_MAX: "max",
     FN_SILU: "silu", FN_EXP: "exp", FN_ROWSUM: "rowsum", FN_ROWMAX: "rowmax", FN_SET_OFFSET: "set_offset",
     FN_ROW_APPEND: "row_append", FN_CACHE_WRITE_ADDR: "cache_write_addr", FN_RETILE_ROW: "retile_row",
     FN_RETILE_COL: "retile_col", FN_SIGNAL_REQ_ALL_READ: "signal_req_all_read", FN_ONLINE_SOFTMAX: "online_softmax",
-    FN_SOFTMAX_NORMALIZE: "softmax_normalize",
+    FN_SOFTMAX_NORMALIZE: "softmax_normalize", FN_POINTWISE: "pointwise",
 }
 #: functions whose cost is FLOPs / compute_bw (compute_bw must be > 0 for them)
 FLOP_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_DIV, FN_MAX, FN_SILU, FN_EXP, FN_ROWSUM, FN_ROWMAX,
-                  FN_ONLINE_SOFTMAX, FN_SOFTMAX_NORMALIZE)
+                  FN_ONLINE_SOFTMAX, FN_SOFTMAX_NORMALIZE, FN_POINTWISE)
 #: functions taking two operands in a Map
 BINARY_FUNCTIONS = (FN_MATMUL, FN_ADD, FN_SUB, FN_MUL, FN_DIV, FN_MAX, FN_SET_OFFSET, FN_ROW_APPEND,
                     FN_CACHE_WRITE_ADDR)
@@ -249,10 +277,11 @@ UP_IN_START = 1  # first index into in_ch (== in_ptr[u])
 UP_N_IN = 2
 UP_OUT_START = 3
 UP_N_OUT = 4
-UP_MEM_PRIORITY = 5  # HBM arbitration rank (readers in builder order, then writers); -1 if not a memory op
+UP_MEM_PRIORITY = 5  # rank in its chip's HBM (readers in builder order, then writers); -1 if not a memory op
 UP_A0 = 6  # opcode-specific parameters PA_* (index relative to UP_A0)
 N_PARAMS_OP = 14
-N_UP = UP_A0 + N_PARAMS_OP
+UP_CHIP = UP_A0 + N_PARAMS_OP  # the chip a unit is on (0 on one chip); a memory op uses that chip's HBM
+N_UP = UP_CHIP + 1
 
 # opcode-specific parameter slots (add UP_A0). Payload offsets/lengths index Program.payload.
 PA_TILE_ROWS = 0  # memory ops
@@ -263,6 +292,7 @@ PA_VIEW_OFF = 4  # view_shape dims (outermost first) in payload
 PA_VIEW_LEN = 5
 PA_ACK_ON_WADDR = 6
 PA_N_TILES = 7  # product of the view shape
+PA_RESIDENT = 8  # OffChipLoad / OffChipStore: 1 = the tensor is resident in on-chip memory (no HBM, 0 own cycles)
 
 PA_FN = 0  # compute ops
 PA_FN_PARAM = 1
@@ -303,6 +333,8 @@ PA_REPEAT_LEN = 1
 PA_REPEAT_PROD = 2
 PA_REPEAT_RANK = 0  # dyn_streamify
 PA_BUF_RANK = 1
+PA_LINK_BW = 0  # link: bandwidth (bytes/cycle, >= 1)
+PA_LINK_LAT = 1  # link: latency (cycles, >= 1) from the end of an element's serialization to its arrival
 PA_ARENA_BASE = 8  # bufferize: arena region [base, base + size)
 PA_ARENA_SIZE = 9
 

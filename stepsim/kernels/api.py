@@ -27,7 +27,7 @@ from stepsim.kernels import arena
 from stepsim.kernels import timeline as TL
 from stepsim.kernels import values as V
 from stepsim.kernels.arena import FunctionalStats
-from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK
+from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK, E_WORK_LEFT, N_ENG
 
 #: the engine doubles Bufferize arena regions at most this many times before giving up
 MAX_ARENA_DOUBLINGS = 12
@@ -71,6 +71,8 @@ class EngineResult:
     timeline : int64 array or None
         ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
         decoded by :func:`stepsim.simulation.timeline.decode`).
+    link_bytes : int64 array (n_units,) or None
+        Bytes each Link unit carried (0 for every other unit; :mod:`stepsim.kernels.units_link`).
     """
 
     cycles: int
@@ -88,6 +90,7 @@ class EngineResult:
     hbm_closed_form_ticks: int = 0
     hbm_uneven_closed_form_ticks: int = 0
     timeline: np.ndarray | None = None
+    link_bytes: np.ndarray | None = None
 
     @property
     def firings_per_second(self) -> float:
@@ -97,6 +100,10 @@ class EngineResult:
 
 #: events in the engine's first slice; later slices grow until one takes about SLICE_SECONDS
 FIRST_SLICE_EVENTS = 1 << 16
+#: HBM work in the engine's first slice (kernels.hbm: a tick costs one plus its due units). One event can hold
+#: unbounded work (a tile of 2**30 columns is billions of requests), so a slice is bounded by work as well as by
+#: events; both grow while a slice takes under SLICE_SECONDS / 2
+FIRST_SLICE_WORK = 1 << 20
 #: target wall time of one engine slice (s): Python handles signals (Ctrl-C) and progress between slices
 SLICE_SECONDS = 0.1
 #: a callback ``progress(events, cycle)`` after each slice: engine events so far and the latest unit clock
@@ -123,15 +130,20 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
 
     ``tl``: the timeline recording buffer (:mod:`stepsim.kernels.timeline`), or None to record nothing.
 
+    A slice also ends when its HBM work (ticks, weighted by their due units; from FIRST_SLICE_WORK, grown with
+    the event count and halved after a slow slice that ended on it) is spent, in the middle of an HBM event (:func:`stepsim.kernels.hbm.hbm_process`), so that a Ctrl-C acts
+    within a fraction of a second whatever the tile sizes; this too changes no cycle, count or event.
+
     Returns (out scalars abi.OUT_*, unit state us, channel state chs).
     """
     us, chs, slots, arena_rows, eng, hfree, hq, done_list, wl, ts_units, n_ts = engine.new_state(
         program.unit_params, program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
         program.ch_consumer, program.hw, len(program.mem_order), program.arena_rows)
-    eng[E_HBM_PER_TICK] = 0 if hbm_closed_form else 1
-    n_slice = FIRST_SLICE_EVENTS
+    eng[E_HBM_PER_TICK::N_ENG] = 0 if hbm_closed_form else 1  # in every chip's HBM segment
+    n_slice, work = FIRST_SLICE_EVENTS, FIRST_SLICE_WORK
     while True:
         stop = min(max_events, int(eng[E_EVENTS]) + n_slice)
+        eng[E_WORK_LEFT] = work
         t0 = time.perf_counter()
         status = engine.event_loop(program.unit_params, us, program.in_ptr, program.in_ch, program.out_ptr,
                                    program.out_ch, program.ch_producer, program.ch_consumer, chs, slots,
@@ -139,8 +151,11 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
                                    hfree, hq, done_list, wl, ts_units, n_ts, stop, rec, fv, fi, tl)
         if status != A.ST_MAX_EVENTS or eng[E_EVENTS] >= max_events:
             break
-        if time.perf_counter() - t0 < SLICE_SECONDS / 2:
-            n_slice *= 2
+        elapsed = time.perf_counter() - t0
+        if elapsed < SLICE_SECONDS / 2:
+            n_slice, work = 2 * n_slice, 2 * work
+        elif elapsed > 2 * SLICE_SECONDS and eng[E_WORK_LEFT] <= 0:  # a slow slice that ended on its HBM work:
+            work = max(work // 2, 1)  # the ticks got dearer (more due units), so fewer of them per slice
         if progress is not None:
             progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
     out = np.zeros(A.N_OUT, dtype=np.int64)
@@ -356,7 +371,16 @@ def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
                         events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy(),
                         hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
                         hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]),
-                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl)
+                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl,
+                        link_bytes=_link_bytes(program, us))
+
+
+def _link_bytes(program, us) -> np.ndarray:
+    """Bytes carried per unit: the Link units' byte register, 0 elsewhere (the register is scratch there)."""
+    from stepsim.kernels.units_link import R_LINK_BYTES  # a plain constant; the kernels it sits beside load lazily
+
+    links = program.unit_params[:, A.UP_OPCODE] == A.OP_LINK
+    return np.where(links, us[:, R_LINK_BYTES], 0).astype(np.int64)
 
 
 _STATUS_MESSAGES = {

@@ -2,12 +2,12 @@
 
 Scheduling (canonical rules 2 and 3):
 
-1. Every Kahn unit (all but EagerMerge while it chooses, and the HBM) runs ahead until it blocks on an empty
-   input, a full output or the HBM. Blocking operations are timestamp-deterministic, so the order in which
+1. Every Kahn unit (all but EagerMerge and Link while they choose, and the HBM) runs ahead until it blocks on an
+   empty input, a full output or the HBM. Blocking operations are timestamp-deterministic, so the order in which
    runnable units are stepped does not change any time. After a unit steps, the engine wakes the neighbour
    on each of its channels if that neighbour waits on exactly that channel and the channel now allows it.
 2. When no Kahn unit is runnable, the earliest time-sensitive event is taken: the HBM's next tick or an
-   EagerMerge's decision time (ties go to the HBM; any action at time T only creates elements stamped > T,
+   EagerMerge's or a Link's decision time (ties go to the HBM; any action at time T only creates elements stamped > T,
    so the order of equal-time actions cannot matter). The HBM serves ticks up to the earliest EagerMerge
    event and stops after a tick that completed a tile (see :mod:`stepsim.kernels.hbm`).
 3. When neither exists, the run is over: finished if every unit is done, else a deadlock.
@@ -27,6 +27,8 @@ from stepsim.kernels.hbm import (
     E_BYTES_WRITTEN,
     E_EVENTS,
     E_HBM_REQS,
+    E_HBM_RESUME,
+    E_HBM_RESUME_BOUND,
     E_HBM_SKIPPED,
     E_HBM_SNAP_T,
     E_HBM_UNEVEN,
@@ -34,6 +36,8 @@ from stepsim.kernels.hbm import (
     E_STATUS,
     E_STATUS_ARG,
     E_WL_N,
+    E_WORK_LEFT,
+    HBM_OUT_OF_WORK,
     N_ENG,
     N_HQ,
     hbm_init,
@@ -44,6 +48,7 @@ from stepsim.kernels.jit import inline_kernel, kernel
 from stepsim.kernels.timeline import TL_CH_HBM
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
+from stepsim.kernels.units_link import link_event_time, step_link
 from stepsim.kernels.units_memory import (
     step_bufferize,
     step_dyn_streamify,
@@ -171,6 +176,9 @@ def dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw
     if op == A.OP_FILTER_LAST_TILE:
         return step_filter_last_tile(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena,
                                      eng, hfree, hq, fv, fi, tl)
+    if op == A.OP_LINK:
+        return step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
+                         hq, fv, fi, tl)
     return A.STEP_DONE
 
 
@@ -182,6 +190,27 @@ def _wake(us, wl, wl_n, v):
         wl[wl_n] = v
         wl_n += 1
     return wl_n
+
+
+@inline_kernel
+def _earliest_hbm(eng, hq):
+    """The HBM (one per chip) with the earliest tick, which may serve ticks up to the earliest other event; for
+    another HBM's next tick T', up to T' + start_up + latency + 1 (see the event loop).
+
+    reads: every HBM's next tick / writes: nothing / returns: (its tick, the next other HBM's tick, its index).
+    """
+    t_hbm = A.NEVER
+    t_other = A.NEVER
+    best_h = 0
+    for h in range(hq.shape[0]):
+        t = hbm_next_tick(eng[h * N_ENG:(h + 1) * N_ENG], hq[h])
+        if t < t_hbm:
+            t_other = t_hbm
+            t_hbm = t
+            best_h = h
+        elif t < t_other:
+            t_other = t
+    return t_hbm, t_other, best_h
 
 
 @kernel
@@ -226,8 +255,9 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 us[u, A.US_WAIT_CH] = -1
                 for k in range(out_ptr[u], out_ptr[u + 1]):
                     c = out_ch[k]
-                    chs[c, A.CH_CLOSED] = 1
-                    chs[c, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+                    if chs[c, A.CH_CLOSED] == 0:  # a Link closes each transfer's output when that transfer ends
+                        chs[c, A.CH_CLOSED] = 1
+                        chs[c, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
             for k in range(in_ptr[u], in_ptr[u + 1]):
                 c = in_ch[k]
                 v = ch_prod[c]
@@ -247,18 +277,45 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
         # no Kahn unit can run: take the earliest time-sensitive event
         best_t = A.NEVER
         best_u = -1
-        for k in range(n_ts):
-            v = ts_units[k]
-            if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
-                t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
-                if t < best_t:
-                    best_t = t
-                    best_u = v
-        t_hbm = hbm_next_tick(eng, hq)
-        if t_hbm == A.NEVER and best_u < 0:
-            break
-        if t_hbm <= best_t:
-            nd = hbm_process(best_t, us, eng, hq, hw, hfree, done_list, tl)
+        resume = eng[E_HBM_RESUME]
+        if resume > 0:  # an HBM batch the last slice cut short (its work ran out): finish it first, as it was
+            best_h = resume - 1
+            bound = eng[E_HBM_RESUME_BOUND]
+            eng[E_HBM_RESUME] = 0
+            t_hbm = A.NEVER
+            take_hbm = True
+        else:
+            for k in range(n_ts):
+                v = ts_units[k]
+                if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
+                    if up[v, A.UP_OPCODE] == A.OP_LINK:
+                        t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                    else:
+                        t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                    if t < best_t:
+                        best_t = t
+                        best_u = v
+            t_hbm, t_other, best_h = _earliest_hbm(eng, hq)
+            if t_hbm == A.NEVER and best_u < 0:
+                break
+            take_hbm = t_hbm <= best_t
+            # another HBM's tick T' completes a tile no earlier than T' + 1 + start_up + latency, and a request
+            # that completion causes is taken at a later tick: this HBM may serve ticks up to that point
+            if t_other != A.NEVER:
+                t_other += hw[A.HW_HBM_START_UP] + hw[A.HW_HBM_LATENCY] + 1
+            bound = min(best_t, t_other)
+        if take_hbm:
+            seg = eng[best_h * N_ENG:(best_h + 1) * N_ENG]  # this chip's HBM scalars
+            if best_h != 0:  # the slice's work budget is one for every HBM: lend it to this one's segment
+                seg[E_WORK_LEFT] = eng[E_WORK_LEFT]
+            nd = hbm_process(bound, us, seg, hq[best_h], hw, hfree[best_h], done_list, tl)
+            if best_h != 0:
+                eng[E_WORK_LEFT] = seg[E_WORK_LEFT]
+            if nd == HBM_OUT_OF_WORK:  # the slice's work is spent: end it; the next slice resumes this event
+                eng[E_HBM_RESUME] = best_h + 1
+                eng[E_HBM_RESUME_BOUND] = bound
+                status = A.ST_MAX_EVENTS
+                break
             events += 1
             for k in range(nd):
                 v = done_list[k]
@@ -287,17 +344,23 @@ def new_state(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, hw, n_mem, arena_
     """
     opcodes = up[:, A.UP_OPCODE]
     n_units = up.shape[0]
-    n_ts = int(np.count_nonzero(opcodes == A.OP_EAGER_MERGE))
+    n_ts = int(np.count_nonzero(np.isin(opcodes, A.TIME_SENSITIVE_OPS)))
     scratch_rows = int(up[opcodes == A.OP_REASSEMBLE, A.UP_N_IN].sum())
     us = np.zeros((n_units, A.N_US), dtype=np.int64)
     chs = np.zeros((ch_cap.shape[0], A.N_CH), dtype=np.int64)
     slots = np.zeros((max(int(ch_cap.sum()), 1), A.N_SLOT), dtype=np.int64)
     arena = np.zeros((arena_rows + scratch_rows, A.N_TOKEN), dtype=np.int64)
     ts_units = np.zeros(max(n_ts, 1), dtype=np.int64)
-    hfree = np.zeros((3, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)  # free times, period snapshot, idle flags (hbm.py)
-    hq = np.zeros((max(n_mem, 1), N_HQ), dtype=np.int64)
+    # one HBM per chip whose memory ops use it (one on a single chip): its free times, period snapshot and idle
+    # flags (hbm.py), its queue rows (one per memory op of that chip) and its scalar segment of eng
+    memory = up[:, A.UP_MEM_PRIORITY] >= 0
+    hbm_of = up[memory, A.UP_CHIP]
+    n_hbm = int(hbm_of.max()) + 1 if hbm_of.size else 1
+    rows = int(np.bincount(hbm_of, minlength=n_hbm).max()) if hbm_of.size else 1
+    hfree = np.zeros((n_hbm, 3, hw[A.HW_HBM_CHANNELS]), dtype=np.int64)
+    hq = np.zeros((n_hbm, max(rows, 1), N_HQ), dtype=np.int64)
     done_list = np.zeros(max(n_mem, 1), dtype=np.int64)
-    eng = np.zeros(N_ENG, dtype=np.int64)
+    eng = np.zeros(N_ENG * n_hbm, dtype=np.int64)
     wl = np.zeros(max(n_units, 1), dtype=np.int64)
     engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, arena_rows, us, chs, ts_units, hq, eng, wl)
     return us, chs, slots, arena, eng, hfree, hq, done_list, wl, ts_units, n_ts
@@ -330,14 +393,15 @@ def engine_init(up, ch_cap, ch_lat, ch_credit, ch_prod, ch_cons, arena_rows, us,
         if op == A.OP_REASSEMBLE:
             us[u, R_SCR] = arena_rows + extra
             extra += up[u, A.UP_N_IN]
-        elif op == A.OP_EAGER_MERGE:
+        elif op == A.OP_EAGER_MERGE or op == A.OP_LINK:  # time-sensitive: abi.TIME_SENSITIVE_OPS
             us[u, R_DECIDE] = -1
             ts_units[k] = u
             k += 1
         elif op == A.OP_MAP or op == A.OP_MAP_ACCUM:
             us[u, R_COST_A_ROWS] = -1  # no operand shape seen yet (see units_compute._cached_map_cycles)
-    hbm_init(hq, up)
-    eng[E_HBM_SNAP_T] = -1
+    for h in range(hq.shape[0]):
+        hbm_init(hq[h], up, h)
+        eng[h * N_ENG + E_HBM_SNAP_T] = -1
     wl_n = 0
     for u in range(n_units - 1, -1, -1):
         wl_n = _wake(us, wl, wl_n, u)
@@ -375,6 +439,7 @@ def engine_finish(up, us, chs, slots, eng, status, out):
     out[A.OUT_BYTES_WRITTEN] = eng[E_BYTES_WRITTEN]
     out[A.OUT_N_RECORDED] = eng[E_N_REC]
     out[A.OUT_FIRES] = fires
-    out[A.OUT_HBM_REQUESTS] = eng[E_HBM_REQS]
-    out[A.OUT_HBM_CLOSED_FORM_TICKS] = eng[E_HBM_SKIPPED]
-    out[A.OUT_HBM_UNEVEN_TICKS] = eng[E_HBM_UNEVEN]
+    for h in range(eng.shape[0] // N_ENG):  # every chip's HBM
+        out[A.OUT_HBM_REQUESTS] += eng[h * N_ENG + E_HBM_REQS]
+        out[A.OUT_HBM_CLOSED_FORM_TICKS] += eng[h * N_ENG + E_HBM_SKIPPED]
+        out[A.OUT_HBM_UNEVEN_TICKS] += eng[h * N_ENG + E_HBM_UNEVEN]

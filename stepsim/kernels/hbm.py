@@ -25,7 +25,8 @@ while any unit is started, else the heap's top. The per-request path has no divi
 (An earlier version kept every registered unit in one sorted array and scanned it three times per tick;
 512-expert MoE layers spent 99 % of their engine time there.)
 
-State (all int64):
+State (all int64), one set per HBM (a chip's; the engine passes each HBM's views: ``hq[h]``, ``hfree[h]`` and the
+segment ``eng[h * N_ENG:(h + 1) * N_ENG]``, whose engine-wide scalars are used in segment 0 only):
 
 * ``hfree[0, c]``: channel c's next free cycle; ``hfree[1, c]``: its value at the start of the watched period;
   ``hfree[2, c]``: 1 if a request of the watched period found channel c idle (started at its tick + 1).
@@ -64,7 +65,13 @@ E_HBM_UNEVEN = 15  # ticks served in closed form with channels shifted by differ
 E_HBM_TICK_REQS = 16  # requests per tick of the watched run
 E_HBM_PER_TICK = 17  # 1: serve every tick one by one (no closed form; for equivalence tests)
 E_HBM_SKIPPED = 18  # ticks served in closed form
+E_WORK_LEFT = 19  # HBM work (ticks served, each weighted by its due units) left in this slice of the event loop
+E_HBM_RESUME = 20  # 1 + the HBM (chip) whose batch a slice cut short when its work ran out; 0: none
+E_HBM_RESUME_BOUND = 21  # that batch's bound: the next slice finishes it first, as it would have gone on
 N_ENG = 24
+
+#: hbm_process's return value when it stopped because the slice's work ran out (not a completion count)
+HBM_OUT_OF_WORK = -1
 
 # hq columns
 HQ_START_A = 0  # started list (priorities, ascending), buffer A
@@ -134,11 +141,12 @@ def _heap_pop(hq, n):
 
 
 @kernel
-def hbm_init(hq, up):
-    """reads: up priorities / writes: hq[:, HQ_UNIT] (the unit of each priority) / returns: nothing."""
+def hbm_init(hq, up, h):
+    """reads: up priorities and HBM ids / writes: hq[:, HQ_UNIT] (the unit of each priority) of HBM h / returns:
+    nothing."""
     for u in range(up.shape[0]):
         p = up[u, A.UP_MEM_PRIORITY]
-        if p >= 0:
+        if p >= 0 and up[u, A.UP_CHIP] == h:
             hq[p, HQ_UNIT] = u
 
 
@@ -304,8 +312,16 @@ def hbm_process(bound, us, eng, hq, hw, hfree, done_list, tl):
     steady state and serves whole periods of it in closed form (:func:`_try_skip`), so a long stream of
     tiles costs time in proportion to its changes, not its requests.
 
-    reads: hq, hw / writes: hfree, eng HBM scalars, hq; a completed unit u gets its completion time in
-    us[u, US_TOK_B] and is written to done_list / returns: the number of completed units.
+    It also stops, before a tick, when the slice's work budget ``eng[E_WORK_LEFT]`` is spent (each tick costs
+    one plus its due units), returning :data:`HBM_OUT_OF_WORK`: one event can hold unbounded work (a tile of
+    2**30 columns is billions of requests), and a slice bounded by events alone could then run for minutes
+    without letting Python see a Ctrl-C. Stopping there is the same as stopping at ``bound``: every state is
+    kept, and the next call, with the same bound, serves the same ticks the same way (the engine counts the
+    event once, when the call that finishes it returns).
+
+    reads: hq, hw / writes: hfree, eng HBM scalars, hq, eng[E_WORK_LEFT]; a completed unit u gets its
+    completion time in us[u, US_TOK_B] and is written to done_list / returns: the number of completed units,
+    or HBM_OUT_OF_WORK.
     """
     C = hw[A.HW_HBM_CHANNELS]
     ii = hw[A.HW_HBM_INIT_INTERVAL]
@@ -320,6 +336,10 @@ def hbm_process(bound, us, eng, hq, hw, hfree, done_list, tl):
         T = eng[E_HBM_NEXT] if ns > 0 else t_pend
         if T > bound:
             break
+        if eng[E_WORK_LEFT] <= 0:
+            ndone = HBM_OUT_OF_WORK
+            break
+        eng[E_WORK_LEFT] -= 1 + ns
         # Serve the due units in priority order: the started list merged with the newcomers popped from the
         # heap. Units that stay started are compacted into the other buffer when there are newcomers, else in
         # place (the write index never passes the read index).

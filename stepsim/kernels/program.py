@@ -133,7 +133,8 @@ class Program:
     hw : int64 array (abi.N_HW,)
         Hardware vector (``abi.HW_*``).
     mem_order : int64 array
-        Memory units in HBM arbitration order (readers in builder order, then writers).
+        Memory units in HBM arbitration order (readers in builder order, then writers); each chip's HBM serves
+        its own memory units (``unit_params[:, abi.UP_CHIP]``, set from :attr:`ProgramBuilder.chip`) in this order.
     arena_rows : int
         Rows of the Bufferize token arena.
     unit_names, channel_names : tuple of str
@@ -218,6 +219,7 @@ class _Unit:
     payload: list[int] = field(default_factory=list)  # appended to the program payload; offsets patched
     payload_slots: tuple[int, ...] = ()  # PA_* slots that hold offsets into this unit's payload (relative)
     tensor: TensorRef | None = None  # memory operators: the tensor (functional mode)
+    chip: int = 0  # the chip the unit is on (memory operators use its HBM)
 
 
 class ProgramBuilder:
@@ -239,6 +241,8 @@ class ProgramBuilder:
         self._ch_names: list[str] = []
         self._sel_ptr: list[int] = [0]
         self._sel_idx: list[int] = []
+        #: the chip the operators added next are placed on (>= 0); memory operators use that chip's HBM
+        self.chip = 0
 
     # ------------------------------------------------------------------------------------------ channels
     def add_channel(self, capacity: int | None = None, name: str | None = None, latency: int = 1,
@@ -277,9 +281,11 @@ class ProgramBuilder:
         for c in list(ins) + list(outs):
             if not isinstance(c, (int, np.integer)) or not 0 <= int(c) < len(self._ch_capacity):
                 raise LoweringError(f"{label}: {c!r} is not a channel id (add it with add_channel first)")
+        if isinstance(self.chip, bool) or not isinstance(self.chip, (int, np.integer)) or self.chip < 0:
+            raise LoweringError(f"{label}: ProgramBuilder.chip must be an int >= 0, got {self.chip!r}")
         self._units.append(_Unit(opcode, label, [int(c) for c in ins], [int(c) for c in outs],
                                  {k: int(v) for k, v in params.items()}, list(in_kinds), list(out_kinds),
-                                 [int(v) for v in payload], payload_slots, tensor))
+                                 [int(v) for v in payload], payload_slots, tensor, int(self.chip)))
         return uid
 
     @staticmethod
@@ -382,15 +388,17 @@ class ProgramBuilder:
 
     def offchip_load(self, *, out: int, tile_rows: int, tile_cols: int, elem_bytes: int,
                      view_shape: Sequence[int], par_dispatch: int = 1, tensor: TensorRef | None = None,
-                     name: str | None = None) -> int:
+                     name: str | None = None, resident: bool = False) -> int:
         """Load ``prod(view_shape)`` tiles in view order; a tile's stop level is the number of view dims it closes.
 
         Each tile costs ``n_req = tile_rows * ceil(tile_cols * elem_bytes / addr_offset)`` HBM requests issued
         ``par_dispatch`` per cycle; tiles of one op never overlap. Output tiles have read_from_mu set.
-        ``tensor`` says where the values come from in functional mode.
+        ``tensor`` says where the values come from in functional mode. ``resident``: the tensor is already in
+        on-chip memory (a collective's input): no HBM requests, no off-chip bytes, 0 own cycles per tile.
         """
         label = self._label(abi.OP_OFFCHIP_LOAD, name)
         params = self._mem_params(label, tile_rows, tile_cols, elem_bytes, par_dispatch)
+        params[abi.PA_RESIDENT] = int(bool(resident))
         dims = self._shape(view_shape, label, "view_shape")
         self._need(len(dims) >= 1, label, "view_shape must have at least one dim")
         params.update({abi.PA_VIEW_LEN: len(dims), abi.PA_N_TILES: int(np.prod(dims))})
@@ -421,18 +429,20 @@ class ProgramBuilder:
                          tensor=self._check_tensor(label, tensor, tile_rows, tile_cols))
 
     def offchip_store(self, *, inp: int, par_dispatch: int = 1, traffic_elem_bytes: int = 0,
-                      tensor: TensorRef | None = None, name: str | None = None) -> int:
+                      tensor: TensorRef | None = None, name: str | None = None, resident: bool = False) -> int:
         """Store each input tile; ``n_req`` comes from the tile's own rows / cols / bytes (a sink).
 
         ``traffic_elem_bytes`` > 0 counts the stored traffic at that width per element instead of the tile's
         (step-perf's mock_bf16 times fp32 stores at 2 B/elem, but the tensor in memory is 4 B/elem).
-        In functional mode, input tile i is written as tile i of ``tensor``.
+        In functional mode, input tile i is written as tile i of ``tensor``. ``resident``: the tensor stays in
+        on-chip memory (a collective's output): each tile is dequeued at its arrival, no HBM, no off-chip bytes.
         """
         label = self._label(abi.OP_OFFCHIP_STORE, name)
         self._need(par_dispatch >= 1, label, f"par_dispatch must be >= 1, got {par_dispatch}")
         self._need(traffic_elem_bytes >= 0, label, f"traffic_elem_bytes must be >= 0, got {traffic_elem_bytes}")
         return self._add(abi.OP_OFFCHIP_STORE, name, [inp], [],
-                         {abi.PA_PAR_DISPATCH: par_dispatch, abi.PA_ELEM_BYTES: traffic_elem_bytes}, [_DATA], [],
+                         {abi.PA_PAR_DISPATCH: par_dispatch, abi.PA_ELEM_BYTES: traffic_elem_bytes,
+                          abi.PA_RESIDENT: int(bool(resident))}, [_DATA], [],
                          tensor=self._check_tensor(label, tensor, None, None))
 
     def random_offchip_store(self, *, waddr: int, wdata: int, ack: int, tile_rows: int, tile_cols: int,
@@ -609,6 +619,38 @@ class ProgramBuilder:
         self._need(len(outs) >= 1, self._label(abi.OP_BROADCAST, name), "needs >= 1 output")
         return self._add(abi.OP_BROADCAST, name, [inp], outs, {}, [_ALL], [("same", 0)] * len(outs))
 
+    def link(self, *, ins: Sequence[int], outs: Sequence[int], bandwidth: int, latency: int,
+             name: str | None = None) -> int:
+        """A link between two chips shared by ``len(ins)`` transfers: transfer k enters on ``ins[k]`` and leaves on
+        ``outs[k]`` (:mod:`stepsim.kernels.units_link`).
+
+        Parameters
+        ----------
+        ins, outs : sequences of channel ids
+            One input and one output per transfer (same length, >= 1). Buffer references cannot cross chips.
+        bandwidth : int
+            Bytes per cycle (>= 1): an element of b bytes occupies the link ``ceil(b / bandwidth)`` cycles.
+        latency : int
+            Cycles (>= 1) from an element's last byte leaving to its arrival at the receiving unit.
+
+        Example
+        -------
+        >>> b = ProgramBuilder()
+        >>> a, z = b.add_channel(), b.add_channel()
+        >>> b.link(ins=[a], outs=[z], bandwidth=64, latency=100, name="chip0->chip1")
+        0
+        """
+        label = self._label(abi.OP_LINK, name)
+        ins = [int(c) for c in ins]
+        outs = [int(c) for c in outs]
+        self._need(len(ins) >= 1 and len(ins) == len(outs), label,
+                   f"needs one output per input (>= 1), got {len(ins)} inputs and {len(outs)} outputs")
+        for what, value in (("bandwidth", bandwidth), ("latency", latency)):
+            self._need(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 1 <= value <= 2**31 - 1,
+                       label, f"{what} must be an int in 1..2147483647, got {value!r}")
+        return self._add(abi.OP_LINK, name, ins, outs, {abi.PA_LINK_BW: int(bandwidth), abi.PA_LINK_LAT: int(latency)},
+                         [_ROUTED] * len(ins), [("same", k) for k in range(len(outs))])
+
     # ------------------------------------------------------------------------------------------ shape
     def flatten(self, *, inp: int, out: int, min_rank: int, max_rank: int, name: str | None = None) -> int:
         """Merge dims ``min_rank..max_rank``: L <= min kept, min < L <= max -> min, L > max -> L - (max - min)."""
@@ -736,10 +778,19 @@ class ProgramBuilder:
         out_ptr = np.zeros(n_units + 1, dtype=np.int64)
         in_ch: list[int] = []
         out_ch: list[int] = []
-        readers = [u for u, x in enumerate(self._units) if x.opcode in abi.MEMORY_READ_OPS]
-        writers = [u for u, x in enumerate(self._units) if x.opcode in abi.MEMORY_WRITE_OPS]
+        # resident loads / stores (on-chip tensors) never talk to the HBM: no arbitration rank
+        readers = [u for u, x in enumerate(self._units)
+                   if x.opcode in abi.MEMORY_READ_OPS and not x.params.get(abi.PA_RESIDENT, 0)]
+        writers = [u for u, x in enumerate(self._units)
+                   if x.opcode in abi.MEMORY_WRITE_OPS and not x.params.get(abi.PA_RESIDENT, 0)]
         mem_order = readers + writers
-        priority = {u: i for i, u in enumerate(mem_order)}
+        # each chip's HBM ranks its own memory operators: readers, then writers, in builder order
+        priority = {}
+        served: dict[int, int] = {}
+        for u in mem_order:
+            chip = self._units[u].chip
+            priority[u] = served.get(chip, 0)
+            served[chip] = priority[u] + 1
         arena = 0
         for uid, unit in enumerate(self._units):
             row = params[uid]
@@ -749,6 +800,7 @@ class ProgramBuilder:
             row[abi.UP_OUT_START] = len(out_ch)
             row[abi.UP_N_OUT] = len(unit.outs)
             row[abi.UP_MEM_PRIORITY] = priority.get(uid, -1)
+            row[abi.UP_CHIP] = unit.chip
             in_ch.extend(unit.ins)
             out_ch.extend(unit.outs)
             in_ptr[uid + 1] = len(in_ch)

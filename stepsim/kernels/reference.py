@@ -6,12 +6,12 @@ cross-check the fast engine. It is written DAM-style and favours clarity over sp
 
 * every unit (operator) is a Python generator with its own local clock; it ``yield``\\ s only when it must
   block: on an empty input channel, on a full output channel, on the HBM (a memory op waiting for its
-  responses) or, for the time-sensitive EagerMerge, to wait for the global time;
+  responses) or, for the time-sensitive EagerMerge and Link, to wait for the global time;
 * a small scheduler resumes units whose request can be satisfied; when none can run, it lets the
-  time-sensitive unit with the earliest action time act (EagerMerge choices and HBM ticks);
+  time-sensitive unit with the earliest action time act (EagerMerge and Link choices and HBM ticks);
 * channels are deques of ``(stamp, token)`` with a capacity, a send latency, a credit latency and
   per-slot credit-free times;
-* the HBM is modelled per request, tick by tick (docs/timing_model.md §4.2-§4.3): per tick, at most one response per
+* the HBM (one per chip, serving the memory ops on that chip) is modelled per request, tick by tick (docs/timing_model.md §4.2-§4.3): per tick, at most one response per
   HBM channel is forwarded (arriving at the memory op one cycle later), then at most one ``ParAddrs`` chunk
   per reader and then per writer (registration order = ``program.mem_order``) is taken, request i of the
   tick's batch goes to channel ``off = (off + i) mod C`` and afterwards ``off = (off + len(batch)) mod C``;
@@ -32,7 +32,8 @@ Canonical rules (docs/timing_model.md §1.2-§1.3, lead's decisions)
    with the smallest action time first. A head element is visible at T iff its stamp ``<= T``; a closed channel
    is observed at T iff its producer's final clock ``<= T``. EagerMerge decides at the first ``T >= clock``
    where some input head is visible, picking the smallest stamp (ties: lowest input index), or where all
-   inputs are observed closed (it then finishes with clock T).
+   inputs are observed closed (it then finishes with clock T). A Link chooses by the same rule, then serializes
+   the element (``ceil(bytes / bandwidth)`` busy cycles) and sends it at ``clock + latency``.
 4. FlatReassemble: blocking peeks of every selected input, then drains them ordered by head stamp (ties in
    selector order) with ``now = max(now, a_i + switch_i + L(x))``, DEQ, ``now += W(x)``, ENQ.
 5. Reported cycles = max over every unit's final clock and the HBM's end, which is (the max final clock over
@@ -163,6 +164,8 @@ class ReferenceResult:
         Scheduler resumptions (a cost measure).
     stored : dict
         Per OffChipStore unit, every token it stored, in store order (tile i of its tensor is ``stored[u][i]``).
+    link_bytes : int64 array (n_units,)
+        Bytes each Link unit carried (0 for every other unit).
     """
 
     cycles: int
@@ -177,6 +180,7 @@ class ReferenceResult:
     tokens: list | None = None
     steps: int = 0
     stored: dict = field(default_factory=dict)
+    link_bytes: np.ndarray | None = None
 
     def unit_clock(self, unit: int) -> int:
         """Final clock of a unit."""
@@ -310,10 +314,14 @@ class _Engine:
             for ch in self.ch:
                 ch.tokens = []
         self.mem_units = [int(u) for u in P.mem_order]
-        self.hbm = _HBM(P.hw, self.mem_units) if self.mem_units else None
+        # one HBM per chip, serving that chip's memory units in mem_order
+        chips = sorted({int(P.unit_params[u, A.UP_CHIP]) for u in self.mem_units})
+        self.hbms = {c: _HBM(P.hw, [u for u in self.mem_units if int(P.unit_params[u, A.UP_CHIP]) == c])
+                     for c in chips}
         self.bytes_read = 0
         self.bytes_written = 0
         self.stored: dict[int, list] = {}
+        self.link_bytes = np.zeros(P.n_units, dtype=np.int64)
         self.ready: deque = deque()
         self.steps = 0
 
@@ -453,14 +461,15 @@ class _Engine:
 
         ``nbytes`` per element set the request count; ``traffic_bytes`` (default ``nbytes``) are counted.
         """
-        nreq = rows * _ceil_div(cols * nbytes, self.hbm.addr_offset)
+        hbm = self.hbms[int(self.p.unit_params[U.uid, A.UP_CHIP])]
+        nreq = rows * _ceil_div(cols * nbytes, hbm.addr_offset)
         counted = rows * cols * (nbytes if traffic_bytes is None else traffic_bytes)
         if write:
             self.bytes_written += counted
         else:
             self.bytes_read += counted
         t0 = U.clock
-        q = self.hbm.addr[U.uid]
+        q = hbm.addr[U.uid]
         k = 0
         left = nreq
         while left > 0:
@@ -468,7 +477,7 @@ class _Engine:
             q.append((max(t0 + k, t0 + 1), n))  # unbounded channel, latency 1
             k += 1
             left -= n
-        resp = self.hbm.resp[U.uid]
+        resp = hbm.resp[U.uid]
         for _ in range(nreq):
             while not resp:
                 U.wait = (W_HBM, None)
@@ -502,15 +511,16 @@ class _Engine:
                     t = U.wait[1]()
                     if t is not None and (best is None or t < best):
                         best, best_u = t, U
-            if self.hbm is not None:
-                t = self.hbm.candidate()
+            best_hbm = None
+            for hbm in self.hbms.values():  # the chips' HBMs in chip order: ties go to the lowest chip
+                t = hbm.candidate()
                 if t is not None and (best is None or t < best):
-                    best, best_u = t, None
+                    best, best_u, best_hbm = t, None, hbm
             if best is None:
                 break
             self.steps += 1
             if best_u is None:
-                self.hbm.tick(best, self.wake_hbm)
+                best_hbm.tick(best, self.wake_hbm)
             else:
                 best_u.wait = None
                 best_u.send = best
@@ -535,6 +545,8 @@ class _Engine:
         U.wait = None
         for c in self.p.outputs(U.uid):
             ch = self.ch[c]
+            if ch.done:  # a Link closed this transfer's output when the transfer ended
+                continue
             ch.done = True
             ch.close_time = U.clock
             self._wake(ch.consumer, W_EMPTY, c)
@@ -582,9 +594,9 @@ class _Engine:
                                off_chip_bytes_read=self.bytes_read, off_chip_bytes_written=self.bytes_written,
                                hbm_end=hbm_end, arrivals=[list(ch.stamps) for ch in self.ch],
                                dequeues=[[t - ch.clat for t in ch.credits] for ch in self.ch],
-                               hbm_responses=dict(self.hbm.log) if self.hbm else {},
+                               hbm_responses={u: log for hbm in self.hbms.values() for u, log in hbm.log.items()},
                                tokens=[ch.tokens for ch in self.ch] if self.ch and self.ch[0].tokens is not None
-                               else None, steps=self.steps, stored=self.stored)
+                               else None, steps=self.steps, stored=self.stored, link_bytes=self.link_bytes)
 
     # ----------------------------------------------------------------- unit generators
     def _make(self, U):
@@ -728,7 +740,7 @@ def _mem_tile_params(E, u):
 def _offchip_load(E, U, ins, outs):
     rows, cols, nb, par = _mem_tile_params(E, U.uid)
     dims = E.payload(E.par(U.uid, A.PA_VIEW_OFF), E.par(U.uid, A.PA_VIEW_LEN))
-    yield from _load_view(E, U, outs[0], rows, cols, nb, par, dims, 0)
+    yield from _load_view(E, U, outs[0], rows, cols, nb, par, dims, 0, bool(E.par(U.uid, A.PA_RESIDENT)))
 
 
 def _view_strides(E, u, dims):
@@ -748,11 +760,13 @@ def _view_tile(dims, strides, i):
     return t
 
 
-def _load_view(E, U, out, rows, cols, nb, par, dims, ref_stop):
+def _load_view(E, U, out, rows, cols, nb, par, dims, ref_stop, resident=False):
+    """The tiles of a load's view; a resident tensor (on-chip memory) skips the HBM round trip."""
     n = int(np.prod(dims))
     strides = _view_strides(E, U.uid, dims)
     for i in range(n):
-        yield from E.hbm_tile(U, rows, cols, nb, par, False)
+        if not resident:
+            yield from E.hbm_tile(U, rows, cols, nb, par, False)
         stop = _stop_from_shape(dims, i) + (ref_stop if i == n - 1 else 0)
         tok = Token(KIND_TILE, stop=stop, rows=rows, cols=cols, nbytes=nb, mu=True, valid=rows,
                     ident=(U.uid, _view_tile(dims, strides, i)))
@@ -793,7 +807,8 @@ def _offchip_store(E, U, ins, outs):
         x = yield from E.peek(U, ins[0])
         if x is None:
             return
-        yield from E.hbm_tile(U, x.rows, x.cols, x.nbytes, par, True, traffic or x.nbytes)
+        if not E.par(U.uid, A.PA_RESIDENT):  # a resident tensor (on-chip memory) needs no HBM round trip
+            yield from E.hbm_tile(U, x.rows, x.cols, x.nbytes, par, True, traffic or x.nbytes)
         E.pop(U, ins[0])
         stored.append(x)
         U.fires += 1
@@ -906,6 +921,9 @@ def _map_result(E, U, fn, fn_param, x: Token, y: Token | None):
         return x.rows, x.cols, _ceil_div(8 * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn == A.FN_EXP:
         return x.rows, x.cols, _ceil_div(4 * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
+    if fn == A.FN_POINTWISE:
+        flops = A.POINTWISE_FLOPS[fn_param & 255]
+        return x.rows, x.cols, _ceil_div(flops * x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn in (A.FN_ROWSUM, A.FN_ROWMAX):
         return x.rows, 1, _ceil_div(x.rows * x.cols, bw), KIND_TILE, 0, x.valid
     if fn == A.FN_ONLINE_SOFTMAX:  # x: scores [q, n], y: values [n, d]
@@ -1141,20 +1159,8 @@ def _eager_merge(E, U, ins, outs):
     r = E.par(U.uid, A.PA_RANK)
     chans = [E.ch[c] for c in ins]
     data_out, sel_out = outs
-
-    def candidate():
-        best = None
-        for ch in chans:
-            if ch.q:
-                t = max(U.clock, ch.q[0][0])
-                if best is None or t < best:
-                    best = t
-        if best is None and all(ch.done for ch in chans):
-            best = max([U.clock] + [ch.close_time for ch in chans])
-        return best
-
     while True:
-        T = yield from E.time_wait(U, candidate)
+        T = yield from E.time_wait(U, lambda: _earliest_head(U, chans))
         E.in_wait(U, T)
         pick = None
         for k, ch in enumerate(chans):
@@ -1177,6 +1183,79 @@ def _eager_merge(E, U, ins, outs):
             if r == 0 or x.stop == r:
                 break
             E.spend(U, 1)
+
+
+def _earliest_head(U, chans):
+    """The decision time of a unit that takes its inputs' heads in arrival order (EagerMerge, Link): the first
+    time >= its clock at which a head is visible, or at which every input is observed closed; None: wait."""
+    best = None
+    for ch in chans:
+        if ch.q:
+            t = max(U.clock, ch.q[0][0])
+            if best is None or t < best:
+                best = t
+    if best is None and all(ch.done for ch in chans):
+        best = max([U.clock] + [ch.close_time for ch in chans])
+    return best
+
+
+@_op(A.OP_LINK)
+def _link(E, U, ins, outs):
+    """First come, first served among the transfers whose receiver has a free slot; each element occupies the link
+    ceil(bytes / bandwidth) cycles and arrives ``latency`` cycles after its last byte left; transfer k's output
+    closes when its input is observed closed (kernels.units_link)."""
+    bandwidth = E.par(U.uid, A.PA_LINK_BW)
+    latency = E.par(U.uid, A.PA_LINK_LAT)
+    chans = [E.ch[c] for c in ins]
+    out_chans = [E.ch[c] for c in outs]
+
+    def ready(ch, out):
+        """When transfer (ch -> out) may send its head: arrived and the receiver's next slot free (None: full)."""
+        if len(out.q) >= out.cap:
+            return None
+        return max(ch.q[0][0], out.free[out.pushes % out.cap])
+
+    def candidate():
+        best = None
+        for ch, out in zip(chans, out_chans):
+            if ch.q:
+                t = ready(ch, out)
+                if t is None:
+                    continue
+                t = max(U.clock, t)
+            elif ch.done and not out.done:
+                t = max(U.clock, ch.close_time)
+            else:
+                continue
+            if best is None or t < best:
+                best = t
+        if best is None and all(ch.done and not ch.q for ch in chans):  # a queued head waits for its credit
+            best = max([U.clock] + [ch.close_time for ch in chans])
+        return best
+
+    while True:
+        T = yield from E.time_wait(U, candidate)
+        E.in_wait(U, T)
+        for ch, out in zip(chans, out_chans):
+            if ch.done and not ch.q and ch.close_time <= T and not out.done:
+                out.done = True
+                out.close_time = U.clock
+                E._wake(out.consumer, W_EMPTY, out.cid)
+        pick = None
+        for k, (ch, out) in enumerate(zip(chans, out_chans)):
+            if ch.q and (pick is None or ch.q[0][0] < chans[pick].q[0][0]):
+                t = ready(ch, out)
+                if t is not None and t <= T:
+                    pick = k
+        if pick is None:
+            if all(ch.done and not ch.q and ch.close_time <= T for ch in chans):
+                return
+            continue
+        x = yield from E.deq(U, ins[pick])
+        U.fires += 1
+        E.link_bytes[U.uid] += x.size
+        E.spend(U, _ceil_div(x.size, bandwidth))
+        yield from E.enq(U, outs[pick], x, U.clock + latency)
 
 
 @_op(A.OP_PARALLELIZE)

@@ -69,6 +69,8 @@ def fn_map_cycles(fn, param, bw, a_rows, a_cols, b_rows, b_cols):
         return _ceil_div(2 * q * n * d + 8 * q * n + 2 * q * d + 6 * q, bw)
     if fn == A.FN_SOFTMAX_NORMALIZE:
         return _ceil_div(a_rows * (a_cols - 2), bw)
+    if fn == A.FN_POINTWISE:
+        return _ceil_div(A.POINTWISE_FLOPS[param & 255] * a_rows * a_cols, bw)
     if fn == A.FN_SET_OFFSET or fn == A.FN_ROW_APPEND or fn == A.FN_CACHE_WRITE_ADDR:
         return 1
     return 0

@@ -9,6 +9,9 @@ blocks with ``WAIT_HBM``; the HBM sets the unit's clock to the tile's completion
 * OffChipStore: PEEK the tile, n_req from the tile's own size, wait for the acks, then DEQ. Traffic is
   counted at the stored dtype's width when the program gives one (``PA_ELEM_BYTES``), else the tile's.
 * RandomOffChipStore: PEEK waddr and wdata, one tile, ENQ ack, DEQ both.
+* Resident OffChipLoad / OffChipStore (``PA_RESIDENT``, a tensor held in one chip's on-chip memory, as the
+  inputs and outputs of a collective are): no HBM and no off-chip bytes; the load emits its tiles at its clock
+  (the consumer pays the PMU read through read_from_mu), the store DEQs each tile at its arrival.
 * Bufferize(b): DEQ; +1 cycle per element except the closing one (stop >= b); ENQ the buffer reference.
 * Streamify: PEEK the buffer, replay ``prod(repeat) * n`` elements at 1/cycle, then DEQ the buffer.
 * DynStreamify: PEEK the buffer; per ref element DEQ ref and replay; DEQ the buffer at ref stop >= r+1.
@@ -23,7 +26,15 @@ from __future__ import annotations
 from stepsim.kernels import abi as A
 from stepsim.kernels import values as V
 from stepsim.kernels.channels import can_push, head_row, pop
-from stepsim.kernels.hbm import E_BYTES_READ, E_BYTES_WRITTEN, E_STATUS, E_STATUS_ARG, hbm_register, n_requests
+from stepsim.kernels.hbm import (
+    E_BYTES_READ,
+    E_BYTES_WRITTEN,
+    E_STATUS,
+    E_STATUS_ARG,
+    N_ENG,
+    hbm_register,
+    n_requests,
+)
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import (
     await_input,
@@ -63,7 +74,8 @@ def _start_tile(u, up, us, eng, hq, hw, rows, cols, nbytes, traffic_bytes, is_wr
     else:
         eng[E_BYTES_READ] += rows * cols * traffic_bytes
     par = up[u, A.UP_A0 + A.PA_PAR_DISPATCH]
-    if not hbm_register(u, up, us, eng, hq, us[u, A.US_CLOCK], nreq, par):
+    h = up[u, A.UP_CHIP]  # the chip's HBM: its queue rows and its segment of the engine scalars
+    if not hbm_register(u, up, us, eng[h * N_ENG:(h + 1) * N_ENG], hq[h], us[u, A.US_CLOCK], nreq, par):
         eng[E_STATUS] = A.ST_CAUSALITY
         eng[E_STATUS_ARG] = u
     us[u, A.US_PHASE] = 1
@@ -111,6 +123,9 @@ def step_offchip_load(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, se
                     us[u, R_I] = 0
             elif us[u, R_I] == n_tiles:
                 return A.STEP_DONE
+            if up[u, A.UP_A0 + A.PA_RESIDENT]:  # already on chip: no HBM round trip
+                us[u, A.US_PHASE] = 2
+                continue
             return _start_tile(u, up, us, eng, hq, hw, rows, cols, nb, nb, False)
         elif ph == 1:
             if us[u, A.US_WAIT_KIND] == A.WAIT_HBM:
@@ -179,6 +194,9 @@ def step_offchip_store(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, s
             if got != A.STEP_READY:
                 return got
             row = look(us, u, chs, slots, c, tl)
+            if up[u, A.UP_A0 + A.PA_RESIDENT]:  # into on-chip memory: no HBM round trip
+                us[u, A.US_PHASE] = 1
+                continue
             nb = slots[row, A.SL_TOKEN + A.TK_BYTES]
             traffic = up[u, A.UP_A0 + A.PA_ELEM_BYTES]
             return _start_tile(u, up, us, eng, hq, hw, slots[row, A.SL_TOKEN + A.TK_ROWS],

@@ -228,7 +228,7 @@ def step_reassemble(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_
 
 @kernel
 def eager_merge_event_time(u, up, us, in_ch, chs, slots):
-    """When may EagerMerge u decide? (only meaningful while it is choosing, phase 0)
+    """When may EagerMerge (or Link, :mod:`stepsim.kernels.units_link`) u decide? (only while choosing, phase 0)
 
     reads: its inputs' heads and close times / writes: nothing / returns: max(clock, smallest head stamp),
     or (all inputs closed and empty) max(clock, last close time), or NEVER when it must wait for data.

@@ -174,6 +174,55 @@ def _silu(x):
 
 
 @kernel
+def _pointwise(kind, c, x):
+    """One element of a Pointwise function (``stepsim.kernels.abi.PW_*``) with constant ``c`` (fp32)."""
+    if kind == A.PW_NEG:
+        return -x
+    if kind == A.PW_SQRT:
+        return np.sqrt(x)
+    if kind == A.PW_RELU:
+        return max(x, np.float32(0.0))
+    if kind == A.PW_SIGMOID:
+        return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+    if kind == A.PW_TANH:
+        return np.tanh(x)
+    if kind == A.PW_ERF:
+        return np.float32(math.erf(x))
+    if kind == A.PW_GELU:
+        return np.float32(0.5) * x * (np.float32(1.0) + np.float32(math.erf(x * np.float32(0.7071067811865476))))
+    if kind == A.PW_ADD_C:
+        return x + c
+    if kind == A.PW_MUL_C:
+        return x * c
+    if kind == A.PW_RSUB_C:
+        return c - x
+    if kind == A.PW_RDIV_C:
+        return c / x
+    if kind == A.PW_POW_C:
+        return x ** c
+    if kind == A.PW_MAX_C:
+        return max(x, c)
+    if kind == A.PW_MIN_C:
+        return min(x, c)
+    if kind == A.PW_SUB_C:
+        return x - c
+    return x / c  # PW_DIV_C
+
+
+@kernel
+def pointwise_constant(param):
+    """The float32 constant of a Pointwise function's ``fn_param`` (its bits at 8..39), decoded arithmetically
+    (exact in float64 for every finite float32)."""
+    bits = (param >> 8) & 0xFFFFFFFF
+    sign = -1.0 if bits >> 31 else 1.0
+    e = (bits >> 23) & 255
+    m = bits & 0x7FFFFF
+    if e == 0:  # zero and subnormals
+        return np.float32(sign * m * 2.0 ** -149)
+    return np.float32(sign * (1.0 + m / 8388608.0) * 2.0 ** (e - 127))
+
+
+@kernel
 def _elementwise(fn, a, b):
     if fn == A.FN_ADD:
         return a + b
@@ -342,6 +391,11 @@ def map_values(fv, fi, fn, param, ha, ar, ac, a_off, hb, br, bc, ho, orows, ocol
         for k in range(ar * ac):
             x = fv[pa + k]
             fv[po + k] = _silu(x) if fn == A.FN_SILU else np.exp(x)
+    elif fn == A.FN_POINTWISE:
+        kind = param & 255
+        c = pointwise_constant(param)
+        for k in range(ar * ac):
+            fv[po + k] = _pointwise(kind, c, fv[pa + k])
     elif fn == A.FN_ROWSUM or fn == A.FN_ROWMAX:
         for i in range(ar):
             s = fv[pa + i * ac]

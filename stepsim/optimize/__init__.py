@@ -50,6 +50,8 @@ class OptimizeResult:
         Wall time (seconds).
     files : dict
         Files written (``pareto``, ``candidates``, ``plot``, ``json``).
+    plot_skipped : str or None
+        Why ``pareto.png`` was not drawn (no candidate completed), None when it was.
     stages : list of dict
         The stages searched, in order: ``stage`` (name), ``candidates``, and for a stage that chooses for the
         next one, ``kept_strategies`` (the decoder's attention strategies on its front).
@@ -67,6 +69,7 @@ class OptimizeResult:
     rounds: int = 0
     wall_s: float = 0.0
     files: dict = field(default_factory=dict)
+    plot_skipped: str | None = None
     stages: list = field(default_factory=list)
 
     def _count(self, *statuses) -> int:
@@ -108,7 +111,7 @@ class OptimizeResult:
                 "proven_deadlocks": self._count("deadlock"),
                 "invalid": self._count("invalid"), "failed_simulations": self._count("failed"),
                 "simulations_run_now": self.simulated_now, "rounds": self.rounds, "stages": self.stages,
-                "out": str(self.out),
+                "out": str(self.out), "plot_skipped": self.plot_skipped,
                 "files": {k: str(v) for k, v in self.files.items()}}
 
 

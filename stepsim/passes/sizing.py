@@ -44,7 +44,6 @@ not in ``simulations``).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -53,6 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepsim.base.errors import ArgumentError, SimulationError
+from stepsim.base.files import arrays_sha256
 from stepsim.base.hardware import Hardware
 from stepsim.graph.channels import ChannelInfo, channel_infos, graph_fingerprint
 from stepsim.graph.graph import Graph
@@ -138,18 +138,19 @@ class SizingResult:
         return {key: getattr(self, key) for key in REPORT_KEYS}
 
     def text(self) -> list[str]:
-        """Human-readable report lines."""
-        mb = 1e6
+        """Human-readable report lines (bytes as every view writes them: ``format_bytes``, then the exact count)."""
+        from stepsim.base.display import format_bytes as fb
+
         over = 100.0 * (self.cycles / self.unbounded_cycles - 1.0) if self.unbounded_cycles else 0.0
         return [
             f"graph {self.graph_name}: {len(self.depths):,} channels, sized on {len(self.trace_hashes)} trace(s)",
             f"cycles              {self.cycles:,} ({over:+.3f} % vs unbounded; slack {100 * self.slack:g} %)",
             f"unbounded cycles    {self.unbounded_cycles:,} (every FIFO {UNBOUNDED_DEPTH} deep)",
-            f"FIFO bytes sized    {self.total_fifo_bytes / mb:,.3f} MB ({self.total_fifo_bytes:,} B)",
-            f"FIFO bytes LP       {self.lp_fifo_bytes / mb:,.3f} MB ({self.lp_fifo_bytes:,} B)",
-            f"FIFO bytes uniform  {self.uniform_fifo_bytes / mb:,.3f} MB ({self.uniform_fifo_bytes:,} B; every FIFO "
+            f"FIFO bytes sized    {fb(self.total_fifo_bytes)} ({self.total_fifo_bytes:,} B)",
+            f"FIFO bytes LP       {fb(self.lp_fifo_bytes)} ({self.lp_fifo_bytes:,} B)",
+            f"FIFO bytes uniform  {fb(self.uniform_fifo_bytes)} ({self.uniform_fifo_bytes:,} B; every FIFO "
             f"{self.uniform_depth} deep, the smallest uniform depth that finishes)",
-            f"FIFO bytes 1024     {self.unbounded_fifo_bytes / mb:,.3f} MB ({self.unbounded_fifo_bytes:,} B; "
+            f"FIFO bytes 1024     {fb(self.unbounded_fifo_bytes)} ({self.unbounded_fifo_bytes:,} B; "
             f"{self.unbounded_fifo_bytes / max(self.total_fifo_bytes, 1):,.0f}x the sized total)",
             f"simulations         {self.simulations} (+{self.uniform_simulations} for the uniform depth)",
             f"channels changed    {self.channels_changed:,} (depth other than the default {self.default_depth})",
@@ -184,12 +185,7 @@ class _Case:
 
 
 def _array_hash(trace: Mapping) -> str:
-    h = hashlib.sha256()
-    for key in sorted(trace):
-        arr = np.ascontiguousarray(trace[key])
-        h.update(f"{key}\0{arr.dtype.str}\0{arr.shape}\0".encode())
-        h.update(arr.tobytes())
-    return h.hexdigest()
+    return arrays_sha256(trace)  # in base.files: applying a depths file compares it too
 
 
 def _cases(target, traces, hardware) -> list[_Case]:

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from stepsim.base.errors import ConfigError
 from stepsim.base.figures import require_matplotlib
-from stepsim.base.files import trace_sha256
+from stepsim.base.files import published_together, trace_sha256
 from stepsim.reproduce import dynamic_parallelization, dynamic_tiling, time_multiplexing, validation
 from stepsim.reproduce.execute import Runner, check_jobs
 from stepsim.reproduce.figures import PLOTTERS
@@ -206,13 +206,14 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
             module, points = EXPERIMENTS[name], plans[name]
             table = module.build_table(points, records)
             headline, details = module.headline(table)
-            files = write_table(table, out, module.STEM, _provenance(module, points))
-            files["headline"] = write_headline(out, module.STEM, name, headline, details)
-            note = None
-            try:
-                files["figure"] = PLOTTERS[module.STEM](table, details, out / f"{module.STEM}.png")
-            except ConfigError as exc:  # matplotlib missing: the tables are still useful
-                note = f"figure skipped: {exc}"
+            with published_together():  # an experiment's files appear together (a full disk leaves none)
+                files = write_table(table, out, module.STEM, _provenance(module, points))
+                files["headline"] = write_headline(out, module.STEM, name, headline, details)
+                note = None
+                try:
+                    files["figure"] = PLOTTERS[module.STEM](table, details, out / f"{module.STEM}.png")
+                except ConfigError as exc:  # matplotlib missing: the tables are still useful
+                    note = f"figure skipped: {exc}"
             results[name] = ExperimentResult(name=name, table=table, headline=headline, details=details,
                                              summary=module.summary(table, headline, details), files=files,
                                              figure_note=note, simulations=len(points),

@@ -200,10 +200,17 @@ def headline(table: pa.Table) -> tuple[dict, dict]:
     return json_headline, {"groups": groups, "v1_pairs_b64": v1_summary, "tolerance": TOLERANCE}
 
 
+#: which on-chip accounting the table and figure show (``stepsim demo`` says the same of its columns)
+ACCOUNTING_NOTE = ("on_chip_bytes_plotted: the paper's Fig 9/10 accounting, published (every expert allocated) for "
+                   "static tiles and active (experts without tokens left out) for dynamic tiling; the parquet has "
+                   "both, on_chip_bytes and on_chip_bytes_active")
+
+
 def summary(table: pa.Table, json_headline: dict, details: dict) -> list[str]:
     """Human-readable lines: the table, each batch's comparison, the headline."""
     lines = format_rows(table, [("model", None), ("batch", None), ("tiling", None), ("tile_n", None),
                                 ("cycles", "{:,}"), ("off_chip_bytes", "{:,}"), ("on_chip_bytes_plotted", "{:,}")])
+    lines.append(ACCOUNTING_NOTE)
     lines.append("")
     for g in details["groups"]:
         mem_why = "" if g["memory_reference_comparable"] else " (none within 5% of dynamic's cycles: fastest)"

@@ -11,8 +11,20 @@ of the layer, in cycles:
   validation script's ``ridge_point = 4*4096/256 = 64`` FLOPs/byte);
 * ``roofline_bound_cycles`` = the larger of the two.
 
-Headline (printed; not part of ``--json``): the Pearson correlation between simulated cycles and
-``roofline_bound_cycles`` over the 15 points (and, for reference, with the memory bound alone).
+Headline (``--json`` keys :data:`JSON_KEYS`):
+
+* ``validation_pearson_cycles_vs_roofline``: the Pearson correlation between simulated cycles and
+  ``roofline_bound_cycles`` over the sweep's points (details: with the memory bound alone, too);
+* ``validation_pearson_cycles_vs_hdl``: the Pearson correlation between simulated cycles and the cycle counts of
+  the HDL model at the five points published with the paper's validation artifact, :data:`HDL_CYCLES`
+  (tile_m 16; null when the sweep leaves one of them out). Details list each point's simulated and HDL cycles.
+
+Source of :data:`HDL_CYCLES`: ``dse_results.csv`` of the paper's hardware-validation artifact,
+https://github.com/anonymous7484/step-artifact-eval (commit c2a42755b3a80d54f6be6cf515458c823982143c; Bluespec
+model of the tiled accelerator with a Ramulator2 HBM2 model). Its columns ``tile_b, dim, tile_inter`` are this
+sweep's ``tile_m``, D and ``tile_n``: tile_b 16, dim 256, tile_inter 16 / 32 / 64 / 128 / 256 -> 36,259 /
+30,432 / 27,859 / 29,112 / 25,998 cycles. (The same artifact's ``step_reference.csv`` lists the reference
+simulator's cycles for all 15 points.)
 """
 
 from __future__ import annotations
@@ -35,7 +47,11 @@ TILE_M = (16, 32, 64)
 TILE_N = (16, 32, 64, 128, 256)
 #: §5.6: the validation script's ridge point 4*4096/256 FLOPs/byte implies 4 compute nodes' worth of peak
 PEAK_FLOPS_PER_CYCLE = 4 * HDL_COMPUTE_BW
-JSON_KEYS: tuple[str, ...] = ()
+JSON_KEYS: tuple[str, ...] = ("validation_pearson_cycles_vs_roofline", "validation_pearson_cycles_vs_hdl")
+#: HDL cycle counts published with the paper's validation artifact (module docstring): (tile_m, tile_n) -> cycles
+HDL_CYCLES = {(16, 16): 36_259, (16, 32): 30_432, (16, 64): 27_859, (16, 128): 29_112, (16, 256): 25_998}
+HDL_SOURCE = ("dse_results.csv, https://github.com/anonymous7484/step-artifact-eval "
+              "(commit c2a42755b3a80d54f6be6cf515458c823982143c)")
 
 SCHEMA = pa.schema([
     field("tile_m", pa.int64(), "rows"), field("tile_n", pa.int64(), "columns"),
@@ -72,12 +88,20 @@ def build_table(points: Sequence[Point], records: Sequence[RunResult]) -> pa.Tab
 
 
 def headline(table: pa.Table) -> tuple[dict, dict]:
-    """``({}, details)``: the Pearson correlations (validation has no ``--json`` key)."""
+    """``(headline, details)``: the Pearson correlations with the roofline bound and with the published HDL
+    cycles (module docstring)."""
     cycles = table.column("cycles").to_pylist()
-    details = {"pearson_cycles_vs_roofline": pearson(cycles, table.column("roofline_bound_cycles").to_pylist()),
+    by_tile = {(r["tile_m"], r["tile_n"]): r["cycles"] for r in table.select(["tile_m", "tile_n", "cycles"]).to_pylist()}
+    hdl = [{"tile_m": m, "tile_n": n, "cycles": by_tile[(m, n)], "hdl_cycles": c,
+            "cycles_over_hdl": by_tile[(m, n)] / c} for (m, n), c in HDL_CYCLES.items() if (m, n) in by_tile]
+    vs_hdl = (pearson([p["cycles"] for p in hdl], [p["hdl_cycles"] for p in hdl]) if len(hdl) == len(HDL_CYCLES)
+              else None)
+    vs_roofline = pearson(cycles, table.column("roofline_bound_cycles").to_pylist())
+    details = {"pearson_cycles_vs_roofline": vs_roofline,
                "pearson_cycles_vs_memory_bound": pearson(cycles, table.column("memory_bound_cycles").to_pylist()),
-               "points": table.num_rows}
-    return {}, details
+               "points": table.num_rows, "pearson_cycles_vs_hdl": vs_hdl, "hdl_points": hdl,
+               "hdl_source": HDL_SOURCE}
+    return {JSON_KEYS[0]: vs_roofline, JSON_KEYS[1]: vs_hdl}, details
 
 
 def summary(table: pa.Table, json_headline: dict, details: dict) -> list[str]:
@@ -89,4 +113,12 @@ def summary(table: pa.Table, json_headline: dict, details: dict) -> list[str]:
     lines.append(f"Pearson r(simulated cycles, roofline bound) over {details['points']} points: "
                  f"{details['pearson_cycles_vs_roofline']:.4f} "
                  f"(memory bound alone: {details['pearson_cycles_vs_memory_bound']:.4f})")
+    if details["pearson_cycles_vs_hdl"] is None:
+        lines.append(f"Pearson r(simulated cycles, HDL cycles): - (the sweep leaves out some of the "
+                     f"{len(HDL_CYCLES)} published HDL points, tile_m 16)")
+        return lines
+    lines.append(f"Pearson r(simulated cycles, HDL cycles) over the {len(HDL_CYCLES)} published HDL points: "
+                 f"{details['pearson_cycles_vs_hdl']:.4f} (HDL: {HDL_SOURCE})")
+    lines += [f"  tile_m {p['tile_m']} tile_n {p['tile_n']:>3}: simulated {p['cycles']:,} cycles, HDL "
+              f"{p['hdl_cycles']:,} ({100 * (p['cycles_over_hdl'] - 1):+.1f} %)" for p in details["hdl_points"]]
     return lines

@@ -29,7 +29,8 @@ trace_sha256                       none        SHA-256 of the trace file (of its
 hardware_name                      none        hardware the run used: a preset's name, or ``<preset>+<field>=<value>,...``
                                                for a hardware file or overrides (``Hardware.name``)
 workload ... convention            none        every knob of :data:`~stepsim.workloads.config.KNOBS` as
-                                               configured (config-level defaults applied; null = unset)
+                                               the run used it: as configured, and where unset the builder's
+                                               value for the knobs of :data:`RESOLVED_KNOBS` (null = not used)
 params                             none        canonical JSON of every parameter the builder used
 cycles                             cycles      simulated cycles; null for metrics runs
 off_chip_bytes                     bytes       measured total for simulations, symbolic total for metrics
@@ -110,6 +111,7 @@ from stepsim.base.files import (
     pa,  # pyarrow's stand-in: imported when a table is first made (a printed record needs none)
     partition_dir,
     provenance_metadata,
+    published_folder,
     read_results,
     stable_hash,
     trace_sha256,
@@ -184,10 +186,10 @@ COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 COLUMN_UNITS = {name: unit for name, _, unit in COLUMNS if unit}
 #: per-unit counters of a simulation run (one row per engine unit, in program order)
 UNIT_COLUMNS = tuple(
-    _strings("run_id", "name", "kind")
+    _strings("run_id", "name", "kind", "group", "label")
     + _i64("count", "fires")
     + _i64("cycles", "busy_cycles", "blocked_in_cycles", "blocked_out_cycles", "final_clock")
-    + _f64("ratio", "utilization"))
+    + _f64("ratio", "utilization") + _i64("bytes", "bytes"))
 #: per-channel counters of a simulation run (one row per FIFO channel, in program order)
 CHANNEL_COLUMNS = tuple(_strings("run_id", "name") + _i64("count", "pushes") + _i64("elements", "peak_occupancy"))
 #: the Arrow schemas (module attributes made on first use): row, per-unit and per-channel
@@ -265,7 +267,29 @@ def identity(cfg: Mapping, trace_hash: str | None) -> dict:
 _identity = identity  # the name stepsim.batch first imported
 
 #: knobs whose value is a path: the identity holds what they resolve to (trace content hash, hardware values)
-_PATH_KNOBS = ("trace", "hardware")
+_PATH_KNOBS = ("trace", "hardware", "system")
+#: knobs added after run ids were first written (the collectives' and expert parallelism's): they enter a run's
+#: identity only when set, so a config that leaves them unset keeps the run id it always had (a resumed sweep
+#: finds its results; tests/records/test_resolved_knobs.py pins four ids)
+_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement")
+
+
+def program_identity(cfg: Mapping) -> str:
+    """What a config's ``program`` knob enters the run identity as: an ONNX model's file content, or a user's
+    ``file.py:function`` as the function and the file's content (never the path)."""
+    program = cfg["program"]
+    if is_onnx_program(cfg):
+        try:
+            return f"onnx sha256:{file_sha256(program)}"
+        except OSError as exc:
+            raise ConfigError(f"ONNX model {program}: cannot read: {exc.strerror or exc}") from None
+    from stepsim.workloads.program.build import split_spec
+
+    path, function = split_spec(program)
+    try:
+        return f"{function} in sha256:{file_sha256(path)}"
+    except OSError as exc:
+        raise ConfigError(f"program {program!r}: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dict:
@@ -278,7 +302,8 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     uses (:func:`stepsim.base.defaults.resolve_channel_depth`) and :data:`~stepsim.base.defaults.TIMING_MODEL_VERSION`.
     The trace enters through its content hash (beside this config in :func:`identity`).
     """
-    ident = {k: v for k, v in cfg.items() if k not in _PATH_KNOBS}
+    ident = {k: v for k, v in cfg.items()
+             if k not in _PATH_KNOBS and not (k in _KNOBS_IN_IDENTITY_WHEN_SET and v is None)}
     model = cfg.get("model")
     if isinstance(model, str) and is_model_file(model):  # a config.json: its content, not its path
         try:
@@ -288,18 +313,22 @@ def identity_config(cfg: Mapping, hardware: Hardware, channel_depth: int) -> dic
     for slot in ("routing", "kv_lengths"):  # the decoder's two traces: their content, not their paths
         if cfg.get(slot) is not None:
             ident[slot] = f"sha256:{trace_sha256(cfg[slot])}"
+    system = cfg.get("system")
+    if system is not None:  # a system preset by name, a system file by its content (its hardware: hardware_values)
+        ident["system"] = system if not system.endswith(".toml") else _system_file_hash(system)
     program = cfg.get("program")
-    if program is not None:  # a user's file.py:function: the file's content and the function, not its path
-        from stepsim.workloads.program.build import split_spec
-
-        path, function = split_spec(program)
-        try:
-            ident["program"] = f"{function} in sha256:{file_sha256(path)}"
-        except OSError as exc:
-            raise ConfigError(f"program {program!r}: cannot read {path}: {exc.strerror or exc}") from None
+    if program is not None:
+        ident["program"] = program_identity(cfg)
     ident.update(hardware_values=hardware.values(), run_channel_depth=int(channel_depth),
                  timing_model=TIMING_MODEL_VERSION)
     return ident
+
+
+def _system_file_hash(path: str) -> str:
+    try:
+        return f"sha256:{file_sha256(path)}"
+    except OSError as exc:
+        raise ConfigError(f"system file {path}: cannot read: {exc.strerror or exc}") from None
 
 
 def run_identity(config: Mapping, *, source: str | None = None) -> tuple[str, str | None, str | None]:
@@ -320,6 +349,34 @@ def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[
     hardware = resolve_hardware(cfg, source=source)
     depth = resolve_channel_depth(_knob_depth(cfg), hardware, WORKLOAD_CHANNEL_DEPTH[cfg["workload"]])
     return stable_hash(identity(identity_config(cfg, hardware, depth), trace_hash)), trace, trace_hash
+
+
+#: knobs a builder resolves when a config leaves them unset (a default tile, every expert its own region, the
+#: FIFO depth of the hardware): the record stores the value the run used (``workload.params``)
+RESOLVED_KNOBS = ("tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw",
+                  "channel_depth", "kv_heads")
+
+
+def resolved_knobs(cfg: Mapping, params: Mapping, channel_depth: int | None) -> dict:
+    """The record's knob columns: the config's knobs, where unset the value the run used.
+
+    An unset knob of :data:`RESOLVED_KNOBS` that applies to the workload takes the builder's value from
+    ``params`` (``tile_n`` 32 of a static MoE layer, ``regions`` = experts, ``compute_bw``...), and
+    ``channel_depth`` the run's default FIFO depth; knobs the run did not use (a dynamic layer's ``tile_n``)
+    stay null. The run id is not affected: it hashes the config as given (:func:`identity_config`), so runs that
+    had one id keep it; two spellings of one run (a default given or left out) now record the same values,
+    which is what :mod:`stepsim.insight.compare` and sweep tables pair and group by.
+    """
+    from stepsim.workloads.config import APPLIES_TO
+
+    out = {k: cfg[k] for k in KNOBS}
+    for k in RESOLVED_KNOBS:
+        if out[k] is not None or cfg["workload"] not in APPLIES_TO.get(k, (cfg["workload"],)):
+            continue
+        value = channel_depth if k == "channel_depth" else params.get(k)
+        if isinstance(value, (int, str)) and not isinstance(value, bool):
+            out[k] = value
+    return out
 
 
 def _knob_depth(cfg: Mapping):
@@ -413,9 +470,12 @@ class RunResult:
             depth = resolve_channel_depth(_knob_depth(cfg), hardware, workload.channel_depth)
         ident = identity_config(cfg, hardware, depth)
         run_id = stable_hash(identity(ident, trace_hash))
-        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__, "trace_path": trace,
+        # trace_path absolute: `stepsim report` run from another folder finds the trace (the knob keeps the path
+        # as given, relative or not)
+        row = {"run_id": run_id, "mode": cfg["mode"], "stepsim_version": __version__,
+               "trace_path": None if trace is None else Path(trace).resolve().as_posix(),
                "trace_sha256": trace_hash, "hardware_name": hardware.name,
-               **{k: cfg[k] for k in KNOBS}, "params": canonical_json(workload.params)}
+               **resolved_knobs(cfg, workload.params, depth), "params": canonical_json(workload.params)}
         row.update(_measurements(workload, metrics, sim, hardware, values, depth))
         timings = timings or Timings()
         row.update(build_s=timings.build_s, metrics_s=metrics_s, lower_s=_attr(sim, "lower_s"),
@@ -499,15 +559,19 @@ class RunResult:
         """
         ident = identity(self.config, self.row["trace_sha256"])
         extra = {TRACE_HASH_KEY: self.row["trace_sha256"]} if self.row["trace_sha256"] else None
-        paths = {"run": write_partitioned(self.to_arrow(), out_dir, partition_cols, config=ident,
-                                          metadata=extra)}
-        if self.simulated:
-            folder = partition_dir(out_dir, self.row, partition_cols)
-            meta = self.provenance()
-            for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
-                path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
-                paths[kind] = write_parquet_atomic(table, path, meta)
-        return paths
+        # the row and its tables appear together or not at all: a record without its channel table is a run
+        # folder `stepsim report` rejects (a full disk after the first file left one)
+        with published_folder(out_dir) as root:
+            paths = {"run": write_partitioned(self.to_arrow(), root, partition_cols, config=ident,
+                                              metadata=extra)}
+            if self.simulated:
+                folder = partition_dir(root, self.row, partition_cols)
+                meta = self.provenance()
+                for kind, table in (("units", self.unit_table()), ("channels", self.channel_table())):
+                    path = folder / f"{_KINDS[kind][0]}{self.run_id[:16]}.parquet"
+                    paths[kind] = write_parquet_atomic(table, path, meta)
+        # a new folder was built under a temporary name: name the files where they are now
+        return {kind: Path(out_dir) / path.relative_to(root) for kind, path in paths.items()}
 
 
 def _attr(sim, name: str):
@@ -553,19 +617,50 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
     return out
 
 
+def unit_labels(names: list[str], kinds: list[str], groups: list[str]) -> list[str]:
+    """A stable label per unit: ``<group>/<kind>#<k>``, the k-th unit of that kind in that group, in program order
+    (``expert 3/Matmul#1``). Unit names are numbered by position in the whole graph (``Map_130``), so one more
+    operator anywhere renames every later unit; a label changes only when its own group changes, which lets
+    ``stepsim compare`` match the units of two graphs of the same structure."""
+    seen: dict[tuple[str, str], int] = {}
+    labels = []
+    for kind, group in zip(kinds, groups, strict=True):
+        k = seen.get((group, kind), 0)
+        seen[(group, kind)] = k + 1
+        labels.append(f"{group}/{kind}#{k}")
+    return labels
+
+
 def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
-    """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock)."""
-    kinds = {op.name: type(op).__name__ for op in workload.graph.ops}
+    """Per-unit counters of ``sim`` (columns of SimResult.unit_counters: fires, busy, blocked in/out, clock), with
+    each unit's operator class, group (``expert 3``; ``shared`` outside any group) and stable label."""
+    from stepsim.graph.labels import graph_labels
+
+    group_of, kind_of = graph_labels(workload.graph)
     counters = sim.unit_counters
     names = list(sim.unit_names)
+    kinds = [_unit_kind(n, kind_of) for n in names]
+    groups = [group_of.get(n, "shared") for n in names]
     cycles = int(sim.cycles)
     busy = [int(v) for v in counters[:, 1]]
     return {
-        "run_id": [run_id] * len(names), "name": names, "kind": [_unit_kind(n, kinds) for n in names],
+        "run_id": [run_id] * len(names), "name": names, "kind": kinds, "group": groups,
+        "label": unit_labels(names, kinds, groups),
         "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
         "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
         "utilization": [b / cycles if cycles else None for b in busy],
+        # bytes a Link unit carried (its busy cycles are its serialization, its utilization its occupancy)
+        "bytes": _link_bytes(sim, names),
     }
+
+
+def _link_bytes(sim, names: list) -> list:
+    """Per unit: the bytes a Link carried, None for every other unit (and for results without the counter)."""
+    carried = getattr(sim, "link_bytes", None)
+    kinds = getattr(sim, "unit_opcodes", None)
+    if carried is None or kinds is None:
+        return [None] * len(names)
+    return [int(b) if k == "Link" else None for b, k in zip(carried, kinds)]
 
 
 def _channel_columns(run_id: str, sim) -> dict[str, list]:
@@ -578,7 +673,8 @@ def _channel_columns(run_id: str, sim) -> dict[str, list]:
 
 # --- running and collecting -------------------------------------------------------------------------------
 @gc_paused  # the build, lowering and records allocate long-lived objects: see stepsim.graph.gcpause
-def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0) -> RunResult:
+def run_config(config: Mapping, *, source: str | None = None, progress=None, timeline: int = 0,
+               force: bool = False) -> RunResult:
     """Build and run one configuration; ``config["mode"]`` is one of ``"metrics"`` (default), ``"simulate"``,
     ``"functional"`` or ``"check"`` (see the module docstring).
 
@@ -593,6 +689,8 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     timeline : int
         Simulations: record a timeline of at most this many records into ``RunResult.timeline``
         (:mod:`stepsim.simulation.timeline`); 0 records nothing. It changes no result, so it is not part of the identity.
+    force : bool
+        Simulate even when the estimated work is over the limit (:mod:`stepsim.kernels.run_size`).
 
     Returns
     -------
@@ -610,7 +708,7 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     """
     start = time.perf_counter()
     cfg = normalize_config(config, source=source)
-    workload = build_normalized(cfg, source=source)
+    workload = _build(cfg, source)
     build_s = time.perf_counter() - start
     hardware = resolve_hardware(cfg, workload, source=source)
     if cfg["mode"] == "metrics":
@@ -620,7 +718,7 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
 
         mode = cfg["mode"]
         sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
-                       progress=progress, timeline=timeline or False)
+                       progress=progress, timeline=timeline or False, force=force)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
                                            timings=Timings(build_s=build_s), mode=mode)
         record = dataclasses.replace(record, timeline=sim.timeline)
@@ -629,11 +727,35 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))
 
 
+def is_onnx_program(cfg: Mapping) -> bool:
+    """Whether a config's workload is an ONNX model (``stepsim run model.onnx``: the program knob names the file)."""
+    program = cfg.get("program")
+    return cfg.get("workload") == "program" and isinstance(program, str) and program.endswith(".onnx")
+
+
+def _build(cfg: Mapping, source: str | None) -> Workload:
+    """The workload of a normalized config: an ONNX model through the front end, else the kinds' builders."""
+    if not is_onnx_program(cfg):
+        return build_normalized(cfg, source=source)
+    from stepsim.frontend import from_onnx  # the front end sits below results (docs/architecture.md)
+
+    # token ids seeded and a MoE block routed as its router chooses on seeded inputs: the CLI has neither to give
+    workload = from_onnx(cfg["program"], values="seeded", routing="teacher")
+    if cfg.get("fifo_depths") is not None:
+        from stepsim.graph.depths_file import apply_depths_file
+
+        apply_depths_file(workload, cfg["fifo_depths"])
+    return workload
+
+
 def check_columns(workload: Workload, sim) -> dict[str, Any]:
     """The ``check_*`` columns of a functional run: the largest relative error over the stored tensors
     (:func:`stepsim.workloads.reference.max_rel_error`), the smallest tolerance, and whether every tensor is
-    within its own tolerance."""
-    from stepsim.workloads.reference import check_outputs
+    within its own tolerance (an ONNX model's against onnx's reference evaluator, :mod:`stepsim.frontend.check`)."""
+    if workload.name == "onnx":
+        from stepsim.frontend.check import check_outputs
+    else:
+        from stepsim.workloads.reference import check_outputs
 
     checks = check_outputs(workload, sim.inputs, sim.outputs).values()
     return {"check_max_rel_error": max(c.error for c in checks), "check_tolerance": min(c.tolerance for c in checks),

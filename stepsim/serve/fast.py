@@ -36,8 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from stepsim.base.defaults import TIMING_MODEL_VERSION
 from stepsim.base.errors import ConfigError
-from stepsim.base.files import atomic_output, stable_hash
+from stepsim.base.files import atomic_output, file_sha256, stable_hash
 from stepsim.serve.exact import CYCLE_KINDS, EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.layers import KV_TILE, LayerSpec, build
@@ -297,8 +298,14 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
 
 
 def calibration_key(parts: dict) -> str:
-    """The cache key: a stable hash of everything that determines a calibration."""
-    return stable_hash({"calibration_version": CALIBRATION_VERSION, **parts})
+    """The cache key: a stable hash of everything that determines a calibration, this module's source included
+    (a calibration made by other code is never reused, even when CALIBRATION_VERSION was not bumped)."""
+    return stable_hash({"calibration_version": CALIBRATION_VERSION, "model_source": _MODEL_SOURCE,
+                        "timing_model_version": TIMING_MODEL_VERSION, **parts})
+
+
+#: SHA-256 of this module's source: the fitted model's code, part of every calibration key
+_MODEL_SOURCE = file_sha256(Path(__file__))
 
 
 def load_calibration(cache: Path, key: str) -> dict | None:

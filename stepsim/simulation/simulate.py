@@ -51,6 +51,10 @@ class SimResult:
         Functional mode: the tensors the run loaded and the tensors it stored, by name.
     functional : FunctionalStats or None
         Functional mode: value-arena usage.
+    link_bytes : int64 array or None
+        Bytes each unit carried over a link (Link units; 0 for the others).
+    unit_opcodes : list of str or None
+        Each unit's operator kind (``"Link"``, ``"Map"``, ...), matching ``unit_names``.
     """
 
     cycles: int
@@ -72,6 +76,8 @@ class SimResult:
     channel_depth: int | None = None
     #: ``simulate(..., timeline=...)``: the run's :class:`stepsim.simulation.timeline.Timeline` (Arrow tables)
     timeline: object | None = field(default=None, repr=False)
+    link_bytes: np.ndarray | None = field(default=None, repr=False)
+    unit_opcodes: list | None = field(default=None, repr=False)
 
     @property
     def off_chip_bytes(self) -> int:
@@ -83,8 +89,8 @@ _compiled = False
 
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
-             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False
-             ) -> SimResult:
+             arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False,
+             force: bool = False) -> SimResult:
     """Simulate ``target`` (a Graph or a Workload).
 
     Parameters
@@ -120,10 +126,14 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         intervals, FIFO occupancy, on-chip FIFO bytes and HBM requests as Arrow tables). True records at most
         :data:`stepsim.simulation.timeline.DEFAULT_RECORDS` records, an int at most that many (past the limit the trace is
         cut, never the run). Off by default; timing results are identical either way.
+    force : bool
+        Run even when the estimated HBM work exceeds :data:`stepsim.kernels.run_size.MAX_HBM_REQUESTS` (a run
+        needing more memory than is available is refused anyway; :mod:`stepsim.kernels.run_size`).
     """
     global _compiled
     from stepsim.analysis.deadlock import run_diagnosed as run  # the numba engine; a deadlock comes explained
 
+    _check_arguments(target, channel_depth, max_events)
     records = _timeline_records(timeline)
     graph = target.graph if isinstance(target, Workload) else target
     if hardware is None:
@@ -137,6 +147,9 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     start = time.perf_counter()
     program = lower(graph, hardware, channel_depth=channel_depth, channel_depths=channel_depths)
     lower_s = time.perf_counter() - start
+    from stepsim.kernels import run_size
+
+    run_size.check(run_size.estimate(program, records), force=force)  # before any allocation or engine time
     compile_s = 0.0
     if not _compiled:
         from stepsim.kernels.api import _engine, _ensure_compiled
@@ -153,6 +166,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         try:
             if inputs is None:
                 inputs = default_inputs(target, seed)
+            else:  # tensors that carry their values (an ONNX model's initializers) need not be given
+                inputs = {**tensor_data(graph), **inputs}
             res = run(program, max_events=max_events, inputs=inputs, arena_tiles=arena_tiles, progress=progress,
                       timeline=records)
         except MemoryError as exc:  # the estimates above leave out NumPy's temporaries
@@ -180,7 +195,29 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
                      unit_names=list(program.unit_names), channel_names=list(program.channel_names),
                      unit_counters=res.unit_counters, channel_counters=res.channel_counters,
                      inputs=inputs if functional else None, outputs=res.outputs, functional=res.functional,
-                     channel_depth=channel_depth, timeline=recorded)
+                     channel_depth=channel_depth, timeline=recorded, link_bytes=res.link_bytes,
+                     unit_opcodes=[program.opcode_name(u) for u in range(program.n_units)])
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_arguments(target, channel_depth, max_events) -> None:
+    """ArgumentError for a target that is no Graph or Workload and for a depth or event limit that is not a
+    positive int: a float depth was truncated, a bool taken as 1, None failed deep in the lowering, and
+    ``max_events=0`` reported a limit of 1 that was never given."""
+    from stepsim.base.errors import ArgumentError
+
+    if not isinstance(target, (Graph, Workload)):
+        raise ArgumentError(f"simulate: target must be a stepsim Graph or Workload, got {type(target).__name__} "
+                            f"{target!r:.60}")
+    if channel_depth is not _UNSET and channel_depth is not None and (not _is_int(channel_depth)
+                                                                     or channel_depth < 1):
+        raise ArgumentError(f"simulate: channel_depth must be an int >= 1 (elements) or None (1024), got "
+                            f"{channel_depth!r} ({type(channel_depth).__name__})")
+    if max_events is not None and (not _is_int(max_events) or max_events < 1):
+        raise ArgumentError(f"simulate: max_events must be an int >= 1 or None (no limit), got {max_events!r}")
 
 
 def _timeline_records(timeline) -> int:
@@ -198,14 +235,26 @@ def _timeline_records(timeline) -> int:
     raise ArgumentError(f"timeline must be True, False or a positive record limit, got {timeline!r}")
 
 
-def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded functional-mode inputs: a Workload's :func:`~stepsim.workloads.reference.make_inputs`; for a
-    Graph, every loaded tensor's ``data`` when set, else standard normal values (bf16-rounded when the tensor
-    is bf16) drawn from ``seed`` and the tensor's name."""
-    if isinstance(target, Workload):
-        from stepsim.workloads.reference import make_inputs
+def tensor_data(graph: Graph) -> dict[str, np.ndarray]:
+    """The values of every loaded tensor that carries them (``Tensor.data``), by name."""
+    return {op.tensor.name: np.asarray(op.tensor.data, dtype=np.float32) for op in graph.ops
+            if getattr(op, "tensor", None) is not None and op.tensor.data is not None}
 
-        return make_inputs(target, seed)
+
+def default_inputs(target: Graph | Workload, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded functional-mode inputs: a Workload's :func:`~stepsim.workloads.reference.make_inputs` (for a
+    workload kind without one, e.g. an ONNX model's ``onnx``, its graph's); for a Graph, every loaded tensor's
+    ``data`` when set, else standard normal values (bf16-rounded when the tensor is bf16) drawn from ``seed``
+    and the tensor's name."""
+    if isinstance(target, Workload):
+        from stepsim.workloads.kinds import KINDS
+
+        kind = KINDS.get(target.name)
+        if kind is not None and kind.inputs is not None:
+            from stepsim.workloads.reference import make_inputs
+
+            return make_inputs(target, seed)
+        target = target.graph
     from stepsim.workloads.reference import round_to_bf16
 
     arrays = {}

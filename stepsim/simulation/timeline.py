@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from stepsim.graph.labels import graph_labels, group_label  # noqa: F401 (graph_labels: also imported from here)
 from stepsim.kernels import abi as A
 from stepsim.kernels import timeline as T
 
@@ -87,18 +88,6 @@ class Timeline:
             return f"timeline: {self.records:,} records (complete)"
         return (f"timeline: over the limit of {self.capacity:,} records; kept the {self.records:,} before cycle "
                 f"{self.horizon:,} and left out {self.dropped:,} (raise the limit to record more)")
-
-
-def group_label(group) -> str:
-    """The label of an operator's ``op.group`` (``("expert", 3)`` -> ``expert 3``); ``shared`` for none."""
-    if isinstance(group, tuple) and len(group) == 2:
-        return f"{group[0]} {group[1]}"
-    return "shared"
-
-
-def graph_labels(graph) -> tuple[dict[str, str], dict[str, str]]:
-    """``(groups, kinds)``: every operator's group label and operator class, by name (for :func:`decode`)."""
-    return ({op.name: group_label(op.group) for op in graph.ops}, {op.name: type(op).__name__ for op in graph.ops})
 
 
 def decode(tl: np.ndarray, program, groups: dict[str, str] | None = None,
@@ -206,6 +195,9 @@ def check_timeline_args(path: str | None, limit: int | None, min_dur: int | None
     from stepsim.base.errors import ArgumentError, ConfigError
     from stepsim.base.outputs import check_out_file
 
+    if path == "":
+        raise ArgumentError("--timeline: empty path; give a file name ending in .json, .json.gz, .pftrace or "
+                            ".perfetto-trace")
     if not path:
         flag = "--timeline-limit" if limit is not None else "--timeline-min-dur"
         raise ArgumentError(f"{flag} needs --timeline PATH")

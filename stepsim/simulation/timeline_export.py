@@ -5,11 +5,16 @@ interval table (columns ``unit`` str, ``group`` str, ``state`` str in {busy, blo
 / ``end`` int cycles, ``channel`` str or None, optionally ``kind`` (operator class) and ``hbm`` bool), the FIFO
 counter table (``channel`` str, ``t`` int cycles, ``occupancy`` int elements) and optionally the ``onchip``
 (``t``, ``fifo_bytes``) and ``hbm`` (``start``, ``end``, ``bytes_per_cycle``) tables. Times are cycles,
-written 1:1 as microseconds (``ts``/``dur``), so the Perfetto UI's "us" reads as cycles.
+written 1:1 as microseconds (``ts``/``dur``, the trace-event format's unit), so the Perfetto UI's "us" reads as
+cycles; no ``displayTimeUnit`` is set (it would show every cycle as 1,000 ns), and the metadata says
+``time_unit: "1 us = 1 cycle"``.
 
-Tracks: one process per group (region / expert / stage, ``"graph"`` when a unit has none), one thread per unit
-inside it; FIFO occupancy as counter events (``ph: "C"``) in a ``fifos`` process; live FIFO bytes and HBM
-bandwidth (bytes per cycle per window) as counters in a ``memory`` process. Large runs stay usable:
+Tracks: one process per group (region / expert / stage, ``"graph"`` when a unit has none), in natural order
+(``expert 2`` before ``expert 10``: ``process_sort_index``), one thread per unit inside it (natural order by
+name: ``thread_sort_index``); each FIFO's occupancy as a counter (``ph: "C"``) in the process of the group
+that produces into it (its producer is the unit named before ``[`` in the channel label ``Map_12[0]``), so an
+expert's FIFOs sit with its units; channels whose producer is not among the units in a ``fifos`` process; live
+FIFO bytes and HBM bandwidth (bytes per cycle per window) as counters in a ``memory`` process. Large runs stay usable:
 intervals shorter than ``min_dur`` cycles are merged with their neighbours of the same kind on the same track,
 and at most ``max_events_per_track`` events are written per track; what was merged or cut is written in the
 trace's ``metadata`` (``aggregated`` and ``dropped`` counts per track).
@@ -30,6 +35,21 @@ def _rows(table) -> list[dict]:
     if hasattr(table, "to_pylist"):
         return table.to_pylist()
     return [dict(r) for r in table]
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that compares the numbers in a name as numbers: ``expert 2`` < ``expert 10``, ``Map_9`` <
+    ``Map_10``."""
+    import re
+
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part)
+
+
+def _producer(channel: str) -> str | None:
+    """The unit a channel label ``<unit>[<output>]`` comes from (None for another kind of name)."""
+    if channel.endswith("]") and "[" in channel:
+        return channel[:channel.rindex("[")]
+    return None
 
 
 def _aggregate(intervals: list[dict], min_dur: int) -> tuple[list[dict], int]:
@@ -55,12 +75,15 @@ def chrome_trace(intervals, counters=None, *, onchip=None, hbm=None, min_dur: in
 
     ``min_dur`` (cycles): intervals shorter than this are aggregated (0 = keep all).
     ``max_events_per_track``: events past this many on one track are left out and counted."""
-    rows = sorted(_rows(intervals), key=lambda r: (str(r.get("group") or "graph"), r["unit"], r["start"], r["end"]))
-    groups = sorted({str(r.get("group") or "graph") for r in rows})
+    rows = sorted(_rows(intervals), key=lambda r: (natural_key(str(r.get("group") or "graph")),
+                                                     natural_key(r["unit"]), r["start"], r["end"]))
+    groups = sorted({str(r.get("group") or "graph") for r in rows}, key=natural_key)
     pid_of = {g: i + 1 for i, g in enumerate(groups)}
+    group_of_unit = {r["unit"]: str(r.get("group") or "graph") for r in rows}
     events: list[dict] = []
     for g, pid in pid_of.items():
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": g}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
     tid_of: dict[tuple, int] = {}
     by_track: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -72,6 +95,7 @@ def chrome_trace(intervals, counters=None, *, onchip=None, hbm=None, min_dur: in
         pid = pid_of[g]
         tid = tid_of.setdefault((g, unit), len(tid_of) + 1)
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": unit}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
         if min_dur > 0:
             ivs, n = _aggregate(ivs, min_dur)
             if n:
@@ -92,22 +116,34 @@ def chrome_trace(intervals, counters=None, *, onchip=None, hbm=None, min_dur: in
                            "ts": int(iv["start"]), "dur": int(iv["end"] - iv["start"]), "args": args})
     crows = _rows(counters)
     if crows:
-        fifo_pid = len(pid_of) + 1
-        events.append({"name": "process_name", "ph": "M", "pid": fifo_pid, "tid": 0, "args": {"name": "fifos"}})
         per_ch: dict[str, list[dict]] = {}
-        for c in sorted(crows, key=lambda c: (c["channel"], c["t"])):
+        for c in sorted(crows, key=lambda c: (natural_key(c["channel"]), c["t"])):
             per_ch.setdefault(c["channel"], []).append(c)
+        fifo_pid = None
         for ch, cs in per_ch.items():
+            group = group_of_unit.get(_producer(ch))
+            if group is not None:
+                pid = pid_of[group]
+            else:  # a channel whose producer is not among the units: one process for all of them
+                if fifo_pid is None:
+                    fifo_pid = len(pid_of) + 1
+                    events.append({"name": "process_name", "ph": "M", "pid": fifo_pid, "tid": 0,
+                                   "args": {"name": "fifos"}})
+                    events.append({"name": "process_sort_index", "ph": "M", "pid": fifo_pid, "tid": 0,
+                                   "args": {"sort_index": fifo_pid}})
+                pid = fifo_pid
             if len(cs) > max_events_per_track:
                 dropped[ch] = len(cs) - max_events_per_track
                 cs = cs[:max_events_per_track]
             for c in cs:
-                events.append({"name": ch, "ph": "C", "pid": fifo_pid, "tid": 0, "ts": int(c["t"]),
+                events.append({"name": ch, "ph": "C", "pid": pid, "tid": 0, "ts": int(c["t"]),
                                "args": {"occupancy": int(c["occupancy"])}})
     series = _memory_series(onchip, hbm)
     if series:
         mem_pid = max(e["pid"] for e in events) + 1 if events else 1
         events.append({"name": "process_name", "ph": "M", "pid": mem_pid, "tid": 0, "args": {"name": "memory"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": mem_pid, "tid": 0,
+                       "args": {"sort_index": mem_pid}})
         for name, key, points in series:
             if len(points) > max_events_per_track:
                 dropped[name] = len(points) - max_events_per_track
@@ -118,7 +154,7 @@ def chrome_trace(intervals, counters=None, *, onchip=None, hbm=None, min_dur: in
     meta.update({"time_unit": "1 us = 1 cycle", "min_dur_cycles": int(min_dur),
                  "max_events_per_track": int(max_events_per_track),
                  "aggregated": aggregated, "dropped": dropped})
-    return {"traceEvents": events, "displayTimeUnit": "ns", "metadata": meta}
+    return {"traceEvents": events, "metadata": meta}
 
 
 def _memory_series(onchip, hbm) -> list[tuple[str, str, list]]:
@@ -149,7 +185,8 @@ def write_chrome_trace(path, intervals, counters=None, **kwargs) -> None:
 def perfetto_trace_bytes(intervals, counters=None, **kwargs) -> bytes:
     """The same tracks as :func:`chrome_trace` (same aggregation and cap) as Perfetto protobuf bytes, built with
     the ``perfetto`` package's TraceProtoBuilder (optional extra ``timeline``). Timestamps: 1 cycle = 1 us, i.e.
-    1000 ns in the trace's nanosecond clock. Group tracks are parents of their units' tracks."""
+    1000 ns in the trace's nanosecond clock. Group tracks are parents of their units' tracks and FIFO counters, in
+the JSON form's order (explicit sibling ranks)."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackEvent
     from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
@@ -158,17 +195,21 @@ def perfetto_trace_bytes(intervals, counters=None, **kwargs) -> bytes:
     seq = 1
     names = {}
     for e in doc["traceEvents"]:
-        if e["ph"] == "M":
+        if e["ph"] == "M" and e["name"] in ("process_name", "thread_name"):
             names[(e["pid"], e["tid"] if e["name"] == "thread_name" else 0)] = e["args"]["name"]
     uuid_of = {}
-    for (pid, tid), name in sorted(names.items()):
+    for rank, ((pid, tid), name) in enumerate(sorted(names.items())):
         uuid = pid * 1_000_000 + tid + 1
         uuid_of[(pid, tid)] = uuid
         p = builder.add_packet()
         p.track_descriptor.uuid = uuid
         p.track_descriptor.name = name
+        # the JSON's order (groups and units in natural order), not the UI's alphabetical one
+        p.track_descriptor.sibling_order_rank = rank
         if tid:
             p.track_descriptor.parent_uuid = uuid_of[(pid, 0)]
+        else:
+            p.track_descriptor.child_ordering = p.track_descriptor.EXPLICIT
     counter_uuid = {}
     next_uuid = max(uuid_of.values(), default=0) + 1
     for e in doc["traceEvents"]:
@@ -190,6 +231,7 @@ def perfetto_trace_bytes(intervals, counters=None, **kwargs) -> bytes:
                 d.track_descriptor.uuid = next_uuid
                 d.track_descriptor.name = e["name"]
                 d.track_descriptor.parent_uuid = uuid_of[(e["pid"], 0)]
+                d.track_descriptor.sibling_order_rank = len(uuid_of) + len(counter_uuid)  # after the units
                 d.track_descriptor.counter.SetInParent()
                 next_uuid += 1
             p = builder.add_packet()

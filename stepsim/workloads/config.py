@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.workloads.base import Workload
+from stepsim.workloads.collective import ALGORITHMS as COLLECTIVE_ALGORITHMS
+from stepsim.workloads.collective import OPS as COLLECTIVE_OPS
 from stepsim.workloads.kinds import COMMON_KNOBS, KINDS
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ KNOBS: tuple[str, ...] = (
     "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
     "fifo_depths", "hardware", "convention", "program", "routing", "kv_lengths", "kv_heads",
+    "op", "bytes", "algorithm", "system", "ep", "placement",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -71,18 +74,22 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "softmax": ("plain", "stable"),
     "convention": ("published", "paper"),
     "mode": MODES,
+    "op": COLLECTIVE_OPS,
+    "algorithm": COLLECTIVE_ALGORITHMS,
+    "placement": ("contiguous", "round-robin", "load-balanced"),
 }
 #: integer knobs and their smallest allowed value
 INT_MINIMUM: dict[str, int] = {
     "hidden": 1, "intermediate": 1, "experts": 1, "top_k": 1, "iteration": 0, "layer": 0, "batch_id": 0,
     "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1, "kv_heads": 1,
+    "bytes": 1, "ep": 1,
 }
 #: largest value of every int knob: sizes, tiles, depths and FLOP rates beyond it would overflow the engine's
 #: int64 arithmetic (products of a tile and a dimension) long before they meant anything
 INT_MAXIMUM = 2**31 - 1
 #: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
 #: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
-STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program", "routing", "kv_lengths")
+STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program", "routing", "kv_lengths", "system")
 #: knobs used by some workloads only (absent here: used by every workload), from the kinds' registry entries
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     knob: tuple(k.name for k in KINDS.values() if knob in k.knobs)
@@ -149,7 +156,7 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
         if not isinstance(value, str) or value not in CHOICES[key]:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, CHOICES[key]))}, got {value!r}")
         return value
-    if key in ("trace", "fifo_depths", "routing", "kv_lengths") and isinstance(value, os.PathLike):
+    if key in ("trace", "fifo_depths", "routing", "kv_lengths", "system") and isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
@@ -257,7 +264,7 @@ def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
         if cfg.get("fifo_depths") is not None:
             from stepsim.graph.depths_file import apply_depths_file
 
-            apply_depths_file(workload, cfg["fifo_depths"])
+            apply_depths_file(workload, cfg["fifo_depths"], resolved_trace(cfg))
         return workload
     except (ArgumentError, ConfigError) as exc:
         if source is None and isinstance(exc, ConfigError):
@@ -280,6 +287,16 @@ def resolve_hardware(cfg: Mapping, workload: Workload | None = None, *, source: 
     from stepsim.workloads.kinds import WORKLOAD_HARDWARE
 
     name = cfg.get("hardware") or (workload.hardware if workload is not None else WORKLOAD_HARDWARE[cfg["workload"]])
+    if cfg.get("system") is not None and cfg.get("hardware") is None:  # many chips: the system names their hardware
+        from stepsim.base.errors import SystemConfigError
+        from stepsim.base.system import System
+
+        try:
+            name = System.load(cfg["system"]).hardware_spec
+        except SystemConfigError as exc:
+            if source is None:
+                raise
+            raise ConfigError(f"{_prefix(source)}{exc}") from exc
     try:
         return Hardware.from_toml(name) if name.endswith(".toml") else Hardware.preset(name)
     except ConfigError as exc:

@@ -271,10 +271,11 @@ def graph_tensors(workload: Workload) -> dict[str, TensorSpec]:
     """
     found: dict[str, TensorSpec] = {}
     for op in workload.graph.ops:
-        if op.kind in ("LinearOffChipLoad", "RandomOffChipLoad", "RandomOffChipStore"):
+        # resident tensors (a collective's on-chip inputs and outputs) hold values like off-chip ones
+        if op.kind in ("LinearOffChipLoad", "ResidentLoad", "RandomOffChipLoad", "RandomOffChipStore"):
             spec = TensorSpec(op.tensor.name, tuple(op.tensor.shape), op.tensor.dtype.name,
                               op.kind != "RandomOffChipStore", op.kind == "RandomOffChipStore")
-        elif op.kind == "LinearOffChipStore":
+        elif op.kind in ("LinearOffChipStore", "ResidentStore"):
             spec = TensorSpec(op.tensor_name, tuple(op.tensor_shape), op.inputs[0].stream.dtype.dtype.name,
                               False, True)
         else:

@@ -126,8 +126,7 @@ CLI_CASES = [
                                                     "packs each expert's tokens into one tile)"),
     ("run moe --softmax stable", 2, E + "--softmax does not apply to workload 'moe' (it applies to: attention, "
                                         "prefill_attention, decoder)"),
-    ("run moe --tile-m 16", 2, E + "--tile-m does not apply to workload 'moe' (it applies to: swiglu, "
-                                   "prefill_attention)"),
+    ("run moe --tile-m 16", 2, E + "--tile-m does not apply to workload 'moe' (it applies to: swiglu, prefill_attention)"),
     ("metrics swiglu --tiling static", 2, E + "--tiling does not apply to workload 'swiglu' (it applies to: moe, "
                                               "decoder)"),
     ("run moe --iteration -1", 2, E + "--iteration must be an int >= 0, got -1"),
@@ -166,7 +165,7 @@ CLI_CASES = [
      E + "sweep_unknown.toml: unknown key 'tile_mm' in [fixed] (did you mean 'tile_m'?); known keys: model, hidden, "
          "intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, tile_m, regions, "
          "strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention, routing, kv_lengths, "
-         "kv_heads"),
+         "kv_heads, op, bytes, algorithm, system, ep, placement"),
     ("sweep sweep_type.toml --out s", 2,
      E + "sweep_type.toml (task tile_m=big): config key 'tile_m' must be an int >= 1, got 'big'"),
     ("sweep sweep_huge.toml --out s", 2,
@@ -176,7 +175,7 @@ CLI_CASES = [
                                        "position 0: invalid start byte"),
     ("sweep sweep_empty_axis.toml --out s", 2, E + "sweep_empty_axis.toml: [axes] tile_m has no values"),
     ("sweep sweep_no_workload.toml --out s", 2,
-     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder)"),
+     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder, collective)"),
     # --- hardware TOML files
     ("run swiglu --hardware missing.toml", 2, None),
     ("run swiglu --hardware step-fast", 2,
@@ -210,7 +209,7 @@ CLI_CASES = [
      E + "traces_empty/expert_routing: folder not found in the traces folder traces_empty (expected "
          "expert_routing/<mixtral|qwen>_b<B>/*.npz and kv_lengths/b<B>/<trace>_stdev<SSSS>_<start>_<end>.npy, as in "
          "../shared/traces)"),
-    ("reproduce all --traces traces_empty --out o --jobs 0", 2, E + "--jobs must be an int >= 1, got 0"),
+    ("reproduce all --traces traces_empty --out o --jobs 0", 2, None),  # the same message as sweep's (below)
     # --- models and model files
     ("models show gpt5", 2,
      E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, llama-3.1-8b, mixtral-8x7b, qwen3-30b-a3b (aliases "
@@ -236,6 +235,8 @@ FRAGMENTS = {
     "run attention --batch-id 7": ["synthetic_kv_b16.arrow: no decode batch with --batch-id 7 (batch ids 0..0)"],
     "sweep sweep_ok.toml --jobs 0": [E + "--jobs must be an int >= 1 (leave it out to use every CPU: ", "got 0"],
     "sweep sweep_ok.toml --jobs -1": [E + "--jobs must be an int >= 1 (leave it out to use every CPU: ", "got -1"],
+    "reproduce all --traces traces_empty --out o --jobs 0": [
+        E + "--jobs must be an int >= 1 (leave it out to use every CPU: ", "got 0"],
     "run swiglu --hardware missing.toml": [E + "cannot read hardware config missing.toml: ", "No such file"],
 }
 
@@ -321,9 +322,10 @@ API_CASES = [
     ("simulate-hardware", lambda G: G.simulate(G.build_swiglu(), "step-fast"), ConfigError,
      "unknown hardware preset 'step-fast'; known presets: sn40l, step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
-     "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: batch_id, channel_depth, compute_bw, "
-     "convention, experts, fifo_depths, hardware, hidden, intermediate, iteration, kv_heads, kv_lengths, layer, mode, "
-     "model, program, regions, routing, softmax, strategy, tile_f, tile_m, tile_n, tiling, top_k, trace, workload"),
+     "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: algorithm, batch_id, bytes, channel_depth, "
+     "compute_bw, convention, ep, experts, fifo_depths, hardware, hidden, intermediate, iteration, kv_heads, "
+     "kv_lengths, layer, mode, model, op, placement, program, regions, routing, softmax, strategy, system, tile_f, "
+     "tile_m, tile_n, tiling, top_k, trace, workload"),
     ("run-config-too-large", lambda G: G.run_config({"workload": "moe", "channel_depth": 2**63}), ConfigError,
      "config key 'channel_depth' must be at most 2,147,483,647 (2**31 - 1), got 9223372036854775808"),
     ("run-config-mode", lambda G: G.run_config({"workload": "swiglu", "mode": "fast"}), ConfigError,

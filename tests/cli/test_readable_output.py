@@ -89,8 +89,8 @@ def test_run_out_parquet_file_writes_the_record_and_its_tables_beside_it(tmp_pat
 def test_demo_table_cells_carry_units(tmp_path, capsys):
     assert main(["demo", "--metrics-only", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2].split() == ["static", "8", "6.70", "GB", "15.8", "MB", "125", "GFLOP"]
-    assert lines[6].split() == ["dynamic", "-", "2.82", "GB", "18.9", "MB", "105", "GFLOP"]
+    assert lines[5].split() == ["static", "8", "6.70", "GB", "15.8", "MB", "15.8", "MB", "125", "GFLOP"]
+    assert lines[9].split() == ["dynamic", "-", "2.82", "GB", "18.9", "MB", "18.9", "MB", "105", "GFLOP"]
 
 
 def test_trace_inspect_names_the_units(capsys):
@@ -155,3 +155,39 @@ def test_kernels_cached_looks_for_the_event_loop_in_numbas_cache(monkeypatch, tm
     (tmp_path / "src" / "__pycache__").mkdir(parents=True)
     (tmp_path / "src" / "__pycache__" / "engine.event_loop-12.py311.nbi").write_bytes(b"")
     assert jit.kernels_cached()
+
+
+def test_a_sweep_table_reads_like_run(tmp_path, capsys):
+    """The same record, the same cells: `stepsim run` and a sweep's table print 33,288 cycles, 8.45 MB, 17.23 %
+    (the sweep table printed 0.1723 and 8,454,144)."""
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('workload = "swiglu"\nmode = "simulate"\nreport = ["cycles", "off_chip_bytes", '
+                     '"compute_utilization", "off_chip_bw_utilization"]\n[axes]\ntile_n = [16]\n')
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-progress"]) == 0
+    table = capsys.readouterr().out.splitlines()[-2:]
+    assert table == ["#  tile_n  status         cycles  off_chip_bytes  compute_utilization  off_chip_bw_utilization",
+                     "0      16  ok      33,288 cycles         8.45 MB              17.23 %                  99.21 %"]
+    assert main(["run", "swiglu"]) == 0
+    view = _lines(capsys.readouterr().out)
+    cells = table[1].split("  ok  ")[1].split()
+    assert [" ".join(cells[0:2]), " ".join(cells[2:4]), " ".join(cells[4:6]), " ".join(cells[6:8])] == [
+        view["cycles"], view["off_chip_bytes"], view["compute_utilization"], view["off_chip_bw_utilization"]]
+
+
+def test_size_fifos_and_time_multiplexing_write_bytes_as_every_view_does():
+    """One quantity, one form: MB / GB with three digits (format_bytes), the exact count beside it where the
+    view gives one; no '91,217.785 MB' or '82,595.84 kB'."""
+    from stepsim.passes.sizing import SizingResult
+
+    result = SizingResult(**{**dict.fromkeys(SizingResult.__dataclass_fields__),
+                             "graph_name": "g", "depths": {}, "trace_hashes": (), "cycles": 100, "unbounded_cycles": 100,
+                             "slack": 0.01, "total_fifo_bytes": 89_079_868, "lp_fifo_bytes": 178_159_736,
+                             "uniform_fifo_bytes": 89_079_868, "uniform_depth": 1,
+                             "unbounded_fifo_bytes": 91_217_784_832, "simulations": 21, "uniform_simulations": 1,
+                             "channels_changed": 209, "default_depth": 2, "deadlock_fix_channels": {},
+                             "deadlock_fix_bytes": 0})
+    assert result.text()[3:7] == [
+        "FIFO bytes sized    89.1 MB (89,079,868 B)",
+        "FIFO bytes LP       178 MB (178,159,736 B)",
+        "FIFO bytes uniform  89.1 MB (89,079,868 B; every FIFO 1 deep, the smallest uniform depth that finishes)",
+        "FIFO bytes 1024     91.2 GB (91,217,784,832 B; 1,024x the sized total)"]

@@ -87,7 +87,8 @@ def test_bad_programs_are_one_line_errors(tmp_path, monkeypatch, capsys, args, m
     assert status == 2 and "Traceback" not in "\n".join(err)
     if message is None:
         assert err[-1] == ("stepsim run: error: argument WORKLOAD: invalid choice: 'funcs.py' (choose from moe, "
-                           "swiglu, attention, prefill_attention, decoder or path/to/file.py:function)")
+                           "swiglu, attention, prefill_attention, decoder, collective, path/to/file.py:function "
+                           "or path/to/model.onnx)")
     else:
         assert err == [f"stepsim: error: {message}"]
 
@@ -95,5 +96,5 @@ def test_bad_programs_are_one_line_errors(tmp_path, monkeypatch, capsys, args, m
 def test_sweeps_refuse_user_programs(tmp_path):
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(f'workload = "program"\n[fixed]\nprogram = "{EXAMPLE}:silu_rows"\n')
-    with pytest.raises(ConfigError, match=r"unknown workload 'program' \(expected one of moe, swiglu, attention, prefill_attention, decoder\)"):
+    with pytest.raises(ConfigError, match=r"unknown workload 'program' \(expected one of moe, swiglu, attention, prefill_attention, decoder, collective\)"):
         load_sweep(sweep)

@@ -41,8 +41,8 @@ def test_a_slower_configuration_exits_1_and_names_the_metric(tmp_path, capsys):
     _run(capsys, tmp_path / "slow", "--tile-m", "16", "--tile-n", "16")
     assert main(["compare", str(tmp_path / "fast"), str(tmp_path / "slow"), "--metric", "cycles"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("workload=swiglu tile_n=32 tile_m=32 hardware=step-hdl convention=published  "
-                      "(differs: tile_n 32 -> 16, tile_m 32 -> 16)")
+    assert out[0] == ("workload=swiglu tile_n=32 tile_m=32 compute_bw=4096 channel_depth=1 hardware=step-hdl "
+                      "convention=published  (differs: tile_n 32 -> 16, tile_m 32 -> 16)")
     assert out[1] == "  cycles                             17,096 ->           33,288  +94.71 %  WORSE"
     assert out[-1] == "worse by more than 1 %: cycles"
     # the other way round is an improvement; a utilization that fell is worse (higher is better there)
@@ -67,7 +67,8 @@ def test_markdown_and_json(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--markdown", "--metric", "cycles"]) == 1
     md = capsys.readouterr().out.splitlines()
     assert md[0] == "| configuration | metric | baseline | candidate | change | |"
-    assert md[2] == ("| workload=swiglu tile_n=32 tile_m=32 hardware=step-hdl convention=published | cycles | 17,096 | "
+    assert md[2] == ("| workload=swiglu tile_n=32 tile_m=32 compute_bw=4096 channel_depth=1 hardware=step-hdl "
+                     "convention=published | cycles | 17,096 | "
                      "21,222 | +24.13 % | :x: worse |")
     assert md[6] == "| LinearOffChipLoad_0 | 16,304 | 20,745 | +4,441 |"
     assert md[-1] == "**worse by more than 1 %: cycles**"
@@ -101,7 +102,7 @@ def test_errors_exit_2(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--metric", "speed"]) == 2
     assert capsys.readouterr().err == "stepsim: error: --metric speed: not a column of the baseline's records\n"
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--threshold", "-1"]) == 2
-    assert "--threshold must be a ratio >= 0" in capsys.readouterr().err
+    assert "--threshold must be a finite ratio >= 0" in capsys.readouterr().err
     (tmp_path / "bad.parquet").write_text("not parquet")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "bad.parquet")]) == 2
     assert capsys.readouterr().err.startswith(f"stepsim: error: {tmp_path / 'bad.parquet'}: not a Parquet file")

@@ -53,6 +53,24 @@ def test_reconvergent_fork_join_names_exactly_the_shallow_channel():
         run(fork_join_program(direct_depth=7))  # and it is the smallest that does
 
 
+def test_the_shown_cycle_starts_at_a_full_channel_even_when_an_empty_wait_comes_first():
+    """The fork-join program with its units added join first: the first blocked unit on the cycle (the join)
+    waits on an empty channel, yet the cycle is shown from the full FIFO that a deeper depth would fix."""
+    b = ProgramBuilder(Hardware.preset("step-eval"))
+    src, buffered, buf, replay, out = (b.add_channel(name=n) for n in ("src", "to_buffer", "buf", "replay", "out"))
+    direct = b.add_channel(name="direct")
+    b.map(ins=[direct, replay], out=out, fn="add", name="join")
+    b.streamify(inp=buf, out=replay, rank=1, name="streamify")
+    b.bufferize(inp=buffered, out=buf, rank=1, name="bufferize")
+    b.broadcast(inp=src, outs=[direct, buffered], name="fanout")
+    b.offchip_load(out=src, tile_rows=16, tile_cols=64, elem_bytes=2, view_shape=(8,), name="load")
+    b.sink(inp=out, name="sink")
+    with pytest.raises(DeadlockError) as info:
+        run_diagnosed(b.build())
+    assert info.value.blocked[0].unit == "join" and info.value.blocked[0].waiting_for == "empty"
+    assert str(info.value).splitlines()[1:7] == CYCLE
+
+
 def test_both_engines_give_the_same_records_and_diagnosis():
     with pytest.raises(DeadlockError) as fast:
         run_diagnosed(fork_join_program())
@@ -148,7 +166,7 @@ def test_cli_deadlock_report_writes_every_blocked_unit(tmp_path, capsys):
                    "--top-k", "8", "--trace", str(trace), "--tiling", "static", "--tile-n", "32",
                    "--channel-depth", "2", "--deadlock-report", str(report)])
     err = capsys.readouterr().err
-    assert status == 2
+    assert status == 3  # a deadlock has its own exit status (stepsim.errors.EXIT_DEADLOCK)
     lines = err.splitlines()
     assert lines[0].startswith("stepsim: error: deadlock: no unit can make progress; 2,444 unit(s) blocked")
     assert len(lines) <= MAX_LINES + 1  # + the line naming the report file

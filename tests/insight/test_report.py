@@ -60,28 +60,130 @@ def test_memory_bound_moe_layer(tmp_path):
     # the straggler expert is one with the most token tiles (static tile 32) in the trace
     counts = np.bincount(load_routing(bundled_trace("qwen3-30b-a3b"), 128).ravel(), minlength=128)
     tiles = [math.ceil(c / 32) for c in counts]
-    imb = rep["imbalance"]
-    assert (imb["kind"], imb["groups"], imb["straggler"]) == ("expert", 128, "expert 31")
-    assert tiles[31] == max(tiles)
-    assert imb["ratio"] == imb["max_busy_cycles"] / imb["mean_busy_cycles"]
+    assert tiles[31] == max(tiles) and sum(c == 0 for c in counts) == 48
+    units = record.unit_table().to_pylist()
+    labels = _group_labels(record)
+    expert_31 = [u["busy_cycles"] for u in units if labels.get(u["name"]) == "expert 31"]
+    # an expert's bottleneck is its busiest unit (a weight load), busy at most the run's cycles; the sum over its
+    # 19 units (2,652,699) exceeds the run and is no measure of when it finishes
+    assert max(expert_31) == 787_144 < roof["cycles"] and sum(expert_31) == 2_652_699
+    assert rep["imbalance"] == {
+        "kind": "expert", "groups": 128, "idle_groups": 48, "max_busy_cycles": 787_144,
+        "mean_busy_cycles": rep["imbalance"]["mean_busy_cycles"], "ratio": 787_144 / rep["imbalance"]["mean_busy_cycles"],
+        "busiest": "expert 31", "lead_cycles": 787_144 - 741_319, "straggler": "expert 31",
+        "straggler_final_clock": 800_711}
+    group_rows = rep["top_units"]["groups"]
+    active = [g["max_unit_busy_cycles"] for g in group_rows if g["group"].startswith("expert")
+              and g["max_unit_busy_cycles"] > 0]
+    assert len(active) == 80 and rep["imbalance"]["mean_busy_cycles"] == sum(active) / 80
+    assert group_rows[1]["group"] == "expert 121" and group_rows[1]["max_unit_busy_cycles"] == 741_319
+    text = format_report(rep).splitlines()
+    assert text[2] == ("imbalance across 128 experts (48 idle): busiest unit max/mean 1.10; straggler expert 31: its "
+                       "busiest unit is busy 45,825 cycles (5.7 % of the run) longer than any other expert's, "
+                       "finishes at 800,711")
     fifos = rep["full_fifos"]
     assert fifos["source"] == "timeline"  # the report simulated the run again with a timeline
-    full = [f["full_cycles"] for f in fifos["full"]]
-    assert full == sorted(full, reverse=True) and fifos["n_full"] >= len(fifos["full"]) and 0 < full[-1]
+    assert fifos["n_full"] == 493
+    assert [(f["channel"], f["stall_cycles"], f["full_cycles"]) for f in fifos["full"][:3]] == [
+        ("Broadcast_2251[0]", 90_112, 787_128), ("Broadcast_2315[0]", 40_960, 685_345),
+        ("Broadcast_2393[0]", 40_960, 685_261)]
+    stalls = [(f["stall_cycles"], f["full_cycles"]) for f in fifos["full"]]
+    assert stalls == sorted(stalls, reverse=True)
     assert all(f["peak_occupancy"] == f["capacity"] for f in fifos["full"])
     assert len(format_report(rep).splitlines()) <= 40
-    # the time at full depth, counted cycle by cycle from the timeline's occupancy steps
+    # the time at full depth and the stall, counted cycle by cycle from the timeline
     _, timeline = report_run_dir(tmp_path)
-    top = fifos["full"][0]
-    steps = [(r["t"], r["occupancy"]) for r in timeline.fifo.to_pylist() if r["channel"] == top["channel"]]
-    per_cycle = np.repeat([o for _, o in steps[:-1]], np.diff([t for t, _ in steps]))
-    assert top["full_cycles"] == int((per_cycle == top["capacity"]).sum())
+    for top in fifos["full"][:2]:
+        steps = [(r["t"], r["occupancy"]) for r in timeline.fifo.to_pylist() if r["channel"] == top["channel"]]
+        per_cycle = np.repeat([o for _, o in steps[:-1]], np.diff([t for t, _ in steps]))
+        assert top["full_cycles"] == int((per_cycle == top["capacity"]).sum())
+        assert top["stall_cycles"] == _stall_by_cycle(timeline, top, roof["cycles"])
     # without a timeline: the same full channels, ordered by their producers' back-pressure
     proxy, none = report_run_dir(tmp_path, with_timeline=False)
     assert none is None and proxy["full_fifos"]["source"] == "producer back-pressure"
     blocked = [f["producer_blocked_output_cycles"] for f in proxy["full_fifos"]["full"]]
     assert blocked == sorted(blocked, reverse=True) and proxy["full_fifos"]["n_full"] == fifos["n_full"]
-    assert all(f["full_cycles"] is None for f in proxy["full_fifos"]["full"])
+    assert all(f["full_cycles"] is None and f["stall_cycles"] is None for f in proxy["full_fifos"]["full"])
+
+
+def _group_labels(record):
+    from stepsim.insight.report import rebuild
+    from stepsim.simulation.timeline import graph_labels
+
+    return graph_labels(rebuild(record.row)[0].graph)[0]
+
+
+def _stall_by_cycle(timeline, fifo, cycles):
+    """Cycles the producer spent blocked on ``fifo`` while the consumer was busy, one cycle at a time."""
+    blocked = np.zeros(cycles + 2, dtype=bool)
+    busy = np.zeros(cycles + 2, dtype=bool)
+    for r in timeline.intervals.to_pylist():
+        if r["unit"] == fifo["producer"] and r["state"] == "blocked_out" and r["channel"] == fifo["channel"]:
+            blocked[r["start"]:r["end"]] = True
+        if r["unit"] == fifo["consumer"] and r["state"] == "busy":
+            busy[r["start"]:r["end"]] = True
+    return int((blocked & busy).sum())
+
+
+def test_memory_bound_moe_with_even_experts_names_no_straggler(tmp_path):
+    """Dynamic tiling on the same trace: every active expert's loads are 97 % busy, so no expert is a straggler
+    (the summed busy cycles over an expert's units used to name expert 66)."""
+    record, rep = _written(tmp_path, {"workload": "moe", "model": "qwen3-30b-a3b", "tiling": "dynamic"})
+    assert rep["bound"] == "memory-bound" and rep["roofline"]["cycles"] == 760_903
+    imb = rep["imbalance"]
+    assert (imb["busiest"], imb["max_busy_cycles"], imb["lead_cycles"], imb["straggler"],
+            imb["straggler_final_clock"]) == ("expert 31", 738_170, 2, None, None)
+    assert format_report(rep).splitlines()[2] == (
+        "imbalance across 128 experts (48 idle): busiest unit max/mean 1.03; no straggler (the busiest, expert 31, "
+        "is busy 2 cycles (0.0 % of the run) longer than the next)")
+    assert [u["busy_cycles"] for u in rep["top_units"]["by_busy"][:5]] == [738_170, 738_168, 738_167, 738_163,
+                                                                          738_158]
+    _check_path_is_connected(rep, record)
+
+
+SLOW_AND_FAST = """
+from stepsim.graph import BF16, FP32, Add, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Silu, Tensor
+
+
+def slow_and_fast():
+    g = Graph("slow-and-fast")
+    x = LinearOffChipLoad(g, Tensor("x", (64, 256), BF16), tile=(16, 256), out_shape_tiled=(4, 1), stride=(1, 0),
+                          stream_dtype=FP32, name="load_x")
+    y = LinearOffChipLoad(g, Tensor("y", (64, 256), BF16), tile=(16, 256), out_shape_tiled=(4, 1), stride=(1, 0),
+                          stream_dtype=FP32, name="load_y")
+    slow = Map(g, x, Silu(), compute_bw=8, name="slow_silu")
+    LinearOffChipStore(g, Map(g, [slow, y], Add(), compute_bw=1024, name="add"), tensor_name="z")
+    return g
+"""
+
+
+def test_a_fifo_full_because_its_consumer_waits_elsewhere_causes_no_stall(tmp_path, capsys):
+    """``add`` waits on the slow SiLU; the fast load's FIFO into ``add`` is full longer (12,273 cycles) than the
+    one into the SiLU (12,144), but only the SiLU's own work holds a FIFO full: it comes first."""
+    program = tmp_path / "graph.py"
+    program.write_text(SLOW_AND_FAST)
+    assert main(["run", f"{program}:slow_and_fast", "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    rep, timeline = report_run_dir(tmp_path / "run")
+    full = rep["full_fifos"]["full"]
+    assert [(f["channel"], f["consumer"], f["full_cycles"], f["stall_cycles"], f["producer_blocked_output_cycles"])
+            for f in full] == [("load_x[0]", "slow_silu", 12_144, 7_756, 7_756),
+                               ("load_y[0]", "add", 12_273, 256, 7_885)]
+    for f in full:
+        assert f["stall_cycles"] == _stall_by_cycle(timeline, f, rep["roofline"]["cycles"])
+    assert main(["report", str(tmp_path / "run")]) == 0
+    text = capsys.readouterr().out.splitlines()
+    # neither roofline is near (HBM 0.8 %, compute 0.9 %), but the SiLU never rests: the verdict says so
+    assert text[:3] == [
+        "verdict: latency-or-imbalance-bound (16,808 cycles; memory roofline 128, compute roofline 143 cycles)",
+        "  HBM: 7.8 of 1,024 B/cycle (0.8 %); compute: 9 of 1,032 FLOP/cycle (0.9 %)",
+        "  one unit sets the pace: slow_silu (Map, shared) busy 97.5 % of the run"]
+    assert text[-4:] == [
+        "FIFOs full at some point: 2 (largest stall first: cycles the producer waited on the FIFO while its "
+        "consumer was busy):",
+        "  load_x[0] depth 2: stall 7,756 cycles; full 12,144 cycles; consumer slow_silu",
+        "  load_y[0] depth 2: stall 256 cycles; full 12,273 cycles; consumer add",
+        "FIFOs never above one element: 2"]
 
 
 def test_swiglu_64x256_on_the_hdl_preset_and_a_compute_bound_point(tmp_path):
@@ -163,3 +265,14 @@ def test_png_is_written_atomically(tmp_path):
     path = write_png(rep, tmp_path / "r.png")
     assert path.stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".png") == ["r.png"]
+
+
+def test_a_single_region_is_no_straggler(tmp_path):
+    """The bundled B=16 batch on coarse attention has one region: nothing can lag behind it."""
+    _, rep = _written(tmp_path, {"workload": "attention", "strategy": "coarse"})
+    imb = rep["imbalance"]
+    assert (imb["kind"], imb["groups"], imb["busiest"], imb["lead_cycles"], imb["straggler"]) == (
+        "region", 1, "region 0", None, None)
+    assert format_report(rep).splitlines()[2:4] == [
+        "  one unit sets the pace: RandomOffChipLoad_13 (RandomOffChipLoad, region 0) busy 93.7 % of the run",
+        "imbalance: none (one region, region 0)"]

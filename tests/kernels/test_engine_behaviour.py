@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,21 +17,13 @@ from stepsim.kernels.warm import warm_program
 
 
 # ------------------------------------------------------------------------------------------------ deadlocks
-@pytest.fixture(scope="module", autouse=True)
-def compiled_engine():
-    """Load / compile the engine once so timing assertions measure the engine, not numba."""
-    run(warm_program())
-
-
 def test_cycle_without_initial_tokens_raises_deadlock_naming_both_units():
     b = builder()
     x, y = b.add_channel(name="x"), b.add_channel(name="y")
     b.map(ins=[x], out=y, fn="exp", name="first")
     b.map(ins=[y], out=x, fn="exp", name="second")
-    t0 = time.perf_counter()
-    with pytest.raises(DeadlockError) as info:
+    with pytest.raises(DeadlockError) as info:  # how fast: bench/test_bench_deadlock.py
         run(b.build())
-    assert time.perf_counter() - t0 < 1.0
     blocked = {(e.unit, e.channel, e.waiting_for) for e in info.value.blocked}
     assert blocked == {("first", "x", "empty"), ("second", "y", "empty")}
     assert "'x' (empty, 0/2)" in str(info.value)
@@ -40,10 +31,8 @@ def test_cycle_without_initial_tokens_raises_deadlock_naming_both_units():
 
 def test_too_shallow_fifo_on_a_reconvergent_path_deadlocks():
     """Broadcast feeds a direct branch (depth 2) and a Bufferize->Streamify branch that needs all 8 tiles."""
-    t0 = time.perf_counter()
-    with pytest.raises(DeadlockError) as info:
+    with pytest.raises(DeadlockError) as info:  # how fast: bench/test_bench_deadlock.py
         run(fork_join_program())
-    assert time.perf_counter() - t0 < 1.0
     blocked = {e.unit: (e.channel, e.waiting_for, e.occupancy, e.capacity)
                for e in info.value.blocked}
     assert blocked["fanout"] == ("direct", "full", 2, 2)

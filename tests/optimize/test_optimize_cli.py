@@ -18,7 +18,7 @@ pytestmark = pytest.mark.traces
 WINDOW = "conv_stdev0174_1845_1860.npy"
 JSON_KEYS = ["workload", "objective", "max_on_chip", "max_compute", "pareto", "recommended", "candidates",
              "pruned_symbolically", "simulations", "pruned_by_budget", "pruned_by_bound", "proven_deadlocks", "invalid",
-             "failed_simulations", "simulations_run_now", "rounds", "stages", "out", "files"]
+             "failed_simulations", "simulations_run_now", "rounds", "stages", "out", "plot_skipped", "files"]
 
 
 @pytest.fixture

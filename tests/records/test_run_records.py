@@ -63,8 +63,8 @@ def test_schema_order_types_and_units():
     assert SCHEMA.field("check_passed").type == pa.bool_()
     assert SCHEMA.field("tile_n").type == pa.int64() and SCHEMA.field("tiling").type == pa.string()
     assert SCHEMA.field("compute_utilization").type == pa.float64()
-    assert UNIT_SCHEMA.names == ["run_id", "name", "kind", "fires", "busy_cycles", "blocked_in_cycles",
-                                 "blocked_out_cycles", "final_clock", "utilization"]
+    assert UNIT_SCHEMA.names == ["run_id", "name", "kind", "group", "label", "fires", "busy_cycles",
+                                 "blocked_in_cycles", "blocked_out_cycles", "final_clock", "utilization", "bytes"]
     assert CHANNEL_SCHEMA.names == ["run_id", "name", "pushes", "peak_occupancy"]
 
 

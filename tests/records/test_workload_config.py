@@ -8,13 +8,13 @@ from stepsim.cli import build_parser
 from stepsim.cli.args import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
-KNOWN = ("batch_id, channel_depth, compute_bw, convention, experts, fifo_depths, hardware, hidden, intermediate, "
-         "iteration, kv_heads, kv_lengths, layer, mode, model, program, regions, routing, softmax, strategy, tile_f, "
-         "tile_m, tile_n, tiling, top_k, trace, workload")
+KNOWN = ("algorithm, batch_id, bytes, channel_depth, compute_bw, convention, ep, experts, fifo_depths, hardware, "
+         "hidden, intermediate, iteration, kv_heads, kv_lengths, layer, mode, model, op, placement, program, regions, "
+         "routing, softmax, strategy, system, tile_f, tile_m, tile_n, tiling, top_k, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 26 and KNOWN_KEYS == set(KNOBS) | {"mode"}
+    assert len(KNOBS) == 32 and KNOWN_KEYS == set(KNOBS) | {"mode"}  # 26 + op, bytes, algorithm, system, ep, placement
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 
@@ -28,9 +28,9 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder, program)"),
-    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'prefill_attention', "
-                          "'decoder', 'program', got 'mlp'"),
+    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder, collective, program)"),
+    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'prefill_attention', 'decoder', 'collective', 'program', "
+                          "got 'mlp'"),
     ({"workload": "swiglu", "tile_m": "16"}, "config key 'tile_m' must be an int >= 1, got '16'"),
     ({"workload": "swiglu", "tile_m": 16.0}, "config key 'tile_m' must be an int >= 1, got 16.0"),
     ({"workload": "swiglu", "tile_m": True}, "config key 'tile_m' must be an int >= 1, got True"),
@@ -39,13 +39,11 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
     ({"workload": "moe", "tiling": "Static"}, "config key 'tiling' must be one of 'static', 'dynamic', got 'Static'"),
     ({"workload": "moe", "trace": ""}, "config key 'trace' must be a non-empty string, got ''"),
     ({"workload": "swiglu", "mode": "run"}, "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'run'"),
-    ({"workload": "moe", "tile_m": 16},
-     "config key 'tile_m' does not apply to workload 'moe' (it applies to: swiglu, prefill_attention)"),
+    ({"workload": "moe", "tile_m": 16}, "config key 'tile_m' does not apply to workload 'moe' (it applies to: swiglu, prefill_attention)"),
     ({"workload": "swiglu", "model": "qwen3-30b-a3b"},
      "config key 'model' does not apply to workload 'swiglu' (it applies to: moe, prefill_attention, decoder)"),
     ({"workload": "attention", "tile_n": 8},
-     "config key 'tile_n' does not apply to workload 'attention' (it applies to: moe, swiglu, prefill_attention, "
-     "decoder)"),
+     "config key 'tile_n' does not apply to workload 'attention' (it applies to: moe, swiglu, prefill_attention, decoder)"),
     ({"workload": "moe", "hidden": 8},
      "config key 'hidden' only applies with model 'custom' (model is 'mixtral-8x7b')"),
     ({"workload": "moe", "tiling": "dynamic", "tile_n": 8},

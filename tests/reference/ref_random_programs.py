@@ -7,6 +7,11 @@ carries ``len(dims)``), made of ``tile = (rows, cols, bytes)`` tiles. Shape rule
 well-formed (binary maps only join a stream with a shape-preserving copy of itself, selectors match the group
 counts), so programs either finish or deadlock on purpose-free FIFO limits: both engines must agree either way.
 Leftover streams end in sinks or off-chip stores. FIFO depths are random in {1, 2, 3, 4, 8}.
+
+``random_program(seed, links=True)`` builds multi-chip programs: the operators also include links between chips
+(one to three streams sharing a Link unit with random bandwidth and latency, and chains of links, as a transfer
+routed over several hops), and after each link the operators go on on a random one of three chips, each with
+its own HBM; without ``links`` the programs are the same as before links existed.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ class _S:
 
 
 class _Gen:
-    def __init__(self, seed, max_ops, repeat_depth):
+    def __init__(self, seed, max_ops, repeat_depth, links=False):
         self.r = random.Random(seed)
+        self.links = links
+        self.ops = self.OPS + (("op_link", "op_link", "op_route") if links else ())
         hw = Hardware.preset("step-eval", hbm_channels=self.r.choice([4, 8, 32]),
                              pmu_bw=self.r.choice([64, 256]))
         self.b = ProgramBuilder(hw)
@@ -327,6 +334,37 @@ class _Gen:
         self.b.sink(inp=ack)
         return True
 
+    def _link(self, streams):
+        outs = [self.ch() for _ in streams]
+        self.b.link(ins=[s.ch for s in streams], outs=outs, bandwidth=self.r.choice([1, 8, 64, 512]),
+                    latency=self.r.choice([1, 2, 7, 40]))
+        # later operators (their loads and stores) may sit on another chip, with its own HBM
+        self.b.chip = self.r.randrange(3)
+        return [_S(o, s.count, s.dims, s.tile, s.kind) for s, o in zip(streams, outs)]
+
+    def op_link(self):
+        """One to three streams share one link (each a transfer between the same two chips)."""
+        streams = []
+        for _ in range(self.r.randint(1, 3)):
+            s = self.take()
+            if s is None:
+                break
+            streams.append(s)
+        if not streams:
+            return False
+        self.pool.extend(self._link(streams))
+        return True
+
+    def op_route(self):
+        """A transfer over two or three hops (links in a chain)."""
+        s = self.take()
+        if s is None:
+            return False
+        for _ in range(self.r.randint(2, 3)):
+            s, = self._link([s])
+        self.pool.append(s)
+        return True
+
     OPS = ("op_unary", "op_binary", "op_accum", "op_map_accum", "op_scan", "op_flatten", "op_promote", "op_reshape",
            "op_repeat", "op_buffer", "op_rows", "op_partition", "op_merge", "op_parallelize", "op_expand",
            "op_dyn_load", "op_random_store")
@@ -338,8 +376,10 @@ class _Gen:
             self.src_meta()
         for _ in range(self.r.randint(1, self.max_ops)):
             for _attempt in range(5):
-                if getattr(self, self.r.choice(self.OPS))():
+                if getattr(self, self.r.choice(self.ops))():
                     break
+        if self.links:  # the leftover streams leave the chip: most multi-chip programs end in shared links
+            self.op_link()
         for s in self.pool:
             if s.kind == "tile" and self.r.random() < 0.3:
                 self.b.offchip_store(inp=s.ch, par_dispatch=self.r.choice([1, 4]))
@@ -348,9 +388,10 @@ class _Gen:
         return self.b.build()
 
 
-def random_program(seed: int, *, max_ops: int = 6, repeat_depth: int | None = 1024):
+def random_program(seed: int, *, max_ops: int = 6, repeat_depth: int | None = 1024, links: bool = False):
     """A random well-formed program (deterministic in ``seed``).
 
-    ``repeat_depth`` fixes the capacity of RepeatStatic outputs (``None``: random like every other FIFO).
+    ``repeat_depth`` fixes the capacity of RepeatStatic outputs (``None``: random like every other FIFO);
+    ``links`` adds links between chips to the operators (multi-chip programs).
     """
-    return _Gen(seed, max_ops, repeat_depth).build()
+    return _Gen(seed, max_ops, repeat_depth, links).build()

@@ -105,3 +105,29 @@ def test_keyboard_interrupt_between_slices_stops_the_run(monkeypatch):
 
     with pytest.raises(KeyboardInterrupt):
         api.run(_program(w), progress=interrupt)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_multichip_programs_same_in_one_event_slices_tiny_work_budgets_and_per_tick_hbm(seed, one_event_slices):
+    """Links and one HBM per chip: the slice's HBM work budget is shared by the chips' HBMs."""
+    program = random_program(seed, links=True)
+    sliced = _outcome(program)
+    assert sliced == _outcome(program, hbm_closed_form=False)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(api, "FIRST_SLICE_WORK", 1)
+        assert _outcome(program) == sliced
+        m.setattr(api, "FIRST_SLICE_EVENTS", 1 << 62)
+        m.setattr(api, "FIRST_SLICE_WORK", 1 << 62)
+        assert _outcome(program) == sliced
+
+
+def test_expert_parallel_moe_same_sliced_and_per_tick(one_event_slices):
+    w = _small_moe("static", tile_n=16, ep=4, placement="load-balanced")
+    program = _program(w)
+    assert len(set(program.unit_params[program.unit_params[:, 5] >= 0, -1].tolist())) == 4  # four chips' HBMs
+    sliced = _outcome(program)
+    assert sliced == _outcome(program, hbm_closed_form=False)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(api, "FIRST_SLICE_EVENTS", 1 << 62)
+        assert _outcome(program) == sliced

@@ -132,16 +132,19 @@ def test_the_command_module_loads_without_the_experiments_dependencies():
     assert tuple(EXPERIMENTS) == EXPERIMENT_NAMES
 
 
-def test_cli_all_json_prints_exactly_the_five_headline_keys(shared_traces, tmp_path, capsys, monkeypatch):
+def test_cli_all_json_prints_exactly_the_seven_headline_keys(shared_traces, tmp_path, capsys, monkeypatch):
     traces = tiny_traces(shared_traces, tmp_path / "traces")
     monkeypatch.setattr("stepsim.reproduce.driver.reproduce", functools.partial(driver_reproduce, options=SMALLEST))
-    assert main(["reproduce", "all", "--traces", str(traces), "--out", str(tmp_path / "out"), "--json"]) == 0
+    assert main(["reproduce", "all", "--traces", str(traces), "--out", str(tmp_path / "out"), "--json", "--jobs", "1"]) == 0
     captured = capsys.readouterr()
     headline = json.loads(captured.out)
     assert list(headline) == list(JSON_KEYS) == [
         "dynamic_tiling_onchip_reduction_geomean", "dynamic_tiling_speedup_geomean",
         "time_multiplexing_util_gain_static", "time_multiplexing_util_gain_dynamic",
-        "dynamic_parallelization_speedup_geomean"]
+        "dynamic_parallelization_speedup_geomean", "validation_pearson_cycles_vs_roofline",
+        "validation_pearson_cycles_vs_hdl"]
+    # two validation points (tile_m 64): no HDL point among them, so no correlation with the HDL
+    assert headline["validation_pearson_cycles_vs_hdl"] is None
     # one Mixtral tile (64) within 5% of dynamic's cycles and 2x its memory; the baseline alone gains 1.0
     table = {r["tiling"]: r for r in pq.read_table(tmp_path / "out" / "dynamic_tiling.parquet").to_pylist()}
     assert headline["dynamic_tiling_onchip_reduction_geomean"] == 37_789_698 / 18_915_330
@@ -157,10 +160,21 @@ def test_cli_single_experiment_json_holds_only_its_keys_and_text_mode_reports_fi
     assert main(["reproduce", "dynamic-parallelization", "--traces", str(traces), "--out", str(out), "--json"]) == 0
     assert list(json.loads(capsys.readouterr().out)) == ["dynamic_parallelization_speedup_geomean"]
     assert main(["reproduce", "validation", "--traces", str(traces), "--out", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {}
+    assert json.loads(capsys.readouterr().out) == {"validation_pearson_cycles_vs_roofline": 0.9941199880612315,
+                                                   "validation_pearson_cycles_vs_hdl": 0.9367402069674382}
     assert main(["reproduce", "validation", "--traces", str(traces), "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert f"wrote csv: {out / 'validation.csv'}" in text and "Pearson r(simulated cycles, roofline bound)" in text
+    assert f"wrote csv: {out / 'validation.csv'}" in text
+    lines = text.splitlines()
+    at = lines.index("Pearson r(simulated cycles, roofline bound) over 15 points: 0.9941 (memory bound alone: 0.9935)")
+    assert lines[at + 1:at + 7] == [
+        "Pearson r(simulated cycles, HDL cycles) over the 5 published HDL points: 0.9367 (HDL: dse_results.csv, "
+        "https://github.com/anonymous7484/step-artifact-eval (commit c2a42755b3a80d54f6be6cf515458c823982143c))",
+        "  tile_m 16 tile_n  16: simulated 33,288 cycles, HDL 36,259 (-8.2 %)",
+        "  tile_m 16 tile_n  32: simulated 29,399 cycles, HDL 30,432 (-3.4 %)",
+        "  tile_m 16 tile_n  64: simulated 27,502 cycles, HDL 27,859 (-1.3 %)",
+        "  tile_m 16 tile_n 128: simulated 26,992 cycles, HDL 29,112 (-7.3 %)",
+        "  tile_m 16 tile_n 256: simulated 27,508 cycles, HDL 25,998 (+5.8 %)"]
     assert "validation: 15 simulations, done " in text and text.rstrip().splitlines()[-1].startswith("total wall time:")
 
 

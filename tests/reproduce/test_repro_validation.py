@@ -55,7 +55,17 @@ def test_pearson_correlation_recomputed_with_numpy(outs):
                         ("pearson_cycles_vs_memory_bound", "memory_bound_cycles")):
         expected = np.corrcoef(cycles, np.array(table.column(column).to_pylist()))[0, 1]
         assert outs[0].details[key] == pytest.approx(expected, rel=1e-12)
-    assert outs[0].headline == {}
+    # the five HDL points of the paper's validation artifact (dse_results.csv): tile_m 16, D 256
+    hdl = [36_259, 30_432, 27_859, 29_112, 25_998]
+    simulated = [r["cycles"] for r in table.to_pylist() if r["tile_m"] == 16]
+    assert simulated == [33_288, 29_399, 27_502, 26_992, 27_508]
+    assert outs[0].details["hdl_points"] == [
+        {"tile_m": 16, "tile_n": n, "cycles": c, "hdl_cycles": h, "cycles_over_hdl": c / h}
+        for n, c, h in zip((16, 32, 64, 128, 256), simulated, hdl, strict=True)]
+    assert outs[0].details["pearson_cycles_vs_hdl"] == pytest.approx(np.corrcoef(simulated, hdl)[0, 1], rel=1e-12)
+    assert outs[0].headline == {"validation_pearson_cycles_vs_roofline": outs[0].details["pearson_cycles_vs_roofline"],
+                                "validation_pearson_cycles_vs_hdl": outs[0].details["pearson_cycles_vs_hdl"]}
+    assert round(outs[0].headline["validation_pearson_cycles_vs_hdl"], 4) == 0.9367
 
 
 def test_outputs_are_byte_identical_across_runs(outs):

@@ -22,11 +22,12 @@ tile_n = [16, 32]
 [[axes]]
 tiling = ["dynamic"]
 """
+# cells as `stepsim run` prints them (bytes and FLOP with decimal prefixes; the exact integers are in the files)
 MOE_TABLE = """\
-#  tiling   tile_n  status  off_chip_bytes  on_chip_bytes            flops
-0  static       16  ok       4,229,431,552     18,915,330  157,842,800,640
-1  static       32  ok       2,820,145,408     25,206,786  210,457,067,520
-2  dynamic       -  ok       2,820,145,408     18,915,330  105,228,533,760"""
+#  tiling   tile_n  status  off_chip_bytes  on_chip_bytes      flops
+0  static       16  ok             4.23 GB        18.9 MB  158 GFLOP
+1  static       32  ok             2.82 GB        25.2 MB  210 GFLOP
+2  dynamic       -  ok             2.82 GB        18.9 MB  105 GFLOP"""
 
 
 def summary_without_wall_time(text: str) -> str:
@@ -76,9 +77,9 @@ def test_cli_exit_status_is_1_when_tasks_failed_and_2_with_fail_fast(sweep_file,
     assert lines[0] == f"sweep {path} -> {other}"
     assert lines[2] == "  failed     1 (1 in this run)"
     assert lines[4] == "  failed task 1 (tile_n=24): ConfigError: tile_n must be a positive divisor of 512, got 24"
-    assert lines[-3:] == ["#  tile_n  status  off_chip_bytes  on_chip_bytes        flops",
-                          "0      16  ok           8,454,144        100,352  117,473,280",
-                          "1      24  failed               -              -            -"]
+    assert lines[-3:] == ["#  tile_n  status  off_chip_bytes  on_chip_bytes      flops",
+                          "0      16  ok             8.45 MB         100 kB  117 MFLOP",
+                          "1      24  failed               -              -          -"]
     assert len(files_under(other, "**/part-*.parquet")) == 2
 
     fail_fast = tmp_path / "fail-fast"

@@ -134,7 +134,7 @@ def test_a_sweep_without_axes_is_one_task(tmp_path):
 
 KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, "
          "tile_m, regions, strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention, routing, "
-         "kv_lengths, kv_heads")
+         "kv_lengths, kv_heads, op, bytes, algorithm, system, ep, placement")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -154,8 +154,8 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
      "report column 'cyclez' is not a result column (did you mean 'cycles'?)"),
     ('workload = "swiglu"\npartition_by = ["model"]\n',
      "partition_by key 'model' is not a key of the tasks (expected one of workload, mode)"),
-    ('mode = "metrics"\n', "missing key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder)"),
-    ('workload = "gemm"\n', "unknown workload 'gemm' (expected one of moe, swiglu, attention, prefill_attention, decoder)"),
+    ('mode = "metrics"\n', "missing key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder, collective)"),
+    ('workload = "gemm"\n', "unknown workload 'gemm' (expected one of moe, swiglu, attention, prefill_attention, decoder, collective)"),
     ('workload = "swiglu"\nmode = "fast"\n', "mode must be one of metrics, simulate, functional, check, got 'fast'"),
     ('workload = "swiglu"\n[fixed]\ntile_n = 16\n[axes]\ntile_n = [16]\n',
      "key 'tile_n' is both in [fixed] and in [axes]; keep one"),

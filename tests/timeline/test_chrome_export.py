@@ -19,23 +19,50 @@ def test_whole_document():
     ev = doc["traceEvents"]
     assert [(e["ph"], e["pid"], e["tid"], e["name"], e.get("ts"), e.get("dur")) for e in ev] == [
         ("M", 1, 0, "process_name", None, None),
+        ("M", 1, 0, "process_sort_index", None, None),
         ("M", 2, 0, "process_name", None, None),
+        ("M", 2, 0, "process_sort_index", None, None),
         ("M", 1, 1, "thread_name", None, None),
+        ("M", 1, 1, "thread_sort_index", None, None),
         ("X", 1, 1, "busy", 0, 4),
         ("M", 1, 2, "thread_name", None, None),
+        ("M", 1, 2, "thread_sort_index", None, None),
         ("X", 1, 2, "blocked_in", 0, 4),
         ("X", 1, 2, "busy", 4, 1),
         ("X", 1, 2, "busy", 5, 1),
         ("M", 2, 3, "thread_name", None, None),
+        ("M", 2, 3, "thread_sort_index", None, None),
         ("X", 2, 3, "busy", 6, 1),
-        ("M", 3, 0, "process_name", None, None),
+        ("M", 3, 0, "process_name", None, None),  # "a->b" names no producer unit: the fifos process
+        ("M", 3, 0, "process_sort_index", None, None),
         ("C", 3, 0, "a->b", 4, None),
         ("C", 3, 0, "a->b", 5, None),
     ]
     assert [e["args"]["name"] for e in ev if e["name"] == "process_name"] == ["expert 0", "graph", "fifos"]
-    assert ev[5]["args"] == {"channel": "a->b"}
+    assert [e["args"]["sort_index"] for e in ev if e["name"].endswith("_sort_index")] == [1, 2, 1, 2, 3, 3]
+    assert ev[9]["args"] == {"channel": "a->b"}
     assert [e["args"]["occupancy"] for e in ev if e["ph"] == "C"] == [1, 0]
     assert doc["metadata"]["aggregated"] == {} and doc["metadata"]["dropped"] == {}
+    # the trace-event format's unit is the microsecond, and one microsecond is one cycle: no "ns" display unit
+    assert "displayTimeUnit" not in doc and doc["metadata"]["time_unit"] == "1 us = 1 cycle"
+
+
+def test_groups_and_units_in_natural_order_and_fifos_with_their_producers_group():
+    """expert 2 before expert 10 before expert 100 (not 10, 100, 2); Map_9 before Map_10; a FIFO's counter in
+    the process of the group whose unit produces into it."""
+    intervals = [{"unit": u, "group": g, "state": "busy", "start": 0, "end": 1, "channel": None}
+                 for g, u in (("expert 100", "Map_300"), ("expert 10", "Map_30"), ("expert 2", "Map_10"),
+                              ("expert 2", "Map_9"), ("shared", "Partition_1"))]
+    counters = [{"channel": ch, "t": 0, "occupancy": 1}
+                for ch in ("Partition_1[2]", "Map_30[0]", "Partition_1[10]", "Map_9[0]", "Other_5[0]")]
+    ev = chrome_trace(intervals, counters)["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert list(processes.values()) == ["expert 2", "expert 10", "expert 100", "shared", "fifos"]
+    assert [e["args"]["name"] for e in ev if e["name"] == "thread_name"] == [
+        "Map_9", "Map_10", "Map_30", "Map_300", "Partition_1"]
+    assert [(processes[e["pid"]], e["name"]) for e in ev if e["ph"] == "C"] == [
+        ("expert 2", "Map_9[0]"), ("expert 10", "Map_30[0]"), ("fifos", "Other_5[0]"),
+        ("shared", "Partition_1[2]"), ("shared", "Partition_1[10]")]
 
 
 def test_aggregation_and_cap_are_stated():
@@ -53,7 +80,7 @@ def test_files_load_with_json_and_have_required_fields(tmp_path):
         write_chrome_trace(p, INTERVALS, COUNTERS)
         raw = p.read_bytes()
         doc = json.loads(gzip.decompress(raw) if name.endswith(".gz") else raw)
-        assert len(doc["traceEvents"]) == 13
+        assert len(doc["traceEvents"]) == 19
         for e in doc["traceEvents"]:
             assert {"name", "ph", "pid", "tid"} <= e.keys()
             if e["ph"] in ("X", "C"):

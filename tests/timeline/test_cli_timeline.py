@@ -40,10 +40,20 @@ def test_json_trace_of_a_moe_layer(tmp_path, capsys, name):
     assert len(slices) == timeline.intervals.num_rows
     assert sum(e["dur"] for e in slices) == sum(e - s for s, e in zip(timeline.intervals.column("start").to_pylist(),
                                                                       timeline.intervals.column("end").to_pylist()))
-    processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert {"expert 0", "expert 127", "shared", "fifos", "memory"} <= processes
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    experts = [name for name in processes.values() if name.startswith("expert")]
+    assert experts == [f"expert {i}" for i in range(128)]  # numeric order, not 0, 1, 10, 100, ...
+    assert list(processes.values()) == [*experts, "shared", "memory"]
+    assert [e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"] == list(processes)
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert {"on-chip FIFO bytes", "HBM bytes/cycle"} <= counters
+    # every FIFO counter sits in the process of its producer's group
+    group_of = dict(zip(timeline.intervals.column("unit").to_pylist(), timeline.intervals.column("group").to_pylist()))
+    fifo_counters = [e for e in events if e["ph"] == "C" and e["name"] not in ("on-chip FIFO bytes", "HBM bytes/cycle")]
+    assert len({e["name"] for e in fifo_counters}) == len(set(timeline.fifo.column("channel").to_pylist()))
+    assert all(processes[e["pid"]] == group_of[e["name"].rsplit("[", 1)[0]] for e in fifo_counters)
+    assert {"shared", "expert 31"} <= {processes[e["pid"]] for e in fifo_counters} <= {*experts, "shared"}
+    assert "displayTimeUnit" not in doc
     meta = doc["metadata"]
     assert meta["status"] == f"timeline: {timeline.records:,} records (complete)" and meta["complete"] is True
     assert meta["aggregated"] == {} and meta["dropped"] == {} and meta["time_unit"] == "1 us = 1 cycle"
@@ -76,7 +86,13 @@ def test_perfetto_protobuf_trace_decodes_with_the_writers_protos(tmp_path):
              if pk.HasField("track_descriptor")}
     record = run_config({"workload": "swiglu", "mode": "simulate"}, timeline=10**6)
     units = set(record.timeline.intervals.column("unit").to_pylist())
-    assert units <= set(names.values()) and {"shared", "fifos", "memory", "stepsim notes"} <= set(names.values())
+    assert units <= set(names.values()) and {"shared", "memory", "stepsim notes"} <= set(names.values())
+    tracks = [pk.track_descriptor for pk in trace.packet if pk.HasField("track_descriptor")]
+    roots = [t for t in tracks if not t.parent_uuid and t.name != "stepsim notes"]
+    assert [t.name for t in roots] == ["shared", "memory"]
+    assert all(t.child_ordering == t.EXPLICIT for t in roots)
+    ranks = [t.sibling_order_rank for t in tracks if t.parent_uuid and not t.HasField("counter")]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)  # units in the JSON form's order
     begins = [pk for pk in trace.packet if pk.HasField("track_event") and
               pk.track_event.type == TrackEvent.TYPE_SLICE_BEGIN]
     assert len(begins) == record.timeline.intervals.num_rows  # a short run: nothing merged
@@ -94,7 +110,7 @@ def test_a_deadlocked_run_writes_its_timeline_up_to_the_deadlock(tmp_path, capsy
                    "--top-k", "4", "--trace", str(trace), "--tile-n", "32", "--channel-depth", "2",
                    "--timeline", str(path)])
     err = capsys.readouterr().err.splitlines()
-    assert status == 2
+    assert status == 3  # the deadlock status
     assert err[0].startswith(f"wrote timeline up to the deadlock: {path} (") and err[0].endswith(" (complete))")
     assert err[1].startswith("stepsim: error: deadlock: no unit can make progress; 620 unit(s) blocked")
     doc = _events(path)

@@ -1,7 +1,8 @@
 """Fixtures for the trace_io tests.
 
 The real traces live outside the repository, in ``../shared/traces`` beside the repo root. Tests that need
-them take the ``shared_traces`` fixture, which skips (with the path it looked at) when the folder is absent.
+them take the ``shared_traces`` fixture of ``tests/conftest.py``, which skips (with the path it looked at) when
+the folder is absent, and fails under CI.
 """
 
 from __future__ import annotations
@@ -9,17 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-#: <repo root>/../shared/traces
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-
-
-@pytest.fixture(scope="session")
-def shared_traces() -> Path:
-    """Root of the shared real traces; skips the test when it is not there."""
-    if not SHARED_TRACES.is_dir():
-        pytest.skip(f"shared traces folder not found: {SHARED_TRACES} (expected ../shared/traces beside the repo)")
-    return SHARED_TRACES
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 
 from stepsim._version import __version__
 from stepsim.base import files as results
-from stepsim.base.errors import ConfigError
+from stepsim.base.errors import ConfigError, OutputError
 from stepsim.base.files import (
     file_sha256,
     provenance_metadata,
@@ -129,8 +129,9 @@ def test_interrupted_replace_leaves_no_temp(tmp_path, monkeypatch):
         raise OSError("disk gone")
 
     monkeypatch.setattr(os, "replace", fail_replace)
-    with pytest.raises(OSError, match="disk gone"):
+    with pytest.raises(OutputError) as info:  # an OS error while writing is one line naming the path (issue 31)
         write_parquet_atomic(_row(), tmp_path / "r.parquet")
+    assert str(info.value) == f"cannot write {tmp_path / 'r.parquet'}: disk gone"
     assert list(tmp_path.iterdir()) == []
 
 

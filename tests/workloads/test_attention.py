@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy as sp
+from shared_traces_folder import require_shared_traces
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import make_symbol
@@ -39,9 +40,7 @@ SANITY_CASES = [(b, w, s, m) for b, rows in SANITY.items() for w, s, m in rows]
 
 
 def trace_file(rel: str) -> Path:
-    if not TRACES.is_dir():
-        pytest.skip(f"real traces not found at {TRACES} (expected ../shared/traces beside the repository)")
-    return TRACES / "kv_lengths" / rel
+    return require_shared_traces(TRACES) / "kv_lengths" / rel
 
 
 def window_file(batch: int, window) -> Path:

@@ -29,6 +29,8 @@ def _small(kind: str, tmp_path: Path) -> dict:
     if kind == "attention":
         np.save(tmp_path / "kv.npy", np.array([5, 40, 17, 64]))
         return {"trace": str(tmp_path / "kv.npy"), "strategy": "interleave"}
+    if kind == "collective":
+        return {"op": "all-reduce", "bytes": 4 * 4 * 32, "system": "ring-4"}
     if kind == "prefill_attention":  # chunks of 20 tokens after 0..44 cached ones, 16-row tiles
         np.save(tmp_path / "kv.npy", np.array([5, 40, 17, 64]))
         return {"trace": str(tmp_path / "kv.npy"), "tile_m": 20, "tile_n": 16}
@@ -48,7 +50,8 @@ def _small(kind: str, tmp_path: Path) -> dict:
 
 
 def test_the_config_tables_come_from_the_registry():
-    assert WORKLOADS == tuple(KINDS) == ("moe", "swiglu", "attention", "prefill_attention", "decoder", "program")
+    assert WORKLOADS == tuple(KINDS) == ("moe", "swiglu", "attention", "prefill_attention", "decoder", "collective",
+                                         "program")
     assert WORKLOAD_DEFAULTS == {name: dict(k.defaults) for name, k in KINDS.items()}
     for knob in KNOBS:
         if knob == "workload" or knob in COMMON_KNOBS:

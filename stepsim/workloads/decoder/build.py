@@ -223,7 +223,10 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         params=dict(model=model.name, hidden=d, heads=model.heads, kv_heads=n_heads, head_dim=hd,
                     query_per_kv_head=q_rows, batch=batch, strategy=strategy, softmax=softmax,
                     attention_regions=attention_regions, max_n=max_n, o_tile=o_tile, tiling=tiling,
-                    tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw, channel_depth=channel_depth,
+                    # the FFN's tile and regions as built (a static MoE FFN's default tile, every expert its region)
+                    tile_n=ffn_tile_n if moe is not None else tile_n, tile_f=tile_f,
+                    regions=ffn_regions if moe is not None else regions, compute_bw=compute_bw,
+                    channel_depth=channel_depth,
                     **(dict(experts=moe.experts, top_k=moe.top_k, intermediate=moe.intermediate,
                             ffn_regions=ffn_regions, shared_intermediate=moe.shared_intermediate) if moe is not None
                        else dict(dense_intermediate=model.dense_intermediate))),

@@ -102,7 +102,8 @@ def algorithmic_flops(counts, model: MoEModel, tile_n: int | None) -> int:
 def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int | None = None,
               tile_f: int | None = None, regions: int | None = None, compute_bw: int | None = None,
               packing_compute_bw: int = PACKING_COMPUTE_BW,
-              channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"]) -> Workload:
+              channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], ep: int | None = None,
+              placement: str = "contiguous", system=None) -> Workload:
     """Build the MoE layer for one decoding batch.
 
     Parameters
@@ -126,6 +127,12 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         FLOPs/cycle of the token-packing Accum (1024 in every experiment).
     channel_depth : int or None
         Default FIFO depth for simulation (2 in the experiments; None means 1024).
+    ep : int, optional
+        Expert parallelism: place the experts on ``ep`` chips (:mod:`stepsim.workloads.moe.parallel`).
+    placement : {"contiguous", "round-robin", "load-balanced"}
+        How the experts are placed on the chips (with ``ep``).
+    system : System, optional
+        The chips and links (with ``ep``; its chip count must be ``ep``); default: fully connected chips.
     """
     if tiling not in ("static", "dynamic"):
         raise ArgumentError(f"tiling must be 'static' or 'dynamic', got {tiling!r}")
@@ -164,6 +171,13 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
     LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
 
+    parallel = {}
+    if ep is not None:
+        if timeshare:
+            raise ArgumentError("--ep does not combine with --regions (time-multiplexed expert regions) yet")
+        from stepsim.workloads.moe.parallel import distribute
+
+        parallel = distribute(g, counts, ep, placement, system)
     idle = idle_groups(counts, regions)
     routing.flags.writeable = False
     return Workload(
@@ -173,7 +187,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
                     tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
                     packing_compute_bw=packing_compute_bw, channel_depth=channel_depth,
-                    **({"shared_intermediate": model.shared_intermediate} if model.shared_intermediate else {})),
+                    **({"shared_intermediate": model.shared_intermediate} if model.shared_intermediate else {}),
+                    **parallel),
         trace={"routing": routing},  # check_routing's own int64 copy
     )
 
@@ -390,5 +405,15 @@ def from_config(cfg: Mapping) -> Workload:
 
     model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
     routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+    parallel = {}
+    if cfg.get("ep") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        parallel = dict(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous",
+                        system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+    elif cfg.get("placement") is not None or cfg.get("system") is not None:
+        raise ArgumentError("--placement and --system apply to the MoE layer with --ep N (expert parallelism)")
     return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
-                     regions=cfg["regions"], **bandwidth_kwargs(cfg))
+                     regions=cfg["regions"], **bandwidth_kwargs(cfg), **parallel)

@@ -53,6 +53,9 @@ def _load_module(path: Path, spec: str):
     sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
+    except SystemExit as exc:  # not an exit of stepsim: it once ended the command silently with the user's status
+        raise ConfigError(f"program {spec!r}: importing {path} called sys.exit({exc.code!r}); a program returns a "
+                          f"Graph or Workload instead") from None
     except Exception as exc:  # the user's code: any error becomes one line naming the file
         raise ConfigError(f"program {spec!r}: importing {path} raised {type(exc).__name__}: {exc}") from None
     finally:
@@ -76,6 +79,9 @@ def build_program(spec: str) -> Workload:
                           f"(functions: {', '.join(names) or 'none'})")
     try:
         built = fn()
+    except SystemExit as exc:  # see _load_module
+        raise ConfigError(f"program {spec!r}: {function}() called sys.exit({exc.code!r}); it must return a stepsim "
+                          f"Graph or Workload") from None
     except Exception as exc:  # the user's code
         raise ConfigError(f"program {spec!r}: {function}() raised {type(exc).__name__}: {exc}") from None
     if isinstance(built, Workload):

@@ -1,0 +1,16 @@
+"""``stepsim.frontend``: lower an ONNX model to a STeP graph (issue 33).
+
+``from_onnx(path_or_ModelProto, *, tiling=..., hardware=...) -> Workload``; the workload's graph loads the
+model's inputs and stores its outputs under their ONNX names, so
+``simulate(w, functional=True, inputs={name: array}).outputs[name]`` compares directly with onnxruntime.
+
+One module per pass: :mod:`~stepsim.frontend.load` (read and check), :mod:`~stepsim.frontend.shapes` (bind
+dims, infer shapes, fold constants), :mod:`~stepsim.frontend.patterns` (SiLU and friends back to one op),
+:mod:`~stepsim.frontend.layouts` (layout assignment),
+:mod:`~stepsim.frontend.converters` (converter insertion), :mod:`~stepsim.frontend.fusion` (fuse or spill each
+edge), :mod:`~stepsim.frontend.emit` (STeP operators). ``onnx`` is imported only when a model is lowered.
+"""
+
+from stepsim.frontend.lower import FrontendReport, from_onnx
+
+__all__ = ["FrontendReport", "from_onnx"]

@@ -1,0 +1,91 @@
+"""Operators of multi-chip graphs: links between chips and tensors resident in a chip's on-chip memory.
+
+* :class:`Link` is one directed physical link shared by several transfers: input k leaves on output k
+  (the engine's Link unit, :mod:`stepsim.kernels.units_link`: first come first served, ``ceil(bytes / B)``
+  cycles on the wire, then ``latency`` cycles). Its metric :meth:`Link.link_bytes` is the bytes it carries.
+* An operator's ``chip`` attribute (0 when absent) places it on a chip: the lowering puts its unit there, and a
+  memory operator then uses that chip's HBM (each chip has its own, :mod:`stepsim.kernels.hbm`).
+* :class:`ResidentLoad` / :class:`ResidentStore` read / write a tensor held in one chip's on-chip memory (a
+  collective's input and output): no HBM, no off-chip bytes; the load's tiles carry read_from_mu, so the
+  operator that reads them pays the PMU bandwidth.
+
+Graphs build links through :class:`stepsim.graph.network.Network`, which routes transfers over a
+:class:`~stepsim.base.system.System` and creates one Link per physical link used.
+"""
+
+from __future__ import annotations
+
+from stepsim.base.errors import ArgumentError, DTypeError
+from stepsim.graph.dims import normalize, product
+from stepsim.graph.dtypes import BufferRef, Tile
+from stepsim.graph.graph import Op
+from stepsim.graph.ops_memory import LinearOffChipLoad, LinearOffChipStore
+
+
+class Link(Op):
+    """A directed link between two chips carrying ``len(inputs)`` transfers (output k is input k, delivered).
+
+    Parameters
+    ----------
+    graph : Graph
+    inputs : list of streams
+        One per transfer; buffer references cannot cross chips.
+    bandwidth : int
+        Bytes per cycle (>= 1).
+    latency : int
+        Cycles (>= 1) from an element's last byte leaving to its arrival at the receiving operator.
+    src, dst : int
+        The nodes the link joins (chips, or switches after the chips), for reports.
+    """
+
+    kind = "Link"
+
+    def __init__(self, graph, inputs, *, bandwidth: int, latency: int, src: int = 0, dst: int = 1,
+                 name: str | None = None):
+        streams = self._begin(graph, list(inputs), name)
+        if not streams:
+            raise self._error(ArgumentError, "needs at least one transfer")
+        for what, value in (("bandwidth", bandwidth), ("latency", latency)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise self._error(ArgumentError, f"{what} must be an int >= 1, got {value!r}")
+        for s in streams:
+            if isinstance(s.dtype, BufferRef):
+                raise self._error(DTypeError, f"a buffer reference cannot cross chips, got {s}")
+        self.bandwidth, self.latency, self.src, self.dst = bandwidth, latency, src, dst
+        self.chip = src if src >= 0 else 0  # the sending end
+        self._finish(list(streams))
+
+    def link_bytes(self):
+        """Bytes the link carries (sum over its transfers of elements x element bytes; symbolic if shapes are)."""
+        return normalize(sum(product(s.shape) * s.dtype.size_in_bytes() for s in self.outputs))
+
+
+class ResidentLoad(LinearOffChipLoad):
+    """A :class:`LinearOffChipLoad` of a tensor already in the chip's on-chip memory: 0 off-chip bytes, no HBM."""
+
+    kind = "ResidentLoad"
+    is_memory = False
+
+    def off_chip_bytes(self):
+        return 0
+
+    def off_chip_bytes_factors(self):
+        return (0,)
+
+
+class ResidentStore(LinearOffChipStore):
+    """A :class:`LinearOffChipStore` into the chip's on-chip memory: 0 off-chip bytes, no HBM."""
+
+    kind = "ResidentStore"
+    is_memory = False
+
+    def __init__(self, graph, inp, *, tensor_name: str = "output", name: str | None = None):
+        super().__init__(graph, inp, tensor_name=tensor_name, name=name)
+        if not isinstance(self.inputs[0].stream.dtype, Tile):
+            raise self._error(DTypeError, "input must be a tile stream")
+
+    def off_chip_bytes(self):
+        return 0
+
+    def off_chip_bytes_factors(self):
+        return (0,)

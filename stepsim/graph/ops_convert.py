@@ -1,0 +1,104 @@
+"""The layout converter: reorder a tile stream from a producer's layout into a consumer's, on chip, in the least
+buffer (:func:`stepsim.graph.layout.converter_buffer`), built from operators the engine already simulates.
+
+Construction (why it needs exactly the minimum): run the lazy schedule of the layout module (the producer
+delivers a tile only when the consumer's next tile is still incomplete) and give every tile a *slot* for its
+lifetime, from its arrival to its departure, reusing the lowest free slot. At most ``B_min`` tiles are alive at
+once, so ``B_min`` slots suffice. Two tiles of one slot never overlap in time, so a slot sees its tiles in the
+same order on both sides: it is a FIFO. The converter is then
+
+    SelectorSource(slot of each producer tile) -> Partition(rank 0) into one depth-1 FIFO per slot
+    SelectorSource(slot of each consumer tile) -> Reassemble(rank 0) from the slots, in the consumer's order
+
+plus a Flatten that folds Reassemble's one-element group dim away, so the output has the consumer's stream
+shape ``(1,) + trips``. It cannot deadlock: when the Partition waits for a slot, the slot's tile leaves at a
+consumer position before the one at which the lazy schedule delivers the waiting tile, and every consumer
+tile before that needs only tiles already delivered.
+
+The Partition carries the converter's on-chip bytes, ``B_min`` tiles (the selectors' bytes are control, as
+everywhere else in stepsim's accounting). Tiles of one shape on both sides only: re-tiling (different tile
+shapes) is reported as a LayoutError.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from stepsim.base.errors import LayoutError
+from stepsim.graph.graph import PUBLISHED, Op
+from stepsim.graph.layout import Layout, converter_buffer, tile_numbers
+from stepsim.graph.ops_routing import Partition, Reassemble
+from stepsim.graph.ops_shape import Flatten
+from stepsim.graph.ops_sources import SelectorSource
+
+
+class ConverterPartition(Partition):
+    """The Partition of a layout converter: routes each tile to its slot FIFO (depth 1); on-chip the converter's
+    whole buffer, ``buffer_bytes`` (bytes), in every convention."""
+
+    def __init__(self, graph, inp, control, num_slots: int, buffer_bytes: int, *, name: str | None = None):
+        super().__init__(graph, inp, control, 0, num_slots, name=name)
+        self.buffer_bytes = int(buffer_bytes)
+        self.channel_depth = 1  # one tile per slot: the FIFOs are the buffer
+
+    def on_chip_bytes(self, convention=PUBLISHED):
+        return self.buffer_bytes
+
+    def on_chip_bytes_terms(self, convention=PUBLISHED):
+        return ((self.buffer_bytes,),)
+
+
+def slot_schedule(p: Layout, c: Layout) -> tuple[np.ndarray, np.ndarray, int]:
+    """The slot of every tile in producer order and in consumer order (int64 arrays of the layouts' trip shapes)
+    and the number of slots, from the lazy schedule (module docstring). Equal tile shapes only."""
+    cell = p.tile
+    pn, cn = tile_numbers(p, cell).ravel(), tile_numbers(c, cell).ravel()
+    producer_of = np.empty(c.num_tiles, np.int64)  # consumer tile -> producer tile of the same cell
+    producer_of[cn] = pn
+    slot_p = np.empty(p.num_tiles, np.int64)
+    free: list[int] = []
+    used = 0
+    delivered = 0
+    slot_c = np.empty(c.num_tiles, np.int64)
+    for j in range(c.num_tiles):
+        need = producer_of[j]
+        while delivered <= need:
+            if free:
+                slot_p[delivered] = heapq.heappop(free)
+            else:
+                slot_p[delivered] = used
+                used += 1
+            delivered += 1
+        slot_c[j] = slot_p[need]
+        heapq.heappush(free, int(slot_c[j]))
+    return slot_p.reshape(p.trips), slot_c.reshape(c.trips), used
+
+
+def convert(graph, inp, producer: Layout, consumer: Layout, *, producer_name: str = "producer",
+            consumer_name: str = "consumer") -> Op:
+    """A converter from ``inp`` (a tile stream of shape ``(1,) + producer.trips``) to a stream of shape
+    ``(1,) + consumer.trips`` carrying the same tiles in the consumer's order; returns its output operator.
+
+    ``inp`` itself is returned when the layouts are compatible. LayoutError (one line naming both operators and
+    layouts) when no converter can do it, or when the tile shapes differ.
+    """
+    size = converter_buffer(producer, consumer, producer=producer_name, consumer=consumer_name)
+    if size.method == "compatible":
+        return inp
+    if producer.tile != consumer.tile:
+        raise LayoutError(f"no converter from {producer_name} {producer} to {consumer_name} {consumer}: the tile "
+                          f"shapes differ (on-chip re-tiling is not built yet; spill the edge instead)")
+    slot_p, slot_c, slots = slot_schedule(producer, consumer)
+    assert slots * producer.tile_elements == size.elements, "the lazy schedule's peak is the closed form"
+    one_hot = np.eye(slots, dtype=np.int8)
+    sel_p = SelectorSource(graph, one_hot[slot_p], slots)
+    part = ConverterPartition(graph, inp, sel_p, slots, size.bytes)
+    counts = np.bincount(slot_p.ravel(), minlength=slots)
+    for i in range(slots):
+        part.assume_shape(i, (int(counts[i]),))
+    sel_c = SelectorSource(graph, one_hot[slot_c], slots)
+    merged = Reassemble(graph, [part[i] for i in range(slots)], sel_c, 0)
+    merged.assume_shape(0, (1,) + consumer.trips + (1,))
+    return Flatten(graph, merged, 0, 1)

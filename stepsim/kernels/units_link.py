@@ -1,0 +1,147 @@
+"""The link unit: one directed link between two chips, shared by every transfer routed over it (docs/system.md).
+
+A link has ``n`` inputs and ``n`` outputs; transfer k enters on input k and leaves on output k. Timing
+(bandwidth B bytes/cycle, latency alpha cycles, both >= 1):
+
+* Credits. Output k's FIFO is transfer k's buffer at the receiving end, so the link sends an element of
+  transfer k only when that FIFO has a free slot whose credit is back: transfer k is *ready* at
+  ``max(head stamp, credit time of the slot its next element takes)``, and not at all while the FIFO is
+  physically full. Transfers are independent (virtual channels): a full receiver never blocks the others, so
+  a link cannot deadlock a graph by head-of-line blocking.
+* Arbitration, first come first served. The link is time-sensitive while choosing (like EagerMerge, canonical
+  rule 3): the engine calls it at ``T = max(clock, earliest ready time)``, when every element stamped <= T is in
+  its channel and every slot that frees by T has (a consumer dequeues only at or after the time it woke up,
+  which is later than T). Among the transfers ready by T it takes the head with the smallest stamp (ties: the
+  lowest input).
+* Serialization: an element of b bytes (``rows * cols * bytes``; a selector ``n_targets`` B, a scalar 8 B)
+  occupies the link for ``ceil(b / B)`` cycles (busy), from T.
+* Latency: it is sent on output k with requested stamp ``T + ceil(b / B) + alpha``, so it arrives alpha cycles
+  after its last byte left (>= 1: the one-cycle hop into the receiving unit is the least). The link is free for
+  the next element as soon as the last byte left: transfers pipeline over the wire, up to each output FIFO's
+  depth in flight (its window; the graph layer sizes it to cover the link's bandwidth-delay product).
+* Closing: a transfer ends on its own. When input k is observed closed and empty (at a decision time, like
+  an arrival: the engine's event time includes it), output k closes at the link's clock; the link finishes when
+  every input has. A link that waited for all its transfers would couple them: in a ring all-reduce a chip's
+  last add waits for its received stream to close, and that stream shares links with later steps.
+
+Phases: ``PH_CHOOSE`` (0: wait for a decision time, take the chosen head and serialize it) -> ``PH_DELIVER``
+(1: send it on its output; its credit is already back) -> ``PH_CHOOSE``. Counters: fires = elements carried,
+busy = serialization cycles, blocked-in = idle time, ``R_LINK_BYTES`` = bytes carried.
+"""
+
+from __future__ import annotations
+
+from stepsim.kernels import abi as A
+from stepsim.kernels.channels import can_pop, can_push, head_stamp, next_free
+from stepsim.kernels.jit import kernel
+from stepsim.kernels.units_common import block, emit_copy, spend, stash, take, tok_bytes, wait_input
+from stepsim.kernels.units_routing import R_DECIDE
+from stepsim.kernels.values import drop
+
+PH_CHOOSE = 0
+PH_DELIVER = 1
+R_LINK_CHOSEN = A.US_R0 + 0  # the transfer (input / output index) of the element in flight
+R_LINK_BYTES = A.US_R0 + 1  # bytes carried so far (read by kernels.api for the unit tables)
+# R_DECIDE (US_R0 + 8, shared with EagerMerge): the decision time the engine sets, -1 while none
+
+
+@kernel
+def link_serialize_cycles(nbytes, bandwidth):
+    """reads/writes: nothing / returns: ceil(nbytes / bandwidth), the cycles b bytes occupy a link."""
+    return (nbytes + bandwidth - 1) // bandwidth
+
+
+@kernel
+def link_event_time(u, up, us, in_ch, out_ch, chs, slots):
+    """When may link u decide? (only while choosing)
+
+    reads: its inputs' heads and close times, its outputs' closed flags / writes: nothing / returns:
+    max(clock, the earliest ready time of a transfer (head stamp and credit, see the module docstring) or close
+    time of an input whose output is still open), or, when every input is closed and empty and every output
+    closed, max(clock, last close time); NEVER while it must wait.
+    """
+    istart = up[u, A.UP_IN_START]
+    ostart = up[u, A.UP_OUT_START]
+    clock = us[u, A.US_CLOCK]
+    best = A.NEVER
+    all_closed = True
+    last_close = clock
+    for k in range(up[u, A.UP_N_IN]):
+        c = in_ch[istart + k]
+        o = out_ch[ostart + k]
+        if can_pop(chs, c):
+            if can_push(chs, o):  # ready once its head arrived and its receiver's slot is free
+                best = min(best, max(head_stamp(chs, slots, c), next_free(chs, slots, o)))
+            all_closed = False
+        elif chs[c, A.CH_CLOSED] == 1:
+            last_close = max(last_close, chs[c, A.CH_CLOSE_TIME])
+            if chs[o, A.CH_CLOSED] == 0:
+                best = min(best, chs[c, A.CH_CLOSE_TIME])
+        else:
+            all_closed = False
+    if best != A.NEVER:
+        return max(clock, best)
+    if all_closed:
+        return last_close
+    return A.NEVER
+
+
+@kernel
+def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi,
+              tl):
+    """reads: inputs, us[u, R_DECIDE] / writes: outputs, us[u] / returns: STEP_TIME while choosing without a
+    decision time, STEP_BLOCKED on a full output, DONE when every input closed and drained."""
+    istart = up[u, A.UP_IN_START]
+    n_in = up[u, A.UP_N_IN]
+    ostart = up[u, A.UP_OUT_START]
+    bandwidth = up[u, A.UP_A0 + A.PA_LINK_BW]
+    latency = up[u, A.UP_A0 + A.PA_LINK_LAT]
+    while True:
+        if us[u, A.US_PHASE] == PH_CHOOSE:
+            T = us[u, R_DECIDE]
+            if T < 0:
+                us[u, A.US_WAIT_KIND] = A.WAIT_TIME
+                us[u, A.US_WAIT_CH] = -1
+                return A.STEP_TIME
+            us[u, R_DECIDE] = -1
+            wait_input(us, u, T, -1, tl)
+            chosen = -1
+            best = A.NEVER
+            open_transfers = 0
+            for k in range(n_in):
+                c = in_ch[istart + k]
+                o = out_ch[ostart + k]
+                if can_pop(chs, c):
+                    t = head_stamp(chs, slots, c)
+                    if t < best and can_push(chs, o) and max(t, next_free(chs, slots, o)) <= T:
+                        best = t
+                        chosen = k
+                    open_transfers += 1
+                elif chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_CLOSE_TIME] <= T:
+                    if chs[o, A.CH_CLOSED] == 0:  # transfer k ended: pass its closure on (the engine wakes the
+                        chs[o, A.CH_CLOSED] = 1   # consumer after this step)
+                        chs[o, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+                else:
+                    open_transfers += 1
+            if chosen < 0:
+                if open_transfers == 0:
+                    return A.STEP_DONE
+                us[u, A.US_WAIT_KIND] = A.WAIT_TIME
+                us[u, A.US_WAIT_CH] = -1
+                return A.STEP_TIME
+            c = in_ch[istart + chosen]
+            row = take(us, u, chs, slots, c, tl)
+            stash(us, u, A.US_TOK_A, slots, row, A.SL_TOKEN)
+            nbytes = tok_bytes(slots, row, A.SL_TOKEN)
+            us[u, R_LINK_CHOSEN] = chosen
+            us[u, R_LINK_BYTES] += nbytes
+            us[u, A.US_FIRES] += 1
+            spend(us, u, link_serialize_cycles(nbytes, bandwidth), tl)
+            us[u, A.US_PHASE] = PH_DELIVER
+        o = out_ch[ostart + us[u, R_LINK_CHOSEN]]
+        if not can_push(chs, o):
+            return block(us, u, o, A.WAIT_FULL)
+        emit_copy(us, u, chs, slots, o, us[u, A.US_CLOCK] + latency, us, u, A.US_TOK_A,
+                  us[u, A.US_TOK_A + A.TK_STOP], fi, tl)
+        drop(fi, us, u, A.US_TOK_A)
+        us[u, A.US_PHASE] = PH_CHOOSE

@@ -1,0 +1,118 @@
+"""``stepsim optimize model.onnx``: the Pareto front of an ONNX model's tilings, with few simulations.
+
+Space, searched in StreamTensor's order (tiles, then fusion; issue 33):
+
+1. *tiles*: ``tile_m`` over the powers of two that divide every activation's rows (row blocks of the streams),
+   crossed with a global ``tile_n`` (the MatMuls' column stripes) over ``None`` (whole rows) and the powers of two
+   from 16 up to the widest MatMul's N (a MatMul narrower than ``tile_n`` keeps its N; a point a MatMul's N does
+   not split into is not buildable and is left out);
+2. *fusion*: stepsim's published accounting gives a fused edge's FIFO no on-chip bytes and the engine does not
+   move a spill's traffic, so spilling an edge never improves an objective: every edge stays fused (an on-chip
+   ``budget`` is :func:`stepsim.frontend.from_onnx`'s knob, not searched here).
+
+Pruning, as :mod:`stepsim.optimize.search` does for the built-in workloads: every candidate is evaluated
+symbolically (exact on-chip bytes and allocated compute, and a lower bound on cycles: the roofline and the
+per-unit bounds of :mod:`stepsim.analysis.bounds`); candidates are simulated in order of their bound, and one
+whose optimistic vector (bound, on-chip bytes, compute) a simulated point dominates is dropped unsimulated: its
+cycles are at least its bound, so it cannot enter the front. The front is the exhaustive front, point for point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from stepsim.analysis.bounds import cycle_bounds
+from stepsim.base.errors import ConfigError, FrontendError
+from stepsim.base.hardware import Hardware
+from stepsim.frontend import from_onnx
+from stepsim.frontend.layouts import groups_rows_cols
+from stepsim.optimize.pareto import dominates, pareto_front, roofline_lower_bound
+from stepsim.optimize.search import OBJECTIVES
+from stepsim.results.records import allocated_compute_flops
+from stepsim.simulation.simulate import simulate
+
+#: the smallest column stripe searched (elements): narrower tiles leave a compute node mostly idle
+MIN_TILE_N = 16
+
+
+@dataclass
+class Point:
+    """One candidate: its tiling, its symbolic figures (bytes, FLOPs/cycle, a cycle bound) and, once simulated,
+    its cycles."""
+
+    tiling: dict
+    on_chip_bytes: int
+    off_chip_bytes: int
+    allocated_flops_per_cycle: int
+    cycle_bound: int
+    cycles: int | None = None
+
+    def vector(self, cycles: int) -> tuple:
+        return (cycles, self.on_chip_bytes, self.allocated_flops_per_cycle)
+
+
+@dataclass
+class OnnxSearch:
+    """The result: every buildable ``candidates`` point (simulated or pruned), the Pareto ``front`` (simulated
+    points, by cycles), the ``recommended`` one for the objective and the number of ``simulations``."""
+
+    candidates: list
+    front: list
+    recommended: Point | None
+    simulations: int
+    skipped: dict = field(default_factory=dict)  # tiling (as text) -> why it is not buildable
+
+
+def tile_space(model_rows: list[int], widest_n: int) -> list[dict]:
+    """The tile grid of the module docstring: ``[{"tile_m": m, "tile_n": n}]``."""
+    g = math.gcd(*model_rows) if model_rows else 1
+    tms = [1 << k for k in range(g.bit_length()) if g % (1 << k) == 0]
+    tns = [None] + [1 << k for k in range(MIN_TILE_N.bit_length() - 1, widest_n.bit_length()) if 1 << k < widest_n]
+    return [{"tile_m": m, "tile_n": n} for m in tms for n in tns]
+
+
+def search(source, *, values="seeded", routing="teacher", hardware: str | None = None, objective: str = "cycles",
+           max_on_chip: int | None = None, space: list[dict] | None = None) -> OnnxSearch:
+    """Search the tilings of an ONNX model (module docstring). ``space``: the tilings to try (default
+    :func:`tile_space` of the model). ConfigError when no candidate fits ``max_on_chip``."""
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    kw = dict(values=values, routing=routing, **({"hardware": hardware} if hardware else {}))
+    if space is None:
+        layouts = from_onnx(source, **kw).frontend.layouts  # every streamed activation's layout
+        shapes = [groups_rows_cols(lay.shape) for lay in layouts.values()]
+        space = tile_space([r for _, r, _ in shapes], max((n for _, _, n in shapes), default=1))
+    points, skipped = [], {}
+    for tiling in space:
+        try:
+            w = from_onnx(source, tiling=tiling, **kw)
+        except FrontendError as exc:  # a tile that does not divide some dim: not buildable
+            skipped[str(tiling)] = str(exc)
+            continue
+        hw = Hardware.preset(w.hardware)
+        met = w.metrics()
+        compute = allocated_compute_flops(w)
+        bound = roofline_lower_bound(met["off_chip_bytes"], hw.hbm_peak_bytes_per_cycle, met["graph_flops"],
+                                     compute)
+        bound = max([bound, *cycle_bounds(w, hw).values()])
+        points.append((Point(tiling, met["on_chip_bytes"], met["off_chip_bytes"], compute, bound), w))
+    if max_on_chip is not None:
+        fitting = [(p, w) for p, w in points if p.on_chip_bytes <= max_on_chip]
+        if not fitting and points:
+            least = min(points, key=lambda pw: pw[0].on_chip_bytes)[0]
+            raise ConfigError(f"no tiling fits max_on_chip {max_on_chip} B; the smallest needs "
+                              f"{least.on_chip_bytes} B ({least.tiling})")
+        points = fitting
+    simulated: list[Point] = []
+    for p, w in sorted(points, key=lambda pw: (pw[0].cycle_bound, pw[0].on_chip_bytes,
+                                               pw[0].allocated_flops_per_cycle)):
+        if any(dominates(q.vector(q.cycles), p.vector(p.cycle_bound)) for q in simulated):
+            continue  # its real cycles are at least its bound: a simulated point dominates it
+        p.cycles = simulate(w).cycles
+        simulated.append(p)
+    front = [simulated[i] for i in pareto_front([p.vector(p.cycles) for p in simulated])]
+    front.sort(key=lambda p: p.vector(p.cycles))
+    order = OBJECTIVES[objective]
+    recommended = min(front, key=lambda p: tuple(getattr(p, k) for k in order), default=None)
+    return OnnxSearch([p for p, _ in points], front, recommended, len(simulated), skipped)

@@ -1,0 +1,235 @@
+"""Collectives as STeP graphs over link units: all-reduce, reduce-scatter, all-gather (ring and direct), all-to-all.
+
+Data layout. ``nbytes`` (S) is the whole vector: each chip's input to an all-reduce / reduce-scatter /
+all-to-all, each chip's output of an all-gather. It is cut into ``n`` chunks of ``S / n`` bytes (fp32, so S
+must be a multiple of ``4 n``), one tile ``(1, S / (4 n))`` each; chunk k of chip c is the on-chip tensor
+``x<c>.<k>`` (all-gather: chip c's chunk is ``x<c>``), held in on-chip memory (:class:`ResidentLoad`, so the
+closed forms are not blurred by HBM contention: the engine has one HBM model). Results are resident tensors:
+
+* all-reduce: ``y<c>.<k>`` on every chip c, every chunk k (= sum over chips of ``x<j>.<k>``);
+* reduce-scatter: ``y<c>`` on chip c (= sum over chips of chunk c);
+* all-gather: ``y<c>.<k>`` on every chip c (= ``x<k>``);
+* all-to-all: ``y<c>.<j>`` on chip c (= ``x<j>.<c>``, what chip j sent to c).
+
+Algorithms (transfers are routed over the system's links by :class:`~stepsim.graph.network.Network`):
+
+* ``ring``: the logical ring ``c -> c+1``. Reduce-scatter: at step s = 0 .. n-2 chip c sends chunk
+  ``(c - s - 1) mod n``: its own at s = 0, later the partial sum it received plus its own chunk (a Map add);
+  after n - 1 steps chip c holds the sum of chunk c. All-gather: n - 1 steps forwarding what arrived.
+  All-reduce = reduce-scatter then all-gather.
+* ``direct``: every chip sends straight to every other, to c+1 first, then c+2, ... (reduce-scatter: chunk k to
+  chip k, which adds the contributions in the order they leave their senders, c = k-1, k-2, ...; all-gather:
+  its chunk to every chip). All-to-all is direct only.
+
+Reductions are ``Map(Add)`` with ``compute_bw`` FLOPs/cycle and ``write_back_mu=True`` (partials live in
+on-chip memory), so every add reads both operands from the PMU: its cost is
+``max(2 ceil(S / (n pmu_bw)), ceil(S / (4 n compute_bw)))`` cycles (docs/timing_model.md §6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from stepsim.base.errors import ArgumentError
+from stepsim.base.system import System
+from stepsim.graph.dtypes import FP32
+from stepsim.graph.functions import Add
+from stepsim.graph.graph import Graph
+from stepsim.graph.network import Network
+from stepsim.graph.ops_chips import ResidentLoad, ResidentStore
+from stepsim.graph.ops_compute import Map
+from stepsim.graph.ops_memory import Tensor
+from stepsim.workloads.base import Workload
+from stepsim.workloads.collective import ALGORITHMS, OPS
+
+#: bytes per element of the collectives' vectors (fp32)
+ELEM_BYTES = 4
+#: FLOPs/cycle of the reduction adds (a Map's compute_bw; the PMU reads usually dominate)
+DEFAULT_COMPUTE_BW = 1024
+
+
+@dataclass(frozen=True)
+class Collective:
+    """What was built: the graph, its network (links, per-link bytes) and the layout.
+
+    ``inputs`` / ``outputs`` list the resident tensor names; ``chunk_elems`` is the fp32 elements per chunk.
+    """
+
+    graph: Graph
+    network: object
+    op: str
+    algorithm: str
+    chips: int
+    nbytes: int
+    chunk_elems: int
+    inputs: tuple
+    outputs: tuple
+
+
+def check_request(op: str, nbytes, algorithm: str, chips: int) -> int:
+    """Validate a collective request; returns the fp32 elements per chunk. Raises ArgumentError (one line)."""
+    if op not in OPS:
+        raise ArgumentError(f"collective op must be one of {', '.join(OPS)}, got {op!r}")
+    if algorithm not in ALGORITHMS:
+        raise ArgumentError(f"collective algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    if op == "all-to-all" and algorithm != "direct":
+        raise ArgumentError("all-to-all is direct only (each chunk routed straight to its chip): use "
+                            "--algorithm direct")
+    if chips < 2:
+        raise ArgumentError(f"a collective needs at least 2 chips, the system has {chips}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        raise ArgumentError(f"--bytes must be a positive int, got {nbytes!r}")
+    if nbytes % (ELEM_BYTES * chips):
+        raise ArgumentError(f"--bytes {nbytes} must be a multiple of {ELEM_BYTES * chips} ({chips} chunks of fp32 "
+                            f"elements); e.g. {nbytes - nbytes % (ELEM_BYTES * chips) or ELEM_BYTES * chips}")
+    return nbytes // (ELEM_BYTES * chips)
+
+
+class _Builder:
+    def __init__(self, system: System, op: str, nbytes: int, algorithm: str, compute_bw: int):
+        self.n = system.chips
+        self.m = check_request(op, nbytes, algorithm, self.n)
+        self.g = Graph(f"{op}-{algorithm}-{self.n}chips-{nbytes}B")
+        self.net = Network(self.g, system)
+        self.compute_bw = compute_bw
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+
+    def load(self, name: str):
+        self.inputs.append(name)
+        return ResidentLoad(self.g, Tensor(name, (1, self.m), FP32), tile=(1, self.m), out_shape_tiled=(1,),
+                            stride=(1,), name=f"load.{name}")
+
+    def store(self, stream, name: str) -> None:
+        self.outputs.append(name)
+        ResidentStore(self.g, stream, tensor_name=name, name=f"store.{name}")
+
+    def add(self, a, b, name: str):
+        return Map(self.g, [a, b], Add(), compute_bw=self.compute_bw, write_back_mu=True, name=name)
+
+    # ------------------------------------------------------------------------------------- reduce-scatter
+    def reduce_scatter_ring(self):
+        """Returns {chip: stream of its reduced chunk (chunk index = chip)}."""
+        n = self.n
+        x = {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
+        sent = {}  # (chip, step) -> the stream chip sends at that step
+        for c in range(n):
+            sent[(c, 0)] = x[(c, (c - 1) % n)]
+        received = {}
+        for s in range(n - 1):
+            for c in range(n):
+                received[(c, s)] = self.net.send((c - 1) % n, c, sent[((c - 1) % n, s)], name=f"rs{s}@chip{c}")
+            for c in range(n):
+                k = (c - s - 2) % n  # the chunk chip c forwards at the next step (its own at the last step)
+                sent[(c, s + 1)] = self.add(received[(c, s)], x[(c, k)], name=f"chip{c}.rs{s}.add")
+        return {c: sent[(c, n - 1)] for c in range(n)}
+
+    def reduce_scatter_direct(self):
+        n = self.n
+        x = {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
+        received = {}
+        for step in range(1, n):  # send order: each chip to c+1 first, then c+2, ...
+            for c in range(n):
+                k = (c + step) % n
+                received[(k, c)] = self.net.send(c, k, x[(c, k)], name=f"rs.chip{c}@chip{k}")
+        out = {}
+        for k in range(n):
+            acc = x[(k, k)]
+            for step in range(1, n):  # in the order the chunks leave their senders: c = k-1 first (its 1st send)
+                c = (k - step) % n
+                acc = self.add(acc, received[(k, c)], name=f"chip{k}.rs.add{c}")
+            out[k] = acc
+        return out
+
+    # ----------------------------------------------------------------------------------------- all-gather
+    def all_gather(self, own, algorithm: str):
+        """``own[c]``: chip c's chunk (index c). Stores ``y<c>.<k>`` for every chip c and chunk k."""
+        n = self.n
+        for c in range(n):
+            self.store(own[c], f"y{c}.{c}")
+        if algorithm == "ring":
+            forward = dict(own)  # what chip c sends next
+            for t in range(n - 1):
+                got = {}
+                for c in range(n):
+                    src = (c - 1) % n
+                    got[c] = self.net.send(src, c, forward[src], name=f"ag{t}@chip{c}")
+                for c in range(n):
+                    self.store(got[c], f"y{c}.{(c - 1 - t) % n}")
+                forward = got
+        else:
+            for step in range(1, n):
+                for c in range(n):
+                    k = (c + step) % n
+                    self.store(self.net.send(c, k, own[c], name=f"ag.chip{c}@chip{k}"), f"y{k}.{c}")
+
+    # ------------------------------------------------------------------------------------------ all-to-all
+    def all_to_all(self):
+        n = self.n
+        x = {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
+        for c in range(n):
+            self.store(x[(c, c)], f"y{c}.{c}")
+        for step in range(1, n):
+            for c in range(n):
+                k = (c + step) % n
+                self.store(self.net.send(c, k, x[(c, k)], name=f"a2a.chip{c}@chip{k}"), f"y{k}.{c}")
+
+
+def build_collective(system: System, op: str, nbytes: int, algorithm: str = "ring", *,
+                     compute_bw: int = DEFAULT_COMPUTE_BW) -> Collective:
+    """Build collective ``op`` of ``nbytes`` (S) over ``system`` as a STeP graph (see the module docstring).
+
+    Example
+    -------
+    >>> c = build_collective(System.preset("ring-4"), "all-reduce", 4096)
+    >>> c.chunk_elems, len(c.inputs), len(c.outputs), len(c.network.links)
+    (256, 16, 16, 4)
+    """
+    b = _Builder(system, op, nbytes, algorithm, compute_bw)
+    if op == "all-to-all":
+        b.all_to_all()
+    elif op == "all-gather":
+        b.all_gather({c: b.load(f"x{c}") for c in range(b.n)}, algorithm)
+    else:
+        reduced = b.reduce_scatter_ring() if algorithm == "ring" else b.reduce_scatter_direct()
+        if op == "reduce-scatter":
+            for c in range(b.n):
+                b.store(reduced[c], f"y{c}")
+        else:
+            b.all_gather(reduced, algorithm)
+    b.net.finish()
+    return Collective(b.g, b.net, op, algorithm, b.n, nbytes, b.m, tuple(b.inputs), tuple(b.outputs))
+
+
+def from_config(cfg: Mapping) -> Workload:
+    """The collective workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`).
+
+    The chips' hardware is the system's (``--hardware`` does not apply: the system file names it).
+    """
+    from stepsim.workloads.collective.closed_form import collective_cycles
+    from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
+
+    if cfg.get("hardware") is not None:
+        raise ArgumentError("--hardware does not apply to workload 'collective': the system file names the "
+                            "chips' hardware")
+    system = System.load(cfg["system"])
+    kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
+    c = build_collective(system, cfg["op"], cfg["bytes"], cfg["algorithm"], **kw)
+    topologies = {d.topology for d in system.dimensions}
+    closed = None
+    if len(system.dimensions) == 1 and topologies <= {"ring", "fully-connected", "switch"} and \
+            len({(link.bandwidth, link.latency) for link in system.links}) == 1:
+        try:
+            closed = collective_cycles(c.op, c.algorithm, system.dimensions[0].topology, c.chips, c.nbytes,
+                                       system.links[0].latency, system.links[0].bandwidth, system.hardware.pmu_bw,
+                                       kw.get("compute_bw", DEFAULT_COMPUTE_BW))
+        except ArgumentError:  # no closed form (direct collectives on a ring share links)
+            closed = None
+    params = {"op": c.op, "bytes": c.nbytes, "algorithm": c.algorithm, "system": system.name, "chips": c.chips,
+              "chunk_bytes": c.nbytes // c.chips, "links_used": len(c.network.links),
+              "compute_bw": kw.get("compute_bw", DEFAULT_COMPUTE_BW), "closed_form_cycles": closed,
+              "link_bytes": {name: int(b) for name, b in c.network.link_bytes().items()}}
+    return Workload("collective", c.graph, params=params, hardware=system.hardware_spec,
+                    channel_depth=cfg.get("channel_depth") or WORKLOAD_CHANNEL_DEPTH["collective"],
+                    trace={})

@@ -1,0 +1,106 @@
+"""Expert parallelism: the MoE layer's experts placed on several chips, tokens sent to them over links.
+
+``--ep N`` places the experts on N chips; everything that is not an expert (the token load, the routing, the
+gather and weighted sum, the store, the shared experts) stays on the home chip 0. Each expert's operators,
+including its weight loads (from its own chip's HBM), run on its chip; the token rows routed to an expert and their
+routing weights cross from chip 0 to the expert's chip, and the expert's output rows cross back
+(:func:`stepsim.graph.network.place_on_chips`; one link unit per physical link, shared first come first served).
+So dispatch is a scatter from the home chip and combine a gather back to it, exactly as the routing trace says:
+a chip receives one token row per (token, expert on that chip) pair. (A batch sharded over home chips, whose
+dispatch is a true all-to-all, is not built yet.)
+
+Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
+
+* ``contiguous``: expert e on chip ``e // ceil(E / N)``;
+* ``round-robin``: expert e on chip ``e mod N``;
+* ``load-balanced``: from the trace, greedily (longest processing time first): experts by token count, most
+  first (ties: lower id), each onto the chip with the fewest tokens so far among those with room (ties: lower
+  chip).
+
+Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
+"""
+
+from __future__ import annotations
+
+from stepsim.base.errors import ArgumentError
+from stepsim.base.system import System, from_dict
+
+PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
+#: links of the default expert-parallel system (fully connected): bytes/cycle and cycles, as the system presets
+DEFAULT_LINK_BANDWIDTH = 64
+DEFAULT_LINK_LATENCY = 500
+
+
+def place_experts(counts, chips: int, placement: str) -> list[int]:
+    """The chip of every expert (see the module docstring); ``counts`` are the per-expert token counts.
+
+    Example
+    -------
+    >>> place_experts([5, 1, 1, 9], 2, "load-balanced")
+    [1, 0, 0, 0]
+    """
+    experts = len(counts)
+    if placement not in PLACEMENTS:
+        raise ArgumentError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips < 1:
+        raise ArgumentError(f"--ep must be a positive int, got {chips!r}")
+    if chips > experts:
+        raise ArgumentError(f"--ep {chips} places {experts} experts on more chips than experts: a chip without "
+                            f"experts has nothing to do (use --ep {experts} or fewer)")
+    per_chip = -(-experts // chips)
+    if placement == "contiguous":
+        return [e // per_chip for e in range(experts)]
+    if placement == "round-robin":
+        return [e % chips for e in range(experts)]
+    load = [0] * chips
+    held = [0] * chips
+    chip_of = [0] * experts
+    for e in sorted(range(experts), key=lambda e: (-int(counts[e]), e)):
+        chip = min((c for c in range(chips) if held[c] < per_chip), key=lambda c: (load[c], c))
+        chip_of[e] = chip
+        load[chip] += int(counts[e])
+        held[chip] += 1
+    return chip_of
+
+
+def ep_system(chips: int, system: System | None) -> System:
+    """The system the experts run on: ``system`` (its chip count must be ``chips``), else ``chips`` fully
+    connected chips with the default links."""
+    if system is None:
+        return from_dict({"name": f"fully-connected-{chips}", "chips": chips, "topology": "fully-connected",
+                          "link_bandwidth": DEFAULT_LINK_BANDWIDTH, "link_latency": DEFAULT_LINK_LATENCY},
+                         source="--ep", name=f"fully-connected-{chips}")
+    if system.chips != chips:
+        raise ArgumentError(f"--ep {chips} needs a system of {chips} chips; system {system.name!r} has "
+                            f"{system.chips}")
+    return system
+
+
+def chip_tokens(counts, chip_of: list[int], chips: int) -> list[int]:
+    """Token rows each chip's experts receive: the sum of its experts' token counts (from the trace)."""
+    tokens = [0] * chips
+    for e, chip in enumerate(chip_of):
+        tokens[chip] += int(counts[e])
+    return tokens
+
+
+def distribute(graph, counts, chips: int, placement: str, system: System | None) -> dict:
+    """Place the experts of a built MoE graph on chips and route its transfers; returns the report fields for
+    the workload's params (placement, chips, per-chip tokens, busiest chip, imbalance = max / mean, links)."""
+    from stepsim.graph.network import place_on_chips
+
+    system = ep_system(chips, system)
+    chip_of = place_experts(counts, chips, placement)
+
+    def op_chip(op):
+        group = getattr(op, "group", None)
+        return chip_of[group[1]] if group is not None and group[0] == "expert" else 0
+
+    net = place_on_chips(graph, system, op_chip)
+    tokens = chip_tokens(counts, chip_of, chips)
+    mean = sum(tokens) / chips
+    busiest = max(range(chips), key=lambda c: (tokens[c], -c))
+    return {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
+            "chip_tokens": tokens, "busiest_chip": busiest,
+            "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
+            "links_used": len(net.links)}
