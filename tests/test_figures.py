@@ -60,6 +60,10 @@ def test_log_axis_ticks_read_like_the_cli():
     assert [text for _, text in shown] == ["100 MB", "200 MB", "300 MB"]  # 1,2,3,5x: 6 labels at most on x
     ys = [t.get_text() for t in ax.get_yticklabels() if 560e3 <= t.get_position()[1] <= 1.05e6]
     assert ys == ["600k", "700k", "800k", "900k", "1M"]  # under a decade: every integer multiple
+    ax.set_xlim(65e6, 330e6)  # 70, 80, 90 MB would crowd the left of a log axis: 1,2,3,5x
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels() if 65e6 <= t.get_position()[0] <= 330e6] == [
+        "100 MB", "200 MB", "300 MB"]
     ax.set_xlim(1e6, 80e9)  # wide: one label per decade
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels() if 1e6 <= t.get_position()[0] <= 80e9] == [
@@ -174,8 +178,11 @@ def test_demo_and_depths_plots_keep_their_labels_inside_and_bytes_in_cli_form(tm
     assert all(inside for _, inside in ax["notes"])  # "tile 64" was clipped at the right edge
     assert all(t.endswith("MB") for t in ax["xticks"]) and ax["title"] == (
         "MoE layer mixtral-8x7b, synthetic_routing_mixtral_b64.arrow")
+    preset_file = Path(__file__).resolve().parents[1] / "stepsim" / "data" / "models" / "qwen3-30b-a3b.json"
+    assert main(["demo", "--metrics-only", "--model", str(preset_file), "--out", str(tmp_path / "q")]) == 0
+    assert drawn[1]["axes"][0]["title"] == "MoE layer qwen3-30b-a3b.json, synthetic_routing_qwen_b64.arrow"
     assert main(["size-fifos", "moe", "--model", "mixtral", "--out", str(tmp_path / "d.toml"), "--jobs", "1"]) == 0
-    depths = drawn[1]["axes"][0]
+    depths = drawn[2]["axes"][0]
     sized = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FIFO bytes")]
     assert depths["title"] == (f"moe-mixtral-8x7b-static: FIFOs {sized[3].split()[3]} {sized[3].split()[4]} at depth "
                                f"1024 -> {sized[0].split()[3]} {sized[0].split()[4]} sized")

@@ -29,6 +29,20 @@ The argument, for experts ``x != y`` of one region and a token ``t`` routed to `
    at most two elements in each operator (the Accum holds its accumulator and a finished tile, the others
    one element; two is an upper bound for all). ``N > pre + post`` proves the deadlock.
 
+Dedicated regions (one per expert, no EagerMerge: the paper's baseline layout) deadlock the same way with
+``x``'s whole private path in place of its pre and post paths: the Partition sends ``x`` its ``N`` tokens between
+``t`` and ``t'`` before it sends ``y`` the token ``t'`` that closes ``y``'s tile, and none of them can leave
+``x``'s path into the Reassemble before ``t`` (step 1). Every token inside the path (sent, not yet taken by the
+Reassemble) sits on *every* chain of channels from the Partition's output ``x`` to the Reassemble's input ``x``:
+past a Broadcast each branch carries it until they join, and an operator emits each element in order (or holds
+it). So the rows one such chain can hold bound the tokens in the path, and ``N`` above the smallest chain's
+rows proves the deadlock. A chain's rows: each channel's depth times its element's rows, :data:`HELD_ELEMENTS`
+elements in each operator; between a RepeatStatic of ``R`` and the next Accum / MapAccum (the expert's FFN,
+where each token tile meets every weight tile) the elements are ``R`` repeats of one tile after another, so the
+``W`` element slots there hold at most ``ceil(W / R) + 1`` tiles. Weight loads that a token tile triggers (its
+ref input) carry no token and are not on a chain; a path that reaches any operator outside
+:data:`DEDICATED_KINDS` (another expert's, a store) is not proven.
+
 Only orders are used, never times, so the proof holds for every timing, including the EagerMerge's choices.
 It is sufficient, not necessary: a layer it does not prove may still deadlock (then the simulation says so).
 The FIFO depths are the run's: a channel's override (``Workload.channel_depths``), else its producer's
@@ -56,6 +70,13 @@ POST_KINDS = ("RetileStreamify", "Map", "Flatten")
 IN_ORDER_KINDS = ("RepeatStatic", "Map", "MapAccum", "Accum", "Broadcast", "Flatten")
 #: most elements an operator on a private path holds at once (the Accum: its accumulator and a finished tile)
 HELD_ELEMENTS = 2
+#: operators allowed on a dedicated region's private path (module docstring)
+DEDICATED_KINDS = ("Reshape", "Flatten", "Accum", "Broadcast", "RepeatStatic", "Map", "MapAccum",
+                   "RetileStreamify")
+#: operators that end a RepeatStatic's run of repeated elements (they reduce the repeats of one tile)
+REDUCING_KINDS = ("Accum", "MapAccum")
+#: most chains walked through one expert's private path (else it is not proven)
+MAX_CHAINS = 64
 
 
 @dataclass(frozen=True)
@@ -66,7 +87,8 @@ class DeadlockProof:
     Attributes
     ----------
     merge : str
-        The region's EagerMerge.
+        The region's EagerMerge; for dedicated regions the token Partition (then ``pre`` is the rows of the
+        whole private path and ``post`` 0).
     x, y : int
         Expert ids (the Partition's outputs).
     token : int
@@ -95,6 +117,11 @@ class DeadlockProof:
         """One line: the proof's numbers."""
         closes = ("once every token is routed" if self.until >= self.batch
                   else f"once token {self.until} is routed")
+        if self.merge.startswith("Partition"):  # dedicated regions: one private path, no shared region
+            return (f"deadlock at these FIFO depths, proven without simulating: expert {self.y}'s tile holding "
+                    f"token {self.token} closes only {closes}, and the Reassemble needs token {self.token} first, "
+                    f"so expert {self.x}'s {self.rows} tokens in between must wait in its path from "
+                    f"{self.merge}, which holds {self.pre} rows")
         return (f"deadlock at these FIFO depths, proven without simulating: region {self.merge} can take expert "
                 f"{self.y}'s tile holding token {self.token} only {closes}, and the Reassemble needs token "
                 f"{self.token} first, so expert {self.x}'s {self.rows} tokens in between must wait in its path, "
@@ -140,7 +167,110 @@ def prove_deadlock(workload: Workload, default_depth: int) -> DeadlockProof | No
         proof = _count(merge.name, routings[partition.id], paths)
         if proof is not None:
             return proof
+    for partition in graph.ops:  # dedicated regions: a token Partition whose outputs lead to one Reassemble
+        if partition.kind != "Partition" or partition.rank != 0 or _selectors(partition.inputs[1].op) is None:
+            continue
+        paths = _dedicated(partition, consumers, capacity_rows, workload, default_depth, overrides)
+        if paths is None:
+            continue
+        if partition.id not in routings:
+            routings[partition.id] = _Routing.of(partition)
+        proof = _count(partition.name, routings[partition.id], paths)
+        if proof is not None:
+            return proof
     return None
+
+
+def _dedicated(partition, consumers, capacity_rows, workload, default_depth, overrides) -> list | None:
+    """The private path (module docstring, dedicated regions) of every output of ``partition``: the rows its
+    smallest chain holds and its tile closing; None when the graph does not follow the pattern."""
+    paths, reassemble = [], None
+    for expert in range(partition.num_outputs):
+        found = _chains(partition, expert, consumers)
+        if found is None:
+            return None
+        sink, chains = found
+        if sink[1] != expert or reassemble not in (None, sink[0]):
+            return None
+        reassemble = sink[0]
+        rows = [_chain_rows(chain, capacity_rows, workload, default_depth, overrides) for chain in chains]
+        if not rows or None in rows:
+            return None
+        end = _tiling_end(partition, expert, consumers)
+        pre = _pre_path(end, capacity_rows, workload) if end is not None else None
+        chunk, lookahead = (pre[3], pre[4]) if pre is not None and pre[0] is partition else (None, False)
+        paths.append(_Path(expert, min(rows), 0, chunk, lookahead))
+    if (reassemble is None or reassemble.rank != 0
+            or not _same_routing(_selectors(partition.inputs[1].op), _selectors(reassemble.inputs[-1].op))):
+        return None
+    return paths
+
+
+def _chains(partition, expert, consumers):
+    """``((Reassemble, position), chains)``: every chain of ``(op, output)`` steps from ``partition``'s output
+    ``expert`` to a Reassemble input through :data:`DEDICATED_KINDS` operators (weight loads a token tile
+    triggers are left out: no token goes on from them); None when it reaches anything else, two Reassemble
+    inputs, or more than :data:`MAX_CHAINS` chains."""
+    sink, chains = None, []
+    pending = [[(partition, expert)]]
+    while pending:
+        chain = pending.pop()
+        op, out = chain[-1]
+        for reader, position in consumers.get((op.id, out), ()):  # an output nobody reads ends there
+            if reader.kind == "Reassemble":
+                if sink not in (None, (reader, position)):
+                    return None
+                sink = (reader, position)
+                chains.append(chain)
+            elif reader.kind == "LinearOffChipLoad":  # a weight load its token tile triggers (ref input)
+                continue
+            elif reader.kind not in DEDICATED_KINDS or any(reader is o for o, _ in chain):
+                return None
+            else:
+                pending.extend(chain + [(reader, index)] for index in range(reader.num_outputs))
+        if len(chains) + len(pending) > MAX_CHAINS:
+            return None
+    return (sink, chains) if sink is not None else None
+
+
+def _chain_rows(chain, capacity_rows, workload, default_depth, overrides) -> int | None:
+    """Rows one chain holds at most (module docstring): its channels and operators, the repeats of a
+    RepeatStatic counted as the tiles they can hold."""
+    rows = capacity_rows(chain[0][0][chain[0][1]])
+    repeat = None  # (R, element slots, largest rows) inside a RepeatStatic's run
+    for (before, index), (op, out) in zip(chain, chain[1:]):
+        ref = op[out]
+        # the tokens it holds come in on the chain (a weight tile beside them holds none) and leave on its outputs
+        op_rows = [_rows(s, workload) for s in op.outputs] + [_rows(before.outputs[index], workload)]
+        step, depth = capacity_rows(ref), channel_capacity(op, out, default_depth, overrides)
+        if rows is None or step is None or None in op_rows:
+            return None
+        if repeat is not None and op.kind in REDUCING_KINDS:  # the run ends: its slots as whole tiles
+            count, slots, tile = repeat
+            rows += (-(-slots // count) + 1) * tile
+            repeat = None
+        if repeat is not None:
+            count, slots, tile = repeat
+            repeat = (count, slots + HELD_ELEMENTS + depth, max(tile, *op_rows))
+            continue
+        rows += HELD_ELEMENTS * max(op_rows)
+        if op.kind == "RepeatStatic":
+            repeat = (op.count, depth, max(op_rows))
+        else:
+            rows += step
+    return None if repeat is not None else rows
+
+
+def _tiling_end(partition, expert, consumers):
+    """The last output of the expert's tiling chain (Reshape, Flatten, Accum, one reader each) right after
+    ``partition``'s output ``expert``, or None."""
+    op, out, end = partition, expert, None
+    while True:
+        readers = consumers.get((op.id, out), ())
+        if len(readers) != 1 or readers[0][0].kind not in PRE_KINDS:
+            return end
+        op, out = readers[0][0], 0
+        end = op[0]
 
 
 def _region(merge, back, consumers, capacity_rows, workload):

@@ -57,8 +57,9 @@ def _decade_locator_class():
     from matplotlib.ticker import LogLocator
 
     class DecadeLocator(LogLocator):
-        """Log ticks at the densest of :data:`_SUBS` that keeps at most ``max_ticks`` in view (labels of a
-        horizontal axis need room), else at every decade (every few decades on a very wide axis)."""
+        """Log ticks at the densest of :data:`_SUBS` that keeps at most ``max_ticks`` in view, none of them
+        closer than ``1 / (2 max_ticks)`` of the axis (labels need room), else at every decade (every few
+        decades on a very wide axis)."""
 
         def __init__(self, max_ticks: int):
             super().__init__(base=10, subs=(1.0,))
@@ -72,9 +73,13 @@ def _decade_locator_class():
             lo, hi = sorted((vmin, vmax))
             if lo > 0:
                 decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                span = math.log10(hi / lo)
                 for subs in _SUBS:
                     ticks = np.array([k * 10.0 ** d for d in decades for k in subs])
-                    if ((ticks >= lo * 0.9999) & (ticks <= hi * 1.0001)).sum() <= self.max_ticks:
+                    shown = np.log10(ticks[(ticks >= lo * 0.9999) & (ticks <= hi * 1.0001)])
+                    # few enough, and no two closer than the axis' share of one label (70 MB / 80 MB crowd)
+                    if len(shown) <= self.max_ticks and (len(shown) < 2 or np.diff(shown).min() >= span / (
+                            2 * self.max_ticks)):
                         self.set_params(subs=subs)
                         return super().tick_values(vmin, vmax)
             self.set_params(subs=(1.0,))

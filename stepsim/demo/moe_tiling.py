@@ -148,7 +148,10 @@ def plot(table: pa.Table, path: Path, trace: str | None = None) -> bool:
     ax.set_ylabel("cycles" if y_key == "cycles" else "off-chip traffic")
     ax.grid(True, which="major", alpha=0.3)
     trace_name = f", {Path(trace).name}" if trace else ""
-    ax.set_title(f"MoE layer {rows[0]['model']}{trace_name}", fontsize=10)
+    model = rows[0]["model"]
+    if str(model).lower().endswith(".json"):  # a config file: its name (a full path would not fit the title)
+        model = Path(model).name
+    ax.set_title(f"MoE layer {model}{trace_name}", fontsize=10)
     ax.legend(fontsize=8)
     save_figure(fig, Path(path))
     return True

@@ -293,9 +293,16 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
             "worse": worse, "regressed": bool(worse) or bool(missing and not allow_missing)}
 
 
-def _fmt(v) -> str:
+def _fmt(v, metric: str | None = None) -> str:
+    """A metric's value: counts exact (a CI log diffs them), ratios as percentages and times rounded as
+    ``stepsim run`` prints them (17.23 %, not 0.1723)."""
+    from stepsim.base.display import format_value
+    from stepsim.results.records import COLUMN_UNITS
+
     if v is None:
         return "-"
+    if COLUMN_UNITS.get(metric) in ("ratio", "s") and isinstance(v, (int, float)):
+        return format_value(v, COLUMN_UNITS[metric])
     if isinstance(v, float):
         return f"{v:.4g}"
     return f"{v:,}"
@@ -312,7 +319,7 @@ def format_text(res: dict) -> str:
                                          if p["differs"] else ""))
         for ch in p["changes"]:
             flag = "  WORSE" if ch["worse"] else ""
-            lines.append(f"  {ch['metric']:<24} {_fmt(ch['baseline']):>16} -> {_fmt(ch['candidate']):>16}  "
+            lines.append(f"  {ch['metric']:<24} {_fmt(ch['baseline'], ch['metric']):>16} -> {_fmt(ch['candidate'], ch['metric']):>16}  "
                          f"{_pct(ch['change'])}{flag}")
         for u in p["units"]:
             lines.append(f"  unit {u['unit']} ({u['kind']}): busy {u['baseline_busy_cycles']:,} -> "
@@ -349,7 +356,7 @@ def format_markdown(res: dict) -> str:
     lines = ["| configuration | metric | baseline | candidate | change | |", "|---|---|---:|---:|---:|---|"]
     for p in res["pairs"]:
         for ch in p["changes"]:
-            lines.append(f"| {p['config']} | {ch['metric']} | {_fmt(ch['baseline'])} | {_fmt(ch['candidate'])} | "
+            lines.append(f"| {p['config']} | {ch['metric']} | {_fmt(ch['baseline'], ch['metric'])} | {_fmt(ch['candidate'], ch['metric'])} | "
                          f"{_pct(ch['change'])} | {':x: worse' if ch['worse'] else ''} |")
     units = [u for p in res["pairs"] for u in p["units"]]
     if units:

@@ -106,3 +106,17 @@ def test_errors_exit_2(tmp_path, capsys):
     (tmp_path / "bad.parquet").write_text("not parquet")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "bad.parquet")]) == 2
     assert capsys.readouterr().err.startswith(f"stepsim: error: {tmp_path / 'bad.parquet'}: not a Parquet file")
+
+
+def test_ratios_read_as_in_run(tmp_path, capsys):
+    """compare writes a utilization as `stepsim run` does (17.23 %), counts exactly (33,288)."""
+    _run(capsys, tmp_path / "a", "--tile-m", "16", "--tile-n", "16")
+    _run(capsys, tmp_path / "b", "--tile-m", "16", "--tile-n", "32")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:6] == [
+        "  cycles                             33,288 ->           29,399  -11.68 %",
+        "  off_chip_bytes                  8,454,144 ->        7,405,568  -12.40 %",
+        "  on_chip_bytes                     100,352 ->          151,552  +51.02 %  WORSE",
+        "  compute_utilization               17.23 % ->          19.51 %  +13.23 %",
+        "  off_chip_bw_utilization           99.21 % ->          98.40 %  -0.82 %"]
