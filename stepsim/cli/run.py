@@ -46,8 +46,9 @@ def register(subparsers) -> None:
     p.add_argument("--deadlock-report", metavar="FILE",
                    help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON")
     p.add_argument("--force", action="store_true",
-                   help="simulate even when the estimated HBM work is over the limit (10^10 requests, about ten "
-                        "seconds; a run needing more memory than is available is refused anyway)")
+                   help="simulate even when the estimated HBM work is over the limit (10^10 requests, a hundred "
+                        "times the paper's largest layers; a run needing more memory than is available is refused "
+                        "anyway)")
     p.add_argument("--timeline", metavar="PATH",
                    help="also write a Perfetto timeline of the run: PATH ending in .json or .json.gz (Chrome "
                         "trace-event JSON) or .pftrace / .perfetto-trace (Perfetto protobuf, extra 'timeline')")

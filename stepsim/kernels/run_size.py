@@ -22,8 +22,10 @@ import numpy as np
 from stepsim.base.errors import ConfigError
 from stepsim.kernels import abi as A
 
-#: HBM requests a run may need without --force: the engine serves about 10**9 a second (closed-form periods
-#: included), so this is about ten seconds of engine time, a hundred times the paper's largest layers
+#: HBM requests a run may need without --force: a hundred times the paper's largest layers, so such a run almost
+#: certainly has a dimension wrong. Not a time: since an HBM serves its ticks in bulk up to the next event that can
+#: observe them, the engine's time follows its events more than its requests (a 5e10-request layer of 2,400
+#: events ran in 0.7 s), so the refusal names the traffic, not a duration
 MAX_HBM_REQUESTS = 10**10
 
 
@@ -87,6 +89,5 @@ def check(size: RunSize, force: bool = False, available: int | None = None) -> N
                           f"smaller FIFO depths (--channel-depth, the depths file) or model dimensions")
     if size.hbm_requests > MAX_HBM_REQUESTS and not force:
         raise ConfigError(f"this run needs at least {size.hbm_requests:.2e} HBM requests (the largest tile "
-                          f"{size.largest_tile_requests:.2e}), about {size.hbm_requests / 1e9:,.0f} s of engine "
-                          f"time or more; the limit is {MAX_HBM_REQUESTS:.0e} (check the model dimensions), "
-                          f"--force runs it anyway")
+                          f"{size.largest_tile_requests:.2e}, {_gb(64 * size.hbm_requests)} of traffic); the "
+                          f"limit is {MAX_HBM_REQUESTS:.0e} (check the model dimensions), --force runs it anyway")

@@ -40,8 +40,8 @@ def _last_line(capsys) -> str:
 
 
 CASES = [
-    (HUGE, E + "this run needs at least 5.37e+10 HBM requests (the largest tile 2.15e+09), about 54 s of engine time "
-               "or more; the limit is 1e+10 (check the model dimensions), --force runs it anyway"),
+    (HUGE, E + "this run needs at least 5.37e+10 HBM requests (the largest tile 2.15e+09, 3,436.0 GB of traffic); the "
+               "limit is 1e+10 (check the model dimensions), --force runs it anyway"),
     (["moe", "--model", "custom", "--hidden", "32", "--intermediate", str(2**40), "--experts", "8", "--top-k", "2"],
      E + "--intermediate must be at most 2,147,483,647 (2**31 - 1), got 1099511627776"),
     (["moe", "--model", "custom", "--hidden", str(10**15), "--intermediate", "64", "--experts", "8", "--top-k", "2"],
