@@ -349,13 +349,6 @@ def suggest_fix(program, diag: Diagnosis, *, budget_s: float = 30.0, runner=None
     """
     from stepsim.base.errors import DeadlockError
 
-    if runner is None:
-        from stepsim.kernels import run as runner
-    engine = runner
-
-    def runner(p):  # a rerun that deadlocks on other channels names them in its diagnosis
-        return run_diagnosed(p, engine)
-
     if not diag.fix_channels:
         return Fix(channels={}, depth=None, verified=False, note="no full channel on the cycle")
     ch_id = {}
@@ -375,7 +368,8 @@ def suggest_fix(program, diag: Diagnosis, *, budget_s: float = 30.0, runner=None
         nonlocal probes, chans
         probes += 1
         try:
-            return runner(_with_depths(program, {c: d for c in chans})).cycles, None
+            # diagnosed, so a rerun that deadlocks on other full channels names them (None: the numba engine)
+            return run_diagnosed(_with_depths(program, {c: d for c in chans}), runner).cycles, None
         except DeadlockError as exc:
             new = [ch_id[n] for n in (exc.diagnosis.fix_channels if exc.diagnosis else []) if ch_id[n] not in chans]
             return None, new

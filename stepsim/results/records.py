@@ -617,7 +617,7 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
     return out
 
 
-def unit_labels(names: list[str], kinds: list[str], groups: list[str]) -> list[str]:
+def unit_labels(kinds: list[str], groups: list[str]) -> list[str]:
     """A stable label per unit: ``<group>/<kind>#<k>``, the k-th unit of that kind in that group, in program order
     (``expert 3/Matmul#1``). Unit names are numbered by position in the whole graph (``Map_130``), so one more
     operator anywhere renames every later unit; a label changes only when its own group changes, which lets
@@ -645,7 +645,7 @@ def _unit_columns(run_id: str, sim, workload: Workload) -> dict[str, list]:
     busy = [int(v) for v in counters[:, 1]]
     return {
         "run_id": [run_id] * len(names), "name": names, "kind": kinds, "group": groups,
-        "label": unit_labels(names, kinds, groups),
+        "label": unit_labels(kinds, groups),
         "fires": counters[:, 0].tolist(), "busy_cycles": busy, "blocked_in_cycles": counters[:, 2].tolist(),
         "blocked_out_cycles": counters[:, 3].tolist(), "final_clock": counters[:, 4].tolist(),
         "utilization": [b / cycles if cycles else None for b in busy],
