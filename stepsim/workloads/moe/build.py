@@ -164,20 +164,28 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     g = Graph(f"moe-{model.name}-{tiling}")
 
     # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
-    x = Tensor("x", (batch, d), BF16)
-    tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
-    summed, bindings, tile_rows = moe_stage(
-        g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
-        compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
-    LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
-
-    parallel = {}
-    if ep is not None:
+    parallel, tile_rows = {}, {}
+    if ep is None:
+        x = Tensor("x", (batch, d), BF16)
+        tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+        summed, bindings, tile_rows = moe_stage(
+            g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
+            compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
+        LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
+    else:
         if timeshare:
             raise ArgumentError("--ep does not combine with --regions (time-multiplexed expert regions) yet")
-        from stepsim.workloads.moe.parallel import distribute
+        from stepsim.workloads.moe.parallel import expert_parallel
 
-        parallel = distribute(g, counts, ep, placement, system)
+        bw = dict(compute_bw=compute_bw)
+        shared = None
+        if model.shared_intermediate:
+            def shared(g, tokens, rows):
+                return shared_ffn(g, tokens, model, rows, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
+        bindings, parallel = expert_parallel(
+            g, model, routing, counts, ep, placement, system, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f,
+            compute_bw=compute_bw, packing_compute_bw=packing_compute_bw, shared_ffn=shared,
+            expert_ffn=lambda g, tiles, e: _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw))
     idle = idle_groups(counts, regions)
     routing.flags.writeable = False
     return Workload(

@@ -1,13 +1,9 @@
-"""Expert parallelism: the MoE layer's experts placed on several chips, tokens sent to them over links.
+"""Expert parallelism: the MoE layer's experts placed on several chips, the batch sharded over them.
 
-``--ep N`` places the experts on N chips; everything that is not an expert (the token load, the routing, the
-gather and weighted sum, the store, the shared experts) stays on the home chip 0. Each expert's operators,
-including its weight loads (from its own chip's HBM), run on its chip; the token rows routed to an expert and their
-routing weights cross from chip 0 to the expert's chip, and the expert's output rows cross back
-(:func:`stepsim.graph.network.place_on_chips`; one link unit per physical link, shared first come first served).
-So dispatch is a scatter from the home chip and combine a gather back to it, exactly as the routing trace says:
-a chip receives one token row per (token, expert on that chip) pair. (A batch sharded over home chips, whose
-dispatch is a true all-to-all, is not built yet.)
+``--ep N`` places the experts on N chips and shards the batch over the same chips; dispatch and combine are
+all-to-alls over the links, per the routing trace (the graph: :mod:`stepsim.workloads.moe.sharded`; the
+transfers: :func:`stepsim.graph.network.place_on_chips`, one link unit per physical link, shared first come
+first served). A chip's experts receive one token row per (token, expert on that chip) pair.
 
 Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
 
@@ -21,6 +17,8 @@ Without ``--system`` the chips are fully connected with the preset link figures 
 """
 
 from __future__ import annotations
+
+import sympy
 
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System, from_dict
@@ -84,23 +82,31 @@ def chip_tokens(counts, chip_of: list[int], chips: int) -> list[int]:
     return tokens
 
 
-def distribute(graph, counts, chips: int, placement: str, system: System | None) -> dict:
-    """Place the experts of a built MoE graph on chips and route its transfers; returns the report fields for
-    the workload's params (placement, chips, per-chip tokens, busiest chip, imbalance = max / mean, links)."""
+def expert_parallel(graph, model, routing, counts, chips: int, placement: str, system: System | None,
+                    **build) -> tuple[dict, dict]:
+    """Build the sharded expert-parallel layer into ``graph`` (:mod:`stepsim.workloads.moe.sharded`), place it on
+    the chips and route its transfers. ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s
+    keywords. Returns ``(bindings, params)``: the symbols' values from the trace, and the report fields for the
+    workload's params (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes
+    over every link, the symbolic per-link metric evaluated on the trace)."""
+    from stepsim.graph.lower import fp32_timing_bytes
     from stepsim.graph.network import place_on_chips
+    from stepsim.workloads.moe.sharded import build_sharded
 
     system = ep_system(chips, system)
     chip_of = place_experts(counts, chips, placement)
-
-    def op_chip(op):
-        group = getattr(op, "group", None)
-        return chip_of[group[1]] if group is not None and group[0] == "expert" else 0
-
-    net = place_on_chips(graph, system, op_chip)
+    if routing.shape[0] < chips:
+        raise ArgumentError(f"--ep {chips} shards the batch over {chips} chips, but the trace has "
+                            f"{routing.shape[0]} tokens: every chip needs one (use --ep {routing.shape[0]} or fewer)")
+    op_chip, bindings, bounds = build_sharded(graph, model, routing, chip_of, chips, **build)
+    net = place_on_chips(graph, system, lambda op: op_chip[op.id])
     tokens = chip_tokens(counts, chip_of, chips)
     mean = sum(tokens) / chips
     busiest = max(range(chips), key=lambda c: (tokens[c], -c))
-    return {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
-            "chip_tokens": tokens, "busiest_chip": busiest,
-            "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
-            "links_used": len(net.links)}
+    values = {sym: sympy.Integer(v) for sym, v in bindings.items()}  # xreplace: subs is quadratic here
+    link_bytes = {name: int(sympy.sympify(b).xreplace(values))
+                  for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
+    return bindings, {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
+                      "shard_bounds": bounds, "chip_tokens": tokens, "busiest_chip": busiest,
+                      "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
+                      "links_used": len(net.links), "link_bytes": link_bytes}
