@@ -82,13 +82,38 @@ def chip_tokens(counts, chip_of: list[int], chips: int) -> list[int]:
     return tokens
 
 
-def expert_parallel(graph, model, routing, counts, chips: int, placement: str, system: System | None,
-                    **build) -> tuple[dict, dict]:
+def region_members(chip_of: list[int], chips: int, regions: int) -> list[list[int]]:
+    """Time-multiplexed regions with expert parallelism: ``regions / chips`` regions on every chip, numbered chip
+    by chip, each taking the next ``experts / regions`` of its chip's experts in id order.
+
+    >>> region_members([0, 1, 0, 1, 1, 0, 0, 1], 2, 4)
+    [[0, 2], [5, 6], [1, 3], [4, 7]]
+    """
+    if regions % chips:
+        raise ArgumentError(f"--regions {regions} must be a multiple of --ep {chips}: every chip time-multiplexes "
+                            f"its experts on the same number of regions")
+    per_chip = regions // chips
+    per_region = len(chip_of) // regions
+    members = []
+    for chip in range(chips):
+        mine = [e for e, c in enumerate(chip_of) if c == chip]
+        members += [mine[i * per_region:(i + 1) * per_region] for i in range(per_chip)]
+    return members
+
+
+def expert_parallel(graph, model, routing, counts, chips: int, placement: str, system: System | None, *,
+                    regions: int | None, ffns, **build) -> tuple[dict, dict, dict]:
     """Build the sharded expert-parallel layer into ``graph`` (:mod:`stepsim.workloads.moe.sharded`), place it on
-    the chips and route its transfers. ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s
-    keywords. Returns ``(bindings, params)``: the symbols' values from the trace, and the report fields for the
-    workload's params (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes
-    over every link, the symbolic per-link metric evaluated on the trace)."""
+    the chips and route its transfers.
+
+    ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
+    regions (:func:`region_members`), so a chip's experts share its compute and the tokens a chip receives are
+    its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
+    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. Returns
+    ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles' rows, and the report
+    fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes over every
+    link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
+    """
     from stepsim.graph.lower import fp32_timing_bytes
     from stepsim.graph.network import place_on_chips
     from stepsim.workloads.moe.sharded import build_sharded
@@ -98,7 +123,11 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     if routing.shape[0] < chips:
         raise ArgumentError(f"--ep {chips} shards the batch over {chips} chips, but the trace has "
                             f"{routing.shape[0]} tokens: every chip needs one (use --ep {routing.shape[0]} or fewer)")
-    op_chip, bindings, bounds = build_sharded(graph, model, routing, chip_of, chips, **build)
+    members = None if regions is None else region_members(chip_of, chips, regions)
+    region_chip = None if members is None else [chip_of[m[0]] for m in members]
+    op_chip, bindings, bounds, tile_rows = build_sharded(
+        graph, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
+        region_chip=region_chip, **build)
     net = place_on_chips(graph, system, lambda op: op_chip[op.id])
     tokens = chip_tokens(counts, chip_of, chips)
     mean = sum(tokens) / chips
@@ -106,7 +135,10 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     values = {sym: sympy.Integer(v) for sym, v in bindings.items()}  # xreplace: subs is quadratic here
     link_bytes = {name: int(sympy.sympify(b).xreplace(values))
                   for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
-    return bindings, {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
-                      "shard_bounds": bounds, "chip_tokens": tokens, "busiest_chip": busiest,
-                      "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
-                      "links_used": len(net.links), "link_bytes": link_bytes}
+    params = {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
+              "shard_bounds": bounds, "chip_tokens": tokens, "busiest_chip": busiest,
+              "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
+              "links_used": len(net.links), "link_bytes": link_bytes}
+    if members is not None:
+        params["region_experts"] = members
+    return bindings, tile_rows, params

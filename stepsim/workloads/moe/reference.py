@@ -211,12 +211,18 @@ def inputs(w: Workload, seed: int) -> dict:
                            f"expert{e:03d}_down": down[e]})
     else:
         m = experts // regions
-        for r in range(regions):
-            members = slice(r * m, (r + 1) * m)
+        for r, members in enumerate(_region_members(p)):
             arrays.update({f"region{r:03d}_gate": gate[members].reshape(m * d, f),
                            f"region{r:03d}_up": up[members].reshape(m * d, f),
                            f"region{r:03d}_down": down[members].reshape(m * f, d)})
     return arrays
+
+
+def _region_members(p) -> list:
+    """Each time-multiplexed region's experts: contiguous blocks, or with ``--ep`` each chip's experts."""
+    experts, regions = p["experts"], p["regions"]
+    m = experts // regions
+    return p.get("region_experts") or [list(range(r * m, (r + 1) * m)) for r in range(regions)]
 
 
 def outputs(workload: Workload, inputs: dict) -> dict:
@@ -227,8 +233,9 @@ def outputs(workload: Workload, inputs: dict) -> dict:
                   for part in ("gate", "up", "down")]
     else:
         m = experts // regions
+        order = np.argsort(np.concatenate(_region_members(p)), kind="stable")  # region-major rows -> expert order
         stacks = [np.concatenate([np.asarray(take_input(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
-                                  for r in range(regions)])
+                                  for r in range(regions)])[order]
                   for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
     shared = ([take_input(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
               if p.get("shared_intermediate") else None)

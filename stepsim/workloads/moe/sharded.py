@@ -65,13 +65,16 @@ def shard_bounds(batch: int, chips: int) -> list[int]:
 
 
 def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, dynamic: bool, tile_n, tile_f: int,
-                  compute_bw: int, packing_compute_bw: int, expert_ffn, shared_ffn) -> tuple[dict, dict, list]:
+                  compute_bw: int, packing_compute_bw: int, ffns, shared_ffn,
+                  region_chip: list[int] | None = None) -> tuple[dict, dict, list, dict]:
     """Add the sharded layer to ``g`` (module docstring); ``chip_of[e]`` is expert e's chip.
 
-    ``expert_ffn(g, tiles, e)`` builds expert e's FFN on its packed token tiles and returns its output tiles;
-    ``shared_ffn(g, tokens, batch)`` the shared experts on a chip's token rows (None without shared experts).
-    Returns ``(op_chip, bindings, shard bounds)``: the chip of every operator (by ``op.id``), the symbols'
-    values from the trace, and the shard bounds.
+    ``ffns(g, packed)`` builds the experts' FFNs on their packed token tiles (``packed[e]``: expert e's) and
+    returns ``(output tiles by expert, bindings, tile_rows)``; its operators carry the group ``("expert", e)``
+    (on chip ``chip_of[e]``) or ``("region", r)`` (time-multiplexed regions, on chip ``region_chip[r]``).
+    ``shared_ffn(g, tokens, batch)`` builds the shared experts on a chip's token rows (None without them).
+    Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator (by ``op.id``), the
+    symbols' values from the trace, the shard bounds, and ``ffns``' tile rows.
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     bw = dict(compute_bw=compute_bw)
@@ -108,12 +111,14 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         shards.append((rc, bc, tokens, counts))
         on(c, before)
 
-    # experts: dispatch (merge of every chip's rows), FFN, combine (rows back by the merge's selector)
-    back = []
+    # experts: dispatch (merge of every chip's rows), packing into tiles, FFNs, combine (rows back by the
+    # merge's selector)
+    merges, packed = [], []
     for e in range(experts):
         before = len(g.ops)
         total = int(sum(int(s[3][e]) for s in shards))
         merge = EagerMerge(g, [per_expert[c][e] for c in range(chips)], 0)
+        merge.channel_depth = max(1, total)  # the selector waits for the FFN (module docstring)
         # one symbol for the expert's rows (bound to the trace's count) instead of the sum of the chips' counts,
         # which sympy's ceilings downstream make slow to build
         rows_symbol = make_symbol(f"{merge.name}_rows")
@@ -121,27 +126,34 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         merge.assume_shape(0, (rows_symbol,))
         merge.assume_shape(1, (rows_symbol,))
         merged = merge[0]
-        merge.channel_depth = max(1, total)  # the selector waits for the FFN (module docstring)
         if dynamic:
             padded = Reshape(g, merged, 1, 0, pad=Zero(1, d), add_outer_dim=True)
             rows = Flatten(g, padded, 0, 1)
-            out_dtype = DynTile(FP32, merged.stream.shape[0], d)
+            out_dtype = DynTile(FP32, rows_symbol, d)
         else:
             padded = Reshape(g, merged, tile_n, 0, pad=Zero(1, d), add_outer_dim=True)
             rows = Flatten(g, padded, 1, 2)
             out_dtype = Tile(FP32, tile_n, d)
-        packed = Accum(g, rows, RetileRow(), Empty(0, d), 1, out_dtype=out_dtype, compute_bw=packing_compute_bw)
-        out = expert_ffn(g, packed, e)
-        out_rows = RetileStreamify(g, out, split_row=True, filter_mask=True)
-        out_rows.assume_shape(0, merged.stream.shape)
-        ret = Partition(g, out_rows, merge[1], 0, chips)
+        packed.append(Accum(g, rows, RetileRow(), Empty(0, d), 1, out_dtype=out_dtype,
+                            compute_bw=packing_compute_bw))
+        merges.append(merge)
+        _group(g.ops[before:], ("expert", e))
+    outs, ffn_bindings, tile_rows = ffns(g, packed)
+    bindings.update(ffn_bindings)
+    back = []
+    for e in range(experts):
+        out_rows = RetileStreamify(g, outs[e], split_row=True, filter_mask=True)
+        out_rows.assume_shape(0, merges[e][0].stream.shape)
+        ret = Partition(g, out_rows, merges[e][1], 0, chips)
         ret.channel_depth = max(1, max(int(s[3][e]) for s in shards))  # the combine buffer (module docstring)
         for c in range(chips):
             ret.assume_shape(c, (per_expert[c].count_symbols[e],))
         back.append(ret)
-        for op in g.ops[before:]:
-            op.group = ("expert", e)
-        on(chip_of[e], before)
+        _group(g.ops[-2:], ("expert", e))
+    for op in g.ops:
+        if op.id not in op_chip and op.group is not None:
+            kind, index = op.group
+            op_chip[op.id] = chip_of[index] if kind == "expert" else region_chip[index]
 
     # home chips: weight the returned rows, reassemble each token's top-k rows, sum, shared experts, store
     for c in range(chips):
@@ -159,4 +171,9 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
                 op.group = ("shared_expert", c)
         LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
         on(c, before)
-    return op_chip, bindings, bounds
+    return op_chip, bindings, bounds, tile_rows
+
+
+def _group(ops, group) -> None:
+    for op in ops:
+        op.group = group
