@@ -737,10 +737,14 @@ def _build(cfg: Mapping, source: str | None) -> Workload:
     """The workload of a normalized config: an ONNX model through the front end, else the kinds' builders."""
     if not is_onnx_program(cfg):
         return build_normalized(cfg, source=source)
-    from stepsim.frontend import from_onnx  # the front end sits below results (docs/architecture.md)
+    from stepsim.frontend import RoutingTrace, from_onnx  # the front end sits below results (docs/architecture.md)
 
-    # token ids seeded and a MoE block routed as its router chooses on seeded inputs: the CLI has neither to give
-    workload = from_onnx(cfg["program"], values="seeded", routing="teacher")
+    # token ids seeded; a MoE block routed by the trace given (--trace, as the moe workload), else as its router
+    # chooses on seeded inputs (teacher forcing)
+    routing = "teacher"
+    if cfg.get("trace") is not None:
+        routing = RoutingTrace(cfg["trace"], iteration=cfg.get("iteration"), layer=cfg.get("layer"))
+    workload = from_onnx(cfg["program"], values="seeded", routing=routing)
     if cfg.get("fifo_depths") is not None:
         from stepsim.graph.depths_file import apply_depths_file
 
