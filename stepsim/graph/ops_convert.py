@@ -92,9 +92,17 @@ def convert(graph, inp, producer: Layout, consumer: Layout, *, producer_name: st
                           f"shapes differ (on-chip re-tiling is not built yet; spill the edge instead)")
     slot_p, slot_c, slots = slot_schedule(producer, consumer)
     assert slots * producer.tile_elements == size.elements, "the lazy schedule's peak is the closed form"
+    return from_slots(graph, inp, consumer, slot_p, slot_c, slots, size.bytes)
+
+
+def from_slots(graph, inp, consumer: Layout, slot_p: np.ndarray, slot_c: np.ndarray, slots: int,
+               buffer_bytes: int) -> Op:
+    """The converter's operators for a slot assignment (:func:`slot_schedule`): ``inp``'s tiles routed to
+    ``slots`` depth-1 FIFOs by ``slot_p`` and read back in the consumer's order by ``slot_c``; the Partition
+    holds ``buffer_bytes``. Returns the output operator (shape ``(1,) + consumer.trips``)."""
     one_hot = np.eye(slots, dtype=np.int8)
     sel_p = SelectorSource(graph, one_hot[slot_p], slots)
-    part = ConverterPartition(graph, inp, sel_p, slots, size.bytes)
+    part = ConverterPartition(graph, inp, sel_p, slots, buffer_bytes)
     counts = np.bincount(slot_p.ravel(), minlength=slots)
     for i in range(slots):
         part.assume_shape(i, (int(counts[i]),))
