@@ -127,3 +127,4 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
                                     spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled())))
     workload.frontend = report  # not in params: params go into every result row as JSON
     return workload
+

@@ -109,4 +109,6 @@ def from_slots(graph, inp, consumer: Layout, slot_p: np.ndarray, slot_c: np.ndar
     sel_c = SelectorSource(graph, one_hot[slot_c], slots)
     merged = Reassemble(graph, [part[i] for i in range(slots)], sel_c, 0)
     merged.assume_shape(0, (1,) + consumer.trips + (1,))
-    return Flatten(graph, merged, 0, 1)
+    out = Flatten(graph, merged, 0, 1)
+    out.assume_layout(0, consumer)  # the converter's whole point: its output carries the consumer's layout
+    return out

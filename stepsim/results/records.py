@@ -733,6 +733,12 @@ def is_onnx_program(cfg: Mapping) -> bool:
     return cfg.get("workload") == "program" and isinstance(program, str) and program.endswith(".onnx")
 
 
+def build_workload(config: Mapping, *, source: str | None = None) -> Workload:
+    """The workload a run config describes, built as :func:`run_config` builds it (an ONNX model through the
+    front end, with its routing trace or teacher routing; FIFO depths files applied)."""
+    return _build(normalize_config(config, source=source), source)
+
+
 def _build(cfg: Mapping, source: str | None) -> Workload:
     """The workload of a normalized config: an ONNX model through the front end, else the kinds' builders."""
     if not is_onnx_program(cfg):
