@@ -87,7 +87,6 @@ def test_each_block_reads_its_layer(files, capsys):
 ])
 def test_bad_flags_are_one_line_and_status_2(files, tmp_path, capsys, args, message):
     from onnx import helper
-
     from test_vs_builders import swiglu_onnx
 
     layer, model, one, two = files
