@@ -18,6 +18,15 @@ tile before that needs only tiles already delivered.
 The Partition carries the converter's on-chip bytes, ``B_min`` tiles (the selectors' bytes are control, as
 everywhere else in stepsim's accounting). Tiles of one shape on both sides only: re-tiling (different tile
 shapes) is reported as a LayoutError.
+
+Why re-tiling is not built this way: with STeP's units it would be a reorder at the common cell (this
+construction) followed by an ``Accum`` packing each consumer tile from ``T_c`` cells (and, when the producer's tile
+is coarser, a ``RetileStreamify`` splitting it). The packing Accum's tile is allocated whole for the whole run,
+on top of the slots' peak, so the total exceeds the minimum ``max_j P_j T_p - j T_c`` cells (it did on every one
+of 2,260 random 2-D pairs whose consumer tile is a union of producer tiles, checked while writing this): not
+minimal. The front end re-tiles its one case, column
+stripes into row tiles, with ``Accum(RetileCol)`` at exactly the minimum (:mod:`stepsim.frontend.converters`);
+any other pair spills.
 """
 
 from __future__ import annotations
