@@ -9,8 +9,8 @@ identical; its weights are the same three D x F matrices read once, in fp32 in t
 bf16) and bf16 in the builder (likewise x); the export computes the gates on chip (the router MatMul and Softmax,
 the trace's mask, each expert's one-hot gate pick) where the builder loads a routing-weights tensor; its expert
 products keep MapAccum accumulators where the builder's single-chunk Maps repeat the token tile; the builder keeps
-idle experts' weight tiles (not active), the export makes no operator for them. The cycles are pinned for both
-(the export's gate path, router then mask then pick, is longer); they are not attributed operator by operator."""
+idle experts' weight tiles (not active), the export makes no operator for them. The cycles (1,015 and 1,225)
+follow each graph's gate path, pinned operator by operator on both critical paths."""
 
 import sys
 from pathlib import Path
@@ -166,6 +166,42 @@ def test_every_metric_difference_is_attributed_to_named_operators(tmp_path):
     assert (mh["graph_flops"], mo["graph_flops"]) == (413696, 423808)
 
 
-def test_cycles_on_the_same_trace(tmp_path):
+def clocks(w) -> dict:
+    """Unit name -> its final clock (the cycle of its last event) in a timing run of ``w``."""
+    r = simulate(w)
+    return dict(zip(r.unit_names, (int(c) for c in r.unit_counters[:, 4]))) | {"cycles": r.cycles}
+
+
+def test_cycles_follow_the_gate_path(tmp_path):
+    """Where the cycles go, operator by operator (each operator's last event): in both graphs the experts finish
+    long before the end (543 and 743: the export's expert weights are fp32, twice the bytes) and the last cycles
+    are the gate path's. The builder streams its routing weights as 32 one-element loads (the last lands at 984),
+    then its Partition, Reassemble, sum and the store of the last row follow within 31 cycles: its store overlaps
+    the loads. The export needs each token's gates from the router: the router's [D, E] weights are re-read per
+    one-token row tile (16 reads, the last at 849), then its MatMul (868), the Softmax, mask and renormalization
+    and the gates' Partition (890); every scaled row waits for its gate, so the combine, the sum and the store
+    (which waited 904 cycles for input) drain the 16 rows after it, the store's last at 1224."""
     _, hand, ours = lowered(tmp_path)
-    assert (simulate(hand).cycles, simulate(ours).cycles) == (1015, 1225)
+    h, o = clocks(hand), clocks(ours)
+
+    def named(w, test):
+        (op,) = [op for op in w.graph if test(op)]
+        return op.name
+
+    def tensor(op):
+        return getattr(getattr(op, "tensor", None), "name", None)
+
+    experts_h = max(h[op.name] for op in hand.graph if op.group is not None and op.kind == "MapAccum")
+    experts_o = max(o[op.name] for op in ours.graph if op.kind == "MapAccum" and op.group == ("node", NODE))
+    assert (experts_h, experts_o) == (543, 743)
+    hand_path = [named(hand, lambda op: tensor(op) == "routing_weights"),
+                 [op.name for op in hand.graph if op.kind == "Partition"][-1],
+                 named(hand, lambda op: op.kind == "Reassemble"),
+                 [op.name for op in hand.graph if op.kind == "Accum"][-1],
+                 named(hand, lambda op: op.kind == "LinearOffChipStore")]
+    ours_path = [named(ours, lambda op: tensor(op) == "moe.router"),
+                 named(ours, lambda op: op.kind == "MapAccum" and op.group == ("node", "moe.logits")),
+                 f"{NODE}.route_gates", f"{NODE}.combine", f"{NODE}.sum",
+                 named(ours, lambda op: op.kind == "LinearOffChipStore")]
+    assert [h[n] for n in hand_path] + [h["cycles"]] == [984, 987, 991, 993, 1014, 1015]
+    assert [o[n] for n in ours_path] + [o["cycles"]] == [849, 868, 890, 1148, 1185, 1224, 1225]
