@@ -17,6 +17,10 @@ the MatMuls and values; the search visits a path through it:
    option of one MatMul with the others fixed is evaluated symbolically, pruned as above, the rest simulated;
    the MatMul keeps the option best for the objective and the next one starts from there.
 
+With ``max_on_chip``, points over it are neither simulated nor kept; when the default tiling is over it, fusion is
+not searched (every value fused), and a ``tile_m`` whose whole-row start is over it starts from its first MatMul
+option that fits.
+
 Every simulated point is a candidate for the front (Pareto over cycles, on-chip bytes, allocated compute); every
 point's cycles are at least its bound, so a pruned point could not have entered the front of the visited points.
 The visited front is not the exhaustive front in general (coordinate descent); tests/frontend/test_hierarchy.py
@@ -25,6 +29,7 @@ compares the two on a small model.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from stepsim.base.errors import ConfigError, FrontendError
@@ -120,11 +125,13 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     ev = _Evaluator(source, kw, max_on_chip)
     # 1: fusion per value at the default tiling (tile_m: the gcd of the rows, which level 2 visits again)
     base = ev.point(report.tile_m, {}, ())
-    if base is None:
-        raise ConfigError(f"the default tiling of {source} does not fit max_on_chip {max_on_chip} B")
-    ev.simulate(base, force=True)
     spill, fusion = [], {}
-    for value in dict.fromkeys(e.value for e in report.edges):
+    values = list(dict.fromkeys(e.value for e in report.edges))
+    if base is None:  # over the budget: fusion is not searched (in the published accounting it never gains)
+        fusion = {v: "fused: the default tiling exceeds max_on_chip; fusion not searched" for v in values}
+    else:
+        ev.simulate(base, force=True)
+    for value in values if base is not None else ():
         p = ev.point(report.tile_m, {}, (value,))
         if p is None:
             fusion[value] = "fused: spilling it cannot be built or exceeds the budget"
@@ -142,17 +149,18 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     tms = sorted({t["tile_m"] for t in tile_space([r for _, r, _ in shapes], 1)})
     for tm in tms:
         current = {name: None for name in options}
-        start = ev.point(tm, current, spill)
-        if start is None:
-            continue
-        ev.simulate(start, force=True)
-        best = start
+        best = ev.point(tm, current, spill)  # None when whole rows do not fit the budget: the first fit leads
+        if best is not None:
+            ev.simulate(best, force=True)
         for name, choices in options.items():
             for tn in choices:
                 p = ev.point(tm, {**current, name: tn}, spill)
-                if p is not None and ev.simulate(p) and rank(p) < rank(best):
+                if p is not None and ev.simulate(p) and (best is None or rank(p) < rank(best)):
                     best, current = p, {**current, name: tn}
     candidates = [pw[0] for pw in ev.points.values() if pw is not None]
+    if not candidates:
+        what = os.fspath(source) if isinstance(source, str | os.PathLike) else f"model {report.proto.graph.name!r}"
+        raise ConfigError(f"no schedule of {what} visited fits max_on_chip {max_on_chip} B")
     front = [ev.simulated[i] for i in pareto_front([p.vector(p.cycles) for p in ev.simulated])]
     front.sort(key=lambda p: p.vector(p.cycles))
     recommended = min(front, key=rank, default=None)

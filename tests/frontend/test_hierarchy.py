@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import onnx
+import pytest
 from onnx import helper
 
+from stepsim.base.errors import ConfigError
 from stepsim.cli import main
 from stepsim.frontend import from_onnx
 from stepsim.optimize.onnx_hierarchy import matmul_options, search
@@ -90,3 +92,16 @@ def test_hierarchical_is_for_onnx_models(capsys, tmp_path):
     assert main(["optimize", "swiglu", "--hierarchical", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == ("stepsim: error: --hierarchical applies to an .onnx model (fusion and "
                                        "per-MatMul tiles), got workload 'swiglu'\n")
+
+
+def test_an_on_chip_budget():
+    # the default tiling (tile_m 4, whole rows: 8,768 B) does not fit 5,120 B: fusion is not searched, and the
+    # front is the exhaustive front's part within the budget
+    result = search(mlp(), max_on_chip=5120)
+    assert set(result.fusion.values()) == {"fused: the default tiling exceeds max_on_chip; fusion not searched"}
+    assert [(p.tiling, p.vector(p.cycles)) for p in result.front] == FRONT[2:]
+    assert result.recommended.tiling == FRONT[2][0]
+    assert all(p.on_chip_bytes <= 5120 for p in result.candidates)
+    with pytest.raises(ConfigError) as err:
+        search(mlp(), max_on_chip=100)
+    assert str(err.value) == "no schedule of model 'mlp2' visited fits max_on_chip 100 B"
