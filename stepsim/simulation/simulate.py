@@ -87,6 +87,17 @@ class SimResult:
 _compiled = False
 
 
+def _channel_elements(target, graph, program) -> list[int] | None:
+    """The elements each of ``program``'s channels carries (the run-size estimate's input), from the graph's
+    stream shapes with a Workload's trace bindings; None when a shape is unbound or the names do not match."""
+    from stepsim.graph.channels import channel_elements
+
+    counts = channel_elements(graph, target.bindings if isinstance(target, Workload) else None)
+    if counts is None or any(name not in counts for name in program.channel_names):
+        return None
+    return [counts[name] for name in program.channel_names]
+
+
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
              arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False,
@@ -127,7 +138,7 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         :data:`stepsim.simulation.timeline.DEFAULT_RECORDS` records, an int at most that many (past the limit the trace is
         cut, never the run). Off by default; timing results are identical either way.
     force : bool
-        Run even when the estimated HBM work exceeds :data:`stepsim.kernels.run_size.MAX_HBM_REQUESTS` (a run
+        Run even when the estimated engine events exceed :data:`stepsim.kernels.run_size.MAX_EVENTS` (a run
         needing more memory than is available is refused anyway; :mod:`stepsim.kernels.run_size`).
     """
     global _compiled
@@ -149,7 +160,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     lower_s = time.perf_counter() - start
     from stepsim.kernels import run_size
 
-    run_size.check(run_size.estimate(program, records), force=force)  # before any allocation or engine time
+    run_size.check(run_size.estimate(program, records, _channel_elements(target, graph, program)),
+                   force=force)  # before any allocation or engine time
     compile_s = 0.0
     if not _compiled:
         from stepsim.kernels.api import _engine, _ensure_compiled
