@@ -25,9 +25,10 @@ from stepsim.base.errors import ConfigError
 from stepsim.kernels import abi as A
 
 #: estimated engine events a run may have without --force: about 17 minutes at EVENTS_PER_SECOND, and more than
-#: ten thousand times the paper's largest layers (under 10**5 events each), so such a run almost certainly has a
-#: dimension wrong
+#: a thousand times the paper's largest layers (under 10**6 events each), so such a run almost certainly has a
+#: dimension wrong. The environment variable STEPSIM_MAX_EVENTS sets another limit (:func:`max_events`)
 MAX_EVENTS = 10**9
+MAX_EVENTS_VARIABLE = "STEPSIM_MAX_EVENTS"
 #: engine events per second the refusal converts its estimate at: the order of what the numba engine runs on one
 #: core of an AMD EPYC (1.4e5 to 7e6 measured on the paper's workloads, most near 1e6; bench/README.md)
 EVENTS_PER_SECOND = 10**6
@@ -72,7 +73,7 @@ def event_bound(program, channel_elements) -> int:
     events start more than L cycles apart: at most one per L ticks of a run of consecutive ticks, and a tick
     serves at least one chunk (S: the chunks, ``ceil(requests / par_dispatch)`` per tile, summed over tiles).
 
-    Measured (tests/kernels/test_run_size.py): 1.4 to 3.2 times the events on one HBM; with several HBMs
+    Measured (tests/kernels/test_event_estimate.py): 1.4 to 3.2 times the events on one HBM; with several HBMs
     the S / L term dominates and the bound is up to about 40 times the events.
     """
     elems = np.asarray(channel_elements, dtype=object)  # object: no int64 overflow on huge dimensions
@@ -123,24 +124,49 @@ def _gb(n: int) -> str:
 
 
 def _duration(seconds: float) -> str:
+    """``seconds`` in words, rounded ("about 72 minutes")."""
+    if seconds < 1:
+        return "under a second"
     if seconds < 120:
-        return f"{seconds:,.0f} s"
+        return f"about {seconds:,.0f} s"
     if seconds < 2 * 3600:
-        return f"{seconds / 60:,.0f} minutes"
+        return f"about {seconds / 60:,.0f} minutes"
     if seconds < 2 * 86400:
-        return f"{seconds / 3600:,.0f} hours"
-    return f"{seconds / 86400:,.0f} days"
+        return f"about {seconds / 3600:,.0f} hours"
+    return f"about {seconds / 86400:,.0f} days"
+
+
+def _count(n: int) -> str:
+    """A limit as written: ``1e+09`` for a power of ten, else with thousands separators."""
+    return f"{n:.0e}" if n >= 10**6 and str(n).rstrip("0") == "1" else f"{n:,}"
+
+
+def max_events() -> int:
+    """The event limit: ``STEPSIM_MAX_EVENTS`` when set (a positive integer, read at every check so worker
+    processes and the command server see the caller's), else :data:`MAX_EVENTS`."""
+    text = os.environ.get(MAX_EVENTS_VARIABLE, "").strip()
+    if not text:
+        return MAX_EVENTS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"the environment variable {MAX_EVENTS_VARIABLE} must be a positive integer (engine "
+                          f"events), got {text!r}")
+    return value
 
 
 def check(size: RunSize, force: bool = False, available: int | None = None) -> None:
     """Refuse a run whose memory exceeds what is available (always) or whose estimated engine events exceed
-    :data:`MAX_EVENTS` (unless ``force``), with the estimate; ConfigError, otherwise nothing."""
+    :func:`max_events` (unless ``force``), with the estimate; ConfigError, otherwise nothing."""
     available = available_memory() if available is None else available
     if available is not None and size.memory_bytes > available:
         raise ConfigError(f"this run needs about {_gb(size.memory_bytes)} of engine memory ({size.fifo_slots:,} FIFO "
                           f"slots: the sum of the FIFO depths), more than the {_gb(available)} available; use "
                           f"smaller FIFO depths (--channel-depth, the depths file) or model dimensions")
-    if size.events is not None and size.events > MAX_EVENTS and not force:
-        raise ConfigError(f"this run needs up to {size.events:.2e} engine events, about "
+    limit = max_events()
+    if size.events is not None and size.events > limit and not force:
+        raise ConfigError(f"this run needs up to {size.events:.2e} engine events, "
                           f"{_duration(size.events / EVENTS_PER_SECOND)} at {EVENTS_PER_SECOND:.0e} events/s; the "
-                          f"limit is {MAX_EVENTS:.0e} (check the model dimensions), --force runs it anyway")
+                          f"limit is {_count(limit)} (check the model dimensions), --force runs it anyway")
