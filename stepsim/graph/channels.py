@@ -128,16 +128,23 @@ def channel_elements(graph: Graph, bindings: dict | None = None) -> dict[str, in
     must not be a guess). Evaluated numerically (:func:`stepsim.graph.numeric.exact_value`), not with sympy, so
     it costs little beside the lowering even on thousands of channels."""
     values = python_bindings(bindings or {})
+    known: dict = {}  # dim -> value: streams share their dims (a layer's thousands of channels, a few dozen dims)
     out = {}
     for op, idx, _ in _endpoints(graph.finalize()):
-        try:
-            n = exact_value(op.outputs[idx].total_elements(), values)
-        except (Unbound, Unsupported):
-            n = sp.sympify(op.outputs[idx].total_elements()).xreplace(
-                {s: sp.sympify(v) for s, v in values.items()})
-            if n.free_symbols:
-                return None
-            n = int(sp.ceiling(n))
+        n = 1
+        for d in op.outputs[idx].shape:  # the product of the values, not the value of a sympy product (slow)
+            if isinstance(d, int):
+                n *= d
+                continue
+            if d not in known:
+                try:
+                    known[d] = exact_value(d, values)
+                except (Unbound, Unsupported):
+                    v = sp.sympify(d).xreplace({s: sp.sympify(x) for s, x in values.items()})
+                    if v.free_symbols:
+                        return None
+                    known[d] = python_bindings({0: v})[0]
+            n *= known[d]
         out[f"{op.name}[{idx}]"] = max(math.ceil(n), 0)
     return out
 

@@ -76,16 +76,16 @@ def event_bound(program, channel_elements) -> int:
     Measured (tests/kernels/test_event_estimate.py): 1.4 to 3.2 times the events on one HBM; with several HBMs
     the S / L term dominates and the bound is up to about 40 times the events.
     """
-    elems = np.asarray(channel_elements, dtype=object)  # object: no int64 overflow on huge dimensions
+    elems = [int(x) for x in channel_elements]  # Python ints: no int64 overflow on huge dimensions
     up = program.unit_params
     opcodes = up[:, A.UP_OPCODE]
     hw = program.hw
     addr = int(hw[A.HW_ADDR_OFFSET])
     tiles = decisions = chunks = 0
     chips = set()
-    for u in range(up.shape[0]):
-        ins = [int(x) for x in elems[program.in_ch[program.in_ptr[u]:program.in_ptr[u + 1]]]]
-        outs = [int(x) for x in elems[program.out_ch[program.out_ptr[u]:program.out_ptr[u + 1]]]]
+    for u in np.flatnonzero(np.isin(opcodes, A.TIME_SENSITIVE_OPS + A.MEMORY_READ_OPS + A.MEMORY_WRITE_OPS)):
+        ins = [elems[c] for c in program.in_ch[program.in_ptr[u]:program.in_ptr[u + 1]]]
+        outs = [elems[c] for c in program.out_ch[program.out_ptr[u]:program.out_ptr[u + 1]]]
         if opcodes[u] in A.TIME_SENSITIVE_OPS:
             decisions += sum(ins) + len(ins) + 1
         if opcodes[u] in A.MEMORY_READ_OPS + A.MEMORY_WRITE_OPS:
@@ -97,7 +97,7 @@ def event_bound(program, channel_elements) -> int:
                                                                           A.PA_ELEM_BYTES))
                 requests = rows * -(-cols * elem // addr)
                 chunks += n * -(-requests // max(int(up[u, A.UP_A0 + A.PA_PAR_DISPATCH]), 1))
-    bound = up.shape[0] + len(elems) + 2 * sum(int(x) for x in elems) + 2 * tiles + 2 * decisions
+    bound = up.shape[0] + len(elems) + 2 * sum(elems) + 2 * tiles + 2 * decisions
     if len(chips) > 1:
         lat = int(hw[A.HW_HBM_START_UP] + hw[A.HW_HBM_LATENCY]) + 1
         bound += chunks // lat + 1 + tiles + len(chips)
