@@ -10,6 +10,7 @@ the given (or seeded random) tensors, stores write ``SimResult.outputs``; every 
 from __future__ import annotations
 
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, field
 
@@ -87,12 +88,22 @@ class SimResult:
 _compiled = False
 
 
+#: graph -> (bindings, channel_elements result): FIFO sizing simulates one graph dozens of times, other depths only
+_ELEMENTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _channel_elements(target, graph, program) -> list[int] | None:
     """The elements each of ``program``'s channels carries (the run-size estimate's input), from the graph's
     stream shapes with a Workload's trace bindings; None when a shape is unbound or the names do not match."""
     from stepsim.graph.channels import channel_elements
 
-    counts = channel_elements(graph, target.bindings if isinstance(target, Workload) else None)
+    bindings = target.bindings if isinstance(target, Workload) else None
+    cached = _ELEMENTS_CACHE.get(graph)
+    if cached is not None and cached[0] is bindings and cached[1] == len(graph.ops):  # same graph, same values
+        counts = cached[2]
+    else:
+        counts = channel_elements(graph, bindings)
+        _ELEMENTS_CACHE[graph] = (bindings, len(graph.ops), counts)
     if counts is None or any(name not in counts for name in program.channel_names):
         return None
     return [counts[name] for name in program.channel_names]

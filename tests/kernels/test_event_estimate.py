@@ -148,3 +148,18 @@ def test_the_refusal_names_the_events_their_time_and_force(events, force, messag
     with pytest.raises(ConfigError) as info:
         run_size.check(size, force=force, available=10**9)
     assert str(info.value) == message
+
+
+def test_the_elements_are_counted_once_per_graph_and_trace(tmp_path, monkeypatch):
+    # FIFO sizing simulates one graph dozens of times with other depths: its element counts are kept
+    import stepsim.graph.channels as channels
+
+    calls = []
+    real = channels.channel_elements
+    monkeypatch.setattr(channels, "channel_elements", lambda *a: calls.append(1) or real(*a))
+    workload = workload_from_config(_small("swiglu", tmp_path))
+    first = simulate(workload)
+    again = simulate(workload, channel_depth=8)
+    other = simulate(workload_from_config(_small("swiglu", tmp_path)))  # another graph: counted again
+    assert len(calls) == 2
+    assert (first.events, again.events, other.events) == (318, 288, 318)  # depth 8: fewer wake-ups
