@@ -111,6 +111,17 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help="print every column (params, provenance, phase timings) and exact byte counts")
 
 
+#: the --force flag's help, one meaning on every command that simulates (run, sweep, optimize, reproduce)
+FORCE_HELP = ("simulate even when a run's estimated engine events are over the limit (10^9, about 17 minutes at "
+              "10^6 events/s; the paper's largest layers need under 10^6); a run needing more memory than is "
+              "available is refused anyway")
+
+
+def add_force_argument(p: argparse.ArgumentParser) -> None:
+    """``--force``: run simulations the run-size estimate refuses (:mod:`stepsim.kernels.run_size`)."""
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
 def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
     """``--fifo-depths FILE``: per-channel FIFO depths written by ``stepsim size-fifos`` (config key
     ``fifo_depths``); a file made for another graph is refused."""

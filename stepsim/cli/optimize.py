@@ -18,7 +18,7 @@ from stepsim.batch.executors import EXECUTORS
 
 def register(subparsers) -> None:
     """Add ``stepsim optimize`` to the top-level subparsers."""
-    from stepsim.cli.args import add_jobs_argument, add_workload_arguments
+    from stepsim.cli.args import add_force_argument, add_jobs_argument, add_workload_arguments
     from stepsim.optimize.search import OBJECTIVES
     from stepsim.optimize.space import OPTIMIZE_WORKLOADS
 
@@ -37,6 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--space", metavar="SPACE.toml",
                    help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
     add_jobs_argument(p, "the simulations", dask=True)
+    add_force_argument(p)
     p.add_argument("--executor", choices=EXECUTORS, help="local worker processes (default) or dask")
     p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask)")
     p.add_argument("--hierarchical", action="store_true",
@@ -109,7 +110,8 @@ def _optimize(args) -> int:
     try:
         result = optimize(args.workload, out=args.out, objective=args.objective, max_on_chip=args.max_on_chip,
                           max_compute=args.max_compute, space=args.space, jobs=args.jobs, executor=executor,
-                          address=args.address, progress=not args.no_progress and sys.stderr.isatty(), **knobs)
+                          address=args.address, progress=not args.no_progress and sys.stderr.isatty(),
+                          force=args.force, **knobs)
     except SweepStopped as stop:  # Ctrl-C / SIGTERM inside a round: the finished results are saved
         if stop.reason in ("interrupted", "terminated"):
             status = stopped_status(stop.reason)
