@@ -735,14 +735,24 @@ def is_onnx_program(cfg: Mapping) -> bool:
     return cfg.get("workload") == "program" and isinstance(program, str) and program.endswith(".onnx")
 
 
+def build_workload(config: Mapping, *, source: str | None = None) -> Workload:
+    """The workload a run config describes, built as :func:`run_config` builds it (an ONNX model through the
+    front end, with its routing trace or teacher routing; FIFO depths files applied)."""
+    return _build(normalize_config(config, source=source), source)
+
+
 def _build(cfg: Mapping, source: str | None) -> Workload:
     """The workload of a normalized config: an ONNX model through the front end, else the kinds' builders."""
     if not is_onnx_program(cfg):
         return build_normalized(cfg, source=source)
-    from stepsim.frontend import from_onnx  # the front end sits below results (docs/architecture.md)
+    from stepsim.frontend import RoutingTrace, from_onnx  # the front end sits below results (docs/architecture.md)
 
-    # token ids seeded and a MoE block routed as its router chooses on seeded inputs: the CLI has neither to give
-    workload = from_onnx(cfg["program"], values="seeded", routing="teacher")
+    # token ids seeded; a MoE block routed by the trace given (--trace, as the moe workload), else as its router
+    # chooses on seeded inputs (teacher forcing)
+    routing = "teacher"
+    if cfg.get("trace") is not None:
+        routing = RoutingTrace(cfg["trace"], iteration=cfg.get("iteration"), layer=cfg.get("layer"))
+    workload = from_onnx(cfg["program"], values="seeded", routing=routing)
     if cfg.get("fifo_depths") is not None:
         from stepsim.graph.depths_file import apply_depths_file
 
