@@ -43,7 +43,7 @@ flops                              FLOP        the paper's algorithmic FLOPs (``
 graph_flops                        FLOP        sum over compute operators (engine FLOP convention)
 algorithmic_flops                  FLOP        the paper's formula; null when the workload defines none
 allocated_compute_flops_per_cycle  FLOP/cycle  sum of ``compute_bw`` over FLOP-based compute operators
-hbm_bytes_per_cycle                bytes/cycle peak off-chip bandwidth of the hardware
+hbm_bytes_per_cycle                bytes/cycle peak off-chip bandwidth of the hardware (all chips' HBMs)
 load_unit_cycles                   cycles      a lower bound on cycles: the busiest load unit's tiles one after
                                                another (:func:`stepsim.analysis.bounds.load_unit_cycles`)
 compute_unit_cycles                cycles      a lower bound on cycles: the busiest compute unit's firings, each
@@ -271,7 +271,7 @@ _PATH_KNOBS = ("trace", "hardware", "system")
 #: knobs added after run ids were first written (the collectives' and expert parallelism's): they enter a run's
 #: identity only when set, so a config that leaves them unset keeps the run id it always had (a resumed sweep
 #: finds its results; tests/records/test_resolved_knobs.py pins four ids)
-_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement")
+_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement", "tp")
 
 
 def program_identity(cfg: Mapping) -> str:
@@ -595,7 +595,9 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
     """Cycles, traffic, footprint, FLOPs, bounds, a deadlock proof, utilizations and event counts of one run
     (None = not measured); ``values`` is the workload's ``op_values``, ``depth`` the run's default FIFO depth."""
     allocated = allocated_compute_flops(workload)
-    hbm = hardware.hbm_peak_bytes_per_cycle
+    # every chip has its own HBM (docs/system.md): a multi-chip run's peak is the sum of its chips'
+    chips = 1 + max((getattr(op, "chip", 0) for op in workload.graph.ops), default=0)
+    hbm = hardware.hbm_peak_bytes_per_cycle * chips
     out = {
         "cycles": None, "off_chip_bytes": metrics["off_chip_bytes"], "off_chip_bytes_read": None,
         "off_chip_bytes_written": None, "off_chip_bytes_measured": None,
