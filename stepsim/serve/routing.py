@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.base.errors import ConfigError
+from stepsim.kernels.routing_draws import alias_tables, draw_routing
 
 #: batches simulated per candidate (alpha, beta) when fitting
 FIT_BATCHES = 100
@@ -102,6 +103,11 @@ class SyntheticRouting:
         # layer l's CDF shifted to (l, l + 1]: one searchsorted draws every (token, layer) row at once
         self._cdf = (cdf + np.arange(layers)[:, None]).ravel()
         self._previous = None
+        # the fast path's own stream (draw()): the same law, drawn in machine code from alias tables
+        self._prob, self._alias = alias_tables(weights)
+        self._state = np.random.SeedSequence([seed, 0x5E4E, 0xFA57]).generate_state(1, np.uint64)
+        self._last = np.zeros((layers, top_k), dtype=np.int64)
+        self._has_last = False
 
     def route(self, tokens: int) -> np.ndarray:
         """Expert ids ``[tokens, layers, top_k]`` of the next ``tokens`` tokens of the run."""
@@ -127,6 +133,20 @@ class SyntheticRouting:
         self._previous = out[-1].copy()
         return out
 
+    def draw(self, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(routing, counts)`` of the next ``tokens`` tokens of the fast path's stream: expert ids
+        ``[tokens, layers, top_k]`` drawn by the same law as :meth:`route` (slot by slot, a repeat drawn again;
+        ``locality`` as there) from a stream of their own (:func:`stepsim.kernels.routing_draws.draw_routing`,
+        seeded by the run's seed), and the per-layer expert counts ``[layers, experts]``. :meth:`route` (the
+        exact provider's) is untouched by it."""
+        out = np.empty((tokens, self.layers, self.top_k), dtype=np.int64)
+        counts = np.zeros((self.layers, self.experts), dtype=np.int64)
+        draw_routing(self._prob, self._alias, self._state, self.locality, self._last, self._has_last, out, counts)
+        if tokens:
+            self._last = out[-1].copy()
+            self._has_last = True
+        return out, counts
+
     def describe(self) -> dict:
         return {"mode": self.mode, "alpha": self.alpha, "beta": self.beta, "locality": self.locality}
 
@@ -145,11 +165,20 @@ class ReplayRouting:
         self.path = str(path)
         self.experts = np.ascontiguousarray(experts[:, :layers, :]).astype(np.int64)
         self._next = 0
+        self._columns = int(self.experts.max()) + 1  # counts' width (experts never routed to add only zeros)
 
     def route(self, tokens: int) -> np.ndarray:
         rows = (self._next + np.arange(tokens)) % len(self.experts)
         self._next = int((self._next + tokens) % len(self.experts))
         return self.experts[rows]
+
+    def draw(self, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(routing, counts)``: :meth:`route` and its per-layer expert counts ``[layers, experts]``."""
+        routing = self.route(tokens)
+        layers = routing.shape[1]
+        offsets = (np.arange(layers, dtype=np.int64) * self._columns)[None, :, None]
+        counts = np.bincount((routing + offsets).ravel(), minlength=layers * self._columns)
+        return routing, counts.reshape(layers, self._columns)
 
     def describe(self) -> dict:
         return {"mode": self.mode, "file": self.path, "tokens": int(len(self.experts))}
