@@ -128,9 +128,10 @@ class EngineLatency:
             self._pool = None
 
     # ---------------------------------------------------------------------------------------- one step
-    def tasks(self, batch: IterationBatch) -> tuple[list, list]:
+    def tasks(self, batch: IterationBatch, ffn: list | None = None) -> tuple[list, list]:
         """The layer pieces of a step: ``(tasks, roles)``, ``roles[i]`` = ``("attention", count)`` or
-        ``("ffn", count)``: how many of the step's layers task ``i`` stands for."""
+        ``("ffn", count)``: how many of the step's layers task ``i`` stands for. ``ffn``: the FFN tasks when the
+        caller routed the step itself (the fast path), else they are routed here."""
         context = np.asarray(batch.context_tokens, dtype=np.int64)
         new = np.asarray(batch.new_tokens, dtype=np.int64)
         tokens = int(new.sum())
@@ -141,7 +142,9 @@ class EngineLatency:
             tasks.append(("decode", context[decode]))
         if (~decode).any():
             tasks.append(("prefill", (context[~decode], new[~decode])))
-        if self.model.is_moe:
+        if ffn is not None:
+            tasks.extend(ffn)
+        elif self.model.is_moe:
             routing = self.routing.route(tokens)
             tasks.extend(("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(layers))
         else:

@@ -31,6 +31,7 @@ error) is cached under a key that hashes everything that determines it (:func:`c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import numpy as np
 from stepsim.base.defaults import TIMING_MODEL_VERSION
 from stepsim.base.errors import ConfigError
 from stepsim.base.files import atomic_output, file_sha256, stable_hash
+from stepsim.kernels.serve_fast import attention_features
 from stepsim.serve.exact import CYCLE_KINDS, EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.layers import KV_TILE, LayerSpec, build
@@ -58,6 +60,8 @@ CALIBRATION_VERSION = 1
 DECODE_REGIONS = 4
 #: the coefficient sets of the model: FFN pieces of steps with a prefill chunk have their own
 MODELS = ("decode", "prefill", "ffn", "ffn_prefill")
+#: log2 of KV_TILE (the kernels' tiles)
+_TILE_SHIFT = KV_TILE.bit_length() - 1
 #: regressors of an FFN piece; with fewer than twice as many samples on either side of the split, both sides
 #: share one fit
 FFN_REGRESSORS = 8
@@ -178,25 +182,76 @@ class FastLatency(EngineLatency):
         self.forms, self.theta, self.error = forms, theta, error
         self.recorder = None
 
-    def piece_cycles(self, kind: str, data) -> int:
-        return predict(regressors(kind, data, self.forms[kind], self.spec), None if self.theta is None else
-                       self.theta[kind])
+    @property
+    def forms(self) -> dict:
+        return self._forms
+
+    @forms.setter
+    def forms(self, forms: dict) -> None:
+        """The metric forms, also as arrays (the bounds are computed as :func:`regressors` computes them, in
+        the same order: the same floats)."""
+        self._forms = forms
+        self._off_chip = {k: np.array(f.off_chip) for k, f in (forms or {}).items()}
+        self._flops = {k: np.array(f.flops) for k, f in (forms or {}).items()}
+
+    def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(decode, prefill)`` regressors of a step's attention pieces (None for a piece it has not): the same
+        numbers :func:`regressors` gives, from one pass over the batch
+        (:func:`stepsim.kernels.serve_fast.attention_features`)."""
+        n = len(batch.new_tokens)
+        context = np.fromiter(batch.context_tokens, dtype=np.int64, count=n)
+        new = np.fromiter(batch.new_tokens, dtype=np.int64, count=n)
+        decode, prefill = np.zeros(5, dtype=np.int64), np.zeros(3, dtype=np.int64)
+        attention_features(context, new, _TILE_SHIFT, np.empty(DECODE_REGIONS, dtype=np.int64), decode, prefill)
+        out = []
+        for kind, f, extra in (("decode", decode[:3], decode[3:]), ("prefill", prefill, prefill[:0])):
+            if not f[0]:
+                out.append(None)
+                continue
+            x = np.array([1.0, *f.tolist()])
+            hbm = float((x * self._off_chip[kind]).sum()) / self.spec.hardware.hbm_peak_bytes_per_cycle
+            compute = float((x * self._flops[kind]).sum()) / BOUND_COMPUTE_BW
+            out.append(np.array([*x.tolist(), *extra.tolist(), hbm, compute, max(hbm, compute)]))
+        return out[0], out[1]
+
+    def ffn_rows(self, tokens: int) -> tuple[np.ndarray, Callable[[], list]]:
+        """``(x, tasks)``: the FFN regressors of every layer ``[layers, 8]`` of a step of ``tokens`` tokens (one
+        row for a dense FFN) and ``tasks()`` its FFN tasks, as :meth:`EngineLatency.tasks` makes them."""
+        if self.model.is_moe:
+            f, rows = self.routing.window(tokens, KV_TILE)
+
+            def tasks() -> list:
+                routing = rows()
+                return [("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(self.model.layers)]
+        else:
+            t = -(-tokens // KV_TILE)
+            f = np.array([[t, 1.0, t]])
+
+            def tasks() -> list:
+                return [("ffn", np.zeros((tokens, 1), dtype=np.int64))]
+        x = np.empty((len(f), 8))
+        x[:, 0] = 1.0
+        x[:, 1] = tokens
+        x[:, 2:5] = f
+        x[:, 5] = (x[:, :5] * self._off_chip["ffn"]).sum(axis=1) / self.spec.hardware.hbm_peak_bytes_per_cycle
+        x[:, 6] = (x[:, :5] * self._flops["ffn"]).sum(axis=1) / BOUND_COMPUTE_BW
+        np.maximum(x[:, 5], x[:, 6], out=x[:, 7])
+        return x, tasks
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
-        tasks, roles = self.tasks(batch)
+        tokens = batch.prefill_tokens + batch.decode_tokens
+        decode, prefill = self.attention_regressors(batch)
+        x, ffn_tasks = self.ffn_rows(tokens)
+        prefill_step = prefill is not None
         if self.recorder is not None:
-            self.recorder(batch, tasks)
-        cycles = dict.fromkeys(CYCLE_KINDS, 0)
-        ffn = [data for kind, data in tasks if kind == "ffn"]
-        for (kind, data), (role, count) in zip(tasks, roles):
-            if kind != "ffn":
-                cycles[role] += count * self.piece_cycles(kind, data)
-        count = roles[-1][1]  # every FFN task counts alike (1 per MoE layer; every layer for a dense FFN)
-        x = ffn_regressors(np.stack(ffn, axis=1), self.forms["ffn"], self.spec)
-        prefill_step = any(kind == "prefill" for kind, _ in tasks)
-        theta = None if self.theta is None else self.theta[model_of("ffn", prefill_step)]
-        cycles["ffn"] = int(count * predict_rows(x, theta).sum())
-        cycles["weights"] = self.weight_cycles(batch)
+            self.recorder(batch, prefill_step, lambda: self.tasks(batch, ffn_tasks()))
+        theta = self.theta or {}
+        attention = sum(predict(r, theta.get(kind)) for kind, r in (("decode", decode), ("prefill", prefill))
+                        if r is not None)
+        count = 1 if self.model.is_moe else self.model.layers
+        cycles = {"attention": self.model.kv_heads * self.model.layers * attention,
+                  "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step))).sum()),
+                  "weights": self.weight_cycles(batch)}
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
 
     def describe(self) -> dict:
@@ -215,18 +270,19 @@ class Reservoir:
         self.steps = 0
         self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA1]))
 
-    def __call__(self, batch, tasks) -> None:
-        stratum = "prefill" if any(kind == "prefill" for kind, _ in tasks) else "decode"
+    def __call__(self, batch, prefill_step: bool, tasks: Callable[[], tuple]) -> None:
+        """Offer a step; ``tasks()`` gives its ``(tasks, roles)`` and is called only for a step kept."""
+        stratum = "prefill" if prefill_step else "decode"
         items = self.strata[stratum]
         self.seen[stratum] += 1
-        item = (self.steps, stratum, batch, tasks)
+        step = self.steps
         self.steps += 1
         if len(items) < self.size:
-            items.append(item)
+            items.append((step, stratum, batch, tasks()[0]))
             return
         j = int(self._rng.integers(0, self.seen[stratum]))
         if j < self.size:
-            items[j] = item
+            items[j] = (step, stratum, batch, tasks()[0])
 
     @property
     def items(self) -> list:

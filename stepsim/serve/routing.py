@@ -29,10 +29,12 @@ Models with another expert count use the Qwen3 value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from stepsim.base.errors import ConfigError
-from stepsim.kernels.routing_draws import alias_tables, draw_routing
+from stepsim.kernels.serve_fast import alias_tables, draw_routing, window_features
 
 #: batches simulated per candidate (alpha, beta) when fitting
 FIT_BATCHES = 100
@@ -40,6 +42,10 @@ FIT_BATCHES = 100
 FITTED_SKEW = {128: (0.3, 0.05), 8: (0.1, 0.09)}
 #: the fit's seed (common random numbers for every candidate)
 FIT_SEED = 2024
+#: tokens of the fast path's routing pool (module docstring)
+POOL_TOKENS = 1 << 15
+#: steps whose window starts are drawn at once
+WINDOW_BATCH = 1024
 
 
 def gumbel_top_k(logits: np.ndarray, top_k: int, rng: np.random.Generator, tokens: int) -> np.ndarray:
@@ -103,11 +109,9 @@ class SyntheticRouting:
         # layer l's CDF shifted to (l, l + 1]: one searchsorted draws every (token, layer) row at once
         self._cdf = (cdf + np.arange(layers)[:, None]).ravel()
         self._previous = None
-        # the fast path's own stream (draw()): the same law, drawn in machine code from alias tables
-        self._prob, self._alias = alias_tables(weights)
-        self._state = np.random.SeedSequence([seed, 0x5E4E, 0xFA57]).generate_state(1, np.uint64)
-        self._last = np.zeros((layers, top_k), dtype=np.int64)
-        self._has_last = False
+        self._perms = np.stack(perms).astype(np.int64)  # rank of expert e in layer l
+        self._seed = seed
+        self._pool = None  # the fast path's (window()), drawn on first use
 
     def route(self, tokens: int) -> np.ndarray:
         """Expert ids ``[tokens, layers, top_k]`` of the next ``tokens`` tokens of the run."""
@@ -133,19 +137,50 @@ class SyntheticRouting:
         self._previous = out[-1].copy()
         return out
 
-    def draw(self, tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(routing, counts)`` of the next ``tokens`` tokens of the fast path's stream: expert ids
-        ``[tokens, layers, top_k]`` drawn by the same law as :meth:`route` (slot by slot, a repeat drawn again;
-        ``locality`` as there) from a stream of their own (:func:`stepsim.kernels.routing_draws.draw_routing`,
-        seeded by the run's seed), and the per-layer expert counts ``[layers, experts]``. :meth:`route` (the
-        exact provider's) is untouched by it."""
-        out = np.empty((tokens, self.layers, self.top_k), dtype=np.int64)
-        counts = np.zeros((self.layers, self.experts), dtype=np.int64)
-        draw_routing(self._prob, self._alias, self._state, self.locality, self._last, self._has_last, out, counts)
-        if tokens:
-            self._last = out[-1].copy()
-            self._has_last = True
-        return out, counts
+    def _draw_pool(self) -> None:
+        """The fast path's pool (module docstring): :data:`POOL_TOKENS` tokens of one layer in rank space, drawn
+        token by token by the model's law, their prefix counts, and each layer's expert of every rank."""
+        rank = np.arange(self.experts, dtype=np.float64)
+        logit = -self.alpha * np.log(rank + 1.0) - self.beta * rank
+        prob, alias = alias_tables(np.exp(logit - logit.max())[None, :])
+        state = np.random.SeedSequence([self._seed, 0x5E4E, 0xFA57]).generate_state(1, np.uint64)
+        pool = np.empty((POOL_TOKENS, 1, self.top_k), dtype=np.int64)
+        counts = np.zeros((1, self.experts), dtype=np.int64)
+        draw_routing(prob, alias, state, self.locality, np.zeros((1, self.top_k), dtype=np.int64), False, pool,
+                     counts)
+        onehot = np.zeros((POOL_TOKENS, self.experts), dtype=np.uint16)
+        onehot[np.repeat(np.arange(POOL_TOKENS), self.top_k), pool.ravel()] = 1  # a token's experts are distinct
+        # uint16 holds every prefix count (at most POOL_TOKENS = 2^15): 8 MiB for 128 experts, mostly in cache
+        prefix = np.zeros((1, POOL_TOKENS + 1, self.experts), dtype=np.uint16)
+        np.cumsum(onehot, axis=0, out=prefix[0, 1:])
+        expert_of_rank = np.empty_like(self._perms)
+        np.put_along_axis(expert_of_rank, self._perms, np.arange(self.experts, dtype=np.int64)[None, :], axis=1)
+        self._pool = (pool[:, 0, :], prefix, expert_of_rank)
+        self._windows = np.random.default_rng(np.random.SeedSequence([self._seed, 0x5E4E, 0x0FF5]))
+        self._starts = np.empty((0, self.layers), dtype=np.int64)  # drawn WINDOW_BATCH steps at a time
+        self._used = 0
+
+    def window(self, tokens: int, tile: int) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
+        """The fast path's routing of the next step of ``tokens`` tokens (module docstring): per layer a window of
+        the pool at a seeded uniform start. Returns ``(features, rows)``: ``features[l]`` = (expert tiles
+        ``sum(ceil(c_e / tile))``, ``tile`` a power of two, active experts, the busiest expert's tiles) of layer ``l`` (float64
+        ``[layers, 3]``), and ``rows()`` the expert ids ``[tokens, layers, top_k]`` they count."""
+        if self._pool is None:
+            self._draw_pool()
+        ranks, prefix, expert_of_rank = self._pool
+        if self._used == len(self._starts):  # one call per WINDOW_BATCH steps (a few us each)
+            self._starts = self._windows.integers(0, POOL_TOKENS, size=(WINDOW_BATCH, self.layers))
+            self._used = 0
+        starts = self._starts[self._used]
+        self._used += 1
+        out = np.empty((self.layers, 3), dtype=np.float64)
+        window_features(prefix, starts, tokens, tile.bit_length() - 1, out)
+
+        def rows() -> np.ndarray:
+            index = (starts[None, :] + np.arange(tokens)[:, None]) % POOL_TOKENS
+            return np.take_along_axis(expert_of_rank[None, :, :], ranks[index], axis=2)
+
+        return out, rows
 
     def describe(self) -> dict:
         return {"mode": self.mode, "alpha": self.alpha, "beta": self.beta, "locality": self.locality}
@@ -166,19 +201,30 @@ class ReplayRouting:
         self.experts = np.ascontiguousarray(experts[:, :layers, :]).astype(np.int64)
         self._next = 0
         self._columns = int(self.experts.max()) + 1  # counts' width (experts never routed to add only zeros)
+        self._prefix = None  # window()'s prefix counts, made on first use
 
     def route(self, tokens: int) -> np.ndarray:
         rows = (self._next + np.arange(tokens)) % len(self.experts)
         self._next = int((self._next + tokens) % len(self.experts))
         return self.experts[rows]
 
-    def draw(self, tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(routing, counts)``: :meth:`route` and its per-layer expert counts ``[layers, experts]``."""
-        routing = self.route(tokens)
-        layers = routing.shape[1]
-        offsets = (np.arange(layers, dtype=np.int64) * self._columns)[None, :, None]
-        counts = np.bincount((routing + offsets).ravel(), minlength=layers * self._columns)
-        return routing, counts.reshape(layers, self._columns)
+    def window(self, tokens: int, tile: int) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
+        """:meth:`route`'s next ``tokens`` rows as the fast path takes them (``SyntheticRouting.window``): their
+        per-layer features from prefix counts, and ``rows()`` the rows themselves."""
+        if self._prefix is None:
+            layers = self.experts.shape[1]
+            onehot = np.zeros((layers, len(self.experts), self._columns), dtype=np.int32)
+            for layer in range(layers):  # a dump's token may repeat an expert: add, do not assign
+                np.add.at(onehot[layer], (np.repeat(np.arange(len(self.experts)), self.experts.shape[2]),
+                                          self.experts[:, layer, :].ravel()), 1)
+            self._prefix = np.zeros((layers, len(self.experts) + 1, self._columns), dtype=np.int32)
+            np.cumsum(onehot, axis=1, out=self._prefix[:, 1:])
+        start = self._next
+        out = np.empty((self.experts.shape[1], 3), dtype=np.float64)
+        window_features(self._prefix, np.full(self.experts.shape[1], start, dtype=np.int64), tokens,
+                        tile.bit_length() - 1, out)
+        self._next = int((self._next + tokens) % len(self.experts))
+        return out, lambda: self.experts[(start + np.arange(tokens)) % len(self.experts)]
 
     def describe(self) -> dict:
         return {"mode": self.mode, "file": self.path, "tokens": int(len(self.experts))}

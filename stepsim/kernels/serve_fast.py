@@ -1,5 +1,7 @@
-"""Seeded expert-routing draws for ``stepsim serve --fidelity fast``: every token of every layer, in machine code.
+"""Machine code for ``stepsim serve --fidelity fast`` (docs/serving.md §10): routing draws, routing windows'
+features and the decode attention's greedy region loads.
 
+**Routing draws.**
 The synthetic routing model (:mod:`stepsim.serve.routing`) gives each token ``top_k`` distinct experts per layer,
 slot by slot, each slot a categorical draw over the layer's expert probabilities, a draw that repeats an expert
 of the token being drawn again (Plackett-Luce). :func:`draw_routing` makes the same draws with
@@ -12,7 +14,17 @@ of the token being drawn again (Plackett-Luce). :func:`draw_routing` makes the s
 * counting: ``counts[l, e]`` gets one for every draw of expert ``e`` in layer ``l`` (the fast model's features
   need the per-layer counts, not the rows).
 
-A full Qwen3-30B-A3B step of 2,048 tokens is 2,048 x 48 x 8 = 786,432 slots; this costs a few nanoseconds each.
+About 13 ns of CPU per slot on the reference machine (AMD EPYC): a whole trace's 26 M tokens x 48 layers x 8
+slots would take minutes, so the fast path draws a pool once and takes every step's layers from windows of it
+(:mod:`stepsim.serve.routing`).
+
+**Window features.** :func:`window_features` gives, per layer, the quantities of the FFN's metrics over a window
+of ``tokens`` consecutive pool tokens from the per-expert prefix counts: the expert tiles
+``sum(ceil(c_e / tile))``, the active experts and the busiest expert's tiles (``c_e``: the window's tokens routed
+to expert ``e``), O(experts) per layer whatever the window's length.
+
+**Greedy loads.** :func:`greedy_max_load`: the largest load of ``regions`` bins when items are dealt in order,
+each to the least-loaded bin (the first of equals), as the decode attention's dynamic dispatcher deals requests.
 """
 
 from __future__ import annotations
@@ -110,3 +122,100 @@ def alias_tables(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             (small if scaled[g] < 1.0 else large).append(g)
         # the rest are 1 up to rounding: always kept (prob 1, alias itself)
     return prob, alias
+
+
+@kernel
+def window_features(prefix, starts, tokens, tile_shift, out):
+    """Per layer ``l``: ``out[l] = (expert tiles, active experts, busiest expert's tiles)`` of the window of
+    ``tokens`` tokens starting at ``starts[l]`` (wrapping around: a window longer than the pool counts every
+    pool token once per whole turn); tiles of ``2 ** tile_shift`` tokens.
+
+    Parameters
+    ----------
+    prefix : uint16 or int32 ``[rows, pool + 1, experts]``
+        Prefix counts: ``prefix[r, i, e]`` tokens among the first ``i`` of pool ``r`` route to ``e``; layer
+        ``l`` reads pool ``l`` when ``rows`` > 1, else pool 0.
+    starts : int64 ``[layers]``
+    tokens, tile_shift : int
+    out : float64 ``[layers, 3]``
+        Written.
+    """
+    rows, size, experts = prefix.shape
+    pool = size - 1
+    turns, rest = tokens // pool, tokens % pool
+    round_up = (1 << tile_shift) - 1
+    for layer in range(len(starts)):
+        r = layer if rows > 1 else 0
+        s = starts[layer]
+        end = s + rest
+        wraps = end > pool
+        stop = end - pool if wraps else end
+        total = 0
+        active = 0
+        busiest = 0
+        for e in range(experts):
+            c = np.int64(prefix[r, stop, e]) - np.int64(prefix[r, s, e]) + turns * np.int64(prefix[r, pool, e])
+            if wraps:
+                c += np.int64(prefix[r, pool, e])
+            t = (c + round_up) >> tile_shift
+            total += t
+            active += c > 0
+            busiest = max(busiest, t)
+        out[layer, 0] = total
+        out[layer, 1] = active
+        out[layer, 2] = busiest
+
+
+@kernel
+def greedy_max_load(items, loads):
+    """The largest bin load when ``items`` (int64) are dealt in order to ``len(loads)`` bins, each to the
+    least-loaded bin (the first of equals); ``loads`` (int64, zeroed by the caller) ends holding the loads."""
+    regions = len(loads)
+    for x in items:
+        best = 0
+        for j in range(1, regions):
+            if loads[j] < loads[best]:
+                best = j
+        loads[best] += x
+    most = 0
+    for j in range(regions):
+        if loads[j] > most:
+            most = loads[j]
+    return most
+
+
+@kernel
+def attention_features(context, new, tile_shift, loads, decode, prefill):
+    """A step's attention features in one pass over its requests (``context``: tokens cached before the step,
+    ``new``: tokens computed in it, int64; tiles of ``2 ** tile_shift``). Requests computing one token form the
+    decode piece: ``decode`` = (requests, KV tiles ``sum(ceil((x + 1) / tile))``, the longest's tiles, the
+    largest of ``len(loads)`` region loads when they are dealt greedily, requests per region rounded up). The
+    others form the prefill piece: ``prefill`` = (requests, query tiles, KV tiles read: ``sum(g + 1)`` over the
+    position tiles ``g`` each chunk covers). ``loads`` (int64) is scratch; the caller zeroes the outputs."""
+    round_up = (1 << tile_shift) - 1
+    regions = len(loads)
+    for j in range(regions):
+        loads[j] = 0
+    for i in range(len(new)):
+        x = context[i]
+        if new[i] == 1:
+            t = (x + 1 + round_up) >> tile_shift
+            decode[0] += 1
+            decode[1] += t
+            decode[2] = max(decode[2], t)
+            best = 0
+            for j in range(1, regions):
+                if loads[j] < loads[best]:
+                    best = j
+            loads[best] += t
+        else:
+            first = x >> tile_shift
+            last = (x + new[i] - 1) >> tile_shift
+            prefill[0] += 1
+            prefill[1] += last - first + 1
+            prefill[2] += ((last + 1) * (last + 2) - first * (first + 1)) // 2
+    most = 0
+    for j in range(regions):
+        most = max(most, loads[j])
+    decode[3] = most
+    decode[4] = (decode[0] + regions - 1) // regions
