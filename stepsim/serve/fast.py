@@ -48,6 +48,8 @@ from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
 SAMPLED_ITERATIONS = 30
+#: steps kept per stratum by the first pass (priced by the bound), all fitted (module docstring)
+FIRST_PASS_ITERATIONS = 10
 #: of those, steps simulated exactly (every layer) and held out to measure the error (half per stratum)
 HELD_OUT = 12
 #: FFN layers simulated per calibration step (the first ones of the model)
@@ -55,7 +57,7 @@ FFN_LAYERS = 4
 #: FLOPs/cycle of the compute bound (one node running every FLOP at the attention's rate)
 BOUND_COMPUTE_BW = 2048
 #: bump when the model or the calibration changes: part of the cache key
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
 #: the coefficient sets of the model: FFN pieces of steps with a prefill chunk have their own
@@ -290,16 +292,17 @@ class Reservoir:
         return sorted(self.strata["prefill"] + self.strata["decode"], key=lambda item: item[0])
 
 
-def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]:
+def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = True) -> tuple[dict, dict | None]:
     """``(theta, error)`` from the reservoir's ``samples`` (module docstring); ``exact`` runs the exact
-    simulations (its templates and workers) and holds the metric forms."""
+    simulations (its templates and workers) and holds the metric forms. ``hold_out=False`` (the first pass):
+    every sample is fitted and the error is None."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xE44]))
     held = set()
-    for stratum in ("prefill", "decode"):  # HELD_OUT / 2 of each stratum, at most half of it
+    for stratum in ("prefill", "decode") if hold_out else ():  # HELD_OUT / 2 of each stratum, at most half
         members = [i for i, item in enumerate(samples) if item[1] == stratum]
         n = min(HELD_OUT // 2, len(members) // 2)
         held.update(int(members[j]) for j in rng.choice(len(members), size=n, replace=False))
-    if not held:
+    if hold_out and not held:
         raise ConfigError(f"--fidelity fast: the run has {len(samples)} steps, too few to hold any out for "
                           "measuring the model's error; use --fidelity exact")
     forms = exact.forms
@@ -322,8 +325,10 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
     for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
         rows[model].append(regressors(kind, data, forms[kind], exact.spec))
         targets[model].append(c)
-    if min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS:  # too few to split: one FFN model
-        rows["ffn"] = rows["ffn_prefill"] = rows["ffn"] + rows["ffn_prefill"]
+    pooled = rows["ffn"] + rows["ffn_prefill"]
+    if (min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS
+            or min(span(rows["ffn"]), span(rows["ffn_prefill"])) < span(pooled)):  # one FFN model
+        rows["ffn"] = rows["ffn_prefill"] = pooled
         targets["ffn"] = targets["ffn_prefill"] = targets["ffn"] + targets["ffn_prefill"]
     theta = {}
     for kind in MODELS:
@@ -333,6 +338,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
         a, y = np.array(rows[kind]), np.array(targets[kind], dtype=np.float64)
         w = 1.0 / np.maximum(y, 1.0)  # least squares on relative error
         theta[kind] = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)[0].tolist()
+    if not hold_out:
+        return theta, None
     errors, strata = [], []
     for i in sorted(held):
         _, stratum, batch, tasks = samples[i]
@@ -351,6 +358,38 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
              "held_out_prefill_iterations": int((strata == "prefill").sum()),
              "calibration_simulations": len(fit_tasks)}
     return theta, error
+
+
+def calibrated(make: Callable, pilot: Callable, seed: int) -> tuple[FastLatency, dict, dict, dict]:
+    """Calibrate in two passes (module docstring): ``make(theta)`` gives a provider (``theta`` None: priced by the
+    bound), ``pilot(provider)`` replays the run with it. Returns ``(last pilot's provider, theta, error,
+    stats)``; the caller closes nothing (both pilots' providers are closed here)."""
+    first = make(None)
+    first.recorder = Reservoir(FIRST_PASS_ITERATIONS, seed)
+    try:
+        pilot(first)
+        theta, _ = calibrate(first, first.recorder.items, seed, hold_out=False)
+    finally:
+        first.close()
+    second = make(theta)
+    second.recorder = Reservoir(SAMPLED_ITERATIONS, seed)
+    try:
+        pilot(second)
+        theta, error = calibrate(second, second.recorder.items, seed)
+    finally:
+        second.close()
+    stats = {k: first.stats()[k] + second.stats()[k] for k in ("templates", "simulations", "build_s", "engine_s")}
+    return second, theta, error, stats
+
+
+def span(rows: list) -> int:
+    """Rank of regressor rows, columns scaled to at most 1 (how many directions the samples vary in). A side of
+    the FFN split whose samples span less than both sides together (e.g. decode steps that all had one token)
+    would extrapolate along the missing directions: both sides share one fit then."""
+    if not rows:
+        return 0
+    a = np.array(rows)
+    return int(np.linalg.matrix_rank(a / np.maximum(np.abs(a).max(axis=0), 1.0)))
 
 
 def calibration_key(parts: dict) -> str:
