@@ -17,13 +17,21 @@ linear in the features above; :func:`metric_forms` finds the coefficients from b
 refuses them unless they reproduce every build's ``Workload.metrics()`` exactly. The regressors are
 ``[1, features, HBM bound, compute bound, max(HBM bound, compute bound)]``.
 
-**Calibration** (:func:`calibrate`). A pilot replay prices every step with ``max(HBM bound, compute bound)``
-and keeps seeded reservoirs of :data:`SAMPLED_ITERATIONS` steps (their batches and routing) with a prefill
-chunk and as many decode-only ones. Of those, :data:`HELD_OUT` (half from each) are simulated exactly, every
-layer, and held out; from the others each step's decode and prefill attention and :data:`FFN_LAYERS` of its FFN
-layers are simulated exactly and fitted per piece by least squares on relative error (the FFN pieces of steps
-with a prefill chunk get their own coefficients when both kinds of step give at least twice as many samples as
-regressors). The summary's ``fidelity.error`` is the held-out steps' relative error of the whole
+**Per step** the provider computes these in machine code (:mod:`stepsim.kernels.serve_fast`): the attention
+features in one pass over the batch, the FFN features of every layer from a routing window
+(:meth:`stepsim.serve.routing.SyntheticRouting.window`), so a step costs tens of microseconds whatever its
+token count; the numbers are :func:`regressors`' float for float (``tests/serve/test_fast_path.py``).
+
+**Calibration** (:func:`calibrated`, :func:`calibrate`), in two passes. The bounds are far from the engine's
+cycles (the compute bound runs every FLOP on one node), so a replay priced by them serves a different run:
+slower steps, fuller batches. The first pass replays the run priced by ``max(HBM bound, compute bound)``, keeps
+seeded reservoirs of :data:`FIRST_PASS_ITERATIONS` steps per stratum and fits them all. The second replays it
+priced by that fit, so its steps look like the final run's, and keeps reservoirs of :data:`SAMPLED_ITERATIONS`
+steps (their batches and routing) with a prefill chunk and as many decode-only ones. Of those, :data:`HELD_OUT`
+(half from each) are simulated exactly, every layer, and held out; from the others each step's decode and
+prefill attention and :data:`FFN_LAYERS` of its FFN layers are simulated exactly and fitted per piece by least
+squares on relative error (the FFN pieces of steps with a prefill chunk get their own coefficients when both
+kinds of step give at least twice as many samples as regressors and each spans what both do, :func:`span`). The summary's ``fidelity.error`` is the held-out steps' relative error of the whole
 step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients and
 error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
 """
