@@ -58,6 +58,8 @@ from stepsim.workloads.prefill_attention.build import query_tiles
 SAMPLED_ITERATIONS = 30
 #: steps kept per stratum by the first pass (priced by the bound), all fitted (module docstring)
 FIRST_PASS_ITERATIONS = 10
+#: decode-only steps kept per batch-size bucket and fitted besides (:class:`Reservoir`)
+BUCKET_ITERATIONS = 3
 #: of those, steps simulated exactly (every layer) and held out to measure the error (half per stratum)
 HELD_OUT = 12
 #: FFN layers simulated per calibration step (the first ones of the model)
@@ -271,39 +273,71 @@ class FastLatency(EngineLatency):
 
 class Reservoir:
     """Seeded reservoir samples of ``size`` steps per stratum (steps with a prefill chunk, decode-only steps),
-    each kept with its batch and layer pieces: prefill steps are rare in a long run but decide TTFT."""
+    each kept with its batch and layer pieces: prefill steps are rare in a long run but decide TTFT.
+
+    Besides, :data:`BUCKET_ITERATIONS` decode-only steps per batch-size bucket (1, 2-3, 4-7, ... sequences; a
+    seeded reservoir of their own): fitted, never held out (:attr:`extra`). A uniform sample of a run whose
+    decode steps mostly have one sequence may hold no other kind, and a fit on it extrapolates along the
+    directions it never saw (how the decode attention's regions share requests); the held-out error stays a
+    uniform sample's."""
 
     def __init__(self, size: int, seed: int):
         self.size = size
         self.strata = {"prefill": [], "decode": []}
         self.seen = {"prefill": 0, "decode": 0}
+        self.buckets: dict[int, list] = {}
+        self.bucket_seen: dict[int, int] = {}
         self.steps = 0
         self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA1]))
+        self._bucket_rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA2]))
+
+    @staticmethod
+    def _offer(items: list, seen: int, size: int, rng, make: Callable[[], tuple]) -> None:
+        if len(items) < size:
+            items.append(make())
+            return
+        j = int(rng.integers(0, seen))
+        if j < size:
+            items[j] = make()
 
     def __call__(self, batch, prefill_step: bool, tasks: Callable[[], tuple]) -> None:
         """Offer a step; ``tasks()`` gives its ``(tasks, roles)`` and is called only for a step kept."""
         stratum = "prefill" if prefill_step else "decode"
-        items = self.strata[stratum]
         self.seen[stratum] += 1
         step = self.steps
         self.steps += 1
-        if len(items) < self.size:
-            items.append((step, stratum, batch, tasks()[0]))
-            return
-        j = int(self._rng.integers(0, self.seen[stratum]))
-        if j < self.size:
-            items[j] = (step, stratum, batch, tasks()[0])
+        made = []
+
+        def make() -> tuple:
+            if not made:
+                made.append((step, stratum, batch, tasks()[0]))
+            return made[0]
+
+        self._offer(self.strata[stratum], self.seen[stratum], self.size, self._rng, make)
+        if not prefill_step:
+            bucket = len(batch.new_tokens).bit_length()
+            self.bucket_seen[bucket] = self.bucket_seen.get(bucket, 0) + 1
+            self._offer(self.buckets.setdefault(bucket, []), self.bucket_seen[bucket], BUCKET_ITERATIONS,
+                        self._bucket_rng, make)
 
     @property
     def items(self) -> list:
-        """Every kept step, in step order."""
+        """Every step of the uniform reservoirs, in step order."""
         return sorted(self.strata["prefill"] + self.strata["decode"], key=lambda item: item[0])
 
+    @property
+    def extra(self) -> list:
+        """The bucket reservoirs' steps not in :attr:`items`, in step order."""
+        kept = {item[0] for item in self.items}
+        steps = {item[0]: item for items in self.buckets.values() for item in items if item[0] not in kept}
+        return [steps[k] for k in sorted(steps)]
 
-def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = True) -> tuple[dict, dict | None]:
+
+def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = True,
+              extra: list = ()) -> tuple[dict, dict | None]:
     """``(theta, error)`` from the reservoir's ``samples`` (module docstring); ``exact`` runs the exact
     simulations (its templates and workers) and holds the metric forms. ``hold_out=False`` (the first pass):
-    every sample is fitted and the error is None."""
+    every sample is fitted and the error is None. ``extra`` steps are fitted too, never held out."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xE44]))
     held = set()
     for stratum in ("prefill", "decode") if hold_out else ():  # HELD_OUT / 2 of each stratum, at most half
@@ -318,7 +352,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
     targets: dict[str, list] = {k: [] for k in MODELS}
     fit_tasks = []
     fit_models = []
-    for i, (_, stratum, batch, tasks) in enumerate(samples):
+    for i, (_, stratum, batch, tasks) in enumerate([*samples, *extra]):
         if i in held:
             continue
         ffn_seen = 0
@@ -376,14 +410,14 @@ def calibrated(make: Callable, pilot: Callable, seed: int) -> tuple[FastLatency,
     first.recorder = Reservoir(FIRST_PASS_ITERATIONS, seed)
     try:
         pilot(first)
-        theta, _ = calibrate(first, first.recorder.items, seed, hold_out=False)
+        theta, _ = calibrate(first, first.recorder.items, seed, hold_out=False, extra=first.recorder.extra)
     finally:
         first.close()
     second = make(theta)
     second.recorder = Reservoir(SAMPLED_ITERATIONS, seed)
     try:
         pilot(second)
-        theta, error = calibrate(second, second.recorder.items, seed)
+        theta, error = calibrate(second, second.recorder.items, seed, extra=second.recorder.extra)
     finally:
         second.close()
     stats = {k: first.stats()[k] + second.stats()[k] for k in ("templates", "simulations", "build_s", "engine_s")}
