@@ -78,7 +78,7 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
     assert c.summary["fidelity"]["calibration"] != f["calibration"] and len(list(cache.iterdir())) == 2
 
     # against the exact run of the same requests (measured: TTFT p50 -0.20 %, p99 +0.55 %; TPOT p50 -0.38 %,
-    # p99 +0.77 %; seeds 1 and 2 within 0.9 % too, tests/serve/test_fast_path.py's note)
+    # p99 +0.77 %; seeds 1 and 2 within 0.9 % too)
     exact = stepsim.serve(str(small_model), trace, fidelity="exact")
     assert exact.summary["iterations"] == a.summary["iterations"] == 384
     for key in ("ttft_s", "tpot_s"):

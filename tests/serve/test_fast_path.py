@@ -117,3 +117,25 @@ def test_the_fast_path_is_seeded():
     d, e = SyntheticRouting(128, 8, 4, seed=3), SyntheticRouting(128, 8, 4, seed=3)
     d.window(100, KV_TILE)
     assert np.array_equal(d.route(10), e.route(10))
+
+
+def test_the_reservoir_keeps_every_decode_batch_size_bucket():
+    from stepsim.serve.fast import BUCKET_ITERATIONS, Reservoir
+
+    made = []
+    reservoir = Reservoir(5, seed=0)
+    sizes = [1] * 200 + [2, 3] * 4 + [5] + [1] * 50  # one-sequence steps dominate; a single 4-7 step
+    for step, n in enumerate(sizes):
+        batch = IterationBatch([10] * n, [1] * n, 0, n)
+        reservoir(batch, False, lambda step=step: made.append(step) or ([("decode", step)], None))
+    for step in range(3):  # prefill steps: no bucket
+        reservoir(IterationBatch([0], [40], 40, 0), True, lambda: ([("prefill", None)], None))
+    assert reservoir.seen == {"prefill": 3, "decode": 259}
+    assert {b: len(items) for b, items in reservoir.buckets.items()} == {1: BUCKET_ITERATIONS, 2: BUCKET_ITERATIONS,
+                                                                         3: 1}
+    assert reservoir.bucket_seen == {1: 250, 2: 8, 3: 1}
+    items, extra = reservoir.items, reservoir.extra
+    assert len(items) == 8 and {i[1] for i in items} == {"prefill", "decode"}
+    assert not {i[0] for i in items} & {i[0] for i in extra}
+    assert 208 in {i[0] for i in items + extra}  # the one 5-sequence step is fitted
+    assert sorted(made) == sorted(set(made))  # tasks made once per kept step, also when both reservoirs keep it
