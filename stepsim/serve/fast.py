@@ -39,6 +39,7 @@ error) is cached under a key that hashes everything that determines it (:func:`c
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -406,21 +407,33 @@ def calibrated(make: Callable, pilot: Callable, seed: int) -> tuple[FastLatency,
     """Calibrate in two passes (module docstring): ``make(theta)`` gives a provider (``theta`` None: priced by the
     bound), ``pilot(provider)`` replays the run with it. Returns ``(last pilot's provider, theta, error,
     stats)``; the caller closes nothing (both pilots' providers are closed here)."""
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return round(clock[-1] - clock[-2], 3)
+
     first = make(None)
     first.recorder = Reservoir(FIRST_PASS_ITERATIONS, seed)
     try:
         pilot(first)
+        laps = [lap()]
         theta, _ = calibrate(first, first.recorder.items, seed, hold_out=False, extra=first.recorder.extra)
+        laps.append(lap())
     finally:
         first.close()
     second = make(theta)
     second.recorder = Reservoir(SAMPLED_ITERATIONS, seed)
     try:
         pilot(second)
+        laps.append(lap())
         theta, error = calibrate(second, second.recorder.items, seed, extra=second.recorder.extra)
+        laps.append(lap())
     finally:
         second.close()
     stats = {k: first.stats()[k] + second.stats()[k] for k in ("templates", "simulations", "build_s", "engine_s")}
+    # wall seconds of pass 1's replay and simulations, then pass 2's (not part of any output file but the cache)
+    stats.update(simulations_per_pass=[first.simulations, second.simulations], pass_wall_s=laps)
     return second, theta, error, stats
 
 
