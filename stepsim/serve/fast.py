@@ -78,6 +78,8 @@ _TILE_SHIFT = KV_TILE.bit_length() - 1
 #: regressors of an FFN piece; with fewer than twice as many samples on either side of the split, both sides
 #: share one fit
 FFN_REGRESSORS = 8
+#: token counts up to which an FFN piece gets an offset of its own (:func:`few_tokens`)
+FEW_TOKENS = 8
 
 
 def model_of(kind: str, prefill_step: bool) -> str:
@@ -167,7 +169,18 @@ def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np
                          tiles.max(axis=1)]).astype(np.float64)
     hbm = (f * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
     compute = (f * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
-    return np.column_stack([f, hbm, compute, np.maximum(hbm, compute)])
+    return np.column_stack([f, hbm, compute, np.maximum(hbm, compute), few_tokens(tokens, layers)])
+
+
+def few_tokens(tokens: int, rows: int) -> np.ndarray:
+    """The FFN's indicator regressors ``[rows, FEW_TOKENS]``: column ``t - 1`` is 1 when the piece has ``t``
+    tokens. Over a handful of tokens the MoE block's cycles do not follow its features (on the Qwen3 shape one
+    token takes 150,316 cycles, two 88-112 thousand: the graph's tiles are padded differently), so each small
+    token count gets an offset of its own; a count no sample had keeps 0 (the linear part alone)."""
+    out = np.zeros((rows, FEW_TOKENS))
+    if tokens <= FEW_TOKENS:
+        out[:, tokens - 1] = 1.0
+    return out
 
 
 def predict(x: np.ndarray, theta) -> int:
@@ -242,13 +255,15 @@ class FastLatency(EngineLatency):
 
             def tasks() -> list:
                 return [("ffn", np.zeros((tokens, 1), dtype=np.int64))]
-        x = np.empty((len(f), 8))
+        x = np.zeros((len(f), 8 + FEW_TOKENS))
         x[:, 0] = 1.0
         x[:, 1] = tokens
         x[:, 2:5] = f
         x[:, 5] = (x[:, :5] * self._off_chip["ffn"]).sum(axis=1) / self.spec.hardware.hbm_peak_bytes_per_cycle
         x[:, 6] = (x[:, :5] * self._flops["ffn"]).sum(axis=1) / BOUND_COMPUTE_BW
         np.maximum(x[:, 5], x[:, 6], out=x[:, 7])
+        if tokens <= FEW_TOKENS:
+            x[:, 7 + tokens] = 1.0  # few_tokens()
         return x, tasks
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
@@ -370,7 +385,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         targets[model].append(c)
     pooled = rows["ffn"] + rows["ffn_prefill"]
     if (min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS
-            or min(span(rows["ffn"]), span(rows["ffn_prefill"])) < span(pooled)):  # one FFN model
+            or min(span(rows["ffn"]), span(rows["ffn_prefill"])) < span(pooled)):  # one FFN model (span of the
+        # structural regressors: a prefill step's FFN has many tokens, never a few_tokens() indicator
         rows["ffn"] = rows["ffn_prefill"] = pooled
         targets["ffn"] = targets["ffn_prefill"] = targets["ffn"] + targets["ffn_prefill"]
     theta = {}
@@ -438,12 +454,13 @@ def calibrated(make: Callable, pilot: Callable, seed: int) -> tuple[FastLatency,
 
 
 def span(rows: list) -> int:
-    """Rank of regressor rows, columns scaled to at most 1 (how many directions the samples vary in). A side of
+    """Rank of FFN regressor rows' first :data:`FFN_REGRESSORS` columns (not the :func:`few_tokens`
+    indicators), scaled to at most 1: how many directions the samples vary in. A side of
     the FFN split whose samples span less than both sides together (e.g. decode steps that all had one token)
     would extrapolate along the missing directions: both sides share one fit then."""
     if not rows:
         return 0
-    a = np.array(rows)
+    a = np.array(rows)[:, :FFN_REGRESSORS]
     return int(np.linalg.matrix_rank(a / np.maximum(np.abs(a).max(axis=0), 1.0)))
 
 
