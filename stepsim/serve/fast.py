@@ -291,8 +291,8 @@ class Reservoir:
     """Seeded reservoir samples of ``size`` steps per stratum (steps with a prefill chunk, decode-only steps),
     each kept with its batch and layer pieces: prefill steps are rare in a long run but decide TTFT.
 
-    Besides, :data:`BUCKET_ITERATIONS` decode-only steps per batch-size bucket (1, 2-3, 4-7, ... sequences; a
-    seeded reservoir of their own): fitted, never held out (:attr:`extra`). A uniform sample of a run whose
+    Besides, :data:`BUCKET_ITERATIONS` decode-only steps per batch-size bucket (1, 2, .., :data:`FEW_TOKENS`
+    sequences, then 9-15, 16-31, ...; a seeded reservoir of their own): fitted, never held out (:attr:`extra`). A uniform sample of a run whose
     decode steps mostly have one sequence may hold no other kind, and a fit on it extrapolates along the
     directions it never saw (how the decode attention's regions share requests); the held-out error stays a
     uniform sample's."""
@@ -331,7 +331,8 @@ class Reservoir:
 
         self._offer(self.strata[stratum], self.seen[stratum], self.size, self._rng, make)
         if not prefill_step:
-            bucket = len(batch.new_tokens).bit_length()
+            n = len(batch.new_tokens)  # = the FFN's tokens: one per decoding sequence
+            bucket = n if n <= FEW_TOKENS else FEW_TOKENS + n.bit_length()  # each few_tokens() count has its own
             self.bucket_seen[bucket] = self.bucket_seen.get(bucket, 0) + 1
             self._offer(self.buckets.setdefault(bucket, []), self.bucket_seen[bucket], BUCKET_ITERATIONS,
                         self._bucket_rng, make)

@@ -75,10 +75,12 @@ def test_the_stored_exact_run_is_todays_exact_run(stored, conv_csv):
                            vocab=151936)
     prefill = iterations["prefill_tokens"].to_numpy()
     sequences = iterations["sequences"].to_numpy()
-    # the first step, the first decode step of 16 sequences or more, and the first step with a 2,048-token budget
-    # filled by a prefill chunk
-    check = sorted({0, int(np.flatnonzero((prefill == 0) & (sequences >= 16))[0]),
-                    int(np.flatnonzero(iterations["tokens"].to_numpy() == 2048)[0])})
+    # the first step, the first decode-only step with the most sequences (8), the first with the most tokens
+    # (a 2,048-token budget filled by a prefill chunk)
+    decode = np.where(prefill == 0, sequences, 0)
+    tokens = iterations["tokens"].to_numpy()
+    check = sorted({0, int(np.argmax(decode)), int(np.argmax(tokens))})
+    assert (decode.max(), tokens.max()) == (8, 2048)
     for i, batch in enumerate(recorded.batches[: check[-1] + 1]):
         if i not in check:
             routing.route(sum(batch.new_tokens))  # the exact provider's draws, step by step

@@ -124,16 +124,16 @@ def test_the_reservoir_keeps_every_decode_batch_size_bucket():
 
     made = []
     reservoir = Reservoir(5, seed=0)
-    sizes = [1] * 200 + [2, 3] * 4 + [5] + [1] * 50  # one-sequence steps dominate; a single 4-7 step
+    sizes = [1] * 200 + [2, 3] * 4 + [5] + [1] * 50 + [9, 40]  # one-sequence steps dominate; a single 5-step
     for step, n in enumerate(sizes):
         batch = IterationBatch([10] * n, [1] * n, 0, n)
         reservoir(batch, False, lambda step=step: made.append(step) or ([("decode", step)], None))
     for step in range(3):  # prefill steps: no bucket
         reservoir(IterationBatch([0], [40], 40, 0), True, lambda: ([("prefill", None)], None))
-    assert reservoir.seen == {"prefill": 3, "decode": 259}
+    assert reservoir.seen == {"prefill": 3, "decode": 261}
     assert {b: len(items) for b, items in reservoir.buckets.items()} == {1: BUCKET_ITERATIONS, 2: BUCKET_ITERATIONS,
-                                                                         3: 1}
-    assert reservoir.bucket_seen == {1: 250, 2: 8, 3: 1}
+                                                                         3: BUCKET_ITERATIONS, 5: 1, 12: 1, 14: 1}
+    assert reservoir.bucket_seen == {1: 250, 2: 4, 3: 4, 5: 1, 12: 1, 14: 1}  # 9 -> 8 + 4, 40 -> 8 + 6
     items, extra = reservoir.items, reservoir.extra
     assert len(items) == 8 and {i[1] for i in items} == {"prefill", "decode"}
     assert not {i[0] for i in items} & {i[0] for i in extra}
