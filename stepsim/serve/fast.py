@@ -50,7 +50,7 @@ from stepsim.base.defaults import TIMING_MODEL_VERSION
 from stepsim.base.errors import ConfigError
 from stepsim.base.files import atomic_output, file_sha256, stable_hash
 from stepsim.kernels.serve_fast import attention_features
-from stepsim.serve.exact import CYCLE_KINDS, EngineLatency
+from stepsim.serve.exact import EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.layers import KV_TILE, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
