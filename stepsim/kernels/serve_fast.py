@@ -1,5 +1,5 @@
 """Machine code for ``stepsim serve --fidelity fast`` (docs/serving.md §10): routing draws, routing windows'
-features and the decode attention's greedy region loads.
+features and a step's attention features.
 
 **Routing draws.**
 The synthetic routing model (:mod:`stepsim.serve.routing`) gives each token ``top_k`` distinct experts per layer,
@@ -23,8 +23,9 @@ of ``tokens`` consecutive pool tokens from the per-expert prefix counts: the exp
 ``sum(ceil(c_e / tile))``, the active experts and the busiest expert's tiles (``c_e``: the window's tokens routed
 to expert ``e``), O(experts) per layer whatever the window's length.
 
-**Greedy loads.** :func:`greedy_max_load`: the largest load of ``regions`` bins when items are dealt in order,
-each to the least-loaded bin (the first of equals), as the decode attention's dynamic dispatcher deals requests.
+**Attention features.** :func:`attention_features`: a step's decode and prefill attention features in one pass
+over its requests, the decode attention's region loads dealt greedily (each request to the least-loaded of the
+graph's regions, the first of equals), as its dynamic dispatcher deals them.
 """
 
 from __future__ import annotations
@@ -164,24 +165,6 @@ def window_features(prefix, starts, tokens, tile_shift, out):
         out[layer, 0] = total
         out[layer, 1] = active
         out[layer, 2] = busiest
-
-
-@kernel
-def greedy_max_load(items, loads):
-    """The largest bin load when ``items`` (int64) are dealt in order to ``len(loads)`` bins, each to the
-    least-loaded bin (the first of equals); ``loads`` (int64, zeroed by the caller) ends holding the loads."""
-    regions = len(loads)
-    for x in items:
-        best = 0
-        for j in range(1, regions):
-            if loads[j] < loads[best]:
-                best = j
-        loads[best] += x
-    most = 0
-    for j in range(regions):
-        if loads[j] > most:
-            most = loads[j]
-    return most
 
 
 @kernel
