@@ -88,20 +88,22 @@ def test_serve_wall_times(shared_traces, bench_summary, tmp_path):
                   f"{e['iteration_p95'] * 100:.2f} %")
 
 
+#: runs a command and prints its peak resident set (KiB, the largest of it and its waited-for descendants)
+_PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r.returncode)")
+
+
 def _cli_run(args: list[str], env: dict) -> tuple[float, float, dict]:
     """``python -m stepsim serve ARGS --json`` in a fresh process: (wall s, peak resident MiB, summary)."""
     import json
-    import resource
     import subprocess
     import sys
 
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "stepsim", "serve", *args, "--json"], env=env, check=True,
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "stepsim", "serve", *args, "--json"],
+                         env=env, check=True, capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux: the largest child so far
-    return wall, (peak if peak > before else float("nan")) / 1024, json.loads(done.stdout)
+    return wall, int(done.stderr.strip().splitlines()[-1]) / 1024, json.loads(done.stdout)
 
 
 def test_serve_whole_conversation_trace_fast(shared_traces, bench_summary, tmp_path):
@@ -119,7 +121,7 @@ def test_serve_whole_conversation_trace_fast(shared_traces, bench_summary, tmp_p
         runs[name] = _cli_run([*common, "--fidelity", "fast", "--jobs", "2", "--out", str(tmp_path / name)], env)
         wall, peak, s = runs[name]
         bench_summary(section, f"--fidelity fast, {name}: {wall:.1f} s wall, peak {peak:.0f} MiB, "
-                               f"{s['iterations']:,} steps, TTFT p50 {s['ttft_s']['p50'] * 1e3:.1f} ms, "
+                               f"{s['iterations']:,} steps, TTFT p50 {s['ttft_s']['p50']:.1f} s, "
                                f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.2f} ms")
     from stepsim.serve.output import read_outputs
 
