@@ -15,7 +15,8 @@ and by two bounds from the workload's exact symbolic metrics: ``off_chip_bytes /
 (the HBM bound) and ``flops / compute_bw`` (the compute bound of a node running every FLOP). Those metrics are
 linear in the features above; :func:`metric_forms` finds the coefficients from builds of the piece and
 refuses them unless they reproduce every build's ``Workload.metrics()`` exactly. The regressors are
-``[1, features, HBM bound, compute bound, max(HBM bound, compute bound)]``.
+``[1, features, HBM bound, compute bound, max(HBM bound, compute bound)]``, for the FFN followed by one indicator
+per token count 1..:data:`FEW_TOKENS` (:func:`few_tokens`).
 
 **Per step** the provider computes these in machine code (:mod:`stepsim.kernels.serve_fast`): the attention
 features in one pass over the batch, the FFN features of every layer from a routing window
