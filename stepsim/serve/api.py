@@ -168,10 +168,8 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
     """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
     ``pilot(provider)`` replays the run with a provider."""
     from stepsim.serve.fast import (
-        SAMPLED_ITERATIONS,
         FastLatency,
-        Reservoir,
-        calibrate,
+        calibrated,
         calibration_key,
         load_calibration,
         metric_forms,
@@ -183,23 +181,21 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
     key = calibration_key(key_parts)
     record = load_calibration(cache, key)
 
+    built = {}  # the metric forms, found once
+
     def make(theta=None, error=None, forms=None):
         engine = engine_provider(model, model_arg, hardware, routing, seed=seed, max_model_len=max_model_len,
                                  vocab=vocab, jobs=jobs)
-        forms = forms or {kind: metric_forms(kind, engine.spec) for kind in KINDS}
+        if forms is None and "forms" not in built:
+            built["forms"] = {kind: metric_forms(kind, engine.spec) for kind in KINDS}
+        forms = forms or built["forms"]
         return FastLatency(model, hardware, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
                            forms=forms, theta=theta, error=error)
 
     if record is None:
-        probe = make()
-        probe.recorder = Reservoir(SAMPLED_ITERATIONS, seed)
-        try:
-            pilot(probe)
-            theta, error = calibrate(probe, probe.recorder.items, seed)
-        finally:
-            probe.close()
+        probe, theta, error, stats = calibrated(lambda theta: make(theta), pilot, seed)
         forms = {kind: [list(f.off_chip), list(f.flops)] for kind, f in probe.forms.items()}
-        record = {"key": key, "theta": theta, "error": error, "forms": forms, "stats": probe.stats()}
+        record = {"key": key, "theta": theta, "error": error, "forms": forms, "stats": stats}
         save_calibration(cache, key, record)
         record["cached"] = False
     else:

@@ -109,7 +109,17 @@ class EngineLatency:
 
     # ---------------------------------------------------------------------------------------- parallelism
     def run_tasks(self, tasks: list) -> list:
-        """``layer_task`` of every ``(kind, data)`` task, in order (on the workers when ``jobs`` > 1)."""
+        """``layer_task`` of every ``(kind, data)`` task, in order (on the workers when ``jobs`` > 1); their
+        times and templates are added to :meth:`stats`."""
+        results = self._run(tasks)
+        for _, build_s, engine_s, built in results:
+            self.build_s += build_s
+            self.engine_s += engine_s
+            self.templates += built
+            self.simulations += 1
+        return results
+
+    def _run(self, tasks: list) -> list:
         if not self.jobs or self.jobs == 1:
             return [layer_task(self.spec, kind, data) for kind, data in tasks]
         if self._pool is None:
@@ -128,9 +138,10 @@ class EngineLatency:
             self._pool = None
 
     # ---------------------------------------------------------------------------------------- one step
-    def tasks(self, batch: IterationBatch) -> tuple[list, list]:
+    def tasks(self, batch: IterationBatch, ffn: list | None = None) -> tuple[list, list]:
         """The layer pieces of a step: ``(tasks, roles)``, ``roles[i]`` = ``("attention", count)`` or
-        ``("ffn", count)``: how many of the step's layers task ``i`` stands for."""
+        ``("ffn", count)``: how many of the step's layers task ``i`` stands for. ``ffn``: the FFN tasks when the
+        caller routed the step itself (the fast path), else they are routed here."""
         context = np.asarray(batch.context_tokens, dtype=np.int64)
         new = np.asarray(batch.new_tokens, dtype=np.int64)
         tokens = int(new.sum())
@@ -141,7 +152,9 @@ class EngineLatency:
             tasks.append(("decode", context[decode]))
         if (~decode).any():
             tasks.append(("prefill", (context[~decode], new[~decode])))
-        if self.model.is_moe:
+        if ffn is not None:
+            tasks.extend(ffn)
+        elif self.model.is_moe:
             routing = self.routing.route(tokens)
             tasks.extend(("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(layers))
         else:
@@ -166,12 +179,8 @@ class EngineLatency:
         tasks, roles = self.tasks(batch)
         results = self.run_tasks(tasks)
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
-        for (role, count), (c, build_s, engine_s, built) in zip(roles, results):
+        for (role, count), (c, *_) in zip(roles, results):
             cycles[role] += count * c
-            self.build_s += build_s
-            self.engine_s += engine_s
-            self.templates += built
-            self.simulations += 1
         cycles["weights"] = self.weight_cycles(batch)
         total = sum(cycles.values())
         self.wall_s += time.perf_counter() - start

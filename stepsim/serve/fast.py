@@ -15,15 +15,24 @@ and by two bounds from the workload's exact symbolic metrics: ``off_chip_bytes /
 (the HBM bound) and ``flops / compute_bw`` (the compute bound of a node running every FLOP). Those metrics are
 linear in the features above; :func:`metric_forms` finds the coefficients from builds of the piece and
 refuses them unless they reproduce every build's ``Workload.metrics()`` exactly. The regressors are
-``[1, features, HBM bound, compute bound, max(HBM bound, compute bound)]``.
+``[1, features, HBM bound, compute bound, max(HBM bound, compute bound)]``, for the FFN followed by one indicator
+per token count 1..:data:`FEW_TOKENS` (:func:`few_tokens`).
 
-**Calibration** (:func:`calibrate`). A pilot replay prices every step with ``max(HBM bound, compute bound)``
-and keeps seeded reservoirs of :data:`SAMPLED_ITERATIONS` steps (their batches and routing) with a prefill
-chunk and as many decode-only ones. Of those, :data:`HELD_OUT` (half from each) are simulated exactly, every
-layer, and held out; from the others each step's decode and prefill attention and :data:`FFN_LAYERS` of its FFN
-layers are simulated exactly and fitted per piece by least squares on relative error (the FFN pieces of steps
-with a prefill chunk get their own coefficients when both kinds of step give at least twice as many samples as
-regressors). The summary's ``fidelity.error`` is the held-out steps' relative error of the whole
+**Per step** the provider computes these in machine code (:mod:`stepsim.kernels.serve_fast`): the attention
+features in one pass over the batch, the FFN features of every layer from a routing window
+(:meth:`stepsim.serve.routing.SyntheticRouting.window`), so a step costs tens of microseconds whatever its
+token count; the numbers are :func:`regressors`' float for float (``tests/serve/test_fast_path.py``).
+
+**Calibration** (:func:`calibrated`, :func:`calibrate`), in two passes. The bounds are far from the engine's
+cycles (the compute bound runs every FLOP on one node), so a replay priced by them serves a different run:
+slower steps, fuller batches. The first pass replays the run priced by ``max(HBM bound, compute bound)``, keeps
+seeded reservoirs of :data:`FIRST_PASS_ITERATIONS` steps per stratum and fits them all. The second replays it
+priced by that fit, so its steps look like the final run's, and keeps reservoirs of :data:`SAMPLED_ITERATIONS`
+steps (their batches and routing) with a prefill chunk and as many decode-only ones. Of those, :data:`HELD_OUT`
+(half from each) are simulated exactly, every layer, and held out; from the others each step's decode and
+prefill attention and :data:`FFN_LAYERS` of its FFN layers are simulated exactly and fitted per piece by least
+squares on relative error (the FFN pieces of steps with a prefill chunk get their own coefficients when both
+kinds of step give at least twice as many samples as regressors and each spans what both do, :func:`span`). The summary's ``fidelity.error`` is the held-out steps' relative error of the whole
 step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients and
 error) is cached under a key that hashes everything that determines it (:func:`calibration_key`).
 """
@@ -31,6 +40,8 @@ error) is cached under a key that hashes everything that determines it (:func:`c
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +50,18 @@ import numpy as np
 from stepsim.base.defaults import TIMING_MODEL_VERSION
 from stepsim.base.errors import ConfigError
 from stepsim.base.files import atomic_output, file_sha256, stable_hash
-from stepsim.serve.exact import CYCLE_KINDS, EngineLatency
+from stepsim.kernels.serve_fast import attention_features
+from stepsim.serve.exact import EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.layers import KV_TILE, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
 SAMPLED_ITERATIONS = 30
+#: steps kept per stratum by the first pass (priced by the bound), all fitted (module docstring)
+FIRST_PASS_ITERATIONS = 10
+#: decode-only steps kept per batch-size bucket and fitted besides (:class:`Reservoir`)
+BUCKET_ITERATIONS = 3
 #: of those, steps simulated exactly (every layer) and held out to measure the error (half per stratum)
 HELD_OUT = 12
 #: FFN layers simulated per calibration step (the first ones of the model)
@@ -53,14 +69,18 @@ FFN_LAYERS = 4
 #: FLOPs/cycle of the compute bound (one node running every FLOP at the attention's rate)
 BOUND_COMPUTE_BW = 2048
 #: bump when the model or the calibration changes: part of the cache key
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
 #: the coefficient sets of the model: FFN pieces of steps with a prefill chunk have their own
 MODELS = ("decode", "prefill", "ffn", "ffn_prefill")
+#: log2 of KV_TILE (the kernels' tiles)
+_TILE_SHIFT = KV_TILE.bit_length() - 1
 #: regressors of an FFN piece; with fewer than twice as many samples on either side of the split, both sides
 #: share one fit
 FFN_REGRESSORS = 8
+#: token counts up to which an FFN piece gets an offset of its own (:func:`few_tokens`)
+FEW_TOKENS = 8
 
 
 def model_of(kind: str, prefill_step: bool) -> str:
@@ -150,7 +170,18 @@ def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np
                          tiles.max(axis=1)]).astype(np.float64)
     hbm = (f * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
     compute = (f * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
-    return np.column_stack([f, hbm, compute, np.maximum(hbm, compute)])
+    return np.column_stack([f, hbm, compute, np.maximum(hbm, compute), few_tokens(tokens, layers)])
+
+
+def few_tokens(tokens: int, rows: int) -> np.ndarray:
+    """The FFN's indicator regressors ``[rows, FEW_TOKENS]``: column ``t - 1`` is 1 when the piece has ``t``
+    tokens. Over a handful of tokens the MoE block's cycles do not follow its features (on the Qwen3 shape one
+    token takes 150,316 cycles, two 88-112 thousand: the graph's tiles are padded differently), so each small
+    token count gets an offset of its own; a count no sample had keeps 0 (the linear part alone)."""
+    out = np.zeros((rows, FEW_TOKENS))
+    if tokens <= FEW_TOKENS:
+        out[:, tokens - 1] = 1.0
+    return out
 
 
 def predict(x: np.ndarray, theta) -> int:
@@ -178,25 +209,78 @@ class FastLatency(EngineLatency):
         self.forms, self.theta, self.error = forms, theta, error
         self.recorder = None
 
-    def piece_cycles(self, kind: str, data) -> int:
-        return predict(regressors(kind, data, self.forms[kind], self.spec), None if self.theta is None else
-                       self.theta[kind])
+    @property
+    def forms(self) -> dict:
+        return self._forms
+
+    @forms.setter
+    def forms(self, forms: dict) -> None:
+        """The metric forms, also as arrays (the bounds are computed as :func:`regressors` computes them, in
+        the same order: the same floats)."""
+        self._forms = forms
+        self._off_chip = {k: np.array(f.off_chip) for k, f in (forms or {}).items()}
+        self._flops = {k: np.array(f.flops) for k, f in (forms or {}).items()}
+
+    def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(decode, prefill)`` regressors of a step's attention pieces (None for a piece it has not): the same
+        numbers :func:`regressors` gives, from one pass over the batch
+        (:func:`stepsim.kernels.serve_fast.attention_features`)."""
+        n = len(batch.new_tokens)
+        context = np.fromiter(batch.context_tokens, dtype=np.int64, count=n)
+        new = np.fromiter(batch.new_tokens, dtype=np.int64, count=n)
+        decode, prefill = np.zeros(5, dtype=np.int64), np.zeros(3, dtype=np.int64)
+        attention_features(context, new, _TILE_SHIFT, np.empty(DECODE_REGIONS, dtype=np.int64), decode, prefill)
+        out = []
+        for kind, f, extra in (("decode", decode[:3], decode[3:]), ("prefill", prefill, prefill[:0])):
+            if not f[0]:
+                out.append(None)
+                continue
+            x = np.array([1.0, *f.tolist()])
+            hbm = float((x * self._off_chip[kind]).sum()) / self.spec.hardware.hbm_peak_bytes_per_cycle
+            compute = float((x * self._flops[kind]).sum()) / BOUND_COMPUTE_BW
+            out.append(np.array([*x.tolist(), *extra.tolist(), hbm, compute, max(hbm, compute)]))
+        return out[0], out[1]
+
+    def ffn_rows(self, tokens: int) -> tuple[np.ndarray, Callable[[], list]]:
+        """``(x, tasks)``: the FFN regressors of every layer ``[layers, 8]`` of a step of ``tokens`` tokens (one
+        row for a dense FFN) and ``tasks()`` its FFN tasks, as :meth:`EngineLatency.tasks` makes them."""
+        if self.model.is_moe:
+            f, rows = self.routing.window(tokens, KV_TILE)
+
+            def tasks() -> list:
+                routing = rows()
+                return [("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(self.model.layers)]
+        else:
+            t = -(-tokens // KV_TILE)
+            f = np.array([[t, 1.0, t]])
+
+            def tasks() -> list:
+                return [("ffn", np.zeros((tokens, 1), dtype=np.int64))]
+        x = np.zeros((len(f), 8 + FEW_TOKENS))
+        x[:, 0] = 1.0
+        x[:, 1] = tokens
+        x[:, 2:5] = f
+        x[:, 5] = (x[:, :5] * self._off_chip["ffn"]).sum(axis=1) / self.spec.hardware.hbm_peak_bytes_per_cycle
+        x[:, 6] = (x[:, :5] * self._flops["ffn"]).sum(axis=1) / BOUND_COMPUTE_BW
+        np.maximum(x[:, 5], x[:, 6], out=x[:, 7])
+        if tokens <= FEW_TOKENS:
+            x[:, 7 + tokens] = 1.0  # few_tokens()
+        return x, tasks
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
-        tasks, roles = self.tasks(batch)
+        tokens = batch.prefill_tokens + batch.decode_tokens
+        decode, prefill = self.attention_regressors(batch)
+        x, ffn_tasks = self.ffn_rows(tokens)
+        prefill_step = prefill is not None
         if self.recorder is not None:
-            self.recorder(batch, tasks)
-        cycles = dict.fromkeys(CYCLE_KINDS, 0)
-        ffn = [data for kind, data in tasks if kind == "ffn"]
-        for (kind, data), (role, count) in zip(tasks, roles):
-            if kind != "ffn":
-                cycles[role] += count * self.piece_cycles(kind, data)
-        count = roles[-1][1]  # every FFN task counts alike (1 per MoE layer; every layer for a dense FFN)
-        x = ffn_regressors(np.stack(ffn, axis=1), self.forms["ffn"], self.spec)
-        prefill_step = any(kind == "prefill" for kind, _ in tasks)
-        theta = None if self.theta is None else self.theta[model_of("ffn", prefill_step)]
-        cycles["ffn"] = int(count * predict_rows(x, theta).sum())
-        cycles["weights"] = self.weight_cycles(batch)
+            self.recorder(batch, prefill_step, lambda: self.tasks(batch, ffn_tasks()))
+        theta = self.theta or {}
+        attention = sum(predict(r, theta.get(kind)) for kind, r in (("decode", decode), ("prefill", prefill))
+                        if r is not None)
+        count = 1 if self.model.is_moe else self.model.layers
+        cycles = {"attention": self.model.kv_heads * self.model.layers * attention,
+                  "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step))).sum()),
+                  "weights": self.weight_cycles(batch)}
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
 
     def describe(self) -> dict:
@@ -206,44 +290,79 @@ class FastLatency(EngineLatency):
 
 class Reservoir:
     """Seeded reservoir samples of ``size`` steps per stratum (steps with a prefill chunk, decode-only steps),
-    each kept with its batch and layer pieces: prefill steps are rare in a long run but decide TTFT."""
+    each kept with its batch and layer pieces: prefill steps are rare in a long run but decide TTFT.
+
+    Besides, :data:`BUCKET_ITERATIONS` decode-only steps per batch-size bucket (1, 2, .., :data:`FEW_TOKENS`
+    sequences, then 9-15, 16-31, ...; a seeded reservoir of their own): fitted, never held out (:attr:`extra`). A uniform sample of a run whose
+    decode steps mostly have one sequence may hold no other kind, and a fit on it extrapolates along the
+    directions it never saw (how the decode attention's regions share requests); the held-out error stays a
+    uniform sample's."""
 
     def __init__(self, size: int, seed: int):
         self.size = size
         self.strata = {"prefill": [], "decode": []}
         self.seen = {"prefill": 0, "decode": 0}
+        self.buckets: dict[int, list] = {}
+        self.bucket_seen: dict[int, int] = {}
         self.steps = 0
         self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA1]))
+        self._bucket_rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA2]))
 
-    def __call__(self, batch, tasks) -> None:
-        stratum = "prefill" if any(kind == "prefill" for kind, _ in tasks) else "decode"
-        items = self.strata[stratum]
-        self.seen[stratum] += 1
-        item = (self.steps, stratum, batch, tasks)
-        self.steps += 1
-        if len(items) < self.size:
-            items.append(item)
+    @staticmethod
+    def _offer(items: list, seen: int, size: int, rng, make: Callable[[], tuple]) -> None:
+        if len(items) < size:
+            items.append(make())
             return
-        j = int(self._rng.integers(0, self.seen[stratum]))
-        if j < self.size:
-            items[j] = item
+        j = int(rng.integers(0, seen))
+        if j < size:
+            items[j] = make()
+
+    def __call__(self, batch, prefill_step: bool, tasks: Callable[[], tuple]) -> None:
+        """Offer a step; ``tasks()`` gives its ``(tasks, roles)`` and is called only for a step kept."""
+        stratum = "prefill" if prefill_step else "decode"
+        self.seen[stratum] += 1
+        step = self.steps
+        self.steps += 1
+        made = []
+
+        def make() -> tuple:
+            if not made:
+                made.append((step, stratum, batch, tasks()[0]))
+            return made[0]
+
+        self._offer(self.strata[stratum], self.seen[stratum], self.size, self._rng, make)
+        if not prefill_step:
+            n = len(batch.new_tokens)  # = the FFN's tokens: one per decoding sequence
+            bucket = n if n <= FEW_TOKENS else FEW_TOKENS + n.bit_length()  # each few_tokens() count has its own
+            self.bucket_seen[bucket] = self.bucket_seen.get(bucket, 0) + 1
+            self._offer(self.buckets.setdefault(bucket, []), self.bucket_seen[bucket], BUCKET_ITERATIONS,
+                        self._bucket_rng, make)
 
     @property
     def items(self) -> list:
-        """Every kept step, in step order."""
+        """Every step of the uniform reservoirs, in step order."""
         return sorted(self.strata["prefill"] + self.strata["decode"], key=lambda item: item[0])
 
+    @property
+    def extra(self) -> list:
+        """The bucket reservoirs' steps not in :attr:`items`, in step order."""
+        kept = {item[0] for item in self.items}
+        steps = {item[0]: item for items in self.buckets.values() for item in items if item[0] not in kept}
+        return [steps[k] for k in sorted(steps)]
 
-def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]:
+
+def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = True,
+              extra: list = ()) -> tuple[dict, dict | None]:
     """``(theta, error)`` from the reservoir's ``samples`` (module docstring); ``exact`` runs the exact
-    simulations (its templates and workers) and holds the metric forms."""
+    simulations (its templates and workers) and holds the metric forms. ``hold_out=False`` (the first pass):
+    every sample is fitted and the error is None. ``extra`` steps are fitted too, never held out."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xE44]))
     held = set()
-    for stratum in ("prefill", "decode"):  # HELD_OUT / 2 of each stratum, at most half of it
+    for stratum in ("prefill", "decode") if hold_out else ():  # HELD_OUT / 2 of each stratum, at most half
         members = [i for i, item in enumerate(samples) if item[1] == stratum]
         n = min(HELD_OUT // 2, len(members) // 2)
         held.update(int(members[j]) for j in rng.choice(len(members), size=n, replace=False))
-    if not held:
+    if hold_out and not held:
         raise ConfigError(f"--fidelity fast: the run has {len(samples)} steps, too few to hold any out for "
                           "measuring the model's error; use --fidelity exact")
     forms = exact.forms
@@ -251,7 +370,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
     targets: dict[str, list] = {k: [] for k in MODELS}
     fit_tasks = []
     fit_models = []
-    for i, (_, stratum, batch, tasks) in enumerate(samples):
+    for i, (_, stratum, batch, tasks) in enumerate([*samples, *extra]):
         if i in held:
             continue
         ffn_seen = 0
@@ -266,8 +385,11 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
     for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
         rows[model].append(regressors(kind, data, forms[kind], exact.spec))
         targets[model].append(c)
-    if min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS:  # too few to split: one FFN model
-        rows["ffn"] = rows["ffn_prefill"] = rows["ffn"] + rows["ffn_prefill"]
+    pooled = rows["ffn"] + rows["ffn_prefill"]
+    if (min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS
+            or min(span(rows["ffn"]), span(rows["ffn_prefill"])) < span(pooled)):  # one FFN model (span of the
+        # structural regressors: a prefill step's FFN has many tokens, never a few_tokens() indicator
+        rows["ffn"] = rows["ffn_prefill"] = pooled
         targets["ffn"] = targets["ffn_prefill"] = targets["ffn"] + targets["ffn_prefill"]
     theta = {}
     for kind in MODELS:
@@ -277,6 +399,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
         a, y = np.array(rows[kind]), np.array(targets[kind], dtype=np.float64)
         w = 1.0 / np.maximum(y, 1.0)  # least squares on relative error
         theta[kind] = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)[0].tolist()
+    if not hold_out:
+        return theta, None
     errors, strata = [], []
     for i in sorted(held):
         _, stratum, batch, tasks = samples[i]
@@ -295,6 +419,51 @@ def calibrate(exact: FastLatency, samples: list, seed: int) -> tuple[dict, dict]
              "held_out_prefill_iterations": int((strata == "prefill").sum()),
              "calibration_simulations": len(fit_tasks)}
     return theta, error
+
+
+def calibrated(make: Callable, pilot: Callable, seed: int) -> tuple[FastLatency, dict, dict, dict]:
+    """Calibrate in two passes (module docstring): ``make(theta)`` gives a provider (``theta`` None: priced by the
+    bound), ``pilot(provider)`` replays the run with it. Returns ``(last pilot's provider, theta, error,
+    stats)``; the caller closes nothing (both pilots' providers are closed here)."""
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return round(clock[-1] - clock[-2], 3)
+
+    first = make(None)
+    first.recorder = Reservoir(FIRST_PASS_ITERATIONS, seed)
+    try:
+        pilot(first)
+        laps = [lap()]
+        theta, _ = calibrate(first, first.recorder.items, seed, hold_out=False, extra=first.recorder.extra)
+        laps.append(lap())
+    finally:
+        first.close()
+    second = make(theta)
+    second.recorder = Reservoir(SAMPLED_ITERATIONS, seed)
+    try:
+        pilot(second)
+        laps.append(lap())
+        theta, error = calibrate(second, second.recorder.items, seed, extra=second.recorder.extra)
+        laps.append(lap())
+    finally:
+        second.close()
+    stats = {k: first.stats()[k] + second.stats()[k] for k in ("templates", "simulations", "build_s", "engine_s")}
+    # wall seconds of pass 1's replay and simulations, then pass 2's (not part of any output file but the cache)
+    stats.update(simulations_per_pass=[first.simulations, second.simulations], pass_wall_s=laps)
+    return second, theta, error, stats
+
+
+def span(rows: list) -> int:
+    """Rank of FFN regressor rows' first :data:`FFN_REGRESSORS` columns (not the :func:`few_tokens`
+    indicators), scaled to at most 1: how many directions the samples vary in. A side of
+    the FFN split whose samples span less than both sides together (e.g. decode steps that all had one token)
+    would extrapolate along the missing directions: both sides share one fit then."""
+    if not rows:
+        return 0
+    a = np.array(rows)[:, :FFN_REGRESSORS]
+    return int(np.linalg.matrix_rank(a / np.maximum(np.abs(a).max(axis=0), 1.0)))
 
 
 def calibration_key(parts: dict) -> str:

@@ -25,13 +25,31 @@ documented parameters above. Fitted values (``tests/serve/test_routing.py`` re-f
 * Mixtral-8x7B (8 experts, top-2; ``expert_routing/mixtral_b64/008_010.npz``): alpha 0.1, beta 0.09
 
 Models with another expert count use the Qwen3 value.
+
+**The fast path's routing** (:meth:`SyntheticRouting.window`, ``--fidelity fast``). Drawing every slot of every
+token of every layer costs about 13 ns of CPU even in machine code: the whole Azure conversation trace
+(26.4 M tokens x 48 layers x 8 slots of Qwen3-30B-A3B) would spend over two minutes on it. The fast path draws
+a pool of :data:`POOL_TOKENS` tokens once, token by token by the law above (in rank space: expert ids of rank
+order, one layer; :func:`stepsim.kernels.serve_fast.draw_routing`, its own seeded stream), and gives layer ``l``
+of a step of ``T`` tokens the ``T`` consecutive pool tokens from a seeded uniform start (wrapping around), its
+ranks mapped to layer ``l``'s experts. Each layer's routing in each step is therefore a sequence of tokens
+drawn by the model's law, exactly; what is given up is independence *between* windows (they share pool tokens:
+two windows of a 2,048-token step overlap with probability about 2 x 2048 / 32768) and, with ``locality`` > 0,
+the repeat of a token's experts across all layers at once (within a layer, locality holds inside the pool). The
+FFN features need only each layer's per-expert counts, which prefix counts of the pool give in O(experts) per
+layer (:func:`stepsim.kernels.serve_fast.window_features`); the rows themselves are made only for the steps the
+calibration simulates. The exact provider keeps :meth:`SyntheticRouting.route`, untouched.
+:meth:`ReplayRouting.window` takes the dump's rows in order, as :meth:`ReplayRouting.route` does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from stepsim.base.errors import ConfigError
+from stepsim.kernels.serve_fast import alias_tables, draw_routing, window_features
 
 #: batches simulated per candidate (alpha, beta) when fitting
 FIT_BATCHES = 100
@@ -39,6 +57,10 @@ FIT_BATCHES = 100
 FITTED_SKEW = {128: (0.3, 0.05), 8: (0.1, 0.09)}
 #: the fit's seed (common random numbers for every candidate)
 FIT_SEED = 2024
+#: tokens of the fast path's routing pool (module docstring)
+POOL_TOKENS = 1 << 15
+#: steps whose window starts are drawn at once
+WINDOW_BATCH = 1024
 
 
 def gumbel_top_k(logits: np.ndarray, top_k: int, rng: np.random.Generator, tokens: int) -> np.ndarray:
@@ -102,6 +124,9 @@ class SyntheticRouting:
         # layer l's CDF shifted to (l, l + 1]: one searchsorted draws every (token, layer) row at once
         self._cdf = (cdf + np.arange(layers)[:, None]).ravel()
         self._previous = None
+        self._perms = np.stack(perms).astype(np.int64)  # rank of expert e in layer l
+        self._seed = seed
+        self._pool = None  # the fast path's (window()), drawn on first use
 
     def route(self, tokens: int) -> np.ndarray:
         """Expert ids ``[tokens, layers, top_k]`` of the next ``tokens`` tokens of the run."""
@@ -127,6 +152,51 @@ class SyntheticRouting:
         self._previous = out[-1].copy()
         return out
 
+    def _draw_pool(self) -> None:
+        """The fast path's pool (module docstring): :data:`POOL_TOKENS` tokens of one layer in rank space, drawn
+        token by token by the model's law, their prefix counts, and each layer's expert of every rank."""
+        rank = np.arange(self.experts, dtype=np.float64)
+        logit = -self.alpha * np.log(rank + 1.0) - self.beta * rank
+        prob, alias = alias_tables(np.exp(logit - logit.max())[None, :])
+        state = np.random.SeedSequence([self._seed, 0x5E4E, 0xFA57]).generate_state(1, np.uint64)
+        pool = np.empty((POOL_TOKENS, 1, self.top_k), dtype=np.int64)
+        counts = np.zeros((1, self.experts), dtype=np.int64)
+        draw_routing(prob, alias, state, self.locality, np.zeros((1, self.top_k), dtype=np.int64), False, pool,
+                     counts)
+        onehot = np.zeros((POOL_TOKENS, self.experts), dtype=np.uint16)
+        onehot[np.repeat(np.arange(POOL_TOKENS), self.top_k), pool.ravel()] = 1  # a token's experts are distinct
+        # uint16 holds every prefix count (at most POOL_TOKENS = 2^15): 8 MiB for 128 experts, mostly in cache
+        prefix = np.zeros((1, POOL_TOKENS + 1, self.experts), dtype=np.uint16)
+        np.cumsum(onehot, axis=0, out=prefix[0, 1:])
+        expert_of_rank = np.empty_like(self._perms)
+        np.put_along_axis(expert_of_rank, self._perms, np.arange(self.experts, dtype=np.int64)[None, :], axis=1)
+        self._pool = (pool[:, 0, :], prefix, expert_of_rank)
+        self._windows = np.random.default_rng(np.random.SeedSequence([self._seed, 0x5E4E, 0x0FF5]))
+        self._starts = np.empty((0, self.layers), dtype=np.int64)  # drawn WINDOW_BATCH steps at a time
+        self._used = 0
+
+    def window(self, tokens: int, tile: int) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
+        """The fast path's routing of the next step of ``tokens`` tokens (module docstring): per layer a window of
+        the pool at a seeded uniform start. Returns ``(features, rows)``: ``features[l]`` = (expert tiles
+        ``sum(ceil(c_e / tile))``, ``tile`` a power of two, active experts, the busiest expert's tiles) of layer ``l`` (float64
+        ``[layers, 3]``), and ``rows()`` the expert ids ``[tokens, layers, top_k]`` they count."""
+        if self._pool is None:
+            self._draw_pool()
+        ranks, prefix, expert_of_rank = self._pool
+        if self._used == len(self._starts):  # one call per WINDOW_BATCH steps (a few us each)
+            self._starts = self._windows.integers(0, POOL_TOKENS, size=(WINDOW_BATCH, self.layers))
+            self._used = 0
+        starts = self._starts[self._used]
+        self._used += 1
+        out = np.empty((self.layers, 3), dtype=np.float64)
+        window_features(prefix, starts, tokens, tile.bit_length() - 1, out)
+
+        def rows() -> np.ndarray:
+            index = (starts[None, :] + np.arange(tokens)[:, None]) % POOL_TOKENS
+            return np.take_along_axis(expert_of_rank[None, :, :], ranks[index], axis=2)
+
+        return out, rows
+
     def describe(self) -> dict:
         return {"mode": self.mode, "alpha": self.alpha, "beta": self.beta, "locality": self.locality}
 
@@ -145,11 +215,31 @@ class ReplayRouting:
         self.path = str(path)
         self.experts = np.ascontiguousarray(experts[:, :layers, :]).astype(np.int64)
         self._next = 0
+        self._columns = int(self.experts.max()) + 1  # counts' width (experts never routed to add only zeros)
+        self._prefix = None  # window()'s prefix counts, made on first use
 
     def route(self, tokens: int) -> np.ndarray:
         rows = (self._next + np.arange(tokens)) % len(self.experts)
         self._next = int((self._next + tokens) % len(self.experts))
         return self.experts[rows]
+
+    def window(self, tokens: int, tile: int) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
+        """:meth:`route`'s next ``tokens`` rows as the fast path takes them (``SyntheticRouting.window``): their
+        per-layer features from prefix counts, and ``rows()`` the rows themselves."""
+        if self._prefix is None:
+            layers = self.experts.shape[1]
+            onehot = np.zeros((layers, len(self.experts), self._columns), dtype=np.int32)
+            for layer in range(layers):  # a dump's token may repeat an expert: add, do not assign
+                np.add.at(onehot[layer], (np.repeat(np.arange(len(self.experts)), self.experts.shape[2]),
+                                          self.experts[:, layer, :].ravel()), 1)
+            self._prefix = np.zeros((layers, len(self.experts) + 1, self._columns), dtype=np.int32)
+            np.cumsum(onehot, axis=1, out=self._prefix[:, 1:])
+        start = self._next
+        out = np.empty((self.experts.shape[1], 3), dtype=np.float64)
+        window_features(self._prefix, np.full(self.experts.shape[1], start, dtype=np.int64), tokens,
+                        tile.bit_length() - 1, out)
+        self._next = int((self._next + tokens) % len(self.experts))
+        return out, lambda: self.experts[(start + np.arange(tokens)) % len(self.experts)]
 
     def describe(self) -> dict:
         return {"mode": self.mode, "file": self.path, "tokens": int(len(self.experts))}

@@ -1,0 +1,141 @@
+"""The fast provider's per-step path (stepsim/kernels/serve_fast.py, SyntheticRouting.window): the machine-code
+draws follow the synthetic model's law, a routing window's features are those of its rows, the provider's
+regressors are the calibration's float for float, and the fast path is seeded."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_exact import SMALL
+
+from stepsim.base.hardware import PRESETS
+from stepsim.kernels.serve_fast import alias_tables, draw_routing
+from stepsim.models.presets import resolve_model
+from stepsim.serve.fast import FastLatency, features, ffn_regressors, metric_forms, regressors
+from stepsim.serve.latency import IterationBatch
+from stepsim.serve.layers import KINDS, KV_TILE
+from stepsim.serve.routing import POOL_TOKENS, ReplayRouting, SyntheticRouting, sorted_counts
+
+
+def test_alias_tables_give_each_column_its_probability():
+    weights = np.exp(-0.3 * np.log(np.arange(128) + 1.0) - 0.05 * np.arange(128))[None, :]
+    weights = np.vstack([weights, np.arange(1.0, 9.0).repeat(16)[None, :]])
+    prob, alias = alias_tables(weights)
+    for row in range(2):
+        n = weights.shape[1]
+        got = prob[row].copy()
+        np.add.at(got, alias[row], 1.0 - prob[row])
+        assert np.abs(got / n - weights[row] / weights[row].sum()).max() < 1e-15
+
+
+def test_machine_code_draws_follow_the_synthetic_law():
+    """Slot 0 is a categorical draw of the layer's probabilities; the eight slots are distinct; and the numbers
+    the routing model was fitted on (mean idle experts and busiest expert of 64-token batches, route(): 60.03
+    and 39.338 over 500 batches, tests/serve/test_routing.py) hold for the fast path's batches too."""
+    model = SyntheticRouting(128, 8, 1, seed=0)
+    p = np.exp(model._logits[0] - model._logits[0].max())
+    prob, alias = alias_tables(p[None, :])
+    state = np.array([12345], dtype=np.uint64)
+    out = np.empty((200_000, 1, 8), dtype=np.int64)
+    counts = np.zeros((1, 128), dtype=np.int64)
+    draw_routing(prob, alias, state, 0.0, np.zeros((1, 8), dtype=np.int64), False, out, counts)
+    assert np.array_equal(counts[0], np.bincount(out.ravel(), minlength=128))
+    assert all(len(set(row)) == 8 for row in out[:2000, 0])
+    expected = p / p.sum() * len(out)
+    chi2 = float((((np.bincount(out[:, 0, 0], minlength=128) - expected) ** 2) / expected).sum())
+    assert round(chi2, 2) == 109.38  # 127 degrees of freedom: p = 0.87
+    batches = np.stack([sorted_counts(model.window(64, KV_TILE)[1]()[:, 0, :], 128) for _ in range(500)])
+    idle, busiest = (batches == 0).sum(1).mean(), batches[:, 0].mean()
+    assert (idle, busiest) == (60.232, 39.65)
+    assert abs(idle / 60.03 - 1) < 0.01 and abs(busiest / 39.338 - 1) < 0.01  # route()'s, within sampling error
+
+
+def test_a_windows_features_are_its_rows_features():
+    routing = SyntheticRouting(16, 2, 3, seed=5)
+    for tokens in (1, 7, 33, 500, POOL_TOKENS - 1, POOL_TOKENS + 70):  # the last wraps around the pool
+        f, rows = routing.window(tokens, KV_TILE)
+        r = rows()
+        assert r.shape == (tokens, 3, 2) and (r[:, :, 0] != r[:, :, 1]).all()
+        want = np.array([features("ffn", r[:, layer])[1:] for layer in range(3)])
+        assert np.array_equal(f, want), tokens
+    # each layer's most popular expert is its rank-0 expert (layers keep their own permutation)
+    r = routing.window(4000, KV_TILE)[1]()
+    assert [int(np.argmax(np.bincount(r[:, layer].ravel()))) for layer in range(3)] == \
+        [int(np.argmin(routing._perms[layer])) for layer in range(3)]
+
+
+def test_replay_windows_are_the_dump_rows_in_order(tmp_path):
+    rng = np.random.default_rng(2)
+    dump = np.stack([[rng.choice(128, 8, replace=False) for _ in range(3)] for _ in range(50)])  # [50, 3, 8]
+    np.save(tmp_path / "r.npy", dump)
+    a, b = ReplayRouting(tmp_path / "r.npy", "qwen3-30b-a3b", 2), ReplayRouting(tmp_path / "r.npy", "qwen3-30b-a3b", 2)
+    for tokens in (4, 30, 49, 120):
+        f, rows = a.window(tokens, KV_TILE)
+        want = b.route(tokens)
+        assert np.array_equal(rows(), want)
+        assert np.array_equal(f, [features("ffn", want[:, layer])[1:] for layer in range(2)])
+
+
+@pytest.mark.parametrize("moe", [True, False])
+def test_the_providers_regressors_are_the_calibrations(tmp_path, moe):
+    config = dict(SMALL) if moe else {k: v for k, v in SMALL.items() if k not in ("num_experts", "moe_intermediate_size",
+                                                                                    "num_experts_per_tok")}
+    if not moe:
+        config["model_type"] = "qwen3"
+    (tmp_path / "m.json").write_text(json.dumps(config))
+    model = resolve_model(str(tmp_path / "m.json"))
+    routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0) if moe else None
+    p = FastLatency(model, PRESETS["sn40l"], routing, max_model_len=4096, vocab=1000, forms=None)
+    p.forms = {k: metric_forms(k, p.spec) for k in KINDS}
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        n = int(rng.integers(1, 40))
+        new = [1 if rng.random() < 0.7 else int(rng.integers(2, 600)) for _ in range(n)]
+        batch = IterationBatch(rng.integers(0, 3000, n).tolist(), new, 0, 0)
+        decode, prefill = p.attention_regressors(batch)
+        x, ffn = p.ffn_rows(sum(new))
+        tasks, _ = p.tasks(batch, ffn())
+        got = {"decode": decode, "prefill": prefill}
+        for kind, data in tasks:
+            if kind != "ffn":
+                assert np.array_equal(regressors(kind, data, p.forms[kind], p.spec), got.pop(kind))
+        assert all(v is None for v in got.values())
+        pieces = np.stack([data for kind, data in tasks if kind == "ffn"], axis=1)
+        assert np.array_equal(ffn_regressors(pieces, p.forms["ffn"], p.spec), x)
+
+
+def test_the_fast_path_is_seeded():
+    a, b, c = (SyntheticRouting(128, 8, 4, seed=s) for s in (3, 3, 4))
+    for tokens in (5, 300):
+        fa, ra = a.window(tokens, KV_TILE)
+        fb, rb = b.window(tokens, KV_TILE)
+        fc, rc = c.window(tokens, KV_TILE)
+        assert np.array_equal(fa, fb) and np.array_equal(ra(), rb()) and not np.array_equal(ra(), rc())
+    # the exact provider's stream is not touched by the fast path's
+    d, e = SyntheticRouting(128, 8, 4, seed=3), SyntheticRouting(128, 8, 4, seed=3)
+    d.window(100, KV_TILE)
+    assert np.array_equal(d.route(10), e.route(10))
+
+
+def test_the_reservoir_keeps_every_decode_batch_size_bucket():
+    from stepsim.serve.fast import BUCKET_ITERATIONS, Reservoir
+
+    made = []
+    reservoir = Reservoir(5, seed=0)
+    sizes = [1] * 200 + [2, 3] * 4 + [5] + [1] * 50 + [9, 40]  # one-sequence steps dominate; a single 5-step
+    for step, n in enumerate(sizes):
+        batch = IterationBatch([10] * n, [1] * n, 0, n)
+        reservoir(batch, False, lambda step=step: made.append(step) or ([("decode", step)], None))
+    for step in range(3):  # prefill steps: no bucket
+        reservoir(IterationBatch([0], [40], 40, 0), True, lambda: ([("prefill", None)], None))
+    assert reservoir.seen == {"prefill": 3, "decode": 261}
+    assert {b: len(items) for b, items in reservoir.buckets.items()} == {1: BUCKET_ITERATIONS, 2: BUCKET_ITERATIONS,
+                                                                         3: BUCKET_ITERATIONS, 5: 1, 12: 1, 14: 1}
+    assert reservoir.bucket_seen == {1: 250, 2: 4, 3: 4, 5: 1, 12: 1, 14: 1}  # 9 -> 8 + 4, 40 -> 8 + 6
+    items, extra = reservoir.items, reservoir.extra
+    assert len(items) == 8 and {i[1] for i in items} == {"prefill", "decode"}
+    assert not {i[0] for i in items} & {i[0] for i in extra}
+    assert 208 in {i[0] for i in items + extra}  # the one 5-sequence step is fitted
+    assert sorted(made) == sorted(set(made))  # tasks made once per kept step, also when both reservoirs keep it
