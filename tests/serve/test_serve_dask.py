@@ -1,0 +1,70 @@
+"""``--executor dask``: the layers of each step on a dask.distributed cluster give the bytes of ``--jobs 1``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import requests_file
+from test_exact import SMALL
+
+import stepsim
+from stepsim.base.errors import ConfigError
+from stepsim.cli import main
+from stepsim.serve.output import read_outputs
+
+pytest.importorskip("distributed")
+
+FILES = ("requests.parquet", "iterations.parquet")
+
+
+@pytest.fixture
+def small(tmp_path):
+    (tmp_path / "small.json").write_text(json.dumps(SMALL))
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.0005, 0.001, 0.02], [40, 300, 7, 90], [6, 3, 9, 4])
+    return str(tmp_path / "small.json"), trace
+
+
+def _same_run(a, b) -> None:
+    for name in FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    sa, sb = read_outputs(a)[2], read_outputs(b)[2]
+    sa.pop("wall_s"), sb.pop("wall_s")
+    assert sa == sb
+
+
+def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(small, tmp_path):
+    from stepsim.batch.dask_executor import DaskExecutor
+
+    model, trace = small
+    one = stepsim.serve(model, trace, fidelity="exact", out=tmp_path / "one")
+    # two threads of this process on the loopback interface (each thread keeps its own templates)
+    with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor:
+        dask = stepsim.serve(model, trace, fidelity="exact", executor=executor, out=tmp_path / "dask")
+        assert executor.client.status == "running"  # a given executor is the caller's: not closed
+    _same_run(tmp_path / "one", tmp_path / "dask")
+    it = one.iterations
+    # per step: decode and prefill attention (when present) and both layers' FFN, every one on the engine
+    pieces = 4 * it.num_rows - it["prefill_tokens"].to_pylist().count(0) - it["decode_tokens"].to_pylist().count(0)
+    assert dask.summary["fidelity"]["simulations"] == one.summary["fidelity"]["simulations"] == pieces == 66
+
+
+@pytest.mark.slow
+def test_cli_executor_dask_starts_a_local_cluster_and_writes_the_bytes_of_jobs_1(small, tmp_path, capsys):
+    model, trace = small
+    base = ["serve", "--model", model, "--requests", str(trace), "--fidelity", "exact"]
+    assert main([*base, "--jobs", "1", "--out", str(tmp_path / "one")]) == 0
+    assert main([*base, "--executor", "dask", "--out", str(tmp_path / "dask")]) == 0
+    _same_run(tmp_path / "one", tmp_path / "dask")
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(jobs=2, executor="dask"), "--jobs and --executor both run the layers; give one"),
+    (dict(executor="ray"), "--executor must be dask, got 'ray'"),
+    (dict(address="tcp://127.0.0.1:1"), "--address is only for --executor dask"),
+])
+def test_bad_executor_settings_are_one_line(small, kw, message):
+    model, trace = small
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve(model, trace, fidelity="exact", **kw)
+    assert str(e.value) == message
