@@ -416,7 +416,7 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
         config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
-                "stepsim.requests": str(requests)}
+                "stepsim.requests": str(requests), "stepsim.requests_sha256": file_sha256(requests)}
         files = write_outputs(out, requests_table, iterations_table, summary, meta)
         if matplotlib_available():
             from stepsim.serve.figures import CDF_FILE, OVER_TIME_FILE, latency_cdf, over_time
