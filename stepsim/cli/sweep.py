@@ -59,6 +59,11 @@ def _sweep(args) -> int:
         raise ConfigError("--address is only for --executor dask")
     if args.jobs is not None:
         check_jobs(args.jobs)  # before anything is read, expanded or drawn
+    from stepsim.serve.sweep import is_serve_sweep, read_toml
+
+    data = read_toml(args.sweep_file)
+    if is_serve_sweep(data):
+        return _serve_sweep(args, data, executor)
     try:
         spec = load_sweep(args.sweep_file)
         if args.dry_run:
@@ -81,6 +86,40 @@ def _sweep(args) -> int:
         print(format_summary(stop.report))
         raise  # printed by stepsim.cli as "stepsim: error: ..." with exit status 2
     print(format_summary(report))
+    return 1 if report.failed else 0
+
+
+def _serve_sweep(args, data: dict, executor: str) -> int:
+    """``workload = "serve"``: a grid of stepsim serve runs (:mod:`stepsim.serve.sweep`)."""
+    from stepsim.base.signals import reason, stopped_status
+    from stepsim.serve.sweep import format_report, iter_tasks, parse_serve_sweep, run_serve_sweep
+
+    spec = parse_serve_sweep(data, source=args.sweep_file)
+    if args.fail_fast:
+        from stepsim.base.errors import ConfigError
+
+        raise ConfigError("--fail-fast is not supported by serving sweeps (every task runs; failures are rows)")
+    if args.dry_run:
+        from itertools import islice
+
+        folder = args.out if args.out is not None else spec.out
+        lines = [f"sweep {spec.source} -> {folder if folder is not None else '(no out: pass --out)'}",
+                 f"  tasks      {spec.points:,} grid point(s) in {len(spec.grids)} grid(s); serving"]
+        first = list(islice(iter_tasks(spec), DRY_RUN_TASKS))
+        lines.append(f"  first {len(first)} task(s):")
+        lines += [f"  {t.index:>6}  {t.key}  {t.label(spec.axes) or '(fixed knobs only)'}" for t in first]
+        print("\n".join(lines))
+        return 0
+    if (args.out or spec.out) is not None:
+        from stepsim.base.outputs import check_not_pseudo
+
+        check_not_pseudo(args.out or spec.out, "--out" if args.out else f"{spec.source}: out")
+    try:
+        report = run_serve_sweep(spec, out=args.out, executor=executor, jobs=args.jobs, address=args.address,
+                                 retry_failed=args.retry_failed, yes=args.yes)
+    except KeyboardInterrupt as exc:  # the rows of finished tasks are written; a re-run resumes
+        return stopped_status(reason(exc))
+    print(format_report(report, spec.axes))
     return 1 if report.failed else 0
 
 

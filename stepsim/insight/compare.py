@@ -19,7 +19,8 @@ different graphs the same name is not the same unit, and such a diff would be no
 Serve runs (``stepsim serve --out`` folders, or a folder holding several of them, found recursively) compare
 the same way: each run is one record (:mod:`stepsim.results.serve_record`: ``ttft_s.p99``,
 ``throughput_tokens_per_s``, ... by default the p99 TTFT, TPOT and E2E and the token throughput), paired by
-model, hardware, scheduler knobs, latency mode, SLOs, request file (SHA-256) and seed. Throughputs, goodput,
+model, hardware, scheduler knobs, SLOs, request file (SHA-256), seed and shaping knobs, not by the latency
+provider (``fidelity``, ``iteration_latency``), which is what such a comparison measures. Throughputs, goodput,
 SLO attainment and completed requests are better higher. Serve runs are never compared with run records.
 
 As a CI gate: a configuration of the baseline that the candidate lacks (or whose candidate row failed) fails the
@@ -311,6 +312,10 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
         changes = [_change(m, b.get(m), c.get(m), threshold) for m in metrics]
         ck = dict(config_key(c))
         differs = {k: [b.get(k), c.get(k)] for k, v in config_key(b) if ck[k] != v}
+        if b.get("record") == "serve":  # the latency providers compared (not part of the pairing)
+            from stepsim.results.serve_record import PROVIDER_COLUMNS
+
+            differs.update({k: [b.get(k), c.get(k)] for k in PROVIDER_COLUMNS if b.get(k) != c.get(k)})
         units, note = [], None
         if len(pairs) == 1 and b.get("run_id") in base_units and c.get("run_id") in cand_units:
             key, groups, note = _pairing(base_units[b["run_id"]], cand_units[c["run_id"]])

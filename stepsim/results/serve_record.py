@@ -24,9 +24,13 @@ STATISTICS = ("mean", "p50", "p90", "p99")
 SCALARS = ("requests", "completed", "duration_s", "output_tokens", "throughput_tokens_per_s",
            "throughput_requests_per_s", "slo_attainment", "goodput_requests_per_s", "preemptions", "iterations",
            "wall_s")
-#: what pairs two serve records: the model, hardware, scheduler knobs, latency mode, SLOs and the request trace
+#: knobs of a serve run as it was given them (not in the summary): shaping, constant latency, routing, HBM
+KNOB_COLUMNS = ("arrival", "arrival_scale", "limit_requests", "duration", "iteration_latency", "routing",
+                "hbm_bytes")
+#: what pairs two serve records: the model, hardware, scheduler knobs, latency mode, SLOs, the request trace's
+#: content, the seed and :data:`KNOB_COLUMNS`
 CONFIG_COLUMNS = ("model", "hardware", "scheduler", "max_num_seqs", "max_num_batched_tokens", "chunk_tokens",
-                  "block_size", "fidelity", "slo", "requests_sha256", "seed")
+                  "block_size", "fidelity", "slo", "requests_sha256", "seed", *KNOB_COLUMNS)
 #: metrics where more is better (the others, latencies and counts of trouble, are better lower)
 HIGHER_IS_BETTER = ("completed", "throughput_tokens_per_s", "throughput_requests_per_s", "slo_attainment",
                     "goodput_requests_per_s")
@@ -41,9 +45,10 @@ def is_serve_folder(path) -> bool:
 
 
 def serve_row(summary: dict, *, requests: str | None = None, requests_sha256: str | None = None,
-              seed: int | None = None) -> dict:
-    """The record row of a serve run's ``summary`` (module docstring); the request file's name and SHA-256 and
-    the seed as the run was given them (the summary does not hold them)."""
+              seed: int | None = None, knobs: dict | None = None) -> dict:
+    """The record row of a serve run's ``summary`` (module docstring); the request file's name and SHA-256,
+    the seed and the :data:`KNOB_COLUMNS` as the run was given them (the summary does not hold them; a routing
+    file by its name)."""
     scheduler = summary.get("scheduler") or {}
     slo = summary.get("slo")
     row = {"record": "serve", "model": summary.get("model"), "hardware": (summary.get("hardware") or {}).get("name"),
@@ -53,6 +58,9 @@ def serve_row(summary: dict, *, requests: str | None = None, requests_sha256: st
            "slo": None if slo is None else json.dumps(slo, sort_keys=True),
            "requests_file": None if requests is None else Path(requests).name, "requests_sha256": requests_sha256,
            "seed": seed}
+    for k in KNOB_COLUMNS:
+        value = (knobs or {}).get(k)
+        row[k] = Path(value).name if k == "routing" and value not in (None, "synthetic") else value
     for name in DISTRIBUTIONS:
         dist = summary.get(name) or {}
         row.update({f"{name}.{s}": dist.get(s) for s in STATISTICS})
@@ -73,14 +81,22 @@ def read_serve_folder(path) -> dict:
     meta = pq.read_schema(p / REQUESTS_FILE).metadata or {}
     text = {k.decode(): v.decode() for k, v in meta.items() if k.startswith(b"stepsim.")}
     seed = text.get("stepsim.seed")
+    knobs = json.loads(text.get("stepsim.knobs", "{}"))
     return {**serve_row(summary, requests=text.get("stepsim.requests"),
                         requests_sha256=text.get("stepsim.requests_sha256"),
-                        seed=int(seed) if seed is not None else None), "run_id": str(p)}
+                        seed=int(seed) if seed is not None else None, knobs=knobs), "run_id": str(p)}
+
+
+#: the latency provider: what a comparison of serve runs measures (exact against fast, one iteration latency
+#: against another), so it does not take part in pairing them
+PROVIDER_COLUMNS = ("fidelity", "iteration_latency")
 
 
 def serve_config_key(row: dict) -> tuple:
-    """What pairs a serve record with another's (:data:`CONFIG_COLUMNS`, as text)."""
-    return tuple((k, None if row.get(k) is None else str(row.get(k))) for k in CONFIG_COLUMNS)
+    """What pairs a serve record with another's (:data:`CONFIG_COLUMNS` but the :data:`PROVIDER_COLUMNS`, as
+    text)."""
+    return tuple((k, None if row.get(k) is None else str(row.get(k))) for k in CONFIG_COLUMNS
+                 if k not in PROVIDER_COLUMNS)
 
 
 def serve_label(row: dict) -> str:

@@ -343,8 +343,11 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     finally:
         if layers_executor is not None:
             layers_executor.close()
+    knobs = {"arrival": arrival, "arrival_scale": arrival_scale, "limit_requests": limit_requests,
+             "duration": duration, "iteration_latency": iteration_latency,
+             "routing": None if routing is None else str(routing), "hbm_bytes": hbm_bytes}
     return _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-                   requests, out, timeline, started)
+                   requests, out, timeline, started, knobs)
 
 
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
@@ -380,7 +383,7 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
 
 
 def _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-            requests, out, timeline, started) -> ServeResult:
+            requests, out, timeline, started, knobs: dict) -> ServeResult:
     """The tables, the summary and the files of a replayed run."""
     lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
     requests_table = pa.table({
@@ -416,7 +419,8 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
         config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
-                "stepsim.requests": str(requests), "stepsim.requests_sha256": file_sha256(requests)}
+                "stepsim.requests": str(requests), "stepsim.requests_sha256": file_sha256(requests),
+                "stepsim.knobs": json.dumps(knobs, sort_keys=True)}
         files = write_outputs(out, requests_table, iterations_table, summary, meta)
         if matplotlib_available():
             from stepsim.serve.figures import CDF_FILE, OVER_TIME_FILE, latency_cdf, over_time

@@ -15,7 +15,7 @@ from stepsim.results.serve_record import read_serve_folder
 T = 2.0**-6  # binary-exact step time (s)
 MODEL = "qwen3-30b-a3b"
 LABEL = ("requests_file=t.parquet model=qwen3-30b-a3b hardware=sn40l scheduler={policy} max_num_seqs=128 "
-         "{budget}chunk_tokens={chunk} block_size=16 fidelity=iteration-latency seed=0")
+         "{budget}chunk_tokens={chunk} block_size=16 fidelity=iteration-latency seed=0 iteration_latency=0.015625")
 VLLM = LABEL.format(policy="vllm", budget="max_num_batched_tokens=2048 ", chunk=0)
 ORCA = LABEL.format(policy="orca", budget="", chunk=0)
 
@@ -41,7 +41,8 @@ def test_p99_ttft_worse_by_more_than_the_threshold_exits_1(runs, tmp_path, capsy
     assert (base.summary["ttft_s"]["p99"], cand.summary["ttft_s"]["p99"]) == (0.026706249999999997, 0.038307812499999996)
     for threshold in ("5%", "0.05"):
         assert _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99", "--threshold",
-                    threshold) == (1, [VLLM, "  ttft_s.p99                        0.02671 ->          0.03831  "
+                    threshold) == (1, [f"{VLLM}  (differs: iteration_latency 0.015625 -> 0.01953125)",
+                                       "  ttft_s.p99                        0.02671 ->          0.03831  "
                                              "+43.44 %  WORSE", "worse by more than 5 %: ttft_s.p99"], "")
     # the same change under a threshold it does not reach
     assert _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99", "--threshold", "50%")[::2] \
@@ -55,7 +56,7 @@ def test_default_metrics_and_a_better_candidate_exit_0(runs, tmp_path, capsys):
     runs("cand", 0.75 * T)
     status, out, err = _cli(capsys, tmp_path / "base", tmp_path / "cand")
     assert (status, err) == (0, "")
-    assert out == [VLLM,
+    assert out == [f"{VLLM}  (differs: iteration_latency 0.015625 -> 0.01171875)",
                    "  ttft_s.p99                        0.02671 ->           0.0151  -43.44 %",
                    "  tpot_s.p99                        0.01563 ->          0.01172  -25.00 %",
                    "  e2e_s.p99                          0.1345 ->          0.09603  -28.61 %",
@@ -95,7 +96,8 @@ def test_folders_of_runs_pair_by_configuration_and_missing_ones_fail_unless_allo
     runs("cand/orca", 1.25 * T, "orca")
     status, out, _ = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99")
     assert (status, out[-1]) == (1, "worse by more than 1 %: ttft_s.p99")
-    assert [line for line in out if not line.startswith("  ")] == [ORCA, VLLM, out[-1]]
+    assert [line for line in out if not line.startswith("  ")] == [
+        f"{ORCA}  (differs: iteration_latency 0.015625 -> 0.01953125)", VLLM, out[-1]]
 
 
 @pytest.mark.parametrize("extra, message", [
