@@ -51,8 +51,8 @@ EXTRA_TOP_LEVEL_KEYS = ("max_tasks",)
 DEFAULT_MAX_TASKS = 10_000
 RANGE_KEYS = ("start", "stop", "step", "factor")
 #: knobs whose values are files (a hardware knob is a file only when it names a ``.toml``, else a preset; a
-#: serving sweep's ``routing`` only when it is not ``synthetic``; ``requests`` is a serving sweep's request trace)
-PATH_KEYS = ("trace", "hardware", "fifo_depths", "routing", "kv_lengths", "requests")
+#: serving sweep's ``routing`` only when it is not ``synthetic``)
+PATH_KEYS = ("trace", "hardware", "fifo_depths", "routing", "kv_lengths")
 #: result columns shown at the end of a sweep when the file has no ``report`` key
 DEFAULT_REPORT = {"metrics": ("off_chip_bytes", "on_chip_bytes", "flops"),
                   "simulate": ("cycles", "off_chip_bytes"), "functional": ("cycles", "off_chip_bytes"),
@@ -258,6 +258,8 @@ def _is_path_value(key: str, value) -> bool:
         return isinstance(value, str) and value.lower().endswith(".json")
     if key == "routing" and value == "synthetic":
         return False
+    if key == "requests":  # a serving sweep's request trace (stepsim.serve.sweep)
+        return isinstance(value, str)
     return key in PATH_KEYS and isinstance(value, str) and (key != "hardware" or value.endswith(".toml"))
 
 
