@@ -10,7 +10,6 @@ import pytest
 from conftest import requests_file
 
 import stepsim
-from stepsim.base.errors import ConfigError
 from stepsim.cli import main
 from stepsim.serve.sweep import config_of, load_serve_sweep, read_serve_sweep, run_identity, run_serve_sweep
 
