@@ -65,9 +65,10 @@ FILE_KNOBS = ("requests", "routing", "model", "hardware")
 #: grids larger than this need ``yes`` (``--yes``) or a larger ``max_tasks``
 DEFAULT_MAX_TASKS = 10_000
 #: columns of the end-of-sweep table, after the swept knobs
-REPORT = (("ttft_s.p50", "TTFT p50 ms", 1e3), ("ttft_s.p99", "TTFT p99 ms", 1e3), ("tpot_s.p50", "TPOT p50 ms", 1e3),
-          ("tpot_s.p99", "TPOT p99 ms", 1e3), ("throughput_tokens_per_s", "tokens/s", 1.0),
-          ("goodput_requests_per_s", "goodput req/s", 1.0))
+#: (row column, header, scale, format)
+REPORT = (("ttft_s.p50", "TTFT p50 ms", 1e3, ",.1f"), ("ttft_s.p99", "TTFT p99 ms", 1e3, ",.1f"),
+          ("tpot_s.p50", "TPOT p50 ms", 1e3, ",.1f"), ("tpot_s.p99", "TPOT p99 ms", 1e3, ",.1f"),
+          ("throughput_tokens_per_s", "tokens/s", 1.0, ",.1f"), ("goodput_requests_per_s", "goodput req/s", 1.0, ".3f"))
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ def format_report(report: ServeSweepReport, axes: list) -> str:
     lines = [f"serving sweep -> {report.out}: {report.total} task(s), {len(report.ran)} run, "
              f"{len(report.skipped)} already done, {len(report.failed)} failed"
              + (f" ({report.executor})" if report.executor else "")]
-    header = [*axes, *(label for _, label, _ in REPORT)]
+    header = [*axes, *(label for _, label, _, _ in REPORT)]
     table = []
     for task, row in report.rows:
         cells = [short_value(task.config.get(k)) for k in axes]
@@ -370,7 +371,7 @@ def format_report(report: ServeSweepReport, axes: list) -> str:
         elif row["status"] != "ok":
             cells.append(f"failed: {row['error_type']}: {(row['error_message'] or '').splitlines()[0]}")
         else:
-            cells += ["-" if row.get(c) is None else f"{row[c] * scale:.4g}" for c, _, scale in REPORT]
+            cells += ["-" if row.get(c) is None else format(row[c] * scale, spec) for c, _, scale, spec in REPORT]
         table.append(cells)
     widths = [max([len(h)] + [len(r[i]) for r in table if i < len(r)]) for i, h in enumerate(header)]
     for cells in [header, *table]:  # a failed task's error runs past the metric columns

@@ -87,8 +87,8 @@ def test_a_rerun_resumes_and_retries_failed_tasks_only_when_asked(sweep, tmp_pat
     first = capsys.readouterr().out.splitlines()
     assert first[0] == f"serving sweep -> {tmp_path / 'out'}: 6 task(s), 6 run, 0 already done, 0 failed (local, 1 worker)"
     assert first[1:4] == ["  scheduler  max_seqs  TTFT p50 ms  TTFT p99 ms  TPOT p50 ms  TPOT p99 ms  tokens/s  goodput req/s",
-                          "       vllm         1        49.69        605.1        15.62        15.63     49.06          2.197",
-                          "       vllm         4        18.44        26.59        15.62        15.63     54.69          4.898"]
+                          "       vllm         1         49.7        605.1         15.6         15.6      49.1          2.197",
+                          "       vllm         4         18.4         26.6         15.6         15.6      54.7          4.898"]
     files = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
     victim = sorted(files)[2]
     (tmp_path / "out" / victim).unlink()
