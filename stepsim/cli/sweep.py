@@ -5,6 +5,9 @@ Exit status: 0 when every task of the sweep has an ok row; 1 when the sweep comp
 that died, a ``--fail-fast`` stop); 130 on Ctrl-C (SIGINT), 143 on SIGTERM, each after writing the rows of the
 finished tasks. After a stop, running the same command again resumes.
 
+A sweep file with ``workload = "serve"`` runs ``stepsim serve`` over a grid of serving knobs instead
+(:mod:`stepsim.serve.sweep`): one row per task with the run's summary metrics, resumable the same way.
+
 A grid of more than 10,000 points (or the sweep file's ``max_tasks``) runs only with ``--yes``; ``--dry-run``
 prints the task count and the first tasks and runs nothing.
 """
@@ -22,7 +25,8 @@ def register(subparsers) -> None:
         "sweep", help="run a parameter sweep from a TOML file (parallel, resumable)",
         description="Expand a sweep file into tasks, skip those whose result file exists, run the rest in "
                     "parallel and write one Parquet row per task into a hive-partitioned folder. "
-                    "Sweep file format: see stepsim.batch.config.",
+                    "Sweep file format: see stepsim.batch.config; workload = \"serve\" sweeps stepsim serve's "
+                    "knobs (stepsim.serve.sweep).",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_file", metavar="SWEEP.toml", help="the sweep file")
     from stepsim.cli.args import add_jobs_argument
