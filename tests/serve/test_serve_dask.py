@@ -68,3 +68,16 @@ def test_bad_executor_settings_are_one_line(small, kw, message):
     with pytest.raises(ConfigError) as e:
         stepsim.serve(model, trace, fidelity="exact", **kw)
     assert str(e.value) == message
+
+
+def test_address_connects_to_a_running_scheduler(small, tmp_path):
+    from distributed import LocalCluster
+
+    model, trace = small
+    stepsim.serve(model, trace, fidelity="exact", out=tmp_path / "one")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp://",
+                      dashboard_address=None) as cluster:
+        stepsim.serve(model, trace, fidelity="exact", executor="dask", address=cluster.scheduler_address,
+                      out=tmp_path / "remote")
+        assert len(cluster.scheduler.workers) == 1  # the cluster is the caller's: still up
+    _same_run(tmp_path / "one", tmp_path / "remote")
