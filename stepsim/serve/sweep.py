@@ -34,7 +34,9 @@ nothing), holding one row: ``run_id``, ``status`` (``ok`` / ``failed``), ``error
 ``task_wall_s``, ``config`` (the task's knobs, canonical JSON) and, for an ok task, the serve record
 (:func:`stepsim.results.serve_record.serve_row`: ``ttft_s.p50``, ``ttft_s.p99``, ``tpot_s.p99``,
 ``throughput_tokens_per_s``, ``goodput_requests_per_s``, ``slo_attainment`` ...). A re-run skips the tasks
-that have a row (failed ones too, unless ``retry_failed``). :func:`read_serve_sweep` reads the folder back;
+that have a row (failed ones too, unless ``retry_failed``) and first deletes the rows of its own tasks written
+under another run id (the same knobs, but a file's content or stepsim's version changed), so the folder never
+holds two generations of a task; rows of other grids' tasks are left alone. :func:`read_serve_sweep` reads the folder back;
 ``stepsim compare`` compares two such folders configuration by configuration.
 """
 
@@ -285,7 +287,8 @@ def read_serve_sweep(out: str | Path) -> pa.Table:
 @dataclass
 class ServeSweepReport:
     """What a serving sweep did: ``total`` tasks, ``ran`` / ``skipped`` (had a row) / ``failed`` task keys,
-    the rows of the grid in order (``rows``: ``(task, row dict or None)``), ``executor``, ``wall_s``."""
+    the rows of the grid in order (``rows``: ``(task, row dict or None)``), ``executor``, ``wall_s``, and
+    ``superseded``: rows of older generations of the grid's tasks removed."""
 
     out: Path
     total: int = 0
@@ -295,6 +298,7 @@ class ServeSweepReport:
     rows: list = field(default_factory=list)
     executor: str = ""
     wall_s: float = 0.0
+    superseded: int = 0
 
 
 def run_serve_sweep(spec: ServeSweepSpec, *, out=None, executor="local", jobs: int | None = None,
@@ -320,6 +324,7 @@ def run_serve_sweep(spec: ServeSweepSpec, *, out=None, executor="local", jobs: i
     tasks = list(iter_tasks(spec))  # every file read and hashed before anything runs
     out.mkdir(parents=True, exist_ok=True)
     report = ServeSweepReport(out=out, total=len(tasks))
+    report.superseded = _remove_older_generations(out, tasks)
     rows = {}
     pending = []
     for task in tasks:
@@ -354,6 +359,24 @@ def run_serve_sweep(spec: ServeSweepSpec, *, out=None, executor="local", jobs: i
     return report
 
 
+def _remove_older_generations(out: Path, tasks: list) -> int:
+    """Delete the rows of this grid's tasks written under another run id (a file they read changed, or another
+    stepsim version ran them): their ``config`` is a task's, their run id is not. Returns how many."""
+    import pyarrow.parquet as pq
+
+    from stepsim.base.files import canonical_json
+
+    current = {canonical_json(t.config): t.run_id for t in tasks}
+    removed = 0
+    for path in sorted(out.glob("part-*.parquet")):
+        row = pq.read_table(path, columns=["run_id", "config"]).to_pylist()[0]
+        run_id = current.get(row["config"])
+        if run_id is not None and run_id != row["run_id"]:
+            path.unlink()
+            removed += 1
+    return removed
+
+
 def format_report(report: ServeSweepReport, axes: list) -> str:
     """The end-of-sweep text: counts, then one line per task (its swept knobs and the metrics of :data:`REPORT`,
     or its error)."""
@@ -361,6 +384,7 @@ def format_report(report: ServeSweepReport, axes: list) -> str:
 
     lines = [f"serving sweep -> {report.out}: {report.total} task(s), {len(report.ran)} run, "
              f"{len(report.skipped)} already done, {len(report.failed)} failed"
+             + (f", {report.superseded} older row(s) replaced" if report.superseded else "")
              + (f" ({report.executor})" if report.executor else "")]
     header = [*axes, *(label for _, label, _, _ in REPORT)]
     table = []

@@ -191,3 +191,23 @@ def test_compare_gates_two_serving_sweeps(sweep, tmp_path, capsys):
                  "--threshold", "50%", "--allow-missing"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == ("2 of 6 baseline configuration(s) missing in the candidate "
                                                         "(allowed by --allow-missing)")
+
+
+def test_a_changed_request_file_replaces_the_rows_of_its_tasks(sweep, tmp_path, capsys):
+    path = sweep()
+    assert main(["sweep", str(path), "--jobs", "1"]) == 0
+    before = {r["run_id"] for r in read_serve_sweep(tmp_path / "out").to_pylist()}
+    # another grid's row in the same folder stays
+    (tmp_path / "other.toml").write_text(SWEEP.format(out="out", step=T).replace('max_seqs = [1, 4]',
+                                                                                 'max_seqs = [2]'))
+    assert main(["sweep", str(tmp_path / "other.toml"), "--jobs", "1"]) == 0
+    requests_file(tmp_path / "t.parquet", [0.0, 0.01], [100, 20], [5, 3])  # new content, same path
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--jobs", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"serving sweep -> {tmp_path / 'out'}: 6 task(s), 6 run, 0 already done, 0 failed, 6 older row(s) replaced "
+        "(local, 1 worker)")
+    rows = read_serve_sweep(tmp_path / "out").to_pylist()
+    assert len(rows) == 9 and not before & {r["run_id"] for r in rows}
+    assert sorted(r["requests"] for r in rows if config_of(r)["max_seqs"] != 2) == [2] * 6
+    assert sorted(r["requests"] for r in rows if config_of(r)["max_seqs"] == 2) == [6] * 3  # the other grid's
