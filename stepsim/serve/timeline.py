@@ -35,10 +35,15 @@ STEP_ANNOTATIONS = ("tokens", "sequences", "prefill_tokens", "decode_tokens")
 
 def check_timeline_path(path) -> Path:
     """``path`` if it names a Perfetto trace (before any work); else a one-line ConfigError."""
+    import importlib.util
+
     text = str(path)
     if not text.endswith(SUFFIXES):
         raise ConfigError(f"--timeline {text}: a serve timeline is a Perfetto protobuf trace (use .pftrace or "
                           f".perfetto-trace)")
+    if importlib.util.find_spec("perfetto") is None:
+        raise ConfigError(f"--timeline {text}: writing a Perfetto trace needs the perfetto package; install it "
+                          f"with pip install 'stepsim[timeline]'")
     return Path(path)
 
 

@@ -97,3 +97,16 @@ def test_cli_writes_the_timeline_and_refuses_other_formats_before_work(tmp_path,
     assert str(e.value) == (f"--timeline {tmp_path / 's.json'}: a serve timeline is a Perfetto protobuf trace (use "
                             ".pftrace or .perfetto-trace)")
     assert not (tmp_path / "p").exists()
+
+
+def test_without_the_perfetto_package_the_timeline_is_refused_before_the_run(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "perfetto" else real(name, *a))
+    trace = requests_file(tmp_path / "t.parquet", [0.0], [16], [2])
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve(MODEL, trace, iteration_latency=T, out=tmp_path / "p", timeline=tmp_path / "s.pftrace")
+    assert str(e.value) == (f"--timeline {tmp_path / 's.pftrace'}: writing a Perfetto trace needs the perfetto "
+                            "package; install it with pip install 'stepsim[timeline]'")
+    assert not (tmp_path / "p").exists()
