@@ -13,7 +13,7 @@ from stepsim.base.errors import ConfigError
 from stepsim.cli import main
 from stepsim.serve.output import read_outputs
 
-pytest.importorskip("distributed")
+get_task_stream = pytest.importorskip("distributed").get_task_stream
 
 FILES = ("requests.parquet", "iterations.parquet")
 
@@ -39,7 +39,8 @@ def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(small, tm
     model, trace = small
     one = stepsim.serve(model, trace, fidelity="exact", out=tmp_path / "one")
     # two threads of this process on the loopback interface (each thread keeps its own templates)
-    with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor:
+    with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor, \
+            get_task_stream(client=executor.client) as stream:
         dask = stepsim.serve(model, trace, fidelity="exact", executor=executor, out=tmp_path / "dask")
         assert executor.client.status == "running"  # a given executor is the caller's: not closed
     _same_run(tmp_path / "one", tmp_path / "dask")
@@ -47,6 +48,7 @@ def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(small, tm
     # per step: decode and prefill attention (when present) and both layers' FFN, every one on the engine
     pieces = 4 * it.num_rows - it["prefill_tokens"].to_pylist().count(0) - it["decode_tokens"].to_pylist().count(0)
     assert dask.summary["fidelity"]["simulations"] == one.summary["fidelity"]["simulations"] == pieces == 66
+    assert len(stream.data) == 66 and {t["key"].split("-")[0] for t in stream.data} == {"layer_task"}
 
 
 @pytest.mark.slow
@@ -81,3 +83,25 @@ def test_address_connects_to_a_running_scheduler(small, tmp_path):
                       out=tmp_path / "remote")
         assert len(cluster.scheduler.workers) == 1  # the cluster is the caller's: still up
     _same_run(tmp_path / "one", tmp_path / "remote")
+
+
+def test_fast_calibrates_on_dask_to_the_bytes_of_one_job(small, tmp_path):
+    import numpy as np
+
+    from stepsim.batch.dask_executor import DaskExecutor
+
+    model, _ = small
+    rng = np.random.default_rng(3)  # tests/serve/test_fast.py's trace: 24 requests, enough steps to hold 12 out
+    trace = requests_file(tmp_path / "f.parquet", np.sort(rng.uniform(0, 0.05, 24)), rng.integers(5, 400, 24),
+                          rng.integers(2, 30, 24))
+    one = stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "c1", out=tmp_path / "one")
+    with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor, \
+            get_task_stream(client=executor.client) as stream:
+        dask = stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "c2", executor=executor,
+                             out=tmp_path / "dask")
+    _same_run(tmp_path / "one", tmp_path / "dask")
+    error = dask.summary["fidelity"]["error"]
+    # every exact simulation of the calibration ran on the cluster: the fitted pieces, then the 12 held-out steps
+    # whole (attention, decode and / or prefill, and the FFN of both layers: 3 or 4 pieces each)
+    assert error["held_out_iterations"] == 12
+    assert error["calibration_simulations"] + 3 * 12 <= len(stream.data) <= error["calibration_simulations"] + 4 * 12
