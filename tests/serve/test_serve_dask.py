@@ -94,7 +94,7 @@ def test_fast_calibrates_on_dask_to_the_bytes_of_one_job(small, tmp_path):
     rng = np.random.default_rng(3)  # tests/serve/test_fast.py's trace: 24 requests, enough steps to hold 12 out
     trace = requests_file(tmp_path / "f.parquet", np.sort(rng.uniform(0, 0.05, 24)), rng.integers(5, 400, 24),
                           rng.integers(2, 30, 24))
-    one = stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "c1", out=tmp_path / "one")
+    stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "c1", out=tmp_path / "one")
     with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor, \
             get_task_stream(client=executor.client) as stream:
         dask = stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "c2", executor=executor,
