@@ -120,7 +120,7 @@ def _serve_sweep(args, data: dict, executor: str) -> int:
         check_not_pseudo(args.out or spec.out, "--out" if args.out else f"{spec.source}: out")
     try:
         report = run_serve_sweep(spec, out=args.out, executor=executor, jobs=args.jobs, address=args.address,
-                                 retry_failed=args.retry_failed, yes=args.yes)
+                                 retry_failed=args.retry_failed, yes=args.yes, progress=not args.no_progress)
     except KeyboardInterrupt as exc:  # the rows of finished tasks are written; a re-run resumes
         return stopped_status(reason(exc))
     print(format_report(report, spec.axes))

@@ -302,14 +302,13 @@ class ServeSweepReport:
 
 
 def run_serve_sweep(spec: ServeSweepSpec, *, out=None, executor="local", jobs: int | None = None,
-                    address: str | None = None, retry_failed: bool = False, yes: bool = False) -> ServeSweepReport:
+                    address: str | None = None, retry_failed: bool = False, yes: bool = False,
+                    progress: bool = False) -> ServeSweepReport:
     """Run every task of ``spec`` without a row in ``out`` (default: the file's ``out``) on ``executor``
-    (``local``, ``dask``, or an executor object, used as is and not closed); write each row as it arrives."""
-    import pyarrow.parquet as pq
-
-    from stepsim.base.files import write_parquet_atomic
-    from stepsim.batch.executor_factory import make_executor
-    from stepsim.batch.executors import check_jobs, default_jobs
+    (``local``, ``dask``, or an executor object, used as is and not closed); write each row as it arrives.
+    Holds the folder's sweep lock (:func:`stepsim.batch.runner.exclusive`); ``progress`` shows a bar on stderr."""
+    from stepsim.batch.executors import check_jobs
+    from stepsim.batch.runner import exclusive
 
     start = time.perf_counter()
     out = Path(out) if out is not None else spec.out
@@ -324,6 +323,25 @@ def run_serve_sweep(spec: ServeSweepSpec, *, out=None, executor="local", jobs: i
     tasks = list(iter_tasks(spec))  # every file read and hashed before anything runs
     out.mkdir(parents=True, exist_ok=True)
     report = ServeSweepReport(out=out, total=len(tasks))
+    with exclusive(out):  # one sweep at a time per folder, serving or not
+        _run(report, tasks, executor, jobs, address, retry_failed, progress)
+    report.wall_s = time.perf_counter() - start
+    return report
+
+
+def _run(report: ServeSweepReport, tasks: list, executor, jobs, address, retry_failed: bool,
+         progress: bool) -> None:
+    """Skip the tasks with a row, run the others, write each row as it arrives (``run_serve_sweep``)."""
+    import sys
+
+    import pyarrow.parquet as pq
+    from tqdm import tqdm
+
+    from stepsim.base.files import write_parquet_atomic
+    from stepsim.batch.executor_factory import make_executor
+    from stepsim.batch.executors import default_jobs
+
+    out = report.out
     report.superseded = _remove_older_generations(out, tasks)
     rows = {}
     pending = []
@@ -342,6 +360,8 @@ def run_serve_sweep(spec: ServeSweepSpec, *, out=None, executor="local", jobs: i
             if owned else executor
         runner.task_function = serve_task
         report.executor = runner.describe()
+        bar = tqdm(total=len(pending), desc="serving sweep", unit="task", disable=not progress, file=sys.stderr,
+                   dynamic_ncols=True)
         stopped = True
         try:
             for task, outcome in runner.imap_unordered(pending):
@@ -349,14 +369,16 @@ def run_serve_sweep(spec: ServeSweepSpec, *, out=None, executor="local", jobs: i
                 write_parquet_atomic(table, part_file(out, task))
                 rows[task.key] = table.to_pylist()[0]
                 report.ran.append(task.key)
+                bar.update(1)
             stopped = False
         finally:
-            if owned:
-                runner.abort() if stopped else runner.close()
+            bar.close()
+            if owned and stopped:  # Ctrl-C, a lost worker: the rows written so far stay, a re-run resumes
+                runner.abort()
+            elif owned:
+                runner.close()
     report.rows = [(task, rows.get(task.key)) for task in tasks]
     report.failed = [task.key for task, row in report.rows if row is not None and row["status"] == "failed"]
-    report.wall_s = time.perf_counter() - start
-    return report
 
 
 def _remove_older_generations(out: Path, tasks: list) -> int:
@@ -369,6 +391,8 @@ def _remove_older_generations(out: Path, tasks: list) -> int:
     current = {canonical_json(t.config): t.run_id for t in tasks}
     removed = 0
     for path in sorted(out.glob("part-*.parquet")):
+        if "config" not in pq.read_schema(path).names:  # not a serving sweep's row
+            continue
         row = pq.read_table(path, columns=["run_id", "config"]).to_pylist()[0]
         run_id = current.get(row["config"])
         if run_id is not None and run_id != row["run_id"]:

@@ -211,3 +211,17 @@ def test_a_changed_request_file_replaces_the_rows_of_its_tasks(sweep, tmp_path, 
     assert len(rows) == 9 and not before & {r["run_id"] for r in rows}
     assert sorted(r["requests"] for r in rows if config_of(r)["max_seqs"] != 2) == [2] * 6
     assert sorted(r["requests"] for r in rows if config_of(r)["max_seqs"] == 2) == [6] * 3  # the other grid's
+
+
+def test_a_folder_another_sweep_holds_is_refused(sweep, tmp_path, capsys):
+    from stepsim.batch.runner import LOCK_NAME, exclusive
+
+    path = sweep()
+    (tmp_path / "out").mkdir()
+    with exclusive(tmp_path / "out"):
+        assert main(["sweep", str(path), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"stepsim: error: another stepsim sweep is writing into {tmp_path / 'out'} "
+                                       f"(lock {tmp_path / 'out' / LOCK_NAME} is held); wait for it to finish or "
+                                       "choose another output folder\n")
+    assert list((tmp_path / "out").glob("part-*")) == []
+    assert main(["sweep", str(path), "--no-progress", "--jobs", "1"]) == 0  # released
