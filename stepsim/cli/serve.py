@@ -60,8 +60,8 @@ def register(subparsers) -> None:
                         "over_time.png")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--timeline", metavar="PATH",
-                   help="Perfetto trace (.pftrace): one track per request (queued, prefill, decode), the steps, the "
-                        "waiting queue and the KV blocks in use")
+                   help="timeline: Perfetto protobuf (.pftrace) or Chrome JSON (.json, .json.gz); one track per "
+                        "request (queued, prefill, decode), the steps, the waiting queue and the KV blocks in use")
     p.set_defaults(handler=_serve, out_kind="dir")
 
 

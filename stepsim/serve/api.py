@@ -280,8 +280,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     address : str, optional
         Dask scheduler address (``tcp://host:8786``) for ``executor="dask"``.
     timeline : str or path, optional
-        Write a Perfetto timeline (``.pftrace`` / ``.perfetto-trace``): one track per request (queued, prefill,
-        decode), the steps (:mod:`stepsim.serve.timeline`).
+        Write a timeline, Perfetto protobuf (``.pftrace`` / ``.perfetto-trace``) or Chrome JSON (``.json`` /
+        ``.json.gz``): one track per request (queued, prefill, decode), the steps (:mod:`stepsim.serve.timeline`).
     calibration_cache : path, optional
         Folder of cached fast-fidelity calibrations (default ``$STEPSIM_SERVE_CACHE`` or
         ``~/.cache/stepsim/serve-calibration``).

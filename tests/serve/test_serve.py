@@ -160,8 +160,8 @@ def _error(capsys, argv):
     (["--executor", "dask"], "--executor is for the engine-backed latency (--fidelity exact|fast); "
                              "--iteration-latency does not simulate layers"),
     (["--address", "tcp://127.0.0.1:1"], "--address is only for --executor dask"),
-    (["--timeline", "t.json"], "--timeline t.json: a serve timeline is a Perfetto protobuf trace (use .pftrace or "
-                               ".perfetto-trace)"),
+    (["--timeline", "t.txt"], "--timeline t.txt: unknown trace format (use .pftrace or .perfetto-trace for "
+                              "Perfetto protobuf, .json or .json.gz for Chrome JSON)"),
     (["--scheduler", "orca", "--max-batch-tokens", "10"], "--max-batch-tokens is vLLM's token budget; orca has none "
                                                           "(it never chunks)"),
 ])

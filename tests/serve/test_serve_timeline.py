@@ -54,6 +54,12 @@ def test_timeline_follows_the_tables_and_reruns_give_the_same_bytes(tmp_path):
     stepsim.serve(MODEL, trace, timeline=tmp_path / "b.perfetto-trace", **kw)
     assert (tmp_path / "a.pftrace").read_bytes() == (tmp_path / "b.perfetto-trace").read_bytes()
     tl = read_timeline(tmp_path / "a.pftrace")
+    # the Chrome JSON forms hold the same tracks, slices and counters, and rerun to the same bytes too
+    for name in ("c.json", "d.json.gz"):
+        stepsim.serve(MODEL, trace, timeline=tmp_path / name, **kw)
+        stepsim.serve(MODEL, trace, timeline=tmp_path / f"again-{name}", **kw)
+        assert (tmp_path / name).read_bytes() == (tmp_path / f"again-{name}").read_bytes()
+        assert read_timeline(tmp_path / name) == tl
     req, it = r.requests.to_pydict(), r.iterations.to_pydict()
     ns = lambda s: int(round(s * 1e9))  # noqa: E731
     for i, rid in enumerate(req["request_id"]):
@@ -84,6 +90,10 @@ def test_exact_run_annotates_each_step_with_its_cycles(tmp_path):
                                "cycles_ffn", "cycles_weights")} for i in range(len(steps))]
     assert [s[2] - s[1] for s in steps] == [sum(it[f"cycles_{k}"][i] for k in ("attention", "ffn", "weights"))
                                             for i in range(len(steps))]  # 1 GHz: 1 cycle = 1 ns
+    from stepsim.serve.timeline import write_timeline
+
+    write_timeline(tmp_path / "x.json", r.requests, r.iterations)
+    assert read_timeline(tmp_path / "x.json") == read_timeline(tmp_path / "x.pftrace")
 
 
 def test_cli_writes_the_timeline_and_refuses_other_formats_before_work(tmp_path, capsys):
@@ -93,9 +103,9 @@ def test_cli_writes_the_timeline_and_refuses_other_formats_before_work(tmp_path,
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"{tmp_path / 's.pftrace'}")
     assert read_timeline(tmp_path / "s.pftrace")["slices"]["request 0"][1] == ("prefill", 0, 15_625_000, {})
     with pytest.raises(ConfigError) as e:
-        stepsim.serve(MODEL, trace, iteration_latency=T, out=tmp_path / "p", timeline=tmp_path / "s.json")
-    assert str(e.value) == (f"--timeline {tmp_path / 's.json'}: a serve timeline is a Perfetto protobuf trace (use "
-                            ".pftrace or .perfetto-trace)")
+        stepsim.serve(MODEL, trace, iteration_latency=T, out=tmp_path / "p", timeline=tmp_path / "s.txt")
+    assert str(e.value) == (f"--timeline {tmp_path / 's.txt'}: unknown trace format (use .pftrace or "
+                            ".perfetto-trace for Perfetto protobuf, .json or .json.gz for Chrome JSON)")
     assert not (tmp_path / "p").exists()
 
 
