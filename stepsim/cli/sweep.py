@@ -29,9 +29,10 @@ def register(subparsers) -> None:
                     "knobs (stepsim.serve.sweep).",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_file", metavar="SWEEP.toml", help="the sweep file")
-    from stepsim.cli.args import add_jobs_argument
+    from stepsim.cli.args import add_force_argument, add_jobs_argument
 
     add_jobs_argument(p, "the runs", dask=True)
+    add_force_argument(p)
     p.add_argument("--executor", choices=EXECUTORS,
                    help="local worker processes (default) or a dask.distributed cluster (default with --address)")
     p.add_argument("--address", metavar="ADDR",
@@ -79,7 +80,7 @@ def _sweep(args) -> int:
             check_not_pseudo(args.out or spec.out, "--out" if args.out else f"{spec.source}: out")
         report = run_sweep(spec, out=args.out, executor=executor, jobs=args.jobs, address=args.address,
                            fail_fast=args.fail_fast, retry_failed=args.retry_failed,
-                           progress=not args.no_progress, yes=args.yes)
+                           progress=not args.no_progress, yes=args.yes, force=args.force)
     except KeyboardInterrupt as exc:  # before any task ran (expanding, hashing traces, starting workers)
         return stopped_status(reason(exc))
     except SweepStopped as stop:
@@ -99,10 +100,12 @@ def _serve_sweep(args, data: dict, executor: str) -> int:
     from stepsim.serve.sweep import format_report, iter_tasks, parse_serve_sweep, run_serve_sweep
 
     spec = parse_serve_sweep(data, source=args.sweep_file)
-    if args.fail_fast:
-        from stepsim.base.errors import ConfigError
+    from stepsim.base.errors import ConfigError
 
+    if args.fail_fast:
         raise ConfigError("--fail-fast is not supported by serving sweeps (every task runs; failures are rows)")
+    if getattr(args, "force", False):
+        raise ConfigError("--force lifts the run-size limit of workload sweeps; a serving sweep has none")
     if args.dry_run:
         from itertools import islice
 

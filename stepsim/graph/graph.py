@@ -132,7 +132,7 @@ class Op:
         expert after padding removal). The rank must stay the same; use it before building consumers.
         """
         old = self.outputs[index]
-        new = Stream(old.dtype, tuple(shape))
+        new = Stream(old.dtype, tuple(shape), old.layout)
         if new.rank != old.rank:
             raise self._error(ArgumentError, f"assume_shape cannot change rank: {old} -> {new}")
         self.outputs[index] = new
@@ -140,7 +140,18 @@ class Op:
     def assume_dtype(self, index: int, dtype) -> None:
         """Replace output ``index``'s element type by an equivalent, more precise one (see assume_shape)."""
         old = self.outputs[index]
-        self.outputs[index] = Stream(dtype, old.shape)
+        self.outputs[index] = Stream(dtype, old.shape, old.layout)
+
+    def assume_layout(self, index: int, layout) -> None:
+        """Annotate output ``index`` with the :class:`~stepsim.graph.layout.Layout` of the tiles it carries (what
+        a builder knows beyond the shape rules, e.g. an ONNX activation's). The layout must carry as many tiles
+        as the stream has elements, when that count is a number."""
+        old = self.outputs[index]
+        total = old.total_elements()
+        if layout is not None and isinstance(total, int) and total != layout.num_tiles:
+            raise self._error(ArgumentError, f"output {index} {old} has {total} elements; layout {layout} carries "
+                                             f"{layout.num_tiles} tiles")
+        self.outputs[index] = Stream(old.dtype, old.shape, layout)
 
     @property
     def stream(self) -> Stream:
@@ -279,6 +290,23 @@ class Graph:
 
     def connect(self, placeholder: Placeholder, source) -> None:
         """Replace every use of ``placeholder`` by ``source`` (which must have the same stream type)."""
+        self.connect_all([(placeholder, source)])
+
+    def connect_all(self, pairs) -> None:
+        """:meth:`connect` for many ``(placeholder, source)`` pairs in one pass over the operators (one pass
+        each made a network of many transfers quadratic to build)."""
+        refs = {}
+        for placeholder, source in pairs:
+            refs[id(placeholder)] = self._checked_connection(placeholder, source)
+        for op in self.ops:
+            if any(id(r.op) in refs for r in op.inputs):
+                op.inputs = [refs.get(id(r.op), r) for r in op.inputs]
+        self.ops[:] = [op for op in self.ops if id(op) not in refs]
+        self._broadcasts_inserted = False
+        self._consumers = None
+
+    def _checked_connection(self, placeholder: Placeholder, source):
+        """The output ``source`` resolves to, after checking it may close ``placeholder`` (marked connected)."""
         if not isinstance(placeholder, Placeholder) or placeholder.graph is not self:
             raise GraphError(f"connect: {placeholder!r} is not a placeholder of graph {self.name!r}")
         if placeholder.connected_to is not None:
@@ -292,11 +320,7 @@ class Graph:
                 GraphError, f"placeholder expects {want} but {ref} produces {got}; a cycle must close on the same type"
             )
         placeholder.connected_to = ref
-        for op in self.ops:
-            op.inputs = [ref if (r.op is placeholder) else r for r in op.inputs]
-        self.ops.remove(placeholder)
-        self._broadcasts_inserted = False
-        self._consumers = None
+        return ref
 
     # --- queries ----------------------------------------------------------------------------------------
     def __iter__(self):

@@ -132,11 +132,11 @@ def _first_line(message: str | None) -> str | None:
     return message.splitlines()[0] if message else message
 
 
-def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list):
+def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list, force: bool = False):
     from stepsim.batch.config import DEFAULT_REPORT, SweepSpec
 
     return SweepSpec(source=source, workload=workload, mode=mode, out=None, fixed=fixed, grids=tuple(grids),
-                     partition_by=("workload",), report=DEFAULT_REPORT[mode], max_tasks=None)
+                     partition_by=("workload",), report=DEFAULT_REPORT[mode], max_tasks=None, force=force)
 
 
 def _run_rows(spec, out: Path, runner, progress: bool) -> tuple[dict, int]:
@@ -273,13 +273,15 @@ def next_round(remaining: list, round_size: int) -> list:
 
 
 def simulate_rounds(state: SearchState, base: dict, *, out: Path, runner, source: Path,
-                    round_size: int = ROUND_SIZE) -> None:
-    """Simulate the promising candidates in rounds on ``runner``, pruning before each (module docstring)."""
+                    round_size: int = ROUND_SIZE, force: bool = False) -> None:
+    """Simulate the promising candidates in rounds on ``runner``, pruning before each (module docstring);
+    ``force``: simulate those the run-size estimate refuses (else each is a failed candidate naming it)."""
     workload = base["workload"]
 
     def simulate(batch: list) -> None:
         grids = [{k: (v,) for k, v in c.config.items() if k != "workload"} for c in batch]
-        rows, ran = _run_rows(_spec(source, workload, "simulate", {}, grids), out / RUNS_DIR, runner, progress=False)
+        rows, ran = _run_rows(_spec(source, workload, "simulate", {}, grids, force), out / RUNS_DIR, runner,
+                              progress=False)
         state.simulated_now += ran
         for c in batch:
             status, row, error = rows[c.run_id]

@@ -231,9 +231,11 @@ def iter_tasks(spec: ServeSweepSpec):
             index += 1
 
 
-def serve_task(config: dict) -> dict:
+def serve_task(config: dict, force: bool = False) -> dict:
     """What a worker runs for one task: :func:`stepsim.serve` with the task's knobs, its record row or the
-    error (a StepsimError, or any other exception with its traceback, is a failed outcome, never raised)."""
+    error (a StepsimError, or any other exception with its traceback, is a failed outcome, never raised).
+    ``force`` is the executors' second argument (the workload sweeps' run-size ``--force``); a serving sweep
+    refuses ``--force`` (stepsim.cli.sweep), so it is always False here."""
     import traceback
 
     from stepsim.base.files import file_sha256

@@ -59,7 +59,7 @@ KNOBS: tuple[str, ...] = (
     "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
     "fifo_depths", "hardware", "convention", "program", "routing", "kv_lengths", "kv_heads",
-    "op", "bytes", "algorithm", "system", "ep", "placement",
+    "op", "bytes", "algorithm", "system", "ep", "placement", "tp",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -82,7 +82,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 INT_MINIMUM: dict[str, int] = {
     "hidden": 1, "intermediate": 1, "experts": 1, "top_k": 1, "iteration": 0, "layer": 0, "batch_id": 0,
     "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1, "kv_heads": 1,
-    "bytes": 1, "ep": 1,
+    "bytes": 1, "ep": 1, "tp": 1,
 }
 #: largest value of every int knob: sizes, tiles, depths and FLOP rates beyond it would overflow the engine's
 #: int64 arithmetic (products of a tile and a dimension) long before they meant anything
@@ -169,6 +169,16 @@ def _check_applicable(cfg: dict, source: str | None) -> None:
         if cfg.get(key) is not None and workload not in workloads:
             raise ConfigError(f"{_prefix(source)}{_key(key, source)} does not apply to workload {workload!r} "
                               f"(it applies to: {', '.join(workloads)})")
+    if workload == "program" and not str(cfg.get("program") or "").endswith(".onnx"):
+        for key in ("trace", "iteration", "layer"):
+            if cfg.get(key) is not None:
+                raise ConfigError(f"{_prefix(source)}{_key(key, source)} applies to a program only when it is an "
+                                  f"ONNX model (.onnx: the routing of its MoE blocks), got {cfg.get('program')!r}")
+    if workload == "program" and cfg.get("trace") is None:
+        for key in ("iteration", "layer"):
+            if cfg.get(key) is not None:  # no bundled trace for a model file: nothing to pick a batch from
+                raise ConfigError(f"{_prefix(source)}{_key(key, source)} picks a batch of the routing trace; "
+                                  f"give the trace with {_key('trace', source)}")
     if workload not in ("moe", "decoder"):
         return
     if workload == "moe" and cfg.get("model") != "custom":
@@ -235,8 +245,10 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
 # --- building ---------------------------------------------------------------------------------------------
 def resolved_trace(cfg: Mapping) -> str | None:
     """Trace path a normalized config reads: its ``trace``, else the bundled one (a routing trace per model,
-    one decode batch for attention); None for a kind that reads no trace."""
+    one decode batch for attention); None for a kind that reads no trace (and for a program not given one)."""
     slot = KINDS[cfg["workload"]].trace
+    if cfg["workload"] == "program":  # an ONNX model's routing trace, when given (no bundled one)
+        return cfg.get("trace")
     if slot is None:
         return None
     if cfg["workload"] == "decoder":  # its routing slot (the KV lengths enter the identity beside it)

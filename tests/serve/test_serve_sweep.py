@@ -227,8 +227,11 @@ def test_a_folder_another_sweep_holds_is_refused(sweep, tmp_path, capsys):
     assert main(["sweep", str(path), "--no-progress", "--jobs", "1"]) == 0  # released
 
 
-def test_fail_fast_is_refused_for_a_serving_sweep(sweep, tmp_path, capsys):
+def test_fail_fast_and_force_are_refused_for_a_serving_sweep(sweep, tmp_path, capsys):
     assert main(["sweep", str(sweep()), "--fail-fast"]) == 2
     assert capsys.readouterr().err == ("stepsim: error: --fail-fast is not supported by serving sweeps (every task "
                                        "runs; failures are rows)\n")
+    assert main(["sweep", str(sweep()), "--force"]) == 2
+    assert capsys.readouterr().err == ("stepsim: error: --force lifts the run-size limit of workload sweeps; a "
+                                       "serving sweep has none\n")
     assert not (tmp_path / "out").exists()

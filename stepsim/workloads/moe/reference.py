@@ -182,6 +182,10 @@ def _moe_expert_weights(seed: int, experts: int, d: int, f: int):
     return gate, up, down
 
 
+#: tensors sharded over the chips by expert parallelism (chip c holds rows ``shard_bounds[c]..`` as ``<name>.<c>``)
+SHARDED = ("x", "routing_weights")
+
+
 def inputs(w: Workload, seed: int) -> dict:
     p = w.params
     b, d, f, k, experts, regions = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"], p["regions"]
@@ -197,36 +201,78 @@ def inputs(w: Workload, seed: int) -> dict:
         arrays.update({"shared_gate": seeded_normal(seed, "shared_gate", (d, fs), d ** -0.5, bf16=True),
                        "shared_up": seeded_normal(seed, "shared_up", (d, fs), d ** -0.5, bf16=True),
                        "shared_down": seeded_normal(seed, "shared_down", (fs, d), fs ** -0.5, bf16=True)})
-    if regions == experts:
+    if "shard_bounds" in p:  # expert parallel: each chip holds its shard of the batch (moe/sharded.py)
+        arrays = {f"{name}.{c}": a[lo:hi] for name, a in arrays.items() if name in SHARDED
+                  for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:]))} | \
+            {name: a for name, a in arrays.items() if name not in SHARDED}
+    tp = p.get("tp")
+    if tp is not None:  # chip c: columns c F/N.. of every gate / up projection, those rows of down (build.py)
+        shared = {name: arrays.pop(name) for name in ("shared_gate", "shared_up", "shared_down") if name in arrays}
+        for c in range(tp):
+            cols, shared_cols = slice(c * f // tp, (c + 1) * f // tp), slice(c * fs // tp, (c + 1) * fs // tp)
+            for e in range(experts):
+                arrays.update({f"expert{e:03d}_gate.{c}": gate[e][:, cols], f"expert{e:03d}_up.{c}": up[e][:, cols],
+                               f"expert{e:03d}_down.{c}": down[e][cols]})
+            if shared:
+                arrays.update({f"shared_gate.{c}": shared["shared_gate"][:, shared_cols],
+                               f"shared_up.{c}": shared["shared_up"][:, shared_cols],
+                               f"shared_down.{c}": shared["shared_down"][shared_cols]})
+    elif regions == experts:
         for e in range(experts):
             arrays.update({f"expert{e:03d}_gate": gate[e], f"expert{e:03d}_up": up[e],
                            f"expert{e:03d}_down": down[e]})
     else:
         m = experts // regions
-        for r in range(regions):
-            members = slice(r * m, (r + 1) * m)
+        for r, members in enumerate(_region_members(p)):
             arrays.update({f"region{r:03d}_gate": gate[members].reshape(m * d, f),
                            f"region{r:03d}_up": up[members].reshape(m * d, f),
                            f"region{r:03d}_down": down[members].reshape(m * f, d)})
     return arrays
 
 
+def _region_members(p) -> list:
+    """Each time-multiplexed region's experts: contiguous blocks, or with ``--ep`` each chip's experts."""
+    experts, regions = p["experts"], p["regions"]
+    m = experts // regions
+    return p.get("region_experts") or [list(range(r * m, (r + 1) * m)) for r in range(regions)]
+
+
 def outputs(workload: Workload, inputs: dict) -> dict:
     who, p = "workload_reference", workload.params
     experts, regions, d, f = p["experts"], p["regions"], p["hidden"], p["intermediate"]
-    if regions == experts:
+    tp = p.get("tp")
+    if tp is not None:  # the chips' column shards put back together
+        stacks = [np.stack([np.concatenate([take_input(inputs, f"expert{e:03d}_{part}.{c}", who) for c in range(tp)],
+                                           axis=0 if part == "down" else 1) for e in range(experts)])
+                  for part in ("gate", "up", "down")]
+    elif regions == experts:
         stacks = [np.stack([take_input(inputs, f"expert{e:03d}_{part}", who) for e in range(experts)])
                   for part in ("gate", "up", "down")]
     else:
         m = experts // regions
+        order = np.argsort(np.concatenate(_region_members(p)), kind="stable")  # region-major rows -> expert order
         stacks = [np.concatenate([np.asarray(take_input(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
-                                  for r in range(regions)])
+                                  for r in range(regions)])[order]
                   for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
-    shared = ([take_input(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
-              if p.get("shared_intermediate") else None)
-    y = moe_reference(take_input(inputs, "x", who), workload_trace(workload, "routing"), take_input(inputs, "routing_weights", who),
-                      *stacks, shared=shared)
-    return {"y": y}
+    shared = None
+    if p.get("shared_intermediate") and tp is not None:
+        shared = [np.concatenate([take_input(inputs, f"shared_{part}.{c}", who) for c in range(tp)],
+                                 axis=0 if part == "down" else 1) for part in ("gate", "up", "down")]
+    elif p.get("shared_intermediate"):
+        shared = [take_input(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
+    bounds = p.get("shard_bounds")
+    if bounds is None:
+        x, gate_weights = take_input(inputs, "x", who), take_input(inputs, "routing_weights", who)
+    else:
+        x, gate_weights = (np.concatenate([take_input(inputs, f"{name}.{c}", who) for c in range(len(bounds) - 1)])
+                           for name in SHARDED)
+    y = moe_reference(x, workload_trace(workload, "routing"), gate_weights, *stacks, shared=shared)
+    if tp is not None:  # after the all-reduce every chip c holds rows k B/N.. of y as y<c>.<k>
+        rows = y.shape[0] // tp
+        return {f"y{c}.{k}": y[k * rows:(k + 1) * rows] for c in range(tp) for k in range(tp)}
+    if bounds is None:
+        return {"y": y}
+    return {f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))}
 
 
 def reduction_length(workload: Workload, name: str) -> int:
