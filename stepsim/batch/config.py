@@ -50,7 +50,8 @@ EXTRA_TOP_LEVEL_KEYS = ("max_tasks",)
 #: grids larger than this need ``--yes`` (``run_sweep(yes=True)``) or a ``max_tasks`` key at least as large
 DEFAULT_MAX_TASKS = 10_000
 RANGE_KEYS = ("start", "stop", "step", "factor")
-#: knobs whose values are files (a hardware knob is a file only when it names a ``.toml``, else a preset)
+#: knobs whose values are files (a hardware knob is a file only when it names a ``.toml``, else a preset; a
+#: serving sweep's ``routing`` only when it is not ``synthetic``)
 PATH_KEYS = ("trace", "hardware", "fifo_depths", "routing", "kv_lengths")
 #: result columns shown at the end of a sweep when the file has no ``report`` key
 DEFAULT_REPORT = {"metrics": ("off_chip_bytes", "on_chip_bytes", "flops"),
@@ -150,23 +151,7 @@ def parse_sweep(data: Mapping, *, source: str | Path) -> SweepSpec:
     if out is not None and not (isinstance(out, str) and out):
         raise ConfigError(f"{source}: out must be a folder path (a non-empty string), got {out!r}")
 
-    fixed_raw = _table(data.get("fixed", {}), source, where="[fixed]")
-    axes_raw = data.get("axes", {})
-    axes_tables = axes_raw if isinstance(axes_raw, list) else [axes_raw]
-    if not axes_tables:
-        raise ConfigError(f"{source}: [[axes]] is an empty list; leave axes out for a single task")
-    knobs = _knob_keys()
-    _check_keys(fixed_raw, knobs, source, where="[fixed]")
-    fixed = {k: _resolve_value(k, v, base, source, where="[fixed]") for k, v in fixed_raw.items()}
-    grids = []
-    for number, table in enumerate(axes_tables, start=1):
-        where = "[axes]" if len(axes_tables) == 1 else f"[[axes]] #{number}"
-        table = _table(table, source, where=where)
-        _check_keys(table, knobs, source, where=where)
-        both = [k for k in table if k in fixed_raw]
-        if both:
-            raise ConfigError(f"{source}: key {both[0]!r} is both in [fixed] and in {where}; keep one")
-        grids.append({k: _axis_values(k, v, base, source, where=f"{where} {k}") for k, v in table.items()})
+    fixed, grids = parse_grid(data, _knob_keys(), source)
 
     task_keys = (*TASK_KEYS, *fixed, *dict.fromkeys(k for grid in grids for k in grid))
     partition_by = _string_list(data, "partition_by", source, default=("workload",))
@@ -186,6 +171,35 @@ def parse_sweep(data: Mapping, *, source: str | Path) -> SweepSpec:
         raise ConfigError(f"{source}: max_tasks must be an int >= 1, got {max_tasks!r}")
     return SweepSpec(source=source, workload=workload, mode=mode, out=(base / out) if out else None, fixed=fixed,
                      grids=tuple(grids), partition_by=partition_by, report=report, max_tasks=max_tasks)
+
+
+def parse_grid(data: Mapping, knobs, source: Path) -> tuple[dict, list]:
+    """``(fixed, grids)`` of a sweep file's ``[fixed]`` and ``[axes]`` / ``[[axes]]`` tables: every key one of
+    ``knobs``, file paths made absolute against ``source``'s folder, axes as value tuples (shared by the
+    workload sweeps and ``stepsim.serve.sweep``)."""
+    base = Path(source).resolve().parent
+    fixed_raw = _table(data.get("fixed", {}), source, where="[fixed]")
+    axes_raw = data.get("axes", {})
+    axes_tables = axes_raw if isinstance(axes_raw, list) else [axes_raw]
+    if not axes_tables:
+        raise ConfigError(f"{source}: [[axes]] is an empty list; leave axes out for a single task")
+    _check_keys(fixed_raw, knobs, source, where="[fixed]")
+    fixed = {k: _resolve_value(k, v, base, source, where="[fixed]") for k, v in fixed_raw.items()}
+    grids = []
+    for number, table in enumerate(axes_tables, start=1):
+        where = "[axes]" if len(axes_tables) == 1 else f"[[axes]] #{number}"
+        table = _table(table, source, where=where)
+        _check_keys(table, knobs, source, where=where)
+        both = [k for k in table if k in fixed_raw]
+        if both:
+            raise ConfigError(f"{source}: key {both[0]!r} is both in [fixed] and in {where}; keep one")
+        grids.append({k: _axis_values(k, v, base, source, where=f"{where} {k}") for k, v in table.items()})
+    return fixed, grids
+
+
+def check_keys(data: Mapping, known, source: Path, *, where: str = "") -> None:
+    """Every key of ``data`` is one of ``known``; else a ConfigError naming the key, ``where`` and the file."""
+    _check_keys(data, known, source, where=where)
 
 
 # --- pieces ---------------------------------------------------------------------------------------------
@@ -243,6 +257,10 @@ def _is_path_value(key: str, value) -> bool:
     # naming a Hugging Face config.json is a path too (a preset name or alias is not)
     if key == "model":
         return isinstance(value, str) and value.lower().endswith(".json")
+    if key == "routing" and value == "synthetic":
+        return False
+    if key == "requests":  # a serving sweep's request trace (stepsim.serve.sweep)
+        return isinstance(value, str)
     return key in PATH_KEYS and isinstance(value, str) and (key != "hardware" or value.endswith(".toml"))
 
 

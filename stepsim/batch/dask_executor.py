@@ -71,9 +71,14 @@ class DaskExecutor(WindowedExecutor):
         if warm_kernels:
             self._client.register_plugin(LoadKernels(), name="stepsim-load-kernels")
 
+    @property
+    def client(self) -> Client:
+        """The cluster's client (for callers that submit their own functions: ``stepsim serve``'s layers)."""
+        return self._client
+
     def _submit(self, task: Task):
         # pure=False: a re-submitted task must run again, not be served from the scheduler's memory
-        return self._client.submit(run_task, task.config, task.force, pure=False)
+        return self._client.submit(self.task_function or run_task, task.config, task.force, pure=False)
 
     def _wait_first(self, futures: list) -> Iterable:
         done, _ = wait(futures, return_when="FIRST_COMPLETED")

@@ -55,6 +55,9 @@ class WindowedExecutor(ABC):
 
     name = ""
     jobs = 1
+    #: what a worker runs for a task's config; None: :func:`stepsim.batch.tasks.run_task` (a run record). A
+    #: driver above batch (``stepsim.serve.sweep``) sets its own module-level function (picklable by reference)
+    task_function = None
 
     @abstractmethod
     def _submit(self, task: Task):
@@ -142,7 +145,7 @@ class LocalExecutor(WindowedExecutor):
 
     def _submit(self, task: Task):
         try:
-            return self._pool.submit(run_task, task.config, task.force)
+            return self._pool.submit(self.task_function or run_task, task.config, task.force)
         except BrokenProcessPool as exc:  # a worker died between two submissions
             raise self._lost(task) from exc
 

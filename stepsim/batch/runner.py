@@ -382,6 +382,12 @@ def _check_layout(out: Path, task: Task, found: Path, partition_by) -> None:
                           f"keep the same partition_by for a folder, or write to another one")
 
 
+def exclusive(out: Path):
+    """Hold the sweep lock of folder ``out`` for a ``with`` block (a ConfigError when another sweep holds it);
+    serving sweeps (``stepsim.serve.sweep``) take the same lock."""
+    return _exclusive(out)
+
+
 @contextmanager
 def _exclusive(out: Path):
     """Hold an exclusive lock on ``out`` for the sweep (released by the OS if the process dies).

@@ -15,18 +15,30 @@ def _compare_cmd(args) -> int:
     return 1 if res["regressed"] else 0
 
 
+def _threshold(text: str) -> float:
+    """``--threshold``: a ratio (``0.05``) or a percentage (``5%``), as a ratio; compare() checks the range."""
+    import argparse
+
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a ratio (0.05) or a percentage (5%), got {text!r}") from None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare two result sets; exit 1 when a metric got worse",
                               description="Compare run records (run --out folders, sweep folders or Parquet files).")
     records = ("a run folder (stepsim run --out), a sweep or optimize folder, or a Parquet file of run records; "
-               "records are paired by their configuration (run id)")
+               "or a stepsim serve --out folder, or a folder of them; records are paired by their configuration")
     p.add_argument("baseline", metavar="BASELINE", help=f"the reference results: {records}")
     p.add_argument("candidate", metavar="CANDIDATE", help="the results checked against BASELINE (same kinds)")
     p.add_argument("--metric", action="append", metavar="M",
                    help="metric column to compare (repeatable; default cycles, off_chip_bytes, on_chip_bytes, "
-                        "compute_utilization, off_chip_bw_utilization)")
-    p.add_argument("--threshold", type=float, default=0.01,
-                   help="relative worsening that fails the comparison (ratio; default 0.01 = 1 %%)")
+                        "compute_utilization, off_chip_bw_utilization; for serve runs ttft_s.p99, tpot_s.p99, "
+                        "e2e_s.p99, throughput_tokens_per_s)")
+    p.add_argument("--threshold", type=_threshold, default=0.01,
+                   help="relative worsening that fails the comparison: a ratio (default 0.01 = 1 %%) or a "
+                        "percentage with %% (5%%)")
     p.add_argument("--allow-missing", action="store_true",
                    help="baseline configurations the candidate lacks do not fail the comparison (they are listed)")
     fmt = p.add_mutually_exclusive_group()

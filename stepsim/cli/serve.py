@@ -48,7 +48,10 @@ def register(subparsers) -> None:
     p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e)")
     parallel = p.add_mutually_exclusive_group()
     parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency)")
-    parallel.add_argument("--executor", choices=("dask",), help="run layer simulations on Dask")
+    parallel.add_argument("--executor", choices=("dask",),
+                          help="run the layers of a step on a dask.distributed cluster (a local one, one worker "
+                               "process per CPU, or the scheduler at --address); outputs identical to --jobs 1")
+    p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (tcp://host:8786) for --executor dask")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of --arrival poisson (default 0)")
     p.add_argument("--iteration-latency", type=float, metavar="SECONDS",
                    help="every scheduler step takes SECONDS (instead of the engine)")
@@ -56,7 +59,9 @@ def register(subparsers) -> None:
                    help="output folder: requests.parquet, iterations.parquet, summary.json, latency_cdf.png, "
                         "over_time.png")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--timeline", metavar="PATH", help="Perfetto timeline (not built yet)")
+    p.add_argument("--timeline", metavar="PATH",
+                   help="timeline: Perfetto protobuf (.pftrace) or Chrome JSON (.json, .json.gz); one track per "
+                        "request (queued, prefill, decode), the steps, the waiting queue and the KV blocks in use")
     p.set_defaults(handler=_serve, out_kind="dir")
 
 
@@ -75,7 +80,7 @@ def _serve(args) -> int:
                    limit_requests=args.limit_requests, duration=args.duration, hardware=args.hardware,
                    scheduler=args.scheduler, max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens,
                    chunk_tokens=args.chunk_tokens, routing=args.routing, fidelity=args.fidelity, slo=args.slo,
-                   jobs=args.jobs, executor=args.executor, seed=args.seed,
+                   jobs=args.jobs, executor=args.executor, address=args.address, seed=args.seed,
                    iteration_latency=args.iteration_latency, timeline=args.timeline)
     s = result.summary
     if args.json:

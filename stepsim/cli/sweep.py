@@ -5,6 +5,9 @@ Exit status: 0 when every task of the sweep has an ok row; 1 when the sweep comp
 that died, a ``--fail-fast`` stop); 130 on Ctrl-C (SIGINT), 143 on SIGTERM, each after writing the rows of the
 finished tasks. After a stop, running the same command again resumes.
 
+A sweep file with ``workload = "serve"`` runs ``stepsim serve`` over a grid of serving knobs instead
+(:mod:`stepsim.serve.sweep`): one row per task with the run's summary metrics, resumable the same way.
+
 A grid of more than 10,000 points (or the sweep file's ``max_tasks``) runs only with ``--yes``; ``--dry-run``
 prints the task count and the first tasks and runs nothing.
 """
@@ -22,7 +25,8 @@ def register(subparsers) -> None:
         "sweep", help="run a parameter sweep from a TOML file (parallel, resumable)",
         description="Expand a sweep file into tasks, skip those whose result file exists, run the rest in "
                     "parallel and write one Parquet row per task into a hive-partitioned folder. "
-                    "Sweep file format: see stepsim.batch.config.",
+                    "Sweep file format: see stepsim.batch.config; workload = \"serve\" sweeps stepsim serve's "
+                    "knobs (stepsim.serve.sweep).",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_file", metavar="SWEEP.toml", help="the sweep file")
     from stepsim.cli.args import add_force_argument, add_jobs_argument
@@ -60,6 +64,11 @@ def _sweep(args) -> int:
         raise ConfigError("--address is only for --executor dask")
     if args.jobs is not None:
         check_jobs(args.jobs)  # before anything is read, expanded or drawn
+    from stepsim.serve.sweep import is_serve_sweep, read_toml
+
+    data = read_toml(args.sweep_file)
+    if is_serve_sweep(data):
+        return _serve_sweep(args, data, executor)
     try:
         spec = load_sweep(args.sweep_file)
         if args.dry_run:
@@ -82,6 +91,42 @@ def _sweep(args) -> int:
         print(format_summary(stop.report))
         raise  # printed by stepsim.cli as "stepsim: error: ..." with exit status 2
     print(format_summary(report))
+    return 1 if report.failed else 0
+
+
+def _serve_sweep(args, data: dict, executor: str) -> int:
+    """``workload = "serve"``: a grid of stepsim serve runs (:mod:`stepsim.serve.sweep`)."""
+    from stepsim.base.signals import reason, stopped_status
+    from stepsim.serve.sweep import format_report, iter_tasks, parse_serve_sweep, run_serve_sweep
+
+    spec = parse_serve_sweep(data, source=args.sweep_file)
+    from stepsim.base.errors import ConfigError
+
+    if args.fail_fast:
+        raise ConfigError("--fail-fast is not supported by serving sweeps (every task runs; failures are rows)")
+    if getattr(args, "force", False):
+        raise ConfigError("--force lifts the run-size limit of workload sweeps; a serving sweep has none")
+    if args.dry_run:
+        from itertools import islice
+
+        folder = args.out if args.out is not None else spec.out
+        lines = [f"sweep {spec.source} -> {folder if folder is not None else '(no out: pass --out)'}",
+                 f"  tasks      {spec.points:,} grid point(s) in {len(spec.grids)} grid(s); serving"]
+        first = list(islice(iter_tasks(spec), DRY_RUN_TASKS))
+        lines.append(f"  first {len(first)} task(s):")
+        lines += [f"  {t.index:>6}  {t.key}  {t.label(spec.axes) or '(fixed knobs only)'}" for t in first]
+        print("\n".join(lines))
+        return 0
+    if (args.out or spec.out) is not None:
+        from stepsim.base.outputs import check_not_pseudo
+
+        check_not_pseudo(args.out or spec.out, "--out" if args.out else f"{spec.source}: out")
+    try:
+        report = run_serve_sweep(spec, out=args.out, executor=executor, jobs=args.jobs, address=args.address,
+                                 retry_failed=args.retry_failed, yes=args.yes, progress=not args.no_progress)
+    except KeyboardInterrupt as exc:  # the rows of finished tasks are written; a re-run resumes
+        return stopped_status(reason(exc))
+    print(format_report(report, spec.axes))
     return 1 if report.failed else 0
 
 

@@ -7,8 +7,9 @@ loop), :mod:`~stepsim.serve.metrics` (vLLM's benchmark metrics), :mod:`~stepsim.
 :mod:`~stepsim.serve.layers` (a serving layer's graphs, built once per shape and rebound per step),
 :mod:`~stepsim.serve.routing` (per-token expert routing: replayed or the fitted synthetic model),
 :mod:`~stepsim.serve.exact` and :mod:`~stepsim.serve.fast` (the engine-backed providers),
-:mod:`~stepsim.serve.figures` (the latency CDFs), :mod:`~stepsim.serve.api` (:func:`serve`); the command is
-:mod:`stepsim.cli.serve`. Rules and sources: docs/serving.md.
+:mod:`~stepsim.serve.figures` (the latency CDFs), :mod:`~stepsim.serve.timeline` (the Perfetto trace),
+:mod:`~stepsim.serve.dask_layers` (a step's layers on Dask), :mod:`~stepsim.serve.sweep` (serving sweeps through
+``stepsim sweep``), :mod:`~stepsim.serve.api` (:func:`serve`); the command is :mod:`stepsim.cli.serve`. Rules and sources: docs/serving.md.
 
 >>> import stepsim
 >>> r = stepsim.serve("qwen3-30b-a3b", "trace.csv", iteration_latency=0.02)   # doctest: +SKIP

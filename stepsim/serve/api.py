@@ -38,13 +38,6 @@ DEFAULT_HARDWARE = "sn40l"
 #: its HBM capacity (bytes): 64 GiB
 DEFAULT_HBM_BYTES = 64 * 2**30
 
-#: parts of issue 32 not built yet, by parameter: each refuses with one line instead of being ignored
-NOT_BUILT = {
-    "executor": "--executor: Dask for the layer simulations is not built yet; use --jobs N",
-    "timeline": "--timeline: the Perfetto timeline of a serve run is not built yet",
-}
-
-
 @dataclass
 class ServeResult:
     """A serve run: ``summary`` (the ``--json`` object), ``requests`` and ``iterations`` tables, the files."""
@@ -164,7 +157,7 @@ def _routing_identity(routing) -> dict:
 
 
 def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                  jobs: int | None, key_parts: dict, cache, pilot):
+                  jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None):
     """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
     ``pilot(provider)`` replays the run with a provider."""
     from stepsim.serve.fast import (
@@ -190,7 +183,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
             built["forms"] = {kind: metric_forms(kind, engine.spec) for kind in KINDS}
         forms = forms or built["forms"]
         return FastLatency(model, hardware, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
-                           forms=forms, theta=theta, error=error)
+                           forms=forms, theta=theta, error=error, layers_executor=layers_executor)
 
     if record is None:
         probe, theta, error, stats = calibrated(lambda theta: make(theta), pilot, seed)
@@ -207,7 +200,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
 
 
 def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                    jobs: int | None):
+                    jobs: int | None, layers_executor=None):
     """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
     MoE model, or a routed-experts file)."""
     from stepsim.serve.exact import EngineLatency
@@ -221,13 +214,14 @@ def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int,
             source = ReplayRouting(routing, str(model_arg), model.layers)
     elif routing is not None:
         raise ConfigError(f"--routing: model {model.name!r} is dense (no routed experts)")
-    return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+    return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
+                         layers_executor=layers_executor)
 
 
 def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
-          fidelity=None, slo=None, jobs=None, executor=None, seed=0, iteration_latency=None, timeline=None,
-          hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
+          fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
+          timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
           calibration_cache=None) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
@@ -275,20 +269,24 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         ``[tokens, layers, top_k]`` (:mod:`stepsim.serve.routing`).
     jobs : int, optional
         Worker processes for the layers of a step (exact fidelity).
+    executor : str or DaskExecutor, optional
+        ``"dask"``: the layers of a step on a ``dask.distributed`` cluster (a local one with one worker process
+        per CPU, or the scheduler at ``address``); or a :class:`stepsim.batch.dask_executor.DaskExecutor` to use
+        (not closed). Outputs are byte-identical to ``jobs=1``. Not with ``jobs``.
+    address : str, optional
+        Dask scheduler address (``tcp://host:8786``) for ``executor="dask"``.
+    timeline : str or path, optional
+        Write a timeline, Perfetto protobuf (``.pftrace`` / ``.perfetto-trace``) or Chrome JSON (``.json`` /
+        ``.json.gz``): one track per request (queued, prefill, decode), the steps (:mod:`stepsim.serve.timeline`).
     calibration_cache : path, optional
         Folder of cached fast-fidelity calibrations (default ``$STEPSIM_SERVE_CACHE`` or
         ``~/.cache/stepsim/serve-calibration``).
-    executor, timeline
-        Not built yet: giving one raises a ConfigError saying so.
 
     Returns
     -------
     ServeResult
     """
     started = time.perf_counter()
-    for name, value in (("executor", executor), ("timeline", timeline)):
-        if value is not None:
-            raise ConfigError(NOT_BUILT[name])
     if fidelity is not None and fidelity not in FIDELITIES:
         raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),
@@ -297,7 +295,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         raise ConfigError("stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast" if not given else
                           f"{' and '.join(given)} both price the steps; give one")
     if fidelity is None:
-        for name, value in (("--routing", routing), ("--jobs", jobs)):
+        for name, value in (("--routing", routing), ("--jobs", jobs), ("--executor", executor)):
             if value is not None:
                 raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
                                   f"{given[0]} does not simulate layers")
@@ -305,6 +303,14 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         from stepsim.batch.executors import check_jobs
 
         check_jobs(jobs)
+        if executor is not None:
+            raise ConfigError("--jobs and --executor both run the layers; give one")
+    if address is not None and executor is None:
+        raise ConfigError("--address is only for --executor dask")
+    if timeline is not None:
+        from stepsim.serve.timeline import check_timeline_path
+
+        check_timeline_path(timeline)
     if provider is None and iteration_latency is not None:
         provider = ConstantLatency(iteration_latency)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -321,10 +327,34 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
     check_fits(trace, limit, capacity, memory.max_position_embeddings)
+    layers_executor = None
+    if executor is not None:  # after every check: starting a cluster takes seconds
+        from stepsim.serve.dask_layers import open_dask_layers
+
+        layers_executor = open_dask_layers(executor, address)
+    try:
+        provider, calibration, result = _replay_with(
+            provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
+            trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache)
+    finally:
+        if layers_executor is not None:
+            layers_executor.close()
+    knobs = {"arrival": arrival, "arrival_scale": arrival_scale, "limit_requests": limit_requests,
+             "duration": duration, "iteration_latency": iteration_latency,
+             "routing": None if routing is None else str(routing), "hbm_bytes": hbm_bytes}
+    return _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
+                   requests, out, timeline, started, knobs)
+
+
+def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
+                 requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
+                 calibration_cache):
+    """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
+    replayed through it."""
     calibration = None
     if fidelity == "exact":
         provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
-                                   vocab=memory.vocab_size, jobs=jobs)
+                                   vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor)
     elif fidelity == "fast":
         key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
                                                                                    VALUE_FIELDS},
@@ -334,7 +364,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                                  "duration": duration}}
         provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                               vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
-                                              cache=calibration_cache,
+                                              cache=calibration_cache, layers_executor=layers_executor,
                                               pilot=lambda p: replay(trace.arrival_s, trace.prompt_tokens,
                                                                      trace.output_tokens,
                                                                      Scheduler(config, capacity, limit), p))
@@ -345,6 +375,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     finally:
         if hasattr(provider, "close"):
             provider.close()
+    return provider, calibration, result
+
+
+def _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
+            requests, out, timeline, started, knobs: dict) -> ServeResult:
+    """The tables, the summary and the files of a replayed run."""
     lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
     requests_table = pa.table({
         "request_id": pa.array(trace.request_id, pa.int64()),
@@ -379,7 +415,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
-                "stepsim.requests": str(requests)}
+                "stepsim.requests": str(requests), "stepsim.requests_sha256": file_sha256(requests),
+                "stepsim.knobs": json.dumps(knobs, sort_keys=True)}
         files = write_outputs(out, requests_table, iterations_table, summary, meta)
         if matplotlib_available():
             from stepsim.serve.figures import CDF_FILE, OVER_TIME_FILE, latency_cdf, over_time
@@ -389,4 +426,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
             files["latency_cdf"] = latency_cdf(requests_table, Path(out) / CDF_FILE, title=title, slo=slo_seconds)
             files["over_time"] = over_time(iterations_table, Path(out) / OVER_TIME_FILE, title=title,
                                            usable_blocks=capacity.usable_blocks)
+    if timeline is not None:
+        from stepsim.serve.timeline import write_timeline
+
+        files["timeline"] = write_timeline(timeline, requests_table, iterations_table)
     return ServeResult(summary, requests_table, iterations_table, files)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -43,11 +44,12 @@ DTYPE_BYTES = 2
 #: the cycles columns an engine-backed provider reports (iterations.parquet ``cycles_<kind>``)
 CYCLE_KINDS = ("attention", "ffn", "weights")
 
-_RUNNERS: dict = {}  # per process: LayerRunner by spec
+_RUNNERS: dict = {}  # per process and thread (Dask thread workers share a process): LayerRunner by spec
 
 
 def _runner(spec: LayerSpec) -> LayerRunner:
-    key = repr(spec)  # ModelConfig holds a dict: not hashable; its repr names every dimension
+    # ModelConfig holds a dict: not hashable; its repr names every dimension
+    key = (threading.get_ident(), repr(spec))
     runner = _RUNNERS.get(key)
     if runner is None:
         runner = _RUNNERS[key] = LayerRunner(spec)
@@ -91,14 +93,17 @@ class EngineLatency:
         Vocabulary size (the LM head's rows).
     jobs : int, optional
         Worker processes for the layers of a step (default: in this process).
+    layers_executor : stepsim.serve.dask_layers.DaskLayers, optional
+        Runs the layers of a step instead (``--executor dask``); its owner closes it.
     """
 
     mode = "exact"
     error = None
 
     def __init__(self, model: ModelConfig, hardware: Hardware, routing, *, max_model_len: int, vocab: int,
-                 jobs: int | None = None):
+                 jobs: int | None = None, layers_executor=None):
         self.model, self.hardware, self.routing = model, hardware, routing
+        self.layers_executor = layers_executor
         self.spec = LayerSpec(model, hardware, max_kv_rows(max_model_len))
         self.layer_weights, self.head_cycles, self.embedding_bytes = weight_cycles(model, hardware, vocab)
         self.jobs = jobs
@@ -120,6 +125,8 @@ class EngineLatency:
         return results
 
     def _run(self, tasks: list) -> list:
+        if self.layers_executor is not None:
+            return self.layers_executor.run(self.spec, tasks)
         if not self.jobs or self.jobs == 1:
             return [layer_task(self.spec, kind, data) for kind, data in tasks]
         if self._pool is None:

@@ -5,7 +5,8 @@ tokens) and gets an :class:`IterationCost` back; it never knows which provider i
 
 * :class:`ConstantLatency` -- ``--iteration-latency SECONDS``: every step takes the same time (what-if studies,
   and testing the scheduler against queueing theory);
-* the cycle engine and a calibrated fast model (issue 32, not built yet).
+* :class:`stepsim.serve.exact.EngineLatency` (``--fidelity exact``: every layer on the cycle engine) and
+  :class:`stepsim.serve.fast.FastLatency` (``--fidelity fast``: calibrated on exact simulations of the run).
 """
 
 from __future__ import annotations

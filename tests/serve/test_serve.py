@@ -157,8 +157,11 @@ def _error(capsys, argv):
     (["--hardware", "tpu"], "--hardware must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'tpu'"),
     (["--jobs", "2"], "--jobs is for the engine-backed latency (--fidelity exact|fast); --iteration-latency does not "
                       "simulate layers"),
-    (["--executor", "dask"], "--executor: Dask for the layer simulations is not built yet; use --jobs N"),
-    (["--timeline", "t.json"], "--timeline: the Perfetto timeline of a serve run is not built yet"),
+    (["--executor", "dask"], "--executor is for the engine-backed latency (--fidelity exact|fast); "
+                             "--iteration-latency does not simulate layers"),
+    (["--address", "tcp://127.0.0.1:1"], "--address is only for --executor dask"),
+    (["--timeline", "t.txt"], "--timeline t.txt: unknown trace format (use .pftrace or .perfetto-trace for "
+                              "Perfetto protobuf, .json or .json.gz for Chrome JSON)"),
     (["--scheduler", "orca", "--max-batch-tokens", "10"], "--max-batch-tokens is vLLM's token budget; orca has none "
                                                           "(it never chunks)"),
 ])

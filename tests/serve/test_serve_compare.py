@@ -1,0 +1,135 @@
+"""``stepsim compare`` on serve outputs: each gate outcome with its exact lines and exit status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import requests_file
+
+import stepsim
+from stepsim.cli import main
+from stepsim.insight.compare import compare
+from stepsim.results.serve_record import read_serve_folder
+
+T = 2.0**-6  # binary-exact step time (s)
+MODEL = "qwen3-30b-a3b"
+LABEL = ("requests_file=t.parquet model=qwen3-30b-a3b hardware=sn40l scheduler={policy} max_num_seqs=128 "
+         "{budget}chunk_tokens={chunk} block_size=16 fidelity=iteration-latency seed=0 iteration_latency=0.015625")
+VLLM = LABEL.format(policy="vllm", budget="max_num_batched_tokens=2048 ", chunk=0)
+ORCA = LABEL.format(policy="orca", budget="", chunk=0)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """``run(folder, step seconds, scheduler)``: a serve run of the same 4 requests into ``tmp_path/folder``."""
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.01, 0.02, 0.5], [100, 20, 300, 50], [5, 3, 8, 2])
+
+    def run(folder, step=T, scheduler="vllm"):
+        return stepsim.serve(MODEL, trace, iteration_latency=step, scheduler=scheduler, out=tmp_path / folder)
+    return run
+
+
+def _cli(capsys, *argv):
+    status = main(["compare", *map(str, argv)])
+    captured = capsys.readouterr()
+    return status, captured.out.splitlines(), captured.err
+
+
+def test_p99_ttft_worse_by_more_than_the_threshold_exits_1(runs, tmp_path, capsys):
+    base, cand = runs("base", T), runs("cand", 1.25 * T)
+    assert (base.summary["ttft_s"]["p99"], cand.summary["ttft_s"]["p99"]) == (0.026706249999999997, 0.038307812499999996)
+    for threshold in ("5%", "0.05"):
+        assert _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99", "--threshold",
+                    threshold) == (1, [f"{VLLM}  (differs: iteration_latency 0.015625 -> 0.01953125)",
+                                       "  ttft_s.p99                        0.02671 ->          0.03831  "
+                                             "+43.44 %  WORSE", "worse by more than 5 %: ttft_s.p99"], "")
+    # the same change under a threshold it does not reach
+    assert _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99", "--threshold", "50%")[::2] \
+        == (0, "")
+    assert _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99", "--threshold",
+                "50%")[1][-1] == "no metric worse by more than 50 %"
+
+
+def test_default_metrics_and_a_better_candidate_exit_0(runs, tmp_path, capsys):
+    runs("base", T)
+    runs("cand", 0.75 * T)
+    status, out, err = _cli(capsys, tmp_path / "base", tmp_path / "cand")
+    assert (status, err) == (0, "")
+    assert out == [f"{VLLM}  (differs: iteration_latency 0.015625 -> 0.01171875)",
+                   "  ttft_s.p99                        0.02671 ->           0.0151  -43.44 %",
+                   "  tpot_s.p99                        0.01563 ->          0.01172  -25.00 %",
+                   "  e2e_s.p99                          0.1345 ->          0.09603  -28.61 %",
+                   "  throughput_tokens_per_s             33.88 ->            34.39  +1.49 %",
+                   "no metric worse by more than 1 %"]
+    res = compare(tmp_path / "base", tmp_path / "cand")
+    assert [c["metric"] for c in res["pairs"][0]["changes"]] == ["ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
+                                                                "throughput_tokens_per_s"]
+    assert res["regressed"] is False and res["worse"] == []
+
+
+def test_a_lower_throughput_is_worse(runs, tmp_path, capsys):
+    runs("base", T)
+    runs("cand", 1.25 * T)
+    status, out, _ = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "throughput_tokens_per_s",
+                          "--metric", "slo_attainment", "--threshold", "1%")
+    assert status == 1
+    assert out[1:] == ["  throughput_tokens_per_s             33.88 ->            33.39  -1.45 %  WORSE",
+                       "  slo_attainment                          - ->                -  -",
+                       "worse by more than 1 %: throughput_tokens_per_s"]
+
+
+def test_folders_of_runs_pair_by_configuration_and_missing_ones_fail_unless_allowed(runs, tmp_path, capsys):
+    runs("base/vllm", T)
+    runs("base/orca", T, "orca")
+    runs("cand/vllm", T)
+    why = f"missing in the candidate: {ORCA}: closest candidate record differs in scheduler orca -> vllm, " \
+          "max_num_batched_tokens None -> 2048"
+    status, out, _ = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99")
+    assert (status, out) == (1, [VLLM, "  ttft_s.p99                        0.02671 ->          0.02671  +0.00 %",
+                                 why, "1 of 2 baseline configuration(s) missing in the candidate (pass "
+                                      "--allow-missing to accept)"])
+    status, out, _ = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99", "--allow-missing")
+    assert (status, out[-2:]) == (0, [why, "1 of 2 baseline configuration(s) missing in the candidate (allowed by "
+                                           "--allow-missing)"])
+    # a candidate run of the orca configuration that is worse fails the gate by its metric only
+    runs("cand/orca", 1.25 * T, "orca")
+    status, out, _ = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99")
+    assert (status, out[-1]) == (1, "worse by more than 1 %: ttft_s.p99")
+    assert [line for line in out if not line.startswith("  ")] == [
+        f"{ORCA}  (differs: iteration_latency 0.015625 -> 0.01953125)", VLLM, out[-1]]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--threshold", "nan"], "--threshold must be a finite ratio >= 0 (0.01 = 1 %), got nan"),
+    (["--threshold", "inf%"], "--threshold must be a finite ratio >= 0 (0.01 = 1 %), got inf"),
+    (["--threshold=-5%"], "--threshold must be a finite ratio >= 0 (0.01 = 1 %), got -0.05"),
+    (["--metric", "ttft_s.p42"], "--metric ttft_s.p42: not a column of the baseline's records"),
+    (["--metric", "model"], "--metric model: not a numeric column (the baseline holds 'qwen3-30b-a3b'); compare "
+                            "latencies (ttft_s.p99 ...), throughputs or goodput"),
+])
+def test_refusals_are_one_line_with_their_reason(runs, tmp_path, capsys, extra, message):
+    runs("base", T)
+    runs("cand", T)
+    assert _cli(capsys, tmp_path / "base", tmp_path / "cand", *extra) == (2, [], f"stepsim: error: {message}\n")
+
+
+def test_serve_runs_are_not_compared_with_run_records(runs, tmp_path, capsys):
+    runs("base", T)
+    assert main(["run", "swiglu", "--out", str(tmp_path / "rec")]) == 0
+    capsys.readouterr()
+    assert _cli(capsys, tmp_path / "base", tmp_path / "rec") == (
+        2, [], f"stepsim: error: {tmp_path / 'base'} holds serve runs and {tmp_path / 'rec'} run records: compare "
+               "like with like\n")
+
+
+def test_serve_record_reads_the_folder_back(runs, tmp_path):
+    r = runs("base", T)
+    row = read_serve_folder(tmp_path / "base")
+    summary = json.loads((tmp_path / "base" / "summary.json").read_text())
+    assert row["ttft_s.p99"] == summary["ttft_s"]["p99"] == r.summary["ttft_s"]["p99"]
+    assert (row["record"], row["requests_file"], row["seed"], row["scheduler"], row["completed"]) == (
+        "serve", "t.parquet", 0, "vllm", 4)
+    from stepsim.base.files import file_sha256
+
+    assert row["requests_sha256"] == file_sha256(tmp_path / "t.parquet")
