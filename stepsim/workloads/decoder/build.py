@@ -315,5 +315,14 @@ def from_config(cfg: Mapping) -> Workload:
     kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
     kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
           if cfg.get(key) is not None}
+    if cfg.get("tp") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        kw.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring",
+                  system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+    elif cfg.get("system") is not None or cfg.get("algorithm") is not None:
+        raise ArgumentError("--system and --algorithm apply to the decoder layer with --tp N (tensor parallelism)")
     return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
                          kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)
