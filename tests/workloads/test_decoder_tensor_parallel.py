@@ -155,11 +155,25 @@ def test_cli_refuses_heads_that_do_not_split(traces, capsys):
         "stepsim: error: --tp 8: the 4 KV heads (--kv-heads) must split evenly over 8 chips"]
 
 
-def test_record_params_name_the_system_and_the_bytes_per_link(traces):
-    w = workload_from_config({"workload": "decoder", "model": "qwen", **traces, "tp": 2, "system": "ring-2",
-                              "algorithm": "ring"})
-    row = 64 * 2048 * 2  # Qwen3's D = 2048 at 2 bytes a value, the batch's 64 rows
-    assert {k: w.params[k] for k in ("tp", "system", "algorithm", "links_used", "link_bytes")} == {
-        "tp": 2, "system": "ring-2", "algorithm": "ring", "links_used": 2,
-        "link_bytes": {"chip0->chip1": 2 * row, "chip1->chip0": 2 * row}}
-    assert json.loads(json.dumps(w.params["link_bytes"])) == w.params["link_bytes"]
+@pytest.mark.parametrize("flags, cycles, off_chip, per_link", [
+    ([], 773297, 730989568, None),
+    (["--tp", "2", "--system", "ring-2"], 408773, 731777024, {"chip0->chip1": 2 * 64 * 2048 * 2,
+                                                              "chip1->chip0": 2 * 64 * 2048 * 2}),
+    (["--tp", "4"], 252287, 733351936, {f"chip{c}->chip{(c + 1) % 4}": 2 * 2 * 3 * 64 * 2048 * 2 // 4
+                                        for c in range(4)}),
+    (["--tp", "4", "--algorithm", "direct"], 248450, 733351936,
+     {f"chip{c}->chip{k}": 2 * 2 * 64 * 2048 * 2 // 4 for c in range(4) for k in range(4) if c != k}),
+])
+def test_qwen_on_the_shared_b64_traces(traces, capsys, flags, cycles, off_chip, per_link):
+    """Every KV head of Qwen3-30B-A3B (D = 2048: an all-reduce's S is 64 rows at 2 bytes a value)."""
+    assert main(["run", "decoder", "--model", "qwen", "--routing", traces["routing"], "--kv-lengths",
+                 traces["kv_lengths"], *flags, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    params = json.loads(row["params"])
+    assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (cycles, off_chip,
+                                                                                                 off_chip)
+    assert params.get("link_bytes") == per_link
+    if flags:
+        assert (params["tp"], params["system"], params["algorithm"]) == (
+            int(flags[1]), "ring-2" if "ring-2" in flags else "fully-connected-4",
+            "direct" if "direct" in flags else "ring")
