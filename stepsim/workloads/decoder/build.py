@@ -16,6 +16,10 @@ Stages (each a function that adds operators to one graph and passes a stream on)
    adds ``h`` back and is stored as ``y``. The rows of ``h`` wait in a ``batch``-deep FIFO for that last
    add (the FFN needs most of the batch before its first row).
 
+With ``tp`` (``--tp N``) the KV heads and the FFN's columns split over N chips, an all-reduce after the output
+projection and one after the FFN (:mod:`stepsim.workloads.decoder.parallel`); chip c stores rows ``k B/N ..`` of y
+as ``y<c>.<k>``.
+
 Not modelled: the normalizations (RMSNorm), the query / key / value projections (the new token's q, k, v are
 read from HBM as in the paper's attention graph) and rotary embeddings.
 """
