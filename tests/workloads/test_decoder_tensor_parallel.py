@@ -155,6 +155,13 @@ def test_cli_refuses_heads_that_do_not_split(traces, capsys):
         "stepsim: error: --tp 8: the 4 KV heads (--kv-heads) must split evenly over 8 chips"]
 
 
+def test_the_attention_kind_points_to_the_decoder(capsys):
+    """The attention kind is one KV head without an output projection: its heads split in the decoder layer."""
+    assert main(["run", "attention", "--tp", "2", "--json"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "stepsim: error: --tp does not apply to workload 'attention' (it applies to: moe, swiglu, decoder)"]
+
+
 @pytest.mark.parametrize("flags, cycles, off_chip, per_link", [
     ([], 773297, 730989568, None),
     (["--tp", "2", "--system", "ring-2"], 408773, 731777024, {"chip0->chip1": 2 * 64 * 2048 * 2,
