@@ -42,15 +42,16 @@ def _build(model, **kw):
     return build_decoder(model, KV[:kw.pop("batch", 8)], _routing() if model.is_moe else None, tile_f=16, **kw)
 
 
-@pytest.mark.parametrize("model, tp, algorithm, strategy", [
-    (QWEN_TP, 2, "ring", "dynamic"),
-    (QWEN_TP, 4, "ring", "interleave"),
-    (SHARED_TP, 2, "direct", "coarse"),
-    (DENSE_TP, 4, "direct", "dynamic"),
+@pytest.mark.parametrize("model, tp, algorithm, kw", [
+    (QWEN_TP, 2, "ring", dict(strategy="dynamic")),
+    (QWEN_TP, 4, "ring", dict(strategy="interleave")),
+    (QWEN_TP, 2, "ring", dict(strategy="dynamic", tiling="dynamic")),
+    (SHARED_TP, 2, "direct", dict(strategy="coarse")),
+    (DENSE_TP, 4, "direct", dict(strategy="dynamic")),
 ])
-def test_values_equal_the_one_chip_layer_on_every_chip(model, tp, algorithm, strategy):
-    one = _build(model, softmax="stable", strategy=strategy)
-    w = _build(model, softmax="stable", strategy=strategy, tp=tp, algorithm=algorithm)
+def test_values_equal_the_one_chip_layer_on_every_chip(model, tp, algorithm, kw):
+    one = _build(model, softmax="stable", **kw)
+    w = _build(model, softmax="stable", tp=tp, algorithm=algorithm, **kw)
     inputs, whole = make_inputs(w, seed=3), make_inputs(one, seed=3)
     # the chips' weights are the one-chip layer's, cut: heads whole, FFN columns in blocks
     part = "expert005_up" if model.is_moe else "shared_up"
@@ -118,6 +119,7 @@ def test_link_bytes_cycles_and_both_engines(tp, algorithm, cycles, per_link):
     (DENSE_TP, dict(tp=4, tile_f=32), "--tp 4: the dense intermediate size 64 must split into 4 column blocks of "
                                       "whole --tile-f 32 tiles (a multiple of 128)"),
     (QWEN_TP, dict(tp=1), "--tp must be an int >= 2 (chips), got 1"),
+    (QWEN_TP, dict(tp=2, regions=4), "--tp does not combine with --regions (time-multiplexed expert regions) yet"),
 ])
 def test_bad_tensor_parallel_layers_are_one_line(model, kw, message):
     batch = kw.pop("batch", 8)

@@ -68,6 +68,8 @@ def tensor_parallel_decoder(tp: int, system, algorithm: str, *, model, n_heads: 
     widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
               else {"dense intermediate": model.dense_intermediate})
     check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
+    if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
+        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
     system = chips_system(tp, system, "--tp")
     net = Network(g, system)
     per_head, per_chunk = n_heads // tp, batch // tp
