@@ -28,43 +28,62 @@ def chips_system(chips: int, system: System | None, flag: str) -> System:
 def tensor_parallel(graph, system: System, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
                     store):
     """Tensor parallelism's common part: every chip computes a partial sum of the output, the collectives'
-    all-reduce sums them (:func:`stepsim.workloads.collective.build.all_reduce_streams`).
+    all-reduce sums them (:func:`all_reduce_partials`).
 
     ``partial_of(c)`` adds chip c's share of the layer to ``graph`` and returns its partial output, a stream of
-    shape ``(1, elems)``; its operators (everything added by the call) are placed on chip c. The partial is cut
-    into ``tp`` chunks of ``elems / tp`` consecutive elements (a Partition by a static selector, whose outputs hold
-    a whole chunk: a chunk waits there for its step of the ring, and a shallower FIFO blocks the chunk a
-    neighbour waits for behind it, a deadlock across chips). ``store(c, k, stream)`` consumes the reduced chunk
-    k on chip c (its operators are placed on chip c). Returns the finished network (links, per-link bytes).
+    shape ``(1, elems)``; its operators (everything added by the call) are placed on chip c. ``store(c, k,
+    stream)`` consumes the reduced chunk k on chip c (its operators are placed on chip c). Returns the finished
+    network (links, per-link bytes).
+    """
+    from stepsim.graph.network import Network
+
+    net = Network(graph, system)
+    reduced = all_reduce_partials(graph, net, tp, partial_of, elems, algorithm=algorithm, compute_bw=compute_bw)
+    for (c, k), stream in sorted(reduced.items()):
+        on_chip(graph, c, store, c, k, stream)
+    net.finish()
+    return net
+
+
+def on_chip(graph, chip: int, build, *args):
+    """``build(*args)``, its operators (everything it adds to ``graph``) placed on ``chip``; returns its result."""
+    before = len(graph.ops)
+    out = build(*args)
+    for op in graph.ops[before:]:
+        op.chip = chip
+    return out
+
+
+def all_reduce_partials(graph, net, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
+                        prefix: str = "allreduce.") -> dict:
+    """Sum every chip's partial output over ``net`` (not finished here): ``partial_of(c)`` builds chip c's
+    partial, a stream of shape ``(1, elems)`` (its operators placed on chip c). The partial is cut into ``tp``
+    chunks of ``elems / tp`` consecutive elements (a Partition by a static selector, whose outputs hold a whole
+    chunk: a chunk waits there for its step of the ring, and a shallower FIFO blocks the chunk a neighbour waits
+    for behind it, a deadlock across chips) and all-reduced by
+    :func:`stepsim.workloads.collective.build.all_reduce_streams` (operator names start with ``prefix``).
+    Returns ``{(c, k): stream}``, the reduced chunk k on chip c.
     """
     import numpy as np
 
     from stepsim.graph import Partition, SelectorSource
-    from stepsim.graph.network import Network
     from stepsim.workloads.collective.build import all_reduce_streams
 
-    net = Network(graph, system)
     per_chunk = elems // tp
     select = np.zeros((elems, tp), np.int8)
     select[np.arange(elems), np.arange(elems) // per_chunk] = 1
     chunks = {}
-    for c in range(tp):
-        before = len(graph.ops)
+
+    def cut(c):
         part = Partition(graph, partial_of(c), SelectorSource(graph, select, tp), 0, tp)
         part.channel_depth = per_chunk
         for k in range(tp):
             part.assume_shape(k, (per_chunk,))
             chunks[(c, k)] = part[k]
-        for op in graph.ops[before:]:
-            op.chip = c
-    reduced = all_reduce_streams(graph, net, chunks, algorithm, compute_bw=compute_bw, prefix="allreduce.")
-    for (c, k), stream in sorted(reduced.items()):
-        before = len(graph.ops)
-        store(c, k, stream)
-        for op in graph.ops[before:]:
-            op.chip = c
-    net.finish()
-    return net
+
+    for c in range(tp):
+        on_chip(graph, c, cut, c)
+    return all_reduce_streams(graph, net, chunks, algorithm, compute_bw=compute_bw, prefix=prefix)
 
 
 def link_bytes(graph, net) -> dict[str, int]:

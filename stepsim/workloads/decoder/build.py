@@ -16,6 +16,10 @@ Stages (each a function that adds operators to one graph and passes a stream on)
    adds ``h`` back and is stored as ``y``. The rows of ``h`` wait in a ``batch``-deep FIFO for that last
    add (the FFN needs most of the batch before its first row).
 
+With ``tp`` (``--tp N``) the KV heads and the FFN's columns split over N chips, an all-reduce after the output
+projection and one after the FFN (:mod:`stepsim.workloads.decoder.parallel`); chip c stores rows ``k B/N ..`` of y
+as ``y<c>.<k>``.
+
 Not modelled: the normalizations (RMSNorm), the query / key / value projections (the new token's q, k, v are
 read from HBM as in the paper's attention graph) and rotary embeddings.
 """
@@ -80,7 +84,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                   softmax: str = "plain", kv_heads: int | None = None, attention_regions: int = 4,
                   tiling: str = "static", tile_n: int | None = None, tile_f: int | None = None,
                   regions: int | None = None, compute_bw: int = STATIC_COMPUTE_BW,
-                  channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"]) -> Workload:
+                  channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], tp: int | None = None, system=None,
+                  algorithm: str = "ring") -> Workload:
     """Build one decoder layer for a decode batch (see the module docstring).
 
     Parameters
@@ -104,6 +109,10 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         FLOPs/cycle of the projection, residual and FFN compute nodes.
     channel_depth : int or None
         Default FIFO depth (2).
+    tp, system, algorithm
+        ``--tp N``: the KV heads and the FFN's columns split over N chips of ``system`` (default: fully connected
+        chips), an all-reduce (``algorithm``) after the output projection and one after the FFN
+        (:mod:`stepsim.workloads.decoder.parallel`).
     """
     kv = att._check_lengths(kv_lengths)
     batch = len(kv)
@@ -145,8 +154,87 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     # 1-2: attention per KV head, then the output projection of its query heads
     att_cfg = dict(head_dim=hd, q_rows=q_rows, tile_n=kv_tile, row_offset=max_n // kv_tile,
                    compute_bw=att.COMPUTE_BW, wb_depth=4, wb_channel_depth=None, softmax=softmax)
-    products, relabel = [], []
-    for h in range(n_heads):
+    relabel: list = []
+    stage = dict(g=g, seq_len_tiled=seq_len_tiled, offset=offset, strategy=strategy,
+                 attention_regions=attention_regions, max_n=max_n, att_cfg=att_cfg, o_tile=o_tile, hidden=d, bw=bw,
+                 bindings=bindings, relabel=relabel)
+    moe_kw, counts, ffn_tile_n, ffn_regions, tile_rows, idle = {}, None, tile_n, regions, {}, set()
+    if moe is not None:
+        counts = expert_counts(routing, moe.experts)
+        dynamic = tiling == "dynamic"
+        ffn_tile_n = None if dynamic else (tile_n or DEFAULT_TILE_N)
+        ffn_regions = moe.experts if regions is None else regions
+        moe_kw = dict(dynamic=dynamic, tile_n=ffn_tile_n, tile_f=tile_f, regions=ffn_regions, compute_bw=compute_bw,
+                      packing_compute_bw=PACKING_COMPUTE_BW)
+        idle = idle_groups(counts, ffn_regions)
+    parallel = {}
+    if tp is None:
+        products = _sum_pairwise(g, _heads(range(n_heads), **stage), bw)
+        x = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (o_tile, d), (batch // o_tile,), (1,),
+                                         stream_dtype=FP32), 0, 1)  # [1, n] -> [n] tiles of o_tile rows
+        residual = Map(g, [products, x], Add(), **bw)
+        h_rows = Promote(g, RetileStreamify(g, residual, split_row=True), 1)  # [B] -> [1, B], the MoE's token stream
+        h_rows.fanout_depth = batch  # the rows wait for the FFN's first output (module docstring)
+
+        # 3: the FFN block and the second residual
+        before = len(g.ops)
+        if moe is not None:
+            ffn_out, moe_bindings, tile_rows = moe_stage(g, h_rows, moe, routing, counts, **moe_kw)
+            bindings.update(moe_bindings)
+        else:
+            ffn_out = shared_ffn(g, h_rows, _dense(model, model.dense_intermediate), batch, o_tile, tile_f,
+                                 PACKING_COMPUTE_BW, bw)
+            _label(g.ops[before:], ("ffn", 0))
+        out = Map(g, [ffn_out, h_rows], Add(), **bw)
+        LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
+    else:
+        from stepsim.workloads.decoder.parallel import tensor_parallel_decoder
+
+        parallel = tensor_parallel_decoder(
+            tp, system, algorithm, model=model, n_heads=n_heads, batch=batch, tile_f=tile_f, routing=routing,
+            counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw),
+            dense=lambda width: _dense(model, width), stage=stage)
+
+    g.finalize()
+    for start, stop, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
+        dist = {id(op) for op in distributors}
+        for op in g.ops[start:stop]:
+            if isinstance(op.group, tuple) and op.group[0] == "region":
+                op.group = ("region", offset_r + op.group[1])
+        for op in g.ops:
+            if op.kind == "Broadcast" and op.group is None and id(op.inputs[0].op) in dist:
+                op.group = ("region", offset_r + op.inputs[0].index)
+    balanced = [att.region_units(g.ops[start:stop], attention_regions, offset_r)
+                for start, stop, offset_r, _ in relabel] if strategy == "dynamic" else []
+    workload = Workload(
+        name="decoder", graph=g, bindings=bindings, tile_rows=tile_rows, balanced_units=balanced,
+        idle_groups=idle, channel_depth=channel_depth,
+        params=dict(model=model.name, hidden=d, heads=model.heads, kv_heads=n_heads, head_dim=hd,
+                    query_per_kv_head=q_rows, batch=batch, strategy=strategy, softmax=softmax,
+                    attention_regions=attention_regions, max_n=max_n, o_tile=o_tile, tiling=tiling,
+                    # the FFN's tile and regions as built (a static MoE FFN's default tile, every expert its region)
+                    tile_n=ffn_tile_n if moe is not None else tile_n, tile_f=tile_f,
+                    regions=ffn_regions if moe is not None else regions, compute_bw=compute_bw,
+                    channel_depth=channel_depth,
+                    **(dict(experts=moe.experts, top_k=moe.top_k, intermediate=moe.intermediate,
+                            ffn_regions=ffn_regions, shared_intermediate=moe.shared_intermediate) if moe is not None
+                       else dict(dense_intermediate=model.dense_intermediate)), **parallel),
+        trace={"kv_lengths": kv, **({"routing": routing} if moe is not None else {})},
+    )
+    # the attention's symbols, for the round-robin / block assignment of every head
+    head_symbols = _attention_bindings(workload, seq_len_tiled, strategy, attention_regions, n_heads)
+    workload.bindings.update(head_symbols)
+    return workload
+
+
+def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, att_cfg, o_tile, hidden, bw,
+           bindings, relabel) -> list:
+    """Stages 1-2 for the KV heads ``hs``: each head's attention (tensors ``h<h>_*``), its results in request
+    order, and one product per query head with ``wo_h<h>_q<j>``; returns the products (tiles of ``o_tile``
+    requests). Appends each head's op range to ``relabel`` (its regions are renumbered after finalize)."""
+    batch, hd, d, q_rows = len(seq_len_tiled), att_cfg["head_dim"], hidden, att_cfg["q_rows"]
+    products = []
+    for h in hs:
         before = len(g.ops)
         results: list = []
         assignment, distributors, control = att.attention_stage(
@@ -175,67 +263,20 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                                   stream_dtype=FP32)
             products.append(Map(g, [tiles, Flatten(g, Flatten(g, w, 0, 1), 0, 1)], Matmul(), **bw))
         relabel.append((before, len(g.ops), h * len(assignment), distributors))
-    while len(products) > 1:  # sum the query heads' products pairwise
+    return products
+
+
+def _sum_pairwise(g, products, bw):
+    """The query heads' products summed pairwise (a tree of Adds)."""
+    while len(products) > 1:
         products = [Map(g, [a, b], Add(), **bw) for a, b in zip(products[::2], products[1::2])] + (
             [products[-1]] if len(products) % 2 else [])
-    x = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (o_tile, d), (batch // o_tile,), (1,),
-                                     stream_dtype=FP32), 0, 1)  # [1, n] -> [n] tiles of o_tile rows
-    residual = Map(g, [products[0], x], Add(), **bw)
-    h_rows = Promote(g, RetileStreamify(g, residual, split_row=True), 1)  # [B] -> [1, B], the MoE's token stream
-    h_rows.fanout_depth = batch  # the rows wait for the FFN's first output (module docstring)
+    return products[0]
 
-    # 3: the FFN block and the second residual
-    before = len(g.ops)
-    if moe is not None:
-        counts = expert_counts(routing, moe.experts)
-        dynamic = tiling == "dynamic"
-        ffn_tile_n = None if dynamic else (tile_n or DEFAULT_TILE_N)
-        ffn_regions = moe.experts if regions is None else regions
-        ffn_out, moe_bindings, tile_rows = moe_stage(
-            g, h_rows, moe, routing, counts, dynamic=dynamic, tile_n=ffn_tile_n, tile_f=tile_f, regions=ffn_regions,
-            compute_bw=compute_bw, packing_compute_bw=PACKING_COMPUTE_BW)
-        bindings.update(moe_bindings)
-        idle = idle_groups(counts, ffn_regions)
-    else:
-        dense = MoEModel(model.name, hidden=d, intermediate=1, experts=1, top_k=1,
-                         shared_intermediate=model.dense_intermediate)
-        ffn_out = shared_ffn(g, h_rows, dense, batch, o_tile, tile_f, PACKING_COMPUTE_BW, bw)
-        tile_rows = {}
-        _label(g.ops[before:], ("ffn", 0))
-        idle = set()
-    out = Map(g, [ffn_out, h_rows], Add(), **bw)
-    LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
 
-    g.finalize()
-    for start, stop, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
-        dist = {id(op) for op in distributors}
-        for op in g.ops[start:stop]:
-            if isinstance(op.group, tuple) and op.group[0] == "region":
-                op.group = ("region", offset_r + op.group[1])
-        for op in g.ops:
-            if op.kind == "Broadcast" and op.group is None and id(op.inputs[0].op) in dist:
-                op.group = ("region", offset_r + op.inputs[0].index)
-    balanced = [att.region_units(g.ops[start:stop], attention_regions, offset_r)
-                for start, stop, offset_r, _ in relabel] if strategy == "dynamic" else []
-    workload = Workload(
-        name="decoder", graph=g, bindings=bindings, tile_rows=tile_rows, balanced_units=balanced,
-        idle_groups=idle, channel_depth=channel_depth,
-        params=dict(model=model.name, hidden=d, heads=model.heads, kv_heads=n_heads, head_dim=hd,
-                    query_per_kv_head=q_rows, batch=batch, strategy=strategy, softmax=softmax,
-                    attention_regions=attention_regions, max_n=max_n, o_tile=o_tile, tiling=tiling,
-                    # the FFN's tile and regions as built (a static MoE FFN's default tile, every expert its region)
-                    tile_n=ffn_tile_n if moe is not None else tile_n, tile_f=tile_f,
-                    regions=ffn_regions if moe is not None else regions, compute_bw=compute_bw,
-                    channel_depth=channel_depth,
-                    **(dict(experts=moe.experts, top_k=moe.top_k, intermediate=moe.intermediate,
-                            ffn_regions=ffn_regions, shared_intermediate=moe.shared_intermediate) if moe is not None
-                       else dict(dense_intermediate=model.dense_intermediate))),
-        trace={"kv_lengths": kv, **({"routing": routing} if moe is not None else {})},
-    )
-    # the attention's symbols, for the round-robin / block assignment of every head
-    head_symbols = _attention_bindings(workload, seq_len_tiled, strategy, attention_regions, n_heads)
-    workload.bindings.update(head_symbols)
-    return workload
+def _dense(model, width: int):
+    """A dense model's FFN of ``width`` columns as the MoE block's shared experts (:func:`shared_ffn`)."""
+    return MoEModel(model.name, hidden=model.hidden, intermediate=1, experts=1, top_k=1, shared_intermediate=width)
 
 
 def _attention_bindings(workload, seq_len_tiled, strategy, regions, n_heads) -> dict:
@@ -278,5 +319,14 @@ def from_config(cfg: Mapping) -> Workload:
     kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
     kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
           if cfg.get(key) is not None}
+    if cfg.get("tp") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        kw.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring",
+                  system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+    elif cfg.get("system") is not None or cfg.get("algorithm") is not None:
+        raise ArgumentError("--system and --algorithm apply to the decoder layer with --tp N (tensor parallelism)")
     return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
                          kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)

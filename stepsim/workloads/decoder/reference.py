@@ -32,7 +32,8 @@ def _decoder_parts(w: Workload):
         moe = SimpleNamespace(name="moe", graph=w.graph, trace={"routing": workload_trace(w, "routing")},
                               params=dict(batch=p["batch"], hidden=p["hidden"], intermediate=p["intermediate"],
                                           top_k=p["top_k"], experts=p["experts"], regions=p["ffn_regions"],
-                                          shared_intermediate=p["shared_intermediate"]))
+                                          shared_intermediate=p["shared_intermediate"],
+                                          **({"tp": p["tp"]} if p.get("tp") is not None else {})))
     return attention, moe
 
 
@@ -52,9 +53,15 @@ def inputs(w: Workload, seed: int) -> dict:
         arrays.update(moe_ref.inputs(moe, seed))
     else:
         d, f = p["hidden"], p["dense_intermediate"]
-        arrays.update(shared_gate=seeded_normal(seed, "shared_gate", (d, f), d ** -0.5, bf16=True),
-                      shared_up=seeded_normal(seed, "shared_up", (d, f), d ** -0.5, bf16=True),
-                      shared_down=seeded_normal(seed, "shared_down", (f, d), f ** -0.5, bf16=True))
+        dense = dict(shared_gate=seeded_normal(seed, "shared_gate", (d, f), d ** -0.5, bf16=True),
+                     shared_up=seeded_normal(seed, "shared_up", (d, f), d ** -0.5, bf16=True),
+                     shared_down=seeded_normal(seed, "shared_down", (f, d), f ** -0.5, bf16=True))
+        tp = p.get("tp")
+        if tp is not None:  # chip c: columns c F/N.. of gate / up, those rows of down (decoder/parallel.py)
+            dense = {f"{name}.{c}": (a[c * f // tp:(c + 1) * f // tp] if name == "shared_down"
+                                     else a[:, c * f // tp:(c + 1) * f // tp])
+                     for name, a in dense.items() for c in range(tp)}
+        arrays.update(dense)
     arrays["x"] = seeded_normal(seed, "x", (p["batch"], p["hidden"]), 1.0, bf16=True)
     return arrays
 
@@ -75,11 +82,23 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         for j in range(q):
             o += as_f32(out[:, j, :] @ as_f32(take_input(inputs, f"wo_h{h}_q{j}", who)))
     hidden = as_f32(as_f32(o) + as_f32(take_input(inputs, "x", who)))
+    tp = p.get("tp")
     if moe is not None:
-        ffn = moe_ref.outputs(moe, {**inputs, "x": hidden})["y"].astype(np.float64)
+        res = moe_ref.outputs(moe, {**inputs, "x": hidden})
+        ffn = (res["y"] if tp is None else np.concatenate([res[f"y0.{k}"] for k in range(tp)])).astype(np.float64)
     else:
-        ffn = ffn_rows(hidden, *(as_f32(take_input(inputs, f"shared_{part}", who)) for part in ("gate", "up", "down")))
-    outputs["y"] = as_f32(ffn + hidden).astype(np.float32)
+        def weight(part):  # a tensor-parallel run's column shards put back together
+            if tp is None:
+                return as_f32(take_input(inputs, f"shared_{part}", who))
+            return as_f32(np.concatenate([take_input(inputs, f"shared_{part}.{c}", who) for c in range(tp)],
+                                         axis=0 if part == "down" else 1))
+        ffn = ffn_rows(hidden, *(weight(part) for part in ("gate", "up", "down")))
+    y = as_f32(ffn + hidden).astype(np.float32)
+    if tp is None:
+        outputs["y"] = y
+    else:  # after the FFN's all-reduce every chip c holds rows k B/N.. of y as y<c>.<k>
+        rows = y.shape[0] // tp
+        outputs.update({f"y{c}.{k}": y[k * rows:(k + 1) * rows] for c in range(tp) for k in range(tp)})
     return outputs
 
 
