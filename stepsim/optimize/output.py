@@ -3,12 +3,13 @@
 
 Files in the output folder (each written atomically: temp file, then rename)::
 
-    pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle)
+    pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle, chips)
     candidates.parquet  every candidate: knobs, symbolic metrics, cycle lower bound, status, cycles
     pareto.png          cycles against on-chip bytes and against compute (the front is over all three), every
                         simulated point, the front numbered and named (log axes, like the paper's Figs 9/10)
     optimize.json       the JSON summary (the keys of ``stepsim optimize --json``)
     metrics/, runs/     the symbolic-evaluation and simulation sweeps (sweep folder layout; resumable)
+    systems/            with ``--max-chips`` and ``--system``: the system scaled to each chip count searched
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def run_command(config: dict) -> str:
 
 
 _COLUMNS = ("index", "run_id", "status", "cycles", "lower_bound", "on_chip_bytes", "allocated_flops_per_cycle",
-            "off_chip_bytes", "flops", "hbm_bytes_per_cycle", "error")
+            "chips", "off_chip_bytes", "flops", "hbm_bytes_per_cycle", "error")
 _TYPES = {"index": pa.int64(), "run_id": pa.string(), "status": pa.string(), "error": pa.string()}
 
 
