@@ -232,7 +232,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, seed=0, iteration_latency=None, timeline=None,
           hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
-          calibration_cache=None) -> ServeResult:
+          calibration_cache=None, system=None) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -282,6 +282,9 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     calibration_cache : path, optional
         Folder of cached fast-fidelity calibrations (default ``$STEPSIM_SERVE_CACHE`` or
         ``~/.cache/stepsim/serve-calibration``).
+    system : str or path, optional
+        A system preset or file (docs/system.md): serve on its chips, the weights split over them and the KV
+        cache in every chip's HBM left (:mod:`stepsim.serve.system`; with ``iteration_latency`` only).
     executor, timeline
         Not built yet: giving one raises a ConfigError saying so.
 
@@ -316,11 +319,22 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     slo_seconds = parse_slo(slo) if slo is not None else None
     config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                                   chunk_tokens=chunk_tokens, block_size=block_size)
-    hw = resolve_serving_hardware(hardware)
+    chips = None
+    if system is not None:  # many chips: stepsim/serve/system.py
+        from stepsim.serve.system import load_system
+
+        system, hw = load_system(system, hardware, fidelity)
+    else:
+        hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
     memory = model_memory(resolved)
-    hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
-    capacity = kv_capacity(hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+    if system is not None:
+        from stepsim.serve.system import system_capacity
+
+        capacity, chips = system_capacity(system, resolved, memory, block_size, hbm_bytes)
+    else:
+        hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
+        capacity = kv_capacity(hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
     limit = max_model_len(config, capacity, memory.max_position_embeddings)
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
@@ -372,6 +386,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         summary["fidelity"]["calibration"] = calibration["key"]
     summary["model"] = resolved.name
     summary["hardware"] = {"name": hw.name, **{f: getattr(hw, f) for f in SERVING_FIELDS}}
+    if chips is not None:
+        summary["system"] = chips.summary()
     summary["scheduler"] = asdict(config)
     summary["kv_cache"] = {"hbm_bytes": capacity.hbm_bytes, "weight_bytes": capacity.weight_bytes,
                            "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,
