@@ -211,9 +211,9 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
 
 
 def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                    jobs: int | None):
+                    jobs: int | None, system=None):
     """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
-    MoE model, or a routed-experts file)."""
+    MoE model, or a routed-experts file); on ``system``'s chips when given (:mod:`stepsim.serve.system`)."""
     from stepsim.serve.exact import EngineLatency
     from stepsim.serve.routing import ReplayRouting, SyntheticRouting
 
@@ -225,6 +225,10 @@ def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int,
             source = ReplayRouting(routing, str(model_arg), model.layers)
     elif routing is not None:
         raise ConfigError(f"--routing: model {model.name!r} is dense (no routed experts)")
+    if system is not None:
+        from stepsim.serve.system import system_engine_latency
+
+        return system_engine_latency(model, system, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
     return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
 
 
@@ -342,7 +346,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     calibration = None
     if fidelity == "exact":
         provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
-                                   vocab=memory.vocab_size, jobs=jobs)
+                                   vocab=memory.vocab_size, jobs=jobs, system=system)
     elif fidelity == "fast":
         key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
                                                                                    VALUE_FIELDS},

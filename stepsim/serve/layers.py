@@ -55,11 +55,14 @@ FFN_DEPTHS = (64, 256, 1024, 4096)
 @dataclass(frozen=True)
 class LayerSpec:
     """What a serving layer's graphs depend on besides their shape: the model's dimensions, the hardware and
-    the KV-cache rows reserved per request (``max_n``, a multiple of :data:`KV_TILE`)."""
+    the KV-cache rows reserved per request (``max_n``, a multiple of :data:`KV_TILE`); with a ``system``
+    (:class:`~stepsim.base.system.System`), the MoE block's experts on its chips by expert parallelism,
+    contiguously (:mod:`stepsim.serve.system`)."""
 
     model: ModelConfig
     hardware: Hardware
     max_n: int
+    system: object = None
 
     @property
     def ffn_model(self) -> MoEModel:
@@ -157,7 +160,9 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
                                        query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n)
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
-        workload = build_moe(spec.ffn_model, data)
+        parallel = {} if spec.system is None else \
+            {"ep": spec.system.chips, "placement": "contiguous", "system": spec.system}  # count-independent
+        workload = build_moe(spec.ffn_model, data, **parallel)
     workload.channel_depth = depth
     return workload
 

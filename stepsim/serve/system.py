@@ -19,8 +19,10 @@ KV heads), so its capacity is the sum over the chips of the HBM left after their
 ``num_blocks = (n x HBM - weights) // (block_size x KV bytes per token)``, the same blocks, block size and null
 block as on one chip (:func:`stepsim.serve.kv_cache.kv_capacity`).
 
-Step latency: ``--iteration-latency SECONDS`` prices every step. The engine-backed fidelities on a system (each
-layer's pieces simulated across the chips, with their links) are not built yet and refused with one line.
+Step latency: ``--iteration-latency SECONDS`` prices every step, or ``--fidelity exact`` simulates each layer
+across the chips (:class:`SystemEngineLatency`: the MoE block with its experts on the chips and its tokens over
+the links, on the engine; the attention's KV heads split over the chips, then an all-reduce). ``--fidelity
+fast`` on a system is not built yet and refused with one line.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepsim.base.errors import ConfigError
+from stepsim.serve.exact import EngineLatency, max_kv_rows
 from stepsim.serve.kv_cache import KVCapacity, kv_capacity
+from stepsim.serve.layers import LayerSpec
+from stepsim.serve.latency import IterationCost
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
 
-#: refusal of an engine-backed fidelity with --system (not built yet)
-FIDELITY_NOT_BUILT = ("--fidelity {fidelity} with --system is not built yet (the layers' pieces are simulated on one "
-                      "chip); price the steps with --iteration-latency SECONDS")
+#: refusal of the fast fidelity with --system (not built yet)
+FIDELITY_NOT_BUILT = ("--fidelity {fidelity} with --system is not built yet (its calibration runs on one chip); use "
+                      "--fidelity exact or --iteration-latency SECONDS")
 
 
 def load_system(spec, hardware, fidelity):
@@ -44,7 +49,7 @@ def load_system(spec, hardware, fidelity):
 
     if hardware is not None:
         raise ConfigError("--hardware does not apply with --system: the system file names the chips' hardware")
-    if fidelity is not None:
+    if fidelity == "fast":
         raise ConfigError(FIDELITY_NOT_BUILT.format(fidelity=fidelity))
     try:
         system = System.load(str(spec))
@@ -128,3 +133,85 @@ def system_capacity(system, model, memory: ModelMemory, block_size: int,
                           f"{(weights[busiest] - hbm) / 1e9:.2f} GB short; use more chips")
     capacity = kv_capacity(system.chips * hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
     return capacity, ChipWeights(system.name, system.chips, parallelism, hbm, tuple(weights), tuple(experts))
+
+
+def tp_weight_cycles(model, hardware, vocab: int, chips: int, tokens: int) -> int:
+    """Cycles of a step's off-chip weights outside the layer graphs on ``chips`` chips (docs/serving.md §9.3,
+    split by tensor parallelism): each chip reads ``ceil(bytes / chips)`` of every layer's q/k/v/o projections and
+    router, of the LM head and of the step's ``tokens`` embedding rows, at its HBM's peak bytes/cycle."""
+    import math
+
+    d, hd, peak = model.hidden, model.head_dim, hardware.hbm_peak_bytes_per_cycle
+    per_layer = (2 * d * model.heads * hd + 2 * d * model.kv_heads * hd
+                 + (d * model.experts if model.is_moe else 0)) * DTYPE_BYTES
+
+    def cycles(nbytes: int) -> int:
+        return math.ceil(-(-nbytes // chips) / peak)
+
+    return (model.layers * cycles(per_layer) + cycles(vocab * d * DTYPE_BYTES)
+            + cycles(tokens * d * DTYPE_BYTES))
+
+
+def allreduce_cycles(system, hidden: int, tokens: int) -> int:
+    """Cycles of the tensor-parallel all-reduce after a layer's attention: a ring all-reduce
+    (:func:`stepsim.workloads.collective.closed_form.collective_cycles`, exact against the engine on an idle
+    system) of the step's fp32 activations, ``tokens x hidden x 4`` bytes rounded up to a multiple of ``4 n``
+    (the collective's chunking)."""
+    from stepsim.workloads.collective.closed_form import collective_cycles
+
+    n, dim = system.chips, system.dimensions[0]
+    nbytes = -(-tokens * hidden // n) * n * 4
+    return collective_cycles("all-reduce", "ring", dim.topology, n, nbytes, dim.link_latency, dim.link_bandwidth,
+                             system.hardware.pmu_bw)
+
+
+def check_exact_system(system, model) -> None:
+    """The exact fidelity on a system needs an MoE model (a tensor-parallel FFN is not built) and a system whose
+    all-reduce has a closed form (one dimension: ring, fully connected or switch); one line otherwise."""
+    if not model.is_moe:
+        raise ConfigError(f"--fidelity exact with --system: model {model.name!r} is dense and its tensor-parallel "
+                          f"FFN is not built yet; price the steps with --iteration-latency SECONDS")
+    if len(system.dimensions) != 1 or system.dimensions[0].topology not in ("ring", "fully-connected", "switch"):
+        raise ConfigError(f"--fidelity exact with --system {system.name}: the system needs one dimension (ring, "
+                          f"fully-connected or switch) for its all-reduce's closed form")
+
+
+def system_engine_latency(model, system, routing, *, max_model_len: int, vocab: int, jobs=None):
+    """The exact provider on ``system`` (:class:`SystemEngineLatency`), after :func:`check_exact_system`."""
+    check_exact_system(system, model)
+    return SystemEngineLatency(model, system, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+
+
+class SystemEngineLatency(EngineLatency):
+    """The exact provider (:class:`stepsim.serve.exact.EngineLatency`) on a system's n chips:
+
+    * each layer's MoE block runs on the engine with its experts on the n chips (expert parallelism, contiguous,
+      the weight split of :func:`split_weights`), tokens dispatched to them and combined back over the system's
+      links (:mod:`stepsim.workloads.moe.parallel`);
+    * the attention's KV heads are split over the chips (tensor parallelism): ``ceil(kv_heads / n)`` heads a
+      chip, one after another, the chips in parallel; then a ring all-reduce of the step's activations
+      (:func:`allreduce_cycles`), counted in ``cycles_attention``;
+    * the weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`).
+    """
+
+    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None):
+        super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+        self.system, self.vocab = system, vocab
+        self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+
+    def roles(self, tasks: list) -> list:
+        heads = -(-self.model.kv_heads // self.system.chips)
+        return [("attention", heads * self.model.layers) if kind != "ffn" else ("ffn", 1) for kind, _ in tasks]
+
+    def weight_cycles(self, batch) -> int:
+        return tp_weight_cycles(self.model, self.hardware, self.vocab, self.system.chips, int(sum(batch.new_tokens)))
+
+    def __call__(self, batch):
+        cost = super().__call__(batch)
+        cycles = dict(cost.cycles)
+        cycles["attention"] += self.model.layers * allreduce_cycles(self.system, self.model.hidden,
+                                                                    int(sum(batch.new_tokens)))
+        return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "system": self.system.name, "chips": self.system.chips}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -102,21 +103,107 @@ def test_a_chip_short_of_hbm_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--system", "ring-2", "--fidelity", "exact"],
-     "stepsim: error: --fidelity exact with --system is not built yet (the layers' pieces are simulated on one "
-     "chip); price the steps with --iteration-latency SECONDS"),
-    (["--system", "ring-2", "--hardware", "sn40l", "--iteration-latency", "0.01"],
+    (["--model", "mixtral-8x7b", "--system", "ring-2", "--fidelity", "fast"],
+     "stepsim: error: --fidelity fast with --system is not built yet (its calibration runs on one chip); use "
+     "--fidelity exact or --iteration-latency SECONDS"),
+    (["--model", "llama-3.1-8b", "--system", "ring-2", "--fidelity", "exact"],
+     "stepsim: error: --fidelity exact with --system: model 'llama-3.1-8b' is dense and its tensor-parallel FFN "
+     "is not built yet; price the steps with --iteration-latency SECONDS"),
+    (["--model", "mixtral-8x7b", "--system", "ring-2", "--hardware", "sn40l", "--iteration-latency", "0.01"],
      "stepsim: error: --hardware does not apply with --system: the system file names the chips' hardware"),
-    (["--system", "mesh-3", "--iteration-latency", "0.01"],
+    (["--model", "mixtral-8x7b", "--system", "mesh-3", "--iteration-latency", "0.01"],
      "stepsim: error: --system: unknown system preset 'mesh-3'; known presets: fully-connected-8, ring-2, ring-4, "
      "ring-8, switch-8, torus-4x4"),
-    (["--system", "torus-4x4", "--iteration-latency", "0.01"],
+    (["--model", "mixtral-8x7b", "--system", "torus-4x4", "--iteration-latency", "0.01"],
      "stepsim: error: --system: 16 chips for 8 experts: expert parallelism leaves a chip without experts (use a "
      "system of 8 chips or fewer)"),
 ])
 def test_bad_system_serving_is_one_line(tmp_path, capsys, extra, message):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
-    argv = ["serve", "--model", "mixtral-8x7b", "--requests", str(trace), "--out", str(tmp_path / "o"), *extra]
+    argv = ["serve", "--requests", str(trace), "--out", str(tmp_path / "o"), *extra]
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == message
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------------------- --fidelity exact on chips
+SMALL_MOE = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+             "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096}
+
+
+@pytest.fixture
+def small_moe(tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(SMALL_MOE))
+    return path
+
+
+def test_expert_parallel_templates_rebind_to_fresh_builds(small_moe):
+    """The FFN on 2 chips (contiguous experts: the placement does not depend on the routing) rebinds like the
+    one-chip template: the same cycles as a fresh build; the trace's tokens go to their experts' chips."""
+    from stepsim.analysis.deadlock import run_diagnosed
+    from stepsim.serve.exact import max_kv_rows
+    from stepsim.serve.layers import LayerSpec, build, make_template
+    from stepsim.serve.routing import SyntheticRouting
+    from stepsim.simulation.simulate import simulate
+
+    system = System.preset("ring-2")
+    spec = LayerSpec(resolve_model(str(small_moe)), system.hardware, max_kv_rows(4096), system=system)
+    routing = SyntheticRouting(16, 2, 1, seed=5)
+    got = []
+    for tokens in (1, 5, 40):
+        data = np.ascontiguousarray(routing.route(tokens)[:, 0, :])
+        fresh = build("ffn", data, spec)
+        got.append((run_diagnosed(make_template("ffn", (tokens,), spec).bind(data)).cycles, simulate(fresh).cycles,
+                    fresh.params["chip_tokens"]))
+    assert got == [(2173, 2173, [2, 0]), (3394, 3394, [5, 5]), (5490, 5490, [52, 28])]
+
+
+def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
+    """A served run with --fidelity exact on ring-2, pinned step by step; the first step (a 40-token prefill)
+    re-derived: per layer one KV head's prefill (2 heads over 2 chips) plus the ring all-reduce of 40 x 256 fp32
+    activations (2 (n-1) (alpha + sigma) + (n-1) mu + 1 = 2 x 820 + 640 + 1), the MoE block on 2 chips, and the
+    weights outside the graphs read half a chip."""
+    from stepsim.serve.exact import max_kv_rows
+    from stepsim.serve.layers import LayerSpec, build
+    from stepsim.serve.routing import SyntheticRouting
+    from stepsim.serve.system import allreduce_cycles, tp_weight_cycles
+    from stepsim.simulation.simulate import simulate
+
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.001, 0.002], [40, 7, 20], [3, 4, 2])
+    result = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2", out=tmp_path / "o")
+    it = result.iterations.to_pydict()
+    assert (it["tokens"], it["cycles_attention"], it["cycles_ffn"], it["cycles_weights"]) == (
+        [40, 1, 1, 7, 1, 1, 1, 20, 1],
+        [5912, 2474, 2474, 3404, 2374, 2374, 2374, 4236, 2374],
+        [11171, 6372, 6372, 7005, 5359, 6372, 6380, 8629, 6380],
+        [460, 451, 451, 452, 451, 451, 451, 455, 451])
+    assert result.summary["fidelity"] == {"mode": "exact", "error": None, "routing": {
+        "mode": "synthetic", "alpha": 0.3, "beta": 0.05, "locality": 0.0}, "simulations": 27, "system": "ring-2",
+        "chips": 2}
+    assert allreduce_cycles(System.preset("ring-2"), 256, 40) == 2 * 820 + 640 + 1 == 2281
+    model = resolve_model(str(small_moe))
+    system = System.preset("ring-2")
+    spec = LayerSpec(model, system.hardware, max_kv_rows(4096), system=system)
+    prefill = simulate(build("prefill", (np.array([0]), np.array([40])), spec)).cycles
+    assert it["cycles_attention"][0] == 2 * (prefill + 2281)
+    routing = SyntheticRouting(16, 2, 2, seed=0).route(40)
+    assert it["cycles_ffn"][0] == sum(simulate(build("ffn", np.ascontiguousarray(routing[:, layer, :]), spec)).cycles
+                                      for layer in range(2))
+    assert it["cycles_weights"][0] == tp_weight_cycles(model, system.hardware, 1000, 2, 40)
+    assert it["duration_s"][0] == (5912 + 11171 + 460) / system.hardware.clock_hz
+    from stepsim.serve.output import read_outputs
+
+    assert read_outputs(tmp_path / "o")[2]["system"]["chips"] == 2
+
+
+@pytest.mark.parametrize("system, message", [
+    ("torus-4x4", "--fidelity exact with --system torus-4x4: the system needs one dimension (ring, fully-connected "
+                  "or switch) for its all-reduce's closed form"),
+])
+def test_exact_on_a_system_without_a_closed_form_is_one_line(small_moe, tmp_path, system, message):
+    trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve(str(small_moe), trace, fidelity="exact", system=system)
+    assert str(e.value) == message
