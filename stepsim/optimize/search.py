@@ -14,7 +14,11 @@
    before the routed tokens are loaded) and where large weight tiles make the fill or the drain long (a
    256-column tile and one firing on it before a region's down projection can start, or after the last
    request). Candidates that differ only in their FIFO depths share one evaluation (the published on-chip
-   accounting does not count FIFOs).
+   accounting does not count FIFOs). On several chips (``--max-chips``, :mod:`stepsim.optimize.chips`) each chip
+   has its own HBM: the roofline divides the off-chip bytes by all of them, the per-unit bounds are per chip
+   already (each unit is on one chip), and the busiest link adds its own bound (``link_cycles``: its elements back
+   to back plus its latency); the chip count is a fourth objective, so a candidate is pruned only by a point on
+   no more chips.
 2. **Budgets and proven deadlocks**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are
    dropped, and so are those whose metrics row proves they deadlock at their FIFO depths (``deadlock_proof``,
    :mod:`stepsim.analysis.deadlock_proof`: a time-multiplexed MoE region whose experts' tiles cannot all wait for the

@@ -171,3 +171,23 @@ def test_no_candidate_within_the_chip_budget_names_the_fewest(trace, tmp_path, s
         optimize("moe", out=tmp_path / "o", executor=serial, max_chips=2, space=space, trace=trace, **SMALL)
     assert str(info.value) == "--max-chips 2: no candidate fits; the fewest chips is 4 (tiling=dynamic tile_f=64 " \
                               "ep=4 placement=contiguous)"
+
+
+def test_cli_default_space_over_chips(tmp_path, capsys):
+    """``stepsim optimize moe --max-chips 2`` on a tiny layer (D 16, F 32, 8 experts, 24 tokens): the default space
+    (24 one-chip candidates: dynamic and static tile_n 1..16 at tile_f 32, with and without regions 1, 2, 4) plus the
+    6 tilings without regions x 3 placements on 2 chips; the JSON report and optimize.json agree."""
+    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
+    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8
+    np.savez(tmp_path / "r.npz", data=routing)
+    out = tmp_path / "o"
+    assert main(["optimize", "moe", "--model", "custom", "--hidden", "16", "--intermediate", "32", "--experts", "8",
+                 "--top-k", "2", "--trace", str(tmp_path / "r.npz"), "--max-chips", "2", "--jobs", "1",
+                 "--out", str(out), "--json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["candidates"], report["max_chips"], sorted(report["per_chips"])) == (42, 2, ["1", "2"])
+    rows = pq.read_table(out / "candidates.parquet").to_pylist()
+    assert sum(r["chips"] == 2 for r in rows) == 18
+    assert {r["placement"] for r in rows if r["chips"] == 2} == {"contiguous", "round-robin", "load-balanced"}
+    assert json.loads((out / "optimize.json").read_text())["pareto"] == report["pareto"]
+    assert report["simulations"] + report["pruned_symbolically"] + report["invalid"] == 42
