@@ -207,3 +207,32 @@ def test_exact_on_a_system_without_a_closed_form_is_one_line(small_moe, tmp_path
     with pytest.raises(ConfigError) as e:
         stepsim.serve(str(small_moe), trace, fidelity="exact", system=system)
     assert str(e.value) == message
+
+
+def test_each_chip_holds_its_own_operators_on_chip(small_moe):
+    """On a system the on-chip check is per chip (the busiest), not the sum over the chips."""
+    from stepsim.base.hardware import Hardware
+    from stepsim.serve.exact import max_kv_rows
+    from stepsim.serve.layers import LayerSpec, busiest_chip_on_chip, build, make_template
+
+    model, system = resolve_model(str(small_moe)), System.preset("ring-2")
+    data = np.array([[0, 9], [3, 12], [1, 2]])
+    spec = LayerSpec(model, system.hardware, max_kv_rows(4096), system=system)
+    workload = build("ffn", data, spec)
+    assert (int(workload.metrics()["on_chip_bytes"]), busiest_chip_on_chip(workload)) == (3_148_290, (0, 1_575_426))
+    roomy = Hardware.preset("step-eval", on_chip_capacity_bytes=2_000_000)
+    assert make_template("ffn", (3,), dataclasses_replace(spec, hardware=roomy)).on_chip_bytes == 3_148_290
+    with pytest.raises(ConfigError) as e:
+        make_template("ffn", (3,), dataclasses_replace(spec, hardware=roomy, system=None))
+    assert str(e.value).startswith("serving layer 'ffn' at shape (3,) needs 3,148,290 bytes on chip")
+    tight = Hardware.preset("step-eval", on_chip_capacity_bytes=1_500_000)
+    with pytest.raises(ConfigError) as e:
+        make_template("ffn", (3,), dataclasses_replace(spec, hardware=tight))
+    assert str(e.value) == ("serving layer 'ffn' at shape (3,) on chip 0 needs 1,575,426 bytes on chip; hardware "
+                            "'step-eval+on_chip_capacity_bytes=1500000' has 1,500,000 (75,426 bytes short)")
+
+
+def dataclasses_replace(spec, **changes):
+    import dataclasses
+
+    return dataclasses.replace(spec, **changes)
