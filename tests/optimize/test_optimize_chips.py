@@ -65,6 +65,13 @@ def test_pruned_search_over_chips_equals_exhaustive(trace, tmp_path, serial):
         (14316, 4), (14316, 4), (14343, 4), (14343, 4), (14357, 2), (14386, 2), (16144, 1), (50243, 1)]
     assert r.recommended.config["ep"] == 4 and r.recommended.cycles == 14316
     assert {n: p["cycles"] for n, p in r.per_chips().items()} == {1: 16144, 2: 14357, 4: 14316}
+    from stepsim.cli.optimize import format_result
+
+    text = format_result(r).splitlines()
+    assert text[4] == "  Pareto front (8 point(s)): cycles, on-chip bytes, FLOPs/cycle, chips"
+    assert text[5] == "  *       14,316      1,872,898    313,600    4  tiling=dynamic tile_f=64 ep=4 placement=contiguous"
+    assert "  fastest per chip count: 1 chip(s) 16,144 cycles; 2 chip(s) 14,357 cycles; 4 chip(s) 14,316 cycles" \
+        in text
 
 
 def test_outputs_name_the_chips_and_are_read_back(trace, tmp_path, serial):
