@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from stepsim.base.errors import ConfigError
 from stepsim.serve.exact import EngineLatency, max_kv_rows
 from stepsim.serve.kv_cache import KVCapacity, kv_capacity
-from stepsim.serve.layers import LayerSpec
 from stepsim.serve.latency import IterationCost
+from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
 
 #: refusal of the fast fidelity with --system (not built yet)

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import requests_file
 
 import stepsim
 from stepsim.base.errors import ConfigError
@@ -19,8 +20,6 @@ from stepsim.cli import main
 from stepsim.models.presets import resolve_model
 from stepsim.serve.memory import model_memory
 from stepsim.serve.system import split_weights, system_capacity
-
-from conftest import requests_file
 
 GIB64 = 64 * 2**30  # every preset's hbm_capacity_bytes
 
@@ -213,7 +212,7 @@ def test_each_chip_holds_its_own_operators_on_chip(small_moe):
     """On a system the on-chip check is per chip (the busiest), not the sum over the chips."""
     from stepsim.base.hardware import Hardware
     from stepsim.serve.exact import max_kv_rows
-    from stepsim.serve.layers import LayerSpec, busiest_chip_on_chip, build, make_template
+    from stepsim.serve.layers import LayerSpec, build, busiest_chip_on_chip, make_template
 
     model, system = resolve_model(str(small_moe)), System.preset("ring-2")
     data = np.array([[0, 9], [3, 12], [1, 2]])
