@@ -85,6 +85,7 @@ def test_outputs_name_the_chips_and_are_read_back(trace, tmp_path, serial):
     assert table.column("chips").to_pylist() == [c.chips for c in r.candidate_list]
     assert table.column("ep").to_pylist() == [c.config.get("ep") for c in r.candidate_list]
     assert pq.read_table(out / "pareto.parquet").column("chips").to_pylist() == [c.chips for c in r.front]
+    assert r.files["plot"] == out / "pareto.png" and (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_system_is_scaled_to_each_chip_count(trace, tmp_path, serial):
