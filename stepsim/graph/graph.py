@@ -279,6 +279,23 @@ class Graph:
 
     def connect(self, placeholder: Placeholder, source) -> None:
         """Replace every use of ``placeholder`` by ``source`` (which must have the same stream type)."""
+        self.connect_all([(placeholder, source)])
+
+    def connect_all(self, pairs) -> None:
+        """:meth:`connect` for many ``(placeholder, source)`` pairs in one pass over the operators (one pass
+        each made a network of many transfers quadratic to build)."""
+        refs = {}
+        for placeholder, source in pairs:
+            refs[id(placeholder)] = self._checked_connection(placeholder, source)
+        for op in self.ops:
+            if any(id(r.op) in refs for r in op.inputs):
+                op.inputs = [refs.get(id(r.op), r) for r in op.inputs]
+        self.ops[:] = [op for op in self.ops if id(op) not in refs]
+        self._broadcasts_inserted = False
+        self._consumers = None
+
+    def _checked_connection(self, placeholder: Placeholder, source):
+        """The output ``source`` resolves to, after checking it may close ``placeholder`` (marked connected)."""
         if not isinstance(placeholder, Placeholder) or placeholder.graph is not self:
             raise GraphError(f"connect: {placeholder!r} is not a placeholder of graph {self.name!r}")
         if placeholder.connected_to is not None:
@@ -292,11 +309,7 @@ class Graph:
                 GraphError, f"placeholder expects {want} but {ref} produces {got}; a cycle must close on the same type"
             )
         placeholder.connected_to = ref
-        for op in self.ops:
-            op.inputs = [ref if (r.op is placeholder) else r for r in op.inputs]
-        self.ops.remove(placeholder)
-        self._broadcasts_inserted = False
-        self._consumers = None
+        return ref
 
     # --- queries ----------------------------------------------------------------------------------------
     def __iter__(self):

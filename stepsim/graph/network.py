@@ -117,18 +117,21 @@ class Network:
             self.links[link_index] = op
             for k, (_, t, h) in enumerate(entries):
                 where[(t, h)] = (op, k)
+        pairs = []
         for t, tr in enumerate(self.transfers):
             n_hops = len(self.system.route(tr.src, tr.dst))
             for h in range(1, n_hops):
                 op, k = where[(t, h - 1)]
-                g.connect(hop_inputs[(t, h)], op[k])
+                pairs.append((hop_inputs[(t, h)], op[k]))
             op, k = where[(t, n_hops - 1)]
-            g.connect(tr.delivered, op[k])
+            pairs.append((tr.delivered, op[k]))
+        g.connect_all(pairs)
         return [self.links[i] for i in sorted(self.links)]
 
-    def link_bytes(self) -> dict[str, object]:
-        """Bytes over each used link (symbolic metric, by Link name), after :meth:`finish`."""
-        return {op.name: op.link_bytes() for _, op in sorted(self.links.items())}
+    def link_bytes(self, fp32_bytes: int = 4) -> dict[str, object]:
+        """Bytes over each used link (symbolic metric, by Link name), after :meth:`finish`; ``fp32_bytes`` as in
+        :meth:`stepsim.graph.ops_chips.Link.link_bytes`."""
+        return {op.name: op.link_bytes(fp32_bytes) for _, op in sorted(self.links.items())}
 
 
 def window(link, streams) -> int | None:

@@ -16,8 +16,8 @@ Graphs build links through :class:`stepsim.graph.network.Network`, which routes 
 from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError, DTypeError
-from stepsim.graph.dims import normalize, product
-from stepsim.graph.dtypes import BufferRef, Tile
+from stepsim.graph.dims import dim_sum, product
+from stepsim.graph.dtypes import FP32, BufferRef, DynTile, Tile
 from stepsim.graph.graph import Op
 from stepsim.graph.ops_memory import LinearOffChipLoad, LinearOffChipStore
 
@@ -55,9 +55,18 @@ class Link(Op):
         self.chip = src if src >= 0 else 0  # the sending end
         self._finish(list(streams))
 
-    def link_bytes(self):
-        """Bytes the link carries (sum over its transfers of elements x element bytes; symbolic if shapes are)."""
-        return normalize(sum(product(s.shape) * s.dtype.size_in_bytes() for s in self.outputs))
+    def link_bytes(self, fp32_bytes: int = 4):
+        """Bytes the link carries (sum over its transfers of elements x element bytes; symbolic if shapes are).
+
+        ``fp32_bytes`` is the width an fp32 tile is timed at (:func:`stepsim.graph.lower.fp32_timing_bytes`: 2
+        when the graph's fp32 streams are loaded from bf16 tensors), which is what the engine's link carries.
+        """
+        def element_bytes(dtype):
+            if isinstance(dtype, (Tile, DynTile)) and dtype.dtype == FP32:
+                return product((dtype.rows, dtype.cols, fp32_bytes))
+            return dtype.size_in_bytes()
+
+        return dim_sum(product(s.shape) * element_bytes(s.dtype) for s in self.outputs)
 
 
 class ResidentLoad(LinearOffChipLoad):

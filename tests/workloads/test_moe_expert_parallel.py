@@ -64,42 +64,82 @@ def _config(path, **kw):
             "trace": path, "tile_n": 4, "tile_f": 16, **kw}
 
 
+def _pairs(routing, bounds, chip_of, src, dst):
+    """(token, expert) pairs of the tokens held by chip src whose expert is on chip dst (from the trace)."""
+    return sum(int(chip_of[e] == dst) for row in routing[bounds[src]:bounds[src + 1]] for e in row)
+
+
 @pytest.mark.parametrize("chips", [2, 4, 8])
 @pytest.mark.parametrize("placement", ["contiguous", "round-robin", "load-balanced"])
 def test_each_chip_receives_exactly_the_trace_tokens_of_its_experts(trace, chips, placement):
+    """All-to-all: chip c holds tokens bounds[c]..; link c -> p carries its tokens' rows routed to p's experts
+    (dispatch) and p's tokens' rows coming back from c's experts (combine), as counted on the links."""
     path, routing = trace
     w = workload_from_config(_config(path, ep=chips, placement=placement))
     counts = expert_counts(routing, 8)
     chip_of = w.params["expert_chips"]
+    bounds = w.params["shard_bounds"]
+    assert bounds == [24 * c // chips for c in range(chips + 1)]  # 24 tokens shard evenly on 2, 4 and 8 chips
     want = [int(sum(counts[e] for e in range(8) if chip_of[e] == k)) for k in range(chips)]
     assert w.params["chip_tokens"] == want and sum(want) == 24 * 2
     assert w.params["busiest_chip"] == int(np.argmax(want))
     assert w.params["imbalance"] == round(max(want) / (48 / chips), 6)
+    rows = {f"chip{c}->chip{p}": _pairs(routing, bounds, chip_of, c, p) + _pairs(routing, bounds, chip_of, p, c)
+            for c in range(chips) for p in range(chips) if c != p}
+    # every chip holds experts, so every ordered pair has a link (carrying 0 rows when the trace sends none)
+    # rows of D = 16 values, timed at 2 bytes each (fp32 streams of bf16 tensors, lower.fp32_timing_bytes)
+    assert w.params["link_bytes"] == {name: n * 16 * 2 for name, n in rows.items()}
     r = simulate(w)
     names = list(r.channel_names)
     pushes = r.channel_counters[:, 0]
-    # token rows (1 x 16 tiles) leaving chip 0 for chip k over its link, and the expert outputs coming back
     links = {op.name: op for op in w.graph.ops if op.kind == "Link"}
-    for k in range(1, chips):
-        out = links[f"chip0->chip{k}"]
-        rows = [i for i, s in enumerate(out.outputs) if s.dtype.cols == 16]
-        assert sum(int(pushes[names.index(f"chip0->chip{k}[{i}]")]) for i in rows) == want[k]
-        back = links[f"chip{k}->chip0"]
-        assert sum(int(pushes[names.index(f"chip{k}->chip0[{i}]")]) for i in range(len(back.outputs))) == want[k]
+    assert sorted(links) == sorted(rows)
+    for name, link in links.items():
+        assert sum(int(pushes[names.index(f"{name}[{i}]")]) for i in range(len(link.outputs))) == rows[name]
+    measured = {r.unit_names[u]: int(b) for u, b in enumerate(r.link_bytes) if r.unit_names[u] in links}
+    assert measured == w.params["link_bytes"]
 
 
 @pytest.mark.parametrize("placement", ["contiguous", "load-balanced"])
-def test_expert_parallel_values_equal_the_one_chip_layer(trace, placement):
+@pytest.mark.parametrize("chips", [4, 5])
+def test_expert_parallel_values_equal_the_one_chip_layer(trace, placement, chips):
+    """Each chip stores its shard of y (y.<c>); together they are the one-chip layer's y, bit for bit."""
     path, _ = trace
     one = workload_from_config(_config(path))
-    w = workload_from_config(_config(path, ep=4, placement=placement))
+    w = workload_from_config(_config(path, ep=chips, placement=placement))
     inputs = make_inputs(w, seed=2)
-    assert sorted(inputs) == sorted(make_inputs(one, seed=2))
+    inputs1 = make_inputs(one, seed=2)
+    bounds = w.params["shard_bounds"]
+    assert bounds == ([0, 6, 12, 18, 24] if chips == 4 else [0, 5, 10, 15, 20, 24])
+    for c in range(chips):
+        np.testing.assert_array_equal(inputs[f"x.{c}"], inputs1["x"][bounds[c]:bounds[c + 1]])
+        np.testing.assert_array_equal(inputs[f"routing_weights.{c}"],
+                                      inputs1["routing_weights"][bounds[c]:bounds[c + 1]])
     r = simulate(w, functional=True, inputs=inputs)
     checks = check_outputs(w, r.inputs, r.outputs)
-    assert checks and all(c.passed for c in checks.values()), checks
-    r1 = simulate(one, functional=True, inputs=inputs)
-    np.testing.assert_allclose(r.outputs["y"], r1.outputs["y"], rtol=0, atol=1e-5)
+    assert sorted(checks) == [f"y.{c}" for c in range(chips)] and all(c.passed for c in checks.values()), checks
+    r1 = simulate(one, functional=True, inputs=inputs1)
+    np.testing.assert_array_equal(np.concatenate([r.outputs[f"y.{c}"] for c in range(chips)]), r1.outputs["y"])
+
+
+@pytest.mark.parametrize("system, tiling", [("ring-4", "static"), (None, "dynamic")])
+def test_both_engines_agree_on_the_expert_parallel_layer(trace, system, tiling):
+    """Over a ring (multi-hop routes through chips) and fully connected; static and dynamic tiling."""
+    from stepsim.graph.lower import lower
+    from stepsim.kernels.api import run as fast_run
+    from stepsim.kernels.reference import run as ref_run
+
+    path, _ = trace
+    cfg = _config(path, ep=4, placement="round-robin", tiling=tiling, **({"system": system} if system else {}))
+    if tiling == "dynamic":
+        del cfg["tile_n"]
+    w = workload_from_config(cfg)
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles == simulate(w).cycles
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
 
 
 def test_run_moe_with_ep_reports_the_chips(trace, capsys):
@@ -110,7 +150,7 @@ def test_run_moe_with_ep_reports_the_chips(trace, capsys):
     row = json.loads(capsys.readouterr().out)
     params = json.loads(row["params"])
     assert (row["ep"], row["placement"], params["system"]) == (4, "load-balanced", "fully-connected-4")
-    assert sum(params["chip_tokens"]) == 48 and params["links_used"] == 6  # 0 <-> 1, 2, 3
+    assert sum(params["chip_tokens"]) == 48 and params["links_used"] == 12  # all-to-all: every ordered pair
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -129,10 +169,37 @@ def test_bad_expert_parallel_configs_are_one_line(trace, extra, message):
 
 def test_the_cycle_bounds_count_one_hbm_per_chip():
     """Qwen3 on the bundled B=64 trace over 8 chips is HBM-bound: a bound that put every chip's weight reads on
-    one HBM (747,313 cycles) would exceed the run (144,577); per chip it is 119,825."""
+    one HBM (747,313 cycles) would exceed the run (133,578); per chip it is 119,925."""
     from stepsim.results.records import run_config
 
     row = run_config({"workload": "moe", "model": "qwen3-30b-a3b", "ep": 8, "mode": "simulate"}).row
-    assert (row["cycles"], row["hbm_request_cycles"], row["pipeline_cycles"]) == (144577, 119825, 123929)
+    assert (row["cycles"], row["hbm_request_cycles"], row["pipeline_cycles"]) == (133578, 119925, 123926)
     assert all(row[c] <= row["cycles"] for c in ("hbm_request_cycles", "pipeline_cycles", "load_unit_cycles",
                                                  "compute_unit_cycles"))
+
+
+def test_ep_refuses_a_batch_smaller_than_the_chips(tmp_path):
+    path = tmp_path / "three.npz"
+    np.savez(path, data=np.array([[0, 1], [2, 3], [4, 5]]))
+    with pytest.raises(ConfigError) as info:
+        workload_from_config(_config(str(path), ep=4, tile_n=2))
+    assert str(info.value) == ("--ep 4 shards the batch over 4 chips, but the trace has 3 tokens: every chip needs "
+                               "one (use --ep 3 or fewer)")
+
+
+def test_expert_parallel_with_shared_experts_equals_the_one_chip_layer(trace):
+    """Every chip runs the shared experts on its own shard of tokens (their weights in each chip's HBM)."""
+    from stepsim.workloads.moe.build import build_moe
+    from stepsim.workloads.reference import small_moe_model
+
+    _, routing = trace
+    model = small_moe_model("mixtral-8x7b", hidden=16, intermediate=32, shared_intermediate=32)
+    one = build_moe(model, routing, tile_n=4, tile_f=16)
+    w = build_moe(model, routing, tile_n=4, tile_f=16, ep=2, placement="load-balanced")
+    shared_loads = [op.chip for op in w.graph.ops if op.kind == "LinearOffChipLoad" and op.tensor.name == "shared_up"]
+    assert shared_loads == [0, 1]
+    inputs, inputs1 = make_inputs(w, seed=5), make_inputs(one, seed=5)
+    r = simulate(w, functional=True, inputs=inputs)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    r1 = simulate(one, functional=True, inputs=inputs1)
+    np.testing.assert_array_equal(np.concatenate([r.outputs["y.0"], r.outputs["y.1"]]), r1.outputs["y"])

@@ -164,21 +164,33 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     g = Graph(f"moe-{model.name}-{tiling}")
 
     # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
-    x = Tensor("x", (batch, d), BF16)
-    tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
-    summed, bindings, tile_rows = moe_stage(
-        g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
-        compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
-    LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
+    parallel, tile_rows = {}, {}
+    if ep is None:
+        x = Tensor("x", (batch, d), BF16)
+        tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+        summed, bindings, tile_rows = moe_stage(
+            g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
+            compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
+        LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
+    else:
+        from stepsim.workloads.moe.parallel import expert_parallel
 
-    parallel = {}
-    if ep is not None:
-        if timeshare:
-            raise ArgumentError("--ep does not combine with --regions (time-multiplexed expert regions) yet")
-        from stepsim.workloads.moe.parallel import distribute
+        bw = dict(compute_bw=compute_bw)
+        shared = None
+        if model.shared_intermediate:
+            def shared(g, tokens, rows):
+                return shared_ffn(g, tokens, model, rows, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
 
-        parallel = distribute(g, counts, ep, placement, system)
-    idle = idle_groups(counts, regions)
+        def ffns(g, packed, members):
+            if members is None:
+                return [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw) for e in range(experts)], {}, {}
+            return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
+
+        bindings, tile_rows, parallel = expert_parallel(
+            g, model, routing, counts, ep, placement, system, regions=regions if timeshare else None, ffns=ffns,
+            dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
+            packing_compute_bw=packing_compute_bw, shared_ffn=shared)
+    idle = idle_groups(counts, regions, parallel.get("region_experts"))
     routing.flags.writeable = False
     return Workload(
         name="moe", graph=g, bindings=bindings, tile_rows=tile_rows, idle_groups=idle,
@@ -275,13 +287,16 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     return summed, bindings, tile_rows
 
 
-def idle_groups(counts, regions: int) -> set:
-    """Expert (and time-multiplexed region) groups that received no token (``Workload.idle_groups``)."""
+def idle_groups(counts, regions: int, members=None) -> set:
+    """Expert (and time-multiplexed region) groups that received no token (``Workload.idle_groups``);
+    ``members`` lists each region's experts (default: contiguous blocks of ``experts / regions``)."""
     experts = len(counts)
     idle = {("expert", e) for e in range(experts) if counts[e] == 0}
     if regions != experts:
         per_region = experts // regions
-        idle |= {("region", r) for r in range(regions) if not counts[r * per_region:(r + 1) * per_region].any()}
+        if members is None:
+            members = [range(r * per_region, (r + 1) * per_region) for r in range(regions)]
+        idle |= {("region", r) for r, m in enumerate(members) if not any(counts[e] for e in m)}
     return idle
 
 
@@ -342,7 +357,7 @@ def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw):
     return out
 
 
-def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
+def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members=None):
     """Regions of ``experts/regions`` experts: EagerMerge the token tiles, fetch the chosen expert's weights
     with random loads, compute, and route results back to per-expert streams.
 
@@ -355,13 +370,15 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
     ``graph_flops`` an upper bound; ``algorithmic_flops`` is exact). For FLOP counting the same symbol is bound
     to the rows of each of the region's tiles (one tile per member expert with tokens, ``tile_rows``): every
     function's FLOPs are linear in a tile's rows, so tiles x mean rows is the exact sum, and the per-unit
-    bounds charge each tile its own firing costs. Returns (results, bindings, tile_rows).
+    bounds charge each tile its own firing costs. ``members`` lists each region's experts (default: contiguous
+    blocks of ``experts / regions``). Returns (results by expert, bindings, tile_rows).
     """
     bindings, tile_rows = {}, {}
     d, f = model.hidden, model.intermediate
     n_f = f // tile_f
     per_region = model.experts // regions
-    members = [list(range(r * per_region, (r + 1) * per_region)) for r in range(regions)]
+    if members is None:  # region r: experts r * per_region .. (with --ep, each chip's experts: moe/sharded.py)
+        members = [list(range(r * per_region, (r + 1) * per_region)) for r in range(regions)]
     merges, reps, addrs = [], [], []
     for r in range(regions):
         before = len(g.ops)
@@ -382,7 +399,7 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
             loads[name, r] = Flatten(g, RandomOffChipLoad(g, addrs[r], tensors[r][which], tile, stream_dtype=FP32),
                                      0, 1)
             _label(g.ops[before:], ("region", r))
-    results = []
+    results = [None] * model.experts
     for r in range(regions):
         before = len(g.ops)
         out = _ffn_body(g, reps[r], loads["gate", r], loads["up", r], loads["down", r], model, tile_f, dynamic, bw)
@@ -393,7 +410,7 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw):
             back.assume_shape(i, packed[e].stream.shape)
             if dynamic:
                 back.assume_dtype(i, packed[e].stream.dtype)
-            results.append(back[i])
+            results[e] = back[i]
     return results, bindings, tile_rows
 
 

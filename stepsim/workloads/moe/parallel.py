@@ -1,13 +1,9 @@
-"""Expert parallelism: the MoE layer's experts placed on several chips, tokens sent to them over links.
+"""Expert parallelism: the MoE layer's experts placed on several chips, the batch sharded over them.
 
-``--ep N`` places the experts on N chips; everything that is not an expert (the token load, the routing, the
-gather and weighted sum, the store, the shared experts) stays on the home chip 0. Each expert's operators,
-including its weight loads (from its own chip's HBM), run on its chip; the token rows routed to an expert and their
-routing weights cross from chip 0 to the expert's chip, and the expert's output rows cross back
-(:func:`stepsim.graph.network.place_on_chips`; one link unit per physical link, shared first come first served).
-So dispatch is a scatter from the home chip and combine a gather back to it, exactly as the routing trace says:
-a chip receives one token row per (token, expert on that chip) pair. (A batch sharded over home chips, whose
-dispatch is a true all-to-all, is not built yet.)
+``--ep N`` places the experts on N chips and shards the batch over the same chips; dispatch and combine are
+all-to-alls over the links, per the routing trace (the graph: :mod:`stepsim.workloads.moe.sharded`; the
+transfers: :func:`stepsim.graph.network.place_on_chips`, one link unit per physical link, shared first come
+first served). A chip's experts receive one token row per (token, expert on that chip) pair.
 
 Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
 
@@ -21,6 +17,8 @@ Without ``--system`` the chips are fully connected with the preset link figures 
 """
 
 from __future__ import annotations
+
+import sympy
 
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System, from_dict
@@ -84,23 +82,63 @@ def chip_tokens(counts, chip_of: list[int], chips: int) -> list[int]:
     return tokens
 
 
-def distribute(graph, counts, chips: int, placement: str, system: System | None) -> dict:
-    """Place the experts of a built MoE graph on chips and route its transfers; returns the report fields for
-    the workload's params (placement, chips, per-chip tokens, busiest chip, imbalance = max / mean, links)."""
+def region_members(chip_of: list[int], chips: int, regions: int) -> list[list[int]]:
+    """Time-multiplexed regions with expert parallelism: ``regions / chips`` regions on every chip, numbered chip
+    by chip, each taking the next ``experts / regions`` of its chip's experts in id order.
+
+    >>> region_members([0, 1, 0, 1, 1, 0, 0, 1], 2, 4)
+    [[0, 2], [5, 6], [1, 3], [4, 7]]
+    """
+    if regions % chips:
+        raise ArgumentError(f"--regions {regions} must be a multiple of --ep {chips}: every chip time-multiplexes "
+                            f"its experts on the same number of regions")
+    per_chip = regions // chips
+    per_region = len(chip_of) // regions
+    members = []
+    for chip in range(chips):
+        mine = [e for e, c in enumerate(chip_of) if c == chip]
+        members += [mine[i * per_region:(i + 1) * per_region] for i in range(per_chip)]
+    return members
+
+
+def expert_parallel(graph, model, routing, counts, chips: int, placement: str, system: System | None, *,
+                    regions: int | None, ffns, **build) -> tuple[dict, dict, dict]:
+    """Build the sharded expert-parallel layer into ``graph`` (:mod:`stepsim.workloads.moe.sharded`), place it on
+    the chips and route its transfers.
+
+    ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
+    regions (:func:`region_members`), so a chip's experts share its compute and the tokens a chip receives are
+    its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
+    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. Returns
+    ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles' rows, and the report
+    fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes over every
+    link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
+    """
+    from stepsim.graph.lower import fp32_timing_bytes
     from stepsim.graph.network import place_on_chips
+    from stepsim.workloads.moe.sharded import build_sharded
 
     system = ep_system(chips, system)
     chip_of = place_experts(counts, chips, placement)
-
-    def op_chip(op):
-        group = getattr(op, "group", None)
-        return chip_of[group[1]] if group is not None and group[0] == "expert" else 0
-
-    net = place_on_chips(graph, system, op_chip)
+    if routing.shape[0] < chips:
+        raise ArgumentError(f"--ep {chips} shards the batch over {chips} chips, but the trace has "
+                            f"{routing.shape[0]} tokens: every chip needs one (use --ep {routing.shape[0]} or fewer)")
+    members = None if regions is None else region_members(chip_of, chips, regions)
+    region_chip = None if members is None else [chip_of[m[0]] for m in members]
+    op_chip, bindings, bounds, tile_rows = build_sharded(
+        graph, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
+        region_chip=region_chip, **build)
+    net = place_on_chips(graph, system, lambda op: op_chip[op.id])
     tokens = chip_tokens(counts, chip_of, chips)
     mean = sum(tokens) / chips
     busiest = max(range(chips), key=lambda c: (tokens[c], -c))
-    return {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
-            "chip_tokens": tokens, "busiest_chip": busiest,
-            "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
-            "links_used": len(net.links)}
+    values = {sym: sympy.Integer(v) for sym, v in bindings.items()}  # xreplace: subs is quadratic here
+    link_bytes = {name: int(sympy.sympify(b).xreplace(values))
+                  for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
+    params = {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
+              "shard_bounds": bounds, "chip_tokens": tokens, "busiest_chip": busiest,
+              "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
+              "links_used": len(net.links), "link_bytes": link_bytes}
+    if members is not None:
+        params["region_experts"] = members
+    return bindings, tile_rows, params

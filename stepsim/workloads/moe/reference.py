@@ -182,6 +182,10 @@ def _moe_expert_weights(seed: int, experts: int, d: int, f: int):
     return gate, up, down
 
 
+#: tensors sharded over the chips by expert parallelism (chip c holds rows ``shard_bounds[c]..`` as ``<name>.<c>``)
+SHARDED = ("x", "routing_weights")
+
+
 def inputs(w: Workload, seed: int) -> dict:
     p = w.params
     b, d, f, k, experts, regions = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"], p["regions"]
@@ -197,18 +201,28 @@ def inputs(w: Workload, seed: int) -> dict:
         arrays.update({"shared_gate": seeded_normal(seed, "shared_gate", (d, fs), d ** -0.5, bf16=True),
                        "shared_up": seeded_normal(seed, "shared_up", (d, fs), d ** -0.5, bf16=True),
                        "shared_down": seeded_normal(seed, "shared_down", (fs, d), fs ** -0.5, bf16=True)})
+    if "shard_bounds" in p:  # expert parallel: each chip holds its shard of the batch (moe/sharded.py)
+        arrays = {f"{name}.{c}": a[lo:hi] for name, a in arrays.items() if name in SHARDED
+                  for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:]))} | \
+            {name: a for name, a in arrays.items() if name not in SHARDED}
     if regions == experts:
         for e in range(experts):
             arrays.update({f"expert{e:03d}_gate": gate[e], f"expert{e:03d}_up": up[e],
                            f"expert{e:03d}_down": down[e]})
     else:
         m = experts // regions
-        for r in range(regions):
-            members = slice(r * m, (r + 1) * m)
+        for r, members in enumerate(_region_members(p)):
             arrays.update({f"region{r:03d}_gate": gate[members].reshape(m * d, f),
                            f"region{r:03d}_up": up[members].reshape(m * d, f),
                            f"region{r:03d}_down": down[members].reshape(m * f, d)})
     return arrays
+
+
+def _region_members(p) -> list:
+    """Each time-multiplexed region's experts: contiguous blocks, or with ``--ep`` each chip's experts."""
+    experts, regions = p["experts"], p["regions"]
+    m = experts // regions
+    return p.get("region_experts") or [list(range(r * m, (r + 1) * m)) for r in range(regions)]
 
 
 def outputs(workload: Workload, inputs: dict) -> dict:
@@ -219,14 +233,22 @@ def outputs(workload: Workload, inputs: dict) -> dict:
                   for part in ("gate", "up", "down")]
     else:
         m = experts // regions
+        order = np.argsort(np.concatenate(_region_members(p)), kind="stable")  # region-major rows -> expert order
         stacks = [np.concatenate([np.asarray(take_input(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
-                                  for r in range(regions)])
+                                  for r in range(regions)])[order]
                   for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
     shared = ([take_input(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
               if p.get("shared_intermediate") else None)
-    y = moe_reference(take_input(inputs, "x", who), workload_trace(workload, "routing"), take_input(inputs, "routing_weights", who),
-                      *stacks, shared=shared)
-    return {"y": y}
+    bounds = p.get("shard_bounds")
+    if bounds is None:
+        x, gate_weights = take_input(inputs, "x", who), take_input(inputs, "routing_weights", who)
+    else:
+        x, gate_weights = (np.concatenate([take_input(inputs, f"{name}.{c}", who) for c in range(len(bounds) - 1)])
+                           for name in SHARDED)
+    y = moe_reference(x, workload_trace(workload, "routing"), gate_weights, *stacks, shared=shared)
+    if bounds is None:
+        return {"y": y}
+    return {f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))}
 
 
 def reduction_length(workload: Workload, name: str) -> int:

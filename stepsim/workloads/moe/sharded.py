@@ -1,0 +1,179 @@
+"""The expert-parallel MoE layer as a sharded all-to-all (``--ep N``): the graph, chip by chip.
+
+The batch is sharded over the N chips (data-parallel attention before the layer): chip c holds tokens
+``shard[c] .. shard[c+1] - 1`` (``numpy.array_split`` bounds: the first ``B mod N`` chips one token more), in its
+own tensors ``x.<c>`` (rows of ``x``) and ``routing_weights.<c>``, and stores its rows of the output in ``y.<c>``.
+Every chip runs the non-expert part of the layer on its own tokens: the token load, the routing selectors, the
+Partition of its rows by expert, the routing weights, the weighting, the Reassemble and sum, the shared experts.
+
+* **Dispatch (all-to-all).** Chip c's rows routed to expert e cross to e's chip (no transfer when it is c);
+  expert e takes the rows of all N chips through an ``EagerMerge`` (arrival order) and runs its FFN on its chip,
+  with its weights from that chip's HBM.
+* **Combine (all-to-all).** The expert's output rows are partitioned back by the merge's selector (the chip each
+  row came from) and cross back to their home chip, which scales them by their routing weights and sums them.
+
+So a chip sends exactly its tokens' rows routed to remote experts, and the rows over each link (both ways) are
+the routing trace's: link ``chip c -> chip p`` carries one D-wide row per (token of c, expert on p) pair and the
+same number back. Transfers are routed over the system by :func:`stepsim.graph.network.place_on_chips`.
+
+The merge's selector waits, one entry per row, until the row comes out of the expert's FFN (after its whole
+token tile and F loop); its FIFO holds all the expert's rows (the trace's count), or the merge would stall the
+dispatch before a tile fills.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Accum,
+    AccumAdd,
+    Add,
+    DynTile,
+    EagerMerge,
+    Empty,
+    Flatten,
+    Graph,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Mul,
+    Partition,
+    Reassemble,
+    Reshape,
+    RetileRow,
+    RetileStreamify,
+    SelectorSource,
+    Tensor,
+    Tile,
+    Zero,
+)
+from stepsim.graph.dims import make_symbol
+from stepsim.workloads.routing import multihot, onehot_per_slot
+
+
+def shard_bounds(batch: int, chips: int) -> list[int]:
+    """Token bounds of the chips' shards: chip c holds tokens ``bounds[c] .. bounds[c+1] - 1``.
+
+    >>> shard_bounds(10, 4)
+    [0, 3, 6, 8, 10]
+    """
+    base, extra = divmod(batch, chips)
+    return [c * base + min(c, extra) for c in range(chips + 1)]
+
+
+def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, dynamic: bool, tile_n, tile_f: int,
+                  compute_bw: int, packing_compute_bw: int, ffns, shared_ffn,
+                  region_chip: list[int] | None = None) -> tuple[dict, dict, list, dict]:
+    """Add the sharded layer to ``g`` (module docstring); ``chip_of[e]`` is expert e's chip.
+
+    ``ffns(g, packed)`` builds the experts' FFNs on their packed token tiles (``packed[e]``: expert e's) and
+    returns ``(output tiles by expert, bindings, tile_rows)``; its operators carry the group ``("expert", e)``
+    (on chip ``chip_of[e]``) or ``("region", r)`` (time-multiplexed regions, on chip ``region_chip[r]``).
+    ``shared_ffn(g, tokens, batch)`` builds the shared experts on a chip's token rows (None without them).
+    Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator (by ``op.id``), the
+    symbols' values from the trace, the shard bounds, and ``ffns``' tile rows.
+    """
+    experts, k, d = model.experts, model.top_k, model.hidden
+    bw = dict(compute_bw=compute_bw)
+    bounds = shard_bounds(routing.shape[0], chips)
+    op_chip: dict[int, int] = {}
+    bindings: dict = {}
+
+    def on(chip, before):
+        for op in g.ops[before:]:
+            op_chip[op.id] = chip
+
+    # home chips: token loads, selectors, routing weights, rows partitioned by expert
+    per_expert, slot_weights, shards = [], [], []
+    for c in range(chips):
+        before = len(g.ops)
+        rc = routing[bounds[c]:bounds[c + 1]]
+        bc = rc.shape[0]
+        x = Tensor(f"x.{c}", (bc, d), BF16)
+        tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (bc, 1), (1, 1), stream_dtype=FP32), 0, 1)
+        select = SelectorSource(g, multihot(rc, experts), experts)
+        route_w = Tensor(f"routing_weights.{c}", (bc, k), BF16)
+        weights = LinearOffChipLoad(g, route_w, (1, 1), (bc, k), (k, 1), stream_dtype=FP32)
+        part = Partition(g, tokens, select, 0, experts)
+        counts = np.zeros(experts, dtype=np.int64)
+        np.add.at(counts, rc.ravel(), 1)
+        bindings.update({part.count_symbols[e]: int(counts[e]) for e in range(experts)})
+        part.channel_depth = max(1, int(counts.max()))  # the dispatch buffer (module docstring)
+        wpart = Partition(g, weights, SelectorSource(g, onehot_per_slot(rc, experts), experts), 0, experts)
+        wpart.channel_depth = part.channel_depth  # weights wait for their rows' round trip (module docstring)
+        for e in range(experts):
+            wpart.assume_shape(e, (part.count_symbols[e],))
+        per_expert.append(part)
+        slot_weights.append(wpart)
+        shards.append((rc, bc, tokens, counts))
+        on(c, before)
+
+    # experts: dispatch (merge of every chip's rows), packing into tiles, FFNs, combine (rows back by the
+    # merge's selector)
+    merges, packed = [], []
+    for e in range(experts):
+        before = len(g.ops)
+        total = int(sum(int(s[3][e]) for s in shards))
+        merge = EagerMerge(g, [per_expert[c][e] for c in range(chips)], 0)
+        merge.channel_depth = max(1, total)  # the selector waits for the FFN (module docstring)
+        # one symbol for the expert's rows (bound to the trace's count) instead of the sum of the chips' counts,
+        # which sympy's ceilings downstream make slow to build
+        rows_symbol = make_symbol(f"{merge.name}_rows")
+        bindings[rows_symbol] = total
+        merge.assume_shape(0, (rows_symbol,))
+        merge.assume_shape(1, (rows_symbol,))
+        merged = merge[0]
+        if dynamic:
+            padded = Reshape(g, merged, 1, 0, pad=Zero(1, d), add_outer_dim=True)
+            rows = Flatten(g, padded, 0, 1)
+            out_dtype = DynTile(FP32, rows_symbol, d)
+        else:
+            padded = Reshape(g, merged, tile_n, 0, pad=Zero(1, d), add_outer_dim=True)
+            rows = Flatten(g, padded, 1, 2)
+            out_dtype = Tile(FP32, tile_n, d)
+        packed.append(Accum(g, rows, RetileRow(), Empty(0, d), 1, out_dtype=out_dtype,
+                            compute_bw=packing_compute_bw))
+        merges.append(merge)
+        _group(g.ops[before:], ("expert", e))
+    outs, ffn_bindings, tile_rows = ffns(g, packed)
+    bindings.update(ffn_bindings)
+    back = []
+    for e in range(experts):
+        out_rows = RetileStreamify(g, outs[e], split_row=True, filter_mask=True)
+        out_rows.assume_shape(0, merges[e][0].stream.shape)
+        ret = Partition(g, out_rows, merges[e][1], 0, chips)
+        ret.channel_depth = max(1, max(int(s[3][e]) for s in shards))  # the combine buffer (module docstring)
+        for c in range(chips):
+            ret.assume_shape(c, (per_expert[c].count_symbols[e],))
+        back.append(ret)
+        _group(g.ops[-2:], ("expert", e))
+    for op in g.ops:
+        if op.id not in op_chip and op.group is not None:
+            kind, index = op.group
+            op_chip[op.id] = chip_of[index] if kind == "expert" else region_chip[index]
+
+    # home chips: weight the returned rows, reassemble each token's top-k rows, sum, shared experts, store
+    for c in range(chips):
+        before = len(g.ops)
+        rc, bc, tokens, _ = shards[c]
+        scaled = [Map(g, [slot_weights[c][e], back[e][c]], Mul(), **bw) for e in range(experts)]
+        gathered = Reassemble(g, scaled, SelectorSource(g, multihot(rc, experts), experts), 0)
+        bindings[gathered.ragged_symbol] = k
+        summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
+        if shared_ffn is not None:
+            shared_before = len(g.ops)
+            shared = shared_ffn(g, tokens, bc)
+            summed = Map(g, [summed, shared], Add(), **bw)
+            for op in g.ops[shared_before:]:
+                op.group = ("shared_expert", c)
+        LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+        on(c, before)
+    return op_chip, bindings, bounds, tile_rows
+
+
+def _group(ops, group) -> None:
+    for op in ops:
+        op.group = group
