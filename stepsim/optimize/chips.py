@@ -7,8 +7,9 @@ chips must be faster or leaner to stay on the front):
 * ``ep``: the divisors of the expert count E from 2 up to N (each chip holds E / ep experts), plus one chip
   (``ep`` unset, the single-chip layer);
 * ``placement``: ``contiguous``, ``round-robin``, ``load-balanced`` (:mod:`stepsim.workloads.moe.parallel`);
-* the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`) without
-  time-multiplexed ``regions`` (``--ep`` does not combine with ``--regions``).
+* the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
+  time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
+  on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
 
 ``tp`` and ``pp`` join these axes once the layers build them (:data:`PARALLEL_KNOBS`).
 
@@ -93,12 +94,16 @@ def system_for(system, spec: str, chips: int, out: Path) -> str:
 
 def parallel_grids(tile_grids: list[dict], experts: int, max_chips: int, system=None) -> list[dict]:
     """The MoE space under a chip budget (module docstring): ``tile_grids`` on one chip, then for every chip
-    count the tile grids without ``regions`` times the placements."""
-    tiles = [dict(t) for t in dict.fromkeys(tuple((k, v) for k, v in g.items() if k != "regions")
-                                            for g in tile_grids)]
+    count the tile grids (``regions`` only its multiples of the count) times the placements."""
     grids = [dict(g) for g in tile_grids]
     for n in chip_counts(experts, max_chips, system):
-        grids += [{**t, "ep": (n,), "placement": PLACEMENTS} for t in tiles]
+        for grid in tile_grids:
+            grid = dict(grid)
+            if "regions" in grid:
+                grid["regions"] = tuple(r for r in grid["regions"] if r % n == 0)
+                if not grid["regions"]:
+                    continue
+            grids.append({**grid, "ep": (n,), "placement": PLACEMENTS})
     return grids
 
 

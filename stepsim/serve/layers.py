@@ -57,7 +57,8 @@ class LayerSpec:
     """What a serving layer's graphs depend on besides their shape: the model's dimensions, the hardware and
     the KV-cache rows reserved per request (``max_n``, a multiple of :data:`KV_TILE`); with a ``system``
     (:class:`~stepsim.base.system.System`), the MoE block's experts on its chips by expert parallelism,
-    contiguously (:mod:`stepsim.serve.system`)."""
+    contiguously, and a step's tokens sharded over them when it has at least one a chip
+    (:mod:`stepsim.serve.system`)."""
 
     model: ModelConfig
     hardware: Hardware
@@ -160,8 +161,9 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
                                        query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n)
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
-        parallel = {} if spec.system is None else \
-            {"ep": spec.system.chips, "placement": "contiguous", "system": spec.system}  # count-independent
+        parallel = {}
+        if spec.system is not None and len(data) >= spec.system.chips:  # the batch sharded over every chip
+            parallel = {"ep": spec.system.chips, "placement": "contiguous", "system": spec.system}
         workload = build_moe(spec.ffn_model, data, **parallel)
     workload.channel_depth = depth
     return workload
@@ -285,10 +287,13 @@ class LayerRunner:
     runs: int = 0
 
     def cycles(self, kind: str, data) -> int:
-        """Engine cycles of one layer piece on ``data`` (its template built on first use)."""
+        """Engine cycles of one layer piece on ``data`` (its template built on first use; on a system the FFN is
+        built fresh for every step: its sharded sources are not located by the templates yet)."""
         from stepsim.analysis.deadlock import run_diagnosed
         from stepsim.base.errors import DeadlockError
 
+        if kind == "ffn" and self.spec.system is not None:
+            return self.fresh_cycles(kind, data)
         depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
         for i, depth in enumerate(depths):
             key = (kind, shape_of(kind, data), depth)
@@ -308,6 +313,35 @@ class LayerRunner:
                 continue
             finally:
                 self.bind_s += t1 - t0
+                self.engine_s += time.perf_counter() - t1
+                self.runs += 1
+            return int(result.cycles)
+        raise AssertionError("unreachable")
+
+    def fresh_cycles(self, kind: str, data) -> int:
+        """Engine cycles of one layer piece built, checked (per chip on a system) and lowered for ``data`` alone,
+        deeper FIFOs while the engine proves a deadlock (as :meth:`cycles`)."""
+        from stepsim.analysis.deadlock import run_diagnosed
+        from stepsim.base.errors import DeadlockError
+
+        depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
+        for i, depth in enumerate(depths):
+            t0 = time.perf_counter()
+            workload = build(kind, data, self.spec, depth)
+            chip, needed = busiest_chip_on_chip(workload)
+            self.spec.hardware.check_on_chip(needed, f"serving layer {kind!r} at shape {shape_of(kind, data)} on "
+                                                      f"chip {chip}")
+            program = lowered(workload, self.spec.hardware)
+            t1 = time.perf_counter()
+            self.build_s += t1 - t0
+            self.builds += 1
+            try:
+                result = run_diagnosed(program)
+            except DeadlockError:
+                if i + 1 == len(depths):
+                    raise
+                continue
+            finally:
                 self.engine_s += time.perf_counter() - t1
                 self.runs += 1
             return int(result.cycles)

@@ -62,15 +62,17 @@ def test_pruned_search_over_chips_equals_exhaustive(trace, tmp_path, serial):
             assert any(dominates(p[1:], real) or tuple(p[1:]) == real for p in front)
     # four chips beat one here (the layer reads 8 experts' weights: 4 HBMs read them in parallel)
     assert [(c.cycles, c.chips) for c in r.front] == [
-        (14316, 4), (14316, 4), (14343, 4), (14343, 4), (14357, 2), (14386, 2), (16144, 1), (50243, 1)]
-    assert r.recommended.config["ep"] == 4 and r.recommended.cycles == 14316
-    assert {n: p["cycles"] for n, p in r.per_chips().items()} == {1: 16144, 2: 14357, 4: 14316}
+        (11867, 4), (11896, 4), (12327, 2), (12358, 2), (16144, 1), (50243, 1)]
+    assert (r.recommended.config["ep"], r.recommended.config["placement"], r.recommended.cycles) == \
+        (4, "load-balanced", 11867)
+    assert {n: p["cycles"] for n, p in r.per_chips().items()} == {1: 16144, 2: 12327, 4: 11867}
     from stepsim.cli.optimize import format_result
 
     text = format_result(r).splitlines()
-    assert text[4] == "  Pareto front (8 point(s)): cycles, on-chip bytes, FLOPs/cycle, chips"
-    assert text[5] == "  *       14,316      1,872,898    313,600    4  tiling=dynamic tile_f=64 ep=4 placement=contiguous"
-    assert "  fastest per chip count: 1 chip(s) 16,144 cycles; 2 chip(s) 14,357 cycles; 4 chip(s) 14,316 cycles" \
+    assert text[4] == "  Pareto front (6 point(s)): cycles, on-chip bytes, FLOPs/cycle, chips"
+    assert text[5] == ("  *       11,867      1,888,264    486,400    4  tiling=dynamic tile_f=64 ep=4 "
+                       "placement=load-balanced")
+    assert "  fastest per chip count: 1 chip(s) 16,144 cycles; 2 chip(s) 12,327 cycles; 4 chip(s) 11,867 cycles" \
         in text
 
 
@@ -132,18 +134,19 @@ def test_chip_counts_are_divisors_of_the_experts_within_the_budget():
 def test_the_default_space_adds_placements_per_chip_count():
     grids = parallel_grids([{"tiling": ("dynamic",), "tile_f": (32, 64)},
                             {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (2, 4)}], 8, 4)
+    placements = ("contiguous", "round-robin", "load-balanced")
     assert grids == [
         {"tiling": ("dynamic",), "tile_f": (32, 64)},
         {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (2, 4)},
-        {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (2,),
-         "placement": ("contiguous", "round-robin", "load-balanced")},
-        {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (4,),
-         "placement": ("contiguous", "round-robin", "load-balanced")}]
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (2,), "placement": placements},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (2, 4), "ep": (2,), "placement": placements},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (4,), "placement": placements},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (4,), "ep": (4,), "placement": placements}]
 
 
 def test_the_bound_counts_every_chips_hbm():
     """Qwen3-30B-A3B on the bundled B=64 trace over 8 chips: one HBM's roofline (747,265 cycles) would prune a
-    run of 144,577 cycles; the search's bound over 8 HBMs and the per-chip unit bounds stays below it."""
+    run of 133,578 cycles; the search's bound over 8 HBMs and the per-chip unit bounds stays below it."""
     from stepsim.optimize.pareto import roofline_lower_bound
     from stepsim.optimize.search import BOUND_COLUMNS
 
@@ -152,8 +155,9 @@ def test_the_bound_counts_every_chips_hbm():
                                    row["allocated_compute_flops_per_cycle"])
     eight = roofline_lower_bound(row["off_chip_bytes_symbolic"], 8 * row["hbm_bytes_per_cycle"],
                                  row["graph_flops"], row["allocated_compute_flops_per_cycle"])
-    assert (one_hbm, eight, row["cycles"]) == (747265, 93409, 144577)
-    assert max(eight, *(row[k] for k in BOUND_COLUMNS)) == 123929 <= row["cycles"]
+    assert (one_hbm, eight, row["cycles"]) == (747265, 93409, 133578)
+    assert [row[k] for k in BOUND_COLUMNS] == [98736, 98304, 119925, 123926, 2099]  # the link bound: 2,099
+    assert max(eight, *(row[k] for k in BOUND_COLUMNS)) == 123926 <= row["cycles"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -183,8 +187,9 @@ def test_no_candidate_within_the_chip_budget_names_the_fewest(trace, tmp_path, s
 
 def test_cli_default_space_over_chips(tmp_path, capsys):
     """``stepsim optimize moe --max-chips 2`` on a tiny layer (D 16, F 32, 8 experts, 24 tokens): the default space
-    (24 one-chip candidates: dynamic and static tile_n 1..16 at tile_f 32, with and without regions 1, 2, 4) plus the
-    6 tilings without regions x 3 placements on 2 chips; the JSON report and optimize.json agree."""
+    (24 one-chip candidates: dynamic and static tile_n 1..16 at tile_f 32, with and without regions 1, 2, 4) plus on
+    2 chips the 6 tilings, without regions and with regions 2 or 4 (the multiples of 2), x 3 placements (54); the
+    JSON report and optimize.json agree."""
     routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
     routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8
     np.savez(tmp_path / "r.npz", data=routing)
@@ -193,9 +198,10 @@ def test_cli_default_space_over_chips(tmp_path, capsys):
                  "--top-k", "2", "--trace", str(tmp_path / "r.npz"), "--max-chips", "2", "--jobs", "1",
                  "--out", str(out), "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert (report["candidates"], report["max_chips"], sorted(report["per_chips"])) == (42, 2, ["1", "2"])
+    assert (report["candidates"], report["max_chips"], sorted(report["per_chips"])) == (78, 2, ["1", "2"])
     rows = pq.read_table(out / "candidates.parquet").to_pylist()
-    assert sum(r["chips"] == 2 for r in rows) == 18
+    assert sum(r["chips"] == 2 for r in rows) == 54
+    assert sorted({r["regions"] for r in rows if r["chips"] == 2}, key=str) == [2, 4, None]
     assert {r["placement"] for r in rows if r["chips"] == 2} == {"contiguous", "round-robin", "load-balanced"}
     assert json.loads((out / "optimize.json").read_text())["pareto"] == report["pareto"]
-    assert report["simulations"] + report["pruned_symbolically"] + report["invalid"] == 42
+    assert report["simulations"] + report["pruned_symbolically"] + report["invalid"] == 78

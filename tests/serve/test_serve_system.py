@@ -138,32 +138,36 @@ def small_moe(tmp_path):
     return path
 
 
-def test_expert_parallel_templates_rebind_to_fresh_builds(small_moe):
-    """The FFN on 2 chips (contiguous experts: the placement does not depend on the routing) rebinds like the
-    one-chip template: the same cycles as a fresh build; the trace's tokens go to their experts' chips."""
-    from stepsim.analysis.deadlock import run_diagnosed
+def test_the_moe_block_on_two_chips_is_built_for_each_step(small_moe):
+    """On a system the FFN is built fresh for each step (the sharded layer's sources are not rebound by the
+    templates yet): the runner's cycles are a fresh build's; the batch is sharded over both chips and the trace's
+    token rows reach their experts' chips; a step of fewer tokens than chips runs the one-chip block."""
     from stepsim.serve.exact import max_kv_rows
-    from stepsim.serve.layers import LayerSpec, build, make_template
+    from stepsim.serve.layers import LayerRunner, LayerSpec, build
     from stepsim.serve.routing import SyntheticRouting
     from stepsim.simulation.simulate import simulate
 
     system = System.preset("ring-2")
     spec = LayerSpec(resolve_model(str(small_moe)), system.hardware, max_kv_rows(4096), system=system)
+    one_chip = LayerSpec(spec.model, spec.hardware, spec.max_n)
     routing = SyntheticRouting(16, 2, 1, seed=5)
+    runner = LayerRunner(spec)
     got = []
-    for tokens in (1, 5, 40):
+    for tokens in (1, 2, 5, 40):
         data = np.ascontiguousarray(routing.route(tokens)[:, 0, :])
         fresh = build("ffn", data, spec)
-        got.append((run_diagnosed(make_template("ffn", (tokens,), spec).bind(data)).cycles, simulate(fresh).cycles,
-                    fresh.params["chip_tokens"]))
-    assert got == [(2173, 2173, [2, 0]), (3394, 3394, [5, 5]), (5490, 5490, [52, 28])]
+        got.append((runner.cycles("ffn", data), simulate(fresh).cycles, fresh.params.get("shard_bounds"),
+                    fresh.params.get("chip_tokens"), simulate(build("ffn", data, one_chip)).cycles))
+    assert got == [(2173, 2173, None, None, 2173), (3198, 3198, [0, 1, 2], [3, 1], 2224),
+                   (3275, 3275, [0, 3, 5], [5, 5], 2521), (4466, 4466, [0, 20, 40], [50, 30], 6244)]
+    assert (runner.builds, runner.runs, runner.templates) == (4, 4, {})
 
 
 def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     """A served run with --fidelity exact on ring-2, pinned step by step; the first step (a 40-token prefill)
     re-derived: per layer one KV head's prefill (2 heads over 2 chips) plus the ring all-reduce of 40 x 256 fp32
     activations (2 (n-1) (alpha + sigma) + (n-1) mu + 1 = 2 x 820 + 640 + 1), the MoE block on 2 chips, and the
-    weights outside the graphs read half a chip."""
+    weights outside the graphs read half a chip. The 1-token decode steps run the one-chip MoE block."""
     from stepsim.serve.exact import max_kv_rows
     from stepsim.serve.layers import LayerSpec, build
     from stepsim.serve.routing import SyntheticRouting
@@ -176,7 +180,7 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     assert (it["tokens"], it["cycles_attention"], it["cycles_ffn"], it["cycles_weights"]) == (
         [40, 1, 1, 7, 1, 1, 1, 20, 1],
         [5912, 2474, 2474, 3404, 2374, 2374, 2374, 4236, 2374],
-        [11171, 6372, 6372, 7005, 5359, 6372, 6380, 8629, 6380],
+        [9053, 4346, 4346, 6639, 4346, 4346, 4346, 7821, 4346],
         [460, 451, 451, 452, 451, 451, 451, 455, 451])
     assert result.summary["fidelity"] == {"mode": "exact", "error": None, "routing": {
         "mode": "synthetic", "alpha": 0.3, "beta": 0.05, "locality": 0.0}, "simulations": 27, "system": "ring-2",
@@ -191,7 +195,7 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     assert it["cycles_ffn"][0] == sum(simulate(build("ffn", np.ascontiguousarray(routing[:, layer, :]), spec)).cycles
                                       for layer in range(2))
     assert it["cycles_weights"][0] == tp_weight_cycles(model, system.hardware, 1000, 2, 40)
-    assert it["duration_s"][0] == (5912 + 11171 + 460) / system.hardware.clock_hz
+    assert it["duration_s"][0] == (5912 + 9053 + 460) / system.hardware.clock_hz
     from stepsim.serve.output import read_outputs
 
     assert read_outputs(tmp_path / "o")[2]["system"]["chips"] == 2
@@ -212,21 +216,22 @@ def test_each_chip_holds_its_own_operators_on_chip(small_moe):
     """On a system the on-chip check is per chip (the busiest), not the sum over the chips."""
     from stepsim.base.hardware import Hardware
     from stepsim.serve.exact import max_kv_rows
-    from stepsim.serve.layers import LayerSpec, build, busiest_chip_on_chip, make_template
+    from stepsim.serve.layers import LayerRunner, LayerSpec, build, busiest_chip_on_chip, make_template
 
     model, system = resolve_model(str(small_moe)), System.preset("ring-2")
     data = np.array([[0, 9], [3, 12], [1, 2]])
     spec = LayerSpec(model, system.hardware, max_kv_rows(4096), system=system)
     workload = build("ffn", data, spec)
-    assert (int(workload.metrics()["on_chip_bytes"]), busiest_chip_on_chip(workload)) == (3_148_290, (0, 1_575_426))
+    assert (int(workload.metrics()["on_chip_bytes"]), busiest_chip_on_chip(workload)) == (3_150_852, (0, 1_575_426))
     roomy = Hardware.preset("step-eval", on_chip_capacity_bytes=2_000_000)
-    assert make_template("ffn", (3,), dataclasses_replace(spec, hardware=roomy)).on_chip_bytes == 3_148_290
-    with pytest.raises(ConfigError) as e:
+    assert LayerRunner(dataclasses_replace(spec, hardware=roomy)).cycles("ffn", data) == \
+        LayerRunner(spec).cycles("ffn", data)
+    with pytest.raises(ConfigError) as e:  # one chip of the same hardware holds all of them
         make_template("ffn", (3,), dataclasses_replace(spec, hardware=roomy, system=None))
-    assert str(e.value).startswith("serving layer 'ffn' at shape (3,) needs 3,148,290 bytes on chip")
+    assert str(e.value).startswith("serving layer 'ffn' at shape (3,) needs 3,14")
     tight = Hardware.preset("step-eval", on_chip_capacity_bytes=1_500_000)
     with pytest.raises(ConfigError) as e:
-        make_template("ffn", (3,), dataclasses_replace(spec, hardware=tight))
+        LayerRunner(dataclasses_replace(spec, hardware=tight)).cycles("ffn", data)
     assert str(e.value) == ("serving layer 'ffn' at shape (3,) on chip 0 needs 1,575,426 bytes on chip; hardware "
                             "'step-eval+on_chip_capacity_bytes=1500000' has 1,500,000 (75,426 bytes short)")
 
