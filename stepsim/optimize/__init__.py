@@ -7,6 +7,7 @@
 The pieces, one purpose each: :mod:`~stepsim.optimize.space` (the documented default search spaces and the
 ``--space`` TOML override), :mod:`~stepsim.optimize.pareto` (dominance, the roofline lower bound),
 :mod:`~stepsim.optimize.search` (symbolic evaluation, budgets, pruning, simulation rounds),
+:mod:`~stepsim.optimize.chips` (the parallel axes under a chip budget, ``--max-chips``),
 :mod:`~stepsim.optimize.output` (Parquet, PNG, JSON, the ``stepsim run`` command line) and
 :mod:`~stepsim.cli.optimize` (the subcommand).
 """
@@ -35,7 +36,8 @@ class OptimizeResult:
     out : Path
         Output folder.
     front : list of Candidate
-        The Pareto front over (cycles, on-chip bytes, allocated compute), by cycles.
+        The Pareto front over (cycles, on-chip bytes, allocated compute, chips), by cycles (chips: 1 for every
+        candidate unless ``max_chips`` searched several).
     recommended : Candidate or None
         The front point best for ``objective``.
     candidate_list : list of Candidate
