@@ -288,7 +288,8 @@ class LayerRunner:
 
     def cycles(self, kind: str, data) -> int:
         """Engine cycles of one layer piece on ``data`` (its template built on first use; on a system the FFN is
-        built fresh for every step: its sharded sources are not located by the templates yet)."""
+        built fresh for every step: the sharded layer's FIFO depths follow the routing, which rebinding source
+        values cannot change)."""
         from stepsim.analysis.deadlock import run_diagnosed
         from stepsim.base.errors import DeadlockError
 

@@ -139,8 +139,8 @@ def small_moe(tmp_path):
 
 
 def test_the_moe_block_on_two_chips_is_built_for_each_step(small_moe):
-    """On a system the FFN is built fresh for each step (the sharded layer's sources are not rebound by the
-    templates yet): the runner's cycles are a fresh build's; the batch is sharded over both chips and the trace's
+    """On a system the FFN is built fresh for each step (the sharded layer's FIFO depths follow the routing, which
+    a template's rebinding cannot change): the runner's cycles are a fresh build's; the batch is sharded over both chips and the trace's
     token rows reach their experts' chips; a step of fewer tokens than chips runs the one-chip block."""
     from stepsim.serve.exact import max_kv_rows
     from stepsim.serve.layers import LayerRunner, LayerSpec, build
