@@ -205,3 +205,21 @@ def test_cli_default_space_over_chips(tmp_path, capsys):
     assert {r["placement"] for r in rows if r["chips"] == 2} == {"contiguous", "round-robin", "load-balanced"}
     assert json.loads((out / "optimize.json").read_text())["pareto"] == report["pareto"]
     assert report["simulations"] + report["pruned_symbolically"] + report["invalid"] == 78
+
+
+def test_a_fixed_ep_search_counts_its_chips(trace, tmp_path, serial):
+    """``--ep 4`` fixed (no --max-chips): every candidate is on 4 chips and its bound divides the bytes by 4 HBMs;
+    the bound holds on every simulated point and the front equals the exhaustive one."""
+    space = [{"tiling": ("dynamic",), "tile_f": (64, 128, 256)}, {"tiling": ("static",), "tile_n": (8, 16)}]
+    r = optimize("moe", out=tmp_path / "o", executor=serial, space=space, trace=trace, ep=4, placement="round-robin",
+                 **SMALL)
+    assert {c.chips for c in r.candidate_list} == {4} and r.budgets["max_chips"] is None
+    front, cycles = _exhaustive_within_budget(r)
+    assert sorted((c.run_id, *c.objectives) for c in r.front) == front
+    assert all(c.lower_bound <= cycles[c.run_id] for c in r.candidate_list)
+    assert [(c.status, c.lower_bound, cycles[c.run_id]) for c in r.candidate_list] == [
+        ("simulated", 10265, 11886), ("pruned", 12314, 13862), ("pruned", 16411, 17923),
+        ("simulated", 18457, 20032), ("simulated", 10266, 11909)]
+    # one HBM's roofline would put the first candidate above its own cycles (12,361 > 11,886)
+    first = r.candidate_list[0]
+    assert (first.off_chip_bytes, -(-first.off_chip_bytes // first.hbm_bytes_per_cycle)) == (12_656_736, 12_361)
