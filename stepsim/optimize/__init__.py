@@ -191,8 +191,8 @@ def _merged(states: list):
 
 
 def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int | None = None,
-             max_compute: int | None = None, max_chips: int | None = None, space=None, jobs: int | None = None, executor="local",
-             address: str | None = None, round_size: int | None = None, progress: bool = False,
+             max_compute: int | None = None, max_chips: int | None = None, space=None, jobs: int | None = None,
+             executor="local", address: str | None = None, round_size: int | None = None, progress: bool = False,
              **knobs) -> OptimizeResult:
     """Search the schedules of ``workload`` on a trace for the Pareto front (module docstring of
     :mod:`stepsim.optimize.search` for the method) and write it into ``out``.
@@ -204,7 +204,7 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     out : str or Path
         Output folder (created; a search into a folder that holds an earlier one resumes it).
     objective : str
-        ``cycles`` (default), ``on-chip`` or ``compute``: what the recommendation minimizes first.
+        ``cycles`` (default), ``on-chip``, ``compute`` or ``chips``: what the recommendation minimizes first.
     max_on_chip : int, optional
         On-chip budget (bytes); candidates over it are dropped.
     max_compute : int, optional
@@ -328,8 +328,8 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     front = search.front_of(state)
     result = OptimizeResult(workload=workload, objective=objective, out=out, front=front,
                             recommended=search.recommend(front, objective), candidate_list=state.candidates,
-                            axes=state.axes, budgets={"max_on_chip": max_on_chip, "max_compute": max_compute,
-                                                                "max_chips": max_chips},
+                            axes=state.axes,
+                            budgets={"max_on_chip": max_on_chip, "max_compute": max_compute, "max_chips": max_chips},
                             simulated_now=state.simulated_now, rounds=state.rounds, stages=summary)
     result.files = write_outputs(out, result)
     result.wall_s = time.perf_counter() - start
