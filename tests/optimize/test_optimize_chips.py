@@ -66,6 +66,10 @@ def test_pruned_search_over_chips_equals_exhaustive(trace, tmp_path, serial):
     assert (r.recommended.config["ep"], r.recommended.config["placement"], r.recommended.cycles) == \
         (4, "load-balanced", 11867)
     assert {n: p["cycles"] for n, p in r.per_chips().items()} == {1: 16144, 2: 12327, 4: 11867}
+    from stepsim.optimize.search import recommend
+
+    fewest = recommend(r.front, "chips")  # --objective chips: the fewest chips, then the fastest on them
+    assert (fewest.chips, fewest.cycles) == (1, 16144)
     from stepsim.cli.optimize import format_result
 
     text = format_result(r).splitlines()
