@@ -90,12 +90,16 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--bytes", type=int, metavar="S",
                    help="collective: the whole vector in bytes (each chip's input; an all-gather's output), a "
                         "multiple of 4 x chips (default 1048576)")
-    p.add_argument("--algorithm", choices=("ring", "direct"), help="collective: ring (default) or direct")
+    p.add_argument("--algorithm", choices=("ring", "direct"),
+                   help="collective, SwiGLU with --tp (its all-reduce): ring (default) or direct")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="collective, MoE with --ep: the chips and links, a system TOML file or preset "
+                   help="collective, MoE with --ep, SwiGLU with --tp: the chips and links, a system TOML file or preset "
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
                    help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
+    p.add_argument("--tp", type=int, metavar="N",
+                   help="SwiGLU: tensor parallelism, F's columns split over N chips, an all-reduce after "
+                        "(--algorithm ring, the default, or direct)")
     p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
                    help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
                         "from the routing trace)")

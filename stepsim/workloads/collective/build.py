@@ -87,11 +87,16 @@ def check_request(op: str, nbytes, algorithm: str, chips: int) -> int:
 
 
 class _Builder:
-    def __init__(self, system: System, op: str, nbytes: int, algorithm: str, compute_bw: int):
+    def __init__(self, system: System, op: str, nbytes: int, algorithm: str, compute_bw: int, *, graph=None,
+                 network=None, prefix: str = ""):
         self.n = system.chips
-        self.m = check_request(op, nbytes, algorithm, self.n)
-        self.g = Graph(f"{op}-{algorithm}-{self.n}chips-{nbytes}B")
-        self.net = Network(self.g, system)
+        if graph is None:
+            self.m = check_request(op, nbytes, algorithm, self.n)
+            self.g = Graph(f"{op}-{algorithm}-{self.n}chips-{nbytes}B")
+            self.net = Network(self.g, system)
+        else:  # inside another graph (all_reduce_streams): its chunks are streams, not resident tensors
+            self.m, self.g, self.net = None, graph, network
+        self.prefix = prefix
         self.compute_bw = compute_bw
         self.inputs: list[str] = []
         self.outputs: list[str] = []
@@ -105,64 +110,69 @@ class _Builder:
         self.outputs.append(name)
         ResidentStore(self.g, stream, tensor_name=name, name=f"store.{name}")
 
-    def add(self, a, b, name: str):
-        return Map(self.g, [a, b], Add(), compute_bw=self.compute_bw, write_back_mu=True, name=name)
+    def add(self, a, b, name: str, chip: int):
+        op = Map(self.g, [a, b], Add(), compute_bw=self.compute_bw, write_back_mu=True, name=self.prefix + name)
+        op.chip = chip
+        return op
 
     # ------------------------------------------------------------------------------------- reduce-scatter
-    def reduce_scatter_ring(self):
-        """Returns {chip: stream of its reduced chunk (chunk index = chip)}."""
+    def reduce_scatter_ring(self, x=None):
+        """Returns {chip: stream of its reduced chunk (chunk index = chip)}; ``x[(c, k)]`` is chunk k of chip c
+        (default: the resident tensors ``x<c>.<k>``)."""
         n = self.n
-        x = {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
+        x = x or {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
         sent = {}  # (chip, step) -> the stream chip sends at that step
         for c in range(n):
             sent[(c, 0)] = x[(c, (c - 1) % n)]
         received = {}
         for s in range(n - 1):
             for c in range(n):
-                received[(c, s)] = self.net.send((c - 1) % n, c, sent[((c - 1) % n, s)], name=f"rs{s}@chip{c}")
+                received[(c, s)] = self.net.send((c - 1) % n, c, sent[((c - 1) % n, s)], name=f"{self.prefix}rs{s}@chip{c}")
             for c in range(n):
                 k = (c - s - 2) % n  # the chunk chip c forwards at the next step (its own at the last step)
-                sent[(c, s + 1)] = self.add(received[(c, s)], x[(c, k)], name=f"chip{c}.rs{s}.add")
+                sent[(c, s + 1)] = self.add(received[(c, s)], x[(c, k)], name=f"chip{c}.rs{s}.add", chip=c)
         return {c: sent[(c, n - 1)] for c in range(n)}
 
-    def reduce_scatter_direct(self):
+    def reduce_scatter_direct(self, x=None):
         n = self.n
-        x = {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
+        x = x or {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
         received = {}
         for step in range(1, n):  # send order: each chip to c+1 first, then c+2, ...
             for c in range(n):
                 k = (c + step) % n
-                received[(k, c)] = self.net.send(c, k, x[(c, k)], name=f"rs.chip{c}@chip{k}")
+                received[(k, c)] = self.net.send(c, k, x[(c, k)], name=f"{self.prefix}rs.chip{c}@chip{k}")
         out = {}
         for k in range(n):
             acc = x[(k, k)]
             for step in range(1, n):  # in the order the chunks leave their senders: c = k-1 first (its 1st send)
                 c = (k - step) % n
-                acc = self.add(acc, received[(k, c)], name=f"chip{k}.rs.add{c}")
+                acc = self.add(acc, received[(k, c)], name=f"chip{k}.rs.add{c}", chip=k)
             out[k] = acc
         return out
 
     # ----------------------------------------------------------------------------------------- all-gather
-    def all_gather(self, own, algorithm: str):
-        """``own[c]``: chip c's chunk (index c). Stores ``y<c>.<k>`` for every chip c and chunk k."""
+    def all_gather(self, own, algorithm: str, sink=None):
+        """``own[c]``: chip c's chunk (index c). Stores ``y<c>.<k>`` for every chip c and chunk k, or hands each
+        to ``sink(stream, c, k)``."""
         n = self.n
+        sink = sink or (lambda stream, c, k: self.store(stream, f"y{c}.{k}"))
         for c in range(n):
-            self.store(own[c], f"y{c}.{c}")
+            sink(own[c], c, c)
         if algorithm == "ring":
             forward = dict(own)  # what chip c sends next
             for t in range(n - 1):
                 got = {}
                 for c in range(n):
                     src = (c - 1) % n
-                    got[c] = self.net.send(src, c, forward[src], name=f"ag{t}@chip{c}")
+                    got[c] = self.net.send(src, c, forward[src], name=f"{self.prefix}ag{t}@chip{c}")
                 for c in range(n):
-                    self.store(got[c], f"y{c}.{(c - 1 - t) % n}")
+                    sink(got[c], c, (c - 1 - t) % n)
                 forward = got
         else:
             for step in range(1, n):
                 for c in range(n):
                     k = (c + step) % n
-                    self.store(self.net.send(c, k, own[c], name=f"ag.chip{c}@chip{k}"), f"y{k}.{c}")
+                    sink(self.net.send(c, k, own[c], name=f"{self.prefix}ag.chip{c}@chip{k}"), k, c)
 
     # ------------------------------------------------------------------------------------------ all-to-all
     def all_to_all(self):
@@ -174,6 +184,24 @@ class _Builder:
             for c in range(n):
                 k = (c + step) % n
                 self.store(self.net.send(c, k, x[(c, k)], name=f"a2a.chip{c}@chip{k}"), f"y{k}.{c}")
+
+
+def all_reduce_streams(graph: Graph, network: Network, chunks: dict, algorithm: str = "ring", *,
+                       compute_bw: int = DEFAULT_COMPUTE_BW, prefix: str = "") -> dict:
+    """The all-reduce of this module, inside another graph: ``chunks[(c, k)]`` is chunk k of chip c's vector (a
+    stream on chip c; for every chip c and chunk k < chips, chunks k of all chips of one shape), transfers go
+    through ``network`` (not finished here). Returns ``{(c, k): stream}``, the sum over chips of chunk k, on chip
+    c. Operator and transfer names start with ``prefix``. The ops are not placed on chips: a caller places every
+    operator it made (the adds of chunk k at step s run on the chip that receives; see the module docstring).
+    """
+    if algorithm not in ALGORITHMS:
+        raise ArgumentError(f"collective algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    b = _Builder(network.system, "all-reduce", None, algorithm, compute_bw, graph=graph, network=network,
+                 prefix=prefix)
+    reduced = b.reduce_scatter_ring(chunks) if algorithm == "ring" else b.reduce_scatter_direct(chunks)
+    out = {}
+    b.all_gather(reduced, algorithm, sink=lambda stream, c, k: out.__setitem__((c, k), stream))
+    return out
 
 
 def build_collective(system: System, op: str, nbytes: int, algorithm: str = "ring", *,

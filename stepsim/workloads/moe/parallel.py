@@ -21,12 +21,10 @@ from __future__ import annotations
 import sympy
 
 from stepsim.base.errors import ArgumentError
-from stepsim.base.system import System, from_dict
+from stepsim.base.system import System
+from stepsim.workloads.chips import chips_system
 
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
-#: links of the default expert-parallel system (fully connected): bytes/cycle and cycles, as the system presets
-DEFAULT_LINK_BANDWIDTH = 64
-DEFAULT_LINK_LATENCY = 500
 
 
 def place_experts(counts, chips: int, placement: str) -> list[int]:
@@ -63,15 +61,8 @@ def place_experts(counts, chips: int, placement: str) -> list[int]:
 
 def ep_system(chips: int, system: System | None) -> System:
     """The system the experts run on: ``system`` (its chip count must be ``chips``), else ``chips`` fully
-    connected chips with the default links."""
-    if system is None:
-        return from_dict({"name": f"fully-connected-{chips}", "chips": chips, "topology": "fully-connected",
-                          "link_bandwidth": DEFAULT_LINK_BANDWIDTH, "link_latency": DEFAULT_LINK_LATENCY},
-                         source="--ep", name=f"fully-connected-{chips}")
-    if system.chips != chips:
-        raise ArgumentError(f"--ep {chips} needs a system of {chips} chips; system {system.name!r} has "
-                            f"{system.chips}")
-    return system
+    connected chips with the default links (:func:`stepsim.workloads.chips.chips_system`)."""
+    return chips_system(chips, system, "--ep")
 
 
 def chip_tokens(counts, chip_of: list[int], chips: int) -> list[int]:

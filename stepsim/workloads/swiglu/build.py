@@ -38,41 +38,77 @@ def swiglu_algorithmic_flops(batch: int, hidden: int, intermediate: int) -> int:
 
 def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden: int = 256, intermediate: int = 512,
                  compute_bw: int = HDL_COMPUTE_BW, par_dispatch: int = HDL_PAR_DISPATCH,
-                 channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["swiglu"]) -> Workload:
+                 channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["swiglu"], tp: int | None = None,
+                 system=None, algorithm: str = "ring") -> Workload:
     """Build the SwiGLU validation layer (B=64, D=256, F=512 by default; fp32; HDL hardware preset).
 
     ``tile_m`` tiles the batch (rows of x), ``tile_n`` tiles F for gate/up and K of the down projection.
+    ``tp`` splits F's columns over that many chips of ``system`` (default: fully connected chips), an
+    all-reduce (``algorithm``) after (:mod:`stepsim.workloads.swiglu.parallel`).
     """
     for key, v, total in (("tile_m", tile_m, batch), ("tile_n", tile_n, intermediate)):
         if not isinstance(v, int) or v < 1 or total % v:
             raise ArgumentError(f"{key} must be a positive divisor of {total}, got {v!r}")
     b, d, f = batch, hidden, intermediate
+    parallel = {}
+    if tp is None:
+        g = Graph(f"swiglu-m{tile_m}-n{tile_n}")
+        out = swiglu_stage(g, b, d, f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
+                           par_dispatch=par_dispatch)
+        LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
+    else:
+        from stepsim.workloads.chips import chips_system
+        from stepsim.workloads.swiglu.parallel import build_tp, link_bytes
+
+        system = chips_system(tp, system, "--tp")
+        g, net = build_tp(tp, system, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,
+                          compute_bw=compute_bw, par_dispatch=par_dispatch, algorithm=algorithm,
+                          stage=lambda g, cols, suffix: swiglu_stage(
+                              g, b, d, cols, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
+                              par_dispatch=par_dispatch, suffix=suffix))
+        parallel = {"tp": tp, "system": system.name, "algorithm": algorithm, "links_used": len(net.links),
+                    "link_bytes": link_bytes(g, net)}
+    return Workload(
+        name="swiglu", graph=g, channel_depth=channel_depth, hardware=WORKLOAD_HARDWARE["swiglu"],
+        algorithmic_flops=swiglu_algorithmic_flops(b, d, f),
+        params=dict(batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
+                    par_dispatch=par_dispatch, channel_depth=channel_depth, **parallel),
+    )
+
+
+def swiglu_stage(g, b: int, d: int, f: int, *, tile_m: int, tile_n: int, compute_bw: int, par_dispatch: int,
+                 suffix: str = ""):
+    """The layer's operators up to its output tiles ``(tile_m, d)``, one per ``tile_m`` rows of x (stream shape
+    ``(1, b / tile_m, 1)``), reading tensors ``x`` and ``w_gate<suffix>``, ``w_up<suffix>`` ([d, f]),
+    ``w_down<suffix>`` ([f, d]); ``f`` is the columns this stage computes (all of F, or a chip's share)."""
     m_tiles, n_tiles = b // tile_m, f // tile_n
-    g = Graph(f"swiglu-m{tile_m}-n{tile_n}")
     bw = dict(compute_bw=compute_bw)
     x = LinearOffChipLoad(g, Tensor("x", (b, d), FP32), (tile_m, d), (m_tiles, n_tiles, 1), (1, 0, 1),
                           par_dispatch=par_dispatch)
-    w_gate, w_up = (LinearOffChipLoad(g, Tensor(name, (d, f), FP32), (d, tile_n), (m_tiles, n_tiles, 1),
+    w_gate, w_up = (LinearOffChipLoad(g, Tensor(name + suffix, (d, f), FP32), (d, tile_n), (m_tiles, n_tiles, 1),
                                       (0, 1, n_tiles), par_dispatch=par_dispatch) for name in ("w_gate", "w_up"))
     gate = MapAccum(g, x, w_gate, Matmul(), Zero(tile_m, tile_n), 1, **bw)
     up = MapAccum(g, x, w_up, Matmul(), Zero(tile_m, tile_n), 1, **bw)
     hidden_act = Map(g, [up, Map(g, gate, Silu(), **bw)], Mul(), **bw)
     # Linear(down): N equals the tile's N, so the input is re-chunked instead of buffered (§6.2)
     rows = Reshape(g, hidden_act, 1, 1)
-    w_down = LinearOffChipLoad(g, Tensor("w_down", (f, d), FP32), (tile_n, d), (m_tiles, 1, n_tiles), (0, 1, 1),
-                               par_dispatch=par_dispatch)
-    out = MapAccum(g, rows, w_down, Matmul(), Zero(tile_m, d), 1, write_back_mu=True, **bw)
-    LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
-    return Workload(
-        name="swiglu", graph=g, channel_depth=channel_depth, hardware=WORKLOAD_HARDWARE["swiglu"],
-        algorithmic_flops=swiglu_algorithmic_flops(b, d, f),
-        params=dict(batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
-                    par_dispatch=par_dispatch, channel_depth=channel_depth),
-    )
+    w_down = LinearOffChipLoad(g, Tensor("w_down" + suffix, (f, d), FP32), (tile_n, d), (m_tiles, 1, n_tiles),
+                               (0, 1, 1), par_dispatch=par_dispatch)
+    return MapAccum(g, rows, w_down, Matmul(), Zero(tile_m, d), 1, write_back_mu=True, **bw)
 
 
 def from_config(cfg: Mapping) -> Workload:
     """The swiglu workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
     from stepsim.workloads.config import bandwidth_kwargs
 
-    return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **bandwidth_kwargs(cfg))
+    parallel = {}
+    if cfg.get("tp") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        parallel = dict(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring",
+                        system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+    elif cfg.get("system") is not None or cfg.get("algorithm") is not None:
+        raise ArgumentError("--system and --algorithm apply to the SwiGLU layer with --tp N (tensor parallelism)")
+    return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **bandwidth_kwargs(cfg), **parallel)

@@ -69,17 +69,37 @@ def swiglu_reference(x, w_gate, w_up, w_down) -> np.ndarray:
 
 def inputs(w: Workload, seed: int) -> dict:
     b, d, f = w.params["batch"], w.params["hidden"], w.params["intermediate"]
-    return {
+    arrays = {
         "x": seeded_normal(seed, "x", (b, d), 1.0, bf16=False),
         "w_gate": seeded_normal(seed, "w_gate", (d, f), d ** -0.5, bf16=False),
         "w_up": seeded_normal(seed, "w_up", (d, f), d ** -0.5, bf16=False),
         "w_down": seeded_normal(seed, "w_down", (f, d), f ** -0.5, bf16=False),
     }
+    tp = w.params.get("tp")
+    if tp is None:
+        return arrays
+    cols = f // tp  # chip c: columns c*cols.. of w_gate and w_up, those rows of w_down (swiglu/parallel.py)
+    shards = {"x": arrays["x"]}
+    for c in range(tp):
+        part = slice(c * cols, (c + 1) * cols)
+        shards.update({f"w_gate.{c}": arrays["w_gate"][:, part], f"w_up.{c}": arrays["w_up"][:, part],
+                       f"w_down.{c}": arrays["w_down"][part]})
+    return shards
+
+
+def _whole(inputs: dict, name: str, tp: int, axis: int, who: str) -> np.ndarray:
+    """A tensor-parallel weight put back together from its chips' shards ``<name>.<c>``."""
+    return np.concatenate([np.asarray(take_input(inputs, f"{name}.{c}", who)) for c in range(tp)], axis=axis)
 
 
 def outputs(workload: Workload, inputs: dict) -> dict:
-    args = [take_input(inputs, n, "workload_reference") for n in ("x", "w_gate", "w_up", "w_down")]
-    return {"y": swiglu_reference(*args)}
+    who, tp = "workload_reference", workload.params.get("tp")
+    if tp is None:
+        return {"y": swiglu_reference(*[take_input(inputs, n, who) for n in ("x", "w_gate", "w_up", "w_down")])}
+    y = swiglu_reference(take_input(inputs, "x", who), _whole(inputs, "w_gate", tp, 1, who),
+                         _whole(inputs, "w_up", tp, 1, who), _whole(inputs, "w_down", tp, 0, who))
+    rows = y.shape[0] // tp  # after the all-reduce every chip c holds chunk k of y as y<c>.<k>
+    return {f"y{c}.{k}": y[k * rows:(k + 1) * rows] for c in range(tp) for k in range(tp)}
 
 
 def reduction_length(workload: Workload, name: str) -> int:
