@@ -11,7 +11,9 @@ chips must be faster or leaner to stay on the front):
   time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
   on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
 
-``tp`` and ``pp`` join these axes once the layers build them (:data:`PARALLEL_KNOBS`).
+A candidate's chip count is the product of its parallel knobs (:data:`PARALLEL_KNOBS`: ``ep``, and ``tp``, which
+the SwiGLU layer builds but no searched workload takes yet); ``tp`` and ``pp`` join the default axes once the
+MoE or decoder layers build them.
 
 The chips and links: with ``--system FILE`` (a preset or a system file, docs/system.md) a candidate on n chips
 runs on that system scaled to n chips: same hardware, topology, link bandwidth and latency (a one-dimension
@@ -35,7 +37,7 @@ from pathlib import Path
 from stepsim.base.errors import ConfigError
 
 #: knobs whose product is a candidate's chip count (each unset knob counts 1)
-PARALLEL_KNOBS = ("ep",)
+PARALLEL_KNOBS = ("ep", "tp")
 #: the expert placements searched
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 #: topologies a system can be scaled to another chip count in (one dimension)

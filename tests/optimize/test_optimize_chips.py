@@ -133,6 +133,7 @@ def test_chip_counts_are_divisors_of_the_experts_within_the_budget():
     assert chip_counts(128, 16, System.preset("torus-4x4")) == [16]  # not scalable: its own count only
     assert chip_counts(128, 8, System.preset("torus-4x4")) == []
     assert chip_count({"ep": 4}) == 4 and chip_count({"tiling": "static"}) == 1
+    assert chip_count({"tp": 2}) == 2 and chip_count({"ep": 2, "tp": 4}) == 8
 
 
 def test_the_default_space_adds_placements_per_chip_count():
