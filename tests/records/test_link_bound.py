@@ -30,3 +30,10 @@ def test_link_bound_is_a_record_column():
                       "system": "fully-connected-8", "bytes": 65536, "mode": "metrics"}).row
     assert row["link_cycles"] == 627
     assert run_config({"workload": "swiglu", "mode": "metrics"}).row["link_cycles"] == 0  # one chip: no link
+
+
+@pytest.mark.parametrize("tp, bound, cycles", [(2, 1523, 18549), (4, 2035, 13381)])
+def test_link_bound_on_a_tensor_parallel_layer(tp, bound, cycles):
+    """SwiGLU with --tp: the all-reduce after the layer crosses the links; the bound stays below the run."""
+    row = run_config({"workload": "swiglu", "tp": tp, "mode": "simulate"}).row
+    assert (row["link_cycles"], row["cycles"]) == (bound, cycles)
