@@ -96,6 +96,7 @@ class SweepSpec:
     partition_by: tuple
     report: tuple
     max_tasks: int | None = None
+    force: bool = False  # run the tasks the run-size estimate refuses (--force; stepsim.kernels.run_size)
 
     @property
     def points(self) -> int:

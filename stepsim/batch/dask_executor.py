@@ -73,7 +73,7 @@ class DaskExecutor(WindowedExecutor):
 
     def _submit(self, task: Task):
         # pure=False: a re-submitted task must run again, not be served from the scheduler's memory
-        return self._client.submit(run_task, task.config, pure=False)
+        return self._client.submit(run_task, task.config, task.force, pure=False)
 
     def _wait_first(self, futures: list) -> Iterable:
         done, _ = wait(futures, return_when="FIRST_COMPLETED")

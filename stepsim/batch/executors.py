@@ -142,7 +142,7 @@ class LocalExecutor(WindowedExecutor):
 
     def _submit(self, task: Task):
         try:
-            return self._pool.submit(run_task, task.config)
+            return self._pool.submit(run_task, task.config, task.force)
         except BrokenProcessPool as exc:  # a worker died between two submissions
             raise self._lost(task) from exc
 

@@ -49,6 +49,7 @@ class Task:
     run_id: str
     trace_path: str | None = None
     trace_sha256: str | None = None
+    force: bool = False  # simulate even over the run-size estimate's limit (the sweep's --force)
 
     @property
     def slot(self) -> str:
@@ -112,7 +113,8 @@ def iter_tasks(spec: SweepSpec) -> Iterator[Task]:
             key = run_id[:KEY_DIGITS]
             if key not in seen:
                 seen.add(key)
-                yield Task(index=index, config=config, run_id=run_id, trace_path=trace, trace_sha256=trace_hash)
+                yield Task(index=index, config=config, run_id=run_id, trace_path=trace, trace_sha256=trace_hash,
+                           force=spec.force)
                 index += 1
 
 

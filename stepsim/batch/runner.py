@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -158,7 +158,7 @@ class SweepStopped(StepsimError):
 def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local", jobs: int | None = None,
               address: str | None = None, fail_fast: bool = False, retry_failed: bool = False,
               progress: bool = True, on_outcome: Callable[[Task, dict], None] | None = None,
-              yes: bool = False) -> SweepReport:
+              yes: bool = False, force: bool = False) -> SweepReport:
     """Run every task of ``spec`` that has no row yet.
 
     Parameters
@@ -184,6 +184,9 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
         Called as ``on_outcome(task, outcome)`` after each outcome is taken in (its row may still be buffered).
     yes : bool
         Run a grid larger than ``max_tasks`` (``--yes``).
+    force : bool
+        Simulate the tasks the run-size estimate refuses (``--force``); without it each is a failed row whose
+        error names the estimate (:mod:`stepsim.kernels.run_size`).
 
     Returns
     -------
@@ -198,6 +201,8 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
         Fail-fast stop, a worker died, Ctrl-C or SIGTERM; ``.report`` tells what was done.
     """
     start = time.perf_counter()
+    if force:
+        spec = replace(spec, force=True)
     out = Path(out) if out is not None else spec.out
     if out is None:
         raise ConfigError(f"{spec.source}: no output folder; set out = \"...\" in the sweep file or pass --out")

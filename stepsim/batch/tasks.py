@@ -20,8 +20,11 @@ OK = "ok"
 FAILED = "failed"
 
 
-def run_task(config: dict) -> dict:
+def run_task(config: dict, force: bool = False) -> dict:
     """Run the task ``config`` with :func:`stepsim.results.records.run_config` and return its outcome.
+
+    ``force``: simulate even when the run-size estimate is over its limit (:mod:`stepsim.kernels.run_size`);
+    without it such a task fails with the estimate as its reason.
 
     A :class:`StepsimError` (a value the builder refuses, a trace problem, a deadlock, ...) makes a ``failed``
     outcome with the error's type and message. Any other exception is a stepsim bug, but one bad grid point
@@ -39,7 +42,7 @@ def run_task(config: dict) -> dict:
     start = time.perf_counter()
     record = error_type = error_message = error_traceback = None
     try:
-        record = run_config(dict(config))
+        record = run_config(dict(config), force=force)
     except StepsimError as exc:
         error_type, error_message = type(exc).__name__, str(exc)
     except Exception as exc:  # noqa: BLE001 - recorded as a failed row, see the docstring

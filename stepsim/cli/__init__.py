@@ -35,6 +35,7 @@ COMMANDS = {
     "report": "stepsim.cli.report",
     "compare": "stepsim.cli.compare",
     "optimize": "stepsim.cli.optimize",
+    "graph": "stepsim.cli.graph",
     "server": "stepsim.cli.server",
     "serve": "stepsim.cli.serve",
 }

@@ -63,14 +63,16 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                                    f"--intermediate, --experts, --top-k)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
         p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
-    p.add_argument("--trace", help="routing trace (MoE) or KV-length batch (attention); default: bundled synthetic")
+    p.add_argument("--trace", help="routing trace (MoE, and an .onnx model's MoE blocks) or KV-length batch "
+                                   "(attention); default: bundled synthetic (an .onnx model: its routers' choice)")
     p.add_argument("--routing", help="decoder: routing trace of the MoE block (expert ids per token)")
     p.add_argument("--kv-lengths", help="decoder: KV-cache lengths of the decode batch (a KV trace)")
     p.add_argument("--kv-heads", type=int, help="decoder: KV heads simulated (default: all of the model's)")
     p.add_argument("--one-head", action="store_true",
                    help="decoder: simulate one KV head, as the paper's attention runs (same as --kv-heads 1)")
     p.add_argument("--iteration", type=int, help="routing traces with several batches: iteration to use")
-    p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use")
+    p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use (an .onnx model "
+                                             "with several MoE blocks reads layer i for its i-th block)")
     p.add_argument("--batch-id", type=int, help="decode-batch traces with several batches: batch to use")
     p.add_argument("--tiling", choices=("static", "dynamic"), help="MoE token tiling (default: static)")
     p.add_argument("--tile-n", type=int, help="MoE: tokens per tile (static, default 32); SwiGLU: F tile (16); "
@@ -91,15 +93,15 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help="collective: the whole vector in bytes (each chip's input; an all-gather's output), a "
                         "multiple of 4 x chips (default 1048576)")
     p.add_argument("--algorithm", choices=("ring", "direct"),
-                   help="collective, SwiGLU with --tp (its all-reduce): ring (default) or direct")
+                   help="collective, SwiGLU / MoE with --tp (its all-reduce): ring (default) or direct")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="collective, MoE with --ep, SwiGLU with --tp: the chips and links, a system TOML file or preset "
+                   help="collective, MoE with --ep or --tp, SwiGLU with --tp: the chips and links, a system TOML file or preset "
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
                    help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
     p.add_argument("--tp", type=int, metavar="N",
-                   help="SwiGLU: tensor parallelism, F's columns split over N chips, an all-reduce after "
-                        "(--algorithm ring, the default, or direct)")
+                   help="SwiGLU, MoE: tensor parallelism, F's columns (every expert's) split over N chips, an "
+                        "all-reduce after (--algorithm ring, the default, or direct)")
     p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
                    help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
                         "from the routing trace)")
@@ -111,6 +113,17 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--json", action="store_true", help="print the record as one JSON object (exact numbers)")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="print every column (params, provenance, phase timings) and exact byte counts")
+
+
+#: the --force flag's help, one meaning on every command that simulates (run, sweep, optimize, reproduce)
+FORCE_HELP = ("simulate even when a run's estimated engine events are over the limit (10^9, about 17 minutes at "
+              "10^6 events/s; the paper's largest layers need under 10^6); a run needing more memory than is "
+              "available is refused anyway")
+
+
+def add_force_argument(p: argparse.ArgumentParser) -> None:
+    """``--force``: run simulations the run-size estimate refuses (:mod:`stepsim.kernels.run_size`)."""
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
 def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from stepsim.batch.executors import EXECUTORS
 
 def register(subparsers) -> None:
     """Add ``stepsim optimize`` to the top-level subparsers."""
-    from stepsim.cli.args import add_jobs_argument, add_workload_arguments
+    from stepsim.cli.args import add_force_argument, add_jobs_argument, add_workload_arguments
     from stepsim.optimize.search import OBJECTIVES
     from stepsim.optimize.space import OPTIMIZE_WORKLOADS
 
@@ -43,8 +43,12 @@ def register(subparsers) -> None:
     p.add_argument("--space", metavar="SPACE.toml",
                    help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
     add_jobs_argument(p, "the simulations", dask=True)
+    add_force_argument(p)
     p.add_argument("--executor", choices=EXECUTORS, help="local worker processes (default) or dask")
     p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="an .onnx model: search fusion per value, then tile_m and each MatMul's tile_n "
+                        "(stepsim.optimize.onnx_hierarchy) instead of tile_m x one global tile_n")
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (resumes a search found there)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_optimize, out_kind="dir")
@@ -58,11 +62,20 @@ def _optimize_onnx(args) -> int:
     from stepsim.base.files import atomic_output
     from stepsim.optimize.onnx_search import search
 
-    result = search(args.workload, hardware=args.hardware, objective=args.objective, max_on_chip=args.max_on_chip)
+    if args.hierarchical:
+        from stepsim.optimize.onnx_hierarchy import search as hierarchical
+
+        result = hierarchical(args.workload, hardware=args.hardware, objective=args.objective,
+                              max_on_chip=args.max_on_chip)
+    else:
+        result = search(args.workload, hardware=args.hardware, objective=args.objective,
+                        max_on_chip=args.max_on_chip)
     doc = {"pareto": [dict(p.tiling, cycles=p.cycles, on_chip_bytes=p.on_chip_bytes,
                            allocated_flops_per_cycle=p.allocated_flops_per_cycle) for p in result.front],
            "recommended": None if result.recommended is None else result.recommended.tiling,
            "candidates": len(result.candidates), "simulations": result.simulations}
+    if args.hierarchical:
+        doc["fusion"] = result.fusion
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with atomic_output(Path(args.out) / "optimize.json") as tmp:
         tmp.write_text(json.dumps(doc, indent=1))
@@ -71,8 +84,9 @@ def _optimize_onnx(args) -> int:
         return 0
     print(f"optimize {args.workload} -> {args.out}: {doc['candidates']} tilings, {doc['simulations']} simulated")
     for p in doc["pareto"]:
-        print(f"  tile_m {p['tile_m']}, tile_n {p['tile_n'] or 'rows'}: {p['cycles']:,} cycles, "
-              f"{p['on_chip_bytes']:,} B on chip")
+        tiles = (f"tile_n {p['tile_n'] or 'rows'}" if "tile_n" in p else
+                 f"tile_n {p['per_node'] or 'rows'}, spilled {p['spill'] or 'none'}")
+        print(f"  tile_m {p['tile_m']}, {tiles}: {p['cycles']:,} cycles, {p['on_chip_bytes']:,} B on chip")
     print(f"recommended ({args.objective}): {doc['recommended']}")
     return 0
 
@@ -90,6 +104,9 @@ def _optimize(args) -> int:
     from stepsim.cli.args import config_from_args
     from stepsim.optimize import optimize
 
+    if args.hierarchical:
+        raise ConfigError(f"--hierarchical applies to an .onnx model (fusion and per-MatMul tiles), got workload "
+                          f"{args.workload!r}")
     executor = args.executor or ("dask" if args.address else "local")
     if args.address and executor != "dask":
         raise ConfigError("--address is only for --executor dask")
@@ -98,8 +115,9 @@ def _optimize(args) -> int:
     knobs = {k: v for k, v in config_from_args(args).items() if k != "workload"}
     try:
         result = optimize(args.workload, out=args.out, objective=args.objective, max_on_chip=args.max_on_chip,
-                          max_compute=args.max_compute, max_chips=args.max_chips, space=args.space, jobs=args.jobs, executor=executor,
-                          address=args.address, progress=not args.no_progress and sys.stderr.isatty(), **knobs)
+                          max_compute=args.max_compute, max_chips=args.max_chips, space=args.space, jobs=args.jobs,
+                          executor=executor, address=args.address,
+                          progress=not args.no_progress and sys.stderr.isatty(), force=args.force, **knobs)
     except SweepStopped as stop:  # Ctrl-C / SIGTERM inside a round: the finished results are saved
         if stop.reason in ("interrupted", "terminated"):
             status = stopped_status(stop.reason)

@@ -38,7 +38,19 @@ def print_record(record, as_json: bool, verbose: bool = False) -> None:
     from stepsim.base.display import record_lines
     from stepsim.results.records import COLUMN_UNITS
 
-    print("\n".join(record_lines(record.row, COLUMN_UNITS, verbose=verbose)))
+    print("\n".join(record_lines(record.row, COLUMN_UNITS, verbose=verbose) + chip_lines(record.row)))
+
+
+def chip_lines(row) -> list[str]:
+    """Expert parallelism's per-chip summary (from the record's params): token rows per chip, the busiest chip
+    and the imbalance (max / mean); none for other runs."""
+    params = json.loads(row.get("params") or "{}")
+    if "chip_tokens" not in params:
+        return []
+    tokens, busiest = params["chip_tokens"], params["busiest_chip"]
+    return [f"{'chip_tokens':35s}{', '.join(f'{t:,}' for t in tokens)} token rows (chips 0..{len(tokens) - 1})",
+            f"{'busiest_chip':35s}chip {busiest}: {tokens[busiest]:,} token rows, imbalance "
+            f"{params['imbalance']:.3f} (max / mean)"]
 
 
 def write_record(record, out: str | None, as_json: bool) -> None:

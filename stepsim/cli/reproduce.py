@@ -24,9 +24,10 @@ def register(subparsers) -> None:
     p.add_argument("--traces", required=True, metavar="DIR",
                    help="folder laid out like ../shared/traces (expert_routing/, kv_lengths/)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
-    from stepsim.cli.args import add_jobs_argument
+    from stepsim.cli.args import add_force_argument, add_jobs_argument
 
     add_jobs_argument(p, "the simulations (the tables do not depend on N)")
+    add_force_argument(p)
     p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
     p.add_argument("--fifo-depths", action="append", default=[], metavar="FILE",
                    help="stepsim size-fifos file; the points that build its workload use its depths (repeatable)")
@@ -49,7 +50,7 @@ def _reproduce(args) -> int:
         print(f"[reproduce] {line}", file=sys.stderr, flush=True)
 
     results = reproduce(args.experiment, args.traces, args.out, jobs=args.jobs, progress=progress,
-                        fifo_depths=args.fifo_depths)
+                        fifo_depths=args.fifo_depths, force=args.force)
     total = time.perf_counter() - start
     if args.json:
         print(json.dumps({k: v for r in results for k, v in r.headline.items()}))

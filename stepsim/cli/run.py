@@ -6,7 +6,7 @@ The flags are those of :mod:`stepsim.cli.args` plus the run's outputs (``--out``
 
 from __future__ import annotations
 
-from stepsim.cli.args import add_fifo_depths_argument, add_workload_arguments
+from stepsim.cli.args import add_fifo_depths_argument, add_force_argument, add_workload_arguments
 from stepsim.cli.record_output import record_command
 
 
@@ -45,10 +45,7 @@ def register(subparsers) -> None:
                    help="after the run, print the bottleneck report (as `stepsim report` does)")
     p.add_argument("--deadlock-report", metavar="FILE",
                    help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON")
-    p.add_argument("--force", action="store_true",
-                   help="simulate even when the estimated HBM work is over the limit (10^10 requests, a hundred "
-                        "times the paper's largest layers; a run needing more memory than is available is refused "
-                        "anyway)")
+    add_force_argument(p)
     p.add_argument("--timeline", metavar="PATH",
                    help="also write a Perfetto timeline of the run: PATH ending in .json or .json.gz (Chrome "
                         "trace-event JSON) or .pftrace / .perfetto-trace (Perfetto protobuf, extra 'timeline')")

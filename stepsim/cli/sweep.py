@@ -25,9 +25,10 @@ def register(subparsers) -> None:
                     "Sweep file format: see stepsim.batch.config.",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_file", metavar="SWEEP.toml", help="the sweep file")
-    from stepsim.cli.args import add_jobs_argument
+    from stepsim.cli.args import add_force_argument, add_jobs_argument
 
     add_jobs_argument(p, "the runs", dask=True)
+    add_force_argument(p)
     p.add_argument("--executor", choices=EXECUTORS,
                    help="local worker processes (default) or a dask.distributed cluster (default with --address)")
     p.add_argument("--address", metavar="ADDR",
@@ -70,7 +71,7 @@ def _sweep(args) -> int:
             check_not_pseudo(args.out or spec.out, "--out" if args.out else f"{spec.source}: out")
         report = run_sweep(spec, out=args.out, executor=executor, jobs=args.jobs, address=args.address,
                            fail_fast=args.fail_fast, retry_failed=args.retry_failed,
-                           progress=not args.no_progress, yes=args.yes)
+                           progress=not args.no_progress, yes=args.yes, force=args.force)
     except KeyboardInterrupt as exc:  # before any task ran (expanding, hashing traces, starting workers)
         return stopped_status(reason(exc))
     except SweepStopped as stop:

@@ -12,5 +12,6 @@ edge), :mod:`~stepsim.frontend.emit` (STeP operators). ``onnx`` is imported only
 """
 
 from stepsim.frontend.lower import FrontendReport, from_onnx
+from stepsim.frontend.moe import RoutingTrace
 
-__all__ = ["FrontendReport", "from_onnx"]
+__all__ = ["FrontendReport", "RoutingTrace", "from_onnx"]

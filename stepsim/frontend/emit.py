@@ -24,6 +24,8 @@ from stepsim.frontend.layouts import (
     Tiling,
     groups_rows_cols,
     needs_rows,
+    stream_layout,
+    views,
 )
 from stepsim.graph import (
     BF16,
@@ -45,6 +47,7 @@ from stepsim.graph import (
     Tensor,
     Tile,
 )
+from stepsim.graph.graph import OutputRef
 
 HANDLERS: dict = {}
 
@@ -78,6 +81,30 @@ class Act:
         return self.tn != self.n
 
 
+class _Annotating(dict):
+    """``Emitter.val``: setting an activation puts its layout (:func:`~stepsim.frontend.layouts.stream_layout`) on
+    the stream that carries it (``Stream.layout``), before any consumer is built, so the shape operators after it
+    carry it on; only where the stream carries exactly the value's tiles (not a view, not a re-read)."""
+
+    def __init__(self, emitter: "Emitter"):
+        super().__init__()
+        self.emitter = emitter
+        self.skip = None
+
+    def __setitem__(self, value, act):
+        super().__setitem__(value, act)
+        e = self.emitter
+        if self.skip is None:
+            self.skip = views(e.model)
+        if value in self.skip or value not in e.tn:
+            return
+        lay = stream_layout(e.model.shapes[value], e.tm, e.tn[value])
+        op, index = (act.s.op, act.s.index) if isinstance(act.s, OutputRef) else (act.s, 0)
+        total = op.outputs[index].total_elements()
+        if isinstance(total, int) and total == lay.num_tiles:
+            op.assume_layout(index, lay)
+
+
 class Emitter:
     """Builds the STeP graph of a :class:`Model` (see the module docstring)."""
 
@@ -90,7 +117,7 @@ class Emitter:
         self.conversions = conversions
         self.spilled = {(e.value, e.consumer) for e in edges if not e.fused}
         self.g = Graph(model.name)
-        self.val: dict = {}  # value -> its Act
+        self.val: dict = _Annotating(self)  # value -> its Act (its stream annotated with the value's layout)
         self.rows: dict = {}  # value -> its retiled Act (built once, shared by every consumer that needs rows)
         self.producer = model.producer()
         self.converter_ops: dict = {}  # conversion key -> the operator holding that converter's buffer

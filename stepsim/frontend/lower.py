@@ -71,9 +71,10 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     values : dict or "seeded", optional
         Values of the model's integer inputs (``{"input_ids": array}``): the token ids an embedding Gather looks
         up become the addresses of its reads, as a trace's values do; ``"seeded"`` draws them (seed 0).
-    routing : array, dict or "teacher", optional
+    routing : array, dict, RoutingTrace or "teacher", optional
         The expert ids each token is routed to (``[tokens, k]``), per MoE block (a dict by its TopK node's name
-        when the model has several): a trace, as the hand-written MoE layers take (:mod:`stepsim.frontend.moe`).
+        when the model has several): a trace, as the hand-written MoE layers take (:mod:`stepsim.frontend.moe`);
+        a :class:`~stepsim.frontend.moe.RoutingTrace` reads them from a trace file.
         ``"teacher"``: the routers' own choice on seeded graph inputs (``seed``), which the workload's loads
         then carry as their values.
     fuse : bool
@@ -111,6 +112,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
         feeds = moe.seeded_inputs(model, seed)
         emitter.input_data = feeds  # the loads carry them: simulate's default inputs are the ones routed on
         routing = moe.teacher_routing(proto, model, {**feeds, **model.bound})
+    elif isinstance(routing, moe.RoutingTrace):
+        routing = moe.routing_from_trace(routing, model)
     emitter.routing = routing
     graph = emitter.run()
     skip = layouts.views(model)
@@ -124,3 +127,4 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
                                     spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled())))
     workload.frontend = report  # not in params: params go into every result row as JSON
     return workload
+

@@ -18,6 +18,8 @@ to the router's own top-k (teacher forcing), the outputs equal the dense graph's
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
+from math import prod
 
 import numpy as np
 
@@ -180,6 +182,50 @@ def teacher_routing(proto, model: Model, feeds: dict) -> dict:
     names = [n.attrs["indices"] for n in moes]
     got = ReferenceEvaluator(probe).run(names, feeds)
     return {n.attrs["topk"]: np.asarray(v).reshape(-1, n.attrs["k"]) for n, v in zip(moes, got)}
+
+
+@dataclass(frozen=True)
+class RoutingTrace:
+    """A routing trace file as ``from_onnx(..., routing=RoutingTrace(path))`` takes it (``stepsim run model.onnx
+    --trace FILE [--iteration I] [--layer L]``), read as the moe workload reads its trace
+    (:func:`stepsim.trace_io.load.load_routing`: any format it reads, one (iteration, layer) batch).
+
+    A model with one MoE block reads the batch ``iteration`` / ``layer`` pick (either may be left out when the
+    trace holds one value of it); a model with several reads layer ``i`` for its ``i``-th block (graph order), at
+    ``iteration``, and ``layer`` must be None."""
+
+    path: str
+    iteration: int | None = None
+    layer: int | None = None
+
+
+def routing_from_trace(trace: RoutingTrace, model: Model) -> dict:
+    """``{TopK node: [tokens, k] expert ids}`` for the model's MoE blocks from ``trace`` (:class:`RoutingTrace`).
+
+    Raises FrontendError naming the file when the model has no MoE block, when ``layer`` is given for a model
+    with several, or when a batch's tokens or top-k differ from its block's; TraceError / ConfigError (from the
+    reader) for a file that cannot be read or holds no such batch."""
+    from stepsim.trace_io.load import load_routing
+
+    moes = [n for n in model.nodes if n.op_type == "MoE"]
+    if not moes:
+        raise FrontendError(f"{trace.path}: a routing trace was given but model {model.name!r} has no MoE block "
+                            f"(TopK of router probabilities, expert selection, weighted sum)")
+    if len(moes) > 1 and trace.layer is not None:
+        raise FrontendError(f"{trace.path}: model {model.name!r} has {len(moes)} MoE blocks, which read the trace's "
+                            f"layers 0..{len(moes) - 1} in order; --layer picks one layer and applies to a model "
+                            f"with one block")
+    out = {}
+    for i, n in enumerate(moes):
+        layer = trace.layer if len(moes) == 1 else i
+        r = load_routing(trace.path, len(n.attrs["experts"]), iteration=trace.iteration, layer=layer)
+        tokens, k = prod(model.shapes[n.inputs[0]][:-1]), n.attrs["k"]
+        if r.shape != (tokens, k):
+            at = "" if layer is None else f" layer {layer}"
+            raise FrontendError(f"{trace.path}:{at} routes {r.shape[0]} tokens to {r.shape[1]} experts each; "
+                                f"node {n.attrs['topk']!r} (TopK) routes {tokens} tokens to {k}")
+        out[n.attrs["topk"]] = r
+    return out
 
 
 def check_routing(node, routing, tokens: int, experts: int, k: int) -> np.ndarray:

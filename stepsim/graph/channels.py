@@ -25,6 +25,7 @@ channels are their own role.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from stepsim.graph import ops_shape as S
 from stepsim.graph.dims import sp
 from stepsim.graph.dtypes import size_in_bytes
 from stepsim.graph.graph import Graph, Op
+from stepsim.graph.numeric import Unbound, Unsupported, exact_value, python_bindings
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,34 @@ def _endpoints(graph: Graph):
 def channel_names(graph: Graph) -> list[str]:
     """The names of every channel the lowering of ``graph`` creates, in lowering order (cheap: no quantities)."""
     return [f"{op.name}[{idx}]" for op, idx, _ in _endpoints(graph.finalize())]
+
+
+def channel_elements(graph: Graph, bindings: dict | None = None) -> dict[str, int] | None:
+    """``{channel name: elements it carries over the run}`` for every channel the lowering of ``graph`` creates
+    (the product of its stream's shape with ``bindings``, exact), or None when some shape depends on a symbol
+    ``bindings`` leave unbound (unlike :func:`channel_infos`, no guess: the run-size estimate that reads this
+    must not be a guess). Evaluated numerically (:func:`stepsim.graph.numeric.exact_value`), not with sympy, so
+    it costs little beside the lowering even on thousands of channels."""
+    values = python_bindings(bindings or {})
+    known: dict = {}  # dim -> value: streams share their dims (a layer's thousands of channels, a few dozen dims)
+    out = {}
+    for op, idx, _ in _endpoints(graph.finalize()):
+        n = 1
+        for d in op.outputs[idx].shape:  # the product of the values, not the value of a sympy product (slow)
+            if isinstance(d, int):
+                n *= d
+                continue
+            if d not in known:
+                try:
+                    known[d] = exact_value(d, values)
+                except (Unbound, Unsupported):
+                    v = sp.sympify(d).xreplace({s: sp.sympify(x) for s, x in values.items()})
+                    if v.free_symbols:
+                        return None
+                    known[d] = python_bindings({0: v})[0]
+            n *= known[d]
+        out[f"{op.name}[{idx}]"] = max(math.ceil(n), 0)
+    return out
 
 
 def channel_infos(graph: Graph, bindings: dict | None = None) -> list[ChannelInfo]:

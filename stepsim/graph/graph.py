@@ -132,7 +132,7 @@ class Op:
         expert after padding removal). The rank must stay the same; use it before building consumers.
         """
         old = self.outputs[index]
-        new = Stream(old.dtype, tuple(shape))
+        new = Stream(old.dtype, tuple(shape), old.layout)
         if new.rank != old.rank:
             raise self._error(ArgumentError, f"assume_shape cannot change rank: {old} -> {new}")
         self.outputs[index] = new
@@ -140,7 +140,18 @@ class Op:
     def assume_dtype(self, index: int, dtype) -> None:
         """Replace output ``index``'s element type by an equivalent, more precise one (see assume_shape)."""
         old = self.outputs[index]
-        self.outputs[index] = Stream(dtype, old.shape)
+        self.outputs[index] = Stream(dtype, old.shape, old.layout)
+
+    def assume_layout(self, index: int, layout) -> None:
+        """Annotate output ``index`` with the :class:`~stepsim.graph.layout.Layout` of the tiles it carries (what
+        a builder knows beyond the shape rules, e.g. an ONNX activation's). The layout must carry as many tiles
+        as the stream has elements, when that count is a number."""
+        old = self.outputs[index]
+        total = old.total_elements()
+        if layout is not None and isinstance(total, int) and total != layout.num_tiles:
+            raise self._error(ArgumentError, f"output {index} {old} has {total} elements; layout {layout} carries "
+                                             f"{layout.num_tiles} tiles")
+        self.outputs[index] = Stream(old.dtype, old.shape, layout)
 
     @property
     def stream(self) -> Stream:

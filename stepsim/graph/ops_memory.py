@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepsim.base.errors import ArgumentError, DTypeError, ShapeError
+from stepsim.base.errors import ArgumentError, DTypeError, LayoutError, ShapeError
 from stepsim.graph.dims import fmt_shape, is_static, normalize, product
 from stepsim.graph.dtypes import BOOL, FP32, SCALARS, UINT64, ScalarType, Tile, is_tile, size_factors
 from stepsim.graph.graph import PUBLISHED, OnChipFromTerms, Op
+from stepsim.graph.layout import Layout
 from stepsim.graph.stream import Stream
 
 
@@ -154,7 +155,20 @@ class LinearOffChipLoad(_MemoryOp):
         self.par_dispatch = _check_par_dispatch(self, par_dispatch)
         self.stream_dtype = stream_dtype or tensor.dtype
         outer = (1,) if ref is None else ins[0].shape
-        self._finish([Stream(Tile(self.stream_dtype, self.tile_rows, self.tile_cols), outer + out_shape_tiled)])
+        self._finish([Stream(Tile(self.stream_dtype, self.tile_rows, self.tile_cols), outer + out_shape_tiled,
+                             None if ref is not None else self._view_layout())])
+
+    def _view_layout(self):
+        """The layout of the view read (:meth:`stepsim.graph.layout.Layout.from_tile_view`), None when the tensor's
+        shape is symbolic or a stride does not step along one tile-grid dimension."""
+        shape = self.tensor.shape
+        if not all(isinstance(d, int) for d in shape):
+            return None
+        try:
+            return Layout.from_tile_view(shape, (self.tile_rows, self.tile_cols), self.out_shape_tiled, self.stride,
+                                         self.stream_dtype.bytes)
+        except LayoutError:
+            return None
 
     @property
     def has_ref(self) -> bool:

@@ -58,7 +58,7 @@ class Flatten(_FifoOnChip):
         for d in s.shape[lo:hi + 1]:
             merged = normalize(merged * d)
         self.min_rank, self.max_rank = min_rank, max_rank
-        self._finish([Stream(s.dtype, s.shape[:lo] + (merged,) + s.shape[hi + 1:])])
+        self._finish([Stream(s.dtype, s.shape[:lo] + (merged,) + s.shape[hi + 1:], s.layout)])  # same tile order
 
     def stop_level_out(self, level: int) -> int:
         """L <= min unchanged; min < L <= max becomes min; L > max drops by ``max - min``."""
@@ -134,7 +134,7 @@ class Promote(_FifoOnChip):
             raise self._error(ArgumentError, f"rank must be between 0 and {len(s.shape)}, got {rank!r}")
         pos = len(s.shape) - rank
         self.rank = rank
-        self._finish([Stream(s.dtype, s.shape[:pos] + (1,) + s.shape[pos:])])
+        self._finish([Stream(s.dtype, s.shape[:pos] + (1,) + s.shape[pos:], s.layout)])  # same tile order
 
     def stop_level_out(self, level: int) -> int:
         return level + 1 if level >= self.rank else level

@@ -1,13 +1,18 @@
-"""Streams: an element type plus a shape ``[D_N, ..., D_0]`` (outermost first); rank = len(shape) - 1."""
+"""Streams: an element type plus a shape ``[D_N, ..., D_0]`` (outermost first); rank = len(shape) - 1; and, where
+the operators' shape rules know it, the layout of the tensor tiles it carries (:mod:`stepsim.graph.layout`)."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph.dims import Dim, fmt_shape, normalize, product, shapes_equal, sp
 from stepsim.graph.dtypes import ElementType
+
+if TYPE_CHECKING:
+    from stepsim.graph.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -16,10 +21,17 @@ class Stream:
 
     ``rank`` is ``len(shape) - 1``; rank 0 is the innermost dimension. ``total_elements()`` is the product of
     every entry including the outermost one (the cardinality used in traffic formulas).
+
+    ``layout`` (StreamTensor's iterative tensor type) says which tile of which tensor each element is: set by
+    the operators whose shape rules know it (a tiled load's view, the shape operators that keep the tile order,
+    a layout converter's output, the ONNX front end's activations), None elsewhere. It is a type annotation:
+    two streams that differ only in it are the same type (equality, :meth:`same_type`), and the engine never
+    reads it.
     """
 
     dtype: ElementType
     shape: tuple
+    layout: Layout | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         try:

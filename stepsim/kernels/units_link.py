@@ -35,7 +35,7 @@ from stepsim.kernels import abi as A
 from stepsim.kernels.channels import can_pop, can_push, head_stamp, next_free
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import block, emit_copy, spend, stash, take, tok_bytes, wait_input
-from stepsim.kernels.units_routing import R_DECIDE
+from stepsim.kernels.units_routing import R_DECIDE, decision_time
 from stepsim.kernels.values import drop
 
 PH_CHOOSE = 0
@@ -79,11 +79,7 @@ def link_event_time(u, up, us, in_ch, out_ch, chs, slots):
                 best = min(best, chs[c, A.CH_CLOSE_TIME])
         else:
             all_closed = False
-    if best != A.NEVER:
-        return max(clock, best)
-    if all_closed:
-        return last_close
-    return A.NEVER
+    return decision_time(clock, best, all_closed, last_close)
 
 
 @kernel

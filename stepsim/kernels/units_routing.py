@@ -249,6 +249,17 @@ def eager_merge_event_time(u, up, us, in_ch, chs, slots):
             last_close = max(last_close, chs[c, A.CH_CLOSE_TIME])
         else:
             all_closed = False
+    return decision_time(clock, best, all_closed, last_close)
+
+
+@kernel
+def decision_time(clock, best, all_closed, last_close):
+    """The decision time of a time-sensitive chooser (EagerMerge, Link) from its scan of its inputs (cycles).
+
+    reads/writes: nothing / returns: max(clock, best) when some input offers a time (``best`` != NEVER), else
+    ``last_close`` when every input is closed and empty (the unit then finishes), else NEVER (it must wait).
+    Shared so both choosers finish on one rule (the reference engine's twin: ``_earliest_head`` and ``_link``).
+    """
     if best != A.NEVER:
         return max(clock, best)
     if all_closed:

@@ -193,7 +193,7 @@ def _merged(states: list):
 def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int | None = None,
              max_compute: int | None = None, max_chips: int | None = None, space=None, jobs: int | None = None,
              executor="local", address: str | None = None, round_size: int | None = None, progress: bool = False,
-             **knobs) -> OptimizeResult:
+             force: bool = False, **knobs) -> OptimizeResult:
     """Search the schedules of ``workload`` on a trace for the Pareto front (module docstring of
     :mod:`stepsim.optimize.search` for the method) and write it into ``out``.
 
@@ -226,6 +226,9 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
         Candidates simulated per round (default :data:`stepsim.optimize.search.ROUND_SIZE`).
     progress : bool
         Progress bar of the symbolic evaluation on stderr.
+    force : bool
+        Simulate the candidates the run-size estimate refuses (:mod:`stepsim.kernels.run_size`); without it
+        each is a failed candidate whose reason names the estimate.
     **knobs
         The fixed knobs of the run (``model``, ``trace``, ``hardware``, ``compute_bw``, ...: the keys of
         :data:`stepsim.workloads.config.KNOBS`).
@@ -312,7 +315,8 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
             state = search.evaluate_space(base, grids, out=out, runner=runner, source=source, progress=progress)
             # an earlier stage only chooses what the next one keeps: a budget that rules out all of it keeps all
             search.apply_budgets(state, max_on_chip, max_compute, required=last, max_chips=max_chips)
-            search.simulate_rounds(state, base, out=out, runner=runner, source=source, round_size=round_size)
+            search.simulate_rounds(state, base, out=out, runner=runner, source=source, round_size=round_size,
+                                   force=force)
             states.append(state)
             summary.append({"stage": name, "candidates": len(state.candidates)})
             if not last:

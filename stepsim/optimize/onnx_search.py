@@ -64,6 +64,17 @@ class OnnxSearch:
     skipped: dict = field(default_factory=dict)  # tiling (as text) -> why it is not buildable
 
 
+def symbolic_point(tiling: dict, w) -> Point:
+    """A lowered candidate's :class:`Point` before simulation: its exact on-chip and off-chip bytes, allocated
+    compute and a lower bound on its cycles (the roofline and the per-unit bounds)."""
+    hw = Hardware.preset(w.hardware)
+    met = w.metrics()
+    compute = allocated_compute_flops(w)
+    bound = roofline_lower_bound(met["off_chip_bytes"], hw.hbm_peak_bytes_per_cycle, met["graph_flops"], compute)
+    bound = max([bound, *cycle_bounds(w, hw).values()])
+    return Point(tiling, met["on_chip_bytes"], met["off_chip_bytes"], compute, bound)
+
+
 def tile_space(model_rows: list[int], widest_n: int) -> list[dict]:
     """The tile grid of the module docstring: ``[{"tile_m": m, "tile_n": n}]``."""
     g = math.gcd(*model_rows) if model_rows else 1
@@ -93,13 +104,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
         except FrontendError as exc:  # a tile that does not divide some dim: not buildable
             skipped[str(tiling)] = str(exc)
             continue
-        hw = Hardware.preset(w.hardware)
-        met = w.metrics()
-        compute = allocated_compute_flops(w)
-        bound = roofline_lower_bound(met["off_chip_bytes"], hw.hbm_peak_bytes_per_cycle, met["graph_flops"],
-                                     compute)
-        bound = max([bound, *cycle_bounds(w, hw).values()])
-        points.append((Point(tiling, met["on_chip_bytes"], met["off_chip_bytes"], compute, bound), w))
+        points.append((symbolic_point(tiling, w), w))
     if max_on_chip is not None:
         fitting = [(p, w) for p, w in points if p.on_chip_bytes <= max_on_chip]
         if not fitting and points:

@@ -141,11 +141,11 @@ def _first_line(message: str | None) -> str | None:
     return message.splitlines()[0] if message else message
 
 
-def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list):
+def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list, force: bool = False):
     from stepsim.batch.config import DEFAULT_REPORT, SweepSpec
 
     return SweepSpec(source=source, workload=workload, mode=mode, out=None, fixed=fixed, grids=tuple(grids),
-                     partition_by=("workload",), report=DEFAULT_REPORT[mode], max_tasks=None)
+                     partition_by=("workload",), report=DEFAULT_REPORT[mode], max_tasks=None, force=force)
 
 
 def _run_rows(spec, out: Path, runner, progress: bool) -> tuple[dict, int]:
@@ -212,9 +212,10 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
             cand.allocated_flops_per_cycle = int(row["allocated_compute_flops_per_cycle"])
             cand.hbm_bytes_per_cycle = int(row["hbm_bytes_per_cycle"])
             # a row written before a bound column existed lacks it (a weaker bound, still valid); each chip has
-            # its own HBM, so the bytes roofline divides by all of them (the per-unit bounds are per chip)
-            cand.lower_bound = max(roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle * cand.chips,
-                                                        cand.flops, cand.allocated_flops_per_cycle),
+            # its own HBM and the row's peak counts all of them, so the bytes roofline divides by every chip's
+            # (the per-unit bounds are per chip)
+            cand.lower_bound = max(roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle, cand.flops,
+                                                        cand.allocated_flops_per_cycle),
                                    *(int(row.get(k) or 0) for k in BOUND_COLUMNS))
             proof = row.get("deadlock_proof")
             if proof and (convention != "published" or not any(k in config for k in FIFO_KNOBS)):
@@ -291,13 +292,15 @@ def next_round(remaining: list, round_size: int) -> list:
 
 
 def simulate_rounds(state: SearchState, base: dict, *, out: Path, runner, source: Path,
-                    round_size: int = ROUND_SIZE) -> None:
-    """Simulate the promising candidates in rounds on ``runner``, pruning before each (module docstring)."""
+                    round_size: int = ROUND_SIZE, force: bool = False) -> None:
+    """Simulate the promising candidates in rounds on ``runner``, pruning before each (module docstring);
+    ``force``: simulate those the run-size estimate refuses (else each is a failed candidate naming it)."""
     workload = base["workload"]
 
     def simulate(batch: list) -> None:
         grids = [{k: (v,) for k, v in c.config.items() if k != "workload"} for c in batch]
-        rows, ran = _run_rows(_spec(source, workload, "simulate", {}, grids), out / RUNS_DIR, runner, progress=False)
+        rows, ran = _run_rows(_spec(source, workload, "simulate", {}, grids, force), out / RUNS_DIR, runner,
+                              progress=False)
         state.simulated_now += ran
         for c in batch:
             status, row, error = rows[c.run_id]

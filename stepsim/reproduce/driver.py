@@ -133,7 +133,8 @@ def _import_matplotlib() -> None:
 
 def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int = 1,
               options: Mapping[str, Mapping] | None = None,
-              progress: Callable[[str], None] | None = None, fifo_depths=()) -> list[ExperimentResult]:
+              progress: Callable[[str], None] | None = None, fifo_depths=(),
+              force: bool = False) -> list[ExperimentResult]:
     """Run ``experiment`` (one name of :data:`CHOICES`) on the traces under ``traces``; write into ``out``.
 
     Parameters
@@ -151,6 +152,9 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
     fifo_depths : sequence of paths
         ``stepsim size-fifos`` files: every point that builds the workload a file was sized for (same knobs, a
         trace it was sized on) runs with its depths; a file no point uses is a ConfigError.
+    force : bool
+        Simulate the points the run-size estimate refuses (:mod:`stepsim.kernels.run_size`); without it such
+        a point fails the experiment with the estimate as its reason.
     options : mapping, optional
         ``{experiment name: keyword arguments of its plan()}``: reduced configurations (tile lists, region
         counts, models), used by the tests.
@@ -201,7 +205,7 @@ def reproduce(experiment: str, traces: str | Path, out: str | Path, *, jobs: int
         for name in names:
             progress(f"{name}: {len(plans[name])} simulations on {jobs} worker{'s' if jobs > 1 else ''}")
     start = time.perf_counter()
-    with Runner(jobs) as runner:
+    with Runner(jobs, force) as runner:
         for name, records in runner.run_experiments(plans):
             module, points = EXPERIMENTS[name], plans[name]
             table = module.build_table(points, records)

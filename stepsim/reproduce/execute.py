@@ -65,11 +65,14 @@ class Runner:
     jobs : int
         1: run in this process. More: that many worker processes, started at the first
         :meth:`run_experiments`.
+    force : bool
+        Simulate the points the run-size estimate refuses (``--force``; else such a point fails, naming it).
     """
 
-    def __init__(self, jobs: int = 1):
+    def __init__(self, jobs: int = 1, force: bool = False):
         check_jobs(jobs)
         self.jobs = jobs
+        self.force = force
         self._executor = None
 
     def run_experiments(self, plans: Mapping[str, Sequence[Point]]) -> Iterator[tuple[str, list[RunResult]]]:
@@ -92,7 +95,7 @@ class Runner:
         configs = {name: [{**p.config, "mode": "simulate"} for p in points] for name, points in plans.items()}
         if self.jobs == 1:
             for name, points in plans.items():
-                yield name, _records(name, points, [run_task(c) for c in configs[name]])
+                yield name, _records(name, points, [run_task(c, self.force) for c in configs[name]])
             return
         from stepsim.batch.executor_factory import make_executor
         from stepsim.batch.grid import Task
@@ -101,7 +104,8 @@ class Runner:
         for name, experiment_configs in configs.items():
             for i, config in enumerate(experiment_configs):
                 owners.append((name, i))
-                tasks.append(Task(index=len(tasks), config=config, run_id=run_identity(config)[0]))
+                tasks.append(Task(index=len(tasks), config=config, run_id=run_identity(config)[0],
+                                  force=self.force))
         outcomes = {name: [None] * len(c) for name, c in configs.items()}
         left = {name: len(c) for name, c in configs.items()}
         for name in [n for n, count in left.items() if count == 0]:

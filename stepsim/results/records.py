@@ -43,7 +43,7 @@ flops                              FLOP        the paper's algorithmic FLOPs (``
 graph_flops                        FLOP        sum over compute operators (engine FLOP convention)
 algorithmic_flops                  FLOP        the paper's formula; null when the workload defines none
 allocated_compute_flops_per_cycle  FLOP/cycle  sum of ``compute_bw`` over FLOP-based compute operators
-hbm_bytes_per_cycle                bytes/cycle peak off-chip bandwidth of the hardware
+hbm_bytes_per_cycle                bytes/cycle peak off-chip bandwidth of the hardware (all chips' HBMs)
 load_unit_cycles                   cycles      a lower bound on cycles: the busiest load unit's tiles one after
                                                another (:func:`stepsim.analysis.bounds.load_unit_cycles`)
 compute_unit_cycles                cycles      a lower bound on cycles: the busiest compute unit's firings, each
@@ -598,7 +598,9 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
     """Cycles, traffic, footprint, FLOPs, bounds, a deadlock proof, utilizations and event counts of one run
     (None = not measured); ``values`` is the workload's ``op_values``, ``depth`` the run's default FIFO depth."""
     allocated = allocated_compute_flops(workload)
-    hbm = hardware.hbm_peak_bytes_per_cycle
+    # every chip has its own HBM (docs/system.md): a multi-chip run's peak is the sum of its chips'
+    chips = 1 + max((getattr(op, "chip", 0) for op in workload.graph.ops), default=0)
+    hbm = hardware.hbm_peak_bytes_per_cycle * chips
     out = {
         "cycles": None, "off_chip_bytes": metrics["off_chip_bytes"], "off_chip_bytes_read": None,
         "off_chip_bytes_written": None, "off_chip_bytes_measured": None,
@@ -736,14 +738,24 @@ def is_onnx_program(cfg: Mapping) -> bool:
     return cfg.get("workload") == "program" and isinstance(program, str) and program.endswith(".onnx")
 
 
+def build_workload(config: Mapping, *, source: str | None = None) -> Workload:
+    """The workload a run config describes, built as :func:`run_config` builds it (an ONNX model through the
+    front end, with its routing trace or teacher routing; FIFO depths files applied)."""
+    return _build(normalize_config(config, source=source), source)
+
+
 def _build(cfg: Mapping, source: str | None) -> Workload:
     """The workload of a normalized config: an ONNX model through the front end, else the kinds' builders."""
     if not is_onnx_program(cfg):
         return build_normalized(cfg, source=source)
-    from stepsim.frontend import from_onnx  # the front end sits below results (docs/architecture.md)
+    from stepsim.frontend import RoutingTrace, from_onnx  # the front end sits below results (docs/architecture.md)
 
-    # token ids seeded and a MoE block routed as its router chooses on seeded inputs: the CLI has neither to give
-    workload = from_onnx(cfg["program"], values="seeded", routing="teacher")
+    # token ids seeded; a MoE block routed by the trace given (--trace, as the moe workload), else as its router
+    # chooses on seeded inputs (teacher forcing)
+    routing = "teacher"
+    if cfg.get("trace") is not None:
+        routing = RoutingTrace(cfg["trace"], iteration=cfg.get("iteration"), layer=cfg.get("layer"))
+    workload = from_onnx(cfg["program"], values="seeded", routing=routing)
     if cfg.get("fifo_depths") is not None:
         from stepsim.graph.depths_file import apply_depths_file
 

@@ -10,6 +10,7 @@ the given (or seeded random) tensors, stores write ``SimResult.outputs``; every 
 from __future__ import annotations
 
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, field
 
@@ -87,6 +88,27 @@ class SimResult:
 _compiled = False
 
 
+#: graph -> (bindings, channel_elements result): FIFO sizing simulates one graph dozens of times, other depths only
+_ELEMENTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _channel_elements(target, graph, program) -> list[int] | None:
+    """The elements each of ``program``'s channels carries (the run-size estimate's input), from the graph's
+    stream shapes with a Workload's trace bindings; None when a shape is unbound or the names do not match."""
+    from stepsim.graph.channels import channel_elements
+
+    bindings = target.bindings if isinstance(target, Workload) else None
+    cached = _ELEMENTS_CACHE.get(graph)
+    if cached is not None and cached[0] is bindings and cached[1] == len(graph.ops):  # same graph, same values
+        counts = cached[2]
+    else:
+        counts = channel_elements(graph, bindings)
+        _ELEMENTS_CACHE[graph] = (bindings, len(graph.ops), counts)
+    if counts is None or any(name not in counts for name in program.channel_names):
+        return None
+    return [counts[name] for name in program.channel_names]
+
+
 def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *, channel_depth=_UNSET,
              max_events: int | None = None, functional: bool = False, inputs: dict | None = None, seed: int = 0,
              arena_tiles: int | None = None, progress=None, channel_depths=_UNSET, timeline: bool | int = False,
@@ -127,7 +149,7 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
         :data:`stepsim.simulation.timeline.DEFAULT_RECORDS` records, an int at most that many (past the limit the trace is
         cut, never the run). Off by default; timing results are identical either way.
     force : bool
-        Run even when the estimated HBM work exceeds :data:`stepsim.kernels.run_size.MAX_HBM_REQUESTS` (a run
+        Run even when the estimated engine events exceed :data:`stepsim.kernels.run_size.MAX_EVENTS` (a run
         needing more memory than is available is refused anyway; :mod:`stepsim.kernels.run_size`).
     """
     global _compiled
@@ -149,7 +171,8 @@ def simulate(target: Graph | Workload, hardware: Hardware | str | None = None, *
     lower_s = time.perf_counter() - start
     from stepsim.kernels import run_size
 
-    run_size.check(run_size.estimate(program, records), force=force)  # before any allocation or engine time
+    run_size.check(run_size.estimate(program, records, _channel_elements(target, graph, program)),
+                   force=force)  # before any allocation or engine time
     compile_s = 0.0
     if not _compiled:
         from stepsim.kernels.api import _engine, _ensure_compiled

@@ -23,3 +23,53 @@ def chips_system(chips: int, system: System | None, flag: str) -> System:
         raise ArgumentError(f"{flag} {chips} needs a system of {chips} chips; system {system.name!r} has "
                             f"{system.chips}")
     return system
+
+
+def tensor_parallel(graph, system: System, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
+                    store):
+    """Tensor parallelism's common part: every chip computes a partial sum of the output, the collectives'
+    all-reduce sums them (:func:`stepsim.workloads.collective.build.all_reduce_streams`).
+
+    ``partial_of(c)`` adds chip c's share of the layer to ``graph`` and returns its partial output, a stream of
+    shape ``(1, elems)``; its operators (everything added by the call) are placed on chip c. The partial is cut
+    into ``tp`` chunks of ``elems / tp`` consecutive elements (a Partition by a static selector, whose outputs hold
+    a whole chunk: a chunk waits there for its step of the ring, and a shallower FIFO blocks the chunk a
+    neighbour waits for behind it, a deadlock across chips). ``store(c, k, stream)`` consumes the reduced chunk
+    k on chip c (its operators are placed on chip c). Returns the finished network (links, per-link bytes).
+    """
+    import numpy as np
+
+    from stepsim.graph import Partition, SelectorSource
+    from stepsim.graph.network import Network
+    from stepsim.workloads.collective.build import all_reduce_streams
+
+    net = Network(graph, system)
+    per_chunk = elems // tp
+    select = np.zeros((elems, tp), np.int8)
+    select[np.arange(elems), np.arange(elems) // per_chunk] = 1
+    chunks = {}
+    for c in range(tp):
+        before = len(graph.ops)
+        part = Partition(graph, partial_of(c), SelectorSource(graph, select, tp), 0, tp)
+        part.channel_depth = per_chunk
+        for k in range(tp):
+            part.assume_shape(k, (per_chunk,))
+            chunks[(c, k)] = part[k]
+        for op in graph.ops[before:]:
+            op.chip = c
+    reduced = all_reduce_streams(graph, net, chunks, algorithm, compute_bw=compute_bw, prefix="allreduce.")
+    for (c, k), stream in sorted(reduced.items()):
+        before = len(graph.ops)
+        store(c, k, stream)
+        for op in graph.ops[before:]:
+            op.chip = c
+    net.finish()
+    return net
+
+
+def link_bytes(graph, net) -> dict[str, int]:
+    """Bytes over every link of a static network: the symbolic per-link metric, at the width the engine times
+    fp32 tiles (:func:`stepsim.graph.lower.fp32_timing_bytes`)."""
+    from stepsim.graph.lower import fp32_timing_bytes
+
+    return {name: int(b) for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}

@@ -169,6 +169,16 @@ def _check_applicable(cfg: dict, source: str | None) -> None:
         if cfg.get(key) is not None and workload not in workloads:
             raise ConfigError(f"{_prefix(source)}{_key(key, source)} does not apply to workload {workload!r} "
                               f"(it applies to: {', '.join(workloads)})")
+    if workload == "program" and not str(cfg.get("program") or "").endswith(".onnx"):
+        for key in ("trace", "iteration", "layer"):
+            if cfg.get(key) is not None:
+                raise ConfigError(f"{_prefix(source)}{_key(key, source)} applies to a program only when it is an "
+                                  f"ONNX model (.onnx: the routing of its MoE blocks), got {cfg.get('program')!r}")
+    if workload == "program" and cfg.get("trace") is None:
+        for key in ("iteration", "layer"):
+            if cfg.get(key) is not None:  # no bundled trace for a model file: nothing to pick a batch from
+                raise ConfigError(f"{_prefix(source)}{_key(key, source)} picks a batch of the routing trace; "
+                                  f"give the trace with {_key('trace', source)}")
     if workload not in ("moe", "decoder"):
         return
     if workload == "moe" and cfg.get("model") != "custom":
@@ -235,8 +245,10 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
 # --- building ---------------------------------------------------------------------------------------------
 def resolved_trace(cfg: Mapping) -> str | None:
     """Trace path a normalized config reads: its ``trace``, else the bundled one (a routing trace per model,
-    one decode batch for attention); None for a kind that reads no trace."""
+    one decode batch for attention); None for a kind that reads no trace (and for a program not given one)."""
     slot = KINDS[cfg["workload"]].trace
+    if cfg["workload"] == "program":  # an ONNX model's routing trace, when given (no bundled one)
+        return cfg.get("trace")
     if slot is None:
         return None
     if cfg["workload"] == "decoder":  # its routing slot (the KV lengths enter the identity beside it)

@@ -84,5 +84,6 @@ def test_retiling_is_a_one_line_error():
         convert(g, load, p, Layout.ordered((8, 8), (4, 4)), producer_name=load.name, consumer_name="matmul_3")
     assert str(err.value) == (
         "no converter from LinearOffChipLoad_0 Layout(tensor 8x8, tile 2x2, loops [d0:4x2, d1:4x2]) to matmul_3 "
-        "Layout(tensor 8x8, tile 4x4, loops [d0:2x4, d1:2x4]): the tile shapes differ (on-chip re-tiling is not "
-        "built yet; spill the edge instead)")
+        "Layout(tensor 8x8, tile 4x4, loops [d0:2x4, d1:2x4]): the tile shapes differ and the consumer's tiles are "
+        "not runs of the producer's in its order (other re-tilings are not minimal with STeP's units; spill the edge "
+        "instead)")

@@ -13,7 +13,7 @@ class SerialExecutor:
         from stepsim.batch.tasks import run_task
 
         for task in tasks:
-            yield task, run_task(task.config)
+            yield task, run_task(task.config, task.force)
 
     def describe(self) -> str:
         return "serial (tests)"

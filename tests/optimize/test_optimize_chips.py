@@ -156,10 +156,11 @@ def test_the_bound_counts_every_chips_hbm():
     from stepsim.optimize.search import BOUND_COLUMNS
 
     row = run_config({"workload": "moe", "model": "qwen3-30b-a3b", "ep": 8, "mode": "simulate"}).row
-    one_hbm = roofline_lower_bound(row["off_chip_bytes_symbolic"], row["hbm_bytes_per_cycle"], row["graph_flops"],
+    assert row["hbm_bytes_per_cycle"] == 8 * 1024  # the record's peak counts every chip's HBM
+    one_hbm = roofline_lower_bound(row["off_chip_bytes_symbolic"], 1024, row["graph_flops"],
                                    row["allocated_compute_flops_per_cycle"])
-    eight = roofline_lower_bound(row["off_chip_bytes_symbolic"], 8 * row["hbm_bytes_per_cycle"],
-                                 row["graph_flops"], row["allocated_compute_flops_per_cycle"])
+    eight = roofline_lower_bound(row["off_chip_bytes_symbolic"], row["hbm_bytes_per_cycle"], row["graph_flops"],
+                                 row["allocated_compute_flops_per_cycle"])
     assert (one_hbm, eight, row["cycles"]) == (747265, 93409, 133578)
     assert [row[k] for k in BOUND_COLUMNS] == [98736, 98304, 119925, 123926, 2099]  # the link bound: 2,099
     assert max(eight, *(row[k] for k in BOUND_COLUMNS)) == 123926 <= row["cycles"]
@@ -225,6 +226,8 @@ def test_a_fixed_ep_search_counts_its_chips(trace, tmp_path, serial):
     assert [(c.status, c.lower_bound, cycles[c.run_id]) for c in r.candidate_list] == [
         ("simulated", 10265, 11886), ("pruned", 12314, 13862), ("pruned", 16411, 17923),
         ("simulated", 18457, 20032), ("simulated", 10266, 11909)]
-    # one HBM's roofline would put the first candidate above its own cycles (12,361 > 11,886)
+    # one HBM's roofline would put the first candidate above its own cycles (12,361 > 11,886); the record's peak
+    # counts the 4 chips' HBMs
     first = r.candidate_list[0]
-    assert (first.off_chip_bytes, -(-first.off_chip_bytes // first.hbm_bytes_per_cycle)) == (12_656_736, 12_361)
+    assert (first.off_chip_bytes, first.hbm_bytes_per_cycle, -(-first.off_chip_bytes // 1024)) == \
+        (12_656_736, 4 * 1024, 12_361)

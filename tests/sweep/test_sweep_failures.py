@@ -72,7 +72,7 @@ def test_fail_fast_writes_the_failed_row_and_stops_before_the_other_tasks(sweep_
 
 
 def test_an_unexpected_exception_is_recorded_with_its_traceback(monkeypatch):
-    def broken(config):
+    def broken(config, force=False):
         raise ZeroDivisionError("boom")
 
     monkeypatch.setattr("stepsim.results.records.run_config", broken)

@@ -203,3 +203,15 @@ def test_expert_parallel_with_shared_experts_equals_the_one_chip_layer(trace):
     assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
     r1 = simulate(one, functional=True, inputs=inputs1)
     np.testing.assert_array_equal(np.concatenate([r.outputs["y.0"], r.outputs["y.1"]]), r1.outputs["y"])
+
+
+def test_the_text_report_names_the_busiest_chip_and_the_imbalance(trace, capsys):
+    path, _ = trace
+    assert main(["run", "moe", "--model", "custom", "--hidden", "16", "--intermediate", "32", "--experts", "8",
+                 "--top-k", "2", "--trace", path, "--tile-n", "4", "--tile-f", "16", "--ep", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # contiguous: experts 0-1 on chip 0, 2-3 on chip 1, ...; the tokens are the trace's (test above)
+    assert lines[-2:] == [f"{'chip_tokens':35s}16, 11, 7, 14 token rows (chips 0..3)",
+                          f"{'busiest_chip':35s}chip 0: 16 token rows, imbalance 1.333 (max / mean)"]
+    hbm = next(line for line in lines if line.startswith("hbm_bytes_per_cycle"))
+    assert hbm.split()[1] == "4,096"  # four chips' HBMs of 1,024 bytes/cycle each (step-eval)

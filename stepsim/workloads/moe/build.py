@@ -103,7 +103,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
               tile_f: int | None = None, regions: int | None = None, compute_bw: int | None = None,
               packing_compute_bw: int = PACKING_COMPUTE_BW,
               channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], ep: int | None = None,
-              placement: str = "contiguous", system=None) -> Workload:
+              placement: str = "contiguous", system=None, tp: int | None = None,
+              algorithm: str = "ring") -> Workload:
     """Build the MoE layer for one decoding batch.
 
     Parameters
@@ -132,7 +133,10 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     placement : {"contiguous", "round-robin", "load-balanced"}
         How the experts are placed on the chips (with ``ep``).
     system : System, optional
-        The chips and links (with ``ep``; its chip count must be ``ep``); default: fully connected chips.
+        The chips and links (with ``ep`` or ``tp``; its chip count must be theirs); default: fully connected chips.
+    tp : int, optional
+        Tensor parallelism: every expert's (and the shared experts') F columns split over ``tp`` chips, an
+        all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`).
     """
     if tiling not in ("static", "dynamic"):
         raise ArgumentError(f"tiling must be 'static' or 'dynamic', got {tiling!r}")
@@ -165,7 +169,13 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 
     # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
     parallel, tile_rows = {}, {}
-    if ep is None:
+    if tp is not None:
+        if ep is not None or timeshare:
+            raise ArgumentError("--tp does not combine with --ep or --regions (time-multiplexed expert regions) yet")
+        bindings, parallel = _tensor_parallel(
+            g, model, routing, counts, tp, system, algorithm, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f,
+            regions=regions, compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
+    elif ep is None:
         x = Tensor("x", (batch, d), BF16)
         tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
         summed, bindings, tile_rows = moe_stage(
@@ -205,8 +215,48 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     )
 
 
+def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
+    """``--tp N``: chip c runs the whole layer (every token, every expert) on columns ``c F/N .. (c+1) F/N - 1`` of
+    every expert's gate / up projections and those rows of its down projection (tensors ``expert<e>_<part>.<c>``;
+    the shared experts likewise, ``shared_<part>.<c>``), with ``x`` and ``routing_weights`` replicated in its
+    HBM. Its output rows are a partial sum of y; the all-reduce of :func:`stepsim.workloads.chips.tensor_parallel`
+    sums them, and chip c stores rows ``k B/N ..`` of y in ``y<c>.<k>``. Returns ``(bindings, params)``."""
+    from stepsim.workloads.chips import chips_system, link_bytes, tensor_parallel
+
+    d, f, fs, batch = model.hidden, model.intermediate, model.shared_intermediate, routing.shape[0]
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
+        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    tile_f = stage["tile_f"]
+    for what, width in (("intermediate", f), ("shared intermediate", fs)):
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    if batch % tp:
+        raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {batch} rows into {tp} chunks; the batch must be "
+                            f"a multiple of {tp}")
+    system = chips_system(tp, system, "--tp")
+    shard = MoEModel(model.name, hidden=d, intermediate=f // tp, experts=model.experts, top_k=model.top_k,
+                     shared_intermediate=fs // tp)
+    bindings = {}
+
+    def partial_of(c):
+        x = Tensor("x", (batch, d), BF16)
+        tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+        summed, chip_bindings, _ = moe_stage(g, tokens, shard, routing, counts, suffix=f".{c}", **stage)
+        bindings.update(chip_bindings)
+        return summed
+
+    def store(c, k, rows):
+        LinearOffChipStore(g, rows, tensor_name=f"y{c}.{k}")  # the all-reduce's rows are in on-chip memory
+
+    net = tensor_parallel(g, system, tp, partial_of, batch, algorithm=algorithm, compute_bw=stage["compute_bw"],
+                          store=store)
+    return bindings, {"tp": tp, "system": system.name, "algorithm": algorithm, "links_used": len(net.links),
+                      "link_bytes": link_bytes(g, net)}
+
+
 def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,
-              regions: int, compute_bw: int, packing_compute_bw: int):
+              regions: int, compute_bw: int, packing_compute_bw: int, suffix: str = ""):
     """The MoE block as a stage of graph ``g``: token rows in (``tokens``: the batch's rows, 1 x D fp32, in token
     order), the block's output rows out, in token order (routed experts weighted by the routing weights and
     summed, plus the shared experts' rows). Creates its operators in the order the artifact registers the
@@ -214,6 +264,7 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
 
     Returns ``(output rows, bindings, tile_rows)``: the symbols' values from the trace, and the rows of each
     time-multiplexed region's merged dynamic tiles (:attr:`stepsim.workloads.base.Workload.tile_rows`).
+    ``suffix`` ends the names of the expert weight tensors (a tensor-parallel chip's shards: ``.<chip>``).
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     batch = routing.shape[0]
@@ -257,7 +308,7 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     # 5b: expert FFNs, one region per expert or time-multiplexed regions
     tile_rows = {}
     if regions == experts:
-        results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw) for e in range(experts)]
+        results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix) for e in range(experts)]
     else:
         results, region_bindings, tile_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
                                                                    counts, bw)
@@ -281,7 +332,8 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
     if model.shared_intermediate:
         before = len(g.ops)
-        shared = shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
+        shared = shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw,
+                            suffix)
         summed = Map(g, [summed, shared], Add(), **bw)
         _label(g.ops[before:], ("shared_expert", 0))
     return summed, bindings, tile_rows
@@ -305,10 +357,11 @@ def _label(ops, group) -> None:
         op.group = group
 
 
-def _weights(model: MoEModel, prefix: str, experts: int = 1):
+def _weights(model: MoEModel, prefix: str, experts: int = 1, suffix: str = ""):
     d, f = model.hidden, model.intermediate
-    return (Tensor(f"{prefix}_gate", (experts * d, f), BF16), Tensor(f"{prefix}_up", (experts * d, f), BF16),
-            Tensor(f"{prefix}_down", (experts * f, d), BF16))
+    return (Tensor(f"{prefix}_gate{suffix}", (experts * d, f), BF16),
+            Tensor(f"{prefix}_up{suffix}", (experts * d, f), BF16),
+            Tensor(f"{prefix}_down{suffix}", (experts * f, d), BF16))
 
 
 def _ffn_body(g, tiles_rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw):
@@ -321,7 +374,7 @@ def _ffn_body(g, tiles_rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw):
     return MapAccum(g, hidden, down_w, Matmul(), init, 1, **bw)
 
 
-def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw):
+def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, suffix: str = ""):
     """The shared experts as one FFN of width ``model.shared_intermediate`` over every token, in tiles of
     ``tile_n`` rows (the last one zero-padded); returns its ``batch`` output rows in token order."""
     d, fs = model.hidden, model.shared_intermediate
@@ -329,8 +382,8 @@ def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw):
     tiles = Accum(g, rows_in, RetileRow(), Empty(0, d), 1, out_dtype=Tile(FP32, tile_n, d),
                   compute_bw=packing_compute_bw)
     n_f = fs // tile_f
-    gate_t, up_t, down_t = (Tensor("shared_gate", (d, fs), BF16), Tensor("shared_up", (d, fs), BF16),
-                            Tensor("shared_down", (fs, d), BF16))
+    gate_t, up_t, down_t = (Tensor(f"shared_gate{suffix}", (d, fs), BF16), Tensor(f"shared_up{suffix}", (d, fs), BF16),
+                            Tensor(f"shared_down{suffix}", (fs, d), BF16))
     rep = RepeatStatic(g, tiles, n_f)
     up_w, gate_w, down_w = (
         Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
@@ -342,12 +395,12 @@ def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw):
     return rows
 
 
-def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw):
+def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw, suffix: str = ""):
     """One dedicated region: weights re-read once per token tile (LinearOffChipLoad with a reference)."""
     d, f = model.hidden, model.intermediate
     n_f = f // tile_f
     before = len(g.ops)
-    gate_t, up_t, down_t = _weights(model, f"expert{e:03d}")
+    gate_t, up_t, down_t = _weights(model, f"expert{e:03d}", suffix=suffix)
     rep = RepeatStatic(g, tiles, n_f)
     loads = [Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
              for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d)))]
@@ -423,6 +476,8 @@ def from_config(cfg: Mapping) -> Workload:
     model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
     routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     parallel = {}
+    if cfg.get("ep") is not None and cfg.get("tp") is not None:
+        raise ArgumentError("--tp does not combine with --ep or --regions (time-multiplexed expert regions) yet")
     if cfg.get("ep") is not None:
         from stepsim.base.system import System
 
@@ -430,7 +485,18 @@ def from_config(cfg: Mapping) -> Workload:
             raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
         parallel = dict(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous",
                         system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+    elif cfg.get("tp") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        if cfg.get("placement") is not None:
+            raise ArgumentError("--placement applies to the MoE layer with --ep N (expert parallelism)")
+        parallel = dict(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring",
+                        system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
     elif cfg.get("placement") is not None or cfg.get("system") is not None:
         raise ArgumentError("--placement and --system apply to the MoE layer with --ep N (expert parallelism)")
+    if cfg.get("algorithm") is not None and cfg.get("tp") is None:
+        raise ArgumentError("--algorithm applies to the MoE layer with --tp N (its all-reduce)")
     return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
                      regions=cfg["regions"], **bandwidth_kwargs(cfg), **parallel)

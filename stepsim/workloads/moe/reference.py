@@ -205,7 +205,19 @@ def inputs(w: Workload, seed: int) -> dict:
         arrays = {f"{name}.{c}": a[lo:hi] for name, a in arrays.items() if name in SHARDED
                   for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:]))} | \
             {name: a for name, a in arrays.items() if name not in SHARDED}
-    if regions == experts:
+    tp = p.get("tp")
+    if tp is not None:  # chip c: columns c F/N.. of every gate / up projection, those rows of down (build.py)
+        shared = {name: arrays.pop(name) for name in ("shared_gate", "shared_up", "shared_down") if name in arrays}
+        for c in range(tp):
+            cols, shared_cols = slice(c * f // tp, (c + 1) * f // tp), slice(c * fs // tp, (c + 1) * fs // tp)
+            for e in range(experts):
+                arrays.update({f"expert{e:03d}_gate.{c}": gate[e][:, cols], f"expert{e:03d}_up.{c}": up[e][:, cols],
+                               f"expert{e:03d}_down.{c}": down[e][cols]})
+            if shared:
+                arrays.update({f"shared_gate.{c}": shared["shared_gate"][:, shared_cols],
+                               f"shared_up.{c}": shared["shared_up"][:, shared_cols],
+                               f"shared_down.{c}": shared["shared_down"][shared_cols]})
+    elif regions == experts:
         for e in range(experts):
             arrays.update({f"expert{e:03d}_gate": gate[e], f"expert{e:03d}_up": up[e],
                            f"expert{e:03d}_down": down[e]})
@@ -228,7 +240,12 @@ def _region_members(p) -> list:
 def outputs(workload: Workload, inputs: dict) -> dict:
     who, p = "workload_reference", workload.params
     experts, regions, d, f = p["experts"], p["regions"], p["hidden"], p["intermediate"]
-    if regions == experts:
+    tp = p.get("tp")
+    if tp is not None:  # the chips' column shards put back together
+        stacks = [np.stack([np.concatenate([take_input(inputs, f"expert{e:03d}_{part}.{c}", who) for c in range(tp)],
+                                           axis=0 if part == "down" else 1) for e in range(experts)])
+                  for part in ("gate", "up", "down")]
+    elif regions == experts:
         stacks = [np.stack([take_input(inputs, f"expert{e:03d}_{part}", who) for e in range(experts)])
                   for part in ("gate", "up", "down")]
     else:
@@ -237,8 +254,12 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         stacks = [np.concatenate([np.asarray(take_input(inputs, f"region{r:03d}_{part}", who)).reshape(m, rows, cols)
                                   for r in range(regions)])[order]
                   for part, rows, cols in (("gate", d, f), ("up", d, f), ("down", f, d))]
-    shared = ([take_input(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
-              if p.get("shared_intermediate") else None)
+    shared = None
+    if p.get("shared_intermediate") and tp is not None:
+        shared = [np.concatenate([take_input(inputs, f"shared_{part}.{c}", who) for c in range(tp)],
+                                 axis=0 if part == "down" else 1) for part in ("gate", "up", "down")]
+    elif p.get("shared_intermediate"):
+        shared = [take_input(inputs, f"shared_{part}", who) for part in ("gate", "up", "down")]
     bounds = p.get("shard_bounds")
     if bounds is None:
         x, gate_weights = take_input(inputs, "x", who), take_input(inputs, "routing_weights", who)
@@ -246,6 +267,9 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         x, gate_weights = (np.concatenate([take_input(inputs, f"{name}.{c}", who) for c in range(len(bounds) - 1)])
                            for name in SHARDED)
     y = moe_reference(x, workload_trace(workload, "routing"), gate_weights, *stacks, shared=shared)
+    if tp is not None:  # after the all-reduce every chip c holds rows k B/N.. of y as y<c>.<k>
+        rows = y.shape[0] // tp
+        return {f"y{c}.{k}": y[k * rows:(k + 1) * rows] for c in range(tp) for k in range(tp)}
     if bounds is None:
         return {"y": y}
     return {f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))}

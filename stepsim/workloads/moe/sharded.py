@@ -12,13 +12,20 @@ Partition of its rows by expert, the routing weights, the weighting, the Reassem
 * **Combine (all-to-all).** The expert's output rows are partitioned back by the merge's selector (the chip each
   row came from) and cross back to their home chip, which scales them by their routing weights and sums them.
 
-So a chip sends exactly its tokens' rows routed to remote experts, and the rows over each link (both ways) are
-the routing trace's: link ``chip c -> chip p`` carries one D-wide row per (token of c, expert on p) pair and the
-same number back. Transfers are routed over the system by :func:`stepsim.graph.network.place_on_chips`.
+So a chip sends exactly its tokens' rows routed to remote experts: link ``chip c -> chip p`` carries one D-wide
+row per (token of c, expert on p) pair (dispatch) plus one per (token of p, expert on c) pair (combine), as the
+routing trace says. Transfers are routed over the system by :func:`stepsim.graph.network.place_on_chips`. The
+experts' FFNs come from the caller: one region per expert, or each chip's experts time-multiplexed on its
+regions (``--regions``, :func:`stepsim.workloads.moe.parallel.region_members`).
 
-The merge's selector waits, one entry per row, until the row comes out of the expert's FFN (after its whole
-token tile and F loop); its FIFO holds all the expert's rows (the trace's count), or the merge would stall the
-dispatch before a tile fills.
+Buffers an all-to-all needs, as FIFO depths from the trace (depth-2 FIFOs there deadlock across chips, because
+the merge is time-sensitive and every chip's Reassemble consumes in its own token order):
+
+* the merge's selector waits, one entry per row, until the row comes out of the expert's FFN (after its whole
+  token tile and F loop): it holds all the expert's rows;
+* a chip's dispatch Partition and its routing weights (which wait for their rows' round trip) hold up to its
+  largest per-expert count;
+* an expert's combine Partition holds up to its largest count from one chip.
 """
 
 from __future__ import annotations

@@ -11,4 +11,5 @@ from stepsim.workloads.kind import WorkloadKind
 
 _HERE = __name__
 
-KIND = WorkloadKind("program", knobs=("program",), build=f"{_HERE}.build:from_config")
+# trace / iteration / layer: an ONNX model's MoE routing, read as the moe kind reads its trace (only for .onnx)
+KIND = WorkloadKind("program", knobs=("program", "trace", "iteration", "layer"), build=f"{_HERE}.build:from_config")

@@ -57,8 +57,8 @@ def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden:
                            par_dispatch=par_dispatch)
         LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
     else:
-        from stepsim.workloads.chips import chips_system
-        from stepsim.workloads.swiglu.parallel import build_tp, link_bytes
+        from stepsim.workloads.chips import chips_system, link_bytes
+        from stepsim.workloads.swiglu.parallel import build_tp
 
         system = chips_system(tp, system, "--tp")
         g, net = build_tp(tp, system, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,

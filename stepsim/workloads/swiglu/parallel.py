@@ -5,21 +5,16 @@ projections): tensors ``w_gate.<c>``, ``w_up.<c>`` (columns ``c F/N .. (c+1) F/N
 and ``w_down.<c>`` (those rows of ``w_down``) in its own HBM, ``x`` replicated (every chip reads it from its HBM).
 Its output is a partial sum of y: the ``B / tile_m`` row tiles ``(tile_m, D)``. They are cut into N chunks of
 consecutive row tiles (a Partition by a static selector; chunk k = row tiles ``k B/(tile_m N) ..``) and summed
-over the chips by the all-reduce of :func:`stepsim.workloads.collective.build.all_reduce_streams` (ring or
-direct, the collectives' graphs over the system's links). Chip c stores the reduced chunk k of y in tensor
+over the chips by the all-reduce of :func:`stepsim.workloads.chips.tensor_parallel` (the collectives' ring or
+direct graphs over the system's links). Chip c stores the reduced chunk k of y in tensor
 ``y<c>.<k>`` (rows ``k B/N ..`` of y), so every chip ends with all of y, as after an all-reduce.
-
-The Partition's outputs hold a whole chunk (``B / (tile_m N)`` tiles): a chunk waits there for its step of the
-ring, and a shallower FIFO blocks the chunk a neighbour waits for behind it (a deadlock across chips).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from stepsim.base.errors import ArgumentError
-from stepsim.graph import Flatten, Graph, LinearOffChipStore, Partition, SelectorSource
-from stepsim.graph.network import Network
+from stepsim.graph import Flatten, Graph, LinearOffChipStore
+from stepsim.workloads.chips import tensor_parallel
 
 
 def check_tp(tp: int, batch: int, intermediate: int, tile_m: int, tile_n: int) -> None:
@@ -36,40 +31,16 @@ def check_tp(tp: int, batch: int, intermediate: int, tile_m: int, tile_n: int) -
 
 
 def build_tp(tp: int, system, *, stage, batch: int, hidden: int, intermediate: int, tile_m: int, tile_n: int,
-             compute_bw: int, par_dispatch: int, algorithm: str = "ring") -> tuple[Graph, Network]:
+             compute_bw: int, par_dispatch: int, algorithm: str = "ring") -> tuple[Graph, object]:
     """The tensor-parallel layer (module docstring). ``stage(g, f, suffix)`` builds one chip's share of the
     layer on ``f`` columns reading tensors ``<name><suffix>`` and returns its output row tiles. Returns the graph
     and its finished network (links, per-link bytes)."""
-    from stepsim.workloads.collective.build import all_reduce_streams
-
     check_tp(tp, batch, intermediate, tile_m, tile_n)
     g = Graph(f"swiglu-tp{tp}-m{tile_m}-n{tile_n}")
-    net = Network(g, system)
-    m_tiles = batch // tile_m
-    per_chunk = m_tiles // tp
-    select = np.zeros((m_tiles, tp), np.int8)
-    select[np.arange(m_tiles), np.arange(m_tiles) // per_chunk] = 1
-    chunks = {}
-    for c in range(tp):
-        before = len(g.ops)
-        out = stage(g, intermediate // tp, f".{c}")
-        part = Partition(g, Flatten(g, out, 0, 1), SelectorSource(g, select, tp), 0, tp)  # [1, m, 1] -> [m, 1]
-        part.channel_depth = per_chunk  # a chunk waits for its step of the ring (module docstring)
-        for k in range(tp):
-            part.assume_shape(k, (per_chunk,))
-            chunks[(c, k)] = part[k]
-        for op in g.ops[before:]:
-            op.chip = c
-    reduced = all_reduce_streams(g, net, chunks, algorithm, compute_bw=compute_bw, prefix="allreduce.")
-    for (c, k), stream in sorted(reduced.items()):
-        LinearOffChipStore(g, stream, tensor_name=f"y{c}.{k}", par_dispatch=par_dispatch).chip = c
-    net.finish()
+
+    def store(c, k, stream):
+        LinearOffChipStore(g, stream, tensor_name=f"y{c}.{k}", par_dispatch=par_dispatch)
+
+    net = tensor_parallel(g, system, tp, lambda c: Flatten(g, stage(g, intermediate // tp, f".{c}"), 0, 1),
+                          batch // tile_m, algorithm=algorithm, compute_bw=compute_bw, store=store)
     return g, net
-
-
-def link_bytes(graph: Graph, net: Network) -> dict[str, int]:
-    """Bytes over every link: the symbolic per-link metric (static here), at the width the engine times fp32."""
-    from stepsim.graph.lower import fp32_timing_bytes
-
-    return {name: int(b) for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
-
