@@ -18,6 +18,9 @@ unit by unit). Each bound is "the busiest unit of one kind, doing its work back 
   cycles for Qwen3's 64 tokens). The HBM's last weight request, which comes no earlier than its load can
   start, still leaves its tile a firing to do (:func:`hbm_drain_cycles`): 16,384 cycles of PMU reads for a
   2048 x 256 bf16 tile.
+* :func:`link_cycles`: a link between chips serializes its elements one after another, each at least
+  ``ceil(bytes / bandwidth)`` cycles and at least one, and its last element arrives ``latency`` cycles after
+  its last byte left; so a multi-chip run takes at least the busiest link's serialization plus its latency.
 
 The whole-graph roofline (:func:`stepsim.optimize.pareto.roofline_lower_bound`) sums bandwidth over every unit;
 these see what the sum hides: one busy region among idle ones, padded static tiles on few time-multiplexed
@@ -43,8 +46,8 @@ from stepsim.graph.numeric import python_bindings
 from stepsim.workloads.base import Workload, evaluate, evaluate_exact, factors_value
 
 __all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "first_output_times",
-           "hbm_drain_cycles", "hbm_request_cycles", "load_tiles", "load_unit_bounds", "load_unit_cycles",
-           "pipeline_cycles", "pipeline_unit_bounds"]
+           "hbm_drain_cycles", "hbm_request_cycles", "load_tiles", "link_cycles", "load_unit_bounds",
+           "load_unit_cycles", "pipeline_cycles", "pipeline_unit_bounds"]
 
 #: operator kinds that load from off-chip memory one tile at a time
 LOAD_KINDS = ("LinearOffChipLoad", "RandomOffChipLoad")
@@ -78,6 +81,42 @@ def cycle_bounds(workload: Workload, hardware: Hardware, values: dict | None = N
             "compute_unit_cycles": busiest_unit(workload, computes),
             "hbm_request_cycles": hbm_request_cycles(workload, hardware, tiles, values),
             "pipeline_cycles": pipeline_cycles(workload, hardware, values, tiles, loads, computes)}
+
+
+def link_cycles(workload: Workload) -> int:
+    """A lower bound on the simulated cycles from the links between chips alone (cycles); 0 without links.
+
+    A link unit (:mod:`stepsim.kernels.units_link`) serializes one element at a time, ``ceil(b / B)`` cycles
+    for an element of ``b`` bytes (at least one cycle), and sends it with the stamp ``T + ceil(b / B) +
+    latency``; its receiver dequeues it no earlier. So the run takes at least the busiest link's elements back
+    to back plus its latency. ``b`` is the element's timed width: an fp32 tile counts at the lowering's fp32
+    timing width (:func:`stepsim.graph.lower.fp32_timing_bytes`); an element whose size is not static counts
+    one cycle, and a stream whose length stays symbolic counts nothing (the bound only gets weaker).
+    """
+    from stepsim.graph.dims import is_static
+    from stepsim.graph.dtypes import FP32, Tile
+    from stepsim.graph.lower import fp32_timing_bytes
+
+    links = [op for op in workload.graph.ops if op.kind == "Link"]
+    if not links:
+        return 0
+    f32 = fp32_timing_bytes(workload.graph)
+    best = 0
+    for op in links:
+        busy = 0
+        for stream in op.outputs:
+            try:
+                elements = int(evaluate(stream.total_elements(), workload.bindings))
+            except MetricError:
+                continue
+            dtype = stream.dtype
+            size = dtype.size_in_bytes() if hasattr(dtype, "size_in_bytes") else 1
+            if isinstance(dtype, Tile) and dtype.dtype == FP32 and is_static(size):
+                size = dtype.rows * dtype.cols * f32  # the width the lowering times fp32 tiles at
+            per_element = max(1, -(-int(size) // op.bandwidth)) if is_static(size) else 1
+            busy += elements * per_element
+        best = max(best, busy + op.latency)
+    return best
 
 
 def load_tiles(workload: Workload) -> dict[str, int]:

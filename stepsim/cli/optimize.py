@@ -1,4 +1,4 @@
-"""``stepsim optimize WORKLOAD [run flags] [--objective ...] [--max-on-chip BYTES] [--max-compute FLOPS] --out DIR``.
+"""``stepsim optimize WORKLOAD [run flags] [--objective ...] [--max-on-chip BYTES] [--max-compute FLOPS] [--max-chips N] --out DIR``.
 
 Prints the Pareto front, the recommended configuration and the ``stepsim run`` command line that reproduces
 it (``--json``: one JSON object with the keys ``pareto``, ``recommended``, ``candidates``,
@@ -6,6 +6,10 @@ it (``--json``: one JSON object with the keys ``pareto``, ``recommended``, ``can
 and ``optimize.json`` into ``--out`` (:mod:`stepsim.optimize.output`). Running the same command again into
 the same folder resumes (finished evaluations and simulations are read back). Exit status 2 on an error
 (a budget no candidate fits names the smallest candidate).
+
+``--max-chips N`` (MoE) adds the parallel axes: expert parallelism on the divisors of the expert count up to N
+chips, each with the three placements, on ``--system``'s chips scaled to that count (default: fully connected
+chips); the chip count becomes a fourth objective of the front (stepsim/optimize/chips.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-on-chip", type=int, metavar="BYTES", help="on-chip memory budget (bytes)")
     p.add_argument("--max-compute", type=int, metavar="FLOPS_PER_CYCLE",
                    help="allocated compute budget (FLOPs/cycle)")
+    p.add_argument("--max-chips", type=int, metavar="N",
+                   help="chip-count budget: search expert parallelism and placement up to N chips (MoE)")
     p.add_argument("--space", metavar="SPACE.toml",
                    help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
     add_jobs_argument(p, "the simulations", dask=True)
@@ -109,9 +115,9 @@ def _optimize(args) -> int:
     knobs = {k: v for k, v in config_from_args(args).items() if k != "workload"}
     try:
         result = optimize(args.workload, out=args.out, objective=args.objective, max_on_chip=args.max_on_chip,
-                          max_compute=args.max_compute, space=args.space, jobs=args.jobs, executor=executor,
-                          address=args.address, progress=not args.no_progress and sys.stderr.isatty(),
-                          force=args.force, **knobs)
+                          max_compute=args.max_compute, max_chips=args.max_chips, space=args.space, jobs=args.jobs,
+                          executor=executor, address=args.address,
+                          progress=not args.no_progress and sys.stderr.isatty(), force=args.force, **knobs)
     except SweepStopped as stop:  # Ctrl-C / SIGTERM inside a round: the finished results are saved
         if stop.reason in ("interrupted", "terminated"):
             status = stopped_status(stop.reason)
@@ -138,11 +144,16 @@ def format_result(result) -> str:
     if invalid or proven or failed:
         lines.append(f"  not buildable        {invalid:,}; proven to deadlock {proven:,}; "
                      f"failed simulations (e.g. deadlock) {failed:,}")
-    lines.append(f"  Pareto front ({len(result.front)} point(s)): cycles, on-chip bytes, FLOPs/cycle")
+    chips = result.budgets.get("max_chips") is not None
+    lines.append(f"  Pareto front ({len(result.front)} point(s)): cycles, on-chip bytes, FLOPs/cycle"
+                 + (", chips" if chips else ""))
     for c in result.front:
         mark = "*" if c is result.recommended else " "
         lines.append(f"  {mark} {c.cycles:>12,} {c.on_chip_bytes:>14,} {c.allocated_flops_per_cycle:>10,}  "
-                     f"{c.label(result.axes)}")
+                     + (f"{c.chips:>3}  " if chips else "") + c.label(result.axes))
+    if chips:
+        lines.append("  fastest per chip count: " + "; ".join(f"{n} chip(s) {p['cycles']:,} cycles"
+                                                          for n, p in result.per_chips().items()))
     if result.recommended is not None:
         lines.append(f"  recommended ({result.objective}): {result.recommended.label(result.axes)}")
         lines.append(f"  reproduce: {result.command}")

@@ -32,6 +32,8 @@ def register(subparsers) -> None:
     window.add_argument("--duration", type=float, metavar="SECONDS",
                         help="replay the requests arriving in the first SECONDS")
     p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory")
+    p.add_argument("--system", metavar="FILE|PRESET",
+                   help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -81,7 +83,7 @@ def _serve(args) -> int:
                    scheduler=args.scheduler, max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens,
                    chunk_tokens=args.chunk_tokens, routing=args.routing, fidelity=args.fidelity, slo=args.slo,
                    jobs=args.jobs, executor=args.executor, address=args.address, seed=args.seed,
-                   iteration_latency=args.iteration_latency, timeline=args.timeline)
+                   iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system)
     s = result.summary
     if args.json:
         print(json.dumps(s, indent=2))
@@ -101,6 +103,9 @@ def _serve(args) -> int:
         e = f["error"]
         print(f"fidelity    fast: held-out step error p50 {e['iteration_p50'] * 100:.1f} %, p95 "
               f"{e['iteration_p95'] * 100:.1f} % ({e['held_out_iterations']} steps simulated exactly)")
+    if "system" in s:
+        print(f"system      {s['system']['name']}: {s['system']['chips']} chips, weights split by "
+              f"{s['system']['parallelism']}, at most {max(s['system']['chip_weight_bytes']) / 1e9:.2f} GB a chip")
     kv = s["kv_cache"]
     print(f"KV cache    {kv['usable_blocks']} blocks of {kv['block_size']} tokens, at most {kv['max_blocks_used']} "
           f"used; wall {s['wall_s']:.2f} s")

@@ -7,6 +7,7 @@
 The pieces, one purpose each: :mod:`~stepsim.optimize.space` (the documented default search spaces and the
 ``--space`` TOML override), :mod:`~stepsim.optimize.pareto` (dominance, the roofline lower bound),
 :mod:`~stepsim.optimize.search` (symbolic evaluation, budgets, pruning, simulation rounds),
+:mod:`~stepsim.optimize.chips` (the parallel axes under a chip budget, ``--max-chips``),
 :mod:`~stepsim.optimize.output` (Parquet, PNG, JSON, the ``stepsim run`` command line) and
 :mod:`~stepsim.cli.optimize` (the subcommand).
 """
@@ -35,7 +36,8 @@ class OptimizeResult:
     out : Path
         Output folder.
     front : list of Candidate
-        The Pareto front over (cycles, on-chip bytes, allocated compute), by cycles.
+        The Pareto front over (cycles, on-chip bytes, allocated compute, chips), by cycles (chips: 1 for every
+        candidate unless ``max_chips`` searched several).
     recommended : Candidate or None
         The front point best for ``objective``.
     candidate_list : list of Candidate
@@ -43,7 +45,7 @@ class OptimizeResult:
     axes : list of str
         The searched knobs.
     budgets : dict
-        ``max_on_chip`` (bytes) and ``max_compute`` (FLOPs/cycle), None when not set.
+        ``max_on_chip`` (bytes), ``max_compute`` (FLOPs/cycle) and ``max_chips`` (chips), None when not set.
     simulated_now, rounds : int
         Simulations run by this call (the rest were read back from ``out``), simulation rounds.
     wall_s : float
@@ -98,15 +100,28 @@ class OptimizeResult:
 
         return run_command(self.recommended.config) if self.recommended is not None else None
 
+    def per_chips(self) -> dict:
+        """``{chips: point}``: the fastest simulated candidate on each chip count (ties: on-chip bytes, compute,
+        index), in chip order; what one more chip buys."""
+        best: dict = {}
+        for c in self.candidate_list:
+            if c.status == "simulated":
+                key = (c.cycles, c.on_chip_bytes, c.allocated_flops_per_cycle, c.index)
+                if c.chips not in best or key < best[c.chips][0]:
+                    best[c.chips] = (key, c)
+        return {n: best[n][1].point() for n in sorted(best)}
+
     def to_json(self) -> dict:
         """The ``--json`` object: ``pareto``, ``recommended``, ``candidates``, ``pruned_symbolically``,
-        ``simulations``, and details (budgets, objective, invalid / failed counts, files)."""
+        ``simulations``, and details (budgets, objective, invalid / failed counts, files, ``per_chips``: the
+        fastest point on each chip count, keyed by the count as a string)."""
         rec = None
         if self.recommended is not None:
             rec = {**self.recommended.point(), "command": self.command}
         return {"workload": self.workload, "objective": self.objective, **self.budgets,
                 "pareto": [c.point() for c in self.front], "recommended": rec, "candidates": self.candidates,
                 "pruned_symbolically": self.pruned_symbolically, "simulations": self.simulations,
+                "per_chips": {str(n): p for n, p in self.per_chips().items()},
                 "pruned_by_budget": self._count("over-budget"), "pruned_by_bound": self._count("pruned"),
                 "proven_deadlocks": self._count("deadlock"),
                 "invalid": self._count("invalid"), "failed_simulations": self._count("failed"),
@@ -130,9 +145,10 @@ def _absolute(config: dict) -> dict:
     return {k: (Path(v).resolve().as_posix() if _is_path_value(k, v) else v) for k, v in config.items()}
 
 
-def _default_stages(cfg: dict) -> list[tuple[str, list]]:
+def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> list[tuple[str, list]]:
     """The default space of the normalized base config ``cfg`` as ``[(stage name, grids)]``
-    (:mod:`stepsim.optimize.space`): one stage for the MoE and attention layers, two for the decoder."""
+    (:mod:`stepsim.optimize.space`): one stage for the MoE and attention layers, two for the decoder; with
+    ``max_chips``, the MoE space gains the parallel axes (:mod:`stepsim.optimize.chips`)."""
     from stepsim.optimize import space
     from stepsim.trace_io.load import load_kv_lengths
     from stepsim.workloads.config import CUSTOM_MODEL_KEYS, resolved_trace
@@ -143,7 +159,12 @@ def _default_stages(cfg: dict) -> list[tuple[str, list]]:
 
         model = moe_model(cfg["model"], **{k: cfg[k] for k in CUSTOM_MODEL_KEYS})
         routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
-        return [("space", space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0])))]
+        grids = space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0]))
+        if max_chips is not None:
+            from stepsim.optimize.chips import parallel_grids
+
+            grids = parallel_grids(grids, model.experts, max_chips, system)
+        return [("space", grids)]
     if cfg["workload"] == "decoder":
         from stepsim.models.presets import resolve_model
 
@@ -170,8 +191,8 @@ def _merged(states: list):
 
 
 def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int | None = None,
-             max_compute: int | None = None, space=None, jobs: int | None = None, executor="local",
-             address: str | None = None, round_size: int | None = None, progress: bool = False,
+             max_compute: int | None = None, max_chips: int | None = None, space=None, jobs: int | None = None,
+             executor="local", address: str | None = None, round_size: int | None = None, progress: bool = False,
              force: bool = False, **knobs) -> OptimizeResult:
     """Search the schedules of ``workload`` on a trace for the Pareto front (module docstring of
     :mod:`stepsim.optimize.search` for the method) and write it into ``out``.
@@ -183,11 +204,15 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     out : str or Path
         Output folder (created; a search into a folder that holds an earlier one resumes it).
     objective : str
-        ``cycles`` (default), ``on-chip`` or ``compute``: what the recommendation minimizes first.
+        ``cycles`` (default), ``on-chip``, ``compute`` or ``chips``: what the recommendation minimizes first.
     max_on_chip : int, optional
         On-chip budget (bytes); candidates over it are dropped.
     max_compute : int, optional
         Allocated-compute budget (FLOPs/cycle).
+    max_chips : int, optional
+        Chip-count budget: search the parallel axes (expert parallelism and placement, on the ``system``
+        knob's chips scaled to each count) up to this many chips, and add the chip count to the front's
+        objectives (:mod:`stepsim.optimize.chips`); candidates on more chips are over budget.
     space : str, Path or list of dict, optional
         A space file (:mod:`stepsim.optimize.space`) or grids ``[{knob: values}]``; default: the documented
         default space of the workload.
@@ -232,15 +257,31 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
         raise ConfigError(f"--objective must be one of {', '.join(search.OBJECTIVES)}, got {objective!r}")
     max_on_chip = _positive("--max-on-chip", max_on_chip)
     max_compute = _positive("--max-compute", max_compute)
+    max_chips = _positive("--max-chips", max_chips)
+    if max_chips is not None and workload != "moe":
+        raise ConfigError(f"--max-chips searches expert parallelism, which stepsim builds for the MoE layer only, "
+                          f"not {workload!r}")
     round_size = _positive("round_size", round_size) or search.ROUND_SIZE
     if jobs is not None:
         check_jobs(jobs)
     if "mode" in knobs:
         raise ConfigError("stepsim optimize sets the mode itself (metrics, then simulate); leave 'mode' out")
     base = _absolute({"workload": workload, **{k: v for k, v in knobs.items() if v is not None}})
+    system = None
+    if max_chips is not None and base.get("system") is not None:  # each candidate gets the system at its count
+        from stepsim.base.errors import SystemConfigError
+        from stepsim.base.system import System
+
+        if base.get("hardware") is not None:
+            raise ConfigError("--hardware does not apply with --system: the system file names the chips' hardware")
+        system_spec = base.pop("system")
+        try:
+            system = System.load(system_spec)
+        except SystemConfigError as exc:
+            raise ConfigError(f"--system: {exc}") from None
     cfg = normalize_config({**base, "mode": "metrics"}, source=COMMAND_LINE)
     if space is None:
-        stages, source = _default_stages(cfg), Path(out) / "default-space"
+        stages, source = _default_stages(cfg, max_chips, system), Path(out) / "default-space"
     elif isinstance(space, (str, Path)):
         stages, source = [("space", load_space(space, workload))], Path(space)
     else:
@@ -257,6 +298,10 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
 
     out = check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
+    if system is not None:
+        from stepsim.optimize.chips import on_system
+
+        stages = [(name, on_system(grids, system, system_spec, out)) for name, grids in stages]
     owned = isinstance(executor, str)
     runner = make_executor(executor, jobs=jobs or default_jobs(), warm_kernels=True, address=address) \
         if owned else executor
@@ -269,7 +314,7 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
                 grids = [{"strategy": kept, **g} for g in grids]
             state = search.evaluate_space(base, grids, out=out, runner=runner, source=source, progress=progress)
             # an earlier stage only chooses what the next one keeps: a budget that rules out all of it keeps all
-            search.apply_budgets(state, max_on_chip, max_compute, required=last)
+            search.apply_budgets(state, max_on_chip, max_compute, required=last, max_chips=max_chips)
             search.simulate_rounds(state, base, out=out, runner=runner, source=source, round_size=round_size,
                                    force=force)
             states.append(state)
@@ -287,7 +332,8 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     front = search.front_of(state)
     result = OptimizeResult(workload=workload, objective=objective, out=out, front=front,
                             recommended=search.recommend(front, objective), candidate_list=state.candidates,
-                            axes=state.axes, budgets={"max_on_chip": max_on_chip, "max_compute": max_compute},
+                            axes=state.axes,
+                            budgets={"max_on_chip": max_on_chip, "max_compute": max_compute, "max_chips": max_chips},
                             simulated_now=state.simulated_now, rounds=state.rounds, stages=summary)
     result.files = write_outputs(out, result)
     result.wall_s = time.perf_counter() - start

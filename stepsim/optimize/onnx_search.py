@@ -89,6 +89,9 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     :func:`tile_space` of the model). ConfigError when no candidate fits ``max_on_chip``."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if objective == "chips":  # an ONNX model's tile search runs on one chip
+        raise ConfigError("objective 'chips' applies to a search over chip counts (--max-chips), not to an ONNX "
+                          "model's tile search")
     kw = dict(values=values, routing=routing, **({"hardware": hardware} if hardware else {}))
     if space is None:
         layouts = from_onnx(source, **kw).frontend.layouts  # every streamed activation's layout
@@ -118,6 +121,6 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
         simulated.append(p)
     front = [simulated[i] for i in pareto_front([p.vector(p.cycles) for p in simulated])]
     front.sort(key=lambda p: p.vector(p.cycles))
-    order = OBJECTIVES[objective]
+    order = [k for k in OBJECTIVES[objective] if k != "chips"]  # one chip
     recommended = min(front, key=lambda p: tuple(getattr(p, k) for k in order), default=None)
     return OnnxSearch([p for p, _ in points], front, recommended, len(simulated), skipped)

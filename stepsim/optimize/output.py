@@ -3,12 +3,13 @@
 
 Files in the output folder (each written atomically: temp file, then rename)::
 
-    pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle)
+    pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle, chips)
     candidates.parquet  every candidate: knobs, symbolic metrics, cycle lower bound, status, cycles
     pareto.png          cycles against on-chip bytes and against compute (the front is over all three), every
                         simulated point, the front numbered and named (log axes, like the paper's Figs 9/10)
     optimize.json       the JSON summary (the keys of ``stepsim optimize --json``)
     metrics/, runs/     the symbolic-evaluation and simulation sweeps (sweep folder layout; resumable)
+    systems/            with ``--max-chips`` and ``--system``: the system scaled to each chip count searched
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def run_command(config: dict) -> str:
 
 
 _COLUMNS = ("index", "run_id", "status", "cycles", "lower_bound", "on_chip_bytes", "allocated_flops_per_cycle",
-            "off_chip_bytes", "flops", "hbm_bytes_per_cycle", "error")
+            "chips", "off_chip_bytes", "flops", "hbm_bytes_per_cycle", "error")
 _TYPES = {"index": pa.int64(), "run_id": pa.string(), "status": pa.string(), "error": pa.string()}
 
 
@@ -85,7 +86,8 @@ def plot_front(result, path: Path) -> Path:
     and against allocated compute. The front is over all three objectives, so a front point can look dominated
     in one panel (it wins on the other axis); both panels show every simulated point in grey and the front's
     points numbered 1..n in the order ``stepsim optimize`` lists them, named under the plot. The title's counts
-    are the CLI's (``simulations`` counts failed simulations too)."""
+    are the CLI's (``simulations`` counts failed simulations too). A search over chip counts marks each count's
+    points with its own marker."""
     from stepsim.base.figures import require_matplotlib, save_figure, si_axis
 
     plt = require_matplotlib()
@@ -99,13 +101,19 @@ def plot_front(result, path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2 + 0.14 * len(lines)), sharey=True)
     panels = ((axes[0], "on_chip_bytes", "on-chip memory", "B"),
               (axes[1], "allocated_flops_per_cycle", "allocated compute", ""))
+    counts = sorted({c.chips for c in simulated})
     for ax, key, name, unit in panels:
-        if simulated:
+        if len(counts) > 1:  # a search over chip counts (--max-chips): one marker per count, so the trade shows
+            for n, marker in zip(counts, "osD^v<>ph*"):
+                on_n = [c for c in simulated if c.chips == n]
+                ax.scatter([getattr(c, key) for c in on_n], [c.cycles for c in on_n], color="0.65", s=18,
+                           marker=marker, label=f"simulated, {n} chip{'s' if n > 1 else ''}", zorder=2)
+        elif simulated:
             ax.scatter([getattr(c, key) for c in simulated], [c.cycles for c in simulated], color="0.65", s=16,
                        label="simulated", zorder=2)
         if front:
             ax.scatter([getattr(c, key) for c in front], [c.cycles for c in front], facecolors="none",
-                       edgecolors="tab:red", s=70, linewidths=1.4, label="Pareto front (3 objectives)", zorder=3)
+                       edgecolors="tab:red", s=70, linewidths=1.4, label=f"Pareto front ({4 if len(counts) > 1 else 3} objectives)", zorder=3)
             for (x, y), numbers in _coinciding([(getattr(c, key), c.cycles) for c in front]):
                 ax.annotate(",".join(map(str, numbers)), (x, y), textcoords="offset points", xytext=(6, 5),
                             fontsize=8, color="tab:red")
@@ -124,8 +132,9 @@ def plot_front(result, path: Path) -> Path:
     axes[0].set_ylabel("cycles")
     axes[0].legend(loc="best", fontsize=8)
     fig.suptitle(f"stepsim optimize {result.workload}: {result.simulations:,} simulations of "
-                 f"{result.candidates:,} candidates; front over cycles, on-chip memory and compute "
-                 f"({len(front)} points)", fontsize=10)
+                 f"{result.candidates:,} candidates; front over "
+                 f"{'cycles, on-chip memory, compute and chips' if len(counts) > 1 else 'cycles, on-chip memory and compute'}"
+                 f" ({len(front)} points)", fontsize=10)
     caption = 0.0
     if lines:
         height = fig.get_size_inches()[1]

@@ -14,7 +14,11 @@
    before the routed tokens are loaded) and where large weight tiles make the fill or the drain long (a
    256-column tile and one firing on it before a region's down projection can start, or after the last
    request). Candidates that differ only in their FIFO depths share one evaluation (the published on-chip
-   accounting does not count FIFOs).
+   accounting does not count FIFOs). On several chips (``--max-chips``, :mod:`stepsim.optimize.chips`) each chip
+   has its own HBM: the roofline divides the off-chip bytes by all of them, the per-unit bounds are per chip
+   already (each unit is on one chip), and the busiest link adds its own bound (``link_cycles``: its elements back
+   to back plus its latency); the chip count is a fourth objective, so a candidate is pruned only by a point on
+   no more chips.
 2. **Budgets and proven deadlocks**: candidates over ``max_on_chip`` bytes or ``max_compute`` FLOPs/cycle are
    dropped, and so are those whose metrics row proves they deadlock at their FIFO depths (``deadlock_proof``,
    :mod:`stepsim.analysis.deadlock_proof`: a time-multiplexed MoE region whose experts' tiles cannot all wait for the
@@ -45,16 +49,17 @@ from stepsim.optimize.pareto import dominates, pareto_front, roofline_lower_boun
 
 #: candidates simulated per round at most (the parallelism; the candidates simulated do not depend on it)
 ROUND_SIZE = 4
-#: objectives of the recommendation: the lexicographic order of (cycles, on-chip bytes, allocated compute)
-OBJECTIVES = {"cycles": ("cycles", "on_chip_bytes", "allocated_flops_per_cycle"),
-              "on-chip": ("on_chip_bytes", "cycles", "allocated_flops_per_cycle"),
-              "compute": ("allocated_flops_per_cycle", "cycles", "on_chip_bytes")}
+#: objectives of the recommendation: the lexicographic order of (cycles, on-chip bytes, allocated compute, chips)
+OBJECTIVES = {"cycles": ("cycles", "on_chip_bytes", "allocated_flops_per_cycle", "chips"),
+              "on-chip": ("on_chip_bytes", "cycles", "allocated_flops_per_cycle", "chips"),
+              "compute": ("allocated_flops_per_cycle", "cycles", "on_chip_bytes", "chips"),
+              "chips": ("chips", "cycles", "on_chip_bytes", "allocated_flops_per_cycle")}
 #: knobs that change only the FIFO depths (not the symbolic metrics under the published accounting)
 FIFO_KNOBS = ("channel_depth", "fifo_depths")
 #: task keys that are not knobs of the candidate
 TASK_ONLY = ("mode",)
 #: record columns holding per-unit lower bounds on cycles (stepsim.analysis.bounds)
-BOUND_COLUMNS = ("load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles", "pipeline_cycles")
+BOUND_COLUMNS = ("load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles", "pipeline_cycles", "link_cycles")
 #: sub-folders of the output folder
 METRICS_DIR, RUNS_DIR = "metrics", "runs"
 
@@ -74,7 +79,9 @@ class Candidate:
     on_chip_bytes, off_chip_bytes, flops, allocated_flops_per_cycle, hbm_bytes_per_cycle : int
         Symbolic metrics (bytes, FLOPs in the engine's convention, FLOP/cycle, bytes/cycle).
     lower_bound : int
-        Roofline lower bound on cycles.
+        Lower bound on cycles: the roofline over all the candidate's chips and the per-unit and link bounds.
+    chips : int
+        Chips the candidate runs on (:func:`stepsim.optimize.chips.chip_count`); 1 unless it is parallel.
     status : str
         ``invalid`` (the builder refused it), ``over-budget``, ``pruned`` (its bound is dominated),
         ``deadlock`` (proven without simulating), ``simulated`` (ok), ``failed`` (the simulation failed, e.g. a
@@ -94,24 +101,26 @@ class Candidate:
     allocated_flops_per_cycle: int | None = None
     hbm_bytes_per_cycle: int | None = None
     lower_bound: int | None = None
+    chips: int = 1
     status: str = "pending"
     cycles: int | None = None
     error: str | None = None
 
     @property
-    def optimistic(self) -> tuple[int, int, int]:
-        """(cycle lower bound, on-chip bytes, allocated compute): the best this candidate can be."""
-        return (self.lower_bound, self.on_chip_bytes, self.allocated_flops_per_cycle)
+    def optimistic(self) -> tuple[int, int, int, int]:
+        """(cycle lower bound, on-chip bytes, allocated compute, chips): the best this candidate can be."""
+        return (self.lower_bound, self.on_chip_bytes, self.allocated_flops_per_cycle, self.chips)
 
     @property
-    def objectives(self) -> tuple[int, int, int]:
-        """(cycles, on-chip bytes, allocated compute) of a simulated candidate."""
-        return (self.cycles, self.on_chip_bytes, self.allocated_flops_per_cycle)
+    def objectives(self) -> tuple[int, int, int, int]:
+        """(cycles, on-chip bytes, allocated compute, chips) of a simulated candidate (on one chip, as in every
+        search without ``--max-chips``, the fourth objective ties and the front is the three-objective one)."""
+        return (self.cycles, self.on_chip_bytes, self.allocated_flops_per_cycle, self.chips)
 
     def point(self) -> dict:
         """The JSON form of a simulated candidate (the ``pareto`` entries)."""
         return {"config": self.config, "cycles": self.cycles, "on_chip_bytes": self.on_chip_bytes,
-                "allocated_flops_per_cycle": self.allocated_flops_per_cycle}
+                "allocated_flops_per_cycle": self.allocated_flops_per_cycle, "chips": self.chips}
 
     def label(self, axes) -> str:
         """``k=v`` of the searched knobs, for messages."""
@@ -176,6 +185,7 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
     """Expand the space into candidates and evaluate each one symbolically (a metrics sweep into
     ``out/metrics``, resumable). Invalid candidates (the builder refuses them) are marked, not raised."""
     from stepsim.batch.grid import expand
+    from stepsim.optimize.chips import chip_count
     from stepsim.workloads.config import normalize_config
 
     workload = base["workload"]
@@ -191,7 +201,7 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
     state = SearchState(axes=list(dict.fromkeys(k for g in grids for k in g)))
     for task in sim_tasks:
         config = {k: v for k, v in task.config.items() if k not in TASK_ONLY}
-        cand = Candidate(index=task.index, config=config, run_id=task.run_id)
+        cand = Candidate(index=task.index, config=config, run_id=task.run_id, chips=chip_count(config))
         status, row, error = by_key[symbolic_key(task.config, convention)]
         if status != "ok":
             cand.status, cand.error = "invalid", error
@@ -201,7 +211,9 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
             cand.flops = int(row["graph_flops"])
             cand.allocated_flops_per_cycle = int(row["allocated_compute_flops_per_cycle"])
             cand.hbm_bytes_per_cycle = int(row["hbm_bytes_per_cycle"])
-            # a row written before a bound column existed lacks it (a weaker bound, still valid)
+            # a row written before a bound column existed lacks it (a weaker bound, still valid); each chip has
+            # its own HBM and the row's peak counts all of them, so the bytes roofline divides by every chip's
+            # (the per-unit bounds are per chip)
             cand.lower_bound = max(roofline_lower_bound(cand.off_chip_bytes, cand.hbm_bytes_per_cycle, cand.flops,
                                                         cand.allocated_flops_per_cycle),
                                    *(int(row.get(k) or 0) for k in BOUND_COLUMNS))
@@ -213,9 +225,10 @@ def evaluate_space(base: dict, grids: list, *, out: Path, runner, source: Path, 
 
 
 def apply_budgets(state: SearchState, max_on_chip: int | None, max_compute: int | None,
-                  required: bool = True) -> None:
-    """Mark the candidates over a budget; a ConfigError naming the smallest candidate when none fits and
-    ``required`` (when not, such a state simply has nothing to simulate)."""
+                  required: bool = True, max_chips: int | None = None) -> None:
+    """Mark the candidates over a budget (on-chip bytes, allocated compute, chips); a ConfigError naming the
+    smallest candidate when none fits and ``required`` (when not, such a state simply has nothing to
+    simulate)."""
     valid = [c for c in state.candidates if c.status != "invalid"]
     if not valid:
         first = state.candidates[0] if state.candidates else None
@@ -224,13 +237,19 @@ def apply_budgets(state: SearchState, max_on_chip: int | None, max_compute: int 
 
     def fits(c):
         return ((max_on_chip is None or c.on_chip_bytes <= max_on_chip)
-                and (max_compute is None or c.allocated_flops_per_cycle <= max_compute))
+                and (max_compute is None or c.allocated_flops_per_cycle <= max_compute)
+                and (max_chips is None or c.chips <= max_chips))
 
     for c in valid:
         if not fits(c):
             c.status = "over-budget"
     if any(fits(c) for c in valid) or not required:
         return
+    fewest = min(valid, key=lambda c: (c.chips, c.index))
+    if max_chips is not None and fewest.chips > max_chips:
+        raise ConfigError(f"--max-chips {max_chips}: no candidate fits; the fewest chips is {fewest.chips} "
+                          f"({fewest.label(state.axes)})")
+    valid = [c for c in valid if max_chips is None or c.chips <= max_chips]  # the other budgets, within it
     smallest_on = min(valid, key=lambda c: (c.on_chip_bytes, c.allocated_flops_per_cycle, c.index))
     smallest_comp = min(valid, key=lambda c: (c.allocated_flops_per_cycle, c.on_chip_bytes, c.index))
     if max_on_chip is not None and smallest_on.on_chip_bytes > max_on_chip:
@@ -249,7 +268,7 @@ def apply_budgets(state: SearchState, max_on_chip: int | None, max_compute: int 
 
 def promise(c: Candidate) -> tuple:
     """Order of simulation: lowest cycle bound first (it sets the bar the others are pruned against)."""
-    return (c.lower_bound, c.on_chip_bytes, c.allocated_flops_per_cycle, c.index)
+    return (c.lower_bound, c.on_chip_bytes, c.allocated_flops_per_cycle, c.chips, c.index)
 
 
 def next_round(remaining: list, round_size: int) -> list:
@@ -318,7 +337,7 @@ def search_rounds(state: SearchState, round_size: int, simulate) -> None:
 
 
 def front_of(state: SearchState) -> list:
-    """The Pareto front of the simulated candidates, by cycles then on-chip bytes then compute."""
+    """The Pareto front of the simulated candidates, by cycles then on-chip bytes then compute then chips."""
     simulated = [c for c in state.candidates if c.status == "simulated"]
     front = [simulated[i] for i in pareto_front([c.objectives for c in simulated])]
     return sorted(front, key=lambda c: (*c.objectives, c.index))

@@ -56,6 +56,9 @@ pipeline_cycles                    cycles      a lower bound on cycles: a load o
                                                weight request (no earlier than its load can start) plus the
                                                firing its tile still gets
                                                (:func:`stepsim.analysis.bounds.pipeline_cycles`)
+link_cycles                        cycles      a lower bound on cycles: the busiest link between chips' elements
+                                               back to back plus its latency; 0 on one chip
+                                               (:func:`stepsim.analysis.bounds.link_cycles`)
 deadlock_proof                     -           null, or one line proving, without simulating, that the run
                                                deadlocks at its FIFO depths (a time-multiplexed MoE region
                                                whose experts' tiles cannot all wait for the Reassemble;
@@ -100,7 +103,7 @@ from pathlib import Path
 from typing import Any
 
 from stepsim._version import __version__
-from stepsim.analysis.bounds import cycle_bounds
+from stepsim.analysis.bounds import cycle_bounds, link_cycles
 from stepsim.analysis.deadlock_proof import prove_deadlock
 from stepsim.base.defaults import TIMING_MODEL_VERSION, UNSET, resolve_channel_depth
 from stepsim.base.errors import ConfigError
@@ -175,7 +178,7 @@ COLUMNS = tuple(
     + _i64("FLOP", "flops", "graph_flops", "algorithmic_flops")
     + _i64("FLOP/cycle", "allocated_compute_flops_per_cycle") + _i64("bytes/cycle", "hbm_bytes_per_cycle")
     + _i64("cycles", "load_unit_cycles", "compute_unit_cycles", "hbm_request_cycles",
-           "pipeline_cycles") + _strings("deadlock_proof")
+           "pipeline_cycles", "link_cycles") + _strings("deadlock_proof")
     + _f64("ratio", "compute_utilization", "off_chip_bw_utilization") + _i64("count", "events", "fires")
     + _f64("s", "build_s", "metrics_s", "lower_s", "compile_s", "sim_wall_s", "total_s")
     + _f64("ratio", "check_max_rel_error", "check_tolerance") + [("check_passed", "bool", None)]
@@ -605,7 +608,7 @@ def _measurements(workload: Workload, metrics: Mapping, sim, hardware: Hardware,
         "on_chip_bytes_active": metrics["on_chip_bytes_active"], "flops": metrics["flops"],
         "graph_flops": metrics["graph_flops"], "algorithmic_flops": workload.algorithmic_flops,
         "allocated_compute_flops_per_cycle": allocated, "hbm_bytes_per_cycle": hbm,
-        **cycle_bounds(workload, hardware, values),
+        **cycle_bounds(workload, hardware, values), "link_cycles": link_cycles(workload),
         "deadlock_proof": getattr(prove_deadlock(workload, depth), "message", None),
         "compute_utilization": None, "off_chip_bw_utilization": None, "events": None, "fires": None,
     }

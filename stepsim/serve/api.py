@@ -200,9 +200,9 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
 
 
 def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                    jobs: int | None, layers_executor=None):
+                    jobs: int | None, layers_executor=None, system=None):
     """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
-    MoE model, or a routed-experts file)."""
+    MoE model, or a routed-experts file); on ``system``'s chips when given (:mod:`stepsim.serve.system`)."""
     from stepsim.serve.exact import EngineLatency
     from stepsim.serve.routing import ReplayRouting, SyntheticRouting
 
@@ -214,6 +214,13 @@ def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int,
             source = ReplayRouting(routing, str(model_arg), model.layers)
     elif routing is not None:
         raise ConfigError(f"--routing: model {model.name!r} is dense (no routed experts)")
+    if system is not None:
+        from stepsim.serve.system import system_engine_latency
+
+        if layers_executor is not None:
+            raise ConfigError("--executor dask: not built with --system (its MoE blocks are built per step in "
+                              "this process); use --jobs N")
+        return system_engine_latency(model, system, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
     return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
                          layers_executor=layers_executor)
 
@@ -222,7 +229,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
-          calibration_cache=None) -> ServeResult:
+          calibration_cache=None, system=None) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -281,6 +288,9 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     calibration_cache : path, optional
         Folder of cached fast-fidelity calibrations (default ``$STEPSIM_SERVE_CACHE`` or
         ``~/.cache/stepsim/serve-calibration``).
+    system : str or path, optional
+        A system preset or file (docs/system.md): serve on its chips, the weights split over them and the KV
+        cache in every chip's HBM left (:mod:`stepsim.serve.system`).
 
     Returns
     -------
@@ -318,11 +328,22 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     slo_seconds = parse_slo(slo) if slo is not None else None
     config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                                   chunk_tokens=chunk_tokens, block_size=block_size)
-    hw = resolve_serving_hardware(hardware)
+    chips = None
+    if system is not None:  # many chips: stepsim/serve/system.py
+        from stepsim.serve.system import load_system
+
+        system, hw = load_system(system, hardware, fidelity)
+    else:
+        hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
     memory = model_memory(resolved)
-    hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
-    capacity = kv_capacity(hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+    if system is not None:
+        from stepsim.serve.system import system_capacity
+
+        capacity, chips = system_capacity(system, resolved, memory, block_size, hbm_bytes)
+    else:
+        hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
+        capacity = kv_capacity(hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
     limit = max_model_len(config, capacity, memory.max_position_embeddings)
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
@@ -354,7 +375,8 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
     calibration = None
     if fidelity == "exact":
         provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
-                                   vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor)
+                                   vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor,
+                                   system=system)
     elif fidelity == "fast":
         key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
                                                                                    VALUE_FIELDS},
@@ -404,6 +426,8 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
         summary["fidelity"]["calibration"] = calibration["key"]
     summary["model"] = resolved.name
     summary["hardware"] = {"name": hw.name, **{f: getattr(hw, f) for f in SERVING_FIELDS}}
+    if chips is not None:
+        summary["system"] = chips.summary()
     summary["scheduler"] = asdict(config)
     summary["kv_cache"] = {"hbm_bytes": capacity.hbm_bytes, "weight_bytes": capacity.weight_bytes,
                            "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,

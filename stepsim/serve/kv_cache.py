@@ -62,7 +62,8 @@ def kv_capacity(hbm_bytes: int, weight_bytes: int, kv_bytes_per_token: int,
     left = hbm_bytes - weight_bytes
     if left < 0:
         raise ConfigError(f"the model's weights ({weight_bytes / 1e9:.2f} GB) do not fit in HBM "
-                          f"({hbm_bytes / 1e9:.2f} GB): {-left / 1e9:.2f} GB short")
+                          f"({hbm_bytes / 1e9:.2f} GB): {-left / 1e9:.2f} GB short; serve it on several chips "
+                          f"with --system FILE")
     block_bytes = block_size * kv_bytes_per_token
     num_blocks = left // block_bytes
     if num_blocks < 2:

@@ -55,11 +55,15 @@ FFN_DEPTHS = (64, 256, 1024, 4096)
 @dataclass(frozen=True)
 class LayerSpec:
     """What a serving layer's graphs depend on besides their shape: the model's dimensions, the hardware and
-    the KV-cache rows reserved per request (``max_n``, a multiple of :data:`KV_TILE`)."""
+    the KV-cache rows reserved per request (``max_n``, a multiple of :data:`KV_TILE`); with a ``system``
+    (:class:`~stepsim.base.system.System`), the MoE block's experts on its chips by expert parallelism,
+    contiguously, and a step's tokens sharded over them when it has at least one a chip
+    (:mod:`stepsim.serve.system`)."""
 
     model: ModelConfig
     hardware: Hardware
     max_n: int
+    system: object = None
 
     @property
     def ffn_model(self) -> MoEModel:
@@ -157,7 +161,10 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
                                        query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n)
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
-        workload = build_moe(spec.ffn_model, data)
+        parallel = {}
+        if spec.system is not None and len(data) >= spec.system.chips:  # the batch sharded over every chip
+            parallel = {"ep": spec.system.chips, "placement": "contiguous", "system": spec.system}
+        workload = build_moe(spec.ffn_model, data, **parallel)
     workload.channel_depth = depth
     return workload
 
@@ -221,7 +228,11 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
     data = marker(kind, shape, spec)
     workload = build(kind, data, spec, depth)
     on_chip = int(workload.metrics()["on_chip_bytes"])
-    spec.hardware.check_on_chip(on_chip, f"serving layer {kind!r} at shape {shape}")
+    if spec.system is None:
+        spec.hardware.check_on_chip(on_chip, f"serving layer {kind!r} at shape {shape}")
+    else:  # each chip holds its own operators' buffers: the busiest chip must fit
+        chip, needed = busiest_chip_on_chip(workload)
+        spec.hardware.check_on_chip(needed, f"serving layer {kind!r} at shape {shape} on chip {chip}")
     program = lowered(workload, spec.hardware)
     values = VALUES[kind](data)
     payload_slots, sel_slots = [], []
@@ -250,6 +261,19 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
     return Template(kind, program, payload_slots, sel_slots, on_chip, time.perf_counter() - start)
 
 
+def busiest_chip_on_chip(workload) -> tuple[int, int]:
+    """``(chip, bytes)``: the chip whose operators need the most on-chip memory (bytes; an operator's ``chip``,
+    0 when unplaced), ties to the lower chip."""
+    values = workload.op_values()
+    per_chip: dict[int, int] = {}
+    for op in workload.graph.ops:
+        value = values.get(op.name)
+        if value is not None:
+            chip = getattr(op, "chip", 0)
+            per_chip[chip] = per_chip.get(chip, 0) + int(value.on_chip_bytes)
+    return max(sorted(per_chip.items()), key=lambda item: item[1], default=(0, 0))
+
+
 @dataclass
 class LayerRunner:
     """Templates of one process, and the time spent building versus running them."""
@@ -263,10 +287,14 @@ class LayerRunner:
     runs: int = 0
 
     def cycles(self, kind: str, data) -> int:
-        """Engine cycles of one layer piece on ``data`` (its template built on first use)."""
+        """Engine cycles of one layer piece on ``data`` (its template built on first use; on a system the FFN is
+        built fresh for every step: the sharded layer's FIFO depths follow the routing, which rebinding source
+        values cannot change)."""
         from stepsim.analysis.deadlock import run_diagnosed
         from stepsim.base.errors import DeadlockError
 
+        if kind == "ffn" and self.spec.system is not None:
+            return self.fresh_cycles(kind, data)
         depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
         for i, depth in enumerate(depths):
             key = (kind, shape_of(kind, data), depth)
@@ -286,6 +314,35 @@ class LayerRunner:
                 continue
             finally:
                 self.bind_s += t1 - t0
+                self.engine_s += time.perf_counter() - t1
+                self.runs += 1
+            return int(result.cycles)
+        raise AssertionError("unreachable")
+
+    def fresh_cycles(self, kind: str, data) -> int:
+        """Engine cycles of one layer piece built, checked (per chip on a system) and lowered for ``data`` alone,
+        deeper FIFOs while the engine proves a deadlock (as :meth:`cycles`)."""
+        from stepsim.analysis.deadlock import run_diagnosed
+        from stepsim.base.errors import DeadlockError
+
+        depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
+        for i, depth in enumerate(depths):
+            t0 = time.perf_counter()
+            workload = build(kind, data, self.spec, depth)
+            chip, needed = busiest_chip_on_chip(workload)
+            self.spec.hardware.check_on_chip(needed, f"serving layer {kind!r} at shape {shape_of(kind, data)} on "
+                                                      f"chip {chip}")
+            program = lowered(workload, self.spec.hardware)
+            t1 = time.perf_counter()
+            self.build_s += t1 - t0
+            self.builds += 1
+            try:
+                result = run_diagnosed(program)
+            except DeadlockError:
+                if i + 1 == len(depths):
+                    raise
+                continue
+            finally:
                 self.engine_s += time.perf_counter() - t1
                 self.runs += 1
             return int(result.cycles)

@@ -26,7 +26,7 @@ def serial():
 
 def exhaustive(result) -> tuple[list, dict]:
     """Simulate every buildable candidate of ``result`` (run_config, no pruning): the exhaustive front as
-    ``[(run_id, cycles, on_chip_bytes, allocated)]`` sorted, and ``{run_id: cycles or None}`` (None: failed)."""
+    ``[(run_id, cycles, on_chip_bytes, allocated, chips)]`` sorted, and ``{run_id: cycles or None}`` (None: failed)."""
     from stepsim.base.errors import StepsimError
     from stepsim.optimize.pareto import pareto_front
     from stepsim.results.records import run_config
@@ -40,7 +40,7 @@ def exhaustive(result) -> tuple[list, dict]:
         except StepsimError:
             cycles[c.run_id] = None
     ok = [c for c in result.candidate_list if cycles.get(c.run_id) is not None]
-    points = [(cycles[c.run_id], c.on_chip_bytes, c.allocated_flops_per_cycle) for c in ok]
+    points = [(cycles[c.run_id], c.on_chip_bytes, c.allocated_flops_per_cycle, c.chips) for c in ok]
     front = sorted((ok[i].run_id, *points[i]) for i in pareto_front(points))
     return front, cycles
 

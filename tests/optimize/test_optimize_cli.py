@@ -16,8 +16,8 @@ from stepsim.optimize import optimize
 pytestmark = pytest.mark.traces
 
 WINDOW = "conv_stdev0174_1845_1860.npy"
-JSON_KEYS = ["workload", "objective", "max_on_chip", "max_compute", "pareto", "recommended", "candidates",
-             "pruned_symbolically", "simulations", "pruned_by_budget", "pruned_by_bound", "proven_deadlocks", "invalid",
+JSON_KEYS = ["workload", "objective", "max_on_chip", "max_compute", "max_chips", "pareto", "recommended",
+             "candidates", "pruned_symbolically", "simulations", "per_chips", "pruned_by_budget", "pruned_by_bound", "proven_deadlocks", "invalid",
              "failed_simulations", "simulations_run_now", "rounds", "stages", "out", "plot_skipped", "files"]
 
 

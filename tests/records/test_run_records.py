@@ -55,7 +55,8 @@ def test_schema_order_types_and_units():
         "on_chip_bytes": "bytes", "on_chip_bytes_active": "bytes", "flops": "FLOP", "graph_flops": "FLOP",
         "algorithmic_flops": "FLOP", "allocated_compute_flops_per_cycle": "FLOP/cycle",
         "hbm_bytes_per_cycle": "bytes/cycle", "load_unit_cycles": "cycles", "compute_unit_cycles": "cycles",
-        "hbm_request_cycles": "cycles", "pipeline_cycles": "cycles", "compute_utilization": "ratio",
+        "hbm_request_cycles": "cycles", "pipeline_cycles": "cycles", "link_cycles": "cycles",
+        "compute_utilization": "ratio",
         "off_chip_bw_utilization": "ratio",
         "events": "count", "fires": "count", "build_s": "s", "metrics_s": "s", "lower_s": "s", "compile_s": "s",
         "sim_wall_s": "s", "total_s": "s", "check_max_rel_error": "ratio", "check_tolerance": "ratio"}

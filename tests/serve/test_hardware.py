@@ -79,4 +79,5 @@ def test_serve_hardware_sizes_the_kv_cache(tmp_path):
     small.write_text('preset = "sn40l"\nhbm_capacity_bytes = 60000000000\n')
     with pytest.raises(ConfigError) as e:
         stepsim.serve(MODEL, trace, iteration_latency=0.01, hardware=str(small))
-    assert str(e.value) == "the model's weights (61.06 GB) do not fit in HBM (60.00 GB): 1.06 GB short"
+    assert str(e.value) == "the model's weights (61.06 GB) do not fit in HBM (60.00 GB): 1.06 GB short; serve it on " \
+                                 "several chips with --system FILE"

@@ -180,7 +180,8 @@ def test_cli_bad_inputs_are_one_line(tmp_path, capsys):
         f"stepsim: error: {trace}: row 1: prompt 40000 + output 1000 tokens exceed the longest sequence the engine "
         "takes, 40960 tokens (the model's max_position_embeddings is 40960)")
     assert _error(capsys, [*base, "--model", "mixtral-8x7b", "--requests", str(trace)]) == (
-        "stepsim: error: the model's weights (93.41 GB) do not fit in HBM (68.72 GB): 24.69 GB short")
+        "stepsim: error: the model's weights (93.41 GB) do not fit in HBM (68.72 GB): 24.69 GB short; "
+        "serve it on several chips with --system FILE")
     bad = tmp_path / "neg.parquet"
     pq.write_table(pa.table({"arrival_s": [0.0, -1.0], "prompt_tokens": [1, 1], "output_tokens": [1, 1]}), bad)
     assert _error(capsys, [*base, "--model", MODEL, "--requests", str(bad)]) == (

@@ -1,0 +1,63 @@
+"""Wall time of ``stepsim optimize moe --max-chips 8`` on Qwen3-30B-A3B's bundled B=64 trace (``--jobs 2``).
+
+The space (a ``--space`` file): static tiling, tile_n 32, tile_f 64 on one chip, and with expert parallelism on
+2, 4 and 8 chips (the divisors of 128 up to the budget) in each of the three placements: 10 candidates, each a
+full-size layer. Reported: wall time, counts, the fastest point per chip count. Asserted (deterministic): the
+counts, the fastest cycles per chip count (docs/system.md's table: 800,809 on one chip, contiguous 409,441 on 2,
+round-robin 232,868 on 4, contiguous 133,578 on 8), every simulated point at least its lower bound, and the
+candidates' and front's ``chips`` read back from the Parquet files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pyarrow.parquet as pq
+
+from stepsim.cli import main
+
+SPACE = """
+[[axes]]
+tiling = ["static"]
+tile_n = [32]
+tile_f = [64]
+
+[[axes]]
+tiling = ["static"]
+tile_n = [32]
+tile_f = [64]
+ep = [2, 4, 8]
+placement = ["contiguous", "round-robin", "load-balanced"]
+"""
+#: fastest cycles per chip count (deterministic)
+FASTEST = {"1": 800_809, "2": 409_441, "4": 232_868, "8": 133_578}
+
+
+def test_optimize_moe_over_chips_wall_time(benchmark, bench_summary, tmp_path, capsys):
+    space = tmp_path / "space.toml"
+    space.write_text(SPACE)
+    out = tmp_path / "opt"
+    argv = ["optimize", "moe", "--model", "qwen3-30b-a3b", "--max-chips", "8", "--space", str(space), "--jobs", "2",
+            "--out", str(out), "--json", "--no-progress"]
+    reports = []
+
+    def run():
+        assert main(argv) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+
+    t0 = time.perf_counter()
+    benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+    wall = time.perf_counter() - t0
+    [report] = reports
+    counts = (report["candidates"], report["pruned_symbolically"], report["simulations"])
+    assert counts == (10, 0, 10)
+    assert {n: p["cycles"] for n, p in report["per_chips"].items()} == FASTEST
+    rows = pq.read_table(out / "candidates.parquet").to_pylist()
+    assert sorted(r["chips"] for r in rows) == [1, 2, 2, 2, 4, 4, 4, 8, 8, 8]
+    assert all(r["lower_bound"] <= r["cycles"] for r in rows if r["status"] == "simulated")
+    assert pq.read_table(out / "pareto.parquet").column("chips").to_pylist() == [8, 4, 2, 1]
+    benchmark.extra_info.update(wall_s=wall, candidates=counts[0], simulations=counts[2])
+    bench_summary("stepsim optimize moe --max-chips 8 --jobs 2 (Qwen3 B=64, 10 candidates)",
+                  f"{wall:6.1f} s  {counts[0]} candidates, {counts[2]} simulations; fastest per chip count "
+                  + ", ".join(f"{n}: {c:,}" for n, c in FASTEST.items()))

@@ -1,0 +1,219 @@
+"""Serving on several chips (``stepsim serve --system FILE``): the weights split over the chips, the KV cache in
+what every chip's HBM has left.
+
+A model that does not fit one chip's HBM is served on a system (docs/system.md: chips, their hardware, links).
+The weights are split by the parallelism the serving engines use for it (docs/serving.md §13):
+
+* an MoE model's routed experts by **expert parallelism** over all n chips, placed contiguously (chip c holds
+  experts ``c k .. c k + k - 1``, ``k = ceil(E / n)``, as ``--placement contiguous``); everything else
+  (attention projections, router, shared experts, norms, embedding, LM head) by **tensor parallelism** over
+  the n chips;
+* a dense model's weights by tensor parallelism over the n chips.
+
+Tensor parallelism splits a matrix's bytes evenly; a byte count that n does not divide puts the remainder's
+bytes on the first chips (one each), so the chips' weights add up exactly to the model's. Every chip must hold
+its share: the busiest chip is checked against its HBM, one line saying by how much it is short.
+
+The KV cache is sharded like the attention (by tensor parallelism: each chip holds its share of every token's
+KV heads), so its capacity is the sum over the chips of the HBM left after their weights:
+``num_blocks = (n x HBM - weights) // (block_size x KV bytes per token)``, the same blocks, block size and null
+block as on one chip (:func:`stepsim.serve.kv_cache.kv_capacity`).
+
+Step latency: ``--iteration-latency SECONDS`` prices every step, or ``--fidelity exact`` simulates each layer
+across the chips (:class:`SystemEngineLatency`: the MoE block with its experts on the chips and its tokens over
+the links, on the engine; the attention's KV heads split over the chips, then an all-reduce). ``--fidelity
+fast`` on a system is not built yet and refused with one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepsim.base.errors import ConfigError
+from stepsim.serve.exact import EngineLatency, max_kv_rows
+from stepsim.serve.kv_cache import KVCapacity, kv_capacity
+from stepsim.serve.latency import IterationCost
+from stepsim.serve.layers import LayerSpec
+from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
+
+#: refusal of the fast fidelity with --system (not built yet)
+FIDELITY_NOT_BUILT = ("--fidelity {fidelity} with --system is not built yet (its calibration runs on one chip); use "
+                      "--fidelity exact or --iteration-latency SECONDS")
+
+
+def load_system(spec, hardware, fidelity):
+    """``(system, its hardware)`` for ``--system spec``; one line when ``--hardware`` or an engine-backed
+    ``--fidelity`` is also given (the system names the chips' hardware; multi-chip fidelity is not built)."""
+    from stepsim.base.errors import SystemConfigError
+    from stepsim.base.system import System
+
+    if hardware is not None:
+        raise ConfigError("--hardware does not apply with --system: the system file names the chips' hardware")
+    if fidelity == "fast":
+        raise ConfigError(FIDELITY_NOT_BUILT.format(fidelity=fidelity))
+    try:
+        system = System.load(str(spec))
+    except SystemConfigError as exc:
+        raise ConfigError(f"--system: {exc}") from None
+    return system, system.hardware
+
+
+@dataclass(frozen=True)
+class ChipWeights:
+    """How a model's weights are split over a system's chips.
+
+    Attributes
+    ----------
+    system : str
+        The system's name.
+    chips : int
+        Chips (n).
+    parallelism : str
+        ``ep+tp`` (MoE: experts by expert parallelism, the rest by tensor parallelism) or ``tp`` (dense).
+    hbm_bytes_per_chip : int
+        Each chip's HBM capacity (bytes).
+    chip_weight_bytes : tuple of int
+        Weights on each chip (bytes); their sum is the model's weights.
+    chip_experts : tuple of int
+        Routed experts on each chip (MoE; empty for a dense model).
+    """
+
+    system: str
+    chips: int
+    parallelism: str
+    hbm_bytes_per_chip: int
+    chip_weight_bytes: tuple
+    chip_experts: tuple
+
+    def summary(self) -> dict:
+        """The summary's ``system`` object (bytes)."""
+        return {"name": self.system, "chips": self.chips, "parallelism": self.parallelism,
+                "hbm_bytes_per_chip": self.hbm_bytes_per_chip, "chip_weight_bytes": list(self.chip_weight_bytes),
+                "chip_experts": list(self.chip_experts)}
+
+
+def _even(total: int, chips: int) -> list[int]:
+    """``total`` bytes split evenly over ``chips``, the remainder one byte each on the first chips."""
+    return [total // chips + (1 if c < total % chips else 0) for c in range(chips)]
+
+
+def split_weights(model, memory: ModelMemory, chips: int) -> tuple[str, list[int], list[int]]:
+    """``(parallelism, weights per chip, experts per chip)`` of ``model`` (a ModelConfig) on ``chips`` chips
+    (module docstring)."""
+    if not model.is_moe:
+        return "tp", _even(memory.weight_bytes, chips), []
+    if chips > model.experts:
+        raise ConfigError(f"--system: {chips} chips for {model.experts} experts: expert parallelism leaves a chip "
+                          f"without experts (use a system of {model.experts} chips or fewer)")
+    # a chip holds its experts in every layer: gate, up and down matrices
+    per_expert = model.layers * 3 * model.hidden * model.expert_intermediate * DTYPE_BYTES
+    per_chip = -(-model.experts // chips)
+    experts = [max(0, min(model.experts - c * per_chip, per_chip)) for c in range(chips)]
+    rest = memory.weight_bytes - model.experts * per_expert
+    return "ep+tp", [r + e * per_expert for r, e in zip(_even(rest, chips), experts)], experts
+
+
+def system_capacity(system, model, memory: ModelMemory, block_size: int,
+                    hbm_bytes: int | None = None) -> tuple[KVCapacity, ChipWeights]:
+    """The KV cache of ``model`` served on ``system`` (a :class:`~stepsim.base.system.System`; module docstring)
+    and how its weights are split. ``hbm_bytes`` overrides each chip's HBM capacity (bytes).
+
+    Raises
+    ------
+    ConfigError
+        A chip's weights do not fit its HBM (naming the busiest chip
+        and by how much), more chips than experts, too few KV blocks.
+    """
+    hbm = system.hardware.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
+    parallelism, weights, experts = split_weights(model, memory, system.chips)
+    busiest = max(range(system.chips), key=lambda c: (weights[c], -c))
+    if weights[busiest] > hbm:
+        raise ConfigError(f"--system {system.name}: chip {busiest}'s share of the weights ({weights[busiest] / 1e9:.2f} "
+                          f"GB, {parallelism} over {system.chips} chips) does not fit its HBM ({hbm / 1e9:.2f} GB): "
+                          f"{(weights[busiest] - hbm) / 1e9:.2f} GB short; use more chips")
+    capacity = kv_capacity(system.chips * hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+    return capacity, ChipWeights(system.name, system.chips, parallelism, hbm, tuple(weights), tuple(experts))
+
+
+def tp_weight_cycles(model, hardware, vocab: int, chips: int, tokens: int) -> int:
+    """Cycles of a step's off-chip weights outside the layer graphs on ``chips`` chips (docs/serving.md §9.3,
+    split by tensor parallelism): each chip reads ``ceil(bytes / chips)`` of every layer's q/k/v/o projections and
+    router, of the LM head and of the step's ``tokens`` embedding rows, at its HBM's peak bytes/cycle."""
+    import math
+
+    d, hd, peak = model.hidden, model.head_dim, hardware.hbm_peak_bytes_per_cycle
+    per_layer = (2 * d * model.heads * hd + 2 * d * model.kv_heads * hd
+                 + (d * model.experts if model.is_moe else 0)) * DTYPE_BYTES
+
+    def cycles(nbytes: int) -> int:
+        return math.ceil(-(-nbytes // chips) / peak)
+
+    return (model.layers * cycles(per_layer) + cycles(vocab * d * DTYPE_BYTES)
+            + cycles(tokens * d * DTYPE_BYTES))
+
+
+def allreduce_cycles(system, hidden: int, tokens: int) -> int:
+    """Cycles of the tensor-parallel all-reduce after a layer's attention: a ring all-reduce
+    (:func:`stepsim.workloads.collective.closed_form.collective_cycles`, exact against the engine on an idle
+    system) of the step's fp32 activations, ``tokens x hidden x 4`` bytes rounded up to a multiple of ``4 n``
+    (the collective's chunking)."""
+    from stepsim.workloads.collective.closed_form import collective_cycles
+
+    n, dim = system.chips, system.dimensions[0]
+    nbytes = -(-tokens * hidden // n) * n * 4
+    return collective_cycles("all-reduce", "ring", dim.topology, n, nbytes, dim.link_latency, dim.link_bandwidth,
+                             system.hardware.pmu_bw)
+
+
+def check_exact_system(system, model) -> None:
+    """The exact fidelity on a system needs an MoE model (a tensor-parallel FFN is not built) and a system whose
+    all-reduce has a closed form (one dimension: ring, fully connected or switch); one line otherwise."""
+    if not model.is_moe:
+        raise ConfigError(f"--fidelity exact with --system: model {model.name!r} is dense and its tensor-parallel "
+                          f"FFN is not built yet; price the steps with --iteration-latency SECONDS")
+    if len(system.dimensions) != 1 or system.dimensions[0].topology not in ("ring", "fully-connected", "switch"):
+        raise ConfigError(f"--fidelity exact with --system {system.name}: the system needs one dimension (ring, "
+                          f"fully-connected or switch) for its all-reduce's closed form")
+
+
+def system_engine_latency(model, system, routing, *, max_model_len: int, vocab: int, jobs=None):
+    """The exact provider on ``system`` (:class:`SystemEngineLatency`), after :func:`check_exact_system`."""
+    check_exact_system(system, model)
+    return SystemEngineLatency(model, system, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+
+
+class SystemEngineLatency(EngineLatency):
+    """The exact provider (:class:`stepsim.serve.exact.EngineLatency`) on a system's n chips:
+
+    * each layer's MoE block runs on the engine with its experts on the n chips (expert parallelism, contiguous,
+      the weight split of :func:`split_weights`) and the step's tokens sharded over them, dispatched and combined
+      by all-to-alls over the system's links (:mod:`stepsim.workloads.moe.parallel`), built fresh for each step
+      (:meth:`stepsim.serve.layers.LayerRunner.fresh_cycles`); a step of fewer tokens than chips runs the one-chip
+      block (every chip needs a token to shard the batch);
+    * the attention's KV heads are split over the chips (tensor parallelism): ``ceil(kv_heads / n)`` heads a
+      chip, one after another, the chips in parallel; then a ring all-reduce of the step's activations
+      (:func:`allreduce_cycles`), counted in ``cycles_attention``;
+    * the weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`).
+    """
+
+    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None):
+        super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+        self.system, self.vocab = system, vocab
+        self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+
+    def roles(self, tasks: list) -> list:
+        heads = -(-self.model.kv_heads // self.system.chips)
+        return [("attention", heads * self.model.layers) if kind != "ffn" else ("ffn", 1) for kind, _ in tasks]
+
+    def weight_cycles(self, batch) -> int:
+        return tp_weight_cycles(self.model, self.hardware, self.vocab, self.system.chips, int(sum(batch.new_tokens)))
+
+    def __call__(self, batch):
+        cost = super().__call__(batch)
+        cycles = dict(cost.cycles)
+        cycles["attention"] += self.model.layers * allreduce_cycles(self.system, self.model.hidden,
+                                                                    int(sum(batch.new_tokens)))
+        return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
