@@ -101,15 +101,20 @@ class SweepSpec:
 
     @property
     def points(self) -> int:
-        """Grid points: the sum over ``grids`` of the product of their axis lengths (before duplicates across
-        grids are dropped); computed without expanding anything."""
-        total = 0
-        for grid in self.grids:
-            n = 1
-            for values in grid.values():
-                n *= len(values)
-            total += n
-        return total
+        """Grid points (:func:`grid_points`)."""
+        return grid_points(self.grids)
+
+
+def grid_points(grids) -> int:
+    """Grid points: the sum over ``grids`` (mappings of knob -> list of values) of the product of their axis
+    lengths (before duplicates across grids are dropped); computed without expanding anything."""
+    total = 0
+    for grid in grids:
+        n = 1
+        for values in grid.values():
+            n *= len(values)
+        total += n
+    return total
 
 
 def load_sweep(path: str | Path) -> SweepSpec:

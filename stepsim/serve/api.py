@@ -356,7 +356,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     try:
         provider, calibration, result = _replay_with(
             provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
-            trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache)
+            trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache, system)
     finally:
         if layers_executor is not None:
             layers_executor.close()
@@ -364,12 +364,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
              "duration": duration, "iteration_latency": iteration_latency,
              "routing": None if routing is None else str(routing), "hbm_bytes": hbm_bytes}
     return _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-                   requests, out, timeline, started, knobs)
+                   requests, out, timeline, started, knobs, chips)
 
 
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
                  requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
-                 calibration_cache):
+                 calibration_cache, system):
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
     replayed through it."""
     calibration = None
@@ -401,7 +401,7 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
 
 
 def _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-            requests, out, timeline, started, knobs: dict) -> ServeResult:
+            requests, out, timeline, started, knobs: dict, chips) -> ServeResult:
     """The tables, the summary and the files of a replayed run."""
     lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
     requests_table = pa.table({

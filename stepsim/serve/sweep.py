@@ -87,13 +87,9 @@ class ServeSweepSpec:
     @property
     def points(self) -> int:
         """Grid points (the sum over grids of the product of their axis lengths)."""
-        total = 0
-        for grid in self.grids:
-            n = 1
-            for values in grid.values():
-                n *= len(values)
-            total += n
-        return total
+        from stepsim.batch.config import grid_points
+
+        return grid_points(self.grids)
 
     @property
     def axes(self) -> list:

@@ -102,7 +102,7 @@ def test_fast_calibrates_on_dask_to_the_bytes_of_one_job(small, tmp_path):
                              out=tmp_path / "dask")
     _same_run(tmp_path / "one", tmp_path / "dask")
     error = dask.summary["fidelity"]["error"]
-    # every exact simulation of the calibration ran on the cluster, two Dask tasks at a time: the fitted pieces,
-    # then each of the 12 held-out steps whole
+    # every exact simulation of the calibration ran on the cluster, two Dask tasks at a time: the first pass's
+    # fitted pieces, the second pass's, then each of the 12 held-out steps whole
     assert error["held_out_iterations"] == 12 and error["calibration_simulations"] > 2
-    assert len(stream.data) == 2 + 2 * 12
+    assert len(stream.data) == 2 + 2 + 2 * 12

@@ -108,7 +108,7 @@ def test_a_task_that_fails_is_a_row_and_exit_status_1(sweep, tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"serving sweep -> {tmp_path / 'out'}: 4 task(s), 4 run, 0 already done, 2 failed (local, 1 worker)"
     assert out[2] == ("       vllm         1  60000000000  failed: ConfigError: the model's weights (61.06 GB) do not "
-                      "fit in HBM (60.00 GB): 1.06 GB short")
+                      "fit in HBM (60.00 GB): 1.06 GB short; serve it on several chips with --system FILE")
     failed = [r for r in read_serve_sweep(tmp_path / "out").to_pylist() if r["status"] == "failed"]
     assert [(r["error_type"], config_of(r)["hbm_bytes"], r["ttft_s.p99"]) for r in failed] == [
         ("ConfigError", 60_000_000_000, None)] * 2
