@@ -19,6 +19,8 @@ case "${1:-}" in
     # the layer contracts of docs/architecture.md first (about a second), then the suite on every core, each test
     # file on one worker (the README test runs its commands in order; module fixtures are built once)
     .venv/bin/lint-imports --no-logo --no-cache
+    # then ruff (pyproject's rules; undefined names among them: what a merge of two branches can leave behind)
+    .venv/bin/ruff check --quiet stepsim tests bench examples
     exec .venv/bin/python -m pytest -n auto --dist loadfile "$@"
     ;;
   *)
