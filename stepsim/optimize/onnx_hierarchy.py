@@ -115,7 +115,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     no candidate fits ``max_on_chip``."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    order = OBJECTIVES[objective]
+    order = [k for k in OBJECTIVES[objective] if k != "chips"]  # one chip (as onnx_search)
 
     def rank(p: Point) -> tuple:
         return tuple(getattr(p, k) for k in order)
