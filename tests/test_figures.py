@@ -68,6 +68,10 @@ def test_log_axis_ticks_read_like_the_cli():
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels() if 1e6 <= t.get_position()[0] <= 80e9] == [
         "1 MB", "10 MB", "100 MB", "1 GB", "10 GB"]
+    ax.set_xlim(201.34e6, 201.50e6)  # within one step of 1-9x (optimize --max-chips' on-chip axis): a few round
+    fig.canvas.draw()  # values, not matplotlib's fallback of a label every 0.02 MB
+    assert [t.get_text() for t in ax.get_xticklabels() if 201.34e6 <= t.get_position()[0] <= 201.50e6] == [
+        "201.34 MB", "201.4 MB", "201.46 MB"]
     plt.close(fig)
 
 

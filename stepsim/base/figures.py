@@ -78,10 +78,19 @@ def _decade_locator_class():
                     ticks = np.array([k * 10.0 ** d for d in decades for k in subs])
                     shown = np.log10(ticks[(ticks >= lo * 0.9999) & (ticks <= hi * 1.0001)])
                     # few enough, and no two closer than the axis' share of one label (70 MB / 80 MB crowd)
-                    if len(shown) <= self.max_ticks and (len(shown) < 2 or np.diff(shown).min() >= span / (
-                            2 * self.max_ticks)):
+                    if len(shown) < 2:  # a narrow axis: at most one multiple of this density in view
+                        break
+                    if len(shown) <= self.max_ticks and np.diff(shown).min() >= span / (2 * self.max_ticks):
                         self.set_params(subs=subs)
                         return super().tick_values(vmin, vmax)
+                else:
+                    self.set_params(subs=(1.0,))
+                    return super().tick_values(vmin, vmax)
+                # within one step of the densest multiples (201.34-201.50 MB): matplotlib's own fallback (the
+                # linear AutoLocator) labels every 0.02 MB and the labels overlap; a few round values instead
+                from matplotlib.ticker import MaxNLocator
+
+                return MaxNLocator(nbins=max(2, self.max_ticks // 2)).tick_values(lo, hi)
             self.set_params(subs=(1.0,))
             return super().tick_values(vmin, vmax)
 
