@@ -141,7 +141,10 @@ def small_moe(tmp_path):
 def test_the_moe_block_on_two_chips_is_built_for_each_step(small_moe):
     """On a system the FFN is built fresh for each step (the sharded layer's FIFO depths follow the routing, which
     a template's rebinding cannot change): the runner's cycles are a fresh build's; the batch is sharded over both chips and the trace's
-    token rows reach their experts' chips; a step of fewer tokens than chips runs the one-chip block."""
+    token rows reach their experts' chips. A step of fewer tokens than chips is sharded too: its 1 token sits on
+    chip 0 and chip 1 holds no tokens, only its experts (its shard empty); here both of the token's experts are on
+    chip 0, so nothing crosses the link and the block takes 3 cycles more than the one-chip block (2176 vs 2173:
+    the two chips' placement, not an approximation any more)."""
     from stepsim.serve.exact import max_kv_rows
     from stepsim.serve.layers import LayerRunner, LayerSpec, build
     from stepsim.serve.routing import SyntheticRouting
@@ -158,7 +161,7 @@ def test_the_moe_block_on_two_chips_is_built_for_each_step(small_moe):
         fresh = build("ffn", data, spec)
         got.append((runner.cycles("ffn", data), simulate(fresh).cycles, fresh.params.get("shard_bounds"),
                     fresh.params.get("chip_tokens"), simulate(build("ffn", data, one_chip)).cycles))
-    assert got == [(2173, 2173, None, None, 2173), (3198, 3198, [0, 1, 2], [3, 1], 2224),
+    assert got == [(2176, 2176, [0, 1, 1], [2, 0], 2173), (3198, 3198, [0, 1, 2], [3, 1], 2224),
                    (3275, 3275, [0, 3, 5], [5, 5], 2521), (4466, 4466, [0, 20, 40], [50, 30], 6244)]
     assert (runner.builds, runner.runs, runner.templates) == (4, 4, {})
 
@@ -167,7 +170,10 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     """A served run with --fidelity exact on ring-2, pinned step by step; the first step (a 40-token prefill)
     re-derived: per layer one KV head's prefill (2 heads over 2 chips) plus the ring all-reduce of 40 x 256 fp32
     activations (2 (n-1) (alpha + sigma) + (n-1) mu + 1 = 2 x 820 + 640 + 1), the MoE block on 2 chips, and the
-    weights outside the graphs read half a chip. The 1-token decode steps run the one-chip MoE block."""
+    weights outside the graphs read half a chip. The 1-token decode steps run the sharded MoE block too (chip 1's
+    shard empty; it runs its experts for chip 0's token): 5365..6386 FFN cycles over the 2 layers where the
+    one-chip block (an approximation, before) gave 4346; the rows routed to chip 1's experts cross the link
+    and come back (500 cycles of link latency each way on ring-2: about 2 x 1,000 over the two layers)."""
     from stepsim.serve.exact import max_kv_rows
     from stepsim.serve.layers import LayerSpec, build
     from stepsim.serve.routing import SyntheticRouting
@@ -180,7 +186,7 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     assert (it["tokens"], it["cycles_attention"], it["cycles_ffn"], it["cycles_weights"]) == (
         [40, 1, 1, 7, 1, 1, 1, 20, 1],
         [5912, 2474, 2474, 3404, 2374, 2374, 2374, 4236, 2374],
-        [9053, 4346, 4346, 6639, 4346, 4346, 4346, 7821, 4346],
+        [9053, 6378, 6378, 6639, 5365, 6378, 6386, 7821, 6386],
         [460, 451, 451, 452, 451, 451, 451, 455, 451])
     assert result.summary["fidelity"] == {"mode": "exact", "error": None, "routing": {
         "mode": "synthetic", "alpha": 0.3, "beta": 0.05, "locality": 0.0}, "simulations": 27, "system": "ring-2",
