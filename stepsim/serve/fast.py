@@ -278,10 +278,19 @@ class FastLatency(EngineLatency):
         attention = sum(predict(r, theta.get(kind)) for kind, r in (("decode", decode), ("prefill", prefill))
                         if r is not None)
         count = 1 if self.model.is_moe else self.model.layers
-        cycles = {"attention": self.model.kv_heads * self.model.layers * attention,
+        cycles = {"attention": self.attention_heads() * self.model.layers * attention + self.collective_cycles(batch),
                   "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step))).sum()),
                   "weights": self.weight_cycles(batch)}
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+
+    def attention_heads(self) -> int:
+        """KV heads one step's attention runs one after another per layer (all of them on one chip)."""
+        return self.model.kv_heads
+
+    def collective_cycles(self, batch: IterationBatch) -> int:
+        """Cycles of a step's collectives, priced in closed form (none on one chip; a system's all-reduces:
+        :class:`stepsim.serve.system.SystemFastLatency`). Exact, so added to prediction and truth alike."""
+        return 0
 
     def describe(self) -> dict:
         routing = self.routing.describe() if self.routing is not None else None
@@ -411,7 +420,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec),
                                         theta[model_of(kind, stratum == "prefill")])
                         for (kind, data), (_, count) in zip(tasks, roles))
-        weights = exact.weight_cycles(batch)
+        weights = exact.weight_cycles(batch) + exact.collective_cycles(batch)  # exact terms, in both
         errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))
     errors, strata = np.array(errors), np.array(strata)
     error = {"iteration_p50": float(np.percentile(errors, 50)), "iteration_p95": float(np.percentile(errors, 95)),

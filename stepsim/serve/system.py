@@ -21,8 +21,9 @@ block as on one chip (:func:`stepsim.serve.kv_cache.kv_capacity`).
 
 Step latency: ``--iteration-latency SECONDS`` prices every step, or ``--fidelity exact`` simulates each layer
 across the chips (:class:`SystemEngineLatency`: the MoE block with its experts on the chips and its tokens over
-the links, on the engine; the attention's KV heads split over the chips, then an all-reduce). ``--fidelity
-fast`` on a system is not built yet and refused with one line.
+the links, on the engine; the attention's KV heads split over the chips, then an all-reduce), or ``--fidelity
+fast`` (:class:`SystemFastLatency`: the fast model calibrated on those exact pieces, its cache key holding the
+system, :func:`system_key`).
 """
 
 from __future__ import annotations
@@ -31,26 +32,20 @@ from dataclasses import dataclass
 
 from stepsim.base.errors import ConfigError
 from stepsim.serve.exact import EngineLatency, max_kv_rows
+from stepsim.serve.fast import FastLatency
 from stepsim.serve.kv_cache import KVCapacity, kv_capacity
 from stepsim.serve.latency import IterationCost
 from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
 
-#: refusal of the fast fidelity with --system (not built yet)
-FIDELITY_NOT_BUILT = ("--fidelity {fidelity} with --system is not built yet (its calibration runs on one chip); use "
-                      "--fidelity exact or --iteration-latency SECONDS")
-
-
 def load_system(spec, hardware, fidelity):
     """``(system, its hardware)`` for ``--system spec``; one line when ``--hardware`` or an engine-backed
-    ``--fidelity`` is also given (the system names the chips' hardware; multi-chip fidelity is not built)."""
+    is also given (the system names the chips' hardware)."""
     from stepsim.base.errors import SystemConfigError
     from stepsim.base.system import System
 
     if hardware is not None:
         raise ConfigError("--hardware does not apply with --system: the system file names the chips' hardware")
-    if fidelity == "fast":
-        raise ConfigError(FIDELITY_NOT_BUILT.format(fidelity=fidelity))
     try:
         system = System.load(str(spec))
     except SystemConfigError as exc:
@@ -165,14 +160,14 @@ def allreduce_cycles(system, hidden: int, tokens: int) -> int:
                              system.hardware.pmu_bw)
 
 
-def check_exact_system(system, model) -> None:
-    """The exact fidelity on a system needs an MoE model (a tensor-parallel FFN is not built) and a system whose
+def check_exact_system(system, model, fidelity: str = "exact") -> None:
+    """The exact (or fast, calibrated on exact) fidelity on a system needs an MoE model (a tensor-parallel FFN is not built) and a system whose
     all-reduce has a closed form (one dimension: ring, fully connected or switch); one line otherwise."""
     if not model.is_moe:
-        raise ConfigError(f"--fidelity exact with --system: model {model.name!r} is dense and its tensor-parallel "
+        raise ConfigError(f"--fidelity {fidelity} with --system: model {model.name!r} is dense and its tensor-parallel "
                           f"FFN is not built yet; price the steps with --iteration-latency SECONDS")
     if len(system.dimensions) != 1 or system.dimensions[0].topology not in ("ring", "fully-connected", "switch"):
-        raise ConfigError(f"--fidelity exact with --system {system.name}: the system needs one dimension (ring, "
+        raise ConfigError(f"--fidelity {fidelity} with --system {system.name}: the system needs one dimension (ring, "
                           f"fully-connected or switch) for its all-reduce's closed form")
 
 
@@ -214,6 +209,44 @@ class SystemEngineLatency(EngineLatency):
         cycles["attention"] += self.model.layers * allreduce_cycles(self.system, self.model.hidden,
                                                                     int(sum(batch.new_tokens)))
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
+
+
+def system_key(system) -> dict:
+    """Every field of a system that determines its cycles: the chips, every chip's hardware values, the
+    dimensions and every link (bandwidth bytes/cycle, latency cycles), the switches; for the fast fidelity's
+    calibration cache key (:func:`stepsim.serve.fast.calibration_key`). Not its name nor where its hardware came
+    from: the same system under another name reuses the calibration."""
+    import dataclasses
+
+    from stepsim.base.hardware import VALUE_FIELDS
+
+    return {"chips": system.chips, "hardware": {f: getattr(system.hardware, f) for f in VALUE_FIELDS},
+            "dimensions": [dataclasses.asdict(d) for d in system.dimensions],
+            "links": [dataclasses.asdict(link) for link in system.links], "n_switches": system.n_switches}
+
+
+class SystemFastLatency(FastLatency):
+    """``--fidelity fast`` on a system: :class:`stepsim.serve.fast.FastLatency` calibrated on the exact pieces of
+    :class:`SystemEngineLatency` (the sharded MoE block over the chips, ``ceil(kv_heads / n)`` KV heads a chip),
+    with the all-reduces (:func:`allreduce_cycles`) and the weights read ``1 / n`` a chip priced exactly, as the
+    exact provider prices them."""
+
+    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, **kw):
+        super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs, **kw)
+        self.system, self.vocab = system, vocab
+        self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+
+    roles = SystemEngineLatency.roles
+    weight_cycles = SystemEngineLatency.weight_cycles
+
+    def attention_heads(self) -> int:
+        return -(-self.model.kv_heads // self.system.chips)
+
+    def collective_cycles(self, batch) -> int:
+        return self.model.layers * allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
 
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
