@@ -245,6 +245,11 @@ class SystemFastLatency(FastLatency):
     def attention_heads(self) -> int:
         return -(-self.model.kv_heads // self.system.chips)
 
+    def chip_columns(self, rows):
+        from stepsim.serve.fast import chip_features
+
+        return chip_features(rows(), self.system.chips, self.model.experts)
+
     def collective_cycles(self, batch) -> int:
         return self.model.layers * allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
 

@@ -258,9 +258,13 @@ def _window(tmp_path):
 
 def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_path):
     """The fast model calibrated on SystemEngineLatency's exact pieces (sharded MoE blocks, one KV head a chip),
-    the all-reduces and weights priced exactly: the served run's TTFT and TPOT are within the held-out error it
-    reports of the exact run's on the same 2-chip system (measured: held-out p50 1.8 %, max 9.3 % of a step;
-    TTFT p50 +0.03 %, p99 +0.46 %, TPOT p50 +2.3 %, p99 -0.59 %)."""
+    with the per-chip FFN regressors (stepsim.serve.fast.chip_features), the all-reduces and weights priced
+    exactly: the run's total cycles are within the held-out error it reports of the exact run's on the same
+    2-chip system (measured: held-out p50 0.21 %, p95 0.96 %, max 1.01 % of a step; total cycles +0.25 %; without
+    the per-chip regressors the held-out max was 9.3 %). Single percentiles differ by more (TTFT p50 -0.06 %,
+    p99 +0.50 %, TPOT p50 +1.95 %, p99 -0.15 %): the fast path draws each step's routing from its own windows
+    (stepsim.serve.routing), not the exact run's token sequence, and whether a 1-token decode step's experts sit
+    on the remote chip moves that step's FFN by 2 x 500 link cycles a layer."""
     trace = _window(tmp_path)
     fast = stepsim.serve(str(small_moe), trace, fidelity="fast", system="ring-2", calibration_cache=tmp_path / "c")
     exact = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2")
@@ -269,14 +273,17 @@ def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_
     error = f["error"]
     assert (error["held_out_iterations"], error["held_out_prefill_iterations"],
             error["calibration_simulations"]) == (12, 6, 99)
-    assert 0.01 < error["iteration_p50"] < 0.03 and 0.05 < error["iteration_max"] < 0.12
+    assert 0.001 < error["iteration_p50"] < 0.004 and 0.005 < error["iteration_max"] < 0.015
     assert fast.summary["iterations"] == exact.summary["iterations"] == 107
+    it, ex = fast.iterations.to_pydict(), exact.iterations.to_pydict()
+    assert it["tokens"] == ex["tokens"]
+    total = [sum(sum(d[f"cycles_{k}"]) for k in ("attention", "ffn", "weights")) for d in (it, ex)]
+    assert abs(total[0] / total[1] - 1) <= error["iteration_max"]
     for key in ("ttft_s", "tpot_s"):
         for q in ("p50", "p99"):
-            assert abs(fast.summary[key][q] / exact.summary[key][q] - 1) <= error["iteration_max"], (key, q)
+            assert abs(fast.summary[key][q] / exact.summary[key][q] - 1) < 0.025, (key, q)
     # the all-reduce and the weights outside the graphs are the exact provider's, step for step
-    it = fast.iterations.to_pydict()
-    assert it["cycles_weights"] == exact.iterations.to_pydict()["cycles_weights"]
+    assert it["cycles_weights"] == ex["cycles_weights"]
 
 
 def test_the_fast_calibration_key_holds_the_system(small_moe, tmp_path):
@@ -297,3 +304,29 @@ def test_the_fast_calibration_key_holds_the_system(small_moe, tmp_path):
     one_chip = stepsim.serve(str(small_moe), trace, fidelity="fast", hardware="step-eval", calibration_cache=cache)
     assert one_chip.summary["fidelity"]["calibration"] not in {a.summary["fidelity"]["calibration"],
                                                               c.summary["fidelity"]["calibration"]}
+
+
+def test_the_system_providers_regressors_are_the_calibrations(small_moe):
+    """SystemFastLatency's per-step FFN rows (the window's features plus the per-chip ones) equal, float for
+    float, what the calibration computes from the same rows; the per-chip regressors on a hand-made step."""
+    from stepsim.serve.fast import chip_features, ffn_regressors, metric_forms, regressors
+    from stepsim.serve.layers import KINDS
+    from stepsim.serve.routing import SyntheticRouting
+    from stepsim.serve.system import SystemFastLatency
+
+    model, system = resolve_model(str(small_moe)), System.preset("ring-2")
+    p = SystemFastLatency(model, system, SyntheticRouting(16, 2, 2, seed=0), max_model_len=4096, vocab=1000,
+                          forms=None)
+    p.forms = {k: metric_forms(k, p.spec) for k in KINDS}
+    for tokens in (1, 2, 3, 17, 40):
+        x, ffn = p.ffn_rows(tokens)
+        pieces = [data for _, data in ffn()]
+        assert x.shape == (2, 8 + 8 + 3)
+        assert np.array_equal(ffn_regressors(np.stack(pieces, axis=1), p.forms["ffn"], p.spec), x)
+        for layer, data in enumerate(pieces):
+            assert np.array_equal(regressors("ffn", data, p.forms["ffn"], p.spec), x[layer])
+    # 3 tokens on 2 chips (tokens 0, 1 on chip 0, token 2 on chip 1), experts 0-7 on chip 0, 8-15 on chip 1:
+    # rows crossing: token 0 -> 9, token 1 -> 12, token 2 -> 1 and 2; chip 0's experts get 4 rows, chip 1's 2
+    routing = np.array([[0, 9], [3, 12], [1, 2]])[:, None, :]
+    assert chip_features(routing, 2, 16).tolist() == [[1.0, 4.0, 4.0]]
+    assert chip_features(np.array([[[0, 1]]]), 2, 16).tolist() == [[0.0, 0.0, 2.0]]
