@@ -38,6 +38,7 @@ from stepsim.serve.latency import IterationCost
 from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
 
+
 def load_system(spec, hardware, fidelity):
     """``(system, its hardware)`` for ``--system spec``; one line when ``--hardware`` or an engine-backed
     is also given (the system names the chips' hardware)."""
