@@ -160,7 +160,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
                   jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None, system=None):
     """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
     ``pilot(provider)`` replays the run with a provider; on ``system``'s chips when given (calibrated on
-    :class:`stepsim.serve.system.SystemEngineLatency`'s pieces: :class:`stepsim.serve.system.SystemFastLatency`)."""
+    :class:`stepsim.serve.system.SystemEngineLatency`'s pieces: :class:`stepsim.serve.system_fast.SystemFastLatency`)."""
     from stepsim.serve.fast import (
         FastLatency,
         calibrated,
@@ -189,7 +189,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
             built["forms"] = {kind: metric_forms(kind, engine.spec) for kind in KINDS}
         forms = forms or built["forms"]
         if system is not None:
-            from stepsim.serve.system import SystemFastLatency
+            from stepsim.serve.system_fast import SystemFastLatency
 
             return SystemFastLatency(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
                                      jobs=jobs, forms=forms, theta=theta, error=error)

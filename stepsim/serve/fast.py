@@ -319,7 +319,7 @@ class FastLatency(EngineLatency):
 
     def collective_cycles(self, batch: IterationBatch) -> int:
         """Cycles of a step's collectives, priced in closed form (none on one chip; a system's all-reduces:
-        :class:`stepsim.serve.system.SystemFastLatency`). Exact, so added to prediction and truth alike."""
+        :class:`stepsim.serve.system_fast.SystemFastLatency`). Exact, so added to prediction and truth alike."""
         return 0
 
     def describe(self) -> dict:

@@ -22,8 +22,8 @@ block as on one chip (:func:`stepsim.serve.kv_cache.kv_capacity`).
 Step latency: ``--iteration-latency SECONDS`` prices every step, or ``--fidelity exact`` simulates each layer
 across the chips (:class:`SystemEngineLatency`: the MoE block with its experts on the chips and its tokens over
 the links, on the engine; the attention's KV heads split over the chips, then an all-reduce), or ``--fidelity
-fast`` (:class:`SystemFastLatency`: the fast model calibrated on those exact pieces, its cache key holding the
-system, :func:`system_key`).
+fast`` (:class:`stepsim.serve.system_fast.SystemFastLatency`: the fast model calibrated on those exact pieces,
+its cache key holding the system, :func:`system_key`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from stepsim.base.errors import ConfigError
 from stepsim.serve.exact import EngineLatency, max_kv_rows
-from stepsim.serve.fast import FastLatency
 from stepsim.serve.kv_cache import KVCapacity, kv_capacity
 from stepsim.serve.latency import IterationCost
 from stepsim.serve.layers import LayerSpec
@@ -228,31 +227,3 @@ def system_key(system) -> dict:
             "dimensions": [dataclasses.asdict(d) for d in system.dimensions],
             "links": [dataclasses.asdict(link) for link in system.links], "n_switches": system.n_switches}
 
-
-class SystemFastLatency(FastLatency):
-    """``--fidelity fast`` on a system: :class:`stepsim.serve.fast.FastLatency` calibrated on the exact pieces of
-    :class:`SystemEngineLatency` (the sharded MoE block over the chips, ``ceil(kv_heads / n)`` KV heads a chip),
-    with the all-reduces (:func:`allreduce_cycles`) and the weights read ``1 / n`` a chip priced exactly, as the
-    exact provider prices them."""
-
-    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, **kw):
-        super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs, **kw)
-        self.system, self.vocab = system, vocab
-        self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
-
-    roles = SystemEngineLatency.roles
-    weight_cycles = SystemEngineLatency.weight_cycles
-
-    def attention_heads(self) -> int:
-        return -(-self.model.kv_heads // self.system.chips)
-
-    def chip_columns(self, rows):
-        from stepsim.serve.fast import chip_features
-
-        return chip_features(rows(), self.system.chips, self.model.experts)
-
-    def collective_cycles(self, batch) -> int:
-        return self.model.layers * allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
-
-    def describe(self) -> dict:
-        return {**super().describe(), "system": self.system.name, "chips": self.system.chips}

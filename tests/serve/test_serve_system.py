@@ -312,7 +312,7 @@ def test_the_system_providers_regressors_are_the_calibrations(small_moe):
     from stepsim.serve.fast import chip_features, ffn_regressors, metric_forms, regressors
     from stepsim.serve.layers import KINDS
     from stepsim.serve.routing import SyntheticRouting
-    from stepsim.serve.system import SystemFastLatency
+    from stepsim.serve.system_fast import SystemFastLatency
 
     model, system = resolve_model(str(small_moe)), System.preset("ring-2")
     p = SystemFastLatency(model, system, SyntheticRouting(16, 2, 2, seed=0), max_model_len=4096, vocab=1000,
