@@ -157,9 +157,10 @@ def _routing_identity(routing) -> dict:
 
 
 def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                  jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None):
+                  jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None, system=None):
     """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
-    ``pilot(provider)`` replays the run with a provider."""
+    ``pilot(provider)`` replays the run with a provider; on ``system``'s chips when given (calibrated on
+    :class:`stepsim.serve.system.SystemEngineLatency`'s pieces: :class:`stepsim.serve.system_fast.SystemFastLatency`)."""
     from stepsim.serve.fast import (
         FastLatency,
         calibrated,
@@ -170,6 +171,10 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
     )
     from stepsim.serve.layers import KINDS
 
+    if system is not None:  # before the calibration's long work
+        from stepsim.serve.system import check_exact_system
+
+        check_exact_system(system, model, "fast")
     cache = Path(cache) if cache is not None else default_calibration_cache()
     key = calibration_key(key_parts)
     record = load_calibration(cache, key)
@@ -178,10 +183,16 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
 
     def make(theta=None, error=None, forms=None):
         engine = engine_provider(model, model_arg, hardware, routing, seed=seed, max_model_len=max_model_len,
-                                 vocab=vocab, jobs=jobs)
+                                 vocab=vocab, jobs=jobs, system=system,
+                                 layers_executor=layers_executor)  # refuses --executor dask with --system
         if forms is None and "forms" not in built:
             built["forms"] = {kind: metric_forms(kind, engine.spec) for kind in KINDS}
         forms = forms or built["forms"]
+        if system is not None:
+            from stepsim.serve.system_fast import SystemFastLatency
+
+            return SystemFastLatency(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
+                                     jobs=jobs, forms=forms, theta=theta, error=error)
         return FastLatency(model, hardware, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
                            forms=forms, theta=theta, error=error, layers_executor=layers_executor)
 
@@ -384,9 +395,14 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
                      "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
                      "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
                                  "duration": duration}}
+        if system is not None:  # every field of the system: its chips, hardware, dimensions and links
+            from stepsim.serve.system import system_key
+
+            key_parts["system"] = system_key(system)
         provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                               vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
                                               cache=calibration_cache, layers_executor=layers_executor,
+                                              system=system,
                                               pilot=lambda p: replay(trace.arrival_s, trace.prompt_tokens,
                                                                      trace.output_tokens,
                                                                      Scheduler(config, capacity, limit), p))

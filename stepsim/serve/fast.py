@@ -170,7 +170,29 @@ def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np
                          tiles.max(axis=1)]).astype(np.float64)
     hbm = (f * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
     compute = (f * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
-    return np.column_stack([f, hbm, compute, np.maximum(hbm, compute), few_tokens(tokens, layers)])
+    out = np.column_stack([f, hbm, compute, np.maximum(hbm, compute), few_tokens(tokens, layers)])
+    if spec.system is not None:
+        out = np.column_stack([out, chip_features(routing, spec.system.chips, experts)])
+    return out
+
+
+def chip_features(routing: np.ndarray, chips: int, experts: int) -> np.ndarray:
+    """The FFN's per-chip regressors on a system, ``routing`` ``[tokens, layers, top_k]`` -> ``[layers, 3]``:
+    whether any (token, expert) row crosses a link, how many do (each crosses twice: dispatch and combine), and
+    the busiest chip's rows (its experts' share of the step), for the sharded block of
+    :class:`stepsim.serve.system.SystemEngineLatency` (experts contiguous, tokens in ``shard_bounds``). A step
+    whose rows all stay home skips two link latencies (on ring-2, 2 x 500 cycles a layer), which the one-chip
+    features cannot tell."""
+    from stepsim.workloads.moe.parallel import place_experts
+    from stepsim.workloads.moe.sharded import shard_bounds
+
+    tokens = routing.shape[0]
+    chip_of = np.array(place_experts([0] * experts, chips, "contiguous"), dtype=np.int64)
+    home = np.repeat(np.arange(chips), np.diff(shard_bounds(tokens, chips)))
+    dest = chip_of[routing]
+    remote = (dest != home[:, None, None]).sum(axis=(0, 2))
+    busiest = np.stack([(dest == c).sum(axis=(0, 2)) for c in range(chips)]).max(axis=0)
+    return np.column_stack([remote > 0, remote, busiest]).astype(np.float64)
 
 
 def few_tokens(tokens: int, rows: int) -> np.ndarray:
@@ -250,12 +272,14 @@ class FastLatency(EngineLatency):
             def tasks() -> list:
                 routing = rows()
                 return [("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(self.model.layers)]
+            chips = self.chip_columns(rows)
         else:
             t = -(-tokens // KV_TILE)
             f = np.array([[t, 1.0, t]])
 
             def tasks() -> list:
                 return [("ffn", np.zeros((tokens, 1), dtype=np.int64))]
+            chips = None
         x = np.zeros((len(f), 8 + FEW_TOKENS))
         x[:, 0] = 1.0
         x[:, 1] = tokens
@@ -265,7 +289,13 @@ class FastLatency(EngineLatency):
         np.maximum(x[:, 5], x[:, 6], out=x[:, 7])
         if tokens <= FEW_TOKENS:
             x[:, 7 + tokens] = 1.0  # few_tokens()
+        if chips is not None:
+            x = np.column_stack([x, chips])
         return x, tasks
+
+    def chip_columns(self, rows: Callable[[], np.ndarray]) -> np.ndarray | None:
+        """The FFN's per-chip regressors (:func:`chip_features`) from the step's ``rows()``; none on one chip."""
+        return None
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
         tokens = batch.prefill_tokens + batch.decode_tokens
@@ -278,10 +308,19 @@ class FastLatency(EngineLatency):
         attention = sum(predict(r, theta.get(kind)) for kind, r in (("decode", decode), ("prefill", prefill))
                         if r is not None)
         count = 1 if self.model.is_moe else self.model.layers
-        cycles = {"attention": self.model.kv_heads * self.model.layers * attention,
+        cycles = {"attention": self.attention_heads() * self.model.layers * attention + self.collective_cycles(batch),
                   "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step))).sum()),
                   "weights": self.weight_cycles(batch)}
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+
+    def attention_heads(self) -> int:
+        """KV heads one step's attention runs one after another per layer (all of them on one chip)."""
+        return self.model.kv_heads
+
+    def collective_cycles(self, batch: IterationBatch) -> int:
+        """Cycles of a step's collectives, priced in closed form (none on one chip; a system's all-reduces:
+        :class:`stepsim.serve.system_fast.SystemFastLatency`). Exact, so added to prediction and truth alike."""
+        return 0
 
     def describe(self) -> dict:
         routing = self.routing.describe() if self.routing is not None else None
@@ -411,7 +450,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec),
                                         theta[model_of(kind, stratum == "prefill")])
                         for (kind, data), (_, count) in zip(tasks, roles))
-        weights = exact.weight_cycles(batch)
+        weights = exact.weight_cycles(batch) + exact.collective_cycles(batch)  # exact terms, in both
         errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))
     errors, strata = np.array(errors), np.array(strata)
     error = {"iteration_p50": float(np.percentile(errors, 50)), "iteration_p95": float(np.percentile(errors, 95)),

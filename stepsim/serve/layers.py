@@ -162,7 +162,7 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
         parallel = {}
-        if spec.system is not None and len(data) >= spec.system.chips:  # the batch sharded over every chip
+        if spec.system is not None:  # the batch sharded over the chips (a chip past the batch holds no tokens)
             parallel = {"ep": spec.system.chips, "placement": "contiguous", "system": spec.system}
         workload = build_moe(spec.ffn_model, data, **parallel)
     workload.channel_depth = depth

@@ -21,8 +21,9 @@ block as on one chip (:func:`stepsim.serve.kv_cache.kv_capacity`).
 
 Step latency: ``--iteration-latency SECONDS`` prices every step, or ``--fidelity exact`` simulates each layer
 across the chips (:class:`SystemEngineLatency`: the MoE block with its experts on the chips and its tokens over
-the links, on the engine; the attention's KV heads split over the chips, then an all-reduce). ``--fidelity
-fast`` on a system is not built yet and refused with one line.
+the links, on the engine; the attention's KV heads split over the chips, then an all-reduce), or ``--fidelity
+fast`` (:class:`stepsim.serve.system_fast.SystemFastLatency`: the fast model calibrated on those exact pieces,
+its cache key holding the system, :func:`system_key`).
 """
 
 from __future__ import annotations
@@ -36,21 +37,15 @@ from stepsim.serve.latency import IterationCost
 from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
 
-#: refusal of the fast fidelity with --system (not built yet)
-FIDELITY_NOT_BUILT = ("--fidelity {fidelity} with --system is not built yet (its calibration runs on one chip); use "
-                      "--fidelity exact or --iteration-latency SECONDS")
-
 
 def load_system(spec, hardware, fidelity):
     """``(system, its hardware)`` for ``--system spec``; one line when ``--hardware`` or an engine-backed
-    ``--fidelity`` is also given (the system names the chips' hardware; multi-chip fidelity is not built)."""
+    is also given (the system names the chips' hardware)."""
     from stepsim.base.errors import SystemConfigError
     from stepsim.base.system import System
 
     if hardware is not None:
         raise ConfigError("--hardware does not apply with --system: the system file names the chips' hardware")
-    if fidelity == "fast":
-        raise ConfigError(FIDELITY_NOT_BUILT.format(fidelity=fidelity))
     try:
         system = System.load(str(spec))
     except SystemConfigError as exc:
@@ -165,14 +160,14 @@ def allreduce_cycles(system, hidden: int, tokens: int) -> int:
                              system.hardware.pmu_bw)
 
 
-def check_exact_system(system, model) -> None:
-    """The exact fidelity on a system needs an MoE model (a tensor-parallel FFN is not built) and a system whose
+def check_exact_system(system, model, fidelity: str = "exact") -> None:
+    """The exact (or fast, calibrated on exact) fidelity on a system needs an MoE model (a tensor-parallel FFN is not built) and a system whose
     all-reduce has a closed form (one dimension: ring, fully connected or switch); one line otherwise."""
     if not model.is_moe:
-        raise ConfigError(f"--fidelity exact with --system: model {model.name!r} is dense and its tensor-parallel "
+        raise ConfigError(f"--fidelity {fidelity} with --system: model {model.name!r} is dense and its tensor-parallel "
                           f"FFN is not built yet; price the steps with --iteration-latency SECONDS")
     if len(system.dimensions) != 1 or system.dimensions[0].topology not in ("ring", "fully-connected", "switch"):
-        raise ConfigError(f"--fidelity exact with --system {system.name}: the system needs one dimension (ring, "
+        raise ConfigError(f"--fidelity {fidelity} with --system {system.name}: the system needs one dimension (ring, "
                           f"fully-connected or switch) for its all-reduce's closed form")
 
 
@@ -188,8 +183,8 @@ class SystemEngineLatency(EngineLatency):
     * each layer's MoE block runs on the engine with its experts on the n chips (expert parallelism, contiguous,
       the weight split of :func:`split_weights`) and the step's tokens sharded over them, dispatched and combined
       by all-to-alls over the system's links (:mod:`stepsim.workloads.moe.parallel`), built fresh for each step
-      (:meth:`stepsim.serve.layers.LayerRunner.fresh_cycles`); a step of fewer tokens than chips runs the one-chip
-      block (every chip needs a token to shard the batch);
+      (:meth:`stepsim.serve.layers.LayerRunner.fresh_cycles`); a step of fewer tokens than chips is sharded too
+      (the last chips' shards empty: they run their experts for the other chips' tokens);
     * the attention's KV heads are split over the chips (tensor parallelism): ``ceil(kv_heads / n)`` heads a
       chip, one after another, the chips in parallel; then a ring all-reduce of the step's activations
       (:func:`allreduce_cycles`), counted in ``cycles_attention``;
@@ -217,3 +212,18 @@ class SystemEngineLatency(EngineLatency):
 
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
+
+
+def system_key(system) -> dict:
+    """Every field of a system that determines its cycles: the chips, every chip's hardware values, the
+    dimensions and every link (bandwidth bytes/cycle, latency cycles), the switches; for the fast fidelity's
+    calibration cache key (:func:`stepsim.serve.fast.calibration_key`). Not its name nor where its hardware came
+    from: the same system under another name reuses the calibration."""
+    import dataclasses
+
+    from stepsim.base.hardware import VALUE_FIELDS
+
+    return {"chips": system.chips, "hardware": {f: getattr(system.hardware, f) for f in VALUE_FIELDS},
+            "dimensions": [dataclasses.asdict(d) for d in system.dimensions],
+            "links": [dataclasses.asdict(link) for link in system.links], "n_switches": system.n_switches}
+

@@ -178,13 +178,45 @@ def test_the_cycle_bounds_count_one_hbm_per_chip():
                                                  "compute_unit_cycles"))
 
 
-def test_ep_refuses_a_batch_smaller_than_the_chips(tmp_path):
+def test_ep_accepts_a_batch_smaller_than_the_chips(tmp_path, capsys):
+    """3 tokens on 8 chips: chips 3..7 hold no tokens (no x/routing_weights/y tensors, nothing of their own on
+    the links) and still run their experts for the others' tokens. Values equal the one-chip layer's bit for bit,
+    the engine's bytes per link equal the symbolic metric (one 16-wide row = 32 bytes per (token, remote expert)
+    pair, each way), both engines agree."""
+    from stepsim.graph.lower import lower
+    from stepsim.kernels.api import run as fast_run
+    from stepsim.kernels.reference import run as ref_run
+
     path = tmp_path / "three.npz"
     np.savez(path, data=np.array([[0, 1], [2, 3], [4, 5]]))
-    with pytest.raises(ConfigError) as info:
-        workload_from_config(_config(str(path), ep=4, tile_n=2))
-    assert str(info.value) == ("--ep 4 shards the batch over 4 chips, but the trace has 3 tokens: every chip needs "
-                               "one (use --ep 3 or fewer)")
+    one = workload_from_config(_config(str(path), tile_n=2))
+    w = workload_from_config(_config(str(path), ep=8, tile_n=2))
+    assert w.params["shard_bounds"] == [0, 1, 2, 3, 3, 3, 3, 3, 3]
+    assert w.params["chip_tokens"] == [1, 1, 1, 1, 1, 1, 0, 0]
+    # token 0 (chip 0) -> experts 0 (local), 1 (chip 1); token 1 (chip 1) -> 2, 3; token 2 (chip 2) -> 4, 5
+    sent = {"chip0->chip1", "chip1->chip0", "chip1->chip2", "chip1->chip3", "chip2->chip1", "chip3->chip1",
+            "chip2->chip4", "chip2->chip5", "chip4->chip2", "chip5->chip2"}
+    assert {k: v for k, v in w.params["link_bytes"].items() if v} == {name: 32 for name in sent}
+    inputs, inputs1 = make_inputs(w, seed=2), make_inputs(one, seed=2)
+    assert sorted(k for k in inputs if "." in k) == ["routing_weights.0", "routing_weights.1", "routing_weights.2",
+                                                     "x.0", "x.1", "x.2"]
+    r = simulate(w, functional=True, inputs=inputs)
+    checks = check_outputs(w, r.inputs, r.outputs)
+    assert sorted(checks) == ["y.0", "y.1", "y.2"] and all(c.passed for c in checks.values()), checks
+    r1 = simulate(one, functional=True, inputs=inputs1)
+    np.testing.assert_array_equal(np.concatenate([r.outputs[f"y.{c}"] for c in range(3)]), r1.outputs["y"])
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles == r.cycles == 1152
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    measured = {fast_name: int(b) for fast_name, b in zip(r.unit_names, r.link_bytes) if "->" in fast_name}
+    assert measured == w.params["link_bytes"]
+    # the CLI runs it too (it refused a batch smaller than --ep before)
+    assert main(["run", "moe", "--model", "custom", "--hidden", "16", "--intermediate", "32", "--experts", "8",
+                 "--top-k", "2", "--trace", str(path), "--tile-n", "2", "--tile-f", "16", "--ep", "8", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["cycles"], row["ep"]) == (1152, 8)
 
 
 def test_expert_parallel_with_shared_experts_equals_the_one_chip_layer(trace):

@@ -203,7 +203,7 @@ def inputs(w: Workload, seed: int) -> dict:
                        "shared_down": seeded_normal(seed, "shared_down", (fs, d), fs ** -0.5, bf16=True)})
     if "shard_bounds" in p:  # expert parallel: each chip holds its shard of the batch (moe/sharded.py)
         arrays = {f"{name}.{c}": a[lo:hi] for name, a in arrays.items() if name in SHARDED
-                  for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:]))} | \
+                  for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:])) if hi > lo} | \
             {name: a for name, a in arrays.items() if name not in SHARDED}
     tp = p.get("tp")
     if tp is not None:  # chip c: columns c F/N.. of every gate / up projection, those rows of down (build.py)
@@ -264,7 +264,8 @@ def outputs(workload: Workload, inputs: dict) -> dict:
     if bounds is None:
         x, gate_weights = take_input(inputs, "x", who), take_input(inputs, "routing_weights", who)
     else:
-        x, gate_weights = (np.concatenate([take_input(inputs, f"{name}.{c}", who) for c in range(len(bounds) - 1)])
+        x, gate_weights = (np.concatenate([take_input(inputs, f"{name}.{c}", who) for c in range(len(bounds) - 1)
+                                           if bounds[c + 1] > bounds[c]])  # an empty shard has no tensors
                            for name in SHARDED)
     y = moe_reference(x, workload_trace(workload, "routing"), gate_weights, *stacks, shared=shared)
     if tp is not None:  # after the all-reduce every chip c holds rows k B/N.. of y as y<c>.<k>
@@ -272,7 +273,7 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         return {f"y{c}.{k}": y[k * rows:(k + 1) * rows] for c in range(tp) for k in range(tp)}
     if bounds is None:
         return {"y": y}
-    return {f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))}
+    return {f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo}
 
 
 def reduction_length(workload: Workload, name: str) -> int:

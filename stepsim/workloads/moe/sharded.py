@@ -26,6 +26,12 @@ the merge is time-sensitive and every chip's Reassemble consumes in its own toke
 * a chip's dispatch Partition and its routing weights (which wait for their rows' round trip) hold up to its
   largest per-expert count;
 * an expert's combine Partition holds up to its largest count from one chip.
+
+A chip whose shard is empty (a batch of fewer tokens than chips: ``shard_bounds`` gives the last chips none)
+has no home part at all: no ``x.<c>``, ``routing_weights.<c>`` or ``y.<c>`` tensor, no dispatch from it and no
+combine back to it. It still holds and runs its experts for the other chips' tokens. The merges and combine
+Partitions then span only the chips with tokens (``active`` below), so a batch of at least N tokens builds
+exactly the graph it built before.
 """
 
 from __future__ import annotations
@@ -93,9 +99,11 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         for op in g.ops[before:]:
             op_chip[op.id] = chip
 
-    # home chips: token loads, selectors, routing weights, rows partitioned by expert
+    # home chips (those with tokens: module docstring): token loads, selectors, routing weights, rows
+    # partitioned by expert; per_expert, slot_weights and shards are indexed by position in ``active``
+    active = [c for c in range(chips) if bounds[c + 1] > bounds[c]]
     per_expert, slot_weights, shards = [], [], []
-    for c in range(chips):
+    for c in active:
         before = len(g.ops)
         rc = routing[bounds[c]:bounds[c + 1]]
         bc = rc.shape[0]
@@ -124,7 +132,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
     for e in range(experts):
         before = len(g.ops)
         total = int(sum(int(s[3][e]) for s in shards))
-        merge = EagerMerge(g, [per_expert[c][e] for c in range(chips)], 0)
+        merge = EagerMerge(g, [part[e] for part in per_expert], 0)
         merge.channel_depth = max(1, total)  # the selector waits for the FFN (module docstring)
         # one symbol for the expert's rows (bound to the trace's count) instead of the sum of the chips' counts,
         # which sympy's ceilings downstream make slow to build
@@ -151,10 +159,10 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
     for e in range(experts):
         out_rows = RetileStreamify(g, outs[e], split_row=True, filter_mask=True)
         out_rows.assume_shape(0, merges[e][0].stream.shape)
-        ret = Partition(g, out_rows, merges[e][1], 0, chips)
+        ret = Partition(g, out_rows, merges[e][1], 0, len(active))  # the merge's selector: index in active
         ret.channel_depth = max(1, max(int(s[3][e]) for s in shards))  # the combine buffer (module docstring)
-        for c in range(chips):
-            ret.assume_shape(c, (per_expert[c].count_symbols[e],))
+        for i, part in enumerate(per_expert):
+            ret.assume_shape(i, (part.count_symbols[e],))
         back.append(ret)
         _group(g.ops[-2:], ("expert", e))
     for op in g.ops:
@@ -163,10 +171,10 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
             op_chip[op.id] = chip_of[index] if kind == "expert" else region_chip[index]
 
     # home chips: weight the returned rows, reassemble each token's top-k rows, sum, shared experts, store
-    for c in range(chips):
+    for i, c in enumerate(active):
         before = len(g.ops)
-        rc, bc, tokens, _ = shards[c]
-        scaled = [Map(g, [slot_weights[c][e], back[e][c]], Mul(), **bw) for e in range(experts)]
+        rc, bc, tokens, _ = shards[i]
+        scaled = [Map(g, [slot_weights[i][e], back[e][i]], Mul(), **bw) for e in range(experts)]
         gathered = Reassemble(g, scaled, SelectorSource(g, multihot(rc, experts), experts), 0)
         bindings[gathered.ragged_symbol] = k
         summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)

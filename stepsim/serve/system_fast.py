@@ -1,0 +1,37 @@
+"""``--fidelity fast`` on a system (docs/serving.md §13): the fast model (:mod:`stepsim.serve.fast`) calibrated
+on :class:`stepsim.serve.system.SystemEngineLatency`'s exact pieces. Its own module so that ``--system`` with
+``--iteration-latency`` or ``--fidelity exact`` does not import the fast model's kernels."""
+
+from __future__ import annotations
+
+from stepsim.serve.exact import max_kv_rows
+from stepsim.serve.fast import FastLatency, chip_features
+from stepsim.serve.layers import LayerSpec
+from stepsim.serve.system import SystemEngineLatency, allreduce_cycles
+
+
+class SystemFastLatency(FastLatency):
+    """``--fidelity fast`` on a system: :class:`stepsim.serve.fast.FastLatency` calibrated on the exact pieces of
+    :class:`SystemEngineLatency` (the sharded MoE block over the chips, ``ceil(kv_heads / n)`` KV heads a chip),
+    with the all-reduces (:func:`allreduce_cycles`) and the weights read ``1 / n`` a chip priced exactly, as the
+    exact provider prices them."""
+
+    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, **kw):
+        super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs, **kw)
+        self.system, self.vocab = system, vocab
+        self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+
+    roles = SystemEngineLatency.roles
+    weight_cycles = SystemEngineLatency.weight_cycles
+
+    def attention_heads(self) -> int:
+        return -(-self.model.kv_heads // self.system.chips)
+
+    def chip_columns(self, rows):
+        return chip_features(rows(), self.system.chips, self.model.experts)
+
+    def collective_cycles(self, batch) -> int:
+        return self.model.layers * allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
+
+    def describe(self) -> dict:
+        return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
