@@ -274,7 +274,8 @@ _PATH_KNOBS = ("trace", "hardware", "system")
 #: knobs added after run ids were first written (the collectives' and expert parallelism's): they enter a run's
 #: identity only when set, so a config that leaves them unset keeps the run id it always had (a resumed sweep
 #: finds its results; tests/records/test_resolved_knobs.py pins four ids)
-_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement", "tp")
+_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement", "tp", "layers", "pp",
+                               "micro_batches")
 
 
 def program_identity(cfg: Mapping) -> str:

@@ -129,6 +129,23 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.workloads.config import bandwidth_kwargs
 
     parallel = {}
+    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
+    if stack:
+        from stepsim.base.system import System
+
+        if cfg.get("tp") is not None:
+            raise ArgumentError("--tp does not combine with --layers / --pp / --micro-batches (a stack of layers "
+                                "runs on one chip or as a pipeline)")
+        if cfg.get("pp") is None and cfg.get("system") is not None:
+            raise ArgumentError("--system applies to a stack of layers with --pp N (pipeline parallelism)")
+        if cfg.get("algorithm") is not None:
+            raise ArgumentError("--algorithm applies to the SwiGLU layer with --tp N (its all-reduce), not to "
+                                "--layers / --pp")
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        if cfg.get("pp") is not None:
+            stack["system"] = System.load(cfg["system"]) if cfg.get("system") is not None else None
+        return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **bandwidth_kwargs(cfg), **stack)
     if cfg.get("tp") is not None:
         from stepsim.base.system import System
 
