@@ -144,6 +144,9 @@ def from_config(cfg: Mapping) -> Workload:
         if cfg.get("system") is not None and cfg.get("hardware") is not None:
             raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
         if cfg.get("pp") is not None:
+            if cfg.get("system") is None:
+                raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages "
+                                    f"run on)")
             stack["system"] = System.load(cfg["system"]) if cfg.get("system") is not None else None
         return build_swiglu(tile_m=cfg["tile_m"], tile_n=cfg["tile_n"], **bandwidth_kwargs(cfg), **stack)
     if cfg.get("tp") is not None:
