@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from stepsim.base.errors import ConfigError
@@ -121,6 +122,17 @@ def test_run_swiglu_with_pp(capsys):
         4, 2, 4, "ring-2", 1)
     assert params["link_bytes"] == {"chip0->chip1": Y_BYTES}
     assert row["cycles"] == 117162  # on the system's chips (ring-2: step-eval hardware)
+
+
+def test_the_written_record_reads_back_with_the_pipeline_knobs_and_the_link(tmp_path, capsys):
+    out = tmp_path / "run.parquet"
+    assert main(["run", "swiglu", "--layers", "2", "--pp", "2", "--micro-batches", "2", "--tile-m", "32",
+                 "--system", "ring-2", "--out", str(out), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    (back,) = pq.read_table(out).to_pylist()
+    assert (back["layers"], back["pp"], back["micro_batches"], back["cycles"]) == (2, 2, 2, row["cycles"])
+    links = [u for u in pq.read_table(tmp_path / "run_units.parquet").to_pylist() if u["kind"] == "Link"]
+    assert [(u["name"], u["bytes"]) for u in links] == [("chip0->chip1", Y_BYTES)]
 
 
 @pytest.mark.parametrize("extra, message", [
