@@ -54,18 +54,21 @@ def test_bytes_over_each_link_equal_the_metric(pp):
     assert {r.unit_names[u]: int(b) for u, b in enumerate(r.link_bytes) if r.unit_names[u] in links} == per_link
 
 
-def test_both_engines_agree_and_the_cycles_are_pinned():
-    """L = 2, N = 2, M = 2 micro-batches of 32 rows (one chip: 33,469 cycles)."""
-    w = workload_from_config({"workload": "swiglu", "layers": 2, "pp": 2, "micro_batches": 2, "tile_m": 32,
-                              "system": "ring-2"})
+@pytest.mark.parametrize("knobs, cycles, one_chip", [
+    ({"layers": 2, "pp": 2, "micro_batches": 2, "tile_m": 32, "system": "ring-2"}, 28450, 33469),
+    ({"layers": 4, "pp": 4, "system": "ring-4"}, 53499, 107038),  # M = 4 micro-batches of 16 rows
+])
+def test_both_engines_agree_and_the_cycles_are_pinned(knobs, cycles, one_chip):
+    """The pipeline against the same stack on one chip (``one_chip`` cycles), both on step-hdl chips."""
+    w = workload_from_config({"workload": "swiglu", **knobs})
     program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)  # step-hdl
     ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles == simulate(w).cycles == 28450
+    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
     np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
     np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
     np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
-    one = workload_from_config({"workload": "swiglu", "layers": 2, "micro_batches": 2, "tile_m": 32})
-    assert simulate(one).cycles == 33469
+    one = workload_from_config({"workload": "swiglu", **{k: v for k, v in knobs.items() if k not in ("pp", "system")}})
+    assert simulate(one).cycles == one_chip
 
 
 def _cycles(n: int, m: int, **kw) -> int:
