@@ -356,9 +356,10 @@ def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[
 
 
 #: knobs a builder resolves when a config leaves them unset (a default tile, every expert its own region, the
-#: FIFO depth of the hardware): the record stores the value the run used (``workload.params``)
+#: FIFO depth of the hardware, a SwiGLU stack's micro-batches): the record stores the value the run used
+#: (``workload.params``)
 RESOLVED_KNOBS = ("tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw",
-                  "channel_depth", "kv_heads")
+                  "channel_depth", "kv_heads", "micro_batches")
 
 
 def resolved_knobs(cfg: Mapping, params: Mapping, channel_depth: int | None) -> dict:

@@ -143,6 +143,15 @@ def test_run_swiglu_with_pp(capsys):
     assert row["cycles"] == 117162  # on the system's chips (ring-2: step-eval hardware)
 
 
+def test_the_record_holds_the_micro_batches_the_run_used(capsys):
+    """Unset, M is B / --tile-m (the record's knob column holds it, the run id hashes the config as given)."""
+    assert main(["run", "swiglu", "--layers", "4", "--pp", "2", "--system", "ring-2", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["layers"], row["pp"], row["micro_batches"], row["tile_m"], row["cycles"]) == (4, 2, 4, 16, 117162)
+    assert main(["run", "swiglu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["micro_batches"] is None  # one layer, no stack
+
+
 def test_the_written_record_reads_back_with_the_pipeline_knobs_and_the_link(tmp_path, capsys):
     out = tmp_path / "run.parquet"
     assert main(["run", "swiglu", "--layers", "2", "--pp", "2", "--micro-batches", "2", "--tile-m", "32",
