@@ -95,7 +95,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--algorithm", choices=("ring", "direct"),
                    help="collective, SwiGLU / MoE / decoder with --tp (its all-reduces): ring (default) or direct")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="collective, MoE with --ep or --tp, SwiGLU / decoder with --tp: the chips and links, a system TOML file or preset "
+                   help="collective, MoE with --ep or --tp, SwiGLU / decoder with --tp, SwiGLU with --pp: the chips and links, a system TOML file or preset "
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
                    help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
