@@ -107,7 +107,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help="SwiGLU: a stack of L layers, each consuming the previous one's output (default 1)")
     p.add_argument("--pp", type=int, metavar="N",
                    help="SwiGLU with --layers L: pipeline parallelism, the layers split into N stages on N chips "
-                        "(--system, default N fully connected chips), the stage boundary a link")
+                        "(--system, required), the stage boundary a link")
     p.add_argument("--micro-batches", type=int, metavar="M",
                    help="SwiGLU with --layers: M micro-batches of B / M rows stream through the stages (one row "
                         "tile each: --tile-m must be B / M; default B / --tile-m)")
