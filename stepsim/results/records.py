@@ -274,7 +274,8 @@ _PATH_KNOBS = ("trace", "hardware", "system")
 #: knobs added after run ids were first written (the collectives' and expert parallelism's): they enter a run's
 #: identity only when set, so a config that leaves them unset keeps the run id it always had (a resumed sweep
 #: finds its results; tests/records/test_resolved_knobs.py pins four ids)
-_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement", "tp")
+_KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement", "tp", "layers", "pp",
+                               "micro_batches")
 
 
 def program_identity(cfg: Mapping) -> str:
@@ -355,9 +356,10 @@ def identity_of_normalized(cfg: Mapping, *, source: str | None = None) -> tuple[
 
 
 #: knobs a builder resolves when a config leaves them unset (a default tile, every expert its own region, the
-#: FIFO depth of the hardware): the record stores the value the run used (``workload.params``)
+#: FIFO depth of the hardware, a SwiGLU stack's micro-batches): the record stores the value the run used
+#: (``workload.params``)
 RESOLVED_KNOBS = ("tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw",
-                  "channel_depth", "kv_heads")
+                  "channel_depth", "kv_heads", "micro_batches")
 
 
 def resolved_knobs(cfg: Mapping, params: Mapping, channel_depth: int | None) -> dict:

@@ -59,7 +59,7 @@ KNOBS: tuple[str, ...] = (
     "workload", "model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer", "batch_id",
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
     "fifo_depths", "hardware", "convention", "program", "routing", "kv_lengths", "kv_heads",
-    "op", "bytes", "algorithm", "system", "ep", "placement", "tp",
+    "op", "bytes", "algorithm", "system", "ep", "placement", "tp", "layers", "pp", "micro_batches",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -82,7 +82,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 INT_MINIMUM: dict[str, int] = {
     "hidden": 1, "intermediate": 1, "experts": 1, "top_k": 1, "iteration": 0, "layer": 0, "batch_id": 0,
     "tile_n": 1, "tile_f": 1, "tile_m": 1, "regions": 1, "compute_bw": 1, "channel_depth": 1, "kv_heads": 1,
-    "bytes": 1, "ep": 1, "tp": 1,
+    "bytes": 1, "ep": 1, "tp": 1, "layers": 1, "pp": 1, "micro_batches": 1,
 }
 #: largest value of every int knob: sizes, tiles, depths and FLOP rates beyond it would overflow the engine's
 #: int64 arithmetic (products of a tile and a dimension) long before they meant anything

@@ -19,7 +19,7 @@ def _knobs(row: dict) -> dict:
 
 
 def test_the_resolved_knobs_are_the_schedule_knobs():
-    assert RESOLVED_KNOBS == SCHEDULE
+    assert RESOLVED_KNOBS == SCHEDULE + ("micro_batches",)  # a SwiGLU stack's (B / tile_m when unset)
 
 
 def test_moe_and_swiglu_records_hold_the_values_their_params_say():

@@ -75,7 +75,11 @@ def inputs(w: Workload, seed: int) -> dict:
         "w_up": seeded_normal(seed, "w_up", (d, f), d ** -0.5, bf16=False),
         "w_down": seeded_normal(seed, "w_down", (f, d), f ** -0.5, bf16=False),
     }
-    tp = w.params.get("tp")
+    tp, layers = w.params.get("tp"), w.params.get("layers")
+    if layers is not None:  # a stack (swiglu/pipeline.py): layer i's weights as layer<i>.<name>
+        return {"x": arrays["x"]} | {f"layer{i}.{name}": seeded_normal(seed, f"layer{i}.{name}", a.shape,
+                                                                      a.shape[0] ** -0.5, bf16=False)
+                                     for i in range(layers) for name, a in arrays.items() if name != "x"}
     if tp is None:
         return arrays
     cols = f // tp  # chip c: columns c*cols.. of w_gate and w_up, those rows of w_down (swiglu/parallel.py)
@@ -93,7 +97,12 @@ def _whole(inputs: dict, name: str, tp: int, axis: int, who: str) -> np.ndarray:
 
 
 def outputs(workload: Workload, inputs: dict) -> dict:
-    who, tp = "workload_reference", workload.params.get("tp")
+    who, tp, layers = "workload_reference", workload.params.get("tp"), workload.params.get("layers")
+    if layers is not None:  # the stack: y = f_{L-1}(.. f_0(x)), every layer's output rounded to fp32 as stored
+        y = take_input(inputs, "x", who)
+        for i in range(layers):
+            y = swiglu_reference(y, *[take_input(inputs, f"layer{i}.{n}", who) for n in ("w_gate", "w_up", "w_down")])
+        return {"y": y}
     if tp is None:
         return {"y": swiglu_reference(*[take_input(inputs, n, who) for n in ("x", "w_gate", "w_up", "w_down")])}
     y = swiglu_reference(take_input(inputs, "x", who), _whole(inputs, "w_gate", tp, 1, who),
@@ -103,4 +112,5 @@ def outputs(workload: Workload, inputs: dict) -> dict:
 
 
 def reduction_length(workload: Workload, name: str) -> int:
-    return workload.params["hidden"] + workload.params["intermediate"]
+    """D + F per layer: a stack's rounding errors add up over its layers."""
+    return (workload.params["hidden"] + workload.params["intermediate"]) * workload.params.get("layers", 1)

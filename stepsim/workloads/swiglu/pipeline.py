@@ -1,0 +1,78 @@
+"""A stack of SwiGLU layers, and its pipeline parallelism (``--layers L --pp N --micro-batches M``).
+
+Layer ``i`` of ``L`` reads its weights from tensors ``layer<i>.w_gate``, ``layer<i>.w_up`` ([D, F]) and
+``layer<i>.w_down`` ([F, D]); layer 0 reads ``x`` ([B, D]) from HBM, every later layer consumes the previous
+layer's output stream (its row tiles ``(tile_m, D)``, each repeated once per F tile of the gate / up
+projections, a RepeatStatic), and the last layer stores ``y``. There is no residual: ``y = f_{L-1}(..f_0(x))``.
+
+Micro-batches are the stream's outer dimension: a micro-batch is one row tile of ``B / M`` rows
+(``--tile-m`` must be ``B / M``), so every operator iterates over the M micro-batches and stage s + 1 works on
+micro-batch m while stage s works on m + 1 (one graph, not a copy per micro-batch: copies would be separate
+hardware). ``--pp N`` places layers ``s L/N .. (s+1) L/N - 1`` (stage s) on chip s; the stage boundary is an
+ordinary cross-chip edge that :func:`stepsim.graph.network.place_on_chips` routes over the system's link(s).
+"""
+
+from __future__ import annotations
+
+from stepsim.base.errors import ArgumentError
+from stepsim.graph import Flatten, Graph, LinearOffChipStore, Promote, RepeatStatic
+
+
+def check_pipeline(layers: int, pp: int | None, batch: int, tile_m: int, micro_batches: int | None) -> int:
+    """One-line ArgumentError unless L, N and M fit the batch and tiles; returns M (default ``B / tile_m``)."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+    if pp is not None:
+        if isinstance(pp, bool) or not isinstance(pp, int) or pp < 2:
+            raise ArgumentError(f"--pp must be an int >= 2 (chips), got {pp!r}")
+        if layers % pp:
+            raise ArgumentError(f"--pp {pp}: the {layers} layers (--layers) must split into {pp} stages of equal "
+                                f"size (a multiple of {pp})")
+    if micro_batches is None:
+        return batch // tile_m
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ArgumentError(f"--micro-batches must be an int >= 1, got {micro_batches!r}")
+    if batch % micro_batches:
+        raise ArgumentError(f"--micro-batches {micro_batches}: the batch of {batch} rows must split into "
+                            f"{micro_batches} equal micro-batches")
+    if batch // micro_batches != tile_m:
+        raise ArgumentError(f"--micro-batches {micro_batches}: a micro-batch is one row tile of {batch} / "
+                            f"{micro_batches} = {batch // micro_batches} rows; --tile-m must be "
+                            f"{batch // micro_batches}, got {tile_m}")
+    return micro_batches
+
+
+def build_stack(layers: int, *, stage, batch: int, hidden: int, intermediate: int, tile_m: int, tile_n: int,
+                par_dispatch: int, pp: int | None = None, system=None):
+    """The L-layer stack, on one chip or (``pp``) split into ``pp`` stages on the chips of ``system``.
+
+    ``stage(g, x, prefix)`` adds one layer reading tensors ``<prefix>w_gate`` ... and returns its output row
+    tiles (stream ``(1, B / tile_m, 1)``); ``x`` is None for layer 0 (it loads ``x``) or the input row tiles
+    repeated over the F tiles, stream ``(B / tile_m, F / tile_n, 1)``. Returns the graph and the finished
+    network (None on one chip).
+    """
+    n_tiles = intermediate // tile_n
+    name = f"swiglu-l{layers}" + (f"-pp{pp}" if pp else "") + f"-m{tile_m}-n{tile_n}"
+    g = Graph(name)
+    chip_of: dict[int, int] = {}  # operator id -> chip (stage)
+    out = None
+    per_stage = layers // (pp or 1)
+    for i in range(layers):
+        before = len(g.ops)
+        x = None
+        if out is not None:
+            # (1, B/tile_m, 1) row tiles -> (B/tile_m, F/tile_n, 1): each row tile once per F tile
+            x = Promote(g, RepeatStatic(g, Flatten(g, out, 0, 1), n_tiles), 0)
+        out = stage(g, x, f"layer{i}.")
+        for op in g.ops[before:]:
+            chip_of[op.id] = i // per_stage
+    before = len(g.ops)
+    LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
+    for op in g.ops[before:]:
+        chip_of[op.id] = (pp or 1) - 1
+    if pp is None:
+        return g, None
+    from stepsim.graph.network import place_on_chips
+
+    net = place_on_chips(g, system, lambda op: chip_of[op.id])
+    return g, net
