@@ -206,16 +206,23 @@ def few_tokens(tokens: int, rows: int) -> np.ndarray:
     return out
 
 
-def predict(x: np.ndarray, theta) -> int:
-    """Cycles of a piece from its regressors: ``theta . x`` (at least 1), or without coefficients for its kind
-    (none of its pieces was in the calibration sample) the bound ``ceil(max(HBM bound, compute bound))``."""
-    return int(predict_rows(x[None, :], theta)[0])
+def bound_column(kind: str) -> int:
+    """Where ``max(HBM bound, compute bound)`` is in ``kind``'s regressors: last for the attention; the FFN's
+    indicator (:func:`few_tokens`) and per-chip (:func:`chip_features`) columns come after it."""
+    return FFN_REGRESSORS - 1 if kind == "ffn" else -1
 
 
-def predict_rows(x: np.ndarray, theta) -> np.ndarray:
+def predict(x: np.ndarray, theta, kind: str) -> int:
+    """Cycles of a ``kind`` piece from its regressors: ``theta . x`` (at least 1), or without coefficients for
+    its kind (the first calibration pass, or none of its pieces was in the calibration sample) the bound
+    ``ceil(max(HBM bound, compute bound))``."""
+    return int(predict_rows(x[None, :], theta, kind)[0])
+
+
+def predict_rows(x: np.ndarray, theta, kind: str) -> np.ndarray:
     """:func:`predict` of every row of ``x`` (int64)."""
     if theta is None:
-        return np.ceil(x[:, -1]).astype(np.int64)
+        return np.ceil(x[:, bound_column(kind)]).astype(np.int64)
     return np.maximum(np.rint((x * np.array(theta)).sum(axis=1)), 1).astype(np.int64)
 
 
@@ -305,11 +312,11 @@ class FastLatency(EngineLatency):
         if self.recorder is not None:
             self.recorder(batch, prefill_step, lambda: self.tasks(batch, ffn_tasks()))
         theta = self.theta or {}
-        attention = sum(predict(r, theta.get(kind)) for kind, r in (("decode", decode), ("prefill", prefill))
+        attention = sum(predict(r, theta.get(kind), kind) for kind, r in (("decode", decode), ("prefill", prefill))
                         if r is not None)
         count = 1 if self.model.is_moe else self.model.layers
         cycles = {"attention": self.attention_heads() * self.model.layers * attention + self.collective_cycles(batch),
-                  "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step))).sum()),
+                  "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn").sum()),
                   "weights": self.weight_cycles(batch)}
         return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
 
@@ -448,7 +455,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
         predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec),
-                                        theta[model_of(kind, stratum == "prefill")])
+                                        theta[model_of(kind, stratum == "prefill")], kind)
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch) + exact.collective_cycles(batch)  # exact terms, in both
         errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))

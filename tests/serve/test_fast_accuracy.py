@@ -33,8 +33,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.traces]
 
 #: the fast run's steps, its TTFT / TPOT against the stored exact run's (%), its held-out step error (%),
 #: measured 2026-11-24 (also with --jobs 2: the same bytes)
-MEASURED = (23522, {"ttft p50": 2.02, "ttft p99": -0.25, "tpot p50": -1.13, "tpot p99": -0.16},
-            {"iteration_p50": 0.07, "iteration_p95": 2.97, "iteration_max": 5.51})
+MEASURED = (23486, {"ttft p50": 2.88, "ttft p99": -0.48, "tpot p50": -1.04, "tpot p99": -0.4},
+            {"iteration_p50": 0.28, "iteration_p95": 4.36, "iteration_max": 5.28})
 
 
 class _Recorded:
@@ -106,8 +106,8 @@ def test_fast_against_the_stored_exact_run(stored, conv_csv, tmp_path):
     error = {k: round(v * 100, 2) for k, v in s["fidelity"]["error"].items() if k.startswith("iteration")}
     assert (s["iterations"], diff, error) == MEASURED
     assert all(abs(v) < 2 for k, v in diff.items() if k != "ttft p50") and error["iteration_p95"] < 5
-    # TTFT p50 misses by little: the median of 200 TTFTs sits where they are sparse (exact: 18.146, 18.203 ms,
-    # then 19.038), and per request fast is within a fraction of a percent of exact
+    # TTFT p50 misses (2 % is the target): the median of 200 TTFTs sits where they are sparse (exact: 18.146,
+    # 18.203 ms, then 19.038), and per request fast is within a fraction of a percent of exact
     ratio = fast.requests["ttft_s"].to_numpy() / requests["ttft_s"].to_numpy() - 1
-    assert round(float(np.median(ratio)) * 100, 3) == -0.169  # and the mean TTFT -0.17 %:
-    assert round((s["ttft_s"]["mean"] / exact["ttft_s"]["mean"] - 1) * 100, 2) == -0.17
+    assert round(float(np.median(ratio)) * 100, 3) == -0.379  # and the mean TTFT -0.32 %:
+    assert round((s["ttft_s"]["mean"] / exact["ttft_s"]["mean"] - 1) * 100, 2) == -0.32

@@ -139,3 +139,38 @@ def test_the_reservoir_keeps_every_decode_batch_size_bucket():
     assert not {i[0] for i in items} & {i[0] for i in extra}
     assert 208 in {i[0] for i in items + extra}  # the one 5-sequence step is fitted
     assert sorted(made) == sorted(set(made))  # tasks made once per kept step, also when both reservoirs keep it
+
+
+def test_without_coefficients_every_piece_is_priced_at_its_bound(tmp_path):
+    """The first calibration pass (theta None) prices each piece by ``ceil(max(HBM bound, compute bound))`` of
+    its own metrics, the FFN too (its bound is not its last regressor: the few-token indicators follow it)."""
+    import math
+
+    from stepsim.serve.fast import BOUND_COMPUTE_BW
+    from stepsim.serve.layers import build
+
+    (tmp_path / "m.json").write_text(json.dumps(SMALL))
+    model = resolve_model(str(tmp_path / "m.json"))
+
+    def provider():
+        p = FastLatency(model, PRESETS["sn40l"], SyntheticRouting(model.experts, model.top_k, model.layers, seed=0),
+                        max_model_len=4096, vocab=1000, forms=None)
+        p.forms = {k: metric_forms(k, p.spec) for k in KINDS}
+        return p
+
+    priced, pieces = provider(), provider()  # same seed: the same routing windows, step after step
+
+    def bound(kind, data):
+        m = build(kind, data, pieces.spec).metrics()
+        return math.ceil(max(m["off_chip_bytes"] / pieces.hardware.hbm_peak_bytes_per_cycle,
+                             m["graph_flops"] / BOUND_COMPUTE_BW))
+
+    got, expected = [], []
+    for new in ([1], [1, 1, 1], [40, 1], [17, 1]):
+        prefill = sum(n for n in new if n > 1)
+        batch = IterationBatch([100] * len(new), new, prefill, sum(new) - prefill)
+        got.append(priced(batch).cycles["ffn"])
+        _, ffn = pieces.ffn_rows(sum(new))
+        tasks, _ = pieces.tasks(batch, ffn())
+        expected.append(sum(bound(kind, data) for kind, data in tasks if kind == "ffn"))
+    assert got == expected
