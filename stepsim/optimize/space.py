@@ -159,11 +159,7 @@ def load_space(path: str | Path, workload: str) -> list[dict]:
 
 
 def grid_size(grids: list[Mapping]) -> int:
-    """Points of ``grids`` (before duplicates are dropped)."""
-    total = 0
-    for grid in grids:
-        n = 1
-        for values in grid.values():
-            n *= len(values)
-        total += n
-    return total
+    """Points of ``grids`` (before duplicates are dropped): :func:`stepsim.batch.config.grid_points`."""
+    from stepsim.batch.config import grid_points
+
+    return grid_points(grids)

@@ -290,52 +290,50 @@ class LayerRunner:
         """Engine cycles of one layer piece on ``data`` (its template built on first use; on a system the FFN is
         built fresh for every step: the sharded layer's FIFO depths follow the routing, which rebinding source
         values cannot change)."""
-        from stepsim.analysis.deadlock import run_diagnosed
-        from stepsim.base.errors import DeadlockError
-
         if kind == "ffn" and self.spec.system is not None:
             return self.fresh_cycles(kind, data)
-        depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
-        for i, depth in enumerate(depths):
-            key = (kind, shape_of(kind, data), depth)
-            template = self.templates.get(key)
-            if template is None:
-                template = self.templates[key] = make_template(kind, key[1], self.spec, depth)
-                self.build_s += template.build_s
-                self.builds += 1
-            t0 = time.perf_counter()
-            program = template.bind(data)
-            t1 = time.perf_counter()
-            try:
-                result = run_diagnosed(program)
-            except DeadlockError:
-                if i + 1 == len(depths):
-                    raise
-                continue
-            finally:
-                self.bind_s += t1 - t0
-                self.engine_s += time.perf_counter() - t1
-                self.runs += 1
-            return int(result.cycles)
-        raise AssertionError("unreachable")
+        return self._first_completing(kind, lambda depth: self._bound_program(kind, data, depth))
 
     def fresh_cycles(self, kind: str, data) -> int:
         """Engine cycles of one layer piece built, checked (per chip on a system) and lowered for ``data`` alone,
         deeper FIFOs while the engine proves a deadlock (as :meth:`cycles`)."""
+        return self._first_completing(kind, lambda depth: self._fresh_program(kind, data, depth))
+
+    def _bound_program(self, kind: str, data, depth: int):
+        """The program of ``kind``'s template at ``depth`` (built on first use), rebound to ``data``."""
+        key = (kind, shape_of(kind, data), depth)
+        template = self.templates.get(key)
+        if template is None:
+            template = self.templates[key] = make_template(kind, key[1], self.spec, depth)
+            self.build_s += template.build_s
+            self.builds += 1
+        t0 = time.perf_counter()
+        program = template.bind(data)
+        self.bind_s += time.perf_counter() - t0
+        return program
+
+    def _fresh_program(self, kind: str, data, depth: int):
+        """The program of ``kind`` built for ``data`` at ``depth``, its on-chip bytes checked per chip."""
+        t0 = time.perf_counter()
+        workload = build(kind, data, self.spec, depth)
+        chip, needed = busiest_chip_on_chip(workload)
+        self.spec.hardware.check_on_chip(needed, f"serving layer {kind!r} at shape {shape_of(kind, data)} on "
+                                                  f"chip {chip}")
+        program = lowered(workload, self.spec.hardware)
+        self.build_s += time.perf_counter() - t0
+        self.builds += 1
+        return program
+
+    def _first_completing(self, kind: str, program_at) -> int:
+        """Cycles of ``program_at(depth)`` at the first FIFO depth of :data:`FFN_DEPTHS` the engine does not prove
+        deadlocked (the attention: the first depth only), so the depth depends on the piece's data alone."""
         from stepsim.analysis.deadlock import run_diagnosed
         from stepsim.base.errors import DeadlockError
 
         depths = FFN_DEPTHS if kind == "ffn" else FFN_DEPTHS[:1]
         for i, depth in enumerate(depths):
-            t0 = time.perf_counter()
-            workload = build(kind, data, self.spec, depth)
-            chip, needed = busiest_chip_on_chip(workload)
-            self.spec.hardware.check_on_chip(needed, f"serving layer {kind!r} at shape {shape_of(kind, data)} on "
-                                                      f"chip {chip}")
-            program = lowered(workload, self.spec.hardware)
+            program = program_at(depth)
             t1 = time.perf_counter()
-            self.build_s += t1 - t0
-            self.builds += 1
             try:
                 result = run_diagnosed(program)
             except DeadlockError:
