@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import requests_file
+from serve_requests import requests_file
 
 import stepsim
 from stepsim.base.errors import ConfigError

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import requests_file
+from serve_requests import requests_file
 from test_exact import SMALL
 
 import stepsim

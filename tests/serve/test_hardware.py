@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import requests_file
+from serve_requests import requests_file
 
 import stepsim
 from stepsim.base.errors import ConfigError

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import requests_file
+from serve_requests import requests_file
 
 from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
 from stepsim.trace_io.requests import read_requests

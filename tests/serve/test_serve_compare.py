@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import requests_file
+from serve_requests import requests_file
 
 import stepsim
 from stepsim.cli import main

@@ -4,7 +4,7 @@ same run."""
 from __future__ import annotations
 
 import numpy as np
-from conftest import requests_file
+from serve_requests import requests_file
 
 import stepsim
 

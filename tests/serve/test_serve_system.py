@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import requests_file
+from serve_requests import requests_file
 
 import stepsim
 from stepsim.base.errors import ConfigError

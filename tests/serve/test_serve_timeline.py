@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import requests_file
+from serve_requests import requests_file
 
 import stepsim
 from stepsim.base.errors import ConfigError
