@@ -7,8 +7,13 @@ a ``[B, S, H, hd]`` head view streams the ``hd``-wide stripes of ``[B, S, H * hd
 
 Graph inputs are loaded by name, graph outputs stored by name; initializers are off-chip tensors named as in the
 model (a weight read once per row block of the MatMul's input, a row vector (bias, norm scale) read once and
-repeated on chip, a constant shared by several readers loaded once). A spilled edge goes through ``Bufferize(off_chip) -> Streamify(off_chip)``: the tensor is
-written and read back once each (``2 x`` its bytes of traffic) while the values keep flowing in order.
+repeated on chip, a constant shared by several readers loaded once, per phase). A spilled edge is written to
+off-chip memory and read back once the whole tensor is stored (:mod:`stepsim.frontend.spill`: ``2 x`` its bytes
+of traffic, moved by the engine's HBM); a spilled edge into a consumer that needs whole rows reads rows back (no
+retile converter), into a Transpose reads back in the transposed order (no reorder converter).
+
+Phases (:func:`stepsim.frontend.fusion.phases`): a node after a spill waits for a whole tensor, so the loads it
+shares with the nodes before it would stall them; graph inputs and shared constants are loaded once per phase.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepsim.base.errors import FrontendError
+from stepsim.frontend import fusion, spill
 from stepsim.frontend.ir import Model, Node
 from stepsim.frontend.layouts import (
     Tiling,
@@ -116,6 +122,10 @@ class Emitter:
         self.bw = tiling.compute_bw
         self.conversions = conversions
         self.spilled = {(e.value, e.consumer) for e in edges if not e.fused}
+        self.phases = fusion.phases(model, edges)  # node -> phase (spills crossed before it)
+        self.phase = 0  # the phase of the node being emitted
+        self.input_acts: dict = {}  # (graph input, phase) -> its load's Act
+        self.spill_reads: dict = {}  # (value, consumer) -> the spilled edge's read-back Act
         self.g = Graph(model.name)
         self.val: dict = _Annotating(self)  # value -> its Act (its stream annotated with the value's layout)
         self.rows: dict = {}  # value -> its retiled Act (built once, shared by every consumer that needs rows)
@@ -136,25 +146,28 @@ class Emitter:
     def cols(self, value: str) -> int:
         return groups_rows_cols(self.model.shapes[value])[2]
 
-    def act(self, value: str, node: Node) -> Act:
+    def act(self, value: str, node: Node, *, through_spill: bool = True) -> Act:
         """Activation ``value`` as ``node`` reads it: retiled to rows if the node needs rows (layouts.needs_rows),
-        through a spill if the edge spills."""
+        through a spill if the edge spills (``through_spill`` False: the caller spills it itself)."""
         if value in self.inputs:
-            self.inputs.discard(value)
-            self.val[value] = self.load(value, self.model.shapes[value], self.model.shapes[value][-1],
-                                        self.input_data.get(value))
+            key = (value, self.phase)
+            if key not in self.input_acts:
+                self.input_acts[key] = self.load(value, self.model.shapes[value], self.model.shapes[value][-1],
+                                                 self.input_data.get(value))
+            self.val[value] = self.input_acts[key]
         if value not in self.val:
             raise FrontendError(f"{node.describe()}: input {value!r} is neither a graph input, an initializer nor "
                                 f"the output of an earlier node")
         a = self.val[value]
-        if a.stripes and not a.merged and needs_rows(self.model, self.tiling, self.tn, node,
-                                                     node.inputs.index(value)):
-            a = self.retiled(value)
-        if (value, node.name) in self.spilled:
-            b = Bufferize(self.g, Promote(self.g, a.s, 0), 1, off_chip=True, name=f"spill_write[{value}->{node.name}]")
-            read = Streamify(self.g, b, [1], 1, off_chip=True, name=f"spill_read[{value}->{node.name}]")
-            a = dataclasses.replace(a, s=Flatten(self.g, read, 0, 2))
-        return a
+        rows = a.stripes and not a.merged and needs_rows(self.model, self.tiling, self.tn, node,
+                                                         node.inputs.index(value))
+        if through_spill and (value, node.name) in self.spilled:  # the memory retiles: no converter buffer
+            if (value, node.name) not in self.spill_reads:  # one spill per edge, however often its node asks
+                read = spill.spill_in_order(self.g, a.s, f"{value}->{node.name}", rows=rows,
+                                            par_dispatch=self.tiling.par_dispatch)
+                self.spill_reads[(value, node.name)] = Act(read, a.n, a.n) if rows else dataclasses.replace(a, s=read)
+            return self.spill_reads[(value, node.name)]
+        return self.retiled(value) if rows else a
 
     def retiled(self, value: str) -> Act:
         """The retile converter of ``value`` (column stripes -> row tiles): an accumulator of one row block."""
@@ -181,8 +194,9 @@ class Emitter:
         return Act(self.load_view(self.tensor(name, tensor_shape, data), (self.tm, tn), *view), tn, n)
 
     def load_view(self, tensor: Tensor, tile: tuple, out_shape_tiled: tuple, stride: tuple):
-        """A LinearOffChipLoad, shared by every reader of the same tensor, tile and view (one DRAM read)."""
-        key = (tensor.name, tile, out_shape_tiled, stride)
+        """A LinearOffChipLoad, shared by every reader of the same tensor, tile and view in one phase (one DRAM
+        read per phase: a load shared across a spill would stall the readers before it)."""
+        key = (tensor.name, tile, out_shape_tiled, stride, self.phase)
         if key not in self.loads:
             self.loads[key] = LinearOffChipLoad(self.g, tensor, tile, out_shape_tiled, stride, stream_dtype=FP32,
                                                 par_dispatch=self.tiling.par_dispatch)
@@ -227,9 +241,11 @@ class Emitter:
             if handler is None:
                 raise FrontendError(f"{node.describe()}: unsupported operator; supported: {supported_ops()}")
             first = len(self.g.ops)
+            self.phase = self.phases[node.name]
             handler(self, node)
             for op in self.g.ops[first:]:  # metrics per ONNX node (and per layer: stepsim.frontend.layers)
                 op.group = ("node", node.name)
+        self.phase = 0  # stores read their value's own stream (no shared load)
         for name in self.model.outputs:
             self.store(name)
         return self.g

@@ -8,12 +8,18 @@ After the converter pass every consumer can take its producer's stream, so an ed
 * ``budget`` (bytes of on-chip FIFO for fused edges): a fused edge costs its FIFO, ``depth`` tiles of the
   stream it carries; edges are fused greedily by off-chip bytes saved per on-chip byte (ties in node order)
   while their FIFOs fit in the budget, as StreamTensor's fusion search does (its summary; our rule).
+
+A spill materializes its tensor (:mod:`stepsim.frontend.spill`): the consumer starts only once the whole tensor is
+stored. So a node's *phase* is the most spills on a path to it (:func:`phases`), and an edge between phases
+spills too (``materialized``): streamed, it would hold its producer back (two tiles of FIFO) while the consumer
+waits for the other, spilled tensor, whose production needs that producer to go on: a deadlock. Loads shared
+by several readers are shared only within a phase for the same reason (:mod:`stepsim.frontend.emit`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
@@ -56,8 +62,46 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
             else:
                 edges.append(Edge(v, node.name, True, "fused: the consumer takes the producer's stream", nbytes,
                                   fifo))
-    if budget is None:
-        return edges
+    if budget is not None:
+        _fit_budget(edges, budget)
+    materialize(model, edges)
+    return edges
+
+
+def phases(model: Model, edges: list) -> dict:
+    """``{node: phase}``: 0 for a node whose inputs are graph inputs and constants, else the largest of its
+    producers' phases, plus one through a spilled edge."""
+    producers = model.producer()
+    spilled = {(e.value, e.consumer) for e in edges if not e.fused}
+    edge_values = {(e.value, e.consumer) for e in edges}
+    out = {}
+    for node in model.nodes:
+        out[node.name] = max((out[producers[v].name] + ((v, node.name) in spilled) for v in dict.fromkeys(node.inputs)
+                              if (v, node.name) in edge_values), default=0)
+    return out
+
+
+def materialize(model: Model, edges: list) -> None:
+    """Spill (in place) every fused edge whose producer is in an earlier phase than its consumer (module
+    docstring). Node order is topological, so one pass settles every phase."""
+    producers = model.producer()
+    index = {(e.value, e.consumer): i for i, e in enumerate(edges)}
+    phase = {}
+    for node in model.nodes:
+        ins = [v for v in dict.fromkeys(node.inputs) if (v, node.name) in index]
+        spilled = {v for v in ins if not edges[index[(v, node.name)]].fused}
+        ph = max((phase[producers[v].name] + (v in spilled) for v in ins), default=0)
+        for v in ins:
+            e = edges[index[(v, node.name)]]
+            if e.fused and phase[producers[v].name] < ph:
+                edges[index[(v, node.name)]] = replace(
+                    e, fused=False, reason=f"spilled: {node.name} also reads a spilled tensor, whole; streamed, this "
+                    f"edge would stall its producer (deadlock)")
+        phase[node.name] = ph
+
+
+def _fit_budget(edges: list, budget: int) -> None:
+    """Spill (in place) the fused edges whose FIFOs do not fit in ``budget`` (module docstring)."""
     left = budget
     order = sorted((i for i, e in enumerate(edges) if e.fused),
                    key=lambda i: (-2 * edges[i].bytes / max(edges[i].fifo_bytes, 1), i))
@@ -68,4 +112,3 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
         else:
             edges[i] = Edge(e.value, e.consumer, False, f"spilled: its FIFO ({e.fifo_bytes} B) exceeds the on-chip "
                             f"budget left ({left} B of {budget} B)", e.bytes, e.fifo_bytes)
-    return edges

@@ -28,7 +28,8 @@ from stepsim.graph import (
     SelectorSource,
     Streamify,
 )
-from stepsim.graph.ops_convert import convert
+from stepsim.frontend.spill import spill_reordered
+from stepsim.graph.ops_convert import convert as convert_on_chip
 
 
 @handles("Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -97,9 +98,16 @@ def _transpose(e: Emitter, node: Node):
         e.swapped.add(y)
         return
     conv = e.conversions[node.name]
-    a = e.act(x, node)
+    # a spilled input is read back in the transposed order (stepsim.frontend.spill): no converter buffer
+    spilled = (x, node.name) in e.spilled and conv.buffer.method != "compatible"
+    a = e.act(x, node, through_spill=not spilled)
     producer = e.producer.get(x)
     names = dict(producer_name=producer.name if producer else x, consumer_name=node.name)
+
+    def convert(g, s, p, c, **names):
+        if spilled:
+            return spill_reordered(g, s, f"{x}->{node.name}", p, c, par_dispatch=e.tiling.par_dispatch)
+        return convert_on_chip(g, s, p, c, **names)
     if kind == "leading":
         b, r, _ = groups_rows_cols(e.model.shapes[x])
         out = convert(e.g, Reshape(e.g, a.s, r, 0), conv.producer, conv.consumer, **names)  # (1, B, R) -> (1, R, B)
@@ -118,7 +126,8 @@ def _transpose(e: Emitter, node: Node):
         s = Reshape(e.g, Reshape(e.g, a.s, sm, 0), h, 1)
         out = convert(e.g, s, conv.producer, conv.consumer, **names)
         e.val[y] = Act(Flatten(e.g, out, 1, 2), a.tn, a.tn * h, merged=True)
-    e.converter_ops[node.name] = out
+    if not spilled:
+        e.converter_ops[node.name] = out
 
 
 @handles("Expand")

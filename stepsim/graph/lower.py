@@ -50,7 +50,9 @@ DEFAULT_CHANNEL_DEPTH = UNBOUNDED_CHANNEL_DEPTH
 
 def fp32_timing_bytes(graph: Graph) -> int:
     """On-chip width (bytes) of fp32 tiles in the step-perf timing model (see module docstring)."""
-    loads = [op for op in graph.ops if isinstance(op, (M.LinearOffChipLoad, M.RandomOffChipLoad))]
+    # a spill's read-back (stepsim.frontend.spill) is scratch, not a model tensor: its dtype says nothing of mock_bf16
+    loads = [op for op in graph.ops if isinstance(op, (M.LinearOffChipLoad, M.RandomOffChipLoad))
+             and not getattr(op, "spill", False)]
     fp32_loads = [op for op in loads if op.stream_dtype == FP32]
     if fp32_loads and all(op.tensor.dtype.bytes == 2 for op in fp32_loads):
         return 2
