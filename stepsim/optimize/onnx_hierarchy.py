@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from stepsim.base.errors import ConfigError, FrontendError
+from stepsim.base.errors import ConfigError, FrontendError, LayoutError
 from stepsim.frontend import from_onnx
 from stepsim.frontend.layouts import groups_rows_cols
 from stepsim.optimize.onnx_search import MIN_TILE_N, Point, symbolic_point, tile_space
@@ -54,6 +54,7 @@ class HierarchicalSearch:
     simulations: int
     fusion: dict
     skipped: dict = field(default_factory=dict)
+    fusion_by_tile_m: dict = field(default_factory=dict)  # tile_m -> {value: decision}
 
 
 def matmul_options(report) -> dict:
@@ -86,7 +87,7 @@ class _Evaluator:
             tiling = {"tile_m": tile_m, "per_node": per_node, "spill": list(spill)}
             try:
                 w = from_onnx(self.source, tiling={"tile_m": tile_m, "per_node": per_node}, spill=spill, **self.kw)
-            except FrontendError as exc:
+            except (FrontendError, LayoutError) as exc:  # LayoutError: a tile_n the head split's tiles do not take
                 self.skipped[str(tiling)] = str(exc)
                 self.points[key] = None
                 return None
@@ -123,31 +124,14 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     kw = dict(values=values, routing=routing, **({"hardware": hardware} if hardware else {}))
     report = from_onnx(source, **kw).frontend
     ev = _Evaluator(source, kw, max_on_chip)
-    # 1: fusion per value at the default tiling (tile_m: the gcd of the rows, which level 2 visits again)
-    base = ev.point(report.tile_m, {}, ())
-    spill, fusion = [], {}
     values = list(dict.fromkeys(e.value for e in report.edges))
-    if base is None:  # over the budget: fusion is not searched (in the published accounting it never gains)
-        fusion = {v: "fused: the default tiling exceeds max_on_chip; fusion not searched" for v in values}
-    else:
-        ev.simulate(base, force=True)
-    for value in values if base is not None else ():
-        p = ev.point(report.tile_m, {}, (value,))
-        if p is None:
-            fusion[value] = "fused: spilling it cannot be built or exceeds the budget"
-        elif not ev.simulate(p):
-            fusion[value] = "fused: a simulated point dominates its spill's bound"
-        elif any(dominates(q.vector(q.cycles), p.vector(p.cycles)) for q in ev.simulated):
-            fusion[value] = "fused: a simulated point dominates its spill"
-        else:
-            fusion[value] = "spilled: its spill is not dominated"
-            spill.append(value)
-    spill = tuple(spill)
-    # 2: tiles under that fusion, coordinate-wise per MatMul for each tile_m
     options = matmul_options(report)
     shapes = [groups_rows_cols(lay.shape) for lay in report.layouts.values()]
     tms = sorted({t["tile_m"] for t in tile_space([r for _, r, _ in shapes], 1)})
-    for tm in tms:
+    by_tile_m = {}
+    for tm in tms:  # a spill's gain depends on tile_m (a reorder converter's buffer grows as tile_m shrinks)
+        spill, by_tile_m[tm] = _fusion(ev, tm, values)
+        # 2: tiles under that fusion, coordinate-wise per MatMul
         current = {name: None for name in options}
         best = ev.point(tm, current, spill)  # None when whole rows do not fit the budget: the first fit leads
         if best is not None:
@@ -157,6 +141,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
                 p = ev.point(tm, {**current, name: tn}, spill)
                 if p is not None and ev.simulate(p) and (best is None or rank(p) < rank(best)):
                     best, current = p, {**current, name: tn}
+    fusion = by_tile_m.get(report.tile_m, {})
     candidates = [pw[0] for pw in ev.points.values() if pw is not None]
     if not candidates:
         what = os.fspath(source) if isinstance(source, str | os.PathLike) else f"model {report.proto.graph.name!r}"
@@ -164,4 +149,25 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     front = [ev.simulated[i] for i in pareto_front([p.vector(p.cycles) for p in ev.simulated])]
     front.sort(key=lambda p: p.vector(p.cycles))
     recommended = min(front, key=rank, default=None)
-    return HierarchicalSearch(candidates, front, recommended, len(ev.simulated), fusion, ev.skipped)
+    return HierarchicalSearch(candidates, front, recommended, len(ev.simulated), fusion, ev.skipped, by_tile_m)
+
+
+def _fusion(ev: _Evaluator, tm: int, values: list) -> tuple:
+    """Level 1 at ``tile_m`` ``tm`` (module docstring): the values kept spilled and ``{value: decision}``."""
+    base = ev.point(tm, {}, ())
+    if base is None:  # over the budget: fusion is not searched
+        return (), {v: "fused: whole rows at this tile_m exceed max_on_chip; fusion not searched" for v in values}
+    ev.simulate(base, force=True)
+    spill, fusion = [], {}
+    for value in values:
+        p = ev.point(tm, {}, (value,))
+        if p is None:
+            fusion[value] = "fused: spilling it cannot be built or exceeds the budget"
+        elif not ev.simulate(p):
+            fusion[value] = "fused: a simulated point dominates its spill's bound"
+        elif any(dominates(q.vector(q.cycles), p.vector(p.cycles)) for q in ev.simulated):
+            fusion[value] = "fused: a simulated point dominates its spill"
+        else:
+            fusion[value] = "spilled: its spill is not dominated"
+            spill.append(value)
+    return tuple(spill), fusion
