@@ -155,8 +155,8 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
 def _fusion(ev: _Evaluator, tm: int, values: list) -> tuple:
     """Level 1 at ``tile_m`` ``tm`` (module docstring): the values kept spilled and ``{value: decision}``."""
     base = ev.point(tm, {}, ())
-    if base is None:  # over the budget: fusion is not searched
-        return (), {v: "fused: whole rows at this tile_m exceed max_on_chip; fusion not searched" for v in values}
+    if base is None:  # whole rows (the default tiling at this tile_m) over the budget: fusion is not searched
+        return (), {v: "fused: the default tiling exceeds max_on_chip; fusion not searched" for v in values}
     ev.simulate(base, force=True)
     spill, fusion = [], {}
     for value in values:
