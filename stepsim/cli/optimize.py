@@ -84,8 +84,8 @@ def _optimize_onnx(args) -> int:
         return 0
     print(f"optimize {args.workload} -> {args.out}: {doc['candidates']} tilings, {doc['simulations']} simulated")
     for p in doc["pareto"]:
-        tiles = (f"tile_n {p['tile_n'] or 'rows'}" if "tile_n" in p else
-                 f"tile_n {p['per_node'] or 'rows'}, spilled {p['spill'] or 'none'}")
+        tiles = (f"tile_n {p['tile_n'] or 'rows'}" if "tile_n" in p else f"tile_n {p['per_node'] or 'rows'}")
+        tiles += f", spilled {p.get('spill') or 'none'}"
         print(f"  tile_m {p['tile_m']}, {tiles}: {p['cycles']:,} cycles, {p['on_chip_bytes']:,} B on chip")
     print(f"recommended ({args.objective}): {doc['recommended']}")
     return 0

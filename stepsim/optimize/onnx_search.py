@@ -6,9 +6,12 @@ Space, searched in StreamTensor's order (tiles, then fusion; issue 33):
    crossed with a global ``tile_n`` (the MatMuls' column stripes) over ``None`` (whole rows) and the powers of two
    from 16 up to the widest MatMul's N (a MatMul narrower than ``tile_n`` keeps its N; a point a MatMul's N does
    not split into is not buildable and is left out);
-2. *fusion*: stepsim's published accounting gives a fused edge's FIFO no on-chip bytes and the engine does not
-   move a spill's traffic, so spilling an edge never improves an objective: every edge stays fused (an on-chip
-   ``budget`` is :func:`stepsim.frontend.from_onnx`'s knob, not searched here).
+2. *fusion*, one choice per tiling: every edge fused, or (when the tiling builds layout converters) the values
+   that feed a converter spilled (``spill``: :func:`converter_values`). stepsim's published accounting gives a
+   fused edge's FIFO no on-chip bytes, so a spill gains only where it replaces a converter: read back from
+   off-chip memory in the consumer's order, it needs no converter buffer, and costs its HBM traffic in cycles
+   (:mod:`stepsim.frontend.spill`). Spills per value are ``--hierarchical``'s space
+   (:mod:`stepsim.optimize.onnx_hierarchy`); an on-chip ``budget`` is :func:`stepsim.frontend.from_onnx`'s knob.
 
 Pruning, as :mod:`stepsim.optimize.search` does for the built-in workloads: every candidate is evaluated
 symbolically (exact on-chip bytes and allocated compute, and a lower bound on cycles: the roofline and the
@@ -83,6 +86,13 @@ def tile_space(model_rows: list[int], widest_n: int) -> list[dict]:
     return [{"tile_m": m, "tile_n": n} for m in tms for n in tns]
 
 
+def converter_values(report) -> list:
+    """The values whose spill replaces a converter the lowering built (``report.converter_ops``): a retiled value
+    itself, a reordering Transpose's input; sorted."""
+    inputs = {n.name: n.input[0] for n in report.proto.graph.node if n.op_type == "Transpose"}
+    return sorted({inputs.get(key, key) for key in report.converter_ops})
+
+
 def search(source, *, values="seeded", routing="teacher", hardware: str | None = None, objective: str = "cycles",
            max_on_chip: int | None = None, space: list[dict] | None = None) -> OnnxSearch:
     """Search the tilings of an ONNX model (module docstring). ``space``: the tilings to try (default
@@ -105,6 +115,10 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
             skipped[str(tiling)] = str(exc)
             continue
         points.append((symbolic_point(tiling, w), w))
+        spill = converter_values(w.frontend)
+        if spill:  # the same tiling with its converters' inputs spilled (module docstring)
+            spilled = from_onnx(source, tiling=tiling, spill=spill, **kw)
+            points.append((symbolic_point({**tiling, "spill": spill}, spilled), spilled))
     if max_on_chip is not None:
         fitting = [(p, w) for p, w in points if p.on_chip_bytes <= max_on_chip]
         if not fitting and points:

@@ -5,16 +5,19 @@ checks); a spilled Transpose input needs no reorder converter, so spilling trade
 ``optimize --hierarchical`` keeps spilled points on its front. A node that reads a spilled tensor waits for all of
 it, so its other inputs from before the spill spill too (else the graph deadlocks, shown below)."""
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
 from stepsim.base.defaults import UNSET, resolve_channel_depth
 from stepsim.base.errors import DeadlockError
 from stepsim.base.hardware import Hardware
+from stepsim.cli import main
 from stepsim.frontend import fusion
 from stepsim.frontend import from_onnx
 from stepsim.graph.lower import lower
@@ -22,6 +25,7 @@ from stepsim.graph.ops_convert import ConverterPartition
 from stepsim.kernels.api import run as fast_run
 from stepsim.kernels.reference import run as ref_run
 from stepsim.optimize.onnx_hierarchy import search
+from stepsim.optimize.onnx_search import converter_values
 from stepsim.simulation.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -139,3 +143,22 @@ def test_the_hierarchical_front_keeps_spilled_points():
     assert result.fusion_by_tile_m[1]["p1"] == "spilled: its spill is not dominated"
     assert result.fusion["p1"] == "fused: a simulated point dominates its spill"  # at the default tile_m, 8
     assert result.simulations == 16
+
+
+def test_the_tile_search_tries_each_tiling_with_its_converters_spilled(tmp_path, capsys):
+    assert converter_values(from_onnx(heads(), tiling={"tile_m": 1}).frontend) == ["p1"]  # the head Transpose's
+    assert converter_values(from_onnx(heads()).frontend) == []  # tile_m 8: one row block per sequence, no buffer
+    path = tmp_path / "heads.onnx"
+    onnx.save(heads(), path)
+    assert main(["optimize", str(path), "--out", str(tmp_path / "opt"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == json.loads((tmp_path / "opt" / "optimize.json").read_text())
+    # 4 tile_m x 2 tile_n (16: the head split's own tile), each of tile_m 1, 2, 4 also with p1 spilled
+    assert (doc["candidates"], doc["simulations"]) == (14, 12)
+    front = [(p["tile_m"], p["tile_n"], p.get("spill"), p["cycles"], p["on_chip_bytes"]) for p in doc["pareto"]]
+    assert [f for f in front if f[1] is None] == [
+        (8, None, None, 466, 3584), (4, None, None, 860, 2816), (4, None, ["p1"], 1234, 2568),
+        (2, None, None, 1744, 2304), (2, None, ["p1"], 2313, 1800), (1, None, ["p1"], 4485, 1416)]
+    assert doc["recommended"] == {"tile_m": 8, "tile_n": None}
+    assert main(["optimize", str(path), "--out", str(tmp_path / "opt2"), "--objective", "on-chip"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "recommended (on-chip): {'tile_m': 1, 'tile_n': None, 'spill': ['p1']}"
