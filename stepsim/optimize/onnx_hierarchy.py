@@ -8,17 +8,20 @@ MatMul its own ``tile_n`` (``Tiling.per_node``) over whole rows (None) and the p
 :data:`~stepsim.optimize.onnx_search.MIN_TILE_N` below its N that divide it. The full product is exponential in
 the MatMuls and values; the search visits a path through it:
 
-1. *fusion*, at the default tiling: the all-fused point is simulated; each value's spill is evaluated
-   symbolically and simulated only when no simulated point dominates its optimistic vector (cycle bound, on-chip
-   bytes, compute); the value stays spilled when its simulated point is not dominated (it is on the front so
-   far). In stepsim's published accounting a fused FIFO costs no on-chip bytes and the engine does not move
-   spilled traffic (README), so spilling never gains and every value stays fused, decided by bounds.
-2. *tiles*, under that fusion: for each ``tile_m``, the MatMuls in node order, coordinate by coordinate: every
-   option of one MatMul with the others fixed is evaluated symbolically, pruned as above, the rest simulated;
-   the MatMul keeps the option best for the objective and the next one starts from there.
+For each ``tile_m`` (a spill's gain depends on it: a reorder converter's buffer grows as ``tile_m`` shrinks):
 
-With ``max_on_chip``, points over it are neither simulated nor kept; when the default tiling is over it, fusion is
-not searched (every value fused), and a ``tile_m`` whose whole-row start is over it starts from its first MatMul
+1. *fusion*, at whole rows: the all-fused point is simulated; each value's spill is evaluated symbolically and
+   simulated only when no simulated point dominates its optimistic vector (cycle bound, on-chip bytes, compute);
+   the value stays spilled when its simulated point is not dominated (it is on the front so far). A spill moves
+   its bytes through the HBM (:mod:`stepsim.frontend.spill`), so it costs cycles and gains on-chip bytes only where
+   it replaces a converter (a fused FIFO costs no on-chip bytes in the published accounting).
+2. *tiles*, under that fusion: the MatMuls in node order, coordinate by coordinate: every option of one MatMul
+   with the others fixed is evaluated symbolically, pruned as above, the rest simulated; the MatMul keeps the
+   option best for the objective and the next one starts from there.
+
+``fusion`` reports level 1 at the default ``tile_m`` (the gcd of the rows), ``fusion_by_tile_m`` every level 1.
+With ``max_on_chip``, points over it are neither simulated nor kept; when whole rows at a ``tile_m`` are over it,
+fusion is not searched there (every value fused), and a ``tile_m`` whose whole-row start is over it starts from its first MatMul
 option that fits.
 
 Every simulated point is a candidate for the front (Pareto over cycles, on-chip bytes, allocated compute); every
