@@ -8,7 +8,8 @@ One module per pass: :mod:`~stepsim.frontend.load` (read and check), :mod:`~step
 dims, infer shapes, fold constants), :mod:`~stepsim.frontend.patterns` (SiLU and friends back to one op),
 :mod:`~stepsim.frontend.layouts` (layout assignment),
 :mod:`~stepsim.frontend.converters` (converter insertion), :mod:`~stepsim.frontend.fusion` (fuse or spill each
-edge), :mod:`~stepsim.frontend.emit` (STeP operators). ``onnx`` is imported only when a model is lowered.
+edge), :mod:`~stepsim.frontend.spill` (a spilled edge as off-chip traffic), :mod:`~stepsim.frontend.emit` (STeP
+operators). ``onnx`` is imported only when a model is lowered.
 """
 
 from stepsim.frontend.lower import FrontendReport, from_onnx

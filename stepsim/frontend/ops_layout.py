@@ -18,6 +18,7 @@ from stepsim.frontend.layouts import (
     split_sizes,
     transpose_kind,
 )
+from stepsim.frontend.spill import spill_reordered
 from stepsim.graph import (
     Bufferize,
     Flatten,
@@ -28,7 +29,6 @@ from stepsim.graph import (
     SelectorSource,
     Streamify,
 )
-from stepsim.frontend.spill import spill_reordered
 from stepsim.graph.ops_convert import convert as convert_on_chip
 
 

@@ -19,8 +19,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepsim.graph import FP32, UINT64, Accum, LinearOffChipLoad, MetadataSource, RandomOffChipStore, SignalReqAllRead
-from stepsim.graph import Tensor, Zero
+from stepsim.graph import (
+    FP32,
+    UINT64,
+    Accum,
+    LinearOffChipLoad,
+    MetadataSource,
+    RandomOffChipStore,
+    SignalReqAllRead,
+    Tensor,
+    Zero,
+)
 from stepsim.graph.layout import Layout, tile_numbers
 
 

@@ -13,7 +13,9 @@ class Bufferize(Op):
     """Store the inner ``rank`` dims of a static-tile stream in an on-chip buffer; emit one reference each.
 
     Output ``in.shape[:-rank]`` of ``BufferRef(tile, in.shape[-rank:])``. On-chip ``2*|buffer| + |tile|``
-    (double-buffered), or one tile with ``off_chip=True`` (spilling; then off-chip ``N(in)*|tile|``).
+    (double-buffered), or one tile with ``off_chip=True`` (spilling; then off-chip ``N(in)*|tile|``). ``off_chip``
+    is a metric only (the artifact's accounting): the engine keeps the buffer on chip; a spill whose traffic the
+    engine moves is a store and a load (:mod:`stepsim.frontend.spill`).
     """
 
     kind = "Bufferize"

@@ -18,8 +18,7 @@ from stepsim.base.defaults import UNSET, resolve_channel_depth
 from stepsim.base.errors import DeadlockError
 from stepsim.base.hardware import Hardware
 from stepsim.cli import main
-from stepsim.frontend import fusion
-from stepsim.frontend import from_onnx
+from stepsim.frontend import from_onnx, fusion
 from stepsim.graph.lower import lower
 from stepsim.graph.ops_convert import ConverterPartition
 from stepsim.kernels.api import run as fast_run
