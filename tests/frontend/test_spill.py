@@ -161,3 +161,23 @@ def test_the_tile_search_tries_each_tiling_with_its_converters_spilled(tmp_path,
     assert doc["recommended"] == {"tile_m": 8, "tile_n": None}
     assert main(["optimize", str(path), "--out", str(tmp_path / "opt2"), "--objective", "on-chip"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "recommended (on-chip): {'tile_m': 1, 'tile_n': None, 'spill': ['p1']}"
+
+
+def test_a_bf16_model_spills_fp32_tiles_and_keeps_its_2_byte_timing():
+    from test_bf16 import BLOCKS, to_bf16
+
+    from stepsim.graph.lower import fp32_timing_bytes
+
+    m = to_bf16(BLOCKS["llama"](2, 8, 64, 128))
+    x = np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)
+    fused, spilled = from_onnx(m), from_onnx(m, fuse=False)
+    # the spills' read-backs are scratch fp32 tensors: the model's weights still say mock bf16 (2-byte fp32 tiles)
+    assert fp32_timing_bytes(fused.graph) == fp32_timing_bytes(spilled.graph) == 2
+    a = simulate(fused, functional=True, inputs={"x": x})
+    b = simulate(spilled, functional=True, inputs={"x": x})
+    assert np.array_equal(a.outputs["y"], b.outputs["y"])
+    # every spill moves its fp32 tensor twice; x (bf16) is read by the norm's square, its scaling Mul (after the
+    # spilled mean) and the residual Add (after the spilled MLP): once per phase, two reads more than fused
+    extra = sum(2 * e.bytes for e in spilled.frontend.edges) + 2 * (2 * 8 * 64 * 2)
+    assert spilled.metrics()["off_chip_bytes"] == fused.metrics()["off_chip_bytes"] + extra == b.off_chip_bytes
+    assert a.off_chip_bytes == fused.metrics()["off_chip_bytes"] and b.cycles > a.cycles
