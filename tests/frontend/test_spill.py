@@ -181,3 +181,36 @@ def test_a_bf16_model_spills_fp32_tiles_and_keeps_its_2_byte_timing():
     extra = sum(2 * e.bytes for e in spilled.frontend.edges) + 2 * (2 * 8 * 64 * 2)
     assert spilled.metrics()["off_chip_bytes"] == fused.metrics()["off_chip_bytes"] + extra == b.off_chip_bytes
     assert a.off_chip_bytes == fused.metrics()["off_chip_bytes"] and b.cycles > a.cycles
+
+
+def leading():
+    """y = Transpose(Relu(x), [1, 0, 2]), x [3, 4, 16]: one-row tiles, a reorder of the (3, 4) grid."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="act"),
+             helper.make_node("Transpose", ["r"], ["y"], name="t", perm=[1, 0, 2])]
+    return model(nodes, {"x": [3, 4, 16]}, {"y": [4, 3, 16]}, name="leading")
+
+
+def test_every_reordering_transpose_reads_its_spill_back_in_its_order():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_onnx_attention import B as AB
+    from test_onnx_attention import D as AD
+    from test_onnx_attention import HD as AHD
+    from test_onnx_attention import S as AS
+    from test_onnx_attention import attention_block
+
+    # [B, S, D] row tiles <-> [B, H, S, hd] on q, k, v (splits) and o (the merge), where the residual's x is read
+    # again after the spills (its own phase); leading dims with tile_m 1
+    cases = [(attention_block(True), {"x": rand((AB, AS, AD), 20)}, 2 * AD + AHD + 2 + AS + 6 + AS + 2 + 1,
+              {"tile_m": 2}, ("q2", "k2", "v2", "o"), AB * AS * AD * 4),
+             (leading(), {"x": rand((3, 4, 16), 2)}, 1, {}, ("r",), 0)]
+    for m, feeds, length, tiling, spill, reread in cases:
+        fused = from_onnx(m, tiling=tiling)
+        w, _, _ = check(m, feeds, length, tiling=tiling, spill=spill)
+        assert {e.value for e in w.frontend.spilled()} == set(spill)
+        converters = [op.on_chip_bytes() for op in fused.graph if isinstance(op, ConverterPartition)]
+        assert len(converters) == len(spill) and w.frontend.converter_ops == {}
+        assert not [op for op in w.graph if isinstance(op, ConverterPartition)]
+        r = engines_agree(w)
+        assert w.metrics()["off_chip_bytes"] == r.bytes_read + r.bytes_written
+        assert w.metrics()["off_chip_bytes"] - fused.metrics()["off_chip_bytes"] == sum(
+            2 * e.bytes for e in w.frontend.edges if not e.fused) + reread
