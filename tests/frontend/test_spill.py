@@ -19,7 +19,7 @@ from stepsim.base.errors import DeadlockError
 from stepsim.base.hardware import Hardware
 from stepsim.cli import main
 from stepsim.frontend import from_onnx, fusion
-from stepsim.graph.lower import lower
+from stepsim.graph.lower import fp32_timing_bytes, lower
 from stepsim.graph.ops_convert import ConverterPartition
 from stepsim.kernels.api import run as fast_run
 from stepsim.kernels.reference import run as ref_run
@@ -28,7 +28,9 @@ from stepsim.optimize.onnx_search import converter_values
 from stepsim.simulation.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
+import test_onnx_attention as attn  # noqa: E402
 from ort_check import check, model, rand  # noqa: E402
+from test_bf16 import BLOCKS, to_bf16  # noqa: E402
 
 B, S, D, H = 2, 8, 32, 4
 HD = D // H
@@ -164,10 +166,6 @@ def test_the_tile_search_tries_each_tiling_with_its_converters_spilled(tmp_path,
 
 
 def test_a_bf16_model_spills_fp32_tiles_and_keeps_its_2_byte_timing():
-    from test_bf16 import BLOCKS, to_bf16
-
-    from stepsim.graph.lower import fp32_timing_bytes
-
     m = to_bf16(BLOCKS["llama"](2, 8, 64, 128))
     x = np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)
     fused, spilled = from_onnx(m), from_onnx(m, fuse=False)
@@ -191,17 +189,11 @@ def leading():
 
 
 def test_every_reordering_transpose_reads_its_spill_back_in_its_order():
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_onnx_attention import B as AB
-    from test_onnx_attention import D as AD
-    from test_onnx_attention import HD as AHD
-    from test_onnx_attention import S as AS
-    from test_onnx_attention import attention_block
-
+    ab, as_, ad, ahd = attn.B, attn.S, attn.D, attn.HD
     # [B, S, D] row tiles <-> [B, H, S, hd] on q, k, v (splits) and o (the merge), where the residual's x is read
     # again after the spills (its own phase); leading dims with tile_m 1
-    cases = [(attention_block(True), {"x": rand((AB, AS, AD), 20)}, 2 * AD + AHD + 2 + AS + 6 + AS + 2 + 1,
-              {"tile_m": 2}, ("q2", "k2", "v2", "o"), AB * AS * AD * 4),
+    cases = [(attn.attention_block(True), {"x": rand((ab, as_, ad), 20)}, 2 * ad + ahd + 2 + as_ + 6 + as_ + 2 + 1,
+              {"tile_m": 2}, ("q2", "k2", "v2", "o"), ab * as_ * ad * 4),
              (leading(), {"x": rand((3, 4, 16), 2)}, 1, {}, ("r",), 0)]
     for m, feeds, length, tiling, spill, reread in cases:
         fused = from_onnx(m, tiling=tiling)
