@@ -1,8 +1,9 @@
 """Wall time and simulations of the hierarchical ONNX schedule search (``stepsim optimize model.onnx
 --hierarchical``, :mod:`stepsim.optimize.onnx_hierarchy`) against exhaustive enumeration in the same run.
 
-* the two-MatMul MLP of tests/frontend/test_hierarchy.py: the search (15 simulations) against building and
-  simulating all 144 schedules (3 tile_m x 3 x 2 per-MatMul tiles x 2^3 fusion choices); both give the same front;
+* the two-MatMul MLP of tests/frontend/test_hierarchy.py: the search against building and
+  simulating all 144 schedules (3 tile_m x 3 x 2 per-MatMul tiles x 2^3 fusion choices); both give the same front
+  (21 simulations since fusion is searched at each tile_m: a spill gains only where it replaces a converter);
 * the Llama block of examples/onnx_blocks.py (B 2, S 8, D 64, F 128; RMSNorm, SwiGLU MLP, residual): the search's
   wall time, candidates and simulations (its exhaustive space is not enumerated here).
 
@@ -56,7 +57,7 @@ def test_hierarchical_against_exhaustive(benchmark, bench_summary):
     t_all = time.perf_counter() - t0
     front = sorted(every[i].vector(every[i].cycles) for i in pareto_front([p.vector(p.cycles) for p in every]))
     assert [p.vector(p.cycles) for p in result.front] == front == [v for _, v in FRONT]
-    assert (len(result.candidates), result.simulations, len(every)) == (15, 15, 144)
+    assert (len(result.candidates), result.simulations, len(every)) == (21, 21, 144)
     bench_summary("onnx hierarchy", f"mlp: search {t_search:.2f} s ({result.simulations} simulations), exhaustive "
                                     f"{t_all:.2f} s ({len(every)}), ratio {t_all / t_search:.1f}x, same front")
 
