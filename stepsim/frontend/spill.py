@@ -49,7 +49,8 @@ def spill(g, s, tag: str, *, addresses: np.ndarray, tensor_shape: tuple, load_ti
     ``s``'s tiles), and read it back as ``load_tile`` tiles over ``view`` (row-major: tiles ``0, 1, ...``) once the
     last write completed. Returns the load (output ``(1,) + view``)."""
     dtype = s.stream.dtype
-    tensor = Tensor(f"spill[{tag}]", tensor_shape, FP32, np.zeros(tensor_shape, np.float32))  # fresh scratch: zeros
+    # a fresh scratch tensor: zeros (functional mode's initial contents; a broadcast view, so no memory until then)
+    tensor = Tensor(f"spill[{tag}]", tensor_shape, FP32, np.broadcast_to(np.float32(0), tensor_shape))
     addr = MetadataSource(g, np.asarray(addresses, np.int64), name=f"spill_addr[{tag}]")
     ack = RandomOffChipStore(g, s, addr, tensor, (dtype.rows, dtype.cols), par_dispatch=par_dispatch,
                              name=f"spill_write[{tag}]")
