@@ -126,6 +126,7 @@ class Emitter:
         self.phase = 0  # the phase of the node being emitted
         self.input_acts: dict = {}  # (graph input, phase) -> its load's Act
         self.spill_reads: dict = {}  # (value, consumer) -> the spilled edge's read-back Act
+        self.spilled_converters: set = set()  # conversion keys a spill replaced (FrontendReport.spilled_converters)
         self.g = Graph(model.name)
         self.val: dict = _Annotating(self)  # value -> its Act (its stream annotated with the value's layout)
         self.rows: dict = {}  # value -> its retiled Act (built once, shared by every consumer that needs rows)
@@ -166,11 +167,15 @@ class Emitter:
                 read = spill.spill_in_order(self.g, a.s, f"{value}->{node.name}", rows=rows,
                                             par_dispatch=self.tiling.par_dispatch)
                 self.spill_reads[(value, node.name)] = Act(read, a.n, a.n) if rows else dataclasses.replace(a, s=read)
+                conv = self.conversions.get(value)
+                if rows and conv is not None and conv.kind == "retile" and value not in self.converter_ops:
+                    self.spilled_converters.add(value)
             return self.spill_reads[(value, node.name)]
         return self.retiled(value) if rows else a
 
     def retiled(self, value: str) -> Act:
         """The retile converter of ``value`` (column stripes -> row tiles): an accumulator of one row block."""
+        self.spilled_converters.discard(value)  # a fused reader needs it after all
         if value not in self.rows:
             a = self.val[value]
             acc = Accum(self.g, a.s, RetileCol(), Empty(self.tm, 0), 1, compute_bw=0,

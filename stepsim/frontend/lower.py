@@ -24,7 +24,8 @@ class FrontendReport:
     fused or spilled, and why), ``tn`` (value -> column tile: its last dim for row tiles, less for stripes),
     ``layouts`` (value -> its stream's :class:`~stepsim.graph.layout.Layout`; :meth:`describe` shows them),
     ``converters`` (a retiled value, or a Transpose node's name -> :class:`~stepsim.frontend.converters.Conversion`)
-    and ``converter_ops`` (the same keys -> the operator holding that converter's buffer); ``chain_length``
+    and ``converter_ops`` (the same keys -> the operator holding that converter's buffer; not for a converter a
+    spill replaced: ``spilled_converters``); ``chain_length``
     (value -> the longest chain of fp32 operations behind it, for the check's tolerance) and ``proto`` (the
     checked, dims-bound ONNX model, for the reference) and ``bound`` (the integer inputs' values given)."""
 
@@ -37,6 +38,8 @@ class FrontendReport:
     proto: object
     layouts: dict
     bound: dict
+    #: the converters a spill replaced (their keys): the input is stored and read back in the consumer's order
+    spilled_converters: frozenset = frozenset()
 
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
@@ -48,6 +51,7 @@ class FrontendReport:
         lines += [f"  {v:<{width}}  {lay}" for v, lay in self.layouts.items()]
         lines.append("converters:" if self.converters else "converters: none")
         lines += [f"  {k:<{width}}  {c.kind}, {c.buffer.bytes} B ({c.buffer.method}): {c.producer} -> {c.consumer}"
+                  + (": replaced by a spill (read back in the consumer's order)" if k in self.spilled_converters else "")
                   for k, c in self.converters.items()]
         lines.append("edges:")
         lines += [f"  {e.value} -> {e.consumer}: {e.reason}" for e in self.edges]
@@ -119,7 +123,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     skip = layouts.views(model)
     stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items() if v not in skip}
     report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
-                            check.chain_length(model), proto, stream_layouts, dict(model.bound))
+                            check.chain_length(model), proto, stream_layouts, dict(model.bound),
+                            frozenset(emitter.spilled_converters))
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,

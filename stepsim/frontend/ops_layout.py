@@ -126,7 +126,9 @@ def _transpose(e: Emitter, node: Node):
         s = Reshape(e.g, Reshape(e.g, a.s, sm, 0), h, 1)
         out = convert(e.g, s, conv.producer, conv.consumer, **names)
         e.val[y] = Act(Flatten(e.g, out, 1, 2), a.tn, a.tn * h, merged=True)
-    if not spilled:
+    if spilled:
+        e.spilled_converters.add(node.name)
+    else:
         e.converter_ops[node.name] = out
 
 

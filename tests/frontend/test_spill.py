@@ -88,7 +88,10 @@ def test_a_spilled_transpose_input_moves_its_bytes_and_drops_the_converter(tile_
     converter = ((sm - 1) * (H - 1) + 1) * tile
     assert [op.on_chip_bytes() for op in fused.graph if isinstance(op, ConverterPartition)] == [converter]
     assert not [op for op in spilled.graph if isinstance(op, ConverterPartition)]
-    assert spilled.frontend.converter_ops == {}
+    assert spilled.frontend.converter_ops == {} and spilled.frontend.spilled_converters == {"heads"}
+    line = next(x for x in spilled.frontend.describe().splitlines() if x.startswith("  heads "))
+    assert line.endswith(": replaced by a spill (read back in the consumer's order)")
+    assert fused.frontend.spilled_converters == frozenset() and "replaced" not in fused.frontend.describe()
     assert spilled.metrics()["on_chip_bytes"] == fused.metrics()["on_chip_bytes"] - converter + 2 * tile + 8
     assert (fused.metrics()["on_chip_bytes"], spilled.metrics()["on_chip_bytes"]) == {
         1: (2048, 1416), 2: (2304, 1800)}[tile_m]
@@ -109,6 +112,7 @@ def test_a_spill_read_back_as_rows_replaces_the_retile_converter():
     fused = from_onnx(m, tiling=tiling)
     w, _, _ = check(m, {"x": rand((B, S, D), 4)}, D + D + 6, tiling=tiling, spill=("h",))
     assert list(fused.frontend.converter_ops) == ["h"] and w.frontend.converter_ops == {}
+    assert w.frontend.spilled_converters == {"h"}
     retile, stripe, row = 2 * D * 4, 2 * 8 * 4, 2 * D * 4  # the retile's row block; the store's and load's tiles
     assert w.metrics()["on_chip_bytes"] == fused.metrics()["on_chip_bytes"] - retile + stripe + row + 8
     s = engines_agree(w)
