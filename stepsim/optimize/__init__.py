@@ -24,6 +24,10 @@ from stepsim.base.errors import ConfigError
 
 __all__ = ["OptimizeResult", "optimize"]
 
+#: workloads whose default space gains the parallel axes under ``--max-chips`` (the decoder declares ``tp`` too,
+#: but its stage-by-stage search has no place for it yet)
+CHIP_SEARCH_WORKLOADS = ("moe",)
+
 
 @dataclass
 class OptimizeResult:
@@ -162,8 +166,11 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
         grids = space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0]))
         if max_chips is not None:
             from stepsim.optimize.chips import parallel_grids
+            from stepsim.workloads.kinds import kind
 
-            grids = parallel_grids(grids, model.experts, max_chips, system)
+            grids = parallel_grids(grids, max_chips, axes=kind("moe").parallel, experts=model.experts,
+                                   widths=(model.intermediate, model.shared_intermediate),
+                                   batch=int(routing.shape[0]), layers=cfg.get("layers") or 1, system=system)
         return [("space", grids)]
     if cfg["workload"] == "decoder":
         from stepsim.models.presets import resolve_model
@@ -210,8 +217,9 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     max_compute : int, optional
         Allocated-compute budget (FLOPs/cycle).
     max_chips : int, optional
-        Chip-count budget: search the parallel axes (expert parallelism and placement, on the ``system``
-        knob's chips scaled to each count) up to this many chips, and add the chip count to the front's
+        Chip-count budget: search the parallel axes (tensor and expert parallelism and the placement, and
+        pipeline parallelism for a kind that declares it, on the ``system`` knob's chips scaled to each count)
+        up to this many chips in all, and add the chip count to the front's
         objectives (:mod:`stepsim.optimize.chips`); candidates on more chips are over budget.
     space : str, Path or list of dict, optional
         A space file (:mod:`stepsim.optimize.space`) or grids ``[{knob: values}]``; default: the documented
@@ -258,9 +266,9 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     max_on_chip = _positive("--max-on-chip", max_on_chip)
     max_compute = _positive("--max-compute", max_compute)
     max_chips = _positive("--max-chips", max_chips)
-    if max_chips is not None and workload != "moe":
-        raise ConfigError(f"--max-chips searches expert parallelism, which stepsim builds for the MoE layer only, "
-                          f"not {workload!r}")
+    if max_chips is not None and workload not in CHIP_SEARCH_WORKLOADS:
+        raise ConfigError(f"--max-chips searches the parallel axes (tp, ep, pp), which stepsim optimize builds for "
+                          f"the MoE layer only, not {workload!r}")
     round_size = _positive("round_size", round_size) or search.ROUND_SIZE
     if jobs is not None:
         check_jobs(jobs)
