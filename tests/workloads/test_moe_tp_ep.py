@@ -115,6 +115,25 @@ def test_link_bytes_equal_the_metric_and_both_engines_agree(trace, tp, ep, place
     assert links == expected
 
 
+def test_dynamic_tiles_and_a_direct_all_reduce(trace):
+    """Dynamic tiling, the direct all-reduce (with tp 2 each group link carries 2 chunks, as the ring's)."""
+    path, routing = trace
+    config = {k: v for k, v in _config(path).items() if k != "tile_n"}
+    w = workload_from_config({**config, "tp": 2, "ep": 2, "placement": "load-balanced", "tiling": "dynamic",
+                              "algorithm": "direct"})
+    r = simulate(w, functional=True, inputs=make_inputs(w, seed=3))
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    expected = {k: v for k, v in _expected_link_bytes(routing, 2, 2, [p // 2 for p in w.params["expert_chips"]])
+                .items() if v}
+    assert w.params["link_bytes"] == expected
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles == r.cycles == 2483
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+
+
 def test_on_a_ring_the_transfers_are_routed_and_still_equal_the_metric(trace):
     """ring-4: group 0 = chips 0, 1, group 1 = chips 2, 3; chip 0 -> chip 2 (rank 0's all-to-all) relays
     through chip 1 or chip 3, so the links carry more than the pairs alone; the engine counts the metric."""
