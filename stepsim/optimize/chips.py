@@ -15,6 +15,8 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
 * ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (none of the
   searched kinds does yet: a kind that gains ``--pp`` lists it and the search takes it up);
+* the decoder layer (``tp``): searched in its second stage (the FFN grid with the attention strategies the
+  one-chip first stage keeps), ``tp`` also dividing its KV heads;
 * the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
   time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
   on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
@@ -100,18 +102,20 @@ def system_for(system, spec: str, chips: int, out: Path) -> str:
     return path.as_posix()
 
 
-def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, layers: int = 1,
+def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, layers: int = 1, heads: int = 0,
                     system=None) -> list[dict]:
     """The ``{axis: chips}`` of every multi-chip candidate (module docstring), fewest chips first (ties: ``ep``
     alone, then more ``tp``, then ``pp``). ``axes``: the kind's parallel axes; ``widths``: the column counts
-    ``tp`` must divide (zero widths ignored); ``batch``: tokens; ``layers``: the stack's layers (``pp``).
+    ``tp`` must divide (zero widths ignored); ``batch``: tokens; ``layers``: the stack's layers (``pp``);
+    ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none).
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
     [{'ep': 2}, {'tp': 2}, {'ep': 4}, {'tp': 2, 'ep': 2}, {'tp': 4}]
     """
     values = {"ep": chip_counts(experts, max_chips) if "ep" in axes else [],
               "tp": [n for n in range(2, max_chips + 1)
-                     if batch % n == 0 and all(w % n == 0 for w in widths if w)] if "tp" in axes else [],
+                     if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
+              if "tp" in axes else [],
               "pp": [n for n in range(2, max_chips + 1) if layers % n == 0] if "pp" in axes else []}
     combos = []
     for tp in [1, *values["tp"]]:
@@ -148,13 +152,13 @@ def _fit(grid: dict, combo: dict, widths) -> dict | None:
 
 
 def parallel_grids(tile_grids: list[dict], max_chips: int, *, axes=("ep",), experts: int, widths=(), batch: int = 1,
-                   layers: int = 1, system=None) -> list[dict]:
+                   layers: int = 1, heads: int = 0, system=None) -> list[dict]:
     """The space under a chip budget (module docstring): ``tile_grids`` on one chip, then for every combination of
     :func:`parallel_combos` the tile grids it can build, with its parallel knobs (and the placements with
     ``ep``)."""
     grids = [dict(g) for g in tile_grids]
     for combo in parallel_combos(axes, max_chips, experts=experts, widths=widths, batch=batch, layers=layers,
-                                 system=system):
+                                 heads=heads, system=system):
         grids += [g for g in (_fit(grid, combo, widths) for grid in tile_grids) if g is not None]
     return grids
 

@@ -169,7 +169,8 @@ def test_the_bound_counts_every_chips_hbm():
 
 @pytest.mark.parametrize("argv, message", [
     (["attention", "--max-chips", "4"], "stepsim: error: --max-chips searches the parallel axes (tp, ep, pp), which "
-                                        "stepsim optimize builds for the MoE layer only, not 'attention'"),
+                                        "stepsim optimize builds for the MoE and decoder layers only, not "
+                                        "'attention'"),
     (["moe", "--max-chips", "0"], "stepsim: error: --max-chips must be an integer >= 1, got 0"),
     (["moe", "--max-chips", "4", "--system", "ring-4", "--hardware", "sn40l"],
      "stepsim: error: --hardware does not apply with --system: the system file names the chips' hardware"),

@@ -119,3 +119,54 @@ def test_a_budget_of_two_chips_leaves_the_four_chip_combinations_over_it(trace, 
     over = {(c.config.get("tp"), c.config.get("ep")) for c in r.candidate_list if c.status == "over-budget"}
     assert over == {(None, 4), (2, 2), (4, None)}
     assert [(c.cycles, c.chips) for c in r.front] == [(10890, 2), (12327, 2), (16144, 1)]
+
+
+#: a Qwen3-like decoder layer with small dims (D=64, 8 query and 2 KV heads of 16, 8 experts of 64, top-2)
+DECODER = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64,
+           "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "head_dim": 16, "num_hidden_layers": 2}
+
+
+@pytest.fixture
+def decoder_layer(tmp_path) -> dict:
+    rng = np.random.default_rng(3)
+    (tmp_path / "config.json").write_text(json.dumps(DECODER))
+    skew = [0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05]
+    np.savez(tmp_path / "routing.npz", data=np.stack([rng.choice(8, 2, replace=False, p=skew) for _ in range(16)]))
+    np.save(tmp_path / "kv.npy", rng.integers(1, 300, 16))
+    return {"workload": "decoder", "model": str(tmp_path / "config.json"), "routing": str(tmp_path / "routing.npz"),
+            "kv_lengths": str(tmp_path / "kv.npy")}
+
+
+def test_the_decoder_searches_tp_in_its_ffn_stage(decoder_layer):
+    """--max-chips 4 on 2 KV heads: tp 2 only (tp 4 does not split the heads); tile_f 32 (2 x 32 divides the
+    experts' 64 columns, 2 x 64 does not); no regions with tp. Stage 1 (the strategies) stays on one chip."""
+    from stepsim.optimize import _default_stages
+    from stepsim.workloads.config import normalize_config
+
+    cfg = normalize_config({**decoder_layer, "mode": "metrics"})
+    one = _default_stages(cfg)
+    stages = _default_stages(cfg, max_chips=4)
+    assert stages[0] == one[0] and stages[1][1][:len(one[1][1])] == one[1][1]
+    assert stages[1][1][len(one[1][1]):] == [
+        {"tiling": ("dynamic",), "tile_f": (32,), "tp": (2,)},
+        {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32,), "tp": (2,)}]
+
+
+def test_decoder_tp_candidates_keep_the_bound_and_the_exhaustive_front(decoder_layer, tmp_path, serial,
+                                                                        exhaustive_front):
+    """A decoder space over one and two chips (tp 2, ring all-reduces of 500-cycle hops): every bound holds on its
+    run and the pruned front equals the exhaustive one."""
+    base = {k: v for k, v in decoder_layer.items() if k != "workload"}
+    space = [{"strategy": ("dynamic", "coarse"), "tiling": ("static",), "tile_n": (4,), "tile_f": (32,)},
+             {"strategy": ("dynamic", "coarse"), "tiling": ("static",), "tile_n": (4,), "tile_f": (32,),
+              "tp": (2,)}]
+    r = optimize("decoder", out=tmp_path / "opt", executor=serial, max_chips=2, space=space, **base)
+    front, cycles = exhaustive_front(r)
+    assert sorted((c.run_id, *c.objectives) for c in r.front) == front
+    assert [(c.chips, c.status, c.lower_bound, cycles[c.run_id]) for c in r.candidate_list] == [
+        (1, "simulated", 1133, 2397), (1, "simulated", 4404, 5436), (2, "simulated", 1101, 4631),
+        (2, "pruned", 4404, 7727)]
+    # this small layer is latency-bound: the two all-reduces' hops make tp 2 slower than one chip (off the front)
+    assert [(c.cycles, c.chips, c.config["strategy"]) for c in r.front] == [(2397, 1, "dynamic"), (5436, 1, "coarse")]
+    assert [(p["tp"], p["ep"], p["pp"]) for p in r.to_json()["pareto"]] == [(1, 1, 1), (1, 1, 1)]
