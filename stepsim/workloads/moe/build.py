@@ -179,13 +179,13 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 
         bw = dict(compute_bw=compute_bw)
 
-        def ffns_of(t):
+        def ffns_of(t, shard):
             def ffns(g, packed):
                 return [_expert_ffn(g, packed[e], e, shard, tile_f, dynamic, bw, f".{t}") for e in range(experts)], \
                     {}, {}
             return ffns
 
-        def shared_of(t):
+        def shared_of(t, shard):
             if not model.shared_intermediate:
                 return None
 
@@ -194,9 +194,6 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
                                   f".{t}")
             return shared
 
-        # one chip's column block of every expert (expert_tensor_parallel checks the widths split before building)
-        shard = MoEModel(model.name, hidden=d, intermediate=f // tp, experts=experts, top_k=k,
-                         shared_intermediate=model.shared_intermediate // tp)
         bindings, tile_rows, parallel = expert_tensor_parallel(
             g, model, routing, counts, tp, ep, placement, system, algorithm, ffns_of=ffns_of, shared_of=shared_of,
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,

@@ -175,7 +175,8 @@ def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, plac
     over the group's chips (``algorithm``, the chunks' sends routed over ``system``) sums them, and chip
     ``p = g N + t`` stores chunk k of its group's rows (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
 
-    ``ffns_of(t)`` and ``shared_of(t)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded; ``build`` are
+    ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
+    (``shard``: the model of one chip's column block, F / N columns); ``build`` are
     its other keywords. Returns ``(bindings, tile_rows, params)`` as :func:`expert_parallel` (``expert_chips``:
     the first chip of each expert's group; ``chip_tokens``: the token rows every chip's experts receive) plus
     ``tp`` and ``algorithm``.
@@ -203,7 +204,8 @@ def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, plac
     for t in range(tp):
         start = len(graph.ops)
         ranked, rank_bindings, bounds, rows = build_sharded(
-            graph, shard, routing, group_of, ep, ffns=ffns_of(t), shared_ffn=shared_of(t), compute_bw=compute_bw,
+            graph, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
+            compute_bw=compute_bw,
             home_out=lambda g, summed, t=t: partials.__setitem__((g, t), summed), **build)
         for op in graph.ops[start:]:
             op_chip[op.id] = ranked[op.id] * tp + t
