@@ -191,7 +191,7 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
             stages[-1] = (name, parallel_grids(ffn, max_chips, axes=kind("decoder").parallel,
                                                experts=model.experts if model.is_moe else 1, widths=widths,
                                                batch=batch, heads=cfg.get("kv_heads") or model.kv_heads,
-                                               system=system))
+                                               layers=cfg.get("layers") or 1, system=system))
         return stages
     return [("space", space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"]))))]
 
