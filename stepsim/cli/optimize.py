@@ -7,9 +7,11 @@ and ``optimize.json`` into ``--out`` (:mod:`stepsim.optimize.output`). Running t
 the same folder resumes (finished evaluations and simulations are read back). Exit status 2 on an error
 (a budget no candidate fits names the smallest candidate).
 
-``--max-chips N`` (MoE) adds the parallel axes: expert parallelism on the divisors of the expert count up to N
-chips, each with the three placements, on ``--system``'s chips scaled to that count (default: fully connected
-chips); the chip count becomes a fourth objective of the front (stepsim/optimize/chips.py).
+``--max-chips N`` (MoE, decoder) adds the parallel axes the kind declares: tensor and expert parallelism
+(``tp x ep <= N`` chips; ``ep`` on the divisors of the expert count, each with the three placements; the decoder:
+``tp`` in its FFN stage), on ``--system``'s chips
+scaled to that count (default: fully connected chips); the chip count becomes a fourth objective of the front
+(stepsim/optimize/chips.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-compute", type=int, metavar="FLOPS_PER_CYCLE",
                    help="allocated compute budget (FLOPs/cycle)")
     p.add_argument("--max-chips", type=int, metavar="N",
-                   help="chip-count budget: search expert parallelism and placement up to N chips (MoE)")
+                   help="chip-count budget: search tensor and expert parallelism and the placement up to N chips "
+                        "in all (MoE; the decoder: tensor parallelism)")
     p.add_argument("--space", metavar="SPACE.toml",
                    help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
     add_jobs_argument(p, "the simulations", dask=True)

@@ -151,7 +151,7 @@ def window(link, streams) -> int | None:
     return min(UNBOUNDED_CHANNEL_DEPTH, -(-link.latency // sigma) + 2)
 
 
-def place_on_chips(graph: Graph, system: System, chip_of) -> Network:
+def place_on_chips(graph: Graph, system: System, chip_of, network: Network | None = None) -> Network:
     """Place every operator of ``graph`` on a chip and turn each edge between two chips into a transfer.
 
     ``chip_of(op)`` gives an operator's chip (it is stored as ``op.chip``). An operator output read on another
@@ -159,10 +159,15 @@ def place_on_chips(graph: Graph, system: System, chip_of) -> Network:
     routed over ``system``'s links; transfers are created in operator order, so a link serves them first come,
     first served with ties in that order. Call before the graph is lowered (broadcasts are inserted after).
 
+    ``network``: an unfinished :class:`Network` of ``graph`` over ``system`` that already holds explicit
+    transfers (a collective's steps, which must not be shortcut into direct edges); the edges' transfers come
+    after them and one Link per physical link carries both. Its delivered placeholders must be placed on their
+    destination chips by ``chip_of``.
+
     Returns the finished :class:`Network` (its links and per-link bytes). Raises ArgumentError for a chip
     outside the system or a placeholder (a feedback edge) that would cross chips.
     """
-    net = Network(graph, system)
+    net = Network(graph, system) if network is None else network
     ops = [op for op in graph.ops]
     for op in ops:
         chip = chip_of(op)

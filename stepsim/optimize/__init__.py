@@ -24,6 +24,10 @@ from stepsim.base.errors import ConfigError
 
 __all__ = ["OptimizeResult", "optimize"]
 
+#: workloads whose default space gains their declared parallel axes under ``--max-chips`` (the decoder's in its
+#: FFN stage)
+CHIP_SEARCH_WORKLOADS = ("moe", "decoder")
+
 
 @dataclass
 class OptimizeResult:
@@ -148,7 +152,8 @@ def _absolute(config: dict) -> dict:
 def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> list[tuple[str, list]]:
     """The default space of the normalized base config ``cfg`` as ``[(stage name, grids)]``
     (:mod:`stepsim.optimize.space`): one stage for the MoE and attention layers, two for the decoder; with
-    ``max_chips``, the MoE space gains the parallel axes (:mod:`stepsim.optimize.chips`)."""
+    ``max_chips``, the MoE space and the decoder's FFN stage gain the kind's parallel axes
+    (:mod:`stepsim.optimize.chips`)."""
     from stepsim.optimize import space
     from stepsim.trace_io.load import load_kv_lengths
     from stepsim.workloads.config import CUSTOM_MODEL_KEYS, resolved_trace
@@ -162,8 +167,11 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
         grids = space.default_moe_grids(model.experts, model.intermediate, int(routing.shape[0]))
         if max_chips is not None:
             from stepsim.optimize.chips import parallel_grids
+            from stepsim.workloads.kinds import kind
 
-            grids = parallel_grids(grids, model.experts, max_chips, system)
+            grids = parallel_grids(grids, max_chips, axes=kind("moe").parallel, experts=model.experts,
+                                   widths=(model.intermediate, model.shared_intermediate),
+                                   batch=int(routing.shape[0]), layers=cfg.get("layers") or 1, system=system)
         return [("space", grids)]
     if cfg["workload"] == "decoder":
         from stepsim.models.presets import resolve_model
@@ -171,7 +179,20 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
         if cfg.get("kv_lengths") is None:
             raise ConfigError("stepsim optimize decoder needs the KV lengths of its decode batch: --kv-lengths PATH")
         batch = len(load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"]))
-        return space.default_decoder_stages(resolve_model(cfg["model"]), batch)
+        model = resolve_model(cfg["model"])
+        stages = space.default_decoder_stages(model, batch)
+        if max_chips is not None:  # tp in the FFN stage, with the strategies the one-chip stage 1 keeps
+            from stepsim.optimize.chips import parallel_grids
+            from stepsim.workloads.kinds import kind
+
+            widths = (model.moe.intermediate, model.moe.shared_intermediate) if model.is_moe \
+                else (model.dense_intermediate,)
+            name, ffn = stages[-1]
+            stages[-1] = (name, parallel_grids(ffn, max_chips, axes=kind("decoder").parallel,
+                                               experts=model.experts if model.is_moe else 1, widths=widths,
+                                               batch=batch, heads=cfg.get("kv_heads") or model.kv_heads,
+                                               layers=cfg.get("layers") or 1, system=system))
+        return stages
     return [("space", space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"]))))]
 
 
@@ -210,8 +231,9 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     max_compute : int, optional
         Allocated-compute budget (FLOPs/cycle).
     max_chips : int, optional
-        Chip-count budget: search the parallel axes (expert parallelism and placement, on the ``system``
-        knob's chips scaled to each count) up to this many chips, and add the chip count to the front's
+        Chip-count budget: search the parallel axes (tensor and expert parallelism and the placement, and
+        pipeline parallelism for a kind that declares it, on the ``system`` knob's chips scaled to each count)
+        up to this many chips in all (the decoder: ``tp`` in its FFN stage), and add the chip count to the front's
         objectives (:mod:`stepsim.optimize.chips`); candidates on more chips are over budget.
     space : str, Path or list of dict, optional
         A space file (:mod:`stepsim.optimize.space`) or grids ``[{knob: values}]``; default: the documented
@@ -258,9 +280,9 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     max_on_chip = _positive("--max-on-chip", max_on_chip)
     max_compute = _positive("--max-compute", max_compute)
     max_chips = _positive("--max-chips", max_chips)
-    if max_chips is not None and workload != "moe":
-        raise ConfigError(f"--max-chips searches expert parallelism, which stepsim builds for the MoE layer only, "
-                          f"not {workload!r}")
+    if max_chips is not None and workload not in CHIP_SEARCH_WORKLOADS:
+        raise ConfigError(f"--max-chips searches the parallel axes (tp, ep, pp), which stepsim optimize builds for "
+                          f"the MoE and decoder layers only, not {workload!r}")
     round_size = _positive("round_size", round_size) or search.ROUND_SIZE
     if jobs is not None:
         check_jobs(jobs)

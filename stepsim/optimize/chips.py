@@ -1,19 +1,27 @@
 """The parallelization axes of ``stepsim optimize``: candidates on several chips under a chip-count budget.
 
-``--max-chips N`` (``max_chips``) adds expert parallelism to the MoE layer's search space and makes the chip
-count a fourth objective of the front (with cycles, on-chip bytes and allocated compute: a candidate on more
-chips must be faster or leaner to stay on the front):
+``--max-chips N`` (``max_chips``) adds the parallel axes the workload kind declares
+(:attr:`stepsim.workloads.kind.WorkloadKind.parallel`; the MoE layer: ``tp`` and ``ep``) to its search space and
+makes the chip count a fourth objective of the front (with cycles, on-chip bytes and allocated compute: a
+candidate on more chips must be faster or leaner to stay on the front). A candidate is a triple ``(tp, ep, pp)``
+(1 = the axis unused) with ``tp x ep x pp <= N`` (:func:`parallel_combos`):
 
-* ``ep``: the divisors of the expert count E from 2 up to N (each chip holds E / ep experts), plus one chip
-  (``ep`` unset, the single-chip layer);
-* ``placement``: ``contiguous``, ``round-robin``, ``load-balanced`` (:mod:`stepsim.workloads.moe.parallel`);
+* ``ep``: the divisors of the expert count E from 2 up to N (each chip, or group of ``tp`` chips, holds E / ep
+  experts), with every ``placement``: ``contiguous``, ``round-robin``, ``load-balanced``
+  (:mod:`stepsim.workloads.moe.parallel`);
+* ``tp``: the chip counts 2 .. N that divide the batch and the (shared) intermediate size: every expert's
+  columns split over ``tp`` chips, an all-reduce after; each grid keeps only its ``tile_f`` values that split
+  into ``tp`` blocks of whole tiles, and no time-multiplexed ``regions`` (the builder refuses both with ``tp``);
+  with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
+* ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (none of the
+  searched kinds does yet: a kind that gains ``--pp`` lists it and the search takes it up);
+* the decoder layer (``tp``): searched in its second stage (the FFN grid with the attention strategies the
+  one-chip first stage keeps), ``tp`` also dividing its KV heads;
 * the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
   time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
   on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
 
-A candidate's chip count is the product of its parallel knobs (:data:`PARALLEL_KNOBS`: ``ep``, and ``tp``, which
-the SwiGLU layer builds but no searched workload takes yet); ``tp`` and ``pp`` join the default axes once the
-MoE or decoder layers build them.
+A candidate's chip count is the product of its parallel knobs (:data:`PARALLEL_KNOBS`).
 
 The chips and links: with ``--system FILE`` (a preset or a system file, docs/system.md) a candidate on n chips
 runs on that system scaled to n chips: same hardware, topology, link bandwidth and latency (a one-dimension
@@ -37,7 +45,7 @@ from pathlib import Path
 from stepsim.base.errors import ConfigError
 
 #: knobs whose product is a candidate's chip count (each unset knob counts 1)
-PARALLEL_KNOBS = ("ep", "tp")
+PARALLEL_KNOBS = ("tp", "ep", "pp")
 #: the expert placements searched
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 #: topologies a system can be scaled to another chip count in (one dimension)
@@ -94,29 +102,80 @@ def system_for(system, spec: str, chips: int, out: Path) -> str:
     return path.as_posix()
 
 
-def parallel_grids(tile_grids: list[dict], experts: int, max_chips: int, system=None) -> list[dict]:
-    """The MoE space under a chip budget (module docstring): ``tile_grids`` on one chip, then for every chip
-    count the tile grids (``regions`` only its multiples of the count) times the placements."""
-    grids = [dict(g) for g in tile_grids]
-    for n in chip_counts(experts, max_chips, system):
-        for grid in tile_grids:
-            grid = dict(grid)
-            if "regions" in grid:
-                grid["regions"] = tuple(r for r in grid["regions"] if r % n == 0)
-                if not grid["regions"]:
+def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, layers: int = 1, heads: int = 0,
+                    system=None) -> list[dict]:
+    """The ``{axis: chips}`` of every multi-chip candidate (module docstring), fewest chips first (ties: ``ep``
+    alone, then more ``tp``, then ``pp``). ``axes``: the kind's parallel axes; ``widths``: the column counts
+    ``tp`` must divide (zero widths ignored); ``batch``: tokens; ``layers``: the stack's layers (``pp``);
+    ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none).
+
+    >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
+    [{'ep': 2}, {'tp': 2}, {'ep': 4}, {'tp': 2, 'ep': 2}, {'tp': 4}]
+    """
+    values = {"ep": chip_counts(experts, max_chips) if "ep" in axes else [],
+              "tp": [n for n in range(2, max_chips + 1)
+                     if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
+              if "tp" in axes else [],
+              "pp": [n for n in range(2, max_chips + 1) if layers % n == 0] if "pp" in axes else []}
+    combos = []
+    for tp in [1, *values["tp"]]:
+        for ep in [1, *values["ep"]]:
+            for pp in [1, *values["pp"]]:
+                chips = tp * ep * pp
+                if chips == 1 or chips > max_chips or (tp > 1 and ep > 1 and batch % (tp * ep)):
                     continue
-            grids.append({**grid, "ep": (n,), "placement": PLACEMENTS})
+                if system is not None and not scalable(system) and chips != system.chips:
+                    continue
+                combos.append({k: v for k, v in (("tp", tp), ("ep", ep), ("pp", pp)) if v > 1})
+    return sorted(combos, key=lambda c: (chip_count(c), -c.get("ep", 1), c.get("pp", 1)))
+
+
+def _fit(grid: dict, combo: dict, widths) -> dict | None:
+    """``grid`` restricted to what ``combo`` can build (module docstring), with its parallel knobs; None if
+    nothing is left."""
+    grid = dict(grid)
+    tp, ep = combo.get("tp", 1), combo.get("ep", 1)
+    if "regions" in grid:
+        if tp > 1:
+            return None
+        grid["regions"] = tuple(r for r in grid["regions"] if r % ep == 0)
+        if not grid["regions"]:
+            return None
+    if tp > 1 and "tile_f" in grid:
+        grid["tile_f"] = tuple(f for f in grid["tile_f"] if all(w % (tp * f) == 0 for w in widths if w))
+        if not grid["tile_f"]:
+            return None
+    grid.update({k: (v,) for k, v in combo.items()})
+    if ep > 1:
+        grid["placement"] = PLACEMENTS
+    return grid
+
+
+def parallel_grids(tile_grids: list[dict], max_chips: int, *, axes=("ep",), experts: int, widths=(), batch: int = 1,
+                   layers: int = 1, heads: int = 0, system=None) -> list[dict]:
+    """The space under a chip budget (module docstring): ``tile_grids`` on one chip, then for every combination of
+    :func:`parallel_combos` the tile grids it can build, with its parallel knobs (and the placements with
+    ``ep``)."""
+    grids = [dict(g) for g in tile_grids]
+    for combo in parallel_combos(axes, max_chips, experts=experts, widths=widths, batch=batch, layers=layers,
+                                 heads=heads, system=system):
+        grids += [g for g in (_fit(grid, combo, widths) for grid in tile_grids) if g is not None]
     return grids
 
 
 def on_system(grids: list[dict], system, spec: str, out: Path) -> list[dict]:
-    """``grids`` on ``system``: a grid without ``ep`` runs on one chip of the system's hardware; a grid with
-    ``ep`` is split by its values, each on the system scaled to that many chips (:func:`system_for`)."""
+    """``grids`` on ``system``: a grid without a parallel knob runs on one chip of the system's hardware; a grid
+    with some is split by their values, each on the system scaled to their product (:func:`system_for`)."""
+    import itertools
+
     placed = []
     for grid in grids:
-        if "ep" not in grid:
+        knobs = [k for k in PARALLEL_KNOBS if k in grid]
+        if not knobs:
             placed.append({**grid, "hardware": (system.hardware_spec,)})
             continue
-        for n in grid["ep"]:
-            placed.append({**grid, "ep": (n,), "system": (system_for(system, spec, n, out),)})
+        for values in itertools.product(*(grid[k] for k in knobs)):
+            combo = dict(zip(knobs, values))
+            placed.append({**grid, **{k: (v,) for k, v in combo.items()},
+                           "system": (system_for(system, spec, chip_count(combo), out),)})
     return placed

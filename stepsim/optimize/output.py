@@ -4,7 +4,8 @@
 Files in the output folder (each written atomically: temp file, then rename)::
 
     pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle, chips)
-    candidates.parquet  every candidate: knobs, symbolic metrics, cycle lower bound, status, cycles
+    candidates.parquet  every candidate: knobs (always ``tp``, ``ep``, ``pp``: null when unused), symbolic metrics,
+                        cycle lower bound, status, cycles
     pareto.png          cycles against on-chip bytes and against compute (the front is over all three), every
                         simulated point, the front numbered and named (log axes, like the paper's Figs 9/10)
     optimize.json       the JSON summary (the keys of ``stepsim optimize --json``)
@@ -21,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from stepsim.base.files import atomic_output, published_together, write_parquet_atomic
+from stepsim.optimize.chips import PARALLEL_KNOBS
 
 #: knobs left out of a command line (not flags of stepsim run)
 NOT_FLAGS = ("workload", "mode")
@@ -49,6 +51,9 @@ def candidates_table(candidates: list, axes: list) -> pa.Table:
         typed = {type(v) for v in values if v is not None}
         data[key] = pa.array(values if typed <= {int} or typed <= {str} else [None if v is None else str(v)
                                                                                   for v in values])
+    for key in PARALLEL_KNOBS:  # every candidate's tp / ep / pp, searched or not (null: the axis unused)
+        if key not in data:
+            data[key] = pa.array([c.config.get(key) for c in candidates], type=pa.int64())
     for key in _COLUMNS:
         data[key] = pa.array([getattr(c, key) for c in candidates], type=_TYPES.get(key, pa.int64()))
     data["config"] = pa.array([json.dumps(c.config, sort_keys=True) for c in candidates], type=pa.string())

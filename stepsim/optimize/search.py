@@ -118,9 +118,13 @@ class Candidate:
         return (self.cycles, self.on_chip_bytes, self.allocated_flops_per_cycle, self.chips)
 
     def point(self) -> dict:
-        """The JSON form of a simulated candidate (the ``pareto`` entries)."""
+        """The JSON form of a simulated candidate (the ``pareto`` entries): its knobs, objectives, and its
+        parallel axes ``tp``, ``ep``, ``pp`` (chips each; 1 = the axis unused; their product is ``chips``)."""
+        from stepsim.optimize.chips import PARALLEL_KNOBS
+
         return {"config": self.config, "cycles": self.cycles, "on_chip_bytes": self.on_chip_bytes,
-                "allocated_flops_per_cycle": self.allocated_flops_per_cycle, "chips": self.chips}
+                "allocated_flops_per_cycle": self.allocated_flops_per_cycle, "chips": self.chips,
+                **{k: int(self.config.get(k) or 1) for k in PARALLEL_KNOBS}}
 
     def label(self, axes) -> str:
         """``k=v`` of the searched knobs, for messages."""

@@ -13,6 +13,8 @@ from typing import Any
 
 #: knobs every kind takes (``workload`` itself aside)
 COMMON_KNOBS = ("channel_depth", "fifo_depths", "hardware", "convention")
+#: the parallel axes a kind may declare (:attr:`WorkloadKind.parallel`): tensor, expert, pipeline parallelism
+PARALLEL_AXES = ("tp", "ep", "pp")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class WorkloadKind:
         The hardware preset of the kind's paper experiment (the default run hardware).
     channel_depth : int or None
         The FIFO depth of that experiment (elements; None means 1024), the builder's default.
+    parallel : tuple of str
+        The parallel axes the kind builds on several chips, among :data:`PARALLEL_AXES` (each also one of its
+        ``knobs``): what ``stepsim optimize --max-chips`` searches for it (:mod:`stepsim.optimize.chips`).
+        A kind that gains ``--pp`` lists ``"pp"`` here and the search takes it up.
     """
 
     name: str
@@ -53,6 +59,7 @@ class WorkloadKind:
     reduction_length: str | None = None
     hardware: str = "step-eval"
     channel_depth: int | None = 2
+    parallel: tuple[str, ...] = ()
 
     def function(self, attr: str):
         """The function an attribute names (imported now)."""

@@ -134,11 +134,12 @@ def test_chip_counts_are_divisors_of_the_experts_within_the_budget():
     assert chip_counts(128, 8, System.preset("torus-4x4")) == []
     assert chip_count({"ep": 4}) == 4 and chip_count({"tiling": "static"}) == 1
     assert chip_count({"tp": 2}) == 2 and chip_count({"ep": 2, "tp": 4}) == 8
+    assert chip_count({"tp": 2, "ep": 2, "pp": 2}) == 8 and chip_count({"pp": 3}) == 3
 
 
 def test_the_default_space_adds_placements_per_chip_count():
     grids = parallel_grids([{"tiling": ("dynamic",), "tile_f": (32, 64)},
-                            {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (2, 4)}], 8, 4)
+                            {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (2, 4)}], 4, experts=8)
     placements = ("contiguous", "round-robin", "load-balanced")
     assert grids == [
         {"tiling": ("dynamic",), "tile_f": (32, 64)},
@@ -167,8 +168,9 @@ def test_the_bound_counts_every_chips_hbm():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["attention", "--max-chips", "4"], "stepsim: error: --max-chips searches expert parallelism, which stepsim "
-                                        "builds for the MoE layer only, not 'attention'"),
+    (["attention", "--max-chips", "4"], "stepsim: error: --max-chips searches the parallel axes (tp, ep, pp), which "
+                                        "stepsim optimize builds for the MoE and decoder layers only, not "
+                                        "'attention'"),
     (["moe", "--max-chips", "0"], "stepsim: error: --max-chips must be an integer >= 1, got 0"),
     (["moe", "--max-chips", "4", "--system", "ring-4", "--hardware", "sn40l"],
      "stepsim: error: --hardware does not apply with --system: the system file names the chips' hardware"),

@@ -131,3 +131,15 @@ def test_expert_parallel_moe_same_sliced_and_per_tick(one_event_slices):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(api, "FIRST_SLICE_EVENTS", 1 << 62)
         assert _outcome(program) == sliced
+
+
+def test_tensor_x_expert_parallel_moe_same_sliced_and_per_tick(one_event_slices):
+    """--tp 2 --ep 2: four chips' HBMs, the all-to-alls and the groups' all-reduces on one set of links."""
+    w = _small_moe("static", tile_n=16, tp=2, ep=2, placement="round-robin")
+    program = _program(w)
+    assert len(set(program.unit_params[program.unit_params[:, 5] >= 0, -1].tolist())) == 4  # four chips' HBMs
+    sliced = _outcome(program)
+    assert sliced == _outcome(program, hbm_closed_form=False)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(api, "FIRST_SLICE_EVENTS", 1 << 62)
+        assert _outcome(program) == sliced

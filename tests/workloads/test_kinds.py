@@ -63,6 +63,16 @@ def test_the_config_tables_come_from_the_registry():
     assert set(KNOBS) == {"workload", *COMMON_KNOBS, *(knob for k in KINDS.values() for knob in k.knobs)}
 
 
+def test_parallel_axes_are_declared_knobs():
+    """What ``stepsim optimize --max-chips`` searches per kind (WorkloadKind.parallel): each a knob of the kind."""
+    from stepsim.workloads.kind import PARALLEL_AXES
+
+    assert {name: k.parallel for name, k in KINDS.items() if k.parallel} == {
+        "moe": ("tp", "ep"), "swiglu": ("tp", "pp"), "decoder": ("tp",)}
+    for k in KINDS.values():
+        assert set(k.parallel) <= set(PARALLEL_AXES) and set(k.parallel) <= set(k.knobs), k.name
+
+
 @pytest.mark.parametrize("name", list(KINDS))
 def test_every_kind_is_complete(name, tmp_path, capsys):
     k = KINDS[name]

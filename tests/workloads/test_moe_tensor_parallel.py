@@ -89,7 +89,8 @@ def test_link_bytes_and_both_engines(trace, tp, algorithm, cycles, per_link):
                 "multiple of 48)"),
     ({"tp": 2, "tile_f": 64}, "--tp 2: the intermediate size 64 must split into 2 column blocks of whole --tile-f "
                               "64 tiles (a multiple of 128)"),
-    ({"tp": 2, "ep": 2}, "--tp does not combine with --ep or --regions (time-multiplexed expert regions) yet"),
+    ({"tp": 2, "regions": 4}, "--tp does not combine with --regions: a time-multiplexed region fetches whole "
+                              "experts' weights by address, not a chip's column block"),
     ({"tp": 2, "placement": "round-robin"}, "--placement applies to the MoE layer with --ep N (expert "
                                             "parallelism)"),
     ({"algorithm": "ring"}, "--algorithm applies to the MoE layer with --tp N (its all-reduce)"),

@@ -15,4 +15,5 @@ KIND = WorkloadKind("decoder", knobs=("model", "routing", "kv_lengths", "iterati
                                       "system", "algorithm"),
                     defaults={"model": "qwen3-30b-a3b", "tiling": "static", "strategy": "dynamic"}, trace="routing",
                     build=f"{_HERE}.build:from_config", inputs=f"{_HERE}.reference:inputs",
-                    reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length")
+                    reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length",
+                    parallel=("tp",))

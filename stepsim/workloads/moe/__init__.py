@@ -16,4 +16,5 @@ KIND = WorkloadKind("moe", knobs=("model", "hidden", "intermediate", "experts", 
                                   "algorithm"),
                     defaults={"model": "mixtral-8x7b", "tiling": "static"}, trace="routing",
                     build=f"{_HERE}.build:from_config", inputs=f"{_HERE}.reference:inputs",
-                    reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length")
+                    reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length",
+                    parallel=("tp", "ep"))

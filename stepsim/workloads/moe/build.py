@@ -136,7 +136,9 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         The chips and links (with ``ep`` or ``tp``; its chip count must be theirs); default: fully connected chips.
     tp : int, optional
         Tensor parallelism: every expert's (and the shared experts') F columns split over ``tp`` chips, an
-        all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`).
+        all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`). With
+        ``ep`` too, the experts are placed on ``ep`` groups of ``tp`` chips, each expert's columns split over its
+        group (``tp x ep`` chips: :func:`stepsim.workloads.moe.parallel.expert_tensor_parallel`).
     """
     if tiling not in ("static", "dynamic"):
         raise ArgumentError(f"tiling must be 'static' or 'dynamic', got {tiling!r}")
@@ -169,9 +171,34 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 
     # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
     parallel, tile_rows = {}, {}
-    if tp is not None:
-        if ep is not None or timeshare:
-            raise ArgumentError("--tp does not combine with --ep or --regions (time-multiplexed expert regions) yet")
+    if tp is not None and timeshare:
+        raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
+                            "weights by address, not a chip's column block")
+    if tp is not None and ep is not None:
+        from stepsim.workloads.moe.parallel import expert_tensor_parallel
+
+        bw = dict(compute_bw=compute_bw)
+
+        def ffns_of(t, shard):
+            def ffns(g, packed):
+                return [_expert_ffn(g, packed[e], e, shard, tile_f, dynamic, bw, f".{t}") for e in range(experts)], \
+                    {}, {}
+            return ffns
+
+        def shared_of(t, shard):
+            if not model.shared_intermediate:
+                return None
+
+            def shared(g, tokens, rows):
+                return shared_ffn(g, tokens, shard, rows, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw,
+                                  f".{t}")
+            return shared
+
+        bindings, tile_rows, parallel = expert_tensor_parallel(
+            g, model, routing, counts, tp, ep, placement, system, algorithm, ffns_of=ffns_of, shared_of=shared_of,
+            dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
+            packing_compute_bw=packing_compute_bw)
+    elif tp is not None:
         bindings, parallel = _tensor_parallel(
             g, model, routing, counts, tp, system, algorithm, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f,
             regions=regions, compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
@@ -476,8 +503,6 @@ def from_config(cfg: Mapping) -> Workload:
     model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
     routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     parallel = {}
-    if cfg.get("ep") is not None and cfg.get("tp") is not None:
-        raise ArgumentError("--tp does not combine with --ep or --regions (time-multiplexed expert regions) yet")
     if cfg.get("ep") is not None:
         from stepsim.base.system import System
 
@@ -485,6 +510,8 @@ def from_config(cfg: Mapping) -> Workload:
             raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
         parallel = dict(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous",
                         system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+        if cfg.get("tp") is not None:  # tp x ep: each expert's columns over its group's chips
+            parallel.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring")
     elif cfg.get("tp") is not None:
         from stepsim.base.system import System
 

@@ -130,3 +130,111 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     if members is not None:
         params["region_experts"] = members
     return bindings, tile_rows, params
+
+
+class _GroupNetwork:
+    """One tensor-parallel group's view of the whole system's network: the all-reduce builder numbers the
+    group's chips ``0 .. tp-1``; its transfers go between their chips in the system (``chips[i]``)."""
+
+    def __init__(self, net, chips: list[int]):
+        from types import SimpleNamespace
+
+        self.net, self.chips = net, chips
+        self.system = SimpleNamespace(chips=len(chips))  # all the builder reads of it
+
+    def send(self, src: int, dst: int, stream, name: str | None = None):
+        return self.net.send(self.chips[src], self.chips[dst], stream, name=name)
+
+
+def check_tp_ep(tp: int, ep: int, batch: int, system: System | None) -> None:
+    """One-line ArgumentError unless every chip's shard of the batch splits into ``tp`` all-reduce chunks and the
+    system has ``tp x ep`` chips."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
+        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
+        raise ArgumentError(f"--ep must be an int >= 2 (chips) with --tp, got {ep!r}")
+    if batch % (tp * ep):
+        raise ArgumentError(f"--tp {tp} --ep {ep}: each of the {ep} expert groups' shards of the batch is cut into "
+                            f"{tp} all-reduce chunks; the batch of {batch} tokens must be a multiple of {tp * ep}")
+    if system is not None and system.chips != tp * ep:
+        raise ArgumentError(f"--tp {tp} --ep {ep} needs a system of {tp * ep} chips (tp x ep); system "
+                            f"{system.name!r} has {system.chips}")
+
+
+def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, placement: str, system: System | None,
+                           algorithm: str, *, ffns_of, shared_of, compute_bw: int, **build) -> tuple[dict, dict, dict]:
+    """``--tp N --ep M``: the experts placed on M groups of N chips, each expert's F columns split over the N chips
+    of its group; chips ``g N .. g N + N - 1`` form group g (``tp x ep`` chips in all).
+
+    The batch is sharded over the groups (group g holds the tokens of shard g, :func:`shard_bounds
+    <stepsim.workloads.moe.sharded.shard_bounds>`) and replicated over a group's chips, as after tensor-parallel
+    attention. Tensor-parallel rank t is one expert-parallel layer over the chips ``g N + t`` of every group
+    (:func:`~stepsim.workloads.moe.sharded.build_sharded` on the shard model of F / N columns, weights
+    ``expert<e>_<part>.<t>`` and ``shared_<part>.<t>`` as with ``--tp`` alone; its all-to-alls stay among the
+    chips of rank t). Every chip so ends with a partial sum of its group's rows of y; the collectives' all-reduce
+    over the group's chips (``algorithm``, the chunks' sends routed over ``system``) sums them, and chip
+    ``p = g N + t`` stores chunk k of its group's rows (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
+
+    ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
+    (``shard``: the model of one chip's column block, F / N columns); ``build`` are
+    its other keywords. Returns ``(bindings, tile_rows, params)`` as :func:`expert_parallel` (``expert_chips``:
+    the first chip of each expert's group; ``chip_tokens``: the token rows every chip's experts receive) plus
+    ``tp`` and ``algorithm``.
+    """
+    from stepsim.graph import LinearOffChipStore
+    from stepsim.graph.lower import fp32_timing_bytes
+    from stepsim.graph.network import Network, place_on_chips
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.chips import all_reduce_partials
+    from stepsim.workloads.moe.sharded import build_sharded
+
+    check_tp_ep(tp, ep, routing.shape[0], system)
+    tile_f = build["tile_f"]
+    for what, width in (("intermediate", model.intermediate), ("shared intermediate", model.shared_intermediate)):
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    chips = tp * ep
+    system = chips_system(chips, system, "--tp x --ep")
+    shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
+                     top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
+    group_of = place_experts(counts, ep, placement)
+    op_chip: dict[int, int] = {}
+    bindings, tile_rows, partials = {}, {}, {}
+    for t in range(tp):
+        start = len(graph.ops)
+        ranked, rank_bindings, bounds, rows = build_sharded(
+            graph, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
+            compute_bw=compute_bw,
+            home_out=lambda g, summed, t=t: partials.__setitem__((g, t), summed), **build)
+        for op in graph.ops[start:]:
+            op_chip[op.id] = ranked[op.id] * tp + t
+        bindings.update(rank_bindings)
+        tile_rows.update(rows)
+    net = Network(graph, system)
+    for g in range(ep):
+        start = len(graph.ops)
+        group = _GroupNetwork(net, [g * tp + t for t in range(tp)])
+        reduced = all_reduce_partials(graph, group, tp, lambda t, g=g: partials[(g, t)], bounds[g + 1] - bounds[g],
+                                      algorithm=algorithm, compute_bw=compute_bw, prefix=f"allreduce.g{g}.")
+        for (t, k), stream in sorted(reduced.items()):
+            store = LinearOffChipStore(graph, stream, tensor_name=f"y{g * tp + t}.{k}")
+            store.chip = t
+        for op in graph.ops[start:]:  # the builder placed them by rank within the group (op.chip)
+            if hasattr(op, "chip"):
+                op_chip[op.id] = g * tp + op.chip
+    for tr in net.transfers:  # a chunk delivered to a chip is read there (the send's placeholder)
+        op_chip[tr.delivered.id] = tr.dst
+    net = place_on_chips(graph, system, lambda op: op_chip[op.id], network=net)
+    tokens = chip_tokens(counts, group_of, ep)
+    mean = sum(tokens) / ep
+    busiest = max(range(ep), key=lambda c: (tokens[c], -c))
+    values = {sym: sympy.Integer(v) for sym, v in bindings.items()}
+    link_bytes = {name: int(sympy.sympify(b).xreplace(values))
+                  for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
+    params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": system.name,
+              "expert_chips": [g * tp for g in group_of], "shard_bounds": bounds,
+              "chip_tokens": [tokens[p // tp] for p in range(chips)], "busiest_chip": busiest * tp,
+              "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
+              "links_used": len(net.links), "link_bytes": link_bytes}
+    return bindings, tile_rows, params

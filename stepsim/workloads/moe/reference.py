@@ -268,6 +268,9 @@ def outputs(workload: Workload, inputs: dict) -> dict:
                                            if bounds[c + 1] > bounds[c]])  # an empty shard has no tensors
                            for name in SHARDED)
     y = moe_reference(x, workload_trace(workload, "routing"), gate_weights, *stacks, shared=shared)
+    if tp is not None and bounds is not None:  # tp x ep: chip g tp + t holds chunk k of group g's rows
+        return {f"y{g * tp + t}.{k}": y[lo + k * (hi - lo) // tp:lo + (k + 1) * (hi - lo) // tp]
+                for g, (lo, hi) in enumerate(zip(bounds, bounds[1:])) for t in range(tp) for k in range(tp)}
     if tp is not None:  # after the all-reduce every chip c holds rows k B/N.. of y as y<c>.<k>
         rows = y.shape[0] // tp
         return {f"y{c}.{k}": y[k * rows:(k + 1) * rows] for c in range(tp) for k in range(tp)}

@@ -79,19 +79,22 @@ def shard_bounds(batch: int, chips: int) -> list[int]:
 
 def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, dynamic: bool, tile_n, tile_f: int,
                   compute_bw: int, packing_compute_bw: int, ffns, shared_ffn,
-                  region_chip: list[int] | None = None) -> tuple[dict, dict, list, dict]:
+                  region_chip: list[int] | None = None, home_out=None) -> tuple[dict, dict, list, dict]:
     """Add the sharded layer to ``g`` (module docstring); ``chip_of[e]`` is expert e's chip.
 
     ``ffns(g, packed)`` builds the experts' FFNs on their packed token tiles (``packed[e]``: expert e's) and
     returns ``(output tiles by expert, bindings, tile_rows)``; its operators carry the group ``("expert", e)``
     (on chip ``chip_of[e]``) or ``("region", r)`` (time-multiplexed regions, on chip ``region_chip[r]``).
     ``shared_ffn(g, tokens, batch)`` builds the shared experts on a chip's token rows (None without them).
-    Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator (by ``op.id``), the
-    symbols' values from the trace, the shard bounds, and ``ffns``' tile rows.
+    ``home_out(c, rows)``, when given, takes chip c's output rows (its tokens' rows of y, in token order) instead
+    of storing them in ``y.<c>`` (tensor parallelism sums them over chips first).
+    Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator it added (by ``op.id``),
+    the symbols' values from the trace, the shard bounds, and ``ffns``' tile rows.
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     bw = dict(compute_bw=compute_bw)
     bounds = shard_bounds(routing.shape[0], chips)
+    first = len(g.ops)  # a graph may hold several sharded layers (one per tensor-parallel rank)
     op_chip: dict[int, int] = {}
     bindings: dict = {}
 
@@ -165,7 +168,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
             ret.assume_shape(i, (part.count_symbols[e],))
         back.append(ret)
         _group(g.ops[-2:], ("expert", e))
-    for op in g.ops:
+    for op in g.ops[first:]:
         if op.id not in op_chip and op.group is not None:
             kind, index = op.group
             op_chip[op.id] = chip_of[index] if kind == "expert" else region_chip[index]
@@ -184,7 +187,10 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
             summed = Map(g, [summed, shared], Add(), **bw)
             for op in g.ops[shared_before:]:
                 op.group = ("shared_expert", c)
-        LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+        if home_out is None:
+            LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+        else:
+            home_out(c, summed)
         on(c, before)
     return op_chip, bindings, bounds, tile_rows
 

@@ -14,4 +14,5 @@ KIND = WorkloadKind("swiglu", knobs=("tile_n", "tile_m", "compute_bw", "tp", "sy
                                        "layers", "pp", "micro_batches"), defaults={"tile_m": 16, "tile_n": 16},
                     hardware="step-hdl", channel_depth=1,
                     build=f"{_HERE}.build:from_config", inputs=f"{_HERE}.reference:inputs",
-                    reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length")
+                    reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length",
+                    parallel=("tp", "pp"))
