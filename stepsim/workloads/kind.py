@@ -54,6 +54,12 @@ class WorkloadKind:
     hardware: str = "step-eval"
     channel_depth: int | None = 2
 
+    @property
+    def pipeline_parallel(self) -> bool:
+        """Whether the kind takes ``--pp N`` (its layers split into N stages on N chips, micro-batches streaming
+        through; docs/system.md): the one declaration the CLI, the config checks and ``stepsim optimize`` read."""
+        return "pp" in self.knobs
+
     def function(self, attr: str):
         """The function an attribute names (imported now)."""
         spec = getattr(self, attr)
