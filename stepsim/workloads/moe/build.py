@@ -145,7 +145,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         a list of one per layer), in ``pp`` pipeline stages on the chips of ``system``, ``micro_batches`` of
         ``B / M`` tokens streaming through (:mod:`stepsim.workloads.moe.pipeline`).
     """
-    stack = layers != 1 or pp is not None or micro_batches is not None
+    stack = isinstance(routing, (list, tuple)) or layers != 1 or pp is not None or micro_batches is not None
     routings = None
     if stack:
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
@@ -600,6 +600,9 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.workloads.config import CUSTOM_MODEL_KEYS, bandwidth_kwargs, resolved_trace
 
     model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
+    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
+    if stack:
+        return _stack_from_config(cfg, model, stack)
     routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     parallel = {}
     if cfg.get("ep") is not None and cfg.get("tp") is not None:
@@ -626,3 +629,32 @@ def from_config(cfg: Mapping) -> Workload:
         raise ArgumentError("--algorithm applies to the MoE layer with --tp N (its all-reduce)")
     return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
                      regions=cfg["regions"], **bandwidth_kwargs(cfg), **parallel)
+
+
+def _stack_from_config(cfg: Mapping, model: MoEModel, stack: dict) -> Workload:
+    """``--layers L [--pp N --system FILE] [--micro-batches M]``: one-line errors for the flags that do not combine,
+    before the trace is read; each layer's routing from the trace (:func:`stepsim.workloads.moe.pipeline.layer_routings`)."""
+    from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
+    from stepsim.workloads.moe.pipeline import layer_routings
+
+    for flag, key in (("--ep", "ep"), ("--tp", "tp"), ("--regions", "regions"), ("--placement", "placement"),
+                      ("--algorithm", "algorithm")):
+        if cfg.get(key) is not None:
+            raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches (a stack of MoE "
+                                f"layers runs each layer whole on one chip, one region per expert)")
+    if cfg.get("pp") is None and cfg.get("system") is not None:
+        raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
+    if cfg.get("system") is not None and cfg.get("hardware") is not None:
+        raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+    if cfg.get("pp") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is None:
+            raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages run on)")
+        stack["system"] = System.load(cfg["system"])
+    layers = stack.setdefault("layers", 1)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+    routings = layer_routings(resolved_trace(cfg), model.experts, layers, cfg["iteration"], cfg["layer"])
+    return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
+                     **bandwidth_kwargs(cfg), **stack)
