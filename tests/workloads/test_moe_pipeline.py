@@ -120,13 +120,13 @@ def test_both_engines_agree_and_the_cycles_are_pinned(layered, knobs, cycles):
 def test_a_one_layer_stack_is_the_layer(layered):
     """``--layers 1`` builds the same operators as the plain layer (its tensors named layer0.*): same cycles,
     events and values."""
-    path, routings = layered
-    one = tmp = workload_from_config(_config(path, layer=0))
+    path, _ = layered
+    one = workload_from_config(_config(path, layer=0))
     stack = workload_from_config(_config(path, layers=1, layer=0))
     ra, rb = simulate(one), simulate(stack)
     assert ra.cycles == rb.cycles
     np.testing.assert_array_equal(ra.unit_counters, rb.unit_counters)
-    inputs = make_inputs(tmp, 7)
+    inputs = make_inputs(one, 7)
     renamed = {("layer0." + k if k != "x" else k): v for k, v in inputs.items()}
     np.testing.assert_array_equal(simulate(one, functional=True, inputs=inputs).outputs["y"],
                                   simulate(stack, functional=True, inputs=renamed).outputs["y"])
@@ -145,6 +145,8 @@ def test_run_moe_with_pp_functional_check_and_the_record_reads_back(layered, tmp
                                                                                                         "ring-2", 1)
     assert params["link_bytes"] == {"chip0->chip1": Y_BYTES}
     assert row["check_passed"] is True
+    # the symbolic off-chip bytes (per-micro-batch tile counts bound from the trace) are the engine's
+    assert row["off_chip_bytes_symbolic"] == row["off_chip_bytes_measured"] == row["off_chip_bytes"]
     (back,) = pq.read_table(out).to_pylist()
     assert (back["layers"], back["pp"], back["micro_batches"], back["cycles"]) == (4, 2, 2, row["cycles"])
     links = [u for u in pq.read_table(tmp_path / "run_units.parquet").to_pylist() if u["kind"] == "Link"]
@@ -184,3 +186,24 @@ def test_bad_pp_flag_is_one_line_with_status_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["stepsim: error: --pp 8: more stages than the 4 layers (--layers); a stage holds at least one "
                    "layer"]
+
+
+@pytest.mark.parametrize("hidden, latency, bandwidth", [(16, 500, 64), (64, 300, 16)])
+def test_one_micro_batch_stages_do_not_overlap(hidden, latency, bandwidth):
+    """With M = 1 and one tile per expert (``tile_n`` = B), an expert's only tile closes when the layer's last token
+    arrives, so a layer is a barrier and a stage boundary only adds the hop of the last row:
+    ``T(N, 1) = T(1, 1) + (N - 1)(alpha + sigma - 1)``, sigma = ``ceil(2 D / B)`` (a row at its timed width), to the
+    cycle (docs/system.md: Qwen3-30B-A3B's 4-layer stack on ring-2 / ring-4 follows it too)."""
+    from stepsim.base.system import from_dict
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.moe.build import build_moe
+
+    model = MoEModel("custom", hidden=hidden, intermediate=64, experts=8, top_k=2)
+    routings = [_routing(i) for i in range(4)]
+    t11 = simulate(build_moe(model, routings, tile_n=B, tile_f=16, layers=4)).cycles
+    sigma = -(-hidden * 2 // bandwidth)
+    for n in (2, 4):
+        system = from_dict({"name": "s", "chips": n, "topology": "fully-connected", "link_bandwidth": bandwidth,
+                            "link_latency": latency}, source="test", name="s")
+        got = simulate(build_moe(model, routings, tile_n=B, tile_f=16, layers=4, pp=n, system=system)).cycles
+        assert got == t11 + (n - 1) * (latency + sigma - 1), n

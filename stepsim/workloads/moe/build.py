@@ -106,7 +106,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
               packing_compute_bw: int = PACKING_COMPUTE_BW,
               channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], ep: int | None = None,
               placement: str = "contiguous", system=None, tp: int | None = None,
-              algorithm: str = "ring", layers: int = 1, pp: int | None = None,
+              algorithm: str = "ring", layers: int | None = None, pp: int | None = None,
               micro_batches: int | None = None) -> Workload:
     """Build the MoE layer for one decoding batch.
 
@@ -141,16 +141,19 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         Tensor parallelism: every expert's (and the shared experts') F columns split over ``tp`` chips, an
         all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`).
     layers, pp, micro_batches : int, optional
-        A stack of ``layers`` MoE layers (tensors ``layer<i>.<name>``; ``routing`` one array for every layer or
-        a list of one per layer), in ``pp`` pipeline stages on the chips of ``system``, ``micro_batches`` of
-        ``B / M`` tokens streaming through (:mod:`stepsim.workloads.moe.pipeline`).
+        Any of them given: a stack of ``layers`` (default 1) MoE layers (tensors ``layer<i>.<name>``; ``routing``
+        one array for every layer or a list of ``[tokens, top_k]`` arrays, one per layer), in ``pp`` pipeline
+        stages on the chips of ``system``, ``micro_batches`` of ``B / M`` tokens streaming through
+        (:mod:`stepsim.workloads.moe.pipeline`).
     """
-    stack = isinstance(routing, (list, tuple)) or layers != 1 or pp is not None or micro_batches is not None
+    stack = layers is not None or pp is not None or micro_batches is not None
     routings = None
     if stack:
+        layers = 1 if layers is None else layers
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
             raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
-        routings = list(routing) if isinstance(routing, (list, tuple)) else [routing] * layers
+        per_layer = isinstance(routing, (list, tuple)) and all(np.ndim(r) == 2 for r in routing)
+        routings = list(routing) if per_layer else [routing] * layers
         if len(routings) != layers:
             raise ArgumentError(f"--layers {layers}: got the routing of {len(routings)} layers")
         routings = [check_routing(r, model.experts, model.top_k) for r in routings]
