@@ -207,3 +207,10 @@ def test_one_micro_batch_stages_do_not_overlap(hidden, latency, bandwidth):
                             "link_latency": latency}, source="test", name="s")
         got = simulate(build_moe(model, routings, tile_n=B, tile_f=16, layers=4, pp=n, system=system)).cycles
         assert got == t11 + (n - 1) * (latency + sigma - 1), n
+
+
+def test_the_decoder_refuses_pp_in_one_line(capsys):
+    """The decoder is not pipelined yet (docs/system.md, "What remains"): --pp is refused before any work."""
+    assert main(["run", "decoder", "--model", "qwen", "--pp", "2", "--system", "ring-2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "stepsim: error: --pp does not apply to workload 'decoder' (it applies to: moe, swiglu)"]

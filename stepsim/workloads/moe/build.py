@@ -267,8 +267,14 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, time
         system = chips_system(pp, system, "--pp")
     elif system is not None:
         raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
-    g, net, bindings, flops = build_stack(model, routings, micro_batches=m, pp=pp, system=system,
-                                          stage_kwargs=dict(dynamic=dynamic, **stage))
+    def one_layer(g, tokens, routing, prefix):
+        out, bindings, _ = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts), prefix=prefix,
+                                     micro_batches=m, dynamic=dynamic, **stage)
+        return out, bindings
+
+    g, net, bindings, flops = build_stack(
+        model, routings, stage=one_layer, micro_batches=m, pp=pp, system=system,
+        flops_of=lambda part: algorithmic_flops(expert_counts(part, model.experts), model, stage["tile_n"]))
     params = {"layers": layers, "micro_batches": m}
     if pp is not None:
         from stepsim.workloads.chips import link_bytes

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import BF16, FP32, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Reshape, Tensor
-from stepsim.workloads.routing import expert_counts
 
 
 def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, tiling: str,
@@ -82,13 +81,13 @@ def layer_routings(path, experts: int, layers: int, iteration: int | None, layer
     return [load_routing(path, experts, iteration=iteration, layer=i) for i in range(first, first + layers)]
 
 
-def build_stack(model, routings: list, *, micro_batches: int, pp: int | None, system, stage_kwargs: dict):
+def build_stack(model, routings: list, *, stage, flops_of, micro_batches: int, pp: int | None, system):
     """The L-layer stack (module docstring), on one chip or (``pp``) in ``pp`` stages on the chips of ``system``.
 
-    Returns ``(graph, network or None, bindings, algorithmic FLOPs)``.
+    ``stage(g, tokens, routing, prefix)`` adds one layer (``moe_stage`` of ``moe/build.py``, which passes it in, so
+    this module does not import the builder) and returns its output rows and bindings; ``flops_of(routing)`` is
+    the algorithmic FLOPs of one micro-batch's routing. Returns ``(graph, network or None, bindings, FLOPs)``.
     """
-    from stepsim.workloads.moe.build import algorithmic_flops, moe_stage
-
     layers, d, batch = len(routings), model.hidden, routings[0].shape[0]
     name = f"moe-{model.name}-l{layers}" + (f"-pp{pp}" if pp else "") + f"-mb{micro_batches}"
     g = Graph(name)
@@ -103,11 +102,9 @@ def build_stack(model, routings: list, *, micro_batches: int, pp: int | None, sy
             tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
         else:
             tokens = out  # the previous layer's rows, (1, B) as the loaded x
-        out, layer_bindings, _ = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts),
-                                           prefix=f"layer{i}.", micro_batches=micro_batches, **stage_kwargs)
+        out, layer_bindings = stage(g, tokens, routing, f"layer{i}.")
         bindings.update(layer_bindings)
-        flops += sum(algorithmic_flops(expert_counts(routing[m * rows:(m + 1) * rows], model.experts), model,
-                                       stage_kwargs["tile_n"]) for m in range(micro_batches))
+        flops += sum(flops_of(routing[m * rows:(m + 1) * rows]) for m in range(micro_batches))
         for op in g.ops[before:]:
             chip_of[op.id] = i // per_stage
             if isinstance(op.group, tuple):  # expert e of layer i is not expert e of layer j (channel labels)
