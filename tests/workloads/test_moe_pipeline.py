@@ -214,3 +214,24 @@ def test_the_decoder_refuses_pp_in_one_line(capsys):
     assert main(["run", "decoder", "--model", "qwen", "--pp", "2", "--system", "ring-2"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "stepsim: error: --pp does not apply to workload 'decoder' (it applies to: moe, swiglu)"]
+
+
+def test_a_tokens_layers_top_k_array_routes_each_layer(layered, tmp_path):
+    """A single .npz whose ``data`` is ``[tokens, layers, top_k]``: layer i of the stack takes ``data[:, --layer + i]``."""
+    _, routings = layered
+    path = tmp_path / "layers.npz"
+    np.savez(path, data=np.stack(routings, axis=1))  # [24, 4, 2]
+    w = workload_from_config(_config(str(path), layers=4, pp=2, system="ring-2"))
+    np.testing.assert_array_equal(w.trace["routing"], np.stack(routings))
+    w = workload_from_config(_config(str(path), layers=2, layer=1))
+    np.testing.assert_array_equal(w.trace["routing"], np.stack(routings[1:3]))
+    with pytest.raises(ConfigError) as info:
+        workload_from_config(_config(str(path), layers=4, layer=1))
+    assert str(info.value) == (f"{path}: --layers 4 from layer 1 needs layers 1..4 of array 'data' [tokens, layers, "
+                               f"top_k], which has shape [24, 4, 2]")
+    bad = np.stack(routings, axis=1)
+    bad[5, 2, 1] = 9
+    np.savez(path, data=bad)
+    with pytest.raises(ConfigError) as info:
+        workload_from_config(_config(str(path), layers=4))
+    assert str(info.value) == f"{path} layer 2: row 5 column 1: expert id 9 outside 0..7"

@@ -664,6 +664,6 @@ def _stack_from_config(cfg: Mapping, model: MoEModel, stack: dict) -> Workload:
     layers = stack.setdefault("layers", 1)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
-    routings = layer_routings(resolved_trace(cfg), model.experts, layers, cfg["iteration"], cfg["layer"])
+    routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, layers, cfg["iteration"], cfg["layer"])
     return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
                      **bandwidth_kwargs(cfg), **stack)

@@ -49,10 +49,11 @@ def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int |
     return m
 
 
-def layer_routings(path, experts: int, layers: int, iteration: int | None, layer: int | None) -> list:
+def layer_routings(path, experts: int, top_k: int, layers: int, iteration: int | None, layer: int | None) -> list:
     """Each layer's ``[tokens, top_k]`` routing from a routing trace.
 
-    A trace holding several layers of the chosen iteration gives layer i of the stack its batch of layer
+    A single ``.npz`` file whose array ``data`` is ``[tokens, layers, top_k]`` gives layer i of the stack its layer
+    ``first + i`` (``first`` = ``--layer``, default 0). A trace holding several layers of the chosen iteration gives layer i of the stack its batch of layer
     ``first + i`` (``first`` = ``--layer``, default the trace's lowest layer); it must hold all L of them. A trace
     of one (iteration, layer) batch (a single ``.npz`` file, like the bundled traces) is reused by every layer.
     """
@@ -62,6 +63,9 @@ def layer_routings(path, experts: int, layers: int, iteration: int | None, layer
     from stepsim.trace_io.load import load_routing
     from stepsim.trace_io.readers import read_trace
 
+    layered = _layers_array(path)
+    if layered is not None:
+        return _split_layers(path, layered, experts, top_k, layers, 0 if layer is None else layer)
     table = read_trace(path, num_experts=experts, npz_labels=(iteration or 0, layer or 0))
     if iteration is not None:
         table = table.filter(pc.equal(table["iteration"], iteration))
@@ -118,3 +122,37 @@ def build_stack(model, routings: list, *, stage, flops_of, micro_batches: int, p
     from stepsim.graph.network import place_on_chips
 
     return g, place_on_chips(g, system, lambda op: chip_of[op.id]), bindings, flops
+
+
+def _layers_array(path):
+    """The ``[tokens, layers, top_k]`` array ``data`` of a single ``.npz`` file, or None (another trace, or a
+    ``[tokens, top_k]`` file: the trace readers take those, and their errors)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from stepsim.trace_io.readers import load_numpy_file
+
+    p = Path(path)
+    if p.suffix.lower() != ".npz" or not p.is_file():
+        return None
+
+    def load():
+        with np.load(p, allow_pickle=False) as z:
+            return z["data"] if "data" in z.files else None
+
+    data = load_numpy_file(p, load)
+    return data if data is not None and data.ndim == 3 else None
+
+
+def _split_layers(path, data, experts: int, top_k: int, layers: int, first: int) -> list:
+    """Layers ``first .. first + layers - 1`` of a ``[tokens, layers, top_k]`` array, each checked (one line naming
+    the file, the layer, the row and the column of a bad expert id)."""
+    from stepsim.base.errors import ConfigError
+    from stepsim.workloads.routing import check_routing
+
+    if first < 0 or first + layers > data.shape[1]:
+        raise ConfigError(f"{path}: --layers {layers} from layer {first} needs layers {first}..{first + layers - 1} "
+                          f"of array 'data' [tokens, layers, top_k], which has shape {list(data.shape)}")
+    return [check_routing(data[:, i, :], experts, top_k, source=f"{path} layer {i}")
+            for i in range(first, first + layers)]
