@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from stepsim.base.errors import ConfigError
+from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.base.hardware import Hardware
 from stepsim.cli import main
 from stepsim.graph.lower import lower
@@ -235,3 +235,44 @@ def test_a_tokens_layers_top_k_array_routes_each_layer(layered, tmp_path):
     with pytest.raises(ConfigError) as info:
         workload_from_config(_config(str(path), layers=4))
     assert str(info.value) == f"{path} layer 2: row 5 column 1: expert id 9 outside 0..7"
+
+
+@pytest.mark.parametrize("shared", [0, 32])
+def test_idle_experts_and_shared_experts_in_a_pipeline(shared):
+    """Expert 7 gets no token in any layer, expert 6 only in the second micro-batch; with shared experts (tiles of
+    4 tokens within micro-batches of 12): values equal the reference, both engines agree, link bytes as the metric."""
+    from stepsim.base.system import from_dict
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.moe.build import build_moe
+
+    routings = []
+    for i in range(2):
+        r = _routing(10 + i) % 6  # experts 0..5 (two picks may now coincide: redraw those rows)
+        r[:, 1] = (r[:, 0] + 1 + i) % 6
+        r[B // 2 + 3, 1] = 6  # expert 6: one token of micro-batch 1
+        routings.append(r)
+    model = MoEModel("custom", hidden=D, intermediate=64, experts=8, top_k=2, shared_intermediate=shared)
+    system = from_dict({"name": "s", "chips": 2, "topology": "fully-connected", "link_bandwidth": 64,
+                        "link_latency": 500}, source="test", name="s")
+    w = build_moe(model, routings, tile_n=4, tile_f=16, layers=2, pp=2, micro_batches=2, system=system)
+    assert w.idle_groups == {("layer0.expert", 7), ("layer1.expert", 7)}
+    r = simulate(w, functional=True, inputs=make_inputs(w, 3))
+    checks = check_outputs(w, r.inputs, r.outputs)
+    assert checks["y"].passed, checks
+    program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles == r.cycles
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    assert w.params["link_bytes"] == {"chip0->chip1": Y_BYTES}
+
+
+def test_shared_expert_tiles_must_not_span_micro_batches():
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.moe.build import build_moe
+
+    model = MoEModel("custom", hidden=D, intermediate=64, experts=8, top_k=2, shared_intermediate=32)
+    with pytest.raises(ArgumentError) as info:
+        build_moe(model, [_routing(0)] * 2, tile_n=8, tile_f=16, layers=2, micro_batches=2)
+    assert str(info.value) == ("--micro-batches 2: the shared experts' tiles of --tile-n 8 tokens must not span "
+                               "micro-batches of 12 tokens (a multiple of 8)")
