@@ -267,6 +267,7 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, time
         system = chips_system(pp, system, "--pp")
     elif system is not None:
         raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
+
     def one_layer(g, tokens, routing, prefix):
         out, bindings, _ = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts), prefix=prefix,
                                      micro_batches=m, dynamic=dynamic, **stage)
