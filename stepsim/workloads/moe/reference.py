@@ -186,7 +186,7 @@ def _moe_expert_weights(seed: int, experts: int, d: int, f: int):
 SHARDED = ("x", "routing_weights")
 
 
-def _stack_inputs(p: dict, seed: int) -> dict:
+def stack_inputs(p: dict, seed: int) -> dict:
     """A stack's tensors (moe/pipeline.py): ``x``, and per layer i its routing weights, experts (and shared
     experts) as ``layer<i>.<name>``, each drawn from its own seeded stream."""
     b, d, f, k, experts = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"]
@@ -226,7 +226,7 @@ def _stack_outputs(workload: Workload, inputs: dict) -> dict:
 def inputs(w: Workload, seed: int) -> dict:
     p = w.params
     if "layers" in p:
-        return _stack_inputs(p, seed)
+        return stack_inputs(p, seed)
     b, d, f, k, experts, regions = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"], p["regions"]
     logits = seeded_rng(seed, "routing_logits").standard_normal((b, k))
     soft = np.exp(logits - logits.max(axis=1, keepdims=True))
