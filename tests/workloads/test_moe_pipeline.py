@@ -209,13 +209,6 @@ def test_one_micro_batch_stages_do_not_overlap(hidden, latency, bandwidth):
         assert got == t11 + (n - 1) * (latency + sigma - 1), n
 
 
-def test_the_decoder_refuses_pp_in_one_line(capsys):
-    """The decoder is not pipelined yet (docs/system.md, "What remains"): --pp is refused before any work."""
-    assert main(["run", "decoder", "--model", "qwen", "--pp", "2", "--system", "ring-2"]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
-        "stepsim: error: --pp does not apply to workload 'decoder' (it applies to: moe, swiglu)"]
-
-
 def test_a_tokens_layers_top_k_array_routes_each_layer(layered, tmp_path):
     """A single .npz whose ``data`` is ``[tokens, layers, top_k]``: layer i of the stack takes ``data[:, --layer + i]``."""
     _, routings = layered

@@ -6,4 +6,4 @@ from stepsim.workloads.kinds import KINDS
 
 
 def test_pipeline_parallel_kinds():
-    assert sorted(name for name, k in KINDS.items() if k.pipeline_parallel) == ["moe", "swiglu"]
+    assert sorted(name for name, k in KINDS.items() if k.pipeline_parallel) == ["decoder", "moe", "swiglu"]

@@ -402,6 +402,26 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.trace_io.load import load_kv_lengths, load_routing
 
     model = resolve_model(cfg["model"])
+    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
+    if stack:
+        for flag, key in (("--tp", "tp"), ("--regions", "regions"), ("--algorithm", "algorithm")):
+            if cfg.get(key) is not None:
+                raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches for the decoder "
+                                    f"yet (a stack runs each layer whole on one chip, one region per expert)")
+        if cfg.get("pp") is None and cfg.get("system") is not None:
+            raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        if cfg.get("pp") is not None:
+            from stepsim.base.system import System
+
+            if cfg.get("system") is None:
+                raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages "
+                                    f"run on)")
+            stack["system"] = System.load(cfg["system"])
+        layers = stack.setdefault("layers", 1)
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
     if cfg.get("kv_lengths") is None:
         raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
                           "(config key 'kv_lengths')")
@@ -410,13 +430,21 @@ def from_config(cfg: Mapping) -> Workload:
         if cfg.get("routing") is None:
             raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
                               "key 'routing')")
-        routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+        if stack:  # each layer's routing (moe/pipeline.py: a multi-layer trace, else one batch for every layer)
+            from stepsim.workloads.moe.pipeline import layer_routings
+
+            routing = layer_routings(cfg["routing"], model.experts, model.top_k, stack["layers"], cfg["iteration"],
+                                     cfg["layer"])
+        else:
+            routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     elif cfg.get("routing") is not None:
         raise ConfigError(f"model {model.name!r} is dense: --routing does not apply")
     kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
     kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
           if cfg.get(key) is not None}
-    if cfg.get("tp") is not None:
+    if stack:
+        kw.update(stack)
+    elif cfg.get("tp") is not None:
         from stepsim.base.system import System
 
         if cfg.get("system") is not None and cfg.get("hardware") is not None:
