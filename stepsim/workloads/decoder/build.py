@@ -20,8 +20,11 @@ With ``tp`` (``--tp N``) the KV heads and the FFN's columns split over N chips, 
 projection and one after the FFN (:mod:`stepsim.workloads.decoder.parallel`); chip c stores rows ``k B/N ..`` of y
 as ``y<c>.<k>``.
 
-Not modelled: the normalizations (RMSNorm), the query / key / value projections (the new token's q, k, v are
-read from HBM as in the paper's attention graph) and rotary embeddings.
+With ``layers`` / ``pp`` / ``micro_batches`` a stack of layers (:mod:`stepsim.workloads.decoder.pipeline`), whose
+q, k, v are computed from each layer's input rows, in pipeline stages on chips.
+
+Not modelled: the normalizations (RMSNorm), the query / key / value projections of one layer (the new token's q,
+k, v are read from HBM as in the paper's attention graph; a stack computes them) and rotary embeddings.
 """
 
 from __future__ import annotations
