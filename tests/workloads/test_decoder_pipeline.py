@@ -116,6 +116,9 @@ def test_run_decoder_with_pp_from_the_cli(tmp_path, capsys):
     params = json.loads(row["params"])
     assert (row["layers"], row["pp"], row["micro_batches"], params["links_used"]) == (2, 2, 2, 1)
     assert params["link_bytes"] == {"chip0->chip1": 32 * 2048 * 2}
+    # the symbolic off-chip bytes (every layer's heads, projections and per-micro-batch expert tiles bound) are the
+    # engine's
+    assert row["off_chip_bytes_symbolic"] == row["off_chip_bytes_measured"] == row["off_chip_bytes"]
 
 
 @pytest.mark.parametrize("kw, message", [
