@@ -95,7 +95,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--algorithm", choices=("ring", "direct"),
                    help="collective, SwiGLU / MoE / decoder with --tp (its all-reduces): ring (default) or direct")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="collective, MoE with --ep or --tp, SwiGLU / decoder with --tp, SwiGLU with --pp: the chips and links, a system TOML file or preset "
+                   help="collective, MoE with --ep or --tp, SwiGLU / decoder with --tp, SwiGLU / MoE / decoder with --pp: the chips and links, a system TOML file or preset "
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
                    help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
@@ -104,13 +104,16 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                         "all-reduce after (--algorithm ring, the default, or direct); the decoder also splits its KV "
                         "heads, an all-reduce after the output projection")
     p.add_argument("--layers", type=int, metavar="L",
-                   help="SwiGLU: a stack of L layers, each consuming the previous one's output (default 1)")
+                   help="SwiGLU, MoE, decoder: a stack of L layers, each consuming the previous one's output (default 1; "
+                        "MoE / decoder: layer i routed by the trace's layer --layer + i, or a one-batch trace reused "
+                        "by every layer; decoder: q / k / v computed from the layer's input)")
     p.add_argument("--pp", type=int, metavar="N",
-                   help="SwiGLU with --layers L: pipeline parallelism, the layers split into N stages on N chips "
+                   help="SwiGLU, MoE, decoder with --layers L: pipeline parallelism, the layers split into N stages on N chips "
                         "(--system, required), the stage boundary a link")
     p.add_argument("--micro-batches", type=int, metavar="M",
                    help="SwiGLU with --layers: M micro-batches of B / M rows stream through the stages (one row "
-                        "tile each: --tile-m must be B / M; default B / --tile-m)")
+                        "tile each: --tile-m must be B / M; default B / --tile-m); MoE / decoder: each expert's tiles "
+                        "(and the decoder's projection tiles) are packed per micro-batch of B / M tokens (default 1)")
     p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
                    help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
                         "from the routing trace)")

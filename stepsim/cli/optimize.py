@@ -9,7 +9,7 @@ the same folder resumes (finished evaluations and simulations are read back). Ex
 
 ``--max-chips N`` (MoE, decoder) adds the parallel axes the kind declares: tensor and expert parallelism
 (``tp x ep <= N`` chips; ``ep`` on the divisors of the expert count, each with the three placements; the decoder:
-``tp`` in its FFN stage), on ``--system``'s chips
+``tp`` in its FFN stage; with ``--layers L``, pipeline stages alone: ``pp`` on the divisors of L), on ``--system``'s chips
 scaled to that count (default: fully connected chips); the chip count becomes a fourth objective of the front
 (stepsim/optimize/chips.py).
 """

@@ -324,6 +324,10 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
         from stepsim.optimize.chips import on_system
 
         stages = [(name, on_system(grids, system, system_spec, out)) for name, grids in stages]
+    elif max_chips is not None:
+        from stepsim.optimize.chips import default_pipeline_systems
+
+        stages = [(name, default_pipeline_systems(grids, out)) for name, grids in stages]
     owned = isinstance(executor, str)
     runner = make_executor(executor, jobs=jobs or default_jobs(), warm_kernels=True, address=address) \
         if owned else executor

@@ -13,8 +13,10 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   columns split over ``tp`` chips, an all-reduce after; each grid keeps only its ``tile_f`` values that split
   into ``tp`` blocks of whole tiles, and no time-multiplexed ``regions`` (the builder refuses both with ``tp``);
   with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
-* ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (none of the
-  searched kinds does yet: a kind that gains ``--pp`` lists it and the search takes it up);
+* ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (``swiglu``,
+  ``moe``, ``decoder``); a stack of ``layers > 1`` combines with neither ``tp`` nor ``ep`` (its builders refuse
+  both), so its candidates are pipelines alone; without ``--system`` each runs on the default fully connected
+  chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
 * the decoder layer (``tp``): searched in its second stage (the FFN grid with the attention strategies the
   one-chip first stage keeps), ``tp`` also dividing its KV heads;
 * the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
@@ -82,17 +84,32 @@ def system_for(system, spec: str, chips: int, out: Path) -> str:
     """The system spec of a candidate on ``chips`` chips: ``spec`` itself (a preset name, or the file's absolute
     path) when the system has that many chips, else the path of ``OUT/systems/<name>-<chips>.toml``, the system
     scaled to ``chips`` (written atomically; same hardware, topology and link figures)."""
-    from stepsim.base.files import atomic_output
-
     if chips == system.chips:
         return spec if not Path(spec).is_file() else Path(spec).resolve().as_posix()
     if not scalable(system):  # chip_counts searched only the system's own count
         raise ConfigError(f"system {system.name!r} has several dimensions or custom links; it cannot be scaled "
                           f"to {chips} chips")
+    return system_file(system, chips, out)
+
+
+def system_for_default(chips: int, out: Path) -> str:
+    """The path of ``OUT/systems/fully-connected-<chips>.toml``: the system ``--ep`` and ``--tp`` run on without
+    ``--system`` (:func:`stepsim.workloads.chips.chips_system`), for a knob (``--pp``) that needs one named."""
+    from stepsim.workloads.chips import chips_system
+
+    return system_file(chips_system(chips, None, "--pp"), chips, out)
+
+
+def system_file(system, chips: int, out: Path) -> str:
+    """Write ``system`` with ``chips`` chips (one dimension: same hardware, topology and links) into
+    ``OUT/systems/`` atomically, unless the same text is there; its absolute path."""
+    from stepsim.base.files import atomic_output
+
+    name = system.name if chips == system.chips else f"{system.name}-{chips}"
     dim = system.dimensions[0]
-    path = (Path(out) / SYSTEMS_DIR / f"{system.name}-{chips}.toml").resolve()
+    path = (Path(out) / SYSTEMS_DIR / f"{name}.toml").resolve()
     text = (f"# {system.name} scaled to {chips} chips by stepsim optimize --max-chips\n"
-            f"name = \"{system.name}-{chips}\"\nchips = {chips}\nhardware = \"{system.hardware_spec}\"\n"
+            f"name = \"{name}\"\nchips = {chips}\nhardware = \"{system.hardware_spec}\"\n"
             f"topology = \"{dim.topology}\"\nlink_bandwidth = {dim.link_bandwidth}\n"
             f"link_latency = {dim.link_latency}\n")
     if not path.is_file() or path.read_text() != text:
@@ -117,6 +134,8 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
                      if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
               if "tp" in axes else [],
               "pp": [n for n in range(2, max_chips + 1) if layers % n == 0] if "pp" in axes else []}
+    if layers > 1:  # a stack of layers combines with pp alone (every stack builder refuses --tp and --ep)
+        values["tp"] = values["ep"] = []
     combos = []
     for tp in [1, *values["tp"]]:
         for ep in [1, *values["ep"]]:
@@ -161,6 +180,19 @@ def parallel_grids(tile_grids: list[dict], max_chips: int, *, axes=("ep",), expe
                                  heads=heads, system=system):
         grids += [g for g in (_fit(grid, combo, widths) for grid in tile_grids) if g is not None]
     return grids
+
+
+def default_pipeline_systems(grids: list[dict], out: Path) -> list[dict]:
+    """``grids`` without ``--system``: a grid with ``pp`` is split by its values, each on the default system of that
+    many chips (:func:`system_for_default`; ``--pp`` itself has no default system, so the candidate's command
+    names the file)."""
+    placed = []
+    for grid in grids:
+        if "pp" not in grid or "system" in grid:
+            placed.append(grid)
+            continue
+        placed += [{**grid, "pp": (pp,), "system": (system_for_default(pp, out),)} for pp in grid["pp"]]
+    return placed
 
 
 def on_system(grids: list[dict], system, spec: str, out: Path) -> list[dict]:

@@ -44,12 +44,9 @@ def trace(tmp_path):
     # a shared expert's width must split too: 50 columns rule out tp 4
     (("tp", "ep"), 4, {"experts": 8, "widths": (64, 50), "batch": 24},
      [{"ep": 2}, {"tp": 2}, {"ep": 4}, {"tp": 2, "ep": 2}]),
-    # a kind that declares pp: the divisors of its 4 layers
-    (("tp", "ep", "pp"), 4, {"experts": 8, "widths": (64,), "batch": 24, "layers": 4},
-     [{"ep": 2}, {"tp": 2}, {"pp": 2}, {"ep": 4}, {"tp": 2, "ep": 2}, {"ep": 2, "pp": 2}, {"tp": 4},
-      {"tp": 2, "pp": 2}, {"pp": 4}]),
-    # 3 layers: pp 3 (3 chips, where tp 3 does not split 64 columns)
-    (("tp", "pp"), 4, {"experts": 8, "widths": (64,), "batch": 24, "layers": 3}, [{"tp": 2}, {"pp": 3}, {"tp": 4}]),
+    # a kind that declares pp: the divisors of its 4 layers; a stack takes neither tp nor ep (its builders refuse)
+    (("tp", "ep", "pp"), 4, {"experts": 8, "widths": (64,), "batch": 24, "layers": 4}, [{"pp": 2}, {"pp": 4}]),
+    (("tp", "pp"), 4, {"experts": 8, "widths": (64,), "batch": 24, "layers": 3}, [{"pp": 3}]),
     # a system that cannot be scaled: its own chip count only
     (("tp", "ep"), 16, {"experts": 8, "widths": (64,), "batch": 64, "system": System.preset("torus-4x4")},
      [{"tp": 2, "ep": 8}, {"tp": 4, "ep": 4}, {"tp": 8, "ep": 2}, {"tp": 16}]),
@@ -170,3 +167,28 @@ def test_decoder_tp_candidates_keep_the_bound_and_the_exhaustive_front(decoder_l
     # this small layer is latency-bound: the two all-reduces' hops make tp 2 slower than one chip (off the front)
     assert [(c.cycles, c.chips, c.config["strategy"]) for c in r.front] == [(2397, 1, "dynamic"), (5436, 1, "coarse")]
     assert [(p["tp"], p["ep"], p["pp"]) for p in r.to_json()["pareto"]] == [(1, 1, 1), (1, 1, 1)]
+
+
+def test_a_stack_searches_pipeline_stages_on_default_chips(trace, tmp_path, serial, exhaustive_front):
+    """A 2-layer MoE stack under a 2-chip budget: one chip or two pipeline stages (no --system: the stages run on
+    the default fully connected chips, written as a system file the candidates' commands name). With one
+    micro-batch a stage boundary only adds its link, so one chip stays the fastest; the front is the exhaustive
+    one and every bound holds."""
+    grids = parallel_grids(TILES[:1], 2, axes=("tp", "ep", "pp"), experts=8, widths=(512,), batch=24, layers=2)
+    assert grids == [TILES[0], {**TILES[0], "pp": (2,)}]
+    out = tmp_path / "opt"
+    r = optimize("moe", out=out, executor=serial, max_chips=2, space=grids, trace=trace, layers=2, **SMALL)
+    system = (out / "systems" / "fully-connected-2.toml").resolve()
+    assert [(c.config.get("pp"), c.config.get("system"), c.status) for c in r.candidate_list] == [
+        (None, None, "simulated"), (None, None, "simulated"), (2, system.as_posix(), "simulated"),
+        (2, system.as_posix(), "simulated")]
+    front, cycles = exhaustive_front(r)
+    assert sorted((c.run_id, *c.objectives) for c in r.front) == front
+    assert [(c.lower_bound, cycles[c.run_id]) for c in r.candidate_list] == [
+        (25624, 31292), (26648, 35282), (14148, 31807), (15172, 35797)]
+    assert [(c.cycles, c.chips) for c in r.front] == [(31292, 1)]
+    written = System.load(system)
+    assert (written.chips, written.dimensions[0].topology, written.dimensions[0].link_bandwidth,
+            written.dimensions[0].link_latency) == (2, "fully-connected", 64, 500)
+    doc = json.loads((out / "optimize.json").read_text())
+    assert [(p["tp"], p["ep"], p["pp"]) for p in doc["pareto"]] == [(1, 1, 1)]

@@ -390,12 +390,16 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
 
 
 def attention_stage(g: Graph, seq_len_tiled, offset, strategy: str, regions: int, max_n: int,
-                    metadata_fifo_depth, cfg: dict, *, prefix: str = "", collect: list | None = None):
+                    metadata_fifo_depth, cfg: dict, *, prefix: str = "", collect: list | None = None,
+                    qkv: tuple | None = None):
     """One KV head's decode attention as operators of ``g`` (the body of :func:`build_attention`).
 
     Tensors are named with ``prefix`` (``h2_k_cache`` for head 2 of a layer). With ``collect`` (a list) each
     region's result stream (``[requests of the region]`` of ``(query_per_kv_head, head_dim)`` tiles) is
-    appended to it instead of being stored to ``<prefix>out``, so a caller can stream the output onward.
+    appended to it instead of being stored to ``<prefix>out``, so a caller can stream the output onward. With
+    ``qkv`` (three streams of the loads' shapes and tiles: ``(q_rows, head_dim)``, ``(1, head_dim)`` twice, one per
+    request; not with the coarse strategy) the new token's q, k and v come from them instead of HBM (a decoder
+    stack computes them from its input rows, :mod:`stepsim.workloads.decoder.pipeline`).
 
     Returns ``(assignment, distributors, control)``: the region assignment, the operators whose outputs carry
     each region's metadata, and the dynamic dispatcher's one-hot region per request (None for static
@@ -431,7 +435,7 @@ def attention_stage(g: Graph, seq_len_tiled, offset, strategy: str, regions: int
             _label(g.ops[before:], r)
             k_loads.append(_flash_region(g, r, q, k, v, *meta, caches, cfg))
     else:
-        q_load, k_load, v_load = (
+        q_load, k_load, v_load = qkv if qkv is not None else (
             LinearOffChipLoad(g, t, (rows, head_dim), (batch, 1), (1, 1), stream_dtype=FP32)
             for t, rows in ((Tensor(f"{prefix}q", (batch * q_rows, head_dim), BF16), q_rows),
                             (Tensor(f"{prefix}k", (batch, head_dim), BF16), 1),

@@ -20,8 +20,11 @@ With ``tp`` (``--tp N``) the KV heads and the FFN's columns split over N chips, 
 projection and one after the FFN (:mod:`stepsim.workloads.decoder.parallel`); chip c stores rows ``k B/N ..`` of y
 as ``y<c>.<k>``.
 
-Not modelled: the normalizations (RMSNorm), the query / key / value projections (the new token's q, k, v are
-read from HBM as in the paper's attention graph) and rotary embeddings.
+With ``layers`` / ``pp`` / ``micro_batches`` a stack of layers (:mod:`stepsim.workloads.decoder.pipeline`), whose
+q, k, v are computed from each layer's input rows, in pipeline stages on chips.
+
+Not modelled: the normalizations (RMSNorm), the query / key / value projections of one layer (the new token's q,
+k, v are read from HBM as in the paper's attention graph; a stack computes them) and rotary embeddings.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                   tiling: str = "static", tile_n: int | None = None, tile_f: int | None = None,
                   regions: int | None = None, compute_bw: int = STATIC_COMPUTE_BW,
                   channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], tp: int | None = None, system=None,
-                  algorithm: str = "ring") -> Workload:
+                  algorithm: str = "ring", layers: int | None = None, pp: int | None = None,
+                  micro_batches: int | None = None) -> Workload:
     """Build one decoder layer for a decode batch (see the module docstring).
 
     Parameters
@@ -113,7 +117,24 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         ``--tp N``: the KV heads and the FFN's columns split over N chips of ``system`` (default: fully connected
         chips), an all-reduce (``algorithm``) after the output projection and one after the FFN
         (:mod:`stepsim.workloads.decoder.parallel`).
+    layers, pp, micro_batches : int, optional
+        Any of them given: a stack of ``layers`` (default 1) decoder layers whose q / k / v are computed from
+        their input (tensors ``layer<i>.*``; ``routing`` one array for every layer or a list of ``[B, top_k]``
+        arrays, one per layer), in ``pp`` stages on the chips of ``system``, ``micro_batches`` of ``B / M``
+        requests (:mod:`stepsim.workloads.decoder.pipeline`).
     """
+    stack = layers is not None or pp is not None or micro_batches is not None
+    routings = None
+    if stack:
+        layers = 1 if layers is None else layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+        if routing is not None:
+            per_layer = isinstance(routing, (list, tuple)) and all(np.ndim(r) == 2 for r in routing)
+            routings = list(routing) if per_layer else [routing] * layers
+            if len(routings) != layers:
+                raise ArgumentError(f"--layers {layers}: got the routing of {len(routings)} layers")
+            routing = routings[0]
     kv = att._check_lengths(kv_lengths)
     batch = len(kv)
     d, hd = model.hidden, model.head_dim
@@ -122,6 +143,11 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     if not 1 <= n_heads <= model.kv_heads:
         raise ArgumentError(f"kv_heads must be between 1 and the model's {model.kv_heads}, got {kv_heads!r}")
     o_tile = min(O_TILE, batch)
+    if stack:
+        from stepsim.workloads.decoder.pipeline import check_pipeline
+
+        micro_batches, o_tile = check_pipeline(layers, pp, batch, micro_batches, strategy=strategy, tiling=tiling,
+                                               tp=tp, regions=regions)
     if batch % o_tile:
         raise ArgumentError(f"the decoder layer needs a batch that is a multiple of {O_TILE} (or at most "
                             f"{O_TILE}), got {batch} requests")
@@ -132,7 +158,9 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     moe = model.moe if model.is_moe else None
     if moe is not None:
         routing = check_routing(routing, moe.experts, moe.top_k)
-        if routing.shape[0] != batch:
+        if routings is not None:
+            routings = [check_routing(r, moe.experts, moe.top_k) for r in routings]
+        if any(r.shape[0] != batch for r in (routings or [routing])):
             raise ArgumentError(f"the routing has {routing.shape[0]} tokens but the KV lengths {batch} requests; "
                                 "a decode batch has one token per request")
     tile_f = tile_f or DEFAULT_TILE_F
@@ -168,7 +196,11 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                       packing_compute_bw=PACKING_COMPUTE_BW)
         idle = idle_groups(counts, ffn_regions)
     parallel = {}
-    if tp is None:
+    if stack:
+        parallel, idle = _stack(g, model, routings, layers, pp, system, micro_batches, n_heads=n_heads, batch=batch,
+                                o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw, stage=stage)
+        flat_routing = np.stack(routings) if moe is not None else None
+    elif tp is None:
         products = _sum_pairwise(g, _heads(range(n_heads), **stage), bw)
         x = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (o_tile, d), (batch // o_tile,), (1,),
                                          stream_dtype=FP32), 0, 1)  # [1, n] -> [n] tiles of o_tile rows
@@ -204,6 +236,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         for op in g.ops:
             if op.kind == "Broadcast" and op.group is None and id(op.inputs[0].op) in dist:
                 op.group = ("region", offset_r + op.inputs[0].index)
+    if stack:
+        routing = flat_routing  # [layers, B, top_k]: the reference routes layer i by routing[i]
     balanced = [att.region_units(g.ops[start:stop], attention_regions, offset_r)
                 for start, stop, offset_r, _ in relabel] if strategy == "dynamic" else []
     workload = Workload(
@@ -222,24 +256,27 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         trace={"kv_lengths": kv, **({"routing": routing} if moe is not None else {})},
     )
     # the attention's symbols, for the round-robin / block assignment of every head
-    head_symbols = _attention_bindings(workload, seq_len_tiled, strategy, attention_regions, n_heads)
+    head_symbols = _attention_bindings(workload, seq_len_tiled, strategy, attention_regions,
+                                       n_heads * (layers if stack else 1))  # a stack's layer i: heads i H ..
     workload.bindings.update(head_symbols)
     return workload
 
 
 def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, att_cfg, o_tile, hidden, bw,
-           bindings, relabel) -> list:
-    """Stages 1-2 for the KV heads ``hs``: each head's attention (tensors ``h<h>_*``), its results in request
-    order, and one product per query head with ``wo_h<h>_q<j>``; returns the products (tiles of ``o_tile``
-    requests). Appends each head's op range to ``relabel`` (its regions are renumbered after finalize)."""
+           bindings, relabel, prefix: str = "", qkv_of=None, region_base: int = 0) -> list:
+    """Stages 1-2 for the KV heads ``hs``: each head's attention (tensors ``<prefix>h<h>_*``), its results in
+    request order, and one product per query head with ``<prefix>wo_h<h>_q<j>``; returns the products (tiles of
+    ``o_tile`` requests). Appends each head's op range to ``relabel`` (its regions are renumbered after finalize,
+    from ``region_base``: a stack's layers number their heads' regions apart). ``qkv_of(h)``: head h's q, k, v
+    streams (a stack's projections of its input), else they are loaded from HBM."""
     batch, hd, d, q_rows = len(seq_len_tiled), att_cfg["head_dim"], hidden, att_cfg["q_rows"]
     products = []
     for h in hs:
         before = len(g.ops)
         results: list = []
         assignment, distributors, control = att.attention_stage(
-            g, seq_len_tiled, offset, strategy, attention_regions, max_n, None, att_cfg, prefix=f"h{h}_",
-            collect=results)
+            g, seq_len_tiled, offset, strategy, attention_regions, max_n, None, att_cfg, prefix=f"{prefix}h{h}_",
+            collect=results, qkv=None if qkv_of is None else qkv_of(h))
         region_of = np.empty(batch, dtype=np.int64)
         for r, reqs in enumerate(assignment):
             region_of[reqs] = r
@@ -259,11 +296,74 @@ def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, 
             per_query.assume_shape(j, (batch,))
             tiles = Accum(g, Reshape(g, per_query[j], o_tile, 0, pad=Zero(1, hd)), RetileRow(), Empty(0, hd), 1,
                           out_dtype=Tile(FP32, o_tile, hd), compute_bw=PACKING_COMPUTE_BW)
-            w = LinearOffChipLoad(g, Tensor(f"wo_h{h}_q{j}", (hd, d), BF16), (hd, d), (1, 1), (1, 1), ref=tiles,
-                                  stream_dtype=FP32)
+            w = LinearOffChipLoad(g, Tensor(f"{prefix}wo_h{h}_q{j}", (hd, d), BF16), (hd, d), (1, 1), (1, 1),
+                                  ref=tiles, stream_dtype=FP32)
             products.append(Map(g, [tiles, Flatten(g, Flatten(g, w, 0, 1), 0, 1)], Matmul(), **bw))
-        relabel.append((before, len(g.ops), h * len(assignment), distributors))
+        relabel.append((before, len(g.ops), region_base + h * len(assignment), distributors))
     return products
+
+
+def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n_heads: int, batch: int,
+           o_tile: int, tile_f: int, moe_kw: dict, bw: dict, stage: dict) -> tuple:
+    """The layers of a decoder stack (:mod:`stepsim.workloads.decoder.pipeline`) in ``g``, placed on the chips of
+    ``system`` with ``pp``. Returns ``(params, idle groups)``."""
+    from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
+
+    d, hd, q_rows, moe = model.hidden, model.head_dim, model.heads // model.kv_heads, model.moe if model.is_moe else None
+    if pp is not None:
+        from stepsim.workloads.chips import chips_system
+
+        system = chips_system(pp, system, "--pp")
+    elif system is not None:
+        raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
+    chip_of: dict[int, int] = {}
+    per_stage = layers // (pp or 1)
+    idle: set = set()
+    rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
+                                        stream_dtype=FP32), 0, 1)  # (1, B) rows
+    chip_of.update({op.id: 0 for op in g.ops})
+    for i in range(layers):
+        before, prefix = len(g.ops), f"layer{i}."
+        tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
+
+        def qkv_of(h, tiles=tiles, prefix=prefix):
+            q, k, v, ragged = qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd, q_rows=q_rows,
+                                          bw=bw, packing_compute_bw=PACKING_COMPUTE_BW)
+            stage["bindings"][ragged] = 1  # one query head's row per selector element
+            return q, k, v
+
+        products = _sum_pairwise(g, _heads(range(n_heads), **stage, prefix=prefix, qkv_of=qkv_of,
+                                           region_base=i * n_heads * stage["attention_regions"]), bw)
+        residual = Map(g, [products, Flatten(g, tiles, 0, 1)], Add(), **bw)
+        h_rows = Promote(g, RetileStreamify(g, residual, split_row=True), 1)
+        h_rows.fanout_depth = batch  # the rows wait for the FFN's first output (module docstring)
+        ffn_start = len(g.ops)
+        if moe is not None:
+            ffn_out, moe_bindings, _ = moe_stage(g, h_rows, moe, routings[i], expert_counts(routings[i], moe.experts),
+                                                 prefix=prefix, micro_batches=micro_batches, **moe_kw)
+            stage["bindings"].update(moe_bindings)
+            idle |= {(f"layer{i}.expert", e) for e, c in enumerate(expert_counts(routings[i], moe.experts)) if c == 0}
+        else:
+            ffn_out = shared_ffn(g, h_rows, _dense(model, model.dense_intermediate), batch, o_tile, tile_f,
+                                 PACKING_COMPUTE_BW, bw, prefix=prefix)
+            _label(g.ops[ffn_start:], ("ffn", 0))
+        rows = Map(g, [ffn_out, h_rows], Add(), **bw)
+        for op in g.ops[before:]:
+            chip_of[op.id] = i // per_stage
+            if isinstance(op.group, tuple) and op.group[0] in ("expert", "ffn"):  # not the attention's regions
+                op.group = (f"layer{i}.{op.group[0]}", op.group[1])
+    before = len(g.ops)
+    LinearOffChipStore(g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y")
+    for op in g.ops[before:]:
+        chip_of[op.id] = (pp or 1) - 1
+    params = {"layers": layers, "micro_batches": micro_batches}
+    if pp is not None:
+        from stepsim.graph.network import place_on_chips
+        from stepsim.workloads.chips import link_bytes
+
+        net = place_on_chips(g, system, lambda op: chip_of[op.id])
+        params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+    return params, idle
 
 
 def _sum_pairwise(g, products, bw):
@@ -305,6 +405,26 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.trace_io.load import load_kv_lengths, load_routing
 
     model = resolve_model(cfg["model"])
+    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
+    if stack:
+        for flag, key in (("--tp", "tp"), ("--regions", "regions"), ("--algorithm", "algorithm")):
+            if cfg.get(key) is not None:
+                raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches for the decoder "
+                                    f"yet (a stack runs each layer whole on one chip, one region per expert)")
+        if cfg.get("pp") is None and cfg.get("system") is not None:
+            raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        if cfg.get("pp") is not None:
+            from stepsim.base.system import System
+
+            if cfg.get("system") is None:
+                raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages "
+                                    f"run on)")
+            stack["system"] = System.load(cfg["system"])
+        layers = stack.setdefault("layers", 1)
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
     if cfg.get("kv_lengths") is None:
         raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
                           "(config key 'kv_lengths')")
@@ -313,13 +433,21 @@ def from_config(cfg: Mapping) -> Workload:
         if cfg.get("routing") is None:
             raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
                               "key 'routing')")
-        routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
+        if stack:  # each layer's routing (moe/pipeline.py: a multi-layer trace, else one batch for every layer)
+            from stepsim.workloads.moe.pipeline import layer_routings
+
+            routing = layer_routings(cfg["routing"], model.experts, model.top_k, stack["layers"], cfg["iteration"],
+                                     cfg["layer"])
+        else:
+            routing = load_routing(cfg["routing"], model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     elif cfg.get("routing") is not None:
         raise ConfigError(f"model {model.name!r} is dense: --routing does not apply")
     kv = load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"])
     kw = {key: cfg[key] for key in ("tile_n", "tile_f", "regions", "compute_bw", "channel_depth")
           if cfg.get(key) is not None}
-    if cfg.get("tp") is not None:
+    if stack:
+        kw.update(stack)
+    elif cfg.get("tp") is not None:
         from stepsim.base.system import System
 
         if cfg.get("system") is not None and cfg.get("hardware") is not None:

@@ -37,11 +37,89 @@ def _decoder_parts(w: Workload):
     return attention, moe
 
 
+def _stack_inputs(w: Workload, seed: int) -> dict:
+    """A decoder stack's tensors (decoder/pipeline.py): ``x``; per layer i and KV head h its KV caches (the
+    attention workload's draw, from seed ``seed + 7919 h + 104729 i``), the q / k / v projections
+    ``layer<i>.wq_h<h>_q<j>``, ``layer<i>.wk_h<h>``, ``layer<i>.wv_h<h>`` ([D, head_dim]; q and k scaled by
+    ``head_dim ** -0.25`` more, so q.k stays near 1 as in the attention's own draw) and ``layer<i>.wo_h<h>_q<j>``;
+    the FFN's tensors as the MoE stack draws them (dense: ``layer<i>.shared_*``)."""
+    p = w.params
+    attention, _ = _decoder_parts(w)
+    d, hd, q = p["hidden"], p["head_dim"], p["query_per_kv_head"]
+    arrays = {"x": seeded_normal(seed, "x", (p["batch"], d), 1.0, bf16=True)}
+    for i in range(p["layers"]):
+        for h in range(p["kv_heads"]):
+            drawn = attention_ref.inputs(attention, seed + 7919 * h + 104729 * i)
+            arrays.update({f"layer{i}.h{h}_{name}": drawn[name] for name in ("k_cache", "v_cache")})
+            arrays[f"layer{i}.wk_h{h}"] = seeded_normal(seed, f"layer{i}.wk", (d, hd), d ** -0.5 * hd ** -0.25, h,
+                                                        bf16=True)
+            arrays[f"layer{i}.wv_h{h}"] = seeded_normal(seed, f"layer{i}.wv", (d, hd), d ** -0.5, h, bf16=True)
+            for j in range(q):
+                arrays[f"layer{i}.wq_h{h}_q{j}"] = seeded_normal(seed, f"layer{i}.wq", (d, hd),
+                                                                 d ** -0.5 * hd ** -0.25, h, j, bf16=True)
+                arrays[f"layer{i}.wo_h{h}_q{j}"] = seeded_normal(seed, f"layer{i}.wo", (hd, d),
+                                                                 (p["heads"] * hd) ** -0.5, h, j, bf16=True)
+        if "experts" not in p:
+            f = p["dense_intermediate"]
+            for part, shape in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d))):
+                arrays[f"layer{i}.shared_{part}"] = seeded_normal(seed, f"layer{i}.shared_{part}", shape,
+                                                                  shape[0] ** -0.5, bf16=True)
+    if "experts" in p:
+        moe = dict(batch=p["batch"], hidden=d, intermediate=p["intermediate"], top_k=p["top_k"],
+                   experts=p["experts"], shared_intermediate=p["shared_intermediate"], layers=p["layers"])
+        arrays.update({k: v for k, v in moe_ref.stack_inputs(moe, seed).items() if k != "x"})
+    return arrays
+
+
+def _stack_outputs(workload: Workload, inputs: dict) -> dict:
+    """Layer by layer: q, k, v = the layer's input rows times the projections (each rounded to fp32, as the
+    graph's Matmul tiles), the attention of every KV head (its caches after the append), the output projection
+    and residual, the FFN and residual; a layer's output enters the next in fp32."""
+    who, p = "workload_reference", workload.params
+    attention, _ = _decoder_parts(workload)
+    b, q, hd, d = p["batch"], p["query_per_kv_head"], p["head_dim"], p["hidden"]
+    routing = workload_trace(workload, "routing") if "experts" in p else None
+    outputs, y = {}, as_f32(take_input(inputs, "x", who)).astype(np.float64)
+    for i in range(p["layers"]):
+        pre = f"layer{i}."
+
+        def project(name, rows=y, pre=pre):
+            return as_f32(rows @ as_f32(take_input(inputs, pre + name, who)))
+
+        o = np.zeros((b, d))
+        for h in range(p["kv_heads"]):
+            qs = np.stack([project(f"wq_h{h}_q{j}") for j in range(q)], axis=1).reshape(b * q, hd)
+            res = attention_ref.outputs(attention, {
+                "q": qs, "k": project(f"wk_h{h}"), "v": project(f"wv_h{h}"),
+                "k_cache": take_input(inputs, f"{pre}h{h}_k_cache", who),
+                "v_cache": take_input(inputs, f"{pre}h{h}_v_cache", who)})
+            outputs[f"{pre}h{h}_k_cache"], outputs[f"{pre}h{h}_v_cache"] = res["k_cache"], res["v_cache"]
+            out = res["out"].astype(np.float64).reshape(b, q, hd)
+            for j in range(q):
+                o += as_f32(out[:, j, :] @ as_f32(take_input(inputs, f"{pre}wo_h{h}_q{j}", who)))
+        hidden = as_f32(as_f32(o) + as_f32(y))
+        if routing is not None:
+            stacks = [np.stack([take_input(inputs, f"{pre}expert{e:03d}_{part}", who) for e in range(p["experts"])])
+                      for part in ("gate", "up", "down")]
+            shared = ([take_input(inputs, f"{pre}shared_{part}", who) for part in ("gate", "up", "down")]
+                      if p.get("shared_intermediate") else None)
+            ffn = moe_ref.moe_reference(hidden, routing[i], take_input(inputs, f"{pre}routing_weights", who),
+                                        *stacks, shared=shared).astype(np.float64)
+        else:
+            ffn = ffn_rows(hidden, *(as_f32(take_input(inputs, f"{pre}shared_{part}", who))
+                                     for part in ("gate", "up", "down")))
+        y = as_f32(ffn + hidden).astype(np.float64)
+    outputs["y"] = y.astype(np.float32)
+    return outputs
+
+
 def inputs(w: Workload, seed: int) -> dict:
     """Each head's attention inputs as the attention workload draws them (head h from seed ``seed + 7919 h``), the
     output projection, the token activations, and the FFN's weights as the MoE workload draws them (dense: the
     ``shared_*`` FFN)."""
     p = w.params
+    if "layers" in p:
+        return _stack_inputs(w, seed)
     attention, moe = _decoder_parts(w)
     arrays = {}
     for h in range(p["kv_heads"]):
@@ -71,6 +149,8 @@ def outputs(workload: Workload, inputs: dict) -> dict:
     the append. Each head's attention output stays fp32 (the graph streams it on); each query head's product
     is rounded to fp32, as the graph's Matmul tiles, and their sum is taken in float64 (rounded once)."""
     who, p = "workload_reference", workload.params
+    if "layers" in p:
+        return _stack_outputs(workload, inputs)
     attention, moe = _decoder_parts(workload)
     b, q, hd = p["batch"], p["query_per_kv_head"], p["head_dim"]
     outputs, o = {}, np.zeros((b, p["hidden"]))
@@ -105,10 +185,11 @@ def outputs(workload: Workload, inputs: dict) -> dict:
 def reduction_length(workload: Workload, name: str) -> int:
     """The attention's (scores over head_dim, sums over the rows read), the output projection's (every query
     head's head_dim), then the FFN's (D + F [+ top_k]) and the two residual adds."""
-    if name.endswith(("_k_cache", "_v_cache")):
-        return 0
     p = workload.params
+    if name.endswith(("_k_cache", "_v_cache")):
+        return p["hidden"] if "layers" in p else 0  # a stack's new k, v: dot products over the layer's input
     attention, _ = _decoder_parts(workload)
     ffn = p["hidden"] + max(p.get("intermediate", 0), p.get("shared_intermediate", 0) or 0,
                             p.get("dense_intermediate") or 0) + p.get("top_k", 0)
-    return attention_ref.reduction_length(attention, "out") + p["heads"] * p["head_dim"] + ffn + 2
+    one = attention_ref.reduction_length(attention, "out") + p["heads"] * p["head_dim"] + ffn + 2
+    return one if "layers" not in p else (one + p["hidden"]) * p["layers"]  # a stack: + its q, k, v projections

@@ -13,8 +13,8 @@ _HERE = __name__
 
 KIND = WorkloadKind("moe", knobs=("model", "hidden", "intermediate", "experts", "top_k", "trace", "iteration", "layer",
                                   "tiling", "tile_n", "tile_f", "regions", "compute_bw", "ep", "placement", "system", "tp",
-                                  "algorithm"),
+                                  "algorithm", "layers", "pp", "micro_batches"),
                     defaults={"model": "mixtral-8x7b", "tiling": "static"}, trace="routing",
                     build=f"{_HERE}.build:from_config", inputs=f"{_HERE}.reference:inputs",
                     reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length",
-                    parallel=("tp", "ep"))
+                    parallel=("tp", "ep", "pp"))

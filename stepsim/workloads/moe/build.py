@@ -28,6 +28,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 
+import numpy as np
+
 from stepsim.base.errors import ArgumentError, StepsimWarning
 from stepsim.graph import (
     BF16,
@@ -104,14 +106,15 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
               packing_compute_bw: int = PACKING_COMPUTE_BW,
               channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], ep: int | None = None,
               placement: str = "contiguous", system=None, tp: int | None = None,
-              algorithm: str = "ring") -> Workload:
+              algorithm: str = "ring", layers: int | None = None, pp: int | None = None,
+              micro_batches: int | None = None) -> Workload:
     """Build the MoE layer for one decoding batch.
 
     Parameters
     ----------
     model : MoEModel
         Layer dimensions (D, F, experts, top_k).
-    routing : array [tokens, top_k]
+    routing : array [tokens, top_k], or a list of them (one per layer of a stack)
         Expert ids chosen for each token (a routing trace); the batch size is ``tokens``.
     tiling : {"static", "dynamic"}
         Token tiling per expert.
@@ -139,7 +142,27 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`). With
         ``ep`` too, the experts are placed on ``ep`` groups of ``tp`` chips, each expert's columns split over its
         group (``tp x ep`` chips: :func:`stepsim.workloads.moe.parallel.expert_tensor_parallel`).
+    layers, pp, micro_batches : int, optional
+        Any of them given: a stack of ``layers`` (default 1) MoE layers (tensors ``layer<i>.<name>``; ``routing``
+        one array for every layer or a list of ``[tokens, top_k]`` arrays, one per layer), in ``pp`` pipeline
+        stages on the chips of ``system``, ``micro_batches`` of ``B / M`` tokens streaming through
+        (:mod:`stepsim.workloads.moe.pipeline`).
     """
+    stack = layers is not None or pp is not None or micro_batches is not None
+    routings = None
+    if stack:
+        layers = 1 if layers is None else layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+        per_layer = isinstance(routing, (list, tuple)) and all(np.ndim(r) == 2 for r in routing)
+        routings = list(routing) if per_layer else [routing] * layers
+        if len(routings) != layers:
+            raise ArgumentError(f"--layers {layers}: got the routing of {len(routings)} layers")
+        routings = [check_routing(r, model.experts, model.top_k) for r in routings]
+        if len({r.shape[0] for r in routings}) != 1:
+            raise ArgumentError(f"every layer's routing must hold the same tokens; got "
+                                f"{sorted({r.shape[0] for r in routings})}")
+        routing = routings[0]
     if tiling not in ("static", "dynamic"):
         raise ArgumentError(f"tiling must be 'static' or 'dynamic', got {tiling!r}")
     routing = check_routing(routing, model.experts, model.top_k)
@@ -171,10 +194,16 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 
     # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
     parallel, tile_rows = {}, {}
-    if tp is not None and timeshare:
+    flops = algorithmic_flops(counts, model, tile_n)
+    if stack:
+        g, bindings, flops, parallel = _stack(model, routings, pp, system, micro_batches, ep=ep, tp=tp,
+                                              timeshare=timeshare, tiling=tiling, dynamic=dynamic, tile_n=tile_n,
+                                              tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+                                              packing_compute_bw=packing_compute_bw)
+    elif tp is not None and timeshare:
         raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
                             "weights by address, not a chip's column block")
-    if tp is not None and ep is not None:
+    elif tp is not None and ep is not None:
         from stepsim.workloads.moe.parallel import expert_tensor_parallel
 
         bw = dict(compute_bw=compute_bw)
@@ -227,12 +256,17 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             g, model, routing, counts, ep, placement, system, regions=regions if timeshare else None, ffns=ffns,
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw, shared_ffn=shared)
-    idle = idle_groups(counts, regions, parallel.get("region_experts"))
+    if stack:  # expert e of layer i is group ("layer<i>.expert", e) (moe/pipeline.py)
+        idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings)
+                for e, c in enumerate(expert_counts(r, experts)) if c == 0}
+        routing = np.stack(routings)  # [layers, tokens, top_k]: the reference routes layer i by routing[i]
+    else:
+        idle = idle_groups(counts, regions, parallel.get("region_experts"))
     routing.flags.writeable = False
     return Workload(
         name="moe", graph=g, bindings=bindings, tile_rows=tile_rows, idle_groups=idle,
         channel_depth=channel_depth,
-        algorithmic_flops=algorithmic_flops(counts, model, tile_n),
+        algorithmic_flops=flops,
         params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
                     tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
                     packing_compute_bw=packing_compute_bw, channel_depth=channel_depth,
@@ -240,6 +274,41 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
                     **parallel),
         trace={"routing": routing},  # check_routing's own int64 copy
     )
+
+
+def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, timeshare, tiling, dynamic,
+           **stage) -> tuple:
+    """``--layers L [--pp N] [--micro-batches M]``: the stack of :mod:`stepsim.workloads.moe.pipeline`. Returns
+    ``(graph, bindings, algorithmic FLOPs, params)``."""
+    from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
+
+    if tp is not None or ep is not None or timeshare:
+        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --tp, --ep or --regions yet "
+                            "(a stack runs each layer whole on one chip, one region per expert)")
+    layers = len(routings)
+    m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling, tile_n=stage["tile_n"],
+                       shared=model.shared_intermediate)
+    if pp is not None:
+        from stepsim.workloads.chips import chips_system
+
+        system = chips_system(pp, system, "--pp")
+    elif system is not None:
+        raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
+
+    def one_layer(g, tokens, routing, prefix):
+        out, bindings, _ = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts), prefix=prefix,
+                                     micro_batches=m, dynamic=dynamic, **stage)
+        return out, bindings
+
+    g, net, bindings, flops = build_stack(
+        model, routings, stage=one_layer, micro_batches=m, pp=pp, system=system,
+        flops_of=lambda part: algorithmic_flops(expert_counts(part, model.experts), model, stage["tile_n"]))
+    params = {"layers": layers, "micro_batches": m}
+    if pp is not None:
+        from stepsim.workloads.chips import link_bytes
+
+        params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+    return g, bindings, flops, params
 
 
 def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
@@ -283,7 +352,8 @@ def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algor
 
 
 def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,
-              regions: int, compute_bw: int, packing_compute_bw: int, suffix: str = ""):
+              regions: int, compute_bw: int, packing_compute_bw: int, suffix: str = "", prefix: str = "",
+              micro_batches: int = 1):
     """The MoE block as a stage of graph ``g``: token rows in (``tokens``: the batch's rows, 1 x D fp32, in token
     order), the block's output rows out, in token order (routed experts weighted by the routing weights and
     summed, plus the shared experts' rows). Creates its operators in the order the artifact registers the
@@ -291,16 +361,20 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
 
     Returns ``(output rows, bindings, tile_rows)``: the symbols' values from the trace, and the rows of each
     time-multiplexed region's merged dynamic tiles (:attr:`stepsim.workloads.base.Workload.tile_rows`).
-    ``suffix`` ends the names of the expert weight tensors (a tensor-parallel chip's shards: ``.<chip>``).
+    ``suffix`` ends the names of the expert weight tensors (a tensor-parallel chip's shards: ``.<chip>``);
+    ``prefix`` starts the names of the stage's tensors (a stack's layer: ``layer<i>.``, moe/pipeline.py).
+    ``micro_batches`` M > 1 (static tiling, one region per expert): every expert's tiles are packed per
+    micro-batch of ``B / M`` consecutive tokens (:func:`_micro_batch_tiles`), so a pipeline's next stage gets
+    micro-batch m's rows without waiting for later micro-batches' tokens.
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     batch = routing.shape[0]
     bw = dict(compute_bw=compute_bw)
 
     # 2-3: selectors, routing weights
-    feature_select = SelectorSource(g, multihot(routing, experts), experts)
+    feature_select = SelectorSource(g, multihot(routing, experts), experts) if micro_batches == 1 else None
     weight_select = SelectorSource(g, onehot_per_slot(routing, experts), experts)
-    route_w = Tensor("routing_weights", (batch, k), BF16)
+    route_w = Tensor(f"{prefix}routing_weights", (batch, k), BF16)
 
     def load_routing_weights():
         return LinearOffChipLoad(g, route_w, (1, 1), (batch, k), (k, 1), stream_dtype=FP32)
@@ -310,14 +384,17 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     # the expert weights
     weights = load_routing_weights() if regions == experts else None
 
-    # 4: tokens to experts; the partition's count symbols are the per-expert token counts
-    per_expert = Partition(g, tokens, feature_select, 0, experts)
-    count_symbol = per_expert.count_symbols
-    bindings = {count_symbol[e]: int(counts[e]) for e in range(experts)}
-
-    # 5a: pack each expert's tokens into tiles
-    packed = []
-    for e in range(experts):
+    if micro_batches > 1:  # 4-5a per micro-batch
+        count_symbol, packed, bindings = _micro_batch_tiles(g, tokens, model, routing, micro_batches, tile_n,
+                                                            packing_compute_bw, prefix)
+        bindings.update({count_symbol[e]: int(counts[e]) for e in range(experts)})
+    else:
+        # 4: tokens to experts; the partition's count symbols are the per-expert token counts
+        per_expert = Partition(g, tokens, feature_select, 0, experts)
+        count_symbol = per_expert.count_symbols
+        bindings = {count_symbol[e]: int(counts[e]) for e in range(experts)}
+        packed = []
+    for e in range(experts if micro_batches == 1 else 0):  # 5a: pack each expert's tokens into tiles
         c = count_symbol[e]
         before = len(g.ops)
         if dynamic:
@@ -335,7 +412,7 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     # 5b: expert FFNs, one region per expert or time-multiplexed regions
     tile_rows = {}
     if regions == experts:
-        results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix) for e in range(experts)]
+        results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix, prefix) for e in range(experts)]
     else:
         results, region_bindings, tile_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
                                                                    counts, bw)
@@ -360,10 +437,68 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     if model.shared_intermediate:
         before = len(g.ops)
         shared = shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw,
-                            suffix)
+                            suffix, prefix)
         summed = Map(g, [summed, shared], Add(), **bw)
         _label(g.ops[before:], ("shared_expert", 0))
     return summed, bindings, tile_rows
+
+
+def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, tile_n: int,
+                       packing_compute_bw: int, prefix: str):
+    """Steps 4-5a with M micro-batches of ``B / M`` consecutive tokens: every expert's tiles hold tokens of one
+    micro-batch only, in micro-batch order.
+
+    A Partition ends its outputs only when its selector ends, so one Partition of the whole batch would hold an
+    expert's last padded tile of micro-batch m until the batch's last token. Hence the token rows are split by
+    micro-batch (a Partition at rank 1 by a static selector), each micro-batch's rows are
+    partitioned by expert (its own routing selector, which ends with the micro-batch) and packed into tiles of
+    ``tile_n`` rows, and each expert's tiles are put back in micro-batch order by a Reassemble whose static
+    selector names the micro-batch of each tile (the counts are the trace's). The FFN then sees one stream of
+    tiles, as with one micro-batch; micro-batches with no token for an expert have no tile there.
+
+    Returns ``(count symbols, packed tile streams by expert, bindings)``; the count symbols (tokens per expert
+    over the batch) are new: no single Partition has them.
+    """
+    from stepsim.graph.dims import make_symbol
+
+    experts, d, batch = model.experts, model.hidden, routing.shape[0]
+    m_count, rows = micro_batches, batch // micro_batches
+    split = Partition(g, Reshape(g, tokens, rows, 0), SelectorSource(g, np.eye(m_count, dtype=np.int8), m_count),
+                      1, m_count)  # (1, M, B/M) rows in
+    bindings = {}
+    tiles = np.zeros((m_count, experts), np.int64)  # tiles of expert e in micro-batch m
+    packed = [[None] * experts for _ in range(m_count)]
+    for m in range(m_count):
+        split.assume_shape(m, (1, rows))
+        bindings[split.count_symbols[m]] = 1
+        part_routing = routing[m * rows:(m + 1) * rows]
+        part = Partition(g, split[m], SelectorSource(g, multihot(part_routing, experts), experts), 0, experts)
+        counts = expert_counts(part_routing, experts)
+        tiles[m] = -(-counts // tile_n)
+        for e in range(experts):
+            before = len(g.ops)
+            bindings[part.count_symbols[e]] = int(counts[e])
+            padded = Reshape(g, part[e], tile_n, 0, pad=Zero(1, d), add_outer_dim=True)
+            packed[m][e] = Accum(g, Flatten(g, padded, 1, 2), RetileRow(), Empty(0, d), 1,
+                                 out_dtype=Tile(FP32, tile_n, d), compute_bw=packing_compute_bw)
+            _label(g.ops[before:], ("expert", e))
+    merged = []
+    for e in range(experts):
+        used = [m for m in range(m_count) if tiles[m, e]]
+        if not used:  # no token in the batch: micro-batch 0's (empty) tiles, as one Partition would give
+            merged.append(packed[0][e])
+            continue
+        before = len(g.ops)
+        select = np.zeros((int(tiles[:, e].sum()), len(used)), np.int8)
+        select[np.arange(len(select)), np.repeat(np.arange(len(used)), tiles[used, e])] = 1
+        order = Reassemble(g, [packed[m][e] for m in used], SelectorSource(g, select, len(used)), 0)
+        bindings[order.ragged_symbol] = 1  # one tile per selector element
+        flat = Flatten(g, order, 0, 2)
+        flat.assume_shape(0, (len(select),))
+        merged.append(flat)
+        _label(g.ops[before:], ("expert", e))
+    counts_symbols = tuple(make_symbol(f"{prefix}tokens_{e:03d}") for e in range(experts))
+    return counts_symbols, merged, bindings
 
 
 def idle_groups(counts, regions: int, members=None) -> set:
@@ -401,7 +536,7 @@ def _ffn_body(g, tiles_rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw):
     return MapAccum(g, hidden, down_w, Matmul(), init, 1, **bw)
 
 
-def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, suffix: str = ""):
+def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, suffix: str = "", prefix: str = ""):
     """The shared experts as one FFN of width ``model.shared_intermediate`` over every token, in tiles of
     ``tile_n`` rows (the last one zero-padded); returns its ``batch`` output rows in token order."""
     d, fs = model.hidden, model.shared_intermediate
@@ -409,8 +544,9 @@ def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, 
     tiles = Accum(g, rows_in, RetileRow(), Empty(0, d), 1, out_dtype=Tile(FP32, tile_n, d),
                   compute_bw=packing_compute_bw)
     n_f = fs // tile_f
-    gate_t, up_t, down_t = (Tensor(f"shared_gate{suffix}", (d, fs), BF16), Tensor(f"shared_up{suffix}", (d, fs), BF16),
-                            Tensor(f"shared_down{suffix}", (fs, d), BF16))
+    gate_t, up_t, down_t = (Tensor(f"{prefix}shared_gate{suffix}", (d, fs), BF16),
+                            Tensor(f"{prefix}shared_up{suffix}", (d, fs), BF16),
+                            Tensor(f"{prefix}shared_down{suffix}", (fs, d), BF16))
     rep = RepeatStatic(g, tiles, n_f)
     up_w, gate_w, down_w = (
         Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
@@ -422,12 +558,12 @@ def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, 
     return rows
 
 
-def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw, suffix: str = ""):
+def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw, suffix: str = "", prefix: str = ""):
     """One dedicated region: weights re-read once per token tile (LinearOffChipLoad with a reference)."""
     d, f = model.hidden, model.intermediate
     n_f = f // tile_f
     before = len(g.ops)
-    gate_t, up_t, down_t = _weights(model, f"expert{e:03d}", suffix=suffix)
+    gate_t, up_t, down_t = _weights(model, f"{prefix}expert{e:03d}", suffix=suffix)
     rep = RepeatStatic(g, tiles, n_f)
     loads = [Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
              for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d)))]
@@ -501,6 +637,9 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.workloads.config import CUSTOM_MODEL_KEYS, bandwidth_kwargs, resolved_trace
 
     model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
+    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
+    if stack:
+        return _stack_from_config(cfg, model, stack)
     routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     parallel = {}
     if cfg.get("ep") is not None:
@@ -527,3 +666,32 @@ def from_config(cfg: Mapping) -> Workload:
         raise ArgumentError("--algorithm applies to the MoE layer with --tp N (its all-reduce)")
     return build_moe(model, routing, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
                      regions=cfg["regions"], **bandwidth_kwargs(cfg), **parallel)
+
+
+def _stack_from_config(cfg: Mapping, model: MoEModel, stack: dict) -> Workload:
+    """``--layers L [--pp N --system FILE] [--micro-batches M]``: one-line errors for the flags that do not combine,
+    before the trace is read; each layer's routing from the trace (:func:`stepsim.workloads.moe.pipeline.layer_routings`)."""
+    from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
+    from stepsim.workloads.moe.pipeline import layer_routings
+
+    for flag, key in (("--ep", "ep"), ("--tp", "tp"), ("--regions", "regions"), ("--placement", "placement"),
+                      ("--algorithm", "algorithm")):
+        if cfg.get(key) is not None:
+            raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches (a stack of MoE "
+                                f"layers runs each layer whole on one chip, one region per expert)")
+    if cfg.get("pp") is None and cfg.get("system") is not None:
+        raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
+    if cfg.get("system") is not None and cfg.get("hardware") is not None:
+        raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+    if cfg.get("pp") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is None:
+            raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages run on)")
+        stack["system"] = System.load(cfg["system"])
+    layers = stack.setdefault("layers", 1)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+    routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, layers, cfg["iteration"], cfg["layer"])
+    return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
+                     **bandwidth_kwargs(cfg), **stack)

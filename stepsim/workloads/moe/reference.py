@@ -186,8 +186,47 @@ def _moe_expert_weights(seed: int, experts: int, d: int, f: int):
 SHARDED = ("x", "routing_weights")
 
 
+def stack_inputs(p: dict, seed: int) -> dict:
+    """A stack's tensors (moe/pipeline.py): ``x``, and per layer i its routing weights, experts (and shared
+    experts) as ``layer<i>.<name>``, each drawn from its own seeded stream."""
+    b, d, f, k, experts = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"]
+    fs = p.get("shared_intermediate", 0)
+    arrays = {"x": seeded_normal(seed, "x", (b, d), 1.0, bf16=True)}
+    for i in range(p["layers"]):
+        logits = seeded_rng(seed, f"layer{i}.routing_logits").standard_normal((b, k))
+        soft = np.exp(logits - logits.max(axis=1, keepdims=True))
+        arrays[f"layer{i}.routing_weights"] = round_to_bf16(soft / soft.sum(axis=1, keepdims=True))
+        for part, shape in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d))):
+            for e in range(experts):
+                arrays[f"layer{i}.expert{e:03d}_{part}"] = seeded_normal(seed, f"layer{i}.expert_{part}", shape,
+                                                                         shape[0] ** -0.5, e, bf16=True)
+        if fs:
+            for part, shape in (("gate", (d, fs)), ("up", (d, fs)), ("down", (fs, d))):
+                arrays[f"layer{i}.shared_{part}"] = seeded_normal(seed, f"layer{i}.shared_{part}", shape,
+                                                                  shape[0] ** -0.5, bf16=True)
+    return arrays
+
+
+def _stack_outputs(workload: Workload, inputs: dict) -> dict:
+    """``y = moe_{L-1}(.. moe_0(x))``, layer i routed by the trace's layer i; a layer's output rows enter the next
+    layer in fp32 (no bf16 store between layers)."""
+    who, p = "workload_reference", workload.params
+    routing = workload_trace(workload, "routing")  # [layers, tokens, top_k]
+    y = take_input(inputs, "x", who)
+    for i in range(p["layers"]):
+        stacks = [np.stack([take_input(inputs, f"layer{i}.expert{e:03d}_{part}", who) for e in range(p["experts"])])
+                  for part in ("gate", "up", "down")]
+        shared = ([take_input(inputs, f"layer{i}.shared_{part}", who) for part in ("gate", "up", "down")]
+                  if p.get("shared_intermediate") else None)
+        y = moe_reference(y, routing[i], take_input(inputs, f"layer{i}.routing_weights", who), *stacks,
+                          shared=shared)
+    return {"y": y}
+
+
 def inputs(w: Workload, seed: int) -> dict:
     p = w.params
+    if "layers" in p:
+        return stack_inputs(p, seed)
     b, d, f, k, experts, regions = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"], p["regions"]
     logits = seeded_rng(seed, "routing_logits").standard_normal((b, k))
     soft = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -239,6 +278,8 @@ def _region_members(p) -> list:
 
 def outputs(workload: Workload, inputs: dict) -> dict:
     who, p = "workload_reference", workload.params
+    if "layers" in p:
+        return _stack_outputs(workload, inputs)
     experts, regions, d, f = p["experts"], p["regions"], p["hidden"], p["intermediate"]
     tp = p.get("tp")
     if tp is not None:  # the chips' column shards put back together
@@ -283,4 +324,4 @@ def reduction_length(workload: Workload, name: str) -> int:
     """The routed sum, then the shared experts' rows added (+1)."""
     p = workload.params
     shared = p.get("shared_intermediate", 0)
-    return p["hidden"] + max(p["intermediate"], shared) + p["top_k"] + (1 if shared else 0)
+    return (p["hidden"] + max(p["intermediate"], shared) + p["top_k"] + (1 if shared else 0)) * p.get("layers", 1)

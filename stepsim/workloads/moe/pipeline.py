@@ -1,0 +1,158 @@
+"""A stack of MoE layers, and its pipeline parallelism (``stepsim run moe --layers L --pp N --micro-batches M``).
+
+Layer ``i`` of ``L`` is the MoE layer of :func:`stepsim.workloads.moe.build.moe_stage` with its own routing (trace
+batch ``i``, see :func:`layer_routings`) and its own tensors ``layer<i>.expert<e>_gate`` / ``_up`` / ``_down``,
+``layer<i>.routing_weights`` (and ``layer<i>.shared_*``); layer 0 loads ``x`` ([B, D], bf16) from HBM, every later
+layer consumes the previous layer's output rows (fp32, 1 x D, in token order), the last stores ``y``. There is no
+residual: ``y = moe_{L-1}(.. moe_0(x))``.
+
+Micro-batches are not copies of the graph: every layer's experts pack their tiles per micro-batch of ``B / M``
+consecutive tokens (``moe_stage(micro_batches=M)``), so a layer's output rows of micro-batch m are complete, and
+flow to the next layer, before later micro-batches' tokens arrive; the weights are re-read per tile, as in one
+layer. ``--pp N`` places layers ``s L/N .. (s+1) L/N - 1`` (stage s) on chip s of the system; the stage boundary
+is an ordinary cross-chip edge routed over the system's link(s) by :func:`stepsim.graph.network.place_on_chips`,
+so the values are those of the one-chip stack, bit for bit.
+"""
+
+from __future__ import annotations
+
+from stepsim.base.errors import ArgumentError
+from stepsim.graph import BF16, FP32, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Reshape, Tensor
+
+
+def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, tiling: str,
+                   tile_n: int | None, shared: int) -> int:
+    """One-line ArgumentError unless L, N and M fit the batch and tiling; returns M (default 1)."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+    if pp is not None:
+        if isinstance(pp, bool) or not isinstance(pp, int) or pp < 2:
+            raise ArgumentError(f"--pp must be an int >= 2 (chips), got {pp!r}")
+        if pp > layers:
+            raise ArgumentError(f"--pp {pp}: more stages than the {layers} layers (--layers); a stage holds at least "
+                                f"one layer")
+        if layers % pp:
+            raise ArgumentError(f"--pp {pp}: the {layers} layers (--layers) must split into {pp} stages of equal "
+                                f"size (a multiple of {pp})")
+    m = 1 if micro_batches is None else micro_batches
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ArgumentError(f"--micro-batches must be an int >= 1, got {micro_batches!r}")
+    if batch % m:
+        raise ArgumentError(f"--micro-batches {m}: the batch of {batch} tokens must split into {m} equal "
+                            f"micro-batches")
+    if m > 1 and tiling != "static":
+        raise ArgumentError(f"--micro-batches {m} needs --tiling static (a dynamic tile holds all of an expert's "
+                            f"tokens, so it cannot end at a micro-batch)")
+    if m > 1 and shared and (batch // m) % tile_n:
+        raise ArgumentError(f"--micro-batches {m}: the shared experts' tiles of --tile-n {tile_n} tokens must not "
+                            f"span micro-batches of {batch // m} tokens (a multiple of {tile_n})")
+    return m
+
+
+def layer_routings(path, experts: int, top_k: int, layers: int, iteration: int | None, layer: int | None) -> list:
+    """Each layer's ``[tokens, top_k]`` routing from a routing trace.
+
+    A single ``.npz`` file whose array ``data`` is ``[tokens, layers, top_k]`` gives layer i of the stack its layer
+    ``first + i`` (``first`` = ``--layer``, default 0). A trace holding several layers of the chosen iteration gives layer i of the stack its batch of layer
+    ``first + i`` (``first`` = ``--layer``, default the trace's lowest layer); it must hold all L of them. A trace
+    of one (iteration, layer) batch (a single ``.npz`` file, like the bundled traces) is reused by every layer.
+    """
+    import pyarrow.compute as pc
+
+    from stepsim.base.errors import ConfigError
+    from stepsim.trace_io.load import load_routing
+    from stepsim.trace_io.readers import read_trace
+
+    layered = _layers_array(path)
+    if layered is not None:
+        return _split_layers(path, layered, experts, top_k, layers, 0 if layer is None else layer)
+    table = read_trace(path, num_experts=experts, npz_labels=(iteration or 0, layer or 0))
+    if iteration is not None:
+        table = table.filter(pc.equal(table["iteration"], iteration))
+    present = sorted(set(table["layer"].to_pylist()))
+    if len(present) <= 1:
+        one = load_routing(path, experts, iteration=iteration, layer=layer)
+        return [one] * layers
+    first = present[0] if layer is None else layer
+    missing = [i for i in range(first, first + layers) if i not in present]
+    if missing:
+        raise ConfigError(f"{path}: --layers {layers} from layer {first} needs the trace's layers {first}.."
+                          f"{first + layers - 1}; it has no layer {missing[0]} (layers {present[0]}..{present[-1]})")
+    if iteration is None:
+        its = sorted(set(table["iteration"].to_pylist()))
+        if len(its) > 1:
+            raise ConfigError(f"{path}: the trace holds {len(its)} iterations; choose one with --iteration")
+    return [load_routing(path, experts, iteration=iteration, layer=i) for i in range(first, first + layers)]
+
+
+def build_stack(model, routings: list, *, stage, flops_of, micro_batches: int, pp: int | None, system):
+    """The L-layer stack (module docstring), on one chip or (``pp``) in ``pp`` stages on the chips of ``system``.
+
+    ``stage(g, tokens, routing, prefix)`` adds one layer (``moe_stage`` of ``moe/build.py``, which passes it in, so
+    this module does not import the builder) and returns its output rows and bindings; ``flops_of(routing)`` is
+    the algorithmic FLOPs of one micro-batch's routing. Returns ``(graph, network or None, bindings, FLOPs)``.
+    """
+    layers, d, batch = len(routings), model.hidden, routings[0].shape[0]
+    name = f"moe-{model.name}-l{layers}" + (f"-pp{pp}" if pp else "") + f"-mb{micro_batches}"
+    g = Graph(name)
+    chip_of: dict[int, int] = {}  # operator id -> chip (stage)
+    per_stage = layers // (pp or 1)
+    bindings, flops, out = {}, 0, None
+    rows = batch // micro_batches
+    for i, routing in enumerate(routings):
+        before = len(g.ops)
+        if out is None:
+            x = Tensor("x", (batch, d), BF16)
+            tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+        else:
+            tokens = out  # the previous layer's rows, (1, B) as the loaded x
+        out, layer_bindings = stage(g, tokens, routing, f"layer{i}.")
+        bindings.update(layer_bindings)
+        flops += sum(flops_of(routing[m * rows:(m + 1) * rows]) for m in range(micro_batches))
+        for op in g.ops[before:]:
+            chip_of[op.id] = i // per_stage
+            if isinstance(op.group, tuple):  # expert e of layer i is not expert e of layer j (channel labels)
+                op.group = (f"layer{i}.{op.group[0]}", op.group[1])
+    before = len(g.ops)
+    LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
+    for op in g.ops[before:]:
+        chip_of[op.id] = (pp or 1) - 1
+    if pp is None:
+        return g, None, bindings, flops
+    from stepsim.graph.network import place_on_chips
+
+    return g, place_on_chips(g, system, lambda op: chip_of[op.id]), bindings, flops
+
+
+def _layers_array(path):
+    """The ``[tokens, layers, top_k]`` array ``data`` of a single ``.npz`` file, or None (another trace, or a
+    ``[tokens, top_k]`` file: the trace readers take those, and their errors)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from stepsim.trace_io.readers import load_numpy_file
+
+    p = Path(path)
+    if p.suffix.lower() != ".npz" or not p.is_file():
+        return None
+
+    def load():
+        with np.load(p, allow_pickle=False) as z:
+            return z["data"] if "data" in z.files else None
+
+    data = load_numpy_file(p, load)
+    return data if data is not None and data.ndim == 3 else None
+
+
+def _split_layers(path, data, experts: int, top_k: int, layers: int, first: int) -> list:
+    """Layers ``first .. first + layers - 1`` of a ``[tokens, layers, top_k]`` array, each checked (one line naming
+    the file, the layer, the row and the column of a bad expert id)."""
+    from stepsim.base.errors import ConfigError
+    from stepsim.workloads.routing import check_routing
+
+    if first < 0 or first + layers > data.shape[1]:
+        raise ConfigError(f"{path}: --layers {layers} from layer {first} needs layers {first}..{first + layers - 1} "
+                          f"of array 'data' [tokens, layers, top_k], which has shape {list(data.shape)}")
+    return [check_routing(data[:, i, :], experts, top_k, source=f"{path} layer {i}")
+            for i in range(first, first + layers)]
