@@ -229,8 +229,12 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
     n_rec = eng[E_N_REC]
     events = eng[E_EVENTS]
     status = A.ST_OK
+    stepped = True  # a unit stepped since the last scan of the time-sensitive units (none yet in this call)
+    ts_t = A.NEVER  # that scan's result: the earliest decision time and its unit
+    ts_u = -1
     while status == A.ST_OK:
         while wl_n > 0:
+            stepped = True
             wl_n -= 1
             u = wl[wl_n]
             us[u, A.US_IN_WORKLIST] = 0
@@ -285,16 +289,25 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             t_hbm = A.NEVER
             take_hbm = True
         else:
-            for k in range(n_ts):
-                v = ts_units[k]
-                if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
-                    if up[v, A.UP_OPCODE] == A.OP_LINK:
-                        t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
-                    else:
-                        t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
-                    if t < best_t:
-                        best_t = t
-                        best_u = v
+            # A decision time depends only on its unit's clock and channels, which only unit steps change: after
+            # an HBM event that woke nobody (a batch stopped at its bound, typical when several chips' HBMs
+            # bound each other), the last scan still holds.
+            if stepped:
+                ts_t = A.NEVER
+                ts_u = -1
+                for k in range(n_ts):
+                    v = ts_units[k]
+                    if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
+                        if up[v, A.UP_OPCODE] == A.OP_LINK:
+                            t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                        else:
+                            t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                        if t < ts_t:
+                            ts_t = t
+                            ts_u = v
+                stepped = False
+            best_t = ts_t
+            best_u = ts_u
             t_hbm, t_other, best_h = _earliest_hbm(eng, hq)
             if t_hbm == A.NEVER and best_u < 0:
                 break
