@@ -68,6 +68,8 @@ E_HBM_SKIPPED = 18  # ticks served in closed form
 E_WORK_LEFT = 19  # HBM work (ticks served, each weighted by its due units) left in this slice of the event loop
 E_HBM_RESUME = 20  # 1 + the HBM (chip) whose batch a slice cut short when its work ran out; 0: none
 E_HBM_RESUME_BOUND = 21  # that batch's bound: the next slice finishes it first, as it would have gone on
+E_TS_SCANS = 22  # scans of the time-sensitive units' decision times (statistics; see engine.event_loop)
+E_TS_RESCAN = 23  # 1: scan them at every decision, never reuse the last scan (for equivalence tests)
 N_ENG = 24
 
 #: hbm_process's return value when it stopped because the slice's work ran out (not a completion count)
