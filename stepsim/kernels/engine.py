@@ -37,8 +37,11 @@ from stepsim.kernels.hbm import (
     E_N_REC,
     E_STATUS,
     E_STATUS_ARG,
+    E_TS_FRESH,
     E_TS_RESCAN,
     E_TS_SCANS,
+    E_TS_T,
+    E_TS_U,
     E_WL_N,
     E_WORK_LEFT,
     HBM_OUT_OF_WORK,
@@ -233,9 +236,9 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
     n_rec = eng[E_N_REC]
     events = eng[E_EVENTS]
     status = A.ST_OK
-    stepped = True  # a unit stepped since the last scan of the time-sensitive units (a call starts with a scan)
-    ts_t = A.NEVER  # that scan's result: the earliest decision time and its unit
-    ts_u = -1
+    stepped = eng[E_TS_FRESH] == 0  # a unit stepped since the last scan of the time-sensitive units (or none yet)
+    ts_t = eng[E_TS_T]  # that scan's result: the earliest decision time and its unit
+    ts_u = eng[E_TS_U]
     while status == A.ST_OK:
         while wl_n > 0:
             stepped = True
@@ -347,6 +350,9 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
     eng[E_WL_N] = wl_n
     eng[E_EVENTS] = events
     eng[E_N_REC] = n_rec
+    eng[E_TS_FRESH] = 0 if stepped else 1
+    eng[E_TS_T] = ts_t
+    eng[E_TS_U] = ts_u
     return status
 
 

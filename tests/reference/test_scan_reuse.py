@@ -90,4 +90,4 @@ def test_qwen3_on_eight_chips_with_time_multiplexed_regions():
     (reused, scans), (rescanned, all_scans) = _outcome(program), _outcome(program, reuse_scans=False)
     assert reused == rescanned
     assert reused[:7] == (798795, 229231, 22906, 575931392, 524288, 11002368, 665168)
-    assert (scans, all_scans) == (4706, 200353)
+    assert (scans, all_scans) == (4702, 200353)
