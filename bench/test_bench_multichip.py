@@ -5,8 +5,10 @@ the one-chip layer, and the expert-parallel layer on 8 fully connected chips (``
 dispatch and combine over 56 link units, 8 HBMs) with one region per expert and with one time-multiplexed region
 per chip (``--regions 8``), load-balanced placement. Each program is lowered once and run warm; the engine times
 (``EngineResult.wall_seconds``, the fastest of the rounds) are compared in the same run: the target is the 8-chip
-layer within 10x of the one-chip layer's (read off the summary, not asserted). Gate (asserted): every round gives
-the same cycles and events.
+layer within 10x of the one-chip layer's (read off the summary, not asserted); the regions case is compared both
+with the plain one-chip layer and with the one-chip layer on the same 8 regions. Gates (asserted): every round
+gives the same cycles and events, those of branch int (before the event loop reused its scans), and a run that
+rescans at every decision (``reuse_scans=False``) gives them too.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from stepsim.workloads.config import workload_from_config
 
 CASES = {"1 chip": {}, "8 chips": {"ep": 8, "placement": "load-balanced"},
          "8 chips, regions 8": {"ep": 8, "placement": "load-balanced", "regions": 8}}
-#: the one-chip layer with time-multiplexed regions is the baseline of the regions case
-BASELINES = {"1 chip": None, "8 chips": "1 chip", "8 chips, regions 8": "1 chip, regions 8"}
+#: every case's baselines, measured in the same run: the plain one-chip layer, and for the regions case also the
+#: one-chip layer with the same time-multiplexed regions
+BASELINES = {"1 chip": [], "8 chips": [("1 chip", {})],
+             "8 chips, regions 8": [("1 chip", {}), ("1 chip, regions 8", {"regions": 8})]}
+#: gate: (cycles, events) of each case, the same as before the event loop reused its scans (branch int)
+COUNTS = {"1 chip": (616304, 24430), "8 chips": (114863, 53303), "8 chips, regions 8": (798795, 229231)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,14 +37,16 @@ def compiled():
     api.run(warm_program())
 
 
-def _engine_seconds(program, n: int):
-    results = [api.run(program) for _ in range(n)]
+def _engine_seconds(program, n: int, **kw):
+    results = [api.run(program, **kw) for _ in range(n)]
     assert len({(r.cycles, r.events) for r in results}) == 1  # gate: deterministic
     return min(r.wall_seconds for r in results), results[0]
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_eight_chip_moe_engine_time_against_one_chip(benchmark, bench_summary, shared_traces, rounds, case):
+    """Also measured in the same run: the case with ``reuse_scans=False`` (every decision rescans the Links and
+    EagerMerges, as the event loop did before issue 34's engine-speed work), whose counts must be the same."""
     trace = str(shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz")
 
     def program_of(knobs):
@@ -50,16 +58,21 @@ def test_eight_chip_moe_engine_time_against_one_chip(benchmark, bench_summary, s
     results = []
     benchmark.pedantic(lambda: results.append(_engine_seconds(program, n)), rounds=1, iterations=1)
     seconds, result = results[0]
-    base = BASELINES[case]
-    ratio = None
-    if base is not None:
-        base_knobs = {"regions": 8} if "regions" in case else {}
-        base_seconds, base_result = _engine_seconds(program_of(base_knobs), n)
-        ratio = seconds / base_seconds
-        benchmark.extra_info.update(baseline_engine_s=base_seconds, baseline_cycles=base_result.cycles,
-                                    baseline_events=base_result.events)
-    benchmark.extra_info.update(engine_s=seconds, cycles=result.cycles, events=result.events, ratio=ratio)
+    assert (result.cycles, result.events) == COUNTS[case]
+    rescan_seconds, rescan = _engine_seconds(program, max(1, n // 2), reuse_scans=False)
+    assert (rescan.cycles, rescan.events, rescan.hbm_requests) == (result.cycles, result.events,
+                                                                   result.hbm_requests)
+    info = dict(engine_s=seconds, cycles=result.cycles, events=result.events, scans=result.time_sensitive_scans,
+                rescan_engine_s=rescan_seconds, rescan_scans=rescan.time_sensitive_scans)
+    ratios = []
+    for name, knobs in BASELINES[case]:
+        base_seconds, base_result = _engine_seconds(program_of(knobs), n)
+        info[f"ratio to {name}"] = seconds / base_seconds
+        info[f"{name} engine_s"] = base_seconds
+        info[f"{name} events"] = base_result.events
+        ratios.append(f"{seconds / base_seconds:5.2f}x {name} ({base_seconds:.3f} s, {base_result.events:,} events)")
+    benchmark.extra_info.update(info)
     bench_summary("multi-chip MoE engine time (target: 8 chips within 10x of 1 chip)",
-                  f"{case:20s} engine {seconds:7.3f} s  {result.cycles:>11,} cycles {result.events:>9,} events"
-                  + (f"  | {ratio:5.2f}x the one-chip layer ({base_seconds:.3f} s, {base_result.events:,} events)"
-                     if ratio is not None else ""))
+                  f"{case:20s} engine {seconds:7.3f} s  {result.cycles:>11,} cycles {result.events:>9,} events "
+                  f"{result.time_sensitive_scans:>7,} scans; rescanning at every decision {rescan_seconds:.3f} s "
+                  f"({rescan.time_sensitive_scans:,} scans)" + "".join(f"\n    | {r}" for r in ratios))

@@ -269,7 +269,8 @@ OUT_FIRES = 7
 OUT_HBM_REQUESTS = 8  # HBM requests served
 OUT_HBM_CLOSED_FORM_TICKS = 9  # HBM ticks served in closed form (whole periods, see kernels.hbm)
 OUT_HBM_UNEVEN_TICKS = 10  # of those, ticks of periods whose channels moved by different amounts
-N_OUT = 11
+OUT_TS_SCANS = 11  # scans of the time-sensitive units' decision times (the event loop reuses one while no unit steps)
+N_OUT = 12
 
 # ---------------------------------------------------------------------------------- unit parameter table
 UP_OPCODE = 0

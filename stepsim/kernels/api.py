@@ -27,7 +27,7 @@ from stepsim.kernels import arena
 from stepsim.kernels import timeline as TL
 from stepsim.kernels import values as V
 from stepsim.kernels.arena import FunctionalStats
-from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK, E_WORK_LEFT, N_ENG
+from stepsim.kernels.hbm import E_EVENTS, E_HBM_PER_TICK, E_TS_RESCAN, E_WORK_LEFT, N_ENG
 
 #: the engine doubles Bufferize arena regions at most this many times before giving up
 MAX_ARENA_DOUBLINGS = 12
@@ -68,6 +68,9 @@ class EngineResult:
     hbm_uneven_closed_form_ticks : int
         Of those, the ticks of periods whose channels moved by different amounts (served with the K-th period
         tick by tick, see ``kernels.hbm._try_skip``).
+    time_sensitive_scans : int
+        Scans of the time-sensitive units' (EagerMerge, Link) decision times; the event loop reuses the last
+        scan while no unit has stepped since (every decision scans with ``run(..., reuse_scans=False)``).
     timeline : int64 array or None
         ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
         decoded by :func:`stepsim.simulation.timeline.decode`).
@@ -89,6 +92,7 @@ class EngineResult:
     hbm_requests: int = 0
     hbm_closed_form_ticks: int = 0
     hbm_uneven_closed_form_ticks: int = 0
+    time_sensitive_scans: int = 0
     timeline: np.ndarray | None = None
     link_bytes: np.ndarray | None = None
 
@@ -118,7 +122,7 @@ def _engine():
 
 
 def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress | None = None,
-          hbm_closed_form: bool = True, tl=None):
+          hbm_closed_form: bool = True, tl=None, reuse_scans: bool = True):
     """Run a program to completion, deadlock or ``max_events``, in slices of the event loop.
 
     The engine's state lives in arrays, so stopping the event loop after any event and calling it again
@@ -140,6 +144,7 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
         program.unit_params, program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
         program.ch_consumer, program.hw, len(program.mem_order), program.arena_rows)
     eng[E_HBM_PER_TICK::N_ENG] = 0 if hbm_closed_form else 1  # in every chip's HBM segment
+    eng[E_TS_RESCAN] = 0 if reuse_scans else 1  # an engine-wide scalar: segment 0
     n_slice, work = FIRST_SLICE_EVENTS, FIRST_SLICE_WORK
     while True:
         stop = min(max_events, int(eng[E_EVENTS]) + n_slice)
@@ -191,7 +196,7 @@ def _ensure_compiled(engine, functional: bool = False) -> None:
 
 def run(program, *, max_events: int | None = None, record_events: int = 0, inputs: dict | None = None,
         arena_tiles: int | None = None, progress: Progress | None = None, hbm_closed_form: bool = True,
-        timeline: int = 0) -> EngineResult:
+        timeline: int = 0, reuse_scans: bool = True) -> EngineResult:
     """Simulate a :class:`stepsim.kernels.program.Program`.
 
     Parameters
@@ -218,6 +223,9 @@ def run(program, *, max_events: int | None = None, record_events: int = 0, input
     timeline : int
         Record a timeline of at most this many records (unit intervals and FIFO occupancy changes) into
         ``EngineResult.timeline``; 0 (default) records nothing and runs the engine without any recording code.
+    reuse_scans : bool
+        Reuse the last scan of the time-sensitive units' decision times while no unit has stepped (default).
+        False scans them at every decision: the same results, slower; the equivalence tests compare the two.
 
     Returns
     -------
@@ -245,10 +253,10 @@ def run(program, *, max_events: int | None = None, record_events: int = 0, input
         recording = (int(timeline), cutoff)
         if inputs is None:
             out, us, chs, wall, _, _, tl = _run_growing(engine, program, limit, rec, None, progress,
-                                                        hbm_closed_form, recording)
+                                                        hbm_closed_form, recording, reuse_scans)
             return _result(program, out, us, chs, wall, rec, tl)
         return _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress, hbm_closed_form,
-                               recording)
+                               recording, reuse_scans)
 
     result = attempt(A.NEVER)
     if result.timeline is not None and result.timeline[TL.TLH_DROPPED]:
@@ -270,7 +278,7 @@ def _new_timeline(program, recording):
 
 
 def _run_growing(engine, program, limit, rec, make_state, progress=None, hbm_closed_form=True,
-                 recording=(0, A.NEVER)):
+                 recording=(0, A.NEVER), reuse_scans=True):
     """One engine run, rerun with larger Bufferize regions while a buffer overflows its region.
 
     ``make_state(program)`` returns the functional ``(fv, fi)`` for a run (None: timing mode).
@@ -284,7 +292,7 @@ def _run_growing(engine, program, limit, rec, make_state, progress=None, hbm_clo
         fv, fi = (state[0], state[1]) if state else (None, None)
         tl = _new_timeline(current, recording)
         t0 = time.perf_counter()
-        out, us, chs = _call(engine, current, limit, rec, fv, fi, progress, hbm_closed_form, tl)
+        out, us, chs = _call(engine, current, limit, rec, fv, fi, progress, hbm_closed_form, tl, reuse_scans)
         wall = time.perf_counter() - t0
         if int(out[A.OUT_STATUS]) != A.ST_ARENA_FULL:
             return out, us, chs, wall, current, state, tl
@@ -297,7 +305,7 @@ def _run_growing(engine, program, limit, rec, make_state, progress=None, hbm_clo
 
 
 def _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress=None, hbm_closed_form=True,
-                    recording=(0, A.NEVER)):
+                    recording=(0, A.NEVER), reuse_scans=True):
     """Functional mode: size the value arena, run, rerun once with larger blocks if a tile outgrew them."""
     arrays = arena.check_inputs(program, inputs)
     if arena_tiles is not None and (isinstance(arena_tiles, bool) or not isinstance(arena_tiles, (int, np.integer))
@@ -317,7 +325,8 @@ def _run_functional(engine, program, limit, rec, inputs, arena_tiles, progress=N
     while True:
         out, us, chs, wall, current, state, tl = _run_growing(
             engine, program, limit, rec,
-            lambda cur: arena.build_state(cur, arrays, capacity(cur), block), progress, hbm_closed_form, recording)
+            lambda cur: arena.build_state(cur, arrays, capacity(cur), block), progress, hbm_closed_form, recording,
+            reuse_scans)
         fv, fi, offsets = state
         vstatus = int(fi[V.FI_STATUS])
         if vstatus == V.VS_TOO_BIG and int(out[A.OUT_STATUS]) == A.ST_OK:
@@ -371,7 +380,8 @@ def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
                         events_recorded=rec[:int(out[A.OUT_N_RECORDED])].copy(),
                         hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
                         hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]),
-                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]), timeline=tl,
+                        hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]),
+                        time_sensitive_scans=int(out[A.OUT_TS_SCANS]), timeline=tl,
                         link_bytes=_link_bytes(program, us))
 
 

@@ -9,7 +9,9 @@ Scheduling (canonical rules 2 and 3):
 2. When no Kahn unit is runnable, the earliest time-sensitive event is taken: the HBM's next tick or an
    EagerMerge's or a Link's decision time (ties go to the HBM; any action at time T only creates elements stamped > T,
    so the order of equal-time actions cannot matter). The HBM serves ticks up to the earliest EagerMerge
-   event and stops after a tick that completed a tile (see :mod:`stepsim.kernels.hbm`).
+   event and stops after a tick that completed a tile (see :mod:`stepsim.kernels.hbm`). The time-sensitive
+   units' decision times are scanned again only after some unit stepped: an HBM event that woke nobody
+   changed no clock and no channel, so the last scan still holds (on many chips most HBM events are such).
 3. When neither exists, the run is over: finished if every unit is done, else a deadlock.
 
 Reported cycles (canonical rule 6): max over every unit's final clock and, if there are memory units,
@@ -35,6 +37,11 @@ from stepsim.kernels.hbm import (
     E_N_REC,
     E_STATUS,
     E_STATUS_ARG,
+    E_TS_FRESH,
+    E_TS_RESCAN,
+    E_TS_SCANS,
+    E_TS_T,
+    E_TS_U,
     E_WL_N,
     E_WORK_LEFT,
     HBM_OUT_OF_WORK,
@@ -229,8 +236,12 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
     n_rec = eng[E_N_REC]
     events = eng[E_EVENTS]
     status = A.ST_OK
+    stepped = eng[E_TS_FRESH] == 0  # a unit stepped since the last scan of the time-sensitive units (or none yet)
+    ts_t = eng[E_TS_T]  # that scan's result: the earliest decision time and its unit
+    ts_u = eng[E_TS_U]
     while status == A.ST_OK:
         while wl_n > 0:
+            stepped = True
             wl_n -= 1
             u = wl[wl_n]
             us[u, A.US_IN_WORKLIST] = 0
@@ -285,16 +296,26 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             t_hbm = A.NEVER
             take_hbm = True
         else:
-            for k in range(n_ts):
-                v = ts_units[k]
-                if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
-                    if up[v, A.UP_OPCODE] == A.OP_LINK:
-                        t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
-                    else:
-                        t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
-                    if t < best_t:
-                        best_t = t
-                        best_u = v
+            # A decision time depends only on its unit's clock and channels, which only unit steps change: after
+            # an HBM event that woke nobody (a batch stopped at its bound, typical when several chips' HBMs
+            # bound each other), the last scan still holds.
+            if stepped or eng[E_TS_RESCAN] != 0:
+                eng[E_TS_SCANS] += 1
+                ts_t = A.NEVER
+                ts_u = -1
+                for k in range(n_ts):
+                    v = ts_units[k]
+                    if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
+                        if up[v, A.UP_OPCODE] == A.OP_LINK:
+                            t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                        else:
+                            t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                        if t < ts_t:
+                            ts_t = t
+                            ts_u = v
+                stepped = False
+            best_t = ts_t
+            best_u = ts_u
             t_hbm, t_other, best_h = _earliest_hbm(eng, hq)
             if t_hbm == A.NEVER and best_u < 0:
                 break
@@ -329,6 +350,9 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
     eng[E_WL_N] = wl_n
     eng[E_EVENTS] = events
     eng[E_N_REC] = n_rec
+    eng[E_TS_FRESH] = 0 if stepped else 1
+    eng[E_TS_T] = ts_t
+    eng[E_TS_U] = ts_u
     return status
 
 
@@ -439,6 +463,7 @@ def engine_finish(up, us, chs, slots, eng, status, out):
     out[A.OUT_BYTES_WRITTEN] = eng[E_BYTES_WRITTEN]
     out[A.OUT_N_RECORDED] = eng[E_N_REC]
     out[A.OUT_FIRES] = fires
+    out[A.OUT_TS_SCANS] = eng[E_TS_SCANS]
     for h in range(eng.shape[0] // N_ENG):  # every chip's HBM
         out[A.OUT_HBM_REQUESTS] += eng[h * N_ENG + E_HBM_REQS]
         out[A.OUT_HBM_CLOSED_FORM_TICKS] += eng[h * N_ENG + E_HBM_SKIPPED]

@@ -68,7 +68,12 @@ E_HBM_SKIPPED = 18  # ticks served in closed form
 E_WORK_LEFT = 19  # HBM work (ticks served, each weighted by its due units) left in this slice of the event loop
 E_HBM_RESUME = 20  # 1 + the HBM (chip) whose batch a slice cut short when its work ran out; 0: none
 E_HBM_RESUME_BOUND = 21  # that batch's bound: the next slice finishes it first, as it would have gone on
-N_ENG = 24
+E_TS_SCANS = 22  # scans of the time-sensitive units' decision times (statistics; see engine.event_loop)
+E_TS_RESCAN = 23  # 1: scan them at every decision, never reuse the last scan (for equivalence tests)
+E_TS_FRESH = 24  # 1: no unit stepped since the last scan, whose result E_TS_T / E_TS_U still holds (kept across
+E_TS_T = 25  # slices, so the scan count does not depend on where slices end); its earliest decision time
+E_TS_U = 26  # and that time's unit (-1: none)
+N_ENG = 28
 
 #: hbm_process's return value when it stopped because the slice's work ran out (not a completion count)
 HBM_OUT_OF_WORK = -1

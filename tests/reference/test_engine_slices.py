@@ -1,5 +1,6 @@
 """The numba engine gives the same results however it is cut into slices, and with or without the HBM's
-closed form: cycles, every unit and channel counter, bytes, events, firings and recorded steps.
+closed form: cycles, every unit and channel counter, bytes, events, firings, recorded steps and the scans of the
+time-sensitive units (the event loop keeps its last scan across slices).
 
 Slicing (``kernels.api._call``) stops the event loop after a number of events and calls it again, so Python can
 react to Ctrl-C and draw progress; the closed form (``kernels.hbm._try_skip``) serves whole periods of a steady
@@ -30,8 +31,8 @@ def _outcome(program, **kw):
         return ("deadlock", str(exc))
     except SimulationError as exc:
         return ("error", str(exc))
-    return (r.cycles, r.events, r.fires, r.bytes_read, r.bytes_written, r.hbm_requests, r.unit_counters.tolist(),
-            r.channel_counters.tolist(), r.events_recorded.tolist())
+    return (r.cycles, r.events, r.fires, r.bytes_read, r.bytes_written, r.hbm_requests, r.time_sensitive_scans,
+            r.unit_counters.tolist(), r.channel_counters.tolist(), r.events_recorded.tolist())
 
 
 @pytest.fixture
