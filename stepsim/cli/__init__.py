@@ -141,14 +141,17 @@ def main(argv: list[str] | None = None) -> int:
         # objects are skipped; atexit handlers, output buffers and files are unaffected. Only for the program
         # itself: an in-process caller keeps its collector as it was.
         gc.freeze()
-    if argv is None and status in (130, 143):
-        # the program is exiting because of a signal: a repeated one during interpreter shutdown must not turn
-        # that into death by signal (seen under load); only for the program itself, not for in-process callers
-        import signal
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
     return status
+
+
+def _ignore_stop_signals() -> None:
+    """The program is stopping because of a signal: a repeated one, while it prints its line or during interpreter
+    shutdown, must not turn the exit into death by signal (a KeyboardInterrupt escaping ``main`` makes Python kill
+    itself with SIGINT: exit status -2 seen under load). Only for the program itself, not for in-process callers."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -187,6 +190,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"stepsim: error: {where}{os_reason(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt as exc:
+        if argv is None:
+            _ignore_stop_signals()
         return stopped_status(reason(exc))
 
 
