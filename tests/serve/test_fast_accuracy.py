@@ -111,3 +111,59 @@ def test_fast_against_the_stored_exact_run(stored, conv_csv, tmp_path):
     ratio = fast.requests["ttft_s"].to_numpy() / requests["ttft_s"].to_numpy() - 1
     assert round(float(np.median(ratio)) * 100, 3) == -0.379  # and the mean TTFT -0.32 %:
     assert round((s["ttft_s"]["mean"] / exact["ttft_s"]["mean"] - 1) * 100, 2) == -0.32
+    # TTFT = the wait for the step in flight at arrival + the steps that compute the prompt. The second part is
+    # the model's: its p50 / p99 within 0.4 % of exact's. The first is the arrival's phase within a step (a
+    # request arriving during a step waits for its end), which no per-step model reproduces (docs/serving.md
+    # §10.6; test_the_exact_runs_own_ttft_p50_moves_with_the_arrival_phase)
+    parts = {name: [_ttft_parts(r)[i] for r in (requests, fast.requests)] for i, name in enumerate(("wait", "prefill"))}
+    quantiles = {f"{name} {q}": round((np.percentile(f, q) / np.percentile(e, q) - 1) * 100, 2)
+                 for name, (e, f) in parts.items() for q in (50, 99)}
+    assert quantiles == {"wait 50": 6.1, "wait 99": 0.15, "prefill 50": 0.14, "prefill 99": -0.36}
+    # the one request that crosses the median: 899 prompt tokens, exact waited 0.064 ms, fast 1.520 ms
+    crossed = np.flatnonzero((_rank(requests["ttft_s"]) <= 100) != (_rank(fast.requests["ttft_s"]) <= 100))
+    wait_e, wait_f = parts["wait"]
+    assert [(int(i), round(wait_e[i] * 1e3, 3), round(wait_f[i] * 1e3, 3)) for i in crossed] == [
+        (65, 0.0, 0.0), (102, 0.064, 1.52)]
+
+
+def _ttft_parts(requests) -> tuple[np.ndarray, np.ndarray]:
+    """Per request (s): the wait from arrival to the start of its first step, and from there to its first token."""
+    arrival, first = requests["arrival_s"].to_numpy(), requests["first_scheduled_s"].to_numpy()
+    return first - arrival, requests["first_token_s"].to_numpy() - first
+
+
+def _rank(column) -> np.ndarray:
+    values = column.to_numpy()
+    rank = np.empty(len(values), dtype=np.int64)
+    rank[np.argsort(values, kind="stable")] = np.arange(len(values))
+    return rank
+
+
+#: phase redraws of test_the_exact_runs_own_ttft_p50_moves_with_the_arrival_phase
+PHASE_DRAWS = 4000
+
+
+def test_the_exact_runs_own_ttft_p50_moves_with_the_arrival_phase(stored):
+    """The 2 % target on TTFT p50 is below this window's own noise. A request arriving during a step waits for
+    that step's end; where in the step it arrives is the phase of the step boundaries at that instant, which
+    follows from every earlier step's duration (in exact mode, from every few-token step's routing, which moves an
+    MoE layer's cycles by 10-20 %). Redrawing only those phases (uniformly in the step in flight; everything
+    else of the exact run kept) moves the exact run's own TTFT p50 by more than 2 % in 85 % of draws: the stored
+    run sits at the 5th percentile of its own phase distribution, and fast's +2.88 % is the typical draw."""
+    requests, iterations, _ = stored
+    start, duration = iterations["start_s"].to_numpy(), iterations["duration_s"].to_numpy()
+    arrival, first = requests["arrival_s"].to_numpy(), requests["first_scheduled_s"].to_numpy()
+    ttft = requests["ttft_s"].to_numpy()
+    step = np.searchsorted(start, arrival, side="left") - 1  # the last step started strictly before the arrival
+    during = (first > arrival) & (step >= 0) & (start[np.maximum(step, 0)] + duration[np.maximum(step, 0)] >= arrival)
+    in_flight = duration[np.maximum(step, 0)]
+    remaining = np.where(during, start[np.maximum(step, 0)] + in_flight - arrival, 0.0)
+    assert int(during.sum()) == 127
+    # such a request waits exactly for the end of the step in flight (never longer: the window never queues)
+    assert np.array_equal(first[during], (start + duration)[step[during]])
+    rng = np.random.default_rng(0)
+    shift = np.array([np.percentile(ttft - remaining + during * rng.random(len(ttft)) * in_flight, 50)
+                      for _ in range(PHASE_DRAWS)]) / np.percentile(ttft, 50) - 1
+    assert [round(float(v) * 100, 2) for v in (np.percentile(shift, 5), np.median(shift), np.percentile(shift, 95))] \
+        == [0.95, 3.78, 5.99]
+    assert round(float((np.abs(shift) > 0.02).mean()), 3) == 0.851
