@@ -11,7 +11,10 @@ The exact run of that window takes about 17 minutes on two workers, so it is sto
   draws step by step from the seed) and simulated again give the stored ``cycles_*`` of each.
 
 The fast run is then compared with the stored summary (``bench/test_bench_serve.py`` reruns the exact run and
-records both wall times).
+records both wall times). Its TTFT is split into the wait for the step in flight at arrival and the prompt's own
+steps, and the exact run's own TTFT p50 is redrawn over arrival phases (docs/serving.md §10.6). A second window,
+requests 200-279 (``data/conv280_requests.csv``, stored exact run ``data/conv280_exact``), checks that the model
+was not fitted to the first.
 """
 
 from __future__ import annotations
