@@ -43,7 +43,7 @@ SECOND_MEASURED = (11594, {"ttft p50": 0.61, "ttft p99": -0.4, "tpot p50": -0.7,
 pytestmark = [pytest.mark.slow, pytest.mark.traces]
 
 #: the fast run's steps, its TTFT / TPOT against the stored exact run's (%), its held-out step error (%),
-#: measured 2026-11-24 with calibration version 3 (the two-token column, stepsim.serve.fast.pair_parity; version 2
+#: measured 2026-11-24 with calibration version 3, also with --jobs 2: the same bytes (the two-token column, stepsim.serve.fast.pair_parity; version 2
 #: gave 23486 steps, +2.88 / -0.48 / -1.04 / -0.40 %, held-out p95 4.36 %, max 5.28 %)
 MEASURED = (23450, {"ttft p50": 3.89, "ttft p99": -0.68, "tpot p50": -0.67, "tpot p99": -0.18},
             {"iteration_p50": 0.27, "iteration_p95": 1.82, "iteration_max": 1.83})
