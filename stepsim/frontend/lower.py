@@ -44,6 +44,16 @@ class FrontendReport:
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
 
+    def spill_reasons(self) -> dict:
+        """``{"VALUE->CONSUMER": why}`` of every spilled edge, in node order (the record's ``spill_reasons``)."""
+        return {fusion.edge_name(e.value, e.consumer): e.reason.removeprefix("spilled: ") for e in self.spilled()}
+
+    def replaced(self) -> dict:
+        """``{converter key: "kind producer -> consumer (bytes B)"}`` of the converters a spill replaced (the
+        record's ``spilled_converters``): the on-chip buffer each spill saved."""
+        return {k: f"{c.kind} {c.producer} -> {c.consumer} ({c.buffer.bytes} B)" for k, c in self.converters.items()
+                if k in self.spilled_converters}
+
     def describe(self) -> str:
         """The layout of every activation stream, the converters and each edge's fusion decision, one per line."""
         width = max(map(len, self.layouts), default=0)
@@ -129,7 +139,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,
                                     compute_bw=tiling.compute_bw, fuse=fuse,
-                                    spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled())))
+                                    spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled()),
+                                    spill_reasons=report.spill_reasons(), spilled_converters=report.replaced()))
     workload.frontend = report  # not in params: params go into every result row as JSON
     return workload
 
