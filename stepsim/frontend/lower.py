@@ -49,10 +49,10 @@ class FrontendReport:
         return {fusion.edge_name(e.value, e.consumer): e.reason.removeprefix("spilled: ") for e in self.spilled()}
 
     def replaced(self) -> dict:
-        """``{converter key: "kind producer -> consumer (bytes B)"}`` of the converters a spill replaced (the
-        record's ``spilled_converters``): the on-chip buffer each spill saved."""
-        return {k: f"{c.kind} {c.producer} -> {c.consumer} ({c.buffer.bytes} B)" for k, c in self.converters.items()
-                if k in self.spilled_converters}
+        """``{converter key: "kind of VALUE (bytes B): producer layout -> consumer layout"}`` of the converters a
+        spill replaced (the record's ``spilled_converters``): the on-chip buffer each spill saved."""
+        return {k: f"{c.kind} of {c.value} ({c.buffer.bytes} B): {c.producer} -> {c.consumer}"
+                for k, c in self.converters.items() if k in self.spilled_converters}
 
     def describe(self) -> str:
         """The layout of every activation stream, the converters and each edge's fusion decision, one per line."""
