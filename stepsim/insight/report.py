@@ -39,7 +39,8 @@ JSON keys (stable):
   null (the groups' bottlenecks are equally busy, however their summed work differs), with
   ``straggler_final_clock``; null fields when the graph has no such groups.
 * ``spills``: an ONNX model's spilled edges, ``edges`` (``{"VALUE->CONSUMER": why}``) and ``converters`` (the
-  layout converters spills replaced, ``{key: "kind of VALUE (bytes B): producer layout -> consumer layout"}``); null for other workloads.
+  layout converters spills replaced, ``{key: "kind of VALUE (bytes B): producer layout -> consumer layout"}``);
+  null for other workloads.
 * ``full_fifos``: ``full`` (channels whose peak occupancy reached their depth), ``n_full``,
   ``never_above_one`` (channels that carried data but never held more than one element: their depth could
   shrink), ``n_never_above_one`` and ``source``. With a timeline of the run (``source: "timeline"``) every full
