@@ -188,9 +188,9 @@ def _check_applicable(cfg: dict, source: str | None) -> None:
     if workload == "program" and not str(cfg.get("program") or "").endswith(".onnx"):
         for key in ONNX_KNOBS:
             if cfg.get(key) is not None:
+                what = "its fusion" if key in ("no_fuse", "spill") else "the routing of its MoE blocks"
                 raise ConfigError(f"{_prefix(source)}{_key(key, source)} applies to a program only when it is an "
-                                  f"ONNX model (.onnx: its MoE blocks' routing, its fusion), got "
-                                  f"{cfg.get('program')!r}")
+                                  f"ONNX model (.onnx: {what}), got {cfg.get('program')!r}")
     if workload == "program" and cfg.get("trace") is None:
         for key in ("iteration", "layer"):
             if cfg.get(key) is not None:  # no bundled trace for a model file: nothing to pick a batch from

@@ -125,7 +125,7 @@ def test_bad_names_and_flags_are_one_line_and_status_2(path, tmp_path, capsys):
                     "def f():\n    return build_swiglu()\n")
     assert main(["metrics", f"{prog}:f", "--spill", "h"]) == 2
     assert capsys.readouterr().err == (f"stepsim: error: --spill applies to a program only when it is an ONNX model "
-                                       f"(.onnx: its MoE blocks' routing, its fusion), got '{prog}:f'\n")
+                                       f"(.onnx: its fusion), got '{prog}:f'\n")
     assert main(["optimize", str(path), "--spill", "h", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == ("stepsim: error: --spill does not apply to optimize: it searches which edges "
                                        "spill (--no-fuse fixes every edge spilled)\n")
