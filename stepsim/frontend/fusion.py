@@ -5,7 +5,7 @@ its order and come back in the consumer's (twice the tensor's bytes of traffic, 
 After the converter pass every consumer can take its producer's stream, so an edge spills only by policy:
 
 * ``fuse=False`` spills every edge (``--no-fuse``); ``spill={name, ...}`` the edges named: a value (all its
-  edges) or one edge ``VALUE->CONSUMER`` (``--spill``; the names the report prints);
+  edges) or one edge ``VALUE->CONSUMER`` (``--spill``; the names the report prints, spaces around ``->`` allowed);
 * ``budget`` (bytes of on-chip FIFO for fused edges): a fused edge costs its FIFO, ``depth`` tiles of the
   stream it carries; edges are fused greedily by off-chip bytes saved per on-chip byte (ties in node order)
   while their FIFOs fit in the budget, as StreamTensor's fusion search does (its summary; our rule).
@@ -43,7 +43,7 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
            depth: int = 2, elem_bytes: int = 4) -> list:
     """The :class:`Edge` of every node-to-node edge, in node order. ``tile_bytes``: value -> bytes of one tile
     of its stream; ``depth``: FIFO depth (tiles) a fused edge is charged."""
-    spill = set(spill)
+    spill = {canonical_name(n) for n in spill}
     producers = model.producer()
     check_spill_names(model, spill)
     if budget is not None and (not isinstance(budget, int) or budget < 0):
@@ -79,6 +79,12 @@ class UnknownSpillError(FrontendError):
 def edge_name(value: str, consumer: str) -> str:
     """An edge as ``--spill`` and the record's ``spilled`` list name it: ``VALUE->CONSUMER``."""
     return f"{value}->{consumer}"
+
+
+def canonical_name(name: str) -> str:
+    """A spill name as :func:`edge_name` spells it: ``"h -> up"`` (as :meth:`FrontendReport.describe` prints an
+    edge) is ``"h->up"``; a value name is itself."""
+    return "->".join(part.strip() for part in str(name).split("->"))
 
 
 def edge_values(model: Model) -> dict:

@@ -94,7 +94,9 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     fuse : bool
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str
-        Values whose edges spill even when ``fuse`` is on.
+        Edges that spill even when ``fuse`` is on: a value (all its edges) or one edge ``"VALUE->CONSUMER"`` (as
+        :meth:`FrontendReport.describe` prints it); an unknown name is a one-line
+        :class:`~stepsim.frontend.fusion.UnknownSpillError` listing the valid values.
     budget : int, optional
         Bytes of on-chip FIFO for fused edges (:mod:`stepsim.frontend.fusion`); default unlimited.
     channel_depth : int or None, optional

@@ -43,6 +43,8 @@ def test_no_fuse_and_spill_change_cycles_and_bytes_exactly(path, capsys):
     assert (off["cycles"], off["off_chip_bytes"]) == (547, FUSED + 3 * 2 * TENSOR)  # h->act, h->res, r->res
     # h->act spilled: res then reads r (after the spill) and h (before it): h->res spills too; r->res stays fused
     assert json.loads(one["params"])["spilled"] == ["h->act", "h->res"]
+    assert [(e.value, e.consumer) for e in from_onnx(diamond(), spill=("h -> act",)).frontend.spilled()] == [
+        ("h", "act"), ("h", "res")]  # the name as describe() prints it
     assert one["off_chip_bytes"] == FUSED + 2 * 2 * TENSOR
     for row, kw in ((fused, {}), (off, {"fuse": False}), (one, {"spill": ("h->act",)})):
         w = from_onnx(path, values="seeded", routing="teacher", **kw)
