@@ -248,6 +248,8 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
         from stepsim.models.presets import canonical_model_name
 
         cfg["model"] = canonical_model_name(cfg["model"])
+    if cfg["no_fuse"] is False:  # the default spelled out: one run id, one record, whether given or not
+        cfg["no_fuse"] = None
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
         if cfg[key] is None:
             cfg[key] = value

@@ -11,9 +11,10 @@ from pathlib import Path
 import onnx
 import pytest
 
+from stepsim.base.errors import ConfigError
 from stepsim.cli import main
 from stepsim.frontend import from_onnx
-from stepsim.results.records import read_runs
+from stepsim.results.records import read_runs, run_identity
 from stepsim.simulation.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -111,6 +112,16 @@ def test_graph_show_builds_the_spill(path, capsys):
     assert "spill_write" not in fused
     assert [line.split()[0] for line in spilled.splitlines() if line.startswith("spill_write")] == [
         "spill_write[h->act]", "spill_write[h->res]", "spill_write[r->res]"]
+
+
+def test_the_knobs_enter_the_run_id_only_when_they_change_the_run(path):
+    base = {"workload": "program", "program": str(path)}
+    ident = run_identity(base)[0]
+    assert run_identity({**base, "no_fuse": False})[0] == ident  # the default spelled out
+    assert len({ident, run_identity({**base, "no_fuse": True})[0], run_identity({**base, "spill": "h"})[0]}) == 3
+    with pytest.raises(ConfigError) as err:
+        run_identity({**base, "no_fuse": "yes"}, source="sweep.toml")
+    assert str(err.value) == "sweep.toml: config key 'no_fuse' must be true or false, got 'yes'"
 
 
 def test_bad_names_and_flags_are_one_line_and_status_2(path, tmp_path, capsys):
