@@ -71,10 +71,15 @@ def retile_through_memory(g, s, p: Layout, c: Layout, tag: str, *, par_dispatch:
     """Spill stream ``s`` (``(1,) + p.trips`` tiles of ``p.tile``) into a tensor of ``p.shape`` (each tile at its
     place) and read it back as ``c`` (``(1,) + c.trips`` tiles of ``c.tile``, in ``c``'s order): any re-tiling and
     reordering of one tensor, at two tiles and one token on chip. ``load.spill_reason`` says why (SPILL_REASON).
+    A ``tag`` already used in ``g`` gets ``#2``, ``#3``, ... (each spill its own scratch tensor).
     LayoutError when a tile spans leading dims (a load tiles only the last two)."""
     for lay in (p, c):
         if any(t != 1 for t in lay.tile[:-2]):
             raise LayoutError(f"{lay}: a spill stores and loads 2-D tiles (leading tile dims must be 1)")
+    taken, base, k = {op.name for op in g.ops}, tag, 1
+    while f"spill_read[{tag}]" in taken:  # one scratch tensor per spill (functional mode keys tensors by name)
+        k += 1
+        tag = f"{base}#{k}"
     grid = tile_numbers(p, p.tile)  # the producer's tile number at each place of the tensor's grid of its tiles
     addresses = np.empty(p.num_tiles, np.int64)
     addresses[grid.ravel()] = np.arange(p.num_tiles)  # the producer's k-th tile goes to its place, row-major

@@ -14,13 +14,14 @@ import pytest
 from stepsim.base.defaults import UNSET, resolve_channel_depth
 from stepsim.base.errors import LayoutError
 from stepsim.base.hardware import Hardware
-from stepsim.graph import FP32, Graph, LinearOffChipLoad, Tensor
+from stepsim.graph import FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Tensor
 from stepsim.graph.layout import Layout, Loop, converter_buffer
 from stepsim.graph.lower import lower
 from stepsim.graph.ops_convert import ConverterPartition, convert, packs_in_order
 from stepsim.graph.ops_memory import RandomOffChipStore
 from stepsim.kernels.api import run as fast_run
 from stepsim.kernels.reference import run as ref_run
+from stepsim.simulation.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_convert import converted, in_order  # noqa: E402
@@ -114,3 +115,16 @@ def test_pairs_nothing_can_join_stay_one_line_errors():
     with pytest.raises(LayoutError) as err:
         convert(g, load, p, rereads, producer_name=load.name, consumer_name="matmul_3")
     assert str(err.value).endswith("the consumer re-reads tiles (that needs a reuse buffer, not a converter)")
+
+
+def test_two_spills_with_default_names_keep_their_own_scratch_tensors():
+    p, c = Layout.ordered((8, 8), (2, 2)), Layout.ordered((8, 8), (4, 4))
+    g = Graph("twice")
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    for name in ("x", "z"):
+        load = LinearOffChipLoad(g, Tensor(name, (8, 8), FP32), (2, 2), *p.tile_view())
+        LinearOffChipStore(g, convert(g, load, p, c), tensor_name=f"{name}_out")
+    assert [op.name for op in g if op.name.startswith("spill_read")] == [
+        "spill_read[producer->consumer]", "spill_read[producer->consumer#2]"]
+    r = simulate(g, functional=True, inputs={"x": x, "z": -x})
+    assert np.array_equal(r.outputs["x_out"], in_order(c, x)) and np.array_equal(r.outputs["z_out"], in_order(c, -x))
