@@ -18,7 +18,7 @@ from stepsim.results.records import read_runs, run_identity
 from stepsim.simulation.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_spill import B, D, S, diamond, engines_agree, leading  # noqa: E402
+from test_spill import B, D, S, diamond, engines_agree, heads, leading  # noqa: E402
 
 TENSOR = B * S * D * 4  # 2,048 B: x, h, r, y
 FUSED = TENSOR + 2 * D * D * 4 + TENSOR  # x, the weight once per row block (tile_m 8: 2 blocks), y
@@ -162,3 +162,18 @@ def test_optimize_no_fuse_searches_tiles_with_every_edge_spilled(path, tmp_path,
         assert all(p["spill"] == [] for p in doc["pareto"])
     else:
         assert all("spill" not in p for p in doc["pareto"])
+
+
+def test_optimize_hierarchical_json_has_fusion_by_tile_m(tmp_path, capsys):
+    p = tmp_path / "heads.onnx"
+    onnx.save(heads(), p)
+    out = tmp_path / "opt"
+    doc = _json(capsys, "optimize", str(p), "--hierarchical", "--out", str(out))
+    assert doc == json.loads((out / "optimize.json").read_text())
+    dominated, kept = "fused: a simulated point dominates its spill", "spilled: its spill is not dominated"
+    # the head Transpose's reorder converter holds ((8 / tile_m - 1) * 3 + 1) tiles: spilling its input gains on
+    # chip below tile_m 8; at tile_m 8 (the default, reported as "fusion") the converter holds nothing
+    assert doc["fusion_by_tile_m"] == {str(tm): {"p0": dominated, "p1": kept if tm < 8 else dominated,
+                                                 "p2": dominated} for tm in (1, 2, 4, 8)}
+    assert doc["fusion"] == doc["fusion_by_tile_m"]["8"]
+    assert doc["simulations"] == 16
