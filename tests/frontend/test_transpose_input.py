@@ -81,3 +81,17 @@ def test_a_computed_transpose_still_goes_through_its_converter():
              helper.make_node("Relu", ["t"], ["y"], name="act")]
     w = from_onnx(model(nodes, {"x": [3, 4, 16]}, {"y": [4, 3, 16]}, name="computed"))
     assert list(w.frontend.converters) == ["t"] and w.frontend.converters["t"].buffer.bytes == 7 * 16 * 4
+
+
+def test_a_transposed_initializer_is_folded_and_read_once():
+    # the constant pass folds Transpose(c) into a constant, stored transposed: read like any full-size constant
+    nodes = [helper.make_node("Transpose", ["c"], ["ct"], name="t", perm=[1, 0, 2]),
+             helper.make_node("Add", ["x", "ct"], ["y"], name="add")]
+    m = model(nodes, {"x": [4, 3, 16]}, {"y": [4, 3, 16]}, {"c": rand((3, 4, 16), 2)}, name="transposed_constant")
+    w, r, _ = check(m, {"x": rand((4, 3, 16), 1)}, 1)
+    assert w.frontend.converters == {}
+    assert sorted(op.tensor.name for op in w.graph if op.kind == "LinearOffChipLoad") == ["ct", "x"]
+    nbytes = 4 * 3 * 16 * 4
+    fast = engines_agree(w)
+    assert (fast.bytes_read, fast.bytes_written) == (2 * nbytes, nbytes)  # x and ct read once, y stored
+    assert w.metrics()["off_chip_bytes"] == 3 * nbytes
