@@ -52,11 +52,38 @@ def handlers(installed: dict) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+#: the stop a signal asked for inside :func:`interrupts_raise` (None: none yet). Python swallows an exception
+#: raised while it runs a destructor or a weakref callback ("Exception ignored in ...": a Ctrl-C that lands there
+#: is printed and lost, and the command ran to its end); :func:`raise_if_stopped` raises it again
+_requested: str | None = None
+
+
+def raise_if_stopped() -> None:
+    """Raise the stop a signal asked for, if its exception was swallowed (see ``_requested``): called between
+    engine slices (:func:`stepsim.kernels.api._call`), so a lost Ctrl-C still stops the command within a slice."""
+    if _requested is not None:
+        raise Terminated if _requested == "terminated" else KeyboardInterrupt
+
+
 @contextmanager
 def interrupts_raise() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated inside the block."""
+    """SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated inside the block (and again at the next
+    :func:`raise_if_stopped` if that exception was swallowed)."""
+    global _requested
+
+    def interrupt(signum, frame):
+        global _requested
+        _requested = "interrupted"
+        raise KeyboardInterrupt
+
     def terminate(signum, frame):
+        global _requested
+        _requested = "terminated"
         raise Terminated
 
-    with handlers({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: terminate}):
-        yield
+    _requested = None
+    try:
+        with handlers({signal.SIGINT: interrupt, signal.SIGTERM: terminate}):
+            yield
+    finally:
+        _requested = None  # a command server's next command starts afresh

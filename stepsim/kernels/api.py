@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepsim.base.errors import ArenaError, ArgumentError, BlockedUnit, DeadlockError, SimulationError, raw_deadlock
+from stepsim.base.signals import raise_if_stopped
 from stepsim.kernels import abi as A
 from stepsim.kernels import arena
 from stepsim.kernels import timeline as TL
@@ -147,6 +148,7 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
     eng[E_TS_RESCAN] = 0 if reuse_scans else 1  # an engine-wide scalar: segment 0
     n_slice, work = FIRST_SLICE_EVENTS, FIRST_SLICE_WORK
     while True:
+        raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt a destructor swallowed (stepsim.base.signals)
         stop = min(max_events, int(eng[E_EVENTS]) + n_slice)
         eng[E_WORK_LEFT] = work
         t0 = time.perf_counter()

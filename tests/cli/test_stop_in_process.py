@@ -87,3 +87,28 @@ def test_run_stopped_while_writing_a_parquet_file_leaves_none_of_its_files(tmp_p
     assert capsys.readouterr().err == err
     assert [p.name for p in written] == ["r_units.parquet", "r_channels.parquet"]
     assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize(("signum", "exc"), [(2, KeyboardInterrupt), (15, Terminated)])
+def test_a_stop_swallowed_by_a_destructor_is_raised_before_the_next_engine_slice(signum, exc):
+    """Python ignores an exception raised while it runs a destructor ("Exception ignored in ..."): a Ctrl-C that
+    lands there would be lost and the command would run to its end (seen once in CI on `stepsim reproduce`). The
+    handlers of interrupts_raise remember the stop, and the engine raises it again before its next slice."""
+    import gc
+    import signal
+
+    from stepsim.base.signals import interrupts_raise, raise_if_stopped
+    from stepsim.simulation.simulate import simulate
+    from stepsim.workloads.config import workload_from_config
+
+    class SignalledWhileCollected:
+        def __del__(self):
+            signal.getsignal(signum)(signum, None)  # the handler, as the interpreter calls it: raises, swallowed
+
+    workload = workload_from_config({"workload": "swiglu"})
+    with interrupts_raise():
+        SignalledWhileCollected()  # collected at once: its KeyboardInterrupt is printed and ignored
+        gc.collect()
+        with pytest.raises(exc):
+            simulate(workload)
+    raise_if_stopped()  # outside the block nothing is pending: the next command starts afresh
