@@ -93,14 +93,17 @@ def region_members(chip_of: list[int], chips: int, regions: int) -> list[list[in
 
 
 def expert_parallel(graph, model, routing, counts, chips: int, placement: str, system: System | None, *,
-                    regions: int | None, ffns, **build) -> tuple[dict, dict, dict]:
+                    regions: int | None, ffns, prelude=None, **build) -> tuple[dict, dict, dict]:
     """Build the sharded expert-parallel layer into ``graph`` (:mod:`stepsim.workloads.moe.sharded`), place it on
     the chips and route its transfers.
 
     ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
     regions (:func:`region_members`), so a chip's experts share its compute and the tokens a chip receives are
     its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
-    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. Returns
+    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. ``prelude(system)``,
+    when given, builds what runs before the layer on the same chips (the decoder's attention) and returns
+    ``(network, chips)``: the :class:`~stepsim.graph.network.Network` its transfers went through (the layer's
+    are added to it) and the chip of every operator it added (by ``op.id``). Returns
     ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles' rows, and the report
     fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes over every
     link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
@@ -113,10 +116,12 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     chip_of = place_experts(counts, chips, placement)
     members = None if regions is None else region_members(chip_of, chips, regions)
     region_chip = None if members is None else [chip_of[m[0]] for m in members]
-    op_chip, bindings, bounds, tile_rows = build_sharded(
+    net, op_chip = prelude(system) if prelude is not None else (None, {})
+    layer_chip, bindings, bounds, tile_rows = build_sharded(
         graph, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
         region_chip=region_chip, **build)
-    net = place_on_chips(graph, system, lambda op: op_chip[op.id])
+    op_chip = {**op_chip, **layer_chip}
+    net = place_on_chips(graph, system, lambda op: op_chip[op.id], network=net)
     tokens = chip_tokens(counts, chip_of, chips)
     mean = sum(tokens) / chips
     busiest = max(range(chips), key=lambda c: (tokens[c], -c))
