@@ -1,0 +1,112 @@
+"""Expert parallelism of the decoder layer (``--ep N``), as serving engines run an MoE layer on N chips: the
+attention tensor-parallel by KV heads, the MoE block expert-parallel, the batch sharded over the same N chips.
+
+* **Attention.** Chip c owns KV heads ``c H/N .. (c+1) H/N - 1`` of the H simulated (``kv_heads``), their caches
+  ``h<h>_*`` and output projections ``wo_h<h>_q<j>``, as with ``--tp`` (:mod:`stepsim.workloads.decoder.parallel`):
+  its query heads' products summed are a partial sum of ``attn @ W_o``, B rows ``(1, D)``.
+* **Reduce-scatter.** The partials are reduce-scattered in N chunks of B / N rows
+  (:func:`stepsim.workloads.chips.reduce_scatter_partials`, the collectives' ring or direct graph, operators
+  ``attn_reducescatter.*``): chip c ends with rows ``c B/N ..`` of ``attn @ W_o``, its shard of the batch. This is
+  the first half of ``--tp``'s all-reduce; its all-gather half is not run because the MoE block below wants each
+  chip's own shard only (the sharded all-to-all moves every token row to its experts' chips anyway). So the shard
+  bounds are :func:`~stepsim.workloads.moe.sharded.shard_bounds`'s for a batch of a multiple of N.
+* **Residual.** Chip c adds its rows of ``x`` (tensor ``x.<c>``, rows ``c B/N ..`` of x): ``h`` rows of its shard.
+* **MoE.** The sharded expert-parallel layer of the MoE workload's ``--ep`` (:func:`stepsim.workloads.moe.parallel.
+  expert_parallel`, :func:`stepsim.workloads.moe.sharded.build_sharded`): experts placed on the chips by
+  ``--placement``, each chip's ``h`` rows dispatched to their experts' chips and combined back by the all-to-alls
+  of the routing trace (routing weights ``routing_weights.<c>``), the shared experts on the home chip.
+* **Residual and store.** Chip c adds its ``h`` rows to the combined rows and stores them as ``y.<c>``.
+
+Why the attention is split by heads rather than data-parallel by requests: it is how ``stepsim serve --system``
+splits a served MoE model (docs/serving.md §13: attention weights and KV heads tensor-parallel, routed experts
+expert-parallel), and it keeps every KV cache and output projection in one chip's HBM, unreplicated. Its cost is
+that N must divide the KV heads (Qwen3-30B-A3B's 4: up to 4 chips).
+
+All transfers (the reduce-scatter's steps, dispatch and combine) share the system's links (one network).
+"""
+
+from __future__ import annotations
+
+from stepsim.base.errors import ArgumentError
+from stepsim.graph import BF16, FP32, Add, Flatten, LinearOffChipLoad, LinearOffChipStore, Map, Promote, Reshape, \
+    RetileStreamify, Tensor
+from stepsim.workloads.moe.build import DEFAULT_TILE_N, PACKING_COMPUTE_BW, _expert_ffn, shared_ffn
+
+
+def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, counts) -> None:
+    """One-line ArgumentError unless ``ep`` chips can run the layer: an MoE model, at most one chip per expert,
+    KV heads and batch that split evenly over the chips, one region per expert."""
+    from stepsim.workloads.moe.parallel import place_experts
+
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
+        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    if not model.is_moe:
+        raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
+                            f"(use --tp {ep})")
+    place_experts(counts, ep, placement)  # more chips than experts, an unknown placement: its one line
+    if n_heads % ep:
+        raise ArgumentError(f"--ep {ep}: the attention splits its {n_heads} KV heads (--kv-heads) over the chips; "
+                            f"they must split evenly over {ep} chips")
+    if batch % ep:
+        raise ArgumentError(f"--ep {ep}: the reduce-scatter cuts the {batch} rows into {ep} shards; the batch must "
+                            f"be a multiple of {ep}")
+    if regions != model.moe.experts:
+        raise ArgumentError("--ep does not combine with --regions (time-multiplexed expert regions) for the decoder "
+                            "layer yet")
+
+
+def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, model, n_heads: int, batch: int,
+                            routing, counts, moe_kw: dict, heads, stage: dict) -> tuple[dict, dict]:
+    """Build the expert-parallel layer (module docstring) into ``stage["g"]``. ``heads(hs)`` builds the attention
+    and output projection of KV heads ``hs`` and returns their summed products (tiles of ``o_tile`` requests).
+    Returns ``(params, tile_rows)``: the record's parallel params (those of
+    :func:`~stepsim.workloads.moe.parallel.expert_parallel` plus ``algorithm``) and the experts' tile rows."""
+    from stepsim.graph.network import Network
+    from stepsim.workloads.chips import reduce_scatter_partials
+    from stepsim.workloads.moe.parallel import expert_parallel
+
+    check_ep(ep, model, n_heads, batch, moe_kw["regions"], placement, counts)
+    g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
+    moe, d, per_head = model.moe, model.hidden, n_heads // ep
+    reduced, homes = {}, {}
+
+    def attention_partial(c):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
+        return Promote(g, RetileStreamify(g, heads(range(c * per_head, (c + 1) * per_head)), split_row=True), 1)
+
+    def prelude(system):  # the attention and its reduce-scatter, before the MoE layer (expert_parallel)
+        net = Network(g, system)
+        reduced.update(reduce_scatter_partials(g, net, ep, attention_partial, batch,
+                                               algorithm=algorithm, compute_bw=bw["compute_bw"],
+                                               prefix="attn_reducescatter."))
+        op_chip = {op.id: op.chip for op in g.ops if hasattr(op, "chip")}  # the partials' and adds' chips
+        for tr in net.transfers:  # a chunk delivered to a chip is read there (the send's placeholder)
+            op_chip[tr.delivered.id] = tr.dst
+        return net, op_chip
+
+    def home_in(c, rows):  # h = x + attn @ W_o, chip c's rows
+        x = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{c}", (rows, d), BF16), (1, d), (rows, 1), (1, 1),
+                                         stream_dtype=FP32), 0, 1)
+        h = Map(g, [Promote(g, reduced[c], 1), x], Add(), **bw)  # [rows] -> [1, rows], as x
+        h.fanout_depth = rows  # the rows wait for the MoE block's output (the decoder's h_rows)
+        homes[c] = h
+        return h
+
+    def home_out(c, combined):  # y = h + moe(h), chip c's rows
+        out = Map(g, [combined, homes[c]], Add(), **bw)
+        LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+
+    dynamic, tile_n, tile_f = moe_kw["dynamic"], moe_kw["tile_n"], moe_kw["tile_f"]
+    shared = None
+    if moe.shared_intermediate:
+        def shared(g, tokens, rows):
+            return shared_ffn(g, tokens, moe, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw)
+
+    def ffns(g, packed, members):  # one region per expert (check_ep refuses --regions)
+        return [_expert_ffn(g, packed[e], e, moe, tile_f, dynamic, bw) for e in range(moe.experts)], {}, {}
+
+    ep_bindings, tile_rows, params = expert_parallel(
+        g, moe, routing, counts, ep, placement, system, regions=None, ffns=ffns, prelude=prelude, dynamic=dynamic,
+        tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"], packing_compute_bw=PACKING_COMPUTE_BW,
+        shared_ffn=shared, home_in=home_in, home_out=home_out)
+    bindings.update(ep_bindings)
+    return {**params, "algorithm": algorithm}, tile_rows

@@ -1,0 +1,228 @@
+"""Expert parallelism of the decoder layer (``--ep N``, stepsim.workloads.decoder.expert_parallel): KV heads over N
+chips and reduce-scattered, the MoE block's tokens sharded over the same chips and sent to their experts' chips by
+the sharded all-to-all; values and KV caches equal to the one-chip layer, bytes per link equal to the metric and to
+the trace's pairs plus the reduce-scatter's chunks, both engines agree, cycles pinned, one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from stepsim.base.errors import ArgumentError, ConfigError
+from stepsim.cli import main
+from stepsim.graph.lower import lower
+from stepsim.kernels.api import run as fast_run
+from stepsim.kernels.reference import run as ref_run
+from stepsim.models.presets import resolve_model
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.config import workload_from_config
+from stepsim.workloads.decoder.build import build_decoder
+from stepsim.workloads.reference import check_outputs, make_inputs
+
+KV = np.array([5, 40, 17, 64, 3, 33, 100, 31])
+#: four KV heads of two query heads each, so 2 and 4 chips both own whole KV heads; 8 experts, top-2
+QWEN_EP = dataclasses.replace(resolve_model("qwen"), hidden=64, heads=8, kv_heads=4, head_dim=16,
+                              expert_intermediate=64, experts=8, top_k=2)
+SHARED_EP = dataclasses.replace(QWEN_EP, shared_experts=1, shared_intermediate=32)
+DENSE = dataclasses.replace(resolve_model("llama"), hidden=64, heads=8, kv_heads=4, head_dim=16,
+                            dense_intermediate=64)
+#: bytes of one token row over a link: D = 64 values timed at 2 bytes (fp32 streams of bf16 tensors)
+ROW = 64 * 2
+
+
+def _routing(batch=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.choice(8, 2, replace=False) for _ in range(batch)])
+
+
+#: every token to experts 0 and 1: with --ep 4 contiguous (two experts a chip) chips 1-3 receive no token
+HOT = np.array([[0, 1], [1, 0]] * 4)
+
+
+def _build(model, routing=None, **kw):
+    batch = kw.pop("batch", 8)
+    if model.is_moe and routing is None:
+        routing = _routing(batch)
+    return build_decoder(model, KV[:batch], routing if model.is_moe else None, tile_f=16, **kw)
+
+
+def _expected_link_bytes(w, routing):
+    """The reduce-scatter's ring (chip c -> c+1: n-1 chunks of B/n rows) plus, for every (token, expert on another
+    chip) pair, one row home -> expert (dispatch) and one back (combine), on fully connected chips."""
+    n, chips = w.params["ep"], w.params["expert_chips"]
+    batch = routing.shape[0]
+    out: dict[str, int] = {}
+
+    def add(a, b, nbytes):
+        out[f"chip{a}->chip{b}"] = out.get(f"chip{a}->chip{b}", 0) + nbytes
+
+    for c in range(n):
+        add(c, (c + 1) % n, (n - 1) * (batch // n) * ROW)
+    for t, experts in enumerate(routing):
+        home = t // (batch // n)
+        for e in experts:
+            if chips[e] != home:
+                add(home, chips[e], ROW)
+                add(chips[e], home, ROW)
+    return out
+
+
+CASES = [  # (id, model, ep, placement, routing, kw)
+    ("2-contiguous", QWEN_EP, 2, "contiguous", None, {}),
+    ("2-round-robin", QWEN_EP, 2, "round-robin", None, {}),
+    ("2-load-balanced", QWEN_EP, 2, "load-balanced", None, {}),
+    ("4-contiguous", QWEN_EP, 4, "contiguous", None, {}),
+    ("4-round-robin", QWEN_EP, 4, "round-robin", None, dict(strategy="interleave")),
+    ("4-load-balanced", QWEN_EP, 4, "load-balanced", None, {}),
+    ("2-shared-expert", SHARED_EP, 2, "load-balanced", None, dict(strategy="coarse")),
+    ("4-dynamic-tiling", QWEN_EP, 4, "round-robin", None, dict(tiling="dynamic")),
+    ("4-chips-without-tokens", QWEN_EP, 4, "contiguous", HOT, {}),
+]
+
+
+@pytest.mark.parametrize("model, ep, placement, routing, kw", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_values_and_kv_caches_equal_the_one_chip_layer(model, ep, placement, routing, kw):
+    routing = _routing() if routing is None else routing
+    one = _build(model, routing, softmax="stable", **kw)
+    w = _build(model, routing, softmax="stable", ep=ep, placement=placement, **kw)
+    inputs, whole = make_inputs(w, seed=3), make_inputs(one, seed=3)
+    rows = 8 // ep
+    for c in range(ep):  # chip c holds its shard's rows of x and of the routing weights, drawn as one chip's
+        np.testing.assert_array_equal(inputs[f"x.{c}"], whole["x"][c * rows:(c + 1) * rows])
+        np.testing.assert_array_equal(inputs[f"routing_weights.{c}"], whole["routing_weights"][c * rows:(c + 1) * rows])
+    assert "x" not in inputs and "routing_weights" not in inputs
+    r = simulate(w, functional=True, inputs=inputs)
+    checks = check_outputs(w, r.inputs, r.outputs)
+    assert sorted(checks) == sorted([f"h{h}_{c}_cache" for h in range(4) for c in "kv"]
+                                    + [f"y.{c}" for c in range(ep)])
+    assert all(c.passed for c in checks.values()), checks
+    r1 = simulate(one, functional=True, inputs=whole)
+    for name in (f"h{h}_{c}_cache" for h in range(4) for c in "kv"):  # written by the chip owning the head
+        np.testing.assert_array_equal(r.outputs[name], r1.outputs[name])
+    y = np.concatenate([r.outputs[f"y.{c}"] for c in range(ep)])
+    np.testing.assert_allclose(y, r1.outputs["y"], rtol=0, atol=1e-5)
+    assert np.abs(y).max() > 0.1  # the comparison above is not between two near-zero outputs
+
+
+@pytest.mark.parametrize("ep, placement, routing, cycles, expert_chips, chip_tokens", [
+    (2, "contiguous", None, 2559, [0, 0, 0, 0, 1, 1, 1, 1], [5, 11]),
+    (2, "round-robin", None, 2559, [0, 1, 0, 1, 0, 1, 0, 1], [3, 13]),
+    (2, "load-balanced", None, 2555, [0, 1, 0, 1, 1, 1, 0, 0], [8, 8]),
+    (4, "contiguous", None, 3510, [0, 0, 1, 1, 2, 2, 3, 3], [2, 3, 5, 6]),
+    (4, "round-robin", None, 3510, [0, 1, 2, 3, 0, 1, 2, 3], [2, 5, 1, 8]),
+    (4, "load-balanced", None, 3510, [3, 3, 2, 2, 1, 1, 0, 0], [6, 5, 3, 2]),
+    (4, "contiguous", HOT, 3514, [0, 0, 1, 1, 2, 2, 3, 3], [16, 0, 0, 0]),
+])
+def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing, cycles, expert_chips, chip_tokens):
+    routing = _routing() if routing is None else routing
+    w = _build(QWEN_EP, routing, ep=ep, placement=placement)
+    p = w.params
+    assert p["expert_chips"] == expert_chips
+    # the trace's per-chip rows: every (token, expert) pair counts on its expert's chip
+    counted = [sum(int(p["expert_chips"][e] == c) for e in routing.ravel()) for c in range(ep)]
+    assert p["chip_tokens"] == counted == chip_tokens
+    assert p["shard_bounds"] == [c * 8 // ep for c in range(ep + 1)]
+    # a link whose transfers carry no row of this trace is still built (a chip's merge takes every home chip)
+    assert {k: b for k, b in p["link_bytes"].items() if b} == _expected_link_bytes(w, routing)
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    links = {program.unit_names[u]: int(b) for u, b in enumerate(fast.link_bytes)
+             if program.opcode_name(u) == "Link"}
+    assert links == p["link_bytes"]
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_both_engines_agree_on_random_multi_chip_layers(seed):
+    """Random routing, chips, placement, strategy, tiling and reduce-scatter algorithm."""
+    rng = np.random.default_rng(seed)
+    ep = int(rng.choice([2, 4]))
+    placement = str(rng.choice(["contiguous", "round-robin", "load-balanced"]))
+    kw = dict(strategy=str(rng.choice(["dynamic", "interleave", "coarse"])),
+              tiling=str(rng.choice(["static", "dynamic"])), algorithm=str(rng.choice(["ring", "direct"])))
+    w = _build(SHARED_EP if rng.random() < 0.5 else QWEN_EP, _routing(seed=seed), ep=ep, placement=placement, **kw)
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles > 0
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    assert sum(int(b) for b in fast.link_bytes) == sum(w.params["link_bytes"].values())
+
+
+@pytest.mark.parametrize("model, kw, message", [
+    (DENSE, dict(ep=2), "--ep 2: model 'llama-3.1-8b' is dense; expert parallelism needs routed experts (use --tp 2)"),
+    (QWEN_EP, dict(ep=16), "--ep 16 places 8 experts on more chips than experts: a chip without experts has nothing "
+                           "to do (use --ep 8 or fewer)"),
+    (QWEN_EP, dict(ep=3), "--ep 3: the attention splits its 4 KV heads (--kv-heads) over the chips; they must split "
+                          "evenly over 3 chips"),
+    (QWEN_EP, dict(ep=4, batch=6), "--ep 4: the reduce-scatter cuts the 6 rows into 4 shards; the batch must be a "
+                                   "multiple of 4"),
+    (QWEN_EP, dict(ep=2, regions=4), "--ep does not combine with --regions (time-multiplexed expert regions) for the "
+                                     "decoder layer yet"),
+    (QWEN_EP, dict(ep=2, tp=2), "--ep does not combine with --tp or --layers / --pp / --micro-batches for the "
+                                "decoder layer yet"),
+    (QWEN_EP, dict(ep=2, placement="random"), "placement must be one of contiguous, round-robin, load-balanced, "
+                                              "got 'random'"),
+    (QWEN_EP, dict(ep=1), "--ep must be an int >= 2 (chips), got 1"),
+])
+def test_bad_expert_parallel_layers_are_one_line(model, kw, message):
+    with pytest.raises(ArgumentError) as info:
+        _build(model, **kw)
+    assert str(info.value) == message
+
+
+@pytest.fixture
+def traces(shared_traces):
+    return {"routing": str(shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"),
+            "kv_lengths": str(shared_traces / "kv_lengths" / "b64" / "conv_stdev0477_0271_0334.npy")}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"ep": 4, "system": "ring-2"}, "--ep 4 needs a system of 4 chips; system 'ring-2' has 2"),
+    ({"placement": "round-robin"}, "--placement applies to the decoder layer with --ep N (expert parallelism)"),
+    ({"ep": 2, "tp": 2}, "--tp does not combine with --ep for the decoder layer yet"),
+    ({"ep": 2, "system": "ring-2", "hardware": "sn40l"}, "--hardware does not apply with --system: the system file "
+                                                         "names the chips' hardware"),
+])
+def test_bad_configs_are_one_line(traces, extra, message):
+    with pytest.raises(ConfigError) as info:
+        workload_from_config({"workload": "decoder", "model": "qwen", **traces, **extra})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ep", "8"], "--ep 8: the attention splits its 4 KV heads (--kv-heads) over the chips; they must split "
+                    "evenly over 8 chips"),
+    (["--model", "llama", "--ep", "2"], "--ep 2: model 'llama-3.1-8b' is dense; expert parallelism needs routed "
+                                        "experts (use --tp 2)"),
+])
+def test_cli_errors_are_one_line_exit_2(traces, capsys, argv, message):
+    routing = [] if "llama" in argv else ["--routing", traces["routing"]]
+    model = [] if "--model" in argv else ["--model", "qwen"]
+    assert main(["run", "decoder", *model, *routing, "--kv-lengths", traces["kv_lengths"], *argv, "--json"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"stepsim: error: {message}"]
+
+
+@pytest.mark.parametrize("flags, cycles, chip_tokens", [
+    (["--ep", "2", "--placement", "contiguous"], 418500, [227, 285]),
+    (["--ep", "4", "--placement", "load-balanced", "--system", "ring-4"], 277213, [128, 128, 128, 128]),
+])
+def test_qwen_on_the_shared_b64_traces(traces, capsys, flags, cycles, chip_tokens):
+    """Every KV head and all 128 experts of Qwen3-30B-A3B; the off-chip bytes are the one-chip layer's (x and the
+    routing weights are read once, in shards)."""
+    assert main(["run", "decoder", "--model", "qwen", "--routing", traces["routing"], "--kv-lengths",
+                 traces["kv_lengths"], *flags, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    params = json.loads(row["params"])
+    assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (cycles, 730989568,
+                                                                                                 730989568)
+    assert params["chip_tokens"] == chip_tokens
+    assert sum(params["chip_tokens"]) == 64 * 8  # top-8 of 64 tokens
+    assert (params["ep"], params["placement"], params["algorithm"]) == (int(flags[1]), flags[3], "ring")
