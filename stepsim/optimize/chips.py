@@ -17,8 +17,10 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   ``moe``, ``decoder``); a stack of ``layers > 1`` combines with neither ``tp`` nor ``ep`` (its builders refuse
   both), so its candidates are pipelines alone; without ``--system`` each runs on the default fully connected
   chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
-* the decoder layer (``tp``): searched in its second stage (the FFN grid with the attention strategies the
-  one-chip first stage keeps), ``tp`` also dividing its KV heads;
+* the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
+  one-chip first stage keeps), ``tp`` or ``ep`` also dividing its KV heads (its attention splits them over the
+  chips either way), ``ep`` the batch too (the reduce-scatter's equal shards), and ``ep`` neither with ``tp`` nor
+  with time-multiplexed ``regions`` (:mod:`stepsim.workloads.decoder.expert_parallel` refuses both);
 * the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
   time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
   on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
@@ -124,12 +126,14 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     """The ``{axis: chips}`` of every multi-chip candidate (module docstring), fewest chips first (ties: ``ep``
     alone, then more ``tp``, then ``pp``). ``axes``: the kind's parallel axes; ``widths``: the column counts
     ``tp`` must divide (zero widths ignored); ``batch``: tokens; ``layers``: the stack's layers (``pp``);
-    ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none).
+    ``heads``: KV heads ``tp`` and ``ep`` must divide too (the decoder's attention; 0: none, the MoE layer); with
+    heads, ``ep`` divides the batch and does not combine with ``tp`` (the decoder's ``--ep``).
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
     [{'ep': 2}, {'tp': 2}, {'ep': 4}, {'tp': 2, 'ep': 2}, {'tp': 4}]
     """
-    values = {"ep": chip_counts(experts, max_chips) if "ep" in axes else [],
+    values = {"ep": [n for n in chip_counts(experts, max_chips) if not heads or (heads % n == 0 and batch % n == 0)]
+              if "ep" in axes else [],
               "tp": [n for n in range(2, max_chips + 1)
                      if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
               if "tp" in axes else [],
@@ -141,7 +145,7 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
         for ep in [1, *values["ep"]]:
             for pp in [1, *values["pp"]]:
                 chips = tp * ep * pp
-                if chips == 1 or chips > max_chips or (tp > 1 and ep > 1 and batch % (tp * ep)):
+                if chips == 1 or chips > max_chips or (tp > 1 and ep > 1 and (batch % (tp * ep) or heads)):
                     continue
                 if system is not None and not scalable(system) and chips != system.chips:
                     continue
@@ -149,13 +153,13 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     return sorted(combos, key=lambda c: (chip_count(c), -c.get("ep", 1), c.get("pp", 1)))
 
 
-def _fit(grid: dict, combo: dict, widths) -> dict | None:
+def _fit(grid: dict, combo: dict, widths, ep_regions: bool = True) -> dict | None:
     """``grid`` restricted to what ``combo`` can build (module docstring), with its parallel knobs; None if
-    nothing is left."""
+    nothing is left. ``ep_regions``: whether time-multiplexed regions combine with ``ep`` (not in the decoder)."""
     grid = dict(grid)
     tp, ep = combo.get("tp", 1), combo.get("ep", 1)
     if "regions" in grid:
-        if tp > 1:
+        if tp > 1 or (ep > 1 and not ep_regions):
             return None
         grid["regions"] = tuple(r for r in grid["regions"] if r % ep == 0)
         if not grid["regions"]:
@@ -174,11 +178,11 @@ def parallel_grids(tile_grids: list[dict], max_chips: int, *, axes=("ep",), expe
                    layers: int = 1, heads: int = 0, system=None) -> list[dict]:
     """The space under a chip budget (module docstring): ``tile_grids`` on one chip, then for every combination of
     :func:`parallel_combos` the tile grids it can build, with its parallel knobs (and the placements with
-    ``ep``)."""
+    ``ep``); with ``heads`` (the decoder) a grid of time-multiplexed ``regions`` has no ``ep`` candidates."""
     grids = [dict(g) for g in tile_grids]
     for combo in parallel_combos(axes, max_chips, experts=experts, widths=widths, batch=batch, layers=layers,
                                  heads=heads, system=system):
-        grids += [g for g in (_fit(grid, combo, widths) for grid in tile_grids) if g is not None]
+        grids += [g for g in (_fit(grid, combo, widths, ep_regions=not heads) for grid in tile_grids) if g is not None]
     return grids
 
 
