@@ -50,17 +50,24 @@ def _build(model, routing=None, **kw):
 
 
 def _expected_link_bytes(w, routing):
-    """The reduce-scatter's ring (chip c -> c+1: n-1 chunks of B/n rows) plus, for every (token, expert on another
-    chip) pair, one row home -> expert (dispatch) and one back (combine), on fully connected chips."""
+    """The reduce-scatter's ring over the A = min(n, KV heads) attention chips ``a n/A`` (chip ``a n/A`` -> the
+    next: A-1 chunks of B/A rows), each attention chip's shards of B/n rows to the n/A - 1 chips after it, plus,
+    for every (token, expert on another chip) pair, one row home -> expert (dispatch) and one back (combine), on
+    fully connected chips."""
     n, chips = w.params["ep"], w.params["expert_chips"]
-    batch = routing.shape[0]
+    batch, attn = routing.shape[0], min(n, w.params["kv_heads"])
+    spread = n // attn
     out: dict[str, int] = {}
 
     def add(a, b, nbytes):
         out[f"chip{a}->chip{b}"] = out.get(f"chip{a}->chip{b}", 0) + nbytes
 
-    for c in range(n):
-        add(c, (c + 1) % n, (n - 1) * (batch // n) * ROW)
+    for a in range(attn if attn > 1 else 0):
+        add(a * spread, (a + 1) % attn * spread, (attn - 1) * (batch // attn) * ROW)
+        for j in range(1, spread):
+            add(a * spread, a * spread + j, batch // n * ROW)
+    for j in range(1, spread if attn == 1 else 0):
+        add(0, j, batch // n * ROW)
     for t, experts in enumerate(routing):
         home = t // (batch // n)
         for e in experts:
@@ -80,6 +87,8 @@ CASES = [  # (id, model, ep, placement, routing, kw)
     ("2-shared-expert", SHARED_EP, 2, "load-balanced", None, dict(strategy="coarse")),
     ("4-dynamic-tiling", QWEN_EP, 4, "round-robin", None, dict(tiling="dynamic")),
     ("4-chips-without-tokens", QWEN_EP, 4, "contiguous", HOT, {}),
+    ("4-chips-2-kv-heads", QWEN_EP, 4, "round-robin", None, dict(kv_heads=2)),  # more chips than KV heads
+    ("2-chips-1-kv-head", SHARED_EP, 2, "contiguous", None, dict(kv_heads=1)),
 ]
 
 
@@ -96,29 +105,34 @@ def test_values_and_kv_caches_equal_the_one_chip_layer(model, ep, placement, rou
     assert "x" not in inputs and "routing_weights" not in inputs
     r = simulate(w, functional=True, inputs=inputs)
     checks = check_outputs(w, r.inputs, r.outputs)
-    assert sorted(checks) == sorted([f"h{h}_{c}_cache" for h in range(4) for c in "kv"]
+    heads = kw.get("kv_heads", 4)
+    assert sorted(checks) == sorted([f"h{h}_{c}_cache" for h in range(heads) for c in "kv"]
                                     + [f"y.{c}" for c in range(ep)])
     assert all(c.passed for c in checks.values()), checks
     r1 = simulate(one, functional=True, inputs=whole)
-    for name in (f"h{h}_{c}_cache" for h in range(4) for c in "kv"):  # written by the chip owning the head
+    for name in (f"h{h}_{c}_cache" for h in range(heads) for c in "kv"):  # written by the chip owning the head
         np.testing.assert_array_equal(r.outputs[name], r1.outputs[name])
     y = np.concatenate([r.outputs[f"y.{c}"] for c in range(ep)])
     np.testing.assert_allclose(y, r1.outputs["y"], rtol=0, atol=1e-5)
     assert np.abs(y).max() > 0.1  # the comparison above is not between two near-zero outputs
 
 
-@pytest.mark.parametrize("ep, placement, routing, cycles, expert_chips, chip_tokens", [
-    (2, "contiguous", None, 2559, [0, 0, 0, 0, 1, 1, 1, 1], [5, 11]),
-    (2, "round-robin", None, 2559, [0, 1, 0, 1, 0, 1, 0, 1], [3, 13]),
-    (2, "load-balanced", None, 2555, [0, 1, 0, 1, 1, 1, 0, 0], [8, 8]),
-    (4, "contiguous", None, 3510, [0, 0, 1, 1, 2, 2, 3, 3], [2, 3, 5, 6]),
-    (4, "round-robin", None, 3510, [0, 1, 2, 3, 0, 1, 2, 3], [2, 5, 1, 8]),
-    (4, "load-balanced", None, 3510, [3, 3, 2, 2, 1, 1, 0, 0], [6, 5, 3, 2]),
-    (4, "contiguous", HOT, 3514, [0, 0, 1, 1, 2, 2, 3, 3], [16, 0, 0, 0]),
+@pytest.mark.parametrize("ep, placement, routing, cycles, expert_chips, chip_tokens, kw", [
+    (2, "contiguous", None, 2559, [0, 0, 0, 0, 1, 1, 1, 1], [5, 11], {}),
+    (2, "round-robin", None, 2559, [0, 1, 0, 1, 0, 1, 0, 1], [3, 13], {}),
+    (2, "load-balanced", None, 2555, [0, 1, 0, 1, 1, 1, 0, 0], [8, 8], {}),
+    (4, "contiguous", None, 3510, [0, 0, 1, 1, 2, 2, 3, 3], [2, 3, 5, 6], {}),
+    (4, "round-robin", None, 3510, [0, 1, 2, 3, 0, 1, 2, 3], [2, 5, 1, 8], {}),
+    (4, "load-balanced", None, 3510, [3, 3, 2, 2, 1, 1, 0, 0], [6, 5, 3, 2], {}),
+    (4, "contiguous", HOT, 3514, [0, 0, 1, 1, 2, 2, 3, 3], [16, 0, 0, 0], {}),
+    # more chips than KV heads: chips 0 and 2 run the attention, each sends a shard to the chip after it
+    (4, "round-robin", None, 3010, [0, 1, 2, 3, 0, 1, 2, 3], [2, 5, 1, 8], dict(kv_heads=2)),
+    (2, "contiguous", None, 2540, [0, 0, 0, 0, 1, 1, 1, 1], [5, 11], dict(kv_heads=1)),
 ])
-def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing, cycles, expert_chips, chip_tokens):
+def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing, cycles, expert_chips, chip_tokens,
+                                                         kw):
     routing = _routing() if routing is None else routing
-    w = _build(QWEN_EP, routing, ep=ep, placement=placement)
+    w = _build(QWEN_EP, routing, ep=ep, placement=placement, **kw)
     p = w.params
     assert p["expert_chips"] == expert_chips
     # the trace's per-chip rows: every (token, expert) pair counts on its expert's chip
@@ -138,14 +152,16 @@ def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing,
     assert links == p["link_bytes"]
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("seed", [11, 12, 13, 14, 15])
 def test_both_engines_agree_on_random_multi_chip_layers(seed):
-    """Random routing, chips, placement, strategy, tiling and reduce-scatter algorithm."""
+    """Random routing, chips, placement, strategy, tiling, reduce-scatter algorithm and KV heads (fewer than the
+    chips or not)."""
     rng = np.random.default_rng(seed)
     ep = int(rng.choice([2, 4]))
     placement = str(rng.choice(["contiguous", "round-robin", "load-balanced"]))
     kw = dict(strategy=str(rng.choice(["dynamic", "interleave", "coarse"])),
-              tiling=str(rng.choice(["static", "dynamic"])), algorithm=str(rng.choice(["ring", "direct"])))
+              tiling=str(rng.choice(["static", "dynamic"])), algorithm=str(rng.choice(["ring", "direct"])),
+              kv_heads=int(rng.choice([1, 2, 4])))
     w = _build(SHARED_EP if rng.random() < 0.5 else QWEN_EP, _routing(seed=seed), ep=ep, placement=placement, **kw)
     program = lower(w.graph, channel_depth=w.channel_depth)
     ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
@@ -160,8 +176,10 @@ def test_both_engines_agree_on_random_multi_chip_layers(seed):
     (DENSE, dict(ep=2), "--ep 2: model 'llama-3.1-8b' is dense; expert parallelism needs routed experts (use --tp 2)"),
     (QWEN_EP, dict(ep=16), "--ep 16 places 8 experts on more chips than experts: a chip without experts has nothing "
                            "to do (use --ep 8 or fewer)"),
-    (QWEN_EP, dict(ep=3), "--ep 3: the attention splits its 4 KV heads (--kv-heads) over the chips; they must split "
-                          "evenly over 3 chips"),
+    (QWEN_EP, dict(ep=3), "--ep 3: the attention splits its 4 KV heads (--kv-heads) over the chips; the chips must "
+                          "divide them or be a multiple of them"),
+    (QWEN_EP, dict(ep=4, kv_heads=3), "--ep 4: the attention splits its 3 KV heads (--kv-heads) over the chips; the "
+                                      "chips must divide them or be a multiple of them"),
     (QWEN_EP, dict(ep=4, batch=6), "--ep 4: the reduce-scatter cuts the 6 rows into 4 shards; the batch must be a "
                                    "multiple of 4"),
     (QWEN_EP, dict(ep=2, regions=4), "--ep does not combine with --regions (time-multiplexed expert regions) for the "
@@ -198,8 +216,8 @@ def test_bad_configs_are_one_line(traces, extra, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--ep", "8"], "--ep 8: the attention splits its 4 KV heads (--kv-heads) over the chips; they must split "
-                    "evenly over 8 chips"),
+    (["--ep", "6"], "--ep 6: the attention splits its 4 KV heads (--kv-heads) over the chips; the chips must "
+                    "divide them or be a multiple of them"),
     (["--model", "llama", "--ep", "2"], "--ep 2: model 'llama-3.1-8b' is dense; expert parallelism needs routed "
                                         "experts (use --tp 2)"),
 ])

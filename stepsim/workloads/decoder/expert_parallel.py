@@ -1,15 +1,19 @@
 """Expert parallelism of the decoder layer (``--ep N``), as serving engines run an MoE layer on N chips: the
 attention tensor-parallel by KV heads, the MoE block expert-parallel, the batch sharded over the same N chips.
 
-* **Attention.** Chip c owns KV heads ``c H/N .. (c+1) H/N - 1`` of the H simulated (``kv_heads``), their caches
-  ``h<h>_*`` and output projections ``wo_h<h>_q<j>``, as with ``--tp`` (:mod:`stepsim.workloads.decoder.parallel`):
-  its query heads' products summed are a partial sum of ``attn @ W_o``, B rows ``(1, D)``.
-* **Reduce-scatter.** The partials are reduce-scattered in N chunks of B / N rows
+* **Attention.** A = N chips (or, with more chips than KV heads, A = H of them: chips ``a N/A``, one KV head each)
+  own KV heads ``a H/A .. (a+1) H/A - 1`` of the H simulated (``kv_heads``), their caches ``h<h>_*`` and output
+  projections ``wo_h<h>_q<j>``, as with ``--tp`` (:mod:`stepsim.workloads.decoder.parallel`): their query heads'
+  products summed are a partial sum of ``attn @ W_o``, B rows ``(1, D)``.
+* **Reduce-scatter.** The partials are reduce-scattered over the A attention chips in A chunks of B / A rows
   (:func:`stepsim.workloads.chips.reduce_scatter_partials`, the collectives' ring or direct graph, operators
-  ``attn_reducescatter.*``): chip c ends with rows ``c B/N ..`` of ``attn @ W_o``, its shard of the batch. This is
-  the first half of ``--tp``'s all-reduce; its all-gather half is not run because the MoE block below wants each
-  chip's own shard only (the sharded all-to-all moves every token row to its experts' chips anyway). So the shard
-  bounds are :func:`~stepsim.workloads.moe.sharded.shard_bounds`'s for a batch of a multiple of N.
+  ``attn_reducescatter.*``): attention chip a ends with rows ``a B/A ..`` of ``attn @ W_o``. This is the first half
+  of ``--tp``'s all-reduce; its all-gather half is not run because the MoE block below wants each chip's own shard
+  only (the sharded all-to-all moves every token row to its experts' chips anyway). With A < N, attention chip
+  ``a N/A`` cuts its chunk into N/A shards of B / N rows and sends shard j to chip ``a N/A + j`` (a Partition by a
+  static selector; the sends are the cross-chip edges :func:`~stepsim.graph.network.place_on_chips` routes). So
+  chip c holds rows ``c B/N ..``: :func:`~stepsim.workloads.moe.sharded.shard_bounds` for a batch of a multiple
+  of N.
 * **Residual.** Chip c adds its rows of ``x`` (tensor ``x.<c>``, rows ``c B/N ..`` of x): ``h`` rows of its shard.
 * **MoE.** The sharded expert-parallel layer of the MoE workload's ``--ep`` (:func:`stepsim.workloads.moe.parallel.
   expert_parallel`, :func:`stepsim.workloads.moe.sharded.build_sharded`): experts placed on the chips by
@@ -20,16 +24,19 @@ attention tensor-parallel by KV heads, the MoE block expert-parallel, the batch 
 Why the attention is split by heads rather than data-parallel by requests: it is how ``stepsim serve --system``
 splits a served MoE model (docs/serving.md §13: attention weights and KV heads tensor-parallel, routed experts
 expert-parallel), and it keeps every KV cache and output projection in one chip's HBM, unreplicated. Its cost is
-that N must divide the KV heads (Qwen3-30B-A3B's 4: up to 4 chips).
+that N must divide the KV heads or be a multiple of them: with more chips than heads (Qwen3-30B-A3B's 4 KV heads
+on 8 chips) only H chips run the attention, the others wait for their shard (a head is not split by requests).
 
 All transfers (the reduce-scatter's steps, dispatch and combine) share the system's links (one network).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from stepsim.base.errors import ArgumentError
-from stepsim.graph import BF16, FP32, Add, Flatten, LinearOffChipLoad, LinearOffChipStore, Map, Promote, Reshape, \
-    RetileStreamify, Tensor
+from stepsim.graph import BF16, FP32, Add, Flatten, LinearOffChipLoad, LinearOffChipStore, Map, Partition, Promote, \
+    Reshape, RetileStreamify, SelectorSource, Tensor
 from stepsim.workloads.moe.build import DEFAULT_TILE_N, PACKING_COMPUTE_BW, _expert_ffn, shared_ffn
 
 
@@ -44,9 +51,9 @@ def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, count
         raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
                             f"(use --tp {ep})")
     place_experts(counts, ep, placement)  # more chips than experts, an unknown placement: its one line
-    if n_heads % ep:
+    if n_heads % ep and ep % n_heads:
         raise ArgumentError(f"--ep {ep}: the attention splits its {n_heads} KV heads (--kv-heads) over the chips; "
-                            f"they must split evenly over {ep} chips")
+                            f"the chips must divide them or be a multiple of them")
     if batch % ep:
         raise ArgumentError(f"--ep {ep}: the reduce-scatter cuts the {batch} rows into {ep} shards; the batch must "
                             f"be a multiple of {ep}")
@@ -63,24 +70,40 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     :func:`~stepsim.workloads.moe.parallel.expert_parallel` plus ``algorithm``) and the experts' tile rows."""
     from stepsim.graph.network import Network
     from stepsim.workloads.chips import reduce_scatter_partials
-    from stepsim.workloads.moe.parallel import expert_parallel
+    from stepsim.workloads.moe.parallel import _GroupNetwork, expert_parallel
 
     check_ep(ep, model, n_heads, batch, moe_kw["regions"], placement, counts)
     g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
-    moe, d, per_head = model.moe, model.hidden, n_heads // ep
+    moe, d = model.moe, model.hidden
+    attn_chips = min(ep, n_heads)  # A (module docstring): chip a * spread runs KV heads a * per_head ..
+    per_head, spread, shard = n_heads // attn_chips, ep // attn_chips, batch // ep
     reduced, homes = {}, {}
 
-    def attention_partial(c):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
-        return Promote(g, RetileStreamify(g, heads(range(c * per_head, (c + 1) * per_head)), split_row=True), 1)
+    def attention_partial(a):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
+        return Promote(g, RetileStreamify(g, heads(range(a * per_head, (a + 1) * per_head)), split_row=True), 1)
 
     def prelude(system):  # the attention and its reduce-scatter, before the MoE layer (expert_parallel)
         net = Network(g, system)
-        reduced.update(reduce_scatter_partials(g, net, ep, attention_partial, batch,
-                                               algorithm=algorithm, compute_bw=bw["compute_bw"],
-                                               prefix="attn_reducescatter."))
-        op_chip = {op.id: op.chip for op in g.ops if hasattr(op, "chip")}  # the partials' and adds' chips
+        chips = [a * spread for a in range(attn_chips)]
+        chunks = reduce_scatter_partials(g, _GroupNetwork(net, chips), attn_chips, attention_partial, batch,
+                                         algorithm=algorithm, compute_bw=bw["compute_bw"],
+                                         prefix="attn_reducescatter.")
+        # the builders placed their operators by attention chip index (op.chip = a)
+        op_chip = {op.id: chips[op.chip] for op in g.ops if hasattr(op, "chip")}
         for tr in net.transfers:  # a chunk delivered to a chip is read there (the send's placeholder)
             op_chip[tr.delivered.id] = tr.dst
+        for a in range(attn_chips):
+            if spread == 1:
+                reduced[chips[a]] = chunks[a]
+                continue
+            before = len(g.ops)  # chip a * spread cuts its chunk into the shards of the chips it feeds
+            part = Partition(g, Promote(g, chunks[a], 1), SelectorSource(g, np.eye(spread, dtype=np.int8)[
+                np.arange(batch // attn_chips) // shard], spread), 0, spread)
+            part.channel_depth = shard  # a shard waits whole for its link, not blocking the next one
+            for j in range(spread):
+                part.assume_shape(j, (shard,))
+                reduced[chips[a] + j] = part[j]
+            op_chip.update({op.id: chips[a] for op in g.ops[before:]})
         return net, op_chip
 
     def home_in(c, rows):  # h = x + attn @ W_o, chip c's rows
