@@ -18,9 +18,9 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   both), so its candidates are pipelines alone; without ``--system`` each runs on the default fully connected
   chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
 * the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
-  one-chip first stage keeps), ``tp`` or ``ep`` also dividing its KV heads (its attention splits them over the
-  chips either way), ``ep`` the batch too (the reduce-scatter's equal shards), and ``ep`` neither with ``tp`` nor
-  with time-multiplexed ``regions`` (:mod:`stepsim.workloads.decoder.expert_parallel` refuses both);
+  one-chip first stage keeps), ``tp`` also dividing its KV heads, ``ep`` dividing them or a multiple of them and
+  dividing the batch (the attention's reduce-scatter cuts equal shards), ``ep`` neither with ``tp`` nor with
+  time-multiplexed ``regions`` (:mod:`stepsim.workloads.decoder.expert_parallel` refuses both);
 * the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
   time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
   on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
@@ -126,13 +126,15 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     """The ``{axis: chips}`` of every multi-chip candidate (module docstring), fewest chips first (ties: ``ep``
     alone, then more ``tp``, then ``pp``). ``axes``: the kind's parallel axes; ``widths``: the column counts
     ``tp`` must divide (zero widths ignored); ``batch``: tokens; ``layers``: the stack's layers (``pp``);
-    ``heads``: KV heads ``tp`` and ``ep`` must divide too (the decoder's attention; 0: none, the MoE layer); with
-    heads, ``ep`` divides the batch and does not combine with ``tp`` (the decoder's ``--ep``).
+    ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none, the MoE layer); with heads,
+    ``ep`` divides the KV heads or is a multiple of them, divides the batch, and does not combine with ``tp`` (the
+    decoder's ``--ep``).
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
     [{'ep': 2}, {'tp': 2}, {'ep': 4}, {'tp': 2, 'ep': 2}, {'tp': 4}]
     """
-    values = {"ep": [n for n in chip_counts(experts, max_chips) if not heads or (heads % n == 0 and batch % n == 0)]
+    values = {"ep": [n for n in chip_counts(experts, max_chips)
+                     if not heads or ((heads % n == 0 or n % heads == 0) and batch % n == 0)]
               if "ep" in axes else [],
               "tp": [n for n in range(2, max_chips + 1)
                      if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
