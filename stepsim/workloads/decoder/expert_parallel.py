@@ -35,8 +35,21 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.base.errors import ArgumentError
-from stepsim.graph import BF16, FP32, Add, Flatten, LinearOffChipLoad, LinearOffChipStore, Map, Partition, Promote, \
-    Reshape, RetileStreamify, SelectorSource, Tensor
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Add,
+    Flatten,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Partition,
+    Promote,
+    Reshape,
+    RetileStreamify,
+    SelectorSource,
+    Tensor,
+)
 from stepsim.workloads.moe.build import DEFAULT_TILE_N, PACKING_COMPUTE_BW, _expert_ffn, shared_ffn
 
 
