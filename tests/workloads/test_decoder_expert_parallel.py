@@ -184,8 +184,10 @@ def test_both_engines_agree_on_random_multi_chip_layers(seed):
                                    "multiple of 4"),
     (QWEN_EP, dict(ep=2, regions=4), "--ep does not combine with --regions (time-multiplexed expert regions) for the "
                                      "decoder layer yet"),
-    (QWEN_EP, dict(ep=2, tp=2), "--ep does not combine with --tp or --layers / --pp / --micro-batches for the "
-                                "decoder layer yet"),
+    (QWEN_EP, dict(ep=2, tp=3), "--tp 3 --ep 2: each of the 2 expert groups' shards of the batch is cut into 3 "
+                                "all-reduce chunks; the batch of 8 tokens must be a multiple of 6"),
+    (QWEN_EP, dict(ep=2, layers=2), "--ep does not combine with --layers / --pp / --micro-batches for the decoder "
+                                    "layer yet"),
     (QWEN_EP, dict(ep=2, placement="random"), "placement must be one of contiguous, round-robin, load-balanced, "
                                               "got 'random'"),
     (QWEN_EP, dict(ep=1), "--ep must be an int >= 2 (chips), got 1"),
@@ -205,7 +207,8 @@ def traces(shared_traces):
 @pytest.mark.parametrize("extra, message", [
     ({"ep": 4, "system": "ring-2"}, "--ep 4 needs a system of 4 chips; system 'ring-2' has 2"),
     ({"placement": "round-robin"}, "--placement applies to the decoder layer with --ep N (expert parallelism)"),
-    ({"ep": 2, "tp": 2}, "--tp does not combine with --ep for the decoder layer yet"),
+    ({"ep": 2, "tp": 2, "system": "ring-2"}, "--tp 2 --ep 2 needs a system of 4 chips (tp x ep); system 'ring-2' "
+                                             "has 2"),
     ({"ep": 2, "system": "ring-2", "hardware": "sn40l"}, "--hardware does not apply with --system: the system file "
                                                          "names the chips' hardware"),
 ])
@@ -246,3 +249,58 @@ def test_qwen_on_the_shared_b64_traces(traces, capsys, flags, cycles, chip_token
     assert params["chip_tokens"] == chip_tokens
     assert sum(params["chip_tokens"]) == 64 * 8  # top-8 of 64 tokens
     assert (params["ep"], params["placement"], params["algorithm"]) == (int(flags[1]), flags[3], "ring")
+
+
+TP_EP = [  # (id, model, tp, ep, placement, kw)
+    ("2x2-contiguous", QWEN_EP, 2, 2, "contiguous", {}),
+    ("2x2-shared-load-balanced", SHARED_EP, 2, 2, "load-balanced", dict(algorithm="direct")),
+    ("2x4-round-robin", QWEN_EP, 2, 4, "round-robin", {}),
+    ("4x2-2-kv-heads", QWEN_EP, 4, 2, "contiguous", dict(kv_heads=2, tiling="dynamic")),
+]
+
+
+@pytest.mark.parametrize("model, tp, ep, placement, kw", [c[1:] for c in TP_EP], ids=[c[0] for c in TP_EP])
+def test_tp_x_ep_values_equal_the_one_chip_layer(model, tp, ep, placement, kw):
+    """--tp T --ep E: the shards' groups of T chips run the MoE block tensor-parallel; every chip of group s holds
+    chunk k of shard s's rows of y as y<s T + t>.<k>."""
+    routing = _routing()
+    one = _build(model, routing, softmax="stable", **kw)
+    w = _build(model, routing, softmax="stable", tp=tp, ep=ep, placement=placement, **kw)
+    inputs, whole = make_inputs(w, seed=3), make_inputs(one, seed=3)
+    cols = 64 // tp
+    np.testing.assert_array_equal(inputs["expert005_up.1"], whole["expert005_up"][:, cols:2 * cols])
+    r = simulate(w, functional=True, inputs=inputs)
+    checks = check_outputs(w, r.inputs, r.outputs)
+    heads = kw.get("kv_heads", 4)
+    assert sorted(checks) == sorted([f"h{h}_{c}_cache" for h in range(heads) for c in "kv"]
+                                    + [f"y{p}.{k}" for p in range(tp * ep) for k in range(tp)])
+    assert all(c.passed for c in checks.values()), checks
+    r1 = simulate(one, functional=True, inputs=whole)
+    for name in (f"h{h}_{c}_cache" for h in range(heads) for c in "kv"):
+        np.testing.assert_array_equal(r.outputs[name], r1.outputs[name])
+    for t in range(tp):  # every chip of a group holds all its shard's rows, bit-equal to the group's first chip
+        y = np.concatenate([r.outputs[f"y{s * tp + t}.{k}"] for s in range(ep) for k in range(tp)])
+        np.testing.assert_allclose(y, r1.outputs["y"], rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(y, np.concatenate([r.outputs[f"y{s * tp}.{k}"] for s in range(ep)
+                                                         for k in range(tp)]))
+    assert np.abs(r1.outputs["y"]).max() > 0.1
+
+
+@pytest.mark.parametrize("tp, ep, placement, cycles, kw", [
+    (2, 2, "contiguous", 3865, {}),
+    (2, 4, "load-balanced", 4836, {}),
+    (4, 2, "round-robin", 3778, dict(algorithm="direct")),
+])
+def test_tp_x_ep_link_bytes_and_both_engines(tp, ep, placement, cycles, kw):
+    w = _build(QWEN_EP, _routing(), tp=tp, ep=ep, placement=placement, **kw)
+    p = w.params
+    assert (p["tp"], p["ep"], p["system"]) == (tp, ep, f"fully-connected-{tp * ep}")
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    links = {program.unit_names[u]: int(b) for u, b in enumerate(fast.link_bytes)
+             if program.opcode_name(u) == "Link"}
+    assert links == p["link_bytes"]

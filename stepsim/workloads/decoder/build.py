@@ -156,9 +156,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     if batch % o_tile:
         raise ArgumentError(f"the decoder layer needs a batch that is a multiple of {O_TILE} (or at most "
                             f"{O_TILE}), got {batch} requests")
-    if ep is not None and (stack or tp is not None):
-        raise ArgumentError("--ep does not combine with --tp or --layers / --pp / --micro-batches for the decoder "
-                            "layer yet")
+    if ep is not None and stack:
+        raise ArgumentError("--ep does not combine with --layers / --pp / --micro-batches for the decoder layer yet")
     if ep is not None and not model.is_moe:
         raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
                             f"(use --tp {ep})")
@@ -216,7 +215,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
 
         parallel, tile_rows = expert_parallel_decoder(
             ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routing=routing,
-            counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw), stage=stage)
+            counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw), stage=stage,
+            tp=tp)
     elif tp is None:
         products = _sum_pairwise(g, _heads(range(n_heads), **stage), bw)
         x = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (o_tile, d), (batch // o_tile,), (1,),
@@ -468,12 +468,11 @@ def from_config(cfg: Mapping) -> Workload:
     elif cfg.get("ep") is not None:
         from stepsim.base.system import System
 
-        if cfg.get("tp") is not None:
-            raise ArgumentError("--tp does not combine with --ep for the decoder layer yet")
         if cfg.get("system") is not None and cfg.get("hardware") is not None:
             raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
         kw.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous", algorithm=cfg.get("algorithm") or "ring",
-                  system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+                  system=System.load(cfg["system"]) if cfg.get("system") is not None else None,
+                  **({"tp": cfg["tp"]} if cfg.get("tp") is not None else {}))
     elif cfg.get("placement") is not None:
         raise ArgumentError("--placement applies to the decoder layer with --ep N (expert parallelism)")
     elif cfg.get("tp") is not None:

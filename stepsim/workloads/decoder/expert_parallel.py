@@ -76,28 +76,32 @@ def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, count
 
 
 def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, model, n_heads: int, batch: int,
-                            routing, counts, moe_kw: dict, heads, stage: dict) -> tuple[dict, dict]:
+                            routing, counts, moe_kw: dict, heads, stage: dict, tp: int | None = None) -> tuple[dict, dict]:
     """Build the expert-parallel layer (module docstring) into ``stage["g"]``. ``heads(hs)`` builds the attention
     and output projection of KV heads ``hs`` and returns their summed products (tiles of ``o_tile`` requests).
-    Returns ``(params, tile_rows)``: the record's parallel params (those of
-    :func:`~stepsim.workloads.moe.parallel.expert_parallel` plus ``algorithm``) and the experts' tile rows."""
+    ``tp`` (``--tp T --ep E``): every shard's group of T chips runs the MoE block tensor-parallel (module
+    docstring). Returns ``(params, tile_rows)``: the record's parallel params (those of
+    :func:`~stepsim.workloads.moe.parallel.expert_parallel` or ``expert_tensor_parallel``, plus ``algorithm``) and
+    the experts' tile rows."""
     from stepsim.graph.network import Network
     from stepsim.workloads.chips import reduce_scatter_partials
-    from stepsim.workloads.moe.parallel import _GroupNetwork, expert_parallel
+    from stepsim.workloads.moe.parallel import _GroupNetwork, check_tp_ep, expert_parallel, expert_tensor_parallel
 
     check_ep(ep, model, n_heads, batch, moe_kw["regions"], placement, counts)
+    if tp is not None:
+        check_tp_ep(tp, ep, batch, system)
     g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
-    moe, d = model.moe, model.hidden
-    attn_chips = min(ep, n_heads)  # A (module docstring): chip a * spread runs KV heads a * per_head ..
+    moe, d, stride = model.moe, model.hidden, tp or 1  # shard s's group: chips s * stride ..
+    attn_chips = min(ep, n_heads)  # A (module docstring): shard a * spread's first chip runs KV heads a * per_head ..
     per_head, spread, shard = n_heads // attn_chips, ep // attn_chips, batch // ep
     reduced, homes = {}, {}
 
     def attention_partial(a):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
         return Promote(g, RetileStreamify(g, heads(range(a * per_head, (a + 1) * per_head)), split_row=True), 1)
 
-    def prelude(system):  # the attention and its reduce-scatter, before the MoE layer (expert_parallel)
+    def prelude(system):  # the attention and its reduce-scatter, before the MoE layer; reduced[s]: shard s's rows
         net = Network(g, system)
-        chips = [a * spread for a in range(attn_chips)]
+        chips = [a * spread * stride for a in range(attn_chips)]
         chunks = reduce_scatter_partials(g, _GroupNetwork(net, chips), attn_chips, attention_partial, batch,
                                          algorithm=algorithm, compute_bw=bw["compute_bw"],
                                          prefix="attn_reducescatter.")
@@ -107,31 +111,36 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
             op_chip[tr.delivered.id] = tr.dst
         for a in range(attn_chips):
             if spread == 1:
-                reduced[chips[a]] = chunks[a]
+                reduced[a] = chunks[a]
                 continue
-            before = len(g.ops)  # chip a * spread cuts its chunk into the shards of the chips it feeds
+            before = len(g.ops)  # the attention chip cuts its chunk into the shards of the chips it feeds
             part = Partition(g, Promote(g, chunks[a], 1), SelectorSource(g, np.eye(spread, dtype=np.int8)[
                 np.arange(batch // attn_chips) // shard], spread), 0, spread)
             part.channel_depth = shard  # a shard waits whole for its link, not blocking the next one
             for j in range(spread):
                 part.assume_shape(j, (shard,))
-                reduced[chips[a] + j] = part[j]
+                reduced[a * spread + j] = part[j]
             op_chip.update({op.id: chips[a] for op in g.ops[before:]})
         return net, op_chip
 
-    def home_in(c, rows):  # h = x + attn @ W_o, chip c's rows
-        x = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{c}", (rows, d), BF16), (1, d), (rows, 1), (1, 1),
+    def home_in(s, rows, t=0):  # h = x + attn @ W_o, shard s's rows (on its group's chip t)
+        x = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{s}", (rows, d), BF16), (1, d), (rows, 1), (1, 1),
                                          stream_dtype=FP32), 0, 1)
-        h = Map(g, [Promote(g, reduced[c], 1), x], Add(), **bw)  # [rows] -> [1, rows], as x
+        h = Map(g, [Promote(g, reduced[s], 1), x], Add(), **bw)  # [rows] -> [1, rows], as x
         h.fanout_depth = rows  # the rows wait for the MoE block's output (the decoder's h_rows)
-        homes[c] = h
+        homes[(s, t)] = h
         return h
 
+    dynamic, tile_n, tile_f = moe_kw["dynamic"], moe_kw["tile_n"], moe_kw["tile_f"]
+    if tp is not None:
+        return _tensor_parallel_experts(g, moe, routing, counts, tp, ep, placement, system, algorithm, bw=bw,
+                                        bindings=bindings, prelude=prelude, home_in=home_in, homes=homes,
+                                        dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, shard=shard)
+
     def home_out(c, combined):  # y = h + moe(h), chip c's rows
-        out = Map(g, [combined, homes[c]], Add(), **bw)
+        out = Map(g, [combined, homes[(c, 0)]], Add(), **bw)
         LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
 
-    dynamic, tile_n, tile_f = moe_kw["dynamic"], moe_kw["tile_n"], moe_kw["tile_f"]
     shared = None
     if moe.shared_intermediate:
         def shared(g, tokens, rows):
@@ -146,3 +155,47 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         shared_ffn=shared, home_in=home_in, home_out=home_out)
     bindings.update(ep_bindings)
     return {**params, "algorithm": algorithm}, tile_rows
+
+
+def _tensor_parallel_experts(g, moe, routing, counts, tp, ep, placement, system, algorithm, *, bw, bindings, prelude,
+                             home_in, homes, dynamic, tile_n, tile_f, shard) -> tuple[dict, dict]:
+    """``--tp T --ep E``: the MoE block of :func:`~stepsim.workloads.moe.parallel.expert_tensor_parallel` (expert
+    group s on chips ``s T ..``, each chip F / T columns of its experts) on the decoder's shards: chip ``s T + t``
+    adds the attention's rows of shard s (sent from the chip that reduced them) to its rows of x, and after the
+    group's all-reduce adds chunk k of them to the reduced chunk k and stores it as ``y<s T + t>.<k>``."""
+    from stepsim.workloads.moe.parallel import expert_tensor_parallel
+
+    chunk = shard // tp
+    chunk_of_row = np.eye(tp, dtype=np.int8)[np.arange(shard) // chunk]
+    parts = {}
+
+    def ffns_of(t, sharded):
+        def ffns(g, packed):
+            return [_expert_ffn(g, packed[e], e, sharded, tile_f, dynamic, bw, f".{t}")
+                    for e in range(moe.experts)], {}, {}
+        return ffns
+
+    def shared_of(t, sharded):
+        if not moe.shared_intermediate:
+            return None
+
+        def shared(g, tokens, rows):
+            return shared_ffn(g, tokens, sharded, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw,
+                              f".{t}")
+        return shared
+
+    def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
+        if (s, t) not in parts:
+            part = Partition(g, homes[(s, t)], SelectorSource(g, chunk_of_row, tp), 0, tp)
+            part.channel_depth = chunk
+            for j in range(tp):
+                part.assume_shape(j, (chunk,))
+            parts[(s, t)] = part
+        LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw), tensor_name=f"y{s * tp + t}.{k}")
+
+    ep_bindings, tile_rows, params = expert_tensor_parallel(
+        g, moe, routing, counts, tp, ep, placement, system, algorithm, ffns_of=ffns_of, shared_of=shared_of,
+        compute_bw=bw["compute_bw"], prelude=prelude, home_in_of=lambda t: lambda s, rows: home_in(s, rows, t),
+        store=store, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, packing_compute_bw=PACKING_COMPUTE_BW)
+    bindings.update(ep_bindings)
+    return params, tile_rows

@@ -184,7 +184,10 @@ def outputs(workload: Workload, inputs: dict) -> dict:
                                          axis=0 if part == "down" else 1))
         ffn = ffn_rows(hidden, *(weight(part) for part in ("gate", "up", "down")))
     y = as_f32(ffn + hidden).astype(np.float32)
-    if bounds is not None:  # chip c stores its shard's rows as y.<c>
+    if bounds is not None and tp is not None:  # --tp T --ep E: chip s T + t holds chunk k of shard s's rows
+        outputs.update({f"y{s * tp + t}.{k}": y[lo + k * (hi - lo) // tp:lo + (k + 1) * (hi - lo) // tp]
+                        for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])) for t in range(tp) for k in range(tp)})
+    elif bounds is not None:  # chip c stores its shard's rows as y.<c>
         outputs.update({f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})
     elif tp is None:
         outputs["y"] = y
