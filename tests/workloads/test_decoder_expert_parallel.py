@@ -176,16 +176,19 @@ def test_both_engines_agree_on_random_multi_chip_layers(seed):
     (DENSE, dict(ep=2), "--ep 2: model 'llama-3.1-8b' is dense; expert parallelism needs routed experts (use --tp 2)"),
     (QWEN_EP, dict(ep=16), "--ep 16 places 8 experts on more chips than experts: a chip without experts has nothing "
                            "to do (use --ep 8 or fewer)"),
-    (QWEN_EP, dict(ep=3), "--ep 3: the attention splits its 4 KV heads (--kv-heads) over the chips; the chips must "
-                          "divide them or be a multiple of them"),
-    (QWEN_EP, dict(ep=4, kv_heads=3), "--ep 4: the attention splits its 3 KV heads (--kv-heads) over the chips; the "
-                                      "chips must divide them or be a multiple of them"),
+    (QWEN_EP, dict(ep=3), "--ep 3: the attention splits its 4 KV heads (--kv-heads) over the 3 chips; the chips "
+                          "must divide them or be a multiple of them"),
+    (QWEN_EP, dict(ep=4, kv_heads=3), "--ep 4: the attention splits its 3 KV heads (--kv-heads) over the 4 chips; "
+                                      "the chips must divide them or be a multiple of them"),
     (QWEN_EP, dict(ep=4, batch=6), "--ep 4: the reduce-scatter cuts the 6 rows into 4 shards; the batch must be a "
                                    "multiple of 4"),
     (QWEN_EP, dict(ep=2, regions=4), "--ep does not combine with --regions (time-multiplexed expert regions) for the "
                                      "decoder layer yet"),
     (QWEN_EP, dict(ep=2, tp=3), "--tp 3 --ep 2: each of the 2 expert groups' shards of the batch is cut into 3 "
                                 "all-reduce chunks; the batch of 8 tokens must be a multiple of 6"),
+    (QWEN_EP, dict(ep=2, tp=3, kv_heads=4, batch=6), "--tp 3 --ep 2: the attention splits its 4 KV heads "
+                                                     "(--kv-heads) over the 6 chips; the chips must divide them or be "
+                                                     "a multiple of them"),
     (QWEN_EP, dict(ep=2, layers=2), "--ep does not combine with --layers / --pp / --micro-batches for the decoder "
                                     "layer yet"),
     (QWEN_EP, dict(ep=2, placement="random"), "placement must be one of contiguous, round-robin, load-balanced, "
@@ -219,8 +222,8 @@ def test_bad_configs_are_one_line(traces, extra, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--ep", "6"], "--ep 6: the attention splits its 4 KV heads (--kv-heads) over the chips; the chips must "
-                    "divide them or be a multiple of them"),
+    (["--ep", "6"], "--ep 6: the attention splits its 4 KV heads (--kv-heads) over the 6 chips; the chips "
+                    "must divide them or be a multiple of them"),
     (["--model", "llama", "--ep", "2"], "--ep 2: model 'llama-3.1-8b' is dense; expert parallelism needs routed "
                                         "experts (use --tp 2)"),
 ])
@@ -287,9 +290,9 @@ def test_tp_x_ep_values_equal_the_one_chip_layer(model, tp, ep, placement, kw):
 
 
 @pytest.mark.parametrize("tp, ep, placement, cycles, kw", [
-    (2, 2, "contiguous", 3865, {}),
+    (2, 2, "contiguous", 4859, {}),
     (2, 4, "load-balanced", 4836, {}),
-    (4, 2, "round-robin", 3778, dict(algorithm="direct")),
+    (4, 2, "round-robin", 3769, dict(algorithm="direct")),
 ])
 def test_tp_x_ep_link_bytes_and_both_engines(tp, ep, placement, cycles, kw):
     w = _build(QWEN_EP, _routing(), tp=tp, ep=ep, placement=placement, **kw)
@@ -304,3 +307,23 @@ def test_tp_x_ep_link_bytes_and_both_engines(tp, ep, placement, cycles, kw):
     links = {program.unit_names[u]: int(b) for u, b in enumerate(fast.link_bytes)
              if program.opcode_name(u) == "Link"}
     assert links == p["link_bytes"]
+
+
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_both_engines_agree_on_random_tp_x_ep_layers(seed):
+    """Random routing, tp x ep (4 or 8 chips), placement, strategy, tiling, collectives' algorithm and KV heads."""
+    rng = np.random.default_rng(seed)
+    tp, ep = (int(v) for v in rng.choice([(2, 2), (2, 4), (4, 2)]))
+    placement = str(rng.choice(["contiguous", "round-robin", "load-balanced"]))
+    kw = dict(strategy=str(rng.choice(["dynamic", "interleave", "coarse"])),
+              tiling=str(rng.choice(["static", "dynamic"])), algorithm=str(rng.choice(["ring", "direct"])),
+              kv_heads=int(rng.choice([1, 2, 4])))
+    w = _build(SHARED_EP if rng.random() < 0.5 else QWEN_EP, _routing(seed=seed), tp=tp, ep=ep, placement=placement,
+               **kw)
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
+    assert ref.cycles == fast.cycles > 0
+    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
+    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
+    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    assert sum(int(b) for b in fast.link_bytes) == sum(w.params["link_bytes"].values())

@@ -45,6 +45,7 @@ from stepsim.graph import (
     Map,
     Partition,
     Promote,
+    Reassemble,
     Reshape,
     RetileStreamify,
     SelectorSource,
@@ -53,7 +54,7 @@ from stepsim.graph import (
 from stepsim.workloads.moe.build import DEFAULT_TILE_N, PACKING_COMPUTE_BW, _expert_ffn, shared_ffn
 
 
-def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, counts) -> None:
+def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, counts, tp: int | None = None) -> None:
     """One-line ArgumentError unless ``ep`` chips can run the layer: an MoE model, at most one chip per expert,
     KV heads and batch that split evenly over the chips, one region per expert."""
     from stepsim.workloads.moe.parallel import place_experts
@@ -64,9 +65,11 @@ def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, count
         raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
                             f"(use --tp {ep})")
     place_experts(counts, ep, placement)  # more chips than experts, an unknown placement: its one line
-    if n_heads % ep and ep % n_heads:
-        raise ArgumentError(f"--ep {ep}: the attention splits its {n_heads} KV heads (--kv-heads) over the chips; "
-                            f"the chips must divide them or be a multiple of them")
+    chips = ep * (tp or 1)
+    if n_heads % chips and chips % n_heads:
+        flag = f"--ep {ep}" if tp is None else f"--tp {tp} --ep {ep}"
+        raise ArgumentError(f"{flag}: the attention splits its {n_heads} KV heads (--kv-heads) over the {chips} "
+                            f"chips; the chips must divide them or be a multiple of them")
     if batch % ep:
         raise ArgumentError(f"--ep {ep}: the reduce-scatter cuts the {batch} rows into {ep} shards; the batch must "
                             f"be a multiple of {ep}")
@@ -85,15 +88,16 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     the experts' tile rows."""
     from stepsim.graph.network import Network
     from stepsim.workloads.chips import reduce_scatter_partials
-    from stepsim.workloads.moe.parallel import _GroupNetwork, check_tp_ep, expert_parallel, expert_tensor_parallel
+    from stepsim.workloads.moe.parallel import _GroupNetwork, check_tp_ep, expert_parallel
 
-    check_ep(ep, model, n_heads, batch, moe_kw["regions"], placement, counts)
     if tp is not None:
         check_tp_ep(tp, ep, batch, system)
+    check_ep(ep, model, n_heads, batch, moe_kw["regions"], placement, counts, tp)
     g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
     moe, d, stride = model.moe, model.hidden, tp or 1  # shard s's group: chips s * stride ..
-    attn_chips = min(ep, n_heads)  # A (module docstring): shard a * spread's first chip runs KV heads a * per_head ..
-    per_head, spread, shard = n_heads // attn_chips, ep // attn_chips, batch // ep
+    attn_chips = min(ep * stride, n_heads)  # A (module docstring): chip a * gap runs KV heads a * per_head ..
+    per_head, gap, shard = n_heads // attn_chips, ep * stride // attn_chips, batch // ep
+    spread = max(1, ep // attn_chips)  # shards a chunk holds (A <= E), else a shard is A / E chunks
     reduced, homes = {}, {}
 
     def attention_partial(a):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
@@ -101,7 +105,7 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
 
     def prelude(system):  # the attention and its reduce-scatter, before the MoE layer; reduced[s]: shard s's rows
         net = Network(g, system)
-        chips = [a * spread * stride for a in range(attn_chips)]
+        chips = [a * gap for a in range(attn_chips)]
         chunks = reduce_scatter_partials(g, _GroupNetwork(net, chips), attn_chips, attention_partial, batch,
                                          algorithm=algorithm, compute_bw=bw["compute_bw"],
                                          prefix="attn_reducescatter.")
@@ -110,6 +114,9 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         for tr in net.transfers:  # a chunk delivered to a chip is read there (the send's placeholder)
             op_chip[tr.delivered.id] = tr.dst
         for a in range(attn_chips):
+            if attn_chips > ep:  # shard s is chunks s A/E ..: its chips gather them (home_in)
+                reduced[a] = chunks[a]
+                continue
             if spread == 1:
                 reduced[a] = chunks[a]
                 continue
@@ -124,9 +131,18 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         return net, op_chip
 
     def home_in(s, rows, t=0):  # h = x + attn @ W_o, shard s's rows (on its group's chip t)
+        if attn_chips > ep:  # the shard's A / E chunks in row order, from the chips that reduced them
+            m = attn_chips // ep
+            ordered = Reassemble(g, [reduced[s * m + j] for j in range(m)], SelectorSource(
+                g, np.eye(m, dtype=np.int8)[np.arange(rows) // (rows // m)], m), 0)
+            bindings[ordered.ragged_symbol] = 1  # one row per selector
+            attn = Flatten(g, ordered, 1, 2)  # [1, rows, 1] -> [1, rows]
+            attn.assume_shape(0, (1, rows))
+        else:
+            attn = Promote(g, reduced[s], 1)  # [rows] -> [1, rows], as x
         x = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{s}", (rows, d), BF16), (1, d), (rows, 1), (1, 1),
                                          stream_dtype=FP32), 0, 1)
-        h = Map(g, [Promote(g, reduced[s], 1), x], Add(), **bw)  # [rows] -> [1, rows], as x
+        h = Map(g, [attn, x], Add(), **bw)
         h.fanout_depth = rows  # the rows wait for the MoE block's output (the decoder's h_rows)
         homes[(s, t)] = h
         return h
