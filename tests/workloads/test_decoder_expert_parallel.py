@@ -327,3 +327,16 @@ def test_both_engines_agree_on_random_tp_x_ep_layers(seed):
     np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
     np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
     assert sum(int(b) for b in fast.link_bytes) == sum(w.params["link_bytes"].values())
+
+
+def test_qwen_tp_x_ep_on_the_shared_b64_traces(traces, capsys):
+    """--tp 4 --ep 2 on 8 chips: 4 KV heads on chips 0, 2, 4, 6; every chip reads its rows of x (each shard's on
+    the 4 chips of its group), so the off-chip bytes are --tp 4's."""
+    assert main(["run", "decoder", "--model", "qwen", "--routing", traces["routing"], "--kv-lengths",
+                 traces["kv_lengths"], "--tp", "4", "--ep", "2", "--placement", "load-balanced", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    params = json.loads(row["params"])
+    assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (182860, 733351936,
+                                                                                                 733351936)
+    assert (params["tp"], params["ep"], params["system"], params["chip_tokens"]) == (
+        4, 2, "fully-connected-8", [256] * 8)
