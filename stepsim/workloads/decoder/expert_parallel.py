@@ -27,7 +27,19 @@ expert-parallel), and it keeps every KV cache and output projection in one chip'
 that N must divide the KV heads or be a multiple of them: with more chips than heads (Qwen3-30B-A3B's 4 KV heads
 on 8 chips) only H chips run the attention, the others wait for their shard (a head is not split by requests).
 
-All transfers (the reduce-scatter's steps, dispatch and combine) share the system's links (one network).
+**``--tp T --ep E``** (T x E chips): shard s of the batch (B / E rows) belongs to the group of chips
+``s T .. s T + T - 1``, which runs the MoE block of the MoE layer's ``--tp T --ep E``
+(:func:`stepsim.workloads.moe.parallel.expert_tensor_parallel`: expert group s's experts on those chips, each chip
+F / T columns, ``expert<e>_<part>.<t>``, ``shared_<part>.<t>``). The attention splits over A = min(T E, H) of the
+T E chips as above and is reduce-scattered in A chunks; every chip of group s needs all of shard s's rows: with
+A <= E they come from the chip that reduced (and, A < E, cut) them, with A > E each chip gathers its shard's A / E
+chunks in row order (a Reassemble by a static selector; the chunks cross from the chips that reduced them). Chip
+``s T + t`` adds its rows of x (``x.<s>``, read on each chip of the group), runs rank t of the MoE block, and after
+the group's all-reduce adds chunk k of its ``h`` rows to the reduced chunk k and stores ``y<s T + t>.<k>`` (rows
+``shard[s] + k B/(E T) ..`` of y).
+
+All transfers (the reduce-scatter's steps, shards, dispatch, combine, all-reduces) share the system's links (one
+network).
 """
 
 from __future__ import annotations
