@@ -340,3 +340,30 @@ def test_qwen_tp_x_ep_on_the_shared_b64_traces(traces, capsys):
                                                                                                  733351936)
     assert (params["tp"], params["ep"], params["system"], params["chip_tokens"]) == (
         4, 2, "fully-connected-8", [256] * 8)
+
+
+@pytest.fixture
+def small_layer(tmp_path) -> list[str]:
+    """The small layer's files for the CLI: a Qwen3-MoE config (D = 64, 4 KV heads, 8 experts of 64, top-2), its
+    routing and KV lengths."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64,
+        "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 16, "num_hidden_layers": 2}))
+    np.savez(tmp_path / "routing.npz", data=_routing())
+    np.save(tmp_path / "kv.npy", KV)
+    return ["--model", str(tmp_path / "config.json"), "--routing", str(tmp_path / "routing.npz"), "--kv-lengths",
+            str(tmp_path / "kv.npy"), "--tile-f", "16"]
+
+
+@pytest.mark.parametrize("flags, cycles", [
+    (["--ep", "4", "--placement", "round-robin"], 3506),
+    (["--tp", "2", "--ep", "2", "--placement", "load-balanced", "--system", "ring-4"], 5855),
+])
+def test_cli_functional_check_passes(small_layer, capsys, flags, cycles):
+    """``stepsim run decoder --ep N --functional --check``: the chips' y and KV caches against the NumPy reference
+    of the one-chip layer."""
+    assert main(["run", "decoder", *small_layer, *flags, "--functional", "--check", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["cycles"], row["check_passed"]) == (cycles, True)
+    assert row["check_max_rel_error"] < row["check_tolerance"]
