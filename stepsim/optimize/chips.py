@@ -19,8 +19,8 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
 * the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
   one-chip first stage keeps), ``tp`` also dividing its KV heads, ``ep`` and ``tp x ep`` dividing them or a
-  multiple of them, ``ep`` dividing the batch (the attention's reduce-scatter cuts equal shards), ``ep`` not with
-  time-multiplexed ``regions`` (:mod:`stepsim.workloads.decoder.expert_parallel` refuses them);
+  multiple of them, ``ep`` dividing the batch (the attention's reduce-scatter cuts equal shards)
+  (:mod:`stepsim.workloads.decoder.expert_parallel`);
 * the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
   time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
   on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
@@ -156,13 +156,13 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     return sorted(combos, key=lambda c: (chip_count(c), -c.get("ep", 1), c.get("pp", 1)))
 
 
-def _fit(grid: dict, combo: dict, widths, ep_regions: bool = True) -> dict | None:
+def _fit(grid: dict, combo: dict, widths) -> dict | None:
     """``grid`` restricted to what ``combo`` can build (module docstring), with its parallel knobs; None if
-    nothing is left. ``ep_regions``: whether time-multiplexed regions combine with ``ep`` (not in the decoder)."""
+    nothing is left."""
     grid = dict(grid)
     tp, ep = combo.get("tp", 1), combo.get("ep", 1)
     if "regions" in grid:
-        if tp > 1 or (ep > 1 and not ep_regions):
+        if tp > 1:
             return None
         grid["regions"] = tuple(r for r in grid["regions"] if r % ep == 0)
         if not grid["regions"]:
@@ -181,11 +181,11 @@ def parallel_grids(tile_grids: list[dict], max_chips: int, *, axes=("ep",), expe
                    layers: int = 1, heads: int = 0, system=None) -> list[dict]:
     """The space under a chip budget (module docstring): ``tile_grids`` on one chip, then for every combination of
     :func:`parallel_combos` the tile grids it can build, with its parallel knobs (and the placements with
-    ``ep``); with ``heads`` (the decoder) a grid of time-multiplexed ``regions`` has no ``ep`` candidates."""
+    ``ep``)."""
     grids = [dict(g) for g in tile_grids]
     for combo in parallel_combos(axes, max_chips, experts=experts, widths=widths, batch=batch, layers=layers,
                                  heads=heads, system=system):
-        grids += [g for g in (_fit(grid, combo, widths, ep_regions=not heads) for grid in tile_grids) if g is not None]
+        grids += [g for g in (_fit(grid, combo, widths) for grid in tile_grids) if g is not None]
     return grids
 
 

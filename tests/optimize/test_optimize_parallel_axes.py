@@ -137,9 +137,9 @@ def decoder_layer(tmp_path) -> dict:
 
 def test_the_decoder_searches_tp_and_ep_in_its_ffn_stage(decoder_layer):
     """--max-chips 4 on 2 KV heads: ep 2, tp 2, ep 4 and tp 2 x ep 2 (tp 4 does not split the heads; the decoder's
-    ep 4 runs the attention on 2 of 4 chips); with ep every tile_f and the three placements but no regions; with tp
-    tile_f 32 (2 x 32 divides the experts' 64 columns, 2 x 64 does not), no regions. Stage 1 (the strategies) stays
-    on one chip."""
+    ep 4 runs the attention on 2 of 4 chips); with ep every tile_f, the three placements and the regions that are a
+    multiple of ep; with tp tile_f 32 (2 x 32 divides the experts' 64 columns, 2 x 64 does not), no regions. Stage 1
+    (the strategies) stays on one chip."""
     from stepsim.optimize import _default_stages
     from stepsim.workloads.config import normalize_config
 
@@ -147,13 +147,18 @@ def test_the_decoder_searches_tp_and_ep_in_its_ffn_stage(decoder_layer):
     one = _default_stages(cfg)
     stages = _default_stages(cfg, max_chips=4)
     assert stages[0] == one[0] and stages[1][1][:len(one[1][1])] == one[1][1]
+    static = {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16)}
     assert stages[1][1][len(one[1][1]):] == [
         {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (2,), "placement": PLACEMENTS},
-        {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32, 64), "ep": (2,), "placement": PLACEMENTS},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (2, 4), "ep": (2,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "ep": (2,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "regions": (2, 4), "ep": (2,), "placement": PLACEMENTS},
         {"tiling": ("dynamic",), "tile_f": (32,), "tp": (2,)},
         {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32,), "tp": (2,)},
         {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (4,), "placement": PLACEMENTS},
-        {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32, 64), "ep": (4,), "placement": PLACEMENTS},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (4,), "ep": (4,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "ep": (4,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "regions": (4,), "ep": (4,), "placement": PLACEMENTS},
         {"tiling": ("dynamic",), "tile_f": (32,), "tp": (2,), "ep": (2,), "placement": PLACEMENTS},
         {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32,), "tp": (2,), "ep": (2,),
          "placement": PLACEMENTS}]

@@ -89,6 +89,8 @@ CASES = [  # (id, model, ep, placement, routing, kw)
     ("4-chips-without-tokens", QWEN_EP, 4, "contiguous", HOT, {}),
     ("4-chips-2-kv-heads", QWEN_EP, 4, "round-robin", None, dict(kv_heads=2)),  # more chips than KV heads
     ("2-chips-1-kv-head", SHARED_EP, 2, "contiguous", None, dict(kv_heads=1)),
+    ("2-chips-4-regions", QWEN_EP, 2, "round-robin", None, dict(regions=4)),  # each chip's 4 experts on 2 regions
+    ("4-chips-4-regions-dynamic", SHARED_EP, 4, "load-balanced", None, dict(regions=4, tiling="dynamic")),
 ]
 
 
@@ -128,6 +130,8 @@ def test_values_and_kv_caches_equal_the_one_chip_layer(model, ep, placement, rou
     # more chips than KV heads: chips 0 and 2 run the attention, each sends a shard to the chip after it
     (4, "round-robin", None, 3010, [0, 1, 2, 3, 0, 1, 2, 3], [2, 5, 1, 8], dict(kv_heads=2)),
     (2, "contiguous", None, 2540, [0, 0, 0, 0, 1, 1, 1, 1], [5, 11], dict(kv_heads=1)),
+    # time-multiplexed: chip 0's experts 0, 2 on region 0 and 4, 6 on region 1; chip 1's on regions 2, 3
+    (2, "round-robin", None, 2889, [0, 1, 0, 1, 0, 1, 0, 1], [3, 13], dict(regions=4)),
 ])
 def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing, cycles, expert_chips, chip_tokens,
                                                          kw):
@@ -135,6 +139,8 @@ def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing,
     w = _build(QWEN_EP, routing, ep=ep, placement=placement, **kw)
     p = w.params
     assert p["expert_chips"] == expert_chips
+    if "regions" in kw:
+        assert p["region_experts"] == [[0, 2], [4, 6], [1, 3], [5, 7]]
     # the trace's per-chip rows: every (token, expert) pair counts on its expert's chip
     counted = [sum(int(p["expert_chips"][e] == c) for e in routing.ravel()) for c in range(ep)]
     assert p["chip_tokens"] == counted == chip_tokens
@@ -154,14 +160,14 @@ def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing,
 
 @pytest.mark.parametrize("seed", [11, 12, 13, 14, 15])
 def test_both_engines_agree_on_random_multi_chip_layers(seed):
-    """Random routing, chips, placement, strategy, tiling, reduce-scatter algorithm and KV heads (fewer than the
-    chips or not)."""
+    """Random routing, chips, placement, strategy, tiling, reduce-scatter algorithm, KV heads (fewer than the
+    chips or not) and time-multiplexed regions."""
     rng = np.random.default_rng(seed)
     ep = int(rng.choice([2, 4]))
     placement = str(rng.choice(["contiguous", "round-robin", "load-balanced"]))
     kw = dict(strategy=str(rng.choice(["dynamic", "interleave", "coarse"])),
               tiling=str(rng.choice(["static", "dynamic"])), algorithm=str(rng.choice(["ring", "direct"])),
-              kv_heads=int(rng.choice([1, 2, 4])))
+              kv_heads=int(rng.choice([1, 2, 4])), regions=[None, 4][int(rng.integers(2))])
     w = _build(SHARED_EP if rng.random() < 0.5 else QWEN_EP, _routing(seed=seed), ep=ep, placement=placement, **kw)
     program = lower(w.graph, channel_depth=w.channel_depth)
     ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
@@ -182,8 +188,10 @@ def test_both_engines_agree_on_random_multi_chip_layers(seed):
                                       "the chips must divide them or be a multiple of them"),
     (QWEN_EP, dict(ep=4, batch=6), "--ep 4: the reduce-scatter cuts the 6 rows into 4 shards; the batch must be a "
                                    "multiple of 4"),
-    (QWEN_EP, dict(ep=2, regions=4), "--ep does not combine with --regions (time-multiplexed expert regions) for the "
-                                     "decoder layer yet"),
+    (QWEN_EP, dict(ep=4, regions=2), "--regions 2 must be a multiple of --ep 4: every chip time-multiplexes its "
+                                     "experts on the same number of regions"),
+    (QWEN_EP, dict(ep=2, tp=2, regions=4), "--tp does not combine with --regions (time-multiplexed expert regions) "
+                                           "yet"),
     (QWEN_EP, dict(ep=2, tp=3), "--tp 3 --ep 2: each of the 2 expert groups' shards of the batch is cut into 3 "
                                 "all-reduce chunks; the batch of 8 tokens must be a multiple of 6"),
     (QWEN_EP, dict(ep=2, tp=3, kv_heads=4, batch=6), "--tp 3 --ep 2: the attention splits its 4 KV heads "

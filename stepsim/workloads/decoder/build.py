@@ -217,6 +217,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
             ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routing=routing,
             counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw), stage=stage,
             tp=tp)
+        if "region_experts" in parallel:  # each chip's experts time-multiplexed on its regions
+            idle = idle_groups(counts, ffn_regions, parallel["region_experts"])
     elif tp is None:
         products = _sum_pairwise(g, _heads(range(n_heads), **stage), bw)
         x = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (o_tile, d), (batch // o_tile,), (1,),

@@ -18,7 +18,9 @@ attention tensor-parallel by KV heads, the MoE block expert-parallel, the batch 
 * **MoE.** The sharded expert-parallel layer of the MoE workload's ``--ep`` (:func:`stepsim.workloads.moe.parallel.
   expert_parallel`, :func:`stepsim.workloads.moe.sharded.build_sharded`): experts placed on the chips by
   ``--placement``, each chip's ``h`` rows dispatched to their experts' chips and combined back by the all-to-alls
-  of the routing trace (routing weights ``routing_weights.<c>``), the shared experts on the home chip.
+  of the routing trace (routing weights ``routing_weights.<c>``), the shared experts on the home chip; with
+  ``regions`` (``--regions R``) each chip's experts time-multiplexed on R / N regions
+  (:func:`~stepsim.workloads.moe.parallel.region_members`).
 * **Residual and store.** Chip c adds its ``h`` rows to the combined rows and stores them as ``y.<c>``.
 
 Why the attention is split by heads rather than data-parallel by requests: it is how ``stepsim serve --system``
@@ -63,12 +65,13 @@ from stepsim.graph import (
     SelectorSource,
     Tensor,
 )
-from stepsim.workloads.moe.build import DEFAULT_TILE_N, PACKING_COMPUTE_BW, _expert_ffn, shared_ffn
+from stepsim.workloads.moe.build import DEFAULT_TILE_N, PACKING_COMPUTE_BW, _expert_ffn, _timeshared_ffns, shared_ffn
 
 
 def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, counts, tp: int | None = None) -> None:
-    """One-line ArgumentError unless ``ep`` chips can run the layer: an MoE model, at most one chip per expert,
-    KV heads and batch that split evenly over the chips, one region per expert."""
+    """One-line ArgumentError unless ``ep`` (x ``tp``) chips can run the layer: an MoE model, at most one chip per
+    expert, KV heads that the chips divide or are a multiple of, a batch that splits evenly over the chips, and
+    with ``tp`` one region per expert."""
     from stepsim.workloads.moe.parallel import place_experts
 
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
@@ -85,9 +88,8 @@ def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, count
     if batch % ep:
         raise ArgumentError(f"--ep {ep}: the reduce-scatter cuts the {batch} rows into {ep} shards; the batch must "
                             f"be a multiple of {ep}")
-    if regions != model.moe.experts:
-        raise ArgumentError("--ep does not combine with --regions (time-multiplexed expert regions) for the decoder "
-                            "layer yet")
+    if tp is not None and regions != model.moe.experts:  # as the MoE layer's --tp
+        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
 
 
 def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, model, n_heads: int, batch: int,
@@ -174,11 +176,16 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         def shared(g, tokens, rows):
             return shared_ffn(g, tokens, moe, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw)
 
-    def ffns(g, packed, members):  # one region per expert (check_ep refuses --regions)
-        return [_expert_ffn(g, packed[e], e, moe, tile_f, dynamic, bw) for e in range(moe.experts)], {}, {}
+    regions = moe_kw["regions"]
+
+    def ffns(g, packed, members):  # one region per expert, or each chip's experts time-multiplexed (--regions)
+        if members is None:
+            return [_expert_ffn(g, packed[e], e, moe, tile_f, dynamic, bw) for e in range(moe.experts)], {}, {}
+        return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
 
     ep_bindings, tile_rows, params = expert_parallel(
-        g, moe, routing, counts, ep, placement, system, regions=None, ffns=ffns, prelude=prelude, dynamic=dynamic,
+        g, moe, routing, counts, ep, placement, system, regions=None if regions == moe.experts else regions,
+        ffns=ffns, prelude=prelude, dynamic=dynamic,
         tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"], packing_compute_bw=PACKING_COMPUTE_BW,
         shared_ffn=shared, home_in=home_in, home_out=home_out)
     bindings.update(ep_bindings)

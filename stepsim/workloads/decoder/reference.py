@@ -33,7 +33,9 @@ def _decoder_parts(w: Workload):
                               params=dict(batch=p["batch"], hidden=p["hidden"], intermediate=p["intermediate"],
                                           top_k=p["top_k"], experts=p["experts"], regions=p["ffn_regions"],
                                           shared_intermediate=p["shared_intermediate"],
-                                          **({"tp": p["tp"]} if p.get("tp") is not None else {})))
+                                          **({"tp": p["tp"]} if p.get("tp") is not None else {}),
+                                          **({"region_experts": p["region_experts"]} if "region_experts" in p
+                                             else {})))
     return attention, moe
 
 
