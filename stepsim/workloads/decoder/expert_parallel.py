@@ -128,10 +128,7 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         for tr in net.transfers:  # a chunk delivered to a chip is read there (the send's placeholder)
             op_chip[tr.delivered.id] = tr.dst
         for a in range(attn_chips):
-            if attn_chips > ep:  # shard s is chunks s A/E ..: its chips gather them (home_in)
-                reduced[a] = chunks[a]
-                continue
-            if spread == 1:
+            if attn_chips >= ep:  # chunk a is shard a (A = E) or a part of shard a E/A that home_in gathers
                 reduced[a] = chunks[a]
                 continue
             before = len(g.ops)  # the attention chip cuts its chunk into the shards of the chips it feeds
