@@ -117,6 +117,11 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
                    help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
                         "from the routing trace)")
+    p.add_argument("--no-fuse", action="store_true", default=None,
+                   help="an .onnx model: spill every edge between two nodes to off-chip memory (no fusion)")
+    p.add_argument("--spill", metavar="NAME[,NAME...]",
+                   help="an .onnx model: spill these edges (a value: all its edges; VALUE->CONSUMER: one), as the "
+                        "report names them")
     p.add_argument("--compute-bw", type=int, help="FLOPs/cycle of every compute node")
     p.add_argument("--channel-depth", type=int, help="default FIFO depth (elements)")
     p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")

@@ -62,23 +62,30 @@ def _optimize_onnx(args) -> int:
     and writes it to ``--out``/optimize.json."""
     from pathlib import Path
 
+    from stepsim.base.errors import ConfigError
     from stepsim.base.files import atomic_output
     from stepsim.optimize.onnx_search import search
 
+    if args.spill is not None:  # the search decides fusion per value; --no-fuse fixes it
+        raise ConfigError("--spill does not apply to optimize: it searches which edges spill (--no-fuse fixes "
+                          "every edge spilled)")
+    fuse = not args.no_fuse
     if args.hierarchical:
         from stepsim.optimize.onnx_hierarchy import search as hierarchical
 
         result = hierarchical(args.workload, hardware=args.hardware, objective=args.objective,
-                              max_on_chip=args.max_on_chip)
+                              max_on_chip=args.max_on_chip, fuse=fuse)
     else:
         result = search(args.workload, hardware=args.hardware, objective=args.objective,
-                        max_on_chip=args.max_on_chip)
+                        max_on_chip=args.max_on_chip, fuse=fuse)
     doc = {"pareto": [dict(p.tiling, cycles=p.cycles, on_chip_bytes=p.on_chip_bytes,
                            allocated_flops_per_cycle=p.allocated_flops_per_cycle) for p in result.front],
            "recommended": None if result.recommended is None else result.recommended.tiling,
            "candidates": len(result.candidates), "simulations": result.simulations}
     if args.hierarchical:
         doc["fusion"] = result.fusion
+        # every tile_m's level-1 decisions (a spill's gain depends on tile_m); JSON keys are strings
+        doc["fusion_by_tile_m"] = {str(tm): decisions for tm, decisions in result.fusion_by_tile_m.items()}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with atomic_output(Path(args.out) / "optimize.json") as tmp:
         tmp.write_text(json.dumps(doc, indent=1))
@@ -88,7 +95,7 @@ def _optimize_onnx(args) -> int:
     print(f"optimize {args.workload} -> {args.out}: {doc['candidates']} tilings, {doc['simulations']} simulated")
     for p in doc["pareto"]:
         tiles = (f"tile_n {p['tile_n'] or 'rows'}" if "tile_n" in p else f"tile_n {p['per_node'] or 'rows'}")
-        tiles += f", spilled {p.get('spill') or 'none'}"
+        tiles += ", spilled all (--no-fuse)" if not fuse else f", spilled {p.get('spill') or 'none'}"
         print(f"  tile_m {p['tile_m']}, {tiles}: {p['cycles']:,} cycles, {p['on_chip_bytes']:,} B on chip")
     print(f"recommended ({args.objective}): {doc['recommended']}")
     return 0

@@ -38,7 +38,22 @@ def print_record(record, as_json: bool, verbose: bool = False) -> None:
     from stepsim.base.display import record_lines
     from stepsim.results.records import COLUMN_UNITS
 
-    print("\n".join(record_lines(record.row, COLUMN_UNITS, verbose=verbose) + chip_lines(record.row)))
+    print("\n".join(record_lines(record.row, COLUMN_UNITS, verbose=verbose) + chip_lines(record.row)
+                    + spill_lines(record.row)))
+
+
+def spill_lines(row) -> list[str]:
+    """An ONNX model's spilled edges and why, and the converters spills replaced (from the record's params:
+    ``spill_reasons``, ``spilled_converters``; :class:`stepsim.frontend.lower.FrontendReport`); none for other
+    runs."""
+    params = json.loads(row.get("params") or "{}")
+    if "spill_reasons" not in params:
+        return []
+    reasons, replaced = params["spill_reasons"], params["spilled_converters"]
+    lines = [f"{'spilled_edges':35s}{len(reasons)}" + ("" if reasons else " (every edge fused)")]
+    lines += [f"  {edge}: {why}" for edge, why in reasons.items()]
+    lines += [f"  converter {key} ({what}): replaced by a spill" for key, what in replaced.items()]
+    return lines
 
 
 def chip_lines(row) -> list[str]:

@@ -6,6 +6,9 @@ between them, sized by :func:`stepsim.graph.layout.converter_buffer` (the least 
 * ``reorder``: a Transpose of leading dims (one-row tiles) is the same tiles in another order, built by
   :func:`stepsim.graph.ops_convert.convert` (slots of depth-1 FIFOs, exactly the least buffer).
 
+A Transpose of a graph input that keeps the last dim needs none: the load reads the input in the transposed order
+(:func:`stepsim.frontend.layouts.read_transposed`).
+
 A pair no converter can turn into the other raises LayoutError naming both nodes and layouts.
 """
 
@@ -23,6 +26,7 @@ from stepsim.frontend.layouts import (
     head_split,
     matmul_layout,
     needs_rows,
+    read_transposed,
     row_layout,
     transpose_kind,
 )
@@ -56,7 +60,7 @@ def plan(model: Model, tiling: Tiling, tile_m: int, tn: dict) -> dict:
                 p, c = matmul_layout(shape, tile_m, tn[v]), row_layout(shape, tile_m)
                 name = producers[v].name if v in producers else v
                 out[v] = Conversion(name, v, "retile", p, c, converter_buffer(p, c, producer=name, consumer=node.name))
-        if node.op_type == "Transpose" and not model.is_const(node.inputs[0]):
+        if node.op_type == "Transpose" and not model.is_const(node.inputs[0]) and not read_transposed(model, node):
             conv = _transpose(model, node, tile_m)
             if conv is not None:
                 out[node.name] = conv

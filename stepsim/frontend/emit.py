@@ -19,6 +19,7 @@ shares with the nodes before it would stall them; graph inputs and shared consta
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,6 +207,35 @@ class Emitter:
             self.loads[key] = LinearOffChipLoad(self.g, tensor, tile, out_shape_tiled, stride, stream_dtype=FP32,
                                                 par_dispatch=self.tiling.par_dispatch)
         return self.loads[key]
+
+    def load_transposed(self, x: str, perm: list, merged: bool) -> Act:
+        """Graph input ``x`` read in the order of its Transpose by ``perm`` (the last dim kept last): ``tile_m x
+        N`` tiles of the output, each a 2-D block of ``x`` viewed as ``[prod(dims before d), d, prod(dims after
+        d)]`` where ``d`` is the input dim of the output's row dim (its ``-2``; ``-3`` for a head merge's
+        ``merged`` view, whose tiles stripe its last two dims); the view's strides walk the output's order. One
+        read of ``x``, as an untransposed load: no converter, no extra bytes."""
+        shape = self.model.shapes[x]
+        rank, n = len(shape), shape[-1]
+        row_out = rank - 3 if merged else rank - 2
+        d = perm[row_out]
+        if shape[d] % self.tm:
+            raise FrontendError(f"Transpose of graph input {x!r} by perm {perm}: tile_m {self.tm} does not divide "
+                                f"its rows dim of {shape[d]}")
+        before, after = math.prod(shape[:d]), math.prod(shape[d + 1:])
+        blocks, cols = shape[d] // self.tm, after // n  # the view's tile grid: (before, blocks, cols)
+
+        def stride(j: int) -> int:  # tiles between neighbours along input dim j in the grid, row-major
+            if j < d:
+                return math.prod(shape[j + 1:d]) * blocks * cols
+            return cols if j == d else math.prod(shape[j + 1:rank - 1])
+        trips = tuple(shape[perm[i]] // (self.tm if i == row_out else 1) for i in range(rank - 1))
+        strides = tuple(stride(perm[i]) for i in range(rank - 1))
+        tensor_shape = (shape[d], after) if before == 1 else (before, shape[d], after)
+        tensor = self.tensor(x, tensor_shape, self.input_data.get(x))
+        s = self.load_view(tensor, (self.tm, n), trips, strides)  # (1,) + trips
+        if merged:  # (1, ..., Sm, H) -> (1, M, H): hd-wide stripes of [.., S, H * hd]
+            return Act(Flatten(self.g, s, 1, rank - 2) if rank > 3 else s, n, n * trips[-1], merged=True)
+        return Act(Flatten(self.g, s, 0, rank - 2) if rank > 2 else s, n, n)
 
     def row_vector(self, name: str, vec: np.ndarray, like: Act) -> Act:
         """A ``[1, N]`` constant read once, streamed alongside ``like``: repeated as one tile per row block (on

@@ -4,7 +4,8 @@ its order and come back in the consumer's (twice the tensor's bytes of traffic, 
 
 After the converter pass every consumer can take its producer's stream, so an edge spills only by policy:
 
-* ``fuse=False`` spills every edge; ``spill={value, ...}`` the edges of those values;
+* ``fuse=False`` spills every edge (``--no-fuse``); ``spill={name, ...}`` the edges named: a value (all its
+  edges) or one edge ``VALUE->CONSUMER`` (``--spill``; the names the report prints, spaces around ``->`` allowed);
 * ``budget`` (bytes of on-chip FIFO for fused edges): a fused edge costs its FIFO, ``depth`` tiles of the
   stream it carries; edges are fused greedily by off-chip bytes saved per on-chip byte (ties in node order)
   while their FIFOs fit in the budget, as StreamTensor's fusion search does (its summary; our rule).
@@ -42,11 +43,9 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
            depth: int = 2, elem_bytes: int = 4) -> list:
     """The :class:`Edge` of every node-to-node edge, in node order. ``tile_bytes``: value -> bytes of one tile
     of its stream; ``depth``: FIFO depth (tiles) a fused edge is charged."""
-    spill = set(spill)
+    spill = {canonical_name(n) for n in spill}
     producers = model.producer()
-    unknown = sorted(spill - set(producers))
-    if unknown:
-        raise FrontendError(f"spill: {unknown[0]!r} is not a value produced by a node of model {model.name!r}")
+    check_spill_names(model, spill)
     if budget is not None and (not isinstance(budget, int) or budget < 0):
         raise FrontendError(f"budget must be a non-negative int (bytes of on-chip FIFO), got {budget!r}")
     edges = []
@@ -57,7 +56,7 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
             nbytes, fifo = math.prod(model.shapes[v]) * elem_bytes, depth * tile_bytes[v]
             if not fuse:
                 edges.append(Edge(v, node.name, False, "spilled: fusion is off (fuse=False)", nbytes, fifo))
-            elif v in spill:
+            elif v in spill or edge_name(v, node.name) in spill:
                 edges.append(Edge(v, node.name, False, "spilled: named in spill=", nbytes, fifo))
             else:
                 edges.append(Edge(v, node.name, True, "fused: the consumer takes the producer's stream", nbytes,
@@ -66,6 +65,48 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
         _fit_budget(edges, budget)
     materialize(model, edges)
     return edges
+
+
+class UnknownSpillError(FrontendError):
+    """A name given to spill is neither an edge's value nor ``VALUE->CONSUMER``; ``detail`` says which and lists
+    the valid names (the caller prefixes where the name came from: ``--spill``, ``spill=``)."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"spill: {detail}")
+        self.detail = detail
+
+
+def edge_name(value: str, consumer: str) -> str:
+    """An edge as ``--spill`` and the record's ``spilled`` list name it: ``VALUE->CONSUMER``."""
+    return f"{value}->{consumer}"
+
+
+def canonical_name(name: str) -> str:
+    """A spill name as :func:`edge_name` spells it: ``"h -> up"`` (as :meth:`FrontendReport.describe` prints an
+    edge) is ``"h->up"``; a value name is itself."""
+    return "->".join(part.strip() for part in str(name).split("->"))
+
+
+def edge_values(model: Model) -> dict:
+    """``{value: [consumer, ...]}`` of every node-to-node edge (:func:`decide`'s edges), in node order."""
+    producers = model.producer()
+    out: dict = {}
+    for node in model.nodes:
+        for v in dict.fromkeys(node.inputs):
+            if v and v in producers and not model.is_const(v):
+                out.setdefault(v, []).append(node.name)
+    return out
+
+
+def check_spill_names(model: Model, names) -> None:
+    """UnknownSpillError (one line) for the first name in ``names`` (sorted) that is neither a value carried by an
+    edge (all its edges spill) nor one edge ``VALUE->CONSUMER``; the message lists the valid values."""
+    edges = edge_values(model)
+    valid = set(edges) | {edge_name(v, c) for v, cs in edges.items() for c in cs}
+    unknown = sorted(set(names) - valid)
+    if unknown:
+        raise UnknownSpillError(f"{unknown[0]!r} is no edge of model {model.name!r}; its edges' values: "
+                                f"{', '.join(edges) or 'none'} (a value spills all its edges, VALUE->CONSUMER one)")
 
 
 def phases(model: Model, edges: list) -> dict:

@@ -168,6 +168,19 @@ def transpose_kind(model: Model, node) -> str:
     return "other"
 
 
+def read_transposed(model: Model, node) -> bool:
+    """A Transpose of a graph input that keeps its last dim last (not a last-two-dims swap): read straight from
+    memory in the transposed order (:meth:`stepsim.frontend.emit.Emitter.load_transposed`), no converter."""
+    if node.op_type != "Transpose":
+        return False
+    x = node.inputs[0]
+    if x not in model.inputs or model.is_const(x) or x in model.bound:
+        return False
+    r = len(model.shapes[x])
+    perm = list(node.attrs.get("perm", range(r - 1, -1, -1)))
+    return perm[-1] == r - 1 and perm != list(range(r)) and transpose_kind(model, node) != "swap"
+
+
 def views(model: Model) -> set:
     """Values that never stream in their own shape: a head split's ``[B, S, H, hd]`` (the stripes of its input),
     the ``[B, S, H, hd]`` a head merge reads, and a last-two-dims swap (its MatMul reads the input transposed)."""

@@ -44,6 +44,16 @@ class FrontendReport:
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
 
+    def spill_reasons(self) -> dict:
+        """``{"VALUE->CONSUMER": why}`` of every spilled edge, in node order (the record's ``spill_reasons``)."""
+        return {fusion.edge_name(e.value, e.consumer): e.reason.removeprefix("spilled: ") for e in self.spilled()}
+
+    def replaced(self) -> dict:
+        """``{converter key: "kind of VALUE (bytes B): producer layout -> consumer layout"}`` of the converters a
+        spill replaced (the record's ``spilled_converters``): the on-chip buffer each spill saved."""
+        return {k: f"{c.kind} of {c.value} ({c.buffer.bytes} B): {c.producer} -> {c.consumer}"
+                for k, c in self.converters.items() if k in self.spilled_converters}
+
     def describe(self) -> str:
         """The layout of every activation stream, the converters and each edge's fusion decision, one per line."""
         width = max(map(len, self.layouts), default=0)
@@ -84,7 +94,9 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     fuse : bool
         False spills every node-to-node edge to off-chip memory.
     spill : iterable of str
-        Values whose edges spill even when ``fuse`` is on.
+        Edges that spill even when ``fuse`` is on: a value (all its edges) or one edge ``"VALUE->CONSUMER"`` (as
+        :meth:`FrontendReport.describe` prints it); an unknown name is a one-line
+        :class:`~stepsim.frontend.fusion.UnknownSpillError` listing the valid values.
     budget : int, optional
         Bytes of on-chip FIFO for fused edges (:mod:`stepsim.frontend.fusion`); default unlimited.
     channel_depth : int or None, optional
@@ -129,7 +141,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,
                                     compute_bw=tiling.compute_bw, fuse=fuse,
-                                    spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled())))
+                                    spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled()),
+                                    spill_reasons=report.spill_reasons(), spilled_converters=report.replaced()))
     workload.frontend = report  # not in params: params go into every result row as JSON
     return workload
 

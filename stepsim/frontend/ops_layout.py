@@ -15,8 +15,10 @@ from stepsim.frontend.layouts import (
     groups_rows_cols,
     head_merge,
     head_split,
+    read_transposed,
     split_sizes,
     transpose_kind,
+    views,
 )
 from stepsim.frontend.spill import spill_reordered
 from stepsim.graph import (
@@ -93,6 +95,10 @@ def _concat(e: Emitter, node: Node):
 def _transpose(e: Emitter, node: Node):
     x, y = node.inputs[0], node.outputs[0]
     kind = transpose_kind(e.model, node)
+    if read_transposed(e.model, node):  # a graph input: the load reads it in the transposed order
+        perm = list(node.attrs.get("perm", range(len(e.model.shapes[x]) - 1, -1, -1)))
+        e.val[y] = e.load_transposed(x, perm, merged=y in views(e.model))
+        return
     if kind == "swap":  # read transposed by its MatMul (converters.plan checked the readers)
         e.val[y] = e.act(x, node)
         e.swapped.add(y)

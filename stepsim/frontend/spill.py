@@ -1,65 +1,19 @@
 """A spilled edge as real off-chip traffic: the producer's tiles are written to an off-chip tensor of their own and
-read back by the consumer once the whole tensor is stored, built only from existing operators:
-
-``MetadataSource`` (one tile address per tile) -> ``RandomOffChipStore`` (writes each tile through the chip's HBM,
-one ack per tile) -> ``Accum(SignalReqAllRead)`` (one "all written" token after the last ack) ->
-``LinearOffChipLoad(ref=...)`` (reads the tensor back, in the consumer's order, once that token arrives).
-
-Why whole-tensor completion: a spill *materializes* the tensor (StreamTensor's unfused edge, and what an
-accelerator without a producer-consumer handshake through DRAM must do): the consumer may read any tile, so it
-may start only when every tile is written. It is also what makes a spill able to replace a layout converter: the
-read-back can follow any order (a Transpose's), so the converter's on-chip buffer is not built.
-
-Accounting (exact in both the symbolic metric and the engine's HBM counters): the store writes and the load reads
-``bytes`` of the tensor once each (fp32: the tiles' stream dtype), ``2 x bytes`` in all; on chip the store and
-the load hold one tile each (the published convention) and the completion signal one 8-byte token.
+read back by the consumer once the whole tensor is stored (the construction, its completion token and its exact
+accounting: :mod:`stepsim.graph.ops_spill`). Here the two read-backs the front end uses: in the producer's order
+(or as whole rows, the retile converter done by the memory), and in a Transpose's order (the reorder converter
+done by the memory). Spilled tensors are fp32 (the tiles' stream dtype), ``2 x bytes`` of traffic each.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from stepsim.graph import (
-    FP32,
-    UINT64,
-    Accum,
-    LinearOffChipLoad,
-    MetadataSource,
-    RandomOffChipStore,
-    SignalReqAllRead,
-    Tensor,
-    Zero,
-)
+from stepsim.graph import LinearOffChipLoad
 from stepsim.graph.layout import Layout, tile_numbers
+from stepsim.graph.ops_spill import row_major, spill
 
-
-def row_major(shape: tuple) -> tuple:
-    """Tile strides of a row-major view of ``shape`` (tiles)."""
-    out, step = [], 1
-    for d in reversed(shape):
-        out.append(step)
-        step *= d
-    return tuple(reversed(out))
-
-
-def spill(g, s, tag: str, *, addresses: np.ndarray, tensor_shape: tuple, load_tile: tuple, view: tuple,
-          par_dispatch: int = 1) -> LinearOffChipLoad:
-    """Write stream ``s`` (``(1,) + addresses.shape`` tiles) to off-chip tensor ``spill[tag]`` (``tensor_shape``
-    elements, fp32), tile ``k`` of the stream at tile address ``addresses[k]`` (in the tensor's row-major grid of
-    ``s``'s tiles), and read it back as ``load_tile`` tiles over ``view`` (row-major: tiles ``0, 1, ...``) once the
-    last write completed. Returns the load (output ``(1,) + view``)."""
-    dtype = s.stream.dtype
-    # a fresh scratch tensor: zeros (functional mode's initial contents; a broadcast view, so no memory until then)
-    tensor = Tensor(f"spill[{tag}]", tensor_shape, FP32, np.broadcast_to(np.float32(0), tensor_shape))
-    addr = MetadataSource(g, np.asarray(addresses, np.int64), name=f"spill_addr[{tag}]")
-    ack = RandomOffChipStore(g, s, addr, tensor, (dtype.rows, dtype.cols), par_dispatch=par_dispatch,
-                             name=f"spill_write[{tag}]")
-    done = Accum(g, ack, SignalReqAllRead(), Zero(1, 1, UINT64), len(ack.stream.shape) - 1, compute_bw=0,
-                 name=f"spill_done[{tag}]")
-    load = LinearOffChipLoad(g, tensor, load_tile, view, row_major(view), ref=done, stream_dtype=FP32,
-                             par_dispatch=par_dispatch, name=f"spill_read[{tag}]")
-    load.spill = True  # stepsim.graph.lower.fp32_timing_bytes: a scratch read, not a model tensor's storage dtype
-    return load
+__all__ = ["row_major", "spill", "spill_in_order", "spill_reordered"]
 
 
 def spill_in_order(g, s, tag: str, *, rows: bool = False, par_dispatch: int = 1) -> LinearOffChipLoad:

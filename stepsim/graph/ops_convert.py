@@ -23,7 +23,7 @@ producer tiles side by side along one of the last two dims, which the producer e
 (:func:`packs_in_order`), e.g. column stripes of a row block into the row block. Then ``max_j P_j T_p - j T_c``
 is ``T_c`` (the producer has delivered exactly tiles ``0 .. j`` of the consumer's when tile ``j`` leaves), and an
 ``Accum(RetileCol)`` (or ``RetileRow``) over each run of ``k`` tiles holds exactly one consumer tile: minimal.
-Other pairs of unequal tiles are a LayoutError.
+Other pairs of unequal tiles spill (below).
 
 Why other re-tilings are not built from slots: with STeP's units it would be a reorder at the common cell (this
 construction) followed by an ``Accum`` packing each consumer tile from ``T_c`` cells (and, when the producer's tile
@@ -33,6 +33,13 @@ of 2,260 random 2-D pairs whose consumer tile is a union of producer tiles, chec
 minimal. The front end re-tiles its one case, column
 stripes into row tiles, with ``Accum(RetileCol)`` at exactly the minimum (:mod:`stepsim.frontend.converters`);
 any other pair spills.
+
+So :func:`convert` lowers any other pair of unequal tiles through a spill
+(:func:`stepsim.graph.ops_spill.retile_through_memory`): the producer's tiles are written to off-chip memory at
+their places and, once all are written, read back in the consumer's tiles and order: ``2 x`` the tensor's bytes of
+traffic, two tiles and one 8-byte token on chip, and the reason on the load (``spill_reason``: "re-tiling ... has
+no minimal on-chip converter"). Only pairs nothing can join (different tensors, element sizes, repeated tiles)
+remain a LayoutError.
 """
 
 from __future__ import annotations
@@ -42,7 +49,6 @@ import math
 
 import numpy as np
 
-from stepsim.base.errors import LayoutError
 from stepsim.graph.dtypes import Tile
 from stepsim.graph.functions import Empty, RetileCol, RetileRow
 from stepsim.graph.graph import PUBLISHED, Op
@@ -51,6 +57,7 @@ from stepsim.graph.ops_compute import Accum
 from stepsim.graph.ops_routing import Partition, Reassemble
 from stepsim.graph.ops_shape import Flatten, Promote, Reshape
 from stepsim.graph.ops_sources import SelectorSource
+from stepsim.graph.ops_spill import retile_through_memory
 
 
 class ConverterPartition(Partition):
@@ -101,18 +108,19 @@ def convert(graph, inp, producer: Layout, consumer: Layout, *, producer_name: st
     ``(1,) + consumer.trips`` carrying the same tiles in the consumer's order; returns its output operator.
 
     ``inp`` itself is returned when the layouts are compatible; tiles of one shape are reordered through slots,
-    unequal tiles that pack in order (:func:`packs_in_order`) by one Accum. LayoutError (one line naming both
-    operators and layouts) when no converter can do it, or for other unequal tiles.
+    unequal tiles that pack in order (:func:`packs_in_order`) by one Accum; other unequal tiles are spilled and
+    read back in the consumer's tiles and order (:func:`stepsim.graph.ops_spill.retile_through_memory`; the
+    returned load's ``spill_reason`` says why). LayoutError (one line naming both operators and layouts) when
+    nothing can do it: different tensors or element sizes, a producer that repeats tiles, a consumer that re-reads
+    them (:func:`stepsim.graph.layout.converter_buffer`), or, for a spill, tiles spanning leading dims.
     """
     size = converter_buffer(producer, consumer, producer=producer_name, consumer=consumer_name)
     if size.method == "compatible":
         return inp
     if producer.tile != consumer.tile:
         axis = packs_in_order(producer, consumer)
-        if axis is None:
-            raise LayoutError(f"no converter from {producer_name} {producer} to {consumer_name} {consumer}: the tile "
-                              f"shapes differ and the consumer's tiles are not runs of the producer's in its order "
-                              f"(other re-tilings are not minimal with STeP's units; spill the edge instead)")
+        if axis is None:  # no on-chip converter is minimal (module docstring): the memory re-tiles
+            return retile_through_memory(graph, inp, producer, consumer, f"{producer_name}->{consumer_name}")
         return _pack(graph, inp, producer, consumer, axis, size.bytes)
     slot_p, slot_c, slots = slot_schedule(producer, consumer)
     assert slots * producer.tile_elements == size.elements, "the lazy schedule's peak is the closed form"

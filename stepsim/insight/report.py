@@ -38,6 +38,9 @@ JSON keys (stable):
   ``straggler``: ``busiest`` when its lead is at least :data:`STRAGGLER_SHARE` of the run's cycles, otherwise
   null (the groups' bottlenecks are equally busy, however their summed work differs), with
   ``straggler_final_clock``; null fields when the graph has no such groups.
+* ``spills``: an ONNX model's spilled edges, ``edges`` (``{"VALUE->CONSUMER": why}``) and ``converters`` (the
+  layout converters spills replaced, ``{key: "kind of VALUE (bytes B): producer layout -> consumer layout"}``);
+  null for other workloads.
 * ``full_fifos``: ``full`` (channels whose peak occupancy reached their depth), ``n_full``,
   ``never_above_one`` (channels that carried data but never held more than one element: their depth could
   shrink), ``n_never_above_one`` and ``source``. With a timeline of the run (``source: "timeline"``) every full
@@ -139,7 +142,8 @@ def rebuild(row: dict):
     from stepsim.base.defaults import UNSET, resolve_channel_depth
     from stepsim.base.files import trace_sha256
     from stepsim.graph.lower import lower
-    from stepsim.workloads.config import KNOBS, build_normalized, normalize_config, resolve_hardware, resolved_trace
+    from stepsim.results.records import build_workload
+    from stepsim.workloads.config import KNOBS, normalize_config, resolve_hardware, resolved_trace
 
     knobs = {k: row[k] for k in KNOBS if row.get(k) is not None}
     if knobs.get("trace") and not Path(knobs["trace"]).exists() and row.get("trace_path") \
@@ -154,7 +158,7 @@ def rebuild(row: dict):
     if trace is not None and row.get("trace_sha256") and trace_sha256(trace) != row["trace_sha256"]:
         raise ConfigError(f"trace {trace} changed since the run (content hash differs); the report needs the "
                           f"graph the run simulated")
-    workload = build_normalized(cfg)
+    workload = build_workload(cfg)  # an ONNX model through the front end, as the run built it (records._build)
     hardware = resolve_hardware(cfg, workload)
     depth = resolve_channel_depth(UNSET if cfg.get("channel_depth") is None else cfg["channel_depth"], hardware,
                                   workload.channel_depth)
@@ -385,7 +389,17 @@ def build_report(row: dict, units: list[dict], channels: list[dict], workload=No
             "groups": by_group},
         "imbalance": _imbalance(by_group, cycles),
         "full_fifos": _fifos(units, channels, program, timeline),
+        "spills": _spills(row),
     }
+
+
+def _spills(row: dict) -> dict | None:
+    """An ONNX model's fusion outcome from its record's params: ``edges`` (``{"VALUE->CONSUMER": why}`` of the
+    spilled edges) and ``converters`` (the converters spills replaced); None for other workloads."""
+    params = json.loads(row.get("params") or "{}")
+    if "spill_reasons" not in params:
+        return None
+    return {"edges": params["spill_reasons"], "converters": params["spilled_converters"]}
 
 
 def report_run_dir(run_dir: str | os.PathLike, *, with_timeline: bool = True) -> tuple[dict, object | None]:
@@ -517,6 +531,11 @@ def format_report(rep: dict) -> str:
         lines += [f"  {f['channel']} depth {f['capacity']}: {f['producer']} blocked on output "
                   f"{f['producer_blocked_output_cycles']:,} cycles" for f in fifos["full"][:5]]
     lines.append(f"FIFOs never above one element: {fifos['n_never_above_one']}")
+    spills = rep.get("spills")
+    if spills is not None:  # an ONNX model: its spilled edges move 2x their tensor off chip
+        lines.append(f"spilled edges: {len(spills['edges'])}" + ("" if spills["edges"] else " (every edge fused)"))
+        lines += [f"  {edge}: {why}" for edge, why in spills["edges"].items()]
+        lines += [f"  converter {key} ({what}): replaced by a spill" for key, what in spills["converters"].items()]
     return "\n".join(lines)
 
 

@@ -114,8 +114,9 @@ class _Evaluator:
 
 
 def search(source, *, values="seeded", routing="teacher", hardware: str | None = None, objective: str = "cycles",
-           max_on_chip: int | None = None) -> HierarchicalSearch:
-    """Search fusion per value, then ``tile_m`` and each MatMul's ``tile_n`` (module docstring). ConfigError when
+           max_on_chip: int | None = None, fuse: bool = True) -> HierarchicalSearch:
+    """Search fusion per value, then ``tile_m`` and each MatMul's ``tile_n`` (module docstring); ``fuse`` False
+    (``--no-fuse``) fixes the fusion axis to every edge spilled, so only the tiles are searched. ConfigError when
     no candidate fits ``max_on_chip``."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -124,7 +125,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     def rank(p: Point) -> tuple:
         return tuple(getattr(p, k) for k in order)
 
-    kw = dict(values=values, routing=routing, **({"hardware": hardware} if hardware else {}))
+    kw = dict(values=values, routing=routing, fuse=fuse, **({"hardware": hardware} if hardware else {}))
     report = from_onnx(source, **kw).frontend
     ev = _Evaluator(source, kw, max_on_chip)
     values = list(dict.fromkeys(e.value for e in report.edges))
@@ -133,7 +134,10 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     tms = sorted({t["tile_m"] for t in tile_space([r for _, r, _ in shapes], 1)})
     by_tile_m = {}
     for tm in tms:  # a spill's gain depends on tile_m (a reorder converter's buffer grows as tile_m shrinks)
-        spill, by_tile_m[tm] = _fusion(ev, tm, values)
+        if fuse:
+            spill, by_tile_m[tm] = _fusion(ev, tm, values)
+        else:  # the fusion axis is fixed: every edge spills (from_onnx's fuse=False)
+            spill, by_tile_m[tm] = (), {v: "spilled: fusion is off (--no-fuse)" for v in values}
         # 2: tiles under that fusion, coordinate-wise per MatMul
         current = {name: None for name in options}
         best = ev.point(tm, current, spill)  # None when whole rows do not fit the budget: the first fit leads

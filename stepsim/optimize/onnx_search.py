@@ -94,15 +94,16 @@ def converter_values(report) -> list:
 
 
 def search(source, *, values="seeded", routing="teacher", hardware: str | None = None, objective: str = "cycles",
-           max_on_chip: int | None = None, space: list[dict] | None = None) -> OnnxSearch:
+           max_on_chip: int | None = None, space: list[dict] | None = None, fuse: bool = True) -> OnnxSearch:
     """Search the tilings of an ONNX model (module docstring). ``space``: the tilings to try (default
-    :func:`tile_space` of the model). ConfigError when no candidate fits ``max_on_chip``."""
+    :func:`tile_space` of the model); ``fuse`` False (``--no-fuse``) fixes fusion to every edge spilled (the
+    tiles alone are searched). ConfigError when no candidate fits ``max_on_chip``."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if objective == "chips":  # an ONNX model's tile search runs on one chip
         raise ConfigError("objective 'chips' applies to a search over chip counts (--max-chips), not to an ONNX "
                           "model's tile search")
-    kw = dict(values=values, routing=routing, **({"hardware": hardware} if hardware else {}))
+    kw = dict(values=values, routing=routing, fuse=fuse, **({"hardware": hardware} if hardware else {}))
     if space is None:
         layouts = from_onnx(source, **kw).frontend.layouts  # every streamed activation's layout
         shapes = [groups_rows_cols(lay.shape) for lay in layouts.values()]
@@ -116,7 +117,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
             continue
         points.append((symbolic_point(tiling, w), w))
         spill = converter_values(w.frontend)
-        if spill:  # the same tiling with its converters' inputs spilled (module docstring)
+        if spill and fuse:  # the same tiling with its converters' inputs spilled (module docstring)
             spilled = from_onnx(source, tiling=tiling, spill=spill, **kw)
             points.append((symbolic_point({**tiling, "spill": spill}, spilled), spilled))
     if max_on_chip is not None:

@@ -190,7 +190,8 @@ def _array_hash(trace: Mapping) -> str:
 
 def _cases(target, traces, hardware) -> list[_Case]:
     from stepsim.base.files import trace_sha256
-    from stepsim.workloads.config import build_normalized, normalize_config, resolve_hardware, resolved_trace
+    from stepsim.results.records import build_workload  # an ONNX model through the front end, as `run` builds it
+    from stepsim.workloads.config import normalize_config, resolve_hardware, resolved_trace
 
     if isinstance(target, Mapping):
         cfg = normalize_config({**target, "mode": "simulate"})
@@ -198,7 +199,7 @@ def _cases(target, traces, hardware) -> list[_Case]:
         cases = []
         for path in paths:
             one = {**cfg, "trace": str(path) if path is not None else None, "fifo_depths": None}
-            workload = build_normalized(one)
+            workload = build_workload(one)
             hw = _hardware(hardware) or resolve_hardware(one, workload)
             cases.append(_Case(workload, hw, trace_sha256(path) if path is not None else "", config=one))
         return cases
@@ -253,12 +254,13 @@ def _worker_cycles(config: dict, depths: dict) -> int | None:
     """Worker side: build and lower (once per process) the workload of ``config``; simulate it with ``depths``."""
     import json
 
-    from stepsim.workloads.config import build_normalized, resolve_hardware
+    from stepsim.results.records import build_workload
+    from stepsim.workloads.config import resolve_hardware
 
     key = json.dumps(config, sort_keys=True)
     if key not in _WORKER_CACHE:
         _WORKER_CACHE.clear()
-        workload = build_normalized(config)
+        workload = build_workload(config)
         _WORKER_CACHE[key] = _Case(workload, resolve_hardware(config, workload), "")
     return _simulate(_WORKER_CACHE[key], depths)[0]
 

@@ -126,10 +126,12 @@ from stepsim.graph.gcpause import gc_paused
 from stepsim.models.presets import is_model_file
 from stepsim.workloads.base import Workload, flop_based
 from stepsim.workloads.config import (
+    BOOL_KEYS,
     CHOICES,
     KNOBS,
     STRING_KEYS,
     build_normalized,
+    knob_where,
     normalize_config,
     resolve_hardware,
     resolved_trace,
@@ -171,7 +173,7 @@ def _f64(unit: str, *names: str) -> list[tuple]:
 #: the row's columns, (name, Arrow type, unit or None), in order (see the module docstring for their meaning)
 COLUMNS = tuple(
     _strings("run_id", "mode", "stepsim_version", "trace_path", "trace_sha256", "hardware_name")
-    + [(k, "string" if k in _STRING_KNOBS else "int64", None) for k in KNOBS]
+    + [(k, "string" if k in _STRING_KNOBS else "bool" if k in BOOL_KEYS else "int64", None) for k in KNOBS]
     + _strings("params") + _i64("cycles", "cycles")
     + _i64("bytes", "off_chip_bytes", "off_chip_bytes_read", "off_chip_bytes_written", "off_chip_bytes_measured",
            "off_chip_bytes_symbolic", "on_chip_bytes", "on_chip_bytes_active")
@@ -275,7 +277,7 @@ _PATH_KNOBS = ("trace", "hardware", "system")
 #: identity only when set, so a config that leaves them unset keeps the run id it always had (a resumed sweep
 #: finds its results; tests/records/test_resolved_knobs.py pins four ids)
 _KNOBS_IN_IDENTITY_WHEN_SET = ("op", "bytes", "algorithm", "system", "ep", "placement", "tp", "layers", "pp",
-                               "micro_batches")
+                               "micro_batches", "no_fuse", "spill")
 
 
 def program_identity(cfg: Mapping) -> str:
@@ -751,13 +753,19 @@ def _build(cfg: Mapping, source: str | None) -> Workload:
     if not is_onnx_program(cfg):
         return build_normalized(cfg, source=source)
     from stepsim.frontend import RoutingTrace, from_onnx  # the front end sits below results (docs/architecture.md)
+    from stepsim.frontend.fusion import UnknownSpillError
 
     # token ids seeded; a MoE block routed by the trace given (--trace, as the moe workload), else as its router
     # chooses on seeded inputs (teacher forcing)
     routing = "teacher"
     if cfg.get("trace") is not None:
         routing = RoutingTrace(cfg["trace"], iteration=cfg.get("iteration"), layer=cfg.get("layer"))
-    workload = from_onnx(cfg["program"], values="seeded", routing=routing)
+    spill = tuple(n.strip() for n in cfg["spill"].split(",") if n.strip()) if cfg.get("spill") else ()
+    try:
+        workload = from_onnx(cfg["program"], values="seeded", routing=routing, fuse=not cfg.get("no_fuse"),
+                             spill=spill)
+    except UnknownSpillError as exc:  # named by its flag or config key, as every other knob's error
+        raise ConfigError(f"{knob_where('spill', source)}: {exc.detail}") from None
     if cfg.get("fifo_depths") is not None:
         from stepsim.graph.depths_file import apply_depths_file
 

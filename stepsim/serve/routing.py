@@ -38,7 +38,7 @@ two windows of a 2,048-token step overlap with probability about 2 x 2048 / 3276
 the repeat of a token's experts across all layers at once (within a layer, locality holds inside the pool). The
 FFN features need only each layer's per-expert counts, which prefix counts of the pool give in O(experts) per
 layer (:func:`stepsim.kernels.serve_fast.window_features`); the rows themselves are made only for the steps the
-calibration simulates. The exact provider keeps :meth:`SyntheticRouting.route`, untouched.
+calibration simulates and for two-token steps (:func:`stepsim.serve.fast.pair_parity`). The exact provider keeps :meth:`SyntheticRouting.route`, untouched.
 :meth:`ReplayRouting.window` takes the dump's rows in order, as :meth:`ReplayRouting.route` does.
 """
 

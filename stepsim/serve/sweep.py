@@ -26,8 +26,10 @@ inside a task: the sweep's workers are the parallelism).
 
 Identity: a task's ``run_id`` is the SHA-256 of the stepsim version and every knob of the task, with each file
 (requests, a routing dump, a model config ``.json``, a hardware ``.toml``) replaced by the SHA-256 of its
-content, so moving a file keeps the id and editing it changes it. A knob left out and the same knob spelled with
-its default value are two ids (both run).
+content, so moving a file keeps the id and editing it changes it. Defaults are filled in first
+(:func:`with_defaults`: the values :func:`stepsim.serve` would use, read from its signature and the scheduler's
+per-policy defaults), so a knob left out and the same knob spelled with its default value are one id (a re-run
+reuses the row), and a changed default changes the id of every task that relied on it.
 
 Outputs in ``out``: one ``part-<run_id[:16]>.parquet`` per task (written atomically by the parent; workers write
 nothing), holding one row: ``run_id``, ``status`` (``ok`` / ``failed``), ``error_type``, ``error_message``,
@@ -189,13 +191,56 @@ def _is_file(key: str, value) -> bool:
     return True
 
 
+def with_defaults(config: dict) -> dict:
+    """``config`` with every knob :func:`stepsim.serve` defaults filled in with the value it would use: ``scheduler``,
+    ``seed`` and ``block_size`` from its signature, ``hardware`` (``DEFAULT_HARDWARE``), the policy's
+    ``max_seqs`` / ``max_batch_tokens`` / ``chunk_tokens`` (:meth:`SchedulerConfig.make`; only the knobs the policy
+    has), and ``routing = "synthetic"`` for an engine-backed run of an MoE model. Read from the live code, so a changed
+    default changes the ids of the tasks that relied on it. Knobs the run will refuse are left as given (the task
+    fails with the run's own message)."""
+    import inspect
+
+    from stepsim.serve.api import DEFAULT_HARDWARE, serve
+    from stepsim.serve.scheduler import SchedulerConfig
+
+    params = inspect.signature(serve).parameters
+    out = {key: params[key].default for key in ("scheduler", "seed", "block_size")}
+    out["hardware"] = DEFAULT_HARDWARE
+    out.update(config)
+    try:
+        policy = SchedulerConfig.make(out["scheduler"], max_num_seqs=config.get("max_seqs"),
+                                      max_num_batched_tokens=config.get("max_batch_tokens"),
+                                      chunk_tokens=config.get("chunk_tokens"), block_size=out["block_size"])
+    except (StepsimError, TypeError):  # the run refuses these knobs: a failed row, whatever its id
+        return out
+    out["max_seqs"] = policy.max_num_seqs
+    if policy.max_num_batched_tokens is not None:  # vLLM's budget; the others refuse the knob
+        out["max_batch_tokens"] = policy.max_num_batched_tokens
+    if policy.policy != "orca":  # orca refuses --chunk-tokens
+        out["chunk_tokens"] = policy.chunk_tokens
+    if out.get("fidelity") is not None and "routing" not in config and _is_moe(config.get("model")):
+        out["routing"] = "synthetic"
+    return out
+
+
+def _is_moe(model) -> bool:
+    """Whether ``model`` resolves to an MoE model (False when it does not resolve: the run refuses it)."""
+    from stepsim.models.presets import resolve_model
+
+    try:
+        return bool(resolve_model(model).is_moe)
+    except (StepsimError, OSError, TypeError, ValueError):
+        return False
+
+
 def run_identity(config: dict, *, source: Path) -> str:
-    """The task's ``run_id`` (module docstring); a ConfigError naming the knob when a file cannot be read."""
+    """The task's ``run_id`` (module docstring): of its knobs with the defaults filled in (:func:`with_defaults`);
+    a ConfigError naming the knob when a file cannot be read."""
     from stepsim._version import __version__
     from stepsim.base.files import file_sha256, stable_hash
 
     ident = {}
-    for key, value in sorted(config.items()):
+    for key, value in sorted(with_defaults(config).items()):
         if _is_file(key, value):
             try:
                 value = {"sha256": file_sha256(value)}

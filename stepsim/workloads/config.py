@@ -60,6 +60,7 @@ KNOBS: tuple[str, ...] = (
     "tiling", "tile_n", "tile_f", "tile_m", "regions", "strategy", "softmax", "compute_bw", "channel_depth",
     "fifo_depths", "hardware", "convention", "program", "routing", "kv_lengths", "kv_heads",
     "op", "bytes", "algorithm", "system", "ep", "placement", "tp", "layers", "pp", "micro_batches",
+    "no_fuse", "spill",
 )
 #: keys a config mapping may hold: the knobs plus ``mode`` (one of MODES: "metrics", "simulate", "functional" =
 #: simulate with real values, "check" = functional plus the NumPy reference comparison; used by
@@ -89,7 +90,12 @@ INT_MINIMUM: dict[str, int] = {
 INT_MAXIMUM = 2**31 - 1
 #: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
 #: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
-STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program", "routing", "kv_lengths", "system")
+STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program", "routing", "kv_lengths", "system", "spill")
+#: boolean knobs (flags): ``no_fuse`` (``--no-fuse``: an ONNX model's edges all spill)
+BOOL_KEYS = ("no_fuse",)
+#: knobs of an ONNX model only (a program that is a ``file.py:function`` refuses them): its MoE routing trace and
+#: its fusion policy (``--no-fuse``; ``--spill NAME[,NAME...]``: values whose edges spill, or ``VALUE->CONSUMER``)
+ONNX_KNOBS = ("trace", "iteration", "layer", "no_fuse", "spill")
 #: knobs used by some workloads only (absent here: used by every workload), from the kinds' registry entries
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     knob: tuple(k.name for k in KINDS.values() if knob in k.knobs)
@@ -126,6 +132,12 @@ def _prefix(source: str | None) -> str:
     return f"{source}: " if source and source != COMMAND_LINE else ""
 
 
+def knob_where(key: str, source: str | None) -> str:
+    """How an error names knob ``key`` of a config from ``source``: ``"--spill"`` on the command line, else
+    ``"file.toml: config key 'spill'"``."""
+    return f"{_prefix(source)}{_key(key, source)}"
+
+
 def _key(key: str, source: str | None) -> str:
     """How an error names a knob: the flag the user typed on the command line, else the config key."""
     return f"--{key.replace('_', '-')}" if source == COMMAND_LINE else f"config key {key!r}"
@@ -152,6 +164,10 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
         if int(value) > INT_MAXIMUM:
             raise ConfigError(f"{where} must be at most {INT_MAXIMUM:,} (2**31 - 1), got {value!r}")
         return int(value)
+    if key in BOOL_KEYS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
     if key in CHOICES:
         if not isinstance(value, str) or value not in CHOICES[key]:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, CHOICES[key]))}, got {value!r}")
@@ -170,10 +186,11 @@ def _check_applicable(cfg: dict, source: str | None) -> None:
             raise ConfigError(f"{_prefix(source)}{_key(key, source)} does not apply to workload {workload!r} "
                               f"(it applies to: {', '.join(workloads)})")
     if workload == "program" and not str(cfg.get("program") or "").endswith(".onnx"):
-        for key in ("trace", "iteration", "layer"):
+        for key in ONNX_KNOBS:
             if cfg.get(key) is not None:
+                what = "its fusion" if key in ("no_fuse", "spill") else "the routing of its MoE blocks"
                 raise ConfigError(f"{_prefix(source)}{_key(key, source)} applies to a program only when it is an "
-                                  f"ONNX model (.onnx: the routing of its MoE blocks), got {cfg.get('program')!r}")
+                                  f"ONNX model (.onnx: {what}), got {cfg.get('program')!r}")
     if workload == "program" and cfg.get("trace") is None:
         for key in ("iteration", "layer"):
             if cfg.get(key) is not None:  # no bundled trace for a model file: nothing to pick a batch from
@@ -231,6 +248,8 @@ def normalize_config(config: Mapping, *, source: str | None = None) -> dict[str,
         from stepsim.models.presets import canonical_model_name
 
         cfg["model"] = canonical_model_name(cfg["model"])
+    if cfg["no_fuse"] is False:  # the default spelled out: one run id, one record, whether given or not
+        cfg["no_fuse"] = None
     for key, value in {**WORKLOAD_DEFAULTS[cfg["workload"]], **COMMON_DEFAULTS}.items():
         if cfg[key] is None:
             cfg[key] = value

@@ -165,7 +165,7 @@ CLI_CASES = [
      E + "sweep_unknown.toml: unknown key 'tile_mm' in [fixed] (did you mean 'tile_m'?); known keys: model, hidden, "
          "intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, tile_m, regions, "
          "strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention, routing, kv_lengths, "
-         "kv_heads, op, bytes, algorithm, system, ep, placement, tp, layers, pp, micro_batches"),
+         "kv_heads, op, bytes, algorithm, system, ep, placement, tp, layers, pp, micro_batches, no_fuse, spill"),
     ("sweep sweep_type.toml --out s", 2,
      E + "sweep_type.toml (task tile_m=big): config key 'tile_m' must be an int >= 1, got 'big'"),
     ("sweep sweep_huge.toml --out s", 2,
@@ -324,8 +324,8 @@ API_CASES = [
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
      "unknown config key 'tile_mm' (did you mean 'tile_m'?); known keys: algorithm, batch_id, bytes, channel_depth, "
      "compute_bw, convention, ep, experts, fifo_depths, hardware, hidden, intermediate, iteration, kv_heads, "
-     "kv_lengths, layer, layers, micro_batches, mode, model, op, placement, pp, program, regions, routing, softmax, "
-     "strategy, system, tile_f, "
+     "kv_lengths, layer, layers, micro_batches, mode, model, no_fuse, op, placement, pp, program, regions, routing, "
+     "softmax, spill, strategy, system, tile_f, "
      "tile_m, tile_n, tiling, top_k, tp, trace, workload"),
     ("run-config-too-large", lambda G: G.run_config({"workload": "moe", "channel_depth": 2**63}), ConfigError,
      "config key 'channel_depth' must be at most 2,147,483,647 (2**31 - 1), got 9223372036854775808"),

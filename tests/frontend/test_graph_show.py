@@ -19,34 +19,37 @@ from ort_check import model, rand  # noqa: E402
 
 
 def tiny():
-    """y = Transpose(x, [1, 0, 2]) @ w, x [2, 3, 4]: one-row tiles (tile_m 1), the Transpose a reorder converter."""
-    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="t", perm=[1, 0, 2]),
+    """y = Transpose(Relu(x), [1, 0, 2]) @ w, x [2, 3, 4]: one-row tiles (tile_m 1), the Transpose a reorder
+    converter (of a computed value: a graph input's Transpose is read transposed from memory)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"),
+             helper.make_node("Transpose", ["a"], ["t"], name="t", perm=[1, 0, 2]),
              helper.make_node("MatMul", ["t", "w"], ["y"], name="y")]
     return model(nodes, {"x": [2, 3, 4]}, {"y": [3, 2, 4]}, {"w": rand((4, 4), 1)}, name="tiny")
 
 
 TINY = """\
-graph tiny: 16 operators, 19 edges
+graph tiny: 17 operators, 20 edges
 producer              consumer               stream                                layout
-LinearOffChipLoad_0   Reshape_1              Stream<Tile[fp32](1, 4)>[1, 6]        Layout(tensor 2x3x4, tile 1x1x4, loops [d0:2x1, d1:3x1])
-Reshape_1[0]          Partition_3            Stream<Tile[fp32](1, 4)>[1, 2, 3]     -
-Reshape_1[1]          -                      Stream<bool>[1, 2, 3]                 -
-SelectorSource_2      Partition_3            Stream<MultiHot(3)>[1, 2, 3]          -
-Partition_3[0]        Reassemble_5           Stream<Tile[fp32](1, 4)>[4]           -
-Partition_3[1]        Reassemble_5           Stream<Tile[fp32](1, 4)>[1]           -
-Partition_3[2]        Reassemble_5           Stream<Tile[fp32](1, 4)>[1]           -
-SelectorSource_4      Reassemble_5           Stream<MultiHot(3)>[1, 3, 2]          -
-Reassemble_5          Flatten_6              Stream<Tile[fp32](1, 4)>[1, 3, 2, 1]  -
-Flatten_6             Flatten_7              Stream<Tile[fp32](1, 4)>[1, 3, 2]     Layout(tensor 2x3x4, tile 1x1x4, loops [d1:3x1, d0:2x1])
-Flatten_7             Promote_8              Stream<Tile[fp32](1, 4)>[1, 6]        Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
-Promote_8             Promote_9              Stream<Tile[fp32](1, 4)>[1, 6, 1]     Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
-Promote_9             MapAccum_11            Stream<Tile[fp32](1, 4)>[1, 6, 1, 1]  Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
-LinearOffChipLoad_10  MapAccum_11            Stream<Tile[fp32](4, 4)>[1, 6, 1, 1]  Layout(tensor 4x4, tile 4x4, loops [d1:6x0])
-MapAccum_11           Flatten_12             Stream<Tile[fp32](1, 4)>[1, 6, 1]     -
-Flatten_12            Reshape_13             Stream<Tile[fp32](1, 4)>[1, 6]        Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
-Reshape_13[0]         Promote_14             Stream<Tile[fp32](1, 4)>[1, 3, 2]     -
-Reshape_13[1]         -                      Stream<bool>[1, 3, 2]                 -
-Promote_14            LinearOffChipStore_15  Stream<Tile[fp32](1, 4)>[1, 3, 2, 1]  -
+LinearOffChipLoad_0   Map_1                  Stream<Tile[fp32](1, 4)>[1, 6]        Layout(tensor 2x3x4, tile 1x1x4, loops [d0:2x1, d1:3x1])
+Map_1                 Reshape_2              Stream<Tile[fp32](1, 4)>[1, 6]        Layout(tensor 2x3x4, tile 1x1x4, loops [d0:2x1, d1:3x1])
+Reshape_2[0]          Partition_4            Stream<Tile[fp32](1, 4)>[1, 2, 3]     -
+Reshape_2[1]          -                      Stream<bool>[1, 2, 3]                 -
+SelectorSource_3      Partition_4            Stream<MultiHot(3)>[1, 2, 3]          -
+Partition_4[0]        Reassemble_6           Stream<Tile[fp32](1, 4)>[4]           -
+Partition_4[1]        Reassemble_6           Stream<Tile[fp32](1, 4)>[1]           -
+Partition_4[2]        Reassemble_6           Stream<Tile[fp32](1, 4)>[1]           -
+SelectorSource_5      Reassemble_6           Stream<MultiHot(3)>[1, 3, 2]          -
+Reassemble_6          Flatten_7              Stream<Tile[fp32](1, 4)>[1, 3, 2, 1]  -
+Flatten_7             Flatten_8              Stream<Tile[fp32](1, 4)>[1, 3, 2]     Layout(tensor 2x3x4, tile 1x1x4, loops [d1:3x1, d0:2x1])
+Flatten_8             Promote_9              Stream<Tile[fp32](1, 4)>[1, 6]        Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
+Promote_9             Promote_10             Stream<Tile[fp32](1, 4)>[1, 6, 1]     Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
+Promote_10            MapAccum_12            Stream<Tile[fp32](1, 4)>[1, 6, 1, 1]  Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
+LinearOffChipLoad_11  MapAccum_12            Stream<Tile[fp32](4, 4)>[1, 6, 1, 1]  Layout(tensor 4x4, tile 4x4, loops [d1:6x0])
+MapAccum_12           Flatten_13             Stream<Tile[fp32](1, 4)>[1, 6, 1]     -
+Flatten_13            Reshape_14             Stream<Tile[fp32](1, 4)>[1, 6]        Layout(tensor 3x2x4, tile 1x1x4, loops [d0:3x1, d1:2x1])
+Reshape_14[0]         Promote_15             Stream<Tile[fp32](1, 4)>[1, 3, 2]     -
+Reshape_14[1]         -                      Stream<bool>[1, 3, 2]                 -
+Promote_15            LinearOffChipStore_16  Stream<Tile[fp32](1, 4)>[1, 3, 2, 1]  -
 """
 
 

@@ -144,7 +144,9 @@ def test_gather_on_constant_table_and_indices_is_folded():
 
 
 def test_transpose_of_leading_dims_is_one_converter():
-    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]), helper.make_node("Relu", ["t"], ["y"])]
+    # of a computed value (a graph input's Transpose is read transposed from memory: test_transpose_input.py)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Transpose", ["a"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Relu", ["t"], ["y"])]
     m = model(nodes, {"x": [3, 4, N]}, {"y": [4, 3, N]}, name="transpose")
     w, r, _ = check(m, {"x": rand((3, 4, N))}, 0)
     (conv,) = w.frontend.converters.values()

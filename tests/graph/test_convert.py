@@ -6,9 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from stepsim.base.errors import LayoutError
 from stepsim.graph import FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Tensor
 from stepsim.graph.layout import Layout, Loop, converter_buffer
 from stepsim.graph.ops_convert import ConverterPartition, convert, slot_schedule
@@ -74,16 +72,3 @@ def test_random_pairs_arrive_in_the_consumers_order():
         part = next(op for op in g if isinstance(op, ConverterPartition))
         assert part.on_chip_bytes() == size.bytes
         done += 1
-
-
-def test_retiling_is_a_one_line_error():
-    with pytest.raises(LayoutError) as err:
-        g = Graph("retile")
-        p = Layout.ordered((8, 8), (2, 2))
-        load = LinearOffChipLoad(g, Tensor("x", (8, 8), FP32), (2, 2), *p.tile_view())
-        convert(g, load, p, Layout.ordered((8, 8), (4, 4)), producer_name=load.name, consumer_name="matmul_3")
-    assert str(err.value) == (
-        "no converter from LinearOffChipLoad_0 Layout(tensor 8x8, tile 2x2, loops [d0:4x2, d1:4x2]) to matmul_3 "
-        "Layout(tensor 8x8, tile 4x4, loops [d0:2x4, d1:2x4]): the tile shapes differ and the consumer's tiles are "
-        "not runs of the producer's in its order (other re-tilings are not minimal with STeP's units; spill the edge "
-        "instead)")

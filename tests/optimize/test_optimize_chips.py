@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from small_routing import write_small_routing
 
 from stepsim.base.errors import ConfigError
 from stepsim.base.system import System
@@ -31,11 +31,7 @@ SPACE = [{"tiling": ("dynamic",), "tile_f": (64, 256)},
 
 @pytest.fixture
 def trace(tmp_path):
-    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    path = tmp_path / "routing.npz"
-    np.savez(path, data=routing)
-    return str(path)
+    return write_small_routing(tmp_path)[0]
 
 
 def _exhaustive_within_budget(result) -> tuple[list, dict]:
@@ -198,9 +194,7 @@ def test_cli_default_space_over_chips(tmp_path, capsys):
     (24 one-chip candidates: dynamic and static tile_n 1..16 at tile_f 32, with and without regions 1, 2, 4) plus on
     2 chips the 6 tilings, without regions and with regions 2 or 4 (the multiples of 2), x 3 placements (54); the
     JSON report and optimize.json agree."""
-    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8
-    np.savez(tmp_path / "r.npz", data=routing)
+    write_small_routing(tmp_path, "r.npz")
     out = tmp_path / "o"
     assert main(["optimize", "moe", "--model", "custom", "--hidden", "16", "--intermediate", "32", "--experts", "8",
                  "--top-k", "2", "--trace", str(tmp_path / "r.npz"), "--max-chips", "2", "--jobs", "1",

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from small_routing import write_small_routing
 
 from stepsim.base.system import System
 from stepsim.optimize import optimize
@@ -26,11 +27,7 @@ PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 
 @pytest.fixture
 def trace(tmp_path):
-    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    path = tmp_path / "routing.npz"
-    np.savez(path, data=routing)
-    return str(path)
+    return write_small_routing(tmp_path)[0]
 
 
 @pytest.mark.parametrize("axes, max_chips, kw, combos", [

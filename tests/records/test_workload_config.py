@@ -9,13 +9,14 @@ from stepsim.cli.args import build_workload
 from stepsim.workloads.config import KNOBS, KNOWN_KEYS, bundled_trace, normalize_config, workload_from_config
 
 KNOWN = ("algorithm, batch_id, bytes, channel_depth, compute_bw, convention, ep, experts, fifo_depths, hardware, "
-         "hidden, intermediate, iteration, kv_heads, kv_lengths, layer, layers, micro_batches, mode, model, op, "
-         "placement, pp, program, regions, routing, softmax, strategy, system, tile_f, tile_m, tile_n, tiling, top_k, tp, trace, workload")
+         "hidden, intermediate, iteration, kv_heads, kv_lengths, layer, layers, micro_batches, mode, model, no_fuse, "
+         "op, placement, pp, program, regions, routing, softmax, spill, strategy, system, tile_f, tile_m, tile_n, "
+         "tiling, top_k, tp, trace, workload")
 
 
 def test_known_keys_are_the_cli_knobs_plus_mode():
-    assert len(KNOBS) == 36 and KNOWN_KEYS == set(KNOBS) | {"mode"}  # 26 + op, bytes, algorithm, system, ep, placement, tp,
-    # layers, pp, micro_batches
+    assert len(KNOBS) == 38 and KNOWN_KEYS == set(KNOBS) | {"mode"}  # 26 + op, bytes, algorithm, system, ep, placement, tp,
+    # layers, pp, micro_batches, no_fuse, spill
     assert ", ".join(sorted(KNOWN_KEYS)) == KNOWN
 
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ref_random_programs import random_program
 from shared_traces_folder import require_shared_traces
+from small_routing import write_small_routing
 
 from stepsim.base.errors import DeadlockError, SimulationError
 from stepsim.base.hardware import Hardware
@@ -60,9 +61,7 @@ def test_random_multichip_programs_do_reuse_scans():
 def test_expert_parallel_time_multiplexed_layer(tmp_path):
     """A small ``--ep 4 --regions 4`` MoE layer on a 4-chip ring: the reference engine agrees, and the engine
     gives the same events (pinned: as before the reuse) with a fraction of the scans."""
-    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    np.savez(tmp_path / "routing.npz", data=routing)
+    write_small_routing(tmp_path)
     w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 8,
                               "top_k": 2, "trace": str(tmp_path / "routing.npz"), "tile_n": 4, "regions": 4,
                               "ep": 4, "placement": "load-balanced", "system": "ring-4"})

@@ -1,6 +1,7 @@
 """The fast provider's per-step path (stepsim/kernels/serve_fast.py, SyntheticRouting.window): the machine-code
 draws follow the synthetic model's law, a routing window's features are those of its rows, the provider's
-regressors are the calibration's float for float, and the fast path is seeded."""
+regressors are the calibration's float for float (two-token steps too, whose column reads the rows), and the fast
+path is seeded; the engine facts behind the two-token column."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from test_exact import SMALL
 from stepsim.base.hardware import PRESETS
 from stepsim.kernels.serve_fast import alias_tables, draw_routing
 from stepsim.models.presets import resolve_model
-from stepsim.serve.fast import FastLatency, features, ffn_regressors, metric_forms, regressors
+from stepsim.serve.fast import FastLatency, features, ffn_regressors, metric_forms, pair_parity, regressors
 from stepsim.serve.latency import IterationBatch
 from stepsim.serve.layers import KINDS, KV_TILE
 from stepsim.serve.routing import POOL_TOKENS, ReplayRouting, SyntheticRouting, sorted_counts
@@ -174,3 +175,52 @@ def test_without_coefficients_every_piece_is_priced_at_its_bound(tmp_path):
         tasks, _ = pieces.tasks(batch, ffn())
         expected.append(sum(bound(kind, data) for kind, data in tasks if kind == "ffn"))
     assert got == expected
+
+
+def test_pair_parity_is_whether_two_tokens_share_an_odd_number_of_experts():
+    first = np.array([[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [7, 6, 5, 4]])
+    second = np.array([[4, 5, 6, 7], [3, 9, 8, 10], [1, 0, 9, 8], [4, 5, 6, 7]])  # shared: 0, 1, 2, 4
+    assert pair_parity(np.stack([first, second])).tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert pair_parity(np.stack([first, second, first])).tolist() == [0.0] * 4  # 3 tokens: no column
+    assert pair_parity(first[None]).tolist() == [0.0] * 4
+
+
+def test_two_token_steps_regressors_are_the_calibrations(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps(SMALL))
+    model = resolve_model(str(tmp_path / "m.json"))
+    p = FastLatency(model, PRESETS["sn40l"], SyntheticRouting(model.experts, model.top_k, model.layers, seed=0),
+                    max_model_len=4096, vocab=1000, forms=None)
+    p.forms = {k: metric_forms(k, p.spec) for k in KINDS}
+    seen = []
+    for _ in range(30):
+        x, ffn = p.ffn_rows(2)
+        tasks, _ = p.tasks(IterationBatch([5, 9], [1, 1], 0, 0), ffn())
+        pieces = np.stack([data for kind, data in tasks if kind == "ffn"], axis=1)
+        assert np.array_equal(ffn_regressors(pieces, p.forms["ffn"], p.spec), x)
+        seen += x[:, -1].tolist()
+    assert set(seen) == {0.0, 1.0}
+
+
+@pytest.mark.slow
+def test_two_token_moe_cycles_follow_the_shared_experts_not_their_ids():
+    """Why :func:`stepsim.serve.fast.pair_parity` exists: on the Qwen3-30B-A3B shape (sn40l) a two-token MoE
+    layer's cycles do not move when every expert id shifts or the second token's unshared experts change, but do
+    with how many experts the tokens share, not monotonically (6: 132,759; 7: 70,319; 8: 101,672), and with which
+    token has the lower ids; one token takes 150,316 whatever its experts."""
+    from pathlib import Path
+
+    from stepsim.serve.exact import layer_task, max_kv_rows
+    from stepsim.serve.layers import LayerSpec
+
+    model = resolve_model(str(Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-4layers.json"))
+    spec = LayerSpec(model, PRESETS["sn40l"], max_kv_rows(40960))
+
+    def cycles(rows):
+        return layer_task(spec, "ffn", np.array(rows, dtype=np.int64))[0]
+
+    a = list(range(8))
+    assert {cycles([a, a[:6] + [o, o + 1]]) for o in (8, 58, 100)} == {132759}
+    assert {cycles([[e + d for e in a], [e + d for e in a[:6] + [8, 9]]]) for d in (1, 25, 100)} == {132759}
+    assert [cycles([a, a[:s] + list(range(8, 16 - s))]) for s in (7, 8)] == [70319, 101672]
+    assert [cycles([a, list(range(8, 16))]), cycles([list(range(8, 16)), a])] == [107864, 111910]
+    assert {cycles([a]), cycles([list(range(120, 128))])} == {150316}

@@ -11,6 +11,8 @@ from serve_requests import requests_file
 
 import stepsim
 from stepsim.cli import main
+from stepsim.serve import api as serve_api
+from stepsim.serve import scheduler as scheduler_module
 from stepsim.serve.sweep import config_of, load_serve_sweep, read_serve_sweep, run_identity, run_serve_sweep
 
 T = 2.0**-6  # binary-exact step time (s)
@@ -128,7 +130,7 @@ def test_run_identity_follows_every_knob_and_the_files_content_not_their_path(sw
     base = run_identity(config, source=src)
     assert run_identity({**config, "requests": str(tmp_path / "copy.parquet")}, source=src) == base
     assert run_identity({**config, "iteration_latency": 2 * T}, source=src) != base
-    assert run_identity({**config, "seed": 0}, source=src) != base  # a default spelled out is another id
+    assert run_identity({**config, "seed": 1}, source=src) != base
     requests_file(tmp_path / "copy.parquet", [0.0], [1], [1])
     assert run_identity({**config, "requests": str(tmp_path / "copy.parquet")}, source=src) != base
     assert len(base) == 64
@@ -235,3 +237,46 @@ def test_fail_fast_and_force_are_refused_for_a_serving_sweep(sweep, tmp_path, ca
     assert capsys.readouterr().err == ("stepsim: error: --force lifts the run-size limit of workload sweeps; a "
                                        "serving sweep has none\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_default_spelled_out_is_the_same_run_id_and_a_changed_default_another(sweep, tmp_path, monkeypatch):
+    sweep()
+    src = tmp_path / "s.toml"
+    config = {"model": "qwen3-30b-a3b", "requests": str(tmp_path / "t.parquet"), "iteration_latency": T}
+    base = run_identity(config, source=src)
+    spelled = {"scheduler": "vllm", "seed": 0, "block_size": 16, "hardware": "sn40l", "max_seqs": 128,
+               "max_batch_tokens": 2048, "chunk_tokens": 0}
+    for key, value in spelled.items():
+        assert run_identity({**config, key: value}, source=src) == base, key
+    assert run_identity({**config, **spelled}, source=src) == base
+    assert run_identity({**config, "max_seqs": 64}, source=src) != base
+    # per policy: sarathi's chunk defaults to 512, orca has none
+    sarathi = run_identity({**config, "scheduler": "sarathi"}, source=src)
+    assert run_identity({**config, "scheduler": "sarathi", "chunk_tokens": 512}, source=src) == sarathi
+    assert run_identity({**config, "scheduler": "sarathi", "chunk_tokens": 256}, source=src) != sarathi
+    assert run_identity({**config, "scheduler": "orca", "max_seqs": 128}, source=src) == run_identity(
+        {**config, "scheduler": "orca"}, source=src)
+    # an engine-backed run of an MoE model routes synthetically unless told otherwise
+    fast = {**config, "fidelity": "fast"}
+    del fast["iteration_latency"]
+    assert run_identity({**fast, "routing": "synthetic"}, source=src) == run_identity(fast, source=src)
+    # a changed default changes the id of a task that relied on it, not of one that spelled the value
+    monkeypatch.setattr(scheduler_module, "VLLM_MAX_SEQS", 64)
+    assert run_identity(config, source=src) == run_identity({**config, "max_seqs": 64}, source=src) != base
+    assert run_identity({**config, "max_seqs": 128}, source=src) == base
+    monkeypatch.setitem(serve_api.serve.__kwdefaults__, "seed", 1)  # stepsim.serve's signature
+    assert run_identity({**config, "max_seqs": 128}, source=src) == run_identity(
+        {**config, "max_seqs": 128, "seed": 1}, source=src) != base
+
+
+def test_a_rerun_spelling_the_defaults_reuses_the_rows(sweep, tmp_path, capsys):
+    path = sweep()
+    assert main(["sweep", str(path), "--jobs", "1"]) == 0
+    capsys.readouterr()
+    files = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    text = path.read_text().replace("[axes]", "seed = 0\nblock_size = 16\nhardware = \"sn40l\"\n[axes]")
+    path.write_text(text)
+    assert main(["sweep", str(path), "--jobs", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"serving sweep -> {tmp_path / 'out'}: 6 task(s), 0 run, 6 already done, 0 failed")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == files

@@ -321,7 +321,7 @@ def test_the_system_providers_regressors_are_the_calibrations(small_moe):
     for tokens in (1, 2, 3, 17, 40):
         x, ffn = p.ffn_rows(tokens)
         pieces = [data for _, data in ffn()]
-        assert x.shape == (2, 8 + 8 + 3)
+        assert x.shape == (2, 8 + 8 + 1 + 3)
         assert np.array_equal(ffn_regressors(np.stack(pieces, axis=1), p.forms["ffn"], p.spec), x)
         for layer, data in enumerate(pieces):
             assert np.array_equal(regressors("ffn", data, p.forms["ffn"], p.spec), x[layer])

@@ -134,7 +134,7 @@ def test_a_sweep_without_axes_is_one_task(tmp_path):
 
 KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, batch_id, tiling, tile_n, tile_f, "
          "tile_m, regions, strategy, softmax, compute_bw, channel_depth, fifo_depths, hardware, convention, routing, "
-         "kv_lengths, kv_heads, op, bytes, algorithm, system, ep, placement, tp, layers, pp, micro_batches")
+         "kv_lengths, kv_heads, op, bytes, algorithm, system, ep, placement, tp, layers, pp, micro_batches, no_fuse, spill")
 
 
 @pytest.mark.parametrize("text, message", [

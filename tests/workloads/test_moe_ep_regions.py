@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from shared_traces_folder import require_shared_traces
+from small_routing import write_small_routing
 
 from stepsim.base.errors import ConfigError
 from stepsim.graph.lower import lower
@@ -33,11 +34,7 @@ def test_region_members_take_each_chips_experts_in_id_order():
 
 @pytest.fixture
 def trace(tmp_path):
-    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    path = tmp_path / "routing.npz"
-    np.savez(path, data=routing)
-    return str(path), routing
+    return write_small_routing(tmp_path)
 
 
 def _config(path, **kw):

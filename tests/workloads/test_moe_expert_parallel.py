@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from small_routing import write_small_routing
 
 from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.cli import main
@@ -52,11 +53,7 @@ def test_bad_placements_are_one_line(chips, placement, message):
 
 @pytest.fixture
 def trace(tmp_path):
-    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    path = tmp_path / "routing.npz"
-    np.savez(path, data=routing)
-    return str(path), routing
+    return write_small_routing(tmp_path)
 
 
 def _config(path, **kw):

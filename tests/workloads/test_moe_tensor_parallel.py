@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_routing import write_small_routing
 
 from stepsim.base.errors import ConfigError
 from stepsim.graph.lower import lower
@@ -21,11 +22,7 @@ Y_BYTES = 24 * 16 * 2  # y's 24 rows of D = 16, timed at 2 bytes a value (fp32 s
 
 @pytest.fixture
 def trace(tmp_path):
-    routing = np.random.default_rng(3).integers(0, 8, size=(24, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    path = tmp_path / "routing.npz"
-    np.savez(path, data=routing)
-    return str(path), routing
+    return write_small_routing(tmp_path)
 
 
 def _config(path, **kw):

@@ -11,5 +11,7 @@ from stepsim.workloads.kind import WorkloadKind
 
 _HERE = __name__
 
-# trace / iteration / layer: an ONNX model's MoE routing, read as the moe kind reads its trace (only for .onnx)
-KIND = WorkloadKind("program", knobs=("program", "trace", "iteration", "layer"), build=f"{_HERE}.build:from_config")
+# trace / iteration / layer: an ONNX model's MoE routing, read as the moe kind reads its trace; no_fuse / spill: its
+# fusion policy (stepsim.frontend.fusion); only for .onnx
+KIND = WorkloadKind("program", knobs=("program", "trace", "iteration", "layer", "no_fuse", "spill"),
+                    build=f"{_HERE}.build:from_config")
