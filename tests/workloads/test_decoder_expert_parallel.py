@@ -375,3 +375,32 @@ def test_cli_functional_check_passes(small_layer, capsys, flags, cycles):
     row = json.loads(capsys.readouterr().out)
     assert (row["cycles"], row["check_passed"]) == (cycles, True)
     assert row["check_max_rel_error"] < row["check_tolerance"]
+
+
+@pytest.mark.parametrize("placement", ["contiguous", "load-balanced"])
+def test_tp_x_ep_link_bytes_are_the_collectives_and_the_trace_pairs(placement):
+    """--tp 2 --ep 2, 4 KV heads on the 4 chips (ring collectives): link c -> c+1 carries the reduce-scatter's 3
+    chunks of 2 rows; the chips of a group swap their 2-row chunks of the shard (the gather) and run a 2-chip ring
+    all-reduce of their 4 rows (one 2-row chunk each way in each half); rank t's all-to-all moves one row each way
+    per (token, expert in the other group) pair between chips ``g 2 + t``."""
+    routing = _routing()
+    w = _build(QWEN_EP, routing, tp=2, ep=2, placement=placement)
+    group_of = [chip // 2 for chip in w.params["expert_chips"]]
+    expected: dict[str, int] = {}
+
+    def add(a, b, rows):
+        expected[f"chip{a}->chip{b}"] = expected.get(f"chip{a}->chip{b}", 0) + rows * ROW
+
+    for c in range(4):
+        add(c, (c + 1) % 4, 3 * 2)  # the attention's reduce-scatter
+    for s in range(2):
+        add(2 * s, 2 * s + 1, 2 + 2 * 2)  # the gather, then the all-reduce (2 halves of one 2-row chunk)
+        add(2 * s + 1, 2 * s, 2 + 2 * 2)
+    for token, experts in enumerate(routing):
+        home = token // 4
+        for e in experts:
+            if group_of[e] != home:
+                for t in range(2):
+                    add(home * 2 + t, group_of[e] * 2 + t, 1)
+                    add(group_of[e] * 2 + t, home * 2 + t, 1)
+    assert {k: b for k, b in w.params["link_bytes"].items() if b} == expected
