@@ -181,7 +181,7 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
         batch = len(load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"]))
         model = resolve_model(cfg["model"])
         stages = space.default_decoder_stages(model, batch)
-        if max_chips is not None:  # tp in the FFN stage, with the strategies the one-chip stage 1 keeps
+        if max_chips is not None:  # tp, ep in the FFN stage, with the strategies the one-chip stage 1 keeps
             from stepsim.optimize.chips import parallel_grids
             from stepsim.workloads.kinds import kind
 
@@ -233,7 +233,7 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     max_chips : int, optional
         Chip-count budget: search the parallel axes (tensor and expert parallelism and the placement, and
         pipeline parallelism for a kind that declares it, on the ``system`` knob's chips scaled to each count)
-        up to this many chips in all (the decoder: ``tp`` in its FFN stage), and add the chip count to the front's
+        up to this many chips in all (the decoder: ``tp`` or ``ep`` in its FFN stage), and add the chip count to the front's
         objectives (:mod:`stepsim.optimize.chips`); candidates on more chips are over budget.
     space : str, Path or list of dict, optional
         A space file (:mod:`stepsim.optimize.space`) or grids ``[{knob: values}]``; default: the documented

@@ -17,8 +17,10 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   ``moe``, ``decoder``); a stack of ``layers > 1`` combines with neither ``tp`` nor ``ep`` (its builders refuse
   both), so its candidates are pipelines alone; without ``--system`` each runs on the default fully connected
   chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
-* the decoder layer (``tp``): searched in its second stage (the FFN grid with the attention strategies the
-  one-chip first stage keeps), ``tp`` also dividing its KV heads;
+* the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
+  one-chip first stage keeps), ``tp`` also dividing its KV heads, ``ep`` and ``tp x ep`` dividing them or a
+  multiple of them, ``ep`` dividing the batch (the attention's reduce-scatter cuts equal shards)
+  (:mod:`stepsim.workloads.decoder.expert_parallel`);
 * the tile axes of the single-chip space (:func:`stepsim.optimize.space.default_moe_grids`), its
   time-multiplexed ``regions`` kept where they are a multiple of ``ep`` (each chip time-multiplexes its experts
   on ``regions / ep`` regions, :func:`stepsim.workloads.moe.parallel.region_members`).
@@ -124,12 +126,16 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     """The ``{axis: chips}`` of every multi-chip candidate (module docstring), fewest chips first (ties: ``ep``
     alone, then more ``tp``, then ``pp``). ``axes``: the kind's parallel axes; ``widths``: the column counts
     ``tp`` must divide (zero widths ignored); ``batch``: tokens; ``layers``: the stack's layers (``pp``);
-    ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none).
+    ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none, the MoE layer); with heads,
+    ``ep`` and ``tp x ep`` divide the KV heads or are a multiple of them, and ``ep`` divides the batch (the
+    decoder's ``--ep``, whose attention splits the KV heads over every chip).
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
     [{'ep': 2}, {'tp': 2}, {'ep': 4}, {'tp': 2, 'ep': 2}, {'tp': 4}]
     """
-    values = {"ep": chip_counts(experts, max_chips) if "ep" in axes else [],
+    values = {"ep": [n for n in chip_counts(experts, max_chips)
+                     if not heads or ((heads % n == 0 or n % heads == 0) and batch % n == 0)]
+              if "ep" in axes else [],
               "tp": [n for n in range(2, max_chips + 1)
                      if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
               if "tp" in axes else [],
@@ -141,7 +147,8 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
         for ep in [1, *values["ep"]]:
             for pp in [1, *values["pp"]]:
                 chips = tp * ep * pp
-                if chips == 1 or chips > max_chips or (tp > 1 and ep > 1 and batch % (tp * ep)):
+                if chips == 1 or chips > max_chips or (tp > 1 and ep > 1 and (
+                        batch % (tp * ep) or (heads and heads % chips and chips % heads))):
                     continue
                 if system is not None and not scalable(system) and chips != system.chips:
                     continue

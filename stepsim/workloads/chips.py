@@ -64,10 +64,29 @@ def all_reduce_partials(graph, net, tp: int, partial_of, elems: int, *, algorith
     :func:`stepsim.workloads.collective.build.all_reduce_streams` (operator names start with ``prefix``).
     Returns ``{(c, k): stream}``, the reduced chunk k on chip c.
     """
+    from stepsim.workloads.collective.build import all_reduce_streams
+
+    chunks = _cut_partials(graph, tp, partial_of, elems)
+    return all_reduce_streams(graph, net, chunks, algorithm, compute_bw=compute_bw, prefix=prefix)
+
+
+def reduce_scatter_partials(graph, net, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
+                            prefix: str = "reducescatter.") -> dict:
+    """:func:`all_reduce_partials` without its all-gather: the chunks are reduce-scattered
+    (:func:`stepsim.workloads.collective.build.reduce_scatter_streams`). Returns ``{c: stream}``, the sum over
+    chips of chunk c (elements ``c elems / tp ..``), on chip c."""
+    from stepsim.workloads.collective.build import reduce_scatter_streams
+
+    chunks = _cut_partials(graph, tp, partial_of, elems)
+    return reduce_scatter_streams(graph, net, chunks, algorithm, compute_bw=compute_bw, prefix=prefix)
+
+
+def _cut_partials(graph, tp: int, partial_of, elems: int) -> dict:
+    """Every chip's partial (built on its chip) cut into ``tp`` chunks: ``{(c, k): stream}`` (see
+    :func:`all_reduce_partials` for the chunks' FIFO depth)."""
     import numpy as np
 
     from stepsim.graph import Partition, SelectorSource
-    from stepsim.workloads.collective.build import all_reduce_streams
 
     per_chunk = elems // tp
     select = np.zeros((elems, tp), np.int8)
@@ -83,7 +102,7 @@ def all_reduce_partials(graph, net, tp: int, partial_of, elems: int, *, algorith
 
     for c in range(tp):
         on_chip(graph, c, cut, c)
-    return all_reduce_streams(graph, net, chunks, algorithm, compute_bw=compute_bw, prefix=prefix)
+    return chunks
 
 
 def link_bytes(graph, net) -> dict[str, int]:

@@ -132,9 +132,11 @@ def decoder_layer(tmp_path) -> dict:
             "kv_lengths": str(tmp_path / "kv.npy")}
 
 
-def test_the_decoder_searches_tp_in_its_ffn_stage(decoder_layer):
-    """--max-chips 4 on 2 KV heads: tp 2 only (tp 4 does not split the heads); tile_f 32 (2 x 32 divides the
-    experts' 64 columns, 2 x 64 does not); no regions with tp. Stage 1 (the strategies) stays on one chip."""
+def test_the_decoder_searches_tp_and_ep_in_its_ffn_stage(decoder_layer):
+    """--max-chips 4 on 2 KV heads: ep 2, tp 2, ep 4 and tp 2 x ep 2 (tp 4 does not split the heads; the decoder's
+    ep 4 runs the attention on 2 of 4 chips); with ep every tile_f, the three placements and the regions that are a
+    multiple of ep; with tp tile_f 32 (2 x 32 divides the experts' 64 columns, 2 x 64 does not), no regions. Stage 1
+    (the strategies) stays on one chip."""
     from stepsim.optimize import _default_stages
     from stepsim.workloads.config import normalize_config
 
@@ -142,9 +144,21 @@ def test_the_decoder_searches_tp_in_its_ffn_stage(decoder_layer):
     one = _default_stages(cfg)
     stages = _default_stages(cfg, max_chips=4)
     assert stages[0] == one[0] and stages[1][1][:len(one[1][1])] == one[1][1]
+    static = {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16)}
     assert stages[1][1][len(one[1][1]):] == [
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (2,), "placement": PLACEMENTS},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (2, 4), "ep": (2,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "ep": (2,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "regions": (2, 4), "ep": (2,), "placement": PLACEMENTS},
         {"tiling": ("dynamic",), "tile_f": (32,), "tp": (2,)},
-        {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32,), "tp": (2,)}]
+        {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32,), "tp": (2,)},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "ep": (4,), "placement": PLACEMENTS},
+        {"tiling": ("dynamic",), "tile_f": (32, 64), "regions": (4,), "ep": (4,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "ep": (4,), "placement": PLACEMENTS},
+        {**static, "tile_f": (32, 64), "regions": (4,), "ep": (4,), "placement": PLACEMENTS},
+        {"tiling": ("dynamic",), "tile_f": (32,), "tp": (2,), "ep": (2,), "placement": PLACEMENTS},
+        {"tiling": ("static",), "tile_n": (1, 2, 4, 8, 16), "tile_f": (32,), "tp": (2,), "ep": (2,),
+         "placement": PLACEMENTS}]
 
 
 def test_decoder_tp_candidates_keep_the_bound_and_the_exhaustive_front(decoder_layer, tmp_path, serial,
@@ -164,6 +178,30 @@ def test_decoder_tp_candidates_keep_the_bound_and_the_exhaustive_front(decoder_l
     # this small layer is latency-bound: the two all-reduces' hops make tp 2 slower than one chip (off the front)
     assert [(c.cycles, c.chips, c.config["strategy"]) for c in r.front] == [(2397, 1, "dynamic"), (5436, 1, "coarse")]
     assert [(p["tp"], p["ep"], p["pp"]) for p in r.to_json()["pareto"]] == [(1, 1, 1), (1, 1, 1)]
+
+
+def test_decoder_ep_candidates_keep_the_bound_and_the_exhaustive_front(decoder_layer, tmp_path, serial,
+                                                                        exhaustive_front):
+    """A decoder space over one and two chips with ep 2 (its KV heads reduce-scattered, its tokens dispatched to
+    their experts' chips by the sharded all-to-all; every placement): every bound holds on its run and the pruned
+    front equals the exhaustive one."""
+    base = {k: v for k, v in decoder_layer.items() if k != "workload"}
+    space = [{"strategy": ("dynamic",), "tiling": ("static",), "tile_n": (4,), "tile_f": (32,)},
+             {"strategy": ("dynamic",), "tiling": ("static",), "tile_n": (4,), "tile_f": (32,), "ep": (2,),
+              "placement": PLACEMENTS}]
+    r = optimize("decoder", out=tmp_path / "opt", executor=serial, max_chips=2, space=space, **base)
+    front, cycles = exhaustive_front(r)
+    assert sorted((c.run_id, *c.objectives) for c in r.front) == front
+    assert [(c.chips, c.config.get("placement"), c.status, c.lower_bound, cycles[c.run_id])
+            for c in r.candidate_list] == [
+        (1, None, "simulated", 1133, 2397), (2, "contiguous", "simulated", 1101, 3585),
+        (2, "round-robin", "simulated", 1101, 3581), (2, "load-balanced", "simulated", 1101, 3556)]
+    # latency-bound like tp 2 above; the load-balanced ep 2 stays on the front by its on-chip bytes
+    assert [c.objectives for c in r.candidate_list] == [(2397, 240578, 368640, 1), (3585, 239300, 417792, 2),
+                                                        (3581, 239300, 417792, 2), (3556, 239300, 417792, 2)]
+    assert [(c.cycles, c.chips, c.config.get("placement")) for c in r.front] == [(2397, 1, None),
+                                                                                (3556, 2, "load-balanced")]
+    assert [(p["tp"], p["ep"], p["pp"]) for p in r.to_json()["pareto"]] == [(1, 1, 1), (1, 2, 1)]
 
 
 def test_a_stack_searches_pipeline_stages_on_default_chips(trace, tmp_path, serial, exhaustive_front):

@@ -137,9 +137,8 @@ def traces(shared_traces):
 @pytest.mark.parametrize("extra, message", [
     ({"tp": 3}, "--tp 3: the 4 KV heads (--kv-heads) must split evenly over 3 chips"),
     ({"tp": 4, "system": "ring-2"}, "--tp 4 needs a system of 4 chips; system 'ring-2' has 2"),
-    ({"system": "ring-2"}, "--system and --algorithm apply to the decoder layer with --tp N (tensor parallelism)"),
-    ({"algorithm": "direct"}, "--system and --algorithm apply to the decoder layer with --tp N (tensor "
-                              "parallelism)"),
+    ({"system": "ring-2"}, "--system and --algorithm apply to the decoder layer with --tp N or --ep N"),
+    ({"algorithm": "direct"}, "--system and --algorithm apply to the decoder layer with --tp N or --ep N"),
     ({"tp": 2, "system": "ring-2", "hardware": "sn40l"}, "--hardware does not apply with --system: the system file "
                                                          "names the chips' hardware"),
 ])

@@ -68,7 +68,7 @@ def test_parallel_axes_are_declared_knobs():
     from stepsim.workloads.kind import PARALLEL_AXES
 
     assert {name: k.parallel for name, k in KINDS.items() if k.parallel} == {
-        "moe": ("tp", "ep", "pp"), "swiglu": ("tp", "pp"), "decoder": ("tp", "pp")}
+        "moe": ("tp", "ep", "pp"), "swiglu": ("tp", "pp"), "decoder": ("tp", "ep", "pp")}
     for k in KINDS.values():
         assert set(k.parallel) <= set(PARALLEL_AXES) and set(k.parallel) <= set(k.knobs), k.name
 

@@ -176,7 +176,7 @@ def test_the_written_record_reads_back_with_the_pipeline_knobs_and_the_link(tmp_
      "--tp does not combine with --layers / --pp / --micro-batches (a stack of layers runs on one chip or as a "
      "pipeline)"),
     ({"layers": 2, "pp": 2, "system": "ring-2", "ep": 2},
-     "config key 'ep' does not apply to workload 'swiglu' (it applies to: moe)"),
+     "config key 'ep' does not apply to workload 'swiglu' (it applies to: moe, decoder)"),
     ({"layers": 2, "pp": 1, "system": "ring-2"}, "--pp must be an int >= 2 (chips), got 1"),
     ({"layers": 2, "system": "ring-2"}, "--system applies to a stack of layers with --pp N (pipeline parallelism)"),
 ])

@@ -204,6 +204,17 @@ def all_reduce_streams(graph: Graph, network: Network, chunks: dict, algorithm: 
     return out
 
 
+def reduce_scatter_streams(graph: Graph, network: Network, chunks: dict, algorithm: str = "ring", *,
+                           compute_bw: int = DEFAULT_COMPUTE_BW, prefix: str = "") -> dict:
+    """The reduce-scatter of this module inside another graph, as :func:`all_reduce_streams` (same ``chunks``,
+    network and placement rules): returns ``{c: stream}``, the sum over chips of chunk c, on chip c."""
+    if algorithm not in ALGORITHMS:
+        raise ArgumentError(f"collective algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    b = _Builder(network.system, "reduce-scatter", None, algorithm, compute_bw, graph=graph, network=network,
+                 prefix=prefix)
+    return b.reduce_scatter_ring(chunks) if algorithm == "ring" else b.reduce_scatter_direct(chunks)
+
+
 def build_collective(system: System, op: str, nbytes: int, algorithm: str = "ring", *,
                      compute_bw: int = DEFAULT_COMPUTE_BW) -> Collective:
     """Build collective ``op`` of ``nbytes`` (S) over ``system`` as a STeP graph (see the module docstring).

@@ -12,8 +12,8 @@ _HERE = __name__
 
 KIND = WorkloadKind("decoder", knobs=("model", "routing", "kv_lengths", "iteration", "layer", "batch_id", "kv_heads",
                                       "strategy", "softmax", "tiling", "tile_n", "tile_f", "regions", "compute_bw", "tp",
-                                      "system", "algorithm", "layers", "pp", "micro_batches"),
+                                      "ep", "placement", "system", "algorithm", "layers", "pp", "micro_batches"),
                     defaults={"model": "qwen3-30b-a3b", "tiling": "static", "strategy": "dynamic"}, trace="routing",
                     build=f"{_HERE}.build:from_config", inputs=f"{_HERE}.reference:inputs",
                     reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length",
-                    parallel=("tp", "pp"))
+                    parallel=("tp", "ep", "pp"))

@@ -89,7 +89,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                   regions: int | None = None, compute_bw: int = STATIC_COMPUTE_BW,
                   channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], tp: int | None = None, system=None,
                   algorithm: str = "ring", layers: int | None = None, pp: int | None = None,
-                  micro_batches: int | None = None) -> Workload:
+                  micro_batches: int | None = None, ep: int | None = None,
+                  placement: str = "contiguous") -> Workload:
     """Build one decoder layer for a decode batch (see the module docstring).
 
     Parameters
@@ -117,6 +118,10 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         ``--tp N``: the KV heads and the FFN's columns split over N chips of ``system`` (default: fully connected
         chips), an all-reduce (``algorithm``) after the output projection and one after the FFN
         (:mod:`stepsim.workloads.decoder.parallel`).
+    ep, placement
+        ``--ep N``: the KV heads split over N chips of ``system`` and reduce-scattered (``algorithm``), the MoE
+        block expert-parallel over the same chips, its experts placed by ``placement``
+        (:mod:`stepsim.workloads.decoder.expert_parallel`); chip c stores its shard's rows of y as ``y.<c>``.
     layers, pp, micro_batches : int, optional
         Any of them given: a stack of ``layers`` (default 1) decoder layers whose q / k / v are computed from
         their input (tensors ``layer<i>.*``; ``routing`` one array for every layer or a list of ``[B, top_k]``
@@ -151,6 +156,11 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     if batch % o_tile:
         raise ArgumentError(f"the decoder layer needs a batch that is a multiple of {O_TILE} (or at most "
                             f"{O_TILE}), got {batch} requests")
+    if ep is not None and stack:
+        raise ArgumentError("--ep does not combine with --layers / --pp / --micro-batches for the decoder layer yet")
+    if ep is not None and not model.is_moe:
+        raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
+                            f"(use --tp {ep})")
     if model.is_moe and routing is None:
         raise ArgumentError(f"model {model.name!r} is an MoE model: give its routing (expert ids per token)")
     if not model.is_moe and routing is not None:
@@ -200,6 +210,15 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         parallel, idle = _stack(g, model, routings, layers, pp, system, micro_batches, n_heads=n_heads, batch=batch,
                                 o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw, stage=stage)
         flat_routing = np.stack(routings) if moe is not None else None
+    elif ep is not None:
+        from stepsim.workloads.decoder.expert_parallel import expert_parallel_decoder
+
+        parallel, tile_rows = expert_parallel_decoder(
+            ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routing=routing,
+            counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw), stage=stage,
+            tp=tp)
+        if "region_experts" in parallel:  # each chip's experts time-multiplexed on its regions
+            idle = idle_groups(counts, ffn_regions, parallel["region_experts"])
     elif tp is None:
         products = _sum_pairwise(g, _heads(range(n_heads), **stage), bw)
         x = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (o_tile, d), (batch // o_tile,), (1,),
@@ -407,7 +426,8 @@ def from_config(cfg: Mapping) -> Workload:
     model = resolve_model(cfg["model"])
     stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
     if stack:
-        for flag, key in (("--tp", "tp"), ("--regions", "regions"), ("--algorithm", "algorithm")):
+        for flag, key in (("--tp", "tp"), ("--ep", "ep"), ("--placement", "placement"), ("--regions", "regions"),
+                          ("--algorithm", "algorithm")):
             if cfg.get(key) is not None:
                 raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches for the decoder "
                                     f"yet (a stack runs each layer whole on one chip, one region per expert)")
@@ -447,6 +467,16 @@ def from_config(cfg: Mapping) -> Workload:
           if cfg.get(key) is not None}
     if stack:
         kw.update(stack)
+    elif cfg.get("ep") is not None:
+        from stepsim.base.system import System
+
+        if cfg.get("system") is not None and cfg.get("hardware") is not None:
+            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+        kw.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous", algorithm=cfg.get("algorithm") or "ring",
+                  system=System.load(cfg["system"]) if cfg.get("system") is not None else None,
+                  **({"tp": cfg["tp"]} if cfg.get("tp") is not None else {}))
+    elif cfg.get("placement") is not None:
+        raise ArgumentError("--placement applies to the decoder layer with --ep N (expert parallelism)")
     elif cfg.get("tp") is not None:
         from stepsim.base.system import System
 
@@ -455,6 +485,6 @@ def from_config(cfg: Mapping) -> Workload:
         kw.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring",
                   system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
     elif cfg.get("system") is not None or cfg.get("algorithm") is not None:
-        raise ArgumentError("--system and --algorithm apply to the decoder layer with --tp N (tensor parallelism)")
+        raise ArgumentError("--system and --algorithm apply to the decoder layer with --tp N or --ep N")
     return build_decoder(model, kv, routing, strategy=cfg["strategy"], softmax=cfg["softmax"] or "plain",
                          kv_heads=cfg["kv_heads"], tiling=cfg["tiling"], **kw)

@@ -33,7 +33,9 @@ def _decoder_parts(w: Workload):
                               params=dict(batch=p["batch"], hidden=p["hidden"], intermediate=p["intermediate"],
                                           top_k=p["top_k"], experts=p["experts"], regions=p["ffn_regions"],
                                           shared_intermediate=p["shared_intermediate"],
-                                          **({"tp": p["tp"]} if p.get("tp") is not None else {})))
+                                          **({"tp": p["tp"]} if p.get("tp") is not None else {}),
+                                          **({"region_experts": p["region_experts"]} if "region_experts" in p
+                                             else {})))
     return attention, moe
 
 
@@ -141,6 +143,12 @@ def inputs(w: Workload, seed: int) -> dict:
                      for name, a in dense.items() for c in range(tp)}
         arrays.update(dense)
     arrays["x"] = seeded_normal(seed, "x", (p["batch"], p["hidden"]), 1.0, bf16=True)
+    if "shard_bounds" in p:  # --ep: chip c holds its shard's rows of x and routing weights (decoder/expert_parallel)
+        bounds = p["shard_bounds"]
+        arrays.update({f"{name}.{c}": arrays[name][lo:hi] for name in moe_ref.SHARDED
+                       for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})
+        for name in moe_ref.SHARDED:
+            del arrays[name]
     return arrays
 
 
@@ -153,6 +161,10 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         return _stack_outputs(workload, inputs)
     attention, moe = _decoder_parts(workload)
     b, q, hd = p["batch"], p["query_per_kv_head"], p["head_dim"]
+    bounds = p.get("shard_bounds")
+    if bounds is not None:  # --ep: the chips' shards of x and the routing weights put back together
+        inputs = {**inputs, **{name: np.concatenate([take_input(inputs, f"{name}.{c}", who)
+                                                     for c in range(len(bounds) - 1)]) for name in moe_ref.SHARDED}}
     outputs, o = {}, np.zeros((b, p["hidden"]))
     for h in range(p["kv_heads"]):
         prefix = f"h{h}_"
@@ -174,7 +186,12 @@ def outputs(workload: Workload, inputs: dict) -> dict:
                                          axis=0 if part == "down" else 1))
         ffn = ffn_rows(hidden, *(weight(part) for part in ("gate", "up", "down")))
     y = as_f32(ffn + hidden).astype(np.float32)
-    if tp is None:
+    if bounds is not None and tp is not None:  # --tp T --ep E: chip s T + t holds chunk k of shard s's rows
+        outputs.update({f"y{s * tp + t}.{k}": y[lo + k * (hi - lo) // tp:lo + (k + 1) * (hi - lo) // tp]
+                        for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])) for t in range(tp) for k in range(tp)})
+    elif bounds is not None:  # chip c stores its shard's rows as y.<c>
+        outputs.update({f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})
+    elif tp is None:
         outputs["y"] = y
     else:  # after the FFN's all-reduce every chip c holds rows k B/N.. of y as y<c>.<k>
         rows = y.shape[0] // tp

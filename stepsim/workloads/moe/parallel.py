@@ -93,14 +93,17 @@ def region_members(chip_of: list[int], chips: int, regions: int) -> list[list[in
 
 
 def expert_parallel(graph, model, routing, counts, chips: int, placement: str, system: System | None, *,
-                    regions: int | None, ffns, **build) -> tuple[dict, dict, dict]:
+                    regions: int | None, ffns, prelude=None, **build) -> tuple[dict, dict, dict]:
     """Build the sharded expert-parallel layer into ``graph`` (:mod:`stepsim.workloads.moe.sharded`), place it on
     the chips and route its transfers.
 
     ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
     regions (:func:`region_members`), so a chip's experts share its compute and the tokens a chip receives are
     its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
-    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. Returns
+    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. ``prelude(system)``,
+    when given, builds what runs before the layer on the same chips (the decoder's attention) and returns
+    ``(network, chips)``: the :class:`~stepsim.graph.network.Network` its transfers went through (the layer's
+    are added to it) and the chip of every operator it added (by ``op.id``). Returns
     ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles' rows, and the report
     fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes over every
     link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
@@ -113,10 +116,12 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     chip_of = place_experts(counts, chips, placement)
     members = None if regions is None else region_members(chip_of, chips, regions)
     region_chip = None if members is None else [chip_of[m[0]] for m in members]
-    op_chip, bindings, bounds, tile_rows = build_sharded(
+    net, op_chip = prelude(system) if prelude is not None else (None, {})
+    layer_chip, bindings, bounds, tile_rows = build_sharded(
         graph, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
         region_chip=region_chip, **build)
-    net = place_on_chips(graph, system, lambda op: op_chip[op.id])
+    op_chip = {**op_chip, **layer_chip}
+    net = place_on_chips(graph, system, lambda op: op_chip[op.id], network=net)
     tokens = chip_tokens(counts, chip_of, chips)
     mean = sum(tokens) / chips
     busiest = max(range(chips), key=lambda c: (tokens[c], -c))
@@ -162,7 +167,8 @@ def check_tp_ep(tp: int, ep: int, batch: int, system: System | None) -> None:
 
 
 def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, placement: str, system: System | None,
-                           algorithm: str, *, ffns_of, shared_of, compute_bw: int, **build) -> tuple[dict, dict, dict]:
+                           algorithm: str, *, ffns_of, shared_of, compute_bw: int, prelude=None, home_in_of=None,
+                           store=None, **build) -> tuple[dict, dict, dict]:
     """``--tp N --ep M``: the experts placed on M groups of N chips, each expert's F columns split over the N chips
     of its group; chips ``g N .. g N + N - 1`` form group g (``tp x ep`` chips in all).
 
@@ -177,7 +183,10 @@ def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, plac
 
     ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
     (``shard``: the model of one chip's column block, F / N columns); ``build`` are
-    its other keywords. Returns ``(bindings, tile_rows, params)`` as :func:`expert_parallel` (``expert_chips``:
+    its other keywords. The decoder layer's hooks: ``prelude(system)`` as :func:`expert_parallel`'s;
+    ``home_in_of(t)`` is rank t's ``home_in`` for build_sharded; ``store(g, t, k, stream)`` consumes the reduced
+    chunk k on chip ``g N + t`` instead of storing it in ``y<p>.<k>`` (its operators are placed on that chip).
+    Returns ``(bindings, tile_rows, params)`` as :func:`expert_parallel` (``expert_chips``:
     the first chip of each expert's group; ``chip_tokens``: the token rows every chip's experts receive) plus
     ``tp`` and ``algorithm``.
     """
@@ -199,27 +208,33 @@ def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, plac
     shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
                      top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
     group_of = place_experts(counts, ep, placement)
-    op_chip: dict[int, int] = {}
+    net, op_chip = prelude(system) if prelude is not None else (None, {})
     bindings, tile_rows, partials = {}, {}, {}
     for t in range(tp):
         start = len(graph.ops)
         ranked, rank_bindings, bounds, rows = build_sharded(
             graph, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
-            compute_bw=compute_bw,
+            compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
             home_out=lambda g, summed, t=t: partials.__setitem__((g, t), summed), **build)
         for op in graph.ops[start:]:
             op_chip[op.id] = ranked[op.id] * tp + t
         bindings.update(rank_bindings)
         tile_rows.update(rows)
-    net = Network(graph, system)
+    net = Network(graph, system) if net is None else net
     for g in range(ep):
         start = len(graph.ops)
         group = _GroupNetwork(net, [g * tp + t for t in range(tp)])
         reduced = all_reduce_partials(graph, group, tp, lambda t, g=g: partials[(g, t)], bounds[g + 1] - bounds[g],
                                       algorithm=algorithm, compute_bw=compute_bw, prefix=f"allreduce.g{g}.")
         for (t, k), stream in sorted(reduced.items()):
-            store = LinearOffChipStore(graph, stream, tensor_name=f"y{g * tp + t}.{k}")
-            store.chip = t
+            if store is None:
+                stored = LinearOffChipStore(graph, stream, tensor_name=f"y{g * tp + t}.{k}")
+                stored.chip = t
+                continue
+            before = len(graph.ops)
+            store(g, t, k, stream)
+            for op in graph.ops[before:]:
+                op.chip = t
         for op in graph.ops[start:]:  # the builder placed them by rank within the group (op.chip)
             if hasattr(op, "chip"):
                 op_chip[op.id] = g * tp + op.chip

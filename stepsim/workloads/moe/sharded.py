@@ -79,13 +79,16 @@ def shard_bounds(batch: int, chips: int) -> list[int]:
 
 def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, dynamic: bool, tile_n, tile_f: int,
                   compute_bw: int, packing_compute_bw: int, ffns, shared_ffn,
-                  region_chip: list[int] | None = None, home_out=None) -> tuple[dict, dict, list, dict]:
+                  region_chip: list[int] | None = None, home_in=None, home_out=None) -> tuple[dict, dict, list, dict]:
     """Add the sharded layer to ``g`` (module docstring); ``chip_of[e]`` is expert e's chip.
 
     ``ffns(g, packed)`` builds the experts' FFNs on their packed token tiles (``packed[e]``: expert e's) and
     returns ``(output tiles by expert, bindings, tile_rows)``; its operators carry the group ``("expert", e)``
     (on chip ``chip_of[e]``) or ``("region", r)`` (time-multiplexed regions, on chip ``region_chip[r]``).
     ``shared_ffn(g, tokens, batch)`` builds the shared experts on a chip's token rows (None without them).
+    ``home_in(c, rows)``, when given, builds chip c's ``rows`` token rows of the layer's input (its shard, in token
+    order; a stream as the load of ``x.<c>`` gives) instead of loading them from ``x.<c>`` (the decoder layer
+    computes them: :mod:`stepsim.workloads.decoder.expert_parallel`); its operators are placed on chip c.
     ``home_out(c, rows)``, when given, takes chip c's output rows (its tokens' rows of y, in token order) instead
     of storing them in ``y.<c>`` (tensor parallelism sums them over chips first).
     Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator it added (by ``op.id``),
@@ -110,8 +113,11 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         before = len(g.ops)
         rc = routing[bounds[c]:bounds[c + 1]]
         bc = rc.shape[0]
-        x = Tensor(f"x.{c}", (bc, d), BF16)
-        tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (bc, 1), (1, 1), stream_dtype=FP32), 0, 1)
+        if home_in is None:
+            x = Tensor(f"x.{c}", (bc, d), BF16)
+            tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (bc, 1), (1, 1), stream_dtype=FP32), 0, 1)
+        else:
+            tokens = home_in(c, bc)
         select = SelectorSource(g, multihot(rc, experts), experts)
         route_w = Tensor(f"routing_weights.{c}", (bc, k), BF16)
         weights = LinearOffChipLoad(g, route_w, (1, 1), (bc, k), (k, 1), stream_dtype=FP32)
