@@ -25,6 +25,47 @@ def chips_system(chips: int, system: System | None, flag: str) -> System:
     return system
 
 
+def check_stack(layers, pp, batch: int, micro_batches, unit: str) -> int | None:
+    """The checks every stack of layers (``--layers L [--pp N] [--micro-batches M]``: swiglu, moe, decoder) shares,
+    each a one-line ArgumentError: L an int >= 1; N an int >= 2 splitting the L layers into equal stages; M an int
+    >= 1 splitting the batch of ``batch`` ``unit`` (rows, tokens, requests) into equal micro-batches. Returns M, or
+    None when it is not given (each kind has its own default)."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+    if pp is not None:
+        if isinstance(pp, bool) or not isinstance(pp, int) or pp < 2:
+            raise ArgumentError(f"--pp must be an int >= 2 (chips), got {pp!r}")
+        if pp > layers:
+            raise ArgumentError(f"--pp {pp}: more stages than the {layers} layers (--layers); a stage holds at least "
+                                f"one layer")
+        if layers % pp:
+            raise ArgumentError(f"--pp {pp}: the {layers} layers (--layers) must split into {pp} stages of equal "
+                                f"size (a multiple of {pp})")
+    if micro_batches is None:
+        return None
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ArgumentError(f"--micro-batches must be an int >= 1, got {micro_batches!r}")
+    if batch % micro_batches:
+        raise ArgumentError(f"--micro-batches {micro_batches}: the batch of {batch} {unit} must split into "
+                            f"{micro_batches} equal micro-batches")
+    return micro_batches
+
+
+def stack_system(cfg, what: str) -> System | None:
+    """The system of a stack's run config (``what``: "MoE layers", "decoder layers"): loaded with ``--pp N``, which
+    needs it; one-line ArgumentErrors for ``--pp`` without ``--system``, ``--system`` without ``--pp`` and
+    ``--system`` with ``--hardware`` (the system names the chips' hardware)."""
+    if cfg.get("pp") is None and cfg.get("system") is not None:
+        raise ArgumentError(f"--system applies to a stack of {what} with --pp N (pipeline parallelism)")
+    if cfg.get("system") is not None and cfg.get("hardware") is not None:
+        raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+    if cfg.get("pp") is None:
+        return None
+    if cfg.get("system") is None:
+        raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages run on)")
+    return System.load(cfg["system"])
+
+
 def tensor_parallel(graph, system: System, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
                     store):
     """Tensor parallelism's common part: every chip computes a partial sum of the output, the collectives'

@@ -431,20 +431,13 @@ def from_config(cfg: Mapping) -> Workload:
             if cfg.get(key) is not None:
                 raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches for the decoder "
                                     f"yet (a stack runs each layer whole on one chip, one region per expert)")
-        if cfg.get("pp") is None and cfg.get("system") is not None:
-            raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
-        if cfg.get("system") is not None and cfg.get("hardware") is not None:
-            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
-        if cfg.get("pp") is not None:
-            from stepsim.base.system import System
+        from stepsim.workloads.chips import check_stack, stack_system
 
-            if cfg.get("system") is None:
-                raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages "
-                                    f"run on)")
-            stack["system"] = System.load(cfg["system"])
+        system = stack_system(cfg, "decoder layers")
+        if system is not None:
+            stack["system"] = system
         layers = stack.setdefault("layers", 1)
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-            raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+        check_stack(layers, None, 1, None, "requests")  # --layers before the traces are read
     if cfg.get("kv_lengths") is None:
         raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
                           "(config key 'kv_lengths')")

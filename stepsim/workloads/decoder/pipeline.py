@@ -34,6 +34,7 @@ from stepsim.graph import (
     Tensor,
     Tile,
 )
+from stepsim.workloads.chips import check_stack
 
 #: requests per projection tile (at most; a micro-batch's size when smaller)
 O_TILE = 32
@@ -52,23 +53,7 @@ def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int |
         raise ArgumentError("--strategy coarse does not combine with --layers / --pp / --micro-batches (its regions "
                             "load their own q / k / v tensors; a stack computes them from its input: dynamic or "
                             "interleave)")
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
-    if pp is not None:
-        if isinstance(pp, bool) or not isinstance(pp, int) or pp < 2:
-            raise ArgumentError(f"--pp must be an int >= 2 (chips), got {pp!r}")
-        if pp > layers:
-            raise ArgumentError(f"--pp {pp}: more stages than the {layers} layers (--layers); a stage holds at least "
-                                f"one layer")
-        if layers % pp:
-            raise ArgumentError(f"--pp {pp}: the {layers} layers (--layers) must split into {pp} stages of equal "
-                                f"size (a multiple of {pp})")
-    m = 1 if micro_batches is None else micro_batches
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ArgumentError(f"--micro-batches must be an int >= 1, got {micro_batches!r}")
-    if batch % m:
-        raise ArgumentError(f"--micro-batches {m}: the batch of {batch} requests must split into {m} equal "
-                            f"micro-batches")
+    m = check_stack(layers, pp, batch, micro_batches, "requests") or 1
     rows = batch // m
     o_tile = min(O_TILE, rows)
     if rows % o_tile:

@@ -679,19 +679,13 @@ def _stack_from_config(cfg: Mapping, model: MoEModel, stack: dict) -> Workload:
         if cfg.get(key) is not None:
             raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches (a stack of MoE "
                                 f"layers runs each layer whole on one chip, one region per expert)")
-    if cfg.get("pp") is None and cfg.get("system") is not None:
-        raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
-    if cfg.get("system") is not None and cfg.get("hardware") is not None:
-        raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
-    if cfg.get("pp") is not None:
-        from stepsim.base.system import System
+    from stepsim.workloads.chips import check_stack, stack_system
 
-        if cfg.get("system") is None:
-            raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages run on)")
-        stack["system"] = System.load(cfg["system"])
+    system = stack_system(cfg, "MoE layers")
+    if system is not None:
+        stack["system"] = system
     layers = stack.setdefault("layers", 1)
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
+    check_stack(layers, None, 1, None, "tokens")  # --layers before the trace is read
     routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, layers, cfg["iteration"], cfg["layer"])
     return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
                      **bandwidth_kwargs(cfg), **stack)

@@ -18,28 +18,13 @@ from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import BF16, FP32, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Reshape, Tensor
+from stepsim.workloads.chips import check_stack
 
 
 def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, tiling: str,
                    tile_n: int | None, shared: int) -> int:
     """One-line ArgumentError unless L, N and M fit the batch and tiling; returns M (default 1)."""
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
-    if pp is not None:
-        if isinstance(pp, bool) or not isinstance(pp, int) or pp < 2:
-            raise ArgumentError(f"--pp must be an int >= 2 (chips), got {pp!r}")
-        if pp > layers:
-            raise ArgumentError(f"--pp {pp}: more stages than the {layers} layers (--layers); a stage holds at least "
-                                f"one layer")
-        if layers % pp:
-            raise ArgumentError(f"--pp {pp}: the {layers} layers (--layers) must split into {pp} stages of equal "
-                                f"size (a multiple of {pp})")
-    m = 1 if micro_batches is None else micro_batches
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ArgumentError(f"--micro-batches must be an int >= 1, got {micro_batches!r}")
-    if batch % m:
-        raise ArgumentError(f"--micro-batches {m}: the batch of {batch} tokens must split into {m} equal "
-                            f"micro-batches")
+    m = check_stack(layers, pp, batch, micro_batches, "tokens") or 1
     if m > 1 and tiling != "static":
         raise ArgumentError(f"--micro-batches {m} needs --tiling static (a dynamic tile holds all of an expert's "
                             f"tokens, so it cannot end at a micro-batch)")

@@ -16,25 +16,13 @@ from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import Flatten, Graph, LinearOffChipStore, Promote, RepeatStatic
+from stepsim.workloads.chips import check_stack
 
 
 def check_pipeline(layers: int, pp: int | None, batch: int, tile_m: int, micro_batches: int | None) -> int:
     """One-line ArgumentError unless L, N and M fit the batch and tiles; returns M (default ``B / tile_m``)."""
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ArgumentError(f"--layers must be an int >= 1, got {layers!r}")
-    if pp is not None:
-        if isinstance(pp, bool) or not isinstance(pp, int) or pp < 2:
-            raise ArgumentError(f"--pp must be an int >= 2 (chips), got {pp!r}")
-        if layers % pp:
-            raise ArgumentError(f"--pp {pp}: the {layers} layers (--layers) must split into {pp} stages of equal "
-                                f"size (a multiple of {pp})")
-    if micro_batches is None:
+    if check_stack(layers, pp, batch, micro_batches, "rows") is None:
         return batch // tile_m
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ArgumentError(f"--micro-batches must be an int >= 1, got {micro_batches!r}")
-    if batch % micro_batches:
-        raise ArgumentError(f"--micro-batches {micro_batches}: the batch of {batch} rows must split into "
-                            f"{micro_batches} equal micro-batches")
     if batch // micro_batches != tile_m:
         raise ArgumentError(f"--micro-batches {micro_batches}: a micro-batch is one row tile of {batch} / "
                             f"{micro_batches} = {batch // micro_batches} rows; --tile-m must be "
