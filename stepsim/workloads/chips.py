@@ -66,6 +66,23 @@ def stack_system(cfg, what: str) -> System | None:
     return System.load(cfg["system"])
 
 
+def stack_knobs(cfg, what: str, refused: tuple[str, ...]) -> dict:
+    """A stack's knobs from a run config: ``layers`` (default 1), ``pp`` and ``micro_batches`` as given and, with
+    ``pp``, the loaded ``system``; first the one-line errors every stack's config gets before its trace is read: a
+    ``refused`` knob (one a stack of ``what``, e.g. "MoE layers", does not combine with), :func:`stack_system`'s,
+    and ``--layers``."""
+    for key in refused:
+        if cfg.get(key) is not None:
+            raise ArgumentError(f"--{key.replace('_', '-')} does not combine with --layers / --pp / --micro-batches "
+                                f"(a stack of {what} runs each layer whole on one chip, one region per expert)")
+    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
+    system = stack_system(cfg, what)
+    if system is not None:
+        stack["system"] = system
+    check_stack(stack.setdefault("layers", 1), None, 1, None, "")
+    return stack
+
+
 def tensor_parallel(graph, system: System, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
                     store):
     """Tensor parallelism's common part: every chip computes a partial sum of the output, the collectives'

@@ -132,8 +132,8 @@ def test_run_decoder_with_pp_from_the_cli(tmp_path, capsys):
     (dict(layers=2, micro_batches=2, tiling="dynamic"),
      "--micro-batches 2 needs --tiling static (a dynamic tile holds all of an expert's tokens, so it cannot end at "
      "a micro-batch)"),
-    (dict(layers=2, tp=2), "--tp does not combine with --layers / --pp / --micro-batches for the decoder yet (a "
-                           "stack runs each layer whole on one chip)"),
+    (dict(layers=2, tp=2), "--tp does not combine with --layers / --pp / --micro-batches (a stack of decoder "
+                           "layers runs each layer whole on one chip, one region per expert)"),
 ])
 def test_bad_stacks_are_one_line(kw, message):
     with pytest.raises(ArgumentError) as info:
@@ -146,8 +146,8 @@ def test_bad_stacks_are_one_line(kw, message):
     (["--layers", "2", "--system", "ring-2"],
      "--system applies to a stack of decoder layers with --pp N (pipeline parallelism)"),
     (["--layers", "2", "--pp", "2", "--system", "ring-4"], "--pp 2 needs a system of 2 chips; system 'ring-4' has 4"),
-    (["--layers", "2", "--tp", "2"], "--tp does not combine with --layers / --pp / --micro-batches for the decoder "
-                                     "yet (a stack runs each layer whole on one chip, one region per expert)"),
+    (["--layers", "2", "--tp", "2"], "--tp does not combine with --layers / --pp / --micro-batches (a stack of "
+                                     "decoder layers runs each layer whole on one chip, one region per expert)"),
 ])
 def test_bad_pp_flags_are_one_line_with_status_2(tmp_path, capsys, argv, message):
     routing, kv = tmp_path / "routing.npz", tmp_path / "kv.npy"

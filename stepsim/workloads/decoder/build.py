@@ -424,20 +424,11 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.trace_io.load import load_kv_lengths, load_routing
 
     model = resolve_model(cfg["model"])
-    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
-    if stack:
-        for flag, key in (("--tp", "tp"), ("--ep", "ep"), ("--placement", "placement"), ("--regions", "regions"),
-                          ("--algorithm", "algorithm")):
-            if cfg.get(key) is not None:
-                raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches for the decoder "
-                                    f"yet (a stack runs each layer whole on one chip, one region per expert)")
-        from stepsim.workloads.chips import check_stack, stack_system
+    stack = {}
+    if any(cfg.get(k) is not None for k in ("layers", "pp", "micro_batches")):
+        from stepsim.workloads.chips import stack_knobs
 
-        system = stack_system(cfg, "decoder layers")
-        if system is not None:
-            stack["system"] = system
-        layers = stack.setdefault("layers", 1)
-        check_stack(layers, None, 1, None, "requests")  # --layers before the traces are read
+        stack = stack_knobs(cfg, "decoder layers", ("tp", "ep", "placement", "regions", "algorithm"))
     if cfg.get("kv_lengths") is None:
         raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
                           "(config key 'kv_lengths')")

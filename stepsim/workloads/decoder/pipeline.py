@@ -44,8 +44,8 @@ def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int |
                    tiling: str, tp, regions) -> tuple[int, int]:
     """One-line ArgumentError unless the stack fits; returns ``(M, o_tile)``."""
     if tp is not None:
-        raise ArgumentError("--tp does not combine with --layers / --pp / --micro-batches for the decoder yet (a "
-                            "stack runs each layer whole on one chip)")
+        raise ArgumentError("--tp does not combine with --layers / --pp / --micro-batches (a stack of decoder layers "
+                            "runs each layer whole on one chip, one region per expert)")
     if regions is not None:
         raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
                             "layers have one region per expert)")

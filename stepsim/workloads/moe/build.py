@@ -637,9 +637,8 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.workloads.config import CUSTOM_MODEL_KEYS, bandwidth_kwargs, resolved_trace
 
     model = moe_model(cfg["model"], **{key: cfg[key] for key in CUSTOM_MODEL_KEYS})
-    stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
-    if stack:
-        return _stack_from_config(cfg, model, stack)
+    if any(cfg.get(k) is not None for k in ("layers", "pp", "micro_batches")):
+        return _stack_from_config(cfg, model)
     routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     parallel = {}
     if cfg.get("ep") is not None:
@@ -668,24 +667,15 @@ def from_config(cfg: Mapping) -> Workload:
                      regions=cfg["regions"], **bandwidth_kwargs(cfg), **parallel)
 
 
-def _stack_from_config(cfg: Mapping, model: MoEModel, stack: dict) -> Workload:
+def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
     """``--layers L [--pp N --system FILE] [--micro-batches M]``: one-line errors for the flags that do not combine,
     before the trace is read; each layer's routing from the trace (:func:`stepsim.workloads.moe.pipeline.layer_routings`)."""
+    from stepsim.workloads.chips import stack_knobs
     from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
     from stepsim.workloads.moe.pipeline import layer_routings
 
-    for flag, key in (("--ep", "ep"), ("--tp", "tp"), ("--regions", "regions"), ("--placement", "placement"),
-                      ("--algorithm", "algorithm")):
-        if cfg.get(key) is not None:
-            raise ArgumentError(f"{flag} does not combine with --layers / --pp / --micro-batches (a stack of MoE "
-                                f"layers runs each layer whole on one chip, one region per expert)")
-    from stepsim.workloads.chips import check_stack, stack_system
-
-    system = stack_system(cfg, "MoE layers")
-    if system is not None:
-        stack["system"] = system
-    layers = stack.setdefault("layers", 1)
-    check_stack(layers, None, 1, None, "tokens")  # --layers before the trace is read
-    routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, layers, cfg["iteration"], cfg["layer"])
+    stack = stack_knobs(cfg, "MoE layers", ("ep", "tp", "regions", "placement", "algorithm"))
+    routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, stack["layers"], cfg["iteration"],
+                              cfg["layer"])
     return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
                      **bandwidth_kwargs(cfg), **stack)
