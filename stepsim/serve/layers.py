@@ -20,7 +20,10 @@ metadata sources (``Program.payload``) and the targets of selector sources (``Pr
 :class:`Template` builds and lowers a shape once, from *marker* data chosen so that every data-derived source is
 recognisable by its values (no two candidate arrays coincide), records where those values sit, and for each
 iteration writes the new values there (:meth:`Template.bind`). Nothing else of the program changes, which
-``tests/serve/test_layers.py`` checks array for array against a fresh build, and cycle for cycle.
+``tests/serve/test_exact.py`` checks array for array against a fresh build, and cycle for cycle. On a system the
+FFN is the sharded block (:mod:`stepsim.workloads.moe.sharded`), whose FIFO depths follow its token count, not its
+routing; every chip with tokens has its own selectors of its shard's rows, rebound by chip (``<name>.<chip>``,
+:func:`source_values`; ``tests/serve/test_serve_system_templates.py``).
 
 Each shape's on-chip requirement (the workload's ``on_chip_bytes``) is checked against the hardware when its
 template is made: a layer that does not fit is a one-line error saying by how much.
