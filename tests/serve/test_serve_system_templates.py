@@ -93,3 +93,32 @@ def test_both_engines_agree_on_rebound_sharded_programs(tmp_path, system, tokens
     np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
     np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
     np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+
+
+@pytest.mark.parametrize("system, tokens, expected", [
+    ("ring-2", 40, [(562, 28332, 4531), (542, 29028, 4743)]),
+    ("ring-4", 3, [(555, 32650, 4211), (551, 32938, 4213)]),
+])
+def test_token_count_depths_cost_no_cycles_against_the_routings_own_counts(tmp_path, system, tokens, expected):
+    """The depth rule's claim: a FIFO never sent more elements than its depth never makes its producer wait, so
+    the token-count depths (the sharded layer's rule) and the tightest such depths (every one of those channels
+    cut to exactly the elements it carried; the routing's per-expert counts, the rule before, lie between) give
+    the same cycles, engine counters and link bytes. Pinned: the channels cut, the slots removed, the cycles (a
+    random routing, then every token to the same two experts)."""
+    from stepsim.kernels import abi
+
+    spec = _spec(tmp_path, system, False)
+    skewed = np.tile(_routing(np.random.default_rng(1), 1), (tokens, 1))
+    got = []
+    for data in (_routing(np.random.default_rng(0), tokens), skewed):
+        program = lowered(build("ffn", data, spec), spec.hardware)
+        wide = fast_run(program)
+        pushes = wide.channel_counters[:, abi.CCNT_PUSHES]
+        roomy = program.ch_capacity >= pushes
+        cut = np.where(roomy, np.maximum(pushes, 1), program.ch_capacity)
+        got.append((int((cut < program.ch_capacity).sum()), int((program.ch_capacity - cut).sum()), wide.cycles))
+        tight = fast_run(dataclasses.replace(program, ch_capacity=cut))
+        assert tight.cycles == wide.cycles
+        np.testing.assert_array_equal(tight.unit_counters, wide.unit_counters)
+        np.testing.assert_array_equal(tight.link_bytes, wide.link_bytes)
+    assert got == expected
