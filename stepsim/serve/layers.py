@@ -273,6 +273,9 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
     program = lowered(workload, spec.hardware)
     chips = spec.system.chips if kind == "ffn" and spec.system is not None else 0
     values = source_values(kind, data, chips)
+    if chips and spec.ffn_model.top_k == spec.ffn_model.experts:  # every token takes every expert: the sorted
+        # selectors are the same for any routing, and alike across chips (no marker tells them apart): kept as built
+        values = {name: value for name, value in values.items() if not name.startswith("experts_sorted.")}
     payload_slots, sel_slots = [], []
     params = program.unit_params
     for u in range(program.n_units):

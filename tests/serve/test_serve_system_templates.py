@@ -67,6 +67,23 @@ def test_rebound_sharded_templates_are_fresh_builds_array_for_array_and_cycle_fo
     assert (runner.builds, runner.runs, len(runner.templates)) == (len(tokens), 4 * len(tokens), len(tokens))
 
 
+@pytest.mark.parametrize("experts, top_k, system, tokens", [(2, 2, "ring-2", 4), (4, 4, "ring-4", 8),
+                                                          (2, 1, "ring-2", 4), (4, 1, "ring-4", 8)])
+def test_templates_of_every_expert_a_token_or_one(tmp_path, experts, top_k, system, tokens):
+    """top_k = experts: every chip's sorted selectors are the same for any routing (kept as built, only the
+    by-slot ones rebound); top-1: one selector array per chip. Rebound equal to fresh builds either way."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(dict(SMALL, num_experts=experts, num_experts_per_tok=top_k)))
+    s = System.preset(system)
+    spec = LayerSpec(resolve_model(str(path)), s.hardware, max_kv_rows(4096), system=s)
+    template = make_template("ffn", (tokens,), spec)
+    assert sorted({name for *_, name in template.sel_slots}) == [f"experts_by_slot.{c}" for c in range(s.chips)]
+    rng = np.random.default_rng(experts + top_k)
+    for _ in range(3):
+        data = _routing(rng, tokens, experts, top_k)
+        assert _same_program(template.bind(data), lowered(build("ffn", data, spec), spec.hardware))
+
+
 def test_the_marker_locates_every_chips_selectors(tmp_path):
     """Every chip with tokens has its own selector sources (dispatch, routing weights, reassembly): a template
     records where each of them sits, by chip; a 1-token step on 4 chips has chip 0's only."""
