@@ -20,7 +20,10 @@ metadata sources (``Program.payload``) and the targets of selector sources (``Pr
 :class:`Template` builds and lowers a shape once, from *marker* data chosen so that every data-derived source is
 recognisable by its values (no two candidate arrays coincide), records where those values sit, and for each
 iteration writes the new values there (:meth:`Template.bind`). Nothing else of the program changes, which
-``tests/serve/test_layers.py`` checks array for array against a fresh build, and cycle for cycle.
+``tests/serve/test_exact.py`` checks array for array against a fresh build, and cycle for cycle. On a system the
+FFN is the sharded block (:mod:`stepsim.workloads.moe.sharded`), whose FIFO depths follow its token count, not its
+routing; every chip with tokens has its own selectors of its shard's rows, rebound by chip (``<name>.<chip>``,
+:func:`source_values`; ``tests/serve/test_serve_system_templates.py``).
 
 Each shape's on-chip requirement (the workload's ``on_chip_bytes``) is checked against the hardware when its
 template is made: a layer that does not fit is a one-line error saying by how much.
@@ -100,6 +103,29 @@ def _elements(kind: str, name: str, data) -> int:
 VALUES: dict[str, Callable] = {"decode": _decode_values, "prefill": _prefill_values, "ffn": _ffn_values}
 
 
+def source_values(kind: str, data, chips: int = 0) -> dict[str, np.ndarray]:
+    """``VALUES[kind](data)``; for the FFN on ``chips`` chips (a system), each chip with tokens has its own
+    selectors of its shard's rows (:mod:`stepsim.workloads.moe.sharded`): ``<name>.<chip>``."""
+    if kind != "ffn" or not chips:
+        return VALUES[kind](data)
+    from stepsim.workloads.moe.sharded import shard_bounds
+
+    bounds = shard_bounds(len(data), chips)
+    return {f"{name}.{c}": value for c in range(chips) if bounds[c + 1] > bounds[c]
+            for name, value in _ffn_values(data[bounds[c]:bounds[c + 1]]).items()}
+
+
+def _source_elements(kind: str, name: str, data, chips: int) -> int:
+    """Source elements holding value array ``name`` of :func:`source_values`."""
+    if kind != "ffn" or not chips:
+        return _elements(kind, name, data)
+    from stepsim.workloads.moe.sharded import shard_bounds
+
+    base, chip = name.rsplit(".", 1)
+    bounds = shard_bounds(len(data), chips)
+    return _elements(kind, base, data[bounds[int(chip)]:bounds[int(chip) + 1]])
+
+
 # --------------------------------------------------------------------------------------- marker data per shape
 def marker(kind: str, shape: tuple, spec: LayerSpec):
     """Data of ``shape`` whose source values are all distinct arrays (see the module docstring)."""
@@ -119,7 +145,15 @@ def marker(kind: str, shape: tuple, spec: LayerSpec):
     m = spec.ffn_model
     # descending within a row, so the by-slot order differs from the sorted one
     rows = (np.arange(tokens)[:, None] * 7 - np.arange(m.top_k)[None, :] * 3 + 3 * m.top_k) % m.experts
-    return _distinct_rows(rows, m.experts)
+    rows = _distinct_rows(rows, m.experts)
+    if spec.system is not None:  # chips' shards of equal length must differ: chip c's first token takes experts
+        from stepsim.workloads.moe.sharded import shard_bounds  # c + k - 1 .. c (a cyclic run: distinct per c)
+
+        bounds = shard_bounds(tokens, spec.system.chips)
+        for c in range(spec.system.chips):
+            if bounds[c + 1] > bounds[c]:
+                rows[bounds[c]] = (c + m.top_k - 1 - np.arange(m.top_k)) % m.experts
+    return rows
 
 
 def _distinct_rows(rows: np.ndarray, experts: int) -> np.ndarray:
@@ -188,6 +222,8 @@ class Template:
         The shape's on-chip requirement (checked against the hardware).
     build_s : float
         Seconds spent building and lowering it.
+    chips : int
+        The system's chips the FFN is sharded over (values per chip, :func:`source_values`); 0 on one chip.
     """
 
     kind: str
@@ -196,10 +232,11 @@ class Template:
     sel_slots: list
     on_chip_bytes: int
     build_s: float
+    chips: int = 0
 
     def bind(self, data):
         """The program with ``data``'s values written in (a new Program; the template is untouched)."""
-        values = VALUES[self.kind](data)
+        values = source_values(self.kind, data, self.chips)
         replace = {}
         if self.payload_slots:
             payload = self.program.payload.copy()
@@ -234,7 +271,11 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
         chip, needed = busiest_chip_on_chip(workload)
         spec.hardware.check_on_chip(needed, f"serving layer {kind!r} at shape {shape} on chip {chip}")
     program = lowered(workload, spec.hardware)
-    values = VALUES[kind](data)
+    chips = spec.system.chips if kind == "ffn" and spec.system is not None else 0
+    values = source_values(kind, data, chips)
+    if chips and spec.ffn_model.top_k == spec.ffn_model.experts:  # every token takes every expert: the sorted
+        # selectors are the same for any routing, and alike across chips (no marker tells them apart): kept as built
+        values = {name: value for name, value in values.items() if not name.startswith("experts_sorted.")}
     payload_slots, sel_slots = [], []
     params = program.unit_params
     for u in range(program.n_units):
@@ -248,7 +289,7 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
         else:
             lo, hi, slots, array = int(program.sel_ptr[off]), int(program.sel_ptr[off + n]), sel_slots, program.sel_idx
         matches = [name for name, want in values.items()
-                   if _elements(kind, name, data) == n and len(want) == hi - lo and np.array_equal(array[lo:hi], want)]
+                   if _source_elements(kind, name, data, chips) == n and len(want) == hi - lo and np.array_equal(array[lo:hi], want)]
         if len(matches) > 1:
             raise RebindError(f"serving layer {kind!r} at shape {shape}: the marker data make {matches} alike "
                               "(stepsim bug)")
@@ -258,7 +299,7 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
     if not needed <= found_names:
         raise RebindError(f"serving layer {kind!r} at shape {shape}: the program holds no source of "
                           f"{sorted(needed - found_names)} (a builder changed; stepsim bug)")
-    return Template(kind, program, payload_slots, sel_slots, on_chip, time.perf_counter() - start)
+    return Template(kind, program, payload_slots, sel_slots, on_chip, time.perf_counter() - start, chips)
 
 
 def busiest_chip_on_chip(workload) -> tuple[int, int]:
@@ -287,11 +328,8 @@ class LayerRunner:
     runs: int = 0
 
     def cycles(self, kind: str, data) -> int:
-        """Engine cycles of one layer piece on ``data`` (its template built on first use; on a system the FFN is
-        built fresh for every step: the sharded layer's FIFO depths follow the routing, which rebinding source
-        values cannot change)."""
-        if kind == "ffn" and self.spec.system is not None:
-            return self.fresh_cycles(kind, data)
+        """Engine cycles of one layer piece on ``data`` (its template built on first use, on a system too: the
+        sharded layer's FIFO depths follow its token count, not its routing, :mod:`stepsim.workloads.moe.sharded`)."""
         return self._first_completing(kind, lambda depth: self._bound_program(kind, data, depth))
 
     def fresh_cycles(self, kind: str, data) -> int:

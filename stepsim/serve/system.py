@@ -182,8 +182,9 @@ class SystemEngineLatency(EngineLatency):
 
     * each layer's MoE block runs on the engine with its experts on the n chips (expert parallelism, contiguous,
       the weight split of :func:`split_weights`) and the step's tokens sharded over them, dispatched and combined
-      by all-to-alls over the system's links (:mod:`stepsim.workloads.moe.parallel`), built fresh for each step
-      (:meth:`stepsim.serve.layers.LayerRunner.fresh_cycles`); a step of fewer tokens than chips is sharded too
+      by all-to-alls over the system's links (:mod:`stepsim.workloads.moe.parallel`), one template per
+      token count rebound to each step's routing chip by chip (:mod:`stepsim.serve.layers`: the sharded layer's
+      FIFO depths follow the token count only); a step of fewer tokens than chips is sharded too
       (the last chips' shards empty: they run their experts for the other chips' tokens);
     * the attention's KV heads are split over the chips (tensor parallelism): ``ceil(kv_heads / n)`` heads a
       chip, one after another, the chips in parallel; then a ring all-reduce of the step's activations

@@ -18,14 +18,24 @@ routing trace says. Transfers are routed over the system by :func:`stepsim.graph
 experts' FFNs come from the caller: one region per expert, or each chip's experts time-multiplexed on its
 regions (``--regions``, :func:`stepsim.workloads.moe.parallel.region_members`).
 
-Buffers an all-to-all needs, as FIFO depths from the trace (depth-2 FIFOs there deadlock across chips, because
-the merge is time-sensitive and every chip's Reassemble consumes in its own token order):
+Buffers an all-to-all needs, as FIFO depths from the token counts (depth-2 FIFOs there deadlock across chips,
+because the merge is time-sensitive and every chip's Reassemble consumes in its own token order). Each is as deep
+as the most elements its channel can carry under *any* routing of the batch, since a token's top-k experts are
+distinct (a token sends at most one row to an expert):
 
 * the merge's selector waits, one entry per row, until the row comes out of the expert's FFN (after its whole
-  token tile and F loop): it holds all the expert's rows;
+  token tile and F loop): it holds all the expert's rows, at most the batch's B tokens;
 * a chip's dispatch Partition and its routing weights (which wait for their rows' round trip) hold up to its
-  largest per-expert count;
-* an expert's combine Partition holds up to its largest count from one chip.
+  count for one expert, at most its shard's tokens;
+* an expert's combine Partition holds up to its count from one chip, at most the largest shard's tokens.
+
+Why from the token counts and not from the routing: a channel whose sends never exceed its capacity never makes
+its producer wait for a credit (kernels/channels.py: send i waits for the credit of send i - capacity), so any
+depth at least the channel's element count gives the same cycles; the routing's counts (the largest
+per-expert count, the rule before) and these bounds both are, so the cycles are the same for every routing,
+and the lowered program of a batch size no longer depends on its routing beyond the selector targets: serving
+rebinds one template per token count (:mod:`stepsim.serve.layers`). Deeper FIFOs only reserve more slot rows
+(``np.zeros``, pages touched only by elements sent).
 
 A chip whose shard is empty (a batch of fewer tokens than chips: ``shard_bounds`` gives the last chips none)
 has no home part at all: no ``x.<c>``, ``routing_weights.<c>`` or ``y.<c>`` tensor, no dispatch from it and no
@@ -125,7 +135,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         counts = np.zeros(experts, dtype=np.int64)
         np.add.at(counts, rc.ravel(), 1)
         bindings.update({part.count_symbols[e]: int(counts[e]) for e in range(experts)})
-        part.channel_depth = max(1, int(counts.max()))  # the dispatch buffer (module docstring)
+        part.channel_depth = bc  # the dispatch buffer: any routing's count for one expert (module docstring)
         wpart = Partition(g, weights, SelectorSource(g, onehot_per_slot(rc, experts), experts), 0, experts)
         wpart.channel_depth = part.channel_depth  # weights wait for their rows' round trip (module docstring)
         for e in range(experts):
@@ -142,7 +152,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         before = len(g.ops)
         total = int(sum(int(s[3][e]) for s in shards))
         merge = EagerMerge(g, [part[e] for part in per_expert], 0)
-        merge.channel_depth = max(1, total)  # the selector waits for the FFN (module docstring)
+        merge.channel_depth = bounds[-1]  # the selector waits for the FFN: all B tokens at most (module docstring)
         # one symbol for the expert's rows (bound to the trace's count) instead of the sum of the chips' counts,
         # which sympy's ceilings downstream make slow to build
         rows_symbol = make_symbol(f"{merge.name}_rows")
@@ -169,7 +179,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         out_rows = RetileStreamify(g, outs[e], split_row=True, filter_mask=True)
         out_rows.assume_shape(0, merges[e][0].stream.shape)
         ret = Partition(g, out_rows, merges[e][1], 0, len(active))  # the merge's selector: index in active
-        ret.channel_depth = max(1, max(int(s[3][e]) for s in shards))  # the combine buffer (module docstring)
+        ret.channel_depth = bounds[1] - bounds[0]  # the combine buffer: the largest shard (module docstring)
         for i, part in enumerate(per_expert):
             ret.assume_shape(i, (part.count_symbols[e],))
         back.append(ret)
