@@ -135,8 +135,8 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     the chips and route its transfers.
 
     ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
-    regions (:func:`region_members`), so a chip's experts share its compute and the tokens a chip receives are
-    its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
+    regions (:func:`region_members`), so a chip's experts share its compute and the token tiles a chip receives
+    are its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
     ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. ``prelude(system)``,
     when given, builds what runs before the layer on the same chips (the decoder's attention) and returns
     ``(network, chips)``: the :class:`~stepsim.graph.network.Network` its transfers went through (the layer's
