@@ -12,13 +12,15 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
 * ``load-balanced``: from the trace, balancing what a chip's time follows. With static tiling of ``tile_n`` rows
   an expert costs its chip ``ceil(tokens / tile_n)`` token tiles, each one pass over its weights (loaded and
   multiplied whether the tile is full or padded); with ``--regions`` a chip's cycles are its tiles times one
-  tile's time plus a fill of about 12,000-21,000 cycles (docs/system.md), whatever its token count. So the
+  tile's time plus a fill (Qwen3-30B-A3B: 12,000-21,000 cycles; docs/system.md), whatever its token count. So the
   experts go greedily (longest processing time first) by tiles, most first (ties: more tokens, then lower id),
   each onto the chip with the fewest tiles so far among those with room (ties: fewer tokens, then lower chip).
   When the contiguous blocks already hold no more tiles on their busiest chip than ``ceil(total tiles / N)``
   (no placement can do better) they are kept: rearranging them only moves the last tile's combine (hundreds
   of cycles either way). Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose
-  cost is its rows) the greedy balances token counts alone.
+  cost is its rows) the greedy balances token counts alone. Not modelled: without ``--regions`` a chip's HBM
+  serves its experts' passes together and a multi-tile expert's later passes can run alone at the end, so a
+  chip with more tiles can finish first (docs/system.md, "What sets a chip's time").
 
 Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
 """
