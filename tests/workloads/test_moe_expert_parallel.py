@@ -40,6 +40,22 @@ def test_load_balanced_places_the_heaviest_experts_apart_and_evens_the_tokens():
     assert all(chip_of.count(k) == 2 for k in range(4))
 
 
+def test_load_balanced_with_static_tiles_balances_tiles_then_tokens():
+    """Tiles of 4 rows: 2, 3, 2, 1, 2, 2. Most tiles first onto the chip with the fewest tiles (ties: fewer
+    tokens): e1 (3) -> 0, e0 (2, 8 tokens) -> 1, e2 (2, 8) -> 1 (2 < 3), e4 (2, 6) -> 0 (3, 9 < 4), e5 (2, 5)
+    -> 1 (4, 16 < 5), e3 -> 0 (chip 1 full): 6 tiles each, where the token greedy puts 7 and 5."""
+    counts = [8, 9, 8, 1, 6, 5]
+    for tile_n, chip_of, tiles in ((4, [1, 0, 1, 0, 0, 1], [6, 6]), (None, [1, 0, 1, 1, 0, 0], [7, 5])):
+        assert place_experts(counts, 2, "load-balanced", tile_n) == chip_of
+        assert [sum(-(-c // 4) for c, k in zip(counts, chip_of) if k == chip) for chip in (0, 1)] == tiles
+
+
+def test_load_balanced_keeps_contiguous_blocks_at_the_least_tiles():
+    """Contiguous halves with 4 and 5 of the 9 tiles: no placement puts fewer than ceil(9 / 2) = 5 on a chip."""
+    assert place_experts([5, 1, 1, 9, 4, 4], 2, "load-balanced", 4) == [0, 0, 0, 1, 1, 1]
+    assert place_experts([5, 1, 1, 9, 4, 4], 2, "load-balanced") == [1, 1, 0, 0, 1, 0]  # tokens: 14 and 10
+
+
 @pytest.mark.parametrize("chips, placement, message", [
     (9, "contiguous", "--ep 9 places 8 experts on more chips than experts: a chip without experts has nothing to "
                       "do (use --ep 8 or fewer)"),

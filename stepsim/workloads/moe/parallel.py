@@ -9,9 +9,18 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
 
 * ``contiguous``: expert e on chip ``e // ceil(E / N)``;
 * ``round-robin``: expert e on chip ``e mod N``;
-* ``load-balanced``: from the trace, greedily (longest processing time first): experts by token count, most
-  first (ties: lower id), each onto the chip with the fewest tokens so far among those with room (ties: lower
-  chip).
+* ``load-balanced``: from the trace, balancing what a chip's time follows. With static tiling of ``tile_n`` rows
+  an expert costs its chip ``ceil(tokens / tile_n)`` token tiles, each one pass over its weights (loaded and
+  multiplied whether the tile is full or padded); with ``--regions`` a chip's cycles are its tiles times one
+  tile's time plus a fill (Qwen3-30B-A3B: 12,000-21,000 cycles; docs/system.md), whatever its token count. So the
+  experts go greedily (longest processing time first) by tiles, most first (ties: more tokens, then lower id),
+  each onto the chip with the fewest tiles so far among those with room (ties: fewer tokens, then lower chip).
+  When the contiguous blocks already hold no more tiles on their busiest chip than ``ceil(total tiles / N)``
+  (no placement can do better) they are kept: rearranging them only moves the last tile's combine (hundreds
+  of cycles either way). Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose
+  cost is its rows) the greedy balances token counts alone. Not modelled: without ``--regions`` a chip's HBM
+  serves its experts' passes together and a multi-tile expert's later passes can run alone at the end, so a
+  chip with more tiles can finish first (docs/system.md, "What sets a chip's time").
 
 Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
 """
@@ -27,13 +36,27 @@ from stepsim.workloads.chips import chips_system
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 
 
-def place_experts(counts, chips: int, placement: str) -> list[int]:
-    """The chip of every expert (see the module docstring); ``counts`` are the per-expert token counts.
+def place_experts(counts, chips: int, placement: str, tile_n: int | None = None) -> list[int]:
+    """The chip of every expert (see the module docstring); ``counts`` are the per-expert token counts,
+    ``tile_n`` the rows of a static token tile (None: dynamic tiling, balance tokens).
 
     Example
     -------
     >>> place_experts([5, 1, 1, 9], 2, "load-balanced")
-    [1, 0, 0, 0]
+    [1, 1, 0, 0]
+
+    With tiles of 4 rows these experts are 2, 3, 2, 1, 2 and 2 tiles. Tokens alone put 20 tokens in 7 tiles on
+    chip 0 and 17 in 5 on chip 1; by tiles each chip gets 6 (16 and 21 tokens):
+
+    >>> place_experts([8, 9, 8, 1, 6, 5], 2, "load-balanced")
+    [1, 0, 1, 1, 0, 0]
+    >>> place_experts([8, 9, 8, 1, 6, 5], 2, "load-balanced", tile_n=4)
+    [1, 0, 1, 0, 0, 1]
+
+    Contiguous halves already at the least tiles a chip can have (5 of 9) are kept:
+
+    >>> place_experts([5, 1, 1, 9, 4, 4], 2, "load-balanced", tile_n=4)
+    [0, 0, 0, 1, 1, 1]
     """
     experts = len(counts)
     if placement not in PLACEMENTS:
@@ -48,13 +71,21 @@ def place_experts(counts, chips: int, placement: str) -> list[int]:
         return [e // per_chip for e in range(experts)]
     if placement == "round-robin":
         return [e % chips for e in range(experts)]
-    load = [0] * chips
+    tokens = [int(n) for n in counts]
+    if tile_n is None:
+        tiles = [0] * experts  # dynamic tiling: the tokens alone
+    else:
+        tiles = [-(-n // tile_n) for n in tokens]
+        contiguous = [e // per_chip for e in range(experts)]
+        if max(chip_tiles(tiles, contiguous, chips)) <= -(-sum(tiles) // chips):
+            return contiguous
+    load = [(0, 0)] * chips  # (tiles, tokens) so far
     held = [0] * chips
     chip_of = [0] * experts
-    for e in sorted(range(experts), key=lambda e: (-int(counts[e]), e)):
+    for e in sorted(range(experts), key=lambda e: (-tiles[e], -tokens[e], e)):
         chip = min((c for c in range(chips) if held[c] < per_chip), key=lambda c: (load[c], c))
         chip_of[e] = chip
-        load[chip] += int(counts[e])
+        load[chip] = (load[chip][0] + tiles[e], load[chip][1] + tokens[e])
         held[chip] += 1
     return chip_of
 
@@ -63,6 +94,14 @@ def ep_system(chips: int, system: System | None) -> System:
     """The system the experts run on: ``system`` (its chip count must be ``chips``), else ``chips`` fully
     connected chips with the default links (:func:`stepsim.workloads.chips.chips_system`)."""
     return chips_system(chips, system, "--ep")
+
+
+def chip_tiles(tiles, chip_of: list[int], chips: int) -> list[int]:
+    """Token tiles each chip's experts receive (weight passes): the sum of its experts' ``tiles``."""
+    per_chip = [0] * chips
+    for e, chip in enumerate(chip_of):
+        per_chip[chip] += int(tiles[e])
+    return per_chip
 
 
 def chip_tokens(counts, chip_of: list[int], chips: int) -> list[int]:
@@ -98,8 +137,8 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     the chips and route its transfers.
 
     ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
-    regions (:func:`region_members`), so a chip's experts share its compute and the tokens a chip receives are
-    its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
+    regions (:func:`region_members`), so a chip's experts share its compute and the token tiles a chip receives
+    are its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
     ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. ``prelude(system)``,
     when given, builds what runs before the layer on the same chips (the decoder's attention) and returns
     ``(network, chips)``: the :class:`~stepsim.graph.network.Network` its transfers went through (the layer's
@@ -113,7 +152,7 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     from stepsim.workloads.moe.sharded import build_sharded
 
     system = ep_system(chips, system)
-    chip_of = place_experts(counts, chips, placement)
+    chip_of = place_experts(counts, chips, placement, None if build["dynamic"] else build["tile_n"])
     members = None if regions is None else region_members(chip_of, chips, regions)
     region_chip = None if members is None else [chip_of[m[0]] for m in members]
     net, op_chip = prelude(system) if prelude is not None else (None, {})
@@ -207,7 +246,7 @@ def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, plac
     system = chips_system(chips, system, "--tp x --ep")
     shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
                      top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
-    group_of = place_experts(counts, ep, placement)
+    group_of = place_experts(counts, ep, placement, None if build["dynamic"] else build["tile_n"])
     net, op_chip = prelude(system) if prelude is not None else (None, {})
     bindings, tile_rows, partials = {}, {}, {}
     for t in range(tp):
