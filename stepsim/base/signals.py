@@ -81,9 +81,17 @@ def interrupts_raise() -> Iterator[None]:
         _requested = "terminated"
         raise Terminated
 
+    def unraisable(info):
+        # Python reports an exception it had to swallow ("Exception ignored in ...", with a traceback); the stop
+        # is remembered and raised again (raise_if_stopped), so it is said once, by the command's stop line
+        if not (isinstance(info.exc_value, KeyboardInterrupt) and _requested is not None):
+            previous_hook(info)
+
     _requested = None
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         with handlers({signal.SIGINT: interrupt, signal.SIGTERM: terminate}):
             yield
     finally:
         _requested = None  # a command server's next command starts afresh
+        sys.unraisablehook = previous_hook

@@ -112,3 +112,38 @@ def test_a_stop_swallowed_by_a_destructor_is_raised_before_the_next_engine_slice
         with pytest.raises(exc):
             simulate(workload)
     raise_if_stopped()  # outside the block nothing is pending: the next command starts afresh
+
+
+@pytest.mark.parametrize(("signum", "line"), [(2, "stopped: KeyboardInterrupt"), (15, "stopped: Terminated")])
+def test_a_swallowed_stop_is_not_reported_as_an_ignored_exception(signum, line):
+    """The stop line says it once: Python's "Exception ignored in ..." report (with its traceback, on stderr) of
+    the swallowed stop is silenced inside interrupts_raise, and other unraisable exceptions are still reported.
+    A fresh interpreter, since pytest installs its own unraisable hook."""
+    import subprocess
+    import sys
+
+    script = f"""
+import gc, signal, sys
+from stepsim.base.signals import interrupts_raise, raise_if_stopped
+
+class SignalledWhileCollected:
+    def __del__(self):
+        signal.getsignal({signum})({signum}, None)
+
+class FailingWhileCollected:
+    def __del__(self):
+        raise ValueError("an unrelated failure")
+
+try:
+    with interrupts_raise():
+        FailingWhileCollected()
+        SignalledWhileCollected()
+        gc.collect()
+        raise_if_stopped()
+except KeyboardInterrupt as exc:
+    print("stopped:", type(exc).__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == line
+    assert "ValueError: an unrelated failure" in done.stderr
+    assert "KeyboardInterrupt" not in done.stderr and "Terminated" not in done.stderr
