@@ -120,7 +120,10 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
        lone passes cost the same for one multi-tile expert as for several.
 
     Each start is improved (:func:`_improve`); the one of less modelled busiest-chip cycles is taken (ties: the
-    greedy). Contiguous, then round-robin, are returned instead when their modelled busiest chip is no slower.
+    greedy). Contiguous, then round-robin, are returned instead unless it is modelled at least one shared pass
+    (``cost.shared``) faster: the model's phases end together, the engine's over thousands of cycles (its HBM
+    serves memory units in registration order), so smaller differences are within the model's error
+    (docs/system.md, "What sets a chip's time").
     """
     experts = len(tiles)
     order = sorted(range(experts), key=lambda e: (-tiles[e], -tokens[e], e))
@@ -140,7 +143,7 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
         if best is None or cycles < best_cycles:
             best, best_cycles = placed, cycles
     for kept in ([e // per_chip for e in range(experts)], [e % chips for e in range(experts)]):
-        if max(placement_cycles(tiles, kept, chips, cost)) <= best_cycles:
+        if max(placement_cycles(tiles, kept, chips, cost)) < best_cycles + cost.shared:
             return kept
     return best
 
