@@ -9,18 +9,25 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
 
 * ``contiguous``: expert e on chip ``e // ceil(E / N)``;
 * ``round-robin``: expert e on chip ``e mod N``;
-* ``load-balanced``: from the trace, balancing what a chip's time follows. With static tiling of ``tile_n`` rows
+* ``load-balanced``: from the trace, minimizing what a chip's time follows. With static tiling of ``tile_n`` rows
   an expert costs its chip ``ceil(tokens / tile_n)`` token tiles, each one pass over its weights (loaded and
-  multiplied whether the tile is full or padded); with ``--regions`` a chip's cycles are its tiles times one
-  tile's time plus a fill (Qwen3-30B-A3B: 12,000-21,000 cycles; docs/system.md), whatever its token count. So the
-  experts go greedily (longest processing time first) by tiles, most first (ties: more tokens, then lower id),
-  each onto the chip with the fewest tiles so far among those with room (ties: fewer tokens, then lower chip).
-  When the contiguous blocks already hold no more tiles on their busiest chip than ``ceil(total tiles / N)``
-  (no placement can do better) they are kept: rearranging them only moves the last tile's combine (hundreds
-  of cycles either way). Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose
-  cost is its rows) the greedy balances token counts alone. Not modelled: without ``--regions`` a chip's HBM
-  serves its experts' passes together and a multi-tile expert's later passes can run alone at the end, so a
-  chip with more tiles can finish first (docs/system.md, "What sets a chip's time").
+  multiplied whether the tile is full or padded).
+
+  - With ``--regions`` a chip's cycles are its tiles times one tile's time plus a fill (Qwen3-30B-A3B:
+    12,000-21,000 cycles; docs/system.md), whatever its token count. So the experts go greedily (longest
+    processing time first) by tiles, most first (ties: more tokens, then lower id), each onto the chip with the
+    fewest tiles so far among those with room (ties: fewer tokens, then lower chip). When the contiguous blocks
+    already hold no more tiles on their busiest chip than ``ceil(total tiles / N)`` (no placement can do better)
+    they are kept: rearranging them only moves the last tile's combine (hundreds of cycles either way).
+  - Without ``--regions`` (one region per expert) a chip's HBM serves its experts' passes together and a
+    multi-tile expert's later passes can run alone at the end, so a chip with more tiles can finish first. The
+    placement minimizes the modelled busiest chip of :mod:`stepsim.workloads.moe.ep_cost` (``sum over j of
+    max(n_j x shared, alone)`` from the hardware and the layer's dimensions; :func:`_least_modelled`), and keeps
+    contiguous or round-robin unless it is modelled at least one shared pass faster (docs/system.md, "What sets a
+    chip's time").
+
+  Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows) the
+  tile-first greedy balances token counts alone, with or without ``--regions``; so does ``--tp N --ep M``.
 
 Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
 """
@@ -120,9 +127,9 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
        multi-tile expert as for several.
 
     Each start is improved (:func:`_improve`); the one of less modelled busiest-chip cycles is taken (ties: the
-    greedy). (Improving contiguous and round-robin as starts too finds placements modelled up to 2.6 % faster on
-    the B=1024 traces of docs/system.md; the engine ran three of the five that changed 2-5 % faster and two 5-6 %
-    slower, through the combine's tail, which the model leaves out.) Contiguous is returned instead when it is modelled less than one shared pass (``cost.shared``)
+    greedy). (A variant with contiguous and round-robin as further starts changed five placements of the B=1024
+    traces of docs/system.md; the engine ran three faster and two 5-6 % slower, through the combine's tail, which
+    the model leaves out.) Contiguous is returned instead when it is modelled less than one shared pass (``cost.shared``)
     slower than the least of the three and no slower than round-robin; else round-robin when it is within a
     shared pass of the least: the model's phases end together, the engine's over thousands of cycles (its HBM
     serves memory units in registration order), so smaller differences are within the model's error
