@@ -146,3 +146,22 @@ def test_load_balanced_is_never_slower_than_contiguous_and_the_model_orders_the_
         (cycles_a, model_a), (cycles_b, model_b) = measured[a], measured[b]
         if model_a != model_b:
             assert (model_a < model_b) == (cycles_a < cycles_b)
+
+
+@pytest.mark.parametrize("channels", [None, 32, 2])
+def test_the_placement_models_the_hardware_the_run_uses(tmp_path, channels):
+    """``--hardware`` without ``--system``: the chips of the default system get that hardware, so load-balanced
+    models it (none, or a file equal to step-eval: the default system). Two HBM channels make a pass as slow alone
+    as shared (147,456 cycles): the model then balances the tiles alone, and the bundled trace's placement on 2
+    chips is no longer contiguous kept."""
+    cfg = {"workload": "moe", "model": "qwen3-30b-a3b", "ep": 2, "placement": "load-balanced"}
+    if channels is not None:
+        (tmp_path / "hw.toml").write_text(f'preset = "step-eval"\nhbm_channels = {channels}\n')
+        cfg["hardware"] = str(tmp_path / "hw.toml")
+    w = workload_from_config(cfg)
+    counts = expert_counts(w.trace["routing"], 128)
+    cost = pass_cost(QWEN, 32, 64, 4096, Hardware.preset("step-eval", hbm_channels=channels or 32))
+    assert cost == (PassCost(147456, 147456) if channels == 2 else PassCost(9216, 49368))
+    assert w.params["expert_chips"] == place_experts(counts, 2, "load-balanced", 32, cost)
+    assert (w.params["expert_chips"] == place_experts(counts, 2, "contiguous")) == (channels != 2)
+    assert w.params["system"] == "fully-connected-2"
