@@ -129,9 +129,9 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
     Each start is improved (:func:`_improve`); the one of less modelled busiest-chip cycles is taken (ties: the
     greedy). (A variant with contiguous and round-robin as further starts changed five placements of the B=1024
     traces of docs/system.md; the engine ran three faster and two 5-6 % slower, through the combine's tail, which
-    the model leaves out.) Contiguous is returned instead when it is modelled less than one shared pass (``cost.shared``)
-    slower than the least of the three and no slower than round-robin; else round-robin when it is within a
-    shared pass of the least: the model's phases end together, the engine's over thousands of cycles (its HBM
+    the model leaves out.) Contiguous is returned instead when it is modelled less than one shared pass
+    (``cost.shared``) slower than the least of the three and no slower than round-robin; else round-robin when it
+    is within a shared pass of the least: the model's phases end together, the engine's over thousands of cycles (its HBM
     serves memory units in registration order), so smaller differences are within the model's error
     (docs/system.md, "What sets a chip's time"). So load-balanced is never modelled slower than either.
     """
