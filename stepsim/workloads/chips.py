@@ -25,6 +25,30 @@ def chips_system(chips: int, system: System | None, flag: str) -> System:
     return system
 
 
+def ep_system_of(cfg) -> System | None:
+    """The system ``--ep N`` runs on, from a normalized run config: ``--system`` loaded; without it, when
+    ``--hardware`` names other chips than the default system's, ``N`` fully connected chips of that hardware (so
+    the load-balanced placement's cost model, which reads the system's hardware, sees the chips the run uses);
+    else None (:func:`chips_system` builds the default). One-line ArgumentError for ``--system`` with
+    ``--hardware`` (the system names the chips' hardware)."""
+    import dataclasses
+
+    if cfg.get("system") is not None and cfg.get("hardware") is not None:
+        raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
+    if cfg.get("system") is not None:
+        return System.load(cfg["system"])
+    ep, name = cfg.get("ep"), cfg.get("hardware")
+    if name is None or isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        return None  # a bad --ep is reported by the builder, with its own message
+    from stepsim.base.hardware import Hardware
+
+    default = chips_system(ep, None, "--ep")
+    hardware = Hardware.from_toml(name) if name.endswith(".toml") else Hardware.preset(name)
+    if hardware == default.hardware:
+        return None
+    return dataclasses.replace(default, hardware=hardware, hardware_spec=cfg["hardware"])
+
+
 def check_stack(layers, pp, batch: int, micro_batches, unit: str) -> int | None:
     """The checks every stack of layers (``--layers L [--pp N] [--micro-batches M]``: swiglu, moe, decoder) shares,
     each a one-line ArgumentError: L an int >= 1; N an int >= 2 splitting the L layers into equal stages; M an int

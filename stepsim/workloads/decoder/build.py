@@ -452,12 +452,10 @@ def from_config(cfg: Mapping) -> Workload:
     if stack:
         kw.update(stack)
     elif cfg.get("ep") is not None:
-        from stepsim.base.system import System
+        from stepsim.workloads.chips import ep_system_of
 
-        if cfg.get("system") is not None and cfg.get("hardware") is not None:
-            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
         kw.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous", algorithm=cfg.get("algorithm") or "ring",
-                  system=System.load(cfg["system"]) if cfg.get("system") is not None else None,
+                  system=ep_system_of(cfg),
                   **({"tp": cfg["tp"]} if cfg.get("tp") is not None else {}))
     elif cfg.get("placement") is not None:
         raise ArgumentError("--placement applies to the decoder layer with --ep N (expert parallelism)")

@@ -642,12 +642,9 @@ def from_config(cfg: Mapping) -> Workload:
     routing = load_routing(resolved_trace(cfg), model.experts, iteration=cfg["iteration"], layer=cfg["layer"])
     parallel = {}
     if cfg.get("ep") is not None:
-        from stepsim.base.system import System
+        from stepsim.workloads.chips import ep_system_of
 
-        if cfg.get("system") is not None and cfg.get("hardware") is not None:
-            raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
-        parallel = dict(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous",
-                        system=System.load(cfg["system"]) if cfg.get("system") is not None else None)
+        parallel = dict(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous", system=ep_system_of(cfg))
         if cfg.get("tp") is not None:  # tp x ep: each expert's columns over its group's chips
             parallel.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring")
     elif cfg.get("tp") is not None:

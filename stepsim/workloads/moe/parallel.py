@@ -9,18 +9,25 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
 
 * ``contiguous``: expert e on chip ``e // ceil(E / N)``;
 * ``round-robin``: expert e on chip ``e mod N``;
-* ``load-balanced``: from the trace, balancing what a chip's time follows. With static tiling of ``tile_n`` rows
+* ``load-balanced``: from the trace, minimizing what a chip's time follows. With static tiling of ``tile_n`` rows
   an expert costs its chip ``ceil(tokens / tile_n)`` token tiles, each one pass over its weights (loaded and
-  multiplied whether the tile is full or padded); with ``--regions`` a chip's cycles are its tiles times one
-  tile's time plus a fill (Qwen3-30B-A3B: 12,000-21,000 cycles; docs/system.md), whatever its token count. So the
-  experts go greedily (longest processing time first) by tiles, most first (ties: more tokens, then lower id),
-  each onto the chip with the fewest tiles so far among those with room (ties: fewer tokens, then lower chip).
-  When the contiguous blocks already hold no more tiles on their busiest chip than ``ceil(total tiles / N)``
-  (no placement can do better) they are kept: rearranging them only moves the last tile's combine (hundreds
-  of cycles either way). Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose
-  cost is its rows) the greedy balances token counts alone. Not modelled: without ``--regions`` a chip's HBM
-  serves its experts' passes together and a multi-tile expert's later passes can run alone at the end, so a
-  chip with more tiles can finish first (docs/system.md, "What sets a chip's time").
+  multiplied whether the tile is full or padded).
+
+  - With ``--regions`` a chip's cycles are its tiles times one tile's time plus a fill (Qwen3-30B-A3B:
+    12,000-21,000 cycles; docs/system.md), whatever its token count. So the experts go greedily (longest
+    processing time first) by tiles, most first (ties: more tokens, then lower id), each onto the chip with the
+    fewest tiles so far among those with room (ties: fewer tokens, then lower chip). When the contiguous blocks
+    already hold no more tiles on their busiest chip than ``ceil(total tiles / N)`` (no placement can do better)
+    they are kept: rearranging them only moves the last tile's combine (hundreds of cycles either way).
+  - Without ``--regions`` (one region per expert) a chip's HBM serves its experts' passes together and a
+    multi-tile expert's later passes can run alone at the end, so a chip with more tiles can finish first. The
+    placement minimizes the modelled busiest chip of :mod:`stepsim.workloads.moe.ep_cost` (``sum over j of
+    max(n_j x shared, alone)`` from the hardware and the layer's dimensions; :func:`_least_modelled`), and keeps
+    contiguous or round-robin unless it is modelled at least one shared pass faster (docs/system.md, "What sets a
+    chip's time").
+
+  Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows) the
+  tile-first greedy balances token counts alone, with or without ``--regions``; so does ``--tp N --ep M``.
 
 Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
 """
@@ -32,13 +39,17 @@ import sympy
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System
 from stepsim.workloads.chips import chips_system
+from stepsim.workloads.moe.ep_cost import PassCost, chip_cycles, pass_cost, placement_cycles
 
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 
 
-def place_experts(counts, chips: int, placement: str, tile_n: int | None = None) -> list[int]:
+def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
+                  cost: PassCost | None = None) -> list[int]:
     """The chip of every expert (see the module docstring); ``counts`` are the per-expert token counts,
-    ``tile_n`` the rows of a static token tile (None: dynamic tiling, balance tokens).
+    ``tile_n`` the rows of a static token tile (None: dynamic tiling, balance tokens), ``cost`` one expert
+    pass's figures on a chip whose experts each keep their own region (:mod:`stepsim.workloads.moe.ep_cost`;
+    None: the tile-first greedy of ``--regions``).
 
     Example
     -------
@@ -57,6 +68,17 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None)
 
     >>> place_experts([5, 1, 1, 9, 4, 4], 2, "load-balanced", tile_n=4)
     [0, 0, 0, 1, 1, 1]
+
+    With one region per expert (``cost``: a pass takes 10 cycles of a shared HBM, 30 alone) a chip's second
+    passes cost 30 cycles for one two-tile expert as for two, so both go on one chip with a one-tile expert (60
+    and 40 cycles modelled). Tile-first (five tiles each) splits them (70 and 60), contiguous (70 and 30) and
+    round-robin (70 and 60) do too:
+
+    >>> from stepsim.workloads.moe.ep_cost import PassCost
+    >>> place_experts([5, 5, 2, 2, 2, 2, 1], 2, "load-balanced", tile_n=4, cost=PassCost(shared=10, alone=30))
+    [1, 1, 0, 0, 0, 1, 0]
+    >>> place_experts([5, 5, 2, 2, 2, 2, 1], 2, "load-balanced", tile_n=4)
+    [0, 1, 0, 1, 0, 1, 0]
     """
     experts = len(counts)
     if placement not in PLACEMENTS:
@@ -76,6 +98,8 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None)
         tiles = [0] * experts  # dynamic tiling: the tokens alone
     else:
         tiles = [-(-n // tile_n) for n in tokens]
+        if cost is not None:
+            return _least_modelled(tiles, tokens, chips, per_chip, cost)
         contiguous = [e // per_chip for e in range(experts)]
         if max(chip_tiles(tiles, contiguous, chips)) <= -(-sum(tiles) // chips):
             return contiguous
@@ -88,6 +112,137 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None)
         load[chip] = (load[chip][0] + tiles[e], load[chip][1] + tokens[e])
         held[chip] += 1
     return chip_of
+
+
+def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: int, cost: PassCost) -> list[int]:
+    """``load-balanced`` with one region per expert: the placement of least modelled busiest-chip time
+    (:func:`~stepsim.workloads.moe.ep_cost.chip_cycles`), at most ``per_chip`` experts a chip.
+
+    Experts go in the order of most tiles first (ties: more tokens, then lower id). Two starts of a search:
+
+    1. Greedy, longest first: each expert in that order onto the chip whose modelled cycles it leaves least among
+       those with room (ties: fewer tokens so far, then lower chip).
+    2. Blocks: that order cut into consecutive blocks, block c on chip c, with the least modelled busiest chip
+       (:func:`_blocks`). Experts of like tile counts so share a chip: a chip's lone passes cost the same for one
+       multi-tile expert as for several.
+
+    Each start is improved (:func:`_improve`); the one of less modelled busiest-chip cycles is taken (ties: the
+    greedy). (A variant with contiguous and round-robin as further starts changed five placements of the B=1024
+    traces of docs/system.md; the engine ran three faster and two 5-6 % slower, through the combine's tail, which
+    the model leaves out.) Contiguous is returned instead when it is modelled less than one shared pass
+    (``cost.shared``) slower than the least of the three and no slower than round-robin; else round-robin when it
+    is within a shared pass of the least: the model's phases end together, the engine's over thousands of cycles (its HBM
+    serves memory units in registration order), so smaller differences are within the model's error
+    (docs/system.md, "What sets a chip's time"). So load-balanced is never modelled slower than either.
+    """
+    experts = len(tiles)
+    order = sorted(range(experts), key=lambda e: (-tiles[e], -tokens[e], e))
+    greedy = [0] * experts
+    load = [0] * chips  # token rows so far (the greedy's tie rule)
+    mine: list[list[int]] = [[] for _ in range(chips)]  # tiles of each chip's experts
+    for e in order:
+        chip = min((c for c in range(chips) if len(mine[c]) < per_chip),
+                   key=lambda c: (chip_cycles(mine[c] + [tiles[e]], cost), load[c], c))
+        greedy[e] = chip
+        mine[chip].append(tiles[e])
+        load[chip] += tokens[e]
+    contiguous = [e // per_chip for e in range(experts)]
+    round_robin = [e % chips for e in range(experts)]
+    best, best_cycles = None, None
+    for start in (greedy, _blocks(tiles, order, chips, per_chip, cost)):
+        placed = _improve(tiles, start, chips, per_chip, cost)
+        cycles = max(placement_cycles(tiles, placed, chips, cost))
+        if best is None or cycles < best_cycles:
+            best, best_cycles = placed, cycles
+    kept = [max(placement_cycles(tiles, p, chips, cost)) for p in (contiguous, round_robin)]
+    least = min(best_cycles, *kept)
+    if kept[0] < least + cost.shared and kept[0] <= kept[1]:
+        return contiguous
+    if kept[1] < least + cost.shared:
+        return round_robin
+    return best
+
+
+def _blocks(tiles: list[int], order: list[int], chips: int, per_chip: int, cost: PassCost) -> list[int]:
+    """``order`` cut into ``chips`` consecutive blocks of at most ``per_chip`` experts (block c on chip c) with the
+    least modelled busiest chip; ties: the earliest cut at every step (dynamic programming over the cuts)."""
+    experts = len(order)
+    block = {}  # (j, i): modelled cycles of order[j:i]
+    for j in range(experts):  # extend each block by one expert: cycles as chip_cycles, incrementally
+        levels: list[int] = []
+        total = 0
+        for i in range(j + 1, min(experts, j + per_chip) + 1):
+            t = tiles[order[i - 1]]
+            levels += [0] * (t - len(levels))
+            for k in range(t):  # phase k + 1 gains an expert
+                total += max((levels[k] + 1) * cost.shared, cost.alone) - (
+                    max(levels[k] * cost.shared, cost.alone) if levels[k] else 0)
+                levels[k] += 1
+            block[j, i] = total
+    inf = float("inf")
+    best = [[inf] * (experts + 1) for _ in range(chips + 1)]
+    cut = [[0] * (experts + 1) for _ in range(chips + 1)]
+    best[0][0] = 0
+    for c in range(1, chips + 1):
+        for i in range(experts + 1):
+            for j in range(max(0, i - per_chip), i + 1):
+                value = max(best[c - 1][j], block[j, i] if i > j else 0)
+                if value < best[c][i]:
+                    best[c][i], cut[c][i] = value, j
+    chip_of = [0] * experts
+    i = experts
+    for c in range(chips, 0, -1):
+        j = cut[c][i]
+        for e in order[j:i]:
+            chip_of[e] = c - 1
+        i = j
+    return chip_of
+
+
+def _improve(tiles: list[int], chip_of: list[int], chips: int, per_chip: int, cost: PassCost) -> list[int]:
+    """Local improvement of a placement by the model: while moving one expert off the busiest chip (ties: the
+    lowest), or swapping it with one of another chip, leaves both chips below the busiest's cycles, make the best
+    such change (least larger cycles of the two chips; ties: lower other chip, a move before a swap, fewer tiles
+    moved off, then fewer moved on; the expert moved is the lowest id of its tile count on its chip). Each change
+    lowers the chips' cycles sorted largest first (lexicographically), so this ends."""
+    chip_of = list(chip_of)
+    while True:
+        mine = [[tiles[e] for e in range(len(tiles)) if chip_of[e] == c] for c in range(chips)]
+        cycles = [chip_cycles(m, cost) for m in mine]
+        busiest = max(range(chips), key=lambda c: (cycles[c], -c))
+        best = None  # (larger cycles of the two chips, other chip, swap?, tiles off, tiles on), expert off, on
+        off = _by_tiles(tiles, chip_of, busiest)
+        for other in range(chips):
+            if other == busiest:
+                continue
+            on = _by_tiles(tiles, chip_of, other)
+            changes = [(t, None) for t in off] if len(mine[other]) < per_chip else []
+            changes += [(t, u) for t in off for u in on if u != t]
+            for t, u in changes:
+                gone, came = list(mine[busiest]), mine[other] + [t]
+                gone.remove(t)
+                if u is not None:
+                    came.remove(u)
+                    gone.append(u)
+                larger = max(chip_cycles(gone, cost), chip_cycles(came, cost))
+                key = (larger, other, u is not None, t, -1 if u is None else u)
+                if larger < cycles[busiest] and (best is None or key < best[0]):
+                    best = (key, off[t], None if u is None else on[u])
+        if best is None:
+            return chip_of
+        (_, other, *_), e, f = best
+        chip_of[e] = other
+        if f is not None:
+            chip_of[f] = busiest
+
+
+def _by_tiles(tiles: list[int], chip_of: list[int], chip: int) -> dict[int, int]:
+    """The lowest expert id of every tile count on ``chip``."""
+    first: dict[int, int] = {}
+    for e, c in enumerate(chip_of):
+        if c == chip and tiles[e] not in first:
+            first[tiles[e]] = e
+    return first
 
 
 def ep_system(chips: int, system: System | None) -> System:
@@ -152,7 +307,11 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     from stepsim.workloads.moe.sharded import build_sharded
 
     system = ep_system(chips, system)
-    chip_of = place_experts(counts, chips, placement, None if build["dynamic"] else build["tile_n"])
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    cost = None  # with --regions a chip's tiles are its time: the tile-first greedy
+    if regions is None and tile_n is not None:
+        cost = pass_cost(model, tile_n, build["tile_f"], build["compute_bw"], system.hardware)
+    chip_of = place_experts(counts, chips, placement, tile_n, cost)
     members = None if regions is None else region_members(chip_of, chips, regions)
     region_chip = None if members is None else [chip_of[m[0]] for m in members]
     net, op_chip = prelude(system) if prelude is not None else (None, {})
