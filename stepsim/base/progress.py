@@ -52,3 +52,38 @@ def engine_progress(after_s: float = SHOW_AFTER_S, stream=None) -> Iterator[Call
     finally:
         if bar is not None:
             bar.close()
+
+
+@contextlib.contextmanager
+def count_progress(desc: str, unit: str, total: int | None = None, after_s: float | None = None,
+                   stream=None) -> Iterator[Callable[..., None]]:
+    """Yield ``update(done, note="")``: a tqdm bar of ``done`` of ``total`` ``unit`` (``total`` None: a count), with
+    ``note`` after it, drawn only when ``stream`` (default ``sys.stderr``) is a terminal and the work has already
+    taken ``after_s`` seconds (default :data:`SHOW_AFTER_S`); closed at exit. For work counted in steps rather than engine cycles (``stepsim
+    serve``: requests finished, layers simulated while calibrating), where a run can take minutes without a line.
+
+    >>> with count_progress("serving", "requests", total=200) as update:
+    ...     update(17, "step 412")  # nothing drawn: not a terminal, and not yet slow
+    """
+    stream = sys.stderr if stream is None else stream
+    after_s = SHOW_AFTER_S if after_s is None else after_s
+    start = time.perf_counter()
+    bar = None
+
+    def update(done: int, note: str = "") -> None:
+        nonlocal bar
+        if bar is None:
+            if time.perf_counter() - start < after_s or not stream.isatty():
+                return
+            from tqdm import tqdm
+
+            bar = tqdm(file=stream, total=total, unit=f" {unit}", desc=desc, leave=False, mininterval=0.2)
+        bar.n = done
+        bar.set_postfix_str(note, refresh=False)
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.close()

@@ -83,7 +83,8 @@ def _serve(args) -> int:
                    scheduler=args.scheduler, max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens,
                    chunk_tokens=args.chunk_tokens, routing=args.routing, fidelity=args.fidelity, slo=args.slo,
                    jobs=args.jobs, executor=args.executor, address=args.address, seed=args.seed,
-                   iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system)
+                   iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system,
+                   progress=True)  # bars only on a terminal, after 2 s
     s = result.summary
     if args.json:
         print(json.dumps(s, indent=2))

@@ -9,6 +9,7 @@ write the outputs (:mod:`stepsim.serve.output`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -157,10 +158,12 @@ def _routing_identity(routing) -> dict:
 
 
 def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                  jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None, system=None):
+                  jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None, system=None,
+                  progress: bool = False):
     """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
-    ``pilot(provider)`` replays the run with a provider; on ``system``'s chips when given (calibrated on
-    :class:`stepsim.serve.system.SystemEngineLatency`'s pieces: :class:`stepsim.serve.system_fast.SystemFastLatency`)."""
+    ``pilot(provider, on_step)`` replays the run with a provider (``on_step`` as :func:`replay`'s ``progress``); on
+    ``system``'s chips when given (calibrated on :class:`stepsim.serve.system.SystemEngineLatency`'s pieces:
+    :class:`stepsim.serve.system_fast.SystemFastLatency`). ``progress``: a calibration bar on a terminal."""
     from stepsim.serve.fast import (
         FastLatency,
         calibrated,
@@ -197,7 +200,24 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
                            forms=forms, theta=theta, error=error, layers_executor=layers_executor)
 
     if record is None:
-        probe, theta, error, stats = calibrated(lambda theta: make(theta), pilot, seed)
+        with _bar(progress, "calibrating", "layer simulations") as update:
+            simulated = [0]
+
+            def observed(theta):  # a provider whose exact simulations advance the bar
+                provider = make(theta)
+                if update is not None:
+                    def counted(n):
+                        simulated[0] += n
+                        update(simulated[0], "simulating sampled steps exactly")
+                    provider.on_simulated = counted
+                return provider
+
+            def pilot_observed(provider):
+                on_step = None if update is None else (
+                    lambda done, steps: update(simulated[0], f"pilot replay: {done:,} requests served"))
+                return pilot(provider, on_step)
+
+            probe, theta, error, stats = calibrated(observed, pilot_observed, seed)
         forms = {kind: [list(f.off_chip), list(f.flops)] for kind, f in probe.forms.items()}
         record = {"key": key, "theta": theta, "error": error, "forms": forms, "stats": stats}
         save_calibration(cache, key, record)
@@ -208,6 +228,15 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
 
     forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
     return make(record["theta"], record["error"], forms), record
+
+
+def _bar(progress: bool, desc: str, unit: str, total: int | None = None):
+    """:func:`stepsim.base.progress.count_progress` when ``progress``, else a context yielding None."""
+    if not progress:
+        return contextlib.nullcontext(None)
+    from stepsim.base.progress import count_progress
+
+    return count_progress(desc, unit, total)
 
 
 def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
@@ -240,7 +269,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
-          calibration_cache=None, system=None) -> ServeResult:
+          calibration_cache=None, system=None, progress: bool = False) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -302,6 +331,9 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     system : str or path, optional
         A system preset or file (docs/system.md): serve on its chips, the weights split over them and the KV
         cache in every chip's HBM left (:mod:`stepsim.serve.system`).
+    progress : bool
+        Progress bars on stderr while calibrating and serving, drawn only on a terminal once the work has taken
+        2 s (``stepsim serve`` sets it; the results do not depend on it).
 
     Returns
     -------
@@ -367,7 +399,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     try:
         provider, calibration, result = _replay_with(
             provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
-            trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache, system)
+            trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache, system,
+            progress)
     finally:
         if layers_executor is not None:
             layers_executor.close()
@@ -380,7 +413,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
 
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
                  requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
-                 calibration_cache, system):
+                 calibration_cache, system, progress):
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
     replayed through it."""
     calibration = None
@@ -402,14 +435,16 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
         provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                               vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
                                               cache=calibration_cache, layers_executor=layers_executor,
-                                              system=system,
-                                              pilot=lambda p: replay(trace.arrival_s, trace.prompt_tokens,
-                                                                     trace.output_tokens,
-                                                                     Scheduler(config, capacity, limit), p))
+                                              system=system, progress=progress,
+                                              pilot=lambda p, on_step: replay(
+                                                  trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                                                  Scheduler(config, capacity, limit), p, on_step))
 
     try:
-        result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                        Scheduler(config, capacity, limit), provider)
+        with _bar(progress, f"serving ({provider.mode})", "requests", len(trace.arrival_s)) as update:
+            on_step = None if update is None else (lambda done, steps: update(done, f"step {steps:,}"))
+            result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                            Scheduler(config, capacity, limit), provider, on_step)
     finally:
         if hasattr(provider, "close"):
             provider.close()

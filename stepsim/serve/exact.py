@@ -111,6 +111,8 @@ class EngineLatency:
         self.build_s = self.engine_s = 0.0
         self.templates = self.simulations = 0
         self.wall_s = 0.0
+        #: ``on_simulated(n)`` after every ``n`` layer simulations finished (a progress bar; changes nothing)
+        self.on_simulated = None
 
     # ---------------------------------------------------------------------------------------- parallelism
     def run_tasks(self, tasks: list) -> list:
@@ -126,9 +128,9 @@ class EngineLatency:
 
     def _run(self, tasks: list) -> list:
         if self.layers_executor is not None:
-            return self.layers_executor.run(self.spec, tasks)
+            return self._counted(self.layers_executor.run(self.spec, tasks))
         if not self.jobs or self.jobs == 1:
-            return [layer_task(self.spec, kind, data) for kind, data in tasks]
+            return [self._counted(layer_task(self.spec, kind, data)) for kind, data in tasks]
         if self._pool is None:
             from stepsim.base.forkserver import start_fork_server
             from stepsim.batch.tasks import init_local_worker
@@ -137,7 +139,13 @@ class EngineLatency:
                                              mp_context=start_fork_server(warm_kernels=True),
                                              initializer=init_local_worker, initargs=(True, os.getpid()))
         futures = [self._pool.submit(layer_task, self.spec, kind, data) for kind, data in tasks]
-        return [f.result() for f in futures]
+        return [self._counted(f.result()) for f in futures]
+
+    def _counted(self, done):
+        """``done`` (one layer task's result, or a list of them) passed through, counted for :attr:`on_simulated`."""
+        if self.on_simulated is not None:
+            self.on_simulated(len(done) if isinstance(done, list) else 1)
+        return done
 
     def close(self) -> None:
         if self._pool is not None:

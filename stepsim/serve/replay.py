@@ -12,6 +12,7 @@ Time (seconds) starts at 0. Order at one instant, fixed so a replay is determini
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +52,7 @@ class ReplayResult:
 
 
 def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
-           provider: LatencyProvider) -> ReplayResult:
+           provider: LatencyProvider, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Serve every request of a trace to completion.
 
     Parameters
@@ -64,6 +65,8 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
         A fresh scheduler (its policy, knobs and KV capacity).
     provider : LatencyProvider
         Prices each step.
+    progress : callable, optional
+        ``progress(requests finished, steps)`` after every step (a progress bar; it changes nothing).
     """
     arrivals = arrival_s.tolist()
     requests = [Request(i, p, o, a) for i, (p, o, a) in enumerate(zip(prompt.tolist(), output.tolist(), arrivals))]
@@ -113,6 +116,8 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
             cycles.setdefault(kind, [0] * (len(starts) - 1)).append(c)
         now = now + cost.seconds
         done += scheduler.finish_step(batch, now, gaps)
+        if progress is not None:
+            progress(done, len(starts))
     iterations = {
         "start_s": np.array(starts, dtype=np.float64), "duration_s": np.array(durations, dtype=np.float64),
         "tokens": np.array(ntokens, dtype=np.int64), "sequences": np.array(nseqs, dtype=np.int64),
