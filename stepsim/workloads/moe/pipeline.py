@@ -20,12 +20,15 @@ from stepsim.base.errors import ArgumentError
 from stepsim.graph import BF16, FP32, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Reshape, Tensor
 from stepsim.workloads.chips import check_stack
 
+#: the tilings a stack takes ``--micro-batches M`` > 1 with (``stepsim optimize`` searches M for these only)
+MICRO_BATCH_TILINGS = ("static",)
+
 
 def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, tiling: str,
                    tile_n: int | None, shared: int) -> int:
     """One-line ArgumentError unless L, N and M fit the batch and tiling; returns M (default 1)."""
     m = check_stack(layers, pp, batch, micro_batches, "tokens") or 1
-    if m > 1 and tiling != "static":
+    if m > 1 and tiling not in MICRO_BATCH_TILINGS:
         raise ArgumentError(f"--micro-batches {m} needs --tiling static (a dynamic tile holds all of an expert's "
                             f"tokens, so it cannot end at a micro-batch)")
     if m > 1 and shared and (batch // m) % tile_n:
