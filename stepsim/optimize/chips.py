@@ -15,7 +15,8 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
 * ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (``swiglu``,
   ``moe``, ``decoder``); a stack of ``layers > 1`` combines with neither ``tp`` nor ``ep`` (its builders refuse
-  both), so its candidates are pipelines alone; without ``--system`` each runs on the default fully connected
+  both), so its candidates are pipelines alone (each with the stack's micro-batch counts,
+  :mod:`stepsim.optimize.stack`); without ``--system`` each runs on the default fully connected
   chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
 * the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
   one-chip first stage keeps), ``tp`` also dividing its KV heads, ``ep`` and ``tp x ep`` dividing them or a

@@ -5,10 +5,11 @@ followed by its micro-batched copies (:func:`micro_batch_grids`). M runs over th
 to :data:`MAX_MICRO_BATCHES`; M = 1 is the grid itself with the knob unset (the stack's default, so those
 candidates keep the run ids of a search without the axis). Only what the stack builds is kept:
 
-* the tilings that take M > 1 (:data:`stepsim.workloads.moe.pipeline.MICRO_BATCH_TILINGS`; a grid without a
-  ``tiling`` axis has the kind's default);
+* the tilings that take M > 1 (:data:`stepsim.workloads.moe.pipeline.MICRO_BATCH_TILINGS`, the MoE and decoder
+  stacks': static and dynamic; a grid without a ``tiling`` axis has the kind's default);
 * MoE with shared experts: the ``tile_n`` values whose shared tiles do not span micro-batches (``B / M`` a
-  multiple of ``tile_n``, :func:`stepsim.workloads.moe.pipeline.check_pipeline`);
+  multiple of ``tile_n``; dynamic tiling's shared tile is the default 32 tokens,
+  :func:`stepsim.workloads.moe.pipeline.check_pipeline`);
 * decoder: micro-batches of ``B / M`` requests that the projection tile packs whole (at most
   :data:`stepsim.workloads.decoder.pipeline.O_TILE` requests, or a multiple of it).
 
@@ -70,20 +71,21 @@ def _fit(grid: dict, m: int, *, workload: str, batch: int, shared: int) -> dict 
     from stepsim.workloads.decoder.pipeline import O_TILE
     from stepsim.workloads.kinds import kind
     from stepsim.workloads.moe.build import DEFAULT_TILE_N
-    from stepsim.workloads.moe.pipeline import MICRO_BATCH_TILINGS
+    from stepsim.workloads.moe.pipeline import MICRO_BATCH_TILINGS as tilings
 
     grid = dict(grid)
     rows = batch // m
     if "tiling" in grid:
-        grid["tiling"] = tuple(t for t in grid["tiling"] if t in MICRO_BATCH_TILINGS)
+        grid["tiling"] = tuple(t for t in grid["tiling"] if t in tilings)
         if not grid["tiling"]:
             return None
-    elif kind(workload).defaults.get("tiling") not in MICRO_BATCH_TILINGS:
+    elif kind(workload).defaults.get("tiling") not in tilings:
         return None
     if workload == "decoder" and rows % min(O_TILE, rows):
         return None
     if workload == "moe" and shared:
-        tile_ns = grid.get("tile_n", (DEFAULT_TILE_N,))
+        # dynamic tiling's shared experts use the default tile (a grid's tile_n is for its static tiling)
+        tile_ns = grid.get("tile_n", (DEFAULT_TILE_N,)) if grid.get("tiling") != ("dynamic",) else (DEFAULT_TILE_N,)
         kept = tuple(n for n in tile_ns if rows % n == 0)
         if not kept:
             return None

@@ -196,10 +196,10 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     parallel, tile_rows = {}, {}
     flops = algorithmic_flops(counts, model, tile_n)
     if stack:
-        g, bindings, flops, parallel = _stack(model, routings, pp, system, micro_batches, ep=ep, tp=tp,
-                                              timeshare=timeshare, tiling=tiling, dynamic=dynamic, tile_n=tile_n,
-                                              tile_f=tile_f, regions=regions, compute_bw=compute_bw,
-                                              packing_compute_bw=packing_compute_bw)
+        g, bindings, tile_rows, flops, parallel = _stack(
+            model, routings, pp, system, micro_batches, ep=ep, tp=tp, timeshare=timeshare, tiling=tiling,
+            dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+            packing_compute_bw=packing_compute_bw)
     elif tp is not None and timeshare:
         raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
                             "weights by address, not a chip's column block")
@@ -279,14 +279,15 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, timeshare, tiling, dynamic,
            **stage) -> tuple:
     """``--layers L [--pp N] [--micro-batches M]``: the stack of :mod:`stepsim.workloads.moe.pipeline`. Returns
-    ``(graph, bindings, algorithmic FLOPs, params)``."""
+    ``(graph, bindings, tile_rows, algorithmic FLOPs, params)``."""
     from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
 
     if tp is not None or ep is not None or timeshare:
         raise ArgumentError("--layers / --pp / --micro-batches do not combine with --tp, --ep or --regions yet "
                             "(a stack runs each layer whole on one chip, one region per expert)")
     layers = len(routings)
-    m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling, tile_n=stage["tile_n"],
+    m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling,
+                       tile_n=stage["tile_n"] or DEFAULT_TILE_N,
                        shared=model.shared_intermediate)
     if pp is not None:
         from stepsim.workloads.chips import chips_system
@@ -295,9 +296,12 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, time
     elif system is not None:
         raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
 
+    tile_rows = {}  # every layer's ragged dynamic tiles (moe_stage with micro-batches)
+
     def one_layer(g, tokens, routing, prefix):
-        out, bindings, _ = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts), prefix=prefix,
-                                     micro_batches=m, dynamic=dynamic, **stage)
+        out, bindings, rows = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts),
+                                        prefix=prefix, micro_batches=m, dynamic=dynamic, **stage)
+        tile_rows.update(rows)
         return out, bindings
 
     g, net, bindings, flops = build_stack(
@@ -308,7 +312,7 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, time
         from stepsim.workloads.chips import link_bytes
 
         params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
-    return g, bindings, flops, params
+    return g, bindings, tile_rows, flops, params
 
 
 def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
@@ -363,9 +367,9 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     time-multiplexed region's merged dynamic tiles (:attr:`stepsim.workloads.base.Workload.tile_rows`).
     ``suffix`` ends the names of the expert weight tensors (a tensor-parallel chip's shards: ``.<chip>``);
     ``prefix`` starts the names of the stage's tensors (a stack's layer: ``layer<i>.``, moe/pipeline.py).
-    ``micro_batches`` M > 1 (static tiling, one region per expert): every expert's tiles are packed per
-    micro-batch of ``B / M`` consecutive tokens (:func:`_micro_batch_tiles`), so a pipeline's next stage gets
-    micro-batch m's rows without waiting for later micro-batches' tokens.
+    ``micro_batches`` M > 1 (one region per expert): every expert's tiles are packed per micro-batch of ``B / M``
+    consecutive tokens (:func:`_micro_batch_tiles`; dynamic tiling: one tile per micro-batch with tokens), so a
+    pipeline's next stage gets micro-batch m's rows without waiting for later micro-batches' tokens.
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     batch = routing.shape[0]
@@ -384,9 +388,10 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     # the expert weights
     weights = load_routing_weights() if regions == experts else None
 
+    tile_rows = {}
     if micro_batches > 1:  # 4-5a per micro-batch
-        count_symbol, packed, bindings = _micro_batch_tiles(g, tokens, model, routing, micro_batches, tile_n,
-                                                            packing_compute_bw, prefix)
+        count_symbol, packed, bindings, tile_rows = _micro_batch_tiles(g, tokens, model, routing, micro_batches,
+                                                                       tile_n, packing_compute_bw, prefix, dynamic)
         bindings.update({count_symbol[e]: int(counts[e]) for e in range(experts)})
     else:
         # 4: tokens to experts; the partition's count symbols are the per-expert token counts
@@ -410,13 +415,13 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
         _label(g.ops[before:], ("expert", e))
 
     # 5b: expert FFNs, one region per expert or time-multiplexed regions
-    tile_rows = {}
     if regions == experts:
         results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix, prefix) for e in range(experts)]
     else:
-        results, region_bindings, tile_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
-                                                                   counts, bw)
+        results, region_bindings, region_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
+                                                                     counts, bw)
         bindings.update(region_bindings)
+        tile_rows.update(region_rows)
 
     # 5c-7: unpack rows, scale by routing weights, reassemble tokens, sum over slots, store
     if weights is None:
@@ -443,8 +448,8 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     return summed, bindings, tile_rows
 
 
-def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, tile_n: int,
-                       packing_compute_bw: int, prefix: str):
+def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, tile_n: int | None,
+                       packing_compute_bw: int, prefix: str, dynamic: bool = False):
     """Steps 4-5a with M micro-batches of ``B / M`` consecutive tokens: every expert's tiles hold tokens of one
     micro-batch only, in micro-batch order.
 
@@ -456,8 +461,15 @@ def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, 
     selector names the micro-batch of each tile (the counts are the trace's). The FFN then sees one stream of
     tiles, as with one micro-batch; micro-batches with no token for an expert have no tile there.
 
-    Returns ``(count symbols, packed tile streams by expert, bindings)``; the count symbols (tokens per expert
-    over the batch) are new: no single Partition has them.
+    Dynamic tiling (``dynamic``): micro-batch m's tokens of expert e are one tile of ``c[m, e]`` rows (the
+    count of its Partition), so expert e gets one tile per micro-batch with tokens. Their rows differ, so the
+    Reassemble's tiles have a ragged row count (:class:`stepsim.graph.Reassemble`), bound to the largest
+    ``c[m, e]`` (on-chip buffers hold the largest tile) and, for FLOPs and the per-unit bounds, to each tile's
+    own rows (``tile_rows``, as the time-multiplexed regions' merged tiles). An expert with no token in the
+    batch keeps micro-batch 0's one empty tile, as the one Partition of M = 1 gives it.
+
+    Returns ``(count symbols, packed tile streams by expert, bindings, tile_rows)``; the count symbols (tokens
+    per expert over the batch) are new: no single Partition has them.
     """
     from stepsim.graph.dims import make_symbol
 
@@ -465,22 +477,29 @@ def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, 
     m_count, rows = micro_batches, batch // micro_batches
     split = Partition(g, Reshape(g, tokens, rows, 0), SelectorSource(g, np.eye(m_count, dtype=np.int8), m_count),
                       1, m_count)  # (1, M, B/M) rows in
-    bindings = {}
+    bindings, tile_rows = {}, {}
     tiles = np.zeros((m_count, experts), np.int64)  # tiles of expert e in micro-batch m
+    tokens_of = np.zeros((m_count, experts), np.int64)  # tokens of expert e in micro-batch m
     packed = [[None] * experts for _ in range(m_count)]
     for m in range(m_count):
         split.assume_shape(m, (1, rows))
         bindings[split.count_symbols[m]] = 1
         part_routing = routing[m * rows:(m + 1) * rows]
         part = Partition(g, split[m], SelectorSource(g, multihot(part_routing, experts), experts), 0, experts)
-        counts = expert_counts(part_routing, experts)
-        tiles[m] = -(-counts // tile_n)
+        tokens_of[m] = expert_counts(part_routing, experts)
+        tiles[m] = (tokens_of[m] > 0) if dynamic else -(-tokens_of[m] // tile_n)
         for e in range(experts):
             before = len(g.ops)
-            bindings[part.count_symbols[e]] = int(counts[e])
-            padded = Reshape(g, part[e], tile_n, 0, pad=Zero(1, d), add_outer_dim=True)
-            packed[m][e] = Accum(g, Flatten(g, padded, 1, 2), RetileRow(), Empty(0, d), 1,
-                                 out_dtype=Tile(FP32, tile_n, d), compute_bw=packing_compute_bw)
+            c = part.count_symbols[e]
+            bindings[c] = int(tokens_of[m, e])
+            if dynamic:  # the one-layer graph's dynamic packing (moe_stage), per micro-batch
+                rows_in = Flatten(g, Reshape(g, part[e], 1, 0, pad=Zero(1, d), add_outer_dim=True), 0, 1)
+                out_dtype = DynTile(FP32, c, d)
+            else:
+                rows_in = Flatten(g, Reshape(g, part[e], tile_n, 0, pad=Zero(1, d), add_outer_dim=True), 1, 2)
+                out_dtype = Tile(FP32, tile_n, d)
+            packed[m][e] = Accum(g, rows_in, RetileRow(), Empty(0, d), 1, out_dtype=out_dtype,
+                                 compute_bw=packing_compute_bw)
             _label(g.ops[before:], ("expert", e))
     merged = []
     for e in range(experts):
@@ -493,12 +512,16 @@ def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, 
         select[np.arange(len(select)), np.repeat(np.arange(len(used)), tiles[used, e])] = 1
         order = Reassemble(g, [packed[m][e] for m in used], SelectorSource(g, select, len(used)), 0)
         bindings[order.ragged_symbol] = 1  # one tile per selector element
+        rows_symbol = order.stream.dtype.rows
+        if dynamic and len(used) > 1:  # the tiles' ragged rows (docstring)
+            bindings[rows_symbol] = int(tokens_of[used, e].max())
+            tile_rows[rows_symbol] = tuple(int(tokens_of[m, e]) for m in used)
         flat = Flatten(g, order, 0, 2)
         flat.assume_shape(0, (len(select),))
         merged.append(flat)
         _label(g.ops[before:], ("expert", e))
     counts_symbols = tuple(make_symbol(f"{prefix}tokens_{e:03d}") for e in range(experts))
-    return counts_symbols, merged, bindings
+    return counts_symbols, merged, bindings, tile_rows
 
 
 def idle_groups(counts, regions: int, members=None) -> set:
