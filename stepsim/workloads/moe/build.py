@@ -197,7 +197,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     flops = algorithmic_flops(counts, model, tile_n)
     if stack:
         g, bindings, tile_rows, flops, parallel = _stack(
-            model, routings, pp, system, micro_batches, ep=ep, tp=tp, timeshare=timeshare, tiling=tiling,
+            model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp, timeshare=timeshare,
+            tiling=tiling,
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw)
     elif tp is not None and timeshare:
@@ -276,19 +277,23 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     )
 
 
-def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, timeshare, tiling, dynamic,
+def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, timeshare, tiling, dynamic,
            **stage) -> tuple:
-    """``--layers L [--pp N] [--micro-batches M]``: the stack of :mod:`stepsim.workloads.moe.pipeline`. Returns
-    ``(graph, bindings, tile_rows, algorithmic FLOPs, params)``."""
+    """``--layers L [--pp N] [--micro-batches M] [--ep E]``: the stack of :mod:`stepsim.workloads.moe.pipeline`
+    (with ``ep``: of :mod:`stepsim.workloads.moe.pipeline_ep`). Returns ``(graph, bindings, tile_rows, algorithmic
+    FLOPs, params)``."""
     from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
 
-    if tp is not None or ep is not None or timeshare:
-        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --tp, --ep or --regions yet "
-                            "(a stack runs each layer whole on one chip, one region per expert)")
+    if tp is not None or timeshare:
+        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --tp or --regions yet "
+                            "(a stack runs each layer on one chip or, with --ep, over E chips, one region per "
+                            "expert)")
     layers = len(routings)
     m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling,
                        tile_n=stage["tile_n"] or DEFAULT_TILE_N,
                        shared=model.shared_intermediate)
+    if ep is not None:
+        return _ep_stack(model, routings, pp, system, m, ep=ep, placement=placement, dynamic=dynamic, **stage)
     if pp is not None:
         from stepsim.workloads.chips import chips_system
 
@@ -312,6 +317,40 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, time
         from stepsim.workloads.chips import link_bytes
 
         params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+    return g, bindings, tile_rows, flops, params
+
+
+def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
+    """``--layers L --ep E [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_ep` on ``(P or 1) x E`` chips; its
+    results as :func:`_stack`'s."""
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.moe.pipeline_ep import build_ep_stack
+
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
+        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    if m > 1:
+        raise ArgumentError(f"--micro-batches {m} does not combine with --ep yet (the expert-parallel layer merges "
+                            f"every chip's rows for an expert in arrival order and packs them once)")
+    system = chips_system((pp or 1) * ep, system, "--pp x --ep" if pp else "--ep")
+    tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
+    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}")
+
+    def ffns_of(i):
+        return lambda g, packed: ([_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, prefix=f"layer{i}.")
+                                   for e in range(model.experts)], {}, {})
+
+    def shared_of(i):
+        if not model.shared_intermediate:
+            return None
+        return lambda g, tokens, rows: shared_ffn(g, tokens, model, rows, stage["tile_n"] or DEFAULT_TILE_N, tile_f,
+                                                  stage["packing_compute_bw"], bw, prefix=f"layer{i}.")
+
+    bindings, tile_rows, params = build_ep_stack(
+        g, model, routings, ep=ep, pp=pp, placement=placement, system=system,
+        build=dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"}),
+        ffns_of=ffns_of, shared_of=shared_of, expert_counts=lambda r: expert_counts(r, model.experts))
+    flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
+    params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
     return g, bindings, tile_rows, flops, params
 
 
@@ -691,13 +730,17 @@ def from_config(cfg: Mapping) -> Workload:
 
 
 def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
-    """``--layers L [--pp N --system FILE] [--micro-batches M]``: one-line errors for the flags that do not combine,
+    """``--layers L [--pp N --system FILE] [--micro-batches M] [--ep E --placement P]``: one-line errors for the
+    flags that do not combine,
     before the trace is read; each layer's routing from the trace (:func:`stepsim.workloads.moe.pipeline.layer_routings`)."""
     from stepsim.workloads.chips import stack_knobs
     from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
     from stepsim.workloads.moe.pipeline import layer_routings
 
-    stack = stack_knobs(cfg, "MoE layers", ("ep", "tp", "regions", "placement", "algorithm"))
+    refused = ("tp", "regions", "algorithm") + (("placement",) if cfg.get("ep") is None else ())
+    stack = stack_knobs(cfg, "MoE layers", refused, chip_knobs=("pp", "ep"))
+    if cfg.get("ep") is not None:
+        stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
     routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, stack["layers"], cfg["iteration"],
                               cfg["layer"])
     return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],
