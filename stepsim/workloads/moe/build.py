@@ -331,7 +331,10 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     if m > 1:
         raise ArgumentError(f"--micro-batches {m} does not combine with --ep yet (the expert-parallel layer merges "
                             f"every chip's rows for an expert in arrival order and packs them once)")
-    system = chips_system((pp or 1) * ep, system, "--pp x --ep" if pp else "--ep")
+    if pp is not None and system is not None and system.chips != pp * ep:
+        raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
+                            f"{system.name!r} has {system.chips}")
+    system = chips_system((pp or 1) * ep, system, "--ep")
     tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}")
 
@@ -737,8 +740,9 @@ def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
     from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
     from stepsim.workloads.moe.pipeline import layer_routings
 
-    refused = ("tp", "regions", "algorithm") + (("placement",) if cfg.get("ep") is None else ())
-    stack = stack_knobs(cfg, "MoE layers", refused, chip_knobs=("pp", "ep"))
+    if cfg.get("placement") is not None and cfg.get("ep") is None:
+        raise ArgumentError("--placement applies to the MoE layer with --ep N (expert parallelism)")
+    stack = stack_knobs(cfg, "MoE layers", ("tp", "regions", "algorithm"), chip_knobs=("pp", "ep"))
     if cfg.get("ep") is not None:
         stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
     routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, stack["layers"], cfg["iteration"],
