@@ -14,8 +14,8 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   into ``tp`` blocks of whole tiles, and no time-multiplexed ``regions`` (the builder refuses both with ``tp``);
   with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
 * ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (``swiglu``,
-  ``moe``, ``decoder``); a stack of ``layers > 1`` combines with neither ``tp`` nor ``ep`` (its builders refuse
-  both), so its candidates are pipelines alone (each with the stack's micro-batch counts,
+  ``moe``, ``decoder``); a stack of ``layers > 1`` is searched without ``tp`` and ``ep`` (every stack refuses
+  ``--tp``; the MoE stack builds ``--ep``, not searched yet), so its candidates are pipelines alone (each with the stack's micro-batch counts,
   :mod:`stepsim.optimize.stack`); without ``--system`` each runs on the default fully connected
   chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
 * the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
@@ -141,7 +141,8 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
                      if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
               if "tp" in axes else [],
               "pp": [n for n in range(2, max_chips + 1) if layers % n == 0] if "pp" in axes else []}
-    if layers > 1:  # a stack of layers combines with pp alone (every stack builder refuses --tp and --ep)
+    if layers > 1:  # a stack's candidates are pipelines alone: every stack refuses --tp, and the MoE stack's
+        # --ep (moe/pipeline_ep.py) is not searched yet (docs/system.md, "What remains")
         values["tp"] = values["ep"] = []
     combos = []
     for tp in [1, *values["tp"]]:
