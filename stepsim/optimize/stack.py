@@ -1,7 +1,8 @@
 """The micro-batch axis of ``stepsim optimize`` over a stack of layers (``layers > 1``: the MoE and decoder stacks).
 
 A stack's candidates gain ``micro_batches`` M (``stepsim run ... --micro-batches M``): every grid of the space is
-followed by its micro-batched copies (:func:`micro_batch_grids`). M runs over the divisors of the batch from 2 up
+followed by its micro-batched copies (:func:`micro_batch_grids`); the default space of a stack also leaves out the
+time-multiplexed ``regions`` grids, which every stack refuses (:func:`stack_space`). M runs over the divisors of the batch from 2 up
 to :data:`MAX_MICRO_BATCHES`; M = 1 is the grid itself with the knob unset (the stack's default, so those
 candidates keep the run ids of a search without the axis). Only what the stack builds is kept:
 
@@ -31,6 +32,16 @@ MAX_MICRO_BATCHES = 8
 #: knobs that every candidate of the JSON and Parquet outputs carries (1 / null when unset): the parallel axes
 #: (chips each) and the micro-batch count
 RECORDED_KNOBS = ("tp", "ep", "pp", "micro_batches")
+
+
+def stack_space(grids: list[dict], *, workload: str, batch: int, layers: int, shared: int = 0) -> list[dict]:
+    """The default space of a stack of ``layers`` layers from a layer's ``grids``: the grids with time-multiplexed
+    ``regions`` left out (every stack refuses ``--regions``: one region per expert), each then followed by its
+    micro-batched copies (:func:`micro_batch_grids`). One layer: ``grids`` unchanged."""
+    if layers <= 1:
+        return [dict(g) for g in grids]
+    return micro_batch_grids([g for g in grids if "regions" not in g], workload=workload, batch=batch, layers=layers,
+                             shared=shared)
 
 
 def micro_batch_counts(batch: int, bound: int = MAX_MICRO_BATCHES) -> list[int]:

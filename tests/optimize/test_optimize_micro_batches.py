@@ -17,7 +17,7 @@ from small_routing import write_small_routing
 from stepsim.optimize import optimize
 from stepsim.optimize.chips import parallel_grids
 from stepsim.optimize.output import run_command
-from stepsim.optimize.stack import MAX_MICRO_BATCHES, micro_batch_counts, micro_batch_grids
+from stepsim.optimize.stack import MAX_MICRO_BATCHES, micro_batch_counts, micro_batch_grids, stack_space
 
 #: the small MoE layer of test_optimize_parallel_axes.py: 8 experts, top-2, 24 tokens
 SMALL = {"model": "custom", "hidden": 512, "intermediate": 512, "experts": 8, "top_k": 2}
@@ -55,14 +55,18 @@ def test_a_stack_grid_gains_the_counts_it_builds():
     assert micro_batch_grids([{"tile_f": (64,)}], workload="moe", batch=64, layers=4, shared=64) == [
         {"tile_f": (64,)}, {"tile_f": (64,), "micro_batches": (2,)}]
     assert micro_batch_grids([STATIC], workload="moe", batch=24, layers=1) == [STATIC]
+    assert stack_space([STATIC, {**STATIC, "regions": (4,)}], workload="moe", batch=24, layers=2, shared=64) == \
+        micro_batch_grids([STATIC], workload="moe", batch=24, layers=2, shared=64)
+    assert stack_space([STATIC, {**STATIC, "regions": (4,)}], workload="moe", batch=24, layers=1) == [
+        STATIC, {**STATIC, "regions": (4,)}]
     # the decoder: a micro-batch of at most 32 requests or a multiple of 32 (the projection tile)
     assert micro_batch_grids([{"tile_f": (32,)}], workload="decoder", batch=96, layers=2) == [
         {"tile_f": (32,)}, {"tile_f": (32,), "micro_batches": (3, 4, 6, 8)}]
 
 
 def test_the_default_space_of_a_stack_searches_micro_batches(trace):
-    """The default MoE space of a 2-layer stack: every grid followed by its micro-batched copy; a given
-    --micro-batches fixes the count (no axis)."""
+    """The default MoE space of a 2-layer stack: the grids without time-multiplexed regions (a stack refuses
+    them), each followed by its micro-batched copy; a given --micro-batches fixes the count (no axis)."""
     from stepsim.optimize import _default_stages
     from stepsim.workloads.config import normalize_config
 
@@ -71,8 +75,9 @@ def test_the_default_space_of_a_stack_searches_micro_batches(trace):
                                               "mode": "metrics"}))[0][1]
     expected = []
     for grid in one:
-        expected += [grid, {**grid, "micro_batches": (2, 3, 4, 6, 8)}]
-    assert stack == expected and len(stack) > len(one)
+        if "regions" not in grid:
+            expected += [grid, {**grid, "micro_batches": (2, 3, 4, 6, 8)}]
+    assert stack == expected and any("regions" in grid for grid in one)
     fixed = _default_stages(normalize_config({"workload": "moe", "trace": trace, **SMALL, "layers": 2,
                                               "micro_batches": 2, "mode": "metrics"}))[0][1]
     assert fixed == one
@@ -133,3 +138,29 @@ def test_pruned_search_over_pp_and_micro_batches_equals_exhaustive(trace, tmp_pa
     assert table.column("micro_batches").to_pylist() == [None, 2, 3, 4] * 4
     assert pq.read_table(out / "pareto.parquet").column("micro_batches").to_pylist() == [None, 2, 2, None, 2, 3, 4,
                                                                                           3, 4]
+
+
+def test_the_decoder_stack_searches_micro_batches_in_its_ffn_stage(tmp_path):
+    """A 2-layer decoder stack of 16 requests: stage 1 (the attention strategies) unchanged, every FFN grid without
+    regions followed by its copy with M = 2, 4, 8 (a micro-batch of 8, 4 or 2 requests, within one projection
+    tile)."""
+    import numpy as np
+
+    from stepsim.optimize import _default_stages
+    from stepsim.workloads.config import normalize_config
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64,
+        "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2}))
+    np.save(tmp_path / "kv.npy", np.arange(1, 17))
+    base = {"workload": "decoder", "model": str(tmp_path / "config.json"), "kv_lengths": str(tmp_path / "kv.npy"),
+            "mode": "metrics"}
+    one = _default_stages(normalize_config(base))
+    stack = _default_stages(normalize_config({**base, "layers": 2}))
+    assert stack[0] == one[0] and len(stack) == 2
+    expected = []
+    for grid in one[1][1]:
+        if "regions" not in grid:
+            expected += [grid, {**grid, "micro_batches": (2, 4, 8)}]
+    assert stack[1][1] == expected and any("regions" in grid for grid in one[1][1])
