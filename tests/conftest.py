@@ -15,3 +15,11 @@ def shared_traces() -> Path:
     """``../shared/traces``; tests that need it skip (with this reason) only when the folder is absent, and fail
     instead under CI (:mod:`shared_traces_folder`)."""
     return require_shared_traces()
+
+
+@pytest.fixture
+def qwen_b64_traces(shared_traces) -> dict[str, str]:
+    """The decoder's shared Qwen3-30B-A3B B=64 inputs as config values: one layer's routing
+    (``expert_routing/qwen_b64/032_012.npz``) and an Azure conversation window of KV lengths."""
+    return {"routing": str(shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"),
+            "kv_lengths": str(shared_traces / "kv_lengths" / "b64" / "conv_stdev0477_0271_0334.npy")}

@@ -10,12 +10,11 @@ import json
 
 import numpy as np
 import pytest
+from engines_agree import both_engines, link_unit_bytes
 
 from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.cli import main
 from stepsim.graph.lower import lower
-from stepsim.kernels.api import run as fast_run
-from stepsim.kernels.reference import run as ref_run
 from stepsim.models.presets import resolve_model
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import workload_from_config
@@ -149,14 +148,9 @@ def test_link_bytes_token_counts_cycles_and_both_engines(ep, placement, routing,
     # a link whose transfers carry no row of this trace is still built (a chip's merge takes every home chip)
     assert {k: b for k, b in p["link_bytes"].items() if b} == _expected_link_bytes(w, routing)
     program = lower(w.graph, channel_depth=w.channel_depth)
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
-    links = {program.unit_names[u]: int(b) for u, b in enumerate(fast.link_bytes)
-             if program.opcode_name(u) == "Link"}
-    assert links == p["link_bytes"]
+    fast = both_engines(program)
+    assert fast.cycles == simulate(w).cycles == cycles
+    assert link_unit_bytes(program, fast) == p["link_bytes"]
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13, 14, 15])
@@ -171,11 +165,8 @@ def test_both_engines_agree_on_random_multi_chip_layers(seed):
               kv_heads=int(rng.choice([1, 2, 4])), regions=[None, 4][int(rng.integers(2))])
     w = _build(SHARED_EP if rng.random() < 0.5 else QWEN_EP, _routing(seed=seed), ep=ep, placement=placement, **kw)
     program = lower(w.graph, channel_depth=w.channel_depth)
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles > 0
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    fast = both_engines(program)
+    assert fast.cycles > 0
     assert sum(int(b) for b in fast.link_bytes) == sum(w.params["link_bytes"].values())
 
 
@@ -210,12 +201,6 @@ def test_bad_expert_parallel_layers_are_one_line(model, kw, message):
     assert str(info.value) == message
 
 
-@pytest.fixture
-def traces(shared_traces):
-    return {"routing": str(shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"),
-            "kv_lengths": str(shared_traces / "kv_lengths" / "b64" / "conv_stdev0477_0271_0334.npy")}
-
-
 @pytest.mark.parametrize("extra, message", [
     ({"ep": 4, "system": "ring-2"}, "--ep 4 needs a system of 4 chips; system 'ring-2' has 2"),
     ({"placement": "round-robin"}, "--placement applies to the decoder layer with --ep N (expert parallelism)"),
@@ -224,9 +209,9 @@ def traces(shared_traces):
     ({"ep": 2, "system": "ring-2", "hardware": "sn40l"}, "--hardware does not apply with --system: the system file "
                                                          "names the chips' hardware"),
 ])
-def test_bad_configs_are_one_line(traces, extra, message):
+def test_bad_configs_are_one_line(qwen_b64_traces, extra, message):
     with pytest.raises(ConfigError) as info:
-        workload_from_config({"workload": "decoder", "model": "qwen", **traces, **extra})
+        workload_from_config({"workload": "decoder", "model": "qwen", **qwen_b64_traces, **extra})
     assert str(info.value) == message
 
 
@@ -236,10 +221,10 @@ def test_bad_configs_are_one_line(traces, extra, message):
     (["--model", "llama", "--ep", "2"], "--ep 2: model 'llama-3.1-8b' is dense; expert parallelism needs routed "
                                         "experts (use --tp 2)"),
 ])
-def test_cli_errors_are_one_line_exit_2(traces, capsys, argv, message):
-    routing = [] if "llama" in argv else ["--routing", traces["routing"]]
+def test_cli_errors_are_one_line_exit_2(qwen_b64_traces, capsys, argv, message):
+    routing = [] if "llama" in argv else ["--routing", qwen_b64_traces["routing"]]
     model = [] if "--model" in argv else ["--model", "qwen"]
-    assert main(["run", "decoder", *model, *routing, "--kv-lengths", traces["kv_lengths"], *argv, "--json"]) == 2
+    assert main(["run", "decoder", *model, *routing, "--kv-lengths", qwen_b64_traces["kv_lengths"], *argv, "--json"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"stepsim: error: {message}"]
 
 
@@ -249,11 +234,11 @@ def test_cli_errors_are_one_line_exit_2(traces, capsys, argv, message):
     # 8 chips, 4 KV heads: chips 0, 2, 4, 6 run the attention
     (["--ep", "8", "--placement", "load-balanced"], 203556, [64] * 8),
 ])
-def test_qwen_on_the_shared_b64_traces(traces, capsys, flags, cycles, chip_tokens):
+def test_qwen_on_the_shared_b64_traces(qwen_b64_traces, capsys, flags, cycles, chip_tokens):
     """Every KV head and all 128 experts of Qwen3-30B-A3B; the off-chip bytes are the one-chip layer's (x and the
     routing weights are read once, in shards)."""
-    assert main(["run", "decoder", "--model", "qwen", "--routing", traces["routing"], "--kv-lengths",
-                 traces["kv_lengths"], *flags, "--json"]) == 0
+    assert main(["run", "decoder", "--model", "qwen", "--routing", qwen_b64_traces["routing"], "--kv-lengths",
+                 qwen_b64_traces["kv_lengths"], *flags, "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     params = json.loads(row["params"])
     assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (cycles, 730989568,
@@ -308,14 +293,9 @@ def test_tp_x_ep_link_bytes_and_both_engines(tp, ep, placement, cycles, kw):
     p = w.params
     assert (p["tp"], p["ep"], p["system"]) == (tp, ep, f"fully-connected-{tp * ep}")
     program = lower(w.graph, channel_depth=w.channel_depth)
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
-    links = {program.unit_names[u]: int(b) for u, b in enumerate(fast.link_bytes)
-             if program.opcode_name(u) == "Link"}
-    assert links == p["link_bytes"]
+    fast = both_engines(program)
+    assert fast.cycles == simulate(w).cycles == cycles
+    assert link_unit_bytes(program, fast) == p["link_bytes"]
 
 
 @pytest.mark.parametrize("seed", [21, 22, 23])
@@ -330,19 +310,16 @@ def test_both_engines_agree_on_random_tp_x_ep_layers(seed):
     w = _build(SHARED_EP if rng.random() < 0.5 else QWEN_EP, _routing(seed=seed), tp=tp, ep=ep, placement=placement,
                **kw)
     program = lower(w.graph, channel_depth=w.channel_depth)
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles > 0
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    fast = both_engines(program)
+    assert fast.cycles > 0
     assert sum(int(b) for b in fast.link_bytes) == sum(w.params["link_bytes"].values())
 
 
-def test_qwen_tp_x_ep_on_the_shared_b64_traces(traces, capsys):
+def test_qwen_tp_x_ep_on_the_shared_b64_traces(qwen_b64_traces, capsys):
     """--tp 4 --ep 2 on 8 chips: 4 KV heads on chips 0, 2, 4, 6; every chip reads its rows of x (each shard's on
     the 4 chips of its group), so the off-chip bytes are --tp 4's."""
-    assert main(["run", "decoder", "--model", "qwen", "--routing", traces["routing"], "--kv-lengths",
-                 traces["kv_lengths"], "--tp", "4", "--ep", "2", "--placement", "load-balanced", "--json"]) == 0
+    assert main(["run", "decoder", "--model", "qwen", "--routing", qwen_b64_traces["routing"], "--kv-lengths",
+                 qwen_b64_traces["kv_lengths"], "--tp", "4", "--ep", "2", "--placement", "load-balanced", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     params = json.loads(row["params"])
     assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (182928, 733351936,

@@ -10,14 +10,13 @@ import json
 
 import numpy as np
 import pytest
+from engines_agree import both_engines
 
 from stepsim.base.errors import ArgumentError
 from stepsim.base.hardware import Hardware
 from stepsim.base.system import from_dict
 from stepsim.cli import main
 from stepsim.graph.lower import lower
-from stepsim.kernels.api import run as fast_run
-from stepsim.kernels.reference import run as ref_run
 from stepsim.models.presets import resolve_model
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.decoder.build import build_decoder
@@ -99,12 +98,8 @@ def test_bytes_over_each_link_equal_the_metric(pp, tiling):
 def test_both_engines_agree_and_the_cycles_are_pinned(model, kw, cycles):
     w = _build(model, system=_system(kw["pp"]), **kw)
     program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    r = simulate(w)
-    assert ref.cycles == fast.cycles == r.cycles == cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    fast, r = both_engines(program), simulate(w)
+    assert fast.cycles == r.cycles == cycles
     # the symbolic off-chip bytes (per-micro-batch expert tiles bound from the trace) are the engine's
     assert w.metrics()["off_chip_bytes"] == r.off_chip_bytes_read + r.off_chip_bytes_written
 

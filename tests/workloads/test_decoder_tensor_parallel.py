@@ -10,12 +10,11 @@ import json
 
 import numpy as np
 import pytest
+from engines_agree import both_engines, link_unit_bytes
 
 from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.cli import main
 from stepsim.graph.lower import lower
-from stepsim.kernels.api import run as fast_run
-from stepsim.kernels.reference import run as ref_run
 from stepsim.models.presets import resolve_model
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import workload_from_config
@@ -97,14 +96,9 @@ def test_link_bytes_cycles_and_both_engines(tp, algorithm, cycles, per_link):
     w = _build(QWEN_TP, tp=tp, algorithm=algorithm)
     assert w.params.get("link_bytes", {}) == per_link
     program = lower(w.graph, channel_depth=w.channel_depth)
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
-    links = {program.unit_names[u]: int(b) for u, b in enumerate(fast.link_bytes)
-             if program.opcode_name(u) == "Link"}
-    assert links == per_link
+    fast = both_engines(program)
+    assert fast.cycles == simulate(w).cycles == cycles
+    assert link_unit_bytes(program, fast) == per_link
 
 
 @pytest.mark.parametrize("model, kw, message", [
@@ -128,12 +122,6 @@ def test_bad_tensor_parallel_layers_are_one_line(model, kw, message):
     assert str(info.value) == message
 
 
-@pytest.fixture
-def traces(shared_traces):
-    return {"routing": str(shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"),
-            "kv_lengths": str(shared_traces / "kv_lengths" / "b64" / "conv_stdev0477_0271_0334.npy")}
-
-
 @pytest.mark.parametrize("extra, message", [
     ({"tp": 3}, "--tp 3: the 4 KV heads (--kv-heads) must split evenly over 3 chips"),
     ({"tp": 4, "system": "ring-2"}, "--tp 4 needs a system of 4 chips; system 'ring-2' has 2"),
@@ -142,15 +130,15 @@ def traces(shared_traces):
     ({"tp": 2, "system": "ring-2", "hardware": "sn40l"}, "--hardware does not apply with --system: the system file "
                                                          "names the chips' hardware"),
 ])
-def test_bad_configs_are_one_line(traces, extra, message):
+def test_bad_configs_are_one_line(qwen_b64_traces, extra, message):
     with pytest.raises(ConfigError) as info:
-        workload_from_config({"workload": "decoder", "model": "qwen", **traces, **extra})
+        workload_from_config({"workload": "decoder", "model": "qwen", **qwen_b64_traces, **extra})
     assert str(info.value) == message
 
 
-def test_cli_refuses_heads_that_do_not_split(traces, capsys):
-    argv = ["run", "decoder", "--model", "qwen", "--routing", traces["routing"], "--kv-lengths",
-            traces["kv_lengths"], "--tp", "8", "--json"]
+def test_cli_refuses_heads_that_do_not_split(qwen_b64_traces, capsys):
+    argv = ["run", "decoder", "--model", "qwen", "--routing", qwen_b64_traces["routing"], "--kv-lengths",
+            qwen_b64_traces["kv_lengths"], "--tp", "8", "--json"]
     assert main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "stepsim: error: --tp 8: the 4 KV heads (--kv-heads) must split evenly over 8 chips"]
@@ -172,10 +160,10 @@ def test_the_attention_kind_points_to_the_decoder(capsys):
     (["--tp", "4", "--algorithm", "direct"], 248450, 733351936,
      {f"chip{c}->chip{k}": 2 * 2 * 64 * 2048 * 2 // 4 for c in range(4) for k in range(4) if c != k}),
 ])
-def test_qwen_on_the_shared_b64_traces(traces, capsys, flags, cycles, off_chip, per_link):
+def test_qwen_on_the_shared_b64_traces(qwen_b64_traces, capsys, flags, cycles, off_chip, per_link):
     """Every KV head of Qwen3-30B-A3B (D = 2048: an all-reduce's S is 64 rows at 2 bytes a value)."""
-    assert main(["run", "decoder", "--model", "qwen", "--routing", traces["routing"], "--kv-lengths",
-                 traces["kv_lengths"], *flags, "--json"]) == 0
+    assert main(["run", "decoder", "--model", "qwen", "--routing", qwen_b64_traces["routing"], "--kv-lengths",
+                 qwen_b64_traces["kv_lengths"], *flags, "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     params = json.loads(row["params"])
     assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (cycles, off_chip,

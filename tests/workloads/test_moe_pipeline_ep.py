@@ -10,12 +10,11 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from engines_agree import both_engines
 
 from stepsim.base.hardware import Hardware
 from stepsim.cli import main
 from stepsim.graph.lower import lower
-from stepsim.kernels.api import run as fast_run
-from stepsim.kernels.reference import run as ref_run
 from stepsim.results.records import run_config
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import workload_from_config
@@ -97,11 +96,7 @@ def test_a_stage_boundary_carries_every_shard_once(layered):
 def test_both_engines_agree_and_the_cycles_are_pinned(layered, knobs, tiling, cycles):
     w = workload_from_config(_config(layered, tiling, **knobs))
     program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    assert both_engines(program).cycles == simulate(w).cycles == cycles
 
 
 def test_run_moe_with_pp_and_ep_functional_check_and_the_record_reads_back(layered, tmp_path, capsys):

@@ -9,14 +9,13 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from engines_agree import both_engines
 
 from stepsim.base.errors import ConfigError
 from stepsim.base.hardware import Hardware
 from stepsim.base.system import from_dict
 from stepsim.cli import main
 from stepsim.graph.lower import lower
-from stepsim.kernels.api import run as fast_run
-from stepsim.kernels.reference import run as ref_run
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import workload_from_config
 from stepsim.workloads.reference import check_outputs, make_inputs
@@ -62,11 +61,8 @@ def test_both_engines_agree_and_the_cycles_are_pinned(knobs, cycles, one_chip):
     """The pipeline against the same stack on one chip (``one_chip`` cycles), both on step-hdl chips."""
     w = workload_from_config({"workload": "swiglu", **knobs})
     program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)  # step-hdl
-    ref, fast = ref_run(program, max_steps=5_000_000), fast_run(program)
-    assert ref.cycles == fast.cycles == simulate(w).cycles == cycles
-    np.testing.assert_array_equal(ref.unit_counters, fast.unit_counters)
-    np.testing.assert_array_equal(ref.channel_counters, fast.channel_counters)
-    np.testing.assert_array_equal(ref.link_bytes, fast.link_bytes)
+    fast = both_engines(program)
+    assert fast.cycles == simulate(w).cycles == cycles
     one = workload_from_config({"workload": "swiglu", **{k: v for k, v in knobs.items() if k not in ("pp", "system")}})
     assert simulate(one).cycles == one_chip
 
