@@ -171,7 +171,8 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
 
             grids = parallel_grids(grids, max_chips, axes=kind("moe").parallel, experts=model.experts,
                                    widths=(model.intermediate, model.shared_intermediate),
-                                   batch=int(routing.shape[0]), layers=cfg.get("layers") or 1, system=system)
+                                   batch=int(routing.shape[0]), layers=cfg.get("layers") or 1, system=system,
+                                   stack_ep=True)
         if cfg.get("micro_batches") is None:  # a stack's space: no regions, its micro-batch count (one layer: as is)
             from stepsim.optimize.stack import stack_space
 
