@@ -132,7 +132,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     channel_depth : int or None
         Default FIFO depth for simulation (2 in the experiments; None means 1024).
     ep : int, optional
-        Expert parallelism: place the experts on ``ep`` chips (:mod:`stepsim.workloads.moe.parallel`).
+        Expert parallelism: place the experts on ``ep`` chips (:mod:`stepsim.workloads.moe.parallel`); with a
+        stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:mod:`stepsim.workloads.moe.pipeline_ep`).
     placement : {"contiguous", "round-robin", "load-balanced"}
         How the experts are placed on the chips (with ``ep``).
     system : System, optional
@@ -198,8 +199,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     if stack:
         g, bindings, tile_rows, flops, parallel = _stack(
             model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp, timeshare=timeshare,
-            tiling=tiling,
-            dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+            tiling=tiling, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw)
     elif tp is not None and timeshare:
         raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
