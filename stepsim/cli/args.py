@@ -98,7 +98,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help="collective, MoE with --ep or --tp, SwiGLU / decoder with --tp, SwiGLU / MoE / decoder with --pp: the chips and links, a system TOML file or preset "
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
-                   help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links")
+                   help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links "
+                        "(a stack of --layers: each --pp stage's layers over its own N chips)")
     p.add_argument("--tp", type=int, metavar="N",
                    help="SwiGLU, MoE, decoder: tensor parallelism, F's columns (every expert's) split over N chips, an "
                         "all-reduce after (--algorithm ring, the default, or direct); the decoder also splits its KV "
@@ -113,7 +114,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--micro-batches", type=int, metavar="M",
                    help="SwiGLU with --layers: M micro-batches of B / M rows stream through the stages (one row "
                         "tile each: --tile-m must be B / M; default B / --tile-m); MoE / decoder: each expert's tiles "
-                        "(and the decoder's projection tiles) are packed per micro-batch of B / M tokens (default 1)")
+                        "(and the decoder's projection tiles) are packed per micro-batch of B / M tokens, static or "
+                        "dynamic tiling (default 1; not with --ep)")
     p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
                    help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
                         "from the routing trace)")

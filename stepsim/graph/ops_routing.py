@@ -86,6 +86,10 @@ class Reassemble(Op):
     artifact's FlatReassemble), in arrival order. Output ``control.shape + (<name>_dyn,) + inner``, the new
     dimension ragged. On-chip 0, or with ``write_back_mu`` the artifact's product over the output dims
     from index ``control.rank - 1``; FIFOs add ``|in| * (len(inputs)+1)``.
+
+    The inputs carry one type, except dynamic tiles of one element type whose rows (or cols) are different
+    symbols (one count each, e.g. an expert's tokens in each micro-batch): the output carries a dynamic tile
+    whose differing dim is the ragged ``<name>_rows`` / ``_cols``, as :class:`EagerMerge`'s.
     """
 
     kind = "Reassemble"
@@ -103,9 +107,8 @@ class Reassemble(Op):
         if not isinstance(rank, int) or not 0 <= rank <= first.rank:
             raise self._error(ArgumentError, f"rank must be between 0 and the input rank {first.rank}, got {rank!r}")
         inner = first.shape[len(first.shape) - rank:]
+        dtype = self._merged_dtype([s.dtype for s in data])
         for i, s in enumerate(data):
-            if s.dtype != first.dtype:
-                raise self._error(DTypeError, f"input {i} carries {s.dtype} but input 0 carries {first.dtype}")
             if rank > s.rank or not shapes_equal(s.shape[len(s.shape) - rank:], inner):
                 raise self._error(
                     ShapeError, f"input {i} {fmt_shape(s.shape)} must share the inner {rank} dims {fmt_shape(inner)}")
@@ -113,7 +116,28 @@ class Reassemble(Op):
         self.switch_cycles = _switch_cycles(self, switch_cycles, n)
         self.write_back_mu = bool(write_back_mu)
         self.ragged_symbol = make_symbol(f"{self.name}_dyn", ragged=True)
-        self._finish([Stream(first.dtype, c.shape + (self.ragged_symbol,) + inner)])
+        self._finish([Stream(dtype, c.shape + (self.ragged_symbol,) + inner)])
+
+    def _merged_dtype(self, dtypes):
+        """The inputs' one type, or the dynamic tile of the class docstring; a DTypeError naming the first input
+        that differs otherwise (static tiles of different shapes never merge: the engine does not re-tile)."""
+        first = dtypes[0]
+        if all(t == first for t in dtypes):
+            return first
+        if all(isinstance(t, DynTile) and t.dtype == first.dtype for t in dtypes):
+            dims = []
+            for axis, label in ((0, "rows"), (1, "cols")):
+                vals = [t.shape[axis] for t in dtypes]
+                if all(dims_equal(v, vals[0]) for v in vals):
+                    dims.append(vals[0])
+                elif not any(is_static(v) for v in vals):
+                    dims.append(make_symbol(f"{self.name}_{label}", ragged=True))
+                else:
+                    break
+            else:
+                return DynTile(first.dtype, *dims)
+        i = next(i for i, t in enumerate(dtypes) if t != first)
+        raise self._error(DTypeError, f"input {i} carries {dtypes[i]} but input 0 carries {first}")
 
     def on_chip_bytes(self, convention=PUBLISHED):
         total = 0

@@ -171,7 +171,13 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
 
             grids = parallel_grids(grids, max_chips, axes=kind("moe").parallel, experts=model.experts,
                                    widths=(model.intermediate, model.shared_intermediate),
-                                   batch=int(routing.shape[0]), layers=cfg.get("layers") or 1, system=system)
+                                   batch=int(routing.shape[0]), layers=cfg.get("layers") or 1, system=system,
+                                   stack_ep=True)
+        if cfg.get("micro_batches") is None:  # a stack's space: no regions, its micro-batch count (one layer: as is)
+            from stepsim.optimize.stack import stack_space
+
+            grids = stack_space(grids, workload="moe", batch=int(routing.shape[0]), layers=cfg.get("layers") or 1,
+                                shared=model.shared_intermediate)
         return [("space", grids)]
     if cfg["workload"] == "decoder":
         from stepsim.models.presets import resolve_model
@@ -192,6 +198,11 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
                                                experts=model.experts if model.is_moe else 1, widths=widths,
                                                batch=batch, heads=cfg.get("kv_heads") or model.kv_heads,
                                                layers=cfg.get("layers") or 1, system=system))
+        if cfg.get("micro_batches") is None:  # a stack's FFN space: no regions, its micro-batch count
+            from stepsim.optimize.stack import stack_space
+
+            name, ffn = stages[-1]
+            stages[-1] = (name, stack_space(ffn, workload="decoder", batch=batch, layers=cfg.get("layers") or 1))
         return stages
     return [("space", space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"]))))]
 

@@ -14,9 +14,11 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   into ``tp`` blocks of whole tiles, and no time-multiplexed ``regions`` (the builder refuses both with ``tp``);
   with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
 * ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (``swiglu``,
-  ``moe``, ``decoder``); a stack of ``layers > 1`` combines with neither ``tp`` nor ``ep`` (its builders refuse
-  both), so its candidates are pipelines alone; without ``--system`` each runs on the default fully connected
-  chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
+  ``moe``, ``decoder``); a stack of ``layers > 1`` takes no ``tp`` (every stack refuses it) and ``ep`` only as
+  the MoE stack (``pp x ep``: each stage's layers expert-parallel over its ``ep`` chips, one micro-batch,
+  :mod:`stepsim.workloads.moe.pipeline_ep`; the decoder stack's candidates are pipelines alone), each with the
+  stack's micro-batch counts (:mod:`stepsim.optimize.stack`); without ``--system`` each runs on the default
+  fully connected chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
 * the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
   one-chip first stage keeps), ``tp`` also dividing its KV heads, ``ep`` and ``tp x ep`` dividing them or a
   multiple of them, ``ep`` dividing the batch (the attention's reduce-scatter cuts equal shards)
@@ -122,13 +124,15 @@ def system_file(system, chips: int, out: Path) -> str:
 
 
 def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, layers: int = 1, heads: int = 0,
-                    system=None) -> list[dict]:
+                    system=None, stack_ep: bool = False) -> list[dict]:
     """The ``{axis: chips}`` of every multi-chip candidate (module docstring), fewest chips first (ties: ``ep``
     alone, then more ``tp``, then ``pp``). ``axes``: the kind's parallel axes; ``widths``: the column counts
     ``tp`` must divide (zero widths ignored); ``batch``: tokens; ``layers``: the stack's layers (``pp``);
     ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none, the MoE layer); with heads,
     ``ep`` and ``tp x ep`` divide the KV heads or are a multiple of them, and ``ep`` divides the batch (the
-    decoder's ``--ep``, whose attention splits the KV heads over every chip).
+    decoder's ``--ep``, whose attention splits the KV heads over every chip). ``stack_ep``: a stack of ``layers``
+    > 1 builds ``--ep`` (the MoE stack, :mod:`stepsim.workloads.moe.pipeline_ep`), so its candidates are ``pp x ep``
+    (never ``tp``: every stack refuses it); otherwise a stack's candidates are pipelines alone.
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
     [{'ep': 2}, {'tp': 2}, {'ep': 4}, {'tp': 2, 'ep': 2}, {'tp': 4}]
@@ -140,8 +144,10 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
                      if batch % n == 0 and (heads or n) % n == 0 and all(w % n == 0 for w in widths if w)]
               if "tp" in axes else [],
               "pp": [n for n in range(2, max_chips + 1) if layers % n == 0] if "pp" in axes else []}
-    if layers > 1:  # a stack of layers combines with pp alone (every stack builder refuses --tp and --ep)
-        values["tp"] = values["ep"] = []
+    if layers > 1:  # a stack: every stack refuses --tp; --ep only where the stack builds it (stack_ep)
+        values["tp"] = []
+        if not stack_ep:
+            values["ep"] = []
     combos = []
     for tp in [1, *values["tp"]]:
         for ep in [1, *values["ep"]]:
@@ -178,27 +184,29 @@ def _fit(grid: dict, combo: dict, widths) -> dict | None:
 
 
 def parallel_grids(tile_grids: list[dict], max_chips: int, *, axes=("ep",), experts: int, widths=(), batch: int = 1,
-                   layers: int = 1, heads: int = 0, system=None) -> list[dict]:
+                   layers: int = 1, heads: int = 0, system=None, stack_ep: bool = False) -> list[dict]:
     """The space under a chip budget (module docstring): ``tile_grids`` on one chip, then for every combination of
     :func:`parallel_combos` the tile grids it can build, with its parallel knobs (and the placements with
     ``ep``)."""
     grids = [dict(g) for g in tile_grids]
     for combo in parallel_combos(axes, max_chips, experts=experts, widths=widths, batch=batch, layers=layers,
-                                 heads=heads, system=system):
+                                 heads=heads, system=system, stack_ep=stack_ep):
         grids += [g for g in (_fit(grid, combo, widths) for grid in tile_grids) if g is not None]
     return grids
 
 
 def default_pipeline_systems(grids: list[dict], out: Path) -> list[dict]:
     """``grids`` without ``--system``: a grid with ``pp`` is split by its values, each on the default system of that
-    many chips (:func:`system_for_default`; ``--pp`` itself has no default system, so the candidate's command
-    names the file)."""
+    many chips (``pp x ep`` with a MoE stack's ``ep``; :func:`system_for_default`; ``--pp`` itself has no default
+    system, so the candidate's command names the file)."""
     placed = []
     for grid in grids:
         if "pp" not in grid or "system" in grid:
             placed.append(grid)
             continue
-        placed += [{**grid, "pp": (pp,), "system": (system_for_default(pp, out),)} for pp in grid["pp"]]
+        ep = grid.get("ep", (1,))
+        assert len(ep) == 1, "_fit gives one ep value per grid"
+        placed += [{**grid, "pp": (pp,), "system": (system_for_default(pp * ep[0], out),)} for pp in grid["pp"]]
     return placed
 
 

@@ -4,7 +4,7 @@
 Files in the output folder (each written atomically: temp file, then rename)::
 
     pareto.parquet      the Pareto front over (cycles, on_chip_bytes, allocated_flops_per_cycle, chips)
-    candidates.parquet  every candidate: knobs (always ``tp``, ``ep``, ``pp``: null when unused), symbolic metrics,
+    candidates.parquet  every candidate: knobs (always ``tp``, ``ep``, ``pp``, ``micro_batches``: null when unset), symbolic metrics,
                         cycle lower bound, status, cycles
     pareto.png          cycles against on-chip bytes and against compute (the front is over all three), every
                         simulated point, the front numbered and named (log axes, like the paper's Figs 9/10)
@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from stepsim.base.files import atomic_output, published_together, write_parquet_atomic
-from stepsim.optimize.chips import PARALLEL_KNOBS
+from stepsim.optimize.stack import RECORDED_KNOBS
 
 #: knobs left out of a command line (not flags of stepsim run)
 NOT_FLAGS = ("workload", "mode")
@@ -51,7 +51,7 @@ def candidates_table(candidates: list, axes: list) -> pa.Table:
         typed = {type(v) for v in values if v is not None}
         data[key] = pa.array(values if typed <= {int} or typed <= {str} else [None if v is None else str(v)
                                                                                   for v in values])
-    for key in PARALLEL_KNOBS:  # every candidate's tp / ep / pp, searched or not (null: the axis unused)
+    for key in RECORDED_KNOBS:  # every candidate's tp / ep / pp / micro_batches, searched or not (null: unset)
         if key not in data:
             data[key] = pa.array([c.config.get(key) for c in candidates], type=pa.int64())
     for key in _COLUMNS:

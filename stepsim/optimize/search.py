@@ -119,12 +119,13 @@ class Candidate:
 
     def point(self) -> dict:
         """The JSON form of a simulated candidate (the ``pareto`` entries): its knobs, objectives, and its
-        parallel axes ``tp``, ``ep``, ``pp`` (chips each; 1 = the axis unused; their product is ``chips``)."""
-        from stepsim.optimize.chips import PARALLEL_KNOBS
+        parallel axes ``tp``, ``ep``, ``pp`` (chips each; 1 = the axis unused; their product is ``chips``) and a
+        stack's ``micro_batches`` (1 when unset)."""
+        from stepsim.optimize.stack import RECORDED_KNOBS
 
         return {"config": self.config, "cycles": self.cycles, "on_chip_bytes": self.on_chip_bytes,
                 "allocated_flops_per_cycle": self.allocated_flops_per_cycle, "chips": self.chips,
-                **{k: int(self.config.get(k) or 1) for k in PARALLEL_KNOBS}}
+                **{k: int(self.config.get(k) or 1) for k in RECORDED_KNOBS}}
 
     def label(self, axes) -> str:
         """``k=v`` of the searched knobs, for messages."""

@@ -75,32 +75,33 @@ def check_stack(layers, pp, batch: int, micro_batches, unit: str) -> int | None:
     return micro_batches
 
 
-def stack_system(cfg, what: str) -> System | None:
+def stack_system(cfg, what: str, chip_knobs: tuple[str, ...] = ("pp",)) -> System | None:
     """The system of a stack's run config (``what``: "MoE layers", "decoder layers"): loaded with ``--pp N``, which
-    needs it; one-line ArgumentErrors for ``--pp`` without ``--system``, ``--system`` without ``--pp`` and
-    ``--system`` with ``--hardware`` (the system names the chips' hardware)."""
-    if cfg.get("pp") is None and cfg.get("system") is not None:
+    needs it, or another of ``chip_knobs`` (the MoE stack's ``--ep``, which has a default system); one-line
+    ArgumentErrors for ``--pp`` without ``--system``, ``--system`` without ``--pp`` and ``--system`` with
+    ``--hardware`` (the system names the chips' hardware)."""
+    if all(cfg.get(k) is None for k in chip_knobs) and cfg.get("system") is not None:
         raise ArgumentError(f"--system applies to a stack of {what} with --pp N (pipeline parallelism)")
     if cfg.get("system") is not None and cfg.get("hardware") is not None:
         raise ArgumentError("--hardware does not apply with --system: the system file names the chips' hardware")
     if cfg.get("pp") is None:
-        return None
+        return System.load(cfg["system"]) if cfg.get("system") is not None else None
     if cfg.get("system") is None:
         raise ArgumentError(f"--pp {cfg['pp']} needs --system FILE|PRESET (the chips and links the stages run on)")
     return System.load(cfg["system"])
 
 
-def stack_knobs(cfg, what: str, refused: tuple[str, ...]) -> dict:
+def stack_knobs(cfg, what: str, refused: tuple[str, ...], chip_knobs: tuple[str, ...] = ("pp",)) -> dict:
     """A stack's knobs from a run config: ``layers`` (default 1), ``pp`` and ``micro_batches`` as given and, with
-    ``pp``, the loaded ``system``; first the one-line errors every stack's config gets before its trace is read: a
-    ``refused`` knob (one a stack of ``what``, e.g. "MoE layers", does not combine with), :func:`stack_system`'s,
-    and ``--layers``."""
+    ``pp`` (or another of ``chip_knobs``), the loaded ``system``; first the one-line errors every stack's config
+    gets before its trace is read: a ``refused`` knob (one a stack of ``what``, e.g. "MoE layers", does not combine
+    with), :func:`stack_system`'s, and ``--layers``."""
     for key in refused:
         if cfg.get(key) is not None:
             raise ArgumentError(f"--{key.replace('_', '-')} does not combine with --layers / --pp / --micro-batches "
                                 f"(a stack of {what} runs each layer whole on one chip, one region per expert)")
     stack = {k: cfg[k] for k in ("layers", "pp", "micro_batches") if cfg.get(k) is not None}
-    system = stack_system(cfg, what)
+    system = stack_system(cfg, what, chip_knobs)
     if system is not None:
         stack["system"] = system
     check_stack(stack.setdefault("layers", 1), None, 1, None, "")

@@ -16,7 +16,7 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepsim.base.errors import ArgumentError, GraphError
+from stepsim.base.errors import ArgumentError, DTypeError, GraphError
 from stepsim.graph import (
     BF16,
     BOOL,
@@ -429,6 +429,24 @@ def test_reassemble_on_chip_with_write_back_is_the_product_from_control_rank_min
     assert sym_equal(r.on_chip_bytes(convention("fifos")), 10 * dyn * 256 + 256 * 5)
     plain = Reassemble(g, ins, ctrl, 0)
     assert plain.on_chip_bytes() == 0 and plain.on_chip_bytes(convention("fifos")) == 256 * 5
+
+
+def test_reassemble_of_dynamic_tiles_with_different_rows_carries_a_ragged_row_dim():
+    """An expert's dynamic tiles of several micro-batches (rows: each micro-batch's count) in one stream; the same
+    rows stay the input's type, and a static tile among symbolic ones is refused (nothing re-tiles it)."""
+    g = Graph()
+    ctrl = src(g, (2,), Selector(2))
+    a = src(g, (1,), DynTile(FP32, make_symbol("C0"), 64))
+    b = src(g, (1,), DynTile(FP32, make_symbol("C1"), 64))
+    r = Reassemble(g, [a, b], ctrl, 0)
+    t = r.stream.dtype
+    assert isinstance(t, DynTile) and t.cols == 64 and is_ragged(t.rows) and str(t.rows) == f"{r.name}_rows"
+    same = Reassemble(g, [a, a], ctrl, 0)
+    assert same.stream.dtype == DynTile(FP32, make_symbol("C0"), 64)
+    c = src(g, (1,), DynTile(FP32, 16, 64))
+    with pytest.raises(DTypeError, match=re.escape(f"input 1 carries {c.stream.dtype} but input 0 carries "
+                                                   f"{a.stream.dtype}")):
+        Reassemble(g, [a, c], ctrl, 0)
 
 
 def test_eager_merge_of_dynamic_tiles_with_different_rows_merges_into_a_ragged_row_dim():

@@ -158,12 +158,14 @@ def test_run_moe_with_pp_functional_check_and_the_record_reads_back(layered, tmp
     ({"layers": 2, "pp": 2, "system": "ring-4"}, "--pp 2 needs a system of 2 chips; system 'ring-4' has 4"),
     ({"layers": 2, "micro_batches": 5}, "--micro-batches 5: the batch of 24 tokens must split into 5 equal "
                                         "micro-batches"),
-    ({"layers": 2, "micro_batches": 2, "tiling": "dynamic", "tile_n": None},
-     "--micro-batches 2 needs --tiling static (a dynamic tile holds all of an expert's tokens, so it cannot end at "
-     "a micro-batch)"),
     ({"layers": 2, "pp": 2, "system": "ring-2", "ep": 2},
-     "--ep does not combine with --layers / --pp / --micro-batches (a stack of MoE layers runs each layer whole on "
-     "one chip, one region per expert)"),
+     "--pp 2 --ep 2 needs a system of 4 chips (pp x ep); system 'ring-2' has 2"),
+    ({"layers": 2, "ep": 2, "system": "ring-4"}, "--ep 2 needs a system of 2 chips; system 'ring-4' has 4"),
+    ({"layers": 2, "ep": 2, "micro_batches": 2},
+     "--micro-batches 2 does not combine with --ep yet (the expert-parallel layer merges every chip's rows for an "
+     "expert in arrival order and packs them once)"),
+    ({"layers": 2, "placement": "round-robin"}, "--placement applies to the MoE layer with --ep N (expert "
+                                                 "parallelism)"),
     ({"layers": 2, "pp": 2, "system": "ring-2", "tp": 2},
      "--tp does not combine with --layers / --pp / --micro-batches (a stack of MoE layers runs each layer whole on "
      "one chip, one region per expert)"),
@@ -226,10 +228,11 @@ def test_a_tokens_layers_top_k_array_routes_each_layer(layered, tmp_path):
     assert str(info.value) == f"{path} layer 2: row 5 column 1: expert id 9 outside 0..7"
 
 
-@pytest.mark.parametrize("shared", [0, 32])
-def test_idle_experts_and_shared_experts_in_a_pipeline(shared):
+@pytest.mark.parametrize("shared, tiling", [(0, "static"), (32, "static"), (0, "dynamic")])
+def test_idle_experts_and_shared_experts_in_a_pipeline(shared, tiling):
     """Expert 7 gets no token in any layer, expert 6 only in the second micro-batch; with shared experts (tiles of
-    4 tokens within micro-batches of 12): values equal the reference, both engines agree, link bytes as the metric."""
+    4 tokens within micro-batches of 12): values equal the reference, both engines agree, link bytes as the metric.
+    Dynamic tiling: expert 7 keeps micro-batch 0's one empty tile, expert 6 has one tile (micro-batch 1's)."""
     from stepsim.base.system import from_dict
     from stepsim.models.presets import MoEModel
     from stepsim.workloads.moe.build import build_moe
@@ -243,7 +246,8 @@ def test_idle_experts_and_shared_experts_in_a_pipeline(shared):
     model = MoEModel("custom", hidden=D, intermediate=64, experts=8, top_k=2, shared_intermediate=shared)
     system = from_dict({"name": "s", "chips": 2, "topology": "fully-connected", "link_bandwidth": 64,
                         "link_latency": 500}, source="test", name="s")
-    w = build_moe(model, routings, tile_n=4, tile_f=16, layers=2, pp=2, micro_batches=2, system=system)
+    w = build_moe(model, routings, tiling=tiling, tile_n=4 if tiling == "static" else None, tile_f=16, layers=2,
+                  pp=2, micro_batches=2, system=system)
     assert w.idle_groups == {("layer0.expert", 7), ("layer1.expert", 7)}
     r = simulate(w, functional=True, inputs=make_inputs(w, 3))
     checks = check_outputs(w, r.inputs, r.outputs)
@@ -262,3 +266,88 @@ def test_shared_expert_tiles_must_not_span_micro_batches():
         build_moe(model, [_routing(0)] * 2, tile_n=8, tile_f=16, layers=2, micro_batches=2)
     assert str(info.value) == ("--micro-batches 2: the shared experts' tiles of --tile-n 8 tokens must not span "
                                "micro-batches of 12 tokens (a multiple of 8)")
+
+
+def test_dynamic_shared_expert_tiles_must_not_span_micro_batches():
+    """Dynamic tiling packs the shared experts' tokens in the default tiles of 32 (it has no --tile-n)."""
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.moe.build import build_moe
+
+    model = MoEModel("custom", hidden=D, intermediate=64, experts=8, top_k=2, shared_intermediate=32)
+    with pytest.raises(ArgumentError) as info:
+        build_moe(model, [_routing(0)] * 2, tiling="dynamic", tile_f=16, layers=2, micro_batches=2)
+    assert str(info.value) == ("--micro-batches 2: the shared experts' tiles of 32 tokens (dynamic tiling's default) "
+                               "must not span micro-batches of 12 tokens (a multiple of 32)")
+
+
+def _dynamic(path, **kw):
+    return _config(path, tiling="dynamic", tile_n=None, **kw)
+
+
+@pytest.mark.parametrize("pp, m", [(2, 2), (4, 3)])
+def test_dynamic_micro_batches_equal_the_one_chip_stack_and_the_reference(layered, pp, m):
+    """Dynamic tiling, one tile per expert and micro-batch with tokens (moe/build.py ``_micro_batch_tiles``): the
+    values are the one-chip stack's, bit for bit, and the reference's."""
+    path, _ = layered
+    one = workload_from_config(_dynamic(path, layers=4, micro_batches=m))
+    w = workload_from_config(_dynamic(path, layers=4, micro_batches=m, pp=pp, system=f"ring-{pp}"))
+    r, r1 = simulate(w, functional=True, inputs=make_inputs(w, 7)), simulate(one, functional=True,
+                                                                             inputs=make_inputs(one, 7))
+    checks = check_outputs(w, r.inputs, r.outputs)
+    assert list(checks) == ["y"] and checks["y"].passed, checks
+    np.testing.assert_array_equal(r.outputs["y"], r1.outputs["y"])
+
+
+def test_dynamic_micro_batches_do_not_change_the_values_bytes_or_exact_flops(layered):
+    """M = 1 .. 6 give the same y, bit for bit; the symbolic off-chip bytes are the engine's (each micro-batch's
+    tile re-reads its expert's weights: more bytes with M); the exact FLOPs (ragged tiles at their mean rows) are
+    M = 1's: for each of the 4 x 24 x 2 token-expert pairs the gate, up and down matmuls (6 D F), SiLU (8 F), the
+    gate * up product (F), the routing-weight scale (D) and the sum over the slots (D)."""
+    from stepsim.results.records import run_config
+
+    path, _ = layered
+    ys, offs, exact = [], [], []
+    for m in (1, 2, 3, 4, 6):
+        w = workload_from_config(_dynamic(path, layers=4, micro_batches=m))
+        ys.append(simulate(w, functional=True, inputs=make_inputs(w, 7)).outputs["y"])
+        exact.append(sum(w.op_flops().values()))
+        row = run_config({**_dynamic(path, layers=4, micro_batches=m), "mode": "simulate"}).row
+        assert row["off_chip_bytes_symbolic"] == row["off_chip_bytes_measured"], m
+        offs.append(row["off_chip_bytes"])
+    for y in ys[1:]:
+        np.testing.assert_array_equal(y, ys[0])
+    assert offs == [199296, 383616, 531072, 666240, 789120]
+    assert exact == [4 * B * 2 * (6 * D * 64 + 8 * 64 + 64 + D + D)] * 5
+
+
+@pytest.mark.parametrize("pp, m", [(2, 2), (4, 4)])
+def test_dynamic_bytes_over_each_link_equal_the_metric(layered, pp, m):
+    path, _ = layered
+    w = workload_from_config(_dynamic(path, layers=4, micro_batches=m, pp=pp, system=f"ring-{pp}"))
+    per_link = {f"chip{s}->chip{s + 1}": Y_BYTES for s in range(pp - 1)}
+    assert w.params["link_bytes"] == per_link
+    r = simulate(w)
+    links = {op.name for op in w.graph.ops if op.kind == "Link"}
+    assert {r.unit_names[u]: int(b) for u, b in enumerate(r.link_bytes) if r.unit_names[u] in links} == per_link
+
+
+@pytest.mark.parametrize("knobs, cycles", [
+    ({"layers": 4, "micro_batches": 3}, 2173),
+    ({"layers": 2, "pp": 2, "micro_batches": 2, "system": "ring-2"}, 2001),
+    ({"layers": 4, "pp": 4, "micro_batches": 3, "system": "ring-4"}, 3502),
+])
+def test_dynamic_micro_batches_both_engines_agree_and_the_cycles_are_pinned(layered, knobs, cycles):
+    path, _ = layered
+    w = workload_from_config(_dynamic(path, **knobs))
+    program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)
+    assert both_engines(program).cycles == simulate(w).cycles == cycles
+
+
+def test_dynamic_micro_batch_bounds_hold(layered):
+    """Every per-unit bound of a dynamic micro-batched stack (ragged tiles at their own rows) is below its run."""
+    from stepsim.results.records import run_config
+
+    path, _ = layered
+    row = run_config({**_dynamic(path, layers=4, micro_batches=3, pp=2, system="ring-2"), "mode": "simulate"}).row
+    assert (row["load_unit_cycles"], row["compute_unit_cycles"], row["hbm_request_cycles"], row["pipeline_cycles"],
+            row["link_cycles"], row["cycles"]) == (912, 96, 553, 912, 523, 2635)

@@ -207,8 +207,9 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         idle = idle_groups(counts, ffn_regions)
     parallel = {}
     if stack:
-        parallel, idle = _stack(g, model, routings, layers, pp, system, micro_batches, n_heads=n_heads, batch=batch,
-                                o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw, stage=stage)
+        parallel, idle, tile_rows = _stack(g, model, routings, layers, pp, system, micro_batches, n_heads=n_heads,
+                                           batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
+                                           stage=stage)
         flat_routing = np.stack(routings) if moe is not None else None
     elif ep is not None:
         from stepsim.workloads.decoder.expert_parallel import expert_parallel_decoder
@@ -325,7 +326,8 @@ def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, 
 def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n_heads: int, batch: int,
            o_tile: int, tile_f: int, moe_kw: dict, bw: dict, stage: dict) -> tuple:
     """The layers of a decoder stack (:mod:`stepsim.workloads.decoder.pipeline`) in ``g``, placed on the chips of
-    ``system`` with ``pp``. Returns ``(params, idle groups)``."""
+    ``system`` with ``pp``. Returns ``(params, idle groups, tile_rows)`` (tile_rows: the ragged rows of dynamic
+    tiles merged over micro-batches, :func:`stepsim.workloads.moe.build.moe_stage`)."""
     from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
 
     d, hd, q_rows, moe = model.hidden, model.head_dim, model.heads // model.kv_heads, model.moe if model.is_moe else None
@@ -338,6 +340,7 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
     chip_of: dict[int, int] = {}
     per_stage = layers // (pp or 1)
     idle: set = set()
+    tile_rows: dict = {}
     rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
                                         stream_dtype=FP32), 0, 1)  # (1, B) rows
     chip_of.update({op.id: 0 for op in g.ops})
@@ -358,9 +361,11 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
         h_rows.fanout_depth = batch  # the rows wait for the FFN's first output (module docstring)
         ffn_start = len(g.ops)
         if moe is not None:
-            ffn_out, moe_bindings, _ = moe_stage(g, h_rows, moe, routings[i], expert_counts(routings[i], moe.experts),
-                                                 prefix=prefix, micro_batches=micro_batches, **moe_kw)
+            ffn_out, moe_bindings, rows_of = moe_stage(g, h_rows, moe, routings[i],
+                                                       expert_counts(routings[i], moe.experts), prefix=prefix,
+                                                       micro_batches=micro_batches, **moe_kw)
             stage["bindings"].update(moe_bindings)
+            tile_rows.update(rows_of)
             idle |= {(f"layer{i}.expert", e) for e, c in enumerate(expert_counts(routings[i], moe.experts)) if c == 0}
         else:
             ffn_out = shared_ffn(g, h_rows, _dense(model, model.dense_intermediate), batch, o_tile, tile_f,
@@ -382,7 +387,7 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
 
         net = place_on_chips(g, system, lambda op: chip_of[op.id])
         params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
-    return params, idle
+    return params, idle, tile_rows
 
 
 def _sum_pairwise(g, products, bw):

@@ -132,7 +132,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     channel_depth : int or None
         Default FIFO depth for simulation (2 in the experiments; None means 1024).
     ep : int, optional
-        Expert parallelism: place the experts on ``ep`` chips (:mod:`stepsim.workloads.moe.parallel`).
+        Expert parallelism: place the experts on ``ep`` chips (:mod:`stepsim.workloads.moe.parallel`); with a
+        stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:mod:`stepsim.workloads.moe.pipeline_ep`).
     placement : {"contiguous", "round-robin", "load-balanced"}
         How the experts are placed on the chips (with ``ep``).
     system : System, optional
@@ -196,10 +197,10 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     parallel, tile_rows = {}, {}
     flops = algorithmic_flops(counts, model, tile_n)
     if stack:
-        g, bindings, flops, parallel = _stack(model, routings, pp, system, micro_batches, ep=ep, tp=tp,
-                                              timeshare=timeshare, tiling=tiling, dynamic=dynamic, tile_n=tile_n,
-                                              tile_f=tile_f, regions=regions, compute_bw=compute_bw,
-                                              packing_compute_bw=packing_compute_bw)
+        g, bindings, tile_rows, flops, parallel = _stack(
+            model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp, timeshare=timeshare,
+            tiling=tiling, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+            packing_compute_bw=packing_compute_bw)
     elif tp is not None and timeshare:
         raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
                             "weights by address, not a chip's column block")
@@ -276,18 +277,23 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     )
 
 
-def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, timeshare, tiling, dynamic,
+def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, timeshare, tiling, dynamic,
            **stage) -> tuple:
-    """``--layers L [--pp N] [--micro-batches M]``: the stack of :mod:`stepsim.workloads.moe.pipeline`. Returns
-    ``(graph, bindings, algorithmic FLOPs, params)``."""
+    """``--layers L [--pp N] [--micro-batches M] [--ep E]``: the stack of :mod:`stepsim.workloads.moe.pipeline`
+    (with ``ep``: of :mod:`stepsim.workloads.moe.pipeline_ep`). Returns ``(graph, bindings, tile_rows, algorithmic
+    FLOPs, params)``."""
     from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
 
-    if tp is not None or ep is not None or timeshare:
-        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --tp, --ep or --regions yet "
-                            "(a stack runs each layer whole on one chip, one region per expert)")
+    if tp is not None or timeshare:
+        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --tp or --regions yet "
+                            "(a stack runs each layer on one chip or, with --ep, over E chips, one region per "
+                            "expert)")
     layers = len(routings)
-    m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling, tile_n=stage["tile_n"],
+    m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling,
+                       tile_n=stage["tile_n"] or DEFAULT_TILE_N,
                        shared=model.shared_intermediate)
+    if ep is not None:
+        return _ep_stack(model, routings, pp, system, m, ep=ep, placement=placement, dynamic=dynamic, **stage)
     if pp is not None:
         from stepsim.workloads.chips import chips_system
 
@@ -295,9 +301,12 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, time
     elif system is not None:
         raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
 
+    tile_rows = {}  # every layer's ragged dynamic tiles (moe_stage with micro-batches)
+
     def one_layer(g, tokens, routing, prefix):
-        out, bindings, _ = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts), prefix=prefix,
-                                     micro_batches=m, dynamic=dynamic, **stage)
+        out, bindings, rows = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts),
+                                        prefix=prefix, micro_batches=m, dynamic=dynamic, **stage)
+        tile_rows.update(rows)
         return out, bindings
 
     g, net, bindings, flops = build_stack(
@@ -308,7 +317,44 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, tp, time
         from stepsim.workloads.chips import link_bytes
 
         params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
-    return g, bindings, flops, params
+    return g, bindings, tile_rows, flops, params
+
+
+def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
+    """``--layers L --ep E [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_ep` on ``(P or 1) x E`` chips; its
+    results as :func:`_stack`'s."""
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.moe.pipeline_ep import build_ep_stack
+
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
+        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    if m > 1:
+        raise ArgumentError(f"--micro-batches {m} does not combine with --ep yet (the expert-parallel layer merges "
+                            f"every chip's rows for an expert in arrival order and packs them once)")
+    if pp is not None and system is not None and system.chips != pp * ep:
+        raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
+                            f"{system.name!r} has {system.chips}")
+    system = chips_system((pp or 1) * ep, system, "--ep")
+    tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
+    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}")
+
+    def ffns_of(i):
+        return lambda g, packed: ([_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, prefix=f"layer{i}.")
+                                   for e in range(model.experts)], {}, {})
+
+    def shared_of(i):
+        if not model.shared_intermediate:
+            return None
+        return lambda g, tokens, rows: shared_ffn(g, tokens, model, rows, stage["tile_n"] or DEFAULT_TILE_N, tile_f,
+                                                  stage["packing_compute_bw"], bw, prefix=f"layer{i}.")
+
+    bindings, tile_rows, params = build_ep_stack(
+        g, model, routings, ep=ep, pp=pp, placement=placement, system=system,
+        build=dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"}),
+        ffns_of=ffns_of, shared_of=shared_of, expert_counts=lambda r: expert_counts(r, model.experts))
+    flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
+    params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
+    return g, bindings, tile_rows, flops, params
 
 
 def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
@@ -363,9 +409,9 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     time-multiplexed region's merged dynamic tiles (:attr:`stepsim.workloads.base.Workload.tile_rows`).
     ``suffix`` ends the names of the expert weight tensors (a tensor-parallel chip's shards: ``.<chip>``);
     ``prefix`` starts the names of the stage's tensors (a stack's layer: ``layer<i>.``, moe/pipeline.py).
-    ``micro_batches`` M > 1 (static tiling, one region per expert): every expert's tiles are packed per
-    micro-batch of ``B / M`` consecutive tokens (:func:`_micro_batch_tiles`), so a pipeline's next stage gets
-    micro-batch m's rows without waiting for later micro-batches' tokens.
+    ``micro_batches`` M > 1 (one region per expert): every expert's tiles are packed per micro-batch of ``B / M``
+    consecutive tokens (:func:`_micro_batch_tiles`; dynamic tiling: one tile per micro-batch with tokens), so a
+    pipeline's next stage gets micro-batch m's rows without waiting for later micro-batches' tokens.
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     batch = routing.shape[0]
@@ -384,9 +430,10 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     # the expert weights
     weights = load_routing_weights() if regions == experts else None
 
+    tile_rows = {}
     if micro_batches > 1:  # 4-5a per micro-batch
-        count_symbol, packed, bindings = _micro_batch_tiles(g, tokens, model, routing, micro_batches, tile_n,
-                                                            packing_compute_bw, prefix)
+        count_symbol, packed, bindings, tile_rows = _micro_batch_tiles(g, tokens, model, routing, micro_batches,
+                                                                       tile_n, packing_compute_bw, prefix, dynamic)
         bindings.update({count_symbol[e]: int(counts[e]) for e in range(experts)})
     else:
         # 4: tokens to experts; the partition's count symbols are the per-expert token counts
@@ -410,13 +457,13 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
         _label(g.ops[before:], ("expert", e))
 
     # 5b: expert FFNs, one region per expert or time-multiplexed regions
-    tile_rows = {}
     if regions == experts:
         results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix, prefix) for e in range(experts)]
     else:
-        results, region_bindings, tile_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
-                                                                   counts, bw)
+        results, region_bindings, region_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
+                                                                     counts, bw)
         bindings.update(region_bindings)
+        tile_rows.update(region_rows)
 
     # 5c-7: unpack rows, scale by routing weights, reassemble tokens, sum over slots, store
     if weights is None:
@@ -443,8 +490,8 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     return summed, bindings, tile_rows
 
 
-def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, tile_n: int,
-                       packing_compute_bw: int, prefix: str):
+def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, tile_n: int | None,
+                       packing_compute_bw: int, prefix: str, dynamic: bool = False):
     """Steps 4-5a with M micro-batches of ``B / M`` consecutive tokens: every expert's tiles hold tokens of one
     micro-batch only, in micro-batch order.
 
@@ -456,8 +503,15 @@ def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, 
     selector names the micro-batch of each tile (the counts are the trace's). The FFN then sees one stream of
     tiles, as with one micro-batch; micro-batches with no token for an expert have no tile there.
 
-    Returns ``(count symbols, packed tile streams by expert, bindings)``; the count symbols (tokens per expert
-    over the batch) are new: no single Partition has them.
+    Dynamic tiling (``dynamic``): micro-batch m's tokens of expert e are one tile of ``c[m, e]`` rows (the
+    count of its Partition), so expert e gets one tile per micro-batch with tokens. Their rows differ, so the
+    Reassemble's tiles have a ragged row count (:class:`stepsim.graph.Reassemble`), bound to the largest
+    ``c[m, e]`` (on-chip buffers hold the largest tile) and, for FLOPs and the per-unit bounds, to each tile's
+    own rows (``tile_rows``, as the time-multiplexed regions' merged tiles). An expert with no token in the
+    batch keeps micro-batch 0's one empty tile, as the one Partition of M = 1 gives it.
+
+    Returns ``(count symbols, packed tile streams by expert, bindings, tile_rows)``; the count symbols (tokens
+    per expert over the batch) are new: no single Partition has them.
     """
     from stepsim.graph.dims import make_symbol
 
@@ -465,22 +519,29 @@ def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, 
     m_count, rows = micro_batches, batch // micro_batches
     split = Partition(g, Reshape(g, tokens, rows, 0), SelectorSource(g, np.eye(m_count, dtype=np.int8), m_count),
                       1, m_count)  # (1, M, B/M) rows in
-    bindings = {}
+    bindings, tile_rows = {}, {}
     tiles = np.zeros((m_count, experts), np.int64)  # tiles of expert e in micro-batch m
+    tokens_of = np.zeros((m_count, experts), np.int64)  # tokens of expert e in micro-batch m
     packed = [[None] * experts for _ in range(m_count)]
     for m in range(m_count):
         split.assume_shape(m, (1, rows))
         bindings[split.count_symbols[m]] = 1
         part_routing = routing[m * rows:(m + 1) * rows]
         part = Partition(g, split[m], SelectorSource(g, multihot(part_routing, experts), experts), 0, experts)
-        counts = expert_counts(part_routing, experts)
-        tiles[m] = -(-counts // tile_n)
+        tokens_of[m] = expert_counts(part_routing, experts)
+        tiles[m] = (tokens_of[m] > 0) if dynamic else -(-tokens_of[m] // tile_n)
         for e in range(experts):
             before = len(g.ops)
-            bindings[part.count_symbols[e]] = int(counts[e])
-            padded = Reshape(g, part[e], tile_n, 0, pad=Zero(1, d), add_outer_dim=True)
-            packed[m][e] = Accum(g, Flatten(g, padded, 1, 2), RetileRow(), Empty(0, d), 1,
-                                 out_dtype=Tile(FP32, tile_n, d), compute_bw=packing_compute_bw)
+            c = part.count_symbols[e]
+            bindings[c] = int(tokens_of[m, e])
+            if dynamic:  # the one-layer graph's dynamic packing (moe_stage), per micro-batch
+                rows_in = Flatten(g, Reshape(g, part[e], 1, 0, pad=Zero(1, d), add_outer_dim=True), 0, 1)
+                out_dtype = DynTile(FP32, c, d)
+            else:
+                rows_in = Flatten(g, Reshape(g, part[e], tile_n, 0, pad=Zero(1, d), add_outer_dim=True), 1, 2)
+                out_dtype = Tile(FP32, tile_n, d)
+            packed[m][e] = Accum(g, rows_in, RetileRow(), Empty(0, d), 1, out_dtype=out_dtype,
+                                 compute_bw=packing_compute_bw)
             _label(g.ops[before:], ("expert", e))
     merged = []
     for e in range(experts):
@@ -493,12 +554,16 @@ def _micro_batch_tiles(g, tokens, model: MoEModel, routing, micro_batches: int, 
         select[np.arange(len(select)), np.repeat(np.arange(len(used)), tiles[used, e])] = 1
         order = Reassemble(g, [packed[m][e] for m in used], SelectorSource(g, select, len(used)), 0)
         bindings[order.ragged_symbol] = 1  # one tile per selector element
+        rows_symbol = order.stream.dtype.rows
+        if dynamic and len(used) > 1:  # the tiles' ragged rows (docstring)
+            bindings[rows_symbol] = int(tokens_of[used, e].max())
+            tile_rows[rows_symbol] = tuple(int(tokens_of[m, e]) for m in used)
         flat = Flatten(g, order, 0, 2)
         flat.assume_shape(0, (len(select),))
         merged.append(flat)
         _label(g.ops[before:], ("expert", e))
     counts_symbols = tuple(make_symbol(f"{prefix}tokens_{e:03d}") for e in range(experts))
-    return counts_symbols, merged, bindings
+    return counts_symbols, merged, bindings, tile_rows
 
 
 def idle_groups(counts, regions: int, members=None) -> set:
@@ -665,13 +730,18 @@ def from_config(cfg: Mapping) -> Workload:
 
 
 def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
-    """``--layers L [--pp N --system FILE] [--micro-batches M]``: one-line errors for the flags that do not combine,
+    """``--layers L [--pp N --system FILE] [--micro-batches M] [--ep E --placement P]``: one-line errors for the
+    flags that do not combine,
     before the trace is read; each layer's routing from the trace (:func:`stepsim.workloads.moe.pipeline.layer_routings`)."""
     from stepsim.workloads.chips import stack_knobs
     from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
     from stepsim.workloads.moe.pipeline import layer_routings
 
-    stack = stack_knobs(cfg, "MoE layers", ("ep", "tp", "regions", "placement", "algorithm"))
+    if cfg.get("placement") is not None and cfg.get("ep") is None:
+        raise ArgumentError("--placement applies to the MoE layer with --ep N (expert parallelism)")
+    stack = stack_knobs(cfg, "MoE layers", ("tp", "regions", "algorithm"), chip_knobs=("pp", "ep"))
+    if cfg.get("ep") is not None:
+        stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
     routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, stack["layers"], cfg["iteration"],
                               cfg["layer"])
     return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],

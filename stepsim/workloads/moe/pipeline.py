@@ -20,16 +20,20 @@ from stepsim.base.errors import ArgumentError
 from stepsim.graph import BF16, FP32, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Reshape, Tensor
 from stepsim.workloads.chips import check_stack
 
+#: the tilings a stack takes ``--micro-batches M`` > 1 with (``stepsim optimize`` searches M for these only)
+MICRO_BATCH_TILINGS = ("static", "dynamic")
+
 
 def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, tiling: str,
                    tile_n: int | None, shared: int) -> int:
-    """One-line ArgumentError unless L, N and M fit the batch and tiling; returns M (default 1)."""
+    """One-line ArgumentError unless L, N and M fit the batch and tiling; returns M (default 1). ``tile_n``: the
+    shared experts' tile (tokens; with dynamic tiling their default tile), checked with ``shared`` experts."""
     m = check_stack(layers, pp, batch, micro_batches, "tokens") or 1
-    if m > 1 and tiling != "static":
-        raise ArgumentError(f"--micro-batches {m} needs --tiling static (a dynamic tile holds all of an expert's "
-                            f"tokens, so it cannot end at a micro-batch)")
+    if m > 1 and tiling not in MICRO_BATCH_TILINGS:
+        raise ArgumentError(f"--micro-batches {m} needs --tiling {' or '.join(MICRO_BATCH_TILINGS)}")
     if m > 1 and shared and (batch // m) % tile_n:
-        raise ArgumentError(f"--micro-batches {m}: the shared experts' tiles of --tile-n {tile_n} tokens must not "
+        what = f"--tile-n {tile_n} tokens" if tiling == "static" else f"{tile_n} tokens (dynamic tiling's default)"
+        raise ArgumentError(f"--micro-batches {m}: the shared experts' tiles of {what} must not "
                             f"span micro-batches of {batch // m} tokens (a multiple of {tile_n})")
     return m
 

@@ -188,7 +188,8 @@ SHARDED = ("x", "routing_weights")
 
 def stack_inputs(p: dict, seed: int) -> dict:
     """A stack's tensors (moe/pipeline.py): ``x``, and per layer i its routing weights, experts (and shared
-    experts) as ``layer<i>.<name>``, each drawn from its own seeded stream."""
+    experts) as ``layer<i>.<name>``, each drawn from its own seeded stream; with ``--ep`` (moe/pipeline_ep.py)
+    ``x`` and every layer's routing weights sharded over the chips as ``<name>.<c>`` (the same values)."""
     b, d, f, k, experts = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"]
     fs = p.get("shared_intermediate", 0)
     arrays = {"x": seeded_normal(seed, "x", (b, d), 1.0, bf16=True)}
@@ -204,7 +205,20 @@ def stack_inputs(p: dict, seed: int) -> dict:
             for part, shape in (("gate", (d, fs)), ("up", (d, fs)), ("down", (fs, d))):
                 arrays[f"layer{i}.shared_{part}"] = seeded_normal(seed, f"layer{i}.shared_{part}", shape,
                                                                   shape[0] ** -0.5, bf16=True)
+    if "shard_bounds" in p:
+        sharded = ["x"] + [f"layer{i}.routing_weights" for i in range(p["layers"])]
+        arrays = {name: a for name, a in arrays.items() if name not in sharded} | {
+            f"{name}.{c}": arrays[name][lo:hi] for name in sharded
+            for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:])) if hi > lo}
     return arrays
+
+
+def _unsharded(inputs: dict, name: str, bounds, who: str):
+    """``name`` whole: the tensor itself, or (``bounds``: expert parallelism) its chips' shards put together."""
+    if bounds is None:
+        return take_input(inputs, name, who)
+    return np.concatenate([take_input(inputs, f"{name}.{c}", who) for c in range(len(bounds) - 1)
+                           if bounds[c + 1] > bounds[c]])
 
 
 def _stack_outputs(workload: Workload, inputs: dict) -> dict:
@@ -212,14 +226,17 @@ def _stack_outputs(workload: Workload, inputs: dict) -> dict:
     layer in fp32 (no bf16 store between layers)."""
     who, p = "workload_reference", workload.params
     routing = workload_trace(workload, "routing")  # [layers, tokens, top_k]
-    y = take_input(inputs, "x", who)
+    bounds = p.get("shard_bounds")
+    y = _unsharded(inputs, "x", bounds, who)
     for i in range(p["layers"]):
         stacks = [np.stack([take_input(inputs, f"layer{i}.expert{e:03d}_{part}", who) for e in range(p["experts"])])
                   for part in ("gate", "up", "down")]
         shared = ([take_input(inputs, f"layer{i}.shared_{part}", who) for part in ("gate", "up", "down")]
                   if p.get("shared_intermediate") else None)
-        y = moe_reference(y, routing[i], take_input(inputs, f"layer{i}.routing_weights", who), *stacks,
+        y = moe_reference(y, routing[i], _unsharded(inputs, f"layer{i}.routing_weights", bounds, who), *stacks,
                           shared=shared)
+    if bounds is not None:
+        return {f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo}
     return {"y": y}
 
 

@@ -89,7 +89,8 @@ def shard_bounds(batch: int, chips: int) -> list[int]:
 
 def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, dynamic: bool, tile_n, tile_f: int,
                   compute_bw: int, packing_compute_bw: int, ffns, shared_ffn,
-                  region_chip: list[int] | None = None, home_in=None, home_out=None) -> tuple[dict, dict, list, dict]:
+                  region_chip: list[int] | None = None, home_in=None, home_out=None,
+                  prefix: str = "") -> tuple[dict, dict, list, dict]:
     """Add the sharded layer to ``g`` (module docstring); ``chip_of[e]`` is expert e's chip.
 
     ``ffns(g, packed)`` builds the experts' FFNs on their packed token tiles (``packed[e]``: expert e's) and
@@ -100,7 +101,8 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
     order; a stream as the load of ``x.<c>`` gives) instead of loading them from ``x.<c>`` (the decoder layer
     computes them: :mod:`stepsim.workloads.decoder.expert_parallel`); its operators are placed on chip c.
     ``home_out(c, rows)``, when given, takes chip c's output rows (its tokens' rows of y, in token order) instead
-    of storing them in ``y.<c>`` (tensor parallelism sums them over chips first).
+    of storing them in ``y.<c>`` (tensor parallelism sums them over chips first). ``prefix`` starts the names of
+    the routing weights' shards (a stack's layer: ``layer<i>.routing_weights.<c>``, moe/pipeline_ep.py).
     Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator it added (by ``op.id``),
     the symbols' values from the trace, the shard bounds, and ``ffns``' tile rows.
     """
@@ -129,7 +131,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         else:
             tokens = home_in(c, bc)
         select = SelectorSource(g, multihot(rc, experts), experts)
-        route_w = Tensor(f"routing_weights.{c}", (bc, k), BF16)
+        route_w = Tensor(f"{prefix}routing_weights.{c}", (bc, k), BF16)
         weights = LinearOffChipLoad(g, route_w, (1, 1), (bc, k), (k, 1), stream_dtype=FP32)
         part = Partition(g, tokens, select, 0, experts)
         counts = np.zeros(experts, dtype=np.int64)
