@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from stepsim.base.errors import ConfigError, FrontendError, LayoutError
 from stepsim.frontend import from_onnx
+from stepsim.frontend.fusion import NO_FUSE_REASON
 from stepsim.frontend.layouts import groups_rows_cols
 from stepsim.optimize.onnx_search import MIN_TILE_N, Point, symbolic_point, tile_space
 from stepsim.optimize.pareto import dominates, pareto_front
@@ -137,7 +138,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
         if fuse:
             spill, by_tile_m[tm] = _fusion(ev, tm, values)
         else:  # the fusion axis is fixed: every edge spills (from_onnx's fuse=False)
-            spill, by_tile_m[tm] = (), {v: "spilled: fusion is off (--no-fuse)" for v in values}
+            spill, by_tile_m[tm] = (), {v: NO_FUSE_REASON for v in values}
         # 2: tiles under that fusion, coordinate-wise per MatMul
         current = {name: None for name in options}
         best = ev.point(tm, current, spill)  # None when whole rows do not fit the budget: the first fit leads

@@ -52,6 +52,9 @@ def test_no_fuse_and_spill_change_cycles_and_bytes_exactly(path, capsys):
         assert row["cycles"] == engines_agree(w).cycles == simulate(w).cycles
         assert row["off_chip_bytes"] == w.metrics()["off_chip_bytes"]
     assert (off["no_fuse"], off["spill"], one["no_fuse"], one["spill"]) == (True, None, None, "h->act")
+    # the record names the knob as the user gave it (the CLI flag, and the API argument for Python callers)
+    assert json.loads(off["params"])["spill_reasons"] == dict.fromkeys(
+        ("h->act", "h->res", "r->res"), "fusion is off (--no-fuse; fuse=False in the API)")
     assert _json(capsys, "metrics", str(path), "--no-fuse")["off_chip_bytes"] == off["off_chip_bytes"]
     assert _json(capsys, "metrics", str(path), "--spill", "h")["off_chip_bytes"] == FUSED + 2 * 2 * TENSOR
 
@@ -157,7 +160,7 @@ def test_optimize_no_fuse_searches_tiles_with_every_edge_spilled(path, tmp_path,
         assert len(w.frontend.spilled()) == 3
         assert (p["cycles"], p["on_chip_bytes"]) == (simulate(w).cycles, w.metrics()["on_chip_bytes"])
     if hierarchical:
-        off = {"h": "spilled: fusion is off (--no-fuse)", "r": "spilled: fusion is off (--no-fuse)"}
+        off = dict.fromkeys(("h", "r"), "spilled: fusion is off (--no-fuse; fuse=False in the API)")
         assert doc["fusion"] == off and doc["fusion_by_tile_m"] == {"1": off, "2": off, "4": off, "8": off}
         assert all(p["spill"] == [] for p in doc["pareto"])
     else:
