@@ -84,7 +84,7 @@ def matmul_options(report) -> dict:
 
 
 @dataclass
-class _Node:
+class Node:
     """A built schedule: its :class:`Point` (shared by spill sets that lower alike), the workload, and its
     subtree's optimistic vector (module docstring)."""
 
@@ -93,17 +93,30 @@ class _Node:
     subtree: tuple
 
 
+def bounded(tiling: dict, w) -> Node:
+    """The :class:`Node` of the lowered schedule ``w`` (``tiling``: its tiling and spill set): its point with the
+    cycle bound raised to the spill-chain bound, and its subtree's optimistic vector (module docstring)."""
+    p = symbolic_point(tiling, w)
+    chain = spill_chain_cycles(w, Hardware.preset(w.hardware))
+    p.cycle_bound = max(p.cycle_bound, chain)
+    compute = p.allocated_flops_per_cycle
+    flops = math.ceil(w.metrics()["graph_flops"] / compute) if compute else 0  # a spill adds no FLOPs
+    report = w.frontend
+    kept = sum(c.buffer.bytes for k, c in report.converters.items() if k in report.converter_ops)
+    return Node(p, w, (max(chain, flops), p.on_chip_bytes - kept, compute))
+
+
 class _Evaluator:
     """Builds and bounds schedules once each (by their lowering: tiling and spilled edges) and simulates them."""
 
     def __init__(self, source, kw: dict, max_on_chip: int | None):
         self.source, self.kw, self.max_on_chip = source, kw, max_on_chip
-        self.built: dict = {}  # (tile_m, per_node, spill) -> _Node or None (not buildable)
-        self.lowerings: dict = {}  # (tile_m, per_node, spilled edges) -> _Node
+        self.built: dict = {}  # (tile_m, per_node, spill) -> Node or None (not buildable)
+        self.lowerings: dict = {}  # (tile_m, per_node, spilled edges) -> Node
         self.simulated: list[Point] = []
         self.skipped: dict = {}
 
-    def node(self, tile_m: int, per_node: dict, spill: tuple) -> _Node | None:
+    def node(self, tile_m: int, per_node: dict, spill: tuple) -> Node | None:
         """The schedule's node (None when the front end cannot build it)."""
         per_node = {k: v for k, v in per_node.items() if v is not None}
         key = (tile_m, tuple(sorted(per_node.items())), spill)
@@ -118,20 +131,9 @@ class _Evaluator:
             spilled = tuple(edge_name(e.value, e.consumer) for e in w.frontend.spilled())
             same = (key[0], key[1], spilled)
             if same not in self.lowerings:
-                self.lowerings[same] = self._bounded(tiling, w)
+                self.lowerings[same] = bounded(tiling, w)
             self.built[key] = self.lowerings[same]
         return self.built[key]
-
-    @staticmethod
-    def _bounded(tiling: dict, w) -> _Node:
-        hw = Hardware.preset(w.hardware)
-        p = symbolic_point(tiling, w)
-        chain = spill_chain_cycles(w, hw)
-        p.cycle_bound = max(p.cycle_bound, chain)
-        flops = math.ceil(w.metrics()["graph_flops"] / p.allocated_flops_per_cycle) if p.allocated_flops_per_cycle else 0
-        report = w.frontend
-        kept = sum(c.buffer.bytes for k, c in report.converters.items() if k in report.converter_ops)
-        return _Node(p, w, (max(chain, flops), p.on_chip_bytes - kept, p.allocated_flops_per_cycle))
 
     def over_budget(self, vector: tuple) -> bool:
         return self.max_on_chip is not None and vector[1] > self.max_on_chip
@@ -140,7 +142,7 @@ class _Evaluator:
         """Whether a simulated point dominates ``vector`` (cycles, on-chip bytes, allocated compute)."""
         return any(dominates(q.vector(q.cycles), vector) for q in self.simulated)
 
-    def visit(self, node: _Node) -> None:
+    def visit(self, node: Node) -> None:
         """Simulate ``node`` unless done, over the budget or dominated by its optimistic vector."""
         p = node.point
         if p.cycles is not None or self.over_budget(p.vector(p.cycle_bound)) or self.dominated(
