@@ -124,7 +124,7 @@ def test_cli(tmp_path, capsys):
     assert main(["optimize", str(path), "--hierarchical", "--out", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc == json.loads((out / "optimize.json").read_text())
-    assert (doc["candidates"], doc["simulations"]) == (42, 8)
+    assert (doc["candidates"], doc["simulations"], doc["pruned"]) == (42, 8, 102)
     assert doc["recommended"] == FRONT[0][0]
     assert [(dict(tile_m=p["tile_m"], per_node=p["per_node"], spill=p["spill"]),
              (p["cycles"], p["on_chip_bytes"], p["allocated_flops_per_cycle"])) for p in doc["pareto"]] == FRONT
