@@ -30,9 +30,21 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from stepsim.analysis.bounds import (EARLY_EMITTING_KINDS, LOAD_KINDS, PMU_READING_KINDS, STORE_KINDS, _cheapest_firings,
-                                     _dispatched_units, _elements, _producers_first, _tile_cycles,
-                                     compute_unit_bounds, first_output_times, load_tiles, load_unit_bounds)
+from stepsim.analysis.bounds import (
+    EARLY_EMITTING_KINDS,
+    LOAD_KINDS,
+    PMU_READING_KINDS,
+    STORE_KINDS,
+    _cheapest_firings,
+    _dispatched_units,
+    _elements,
+    _producers_first,
+    _tile_cycles,
+    compute_unit_bounds,
+    first_output_times,
+    load_tiles,
+    load_unit_bounds,
+)
 from stepsim.base.hardware import Hardware
 from stepsim.workloads.base import Workload
 

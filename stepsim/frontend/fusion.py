@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
 
-
 # one text for the CLI and the API: the record (``spill_reasons``) is the same whichever way the run was asked for
 NO_FUSE_REASON = "spilled: fusion is off (--no-fuse; fuse=False in the API)"
 

@@ -19,7 +19,6 @@ from stepsim.base.errors import ConfigError, FrontendError, LayoutError
 from stepsim.cli import main
 from stepsim.frontend import from_onnx
 from stepsim.optimize.onnx_hierarchy import bounded, matmul_options, search
-from stepsim.optimize.onnx_search import symbolic_point
 from stepsim.optimize.pareto import pareto_front
 from stepsim.simulation.simulate import simulate
 
