@@ -21,12 +21,15 @@ the spill sets under a tiling, a set's children adding one later value each (eve
   load of one tile each and a token, and removes at most the converter it replaces; a fused FIFO costs nothing
   in the published accounting), and the same allocated compute (a spill allocates none).
 
-All the tilings' roots are evaluated first and simulated in order of their bounds (the fast schedules first, so
-that they prune); then each tiling's tree is walked, and a subtree whose vector a simulated point dominates (or
-whose on-chip bytes exceed ``max_on_chip``) is dropped whole, unbuilt; a node whose own vector is dominated is
-not simulated. A dropped schedule's cycles are at least its bound, so it could not enter the front: the front of
-the simulated points is the exhaustive front (tests/frontend/test_hierarchy.py checks it against enumerating
-every schedule of the MLP, the head-Transpose model and a small Llama block, and every bound against the engine).
+The walk is best first: every tiling's root is built, and the built schedule of the smallest optimistic vector is
+taken next (so the fast schedules are simulated first, and prune the most); a subtree whose vector a simulated
+point dominates (or whose on-chip bytes exceed ``max_on_chip``) is dropped whole, its schedules never built;
+otherwise the schedule is simulated unless its own vector is dominated, and its children are built and queued. A
+schedule that cannot be built bounds nothing: its children are built in its place. A schedule left unsimulated
+has cycles at least its bound, so it could not enter the front: the front of the simulated points is the
+exhaustive front (tests/frontend/test_hierarchy.py checks it against enumerating every schedule of the MLP and
+the head-Transpose model, with every bound against the engine, and against a recorded exhaustive run of a small
+Llama block).
 
 Schedules whose spills give the same lowering (a spill that materializes others) are one candidate, under the
 first spill set that built it. ``fusion_by_tile_m`` says per ``tile_m`` which values the front's points there
@@ -35,6 +38,7 @@ spill; ``fusion`` is that at the default ``tile_m`` (the gcd of the rows).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import os
@@ -169,26 +173,28 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     shapes = [groups_rows_cols(lay.shape) for lay in report.layouts.values()]
     tms = sorted({t["tile_m"] for t in tile_space([r for _, r, _ in shapes], 1)})
     tilings = [(tm, dict(zip(options, combo))) for tm in tms for combo in itertools.product(*options.values())]
-    # level 1: every tiling's all-fused root, simulated in order of its bound so that the fast ones prune
-    roots = [(t, ev.node(*t, ())) for t in tilings]
-    ranked = sorted((n for _, n in roots if n is not None), key=lambda n: n.point.vector(n.point.cycle_bound))
-    for n in ranked:
+    # every tiling's all-fused root, then best first: the schedule of the smallest optimistic vector is taken
+    # next (the fast ones are simulated first, so that they prune), its spill-set children built and queued
+    pruned, queue, seq = 0, [], itertools.count()
+
+    def push(t: tuple, spill: tuple, first: int) -> None:
+        n = ev.node(*t, spill)
+        if n is None:  # not buildable: its children may be (nothing to bound the subtree with)
+            for j in range(first, len(choices)):
+                push(t, spill + (choices[j],), j + 1)
+            return
+        heapq.heappush(queue, (n.point.vector(n.point.cycle_bound), next(seq), t, spill, first, n))
+
+    for t in tilings:
+        push(t, (), 0)
+    while queue:
+        _, _, t, spill, first, n = heapq.heappop(queue)
+        if ev.over_budget(n.subtree) or ev.dominated(n.subtree):
+            pruned += (1 << (len(choices) - first)) - 1  # the subtree's schedules below this one
+            continue
         ev.visit(n)
-    # level 2: under each tiling, the tree of spill sets
-    pruned = 0
-    for t, root in sorted(roots, key=lambda tn: (tn[1] is None,
-                                                 tn[1].point.vector(tn[1].point.cycle_bound) if tn[1] else ())):
-        stack = [((), 0)]
-        while stack:
-            spill, first = stack.pop()
-            n = root if not spill else ev.node(*t, spill)
-            if n is not None and (ev.over_budget(n.subtree) or ev.dominated(n.subtree)):
-                pruned += (1 << (len(choices) - first)) - 1  # the subtree's schedules below this one
-                continue
-            if n is not None:
-                ev.visit(n)
-            # children in reverse so that the walk takes the first value first
-            stack += [(spill + (choices[j],), j + 1) for j in reversed(range(first, len(choices)))]
+        for j in range(first, len(choices)):
+            push(t, spill + (choices[j],), j + 1)
     candidates = list({id(n.point): n.point for n in ev.built.values() if n is not None}.values())
     fitting = [p for p in candidates if max_on_chip is None or p.on_chip_bytes <= max_on_chip]
     if not fitting:

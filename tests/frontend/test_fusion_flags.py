@@ -180,4 +180,4 @@ def test_optimize_hierarchical_json_has_fusion_by_tile_m(tmp_path, capsys):
     assert doc["fusion_by_tile_m"] == {str(tm): {"p0": fused, "p1": kept.format(n) if tm < 8 else fused, "p2": fused}
                                        for tm, n in ((1, 1), (2, 2), (4, 2), (8, 1))}
     assert doc["fusion"] == doc["fusion_by_tile_m"]["8"]
-    assert doc["simulations"] == 11
+    assert doc["simulations"] == 8
