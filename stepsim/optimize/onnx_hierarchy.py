@@ -62,7 +62,7 @@ class HierarchicalSearch:
     the ``front`` of the simulated ones (by cycles), the ``recommended`` point for the objective, the number of
     ``simulations``, ``fusion`` (value -> which front points spill it, at the default tile_m), the tilings
     ``skipped`` as not buildable (tiling text -> the front end's error), ``fusion_by_tile_m`` (every tile_m's
-    ``fusion``) and ``pruned``: the schedules of the space dropped in dropped subtrees, never built."""
+    ``fusion``), ``pruned``: the schedules in dropped subtrees, never built, and ``built``: the others (tried)."""
 
     candidates: list
     front: list
@@ -72,6 +72,7 @@ class HierarchicalSearch:
     skipped: dict = field(default_factory=dict)
     fusion_by_tile_m: dict = field(default_factory=dict)  # tile_m -> {value: decision}
     pruned: int = 0
+    built: int = 0  # schedules lowered (not buildable ones and those sharing a lowering too): built + pruned = space
 
 
 def matmul_options(report) -> dict:
@@ -206,7 +207,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     recommended = min(front, key=lambda p: tuple(getattr(p, k) for k in order), default=None)
     by_tile_m = {tm: _fusion([p for p in front if p.tiling["tile_m"] == tm], spillable, fuse) for tm in tms}
     return HierarchicalSearch(fitting, front, recommended, len(ev.simulated), by_tile_m.get(report.tile_m, {}),
-                              ev.skipped, by_tile_m, pruned)
+                              ev.skipped, by_tile_m, pruned, len(ev.built))
 
 
 def _fusion(front: list, values: list, fuse: bool) -> dict:

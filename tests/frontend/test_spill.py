@@ -152,6 +152,7 @@ def test_the_hierarchical_front_keeps_spilled_points_and_is_the_exhaustive_front
     # 4 tile_m x proj's tile_n (whole rows, 16: the head split's tiles do not take it) x 2^3 spill sets
     assert matmul_options(from_onnx(heads()).frontend) == {"proj": [None, 16]}
     assert (len(result.candidates), result.simulations, result.pruned, len(result.skipped)) == (25, 8, 7, 32)
+    assert result.built + result.pruned == 64
     every = exhaustive(heads(), ("p0", "p1", "p2"), [(tm, per_node) for tm in (1, 2, 4, 8)
                                                      for per_node in ({}, {"proj": 16})])
     assert len(every) == 32  # the other 32 are not buildable, as the search found
