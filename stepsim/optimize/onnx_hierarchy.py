@@ -15,17 +15,21 @@ the spill sets under a tiling, a set's children adding one later value each (eve
 * its own optimistic vector: a lower bound on its cycles (the roofline and the per-unit bounds of
   :mod:`stepsim.analysis.bounds`, and :func:`stepsim.analysis.spill_bounds.spill_chain_cycles`, which follows the
   spills' whole-tensor waits), its exact on-chip bytes and its allocated compute;
-* its *subtree's* optimistic vector, which holds for every spill set containing its own: cycles at least its
-  spill-chain bound and its flops roofline (more spills only lengthen the chains and add no FLOPs or compute),
-  on-chip bytes at least its own less the buffers of the converters it still has (a spill adds a store and a
-  load of one tile each and a token, and removes at most the converter it replaces; a fused FIFO costs nothing
-  in the published accounting), and the same allocated compute (a spill allocates none).
+* its *subtree's* optimistic vector, which holds for every spill set below it (its own and later values): cycles
+  at least its spill-chain bound and its flops roofline (more spills only lengthen the chains and add no FLOPs or
+  compute), on-chip bytes at least its own less the buffers of the converters a spill may still remove there
+  (those of the later values, and those a materialized spill may reach: a reader of the value reads another
+  activation too; a spill adds a store and a load of one tile each and a token, and removes at most the
+  converter it replaces; a fused FIFO costs nothing in the published accounting), and the same allocated compute
+  (a spill allocates none).
 
 The walk is best first: every tiling's root is built, and the built schedule of the smallest optimistic vector is
 taken next (so the fast schedules are simulated first, and prune the most); a subtree whose vector a simulated
 point dominates (or whose on-chip bytes exceed ``max_on_chip``) is dropped whole, its schedules never built;
 otherwise the schedule is simulated unless its own vector is dominated, and its children are built and queued. A
-schedule that cannot be built bounds nothing: its children are built in its place. A schedule left unsimulated
+schedule the front end cannot build bounds nothing, and its subtree is left out (``unbuilt``): a tiling that does
+not build all fused is not searched, nor a spill set whose tree parent does not build (on the models of the
+tests, every schedule left out so is itself not buildable). A schedule left unsimulated
 has cycles at least its bound, so it could not enter the front: the front of the simulated points is the
 exhaustive front (tests/frontend/test_hierarchy.py checks it against enumerating every schedule of the MLP and
 the head-Transpose model, with every bound against the engine, and against a recorded exhaustive run of a small
@@ -72,7 +76,8 @@ class HierarchicalSearch:
     skipped: dict = field(default_factory=dict)
     fusion_by_tile_m: dict = field(default_factory=dict)  # tile_m -> {value: decision}
     pruned: int = 0
-    built: int = 0  # schedules lowered (not buildable ones and those sharing a lowering too): built + pruned = space
+    built: int = 0  # schedules lowered (not buildable ones and those sharing a lowering too)
+    unbuilt: int = 0  # schedules below one not buildable, left out: built + pruned + unbuilt = the space
 
 
 def matmul_options(report) -> dict:
@@ -90,25 +95,43 @@ def matmul_options(report) -> dict:
 
 @dataclass
 class Node:
-    """A built schedule: its :class:`Point` (shared by spill sets that lower alike), the workload, and its
-    subtree's optimistic vector (module docstring)."""
+    """A built schedule: its :class:`Point` (shared by spill sets that lower alike), the workload, and what bounds
+    its subtree (module docstring): ``cycles`` (cycles), and ``converters``: ``(value, bytes, cascade)`` of each
+    converter it still builds (the value whose spill replaces it, its buffer, and whether a spill of another value
+    may spill that edge too, through materialization)."""
 
     point: Point
     workload: object
-    subtree: tuple
+    cycles: int
+    converters: tuple
+
+    def subtree(self, decided: frozenset = frozenset()) -> tuple:
+        """The optimistic vector of every schedule below this one whose spill set adds no value of ``decided``
+        (the values the tree settled above it: its children add only later ones): the cycle bound, the on-chip
+        bytes less the buffers of the converters a spill may still remove there, and the same compute."""
+        removable = sum(b for v, b, cascade in self.converters if v not in decided or cascade)
+        return (self.cycles, self.point.on_chip_bytes - removable, self.point.allocated_flops_per_cycle)
 
 
 def bounded(tiling: dict, w) -> Node:
     """The :class:`Node` of the lowered schedule ``w`` (``tiling``: its tiling and spill set): its point with the
-    cycle bound raised to the spill-chain bound, and its subtree's optimistic vector (module docstring)."""
+    cycle bound raised to the spill-chain bound, and what bounds its subtree (module docstring)."""
     p = symbolic_point(tiling, w)
     chain = spill_chain_cycles(w, Hardware.preset(w.hardware))
     p.cycle_bound = max(p.cycle_bound, chain)
     compute = p.allocated_flops_per_cycle
     flops = math.ceil(w.metrics()["graph_flops"] / compute) if compute else 0  # a spill adds no FLOPs
     report = w.frontend
-    kept = sum(c.buffer.bytes for k, c in report.converters.items() if k in report.converter_ops)
-    return Node(p, w, (max(chain, flops), p.on_chip_bytes - kept, compute))
+    graph = report.proto.graph
+    transposes = {n.name: n.input[0] for n in graph.node if n.op_type == "Transpose"}
+    activations = {o for n in graph.node for o in n.output}
+
+    def cascade(value: str) -> bool:  # a reader of value also reads another activation: materialize may spill it
+        return any(len({i for i in n.input if i in activations}) > 1 for n in graph.node if value in n.input)
+
+    converters = tuple((transposes.get(k, k), c.buffer.bytes, cascade(transposes.get(k, k)))
+                       for k, c in report.converters.items() if k in report.converter_ops)
+    return Node(p, w, max(chain, flops), converters)
 
 
 class _Evaluator:
@@ -176,13 +199,13 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     tilings = [(tm, dict(zip(options, combo))) for tm in tms for combo in itertools.product(*options.values())]
     # every tiling's all-fused root, then best first: the schedule of the smallest optimistic vector is taken
     # next (the fast ones are simulated first, so that they prune), its spill-set children built and queued
-    pruned, queue, seq = 0, [], itertools.count()
+    pruned, unbuilt, queue, seq = 0, 0, [], itertools.count()
 
     def push(t: tuple, spill: tuple, first: int) -> None:
+        nonlocal unbuilt
         n = ev.node(*t, spill)
-        if n is None:  # not buildable: its children may be (nothing to bound the subtree with)
-            for j in range(first, len(choices)):
-                push(t, spill + (choices[j],), j + 1)
+        if n is None:  # not buildable: nothing bounds its subtree, which is left out (module docstring)
+            unbuilt += (1 << (len(choices) - first)) - 1
             return
         heapq.heappush(queue, (n.point.vector(n.point.cycle_bound), next(seq), t, spill, first, n))
 
@@ -190,7 +213,8 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
         push(t, (), 0)
     while queue:
         _, _, t, spill, first, n = heapq.heappop(queue)
-        if ev.over_budget(n.subtree) or ev.dominated(n.subtree):
+        sub = n.subtree(frozenset(choices[:first]) - set(spill))
+        if ev.over_budget(sub) or ev.dominated(sub):
             pruned += (1 << (len(choices) - first)) - 1  # the subtree's schedules below this one
             continue
         ev.visit(n)
@@ -207,7 +231,7 @@ def search(source, *, values="seeded", routing="teacher", hardware: str | None =
     recommended = min(front, key=lambda p: tuple(getattr(p, k) for k in order), default=None)
     by_tile_m = {tm: _fusion([p for p in front if p.tiling["tile_m"] == tm], spillable, fuse) for tm in tms}
     return HierarchicalSearch(fitting, front, recommended, len(ev.simulated), by_tile_m.get(report.tile_m, {}),
-                              ev.skipped, by_tile_m, pruned, len(ev.built))
+                              ev.skipped, by_tile_m, pruned, len(ev.built), unbuilt)
 
 
 def _fusion(front: list, values: list, fuse: bool) -> dict:
