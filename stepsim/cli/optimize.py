@@ -86,6 +86,7 @@ def _optimize_onnx(args) -> int:
     if args.hierarchical:
         doc["fusion"] = result.fusion
         doc["pruned"] = result.pruned  # schedules never built: in subtrees a simulated point provably dominates
+        doc["unbuilt"] = result.unbuilt  # schedules never built: below one the front end cannot build
         # every tile_m's level-1 decisions (a spill's gain depends on tile_m); JSON keys are strings
         doc["fusion_by_tile_m"] = {str(tm): decisions for tm, decisions in result.fusion_by_tile_m.items()}
     Path(args.out).mkdir(parents=True, exist_ok=True)
