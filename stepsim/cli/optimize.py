@@ -50,8 +50,9 @@ def register(subparsers) -> None:
     p.add_argument("--executor", choices=EXECUTORS, help="local worker processes (default) or dask")
     p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask)")
     p.add_argument("--hierarchical", action="store_true",
-                   help="an .onnx model: search fusion per value, then tile_m and each MatMul's tile_n "
-                        "(stepsim.optimize.onnx_hierarchy) instead of tile_m x one global tile_n")
+                   help="an .onnx model: search tile_m with each MatMul's tile_n, then fusion per value "
+                        "under each tiling, pruned soundly (the exhaustive front; "
+                        "stepsim.optimize.onnx_hierarchy) instead of tile_m x one global tile_n")
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (resumes a search found there)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_optimize, out_kind="dir")
@@ -84,6 +85,8 @@ def _optimize_onnx(args) -> int:
            "candidates": len(result.candidates), "simulations": result.simulations}
     if args.hierarchical:
         doc["fusion"] = result.fusion
+        doc["pruned"] = result.pruned  # schedules never built: in subtrees a simulated point provably dominates
+        doc["unbuilt"] = result.unbuilt  # schedules never built: below one the front end cannot build
         # every tile_m's level-1 decisions (a spill's gain depends on tile_m); JSON keys are strings
         doc["fusion_by_tile_m"] = {str(tm): decisions for tm, decisions in result.fusion_by_tile_m.items()}
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,9 @@ from dataclasses import dataclass, replace
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
 
+# one text for the CLI and the API: the record (``spill_reasons``) is the same whichever way the run was asked for
+NO_FUSE_REASON = "spilled: fusion is off (--no-fuse; fuse=False in the API)"
+
 
 @dataclass(frozen=True)
 class Edge:
@@ -55,7 +58,7 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
                 continue
             nbytes, fifo = math.prod(model.shapes[v]) * elem_bytes, depth * tile_bytes[v]
             if not fuse:
-                edges.append(Edge(v, node.name, False, "spilled: fusion is off (fuse=False)", nbytes, fifo))
+                edges.append(Edge(v, node.name, False, NO_FUSE_REASON, nbytes, fifo))
             elif v in spill or edge_name(v, node.name) in spill:
                 edges.append(Edge(v, node.name, False, "spilled: named in spill=", nbytes, fifo))
             else:

@@ -23,7 +23,7 @@ from stepsim.graph.lower import fp32_timing_bytes, lower
 from stepsim.graph.ops_convert import ConverterPartition
 from stepsim.kernels.api import run as fast_run
 from stepsim.kernels.reference import run as ref_run
-from stepsim.optimize.onnx_hierarchy import search
+from stepsim.optimize.onnx_hierarchy import matmul_options, search
 from stepsim.optimize.onnx_search import converter_values
 from stepsim.simulation.simulate import simulate
 
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import test_onnx_attention as attn  # noqa: E402
 from ort_check import check, model, rand  # noqa: E402
 from test_bf16 import BLOCKS, to_bf16  # noqa: E402
+from test_hierarchy import exhaustive, front_vectors  # noqa: E402
 
 B, S, D, H = 2, 8, 32, 4
 HD = D // H
@@ -140,14 +141,23 @@ def test_without_the_co_spill_the_diamond_deadlocks(monkeypatch):
         simulate(w)
 
 
-def test_the_hierarchical_front_keeps_spilled_points():
+def test_the_hierarchical_front_keeps_spilled_points_and_is_the_exhaustive_front():
     result = search(heads())
     front = [(p.tiling["tile_m"], p.tiling["spill"], p.vector(p.cycles)) for p in result.front]
     assert front == [(8, [], (466, 3584, 2048)), (4, [], (860, 2816, 2048)), (4, ["p1"], (1234, 2568, 2048)),
                      (2, [], (1744, 2304, 2048)), (2, ["p1"], (2313, 1800, 2048)), (1, ["p1"], (4485, 1416, 2048))]
-    assert result.fusion_by_tile_m[1]["p1"] == "spilled: its spill is not dominated"
-    assert result.fusion["p1"] == "fused: a simulated point dominates its spill"  # at the default tile_m, 8
-    assert result.simulations == 16
+    assert result.fusion_by_tile_m[1]["p1"] == "spilled: in 1 of the 1 front points at this tile_m"
+    assert result.fusion_by_tile_m[4]["p1"] == "spilled: in 1 of the 2 front points at this tile_m"
+    assert result.fusion["p1"] == "fused: no front point at this tile_m spills it"  # the default tile_m, 8
+    # 4 tile_m x proj's tile_n (whole rows, 16: the head split's tiles do not take it) x 2^3 spill sets
+    assert matmul_options(from_onnx(heads()).frontend) == {"proj": [None, 16]}
+    # the 4 tilings with proj at 16 do not build all fused: their 28 other schedules are left out unbuilt
+    assert (len(result.candidates), result.simulations, result.pruned, len(result.skipped)) == (25, 8, 7, 4)
+    assert (result.built, result.unbuilt, result.built + result.pruned + result.unbuilt) == (29, 28, 64)
+    every = exhaustive(heads(), ("p0", "p1", "p2"), [(tm, per_node) for tm in (1, 2, 4, 8)
+                                                     for per_node in ({}, {"proj": 16})])
+    assert len(every) == 32  # the other 32 are not buildable: the search left out no buildable schedule
+    assert front_vectors([n.point for *_, n in every]) == [v for *_, v in front]
 
 
 def test_the_tile_search_tries_each_tiling_with_its_converters_spilled(tmp_path, capsys):
