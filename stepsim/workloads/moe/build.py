@@ -325,18 +325,21 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     results as :func:`_stack`'s."""
     from stepsim.workloads.chips import chips_system
     from stepsim.workloads.moe.pipeline_ep import build_ep_stack
+    from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
 
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
         raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    batch = routings[0].shape[0]
     if m > 1:
-        raise ArgumentError(f"--micro-batches {m} does not combine with --ep yet (the expert-parallel layer merges "
-                            f"every chip's rows for an expert in arrival order and packs them once)")
+        _check_ep_micro_batches(batch, ep, m, stage["tile_n"] or DEFAULT_TILE_N, model.shared_intermediate,
+                                dynamic)
     if pp is not None and system is not None and system.chips != pp * ep:
         raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
                             f"{system.name!r} has {system.chips}")
     system = chips_system((pp or 1) * ep, system, "--ep")
     tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
-    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}")
+    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}"
+              + (f"-mb{m}" if m > 1 else ""))
 
     def ffns_of(i):
         return lambda g, packed: ([_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, prefix=f"layer{i}.")
@@ -351,10 +354,26 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     bindings, tile_rows, params = build_ep_stack(
         g, model, routings, ep=ep, pp=pp, placement=placement, system=system,
         build=dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"}),
-        ffns_of=ffns_of, shared_of=shared_of, expert_counts=lambda r: expert_counts(r, model.experts))
-    flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
+        ffns_of=ffns_of, shared_of=shared_of, expert_counts=lambda r: expert_counts(r, model.experts),
+        micro_batches=m)
+    # FLOPs as built: each micro-batch (the m-th piece of every shard) pads its own tiles
+    parts = [slice(None)] if m == 1 else micro_batch_tokens(batch, ep, m)
+    flops = sum(algorithmic_flops(expert_counts(r[p], model.experts), model, stage["tile_n"])
+                for r in routings for p in parts)
     params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
     return g, bindings, tile_rows, flops, params
+
+
+def _check_ep_micro_batches(batch: int, ep: int, m: int, tile_n: int, shared: int, dynamic: bool) -> None:
+    """One-line ArgumentError unless every chip's shard of an expert-parallel stack splits into ``m`` equal
+    micro-batches (``moe/sharded_micro.py``) whose shared-expert tiles of ``tile_n`` tokens stay within one."""
+    if batch % (ep * m):
+        raise ArgumentError(f"--micro-batches {m} --ep {ep}: each chip's shard of the batch of {batch} tokens must "
+                            f"split into {m} equal micro-batches (the batch a multiple of {ep * m})")
+    if shared and (batch // (ep * m)) % tile_n:
+        what = f"{tile_n} tokens (dynamic tiling's default)" if dynamic else f"--tile-n {tile_n} tokens"
+        raise ArgumentError(f"--micro-batches {m} --ep {ep}: the shared experts' tiles of {what} must not span a "
+                            f"chip's micro-batches of {batch // (ep * m)} tokens (a multiple of {tile_n})")
 
 
 def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
