@@ -101,7 +101,7 @@ def build_sharded_micro(g: Graph, model, routing, chip_of: list[int], chips: int
             op_chip[op.id] = chip
 
     # home chips: token rows split by micro-batch, each piece partitioned by expert
-    pieces, slot_weights, shards = [], [], []  # by chip (all have tokens: docstring)
+    pieces, shards = [], []  # by chip (all have tokens: docstring)
     tokens_of = np.zeros((m_count, experts), np.int64)  # tokens of expert e in micro-batch m, over chips
     for c in range(chips):
         before = len(g.ops)
