@@ -13,8 +13,8 @@ candidates keep the run ids of a search without the axis). Only what the stack b
   :func:`stepsim.workloads.moe.pipeline.check_pipeline`);
 * decoder: micro-batches of ``B / M`` requests that the projection tile packs whole (at most
   :data:`stepsim.workloads.decoder.pipeline.O_TILE` requests, or a multiple of it);
-* no grid with ``ep`` (the MoE stack's expert-parallel stages take one micro-batch,
-  :mod:`stepsim.workloads.moe.pipeline_ep`).
+* no grid with ``ep`` (the MoE stack's expert-parallel stages with micro-batches,
+  :mod:`stepsim.workloads.moe.sharded_micro`, are built but not searched yet).
 
 **The bound on M**: every micro-batch re-reads the weights of each expert its tokens visit, so off-chip bytes,
 FLOPs (each micro-batch pads its own tiles) and on-chip bytes (each micro-batch packs its own tiles: one tile
@@ -86,7 +86,7 @@ def _fit(grid: dict, m: int, *, workload: str, batch: int, shared: int) -> dict 
     from stepsim.workloads.moe.build import DEFAULT_TILE_N
     from stepsim.workloads.moe.pipeline import MICRO_BATCH_TILINGS as tilings
 
-    if "ep" in grid:  # an expert-parallel stack takes one micro-batch (moe/pipeline_ep.py)
+    if "ep" in grid:  # expert-parallel stacks with micro-batches are not searched yet (module docstring)
         return None
     grid = dict(grid)
     rows = batch // m
