@@ -156,8 +156,6 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     if batch % o_tile:
         raise ArgumentError(f"the decoder layer needs a batch that is a multiple of {O_TILE} (or at most "
                             f"{O_TILE}), got {batch} requests")
-    if ep is not None and stack:
-        raise ArgumentError("--ep does not combine with --layers / --pp / --micro-batches for the decoder layer yet")
     if ep is not None and not model.is_moe:
         raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
                             f"(use --tp {ep})")
@@ -207,9 +205,15 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         idle = idle_groups(counts, ffn_regions)
     parallel = {}
     if stack:
-        parallel, idle, tile_rows = _stack(g, model, routings, layers, pp, system, micro_batches, n_heads=n_heads,
-                                           batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
-                                           stage=stage)
+        if ep is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+            parallel, idle, tile_rows = _ep_stack(g, model, routings, ep=ep, pp=pp, system=system,
+                                                  placement=placement, algorithm=algorithm,
+                                                  micro_batches=micro_batches, n_heads=n_heads, batch=batch,
+                                                  o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage)
+        else:
+            parallel, idle, tile_rows = _stack(g, model, routings, layers, pp, system, micro_batches,
+                                               n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f,
+                                               moe_kw=moe_kw, bw=bw, stage=stage)
         flat_routing = np.stack(routings) if moe is not None else None
     elif ep is not None:
         from stepsim.workloads.decoder.expert_parallel import expert_parallel_decoder
@@ -390,6 +394,26 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
     return params, idle, tile_rows
 
 
+def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
+              moe_kw, bw, stage) -> tuple:
+    """``--layers L --ep E [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_ep`, given this
+    module's attention heads and :mod:`stepsim.workloads.decoder.pipeline`'s projections."""
+    from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
+    from stepsim.workloads.decoder.pipeline_ep import build_decoder_ep_stack
+
+    d, hd, q_rows = model.hidden, model.head_dim, model.heads // model.kv_heads
+    return build_decoder_ep_stack(
+        g, model, routings, ep=ep, pp=pp, system=system, placement=placement, algorithm=algorithm,
+        micro_batches=micro_batches, n_heads=n_heads, batch=batch, o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage,
+        heads=lambda hs, prefix, qkv_of, region_base: _sum_pairwise(
+            g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of, region_base=region_base), bw),
+        qkv_streams=lambda g, tiles, prefix, h: qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd,
+                                                            q_rows=q_rows, bw=bw,
+                                                            packing_compute_bw=PACKING_COMPUTE_BW),
+        input_tiles=lambda g, rows: input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile,
+                                                packing_compute_bw=PACKING_COMPUTE_BW))
+
+
 def _sum_pairwise(g, products, bw):
     """The query heads' products summed pairwise (a tree of Adds)."""
     while len(products) > 1:
@@ -433,7 +457,13 @@ def from_config(cfg: Mapping) -> Workload:
     if any(cfg.get(k) is not None for k in ("layers", "pp", "micro_batches")):
         from stepsim.workloads.chips import stack_knobs
 
-        stack = stack_knobs(cfg, "decoder layers", ("tp", "ep", "placement", "regions", "algorithm"))
+        stack = stack_knobs(cfg, "decoder layers", ("tp", "regions"), chip_knobs=("pp", "ep"))
+        if cfg.get("ep") is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+            stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous",
+                         algorithm=cfg.get("algorithm") or "ring")
+        elif cfg.get("placement") is not None or cfg.get("algorithm") is not None:
+            raise ArgumentError("--placement and --algorithm apply to a stack of decoder layers with --ep N "
+                                "(expert parallelism)")
     if cfg.get("kv_lengths") is None:
         raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
                           "(config key 'kv_lengths')")

@@ -70,7 +70,17 @@ def _stack_inputs(w: Workload, seed: int) -> dict:
         moe = dict(batch=p["batch"], hidden=d, intermediate=p["intermediate"], top_k=p["top_k"],
                    experts=p["experts"], shared_intermediate=p["shared_intermediate"], layers=p["layers"])
         arrays.update({k: v for k, v in moe_ref.stack_inputs(moe, seed).items() if k != "x"})
+    if "shard_bounds" in p:  # --ep: chip c holds its shard's rows of x and of every layer's routing weights
+        bounds = p["shard_bounds"]
+        for name in _stack_sharded(p):
+            whole = arrays.pop(name)
+            arrays.update({f"{name}.{c}": whole[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})
     return arrays
+
+
+def _stack_sharded(p) -> list[str]:
+    """The tensors an expert-parallel stack (decoder/pipeline_ep.py) holds as shards ``<name>.<c>``."""
+    return ["x"] + [f"layer{i}.routing_weights" for i in range(p["layers"])]
 
 
 def _stack_outputs(workload: Workload, inputs: dict) -> dict:
@@ -81,6 +91,10 @@ def _stack_outputs(workload: Workload, inputs: dict) -> dict:
     attention, _ = _decoder_parts(workload)
     b, q, hd, d = p["batch"], p["query_per_kv_head"], p["head_dim"], p["hidden"]
     routing = workload_trace(workload, "routing") if "experts" in p else None
+    bounds = p.get("shard_bounds")
+    if bounds is not None:  # --ep: the chips' shards put back together
+        inputs = {**inputs, **{name: np.concatenate([take_input(inputs, f"{name}.{c}", who)
+                                                     for c in range(len(bounds) - 1)]) for name in _stack_sharded(p)}}
     outputs, y = {}, as_f32(take_input(inputs, "x", who)).astype(np.float64)
     for i in range(p["layers"]):
         pre = f"layer{i}."
@@ -111,7 +125,10 @@ def _stack_outputs(workload: Workload, inputs: dict) -> dict:
             ffn = ffn_rows(hidden, *(as_f32(take_input(inputs, f"{pre}shared_{part}", who))
                                      for part in ("gate", "up", "down")))
         y = as_f32(ffn + hidden).astype(np.float64)
-    outputs["y"] = y.astype(np.float32)
+    if bounds is not None:  # chip c of the last stage stores its shard's rows as y.<c>
+        outputs.update({f"y.{c}": y[lo:hi].astype(np.float32) for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})
+    else:
+        outputs["y"] = y.astype(np.float32)
     return outputs
 
 
