@@ -121,8 +121,9 @@ def build_decoder_ep_stack(g, model, routings: list, *, ep: int, pp: int | None,
         def attention_partial(a, prefix=prefix, i=i, order=order, rows=dict(rows_in)):
             gathered = Reassemble(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], SelectorSource(g, order, ep), 0)
             bindings[gathered.ragged_symbol] = 1  # one row per selector element
-            all_rows = Flatten(g, gathered, 1, 2)
-            all_rows.assume_shape(0, (1, batch))
+            flat = Flatten(g, gathered, 0, 2)
+            flat.assume_shape(0, (batch,))
+            all_rows = Promote(g, flat, 1)
             tiles = input_tiles(g, all_rows)
 
             def qkv_of(h):
