@@ -28,7 +28,7 @@ def trace(tmp_path):
 def test_a_moe_stack_combines_pp_with_ep_never_tp():
     assert parallel_combos(("tp", "ep", "pp"), 4, experts=8, widths=(64,), batch=24, layers=2, stack_ep=True) == [
         {"ep": 2}, {"pp": 2}, {"ep": 4}, {"ep": 2, "pp": 2}]
-    # without stack_ep (the decoder stack) pipelines alone, as before
+    # without stack_ep (a dense decoder stack) pipelines alone
     assert parallel_combos(("tp", "ep", "pp"), 4, experts=8, widths=(64,), batch=24, layers=2) == [{"pp": 2}]
 
 
