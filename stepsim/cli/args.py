@@ -99,7 +99,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
                    help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links "
-                        "(a stack of --layers: each --pp stage's layers over its own N chips)")
+                        "(a MoE or decoder stack of --layers: each --pp stage's layers over its own N chips)")
     p.add_argument("--tp", type=int, metavar="N",
                    help="SwiGLU, MoE, decoder: tensor parallelism, F's columns (every expert's) split over N chips, an "
                         "all-reduce after (--algorithm ring, the default, or direct); the decoder also splits its KV "
