@@ -203,7 +203,9 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
             from stepsim.optimize.stack import stack_space
 
             name, ffn = stages[-1]
-            stages[-1] = (name, stack_space(ffn, workload="decoder", batch=batch, layers=cfg.get("layers") or 1))
+            shared = model.moe.shared_intermediate if model.is_moe else 0  # with ep (optimize/stack.py)
+            stages[-1] = (name, stack_space(ffn, workload="decoder", batch=batch, layers=cfg.get("layers") or 1,
+                                            shared=shared))
         return stages
     return [("space", space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"]))))]
 

@@ -15,7 +15,7 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
 * ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (``swiglu``,
   ``moe``, ``decoder``); a stack of ``layers > 1`` takes no ``tp`` (every stack refuses it) and ``ep`` where
-  the stack builds it (``pp x ep``: each stage's layers expert-parallel over its ``ep`` chips, one micro-batch;
+  the stack builds it (``pp x ep``: each stage's layers expert-parallel over its ``ep`` chips;
   the MoE stack, :mod:`stepsim.workloads.moe.pipeline_ep`, and an MoE model's decoder stack,
   :mod:`stepsim.workloads.decoder.pipeline_ep`, its ``ep`` constrained as the decoder layer's below; a dense
   decoder stack's candidates are pipelines alone), each with the

@@ -26,7 +26,7 @@ def test_the_decoder_stack_s_combos_are_pp_x_ep_within_its_heads_and_batch():
 def test_the_decoder_stack_s_ffn_stage_searches_ep(tmp_path):
     """A 2-layer stack of an MoE model (8 experts, 2 KV heads, 16 requests) under 4 chips: the FFN stage holds,
     for each one-chip grid without regions, its copies with ep 2, pp 2, ep 4 and pp 2 x ep 2 (every placement with
-    ep); the micro-batch copies (M = 2, 4, 8) only without ep (built, not searched yet)."""
+    ep), each followed by its micro-batch copy (M = 2, 4, 8 where every chip's shard splits)."""
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64,
         "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -39,13 +39,13 @@ def test_the_decoder_stack_s_ffn_stage_searches_ep(tmp_path):
     expected = []
     for grid in one_chip:
         expected += [grid, {**grid, "micro_batches": (2, 4, 8)}]
-    for combo in ({"ep": 2}, {"pp": 2}, {"ep": 4}, {"ep": 2, "pp": 2}):
+    # M splits every chip's shard: 16 requests over ep 4 take M = 2, 4 (shards of 4 requests), not 8
+    for combo, ms in (({"ep": 2}, (2, 4, 8)), ({"pp": 2}, (2, 4, 8)), ({"ep": 4}, (2, 4)),
+                      ({"ep": 2, "pp": 2}, (2, 4, 8))):
         for grid in one_chip:
             copy = {**grid, **{k: (v,) for k, v in combo.items()}}
             if "ep" in combo:
                 copy["placement"] = PLACEMENTS
-                expected.append(copy)
-            else:
-                expected += [copy, {**copy, "micro_batches": (2, 4, 8)}]
+            expected += [copy, {**copy, "micro_batches": ms}]
     assert ffn == expected
-    assert sum("ep" in g for g in ffn) == 3 * len(one_chip) > 0
+    assert sum("ep" in g for g in ffn) == 3 * 2 * len(one_chip) > 0  # 3 ep combos, each grid and its copy
