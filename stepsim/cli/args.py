@@ -115,7 +115,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help="SwiGLU with --layers: M micro-batches of B / M rows stream through the stages (one row "
                         "tile each: --tile-m must be B / M; default B / --tile-m); MoE / decoder: each expert's tiles "
                         "(and the decoder's projection tiles) are packed per micro-batch of B / M tokens, static or "
-                        "dynamic tiling (default 1); MoE with --ep E: each chip's shard split into M")
+                        "dynamic tiling (default 1); MoE / decoder with --ep E: each chip's shard split into M")
     p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
                    help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
                         "from the routing trace)")
