@@ -167,8 +167,7 @@ def test_run_moe_with_pp_functional_check_and_the_record_reads_back(layered, tmp
     ({"layers": 2, "placement": "round-robin"}, "--placement applies to the MoE layer with --ep N (expert "
                                                  "parallelism)"),
     ({"layers": 2, "pp": 2, "system": "ring-2", "tp": 2},
-     "--tp does not combine with --layers / --pp / --micro-batches (a stack of MoE layers runs each layer whole on "
-     "one chip, one region per expert)"),
+     "--pp 2 --tp 2 needs a system of 4 chips (pp x tp); system 'ring-2' has 2"),
     ({"layers": 2, "pp": 1, "system": "ring-2"}, "--pp must be an int >= 2 (chips), got 1"),
     ({"layers": 2, "system": "ring-2"}, "--system applies to a stack of MoE layers with --pp N (pipeline parallelism)"),
 ])
