@@ -103,7 +103,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--tp", type=int, metavar="N",
                    help="SwiGLU, MoE, decoder: tensor parallelism, F's columns (every expert's) split over N chips, an "
                         "all-reduce after (--algorithm ring, the default, or direct); the decoder also splits its KV "
-                        "heads, an all-reduce after the output projection")
+                        "heads, an all-reduce after the output projection; a MoE stack of --layers: each --pp stage's layers "
+                        "over its own N chips")
     p.add_argument("--layers", type=int, metavar="L",
                    help="SwiGLU, MoE, decoder: a stack of L layers, each consuming the previous one's output (default 1; "
                         "MoE / decoder: layer i routed by the trace's layer --layer + i, or a one-batch trace reused "
