@@ -260,9 +260,9 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
             dense=lambda width: _dense(model, width), stage=stage)
 
     g.finalize()
-    for start, stop, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
+    for head_ops, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
         dist = {id(op) for op in distributors}
-        for op in g.ops[start:stop]:
+        for op in head_ops:
             if isinstance(op.group, tuple) and op.group[0] == "region":
                 op.group = ("region", offset_r + op.group[1])
         for op in g.ops:
@@ -270,8 +270,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                 op.group = ("region", offset_r + op.inputs[0].index)
     if stack:
         routing = flat_routing  # [layers, B, top_k]: the reference routes layer i by routing[i]
-    balanced = [att.region_units(g.ops[start:stop], attention_regions, offset_r)
-                for start, stop, offset_r, _ in relabel] if strategy == "dynamic" else []
+    balanced = [att.region_units(list(head_ops), attention_regions, offset_r)
+                for head_ops, offset_r, _ in relabel] if strategy == "dynamic" else []
     workload = Workload(
         name="decoder", graph=g, bindings=bindings, tile_rows=tile_rows, balanced_units=balanced,
         idle_groups=idle, channel_depth=channel_depth,
@@ -298,7 +298,7 @@ def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, 
            bindings, relabel, prefix: str = "", qkv_of=None, region_base: int = 0) -> list:
     """Stages 1-2 for the KV heads ``hs``: each head's attention (tensors ``<prefix>h<h>_*``), its results in
     request order, and one product per query head with ``<prefix>wo_h<h>_q<j>``; returns the products (tiles of
-    ``o_tile`` requests). Appends each head's op range to ``relabel`` (its regions are renumbered after finalize,
+    ``o_tile`` requests). Appends each head's operators to ``relabel`` (its regions are renumbered after finalize,
     from ``region_base``: a stack's layers number their heads' regions apart). ``qkv_of(h)``: head h's q, k, v
     streams (a stack's projections of its input), else they are loaded from HBM."""
     batch, hd, d, q_rows = len(seq_len_tiled), att_cfg["head_dim"], hidden, att_cfg["q_rows"]
@@ -331,7 +331,9 @@ def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, 
             w = LinearOffChipLoad(g, Tensor(f"{prefix}wo_h{h}_q{j}", (hd, d), BF16), (hd, d), (1, 1), (1, 1),
                                   ref=tiles, stream_dtype=FP32)
             products.append(Map(g, [tiles, Flatten(g, Flatten(g, w, 0, 1), 0, 1)], Matmul(), **bw))
-        relabel.append((before, len(g.ops), region_base + h * len(assignment), distributors))
+        # the head's operators themselves, not their positions: a stack's network later removes the placeholders of
+        # earlier layers' transfers from g.ops, which would shift the positions
+        relabel.append((tuple(g.ops[before:]), region_base + h * len(assignment), distributors))
     return products
 
 
