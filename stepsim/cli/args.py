@@ -99,11 +99,12 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
                    help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links "
-                        "(a stack of --layers: each --pp stage's layers over its own N chips)")
+                        "(a MoE or decoder stack of --layers: each --pp stage's layers over its own N chips)")
     p.add_argument("--tp", type=int, metavar="N",
                    help="SwiGLU, MoE, decoder: tensor parallelism, F's columns (every expert's) split over N chips, an "
                         "all-reduce after (--algorithm ring, the default, or direct); the decoder also splits its KV "
-                        "heads, an all-reduce after the output projection")
+                        "heads, an all-reduce after the output projection; a MoE stack of --layers: each --pp stage's layers "
+                        "over its own N chips")
     p.add_argument("--layers", type=int, metavar="L",
                    help="SwiGLU, MoE, decoder: a stack of L layers, each consuming the previous one's output (default 1; "
                         "MoE / decoder: layer i routed by the trace's layer --layer + i, or a one-batch trace reused "
@@ -115,7 +116,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help="SwiGLU with --layers: M micro-batches of B / M rows stream through the stages (one row "
                         "tile each: --tile-m must be B / M; default B / --tile-m); MoE / decoder: each expert's tiles "
                         "(and the decoder's projection tiles) are packed per micro-batch of B / M tokens, static or "
-                        "dynamic tiling (default 1; not with --ep)")
+                        "dynamic tiling (default 1); MoE / decoder with --ep E: each chip's shard split into M")
     p.add_argument("--placement", choices=("contiguous", "round-robin", "load-balanced"),
                    help="MoE with --ep: how experts are placed on chips (default contiguous; load-balanced "
                         "from the routing trace)")

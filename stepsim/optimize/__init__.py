@@ -197,12 +197,15 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
             stages[-1] = (name, parallel_grids(ffn, max_chips, axes=kind("decoder").parallel,
                                                experts=model.experts if model.is_moe else 1, widths=widths,
                                                batch=batch, heads=cfg.get("kv_heads") or model.kv_heads,
-                                               layers=cfg.get("layers") or 1, system=system))
+                                               layers=cfg.get("layers") or 1, system=system,
+                                               stack_ep=model.is_moe))  # decoder/pipeline_ep.py
         if cfg.get("micro_batches") is None:  # a stack's FFN space: no regions, its micro-batch count
             from stepsim.optimize.stack import stack_space
 
             name, ffn = stages[-1]
-            stages[-1] = (name, stack_space(ffn, workload="decoder", batch=batch, layers=cfg.get("layers") or 1))
+            shared = model.moe.shared_intermediate if model.is_moe else 0  # with ep (optimize/stack.py)
+            stages[-1] = (name, stack_space(ffn, workload="decoder", batch=batch, layers=cfg.get("layers") or 1,
+                                            shared=shared))
         return stages
     return [("space", space.default_attention_grids(len(load_kv_lengths(resolved_trace(cfg), cfg["batch_id"]))))]
 

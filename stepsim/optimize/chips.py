@@ -14,9 +14,11 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   into ``tp`` blocks of whole tiles, and no time-multiplexed ``regions`` (the builder refuses both with ``tp``);
   with ``ep`` too, the batch must split into ``tp x ep`` equal parts (``--tp N --ep M``);
 * ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (``swiglu``,
-  ``moe``, ``decoder``); a stack of ``layers > 1`` takes no ``tp`` (every stack refuses it) and ``ep`` only as
-  the MoE stack (``pp x ep``: each stage's layers expert-parallel over its ``ep`` chips, one micro-batch,
-  :mod:`stepsim.workloads.moe.pipeline_ep`; the decoder stack's candidates are pipelines alone), each with the
+  ``moe``, ``decoder``); a stack of ``layers > 1`` takes no ``tp`` (every stack refuses it) and ``ep`` where
+  the stack builds it (``pp x ep``: each stage's layers expert-parallel over its ``ep`` chips;
+  the MoE stack, :mod:`stepsim.workloads.moe.pipeline_ep`, and an MoE model's decoder stack,
+  :mod:`stepsim.workloads.decoder.pipeline_ep`, its ``ep`` constrained as the decoder layer's below; a dense
+  decoder stack's candidates are pipelines alone), each with the
   stack's micro-batch counts (:mod:`stepsim.optimize.stack`); without ``--system`` each runs on the default
   fully connected chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
 * the decoder layer (``tp``, ``ep``): searched in its second stage (the FFN grid with the attention strategies the
@@ -131,8 +133,9 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none, the MoE layer); with heads,
     ``ep`` and ``tp x ep`` divide the KV heads or are a multiple of them, and ``ep`` divides the batch (the
     decoder's ``--ep``, whose attention splits the KV heads over every chip). ``stack_ep``: a stack of ``layers``
-    > 1 builds ``--ep`` (the MoE stack, :mod:`stepsim.workloads.moe.pipeline_ep`), so its candidates are ``pp x ep``
-    (never ``tp``: every stack refuses it); otherwise a stack's candidates are pipelines alone.
+    > 1 builds ``--ep`` (the MoE stack, :mod:`stepsim.workloads.moe.pipeline_ep`; an MoE model's decoder stack,
+    :mod:`stepsim.workloads.decoder.pipeline_ep`), so its candidates are ``pp x ep`` (never ``tp``: every stack
+    refuses it); otherwise a stack's candidates are pipelines alone.
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
     [{'ep': 2}, {'tp': 2}, {'ep': 4}, {'tp': 2, 'ep': 2}, {'tp': 4}]

@@ -13,8 +13,8 @@ candidates keep the run ids of a search without the axis). Only what the stack b
   :func:`stepsim.workloads.moe.pipeline.check_pipeline`);
 * decoder: micro-batches of ``B / M`` requests that the projection tile packs whole (at most
   :data:`stepsim.workloads.decoder.pipeline.O_TILE` requests, or a multiple of it);
-* no grid with ``ep`` (the MoE stack's expert-parallel stages take one micro-batch,
-  :mod:`stepsim.workloads.moe.pipeline_ep`).
+* with ``ep`` (expert-parallel stages, :mod:`stepsim.workloads.moe.sharded_micro`): M splitting every chip's
+  shard (``B`` a multiple of ``ep x M``), the shared experts' tiles within a chip's micro-batch.
 
 **The bound on M**: every micro-batch re-reads the weights of each expert its tokens visit, so off-chip bytes,
 FLOPs (each micro-batch pads its own tiles) and on-chip bytes (each micro-batch packs its own tiles: one tile
@@ -86,10 +86,13 @@ def _fit(grid: dict, m: int, *, workload: str, batch: int, shared: int) -> dict 
     from stepsim.workloads.moe.build import DEFAULT_TILE_N
     from stepsim.workloads.moe.pipeline import MICRO_BATCH_TILINGS as tilings
 
-    if "ep" in grid:  # an expert-parallel stack takes one micro-batch (moe/pipeline_ep.py)
-        return None
     grid = dict(grid)
     rows = batch // m
+    if "ep" in grid:  # each chip's shard splits into the M micro-batches (moe/sharded_micro.py)
+        (ep,) = grid["ep"]  # one ep value per grid (stepsim.optimize.chips._fit)
+        if batch % (ep * m):
+            return None
+        shard_rows = batch // (ep * m)
     if "tiling" in grid:
         grid["tiling"] = tuple(t for t in grid["tiling"] if t in tilings)
         if not grid["tiling"]:
@@ -98,10 +101,11 @@ def _fit(grid: dict, m: int, *, workload: str, batch: int, shared: int) -> dict 
         return None
     if workload == "decoder" and rows % min(O_TILE, rows):
         return None
-    if workload == "moe" and shared:
-        # dynamic tiling's shared experts use the default tile (a grid's tile_n is for its static tiling)
+    if shared and (workload == "moe" or "ep" in grid):
+        # dynamic tiling's shared experts use the default tile (a grid's tile_n is for its static tiling); with ep
+        # they tile a chip's micro-batch of its shard
         tile_ns = grid.get("tile_n", (DEFAULT_TILE_N,)) if grid.get("tiling") != ("dynamic",) else (DEFAULT_TILE_N,)
-        kept = tuple(n for n in tile_ns if rows % n == 0)
+        kept = tuple(n for n in tile_ns if (shard_rows if "ep" in grid else rows) % n == 0)
         if not kept:
             return None
         if "tile_n" in grid:

@@ -1,7 +1,7 @@
 """``stepsim optimize --max-chips`` over a stack of MoE layers: ``pp x ep`` (stepsim/optimize/chips.py,
-``stack_ep``; the stack: stepsim/workloads/moe/pipeline_ep.py). The combinations, the grids (no micro-batches with
-ep), and the pruned search: its front equals the exhaustive front, every bound pinned and below its run, the
-default systems of P x E chips written and read back."""
+``stack_ep``; the stack: stepsim/workloads/moe/pipeline_ep.py). The combinations, the grids (micro-batches with
+ep where every shard splits), and the pruned search: its front equals the exhaustive front, every bound pinned and
+below its run, the default systems of P x E chips written and read back."""
 
 from __future__ import annotations
 
@@ -28,22 +28,24 @@ def trace(tmp_path):
 def test_a_moe_stack_combines_pp_with_ep_never_tp():
     assert parallel_combos(("tp", "ep", "pp"), 4, experts=8, widths=(64,), batch=24, layers=2, stack_ep=True) == [
         {"ep": 2}, {"pp": 2}, {"ep": 4}, {"ep": 2, "pp": 2}]
-    # without stack_ep (the decoder stack) pipelines alone, as before
+    # without stack_ep (a dense decoder stack) pipelines alone
     assert parallel_combos(("tp", "ep", "pp"), 4, experts=8, widths=(64,), batch=24, layers=2) == [{"pp": 2}]
 
 
 def test_pruned_search_over_pp_and_ep_equals_exhaustive(trace, tmp_path, serial, exhaustive_front):
     """A 2-layer stack under a 4-chip budget: one chip, ep 2, pp 2, ep 4 and pp 2 x ep 2 (every placement with
-    ep), micro-batches M = 2 only without ep. Expert parallelism pays on this stack, pipelining barely (one
-    micro-batch: a stage is a barrier); pp 2 x ep 2 is slower than ep 2 by its boundary's hop and stays off the
-    front (ep 4 is faster on as many chips)."""
+    ep), each with M = 2 too (with ep: every chip's shard split in two, moe/sharded_micro.py). Expert parallelism
+    pays on this stack, pipelining barely (one micro-batch: a stage is a barrier); pp 2 x ep 2 is slower than ep 2
+    by its boundary's hop and stays off the front (ep 4 is faster on as many chips); M = 2 with ep costs 30 to
+    154 cycles more than M = 1 (a second weight read per expert tile), so the front is M = 1's."""
     grids = micro_batch_grids(parallel_grids([STATIC], 4, axes=("tp", "ep", "pp"), experts=8, widths=(512,),
                                              batch=24, layers=2, stack_ep=True),
                               workload="moe", batch=24, layers=2, bound=2)
-    assert grids == [STATIC, {**STATIC, "micro_batches": (2,)}, {**STATIC, "ep": (2,), "placement": PLACEMENTS},
+    ep2, ep4 = {**STATIC, "ep": (2,), "placement": PLACEMENTS}, {**STATIC, "ep": (4,), "placement": PLACEMENTS}
+    pp2ep2 = {**STATIC, "ep": (2,), "pp": (2,), "placement": PLACEMENTS}
+    assert grids == [STATIC, {**STATIC, "micro_batches": (2,)}, ep2, {**ep2, "micro_batches": (2,)},
                      {**STATIC, "pp": (2,)}, {**STATIC, "pp": (2,), "micro_batches": (2,)},
-                     {**STATIC, "ep": (4,), "placement": PLACEMENTS},
-                     {**STATIC, "ep": (2,), "pp": (2,), "placement": PLACEMENTS}]
+                     ep4, {**ep4, "micro_batches": (2,)}, pp2ep2, {**pp2ep2, "micro_batches": (2,)}]
     out = tmp_path / "opt"
     r = optimize("moe", out=out, executor=serial, max_chips=4, space=grids, trace=trace, layers=2, **SMALL)
     front, cycles = exhaustive_front(r)
@@ -56,14 +58,23 @@ def test_pruned_search_over_pp_and_ep_equals_exhaustive(trace, tmp_path, serial,
         (None, 2, "contiguous", None, None, "simulated", 20506, 43820),
         (None, 2, "round-robin", None, None, "simulated", 20506, 43823),
         (None, 2, "load-balanced", None, None, "simulated", 20506, 43820),
+        (None, 2, "contiguous", 2, None, "simulated", 26646, 43974),
+        (None, 2, "round-robin", 2, None, "simulated", 26646, 43950),
+        (None, 2, "load-balanced", 2, None, "simulated", 26646, 43974),
         (2, None, None, None, (systems / "fully-connected-2.toml").as_posix(), "simulated", 21324, 50849),
         (2, None, None, 2, (systems / "fully-connected-2.toml").as_posix(), "simulated", 26646, 49656),
         (None, 4, "contiguous", None, None, "simulated", 20506, 43616),
         (None, 4, "round-robin", None, None, "simulated", 20506, 43616),
         (None, 4, "load-balanced", None, None, "simulated", 20506, 43616),
+        (None, 4, "contiguous", 2, None, "simulated", 20506, 43646),
+        (None, 4, "round-robin", 2, None, "simulated", 20506, 43648),
+        (None, 4, "load-balanced", 2, None, "simulated", 20506, 43646),
         (2, 2, "contiguous", None, (systems / "fully-connected-4.toml").as_posix(), "simulated", 20506, 44335),
         (2, 2, "round-robin", None, (systems / "fully-connected-4.toml").as_posix(), "simulated", 20506, 44338),
-        (2, 2, "load-balanced", None, (systems / "fully-connected-4.toml").as_posix(), "simulated", 20506, 44335)]
+        (2, 2, "load-balanced", None, (systems / "fully-connected-4.toml").as_posix(), "simulated", 20506, 44335),
+        (2, 2, "contiguous", 2, (systems / "fully-connected-4.toml").as_posix(), "simulated", 20506, 44489),
+        (2, 2, "round-robin", 2, (systems / "fully-connected-4.toml").as_posix(), "simulated", 20506, 44465),
+        (2, 2, "load-balanced", 2, (systems / "fully-connected-4.toml").as_posix(), "simulated", 20506, 44489)]
     assert [(c.cycles, c.chips, c.config.get("pp"), c.config.get("ep"), c.config.get("placement"),
              c.config.get("micro_batches")) for c in r.front] == [
         (43616, 4, None, 4, "contiguous", None), (43616, 4, None, 4, "round-robin", None),

@@ -189,8 +189,7 @@ def test_both_engines_agree_on_random_multi_chip_layers(seed):
     (QWEN_EP, dict(ep=2, tp=3, kv_heads=4, batch=6), "--tp 3 --ep 2: the attention splits its 4 KV heads "
                                                      "(--kv-heads) over the 6 chips; the chips must divide them or be "
                                                      "a multiple of them"),
-    (QWEN_EP, dict(ep=2, layers=2), "--ep does not combine with --layers / --pp / --micro-batches for the decoder "
-                                    "layer yet"),
+    (QWEN_EP, dict(ep=2, tp=2, layers=2), "--tp does not combine with --ep in a stack of decoder layers yet"),
     (QWEN_EP, dict(ep=2, placement="random"), "placement must be one of contiguous, round-robin, load-balanced, "
                                               "got 'random'"),
     (QWEN_EP, dict(ep=1), "--ep must be an int >= 2 (chips), got 1"),

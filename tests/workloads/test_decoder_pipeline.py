@@ -130,8 +130,8 @@ def test_run_decoder_with_pp_from_the_cli(tmp_path, capsys):
     (dict(layers=2, strategy="coarse"),
      "--strategy coarse does not combine with --layers / --pp / --micro-batches (its regions load their own q / k / "
      "v tensors; a stack computes them from its input: dynamic or interleave)"),
-    (dict(layers=2, tp=2), "--tp does not combine with --layers / --pp / --micro-batches (a stack of decoder "
-                           "layers runs each layer whole on one chip, one region per expert)"),
+    (dict(layers=2, tp=2, micro_batches=2), "--micro-batches 2 does not combine with --tp yet (a tensor-parallel "
+                                            "stack's layer all-reduces the whole batch)"),
 ])
 def test_bad_stacks_are_one_line(kw, message):
     with pytest.raises(ArgumentError) as info:
@@ -144,8 +144,9 @@ def test_bad_stacks_are_one_line(kw, message):
     (["--layers", "2", "--system", "ring-2"],
      "--system applies to a stack of decoder layers with --pp N (pipeline parallelism)"),
     (["--layers", "2", "--pp", "2", "--system", "ring-4"], "--pp 2 needs a system of 2 chips; system 'ring-4' has 4"),
-    (["--layers", "2", "--tp", "2"], "--tp does not combine with --layers / --pp / --micro-batches (a stack of "
-                                     "decoder layers runs each layer whole on one chip, one region per expert)"),
+    (["--layers", "2", "--tp", "2", "--micro-batches", "2"],
+     "--micro-batches 2 does not combine with --tp yet (a tensor-parallel stack's layer all-reduces the whole "
+     "batch)"),
 ])
 def test_bad_pp_flags_are_one_line_with_status_2(tmp_path, capsys, argv, message):
     routing, kv = tmp_path / "routing.npz", tmp_path / "kv.npy"

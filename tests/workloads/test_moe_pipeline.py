@@ -161,14 +161,13 @@ def test_run_moe_with_pp_functional_check_and_the_record_reads_back(layered, tmp
     ({"layers": 2, "pp": 2, "system": "ring-2", "ep": 2},
      "--pp 2 --ep 2 needs a system of 4 chips (pp x ep); system 'ring-2' has 2"),
     ({"layers": 2, "ep": 2, "system": "ring-4"}, "--ep 2 needs a system of 2 chips; system 'ring-4' has 4"),
-    ({"layers": 2, "ep": 2, "micro_batches": 2},
-     "--micro-batches 2 does not combine with --ep yet (the expert-parallel layer merges every chip's rows for an "
-     "expert in arrival order and packs them once)"),
+    ({"layers": 2, "ep": 2, "micro_batches": 8},
+     "--micro-batches 8 --ep 2: each chip's shard of the batch of 24 tokens must split into 8 equal micro-batches "
+     "(the batch a multiple of 16)"),
     ({"layers": 2, "placement": "round-robin"}, "--placement applies to the MoE layer with --ep N (expert "
                                                  "parallelism)"),
     ({"layers": 2, "pp": 2, "system": "ring-2", "tp": 2},
-     "--tp does not combine with --layers / --pp / --micro-batches (a stack of MoE layers runs each layer whole on "
-     "one chip, one region per expert)"),
+     "--pp 2 --tp 2 needs a system of 4 chips (pp x tp); system 'ring-2' has 2"),
     ({"layers": 2, "pp": 1, "system": "ring-2"}, "--pp must be an int >= 2 (chips), got 1"),
     ({"layers": 2, "system": "ring-2"}, "--system applies to a stack of MoE layers with --pp N (pipeline parallelism)"),
 ])

@@ -156,8 +156,6 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     if batch % o_tile:
         raise ArgumentError(f"the decoder layer needs a batch that is a multiple of {O_TILE} (or at most "
                             f"{O_TILE}), got {batch} requests")
-    if ep is not None and stack:
-        raise ArgumentError("--ep does not combine with --layers / --pp / --micro-batches for the decoder layer yet")
     if ep is not None and not model.is_moe:
         raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
                             f"(use --tp {ep})")
@@ -207,9 +205,23 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         idle = idle_groups(counts, ffn_regions)
     parallel = {}
     if stack:
-        parallel, idle, tile_rows = _stack(g, model, routings, layers, pp, system, micro_batches, n_heads=n_heads,
-                                           batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
-                                           stage=stage)
+        if tp is not None and ep is not None:
+            raise ArgumentError("--tp does not combine with --ep in a stack of decoder layers yet")
+        if tp is not None:  # tensor-parallel stages (decoder/pipeline_tp.py)
+            parallel = _tp_stack(g, model, routings, layers, tp=tp, pp=pp, system=system, algorithm=algorithm,
+                                 n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
+                                 stage=stage)
+            idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings or [])
+                    for e, c in enumerate(expert_counts(r, moe.experts)) if c == 0} if moe is not None else set()
+        elif ep is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+            parallel, idle, tile_rows = _ep_stack(g, model, routings, ep=ep, pp=pp, system=system,
+                                                  placement=placement, algorithm=algorithm,
+                                                  micro_batches=micro_batches, n_heads=n_heads, batch=batch,
+                                                  o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage)
+        else:
+            parallel, idle, tile_rows = _stack(g, model, routings, layers, pp, system, micro_batches,
+                                               n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f,
+                                               moe_kw=moe_kw, bw=bw, stage=stage)
         flat_routing = np.stack(routings) if moe is not None else None
     elif ep is not None:
         from stepsim.workloads.decoder.expert_parallel import expert_parallel_decoder
@@ -248,9 +260,9 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
             dense=lambda width: _dense(model, width), stage=stage)
 
     g.finalize()
-    for start, stop, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
+    for head_ops, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
         dist = {id(op) for op in distributors}
-        for op in g.ops[start:stop]:
+        for op in head_ops:
             if isinstance(op.group, tuple) and op.group[0] == "region":
                 op.group = ("region", offset_r + op.group[1])
         for op in g.ops:
@@ -258,8 +270,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                 op.group = ("region", offset_r + op.inputs[0].index)
     if stack:
         routing = flat_routing  # [layers, B, top_k]: the reference routes layer i by routing[i]
-    balanced = [att.region_units(g.ops[start:stop], attention_regions, offset_r)
-                for start, stop, offset_r, _ in relabel] if strategy == "dynamic" else []
+    balanced = [att.region_units(list(head_ops), attention_regions, offset_r)
+                for head_ops, offset_r, _ in relabel] if strategy == "dynamic" else []
     workload = Workload(
         name="decoder", graph=g, bindings=bindings, tile_rows=tile_rows, balanced_units=balanced,
         idle_groups=idle, channel_depth=channel_depth,
@@ -286,7 +298,7 @@ def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, 
            bindings, relabel, prefix: str = "", qkv_of=None, region_base: int = 0) -> list:
     """Stages 1-2 for the KV heads ``hs``: each head's attention (tensors ``<prefix>h<h>_*``), its results in
     request order, and one product per query head with ``<prefix>wo_h<h>_q<j>``; returns the products (tiles of
-    ``o_tile`` requests). Appends each head's op range to ``relabel`` (its regions are renumbered after finalize,
+    ``o_tile`` requests). Appends each head's operators to ``relabel`` (its regions are renumbered after finalize,
     from ``region_base``: a stack's layers number their heads' regions apart). ``qkv_of(h)``: head h's q, k, v
     streams (a stack's projections of its input), else they are loaded from HBM."""
     batch, hd, d, q_rows = len(seq_len_tiled), att_cfg["head_dim"], hidden, att_cfg["q_rows"]
@@ -319,7 +331,9 @@ def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, 
             w = LinearOffChipLoad(g, Tensor(f"{prefix}wo_h{h}_q{j}", (hd, d), BF16), (hd, d), (1, 1), (1, 1),
                                   ref=tiles, stream_dtype=FP32)
             products.append(Map(g, [tiles, Flatten(g, Flatten(g, w, 0, 1), 0, 1)], Matmul(), **bw))
-        relabel.append((before, len(g.ops), region_base + h * len(assignment), distributors))
+        # the head's operators themselves, not their positions: a stack's network later removes the placeholders of
+        # earlier layers' transfers from g.ops, which would shift the positions
+        relabel.append((tuple(g.ops[before:]), region_base + h * len(assignment), distributors))
     return products
 
 
@@ -390,6 +404,77 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
     return params, idle, tile_rows
 
 
+def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_heads, batch, o_tile, tile_f, moe_kw, bw,
+              stage) -> dict:
+    """``--layers L --tp T [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_tp` (checks as the
+    one-layer ``--tp``, :func:`stepsim.workloads.decoder.parallel.check_tp`)."""
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.decoder.parallel import check_tp
+    from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
+    from stepsim.workloads.decoder.pipeline_tp import build_decoder_tp_stack
+
+    d, hd, q_rows = model.hidden, model.head_dim, model.heads // model.kv_heads
+    moe = model.moe if model.is_moe else None
+    widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
+              else {"dense intermediate": model.dense_intermediate})
+    check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
+    if moe is not None and moe_kw["regions"] != moe.experts:
+        raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
+                            "layers have one region per expert)")
+    if pp is not None and system is not None and system.chips != pp * tp:
+        raise ArgumentError(f"--pp {pp} --tp {tp} needs a system of {pp * tp} chips (pp x tp); system "
+                            f"{system.name!r} has {system.chips}")
+    system = chips_system((pp or 1) * tp, system, "--tp")
+    if moe is not None:
+        shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
+                         top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
+
+    def ffn_partial(g, rows, i, t):
+        if moe is not None:
+            out, chip_bindings, _ = moe_stage(g, rows, shard, routings[i], expert_counts(routings[i], moe.experts),
+                                              suffix=f".{t}", prefix=f"layer{i}.", **moe_kw)
+            stage["bindings"].update(chip_bindings)
+            return out
+        before = len(g.ops)
+        out = shared_ffn(g, rows, _dense(model, model.dense_intermediate // tp), batch, o_tile, tile_f,
+                         PACKING_COMPUTE_BW, bw, suffix=f".{t}", prefix=f"layer{i}.")
+        _label(g.ops[before:], ("ffn", 0))
+        return out
+
+    params = build_decoder_tp_stack(
+        g, layers, tp=tp, pp=pp, system=system,
+        algorithm=algorithm, n_heads=n_heads, batch=batch, hidden=d, bw=bw, stage=stage,
+        heads=lambda hs, prefix, qkv_of, region_base: _sum_pairwise(
+            g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of, region_base=region_base), bw),
+        qkv_streams=lambda g, tiles, prefix, h: qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd,
+                                                            q_rows=q_rows, bw=bw,
+                                                            packing_compute_bw=PACKING_COMPUTE_BW),
+        input_tiles=lambda g, rows: input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile,
+                                                packing_compute_bw=PACKING_COMPUTE_BW),
+        ffn_partial=ffn_partial)
+    return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), **params}
+
+
+def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
+              moe_kw, bw, stage) -> tuple:
+    """``--layers L --ep E [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_ep`, given this
+    module's attention heads and :mod:`stepsim.workloads.decoder.pipeline`'s projections."""
+    from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
+    from stepsim.workloads.decoder.pipeline_ep import build_decoder_ep_stack
+
+    d, hd, q_rows = model.hidden, model.head_dim, model.heads // model.kv_heads
+    return build_decoder_ep_stack(
+        g, model, routings, ep=ep, pp=pp, system=system, placement=placement, algorithm=algorithm,
+        micro_batches=micro_batches, n_heads=n_heads, batch=batch, o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage,
+        heads=lambda hs, prefix, qkv_of, region_base: _sum_pairwise(
+            g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of, region_base=region_base), bw),
+        qkv_streams=lambda g, tiles, prefix, h: qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd,
+                                                            q_rows=q_rows, bw=bw,
+                                                            packing_compute_bw=PACKING_COMPUTE_BW),
+        input_tiles=lambda g, rows: input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile,
+                                                packing_compute_bw=PACKING_COMPUTE_BW))
+
+
 def _sum_pairwise(g, products, bw):
     """The query heads' products summed pairwise (a tree of Adds)."""
     while len(products) > 1:
@@ -433,7 +518,17 @@ def from_config(cfg: Mapping) -> Workload:
     if any(cfg.get(k) is not None for k in ("layers", "pp", "micro_batches")):
         from stepsim.workloads.chips import stack_knobs
 
-        stack = stack_knobs(cfg, "decoder layers", ("tp", "ep", "placement", "regions", "algorithm"))
+        stack = stack_knobs(cfg, "decoder layers", ("regions",), chip_knobs=("pp", "ep", "tp"))
+        if cfg.get("ep") is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+            stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
+        elif cfg.get("placement") is not None:
+            raise ArgumentError("--placement applies to a stack of decoder layers with --ep N (expert parallelism)")
+        if cfg.get("tp") is not None:  # tensor-parallel stages (decoder/pipeline_tp.py)
+            stack["tp"] = cfg["tp"]
+        if cfg.get("ep") is not None or cfg.get("tp") is not None:
+            stack["algorithm"] = cfg.get("algorithm") or "ring"
+        elif cfg.get("algorithm") is not None:
+            raise ArgumentError("--algorithm applies to a stack of decoder layers with --ep N or --tp N")
     if cfg.get("kv_lengths") is None:
         raise ConfigError("workload 'decoder' needs the KV lengths of its decode batch: --kv-lengths PATH "
                           "(config key 'kv_lengths')")

@@ -43,10 +43,8 @@ O_TILE = 32
 
 def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, strategy: str,
                    tiling: str, tp, regions) -> tuple[int, int]:
-    """One-line ArgumentError unless the stack fits; returns ``(M, o_tile)``."""
-    if tp is not None:
-        raise ArgumentError("--tp does not combine with --layers / --pp / --micro-batches (a stack of decoder layers "
-                            "runs each layer whole on one chip, one region per expert)")
+    """One-line ArgumentError unless the stack fits; returns ``(M, o_tile)``. ``tp`` (decoder/pipeline_tp.py) takes
+    one micro-batch."""
     if regions is not None:
         raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
                             "layers have one region per expert)")
@@ -55,6 +53,9 @@ def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int |
                             "load their own q / k / v tensors; a stack computes them from its input: dynamic or "
                             "interleave)")
     m = check_stack(layers, pp, batch, micro_batches, "requests") or 1
+    if tp is not None and m > 1:
+        raise ArgumentError(f"--micro-batches {m} does not combine with --tp yet (a tensor-parallel stack's layer "
+                            f"all-reduces the whole batch)")
     rows = batch // m
     o_tile = min(O_TILE, rows)
     if rows % o_tile:

@@ -70,7 +70,24 @@ def _stack_inputs(w: Workload, seed: int) -> dict:
         moe = dict(batch=p["batch"], hidden=d, intermediate=p["intermediate"], top_k=p["top_k"],
                    experts=p["experts"], shared_intermediate=p["shared_intermediate"], layers=p["layers"])
         arrays.update({k: v for k, v in moe_ref.stack_inputs(moe, seed).items() if k != "x"})
+    tp = p.get("tp")
+    if tp is not None:  # --tp (decoder/pipeline_tp.py): chip t holds columns t F/T.. of gate / up, those rows of down
+        for name in [n for n in arrays if n.endswith(("_gate", "_up", "_down"))]:
+            whole = arrays.pop(name)
+            n = whole.shape[0 if name.endswith("_down") else 1] // tp
+            arrays.update({f"{name}.{t}": whole[t * n:(t + 1) * n] if name.endswith("_down")
+                           else whole[:, t * n:(t + 1) * n] for t in range(tp)})
+    if "shard_bounds" in p:  # --ep: chip c holds its shard's rows of x and of every layer's routing weights
+        bounds = p["shard_bounds"]
+        for name in _stack_sharded(p):
+            whole = arrays.pop(name)
+            arrays.update({f"{name}.{c}": whole[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})
     return arrays
+
+
+def _stack_sharded(p) -> list[str]:
+    """The tensors an expert-parallel stack (decoder/pipeline_ep.py) holds as shards ``<name>.<c>``."""
+    return ["x"] + [f"layer{i}.routing_weights" for i in range(p["layers"])]
 
 
 def _stack_outputs(workload: Workload, inputs: dict) -> dict:
@@ -81,6 +98,16 @@ def _stack_outputs(workload: Workload, inputs: dict) -> dict:
     attention, _ = _decoder_parts(workload)
     b, q, hd, d = p["batch"], p["query_per_kv_head"], p["head_dim"], p["hidden"]
     routing = workload_trace(workload, "routing") if "experts" in p else None
+    bounds = p.get("shard_bounds")
+    if bounds is not None:  # --ep: the chips' shards put back together
+        inputs = {**inputs, **{name: np.concatenate([take_input(inputs, f"{name}.{c}", who)
+                                                     for c in range(len(bounds) - 1)]) for name in _stack_sharded(p)}}
+    tp = p.get("tp")
+    if tp is not None:  # --tp: the chips' column (down: row) blocks put back together
+        split = {n.rsplit(".", 1)[0] for n in inputs if n.endswith(tuple(f"_{part}.0" for part in ("gate", "up",
+                                                                                                     "down")))}
+        inputs = {**inputs, **{name: np.concatenate([take_input(inputs, f"{name}.{t}", who) for t in range(tp)],
+                                                    axis=0 if name.endswith("_down") else 1) for name in split}}
     outputs, y = {}, as_f32(take_input(inputs, "x", who)).astype(np.float64)
     for i in range(p["layers"]):
         pre = f"layer{i}."
@@ -111,7 +138,14 @@ def _stack_outputs(workload: Workload, inputs: dict) -> dict:
             ffn = ffn_rows(hidden, *(as_f32(take_input(inputs, f"{pre}shared_{part}", who))
                                      for part in ("gate", "up", "down")))
         y = as_f32(ffn + hidden).astype(np.float64)
-    outputs["y"] = y.astype(np.float32)
+    if bounds is not None:  # chip c of the last stage stores its shard's rows as y.<c>
+        outputs.update({f"y.{c}": y[lo:hi].astype(np.float32) for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})
+    elif tp is not None:  # after the last all-reduce chip t of the last stage holds every chunk k as y<t>.<k>
+        rows = y.shape[0] // tp
+        outputs.update({f"y{t}.{k}": y[k * rows:(k + 1) * rows].astype(np.float32) for t in range(tp)
+                        for k in range(tp)})
+    else:
+        outputs["y"] = y.astype(np.float32)
     return outputs
 
 

@@ -198,8 +198,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     flops = algorithmic_flops(counts, model, tile_n)
     if stack:
         g, bindings, tile_rows, flops, parallel = _stack(
-            model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp, timeshare=timeshare,
-            tiling=tiling, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+            model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp, algorithm=algorithm,
+            timeshare=timeshare, tiling=tiling, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw)
     elif tp is not None and timeshare:
         raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
@@ -277,21 +277,24 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     )
 
 
-def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, timeshare, tiling, dynamic,
-           **stage) -> tuple:
-    """``--layers L [--pp N] [--micro-batches M] [--ep E]``: the stack of :mod:`stepsim.workloads.moe.pipeline`
-    (with ``ep``: of :mod:`stepsim.workloads.moe.pipeline_ep`). Returns ``(graph, bindings, tile_rows, algorithmic
+def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, algorithm, timeshare, tiling,
+           dynamic, **stage) -> tuple:
+    """``--layers L [--pp N] [--micro-batches M] [--ep E | --tp T]``: the stack of
+    :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: of :mod:`stepsim.workloads.moe.pipeline_ep`, with ``tp``:
+    of :mod:`stepsim.workloads.moe.pipeline_tp`). Returns ``(graph, bindings, tile_rows, algorithmic
     FLOPs, params)``."""
     from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
 
-    if tp is not None or timeshare:
-        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --tp or --regions yet "
-                            "(a stack runs each layer on one chip or, with --ep, over E chips, one region per "
-                            "expert)")
+    if timeshare or (tp is not None and ep is not None):
+        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --regions or --tp with --ep yet "
+                            "(a stack runs each layer on one chip or over E (--ep) or T (--tp) chips, one region "
+                            "per expert)")
     layers = len(routings)
     m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling,
                        tile_n=stage["tile_n"] or DEFAULT_TILE_N,
                        shared=model.shared_intermediate)
+    if tp is not None:
+        return _tp_stack(model, routings, pp, system, m, tp=tp, algorithm=algorithm, dynamic=dynamic, **stage)
     if ep is not None:
         return _ep_stack(model, routings, pp, system, m, ep=ep, placement=placement, dynamic=dynamic, **stage)
     if pp is not None:
@@ -325,18 +328,21 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     results as :func:`_stack`'s."""
     from stepsim.workloads.chips import chips_system
     from stepsim.workloads.moe.pipeline_ep import build_ep_stack
+    from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
 
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
         raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    batch = routings[0].shape[0]
     if m > 1:
-        raise ArgumentError(f"--micro-batches {m} does not combine with --ep yet (the expert-parallel layer merges "
-                            f"every chip's rows for an expert in arrival order and packs them once)")
+        _check_ep_micro_batches(batch, ep, m, stage["tile_n"] or DEFAULT_TILE_N, model.shared_intermediate,
+                                dynamic)
     if pp is not None and system is not None and system.chips != pp * ep:
         raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
                             f"{system.name!r} has {system.chips}")
     system = chips_system((pp or 1) * ep, system, "--ep")
     tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
-    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}")
+    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}"
+              + (f"-mb{m}" if m > 1 else ""))
 
     def ffns_of(i):
         return lambda g, packed: ([_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, prefix=f"layer{i}.")
@@ -351,10 +357,66 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     bindings, tile_rows, params = build_ep_stack(
         g, model, routings, ep=ep, pp=pp, placement=placement, system=system,
         build=dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"}),
-        ffns_of=ffns_of, shared_of=shared_of, expert_counts=lambda r: expert_counts(r, model.experts))
-    flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
+        ffns_of=ffns_of, shared_of=shared_of, expert_counts=lambda r: expert_counts(r, model.experts),
+        micro_batches=m)
+    # FLOPs as built: each micro-batch (the m-th piece of every shard) pads its own tiles
+    parts = [slice(None)] if m == 1 else micro_batch_tokens(batch, ep, m)
+    flops = sum(algorithmic_flops(expert_counts(r[p], model.experts), model, stage["tile_n"])
+                for r in routings for p in parts)
     params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
     return g, bindings, tile_rows, flops, params
+
+
+def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic, **stage) -> tuple:
+    """``--layers L --tp T [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_tp` on ``(P or 1) x T`` chips (checks
+    as the one-layer ``--tp``); its results as :func:`_stack`'s."""
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.moe.pipeline_tp import build_tp_stack
+
+    d, f, fs, batch = model.hidden, model.intermediate, model.shared_intermediate, routings[0].shape[0]
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
+        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    if m > 1:
+        raise ArgumentError(f"--micro-batches {m} does not combine with --tp yet (a tensor-parallel stack's layer "
+                            f"all-reduces the whole batch)")
+    tile_f = stage["tile_f"]
+    for what, width in (("intermediate", f), ("shared intermediate", fs)):
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    if batch % tp:
+        raise ArgumentError(f"--tp {tp}: the all-reduce cuts the {batch} rows into {tp} chunks; the batch must be "
+                            f"a multiple of {tp}")
+    if pp is not None and system is not None and system.chips != pp * tp:
+        raise ArgumentError(f"--pp {pp} --tp {tp} needs a system of {pp * tp} chips (pp x tp); system "
+                            f"{system.name!r} has {system.chips}")
+    system = chips_system((pp or 1) * tp, system, "--tp")
+    shard = MoEModel(model.name, hidden=d, intermediate=f // tp, experts=model.experts, top_k=model.top_k,
+                     shared_intermediate=fs // tp)
+    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}")
+
+    def partial(g, tokens, i, t):
+        out, bindings, _ = moe_stage(g, tokens, shard, routings[i], expert_counts(routings[i], model.experts),
+                                     dynamic=dynamic, suffix=f".{t}", prefix=f"layer{i}.", **stage)
+        return out, bindings
+
+    bindings, params = build_tp_stack(g, routings, tp=tp, pp=pp, system=system, algorithm=algorithm, batch=batch,
+                                      hidden=d, compute_bw=stage["compute_bw"], partial=partial)
+    flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
+    params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
+    return g, bindings, {}, flops, params
+
+
+def _check_ep_micro_batches(batch: int, ep: int, m: int, tile_n: int, shared: int, dynamic: bool) -> None:
+    """One-line ArgumentError unless every chip's shard of an expert-parallel stack splits into ``m`` equal
+    micro-batches (``moe/sharded_micro.py``) whose shared-expert tiles of ``tile_n`` tokens stay within one."""
+    if batch % (ep * m):
+        raise ArgumentError(f"--micro-batches {m} --ep {ep}: each chip's shard of the batch of {batch} tokens must "
+                            f"split into {m} equal micro-batches (the batch a multiple of {ep * m})")
+    if shared and (batch // (ep * m)) % tile_n:
+        what = f"{tile_n} tokens (dynamic tiling's default)" if dynamic else f"--tile-n {tile_n} tokens"
+        raise ArgumentError(f"--micro-batches {m} --ep {ep}: the shared experts' tiles of {what} must not span a "
+                            f"chip's micro-batches of {batch // (ep * m)} tokens (a multiple of {tile_n})")
 
 
 def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
@@ -739,9 +801,13 @@ def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
 
     if cfg.get("placement") is not None and cfg.get("ep") is None:
         raise ArgumentError("--placement applies to the MoE layer with --ep N (expert parallelism)")
-    stack = stack_knobs(cfg, "MoE layers", ("tp", "regions", "algorithm"), chip_knobs=("pp", "ep"))
+    if cfg.get("algorithm") is not None and cfg.get("tp") is None:
+        raise ArgumentError("--algorithm applies to the MoE layer with --tp N (its all-reduce)")
+    stack = stack_knobs(cfg, "MoE layers", ("regions",), chip_knobs=("pp", "ep", "tp"))
     if cfg.get("ep") is not None:
         stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
+    if cfg.get("tp") is not None:  # tensor-parallel stages (moe/pipeline_tp.py)
+        stack.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring")
     routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, stack["layers"], cfg["iteration"],
                               cfg["layer"])
     return build_moe(model, routings, tiling=cfg["tiling"], tile_n=cfg["tile_n"], tile_f=cfg["tile_f"],

@@ -11,28 +11,34 @@ cross-chip edge routed over the system by :func:`stepsim.graph.network.place_on_
 all-to-alls). Layer i's tensors are ``layer<i>.routing_weights.<c>``, ``layer<i>.expert<e>_gate`` / ``_up`` /
 ``_down`` (and ``layer<i>.shared_*``, on every chip of its stage); its groups ``("layer<i>.expert", e)``.
 
-One micro-batch only: the sharded layer merges every chip's rows for an expert in arrival order and packs them
-once (``--micro-batches`` > 1 with ``--ep`` is a one-line error).
+``--micro-batches M`` > 1: every layer is :mod:`stepsim.workloads.moe.sharded_micro`'s (each chip's rows split
+into M pieces before dispatch, one merge per micro-batch and expert, the tiles back in micro-batch order), so
+micro-batch m (the m-th piece of every shard) flows to the next layer, and across a stage boundary, before later
+micro-batches' tokens arrive; M = 1 builds exactly the graph of one micro-batch.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 
 def build_ep_stack(g, model, routings: list, *, ep: int, pp: int | None, placement: str, system, build: dict,
-                   ffns_of, shared_of, expert_counts) -> tuple[dict, dict, dict]:
+                   ffns_of, shared_of, expert_counts, micro_batches: int = 1) -> tuple[dict, dict, dict]:
     """Add the stack (module docstring) to ``g`` and route its transfers over ``system`` (``(pp or 1) x ep``
     chips). ``build``: :func:`~stepsim.workloads.moe.sharded.build_sharded`'s tiling keywords (``dynamic``,
     ``tile_n``, ``tile_f``, ``compute_bw``, ``packing_compute_bw``); ``ffns_of(i)`` / ``shared_of(i)``: layer i's
     ``ffns`` and ``shared_ffn`` for it (the builder passes them in, so this module does not import it);
     ``expert_counts(routing)``: tokens per expert. Returns ``(bindings, tile_rows, params)``; ``params``: ``ep``,
     ``placement``, ``system``, ``shard_bounds``, ``expert_chips`` (per layer, the chip of every expert within its
-    stage), ``links_used`` and ``link_bytes`` (the symbolic per-link bytes on the trace)."""
+    stage), ``links_used`` and ``link_bytes`` (the symbolic per-link bytes on the trace). ``micro_batches``: M
+    (module docstring; the caller checks that every shard splits into M)."""
     import sympy
 
     from stepsim.graph.lower import fp32_timing_bytes
     from stepsim.graph.network import place_on_chips
     from stepsim.workloads.moe.parallel import place_experts
     from stepsim.workloads.moe.sharded import build_sharded
+    from stepsim.workloads.moe.sharded_micro import build_sharded_micro
 
     layers = len(routings)
     per_stage = layers // (pp or 1)
@@ -40,6 +46,7 @@ def build_ep_stack(g, model, routings: list, *, ep: int, pp: int | None, placeme
     bindings, tile_rows, expert_chips = {}, {}, []
     rows_in: dict | None = None  # the previous layer's output rows by shard
     bounds = None
+    layer_of = build_sharded if micro_batches == 1 else partial(build_sharded_micro, micro_batches=micro_batches)
     for i, routing in enumerate(routings):
         stage, prefix = i // per_stage, f"layer{i}."
         chip_of = place_experts(expert_counts(routing), ep, placement, None if build["dynamic"] else build["tile_n"])
@@ -48,7 +55,7 @@ def build_ep_stack(g, model, routings: list, *, ep: int, pp: int | None, placeme
         home_in = None if rows_in is None else (lambda c, n, rows=rows_in: rows[c])
         home_out = None if i == layers - 1 else rows_out.__setitem__
         before = len(g.ops)
-        layer_chip, layer_bindings, bounds, rows = build_sharded(
+        layer_chip, layer_bindings, bounds, rows = layer_of(
             g, model, routing, chip_of, ep, ffns=ffns_of(i), shared_ffn=shared_of(i), home_in=home_in,
             home_out=home_out, prefix=prefix, **build)
         for op in g.ops[before:]:

@@ -210,7 +210,24 @@ def stack_inputs(p: dict, seed: int) -> dict:
         arrays = {name: a for name, a in arrays.items() if name not in sharded} | {
             f"{name}.{c}": arrays[name][lo:hi] for name in sharded
             for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:])) if hi > lo}
+    tp = p.get("tp")
+    if tp is not None:  # --tp (moe/pipeline_tp.py): chip t holds columns t F/T.. of gate / up, those rows of down
+        split = {name: a for name, a in arrays.items() if name.endswith(("_gate", "_up", "_down"))}
+        for name, a in split.items():
+            del arrays[name]
+            n = a.shape[0 if name.endswith("_down") else 1] // tp
+            arrays.update({f"{name}.{t}": a[t * n:(t + 1) * n] if name.endswith("_down") else a[:, t * n:(t + 1) * n]
+                           for t in range(tp)})
     return arrays
+
+
+def _unsplit(inputs: dict, name: str, tp, who: str):
+    """``name`` whole: the tensor itself, or (``tp``: tensor parallelism) its chips' column (down: row) blocks put
+    together."""
+    if tp is None:
+        return take_input(inputs, name, who)
+    return np.concatenate([take_input(inputs, f"{name}.{t}", who) for t in range(tp)],
+                          axis=0 if name.endswith("_down") else 1)
 
 
 def _unsharded(inputs: dict, name: str, bounds, who: str):
@@ -228,13 +245,17 @@ def _stack_outputs(workload: Workload, inputs: dict) -> dict:
     routing = workload_trace(workload, "routing")  # [layers, tokens, top_k]
     bounds = p.get("shard_bounds")
     y = _unsharded(inputs, "x", bounds, who)
+    tp = p.get("tp")
     for i in range(p["layers"]):
-        stacks = [np.stack([take_input(inputs, f"layer{i}.expert{e:03d}_{part}", who) for e in range(p["experts"])])
+        stacks = [np.stack([_unsplit(inputs, f"layer{i}.expert{e:03d}_{part}", tp, who) for e in range(p["experts"])])
                   for part in ("gate", "up", "down")]
-        shared = ([take_input(inputs, f"layer{i}.shared_{part}", who) for part in ("gate", "up", "down")]
+        shared = ([_unsplit(inputs, f"layer{i}.shared_{part}", tp, who) for part in ("gate", "up", "down")]
                   if p.get("shared_intermediate") else None)
         y = moe_reference(y, routing[i], _unsharded(inputs, f"layer{i}.routing_weights", bounds, who), *stacks,
                           shared=shared)
+    if tp is not None:  # after the last all-reduce chip t holds every chunk k (rows k B/T ..) as y<t>.<k>
+        rows = y.shape[0] // tp
+        return {f"y{t}.{k}": y[k * rows:(k + 1) * rows] for t in range(tp) for k in range(tp)}
     if bounds is not None:
         return {f"y.{c}": y[lo:hi] for c, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo}
     return {"y": y}
