@@ -405,7 +405,11 @@ def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, plac
     system = chips_system(chips, system, "--tp x --ep")
     shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
                      top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
-    group_of = place_experts(counts, ep, placement, None if build["dynamic"] else build["tile_n"])
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
+    # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
+    cost = None if tile_n is None else pass_cost(shard, tile_n, tile_f, compute_bw, system.hardware)
+    group_of = place_experts(counts, ep, placement, tile_n, cost)
     net, op_chip = prelude(system) if prelude is not None else (None, {})
     bindings, tile_rows, partials = {}, {}, {}
     for t in range(tp):
