@@ -123,3 +123,77 @@ def placement_cycles(tiles, chip_of: list[int], chips: int, cost: PassCost) -> l
     for e, chip in enumerate(chip_of):
         mine[chip].append(int(tiles[e]))
     return [chip_cycles(t, cost) for t in mine]
+
+
+@dataclass(frozen=True)
+class RaggedCost:
+    """Dynamic tiling (``--tiling dynamic``): an expert with ``r`` token rows makes one pass over its weights with
+    one ragged tile of ``r`` rows. ``shared`` is :func:`pass_cycles_shared` (the weights do not depend on ``r``);
+    the pass alone is ``n_f`` weight tiles at the slower of ``pace`` (a load unit's tile or a matmul's on-chip
+    read, cycles) and the tile's ``flops_per_row x r`` FLOPs at ``compute_bw`` FLOPs/cycle, never under
+    ``shared`` (:meth:`alone`). All in cycles."""
+
+    shared: int
+    n_f: int
+    pace: int
+    flops_per_row: int
+    compute_bw: int
+    #: cycles a token row (``D`` values at 2 bytes) takes on the slowest link, and the largest link latency: an
+    #: expert's one tile starts only when its last row has arrived (:func:`ragged_chip_cycles`)
+    row_cycles: int = 0
+    link_latency: int = 0
+
+    def alone(self, rows: int) -> int:
+        """Cycles the pass of an expert with ``rows`` token rows takes with the HBM to itself (0: no tokens, no
+        pass)."""
+        if rows <= 0:
+            return 0
+        return max(self.n_f * max(self.pace, _ceil(self.flops_per_row * rows, self.compute_bw)), self.shared)
+
+
+def ragged_cost(model: MoEModel, tile_f: int, compute_bw: int, hw: Hardware, link_bandwidth: int = 0,
+                link_latency: int = 0) -> RaggedCost:
+    """:class:`RaggedCost` of ``model``'s experts: the figures of :func:`pass_cycles_alone` with the tile's rows
+    left as a parameter, and a token row's cycles on a link of ``link_bandwidth`` bytes/cycle (0: links left
+    out). Qwen3-30B-A3B on step-eval, dynamic tiling (6,400 FLOPs/cycle): shared 9,216 cycles, a
+    weight tile paced by its load (4,114 cycles) up to 100 rows, by its FLOPs (40.96 a row) above.
+
+    >>> from stepsim.base.hardware import Hardware
+    >>> c = ragged_cost(MoEModel("qwen", 2048, 768, 128, 8), 64, 6400, Hardware.preset("step-eval"))
+    >>> c.shared, c.alone(1), c.alone(100), c.alone(200)
+    (9216, 49368, 49368, 98304)
+    """
+    d, n_f = model.hidden, model.intermediate // tile_f
+    load = max(tile_requests(d, tile_f, hw), tile_requests(tile_f, d, hw)) + 2 + hw.hbm_start_up + hw.hbm_latency
+    read = _ceil(d * tile_f * WEIGHT_BYTES, hw.pmu_bw)
+    row = _ceil(d * WEIGHT_BYTES, link_bandwidth) if link_bandwidth else 0
+    return RaggedCost(pass_cycles_shared(model, tile_f, hw), n_f, max(load, read), 2 * d * tile_f, compute_bw,
+                      row, link_latency if link_bandwidth else 0)
+
+
+def ragged_chip_cycles(alone, shared: int, arrival: int = 0) -> int:
+    """Modelled cycles of a chip whose experts' single passes take ``alone`` cycles each by themselves (0: an
+    expert without tokens): all start together, ``arrival`` cycles in (their rows' dispatch,
+    :func:`dispatch_cycles`), and share the HBM, so the chip takes ``arrival + max(n x shared, max alone)`` with
+    ``n`` passes (the fluid model of the module docstring with one phase; a pass slower alone than its share of
+    the HBM keeps its own pace and the others use the rest).
+
+    >>> ragged_chip_cycles([49368, 49368, 0], 9216), ragged_chip_cycles([98304] + [49368] * 11, 9216, 1000)
+    (49368, 111592)
+    """
+    alone = [int(a) for a in alone]
+    return arrival + max(sum(1 for a in alone if a) * shared, max(alone, default=0))
+
+
+def dispatch_cycles(rows_from, chip: int, cost: RaggedCost) -> int:
+    """Cycles until a chip's experts have all their rows with dynamic tiling: ``rows_from[i]`` token rows come from
+    chip i's shard of the batch, each over its own link (fully connected; a chip's own rows take none), so the
+    last arrives after the most rows of one link times ``cost.row_cycles`` plus ``cost.link_latency`` (0 when no
+    row crosses a link).
+
+    >>> c = RaggedCost(9216, 12, 4114, 262144, 6400, row_cycles=64, link_latency=500)
+    >>> dispatch_cycles([30, 100, 12], 1, c), dispatch_cycles([0, 7, 0], 1, c)
+    (2420, 0)
+    """
+    crossing = max((int(r) for i, r in enumerate(rows_from) if i != chip), default=0)
+    return crossing * cost.row_cycles + cost.link_latency if crossing else 0
