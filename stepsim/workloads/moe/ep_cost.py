@@ -197,3 +197,23 @@ def dispatch_cycles(rows_from, chip: int, cost: RaggedCost) -> int:
     """
     crossing = max((int(r) for i, r in enumerate(rows_from) if i != chip), default=0)
     return crossing * cost.row_cycles + cost.link_latency if crossing else 0
+
+
+def ragged_placement_cycles(tokens, rows, chip_of: list[int], chips: int, cost: RaggedCost) -> list[int]:
+    """Modelled cycles of every chip with dynamic tiling: :func:`ragged_chip_cycles` of its experts' passes (alone
+    cycles from their ``tokens``), after their rows' dispatch and before their combine, each
+    :func:`dispatch_cycles` (``rows[e][i]``: rows chip i's shard sends expert e; the combine sends them back over
+    the reverse links). The placement's modelled time is the largest.
+
+    >>> c = RaggedCost(10, 1, 30, 0, 1, row_cycles=2, link_latency=5)
+    >>> ragged_placement_cycles([3, 2, 3], [[2, 1], [0, 2], [3, 0]], [0, 1, 1], 2, c)
+    [44, 52]
+    """
+    alone = [[] for _ in range(chips)]
+    inbound = [[0] * chips for _ in range(chips)]
+    for e, chip in enumerate(chip_of):
+        alone[chip].append(cost.alone(int(tokens[e])))
+        for i in range(chips):
+            inbound[chip][i] += int(rows[e][i])
+    # the rows come in over the links before the passes and go back over the reverse links after: twice
+    return [ragged_chip_cycles(alone[c], cost.shared, 2 * dispatch_cycles(inbound[c], c, cost)) for c in range(chips)]

@@ -39,8 +39,8 @@ import sympy
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System
 from stepsim.workloads.chips import chips_system
-from stepsim.workloads.moe.ep_cost import (PassCost, RaggedCost, chip_cycles, dispatch_cycles, pass_cost,
-                                           ragged_chip_cycles, ragged_cost)
+from stepsim.workloads.moe.ep_cost import (PassCost, RaggedCost, chip_cycles, pass_cost, ragged_cost,
+                                           ragged_placement_cycles)
 
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 
@@ -99,12 +99,12 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
     if tile_n is None:
         if isinstance(cost, RaggedCost):  # one ragged pass per expert with tokens, its own pace by its rows
             rows = [(0,) * chips] * experts if shard_rows is None else [tuple(int(r) for r in x) for x in shard_rows]
-            items = [(cost.alone(n), rows[e]) for e, n in enumerate(tokens)]
+            items = [(n, rows[e]) for e, n in enumerate(tokens)]  # a chip's cycles: ragged_placement_cycles
 
             def ragged(mine, chip):
-                # the rows come in over the links before the passes and go back over them after: twice
-                links = dispatch_cycles([sum(r[i] for _, r in mine) for i in range(chips)], chip, cost)
-                return ragged_chip_cycles([a for a, _ in mine], cost.shared, 2 * links)
+                chips_of = [chip] * len(mine)  # the chip's experts alone, on their chip
+                return ragged_placement_cycles([n for n, _ in mine], [r for _, r in mine], chips_of, chips,
+                                               cost)[chip]
             return _least_modelled(items, tokens, chips, per_chip, cost.shared, ragged)
         tiles = [0] * experts  # dynamic tiling with --regions: the tokens alone
     else:
@@ -153,7 +153,7 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
     (docs/system.md, "What sets a chip's time"). So load-balanced is never modelled slower than either.
     """
     experts = len(tiles)
-    size = [t if isinstance(t, int) else t[0] for t in tiles]  # dynamic tiling: by alone cycles
+    size = [t if isinstance(t, int) else t[0] for t in tiles]  # dynamic tiling: by rows
     order = sorted(range(experts), key=lambda e: (-size[e], -tokens[e], e))
     greedy = [0] * experts
     load = [0] * chips  # token rows so far (the greedy's tie rule)
