@@ -18,6 +18,12 @@ j-th passes together and finish them together, so the chip's expert time is
 ``sum over j of max(n_j x shared, alone)`` (:func:`chip_cycles`). The all-to-alls, the token packing before and
 the combine after are left out: they are about the same on every chip (under 5 % of the layer on the traces of
 docs/system.md), so they do not change which placement is faster.
+
+With dynamic tiling (:class:`RaggedCost`) every expert with tokens makes one pass with one ragged tile of all its
+rows, so it starts only when the last of its rows has come over the links, and its FLOPs (its rows) may pace it
+alone; the rows go back over the reverse links after it. A chip then takes its busiest inbound link's rows twice
+(:func:`dispatch_cycles`) plus ``max(n x shared, slowest alone)`` (:func:`ragged_chip_cycles`,
+:func:`ragged_placement_cycles`; docs/system.md, "The cost model with dynamic tiling").
 """
 
 from __future__ import annotations

@@ -26,8 +26,12 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
     contiguous or round-robin unless it is modelled at least one shared pass faster (docs/system.md, "What sets a
     chip's time").
 
-  Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows) the
-  tile-first greedy balances token counts alone, with or without ``--regions``; so does ``--tp N --ep M``.
+  Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows): with
+  ``--regions`` the tile-first greedy balances token counts alone; without, an expert's one pass starts when all
+  its rows have arrived, so the placement minimizes the ragged model of
+  :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` (its rows' dispatch and combine over the busiest
+  link, twice, plus ``max(n x shared, slowest alone)``) with the same search and keep rule.
+  ``--tp N --ep M`` places its expert groups by the same models of the shard (F / N columns a chip).
 
 Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
 """
