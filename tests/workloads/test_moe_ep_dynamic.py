@@ -18,8 +18,14 @@ from stepsim.base.hardware import Hardware
 from stepsim.models.presets import MoEModel
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.config import workload_from_config
-from stepsim.workloads.moe.ep_cost import (RaggedCost, dispatch_cycles, pass_cost, ragged_chip_cycles, ragged_cost,
-                                           ragged_placement_cycles)
+from stepsim.workloads.moe.ep_cost import (
+    RaggedCost,
+    dispatch_cycles,
+    pass_cost,
+    ragged_chip_cycles,
+    ragged_cost,
+    ragged_placement_cycles,
+)
 from stepsim.workloads.moe.parallel import place_experts, shard_rows
 from stepsim.workloads.routing import expert_counts
 

@@ -43,8 +43,14 @@ import sympy
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System
 from stepsim.workloads.chips import chips_system
-from stepsim.workloads.moe.ep_cost import (PassCost, RaggedCost, chip_cycles, pass_cost, ragged_cost,
-                                           ragged_placement_cycles)
+from stepsim.workloads.moe.ep_cost import (
+    PassCost,
+    RaggedCost,
+    chip_cycles,
+    pass_cost,
+    ragged_cost,
+    ragged_placement_cycles,
+)
 
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 
@@ -136,8 +142,8 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
     (``cycles_of(items, chip)``: a chip's modelled cycles from its experts' ``tiles``;
     :func:`~stepsim.workloads.moe.ep_cost.chip_cycles` for static tiling, whose ``cost`` gives the blocks start;
     :func:`~stepsim.workloads.moe.ep_cost.ragged_chip_cycles` for dynamic tiling, the ``tiles`` then each
-    expert's alone cycles and rows from every shard), at most ``per_chip`` experts a chip; ``shared``: one pass's cycles of
-    a shared HBM (the keep rule's margin).
+    expert's rows and rows from every shard), at most ``per_chip`` experts a chip; ``shared``: one pass's cycles
+    of a shared HBM (the keep rule's margin).
 
     Experts go in the order of most tiles first (ties: more tokens, then lower id). Two starts of a search:
 
