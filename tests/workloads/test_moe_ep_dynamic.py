@@ -24,6 +24,7 @@ from stepsim.workloads.moe.ep_cost import (
     pass_cost,
     ragged_chip_cycles,
     ragged_cost,
+    ragged_cycles,
     ragged_placement_cycles,
 )
 from stepsim.workloads.moe.parallel import place_experts, shard_rows
@@ -47,44 +48,48 @@ def test_a_chip_waits_for_its_busiest_link_and_shares_its_hbm():
     cost = ragged_cost(QWEN, 64, 6400, EVAL, 64, 500)
     assert dispatch_cycles([40, 0, 25, 7], 1, cost) == 40 * 64 + 500
     assert dispatch_cycles([0, 9, 0, 0], 1, cost) == 0  # its own shard's rows take no link
-    assert ragged_chip_cycles([49368] * 10, 9216, 100) == 100 + 10 * 9216
+    assert ragged_chip_cycles([49368] * 10, 9216) == 10 * 9216
     assert ragged_chip_cycles([314580] + [49368] * 10, 9216) == 314580
     # two experts on chip 0: 3 + 1 rows from chip 1's shard, 4 + 0 from its own; one on chip 1: 2 from chip 0
-    assert ragged_placement_cycles([7, 1, 2], [[4, 3], [0, 1], [2, 0]], [0, 0, 1], 2, cost) == [
-        2 * (4 * 64 + 500) + 49368, 2 * (2 * 64 + 500) + 49368]
+    rows = [[4, 3], [0, 1], [2, 0]]
+    assert ragged_placement_cycles([7, 1, 2], rows, [0, 0, 1], 2, cost) == [4 * 64 + 500 + 49368, 2 * 64 + 500 + 49368]
+    # the placement: the latest passes, then the busiest link of any chip
+    assert ragged_cycles([7, 1, 2], rows, [0, 0, 1], 2, cost) == 49368 + 4 * 64 + 500
 
 
 def test_load_balanced_splits_the_heavy_experts_and_keeps_their_rows_home():
     """Two 200-row experts, each fed by one shard, on 2 chips: a heavy pass takes 98,304 cycles alone (its FLOPs),
-    more than two shared passes. Contiguous puts both on chip 0, whose 200 rows from chip 1 take 13,300 cycles a
-    way; the least (98,304 a chip) has each heavy expert on its shard's chip with a light expert of the same
-    shard. Round-robin is one light row from it on each link (99,432): under one shared pass (9,216) more, kept."""
+    more than two shared passes. Contiguous puts both on chip 0, whose 200 rows from chip 1 take 13,300 cycles on
+    the link after the passes; the least (98,304) has each heavy expert on its shard's chip with a light expert of
+    the same shard. Round-robin is one light row from it on each link (98,868): under one shared pass (9,216)
+    more, kept."""
     cost = ragged_cost(QWEN, 64, 6400, EVAL, 64, 500)
     counts = [200, 200, 1, 1]
     rows = [[200, 0], [0, 200], [0, 1], [1, 0]]
-    cycles = {p: ragged_placement_cycles(counts, rows, place_experts(counts, 2, p), 2, cost)
+    cycles = {p: (ragged_placement_cycles(counts, rows, place_experts(counts, 2, p), 2, cost),
+                  ragged_cycles(counts, rows, place_experts(counts, 2, p), 2, cost))
               for p in ("contiguous", "round-robin")}
-    assert cycles == {"contiguous": [2 * (200 * 64 + 500) + 98304, 2 * (64 + 500) + 49368],
-                      "round-robin": [2 * (64 + 500) + 98304] * 2}
-    assert ragged_placement_cycles(counts, rows, [0, 1, 1, 0], 2, cost) == [98304, 98304]
+    assert cycles == {"contiguous": ([98304 + 200 * 64 + 500, 49368 + 64 + 500], 98304 + 200 * 64 + 500),
+                      "round-robin": ([98304 + 64 + 500] * 2, 98304 + 64 + 500)}
+    assert ragged_cycles(counts, rows, [0, 1, 1, 0], 2, cost) == 98304
     assert place_experts(counts, 2, "load-balanced", None, cost, rows) == [0, 1, 0, 1]
-    # with 100 rows each the light experts cost round-robin 112,104 cycles, 13,800 more than the least: searched
-    far = [[200, 0], [0, 200], [0, 100], [100, 0]]
-    assert place_experts([200, 200, 100, 100], 2, "load-balanced", None, cost, far) == [0, 1, 1, 0]
+    # with 200 rows each the light experts cost round-robin 13,300 cycles more than the least: searched
+    far = [[200, 0], [0, 200], [0, 200], [200, 0]]
+    assert place_experts([200] * 4, 2, "load-balanced", None, cost, far) == [0, 1, 1, 0]
 
 
 SHARED = "expert_routing/qwen_b64/032_012.npz"
 #: (trace, ep) -> placement -> (engine cycles, modelled busiest chip); dynamic tiling (tile_f 64, 6,400
 #: FLOPs/cycle), one region per expert, step-eval, fully connected chips (64 B/cycle, 500 cycles)
 CASES = {
-    ("bundled", 2): {"contiguous": (402898, 402536), "round-robin": (394047, 395368),
-                     "load-balanced": (386469, 382952)},
-    ("bundled", 4): {"contiguous": (215995, 207336), "round-robin": (216566, 209384),
-                     "load-balanced": (197804, 189416)},
-    ("bundled", 8): {"contiguous": (131092, 122472), "round-robin": (131483, 122728),
-                     "load-balanced": (103676, 94312)},
-    ("shared", 4): {"contiguous": (188630, 181480), "round-robin": (170238, 163048),
-                    "load-balanced": (151534, 143208)},
+    ("bundled", 2): {"contiguous": (402898, 396084), "round-robin": (394047, 386612),
+                     "load-balanced": (386469, 375796)},
+    ("bundled", 4): {"contiguous": (215995, 205620), "round-robin": (216566, 206068),
+                     "load-balanced": (197804, 186868)},
+    ("bundled", 8): {"contiguous": (131092, 121204), "round-robin": (131483, 121268),
+                     "load-balanced": (103676, 93236)},
+    ("shared", 4): {"contiguous": (188630, 178484), "round-robin": (170238, 160244),
+                    "load-balanced": (151534, 140724)},
 }
 
 
@@ -98,8 +103,8 @@ def test_load_balanced_is_fastest_and_the_model_orders_the_placements(trace, ep)
     for placement in CASES[trace, ep]:
         w = workload_from_config({**cfg, "placement": placement})
         routing = w.trace["routing"]
-        modelled = max(ragged_placement_cycles(expert_counts(routing, 128), shard_rows(routing, 128, ep),
-                                               w.params["expert_chips"], ep, cost))
+        modelled = ragged_cycles(expert_counts(routing, 128), shard_rows(routing, 128, ep), w.params["expert_chips"],
+                                 ep, cost)
         measured[placement] = (simulate(w).cycles, modelled)
     assert measured == CASES[trace, ep]
     assert measured["load-balanced"][0] <= min(measured["contiguous"][0], measured["round-robin"][0])

@@ -29,8 +29,9 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
   Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows): with
   ``--regions`` the tile-first greedy balances token counts alone; without, an expert's one pass starts when all
   its rows have arrived, so the placement minimizes the ragged model of
-  :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` (its rows' dispatch and combine over the busiest
-  link, twice, plus ``max(n x shared, slowest alone)``) with the same search and keep rule.
+  :func:`~stepsim.workloads.moe.ep_cost.ragged_cycles` (the latest chip's ``max(n x shared, slowest alone)``,
+  then the busiest link's combine rows) with the same search (by
+  :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` a chip) and keep rule.
   ``--tp N --ep M`` places its expert groups by the same models of the shard (F / N columns a chip).
 
 Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
@@ -49,6 +50,7 @@ from stepsim.workloads.moe.ep_cost import (
     chip_cycles,
     pass_cost,
     ragged_cost,
+    ragged_cycles,
     ragged_placement_cycles,
 )
 
@@ -115,7 +117,8 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
                 chips_of = [chip] * len(mine)  # the chip's experts alone, on their chip
                 return ragged_placement_cycles([n for n, _ in mine], [r for _, r in mine], chips_of, chips,
                                                cost)[chip]
-            return _least_modelled(items, tokens, chips, per_chip, cost.shared, ragged)
+            return _least_modelled(items, tokens, chips, per_chip, cost.shared, ragged,
+                                   total=lambda chip_of: ragged_cycles(tokens, rows, chip_of, chips, cost))
         tiles = [0] * experts  # dynamic tiling with --regions: the tokens alone
     else:
         tiles = [-(-n // tile_n) for n in tokens]
@@ -137,13 +140,15 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
 
 
 def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: int, shared: int, cycles_of,
-                    cost: PassCost | None = None) -> list[int]:
+                    cost: PassCost | None = None, total=None) -> list[int]:
     """``load-balanced`` with one region per expert: the placement of least modelled busiest-chip time
     (``cycles_of(items, chip)``: a chip's modelled cycles from its experts' ``tiles``;
     :func:`~stepsim.workloads.moe.ep_cost.chip_cycles` for static tiling, whose ``cost`` gives the blocks start;
     :func:`~stepsim.workloads.moe.ep_cost.ragged_chip_cycles` for dynamic tiling, the ``tiles`` then each
     expert's rows and rows from every shard), at most ``per_chip`` experts a chip; ``shared``: one pass's cycles
-    of a shared HBM (the keep rule's margin).
+    of a shared HBM (the keep rule's margin); ``total(chip_of)``: a placement's modelled cycles where they are not
+    its busiest chip's (dynamic tiling: :func:`~stepsim.workloads.moe.ep_cost.ragged_cycles`), for choosing
+    between the starts and the keep rule.
 
     Experts go in the order of most tiles first (ties: more tokens, then lower id). Two starts of a search:
 
@@ -178,6 +183,8 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
     round_robin = [e % chips for e in range(experts)]
     best, best_cycles = None, None
     def busiest(chip_of):
+        if total is not None:
+            return total(chip_of)
         return max(cycles_of([tiles[e] for e in range(experts) if chip_of[e] == c], c) for c in range(chips))
 
     # the blocks start with static tiling only: with dynamic tiling a block's cycles depend on its chip (the
