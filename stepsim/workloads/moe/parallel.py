@@ -27,8 +27,8 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
     chip's time").
 
   Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows): with
-  ``--regions`` the tile-first greedy balances token counts alone; without, an expert's one pass starts when all
-  its rows have arrived, so the placement minimizes the ragged model of
+  ``--regions`` the tile-first greedy balances token counts alone; without, each expert with tokens makes one
+  pass and the combine's rows wait for the last passes, so the placement minimizes the ragged model of
   :func:`~stepsim.workloads.moe.ep_cost.ragged_cycles` (the latest chip's ``max(n x shared, slowest alone)``,
   then the busiest link's combine rows) with the same search (by
   :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` a chip) and keep rule.
@@ -63,7 +63,7 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
     ``tile_n`` the rows of a static token tile (None: dynamic tiling, balance tokens), ``cost`` one expert
     pass's figures on a chip whose experts each keep their own region (:mod:`stepsim.workloads.moe.ep_cost`;
     None: the tile-first greedy of ``--regions``; a :class:`~stepsim.workloads.moe.ep_cost.RaggedCost` with
-    dynamic tiling, ``shard_rows[e][i]`` then the rows chip i's shard sends expert e, None: no dispatch modelled).
+    dynamic tiling, ``shard_rows[e][i]`` then the rows chip i's shard sends expert e, None: no links modelled).
 
     Example
     -------
@@ -144,7 +144,7 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
     """``load-balanced`` with one region per expert: the placement of least modelled busiest-chip time
     (``cycles_of(items, chip)``: a chip's modelled cycles from its experts' ``tiles``;
     :func:`~stepsim.workloads.moe.ep_cost.chip_cycles` for static tiling, whose ``cost`` gives the blocks start;
-    :func:`~stepsim.workloads.moe.ep_cost.ragged_chip_cycles` for dynamic tiling, the ``tiles`` then each
+    :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` for dynamic tiling, the ``tiles`` then each
     expert's rows and rows from every shard), at most ``per_chip`` experts a chip; ``shared``: one pass's cycles
     of a shared HBM (the keep rule's margin); ``total(chip_of)``: a placement's modelled cycles where they are not
     its busiest chip's (dynamic tiling: :func:`~stepsim.workloads.moe.ep_cost.ragged_cycles`), for choosing
@@ -182,13 +182,14 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
     contiguous = [e // per_chip for e in range(experts)]
     round_robin = [e % chips for e in range(experts)]
     best, best_cycles = None, None
+
     def busiest(chip_of):
         if total is not None:
             return total(chip_of)
         return max(cycles_of([tiles[e] for e in range(experts) if chip_of[e] == c], c) for c in range(chips))
 
-    # the blocks start with static tiling only: with dynamic tiling a block's cycles depend on its chip (the
-    # dispatch), and the greedy already evens the passes a chip holds
+    # the blocks start with static tiling only: with dynamic tiling a block's cycles depend on its chip (its
+    # busiest link), and the greedy already evens the passes a chip holds
     for start in (greedy, *(() if cost is None else (_blocks(tiles, order, chips, per_chip, cost),))):
         placed = _improve(tiles, start, chips, per_chip, cycles_of)
         cycles = busiest(placed)
