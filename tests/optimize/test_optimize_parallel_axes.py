@@ -81,23 +81,24 @@ def test_pruned_search_over_tp_and_ep_equals_exhaustive(trace, tmp_path, serial,
     # the bound holds on every candidate's run, the pruned ones' too (static tiling: each expert is one tile, so load-balanced keeps
     # the contiguous blocks and runs as contiguous)
     assert [(c.lower_bound, cycles[c.run_id]) for c in r.candidate_list] == [
-        (14148, 16144), (15172, 18129), (29524, 29790), (10265, 12327), (10265, 12342), (10265, 12330),
-        (12314, 14302), (12314, 14316), (12314, 14302), (28704, 30348), (28704, 30690), (28704, 30348),
-        (8004, 10890), (9036, 12903), (10265, 11899), (10265, 11886), (10265, 11867), (12314, 13875),
-        (12314, 13862), (12314, 13843), (28704, 30212), (28704, 30080), (28704, 30212), (6169, 9021),
-        (6169, 9034), (6169, 9021), (8218, 11031), (8218, 11047), (8218, 11031), (4939, 9865), (6991, 11896)]
-    # tp 2 x ep 2 is the fastest on four chips: it beats ep 4 (11,867) and tp 4 (9,865, off the front: tp x ep
-    # is faster on as many chips with fewer bytes and less compute)
+        (14148, 16144), (15172, 18129), (29524, 29790), (10265, 12327), (10265, 12342), (10265, 12342),
+        (12314, 14302), (12314, 14316), (12314, 14316), (28704, 30348), (28704, 30690), (28704, 30348),
+        (8004, 10890), (9036, 12903), (10265, 11899), (10265, 11886), (10265, 11899), (12314, 13875),
+        (12314, 13862), (12314, 13875), (28704, 30212), (28704, 30080), (28704, 30212), (6169, 9021),
+        (6169, 9034), (6169, 9034), (8218, 11031), (8218, 11047), (8218, 11047), (4939, 9865), (6991, 11896)]
+    # tp 2 x ep 2 is the fastest on four chips: it beats ep 4 (11,886) and tp 4 (9,865, off the front: tp x ep
+    # is faster on as many chips with fewer bytes and less compute). With dynamic tiling load-balanced keeps
+    # contiguous or round-robin here (the ragged model: within one shared pass of its least), 12-32 cycles behind
+    # the fastest placement on these 24 tokens
     assert [(c.cycles, c.chips, c.config.get("tp"), c.config.get("ep"), c.config.get("placement"))
             for c in r.front] == [
-        (9021, 4, 2, 2, "contiguous"), (9021, 4, 2, 2, "load-balanced"), (10890, 2, 2, None, None),
-        (11867, 4, None, 4, "load-balanced"), (12327, 2, None, 2, "contiguous"), (16144, 1, None, None, None),
-        (29790, 1, None, None, None)]
+        (9021, 4, 2, 2, "contiguous"), (10890, 2, 2, None, None), (11886, 4, None, 4, "round-robin"),
+        (12327, 2, None, 2, "contiguous"), (16144, 1, None, None, None), (29790, 1, None, None, None)]
     assert {n: p["cycles"] for n, p in r.per_chips().items()} == {1: 16144, 2: 10890, 4: 9021}
     # JSON: every front point and the recommendation name their tp / ep / pp (1: unused), product = chips
     doc = json.loads((out / "optimize.json").read_text())
     assert [(p["tp"], p["ep"], p["pp"], p["chips"]) for p in doc["pareto"]] == [
-        (2, 2, 1, 4), (2, 2, 1, 4), (2, 1, 1, 2), (1, 4, 1, 4), (1, 2, 1, 2), (1, 1, 1, 1), (1, 1, 1, 1)]
+        (2, 2, 1, 4), (2, 1, 1, 2), (1, 4, 1, 4), (1, 2, 1, 2), (1, 1, 1, 1), (1, 1, 1, 1)]
     assert (doc["recommended"]["tp"], doc["recommended"]["ep"], doc["recommended"]["cycles"]) == (2, 2, 9021)
     assert "--tp 2" in doc["recommended"]["command"] and "--ep 2" in doc["recommended"]["command"]
     # Parquet: tp / ep / pp columns for every candidate (null: unused), read back
@@ -105,7 +106,7 @@ def test_pruned_search_over_tp_and_ep_equals_exhaustive(trace, tmp_path, serial,
     for knob in ("tp", "ep", "pp"):
         assert table.column(knob).to_pylist() == [c.config.get(knob) for c in r.candidate_list], knob
     assert table.column("pp").null_count == 31
-    assert pq.read_table(out / "pareto.parquet").column("tp").to_pylist() == [2, 2, 2, None, None, None, None]
+    assert pq.read_table(out / "pareto.parquet").column("tp").to_pylist() == [2, 2, None, None, None, None]
 
 
 def test_a_budget_of_two_chips_leaves_the_four_chip_combinations_over_it(trace, tmp_path, serial):

@@ -323,10 +323,11 @@ def test_qwen_tp_x_ep_on_the_shared_b64_traces(qwen_b64_traces, capsys):
                  qwen_b64_traces["kv_lengths"], "--tp", "4", "--ep", "2", "--placement", "load-balanced", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     params = json.loads(row["params"])
-    assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (182928, 733351936,
+    assert (row["cycles"], row["off_chip_bytes_measured"], row["off_chip_bytes_symbolic"]) == (183901, 733351936,
                                                                                                  733351936)
+    # load-balanced keeps contiguous (the shard's cost model: within one shared pass of the least)
     assert (params["tp"], params["ep"], params["system"], params["chip_tokens"]) == (
-        4, 2, "fully-connected-8", [253] * 4 + [259] * 4)
+        4, 2, "fully-connected-8", [227] * 4 + [285] * 4)
 
 
 @pytest.fixture

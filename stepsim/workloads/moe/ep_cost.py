@@ -18,6 +18,12 @@ j-th passes together and finish them together, so the chip's expert time is
 ``sum over j of max(n_j x shared, alone)`` (:func:`chip_cycles`). The all-to-alls, the token packing before and
 the combine after are left out: they are about the same on every chip (under 5 % of the layer on the traces of
 docs/system.md), so they do not change which placement is faster.
+
+With dynamic tiling (:class:`RaggedCost`) every expert with tokens makes one pass with one ragged tile of all its
+rows, and its FLOPs (its rows) may pace it alone; the rows go back over the reverse links after it. A placement
+then takes the latest chip's ``max(n x shared, slowest alone)`` (:func:`ragged_chip_cycles`) plus the busiest
+link's rows (:func:`dispatch_cycles`, :func:`ragged_cycles`; docs/system.md, "The cost model with dynamic
+tiling").
 """
 
 from __future__ import annotations
@@ -123,3 +129,118 @@ def placement_cycles(tiles, chip_of: list[int], chips: int, cost: PassCost) -> l
     for e, chip in enumerate(chip_of):
         mine[chip].append(int(tiles[e]))
     return [chip_cycles(t, cost) for t in mine]
+
+
+@dataclass(frozen=True)
+class RaggedCost:
+    """Dynamic tiling (``--tiling dynamic``): an expert with ``r`` token rows makes one pass over its weights with
+    one ragged tile of ``r`` rows. ``shared`` is :func:`pass_cycles_shared` (the weights do not depend on ``r``);
+    the pass alone is ``n_f`` weight tiles at the slower of ``pace`` (a load unit's tile or a matmul's on-chip
+    read, cycles) and the tile's ``flops_per_row x r`` FLOPs at ``compute_bw`` FLOPs/cycle, never under
+    ``shared`` (:meth:`alone`). All in cycles."""
+
+    shared: int
+    n_f: int
+    pace: int
+    flops_per_row: int
+    compute_bw: int
+    #: cycles a token row (``D`` values at 2 bytes) takes on the slowest link, and the largest link latency: the
+    #: combine's rows wait for the last passes (:func:`ragged_cycles`)
+    row_cycles: int = 0
+    link_latency: int = 0
+
+    def alone(self, rows: int) -> int:
+        """Cycles the pass of an expert with ``rows`` token rows takes with the HBM to itself (0: no tokens, no
+        pass)."""
+        if rows <= 0:
+            return 0
+        return max(self.n_f * max(self.pace, _ceil(self.flops_per_row * rows, self.compute_bw)), self.shared)
+
+
+def ragged_cost(model: MoEModel, tile_f: int, compute_bw: int, hw: Hardware, link_bandwidth: int = 0,
+                link_latency: int = 0) -> RaggedCost:
+    """:class:`RaggedCost` of ``model``'s experts: the figures of :func:`pass_cycles_alone` with the tile's rows
+    left as a parameter, and a token row's cycles on a link of ``link_bandwidth`` bytes/cycle (0: links left
+    out). Qwen3-30B-A3B on step-eval, dynamic tiling (6,400 FLOPs/cycle): shared 9,216 cycles, a
+    weight tile paced by its load (4,114 cycles) up to 100 rows, by its FLOPs (40.96 a row) above.
+
+    >>> from stepsim.base.hardware import Hardware
+    >>> c = ragged_cost(MoEModel("qwen", 2048, 768, 128, 8), 64, 6400, Hardware.preset("step-eval"))
+    >>> c.shared, c.alone(1), c.alone(100), c.alone(200)
+    (9216, 49368, 49368, 98304)
+    """
+    d, n_f = model.hidden, model.intermediate // tile_f
+    load = max(tile_requests(d, tile_f, hw), tile_requests(tile_f, d, hw)) + 2 + hw.hbm_start_up + hw.hbm_latency
+    read = _ceil(d * tile_f * WEIGHT_BYTES, hw.pmu_bw)
+    row = _ceil(d * WEIGHT_BYTES, link_bandwidth) if link_bandwidth else 0
+    return RaggedCost(pass_cycles_shared(model, tile_f, hw), n_f, max(load, read), 2 * d * tile_f, compute_bw,
+                      row, link_latency if link_bandwidth else 0)
+
+
+def ragged_chip_cycles(alone, shared: int) -> int:
+    """Modelled cycles of a chip's passes whose experts' single passes take ``alone`` cycles each by themselves (0:
+    an expert without tokens): all share the HBM, so they take ``max(n x shared, max alone)`` with ``n`` passes
+    (the fluid model of the module docstring with one phase; a pass slower alone than its share of the HBM keeps
+    its own pace and the others use the rest).
+
+    >>> ragged_chip_cycles([49368, 49368, 0], 9216), ragged_chip_cycles([98304] + [49368] * 11, 9216)
+    (49368, 110592)
+    """
+    alone = [int(a) for a in alone]
+    return max(sum(1 for a in alone if a) * shared, max(alone, default=0))
+
+
+def dispatch_cycles(rows_from, chip: int, cost: RaggedCost) -> int:
+    """Cycles a chip's busiest link takes with dynamic tiling: ``rows_from[i]`` token rows come from chip i's shard
+    of the batch and go back after the passes, each shard over its own link (fully connected; a chip's own rows
+    take none): the most rows of one link times ``cost.row_cycles`` plus ``cost.link_latency`` (0 when no row
+    crosses a link).
+
+    >>> c = RaggedCost(9216, 12, 4114, 262144, 6400, row_cycles=64, link_latency=500)
+    >>> dispatch_cycles([30, 100, 12], 1, c), dispatch_cycles([0, 7, 0], 1, c)
+    (2420, 0)
+    """
+    crossing = max((int(r) for i, r in enumerate(rows_from) if i != chip), default=0)
+    return crossing * cost.row_cycles + cost.link_latency if crossing else 0
+
+
+def _ragged_chips(tokens, rows, chip_of: list[int], chips: int, cost: RaggedCost) -> tuple[list[int], list[int]]:
+    """Every chip's passes (:func:`ragged_chip_cycles`) and its busiest inbound link (:func:`dispatch_cycles`)."""
+    alone = [[] for _ in range(chips)]
+    inbound = [[0] * chips for _ in range(chips)]
+    for e, chip in enumerate(chip_of):
+        alone[chip].append(cost.alone(int(tokens[e])))
+        for i in range(chips):
+            inbound[chip][i] += int(rows[e][i])
+    return ([ragged_chip_cycles(alone[c], cost.shared) for c in range(chips)],
+            [dispatch_cycles(inbound[c], c, cost) for c in range(chips)])
+
+
+def ragged_placement_cycles(tokens, rows, chip_of: list[int], chips: int, cost: RaggedCost) -> list[int]:
+    """Every chip's modelled cycles with dynamic tiling, the search's figure: :func:`ragged_chip_cycles` of its
+    experts' passes (alone cycles from their ``tokens``), then its busiest link's rows once
+    (:func:`dispatch_cycles`; ``rows[e][i]``: rows chip i's shard sends expert e): the combine sends them back
+    over the reverse link after the passes, while the dispatch runs under them (an expert's rows arrive in token
+    order while the other experts' passes hold the HBM). The placement's modelled time is :func:`ragged_cycles`.
+
+    >>> c = RaggedCost(10, 1, 30, 0, 1, row_cycles=2, link_latency=5)
+    >>> ragged_placement_cycles([3, 2, 3], [[2, 1], [0, 2], [3, 0]], [0, 1, 1], 2, c)
+    [37, 41]
+    """
+    passes, links = _ragged_chips(tokens, rows, chip_of, chips, cost)
+    return [p + link for p, link in zip(passes, links)]
+
+
+def ragged_cycles(tokens, rows, chip_of: list[int], chips: int, cost: RaggedCost) -> int:
+    """A placement's modelled cycles with dynamic tiling: the latest chip's passes, then the busiest link's rows of
+    any chip (each home chip's Reassemble takes its rows in token order, so the combine's rows wait for the last
+    passes of every chip; docs/system.md, "The cost model with dynamic tiling").
+
+    >>> c = RaggedCost(10, 1, 30, 0, 1, row_cycles=2, link_latency=5)
+    >>> rows = [[1, 0]] * 4 + [[9, 0]]  # chip 0: four passes (40 cycles); chip 1: 9 rows of shard 0 (23)
+    >>> chip_of = [0, 0, 0, 0, 1]
+    >>> ragged_placement_cycles([1] * 5, rows, chip_of, 2, c), ragged_cycles([1] * 5, rows, chip_of, 2, c)
+    ([40, 53], 63)
+    """
+    passes, links = _ragged_chips(tokens, rows, chip_of, chips, cost)
+    return max(passes, default=0) + max(links, default=0)

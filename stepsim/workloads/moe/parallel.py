@@ -26,8 +26,13 @@ Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
     contiguous or round-robin unless it is modelled at least one shared pass faster (docs/system.md, "What sets a
     chip's time").
 
-  Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows) the
-  tile-first greedy balances token counts alone, with or without ``--regions``; so does ``--tp N --ep M``.
+  Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows): with
+  ``--regions`` the tile-first greedy balances token counts alone; without, each expert with tokens makes one
+  pass and the combine's rows wait for the last passes, so the placement minimizes the ragged model of
+  :func:`~stepsim.workloads.moe.ep_cost.ragged_cycles` (the latest chip's ``max(n x shared, slowest alone)``,
+  then the busiest link's combine rows) with the same search (by
+  :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` a chip) and keep rule.
+  ``--tp N --ep M`` places its expert groups by the same models of the shard (F / N columns a chip).
 
 Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
 """
@@ -39,17 +44,26 @@ import sympy
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System
 from stepsim.workloads.chips import chips_system
-from stepsim.workloads.moe.ep_cost import PassCost, chip_cycles, pass_cost, placement_cycles
+from stepsim.workloads.moe.ep_cost import (
+    PassCost,
+    RaggedCost,
+    chip_cycles,
+    pass_cost,
+    ragged_cost,
+    ragged_cycles,
+    ragged_placement_cycles,
+)
 
 PLACEMENTS = ("contiguous", "round-robin", "load-balanced")
 
 
 def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
-                  cost: PassCost | None = None) -> list[int]:
+                  cost: PassCost | RaggedCost | None = None, shard_rows=None) -> list[int]:
     """The chip of every expert (see the module docstring); ``counts`` are the per-expert token counts,
     ``tile_n`` the rows of a static token tile (None: dynamic tiling, balance tokens), ``cost`` one expert
     pass's figures on a chip whose experts each keep their own region (:mod:`stepsim.workloads.moe.ep_cost`;
-    None: the tile-first greedy of ``--regions``).
+    None: the tile-first greedy of ``--regions``; a :class:`~stepsim.workloads.moe.ep_cost.RaggedCost` with
+    dynamic tiling, ``shard_rows[e][i]`` then the rows chip i's shard sends expert e, None: no links modelled).
 
     Example
     -------
@@ -95,11 +109,22 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
         return [e % chips for e in range(experts)]
     tokens = [int(n) for n in counts]
     if tile_n is None:
-        tiles = [0] * experts  # dynamic tiling: the tokens alone
+        if isinstance(cost, RaggedCost):  # one ragged pass per expert with tokens, its own pace by its rows
+            rows = [(0,) * chips] * experts if shard_rows is None else [tuple(int(r) for r in x) for x in shard_rows]
+            items = [(n, rows[e]) for e, n in enumerate(tokens)]  # a chip's cycles: ragged_placement_cycles
+
+            def ragged(mine, chip):
+                chips_of = [chip] * len(mine)  # the chip's experts alone, on their chip
+                return ragged_placement_cycles([n for n, _ in mine], [r for _, r in mine], chips_of, chips,
+                                               cost)[chip]
+            return _least_modelled(items, tokens, chips, per_chip, cost.shared, ragged,
+                                   total=lambda chip_of: ragged_cycles(tokens, rows, chip_of, chips, cost))
+        tiles = [0] * experts  # dynamic tiling with --regions: the tokens alone
     else:
         tiles = [-(-n // tile_n) for n in tokens]
         if cost is not None:
-            return _least_modelled(tiles, tokens, chips, per_chip, cost)
+            return _least_modelled(tiles, tokens, chips, per_chip, cost.shared,
+                                   lambda mine, chip: chip_cycles(mine, cost), cost)
         contiguous = [e // per_chip for e in range(experts)]
         if max(chip_tiles(tiles, contiguous, chips)) <= -(-sum(tiles) // chips):
             return contiguous
@@ -114,9 +139,16 @@ def place_experts(counts, chips: int, placement: str, tile_n: int | None = None,
     return chip_of
 
 
-def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: int, cost: PassCost) -> list[int]:
+def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: int, shared: int, cycles_of,
+                    cost: PassCost | None = None, total=None) -> list[int]:
     """``load-balanced`` with one region per expert: the placement of least modelled busiest-chip time
-    (:func:`~stepsim.workloads.moe.ep_cost.chip_cycles`), at most ``per_chip`` experts a chip.
+    (``cycles_of(items, chip)``: a chip's modelled cycles from its experts' ``tiles``;
+    :func:`~stepsim.workloads.moe.ep_cost.chip_cycles` for static tiling, whose ``cost`` gives the blocks start;
+    :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` for dynamic tiling, the ``tiles`` then each
+    expert's rows and rows from every shard), at most ``per_chip`` experts a chip; ``shared``: one pass's cycles
+    of a shared HBM (the keep rule's margin); ``total(chip_of)``: a placement's modelled cycles where they are not
+    its busiest chip's (dynamic tiling: :func:`~stepsim.workloads.moe.ep_cost.ragged_cycles`), for choosing
+    between the starts and the keep rule.
 
     Experts go in the order of most tiles first (ties: more tokens, then lower id). Two starts of a search:
 
@@ -130,35 +162,44 @@ def _least_modelled(tiles: list[int], tokens: list[int], chips: int, per_chip: i
     greedy). (A variant with contiguous and round-robin as further starts changed five placements of the B=1024
     traces of docs/system.md; the engine ran three faster and two 5-6 % slower, through the combine's tail, which
     the model leaves out.) Contiguous is returned instead when it is modelled less than one shared pass
-    (``cost.shared``) slower than the least of the three and no slower than round-robin; else round-robin when it
+    (``shared``) slower than the least of the three and no slower than round-robin; else round-robin when it
     is within a shared pass of the least: the model's phases end together, the engine's over thousands of cycles (its HBM
     serves memory units in registration order), so smaller differences are within the model's error
     (docs/system.md, "What sets a chip's time"). So load-balanced is never modelled slower than either.
     """
     experts = len(tiles)
-    order = sorted(range(experts), key=lambda e: (-tiles[e], -tokens[e], e))
+    size = [t if isinstance(t, int) else t[0] for t in tiles]  # dynamic tiling: by rows
+    order = sorted(range(experts), key=lambda e: (-size[e], -tokens[e], e))
     greedy = [0] * experts
     load = [0] * chips  # token rows so far (the greedy's tie rule)
     mine: list[list[int]] = [[] for _ in range(chips)]  # tiles of each chip's experts
     for e in order:
         chip = min((c for c in range(chips) if len(mine[c]) < per_chip),
-                   key=lambda c: (chip_cycles(mine[c] + [tiles[e]], cost), load[c], c))
+                   key=lambda c: (cycles_of(mine[c] + [tiles[e]], c), load[c], c))
         greedy[e] = chip
         mine[chip].append(tiles[e])
         load[chip] += tokens[e]
     contiguous = [e // per_chip for e in range(experts)]
     round_robin = [e % chips for e in range(experts)]
     best, best_cycles = None, None
-    for start in (greedy, _blocks(tiles, order, chips, per_chip, cost)):
-        placed = _improve(tiles, start, chips, per_chip, cost)
-        cycles = max(placement_cycles(tiles, placed, chips, cost))
+
+    def busiest(chip_of):
+        if total is not None:
+            return total(chip_of)
+        return max(cycles_of([tiles[e] for e in range(experts) if chip_of[e] == c], c) for c in range(chips))
+
+    # the blocks start with static tiling only: with dynamic tiling a block's cycles depend on its chip (its
+    # busiest link), and the greedy already evens the passes a chip holds
+    for start in (greedy, *(() if cost is None else (_blocks(tiles, order, chips, per_chip, cost),))):
+        placed = _improve(tiles, start, chips, per_chip, cycles_of)
+        cycles = busiest(placed)
         if best is None or cycles < best_cycles:
             best, best_cycles = placed, cycles
-    kept = [max(placement_cycles(tiles, p, chips, cost)) for p in (contiguous, round_robin)]
+    kept = [busiest(p) for p in (contiguous, round_robin)]
     least = min(best_cycles, *kept)
-    if kept[0] < least + cost.shared and kept[0] <= kept[1]:
+    if kept[0] < least + shared and kept[0] <= kept[1]:
         return contiguous
-    if kept[1] < least + cost.shared:
+    if kept[1] < least + shared:
         return round_robin
     return best
 
@@ -199,7 +240,7 @@ def _blocks(tiles: list[int], order: list[int], chips: int, per_chip: int, cost:
     return chip_of
 
 
-def _improve(tiles: list[int], chip_of: list[int], chips: int, per_chip: int, cost: PassCost) -> list[int]:
+def _improve(tiles: list[int], chip_of: list[int], chips: int, per_chip: int, cycles_of) -> list[int]:
     """Local improvement of a placement by the model: while moving one expert off the busiest chip (ties: the
     lowest), or swapping it with one of another chip, leaves both chips below the busiest's cycles, make the best
     such change (least larger cycles of the two chips; ties: lower other chip, a move before a swap, fewer tiles
@@ -208,7 +249,7 @@ def _improve(tiles: list[int], chip_of: list[int], chips: int, per_chip: int, co
     chip_of = list(chip_of)
     while True:
         mine = [[tiles[e] for e in range(len(tiles)) if chip_of[e] == c] for c in range(chips)]
-        cycles = [chip_cycles(m, cost) for m in mine]
+        cycles = [cycles_of(m, c) for c, m in enumerate(mine)]
         busiest = max(range(chips), key=lambda c: (cycles[c], -c))
         best = None  # (larger cycles of the two chips, other chip, swap?, tiles off, tiles on), expert off, on
         off = _by_tiles(tiles, chip_of, busiest)
@@ -224,7 +265,7 @@ def _improve(tiles: list[int], chip_of: list[int], chips: int, per_chip: int, co
                 if u is not None:
                     came.remove(u)
                     gone.append(u)
-                larger = max(chip_cycles(gone, cost), chip_cycles(came, cost))
+                larger = max(cycles_of(gone, busiest), cycles_of(came, other))
                 key = (larger, other, u is not None, t, -1 if u is None else u)
                 if larger < cycles[busiest] and (best is None or key < best[0]):
                     best = (key, off[t], None if u is None else on[u])
@@ -243,6 +284,36 @@ def _by_tiles(tiles: list[int], chip_of: list[int], chip: int) -> dict[int, int]
         if c == chip and tiles[e] not in first:
             first[tiles[e]] = e
     return first
+
+
+def expert_cost(model, tile_n: int | None, tile_f: int, compute_bw: int, system: System) -> PassCost | RaggedCost:
+    """The cost model of one region per expert for :func:`place_experts`: static tiling's
+    :func:`~stepsim.workloads.moe.ep_cost.pass_cost`, dynamic tiling's (``tile_n`` None)
+    :func:`~stepsim.workloads.moe.ep_cost.ragged_cost` with the system's slowest link bandwidth and largest
+    latency."""
+    if tile_n is None:
+        links = system.links
+        return ragged_cost(model, tile_f, compute_bw, system.hardware, min((ln.bandwidth for ln in links), default=0),
+                           max((ln.latency for ln in links), default=0))
+    return pass_cost(model, tile_n, tile_f, compute_bw, system.hardware)
+
+
+def shard_rows(routing, experts: int, chips: int) -> list[list[int]]:
+    """``rows[e][i]``: the token rows chip i's shard of the batch (:func:`~stepsim.workloads.moe.sharded.shard_bounds`)
+    sends expert e, one per (token, expert) pair of the trace.
+
+    >>> shard_rows([[0, 1], [1, 2], [0, 2], [2, 1]], 3, 2)
+    [[1, 1], [2, 1], [1, 2]]
+    """
+    from stepsim.workloads.moe.sharded import shard_bounds
+
+    bounds = shard_bounds(len(routing), chips)
+    rows = [[0] * chips for _ in range(experts)]
+    for i in range(chips):
+        for token in routing[bounds[i]:bounds[i + 1]]:
+            for e in token:
+                rows[int(e)][i] += 1
+    return rows
 
 
 def ep_system(chips: int, system: System | None) -> System:
@@ -309,9 +380,10 @@ def expert_parallel(graph, model, routing, counts, chips: int, placement: str, s
     system = ep_system(chips, system)
     tile_n = None if build["dynamic"] else build["tile_n"]
     cost = None  # with --regions a chip's tiles are its time: the tile-first greedy
-    if regions is None and tile_n is not None:
-        cost = pass_cost(model, tile_n, build["tile_f"], build["compute_bw"], system.hardware)
-    chip_of = place_experts(counts, chips, placement, tile_n, cost)
+    if regions is None:
+        cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], system)
+    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), chips)
+    chip_of = place_experts(counts, chips, placement, tile_n, cost, rows)
     members = None if regions is None else region_members(chip_of, chips, regions)
     region_chip = None if members is None else [chip_of[m[0]] for m in members]
     net, op_chip = prelude(system) if prelude is not None else (None, {})
@@ -405,7 +477,12 @@ def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, plac
     system = chips_system(chips, system, "--tp x --ep")
     shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
                      top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
-    group_of = place_experts(counts, ep, placement, None if build["dynamic"] else build["tile_n"])
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
+    # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
+    cost = expert_cost(shard, tile_n, tile_f, compute_bw, system)
+    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), ep)
+    group_of = place_experts(counts, ep, placement, tile_n, cost, rows)
     net, op_chip = prelude(system) if prelude is not None else (None, {})
     bindings, tile_rows, partials = {}, {}, {}
     for t in range(tp):
