@@ -373,26 +373,18 @@ def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, d
     from stepsim.workloads.chips import chips_system
     from stepsim.workloads.moe.pipeline_tp import build_tp_stack
 
-    d, f, fs, batch = model.hidden, model.intermediate, model.shared_intermediate, routings[0].shape[0]
+    d, batch = model.hidden, routings[0].shape[0]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
         raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
     if m > 1:
         raise ArgumentError(f"--micro-batches {m} does not combine with --tp yet (a tensor-parallel stack's layer "
                             f"all-reduces the whole batch)")
     tile_f = stage["tile_f"]
-    for what, width in (("intermediate", f), ("shared intermediate", fs)):
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
-    if batch % tp:
-        raise ArgumentError(f"--tp {tp}: the all-reduce cuts the {batch} rows into {tp} chunks; the batch must be "
-                            f"a multiple of {tp}")
+    shard = column_shard(model, tp, tile_f, batch)
     if pp is not None and system is not None and system.chips != pp * tp:
         raise ArgumentError(f"--pp {pp} --tp {tp} needs a system of {pp * tp} chips (pp x tp); system "
                             f"{system.name!r} has {system.chips}")
     system = chips_system((pp or 1) * tp, system, "--tp")
-    shard = MoEModel(model.name, hidden=d, intermediate=f // tp, experts=model.experts, top_k=model.top_k,
-                     shared_intermediate=fs // tp)
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}")
 
     def partial(g, tokens, i, t):
@@ -419,6 +411,22 @@ def _check_ep_micro_batches(batch: int, ep: int, m: int, tile_n: int, shared: in
                             f"chip's micro-batches of {batch // (ep * m)} tokens (a multiple of {tile_n})")
 
 
+def column_shard(model: MoEModel, tp: int, tile_f: int, batch: int) -> MoEModel:
+    """One chip's share of ``--tp T``: every expert's (and the shared experts') ``F / T`` columns, after the
+    one-line checks that the columns split into whole ``tile_f`` tiles and the batch into the all-reduce's T chunks
+    of rows."""
+    f, fs = model.intermediate, model.shared_intermediate
+    for what, width in (("intermediate", f), ("shared intermediate", fs)):
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    if batch % tp:
+        raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {batch} rows into {tp} chunks; the batch must be "
+                            f"a multiple of {tp}")
+    return MoEModel(model.name, hidden=model.hidden, intermediate=f // tp, experts=model.experts, top_k=model.top_k,
+                    shared_intermediate=fs // tp)
+
+
 def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
     """``--tp N``: chip c runs the whole layer (every token, every expert) on columns ``c F/N .. (c+1) F/N - 1`` of
     every expert's gate / up projections and those rows of its down projection (tensors ``expert<e>_<part>.<c>``;
@@ -427,20 +435,12 @@ def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algor
     sums them, and chip c stores rows ``k B/N ..`` of y in ``y<c>.<k>``. Returns ``(bindings, params)``."""
     from stepsim.workloads.chips import chips_system, link_bytes, tensor_parallel
 
-    d, f, fs, batch = model.hidden, model.intermediate, model.shared_intermediate, routing.shape[0]
+    d, batch = model.hidden, routing.shape[0]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
         raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
     tile_f = stage["tile_f"]
-    for what, width in (("intermediate", f), ("shared intermediate", fs)):
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
-    if batch % tp:
-        raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {batch} rows into {tp} chunks; the batch must be "
-                            f"a multiple of {tp}")
+    shard = column_shard(model, tp, tile_f, batch)
     system = chips_system(tp, system, "--tp")
-    shard = MoEModel(model.name, hidden=d, intermediate=f // tp, experts=model.experts, top_k=model.top_k,
-                     shared_intermediate=fs // tp)
     bindings = {}
 
     def partial_of(c):

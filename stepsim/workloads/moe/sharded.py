@@ -173,7 +173,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         packed.append(Accum(g, rows, RetileRow(), Empty(0, d), 1, out_dtype=out_dtype,
                             compute_bw=packing_compute_bw))
         merges.append(merge)
-        _group(g.ops[before:], ("expert", e))
+        set_group(g.ops[before:], ("expert", e))
     outs, ffn_bindings, tile_rows = ffns(g, packed)
     bindings.update(ffn_bindings)
     back = []
@@ -185,7 +185,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         for i, part in enumerate(per_expert):
             ret.assume_shape(i, (part.count_symbols[e],))
         back.append(ret)
-        _group(g.ops[-2:], ("expert", e))
+        set_group(g.ops[-2:], ("expert", e))
     for op in g.ops[first:]:
         if op.id not in op_chip and op.group is not None:
             kind, index = op.group
@@ -196,23 +196,31 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
         before = len(g.ops)
         rc, bc, tokens, _ = shards[i]
         scaled = [Map(g, [slot_weights[i][e], back[e][i]], Mul(), **bw) for e in range(experts)]
-        gathered = Reassemble(g, scaled, SelectorSource(g, multihot(rc, experts), experts), 0)
-        bindings[gathered.ragged_symbol] = k
-        summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
-        if shared_ffn is not None:
-            shared_before = len(g.ops)
-            shared = shared_ffn(g, tokens, bc)
-            summed = Map(g, [summed, shared], Add(), **bw)
-            for op in g.ops[shared_before:]:
-                op.group = ("shared_expert", c)
-        if home_out is None:
-            LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
-        else:
-            home_out(c, summed)
+        combine_home(g, c, scaled, multihot(rc, experts), k=k, d=d, bw=bw, bindings=bindings, tokens=tokens,
+                     rows=bc, shared_ffn=shared_ffn, home_out=home_out)
         on(c, before)
     return op_chip, bindings, bounds, tile_rows
 
 
-def _group(ops, group) -> None:
+def combine_home(g: Graph, c: int, scaled: list, slots, *, k: int, d: int, bw: dict, bindings: dict, tokens, rows: int,
+                 shared_ffn, home_out) -> None:
+    """Home chip ``c``'s combine: each of its ``rows`` tokens gathers its ``k`` weighted expert rows from the
+    ``scaled`` streams (``slots``: the multi-hot selector rows over them), sums them, adds the shared experts'
+    rows of ``tokens`` when there are shared experts, and stores ``y.<c>`` (or hands the sum to ``home_out``)."""
+    gathered = Reassemble(g, scaled, SelectorSource(g, slots, len(scaled)), 0)
+    bindings[gathered.ragged_symbol] = k
+    summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
+    if shared_ffn is not None:
+        shared_before = len(g.ops)
+        shared = shared_ffn(g, tokens, rows)
+        summed = Map(g, [summed, shared], Add(), **bw)
+        set_group(g.ops[shared_before:], ("shared_expert", c))
+    if home_out is None:
+        LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+    else:
+        home_out(c, summed)
+
+
+def set_group(ops, group) -> None:
     for op in ops:
         op.group = group

@@ -35,15 +35,12 @@ from stepsim.graph import (
     BF16,
     FP32,
     Accum,
-    AccumAdd,
-    Add,
     DynTile,
     EagerMerge,
     Empty,
     Flatten,
     Graph,
     LinearOffChipLoad,
-    LinearOffChipStore,
     Map,
     Mul,
     Partition,
@@ -58,7 +55,7 @@ from stepsim.graph import (
     Zero,
 )
 from stepsim.graph.dims import make_symbol
-from stepsim.workloads.moe.sharded import shard_bounds
+from stepsim.workloads.moe.sharded import combine_home, set_group, shard_bounds
 from stepsim.workloads.routing import expert_counts, multihot, onehot_per_slot
 
 
@@ -169,7 +166,7 @@ def build_sharded_micro(g: Graph, model, routing, chip_of: list[int], chips: int
             flat = Flatten(g, order, 0, 2)
             flat.assume_shape(0, (len(select),))
             packed.append(flat)
-        _group(g.ops[before:], ("expert", e))
+        set_group(g.ops[before:], ("expert", e))
     outs, ffn_bindings, ffn_rows = ffns(g, packed)
     bindings.update(ffn_bindings)
     tile_rows.update(ffn_rows)
@@ -200,7 +197,7 @@ def build_sharded_micro(g: Graph, model, routing, chip_of: list[int], chips: int
             for c, parts in enumerate(pieces):
                 ret.assume_shape(c, (parts[m].count_symbols[e],))
             back[m, e] = ret
-        _group(g.ops[before:], ("expert", e))
+        set_group(g.ops[before:], ("expert", e))
     for op in g.ops[first:]:
         if op.id not in op_chip and op.group is not None:
             op_chip[op.id] = chip_of[op.group[1]]
@@ -220,23 +217,7 @@ def build_sharded_micro(g: Graph, model, routing, chip_of: list[int], chips: int
         for i, (m, e) in enumerate(pairs):
             wpart.assume_shape(i, (pieces[c][m].count_symbols[e],))
         scaled = [Map(g, [wpart[i], back[m, e][c]], Mul(), **bw) for i, (m, e) in enumerate(pairs)]
-        gathered = Reassemble(g, scaled, SelectorSource(g, multihot(slots, len(pairs)), len(pairs)), 0)
-        bindings[gathered.ragged_symbol] = k
-        summed = Accum(g, gathered, AccumAdd(), Zero(1, d), 1, **bw)
-        if shared_ffn is not None:
-            shared_before = len(g.ops)
-            shared = shared_ffn(g, tokens, bc)
-            summed = Map(g, [summed, shared], Add(), **bw)
-            for op in g.ops[shared_before:]:
-                op.group = ("shared_expert", c)
-        if home_out is None:
-            LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
-        else:
-            home_out(c, summed)
+        combine_home(g, c, scaled, multihot(slots, len(pairs)), k=k, d=d, bw=bw, bindings=bindings, tokens=tokens,
+                     rows=bc, shared_ffn=shared_ffn, home_out=home_out)
         on(c, before)
     return op_chip, bindings, bounds, tile_rows
-
-
-def _group(ops, group) -> None:
-    for op in ops:
-        op.group = group
