@@ -65,7 +65,7 @@ from stepsim.graph import (
     SelectorSource,
     Tensor,
 )
-from stepsim.workloads.moe.build import DEFAULT_TILE_N, PACKING_COMPUTE_BW, _expert_ffn, _timeshared_ffns, shared_ffn
+from stepsim.workloads.moe.build import PACKING_COMPUTE_BW, _timeshared_ffns, expert_ffns
 
 
 def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, counts, tp: int | None = None) -> None:
@@ -168,16 +168,13 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         out = Map(g, [combined, homes[(c, 0)]], Add(), **bw)
         LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
 
-    shared = None
-    if moe.shared_intermediate:
-        def shared(g, tokens, rows):
-            return shared_ffn(g, tokens, moe, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw)
-
+    dedicated, shared = expert_ffns(moe, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                                    packing_compute_bw=PACKING_COMPUTE_BW)
     regions = moe_kw["regions"]
 
     def ffns(g, packed, members):  # one region per expert, or each chip's experts time-multiplexed (--regions)
         if members is None:
-            return [_expert_ffn(g, packed[e], e, moe, tile_f, dynamic, bw) for e in range(moe.experts)], {}, {}
+            return dedicated(g, packed)
         return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
 
     ep_bindings, tile_rows, params = expert_parallel(
@@ -201,20 +198,9 @@ def _tensor_parallel_experts(g, moe, routing, counts, tp, ep, placement, system,
     chunk_of_row = np.eye(tp, dtype=np.int8)[np.arange(shard) // chunk]
     parts = {}
 
-    def ffns_of(t, sharded):
-        def ffns(g, packed):
-            return [_expert_ffn(g, packed[e], e, sharded, tile_f, dynamic, bw, f".{t}")
-                    for e in range(moe.experts)], {}, {}
-        return ffns
-
-    def shared_of(t, sharded):
-        if not moe.shared_intermediate:
-            return None
-
-        def shared(g, tokens, rows):
-            return shared_ffn(g, tokens, sharded, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw,
-                              f".{t}")
-        return shared
+    def chip_ffns(t, sharded):  # chip t of a group: its F / T columns of every expert
+        return expert_ffns(sharded, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                           packing_compute_bw=PACKING_COMPUTE_BW, suffix=f".{t}")
 
     def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
         if (s, t) not in parts:
@@ -226,7 +212,8 @@ def _tensor_parallel_experts(g, moe, routing, counts, tp, ep, placement, system,
         LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw), tensor_name=f"y{s * tp + t}.{k}")
 
     ep_bindings, tile_rows, params = expert_tensor_parallel(
-        g, moe, routing, counts, tp, ep, placement, system, algorithm, ffns_of=ffns_of, shared_of=shared_of,
+        g, moe, routing, counts, tp, ep, placement, system, algorithm,
+        ffns_of=lambda t, sharded: chip_ffns(t, sharded)[0], shared_of=lambda t, sharded: chip_ffns(t, sharded)[1],
         compute_bw=bw["compute_bw"], prelude=prelude, home_in_of=lambda t: lambda s, rows: home_in(s, rows, t),
         store=store, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, packing_compute_bw=PACKING_COMPUTE_BW)
     bindings.update(ep_bindings)

@@ -209,23 +209,13 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 
         bw = dict(compute_bw=compute_bw)
 
-        def ffns_of(t, shard):
-            def ffns(g, packed):
-                return [_expert_ffn(g, packed[e], e, shard, tile_f, dynamic, bw, f".{t}") for e in range(experts)], \
-                    {}, {}
-            return ffns
-
-        def shared_of(t, shard):
-            if not model.shared_intermediate:
-                return None
-
-            def shared(g, tokens, rows):
-                return shared_ffn(g, tokens, shard, rows, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw,
-                                  f".{t}")
-            return shared
+        def chip_ffns(t, shard):  # chip t of a group: its F / T columns of every expert
+            return expert_ffns(shard, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                               packing_compute_bw=packing_compute_bw, suffix=f".{t}")
 
         bindings, tile_rows, parallel = expert_tensor_parallel(
-            g, model, routing, counts, tp, ep, placement, system, algorithm, ffns_of=ffns_of, shared_of=shared_of,
+            g, model, routing, counts, tp, ep, placement, system, algorithm,
+            ffns_of=lambda t, shard: chip_ffns(t, shard)[0], shared_of=lambda t, shard: chip_ffns(t, shard)[1],
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw)
     elif tp is not None:
@@ -243,14 +233,12 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         from stepsim.workloads.moe.parallel import expert_parallel
 
         bw = dict(compute_bw=compute_bw)
-        shared = None
-        if model.shared_intermediate:
-            def shared(g, tokens, rows):
-                return shared_ffn(g, tokens, model, rows, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw)
+        dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                                        packing_compute_bw=packing_compute_bw)
 
         def ffns(g, packed, members):
             if members is None:
-                return [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw) for e in range(experts)], {}, {}
+                return dedicated(g, packed)
             return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
 
         bindings, tile_rows, parallel = expert_parallel(
@@ -344,21 +332,15 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}"
               + (f"-mb{m}" if m > 1 else ""))
 
-    def ffns_of(i):
-        return lambda g, packed: ([_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, prefix=f"layer{i}.")
-                                   for e in range(model.experts)], {}, {})
-
-    def shared_of(i):
-        if not model.shared_intermediate:
-            return None
-        return lambda g, tokens, rows: shared_ffn(g, tokens, model, rows, stage["tile_n"] or DEFAULT_TILE_N, tile_f,
-                                                  stage["packing_compute_bw"], bw, prefix=f"layer{i}.")
+    def layer_ffns(i):
+        return expert_ffns(model, tile_n=stage["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
+                           packing_compute_bw=stage["packing_compute_bw"], prefix=f"layer{i}.")
 
     bindings, tile_rows, params = build_ep_stack(
         g, model, routings, ep=ep, pp=pp, placement=placement, system=system,
         build=dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"}),
-        ffns_of=ffns_of, shared_of=shared_of, expert_counts=lambda r: expert_counts(r, model.experts),
-        micro_batches=m)
+        ffns_of=lambda i: layer_ffns(i)[0], shared_of=lambda i: layer_ffns(i)[1],
+        expert_counts=lambda r: expert_counts(r, model.experts), micro_batches=m)
     # FLOPs as built: each micro-batch (the m-th piece of every shard) pads its own tiles
     parts = [slice(None)] if m == 1 else micro_batch_tokens(batch, ep, m)
     flops = sum(algorithmic_flops(expert_counts(r[p], model.experts), model, stage["tile_n"])
@@ -683,6 +665,22 @@ def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, 
     rows.assume_shape(0, tokens.stream.shape)  # the padding rows are filtered out: one row per token
     rows.channel_depth = batch  # the residual-style buffer the sum needs (module docstring)
     return rows
+
+
+def expert_ffns(model: MoEModel, *, tile_n, tile_f: int, dynamic: bool, bw: dict, packing_compute_bw: int,
+                suffix: str = "", prefix: str = "") -> tuple:
+    """``(ffns, shared)`` for the sharded layers (:mod:`stepsim.workloads.moe.parallel`): ``ffns(g, packed)`` builds
+    one dedicated region per expert of ``model`` (:func:`_expert_ffn`) and returns ``(outputs, {}, {})``;
+    ``shared(g, tokens, rows)`` the shared experts over a chip's rows (:func:`shared_ffn`), None without shared
+    experts. ``suffix`` / ``prefix`` name the operators' tensors (a chip's ``.t``, a stack's ``layer<i>.``)."""
+    def ffns(g, packed):
+        return [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix, prefix)
+                for e in range(model.experts)], {}, {}
+
+    def shared(g, tokens, rows):
+        return shared_ffn(g, tokens, model, rows, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw, suffix,
+                          prefix)
+    return ffns, (shared if model.shared_intermediate else None)
 
 
 def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw, suffix: str = "", prefix: str = ""):
