@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from engines_agree import both_engines
+from small_routing import small_routing, write_layered_routing
 
 from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.base.hardware import Hardware
@@ -23,21 +24,10 @@ B, D, LAYERS = 24, 16, 4
 Y_BYTES = B * D * 2  # a stage boundary carries the batch's rows once, fp32 timed at 2 bytes a value
 
 
-def _routing(seed: int) -> np.ndarray:
-    routing = np.random.default_rng(seed).integers(0, 8, size=(B, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    return routing
-
-
 @pytest.fixture
 def layered(tmp_path):
-    """A routing trace of LAYERS layers (a folder of <iteration>_<layer>.npz files), layer i drawn with seed i."""
-    folder = tmp_path / "routing"
-    folder.mkdir()
-    routings = [_routing(i) for i in range(LAYERS)]
-    for i, r in enumerate(routings):
-        np.savez(folder / f"000_{i:03d}.npz", data=r)
-    return str(folder), routings
+    """``(folder, routings)``: :func:`small_routing.write_layered_routing` of LAYERS layers."""
+    return write_layered_routing(tmp_path, LAYERS)
 
 
 def _config(path, **kw):
@@ -196,7 +186,7 @@ def test_one_micro_batch_stages_do_not_overlap(hidden, latency, bandwidth):
     from stepsim.workloads.moe.build import build_moe
 
     model = MoEModel("custom", hidden=hidden, intermediate=64, experts=8, top_k=2)
-    routings = [_routing(i) for i in range(4)]
+    routings = [small_routing(i) for i in range(4)]
     t11 = simulate(build_moe(model, routings, tile_n=B, tile_f=16, layers=4)).cycles
     sigma = -(-hidden * 2 // bandwidth)
     for n in (2, 4):
@@ -238,7 +228,7 @@ def test_idle_experts_and_shared_experts_in_a_pipeline(shared, tiling):
 
     routings = []
     for i in range(2):
-        r = _routing(10 + i) % 6  # experts 0..5 (two picks may now coincide: redraw those rows)
+        r = small_routing(10 + i) % 6  # experts 0..5 (two picks may now coincide: redraw those rows)
         r[:, 1] = (r[:, 0] + 1 + i) % 6
         r[B // 2 + 3, 1] = 6  # expert 6: one token of micro-batch 1
         routings.append(r)
@@ -262,7 +252,7 @@ def test_shared_expert_tiles_must_not_span_micro_batches():
 
     model = MoEModel("custom", hidden=D, intermediate=64, experts=8, top_k=2, shared_intermediate=32)
     with pytest.raises(ArgumentError) as info:
-        build_moe(model, [_routing(0)] * 2, tile_n=8, tile_f=16, layers=2, micro_batches=2)
+        build_moe(model, [small_routing(0)] * 2, tile_n=8, tile_f=16, layers=2, micro_batches=2)
     assert str(info.value) == ("--micro-batches 2: the shared experts' tiles of --tile-n 8 tokens must not span "
                                "micro-batches of 12 tokens (a multiple of 8)")
 
@@ -274,7 +264,7 @@ def test_dynamic_shared_expert_tiles_must_not_span_micro_batches():
 
     model = MoEModel("custom", hidden=D, intermediate=64, experts=8, top_k=2, shared_intermediate=32)
     with pytest.raises(ArgumentError) as info:
-        build_moe(model, [_routing(0)] * 2, tiling="dynamic", tile_f=16, layers=2, micro_batches=2)
+        build_moe(model, [small_routing(0)] * 2, tiling="dynamic", tile_f=16, layers=2, micro_batches=2)
     assert str(info.value) == ("--micro-batches 2: the shared experts' tiles of 32 tokens (dynamic tiling's default) "
                                "must not span micro-batches of 12 tokens (a multiple of 32)")
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from engines_agree import both_engines
+from small_routing import small_stack_config, write_layered_routing
 
 from stepsim.base.hardware import Hardware
 from stepsim.cli import main
@@ -23,25 +24,9 @@ from stepsim.workloads.reference import check_outputs, make_inputs
 B, D, LAYERS = 24, 16, 4
 
 
-def _routing(seed: int) -> np.ndarray:
-    routing = np.random.default_rng(seed).integers(0, 8, size=(B, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    return routing
-
-
 @pytest.fixture
 def layered(tmp_path):
-    """A routing trace of LAYERS layers (a folder of <iteration>_<layer>.npz files), layer i drawn with seed i."""
-    folder = tmp_path / "routing"
-    folder.mkdir()
-    for i in range(LAYERS):
-        np.savez(folder / f"000_{i:03d}.npz", data=_routing(i))
-    return str(folder)
-
-
-def _config(path, tiling="static", **kw):
-    return {"workload": "moe", "model": "custom", "hidden": D, "intermediate": 64, "experts": 8, "top_k": 2,
-            "trace": path, "tiling": tiling, "tile_n": 4 if tiling == "static" else None, "tile_f": 16, **kw}
+    return write_layered_routing(tmp_path, LAYERS)[0]
 
 
 STACKS = [({"layers": 2, "ep": 2}, "static"), ({"layers": 2, "ep": 2}, "dynamic"),
@@ -52,8 +37,8 @@ STACKS = [({"layers": 2, "ep": 2}, "static"), ({"layers": 2, "ep": 2}, "dynamic"
 @pytest.mark.parametrize("knobs, tiling", STACKS)
 def test_values_equal_the_one_chip_stack_and_the_reference(layered, knobs, tiling):
     """Chip c of every stage holds shard c's rows; y.<c> put together is the one-chip stack's y, bit for bit."""
-    w = workload_from_config(_config(layered, tiling, **knobs))
-    one = workload_from_config(_config(layered, tiling, layers=knobs["layers"]))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
+    one = workload_from_config(small_stack_config(layered, tiling, layers=knobs["layers"]))
     inputs = make_inputs(w, seed=7)
     assert {"x.0", "x.1", "layer0.routing_weights.0", "layer1.routing_weights.1", "layer1.expert007_down"} <= \
         set(inputs) and "x" not in inputs
@@ -70,12 +55,12 @@ def test_values_equal_the_one_chip_stack_and_the_reference(layered, knobs, tilin
 
 @pytest.mark.parametrize("knobs, tiling", STACKS[2:])
 def test_bytes_over_each_link_and_off_chip_equal_the_metric(layered, knobs, tiling):
-    w = workload_from_config(_config(layered, tiling, **knobs))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
     r = simulate(w)
     links = {op.name for op in w.graph.ops if op.kind == "Link"}
     measured = {r.unit_names[u]: int(b) for u, b in enumerate(r.link_bytes) if r.unit_names[u] in links}
     assert w.params["link_bytes"] == measured and sum(measured.values()) > 0
-    row = run_config({**_config(layered, tiling, **knobs), "mode": "simulate"}).row
+    row = run_config({**small_stack_config(layered, tiling, **knobs), "mode": "simulate"}).row
     assert row["off_chip_bytes_symbolic"] == row["off_chip_bytes_measured"] == row["off_chip_bytes"]
 
 
@@ -83,7 +68,7 @@ def test_a_stage_boundary_carries_every_shard_once(layered):
     """--pp 2 --ep 2 on a ring of 4: the layers' all-to-alls use chip0<->chip1 and chip2<->chip3; shard c's rows
     cross from chip c to chip 2 + c, shard 0's through chip 1 (ring: 0 -> 1 -> 2), so chip1->chip2 carries both
     shards' rows: the batch, D values at 2 bytes each (the fp32 rows' timed width)."""
-    w = workload_from_config(_config(layered, layers=2, pp=2, ep=2, system="ring-4"))
+    w = workload_from_config(small_stack_config(layered, layers=2, pp=2, ep=2, system="ring-4"))
     assert w.params["link_bytes"]["chip1->chip2"] == B * D * 2
     assert "chip2->chip1" not in w.params["link_bytes"] and "chip3->chip0" not in w.params["link_bytes"]
 
@@ -94,7 +79,7 @@ def test_a_stage_boundary_carries_every_shard_once(layered):
     ({"layers": 4, "pp": 2, "ep": 4, "placement": "load-balanced", "system": "ring-8"}, "dynamic", 14983),
 ])
 def test_both_engines_agree_and_the_cycles_are_pinned(layered, knobs, tiling, cycles):
-    w = workload_from_config(_config(layered, tiling, **knobs))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
     program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)
     assert both_engines(program).cycles == simulate(w).cycles == cycles
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from engines_agree import both_engines
+from small_routing import small_routing, small_stack_config, write_layered_routing
 
 from stepsim.base.errors import ArgumentError, ConfigError
 from stepsim.base.hardware import Hardware
@@ -25,25 +26,9 @@ from stepsim.workloads.reference import check_outputs, make_inputs
 B, D, F, LAYERS = 24, 16, 64, 4
 
 
-def _routing(seed: int) -> np.ndarray:
-    routing = np.random.default_rng(seed).integers(0, 8, size=(B, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    return routing
-
-
 @pytest.fixture
 def layered(tmp_path):
-    """A routing trace of LAYERS layers (a folder of <iteration>_<layer>.npz files), layer i drawn with seed i."""
-    folder = tmp_path / "routing"
-    folder.mkdir()
-    for i in range(LAYERS):
-        np.savez(folder / f"000_{i:03d}.npz", data=_routing(i))
-    return str(folder)
-
-
-def _config(path, tiling="static", **kw):
-    return {"workload": "moe", "model": "custom", "hidden": D, "intermediate": F, "experts": 8, "top_k": 2,
-            "trace": path, "tiling": tiling, "tile_n": 4 if tiling == "static" else None, "tile_f": 16, **kw}
+    return write_layered_routing(tmp_path, LAYERS)[0]
 
 
 STACKS = [({"layers": 2, "ep": 2, "micro_batches": 2}, "static"),
@@ -62,8 +47,8 @@ def test_micro_batch_m_is_the_m_th_piece_of_every_shard():
 def test_values_equal_the_one_chip_stack_and_the_reference(layered, knobs, tiling):
     """Each token's top-k rows are gathered in expert order, as on one chip: y.<c> put together is the one-chip
     stack's y (one micro-batch), bit for bit."""
-    w = workload_from_config(_config(layered, tiling, **knobs))
-    one = workload_from_config(_config(layered, tiling, layers=knobs["layers"]))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
+    one = workload_from_config(small_stack_config(layered, tiling, layers=knobs["layers"]))
     r, r1 = simulate(w, functional=True, inputs=make_inputs(w, 7)), simulate(one, functional=True,
                                                                              inputs=make_inputs(one, 7))
     checks = check_outputs(w, r.inputs, r.outputs)
@@ -76,12 +61,12 @@ def test_values_equal_the_one_chip_stack_and_the_reference(layered, knobs, tilin
 def test_one_merge_per_micro_batch_and_expert(layered):
     """Every (layer, micro-batch, expert) with tokens has its merge; the static tiles per expert are the sum of
     each micro-batch's padded tiles (the FLOPs count them: more than one micro-batch's)."""
-    w = workload_from_config(_config(layered, **STACKS[0][0]))
-    routings = [_routing(i) for i in range(2)]
+    w = workload_from_config(small_stack_config(layered, **STACKS[0][0]))
+    routings = [small_routing(i) for i in range(2)]
     parts = micro_batch_tokens(B, 2, 2)
     used = sum(int(np.unique(r[p]).size) for r in routings for p in parts)
     assert sum(op.kind == "EagerMerge" for op in w.graph.ops) == used == 31
-    one = workload_from_config(_config(layered, layers=2, ep=2))
+    one = workload_from_config(small_stack_config(layered, layers=2, ep=2))
     assert sum(op.kind == "EagerMerge" for op in one.graph.ops) == 16
     tiles = sum(-(-int(np.sum(r[p] == e)) // 4) for r in routings for p in parts for e in range(8))
     tiles_one = sum(-(-int(np.sum(r == e)) // 4) for r in routings for e in range(8))
@@ -93,22 +78,22 @@ def test_one_merge_per_micro_batch_and_expert(layered):
 def test_dynamic_exact_flops_are_one_micro_batch_s(layered):
     """Dynamic tiles hold exactly their tokens: the exact FLOPs of M = 3 are M = 1's, the formula of the one-chip
     stack (per token-expert pair: 6 D F matmuls, 8 F SiLU, F gate * up, D scale, D sum)."""
-    exact = [sum(workload_from_config(_config(layered, "dynamic", layers=4, ep=2, micro_batches=m))
+    exact = [sum(workload_from_config(small_stack_config(layered, "dynamic", layers=4, ep=2, micro_batches=m))
                  .op_flops().values()) for m in (1, 3)]
     assert exact == [4 * B * 2 * (6 * D * F + 8 * F + F + D + D)] * 2
 
 
 @pytest.mark.parametrize("knobs, tiling", STACKS[2:])
 def test_bytes_over_each_link_and_off_chip_equal_the_metric(layered, knobs, tiling):
-    w = workload_from_config(_config(layered, tiling, **knobs))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
     r = simulate(w)
     links = {op.name for op in w.graph.ops if op.kind == "Link"}
     measured = {r.unit_names[u]: int(b) for u, b in enumerate(r.link_bytes) if r.unit_names[u] in links}
     assert w.params["link_bytes"] == measured and sum(measured.values()) > 0
     # the same rows cross the same links as with one micro-batch: only how they are grouped changes
-    m1 = workload_from_config(_config(layered, tiling, **{**knobs, "micro_batches": 1}))
+    m1 = workload_from_config(small_stack_config(layered, tiling, **{**knobs, "micro_batches": 1}))
     assert w.params["link_bytes"] == m1.params["link_bytes"]
-    row = run_config({**_config(layered, tiling, **knobs), "mode": "simulate"}).row
+    row = run_config({**small_stack_config(layered, tiling, **knobs), "mode": "simulate"}).row
     assert row["off_chip_bytes_symbolic"] == row["off_chip_bytes_measured"] == row["off_chip_bytes"]
 
 
@@ -120,7 +105,7 @@ def test_bytes_over_each_link_and_off_chip_equal_the_metric(layered, knobs, tili
      "dynamic", 15506),
 ])
 def test_both_engines_agree_and_the_cycles_are_pinned(layered, knobs, tiling, cycles):
-    w = workload_from_config(_config(layered, tiling, **knobs))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
     program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)
     assert both_engines(program).cycles == simulate(w).cycles == cycles
 
@@ -136,7 +121,7 @@ def test_idle_experts_and_shared_experts(shared, tiling):
 
     routings = []
     for i in range(2):
-        r = _routing(10 + i) % 6
+        r = small_routing(10 + i) % 6
         r[:, 1] = (r[:, 0] + 1 + i) % 6
         r[12 + 5, 1] = 6  # chip 1's tokens 12..23: its second piece of 4 is 16..19
         routings.append(r)
@@ -167,7 +152,7 @@ def test_idle_experts_and_shared_experts(shared, tiling):
     ({"micro_batches": 5}, "--micro-batches 5: the batch of 24 tokens must split into 5 equal micro-batches"),
 ])
 def test_bad_combinations_are_one_line(layered, extra, message):
-    cfg = {**_config(layered, layers=2, ep=2), **extra}
+    cfg = {**small_stack_config(layered, layers=2, ep=2), **extra}
     with pytest.raises(ConfigError) as info:
         workload_from_config(cfg)
     assert str(info.value) == message
@@ -179,7 +164,7 @@ def test_shared_expert_tiles_must_not_span_a_chip_s_micro_batches():
 
     model = MoEModel("custom", hidden=D, intermediate=F, experts=8, top_k=2, shared_intermediate=32)
     with pytest.raises(ArgumentError) as info:
-        build_moe(model, [_routing(0)] * 2, tile_n=4, tile_f=16, layers=2, ep=2, micro_batches=2)
+        build_moe(model, [small_routing(0)] * 2, tile_n=4, tile_f=16, layers=2, ep=2, micro_batches=2)
     assert str(info.value) == ("--micro-batches 2 --ep 2: the shared experts' tiles of --tile-n 4 tokens must not "
                                "span a chip's micro-batches of 6 tokens (a multiple of 4)")
 

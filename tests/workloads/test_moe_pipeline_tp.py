@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from engines_agree import both_engines
+from small_routing import small_routing, small_stack_config, write_layered_routing
 
 from stepsim.base.errors import ConfigError
 from stepsim.base.hardware import Hardware
@@ -24,25 +25,9 @@ from stepsim.workloads.reference import check_outputs, make_inputs
 B, D, LAYERS = 24, 16, 4
 
 
-def _routing(seed: int) -> np.ndarray:
-    routing = np.random.default_rng(seed).integers(0, 8, size=(B, 2))
-    routing[:, 1] = (routing[:, 0] + 1 + routing[:, 1] % 7) % 8  # two different experts per token
-    return routing
-
-
 @pytest.fixture
 def layered(tmp_path):
-    """A routing trace of LAYERS layers (a folder of <iteration>_<layer>.npz files), layer i drawn with seed i."""
-    folder = tmp_path / "routing"
-    folder.mkdir()
-    for i in range(LAYERS):
-        np.savez(folder / f"000_{i:03d}.npz", data=_routing(i))
-    return str(folder)
-
-
-def _config(path, tiling="static", **kw):
-    return {"workload": "moe", "model": "custom", "hidden": D, "intermediate": 64, "experts": 8, "top_k": 2,
-            "trace": path, "tiling": tiling, "tile_n": 4 if tiling == "static" else None, "tile_f": 16, **kw}
+    return write_layered_routing(tmp_path, LAYERS)[0]
 
 
 STACKS = [({"layers": 2, "tp": 2}, "static"), ({"layers": 2, "tp": 4}, "dynamic"),
@@ -56,8 +41,8 @@ def test_values_against_the_one_chip_stack_and_the_reference(layered, knobs, til
     """Chip t holds columns t F/T .. of every layer's experts; after the last all-reduce every chip holds every chunk
     of y, equal to the one-chip stack's y within float32 rounding (the partial sums are added in the all-reduce's
     order), and to the reference."""
-    w = workload_from_config(_config(layered, tiling, **knobs))
-    one = workload_from_config(_config(layered, tiling, layers=knobs["layers"]))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
+    one = workload_from_config(small_stack_config(layered, tiling, layers=knobs["layers"]))
     inputs = make_inputs(w, seed=7)
     assert {"x", "layer1.routing_weights", "layer1.expert007_down.1", "layer0.expert000_gate.0"} <= set(inputs)
     assert "layer0.expert000_gate" not in inputs
@@ -85,7 +70,7 @@ def test_shared_experts_split_by_columns_too():
     model = MoEModel("custom", hidden=D, intermediate=64, experts=8, top_k=2, shared_intermediate=32)
     system = from_dict({"name": "s", "chips": 2, "topology": "fully-connected", "link_bandwidth": 64,
                         "link_latency": 500}, source="test", name="s")
-    routings = [_routing(0), _routing(1)]
+    routings = [small_routing(0), small_routing(1)]
     w = build_moe(model, routings, tile_n=4, tile_f=16, layers=2, tp=2, system=system)
     one = build_moe(model, routings, tile_n=4, tile_f=16, layers=2)
     inputs = make_inputs(w, 3)
@@ -106,14 +91,14 @@ def test_shared_experts_split_by_columns_too():
     ({"layers": 2, "pp": 2, "tp": 2, "system": "ring-4"}, "dynamic", 5074),
 ])
 def test_bytes_and_both_engines_with_the_cycles_pinned(layered, knobs, tiling, cycles):
-    w = workload_from_config(_config(layered, tiling, **knobs))
+    w = workload_from_config(small_stack_config(layered, tiling, **knobs))
     program = lower(w.graph, Hardware.preset(w.hardware), channel_depth=w.channel_depth)
     fast, r = both_engines(program), simulate(w)
     assert fast.cycles == r.cycles == cycles
     links = {op.name for op in w.graph.ops if op.kind == "Link"}
     measured = {r.unit_names[u]: int(b) for u, b in enumerate(r.link_bytes) if r.unit_names[u] in links}
     assert w.params["link_bytes"] == measured and sum(measured.values()) > 0
-    row = run_config({**_config(layered, tiling, **knobs), "mode": "simulate"}).row
+    row = run_config({**small_stack_config(layered, tiling, **knobs), "mode": "simulate"}).row
     assert row["off_chip_bytes_symbolic"] == row["off_chip_bytes_measured"] == row["off_chip_bytes"]
 
 
@@ -121,8 +106,8 @@ def test_a_stage_boundary_carries_each_chip_s_rows_once(layered):
     """--pp 2 --tp 2 on a ring of 4: chip t's all-reduced rows (all B of them) cross to chip 2 + t; chip 0's through
     chip 1 (ring: 0 -> 1 -> 2), so chip1->chip2 carries both chips' rows, 2 B D values at 2 bytes each, plus the
     stage-0 all-reduce's share of it."""
-    w = workload_from_config(_config(layered, layers=2, pp=2, tp=2, system="ring-4"))
-    one_stage = workload_from_config(_config(layered, layers=1, tp=2, system="ring-2"))
+    w = workload_from_config(small_stack_config(layered, layers=2, pp=2, tp=2, system="ring-4"))
+    one_stage = workload_from_config(small_stack_config(layered, layers=1, tp=2, system="ring-2"))
     assert w.params["link_bytes"]["chip1->chip2"] == 2 * B * D * 2
     assert w.params["link_bytes"]["chip0->chip1"] == one_stage.params["link_bytes"]["chip0->chip1"] + B * D * 2
 
@@ -141,7 +126,7 @@ def test_a_stage_boundary_carries_each_chip_s_rows_once(layered):
 ])
 def test_bad_combinations_are_one_line(layered, extra, message):
     with pytest.raises(ConfigError) as info:
-        workload_from_config(_config(layered, layers=2, **extra))
+        workload_from_config(small_stack_config(layered, layers=2, **extra))
     assert str(info.value) == message
 
 
