@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 
 #: seconds a run must take before its bar appears
 SHOW_AFTER_S = 2.0
+#: seconds between redraws of a count bar (:func:`count_progress`)
+REDRAW_S = 0.2
 
 
 @contextlib.contextmanager
@@ -67,23 +69,37 @@ def count_progress(desc: str, unit: str, total: int | None = None, after_s: floa
     """
     stream = sys.stderr if stream is None else stream
     after_s = SHOW_AFTER_S if after_s is None else after_s
+    on_terminal = stream.isatty()  # asked once: update runs once per serving step
     start = time.perf_counter()
     bar = None
+    drawn = [0.0]  # when the bar was last redrawn
+    last = [0, ""]  # the latest count and note (drawn at the end)
 
-    def update(done: int, note: str = "") -> None:
-        nonlocal bar
-        if bar is None:
-            if time.perf_counter() - start < after_s or not stream.isatty():
-                return
-            from tqdm import tqdm
-
-            bar = tqdm(file=stream, total=total, unit=f" {unit}", desc=desc, leave=False, mininterval=0.2)
+    def draw(done: int, note: str) -> None:
         bar.n = done
         bar.set_postfix_str(note, refresh=False)
         bar.refresh()
+
+    def update(done: int, note: str = "") -> None:
+        nonlocal bar
+        if not on_terminal:
+            return
+        last[:] = done, note
+        now = time.perf_counter()
+        if bar is None:
+            if now - start < after_s:
+                return
+            from tqdm import tqdm
+
+            bar = tqdm(file=stream, total=total, unit=f" {unit}", desc=desc, leave=False)
+        elif now - drawn[0] < REDRAW_S:
+            return  # thousands of steps a second: redraw a few times a second (and once more at the end)
+        drawn[0] = now
+        draw(done, note)
 
     try:
         yield update
     finally:
         if bar is not None:
+            draw(*last)
             bar.close()
