@@ -194,3 +194,16 @@ def link_bytes(graph, net) -> dict[str, int]:
     from stepsim.graph.lower import fp32_timing_bytes
 
     return {name: int(b) for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
+
+
+def cross_stage(g, rows: dict, chips: list[int], op_chip: dict) -> None:
+    """A stage boundary of a tensor-parallel stack: the rows ``rows[t]`` of the last stage's chip t cross once to
+    ``chips[t]`` of the next stage and fan out there (``rows[t]`` replaced; the new operators placed in
+    ``op_chip``). The fan-out is a Promote after a Flatten on the new chip: a fan-out's FIFO depth is its
+    producer's, and a link's would be too shallow."""
+    from stepsim.graph import Flatten, Promote
+
+    for t, chip in enumerate(chips):
+        before = len(g.ops)
+        rows[t] = Promote(g, Flatten(g, rows[t], 0, 1), 1)
+        op_chip.update({op.id: chip for op in g.ops[before:]})

@@ -410,10 +410,9 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     one-layer ``--tp``, :func:`stepsim.workloads.decoder.parallel.check_tp`)."""
     from stepsim.workloads.chips import chips_system
     from stepsim.workloads.decoder.parallel import check_tp
-    from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
     from stepsim.workloads.decoder.pipeline_tp import build_decoder_tp_stack
 
-    d, hd, q_rows = model.hidden, model.head_dim, model.heads // model.kv_heads
+    d = model.hidden
     moe = model.moe if model.is_moe else None
     widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
               else {"dense intermediate": model.dense_intermediate})
@@ -443,29 +442,20 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
 
     params = build_decoder_tp_stack(
         g, layers, tp=tp, pp=pp, system=system,
-        algorithm=algorithm, n_heads=n_heads, batch=batch, hidden=d, bw=bw, stage=stage,
-        heads=lambda hs, prefix, qkv_of, region_base: _sum_pairwise(
-            g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of, region_base=region_base), bw),
-        qkv_streams=lambda g, tiles, prefix, h: qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd,
-                                                            q_rows=q_rows, bw=bw,
-                                                            packing_compute_bw=PACKING_COMPUTE_BW),
-        input_tiles=lambda g, rows: input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile,
-                                                packing_compute_bw=PACKING_COMPUTE_BW),
-        ffn_partial=ffn_partial)
+        algorithm=algorithm, n_heads=n_heads, batch=batch, hidden=d, bw=bw, stage=stage, ffn_partial=ffn_partial,
+        **_stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage))
     return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), **params}
 
 
-def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
-              moe_kw, bw, stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_ep`, given this
-    module's attention heads and :mod:`stepsim.workloads.decoder.pipeline`'s projections."""
+def _stack_attention(g, model, *, batch: int, o_tile: int, bw: dict, stage: dict) -> dict:
+    """What the parallel decoder stacks (:mod:`~stepsim.workloads.decoder.pipeline_tp`,
+    :mod:`~stepsim.workloads.decoder.pipeline_ep`) build the attention of a layer with: ``heads`` (this module's
+    heads, summed pairwise), ``qkv_streams`` and ``input_tiles`` (:mod:`stepsim.workloads.decoder.pipeline`'s
+    projections)."""
     from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
-    from stepsim.workloads.decoder.pipeline_ep import build_decoder_ep_stack
 
     d, hd, q_rows = model.hidden, model.head_dim, model.heads // model.kv_heads
-    return build_decoder_ep_stack(
-        g, model, routings, ep=ep, pp=pp, system=system, placement=placement, algorithm=algorithm,
-        micro_batches=micro_batches, n_heads=n_heads, batch=batch, o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage,
+    return dict(
         heads=lambda hs, prefix, qkv_of, region_base: _sum_pairwise(
             g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of, region_base=region_base), bw),
         qkv_streams=lambda g, tiles, prefix, h: qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd,
@@ -473,6 +463,18 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
                                                             packing_compute_bw=PACKING_COMPUTE_BW),
         input_tiles=lambda g, rows: input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile,
                                                 packing_compute_bw=PACKING_COMPUTE_BW))
+
+
+def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
+              moe_kw, bw, stage) -> tuple:
+    """``--layers L --ep E [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_ep`, given this
+    module's attention heads and :mod:`stepsim.workloads.decoder.pipeline`'s projections."""
+    from stepsim.workloads.decoder.pipeline_ep import build_decoder_ep_stack
+
+    return build_decoder_ep_stack(
+        g, model, routings, ep=ep, pp=pp, system=system, placement=placement, algorithm=algorithm,
+        micro_batches=micro_batches, n_heads=n_heads, batch=batch, o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage,
+        **_stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage))
 
 
 def _sum_pairwise(g, products, bw):

@@ -46,7 +46,7 @@ def build_decoder_tp_stack(g, layers: int, *, tp: int, pp: int | None, system, a
 
     from stepsim.graph.lower import fp32_timing_bytes
     from stepsim.graph.network import Network, place_on_chips
-    from stepsim.workloads.chips import all_reduce_partials
+    from stepsim.workloads.chips import all_reduce_partials, cross_stage
     from stepsim.workloads.moe.parallel import _GroupNetwork
 
     per_stage, per_head, chunk = layers // (pp or 1), n_heads // tp, batch // tp
@@ -71,11 +71,8 @@ def build_decoder_tp_stack(g, layers: int, *, tp: int, pp: int | None, system, a
     for i in range(layers):
         base, prefix = (i // per_stage) * tp, f"layer{i}."
         chips = [base + t for t in range(tp)]
-        if i and i % per_stage == 0:  # a stage boundary: chip t's rows cross once, then fan out on the new chip
-            for t in range(tp):  # (a fan-out's FIFO depth is its producer's: a link's would be too shallow)
-                before = len(g.ops)
-                rows_in[t] = Promote(g, Flatten(g, rows_in[t], 0, 1), 1)
-                op_chip.update({op.id: chips[t] for op in g.ops[before:]})
+        if i and i % per_stage == 0:
+            cross_stage(g, rows_in, chips, op_chip)
         start = len(g.ops)
         for t in range(tp):  # the rows wait for the attention's all-reduce before the residual reads them
             rows_in[t].fanout_depth = batch
