@@ -40,3 +40,14 @@ def small_stack_config(path: str, tiling: str = "static", **knobs) -> dict:
     at ``path``, tiles of 4 tokens (static) and 16 columns, plus ``knobs``."""
     return {"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 64, "experts": 8, "top_k": 2,
             "trace": path, "tiling": tiling, "tile_n": 4 if tiling == "static" else None, "tile_f": 16, **knobs}
+
+
+def write_decoder_stack_inputs(folder: Path) -> tuple[Path, Path]:
+    """The decoder stack CLI tests' inputs in ``folder``: ``routing.npz``, a Qwen3-shaped ``[32 tokens, 2 layers,
+    8 of 128 experts]`` dump (seed 5), and ``kv.npy``, 32 KV lengths; returns both paths."""
+    routing, kv = Path(folder) / "routing.npz", Path(folder) / "kv.npy"
+    rng = np.random.default_rng(5)
+    layers = [np.stack([rng.choice(128, 8, replace=False) for _ in range(32)]) for _ in range(2)]
+    np.savez(routing, data=np.stack(layers, axis=1))  # [tokens, layers, top_k]
+    np.save(kv, np.array([100, 40, 7, 64, 3, 33, 90, 31] * 4))
+    return routing, kv

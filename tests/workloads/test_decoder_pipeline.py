@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 from engines_agree import both_engines
+from small_routing import write_decoder_stack_inputs
 
 from stepsim.base.errors import ArgumentError
 from stepsim.base.hardware import Hardware
@@ -105,11 +106,7 @@ def test_both_engines_agree_and_the_cycles_are_pinned(model, kw, cycles):
 
 
 def test_run_decoder_with_pp_from_the_cli(tmp_path, capsys):
-    routing, kv = tmp_path / "routing.npz", tmp_path / "kv.npy"
-    rng = np.random.default_rng(5)  # Qwen3: 8 of 128 experts per token, 32 tokens, 2 layers
-    layers = [np.stack([rng.choice(128, 8, replace=False) for _ in range(32)]) for _ in range(2)]
-    np.savez(routing, data=np.stack(layers, axis=1))  # [tokens, layers, top_k]
-    np.save(kv, np.array([100, 40, 7, 64, 3, 33, 90, 31] * 4))
+    routing, kv = write_decoder_stack_inputs(tmp_path)
     assert main(["run", "decoder", "--model", "qwen", "--routing", str(routing), "--kv-lengths", str(kv),
                  "--kv-heads", "1", "--layers", "2", "--pp", "2", "--micro-batches", "2", "--system", "ring-2",
                  "--json"]) == 0

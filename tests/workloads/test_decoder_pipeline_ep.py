@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 from engines_agree import both_engines
+from small_routing import write_decoder_stack_inputs
 
 from stepsim.base.errors import ArgumentError
 from stepsim.base.hardware import Hardware
@@ -140,11 +141,8 @@ def test_bad_stacks_are_one_line(kw, message):
 def test_run_decoder_with_pp_and_ep_from_the_cli_and_the_record_reads_back(tmp_path, capsys):
     import pyarrow.parquet as pq
 
-    routing, kv, out = tmp_path / "routing.npz", tmp_path / "kv.npy", tmp_path / "run.parquet"
-    rng = np.random.default_rng(5)  # Qwen3: 8 of 128 experts per token, 32 tokens, 2 layers
-    layers = [np.stack([rng.choice(128, 8, replace=False) for _ in range(32)]) for _ in range(2)]
-    np.savez(routing, data=np.stack(layers, axis=1))  # [tokens, layers, top_k]
-    np.save(kv, np.array([100, 40, 7, 64, 3, 33, 90, 31] * 4))
+    routing, kv = write_decoder_stack_inputs(tmp_path)
+    out = tmp_path / "run.parquet"
     assert main(["run", "decoder", "--model", "qwen", "--routing", str(routing), "--kv-lengths", str(kv),
                  "--kv-heads", "1", "--layers", "2", "--pp", "2", "--ep", "2", "--placement", "round-robin",
                  "--system", "ring-4", "--out", str(out), "--json"]) == 0
