@@ -7,8 +7,10 @@ them out of the default test run. The summary collects one line per measurement 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,28 @@ def bench_summary():
         _SUMMARY.setdefault(section, []).append(line)
 
     return add
+
+
+@pytest.fixture
+def json_command_once(benchmark, capsys):
+    """``json_command_once(argv)``: run ``stepsim argv`` (a ``--json`` command) once under pytest-benchmark and
+    return ``(its JSON report, wall seconds)``; the command must exit 0."""
+    from stepsim.cli import main
+
+    def run(argv: list[str]) -> tuple[dict, float]:
+        reports = []
+
+        def once():
+            assert main(argv) == 0
+            reports.append(json.loads(capsys.readouterr().out))
+
+        t0 = time.perf_counter()
+        benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
+        wall = time.perf_counter() - t0
+        [report] = reports
+        return report, wall
+
+    return run
 
 
 @pytest.fixture

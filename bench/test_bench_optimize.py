@@ -19,7 +19,6 @@ budgeted recommendation is within the budget and at least as fast as the paper's
 from __future__ import annotations
 
 import json
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -39,16 +38,13 @@ def _run(argv, capsys) -> dict:
 
 @pytest.mark.traces
 @pytest.mark.parametrize("name", list(TRACES))
-def test_optimize_moe_wall_time(benchmark, bench_summary, shared_traces, tmp_path, capsys, name):
+def test_optimize_moe_wall_time(benchmark, bench_summary, json_command_once, shared_traces, tmp_path, capsys,
+                                name):
     model, trace = TRACES[name]
     out = tmp_path / "opt"
     argv = ["optimize", "moe", "--model", model, "--trace", str(shared_traces / "expert_routing" / trace),
             "--jobs", "2", "--out", str(out), "--json", "--no-progress"]
-    reports = []
-    t0 = time.perf_counter()
-    benchmark.pedantic(lambda: reports.append(_run(argv, capsys)), rounds=1, iterations=1, warmup_rounds=0)
-    wall = time.perf_counter() - t0
-    [report] = reports
+    report, wall = json_command_once(argv)
     counts = (report["candidates"], report["pruned_symbolically"], report["simulations"])
     rows = pq.read_table(out / "candidates.parquet").to_pylist()
     for row in rows:

@@ -14,12 +14,7 @@ load-balanced's 112,683).
 
 from __future__ import annotations
 
-import json
-import time
-
 import pyarrow.parquet as pq
-
-from stepsim.cli import main
 
 SPACE = """
 [[axes]]
@@ -38,22 +33,13 @@ placement = ["contiguous", "round-robin", "load-balanced"]
 FASTEST = {"1": 800_809, "2": 409_441, "4": 215_489, "8": 112_683}
 
 
-def test_optimize_moe_over_chips_wall_time(benchmark, bench_summary, tmp_path, capsys):
+def test_optimize_moe_over_chips_wall_time(benchmark, bench_summary, json_command_once, tmp_path):
     space = tmp_path / "space.toml"
     space.write_text(SPACE)
     out = tmp_path / "opt"
     argv = ["optimize", "moe", "--model", "qwen3-30b-a3b", "--max-chips", "8", "--space", str(space), "--jobs", "2",
             "--out", str(out), "--json", "--no-progress"]
-    reports = []
-
-    def run():
-        assert main(argv) == 0
-        reports.append(json.loads(capsys.readouterr().out))
-
-    t0 = time.perf_counter()
-    benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
-    wall = time.perf_counter() - t0
-    [report] = reports
+    report, wall = json_command_once(argv)
     counts = (report["candidates"], report["pruned_symbolically"], report["simulations"])
     assert counts == (10, 2, 8)
     assert {n: p["cycles"] for n, p in report["per_chips"].items()} == FASTEST

@@ -12,11 +12,9 @@ lower bound, and tp / ep read back from the Parquet file.
 from __future__ import annotations
 
 import json
-import time
 
 import pyarrow.parquet as pq
 
-from stepsim.cli import main
 from stepsim.optimize.chips import parallel_grids
 
 #: the front: (cycles, chips, tp, ep, placement), tile_f 32 on every point (deterministic). Since branches epcost
@@ -36,22 +34,13 @@ def space_toml() -> str:
     return "\n".join("[[axes]]\n" + "".join(f"{k} = {json.dumps(list(v))}\n" for k, v in g.items()) for g in grids)
 
 
-def test_optimize_moe_over_tp_and_ep_wall_time(benchmark, bench_summary, tmp_path, capsys):
+def test_optimize_moe_over_tp_and_ep_wall_time(benchmark, bench_summary, json_command_once, tmp_path):
     space = tmp_path / "space.toml"
     space.write_text(space_toml())
     out = tmp_path / "opt"
     argv = ["optimize", "moe", "--model", "qwen3-30b-a3b", "--max-chips", "8", "--space", str(space), "--jobs", "2",
             "--out", str(out), "--json", "--no-progress"]
-    reports = []
-
-    def run():
-        assert main(argv) == 0
-        reports.append(json.loads(capsys.readouterr().out))
-
-    t0 = time.perf_counter()
-    benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
-    wall = time.perf_counter() - t0
-    [report] = reports
+    report, wall = json_command_once(argv)
     counts = (report["candidates"], report["pruned_symbolically"], report["simulations"])
     assert counts == (43, 4, 39)
     assert [(p["cycles"], p["chips"], p["tp"], p["ep"], p["config"].get("placement")) for p in report["pareto"]] \
