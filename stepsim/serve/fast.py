@@ -69,8 +69,9 @@ HELD_OUT = 12
 FFN_LAYERS = 4
 #: FLOPs/cycle of the compute bound (one node running every FLOP at the attention's rate)
 BOUND_COMPUTE_BW = 2048
-#: bump when the model or the calibration changes: part of the cache key (3: :func:`pair_parity`)
-CALIBRATION_VERSION = 3
+#: bump when the model or the calibration changes: part of the cache key (3: :func:`pair_parity`; 4: the shared
+#: experts' tiles, :func:`active_columns`, a skewed metric sample)
+CALIBRATION_VERSION = 4
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
 #: the coefficient sets of the model: FFN pieces of steps with a prefill chunk have their own
@@ -82,6 +83,8 @@ _TILE_SHIFT = KV_TILE.bit_length() - 1
 FFN_REGRESSORS = 8
 #: token counts up to which an FFN piece gets an offset of its own (:func:`few_tokens`)
 FEW_TOKENS = 8
+#: models with at most this many routed experts get per-active-expert-count columns (:func:`active_columns`)
+FEW_EXPERTS = 16
 
 
 def model_of(kind: str, prefill_step: bool) -> str:
@@ -90,8 +93,9 @@ def model_of(kind: str, prefill_step: bool) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- features
-def features(kind: str, data) -> np.ndarray:
-    """The structural features of one piece its symbolic metrics are linear in (module docstring), float64."""
+def features(kind: str, data, shared: bool = False) -> np.ndarray:
+    """The structural features of one piece its symbolic metrics are linear in (module docstring), float64;
+    ``shared``: the FFN of a model with shared experts also has their tiles (:func:`shared_tiles`)."""
     if kind == "decode":
         tiles = (np.asarray(data) + 1 + KV_TILE - 1) // KV_TILE
         return np.array([len(tiles), tiles.sum(), tiles.max()], dtype=np.float64)
@@ -101,7 +105,20 @@ def features(kind: str, data) -> np.ndarray:
     routing = np.asarray(data)
     counts = np.bincount(routing.ravel(), minlength=1)
     tiles = (counts + KV_TILE - 1) // KV_TILE
-    return np.array([len(routing), tiles.sum(), (counts > 0).sum(), tiles.max()], dtype=np.float64)
+    f = [len(routing), tiles.sum(), (counts > 0).sum(), tiles.max()]
+    return np.array([*f, shared_tiles(len(routing))] if shared else f, dtype=np.float64)
+
+
+def shared_tiles(tokens: int) -> int:
+    """Tiles of a model's shared experts in an FFN piece of ``tokens`` tokens: ``ceil(tokens / 32)``. Every token
+    visits them, so they read their weights and compute once per tile of the step's tokens: their metrics are
+    linear in this, not in the routed experts' features (DeepSeek-MoE's two shared experts)."""
+    return -(-tokens // KV_TILE)
+
+
+def has_shared(spec: LayerSpec) -> bool:
+    """Whether the FFN pieces of ``spec`` have shared experts (a :func:`shared_tiles` feature)."""
+    return spec.model.is_moe and spec.ffn_model.shared_intermediate > 0
 
 
 def extra_features(kind: str, data) -> np.ndarray:
@@ -124,7 +141,10 @@ def _metric_samples(kind: str, spec: LayerSpec) -> list:
     if kind == "prefill":
         return [(rng.integers(0, 400, r), rng.integers(2, 300, r)) for r in (1, 1, 2, 2, 3, 4)]
     m = spec.ffn_model
-    return [np.stack([rng.choice(m.experts, m.top_k, replace=False) for _ in range(t)]) for t in (1, 3, 7, 20, 40, 65)]
+    uniform = [np.stack([rng.choice(m.experts, m.top_k, replace=False) for _ in range(t)]) for t in (1, 3, 7, 20, 40, 65)]
+    # 70 tokens on the same experts (3 tiles each): without it no expert has more than one tile and the forms
+    # cannot tell an expert's tiles from the expert (the bounds of a 2,048-token step were 0.57x the metrics')
+    return [*uniform, np.tile(np.arange(m.top_k), (70, 1))]
 
 
 @dataclass(frozen=True)
@@ -138,7 +158,7 @@ class MetricForm:
 def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
     """Coefficients of the piece's symbolic metrics over its features, from builds; refused unless exact."""
     samples = _metric_samples(kind, spec)
-    a = np.array([[1.0, *features(kind, d)] for d in samples])
+    a = np.array([[1.0, *features(kind, d, kind == "ffn" and has_shared(spec))] for d in samples])
     metrics = [build(kind, d, spec).metrics() for d in samples]
     y = np.array([[m["off_chip_bytes"], m["graph_flops"]] for m in metrics], dtype=np.float64)
     coef = np.linalg.lstsq(a, y, rcond=None)[0]
@@ -161,19 +181,26 @@ def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray
 
 def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np.ndarray:
     """The FFN regressors of every layer at once: ``routing`` ``[tokens, layers, top_k]`` -> ``[layers, 8 +
-    FEW_TOKENS + 1]`` (the structural eight, :func:`few_tokens`, :func:`pair_parity`; then a system's chip columns)
+    FEW_TOKENS + 1]`` (the structural eight, :func:`few_tokens`, :func:`pair_parity`; then, where the model and
+    system have them, :func:`shared_tiles`, :func:`active_columns` and a system's chip columns)
     (the same numbers :func:`regressors` gives layer by layer)."""
     tokens, layers, _ = routing.shape
     experts = spec.ffn_model.experts
+    shared = has_shared(spec)
     offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
     counts = np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
     tiles = (counts + KV_TILE - 1) // KV_TILE
     f = np.column_stack([np.ones(layers), np.full(layers, float(tokens)), tiles.sum(axis=1), (counts > 0).sum(axis=1),
                          tiles.max(axis=1)]).astype(np.float64)
-    hbm = (f * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
-    compute = (f * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
+    basis = np.column_stack([f, np.full(layers, float(shared_tiles(tokens)))]) if shared else f
+    hbm = (basis * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
+    compute = (basis * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
     out = np.column_stack([f, hbm, compute, np.maximum(hbm, compute), few_tokens(tokens, layers),
                            pair_parity(routing) if spec.model.is_moe else np.zeros(layers)])
+    if shared:  # after the pair column, so every other column keeps its place
+        out = np.column_stack([out, basis[:, 5]])
+    if spec.model.is_moe and experts <= FEW_EXPERTS:
+        out = np.column_stack([out, active_columns(f[:, 3], f[:, 2], experts)])
     if spec.system is not None:
         out = np.column_stack([out, chip_features(routing, spec.system.chips, experts)])
     return out
@@ -196,6 +223,25 @@ def chip_features(routing: np.ndarray, chips: int, experts: int) -> np.ndarray:
     remote = (dest != home[:, None, None]).sum(axis=(0, 2))
     busiest = np.stack([(dest == c).sum(axis=(0, 2)) for c in range(chips)]).max(axis=0)
     return np.column_stack([remote > 0, remote, busiest]).astype(np.float64)
+
+
+def active_columns(active: np.ndarray, tiles: np.ndarray, experts: int) -> np.ndarray:
+    """The FFN's regressors of a model with few experts (at most :data:`FEW_EXPERTS`) ``[rows, 2 experts]``: per
+    count ``a`` of active experts, whether the piece has ``a`` active experts, and then its expert tiles.
+
+    Why: with few experts the MoE block's cycles follow how many are active, not monotonically. On the
+    Mixtral-8x7B shape (8 experts, top-2) 16 tokens on 4, 5, 6, 7, 8 experts (one tile each) take 1,860,253 /
+    2,338,371 / 1,860,259 / 1,860,266 / 6,052,500 cycles, and 256 tokens (18-20 tiles) 9,224,308 / 8,800,559 /
+    5,562,334 / 5,560,165 / 14,265,683: each count has its own offset and cycles per tile
+    (tests/serve/test_fast_accuracy_models.py pins these). A decode step of 8 sequences has 7 or 8 active experts
+    by chance, a factor 3; with many experts (Qwen3's 128) the count varies smoothly and these columns are not
+    made."""
+    out = np.zeros((len(active), 2 * experts))
+    rows = np.arange(len(active))
+    column = active.astype(np.int64) - 1
+    out[rows, column] = 1.0
+    out[rows, experts + column] = tiles
+    return out
 
 
 def few_tokens(tokens: int, rows: int) -> np.ndarray:
@@ -258,6 +304,7 @@ class FastLatency(EngineLatency):
         super().__init__(*args, **kw)
         self.forms, self.theta, self.error = forms, theta, error
         self.recorder = None
+        self._shared = has_shared(self.spec)
 
     @property
     def forms(self) -> dict:
@@ -292,8 +339,9 @@ class FastLatency(EngineLatency):
         return out[0], out[1]
 
     def ffn_rows(self, tokens: int) -> tuple[np.ndarray, Callable[[], list]]:
-        """``(x, tasks)``: the FFN regressors of every layer ``[layers, 8 + FEW_TOKENS + 1]`` (then a system's
-        chip columns) of a step of ``tokens`` tokens (one
+        """``(x, tasks)``: the FFN regressors of every layer ``[layers, 8 + FEW_TOKENS + 1]`` (then the shared
+        experts' tiles, :func:`active_columns` and a system's chip columns, where the model and system have them)
+        of a step of ``tokens`` tokens (one
         row for a dense FFN) and ``tasks()`` its FFN tasks, as :meth:`EngineLatency.tasks` makes them."""
         if self.model.is_moe:
             f, rows = self.routing.window(tokens, KV_TILE)
@@ -313,13 +361,20 @@ class FastLatency(EngineLatency):
         x[:, 0] = 1.0
         x[:, 1] = tokens
         x[:, 2:5] = f
-        x[:, 5] = (x[:, :5] * self._off_chip["ffn"]).sum(axis=1) / self.spec.hardware.hbm_peak_bytes_per_cycle
-        x[:, 6] = (x[:, :5] * self._flops["ffn"]).sum(axis=1) / BOUND_COMPUTE_BW
+        if self._shared:  # the shared experts' tiles are a basis column of the bounds, the regressors' last
+            basis = np.column_stack([x[:, :5], np.full(len(x), float(shared_tiles(tokens)))])
+            x = np.column_stack([x, basis[:, 5]])
+        else:
+            basis = x[:, :5]
+        x[:, 5] = (basis * self._off_chip["ffn"]).sum(axis=1) / self.spec.hardware.hbm_peak_bytes_per_cycle
+        x[:, 6] = (basis * self._flops["ffn"]).sum(axis=1) / BOUND_COMPUTE_BW
         np.maximum(x[:, 5], x[:, 6], out=x[:, 7])
         if tokens <= FEW_TOKENS:
             x[:, 7 + tokens] = 1.0  # few_tokens()
         if tokens == 2 and self.model.is_moe:  # pair_parity(): two tokens' rows are cheap to make
             x[:, 8 + FEW_TOKENS] = pair_parity(rows())
+        if self.model.is_moe and self.model.experts <= FEW_EXPERTS:
+            x = np.column_stack([x, active_columns(x[:, 3], x[:, 2], self.model.experts)])
         if chips is not None:
             x = np.column_stack([x, chips])
         return x, tasks

@@ -14,7 +14,7 @@ from test_exact import SMALL
 from stepsim.base.hardware import PRESETS
 from stepsim.kernels.serve_fast import alias_tables, draw_routing
 from stepsim.models.presets import resolve_model
-from stepsim.serve.fast import FastLatency, features, ffn_regressors, metric_forms, pair_parity, regressors
+from stepsim.serve.fast import FEW_TOKENS, FastLatency, features, ffn_regressors, metric_forms, pair_parity, regressors
 from stepsim.serve.latency import IterationBatch
 from stepsim.serve.layers import KINDS, KV_TILE
 from stepsim.serve.routing import POOL_TOKENS, ReplayRouting, SyntheticRouting, sorted_counts
@@ -197,7 +197,7 @@ def test_two_token_steps_regressors_are_the_calibrations(tmp_path):
         tasks, _ = p.tasks(IterationBatch([5, 9], [1, 1], 0, 0), ffn())
         pieces = np.stack([data for kind, data in tasks if kind == "ffn"], axis=1)
         assert np.array_equal(ffn_regressors(pieces, p.forms["ffn"], p.spec), x)
-        seen += x[:, -1].tolist()
+        seen += x[:, 8 + FEW_TOKENS].tolist()  # pair_parity()
     assert set(seen) == {0.0, 1.0}
 
 
