@@ -142,9 +142,13 @@ def _metric_samples(kind: str, spec: LayerSpec) -> list:
         return [(rng.integers(0, 400, r), rng.integers(2, 300, r)) for r in (1, 1, 2, 2, 3, 4)]
     m = spec.ffn_model
     uniform = [np.stack([rng.choice(m.experts, m.top_k, replace=False) for _ in range(t)]) for t in (1, 3, 7, 20, 40, 65)]
-    # 70 tokens on the same experts (3 tiles each): without it no expert has more than one tile and the forms
-    # cannot tell an expert's tiles from the expert (the bounds of a 2,048-token step were 0.57x the metrics')
-    return [*uniform, np.tile(np.arange(m.top_k), (70, 1))]
+    # Skewed routings: without them no expert has more than one tile and the forms cannot tell an expert's tiles
+    # from the expert, nor the busiest expert's tiles from the constant (the bounds of a 2,048-token step were
+    # 0.57x its metrics). 70 tokens on the same top_k experts (3 tiles each), and 100 tokens on the same
+    # top_k - 1 experts (4 tiles each) whose last expert goes round the others.
+    cycling = np.column_stack([np.tile(np.arange(m.top_k - 1), (100, 1)),
+                               m.top_k - 1 + np.arange(100) % (m.experts - m.top_k + 1)])
+    return [*uniform, np.tile(np.arange(m.top_k), (70, 1)), cycling]
 
 
 @dataclass(frozen=True)

@@ -26,20 +26,29 @@ def small_model(tmp_path):
     return path
 
 
-def test_metric_forms_reproduce_every_workloads_metrics(small_model):
-    spec = LayerSpec(resolve_model(str(small_model)), PRESETS["sn40l"], 4128)
+@pytest.mark.parametrize("shared", [0, 2])
+def test_metric_forms_reproduce_every_workloads_metrics(tmp_path, shared):
+    """Uniform and skewed routings (experts with several tiles: 300 tokens on 4 experts, 2,048 on 16), with and
+    without shared experts (their tiles a feature: without it DeepSeek-MoE's forms were refused)."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({**SMALL, "n_shared_experts": shared}))
+    spec = LayerSpec(resolve_model(str(path)), PRESETS["sn40l"], 4128)
     rng = np.random.default_rng(11)
     cases = {"decode": [rng.integers(0, 4000, b) for b in (4, 30)],
              "prefill": [(rng.integers(0, 900, 3), rng.integers(2, 700, 3))],
-             "ffn": [np.stack([rng.choice(16, 2, replace=False) for _ in range(t)]) for t in (9, 100)]}
+             "ffn": [np.stack([rng.choice(pool, 2, replace=False) for _ in range(t)])
+                     for t, pool in ((9, 16), (100, 16), (300, 4), (2048, 16))]}
     for kind, datas in cases.items():
         form = metric_forms(kind, spec)
         for data in datas:
-            x = np.array([1.0, *features(kind, data)])
+            x = np.array([1.0, *features(kind, data, kind == "ffn" and shared > 0)])
             m = build(kind, data, spec).metrics()
             assert (x @ np.array(form.off_chip), x @ np.array(form.flops)) == (m["off_chip_bytes"], m["graph_flops"])
     assert extra_features("decode", np.array([40, 100, 5, 31, 64])).tolist() == [4.0, 2.0]  # tiles 2,4,1,1,3
     assert features("ffn", np.array([[0, 3], [3, 5], [3, 1]])).tolist() == [3.0, 4.0, 4.0, 1.0]
+    assert features("ffn", np.zeros((33, 2), dtype=np.int64) + [0, 1], shared=True).tolist() == [33, 4, 2, 2, 2]
+    if shared:  # the two shared experts: tiles of the step's tokens, at the experts' weight bytes per tile
+        assert metric_forms("ffn", spec).off_chip[-1] == 2 * 3 * 256 * 128 * 2
 
 
 def _trace(tmp_path):
