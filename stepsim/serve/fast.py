@@ -70,7 +70,7 @@ FFN_LAYERS = 4
 #: FLOPs/cycle of the compute bound (one node running every FLOP at the attention's rate)
 BOUND_COMPUTE_BW = 2048
 #: bump when the model or the calibration changes: part of the cache key (3: :func:`pair_parity`; 4: the shared
-#: experts' tiles, :func:`active_columns`, a skewed metric sample)
+#: experts' tiles, :func:`expert_rounds`, a skewed metric sample)
 CALIBRATION_VERSION = 4
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
@@ -83,7 +83,7 @@ _TILE_SHIFT = KV_TILE.bit_length() - 1
 FFN_REGRESSORS = 8
 #: token counts up to which an FFN piece gets an offset of its own (:func:`few_tokens`)
 FEW_TOKENS = 8
-#: models with at most this many routed experts get per-active-expert-count columns (:func:`active_columns`)
+#: models with at most this many routed experts get a column per count of busy experts (:func:`expert_rounds`)
 FEW_EXPERTS = 16
 
 
@@ -186,7 +186,7 @@ def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray
 def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np.ndarray:
     """The FFN regressors of every layer at once: ``routing`` ``[tokens, layers, top_k]`` -> ``[layers, 8 +
     FEW_TOKENS + 1]`` (the structural eight, :func:`few_tokens`, :func:`pair_parity`; then, where the model and
-    system have them, :func:`shared_tiles`, :func:`active_columns` and a system's chip columns)
+    system have them, :func:`shared_tiles`, :func:`expert_rounds` and a system's chip columns)
     (the same numbers :func:`regressors` gives layer by layer)."""
     tokens, layers, _ = routing.shape
     experts = spec.ffn_model.experts
@@ -204,7 +204,7 @@ def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np
     if shared:  # after the pair column, so every other column keeps its place
         out = np.column_stack([out, basis[:, 5]])
     if spec.model.is_moe and experts <= FEW_EXPERTS:
-        out = np.column_stack([out, active_columns(f[:, 3], f[:, 2], experts)])
+        out = np.column_stack([out, expert_rounds(routing, experts)])
     if spec.system is not None:
         out = np.column_stack([out, chip_features(routing, spec.system.chips, experts)])
     return out
@@ -229,23 +229,26 @@ def chip_features(routing: np.ndarray, chips: int, experts: int) -> np.ndarray:
     return np.column_stack([remote > 0, remote, busiest]).astype(np.float64)
 
 
-def active_columns(active: np.ndarray, tiles: np.ndarray, experts: int) -> np.ndarray:
-    """The FFN's regressors of a model with few experts (at most :data:`FEW_EXPERTS`) ``[rows, 2 experts]``: per
-    count ``a`` of active experts, whether the piece has ``a`` active experts, and then its expert tiles.
+def expert_rounds(routing: np.ndarray, experts: int) -> np.ndarray:
+    """The FFN's regressors of a model with few experts (at most :data:`FEW_EXPERTS`), ``routing`` ``[tokens,
+    layers, top_k]`` -> ``[layers, experts]``: column ``a - 1`` counts the rounds in which ``a`` experts have a
+    tile, when every active expert computes one tile a round (with the experts' tiles sorted, ``t_1 >= t_2 >=
+    ..``, it is ``t_a - t_(a+1)``; the columns sum to the busiest expert's tiles and, weighted by ``a``, to the
+    expert tiles; a decode step whose experts have one tile each has a 1 at its active experts).
 
-    Why: with few experts the MoE block's cycles follow how many are active, not monotonically. On the
-    Mixtral-8x7B shape (8 experts, top-2) 16 tokens on 4, 5, 6, 7, 8 experts (one tile each) take 1,860,253 /
-    2,338,371 / 1,860,259 / 1,860,266 / 6,052,500 cycles, and 256 tokens (18-20 tiles) 9,224,308 / 8,800,559 /
-    5,562,334 / 5,560,165 / 14,265,683: each count has its own offset and cycles per tile
-    (tests/serve/test_fast_accuracy_models.py pins these). A decode step of 8 sequences has 7 or 8 active experts
-    by chance, a factor 3; with many experts (Qwen3's 128) the count varies smoothly and these columns are not
-    made."""
-    out = np.zeros((len(active), 2 * experts))
-    rows = np.arange(len(active))
-    column = active.astype(np.int64) - 1
-    out[rows, column] = 1.0
-    out[rows, experts + column] = tiles
-    return out
+    Why: with few experts the MoE block's cycles follow how many experts are busy at once, not monotonically.
+    On the Mixtral-8x7B shape (8 experts, top-2) 16 tokens on 4, 5, 6, 7, 8 experts (one tile each) take
+    1,860,253 / 2,338,371 / 1,860,259 / 1,860,266 / 6,052,500 cycles: a decode step of 8 sequences has 7 or 8
+    active experts by chance, a factor 3. Over 60 synthetic layers of 64-1,023 tokens a fit on tokens and these
+    columns errs by 1.8 % rms (4.3 % at most), about 2.0 M cycles a round with up to 7 experts busy and 5.4 M
+    with all 8, against 6.5 % (18.8 %) on the tokens, tiles and busiest tiles alone: with the same tiles, the
+    layers whose least-loaded expert has more tiles are slower (tests/serve/test_fast_models.py). With many
+    experts (Qwen3's 128, DeepSeek-MoE's 64) these columns are not made."""
+    tokens, layers, _ = routing.shape
+    offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
+    counts = np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
+    tiles = -np.sort(-((counts + KV_TILE - 1) // KV_TILE), axis=1)
+    return (tiles - np.column_stack([tiles[:, 1:], np.zeros(layers, dtype=np.int64)])).astype(np.float64)
 
 
 def few_tokens(tokens: int, rows: int) -> np.ndarray:
@@ -344,7 +347,7 @@ class FastLatency(EngineLatency):
 
     def ffn_rows(self, tokens: int) -> tuple[np.ndarray, Callable[[], list]]:
         """``(x, tasks)``: the FFN regressors of every layer ``[layers, 8 + FEW_TOKENS + 1]`` (then the shared
-        experts' tiles, :func:`active_columns` and a system's chip columns, where the model and system have them)
+        experts' tiles, :func:`expert_rounds` and a system's chip columns, where the model and system have them)
         of a step of ``tokens`` tokens (one
         row for a dense FFN) and ``tasks()`` its FFN tasks, as :meth:`EngineLatency.tasks` makes them."""
         if self.model.is_moe:
@@ -377,8 +380,8 @@ class FastLatency(EngineLatency):
             x[:, 7 + tokens] = 1.0  # few_tokens()
         if tokens == 2 and self.model.is_moe:  # pair_parity(): two tokens' rows are cheap to make
             x[:, 8 + FEW_TOKENS] = pair_parity(rows())
-        if self.model.is_moe and self.model.experts <= FEW_EXPERTS:
-            x = np.column_stack([x, active_columns(x[:, 3], x[:, 2], self.model.experts)])
+        if self.model.is_moe and self.model.experts <= FEW_EXPERTS:  # the rows of few experts: cheap enough
+            x = np.column_stack([x, expert_rounds(rows(), self.model.experts)])
         if chips is not None:
             x = np.column_stack([x, chips])
         return x, tasks
