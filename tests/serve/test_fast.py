@@ -28,16 +28,14 @@ def small_model(tmp_path):
 
 @pytest.mark.parametrize("shared", [0, 2])
 def test_metric_forms_reproduce_every_workloads_metrics(tmp_path, shared):
-    """Uniform and skewed routings (experts with several tiles: 300 tokens on 4 experts, 2,048 on 16), with and
-    without shared experts (their tiles a feature: without it DeepSeek-MoE's forms were refused)."""
+    """With and without shared experts (their tiles a feature: without it DeepSeek-MoE's forms were refused)."""
     path = tmp_path / "m.json"
     path.write_text(json.dumps({**SMALL, "n_shared_experts": shared}))
     spec = LayerSpec(resolve_model(str(path)), PRESETS["sn40l"], 4128)
     rng = np.random.default_rng(11)
     cases = {"decode": [rng.integers(0, 4000, b) for b in (4, 30)],
              "prefill": [(rng.integers(0, 900, 3), rng.integers(2, 700, 3))],
-             "ffn": [np.stack([rng.choice(pool, 2, replace=False) for _ in range(t)])
-                     for t, pool in ((9, 16), (100, 16), (300, 4), (2048, 16))]}
+             "ffn": [np.stack([rng.choice(16, 2, replace=False) for _ in range(t)]) for t in (9, 100)]}
     for kind, datas in cases.items():
         form = metric_forms(kind, spec)
         for data in datas:
