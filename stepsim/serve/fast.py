@@ -143,9 +143,9 @@ def _metric_samples(kind: str, spec: LayerSpec) -> list:
     m = spec.ffn_model
     # uniform routings only: no expert gets a second tile, so the forms cannot tell an expert's tiles from the
     # expert (nor the busiest expert's tiles from the constant) and split them; exact on such pieces, the bounds
-    # of a long step are not its metrics (a 2,048-token step's: 0.61x on the Qwen3 shape, 0.53x on Mixtral's). Only the pilot is priced
-    # by them (the fit's columns span the same directions); two skewed samples fixed that but moved Qwen3's
-    # pilot sample, and its held-out p95, by chance (docs/serving.md §10.6)
+    # of a long step are not its metrics (a 2,048-token step's are 0.61x on the Qwen3 shape, 0.53x on Mixtral's).
+    # Only the pilot is priced by them (the fit's columns span the same directions); two skewed samples fixed
+    # that but moved Qwen3's pilot sample, and its held-out p95, by chance (docs/serving.md §10.6)
     return [np.stack([rng.choice(m.experts, m.top_k, replace=False) for _ in range(t)]) for t in (1, 3, 7, 20, 40, 65)]
 
 
@@ -240,8 +240,8 @@ def expert_rounds(routing: np.ndarray, experts: int) -> np.ndarray:
     active experts by chance, a factor 3. Over 60 synthetic layers of 64-1,023 tokens a fit on tokens and these
     columns errs by 1.8 % rms (4.3 % at most), about 2.0 M cycles a round with up to 7 experts busy and 5.4 M
     with all 8, against 6.5 % (18.8 %) on the tokens, tiles and busiest tiles alone: with the same tiles, the
-    layers whose least-loaded expert has more tiles are slower (tests/serve/test_fast_models.py). With many
-    experts (Qwen3's 128, DeepSeek-MoE's 64) these columns are not made."""
+    layers whose least-loaded expert has more tiles are slower (tests/serve/test_fast_accuracy_models.py pins
+    such cycles). With many experts (Qwen3's 128, DeepSeek-MoE's 64) these columns are not made."""
     tokens, layers, _ = routing.shape
     offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
     counts = np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)

@@ -61,9 +61,21 @@ def _compare(exact_requests, exact: dict, fast) -> tuple:
 #: measured 2026-11-25 (calibration version 4), fast against exact: steps, TTFT / TPOT (%), held-out error (%),
 #: TTFT's parts (%); a wait p50 of 0 (most requests arrive at an idle engine) has no ratio
 MEASURED = {
-    "llama-3.1-8b": None,
-    "deepseek-moe-16b": None,
-    "mixtral-8x7b": None,
+    "llama-3.1-8b": (2544, 2544, {"ttft mean": 0.02, "ttft p50": 0.03, "ttft p99": 0.02, "tpot mean": 0.0,
+                                  "tpot p50": 0.0, "tpot p99": 0.01},
+                     {"iteration_p50": 0.01, "iteration_p95": 0.07, "iteration_max": 0.1},
+                     {"wait 50": 1.52, "wait 99": 0.03, "prefill 50": 0.0, "prefill 99": 0.01}),
+    "deepseek-moe-16b": (1607, 1607, {"ttft mean": -0.58, "ttft p50": -0.15, "ttft p99": -0.71, "tpot mean": -0.04,
+                                      "tpot p50": 0.0, "tpot p99": -0.33},
+                         {"iteration_p50": 0.21, "iteration_p95": 2.12, "iteration_max": 3.89},
+                         {"wait 99": -13.4, "prefill 50": -0.15, "prefill 99": -0.68}),
+    # TTFT p50 and the prompt's steps at p50 miss the 2 % target: a step of a few hundred prompt tokens varies
+    # by +-10 % a layer with its routing (the least-loaded expert's tiles, expert_rounds) and 4 layers do not
+    # average it out; the held-out error, on exact's own routing, is within 5 % (docs/serving.md §10.6)
+    "mixtral-8x7b": (1102, 1109, {"ttft mean": -1.69, "ttft p50": -5.16, "ttft p99": 0.81, "tpot mean": -0.76,
+                                  "tpot p50": -1.55, "tpot p99": 1.97},
+                     {"iteration_p50": 0.4, "iteration_p95": 2.74, "iteration_max": 4.06},
+                     {"wait 50": -27.67, "wait 99": -2.92, "prefill 50": -6.32, "prefill 99": 0.85}),
 }
 #: the windows: the first N requests of the conversation trace (DeepSeek-MoE's 4,096-token context refuses request
 #: 23, whose prompt and output exceed it)
@@ -121,7 +133,8 @@ def test_fast_against_the_stored_mixtral_run(mixtral_stored, conv_csv, tmp_path)
     requests, _, exact = mixtral_stored
     fast = stepsim.serve(_model("mixtral-8x7b"), conv_csv, limit_requests=30, fidelity="fast",
                          calibration_cache=tmp_path / "cache")
-    assert (exact["iterations"], *_compare(requests, exact, fast)) == MEASURED["mixtral-8x7b"]
+    got = (exact["iterations"], *_compare(requests, exact, fast))
+    assert got == MEASURED["mixtral-8x7b"]
 
 
 @pytest.mark.slow
@@ -136,4 +149,8 @@ def test_mixtral_moe_cycles_follow_the_busy_experts():
         for pool in (4, 5, 6, 7, 8):
             rows = np.stack([rng.choice(pool, 2, replace=False) for _ in range(tokens)])
             got[tokens, pool] = (runner.cycles("ffn", rows), expert_rounds(rows[:, None, :], 8)[0].tolist())
-    assert got == None
+    assert got == {(16, 4): (1860253, [0, 0, 0, 1, 0, 0, 0, 0]), (16, 5): (2338371, [0, 0, 0, 0, 1, 0, 0, 0]),
+                   (16, 6): (1860259, [0, 0, 0, 0, 0, 1, 0, 0]), (16, 7): (1860266, [0, 0, 0, 0, 0, 0, 1, 0]),
+                   (16, 8): (6052500, [0, 0, 0, 0, 0, 0, 0, 1]), (256, 4): (9223277, [0, 1, 0, 4, 0, 0, 0, 0]),
+                   (256, 5): (8935088, [0, 0, 0, 1, 3, 0, 0, 0]), (256, 6): (5564433, [0, 0, 0, 0, 0, 3, 0, 0]),
+                   (256, 7): (6060048, [0, 0, 0, 0, 1, 0, 2, 0]), (256, 8): (14629086, [0, 0, 0, 0, 1, 0, 0, 2])}
