@@ -64,8 +64,8 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
                                                        "held_out_iterations", "held_out_prefill_iterations",
                                                        "calibration_simulations"}
     assert f["error"]["held_out_iterations"] == 12 and f["error"]["held_out_prefill_iterations"] == 6
-    # measured (calibration version 4: this 16-expert model has active_columns()): p50 0.05 %, p95 1.98 %, max
-    # 2.60 % of a step's cycles (version 3: 0.05 / 2.75 / 3.02 %)
+    # measured (calibration version 4: this 16-expert model has expert_rounds()): p50 0.01 %, p95 1.40 %, max
+    # 1.56 % of a step's cycles (version 3: 0.05 / 2.75 / 3.02 %)
     assert 0 < f["error"]["iteration_p50"] < 0.01 and 0.01 < f["error"]["iteration_p95"] < 0.02
     record = json.loads((cache / f"{f['calibration']}.json").read_text())
     assert record["theta"] == f["theta"] and record["error"] == f["error"] and record["key"] == f["calibration"]
@@ -85,8 +85,8 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
     c = stepsim.serve(str(small_model), trace, fidelity="fast", calibration_cache=cache, seed=1)
     assert c.summary["fidelity"]["calibration"] != f["calibration"] and len(list(cache.iterdir())) == 2
 
-    # against the exact run of the same requests (measured with calibration version 4: TTFT p50 +0.01 %, p99
-    # +0.45 %, TPOT p50 0.00 %, p99 +0.03 %; version 3: -0.91 / +1.99 / 0.00 / +0.27 % (24 requests: p99 is about
+    # against the exact run of the same requests (measured with calibration version 4: TTFT p50 -0.50 %, p99
+    # -0.07 %, TPOT p50 0.00 %, p99 +0.12 %; version 3: -0.91 / +1.99 / 0.00 / +0.27 % (24 requests: p99 is about
     # the slowest one's, arrival phase included, docs/serving.md §10.6); version 2: -0.20 / +0.55 / -0.38 / +0.77 %)
     exact = stepsim.serve(str(small_model), trace, fidelity="exact")
     assert exact.summary["iterations"] == a.summary["iterations"] == 384

@@ -79,12 +79,16 @@ def test_replay_windows_are_the_dump_rows_in_order(tmp_path):
         assert np.array_equal(f, [features("ffn", want[:, layer])[1:] for layer in range(2)])
 
 
-@pytest.mark.parametrize("moe", [True, False])
-def test_the_providers_regressors_are_the_calibrations(tmp_path, moe):
+@pytest.mark.parametrize("variant", ["moe", "dense", "shared", "many"])
+def test_the_providers_regressors_are_the_calibrations(tmp_path, variant):
+    """16 experts (expert_rounds columns), a dense FFN, 16 experts with two shared ones (their tiles' column), 32
+    experts (no rounds columns)."""
+    moe = variant != "dense"
     config = dict(SMALL) if moe else {k: v for k, v in SMALL.items() if k not in ("num_experts", "moe_intermediate_size",
                                                                                     "num_experts_per_tok")}
     if not moe:
         config["model_type"] = "qwen3"
+    config.update({"shared": {"n_shared_experts": 2}, "many": {"num_experts": 32}}.get(variant, {}))
     (tmp_path / "m.json").write_text(json.dumps(config))
     model = resolve_model(str(tmp_path / "m.json"))
     routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0) if moe else None
@@ -105,6 +109,8 @@ def test_the_providers_regressors_are_the_calibrations(tmp_path, moe):
         assert all(v is None for v in got.values())
         pieces = np.stack([data for kind, data in tasks if kind == "ffn"], axis=1)
         assert np.array_equal(ffn_regressors(pieces, p.forms["ffn"], p.spec), x)
+    # the structural eight, few_tokens(), pair_parity(); then the shared experts' tiles, expert_rounds()
+    assert x.shape[1] == 8 + FEW_TOKENS + 1 + {"moe": 16, "dense": 0, "shared": 1 + 16, "many": 0}[variant]
 
 
 def test_the_fast_path_is_seeded():
