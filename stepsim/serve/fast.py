@@ -17,7 +17,9 @@ linear in the features above; :func:`metric_forms` finds the coefficients from b
 refuses them unless they reproduce every build's ``Workload.metrics()`` exactly. The regressors are
 ``[1, features, HBM bound, compute bound, max(HBM bound, compute bound)]``, for the FFN followed by one indicator
 per token count 1..:data:`FEW_TOKENS` (:func:`few_tokens`) and, from the step's routing rows, whether two tokens
-share an odd number of experts (:func:`pair_parity`).
+share an odd number of experts (:func:`pair_parity`); a model with shared experts also has their tiles
+(:func:`shared_tiles`, a feature of the metrics too), and one of at most :data:`FEW_EXPERTS` experts on one chip the
+rounds by busy experts (:func:`expert_rounds`).
 
 **Per step** the provider computes these in machine code (:mod:`stepsim.kernels.serve_fast`): the attention
 features in one pass over the batch, the FFN features of every layer from a routing window
