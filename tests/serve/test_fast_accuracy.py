@@ -13,8 +13,8 @@ The exact run of that window takes about 17 minutes on two workers, so it is sto
 The fast run is then compared with the stored summary (``bench/test_bench_serve.py`` reruns the exact run and
 records both wall times). Its TTFT is split into the wait for the step in flight at arrival and the prompt's own
 steps, and the exact run's own TTFT p50 is redrawn over arrival phases (docs/serving.md §10.6). A second window,
-requests 200-279 (``data/conv280_requests.csv``, stored exact run ``data/conv280_exact``), checks that the model
-was not fitted to the first.
+requests 200-279 (cut from the shared trace at run time, stored exact run ``data/conv280_exact``), checks that the
+model was not fitted to the first.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serve_requests import azure_window
 
 import stepsim
 from stepsim.serve.latency import IterationCost
@@ -31,9 +32,9 @@ from stepsim.serve.output import read_outputs
 MODEL = Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-4layers.json"
 STORED = Path(__file__).resolve().parent / "data" / "conv200_exact"
 REQUESTS = 200
-#: the second window (not the one the model was worked on): requests 200-279 of the conversation trace (its rows
-#: 202-281, header kept), and ``stepsim serve --fidelity exact --jobs 2`` on it
-SECOND_REQUESTS = Path(__file__).resolve().parent / "data" / "conv280_requests.csv"
+#: the second window (not the one the model was worked on): requests 200-279 of the conversation trace
+#: (serve_requests.azure_window), and ``stepsim serve --fidelity exact --jobs 2`` on it
+SECOND_WINDOW = (200, 80)
 SECOND_STORED = Path(__file__).resolve().parent / "data" / "conv280_exact"
 #: fast on the second window: steps, TTFT / TPOT against exact (%), held-out step error (%), and the prompt's steps
 #: (first scheduled to first token) at p50 / p99 against exact's (%), measured 2026-11-24 (calibration version 3)
@@ -176,14 +177,15 @@ def test_the_exact_runs_own_ttft_p50_moves_with_the_arrival_phase(stored):
     assert round(float((np.abs(shift) > 0.02).mean()), 3) == 0.851
 
 
-def test_fast_against_the_stored_exact_run_of_a_second_window(tmp_path):
+def test_fast_against_the_stored_exact_run_of_a_second_window(conv_csv, tmp_path):
     """The same comparison on requests 200-279 of the conversation trace, a window the model was not worked on:
     the stored exact run's schedule is checked against today's scheduler as above, then fast is compared."""
     requests, iterations, exact = read_outputs(SECOND_STORED)
+    window = azure_window(conv_csv, *SECOND_WINDOW, tmp_path / "window.csv")
     assert exact["fidelity"]["mode"] == "exact" and exact["requests"] == exact["completed"] == 80
     recorded = _Recorded(iterations["duration_s"].to_numpy())
-    assert stepsim.serve(str(MODEL), SECOND_REQUESTS, provider=recorded).requests.equals(requests)
-    fast = stepsim.serve(str(MODEL), SECOND_REQUESTS, fidelity="fast", calibration_cache=tmp_path / "cache")
+    assert stepsim.serve(str(MODEL), window, provider=recorded).requests.equals(requests)
+    fast = stepsim.serve(str(MODEL), window, fidelity="fast", calibration_cache=tmp_path / "cache")
     s = fast.summary
     diff = {f"{k[:-2]} {q}": round((s[k][q] / exact[k][q] - 1) * 100, 2) for k in ("ttft_s", "tpot_s")
             for q in ("p50", "p99")}
