@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from stepsim._version import __version__
 from stepsim.base.errors import ConfigError, TraceValueError
-from stepsim.base.files import file_sha256
+from stepsim.base.files import file_sha256, published_together
 from stepsim.base.hardware import PRESETS, SERVING_FIELDS, VALUE_FIELDS, Hardware
 from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
@@ -81,7 +81,12 @@ def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arriv
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(trace))
         trace = trace.with_arrivals(np.cumsum(gaps))
     elif arrival_scale is not None:
-        trace = trace.with_arrivals(trace.arrival_s * _positive("--arrival-scale", arrival_scale, integer=False))
+        with np.errstate(over="ignore"):  # an overflow to infinity is refused below, in one line
+            trace = trace.with_arrivals(trace.arrival_s * _positive("--arrival-scale", arrival_scale, integer=False))
+    if not np.isfinite(trace.arrival_s[-1]):  # sorted: the last is the largest
+        flag = f"--arrival {arrival}" if arrival is not None else f"--arrival-scale {arrival_scale}"
+        raise ConfigError(f"{flag}: the arrivals overflow to infinity (the last request would arrive at "
+                          f"{float(trace.arrival_s[-1])} s); give a larger rate or a smaller scale")
     if duration is not None:
         keep = int(np.searchsorted(trace.arrival_s, _positive("--duration", duration, integer=False), side="left"))
         if keep == 0:
@@ -106,8 +111,8 @@ def max_model_len(config: SchedulerConfig, capacity: KVCapacity, max_position_em
 def check_fits(trace: RequestTrace, limit: int, capacity: KVCapacity, max_position: int | None) -> None:
     """Every request's prompt + output fits ``limit`` tokens (vLLM's API server rejects the others; stepsim
     refuses the trace instead of dropping or shortening requests)."""
-    total = trace.prompt_tokens + trace.output_tokens
-    over = total > limit
+    # compared without adding: prompt + output of two huge counts would wrap around int64 and pass
+    over = (trace.prompt_tokens > limit) | (trace.output_tokens > limit - trace.prompt_tokens)
     if over.any():
         i = int(np.argmax(over))
         why = (f"the KV cache holds {capacity.tokens} tokens ({capacity.usable_blocks} blocks of "
@@ -151,6 +156,38 @@ def default_calibration_cache() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "stepsim" / "serve-calibration"
 
 
+def checked_calibration_cache(cache) -> Path:
+    """The fast calibration's cache folder (``cache``, else :func:`default_calibration_cache`), checked before any
+    work: a folder that exists as a file, or cannot be created or written, would fail only after the calibration's
+    minutes. One line naming where the folder came from; nothing is created."""
+    from stepsim.base.outputs import check_out_dir
+
+    if cache is not None:
+        return check_out_dir(cache, "calibration_cache")
+    env = os.environ.get(CALIBRATION_CACHE_ENV)
+    return check_out_dir(default_calibration_cache(), f"${CALIBRATION_CACHE_ENV}" if env else
+                         f"the calibration cache (set ${CALIBRATION_CACHE_ENV} to choose another folder)")
+
+
+#: the files ``--routing`` replays (stepsim.trace_io.serving.load_routed_experts)
+ROUTING_SUFFIXES = (".npy", ".npz", ".safetensors")
+
+
+def check_routing(routing) -> None:
+    """``--routing``: ``synthetic`` or an existing routed-experts file, checked before any work (its content is
+    checked when it is read, before the first step)."""
+    if routing is None or routing == "synthetic":
+        return
+    if not isinstance(routing, (str, os.PathLike)):
+        raise ConfigError(f"--routing must be synthetic or a file path, got {routing!r}")
+    path = Path(routing)
+    if path.suffix.lower() not in ROUTING_SUFFIXES:
+        raise ConfigError(f"--routing {str(routing)!r}: expected synthetic or a routed-experts dump "
+                          f"[tokens, layers, top_k] ({', '.join(ROUTING_SUFFIXES)})")
+    if not path.is_file():
+        raise ConfigError(f"--routing {routing}: " + ("a folder, not a file" if path.is_dir() else "no such file"))
+
+
 def _routing_identity(routing) -> dict:
     if routing is None or routing == "synthetic":
         return {"mode": "synthetic"}
@@ -178,7 +215,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
         from stepsim.serve.system import check_exact_system
 
         check_exact_system(system, model, "fast")
-    cache = Path(cache) if cache is not None else default_calibration_cache()
+    cache = checked_calibration_cache(cache)
     key = calibration_key(key_parts)
     record = load_calibration(cache, key)
 
@@ -352,6 +389,9 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
             if value is not None:
                 raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
                                   f"{given[0]} does not simulate layers")
+    check_routing(routing)
+    if fidelity == "fast":
+        checked_calibration_cache(calibration_cache)
     if jobs is not None:
         from stepsim.batch.executors import check_jobs
 
@@ -486,23 +526,42 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
                            "max_blocks_used": result.max_blocks_used, "max_model_len": limit}
     summary["wall_s"] = time.perf_counter() - started
     files = {}
+    with contextlib.ExitStack() as publish:
+        if out is not None:  # the run's files (and its timeline) appear together, or none of them: a failure never
+            # leaves this run's requests.parquet beside an earlier run's summary.json
+            from stepsim.base.files import published_folder
+
+            folder = publish.enter_context(published_folder(out))
+        publish.enter_context(published_together())
+        files = _write_files(out, folder if out is not None else None, requests_table, iterations_table, summary,
+                             provider, calibration, resolved, hw, config, capacity, slo_seconds, seed, requests,
+                             timeline, knobs)
+    return ServeResult(summary, requests_table, iterations_table, files)
+
+
+def _write_files(out, folder, requests_table, iterations_table, summary, provider, calibration, resolved, hw, config,
+                 capacity, slo_seconds, seed, requests, timeline, knobs) -> dict:
+    """Write the run's files into ``folder`` (a temporary one while ``out`` is new) and the timeline; returns
+    their final paths by name."""
+    files = {}
     if out is not None:
         config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
                 "stepsim.requests": str(requests), "stepsim.requests_sha256": file_sha256(requests),
                 "stepsim.knobs": json.dumps(knobs, sort_keys=True)}
-        files = write_outputs(out, requests_table, iterations_table, summary, meta)
+        files = write_outputs(folder, requests_table, iterations_table, summary, meta)
         if matplotlib_available():
             from stepsim.serve.figures import CDF_FILE, OVER_TIME_FILE, latency_cdf, over_time
 
             title = (f"{Path(resolved.name).name} on {hw.name}, {config.policy}, {summary['completed']} "
                      f"requests, {provider.mode}")
-            files["latency_cdf"] = latency_cdf(requests_table, Path(out) / CDF_FILE, title=title, slo=slo_seconds)
-            files["over_time"] = over_time(iterations_table, Path(out) / OVER_TIME_FILE, title=title,
+            files["latency_cdf"] = latency_cdf(requests_table, folder / CDF_FILE, title=title, slo=slo_seconds)
+            files["over_time"] = over_time(iterations_table, folder / OVER_TIME_FILE, title=title,
                                            usable_blocks=capacity.usable_blocks)
+        files = {name: Path(out) / path.name for name, path in files.items()}  # where they are once published
     if timeline is not None:
         from stepsim.serve.timeline import write_timeline
 
         files["timeline"] = write_timeline(timeline, requests_table, iterations_table)
-    return ServeResult(summary, requests_table, iterations_table, files)
+    return files
