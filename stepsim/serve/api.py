@@ -68,6 +68,49 @@ def _poisson_rate(text: str) -> float:
     return value
 
 
+def check_arguments(*, model=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
+                    hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
+                    routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
+                    **_others) -> None:
+    """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: a
+    serving sweep refuses a bad task with them before any task runs (the trace, the weights against HBM and the
+    requests against the KV cache are checked by the run). Other keyword arguments are ignored."""
+    if fidelity is not None and fidelity not in FIDELITIES:
+        raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
+    given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity))
+             if value is not None]
+    if len(given) != 1:
+        raise ConfigError("stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast" if not given else
+                          f"{' and '.join(given)} both price the steps; give one")
+    if iteration_latency is not None:
+        ConstantLatency(iteration_latency)  # its own check and message
+    elif routing is not None:
+        check_routing(routing)
+    if fidelity is None and routing is not None:
+        raise ConfigError("--routing is for the engine-backed latency (--fidelity exact|fast); --iteration-latency "
+                          "does not simulate layers")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
+    if arrival is not None and arrival_scale is not None:
+        raise ConfigError("--arrival and --arrival-scale both set the arrivals; give one")
+    if arrival is not None:
+        _poisson_rate(arrival)
+    for flag, value, integer in (("--limit-requests", limit_requests, True), ("--arrival-scale", arrival_scale, False),
+                                 ("--duration", duration, False)):
+        if value is not None:
+            _positive(flag, value, integer)
+    if slo is not None:
+        parse_slo(slo)
+    SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
+                         chunk_tokens=chunk_tokens, block_size=block_size)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"block size must be at least 1 token, got {block_size!r}")
+    if model is not None:
+        resolve_model(model)
+    if hardware is not None:
+        resolve_serving_hardware(hardware)
+
+
 def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arrival_scale=None, duration=None,
                 seed: int = 0) -> RequestTrace:
     """The requests replayed: the first ``limit_requests``, arrivals replaced or scaled, then those arriving
