@@ -68,10 +68,27 @@ def _poisson_rate(text: str) -> float:
     return value
 
 
-def check_arguments(*, model=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
+def check_types(*, model=None, requests=None, out=None, slo=None, arrival=None, hbm_bytes=None,
+                block_size=DEFAULT_BLOCK_SIZE) -> None:
+    """A Python caller's arguments of the wrong type, as one line each (the command line passes strings)."""
+    for name, value, what in (("model", model, "a preset name or a config.json path"),
+                              ("requests", requests, "a request trace's path"), ("out", out, "a folder path")):
+        if (value is not None and not isinstance(value, (str, os.PathLike))) or \
+                (name != "out" and (value is None or str(value) == "")):
+            raise ConfigError(f"{name} must be {what} (str or Path), got {value!r}")
+    for flag, value, example in (("--slo", slo, "ttft=2s,tpot=200ms"), ("--arrival", arrival, "poisson:4")):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{flag} must be a string such as {example!r}, got {value!r}")
+    if hbm_bytes is not None and (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes < 1):
+        raise ConfigError(f"hbm_bytes must be a positive integer (bytes), got {hbm_bytes!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"block size must be at least 1 token, got {block_size!r}")
+
+
+def check_arguments(*, model=None, requests=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
-                    **_others) -> None:
+                    hbm_bytes=None, **_others) -> None:
     """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: a
     serving sweep refuses a bad task with them before any task runs (the trace, the weights against HBM and the
     requests against the KV cache are checked by the run). Other keyword arguments are ignored."""
@@ -101,12 +118,11 @@ def check_arguments(*, model=None, arrival_scale=None, arrival=None, limit_reque
             _positive(flag, value, integer)
     if slo is not None:
         parse_slo(slo)
+    check_types(model=model, requests=requests, slo=slo, arrival=arrival, hbm_bytes=hbm_bytes,
+                block_size=block_size)
     SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                          chunk_tokens=chunk_tokens, block_size=block_size)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ConfigError(f"block size must be at least 1 token, got {block_size!r}")
-    if model is not None:
-        resolve_model(model)
+    resolve_model(model)
     if hardware is not None:
         resolve_serving_hardware(hardware)
 
@@ -420,6 +436,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     ServeResult
     """
     started = time.perf_counter()
+    check_types(model=model, requests=requests, out=out, slo=slo, arrival=arrival, hbm_bytes=hbm_bytes,
+                block_size=block_size)
+    if out is not None:  # as the command line checks --out: now, not after the run
+        from stepsim.base.outputs import check_out_dir
+
+        check_out_dir(out, "--out")
     if fidelity is not None and fidelity not in FIDELITIES:
         raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),

@@ -18,7 +18,7 @@ import pytest
 from serve_requests import requests_file
 
 import stepsim
-from stepsim.base.errors import ConfigError, StepsimWarning, TraceError, TraceValueError
+from stepsim.base.errors import ArgumentError, ConfigError, StepsimWarning, TraceError, TraceValueError
 from stepsim.cli import main
 from stepsim.trace_io.requests import read_requests
 
@@ -514,3 +514,33 @@ def test_a_corrupt_calibration_cache_is_recalibrated_never_reused(tmp_path, caps
     assert main([*argv, "--out", str(tmp_path / "c")]) == 2
     assert capsys.readouterr().err == f"{E}$STEPSIM_SERVE_CACHE {trace}/sub: {trace} is a file, not a folder\n"
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("kw, message", [  # * each was an AttributeError or TypeError from deep inside
+    ({"slo": 5}, "--slo must be a string such as 'ttft=2s,tpot=200ms', got 5"),
+    ({"slo": b"ttft=2s"}, "--slo must be a string such as 'ttft=2s,tpot=200ms', got b'ttft=2s'"),
+    ({"arrival": ["poisson:3"]}, "--arrival must be a string such as 'poisson:4', got ['poisson:3']"),
+    ({"model": None}, "model must be a preset name or a config.json path (str or Path), got None"),
+    ({"model": 5}, "model must be a preset name or a config.json path (str or Path), got 5"),
+    ({"requests": None}, "requests must be a request trace's path (str or Path), got None"),
+    ({"out": 5}, "out must be a folder path (str or Path), got 5"),
+    ({"block_size": "16"}, "block size must be at least 1 token, got '16'"),
+    ({"hbm_bytes": "x"}, "hbm_bytes must be a positive integer (bytes), got 'x'"),
+    ({"hbm_bytes": -5}, "hbm_bytes must be a positive integer (bytes), got -5"),  # * was "(-0.00 GB)" short
+    ({"hbm_bytes": 6.8e10}, "hbm_bytes must be a positive integer (bytes), got 68000000000.0"),  # * was accepted
+    ({"out": "{d}/a_file"}, "--out {d}/a_file: is a file; give a folder (stepsim writes several files into it)"),  # *
+    # already typed, no test before
+    ({"limit_requests": "5"}, "--limit-requests must be a positive integer, got '5'"),
+    ({"max_seqs": 2.5}, "--max-seqs must be a positive integer, got 2.5"),
+    ({"seed": 1.5}, "--seed must be an integer >= 0, got 1.5"),
+    ({"iteration_latency": "0.01"}, "--iteration-latency must be a positive number of seconds, got '0.01'"),
+    ({"scheduler": None}, "--scheduler None: expected one of vllm, sarathi, orca"),
+])
+def test_python_callers_get_the_same_typed_errors(tmp_path, kw, message):
+    (tmp_path / "a_file").write_text("")
+    args = {"model": "qwen3-30b-a3b", "requests": requests_file(tmp_path / "t.parquet", [0.0], 10, 2),
+            "iteration_latency": 0.01, **{k: v.format(d=tmp_path) if k == "out" and isinstance(v, str) else v
+                                          for k, v in kw.items()}}
+    with pytest.raises((ConfigError, ArgumentError)) as e:  # ArgumentError: the --out check the CLI makes too
+        stepsim.serve(args.pop("model"), args.pop("requests"), **args)
+    assert str(e.value) == message.format(d=tmp_path)
