@@ -19,6 +19,7 @@ from serve_requests import requests_file
 
 import stepsim
 from stepsim.base.errors import ArgumentError, ConfigError, StepsimWarning, TraceError, TraceValueError
+from stepsim.base.signals import Terminated
 from stepsim.cli import main
 from stepsim.trace_io.requests import read_requests
 
@@ -544,3 +545,46 @@ def test_python_callers_get_the_same_typed_errors(tmp_path, kw, message):
     with pytest.raises((ConfigError, ArgumentError)) as e:  # ArgumentError: the --out check the CLI makes too
         stepsim.serve(args.pop("model"), args.pop("requests"), **args)
     assert str(e.value) == message.format(d=tmp_path)
+
+
+STOPS = [(KeyboardInterrupt, 130, "stepsim: interrupted\n"), (Terminated, 143, "stepsim: terminated\n")]
+
+
+@pytest.mark.parametrize(("exc", "status", "err"), STOPS)
+def test_a_run_stopped_while_writing_leaves_the_earlier_run_whole(tmp_path, monkeypatch, capsys, exc, status, err):
+    import stepsim.serve.output as output
+
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5], 10, 2)
+    argv = ["serve", "--model", "qwen3-30b-a3b", "--requests", str(trace), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--iteration-latency", "0.01"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    real, written = output.write_parquet_atomic, []
+
+    def stop_at_the_second(table, path, *a, **kw):  # requests.parquet is written (not yet renamed) when it comes
+        if written:
+            raise exc
+        written.append(real(table, path, *a, **kw))
+        return written[-1]
+
+    monkeypatch.setattr(output, "write_parquet_atomic", stop_at_the_second)
+    assert main([*argv, "--iteration-latency", "0.02"]) == status
+    assert capsys.readouterr().err == err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before  # no temp file either
+
+
+@pytest.mark.parametrize(("exc", "status", "err"), STOPS)
+def test_a_run_stopped_while_calibrating_writes_no_cache_and_no_output(tmp_path, monkeypatch, capsys, exc, status,
+                                                                        err):
+    import stepsim.serve.api as api
+
+    def stopped(*a, **kw):  # the first replay is the calibration's pilot
+        raise exc
+
+    monkeypatch.setattr(api, "replay", stopped)
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5], 10, 2)
+    monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(tmp_path / "cache"))
+    assert main(["serve", "--model", MODEL4, "--requests", str(trace), "--fidelity", "fast", "--jobs", "1",
+                 "--out", str(tmp_path / "out")]) == status
+    assert capsys.readouterr().err == err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
