@@ -35,6 +35,10 @@ from stepsim.trace_io.readers import detect_format, read_trace
 SERVE_COLUMNS = {"arrival_s": "arrival time (s)", "prompt_tokens": "prompt tokens", "output_tokens": "output tokens"}
 
 
+#: the suffixes of a request trace (stepsim.trace_io.readers' formats a request trace can be)
+REQUEST_SUFFIXES = (".csv", ".parquet", ".pq", ".arrow", ".feather", ".ipc")
+
+
 @dataclass(frozen=True)
 class RequestTrace:
     """Requests in arrival order.
@@ -201,6 +205,10 @@ def read_requests(path: str | Path) -> RequestTrace:
     p = Path(path)
     if not p.is_file():
         raise TraceError(f"{p}: no such file" if not p.exists() else f"{p}: a request trace is one file, not a folder")
+    if p.suffix.lower() not in REQUEST_SUFFIXES:  # said for serve (detect_format's hint is stepsim trace's --format)
+        hint = "; decompress it first" if p.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".zip") else ""
+        raise TraceError(f"{p}: a request trace is an Azure CSV (.csv), Parquet (.parquet, .pq) or Arrow (.arrow, "
+                         f".feather, .ipc) file, not {p.suffix or 'a file without a suffix'!r}{hint}")
     fmt = detect_format(p)
     if fmt in ("arrow", "parquet"):
         names = _file_columns(p, fmt)

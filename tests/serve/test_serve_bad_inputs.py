@@ -106,6 +106,23 @@ def test_bad_csv_request_files_are_one_line(tmp_path, capsys, data, message):
     assert str(e.value) == f"{path}: {message}"
 
 
+@pytest.mark.parametrize("name, hint", [("t.csv.gz", "'.gz'; decompress it first"), ("t.txt", "'.txt'"),
+                                        ("t.npz", "'.npz'"), ("t", "'a file without a suffix'")])
+def test_request_files_of_other_suffixes_are_one_line(tmp_path, capsys, name, hint):
+    # * was detect_format's line, which points at `stepsim trace ... --format`, a flag serve does not have
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(_csv_text([HEADER, *ROWS])))
+    assert _refused(capsys, path, tmp_path) == (f"{E}{path}: a request trace is an Azure CSV (.csv), Parquet "
+                                                f"(.parquet, .pq) or Arrow (.arrow, .feather, .ipc) file, not {hint}")
+
+
+def test_missing_and_folder_request_paths_are_one_line(tmp_path, capsys):
+    assert _refused(capsys, tmp_path / "none.csv", tmp_path) == f"{E}{tmp_path}/none.csv: no such file"
+    (tmp_path / "dir.csv").mkdir()
+    assert _refused(capsys, tmp_path / "dir.csv", tmp_path) == (f"{E}{tmp_path}/dir.csv: a request trace is one "
+                                                                "file, not a folder")
+
+
 @pytest.mark.parametrize("lines", [
     ["\ufeff" + HEADER, *ROWS],  # a UTF-8 byte-order mark
     ["ContextTokens,TIMESTAMP,GeneratedTokens", *(",".join([r.split(",")[1], r.split(",")[0], r.split(",")[2]])
