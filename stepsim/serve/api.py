@@ -466,9 +466,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     if address is not None and executor is None:
         raise ConfigError("--address is only for --executor dask")
     if timeline is not None:
+        from stepsim.serve.output import OUTPUT_FILES
         from stepsim.serve.timeline import check_timeline_path
 
         check_timeline_path(timeline)
+        if str(_inside(timeline, out)) in OUTPUT_FILES:
+            raise ConfigError(f"--timeline {timeline}: is one of the files --out writes ({', '.join(OUTPUT_FILES)})")
     if provider is None and iteration_latency is not None:
         provider = ConstantLatency(iteration_latency)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -628,5 +631,18 @@ def _write_files(out, folder, requests_table, iterations_table, summary, provide
     if timeline is not None:
         from stepsim.serve.timeline import write_timeline
 
-        files["timeline"] = write_timeline(timeline, requests_table, iterations_table)
+        inside = _inside(timeline, out)  # into --out: written into the folder being built, published with it
+        target = Path(timeline) if inside is None else folder / inside
+        write_timeline(target, requests_table, iterations_table)
+        files["timeline"] = Path(timeline)
     return files
+
+
+def _inside(path, folder) -> Path | None:
+    """``path`` relative to ``folder`` when it lies inside it (None otherwise, or without a folder)."""
+    if folder is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(Path(folder).resolve())
+    except ValueError:
+        return None

@@ -605,3 +605,23 @@ def test_a_run_stopped_while_calibrating_writes_no_cache_and_no_output(tmp_path,
                  "--out", str(tmp_path / "out")]) == status
     assert capsys.readouterr().err == err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
+
+
+def test_a_timeline_inside_a_new_out_folder_is_published_with_it(tmp_path, capsys):
+    from stepsim.serve.timeline import read_timeline
+
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5], 10, 2)
+    out = tmp_path / "new" / "run"
+    argv = ["serve", "--model", "qwen3-30b-a3b", "--requests", str(trace), "--iteration-latency", "0.01",
+            "--out", str(out)]
+    assert main([*argv, "--timeline", str(out / "tl" / "t.json")]) == 0
+    capsys.readouterr()
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "iterations.parquet", "latency_cdf.png", "over_time.png", "requests.parquet", "summary.json", "tl/t.json"]
+    names = [name for name, _ in read_timeline(out / "tl" / "t.json")["tracks"].values()]
+    assert names[:3] == ["requests", "request 0", "request 1"]
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["run"]  # no staging folder left
+    # a timeline that would replace one of the run's own files is refused before the run
+    assert _refused(capsys, trace, tmp_path, "--timeline", str(tmp_path / "out" / "summary.json")) == (
+        f"{E}--timeline {tmp_path}/out/summary.json: is one of the files --out writes (requests.parquet, "
+        "iterations.parquet, summary.json, latency_cdf.png, over_time.png)")
