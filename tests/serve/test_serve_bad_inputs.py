@@ -181,6 +181,22 @@ def test_bad_columnar_request_files_are_one_line(tmp_path, capsys, name, columns
     assert _refused(capsys, path, tmp_path) == f"{E}{path}: {message}"
 
 
+@pytest.mark.parametrize("over", [
+    {"note": pa.array(["a", "b", "c"])},  # an extra column
+    {"prompt_tokens": pa.array([10, 20, 30], pa.int8()), "output_tokens": pa.array([1, 2, 3], pa.uint64())},
+    {"prompt_tokens": pa.array([10, 20, 30], pa.int64()).dictionary_encode()},
+    {"arrival_s": pa.array([0.0, 0.5, 1.0], pa.float32())},
+    {"arrival_s": pa.array([0, 0, 1], pa.int32())},  # integer seconds, two requests at once
+])
+def test_columnar_variants_read_as_the_plain_file(tmp_path, over):
+    pq.write_table(pa.table(_columns(**over)), tmp_path / "v.parquet")
+    t = read_requests(tmp_path / "v.parquet")
+    assert (t.prompt_tokens.tolist(), t.output_tokens.tolist(), t.request_id.tolist()) == ([10, 20, 30], [1, 2, 3],
+                                                                                          [0, 1, 2])
+    assert t.arrival_s.tolist() == ([0.0, 0.0, 1.0] if "arrival_s" in over and over["arrival_s"].type == pa.int32()
+                                    else [0.0, 0.5, 1.0])
+
+
 def test_misnamed_truncated_and_stream_arrow_files(tmp_path, capsys):
     table = pa.table(_columns())
     pq.write_table(table, tmp_path / "good.parquet")
