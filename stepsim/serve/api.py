@@ -533,6 +533,8 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
         key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
                                                                                    VALUE_FIELDS},
                      "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
+                     # the LM head's bytes price every step (its held-out error too); not in the model's repr
+                     "vocab": memory.vocab_size,
                      "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
                      "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
                                  "duration": duration}}

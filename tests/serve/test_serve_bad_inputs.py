@@ -641,3 +641,30 @@ def test_a_timeline_inside_a_new_out_folder_is_published_with_it(tmp_path, capsy
     assert _refused(capsys, trace, tmp_path, "--timeline", str(tmp_path / "out" / "summary.json")) == (
         f"{E}--timeline {tmp_path}/out/summary.json: is one of the files --out writes (requests.parquet, "
         "iterations.parquet, summary.json, latency_cdf.png, over_time.png)")
+
+
+def test_the_calibration_key_follows_the_vocabulary(tmp_path, monkeypatch):
+    # * two model files differing only in vocab_size (the LM head's bytes price every step, and the held-out error)
+    # shared one cached calibration when their KV blocks came out equal: vocab_size is not in the model's repr
+    import stepsim.serve.api as api
+    from stepsim.serve.fast import calibration_key
+
+    class Stop(Exception):
+        pass
+
+    keys = []
+
+    def capture(*a, key_parts, **kw):
+        keys.append(key_parts)
+        raise Stop
+
+    monkeypatch.setattr(api, "fast_provider", capture)
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5], 10, 2)
+    config = json.loads(open(MODEL4).read())
+    for vocab in (151936, 151937):  # the same file, edited
+        (tmp_path / "m.json").write_text(json.dumps({**config, "vocab_size": vocab}))
+        with pytest.raises(Stop):
+            stepsim.serve(str(tmp_path / "m.json"), trace, fidelity="fast", calibration_cache=tmp_path / "c")
+    assert [k["vocab"] for k in keys] == [151936, 151937]
+    assert keys[0]["kv_blocks"] == keys[1]["kv_blocks"] and keys[0]["model"] == keys[1]["model"]
+    assert calibration_key(keys[0]) != calibration_key(keys[1])
