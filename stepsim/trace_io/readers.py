@@ -17,7 +17,7 @@ import os
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,8 @@ DEFAULT_BATCH_ROWS = 1 << 16
 #: digits (100 ns), which pyarrow's ISO-8601 parser accepts for timestamp[ns] but rejects for timestamp[us];
 #: validation then converts to us and refuses to drop a non-zero 7th digit.
 AZURE_COLUMNS = {"TIMESTAMP": pa.timestamp("ns"), "ContextTokens": pa.int64(), "GeneratedTokens": pa.int64()}
+#: the normalized requests columns as the Azure CSV names them (error messages say the CSV's names)
+AZURE_NAMES = {"arrival": "TIMESTAMP", "context_tokens": "ContextTokens", "generated_tokens": "GeneratedTokens"}
 
 _NPZ_NAME = re.compile(r"^(\d+)_(\d+)\.npz$")
 _NPY_NAME = re.compile(r"^(?P<trace>[A-Za-z0-9]+)_stdev(?P<stdev>\d+)_(?P<start>\d+)_(?P<end>\d+)\.npy$")
@@ -451,7 +453,7 @@ def _open_azure_csv(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
         ],
         metadata={SOURCE_KEY: p.name},
     )
-    info = trace_info(raw_schema, p, kind=REQUESTS)
+    info = replace(trace_info(raw_schema, p, kind=REQUESTS), column_names=AZURE_NAMES)
 
     def open_reader() -> pcsv.CSVStreamingReader:
         try:

@@ -85,8 +85,13 @@ CSV_CASES = [  # (file bytes, message after "<file>: "); * changed by the audit
     (_csv_text([HEADER, "2023-11-16 18:15:50.9951690,99999999999999999999,10"]),
      "row 0, column 'ContextTokens': invalid value '99999999999999999999' (expected int64)"),
     (_csv_text([HEADER, "2023-11-16 18:15:50.9951690,3000000000,10"]),
-     "row 0, column 'context_tokens': value 3000000000 does not fit int32"),
-    (_csv_text([HEADER, "2023-11-16 18:15:50.9951690,,10"]), "row 0, column 'context_tokens': missing value (null)"),
+     "row 0, column 'ContextTokens': value 3000000000 does not fit int32"),  # * 'context_tokens'
+    (_csv_text([HEADER, "2023-11-16 18:15:50.9951690,,10"]),
+     "row 0, column 'ContextTokens': missing value (null)"),  # * 'context_tokens'
+    (_csv_text([HEADER, "2023-11-16 18:15:50.9951690,10,-1"]),
+     "row 0, column 'GeneratedTokens': negative value -1"),  # * 'generated_tokens'
+    (_csv_text([HEADER, "2023-11-16 18:15:50.9951690,10,2", "2023-11-16 18:15:49.0000000,10,2"]),
+     "row 1, column 'TIMESTAMP': arrival is 1.995169 s before the previous row's (requests must be sorted by arrival)"),
     (_csv_text([HEADER, "2023-11-16 18:15:50.9951690,0,10"]),
      "row 0, column 'ContextTokens': a prompt of 0 tokens (a request has at least 1)"),
     (_csv_text([HEADER, "yesterday,100,10"]), "row 0, column 'TIMESTAMP': invalid value 'yesterday' "
