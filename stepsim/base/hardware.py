@@ -104,13 +104,14 @@ class Hardware:
     def __post_init__(self):
         for field in ("addr_offset", "hbm_channels", "hbm_init_interval", "pmu_bw") + SERVING_FIELDS:
             value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # TOML true is not 1 Hz
                 raise ConfigError(f"hardware {self.name!r}: {field} must be a positive int, got {value!r}")
         for field in ("hbm_latency", "hbm_start_up", "hbm_outstanding"):
             value = getattr(self, field)
-            if not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"hardware {self.name!r}: {field} must be a non-negative int, got {value!r}")
-        if self.channel_depth is not None and (not isinstance(self.channel_depth, int) or self.channel_depth < 1):
+        if self.channel_depth is not None and (isinstance(self.channel_depth, bool) or
+                                               not isinstance(self.channel_depth, int) or self.channel_depth < 1):
             raise ConfigError(f"hardware {self.name!r}: channel_depth must be None or an int >= 1, "
                               f"got {self.channel_depth!r}")
         for field in ("addr_offset", "hbm_channels", "hbm_init_interval", "pmu_bw", "hbm_latency", "hbm_start_up",

@@ -148,7 +148,8 @@ def parse_sweep(data: Mapping, *, source: str | Path) -> SweepSpec:
     if workload is None:
         raise ConfigError(f"{source}: missing key 'workload' (one of {', '.join(_workloads())})")
     if workload not in _workloads():
-        raise ConfigError(f"{source}: unknown workload {workload!r} (expected one of {', '.join(_workloads())})")
+        raise ConfigError(f"{source}: unknown workload {workload!r} (expected one of {', '.join(_workloads())}), "
+                          "or serve for a serving sweep")  # read by stepsim.serve.sweep before this parser
     mode = data.get("mode", "metrics")
     if mode not in MODES:
         raise ConfigError(f"{source}: mode must be one of {', '.join(MODES)}, got {mode!r}")

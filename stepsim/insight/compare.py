@@ -73,7 +73,12 @@ def load_side(path: str | os.PathLike) -> tuple[list[dict], dict, list[dict]]:
     other than ok) are not compared but say why a configuration has no record."""
     import pyarrow.parquet as pq
 
-    from stepsim.results.serve_record import REQUESTS_FILE, is_serve_folder, read_serve_folder
+    from stepsim.results.serve_record import (
+        REQUESTS_FILE,
+        incomplete_serve_folder,
+        is_serve_folder,
+        read_serve_folder,
+    )
 
     p = Path(path)
     if p.is_dir() and is_serve_folder(p):
@@ -85,6 +90,9 @@ def load_side(path: str | os.PathLike) -> tuple[list[dict], dict, list[dict]]:
         files, root = [p], p.parent
     elif p.is_dir():
         files, root = sorted(p.rglob("part-*.parquet")), p
+        lacks = incomplete_serve_folder(p)
+        if not files and lacks:  # a serve run's folder with a file deleted or never written
+            raise ConfigError(f"{p}: an incomplete stepsim serve folder ({lacks}); run stepsim serve --out again")
         if not files:
             raise ConfigError(f"{p}: no records (part-*.parquet) in this folder; give a `stepsim run --out`, "
                               f"`stepsim sweep` or `stepsim serve --out` folder or a Parquet file")

@@ -23,7 +23,8 @@ field                                                 meaning (unit)
 ``moe_intermediate_size``                             F, each routed expert's FFN dimension (elements)
 ``num_local_experts`` / ``num_experts`` /             routed experts per MoE layer (absent, null or 0: dense)
 ``n_routed_experts``
-``num_experts_per_tok``                               top-k, experts per token (MoE models)
+``num_experts_per_tok``                               top-k, experts per token (MoE models; refused without
+                                                      an expert count)
 ``n_shared_experts``                                  shared experts of ``moe_intermediate_size`` each (DeepSeek)
 ``shared_expert_intermediate_size``                   one shared expert of that FFN dimension (Qwen2-MoE)
 ``num_attention_heads``, ``num_key_value_heads``      query heads, KV heads (default: the query heads)
@@ -317,6 +318,10 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None, preset: 
                               "set; expected one way of sizing the shared experts")
         shared, shared_f = (n_shared, n_shared * expert_f) if n_shared else ((1, shared_size) if shared_size
                                                                                 else (0, 0))
+    elif _int_field(cfg, "num_experts_per_tok", where, required=False, minimum=0):
+        # routes each token to experts it does not count: read as dense, its weights and FFN would be another model's
+        raise ConfigError(f"{where}: field 'num_experts_per_tok' = {cfg['num_experts_per_tok']} but no expert count "
+                          f"({' / '.join(EXPERT_FIELDS)}); give the experts, or leave top-k out for a dense model")
     elif dense_f is None:
         raise ConfigError(f"{where}: missing field 'intermediate_size' (a dense model: no "
                           f"{' / '.join(EXPERT_FIELDS)})")

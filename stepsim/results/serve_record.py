@@ -44,6 +44,15 @@ def is_serve_folder(path) -> bool:
     return (p / SUMMARY_FILE).is_file() and (p / REQUESTS_FILE).is_file()
 
 
+def incomplete_serve_folder(path) -> str | None:
+    """What a folder holding one of a serve run's two files lacks (``"no summary.json"``), else None."""
+    p = Path(path)
+    has = [(p / name).is_file() for name in (SUMMARY_FILE, REQUESTS_FILE)]
+    if any(has) and not all(has):
+        return f"no {SUMMARY_FILE if not has[0] else REQUESTS_FILE}"
+    return None
+
+
 def serve_row(summary: dict, *, requests: str | None = None, requests_sha256: str | None = None,
               seed: int | None = None, knobs: dict | None = None) -> dict:
     """The record row of a serve run's ``summary`` (module docstring); the request file's name and SHA-256,
@@ -76,15 +85,29 @@ def read_serve_folder(path) -> dict:
     """The record row of a ``stepsim serve --out`` folder (requests file and seed from the Parquet metadata)."""
     import pyarrow.parquet as pq
 
+    from stepsim.base.errors import ConfigError
+
     p = Path(path)
-    summary = json.loads((p / SUMMARY_FILE).read_text(encoding="utf-8"))
-    meta = pq.read_schema(p / REQUESTS_FILE).metadata or {}
+    try:
+        summary = json.loads((p / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{p / SUMMARY_FILE}: not a readable serve summary ({type(exc).__name__}: {exc})") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{p / SUMMARY_FILE}: holds a JSON {type(summary).__name__}, not a serve summary object")
+    try:
+        meta = pq.read_schema(p / REQUESTS_FILE).metadata or {}
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise ConfigError(f"{p / REQUESTS_FILE}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
     text = {k.decode(): v.decode() for k, v in meta.items() if k.startswith(b"stepsim.")}
     seed = text.get("stepsim.seed")
-    knobs = json.loads(text.get("stepsim.knobs", "{}"))
+    try:
+        knobs = json.loads(text.get("stepsim.knobs", "{}"))
+        seed = int(seed) if seed is not None else None
+    except ValueError as exc:
+        raise ConfigError(f"{p / REQUESTS_FILE}: its stepsim metadata does not parse ({exc})") from None
     return {**serve_row(summary, requests=text.get("stepsim.requests"),
                         requests_sha256=text.get("stepsim.requests_sha256"),
-                        seed=int(seed) if seed is not None else None, knobs=knobs), "run_id": str(p)}
+                        seed=seed, knobs=knobs), "run_id": str(p)}
 
 
 #: the latency provider: what a comparison of serve runs measures (exact against fast, one iteration latency

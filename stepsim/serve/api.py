@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from stepsim._version import __version__
 from stepsim.base.errors import ConfigError, TraceValueError
-from stepsim.base.files import file_sha256
+from stepsim.base.files import file_sha256, published_together
 from stepsim.base.hardware import PRESETS, SERVING_FIELDS, VALUE_FIELDS, Hardware
 from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
@@ -68,6 +68,65 @@ def _poisson_rate(text: str) -> float:
     return value
 
 
+def check_types(*, model=None, requests=None, out=None, slo=None, arrival=None, hbm_bytes=None,
+                block_size=DEFAULT_BLOCK_SIZE) -> None:
+    """A Python caller's arguments of the wrong type, as one line each (the command line passes strings)."""
+    for name, value, what in (("model", model, "a preset name or a config.json path"),
+                              ("requests", requests, "a request trace's path"), ("out", out, "a folder path")):
+        if (value is not None and not isinstance(value, (str, os.PathLike))) or \
+                (name != "out" and (value is None or str(value) == "")):
+            raise ConfigError(f"{name} must be {what} (str or Path), got {value!r}")
+    for flag, value, example in (("--slo", slo, "ttft=2s,tpot=200ms"), ("--arrival", arrival, "poisson:4")):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{flag} must be a string such as {example!r}, got {value!r}")
+    if hbm_bytes is not None and (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes < 1):
+        raise ConfigError(f"hbm_bytes must be a positive integer (bytes), got {hbm_bytes!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"block size must be at least 1 token, got {block_size!r}")
+
+
+def check_arguments(*, model=None, requests=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
+                    hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
+                    routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
+                    hbm_bytes=None, **_others) -> None:
+    """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: a
+    serving sweep refuses a bad task with them before any task runs (the trace, the weights against HBM and the
+    requests against the KV cache are checked by the run). Other keyword arguments are ignored."""
+    if fidelity is not None and fidelity not in FIDELITIES:
+        raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
+    given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity))
+             if value is not None]
+    if len(given) != 1:
+        raise ConfigError("stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast" if not given else
+                          f"{' and '.join(given)} both price the steps; give one")
+    if iteration_latency is not None:
+        ConstantLatency(iteration_latency)  # its own check and message
+    elif routing is not None:
+        check_routing(routing)
+    if fidelity is None and routing is not None:
+        raise ConfigError("--routing is for the engine-backed latency (--fidelity exact|fast); --iteration-latency "
+                          "does not simulate layers")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
+    if arrival is not None and arrival_scale is not None:
+        raise ConfigError("--arrival and --arrival-scale both set the arrivals; give one")
+    if arrival is not None:
+        _poisson_rate(arrival)
+    for flag, value, integer in (("--limit-requests", limit_requests, True), ("--arrival-scale", arrival_scale, False),
+                                 ("--duration", duration, False)):
+        if value is not None:
+            _positive(flag, value, integer)
+    if slo is not None:
+        parse_slo(slo)
+    check_types(model=model, requests=requests, slo=slo, arrival=arrival, hbm_bytes=hbm_bytes,
+                block_size=block_size)
+    SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
+                         chunk_tokens=chunk_tokens, block_size=block_size)
+    resolve_model(model)
+    if hardware is not None:
+        resolve_serving_hardware(hardware)
+
+
 def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arrival_scale=None, duration=None,
                 seed: int = 0) -> RequestTrace:
     """The requests replayed: the first ``limit_requests``, arrivals replaced or scaled, then those arriving
@@ -81,7 +140,12 @@ def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arriv
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(trace))
         trace = trace.with_arrivals(np.cumsum(gaps))
     elif arrival_scale is not None:
-        trace = trace.with_arrivals(trace.arrival_s * _positive("--arrival-scale", arrival_scale, integer=False))
+        with np.errstate(over="ignore"):  # an overflow to infinity is refused below, in one line
+            trace = trace.with_arrivals(trace.arrival_s * _positive("--arrival-scale", arrival_scale, integer=False))
+    if not np.isfinite(trace.arrival_s[-1]):  # sorted: the last is the largest
+        flag = f"--arrival {arrival}" if arrival is not None else f"--arrival-scale {arrival_scale}"
+        raise ConfigError(f"{flag}: the arrivals overflow to infinity (the last request would arrive at "
+                          f"{float(trace.arrival_s[-1])} s); give a larger rate or a smaller scale")
     if duration is not None:
         keep = int(np.searchsorted(trace.arrival_s, _positive("--duration", duration, integer=False), side="left"))
         if keep == 0:
@@ -106,8 +170,8 @@ def max_model_len(config: SchedulerConfig, capacity: KVCapacity, max_position_em
 def check_fits(trace: RequestTrace, limit: int, capacity: KVCapacity, max_position: int | None) -> None:
     """Every request's prompt + output fits ``limit`` tokens (vLLM's API server rejects the others; stepsim
     refuses the trace instead of dropping or shortening requests)."""
-    total = trace.prompt_tokens + trace.output_tokens
-    over = total > limit
+    # compared without adding: prompt + output of two huge counts would wrap around int64 and pass
+    over = (trace.prompt_tokens > limit) | (trace.output_tokens > limit - trace.prompt_tokens)
     if over.any():
         i = int(np.argmax(over))
         why = (f"the KV cache holds {capacity.tokens} tokens ({capacity.usable_blocks} blocks of "
@@ -151,6 +215,38 @@ def default_calibration_cache() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "stepsim" / "serve-calibration"
 
 
+def checked_calibration_cache(cache) -> Path:
+    """The fast calibration's cache folder (``cache``, else :func:`default_calibration_cache`), checked before any
+    work: a folder that exists as a file, or cannot be created or written, would fail only after the calibration's
+    minutes. One line naming where the folder came from; nothing is created."""
+    from stepsim.base.outputs import check_out_dir
+
+    if cache is not None:
+        return check_out_dir(cache, "calibration_cache")
+    env = os.environ.get(CALIBRATION_CACHE_ENV)
+    return check_out_dir(default_calibration_cache(), f"${CALIBRATION_CACHE_ENV}" if env else
+                         f"the calibration cache (set ${CALIBRATION_CACHE_ENV} to choose another folder)")
+
+
+#: the files ``--routing`` replays (stepsim.trace_io.serving.load_routed_experts)
+ROUTING_SUFFIXES = (".npy", ".npz", ".safetensors")
+
+
+def check_routing(routing) -> None:
+    """``--routing``: ``synthetic`` or an existing routed-experts file, checked before any work (its content is
+    checked when it is read, before the first step)."""
+    if routing is None or routing == "synthetic":
+        return
+    if not isinstance(routing, (str, os.PathLike)):
+        raise ConfigError(f"--routing must be synthetic or a file path, got {routing!r}")
+    path = Path(routing)
+    if path.suffix.lower() not in ROUTING_SUFFIXES:
+        raise ConfigError(f"--routing {str(routing)!r}: expected synthetic or a routed-experts dump "
+                          f"[tokens, layers, top_k] ({', '.join(ROUTING_SUFFIXES)})")
+    if not path.is_file():
+        raise ConfigError(f"--routing {routing}: " + ("a folder, not a file" if path.is_dir() else "no such file"))
+
+
 def _routing_identity(routing) -> dict:
     if routing is None or routing == "synthetic":
         return {"mode": "synthetic"}
@@ -178,7 +274,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
         from stepsim.serve.system import check_exact_system
 
         check_exact_system(system, model, "fast")
-    cache = Path(cache) if cache is not None else default_calibration_cache()
+    cache = checked_calibration_cache(cache)
     key = calibration_key(key_parts)
     record = load_calibration(cache, key)
 
@@ -340,6 +436,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     ServeResult
     """
     started = time.perf_counter()
+    check_types(model=model, requests=requests, out=out, slo=slo, arrival=arrival, hbm_bytes=hbm_bytes,
+                block_size=block_size)
+    if out is not None:  # as the command line checks --out: now, not after the run
+        from stepsim.base.outputs import check_out_dir
+
+        check_out_dir(out, "--out")
     if fidelity is not None and fidelity not in FIDELITIES:
         raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),
@@ -352,6 +454,9 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
             if value is not None:
                 raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
                                   f"{given[0]} does not simulate layers")
+    check_routing(routing)
+    if fidelity == "fast":
+        checked_calibration_cache(calibration_cache)
     if jobs is not None:
         from stepsim.batch.executors import check_jobs
 
@@ -361,9 +466,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     if address is not None and executor is None:
         raise ConfigError("--address is only for --executor dask")
     if timeline is not None:
+        from stepsim.serve.output import OUTPUT_FILES
         from stepsim.serve.timeline import check_timeline_path
 
         check_timeline_path(timeline)
+        if str(_inside(timeline, out)) in OUTPUT_FILES:
+            raise ConfigError(f"--timeline {timeline}: is one of the files --out writes ({', '.join(OUTPUT_FILES)})")
     if provider is None and iteration_latency is not None:
         provider = ConstantLatency(iteration_latency)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -425,6 +533,8 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
         key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
                                                                                    VALUE_FIELDS},
                      "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
+                     # the LM head's bytes price every step (its held-out error too); not in the model's repr
+                     "vocab": memory.vocab_size,
                      "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
                      "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
                                  "duration": duration}}
@@ -486,23 +596,55 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
                            "max_blocks_used": result.max_blocks_used, "max_model_len": limit}
     summary["wall_s"] = time.perf_counter() - started
     files = {}
+    with contextlib.ExitStack() as publish:
+        if out is not None:  # the run's files (and its timeline) appear together, or none of them: a failure never
+            # leaves this run's requests.parquet beside an earlier run's summary.json
+            from stepsim.base.files import published_folder
+
+            folder = publish.enter_context(published_folder(out))
+        publish.enter_context(published_together())
+        files = _write_files(out, folder if out is not None else None, requests_table, iterations_table, summary,
+                             provider, calibration, resolved, hw, config, capacity, slo_seconds, seed, requests,
+                             timeline, knobs)
+    return ServeResult(summary, requests_table, iterations_table, files)
+
+
+def _write_files(out, folder, requests_table, iterations_table, summary, provider, calibration, resolved, hw, config,
+                 capacity, slo_seconds, seed, requests, timeline, knobs) -> dict:
+    """Write the run's files into ``folder`` (a temporary one while ``out`` is new) and the timeline; returns
+    their final paths by name."""
+    files = {}
     if out is not None:
         config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
                 "stepsim.requests": str(requests), "stepsim.requests_sha256": file_sha256(requests),
                 "stepsim.knobs": json.dumps(knobs, sort_keys=True)}
-        files = write_outputs(out, requests_table, iterations_table, summary, meta)
+        files = write_outputs(folder, requests_table, iterations_table, summary, meta)
         if matplotlib_available():
             from stepsim.serve.figures import CDF_FILE, OVER_TIME_FILE, latency_cdf, over_time
 
             title = (f"{Path(resolved.name).name} on {hw.name}, {config.policy}, {summary['completed']} "
                      f"requests, {provider.mode}")
-            files["latency_cdf"] = latency_cdf(requests_table, Path(out) / CDF_FILE, title=title, slo=slo_seconds)
-            files["over_time"] = over_time(iterations_table, Path(out) / OVER_TIME_FILE, title=title,
+            files["latency_cdf"] = latency_cdf(requests_table, folder / CDF_FILE, title=title, slo=slo_seconds)
+            files["over_time"] = over_time(iterations_table, folder / OVER_TIME_FILE, title=title,
                                            usable_blocks=capacity.usable_blocks)
+        files = {name: Path(out) / path.name for name, path in files.items()}  # where they are once published
     if timeline is not None:
         from stepsim.serve.timeline import write_timeline
 
-        files["timeline"] = write_timeline(timeline, requests_table, iterations_table)
-    return ServeResult(summary, requests_table, iterations_table, files)
+        inside = _inside(timeline, out)  # into --out: written into the folder being built, published with it
+        target = Path(timeline) if inside is None else folder / inside
+        write_timeline(target, requests_table, iterations_table)
+        files["timeline"] = Path(timeline)
+    return files
+
+
+def _inside(path, folder) -> Path | None:
+    """``path`` relative to ``folder`` when it lies inside it (None otherwise, or without a folder)."""
+    if folder is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(Path(folder).resolve())
+    except ValueError:
+        return None

@@ -64,6 +64,8 @@ def _positive(cfg: dict, key: str, source: str, required: bool) -> int | None:
     v = cfg.get(key)
     if v is None and not required:
         return None
+    if v is None:
+        raise ConfigError(f"model file {source}: missing field {key!r} (serving needs it for the weights' size)")
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(f"model file {source}: {key} must be a positive integer for serving, got {v!r}")
     return v

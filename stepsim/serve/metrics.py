@@ -11,6 +11,7 @@ and 99th percentiles with numpy's default (linear) interpolation, as vLLM report
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -19,7 +20,7 @@ from stepsim.base.errors import ConfigError
 
 #: SLO keys ``--slo`` takes (``e2el`` is vLLM's name for e2e)
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}
-_SLO_ITEM = re.compile(r"^(?P<key>[a-z0-9]+)=(?P<value>[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)(?P<unit>ms|s)$")
+_SLO_ITEM = re.compile(r"^(?P<key>[a-z0-9]+)=(?P<value>[-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)(?P<unit>ms|s)$")
 
 
 def parse_slo(text: str) -> dict[str, float]:
@@ -42,6 +43,8 @@ def parse_slo(text: str) -> dict[str, float]:
         value = float(m["value"]) / (1000.0 if m["unit"] == "ms" else 1.0)
         if value <= 0:
             raise ConfigError(f"--slo {text!r}: {key} must be positive")
+        if not math.isfinite(value):  # 1e999s: JSON has no infinity for the summary's slo
+            raise ConfigError(f"--slo {text!r}: {key} {m['value']}{m['unit']} is not a finite time")
         slo[key] = value
     return slo
 

@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 from stepsim.base.files import atomic_output, write_parquet_atomic
 
 REQUESTS_FILE, ITERATIONS_FILE, SUMMARY_FILE = "requests.parquet", "iterations.parquet", "summary.json"
+#: every file a run writes into ``--out`` (the figures only with matplotlib; names as stepsim.serve.figures)
+OUTPUT_FILES = (REQUESTS_FILE, ITERATIONS_FILE, SUMMARY_FILE, "latency_cdf.png", "over_time.png")
 #: requests.parquet columns and units
 REQUEST_COLUMNS = {
     "request_id": None, "arrival_s": "s", "first_scheduled_s": "s", "first_token_s": "s", "finish_s": "s",

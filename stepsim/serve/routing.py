@@ -207,9 +207,10 @@ class ReplayRouting:
     mode = "replay"
 
     def __init__(self, path, model, layers: int):
-        from stepsim.trace_io.serving import load_routed_experts
+        from stepsim.trace_io.serving import DEFAULT_KEY, load_routed_experts
 
-        experts, _, _ = load_routed_experts(path, model=model)
+        experts, _, _ = load_routed_experts(path, model=model, several=f"--routing reads the one named "
+                                                                           f"{DEFAULT_KEY!r}; name it so")
         if experts.shape[1] < layers:
             raise ConfigError(f"--routing {path}: the dump has {experts.shape[1]} layers; the model has {layers}")
         self.path = str(path)

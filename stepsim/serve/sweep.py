@@ -45,6 +45,7 @@ holds two generations of a task; rows of other grids' tasks are left alone. :fun
 from __future__ import annotations
 
 import json
+import math
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -151,10 +152,12 @@ _CHOICES = {"scheduler": ("vllm", "sarathi", "orca"), "fidelity": ("exact", "fas
 
 
 def check_task(config: dict, where: str) -> None:
-    """One line naming ``where`` (the file and the task) and the knob for a value of the wrong type, an unknown
-    scheduler or fidelity, an SLO or arrival string that does not parse; everything else :func:`stepsim.serve`
-    checks when the task runs (a failed row)."""
-    from stepsim.serve.api import _poisson_rate
+    """One line naming ``where`` (the file and the task) and the knob for a value of the wrong type or not finite,
+    an unknown scheduler or fidelity, an SLO or arrival string that does not parse, and whatever else
+    :func:`stepsim.serve.api.check_arguments` refuses without a run (a value out of range, knobs that exclude each
+    other, an unknown model or hardware); what only the run can refuse (the trace's rows, weights against HBM)
+    is a failed row."""
+    from stepsim.serve.api import _poisson_rate, check_arguments
     from stepsim.serve.metrics import parse_slo
 
     for key, value in config.items():
@@ -168,6 +171,8 @@ def check_task(config: dict, where: str) -> None:
             ok, kind = isinstance(value, str), "a string"
         if not ok:
             raise ConfigError(f"{where}: {key} must be {kind}, got {value!r}")
+        if key in _NUMBERS and not math.isfinite(value):  # TOML has nan and inf
+            raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
         if key in _CHOICES and value not in _CHOICES[key]:
             raise ConfigError(f"{where}: {key} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
     try:
@@ -175,6 +180,9 @@ def check_task(config: dict, where: str) -> None:
             parse_slo(config["slo"])
         if "arrival" in config:
             _poisson_rate(config["arrival"])
+        # everything else serve checks without a run (ranges, combinations, the model and hardware names): a
+        # task it would refuse is refused here, before any runs, not a failed row
+        check_arguments(**config)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

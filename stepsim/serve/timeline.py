@@ -44,14 +44,18 @@ def check_timeline_path(path) -> Path:
     """``path`` if it names a trace this module writes (before any work); else a one-line ConfigError."""
     import importlib.util
 
+    from stepsim.base.outputs import check_out_file
+
     text = str(path)
+    if text == "":
+        raise ConfigError("--timeline: empty path")
     if not text.endswith(SUFFIXES):
         raise ConfigError(f"--timeline {text}: unknown trace format (use .pftrace or .perfetto-trace for Perfetto "
                           f"protobuf, .json or .json.gz for Chrome JSON)")
     if text.endswith(PROTO_SUFFIXES) and importlib.util.find_spec("perfetto") is None:
         raise ConfigError(f"--timeline {text}: writing a Perfetto trace needs the perfetto package; install it "
                           f"with pip install 'stepsim[timeline]'")
-    return Path(path)
+    return check_out_file(path, "--timeline")  # a folder, or a parent that is a file: now, not after the run
 
 
 def _ns(seconds: float) -> int:

@@ -11,10 +11,13 @@ windows, e.g. ``conv_stdev0987_3349_3364.npy`` holds the ``ContextTokens`` of re
 
 from __future__ import annotations
 
+import codecs
+import csv
+import os
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +60,8 @@ DEFAULT_BATCH_ROWS = 1 << 16
 #: digits (100 ns), which pyarrow's ISO-8601 parser accepts for timestamp[ns] but rejects for timestamp[us];
 #: validation then converts to us and refuses to drop a non-zero 7th digit.
 AZURE_COLUMNS = {"TIMESTAMP": pa.timestamp("ns"), "ContextTokens": pa.int64(), "GeneratedTokens": pa.int64()}
+#: the normalized requests columns as the Azure CSV names them (error messages say the CSV's names)
+AZURE_NAMES = {"arrival": "TIMESTAMP", "context_tokens": "ContextTokens", "generated_tokens": "GeneratedTokens"}
 
 _NPZ_NAME = re.compile(r"^(\d+)_(\d+)\.npz$")
 _NPY_NAME = re.compile(r"^(?P<trace>[A-Za-z0-9]+)_stdev(?P<stdev>\d+)_(?P<start>\d+)_(?P<end>\d+)\.npy$")
@@ -340,7 +345,7 @@ def _open_npy(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
 
 
 # --- Azure LLM inference CSV -----------------------------------------------------------------------------
-def _csv_error(p: Path, exc: pa.ArrowInvalid) -> TraceError:
+def _csv_error(p: Path, exc: pa.ArrowInvalid, names: list[str]) -> TraceError:
     """Turn a pyarrow CSV error into a TraceError naming the row and column.
 
     With ``use_threads=False`` pyarrow reports ``Row #N`` (1-based line number, header = line 1); a
@@ -350,19 +355,22 @@ def _csv_error(p: Path, exc: pa.ArrowInvalid) -> TraceError:
     msg = str(exc)
     m_row = re.search(r"Row #(\d+)", msg)
     row = int(m_row.group(1)) - 2 if m_row else None
-    m_conv = re.search(r"In CSV column #(\d+): .*CSV conversion error to (\S+): invalid value '(.*)'", msg)
+    m_conv = re.search(r"In CSV column #(\d+): .*?CSV conversion error to (\S+): (.*)$", msg)
     if m_conv:
-        index = int(m_conv.group(1))
-        col = list(AZURE_COLUMNS)[index] if index < len(AZURE_COLUMNS) else f"#{index}"
+        index = int(m_conv.group(1))  # the column's place in the file's header (not in AZURE_COLUMNS)
+        col = names[index] if index < len(names) else f"#{index}"
         if row is None and col in AZURE_COLUMNS:
             row = _first_bad_csv_row(p, col)
         where = f"row {row}, " if row is not None else ""
-        return TraceValueError(
-            f"{p}: {where}column {col!r}: invalid value {m_conv.group(3)!r} (expected {m_conv.group(2)})"
-        )
+        m_value = re.match(r"invalid value '(.*)'$", m_conv.group(3))
+        what = (f"invalid value {m_value.group(1)!r} (expected {m_conv.group(2)})" if m_value else
+                f"cannot convert to {m_conv.group(2)}: {m_conv.group(3)}")
+        return TraceValueError(f"{p}: {where}column {col!r}: {what}")
     if row is not None:  # parse errors, e.g. a row with the wrong number of fields
         detail = re.sub(r"^.*Row #\d+: ", "", msg)
         return TraceValueError(f"{p}: row {row}: {detail}")
+    if "Empty CSV file" in msg:  # a header without a line break after it: no rows
+        return TraceValueError(f"{p}: empty trace (0 rows)")
     return TraceError(f"{p}: cannot read CSV: {msg}")
 
 
@@ -396,7 +404,46 @@ def _first_bad_csv_row(p: Path, col: str) -> int | None:
     return lo
 
 
+#: what the first bytes of a file that is not a UTF-8 CSV say it is, and what to do
+_NOT_TEXT = ((b"\x1f\x8b", "is gzip-compressed; decompress it first (gunzip)"),
+             (b"PK\x03\x04", "is a zip archive; extract the CSV first"),
+             (b"PAR1", "is a Parquet file; name it .parquet"),
+             (b"ARROW1", "is an Arrow IPC file; name it .arrow"),
+             (b"\xff\xfe", "is UTF-16 text; save it as UTF-8"),
+             (b"\xfe\xff", "is UTF-16 text; save it as UTF-8"))
+#: bytes of a CSV checked to be text before pyarrow parses it
+_TEXT_PROBE = 1 << 16
+
+
+def check_csv_text(p: Path) -> list[str]:
+    """Refuse a ``.csv`` that is not UTF-8 text before pyarrow parses it: pyarrow reads any bytes as a header
+    (a gzip or binary file would be reported by its garbage "column names", or fail with a decoding traceback).
+    Checks the first 64 KiB; an empty file is refused too. Returns the header's column names (as the file
+    spells them, in its order)."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(_TEXT_PROBE)
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot read: {os.strerror(exc.errno) if exc.errno else exc}") from exc
+    if not head:
+        raise TraceValueError(f"{p}: empty file (0 bytes; expected a CSV header and rows)")
+    for magic, what in _NOT_TEXT:
+        if head.startswith(magic):
+            raise TraceError(f"{p}: not a CSV text file: it {what}")
+    try:
+        # an incremental decoder: a multi-byte character cut by the 64 KiB probe is not an error
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < _TEXT_PROBE)
+        ok = b"\0" not in head
+    except UnicodeDecodeError:
+        ok = False
+    if not ok:
+        raise TraceError(f"{p}: not a CSV text file: its first bytes are not UTF-8 text ({head[:8]!r})")
+    header = head.decode("utf-8", errors="replace").lstrip("\ufeff").splitlines()[0] if head.strip() else ""
+    return next(csv.reader([header]), [])
+
+
 def _open_azure_csv(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
+    header = check_csv_text(p)
     raw_schema = pa.schema(
         [
             ("request_id", pa.int64()),
@@ -406,7 +453,7 @@ def _open_azure_csv(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
         ],
         metadata={SOURCE_KEY: p.name},
     )
-    info = trace_info(raw_schema, p, kind=REQUESTS)
+    info = replace(trace_info(raw_schema, p, kind=REQUESTS), column_names=AZURE_NAMES)
 
     def open_reader() -> pcsv.CSVStreamingReader:
         try:
@@ -414,10 +461,11 @@ def _open_azure_csv(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
             return pcsv.open_csv(
                 p,
                 read_options=pcsv.ReadOptions(use_threads=False),
-                convert_options=pcsv.ConvertOptions(column_types=AZURE_COLUMNS),
+                # only an empty cell is missing: 'nan', 'NA', 'null' are invalid values, said as written
+                convert_options=pcsv.ConvertOptions(column_types=AZURE_COLUMNS, null_values=[""]),
             )
         except pa.ArrowInvalid as exc:
-            raise _csv_error(p, exc) from exc
+            raise _csv_error(p, exc, header) from exc
 
     # check the header before streaming so a wrong file fails fast, with its column names
     names = open_reader().schema.names
@@ -436,7 +484,7 @@ def _open_azure_csv(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
             except StopIteration:
                 return
             except pa.ArrowInvalid as exc:
-                raise _csv_error(p, exc) from exc
+                raise _csv_error(p, exc, header) from exc
             n = b.num_rows
             yield pa.RecordBatch.from_arrays(
                 [

@@ -13,7 +13,9 @@ Two inputs, one result (:class:`RequestTrace`, arrival in seconds):
 
 Every error is one line naming the file and the (0-based) row: a missing column, a null, a NaN or negative
 arrival, arrivals out of order (a trace is replayed in file order, so it must be sorted), a negative token
-count, and a prompt or output of 0 tokens (a serving engine refuses an empty prompt and ``max_tokens`` 0).
+count, a count beyond int64 (an unsigned column), a prompt or output of 0 tokens (a serving engine refuses an
+empty prompt and ``max_tokens`` 0), and a request id used twice. A file that is another format than its name
+says (a Parquet file named ``.arrow``, a gzip'ed CSV) is named for what it is.
 Nothing is ever shortened, clipped or reordered.
 """
 
@@ -31,6 +33,10 @@ from stepsim.trace_io.readers import detect_format, read_trace
 
 #: columns of the serving request schema (name -> meaning), in file order after the optional ``request_id``
 SERVE_COLUMNS = {"arrival_s": "arrival time (s)", "prompt_tokens": "prompt tokens", "output_tokens": "output tokens"}
+
+
+#: the suffixes of a request trace (stepsim.trace_io.readers' formats a request trace can be)
+REQUEST_SUFFIXES = (".csv", ".parquet", ".pq", ".arrow", ".feather", ".ipc")
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,23 @@ def _numeric(table: pa.Table, name: str, source: str, integer: bool) -> np.ndarr
     if col.null_count:
         i = _first(col.is_null().to_numpy(zero_copy_only=False))
         raise TraceValueError(f"{source}: row {i}, column {name!r}: missing value (null)")
-    return col.to_numpy().astype(np.int64 if integer else np.float64)
+    values = col.to_numpy()
+    if integer and values.dtype == np.uint64 and len(values) and values.max() > np.iinfo(np.int64).max:
+        # a uint64 beyond int64 would wrap to a negative count (or id) in the int64 arrays below
+        i = _first(values > np.iinfo(np.int64).max)
+        raise TraceValueError(f"{source}: row {i}, column {name!r}: value {int(values[i])} does not fit int64")
+    return values.astype(np.int64 if integer else np.float64)
+
+
+def _unique_ids(source: str, rid: np.ndarray, column: str) -> None:
+    """Request ids name a request in requests.parquet, the timeline and comparisons: two rows with one id would
+    be told apart only by their row."""
+    order = np.argsort(rid, kind="stable")
+    same = np.flatnonzero(rid[order][1:] == rid[order][:-1])
+    if len(same):
+        first, second = sorted((int(order[same[0]]), int(order[same[0] + 1])))
+        raise TraceValueError(f"{source}: row {second}, column {column!r}: request id {int(rid[second])} is also "
+                              f"row {first}'s (request ids must be unique)")
 
 
 def _read_serve_schema(path: Path, fmt: str, names: list[str]) -> RequestTrace:
@@ -127,7 +149,7 @@ def _read_serve_schema(path: Path, fmt: str, names: list[str]) -> RequestTrace:
             table = pq.read_table(path, columns=cols)
         else:
             with pa.OSFile(str(path)) as f:
-                table = pa.ipc.open_file(f).read_all().select(cols)
+                table = _open_ipc(f).read_all().select(cols)
     except (pa.ArrowException, OSError) as exc:
         raise TraceError(f"{src}: cannot read {fmt} data: {exc}") from exc
     if table.num_rows == 0:
@@ -138,7 +160,22 @@ def _read_serve_schema(path: Path, fmt: str, names: list[str]) -> RequestTrace:
     check_requests(src, arrival, prompt, output, tuple(SERVE_COLUMNS))
     rid = (_numeric(table, "request_id", src, integer=True) if "request_id" in names
            else np.arange(table.num_rows, dtype=np.int64))
+    _unique_ids(src, rid, "request_id")
     return RequestTrace(src, rid, arrival, prompt, output)
+
+
+def _open_ipc(f):
+    """An Arrow IPC reader of ``f``: the file format (``.arrow``, Feather v2), else the stream format, as the
+    trace readers take both."""
+    try:
+        return pa.ipc.open_file(f)
+    except pa.ArrowInvalid:
+        f.seek(0)
+        return pa.ipc.open_stream(f)
+
+
+#: the first bytes of each columnar format, to say what a misnamed file really is
+_MAGIC = {"parquet": b"PAR1", "arrow": b"ARROW1"}
 
 
 def _file_columns(path: Path, fmt: str) -> list[str]:
@@ -146,8 +183,14 @@ def _file_columns(path: Path, fmt: str) -> list[str]:
         if fmt == "parquet":
             return pq.read_schema(path).names
         with pa.OSFile(str(path)) as f:
-            return pa.ipc.open_file(f).schema.names
+            return _open_ipc(f).schema.names
     except (pa.ArrowException, OSError) as exc:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        other = next((k for k, magic in _MAGIC.items() if k != fmt and head.startswith(magic)), None)
+        if other is not None:  # e.g. a Parquet file named .arrow
+            raise TraceError(f"{path}: not a readable {fmt} file: it is a{'n' if other == 'arrow' else ''} {other} "
+                             f"file; name it .{other}") from exc
         raise TraceError(f"{path}: not a readable {fmt} file: {exc}") from exc
 
 
@@ -162,6 +205,10 @@ def read_requests(path: str | Path) -> RequestTrace:
     p = Path(path)
     if not p.is_file():
         raise TraceError(f"{p}: no such file" if not p.exists() else f"{p}: a request trace is one file, not a folder")
+    if p.suffix.lower() not in REQUEST_SUFFIXES:  # said for serve (detect_format's hint is stepsim trace's --format)
+        hint = "; decompress it first" if p.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".zip") else ""
+        raise TraceError(f"{p}: a request trace is an Azure CSV (.csv), Parquet (.parquet, .pq) or Arrow (.arrow, "
+                         f".feather, .ipc) file, not {p.suffix or 'a file without a suffix'!r}{hint}")
     fmt = detect_format(p)
     if fmt in ("arrow", "parquet"):
         names = _file_columns(p, fmt)
@@ -186,6 +233,7 @@ def read_requests(path: str | Path) -> RequestTrace:
                               "the previous row's (requests must be sorted by arrival)")
     check_requests(str(p), arrival, prompt, output, names)
     rid = table.column("request_id").to_numpy().astype(np.int64)
+    _unique_ids(str(p), rid, "request_id")
     return RequestTrace(str(p), rid, arrival, prompt, output)
 
 

@@ -135,6 +135,9 @@ class TraceInfo:
         Routing only: experts chosen per token.
     gate_weights : bool
         Routing only: whether the trace has a ``gate_weights`` column.
+    column_names : dict of str to str
+        How the file names a normalized column, where it names it otherwise (the Azure CSV's ``ContextTokens``
+        for ``context_tokens``): error messages say the file's name.
     """
 
     kind: str
@@ -143,6 +146,11 @@ class TraceInfo:
     num_experts: int | None = None
     top_k: int | None = None
     gate_weights: bool = False
+    column_names: dict[str, str] = field(default_factory=dict)
+
+    def label(self, column: str) -> str:
+        """``column`` as the file names it."""
+        return self.column_names.get(column, column)
 
     def schema(self) -> pa.Schema:
         """The normalized (on-disk) schema, with version, kind and metadata."""

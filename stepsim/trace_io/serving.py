@@ -63,7 +63,8 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         raise TraceError(f"{path}: cannot read safetensors file: {exc}") from exc
 
 
-def _pick(arrays: dict[str, np.ndarray], key: str | None, path: Path) -> str:
+def _pick(arrays: dict[str, np.ndarray], key: str | None, path: Path,
+          several: str = "name the routed-experts one with --key") -> str:
     names = ", ".join(sorted(arrays)) or "none"
     if key is not None:
         if key not in arrays:
@@ -73,7 +74,7 @@ def _pick(arrays: dict[str, np.ndarray], key: str | None, path: Path) -> str:
         return next(iter(arrays))
     if DEFAULT_KEY in arrays:
         return DEFAULT_KEY
-    raise TraceSchemaError(f"{path}: holds several arrays ({names}); name the routed-experts one with --key")
+    raise TraceSchemaError(f"{path}: holds several arrays ({names}); {several}")
 
 
 def check_routed_experts(experts: np.ndarray, num_experts: int, where: str) -> None:
@@ -166,7 +167,8 @@ def routed_experts_batches(experts: np.ndarray, iterations: np.ndarray | None, s
 
 
 def load_routed_experts(src: str | Path, *, key: str | None = None, iteration_key: str | None = None,
-                        num_experts: int | None = None, model: str | None = None
+                        num_experts: int | None = None, model: str | None = None,
+                        several: str = "name the routed-experts one with --key"
                         ) -> tuple[np.ndarray, np.ndarray | None, pa.Schema]:
     """Read and check a routed-experts file.
 
@@ -183,6 +185,9 @@ def load_routed_experts(src: str | Path, *, key: str | None = None, iteration_ke
     model : str, optional
         Preset name, alias or Hugging Face ``config.json``: gives num_experts and checks top_k; stored as the
         trace's ``model`` metadata.
+    several : str
+        What the error for a file of several arrays (none named ``routed_experts``) tells the caller to do (a
+        command without ``--key`` says what it reads instead).
 
     Returns
     -------
@@ -191,7 +196,7 @@ def load_routed_experts(src: str | Path, *, key: str | None = None, iteration_ke
     """
     path = Path(src)
     arrays = _read_arrays(path)
-    name = _pick(arrays, key, path)
+    name = _pick(arrays, key, path, several)
     if iteration_key is not None and path.suffix.lower() == ".npy":
         raise ConfigError(f"{path}: a .npy file holds one array; put the iteration array beside the routed experts "
                           "in a .npz or .safetensors file")

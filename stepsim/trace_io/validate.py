@@ -201,11 +201,12 @@ def _routing(batch: pa.RecordBatch, info: TraceInfo, row0: int) -> list[pa.Array
 
 def _requests(batch: pa.RecordBatch, info: TraceInfo, row0: int) -> list[pa.Array]:
     src = info.source
-    cols = {c: _int_column(batch.column(c), c, t, src, row0) for c, t in _INT_COLUMNS[REQUESTS].items()}
+    cols = {c: _int_column(batch.column(c), info.label(c), t, src, row0) for c, t in _INT_COLUMNS[REQUESTS].items()}
     ts = batch.column("arrival")
+    arrival = info.label("arrival")
     if ts.null_count:
         i = _first(ts.is_null().to_numpy(zero_copy_only=False))
-        raise TraceValueError(f"{src}: row {row0 + i}, column 'arrival': missing value (null)")
+        raise TraceValueError(f"{src}: row {row0 + i}, column {arrival!r}: missing value (null)")
     unit = ts.type.unit
     raw = ts.cast(pa.int64()).to_numpy()
     if unit == "ns":
@@ -215,7 +216,7 @@ def _requests(batch: pa.RecordBatch, info: TraceInfo, row0: int) -> list[pa.Arra
             i = _first(lossy)
             shown = pc.strftime(ts.slice(i, 1), format="%Y-%m-%d %H:%M:%S")[0].as_py()
             raise TraceValueError(
-                f"{src}: row {row0 + i}, column 'arrival': timestamp {shown} has sub-microsecond digits "
+                f"{src}: row {row0 + i}, column {arrival!r}: timestamp {shown} has sub-microsecond digits "
                 "that timestamp[us] cannot hold"
             )
         raw = raw // 1000

@@ -56,7 +56,7 @@ def test_csv_errors_are_one_line(tmp_path):
                             "row's (requests must be sorted by arrival)")
     with pytest.raises(TraceValueError) as e:
         read_requests(_csv(tmp_path, ["2023-11-16 18:15:46.6805900,374,44", "2023-11-16 18:15:47.0000000,-3,9"]))
-    assert str(e.value) == f"{tmp_path}/t.csv: row 1, column 'context_tokens': negative value -3"
+    assert str(e.value) == f"{tmp_path}/t.csv: row 1, column 'ContextTokens': negative value -3"
     with pytest.raises(TraceValueError) as e:
         read_requests(_csv(tmp_path, ["2023-11-16 18:15:46.6805900,374,44", "2023-11-16 18:15:47.0000000,3,0"]))
     assert str(e.value) == (f"{tmp_path}/t.csv: row 1, column 'GeneratedTokens': an output of 0 tokens (a request "
