@@ -92,7 +92,7 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
     assert exact.summary["iterations"] == a.summary["iterations"] == 384
     diff = {f"{k[:-2]} {q}": round((a.summary[k][q] / exact.summary[k][q] - 1) * 100, 2) for k in ("ttft_s", "tpot_s")
             for q in ("p50", "p99")}
-    assert diff == {"ttft p50": -0.91, "ttft p99": 1.99, "tpot p50": 0.0, "tpot p99": 0.27}  # deterministic
+    assert diff == {"ttft p50": -0.5, "ttft p99": -0.07, "tpot p50": 0.0, "tpot p99": 0.12}  # deterministic
     assert all(abs(v) < 2 for v in diff.values())  # the target
 
 
