@@ -88,24 +88,26 @@ def check_types(*, model=None, requests=None, out=None, slo=None, arrival=None, 
 def check_arguments(*, model=None, requests=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
-                    hbm_bytes=None, **_others) -> None:
-    """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: a
-    serving sweep refuses a bad task with them before any task runs (the trace, the weights against HBM and the
-    requests against the KV cache are checked by the run). Other keyword arguments are ignored."""
+                    hbm_bytes=None, jobs=None, executor=None, provider=None, **_others) -> None:
+    """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: serve
+    makes them first, and a serving sweep refuses a bad task with them before any task runs (the trace, the
+    weights against HBM and the requests against the KV cache are checked by the run). Other keyword arguments
+    are ignored."""
     if fidelity is not None and fidelity not in FIDELITIES:
         raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
-    given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity))
-             if value is not None]
+    given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),
+                                      ("provider", provider)) if value is not None]
     if len(given) != 1:
         raise ConfigError("stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast" if not given else
                           f"{' and '.join(given)} both price the steps; give one")
     if iteration_latency is not None:
         ConstantLatency(iteration_latency)  # its own check and message
-    elif routing is not None:
-        check_routing(routing)
-    if fidelity is None and routing is not None:
-        raise ConfigError("--routing is for the engine-backed latency (--fidelity exact|fast); --iteration-latency "
-                          "does not simulate layers")
+    if fidelity is None:
+        for name, value in (("--routing", routing), ("--jobs", jobs), ("--executor", executor)):
+            if value is not None:
+                raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
+                                  f"{given[0]} does not simulate layers")
+    check_routing(routing)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     if arrival is not None and arrival_scale is not None:
@@ -442,19 +444,11 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         from stepsim.base.outputs import check_out_dir
 
         check_out_dir(out, "--out")
-    if fidelity is not None and fidelity not in FIDELITIES:
-        raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
-    given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),
-                                      ("provider", provider)) if value is not None]
-    if len(given) != 1:
-        raise ConfigError("stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast" if not given else
-                          f"{' and '.join(given)} both price the steps; give one")
-    if fidelity is None:
-        for name, value in (("--routing", routing), ("--jobs", jobs), ("--executor", executor)):
-            if value is not None:
-                raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
-                                  f"{given[0]} does not simulate layers")
-    check_routing(routing)
+    check_arguments(model=model, requests=requests, arrival_scale=arrival_scale, arrival=arrival,
+                    limit_requests=limit_requests, duration=duration, hardware=hardware, scheduler=scheduler,
+                    max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, chunk_tokens=chunk_tokens, routing=routing,
+                    fidelity=fidelity, slo=slo, seed=seed, iteration_latency=iteration_latency, block_size=block_size,
+                    hbm_bytes=hbm_bytes, jobs=jobs, executor=executor, provider=provider)
     if fidelity == "fast":
         checked_calibration_cache(calibration_cache)
     if jobs is not None:
@@ -474,8 +468,6 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
             raise ConfigError(f"--timeline {timeline}: is one of the files --out writes ({', '.join(OUTPUT_FILES)})")
     if provider is None and iteration_latency is not None:
         provider = ConstantLatency(iteration_latency)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     slo_seconds = parse_slo(slo) if slo is not None else None
     config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                                   chunk_tokens=chunk_tokens, block_size=block_size)
