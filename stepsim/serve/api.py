@@ -262,14 +262,8 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
     ``pilot(provider, on_step)`` replays the run with a provider (``on_step`` as :func:`replay`'s ``progress``); on
     ``system``'s chips when given (calibrated on :class:`stepsim.serve.system.SystemEngineLatency`'s pieces:
     :class:`stepsim.serve.system_fast.SystemFastLatency`). ``progress``: a calibration bar on a terminal."""
-    from stepsim.serve.fast import (
-        FastLatency,
-        calibrated,
-        calibration_key,
-        load_calibration,
-        metric_forms,
-        save_calibration,
-    )
+    from stepsim.serve.calibration_cache import calibration_key, load_calibration, save_calibration
+    from stepsim.serve.fast import FastLatency, calibrated, metric_forms
     from stepsim.serve.layers import KINDS
 
     if system is not None:  # before the calibration's long work

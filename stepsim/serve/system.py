@@ -218,7 +218,7 @@ class SystemEngineLatency(EngineLatency):
 def system_key(system) -> dict:
     """Every field of a system that determines its cycles: the chips, every chip's hardware values, the
     dimensions and every link (bandwidth bytes/cycle, latency cycles), the switches; for the fast fidelity's
-    calibration cache key (:func:`stepsim.serve.fast.calibration_key`). Not its name nor where its hardware came
+    calibration cache key (:func:`stepsim.serve.calibration_cache.calibration_key`). Not its name nor where its hardware came
     from: the same system under another name reuses the calibration."""
     import dataclasses
 

@@ -1,19 +1,19 @@
 """A cached fast-fidelity calibration is reused only by the code that made it: the key hashes the model's source
-and the timing-model version beside the run's parts (a calibration cached by an older fast.py was loaded once and
-failed with KeyError 'ffn_prefill')."""
+(stepsim/serve/fast.py) and the timing-model version beside the run's parts (a calibration cached by an older
+fast.py was loaded once and failed with KeyError 'ffn_prefill')."""
 
 from __future__ import annotations
 
-from stepsim.serve import fast
+from stepsim.serve import calibration_cache as cache
 
 
 def test_the_key_changes_with_the_models_source_and_the_timing_model(monkeypatch):
     parts = {"model": "m", "requests": "r"}
-    key = fast.calibration_key(parts)
-    assert fast.calibration_key(dict(parts)) == key
-    monkeypatch.setattr(fast, "_MODEL_SOURCE", "0" * 64)
-    changed_source = fast.calibration_key(parts)
+    key = cache.calibration_key(parts)
+    assert cache.calibration_key(dict(parts)) == key
+    monkeypatch.setattr(cache, "_MODEL_SOURCE", "0" * 64)
+    changed_source = cache.calibration_key(parts)
     monkeypatch.undo()
-    monkeypatch.setattr(fast, "TIMING_MODEL_VERSION", fast.TIMING_MODEL_VERSION + 1)
-    changed_timing = fast.calibration_key(parts)
+    monkeypatch.setattr(cache, "TIMING_MODEL_VERSION", cache.TIMING_MODEL_VERSION + 1)
+    changed_timing = cache.calibration_key(parts)
     assert len({key, changed_source, changed_timing}) == 3

@@ -501,7 +501,7 @@ def test_a_full_disk_leaves_an_earlier_runs_folder_as_it_was(tmp_path, capsys, m
 
 
 def test_a_corrupt_calibration_cache_is_recalibrated_never_reused(tmp_path, capsys, monkeypatch):
-    from stepsim.serve.fast import load_calibration
+    from stepsim.serve.calibration_cache import load_calibration
 
     trace = tmp_path / "t.csv"
     trace.write_bytes(_csv_text([HEADER, *ROWS]))
@@ -519,7 +519,7 @@ def test_a_corrupt_calibration_cache_is_recalibrated_never_reused(tmp_path, caps
     record = json.loads(intact)
     edited = dict(record, theta={**record["theta"], "ffn": [v + 1 for v in record["theta"]["ffn"]]})
     other = dict(record, key="0" * 64)
-    from stepsim.serve.fast import _checksum
+    from stepsim.serve.calibration_cache import _checksum
 
     other["sha256"] = _checksum(other)
     for content, problem in [
@@ -652,7 +652,7 @@ def test_the_calibration_key_follows_the_vocabulary(tmp_path, monkeypatch):
     # * two model files differing only in vocab_size (the LM head's bytes price every step, and the held-out error)
     # shared one cached calibration when their KV blocks came out equal: vocab_size is not in the model's repr
     import stepsim.serve.api as api
-    from stepsim.serve.fast import calibration_key
+    from stepsim.serve.calibration_cache import calibration_key
 
     class Stop(Exception):
         pass
