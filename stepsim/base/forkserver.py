@@ -42,6 +42,10 @@ def start_fork_server(*, warm_kernels: bool):
     of a process decides the preload (the server is process-wide and keeps running); without a fork server
     (``spawn``) nothing starts here.
     """
+    if warm_kernels:  # the workers compile the kernels on a cold cache: the command line's notice is due
+        from stepsim.base.compile_notice import say_once
+
+        say_once()
     context = multiprocessing.get_context(start_method())
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload([*FORKSERVER_PRELOAD, *([FORKSERVER_WARM] if warm_kernels else [])])

@@ -102,14 +102,22 @@ def _check_out(args) -> None:
 
 def _compile_notice(args) -> None:
     """One line on stderr before the first kernel compilation (a cold numba cache takes 40-70 s on the 2-core
-    reference machine, depending on its speed at the time)."""
-    if args.command not in SIMULATING_COMMANDS or getattr(args, "dry_run", False):
-        return
-    from stepsim.kernels.jit import kernels_cached
+    reference machine, depending on its speed at the time), said just before the command's first engine work
+    (:mod:`stepsim.base.compile_notice`): a command that fails on its input first says only its error."""
+    from stepsim.base import compile_notice
 
-    if not kernels_cached():
-        print("stepsim: compiling the simulation kernels once, about a minute (`stepsim cache warm` does it ahead)",
-              file=sys.stderr, flush=True)
+    if args.command not in SIMULATING_COMMANDS or getattr(args, "dry_run", False):
+        compile_notice.arm(None)
+        return
+
+    def say() -> None:
+        from stepsim.kernels.jit import kernels_cached
+
+        if not kernels_cached():
+            print("stepsim: compiling the simulation kernels once, about a minute (`stepsim cache warm` does it "
+                  "ahead)", file=sys.stderr, flush=True)
+
+    compile_notice.arm(say)
 
 
 def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -116,7 +116,11 @@ Progress = Callable[[int, int], None]
 
 
 def _engine():
-    """The engine's kernels module (imported on first use: importing it loads numba's cached code)."""
+    """The engine's kernels module (imported on first use: importing it loads numba's cached code), after the
+    command line's "compiling once" notice when it is due (:mod:`stepsim.base.compile_notice`)."""
+    from stepsim.base.compile_notice import say_once
+
+    say_once()
     from stepsim.kernels import engine
 
     return engine

@@ -141,6 +141,20 @@ def test_a_cold_kernel_cache_is_announced_once_before_simulating_commands(monkey
     assert capsys.readouterr().err == ""
 
 
+def test_a_command_refused_for_its_input_says_only_its_error_on_a_cold_cache(monkeypatch, capsys, tmp_path):
+    """The notice is said just before the first engine work, not when the command starts: a bad input is one
+    line whatever the state of numba's cache (a sweep refuses its tasks before its workers load the kernels)."""
+    import stepsim.kernels.jit as jit
+
+    monkeypatch.setattr(jit, "kernels_cached", lambda: False)
+    assert main(["run", "swiglu", "--tile-f", "-1"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["stepsim: error: --tile-f must be an int >= 1, got -1"]
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('workload = "swiglu"\n[grid]\ntile_f = [16, -1]\n')
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
 def test_kernels_cached_looks_for_the_event_loop_in_numbas_cache(monkeypatch, tmp_path):
     import stepsim.kernels.jit as jit
 
