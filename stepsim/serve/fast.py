@@ -43,6 +43,7 @@ error) is cached under a key that hashes everything that determines it
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -188,8 +189,7 @@ def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np
     tokens, layers, _ = routing.shape
     experts = spec.ffn_model.experts
     shared = has_shared(spec)
-    offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
-    counts = np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
+    counts = layer_counts(routing, experts)
     tiles = (counts + KV_TILE - 1) // KV_TILE
     f = np.column_stack([np.ones(layers), np.full(layers, float(tokens)), tiles.sum(axis=1), (counts > 0).sum(axis=1),
                          tiles.max(axis=1)]).astype(np.float64)
@@ -226,6 +226,14 @@ def chip_features(routing: np.ndarray, chips: int, experts: int) -> np.ndarray:
     return np.column_stack([remote > 0, remote, busiest]).astype(np.float64)
 
 
+def layer_counts(routing: np.ndarray, experts: int) -> np.ndarray:
+    """Tokens per expert in every layer: ``routing`` ``[tokens, layers, top_k]`` -> ``[layers, experts]`` (int64),
+    one bincount over the layers' ids offset apart."""
+    layers = routing.shape[1]
+    offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
+    return np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
+
+
 def few_experts(spec: LayerSpec) -> bool:
     """Whether the FFN pieces of ``spec`` get :func:`expert_rounds`: an MoE model of at most :data:`FEW_EXPERTS`
     routed experts on one chip (a system's sharded block splits the experts over chips, whose rounds these columns
@@ -248,10 +256,8 @@ def expert_rounds(routing: np.ndarray, experts: int) -> np.ndarray:
     with all 8, against 6.5 % (18.8 %) on the tokens, tiles and busiest tiles alone: with the same tiles, the
     layers whose least-loaded expert has more tiles are slower (tests/serve/test_fast_accuracy_models.py pins
     such cycles). With many experts (Qwen3's 128, DeepSeek-MoE's 64) these columns are not made."""
-    tokens, layers, _ = routing.shape
-    offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
-    counts = np.bincount((routing + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
-    tiles = -np.sort(-((counts + KV_TILE - 1) // KV_TILE), axis=1)
+    layers = routing.shape[1]
+    tiles = -np.sort(-((layer_counts(routing, experts) + KV_TILE - 1) // KV_TILE), axis=1)
     return (tiles - np.column_stack([tiles[:, 1:], np.zeros(layers, dtype=np.int64)])).astype(np.float64)
 
 
@@ -354,7 +360,8 @@ class FastLatency(EngineLatency):
         of a step of ``tokens`` tokens (one
         row for a dense FFN) and ``tasks()`` its FFN tasks, as :meth:`EngineLatency.tasks` makes them."""
         if self.model.is_moe:
-            f, rows = self.routing.window(tokens, KV_TILE)
+            f, make_rows = self.routing.window(tokens, KV_TILE)
+            rows = functools.cache(make_rows)  # made once a step: pair_parity, expert_rounds, chip columns, tasks
 
             def tasks() -> list:
                 routing = rows()
