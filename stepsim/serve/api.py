@@ -85,7 +85,7 @@ def check_types(*, model=None, requests=None, out=None, slo=None, arrival=None, 
         raise ConfigError(f"block size must be at least 1 token, got {block_size!r}")
 
 
-def check_arguments(*, model=None, requests=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
+def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
                     hbm_bytes=None, jobs=None, executor=None, provider=None, **_others) -> None:
@@ -93,6 +93,8 @@ def check_arguments(*, model=None, requests=None, arrival_scale=None, arrival=No
     makes them first, and a serving sweep refuses a bad task with them before any task runs (the trace, the
     weights against HBM and the requests against the KV cache are checked by the run). Other keyword arguments
     are ignored."""
+    check_types(model=model, requests=requests, out=out, slo=slo, arrival=arrival, hbm_bytes=hbm_bytes,
+                block_size=block_size)
     if fidelity is not None and fidelity not in FIDELITIES:
         raise ConfigError(f"--fidelity must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     given = [name for name, value in (("--iteration-latency", iteration_latency), ("--fidelity", fidelity),
@@ -120,8 +122,6 @@ def check_arguments(*, model=None, requests=None, arrival_scale=None, arrival=No
             _positive(flag, value, integer)
     if slo is not None:
         parse_slo(slo)
-    check_types(model=model, requests=requests, slo=slo, arrival=arrival, hbm_bytes=hbm_bytes,
-                block_size=block_size)
     SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                          chunk_tokens=chunk_tokens, block_size=block_size)
     resolve_model(model)
@@ -432,17 +432,15 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     ServeResult
     """
     started = time.perf_counter()
-    check_types(model=model, requests=requests, out=out, slo=slo, arrival=arrival, hbm_bytes=hbm_bytes,
-                block_size=block_size)
-    if out is not None:  # as the command line checks --out: now, not after the run
-        from stepsim.base.outputs import check_out_dir
-
-        check_out_dir(out, "--out")
-    check_arguments(model=model, requests=requests, arrival_scale=arrival_scale, arrival=arrival,
+    check_arguments(model=model, requests=requests, out=out, arrival_scale=arrival_scale, arrival=arrival,
                     limit_requests=limit_requests, duration=duration, hardware=hardware, scheduler=scheduler,
                     max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, chunk_tokens=chunk_tokens, routing=routing,
                     fidelity=fidelity, slo=slo, seed=seed, iteration_latency=iteration_latency, block_size=block_size,
                     hbm_bytes=hbm_bytes, jobs=jobs, executor=executor, provider=provider)
+    if out is not None:  # as the command line checks --out: now, not after the run
+        from stepsim.base.outputs import check_out_dir
+
+        check_out_dir(out, "--out")
     if fidelity == "fast":
         checked_calibration_cache(calibration_cache)
     if jobs is not None:
