@@ -18,7 +18,10 @@ A third, ``sn40l``, is one socket of SambaNova's SN40L from its public specifica
 
 The serving fields (``clock_hz``, ``hbm_capacity_bytes``, ``on_chip_capacity_bytes``, ``peak_flops_per_cycle``)
 change no cycle count: they turn cycles into seconds, size the KV cache, refuse a layer that does not fit on chip
-and bound compute. They join a run's identity (:meth:`Hardware.values`) only when they differ from their
+and bound compute. The resource fields (``compute_units``, ``memory_units``) change no cycle count either: they are
+what a mapped schedule (:mod:`stepsim.mapping`) is constrained by, the chip's compute units (each
+``peak_flops_per_cycle / compute_units`` FLOPs/cycle) and memory units (each ``on_chip_capacity_bytes /
+memory_units`` bytes). Both kinds join a run's identity (:meth:`Hardware.values`) only when they differ from their
 defaults, so every run id from before they existed is unchanged.
 
 Example
@@ -81,6 +84,12 @@ class Hardware:
         520 MiB.
     peak_flops_per_cycle : int
         Peak compute of the whole chip (FLOPs per cycle). Default 638,000 (638 TFLOP/s at 1 GHz).
+    compute_units : int
+        Compute units (PCUs) a mapped schedule spreads its compute operators over; each does
+        :attr:`unit_flops_per_cycle`. Default 1,040 (SN40L).
+    memory_units : int
+        On-chip memory units (PMUs) a mapped schedule spreads its buffers and memory streams over; each holds
+        :attr:`memory_unit_bytes` and moves ``pmu_bw`` bytes/cycle. Default 1,040 (SN40L).
     explicit : tuple of str
         Fields set over the base preset (TOML keys, overrides, constructor values that differ from the preset),
         sorted. Filled in automatically; decides the derived name and the FIFO-depth precedence.
@@ -99,10 +108,12 @@ class Hardware:
     hbm_capacity_bytes: int = 64 * 2**30
     on_chip_capacity_bytes: int = 1040 * 512 * 2**10
     peak_flops_per_cycle: int = 638_000
+    compute_units: int = 1040
+    memory_units: int = 1040
     explicit: tuple = dc_field(default=())
 
     def __post_init__(self):
-        for field in ("addr_offset", "hbm_channels", "hbm_init_interval", "pmu_bw") + SERVING_FIELDS:
+        for field in ("addr_offset", "hbm_channels", "hbm_init_interval", "pmu_bw") + SERVING_FIELDS + RESOURCE_FIELDS:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # TOML true is not 1 Hz
                 raise ConfigError(f"hardware {self.name!r}: {field} must be a positive int, got {value!r}")
@@ -153,7 +164,8 @@ class Hardware:
         """The fields that determine a run: every engine field, and each serving field that differs from its
         default (so run ids from before the serving fields existed stay as they were)."""
         values = {f: getattr(self, f) for f in ENGINE_FIELDS}
-        values.update({f: getattr(self, f) for f in SERVING_FIELDS if getattr(self, f) != SERVING_DEFAULTS[f]})
+        values.update({f: getattr(self, f) for f in SERVING_FIELDS + RESOURCE_FIELDS
+                       if getattr(self, f) != SERVING_DEFAULTS[f]})
         return values
 
     def seconds(self, cycles: int) -> float:
@@ -167,6 +179,16 @@ class Hardware:
             raise ConfigError(f"{what} needs {needed_bytes:,} bytes on chip; hardware {self.name!r} has "
                               f"{self.on_chip_capacity_bytes:,} ({needed_bytes - self.on_chip_capacity_bytes:,} "
                               "bytes short)")
+
+    @property
+    def unit_flops_per_cycle(self) -> int:
+        """FLOPs/cycle of one compute unit: ``peak_flops_per_cycle // compute_units`` (at least 1)."""
+        return max(1, self.peak_flops_per_cycle // self.compute_units)
+
+    @property
+    def memory_unit_bytes(self) -> int:
+        """Bytes one on-chip memory unit holds: ``on_chip_capacity_bytes // memory_units`` (at least 1)."""
+        return max(1, self.on_chip_capacity_bytes // self.memory_units)
 
     @property
     def hbm_peak_bytes_per_cycle(self) -> int:
@@ -250,10 +272,13 @@ _FIELDS = {f.name for f in dataclasses.fields(Hardware)} - {"explicit"}
 VALUE_FIELDS = tuple(f.name for f in dataclasses.fields(Hardware) if f.name not in ("name", "explicit"))
 #: the serving fields: no cycle count depends on them
 SERVING_FIELDS = ("clock_hz", "hbm_capacity_bytes", "on_chip_capacity_bytes", "peak_flops_per_cycle")
-#: their defaults (the dataclass's)
-SERVING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Hardware) if f.name in SERVING_FIELDS}
+#: the resource fields a mapped schedule is constrained by (:mod:`stepsim.mapping`): no cycle count depends on them
+RESOURCE_FIELDS = ("compute_units", "memory_units")
+#: the defaults of both (the dataclass's)
+SERVING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Hardware)
+                    if f.name in SERVING_FIELDS + RESOURCE_FIELDS}
 #: the fields the engine reads (and ``hbm_outstanding``, kept for the artifact's files): always in a run's identity
-ENGINE_FIELDS = tuple(f for f in VALUE_FIELDS if f not in SERVING_FIELDS)
+ENGINE_FIELDS = tuple(f for f in VALUE_FIELDS if f not in SERVING_FIELDS + RESOURCE_FIELDS)
 
 
 def derived_name(base_name: str, hw: Hardware) -> str:
@@ -290,5 +315,5 @@ PRESETS: dict[str, Hardware] = {
                       hbm_start_up=14, hbm_outstanding=1, pmu_bw=64,
                       channel_depth=PRESET_CHANNEL_DEPTH["step-eval"], clock_hz=1_000_000_000,
                       hbm_capacity_bytes=64 * 2**30, on_chip_capacity_bytes=1040 * 512 * 2**10,
-                      peak_flops_per_cycle=638_000),
+                      peak_flops_per_cycle=638_000, compute_units=1040, memory_units=1040),
 }

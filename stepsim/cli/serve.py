@@ -47,6 +47,9 @@ def register(subparsers) -> None:
     p.add_argument("--fidelity", choices=("exact", "fast"),
                    help="price each step on the cycle engine: exact simulates every layer; fast uses a model "
                         "calibrated on exact simulations of the same run (cached), with its measured error")
+    p.add_argument("--schedule", choices=("paper", "auto"), default="paper",
+                   help="how --fidelity exact builds each layer: the STeP paper's evaluation schedules (default) or "
+                        "auto, mapped over the whole chip (docs/mapping.md)")
     p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e)")
     parallel = p.add_mutually_exclusive_group()
     parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency)")
@@ -82,6 +85,7 @@ def _serve(args) -> int:
                    limit_requests=args.limit_requests, duration=args.duration, hardware=args.hardware,
                    scheduler=args.scheduler, max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens,
                    chunk_tokens=args.chunk_tokens, routing=args.routing, fidelity=args.fidelity, slo=args.slo,
+                   schedule=args.schedule,
                    jobs=args.jobs, executor=args.executor, address=args.address, seed=args.seed,
                    iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system,
                    progress=True)  # bars only on a terminal, after 2 s

@@ -85,10 +85,26 @@ def check_types(*, model=None, requests=None, out=None, slo=None, arrival=None, 
         raise ConfigError(f"block size must be at least 1 token, got {block_size!r}")
 
 
+#: ``--schedule`` values: the STeP paper's evaluation schedules, or every layer mapped over the chip
+SCHEDULES = ("paper", "auto")
+
+
+def check_schedule(schedule, fidelity, system) -> None:
+    """``--schedule``: a known value; ``auto`` prices layers on the engine (``--fidelity exact``) on one chip."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule == "auto" and fidelity != "exact":
+        raise ConfigError("--schedule auto maps the layers the engine prices: it needs --fidelity exact (fast mode's "
+                          "calibration is not built on mapped layers yet)")
+    if schedule == "auto" and system is not None:
+        raise ConfigError("--schedule auto maps the layers of one chip; --system keeps the paper's schedules")
+
+
 def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
-                    hbm_bytes=None, jobs=None, executor=None, provider=None, **_others) -> None:
+                    hbm_bytes=None, jobs=None, executor=None, provider=None, schedule="paper", system=None,
+                    **_others) -> None:
     """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: serve
     makes them first, and a serving sweep refuses a bad task with them before any task runs (the trace, the
     weights against HBM and the requests against the KV cache are checked by the run). Other keyword arguments
@@ -110,6 +126,7 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
                 raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
                                   f"{given[0]} does not simulate layers")
     check_routing(routing)
+    check_schedule(schedule, fidelity, system)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     if arrival is not None and arrival_scale is not None:
@@ -332,7 +349,7 @@ def _bar(progress: bool, desc: str, unit: str, total: int | None = None):
 
 
 def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                    jobs: int | None, layers_executor=None, system=None):
+                    jobs: int | None, layers_executor=None, system=None, schedule: str = "paper"):
     """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
     MoE model, or a routed-experts file); on ``system``'s chips when given (:mod:`stepsim.serve.system`)."""
     from stepsim.serve.exact import EngineLatency
@@ -354,14 +371,14 @@ def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int,
                               "this process); use --jobs N")
         return system_engine_latency(model, system, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
     return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
-                         layers_executor=layers_executor)
+                         layers_executor=layers_executor, schedule=schedule)
 
 
 def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
-          calibration_cache=None, system=None, progress: bool = False) -> ServeResult:
+          calibration_cache=None, system=None, progress: bool = False, schedule: str = "paper") -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -426,6 +443,10 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     progress : bool
         Progress bars on stderr while calibrating and serving, drawn only on a terminal once the work has taken
         2 s (``stepsim serve`` sets it; the results do not depend on it).
+    schedule : {"paper", "auto"}
+        ``paper`` (default): every layer with the STeP paper's evaluation schedule; ``auto``: the FFN and the decode
+        attention mapped over the whole chip (:mod:`stepsim.mapping`, docs/mapping.md), ``--fidelity exact`` on
+        one chip.
 
     Returns
     -------
@@ -436,7 +457,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                     limit_requests=limit_requests, duration=duration, hardware=hardware, scheduler=scheduler,
                     max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, chunk_tokens=chunk_tokens, routing=routing,
                     fidelity=fidelity, slo=slo, seed=seed, iteration_latency=iteration_latency, block_size=block_size,
-                    hbm_bytes=hbm_bytes, jobs=jobs, executor=executor, provider=provider)
+                    hbm_bytes=hbm_bytes, jobs=jobs, executor=executor, provider=provider, schedule=schedule,
+                    system=system)
     if out is not None:  # as the command line checks --out: now, not after the run
         from stepsim.base.outputs import check_out_dir
 
@@ -492,7 +514,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         provider, calibration, result = _replay_with(
             provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
             trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache, system,
-            progress)
+            progress, schedule)
     finally:
         if layers_executor is not None:
             layers_executor.close()
@@ -505,14 +527,14 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
 
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
                  requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
-                 calibration_cache, system, progress):
+                 calibration_cache, system, progress, schedule="paper"):
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
     replayed through it."""
     calibration = None
     if fidelity == "exact":
         provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                    vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor,
-                                   system=system)
+                                   system=system, schedule=schedule)
     elif fidelity == "fast":
         key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
                                                                                    VALUE_FIELDS},

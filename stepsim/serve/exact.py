@@ -95,16 +95,19 @@ class EngineLatency:
         Worker processes for the layers of a step (default: in this process).
     layers_executor : stepsim.serve.dask_layers.DaskLayers, optional
         Runs the layers of a step instead (``--executor dask``); its owner closes it.
+    schedule : {"paper", "auto"}
+        How the layers are built: the STeP paper's evaluation schedules, or mapped over the whole chip
+        (:mod:`stepsim.mapping`; :class:`~stepsim.serve.layers.LayerSpec`).
     """
 
     mode = "exact"
     error = None
 
     def __init__(self, model: ModelConfig, hardware: Hardware, routing, *, max_model_len: int, vocab: int,
-                 jobs: int | None = None, layers_executor=None):
+                 jobs: int | None = None, layers_executor=None, schedule: str = "paper"):
         self.model, self.hardware, self.routing = model, hardware, routing
         self.layers_executor = layers_executor
-        self.spec = LayerSpec(model, hardware, max_kv_rows(max_model_len))
+        self.spec = LayerSpec(model, hardware, max_kv_rows(max_model_len), schedule=schedule)
         self.layer_weights, self.head_cycles, self.embedding_bytes = weight_cycles(model, hardware, vocab)
         self.jobs = jobs
         self._pool = None
@@ -205,7 +208,10 @@ class EngineLatency:
         """What the summary's ``fidelity`` says beyond the mode: the routing and the engine runs (not the
         templates built, which depend on how many workers built them: the outputs do not)."""
         routing = self.routing.describe() if self.routing is not None else None
-        return {"routing": routing, "simulations": self.simulations}
+        described = {"routing": routing, "simulations": self.simulations}
+        if self.spec.schedule != "paper":  # said only when mapped: a paper-schedule summary stays as it was
+            described["schedule"] = self.spec.schedule
+        return described
 
     def stats(self) -> dict:
         """Where the provider's time went: templates built (graph building and lowering) against engine runs."""

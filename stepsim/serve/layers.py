@@ -67,6 +67,9 @@ class LayerSpec:
     hardware: Hardware
     max_n: int
     system: object = None
+    #: ``"paper"``: the STeP paper's evaluation schedules; ``"auto"``: the FFN and the decode attention mapped over
+    #: the whole chip (:mod:`stepsim.mapping`; one chip, the prefill attention keeps the paper's)
+    schedule: str = "paper"
 
     @property
     def ffn_model(self) -> MoEModel:
@@ -187,6 +190,8 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
     from stepsim.workloads.prefill_attention.build import build_prefill_attention
 
     a = spec.model.attention
+    if spec.schedule == "auto" and kind in MAPPED_KINDS:
+        return _mapped(kind, data, spec, depth)
     if kind == "decode":
         return build_attention(data, "dynamic", head_dim=a.head_dim, query_per_kv_head=a.query_per_kv_head,
                                max_n=spec.max_n)
@@ -200,6 +205,30 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
             parallel = {"ep": spec.system.chips, "placement": "contiguous", "system": spec.system}
         workload = build_moe(spec.ffn_model, data, **parallel)
     workload.channel_depth = depth
+    return workload
+
+
+#: the pieces ``schedule="auto"`` maps (:mod:`stepsim.mapping`)
+MAPPED_KINDS = ("decode", "ffn")
+
+
+def _mapped(kind: str, data, spec: LayerSpec, depth: int):
+    """The piece built with the schedule mapped at its shape's bucket; its compute units are those of the
+    mapper's representative data at the same shape, so they depend on the shape alone (a template rebound to any
+    data is the piece built for that data)."""
+    from stepsim.mapping import mapped_workload, schedule_for
+
+    if spec.system is not None:
+        raise StepsimError("schedule 'auto' is built for one chip; serve --system keeps the paper's schedules")
+    if kind == "ffn":
+        dims, size = spec.ffn_model, len(data)
+    else:
+        a = spec.model.attention
+        dims, size = {"head_dim": a.head_dim, "query_per_kv_head": a.query_per_kv_head}, len(data)
+    schedule = schedule_for(kind, size, dims, spec.hardware)
+    workload, _ = mapped_workload(kind, data, dims, spec.hardware, schedule.knobs, max_n=spec.max_n)
+    if kind == "ffn":
+        workload.channel_depth = depth
     return workload
 
 

@@ -11,7 +11,7 @@ from serve_requests import requests_file
 
 import stepsim
 from stepsim.base.errors import ConfigError
-from stepsim.base.hardware import ENGINE_FIELDS, PRESETS, SERVING_DEFAULTS, SERVING_FIELDS, Hardware
+from stepsim.base.hardware import ENGINE_FIELDS, PRESETS, RESOURCE_FIELDS, SERVING_DEFAULTS, SERVING_FIELDS, Hardware
 from stepsim.serve.output import read_outputs
 
 MODEL = "qwen3-30b-a3b"
@@ -31,9 +31,9 @@ def test_existing_presets_keep_their_engine_values_and_identity():
                                              "hbm_init_interval": 2, "hbm_start_up": 14, "hbm_outstanding": 1,
                                              "pmu_bw": 64, "channel_depth": 2}
     assert PRESETS["step-hdl"].values()["hbm_channels"] == 8 and PRESETS["step-hdl"].values()["pmu_bw"] == 256
-    assert set(ENGINE_FIELDS) | set(SERVING_FIELDS) == {f.name for f in dataclasses.fields(Hardware)} - {
-        "name", "explicit"}
-    for field in SERVING_FIELDS:  # a serving field joins the identity only when it differs from its default
+    assert set(ENGINE_FIELDS) | set(SERVING_FIELDS) | set(RESOURCE_FIELDS) == {
+        f.name for f in dataclasses.fields(Hardware)} - {"name", "explicit"}
+    for field in SERVING_FIELDS + RESOURCE_FIELDS:  # a serving or resource field joins the identity only when it differs from its default
         assert getattr(PRESETS["step-eval"], field) == SERVING_DEFAULTS[field]
         hw = Hardware.preset("step-eval", **{field: 2 * SERVING_DEFAULTS[field]})
         assert hw.values()[field] == 2 * SERVING_DEFAULTS[field]
@@ -81,3 +81,13 @@ def test_serve_hardware_sizes_the_kv_cache(tmp_path):
         stepsim.serve(MODEL, trace, iteration_latency=0.01, hardware=str(small))
     assert str(e.value) == "the model's weights (61.06 GB) do not fit in HBM (60.00 GB): 1.06 GB short; serve it on " \
                                  "several chips with --system FILE"
+
+
+def test_resource_fields_give_the_units_a_mapping_spreads_over():
+    hw = PRESETS["sn40l"]
+    assert (hw.compute_units, hw.memory_units) == (1040, 1040)  # "1040 PCUs and PMUs" (docs/hardware.md)
+    assert hw.unit_flops_per_cycle == 613  # 638,000 // 1,040
+    assert hw.memory_unit_bytes == 512 * 2**10  # 520 MiB over 1,040 PMUs
+    with pytest.raises(ConfigError) as e:
+        Hardware.preset("sn40l", compute_units=0)
+    assert str(e.value) == "hardware 'sn40l': compute_units must be a positive int, got 0"

@@ -25,6 +25,7 @@ stored in bf16 and computed in fp32; the output is stored in fp32.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 
@@ -107,7 +108,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
               channel_depth: int | None = WORKLOAD_CHANNEL_DEPTH["moe"], ep: int | None = None,
               placement: str = "contiguous", system=None, tp: int | None = None,
               algorithm: str = "ring", layers: int | None = None, pp: int | None = None,
-              micro_batches: int | None = None) -> Workload:
+              micro_batches: int | None = None, par_dispatch: int = 1, lanes: int = 1) -> Workload:
     """Build the MoE layer for one decoding batch.
 
     Parameters
@@ -148,7 +149,21 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         one array for every layer or a list of ``[tokens, top_k]`` arrays, one per layer), in ``pp`` pipeline
         stages on the chips of ``system``, ``micro_batches`` of ``B / M`` tokens streaming through
         (:mod:`stepsim.workloads.moe.pipeline`).
+    par_dispatch : int
+        HBM requests each expert-weight load issues per cycle (1 in the paper: at most 64 B/cycle a load). A
+        mapped schedule (:mod:`stepsim.mapping`) raises it so that a layer's weight streams reach the HBM's peak;
+        one chip without ``ep`` / ``tp`` / a stack only.
+    lanes : int
+        Column stripes each routed expert (or time-multiplexed region) is spread over (1 in the paper;
+        :func:`_expert_ffn`); ``F / lanes`` must be a multiple of ``tile_f``. One chip without ``ep`` / ``tp`` / a
+        stack.
     """
+    for knob, value in (("par_dispatch", par_dispatch), ("lanes", lanes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(f"{knob} must be a positive int, got {value!r}")
+        if value != 1 and any(v is not None for v in (layers, pp, micro_batches, ep, tp)):
+            raise ArgumentError(f"{knob} {value} applies to the one-chip MoE layer only (not with ep, tp, pp, layers "
+                                "or micro_batches)")
     stack = layers is not None or pp is not None or micro_batches is not None
     routings = None
     if stack:
@@ -181,6 +196,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         raise ArgumentError(f"tile_n must be a positive int, got {tile_n!r}")
     if not isinstance(tile_f, int) or tile_f < 1 or f % tile_f:
         raise ArgumentError(f"tile_f must be a positive divisor of the intermediate size {f}, got {tile_f!r}")
+    if f % (tile_f * lanes):
+        raise ArgumentError(f"lanes {lanes} x tile_f {tile_f} must divide the intermediate size {f}")
     if model.shared_intermediate % tile_f:
         raise ArgumentError(f"tile_f must also divide the shared experts' intermediate size "
                             f"{model.shared_intermediate}, got {tile_f!r}")
@@ -227,7 +244,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
         summed, bindings, tile_rows = moe_stage(
             g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
-            compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
+            compute_bw=compute_bw, packing_compute_bw=packing_compute_bw, par_dispatch=par_dispatch, lanes=lanes)
         LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
     else:
         from stepsim.workloads.moe.parallel import expert_parallel
@@ -259,6 +276,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         params=dict(model=model.name, hidden=d, intermediate=f, experts=experts, top_k=k, batch=batch,
                     tiling=tiling, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
                     packing_compute_bw=packing_compute_bw, channel_depth=channel_depth,
+                    # a mapped schedule's knobs only when set, so every run id from before them is unchanged
+                    **{knob: v for knob, v in (("par_dispatch", par_dispatch), ("lanes", lanes)) if v != 1},
                     **({"shared_intermediate": model.shared_intermediate} if model.shared_intermediate else {}),
                     **parallel),
         trace={"routing": routing},  # check_routing's own int64 copy
@@ -443,7 +462,7 @@ def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algor
 
 def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,
               regions: int, compute_bw: int, packing_compute_bw: int, suffix: str = "", prefix: str = "",
-              micro_batches: int = 1):
+              micro_batches: int = 1, par_dispatch: int = 1, lanes: int = 1):
     """The MoE block as a stage of graph ``g``: token rows in (``tokens``: the batch's rows, 1 x D fp32, in token
     order), the block's output rows out, in token order (routed experts weighted by the routing weights and
     summed, plus the shared experts' rows). Creates its operators in the order the artifact registers the
@@ -456,6 +475,8 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     ``micro_batches`` M > 1 (one region per expert): every expert's tiles are packed per micro-batch of ``B / M``
     consecutive tokens (:func:`_micro_batch_tiles`; dynamic tiling: one tile per micro-batch with tokens), so a
     pipeline's next stage gets micro-batch m's rows without waiting for later micro-batches' tokens.
+    ``par_dispatch``: HBM requests per cycle of each expert-weight load; ``lanes``: column stripes per expert
+    (:func:`_expert_ffn`; both :func:`build_moe`).
     """
     experts, k, d = model.experts, model.top_k, model.hidden
     batch = routing.shape[0]
@@ -502,10 +523,12 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
 
     # 5b: expert FFNs, one region per expert or time-multiplexed regions
     if regions == experts:
-        results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix, prefix) for e in range(experts)]
+        results = [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, suffix, prefix, par_dispatch, lanes)
+                   for e in range(experts)]
     else:
         results, region_bindings, region_rows = _timeshared_ffns(g, packed, model, regions, tile_f, dynamic,
-                                                                     counts, bw)
+                                                                     counts, bw, par_dispatch=par_dispatch,
+                                                                     lanes=lanes)
         bindings.update(region_bindings)
         tile_rows.update(region_rows)
 
@@ -528,7 +551,7 @@ def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, til
     if model.shared_intermediate:
         before = len(g.ops)
         shared = shared_ffn(g, tokens, model, batch, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw, bw,
-                            suffix, prefix)
+                            suffix, prefix, par_dispatch)
         summed = Map(g, [summed, shared], Add(), **bw)
         _label(g.ops[before:], ("shared_expert", 0))
     return summed, bindings, tile_rows
@@ -645,7 +668,8 @@ def _ffn_body(g, tiles_rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw):
     return MapAccum(g, hidden, down_w, Matmul(), init, 1, **bw)
 
 
-def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, suffix: str = "", prefix: str = ""):
+def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, suffix: str = "", prefix: str = "",
+               par_dispatch: int = 1):
     """The shared experts as one FFN of width ``model.shared_intermediate`` over every token, in tiles of
     ``tile_n`` rows (the last one zero-padded); returns its ``batch`` output rows in token order."""
     d, fs = model.hidden, model.shared_intermediate
@@ -658,7 +682,8 @@ def shared_ffn(g, tokens, model, batch, tile_n, tile_f, packing_compute_bw, bw, 
                             Tensor(f"{prefix}shared_down{suffix}", (fs, d), BF16))
     rep = RepeatStatic(g, tiles, n_f)
     up_w, gate_w, down_w = (
-        Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
+        Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32,
+                                     par_dispatch=par_dispatch), 0, 1)
         for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d))))
     out = _ffn_body(g, rep, gate_w, up_w, down_w, model, tile_f, False, bw)
     rows = RetileStreamify(g, out, split_row=True, filter_mask=True)
@@ -683,22 +708,46 @@ def expert_ffns(model: MoEModel, *, tile_n, tile_f: int, dynamic: bool, bw: dict
     return ffns, (shared if model.shared_intermediate else None)
 
 
-def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw, suffix: str = "", prefix: str = ""):
-    """One dedicated region: weights re-read once per token tile (LinearOffChipLoad with a reference)."""
+def _expert_ffn(g, tiles, e, model, tile_f, dynamic, bw, suffix: str = "", prefix: str = "", par_dispatch: int = 1,
+                lanes: int = 1):
+    """One dedicated region: weights re-read once per token tile (LinearOffChipLoad with a reference).
+
+    ``lanes`` > 1 spreads the expert over that many column stripes, as a dataflow compiler spreads a matrix product
+    over many units (docs/mapping.md): lane ``j`` holds F columns ``[j F/lanes, (j+1) F/lanes)`` of the gate and up
+    weights and the matching rows of the down weights (tensors ``<name>.lane<j>``), computes its partial down
+    projection, and the lanes' partials are summed by a tree of Adds. Each lane's weight loads stream on their own,
+    so the expert's weights arrive at ``lanes`` times a single load's rate; the traffic and the FLOPs are the same.
+    """
     d, f = model.hidden, model.intermediate
-    n_f = f // tile_f
+    n_f = f // tile_f // lanes
     before = len(g.ops)
-    gate_t, up_t, down_t = _weights(model, f"{prefix}expert{e:03d}", suffix=suffix)
-    rep = RepeatStatic(g, tiles, n_f)
-    loads = [Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32), 0, 1)
-             for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d)))]
-    up_w, gate_w, down_w = loads
-    out = _ffn_body(g, rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw)
+    partials = []
+    for lane in range(lanes):
+        lane_model = model if lanes == 1 else dataclasses.replace(model, intermediate=f // lanes)
+        lane_suffix = suffix if lanes == 1 else f"{suffix}.lane{lane}"
+        gate_t, up_t, down_t = _weights(lane_model, f"{prefix}expert{e:03d}", suffix=lane_suffix)
+        rep = RepeatStatic(g, tiles, n_f)
+        loads = [Flatten(g, LinearOffChipLoad(g, t, tile, (n_f, 1), (1, 1), ref=tiles, stream_dtype=FP32,
+                                              par_dispatch=par_dispatch), 0, 1)
+                 for t, tile in ((up_t, (d, tile_f)), (gate_t, (d, tile_f)), (down_t, (tile_f, d)))]
+        up_w, gate_w, down_w = loads
+        partials.append(_ffn_body(g, rep, gate_w, up_w, down_w, model, tile_f, dynamic, bw))
+    out = sum_tree(g, partials, bw)
     _label(g.ops[before:], ("expert", e))
     return out
 
 
-def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members=None):
+def sum_tree(g, streams: list, bw: dict):
+    """The element-wise sum of ``streams`` (equal shapes) by a balanced tree of two-input Adds (``len - 1`` of them,
+    ``ceil(log2 len)`` deep); one stream is returned as it is."""
+    while len(streams) > 1:
+        paired = [Map(g, [streams[i], streams[i + 1]], Add(), **bw) for i in range(0, len(streams) - 1, 2)]
+        streams = paired + (streams[-1:] if len(streams) % 2 else [])
+    return streams[0]
+
+
+def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members=None, par_dispatch: int = 1,
+                     lanes: int = 1):
     """Regions of ``experts/regions`` experts: EagerMerge the token tiles, fetch the chosen expert's weights
     with random loads, compute, and route results back to per-expert streams.
 
@@ -712,11 +761,14 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, mem
     to the rows of each of the region's tiles (one tile per member expert with tokens, ``tile_rows``): every
     function's FLOPs are linear in a tile's rows, so tiles x mean rows is the exact sum, and the per-unit
     bounds charge each tile its own firing costs. ``members`` lists each region's experts (default: contiguous
-    blocks of ``experts / regions``). Returns (results by expert, bindings, tile_rows).
+    blocks of ``experts / regions``). ``lanes`` > 1 spreads each region over column stripes as
+    :func:`_expert_ffn` does (tensors ``region<r>_<name>.lane<j>``, one random load of each per lane, the lanes'
+    partials summed before the results go back to their experts). Returns (results by expert, bindings,
+    tile_rows).
     """
     bindings, tile_rows = {}, {}
     d, f = model.hidden, model.intermediate
-    n_f = f // tile_f
+    n_f = f // tile_f // lanes
     per_region = model.experts // regions
     if members is None:  # region r: experts r * per_region .. (with --ep, each chip's experts: moe/sharded.py)
         members = [list(range(r * per_region, (r + 1) * per_region)) for r in range(regions)]
@@ -732,18 +784,22 @@ def _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, mem
         reps.append(RepeatStatic(g, merge[0], n_f))
         addrs.append(ExpertAddrGen(g, merge[1], n_f))
         _label(g.ops[before:], ("region", r))
-    tensors = [_weights(model, f"region{r:03d}", per_region) for r in range(regions)]  # (gate, up, down)
+    lane_model = model if lanes == 1 else dataclasses.replace(model, intermediate=f // lanes)
+    tensors = {(r, lane): _weights(lane_model, f"region{r:03d}", per_region, "" if lanes == 1 else f".lane{lane}")
+               for r in range(regions) for lane in range(lanes)}  # (gate, up, down)
     loads = {}
     for name, which, tile in (("up", 1, (d, tile_f)), ("gate", 0, (d, tile_f)), ("down", 2, (tile_f, d))):
         for r in range(regions):
             before = len(g.ops)
-            loads[name, r] = Flatten(g, RandomOffChipLoad(g, addrs[r], tensors[r][which], tile, stream_dtype=FP32),
-                                     0, 1)
+            for lane in range(lanes):
+                loads[name, r, lane] = Flatten(g, RandomOffChipLoad(g, addrs[r], tensors[r, lane][which], tile,
+                                                                    stream_dtype=FP32, par_dispatch=par_dispatch), 0, 1)
             _label(g.ops[before:], ("region", r))
     results = [None] * model.experts
     for r in range(regions):
         before = len(g.ops)
-        out = _ffn_body(g, reps[r], loads["gate", r], loads["up", r], loads["down", r], model, tile_f, dynamic, bw)
+        out = sum_tree(g, [_ffn_body(g, reps[r], loads["gate", r, lane], loads["up", r, lane], loads["down", r, lane],
+                                     model, tile_f, dynamic, bw) for lane in range(lanes)], bw)
         back = Partition(g, out, merges[r][1], 0, per_region)
         _label(g.ops[before:], ("region", r))
         for i, e in enumerate(members[r]):
