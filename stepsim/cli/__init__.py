@@ -38,6 +38,7 @@ COMMANDS = {
     "graph": "stepsim.cli.graph",
     "server": "stepsim.cli.server",
     "serve": "stepsim.cli.serve",
+    "map": "stepsim.cli.map",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 

@@ -122,6 +122,17 @@ def build_ffn(routing: np.ndarray, model: MoEModel, knobs: dict):
                          packing_compute_bw=PLACEHOLDER_BW)
 
 
+def layer_dims(kind: str, model):
+    """The dimensions the mapper takes for ``kind`` of a :class:`~stepsim.models.presets.ModelConfig`: the MoE
+    block (a dense FFN as one expert every token goes to) or ``{"head_dim", "query_per_kv_head"}``."""
+    if kind == "ffn":
+        if model.is_moe:
+            return model.moe
+        return MoEModel(model.name, hidden=model.hidden, intermediate=model.dense_intermediate, experts=1, top_k=1)
+    attention = model.attention
+    return {"head_dim": attention.head_dim, "query_per_kv_head": attention.query_per_kv_head}
+
+
 def decode_bound(knobs: dict, kv_lengths, dims: dict, hardware) -> int:
     """No bound without a build for the decode attention (its space is a handful of candidates): 0."""
     return 0

@@ -217,14 +217,11 @@ def _mapped(kind: str, data, spec: LayerSpec, depth: int):
     mapper's representative data at the same shape, so they depend on the shape alone (a template rebound to any
     data is the piece built for that data)."""
     from stepsim.mapping import mapped_workload, schedule_for
+    from stepsim.mapping.kinds import layer_dims
 
     if spec.system is not None:
         raise StepsimError("schedule 'auto' is built for one chip; serve --system keeps the paper's schedules")
-    if kind == "ffn":
-        dims, size = spec.ffn_model, len(data)
-    else:
-        a = spec.model.attention
-        dims, size = {"head_dim": a.head_dim, "query_per_kv_head": a.query_per_kv_head}, len(data)
+    dims, size = layer_dims(kind, spec.model), len(data)
     schedule = schedule_for(kind, size, dims, spec.hardware)
     workload, _ = mapped_workload(kind, data, dims, spec.hardware, schedule.knobs, max_n=spec.max_n)
     if kind == "ffn":

@@ -1,0 +1,86 @@
+"""``stepsim map KIND --model M --shape N [--hardware H]``: the schedule the mapper chooses for a layer on a chip
+(docs/mapping.md): its knobs, cycles and lower bound, HBM and compute utilisation, the units it uses and how the
+search went. ``--out FILE.json`` writes the schedule (``serve --schedule`` and :func:`stepsim.mapping.schedule.
+read_schedules` read it).
+"""
+
+from __future__ import annotations
+
+import json
+
+from stepsim.base.errors import ConfigError
+from stepsim.mapping.schedule import KNOBS
+
+
+def _hardware(name: str):
+    from stepsim.base.hardware import PRESETS, Hardware
+
+    if name.endswith(".toml"):
+        return Hardware.from_toml(name)
+    if name not in PRESETS:
+        raise ConfigError(f"--hardware must be a preset ({', '.join(sorted(PRESETS))}) or a .toml file, got {name!r}")
+    return PRESETS[name]
+
+
+def _run(args) -> int:
+    from stepsim.base.files import atomic_output
+    from stepsim.mapping import map_layer
+    from stepsim.mapping.kinds import layer_dims
+    from stepsim.models.presets import resolve_model
+
+    if isinstance(args.shape, bool) or args.shape < 1:
+        raise ConfigError(f"--shape must be an int >= 1 ({'tokens' if args.kind == 'ffn' else 'requests'}), "
+                          f"got {args.shape}")
+    if args.shape > MAX_SHAPE:
+        raise ConfigError(f"--shape {args.shape:,}: at most {MAX_SHAPE:,} (a serving step's tokens or requests)")
+    hardware = _hardware(args.hardware)
+    model = resolve_model(args.model)
+    if args.kind == "ffn" and not model.is_moe and not model.dense_intermediate:
+        raise ConfigError(f"model {model.name!r} has no FFN dimensions (intermediate_size)")
+    dims = layer_dims(args.kind, model)
+    schedule = map_layer(args.kind, args.shape, dims, hardware, cache=not args.no_cache)
+    record = {"model": model.name, "hardware": hardware.name, "shape": args.shape, **schedule.to_dict(),
+              "hbm_utilisation": schedule.hbm_utilisation(hardware.hbm_peak_bytes_per_cycle),
+              "compute_utilisation": schedule.compute_utilisation(hardware.peak_flops_per_cycle)}
+    if args.out is not None:
+        with atomic_output(args.out) as tmp:
+            tmp.write_text(json.dumps(schedule.to_dict(), indent=2) + "\n", encoding="utf-8")
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    unit = "tokens" if args.kind == "ffn" else "requests"
+    knobs = ", ".join(f"{k} {schedule.knobs[k]}" for k in KNOBS[args.kind])
+    c = schedule.candidates
+    print(f"{args.kind} of {model.name} at {args.shape:,} {unit} on {hardware.name}")
+    print(f"schedule     {knobs}")
+    print(f"cycles       {schedule.cycles:,} (lower bound {schedule.bound_cycles:,})")
+    print(f"HBM          {schedule.off_chip_bytes:,} bytes, {record['hbm_utilisation'] * 100:.1f} % of "
+          f"{hardware.hbm_peak_bytes_per_cycle:,} B/cycle")
+    print(f"compute      {schedule.flops:,} FLOPs, {record['compute_utilisation'] * 100:.1f} % of "
+          f"{hardware.peak_flops_per_cycle:,} FLOPs/cycle")
+    print(f"units        {schedule.compute_units:,} of {hardware.compute_units:,} compute, "
+          f"{schedule.memory_units:,} of {hardware.memory_units:,} memory; "
+          f"{schedule.on_chip_bytes:,} bytes on chip")
+    print(f"search       {c['simulated']} simulated, {c['pruned']} pruned by bounds, {c['infeasible']} infeasible")
+    return 0
+
+
+#: the largest --shape: a serving step holds at most a few thousand tokens or requests
+MAX_SHAPE = 65_536
+
+
+def register(subparsers) -> None:
+    """Add ``stepsim map``."""
+    p = subparsers.add_parser(
+        "map", help="the whole-chip schedule of a layer (mapper): knobs, cycles, utilisation, units",
+        description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("kind", choices=tuple(KNOBS), help="ffn: the MoE block or dense FFN; decode: the decode attention "
+                                                      "of one KV head")
+    p.add_argument("--model", required=True, metavar="M", help="preset name or Hugging Face config.json")
+    p.add_argument("--shape", type=int, required=True, metavar="N",
+                   help="tokens (ffn) or decoding requests (decode)")
+    p.add_argument("--hardware", default="sn40l", metavar="H", help="hardware preset or TOML (default sn40l)")
+    p.add_argument("--out", metavar="FILE.json", help="write the schedule as JSON")
+    p.add_argument("--no-cache", action="store_true", help="map again, neither reading nor writing the cache")
+    p.add_argument("--json", action="store_true", help="print the schedule and its figures as one JSON object")
+    p.set_defaults(handler=_run)
