@@ -130,7 +130,8 @@ def evaluate(kind: str, size: int, dims, hardware: Hardware, *, exhaustive: bool
 
     Candidates are taken in order of a bound from their knobs alone (:func:`stepsim.mapping.kinds.ffn_bound`),
     then of the built graph's bound (:func:`stepsim.mapping.units.usage`); either reaching the best cycles so far
-    prunes the candidate. ``exhaustive`` simulates every feasible candidate: the test of the mapper's optimality.
+    prunes the candidate, and so does a smaller candidate's infeasibility (more lanes or regions need more units).
+    ``exhaustive`` builds every candidate and simulates every feasible one: the test of the mapper's optimality.
     """
     samples = _representative(kind, size, dims)
     space = _space(kind, size, dims)
@@ -144,7 +145,7 @@ def evaluate(kind: str, size: int, dims, hardware: Hardware, *, exhaustive: bool
         if best is not None and not exhaustive and row["bound_cycles"] >= best.cycles:
             row.update(status="pruned", why="bound from the knobs")
             continue
-        if any(_grows_with(kind, small, knobs) for small in too_big):
+        if not exhaustive and any(_grows_with(kind, small, knobs) for small in too_big):
             row.update(status="infeasible", why="needs more units than a smaller infeasible candidate")
             continue
         try:

@@ -304,7 +304,50 @@ def inputs(w: Workload, seed: int) -> dict:
             arrays.update({f"region{r:03d}_gate": gate[members].reshape(m * d, f),
                            f"region{r:03d}_up": up[members].reshape(m * d, f),
                            f"region{r:03d}_down": down[members].reshape(m * f, d)})
+    return _split_lanes(arrays, p)
+
+
+def _lane_tensors(p) -> list[tuple[str, int]]:
+    """``(tensor, members)`` of every expert or region weight a mapped layer splits into lanes (build.py
+    ``_expert_ffn``): ``members`` experts stacked in it (1 for an expert's own tensor)."""
+    experts, regions = p["experts"], p["regions"]
+    if regions == experts:
+        return [(f"expert{e:03d}_{part}", 1) for e in range(experts) for part in ("gate", "up", "down")]
+    return [(f"region{r:03d}_{part}", experts // regions) for r in range(regions) for part in ("gate", "up", "down")]
+
+
+def _split_lanes(arrays: dict, p) -> dict:
+    """With ``lanes`` L: each weight split into its lanes' tensors ``<name>.lane<j>``: F columns ``j F/L ..`` of
+    gate and up, the matching rows of each member's down (build.py ``_expert_ffn``)."""
+    lanes, f = p.get("lanes", 1), p["intermediate"]
+    if lanes == 1:
+        return arrays
+    width = f // lanes
+    for name, members in _lane_tensors(p):
+        whole = arrays.pop(name)
+        for j in range(lanes):
+            if name.endswith("_down"):  # [members * F, D]: each member's rows j*width..
+                lane = whole.reshape(members, f, -1)[:, j * width:(j + 1) * width].reshape(members * width, -1)
+            else:
+                lane = whole[:, j * width:(j + 1) * width]
+            arrays[f"{name}.lane{j}"] = np.ascontiguousarray(lane)
     return arrays
+
+
+def _join_lanes(inputs: dict, p, who: str) -> dict:
+    """:func:`_split_lanes` undone: each weight put back together from its lanes' tensors."""
+    lanes, f = p.get("lanes", 1), p["intermediate"]
+    if lanes == 1:
+        return inputs
+    joined = dict(inputs)
+    for name, members in _lane_tensors(p):
+        parts = [np.asarray(take_input(inputs, f"{name}.lane{j}", who)) for j in range(lanes)]
+        if name.endswith("_down"):
+            joined[name] = np.concatenate([part.reshape(members, f // lanes, -1) for part in parts],
+                                          axis=1).reshape(members * f, -1)
+        else:
+            joined[name] = np.concatenate(parts, axis=1)
+    return joined
 
 
 def _region_members(p) -> list:
@@ -319,6 +362,7 @@ def outputs(workload: Workload, inputs: dict) -> dict:
     if "layers" in p:
         return _stack_outputs(workload, inputs)
     experts, regions, d, f = p["experts"], p["regions"], p["hidden"], p["intermediate"]
+    inputs = _join_lanes(inputs, p, who)
     tp = p.get("tp")
     if tp is not None:  # the chips' column shards put back together
         stacks = [np.stack([np.concatenate([take_input(inputs, f"expert{e:03d}_{part}.{c}", who) for c in range(tp)],

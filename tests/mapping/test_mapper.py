@@ -1,0 +1,155 @@
+"""The mapper (stepsim.mapping): optimal in its own space, deterministic, cached safely; lanes and time-multiplexed
+regions compute what the paper's MoE layer computes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stepsim.base.errors import ConfigError, StepsimWarning
+from stepsim.base.hardware import PRESETS
+from stepsim.mapping import map_layer, mapped_workload
+from stepsim.mapping.kinds import ffn_routing, ffn_samples
+from stepsim.mapping.mapper import _MEMO, bucket, evaluate
+from stepsim.mapping.schedule import Schedule, read_schedules
+from stepsim.mapping.units import Infeasible
+from stepsim.models.presets import MoEModel
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.moe.build import build_moe
+from stepsim.workloads.reference import check_outputs, make_inputs
+
+SN40L = PRESETS["sn40l"]
+LLAMA_FFN = MoEModel("llama-3.1-8b", hidden=4096, intermediate=14336, experts=1, top_k=1)
+MIXTRAL_MOE = MoEModel("mixtral-8x7b", hidden=4096, intermediate=14336, experts=8, top_k=2)
+QWEN_DECODE = {"head_dim": 128, "query_per_kv_head": 8}
+
+
+@pytest.mark.parametrize("kind, size, dims, knobs, cycles", [
+    # a dense FFN (Llama-3.1-8B) at one token: 64 lanes of 32-column weight tiles, 92.0 % of the HBM's peak
+    ("ffn", 1, LLAMA_FFN, {"tile_n": 1, "tile_f": 32, "lanes": 64, "regions": 1}, 239_462),
+    # an MoE block of 64 tokens (Mixtral-8x7B): 4 time-multiplexed regions of 16 lanes
+    ("ffn", 64, MIXTRAL_MOE, {"tile_n": 64, "tile_f": 64, "lanes": 16, "regions": 4}, 1_848_593),
+    # the decode attention of 64 requests (Qwen3-30B-A3B's heads): one region a request
+    ("decode", 64, QWEN_DECODE, {"regions": 64}, 25_016),
+], ids=["dense-ffn", "moe-64-tokens", "decode-attention-64"])
+def test_the_mapper_chooses_the_best_schedule_of_an_exhaustive_enumeration(kind, size, dims, knobs, cycles):
+    chosen, rows = evaluate(kind, size, dims, SN40L)
+    exhaustive, all_rows = evaluate(kind, size, dims, SN40L, exhaustive=True)
+    best = min(r["cycles"] for r in all_rows if r["cycles"] is not None)
+    assert chosen.cycles == best == cycles  # the bounds are sound: the pruned search finds the optimum itself
+    assert chosen.knobs == exhaustive.knobs == knobs
+    assert chosen.candidates["simulated"] + chosen.candidates["pruned"] + chosen.candidates["infeasible"] == len(rows)
+    if kind == "ffn":  # and the bounds saved simulations
+        assert chosen.candidates["simulated"] < exhaustive.candidates["simulated"]
+    for row in rows:  # every pruned candidate's bound reaches the optimum: it could not have won
+        if row["status"] == "pruned":
+            assert row["bound_cycles"] >= cycles
+
+
+def test_a_mapped_schedule_reaches_most_of_the_hbm_and_stays_within_the_chip():
+    s = map_layer("ffn", 1, LLAMA_FFN, SN40L, cache=False)
+    assert s.hbm_utilisation(SN40L.hbm_peak_bytes_per_cycle) == pytest.approx(352_346_114 / 239_462 / 1600)
+    assert s.hbm_utilisation(SN40L.hbm_peak_bytes_per_cycle) > 0.9  # the paper's schedule: 190 B/cycle, 11.9 %
+    assert s.compute_units <= SN40L.compute_units and s.memory_units <= SN40L.memory_units
+    assert s.on_chip_bytes <= SN40L.on_chip_capacity_bytes
+    assert s.bound_cycles <= s.cycles
+
+
+def test_mapped_workloads_take_their_units_from_the_shape_not_the_data():
+    """A template built from marker data and rebound to a step's routing is the layer built for that routing:
+    the compute units are assigned on the mapper's representative data of the same shape."""
+    knobs = {"tile_n": 8, "tile_f": 32, "lanes": 2, "regions": 4}
+    model = MoEModel("m", hidden=64, intermediate=128, experts=8, top_k=2)
+    a, units_a = mapped_workload("ffn", ffn_routing(16, model), model, SN40L, knobs)
+    other = np.roll(ffn_routing(16, model), 3, axis=0)
+    b, units_b = mapped_workload("ffn", other, model, SN40L, knobs)
+    assert units_a == units_b == SN40L.compute_units
+    assert [(op.name, op.compute_bw) for op in a.graph.ops if hasattr(op, "compute_bw")] == \
+        [(op.name, op.compute_bw) for op in b.graph.ops if hasattr(op, "compute_bw")]
+
+
+@pytest.mark.parametrize("lanes, regions", [(2, None), (4, None), (2, 2), (4, 4)])
+def test_lanes_and_time_multiplexed_regions_compute_the_moe_reference(lanes, regions):
+    model = MoEModel("m", hidden=64, intermediate=128, experts=8, top_k=2)
+    routing = ffn_routing(12, model)
+    w = build_moe(model, routing, tiling="static", tile_n=4, tile_f=16, lanes=lanes, regions=regions,
+                  compute_bw=1024)
+    inputs = make_inputs(w, seed=5)
+    assert f"{'expert000' if regions is None else 'region000'}_down.lane{lanes - 1}" in inputs
+    result = simulate(w, functional=True, inputs=inputs)
+    check = check_outputs(w, inputs, result.outputs)["y"]
+    assert check.passed, check
+
+
+def test_lanes_are_refused_where_they_are_not_built():
+    model = MoEModel("m", hidden=64, intermediate=128, experts=8, top_k=2)
+    routing = ffn_routing(4, model)
+    with pytest.raises(Exception) as e:
+        build_moe(model, routing, lanes=3, tile_f=16)
+    assert str(e.value) == "lanes 3 x tile_f 16 must divide the intermediate size 128"
+    with pytest.raises(Exception) as e:
+        build_moe(model, routing, lanes=2, ep=2)
+    assert str(e.value) == ("lanes 2 applies to the one-chip MoE layer only (not with ep, tp, pp, layers or "
+                            "micro_batches)")
+    with pytest.raises(Exception) as e:
+        build_moe(model, routing, lanes=0)
+    assert str(e.value) == "lanes must be a positive int, got 0"
+
+
+def test_few_tokens_are_mapped_on_several_routings():
+    assert [ffn_samples(t) for t in (1, 2, 3, 4, 8, 16, 64)] == [8, 8, 6, 4, 2, 1, 1]
+    qwen = MoEModel("qwen3", hidden=2048, intermediate=768, experts=128, top_k=8)
+    counts = np.bincount(ffn_routing(64, qwen).ravel(), minlength=128)
+    assert (int((counts > 0).sum()), int(counts.max())) == (113, 56)  # skewed as traces are (docstring)
+    assert [bucket(n) for n in (1, 2, 3, 64, 65, 2048)] == [1, 2, 4, 64, 128, 2048]
+
+
+def test_a_chip_too_small_for_every_candidate_is_one_line():
+    tiny = PRESETS["sn40l"].__class__.preset("sn40l", compute_units=4)
+    with pytest.raises(Infeasible) as e:
+        map_layer("ffn", 1, LLAMA_FFN, tiny, cache=False)
+    assert str(e.value).startswith("no schedule of the 'ffn' layer at size 1 fits hardware "
+                                   "'sn40l+compute_units=4' (18 candidates: ")
+
+
+def test_schedules_are_cached_on_disk_and_a_damaged_file_is_mapped_again(tmp_path):
+    dims = MoEModel("m", hidden=64, intermediate=128, experts=8, top_k=2)
+    _MEMO.clear()
+    first = map_layer("ffn", 8, dims, SN40L, cache=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert Schedule.from_dict(record["schedule"]) == first
+    _MEMO.clear()
+    assert map_layer("ffn", 8, dims, SN40L, cache=tmp_path) == first  # read back
+    path.write_text(path.read_text().replace(str(first.cycles), str(first.cycles + 1)))  # edited: checksum fails
+    _MEMO.clear()
+    with pytest.warns(StepsimWarning, match="unusable .*checksum or key does not match.*mapping again"):
+        assert map_layer("ffn", 8, dims, SN40L, cache=tmp_path) == first
+    assert Schedule.from_dict(json.loads(path.read_text())["schedule"]) == first  # replaced
+    _MEMO.clear()
+    other = map_layer("ffn", 8, dims, PRESETS["sn40l"].__class__.preset("sn40l", compute_units=520), cache=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 2 and other.compute_units <= 520  # the hardware is in the key
+
+
+def test_schedule_files_are_checked(tmp_path):
+    good = Schedule("decode", {"regions": 8}, 100)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps([good.to_dict()]))
+    assert read_schedules(path) == {"decode": good}
+    cases = [
+        ({"kind": "ffn", "knobs": {"tile_n": 1}},
+         f"{path}: schedule 0: a 'ffn' schedule takes the knobs tile_n, tile_f, lanes, regions; got ['tile_n']"),
+        ({"kind": "decode", "knobs": {"regions": 0}}, f"{path}: schedule 0: schedule knob 'regions' must be a "
+                                                      "positive int, got 0"),
+        ({"kind": "prefill", "knobs": {}}, f"{path}: schedule 0: schedule kind must be one of ffn, decode, got "
+                                           "'prefill'"),
+        ({"kind": "decode", "knobs": {"regions": 2}, "speed": 1}, f"{path}: schedule 0: unknown schedule key(s) speed"),
+        ([good.to_dict(), good.to_dict()], f"{path}: schedule 1: a second 'decode' schedule"),
+    ]
+    for data, message in cases:
+        path.write_text(json.dumps(data))
+        with pytest.raises(ConfigError) as e:
+            read_schedules(path)
+        assert str(e.value) == message
