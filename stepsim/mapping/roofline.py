@@ -53,31 +53,69 @@ class StepRoofline:
     bound_cycles: int
 
 
+def touched_experts(routing) -> int:
+    """Experts a step touches, summed over layers: ``routing`` ``[tokens, layers, top_k]`` expert ids."""
+    routing = np.asarray(routing)
+    return sum(len(np.unique(routing[:, layer, :])) for layer in range(routing.shape[1]))
+
+
+class StepWork:
+    """The roofline of a model's steps, its per-step constants made once (a serving run prices ~10^5 steps).
+
+    :meth:`work` gives a step's must-read HBM bytes and FLOPs (module docstring) from four integers, and
+    :meth:`utilisation` what fraction of the chips' HBM bandwidth and peak FLOPs a step of some cycles achieved
+    with them: the roofline's "useful" utilisation, the same whatever schedule produced the cycles (bytes a
+    schedule re-reads count once).
+    """
+
+    def __init__(self, model, hardware: Hardware, vocab: int, chips: int = 1):
+        d, hd, layers = model.hidden, model.head_dim, model.layers
+        self.is_moe = model.is_moe
+        self.kv_bytes_per_token = layers * 2 * model.kv_heads * hd * DTYPE_BYTES  # K and V of every layer
+        weights = layers * _projection_params(model) + vocab * d
+        if model.is_moe:
+            moe = model.moe
+            self.expert_bytes = 3 * d * moe.intermediate * DTYPE_BYTES
+            weights += layers * (3 * d * moe.shared_intermediate + d * model.experts)
+        else:
+            self.expert_bytes = 0
+            weights += layers * 3 * d * model.dense_intermediate
+        self.fixed_bytes = weights * DTYPE_BYTES
+        self.embedding_bytes = d * DTYPE_BYTES
+        self.flops_per_token = 2 * (layers * (_projection_params(model) + _ffn_params_per_token(model)) + vocab * d)
+        self.attention_flops = layers * model.heads * 4 * hd  # per query head, token and context token seen
+        self.peak_bytes = hardware.hbm_peak_bytes_per_cycle * chips
+        self.peak_flops = hardware.peak_flops_per_cycle * chips
+
+    def work(self, tokens: int, context_tokens: int, seen: int, touched: int) -> tuple[int, int]:
+        """``(HBM bytes, FLOPs)`` of a step of ``tokens`` new tokens over ``context_tokens`` cached ones;
+        ``seen``: context tokens the new tokens attend to (:func:`seen_tokens`); ``touched``: experts touched,
+        summed over layers (0 for a dense model)."""
+        hbm = (self.fixed_bytes + touched * self.expert_bytes + (context_tokens + tokens) * self.kv_bytes_per_token
+               + tokens * self.embedding_bytes)
+        return hbm, tokens * self.flops_per_token + self.attention_flops * seen
+
+    def bound_cycles(self, hbm_bytes: int, flops: int) -> int:
+        """``max(bytes / HBM peak, FLOPs / peak)`` (cycles)."""
+        return max(math.ceil(hbm_bytes / self.peak_bytes), math.ceil(flops / self.peak_flops))
+
+    def utilisation(self, hbm_bytes: int, flops: int, cycles: int) -> tuple[float, float]:
+        """``(HBM, compute)`` utilisation of a step of ``cycles`` (0..1)."""
+        return hbm_bytes / (cycles * self.peak_bytes), flops / (cycles * self.peak_flops)
+
+
+def seen_tokens(context, new) -> int:
+    """Context tokens a step's new tokens attend to: each sequence's ``new`` tokens see its cached ``context``,
+    the new tokens before them and themselves (causal)."""
+    return sum(n * c + n * (n + 1) // 2 for c, n in zip(context, new))
+
+
 def step_roofline(model, hardware: Hardware, vocab: int, context, new, routing=None) -> StepRoofline:
     """The roofline of a step (module docstring). ``context``, ``new``: per sequence, tokens cached before the step
     and computed in it; ``routing``: ``[tokens, layers, top_k]`` expert ids of the step's tokens (an MoE model)."""
-    context = np.asarray(context, dtype=np.int64)
-    new = np.asarray(new, dtype=np.int64)
-    tokens = int(new.sum())
-    d, hd, layers = model.hidden, model.head_dim, model.layers
-    kv_per_token_layer = 2 * model.kv_heads * hd * DTYPE_BYTES
-    weights = layers * _projection_params(model)
-    ffn_flops_params = layers * _ffn_params_per_token(model)  # per token
-    if model.is_moe:
-        moe = model.moe
-        expert = 3 * d * moe.intermediate
-        touched = sum(len(np.unique(routing[:, layer, :])) for layer in range(layers))
-        weights += touched * expert + layers * (3 * d * moe.shared_intermediate + d * model.experts)
-    else:
-        weights += layers * 3 * d * model.dense_intermediate
-    weights += vocab * d
-    kv_read = int(context.sum()) * layers * kv_per_token_layer
-    kv_write = tokens * layers * kv_per_token_layer
-    hbm_bytes = weights * DTYPE_BYTES + kv_read + kv_write + tokens * d * DTYPE_BYTES  # + the embedding rows
-    # attention per query head and token: q K^T and P V over the context seen (cached + earlier new tokens + itself)
-    seen = int((new * context).sum() + (new * (new + 1) // 2).sum())
-    flops = 2 * tokens * (layers * _projection_params(model) + ffn_flops_params + vocab * d) \
-        + layers * model.heads * 4 * hd * seen
-    bound = max(math.ceil(hbm_bytes / hardware.hbm_peak_bytes_per_cycle),
-                math.ceil(flops / hardware.peak_flops_per_cycle))
-    return StepRoofline(hbm_bytes, flops, bound)
+    context = [int(c) for c in context]
+    new = [int(n) for n in new]
+    step = StepWork(model, hardware, vocab)
+    touched = touched_experts(routing) if model.is_moe else 0
+    hbm, flops = step.work(sum(new), sum(context), seen_tokens(context, new), touched)
+    return StepRoofline(hbm, flops, step.bound_cycles(hbm, flops))

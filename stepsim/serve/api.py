@@ -600,6 +600,8 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
                            "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,
                            "num_blocks": capacity.num_blocks, "usable_blocks": capacity.usable_blocks,
                            "max_blocks_used": result.max_blocks_used, "max_model_len": limit}
+    if "hbm_bytes" in iterations:
+        summary["utilisation"] = run_utilisation(iterations)
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     with contextlib.ExitStack() as publish:
@@ -613,6 +615,17 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
                              provider, calibration, resolved, hw, config, capacity, slo_seconds, seed, requests,
                              timeline, knobs)
     return ServeResult(summary, requests_table, iterations_table, files)
+
+
+def run_utilisation(iterations: dict) -> dict:
+    """The run's HBM and compute utilisation: over the whole run (the steps' must-read bytes and FLOPs over their
+    cycles at the peaks, so long steps weigh more) and the median step's."""
+    hbm, flops = iterations["hbm_bytes"], iterations["flops"]
+    hbm_use, compute_use = iterations["hbm_utilisation"], iterations["compute_utilisation"]
+    capacity_bytes = (hbm / hbm_use).sum()  # sum over steps of cycles x peak bytes per cycle
+    capacity_flops = (flops / compute_use).sum()
+    return {"hbm": float(hbm.sum() / capacity_bytes), "compute": float(flops.sum() / capacity_flops),
+            "hbm_p50": float(np.percentile(hbm_use, 50)), "compute_p50": float(np.percentile(compute_use, 50))}
 
 
 def _write_files(out, folder, requests_table, iterations_table, summary, provider, calibration, resolved, hw, config,
@@ -635,6 +648,13 @@ def _write_files(out, folder, requests_table, iterations_table, summary, provide
             files["latency_cdf"] = latency_cdf(requests_table, folder / CDF_FILE, title=title, slo=slo_seconds)
             files["over_time"] = over_time(iterations_table, folder / OVER_TIME_FILE, title=title,
                                            usable_blocks=capacity.usable_blocks)
+            if "hbm_bytes" in iterations_table.column_names:
+                from stepsim.serve.roofline_figure import ROOFLINE_FILE, roofline
+
+                chips = summary["system"]["chips"] if "system" in summary else 1
+                files["roofline"] = roofline(iterations_table, folder / ROOFLINE_FILE, title=title,
+                                             peak_flops_per_s=chips * hw.peak_flops_per_cycle * hw.clock_hz,
+                                             hbm_bytes_per_s=chips * hw.hbm_peak_bytes_per_cycle * hw.clock_hz)
         files = {name: Path(out) / path.name for name, path in files.items()}  # where they are once published
     if timeline is not None:
         from stepsim.serve.timeline import write_timeline

@@ -35,6 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from stepsim.base.hardware import Hardware
+from stepsim.mapping.roofline import StepWork, seen_tokens
 from stepsim.models.presets import ModelConfig
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.layers import KV_TILE, LayerRunner, LayerSpec
@@ -109,6 +110,8 @@ class EngineLatency:
         self.layers_executor = layers_executor
         self.spec = LayerSpec(model, hardware, max_kv_rows(max_model_len), schedule=schedule)
         self.layer_weights, self.head_cycles, self.embedding_bytes = weight_cycles(model, hardware, vocab)
+        self.vocab = vocab
+        self.roofline = StepWork(model, hardware, vocab, self.chips)
         self.jobs = jobs
         self._pool = None
         self.build_s = self.engine_s = 0.0
@@ -197,6 +200,9 @@ class EngineLatency:
         embedding = math.ceil(tokens * self.embedding_bytes / self.hardware.hbm_peak_bytes_per_cycle)
         return self.model.layers * self.layer_weights + self.head_cycles + embedding
 
+    #: chips the step runs on (a system's provider: its chips), for the roofline's peaks
+    chips = 1
+
     def __call__(self, batch: IterationBatch) -> IterationCost:
         start = time.perf_counter()
         tasks, roles = self.tasks(batch)
@@ -204,10 +210,25 @@ class EngineLatency:
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
         for (role, count), (c, *_) in zip(roles, results):
             cycles[role] += count * c
+        cycles["attention"] += self.collective_cycles(batch)
         cycles["weights"] = self.weight_cycles(batch)
         total = sum(cycles.values())
+        touched = sum(len(np.unique(data)) for kind, data in tasks if kind == "ffn") if self.model.is_moe else 0
         self.wall_s += time.perf_counter() - start
-        return IterationCost(total / self.hardware.clock_hz, cycles)
+        return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
+
+    def collective_cycles(self, batch: IterationBatch) -> int:
+        """Cycles of a step's collectives outside the layer pieces: none on one chip (a system's all-reduces:
+        :class:`stepsim.serve.system.SystemEngineLatency`)."""
+        return 0
+
+    def step_work(self, batch: IterationBatch, touched: int, cycles: int) -> dict:
+        """The step's roofline and the utilisation its ``cycles`` achieve (:class:`IterationCost`'s ``work``);
+        ``touched``: experts touched, summed over layers."""
+        hbm, flops = self.roofline.work(batch.prefill_tokens + batch.decode_tokens, sum(batch.context_tokens),
+                                        seen_tokens(batch.context_tokens, batch.new_tokens), touched)
+        hbm_use, compute_use = self.roofline.utilisation(hbm, flops, cycles)
+        return {"hbm_bytes": hbm, "flops": flops, "hbm_utilisation": hbm_use, "compute_utilisation": compute_use}
 
     def describe(self) -> dict:
         """What the summary's ``fidelity`` says beyond the mode: the routing and the engine runs (not the

@@ -74,6 +74,8 @@ BOUND_COMPUTE_BW = 2048
 CALIBRATION_VERSION = 4
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
+#: the FFN regressors' column of the experts a layer's tokens touch (:func:`ffn_regressors`)
+ACTIVE_EXPERTS = 3
 #: the coefficient sets of the model: FFN pieces of steps with a prefill chunk have their own
 MODELS = ("decode", "prefill", "ffn", "ffn_prefill")
 #: log2 of KV_TILE (the kernels' tiles)
@@ -414,16 +416,13 @@ class FastLatency(EngineLatency):
         cycles = {"attention": self.attention_heads() * self.model.layers * attention + self.collective_cycles(batch),
                   "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn").sum()),
                   "weights": self.weight_cycles(batch)}
-        return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+        total = sum(cycles.values())
+        touched = int(x[:, ACTIVE_EXPERTS].sum()) if self.model.is_moe else 0
+        return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
 
     def attention_heads(self) -> int:
         """KV heads one step's attention runs one after another per layer (all of them on one chip)."""
         return self.model.kv_heads
-
-    def collective_cycles(self, batch: IterationBatch) -> int:
-        """Cycles of a step's collectives, priced in closed form (none on one chip; a system's all-reduces:
-        :class:`stepsim.serve.system_fast.SystemFastLatency`). Exact, so added to prediction and truth alike."""
-        return 0
 
     def describe(self) -> dict:
         routing = self.routing.describe() if self.routing is not None else None

@@ -38,6 +38,11 @@ class IterationBatch:
     decode_tokens: int
 
 
+#: a step's roofline columns (:class:`IterationCost`'s ``work``) and their units, in iterations.parquet order
+WORK_COLUMNS = {"hbm_bytes": "bytes", "flops": "FLOPs", "hbm_utilisation": "fraction",
+                "compute_utilisation": "fraction"}
+
+
 @dataclass(frozen=True)
 class IterationCost:
     """What a provider says about one step.
@@ -48,10 +53,15 @@ class IterationCost:
         Duration of the step (s), > 0.
     cycles : dict of str to int
         Cycles per layer kind (``attention``, ``moe``, ...), when the provider simulates them; empty otherwise.
+    work : dict of str to number
+        The step's roofline when the provider prices layers (:class:`stepsim.mapping.roofline.StepWork`):
+        ``hbm_bytes`` and ``flops`` it must read and do, and the ``hbm_utilisation`` and ``compute_utilisation``
+        its cycles achieve (0..1); empty otherwise. Each becomes an iterations.parquet column.
     """
 
     seconds: float
     cycles: dict[str, int] = field(default_factory=dict)
+    work: dict = field(default_factory=dict)
 
 
 class LatencyProvider(Protocol):

@@ -3,7 +3,8 @@
 * ``requests.parquet``: one row per request (:data:`REQUEST_COLUMNS`; times in seconds, ``tpot_s`` null for an
   output of one token);
 * ``iterations.parquet``: one row per scheduler step (:data:`ITERATION_COLUMNS`, then ``cycles_<kind>`` columns
-  when the latency provider simulates layer kinds);
+  when the latency provider simulates layer kinds, and the step's roofline, :data:`~stepsim.serve.latency.WORK_COLUMNS`:
+  the HBM bytes and FLOPs it must read and do, and the HBM and compute utilisation its cycles achieve);
 * ``summary.json``: the ``--json`` object.
 
 Each file is written to a hidden temporary name in ``--out`` and renamed into place
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepsim.base.files import atomic_output, write_parquet_atomic
+from stepsim.serve.latency import WORK_COLUMNS
 
 REQUESTS_FILE, ITERATIONS_FILE, SUMMARY_FILE = "requests.parquet", "iterations.parquet", "summary.json"
 #: every file a run writes into ``--out`` (the figures only with matplotlib; names as stepsim.serve.figures)
@@ -39,7 +41,7 @@ ITERATION_COLUMNS = {
 
 
 def _units(table: pa.Table) -> dict[str, str]:
-    known = {**REQUEST_COLUMNS, **ITERATION_COLUMNS}
+    known = {**REQUEST_COLUMNS, **ITERATION_COLUMNS, **WORK_COLUMNS}
     return {c: (known.get(c) or "cycles") for c in table.column_names
             if known.get(c) or c.startswith("cycles_")}
 

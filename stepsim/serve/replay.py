@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepsim.base.errors import SimulationError
-from stepsim.serve.latency import IterationBatch, LatencyProvider
+from stepsim.serve.latency import WORK_COLUMNS, IterationBatch, LatencyProvider
 from stepsim.serve.scheduler import Request, Scheduler
 
 
@@ -74,6 +74,7 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
     gaps = array("d")
     starts, durations, ntokens, nseqs, nprefill, ndecode, blocks, npreempt, nwaiting = ([] for _ in range(9))
     cycles: dict[str, list[int]] = {}
+    work: dict[str, list] = {}
     now = 0.0
     nxt = 0
     done = 0
@@ -114,6 +115,8 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
         nwaiting.append(len(scheduler.waiting))
         for kind, c in cost.cycles.items():
             cycles.setdefault(kind, [0] * (len(starts) - 1)).append(c)
+        for name, value in cost.work.items():
+            work.setdefault(name, []).append(value)
         now = now + cost.seconds
         done += scheduler.finish_step(batch, now, gaps)
         if progress is not None:
@@ -127,6 +130,9 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
     }
     for kind in sorted(cycles):
         iterations[f"cycles_{kind}"] = np.array(cycles[kind], dtype=np.int64)
+    for name in WORK_COLUMNS:  # a provider that prices layers says them for every step
+        if name in work:
+            iterations[name] = np.array(work[name], dtype=np.float64 if name.endswith("_utilisation") else np.int64)
     return ReplayResult(
         first_scheduled=np.array([r.first_scheduled for r in requests], dtype=np.float64),
         first_token=np.array([r.first_token for r in requests], dtype=np.float64),

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from stepsim.base.errors import ConfigError
 from stepsim.serve.exact import EngineLatency, max_kv_rows
 from stepsim.serve.kv_cache import KVCapacity, kv_capacity
-from stepsim.serve.latency import IterationCost
 from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
 
@@ -193,8 +192,9 @@ class SystemEngineLatency(EngineLatency):
     """
 
     def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None):
+        self.chips = system.chips
         super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
-        self.system, self.vocab = system, vocab
+        self.system = system
         self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
 
     def roles(self, tasks: list) -> list:
@@ -204,12 +204,10 @@ class SystemEngineLatency(EngineLatency):
     def weight_cycles(self, batch) -> int:
         return tp_weight_cycles(self.model, self.hardware, self.vocab, self.system.chips, int(sum(batch.new_tokens)))
 
-    def __call__(self, batch):
-        cost = super().__call__(batch)
-        cycles = dict(cost.cycles)
-        cycles["attention"] += self.model.layers * allreduce_cycles(self.system, self.model.hidden,
-                                                                    int(sum(batch.new_tokens)))
-        return IterationCost(sum(cycles.values()) / self.hardware.clock_hz, cycles)
+    def collective_cycles(self, batch) -> int:
+        """The all-reduce of the step's activations after every layer's attention (counted in
+        ``cycles_attention``)."""
+        return self.model.layers * allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
 
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}

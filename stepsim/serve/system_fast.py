@@ -7,7 +7,7 @@ from __future__ import annotations
 from stepsim.serve.exact import max_kv_rows
 from stepsim.serve.fast import FastLatency, chip_features
 from stepsim.serve.layers import LayerSpec
-from stepsim.serve.system import SystemEngineLatency, allreduce_cycles
+from stepsim.serve.system import SystemEngineLatency
 
 
 class SystemFastLatency(FastLatency):
@@ -17,8 +17,9 @@ class SystemFastLatency(FastLatency):
     exact provider prices them."""
 
     def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, **kw):
+        self.chips = system.chips
         super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs, **kw)
-        self.system, self.vocab = system, vocab
+        self.system = system
         self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
 
     roles = SystemEngineLatency.roles
@@ -30,8 +31,7 @@ class SystemFastLatency(FastLatency):
     def chip_columns(self, rows):
         return chip_features(rows(), self.system.chips, self.model.experts)
 
-    def collective_cycles(self, batch) -> int:
-        return self.model.layers * allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
+    collective_cycles = SystemEngineLatency.collective_cycles
 
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}

@@ -113,7 +113,8 @@ def test_serve_exact_is_deterministic_and_the_same_on_two_workers(small_model, t
     assert req.equals(a.requests) and it.equals(a.iterations) and b.requests.equals(a.requests)
     cycles = sum(it[f"cycles_{k}"].to_numpy() for k in ("attention", "ffn", "weights"))
     assert np.array_equal(it["duration_s"].to_numpy(), cycles / 1e9)
-    assert it.column_names[-3:] == ["cycles_attention", "cycles_ffn", "cycles_weights"]
+    assert it.column_names[-7:] == ["cycles_attention", "cycles_ffn", "cycles_weights",
+                                    "hbm_bytes", "flops", "hbm_utilisation", "compute_utilisation"]
     assert summary["fidelity"]["mode"] == "exact" and summary["fidelity"]["error"] is None
     assert summary["fidelity"]["simulations"] == 4 * it.num_rows - int((it["prefill_tokens"].to_numpy() == 0).sum()) \
         - int((it["decode_tokens"].to_numpy() == 0).sum())
