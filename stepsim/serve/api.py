@@ -90,14 +90,13 @@ SCHEDULES = ("paper", "auto")
 
 
 def check_schedule(schedule, fidelity, system) -> None:
-    """``--schedule``: a known value; ``auto`` prices layers on the engine (``--fidelity exact``) on one chip."""
+    """``--schedule``: a known value; ``auto`` prices layers on the engine (``--fidelity exact``); on a system, a
+    dense model's tensor-parallel layers (:func:`stepsim.serve.system.check_exact_system`)."""
     if schedule not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if schedule == "auto" and fidelity != "exact":
         raise ConfigError("--schedule auto maps the layers the engine prices: it needs --fidelity exact (fast mode's "
                           "calibration is not built on mapped layers yet)")
-    if schedule == "auto" and system is not None:
-        raise ConfigError("--schedule auto maps the layers of one chip; --system keeps the paper's schedules")
 
 
 def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
@@ -369,7 +368,8 @@ def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int,
         if layers_executor is not None:
             raise ConfigError("--executor dask: not built with --system (its MoE blocks are built per step in "
                               "this process); use --jobs N")
-        return system_engine_latency(model, system, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+        return system_engine_latency(model, system, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
+                                     schedule=schedule)
     return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
                          layers_executor=layers_executor, schedule=schedule)
 

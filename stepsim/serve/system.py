@@ -125,7 +125,8 @@ def system_capacity(system, model, memory: ModelMemory, block_size: int,
         raise ConfigError(f"--system {system.name}: chip {busiest}'s share of the weights ({weights[busiest] / 1e9:.2f} "
                           f"GB, {parallelism} over {system.chips} chips) does not fit its HBM ({hbm / 1e9:.2f} GB): "
                           f"{(weights[busiest] - hbm) / 1e9:.2f} GB short; use more chips")
-    capacity = kv_capacity(system.chips * hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+    kv_bytes = memory.kv_bytes_per_token // model.kv_heads * kv_heads_per_chip(model, system.chips) * system.chips
+    capacity = kv_capacity(system.chips * hbm, memory.weight_bytes, kv_bytes, block_size)
     return capacity, ChipWeights(system.name, system.chips, parallelism, hbm, tuple(weights), tuple(experts))
 
 
@@ -159,25 +160,74 @@ def allreduce_cycles(system, hidden: int, tokens: int) -> int:
                              system.hardware.pmu_bw)
 
 
+def kv_heads_per_chip(model, chips: int) -> int:
+    """KV heads each chip holds under tensor parallelism: ``ceil(kv_heads / chips)``; with more chips than KV
+    heads every chip holds one, replicated (as vLLM replicates KV heads when the TP size exceeds them), so the
+    system holds ``chips x ceil(kv_heads / chips)`` heads' caches."""
+    return -(-model.kv_heads // chips)
+
+
+def tp_shard(model, chips: int):
+    """One chip's share of a dense model under tensor parallelism over ``chips`` (Megatron's split): ``heads /
+    chips`` query heads with their :func:`kv_heads_per_chip` KV heads, ``F / chips`` FFN columns (the gate and up
+    matrices' columns, the down matrix's rows); the other dimensions whole. Each chip's layer is the one-chip layer
+    of this model, so it is built and mapped like one (:mod:`stepsim.serve.layers`).
+
+    Raises
+    ------
+    ConfigError
+        The query heads, the FFN columns or the KV heads do not split evenly over the chips.
+    """
+    import dataclasses
+
+    heads, kv, f = model.heads, model.kv_heads, model.dense_intermediate
+    if not f:
+        raise ConfigError(f"model {model.name!r} has no FFN dimensions (intermediate_size)")
+    if heads % chips or f % chips:
+        raise ConfigError(f"--system: tensor parallelism over {chips} chips needs the query heads ({heads}) and the "
+                          f"FFN columns ({f}) of {model.name!r} divisible by {chips}")
+    if kv % chips and chips % kv:
+        raise ConfigError(f"--system: {chips} chips neither split nor replicate the {kv} KV heads of "
+                          f"{model.name!r} evenly (tensor parallelism needs one to divide the other)")
+    per_chip = kv_heads_per_chip(model, chips)
+    return dataclasses.replace(model, heads=heads // chips, kv_heads=per_chip, dense_intermediate=f // chips)
+
+
 def check_exact_system(system, model, fidelity: str = "exact") -> None:
-    """The exact (or fast, calibrated on exact) fidelity on a system needs an MoE model (a tensor-parallel FFN is not built) and a system whose
-    all-reduce has a closed form (one dimension: ring, fully connected or switch); one line otherwise."""
+    """The exact (or fast, calibrated on exact) fidelity on a system needs a system whose all-reduce has a closed
+    form (one dimension: ring, fully connected or switch), and a dense model whose dimensions split by tensor
+    parallelism (:func:`tp_shard`); one line otherwise."""
     if not model.is_moe:
-        raise ConfigError(f"--fidelity {fidelity} with --system: model {model.name!r} is dense and its tensor-parallel "
-                          f"FFN is not built yet; price the steps with --iteration-latency SECONDS")
+        tp_shard(model, system.chips)
     if len(system.dimensions) != 1 or system.dimensions[0].topology not in ("ring", "fully-connected", "switch"):
         raise ConfigError(f"--fidelity {fidelity} with --system {system.name}: the system needs one dimension (ring, "
                           f"fully-connected or switch) for its all-reduce's closed form")
 
 
-def system_engine_latency(model, system, routing, *, max_model_len: int, vocab: int, jobs=None):
+def system_engine_latency(model, system, routing, *, max_model_len: int, vocab: int, jobs=None,
+                          schedule: str = "paper"):
     """The exact provider on ``system`` (:class:`SystemEngineLatency`), after :func:`check_exact_system`."""
     check_exact_system(system, model)
-    return SystemEngineLatency(model, system, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
+    if schedule == "auto" and model.is_moe:
+        raise ConfigError(f"--schedule auto with --system: the expert-parallel MoE block of {model.name!r} keeps the "
+                          f"paper's schedule (a dense model's tensor-parallel layers are mapped); use --schedule paper")
+    return SystemEngineLatency(model, system, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
+                               schedule=schedule)
+
+
+def system_layer_spec(model, system, max_model_len: int, schedule: str = "paper") -> LayerSpec:
+    """What each chip of ``system`` runs of a layer: an MoE model's block sharded over the chips (its experts by
+    expert parallelism), or a dense model's tensor-parallel shard (:func:`tp_shard`), the one-chip layer of a
+    narrower model, built with ``schedule`` (a mapped shard is mapped like any one-chip layer)."""
+    if model.is_moe:
+        return LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+    return LayerSpec(tp_shard(model, system.chips), system.hardware, max_kv_rows(max_model_len), schedule=schedule)
 
 
 class SystemEngineLatency(EngineLatency):
-    """The exact provider (:class:`stepsim.serve.exact.EngineLatency`) on a system's n chips:
+    """The exact provider (:class:`stepsim.serve.exact.EngineLatency`) on a system's n chips.
+
+    An MoE model:
 
     * each layer's MoE block runs on the engine with its experts on the n chips (expert parallelism, contiguous,
       the weight split of :func:`split_weights`) and the step's tokens sharded over them, dispatched and combined
@@ -187,27 +237,38 @@ class SystemEngineLatency(EngineLatency):
       (the last chips' shards empty: they run their experts for the other chips' tokens);
     * the attention's KV heads are split over the chips (tensor parallelism): ``ceil(kv_heads / n)`` heads a
       chip, one after another, the chips in parallel; then a ring all-reduce of the step's activations
-      (:func:`allreduce_cycles`), counted in ``cycles_attention``;
-    * the weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`).
+      (:func:`allreduce_cycles`), counted in ``cycles_attention``.
+
+    A dense model, by tensor parallelism (Megatron's): every chip runs the same layer of its shard
+    (:func:`tp_shard`: its query and KV heads, its FFN columns) side by side, simulated once; after the
+    attention's output projection and after the FFN's down projection the partial sums are all-reduced
+    (two ring all-reduces a layer, counted in ``cycles_attention``). With ``schedule="auto"`` the shard's layers
+    are mapped over each chip (:mod:`stepsim.mapping`).
+
+    Either way the weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`).
     """
 
-    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None):
+    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, schedule="paper"):
         self.chips = system.chips
         super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
         self.system = system
-        self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+        self.spec = system_layer_spec(model, system, max_model_len, schedule)
 
     def roles(self, tasks: list) -> list:
-        heads = -(-self.model.kv_heads // self.system.chips)
+        if not self.model.is_moe:  # the shard's one-chip roles: its heads and every layer's FFN
+            return EngineLatency.roles(self, tasks)
+        heads = kv_heads_per_chip(self.model, self.system.chips)
         return [("attention", heads * self.model.layers) if kind != "ffn" else ("ffn", 1) for kind, _ in tasks]
 
     def weight_cycles(self, batch) -> int:
         return tp_weight_cycles(self.model, self.hardware, self.vocab, self.system.chips, int(sum(batch.new_tokens)))
 
     def collective_cycles(self, batch) -> int:
-        """The all-reduce of the step's activations after every layer's attention (counted in
-        ``cycles_attention``)."""
-        return self.model.layers * allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
+        """The all-reduces of the step's activations in every layer (counted in ``cycles_attention``): after the
+        attention; a dense model's also after its FFN (an MoE block combines its tokens by all-to-all)."""
+        per_layer = 1 if self.model.is_moe else 2
+        return per_layer * self.model.layers * allreduce_cycles(self.system, self.model.hidden,
+                                                                int(sum(batch.new_tokens)))
 
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}

@@ -4,10 +4,8 @@ on :class:`stepsim.serve.system.SystemEngineLatency`'s exact pieces. Its own mod
 
 from __future__ import annotations
 
-from stepsim.serve.exact import max_kv_rows
 from stepsim.serve.fast import FastLatency, chip_features
-from stepsim.serve.layers import LayerSpec
-from stepsim.serve.system import SystemEngineLatency
+from stepsim.serve.system import SystemEngineLatency, kv_heads_per_chip, system_layer_spec
 
 
 class SystemFastLatency(FastLatency):
@@ -20,15 +18,17 @@ class SystemFastLatency(FastLatency):
         self.chips = system.chips
         super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs, **kw)
         self.system = system
-        self.spec = LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+        self.spec = system_layer_spec(model, system, max_model_len)
 
     roles = SystemEngineLatency.roles
     weight_cycles = SystemEngineLatency.weight_cycles
 
     def attention_heads(self) -> int:
-        return -(-self.model.kv_heads // self.system.chips)
+        return kv_heads_per_chip(self.model, self.system.chips)
 
     def chip_columns(self, rows):
+        if not self.model.is_moe:  # a dense model's tensor-parallel shard: no expert placement
+            return None
         return chip_features(rows(), self.system.chips, self.model.experts)
 
     collective_cycles = SystemEngineLatency.collective_cycles

@@ -102,17 +102,14 @@ def test_a_chip_short_of_hbm_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--model", "llama-3.1-8b", "--system", "ring-2", "--fidelity", "fast"],
-     "stepsim: error: --fidelity fast with --system: model 'llama-3.1-8b' is dense and its tensor-parallel FFN "
-     "is not built yet; price the steps with --iteration-latency SECONDS"),
-    (["--model", "llama-3.1-8b", "--system", "ring-2", "--fidelity", "exact"],
-     "stepsim: error: --fidelity exact with --system: model 'llama-3.1-8b' is dense and its tensor-parallel FFN "
-     "is not built yet; price the steps with --iteration-latency SECONDS"),
+    (["--model", "llama-3.1-8b", "--system", "torus-4x4", "--fidelity", "fast"],
+     "stepsim: error: --fidelity fast with --system torus-4x4: the system needs one dimension (ring, fully-connected "
+     "or switch) for its all-reduce's closed form"),
     (["--model", "mixtral-8x7b", "--system", "ring-2", "--hardware", "sn40l", "--iteration-latency", "0.01"],
      "stepsim: error: --hardware does not apply with --system: the system file names the chips' hardware"),
     (["--model", "mixtral-8x7b", "--system", "mesh-3", "--iteration-latency", "0.01"],
      "stepsim: error: --system: unknown system preset 'mesh-3'; known presets: fully-connected-8, ring-2, ring-4, "
-     "ring-8, switch-8, torus-4x4"),
+     "ring-8, sn40l-16, sn40l-8, switch-8, torus-4x4"),
     (["--model", "mixtral-8x7b", "--system", "torus-4x4", "--iteration-latency", "0.01"],
      "stepsim: error: --system: 16 chips for 8 experts: expert parallelism leaves a chip without experts (use a "
      "system of 8 chips or fewer)"),

@@ -310,6 +310,10 @@ def from_dict(data: dict[str, Any], *, source: str = "dict", base_dir: Path | No
 PRESETS: dict[str, dict[str, Any]] = {
     **{f"ring-{n}": {"chips": n, "topology": "ring", "link_bandwidth": 64, "link_latency": 500} for n in (2, 4, 8)},
     "fully-connected-8": {"chips": 8, "topology": "fully-connected", "link_bandwidth": 64, "link_latency": 500},
+    # SN40L sockets (docs/hardware.md) on a ring; SambaNova publishes no link figures, so the links are the
+    # illustrative ones above (docs/validation.md says so beside every number they enter)
+    **{f"sn40l-{n}": {"chips": n, "topology": "ring", "link_bandwidth": 64, "link_latency": 500, "hardware": "sn40l"}
+       for n in (8, 16)},
     "switch-8": {"chips": 8, "topology": "switch", "link_bandwidth": 64, "link_latency": 250},
     "torus-4x4": {"dimension": [
         {"size": 4, "topology": "ring", "link_bandwidth": 64, "link_latency": 500},

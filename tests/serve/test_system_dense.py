@@ -1,0 +1,124 @@
+"""Dense models on many chips (``serve --system`` with a dense model): tensor parallelism over the query and KV
+heads and the FFN columns, two all-reduces a layer, each chip's shard built (and mapped) as a one-chip layer
+(stepsim/serve/system.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import stepsim
+from stepsim.base.errors import ConfigError
+from stepsim.base.system import System
+from stepsim.mapping.roofline import decode_token_bytes
+from stepsim.models.presets import resolve_model
+from stepsim.serve.exact import max_kv_rows
+from stepsim.serve.layers import LayerRunner, LayerSpec
+from stepsim.serve.memory import model_memory
+from stepsim.serve.system import allreduce_cycles, system_capacity, tp_shard, tp_weight_cycles
+
+LLAMA_70B_SHAPED = {"hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 28672,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+                    "max_position_embeddings": 131072, "model_type": "llama"}
+
+
+def _requests(path, n: int):
+    pq.write_table(pa.table({"arrival_s": [0.0] * n, "prompt_tokens": [64] * n, "output_tokens": [8] * n}), path)
+    return path
+
+
+def _config(path, **fields):
+    path.write_text(json.dumps(fields))
+    return str(path)
+
+
+@pytest.mark.parametrize("model, chips, shard", [
+    ("llama-3.1-8b", 8, (4, 1, 1792)),
+    ("llama-3.1-8b", 16, (2, 1, 896)),  # more chips than KV heads: each holds one, replicated twice
+    ("llama-3.1-8b", 2, (16, 4, 7168)),
+])
+def test_a_tensor_parallel_shard_splits_heads_and_ffn_columns(model, chips, shard):
+    m = tp_shard(resolve_model(model), chips)
+    assert (m.heads, m.kv_heads, m.dense_intermediate) == shard
+    assert (m.hidden, m.layers, m.head_dim) == (4096, 32, 128)
+
+
+def test_a_shard_that_does_not_split_evenly_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        tp_shard(resolve_model("llama-3.1-8b"), 3)
+    assert str(e.value) == ("--system: tensor parallelism over 3 chips needs the query heads (32) and the FFN columns "
+                            "(14336) of 'llama-3.1-8b' divisible by 3")
+    odd = resolve_model(_config(tmp_path / "odd.json", hidden_size=768, num_hidden_layers=2, intermediate_size=1536,
+                                num_attention_heads=24, num_key_value_heads=8, vocab_size=1000, model_type="llama"))
+    with pytest.raises(ConfigError) as e:
+        tp_shard(odd, 6)
+    assert str(e.value) == (f"--system: 6 chips neither split nor replicate the 8 KV heads of {odd.name!r} evenly "
+                            f"(tensor parallelism needs one to divide the other)")
+
+
+def test_replicated_kv_heads_take_their_share_of_the_kv_cache():
+    """16 chips for 8 KV heads: every chip holds one head's cache, so a token takes twice the model's KV bytes."""
+    model = resolve_model("llama-3.1-8b")
+    memory = model_memory(model)
+    for chips, replicas in ((8, 1), (16, 2)):
+        capacity, _ = system_capacity(System.preset(f"sn40l-{chips}"), model, memory, 16)
+        assert capacity.kv_bytes_per_token == memory.kv_bytes_per_token * replicas == 131_072 * replicas
+        left = chips * 64 * 2**30 - memory.weight_bytes
+        assert capacity.num_blocks == left // (16 * 131_072 * replicas)
+
+
+def test_one_request_on_8_sockets_is_the_shard_layers_and_two_all_reduces_a_layer(tmp_path):
+    """Llama-3.1-8B on ``sn40l-8``, mapped: a decode step is 32 layers of the shard's mapped decode attention and FFN
+    (simulated once, every chip runs the same), 64 all-reduces of one token's activations and the weights outside
+    the graphs read 1/8 a chip."""
+    system = System.preset("sn40l-8")
+    result = stepsim.serve("llama-3.1-8b", _requests(tmp_path / "one.parquet", 1), fidelity="exact",
+                           schedule="auto", system="sn40l-8", out=tmp_path / "out")
+    step = result.iterations.to_pylist()[1]  # the first decode step: 64 tokens cached
+    shard = tp_shard(resolve_model("llama-3.1-8b"), 8)
+    runner = LayerRunner(LayerSpec(shard, system.hardware, max_kv_rows(131_072), schedule="auto"))
+    decode = runner.cycles("decode", np.array([64]))
+    ffn = runner.cycles("ffn", np.zeros((1, 1), dtype=np.int64))
+    assert (decode, ffn) == (734, 66_262)
+    assert step["cycles_attention"] == 32 * decode + 64 * allreduce_cycles(system, 4096, 1) == 528_896
+    assert step["cycles_ffn"] == 32 * ffn
+    assert step["cycles_weights"] == tp_weight_cycles(resolve_model("llama-3.1-8b"), system.hardware, 128_256, 8, 1)
+    assert result.summary["tpot_s"]["p50"] == 0.0029410929999999992
+    assert result.summary["system"]["parallelism"] == "tp"
+    assert result.summary["fidelity"]["schedule"] == "auto"
+    # the HBM roofline of 8 sockets: the bytes a decode token must read over 8 x 1.6 TB/s
+    bound_s = decode_token_bytes(resolve_model("llama-3.1-8b"), 128_256) / (8 * 1.6e12)
+    assert round(result.summary["tpot_s"]["p50"] / bound_s, 3) == 2.508
+
+
+@pytest.mark.parametrize("model, requests, tpot_s, ttft_s", [
+    ("llama-3.1-8b", 16, 0.003965679, 0.07007602),
+    ("llama-70b-shaped", 1, 0.013731129999999998, 0.03540385),
+])
+def test_dense_models_serve_on_8_sockets_exactly(tmp_path, model, requests, tpot_s, ttft_s):
+    if model == "llama-70b-shaped":
+        model = _config(tmp_path / "llama-70b-shaped.json", **LLAMA_70B_SHAPED)
+    result = stepsim.serve(model, _requests(tmp_path / "r.parquet", requests), fidelity="exact", schedule="auto",
+                           system="sn40l-8")
+    assert (result.summary["tpot_s"]["p50"], result.summary["ttft_s"]["p50"]) == (tpot_s, ttft_s)
+
+
+def test_a_dense_model_serves_on_8_sockets_in_fast_mode(tmp_path):
+    """Fast mode calibrates on the shard's exact pieces (the paper's schedules: fast mode is not built on mapped
+    layers yet)."""
+    result = stepsim.serve("llama-3.1-8b", _requests(tmp_path / "r.parquet", 16), fidelity="fast",
+                           system="sn40l-8", calibration_cache=tmp_path / "cal")
+    assert result.summary["fidelity"]["mode"] == "fast"
+    assert result.summary["tpot_s"]["p50"] == 0.00978295899999998
+
+
+def test_an_moe_model_on_a_system_keeps_the_paper_schedule(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve("mixtral-8x7b", _requests(tmp_path / "r.parquet", 1), fidelity="exact", schedule="auto",
+                      system="ring-2")
+    assert str(e.value) == ("--schedule auto with --system: the expert-parallel MoE block of 'mixtral-8x7b' keeps the "
+                            "paper's schedule (a dense model's tensor-parallel layers are mapped); use --schedule paper")
