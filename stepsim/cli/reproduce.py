@@ -14,15 +14,21 @@ import time
 
 from stepsim.reproduce.names import CHOICES
 
+#: not one of the paper's experiments (not in ``all``): serving runs, not engine points (stepsim/serve/validation.py)
+SERVING_VALIDATION = "serving-validation"
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "reproduce", help="reproduce the paper's evaluation (tables, figures, headline numbers)",
-        description="Reproduce the STeP paper's evaluation: " + ", ".join(CHOICES[:-1]) + " (or all).")
+        description="Reproduce the STeP paper's evaluation: " + ", ".join(CHOICES[:-1]) + " (or all); or "
+                    f"{SERVING_VALIDATION}: stepsim's serving predictions beside SambaNova's published figures "
+                    "(docs/validation.md).")
     # not argparse choices: an unknown name is a StepsimError like every other bad input (exit status 2)
-    p.add_argument("experiment", metavar="EXPERIMENT", help=f"one of: {', '.join(CHOICES)}")
-    p.add_argument("--traces", required=True, metavar="DIR",
-                   help="folder laid out like ../shared/traces (expert_routing/, kv_lengths/)")
+    p.add_argument("experiment", metavar="EXPERIMENT", help=f"one of: {', '.join(CHOICES)}, {SERVING_VALIDATION}")
+    p.add_argument("--traces", metavar="DIR",
+                   help="folder laid out like ../shared/traces (expert_routing/, kv_lengths/); required by the "
+                        f"paper's experiments (not by {SERVING_VALIDATION})")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
     from stepsim.cli.args import add_force_argument, add_jobs_argument
 
@@ -34,9 +40,32 @@ def register(subparsers) -> None:
     p.set_defaults(handler=_reproduce, out_kind="dir")
 
 
+def _serving_validation(args) -> int:
+    from pathlib import Path
+
+    from stepsim.serve import validation
+
+    rows = validation.validate(Path(args.out), progress=lambda line: print(f"[reproduce] {line}", file=sys.stderr,
+                                                                           flush=True))
+    files = validation.write(rows, Path(args.out))
+    if args.json:
+        print(json.dumps({"serving_validation_median_ratio_error": validation.median_ratio_error(rows)}))
+        return 0
+    print(validation.markdown(rows), end="")
+    for kind, path in files.items():
+        print(f"wrote {kind}: {path}")
+    return 0
+
+
 def _reproduce(args) -> int:
+    from stepsim.base.errors import ConfigError
     from stepsim.cli.args import jobs_from_args
 
+    if args.experiment == SERVING_VALIDATION:
+        return _serving_validation(args)
+    if args.traces is None:
+        raise ConfigError(f"reproduce {args.experiment}: --traces DIR is required (a folder laid out like "
+                          f"../shared/traces)")
     start = time.perf_counter()
     args.jobs = jobs_from_args(args)
     if args.jobs > 1:
