@@ -153,3 +153,12 @@ def test_ring_chunked_is_for_the_collective_only():
     with pytest.raises(ArgumentError) as info:
         build_collective(system, "all-reduce", 64, tile_bytes=2)
     assert str(info.value) == "collective tile_bytes must be an int >= 4 (one fp32 element), got 2"
+
+
+def test_ring_chunked_with_tp_is_one_line(capsys):
+    from stepsim.cli import main
+
+    assert main(["run", "swiglu", "--tp", "2", "--algorithm", "ring-chunked"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "stepsim: error: --algorithm ring-chunked applies to 'stepsim run collective' only: a tensor-parallel layer's "
+        "all-reduce streams its own tiles (use ring or direct)"]
