@@ -162,3 +162,15 @@ def test_ring_chunked_with_tp_is_one_line(capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "stepsim: error: --algorithm ring-chunked applies to 'stepsim run collective' only: a tensor-parallel layer's "
         "all-reduce streams its own tiles (use ring or direct)"]
+
+
+@pytest.mark.parametrize("system_name", ["ring-2", "ring-8", "switch-8"])
+@pytest.mark.parametrize("tokens", [1, 112, 2048])
+def test_serve_prices_its_all_reduces_as_the_engine_runs_them(system_name, tokens):
+    """stepsim serve --system's all-reduce of a step's activations (tokens x 4096 fp32: 16 KiB to 32 MiB, one to 32
+    tiles a chunk) is the estimate, and the engine equals it on these idle systems (every link sends in order)."""
+    from stepsim.serve.system import allreduce_cycles
+
+    system = System.preset(system_name)
+    nbytes = -(-tokens * 4096 // system.chips) * system.chips * 4
+    assert _cycles(system, "all-reduce", nbytes) == allreduce_cycles(system, 4096, tokens)
