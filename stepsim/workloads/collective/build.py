@@ -52,6 +52,7 @@ from stepsim.graph.ops_compute import Map
 from stepsim.graph.ops_memory import Tensor
 from stepsim.workloads.base import Workload
 from stepsim.workloads.collective import ALGORITHMS, OPS
+from stepsim.workloads.collective.closed_form import tiles_per_chunk
 
 #: bytes per element of the collectives' vectors (fp32)
 ELEM_BYTES = 4
@@ -65,17 +66,6 @@ def default_tile_bytes(hardware) -> int:
     The receiving unit double-buffers two tiles at once, the one arriving from the link and the chip's own tile
     it is added to, so four tiles share one PMU; at least one fp32 element."""
     return max(ELEM_BYTES, hardware.memory_unit_bytes // 4)
-
-
-def tiles_per_chunk(chunk_elems: int, tile_bytes: int) -> int:
-    """T: the fewest equal tiles of at most ``tile_bytes`` a chunk of ``chunk_elems`` fp32 elements splits into
-    (the smallest divisor of ``chunk_elems`` that is at least ``ceil(4 chunk_elems / tile_bytes)``).
-
-    >>> tiles_per_chunk(1 << 19, 1 << 18), tiles_per_chunk(300, 1024), tiles_per_chunk(7, 4)
-    (8, 2, 7)
-    """
-    least = max(1, -(-chunk_elems * ELEM_BYTES // tile_bytes))
-    return next(t for t in range(least, chunk_elems + 1) if chunk_elems % t == 0)
 
 
 def check_tile_bytes(tile_bytes) -> int:

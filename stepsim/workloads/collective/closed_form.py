@@ -35,7 +35,7 @@ keeps the chip's own chunk and sends it. Direct collectives on a switch are boun
 which sends its n - 1 chunks one after the other.
 
 The streamed ``ring`` (the default) cuts a chunk into T equal tiles of t bytes
-(:func:`stepsim.workloads.collective.build.tiles_per_chunk`). A tile occupies a link tau = ``ceil(t / B)``
+(:func:`tiles_per_chunk`). A tile occupies a link tau = ``ceil(t / B)``
 cycles; a send stage or an add takes rho = ``max(ceil(t / pmu_bw), ceil(t / (4 compute_bw)))`` per tile (one
 PMU read: the received tile comes from the link); a step's tiles leave a chip every p = ``max(tau, rho)`` and
 hold the link W = ``(T-1) p + tau``. Step s starts on the link when its first tile is ready (h_s after step
@@ -66,6 +66,17 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def tiles_per_chunk(chunk_elems: int, tile_bytes: int) -> int:
+    """T: the fewest equal tiles of at most ``tile_bytes`` a chunk of ``chunk_elems`` fp32 elements splits into
+    (the smallest divisor of ``chunk_elems`` that is at least ``ceil(4 chunk_elems / tile_bytes)``).
+
+    >>> tiles_per_chunk(1 << 19, 1 << 18), tiles_per_chunk(300, 1024), tiles_per_chunk(7, 4)
+    (8, 2, 7)
+    """
+    least = max(1, -(-chunk_elems * 4 // tile_bytes))
+    return next(t for t in range(least, chunk_elems + 1) if chunk_elems % t == 0)
+
+
 def chunk_cycles(nbytes: int, chips: int, bandwidth: int) -> int:
     """sigma = ceil(S / (n B)): cycles one chunk of S / n bytes occupies a link of B bytes/cycle."""
     return _ceil(nbytes // chips, bandwidth)
@@ -80,8 +91,6 @@ def add_cycles(nbytes: int, chips: int, pmu_bw: int, compute_bw: int, elem_bytes
 def streamed_ring_cycles(op: str, topology: str, chips: int, nbytes: int, alpha: int, bandwidth: int, pmu_bw: int,
                          compute_bw: int = 1024, *, tile_bytes: int) -> int:
     """The streamed ring's estimate (module docstring; cycles) with tiles of at most ``tile_bytes``."""
-    from stepsim.workloads.collective.build import tiles_per_chunk
-
     n, m = chips, nbytes // (4 * chips)
     tiles = tiles_per_chunk(m, tile_bytes)
     t = nbytes // n // tiles
