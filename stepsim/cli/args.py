@@ -92,8 +92,10 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
     p.add_argument("--bytes", type=int, metavar="S",
                    help="collective: the whole vector in bytes (each chip's input; an all-gather's output), a "
                         "multiple of 4 x chips (default 1048576)")
-    p.add_argument("--algorithm", choices=("ring", "direct"),
-                   help="collective, SwiGLU / MoE / decoder with --tp (its all-reduces): ring (default) or direct")
+    p.add_argument("--algorithm", choices=("ring", "ring-chunked", "direct"),
+                   help="collective: ring (default; each chunk streamed in tiles of a quarter of a PMU, reduced as "
+                        "they arrive), ring-chunked (whole chunks, the exact closed forms of docs/system.md) or direct; "
+                        "SwiGLU / MoE / decoder with --tp (its all-reduces): ring (default) or direct")
     p.add_argument("--system", metavar="FILE|PRESET",
                    help="collective, MoE with --ep or --tp, SwiGLU / decoder with --tp, SwiGLU / MoE / decoder with --pp: the chips and links, a system TOML file or preset "
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")

@@ -148,16 +148,19 @@ def tp_weight_cycles(model, hardware, vocab: int, chips: int, tokens: int) -> in
 
 
 def allreduce_cycles(system, hidden: int, tokens: int) -> int:
-    """Cycles of the tensor-parallel all-reduce after a layer's attention: a ring all-reduce
-    (:func:`stepsim.workloads.collective.closed_form.collective_cycles`, exact against the engine on an idle
-    system) of the step's fp32 activations, ``tokens x hidden x 4`` bytes rounded up to a multiple of ``4 n``
-    (the collective's chunking)."""
+    """Cycles of the tensor-parallel all-reduce after a layer's attention: the streamed ring all-reduce
+    (:func:`stepsim.workloads.collective.closed_form.streamed_ring_cycles`, the closed-form estimate of the
+    collective's default ``ring``, tiles of :func:`stepsim.workloads.collective.build.default_tile_bytes`; equal
+    to the engine on an idle system whenever each link sends the steps in order, e.g. every chunk of one tile) of
+    the step's fp32 activations, ``tokens x hidden x 4`` bytes rounded up to a multiple of ``4 n`` (the
+    collective's chunking)."""
+    from stepsim.workloads.collective.build import default_tile_bytes
     from stepsim.workloads.collective.closed_form import collective_cycles
 
     n, dim = system.chips, system.dimensions[0]
     nbytes = -(-tokens * hidden // n) * n * 4
     return collective_cycles("all-reduce", "ring", dim.topology, n, nbytes, dim.link_latency, dim.link_bandwidth,
-                             system.hardware.pmu_bw)
+                             system.hardware.pmu_bw, tile_bytes=default_tile_bytes(system.hardware))
 
 
 def kv_heads_per_chip(model, chips: int) -> int:

@@ -14,8 +14,8 @@ from stepsim.workloads.config import normalize_config, workload_from_config
 
 @pytest.mark.parametrize("op, algorithm, system, nbytes, bound, cycles", [
     # 3 chunks of 1024 B over each ring link: 3 x 16 cycles + 499 (the Link unit's latency, alpha - 1)
-    ("all-gather", "ring", "ring-4", 4096, 547, 1549),
-    ("all-reduce", "ring", "ring-4", 4096, 595, 3193),  # 6 chunks of 1024 B
+    ("all-gather", "ring-chunked", "ring-4", 4096, 547, 1549),
+    ("all-reduce", "ring-chunked", "ring-4", 4096, 595, 3193),  # 6 chunks of 1024 B
     ("all-to-all", "direct", "fully-connected-8", 65536, 627, 628),  # one 8192 B chunk: 128 + 499
     ("all-gather", "direct", "switch-8", 8192, 361, 628),  # an up-link carries 7 chunks of 1024 B: 112 + 249
 ])

@@ -166,8 +166,11 @@ def test_the_moe_block_on_two_chips_is_a_rebound_template(small_moe):
 
 def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     """A served run with --fidelity exact on ring-2, pinned step by step; the first step (a 40-token prefill)
-    re-derived: per layer one KV head's prefill (2 heads over 2 chips) plus the ring all-reduce of 40 x 256 fp32
-    activations (2 (n-1) (alpha + sigma) + (n-1) mu + 1 = 2 x 820 + 640 + 1), the MoE block on 2 chips, and the
+    re-derived: per layer one KV head's prefill (2 heads over 2 chips) plus the streamed ring all-reduce of 40 x 256
+    fp32 activations (20,480 B chunks: one 128 KiB tile at most, so one tile a chunk, 320 cycles on a link and 320 to
+    read from on-chip memory: 2 hops of alpha + tau = 820, the send stage and the one add 2 x 320, one edge into
+    the all-gather's fan-out and one into the store: 2282, one cycle more than the whole-chunk ring-chunked
+    form's 2 x 820 + 640 + 1 = 2281, which added two chunks read from on-chip memory), the MoE block on 2 chips, and the
     weights outside the graphs read half a chip. The 1-token decode steps run the sharded MoE block too (chip 1's
     shard empty; it runs its experts for chip 0's token): 5365..6386 FFN cycles over the 2 layers where the
     one-chip block (an approximation, before) gave 4346; the rows routed to chip 1's experts cross the link
@@ -183,23 +186,23 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     it = result.iterations.to_pydict()
     assert (it["tokens"], it["cycles_attention"], it["cycles_ffn"], it["cycles_weights"]) == (
         [40, 1, 1, 7, 1, 1, 1, 20, 1],
-        [5912, 2474, 2474, 3404, 2374, 2374, 2374, 4236, 2374],
+        [5914, 2476, 2476, 3406, 2376, 2376, 2376, 4238, 2376],
         [9053, 6378, 6378, 6639, 5365, 6378, 6386, 7821, 6386],
         [460, 451, 451, 452, 451, 451, 451, 455, 451])
     assert result.summary["fidelity"] == {"mode": "exact", "error": None, "routing": {
         "mode": "synthetic", "alpha": 0.3, "beta": 0.05, "locality": 0.0}, "simulations": 27, "system": "ring-2",
         "chips": 2}
-    assert allreduce_cycles(System.preset("ring-2"), 256, 40) == 2 * 820 + 640 + 1 == 2281
+    assert allreduce_cycles(System.preset("ring-2"), 256, 40) == 2 * 820 + 2 * 320 + 2 == 2282
     model = resolve_model(str(small_moe))
     system = System.preset("ring-2")
     spec = LayerSpec(model, system.hardware, max_kv_rows(4096), system=system)
     prefill = simulate(build("prefill", (np.array([0]), np.array([40])), spec)).cycles
-    assert it["cycles_attention"][0] == 2 * (prefill + 2281)
+    assert it["cycles_attention"][0] == 2 * (prefill + 2282)
     routing = SyntheticRouting(16, 2, 2, seed=0).route(40)
     assert it["cycles_ffn"][0] == sum(simulate(build("ffn", np.ascontiguousarray(routing[:, layer, :]), spec)).cycles
                                       for layer in range(2))
     assert it["cycles_weights"][0] == tp_weight_cycles(model, system.hardware, 1000, 2, 40)
-    assert it["duration_s"][0] == (5912 + 9053 + 460) / system.hardware.clock_hz
+    assert it["duration_s"][0] == (5914 + 9053 + 460) / system.hardware.clock_hz
     from stepsim.serve.output import read_outputs
 
     assert read_outputs(tmp_path / "o")[2]["system"]["chips"] == 2

@@ -13,17 +13,27 @@ closed forms are not blurred by HBM contention: the engine has one HBM model). R
 
 Algorithms (transfers are routed over the system's links by :class:`~stepsim.graph.network.Network`):
 
-* ``ring``: the logical ring ``c -> c+1``. Reduce-scatter: at step s = 0 .. n-2 chip c sends chunk
-  ``(c - s - 1) mod n``: its own at s = 0, later the partial sum it received plus its own chunk (a Map add);
-  after n - 1 steps chip c holds the sum of chunk c. All-gather: n - 1 steps forwarding what arrived.
+* ``ring-chunked``: the logical ring ``c -> c+1``, whole chunks. Reduce-scatter: at step s = 0 .. n-2 chip c
+  sends chunk ``(c - s - 1) mod n``: its own at s = 0, later the partial sum it received plus its own chunk (a
+  Map add); after n - 1 steps chip c holds the sum of chunk c. All-gather: n - 1 steps forwarding what arrived.
   All-reduce = reduce-scatter then all-gather.
+* ``ring`` (the default): the same steps with every chunk streamed in T equal tiles (as NCCL pipelines a
+  chunk's slices): tile i of a step crosses the link and is reduced on arrival while tile i + 1 is on the wire,
+  and the next step sends tile i as soon as it is reduced, so transfer and reduction overlap. A tile is at most
+  ``tile_bytes`` (default :func:`default_tile_bytes`: a quarter of one on-chip memory unit, which
+  double-buffers the tile arriving and the chip's own tile it is added to); T is the fewest equal tiles of at most that size
+  (:func:`tiles_per_chunk`). The received tile comes straight from the link into the add (it is not read from
+  on-chip memory); the chip's own chunk is (one PMU read per tile), and the sum goes on to the link or the store
+  without a write-back. A resident chunk sent as it is (step 0, an all-gather's own chunk) passes a send stage
+  that reads it from on-chip memory (a ``Pointwise mul_c 1`` Map: the value is unchanged, bit for bit).
 * ``direct``: every chip sends straight to every other, to c+1 first, then c+2, ... (reduce-scatter: chunk k to
   chip k, which adds the contributions in the order they leave their senders, c = k-1, k-2, ...; all-gather:
   its chunk to every chip). All-to-all is direct only.
 
-Reductions are ``Map(Add)`` with ``compute_bw`` FLOPs/cycle and ``write_back_mu=True`` (partials live in
-on-chip memory), so every add reads both operands from the PMU: its cost is
-``max(2 ceil(S / (n pmu_bw)), ceil(S / (4 n compute_bw)))`` cycles (docs/timing_model.md §6).
+Reductions are ``Map(Add)`` with ``compute_bw`` FLOPs/cycle. Whole chunks (``ring-chunked``, ``direct``) are
+added with ``write_back_mu=True`` (partials live in on-chip memory), so every add reads both operands from the
+PMU: ``max(2 ceil(S / (n pmu_bw)), ceil(S / (4 n compute_bw)))`` cycles (docs/timing_model.md §6). A streamed
+tile of t bytes is added in ``max(ceil(t / pmu_bw), ceil(t / (4 compute_bw)))`` cycles (its own chunk's read).
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from dataclasses import dataclass
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System
 from stepsim.graph.dtypes import FP32
-from stepsim.graph.functions import Add
+from stepsim.graph.functions import Add, Pointwise
 from stepsim.graph.graph import Graph
 from stepsim.graph.network import Network
 from stepsim.graph.ops_chips import ResidentLoad, ResidentStore
@@ -42,6 +52,7 @@ from stepsim.graph.ops_compute import Map
 from stepsim.graph.ops_memory import Tensor
 from stepsim.workloads.base import Workload
 from stepsim.workloads.collective import ALGORITHMS, OPS
+from stepsim.workloads.collective.closed_form import tiles_per_chunk
 
 #: bytes per element of the collectives' vectors (fp32)
 ELEM_BYTES = 4
@@ -49,11 +60,28 @@ ELEM_BYTES = 4
 DEFAULT_COMPUTE_BW = 1024
 
 
+def default_tile_bytes(hardware) -> int:
+    """Bytes of a streamed collective's tile (``ring``): a quarter of one on-chip memory unit
+    (:attr:`stepsim.base.hardware.Hardware.memory_unit_bytes` // 4, 128 KiB on every preset: 512 KiB PMUs).
+    The receiving unit double-buffers two tiles at once, the one arriving from the link and the chip's own tile
+    it is added to, so four tiles share one PMU; at least one fp32 element."""
+    return max(ELEM_BYTES, hardware.memory_unit_bytes // 4)
+
+
+def check_tile_bytes(tile_bytes) -> int:
+    """``tile_bytes`` must be an int of at least one fp32 element (4 bytes); raises ArgumentError (one line)."""
+    if isinstance(tile_bytes, bool) or not isinstance(tile_bytes, int) or tile_bytes < ELEM_BYTES:
+        raise ArgumentError(f"collective tile_bytes must be an int >= {ELEM_BYTES} (one fp32 element), "
+                            f"got {tile_bytes!r}")
+    return tile_bytes
+
+
 @dataclass(frozen=True)
 class Collective:
     """What was built: the graph, its network (links, per-link bytes) and the layout.
 
-    ``inputs`` / ``outputs`` list the resident tensor names; ``chunk_elems`` is the fp32 elements per chunk.
+    ``inputs`` / ``outputs`` list the resident tensor names; ``chunk_elems`` is the fp32 elements per chunk;
+    ``tiles`` the tiles a chunk streams in (``ring``; 1 for the whole-chunk algorithms).
     """
 
     graph: Graph
@@ -65,6 +93,7 @@ class Collective:
     chunk_elems: int
     inputs: tuple
     outputs: tuple
+    tiles: int = 1
 
 
 def check_request(op: str, nbytes, algorithm: str, chips: int) -> int:
@@ -88,12 +117,18 @@ def check_request(op: str, nbytes, algorithm: str, chips: int) -> int:
 
 class _Builder:
     def __init__(self, system: System, op: str, nbytes: int, algorithm: str, compute_bw: int, *, graph=None,
-                 network=None, prefix: str = ""):
+                 network=None, prefix: str = "", tile_bytes: int | None = None):
         self.n = system.chips
+        self.tiles = 1
+        self.streamed = False  # ring: chunks in tiles, adds without write-back, send stages
         if graph is None:
             self.m = check_request(op, nbytes, algorithm, self.n)
             self.g = Graph(f"{op}-{algorithm}-{self.n}chips-{nbytes}B")
             self.net = Network(self.g, system)
+            if algorithm == "ring":
+                tile_bytes = default_tile_bytes(system.hardware) if tile_bytes is None else \
+                    check_tile_bytes(tile_bytes)
+                self.tiles, self.streamed = tiles_per_chunk(self.m, tile_bytes), True
         else:  # inside another graph (all_reduce_streams): its chunks are streams, not resident tensors
             self.m, self.g, self.net = None, graph, network
         self.prefix = prefix
@@ -103,16 +138,39 @@ class _Builder:
 
     def load(self, name: str):
         self.inputs.append(name)
-        return ResidentLoad(self.g, Tensor(name, (1, self.m), FP32), tile=(1, self.m), out_shape_tiled=(1,),
-                            stride=(1,), name=f"load.{name}")
+        t = self.tiles  # a chunk (1, m) as T tiles (1, m / T): stream (1, 1, T), stored back as (1, m)
+        return ResidentLoad(self.g, Tensor(name, (1, self.m), FP32), tile=(1, self.m // t),
+                            out_shape_tiled=(1, t) if self.streamed else (1,),
+                            stride=(t, 1) if self.streamed else (1,), name=f"load.{name}")
 
     def store(self, stream, name: str) -> None:
         self.outputs.append(name)
         ResidentStore(self.g, stream, tensor_name=name, name=f"store.{name}")
 
     def add(self, a, b, name: str, chip: int):
-        op = Map(self.g, [a, b], Add(), compute_bw=self.compute_bw, write_back_mu=True, name=self.prefix + name)
+        op = Map(self.g, [a, b], Add(), compute_bw=self.compute_bw, write_back_mu=not self.streamed,
+                 name=self.prefix + name)
         op.chip = chip
+        self.hold_chunk(op)
+        return op
+
+    def hold_chunk(self, op) -> None:
+        """Streamed: ``op``'s outputs hold a whole chunk (T tiles), the on-chip buffer where a step's tiles wait
+        while the link still sends the step before: the link then takes every transfer's tiles in the order they
+        were made (a shallower FIFO re-stamps a waiting tile when its slot frees, and a later step's older tile
+        overtakes it)."""
+        if self.streamed:
+            op.channel_depth = max(op.channel_depth or 0, self.tiles)
+
+    def send_stage(self, stream, chip: int, name: str):
+        """A resident chunk on its way to a link: streamed, a unit reads it from on-chip memory tile by tile (x * 1,
+        bit for bit; ``ceil(t / pmu_bw)`` cycles a tile); whole chunks go as they are (the receiver's add pays)."""
+        if not self.streamed:
+            return stream
+        op = Map(self.g, [stream], Pointwise("mul_c", 1.0), compute_bw=self.compute_bw, write_back_mu=False,
+                 name=self.prefix + name)
+        op.chip = chip
+        self.hold_chunk(op)
         return op
 
     # ------------------------------------------------------------------------------------- reduce-scatter
@@ -123,7 +181,7 @@ class _Builder:
         x = x or {(c, k): self.load(f"x{c}.{k}") for c in range(n) for k in range(n)}
         sent = {}  # (chip, step) -> the stream chip sends at that step
         for c in range(n):
-            sent[(c, 0)] = x[(c, (c - 1) % n)]
+            sent[(c, 0)] = self.send_stage(x[(c, (c - 1) % n)], c, f"chip{c}.rs.send")
         received = {}
         for s in range(n - 1):
             for c in range(n):
@@ -151,15 +209,16 @@ class _Builder:
         return out
 
     # ----------------------------------------------------------------------------------------- all-gather
-    def all_gather(self, own, algorithm: str, sink=None):
-        """``own[c]``: chip c's chunk (index c). Stores ``y<c>.<k>`` for every chip c and chunk k, or hands each
-        to ``sink(stream, c, k)``."""
+    def all_gather(self, own, algorithm: str, sink=None, resident: bool = False):
+        """``own[c]``: chip c's chunk (index c; ``resident``: loaded from on-chip memory, so a streamed ring sends
+        it through a send stage). Stores ``y<c>.<k>`` for every chip c and chunk k, or hands each to
+        ``sink(stream, c, k)``."""
         n = self.n
         sink = sink or (lambda stream, c, k: self.store(stream, f"y{c}.{k}"))
         for c in range(n):
             sink(own[c], c, c)
-        if algorithm == "ring":
-            forward = dict(own)  # what chip c sends next
+        if algorithm in ("ring", "ring-chunked"):
+            forward = {c: self.send_stage(own[c], c, f"chip{c}.ag.send") if resident else own[c] for c in range(n)}
             for t in range(n - 1):
                 got = {}
                 for c in range(n):
@@ -186,6 +245,16 @@ class _Builder:
                 self.store(self.net.send(c, k, x[(c, k)], name=f"a2a.chip{c}@chip{k}"), f"y{k}.{c}")
 
 
+def _check_stream_algorithm(algorithm: str) -> None:
+    """Inside another graph the chunks are the caller's own tile streams, already crossing and reduced tile by
+    tile: ``ring`` builds that ring as before (adds with write-back); ``ring-chunked`` has no meaning there."""
+    if algorithm == "ring-chunked":
+        raise ArgumentError("--algorithm ring-chunked applies to 'stepsim run collective' only: a tensor-parallel "
+                            "layer's all-reduce streams its own tiles (use ring or direct)")
+    if algorithm not in ALGORITHMS:
+        raise ArgumentError(f"collective algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+
+
 def all_reduce_streams(graph: Graph, network: Network, chunks: dict, algorithm: str = "ring", *,
                        compute_bw: int = DEFAULT_COMPUTE_BW, prefix: str = "") -> dict:
     """The all-reduce of this module, inside another graph: ``chunks[(c, k)]`` is chunk k of chip c's vector (a
@@ -194,8 +263,7 @@ def all_reduce_streams(graph: Graph, network: Network, chunks: dict, algorithm: 
     c. Operator and transfer names start with ``prefix``. The ops are not placed on chips: a caller places every
     operator it made (the adds of chunk k at step s run on the chip that receives; see the module docstring).
     """
-    if algorithm not in ALGORITHMS:
-        raise ArgumentError(f"collective algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    _check_stream_algorithm(algorithm)
     b = _Builder(network.system, "all-reduce", None, algorithm, compute_bw, graph=graph, network=network,
                  prefix=prefix)
     reduced = b.reduce_scatter_ring(chunks) if algorithm == "ring" else b.reduce_scatter_direct(chunks)
@@ -208,37 +276,42 @@ def reduce_scatter_streams(graph: Graph, network: Network, chunks: dict, algorit
                            compute_bw: int = DEFAULT_COMPUTE_BW, prefix: str = "") -> dict:
     """The reduce-scatter of this module inside another graph, as :func:`all_reduce_streams` (same ``chunks``,
     network and placement rules): returns ``{c: stream}``, the sum over chips of chunk c, on chip c."""
-    if algorithm not in ALGORITHMS:
-        raise ArgumentError(f"collective algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    _check_stream_algorithm(algorithm)
     b = _Builder(network.system, "reduce-scatter", None, algorithm, compute_bw, graph=graph, network=network,
                  prefix=prefix)
     return b.reduce_scatter_ring(chunks) if algorithm == "ring" else b.reduce_scatter_direct(chunks)
 
 
 def build_collective(system: System, op: str, nbytes: int, algorithm: str = "ring", *,
-                     compute_bw: int = DEFAULT_COMPUTE_BW) -> Collective:
+                     compute_bw: int = DEFAULT_COMPUTE_BW, tile_bytes: int | None = None) -> Collective:
     """Build collective ``op`` of ``nbytes`` (S) over ``system`` as a STeP graph (see the module docstring).
+
+    ``tile_bytes``: the largest tile a ``ring`` collective streams a chunk in (default
+    :func:`default_tile_bytes` of the system's hardware); the other algorithms move whole chunks.
 
     Example
     -------
     >>> c = build_collective(System.preset("ring-4"), "all-reduce", 4096)
-    >>> c.chunk_elems, len(c.inputs), len(c.outputs), len(c.network.links)
-    (256, 16, 16, 4)
+    >>> c.chunk_elems, c.tiles, len(c.inputs), len(c.outputs), len(c.network.links)
+    (256, 1, 16, 16, 4)
+    >>> build_collective(System.preset("ring-4"), "all-reduce", 4096, tile_bytes=256).tiles
+    4
     """
-    b = _Builder(system, op, nbytes, algorithm, compute_bw)
+    b = _Builder(system, op, nbytes, algorithm, compute_bw, tile_bytes=tile_bytes)
     if op == "all-to-all":
         b.all_to_all()
     elif op == "all-gather":
-        b.all_gather({c: b.load(f"x{c}") for c in range(b.n)}, algorithm)
+        b.all_gather({c: b.load(f"x{c}") for c in range(b.n)}, algorithm, resident=True)
     else:
-        reduced = b.reduce_scatter_ring() if algorithm == "ring" else b.reduce_scatter_direct()
+        reduced = b.reduce_scatter_ring() if algorithm != "direct" else b.reduce_scatter_direct()
         if op == "reduce-scatter":
             for c in range(b.n):
                 b.store(reduced[c], f"y{c}")
         else:
             b.all_gather(reduced, algorithm)
-    b.net.finish()
-    return Collective(b.g, b.net, op, algorithm, b.n, nbytes, b.m, tuple(b.inputs), tuple(b.outputs))
+    for link in b.net.finish():
+        b.hold_chunk(link)  # a forwarded (all-gather) tile waits at its receiver for the next link
+    return Collective(b.g, b.net, op, algorithm, b.n, nbytes, b.m, tuple(b.inputs), tuple(b.outputs), b.tiles)
 
 
 def from_config(cfg: Mapping) -> Workload:
@@ -262,11 +335,12 @@ def from_config(cfg: Mapping) -> Workload:
         try:
             closed = collective_cycles(c.op, c.algorithm, system.dimensions[0].topology, c.chips, c.nbytes,
                                        system.links[0].latency, system.links[0].bandwidth, system.hardware.pmu_bw,
-                                       kw.get("compute_bw", DEFAULT_COMPUTE_BW))
+                                       kw.get("compute_bw", DEFAULT_COMPUTE_BW),
+                                       tile_bytes=default_tile_bytes(system.hardware))
         except ArgumentError:  # no closed form (direct collectives on a ring share links)
             closed = None
     params = {"op": c.op, "bytes": c.nbytes, "algorithm": c.algorithm, "system": system.name, "chips": c.chips,
-              "chunk_bytes": c.nbytes // c.chips, "links_used": len(c.network.links),
+              "chunk_bytes": c.nbytes // c.chips, "tiles_per_chunk": c.tiles, "links_used": len(c.network.links),
               "compute_bw": kw.get("compute_bw", DEFAULT_COMPUTE_BW), "closed_form_cycles": closed,
               "link_bytes": {name: int(b) for name, b in c.network.link_bytes().items()}}
     return Workload("collective", c.graph, params=params, hardware=system.hardware_spec,

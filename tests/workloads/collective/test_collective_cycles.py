@@ -1,7 +1,8 @@
-"""Collectives over link units are exact: the engine equals the closed forms (stepsim.workloads.collective.closed_form) to
-the cycle for several chip counts, sizes, link figures and topologies; the ring all-reduce is the textbook
-2 (n-1) (alpha + ceil(S / (n B))) plus its reductions and one cycle; both engines agree; bytes over every link
-equal the symbolic per-link metric."""
+"""Collectives over link units with whole chunks (``ring-chunked``, ``direct``) are exact: the engine equals the closed
+forms (stepsim.workloads.collective.closed_form) to the cycle for several chip counts, sizes, link figures and
+topologies; the ring-chunked all-reduce is the textbook 2 (n-1) (alpha + ceil(S / (n B))) plus its reductions and one
+cycle; both engines agree; bytes over every link equal the symbolic per-link metric. (The streamed ``ring``:
+test_collective_streamed.py.)"""
 
 from __future__ import annotations
 
@@ -36,15 +37,15 @@ def test_ring_all_reduce_is_the_textbook_formula_plus_its_reductions(n, nbytes, 
     system = _system("ring", n, alpha, bandwidth)
     mu = add_cycles(nbytes, n, system.hardware.pmu_bw, 1024)
     network = 2 * (n - 1) * (alpha + _ceil(nbytes // n, bandwidth))  # 2 (n-1) (alpha + S/(nB)), S/(nB) rounded up
-    assert _cycles(system, "all-reduce", nbytes, "ring") == network + (n - 1) * mu + 1
-    assert _cycles(system, "all-gather", nbytes, "ring") == network // 2 + 1
-    assert _cycles(system, "reduce-scatter", nbytes, "ring") == network // 2 + (n - 1) * mu + 1
+    assert _cycles(system, "all-reduce", nbytes, "ring-chunked") == network + (n - 1) * mu + 1
+    assert _cycles(system, "all-gather", nbytes, "ring-chunked") == network // 2 + 1
+    assert _cycles(system, "reduce-scatter", nbytes, "ring-chunked") == network // 2 + (n - 1) * mu + 1
 
 
 def test_one_ring_all_reduce_by_hand():
     """4 chips, S = 4096 B, alpha = 20, B = 64 B/cycle, PMU 64 B/cycle: a chunk is 1024 B, 16 cycles on a link;
     an add reads two 1024 B chunks from on-chip memory, 2 * 16 = 32 cycles. 6 hops of 20 + 16, 3 adds, 1 edge."""
-    assert _cycles(_system("ring", 4, 20, 64), "all-reduce", 4096, "ring") == 6 * 36 + 3 * 32 + 1 == 313
+    assert _cycles(_system("ring", 4, 20, 64), "all-reduce", 4096, "ring-chunked") == 6 * 36 + 3 * 32 + 1 == 313
 
 
 CASES = [(topology, n, alpha, bandwidth, nbytes, op, algorithm)
@@ -52,7 +53,8 @@ CASES = [(topology, n, alpha, bandwidth, nbytes, op, algorithm)
                              ("switch", 2), ("switch", 4), ("switch", 7))
          for alpha, bandwidth in ((100, 64), (3, 1000))
          for nbytes in (4 * n, 4 * n * 700)
-         for op, algorithm in (("all-reduce", "ring"), ("reduce-scatter", "ring"), ("all-gather", "ring"),
+         for op, algorithm in (("all-reduce", "ring-chunked"), ("reduce-scatter", "ring-chunked"),
+                               ("all-gather", "ring-chunked"),
                                ("all-reduce", "direct"), ("reduce-scatter", "direct"), ("all-gather", "direct"),
                                ("all-to-all", "direct"))
          if not (topology == "ring" and n > 2 and algorithm == "direct")]
@@ -66,9 +68,9 @@ def test_engine_equals_the_closed_form(topology, n, alpha, bandwidth, nbytes, op
 
 
 @pytest.mark.parametrize("topology, n, op, algorithm", [
-    ("ring", 3, "all-reduce", "ring"), ("ring", 4, "all-reduce", "direct"), ("ring", 4, "all-to-all", "direct"),
-    ("switch", 3, "reduce-scatter", "direct"), ("fully-connected", 3, "all-gather", "ring"),
-    ("torus", 4, "all-reduce", "ring"), ("torus", 4, "all-to-all", "direct")])
+    ("ring", 3, "all-reduce", "ring-chunked"), ("ring", 4, "all-reduce", "direct"), ("ring", 4, "all-to-all", "direct"),
+    ("switch", 3, "reduce-scatter", "direct"), ("fully-connected", 3, "all-gather", "ring-chunked"),
+    ("torus", 4, "all-reduce", "ring-chunked"), ("torus", 4, "all-to-all", "direct")])
 def test_both_engines_agree_on_collectives(topology, n, op, algorithm):
     """Including direct collectives on a ring and on a 2x2 torus, whose multi-hop routes share links."""
     if topology == "torus":
@@ -82,7 +84,8 @@ def test_both_engines_agree_on_collectives(topology, n, op, algorithm):
     both_engines(program)
 
 
-@pytest.mark.parametrize("topology, op, algorithm", [("ring", "all-reduce", "ring"), ("ring", "all-to-all", "direct"),
+@pytest.mark.parametrize("topology, op, algorithm", [("ring", "all-reduce", "ring-chunked"), ("ring", "all-reduce", "ring"),
+                                                    ("ring", "all-to-all", "direct"),
                                                     ("switch", "all-gather", "direct")])
 def test_bytes_over_each_link_equal_the_symbolic_metric(topology, op, algorithm):
     n, nbytes = 4, 4 * 4 * 300
@@ -104,7 +107,7 @@ def test_bytes_over_each_link_equal_the_symbolic_metric(topology, op, algorithm)
 @pytest.mark.parametrize("op, nbytes, algorithm, chips, message", [
     ("all-sum", 64, "ring", 4, "collective op must be one of all-reduce, reduce-scatter, all-gather, all-to-all, "
                                "got 'all-sum'"),
-    ("all-reduce", 64, "tree", 4, "collective algorithm must be one of ring, direct, got 'tree'"),
+    ("all-reduce", 64, "tree", 4, "collective algorithm must be one of ring, ring-chunked, direct, got 'tree'"),
     ("all-to-all", 64, "ring", 4, "all-to-all is direct only (each chunk routed straight to its chip): use "
                                   "--algorithm direct"),
     ("all-reduce", 100, "ring", 4, "--bytes 100 must be a multiple of 16 (4 chunks of fp32 elements); e.g. 96"),
@@ -129,4 +132,4 @@ def test_a_chunk_that_does_not_fill_its_last_cycle_takes_it_whole():
     n, nbytes = 4, 4000 * 4
     system = _system("ring", n, 2, 3)
     assert _ceil(nbytes // n, 3) == 1334
-    assert _cycles(system, "all-gather", nbytes, "ring") == 3 * (2 + 1334) + 1
+    assert _cycles(system, "all-gather", nbytes, "ring-chunked") == 3 * (2 + 1334) + 1

@@ -28,13 +28,29 @@ def _json(capsys, argv):
 def test_run_collective_prints_the_exact_cycles(capsys):
     """ring-4 (alpha 500, B 64): S = 4096 B, chunks of 1024 B take 16 cycles; adds 2 x 16 = 32 (PMU 64 B/cycle):
     2 * 3 * (500 + 16) + 3 * 32 + 1."""
-    row = _json(capsys, ["run", "collective", "--op", "all-reduce", "--bytes", "4096", "--system", "ring-4", "--json"])
+    row = _json(capsys, ["run", "collective", "--op", "all-reduce", "--bytes", "4096", "--system", "ring-4",
+                         "--algorithm", "ring-chunked", "--json"])
     params = json.loads(row["params"])
     assert row["cycles"] == params["closed_form_cycles"] == 2 * 3 * 516 + 3 * 32 + 1 == 3193
     assert (row["workload"], row["op"], row["bytes"], row["algorithm"], row["system"]) == (
-        "collective", "all-reduce", 4096, "ring", "ring-4")
+        "collective", "all-reduce", 4096, "ring-chunked", "ring-4")
     assert params["link_bytes"] == {f"chip{i}->chip{(i + 1) % 4}": 6 * 1024 for i in range(4)}
     assert row["off_chip_bytes"] == 0 and row["hardware_name"] == "step-eval"
+
+
+def test_the_default_ring_streams_its_chunks_in_tiles(capsys):
+    """The default algorithm: 1 MiB on ring-4, 256 KiB chunks in two 128 KiB tiles (tau = rho = 2048 cycles on a
+    link and to read from on-chip memory). The send stage takes rho; a reduce-scatter step starts a tile's hop and add
+    after the one before (500 + 2048 + 2048 = 4596, more than its 2 x 2048 on the wire; the last one also feeds the
+    store, + 1); an all-gather step starts when the one before has left the link (4096); the last step's 4096 on
+    the wire, its latency and the store's edge: 2048 + 2 x 4596 + 4597 + 2 x 4096 + 4096 + 500 + 1, equal to the
+    closed-form estimate (ring-chunked: 6 x (500 + 4096) + 3 x 8192 + 1 = 52,153)."""
+    row = _json(capsys, ["run", "collective", "--functional", "--check", "--json"])
+    params = json.loads(row["params"])
+    assert (row["op"], row["bytes"], row["algorithm"], row["system"], params["tiles_per_chunk"]) == (
+        "all-reduce", 1 << 20, "ring", "ring-4", 2)
+    assert row["cycles"] == params["closed_form_cycles"] == 2048 + 2 * 4596 + 4597 + 3 * 4096 + 500 + 1 == 28_626
+    assert row["check_passed"] is True
 
 
 def test_a_system_file_with_its_own_hardware_and_a_functional_check(tmp_path, capsys):

@@ -23,13 +23,19 @@ def _expected(c, inputs):
     return {f"y{i}.{j}": inputs[f"x{j}.{i}"] for i in range(n) for j in range(n)}
 
 
-@pytest.mark.parametrize("topology, n, op, algorithm", [
-    ("ring", 4, "all-reduce", "ring"), ("ring", 3, "reduce-scatter", "ring"), ("ring", 5, "all-gather", "ring"),
-    ("fully-connected", 4, "all-reduce", "direct"), ("switch", 3, "reduce-scatter", "direct"),
-    ("ring", 4, "all-to-all", "direct"), ("switch", 4, "all-gather", "direct")])
-def test_collective_values_match_numpy(topology, n, op, algorithm):
+@pytest.mark.parametrize("topology, n, op, algorithm, tile_bytes, tiles", [
+    ("ring", 4, "all-reduce", "ring-chunked", None, 1), ("ring", 3, "reduce-scatter", "ring-chunked", None, 1),
+    ("ring", 5, "all-gather", "ring-chunked", None, 1),
+    ("ring", 4, "all-reduce", "ring", None, 1), ("ring", 4, "all-reduce", "ring", 64, 3),
+    ("ring", 3, "reduce-scatter", "ring", 40, 6), ("ring", 5, "all-gather", "ring", 100, 2),
+    ("switch", 3, "all-reduce", "ring", 4, 48),
+    ("fully-connected", 4, "all-reduce", "direct", None, 1), ("switch", 3, "reduce-scatter", "direct", None, 1),
+    ("ring", 4, "all-to-all", "direct", None, 1), ("switch", 4, "all-gather", "direct", None, 1)])
+def test_collective_values_match_numpy(topology, n, op, algorithm, tile_bytes, tiles):
+    """Streamed rings too (``tiles`` tiles a chunk of 48 fp32 values: the send stage's x * 1 keeps every bit)."""
     system = from_dict({"chips": n, "topology": topology, "link_bandwidth": 64, "link_latency": 10}, source="t")
-    c = build_collective(system, op, 4 * n * 48, algorithm)
+    c = build_collective(system, op, 4 * n * 48, algorithm, tile_bytes=tile_bytes)
+    assert c.tiles == tiles
     program = lower(c.graph, system.hardware)
     rng = np.random.default_rng(n)
     inputs = {name: rng.standard_normal((1, c.chunk_elems)).astype(np.float32) for name in c.inputs}
