@@ -35,12 +35,14 @@ NOT_IN_PROGRAM = {
     "hbm_capacity_bytes": "serving: the KV cache's size; run id only when not the default",
     "on_chip_capacity_bytes": "serving: which layers fit on chip; run id only when not the default",
     "peak_flops_per_cycle": "serving: the compute bound of the fast model; run id only when not the default",
+    "compute_units": "mapping: the compute units a schedule may use; run id only when not the default",
+    "memory_units": "mapping: the memory units a schedule may use; run id only when not the default",
 }
 #: a value different from step-eval's for every field
 OTHER_VALUE = {"name": "chip", "addr_offset": 32, "hbm_channels": 4, "hbm_latency": 5, "hbm_init_interval": 3,
                "hbm_start_up": 9, "hbm_outstanding": 4, "pmu_bw": 128, "channel_depth": 7,
                "clock_hz": 2_000_000_000, "hbm_capacity_bytes": 2**30, "on_chip_capacity_bytes": 2**20,
-               "peak_flops_per_cycle": 1024}
+               "peak_flops_per_cycle": 1024, "compute_units": 64, "memory_units": 64}
 
 
 def _program(hw: Hardware):
