@@ -184,8 +184,8 @@ CLI_CASES = [
      E + "cannot read hardware config hw_syntax.toml: Invalid value (at line 1, column 16)"),
     ("run swiglu --hardware hw_unknown.toml", 2,
      E + "hw_unknown.toml: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, clock_hz, "
-         "hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, "
-         "on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
+         "compute_units, hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, "
+         "hbm_start_up, memory_units, name, on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
     ("run swiglu --hardware hw_negative.toml", 2,
      E + "hw_negative.toml: hardware 'step-eval': hbm_channels must be a positive int, got -4"),
     ("run swiglu --hardware hw_depth.toml", 2,
@@ -317,8 +317,8 @@ API_CASES = [
      "hardware 'step-eval': hbm_channels must be a positive int, got 0"),
     ("hardware-unknown-override", lambda G: G.Hardware.preset("step-eval", hbm_chanels=4), ConfigError,
      "overrides: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, clock_hz, "
-     "hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, "
-     "on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
+     "compute_units, hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, "
+     "hbm_start_up, memory_units, name, on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
     ("simulate-hardware", lambda G: G.simulate(G.build_swiglu(), "step-fast"), ConfigError,
      "unknown hardware preset 'step-fast'; known presets: sn40l, step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,

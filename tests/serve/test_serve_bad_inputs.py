@@ -278,9 +278,9 @@ FLAG_CASES = [  # (flags, message); * changed by the audit
     (["--hardware", "{d}/hbm.toml"], "{d}/hbm.toml: hardware 'step-eval': hbm_capacity_bytes must be a positive "
                                      "int, got -5"),
     (["--hardware", "{d}/typo.toml"], "{d}/typo.toml: unknown hardware key 'clok_hz'; known keys: addr_offset, "
-                                      "channel_depth, clock_hz, hbm_capacity_bytes, hbm_channels, hbm_init_interval, "
-                                      "hbm_latency, hbm_outstanding, hbm_start_up, name, on_chip_capacity_bytes, "
-                                      "peak_flops_per_cycle, pmu_bw"),
+                                      "channel_depth, clock_hz, compute_units, hbm_capacity_bytes, hbm_channels, "
+                                      "hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, memory_units, "
+                                      "name, on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
 ]
 
 
