@@ -6,7 +6,7 @@ The flags are those of :mod:`stepsim.cli.args` plus the run's outputs (``--out``
 
 from __future__ import annotations
 
-from stepsim.cli.args import add_schedule_argument, add_fifo_depths_argument, add_force_argument, add_workload_arguments
+from stepsim.cli.args import add_fifo_depths_argument, add_force_argument, add_schedule_argument, add_workload_arguments
 from stepsim.cli.record_output import record_command
 
 

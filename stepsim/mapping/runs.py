@@ -30,6 +30,7 @@ from stepsim.base.errors import ConfigError
 from stepsim.base.files import stable_hash
 from stepsim.base.hardware import OVERRIDE_MARK, RESOURCE_FIELDS, Hardware
 from stepsim.mapping.schedule import KNOBS, Schedule, read_schedules
+from stepsim.mapping.units import Infeasible
 
 #: the ``--schedule`` values that are not a file
 CHOICES = ("auto", "paper")
@@ -237,7 +238,14 @@ def run_scheduled(config: Mapping, schedule: str | None, *, source: str | None =
     else:
         check_fits(from_file, size, dims, f"--schedule {choice}")
         mapped, where = from_file, f"file {Path(choice).name}"
-    workload, units = _build(kind, data, dims, hardware, mapped, cfg["softmax"])
+    try:
+        workload, units = _build(kind, data, dims, hardware, mapped, cfg["softmax"])
+        if from_file is not None:  # the mapper checked its own choice; a file's may ask for more than the chip has
+            from stepsim.mapping.units import usage
+
+            usage(workload, hardware, units)
+    except Infeasible as exc:
+        raise ConfigError(f"--schedule {choice}: does not fit hardware {hardware.name!r}: {exc}") from None
     _note(workload, mapped, where, units)
     build_s = time.perf_counter() - start
     if cfg["mode"] == "metrics":
