@@ -100,15 +100,16 @@ def _check_knobs(cfg: Mapping, schedule: str, given: bool, hardware: Hardware) -
                           f"build with {flag}")
 
 
-def read_schedule_file(path: str, kind: str) -> Schedule:
+def read_schedule_file(path: str, kind: str, workload: str) -> Schedule:
     """The ``kind`` schedule of a schedule file (one-line errors: unreadable, malformed, no schedule of that kind)."""
     try:
         schedules = read_schedules(path)
     except ConfigError as exc:
         raise ConfigError(f"--schedule: {exc}") from None
     if kind not in schedules:
-        raise ConfigError(f"--schedule {path}: holds a {' and a '.join(repr(k) for k in schedules)} schedule; "
-                          f"this run needs a {kind!r} schedule (stepsim map {kind} --out FILE)")
+        held = " and ".join(f"{k!r}" for k in schedules)
+        raise ConfigError(f"--schedule {path}: its schedule is of kind {held}; this {workload} run needs kind {kind!r} "
+                          f"(stepsim map {kind} --out FILE)")
     return schedules[kind]
 
 
@@ -228,7 +229,7 @@ def run_scheduled(config: Mapping, schedule: str | None, *, source: str | None =
         return run_config(config, source=source, progress=progress, timeline=timeline, force=force)
     kind = _check_covered(cfg, choice)
     _check_knobs(cfg, choice, schedule is not None, hardware)
-    from_file = read_schedule_file(choice, kind) if choice not in CHOICES else None
+    from_file = read_schedule_file(choice, kind, cfg["workload"]) if choice not in CHOICES else None
     kind, data, dims = _data(cfg)
     size = len(data)
     if from_file is None:
