@@ -110,6 +110,7 @@ BAD = [
      "qwen3-30b-a3b (aliases deepseek, deepseekv316b, llama, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face "
      "config.json path"),
     ("map ffn --shape 1", 2, "stepsim map: error: the following arguments are required: --model"),
+    ("map ffn --model tiny.json --shape 1 --out .", 2, "stepsim: error: --out .: is a folder; give a file name"),
 ]
 
 
@@ -119,7 +120,7 @@ def test_map_bad_input_is_one_line(tiny, capsys, command, status, last_line):
                                                          "num_attention_heads": 4, "num_key_value_heads": 2,
                                                          "num_hidden_layers": 2}))
     try:
-        code = main(shlex.split(command + " --out s.json"))
+        code = main(shlex.split(command if "--out" in command else command + " --out s.json"))
     except SystemExit as exc:  # argparse's own errors
         code = exc.code
     out, err = capsys.readouterr()
