@@ -206,6 +206,20 @@ def _with_schedule_identity(record, schedule: Schedule):
     return dataclasses.replace(record, **replace)
 
 
+def rebuild_recorded(config: Mapping, recorded: Mapping):
+    """The workload a mapped run's record describes (``stepsim report`` of a written record): ``config`` its knob
+    columns, ``recorded`` its params' ``schedule``, built with those knobs (never mapped again). The knob columns
+    the schedule set (``tile_n``, ``tile_f``, ``regions``) are the schedule's, left out of the config."""
+    from stepsim.workloads.config import normalize_config, resolve_hardware
+
+    cfg = normalize_config({k: v for k, v in config.items() if k not in ("tile_n", "tile_f", "regions", "compute_bw")})
+    schedule = Schedule(recorded["kind"], dict(recorded["knobs"]))
+    kind, data, dims = _data(cfg)
+    workload, units = _build(kind, data, dims, resolve_hardware(cfg), schedule, cfg["softmax"])
+    _note(workload, schedule, recorded["source"], units)
+    return workload
+
+
 def run_scheduled(config: Mapping, schedule: str | None, *, source: str | None = None, progress=None,
                   timeline: int = 0, force: bool = False):
     """:func:`stepsim.results.records.run_config` with a ``--schedule`` (module docstring): a paper run is exactly
@@ -268,4 +282,5 @@ def run_scheduled(config: Mapping, schedule: str | None, *, source: str | None =
     return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))
 
 
-__all__ = ["CHOICES", "COVERED", "KNOBS", "chosen", "run_scheduled", "schedule_argument", "serving_hardware"]
+__all__ = ["CHOICES", "COVERED", "KNOBS", "chosen", "rebuild_recorded", "run_scheduled", "schedule_argument",
+           "serving_hardware"]

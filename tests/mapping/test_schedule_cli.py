@@ -13,7 +13,7 @@ from test_map_cli import TINY, TINY_FFN_24
 from stepsim.base.hardware import Hardware
 from stepsim.cli import main
 from stepsim.mapping.runs import serving_hardware
-from stepsim.results.records import run_config
+from stepsim.results.records import allocated_compute_flops, run_config
 
 TINY_RUN = "moe --model tiny.json --trace routing.npz"
 
@@ -165,3 +165,20 @@ def test_a_bad_schedule_is_one_line_before_any_run(tiny, capsys, command, last_l
     out, err = capsys.readouterr()
     assert (code, out, err.splitlines()[-1]) == (2, "", last_line)
     assert "Traceback" not in err and not (tiny / "out").exists() and not (tiny / "cache").exists()
+
+
+def test_a_written_mapped_record_is_rebuilt_with_its_schedule_for_the_report(tiny, capsys):
+    import pyarrow.parquet as pq
+
+    from stepsim.insight.report import rebuild
+
+    assert main(shlex.split(f"run {TINY_RUN} --hardware sn40l --out rec.parquet")) == 0
+    capsys.readouterr()
+    [row] = pq.read_table(tiny / "rec.parquet").to_pylist()
+    units = pq.read_table(tiny / "rec_units.parquet").column("name").to_pylist()
+    workload, program = rebuild(row)  # the graph the run simulated: the schedule's lanes, units and depth
+    assert (workload.params["schedule"], program.n_units) == (schedule_of(row), len(units))
+    assert allocated_compute_flops(workload) == row["allocated_compute_flops_per_cycle"] == 632_616
+    assert main(["report", "rec.parquet"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == \
+        "verdict: latency-or-imbalance-bound (1,409 cycles; memory roofline 282, compute roofline 13 cycles)"
