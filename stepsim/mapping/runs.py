@@ -13,8 +13,8 @@ other run ``paper``. Covered workloads (:data:`COVERED`): ``moe`` (kind ``ffn``:
 expert, which ``stepsim map ffn`` maps but the ``moe`` workload does not build) and ``attention`` (kind ``decode``,
 the dynamic strategy). The knobs a schedule sets (tiles, regions, ``compute_bw``) cannot be given beside it.
 
-A mapped run's record holds the schedule in ``params["schedule"]`` (its kind, knobs, where it came from, the
-compute and memory units it uses) and its run id hashes the schedule's kind and knobs with the mapper's version:
+A mapped run's record holds the schedule in ``params["schedule"]`` (its kind, knobs, where it came from and the
+compute units it uses) and its run id hashes the schedule's kind and knobs with the mapper's version:
 two schedules never share a run id, and a paper run keeps the one it always had.
 """
 
@@ -59,7 +59,7 @@ def schedule_argument(value: str) -> str:
     if value in CHOICES:
         return value
     if not value.strip():
-        raise ConfigError("--schedule must be auto, paper or a schedule file (stepsim map --out), got ''")
+        raise ConfigError(f"--schedule must be auto, paper or a schedule file (stepsim map --out), got {value!r}")
     return value
 
 
