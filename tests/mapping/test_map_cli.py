@@ -29,6 +29,7 @@ def tiny(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("stepsim.mapping.mapper._MEMO", {})  # nothing mapped by an earlier test in this process
     (tmp_path / "tiny.json").write_text(json.dumps(TINY))
     write_small_routing(tmp_path)
     return tmp_path
