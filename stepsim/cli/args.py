@@ -148,6 +148,14 @@ def add_force_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
+def add_schedule_argument(p: argparse.ArgumentParser) -> None:
+    """``--schedule auto|paper|FILE`` of ``run`` and ``metrics`` (:mod:`stepsim.mapping.runs`, docs/mapping.md §6)."""
+    p.add_argument("--schedule", metavar="auto|paper|FILE",
+                   help="moe and attention: paper (the STeP paper's evaluation schedule), auto (the whole-chip "
+                        "schedule the mapper chooses for the run's shape and hardware) or a schedule FILE written "
+                        "by stepsim map --out; default auto on serving hardware (sn40l), else paper")
+
+
 def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
     """``--fifo-depths FILE``: per-channel FIFO depths written by ``stepsim size-fifos`` (config key
     ``fifo_depths``); a file made for another graph is refused."""

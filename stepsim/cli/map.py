@@ -1,7 +1,7 @@
 """``stepsim map KIND --model M --shape N [--hardware H]``: the schedule the mapper chooses for a layer on a chip
 (docs/mapping.md): its knobs, cycles and lower bound, HBM and compute utilisation, the units it uses and how the
-search went. ``--out FILE.json`` writes the schedule (``serve --schedule`` and :func:`stepsim.mapping.schedule.
-read_schedules` read it).
+search went. ``--out FILE.json`` writes the schedule (``stepsim run|metrics --schedule FILE`` and
+:func:`stepsim.mapping.schedule.read_schedules` read it).
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ def _run(args) -> int:
                           f"got {args.shape}")
     if args.shape > MAX_SHAPE:
         raise ConfigError(f"--shape {args.shape:,}: at most {MAX_SHAPE:,} (a serving step's tokens or requests)")
+    if args.out is not None:  # a bad destination fails before the mapping, not after it
+        from stepsim.base.outputs import check_out_file
+
+        check_out_file(args.out, "--out")
     hardware = _hardware(args.hardware)
     model = resolve_model(args.model)
     if args.kind == "ffn" and not model.is_moe and not model.dense_intermediate:
@@ -80,7 +84,8 @@ def register(subparsers) -> None:
     p.add_argument("--shape", type=int, required=True, metavar="N",
                    help="tokens (ffn) or decoding requests (decode)")
     p.add_argument("--hardware", default="sn40l", metavar="H", help="hardware preset or TOML (default sn40l)")
-    p.add_argument("--out", metavar="FILE.json", help="write the schedule as JSON")
+    p.add_argument("--out", metavar="FILE.json",
+                   help="write the schedule as JSON (stepsim run|metrics --schedule FILE reads it)")
     p.add_argument("--no-cache", action="store_true", help="map again, neither reading nor writing the cache")
     p.add_argument("--json", action="store_true", help="print the schedule and its figures as one JSON object")
     p.set_defaults(handler=_run)

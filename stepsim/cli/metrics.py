@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepsim.cli.args import add_workload_arguments
+from stepsim.cli.args import add_schedule_argument, add_workload_arguments
 from stepsim.cli.record_output import record_command
 
 
@@ -14,6 +14,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("metrics", help="symbolic off-chip / on-chip / FLOP totals of a workload on a trace",
                               description="Print the symbolic metrics of a workload with a trace's values.")
     add_workload_arguments(p)
+    add_schedule_argument(p)
     p.add_argument("--out", metavar="DIR|FILE.parquet",
                    help="also write the record into DIR (part-<id>.parquet) or to FILE.parquet")
     p.set_defaults(handler=_metrics, out_kind="record")

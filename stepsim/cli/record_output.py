@@ -39,7 +39,20 @@ def print_record(record, as_json: bool, verbose: bool = False) -> None:
     from stepsim.results.records import COLUMN_UNITS
 
     print("\n".join(record_lines(record.row, COLUMN_UNITS, verbose=verbose) + chip_lines(record.row)
-                    + spill_lines(record.row)))
+                    + spill_lines(record.row) + schedule_lines(record.row)))
+
+
+def schedule_lines(row) -> list[str]:
+    """A mapped run's schedule (from the record's params: ``schedule``, :mod:`stepsim.mapping.runs`): where it came
+    from, its kind and knobs, the compute units it uses; none for a paper run."""
+    params = json.loads(row.get("params") or "{}")
+    if "schedule" not in params:
+        return []
+    from stepsim.mapping.schedule import KNOBS
+
+    s = params["schedule"]
+    knobs = ", ".join(f"{k} {s['knobs'][k]}" for k in KNOBS[s["kind"]])
+    return [f"{'schedule':35s}{s['source']}: {s['kind']} {knobs} ({s['compute_units']:,} compute units)"]
 
 
 def spill_lines(row) -> list[str]:
@@ -102,13 +115,16 @@ def _write_record_file(record, out: str) -> dict:
 
 def record_command(args, mode: str) -> int:
     from stepsim.base.progress import engine_progress
-    from stepsim.results.records import run_config
+    from stepsim.mapping.runs import run_scheduled, schedule_argument
 
     start = time.perf_counter()
+    schedule = None if args.schedule is None else schedule_argument(args.schedule)
     try:
         with engine_progress() as progress:  # a bar on a terminal once a simulation takes more than 2 s
-            record = run_config({**config_from_args(args), "mode": mode}, source=COMMAND_LINE, progress=progress,
-                                timeline=_timeline_records(args), force=getattr(args, "force", False))
+            # --schedule paper (the default off serving hardware) is exactly run_config's run
+            record = run_scheduled({**config_from_args(args), "mode": mode}, schedule, source=COMMAND_LINE,
+                                   progress=progress, timeline=_timeline_records(args),
+                                   force=getattr(args, "force", False))
     except DeadlockError as exc:  # say which FIFO to deepen (checked by reruns when cheap), see stepsim.insight
         if getattr(args, "timeline", None) and exc.timeline is not None:  # how the run got stuck, before the fix
             from stepsim.simulation.timeline import write_deadlock_timeline

@@ -6,7 +6,7 @@ The flags are those of :mod:`stepsim.cli.args` plus the run's outputs (``--out``
 
 from __future__ import annotations
 
-from stepsim.cli.args import add_fifo_depths_argument, add_force_argument, add_workload_arguments
+from stepsim.cli.args import add_fifo_depths_argument, add_force_argument, add_schedule_argument, add_workload_arguments
 from stepsim.cli.record_output import record_command
 
 
@@ -41,6 +41,7 @@ def register(subparsers) -> None:
                    help="with --functional: compare the stored tensors with the NumPy reference "
                         "(check_max_rel_error, check_tolerance, check_passed)")
     add_fifo_depths_argument(p)
+    add_schedule_argument(p)
     p.add_argument("--report", action="store_true",
                    help="after the run, print the bottleneck report (as `stepsim report` does)")
     p.add_argument("--deadlock-report", metavar="FILE",

@@ -158,7 +158,13 @@ def rebuild(row: dict):
     if trace is not None and row.get("trace_sha256") and trace_sha256(trace) != row["trace_sha256"]:
         raise ConfigError(f"trace {trace} changed since the run (content hash differs); the report needs the "
                           f"graph the run simulated")
-    workload = build_workload(cfg)  # an ONNX model through the front end, as the run built it (records._build)
+    schedule = json.loads(row.get("params") or "{}").get("schedule")
+    if schedule is not None:  # a mapped run (stepsim run --schedule auto|FILE): built with the schedule it recorded
+        from stepsim.mapping.runs import rebuild_recorded
+
+        workload = rebuild_recorded(knobs, schedule)
+    else:
+        workload = build_workload(cfg)  # an ONNX model through the front end, as the run built it (records._build)
     hardware = resolve_hardware(cfg, workload)
     depth = resolve_channel_depth(UNSET if cfg.get("channel_depth") is None else cfg["channel_depth"], hardware,
                                   workload.channel_depth)

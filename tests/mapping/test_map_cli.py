@@ -1,0 +1,129 @@
+"""``stepsim map``: the whole output for a small layer, its JSON, ``--out`` read back by ``run --schedule FILE`` (the
+same cycles as ``--schedule auto``), and bad input as one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from stepsim.cli import main
+from stepsim.mapping.schedule import Schedule, read_schedules
+
+#: a Mixtral-shaped model small enough to map in seconds: D 64, F 128, 8 experts, top 2, 4 / 2 heads of 16
+TINY = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+#: the schedule the mapper chooses for TINY's MoE block at 24 tokens on sn40l, and its figures
+TINY_FFN_24 = {"kind": "ffn", "knobs": {"tile_n": 8, "tile_f": 32, "lanes": 2, "regions": 8}, "cycles": 1407,
+               "bound_cycles": 912, "off_chip_bytes": 500_832, "flops": 4_035_584, "compute_units": 1040,
+               "memory_units": 92, "on_chip_bytes": 279_170,
+               "candidates": {"simulated": 52, "pruned": 44, "infeasible": 0}}
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """The tiny model's config.json and a routing trace of 24 tokens (tests/small_routing.py), in the cwd; the
+    mapping cache in a folder of its own."""
+    from small_routing import write_small_routing
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("stepsim.mapping.mapper._MEMO", {})  # nothing mapped by an earlier test in this process
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    write_small_routing(tmp_path)
+    return tmp_path
+
+
+def run(capsys, command: str):
+    code = main(shlex.split(command))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_map_prints_the_schedule_its_cycles_utilisation_units_and_search(tiny, capsys):
+    code, out, err = run(capsys, "map ffn --model tiny.json --shape 24 --hardware sn40l")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "ffn of tiny.json at 24 tokens on sn40l",
+        "schedule     tile_n 8, tile_f 32, lanes 2, regions 8",
+        "cycles       1,407 (lower bound 912)",
+        "HBM          500,832 bytes, 22.2 % of 1,600 B/cycle",
+        "compute      4,035,584 FLOPs, 0.4 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 92 of 1,040 memory; 279,170 bytes on chip",
+        "search       52 simulated, 44 pruned by bounds, 0 infeasible",
+    ]
+    assert len(list((tiny / "cache").glob("*.json"))) == 1  # cached; --no-cache neither reads nor writes
+    code, again, _ = run(capsys, "map ffn --model tiny.json --shape 24 --no-cache")
+    assert (code, again) == (0, out)  # sn40l is the default hardware
+    assert len(list((tiny / "cache").glob("*.json"))) == 1
+
+
+def test_map_json_holds_the_schedule_and_its_utilisation(tiny, capsys):
+    code, out, _ = run(capsys, "map ffn --model tiny.json --shape 24 --json")
+    assert code == 0
+    assert json.loads(out) == {"model": "tiny.json", "hardware": "sn40l", "shape": 24, **TINY_FFN_24,
+                               "hbm_utilisation": 500_832 / 1407 / 1600,
+                               "compute_utilisation": 4_035_584 / 1407 / 638_000}
+    code, out, _ = run(capsys, "map decode --model tiny.json --shape 16 --json")
+    record = json.loads(out)
+    assert (code, record["kind"], record["knobs"], record["cycles"], record["candidates"]) == \
+        (0, "decode", {"regions": 16}, 2469, {"simulated": 5, "pruned": 0, "infeasible": 0})
+
+
+def test_map_out_is_a_schedule_file_that_run_reproduces(tiny, capsys):
+    code, _, _ = run(capsys, "map ffn --model tiny.json --shape 24 --out ffn24.json")
+    assert code == 0
+    assert read_schedules(tiny / "ffn24.json") == {"ffn": Schedule.from_dict(TINY_FFN_24)}
+    records = {}
+    for schedule in ("auto", "ffn24.json", "paper"):
+        code, out, _ = run(capsys, f"run moe --model tiny.json --trace routing.npz --hardware sn40l "
+                                   f"--schedule {schedule} --json")
+        assert code == 0
+        records[schedule] = json.loads(out)
+    auto, from_file, paper = records["auto"], records["ffn24.json"], records["paper"]
+    assert auto["cycles"] == from_file["cycles"] == 1409  # the file's knobs are auto's: the same layer
+    assert json.loads(from_file["params"])["schedule"] == {
+        "source": "file ffn24.json", "kind": "ffn", "compute_units": 1040,
+        "knobs": {"tile_n": 8, "tile_f": 32, "lanes": 2, "regions": 8}}
+    assert auto["run_id"] == from_file["run_id"] != paper["run_id"]  # one schedule, one run id
+    assert paper["cycles"] == 2168 and "schedule" not in json.loads(paper["params"])
+
+
+#: (command line, exit status, the exact last line of stderr)
+BAD = [
+    ("map prefill --model tiny.json --shape 1", 2,
+     "stepsim map: error: argument kind: invalid choice: 'prefill' (choose from 'ffn', 'decode')"),
+    ("map ffn --model tiny.json --shape 0", 2, "stepsim: error: --shape must be an int >= 1 (tokens), got 0"),
+    ("map decode --model tiny.json --shape -3", 2, "stepsim: error: --shape must be an int >= 1 (requests), got -3"),
+    ("map ffn --model tiny.json --shape 65537", 2,
+     "stepsim: error: --shape 65,537: at most 65,536 (a serving step's tokens or requests)"),
+    ("map ffn --model tiny.json --shape 1 --hardware tpu", 2,
+     "stepsim: error: --hardware must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'tpu'"),
+    ("map ffn --model tiny.json --shape 1 --hardware missing.toml", 2,
+     "stepsim: error: cannot read hardware config missing.toml: [Errno 2] No such file or directory: "
+     "'missing.toml'"),
+    ("map ffn --model dense_no_ffn.json --shape 1", 2,
+     "stepsim: error: model file dense_no_ffn.json: missing field 'intermediate_size' (a dense model: no "
+     "num_local_experts / num_experts / n_routed_experts)"),
+    ("map ffn --model nosuch --shape 1", 2,
+     "stepsim: error: unknown model 'nosuch'; expected one of deepseek-moe-16b, llama-3.1-8b, mixtral-8x7b, "
+     "qwen3-30b-a3b (aliases deepseek, deepseekv316b, llama, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face "
+     "config.json path"),
+    ("map ffn --shape 1", 2, "stepsim map: error: the following arguments are required: --model"),
+    ("map ffn --model tiny.json --shape 1 --out .", 2, "stepsim: error: --out .: is a folder; give a file name"),
+]
+
+
+@pytest.mark.parametrize("command, status, last_line", BAD, ids=[c for c, _, _ in BAD])
+def test_map_bad_input_is_one_line(tiny, capsys, command, status, last_line):
+    (tiny / "dense_no_ffn.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                                         "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                         "num_hidden_layers": 2}))
+    try:
+        code = main(shlex.split(command if "--out" in command else command + " --out s.json"))
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert (code, out, err.splitlines()[-1]) == (status, "", last_line)
+    assert "Traceback" not in err and not (tiny / "s.json").exists() and not (tiny / "cache").exists()
