@@ -80,7 +80,7 @@ def register(subparsers) -> None:
     p.add_argument("--shape", type=int, required=True, metavar="N",
                    help="tokens (ffn) or decoding requests (decode)")
     p.add_argument("--hardware", default="sn40l", metavar="H", help="hardware preset or TOML (default sn40l)")
-    p.add_argument("--out", metavar="FILE.json", help="write the schedule as JSON")
+    p.add_argument("--out", metavar="FILE.json", help="write the schedule as JSON (default: none, only printed)")
     p.add_argument("--no-cache", action="store_true", help="map again, neither reading nor writing the cache")
     p.add_argument("--json", action="store_true", help="print the schedule and its figures as one JSON object")
     p.set_defaults(handler=_run)
