@@ -37,7 +37,7 @@ def require_matplotlib():
 def si_axis(axis, unit: str = "", *, max_labels: int | None = None, min_gap: float | None = None) -> None:
     """Ticks of ``axis`` (``ax.xaxis`` / ``ax.yaxis``) with decimal prefixes and ``unit``: ``500 kB``, ``2 MB``;
     without a unit ``20k``, ``1.5M``. On a log axis the labelled ticks are the densest of 1-9x / 1,2,3,5x /
-    1,2,5x / 1x each decade that keeps at most 6 labels on an x axis (8 on a y axis): no overlapping ``3x10^4``
+    1,2,5x / 1,3x / 1x each decade that keeps at most 6 labels on an x axis (8 on a y axis): no overlapping ``3x10^4``
     minor labels, and a narrow axis still gets several. ``max_labels`` sets another limit and ``min_gap`` the
     least distance between two labels as a fraction of the axis (default ``1 / (2 max_labels)``): a narrow
     panel needs a wider share per label."""
@@ -52,7 +52,7 @@ def si_axis(axis, unit: str = "", *, max_labels: int | None = None, min_gap: flo
 
 
 #: log-axis tick multiples tried, densest first: the densest that puts at most the axis' limit in view wins
-_SUBS = (tuple(float(k) for k in range(1, 10)), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 5.0), (1.0,))
+_SUBS = (tuple(float(k) for k in range(1, 10)), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 5.0), (1.0, 3.0), (1.0,))
 
 
 def _decade_locator_class():

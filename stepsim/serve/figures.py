@@ -36,7 +36,7 @@ LOG_SPAN = 10.0
 #: the usable KV blocks are drawn when the blocks in use reach this share of them
 USABLE_LINE_SHARE = 0.1
 #: least distance between two labels of a panel's log axis, as a share of its width (a third of the figure's)
-LOG_LABEL_GAP = 0.15
+LOG_LABEL_GAP = 0.18
 #: relative spread under which a metric's values count as one (a constant TPOT differs in float rounding only)
 CONSTANT = 1e-6
 #: width of one panel, height of a figure (inches at 100 dpi)
