@@ -145,6 +145,8 @@ def _texts(fig) -> dict:
         out["axes"].append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
                             "xticks": [t.get_text() for t in ax.get_xticklabels() if t.get_text() and
                                        min(ax.get_xlim()) <= t.get_position()[0] <= max(ax.get_xlim())],
+                            "yticks": [t.get_text() for t in ax.get_yticklabels() if t.get_text() and
+                                       min(ax.get_ylim()) <= t.get_position()[1] <= max(ax.get_ylim())],
                             "notes": notes})
     out["figtext"] = [t.get_text() for t in fig.texts if t is not fig._suptitle]
     return out
@@ -166,6 +168,7 @@ def test_pareto_plot_numbers_its_front_on_two_panels_with_the_clis_counts(tmp_pa
     numbers = sorted(int(n) for text, _ in on_chip["notes"] for n in text.split(","))
     assert numbers == list(range(1, len(result.front) + 1))  # every front point numbered, once
     assert [text for text, _ in compute["notes"]] == [text for text, _ in on_chip["notes"]]
+    assert on_chip["yticks"] and compute["yticks"] == on_chip["yticks"]  # the shared cycles axis labelled on both
     shown = min(len(result.front), LABELLED)
     assert texts["figtext"][0].splitlines()[:shown] == [
         f"{i}{'*' if c is result.recommended else ''}: {c.label(result.axes)}"
