@@ -150,3 +150,24 @@ def test_readme_python_blocks_run(repo_like, monkeypatch):
 def test_readme_commands_write_only_under_stepsim_out(repo_like):
     """Run after the commands: the folder laid out like a clone holds nothing new but stepsim-out/."""
     assert sorted(p.name for p in repo_like.iterdir() if not p.is_symlink()) == ["stepsim-out"]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).strip().replace(" ", "-")
+
+
+def test_every_link_of_the_readme_and_docs_points_to_a_file_and_heading_that_exist():
+    broken = []
+    for page in [README, *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith("http"):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path) if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and anchor not in {_anchor(line.lstrip("#").strip()) for line in file.read_text().splitlines()
+                                           if line.startswith("#")}:
+                broken.append(f"{page.name}: {target}")
+    assert broken == []
