@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 case "${1:-}" in
   demo)
-    .venv/bin/python -m pip install -q -e ".[plot]"
+    .venv/bin/python -m pip install -q -e ".[all]"  # every extra: the README's later commands need them
     shift
     exec .venv/bin/stepsim demo "$@"
     ;;

@@ -11,6 +11,7 @@ Weights are seeded random (std 1/sqrt(fan-in)).
 
 import argparse
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -75,4 +76,5 @@ if __name__ == "__main__":
     for flag, default in (("--batch", 2), ("--seq", 8), ("--hidden", 64), ("--intermediate", 128)):
         p.add_argument(flag, type=int, default=default)
     a = p.parse_args()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # stepsim-out/ on a fresh clone
     onnx.save(BLOCKS[a.block](a.batch, a.seq, a.hidden, a.intermediate), a.out)

@@ -25,6 +25,7 @@ reports per layer. Weights are seeded random (std 1/sqrt(fan-in)).
 
 import argparse
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -270,5 +271,6 @@ if __name__ == "__main__":
         ap.add_argument(flag, type=int, default=default)
     a = ap.parse_args()
     extra = {"kv_heads": a.kv_heads or None} if a.model != "gpt2" else {}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # stepsim-out/ on a fresh clone
     onnx.save(MODELS[a.model](a.layers, a.batch, a.seq, a.hidden, a.heads, a.intermediate, a.vocab, past=a.past,
                               **extra), a.out)

@@ -145,6 +145,8 @@ def _texts(fig) -> dict:
         out["axes"].append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
                             "xticks": [t.get_text() for t in ax.get_xticklabels() if t.get_text() and
                                        min(ax.get_xlim()) <= t.get_position()[0] <= max(ax.get_xlim())],
+                            "yticks": [t.get_text() for t in ax.get_yticklabels() if t.get_text() and
+                                       min(ax.get_ylim()) <= t.get_position()[1] <= max(ax.get_ylim())],
                             "notes": notes})
     out["figtext"] = [t.get_text() for t in fig.texts if t is not fig._suptitle]
     return out
@@ -166,6 +168,7 @@ def test_pareto_plot_numbers_its_front_on_two_panels_with_the_clis_counts(tmp_pa
     numbers = sorted(int(n) for text, _ in on_chip["notes"] for n in text.split(","))
     assert numbers == list(range(1, len(result.front) + 1))  # every front point numbered, once
     assert [text for text, _ in compute["notes"]] == [text for text, _ in on_chip["notes"]]
+    assert on_chip["yticks"] and compute["yticks"] == on_chip["yticks"]  # the shared cycles axis labelled on both
     shown = min(len(result.front), LABELLED)
     assert texts["figtext"][0].splitlines()[:shown] == [
         f"{i}{'*' if c is result.recommended else ''}: {c.label(result.axes)}"
@@ -192,3 +195,123 @@ def test_demo_and_depths_plots_keep_their_labels_inside_and_bytes_in_cli_form(tm
                                f"1024 -> {sized[0].split()[3]} {sized[0].split()[4]} sized")
     assert depths["xticks"] == ["1 MB", "10 MB", "100 MB", "1 GB", "10 GB"]
     assert {text for text, _ in depths["notes"]} >= {format_bytes(8_589_934_592), format_bytes(8_388_608)}
+
+
+@pytest.fixture
+def serve_drawn(monkeypatch):
+    """What each serve figure shows, read from the figure save_figure is given: per panel the axes' scales,
+    their tick labels in view, the lines drawn and the texts; the caption under the figure."""
+    from stepsim.serve import figures
+
+    captured = []
+    real = figures.save_figure
+
+    def keep(fig, path, **kwargs):
+        fig.tight_layout(rect=kwargs.get("rect"))
+        fig.canvas.draw()
+        panels = []
+        for ax in fig.axes:
+            def shown(labels, lim, index):
+                return [t.get_text() for t in labels if t.get_text() and min(lim) <= t.get_position()[index] <= max(lim)]
+
+            panels.append({"title": ax.get_title(), "scales": (ax.get_xscale(), ax.get_yscale()),
+                           "xticks": shown(ax.get_xticklabels(), ax.get_xlim(), 0),
+                           "yticks": shown(ax.get_yticklabels(), ax.get_ylim(), 1),
+                           "lines": [(line.get_label(), list(line.get_xdata()), list(line.get_ydata()))
+                                     for line in ax.get_lines()],
+                           "texts": [t.get_text() for t in ax.texts]})
+        captured.append({"panels": panels, "caption": [t.get_text() for t in fig.texts if t is not fig._suptitle]})
+        return real(fig, path, **kwargs)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    return captured
+
+
+def _serve_figure(function, table: dict, tmp_path, **kwargs):
+    import pyarrow as pa
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return function(pa.table(table), tmp_path / "figure.png", title="t", **kwargs)
+
+
+FRACTIONS = ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]
+
+
+def test_latency_cdf_log_only_over_a_decade_labelled_between_powers_of_ten_a_constant_as_one_line(tmp_path,
+                                                                                                serve_drawn):
+    import numpy as np
+
+    from stepsim.serve.figures import latency_cdf
+
+    table = {"ttft_s": [0.007, 0.01, 0.05, 0.17, 0.08], "tpot_s": [0.0011] * 5, "e2e_s": [0.1, 0.11, 0.2, 0.23, 0.29]}
+    _serve_figure(latency_cdf, table, tmp_path, slo={"ttft": 0.1, "tpot": 0.002})
+    [ttft, tpot, e2e] = serve_drawn[0]["panels"]
+    assert [p["title"] for p in (ttft, tpot, e2e)] == ["time to first token", "time per output token",
+                                                      "end-to-end latency"]
+    # 7 to 170 ms: more than a decade, log, labelled at 2x and 5x as well (not only at 10 and 100 ms)
+    assert (ttft["scales"], ttft["xticks"], ttft["yticks"]) == (("log", "linear"), ["10 ms", "20 ms", "50 ms",
+                                                                                    "100 ms"], FRACTIONS)
+    assert ttft["lines"][0][1] == [0.007, 0.007, 0.01, 0.05, 0.08, 0.17]  # the CDF's steps, from 0 at the first
+    assert ttft["lines"][0][2] == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert ttft["lines"][1][0] == "SLO 100 ms"
+    # every TPOT the same: one vertical line, its value written beside it; a linear axis up to the SLO
+    assert tpot["scales"] == ("linear", "linear") and tpot["texts"] == ["all 5: 1.1 ms"]
+    assert tpot["lines"][0][1:] == ([0.0011, 0.0011], [0.0, 1.0])
+    assert tpot["xticks"] == ["1.2 ms", "1.4 ms", "1.6 ms", "1.8 ms", "2 ms"] and tpot["yticks"] == FRACTIONS
+    # 100 to 290 ms: under a decade, linear
+    assert (e2e["scales"], e2e["xticks"], e2e["yticks"]) == (("linear", "linear"), ["100 ms", "150 ms", "200 ms",
+                                                                                    "250 ms", "300 ms"], FRACTIONS)
+    assert np.allclose(e2e["lines"][0][1], [0.1, 0.1, 0.11, 0.2, 0.23, 0.29])
+
+
+def test_latency_cdf_says_when_a_metric_has_no_data(tmp_path, serve_drawn):
+    from stepsim.serve.figures import latency_cdf
+
+    _serve_figure(latency_cdf, {"ttft_s": [0.01, 0.02], "tpot_s": [None, None], "e2e_s": [0.01, 0.02]}, tmp_path)
+    tpot = serve_drawn[0]["panels"][1]
+    assert (tpot["texts"], tpot["lines"], tpot["xticks"], tpot["yticks"]) == (
+        ["no data:\nno request has a time per output token"], [], [], [])
+    # 20 ms up to float rounding (an --iteration-latency run): one value, one line
+    _serve_figure(latency_cdf, {"ttft_s": [0.01, 0.02, 0.03], "tpot_s": [0.01999999999999602, 0.02, 0.020000000000010232],
+                                "e2e_s": [0.01, 0.02, 0.03]}, tmp_path)
+    tpot = serve_drawn[1]["panels"][1]
+    assert (tpot["texts"], tpot["lines"][0][1:]) == (["all 3: 20 ms"], ([0.02, 0.02], [0.0, 1.0]))
+
+
+def _iterations(waiting, kv_blocks):
+    n = len(kv_blocks)
+    return {"start_s": [0.01 * i for i in range(n)], "duration_s": [0.01] * n, "tokens": [1 + i % 7 for i in range(n)],
+            "waiting": waiting, "kv_blocks_used": kv_blocks}
+
+
+def test_over_time_drops_the_panels_of_series_that_never_change_and_says_their_value(tmp_path, serve_drawn):
+    from stepsim.serve.figures import over_time
+
+    _serve_figure(over_time, _iterations([0] * 100, list(range(100))), tmp_path, usable_blocks=476_758)
+    figure = serve_drawn[0]
+    assert [p["title"] for p in figure["panels"]] == ["tokens computed (prefill + decode)",
+                                                      "KV blocks in use (of 476,758 usable)"]
+    assert figure["caption"] == ["waiting requests: 0 requests throughout the run"]
+    throughput, blocks = figure["panels"]
+    assert throughput["xticks"] == ["0 s", "200 ms", "400 ms", "600 ms", "800 ms", "1 s"]
+    assert throughput["yticks"] == ["0", "200", "400", "600", "800"]
+    assert blocks["yticks"] == ["0", "15", "30", "45", "60", "75", "90"]
+    assert [label for label, *_ in blocks["lines"]] == ["_child0"]  # no usable-blocks line 4,767x above the data
+    assert all(p["scales"] == ("linear", "linear") for p in figure["panels"])
+
+
+def test_over_time_draws_the_usable_blocks_when_the_cache_fills_and_says_when_there_are_no_steps(tmp_path,
+                                                                                                serve_drawn):
+    from stepsim.serve.figures import over_time
+
+    _serve_figure(over_time, _iterations([i % 3 for i in range(50)], [4 * i for i in range(50)]), tmp_path,
+                  usable_blocks=1000)
+    assert [p["title"] for p in serve_drawn[0]["panels"]] == [
+        "tokens computed (prefill + decode)", "waiting requests", "KV blocks in use (of 1,000 usable)"]
+    assert serve_drawn[0]["caption"] == []
+    assert serve_drawn[0]["panels"][2]["lines"][1][0] == "usable 1,000"
+    assert serve_drawn[0]["panels"][1]["yticks"] == ["0", "1", "2"]  # whole requests
+    _serve_figure(over_time, _iterations([], []), tmp_path, usable_blocks=1000)
+    [empty] = serve_drawn[1]["panels"]
+    assert (empty["texts"], empty["xticks"], empty["yticks"]) == (["no data: the run has no steps"], [], [])

@@ -3,6 +3,8 @@
 import sys
 import types
 
+import pytest
+
 from stepsim.base.lazy_import import LazyModule
 
 
@@ -24,3 +26,32 @@ def test_imported_on_first_read_then_replaced_in_stepsim_globals(tmp_path, monke
     monkeypatch.setattr(real, "VALUE", 7)
     assert proxy.VALUE == 7  # reads go to the module itself, so a monkeypatch is seen
     assert repr(proxy) == "<lazily imported module 'lazy_probe_module'>"
+
+
+def test_import_stepsim_stays_light_and_the_top_level_api_reads_each_name_on_first_use():
+    """``from stepsim import simulate, ...`` (the top-level API): ``import stepsim`` imports none of numba, numpy,
+    sympy, pyarrow, and each name is the object at its module path."""
+    import subprocess
+
+    code = ("import sys, stepsim; heavy = ('numba', 'numpy', 'sympy', 'pyarrow', 'stepsim.simulation', 'stepsim.graph');"
+            "print(sorted(m for m in heavy if m in sys.modules)); print(sorted(n for n in dir(stepsim) if n in stepsim.API))")
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (0, "", "[]\n['Graph', 'Hardware', 'System', 'Workload', "
+                                                                  "'from_onnx', 'optimize', 'serve', 'simulate']\n")
+
+    import stepsim
+    from stepsim import Graph, Hardware, System, Workload, from_onnx, optimize, serve, simulate
+    from stepsim.base.hardware import Hardware as hardware_class
+    from stepsim.base.system import System as system_class
+    from stepsim.frontend import from_onnx as from_onnx_function
+    from stepsim.graph import Graph as graph_class
+    from stepsim.simulation.simulate import simulate as simulate_function
+    from stepsim.workloads.base import Workload as workload_class
+
+    assert (simulate, Graph, Workload, from_onnx, Hardware, System) == (
+        simulate_function, graph_class, workload_class, from_onnx_function, hardware_class, system_class)
+    assert (serve, optimize) == (sys.modules["stepsim.serve"], sys.modules["stepsim.optimize"])  # callable packages
+    assert stepsim.__all__ == ["__version__", "StepsimError", "simulate", "Graph", "Workload", "from_onnx", "serve",
+                               "optimize", "Hardware", "System"]
+    with pytest.raises(AttributeError, match="module 'stepsim' has no attribute 'simulation_result'"):
+        stepsim.simulation_result

@@ -2,8 +2,8 @@
 
 The command line arms it (:func:`arm`) for the commands that run the engine; the first engine run of the process
 (:func:`stepsim.kernels.api.run`) or the first worker pool that loads the kernels
-(:func:`stepsim.base.forkserver.start_fork_server`) says it (:func:`say_once`), and only when numba's disk cache is
-cold. Said then and not when the command starts, a command refused for a bad input says only its error line,
+(:func:`stepsim.base.forkserver.start_fork_server`) says it (:func:`say_once`), and only when numba's disk cache
+lacks that kind of run (timing, functional, timeline: each its own specialization). Said then and not when the command starts, a command refused for a bad input says only its error line,
 whatever the state of the cache.
 """
 
@@ -11,18 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-_armed: Callable[[], None] | None = None
+#: ``say(functional, timeline)``: prints the notice if that kind of run compiles and returns whether it did
+_armed: Callable[[bool, bool], bool] | None = None
 
 
-def arm(say: Callable[[], None] | None) -> None:
-    """``say()`` is called before this process's next engine work (None: nothing is)."""
+def arm(say: Callable[[bool, bool], bool] | None) -> None:
+    """``say(functional, timeline)`` is called before each of this process's engine runs until it has printed
+    (None: nothing is)."""
     global _armed
     _armed = say
 
 
-def say_once() -> None:
-    """Call the armed ``say()`` once, then disarm."""
+def say_once(functional: bool = False, timeline: bool = False) -> None:
+    """Call the armed ``say`` for a run of this kind; disarm once it printed (one notice a process). A timing
+    run found in the cache keeps it armed: the same command's functional or timeline run (``run --functional``
+    sizes its arena with a timing run first; ``report`` records a timeline) compiles its own specialization."""
     global _armed
-    say, _armed = _armed, None
-    if say is not None:
-        say()
+    if _armed is not None and _armed(functional, timeline):
+        _armed = None

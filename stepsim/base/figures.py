@@ -34,23 +34,25 @@ def require_matplotlib():
     return plt
 
 
-def si_axis(axis, unit: str = "") -> None:
+def si_axis(axis, unit: str = "", *, max_labels: int | None = None, min_gap: float | None = None) -> None:
     """Ticks of ``axis`` (``ax.xaxis`` / ``ax.yaxis``) with decimal prefixes and ``unit``: ``500 kB``, ``2 MB``;
     without a unit ``20k``, ``1.5M``. On a log axis the labelled ticks are the densest of 1-9x / 1,2,3,5x /
-    1,2,5x / 1x each decade that keeps at most 6 labels on an x axis (8 on a y axis): no overlapping ``3x10^4``
-    minor labels, and a narrow axis still gets several."""
+    1,2,5x / 1,3x / 1x each decade that keeps at most 6 labels on an x axis (8 on a y axis): no overlapping ``3x10^4``
+    minor labels, and a narrow axis still gets several. ``max_labels`` sets another limit and ``min_gap`` the
+    least distance between two labels as a fraction of the axis (default ``1 / (2 max_labels)``): a narrow
+    panel needs a wider share per label."""
     require_matplotlib()
     from matplotlib.ticker import EngFormatter, NullFormatter
 
     formatter = EngFormatter(unit=unit, sep=" " if unit else "")
     axis.set_major_formatter(formatter)
     if axis.get_scale() == "log":
-        axis.set_major_locator(_DecadeLocator(6 if axis.axis_name == "x" else 8))
+        axis.set_major_locator(_DecadeLocator(max_labels or (6 if axis.axis_name == "x" else 8), min_gap))
         axis.set_minor_formatter(NullFormatter())
 
 
 #: log-axis tick multiples tried, densest first: the densest that puts at most the axis' limit in view wins
-_SUBS = (tuple(float(k) for k in range(1, 10)), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 5.0), (1.0,))
+_SUBS = (tuple(float(k) for k in range(1, 10)), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 5.0), (1.0, 3.0), (1.0,))
 
 
 def _decade_locator_class():
@@ -58,12 +60,13 @@ def _decade_locator_class():
 
     class DecadeLocator(LogLocator):
         """Log ticks at the densest of :data:`_SUBS` that keeps at most ``max_ticks`` in view, none of them
-        closer than ``1 / (2 max_ticks)`` of the axis (labels need room), else at every decade (every few
-        decades on a very wide axis)."""
+        closer than ``min_gap`` of the axis (default ``1 / (2 max_ticks)``: labels need room), else at every
+        decade (every few decades on a very wide axis)."""
 
-        def __init__(self, max_ticks: int):
+        def __init__(self, max_ticks: int, min_gap: float | None = None):
             super().__init__(base=10, subs=(1.0,))
             self.max_ticks = max_ticks
+            self.min_gap = min_gap or 1 / (2 * max_ticks)
 
         def tick_values(self, vmin, vmax):
             import math
@@ -80,7 +83,7 @@ def _decade_locator_class():
                     # few enough, and no two closer than the axis' share of one label (70 MB / 80 MB crowd)
                     if len(shown) < 2:  # a narrow axis: at most one multiple of this density in view
                         break
-                    if len(shown) <= self.max_ticks and np.diff(shown).min() >= span / (2 * self.max_ticks):
+                    if len(shown) <= self.max_ticks and np.diff(shown).min() >= span * self.min_gap:
                         self.set_params(subs=subs)
                         return super().tick_values(vmin, vmax)
                 else:
@@ -97,8 +100,8 @@ def _decade_locator_class():
     return DecadeLocator
 
 
-def _DecadeLocator(max_ticks: int):  # noqa: N802 - builds the matplotlib subclass on first use (matplotlib is optional)
-    return _decade_locator_class()(max_ticks)
+def _DecadeLocator(max_ticks: int, min_gap: float | None = None):  # noqa: N802 - builds the matplotlib subclass on
+    return _decade_locator_class()(max_ticks, min_gap)  # first use (matplotlib is optional)
 
 
 def save_figure(fig, path: Path, *, rect: tuple[float, float, float, float] | None = None) -> Path:

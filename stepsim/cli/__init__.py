@@ -87,7 +87,7 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
 
 
 #: commands that run the engine (the compile notice is printed before them)
-SIMULATING_COMMANDS = ("run", "demo", "sweep", "reproduce", "size-fifos", "optimize")
+SIMULATING_COMMANDS = ("run", "demo", "sweep", "reproduce", "size-fifos", "optimize", "report", "serve", "map")
 
 
 def _check_out(args) -> None:
@@ -111,12 +111,20 @@ def _compile_notice(args) -> None:
         compile_notice.arm(None)
         return
 
-    def say() -> None:
+    cached = {}  # (functional, timeline) -> in numba's cache: read once (serve runs the engine per step)
+
+    def say(functional: bool, timeline: bool) -> bool:
         from stepsim.kernels.jit import kernels_cached
 
-        if not kernels_cached():
-            print("stepsim: compiling the simulation kernels once, about a minute (`stepsim cache warm` does it "
-                  "ahead)", file=sys.stderr, flush=True)
+        kind = (functional, timeline)
+        if kind not in cached:
+            cached[kind] = kernels_cached(functional, timeline)
+        if cached[kind]:
+            return False
+        what = " and ".join(name for name, on in (("functional", functional), ("timeline", timeline)) if on)
+        print(f"stepsim: compiling the {what + ' ' if what else ''}simulation kernels once, about a minute "
+              "(`stepsim cache warm` does it ahead)", file=sys.stderr, flush=True)
+        return True
 
     compile_notice.arm(say)
 

@@ -59,29 +59,32 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help=" | ".join(kinds) if kinds is not None else
                    " | ".join(WORKLOADS[:-1]) + " | path/to/file.py:function (a function returning a stepsim Graph "
                    "or Workload) | path/to/model.onnx (lowered by stepsim.frontend.from_onnx)")
-    p.add_argument("--model", help=f"MoE and decoder: {model_help()}; or custom (MoE: with --hidden, "
-                                   f"--intermediate, --experts, --top-k)")
+    p.add_argument("--model", help=f"MoE and decoder: {model_help(None)}; or custom (MoE: with --hidden, "
+                                   f"--intermediate, --experts, --top-k); default: mixtral-8x7b (MoE), "
+                                   f"qwen3-30b-a3b (decoder)")
     for flag in ("--hidden", "--intermediate", "--experts", "--top-k"):
-        p.add_argument(flag, type=int, help="custom MoE model dimension (with --model custom)")
+        p.add_argument(flag, type=int, help="custom MoE model dimension (default: none; required with --model custom)")
     p.add_argument("--trace", help="routing trace (MoE, and an .onnx model's MoE blocks) or KV-length batch "
                                    "(attention); default: bundled synthetic (an .onnx model: its routers' choice)")
-    p.add_argument("--routing", help="decoder: routing trace of the MoE block (expert ids per token)")
-    p.add_argument("--kv-lengths", help="decoder: KV-cache lengths of the decode batch (a KV trace)")
+    p.add_argument("--routing", help="decoder: routing trace of the MoE block (expert ids per token; default: none, "
+                                     "required for a model with routed experts)")
+    p.add_argument("--kv-lengths", help="decoder: KV-cache lengths of the decode batch (a KV trace; default: none, "
+                                        "required)")
     p.add_argument("--kv-heads", type=int, help="decoder: KV heads simulated (default: all of the model's)")
     p.add_argument("--one-head", action="store_true",
                    help="decoder: simulate one KV head, as the paper's attention runs (same as --kv-heads 1)")
-    p.add_argument("--iteration", type=int, help="routing traces with several batches: iteration to use")
-    p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use (an .onnx model "
-                                             "with several MoE blocks reads layer i for its i-th block)")
-    p.add_argument("--batch-id", type=int, help="decode-batch traces with several batches: batch to use")
+    p.add_argument("--iteration", type=int, help="routing traces with several batches: iteration to use (default 0)")
+    p.add_argument("--layer", type=int, help="routing traces with several batches: layer to use (default 0; an .onnx "
+                                             "model with several MoE blocks reads layer i for its i-th block)")
+    p.add_argument("--batch-id", type=int, help="decode-batch traces with several batches: batch to use (default 0)")
     p.add_argument("--tiling", choices=("static", "dynamic"), help="MoE token tiling (default: static)")
     p.add_argument("--tile-n", type=int, help="MoE: tokens per tile (static, default 32); SwiGLU: F tile (16); "
                                               "prefill_attention: rows per query / KV tile (32)")
-    p.add_argument("--tile-f", type=int, help="MoE: F columns per weight tile")
+    p.add_argument("--tile-f", type=int, help="MoE: F columns per weight tile (default 64; 48 with --regions)")
     p.add_argument("--tile-m", type=int, help="SwiGLU: batch rows per tile (default 16); prefill_attention: "
                                               "prompt-chunk tokens per request (128)")
-    p.add_argument("--regions", type=int, help="MoE configuration time-multiplexing: parallel expert regions; "
-                                                  "attention: parallel regions (default 4)")
+    p.add_argument("--regions", type=int, help="MoE configuration time-multiplexing: parallel expert regions (default: "
+                                                  "none, one region per expert); attention: parallel regions (default 4)")
     p.add_argument("--strategy", choices=("coarse", "interleave", "dynamic"),
                    help="attention parallelization (default: dynamic)")
     p.add_argument("--softmax", choices=("plain", "stable"),
@@ -101,9 +104,10 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                         "(docs/system.md; collective default ring-4, --ep default N fully connected chips)")
     p.add_argument("--ep", type=int, metavar="N",
                    help="MoE: expert parallelism, the experts placed on N chips, tokens sent to them over links "
-                        "(a MoE or decoder stack of --layers: each --pp stage's layers over its own N chips)")
+                        "(a MoE or decoder stack of --layers: each --pp stage's layers over its own N chips; default: "
+                        "one chip)")
     p.add_argument("--tp", type=int, metavar="N",
-                   help="SwiGLU, MoE, decoder: tensor parallelism, F's columns (every expert's) split over N chips, an "
+                   help="SwiGLU, MoE, decoder (default: one chip): tensor parallelism, F's columns (every expert's) split over N chips, an "
                         "all-reduce after (--algorithm ring, the default, or direct); the decoder also splits its KV "
                         "heads, an all-reduce after the output projection; a MoE stack of --layers: each --pp stage's layers "
                         "over its own N chips")
@@ -113,7 +117,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                         "by every layer; decoder: q / k / v computed from the layer's input)")
     p.add_argument("--pp", type=int, metavar="N",
                    help="SwiGLU, MoE, decoder with --layers L: pipeline parallelism, the layers split into N stages on N chips "
-                        "(--system, required), the stage boundary a link")
+                        "(--system, required), the stage boundary a link (default: one stage)")
     p.add_argument("--micro-batches", type=int, metavar="M",
                    help="SwiGLU with --layers: M micro-batches of B / M rows stream through the stages (one row "
                         "tile each: --tile-m must be B / M; default B / --tile-m); MoE / decoder: each expert's tiles "
@@ -126,9 +130,12 @@ def add_workload_arguments(p: argparse.ArgumentParser, kinds: tuple[str, ...] | 
                    help="an .onnx model: spill every edge between two nodes to off-chip memory (no fusion)")
     p.add_argument("--spill", metavar="NAME[,NAME...]",
                    help="an .onnx model: spill these edges (a value: all its edges; VALUE->CONSUMER: one), as the "
-                        "report names them")
-    p.add_argument("--compute-bw", type=int, help="FLOPs/cycle of every compute node")
-    p.add_argument("--channel-depth", type=int, help="default FIFO depth (elements)")
+                        "report names them (default: none, the fusion policy decides)")
+    p.add_argument("--compute-bw", type=int,
+                   help="FLOPs/cycle of every compute node (default: the paper's per experiment: MoE static 4096, "
+                        "dynamic 6400, with --regions 1024; attention 2048; SwiGLU 4096)")
+    p.add_argument("--channel-depth", type=int,
+                   help="default FIFO depth in elements (default: the workload's, 2; attention, prefill_attention and SwiGLU 1)")
     p.add_argument("--hardware", help="hardware preset name or TOML file (default: the workload's experiment)")
     p.add_argument("--convention", choices=("published", "paper"),
                    help="on-chip accounting: published (artifact, default) or paper (double-buffered, FIFOs)")
@@ -160,7 +167,8 @@ def add_fifo_depths_argument(p: argparse.ArgumentParser) -> None:
     """``--fifo-depths FILE``: per-channel FIFO depths written by ``stepsim size-fifos`` (config key
     ``fifo_depths``); a file made for another graph is refused."""
     p.add_argument("--fifo-depths", metavar="FILE",
-                   help="per-channel FIFO depths from stepsim size-fifos (overrides --channel-depth per channel)")
+                   help="per-channel FIFO depths from stepsim size-fifos (overrides --channel-depth per channel; "
+                        "default: none)")
 
 
 def _workload_argument(value: str) -> str:

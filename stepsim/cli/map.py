@@ -85,7 +85,8 @@ def register(subparsers) -> None:
                    help="tokens (ffn) or decoding requests (decode)")
     p.add_argument("--hardware", default="sn40l", metavar="H", help="hardware preset or TOML (default sn40l)")
     p.add_argument("--out", metavar="FILE.json",
-                   help="write the schedule as JSON (stepsim run|metrics --schedule FILE reads it)")
+                   help="write the schedule as JSON (default: none, only printed; stepsim run|metrics --schedule FILE "
+                        "reads it)")
     p.add_argument("--no-cache", action="store_true", help="map again, neither reading nor writing the cache")
     p.add_argument("--json", action="store_true", help="print the schedule and its figures as one JSON object")
     p.set_defaults(handler=_run)

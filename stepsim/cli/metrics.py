@@ -16,5 +16,9 @@ def register(subparsers) -> None:
     add_workload_arguments(p)
     add_schedule_argument(p)
     p.add_argument("--out", metavar="DIR|FILE.parquet",
-                   help="also write the record into DIR (part-<id>.parquet) or to FILE.parquet")
+                   help="also write the record into DIR (part-<id>.parquet) or to FILE.parquet (default: none, only "
+                        "printed)")
     p.set_defaults(handler=_metrics, out_kind="record")
+    from stepsim.cli.help_topics import group_options
+
+    group_options(p, "metrics")

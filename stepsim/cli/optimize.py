@@ -37,18 +37,18 @@ def register(subparsers) -> None:
     add_workload_arguments(p, OPTIMIZE_WORKLOADS)
     p.add_argument("--objective", choices=tuple(OBJECTIVES), default="cycles",
                    help="what the recommendation minimizes first (default: cycles; ties by the other two)")
-    p.add_argument("--max-on-chip", type=int, metavar="BYTES", help="on-chip memory budget (bytes)")
+    p.add_argument("--max-on-chip", type=int, metavar="BYTES", help="on-chip memory budget (bytes; default: none)")
     p.add_argument("--max-compute", type=int, metavar="FLOPS_PER_CYCLE",
-                   help="allocated compute budget (FLOPs/cycle)")
+                   help="allocated compute budget (FLOPs/cycle; default: none)")
     p.add_argument("--max-chips", type=int, metavar="N",
                    help="chip-count budget: search tensor and expert parallelism and the placement up to N chips "
-                        "in all (MoE; the decoder: tensor parallelism)")
+                        "in all (MoE; the decoder: tensor parallelism; default: one chip)")
     p.add_argument("--space", metavar="SPACE.toml",
                    help="search space file ([[axes]] tables as in a sweep file; default: the documented space)")
     add_jobs_argument(p, "the simulations", dask=True)
     add_force_argument(p)
     p.add_argument("--executor", choices=EXECUTORS, help="local worker processes (default) or dask")
-    p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask)")
+    p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (with --executor dask; default: a local cluster)")
     p.add_argument("--hierarchical", action="store_true",
                    help="an .onnx model: search tile_m with each MatMul's tile_n, then fusion per value "
                         "under each tiling, pruned soundly (the exhaustive front; "
@@ -56,6 +56,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (resumes a search found there)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_optimize, out_kind="dir")
+    from stepsim.cli.help_topics import group_options
+
+    group_options(p, "optimize")
 
 
 def _optimize_onnx(args) -> int:

@@ -25,5 +25,6 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object (keys bound, roofline, critical_path, top_units, imbalance, full_fifos)")
     p.add_argument("--png", metavar="FILE",
-                   help="also draw busy / blocked shares per group and their busy share over time (matplotlib)")
+                   help="also draw busy / blocked shares per group and their busy share over time (matplotlib; "
+                        "default: none)")
     p.set_defaults(handler=_report_cmd, out=None)

@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     add_force_argument(p)
     p.add_argument("--json", action="store_true", help="print only the headline numbers, as one JSON object")
     p.add_argument("--fifo-depths", action="append", default=[], metavar="FILE",
-                   help="stepsim size-fifos file; the points that build its workload use its depths (repeatable)")
+                   help="stepsim size-fifos file; the points that build its workload use its depths (repeatable; "
+                        "default: none, the experiments' depths)")
     p.set_defaults(handler=_reproduce, out_kind="dir")
 
 

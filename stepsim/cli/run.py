@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     add_workload_arguments(p)
     p.add_argument("--out", metavar="DIR|FILE.parquet",
                    help="also write the record (part-<id>.parquet) and its unit/channel tables into DIR, or the "
-                        "record to FILE.parquet and the tables beside it (FILE_units.parquet, FILE_channels.parquet)")
+                        "record to FILE.parquet and the tables beside it (FILE_units.parquet, FILE_channels.parquet); "
+                        "default: none, only printed")
     p.add_argument("--functional", action="store_true",
                    help="carry real tile values (seeded inputs); cycles equal a timing run of the same graph "
                         "(attention defaults to --softmax stable here; give --softmax plain for the artifact's)")
@@ -45,11 +46,12 @@ def register(subparsers) -> None:
     p.add_argument("--report", action="store_true",
                    help="after the run, print the bottleneck report (as `stepsim report` does)")
     p.add_argument("--deadlock-report", metavar="FILE",
-                   help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON")
+                   help="if the run deadlocks, write the full diagnosis (every blocked unit, cycles, fix) as JSON "
+                        "(default: none)")
     add_force_argument(p)
     p.add_argument("--timeline", metavar="PATH",
                    help="also write a Perfetto timeline of the run: PATH ending in .json or .json.gz (Chrome "
-                        "trace-event JSON) or .pftrace / .perfetto-trace (Perfetto protobuf, extra 'timeline')")
+                        "trace-event JSON) or .pftrace / .perfetto-trace (Perfetto protobuf, extra 'timeline'); default: none")
     p.add_argument("--timeline-limit", type=int, default=None, metavar="RECORDS",
                    help="record at most this many engine records (default 4,000,000, 32 bytes each); past it the "
                         "trace is cut at the earliest cycle left out, and says so")
@@ -57,3 +59,6 @@ def register(subparsers) -> None:
                    help="merge intervals shorter than this many cycles in the trace (default: cycles / 200,000, "
                         "0 for runs under 200,000 cycles); the trace's metadata counts what was merged")
     p.set_defaults(handler=_run, out_kind="record")
+    from stepsim.cli.help_topics import group_options
+
+    group_options(p, "run")

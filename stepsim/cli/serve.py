@@ -24,16 +24,18 @@ def register(subparsers) -> None:
     p.add_argument("--requests", required=True, metavar="TRACE", help="request trace (.csv, .parquet, .arrow)")
     arrivals = p.add_mutually_exclusive_group()
     arrivals.add_argument("--arrival-scale", type=float, metavar="X",
-                          help="multiply every arrival time by X (0.5: twice the rate)")
+                          help="multiply every arrival time by X (0.5: twice the rate; default 1)")
     arrivals.add_argument("--arrival", metavar="poisson:RATE",
-                          help="replace the arrivals by a Poisson process of RATE requests/s (seeded by --seed)")
+                          help="replace the arrivals by a Poisson process of RATE requests/s (seeded by --seed; default: "
+                               "the trace's arrivals)")
     window = p.add_mutually_exclusive_group()
-    window.add_argument("--limit-requests", type=int, metavar="N", help="replay the first N requests")
+    window.add_argument("--limit-requests", type=int, metavar="N", help="replay the first N requests (default: all)")
     window.add_argument("--duration", type=float, metavar="SECONDS",
-                        help="replay the requests arriving in the first SECONDS")
+                        help="replay the requests arriving in the first SECONDS (default: all)")
     p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left")
+                   help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left "
+                        "(default: none, one chip)")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -46,28 +48,35 @@ def register(subparsers) -> None:
                         "dump [tokens, layers, top_k]")
     p.add_argument("--fidelity", choices=("exact", "fast"),
                    help="price each step on the cycle engine: exact simulates every layer; fast uses a model "
-                        "calibrated on exact simulations of the same run (cached), with its measured error")
+                        "calibrated on exact simulations of the same run (cached), with its measured error (default: "
+                        "none; one of --fidelity and --iteration-latency is required)")
     p.add_argument("--schedule", choices=("paper", "auto"), default="paper",
                    help="how --fidelity exact builds each layer: the STeP paper's evaluation schedules (default) or "
                         "auto, mapped over the whole chip (docs/mapping.md)")
-    p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e)")
+    p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e; default: none)")
     parallel = p.add_mutually_exclusive_group()
-    parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency)")
+    parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency; default 1)")
     parallel.add_argument("--executor", choices=("dask",),
                           help="run the layers of a step on a dask.distributed cluster (a local one, one worker "
-                               "process per CPU, or the scheduler at --address); outputs identical to --jobs 1")
-    p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (tcp://host:8786) for --executor dask")
+                               "process per CPU, or the scheduler at --address); outputs identical to --jobs 1 (default: none, "
+                               "local processes)")
+    p.add_argument("--address", metavar="ADDR", help="Dask scheduler address (tcp://host:8786) for --executor dask (default: a local cluster)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of --arrival poisson (default 0)")
     p.add_argument("--iteration-latency", type=float, metavar="SECONDS",
-                   help="every scheduler step takes SECONDS (instead of the engine)")
+                   help="every scheduler step takes SECONDS (instead of the engine; default: none, the engine prices "
+                        "each step)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output folder: requests.parquet, iterations.parquet, summary.json, latency_cdf.png, "
                         "over_time.png")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--timeline", metavar="PATH",
                    help="timeline: Perfetto protobuf (.pftrace) or Chrome JSON (.json, .json.gz); one track per "
-                        "request (queued, prefill, decode), the steps, the waiting queue and the KV blocks in use")
+                        "request (queued, prefill, decode), the steps, the waiting queue and the KV blocks in use "
+                        "(default: none)")
     p.set_defaults(handler=_serve, out_kind="dir")
+    from stepsim.cli.help_topics import group_options
+
+    group_options(p, "serve")
 
 
 def _fmt(d: dict | None, scale: float = 1000.0, unit: str = "ms") -> str:

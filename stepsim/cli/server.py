@@ -35,9 +35,9 @@ def register(subparsers) -> None:
     start = actions.add_parser("start", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                help="start this environment's server (in the background) and wait until it serves")
     start.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
-                       help="the server ends after this long without a command")
+                       help="the server ends after this long without a command (default %(default)g)")
     start.add_argument("--wait", type=float, default=DEFAULT_START_WAIT_S, metavar="SECONDS",
-                       help="how long to wait for the server to be ready")
+                       help="how long to wait for the server to be ready (default %(default)g)")
     start.set_defaults(handler=_start)
     stop = actions.add_parser("stop", help="stop this environment's server (--all: every server of this user)")
     stop.add_argument("--all", action="store_true", help="stop every server in the server folder")

@@ -68,6 +68,9 @@ def register(subparsers) -> None:
     add_jobs_argument(p, "candidate depths simulated at once")
     p.add_argument("--min-depth", type=int, default=1, help="smallest depth of any FIFO (default 1)")
     p.set_defaults(handler=_size, out_kind="file")
+    from stepsim.cli.help_topics import group_options
+
+    group_options(p, "size-fifos")
 
 
 __all__ = ["register"]

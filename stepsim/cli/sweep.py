@@ -37,7 +37,7 @@ def register(subparsers) -> None:
                    help="local worker processes (default) or a dask.distributed cluster (default with --address)")
     p.add_argument("--address", metavar="ADDR",
                    help="Dask scheduler address (tcp://host:8786); without it --executor dask starts a local "
-                        "cluster on 127.0.0.1")
+                        "cluster on 127.0.0.1 (default: none)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: the sweep file's 'out')")
     p.add_argument("--fail-fast", action="store_true",
                    help="stop at the first failed task (its row is written) with exit status 2")

@@ -235,9 +235,10 @@ def register(subparsers) -> None:
     p = sub.add_parser("import", help="convert a trace (npz, npy, Azure CSV, Arrow, Parquet) to .arrow or .parquet")
     p.add_argument("src", metavar="SRC", help="trace file or folder")
     p.add_argument("--format", choices=FORMATS, help="input format (default: from the suffix)")
-    p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
+    p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say; default: "
+                                                                 "from --model)")
     p.add_argument("--model", help="routing: model name or alias (mixtral, qwen, ...: also sets num_experts/top_k) "
-                                   "or a Hugging Face config.json")
+                                   "or a Hugging Face config.json (default: none)")
     _add_npz_label_arguments(p)
     p.add_argument("--out", required=True, help="output .arrow / .feather / .parquet file")
     p.set_defaults(handler=_cmd_import, out_kind="file")
@@ -254,20 +255,21 @@ def register(subparsers) -> None:
     p.add_argument("--key", help="array name in a .npz / .safetensors file (default: the only array, else "
                    "'routed_experts')")
     p.add_argument("--iteration-key", help="array [tokens] of iteration numbers in the same file: one batch per "
-                   "(iteration, layer)")
+                   "(iteration, layer) (default: none, every row is --iteration)")
     p.add_argument("--iteration", type=int, default=0, help="iteration label of every row without --iteration-key "
                    "(default 0)")
     p.add_argument("--num-experts", type=int, help="experts per layer (default: from --model)")
     p.add_argument("--model", help="preset name or alias (mixtral, qwen, ...) or a Hugging Face config.json: "
-                   "gives num_experts and checks top_k")
+                   "gives num_experts and checks top_k (default: none)")
     p.add_argument("--out", required=True, help="output .arrow / .parquet file")
     p.set_defaults(handler=_cmd_import_routed, out_kind="file")
 
     p = sub.add_parser("inspect", help="validate a trace and print its statistics")
     p.add_argument("path", metavar="PATH", help="trace file or folder")
     p.add_argument("--format", choices=FORMATS, help="input format (default: from the suffix)")
-    p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say)")
-    p.add_argument("--model", help="routing: model name or alias, or a Hugging Face config.json")
+    p.add_argument("--num-experts", type=int, help="routing: experts per layer (when the input does not say; "
+                                                   "default: from --model)")
+    p.add_argument("--model", help="routing: model name or alias, or a Hugging Face config.json (default: none)")
     _add_npz_label_arguments(p)
     p.add_argument("--tile", type=int, default=32, help="KV sequence tile in tokens (default 32)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -282,7 +284,7 @@ def register(subparsers) -> None:
     p.add_argument("--num-experts", type=int, help="experts per layer (default: from --model)")
     p.add_argument("--top-k", type=int, help="experts per token (default: from --model)")
     p.add_argument("--model", help="model name for metadata; a preset or alias (mixtral, qwen, ...) or a Hugging "
-                                   "Face config.json gives num_experts/top_k")
+                                   "Face config.json gives num_experts/top_k (default: none)")
     p.add_argument("--skew", choices=SKEWS, default="dirichlet", help="expert popularity model (default dirichlet)")
     p.add_argument(
         "--alpha",

@@ -115,12 +115,13 @@ SLICE_SECONDS = 0.1
 Progress = Callable[[int, int], None]
 
 
-def _engine():
+def _engine(functional: bool = False, timeline: bool = False):
     """The engine's kernels module (imported on first use: importing it loads numba's cached code), after the
-    command line's "compiling once" notice when it is due (:mod:`stepsim.base.compile_notice`)."""
+    command line's "compiling once" notice when this kind of run is due to compile
+    (:mod:`stepsim.base.compile_notice`)."""
     from stepsim.base.compile_notice import say_once
 
-    say_once()
+    say_once(functional, timeline)
     from stepsim.kernels import engine
 
     return engine
@@ -248,7 +249,7 @@ def run(program, *, max_events: int | None = None, record_events: int = 0, input
         Event limit reached, an operator met input step-perf would panic on (stop level, selector, ...), or
         (functional) a random address outside its tensor.
     """
-    engine = _engine()
+    engine = _engine(functional=inputs is not None, timeline=bool(timeline))
     _ensure_compiled(engine, functional=inputs is not None)
     limit = (1 << 62) if max_events is None else int(max_events)
     rec = np.zeros((max(int(record_events), 0), 4), dtype=np.int64)

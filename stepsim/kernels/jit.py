@@ -54,17 +54,38 @@ def _invalidate_stale_cache() -> None:
 _invalidate_stale_cache()
 
 
-def kernels_cached() -> bool:
-    """True if numba's disk cache holds the engine's event loop (so a run loads it instead of compiling).
+def kernels_cached(functional: bool = False, timeline: bool = False) -> bool:
+    """True if numba's disk cache holds the engine's event loop for this kind of run (so a run loads it instead
+    of compiling): timing, ``functional`` (tiles carry values) and ``timeline`` (recording) runs are separate
+    specializations, each compiled on its first use (about a minute each on a cold cache).
 
-    Looks where numba puts it: beside the sources (``__pycache__``), else under ``NUMBA_CACHE_DIR``. Only
-    decides whether to print the "compiling once" notice; a wrong answer costs nothing else.
+    Looks where numba puts it: beside the sources (``__pycache__``), else under ``NUMBA_CACHE_DIR``, and reads the
+    signatures its index lists (:func:`cached_variants`). Only decides whether to print the "compiling once"
+    notice; a wrong answer costs nothing else.
     """
     pattern = "engine.event_loop-*.nbi"
-    if any((_HERE / "__pycache__").glob(pattern)):
-        return True
+    indexes = list((_HERE / "__pycache__").glob(pattern))
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
-    return bool(cache_dir) and any(Path(cache_dir).rglob(pattern))
+    if cache_dir:
+        indexes += list(Path(cache_dir).rglob(pattern))
+    return any((functional, timeline) in cached_variants(index) for index in indexes)
+
+
+def cached_variants(index: Path) -> set[tuple[bool, bool]]:
+    """The (functional, timeline) specializations of the event loop that numba's cache index ``index`` lists:
+    the loop's last two arguments, the functional state and the timeline buffer, are None when unused. An index
+    numba could not read either lists none (numba would compile again)."""
+    import pickle
+
+    try:
+        with open(index, "rb") as f:
+            pickle.load(f)  # numba's version
+            _, overloads = pickle.loads(f.read())  # noqa: S301 - numba's own cache index, as numba reads it
+        return {(not isinstance(key[0][-2], numba.types.NoneType), not isinstance(key[0][-1], numba.types.NoneType))
+                for key in overloads}
+    except Exception:  # noqa: BLE001 - any unreadable index is a cold cache for the notice
+        return set()
+
 
 def _cached(decorate):
     """``decorate`` (a ``numba.njit(...)`` decorator without ``cache=True``) whose dispatchers use numba's disk

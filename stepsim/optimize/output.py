@@ -134,6 +134,7 @@ def plot_front(result, path: Path) -> Path:
         si_axis(ax.yaxis)
         ax.set_xlabel(f"{name} ({unit or 'FLOP/cycle'})")
         ax.grid(True, which="major", alpha=0.3)
+        ax.yaxis.set_tick_params(labelleft=True)  # the shared cycles axis labelled on both panels: read at a glance
     axes[0].set_ylabel("cycles")
     axes[0].legend(loc="best", fontsize=8)
     fig.suptitle(f"stepsim optimize {result.workload}: {result.simulations:,} simulations of "

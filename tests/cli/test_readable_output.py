@@ -131,12 +131,12 @@ def test_a_cold_kernel_cache_is_announced_once_before_simulating_commands(monkey
     import stepsim.kernels.jit as jit
 
     notice = "stepsim: compiling the simulation kernels once, about a minute (`stepsim cache warm` does it ahead)\n"
-    monkeypatch.setattr(jit, "kernels_cached", lambda: False)
+    monkeypatch.setattr(jit, "kernels_cached", lambda *kind: False)
     assert main(["run", "swiglu", "--json"]) == 0
     assert capsys.readouterr().err == notice
     assert main(["metrics", "swiglu", "--json"]) == 0  # no engine, no notice
     assert capsys.readouterr().err == ""
-    monkeypatch.setattr(jit, "kernels_cached", lambda: True)
+    monkeypatch.setattr(jit, "kernels_cached", lambda *kind: True)
     assert main(["run", "swiglu", "--json"]) == 0
     assert capsys.readouterr().err == ""
 
@@ -146,7 +146,7 @@ def test_a_command_refused_for_its_input_says_only_its_error_on_a_cold_cache(mon
     line whatever the state of numba's cache (a sweep refuses its tasks before its workers load the kernels)."""
     import stepsim.kernels.jit as jit
 
-    monkeypatch.setattr(jit, "kernels_cached", lambda: False)
+    monkeypatch.setattr(jit, "kernels_cached", lambda *kind: False)
     assert main(["run", "swiglu", "--tile-f", "-1"]) == 2
     assert capsys.readouterr().err.splitlines() == ["stepsim: error: --tile-f must be an int >= 1, got -1"]
     sweep = tmp_path / "s.toml"
@@ -155,20 +155,62 @@ def test_a_command_refused_for_its_input_says_only_its_error_on_a_cold_cache(mon
     assert len(capsys.readouterr().err.splitlines()) == 1
 
 
-def test_kernels_cached_looks_for_the_event_loop_in_numbas_cache(monkeypatch, tmp_path):
+def _numba_index(path, *variants):
+    """A cache index as numba writes it (its version, then (stamp, {(signature, codegen): file})), listing the event
+    loop's specializations ``variants`` as (functional, timeline)."""
+    import pickle
+
+    from numba import types
+
+    array = types.int64[:]
+    overloads = {((types.int64,) + (types.none if not f else types.float32[:, :],) + (array if f else types.none,)
+                  + (array if t else types.none,), ("magic",)): f"engine.event_loop-12.py311.{i}.nbc"
+                 for i, (f, t) in enumerate(variants, 1)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps("0.68.1") + pickle.dumps((b"stamp", overloads)))
+
+
+def test_kernels_cached_looks_for_each_kind_of_run_in_numbas_cache(monkeypatch, tmp_path):
+    """Timing, functional and timeline runs are separate specializations of the event loop: the notice is due for
+    the first of each kind (a first `--functional` run or `report` compiled for 45 s in silence)."""
     import stepsim.kernels.jit as jit
 
     monkeypatch.setattr(jit, "_HERE", tmp_path / "src")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
     assert not jit.kernels_cached()
-    (tmp_path / "cache" / "x").mkdir(parents=True)
-    (tmp_path / "cache" / "x" / "engine.event_loop-12.py311.nbi").write_bytes(b"")
-    assert jit.kernels_cached()
+    _numba_index(tmp_path / "cache" / "x" / "engine.event_loop-12.py311.nbi", (False, False))
+    assert jit.kernels_cached() and not jit.kernels_cached(functional=True)
+    assert not jit.kernels_cached(timeline=True)
     monkeypatch.delenv("NUMBA_CACHE_DIR")
     assert not jit.kernels_cached()
-    (tmp_path / "src" / "__pycache__").mkdir(parents=True)
-    (tmp_path / "src" / "__pycache__" / "engine.event_loop-12.py311.nbi").write_bytes(b"")
-    assert jit.kernels_cached()
+    index = tmp_path / "src" / "__pycache__" / "engine.event_loop-12.py311.nbi"
+    _numba_index(index, (False, False), (True, False), (False, True))
+    assert [jit.kernels_cached(f, t) for f, t in ((False, False), (True, False), (False, True), (True, True))] == [
+        True, True, True, False]
+    index.write_bytes(b"")  # unreadable: numba compiles again
+    assert not jit.kernels_cached()
+
+
+def test_the_first_functional_run_report_and_timeline_say_they_compile(monkeypatch, capsys, tmp_path):
+    import stepsim.kernels.jit as jit
+
+    notice = "stepsim: compiling the {}simulation kernels once, about a minute (`stepsim cache warm` does it ahead)"
+    asked = []
+
+    def timing_only(functional=False, timeline=False):
+        asked.append((functional, timeline))
+        return not (functional or timeline)
+
+    monkeypatch.setattr(jit, "kernels_cached", timing_only)
+    assert main(["run", "swiglu", "--functional", "--json"]) == 0  # a timing run sizes the arena first: no notice
+    assert capsys.readouterr().err.splitlines() == [notice.format("functional ")]
+    assert asked[-1] == (True, False)
+    assert main(["run", "swiglu", "--out", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["report", str(tmp_path / "run")]) == 0  # simulates once more, recording a timeline
+    assert capsys.readouterr().err.splitlines() == [notice.format("timeline ")]
+    assert main(["run", "swiglu", "--timeline", str(tmp_path / "t.json")]) == 0
+    assert capsys.readouterr().err.splitlines() == [notice.format("timeline ")]
 
 
 def test_a_sweep_table_reads_like_run(tmp_path, capsys):

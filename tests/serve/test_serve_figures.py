@@ -23,4 +23,4 @@ def test_latency_cdf_png_is_written_read_back_and_reproducible(tmp_path):
     assert (image[..., :3] < 0.9).any()  # something is drawn
     over = tmp_path / "a" / "over_time.png"
     assert runs[0].files["over_time"] == over and over.read_bytes() == (tmp_path / "b" / "over_time.png").read_bytes()
-    assert imread(over).shape == (360, 1200, 4)
+    assert imread(over).shape == (360, 800, 4)  # no request waits at this load: two panels, the third a caption

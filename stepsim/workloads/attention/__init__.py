@@ -15,3 +15,11 @@ KIND = WorkloadKind("attention", knobs=("trace", "batch_id", "regions", "strateg
                     defaults={"strategy": "dynamic"}, trace="kv_lengths", channel_depth=1,
                     build=f"{_HERE}.build:from_config", inputs=f"{_HERE}.reference:inputs",
                     reference=f"{_HERE}.reference:outputs", reduction_length=f"{_HERE}.reference:reduction_length")
+
+
+def __getattr__(name: str):
+    """The names of the module ``stepsim.workloads.<kind>`` of the last release (its builder, now ``build.py``),
+    deprecated (:mod:`stepsim.base.deprecated`)."""
+    from stepsim.base.deprecated import moved_attribute
+
+    return moved_attribute(__name__, name)

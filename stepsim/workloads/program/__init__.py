@@ -15,3 +15,11 @@ _HERE = __name__
 # fusion policy (stepsim.frontend.fusion); only for .onnx
 KIND = WorkloadKind("program", knobs=("program", "trace", "iteration", "layer", "no_fuse", "spill"),
                     build=f"{_HERE}.build:from_config")
+
+
+def __getattr__(name: str):
+    """The names of the module ``stepsim.workloads.<kind>`` of the last release (its builder, now ``build.py``),
+    deprecated (:mod:`stepsim.base.deprecated`)."""
+    from stepsim.base.deprecated import moved_attribute
+
+    return moved_attribute(__name__, name)
