@@ -19,7 +19,7 @@ and a Split of a fused projection into part-wide stripes. A Transpose of heads (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
@@ -66,6 +66,42 @@ class Tiling:
         if n % tn:
             raise FrontendError(f"node {node_name!r} (MatMul): tile_n {tn} does not divide N = {n}")
         return tn
+
+
+def tiling_of(tiling) -> Tiling:
+    """``from_onnx``'s ``tiling`` (a :class:`Tiling`, a dict of its fields, or None) as a checked Tiling: every
+    size an integer of at least 1 (``tile_m`` / ``tile_n`` may be None: chosen), FrontendError naming the field
+    otherwise, before anything is lowered (a ``tile_m`` of 0 would divide by zero)."""
+    from numbers import Integral
+
+    if tiling is None:
+        return Tiling()
+    if isinstance(tiling, dict):
+        unknown = sorted(set(map(str, tiling)) - {f.name for f in fields(Tiling)})
+        if unknown:
+            raise FrontendError(f"tiling: unknown field {unknown[0]!r} (fields: "
+                                f"{', '.join(f.name for f in fields(Tiling))})")
+        tiling = Tiling(**tiling)
+    if not isinstance(tiling, Tiling):
+        raise FrontendError(f"tiling must be a Tiling or a dict of its fields, got {type(tiling).__name__}")
+
+    def count(name, value, optional):
+        ok = isinstance(value, Integral) and not isinstance(value, bool) and value >= 1
+        if not ok and not (optional and value is None):
+            raise FrontendError(f"tiling: {name} must be an integer of at least 1{' or None' if optional else ''}, "
+                                f"got {value!r}")
+
+    count("tile_m", tiling.tile_m, True)
+    count("tile_n", tiling.tile_n, True)
+    count("compute_bw", tiling.compute_bw, False)
+    count("par_dispatch", tiling.par_dispatch, False)
+    if not isinstance(tiling.per_node, dict):
+        raise FrontendError(f"tiling: per_node must be a dict {{node name: tile_n}}, got {tiling.per_node!r}")
+    for node, tn in tiling.per_node.items():
+        count(f"per_node[{node!r}]", tn, False)
+    if not isinstance(tiling.reread_inputs, bool):
+        raise FrontendError(f"tiling: reread_inputs must be True or False, got {tiling.reread_inputs!r}")
+    return tiling
 
 
 def groups_rows_cols(shape: tuple) -> tuple[int, int, int]:

@@ -9,7 +9,8 @@ import stepsim.frontend.ops_elementwise  # noqa: F401  (registers its emission h
 import stepsim.frontend.ops_layout  # noqa: F401
 import stepsim.frontend.ops_matmul  # noqa: F401
 from stepsim.base.defaults import UNSET
-from stepsim.frontend import check, converters, emit, fusion, layouts, moe, patterns, shapes
+from stepsim.base.errors import FrontendError
+from stepsim.frontend import check, converters, emit, fusion, inputs, layouts, moe, patterns, shapes
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
@@ -68,6 +69,16 @@ class FrontendReport:
         return "\n".join(lines)
 
 
+def check_knobs(budget, channel_depth, seed) -> None:
+    """``from_onnx``'s integer knobs checked (FrontendError naming the knob): ``budget`` >= 0 bytes,
+    ``channel_depth`` >= 1 elements (or None, or unset), ``seed`` >= 0."""
+    for name, value, low in (("budget", budget, 0), ("channel_depth", channel_depth, 1), ("seed", seed, 0)):
+        if value is None or value is UNSET:
+            continue
+        if not inputs.is_count(value, low):
+            raise FrontendError(f"from_onnx: {name} must be an integer of at least {low}, got {value!r}")
+
+
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
               dims: dict | None = None, values: dict | None = None, routing=None, seed: int = 0, fuse: bool = True, spill=(), budget: int | None = None,
               channel_depth=UNSET) -> Workload:
@@ -107,8 +118,10 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     malformed file, an unsupported operator (naming the node, its op type and the supported list) or a dynamic
     dim that is not bound; LayoutError when no converter can join two layouts.
     """
-    tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
+    tiling = layouts.tiling_of(tiling)
+    check_knobs(budget, channel_depth, seed)
     proto = shapes.bind_dims(load_model(source), dims)
+    inputs.check_declared(proto)  # element types and dims, before shape inference evaluates anything
     model = moe.raise_moe(patterns.raise_patterns(shapes.to_model(proto, values)))
     forced = layouts.head_tiles(model)  # head splits fix their MatMul's tile_n (a user's per_node wins)
     if forced:
@@ -125,9 +138,11 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
     if isinstance(routing, str) and routing == "teacher":
-        feeds = moe.seeded_inputs(model, seed)
-        emitter.input_data = feeds  # the loads carry them: simulate's default inputs are the ones routed on
-        routing = moe.teacher_routing(proto, model, {**feeds, **model.bound})
+        routing = None
+        if any(n.op_type == "MoE" for n in model.nodes):  # only then is the model evaluated (its routers' part)
+            feeds = moe.seeded_inputs(model, seed)
+            emitter.input_data = feeds  # the loads carry them: simulate's default inputs are the ones routed on
+            routing = moe.teacher_routing(proto, model, {**feeds, **model.bound})
     elif isinstance(routing, moe.RoutingTrace):
         routing = moe.routing_from_trace(routing, model)
     emitter.routing = routing
