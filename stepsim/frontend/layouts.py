@@ -101,7 +101,10 @@ def tiling_of(tiling) -> Tiling:
         count(f"per_node[{node!r}]", tn, False)
     if not isinstance(tiling.reread_inputs, bool):
         raise FrontendError(f"tiling: reread_inputs must be True or False, got {tiling.reread_inputs!r}")
-    return tiling
+    # NumPy integers as Python ints (the graph's operators take ints only)
+    return Tiling(*(None if v is None else int(v) for v in (tiling.tile_m, tiling.tile_n)),
+                  per_node={k: int(v) for k, v in tiling.per_node.items()}, compute_bw=int(tiling.compute_bw),
+                  par_dispatch=int(tiling.par_dispatch), reread_inputs=tiling.reread_inputs)
 
 
 def groups_rows_cols(shape: tuple) -> tuple[int, int, int]:
