@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from numbers import Integral
 
-from stepsim.base.errors import FrontendError
 from stepsim.base.display import format_bytes
+from stepsim.base.errors import FrontendError
 
 #: ONNX TensorProto element types (onnx.TensorProto.FLOAT ...), named here so the check needs no onnx import
 FLOAT, INT32, INT64, FLOAT16, DOUBLE, BFLOAT16 = 1, 6, 7, 10, 11, 16
