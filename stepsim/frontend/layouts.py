@@ -13,7 +13,9 @@ leading dims) are map rewrites: the stream is unchanged. So is a split into head
 [.., S, H, hd]``) when the projection before it streams ``hd``-wide stripes (:func:`head_tiles` sets its tile_n),
 and a Split of a fused projection into part-wide stripes. A Transpose of heads (``[B, S, H, hd] <->
 [B, H, S, hd]``) or of leading dims with one-row tiles is a reorder of the same tiles (a converter,
-:mod:`stepsim.frontend.converters`); a swap of the last two dims is read transposed by its MatMul.
+:mod:`stepsim.frontend.converters`); a swap of the last two dims is read transposed by its MatMul when it is a
+MatMul's right operand (``q k^T``), else read back from memory element by element in the swapped order (``x^T W``;
+:func:`materialized_swap`).
 """
 
 from __future__ import annotations
@@ -207,6 +209,24 @@ def transpose_kind(model: Model, node) -> str:
     return "other"
 
 
+def swap_view(model: Model, node) -> bool:
+    """A last-two-dims swap read only as the right operand of MatMuls of two activations (attention's ``k^T``):
+    a view its MatMuls read transposed. Any other swap (``x^T W``, a swap that is a graph output, ...) is
+    materialized: its input read element by element in the transposed order (:func:`stepsim.frontend.spill.
+    transposed_rows`), from the graph input, or through a spill of a computed value."""
+    if node.op_type != "Transpose" or transpose_kind(model, node) != "swap":
+        return False
+    y = node.outputs[0]
+    readers = model.consumers().get(y, [])
+    return bool(readers) and y not in model.outputs and all(
+        activation_matmul(model, n) and n.inputs[1] == y and n.inputs[0] != y for n in readers)
+
+
+def materialized_swap(model: Model, node) -> bool:
+    """A last-two-dims swap that is not a :func:`swap_view`: it streams its own row tiles."""
+    return node.op_type == "Transpose" and transpose_kind(model, node) == "swap" and not swap_view(model, node)
+
+
 def read_transposed(model: Model, node) -> bool:
     """A Transpose of a graph input that keeps its last dim last (not a last-two-dims swap): read straight from
     memory in the transposed order (:meth:`stepsim.frontend.emit.Emitter.load_transposed`), no converter."""
@@ -222,14 +242,14 @@ def read_transposed(model: Model, node) -> bool:
 
 def views(model: Model) -> set:
     """Values that never stream in their own shape: a head split's ``[B, S, H, hd]`` (the stripes of its input),
-    the ``[B, S, H, hd]`` a head merge reads, and a last-two-dims swap (its MatMul reads the input transposed)."""
+    the ``[B, S, H, hd]`` a head merge reads, and a last-two-dims swap its MatMuls read transposed (:func:`swap_view`)."""
     out = set()
     for node in model.nodes:
         if head_split(model, node):
             out.add(node.outputs[0])
         elif head_merge(model, node):
             out.add(node.inputs[0])
-        elif node.op_type == "Transpose" and transpose_kind(model, node) == "swap":
+        elif swap_view(model, node):
             out.add(node.outputs[0])
     return out
 
