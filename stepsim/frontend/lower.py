@@ -41,6 +41,9 @@ class FrontendReport:
     bound: dict
     #: the converters a spill replaced (their keys): the input is stored and read back in the consumer's order
     spilled_converters: frozenset = frozenset()
+    #: bytes of every value of the model as written (inputs and node outputs, the dense MoE spelling's included):
+    #: what onnx's reference evaluator holds for the functional check (:func:`stepsim.frontend.check.check_reference_fits`)
+    reference_bytes: int = 0
 
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
@@ -151,7 +154,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items() if v not in skip}
     report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
                             check.chain_length(model), proto, stream_layouts, dict(model.bound),
-                            frozenset(emitter.spilled_converters))
+                            frozenset(emitter.spilled_converters),
+                            inputs.evaluation_bytes(model, [v for v in model.shapes if not model.is_const(v)]))
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,

@@ -302,3 +302,16 @@ def test_python_api_bad_dims(size, shown):
 def test_numpy_integers_are_sizes():
     w = from_onnx(_relu_dyn(), dims={"batch": np.int64(4)}, tiling={"tile_m": np.int32(2)})
     assert w.frontend.tile_m == 2
+
+
+def test_the_checks_reference_is_refused_before_the_run_when_it_does_not_fit(in_models, capsys, monkeypatch):
+    monkeypatch.setattr("stepsim.kernels.run_size.available_memory", lambda: 4096)  # the model's values: 4,160 fp32
+    simulated = []
+    monkeypatch.setattr("stepsim.simulation.simulate.simulate", lambda *a, **kw: simulated.append(1))
+    code, _, err = run_cli("run llama.onnx --functional --check", capsys)
+    assert (code, err.strip().splitlines()[-1], simulated) == (2, E + (
+        "model 'llama_block': the check's reference (onnx's evaluator) needs about 16.6 kB for its values, more than "
+        "the 4.10 kB of memory available; check a model with smaller dims (the timing run needs no reference: drop "
+        "--check)"), [])
+    code, _, _ = run_cli("metrics llama.onnx", capsys)  # no reference, no refusal
+    assert code == 0
