@@ -9,6 +9,7 @@ of tests/cli/test_bad_inputs.py."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -79,6 +80,8 @@ def write_models(d: Path) -> None:
     onnx.save(MODELS["llama"](1, 2, 8, 64, 4, 64, 128, kv_heads=3), d / "kv3.onnx")  # 3 KV heads, 4 query heads
     onnx.save(const_of_shape(), d / "const_of_shape.onnx")
     onnx.save(moe_block(), d / "moe.onnx")
+    os.mkfifo(d / "pipe.onnx")  # reading it would block forever
+    (d / "folder.onnx").mkdir()
 
 
 NEG = "graph input 'x' has shape [-4, 8]: every dim must be at least 1"
@@ -90,6 +93,10 @@ ONNX_OPT = "does not apply to optimize of an .onnx model: "
 
 #: (command line, exit status, the exact last line of stderr)
 CLI_CASES = [
+    # --- files that are no model
+    ("metrics pipe.onnx", 2, E + "pipe.onnx: not a regular file (a pipe, socket or device), not an ONNX file"),
+    ("run folder.onnx", 2, E + "folder.onnx: a folder, not an ONNX file"),
+    ("optimize pipe.onnx --out o", 2, E + "pipe.onnx: not a regular file (a pipe, socket or device), not an ONNX file"),
     # --- element types: one line, before shape inference or the evaluator
     ("metrics fp16.onnx", 2, E + f"graph input 'x' is float16; {FP}"),
     ("graph show fp16.onnx", 2, E + f"graph input 'x' is float16; {FP}"),
