@@ -116,3 +116,15 @@ def test_stepsim_run_checks_an_xtw_model(tmp_path, capsys):
     params = json.loads(row["params"])
     assert row["check_passed"] is True and params["spilled"] == ["r->t"]
     assert params["spill_reasons"] == {"r->t": SWAP_REASON.removeprefix("spilled: ")}
+
+
+@pytest.mark.parametrize("tile_m", [1, 2, 4])
+def test_x_transposed_times_an_activation(tile_m):
+    # y = x^T b, both graph inputs: x read once in the swapped order, b packed per group as the right operand
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="t", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["t", "b"], ["y"], name="mm")]
+    m = model(nodes, {"x": [2, 8, 4], "b": [2, 8, N]}, {"y": [2, 4, N]}, name="xtb")
+    w, _, errors = check(m, {"x": rand((2, 8, 4), 1), "b": rand((2, 8, N), 2)}, 8, tiling={"tile_m": tile_m})
+    fast = engines_agree(w)
+    x, b, y = 2 * 8 * 4 * 4, 2 * 8 * N * 4, 2 * 4 * N * 4
+    assert (fast.bytes_read, fast.bytes_written) == (x + b, y) and w.metrics()["off_chip_bytes"] == x + b + y
