@@ -123,6 +123,11 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     """
     tiling = layouts.tiling_of(tiling)
     check_knobs(budget, channel_depth, seed)
+    if not isinstance(fuse, bool):
+        raise FrontendError(f"from_onnx: fuse must be True or False, got {fuse!r}")
+    if not isinstance(hardware, str) or not hardware:
+        raise FrontendError(f"from_onnx: hardware must be a preset name or a TOML path (a string), got {hardware!r}")
+    spill = (spill,) if isinstance(spill, str) else spill  # one name, not its characters
     proto = shapes.bind_dims(load_model(source), dims)
     inputs.check_declared(proto)  # element types and dims, before shape inference evaluates anything
     model = moe.raise_moe(patterns.raise_patterns(shapes.to_model(proto, values)))
@@ -140,6 +145,13 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     fifo_depth = 2 if channel_depth is UNSET or channel_depth is None else channel_depth
     edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
+    if routing is not None and not isinstance(routing, (str, moe.RoutingTrace)) and not any(
+            n.op_type == "MoE" for n in model.nodes):
+        raise FrontendError(f"from_onnx: routing was given but model {model.name!r} has no MoE block (TopK of router "
+                            f"probabilities, expert selection, weighted sum)")
+    if isinstance(routing, str) and routing != "teacher":
+        raise FrontendError(f"from_onnx: routing must be expert ids, a dict of them, a RoutingTrace or 'teacher', "
+                            f"got {routing!r}")
     if isinstance(routing, str) and routing == "teacher":
         routing = None
         if any(n.op_type == "MoE" for n in model.nodes):  # only then is the model evaluated (its routers' part)

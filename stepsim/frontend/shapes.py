@@ -122,6 +122,12 @@ def _bind_dims(onnx, proto, dims: dict):
     """A copy of ``proto`` whose graph inputs have ``dims`` substituted for their named dynamic dims."""
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     initializers = {t.name for t in proto.graph.initializer}
+    params = {d.dim_param for vi in proto.graph.input if vi.name not in initializers
+              for d in vi.type.tensor_type.shape.dim if not d.HasField("dim_value")}
+    unknown = sorted(set(dims) - params)
+    if unknown:
+        raise FrontendError(f"dims: {unknown[0]!r} is no dynamic dim of the inputs of model {proto.graph.name!r} "
+                            f"(those: {', '.join(map(repr, sorted(params))) or 'none'})")
     for vi in proto.graph.input:
         if vi.name in initializers:
             continue

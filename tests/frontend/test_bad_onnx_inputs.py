@@ -289,6 +289,18 @@ API_CASES = [
     ("budget -1", dict(budget=-1), "from_onnx: budget must be an integer of at least 0, got -1"),
     ("channel_depth 0", dict(channel_depth=0), "from_onnx: channel_depth must be an integer of at least 1, got 0"),
     ("seed -1", dict(seed=-1), "from_onnx: seed must be an integer of at least 0, got -1"),
+    ("fuse 'no'", dict(fuse="no"), "from_onnx: fuse must be True or False, got 'no'"),
+    ("hardware 3", dict(hardware=3), "from_onnx: hardware must be a preset name or a TOML path (a string), got 3"),
+    ("routing without MoE", dict(routing=[[0, 1]]),
+     "from_onnx: routing was given but model 'llama_block' has no MoE block (TopK of router probabilities, expert "
+     "selection, weighted sum)"),
+    ("routing 'teach'", dict(routing="teach"),
+     "from_onnx: routing must be expert ids, a dict of them, a RoutingTrace or 'teacher', got 'teach'"),
+    ("unknown dim", dict(dims={"batch": 2}), "dims: 'batch' is no dynamic dim of the inputs of model 'llama_block' "
+                                             "(those: none)"),
+    ("spill as one string", dict(spill="nope"),
+     "spill: 'nope' is no edge of model 'llama_block'; its edges' values: sq, ms, mse, rms, inv, xn, h, gate, silu, up, z, "
+     "down (a value spills all its edges, VALUE->CONSUMER one)"),
 ]
 
 
