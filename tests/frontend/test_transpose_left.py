@@ -128,3 +128,17 @@ def test_x_transposed_times_an_activation(tile_m):
     fast = engines_agree(w)
     x, b, y = 2 * 8 * 4 * 4, 2 * 8 * N * 4, 2 * 4 * N * 4
     assert (fast.bytes_read, fast.bytes_written) == (x + b, y) and w.metrics()["off_chip_bytes"] == x + b + y
+
+
+@pytest.mark.parametrize("tile_m", [1, 2, 8])
+def test_a_residual_around_the_swap_is_materialized_not_deadlocked(tile_m):
+    # y = r^T W + r: r feeds the swap (spilled, read back whole) and the Add, which therefore reads it spilled too
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="pre"),
+             helper.make_node("Transpose", ["r"], ["t"], name="t", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["t", "w"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "r"], ["y"], name="res")]
+    m = model(nodes, {"x": [2, 8, 8]}, {"y": [2, 8, 8]}, {"w": rand((8, 8), 3)}, name="residual")
+    w, _, _ = check(m, {"x": rand((2, 8, 8), 1)}, 9, tiling={"tile_m": tile_m})
+    engines_agree(w)
+    assert [(e.value, e.consumer, e.fused) for e in w.frontend.edges] == [
+        ("r", "t", False), ("t", "mm", True), ("m", "res", True), ("r", "res", False)]
