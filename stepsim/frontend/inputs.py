@@ -102,6 +102,9 @@ def check_shapes(model) -> None:
             continue
         if any(d < 1 for d in shape):
             raise FrontendError(f"{what} has shape {list(shape)}: every dim must be at least 1")
+        if not shape and v in model.inputs:  # a stream has tiles of at least one dim
+            raise FrontendError(f"{what} is a scalar (shape []); stepsim streams graph inputs of at least one dim: "
+                                f"give it shape [1]")
         if 4 * math.prod(shape) > MAX_VALUE_BYTES:
             raise FrontendError(f"{what} has shape {list(shape)}: {format_bytes(4 * math.prod(shape))} as fp32, "
                                 f"more than the {format_bytes(MAX_VALUE_BYTES)} a model's value may hold; a dim is "

@@ -76,6 +76,7 @@ def write_models(d: Path) -> None:
     onnx.save(relu([4, 8], TensorProto.INT8), d / "int8.onnx")
     onnx.save(relu([-4, 8]), d / "negative.onnx")
     onnx.save(relu([0, 8]), d / "zero.onnx")
+    onnx.save(relu([]), d / "scalar.onnx")
     onnx.save(relu([2**30, 2**30, 8]), d / "huge.onnx")
     onnx.save(MODELS["llama"](1, 2, 8, 64, 4, 64, 128, kv_heads=3), d / "kv3.onnx")  # 3 KV heads, 4 query heads
     onnx.save(const_of_shape(), d / "const_of_shape.onnx")
@@ -112,6 +113,8 @@ CLI_CASES = [
     ("graph show negative.onnx", 2, E + NEG),
     ("run negative.onnx --functional", 2, E + NEG),
     ("metrics zero.onnx", 2, E + "graph input 'x' has shape [0, 8]: every dim must be at least 1"),
+    ("metrics scalar.onnx", 2, E + "graph input 'x' is a scalar (shape []); stepsim streams graph inputs of at least "
+                                   "one dim: give it shape [1]"),
     ("metrics huge.onnx", 2, E + HUGE),
     ("run huge.onnx --functional --check", 2, E + HUGE),
     ("metrics kv3.onnx", 2, E + KV3),

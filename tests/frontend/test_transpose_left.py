@@ -142,3 +142,12 @@ def test_a_residual_around_the_swap_is_materialized_not_deadlocked(tile_m):
     engines_agree(w)
     assert [(e.value, e.consumer, e.fused) for e in w.frontend.edges] == [
         ("r", "t", False), ("t", "mm", True), ("m", "res", True), ("r", "res", False)]
+
+
+def test_a_transposed_2d_graph_input_as_the_graph_output():
+    m = model([helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[1, 0])], {"x": [4, 8]}, {"y": [8, 4]},
+              name="transposed_output")
+    w, _, errors = check(m, {"x": rand((4, 8), 7)}, 1, tiling={"tile_m": 2})
+    assert errors == {"y": 0.0}
+    fast = engines_agree(w)
+    assert (fast.bytes_read, fast.bytes_written) == (4 * 8 * 4, 4 * 8 * 4)  # x read once, 4 bytes at a time
