@@ -81,6 +81,11 @@ def write_models(d: Path) -> None:
     onnx.save(MODELS["llama"](1, 2, 8, 64, 4, 64, 128, kv_heads=3), d / "kv3.onnx")  # 3 KV heads, 4 query heads
     onnx.save(const_of_shape(), d / "const_of_shape.onnx")
     onnx.save(moe_block(), d / "moe.onnx")
+    for name, dims in (("short_init", [2**20, 2**20]), ("negative_init", [-4, -8])):  # declared, not stored
+        m = model([helper.make_node("Add", ["x", "c"], ["y"], name="add")], {"x": [4, 8]}, {"y": [4, 8]},
+                  {"c": np.ones((4, 8), np.float32)}, name=name)
+        m.graph.initializer[0].dims[:] = dims
+        onnx.save(m, d / f"{name}.onnx")
     os.mkfifo(d / "pipe.onnx")  # reading it would block forever
     (d / "folder.onnx").mkdir()
 
@@ -117,6 +122,11 @@ CLI_CASES = [
                                    "one dim: give it shape [1]"),
     ("metrics huge.onnx", 2, E + HUGE),
     ("run huge.onnx --functional --check", 2, E + HUGE),
+    ("metrics short_init.onnx", 2, E + "short_init.onnx: invalid ONNX model (TensorProto (tensor name: c) raw_data size "
+                                       "(128 bytes) is too small for the declared shape and type (4398046511104 bytes "
+                                       "required).)"),
+    ("metrics negative_init.onnx", 2,
+     E + "negative_init.onnx: invalid ONNX model (Negative dimension value (tensor name: c))"),
     ("metrics kv3.onnx", 2, E + KV3),
     ("run kv3.onnx --functional --check", 2, E + KV3),
     # --- optimize: the shared checks, then every flag the tile search would ignore
@@ -337,3 +347,14 @@ def test_the_checks_reference_is_refused_before_the_run_when_it_does_not_fit(in_
         "--check)"), [])
     code, _, _ = run_cli("metrics llama.onnx", capsys)  # no reference, no refusal
     assert code == 0
+
+
+@pytest.mark.parametrize("command", ["metrics fp16.onnx", "run kv3.onnx --functional --check", "metrics huge.onnx"])
+def test_cli_bad_onnx_input_in_a_new_process(in_models, command):
+    import subprocess
+
+    [(status, line)] = [(c[1], c[2]) for c in CLI_CASES if c[0] == command]
+    proc = subprocess.run([sys.executable, "-m", "stepsim", *shlex.split(command)], cwd=in_models,
+                          capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1], proc.stdout) == (status, line, "")
