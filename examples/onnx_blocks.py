@@ -11,7 +11,6 @@ Weights are seeded random (std 1/sqrt(fan-in)).
 
 import argparse
 import math
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -69,12 +68,73 @@ def _model(nodes, init, batch, seq, hidden, name) -> onnx.ModelProto:
 
 BLOCKS = {"gpt2": gpt2_block, "llama": llama_block}
 
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+#: the largest model the script writes (bytes): onnx.save keeps a model in one protobuf, which cannot exceed 2 GB
+MAX_MODEL_BYTES = 2**31 - 1
+
+
+def at_least(low: int):
+    """argparse type: an integer of at least ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {low}"  # argparse names the type in its message
+    return parse
+
+
+positive = at_least(1)
+
+
+def check_out(p: argparse.ArgumentParser, out: str) -> None:
+    """The output file: a ``.onnx`` name (stepsim takes a model by its suffix) in a writable folder that exists or
+    whose parent does (:func:`save` makes it)."""
+    import os
+
+    folder = os.path.dirname(out) or "."
+    if not out.endswith(".onnx"):
+        p.error(f"out {out!r}: the file name must end in .onnx (stepsim recognizes a model by its suffix)")
+    # one missing level is made by save (as stepsim's --out folders: stepsim-out/ on a fresh clone)
+    existing = folder if os.path.isdir(folder) else os.path.dirname(folder) or "."
+    if not os.path.isdir(existing):
+        p.error(f"out {out!r}: no such folder {folder!r}")
+    if os.path.isdir(out) or not os.access(existing, os.W_OK):
+        p.error(f"out {out!r}: " + ("is a folder" if os.path.isdir(out) else f"folder {existing!r} is not writable"))
+
+
+def save(model: onnx.ModelProto, out: str) -> None:
+    """Write ``model`` to ``out`` whole or not at all (a temporary file beside it, renamed)."""
+    import os
+    import tempfile
+
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out) or ".", suffix=".onnx.tmp")
+    os.close(fd)
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="onnx_blocks.py", description=__doc__.splitlines()[0])
     p.add_argument("block", choices=sorted(BLOCKS))
     p.add_argument("out", help="the .onnx file to write")
     for flag, default in (("--batch", 2), ("--seq", 8), ("--hidden", 64), ("--intermediate", 128)):
-        p.add_argument(flag, type=int, default=default)
-    a = p.parse_args()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # stepsim-out/ on a fresh clone
-    onnx.save(BLOCKS[a.block](a.batch, a.seq, a.hidden, a.intermediate), a.out)
+        p.add_argument(flag, type=positive, default=default, help=f"an integer >= 1 (default {default})")
+    a = p.parse_args(argv)
+    check_out(p, a.out)
+    weights = 4 * (3 * a.hidden * a.intermediate + a.intermediate + 3 * a.hidden)  # fp32; GPT-2's biases included
+    if weights > MAX_MODEL_BYTES:
+        p.error(f"--hidden {a.hidden} x --intermediate {a.intermediate}: the weights take {weights:,} bytes, more "
+                f"than the {MAX_MODEL_BYTES:,} an ONNX file holds (protobuf's 2 GB limit)")
+    save(BLOCKS[a.block](a.batch, a.seq, a.hidden, a.intermediate), a.out)
+
+
+if __name__ == "__main__":
+    main()

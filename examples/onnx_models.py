@@ -25,7 +25,6 @@ reports per layer. Weights are seeded random (std 1/sqrt(fan-in)).
 
 import argparse
 import math
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -262,15 +261,52 @@ def qwen3_moe_model(layers=2, batch=2, seq=8, hidden=64, heads=4, intermediate=6
 
 MODELS = {"gpt2": gpt2_model, "llama": llama_model, "qwen3_moe": qwen3_moe_model}
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def weight_bytes(a) -> int:
+    """The bytes of a model's weights and constant tables (fp32), before it is built: embeddings and LM head,
+    per layer the attention and the FFN (every expert's for qwen3_moe), the mask and RoPE tables."""
+    hd = a.hidden // a.heads
+    kv = (a.kv_heads or a.heads) * hd
+    attn = a.hidden * (2 * a.hidden + 2 * kv)
+    ffn = 3 * a.hidden * a.intermediate * (8 if a.model == "qwen3_moe" else 1) + (8 * a.hidden if a.model ==
+                                                                                     "qwen3_moe" else 0)
+    tables = a.seq * a.seq + 2 * (a.past + a.seq) * hd
+    return 4 * (2 * a.vocab * a.hidden + a.layers * (attn + ffn + 8 * a.hidden) + tables)
+
+
+def main(argv=None) -> None:
+    from onnx_blocks import MAX_MODEL_BYTES, at_least, check_out, positive, save
+
+    count = at_least(0)
+
+    ap = argparse.ArgumentParser(prog="onnx_models.py", description=__doc__.splitlines()[0])
     ap.add_argument("model", choices=sorted(MODELS))
     ap.add_argument("out", help="the .onnx file to write")
     for flag, default in (("--layers", 2), ("--batch", 2), ("--seq", 8), ("--hidden", 64), ("--heads", 4),
-                          ("--intermediate", 128), ("--vocab", 128), ("--past", 0), ("--kv-heads", 0)):
-        ap.add_argument(flag, type=int, default=default)
-    a = ap.parse_args()
+                          ("--intermediate", 128), ("--vocab", 128)):
+        ap.add_argument(flag, type=positive, default=default, help=f"an integer >= 1 (default {default})")
+    ap.add_argument("--past", type=count, default=0, help="KV-cache tokens of a decode step, >= 0 (default 0: a "
+                                                          "forward pass over --seq tokens)")
+    ap.add_argument("--kv-heads", type=count, default=0,
+                    help="llama / qwen3_moe: key / value heads, dividing --heads (default 0: as many as --heads)")
+    a = ap.parse_args(argv)
+    check_out(ap, a.out)
+    if a.hidden % a.heads:
+        ap.error(f"--heads {a.heads} does not divide --hidden {a.hidden} (each head is hidden / heads wide)")
+    if a.model != "gpt2" and (a.hidden // a.heads) % 2:
+        ap.error(f"--hidden {a.hidden} / --heads {a.heads} = {a.hidden // a.heads}: RoPE rotates half of each head, "
+                 f"so the head width must be even")
+    if a.kv_heads and a.model == "gpt2":
+        ap.error("--kv-heads applies to llama and qwen3_moe (GPT-2 has as many key / value heads as query heads)")
+    if a.kv_heads and (a.kv_heads > a.heads or a.heads % a.kv_heads):
+        ap.error(f"--kv-heads {a.kv_heads} must divide --heads {a.heads} (each key / value head serves heads / "
+                 f"kv_heads query heads)")
+    if weight_bytes(a) > MAX_MODEL_BYTES:
+        ap.error(f"the weights take {weight_bytes(a):,} bytes, more than the {MAX_MODEL_BYTES:,} an ONNX file "
+                 f"holds (protobuf's 2 GB limit); give smaller --vocab, --hidden, --intermediate or --layers")
     extra = {"kv_heads": a.kv_heads or None} if a.model != "gpt2" else {}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # stepsim-out/ on a fresh clone
-    onnx.save(MODELS[a.model](a.layers, a.batch, a.seq, a.hidden, a.heads, a.intermediate, a.vocab, past=a.past,
-                              **extra), a.out)
+    save(MODELS[a.model](a.layers, a.batch, a.seq, a.hidden, a.heads, a.intermediate, a.vocab, past=a.past,
+                         **extra), a.out)
+
+
+if __name__ == "__main__":
+    main()

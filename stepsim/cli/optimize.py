@@ -61,26 +61,66 @@ def register(subparsers) -> None:
     group_options(p, "optimize")
 
 
+#: the optimize flags an .onnx model's tile search has no use for, with why (each refused in one line)
+ONNX_IGNORED = {
+    "max_chips": "the tile search runs on one chip (no tensor or expert parallelism of a lowered model)",
+    "space": "the tile search builds its own space from the model's shapes (tile_m x tile_n, fusion)",
+    "max_compute": "every tiling of a lowered model allocates the same compute (compute_bw per node)",
+    "jobs": "the tile search simulates in this process, one tiling after another",
+    "executor": "the tile search simulates in this process",
+    "address": "the tile search simulates in this process",
+    "force": "the tile search never simulates past the run-size limit (10^9 engine events)",
+}
+#: the run flags (config knobs) it honours: the model, its routing trace, fusion off, the hardware
+ONNX_KNOBS = {"workload", "program", "trace", "iteration", "layer", "no_fuse", "spill", "hardware"}
+
+
+def onnx_search_flags(args):
+    """The flags of ``stepsim optimize model.onnx`` checked before any work: the shared checks of every workload
+    command (a run flag that does not apply to an .onnx model is named, as ``stepsim run`` names it), then each
+    flag the tile search would ignore refused in one line naming it; returns the routing (``--trace``, or the
+    routers' own choice)."""
+    from stepsim.base.errors import ConfigError
+    from stepsim.cli.args import config_from_args
+    from stepsim.frontend import RoutingTrace
+    from stepsim.workloads.config import COMMAND_LINE, normalize_config
+
+    config = config_from_args(args)
+    cfg = normalize_config(config, source=COMMAND_LINE)
+    for key, why in ONNX_IGNORED.items():
+        if getattr(args, key) not in (None, False):
+            raise ConfigError(f"--{key.replace('_', '-')} does not apply to optimize of an .onnx model: {why}")
+    for key in config:
+        if key not in ONNX_KNOBS:
+            raise ConfigError(f"--{key.replace('_', '-')} does not apply to optimize of an .onnx model: the tile "
+                              f"search takes the model, --trace, --no-fuse and --hardware")
+    if args.spill is not None:  # the search decides fusion per value; --no-fuse fixes it
+        raise ConfigError("--spill does not apply to optimize: it searches which edges spill (--no-fuse fixes "
+                          "every edge spilled)")
+    if args.max_on_chip is not None and (args.max_on_chip < 1):
+        raise ConfigError(f"--max-on-chip must be an integer >= 1, got {args.max_on_chip}")
+    if cfg.get("trace") is None:
+        return "teacher"
+    return RoutingTrace(cfg["trace"], iteration=cfg.get("iteration"), layer=cfg.get("layer"))
+
+
 def _optimize_onnx(args) -> int:
     """``stepsim optimize model.onnx``: the tile search of :mod:`stepsim.optimize.onnx_search`; prints the front
     and writes it to ``--out``/optimize.json."""
     from pathlib import Path
 
-    from stepsim.base.errors import ConfigError
     from stepsim.base.files import atomic_output
     from stepsim.optimize.onnx_search import search
 
-    if args.spill is not None:  # the search decides fusion per value; --no-fuse fixes it
-        raise ConfigError("--spill does not apply to optimize: it searches which edges spill (--no-fuse fixes "
-                          "every edge spilled)")
+    routing = onnx_search_flags(args)
     fuse = not args.no_fuse
     if args.hierarchical:
         from stepsim.optimize.onnx_hierarchy import search as hierarchical
 
-        result = hierarchical(args.workload, hardware=args.hardware, objective=args.objective,
+        result = hierarchical(args.workload, routing=routing, hardware=args.hardware, objective=args.objective,
                               max_on_chip=args.max_on_chip, fuse=fuse)
     else:
-        result = search(args.workload, hardware=args.hardware, objective=args.objective,
+        result = search(args.workload, routing=routing, hardware=args.hardware, objective=args.objective,
                         max_on_chip=args.max_on_chip, fuse=fuse)
     doc = {"pareto": [dict(p.tiling, cycles=p.cycles, on_chip_bytes=p.on_chip_bytes,
                            allocated_flops_per_cycle=p.allocated_flops_per_cycle) for p in result.front],

@@ -92,9 +92,24 @@ def reference_outputs(proto, inputs: dict) -> dict:
     return dict(zip(names, ReferenceEvaluator(proto).run(names, feeds)))
 
 
+def check_reference_fits(workload, available: int | None = None) -> None:
+    """FrontendError (one line) when onnx's reference evaluator would need more memory than is available for the
+    model's values (``report.reference_bytes``: every value of the model, as written, at once); called before the
+    functional run whose outputs it checks, so that nothing long runs first. ``available``: bytes (default: the
+    machine's, :func:`stepsim.kernels.run_size.available_memory`)."""
+    from stepsim.frontend.inputs import check_evaluation
+    from stepsim.kernels.run_size import available_memory
+
+    report = workload.frontend
+    check_evaluation(f"model {report.proto.graph.name!r}: the check's reference (onnx's evaluator)",
+                     report.reference_bytes, available_memory() if available is None else available,
+                     "check a model with smaller dims (the timing run needs no reference: drop --check)")
+
+
 def check_outputs(workload, inputs: dict, outputs: dict) -> dict:
     """``{output: OutputCheck}`` of a functional run of a lowered model (see the module docstring)."""
     report = workload.frontend
+    check_reference_fits(workload)
     expected = reference_outputs(fp32_copy(report.proto), {**inputs, **report.bound})
     checks = {}
     for name, ref in expected.items():

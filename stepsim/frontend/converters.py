@@ -20,7 +20,6 @@ from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
 from stepsim.frontend.layouts import (
     Tiling,
-    activation_matmul,
     groups_rows_cols,
     head_merge,
     head_split,
@@ -68,16 +67,13 @@ def plan(model: Model, tiling: Tiling, tile_m: int, tn: dict) -> dict:
 
 
 def _transpose(model: Model, node, tile_m: int) -> Conversion | None:
-    """The converter of a Transpose (None for a last-two-dims swap, which its MatMul reads transposed)."""
+    """The converter of a Transpose (None for a last-two-dims swap: its MatMul reads it transposed, or the memory
+    does, :func:`stepsim.frontend.layouts.materialized_swap`)."""
     x, y = node.inputs[0], node.outputs[0]
     shape = model.shapes[x]
     kind = transpose_kind(model, node)
     producers, readers = model.producer(), model.consumers()
-    if kind == "swap":
-        bad = [n for n in readers.get(y, []) if not (activation_matmul(model, n) and n.inputs[1] == y)]
-        if bad or y in model.outputs:
-            raise FrontendError(f"{node.describe()}: a swap of the last two dims streams only into the right operand "
-                                f"of a MatMul of two activations (it is read transposed)")
+    if kind == "swap":  # a view its MatMuls read transposed, or read back transposed by the memory: no converter
         return None
     if kind == "heads":
         b, s_, h, hd = shape if x in producers and head_split(model, producers[x]) else (

@@ -24,9 +24,13 @@ from dataclasses import dataclass, replace
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
+from stepsim.frontend.layouts import materialized_swap
 
 # one text for the CLI and the API: the record (``spill_reasons``) is the same whichever way the run was asked for
 NO_FUSE_REASON = "spilled: fusion is off (--no-fuse; fuse=False in the API)"
+#: a swap of the last two dims that is not read transposed by its MatMul: the memory transposes it
+SWAP_REASON = ("spilled: a Transpose of the last two dims, read back from memory element by element in the "
+               "transposed order (no on-chip operator transposes a tile)")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ def decide(model: Model, tile_bytes: dict, *, fuse: bool = True, spill=(), budge
             nbytes, fifo = math.prod(model.shapes[v]) * elem_bytes, depth * tile_bytes[v]
             if not fuse:
                 edges.append(Edge(v, node.name, False, NO_FUSE_REASON, nbytes, fifo))
+            elif materialized_swap(model, node):
+                edges.append(Edge(v, node.name, False, SWAP_REASON, nbytes, fifo))
             elif v in spill or edge_name(v, node.name) in spill:
                 edges.append(Edge(v, node.name, False, "spilled: named in spill=", nbytes, fifo))
             else:

@@ -13,13 +13,15 @@ leading dims) are map rewrites: the stream is unchanged. So is a split into head
 [.., S, H, hd]``) when the projection before it streams ``hd``-wide stripes (:func:`head_tiles` sets its tile_n),
 and a Split of a fused projection into part-wide stripes. A Transpose of heads (``[B, S, H, hd] <->
 [B, H, S, hd]``) or of leading dims with one-row tiles is a reorder of the same tiles (a converter,
-:mod:`stepsim.frontend.converters`); a swap of the last two dims is read transposed by its MatMul.
+:mod:`stepsim.frontend.converters`); a swap of the last two dims is read transposed by its MatMul when it is a
+MatMul's right operand (``q k^T``), else read back from memory element by element in the swapped order (``x^T W``;
+:func:`materialized_swap`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.ir import Model
@@ -66,6 +68,45 @@ class Tiling:
         if n % tn:
             raise FrontendError(f"node {node_name!r} (MatMul): tile_n {tn} does not divide N = {n}")
         return tn
+
+
+def tiling_of(tiling) -> Tiling:
+    """``from_onnx``'s ``tiling`` (a :class:`Tiling`, a dict of its fields, or None) as a checked Tiling: every
+    size an integer of at least 1 (``tile_m`` / ``tile_n`` may be None: chosen), FrontendError naming the field
+    otherwise, before anything is lowered (a ``tile_m`` of 0 would divide by zero)."""
+    from numbers import Integral
+
+    if tiling is None:
+        return Tiling()
+    if isinstance(tiling, dict):
+        unknown = sorted(set(map(str, tiling)) - {f.name for f in fields(Tiling)})
+        if unknown:
+            raise FrontendError(f"tiling: unknown field {unknown[0]!r} (fields: "
+                                f"{', '.join(f.name for f in fields(Tiling))})")
+        tiling = Tiling(**tiling)
+    if not isinstance(tiling, Tiling):
+        raise FrontendError(f"tiling must be a Tiling or a dict of its fields, got {type(tiling).__name__}")
+
+    def count(name, value, optional):
+        ok = isinstance(value, Integral) and not isinstance(value, bool) and value >= 1
+        if not ok and not (optional and value is None):
+            raise FrontendError(f"tiling: {name} must be an integer of at least 1{' or None' if optional else ''}, "
+                                f"got {value!r}")
+
+    count("tile_m", tiling.tile_m, True)
+    count("tile_n", tiling.tile_n, True)
+    count("compute_bw", tiling.compute_bw, False)
+    count("par_dispatch", tiling.par_dispatch, False)
+    if not isinstance(tiling.per_node, dict):
+        raise FrontendError(f"tiling: per_node must be a dict {{node name: tile_n}}, got {tiling.per_node!r}")
+    for node, tn in tiling.per_node.items():
+        count(f"per_node[{node!r}]", tn, False)
+    if not isinstance(tiling.reread_inputs, bool):
+        raise FrontendError(f"tiling: reread_inputs must be True or False, got {tiling.reread_inputs!r}")
+    # NumPy integers as Python ints (the graph's operators take ints only)
+    return Tiling(*(None if v is None else int(v) for v in (tiling.tile_m, tiling.tile_n)),
+                  per_node={k: int(v) for k, v in tiling.per_node.items()}, compute_bw=int(tiling.compute_bw),
+                  par_dispatch=int(tiling.par_dispatch), reread_inputs=tiling.reread_inputs)
 
 
 def groups_rows_cols(shape: tuple) -> tuple[int, int, int]:
@@ -168,6 +209,24 @@ def transpose_kind(model: Model, node) -> str:
     return "other"
 
 
+def swap_view(model: Model, node) -> bool:
+    """A last-two-dims swap read only as the right operand of MatMuls of two activations (attention's ``k^T``):
+    a view its MatMuls read transposed. Any other swap (``x^T W``, a swap that is a graph output, ...) is
+    materialized: its input read element by element in the transposed order (:func:`stepsim.frontend.spill.
+    transposed_rows`), from the graph input, or through a spill of a computed value."""
+    if node.op_type != "Transpose" or transpose_kind(model, node) != "swap":
+        return False
+    y = node.outputs[0]
+    readers = model.consumers().get(y, [])
+    return bool(readers) and y not in model.outputs and all(
+        activation_matmul(model, n) and n.inputs[1] == y and n.inputs[0] != y for n in readers)
+
+
+def materialized_swap(model: Model, node) -> bool:
+    """A last-two-dims swap that is not a :func:`swap_view`: it streams its own row tiles."""
+    return node.op_type == "Transpose" and transpose_kind(model, node) == "swap" and not swap_view(model, node)
+
+
 def read_transposed(model: Model, node) -> bool:
     """A Transpose of a graph input that keeps its last dim last (not a last-two-dims swap): read straight from
     memory in the transposed order (:meth:`stepsim.frontend.emit.Emitter.load_transposed`), no converter."""
@@ -183,14 +242,14 @@ def read_transposed(model: Model, node) -> bool:
 
 def views(model: Model) -> set:
     """Values that never stream in their own shape: a head split's ``[B, S, H, hd]`` (the stripes of its input),
-    the ``[B, S, H, hd]`` a head merge reads, and a last-two-dims swap (its MatMul reads the input transposed)."""
+    the ``[B, S, H, hd]`` a head merge reads, and a last-two-dims swap its MatMuls read transposed (:func:`swap_view`)."""
     out = set()
     for node in model.nodes:
         if head_split(model, node):
             out.add(node.outputs[0])
         elif head_merge(model, node):
             out.add(node.inputs[0])
-        elif node.op_type == "Transpose" and transpose_kind(model, node) == "swap":
+        elif swap_view(model, node):
             out.add(node.outputs[0])
     return out
 

@@ -23,8 +23,11 @@ def load_model(source):
         model, where = source, f"model {source.graph.name!r}"
     elif isinstance(source, (str, os.PathLike)):
         where = os.fspath(source)
-        if not os.path.isfile(where):
+        if not os.path.exists(where):
             raise FrontendError(f"{where}: no such ONNX file")
+        if not os.path.isfile(where):  # a folder, a named pipe or a device: reading it could block or never end
+            kind = "a folder" if os.path.isdir(where) else "not a regular file (a pipe, socket or device)"
+            raise FrontendError(f"{where}: {kind}, not an ONNX file")
         try:
             model = onnx.load(where)
         except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-derived or ValueError: all mean "not ONNX"

@@ -9,7 +9,8 @@ import stepsim.frontend.ops_elementwise  # noqa: F401  (registers its emission h
 import stepsim.frontend.ops_layout  # noqa: F401
 import stepsim.frontend.ops_matmul  # noqa: F401
 from stepsim.base.defaults import UNSET
-from stepsim.frontend import check, converters, emit, fusion, layouts, moe, patterns, shapes
+from stepsim.base.errors import FrontendError
+from stepsim.frontend import check, converters, emit, fusion, inputs, layouts, moe, patterns, shapes
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
@@ -40,6 +41,9 @@ class FrontendReport:
     bound: dict
     #: the converters a spill replaced (their keys): the input is stored and read back in the consumer's order
     spilled_converters: frozenset = frozenset()
+    #: bytes of every value of the model as written (inputs and node outputs, the dense MoE spelling's included):
+    #: what onnx's reference evaluator holds for the functional check (:func:`stepsim.frontend.check.check_reference_fits`)
+    reference_bytes: int = 0
 
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
@@ -66,6 +70,16 @@ class FrontendReport:
         lines.append("edges:")
         lines += [f"  {e.value} -> {e.consumer}: {e.reason}" for e in self.edges]
         return "\n".join(lines)
+
+
+def check_knobs(budget, channel_depth, seed) -> None:
+    """``from_onnx``'s integer knobs checked (FrontendError naming the knob): ``budget`` >= 0 bytes,
+    ``channel_depth`` >= 1 elements (or None, or unset), ``seed`` >= 0."""
+    for name, value, low in (("budget", budget, 0), ("channel_depth", channel_depth, 1), ("seed", seed, 0)):
+        if value is None or value is UNSET:
+            continue
+        if not inputs.is_count(value, low):
+            raise FrontendError(f"from_onnx: {name} must be an integer of at least {low}, got {value!r}")
 
 
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
@@ -107,8 +121,15 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     malformed file, an unsupported operator (naming the node, its op type and the supported list) or a dynamic
     dim that is not bound; LayoutError when no converter can join two layouts.
     """
-    tiling = Tiling(**tiling) if isinstance(tiling, dict) else (tiling or Tiling())
+    tiling = layouts.tiling_of(tiling)
+    check_knobs(budget, channel_depth, seed)
+    if not isinstance(fuse, bool):
+        raise FrontendError(f"from_onnx: fuse must be True or False, got {fuse!r}")
+    if not isinstance(hardware, str) or not hardware:
+        raise FrontendError(f"from_onnx: hardware must be a preset name or a TOML path (a string), got {hardware!r}")
+    spill = (spill,) if isinstance(spill, str) else spill  # one name, not its characters
     proto = shapes.bind_dims(load_model(source), dims)
+    inputs.check_declared(proto)  # element types and dims, before shape inference evaluates anything
     model = moe.raise_moe(patterns.raise_patterns(shapes.to_model(proto, values)))
     forced = layouts.head_tiles(model)  # head splits fix their MatMul's tile_n (a user's per_node wins)
     if forced:
@@ -124,10 +145,19 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     fifo_depth = 2 if channel_depth is UNSET or channel_depth is None else channel_depth
     edges = fusion.decide(model, tile_bytes, fuse=fuse, spill=spill, budget=budget, depth=fifo_depth)
     emitter = emit.Emitter(model, tiling, tile_m, tn, conversions, edges)
+    if routing is not None and not isinstance(routing, (str, moe.RoutingTrace)) and not any(
+            n.op_type == "MoE" for n in model.nodes):
+        raise FrontendError(f"from_onnx: routing was given but model {model.name!r} has no MoE block (TopK of router "
+                            f"probabilities, expert selection, weighted sum)")
+    if isinstance(routing, str) and routing != "teacher":
+        raise FrontendError(f"from_onnx: routing must be expert ids, a dict of them, a RoutingTrace or 'teacher', "
+                            f"got {routing!r}")
     if isinstance(routing, str) and routing == "teacher":
-        feeds = moe.seeded_inputs(model, seed)
-        emitter.input_data = feeds  # the loads carry them: simulate's default inputs are the ones routed on
-        routing = moe.teacher_routing(proto, model, {**feeds, **model.bound})
+        routing = None
+        if any(n.op_type == "MoE" for n in model.nodes):  # only then is the model evaluated (its routers' part)
+            feeds = moe.seeded_inputs(model, seed)
+            emitter.input_data = feeds  # the loads carry them: simulate's default inputs are the ones routed on
+            routing = moe.teacher_routing(proto, model, {**feeds, **model.bound})
     elif isinstance(routing, moe.RoutingTrace):
         routing = moe.routing_from_trace(routing, model)
     emitter.routing = routing
@@ -136,7 +166,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     stream_layouts = {v: layouts.stream_layout(model.shapes[v], tile_m, t) for v, t in tn.items() if v not in skip}
     report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
                             check.chain_length(model), proto, stream_layouts, dict(model.bound),
-                            frozenset(emitter.spilled_converters))
+                            frozenset(emitter.spilled_converters),
+                            inputs.evaluation_bytes(model, [v for v in model.shapes if not model.is_const(v)]))
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,

@@ -160,26 +160,54 @@ def _swiglu(model: Model, producers, readers, h):
 
 def seeded_inputs(model: Model, seed: int) -> dict:
     """Standard normal fp32 values for the model's float graph inputs, each from ``seed`` and its name (the rule
-    :func:`stepsim.simulation.simulate.default_inputs` uses for a graph's tensors)."""
+    :func:`stepsim.simulation.simulate.default_inputs` uses for a graph's tensors; bf16-rounded for a bf16 input,
+    as it does)."""
+    from stepsim.workloads.reference import round_to_bf16
+
     out = {}
     for name in model.inputs:
         if name not in model.bound:
             rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(name.encode())]))
-            out[name] = rng.standard_normal(model.shapes[name]).astype(np.float32)
+            a = rng.standard_normal(model.shapes[name]).astype(np.float32)
+            out[name] = round_to_bf16(a) if name in model.bf16 else a
     return out
+
+
+def router_nodes(proto, outputs: list) -> list:
+    """The nodes of ``proto``'s graph that ``outputs`` (value names) depend on, in graph order: what an evaluation
+    of the routers needs (the experts after the last router, and the layers after it, are not evaluated)."""
+    needed, keep = set(outputs), []
+    for n in reversed(proto.graph.node):
+        if needed.intersection(n.output):
+            keep.append(n)
+            needed.update(v for v in n.input if v)
+    return keep[::-1]
 
 
 def teacher_routing(proto, model: Model, feeds: dict) -> dict:
     """``{TopK node: [tokens, k] expert ids}``: the routing the model's own routers choose on ``feeds`` (graph
-    inputs, integer ones included), from onnx's reference evaluator (teacher forcing)."""
+    inputs, integer ones included), from onnx's reference evaluator (teacher forcing) on the model's fp32 copy
+    (a bf16 model's reference, :mod:`stepsim.frontend.check`) cut to the routers' inputs; its memory (every value
+    it computes, at once) is checked against the memory available before it starts."""
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
+    from stepsim.frontend.check import fp32_copy
+    from stepsim.frontend.inputs import check_evaluation, evaluation_bytes
+    from stepsim.kernels.run_size import available_memory
+
     moes = [n for n in model.nodes if n.op_type == "MoE"]
-    probe = type(proto).FromString(proto.SerializeToString())
-    for n in moes:
-        probe.graph.output.append(helper.make_value_info(n.attrs["indices"], helper.TypeProto()))
     names = [n.attrs["indices"] for n in moes]
+    probe = fp32_copy(proto)
+    keep = router_nodes(probe, names)
+    values = [*feeds, *(v for n in keep for v in n.output if v)]
+    check_evaluation(f"model {model.name!r}: evaluating its routers on seeded inputs (teacher routing)",
+                     evaluation_bytes(model, values), available_memory(),
+                     "give the routing with a trace (--trace FILE, or from_onnx(..., routing=...))")
+    del probe.graph.node[:]
+    probe.graph.node.extend(keep)
+    del probe.graph.output[:]
+    probe.graph.output.extend(helper.make_value_info(v, helper.TypeProto()) for v in names)
     got = ReferenceEvaluator(probe).run(names, feeds)
     return {n.attrs["topk"]: np.asarray(v).reshape(-1, n.attrs["k"]) for n, v in zip(moes, got)}
 

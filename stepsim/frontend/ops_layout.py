@@ -17,10 +17,11 @@ from stepsim.frontend.layouts import (
     head_split,
     read_transposed,
     split_sizes,
+    swap_view,
     transpose_kind,
     views,
 )
-from stepsim.frontend.spill import spill_reordered
+from stepsim.frontend.spill import spill_reordered, spill_transposed, transposed_rows, transposed_view
 from stepsim.graph import (
     Bufferize,
     Flatten,
@@ -99,9 +100,12 @@ def _transpose(e: Emitter, node: Node):
         perm = list(node.attrs.get("perm", range(len(e.model.shapes[x]) - 1, -1, -1)))
         e.val[y] = e.load_transposed(x, perm, merged=y in views(e.model))
         return
-    if kind == "swap":  # read transposed by its MatMul (converters.plan checked the readers)
+    if kind == "swap" and swap_view(e.model, node):  # read transposed by its MatMuls
         e.val[y] = e.act(x, node)
         e.swapped.add(y)
+        return
+    if kind == "swap":  # x^T: the memory reads x element by element in x^T's order (fusion.SWAP_REASON)
+        e.val[y] = _materialized_swap(e, node)
         return
     conv = e.conversions[node.name]
     # a spilled input is read back in the transposed order (stepsim.frontend.spill): no converter buffer
@@ -136,6 +140,26 @@ def _transpose(e: Emitter, node: Node):
         e.spilled_converters.add(node.name)
     else:
         e.converter_ops[node.name] = out
+
+
+def _materialized_swap(e: Emitter, node: Node) -> Act:
+    """A swap of the last two dims as its own row tiles: a graph input read straight from memory as 1x1 tiles in
+    the swap's order, a computed value spilled (its edge is, :data:`stepsim.frontend.fusion.SWAP_REASON`) and read
+    back so; the elements packed into ``tile_m x rows`` tiles (:func:`stepsim.frontend.spill.transposed_rows`)."""
+    x, y = node.inputs[0], node.outputs[0]
+    groups, rows, cols = groups_rows_cols(e.model.shapes[x])
+    if cols % e.tm:
+        raise FrontendError(f"{node.describe()}: tile_m {e.tm} does not divide the {cols} rows of its output "
+                            f"{list(e.model.shapes[y])}")
+    if x in e.inputs:  # one read of the graph input, in the transposed order
+        trips, strides = transposed_view(groups, rows, cols)
+        tensor = e.tensor(x, (rows, cols) if groups == 1 else (groups, rows, cols), e.input_data.get(x))
+        elements = e.load_view(tensor, (1, 1), trips, strides)
+    else:
+        a = e.act(x, node, through_spill=False)  # row tiles (a Transpose reads whole rows)
+        elements = spill_transposed(e.g, a.s, f"{x}->{node.name}", groups, rows, cols,
+                                    par_dispatch=e.tiling.par_dispatch)
+    return Act(transposed_rows(e.g, elements, e.tm, rows, f"swap[{node.name}]"), rows, rows)
 
 
 @handles("Expand")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.base.errors import FrontendError
+from stepsim.frontend.inputs import check_dims, check_evaluation, check_shapes
 from stepsim.frontend.ir import Model, Node
 from stepsim.frontend.load import onnx_module
 
@@ -17,7 +18,7 @@ from stepsim.frontend.load import onnx_module
 def bind_dims(proto, dims: dict | None = None):
     """A copy of a checked ``onnx.ModelProto`` with its inputs' named dynamic dims set from ``dims`` (dim_param
     name -> size); FrontendError naming the first reader of an input whose dim is not given."""
-    return _bind_dims(onnx_module(), proto, dict(dims or {}))
+    return _bind_dims(onnx_module(), proto, check_dims(dict(dims or {})))
 
 
 def to_model(proto, values: dict | None = None) -> Model:
@@ -36,7 +37,7 @@ def to_model(proto, values: dict | None = None) -> Model:
         dims_ = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
         if vi.type.tensor_type.HasField("shape") and all(d is not None for d in dims_):
             shapes[vi.name] = tuple(int(d) for d in dims_)
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    consts = {t.name: _initializer(onnx, t) for t in graph.initializer}
     for name, a in consts.items():
         shapes[name] = tuple(a.shape)
     nodes = []
@@ -56,18 +57,29 @@ def to_model(proto, values: dict | None = None) -> Model:
             shapes[v] = tuple(np.asarray(a).shape)
     initializers = {t.name for t in graph.initializer}
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
-    if values == "seeded":
-        values = _seeded_ids(graph, inputs, shapes, consts)
-    bound = _bound_values(graph, inputs, shapes, dict(values or {}))
     bf16 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.BFLOAT16} | {
         vi.name for vi in graph.input if vi.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
-    model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts, bound, bf16)
+    model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts, {}, bf16)
     for node in nodes:
         for v in node.inputs + node.outputs:
             if v and v not in shapes:
                 raise FrontendError(f"{node.describe()}: the shape of {v!r} is not static after shape inference; "
                                     f"bind the model's dynamic dims with from_onnx(..., dims={{name: size}})")
+    check_shapes(model)  # dims and sizes, before the seeded ids are drawn at the inputs' shapes
+    if values == "seeded":
+        values = _seeded_ids(graph, inputs, shapes, consts)
+    model.bound = _bound_values(graph, inputs, shapes, dict(values or {}))
     return model
+
+
+def _initializer(onnx, t):
+    """An initializer's array; FrontendError naming it when its stored data does not fill its shape."""
+    try:
+        return onnx.numpy_helper.to_array(t)
+    except Exception as exc:  # ValueError (reshape), or onnx's own for external data that is missing
+        raise FrontendError(f"initializer {t.name!r} {list(t.dims)}: its data cannot be read "
+                            f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+                            ) from None
 
 
 def _seeded_ids(graph, inputs: list, shapes: dict, consts: dict) -> dict:
@@ -110,6 +122,12 @@ def _bind_dims(onnx, proto, dims: dict):
     """A copy of ``proto`` whose graph inputs have ``dims`` substituted for their named dynamic dims."""
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     initializers = {t.name for t in proto.graph.initializer}
+    params = {d.dim_param for vi in proto.graph.input if vi.name not in initializers
+              for d in vi.type.tensor_type.shape.dim if not d.HasField("dim_value")}
+    unknown = sorted(set(dims) - params)
+    if unknown:
+        raise FrontendError(f"dims: {unknown[0]!r} is no dynamic dim of the inputs of model {proto.graph.name!r} "
+                            f"(those: {', '.join(map(repr, sorted(params))) or 'none'})")
     for vi in proto.graph.input:
         if vi.name in initializers:
             continue
@@ -122,7 +140,7 @@ def _bind_dims(onnx, proto, dims: dict):
                              if vi.name in n.input), f"graph input {vi.name!r}")
                 raise FrontendError(f"{user}: input {vi.name!r} has the dynamic dimension {param or '?'!r}; bind it "
                                     f"with from_onnx(..., dims={{{param or '?'!r}: size}})")
-            d.dim_value = int(dims[param])
+            d.dim_value = dims[param]
     return proto
 
 
@@ -141,6 +159,13 @@ def _fold(onnx, proto_node, node: Node, consts: dict, shapes: dict, model):
         return None
     from onnx.reference import ReferenceEvaluator
 
+    out_shapes = [shapes.get(v) for v in node.outputs if v]
+    if all(s is not None for s in out_shapes):  # a ConstantOfShape / Expand of an absurd shape: refused, not allocated
+        from stepsim.kernels.run_size import available_memory
+
+        needed = sum(8 * int(np.prod(s, dtype=object)) for s in out_shapes)
+        check_evaluation(f"{node.describe()}: folding its constant inputs", needed, available_memory(),
+                         "a dim of the model is wrong")
     opsets = {o.domain: o.version for o in model.opset_import}
     graph = onnx.helper.make_graph(
         [proto_node], "fold",

@@ -1,19 +1,30 @@
 """A spilled edge as real off-chip traffic: the producer's tiles are written to an off-chip tensor of their own and
 read back by the consumer once the whole tensor is stored (the construction, its completion token and its exact
 accounting: :mod:`stepsim.graph.ops_spill`). Here the two read-backs the front end uses: in the producer's order
-(or as whole rows, the retile converter done by the memory), and in a Transpose's order (the reorder converter
-done by the memory). Spilled tensors are fp32 (the tiles' stream dtype), ``2 x bytes`` of traffic each.
+(or as whole rows, the retile converter done by the memory), in a Transpose's order (the reorder converter
+done by the memory), and element by element in the order of a swap of the last two dims (``x^T``: no on-chip
+operator transposes a tile, so the memory does, at 4-byte reads). Spilled tensors are fp32 (the tiles' stream dtype), ``2 x bytes`` of traffic each.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from stepsim.graph import LinearOffChipLoad
+from stepsim.graph import (
+    FP32,
+    Accum,
+    Empty,
+    Flatten,
+    LinearOffChipLoad,
+    Reshape,
+    RetileCol,
+    RetileRow,
+    Tile,
+)
 from stepsim.graph.layout import Layout, tile_numbers
 from stepsim.graph.ops_spill import row_major, spill
 
-__all__ = ["row_major", "spill", "spill_in_order", "spill_reordered"]
+__all__ = ["row_major", "spill", "spill_in_order", "spill_reordered", "spill_transposed", "transposed_rows"]
 
 
 def spill_in_order(g, s, tag: str, *, rows: bool = False, par_dispatch: int = 1) -> LinearOffChipLoad:
@@ -42,3 +53,33 @@ def spill_reordered(g, s, tag: str, producer: Layout, consumer: Layout, *, par_d
     addresses[pn] = cn  # the producer's k-th tile is the consumer's addresses[k]-th
     return spill(g, s, tag, addresses=addresses.reshape(producer.trips), tensor_shape=(producer.num_tiles * tr, tc),
                  load_tile=(tr, tc), view=tuple(consumer.trips), par_dispatch=par_dispatch)
+
+
+def transposed_view(groups: int, rows: int, cols: int) -> tuple[tuple, tuple]:
+    """``(trips, strides)`` reading a row-major ``[groups, rows, cols]`` tensor as 1x1 tiles in the row-major order
+    of its last-two-dims swap ``[groups, cols, rows]`` (tile number of element ``(g, r, c)``: ``(g * rows + r) *
+    cols + c``)."""
+    return (groups, cols, rows), (rows * cols, 1, cols)
+
+
+def transposed_rows(g, elements, tile_m: int, rows: int, name: str):
+    """Pack a stream ``(1, G, C, R)`` of 1x1 tiles (a swap's elements in its row-major order, ``R`` the swapped
+    value's columns) into its row tiles: each ``R`` elements into a ``[1, R]`` row (RetileCol), each ``tile_m`` rows
+    into a ``[tile_m, R]`` tile (RetileRow); ``(1, G * C / tile_m)``. On chip: one row tile being packed."""
+    row = Accum(g, elements, RetileCol(), Empty(1, 0), 1, compute_bw=0, out_dtype=Tile(FP32, 1, rows),
+                name=f"{name}.row")
+    if tile_m == 1:
+        return Flatten(g, row, 0, 1)
+    block = Accum(g, Reshape(g, row, tile_m, 0), RetileRow(), Empty(0, rows), 1, compute_bw=0,
+                  out_dtype=Tile(FP32, tile_m, rows), name=f"{name}.rows")
+    return Flatten(g, block, 0, 1)
+
+
+def spill_transposed(g, s, tag: str, groups: int, rows: int, cols: int, *, par_dispatch: int = 1):
+    """Spill stream ``s`` of row tiles of a ``[groups, rows, cols]`` value (``(1, M)``, in order) and read it back
+    as 1x1 tiles in the order of its last-two-dims swap (:func:`transposed_view`): ``(1, groups, cols, rows)``."""
+    m = int(s.stream.shape[1])
+    tr, tc = s.stream.dtype.rows, s.stream.dtype.cols
+    view, stride = transposed_view(groups, rows, cols)
+    return spill(g, s, tag, addresses=np.arange(m), tensor_shape=(m * tr, tc), load_tile=(1, 1), view=view,
+                 stride=stride, par_dispatch=par_dispatch)

@@ -726,6 +726,10 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
         from stepsim.simulation.simulate import simulate
 
         mode = cfg["mode"]
+        if mode == "check" and workload.name == "onnx":  # the reference's memory, before the simulation runs
+            from stepsim.frontend.check import check_reference_fits
+
+            check_reference_fits(workload)
         sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
                        progress=progress, timeline=timeline or False, force=force)
         record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
