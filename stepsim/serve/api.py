@@ -24,6 +24,7 @@ from stepsim._version import __version__
 from stepsim.base.errors import ConfigError, TraceValueError
 from stepsim.base.files import file_sha256, published_together
 from stepsim.base.hardware import PRESETS, SERVING_FIELDS, VALUE_FIELDS, Hardware
+from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT
 from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
 from stepsim.serve.latency import ConstantLatency, LatencyProvider
@@ -165,6 +166,10 @@ def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arriv
         flag = f"--arrival {arrival}" if arrival is not None else f"--arrival-scale {arrival_scale}"
         raise ConfigError(f"{flag}: the arrivals overflow to infinity (the last request would arrive at "
                           f"{float(trace.arrival_s[-1])} s); give a larger rate or a smaller scale")
+    if trace.arrival_s[-1] > MAX_TIME_S:  # finite, but a step would vanish in rounding (stepsim.base.ranges)
+        flag = f"--arrival {arrival}" if arrival is not None else f"--arrival-scale {arrival_scale}"
+        raise ConfigError(f"{flag}: the last request would arrive at {float(trace.arrival_s[-1])!r} s, beyond "
+                          f"{MAX_TIME_TEXT}; give a larger rate or a smaller scale")
     if duration is not None:
         keep = int(np.searchsorted(trace.arrival_s, _positive("--duration", duration, integer=False), side="left"))
         if keep == 0:
