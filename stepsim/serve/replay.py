@@ -77,7 +77,7 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
     starts, durations, ntokens, nseqs, nprefill, ndecode, blocks, npreempt, nwaiting = ([] for _ in range(9))
     cycles: dict[str, list[int]] = {}
     now = 0.0
-    checked = None
+    checked = object()  # the last cost checked (a constant provider's is checked once)
     nxt = 0
     done = 0
     while done < total:
