@@ -18,8 +18,15 @@ import pytest
 from serve_requests import requests_file
 
 import stepsim
-from stepsim.base.errors import (ArgumentError, ConfigError, LatencyProviderError, SimulationError, StepsimWarning,
-                                 TraceError, TraceValueError)
+from stepsim.base.errors import (
+    ArgumentError,
+    ConfigError,
+    LatencyProviderError,
+    SimulationError,
+    StepsimWarning,
+    TraceError,
+    TraceValueError,
+)
 from stepsim.base.signals import Terminated
 from stepsim.cli import main
 from stepsim.serve.latency import IterationCost
