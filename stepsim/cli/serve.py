@@ -31,6 +31,13 @@ def register(subparsers) -> None:
     window.add_argument("--limit-requests", type=int, metavar="N", help="replay the first N requests")
     window.add_argument("--duration", type=float, metavar="SECONDS",
                         help="replay the requests arriving in the first SECONDS")
+    long = p.add_mutually_exclusive_group()
+    long.add_argument("--drop-long", action="store_true",
+                      help="leave out requests whose prompt + output exceed the longest sequence the engine takes "
+                           "(max_position_embeddings, or the KV cache); default: refuse the trace naming the row")
+    long.add_argument("--truncate-long", action="store_true",
+                      help="keep the last tokens of such a request's prompt so that prompt + output fits (its output "
+                           "whole)")
     p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory")
     p.add_argument("--system", metavar="FILE|PRESET",
                    help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left")
@@ -88,6 +95,7 @@ def _serve(args) -> int:
                    schedule=args.schedule,
                    jobs=args.jobs, executor=args.executor, address=args.address, seed=args.seed,
                    iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system,
+                   drop_long=args.drop_long, truncate_long=args.truncate_long,
                    progress=True)  # bars only on a terminal, after 2 s
     s = result.summary
     if args.json:
@@ -95,6 +103,10 @@ def _serve(args) -> int:
         return 0
     print(f"requests    {s['completed']} of {s['requests']} completed in {s['duration_s']:.2f} s, "
           f"{s['iterations']} steps, {s['preemptions']} preemptions")
+    if "long_requests" in s:
+        from stepsim.serve.long_requests import LongRequests
+
+        print(f"long        {LongRequests(**s['long_requests']).line()}")
     print(f"throughput  {s['throughput_tokens_per_s']:.1f} tokens/s, {s['throughput_requests_per_s']:.3f} requests/s")
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         print(f"{key[:-2]:<11} {_fmt(s[key])}")

@@ -251,7 +251,8 @@ def test_prompt_plus_output_that_overflows_int64_is_refused(tmp_path, capsys):
     pq.write_table(pa.table(_columns(prompt_tokens=pa.array([10, 2**62, 30], pa.int64()),
                                      output_tokens=pa.array([1, 2**62, 3], pa.int64()))), path)
     message = (f"{path}: row 1: prompt 4611686018427387904 + output 4611686018427387904 tokens exceed the longest "
-               "sequence the engine takes, 40960 tokens (the model's max_position_embeddings is 40960)")
+               "sequence the engine takes, 40960 tokens (the model's max_position_embeddings is 40960); --drop-long "
+               "leaves such requests out, --truncate-long shortens their prompts")
     assert _refused(capsys, path, tmp_path) == E + message
     with pytest.raises(TraceValueError) as e:
         stepsim.serve("qwen3-30b-a3b", path, iteration_latency=0.01)
