@@ -38,9 +38,11 @@ def register(subparsers) -> None:
     long.add_argument("--truncate-long", action="store_true",
                       help="keep the last tokens of such a request's prompt so that prompt + output fits (its output "
                            "whole)")
-    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory")
+    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory; "
+                                                   "with --system, every chip's")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left")
+                   help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left; "
+                        "the chips are --hardware, else the system file's hardware, else sn40l")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -103,6 +105,10 @@ def _serve(args) -> int:
         return 0
     print(f"requests    {s['completed']} of {s['requests']} completed in {s['duration_s']:.2f} s, "
           f"{s['iterations']} steps, {s['preemptions']} preemptions")
+    if "system" in s:  # early: which chips served the run (--hardware, the system file's, else sn40l)
+        print(f"system      {s['system']['name']}: {s['system']['chips']} chips of {s['hardware']['name']}, weights "
+              f"split by {s['system']['parallelism']}, at most {max(s['system']['chip_weight_bytes']) / 1e9:.2f} GB "
+              "a chip")
     if "long_requests" in s:
         from stepsim.serve.long_requests import LongRequests
 
@@ -120,9 +126,6 @@ def _serve(args) -> int:
         e = f["error"]
         print(f"fidelity    fast: held-out step error p50 {e['iteration_p50'] * 100:.1f} %, p95 "
               f"{e['iteration_p95'] * 100:.1f} % ({e['held_out_iterations']} steps simulated exactly)")
-    if "system" in s:
-        print(f"system      {s['system']['name']}: {s['system']['chips']} chips, weights split by "
-              f"{s['system']['parallelism']}, at most {max(s['system']['chip_weight_bytes']) / 1e9:.2f} GB a chip")
     kv = s["kv_cache"]
     print(f"KV cache    {kv['usable_blocks']} blocks of {kv['block_size']} tokens, at most {kv['max_blocks_used']} "
           f"used; wall {s['wall_s']:.2f} s")

@@ -486,7 +486,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     if system is not None:  # many chips: stepsim/serve/system.py
         from stepsim.serve.system import load_system
 
-        system, hw = load_system(system, hardware, fidelity)
+        system, hw = load_system(system, hardware, fidelity, resolve_serving_hardware(hardware))
     else:
         hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
