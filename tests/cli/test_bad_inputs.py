@@ -184,8 +184,8 @@ CLI_CASES = [
      E + "cannot read hardware config hw_syntax.toml: Invalid value (at line 1, column 16)"),
     ("run swiglu --hardware hw_unknown.toml", 2,
      E + "hw_unknown.toml: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, clock_hz, "
-         "hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, "
-         "on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
+         "compute_units, hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, "
+         "hbm_start_up, memory_units, name, on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
     ("run swiglu --hardware hw_negative.toml", 2,
      E + "hw_negative.toml: hardware 'step-eval': hbm_channels must be a positive int, got -4"),
     ("run swiglu --hardware hw_depth.toml", 2,
@@ -228,6 +228,11 @@ CLI_CASES = [
     ("run swiglu --timeline-min-dur 5", 2, E + "--timeline-min-dur needs --timeline PATH"),
     ("run swiglu --timeline o/t.json --timeline-limit 0", 2, E + "--timeline-limit 0: give a record count >= 1"),
     ("run swiglu --timeline o/t.json --timeline-min-dur -1", 2, E + "--timeline-min-dur -1: give cycles >= 0"),
+    # --- values of the right type that mean nothing (issue 44); * each was accepted
+    ("run moe --ep 1", 2, E + "--ep must be an int >= 2 (chips), got 1"),  # * another graph than the one-chip layer
+    ("metrics moe --ep 1 --layers 2", 2, E + "--ep must be an int >= 2 (chips), got 1"),
+    ("server start --idle-timeout nan", 2, E + "--idle-timeout must be a positive number of seconds, got nan"),  # *
+    ("server start --wait inf", 2, E + "--wait must be a positive number of seconds, got inf"),
 ]
 
 #: cases whose line holds a machine- or install-dependent part: (command line, fragments of the last line)
@@ -317,8 +322,8 @@ API_CASES = [
      "hardware 'step-eval': hbm_channels must be a positive int, got 0"),
     ("hardware-unknown-override", lambda G: G.Hardware.preset("step-eval", hbm_chanels=4), ConfigError,
      "overrides: unknown hardware key 'hbm_chanels'; known keys: addr_offset, channel_depth, clock_hz, "
-     "hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, hbm_start_up, name, "
-     "on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
+     "compute_units, hbm_capacity_bytes, hbm_channels, hbm_init_interval, hbm_latency, hbm_outstanding, "
+     "hbm_start_up, memory_units, name, on_chip_capacity_bytes, peak_flops_per_cycle, pmu_bw"),
     ("simulate-hardware", lambda G: G.simulate(G.build_swiglu(), "step-fast"), ConfigError,
      "unknown hardware preset 'step-fast'; known presets: sn40l, step-eval, step-hdl"),
     ("run-config-key", lambda G: G.run_config({"workload": "swiglu", "tile_mm": 4}), ConfigError,
