@@ -28,7 +28,7 @@ from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT
 from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
 from stepsim.serve.latency import ConstantLatency, LatencyProvider
-from stepsim.serve.long_requests import check_fits, fit_long_requests, long_policy  # noqa: F401 (check_fits: API)
+from stepsim.serve.long_requests import fit_long_requests, long_policy
 from stepsim.serve.memory import model_memory
 from stepsim.serve.metrics import parse_slo, request_latencies, summarize
 from stepsim.serve.output import write_outputs
