@@ -27,7 +27,8 @@ As a CI gate: a configuration of the baseline that the candidate lacks (or whose
 gate like a regression, unless ``allow_missing``; each one is listed with its reason (failed, or how the closest
 candidate record differs: a changed trace, another knob). A candidate metric that is NaN or infinite, or null
 where the baseline has a value or where ``--metric`` asks for it by name (``slo_attainment`` of a run without
-``--slo``), is *invalid* and fails the gate (NaN compares false with any threshold: it would pass). A
+``--slo``), is *invalid* and fails the gate (NaN compares false with any threshold: it would pass), and so is
+a NaN or infinite baseline value (nothing can be compared with it). A
 configuration recorded twice in the baseline is listed as a duplicate (each record compared with the
 candidate's), never as missing.
 
@@ -243,9 +244,12 @@ def _change(metric: str, base, cand, threshold: float, asked: bool = False) -> d
     """One metric of a pair. A candidate value that is NaN or infinite, or missing (null) while the baseline has
     one or the metric was asked for by name (``--metric slo_attainment`` of a run without ``--slo``), is
     ``invalid``: it fails the gate (NaN compares false with every threshold, so it would pass). Non-finite
-    values are kept out of the result (JSON has no NaN): they read as null beside ``invalid``."""
-    why = _unusable(cand)
-    invalid = why if why is not None and (why != "missing" or asked or _unusable(base) is None) else None
+    values are kept out of the result (JSON has no NaN): they read as null beside ``invalid``. A NaN or infinite
+    baseline value is invalid too (``baseline NaN``): nothing can be compared with it, so the gate would be off."""
+    why, base_why = _unusable(cand), _unusable(base)
+    invalid = why if why is not None and (why != "missing" or asked or base_why is None) else None
+    if invalid is None and base_why not in (None, "missing"):
+        invalid = f"baseline {base_why}"
     base = None if _unusable(base) else base
     cand = None if why else cand
     entry = {"metric": metric, "baseline": base, "candidate": cand, "change": None, "worse": False}
@@ -355,8 +359,8 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
     out_pairs, worse, invalid = [], [], []
     for b, c in pairs:
         changes = [_change(m, b.get(m), c.get(m), threshold, m in asked) for m in metrics]
-        invalid += [{"config": _label(c), "metric": ch["metric"], "reason": ch["invalid"]} for ch in changes
-                    if "invalid" in ch]
+        invalid += [{"config": _label(b if ch["invalid"].startswith("baseline ") else c), "metric": ch["metric"],
+                     "reason": ch["invalid"]} for ch in changes if "invalid" in ch]
         ck = dict(config_key(c))
         differs = {k: [b.get(k), c.get(k)] for k, v in config_key(b) if ck[k] != v}
         if b.get("record") == "serve":  # the latency providers compared (not part of the pairing)
@@ -435,7 +439,9 @@ def verdict(res: dict) -> str:
     bad = res.get("invalid", [])
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        parts.append(f"candidate metric {bad[0]['metric']} is {bad[0]['reason']} in {bad[0]['config']}{more}")
+        side, reason = ("baseline", bad[0]["reason"][9:]) if bad[0]["reason"].startswith("baseline ") else \
+            ("candidate", bad[0]["reason"])
+        parts.append(f"{side} metric {bad[0]['metric']} is {reason} in {bad[0]['config']}{more}")
     if res["missing"]:
         n_base = len(res["pairs"]) + len(res["missing"])
         parts.append(f"{len(res['missing'])} of {n_base} baseline configuration(s) missing in the candidate"

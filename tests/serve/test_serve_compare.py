@@ -100,6 +100,16 @@ CANDIDATE_CASES = [  # (edit of the candidate's summary, compare flags, exit sta
 ]
 
 
+def test_a_baseline_with_a_nan_metric_fails_the_gate(runs, tmp_path, capsys):
+    runs("base", T)
+    runs("cand", T)
+    _summary_edit(tmp_path / "base", lambda s: s["tpot_s"].update(p99=float("nan")))  # * the gate was off: exit 0
+    got, out, err = _cli(capsys, tmp_path / "base", tmp_path / "cand")
+    assert (got, out[2], out[-1], err) == (
+        1, "  tpot_s.p99                              - ->          0.01563  -  INVALID (baseline NaN)",
+        f"baseline metric tpot_s.p99 is NaN in {VLLM}", "")
+
+
 @pytest.mark.parametrize("edit, flags, status, last", CANDIDATE_CASES, ids=range(len(CANDIDATE_CASES)))
 def test_a_candidate_with_an_unusable_metric_fails_the_gate(runs, tmp_path, capsys, edit, flags, status, last):
     runs("base", T)
