@@ -7,6 +7,8 @@ Simulated time is float64 seconds. A float64 near ``t`` seconds resolves ``t * 2
 let a step of a few microseconds vanish in rounding: arrivals written in epoch milli-, micro- or nanoseconds,
 or a value such as 1e300, would replay with every latency 0. Such times are refused, never rebased (an
 ``arrival_s`` column is used as given; epoch seconds, about 1.7e9, resolve 0.24 microseconds and are fine).
+The bound also keeps every time an int64 count of nanoseconds (2**32 s is 4.3e18 ns, below 2**63), as the serve
+timeline writes them.
 """
 
 from __future__ import annotations

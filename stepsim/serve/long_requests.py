@@ -61,7 +61,7 @@ class LongRequests:
 def long_policy(drop_long=False, truncate_long=False) -> str | None:
     """``drop``, ``truncate`` or None from the two flags (bools; one at most)."""
     for key, value in (("drop_long", drop_long), ("truncate_long", truncate_long)):
-        if not isinstance(value, bool):
+        if not isinstance(value, (bool, np.bool_)):  # 1 or "yes" would read as true by Python truth
             raise ConfigError(f"--{key.replace('_', '-')} must be true or false, got {value!r}")
     if drop_long and truncate_long:
         raise ConfigError("--drop-long and --truncate-long both handle requests longer than the model takes; give one")
