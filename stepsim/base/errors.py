@@ -96,6 +96,11 @@ class SimulationError(StepsimError):
     """The engine stopped abnormally."""
 
 
+class LatencyProviderError(SimulationError):
+    """A serving latency provider priced a step with something other than an ``IterationCost`` of a positive,
+    finite number of seconds that moves time on (the message names the step and what came back)."""
+
+
 @dataclass(frozen=True)
 class BlockedUnit:
     """One unfinished unit of a stopped run and what it waits for (both engines report these).

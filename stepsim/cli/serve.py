@@ -32,10 +32,18 @@ def register(subparsers) -> None:
     window.add_argument("--limit-requests", type=int, metavar="N", help="replay the first N requests (default: all)")
     window.add_argument("--duration", type=float, metavar="SECONDS",
                         help="replay the requests arriving in the first SECONDS (default: all)")
-    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory")
+    long = p.add_mutually_exclusive_group()
+    long.add_argument("--drop-long", action="store_true",
+                      help="leave out requests whose prompt + output exceed the longest sequence the engine takes "
+                           "(max_position_embeddings, or the KV cache); default: refuse the trace naming the row")
+    long.add_argument("--truncate-long", action="store_true",
+                      help="keep the last tokens of such a request's prompt so that prompt + output fits (its output "
+                           "whole)")
+    p.add_argument("--hardware", metavar="H", help="hardware preset or TOML (default sn40l): HBM, clock, on-chip memory; "
+                                                   "with --system, every chip's")
     p.add_argument("--system", metavar="FILE|PRESET",
-                   help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left "
-                        "(default: none, one chip)")
+                   help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left; "
+                        "the chips are --hardware, else the system file's hardware, else sn40l (default: none, one chip)")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -97,6 +105,7 @@ def _serve(args) -> int:
                    schedule=args.schedule,
                    jobs=args.jobs, executor=args.executor, address=args.address, seed=args.seed,
                    iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system,
+                   drop_long=args.drop_long, truncate_long=args.truncate_long,
                    progress=True)  # bars only on a terminal, after 2 s
     s = result.summary
     if args.json:
@@ -104,6 +113,14 @@ def _serve(args) -> int:
         return 0
     print(f"requests    {s['completed']} of {s['requests']} completed in {s['duration_s']:.2f} s, "
           f"{s['iterations']} steps, {s['preemptions']} preemptions")
+    if "system" in s:  # early: which chips served the run (--hardware, the system file's, else sn40l)
+        print(f"system      {s['system']['name']}: {s['system']['chips']} chips of {s['hardware']['name']}, weights "
+              f"split by {s['system']['parallelism']}, at most {max(s['system']['chip_weight_bytes']) / 1e9:.2f} GB "
+              "a chip")
+    if "long_requests" in s:
+        from stepsim.serve.long_requests import LongRequests
+
+        print(f"long        {LongRequests(**s['long_requests']).line()}")
     print(f"throughput  {s['throughput_tokens_per_s']:.1f} tokens/s, {s['throughput_requests_per_s']:.3f} requests/s")
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         print(f"{key[:-2]:<11} {_fmt(s[key])}")
@@ -117,9 +134,6 @@ def _serve(args) -> int:
         e = f["error"]
         print(f"fidelity    fast: held-out step error p50 {e['iteration_p50'] * 100:.1f} %, p95 "
               f"{e['iteration_p95'] * 100:.1f} % ({e['held_out_iterations']} steps simulated exactly)")
-    if "system" in s:
-        print(f"system      {s['system']['name']}: {s['system']['chips']} chips, weights split by "
-              f"{s['system']['parallelism']}, at most {max(s['system']['chip_weight_bytes']) / 1e9:.2f} GB a chip")
     kv = s["kv_cache"]
     print(f"KV cache    {kv['usable_blocks']} blocks of {kv['block_size']} tokens, at most {kv['max_blocks_used']} "
           f"used; wall {s['wall_s']:.2f} s")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from stepsim.base.errors import ConfigError, StepsimError
+from stepsim.base.errors import StepsimError
 from stepsim.cli import server_client as client
 from stepsim.cli.server_daemon import log_file, state_file
 
@@ -52,9 +52,10 @@ def _start(args) -> int:
     if not hasattr(socket, "send_fds"):
         raise ServerError("the command server needs Unix sockets with descriptor passing (POSIX); "
                           "commands run in their own process here")
-    if args.idle_timeout <= 0 or args.wait <= 0:
-        flag = "--idle-timeout" if args.idle_timeout <= 0 else "--wait"
-        raise ConfigError(f"{flag}: must be a positive number of seconds")
+    from stepsim.base.ranges import positive_seconds
+
+    positive_seconds("--idle-timeout", args.idle_timeout)  # nan would compare false and be taken: refused here
+    positive_seconds("--wait", args.wait)
     directory = _ensure_dir(client.server_dir())
     path = client.socket_path(directory, client.fingerprint())
     if len(path) > client.MAX_SOCKET_PATH:

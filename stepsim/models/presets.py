@@ -44,6 +44,7 @@ it refuses dense models, naming why.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -72,7 +73,7 @@ class MoEModel:
     def __post_init__(self):
         for key in ("hidden", "intermediate", "experts", "top_k"):
             v = getattr(self, key)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"model {self.name!r}: {key} must be a positive int, got {v!r}")
         v = self.shared_intermediate
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -428,6 +429,10 @@ def moe_model(name: str, **custom) -> MoEModel:
         missing = [k for k in CUSTOM_KEYS if custom.get(k) is None]
         if missing:
             raise ConfigError(f"model 'custom' needs {', '.join('--' + m.replace('_', '-') for m in missing)}")
+        for k in CUSTOM_KEYS:  # never truncated: 2048.5 is refused, not read as 2048
+            v = custom[k]
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ConfigError(f"model 'custom': {k} must be a positive int, got {v!r}")
         return MoEModel("custom", **{k: int(custom[k]) for k in CUSTOM_KEYS})
     if is_model_file(name):
         return load_hf_config(name).moe

@@ -24,9 +24,10 @@ STATISTICS = ("mean", "p50", "p90", "p99")
 SCALARS = ("requests", "completed", "duration_s", "output_tokens", "throughput_tokens_per_s",
            "throughput_requests_per_s", "slo_attainment", "goodput_requests_per_s", "preemptions", "iterations",
            "wall_s")
-#: knobs of a serve run as it was given them (not in the summary): shaping, constant latency, routing, HBM
+#: knobs of a serve run as it was given them (not in the summary): shaping, constant latency, routing, HBM, and
+#: ``long_requests`` (``drop`` / ``truncate`` for --drop-long / --truncate-long; null without)
 KNOB_COLUMNS = ("arrival", "arrival_scale", "limit_requests", "duration", "iteration_latency", "routing",
-                "hbm_bytes")
+                "hbm_bytes", "long_requests")
 #: what pairs two serve records: the model, hardware, scheduler knobs, latency mode, SLOs, the request trace's
 #: content, the seed and :data:`KNOB_COLUMNS`
 CONFIG_COLUMNS = ("model", "hardware", "scheduler", "max_num_seqs", "max_num_batched_tokens", "chunk_tokens",

@@ -21,12 +21,14 @@ import numpy as np
 import pyarrow as pa
 
 from stepsim._version import __version__
-from stepsim.base.errors import ConfigError, TraceValueError
+from stepsim.base.errors import ConfigError
 from stepsim.base.files import file_sha256, published_together
 from stepsim.base.hardware import PRESETS, SERVING_FIELDS, VALUE_FIELDS, Hardware
+from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT
 from stepsim.models.presets import resolve_model
 from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
 from stepsim.serve.latency import ConstantLatency, LatencyProvider
+from stepsim.serve.long_requests import fit_long_requests, long_policy
 from stepsim.serve.memory import model_memory
 from stepsim.serve.metrics import parse_slo, request_latencies, summarize
 from stepsim.serve.output import write_outputs
@@ -103,7 +105,7 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
                     hbm_bytes=None, jobs=None, executor=None, provider=None, schedule="paper", system=None,
-                    **_others) -> None:
+                    drop_long=False, truncate_long=False, **_others) -> None:
     """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: serve
     makes them first, and a serving sweep refuses a bad task with them before any task runs (the trace, the
     weights against HBM and the requests against the KV cache are checked by the run). Other keyword arguments
@@ -126,6 +128,7 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
                                   f"{given[0]} does not simulate layers")
     check_routing(routing)
     check_schedule(schedule, fidelity, system)
+    long_policy(drop_long, truncate_long)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     if arrival is not None and arrival_scale is not None:
@@ -164,6 +167,10 @@ def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arriv
         flag = f"--arrival {arrival}" if arrival is not None else f"--arrival-scale {arrival_scale}"
         raise ConfigError(f"{flag}: the arrivals overflow to infinity (the last request would arrive at "
                           f"{float(trace.arrival_s[-1])} s); give a larger rate or a smaller scale")
+    if trace.arrival_s[-1] > MAX_TIME_S:  # finite, but a step would vanish in rounding (stepsim.base.ranges)
+        flag = f"--arrival {arrival}" if arrival is not None else f"--arrival-scale {arrival_scale}"
+        raise ConfigError(f"{flag}: the last request would arrive at {float(trace.arrival_s[-1])!r} s, beyond "
+                          f"{MAX_TIME_TEXT}; give a larger rate or a smaller scale")
     if duration is not None:
         keep = int(np.searchsorted(trace.arrival_s, _positive("--duration", duration, integer=False), side="left"))
         if keep == 0:
@@ -183,22 +190,6 @@ def max_model_len(config: SchedulerConfig, capacity: KVCapacity, max_position_em
         blocks -= int(WATERMARK * capacity.num_blocks)
     limit = blocks * capacity.block_size
     return min(limit, max_position_embeddings) if max_position_embeddings else limit
-
-
-def check_fits(trace: RequestTrace, limit: int, capacity: KVCapacity, max_position: int | None) -> None:
-    """Every request's prompt + output fits ``limit`` tokens (vLLM's API server rejects the others; stepsim
-    refuses the trace instead of dropping or shortening requests)."""
-    # compared without adding: prompt + output of two huge counts would wrap around int64 and pass
-    over = (trace.prompt_tokens > limit) | (trace.output_tokens > limit - trace.prompt_tokens)
-    if over.any():
-        i = int(np.argmax(over))
-        why = (f"the KV cache holds {capacity.tokens} tokens ({capacity.usable_blocks} blocks of "
-               f"{capacity.block_size})")
-        if max_position and max_position == limit:
-            why = f"the model's max_position_embeddings is {max_position}"
-        raise TraceValueError(f"{trace.source}: row {i}: prompt {int(trace.prompt_tokens[i])} + output "
-                              f"{int(trace.output_tokens[i])} tokens exceed the longest sequence the engine takes, "
-                              f"{limit} tokens ({why})")
 
 
 def matplotlib_available() -> bool:
@@ -378,7 +369,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
-          calibration_cache=None, system=None, progress: bool = False, schedule: str = "paper") -> ServeResult:
+          calibration_cache=None, system=None, progress: bool = False, schedule: str = "paper",
+          drop_long: bool = False, truncate_long: bool = False) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -447,6 +439,10 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         ``paper`` (default): every layer with the STeP paper's evaluation schedule; ``auto``: the FFN and the decode
         attention mapped over the whole chip (:mod:`stepsim.mapping`, docs/mapping.md), ``--fidelity exact`` on
         one chip.
+    drop_long, truncate_long : bool
+        Requests whose prompt + output exceed the longest sequence the engine takes (``max_model_len``) are left
+        out, or keep the last tokens of their prompts that fit (:mod:`stepsim.serve.long_requests`); without
+        either, such a request is an error naming its row. The summary's ``long_requests`` says what was done.
 
     Returns
     -------
@@ -458,7 +454,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                     max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, chunk_tokens=chunk_tokens, routing=routing,
                     fidelity=fidelity, slo=slo, seed=seed, iteration_latency=iteration_latency, block_size=block_size,
                     hbm_bytes=hbm_bytes, jobs=jobs, executor=executor, provider=provider, schedule=schedule,
-                    system=system)
+                    system=system, drop_long=drop_long, truncate_long=truncate_long)
+    policy = long_policy(drop_long, truncate_long)
     if out is not None:  # as the command line checks --out: now, not after the run
         from stepsim.base.outputs import check_out_dir
 
@@ -489,7 +486,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     if system is not None:  # many chips: stepsim/serve/system.py
         from stepsim.serve.system import load_system
 
-        system, hw = load_system(system, hardware, fidelity)
+        system, hw = load_system(system, hardware, fidelity, resolve_serving_hardware(hardware))
     else:
         hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
@@ -504,7 +501,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     limit = max_model_len(config, capacity, memory.max_position_embeddings)
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
-    check_fits(trace, limit, capacity, memory.max_position_embeddings)
+    trace, long = fit_long_requests(trace, limit, capacity, memory.max_position_embeddings, policy)
     layers_executor = None
     if executor is not None:  # after every check: starting a cluster takes seconds
         from stepsim.serve.dask_layers import open_dask_layers
@@ -514,20 +511,22 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         provider, calibration, result = _replay_with(
             provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
             trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache, system,
-            progress, schedule)
+            progress, schedule, policy)
     finally:
         if layers_executor is not None:
             layers_executor.close()
     knobs = {"arrival": arrival, "arrival_scale": arrival_scale, "limit_requests": limit_requests,
              "duration": duration, "iteration_latency": iteration_latency,
              "routing": None if routing is None else str(routing), "hbm_bytes": hbm_bytes}
+    if policy is not None:  # only when given: the metadata of every earlier run stays as it was
+        knobs["long_requests"] = policy
     return _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-                   requests, out, timeline, started, knobs, chips)
+                   requests, out, timeline, started, knobs, chips, long)
 
 
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
                  requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
-                 calibration_cache, system, progress, schedule="paper"):
+                 calibration_cache, system, progress, schedule="paper", long_policy=None):
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
     replayed through it."""
     calibration = None
@@ -544,6 +543,8 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
                      "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
                      "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
                                  "duration": duration}}
+        if long_policy is not None:  # the requests served differ (dropped, truncated); absent: earlier keys kept
+            key_parts["shaping"]["long_requests"] = long_policy
         if system is not None:  # every field of the system: its chips, hardware, dimensions and links
             from stepsim.serve.system import system_key
 
@@ -568,7 +569,7 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
 
 
 def _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-            requests, out, timeline, started, knobs: dict, chips) -> ServeResult:
+            requests, out, timeline, started, knobs: dict, chips, long=None) -> ServeResult:
     """The tables, the summary and the files of a replayed run."""
     lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
     requests_table = pa.table({
@@ -596,6 +597,8 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
     if chips is not None:
         summary["system"] = chips.summary()
     summary["scheduler"] = asdict(config)
+    if long is not None:  # --drop-long / --truncate-long: what was done to the requests longer than the limit
+        summary["long_requests"] = long.summary()
     summary["kv_cache"] = {"hbm_bytes": capacity.hbm_bytes, "weight_bytes": capacity.weight_bytes,
                            "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,
                            "num_blocks": capacity.num_blocks, "usable_blocks": capacity.usable_blocks,

@@ -11,11 +11,10 @@ tokens) and gets an :class:`IterationCost` back; it never knows which provider i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import positive_seconds
 
 
 @dataclass(frozen=True)
@@ -81,10 +80,7 @@ class ConstantLatency:
     error = None
 
     def __init__(self, seconds: float):
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-                or seconds <= 0:
-            raise ConfigError(f"--iteration-latency must be a positive number of seconds, got {seconds!r}")
-        self.seconds = float(seconds)
+        self.seconds = positive_seconds("--iteration-latency", seconds)  # at most 2**32 s: stepsim.base.ranges
         self._cost = IterationCost(self.seconds)  # one object for every step: the scheduler's hot loop allocates none
 
     def __call__(self, batch: IterationBatch) -> IterationCost:

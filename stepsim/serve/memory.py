@@ -71,6 +71,17 @@ def _positive(cfg: dict, key: str, source: str, required: bool) -> int | None:
     return v
 
 
+def _flag(cfg: dict, key: str, source: str) -> bool:
+    """A JSON boolean field (absent or null: false). A string such as ``"false"`` is refused, naming the key:
+    read as Python truth it would mean true."""
+    v = cfg.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise ConfigError(f"model file {source}: field {key!r} must be true or false (a JSON boolean), got {v!r}")
+    return v
+
+
 def model_memory(model: ModelConfig) -> ModelMemory:
     """Weights and KV bytes per token of ``model`` in bf16.
 
@@ -91,7 +102,7 @@ def model_memory(model: ModelConfig) -> ModelMemory:
     else:
         ffn += 3 * d * (model.dense_intermediate or 0)
     per_layer = attention + ffn + 2 * d  # two RMSNorm weight vectors
-    head = 0 if cfg.get("tie_word_embeddings") else vocab * d
+    head = 0 if _flag(cfg, "tie_word_embeddings", model.source) else vocab * d
     params = model.layers * per_layer + vocab * d + head + d
     kv = model.layers * 2 * model.kv_heads * hd * DTYPE_BYTES
     return ModelMemory(params * DTYPE_BYTES, kv, max_pos, vocab)

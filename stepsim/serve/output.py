@@ -20,7 +20,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stepsim.base.errors import SimulationError
 from stepsim.base.files import atomic_output, write_parquet_atomic
+from stepsim.base.ranges import non_finite
 from stepsim.serve.latency import WORK_COLUMNS
 
 REQUESTS_FILE, ITERATIONS_FILE, SUMMARY_FILE = "requests.parquet", "iterations.parquet", "summary.json"
@@ -49,6 +51,10 @@ def _units(table: pa.Table) -> dict[str, str]:
 def write_outputs(out: str | Path, requests: pa.Table, iterations: pa.Table, summary: dict,
                   metadata: dict[str, str]) -> dict[str, Path]:
     """Write the three files into folder ``out`` (created if needed). Returns their paths by name."""
+    bad = non_finite(summary)
+    if bad is not None:  # before any file: JSON has no NaN or infinity (stepsim.base.ranges)
+        raise SimulationError(f"summary.json: {bad[0]} is {bad[1]!r}; a serve run's figures are finite numbers "
+                              "(nothing written)")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"requests": folder / REQUESTS_FILE, "iterations": folder / ITERATIONS_FILE,
@@ -56,7 +62,7 @@ def write_outputs(out: str | Path, requests: pa.Table, iterations: pa.Table, sum
     write_parquet_atomic(requests, paths["requests"], metadata, units=_units(requests))
     write_parquet_atomic(iterations, paths["iterations"], metadata, units=_units(iterations))
     with atomic_output(paths["summary"]) as tmp:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return paths
 
 

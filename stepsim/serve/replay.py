@@ -11,14 +11,16 @@ Time (seconds) starts at 0. Order at one instant, fixed so a replay is determini
 
 from __future__ import annotations
 
+import numbers
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from stepsim.base.errors import SimulationError
-from stepsim.serve.latency import WORK_COLUMNS, IterationBatch, LatencyProvider
+from stepsim.base.errors import LatencyProviderError, SimulationError
+from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT, is_real
+from stepsim.serve.latency import WORK_COLUMNS, IterationBatch, IterationCost, LatencyProvider
 from stepsim.serve.scheduler import Request, Scheduler
 
 
@@ -76,6 +78,7 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
     cycles: dict[str, list[int]] = {}
     work: dict[str, list] = {}
     now = 0.0
+    checked = object()  # the last cost checked (a constant provider's is checked once)
     nxt = 0
     done = 0
     while done < total:
@@ -104,6 +107,8 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
                 prefill += n
         tokens = sum(new)
         cost = provider(IterationBatch(context, new, prefill, tokens - prefill))
+        if cost is not checked or not now < now + cost.seconds <= MAX_TIME_S:  # a constant cost checked once
+            checked = checked_cost(cost, now, len(starts), provider)
         starts.append(now)
         durations.append(cost.seconds)
         ntokens.append(tokens)
@@ -142,3 +147,28 @@ def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, schedu
         iterations=iterations,
         max_blocks_used=int(max(blocks, default=0)),
     )
+
+
+def checked_cost(cost, now: float, step: int, provider=None) -> IterationCost:
+    """``cost`` when it is an :class:`IterationCost` of a finite number of seconds > 0 that moves time on from
+    ``now`` (s) and ends within :data:`~stepsim.base.ranges.MAX_TIME_S`, with cycle counts that are ints >= 0;
+    else a LatencyProviderError naming the provider's ``mode``, the step (0-based) and what came back. A step of 0, NaN or negative
+    seconds, or one lost in rounding, would report latencies of 0 (or NaN in every metric and the JSON)."""
+    mode = getattr(provider, "mode", None)
+    where = f"latency provider{'' if mode is None else f' {mode!r}'}: step {step} (at {now!r} s)"
+    if not isinstance(cost, IterationCost):
+        raise LatencyProviderError(f"{where}: returned {cost!r} ({type(cost).__name__}); expected an IterationCost "
+                                   "(seconds, cycles)")
+    seconds = cost.seconds
+    if not is_real(seconds) or not seconds > 0 or seconds == float("inf"):
+        raise LatencyProviderError(f"{where}: seconds must be a positive finite number, got {seconds!r}")
+    end = now + seconds
+    if end > MAX_TIME_S:
+        raise LatencyProviderError(f"{where}: the step of {seconds!r} s would end beyond {MAX_TIME_TEXT}")
+    if end <= now:
+        raise LatencyProviderError(f"{where}: a step of {seconds!r} s is lost in rounding (it does not move time "
+                                   "on)")
+    for kind, value in cost.cycles.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise LatencyProviderError(f"{where}: cycles[{kind!r}] must be an int >= 0, got {value!r}")
+    return cost

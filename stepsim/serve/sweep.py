@@ -20,7 +20,7 @@ A serving sweep file::
     max_seqs = [64, 128]
 
 Keys (:data:`KNOBS`) are ``stepsim serve``'s flags with ``_`` for ``-`` (``max_seqs``, ``max_batch_tokens``,
-``iteration_latency`` ...) plus ``hbm_bytes`` and ``block_size``; axes are lists or ranges as in a workload
+``iteration_latency`` ...; ``drop_long`` / ``truncate_long`` true or false) plus ``hbm_bytes`` and ``block_size``; axes are lists or ranges as in a workload
 sweep (:mod:`stepsim.batch.config`). A task runs its layers in its own process (no ``jobs`` / ``executor``
 inside a task: the sweep's workers are the parallelism).
 
@@ -60,7 +60,7 @@ SERVE_WORKLOAD = "serve"
 #: keys of [fixed] / [axes]: keyword arguments of stepsim.serve
 KNOBS = ("model", "requests", "arrival_scale", "arrival", "limit_requests", "duration", "hardware", "scheduler",
          "max_seqs", "max_batch_tokens", "chunk_tokens", "routing", "fidelity", "slo", "seed",
-         "iteration_latency", "hbm_bytes", "block_size")
+         "iteration_latency", "hbm_bytes", "block_size", "drop_long", "truncate_long")
 #: top-level keys of a serving sweep file
 TOP_LEVEL_KEYS = ("workload", "out", "fixed", "axes", "max_tasks")
 #: knobs every task needs
@@ -148,6 +148,7 @@ def load_serve_sweep(path: str | Path) -> ServeSweepSpec:
 #: knob value types (checked for every task before anything runs)
 _INTS = ("limit_requests", "max_seqs", "max_batch_tokens", "chunk_tokens", "seed", "hbm_bytes", "block_size")
 _NUMBERS = ("arrival_scale", "duration", "iteration_latency")
+_BOOLS = ("drop_long", "truncate_long")
 _CHOICES = {"scheduler": ("vllm", "sarathi", "orca"), "fidelity": ("exact", "fast")}
 
 
@@ -167,6 +168,8 @@ def check_task(config: dict, where: str) -> None:
         elif key in _NUMBERS:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             kind = "a number"
+        elif key in _BOOLS:
+            ok, kind = isinstance(value, bool), "true or false"
         else:
             ok, kind = isinstance(value, str), "a string"
         if not ok:
@@ -215,6 +218,9 @@ def with_defaults(config: dict) -> dict:
     out = {key: params[key].default for key in ("scheduler", "seed", "block_size")}
     out["hardware"] = DEFAULT_HARDWARE
     out.update(config)
+    for key in ("drop_long", "truncate_long"):  # false is the default spelled out: one id whether given or not
+        if out.get(key) is False:
+            del out[key]
     try:
         policy = SchedulerConfig.make(out["scheduler"], max_num_seqs=config.get("max_seqs"),
                                       max_num_batched_tokens=config.get("max_batch_tokens"),
@@ -297,6 +303,8 @@ def serve_task(config: dict, force: bool = False) -> dict:
         result = serve(**config)
         knobs = {k: config.get(k) for k in ("arrival", "arrival_scale", "limit_requests", "duration",
                                             "iteration_latency", "routing", "hbm_bytes")}
+        knobs["long_requests"] = "drop" if config.get("drop_long") else "truncate" if config.get("truncate_long") \
+            else None
         row = serve_row(result.summary, requests=config["requests"], requests_sha256=file_sha256(config["requests"]),
                         seed=config.get("seed", 0), knobs=knobs)
     except StepsimError as exc:

@@ -28,7 +28,9 @@ its cache key holding the system, :func:`system_key`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from stepsim.base.errors import ConfigError
 from stepsim.serve.exact import EngineLatency, max_kv_rows
@@ -37,19 +39,44 @@ from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
 
 
-def load_system(spec, hardware, fidelity):
-    """``(system, its hardware)`` for ``--system spec``; one line when ``--hardware`` or an engine-backed
-    is also given (the system names the chips' hardware)."""
+def load_system(spec, hardware, fidelity, chip):
+    """``(system, its chips' hardware)`` for ``--system spec``. Every chip is ``hardware`` when given (``--hardware``:
+    a preset, a ``.toml`` file or a Hardware); else the hardware the system file names (its ``hardware`` key); else,
+    for a system that names none (the presets, a file without the key), serving's own default, ``sn40l``, as on one
+    chip: a serve run never changes chips because a system was given (:func:`system_names_hardware`). ``chip``: the
+    serving hardware ``hardware`` resolves to (:func:`stepsim.serve.api.resolve_serving_hardware`: the default
+    when None), which the caller resolved and checked."""
+    import dataclasses
+
     from stepsim.base.errors import SystemConfigError
     from stepsim.base.system import System
 
-    if hardware is not None:
-        raise ConfigError("--hardware does not apply with --system: the system file names the chips' hardware")
     try:
         system = System.load(str(spec))
+        named = system_names_hardware(spec)
     except SystemConfigError as exc:
         raise ConfigError(f"--system: {exc}") from None
-    return system, system.hardware
+    if hardware is None and named:
+        return system, system.hardware
+    if isinstance(hardware, (str, os.PathLike)) and str(hardware).endswith(".toml"):
+        name = str(Path(hardware).resolve())  # as a system file's hardware_spec names a file: its absolute path
+    else:
+        name = chip.name if hardware is None or not isinstance(hardware, (str, os.PathLike)) else str(hardware)
+    return dataclasses.replace(system, hardware=chip, hardware_spec=name), chip
+
+
+def system_names_hardware(spec) -> bool:
+    """Whether the system ``spec`` (a preset name or a TOML file) names its chips' hardware (a ``hardware`` key);
+    the presets name none."""
+    import tomllib
+
+    from stepsim.base.system.config import PRESETS
+
+    text = str(spec)
+    if not text.endswith(".toml") and not Path(text).is_file():
+        return "hardware" in PRESETS.get(text, {})
+    with open(text, "rb") as f:  # read once already by System.load: a file it parsed
+        return "hardware" in tomllib.load(f)
 
 
 @dataclass(frozen=True)

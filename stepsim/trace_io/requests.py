@@ -12,7 +12,8 @@ Two inputs, one result (:class:`RequestTrace`, arrival in seconds):
   ``request_id`` (integer; default the 0-based row number). :func:`write_requests` writes it.
 
 Every error is one line naming the file and the (0-based) row: a missing column, a null, a NaN or negative
-arrival, arrivals out of order (a trace is replayed in file order, so it must be sorted), a negative token
+arrival, an arrival beyond 2**32 s (epoch milli-, micro- or nanoseconds: :mod:`stepsim.base.ranges`; never
+rebased), arrivals out of order (a trace is replayed in file order, so it must be sorted), a negative token
 count, a count beyond int64 (an unsigned column), a prompt or output of 0 tokens (a serving engine refuses an
 empty prompt and ``max_tokens`` 0), and a request id used twice. A file that is another format than its name
 says (a Parquet file named ``.arrow``, a gzip'ed CSV) is named for what it is.
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.ranges import MAX_TIME_TEXT, first_beyond_time_range
 from stepsim.trace_io.readers import detect_format, read_trace
 
 #: columns of the serving request schema (name -> meaning), in file order after the optional ``request_id``
@@ -93,6 +95,11 @@ def check_requests(source: str, arrival_s: np.ndarray, prompt: np.ndarray, outpu
     if (arrival_s < 0).any():
         i = _first(arrival_s < 0)
         raise TraceValueError(f"{source}: row {i}, column {a!r}: negative arrival {float(arrival_s[i])!r} s")
+    i = first_beyond_time_range(arrival_s)
+    if i is not None:  # a step would vanish in rounding (stepsim.base.ranges); never rebased: arrival_s is as given
+        raise TraceValueError(f"{source}: row {i}, column {a!r}: arrival {float(arrival_s[i])!r} s is beyond "
+                              f"{MAX_TIME_TEXT}; are the arrivals in epoch milli-, micro- or nanoseconds? give "
+                              "seconds")
     back = np.diff(arrival_s) < 0
     if back.any():
         i = _first(back) + 1

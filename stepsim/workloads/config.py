@@ -176,6 +176,10 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
+    if key == "spill" and not all(name.strip() for name in value.split(",")):
+        # ',,' named nothing and ran as if --spill were not given; 'a,,b' hides a name lost in editing
+        raise ConfigError(f"{where} {value!r}: an empty name in the list; expected NAME[,NAME...], each a value "
+                          "or VALUE->CONSUMER")
     return value
 
 

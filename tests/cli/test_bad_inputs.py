@@ -228,6 +228,11 @@ CLI_CASES = [
     ("run swiglu --timeline-min-dur 5", 2, E + "--timeline-min-dur needs --timeline PATH"),
     ("run swiglu --timeline o/t.json --timeline-limit 0", 2, E + "--timeline-limit 0: give a record count >= 1"),
     ("run swiglu --timeline o/t.json --timeline-min-dur -1", 2, E + "--timeline-min-dur -1: give cycles >= 0"),
+    # --- values of the right type that mean nothing (issue 44); * each was accepted
+    ("run moe --ep 1", 2, E + "--ep must be an int >= 2 (chips), got 1"),  # * another graph than the one-chip layer
+    ("metrics moe --ep 1 --layers 2", 2, E + "--ep must be an int >= 2 (chips), got 1"),
+    ("server start --idle-timeout nan", 2, E + "--idle-timeout must be a positive number of seconds, got nan"),  # *
+    ("server start --wait inf", 2, E + "--wait must be a positive number of seconds, got inf"),
 ]
 
 #: cases whose line holds a machine- or install-dependent part: (command line, fragments of the last line)

@@ -176,10 +176,19 @@ def test_idle_server_ends_and_removes_its_socket(short_folder, tmp_path):
     assert status.stdout == f"stepsim server: none in {folder}\n"
 
 
-def test_bad_start_flags(tmp_path):
-    proc = _run(["server", "start", "--idle-timeout", "0"], os.environ, tmp_path)
-    assert (proc.returncode, proc.stderr) == (2, "stepsim: error: --idle-timeout: must be a positive number of "
-                                                 "seconds\n")
+@pytest.mark.parametrize("flag, value, message", [  # * nan was taken (a server that never idled out)
+    ("--idle-timeout", "0", "--idle-timeout must be a positive number of seconds, got 0.0"),
+    ("--idle-timeout", "nan", "--idle-timeout must be a positive number of seconds, got nan"),  # *
+    ("--idle-timeout", "inf", "--idle-timeout must be a positive number of seconds, got inf"),  # *
+    ("--idle-timeout", "-3", "--idle-timeout must be a positive number of seconds, got -3.0"),
+    ("--idle-timeout", "1e300", "--idle-timeout must be at most 2**32 s (about 136 years; beyond it float64 seconds "
+                                "are coarser than a microsecond), got 1e+300"),  # *
+    ("--wait", "nan", "--wait must be a positive number of seconds, got nan"),  # *
+    ("--wait", "0", "--wait must be a positive number of seconds, got 0.0"),
+])
+def test_bad_start_flags(tmp_path, flag, value, message):
+    proc = _run(["server", "start", flag, value], os.environ, tmp_path)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, f"stepsim: error: {message}\n", "")
 
 
 def test_a_refused_command_runs_in_its_own_process(short_folder, monkeypatch):

@@ -148,6 +148,21 @@ def test_bad_names_and_flags_are_one_line_and_status_2(path, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("value", [",,", "h,,r", "h,", " ", ", h"])
+def test_spill_lists_with_an_empty_name_are_refused(path, tmp_path, capsys, value):
+    # * ',,' named nothing and ran as the fused model (exit 0): a silent no-op
+    for command in ("run", "metrics"):
+        out = tmp_path / command
+        assert main([command, str(path), "--spill", value, "--out", str(out)]) == 2
+        assert capsys.readouterr() == ("", f"stepsim: error: --spill {value!r}: an empty name in the list; expected "
+                                           "NAME[,NAME...], each a value or VALUE->CONSUMER\n")
+        assert not out.exists()
+    with pytest.raises(ConfigError) as err:  # a sweep or run file names its key, the Python API the same
+        run_identity({"workload": "program", "program": str(path), "spill": value}, source="sweep.toml")
+    assert str(err.value) == (f"sweep.toml: config key 'spill' {value!r}: an empty name in the list; expected "
+                              "NAME[,NAME...], each a value or VALUE->CONSUMER")
+
+
 @pytest.mark.parametrize("hierarchical", [False, True])
 def test_optimize_no_fuse_searches_tiles_with_every_edge_spilled(path, tmp_path, capsys, hierarchical):
     out = tmp_path / "opt"

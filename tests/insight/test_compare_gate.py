@@ -99,6 +99,34 @@ def test_a_failed_candidate_row_is_missing_with_its_error(base, tmp_path, capsys
                                          "progress)"}]
 
 
+@pytest.mark.parametrize("value, reason", [(float("nan"), "NaN"), (None, "missing")])
+def test_a_candidate_record_with_an_unusable_metric_fails_the_gate(base, tmp_path, capsys, value, reason):
+    rows = _rows(base)  # * a NaN utilization compared false with the threshold and passed (exit 0)
+    rows[2]["compute_utilization"] = value
+    status, out, _ = _compare(capsys, base, _candidate(tmp_path, rows), "--metric", "compute_utilization")
+    assert (status, out[-1]) == (1, f"candidate metric compute_utilization is {reason} in {LABEL.format(n=16, m=32)}")
+    was = f"{100 * _rows(base)[2]['compute_utilization']:.2f} %"  # the baseline's value, as compare prints it
+    assert [line for line in out if "INVALID" in line] == [
+        f"  compute_utilization      {was:>16} ->                -  -  INVALID ({reason})"]
+    status, out, _ = _compare(capsys, base, _candidate(tmp_path, rows), "--metric", "compute_utilization", "--json")
+    doc = json.loads(out[0])  # strict JSON: the value reads as null beside its reason
+    assert doc["invalid"] == [{"config": LABEL.format(n=16, m=32), "metric": "compute_utilization",
+                               "reason": reason}] and doc["regressed"]
+
+
+def test_a_configuration_twice_in_the_baseline_is_a_duplicate(base, tmp_path, capsys):
+    rows = _rows(base)
+    twice = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_pylist([*rows, rows[0]]), twice)
+    status, out, _ = _compare(capsys, twice, base, "--metric", "cycles")
+    # * was "missing in the candidate" and "1 of 5 baseline configuration(s) missing", exit 1
+    assert (status, out[-2:]) == (0, [f"duplicate in the baseline: {LABEL.format(n=16, m=16)} (recorded more than "
+                                      "once)", "no metric worse by more than 1 %"])
+    status, out, _ = _compare(capsys, base, twice, "--metric", "cycles")  # a candidate's second record is listed
+    assert (status, out[-2:]) == (0, [f"duplicate in the candidate: {LABEL.format(n=16, m=16)} (recorded more than "
+                                      "once)", "no metric worse by more than 1 %"])
+
+
 def test_no_match_says_the_trace_changed(base, tmp_path, capsys):
     rows = _rows(base)
     for r in rows:

@@ -178,7 +178,8 @@ def test_cli_bad_inputs_are_one_line(tmp_path, capsys):
     trace = requests_file(tmp_path / "t.parquet", [0.0, 1.0], [10, 40000], 1000)
     assert _error(capsys, [*base, "--model", MODEL, "--requests", str(trace)]) == (
         f"stepsim: error: {trace}: row 1: prompt 40000 + output 1000 tokens exceed the longest sequence the engine "
-        "takes, 40960 tokens (the model's max_position_embeddings is 40960)")
+        "takes, 40960 tokens (the model's max_position_embeddings is 40960); --drop-long leaves such requests out, "
+        "--truncate-long shortens their prompts")
     assert _error(capsys, [*base, "--model", "mixtral-8x7b", "--requests", str(trace)]) == (
         "stepsim: error: the model's weights (93.41 GB) do not fit in HBM (68.72 GB): 24.69 GB short; "
         "serve it on several chips with --system FILE")
@@ -199,4 +200,5 @@ def test_prompt_longer_than_kv_capacity(tmp_path):
     with pytest.raises(TraceValueError) as e:
         stepsim.serve(MODEL, trace, iteration_latency=0.01, hbm_bytes=62_000_000_000)
     assert str(e.value) == (f"{trace}: row 1: prompt 9000 + output 1000 tokens exceed the longest sequence the engine "
-                            "takes, 9488 tokens (the KV cache holds 9488 tokens (593 blocks of 16))")
+                            "takes, 9488 tokens (the KV cache holds 9488 tokens (593 blocks of 16)); --drop-long "
+                            "leaves such requests out, --truncate-long shortens their prompts")

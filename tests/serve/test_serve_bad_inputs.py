@@ -18,12 +18,23 @@ import pytest
 from serve_requests import requests_file
 
 import stepsim
-from stepsim.base.errors import ArgumentError, ConfigError, StepsimWarning, TraceError, TraceValueError
+from stepsim.base.errors import (
+    ArgumentError,
+    ConfigError,
+    LatencyProviderError,
+    SimulationError,
+    StepsimWarning,
+    TraceError,
+    TraceValueError,
+)
 from stepsim.base.signals import Terminated
 from stepsim.cli import main
+from stepsim.serve.latency import IterationCost
 from stepsim.trace_io.requests import read_requests
 
 E = "stepsim: error: "
+#: how the largest simulated time is named (stepsim.base.ranges.MAX_TIME_TEXT)
+MAX_TIME = "2**32 s (about 136 years; beyond it float64 seconds are coarser than a microsecond)"
 #: four layers of Qwen3-30B-A3B: an engine-backed run of a few requests takes seconds
 MODEL4 = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "qwen3-30b-a3b-4layers.json")
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
@@ -176,6 +187,16 @@ COLUMNAR_CASES = [  # (name, columns, message after "<file>: "); * changed by th
     ("r.parquet", _columns(arrival_s=pa.array([0.0, None, 2.0])), "row 1, column 'arrival_s': missing value (null)"),
     ("r.parquet", _columns(output_tokens=pa.array([1, 0, 3], pa.int64())),
      "row 1, column 'output_tokens': an output of 0 tokens (a request has at least 1)"),
+    # * each replayed with every step lost in rounding: latencies 0 (or a ZeroDivisionError for 1e300)
+    ("r.parquet", _columns(arrival_s=pa.array([1.7e18, 1.7e18 + 5e8, 1.7e18 + 1e9])),  # epoch nanoseconds
+     f"row 0, column 'arrival_s': arrival 1.7e+18 s is beyond {MAX_TIME}; are the arrivals in epoch milli-, micro- "
+     "or nanoseconds? give seconds"),
+    ("r.parquet", _columns(arrival_s=pa.array([0.0, 1.7e12, 1.7e12])),  # epoch milliseconds after a first 0
+     f"row 1, column 'arrival_s': arrival 1700000000000.0 s is beyond {MAX_TIME}; are the arrivals in epoch milli-, "
+     "micro- or nanoseconds? give seconds"),
+    ("r.parquet", _columns(arrival_s=pa.array([1e300, 1e300, 1e300])),
+     f"row 0, column 'arrival_s': arrival 1e+300 s is beyond {MAX_TIME}; are the arrivals in epoch milli-, micro- or "
+     "nanoseconds? give seconds"),
 ]
 
 
@@ -230,7 +251,8 @@ def test_prompt_plus_output_that_overflows_int64_is_refused(tmp_path, capsys):
     pq.write_table(pa.table(_columns(prompt_tokens=pa.array([10, 2**62, 30], pa.int64()),
                                      output_tokens=pa.array([1, 2**62, 3], pa.int64()))), path)
     message = (f"{path}: row 1: prompt 4611686018427387904 + output 4611686018427387904 tokens exceed the longest "
-               "sequence the engine takes, 40960 tokens (the model's max_position_embeddings is 40960)")
+               "sequence the engine takes, 40960 tokens (the model's max_position_embeddings is 40960); --drop-long "
+               "leaves such requests out, --truncate-long shortens their prompts")
     assert _refused(capsys, path, tmp_path) == E + message
     with pytest.raises(TraceValueError) as e:
         stepsim.serve("qwen3-30b-a3b", path, iteration_latency=0.01)
@@ -244,6 +266,17 @@ FLAG_CASES = [  # (flags, message); * changed by the audit
     (["--arrival-scale", "1e308"], "--arrival-scale 1e+308: the arrivals overflow to infinity (the last request "  # *
                                    "would arrive at inf s); give a larger rate or a smaller scale"),
     (["--arrival-scale", "nan"], "--arrival-scale must be a positive number, got nan"),
+    (["--arrival-scale", "1e10"], "--arrival-scale 10000000000.0: the last request would arrive at 45194100000.0 s, "  # *
+                                  f"beyond {MAX_TIME}; give a larger rate or a smaller scale"),
+    (["--arrival", "poisson:1e-12"], "--arrival poisson:1e-12: the last request would arrive at "  # *
+                                     f"1719335668023.8298 s, beyond {MAX_TIME}; give a larger rate or a smaller "
+                                     "scale"),
+    # * inf and NaN times written into summary.json (invalid JSON), exit 0
+    (["--iteration-latency", "1e308"], f"--iteration-latency must be at most {MAX_TIME}, got 1e+308"),
+    (["--iteration-latency", "nan"], "--iteration-latency must be a positive number of seconds, got nan"),
+    (["--iteration-latency", "inf"], "--iteration-latency must be a positive number of seconds, got inf"),
+    (["--iteration-latency", "0"], "--iteration-latency must be a positive number of seconds, got 0.0"),
+    (["--iteration-latency", "-1"], "--iteration-latency must be a positive number of seconds, got -1.0"),
     (["--arrival-scale", "inf"], "--arrival-scale must be a positive number, got inf"),
     (["--arrival", "gamma:3"], "--arrival 'gamma:3': expected poisson:RATE with RATE in requests per second > 0"),
     (["--arrival", "poisson"], "--arrival 'poisson': expected poisson:RATE with RATE in requests per second > 0"),
@@ -307,6 +340,15 @@ MODEL_CASES = [  # (config edit, message after "model file <file>: "); * changed
     ({"num_key_value_heads": -4}, "field 'num_key_value_heads' must be an integer >= 1, got -4"),
     ({"num_experts_per_tok": 200}, "field 'num_experts_per_tok' = 200 exceeds the 128 experts"),
     ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive integer for serving, got 0"),
+    # * a string read by Python truth: "false" meant true (the LM head left out of the weights)
+    ({"tie_word_embeddings": "false"}, "field 'tie_word_embeddings' must be true or false (a JSON boolean), got "
+                                       "'false'"),
+    ({"tie_word_embeddings": 0}, "field 'tie_word_embeddings' must be true or false (a JSON boolean), got 0"),  # *
+    # float dimensions are refused, never truncated
+    ({"hidden_size": 2048.5}, "field 'hidden_size' must be an integer >= 1, got 2048.5"),
+    ({"head_dim": 128.0}, "field 'head_dim' must be an integer >= 1, got 128.0"),
+    ({"max_position_embeddings": 40960.7}, "max_position_embeddings must be a positive integer for serving, got "
+                                           "40960.7"),
 ]
 
 
@@ -318,6 +360,31 @@ def test_bad_model_files_are_one_line(tmp_path, capsys, edit, message):
     path.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
     trace = requests_file(tmp_path / "t.parquet", [0.0], 10, 2)
     assert _refused(capsys, trace, tmp_path, model=path) == f"{E}model file {path}: {message}"
+
+
+def test_json_booleans_in_a_model_file_size_the_lm_head(tmp_path):
+    config = json.loads(open(MODEL4).read())
+    trace = requests_file(tmp_path / "t.parquet", [0.0], 10, 2)
+    weights = {}
+    for tie in (True, False, None):
+        path = tmp_path / f"m{tie}.json"
+        path.write_text(json.dumps({**config, "tie_word_embeddings": tie}))
+        weights[tie] = stepsim.serve(path, trace, iteration_latency=0.01).summary["kv_cache"]["weight_bytes"]
+    # untied (false or null): the LM head's vocab x hidden bf16 weights on top
+    assert weights[False] == weights[None] == weights[True] + config["vocab_size"] * config["hidden_size"] * 2
+
+
+@pytest.mark.parametrize("dims, message", [  # * 2048.5 was truncated to 2048
+    ({"hidden": 2048.5}, "model 'custom': hidden must be a positive int, got 2048.5"),
+    ({"top_k": True}, "model 'custom': top_k must be a positive int, got True"),
+    ({"experts": "8"}, "model 'custom': experts must be a positive int, got '8'"),
+])
+def test_custom_moe_dimensions_are_never_truncated(dims, message):
+    from stepsim.models.presets import moe_model
+
+    with pytest.raises(ConfigError) as e:
+        moe_model("custom", **{"hidden": 64, "intermediate": 128, "experts": 8, "top_k": 2, **dims})
+    assert str(e.value) == message
 
 
 @pytest.mark.parametrize("text, message", [
@@ -381,6 +448,77 @@ def test_bad_routing_dumps_are_one_line(tmp_path, capsys):
                       calibration_cache=tmp_path / "cache")
     assert str(e.value) == f"--routing {tmp_path}/none.npy: no such file"
     assert not (tmp_path / "cache").exists()
+
+
+# --- what a latency provider returns: checked at every step, one typed line naming the step ------------------
+class _Provider:
+    """A Python caller's provider: ``costs`` for the first steps, then 10 ms steps."""
+
+    mode, error = "mine", None
+
+    def __init__(self, *costs, then=IterationCost(0.01)):
+        self.costs, self.then = list(costs), then
+
+    def __call__(self, batch):
+        return self.costs.pop(0) if self.costs else self.then
+
+
+PROVIDER_CASES = [  # (costs of the first steps, message); * each was accepted: latencies 0, NaN or negative
+    ((IterationCost(0.0),), "step 0 (at 0.0 s): seconds must be a positive finite number, got 0.0"),
+    ((IterationCost(float("nan")),), "step 0 (at 0.0 s): seconds must be a positive finite number, got nan"),
+    ((IterationCost(-0.01),), "step 0 (at 0.0 s): seconds must be a positive finite number, got -0.01"),
+    ((IterationCost(float("inf")),), "step 0 (at 0.0 s): seconds must be a positive finite number, got inf"),
+    ((IterationCost("0.01"),), "step 0 (at 0.0 s): seconds must be a positive finite number, got '0.01'"),
+    ((IterationCost(True),), "step 0 (at 0.0 s): seconds must be a positive finite number, got True"),
+    ((0.01,), "step 0 (at 0.0 s): returned 0.01 (float); expected an IterationCost (seconds, cycles)"),
+    ((None,), "step 0 (at 0.0 s): returned None (NoneType); expected an IterationCost (seconds, cycles)"),
+    ((IterationCost(0.01), IterationCost(0.0)), "step 1 (at 0.01 s): seconds must be a positive finite number, got "
+                                                "0.0"),
+    ((IterationCost(1e9), IterationCost(1e-9)), "step 1 (at 1000000000.0 s): a step of 1e-09 s is lost in rounding "
+                                                "(it does not move time on)"),
+    ((IterationCost(4e9), IterationCost(1e9)), "step 1 (at 4000000000.0 s): the step of 1000000000.0 s would end "
+                                               f"beyond {MAX_TIME}"),
+    ((IterationCost(0.01, {"moe": -5}),), "step 0 (at 0.0 s): cycles['moe'] must be an int >= 0, got -5"),
+    ((IterationCost(0.01, {"moe": 1.5}),), "step 0 (at 0.0 s): cycles['moe'] must be an int >= 0, got 1.5"),
+]
+
+
+@pytest.mark.parametrize("costs, message", PROVIDER_CASES, ids=range(len(PROVIDER_CASES)))
+def test_a_providers_bad_cost_is_one_typed_line_naming_the_step(tmp_path, costs, message):
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5], 10, 3)
+    with pytest.raises(LatencyProviderError) as e:
+        stepsim.serve("qwen3-30b-a3b", trace, provider=_Provider(*costs), out=tmp_path / "out")
+    assert str(e.value) == f"latency provider 'mine': {message}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_provider_of_good_costs_replays(tmp_path):  # the check passes what it should: numpy numbers too
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5], 10, 3)
+    provider = _Provider(IterationCost(np.float64(0.02), {"moe": np.int64(7)}),
+                         then=IterationCost(0.01, {"moe": 3}))
+    result = stepsim.serve("qwen3-30b-a3b", trace, provider=provider)
+    assert result.iterations.column("duration_s").to_pylist() == [0.02] + [0.01] * 5
+    assert result.iterations.column("cycles_moe").to_pylist() == [7] + [3] * 5
+
+
+def test_steps_that_run_past_the_time_range_are_refused_and_write_nothing(tmp_path, capsys):
+    # * 1e308 s steps summed to inf: summary.json held Infinity and NaN (invalid JSON), exit 0; a step beyond the
+    # range is refused by the flag's check, steps that add up beyond it by the replay, naming the step
+    trace = tmp_path / "t.csv"
+    trace.write_bytes(_csv_text([HEADER, *ROWS]))
+    assert _refused(capsys, trace, tmp_path, "--iteration-latency", "1e9") == (
+        f"{E}latency provider 'iteration-latency': step 4 (at 4000000000.0 s): the step of 1000000000.0 s would end "
+        f"beyond {MAX_TIME}")
+
+
+def test_a_summary_with_nan_is_never_written(tmp_path):
+    from stepsim.serve.output import write_outputs
+
+    table = pa.table({"a": [1]})
+    with pytest.raises(SimulationError) as e:
+        write_outputs(tmp_path / "out", table, table, {"ttft_s": {"mean": 0.5, "p99": float("nan")}}, {})
+    assert str(e.value) == "summary.json: ttft_s.p99 is nan; a serve run's figures are finite numbers (nothing written)"
+    assert not (tmp_path / "out").exists()
 
 
 # --- serving sweeps: what serve refuses without a run is refused before any task ------------------------------

@@ -74,9 +74,72 @@ def test_a_lower_throughput_is_worse(runs, tmp_path, capsys):
     status, out, _ = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "throughput_tokens_per_s",
                           "--metric", "slo_attainment", "--threshold", "1%")
     assert status == 1
+    # * slo_attainment asked for by name but absent (no --slo) passed as "-": now it fails the gate, named
     assert out[1:] == ["  throughput_tokens_per_s             33.88 ->            33.39  -1.45 %  WORSE",
-                       "  slo_attainment                          - ->                -  -",
-                       "worse by more than 1 %: throughput_tokens_per_s"]
+                       "  slo_attainment                          - ->                -  -  INVALID (missing)",
+                       "worse by more than 1 %: throughput_tokens_per_s; candidate metric slo_attainment is missing "
+                       f"in {VLLM.replace('0.015625', '0.01953125')}"]
+
+
+def _summary_edit(folder, edit):
+    path = folder / "summary.json"
+    summary = json.loads(path.read_text())
+    edit(summary)
+    path.write_text(json.dumps(summary))  # Python writes NaN as the bare word NaN, as a careless tool would
+
+
+CANDIDATE_CASES = [  # (edit of the candidate's summary, compare flags, exit status, last line); * each exited 0
+    (lambda s: s["ttft_s"].update(p99=float("nan")), [], 1,
+     "candidate metric ttft_s.p99 is NaN in {cand}"),  # *
+    (lambda s: s["ttft_s"].update(p99=None), [], 1, "candidate metric ttft_s.p99 is missing in {cand}"),  # *
+    (lambda s: s.update(throughput_tokens_per_s=float("inf")), [], 1,
+     "candidate metric throughput_tokens_per_s is inf in {cand}"),  # *
+    (lambda s: None, ["--metric", "slo_attainment"], 1,
+     "candidate metric slo_attainment is missing in {cand}"),  # * neither run has --slo: asked for, so it fails
+    (lambda s: s["ttft_s"].update(p99=0.02), [], 0, "no metric worse by more than 1 %"),  # a better value passes
+]
+
+
+def test_a_baseline_with_a_nan_metric_fails_the_gate(runs, tmp_path, capsys):
+    runs("base", T)
+    runs("cand", T)
+    _summary_edit(tmp_path / "base", lambda s: s["tpot_s"].update(p99=float("nan")))  # * the gate was off: exit 0
+    got, out, err = _cli(capsys, tmp_path / "base", tmp_path / "cand")
+    assert (got, out[2], out[-1], err) == (
+        1, "  tpot_s.p99                              - ->          0.01563  -  INVALID (baseline NaN)",
+        f"baseline metric tpot_s.p99 is NaN in {VLLM}", "")
+
+
+@pytest.mark.parametrize("edit, flags, status, last", CANDIDATE_CASES, ids=range(len(CANDIDATE_CASES)))
+def test_a_candidate_with_an_unusable_metric_fails_the_gate(runs, tmp_path, capsys, edit, flags, status, last):
+    runs("base", T)
+    runs("cand", T)
+    _summary_edit(tmp_path / "cand", edit)
+    got, out, err = _cli(capsys, tmp_path / "base", tmp_path / "cand", *flags)
+    assert (got, out[-1], err) == (status, last.format(cand=VLLM), "")
+    res = compare(tmp_path / "base", tmp_path / "cand", metrics=flags[1:] or None)
+    json.dumps(res, allow_nan=False)  # the JSON form holds no NaN: an unusable value reads as null
+    assert res["regressed"] is bool(status)
+
+
+def test_a_run_present_twice_in_the_baseline_is_a_duplicate_not_missing(runs, tmp_path, capsys):
+    runs("base/a", T)
+    runs("base/b", T)  # the same configuration twice
+    runs("cand/a", T)
+    status, out, err = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99")
+    # * was "missing in the candidate: ..." and "1 of 2 baseline configuration(s) missing", exit 1
+    assert (status, err) == (0, "")
+    assert out == [VLLM, "  ttft_s.p99                        0.02671 ->          0.02671  +0.00 %",
+                   VLLM, "  ttft_s.p99                        0.02671 ->          0.02671  +0.00 %",
+                   f"duplicate in the baseline: {VLLM} (recorded more than once)",
+                   "no metric worse by more than 1 %"]
+    res = compare(tmp_path / "base", tmp_path / "cand")
+    assert (res["missing"], res["duplicates"]) == ([], [{"side": "baseline", "config": VLLM}])
+    # each baseline record is held against the candidate's: a worse candidate fails against both
+    runs("cand/a", 1.25 * T)
+    status, out, _ = _cli(capsys, tmp_path / "base", tmp_path / "cand", "--metric", "ttft_s.p99")
+    assert (status, out[-2:]) == (1, [f"duplicate in the baseline: {VLLM} (recorded more than once)",
+                                      "worse by more than 1 %: ttft_s.p99"])
 
 
 def test_folders_of_runs_pair_by_configuration_and_missing_ones_fail_unless_allowed(runs, tmp_path, capsys):

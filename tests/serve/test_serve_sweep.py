@@ -141,7 +141,7 @@ def test_run_identity_follows_every_knob_and_the_files_content_not_their_path(sw
                                                 "known keys: model, requests, arrival_scale, arrival, limit_requests, "
                                                 "duration, hardware, scheduler, max_seqs, max_batch_tokens, "
                                                 "chunk_tokens, routing, fidelity, slo, seed, iteration_latency, "
-                                                "hbm_bytes, block_size"),
+                                                "hbm_bytes, block_size, drop_long, truncate_long"),
     (("max_seqs = [1, 4]", "max_seqs = [1, 4.5]"), "{f} (task scheduler=vllm max_seqs=4.5): max_seqs must be an "
                                                    "integer, got 4.5"),
     (('"orca", ', '"orcaa", '), "{f} (task scheduler=orcaa max_seqs=1): scheduler must be one of vllm, sarathi, "

@@ -87,7 +87,40 @@ def test_the_text_summary_names_the_system(tmp_path, capsys):
     assert main(["serve", "--model", "mixtral-8x7b", "--requests", str(trace), "--system", "ring-4",
                  "--iteration-latency", "0.01", "--out", str(tmp_path / "o")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "system      ring-4: 4 chips, weights split by ep+tp, at most 23.35 GB a chip" in lines
+    # * the chip was not named (and was step-eval, not serve's sn40l); now the second line says it
+    assert lines[1] == "system      ring-4: 4 chips of sn40l, weights split by ep+tp, at most 23.35 GB a chip"
+
+
+def test_the_chips_are_hardware_else_the_system_files_else_serves_default(tmp_path, capsys):
+    """* --system PRESET served on step-eval chips (the system default), not serve's sn40l, and --hardware beside
+    --system was refused: now --hardware is every chip's, a system file's hardware key is kept, and a system that
+    names none serves on sn40l, as one chip would."""
+    (tmp_path / "small.toml").write_text('preset = "sn40l"\nhbm_capacity_bytes = 40000000000\n')
+    (tmp_path / "hdl2.toml").write_text('chips = 2\nhardware = "step-hdl"\ntopology = "ring"\nlink_bandwidth = 64\n'
+                                        'link_latency = 500\n')
+    trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
+
+    def chips(**kw):
+        return stepsim.serve("mixtral-8x7b", trace, iteration_latency=0.01, **kw).summary["hardware"]["name"]
+
+    assert chips(system="ring-2") == "sn40l"  # the preset names no hardware
+    assert chips(system="ring-2", hardware="step-hdl") == "step-hdl"
+    assert chips(system=str(tmp_path / "hdl2.toml")) == "step-hdl"  # the file's own
+    assert chips(system=str(tmp_path / "hdl2.toml"), hardware="step-eval") == "step-eval"  # told otherwise
+    # a hardware file is every chip's: its 40 GB HBM is each chip's, one line says by how much it is short
+    with pytest.raises(ConfigError) as e:
+        chips(system="ring-2", hardware=str(tmp_path / "small.toml"))
+    assert str(e.value) == ("--system ring-2: chip 0's share of the weights (46.70 GB, ep+tp over 2 chips) does not fit "
+                            "its HBM (40.00 GB): 6.70 GB short; use more chips")
+    assert main(["serve", "--model", "mixtral-8x7b", "--requests", str(trace), "--system", "ring-2", "--hardware",
+                 "step-hdl", "--iteration-latency", "0.01", "--out", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == ("system      ring-2: 2 chips of step-hdl, weights split by "
+                                                       "ep+tp, at most 46.70 GB a chip")
+    assert main(["serve", "--model", "mixtral-8x7b", "--requests", str(trace), "--system", "ring-2", "--hardware",
+                 "tpu", "--iteration-latency", "0.01", "--out", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err == ("stepsim: error: --hardware must be a preset (sn40l, step-eval, step-hdl) or a "
+                                       ".toml file, got 'tpu'\n")
+    assert not (tmp_path / "p").exists()
 
 
 def test_a_chip_short_of_hbm_is_one_line(tmp_path):
@@ -105,8 +138,6 @@ def test_a_chip_short_of_hbm_is_one_line(tmp_path):
     (["--model", "llama-3.1-8b", "--system", "torus-4x4", "--fidelity", "fast"],
      "stepsim: error: --fidelity fast with --system torus-4x4: the system needs one dimension (ring, fully-connected "
      "or switch) for its all-reduce's closed form"),
-    (["--model", "mixtral-8x7b", "--system", "ring-2", "--hardware", "sn40l", "--iteration-latency", "0.01"],
-     "stepsim: error: --hardware does not apply with --system: the system file names the chips' hardware"),
     (["--model", "mixtral-8x7b", "--system", "mesh-3", "--iteration-latency", "0.01"],
      "stepsim: error: --system: unknown system preset 'mesh-3'; known presets: fully-connected-8, ring-2, ring-4, "
      "ring-8, sn40l-16, sn40l-8, switch-8, torus-4x4"),
@@ -182,7 +213,9 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
     from stepsim.simulation.simulate import simulate
 
     trace = requests_file(tmp_path / "t.parquet", [0.0, 0.001, 0.002], [40, 7, 20], [3, 4, 2])
-    result = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2", out=tmp_path / "o")
+    # the preset names no hardware: serve's default (sn40l) unless told; these cycles are step-eval chips'
+    result = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2", hardware="step-eval",
+                           out=tmp_path / "o")
     it = result.iterations.to_pydict()
     assert (it["tokens"], it["cycles_attention"], it["cycles_ffn"], it["cycles_weights"]) == (
         [40, 1, 1, 7, 1, 1, 1, 20, 1],
@@ -267,8 +300,9 @@ def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_
     (stepsim.serve.routing), not the exact run's token sequence, and whether a 1-token decode step's experts sit
     on the remote chip moves that step's FFN by 2 x 500 link cycles a layer."""
     trace = _window(tmp_path)
-    fast = stepsim.serve(str(small_moe), trace, fidelity="fast", system="ring-2", calibration_cache=tmp_path / "c")
-    exact = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2")
+    fast = stepsim.serve(str(small_moe), trace, fidelity="fast", system="ring-2", hardware="step-eval",
+                         calibration_cache=tmp_path / "c")
+    exact = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2", hardware="step-eval")
     f = fast.summary["fidelity"]
     assert (f["mode"], f["system"], f["chips"]) == ("fast", "ring-2", 2)
     error = f["error"]
@@ -295,7 +329,8 @@ def test_the_fast_calibration_key_holds_the_system(small_moe, tmp_path):
     same.write_text('chips = 2\nhardware = "step-eval"\ntopology = "ring"\nlink_bandwidth = 64\nlink_latency = 500\n')
     slower = tmp_path / "slower.toml"
     slower.write_text(same.read_text().replace("500", "400"))
-    a = stepsim.serve(str(small_moe), trace, fidelity="fast", system="ring-2", calibration_cache=cache)
+    a = stepsim.serve(str(small_moe), trace, fidelity="fast", system="ring-2", hardware="step-eval",
+                      calibration_cache=cache)
     b = stepsim.serve(str(small_moe), trace, fidelity="fast", system=str(same), calibration_cache=cache)
     assert b.summary["fidelity"]["calibration"] == a.summary["fidelity"]["calibration"]
     assert b.summary["fidelity"]["error"] == a.summary["fidelity"]["error"] and len(list(cache.iterdir())) == 1

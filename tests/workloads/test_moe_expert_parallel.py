@@ -168,6 +168,9 @@ def test_run_moe_with_ep_reports_the_chips(trace, capsys):
     ({"ep": 2, "system": "ring-4"}, "--ep 2 needs a system of 2 chips; system 'ring-4' has 4"),
     ({"ep": 9}, "--ep 9 places 8 experts on more chips than experts: a chip without experts has nothing to do (use "
                 "--ep 8 or fewer)"),
+    # * built the sharded graph on one chip: another run (other cycles) than the layer without --ep
+    ({"ep": 1}, "--ep must be an int >= 2 (chips), got 1"),
+    ({"ep": 1, "layers": 2}, "--ep must be an int >= 2 (chips), got 1"),
 ])
 def test_bad_expert_parallel_configs_are_one_line(trace, extra, message):
     path, _ = trace

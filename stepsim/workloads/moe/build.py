@@ -164,6 +164,10 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         if value != 1 and any(v is not None for v in (layers, pp, micro_batches, ep, tp)):
             raise ArgumentError(f"{knob} {value} applies to the one-chip MoE layer only (not with ep, tp, pp, layers "
                                 "or micro_batches)")
+    if ep is not None and tp is None and (isinstance(ep, bool) or not isinstance(ep, int) or ep < 2):
+        # --ep 1 built the sharded graph (dispatch and combine through one chip), not the one-chip layer, so it
+        # was another run than the layer without --ep; refused as the stack and the decoder refuse it
+        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
     stack = layers is not None or pp is not None or micro_batches is not None
     routings = None
     if stack:
