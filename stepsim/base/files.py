@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ from urllib.parse import quote
 import numpy as np
 
 from stepsim._version import __version__
-from stepsim.base.errors import ConfigError, OutputError
+from stepsim.base.errors import ConfigError, OutputError, os_reason
 from stepsim.base.lazy_import import LazyModule
 
 # pyarrow is imported when a table is first written or read (a command that only prints imports none of it)
@@ -222,8 +223,12 @@ def published_together() -> Iterator[None]:
     none of them (a run's record without its channel table is an output ``stepsim report`` rejects).
 
     Every file is first written and fsynced under its temp name; only then are they renamed into place, with
-    SIGINT / SIGTERM blocked so an interrupt cannot fall between two renames. A failed rename removes the files
-    already renamed (a rename within a folder needs no space, so this is a read-only remount, not a full disk).
+    SIGINT / SIGTERM blocked so an interrupt cannot fall between two renames. An earlier run's files are never
+    lost: before the first rename each existing target gets a hard link under a hidden backup name (a target that
+    cannot be backed up, such as a folder in a file's place or a read-only folder, fails the publication before
+    anything is renamed), and a rename that fails afterwards puts every earlier file back from its backup (a
+    target that did not exist before is removed). So either all new files land or the earlier files stay as they
+    were, and the error names the target that could not be replaced.
     """
     pending: list = []
     token = _PENDING.set(pending)
@@ -238,24 +243,75 @@ def published_together() -> Iterator[None]:
     _PENDING.reset(token)
     previous = _signal_mask()
     _block_stop_signals()
-    done: list[Path] = []
     try:
-        for tmp, path in pending:
-            try:
-                os.replace(tmp, path)
-            except OSError as exc:
-                for written in done:
-                    with suppress(FileNotFoundError):
-                        written.unlink()
-                for left, _ in pending:
-                    with suppress(FileNotFoundError):
-                        left.unlink()
-                raise OutputError(path, exc) from None
-            done.append(path)
-        for folder in dict.fromkeys(path.parent for _, path in pending):
-            _fsync_dir(folder)
+        _publish(pending)
     finally:
         _restore_signals(previous)
+
+
+def _backup(path: Path) -> Path | None:
+    """A hidden hard link to ``path`` beside it (None: ``path`` does not exist). Raises OSError when ``path``
+    cannot be replaced by a file later (a folder) or the folder takes no new name (read-only)."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    backup = Path(tempfile.mktemp(prefix=f".{path.name}.", suffix=".bak", dir=path.parent))
+    try:
+        os.link(path, backup, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        # a filesystem without hard links: a copy keeps the earlier bytes just as well
+        shutil.copy2(path, backup, follow_symlinks=False)
+    return backup
+
+
+def _publish(pending: list) -> None:
+    """Rename every ``(tmp, path)`` of ``pending`` into place, all or none (see :func:`published_together`)."""
+    backups: list[Path | None] = []
+
+    kept: set[Path] = set()  # backups an undo could not put back: never deleted
+
+    def clean() -> None:
+        for tmp, _ in pending:
+            with suppress(FileNotFoundError):
+                tmp.unlink()
+        for backup in backups:
+            if backup is not None and backup not in kept:
+                with suppress(FileNotFoundError):
+                    backup.unlink()
+
+    for tmp, path in pending:
+        try:
+            backups.append(_backup(path))
+        except OSError as exc:
+            clean()
+            raise OutputError(path, exc) from None
+    done = 0
+    try:
+        for tmp, path in pending:
+            os.replace(tmp, path)
+            done += 1
+    except OSError as exc:
+        failed = pending[done][1]
+        lost = []  # what could not be undone, said in the error rather than deleted
+        for (_, path), backup in zip(pending[:done], backups[:done]):
+            try:
+                if backup is None:
+                    path.unlink()
+                else:
+                    os.replace(backup, path)
+            except OSError:
+                lost.append(f"new {path} left" if backup is None else f"earlier {path} kept as {backup}")
+                kept.add(backup)
+        if lost:
+            exc = OSError(None, f"{os_reason(exc)}; could not undo: {', '.join(lost)}")
+        clean()
+        raise OutputError(failed, exc) from None
+    clean()
+    for folder in dict.fromkeys(path.parent for _, path in pending):
+        _fsync_dir(folder)
 
 
 @contextmanager
