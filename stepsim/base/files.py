@@ -94,6 +94,48 @@ def file_sha256(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+# --- free text in file names and TOML ---------------------------------------------------------------------
+#: characters a file name made from free text keeps (everything else becomes "_")
+_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._+-")
+#: the longest stem :func:`safe_stem` returns (file systems allow 255 bytes; room for a suffix and a hash)
+MAX_STEM = 100
+
+
+def safe_stem(text: str) -> str:
+    """A file-name stem made from free text (a system's or model's ``name``): one path component that stays in
+    its folder. Letters, digits and ``._+-`` are kept, every other character (``/``, ``\\``, quotes, spaces,
+    control characters) becomes ``_``, leading dots and dashes are dropped (no ``..``, no hidden file, no name
+    read as a flag), and the stem is at most :data:`MAX_STEM` characters. A name that had to change gets 8 hex of its hash appended, so two different names
+    never share a file.
+
+    >>> safe_stem("ring-8"), safe_stem("../../etc/x")
+    ('ring-8', 'etc_x-56da1a2e')
+    """
+    text = str(text)
+    clean = "".join(c if c in _SAFE_CHARS else "_" for c in text).lstrip("._-")[:MAX_STEM] or "unnamed"
+    if clean == text:
+        return clean
+    return f"{clean}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string, quotes included: backslash, double quote and control characters escaped
+    (``\\uXXXX``), so any name or path written into a TOML file reads back as the same text.
+
+    >>> print(toml_string('say "hi"'))
+    "say \\"hi\\""
+    """
+    out = []
+    for c in str(text):
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 # --- metadata -------------------------------------------------------------------------------------------
 def provenance_metadata(
     config=None, trace: str | Path | None = None, seed: int | None = None, trace_hash: str | None = None
