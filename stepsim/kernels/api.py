@@ -103,8 +103,10 @@ class EngineResult:
         return self.fires / self.wall_seconds if self.wall_seconds > 0 else float("inf")
 
 
-#: events in the engine's first slice; later slices grow until one takes about SLICE_SECONDS
-FIRST_SLICE_EVENTS = 1 << 16
+#: events in the engine's first slice; later slices grow until one takes about SLICE_SECONDS. Small, because an
+#: event's cost grows with the program (a 128-chip ring all-reduce of 50,000 units runs about 1,000 events/s: a
+#: first slice of 65,536 events kept Ctrl-C waiting a minute); doubling from here costs a few 20 us calls
+FIRST_SLICE_EVENTS = 1 << 10
 #: HBM work in the engine's first slice (kernels.hbm: a tick costs one plus its due units). One event can hold
 #: unbounded work (a tile of 2**30 columns is billions of requests), so a slice is bounded by work as well as by
 #: events; both grow while a slice takes under SLICE_SECONDS / 2
@@ -165,8 +167,11 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
         elapsed = time.perf_counter() - t0
         if elapsed < SLICE_SECONDS / 2:
             n_slice, work = 2 * n_slice, 2 * work
-        elif elapsed > 2 * SLICE_SECONDS and eng[E_WORK_LEFT] <= 0:  # a slow slice that ended on its HBM work:
-            work = max(work // 2, 1)  # the ticks got dearer (more due units), so fewer of them per slice
+        elif elapsed > 2 * SLICE_SECONDS:
+            if eng[E_WORK_LEFT] <= 0:  # a slow slice that ended on its HBM work: the ticks got dearer (more due
+                work = max(work // 2, 1)  # units), so fewer of them per slice
+            else:  # ended on its events, which got dearer: as many as fit in SLICE_SECONDS at this slice's rate
+                n_slice = max(int(n_slice * SLICE_SECONDS / elapsed), 1)
         if progress is not None:
             progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
     out = np.zeros(A.N_OUT, dtype=np.int64)
