@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -86,7 +87,9 @@ def stable_hash(obj) -> str:
 
 
 def file_sha256(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
-    """SHA-256 (hex) of a file's bytes, read in ``chunk_bytes`` chunks (bounded memory)."""
+    """SHA-256 (hex) of a file's bytes, read in ``chunk_bytes`` chunks (bounded memory). A named pipe or a device
+    is refused (ConfigError) rather than read: its bytes might never end."""
+    refuse_special_file(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk_bytes):
@@ -134,6 +137,34 @@ def toml_string(text: str) -> str:
         else:
             out.append(c)
     return '"' + "".join(out) + '"'
+
+
+# --- special files ----------------------------------------------------------------------------------------
+def special_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists and is neither a regular file nor a folder (symbolic links followed):
+    ``"a named pipe"``, ``"a character device"`` (``/dev/zero``), ``"a block device"``, ``"a socket"``; else None.
+    Reading such a file can wait forever (a pipe nobody writes) or never end (``/dev/zero``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    for test, kind in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def refuse_special_file(path: str | os.PathLike, error: type[Exception] = ConfigError, what: str = "an input") -> None:
+    """Raise ``error`` (one line naming ``path``) when ``path`` is a :func:`special_file`: every input stepsim
+    reads (traces, request files, system / hardware / sweep / space / depths files) is a regular file or a folder,
+    checked before it is opened (opening a pipe without a writer already blocks)."""
+    kind = special_file(path)
+    if kind is not None:
+        raise error(f"{os.fspath(path)}: is {kind}, not a regular file; give {what} file (reading it could wait "
+                    f"forever)")
 
 
 # --- metadata -------------------------------------------------------------------------------------------
@@ -573,10 +604,10 @@ def trace_sha256(path: str | os.PathLike) -> str:
     """
     p = Path(path)
     try:
-        stat = p.stat()
+        info = p.stat()
     except OSError as exc:
         raise ConfigError(f"cannot read trace {p}: {exc}") from exc
-    key = (str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (str(p.resolve()), info.st_size, info.st_mtime_ns)
     if key not in _TRACE_HASHES:
         if p.is_dir():
             files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))

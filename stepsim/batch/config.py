@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.files import refuse_special_file
 from stepsim.workloads.config import MODES
 
 TOP_LEVEL_KEYS = ("workload", "mode", "out", "partition_by", "report", "fixed", "axes")
@@ -130,6 +131,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         value has the wrong type (the message names the file and the key).
     """
     path = Path(path)
+    refuse_special_file(path, ConfigError, "a sweep")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

@@ -27,6 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from stepsim.base.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.files import refuse_special_file
 from stepsim.trace_io.schemas import (
     DECODE_BATCHES,
     KNOWN_MODELS,
@@ -146,9 +147,11 @@ def detect_format(path: str | Path, format: str | None = None) -> str:
             raise ConfigError(f"unknown trace format {format!r}; expected one of {', '.join(FORMATS)}")
         if not p.exists():
             raise TraceError(f"{p}: no such file or directory")
+        refuse_special_file(p, TraceError, "a trace")
         return format
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
+    refuse_special_file(p, TraceError, "a trace")
     if p.is_dir():
         for pattern, fmt in (("*.npz", "npz"), ("*.npy", "npy"), ("**/*.parquet", "parquet"), ("**/*.arrow", "arrow")):
             if next(p.glob(pattern), None) is not None:

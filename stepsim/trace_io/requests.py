@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.files import refuse_special_file
 from stepsim.trace_io.readers import detect_format, read_trace
 
 #: columns of the serving request schema (name -> meaning), in file order after the optional ``request_id``
@@ -203,6 +204,7 @@ def read_requests(path: str | Path) -> RequestTrace:
         (TraceSchemaError / TraceValueError) one line naming the file, the row and the column.
     """
     p = Path(path)
+    refuse_special_file(p, TraceError, "a request trace")
     if not p.is_file():
         raise TraceError(f"{p}: no such file" if not p.exists() else f"{p}: a request trace is one file, not a folder")
     if p.suffix.lower() not in REQUEST_SUFFIXES:  # said for serve (detect_format's hint is stepsim trace's --format)

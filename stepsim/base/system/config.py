@@ -135,6 +135,9 @@ class System:
 def from_toml(path: str | Path) -> System:
     """Read a system file. Raises SystemConfigError (one line naming the file and the key)."""
     path = Path(path)
+    from stepsim.base.files import refuse_special_file  # (numpy-free callers load systems too)
+
+    refuse_special_file(path, SystemConfigError, "a system")
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
