@@ -218,6 +218,7 @@ def _run_child(conn: socket.socket, fds: list[int], request: dict) -> None:
     the command, send its exit status and exit."""
     status = 1
     try:
+        client.send_message(conn, {"started": os.getpid()})  # the caller waits for this only so long (a frozen server)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh process (the server's own handler: serve)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(fds):

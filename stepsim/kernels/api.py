@@ -170,8 +170,8 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
         elif elapsed > 2 * SLICE_SECONDS:
             if eng[E_WORK_LEFT] <= 0:  # a slow slice that ended on its HBM work: the ticks got dearer (more due
                 work = max(work // 2, 1)  # units), so fewer of them per slice
-            else:  # ended on its events, which got dearer: as many as fit in SLICE_SECONDS at this slice's rate
-                n_slice = max(int(n_slice * SLICE_SECONDS / elapsed), 1)
+            elif SLICE_SECONDS > 0:  # ended on its events, which got dearer: as many as fit in SLICE_SECONDS at
+                n_slice = max(int(n_slice * SLICE_SECONDS / elapsed), 1)  # this slice's rate (0: fixed slices)
         if progress is not None:
             progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
     out = np.zeros(A.N_OUT, dtype=np.int64)
