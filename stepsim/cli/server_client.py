@@ -134,16 +134,16 @@ def forward(argv: list[str]) -> int | None:
     path = socket_path(directory, fingerprint())
     if not os.path.exists(path) or private_dir_problem(directory):
         return None
+    request = {"run": argv[1:], "argv0": argv[0], "path0": sys.path[0], "cwd": os.getcwd(), "env": dict(os.environ),
+               "umask": _umask(), "stdio": _stdio_settings()}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        send_message(sock, {"run": argv[1:], "argv0": argv[0], "path0": sys.path[0], "cwd": os.getcwd(),
-                            "env": dict(os.environ), "umask": _umask(), "stdio": _stdio_settings()}, fds=[0, 1, 2])
-    except OSError:  # no server listening (a leftover socket), a closed stdio descriptor, a server going away
+    except OSError:  # no server listening (a leftover socket), a server going away
         sock.close()
         return None
     with sock:
-        return _wait_for_status(sock)
+        return _wait_for_status(sock, request)
 
 
 def _start_timeout() -> float:
@@ -155,24 +155,31 @@ def _start_timeout() -> float:
     return value if 0 < value < float("inf") else START_TIMEOUT_S
 
 
-def _wait_for_status(sock: socket.socket) -> int | None:
-    """Pass signals on to the command while it runs; its exit status (1 with a message if the server's
-    process ended without one), or None when the server refused the command before starting it.
+def _wait_for_status(sock: socket.socket, request: dict) -> int | None:
+    """Hand ``request`` to the server once it greets, pass signals on to the command while it runs; its exit
+    status (1 with a message if the server's process ended without one), or None when the command should run
+    here (the server did not greet, refused the command, or the descriptors could not be sent).
 
-    Never a wait forever: a server that does not start the command within :func:`_start_timeout` is one line
-    (exit 2); after a forwarded signal the command has :data:`STOP_GRACE_S` to end, then it is killed and the
-    program prints its stop line (a signal before the command started stops the program at once)."""
+    Never a wait forever. The server greets every connection it accepts before the command (and the caller's
+    stdin / stdout / stderr) is sent: a server that does not within :func:`_start_timeout` (frozen: stopped,
+    swapped out, deadlocked) never gets the command, which runs here after one warning line (the descriptors are
+    not left in a frozen server's queue, where they would hold the caller's pipes open). A server that greeted but
+    does not start the command within the timeout is one line (exit 2). After a forwarded signal the command has
+    :data:`STOP_GRACE_S` to end, then it is killed and the program prints its stop line; a signal before the
+    command started stops the program at once."""
     signals: list[tuple[int, float]] = []
+    sent = [False]
 
     def pass_on(signum, frame):
         signals.append((signum, time.monotonic()))
-        try:
-            send_message(sock, {"signal": signum})
-        except OSError:
-            pass
+        if sent[0]:
+            try:
+                send_message(sock, {"signal": signum})
+            except OSError:
+                pass
 
     previous = {signum: signal.signal(signum, pass_on) for signum in FORWARDED_SIGNALS}
-    sent = time.monotonic()
+    since = time.monotonic()
     timeout = _start_timeout()
     child = None  # the pid of the command's process, once the server said it started
     try:
@@ -187,19 +194,35 @@ def _wait_for_status(sock: socket.socket) -> int | None:
                 status, line = _STOPPED[signals[0][0]]
                 print(line, file=sys.stderr)
                 return status
-            if child is None and now - sent > timeout:
+            if child is None and now - since > timeout:
+                if not sent[0]:
+                    print(f"stepsim: warning: the command server did not answer within {timeout:g} s (frozen?); "
+                          f"running the command here (`stepsim server stop` ends the server)", file=sys.stderr)
+                    return None
                 print(f"stepsim: error: the command server did not start the command within {timeout:g} s (frozen "
                       f"or overloaded?): `stepsim server stop` ends it, STEPSIM_SERVER=off runs commands without "
                       f"it", file=sys.stderr)
                 return 2
             if not select.select([sock], [], [], 0.1)[0]:
                 continue
-            message = recv_message(sock)
+            try:
+                message = recv_message(sock)
+            except (OSError, ValueError):
+                message = None
             if message is None:
+                if not sent[0]:  # the server went away before it took the command: run it here
+                    return None
                 print("stepsim: error: the command's process in the server ended without an exit status "
                       "(`stepsim server status` lists the servers)", file=sys.stderr)
                 return 1
-            if "started" in message:
+            if "hello" in message and not sent[0]:
+                try:
+                    send_message(sock, request, fds=[0, 1, 2])
+                except OSError:  # a closed stdio descriptor, a server going away: run it here
+                    return None
+                sent[0] = True
+                since = time.monotonic()
+            elif "started" in message:
                 child = int(message["started"])
             elif "refused" in message:
                 return None

@@ -172,6 +172,7 @@ def _handle(conn: socket.socket, listener: socket.socket, children: dict, socket
     try:
         if not _same_user(conn):
             raise ValueError("the caller runs as another user")
+        client.send_message(conn, {"hello": os.getpid()})  # a caller hands its command over only after this
         received = client.recv_message(conn, max_fds=3)
         if received is None:
             conn.close()
