@@ -67,6 +67,8 @@ CASES = [
     ("run swiglu --layers 4 --pp 2 --system ring-2 --micro-batches 100000", 2,
      E + "--micro-batches must be at most 4,096 (each one's operators are built in memory before the run), got "
          "100000"),
+    ("optimize moe --max-chips 1000000 --out s", 2,
+     E + "--max-chips must be at most 4,096 (the most chips a system may have), got 1,000,000"),
     ("sweep huge_range.toml --out s", 2,
      E + "huge_range.toml: [axes] tile_m: range has 999,999,999,999 values; the limit is 1,000,000 per axis"),
 ]
