@@ -52,13 +52,13 @@ CASES = [
      E + "torus.toml: topology (fully-connected of 64 x fully-connected of 64) makes 516,096 links; the limit is "
          "262,144 (each link is an engine unit): use a 'switch' or 'ring' topology, or fewer chips"),
     ("run collective --system ring1024.toml --bytes 16384", 2,
-     E + "--system ring1024: all-reduce over 1,024 chips builds about 3,147,776 operators (3 x 1,024^2 chunks, "
+     E + "--system ring1024.toml: all-reduce over 1,024 chips builds about 3,147,776 operators (3 x 1,024^2 chunks, "
          "plus the links); the limit is 65,536 (about a minute to build and simulate): use fewer chips"),
     ("run collective --system ring4096.toml --bytes 16384 --op all-gather", 2,
-     E + "--system ring4096: all-gather over 4,096 chips builds about 16,785,408 operators (1 x 4,096^2 chunks, "
+     E + "--system ring4096.toml: all-gather over 4,096 chips builds about 16,785,408 operators (1 x 4,096^2 chunks, "
          "plus the links); the limit is 65,536 (about a minute to build and simulate): use fewer chips"),
     ("run collective --system switch4096.toml --bytes 16384 --op reduce-scatter", 2,
-     E + "--system switch4096: reduce-scatter over 4,096 chips builds about 33,562,624 operators (2 x 4,096^2 "
+     E + "--system switch4096.toml: reduce-scatter over 4,096 chips builds about 33,562,624 operators (2 x 4,096^2 "
          "chunks, plus the links); the limit is 65,536 (about a minute to build and simulate): use fewer chips"),
     ("run swiglu --layers 100000", 2,
      E + "--layers must be at most 1,024 (each one's operators are built in memory before the run), got 100000"),

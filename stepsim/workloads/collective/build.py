@@ -100,11 +100,14 @@ def operator_estimate(op: str, chips: int, links: int) -> int:
     return OPERATORS_PER_CHUNK[op] * chips * chips + links
 
 
-def check_size(system: System, op: str) -> None:
-    """Refuse a collective larger than :data:`MAX_OPERATORS` before building it: one line with the estimate."""
+def check_size(system: System, op: str, where: str | None = None) -> None:
+    """Refuse a collective larger than :data:`MAX_OPERATORS` before building it: one line with the estimate, named
+    by ``where`` (the flag and the file given; default ``--system <the system's name>``)."""
+    if op not in OPERATORS_PER_CHUNK:
+        return  # an unknown op is check_request's line
     estimate = operator_estimate(op, system.chips, len(system.links))
     if estimate > MAX_OPERATORS:
-        raise ArgumentError(f"--system {system.name}: {op} over {system.chips:,} chips builds about {estimate:,} "
+        raise ArgumentError(f"{where or f'--system {system.name}'}: {op} over {system.chips:,} chips builds about {estimate:,} "
                             f"operators ({OPERATORS_PER_CHUNK[op]} x {system.chips:,}^2 chunks, plus the links); the "
                             f"limit is {MAX_OPERATORS:,} (about a minute to build and simulate): use fewer chips")
 
@@ -277,6 +280,7 @@ def from_config(cfg: Mapping) -> Workload:
         raise ArgumentError("--hardware does not apply to workload 'collective': the system file names the "
                             "chips' hardware")
     system = System.load(cfg["system"])
+    check_size(system, cfg["op"], f"--system {cfg['system']}")
     kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
     c = build_collective(system, cfg["op"], cfg["bytes"], cfg["algorithm"], **kw)
     topologies = {d.topology for d in system.dimensions}
