@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -28,7 +30,7 @@ from urllib.parse import quote
 import numpy as np
 
 from stepsim._version import __version__
-from stepsim.base.errors import ConfigError, OutputError
+from stepsim.base.errors import ConfigError, OutputError, os_reason
 from stepsim.base.lazy_import import LazyModule
 
 # pyarrow is imported when a table is first written or read (a command that only prints imports none of it)
@@ -85,12 +87,84 @@ def stable_hash(obj) -> str:
 
 
 def file_sha256(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
-    """SHA-256 (hex) of a file's bytes, read in ``chunk_bytes`` chunks (bounded memory)."""
+    """SHA-256 (hex) of a file's bytes, read in ``chunk_bytes`` chunks (bounded memory). A named pipe or a device
+    is refused (ConfigError) rather than read: its bytes might never end."""
+    refuse_special_file(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()
+
+
+# --- free text in file names and TOML ---------------------------------------------------------------------
+#: characters a file name made from free text keeps (everything else becomes "_")
+_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._+-")
+#: the longest stem :func:`safe_stem` returns (file systems allow 255 bytes; room for a suffix and a hash)
+MAX_STEM = 100
+
+
+def safe_stem(text: str) -> str:
+    """A file-name stem made from free text (a system's or model's ``name``): one path component that stays in
+    its folder. Letters, digits and ``._+-`` are kept, every other character (``/``, ``\\``, quotes, spaces,
+    control characters) becomes ``_``, leading dots and dashes are dropped (no ``..``, no hidden file, no name
+    read as a flag), and the stem is at most :data:`MAX_STEM` characters. A name that had to change gets 8 hex of its hash appended, so two different names
+    never share a file.
+
+    >>> safe_stem("ring-8"), safe_stem("../../etc/x")
+    ('ring-8', 'etc_x-56da1a2e')
+    """
+    text = str(text)
+    clean = "".join(c if c in _SAFE_CHARS else "_" for c in text).lstrip("._-")[:MAX_STEM] or "unnamed"
+    if clean == text:
+        return clean
+    return f"{clean}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string, quotes included: backslash, double quote and control characters escaped
+    (``\\uXXXX``), so any name or path written into a TOML file reads back as the same text.
+
+    >>> print(toml_string('say "hi"'))
+    "say \\"hi\\""
+    """
+    out = []
+    for c in str(text):
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+# --- special files ----------------------------------------------------------------------------------------
+def special_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists and is neither a regular file nor a folder (symbolic links followed):
+    ``"a named pipe"``, ``"a character device"`` (``/dev/zero``), ``"a block device"``, ``"a socket"``; else None.
+    Reading such a file can wait forever (a pipe nobody writes) or never end (``/dev/zero``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    for test, kind in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def refuse_special_file(path: str | os.PathLike, error: type[Exception] = ConfigError, what: str = "an input") -> None:
+    """Raise ``error`` (one line naming ``path``) when ``path`` is a :func:`special_file`: every input stepsim
+    reads (traces, request files, system / hardware / sweep / space / depths files) is a regular file or a folder,
+    checked before it is opened (opening a pipe without a writer already blocks)."""
+    kind = special_file(path)
+    if kind is not None:
+        raise error(f"{os.fspath(path)}: is {kind}, not a regular file; give {what} file (reading it could wait "
+                    f"forever)")
 
 
 # --- metadata -------------------------------------------------------------------------------------------
@@ -222,8 +296,12 @@ def published_together() -> Iterator[None]:
     none of them (a run's record without its channel table is an output ``stepsim report`` rejects).
 
     Every file is first written and fsynced under its temp name; only then are they renamed into place, with
-    SIGINT / SIGTERM blocked so an interrupt cannot fall between two renames. A failed rename removes the files
-    already renamed (a rename within a folder needs no space, so this is a read-only remount, not a full disk).
+    SIGINT / SIGTERM blocked so an interrupt cannot fall between two renames. An earlier run's files are never
+    lost: before the first rename each existing target gets a hard link under a hidden backup name (a target that
+    cannot be backed up, such as a folder in a file's place or a read-only folder, fails the publication before
+    anything is renamed), and a rename that fails afterwards puts every earlier file back from its backup (a
+    target that did not exist before is removed). So either all new files land or the earlier files stay as they
+    were, and the error names the target that could not be replaced.
     """
     pending: list = []
     token = _PENDING.set(pending)
@@ -238,24 +316,75 @@ def published_together() -> Iterator[None]:
     _PENDING.reset(token)
     previous = _signal_mask()
     _block_stop_signals()
-    done: list[Path] = []
     try:
-        for tmp, path in pending:
-            try:
-                os.replace(tmp, path)
-            except OSError as exc:
-                for written in done:
-                    with suppress(FileNotFoundError):
-                        written.unlink()
-                for left, _ in pending:
-                    with suppress(FileNotFoundError):
-                        left.unlink()
-                raise OutputError(path, exc) from None
-            done.append(path)
-        for folder in dict.fromkeys(path.parent for _, path in pending):
-            _fsync_dir(folder)
+        _publish(pending)
     finally:
         _restore_signals(previous)
+
+
+def _backup(path: Path) -> Path | None:
+    """A hidden hard link to ``path`` beside it (None: ``path`` does not exist). Raises OSError when ``path``
+    cannot be replaced by a file later (a folder) or the folder takes no new name (read-only)."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    backup = Path(tempfile.mktemp(prefix=f".{path.name}.", suffix=".bak", dir=path.parent))
+    try:
+        os.link(path, backup, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        # a filesystem without hard links: a copy keeps the earlier bytes just as well
+        shutil.copy2(path, backup, follow_symlinks=False)
+    return backup
+
+
+def _publish(pending: list) -> None:
+    """Rename every ``(tmp, path)`` of ``pending`` into place, all or none (see :func:`published_together`)."""
+    backups: list[Path | None] = []
+
+    kept: set[Path] = set()  # backups an undo could not put back: never deleted
+
+    def clean() -> None:
+        for tmp, _ in pending:
+            with suppress(FileNotFoundError):
+                tmp.unlink()
+        for backup in backups:
+            if backup is not None and backup not in kept:
+                with suppress(FileNotFoundError):
+                    backup.unlink()
+
+    for tmp, path in pending:
+        try:
+            backups.append(_backup(path))
+        except OSError as exc:
+            clean()
+            raise OutputError(path, exc) from None
+    done = 0
+    try:
+        for tmp, path in pending:
+            os.replace(tmp, path)
+            done += 1
+    except OSError as exc:
+        failed = pending[done][1]
+        lost = []  # what could not be undone, said in the error rather than deleted
+        for (_, path), backup in zip(pending[:done], backups[:done]):
+            try:
+                if backup is None:
+                    path.unlink()
+                else:
+                    os.replace(backup, path)
+            except OSError:
+                lost.append(f"new {path} left" if backup is None else f"earlier {path} kept as {backup}")
+                kept.add(backup)
+        if lost:
+            exc = OSError(None, f"{os_reason(exc)}; could not undo: {', '.join(lost)}")
+        clean()
+        raise OutputError(failed, exc) from None
+    clean()
+    for folder in dict.fromkeys(path.parent for _, path in pending):
+        _fsync_dir(folder)
 
 
 @contextmanager
@@ -475,10 +604,10 @@ def trace_sha256(path: str | os.PathLike) -> str:
     """
     p = Path(path)
     try:
-        stat = p.stat()
+        info = p.stat()
     except OSError as exc:
         raise ConfigError(f"cannot read trace {p}: {exc}") from exc
-    key = (str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (str(p.resolve()), info.st_size, info.st_mtime_ns)
     if key not in _TRACE_HASHES:
         if p.is_dir():
             files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))

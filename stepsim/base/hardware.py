@@ -241,6 +241,9 @@ class Hardware:
             Unreadable file, invalid TOML or unknown key (the message names the file and key).
         """
         path = Path(path)
+        from stepsim.base.files import refuse_special_file
+
+        refuse_special_file(path, ConfigError, "a hardware")
         try:
             stat = path.stat()
             key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)

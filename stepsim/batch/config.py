@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.files import refuse_special_file
 from stepsim.workloads.config import MODES
 
 TOP_LEVEL_KEYS = ("workload", "mode", "out", "partition_by", "report", "fixed", "axes")
@@ -49,6 +50,9 @@ TOP_LEVEL_KEYS = ("workload", "mode", "out", "partition_by", "report", "fixed", 
 EXTRA_TOP_LEVEL_KEYS = ("max_tasks",)
 #: grids larger than this need ``--yes`` (``run_sweep(yes=True)``) or a ``max_tasks`` key at least as large
 DEFAULT_MAX_TASKS = 10_000
+#: the most values one range axis may have: its values are listed in memory before the grid is counted (a range
+#: to 10**12 was a MemoryError), and a grid's points are still limited by ``max_tasks``
+MAX_AXIS_VALUES = 1_000_000
 RANGE_KEYS = ("start", "stop", "step", "factor")
 #: knobs whose values are files (a hardware knob is a file only when it names a ``.toml``, else a preset; a
 #: serving sweep's ``routing`` only when it is not ``synthetic``)
@@ -127,6 +131,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         value has the wrong type (the message names the file and the key).
     """
     path = Path(path)
+    refuse_special_file(path, ConfigError, "a sweep")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -337,7 +342,11 @@ def _range_values(value: Mapping, source: Path, *, where: str) -> tuple:
     if "step" in value:
         if value["step"] == 0:
             raise ConfigError(f"{source}: {where}: range step must not be 0")
-        return tuple(range(start, stop, value["step"]))
+        values = range(start, stop, value["step"])
+        if len(values) > MAX_AXIS_VALUES:
+            raise ConfigError(f"{source}: {where}: range has {len(values):,} values; the limit is "
+                              f"{MAX_AXIS_VALUES:,} per axis")
+        return tuple(values)
     factor = value["factor"]
     if factor < 2 or start < 1:
         raise ConfigError(f"{source}: {where}: a geometric range needs factor >= 2 and start >= 1, "

@@ -18,8 +18,12 @@ from stepsim.batch.executors import WindowedExecutor, WorkerLostError, check_job
 from stepsim.batch.grid import Task
 from stepsim.batch.tasks import load_kernels, run_task
 
+#: the module every worker process of the local cluster imports first (Ctrl-C ignored there)
+WORKER_PRELOAD = "stepsim.batch.dask_worker_preload"
 #: seconds to wait for a scheduler given by address before giving up with a ConfigError
 CONNECT_TIMEOUT_S = 30
+#: seconds the whole connection may take (Dask's timeout does not cover a peer that accepts and says nothing)
+ANSWER_TIMEOUT_S = CONNECT_TIMEOUT_S + 5
 
 
 class LoadKernels(WorkerPlugin):
@@ -57,15 +61,14 @@ class DaskExecutor(WindowedExecutor):
             # one thread per worker process: building a workload (sympy, Python) holds the GIL, so threads would
             # take turns; processes use every CPU
             # tcp on loopback even for thread workers (whose default, in-process transport takes no host)
+            # worker processes ignore Ctrl-C (stepsim.batch.dask_worker_preload): stepsim stops and closes them
+            quiet = {"preload": [WORKER_PRELOAD]} if processes else {}
             self._cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=processes,
-                                         host="127.0.0.1", protocol="tcp://", dashboard_address=None)
+                                         host="127.0.0.1", protocol="tcp://", dashboard_address=None, **quiet)
             self._client = Client(self._cluster)
             self.jobs = jobs
         else:
-            try:
-                self._client = Client(address, timeout=CONNECT_TIMEOUT_S)
-            except (OSError, TimeoutError) as exc:
-                raise ConfigError(f"cannot connect to the Dask scheduler at {address}: {exc}") from exc
+            self._client = _connect(address)
             self.jobs = max(sum(self._client.nthreads().values()), 1)
         self.address = self._client.scheduler.address
         if warm_kernels:
@@ -106,6 +109,54 @@ class DaskExecutor(WindowedExecutor):
         if self._cluster is None:
             return f"dask ({self.address}), {_count(self.jobs, 'worker thread')}"
         return f"dask (local cluster), {_count(self.jobs, 'worker process' if self._processes else 'worker thread')}"
+
+
+def _connect(address: str) -> Client:
+    """A client of the scheduler at ``address``. Whatever goes wrong is one ConfigError line naming the address:
+    a malformed address (Dask raises ValueError), nothing listening (checked with a plain TCP connection first,
+    so it is said at once rather than after Dask's retries), something that is not a Dask scheduler."""
+    import socket
+
+    from distributed.comm import parse_address, parse_host_port
+
+    where = f"cannot connect to the Dask scheduler at {address}"
+    try:
+        scheme, location = parse_address(address)
+        if scheme in ("tcp", "tls"):
+            host, port = parse_host_port(location)
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        return _within(lambda: Client(address, timeout=CONNECT_TIMEOUT_S), ANSWER_TIMEOUT_S,
+                       f"no Dask scheduler answered within {ANSWER_TIMEOUT_S:g} s (something else listens there?)")
+    except Exception as exc:  # noqa: BLE001 - a remote end's failure, said in one line (never Dask's traceback)
+        text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        raise ConfigError(f"{where}: {text}") from None
+
+
+def _within(make, seconds: float, late: str):
+    """``make()`` run on a daemon thread, waited for at most ``seconds`` (in short steps, so Ctrl-C stops the wait
+    at once): Dask's own timeout does not cover a peer that accepts the connection and then says nothing a Dask
+    scheduler would (an HTTP server: the client waits forever for a frame). Raises TimeoutError(``late``)."""
+    import threading
+    import time
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = make()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="stepsim-dask-connect", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    if "value" not in box:
+        raise TimeoutError(late)
+    return box["value"]
 
 
 def _count(n: int, noun: str) -> str:

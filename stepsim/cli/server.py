@@ -146,6 +146,8 @@ def _request(path: str, message: dict) -> dict | None:
         sock.connect(path)
         client.send_message(sock, message)
         answer = client.recv_message(sock)
+        while answer and "hello" in answer:  # the greeting every connection gets first
+            answer = client.recv_message(sock)
         return answer if answer and "pid" in answer else None
     except (OSError, ValueError):
         return None

@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import signal
 import socket
 import struct
 import sys
+import time
 
 #: environment variables that decide what a process loads or how (read at import time by numba, numpy,
 #: Python or stepsim), so a server only serves commands whose values are the same
@@ -25,6 +27,16 @@ DIR_ENV = "STEPSIM_SERVER_DIR"
 MAX_SOCKET_PATH = 107
 #: signals a waiting program passes on to its command in the server
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: seconds a server may take to start a command it was sent (its child says "started" first thing): a frozen
+#: server (stopped, swapped out, deadlocked) is one line after this long instead of a wait forever
+START_TIMEOUT_S = 10.0
+#: sets another start timeout (seconds); not part of the fingerprint (it changes nothing a server loads)
+TIMEOUT_ENV = "STEPSIM_SERVER_TIMEOUT"
+#: seconds a command in the server has to stop after a forwarded Ctrl-C / SIGTERM (it normally takes a tenth of
+#: that); then it is killed and the program stops waiting, so a frozen server cannot make Ctrl-C deaf
+STOP_GRACE_S = 2.0
+#: the exit status and line of a program stopped by a signal (as stepsim.base.signals.STOPPED; stdlib only here)
+_STOPPED = {signal.SIGINT: (130, "stepsim: interrupted"), signal.SIGTERM: (143, "stepsim: terminated")}
 
 #: set in the server process: its commands run here and are never forwarded again
 in_server = False
@@ -78,7 +90,8 @@ def fingerprint() -> str:
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for path, size, mtime in _package_files(package):
         h.update(repr((path, size, mtime)).encode())
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(FINGERPRINT_ENV_PREFIXES) and k != SWITCH_ENV)
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if k.startswith(FINGERPRINT_ENV_PREFIXES) and k not in (SWITCH_ENV, TIMEOUT_ENV))
     h.update(repr(env).encode())
     return h.hexdigest()[:16]
 
@@ -121,38 +134,99 @@ def forward(argv: list[str]) -> int | None:
     path = socket_path(directory, fingerprint())
     if not os.path.exists(path) or private_dir_problem(directory):
         return None
+    request = {"run": argv[1:], "argv0": argv[0], "path0": sys.path[0], "cwd": os.getcwd(), "env": dict(os.environ),
+               "umask": _umask(), "stdio": _stdio_settings()}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        send_message(sock, {"run": argv[1:], "argv0": argv[0], "path0": sys.path[0], "cwd": os.getcwd(),
-                            "env": dict(os.environ), "umask": _umask(), "stdio": _stdio_settings()}, fds=[0, 1, 2])
-    except OSError:  # no server listening (a leftover socket), a closed stdio descriptor, a server going away
+    except OSError:  # no server listening (a leftover socket), a server going away
         sock.close()
         return None
     with sock:
-        return _wait_for_status(sock)
+        return _wait_for_status(sock, request)
 
 
-def _wait_for_status(sock: socket.socket) -> int | None:
-    """Pass signals on to the command while it runs; its exit status (1 with a message if the server's
-    process ended without one), or None when the server refused the command before starting it."""
+def _start_timeout() -> float:
+    """:data:`START_TIMEOUT_S`, or the seconds ``$STEPSIM_SERVER_TIMEOUT`` gives (a positive number)."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return START_TIMEOUT_S
+    return value if 0 < value < float("inf") else START_TIMEOUT_S
+
+
+def _wait_for_status(sock: socket.socket, request: dict) -> int | None:
+    """Hand ``request`` to the server once it greets, pass signals on to the command while it runs; its exit
+    status (1 with a message if the server's process ended without one), or None when the command should run
+    here (the server did not greet, refused the command, or the descriptors could not be sent).
+
+    Never a wait forever. The server greets every connection it accepts before the command (and the caller's
+    stdin / stdout / stderr) is sent: a server that does not within :func:`_start_timeout` (frozen: stopped,
+    swapped out, deadlocked) never gets the command, which runs here after one warning line (the descriptors are
+    not left in a frozen server's queue, where they would hold the caller's pipes open). A server that greeted but
+    does not start the command within the timeout is one line (exit 2). After a forwarded signal the command has
+    :data:`STOP_GRACE_S` to end, then it is killed and the program prints its stop line; a signal before the
+    command started stops the program at once."""
+    signals: list[tuple[int, float]] = []
+    sent = [False]
+
     def pass_on(signum, frame):
-        try:
-            send_message(sock, {"signal": signum})
-        except OSError:
-            pass
+        signals.append((signum, time.monotonic()))
+        if sent[0]:
+            try:
+                send_message(sock, {"signal": signum})
+            except OSError:
+                pass
 
     previous = {signum: signal.signal(signum, pass_on) for signum in FORWARDED_SIGNALS}
+    since = time.monotonic()
+    timeout = _start_timeout()
+    child = None  # the pid of the command's process, once the server said it started
     try:
         while True:
-            message = recv_message(sock)
+            now = time.monotonic()
+            if signals and (child is None or now - signals[0][1] > STOP_GRACE_S):
+                if child is not None:
+                    try:
+                        os.kill(child, signal.SIGKILL)  # a frozen command: it will not stop by itself
+                    except OSError:
+                        pass
+                status, line = _STOPPED[signals[0][0]]
+                print(line, file=sys.stderr)
+                return status
+            if child is None and now - since > timeout:
+                if not sent[0]:
+                    print(f"stepsim: warning: the command server did not answer within {timeout:g} s (frozen?); "
+                          f"running the command here (`stepsim server stop` ends the server)", file=sys.stderr)
+                    return None
+                print(f"stepsim: error: the command server did not start the command within {timeout:g} s (frozen "
+                      f"or overloaded?): `stepsim server stop` ends it, STEPSIM_SERVER=off runs commands without "
+                      f"it", file=sys.stderr)
+                return 2
+            if not select.select([sock], [], [], 0.1)[0]:
+                continue
+            try:
+                message = recv_message(sock)
+            except (OSError, ValueError):
+                message = None
             if message is None:
+                if not sent[0]:  # the server went away before it took the command: run it here
+                    return None
                 print("stepsim: error: the command's process in the server ended without an exit status "
                       "(`stepsim server status` lists the servers)", file=sys.stderr)
                 return 1
-            if "refused" in message:
+            if "hello" in message and not sent[0]:
+                try:
+                    send_message(sock, request, fds=[0, 1, 2])
+                except OSError:  # a closed stdio descriptor, a server going away: run it here
+                    return None
+                sent[0] = True
+                since = time.monotonic()
+            elif "started" in message:
+                child = int(message["started"])
+            elif "refused" in message:
                 return None
-            if "exit" in message:
+            elif "exit" in message:
                 return int(message["exit"])
     finally:
         for signum, handler in previous.items():

@@ -172,6 +172,7 @@ def _handle(conn: socket.socket, listener: socket.socket, children: dict, socket
     try:
         if not _same_user(conn):
             raise ValueError("the caller runs as another user")
+        client.send_message(conn, {"hello": os.getpid()})  # a caller hands its command over only after this
         received = client.recv_message(conn, max_fds=3)
         if received is None:
             conn.close()
@@ -218,6 +219,7 @@ def _run_child(conn: socket.socket, fds: list[int], request: dict) -> None:
     the command, send its exit status and exit."""
     status = 1
     try:
+        client.send_message(conn, {"started": os.getpid()})  # the caller waits for this only so long (a frozen server)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh process (the server's own handler: serve)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(fds):

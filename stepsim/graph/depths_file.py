@@ -64,6 +64,9 @@ class DepthsFile:
 def read_depths_file(path: str | os.PathLike) -> DepthsFile:
     """Read and check ``path`` (structure and values; not yet against a graph)."""
     p = Path(path)
+    from stepsim.base.files import refuse_special_file
+
+    refuse_special_file(p, ConfigError, "a FIFO depths")
     try:
         with open(p, "rb") as f:
             data = tomllib.load(f)

@@ -103,8 +103,16 @@ class EngineResult:
         return self.fires / self.wall_seconds if self.wall_seconds > 0 else float("inf")
 
 
-#: events in the engine's first slice; later slices grow until one takes about SLICE_SECONDS
-FIRST_SLICE_EVENTS = 1 << 16
+#: events in the engine's first slice; later slices grow until one takes about SLICE_SECONDS. Small, because an
+#: event's cost grows with the program (a 128-chip ring all-reduce of 50,000 units runs about 1,000 events/s: a
+#: first slice of 65,536 events kept Ctrl-C waiting a minute); doubling from here costs a few 20 us calls
+FIRST_SLICE_EVENTS = 1 << 10
+#: the most events in one slice: an event's cost can jump within a run (a 128-chip ring all-reduce runs its
+#: first 64,000 events at 1e6/s and its next ones at 6,000/s, so a slice doubled on the cheap ones took 10 s);
+#: 4,096 events are 4 ms at 1e6 events/s (the 20 us call costs 0.5 %) and 0.7 s at that slowest rate measured
+MAX_SLICE_EVENTS = 1 << 12
+#: the most HBM work in one slice (it doubles with fast slices; bounded so it stays an int64 however many)
+MAX_SLICE_WORK = 1 << 40
 #: HBM work in the engine's first slice (kernels.hbm: a tick costs one plus its due units). One event can hold
 #: unbounded work (a tile of 2**30 columns is billions of requests), so a slice is bounded by work as well as by
 #: events; both grow while a slice takes under SLICE_SECONDS / 2
@@ -165,9 +173,12 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
             break
         elapsed = time.perf_counter() - t0
         if elapsed < SLICE_SECONDS / 2:
-            n_slice, work = 2 * n_slice, 2 * work
-        elif elapsed > 2 * SLICE_SECONDS and eng[E_WORK_LEFT] <= 0:  # a slow slice that ended on its HBM work:
-            work = max(work // 2, 1)  # the ticks got dearer (more due units), so fewer of them per slice
+            n_slice, work = min(2 * n_slice, MAX_SLICE_EVENTS), min(2 * work, MAX_SLICE_WORK)
+        elif elapsed > 2 * SLICE_SECONDS:
+            if eng[E_WORK_LEFT] <= 0:  # a slow slice that ended on its HBM work: the ticks got dearer (more due
+                work = max(work // 2, 1)  # units), so fewer of them per slice
+            elif SLICE_SECONDS > 0:  # ended on its events, which got dearer: as many as fit in SLICE_SECONDS at
+                n_slice = max(int(n_slice * SLICE_SECONDS / elapsed), 1)  # this slice's rate (0: fixed slices)
         if progress is not None:
             progress(int(eng[E_EVENTS]), int(us[:, A.US_CLOCK].max()))
     out = np.zeros(A.N_OUT, dtype=np.int64)

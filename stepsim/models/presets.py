@@ -200,6 +200,9 @@ MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 
 
 def _read_json(path: Path) -> dict:
+    from stepsim.base.files import refuse_special_file
+
+    refuse_special_file(path, ConfigError, "a model config.json")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.system.config import MAX_CHIPS
 
 __all__ = ["OptimizeResult", "optimize"]
 
@@ -294,6 +295,9 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     max_on_chip = _positive("--max-on-chip", max_on_chip)
     max_compute = _positive("--max-compute", max_compute)
     max_chips = _positive("--max-chips", max_chips)
+    if max_chips is not None and max_chips > MAX_CHIPS:  # the search enumerates every count up to it
+        raise ConfigError(f"--max-chips must be at most {MAX_CHIPS:,} (the most chips a system may have), got "
+                          f"{max_chips:,}")
     if max_chips is not None and workload not in CHIP_SEARCH_WORKLOADS:
         raise ConfigError(f"--max-chips searches the parallel axes (tp, ep, pp), which stepsim optimize builds for "
                           f"the MoE and decoder layers only, not {workload!r}")

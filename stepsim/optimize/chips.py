@@ -108,15 +108,17 @@ def system_for_default(chips: int, out: Path) -> str:
 
 def system_file(system, chips: int, out: Path) -> str:
     """Write ``system`` with ``chips`` chips (one dimension: same hardware, topology and links) into
-    ``OUT/systems/`` atomically, unless the same text is there; its absolute path."""
-    from stepsim.base.files import atomic_output
+    ``OUT/systems/`` atomically, unless the same text is there; its absolute path. The system's name is free text
+    (a file's ``name`` key): it becomes a file name only through :func:`~stepsim.base.files.safe_stem` (one path
+    component inside ``OUT/systems/``) and TOML text only through :func:`~stepsim.base.files.toml_string`."""
+    from stepsim.base.files import atomic_output, safe_stem, toml_string
 
     name = system.name if chips == system.chips else f"{system.name}-{chips}"
     dim = system.dimensions[0]
-    path = (Path(out) / SYSTEMS_DIR / f"{name}.toml").resolve()
-    text = (f"# {system.name} scaled to {chips} chips by stepsim optimize --max-chips\n"
-            f"name = \"{name}\"\nchips = {chips}\nhardware = \"{system.hardware_spec}\"\n"
-            f"topology = \"{dim.topology}\"\nlink_bandwidth = {dim.link_bandwidth}\n"
+    path = (Path(out) / SYSTEMS_DIR / f"{safe_stem(name)}.toml").resolve()
+    text = (f"# {toml_string(system.name)} scaled to {chips} chips by stepsim optimize --max-chips\n"
+            f"name = {toml_string(name)}\nchips = {chips}\nhardware = {toml_string(system.hardware_spec)}\n"
+            f"topology = {toml_string(dim.topology)}\nlink_bandwidth = {dim.link_bandwidth}\n"
             f"link_latency = {dim.link_latency}\n")
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)

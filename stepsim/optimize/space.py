@@ -54,6 +54,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.files import refuse_special_file
 
 #: tile_f candidates of the default MoE space: divisors of F in this closed range (columns)
 TILE_F_RANGE = (32, 256)
@@ -138,6 +139,7 @@ def load_space(path: str | Path, workload: str) -> list[dict]:
     from stepsim.batch.config import parse_sweep
 
     path = Path(path)
+    refuse_special_file(path, ConfigError, "a space")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

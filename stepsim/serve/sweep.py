@@ -54,6 +54,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from stepsim.base.errors import ConfigError, StepsimError
+from stepsim.base.files import refuse_special_file
 
 #: what marks a sweep file as a serving sweep
 SERVE_WORKLOAD = "serve"
@@ -103,6 +104,7 @@ class ServeSweepSpec:
 def read_toml(path: str | Path) -> dict:
     """The parsed sweep file (one-line ConfigErrors for a missing or non-TOML file)."""
     path = Path(path)
+    refuse_special_file(path, ConfigError, "a sweep")
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

@@ -27,6 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from stepsim.base.errors import ConfigError, TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.files import refuse_special_file
 from stepsim.trace_io.schemas import (
     DECODE_BATCHES,
     KNOWN_MODELS,
@@ -107,6 +108,12 @@ class TraceStream:
         return pa.Table.from_batches(list(self.batches()), schema=self.schema)
 
 
+def one_line(exc: BaseException) -> str:
+    """A library's error text as one line: pyarrow's messages span lines ("Invalid data\\nDeserializing page
+    header failed."), and stepsim's errors are one line each; the lines are joined with "; "."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
 def _guarded(path: Path, fmt: str, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Re-raise pyarrow decoding errors met mid-stream (corrupt pages, truncated data) as TraceError."""
     it = iter(batches)
@@ -116,7 +123,7 @@ def _guarded(path: Path, fmt: str, batches: Iterable[pa.RecordBatch]) -> Iterato
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as exc:
-            raise TraceError(f"{path}: cannot read {fmt} data: {exc}") from exc
+            raise TraceError(f"{path}: cannot read {fmt} data: {one_line(exc)}") from exc
         yield b
 
 
@@ -146,9 +153,11 @@ def detect_format(path: str | Path, format: str | None = None) -> str:
             raise ConfigError(f"unknown trace format {format!r}; expected one of {', '.join(FORMATS)}")
         if not p.exists():
             raise TraceError(f"{p}: no such file or directory")
+        refuse_special_file(p, TraceError, "a trace")
         return format
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
+    refuse_special_file(p, TraceError, "a trace")
     if p.is_dir():
         for pattern, fmt in (("*.npz", "npz"), ("*.npy", "npy"), ("**/*.parquet", "parquet"), ("**/*.arrow", "arrow")):
             if next(p.glob(pattern), None) is not None:
@@ -193,9 +202,9 @@ def load_numpy_file(p: Path, loader: Callable[[], np.ndarray]) -> np.ndarray:
         if any(text in str(exc) for text in ("Object arrays cannot be loaded", "pickled", "Python objects")):
             raise TraceError(f"{p}: holds Python objects (an object-dtype array), not numbers; save an integer "
                              "(routing) or integer/float (KV lengths) array") from exc
-        raise TraceError(f"{p}: cannot read NumPy file: {exc}") from exc
+        raise TraceError(f"{p}: cannot read NumPy file: {one_line(exc)}") from exc
     except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise TraceError(f"{p}: cannot read NumPy file: {exc}") from exc
+        raise TraceError(f"{p}: cannot read NumPy file: {one_line(exc)}") from exc
 
 
 def npz_routing_matrix(p: Path) -> np.ndarray:
@@ -442,8 +451,19 @@ def check_csv_text(p: Path) -> list[str]:
     return next(csv.reader([header]), [])
 
 
+def check_unique_columns(p: Path, names: list[str], what: str) -> None:
+    """Refuse a header that names a column twice (pyarrow reads it, then cannot tell which one a name means:
+    a KeyError traceback): one line naming the file, the column and its positions (1-based)."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names, 1):
+        if name in seen:
+            raise TraceSchemaError(f"{p}: column {name!r} appears twice in the {what} (columns {seen[name]} and {i})")
+        seen[name] = i
+
+
 def _open_azure_csv(p: Path) -> tuple[TraceInfo, Callable, pa.Schema]:
     header = check_csv_text(p)
+    check_unique_columns(p, header, "CSV header")
     raw_schema = pa.schema(
         [
             ("request_id", pa.int64()),
@@ -508,7 +528,7 @@ def _open_columnar(
         try:
             dataset = ds.dataset(p, format="parquet" if fmt == "parquet" else "ipc", partitioning="hive")
         except (pa.ArrowInvalid, OSError) as exc:
-            raise TraceError(f"{p}: cannot open {fmt} dataset: {exc}") from exc
+            raise TraceError(f"{p}: cannot open {fmt} dataset: {one_line(exc)}") from exc
         if not dataset.files:
             raise TraceError(f"{p}: dataset folder holds no {fmt} files")
         # the dataset schema comes from one fragment; take metadata from the first file in sorted order
@@ -522,6 +542,7 @@ def _open_columnar(
         return info, lambda: dataset.to_batches(columns=cols, batch_size=batch_rows), schema
 
     schema = _file_schema(p, fmt)
+    check_unique_columns(p, schema.names, f"{fmt} schema")
     info = trace_info(schema, p, num_experts=num_experts, model=model)
     check_schema(schema, info)
     cols = [c for c in info.schema().names if c in schema.names]
@@ -560,7 +581,7 @@ def _file_schema(p: Path, fmt: str) -> pa.Schema:
                 src.seek(0)
                 return pa.ipc.open_stream(src).schema
     except (pa.ArrowInvalid, OSError) as exc:
-        raise TraceError(f"{p}: not a readable {fmt} file: {exc}") from exc
+        raise TraceError(f"{p}: not a readable {fmt} file: {one_line(exc)}") from exc
 
 
 # --- entry points -----------------------------------------------------------------------------------------

@@ -30,8 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepsim.base.errors import TraceError, TraceSchemaError, TraceValueError
+from stepsim.base.files import refuse_special_file
 from stepsim.base.ranges import MAX_TIME_TEXT, first_beyond_time_range
-from stepsim.trace_io.readers import detect_format, read_trace
+from stepsim.trace_io.readers import detect_format, one_line, read_trace
 
 #: columns of the serving request schema (name -> meaning), in file order after the optional ``request_id``
 SERVE_COLUMNS = {"arrival_s": "arrival time (s)", "prompt_tokens": "prompt tokens", "output_tokens": "output tokens"}
@@ -158,7 +159,7 @@ def _read_serve_schema(path: Path, fmt: str, names: list[str]) -> RequestTrace:
             with pa.OSFile(str(path)) as f:
                 table = _open_ipc(f).read_all().select(cols)
     except (pa.ArrowException, OSError) as exc:
-        raise TraceError(f"{src}: cannot read {fmt} data: {exc}") from exc
+        raise TraceError(f"{src}: cannot read {fmt} data: {one_line(exc)}") from exc
     if table.num_rows == 0:
         raise TraceValueError(f"{src}: empty trace (0 rows)")
     arrival = _numeric(table, "arrival_s", src, integer=False)
@@ -198,7 +199,7 @@ def _file_columns(path: Path, fmt: str) -> list[str]:
         if other is not None:  # e.g. a Parquet file named .arrow
             raise TraceError(f"{path}: not a readable {fmt} file: it is a{'n' if other == 'arrow' else ''} {other} "
                              f"file; name it .{other}") from exc
-        raise TraceError(f"{path}: not a readable {fmt} file: {exc}") from exc
+        raise TraceError(f"{path}: not a readable {fmt} file: {one_line(exc)}") from exc
 
 
 def read_requests(path: str | Path) -> RequestTrace:
@@ -210,6 +211,7 @@ def read_requests(path: str | Path) -> RequestTrace:
         (TraceSchemaError / TraceValueError) one line naming the file, the row and the column.
     """
     p = Path(path)
+    refuse_special_file(p, TraceError, "a request trace")
     if not p.is_file():
         raise TraceError(f"{p}: no such file" if not p.exists() else f"{p}: a request trace is one file, not a folder")
     if p.suffix.lower() not in REQUEST_SUFFIXES:  # said for serve (detect_format's hint is stepsim trace's --format)

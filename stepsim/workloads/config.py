@@ -88,6 +88,10 @@ INT_MINIMUM: dict[str, int] = {
 #: largest value of every int knob: sizes, tiles, depths and FLOP rates beyond it would overflow the engine's
 #: int64 arithmetic (products of a tile and a dimension) long before they meant anything
 INT_MAXIMUM = 2**31 - 1
+#: tighter limits where a knob multiplies what is built in memory before anything is estimated: a stack holds
+#: every layer's (and micro-batch's) operators (a SwiGLU layer is tens of operators, a MoE layer hundreds; 100,000
+#: layers took minutes and gigabytes before the first cycle), and the deepest models have under 200 layers
+BUILD_MAXIMUM = {"layers": 1024, "micro_batches": 4096}
 #: free-form string knobs (``trace`` and ``fifo_depths`` also accept os.PathLike); ``fifo_depths`` is a
 #: ``stepsim size-fifos`` file whose per-channel depths override ``channel_depth`` (checked against the graph)
 STRING_KEYS = ("model", "trace", "fifo_depths", "hardware", "program", "routing", "kv_lengths", "system", "spill")
@@ -163,6 +167,9 @@ def _check_value(key: str, value: Any, source: str | None) -> Any:
             raise ConfigError(f"{where} must be an int >= {low}, got {value!r}")
         if int(value) > INT_MAXIMUM:
             raise ConfigError(f"{where} must be at most {INT_MAXIMUM:,} (2**31 - 1), got {value!r}")
+        if key in BUILD_MAXIMUM and int(value) > BUILD_MAXIMUM[key]:
+            raise ConfigError(f"{where} must be at most {BUILD_MAXIMUM[key]:,} (each one's operators are built in "
+                              f"memory before the run), got {value!r}")
         return int(value)
     if key in BOOL_KEYS:
         if not isinstance(value, bool):

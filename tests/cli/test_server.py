@@ -204,6 +204,7 @@ def test_a_refused_command_runs_in_its_own_process(short_folder, monkeypatch):
 
     def refuse():
         conn, _ = listener.accept()
+        client.send_message(conn, {"hello": os.getpid()})  # the greeting a caller waits for before it sends
         request, fds = client.recv_message(conn, max_fds=3)
         for fd in fds:
             os.close(fd)

@@ -144,3 +144,28 @@ def test_tensor_x_expert_parallel_moe_same_sliced_and_per_tick(one_event_slices)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(api, "FIRST_SLICE_EVENTS", 1 << 62)
         assert _outcome(program) == sliced
+
+
+def test_slices_are_capped_and_shrink_when_events_get_dear(monkeypatch):
+    """However cheap the first events, a slice holds at most MAX_SLICE_EVENTS events (an event's cost can jump
+    within a run, and a slice doubled on cheap events kept Ctrl-C waiting 10 s); a slice slower than twice
+    SLICE_SECONDS makes the next one as many events as fit in SLICE_SECONDS at its rate. Counts are unchanged."""
+    w = _small_moe("static", tile_n=16)
+    whole = _outcome(_program(w))
+    monkeypatch.setattr(api, "FIRST_SLICE_EVENTS", 16)
+    monkeypatch.setattr(api, "MAX_SLICE_EVENTS", 64)
+    reports = []
+    capped = api.run(_program(w), record_events=64, progress=lambda events, cycle: reports.append(events))
+    sizes = np.diff([0] + reports)
+    assert len(reports) > 10 and sizes.max() <= 64 + 1 and sizes[0] >= 16  # +1: an HBM batch may overshoot by one
+    assert (capped.cycles, capped.events, capped.fires) == whole[:3]
+    # every slice "takes" 0.5 s (the clock the slicer reads moves half a second per reading): the next one shrinks
+    # to SLICE_SECONDS' worth at that rate, 64 * 0.1 / 0.5 = 12 events, then 2.4 -> 2, then 0.4 -> 1 (at least one)
+    clock = iter(range(10**9))
+    monkeypatch.setattr(api.time, "perf_counter", lambda: float(next(clock)) / 2)
+    reports.clear()
+    monkeypatch.setattr(api, "FIRST_SLICE_EVENTS", 64)
+    slow = api.run(_program(w), record_events=64, progress=lambda events, cycle: reports.append(events))
+    sizes = np.diff([0] + reports)
+    assert list(sizes[:4]) in ([64, 12, 2, 1], [65, 12, 2, 1]) and sizes[3:].max() <= 2
+    assert (slow.cycles, slow.events, slow.fires) == whole[:3]

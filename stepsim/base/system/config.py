@@ -31,10 +31,14 @@ from typing import Any
 from stepsim.base.errors import ConfigError, SystemConfigError
 from stepsim.base.hardware import PRESETS as HARDWARE_PRESETS
 from stepsim.base.hardware import Hardware
-from stepsim.base.system.topology import TOPOLOGIES, Link, group_members, node_name, routes, topology_pairs
+from stepsim.base.system.topology import TOPOLOGIES, Link, Routes, group_members, node_name, topology_pairs
 
 #: the most chips a system may have (the engine has one unit per link; beyond this the tables get unwieldy)
 MAX_CHIPS = 4096
+#: the most directed links a system may have: each is a unit of the engine and a Link record (a fully-connected
+#: dimension of n chips has n (n - 1): 512 chips are 261,632 links, built in about 1.5 s; 4,096 would be 16.8
+#: million, gigabytes before the first cycle)
+MAX_LINKS = 2**18
 #: the least link latency (cycles): one for the on-chip edge from the sending operator into the link, at least one
 #: on the link itself (the engine's Link unit gets ``latency - 1``; see stepsim.graph.network)
 MIN_LATENCY = 2
@@ -88,13 +92,18 @@ class System:
     links: tuple[Link, ...]
     n_switches: int = 0
     hardware_spec: str = "step-eval"
-    _routes: dict = field(default_factory=dict, repr=False, compare=False)
+    _routes: Routes | None = field(default=None, repr=False, compare=False)
 
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Link indices a transfer from chip ``src`` to chip ``dst`` crosses, in order (empty if src == dst)."""
         if src == dst:
             return ()
-        return self._routes[(src, dst)]
+        if self._routes is None:  # built directly rather than by from_dict: find the routes now
+            object.__setattr__(self, "_routes", Routes(self.links, self.chips, self.chips + self.n_switches))
+        path = self._routes.route(src, dst)
+        if path is None:
+            raise SystemConfigError(f"system {self.name!r}: chip {dst} is unreachable from chip {src}")
+        return path
 
     def node_name(self, node: int) -> str:
         """``chipN`` or ``switchK``."""
@@ -126,6 +135,9 @@ class System:
 def from_toml(path: str | Path) -> System:
     """Read a system file. Raises SystemConfigError (one line naming the file and the key)."""
     path = Path(path)
+    from stepsim.base.files import refuse_special_file  # (numpy-free callers load systems too)
+
+    refuse_special_file(path, SystemConfigError, "a system")
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -207,6 +219,26 @@ def _dimensions(data: dict, chips: int | None, where: str) -> tuple[Dimension, .
     return (Dimension(chips, _topology(data["topology"], where),
                       _int(data["link_bandwidth"], where, "link_bandwidth", 1, "bytes/cycle"),
                       _int(data["link_latency"], where, "link_latency", MIN_LATENCY, "cycles")),)
+
+
+def grid_link_count(dims: tuple[Dimension, ...], chips: int) -> int:
+    """The directed links :func:`_grid_links` makes, counted without making them."""
+    total = 0
+    for dim in dims:
+        k = dim.size
+        per_group = {"ring": 0 if k == 1 else 2 if k == 2 else 2 * k, "fully-connected": k * (k - 1),
+                     "switch": 0 if k == 1 else 2 * k}[dim.topology]
+        total += per_group * (chips // k)
+    return total
+
+
+def _check_link_count(dims: tuple[Dimension, ...], chips: int, where: str) -> None:
+    """Refuse a grid with more than :data:`MAX_LINKS` links before any is made (one line with the count)."""
+    count = grid_link_count(dims, chips)
+    if count > MAX_LINKS:
+        what = " x ".join(f"{d.topology} of {d.size}" for d in dims)
+        raise SystemConfigError(f"{where}: topology ({what}) makes {count:,} links; the limit is {MAX_LINKS:,} "
+                                f"(each link is an engine unit): use a 'switch' or 'ring' topology, or fewer chips")
 
 
 def _grid_links(dims: tuple[Dimension, ...], chips: int) -> tuple[tuple[Link, ...], int]:
@@ -296,12 +328,14 @@ def from_dict(data: dict[str, Any], *, source: str = "dict", base_dir: Path | No
             chips *= d.size
         if chips > MAX_CHIPS:
             raise SystemConfigError(f"{where}: chips must be at most {MAX_CHIPS}, got {chips}")
+        _check_link_count(dims, chips, where)
         links, n_switches = _grid_links(dims, chips)
-    table = routes(links, chips, chips + n_switches)
-    for src in range(chips):
-        for dst in range(chips):
-            if src != dst and (src, dst) not in table:
-                raise SystemConfigError(f"{where}: chip {dst} is unreachable from chip {src} over the links")
+    table = Routes(links, chips, chips + n_switches)
+    # a grid is connected by construction (every group of every dimension is); custom links may not be
+    unreachable = table.first_unreachable() if data.get("topology") == "custom" else None
+    if unreachable is not None:
+        src, dst = unreachable
+        raise SystemConfigError(f"{where}: chip {dst} is unreachable from chip {src} over the links")
     label = name if isinstance(name, str) else str(data.get("name", source))
     return System(label, chips, hardware, dims, links, n_switches, hardware_spec, table)
 

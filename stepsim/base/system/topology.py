@@ -19,6 +19,7 @@ a route never passes through a third chip unless the topology leaves no other wa
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass
 
@@ -89,32 +90,103 @@ def topology_pairs(topology: str, k: int) -> list[tuple[int, int]]:
     raise ValueError(topology)
 
 
-def routes(links: tuple[Link, ...], chips: int, n_nodes: int) -> dict[tuple[int, int], tuple[int, ...]]:
-    """Shortest route (link indices) from every chip to every other reachable chip.
+class Routes:
+    """Shortest routes between chips, found when first asked (a breadth-first search per source chip, kept as
+    one predecessor array of ``n_nodes`` ints), so a system of thousands of chips costs memory in the sources a
+    workload uses, not ``chips**2`` routes up front (a ring of 4,096 chips has routes of 1,024 links on average:
+    17 billion link indices if tabled). Same routes as the table :func:`routes` returns.
 
-    Switches relay; a chip relays only when no route avoids it (rings). Unreachable pairs are absent.
+    Switches relay; a chip relays only when no route avoids it (rings). ``route(src, dst)`` is None when ``dst``
+    is unreachable from ``src``.
     """
-    out_links: list[list[Link]] = [[] for _ in range(n_nodes)]
-    for link in links:
-        out_links[link.src].append(link)
-    table = {}
-    for src in range(chips):
-        prev: dict[int, Link | None] = {src: None}
-        queue = deque([src])
-        while queue:
-            node = queue.popleft()
-            for link in out_links[node]:
-                if link.dst not in prev:
-                    prev[link.dst] = link
-                    queue.append(link.dst)
-        for dst in range(chips):
-            if dst == src or dst not in prev:
-                continue
+
+    def __init__(self, links: tuple[Link, ...], chips: int, n_nodes: int):
+        self.chips = chips
+        self.n_nodes = n_nodes
+        self._links = links
+        self._out: list[list[Link]] = [[] for _ in range(n_nodes)]
+        for link in links:
+            self._out[link.src].append(link)
+        self._trees: dict[int, array] = {}
+        self._paths: dict[tuple[int, int], tuple[int, ...] | None] = {}
+
+    def __getstate__(self):  # sent to worker processes without the caches (they are rebuilt there on use)
+        return {"links": self._links, "chips": self.chips, "n_nodes": self.n_nodes}
+
+    def __setstate__(self, state):
+        self.__init__(state["links"], state["chips"], state["n_nodes"])
+
+    def _tree(self, src: int) -> array:
+        """The link each node is reached over from ``src`` (-1: ``src`` itself or unreachable)."""
+        tree = self._trees.get(src)
+        if tree is None:
+            tree = array("q", [-1]) * self.n_nodes
+            seen = bytearray(self.n_nodes)
+            seen[src] = 1
+            queue = deque([src])
+            while queue:
+                for link in self._out[queue.popleft()]:
+                    if not seen[link.dst]:
+                        seen[link.dst] = 1
+                        tree[link.dst] = link.index
+                        queue.append(link.dst)
+            self._trees[src] = tree
+        return tree
+
+    def route(self, src: int, dst: int) -> tuple[int, ...] | None:
+        """Link indices from chip ``src`` to chip ``dst`` in order (``()`` if equal, None if unreachable)."""
+        if src == dst:
+            return ()
+        key = (src, dst)
+        if key not in self._paths:
+            tree = self._tree(src)
             path = []
             node = dst
             while node != src:
-                link = prev[node]
-                path.append(link.index)
-                node = link.src
-            table[(src, dst)] = tuple(reversed(path))
+                index = tree[node]
+                if index < 0:
+                    path = None
+                    break
+                path.append(index)
+                node = self._links[index].src
+            self._paths[key] = None if path is None else tuple(reversed(path))
+        return self._paths[key]
+
+    def _reaches_all(self, start: int, reverse: bool) -> bool:
+        ends = [[] for _ in range(self.n_nodes)]
+        for link in self._links:
+            a, b = (link.dst, link.src) if reverse else (link.src, link.dst)
+            ends[a].append(b)
+        seen = bytearray(self.n_nodes)
+        seen[start] = 1
+        queue = deque([start])
+        while queue:
+            for node in ends[queue.popleft()]:
+                if not seen[node]:
+                    seen[node] = 1
+                    queue.append(node)
+        return all(seen[:self.chips])
+
+    def first_unreachable(self) -> tuple[int, int] | None:
+        """The first ``(src, dst)`` (by src, then dst) with no route, or None when every chip reaches every other.
+        Linear in the links when all are reachable (chip 0 reaches every chip and every chip reaches chip 0)."""
+        if self.chips < 2 or (self._reaches_all(0, False) and self._reaches_all(0, True)):
+            return None
+        for src in range(self.chips):
+            tree = self._tree(src)
+            for dst in range(self.chips):
+                if dst != src and tree[dst] < 0:
+                    return src, dst
+        return None
+
+
+def routes(links: tuple[Link, ...], chips: int, n_nodes: int) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Shortest route (link indices) from every chip to every other reachable chip, as a table (small systems;
+    :class:`Routes` finds them on demand). Unreachable pairs are absent."""
+    found = Routes(links, chips, n_nodes)
+    table = {}
+    for src in range(chips):
+        for dst in range(chips):
+            if dst != src and (path := found.route(src, dst)) is not None:
+                table[(src, dst)] = path
     return table

@@ -56,6 +56,13 @@ from stepsim.workloads.collective.closed_form import tiles_per_chunk
 
 #: bytes per element of the collectives' vectors (fp32)
 ELEM_BYTES = 4
+#: operators per chunk of every chip (so per chips**2) an op builds: loads, adds and stores or sends (all-reduce:
+#: load, reduce-scatter send + add, all-gather send + store), besides at most one operator per link
+OPERATORS_PER_CHUNK = {"all-reduce": 3, "reduce-scatter": 2, "all-to-all": 2, "all-gather": 1}
+#: the most operators a collective may build: a 128-chip ring all-reduce is 49,408 and takes 45 s to build and
+#: simulate on the 2-core reference machine (its cost grows faster than its operators: the engine's first slice
+#: steps every unit), a 1,024-chip one would be 3.1 million (hours, and tens of GB)
+MAX_OPERATORS = 2**16
 #: FLOPs/cycle of the reduction adds (a Map's compute_bw; the PMU reads usually dominate)
 DEFAULT_COMPUTE_BW = 1024
 
@@ -115,6 +122,25 @@ def check_request(op: str, nbytes, algorithm: str, chips: int) -> int:
     return nbytes // (ELEM_BYTES * chips)
 
 
+def operator_estimate(op: str, chips: int, links: int) -> int:
+    """An upper bound on the operators :func:`build_collective` makes for ``op`` over ``chips`` chips joined by
+    ``links`` links (exact for the ring algorithm on a ring: ``OPERATORS_PER_CHUNK[op] * chips**2`` plus the links
+    used), counted without building."""
+    return OPERATORS_PER_CHUNK[op] * chips * chips + links
+
+
+def check_size(system: System, op: str, where: str | None = None) -> None:
+    """Refuse a collective larger than :data:`MAX_OPERATORS` before building it: one line with the estimate, named
+    by ``where`` (the flag and the file given; default ``--system <the system's name>``)."""
+    if op not in OPERATORS_PER_CHUNK:
+        return  # an unknown op is check_request's line
+    estimate = operator_estimate(op, system.chips, len(system.links))
+    if estimate > MAX_OPERATORS:
+        raise ArgumentError(f"{where or f'--system {system.name}'}: {op} over {system.chips:,} chips builds about {estimate:,} "
+                            f"operators ({OPERATORS_PER_CHUNK[op]} x {system.chips:,}^2 chunks, plus the links); the "
+                            f"limit is {MAX_OPERATORS:,} (about a minute to build and simulate): use fewer chips")
+
+
 class _Builder:
     def __init__(self, system: System, op: str, nbytes: int, algorithm: str, compute_bw: int, *, graph=None,
                  network=None, prefix: str = "", tile_bytes: int | None = None):
@@ -123,6 +149,7 @@ class _Builder:
         self.streamed = False  # ring: chunks in tiles, adds without write-back, send stages
         if graph is None:
             self.m = check_request(op, nbytes, algorithm, self.n)
+            check_size(system, op)
             self.g = Graph(f"{op}-{algorithm}-{self.n}chips-{nbytes}B")
             self.net = Network(self.g, system)
             if algorithm == "ring":
@@ -326,6 +353,7 @@ def from_config(cfg: Mapping) -> Workload:
         raise ArgumentError("--hardware does not apply to workload 'collective': the system file names the "
                             "chips' hardware")
     system = System.load(cfg["system"])
+    check_size(system, cfg["op"], f"--system {cfg['system']}")
     kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
     c = build_collective(system, cfg["op"], cfg["bytes"], cfg["algorithm"], **kw)
     topologies = {d.topology for d in system.dimensions}

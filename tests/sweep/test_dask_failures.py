@@ -1,0 +1,96 @@
+"""Remote failures in one line: a ``--address`` that is malformed, where nothing listens, or where something that is
+not a Dask scheduler listens is one line naming the address (was a 57-line traceback, or a wait forever), and
+Ctrl-C at the terminal during a Dask sweep prints stepsim's line only (the workers ignore SIGINT; was Dask's
+tracebacks from every worker)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("distributed", reason="the dask extra is not installed: pip install 'stepsim[dist]'")
+
+from stepsim.batch import dask_executor  # noqa: E402 - after the importorskip
+from stepsim.cli import main  # noqa: E402
+
+E = "stepsim: error: "
+STEPSIM = [sys.executable, "-m", "stepsim"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def http_port():
+    """An HTTP server on loopback: it accepts the connection and never speaks Dask."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.fixture
+def sweep_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sw.toml").write_text('workload = "swiglu"\n[axes]\ntile_m = [16, 32]\n')
+    return tmp_path
+
+
+#: (address, the exact last line of stderr); {closed}: a port nothing listens on, {http}: the HTTP server's port
+CASES = [
+    ("foo", E + "cannot connect to the Dask scheduler at foo: missing port number in address 'foo'"),
+    ("http://127.0.0.1:9", E + "cannot connect to the Dask scheduler at http://127.0.0.1:9: unknown address scheme "
+                               "'http' (known schemes: ['inproc', 'tcp', 'tls', 'ucx', 'ws', 'wss'])"),
+    ("tcp://127.0.0.1:{closed}", E + "cannot connect to the Dask scheduler at tcp://127.0.0.1:{closed}: [Errno 111] "
+                                     "Connection refused"),
+    ("tcp://127.0.0.1:{http}", E + "cannot connect to the Dask scheduler at tcp://127.0.0.1:{http}: no Dask "
+                                   "scheduler answered within 3 s (something else listens there?)"),
+]
+
+
+@pytest.mark.parametrize("address, last", CASES, ids=[c[0] for c in CASES])
+def test_a_bad_address_is_one_line(sweep_file, http_port, capsys, monkeypatch, address, last):
+    monkeypatch.setattr(dask_executor, "ANSWER_TIMEOUT_S", 3)
+    ports = {"closed": _free_port(), "http": http_port}
+    start = time.monotonic()
+    assert main(["sweep", "sw.toml", "--out", "out", "--address", address.format(**ports)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == last.format(**ports)
+    assert time.monotonic() - start < 10
+    # nothing but the sweep's lock (taken before the executor starts; it stays, as after every sweep)
+    assert sorted(p.name for p in (sweep_file / "out").iterdir()) == [".stepsim-sweep.lock"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_during_a_dask_sweep_is_one_line(tmp_path):
+    """SIGINT to the whole process group (what a terminal's Ctrl-C does), workers included."""
+    (tmp_path / "sw.toml").write_text('workload = "swiglu"\nmode = "simulate"\n[axes]\ntile_m = [16, 32, 64]\n'
+                                      'channel_depth = {start = 1, stop = 400, step = 1}\n')
+    env = dict(os.environ, STEPSIM_SERVER="off")
+    proc = subprocess.Popen([*STEPSIM, "sweep", "sw.toml", "--out", "out", "--executor", "dask", "--jobs", "2"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "out").rglob("*.parquet")) and time.monotonic() < deadline:  # tasks are running
+        time.sleep(0.2)
+    assert proc.poll() is None
+    os.killpg(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.splitlines()[-1] == "stepsim: interrupted"
+    assert [p.name for p in (tmp_path / "out").rglob("*") if p.name.endswith(".tmp")] == []
