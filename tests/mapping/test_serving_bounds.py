@@ -32,8 +32,8 @@ def one_request(tmp_path):
 
 
 @pytest.mark.parametrize("model, vocab, token_bytes, tpot_s, hbm_use", [
-    ("llama-3.1-8b", 128_256, 15_009_325_056, 0.010027781, (0.9145240600310965, 0.9360353761215966)),
-    ("qwen3-30b-a3b", 151_936, 6_083_317_760, 0.004454893428571428, (0.8191970734098923, 0.8516003650421903)),
+    ("llama-3.1-8b", 128_256, 15_009_325_056, 0.010005829000000003, (0.9165486707495424, 0.9380889639429177)),
+    ("qwen3-30b-a3b", 151_936, 6_083_317_760, 0.004321455571428572, (0.8326772343779153, 0.8810836938318317)),
 ])
 def test_one_request_decodes_within_1_3x_of_the_bytes_a_token_must_read(one_request, tmp_path, model, vocab,
                                                                          token_bytes, tpot_s, hbm_use):
@@ -43,7 +43,7 @@ def test_one_request_decodes_within_1_3x_of_the_bytes_a_token_must_read(one_requ
     assert summary["fidelity"]["schedule"] == "auto"
     assert summary["tpot_s"]["p50"] == tpot_s
     bound_s = token_bytes / HBM_BYTES_PER_S
-    assert tpot_s / bound_s < 1.3  # Llama 1.069x (9.38 ms bound), Qwen3 1.172x (3.80 ms bound)
+    assert tpot_s / bound_s < 1.3  # Llama 1.067x (9.38 ms bound), Qwen3 1.137x (3.80 ms bound)
     # each step's roofline: the first decode step reads the bytes a token must read and the KV cache of its 64
     # prompt tokens and its own; the utilisation is those bytes over its cycles at the HBM's peak
     it = run.iterations.to_pylist()
