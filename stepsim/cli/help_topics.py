@@ -24,11 +24,12 @@ WORKLOAD_TOPICS = (
 #: command -> (topic, option dests) in the order --help shows them
 TOPICS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "run": WORKLOAD_TOPICS + (
+        ("whole-chip mapping", ("schedule",)),
         ("run mode", ("functional", "check", "force")),
         ("output", ("json", "verbose", "out", "report", "deadlock_report")),
         ("timeline", ("timeline", "timeline_limit", "timeline_min_dur")),
     ),
-    "metrics": WORKLOAD_TOPICS + (("output", ("json", "verbose", "out")),),
+    "metrics": WORKLOAD_TOPICS + (("whole-chip mapping", ("schedule",)), ("output", ("json", "verbose", "out"))),
     "size-fifos": WORKLOAD_TOPICS + (
         ("sizing", ("slack", "min_depth", "jobs")),
         ("output", ("json", "verbose", "out")),
@@ -40,7 +41,8 @@ TOPICS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     ),
     "serve": (
         ("model and hardware", ("model", "hardware", "system")),
-        ("requests", ("requests", "arrival_scale", "arrival", "limit_requests", "duration", "seed")),
+        ("requests", ("requests", "arrival_scale", "arrival", "limit_requests", "duration", "drop_long",
+                      "truncate_long", "seed")),
         ("scheduler", ("scheduler", "max_seqs", "max_batch_tokens", "chunk_tokens")),
         ("step latency", ("fidelity", "iteration_latency", "schedule", "routing")),
         ("SLO", ("slo",)),

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("experiment", metavar="EXPERIMENT", help=f"one of: {', '.join(CHOICES)}, {SERVING_VALIDATION}")
     p.add_argument("--traces", metavar="DIR",
                    help="folder laid out like ../shared/traces (expert_routing/, kv_lengths/); required by the "
-                        f"paper's experiments (not by {SERVING_VALIDATION})")
+                        f"paper's experiments, not by {SERVING_VALIDATION} (default: none)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (tables, figures, headline JSON)")
     from stepsim.cli.args import add_force_argument, add_jobs_argument
 

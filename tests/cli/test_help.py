@@ -142,6 +142,6 @@ def test_run_help_shows_the_topics_in_order_with_their_defaults(capsys):
     text = capsys.readouterr().out
     titles = [line[:-1] for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
     assert titles == ["positional arguments", "options", "model", "traces", "schedule: tiling, regions, attention",
-                      "many chips and collectives", "ONNX models", "hardware and FIFOs", "run mode", "output",
-                      "timeline"]
+                      "many chips and collectives", "ONNX models", "hardware and FIFOs", "whole-chip mapping",
+                      "run mode", "output", "timeline"]
     assert "--channel-depth CHANNEL_DEPTH\n                        default FIFO depth in elements (default: the" in text

@@ -177,7 +177,7 @@ def test_the_bound_counts_every_chips_hbm():
      "stepsim: error: --hardware does not apply with --system: the system file names the chips' hardware"),
     (["moe", "--max-chips", "4", "--system", "mesh-9"],
      "stepsim: error: --system: unknown system preset 'mesh-9'; known presets: fully-connected-8, ring-2, "
-     "ring-4, ring-8, switch-8, torus-4x4"),
+     "ring-4, ring-8, sn40l-16, sn40l-8, switch-8, torus-4x4"),
 ])
 def test_bad_chip_budgets_are_one_line(tmp_path, capsys, argv, message):
     assert main(["optimize", *argv, "--out", str(tmp_path / "o")]) == 2

@@ -150,4 +150,4 @@ def test_unknown_preset_names_the_presets():
     with pytest.raises(SystemConfigError) as info:
         System.preset("ring-3")
     assert str(info.value) == ("unknown system preset 'ring-3'; known presets: fully-connected-8, ring-2, ring-4, "
-                               "ring-8, switch-8, torus-4x4")
+                               "ring-8, sn40l-16, sn40l-8, switch-8, torus-4x4")
