@@ -20,6 +20,7 @@ field                                                 meaning (unit)
 ``first_k_dense_replace``                             the first k layers have a dense FFN (``intermediate_size``)
 ``moe_layer_freq``                                    every n-th layer after those is MoE (default 1)
 ``layer_types``                                       per layer ``full_attention`` or ``sliding_attention``
+                                                      (kept only when some layer slides)
 ``sliding_window``                                    tokens a sliding layer attends to; without ``layer_types``
                                                       every layer slides unless ``use_sliding_window`` is false
 ``attention_bias``                                    q, k, v and o projections carry biases (JSON boolean)
@@ -126,8 +127,8 @@ def read_layers(cfg: dict, where: str, layers: int, experts: int, dense_f: int |
         types = ("full_attention",) * layers
     if "sliding_attention" in types and window is None:
         raise ConfigError(f"{where}: missing field 'sliding_window' (layer_types has sliding_attention layers)")
-    if "sliding_attention" not in types:
-        window = None
+    if "sliding_attention" not in types:  # every layer full: told by an empty tuple, as for the other models
+        window, types = None, ()
     return {"first_k_dense_replace": first_dense, "moe_layer_freq": freq, "layer_types": types,
             "sliding_window": window}
 

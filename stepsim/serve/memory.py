@@ -1,11 +1,19 @@
 """What a model occupies in HBM: its weights, and the KV cache each token adds (bytes, bf16).
 
-Weights count every matrix of the decoder (per layer: the q, k, v and o projections, the routed experts' gate /
+Weights count every matrix of the decoder (per layer: the attention's projections, the routed experts' gate /
 up / down matrices and the router, the shared experts or the dense FFN, two RMSNorm vectors), the token
-embedding, the LM head (unless ``tie_word_embeddings``) and the final norm. Biases and the per-head q/k norms of
-some families are left out (under 0.01 % of any model here); every layer of an MoE model counts as an MoE layer
-(DeepSeek-MoE's first layer is dense, ``first_k_dense_replace``: 16.88 B counted against 16.4 B published). The KV cache holds a key and a value vector per KV
-head per layer per token: ``layers * 2 * kv_heads * head_dim * 2`` bytes.
+embedding, the LM head (unless ``tie_word_embeddings``) and the final norm. Multi-head latent attention counts
+q_a / q_b, kv_a, kv_b, o and the two latent norms; biases count where the config (``attention_bias``) or the
+family (gpt-oss: sinks, router and expert biases; DeepSeek-V3: the router's score bias) has them. Other
+families' biases and per-head q/k norms are left out (under 0.01 % of any model here). Every layer of an MoE
+model that serving runs counts as an MoE layer, as serving's executors run it (DeepSeek-MoE's first layer is
+dense, ``first_k_dense_replace``: 16.88 B counted against 16.4 B published); DeepSeek-V3's three dense first
+layers count as dense (671,026,419,200 against 671 B published; gpt-oss-120b 116,829,156,672 against 116.8 B).
+
+The KV cache per token and layer holds a key and a value vector per KV head (``2 * kv_heads * head_dim * 2``
+bytes), or for MLA the latent and the rope key (``(kv_lora_rank + qk_rope_head_dim) * 2`` bytes: DeepSeek-V3
+61 x 576 x 2 = 70,272 B per token). A sliding-window layer holds at most the window (:meth:`ModelMemory.kv_bytes`);
+serving refuses such models until its KV pools follow layer types (issue 43).
 
 ``vocab_size`` (required), ``max_position_embeddings`` and ``tie_word_embeddings`` come from the model's
 ``config.json`` (the preset's file for a preset), which :class:`~stepsim.models.presets.ModelConfig` does not
@@ -142,12 +150,18 @@ def kv_bytes_per_layer(model: ModelConfig) -> int:
 
 
 def parameter_count(model: ModelConfig, vocab: int, tied: bool) -> int:
-    """Every weight of the main model (elements): per layer attention, FFN (dense first layers as
-    ``first_k_dense_replace`` says) and two RMSNorm vectors; the embedding, the LM head unless ``tied``, the final
+    """Every weight of the main model (elements): per layer attention, FFN and two RMSNorm vectors; the embedding, the LM head unless ``tied``, the final
     norm."""
     d = model.hidden
     attention = attention_parameters(model)
-    moe_layers = sum(model.layer_is_moe(i) for i in range(model.layers))
+    # serving's executors run every layer of an MoE model as an MoE layer (one layer kind per model until issue 43
+    # makes layers heterogeneous), so for the models serving takes the weights count them so too (DeepSeek-MoE-16B:
+    # 16.88 B against 16.4 B published); a model serving refuses (DeepSeek-V3's MLA) has its dense first layers
+    # counted as published
+    if model.unmodelled():
+        moe_layers = sum(model.layer_is_moe(i) for i in range(model.layers))
+    else:
+        moe_layers = model.layers if model.is_moe else 0
     layers = model.layers * (attention + 2 * d) + (model.layers - moe_layers) * ffn_parameters(model, False)
     if moe_layers:
         layers += moe_layers * ffn_parameters(model, True)
