@@ -229,8 +229,8 @@ class ModelConfig:
         """
         missing = self.unmodelled()
         if missing:
-            raise ConfigError(f"model {self.name!r} uses {', '.join(missing)}, which {what} does not model yet "
-                              "(issue 43)")
+            named = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} and {missing[-1]}"
+            raise ConfigError(f"model {self.name!r} uses {named}, which {what} does not model yet (issue 43)")
 
     @property
     def moe(self) -> MoEModel:
