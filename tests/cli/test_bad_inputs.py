@@ -212,15 +212,16 @@ CLI_CASES = [
     ("reproduce all --traces traces_empty --out o --jobs 0", 2, None),  # the same message as sweep's (below)
     # --- models and model files
     ("models show gpt5", 2,
-     E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, llama-3.1-8b, mixtral-8x7b, qwen3-30b-a3b (aliases "
-         "deepseek, deepseekv316b, llama, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
+     E + "unknown model 'gpt5'; expected one of "
+         "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, "
+         "qwen3-30b-a3b (aliases deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, "
+         "llama, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path"),
     ("models show config_bad.json", 2, E + "model file config_bad.json: not valid JSON: Expecting property name "
                                            "enclosed in double quotes (line 1, column 2)"),
-    ("models show config_mla.json", 2, E + "model file config_mla.json: field 'kv_lora_rank' means multi-head "
-                                           "latent attention (MLA), which stepsim does not model"),
+    # MLA is read (issue 43): a latent rank without the per-head dimensions is refused
+    ("models show config_mla.json", 2, E + "model file config_mla.json: missing field 'qk_nope_head_dim'"),
     ("models show config_missing.json", 2, E + "model file config_missing.json: missing field 'num_hidden_layers'"),
-    ("run moe --model config_mla.json", 2, E + "model file config_mla.json: field 'kv_lora_rank' means multi-head "
-                                               "latent attention (MLA), which stepsim does not model"),
+    ("run moe --model config_mla.json", 2, E + "model file config_mla.json: missing field 'qk_nope_head_dim'"),
     # --- timelines (checked before the run: nothing is simulated or written)
     ("run swiglu --timeline o/t.txt", 2,
      E + "--timeline o/t.txt: unknown trace format (use .json, .json.gz, .pftrace or .perfetto-trace)"),
