@@ -116,10 +116,16 @@ def read_layers(cfg: dict, where: str, layers: int, experts: int, dense_f: int |
     types = cfg.get("layer_types")
     window = _int(cfg, "sliding_window", where)
     if types is not None:
-        if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
-            shown = types if not isinstance(types, list) or len(types) <= 4 else f"a list of {len(types)}"
-            raise ConfigError(f"{where}: field 'layer_types' must list {layers} entries (num_hidden_layers), each "
-                              f"{' or '.join(LAYER_TYPES)}, got {shown!r}")
+        if not isinstance(types, list):
+            raise ConfigError(f"{where}: field 'layer_types' must be a list of {layers} layer types "
+                              f"(num_hidden_layers), got {types!r}")
+        if len(types) != layers:
+            raise ConfigError(f"{where}: field 'layer_types' lists {len(types)} layers, expected {layers} "
+                              "(num_hidden_layers)")
+        bad = next((i for i, t in enumerate(types) if t not in LAYER_TYPES), None)
+        if bad is not None:
+            raise ConfigError(f"{where}: field 'layer_types' entry {bad} is {types[bad]!r}; expected "
+                              f"{' or '.join(LAYER_TYPES)}")
         types = tuple(types)
     elif window is not None and cfg.get("use_sliding_window", True) is not False:
         types = ("sliding_attention",) * layers
