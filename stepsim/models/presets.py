@@ -2,8 +2,8 @@
 
 A model is named in three ways wherever a command takes ``--model`` (or a config takes ``model``):
 
-* a built-in preset: ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``deepseek-moe-16b``, ``llama-3.1-8b``; or one of
-  its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
+* a built-in preset: ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``deepseek-moe-16b``, ``llama-3.1-8b``,
+  ``deepseek-v3``, ``gpt-oss-120b``, ``gpt-oss-20b``, ``qwen3-235b-a22b``; or one of its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
   name (:func:`canonical_model_name`);
 * a Hugging Face ``config.json`` path (any name ending in ``.json``), read by :func:`load_hf_config`;
 * ``custom`` with the four MoE dimensions given (``--hidden --intermediate --experts --top-k``).
