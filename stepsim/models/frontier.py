@@ -82,14 +82,18 @@ def read_mla(cfg: dict, where: str) -> dict:
     return out
 
 
-def read_routing(cfg: dict, where: str, experts: int) -> dict:
-    """Group-limited routing, its scores and scaling (defaults: one group, softmax, 1.0)."""
+def read_routing(cfg: dict, where: str, experts: int, top_k: int = 0) -> dict:
+    """Group-limited routing, its scores and scaling (defaults: one group, softmax, 1.0); ``top_k`` experts must
+    fit in the ``topk_group`` groups kept."""
     n_group = _int(cfg, "n_group", where, default=1)
     topk_group = _int(cfg, "topk_group", where, default=1 if n_group == 1 else n_group)
     if experts and experts % n_group:
         raise ConfigError(f"{where}: field 'n_group' = {n_group} does not divide the {experts} experts")
     if topk_group > n_group:
         raise ConfigError(f"{where}: field 'topk_group' = {topk_group} exceeds n_group = {n_group}")
+    if experts and top_k > topk_group * (experts // n_group):
+        raise ConfigError(f"{where}: field 'num_experts_per_tok' = {top_k} exceeds the {topk_group * (experts // n_group)} "
+                          f"experts of the topk_group = {topk_group} groups kept")
     scoring = cfg.get("scoring_func")
     if scoring is None:
         scoring = "softmax"

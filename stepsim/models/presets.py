@@ -407,7 +407,7 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None, preset: 
                           f"{' / '.join(EXPERT_FIELDS)})")
     aliases = meta.get("aliases", [])
     paper_attention = meta.get("paper_attention", {})
-    extra = {**mla, **frontier.read_routing(cfg, where, experts),
+    extra = {**mla, **frontier.read_routing(cfg, where, experts, top_k),
              **frontier.read_layers(cfg, where, layers, experts, dense_f),
              **frontier.read_parameters(cfg, where, model_type)}
     return ModelConfig(

@@ -154,6 +154,8 @@ BAD = [
     (DS, {"n_group": 3}, "field 'n_group' = 3 does not divide the 256 experts"),
     (DS, {"topk_group": "4"}, "field 'topk_group' must be an integer >= 1, got '4'"),
     (DS, {"topk_group": 9}, "field 'topk_group' = 9 exceeds n_group = 8"),
+    (DS, {"topk_group": 1, "n_group": 64},
+     "field 'num_experts_per_tok' = 8 exceeds the 4 experts of the topk_group = 1 groups kept"),
     (DS, {"scoring_func": "relu"}, "field 'scoring_func' must be one of softmax, sigmoid, got 'relu'"),
     (DS, {"scoring_func": 1}, "field 'scoring_func' must be one of softmax, sigmoid, got 1"),
     (DS, {"routed_scaling_factor": 0}, "field 'routed_scaling_factor' must be a positive number, got 0"),
