@@ -39,6 +39,7 @@ def _run(args) -> int:
         check_out_file(args.out, "--out")
     hardware = _hardware(args.hardware)
     model = resolve_model(args.model)
+    model.refuse_unmodelled("stepsim map")
     if args.kind == "ffn" and not model.is_moe and not model.dense_intermediate:
         raise ConfigError(f"model {model.name!r} has no FFN dimensions (intermediate_size)")
     dims = layer_dims(args.kind, model)

@@ -25,6 +25,10 @@ SHOW_LINES = (("name", "name"), ("source", "source"), ("model_type", "model_type
               ("expert_intermediate", "expert FFN (F, elements)"), ("shared_experts", "shared experts"),
               ("shared_intermediate", "shared FFN (elements)"), ("dense_intermediate", "dense FFN (elements)"),
               ("aliases", "aliases"))
+#: (JSON key, label) of the ``models show`` lines after the moe workload's
+MEMORY_LINES = (("attention_kind", "attention"), ("kv_bytes_per_token", "KV bytes per token"),
+                ("parameters", "parameters"))
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def _cell(value) -> str:
@@ -42,6 +46,21 @@ def _moe_workload_note(m: ModelConfig) -> str:
     except ConfigError as exc:
         return f"no: {exc}"
     return "yes (routed experts)"
+
+
+def _memory(m: ModelConfig) -> dict:
+    """KV bytes per token (all layers; the sliding layers' share, held for at most the window) and the
+    parameter count and bf16 weight bytes (None when the config has no ``vocab_size``)."""
+    from stepsim.serve.memory import kv_bytes_per_layer, model_memory
+
+    d = {"kv_bytes_per_token": m.layers * kv_bytes_per_layer(m),
+         "sliding_kv_bytes_per_token": m.sliding_layers * kv_bytes_per_layer(m), "parameters": None,
+         "weight_bytes": None}
+    try:
+        memory = model_memory(m)
+    except ConfigError:  # a user's file may leave vocab_size out: its dimensions are still shown
+        return d
+    return {**d, "parameters": memory.parameters, "weight_bytes": memory.weight_bytes}
 
 
 def _list(args) -> int:
@@ -62,6 +81,8 @@ def _show(args) -> int:
     m = resolve_model(args.model)
     d = m.as_dict()
     d["moe_workload"] = _moe_workload_note(m)
+    d.update(_memory(m))
+    d["not_modelled"] = m.unmodelled()
     if m.paper_attention:
         d["paper_attention"] = {**m.paper_attention_model.__dict__}
     if args.json:
@@ -71,6 +92,14 @@ def _show(args) -> int:
     for key, label in SHOW_LINES:
         print(f"{label:<{width}}  {_cell(d[key])}")
     print(f"{'moe workload':<{width}}  {d['moe_workload']}")
+    for key, label in MEMORY_LINES:
+        print(f"{label:<{width}}  {_cell(d[key])}")
+    if m.is_mla:
+        print(f"{'MLA (elements)':<{width}}  " + ", ".join(f"{k} {getattr(m, k)}" for k in MLA_KEYS))
+    if m.sliding_layers:
+        print(f"{'sliding window':<{width}}  {m.sliding_window} tokens on {m.sliding_layers} of {m.layers} layers")
+    if d["not_modelled"]:
+        print(f"{'not modelled yet':<{width}}  {', '.join(d['not_modelled'])} (issue 43)")
     if m.paper_attention:
         changed = ", ".join(f"{k} {v} (published {getattr(m.attention, k)})" for k, v in m.paper_attention.items())
         print(f"{'paper attention runs':<{width}}  {changed}")

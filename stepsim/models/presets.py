@@ -2,8 +2,8 @@
 
 A model is named in three ways wherever a command takes ``--model`` (or a config takes ``model``):
 
-* a built-in preset: ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``deepseek-moe-16b``, ``llama-3.1-8b``; or one of
-  its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
+* a built-in preset: ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``deepseek-moe-16b``, ``llama-3.1-8b``,
+  ``deepseek-v3``, ``gpt-oss-120b``, ``gpt-oss-20b``, ``qwen3-235b-a22b``; or one of its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
   name (:func:`canonical_model_name`);
 * a Hugging Face ``config.json`` path (any name ending in ``.json``), read by :func:`load_hf_config`;
 * ``custom`` with the four MoE dimensions given (``--hidden --intermediate --experts --top-k``).
@@ -32,10 +32,14 @@ field                                                 meaning (unit)
 ``num_hidden_layers``                                 decoder layers
 ====================================================  ==========================================================
 
+The frontier models' fields (multi-head latent attention, group-limited routing, dense first layers,
+``layer_types`` and ``sliding_window``, sinks and biases) are read by :mod:`stepsim.models.frontier`. Workloads
+and serving that do not model MLA, sliding windows or sinks yet refuse such a model in one line
+(:meth:`ModelConfig.refuse_unmodelled`); ``stepsim models show`` and the weights / KV accounting take it.
+
 Refused with a :class:`~stepsim.base.errors.ConfigError` naming the file and the field: unreadable or non-object
 JSON, a missing required field, a field of the wrong type (a non-positive or non-integer count), two expert
-counts that disagree, and multi-head latent attention (``kv_lora_rank`` / ``q_lora_rank``, DeepSeek-V2/V3),
-which stepsim does not model. A multimodal config whose text model sits under ``text_config`` is read from there.
+counts that disagree. A multimodal config whose text model sits under ``text_config`` is read from there.
 
 The MoE workload (:func:`moe_model`) simulates routed experts and, where the model has them, its shared experts;
 it refuses dense models, naming why.
@@ -51,6 +55,7 @@ from importlib import resources
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.models import frontier
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,19 @@ class ModelConfig:
         Other names of a preset.
     paper_attention : dict
         Attention dimensions the paper's runs used where they differ from the published ones (presets only).
+    q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim : int or None
+        Multi-head latent attention (elements; :mod:`stepsim.models.frontier`); all None for GQA. An MLA model's
+        ``head_dim`` is ``qk_nope_head_dim + qk_rope_head_dim`` (a query's and a key's width per head).
+    n_group, topk_group, scoring_func, routed_scaling_factor
+        Group-limited routing (defaults 1, 1, ``softmax``, 1.0).
+    first_k_dense_replace, moe_layer_freq : int
+        Dense first layers and the MoE layer spacing (defaults 0, 1).
+    layer_types : tuple of str
+        Each layer's ``full_attention`` or ``sliding_attention`` (empty: all full).
+    sliding_window : int or None
+        Tokens a sliding layer attends to (None: no sliding layer).
+    attention_bias, attention_sinks, router_bias, expert_bias : bool
+        Biases on q/k/v/o, one sink logit per head, biases on the router and on each expert's matrices.
     """
 
     name: str
@@ -150,10 +168,69 @@ class ModelConfig:
     shared_intermediate: int = 0
     aliases: tuple[str, ...] = ()
     paper_attention: dict = field(default_factory=dict)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    n_group: int = 1
+    topk_group: int = 1
+    scoring_func: str = "softmax"
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    attention_bias: bool = False
+    attention_sinks: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3/R1)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def sliding_layers(self) -> int:
+        """Layers of sliding-window attention."""
+        return sum(t == "sliding_attention" for t in self.layer_types)
+
+    def layer_is_moe(self, index: int) -> bool:
+        """Whether layer ``index`` (from 0) has routed experts (DeepSeek: past the dense first layers, every
+        ``moe_layer_freq``-th)."""
+        return (self.is_moe and index >= self.first_k_dense_replace
+                and index % self.moe_layer_freq == 0)
+
+    def unmodelled(self) -> list[str]:
+        """The features of this model that the simulated workloads and serving do not model yet (issue 43)."""
+        out = []
+        if self.is_mla:
+            out.append("multi-head latent attention (MLA)")
+        if self.sliding_layers:
+            out.append(f"sliding-window attention ({self.sliding_layers} of {self.layers} layers)")
+        if self.attention_sinks:
+            out.append("attention sinks")
+        if self.n_group > 1 or self.scoring_func != "softmax":
+            out.append(f"{self.scoring_func} routing limited to {self.topk_group} of {self.n_group} expert groups")
+        return out
+
+    def refuse_unmodelled(self, what: str) -> None:
+        """Refuse, in one line naming ``what`` (a workload, ``serve``), a model with features it does not model.
+
+        Raises
+        ------
+        ConfigError
+            The model uses MLA, sliding windows, sinks or group-limited routing.
+        """
+        missing = self.unmodelled()
+        if missing:
+            named = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} and {missing[-1]}"
+            raise ConfigError(f"model {self.name!r} uses {named}, which {what} does not model yet (issue 43)")
 
     @property
     def moe(self) -> MoEModel:
@@ -188,15 +265,15 @@ class ModelConfig:
         d = asdict(self)
         d["aliases"] = list(self.aliases)
         d["kind"] = "moe" if self.is_moe else "dense"
+        d["layer_types"] = list(self.layer_types)
         d["query_per_kv_head"] = self.heads // self.kv_heads
+        d["attention_kind"] = "mla" if self.is_mla else "gqa"
         return d
 
 
 # --- reading config.json ------------------------------------------------------------------------------
 #: fields naming the routed-expert count, in the families that use them (Mixtral, Qwen-MoE, DeepSeek)
 EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
-#: fields of multi-head latent attention (DeepSeek-V2/V3), which stepsim does not model
-MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 
 
 def _read_json(path: Path) -> dict:
@@ -268,16 +345,12 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None, preset: 
     Raises
     ------
     ConfigError
-        Missing or invalid field, or an unsupported feature (MLA), naming the file and the field.
+        Missing or invalid field, naming the file and the field.
     """
     where = f"model file {source}"
     meta = _preset_meta(cfg, where) if preset else {}
     if cfg.get("hidden_size") is None and isinstance(cfg.get("text_config"), dict):
         cfg, where = cfg["text_config"], f"{where}: text_config"
-    for key in MLA_FIELDS:
-        if cfg.get(key) is not None:
-            raise ConfigError(f"{where}: field {key!r} means multi-head latent attention (MLA), which stepsim "
-                              "does not model")
     model_type = cfg.get("model_type")
     if model_type is None:
         raise ConfigError(f"{where}: missing field 'model_type'")
@@ -290,7 +363,10 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None, preset: 
     if heads % kv_heads:
         raise ConfigError(f"{where}: field 'num_key_value_heads' = {kv_heads} does not divide "
                           f"num_attention_heads = {heads}")
+    mla = frontier.read_mla(cfg, where)
     head_dim = _int_field(cfg, "head_dim", where, required=False)
+    if mla["kv_lora_rank"] is not None:  # MLA: a query's / key's width per head (nope + rope)
+        head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     if head_dim is None:
         if hidden % heads:
             raise ConfigError(f"{where}: missing field 'head_dim', and hidden_size {hidden} is not a multiple of "
@@ -331,11 +407,14 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None, preset: 
                           f"{' / '.join(EXPERT_FIELDS)})")
     aliases = meta.get("aliases", [])
     paper_attention = meta.get("paper_attention", {})
+    extra = {**mla, **frontier.read_routing(cfg, where, experts, top_k),
+             **frontier.read_layers(cfg, where, layers, experts, dense_f),
+             **frontier.read_parameters(cfg, where, model_type)}
     return ModelConfig(
         name=name or meta.get("name") or source, source=source, model_type=model_type, hidden=hidden,
         layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, experts=experts, top_k=top_k,
         expert_intermediate=expert_f, dense_intermediate=dense_f, shared_experts=shared,
-        shared_intermediate=shared_f, aliases=tuple(aliases), paper_attention=dict(paper_attention),
+        shared_intermediate=shared_f, aliases=tuple(aliases), paper_attention=dict(paper_attention), **extra,
     )
 
 
@@ -374,8 +453,8 @@ MOE_MODELS: dict[str, MoEModel] = {n: m.moe for n, m in PRESETS.items() if m.is_
 #: the attention configurations of the artifact's ``dynamic_par`` scripts (docs/semantics.md §5.1) for the paper's
 #: two models: the published dimensions with the preset's ``paper_attention`` applied (Qwen3-30B-A3B: head_dim 64
 #: instead of 128)
-ATTENTION_MODELS: dict[str, AttentionModel] = {n: m.paper_attention_model for n, m in PRESETS.items()
-                                               if m.is_moe and not m.shared_experts}
+ATTENTION_MODELS: dict[str, AttentionModel] = {n: PRESETS[n].paper_attention_model
+                                               for n in ("mixtral-8x7b", "qwen3-30b-a3b")}
 
 CUSTOM_KEYS = ("hidden", "intermediate", "experts", "top_k")
 

@@ -187,6 +187,7 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
             raise ConfigError("stepsim optimize decoder needs the KV lengths of its decode batch: --kv-lengths PATH")
         batch = len(load_kv_lengths(cfg["kv_lengths"], cfg["batch_id"]))
         model = resolve_model(cfg["model"])
+        model.refuse_unmodelled("the decoder workload")
         stages = space.default_decoder_stages(model, batch)
         if max_chips is not None:  # tp, ep in the FFN stage, with the strategies the one-chip stage 1 keeps
             from stepsim.optimize.chips import parallel_grids

@@ -143,7 +143,7 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
         parse_slo(slo)
     SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                          chunk_tokens=chunk_tokens, block_size=block_size)
-    resolve_model(model)
+    resolve_model(model).refuse_unmodelled("serving")
     if hardware is not None:
         resolve_serving_hardware(hardware)
 
@@ -490,6 +490,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     else:
         hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
+    resolved.refuse_unmodelled("serving")  # before any work: its executors run GQA, full attention, top-k routing
     memory = model_memory(resolved)
     if system is not None:
         from stepsim.serve.system import system_capacity

@@ -1,11 +1,19 @@
 """What a model occupies in HBM: its weights, and the KV cache each token adds (bytes, bf16).
 
-Weights count every matrix of the decoder (per layer: the q, k, v and o projections, the routed experts' gate /
+Weights count every matrix of the decoder (per layer: the attention's projections, the routed experts' gate /
 up / down matrices and the router, the shared experts or the dense FFN, two RMSNorm vectors), the token
-embedding, the LM head (unless ``tie_word_embeddings``) and the final norm. Biases and the per-head q/k norms of
-some families are left out (under 0.01 % of any model here); every layer of an MoE model counts as an MoE layer
-(DeepSeek-MoE's first layer is dense, ``first_k_dense_replace``: 16.88 B counted against 16.4 B published). The KV cache holds a key and a value vector per KV
-head per layer per token: ``layers * 2 * kv_heads * head_dim * 2`` bytes.
+embedding, the LM head (unless ``tie_word_embeddings``) and the final norm. Multi-head latent attention counts
+q_a / q_b, kv_a, kv_b, o and the two latent norms; biases count where the config (``attention_bias``) or the
+family (gpt-oss: sinks, router and expert biases; DeepSeek-V3: the router's score bias) has them. Other
+families' biases and per-head q/k norms are left out (under 0.01 % of any model here). Every layer of an MoE
+model that serving runs counts as an MoE layer, as serving's executors run it (DeepSeek-MoE's first layer is
+dense, ``first_k_dense_replace``: 16.88 B counted against 16.4 B published); DeepSeek-V3's three dense first
+layers count as dense (671,026,419,200 against 671 B published; gpt-oss-120b 116,829,156,672 against 116.8 B).
+
+The KV cache per token and layer holds a key and a value vector per KV head (``2 * kv_heads * head_dim * 2``
+bytes), or for MLA the latent and the rope key (``(kv_lora_rank + qk_rope_head_dim) * 2`` bytes: DeepSeek-V3
+61 x 576 x 2 = 70,272 B per token). A sliding-window layer holds at most the window (:meth:`ModelMemory.kv_bytes`);
+serving refuses such models until its KV pools follow layer types (issue 43).
 
 ``vocab_size`` (required), ``max_position_embeddings`` and ``tie_word_embeddings`` come from the model's
 ``config.json`` (the preset's file for a preset), which :class:`~stepsim.models.presets.ModelConfig` does not
@@ -40,12 +48,29 @@ class ModelMemory:
         The longest sequence the model takes (tokens), when its config says.
     vocab_size : int
         Vocabulary size (tokens).
+    parameters : int
+        Weights counted (elements); ``weight_bytes`` is twice this.
+    sliding_kv_bytes_per_token : int
+        The part of ``kv_bytes_per_token`` held by sliding-window layers, which keep only the last
+        ``sliding_window`` tokens (0 without sliding layers).
+    sliding_window : int or None
+        Tokens a sliding layer keeps.
     """
 
     weight_bytes: int
     kv_bytes_per_token: int
     max_position_embeddings: int | None
     vocab_size: int
+    parameters: int = 0
+    sliding_kv_bytes_per_token: int = 0
+    sliding_window: int | None = None
+
+    def kv_bytes(self, tokens: int) -> int:
+        """KV-cache bytes of one sequence of ``tokens`` tokens: full layers hold every token, sliding layers at
+        most the window."""
+        window = tokens if self.sliding_window is None else min(tokens, self.sliding_window)
+        return (self.kv_bytes_per_token - self.sliding_kv_bytes_per_token) * tokens + \
+            self.sliding_kv_bytes_per_token * window
 
 
 def _config_json(model: ModelConfig) -> dict:
@@ -82,6 +107,67 @@ def _flag(cfg: dict, key: str, source: str) -> bool:
     return v
 
 
+def attention_parameters(model: ModelConfig) -> int:
+    """Weights of one layer's attention (elements): GQA's q, k, v, o (with biases when ``attention_bias``, one
+    sink logit per head when the family has sinks), or MLA's q_a / q_b (or a full q), kv_a (latent + rope key),
+    kv_b (keys without rope and values, per head) and o, with the norms of the two latents."""
+    d, h = model.hidden, model.heads
+    if model.is_mla:
+        nope, rope, v, kv_rank = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim, model.kv_lora_rank
+        q_rank = model.q_lora_rank
+        q = d * h * (nope + rope) if q_rank is None else d * q_rank + q_rank + q_rank * h * (nope + rope)
+        return q + d * (kv_rank + rope) + kv_rank + kv_rank * h * (nope + v) + h * v * d
+    hd, kv = model.head_dim, model.kv_heads
+    n = 2 * d * h * hd + 2 * d * kv * hd  # q and o, k and v
+    if model.attention_bias:
+        n += h * hd + 2 * kv * hd + d
+    if model.attention_sinks:
+        n += h
+    return n
+
+
+def ffn_parameters(model: ModelConfig, moe: bool) -> int:
+    """Weights of one layer's FFN (elements): the routed experts (gate, up, down; biases when the family has
+    them), the router (and its bias) and the shared experts of an MoE layer, or the dense SwiGLU FFN."""
+    d = model.hidden
+    if not moe:
+        return 3 * d * (model.dense_intermediate or 0)
+    f = model.expert_intermediate
+    n = model.experts * 3 * d * f + d * model.experts + 3 * d * model.shared_intermediate
+    if model.expert_bias:
+        n += model.experts * (2 * f + d)
+    if model.router_bias:
+        n += model.experts
+    return n
+
+
+def kv_bytes_per_layer(model: ModelConfig) -> int:
+    """KV-cache bytes one token adds in one layer: MLA's latent and rope key (``kv_lora_rank +
+    qk_rope_head_dim`` values), else a key and a value per KV head."""
+    if model.is_mla:
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * DTYPE_BYTES
+    return 2 * model.kv_heads * model.head_dim * DTYPE_BYTES
+
+
+def parameter_count(model: ModelConfig, vocab: int, tied: bool) -> int:
+    """Every weight of the main model (elements): per layer attention, FFN and two RMSNorm vectors; the embedding, the LM head unless ``tied``, the final
+    norm."""
+    d = model.hidden
+    attention = attention_parameters(model)
+    # serving's executors run every layer of an MoE model as an MoE layer (one layer kind per model until issue 43
+    # makes layers heterogeneous), so for the models serving takes the weights count them so too (DeepSeek-MoE-16B:
+    # 16.88 B against 16.4 B published); a model serving refuses (DeepSeek-V3's MLA) has its dense first layers
+    # counted as published
+    if model.unmodelled():
+        moe_layers = sum(model.layer_is_moe(i) for i in range(model.layers))
+    else:
+        moe_layers = model.layers if model.is_moe else 0
+    layers = model.layers * (attention + 2 * d) + (model.layers - moe_layers) * ffn_parameters(model, False)
+    if moe_layers:
+        layers += moe_layers * ffn_parameters(model, True)
+    return layers + vocab * d + (0 if tied else vocab * d) + d
+
+
 def model_memory(model: ModelConfig) -> ModelMemory:
     """Weights and KV bytes per token of ``model`` in bf16.
 
@@ -93,16 +179,8 @@ def model_memory(model: ModelConfig) -> ModelMemory:
     cfg = _config_json(model)
     vocab = _positive(cfg, "vocab_size", model.source, required=True)
     max_pos = _positive(cfg, "max_position_embeddings", model.source, required=False)
-    d, hd = model.hidden, model.head_dim
-    attention = 2 * d * model.heads * hd + 2 * d * model.kv_heads * hd  # q and o, k and v
-    ffn = 0
-    if model.is_moe:
-        ffn += model.experts * 3 * d * model.expert_intermediate + d * model.experts  # experts and router
-        ffn += 3 * d * model.shared_intermediate
-    else:
-        ffn += 3 * d * (model.dense_intermediate or 0)
-    per_layer = attention + ffn + 2 * d  # two RMSNorm weight vectors
-    head = 0 if _flag(cfg, "tie_word_embeddings", model.source) else vocab * d
-    params = model.layers * per_layer + vocab * d + head + d
-    kv = model.layers * 2 * model.kv_heads * hd * DTYPE_BYTES
-    return ModelMemory(params * DTYPE_BYTES, kv, max_pos, vocab)
+    params = parameter_count(model, vocab, _flag(cfg, "tie_word_embeddings", model.source))
+    per_layer = kv_bytes_per_layer(model)
+    sliding = model.sliding_layers * per_layer
+    return ModelMemory(params * DTYPE_BYTES, model.layers * per_layer, max_pos, vocab, params, sliding,
+                       model.sliding_window)

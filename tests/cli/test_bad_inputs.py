@@ -116,8 +116,10 @@ CLI_CASES = [
     ("run moe --tile-f 5", 2, E + "tile_f must be a positive divisor of the intermediate size 14336, got 5"),
     ("run moe --hidden 64", 2, E + "--hidden only applies with model 'custom' (model is 'mixtral-8x7b')"),
     ("run moe --model gpt5", 2,
-     E + "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'mixtral-8x7b', 'qwen3-30b-a3b', 'custom'], an "
-         "alias (deepseek, deepseekv316b, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
+     E + "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'deepseek-v3', 'gpt-oss-120b', 'gpt-oss-20b', "
+         "'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', 'custom'], an alias (deepseek, deepseek-r1, deepseekr1, "
+         "deepseekv3, deepseekv316b, gptoss120b, gptoss20b, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, "
+         "qwen30b) or a Hugging Face config.json path"),
     ("run moe --model custom", 2, E + "model 'custom' needs --hidden, --intermediate, --experts, --top-k"),
     ("run moe --channel-depth 0", 2, E + "--channel-depth must be an int >= 1, got 0"),
     ("run moe --compute-bw 0", 2, E + "--compute-bw must be an int >= 1, got 0"),
@@ -212,15 +214,16 @@ CLI_CASES = [
     ("reproduce all --traces traces_empty --out o --jobs 0", 2, None),  # the same message as sweep's (below)
     # --- models and model files
     ("models show gpt5", 2,
-     E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, llama-3.1-8b, mixtral-8x7b, qwen3-30b-a3b (aliases "
-         "deepseek, deepseekv316b, llama, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
+     E + "unknown model 'gpt5'; expected one of "
+         "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, "
+         "qwen3-30b-a3b (aliases deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, "
+         "llama, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path"),
     ("models show config_bad.json", 2, E + "model file config_bad.json: not valid JSON: Expecting property name "
                                            "enclosed in double quotes (line 1, column 2)"),
-    ("models show config_mla.json", 2, E + "model file config_mla.json: field 'kv_lora_rank' means multi-head "
-                                           "latent attention (MLA), which stepsim does not model"),
+    # MLA is read (issue 43): a latent rank without the per-head dimensions is refused
+    ("models show config_mla.json", 2, E + "model file config_mla.json: missing field 'qk_nope_head_dim'"),
     ("models show config_missing.json", 2, E + "model file config_missing.json: missing field 'num_hidden_layers'"),
-    ("run moe --model config_mla.json", 2, E + "model file config_mla.json: field 'kv_lora_rank' means multi-head "
-                                               "latent attention (MLA), which stepsim does not model"),
+    ("run moe --model config_mla.json", 2, E + "model file config_mla.json: missing field 'qk_nope_head_dim'"),
     # --- timelines (checked before the run: nothing is simulated or written)
     ("run swiglu --timeline o/t.txt", 2,
      E + "--timeline o/t.txt: unknown trace format (use .json, .json.gz, .pftrace or .perfetto-trace)"),
@@ -309,8 +312,10 @@ API_CASES = [
     ("moe-top-k", lambda G: G.build_moe(G.moe_model("mixtral"), _routing(0, 1, 2)), ArgumentError,
      "routing: each token must pick top_k=2 experts, got 3 per row"),
     ("moe-model", lambda G: G.moe_model("gpt5"), ConfigError,
-     "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'mixtral-8x7b', 'qwen3-30b-a3b', 'custom'], an "
-     "alias (deepseek, deepseekv316b, mixtral, mixtral8x7b, qwen, qwen30b) or a Hugging Face config.json path"),
+     "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'deepseek-v3', 'gpt-oss-120b', 'gpt-oss-20b', "
+     "'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', 'custom'], an alias (deepseek, deepseek-r1, deepseekr1, "
+     "deepseekv3, deepseekv316b, gptoss120b, gptoss20b, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or "
+     "a Hugging Face config.json path"),
     ("attention-strategy", lambda G: G.build_attention(np.array([10, 20, 30, 40]), "fastest"), ArgumentError,
      "strategy must be one of 'dynamic', 'interleave', 'coarse'; got 'fastest'"),
     ("attention-negative-kv", lambda G: G.build_attention(np.array([10, -20, 30, 40])), ArgumentError,

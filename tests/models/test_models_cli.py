@@ -26,15 +26,23 @@ def test_models_list_prints_every_preset_with_its_dimensions(capsys):
     code, out, err = run(capsys, "models", "list")
     assert code == 0 and err == ""
     assert out.splitlines() == [
-        "name              type       D     F_expert  experts  top_k  shared  F_shared  F_dense  layers  heads  "
+        "name              type         D     F_expert  experts  top_k  shared  F_shared  F_dense  layers  heads  "
         "kv_heads  head_dim  aliases",
-        "deepseek-moe-16b  deepseek   2048  1408      64       6      2       2816      10944    28      16     "
+        "deepseek-moe-16b  deepseek     2048  1408      64       6      2       2816      10944    28      16     "
         "16        128       deepseek, deepseekv316b",
-        "llama-3.1-8b      llama      4096  -         0        0      0       0         14336    32      32     "
+        "deepseek-v3       deepseek_v3  7168  2048      256      8      1       2048      18432    61      128    "
+        "128       192       deepseek-r1, deepseekv3, deepseekr1",
+        "gpt-oss-120b      gpt_oss      2880  2880      128      4      0       0         -        36      64     "
+        "8         64        gptoss120b",
+        "gpt-oss-20b       gpt_oss      2880  2880      32       4      0       0         -        24      64     "
+        "8         64        gptoss20b",
+        "llama-3.1-8b      llama        4096  -         0        0      0       0         14336    32      32     "
         "8         128       llama",
-        "mixtral-8x7b      mixtral    4096  14336     8        2      0       0         -        32      32     "
+        "mixtral-8x7b      mixtral      4096  14336     8        2      0       0         -        32      32     "
         "8         128       mixtral, mixtral8x7b",
-        "qwen3-30b-a3b     qwen3_moe  2048  768       128      8      0       0         6144     48      32     "
+        "qwen3-235b-a22b   qwen3_moe    4096  1536      128      8      0       0         12288    94      64     "
+        "4         128       qwen235b, qwen3-235b",
+        "qwen3-30b-a3b     qwen3_moe    2048  768       128      8      0       0         6144     48      32     "
         "4         128       qwen, qwen30b",
         "D, F_*, head_dim in elements; F_shared is all shared experts together; '-' = none. "
         "stepsim models show NAME_OR_FILE for one model",
@@ -51,9 +59,21 @@ def test_models_show_resolves_an_alias_and_explains_the_paper_dims(capsys):
         "hidden": 2048, "layers": 48, "heads": 32, "kv_heads": 4, "head_dim": 128, "experts": 128, "top_k": 8,
         "expert_intermediate": 768, "dense_intermediate": 6144, "shared_experts": 0, "shared_intermediate": 0,
         "aliases": ["qwen", "qwen30b"], "kind": "moe", "query_per_kv_head": 8, "moe_workload": "yes (routed experts)",
-        "paper_attention": {"name": "qwen3-30b-a3b", "hidden": 2048, "head_dim": 64, "heads": 32, "kv_heads": 4}}
+        "paper_attention": {"name": "qwen3-30b-a3b", "hidden": 2048, "head_dim": 64, "heads": 32, "kv_heads": 4},
+        # issue 43's fields, at the values of a GQA model with full attention and softmax top-k routing
+        "q_lora_rank": None, "kv_lora_rank": None, "qk_nope_head_dim": None, "qk_rope_head_dim": None,
+        "v_head_dim": None, "n_group": 1, "topk_group": 1, "scoring_func": "softmax", "routed_scaling_factor": 1.0,
+        "first_k_dense_replace": 0, "moe_layer_freq": 1, "layer_types": [], "sliding_window": None,
+        "attention_bias": False, "attention_sinks": False, "router_bias": False, "expert_bias": False,
+        "attention_kind": "gqa", "not_modelled": [],
+        # 48 layers x 2 x 4 KV heads x 128 x 2 B; the weights of stepsim.serve.memory
+        "kv_bytes_per_token": 98_304, "sliding_kv_bytes_per_token": 0, "parameters": 30_532_110_336,
+        "weight_bytes": 61_064_220_672}
     code, out, _ = run(capsys, "models", "show", "qwen")
-    assert out.splitlines()[-2:] == ["moe workload              yes (routed experts)",
+    assert out.splitlines()[-5:] == ["moe workload              yes (routed experts)",
+                                     "attention                 gqa",
+                                     "KV bytes per token        98304",
+                                     "parameters                30532110336",
                                      "paper attention runs      head_dim 64 (published 128)"]
 
 
@@ -81,6 +101,9 @@ def test_models_show_reads_a_config_file(tmp_path, capsys):
         "dense FFN (elements)      -",
         "aliases                   -",
         "moe workload              yes (routed experts)",
+        "attention                 gqa",
+        "KV bytes per token        131072",  # 32 layers x 2 x 8 KV heads x 128 x 2 B
+        "parameters                -",  # the file has no vocab_size
     ]
 
 
@@ -89,13 +112,13 @@ def test_models_errors_are_one_line_with_status_2(tmp_path, capsys):
     assert (code, out) == (2, "")
     assert err.startswith("stepsim: error: unknown model 'gpt'; expected one of deepseek-moe-16b, ")
     bad = tmp_path / "config.json"
-    bad.write_text(json.dumps({**MIXTRAL_FIELDS, "kv_lora_rank": 512}))
+    bad.write_text(json.dumps({**MIXTRAL_FIELDS, "kv_lora_rank": 512}))  # MLA without its head dimensions
     code, _, err = run(capsys, "models", "show", bad)
     assert code == 2
-    assert err == (f"stepsim: error: model file {bad}: field 'kv_lora_rank' means multi-head latent attention (MLA), "
-                   "which stepsim does not model\n")
+    assert err == f"stepsim: error: model file {bad}: missing field 'qk_nope_head_dim'\n"
+
     code, _, err = run(capsys, "metrics", "moe", "--model", bad)
-    assert code == 2 and err.count("\n") == 1 and "field 'kv_lora_rank'" in err
+    assert code == 2 and err == f"stepsim: error: model file {bad}: missing field 'qk_nope_head_dim'\n"
 
 
 def test_metrics_and_run_accept_aliases_and_config_files(tmp_path, capsys):

@@ -54,7 +54,10 @@ def _write(tmp_path, cfg, name="config.json"):
 
 def test_presets_resolve_to_the_paper_dimensions_used_so_far():
     # the values every existing test and reproduce point ran with (STEP_SEMANTICS §5.1)
-    assert MOE_MODELS == {
+    old = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-moe-16b")
+    assert sorted(MOE_MODELS) == ["deepseek-moe-16b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "mixtral-8x7b",
+                                  "qwen3-235b-a22b", "qwen3-30b-a3b"]
+    assert {k: MOE_MODELS[k] for k in old} == {
         "mixtral-8x7b": MoEModel("mixtral-8x7b", hidden=4096, intermediate=14336, experts=8, top_k=2),
         "qwen3-30b-a3b": MoEModel("qwen3-30b-a3b", hidden=2048, intermediate=768, experts=128, top_k=8),
         "deepseek-moe-16b": MoEModel("deepseek-moe-16b", hidden=2048, intermediate=1408, experts=64, top_k=6,
@@ -84,7 +87,8 @@ def test_shipped_presets_hold_the_published_values():
             llama.layers) == (False, 4096, 14336, 32, 8, 128, 32)
     # Mixtral's intermediate_size is its experts' FFN: no dense FFN
     assert PRESETS["mixtral-8x7b"].dense_intermediate is None
-    assert sorted(PRESETS) == ["deepseek-moe-16b", "llama-3.1-8b", "mixtral-8x7b", "qwen3-30b-a3b"]
+    assert sorted(PRESETS) == ["deepseek-moe-16b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "llama-3.1-8b",
+                               "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
 
 
 @pytest.mark.parametrize("preset", sorted(HF_CONFIGS))
@@ -191,10 +195,9 @@ MALFORMED = [
     (_mixtral(n_shared_experts=2, shared_expert_intermediate_size=1024),
      "fields 'n_shared_experts' and 'shared_expert_intermediate_size' are both set; expected one way of sizing "
      "the shared experts"),
-    (_mixtral(kv_lora_rank=512, q_lora_rank=1536),
-     "field 'kv_lora_rank' means multi-head latent attention (MLA), which stepsim does not model"),
-    (_mixtral(q_lora_rank=1536), "field 'q_lora_rank' means multi-head latent attention (MLA), which stepsim does "
-                                 "not model"),
+    # MLA is read now (tests/models/test_frontier_presets.py): a latent rank without its head dimensions is refused
+    (_mixtral(kv_lora_rank=512, q_lora_rank=1536), "missing field 'qk_nope_head_dim'"),
+    (_mixtral(q_lora_rank=1536), "missing field 'kv_lora_rank'"),
     (_mixtral(num_local_experts=..., num_experts_per_tok=..., intermediate_size=...),
      "missing field 'intermediate_size' (a dense model: no num_local_experts / num_experts / n_routed_experts)"),
     ("[1, 2]", "expected a JSON object of config fields, got list"),
@@ -233,9 +236,11 @@ def test_missing_and_unreadable_files(tmp_path):
         resolve_model(str(tmp_path / "dir.json"))
     with pytest.raises(ConfigError) as err:
         resolve_model("gpt-5")
-    assert str(err.value) == ("unknown model 'gpt-5'; expected one of deepseek-moe-16b, llama-3.1-8b, mixtral-8x7b, "
-                              "qwen3-30b-a3b (aliases deepseek, deepseekv316b, llama, mixtral, mixtral8x7b, qwen, "
-                              "qwen30b) or a Hugging Face config.json path")
+    assert str(err.value) == ("unknown model 'gpt-5'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, "
+                              "gpt-oss-20b, llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases "
+                              "deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, "
+                              "llama, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face "
+                              "config.json path")
 
 
 def test_editing_a_model_file_changes_the_run_id(tmp_path):

@@ -516,6 +516,7 @@ def from_config(cfg: Mapping) -> Workload:
     from stepsim.trace_io.load import load_kv_lengths, load_routing
 
     model = resolve_model(cfg["model"])
+    model.refuse_unmodelled("the decoder workload")
     stack = {}
     if any(cfg.get(k) is not None for k in ("layers", "pp", "micro_batches")):
         from stepsim.workloads.chips import stack_knobs

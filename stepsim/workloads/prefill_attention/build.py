@@ -247,7 +247,9 @@ def from_config(cfg: Mapping) -> Workload:
         j = int(np.argmax(lengths < 1))
         raise ArgumentError(f"request {j} has KV length {int(lengths[j])}: a prefill needs at least one token")
     chunk = np.minimum(lengths, cfg["tile_m"])
-    attention = resolve_model(cfg["model"]).attention
+    model = resolve_model(cfg["model"])
+    model.refuse_unmodelled("the prefill_attention workload")
+    attention = model.attention
     kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
     workload = build_prefill_attention(lengths - chunk, chunk, head_dim=attention.head_dim,
                                        query_per_kv_head=attention.query_per_kv_head, tile_n=cfg["tile_n"],
