@@ -62,7 +62,8 @@ def _int(cfg: dict, key: str, where: str, *, required: bool = False, minimum: in
     return value
 
 
-def _bool(cfg: dict, key: str, where: str) -> bool:
+def json_bool(cfg: dict, key: str, where: str) -> bool:
+    """A JSON boolean field (absent or null: false); anything else is one line naming ``where`` and the key."""
     value = cfg.get(key)
     if value is None:
         return False
@@ -146,5 +147,5 @@ def read_layers(cfg: dict, where: str, layers: int, experts: int, dense_f: int |
 def read_parameters(cfg: dict, where: str, model_type: str) -> dict:
     """Biases and sinks: ``attention_bias`` from the config, the rest by family (:data:`FAMILY_PARAMETERS`)."""
     family = FAMILY_PARAMETERS.get(model_type, frozenset())
-    return {"attention_bias": _bool(cfg, "attention_bias", where), "attention_sinks": "attention_sinks" in family,
+    return {"attention_bias": json_bool(cfg, "attention_bias", where), "attention_sinks": "attention_sinks" in family,
             "router_bias": "router_bias" in family, "expert_bias": "expert_bias" in family}

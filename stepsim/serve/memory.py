@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.models.frontier import json_bool
 from stepsim.models.presets import ModelConfig
 
 #: bytes per weight and per KV element (bf16)
@@ -93,17 +94,6 @@ def _positive(cfg: dict, key: str, source: str, required: bool) -> int | None:
         raise ConfigError(f"model file {source}: missing field {key!r} (serving needs it for the weights' size)")
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(f"model file {source}: {key} must be a positive integer for serving, got {v!r}")
-    return v
-
-
-def _flag(cfg: dict, key: str, source: str) -> bool:
-    """A JSON boolean field (absent or null: false). A string such as ``"false"`` is refused, naming the key:
-    read as Python truth it would mean true."""
-    v = cfg.get(key)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise ConfigError(f"model file {source}: field {key!r} must be true or false (a JSON boolean), got {v!r}")
     return v
 
 
@@ -179,7 +169,8 @@ def model_memory(model: ModelConfig) -> ModelMemory:
     cfg = _config_json(model)
     vocab = _positive(cfg, "vocab_size", model.source, required=True)
     max_pos = _positive(cfg, "max_position_embeddings", model.source, required=False)
-    params = parameter_count(model, vocab, _flag(cfg, "tie_word_embeddings", model.source))
+    # a JSON boolean: a string such as "false", read as Python truth, would mean true (one line naming the key)
+    params = parameter_count(model, vocab, json_bool(cfg, "tie_word_embeddings", f"model file {model.source}"))
     per_layer = kv_bytes_per_layer(model)
     sliding = model.sliding_layers * per_layer
     return ModelMemory(params * DTYPE_BYTES, model.layers * per_layer, max_pos, vocab, params, sliding,
