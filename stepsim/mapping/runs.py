@@ -25,7 +25,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from stepsim.base.defaults import UNSET
 from stepsim.base.errors import ConfigError
 from stepsim.base.files import stable_hash
 from stepsim.base.hardware import OVERRIDE_MARK, RESOURCE_FIELDS, Hardware
@@ -231,7 +230,7 @@ def run_scheduled(config: Mapping, schedule: str | None, *, source: str | None =
         An uncovered workload, a knob the schedule sets, an unreadable or unfitting schedule file (one line each,
         before the trace is simulated).
     """
-    from stepsim.results.records import RunResult, Timings, run_config
+    from stepsim.results.records import record_of, run_config
     from stepsim.workloads.config import normalize_config, resolve_hardware
 
     start = time.perf_counter()
@@ -263,21 +262,8 @@ def run_scheduled(config: Mapping, schedule: str | None, *, source: str | None =
         raise ConfigError(f"--schedule {choice}: does not fit hardware {hardware.name!r}: {exc}") from None
     _note(workload, mapped, where, units)
     build_s = time.perf_counter() - start
-    if cfg["mode"] == "metrics":
-        record = RunResult.from_metrics(workload, cfg, source=source, timings=Timings(build_s=build_s))
-    else:
-        from stepsim.results.records import check_columns
-        from stepsim.simulation.simulate import simulate
-
-        mode = cfg["mode"]
-        depth = UNSET if cfg.get("channel_depth") is None else cfg["channel_depth"]  # as run_config: knob, else default
-        sim = simulate(workload, hardware, channel_depth=depth, functional=mode in ("functional", "check"),
-                       progress=progress, timeline=timeline or False, force=force)
-        record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
-                                           timings=Timings(build_s=build_s), mode=mode)
-        record = dataclasses.replace(record, timeline=sim.timeline)
-        if mode == "check":
-            record = dataclasses.replace(record, row={**record.row, **check_columns(workload, sim)})
+    record = record_of(workload, hardware, cfg, source=source, build_s=build_s, progress=progress,
+                       timeline=timeline, force=force)
     record = _with_schedule_identity(record, mapped)
     return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))
 

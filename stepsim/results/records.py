@@ -720,24 +720,33 @@ def run_config(config: Mapping, *, source: str | None = None, progress=None, tim
     workload = _build(cfg, source)
     build_s = time.perf_counter() - start
     hardware = resolve_hardware(cfg, workload, source=source)
-    if cfg["mode"] == "metrics":
-        record = RunResult.from_metrics(workload, cfg, source=source, timings=Timings(build_s=build_s))
-    else:
-        from stepsim.simulation.simulate import simulate
-
-        mode = cfg["mode"]
-        if mode == "check" and workload.name == "onnx":  # the reference's memory, before the simulation runs
-            from stepsim.frontend.check import check_reference_fits
-
-            check_reference_fits(workload)
-        sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
-                       progress=progress, timeline=timeline or False, force=force)
-        record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
-                                           timings=Timings(build_s=build_s), mode=mode)
-        record = dataclasses.replace(record, timeline=sim.timeline)
-        if mode == "check":
-            record = dataclasses.replace(record, row={**record.row, **check_columns(workload, sim)})
+    record = record_of(workload, hardware, cfg, source=source, build_s=build_s, progress=progress,
+                       timeline=timeline, force=force)
     return dataclasses.replace(record, row=dict(record.row, total_s=time.perf_counter() - start))
+
+
+def record_of(workload, hardware, cfg: dict, *, source: str | None, build_s: float, progress=None,
+              timeline: int | None = None, force: bool = False) -> RunResult:
+    """The record of ``workload`` built from the normalized ``cfg`` (its metrics, or its simulation on
+    ``hardware`` in ``cfg["mode"]``), without ``total_s``: :func:`run_config`'s, and a mapped run's
+    (:mod:`stepsim.mapping.runs`). ``build_s``: seconds the workload took to build."""
+    if cfg["mode"] == "metrics":
+        return RunResult.from_metrics(workload, cfg, source=source, timings=Timings(build_s=build_s))
+    from stepsim.simulation.simulate import simulate
+
+    mode = cfg["mode"]
+    if mode == "check" and workload.name == "onnx":  # the reference's memory, before the simulation runs
+        from stepsim.frontend.check import check_reference_fits
+
+        check_reference_fits(workload)
+    sim = simulate(workload, hardware, channel_depth=_knob_depth(cfg), functional=mode in ("functional", "check"),
+                   progress=progress, timeline=timeline or False, force=force)
+    record = RunResult.from_simulation(workload, sim, cfg, hardware=hardware, source=source,
+                                       timings=Timings(build_s=build_s), mode=mode)
+    record = dataclasses.replace(record, timeline=sim.timeline)
+    if mode == "check":
+        record = dataclasses.replace(record, row={**record.row, **check_columns(workload, sim)})
+    return record
 
 
 def is_onnx_program(cfg: Mapping) -> bool:
