@@ -25,7 +25,8 @@ from stepsim.base.hardware import Hardware
 DTYPE_BYTES = 2
 
 
-def _projection_params(model) -> int:
+def projection_params(model) -> int:
+    """Weights of one layer's q, k, v and o projections (elements)."""
     d, hd = model.hidden, model.head_dim
     return 2 * d * model.heads * hd + 2 * d * model.kv_heads * hd
 
@@ -40,7 +41,7 @@ def _ffn_params_per_token(model) -> int:
 
 def decode_token_bytes(model, vocab: int) -> int:
     """Bytes one decode token must read at batch 1 (module docstring)."""
-    per_layer = _projection_params(model) + _ffn_params_per_token(model)
+    per_layer = projection_params(model) + _ffn_params_per_token(model)
     return (model.layers * per_layer + vocab * model.hidden + model.hidden) * DTYPE_BYTES
 
 
@@ -72,7 +73,7 @@ class StepWork:
         d, hd, layers = model.hidden, model.head_dim, model.layers
         self.is_moe = model.is_moe
         self.kv_bytes_per_token = layers * 2 * model.kv_heads * hd * DTYPE_BYTES  # K and V of every layer
-        weights = layers * _projection_params(model) + vocab * d
+        weights = layers * projection_params(model) + vocab * d
         if model.is_moe:
             moe = model.moe
             self.expert_bytes = 3 * d * moe.intermediate * DTYPE_BYTES
@@ -82,7 +83,7 @@ class StepWork:
             weights += layers * 3 * d * model.dense_intermediate
         self.fixed_bytes = weights * DTYPE_BYTES
         self.embedding_bytes = d * DTYPE_BYTES
-        self.flops_per_token = 2 * (layers * (_projection_params(model) + _ffn_params_per_token(model)) + vocab * d)
+        self.flops_per_token = 2 * (layers * (projection_params(model) + _ffn_params_per_token(model)) + vocab * d)
         self.attention_flops = layers * model.heads * 4 * hd  # per query head, token and context token seen
         self.peak_bytes = hardware.hbm_peak_bytes_per_cycle * chips
         self.peak_flops = hardware.peak_flops_per_cycle * chips

@@ -35,7 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from stepsim.base.hardware import Hardware
-from stepsim.mapping.roofline import StepWork, seen_tokens
+from stepsim.mapping.roofline import StepWork, projection_params, seen_tokens
 from stepsim.models.presets import ModelConfig
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.layers import KV_TILE, LayerRunner, LayerSpec
@@ -70,13 +70,17 @@ def max_kv_rows(max_model_len: int) -> int:
     return -(-(max_model_len + 1) // KV_TILE) * KV_TILE
 
 
+def layer_weight_bytes(model: ModelConfig) -> int:
+    """Bytes of one layer's weights outside the graphs: its q/k/v/o projections and, for an MoE model, its router."""
+    return (projection_params(model) + (model.hidden * model.experts if model.is_moe else 0)) * DTYPE_BYTES
+
+
 def weight_cycles(model: ModelConfig, hardware: Hardware, vocab: int) -> tuple[int, int, int]:
     """``(per layer, LM head per step, embedding bytes per token)``: the off-chip weights outside the graphs."""
-    d, hd = model.hidden, model.head_dim
-    per_layer = (2 * d * model.heads * hd + 2 * d * model.kv_heads * hd
-                 + (d * model.experts if model.is_moe else 0)) * DTYPE_BYTES
+    d = model.hidden
     peak = hardware.hbm_peak_bytes_per_cycle
-    return math.ceil(per_layer / peak), math.ceil(vocab * d * DTYPE_BYTES / peak), d * DTYPE_BYTES
+    return (math.ceil(layer_weight_bytes(model) / peak), math.ceil(vocab * d * DTYPE_BYTES / peak),
+            d * DTYPE_BYTES)
 
 
 class EngineLatency:

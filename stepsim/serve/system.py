@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
-from stepsim.serve.exact import EngineLatency, max_kv_rows
+from stepsim.serve.exact import EngineLatency, layer_weight_bytes, max_kv_rows
 from stepsim.serve.kv_cache import KVCapacity, kv_capacity
 from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
@@ -163,9 +163,8 @@ def tp_weight_cycles(model, hardware, vocab: int, chips: int, tokens: int) -> in
     router, of the LM head and of the step's ``tokens`` embedding rows, at its HBM's peak bytes/cycle."""
     import math
 
-    d, hd, peak = model.hidden, model.head_dim, hardware.hbm_peak_bytes_per_cycle
-    per_layer = (2 * d * model.heads * hd + 2 * d * model.kv_heads * hd
-                 + (d * model.experts if model.is_moe else 0)) * DTYPE_BYTES
+    d, peak = model.hidden, hardware.hbm_peak_bytes_per_cycle
+    per_layer = layer_weight_bytes(model)
 
     def cycles(nbytes: int) -> int:
         return math.ceil(-(-nbytes // chips) / peak)
