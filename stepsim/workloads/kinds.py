@@ -24,6 +24,7 @@ from stepsim.workloads import (
     moe,
     prefill_attention,
     program,
+    sliding_attention,
     swiglu,
 )
 from stepsim.workloads.kind import COMMON_KNOBS, WorkloadKind
@@ -33,7 +34,8 @@ __all__ = ["COMMON_KNOBS", "DEFAULT_WORKLOAD_CHANNEL_DEPTH", "KINDS", "WORKLOAD_
 
 #: every workload kind by name, in the order the CLI lists them (a user ``program`` last)
 KINDS: dict[str, WorkloadKind] = {k.name: k for k in (
-    moe.KIND, swiglu.KIND, attention.KIND, prefill_attention.KIND, mla_attention.KIND, decoder.KIND, collective.KIND,
+    moe.KIND, swiglu.KIND, attention.KIND, prefill_attention.KIND, mla_attention.KIND, sliding_attention.KIND,
+    decoder.KIND, collective.KIND,
     program.KIND)}
 
 
