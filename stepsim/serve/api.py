@@ -143,8 +143,9 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
         parse_slo(slo)
     SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                          chunk_tokens=chunk_tokens, block_size=block_size)
+    resolved = resolve_model(model)  # an unknown model is refused here, before a sweep runs any task
     if fidelity is not None:  # the layer executors run GQA over the whole context and top-k routing
-        resolve_model(model).refuse_unmodelled("serving at --fidelity exact|fast")
+        resolved.refuse_unmodelled("serving at --fidelity exact|fast")
     if hardware is not None:
         resolve_serving_hardware(hardware)
 
