@@ -88,3 +88,24 @@ def test_bad_shapes_and_models_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^model 'deepseek-v3' uses multi-head latent attention; run it with the "
                                           r"mla_attention workload$"):
         workload_from_config({"workload": "sliding_attention", "model": "deepseek-v3"})
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["run", "sliding_attention", "--tile-n", "48"], "model 'gpt-oss-20b' layer 0: window 128 is not a multiple of "
+     "tile_n=48: a sliding layer's ring of 128 cache rows is read in whole tiles"),
+    (["metrics", "sliding_attention", "--layer", "99"], "--layer 99: model 'gpt-oss-20b' has 24 layers (0 .. 23)"),
+    (["run", "sliding_attention", "--strategy", "coarse"], "--strategy does not apply to workload 'sliding_attention' "
+     "(it applies to: attention, decoder)"),
+    (["run", "mla_attention", "--model", "qwen"], "model 'qwen3-30b-a3b' has no multi-head latent attention (no "
+     "'kv_lora_rank' in stepsim/data/models/qwen3-30b-a3b.json); the mla_attention workload needs an MLA model such "
+     "as deepseek-v3"),
+    (["run", "mla_attention", "--tile-n", "0"], "--tile-n must be an int >= 1, got 0"),
+])
+def test_the_command_line_refuses_bad_shapes_in_one_line(capsys, tmp_path, monkeypatch, argv, line):
+    from stepsim.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (2, "", f"stepsim: error: {line}\n")
+    assert list(tmp_path.iterdir()) == []
