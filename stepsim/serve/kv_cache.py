@@ -13,6 +13,7 @@ requests can hold at most, ``ceil((window - 1) / block_size) + 1`` blocks (the w
 and the block being written), and the rest of HBM to the full pool, whose blocks the scheduler counts: so
 capacity and preemption follow the full layers, and a long context costs the sliding layers nothing more.
 vLLM shares one pool among its groups instead; the two agree whenever the sliding blocks are not what runs out.
+A prefill chunk's own tokens, which vLLM holds in the sliding group until its step ends, are not set aside.
 """
 
 from __future__ import annotations

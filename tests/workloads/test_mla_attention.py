@@ -34,6 +34,10 @@ def test_absorbed_graph_equals_deepseeks_absorbed_and_expanded_forms():
         absorbed, expanded = mla_absorbed(*args), mla_expanded(*args)
         assert np.abs(absorbed - expanded).max() < 1e-12 * np.abs(expanded).max()  # associativity only
         assert np.abs(out[rows] - expanded).max() < 0.01 * np.abs(expanded).max()  # bf16 output, fp32 compute
+        # DeepSeek's YaRN mscale ** 2 on the scale is both query halves scaled by it (how the graph takes it)
+        m2 = (0.1 * np.log(40) + 1) ** 2
+        scaled = mla_absorbed(args[0] * m2, args[1] * m2, *args[2:])
+        assert np.abs(scaled - mla_expanded(*args, softmax_scale=m2 / np.sqrt(24))).max() < 1e-12
 
 
 def test_a_decode_reads_the_latent_cache_and_the_metrics_are_the_engines():

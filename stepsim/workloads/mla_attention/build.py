@@ -31,7 +31,7 @@ The graph (one pipeline, requests in order; every tensor bf16, streams fp32):
 * per KV tile the two score products and their sum; the last tile's rows after ``L`` masked
   (:mod:`stepsim.workloads.decode_tiles`); ``MapAccum(OnlineSoftmax(dn + dr))`` with the ``c_KV`` tile as the
   values (FlashAttention's running max and DeepSeek's ``softmax_scale = (dn + dr) ** -0.5``; the YaRN
-  ``mscale`` factor DeepSeek applies past the original context is a constant on the scale, left out);
+  ``mscale ** 2`` DeepSeek multiplies it by past the original context is taken by scaling ``q_nope`` and ``q_pe``);
 * ``o_lat`` split into its H rows (``FlatMap(RowStreamify)``), each times ``W_UV[h]^T``, stored to ``out``
   ``[B * H, dv]``.
 

@@ -32,10 +32,13 @@ def wkv_b(w_uk: np.ndarray, w_uv: np.ndarray) -> np.ndarray:
     return np.concatenate([w_uk, w_uv], axis=1).reshape(-1, r)
 
 
-def mla_absorbed(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int) -> np.ndarray:
+def mla_absorbed(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int,
+                 softmax_scale: float | None = None) -> np.ndarray:
     """One request's absorbed MLA decode: ``q_nope`` ``[H, dn]``, ``q_pe`` ``[H, dr]``, the latent cache
     ``kv_cache`` ``[n, r]`` and ``pe_cache`` ``[n, dr]`` of the ``n`` rows attended to (the new token's
-    included), ``w_kv_b`` ``[H * (dn + dv), r]``. Returns ``[H, dv]`` (float64)::
+    included), ``w_kv_b`` ``[H * (dn + dv), r]``; ``softmax_scale`` default ``(dn + dr) ** -0.5`` (DeepSeek
+    multiplies it by YaRN's ``mscale ** 2`` past the original context: the same as scaling both query halves by
+    it, which is how the graph, whose scale is ``(dn + dr) ** -0.5``, takes it). Returns ``[H, dv]`` (float64)::
 
         q_nope = einsum("hd,hdc->hc", q_nope, wkv_b[:, :dn])
         scores = (einsum("hc,tc->ht", q_nope, kv_cache) + einsum("hr,tr->ht", q_pe, pe_cache)) * scale
@@ -45,15 +48,17 @@ def mla_absorbed(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int) -> n
     q_nope, q_pe, kv, pe, w = (np.asarray(a, np.float64) for a in (q_nope, q_pe, kv_cache, pe_cache, w_kv_b))
     h, dn = q_nope.shape
     w = w.reshape(h, -1, w.shape[1])
-    scale = (dn + q_pe.shape[1]) ** -0.5
+    scale = (dn + q_pe.shape[1]) ** -0.5 if softmax_scale is None else softmax_scale
     q_lat = np.einsum("hd,hdc->hc", q_nope, w[:, :dn])
     scores = (q_lat @ kv.T + q_pe @ pe.T) * scale
     return np.einsum("hc,hdc->hd", _softmax(scores) @ kv, w[:, -v_head_dim:])
 
 
-def mla_expanded(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int) -> np.ndarray:
+def mla_expanded(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int,
+                 softmax_scale: float | None = None) -> np.ndarray:
     """The same attention in the expanded (naive) form: per-head keys ``[kv_cache @ W_UK[h]^T | k_pe]`` and
-    values ``kv_cache @ W_UV[h]^T``, queries ``[q_nope | q_pe]``, softmax over ``q k / sqrt(dn + dr)``."""
+    values ``kv_cache @ W_UV[h]^T``, queries ``[q_nope | q_pe]``, softmax over ``q k * softmax_scale`` (default
+    ``(dn + dr) ** -0.5``)."""
     q_nope, q_pe, kv, pe, w = (np.asarray(a, np.float64) for a in (q_nope, q_pe, kv_cache, pe_cache, w_kv_b))
     h, dn = q_nope.shape
     n = kv.shape[0]
@@ -61,7 +66,7 @@ def mla_expanded(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int) -> n
     k_nope, v = expanded[..., :dn], expanded[..., dn:]
     k = np.concatenate([k_nope, np.broadcast_to(pe[:, None, :], (n, h, pe.shape[1]))], axis=-1)
     q = np.concatenate([q_nope, q_pe], axis=-1)
-    scores = np.einsum("hd,thd->ht", q, k) * q.shape[1] ** -0.5
+    scores = np.einsum("hd,thd->ht", q, k) * (q.shape[1] ** -0.5 if softmax_scale is None else softmax_scale)
     return np.einsum("ht,thd->hd", _softmax(scores), v)
 
 
