@@ -20,6 +20,7 @@ over the replica's chips. The engine never beats it, and every replay checks tha
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from stepsim.base.errors import ConfigError
 
@@ -29,7 +30,7 @@ class ShapePricer:
 
     def __init__(self, model_arg, resolved, hardware: str, chips: int, system: str | None, cache, seed: int = 0):
         self.model_arg, self.model, self.hardware_name = model_arg, resolved, hardware
-        self.chips, self.system_name, self.cache, self.seed = chips, system, cache, seed
+        self.chips, self.system_name, self.cache, self.seed = chips, system, Path(cache), seed
         self.record = None
         self.summary = None
 
