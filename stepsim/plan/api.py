@@ -354,7 +354,7 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
             "offered_slo_attainment": offered.metrics["slo_attainment"] if offered is not None else None,
             "offered_goodput_requests_per_s": offered.metrics["goodput_requests_per_s"] if offered is not None
             else None,
-            "max_utilisation": max((e for e in [best.max_utilisation] if best is not None), default=None),
+            "max_utilisation": res.max_utilisation if res is not None else None,
             "on_front": row["index"] in front_set,
         })
     summary = {"model": str(model), "requests": str(requests), "limit_requests": limit_requests,

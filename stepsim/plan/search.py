@@ -49,6 +49,8 @@ class SearchResult:
     best: object = None
     hi: int | None = None
     offered: object = None
+    #: the largest HBM or compute utilisation of any step of any probe (at most 1: the floors held)
+    max_utilisation: float = 0.0
 
 
 def search_rate(evaluate, can_win) -> SearchResult:
@@ -60,6 +62,7 @@ def search_rate(evaluate, can_win) -> SearchResult:
     def probe(e: int) -> bool:
         ev = evaluate(multiplier(e))
         res.probes.append((e, ev.meets))
+        res.max_utilisation = max(res.max_utilisation, ev.max_utilisation)
         if e == 0:
             res.offered = ev
         if ev.meets:
