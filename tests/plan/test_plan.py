@@ -1,6 +1,6 @@
 """stepsim plan against the brute force: on a small MoE model (2 layers, 16 experts; tests/serve's SMALL) and 24
-requests, a space of 18 deployments up to 4 chips (one and two chips a replica, one and two replicas, round-robin
-and least-outstanding routers, three scheduler settings), every candidate priced by fast fidelity:
+requests, a space of 12 deployments up to 4 chips (one and two chips a replica, one and two replicas behind a
+round-robin router, three scheduler settings), every candidate priced by fast fidelity:
 
 * the plan's front is the front of searching every deployment fully (the same deployments, rates and goodputs, to
   the bit), with fewer replays;
@@ -27,7 +27,7 @@ import stepsim
 SMALL = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
          "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096}
-SPACE = {"chips_per_replica": [1, 2], "replicas": [1, 2], "routers": ["round-robin", "least-outstanding"],
+SPACE = {"chips_per_replica": [1, 2], "replicas": [1, 2], "routers": ["round-robin"],
          "scheduler": [{"policy": "vllm", "max_seqs": [4, 128], "max_batch_tokens": [256]},
                        {"policy": "orca", "max_seqs": [8]}]}
 SLO = "ttft=0.3ms,tpot=0.012ms"
@@ -35,14 +35,14 @@ SLO = "ttft=0.3ms,tpot=0.012ms"
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    from serve_requests import requests_file
+    from stepsim.trace_io.requests import RequestTrace, write_requests
 
     tmp = tmp_path_factory.mktemp("plan")
     model = tmp / "small.json"
     model.write_text(json.dumps(SMALL))
     rng = np.random.default_rng(3)
-    trace = requests_file(tmp / "t.parquet", np.sort(rng.uniform(0, 0.02, 24)), rng.integers(5, 400, 24),
-                          rng.integers(2, 30, 24))
+    trace = write_requests(RequestTrace("t", np.arange(24), np.sort(rng.uniform(0, 0.02, 24)),
+                                        rng.integers(5, 400, 24), rng.integers(2, 30, 24)), tmp / "t.parquet")
     kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp / "cache")
     plan = stepsim.plan(str(model), trace, out=tmp / "out", verify=False, **kw)
     brute = stepsim.plan(str(model), trace, prune=False, verify=False, **kw)
@@ -55,10 +55,10 @@ def _front(p):
 
 def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     plan, brute, _ = plans
-    assert len(plan.deployments) == len(brute.deployments) == 18
+    assert len(plan.deployments) == len(brute.deployments) == 12
     assert _front(plan) == _front(brute) and _front(plan)
     assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
-    assert brute.summary["simulated"] == 18 and brute.summary["pruned"] == brute.summary["cut"] == 0
+    assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
     assert plan.summary["pruned"] + plan.summary["cut"] > 0
     assert plan.summary["replays"] < brute.summary["replays"]
     print("replays", plan.summary["replays"], brute.summary["replays"])
@@ -97,3 +97,32 @@ def test_the_files_say_what_was_decided_and_how_to_serve_it(plans):
     for name, command in zip(replicas, summary["commands"]):
         assert f"--requests {out}/{name} " in command and "--fidelity fast" in command
     assert (out / "plan.png").stat().st_size > 0
+
+
+def test_least_outstanding_settles_on_a_fixed_point(plans):
+    """The state-dependent router's routing is a fixed point: routed again from its own replay's finish times, it is
+    unchanged (stepsim/plan/replicas.py: the routing a router beside the replicas makes)."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.evaluate import BaseTrace, Evaluator
+    from stepsim.plan.pricing import ShapePricer
+    from stepsim.plan.replicas import route
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.trace_io.requests import read_requests
+
+    _, _, tmp = plans
+    model = tmp / "small.json"
+    t = read_requests(tmp / "t.parquet")
+    base = BaseTrace(t.arrival_s - t.arrival_s[0], t.prompt_tokens.astype(np.int64), t.output_tokens.astype(np.int64))
+    pricer = ShapePricer(str(model), resolve_model(str(model)), "sn40l", 1, None, tmp / "cache")
+    pricer.calibrate(tmp / "t.parquet", SLO)
+    ev = Evaluator(str(model), base, {"ttft": 3e-4}, 99.0, {("sn40l", 1): pricer}, tmp)
+    dep = Deployment(1, 2, "least-outstanding", SchedulerChoice("vllm", 128, 256))
+    result = ev.evaluate(dep, 4.0)
+    assert result.rounds >= 2
+    arrival = base.arrival / 4.0
+    finish = np.full(base.n, np.nan)
+    for r in range(2):
+        idx = np.flatnonzero(result.assignment == r)
+        finish[idx] = ev._serve_replica(dep, arrival, idx)["finish"]
+    again = route("least-outstanding", arrival, base.prompt + base.output, 2, result.assignment, finish)
+    assert again.tolist() == result.assignment.tolist()
