@@ -248,6 +248,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
                                               percentile, base, cache)
     summary["replays"] = evaluator.replays
+    summary["replays_reused"] = evaluator.reused
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     if out is not None:

@@ -62,10 +62,23 @@ class Evaluator:
         self.model_arg, self.base, self.slo, self.percentile = model_arg, base, slo, percentile
         self.pricers, self.folder = pricers, Path(folder)
         self.replays = 0
+        self.reused = 0
         self._files = 0
+        # a replica's run depends only on its shape, scheduler, requests and their arrivals: two deployments (or
+        # two routing rounds) that send one replica the same requests at the same rate share its replay
+        self._runs: dict[tuple, dict] = {}
 
     def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
-        """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``."""
+        """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``; a run
+        already made for the same replica shape, scheduler, requests and arrivals is reused (``reused``)."""
+        key = (dep.hardware, dep.chips_per_replica, dep.scheduler, indices.tobytes(), arrival[indices].tobytes())
+        if key in self._runs:
+            self.reused += 1
+            return self._runs[key]
+        self._runs[key] = out = self._replay(dep, arrival, indices)
+        return out
+
+    def _replay(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
         from stepsim.serve.api import serve
         from stepsim.trace_io.requests import RequestTrace, write_requests
 
@@ -94,7 +107,6 @@ class Evaluator:
         arrival = b.arrival / multiplier
         kv = b.prompt + b.output
         n, replicas = b.n, dep.replicas
-        served: dict[tuple, dict] = {}
         assignment = route(dep.router, arrival, kv, replicas, None, None)
         rounds = 0
         while True:
@@ -106,10 +118,7 @@ class Evaluator:
                 idx = np.flatnonzero(assignment == r)
                 if not len(idx):
                     continue
-                key = (r, idx.tobytes())
-                if key not in served:
-                    served[key] = self._serve_replica(dep, arrival, idx)
-                out = served[key]
+                out = self._serve_replica(dep, arrival, idx)
                 first[idx], finish[idx] = out["first_token"], out["finish"]
                 util = max(util, out["max_utilisation"])
             if dep.router == "round-robin" or replicas == 1:

@@ -61,7 +61,8 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
     assert plan.summary["pruned"] + plan.summary["cut"] > 0
     assert plan.summary["replays"] < brute.summary["replays"]
-    print("replays", plan.summary["replays"], brute.summary["replays"])
+    print("replays", plan.summary["replays"], brute.summary["replays"], "reused", plan.summary["replays_reused"],
+          brute.summary["replays_reused"], "wall", plan.summary["wall_s"], brute.summary["wall_s"])
 
 
 def test_every_bound_holds_where_the_brute_force_searched(plans):
