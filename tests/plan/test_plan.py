@@ -1,4 +1,4 @@
-"""stepsim plan against the brute force: on a small MoE model (2 layers, 16 experts; tests/serve's SMALL) and 24
+"""stepsim plan against the brute force: on a small MoE model (2 layers, 16 experts; tests/serve's SMALL) and 12
 requests, a space of 12 deployments up to 4 chips (one and two chips a replica, one and two replicas behind a
 round-robin router, three scheduler settings), every candidate priced by fast fidelity:
 
@@ -31,6 +31,8 @@ SPACE = {"chips_per_replica": [1, 2], "replicas": [1, 2], "routers": ["round-rob
          "scheduler": [{"policy": "vllm", "max_seqs": [4, 128], "max_batch_tokens": [256]},
                        {"policy": "orca", "max_seqs": [8]}]}
 SLO = "ttft=0.3ms,tpot=0.012ms"
+#: requests of the trace (random prompts of 5-399 tokens and outputs of 2-29, arriving over 10 ms)
+REQUESTS = 12
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,9 @@ def plans(tmp_path_factory):
     model = tmp / "small.json"
     model.write_text(json.dumps(SMALL))
     rng = np.random.default_rng(3)
-    trace = write_requests(RequestTrace("t", np.arange(24), np.sort(rng.uniform(0, 0.02, 24)),
-                                        rng.integers(5, 400, 24), rng.integers(2, 30, 24)), tmp / "t.parquet")
+    trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
+                                        rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
+                           tmp / "t.parquet")
     kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp / "cache")
     plan = stepsim.plan(str(model), trace, out=tmp / "out", verify=False, **kw)
     brute = stepsim.plan(str(model), trace, prune=False, verify=False, **kw)
