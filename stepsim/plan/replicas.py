@@ -17,7 +17,8 @@ until the routing does not change. Whether request i's earlier requests are outs
 only on the requests that arrived before it (a request joins a step at or after its arrival, so it cannot
 change anything that finished before), so if the last routing is right for the first k requests, the next is
 right for the first k + 1: the iteration ends, after at most N + 1 rounds, at the routing a router running
-alongside the replicas makes. (Measured: 2 to 6 rounds.)
+alongside the replicas makes. It is not cheap: on 24 requests of a small model, a 2-replica deployment's rate
+search took 74 to 110 replica runs against 16 with round-robin (several rounds a rate).
 """
 
 from __future__ import annotations
