@@ -226,7 +226,11 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
             ub = base.n / max(span_term, row["least_duration"])
             return not beaten(dep.chips, ub, strict=span_term >= row["least_duration"])
 
-        res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win)
+        try:
+            res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win)
+        except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
+            row.update(error=str(exc), replays=evaluator.replays - before)
+            continue
         row["replays"] = evaluator.replays - before
         row["search"] = res
         if res.status == "cut":
