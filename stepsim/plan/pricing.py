@@ -10,7 +10,7 @@ its ``provider`` (fresh: the synthetic routing draws per token, so a provider is
 recommended deployment is then re-served with its own calibration (``--fidelity fast``) and the difference
 reported (:mod:`stepsim.plan.api`).
 
-:func:`step_floor_s` is the least time any step of ``tokens`` new tokens can take on a replica: the chips' HBM
+:func:`floor_s` is the least time any steps computing some new tokens can take on a replica: the chips' HBM
 roofline of the bytes such a step must read (every weight matrix once, for an MoE model ``top_k`` experts of every
 layer, the new tokens' KV) and their compute roofline of its FLOPs (:class:`stepsim.mapping.roofline.StepWork`),
 over the replica's chips. The engine never beats it, and every replay checks that the provider did not either
@@ -19,7 +19,6 @@ over the replica's chips. The engine never beats it, and every replay checks tha
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
@@ -92,7 +91,3 @@ def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
     hbm = steps * per_step + tokens * (work.kv_bytes_per_token + work.embedding_bytes)
     flops = tokens * (work.flops_per_token + work.attention_flops)
     return max(hbm / work.peak_bytes, flops / work.peak_flops) / hardware.clock_hz
-
-
-def finite_or_inf(value: float) -> float:
-    return value if math.isfinite(value) else math.inf

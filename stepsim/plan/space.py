@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,7 +221,3 @@ def deployments(space: dict, max_chips: int, hardware: list[str]) -> list[Deploy
                     for choice in scheduler_choices(space):
                         out.append(Deployment(chips, replicas, router, choice, hw))
     return out
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
