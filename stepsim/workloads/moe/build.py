@@ -292,7 +292,7 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
            dynamic, **stage) -> tuple:
     """``--layers L [--pp N] [--micro-batches M] [--ep E | --tp T]``: the stack of
     :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: of :mod:`stepsim.workloads.moe.pipeline_ep`, with ``tp``:
-    of :mod:`stepsim.workloads.moe.pipeline_tp`). Returns ``(graph, bindings, tile_rows, algorithmic
+    of the sharding pass, :func:`stepsim.workloads.sharding.tp_layers`). Returns ``(graph, bindings, tile_rows, algorithmic
     FLOPs, params)``."""
     from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
 
@@ -373,10 +373,10 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
 
 
 def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic, **stage) -> tuple:
-    """``--layers L --tp T [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_tp` on ``(P or 1) x T`` chips (checks
+    """``--layers L --tp T [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.tp_layers`) on ``(P or 1) x T`` chips (checks
     as the one-layer ``--tp``); its results as :func:`_stack`'s."""
     from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.moe.pipeline_tp import build_tp_stack
+    from stepsim.workloads.sharding import Sharding, tp_layers
 
     d, batch = model.hidden, routings[0].shape[0]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
@@ -392,13 +392,22 @@ def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, d
     system = chips_system((pp or 1) * tp, system, "--tp")
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}")
 
-    def partial(g, tokens, i, t):
-        out, bindings, _ = moe_stage(g, tokens, shard, routings[i], expert_counts(routings[i], model.experts),
-                                     dynamic=dynamic, suffix=f".{t}", prefix=f"layer{i}.", **stage)
-        return out, bindings
+    bindings: dict = {}
 
-    bindings, params = build_tp_stack(g, routings, tp=tp, pp=pp, system=system, algorithm=algorithm, batch=batch,
-                                      hidden=d, compute_bw=stage["compute_bw"], partial=partial)
+    def load(t):  # layer 0 reads x on every chip of stage 0
+        x = Tensor("x", (batch, d), BF16)
+        return Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+
+    def partial(i, t, tokens):  # chip t's columns of layer i (every token, every expert)
+        out, layer_bindings, _ = moe_stage(g, tokens, shard, routings[i], expert_counts(routings[i], model.experts),
+                                           dynamic=dynamic, suffix=f".{t}", prefix=f"layer{i}.", **stage)
+        bindings.update(layer_bindings)
+        return out
+
+    sh = Sharding(g, system)
+    tp_layers(sh, len(routings), tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=stage["compute_bw"],
+              bindings=bindings, load=load, blocks=lambda i: [("allreduce", lambda t, rows: partial(i, t, rows), False)])
+    params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
     flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
     params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
     return g, bindings, {}, flops, params
@@ -864,7 +873,7 @@ def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
     stack = stack_knobs(cfg, "MoE layers", ("regions",), chip_knobs=("pp", "ep", "tp"))
     if cfg.get("ep") is not None:
         stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
-    if cfg.get("tp") is not None:  # tensor-parallel stages (moe/pipeline_tp.py)
+    if cfg.get("tp") is not None:  # tensor-parallel stages (the sharding pass: workloads/sharding.py)
         stack.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring")
     routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, stack["layers"], cfg["iteration"],
                               cfg["layer"])

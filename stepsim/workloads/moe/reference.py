@@ -211,7 +211,7 @@ def stack_inputs(p: dict, seed: int) -> dict:
             f"{name}.{c}": arrays[name][lo:hi] for name in sharded
             for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:])) if hi > lo}
     tp = p.get("tp")
-    if tp is not None:  # --tp (moe/pipeline_tp.py): chip t holds columns t F/T.. of gate / up, those rows of down
+    if tp is not None:  # --tp (workloads/sharding.py): chip t holds columns t F/T.. of gate / up, those rows of down
         split = {name: a for name, a in arrays.items() if name.endswith(("_gate", "_up", "_down"))}
         for name, a in split.items():
             del arrays[name]

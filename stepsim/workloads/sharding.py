@@ -1,0 +1,188 @@
+"""The sharding pass: a layer's graph placed on many chips, with the collectives its placement needs.
+
+Every parallel form stepsim builds (``--tp T``, ``--ep E``, ``--tp T --ep E``, ``--pp P``, ``--micro-batches M``,
+for the MoE and the decoder layer and their stacks) has one structure, which this module holds once; a workload
+kind gives only its layer's pieces (hooks: the rows a chip computes, the partial sums it holds, its FFNs):
+
+1. **System.** The chips are ``(P or 1) x W`` of the system (W = T, E or T x E), or that many fully connected
+   chips with the preset links (:func:`stepsim.workloads.chips.chips_system`); one :class:`~stepsim.graph.network.
+   Network` carries every transfer (a collective's explicit sends first, then the cross-chip edges).
+2. **Stages.** Layer i of L belongs to stage ``i // (L / P)``, which runs on chips ``s W .. s W + W - 1``; at a
+   stage boundary every chip's rows cross once to the chip of the same rank in the next stage (an ordinary edge,
+   fanned out there: :func:`stepsim.workloads.chips.cross_stage`).
+3. **Placement.** Every operator a hook builds belongs to one chip: either the builder that made it says so by
+   rank within its group (``op.chip``, as the collectives' builders do) or the pass records it (``op_chip``);
+   a transfer's delivered placeholder is read on its destination chip. :func:`stepsim.graph.network.place_on_chips`
+   then turns every remaining cross-chip edge into a transfer.
+4. **Collectives.** Tensor parallelism: every chip of a group holds a partial sum, cut into W chunks and
+   all-reduced (or reduce-scattered) by :mod:`stepsim.workloads.collective.build` over the group's chips
+   (:class:`GroupNetwork`); the reduced chunks go back in row order (:func:`in_order`, a Reassemble by a static
+   selector) as the next block's rows, or are stored chunk by chunk (``y<t>.<k>``) after the last. Expert
+   parallelism: the batch is sharded over the chips and the experts' rows cross by the all-to-all of
+   :mod:`stepsim.workloads.moe.sharded` (dispatch and combine by the routing trace).
+5. **Labels.** Expert e of layer i is not expert e of layer j: a stack's layer relabels its groups
+   ``("layer<i>.<kind>", e)`` (the channel labels of the engine), the attention's regions excepted.
+6. **Report.** The record's parallel params: the system's name, the links used and the bytes over every link
+   (the symbolic per-link metric on the trace's bindings, at the width the engine times fp32 rows).
+
+Why a module of ``stepsim.workloads`` and not a pass of ``stepsim.passes``: the import layers
+(docs/architecture.md, pyproject.toml) put ``stepsim.passes`` among the drivers, above the workloads, and the
+builders call this transform while they build (the hooks are the kind's own graph builders), so it must sit at or
+below them; it needs the collectives (``stepsim.workloads.collective``) and the network (``stepsim.graph``), so it
+cannot sit in ``stepsim.graph`` either.
+
+Operators are created in the order the per-combination builders created them (the engine's HBM serves memory
+units in registration order, and names carry operator ids): the cycles, bytes and event counts of every existing
+``--tp/--ep/--pp/--micro-batches`` run are unchanged.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Partition, Promote, Reassemble, SelectorSource
+
+
+class GroupNetwork:
+    """One group's view of the whole system's network: a collective's builder numbers the group's chips
+    ``0 .. n-1``; its transfers go between their chips in the system (``chips[i]``)."""
+
+    def __init__(self, net, chips: list[int]):
+        self.net, self.chips = net, chips
+        self.system = SimpleNamespace(chips=len(chips))  # all the builder reads of it
+
+    def send(self, src: int, dst: int, stream, name: str | None = None):
+        return self.net.send(self.chips[src], self.chips[dst], stream, name=name)
+
+
+class Sharding:
+    """One graph's placement on a system (module docstring, steps 1, 3 and 6): the network, and the chip of every
+    operator the pass or its hooks added (``op_chip``, by ``op.id``)."""
+
+    def __init__(self, g, system, net=None):
+        from stepsim.graph.network import Network
+
+        self.g, self.system = g, system
+        self.net = Network(g, system) if net is None else net
+        self.op_chip: dict[int, int] = {}
+
+    def place(self, since: int, chip: int) -> None:
+        """The operators added since ``since`` (an index of ``g.ops``) on ``chip``."""
+        self.op_chip.update({op.id: chip for op in self.g.ops[since:]})
+
+    def place_ranked(self, since: int, chips: list[int]) -> None:
+        """The operators added since ``since`` that a builder placed by rank (``op.chip``) on ``chips[rank]``."""
+        self.op_chip.update({op.id: chips[op.chip] for op in self.g.ops[since:] if hasattr(op, "chip")})
+
+    def delivered(self) -> None:
+        """A chunk delivered to a chip is read there (the send's placeholder)."""
+        for tr in self.net.transfers:
+            self.op_chip[tr.delivered.id] = tr.dst
+
+    def finish(self, bindings: dict) -> dict:
+        """Route every cross-chip edge (:func:`~stepsim.graph.network.place_on_chips`) and return the report's
+        ``system``, ``links_used`` and ``link_bytes`` (bytes per link on ``bindings``)."""
+        import sympy
+
+        from stepsim.graph.lower import fp32_timing_bytes
+        from stepsim.graph.network import place_on_chips
+
+        net = place_on_chips(self.g, self.system, lambda op: self.op_chip[op.id], network=self.net)
+        values = {sym: sympy.sympify(v) for sym, v in bindings.items()}  # xreplace: subs is quadratic here
+        link_bytes = {name: int(sympy.sympify(b).xreplace(values))
+                      for name, b in net.link_bytes(fp32_timing_bytes(self.g)).items()}
+        return {"system": self.system.name, "links_used": len(net.links), "link_bytes": link_bytes}
+
+
+def relabel(ops, layer: int, kinds=None) -> None:
+    """Step 5: a stack's layer ``layer`` names its groups ``("layer<i>.<kind>", index)`` (``kinds``: only those
+    kinds; None: every tuple group)."""
+    for op in ops:
+        if isinstance(op.group, tuple) and (kinds is None or op.group[0] in kinds):
+            op.group = (f"layer{layer}.{op.group[0]}", op.group[1])
+
+
+def chunk_selector(rows: int, chunks: int) -> np.ndarray:
+    """The static selector of ``rows`` rows cut into ``chunks`` consecutive chunks: row r in chunk ``r // (rows /
+    chunks)``."""
+    return np.eye(chunks, dtype=np.int8)[np.arange(rows) // (rows // chunks)]
+
+
+def in_order(g, chunks: list, rows: int, bindings: dict, promote: bool = True):
+    """The reduced ``chunks`` (each ``rows / n`` rows) back in row order: a Reassemble by a static selector, as
+    ``(1, rows)`` rows (``promote``: flattened to ``(rows,)`` and promoted, a stream of its own rank; else the
+    Reassemble's ``[1, rows, 1]`` flattened to ``[1, rows]``)."""
+    ordered = Reassemble(g, chunks, SelectorSource(g, chunk_selector(rows, len(chunks)), len(chunks)), 0)
+    bindings[ordered.ragged_symbol] = 1  # one row per selector element
+    if not promote:
+        flat = Flatten(g, ordered, 1, 2)
+        flat.assume_shape(0, (1, rows))
+        return flat
+    flat = Flatten(g, ordered, 0, 2)
+    flat.assume_shape(0, (rows,))
+    return Promote(g, flat, 1)
+
+
+def split_chunks(g, rows_stream, rows: int, chunks: int):
+    """``rows_stream`` cut into ``chunks`` chunks of consecutive rows (a Partition by a static selector whose
+    outputs hold a whole chunk)."""
+    part = Partition(g, rows_stream, SelectorSource(g, chunk_selector(rows, chunks), chunks), 0, chunks)
+    part.channel_depth = rows // chunks
+    for k in range(chunks):
+        part.assume_shape(k, (rows // chunks,))
+    return part
+
+
+def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: str, batch: int, compute_bw: int,
+              bindings: dict, blocks, rows_in: dict | None = None, load=None, kinds=None) -> None:
+    """Tensor-parallel layers (module docstring, steps 2-5) into ``sh.g``: stage s of ``pp`` on chips ``s tp ..``.
+
+    ``rows_in[t]``: chip t's input rows of layer 0; without them ``load(t)`` builds them on chip t when the first
+    block needs them. ``blocks(i)``: layer i's blocks in order, each ``(name, partial(t, rows), residual)``:
+    chip t's partial sum (``(1, B)`` rows) on its block input ``rows`` is all-reduced over the stage's chips
+    (operators ``layer<i>.<name>.*``); with ``residual`` the block's input rows are added to the reduced rows.
+    After the last block of the last layer chip t stores reduced chunk k (plus its input chunk, with a residual)
+    as ``y<t>.<k>``; else the rows, in row order, are the next block's input."""
+    from stepsim.workloads.chips import all_reduce_partials, cross_stage
+
+    g, per_stage = sh.g, layers // (pp or 1)
+    rows_in = {} if rows_in is None else rows_in
+    for i in range(layers):
+        chips = [(i // per_stage) * tp + t for t in range(tp)]
+        if i and i % per_stage == 0:
+            cross_stage(g, rows_in, chips, sh.op_chip)
+        start = len(g.ops)
+        group = GroupNetwork(sh.net, chips)
+        steps = blocks(i)
+        for b, (name, partial, residual) in enumerate(steps):
+            if residual:  # the rows wait for the all-reduce before the residual reads them
+                for rows in rows_in.values():
+                    rows.fanout_depth = batch
+
+            def partial_of(t, partial=partial, rows=dict(rows_in)):
+                return partial(t, rows[t] if t in rows else load(t))
+
+            reduced = all_reduce_partials(g, group, tp, partial_of, batch, algorithm=algorithm,
+                                          compute_bw=compute_bw, prefix=f"layer{i}.{name}.")
+            last = i == layers - 1 and b == len(steps) - 1
+            for t in range(tp):
+                before = len(g.ops)
+                chunks = [reduced[(t, k)] for k in range(tp)]
+                if last:
+                    extra = split_chunks(g, rows_in[t], batch, tp) if residual else None
+                    for k in range(tp):  # the all-reduce's rows are in on-chip memory, as the one-layer --tp's
+                        out = chunks[k] if extra is None else Map(g, [chunks[k], extra[k]], Add(), compute_bw=compute_bw)
+                        LinearOffChipStore(g, out, tensor_name=f"y{t}.{k}")
+                elif residual:
+                    rows_in[t] = Map(g, [in_order(g, chunks, batch, bindings), rows_in[t]], Add(),
+                                     compute_bw=compute_bw)
+                else:
+                    rows_in[t] = in_order(g, chunks, batch, bindings)
+                    rows_in[t].fanout_depth = batch  # tokens feed the partition and the shared experts
+                for op in g.ops[before:]:
+                    op.chip = t
+        sh.place_ranked(start, chips)
+        sh.delivered()
+        relabel(g.ops[start:], i, kinds)
