@@ -207,7 +207,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     if stack:
         if tp is not None and ep is not None:
             raise ArgumentError("--tp does not combine with --ep in a stack of decoder layers yet")
-        if tp is not None:  # tensor-parallel stages (decoder/pipeline_tp.py)
+        if tp is not None:  # tensor-parallel stages (the sharding pass, workloads/sharding.py)
             parallel = _tp_stack(g, model, routings, layers, tp=tp, pp=pp, system=system, algorithm=algorithm,
                                  n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
                                  stage=stage)
@@ -406,11 +406,11 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
 
 def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_heads, batch, o_tile, tile_f, moe_kw, bw,
               stage) -> dict:
-    """``--layers L --tp T [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_tp` (checks as the
+    """``--layers L --tp T [--pp P]``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks as the
     one-layer ``--tp``, :func:`stepsim.workloads.decoder.parallel.check_tp`)."""
     from stepsim.workloads.chips import chips_system
     from stepsim.workloads.decoder.parallel import check_tp
-    from stepsim.workloads.decoder.pipeline_tp import build_decoder_tp_stack
+    from stepsim.workloads.sharding import Sharding, tp_layers
 
     d = model.hidden
     moe = model.moe if model.is_moe else None
@@ -440,15 +440,38 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
         _label(g.ops[before:], ("ffn", 0))
         return out
 
-    params = build_decoder_tp_stack(
-        g, layers, tp=tp, pp=pp, system=system,
-        algorithm=algorithm, n_heads=n_heads, batch=batch, hidden=d, bw=bw, stage=stage, ffn_partial=ffn_partial,
-        **_stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage))
+    att = _stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage)
+    per_head, bindings = n_heads // tp, stage["bindings"]
+
+    def attention_partial(i, t, rows):  # chip t's KV heads' share of attn @ W_o, q / k / v from its input rows
+        tiles = att["input_tiles"](g, rows)
+
+        def qkv_of(h):
+            q, k, v, ragged = att["qkv_streams"](g, tiles, f"layer{i}.", h)
+            bindings[ragged] = 1  # one query head's row per selector element
+            return q, k, v
+
+        products = att["heads"](range(t * per_head, (t + 1) * per_head), f"layer{i}.", qkv_of,
+                                i * n_heads * stage["attention_regions"])
+        return Promote(g, RetileStreamify(g, products, split_row=True), 1)
+
+    rows_in = {}
+    sh = Sharding(g, system)
+    for t in range(tp):  # layer 0's input: x on every chip of stage 0
+        before = len(g.ops)
+        rows_in[t] = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
+                                                  stream_dtype=FP32), 0, 1)
+        sh.place(before, t)
+    tp_layers(sh, layers, tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
+              bindings=bindings, rows_in=rows_in, kinds=("expert", "shared_expert", "ffn"),
+              blocks=lambda i: [("attn_allreduce", lambda t, rows: attention_partial(i, t, rows), True),
+                                ("ffn_allreduce", lambda t, rows: ffn_partial(g, rows, i, t), True)])
+    params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
     return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), **params}
 
 
 def _stack_attention(g, model, *, batch: int, o_tile: int, bw: dict, stage: dict) -> dict:
-    """What the parallel decoder stacks (:mod:`~stepsim.workloads.decoder.pipeline_tp`,
+    """What the parallel decoder stacks (:func:`~stepsim.workloads.sharding.tp_layers`,
     :mod:`~stepsim.workloads.decoder.pipeline_ep`) build the attention of a layer with: ``heads`` (this module's
     heads, summed pairwise), ``qkv_streams`` and ``input_tiles`` (:mod:`stepsim.workloads.decoder.pipeline`'s
     projections)."""
@@ -526,7 +549,7 @@ def from_config(cfg: Mapping) -> Workload:
             stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
         elif cfg.get("placement") is not None:
             raise ArgumentError("--placement applies to a stack of decoder layers with --ep N (expert parallelism)")
-        if cfg.get("tp") is not None:  # tensor-parallel stages (decoder/pipeline_tp.py)
+        if cfg.get("tp") is not None:  # tensor-parallel stages (workloads/sharding.py)
             stack["tp"] = cfg["tp"]
         if cfg.get("ep") is not None or cfg.get("tp") is not None:
             stack["algorithm"] = cfg.get("algorithm") or "ring"

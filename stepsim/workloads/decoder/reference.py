@@ -71,7 +71,7 @@ def _stack_inputs(w: Workload, seed: int) -> dict:
                    experts=p["experts"], shared_intermediate=p["shared_intermediate"], layers=p["layers"])
         arrays.update({k: v for k, v in moe_ref.stack_inputs(moe, seed).items() if k != "x"})
     tp = p.get("tp")
-    if tp is not None:  # --tp (decoder/pipeline_tp.py): chip t holds columns t F/T.. of gate / up, those rows of down
+    if tp is not None:  # --tp (workloads/sharding.py): chip t holds columns t F/T.. of gate / up, those rows of down
         for name in [n for n in arrays if n.endswith(("_gate", "_up", "_down"))]:
             whole = arrays.pop(name)
             n = whole.shape[0 if name.endswith("_down") else 1] // tp
