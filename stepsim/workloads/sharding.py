@@ -81,6 +81,36 @@ class Sharding:
         for tr in self.net.transfers:
             self.op_chip[tr.delivered.id] = tr.dst
 
+    def reduce_scatter(self, chips: list[int], partial_of, elems: int, *, algorithm: str, compute_bw: int,
+                       prefix: str) -> dict:
+        """Every chip of ``chips`` builds its partial sum (``partial_of(rank)``, ``(1, elems)``), reduce-scattered
+        over them (:func:`stepsim.workloads.chips.reduce_scatter_partials`, operators ``<prefix>*``): returns
+        ``{rank: chunk}``, the sum of chunk ``rank`` on ``chips[rank]``."""
+        from stepsim.workloads.chips import reduce_scatter_partials
+
+        start = len(self.g.ops)
+        chunks = reduce_scatter_partials(self.g, GroupNetwork(self.net, chips), len(chips), partial_of, elems,
+                                         algorithm=algorithm, compute_bw=compute_bw, prefix=prefix)
+        self.place_ranked(start, chips)
+        self.delivered()
+        return chunks
+
+    def scatter_shards(self, chunks: dict, chips: list[int], shards: int, elems: int) -> dict:
+        """The reduce-scattered ``chunks`` (one per chip of ``chips``) as the batch's ``shards`` shards: with fewer
+        chunks than shards chunk a cuts itself into the shards ``a s/n ..`` of the chips it feeds (a Partition by
+        a static selector on ``chips[a]``); else shard s is chunk s (or, more chunks, one of its parts)."""
+        out = {}
+        for a, chip in enumerate(chips):
+            if len(chips) >= shards:
+                out[a] = chunks[a]
+                continue
+            before, spread = len(self.g.ops), shards // len(chips)
+            part = split_chunks(self.g, Promote(self.g, chunks[a], 1), elems // len(chips), spread)
+            for j in range(spread):  # a shard waits whole for its link, not blocking the next one
+                out[a * spread + j] = part[j]
+            self.place(before, chip)
+        return out
+
     def finish(self, bindings: dict) -> dict:
         """Route every cross-chip edge (:func:`~stepsim.graph.network.place_on_chips`) and return the report's
         ``system``, ``links_used`` and ``link_bytes`` (bytes per link on ``bindings``)."""
@@ -186,3 +216,29 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
         sh.place_ranked(start, chips)
         sh.delivered()
         relabel(g.ops[start:], i, kinds)
+
+
+def ep_layer(sh: Sharding, model, routing, layer: int, base: int, *, ep: int, placement: str, micro_batches: int,
+             build: dict, ffns, shared_ffn, home_in, home_out, counts, bindings: dict, tile_rows: dict) -> tuple:
+    """One expert-parallel layer of a stack (module docstring, steps 3-5) into ``sh.g`` on chips ``base ..
+    base + ep - 1``: its experts placed by ``placement`` from its own routing (``counts``: tokens per expert), the
+    all-to-all of :func:`~stepsim.workloads.moe.sharded.build_sharded` (``micro_batches`` > 1:
+    :func:`~stepsim.workloads.moe.sharded_micro.build_sharded_micro`) with ``build``'s tiling keywords and the
+    hooks ``ffns``, ``shared_ffn``, ``home_in``, ``home_out``; its groups named ``layer<i>.``. Returns ``(the chip
+    of every expert, the shard bounds)``."""
+    from stepsim.workloads.moe.parallel import place_experts
+    from stepsim.workloads.moe.sharded import build_sharded
+    from stepsim.workloads.moe.sharded_micro import build_sharded_micro
+
+    g = sh.g
+    chip_of = place_experts(counts, ep, placement, None if build["dynamic"] else build["tile_n"])
+    extra = {} if micro_batches == 1 else {"micro_batches": micro_batches}
+    before = len(g.ops)
+    layer_chip, layer_bindings, bounds, rows = (build_sharded if micro_batches == 1 else build_sharded_micro)(
+        g, model, routing, chip_of, ep, ffns=ffns, shared_ffn=shared_ffn, home_in=home_in, home_out=home_out,
+        prefix=f"layer{layer}.", **extra, **build)
+    sh.op_chip.update({op.id: base + layer_chip[op.id] for op in g.ops[before:]})
+    relabel(g.ops[before:], layer)
+    bindings.update(layer_bindings)
+    tile_rows.update(rows)
+    return chip_of, bounds

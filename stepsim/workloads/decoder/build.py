@@ -490,14 +490,119 @@ def _stack_attention(g, model, *, batch: int, o_tile: int, bw: dict, stage: dict
 
 def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
               moe_kw, bw, stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_ep`, given this
-    module's attention heads and :mod:`stepsim.workloads.decoder.pipeline`'s projections."""
-    from stepsim.workloads.decoder.pipeline_ep import build_decoder_ep_stack
+    """``--layers L --ep E [--pp P] [--micro-batches M]`` on P x E chips, through the sharding pass
+    (:mod:`stepsim.workloads.sharding`). Stage s (layers ``s L/P ..``) runs on chips ``s E .. s E + E - 1``; the
+    batch keeps one sharding all the way (chip ``s E + c`` holds shard c's rows, B a multiple of E): layer 0 loads
+    ``x.<c>`` on chip c, a later layer takes the previous layer's output rows of shard c (crossing once to the next
+    stage), the last stores ``y.<c>``. Per layer:
 
-    return build_decoder_ep_stack(
-        g, model, routings, ep=ep, pp=pp, system=system, placement=placement, algorithm=algorithm,
-        micro_batches=micro_batches, n_heads=n_heads, batch=batch, o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage,
-        **_stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage))
+    * **Gather.** Attention chip a (A = min(E, H) of them, chip ``a E/A``: KV heads ``a H/A ..``) puts the E shards
+      back in request order (a Reassemble by a static selector) for its q / k / v projections.
+    * **Attention, output projection, reduce-scatter** as the one-layer ``--ep`` (tensors ``layer<i>.h<h>_*``,
+      ``layer<i>.w{q,k,v,o}_h<h>*``; operators ``layer<i>.attn_reducescatter.*``); chip c adds its input rows.
+    * **MoE** (routing of trace layer i, tensors ``layer<i>.routing_weights.<c>``, ``layer<i>.expert<e>_*``): the
+      sharded all-to-all (:func:`stepsim.workloads.sharding.ep_layer`, per micro-batch with M > 1); the second
+      residual gives the layer's output rows of shard c.
+
+    The attention's partial sums are added in the reduce-scatter's order, so the values equal the one-chip stack to
+    the one-layer ``--ep``'s tolerance, not bit for bit. Returns ``(params, idle groups, tile_rows)``."""
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.decoder.expert_parallel import check_ep
+    from stepsim.workloads.moe.build import _expert_ffn
+    from stepsim.workloads.sharding import Sharding, ep_layer, in_order
+
+    moe, d, layers = model.moe, model.hidden, len(routings)
+    if moe_kw["regions"] != moe.experts:
+        raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
+                            "layers have one region per expert)")
+    for r in routings:
+        check_ep(ep, model, n_heads, batch, None, placement, expert_counts(r, moe.experts))
+    if micro_batches > 1 and batch % (ep * micro_batches):
+        raise ArgumentError(f"--micro-batches {micro_batches} --ep {ep}: each chip's shard of the batch of {batch} "
+                            f"requests must split into {micro_batches} equal micro-batches (the batch a multiple "
+                            f"of {ep * micro_batches})")
+    tile_n, dynamic, tile_f = moe_kw["tile_n"], moe_kw["dynamic"], moe_kw["tile_f"]
+    if micro_batches > 1 and moe.shared_intermediate and (batch // (ep * micro_batches)) % (tile_n or DEFAULT_TILE_N):
+        raise ArgumentError(f"--micro-batches {micro_batches} --ep {ep}: the shared experts' tiles of "
+                            f"{tile_n or DEFAULT_TILE_N} tokens must not span a chip's micro-batches of "
+                            f"{batch // (ep * micro_batches)} requests")
+    if pp is not None and system is not None and system.chips != pp * ep:
+        raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
+                            f"{system.name!r} has {system.chips}")
+    sh = Sharding(g, chips_system((pp or 1) * ep, system, "--ep"))
+    per_stage, shard, attn_chips = layers // (pp or 1), batch // ep, min(ep, n_heads)
+    per_head, gap, bindings = n_heads // attn_chips, ep // attn_chips, stage["bindings"]
+    att = _stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage)
+    idle, tile_rows, expert_chips, rows_in = set(), {}, [], {}
+    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"],
+                 packing_compute_bw=PACKING_COMPUTE_BW)
+    for c in range(ep):  # shard c's input rows of the current layer, (1, shard)
+        before = len(g.ops)
+        rows_in[c] = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{c}", (shard, d), BF16), (1, d), (shard, 1), (1, 1),
+                                                  stream_dtype=FP32), 0, 1)
+        sh.place(before, c)
+    for i, routing in enumerate(routings):
+        base, prefix = (i // per_stage) * ep, f"layer{i}."
+        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, and fans out
+            for c in range(ep):  # there (a fan-out's FIFO depth is its producer's: the link's would be too shallow)
+                before = len(g.ops)
+                rows_in[c] = Promote(g, Flatten(g, rows_in[c], 0, 1), 1)
+                sh.place(before, base + c)
+        for c in range(ep):  # the rows wait for the attention (all shards) before the residual reads them
+            rows_in[c].fanout_depth = shard
+
+        def attention_partial(a, prefix=prefix, i=i, rows=dict(rows_in)):
+            all_rows = in_order(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], batch, bindings)
+            tiles = att["input_tiles"](g, all_rows)
+
+            def qkv_of(h):
+                q, k, v, ragged = att["qkv_streams"](g, tiles, prefix, h)
+                bindings[ragged] = 1  # one query head's row per selector element
+                return q, k, v
+
+            products = att["heads"](range(a * per_head, (a + 1) * per_head), prefix, qkv_of,
+                                    i * n_heads * stage["attention_regions"])
+            return Promote(g, RetileStreamify(g, products, split_row=True), 1)
+
+        chips = [base + a * gap for a in range(attn_chips)]
+        chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
+                                   prefix=f"{prefix}attn_reducescatter.")
+        reduced, homes, rows_out = sh.scatter_shards(chunks, chips, ep, batch), {}, {}
+
+        def home_in(c, n, reduced=reduced, own=dict(rows_in)):
+            h = Map(g, [Promote(g, reduced[c], 1), own[c]], Add(), **bw)  # h = x + attn @ W_o, shard c's rows
+            h.fanout_depth = shard  # the rows wait for the MoE block's output
+            homes[c] = h
+            return h
+
+        def home_out(c, combined, last=i == layers - 1):
+            out = Map(g, [combined, homes[c]], Add(), **bw)
+            if last:
+                LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+            rows_out[c] = out
+
+        def ffns(g, packed, prefix=prefix):
+            return [_expert_ffn(g, packed[e], e, moe, tile_f, dynamic, bw, prefix=prefix)
+                    for e in range(moe.experts)], {}, {}
+
+        shared = None
+        if moe.shared_intermediate:
+            def shared(g, tokens, rows, prefix=prefix):
+                return shared_ffn(g, tokens, moe, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw,
+                                  prefix=prefix)
+
+        counts = expert_counts(routing, moe.experts)
+        chip_of, bounds = ep_layer(sh, moe, routing, i, base, ep=ep, placement=placement, micro_batches=micro_batches,
+                                   build=build, ffns=ffns, shared_ffn=shared, home_in=home_in, home_out=home_out,
+                                   counts=counts, bindings=bindings, tile_rows=tile_rows)
+        expert_chips.append(chip_of)
+        idle |= {(f"layer{i}.expert", e) for e, n in enumerate(counts) if n == 0}
+        rows_in = rows_out
+    report = sh.finish(bindings)
+    params = {"layers": layers, "micro_batches": micro_batches, **({"pp": pp} if pp else {}), "ep": ep,
+              "placement": placement, "algorithm": algorithm, "system": report["system"], "shard_bounds": bounds,
+              "expert_chips": expert_chips, "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
+    return params, idle, tile_rows
 
 
 def _sum_pairwise(g, products, bw):

@@ -338,8 +338,8 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     """``--layers L --ep E [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_ep` on ``(P or 1) x E`` chips; its
     results as :func:`_stack`'s."""
     from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.moe.pipeline_ep import build_ep_stack
     from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
+    from stepsim.workloads.sharding import Sharding, ep_layer
 
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
         raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
@@ -359,11 +359,22 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
         return expert_ffns(model, tile_n=stage["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
                            packing_compute_bw=stage["packing_compute_bw"], prefix=f"layer{i}.")
 
-    bindings, tile_rows, params = build_ep_stack(
-        g, model, routings, ep=ep, pp=pp, placement=placement, system=system,
-        build=dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"}),
-        ffns_of=lambda i: layer_ffns(i)[0], shared_of=lambda i: layer_ffns(i)[1],
-        expert_counts=lambda r: expert_counts(r, model.experts), micro_batches=m)
+    sh, layers = Sharding(g, system), len(routings)
+    per_stage, bindings, tile_rows, expert_chips, rows_in, bounds = layers // (pp or 1), {}, {}, [], None, None
+    build = dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"})
+    for i, routing in enumerate(routings):  # shard c's rows stay on chip c of every stage (ordinary edges across)
+        rows_out: dict = {}
+        ffns, shared = layer_ffns(i)
+        chip_of, bounds = ep_layer(
+            sh, model, routing, i, (i // per_stage) * ep, ep=ep, placement=placement, micro_batches=m, build=build,
+            ffns=ffns, shared_ffn=shared, home_in=None if rows_in is None else (lambda c, n, rows=rows_in: rows[c]),
+            home_out=None if i == layers - 1 else rows_out.__setitem__, counts=expert_counts(routing, model.experts),
+            bindings=bindings, tile_rows=tile_rows)
+        expert_chips.append(chip_of)
+        rows_in = rows_out
+    report = sh.finish(bindings)
+    params = {"ep": ep, "placement": placement, "system": report["system"], "shard_bounds": bounds,
+              "expert_chips": expert_chips, "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
     # FLOPs as built: each micro-batch (the m-th piece of every shard) pads its own tiles
     parts = [slice(None)] if m == 1 else micro_batch_tokens(batch, ep, m)
     flops = sum(algorithmic_flops(expert_counts(r[p], model.experts), model, stage["tile_n"])
