@@ -242,3 +242,151 @@ def ep_layer(sh: Sharding, model, routing, layer: int, base: int, *, ep: int, pl
     bindings.update(layer_bindings)
     tile_rows.update(rows)
     return chip_of, bounds
+
+
+def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int) -> dict:
+    """An expert-parallel layer's report: the tokens every chip's experts receive, the busiest chip, imbalance =
+    max / mean, and :meth:`Sharding.finish`'s links."""
+    from stepsim.workloads.moe.parallel import chip_tokens
+
+    tokens = chip_tokens(counts, chip_of, chips)
+    mean = sum(tokens) / chips
+    busiest = max(range(chips), key=lambda c: (tokens[c], -c))
+    return {"tokens": tokens, "busiest": busiest, "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
+            **sh.finish(bindings)}
+
+
+def expert_parallel(sh: Sharding, model, routing, counts, chips: int, placement: str, *, regions: int | None, ffns,
+                    **build) -> tuple[dict, dict, dict]:
+    """``--ep N``: the sharded expert-parallel layer (:mod:`stepsim.workloads.moe.sharded`) into ``sh.g`` on the
+    chips of ``sh.system``, after whatever ``sh`` already placed (the decoder's attention), its transfers routed.
+
+    ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
+    regions (:func:`~stepsim.workloads.moe.parallel.region_members`), so a chip's experts share its compute and the
+    token tiles a chip receives are its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each
+    region's experts, or None); ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other
+    keywords. Returns ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles'
+    rows, and the report fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean,
+    bytes over every link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
+    """
+    from stepsim.workloads.moe.parallel import expert_cost, place_experts, region_members, shard_rows
+    from stepsim.workloads.moe.sharded import build_sharded
+
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    cost = None  # with --regions a chip's tiles are its time: the tile-first greedy
+    if regions is None:
+        cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system)
+    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), chips)
+    chip_of = place_experts(counts, chips, placement, tile_n, cost, rows)
+    members = None if regions is None else region_members(chip_of, chips, regions)
+    layer_chip, bindings, bounds, tile_rows = build_sharded(
+        sh.g, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
+        region_chip=None if members is None else [chip_of[m[0]] for m in members], **build)
+    sh.op_chip.update(layer_chip)
+    r = _report(sh, bindings, counts, chip_of, chips)
+    params = {"ep": chips, "placement": placement, "system": r["system"], "expert_chips": chip_of,
+              "shard_bounds": bounds, "chip_tokens": r["tokens"], "busiest_chip": r["busiest"],
+              "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
+    if members is not None:
+        params["region_experts"] = members
+    return bindings, tile_rows, params
+
+
+def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:
+    """One-line ArgumentError unless every chip's shard of the batch splits into ``tp`` all-reduce chunks and the
+    system has ``tp x ep`` chips."""
+    from stepsim.base.errors import ArgumentError
+
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
+        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
+        raise ArgumentError(f"--ep must be an int >= 2 (chips) with --tp, got {ep!r}")
+    if batch % (tp * ep):
+        raise ArgumentError(f"--tp {tp} --ep {ep}: each of the {ep} expert groups' shards of the batch is cut into "
+                            f"{tp} all-reduce chunks; the batch of {batch} tokens must be a multiple of {tp * ep}")
+    if system is not None and system.chips != tp * ep:
+        raise ArgumentError(f"--tp {tp} --ep {ep} needs a system of {tp * ep} chips (tp x ep); system "
+                            f"{system.name!r} has {system.chips}")
+
+
+def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
+    """The system of ``--tp N --ep M`` (``tp x ep`` chips: :func:`~stepsim.workloads.chips.chips_system`), after
+    :func:`check_tp_ep` and the one-line check that every expert's columns split into whole ``tile_f`` tiles."""
+    from stepsim.base.errors import ArgumentError
+    from stepsim.workloads.chips import chips_system
+
+    check_tp_ep(tp, ep, batch, system)
+    for what, width in (("intermediate", model.intermediate), ("shared intermediate", model.shared_intermediate)):
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    return chips_system(tp * ep, system, "--tp x --ep")
+
+
+def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: int, placement: str, algorithm: str,
+                           *, ffns_of, shared_of, compute_bw: int, home_in_of=None, store=None,
+                           **build) -> tuple[dict, dict, dict]:
+    """``--tp N --ep M`` (the system: :func:`tp_ep_system`): the experts placed on M groups of N chips, each
+    expert's F columns split over the N chips of its group; chips ``g N .. g N + N - 1`` form group g.
+
+    The batch is sharded over the groups (group g holds the tokens of shard g, :func:`shard_bounds
+    <stepsim.workloads.moe.sharded.shard_bounds>`) and replicated over a group's chips, as after tensor-parallel
+    attention. Tensor-parallel rank t is one expert-parallel layer over the chips ``g N + t`` of every group
+    (:func:`~stepsim.workloads.moe.sharded.build_sharded` on the shard model of F / N columns, weights
+    ``expert<e>_<part>.<t>`` and ``shared_<part>.<t>`` as with ``--tp`` alone; its all-to-alls stay among the
+    chips of rank t). Every chip so ends with a partial sum of its group's rows of y; the collectives' all-reduce
+    over the group's chips (``algorithm``) sums them, and chip ``p = g N + t`` stores chunk k of its group's rows
+    (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
+
+    ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
+    (``shard``: the model of one chip's column block); ``build`` are its other keywords. The decoder layer's hooks:
+    ``home_in_of(t)`` is rank t's ``home_in``; ``store(g, t, k, stream)`` consumes the reduced chunk k on chip
+    ``g N + t`` instead of storing it in ``y<p>.<k>``. Returns ``(bindings, tile_rows, params)`` as
+    :func:`expert_parallel` (``expert_chips``: the first chip of each expert's group; ``chip_tokens``: the token
+    rows every chip's experts receive) plus ``tp`` and ``algorithm``.
+    """
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.chips import all_reduce_partials
+    from stepsim.workloads.moe.parallel import expert_cost, place_experts, shard_rows
+    from stepsim.workloads.moe.sharded import build_sharded
+
+    g, tile_f, chips = sh.g, build["tile_f"], tp * ep
+    shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
+                     top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
+    # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
+    cost = expert_cost(shard, tile_n, tile_f, compute_bw, sh.system)
+    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), ep)
+    group_of = place_experts(counts, ep, placement, tile_n, cost, rows)
+    bindings, tile_rows, partials = {}, {}, {}
+    for t in range(tp):
+        start = len(g.ops)
+        ranked, rank_bindings, bounds, rows = build_sharded(
+            g, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
+            compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
+            home_out=lambda grp, summed, t=t: partials.__setitem__((grp, t), summed), **build)
+        sh.op_chip.update({op.id: ranked[op.id] * tp + t for op in g.ops[start:]})
+        bindings.update(rank_bindings)
+        tile_rows.update(rows)
+    for grp in range(ep):
+        start, group = len(g.ops), [grp * tp + t for t in range(tp)]
+        reduced = all_reduce_partials(g, GroupNetwork(sh.net, group), tp, lambda t, grp=grp: partials[(grp, t)],
+                                      bounds[grp + 1] - bounds[grp], algorithm=algorithm, compute_bw=compute_bw,
+                                      prefix=f"allreduce.g{grp}.")
+        for (t, k), stream in sorted(reduced.items()):
+            before = len(g.ops)
+            if store is None:
+                LinearOffChipStore(g, stream, tensor_name=f"y{grp * tp + t}.{k}")
+            else:
+                store(grp, t, k, stream)
+            for op in g.ops[before:]:
+                op.chip = t
+        sh.place_ranked(start, group)  # the builders placed them by rank within the group (op.chip)
+    sh.delivered()
+    r = _report(sh, bindings, counts, group_of, ep)
+    params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": r["system"],
+              "expert_chips": [grp * tp for grp in group_of], "shard_bounds": bounds,
+              "chip_tokens": [r["tokens"][p // tp] for p in range(chips)], "busiest_chip": r["busiest"] * tp,
+              "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
+    return bindings, tile_rows, params

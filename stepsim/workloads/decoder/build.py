@@ -224,7 +224,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                                                moe_kw=moe_kw, bw=bw, stage=stage)
         flat_routing = np.stack(routings) if moe is not None else None
     elif ep is not None:
-        from stepsim.workloads.decoder.expert_parallel import expert_parallel_decoder
+        from stepsim.workloads.decoder.many_chips import expert_parallel_decoder
 
         parallel, tile_rows = expert_parallel_decoder(
             ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routing=routing,
@@ -507,7 +507,7 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
     The attention's partial sums are added in the reduce-scatter's order, so the values equal the one-chip stack to
     the one-layer ``--ep``'s tolerance, not bit for bit. Returns ``(params, idle groups, tile_rows)``."""
     from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.decoder.expert_parallel import check_ep
+    from stepsim.workloads.decoder.many_chips import check_ep
     from stepsim.workloads.moe.build import _expert_ffn
     from stepsim.workloads.sharding import Sharding, ep_layer, in_order
 

@@ -133,8 +133,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     channel_depth : int or None
         Default FIFO depth for simulation (2 in the experiments; None means 1024).
     ep : int, optional
-        Expert parallelism: place the experts on ``ep`` chips (:mod:`stepsim.workloads.moe.parallel`); with a
-        stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:mod:`stepsim.workloads.moe.pipeline_ep`).
+        Expert parallelism: place the experts on ``ep`` chips (:func:`stepsim.workloads.sharding.expert_parallel`); with
+        a stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:func:`stepsim.workloads.sharding.ep_layer`).
     placement : {"contiguous", "round-robin", "load-balanced"}
         How the experts are placed on the chips (with ``ep``).
     system : System, optional
@@ -143,7 +143,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         Tensor parallelism: every expert's (and the shared experts') F columns split over ``tp`` chips, an
         all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`). With
         ``ep`` too, the experts are placed on ``ep`` groups of ``tp`` chips, each expert's columns split over its
-        group (``tp x ep`` chips: :func:`stepsim.workloads.moe.parallel.expert_tensor_parallel`).
+        group (``tp x ep`` chips: :func:`stepsim.workloads.sharding.expert_tensor_parallel`).
     layers, pp, micro_batches : int, optional
         Any of them given: a stack of ``layers`` (default 1) MoE layers (tensors ``layer<i>.<name>``; ``routing``
         one array for every layer or a list of ``[tokens, top_k]`` arrays, one per layer), in ``pp`` pipeline
@@ -226,7 +226,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
                             "weights by address, not a chip's column block")
     elif tp is not None and ep is not None:
-        from stepsim.workloads.moe.parallel import expert_tensor_parallel
+        from stepsim.workloads.sharding import Sharding, expert_tensor_parallel, tp_ep_system
 
         bw = dict(compute_bw=compute_bw)
 
@@ -234,8 +234,9 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             return expert_ffns(shard, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
                                packing_compute_bw=packing_compute_bw, suffix=f".{t}")
 
+        sh = Sharding(g, tp_ep_system(model, tp, ep, batch, system, tile_f))
         bindings, tile_rows, parallel = expert_tensor_parallel(
-            g, model, routing, counts, tp, ep, placement, system, algorithm,
+            sh, model, routing, counts, tp, ep, placement, algorithm,
             ffns_of=lambda t, shard: chip_ffns(t, shard)[0], shared_of=lambda t, shard: chip_ffns(t, shard)[1],
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw)
@@ -251,7 +252,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             compute_bw=compute_bw, packing_compute_bw=packing_compute_bw, par_dispatch=par_dispatch, lanes=lanes)
         LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
     else:
-        from stepsim.workloads.moe.parallel import expert_parallel
+        from stepsim.workloads.chips import chips_system
+        from stepsim.workloads.sharding import Sharding, expert_parallel
 
         bw = dict(compute_bw=compute_bw)
         dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
@@ -263,7 +265,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
 
         bindings, tile_rows, parallel = expert_parallel(
-            g, model, routing, counts, ep, placement, system, regions=regions if timeshare else None, ffns=ffns,
+            Sharding(g, chips_system(ep, system, "--ep")), model, routing, counts, ep, placement,
+            regions=regions if timeshare else None, ffns=ffns,
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw, shared_ffn=shared)
     if stack:  # expert e of layer i is group ("layer<i>.expert", e) (moe/pipeline.py)
