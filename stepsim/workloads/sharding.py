@@ -166,15 +166,17 @@ def split_chunks(g, rows_stream, rows: int, chunks: int):
 
 
 def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: str, batch: int, compute_bw: int,
-              bindings: dict, blocks, rows_in: dict | None = None, load=None, kinds=None) -> None:
+              bindings: dict, blocks, rows_in: dict | None = None, load=None, kinds=None, stack: bool = True) -> None:
     """Tensor-parallel layers (module docstring, steps 2-5) into ``sh.g``: stage s of ``pp`` on chips ``s tp ..``.
 
-    ``rows_in[t]``: chip t's input rows of layer 0; without them ``load(t)`` builds them on chip t when the first
-    block needs them. ``blocks(i)``: layer i's blocks in order, each ``(name, partial(t, rows), residual)``:
-    chip t's partial sum (``(1, B)`` rows) on its block input ``rows`` is all-reduced over the stage's chips
-    (operators ``layer<i>.<name>.*``); with ``residual`` the block's input rows are added to the reduced rows.
-    After the last block of the last layer chip t stores reduced chunk k (plus its input chunk, with a residual)
-    as ``y<t>.<k>``; else the rows, in row order, are the next block's input."""
+    ``rows_in[t]``: chip t's input rows of layer 0 (None: its blocks build their own). ``blocks(i)``: layer i's
+    blocks in order, each ``(name, partial(t, rows), residual)``: chip t's partial sum (``(1, B)`` rows) on its
+    block input ``rows`` (None when there are none yet) is all-reduced over the stage's chips (operators
+    ``layer<i>.<name>.*``; one layer without ``stack``: ``<name>.*``, its groups not relabelled); with
+    ``residual`` the block's input rows (without rows: ``load(t)``, built after the reduced rows are in order, as
+    ``[1, B]`` rows of the Reassemble) are added to the reduced rows. After the last block of the last layer chip
+    t stores reduced chunk k (plus its input chunk, with a residual) as ``y<t>.<k>``; else the rows, in row
+    order, are the next block's input."""
     from stepsim.workloads.chips import all_reduce_partials, cross_stage
 
     g, per_stage = sh.g, layers // (pp or 1)
@@ -192,10 +194,10 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
                     rows.fanout_depth = batch
 
             def partial_of(t, partial=partial, rows=dict(rows_in)):
-                return partial(t, rows[t] if t in rows else load(t))
+                return partial(t, rows.get(t))
 
             reduced = all_reduce_partials(g, group, tp, partial_of, batch, algorithm=algorithm,
-                                          compute_bw=compute_bw, prefix=f"layer{i}.{name}.")
+                                          compute_bw=compute_bw, prefix=f"layer{i}.{name}." if stack else f"{name}.")
             last = i == layers - 1 and b == len(steps) - 1
             for t in range(tp):
                 before = len(g.ops)
@@ -203,11 +205,12 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
                 if last:
                     extra = split_chunks(g, rows_in[t], batch, tp) if residual else None
                     for k in range(tp):  # the all-reduce's rows are in on-chip memory, as the one-layer --tp's
-                        out = chunks[k] if extra is None else Map(g, [chunks[k], extra[k]], Add(), compute_bw=compute_bw)
+                        out = chunks[k] if extra is None else Map(g, [chunks[k], extra[k]], Add(),
+                                                                  compute_bw=compute_bw)
                         LinearOffChipStore(g, out, tensor_name=f"y{t}.{k}")
                 elif residual:
-                    rows_in[t] = Map(g, [in_order(g, chunks, batch, bindings), rows_in[t]], Add(),
-                                     compute_bw=compute_bw)
+                    rows_in[t] = Map(g, [in_order(g, chunks, batch, bindings, promote=stack),
+                                         rows_in[t] if t in rows_in else load(t)], Add(), compute_bw=compute_bw)
                 else:
                     rows_in[t] = in_order(g, chunks, batch, bindings)
                     rows_in[t].fanout_depth = batch  # tokens feed the partition and the shared experts
@@ -215,7 +218,8 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
                     op.chip = t
         sh.place_ranked(start, chips)
         sh.delivered()
-        relabel(g.ops[start:], i, kinds)
+        if stack:
+            relabel(g.ops[start:], i, kinds)
 
 
 def ep_layer(sh: Sharding, model, routing, layer: int, base: int, *, ep: int, placement: str, micro_batches: int,

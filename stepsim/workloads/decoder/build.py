@@ -252,7 +252,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         out = Map(g, [ffn_out, h_rows], Add(), **bw)
         LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
     else:
-        from stepsim.workloads.decoder.parallel import tensor_parallel_decoder
+        from stepsim.workloads.decoder.many_chips import tensor_parallel_decoder
 
         parallel = tensor_parallel_decoder(
             tp, system, algorithm, model=model, n_heads=n_heads, batch=batch, tile_f=tile_f, routing=routing,
@@ -409,7 +409,7 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     """``--layers L --tp T [--pp P]``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks as the
     one-layer ``--tp``, :func:`stepsim.workloads.decoder.parallel.check_tp`)."""
     from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.decoder.parallel import check_tp
+    from stepsim.workloads.decoder.many_chips import check_tp
     from stepsim.workloads.sharding import Sharding, tp_layers
 
     d = model.hidden

@@ -413,14 +413,14 @@ def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, d
         return Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
 
     def partial(i, t, tokens):  # chip t's columns of layer i (every token, every expert)
-        out, layer_bindings, _ = moe_stage(g, tokens, shard, routings[i], expert_counts(routings[i], model.experts),
+        out, layer_bindings, _ = moe_stage(g, load(t) if tokens is None else tokens, shard, routings[i], expert_counts(routings[i], model.experts),
                                            dynamic=dynamic, suffix=f".{t}", prefix=f"layer{i}.", **stage)
         bindings.update(layer_bindings)
         return out
 
     sh = Sharding(g, system)
     tp_layers(sh, len(routings), tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=stage["compute_bw"],
-              bindings=bindings, load=load, blocks=lambda i: [("allreduce", lambda t, rows: partial(i, t, rows), False)])
+              bindings=bindings, blocks=lambda i: [("allreduce", lambda t, rows: partial(i, t, rows), False)])
     params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
     flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
     params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
