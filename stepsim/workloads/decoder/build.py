@@ -351,13 +351,15 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
         system = chips_system(pp, system, "--pp")
     elif system is not None:
         raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
-    chip_of: dict[int, int] = {}
+    from stepsim.workloads.sharding import Sharding, relabel
+
+    sh = Sharding(g, system)  # the sharding pass places stage s's operators on chip s
     per_stage = layers // (pp or 1)
     idle: set = set()
     tile_rows: dict = {}
     rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
                                         stream_dtype=FP32), 0, 1)  # (1, B) rows
-    chip_of.update({op.id: 0 for op in g.ops})
+    sh.place(0, 0)
     for i in range(layers):
         before, prefix = len(g.ops), f"layer{i}."
         tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
@@ -386,21 +388,14 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
                                  PACKING_COMPUTE_BW, bw, prefix=prefix)
             _label(g.ops[ffn_start:], ("ffn", 0))
         rows = Map(g, [ffn_out, h_rows], Add(), **bw)
-        for op in g.ops[before:]:
-            chip_of[op.id] = i // per_stage
-            if isinstance(op.group, tuple) and op.group[0] in ("expert", "ffn"):  # not the attention's regions
-                op.group = (f"layer{i}.{op.group[0]}", op.group[1])
+        sh.place(before, i // per_stage)
+        relabel(g.ops[before:], i, ("expert", "ffn"))  # not the attention's regions
     before = len(g.ops)
     LinearOffChipStore(g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y")
-    for op in g.ops[before:]:
-        chip_of[op.id] = (pp or 1) - 1
+    sh.place(before, (pp or 1) - 1)
     params = {"layers": layers, "micro_batches": micro_batches}
     if pp is not None:
-        from stepsim.graph.network import place_on_chips
-        from stepsim.workloads.chips import link_bytes
-
-        net = place_on_chips(g, system, lambda op: chip_of[op.id])
-        params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+        params.update(pp=pp, **sh.finish(stage["bindings"]))
     return params, idle, tile_rows
 
 

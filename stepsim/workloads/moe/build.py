@@ -326,14 +326,12 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
         tile_rows.update(rows)
         return out, bindings
 
-    g, net, bindings, flops = build_stack(
+    g, report, bindings, flops = build_stack(
         model, routings, stage=one_layer, micro_batches=m, pp=pp, system=system,
         flops_of=lambda part: algorithmic_flops(expert_counts(part, model.experts), model, stage["tile_n"]))
     params = {"layers": layers, "micro_batches": m}
     if pp is not None:
-        from stepsim.workloads.chips import link_bytes
-
-        params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+        params.update(pp=pp, **report)
     return g, bindings, tile_rows, flops, params
 
 
