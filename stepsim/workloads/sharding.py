@@ -166,7 +166,8 @@ def split_chunks(g, rows_stream, rows: int, chunks: int):
 
 
 def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: str, batch: int, compute_bw: int,
-              bindings: dict, blocks, rows_in: dict | None = None, load=None, kinds=None, stack: bool = True) -> None:
+              bindings: dict, blocks, rows_in: dict | None = None, load=None, kinds=None, stack: bool = True,
+              store_kw: dict | None = None) -> None:
     """Tensor-parallel layers (module docstring, steps 2-5) into ``sh.g``: stage s of ``pp`` on chips ``s tp ..``.
 
     ``rows_in[t]``: chip t's input rows of layer 0 (None: its blocks build their own). ``blocks(i)``: layer i's
@@ -175,8 +176,8 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
     ``layer<i>.<name>.*``; one layer without ``stack``: ``<name>.*``, its groups not relabelled); with
     ``residual`` the block's input rows (without rows: ``load(t)``, built after the reduced rows are in order, as
     ``[1, B]`` rows of the Reassemble) are added to the reduced rows. After the last block of the last layer chip
-    t stores reduced chunk k (plus its input chunk, with a residual) as ``y<t>.<k>``; else the rows, in row
-    order, are the next block's input."""
+    t stores reduced chunk k (plus its input chunk, with a residual) as ``y<t>.<k>`` (``store_kw``: the stores'
+    other keywords); else the rows, in row order, are the next block's input."""
     from stepsim.workloads.chips import all_reduce_partials, cross_stage
 
     g, per_stage = sh.g, layers // (pp or 1)
@@ -207,7 +208,7 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
                     for k in range(tp):  # the all-reduce's rows are in on-chip memory, as the one-layer --tp's
                         out = chunks[k] if extra is None else Map(g, [chunks[k], extra[k]], Add(),
                                                                   compute_bw=compute_bw)
-                        LinearOffChipStore(g, out, tensor_name=f"y{t}.{k}")
+                        LinearOffChipStore(g, out, tensor_name=f"y{t}.{k}", **(store_kw or {}))
                 elif residual:
                     rows_in[t] = Map(g, [in_order(g, chunks, batch, bindings, promote=stack),
                                          rows_in[t] if t in rows_in else load(t)], Add(), compute_bw=compute_bw)
@@ -220,6 +221,17 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
         sh.delivered()
         if stack:
             relabel(g.ops[start:], i, kinds)
+
+
+def tensor_parallel(g, system, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
+                    bindings: dict | None = None, store_kw: dict | None = None) -> dict:
+    """One layer tensor-parallel without a residual (the MoE layer's and the SwiGLU FFN's ``--tp``): chip c's
+    partial sum ``partial_of(c)`` (``(1, elems)``) all-reduced (operators ``allreduce.*``), chip c storing
+    reduced chunk k as ``y<c>.<k>``. Returns :meth:`Sharding.finish`'s report of the links."""
+    sh = Sharding(g, system)
+    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=elems, compute_bw=compute_bw, bindings={},
+              stack=False, store_kw=store_kw, blocks=lambda i: [("allreduce", lambda t, rows: partial_of(t), False)])
+    return sh.finish(bindings or {})
 
 
 def ep_layer(sh: Sharding, model, routing, layer: int, base: int, *, ep: int, placement: str, micro_batches: int,

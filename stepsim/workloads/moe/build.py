@@ -457,9 +457,10 @@ def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algor
     """``--tp N``: chip c runs the whole layer (every token, every expert) on columns ``c F/N .. (c+1) F/N - 1`` of
     every expert's gate / up projections and those rows of its down projection (tensors ``expert<e>_<part>.<c>``;
     the shared experts likewise, ``shared_<part>.<c>``), with ``x`` and ``routing_weights`` replicated in its
-    HBM. Its output rows are a partial sum of y; the all-reduce of :func:`stepsim.workloads.chips.tensor_parallel`
+    HBM. Its output rows are a partial sum of y; the all-reduce of :func:`stepsim.workloads.sharding.tensor_parallel`
     sums them, and chip c stores rows ``k B/N ..`` of y in ``y<c>.<k>``. Returns ``(bindings, params)``."""
-    from stepsim.workloads.chips import chips_system, link_bytes, tensor_parallel
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.sharding import tensor_parallel
 
     d, batch = model.hidden, routing.shape[0]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
@@ -476,13 +477,10 @@ def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algor
         bindings.update(chip_bindings)
         return summed
 
-    def store(c, k, rows):
-        LinearOffChipStore(g, rows, tensor_name=f"y{c}.{k}")  # the all-reduce's rows are in on-chip memory
-
-    net = tensor_parallel(g, system, tp, partial_of, batch, algorithm=algorithm, compute_bw=stage["compute_bw"],
-                          store=store)
-    return bindings, {"tp": tp, "system": system.name, "algorithm": algorithm, "links_used": len(net.links),
-                      "link_bytes": link_bytes(g, net)}
+    report = tensor_parallel(g, system, tp, partial_of, batch, algorithm=algorithm, compute_bw=stage["compute_bw"],
+                             bindings=bindings)  # chip c stores chunk k (in on-chip memory) as y<c>.<k>
+    return bindings, {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
+                      "link_bytes": report["link_bytes"]}
 
 
 def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,
