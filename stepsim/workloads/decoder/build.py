@@ -17,7 +17,7 @@ Stages (each a function that adds operators to one graph and passes a stream on)
    add (the FFN needs most of the batch before its first row).
 
 With ``tp`` (``--tp N``) the KV heads and the FFN's columns split over N chips, an all-reduce after the output
-projection and one after the FFN (:mod:`stepsim.workloads.decoder.parallel`); chip c stores rows ``k B/N ..`` of y
+projection and one after the FFN (:mod:`stepsim.workloads.decoder.many_chips`); chip c stores rows ``k B/N ..`` of y
 as ``y<c>.<k>``.
 
 With ``layers`` / ``pp`` / ``micro_batches`` a stack of layers (:mod:`stepsim.workloads.decoder.pipeline`), whose
@@ -117,11 +117,11 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     tp, system, algorithm
         ``--tp N``: the KV heads and the FFN's columns split over N chips of ``system`` (default: fully connected
         chips), an all-reduce (``algorithm``) after the output projection and one after the FFN
-        (:mod:`stepsim.workloads.decoder.parallel`).
+        (:mod:`stepsim.workloads.decoder.many_chips`).
     ep, placement
         ``--ep N``: the KV heads split over N chips of ``system`` and reduce-scattered (``algorithm``), the MoE
         block expert-parallel over the same chips, its experts placed by ``placement``
-        (:mod:`stepsim.workloads.decoder.expert_parallel`); chip c stores its shard's rows of y as ``y.<c>``.
+        (:mod:`stepsim.workloads.decoder.many_chips`); chip c stores its shard's rows of y as ``y.<c>``.
     layers, pp, micro_batches : int, optional
         Any of them given: a stack of ``layers`` (default 1) decoder layers whose q / k / v are computed from
         their input (tensors ``layer<i>.*``; ``routing`` one array for every layer or a list of ``[B, top_k]``
@@ -213,7 +213,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                                  stage=stage)
             idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings or [])
                     for e, c in enumerate(expert_counts(r, moe.experts)) if c == 0} if moe is not None else set()
-        elif ep is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+        elif ep is not None:  # expert-parallel stages (_ep_stack, on the sharding pass)
             parallel, idle, tile_rows = _ep_stack(g, model, routings, ep=ep, pp=pp, system=system,
                                                   placement=placement, algorithm=algorithm,
                                                   micro_batches=micro_batches, n_heads=n_heads, batch=batch,
@@ -402,7 +402,7 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
 def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_heads, batch, o_tile, tile_f, moe_kw, bw,
               stage) -> dict:
     """``--layers L --tp T [--pp P]``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks as the
-    one-layer ``--tp``, :func:`stepsim.workloads.decoder.parallel.check_tp`)."""
+    one-layer ``--tp``, :func:`stepsim.workloads.decoder.many_chips.check_tp`)."""
     from stepsim.workloads.chips import chips_system
     from stepsim.workloads.decoder.many_chips import check_tp
     from stepsim.workloads.sharding import Sharding, tp_layers
@@ -467,7 +467,7 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
 
 def _stack_attention(g, model, *, batch: int, o_tile: int, bw: dict, stage: dict) -> dict:
     """What the parallel decoder stacks (:func:`~stepsim.workloads.sharding.tp_layers`,
-    :mod:`~stepsim.workloads.decoder.pipeline_ep`) build the attention of a layer with: ``heads`` (this module's
+    :func:`_ep_stack`) build the attention of a layer with: ``heads`` (this module's
     heads, summed pairwise), ``qkv_streams`` and ``input_tiles`` (:mod:`stepsim.workloads.decoder.pipeline`'s
     projections)."""
     from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
@@ -645,7 +645,7 @@ def from_config(cfg: Mapping) -> Workload:
         from stepsim.workloads.chips import stack_knobs
 
         stack = stack_knobs(cfg, "decoder layers", ("regions",), chip_knobs=("pp", "ep", "tp"))
-        if cfg.get("ep") is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+        if cfg.get("ep") is not None:  # expert-parallel stages (_ep_stack, on the sharding pass)
             stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
         elif cfg.get("placement") is not None:
             raise ArgumentError("--placement applies to a stack of decoder layers with --ep N (expert parallelism)")

@@ -294,7 +294,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, algorithm, timeshare, tiling,
            dynamic, **stage) -> tuple:
     """``--layers L [--pp N] [--micro-batches M] [--ep E | --tp T]``: the stack of
-    :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: of :mod:`stepsim.workloads.moe.pipeline_ep`, with ``tp``:
+    :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: of :func:`stepsim.workloads.sharding.ep_layer`, with ``tp``:
     of the sharding pass, :func:`stepsim.workloads.sharding.tp_layers`). Returns ``(graph, bindings, tile_rows, algorithmic
     FLOPs, params)``."""
     from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
@@ -336,7 +336,7 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
 
 
 def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_ep` on ``(P or 1) x E`` chips; its
+    """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.ep_layer`) on ``(P or 1) x E`` chips; its
     results as :func:`_stack`'s."""
     from stepsim.workloads.chips import chips_system
     from stepsim.workloads.moe.sharded_micro import micro_batch_tokens

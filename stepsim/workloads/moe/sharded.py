@@ -99,10 +99,10 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
     ``shared_ffn(g, tokens, batch)`` builds the shared experts on a chip's token rows (None without them).
     ``home_in(c, rows)``, when given, builds chip c's ``rows`` token rows of the layer's input (its shard, in token
     order; a stream as the load of ``x.<c>`` gives) instead of loading them from ``x.<c>`` (the decoder layer
-    computes them: :mod:`stepsim.workloads.decoder.expert_parallel`); its operators are placed on chip c.
+    computes them: :mod:`stepsim.workloads.decoder.many_chips`); its operators are placed on chip c.
     ``home_out(c, rows)``, when given, takes chip c's output rows (its tokens' rows of y, in token order) instead
     of storing them in ``y.<c>`` (tensor parallelism sums them over chips first). ``prefix`` starts the names of
-    the routing weights' shards (a stack's layer: ``layer<i>.routing_weights.<c>``, moe/pipeline_ep.py).
+    the routing weights' shards (a stack's layer: ``layer<i>.routing_weights.<c>``, sharding.ep_layer).
     Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator it added (by ``op.id``),
     the symbols' values from the trace, the shard bounds, and ``ffns``' tile rows.
     """
