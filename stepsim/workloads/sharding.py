@@ -238,21 +238,19 @@ def ep_layer(sh: Sharding, model, routing, layer: int, base: int, *, ep: int, pl
              build: dict, ffns, shared_ffn, home_in, home_out, counts, bindings: dict, tile_rows: dict) -> tuple:
     """One expert-parallel layer of a stack (module docstring, steps 3-5) into ``sh.g`` on chips ``base ..
     base + ep - 1``: its experts placed by ``placement`` from its own routing (``counts``: tokens per expert), the
-    all-to-all of :func:`~stepsim.workloads.moe.sharded.build_sharded` (``micro_batches`` > 1:
-    :func:`~stepsim.workloads.moe.sharded_micro.build_sharded_micro`) with ``build``'s tiling keywords and the
+    all-to-all of :func:`~stepsim.workloads.moe.sharded.build_sharded` (per micro-batch with ``micro_batches`` > 1)
+    with ``build``'s tiling keywords and the
     hooks ``ffns``, ``shared_ffn``, ``home_in``, ``home_out``; its groups named ``layer<i>.``. Returns ``(the chip
     of every expert, the shard bounds)``."""
     from stepsim.workloads.moe.parallel import place_experts
     from stepsim.workloads.moe.sharded import build_sharded
-    from stepsim.workloads.moe.sharded_micro import build_sharded_micro
 
     g = sh.g
     chip_of = place_experts(counts, ep, placement, None if build["dynamic"] else build["tile_n"])
-    extra = {} if micro_batches == 1 else {"micro_batches": micro_batches}
     before = len(g.ops)
-    layer_chip, layer_bindings, bounds, rows = (build_sharded if micro_batches == 1 else build_sharded_micro)(
+    layer_chip, layer_bindings, bounds, rows = build_sharded(
         g, model, routing, chip_of, ep, ffns=ffns, shared_ffn=shared_ffn, home_in=home_in, home_out=home_out,
-        prefix=f"layer{layer}.", **extra, **build)
+        prefix=f"layer{layer}.", micro_batches=micro_batches, **build)
     sh.op_chip.update({op.id: base + layer_chip[op.id] for op in g.ops[before:]})
     relabel(g.ops[before:], layer)
     bindings.update(layer_bindings)
