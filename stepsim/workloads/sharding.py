@@ -25,6 +25,20 @@ kind gives only its layer's pieces (hooks: the rows a chip computes, the partial
 6. **Report.** The record's parallel params: the system's name, the links used and the bytes over every link
    (the symbolic per-link metric on the trace's bindings, at the width the engine times fp32 rows).
 
+The placements and where they are built (every one on :class:`Sharding`):
+
+* ``--tp T`` (heads or FFN columns over T chips), one layer or a stack in ``--pp`` stages: :func:`tp_layers`, a
+  layer given as blocks (a partial sum per chip, all-reduced, with or without a residual): the MoE and SwiGLU
+  layers' one block (:func:`tensor_parallel`), the decoder's attention and FFN blocks;
+* ``--ep E`` (experts over E chips, the batch sharded over them): :func:`expert_parallel` (one layer, the
+  load-balanced placement's cost model), :func:`ep_layer` (a stack's layer in its stage, ``--micro-batches``);
+  both on the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`;
+* ``--tp T --ep E``: :func:`expert_tensor_parallel` (expert groups of T chips, an all-reduce per group);
+* ``--pp P`` alone: :meth:`Sharding.place` of each stage's operators (the MoE, decoder and SwiGLU stacks).
+
+A kind that is not MoE needs no builder of its own: ``tests/workloads/test_sharding.py`` runs a toy layer
+``--tp 2`` in two ``--pp`` stages through :func:`tp_layers` alone.
+
 Why a module of ``stepsim.workloads`` and not a pass of ``stepsim.passes``: the import layers
 (docs/architecture.md, pyproject.toml) put ``stepsim.passes`` among the drivers, above the workloads, and the
 builders call this transform while they build (the hooks are the kind's own graph builders), so it must sit at or
@@ -61,11 +75,11 @@ class Sharding:
     """One graph's placement on a system (module docstring, steps 1, 3 and 6): the network, and the chip of every
     operator the pass or its hooks added (``op_chip``, by ``op.id``)."""
 
-    def __init__(self, g, system, net=None):
+    def __init__(self, g, system):
         from stepsim.graph.network import Network
 
         self.g, self.system = g, system
-        self.net = Network(g, system) if net is None else net
+        self.net = Network(g, system)
         self.op_chip: dict[int, int] = {}
 
     def place(self, since: int, chip: int) -> None:
