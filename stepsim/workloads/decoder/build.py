@@ -435,20 +435,11 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
         _label(g.ops[before:], ("ffn", 0))
         return out
 
-    att = _stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage)
     per_head, bindings = n_heads // tp, stage["bindings"]
 
     def attention_partial(i, t, rows):  # chip t's KV heads' share of attn @ W_o, q / k / v from its input rows
-        tiles = att["input_tiles"](g, rows)
-
-        def qkv_of(h):
-            q, k, v, ragged = att["qkv_streams"](g, tiles, f"layer{i}.", h)
-            bindings[ragged] = 1  # one query head's row per selector element
-            return q, k, v
-
-        products = att["heads"](range(t * per_head, (t + 1) * per_head), f"layer{i}.", qkv_of,
-                                i * n_heads * stage["attention_regions"])
-        return Promote(g, RetileStreamify(g, products, split_row=True), 1)
+        return _stack_partial(g, model, i, range(t * per_head, (t + 1) * per_head), rows, n_heads=n_heads,
+                              batch=batch, o_tile=o_tile, bw=bw, stage=stage)
 
     rows_in = {}
     sh = Sharding(g, system)
@@ -465,22 +456,24 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), **params}
 
 
-def _stack_attention(g, model, *, batch: int, o_tile: int, bw: dict, stage: dict) -> dict:
-    """What the parallel decoder stacks (:func:`~stepsim.workloads.sharding.tp_layers`,
-    :func:`_ep_stack`) build the attention of a layer with: ``heads`` (this module's
-    heads, summed pairwise), ``qkv_streams`` and ``input_tiles`` (:mod:`stepsim.workloads.decoder.pipeline`'s
-    projections)."""
+def _stack_partial(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_tile: int, bw: dict, stage: dict):
+    """One chip's share of layer i's ``attn @ W_o`` in a parallel stack (its KV heads ``hs``), q / k / v projected
+    from the layer's input ``rows`` (``(1, B)``: every request's row, :mod:`stepsim.workloads.decoder.pipeline`):
+    ``(1, B)`` rows (1, D), the partial sum the pass all-reduces or reduce-scatters."""
     from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
 
-    d, hd, q_rows = model.hidden, model.head_dim, model.heads // model.kv_heads
-    return dict(
-        heads=lambda hs, prefix, qkv_of, region_base: _sum_pairwise(
-            g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of, region_base=region_base), bw),
-        qkv_streams=lambda g, tiles, prefix, h: qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd,
-                                                            q_rows=q_rows, bw=bw,
-                                                            packing_compute_bw=PACKING_COMPUTE_BW),
-        input_tiles=lambda g, rows: input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile,
-                                                packing_compute_bw=PACKING_COMPUTE_BW))
+    d, hd, q_rows, prefix = model.hidden, model.head_dim, model.heads // model.kv_heads, f"layer{i}."
+    tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
+
+    def qkv_of(h):
+        q, k, v, ragged = qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd, q_rows=q_rows, bw=bw,
+                                      packing_compute_bw=PACKING_COMPUTE_BW)
+        stage["bindings"][ragged] = 1  # one query head's row per selector element
+        return q, k, v
+
+    products = _sum_pairwise(g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of,
+                                       region_base=i * n_heads * stage["attention_regions"]), bw)
+    return Promote(g, RetileStreamify(g, products, split_row=True), 1)
 
 
 def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
@@ -527,7 +520,6 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
     sh = Sharding(g, chips_system((pp or 1) * ep, system, "--ep"))
     per_stage, shard, attn_chips = layers // (pp or 1), batch // ep, min(ep, n_heads)
     per_head, gap, bindings = n_heads // attn_chips, ep // attn_chips, stage["bindings"]
-    att = _stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage)
     idle, tile_rows, expert_chips, rows_in = set(), {}, [], {}
     build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"],
                  packing_compute_bw=PACKING_COMPUTE_BW)
@@ -546,18 +538,10 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
         for c in range(ep):  # the rows wait for the attention (all shards) before the residual reads them
             rows_in[c].fanout_depth = shard
 
-        def attention_partial(a, prefix=prefix, i=i, rows=dict(rows_in)):
+        def attention_partial(a, i=i, rows=dict(rows_in)):  # every request's rows, gathered in request order
             all_rows = in_order(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], batch, bindings)
-            tiles = att["input_tiles"](g, all_rows)
-
-            def qkv_of(h):
-                q, k, v, ragged = att["qkv_streams"](g, tiles, prefix, h)
-                bindings[ragged] = 1  # one query head's row per selector element
-                return q, k, v
-
-            products = att["heads"](range(a * per_head, (a + 1) * per_head), prefix, qkv_of,
-                                    i * n_heads * stage["attention_regions"])
-            return Promote(g, RetileStreamify(g, products, split_row=True), 1)
+            return _stack_partial(g, model, i, range(a * per_head, (a + 1) * per_head), all_rows, n_heads=n_heads,
+                                  batch=batch, o_tile=o_tile, bw=bw, stage=stage)
 
         chips = [base + a * gap for a in range(attn_chips)]
         chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
