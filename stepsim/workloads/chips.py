@@ -27,6 +27,15 @@ def chips_system(chips: int, system: System | None, flag: str) -> System:
     return system
 
 
+def stages_system(pp: int | None, width: int, system: System | None, flag: str) -> System:
+    """The system of ``pp`` stages (None: one) of ``width`` chips each (``flag``: ``--ep`` or ``--tp``): a given
+    system must have ``pp x width`` chips (a one-line error naming both flags), else :func:`chips_system`."""
+    if pp is not None and system is not None and system.chips != pp * width:
+        raise ArgumentError(f"--pp {pp} {flag} {width} needs a system of {pp * width} chips (pp x {flag[2:]}); "
+                            f"system {system.name!r} has {system.chips}")
+    return chips_system((pp or 1) * width, system, flag)
+
+
 def ep_system_of(cfg) -> System | None:
     """The system ``--ep N`` runs on, from a normalized run config: ``--system`` loaded; without it, when
     ``--hardware`` names other chips than the default system's, ``N`` fully connected chips of that hardware (so

@@ -403,7 +403,7 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
               stage) -> dict:
     """``--layers L --tp T [--pp P]``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks as the
     one-layer ``--tp``, :func:`stepsim.workloads.decoder.many_chips.check_tp`)."""
-    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_tp
     from stepsim.workloads.sharding import Sharding, tp_layers
 
@@ -415,10 +415,7 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     if moe is not None and moe_kw["regions"] != moe.experts:
         raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
                             "layers have one region per expert)")
-    if pp is not None and system is not None and system.chips != pp * tp:
-        raise ArgumentError(f"--pp {pp} --tp {tp} needs a system of {pp * tp} chips (pp x tp); system "
-                            f"{system.name!r} has {system.chips}")
-    system = chips_system((pp or 1) * tp, system, "--tp")
+    system = stages_system(pp, tp, system, "--tp")
     if moe is not None:
         shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
                          top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
@@ -494,7 +491,7 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
 
     The attention's partial sums are added in the reduce-scatter's order, so the values equal the one-chip stack to
     the one-layer ``--ep``'s tolerance, not bit for bit. Returns ``(params, idle groups, tile_rows)``."""
-    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_ep
     from stepsim.workloads.moe.build import _expert_ffn
     from stepsim.workloads.sharding import Sharding, ep_layer, in_order
@@ -514,10 +511,7 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
         raise ArgumentError(f"--micro-batches {micro_batches} --ep {ep}: the shared experts' tiles of "
                             f"{tile_n or DEFAULT_TILE_N} tokens must not span a chip's micro-batches of "
                             f"{batch // (ep * micro_batches)} requests")
-    if pp is not None and system is not None and system.chips != pp * ep:
-        raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
-                            f"{system.name!r} has {system.chips}")
-    sh = Sharding(g, chips_system((pp or 1) * ep, system, "--ep"))
+    sh = Sharding(g, stages_system(pp, ep, system, "--ep"))
     per_stage, shard, attn_chips = layers // (pp or 1), batch // ep, min(ep, n_heads)
     per_head, gap, bindings = n_heads // attn_chips, ep // attn_chips, stage["bindings"]
     idle, tile_rows, expert_chips, rows_in = set(), {}, [], {}

@@ -338,7 +338,7 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
 def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
     """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.ep_layer`) on ``(P or 1) x E`` chips; its
     results as :func:`_stack`'s."""
-    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.chips import stages_system
     from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
     from stepsim.workloads.sharding import Sharding, ep_layer
 
@@ -348,10 +348,7 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     if m > 1:
         _check_ep_micro_batches(batch, ep, m, stage["tile_n"] or DEFAULT_TILE_N, model.shared_intermediate,
                                 dynamic)
-    if pp is not None and system is not None and system.chips != pp * ep:
-        raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
-                            f"{system.name!r} has {system.chips}")
-    system = chips_system((pp or 1) * ep, system, "--ep")
+    system = stages_system(pp, ep, system, "--ep")
     tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}"
               + (f"-mb{m}" if m > 1 else ""))
@@ -387,7 +384,7 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
 def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic, **stage) -> tuple:
     """``--layers L --tp T [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.tp_layers`) on ``(P or 1) x T`` chips (checks
     as the one-layer ``--tp``); its results as :func:`_stack`'s."""
-    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.chips import stages_system
     from stepsim.workloads.sharding import Sharding, tp_layers
 
     d, batch = model.hidden, routings[0].shape[0]
@@ -398,10 +395,7 @@ def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, d
                             f"all-reduces the whole batch)")
     tile_f = stage["tile_f"]
     shard = column_shard(model, tp, tile_f, batch)
-    if pp is not None and system is not None and system.chips != pp * tp:
-        raise ArgumentError(f"--pp {pp} --tp {tp} needs a system of {pp * tp} chips (pp x tp); system "
-                            f"{system.name!r} has {system.chips}")
-    system = chips_system((pp or 1) * tp, system, "--tp")
+    system = stages_system(pp, tp, system, "--tp")
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}")
 
     bindings: dict = {}
