@@ -14,7 +14,7 @@ def micro_batch_tokens(batch: int, chips: int, micro_batches: int) -> list[np.nd
     """The token indices of each micro-batch: micro-batch m is the m-th of M equal pieces of every chip's shard
     (the caller checks the shards split evenly).
 
-    >>> [list(t) for t in micro_batch_tokens(8, 2, 2)]
+    >>> [t.tolist() for t in micro_batch_tokens(8, 2, 2)]
     [[0, 1, 4, 5], [2, 3, 6, 7]]
     """
     bounds = shard_bounds(batch, chips)
