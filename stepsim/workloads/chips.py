@@ -1,5 +1,7 @@
 """The system a parallel layer runs on (``--ep N``, ``--tp N``, ``--pp N``): the given one, or N fully connected
-chips with the preset link figures (64 bytes/cycle, 500 cycles, as docs/system.md's presets)."""
+chips with the preset link figures (64 bytes/cycle, 500 cycles, as docs/system.md's presets); the checks every
+stack shares; tensor parallelism's partial sums cut into chunks and all-reduced (or reduce-scattered), the
+collectives the sharding pass (:mod:`stepsim.workloads.sharding`) inserts."""
 
 from __future__ import annotations
 
@@ -23,6 +25,15 @@ def chips_system(chips: int, system: System | None, flag: str) -> System:
         raise ArgumentError(f"{flag} {chips} needs a system of {chips} chips; system {system.name!r} has "
                             f"{system.chips}")
     return system
+
+
+def stages_system(pp: int | None, width: int, system: System | None, flag: str) -> System:
+    """The system of ``pp`` stages (None: one) of ``width`` chips each (``flag``: ``--ep`` or ``--tp``): a given
+    system must have ``pp x width`` chips (a one-line error naming both flags), else :func:`chips_system`."""
+    if pp is not None and system is not None and system.chips != pp * width:
+        raise ArgumentError(f"--pp {pp} {flag} {width} needs a system of {pp * width} chips (pp x {flag[2:]}); "
+                            f"system {system.name!r} has {system.chips}")
+    return chips_system((pp or 1) * width, system, flag)
 
 
 def ep_system_of(cfg) -> System | None:
@@ -108,26 +119,6 @@ def stack_knobs(cfg, what: str, refused: tuple[str, ...], chip_knobs: tuple[str,
     return stack
 
 
-def tensor_parallel(graph, system: System, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
-                    store):
-    """Tensor parallelism's common part: every chip computes a partial sum of the output, the collectives'
-    all-reduce sums them (:func:`all_reduce_partials`).
-
-    ``partial_of(c)`` adds chip c's share of the layer to ``graph`` and returns its partial output, a stream of
-    shape ``(1, elems)``; its operators (everything added by the call) are placed on chip c. ``store(c, k,
-    stream)`` consumes the reduced chunk k on chip c (its operators are placed on chip c). Returns the finished
-    network (links, per-link bytes).
-    """
-    from stepsim.graph.network import Network
-
-    net = Network(graph, system)
-    reduced = all_reduce_partials(graph, net, tp, partial_of, elems, algorithm=algorithm, compute_bw=compute_bw)
-    for (c, k), stream in sorted(reduced.items()):
-        on_chip(graph, c, store, c, k, stream)
-    net.finish()
-    return net
-
-
 def on_chip(graph, chip: int, build, *args):
     """``build(*args)``, its operators (everything it adds to ``graph``) placed on ``chip``; returns its result."""
     before = len(graph.ops)
@@ -186,14 +177,6 @@ def _cut_partials(graph, tp: int, partial_of, elems: int) -> dict:
     for c in range(tp):
         on_chip(graph, c, cut, c)
     return chunks
-
-
-def link_bytes(graph, net) -> dict[str, int]:
-    """Bytes over every link of a static network: the symbolic per-link metric, at the width the engine times
-    fp32 tiles (:func:`stepsim.graph.lower.fp32_timing_bytes`)."""
-    from stepsim.graph.lower import fp32_timing_bytes
-
-    return {name: int(b) for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
 
 
 def cross_stage(g, rows: dict, chips: list[int], op_chip: dict) -> None:

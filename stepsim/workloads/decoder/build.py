@@ -17,7 +17,7 @@ Stages (each a function that adds operators to one graph and passes a stream on)
    add (the FFN needs most of the batch before its first row).
 
 With ``tp`` (``--tp N``) the KV heads and the FFN's columns split over N chips, an all-reduce after the output
-projection and one after the FFN (:mod:`stepsim.workloads.decoder.parallel`); chip c stores rows ``k B/N ..`` of y
+projection and one after the FFN (:mod:`stepsim.workloads.decoder.many_chips`); chip c stores rows ``k B/N ..`` of y
 as ``y<c>.<k>``.
 
 With ``layers`` / ``pp`` / ``micro_batches`` a stack of layers (:mod:`stepsim.workloads.decoder.pipeline`), whose
@@ -117,11 +117,11 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     tp, system, algorithm
         ``--tp N``: the KV heads and the FFN's columns split over N chips of ``system`` (default: fully connected
         chips), an all-reduce (``algorithm``) after the output projection and one after the FFN
-        (:mod:`stepsim.workloads.decoder.parallel`).
+        (:mod:`stepsim.workloads.decoder.many_chips`).
     ep, placement
         ``--ep N``: the KV heads split over N chips of ``system`` and reduce-scattered (``algorithm``), the MoE
         block expert-parallel over the same chips, its experts placed by ``placement``
-        (:mod:`stepsim.workloads.decoder.expert_parallel`); chip c stores its shard's rows of y as ``y.<c>``.
+        (:mod:`stepsim.workloads.decoder.many_chips`); chip c stores its shard's rows of y as ``y.<c>``.
     layers, pp, micro_batches : int, optional
         Any of them given: a stack of ``layers`` (default 1) decoder layers whose q / k / v are computed from
         their input (tensors ``layer<i>.*``; ``routing`` one array for every layer or a list of ``[B, top_k]``
@@ -207,13 +207,13 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
     if stack:
         if tp is not None and ep is not None:
             raise ArgumentError("--tp does not combine with --ep in a stack of decoder layers yet")
-        if tp is not None:  # tensor-parallel stages (decoder/pipeline_tp.py)
+        if tp is not None:  # tensor-parallel stages (the sharding pass, workloads/sharding.py)
             parallel = _tp_stack(g, model, routings, layers, tp=tp, pp=pp, system=system, algorithm=algorithm,
                                  n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
                                  stage=stage)
             idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings or [])
                     for e, c in enumerate(expert_counts(r, moe.experts)) if c == 0} if moe is not None else set()
-        elif ep is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+        elif ep is not None:  # expert-parallel stages (_ep_stack, on the sharding pass)
             parallel, idle, tile_rows = _ep_stack(g, model, routings, ep=ep, pp=pp, system=system,
                                                   placement=placement, algorithm=algorithm,
                                                   micro_batches=micro_batches, n_heads=n_heads, batch=batch,
@@ -224,7 +224,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                                                moe_kw=moe_kw, bw=bw, stage=stage)
         flat_routing = np.stack(routings) if moe is not None else None
     elif ep is not None:
-        from stepsim.workloads.decoder.expert_parallel import expert_parallel_decoder
+        from stepsim.workloads.decoder.many_chips import expert_parallel_decoder
 
         parallel, tile_rows = expert_parallel_decoder(
             ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routing=routing,
@@ -252,7 +252,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         out = Map(g, [ffn_out, h_rows], Add(), **bw)
         LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
     else:
-        from stepsim.workloads.decoder.parallel import tensor_parallel_decoder
+        from stepsim.workloads.decoder.many_chips import tensor_parallel_decoder
 
         parallel = tensor_parallel_decoder(
             tp, system, algorithm, model=model, n_heads=n_heads, batch=batch, tile_f=tile_f, routing=routing,
@@ -351,13 +351,15 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
         system = chips_system(pp, system, "--pp")
     elif system is not None:
         raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
-    chip_of: dict[int, int] = {}
+    from stepsim.workloads.sharding import Sharding, relabel
+
+    sh = Sharding(g, system)  # the sharding pass places stage s's operators on chip s
     per_stage = layers // (pp or 1)
     idle: set = set()
     tile_rows: dict = {}
     rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
                                         stream_dtype=FP32), 0, 1)  # (1, B) rows
-    chip_of.update({op.id: 0 for op in g.ops})
+    sh.place(0, 0)
     for i in range(layers):
         before, prefix = len(g.ops), f"layer{i}."
         tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
@@ -386,31 +388,24 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
                                  PACKING_COMPUTE_BW, bw, prefix=prefix)
             _label(g.ops[ffn_start:], ("ffn", 0))
         rows = Map(g, [ffn_out, h_rows], Add(), **bw)
-        for op in g.ops[before:]:
-            chip_of[op.id] = i // per_stage
-            if isinstance(op.group, tuple) and op.group[0] in ("expert", "ffn"):  # not the attention's regions
-                op.group = (f"layer{i}.{op.group[0]}", op.group[1])
+        sh.place(before, i // per_stage)
+        relabel(g.ops[before:], i, ("expert", "ffn"))  # not the attention's regions
     before = len(g.ops)
     LinearOffChipStore(g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y")
-    for op in g.ops[before:]:
-        chip_of[op.id] = (pp or 1) - 1
+    sh.place(before, (pp or 1) - 1)
     params = {"layers": layers, "micro_batches": micro_batches}
     if pp is not None:
-        from stepsim.graph.network import place_on_chips
-        from stepsim.workloads.chips import link_bytes
-
-        net = place_on_chips(g, system, lambda op: chip_of[op.id])
-        params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+        params.update(pp=pp, **sh.finish(stage["bindings"]))
     return params, idle, tile_rows
 
 
 def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_heads, batch, o_tile, tile_f, moe_kw, bw,
               stage) -> dict:
-    """``--layers L --tp T [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_tp` (checks as the
-    one-layer ``--tp``, :func:`stepsim.workloads.decoder.parallel.check_tp`)."""
-    from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.decoder.parallel import check_tp
-    from stepsim.workloads.decoder.pipeline_tp import build_decoder_tp_stack
+    """``--layers L --tp T [--pp P]``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks as the
+    one-layer ``--tp``, :func:`stepsim.workloads.decoder.many_chips.check_tp`)."""
+    from stepsim.workloads.chips import stages_system
+    from stepsim.workloads.decoder.many_chips import check_tp
+    from stepsim.workloads.sharding import Sharding, tp_layers
 
     d = model.hidden
     moe = model.moe if model.is_moe else None
@@ -420,10 +415,7 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     if moe is not None and moe_kw["regions"] != moe.experts:
         raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
                             "layers have one region per expert)")
-    if pp is not None and system is not None and system.chips != pp * tp:
-        raise ArgumentError(f"--pp {pp} --tp {tp} needs a system of {pp * tp} chips (pp x tp); system "
-                            f"{system.name!r} has {system.chips}")
-    system = chips_system((pp or 1) * tp, system, "--tp")
+    system = stages_system(pp, tp, system, "--tp")
     if moe is not None:
         shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
                          top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
@@ -440,41 +432,150 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
         _label(g.ops[before:], ("ffn", 0))
         return out
 
-    params = build_decoder_tp_stack(
-        g, layers, tp=tp, pp=pp, system=system,
-        algorithm=algorithm, n_heads=n_heads, batch=batch, hidden=d, bw=bw, stage=stage, ffn_partial=ffn_partial,
-        **_stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage))
+    per_head, bindings = n_heads // tp, stage["bindings"]
+
+    def attention_partial(i, t, rows):  # chip t's KV heads' share of attn @ W_o, q / k / v from its input rows
+        return _stack_partial(g, model, i, range(t * per_head, (t + 1) * per_head), rows, n_heads=n_heads,
+                              batch=batch, o_tile=o_tile, bw=bw, stage=stage)
+
+    rows_in = {}
+    sh = Sharding(g, system)
+    for t in range(tp):  # layer 0's input: x on every chip of stage 0
+        before = len(g.ops)
+        rows_in[t] = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
+                                                  stream_dtype=FP32), 0, 1)
+        sh.place(before, t)
+    tp_layers(sh, layers, tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
+              bindings=bindings, rows_in=rows_in, kinds=("expert", "shared_expert", "ffn"),
+              blocks=lambda i: [("attn_allreduce", lambda t, rows: attention_partial(i, t, rows), True),
+                                ("ffn_allreduce", lambda t, rows: ffn_partial(g, rows, i, t), True)])
+    params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
     return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), **params}
 
 
-def _stack_attention(g, model, *, batch: int, o_tile: int, bw: dict, stage: dict) -> dict:
-    """What the parallel decoder stacks (:mod:`~stepsim.workloads.decoder.pipeline_tp`,
-    :mod:`~stepsim.workloads.decoder.pipeline_ep`) build the attention of a layer with: ``heads`` (this module's
-    heads, summed pairwise), ``qkv_streams`` and ``input_tiles`` (:mod:`stepsim.workloads.decoder.pipeline`'s
-    projections)."""
+def _stack_partial(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_tile: int, bw: dict, stage: dict):
+    """One chip's share of layer i's ``attn @ W_o`` in a parallel stack (its KV heads ``hs``), q / k / v projected
+    from the layer's input ``rows`` (``(1, B)``: every request's row, :mod:`stepsim.workloads.decoder.pipeline`):
+    ``(1, B)`` rows (1, D), the partial sum the pass all-reduces or reduce-scatters."""
     from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
 
-    d, hd, q_rows = model.hidden, model.head_dim, model.heads // model.kv_heads
-    return dict(
-        heads=lambda hs, prefix, qkv_of, region_base: _sum_pairwise(
-            g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of, region_base=region_base), bw),
-        qkv_streams=lambda g, tiles, prefix, h: qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd,
-                                                            q_rows=q_rows, bw=bw,
-                                                            packing_compute_bw=PACKING_COMPUTE_BW),
-        input_tiles=lambda g, rows: input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile,
-                                                packing_compute_bw=PACKING_COMPUTE_BW))
+    d, hd, q_rows, prefix = model.hidden, model.head_dim, model.heads // model.kv_heads, f"layer{i}."
+    tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
+
+    def qkv_of(h):
+        q, k, v, ragged = qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd, q_rows=q_rows, bw=bw,
+                                      packing_compute_bw=PACKING_COMPUTE_BW)
+        stage["bindings"][ragged] = 1  # one query head's row per selector element
+        return q, k, v
+
+    products = _sum_pairwise(g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of,
+                                       region_base=i * n_heads * stage["attention_regions"]), bw)
+    return Promote(g, RetileStreamify(g, products, split_row=True), 1)
 
 
 def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
               moe_kw, bw, stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: the stack of :mod:`stepsim.workloads.decoder.pipeline_ep`, given this
-    module's attention heads and :mod:`stepsim.workloads.decoder.pipeline`'s projections."""
-    from stepsim.workloads.decoder.pipeline_ep import build_decoder_ep_stack
+    """``--layers L --ep E [--pp P] [--micro-batches M]`` on P x E chips, through the sharding pass
+    (:mod:`stepsim.workloads.sharding`). Stage s (layers ``s L/P ..``) runs on chips ``s E .. s E + E - 1``; the
+    batch keeps one sharding all the way (chip ``s E + c`` holds shard c's rows, B a multiple of E): layer 0 loads
+    ``x.<c>`` on chip c, a later layer takes the previous layer's output rows of shard c (crossing once to the next
+    stage), the last stores ``y.<c>``. Per layer:
 
-    return build_decoder_ep_stack(
-        g, model, routings, ep=ep, pp=pp, system=system, placement=placement, algorithm=algorithm,
-        micro_batches=micro_batches, n_heads=n_heads, batch=batch, o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage,
-        **_stack_attention(g, model, batch=batch, o_tile=o_tile, bw=bw, stage=stage))
+    * **Gather.** Attention chip a (A = min(E, H) of them, chip ``a E/A``: KV heads ``a H/A ..``) puts the E shards
+      back in request order (a Reassemble by a static selector) for its q / k / v projections.
+    * **Attention, output projection, reduce-scatter** as the one-layer ``--ep`` (tensors ``layer<i>.h<h>_*``,
+      ``layer<i>.w{q,k,v,o}_h<h>*``; operators ``layer<i>.attn_reducescatter.*``); chip c adds its input rows.
+    * **MoE** (routing of trace layer i, tensors ``layer<i>.routing_weights.<c>``, ``layer<i>.expert<e>_*``): the
+      sharded all-to-all (:func:`stepsim.workloads.sharding.ep_layer`, per micro-batch with M > 1); the second
+      residual gives the layer's output rows of shard c.
+
+    The attention's partial sums are added in the reduce-scatter's order, so the values equal the one-chip stack to
+    the one-layer ``--ep``'s tolerance, not bit for bit. Returns ``(params, idle groups, tile_rows)``."""
+    from stepsim.workloads.chips import stages_system
+    from stepsim.workloads.decoder.many_chips import check_ep
+    from stepsim.workloads.moe.build import _expert_ffn
+    from stepsim.workloads.sharding import Sharding, ep_layer, in_order
+
+    moe, d, layers = model.moe, model.hidden, len(routings)
+    if moe_kw["regions"] != moe.experts:
+        raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
+                            "layers have one region per expert)")
+    for r in routings:
+        check_ep(ep, model, n_heads, batch, None, placement, expert_counts(r, moe.experts))
+    if micro_batches > 1 and batch % (ep * micro_batches):
+        raise ArgumentError(f"--micro-batches {micro_batches} --ep {ep}: each chip's shard of the batch of {batch} "
+                            f"requests must split into {micro_batches} equal micro-batches (the batch a multiple "
+                            f"of {ep * micro_batches})")
+    tile_n, dynamic, tile_f = moe_kw["tile_n"], moe_kw["dynamic"], moe_kw["tile_f"]
+    if micro_batches > 1 and moe.shared_intermediate and (batch // (ep * micro_batches)) % (tile_n or DEFAULT_TILE_N):
+        raise ArgumentError(f"--micro-batches {micro_batches} --ep {ep}: the shared experts' tiles of "
+                            f"{tile_n or DEFAULT_TILE_N} tokens must not span a chip's micro-batches of "
+                            f"{batch // (ep * micro_batches)} requests")
+    sh = Sharding(g, stages_system(pp, ep, system, "--ep"))
+    per_stage, shard, attn_chips = layers // (pp or 1), batch // ep, min(ep, n_heads)
+    per_head, gap, bindings = n_heads // attn_chips, ep // attn_chips, stage["bindings"]
+    idle, tile_rows, expert_chips, rows_in = set(), {}, [], {}
+    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"],
+                 packing_compute_bw=PACKING_COMPUTE_BW)
+    for c in range(ep):  # shard c's input rows of the current layer, (1, shard)
+        before = len(g.ops)
+        rows_in[c] = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{c}", (shard, d), BF16), (1, d), (shard, 1), (1, 1),
+                                                  stream_dtype=FP32), 0, 1)
+        sh.place(before, c)
+    for i, routing in enumerate(routings):
+        base, prefix = (i // per_stage) * ep, f"layer{i}."
+        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, and fans out
+            for c in range(ep):  # there (a fan-out's FIFO depth is its producer's: the link's would be too shallow)
+                before = len(g.ops)
+                rows_in[c] = Promote(g, Flatten(g, rows_in[c], 0, 1), 1)
+                sh.place(before, base + c)
+        for c in range(ep):  # the rows wait for the attention (all shards) before the residual reads them
+            rows_in[c].fanout_depth = shard
+
+        def attention_partial(a, i=i, rows=dict(rows_in)):  # every request's rows, gathered in request order
+            all_rows = in_order(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], batch, bindings)
+            return _stack_partial(g, model, i, range(a * per_head, (a + 1) * per_head), all_rows, n_heads=n_heads,
+                                  batch=batch, o_tile=o_tile, bw=bw, stage=stage)
+
+        chips = [base + a * gap for a in range(attn_chips)]
+        chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
+                                   prefix=f"{prefix}attn_reducescatter.")
+        reduced, homes, rows_out = sh.scatter_shards(chunks, chips, ep, batch), {}, {}
+
+        def home_in(c, n, reduced=reduced, own=dict(rows_in)):
+            h = Map(g, [Promote(g, reduced[c], 1), own[c]], Add(), **bw)  # h = x + attn @ W_o, shard c's rows
+            h.fanout_depth = shard  # the rows wait for the MoE block's output
+            homes[c] = h
+            return h
+
+        def home_out(c, combined, last=i == layers - 1):
+            out = Map(g, [combined, homes[c]], Add(), **bw)
+            if last:
+                LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+            rows_out[c] = out
+
+        def ffns(g, packed, prefix=prefix):
+            return [_expert_ffn(g, packed[e], e, moe, tile_f, dynamic, bw, prefix=prefix)
+                    for e in range(moe.experts)], {}, {}
+
+        shared = None
+        if moe.shared_intermediate:
+            def shared(g, tokens, rows, prefix=prefix):
+                return shared_ffn(g, tokens, moe, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw,
+                                  prefix=prefix)
+
+        counts = expert_counts(routing, moe.experts)
+        chip_of, bounds = ep_layer(sh, moe, routing, i, base, ep=ep, placement=placement, micro_batches=micro_batches,
+                                   build=build, ffns=ffns, shared_ffn=shared, home_in=home_in, home_out=home_out,
+                                   counts=counts, bindings=bindings, tile_rows=tile_rows)
+        expert_chips.append(chip_of)
+        idle |= {(f"layer{i}.expert", e) for e, n in enumerate(counts) if n == 0}
+        rows_in = rows_out
+    report = sh.finish(bindings)
+    params = {"layers": layers, "micro_batches": micro_batches, **({"pp": pp} if pp else {}), "ep": ep,
+              "placement": placement, "algorithm": algorithm, "system": report["system"], "shard_bounds": bounds,
+              "expert_chips": expert_chips, "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
+    return params, idle, tile_rows
 
 
 def _sum_pairwise(g, products, bw):
@@ -522,11 +623,11 @@ def from_config(cfg: Mapping) -> Workload:
         from stepsim.workloads.chips import stack_knobs
 
         stack = stack_knobs(cfg, "decoder layers", ("regions",), chip_knobs=("pp", "ep", "tp"))
-        if cfg.get("ep") is not None:  # expert-parallel stages (decoder/pipeline_ep.py)
+        if cfg.get("ep") is not None:  # expert-parallel stages (_ep_stack, on the sharding pass)
             stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
         elif cfg.get("placement") is not None:
             raise ArgumentError("--placement applies to a stack of decoder layers with --ep N (expert parallelism)")
-        if cfg.get("tp") is not None:  # tensor-parallel stages (decoder/pipeline_tp.py)
+        if cfg.get("tp") is not None:  # tensor-parallel stages (workloads/sharding.py)
             stack["tp"] = cfg["tp"]
         if cfg.get("ep") is not None or cfg.get("tp") is not None:
             stack["algorithm"] = cfg.get("algorithm") or "ring"

@@ -43,7 +43,7 @@ O_TILE = 32
 
 def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, strategy: str,
                    tiling: str, tp, regions) -> tuple[int, int]:
-    """One-line ArgumentError unless the stack fits; returns ``(M, o_tile)``. ``tp`` (decoder/pipeline_tp.py) takes
+    """One-line ArgumentError unless the stack fits; returns ``(M, o_tile)``. ``tp`` (the sharding pass) takes
     one micro-batch."""
     if regions is not None:
         raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "

@@ -71,7 +71,7 @@ def _stack_inputs(w: Workload, seed: int) -> dict:
                    experts=p["experts"], shared_intermediate=p["shared_intermediate"], layers=p["layers"])
         arrays.update({k: v for k, v in moe_ref.stack_inputs(moe, seed).items() if k != "x"})
     tp = p.get("tp")
-    if tp is not None:  # --tp (decoder/pipeline_tp.py): chip t holds columns t F/T.. of gate / up, those rows of down
+    if tp is not None:  # --tp (workloads/sharding.py): chip t holds columns t F/T.. of gate / up, those rows of down
         for name in [n for n in arrays if n.endswith(("_gate", "_up", "_down"))]:
             whole = arrays.pop(name)
             n = whole.shape[0 if name.endswith("_down") else 1] // tp
@@ -86,7 +86,7 @@ def _stack_inputs(w: Workload, seed: int) -> dict:
 
 
 def _stack_sharded(p) -> list[str]:
-    """The tensors an expert-parallel stack (decoder/pipeline_ep.py) holds as shards ``<name>.<c>``."""
+    """The tensors an expert-parallel stack (decoder/build.py's _ep_stack) holds as shards ``<name>.<c>``."""
     return ["x"] + [f"layer{i}.routing_weights" for i in range(p["layers"])]
 
 
@@ -171,13 +171,13 @@ def inputs(w: Workload, seed: int) -> dict:
                      shared_up=seeded_normal(seed, "shared_up", (d, f), d ** -0.5, bf16=True),
                      shared_down=seeded_normal(seed, "shared_down", (f, d), f ** -0.5, bf16=True))
         tp = p.get("tp")
-        if tp is not None:  # chip c: columns c F/N.. of gate / up, those rows of down (decoder/parallel.py)
+        if tp is not None:  # chip c: columns c F/N.. of gate / up, those rows of down (decoder/many_chips.py)
             dense = {f"{name}.{c}": (a[c * f // tp:(c + 1) * f // tp] if name == "shared_down"
                                      else a[:, c * f // tp:(c + 1) * f // tp])
                      for name, a in dense.items() for c in range(tp)}
         arrays.update(dense)
     arrays["x"] = seeded_normal(seed, "x", (p["batch"], p["hidden"]), 1.0, bf16=True)
-    if "shard_bounds" in p:  # --ep: chip c holds its shard's rows of x and routing weights (decoder/expert_parallel)
+    if "shard_bounds" in p:  # --ep: chip c holds its shard's rows of x and routing weights (decoder/many_chips.py)
         bounds = p["shard_bounds"]
         arrays.update({f"{name}.{c}": arrays[name][lo:hi] for name in moe_ref.SHARDED
                        for c, (lo, hi) in enumerate(zip(bounds, bounds[1:]))})

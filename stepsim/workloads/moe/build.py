@@ -133,8 +133,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     channel_depth : int or None
         Default FIFO depth for simulation (2 in the experiments; None means 1024).
     ep : int, optional
-        Expert parallelism: place the experts on ``ep`` chips (:mod:`stepsim.workloads.moe.parallel`); with a
-        stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:mod:`stepsim.workloads.moe.pipeline_ep`).
+        Expert parallelism: place the experts on ``ep`` chips (:func:`stepsim.workloads.sharding.expert_parallel`); with
+        a stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:func:`stepsim.workloads.sharding.ep_layer`).
     placement : {"contiguous", "round-robin", "load-balanced"}
         How the experts are placed on the chips (with ``ep``).
     system : System, optional
@@ -143,7 +143,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         Tensor parallelism: every expert's (and the shared experts') F columns split over ``tp`` chips, an
         all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`). With
         ``ep`` too, the experts are placed on ``ep`` groups of ``tp`` chips, each expert's columns split over its
-        group (``tp x ep`` chips: :func:`stepsim.workloads.moe.parallel.expert_tensor_parallel`).
+        group (``tp x ep`` chips: :func:`stepsim.workloads.sharding.expert_tensor_parallel`).
     layers, pp, micro_batches : int, optional
         Any of them given: a stack of ``layers`` (default 1) MoE layers (tensors ``layer<i>.<name>``; ``routing``
         one array for every layer or a list of ``[tokens, top_k]`` arrays, one per layer), in ``pp`` pipeline
@@ -226,7 +226,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
                             "weights by address, not a chip's column block")
     elif tp is not None and ep is not None:
-        from stepsim.workloads.moe.parallel import expert_tensor_parallel
+        from stepsim.workloads.sharding import Sharding, expert_tensor_parallel, tp_ep_system
 
         bw = dict(compute_bw=compute_bw)
 
@@ -234,8 +234,9 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             return expert_ffns(shard, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
                                packing_compute_bw=packing_compute_bw, suffix=f".{t}")
 
+        sh = Sharding(g, tp_ep_system(model, tp, ep, batch, system, tile_f))
         bindings, tile_rows, parallel = expert_tensor_parallel(
-            g, model, routing, counts, tp, ep, placement, system, algorithm,
+            sh, model, routing, counts, tp, ep, placement, algorithm,
             ffns_of=lambda t, shard: chip_ffns(t, shard)[0], shared_of=lambda t, shard: chip_ffns(t, shard)[1],
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw)
@@ -251,7 +252,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             compute_bw=compute_bw, packing_compute_bw=packing_compute_bw, par_dispatch=par_dispatch, lanes=lanes)
         LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
     else:
-        from stepsim.workloads.moe.parallel import expert_parallel
+        from stepsim.workloads.chips import chips_system
+        from stepsim.workloads.sharding import Sharding, expert_parallel
 
         bw = dict(compute_bw=compute_bw)
         dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
@@ -263,7 +265,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
 
         bindings, tile_rows, parallel = expert_parallel(
-            g, model, routing, counts, ep, placement, system, regions=regions if timeshare else None, ffns=ffns,
+            Sharding(g, chips_system(ep, system, "--ep")), model, routing, counts, ep, placement,
+            regions=regions if timeshare else None, ffns=ffns,
             dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw, shared_ffn=shared)
     if stack:  # expert e of layer i is group ("layer<i>.expert", e) (moe/pipeline.py)
@@ -291,8 +294,8 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
 def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, algorithm, timeshare, tiling,
            dynamic, **stage) -> tuple:
     """``--layers L [--pp N] [--micro-batches M] [--ep E | --tp T]``: the stack of
-    :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: of :mod:`stepsim.workloads.moe.pipeline_ep`, with ``tp``:
-    of :mod:`stepsim.workloads.moe.pipeline_tp`). Returns ``(graph, bindings, tile_rows, algorithmic
+    :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: of :func:`stepsim.workloads.sharding.ep_layer`, with ``tp``:
+    of the sharding pass, :func:`stepsim.workloads.sharding.tp_layers`). Returns ``(graph, bindings, tile_rows, algorithmic
     FLOPs, params)``."""
     from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
 
@@ -323,23 +326,21 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
         tile_rows.update(rows)
         return out, bindings
 
-    g, net, bindings, flops = build_stack(
+    g, report, bindings, flops = build_stack(
         model, routings, stage=one_layer, micro_batches=m, pp=pp, system=system,
         flops_of=lambda part: algorithmic_flops(expert_counts(part, model.experts), model, stage["tile_n"]))
     params = {"layers": layers, "micro_batches": m}
     if pp is not None:
-        from stepsim.workloads.chips import link_bytes
-
-        params.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+        params.update(pp=pp, **report)
     return g, bindings, tile_rows, flops, params
 
 
 def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_ep` on ``(P or 1) x E`` chips; its
+    """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.ep_layer`) on ``(P or 1) x E`` chips; its
     results as :func:`_stack`'s."""
-    from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.moe.pipeline_ep import build_ep_stack
+    from stepsim.workloads.chips import stages_system
     from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
+    from stepsim.workloads.sharding import Sharding, ep_layer
 
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
         raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
@@ -347,10 +348,7 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     if m > 1:
         _check_ep_micro_batches(batch, ep, m, stage["tile_n"] or DEFAULT_TILE_N, model.shared_intermediate,
                                 dynamic)
-    if pp is not None and system is not None and system.chips != pp * ep:
-        raise ArgumentError(f"--pp {pp} --ep {ep} needs a system of {pp * ep} chips (pp x ep); system "
-                            f"{system.name!r} has {system.chips}")
-    system = chips_system((pp or 1) * ep, system, "--ep")
+    system = stages_system(pp, ep, system, "--ep")
     tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}"
               + (f"-mb{m}" if m > 1 else ""))
@@ -359,11 +357,22 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
         return expert_ffns(model, tile_n=stage["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
                            packing_compute_bw=stage["packing_compute_bw"], prefix=f"layer{i}.")
 
-    bindings, tile_rows, params = build_ep_stack(
-        g, model, routings, ep=ep, pp=pp, placement=placement, system=system,
-        build=dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"}),
-        ffns_of=lambda i: layer_ffns(i)[0], shared_of=lambda i: layer_ffns(i)[1],
-        expert_counts=lambda r: expert_counts(r, model.experts), micro_batches=m)
+    sh, layers = Sharding(g, system), len(routings)
+    per_stage, bindings, tile_rows, expert_chips, rows_in, bounds = layers // (pp or 1), {}, {}, [], None, None
+    build = dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"})
+    for i, routing in enumerate(routings):  # shard c's rows stay on chip c of every stage (ordinary edges across)
+        rows_out: dict = {}
+        ffns, shared = layer_ffns(i)
+        chip_of, bounds = ep_layer(
+            sh, model, routing, i, (i // per_stage) * ep, ep=ep, placement=placement, micro_batches=m, build=build,
+            ffns=ffns, shared_ffn=shared, home_in=None if rows_in is None else (lambda c, n, rows=rows_in: rows[c]),
+            home_out=None if i == layers - 1 else rows_out.__setitem__, counts=expert_counts(routing, model.experts),
+            bindings=bindings, tile_rows=tile_rows)
+        expert_chips.append(chip_of)
+        rows_in = rows_out
+    report = sh.finish(bindings)
+    params = {"ep": ep, "placement": placement, "system": report["system"], "shard_bounds": bounds,
+              "expert_chips": expert_chips, "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
     # FLOPs as built: each micro-batch (the m-th piece of every shard) pads its own tiles
     parts = [slice(None)] if m == 1 else micro_batch_tokens(batch, ep, m)
     flops = sum(algorithmic_flops(expert_counts(r[p], model.experts), model, stage["tile_n"])
@@ -373,10 +382,10 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
 
 
 def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic, **stage) -> tuple:
-    """``--layers L --tp T [--pp P]``: :mod:`stepsim.workloads.moe.pipeline_tp` on ``(P or 1) x T`` chips (checks
+    """``--layers L --tp T [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.tp_layers`) on ``(P or 1) x T`` chips (checks
     as the one-layer ``--tp``); its results as :func:`_stack`'s."""
-    from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.moe.pipeline_tp import build_tp_stack
+    from stepsim.workloads.chips import stages_system
+    from stepsim.workloads.sharding import Sharding, tp_layers
 
     d, batch = model.hidden, routings[0].shape[0]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
@@ -386,19 +395,25 @@ def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, d
                             f"all-reduces the whole batch)")
     tile_f = stage["tile_f"]
     shard = column_shard(model, tp, tile_f, batch)
-    if pp is not None and system is not None and system.chips != pp * tp:
-        raise ArgumentError(f"--pp {pp} --tp {tp} needs a system of {pp * tp} chips (pp x tp); system "
-                            f"{system.name!r} has {system.chips}")
-    system = chips_system((pp or 1) * tp, system, "--tp")
+    system = stages_system(pp, tp, system, "--tp")
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}")
 
-    def partial(g, tokens, i, t):
-        out, bindings, _ = moe_stage(g, tokens, shard, routings[i], expert_counts(routings[i], model.experts),
-                                     dynamic=dynamic, suffix=f".{t}", prefix=f"layer{i}.", **stage)
-        return out, bindings
+    bindings: dict = {}
 
-    bindings, params = build_tp_stack(g, routings, tp=tp, pp=pp, system=system, algorithm=algorithm, batch=batch,
-                                      hidden=d, compute_bw=stage["compute_bw"], partial=partial)
+    def load(t):  # layer 0 reads x on every chip of stage 0
+        x = Tensor("x", (batch, d), BF16)
+        return Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
+
+    def partial(i, t, tokens):  # chip t's columns of layer i (every token, every expert)
+        out, layer_bindings, _ = moe_stage(g, load(t) if tokens is None else tokens, shard, routings[i], expert_counts(routings[i], model.experts),
+                                           dynamic=dynamic, suffix=f".{t}", prefix=f"layer{i}.", **stage)
+        bindings.update(layer_bindings)
+        return out
+
+    sh = Sharding(g, system)
+    tp_layers(sh, len(routings), tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=stage["compute_bw"],
+              bindings=bindings, blocks=lambda i: [("allreduce", lambda t, rows: partial(i, t, rows), False)])
+    params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
     flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
     params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
     return g, bindings, {}, flops, params
@@ -436,9 +451,10 @@ def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algor
     """``--tp N``: chip c runs the whole layer (every token, every expert) on columns ``c F/N .. (c+1) F/N - 1`` of
     every expert's gate / up projections and those rows of its down projection (tensors ``expert<e>_<part>.<c>``;
     the shared experts likewise, ``shared_<part>.<c>``), with ``x`` and ``routing_weights`` replicated in its
-    HBM. Its output rows are a partial sum of y; the all-reduce of :func:`stepsim.workloads.chips.tensor_parallel`
+    HBM. Its output rows are a partial sum of y; the all-reduce of :func:`stepsim.workloads.sharding.tensor_parallel`
     sums them, and chip c stores rows ``k B/N ..`` of y in ``y<c>.<k>``. Returns ``(bindings, params)``."""
-    from stepsim.workloads.chips import chips_system, link_bytes, tensor_parallel
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.sharding import tensor_parallel
 
     d, batch = model.hidden, routing.shape[0]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
@@ -455,13 +471,10 @@ def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algor
         bindings.update(chip_bindings)
         return summed
 
-    def store(c, k, rows):
-        LinearOffChipStore(g, rows, tensor_name=f"y{c}.{k}")  # the all-reduce's rows are in on-chip memory
-
-    net = tensor_parallel(g, system, tp, partial_of, batch, algorithm=algorithm, compute_bw=stage["compute_bw"],
-                          store=store)
-    return bindings, {"tp": tp, "system": system.name, "algorithm": algorithm, "links_used": len(net.links),
-                      "link_bytes": link_bytes(g, net)}
+    report = tensor_parallel(g, system, tp, partial_of, batch, algorithm=algorithm, compute_bw=stage["compute_bw"],
+                             bindings=bindings)  # chip c stores chunk k (in on-chip memory) as y<c>.<k>
+    return bindings, {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
+                      "link_bytes": report["link_bytes"]}
 
 
 def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,
@@ -864,7 +877,7 @@ def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
     stack = stack_knobs(cfg, "MoE layers", ("regions",), chip_knobs=("pp", "ep", "tp"))
     if cfg.get("ep") is not None:
         stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
-    if cfg.get("tp") is not None:  # tensor-parallel stages (moe/pipeline_tp.py)
+    if cfg.get("tp") is not None:  # tensor-parallel stages (the sharding pass: workloads/sharding.py)
         stack.update(tp=cfg["tp"], algorithm=cfg.get("algorithm") or "ring")
     routings = layer_routings(resolved_trace(cfg), model.experts, model.top_k, stack["layers"], cfg["iteration"],
                               cfg["layer"])

@@ -1,9 +1,9 @@
-"""Expert parallelism: the MoE layer's experts placed on several chips, the batch sharded over them.
+"""Expert placement: which chip runs each expert of the MoE layer under expert parallelism.
 
 ``--ep N`` places the experts on N chips and shards the batch over the same chips; dispatch and combine are
-all-to-alls over the links, per the routing trace (the graph: :mod:`stepsim.workloads.moe.sharded`; the
-transfers: :func:`stepsim.graph.network.place_on_chips`, one link unit per physical link, shared first come
-first served). A chip's experts receive one token row per (token, expert on that chip) pair.
+all-to-alls over the links, per the routing trace (the graph: :mod:`stepsim.workloads.moe.sharded`, placed on the
+chips by the sharding pass, :func:`stepsim.workloads.sharding.expert_parallel`). This module holds the placement
+only: a chip's experts receive one token row per (token, expert on that chip) pair.
 
 Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
 
@@ -39,11 +39,8 @@ Without ``--system`` the chips are fully connected with the preset link figures 
 
 from __future__ import annotations
 
-import sympy
-
 from stepsim.base.errors import ArgumentError
 from stepsim.base.system import System
-from stepsim.workloads.chips import chips_system
 from stepsim.workloads.moe.ep_cost import (
     PassCost,
     RaggedCost,
@@ -316,12 +313,6 @@ def shard_rows(routing, experts: int, chips: int) -> list[list[int]]:
     return rows
 
 
-def ep_system(chips: int, system: System | None) -> System:
-    """The system the experts run on: ``system`` (its chip count must be ``chips``), else ``chips`` fully
-    connected chips with the default links (:func:`stepsim.workloads.chips.chips_system`)."""
-    return chips_system(chips, system, "--ep")
-
-
 def chip_tiles(tiles, chip_of: list[int], chips: int) -> list[int]:
     """Token tiles each chip's experts receive (weight passes): the sum of its experts' ``tiles``."""
     per_chip = [0] * chips
@@ -355,176 +346,3 @@ def region_members(chip_of: list[int], chips: int, regions: int) -> list[list[in
         mine = [e for e, c in enumerate(chip_of) if c == chip]
         members += [mine[i * per_region:(i + 1) * per_region] for i in range(per_chip)]
     return members
-
-
-def expert_parallel(graph, model, routing, counts, chips: int, placement: str, system: System | None, *,
-                    regions: int | None, ffns, prelude=None, **build) -> tuple[dict, dict, dict]:
-    """Build the sharded expert-parallel layer into ``graph`` (:mod:`stepsim.workloads.moe.sharded`), place it on
-    the chips and route its transfers.
-
-    ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
-    regions (:func:`region_members`), so a chip's experts share its compute and the token tiles a chip receives
-    are its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each region's experts, or None);
-    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. ``prelude(system)``,
-    when given, builds what runs before the layer on the same chips (the decoder's attention) and returns
-    ``(network, chips)``: the :class:`~stepsim.graph.network.Network` its transfers went through (the layer's
-    are added to it) and the chip of every operator it added (by ``op.id``). Returns
-    ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles' rows, and the report
-    fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes over every
-    link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
-    """
-    from stepsim.graph.lower import fp32_timing_bytes
-    from stepsim.graph.network import place_on_chips
-    from stepsim.workloads.moe.sharded import build_sharded
-
-    system = ep_system(chips, system)
-    tile_n = None if build["dynamic"] else build["tile_n"]
-    cost = None  # with --regions a chip's tiles are its time: the tile-first greedy
-    if regions is None:
-        cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], system)
-    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), chips)
-    chip_of = place_experts(counts, chips, placement, tile_n, cost, rows)
-    members = None if regions is None else region_members(chip_of, chips, regions)
-    region_chip = None if members is None else [chip_of[m[0]] for m in members]
-    net, op_chip = prelude(system) if prelude is not None else (None, {})
-    layer_chip, bindings, bounds, tile_rows = build_sharded(
-        graph, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
-        region_chip=region_chip, **build)
-    op_chip = {**op_chip, **layer_chip}
-    net = place_on_chips(graph, system, lambda op: op_chip[op.id], network=net)
-    tokens = chip_tokens(counts, chip_of, chips)
-    mean = sum(tokens) / chips
-    busiest = max(range(chips), key=lambda c: (tokens[c], -c))
-    values = {sym: sympy.Integer(v) for sym, v in bindings.items()}  # xreplace: subs is quadratic here
-    link_bytes = {name: int(sympy.sympify(b).xreplace(values))
-                  for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
-    params = {"ep": chips, "placement": placement, "system": system.name, "expert_chips": chip_of,
-              "shard_bounds": bounds, "chip_tokens": tokens, "busiest_chip": busiest,
-              "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
-              "links_used": len(net.links), "link_bytes": link_bytes}
-    if members is not None:
-        params["region_experts"] = members
-    return bindings, tile_rows, params
-
-
-class _GroupNetwork:
-    """One tensor-parallel group's view of the whole system's network: the all-reduce builder numbers the
-    group's chips ``0 .. tp-1``; its transfers go between their chips in the system (``chips[i]``)."""
-
-    def __init__(self, net, chips: list[int]):
-        from types import SimpleNamespace
-
-        self.net, self.chips = net, chips
-        self.system = SimpleNamespace(chips=len(chips))  # all the builder reads of it
-
-    def send(self, src: int, dst: int, stream, name: str | None = None):
-        return self.net.send(self.chips[src], self.chips[dst], stream, name=name)
-
-
-def check_tp_ep(tp: int, ep: int, batch: int, system: System | None) -> None:
-    """One-line ArgumentError unless every chip's shard of the batch splits into ``tp`` all-reduce chunks and the
-    system has ``tp x ep`` chips."""
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
-        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
-        raise ArgumentError(f"--ep must be an int >= 2 (chips) with --tp, got {ep!r}")
-    if batch % (tp * ep):
-        raise ArgumentError(f"--tp {tp} --ep {ep}: each of the {ep} expert groups' shards of the batch is cut into "
-                            f"{tp} all-reduce chunks; the batch of {batch} tokens must be a multiple of {tp * ep}")
-    if system is not None and system.chips != tp * ep:
-        raise ArgumentError(f"--tp {tp} --ep {ep} needs a system of {tp * ep} chips (tp x ep); system "
-                            f"{system.name!r} has {system.chips}")
-
-
-def expert_tensor_parallel(graph, model, routing, counts, tp: int, ep: int, placement: str, system: System | None,
-                           algorithm: str, *, ffns_of, shared_of, compute_bw: int, prelude=None, home_in_of=None,
-                           store=None, **build) -> tuple[dict, dict, dict]:
-    """``--tp N --ep M``: the experts placed on M groups of N chips, each expert's F columns split over the N chips
-    of its group; chips ``g N .. g N + N - 1`` form group g (``tp x ep`` chips in all).
-
-    The batch is sharded over the groups (group g holds the tokens of shard g, :func:`shard_bounds
-    <stepsim.workloads.moe.sharded.shard_bounds>`) and replicated over a group's chips, as after tensor-parallel
-    attention. Tensor-parallel rank t is one expert-parallel layer over the chips ``g N + t`` of every group
-    (:func:`~stepsim.workloads.moe.sharded.build_sharded` on the shard model of F / N columns, weights
-    ``expert<e>_<part>.<t>`` and ``shared_<part>.<t>`` as with ``--tp`` alone; its all-to-alls stay among the
-    chips of rank t). Every chip so ends with a partial sum of its group's rows of y; the collectives' all-reduce
-    over the group's chips (``algorithm``, the chunks' sends routed over ``system``) sums them, and chip
-    ``p = g N + t`` stores chunk k of its group's rows (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
-
-    ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
-    (``shard``: the model of one chip's column block, F / N columns); ``build`` are
-    its other keywords. The decoder layer's hooks: ``prelude(system)`` as :func:`expert_parallel`'s;
-    ``home_in_of(t)`` is rank t's ``home_in`` for build_sharded; ``store(g, t, k, stream)`` consumes the reduced
-    chunk k on chip ``g N + t`` instead of storing it in ``y<p>.<k>`` (its operators are placed on that chip).
-    Returns ``(bindings, tile_rows, params)`` as :func:`expert_parallel` (``expert_chips``:
-    the first chip of each expert's group; ``chip_tokens``: the token rows every chip's experts receive) plus
-    ``tp`` and ``algorithm``.
-    """
-    from stepsim.graph import LinearOffChipStore
-    from stepsim.graph.lower import fp32_timing_bytes
-    from stepsim.graph.network import Network, place_on_chips
-    from stepsim.models.presets import MoEModel
-    from stepsim.workloads.chips import all_reduce_partials
-    from stepsim.workloads.moe.sharded import build_sharded
-
-    check_tp_ep(tp, ep, routing.shape[0], system)
-    tile_f = build["tile_f"]
-    for what, width in (("intermediate", model.intermediate), ("shared intermediate", model.shared_intermediate)):
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
-    chips = tp * ep
-    system = chips_system(chips, system, "--tp x --ep")
-    shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
-                     top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
-    tile_n = None if build["dynamic"] else build["tile_n"]
-    # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
-    # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
-    cost = expert_cost(shard, tile_n, tile_f, compute_bw, system)
-    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), ep)
-    group_of = place_experts(counts, ep, placement, tile_n, cost, rows)
-    net, op_chip = prelude(system) if prelude is not None else (None, {})
-    bindings, tile_rows, partials = {}, {}, {}
-    for t in range(tp):
-        start = len(graph.ops)
-        ranked, rank_bindings, bounds, rows = build_sharded(
-            graph, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
-            compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
-            home_out=lambda g, summed, t=t: partials.__setitem__((g, t), summed), **build)
-        for op in graph.ops[start:]:
-            op_chip[op.id] = ranked[op.id] * tp + t
-        bindings.update(rank_bindings)
-        tile_rows.update(rows)
-    net = Network(graph, system) if net is None else net
-    for g in range(ep):
-        start = len(graph.ops)
-        group = _GroupNetwork(net, [g * tp + t for t in range(tp)])
-        reduced = all_reduce_partials(graph, group, tp, lambda t, g=g: partials[(g, t)], bounds[g + 1] - bounds[g],
-                                      algorithm=algorithm, compute_bw=compute_bw, prefix=f"allreduce.g{g}.")
-        for (t, k), stream in sorted(reduced.items()):
-            if store is None:
-                stored = LinearOffChipStore(graph, stream, tensor_name=f"y{g * tp + t}.{k}")
-                stored.chip = t
-                continue
-            before = len(graph.ops)
-            store(g, t, k, stream)
-            for op in graph.ops[before:]:
-                op.chip = t
-        for op in graph.ops[start:]:  # the builder placed them by rank within the group (op.chip)
-            if hasattr(op, "chip"):
-                op_chip[op.id] = g * tp + op.chip
-    for tr in net.transfers:  # a chunk delivered to a chip is read there (the send's placeholder)
-        op_chip[tr.delivered.id] = tr.dst
-    net = place_on_chips(graph, system, lambda op: op_chip[op.id], network=net)
-    tokens = chip_tokens(counts, group_of, ep)
-    mean = sum(tokens) / ep
-    busiest = max(range(ep), key=lambda c: (tokens[c], -c))
-    values = {sym: sympy.Integer(v) for sym, v in bindings.items()}
-    link_bytes = {name: int(sympy.sympify(b).xreplace(values))
-                  for name, b in net.link_bytes(fp32_timing_bytes(graph)).items()}
-    params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": system.name,
-              "expert_chips": [g * tp for g in group_of], "shard_bounds": bounds,
-              "chip_tokens": [tokens[p // tp] for p in range(chips)], "busiest_chip": busiest * tp,
-              "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
-              "links_used": len(net.links), "link_bytes": link_bytes}
-    return bindings, tile_rows, params

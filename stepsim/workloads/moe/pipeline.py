@@ -75,16 +75,20 @@ def layer_routings(path, experts: int, top_k: int, layers: int, iteration: int |
 
 
 def build_stack(model, routings: list, *, stage, flops_of, micro_batches: int, pp: int | None, system):
-    """The L-layer stack (module docstring), on one chip or (``pp``) in ``pp`` stages on the chips of ``system``.
+    """The L-layer stack (module docstring), on one chip or (``pp``) in ``pp`` stages on the chips of ``system``
+    (the sharding pass places stage s's operators on chip s: :class:`stepsim.workloads.sharding.Sharding`).
 
     ``stage(g, tokens, routing, prefix)`` adds one layer (``moe_stage`` of ``moe/build.py``, which passes it in, so
     this module does not import the builder) and returns its output rows and bindings; ``flops_of(routing)`` is
-    the algorithmic FLOPs of one micro-batch's routing. Returns ``(graph, network or None, bindings, FLOPs)``.
+    the algorithmic FLOPs of one micro-batch's routing. Returns ``(graph, the pass's report of the links or None,
+    bindings, FLOPs)``.
     """
+    from stepsim.workloads.sharding import Sharding, relabel
+
     layers, d, batch = len(routings), model.hidden, routings[0].shape[0]
     name = f"moe-{model.name}-l{layers}" + (f"-pp{pp}" if pp else "") + f"-mb{micro_batches}"
     g = Graph(name)
-    chip_of: dict[int, int] = {}  # operator id -> chip (stage)
+    sh = Sharding(g, system)
     per_stage = layers // (pp or 1)
     bindings, flops, out = {}, 0, None
     rows = batch // micro_batches
@@ -98,19 +102,12 @@ def build_stack(model, routings: list, *, stage, flops_of, micro_batches: int, p
         out, layer_bindings = stage(g, tokens, routing, f"layer{i}.")
         bindings.update(layer_bindings)
         flops += sum(flops_of(routing[m * rows:(m + 1) * rows]) for m in range(micro_batches))
-        for op in g.ops[before:]:
-            chip_of[op.id] = i // per_stage
-            if isinstance(op.group, tuple):  # expert e of layer i is not expert e of layer j (channel labels)
-                op.group = (f"layer{i}.{op.group[0]}", op.group[1])
+        sh.place(before, i // per_stage)
+        relabel(g.ops[before:], i)  # expert e of layer i is not expert e of layer j (channel labels)
     before = len(g.ops)
     LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
-    for op in g.ops[before:]:
-        chip_of[op.id] = (pp or 1) - 1
-    if pp is None:
-        return g, None, bindings, flops
-    from stepsim.graph.network import place_on_chips
-
-    return g, place_on_chips(g, system, lambda op: chip_of[op.id]), bindings, flops
+    sh.place(before, (pp or 1) - 1)
+    return g, None if pp is None else sh.finish(bindings), bindings, flops
 
 
 def _layers_array(path):

@@ -188,7 +188,7 @@ SHARDED = ("x", "routing_weights")
 
 def stack_inputs(p: dict, seed: int) -> dict:
     """A stack's tensors (moe/pipeline.py): ``x``, and per layer i its routing weights, experts (and shared
-    experts) as ``layer<i>.<name>``, each drawn from its own seeded stream; with ``--ep`` (moe/pipeline_ep.py)
+    experts) as ``layer<i>.<name>``, each drawn from its own seeded stream; with ``--ep`` (sharding.ep_layer)
     ``x`` and every layer's routing weights sharded over the chips as ``<name>.<c>`` (the same values)."""
     b, d, f, k, experts = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"]
     fs = p.get("shared_intermediate", 0)
@@ -211,7 +211,7 @@ def stack_inputs(p: dict, seed: int) -> dict:
             f"{name}.{c}": arrays[name][lo:hi] for name in sharded
             for c, (lo, hi) in enumerate(zip(p["shard_bounds"], p["shard_bounds"][1:])) if hi > lo}
     tp = p.get("tp")
-    if tp is not None:  # --tp (moe/pipeline_tp.py): chip t holds columns t F/T.. of gate / up, those rows of down
+    if tp is not None:  # --tp (workloads/sharding.py): chip t holds columns t F/T.. of gate / up, those rows of down
         split = {name: a for name, a in arrays.items() if name.endswith(("_gate", "_up", "_down"))}
         for name, a in split.items():
             del arrays[name]

@@ -62,36 +62,36 @@ def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden:
                                 "runs on one chip or as a pipeline)")
         m = check_pipeline(layers, pp, b, tile_m, micro_batches)
         if pp is not None:
-            from stepsim.workloads.chips import chips_system, link_bytes
+            from stepsim.workloads.chips import chips_system
 
             system = chips_system(pp, system, "--pp")
         elif system is not None:
             raise ArgumentError("--system applies to a stack of layers with --pp N (pipeline parallelism)")
-        g, net = build_stack(layers, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,
+        g, report = build_stack(layers, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,
                              par_dispatch=par_dispatch, pp=pp, system=system,
                              stage=lambda g, x, prefix: swiglu_stage(
                                  g, b, d, f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
                                  par_dispatch=par_dispatch, prefix=prefix, x=x))
         parallel = {"layers": layers, "micro_batches": m}
         if pp is not None:
-            parallel.update(pp=pp, system=system.name, links_used=len(net.links), link_bytes=link_bytes(g, net))
+            parallel.update(pp=pp, **report)
     elif tp is None:
         g = Graph(f"swiglu-m{tile_m}-n{tile_n}")
         out = swiglu_stage(g, b, d, f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
                            par_dispatch=par_dispatch)
         LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
     else:
-        from stepsim.workloads.chips import chips_system, link_bytes
+        from stepsim.workloads.chips import chips_system
         from stepsim.workloads.swiglu.parallel import build_tp
 
         system = chips_system(tp, system, "--tp")
-        g, net = build_tp(tp, system, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,
-                          compute_bw=compute_bw, par_dispatch=par_dispatch, algorithm=algorithm,
-                          stage=lambda g, cols, suffix: swiglu_stage(
-                              g, b, d, cols, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
-                              par_dispatch=par_dispatch, suffix=suffix))
-        parallel = {"tp": tp, "system": system.name, "algorithm": algorithm, "links_used": len(net.links),
-                    "link_bytes": link_bytes(g, net)}
+        g, report = build_tp(tp, system, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,
+                             compute_bw=compute_bw, par_dispatch=par_dispatch, algorithm=algorithm,
+                             stage=lambda g, cols, suffix: swiglu_stage(
+                                 g, b, d, cols, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
+                                 par_dispatch=par_dispatch, suffix=suffix))
+        parallel = {"tp": tp, "system": report["system"], "algorithm": algorithm,
+                    "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
     return Workload(
         name="swiglu", graph=g, channel_depth=channel_depth, hardware=WORKLOAD_HARDWARE["swiglu"],
         algorithmic_flops=layers * swiglu_algorithmic_flops(b, d, f),

@@ -9,7 +9,8 @@ Micro-batches are the stream's outer dimension: a micro-batch is one row tile of
 (``--tile-m`` must be ``B / M``), so every operator iterates over the M micro-batches and stage s + 1 works on
 micro-batch m while stage s works on m + 1 (one graph, not a copy per micro-batch: copies would be separate
 hardware). ``--pp N`` places layers ``s L/N .. (s+1) L/N - 1`` (stage s) on chip s; the stage boundary is an
-ordinary cross-chip edge that :func:`stepsim.graph.network.place_on_chips` routes over the system's link(s).
+ordinary cross-chip edge that the sharding pass (:class:`stepsim.workloads.sharding.Sharding`) routes over the
+system's link(s).
 """
 
 from __future__ import annotations
@@ -36,13 +37,15 @@ def build_stack(layers: int, *, stage, batch: int, hidden: int, intermediate: in
 
     ``stage(g, x, prefix)`` adds one layer reading tensors ``<prefix>w_gate`` ... and returns its output row
     tiles (stream ``(1, B / tile_m, 1)``); ``x`` is None for layer 0 (it loads ``x``) or the input row tiles
-    repeated over the F tiles, stream ``(B / tile_m, F / tile_n, 1)``. Returns the graph and the finished
-    network (None on one chip).
+    repeated over the F tiles, stream ``(B / tile_m, F / tile_n, 1)``. Returns the graph and the sharding pass's
+    report of the links (``system``, ``links_used``, ``link_bytes``; None on one chip).
     """
+    from stepsim.workloads.sharding import Sharding
+
     n_tiles = intermediate // tile_n
     name = f"swiglu-l{layers}" + (f"-pp{pp}" if pp else "") + f"-m{tile_m}-n{tile_n}"
     g = Graph(name)
-    chip_of: dict[int, int] = {}  # operator id -> chip (stage)
+    sh = Sharding(g, system)  # the sharding pass places stage s's operators on chip s
     out = None
     per_stage = layers // (pp or 1)
     for i in range(layers):
@@ -52,15 +55,8 @@ def build_stack(layers: int, *, stage, batch: int, hidden: int, intermediate: in
             # (1, B/tile_m, 1) row tiles -> (B/tile_m, F/tile_n, 1): each row tile once per F tile
             x = Promote(g, RepeatStatic(g, Flatten(g, out, 0, 1), n_tiles), 0)
         out = stage(g, x, f"layer{i}.")
-        for op in g.ops[before:]:
-            chip_of[op.id] = i // per_stage
+        sh.place(before, i // per_stage)
     before = len(g.ops)
     LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
-    for op in g.ops[before:]:
-        chip_of[op.id] = (pp or 1) - 1
-    if pp is None:
-        return g, None
-    from stepsim.graph.network import place_on_chips
-
-    net = place_on_chips(g, system, lambda op: chip_of[op.id])
-    return g, net
+    sh.place(before, (pp or 1) - 1)
+    return g, None if pp is None else sh.finish({})

@@ -1,0 +1,242 @@
+"""The decoder layer on many chips: its pieces for the sharding pass (:mod:`stepsim.workloads.sharding`).
+
+The pass holds what every parallel form shares (stages, placement, collectives, labels, the report); this module
+gives it the decoder's own pieces: the attention's partial sums (KV heads ``a H/A ..`` on attention chip a, their
+query heads' products summed: a partial of ``attn @ W_o``), the residuals (``h = x + attn @ W_o``, ``y = h +
+ffn(h)``) and the FFN (the MoE block of :mod:`stepsim.workloads.moe.build`, or a dense model's FFN as shared
+experts).
+
+**``--tp N``** (one layer), Megatron style: two all-reduces per layer (:func:`tensor_parallel_decoder`). Chip c owns
+KV heads ``c H/N ..`` (caches ``h<h>_*``, projections ``wo_h<h>_q<j>``); its query heads' products summed are a
+partial sum of ``attn @ W_o``, all-reduced in N chunks of B / N rows. Chip c puts the reduced chunks back in row
+order and adds ``x`` (replicated): every chip holds all of ``h``. The FFN runs on every token with columns
+``c F/N ..`` of every expert (``expert<e>_<part>.<c>``, ``shared_<part>.<c>``; a dense model's FFN is
+``shared_<part>.<c>``); its partial sums are all-reduced the same way and chip c stores chunk k of ``h`` plus the
+reduced chunk k as ``y<c>.<k>``. A stack (``--layers L --tp T [--pp P]``) is the same blocks per layer, q / k / v
+computed from the layer's input rows (decoder/build.py's ``_tp_stack``).
+
+**``--ep N``** (one layer), as serving engines run an MoE layer on N chips: the attention tensor-parallel by KV heads,
+the MoE block expert-parallel, the batch sharded over the same N chips.
+
+* **Attention.** A = N chips (or, with more chips than KV heads, A = H of them: chips ``a N/A``, one KV head each)
+  own KV heads ``a H/A .. (a+1) H/A - 1`` of the H simulated, their caches ``h<h>_*`` and output projections
+  ``wo_h<h>_q<j>``: their products summed are a partial sum of ``attn @ W_o``, B rows ``(1, D)``.
+* **Reduce-scatter.** The partials are reduce-scattered over the A attention chips in A chunks of B / A rows
+  (operators ``attn_reducescatter.*``): the first half of ``--tp``'s all-reduce; the all-gather half is not run
+  because the MoE block wants each chip's own shard only. With A < N, attention chip ``a N/A`` cuts its chunk into
+  N/A shards of B / N rows and sends shard j to chip ``a N/A + j``: chip c holds rows ``c B/N ..``.
+* **Residual.** Chip c adds its rows of ``x`` (tensor ``x.<c>``): ``h`` rows of its shard.
+* **MoE.** The sharded expert-parallel layer (:func:`stepsim.workloads.sharding.expert_parallel`): experts placed
+  by ``--placement``, each chip's ``h`` rows dispatched to their experts' chips and combined back by the
+  all-to-alls of the routing trace (routing weights ``routing_weights.<c>``); with ``regions`` each chip's experts
+  time-multiplexed on R / N regions.
+* **Residual and store.** Chip c adds its ``h`` rows to the combined rows and stores them as ``y.<c>``.
+
+Why the attention is split by heads rather than data-parallel by requests: it is how ``stepsim serve --system``
+splits a served MoE model (docs/serving.md §13), and it keeps every KV cache and output projection in one chip's
+HBM, unreplicated. N must divide the KV heads or be a multiple of them.
+
+**``--tp T --ep E``** (T x E chips): shard s of the batch (B / E rows) belongs to the group of chips ``s T ..
+s T + T - 1``, which runs the MoE block of :func:`stepsim.workloads.sharding.expert_tensor_parallel`. The
+attention splits over A = min(T E, H) of the chips and is reduce-scattered in A chunks; with A > E each chip
+gathers its shard's A / E chunks in row order. Chip ``s T + t`` adds its rows of x (``x.<s>``), runs rank t of the
+MoE block, and after the group's all-reduce adds chunk k of its ``h`` rows to the reduced chunk k and stores
+``y<s T + t>.<k>``.
+
+All transfers share the system's links (one network).
+"""
+
+from __future__ import annotations
+
+from stepsim.base.errors import ArgumentError
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Add,
+    Flatten,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Promote,
+    Reshape,
+    RetileStreamify,
+    Tensor,
+)
+from stepsim.workloads.moe.build import PACKING_COMPUTE_BW, _timeshared_ffns, expert_ffns
+
+
+def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, counts, tp: int | None = None) -> None:
+    """One-line ArgumentError unless ``ep`` (x ``tp``) chips can run the layer: an MoE model, at most one chip per
+    expert, KV heads that the chips divide or are a multiple of, a batch that splits evenly over the chips, and
+    with ``tp`` one region per expert."""
+    from stepsim.workloads.moe.parallel import place_experts
+
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
+        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    if not model.is_moe:
+        raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
+                            f"(use --tp {ep})")
+    place_experts(counts, ep, placement)  # more chips than experts, an unknown placement: its one line
+    chips = ep * (tp or 1)
+    if n_heads % chips and chips % n_heads:
+        flag = f"--ep {ep}" if tp is None else f"--tp {tp} --ep {ep}"
+        raise ArgumentError(f"{flag}: the attention splits its {n_heads} KV heads (--kv-heads) over the {chips} "
+                            f"chips; the chips must divide them or be a multiple of them")
+    if batch % ep:
+        raise ArgumentError(f"--ep {ep}: the reduce-scatter cuts the {batch} rows into {ep} shards; the batch must "
+                            f"be a multiple of {ep}")
+    if tp is not None and regions != model.moe.experts:  # as the MoE layer's --tp
+        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
+
+
+def check_tp(tp, n_heads: int, batch: int, widths: dict, tile_f: int) -> None:
+    """One-line ArgumentError unless the KV heads, the batch and every FFN width split over ``tp`` chips."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
+        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    if n_heads % tp:
+        raise ArgumentError(f"--tp {tp}: the {n_heads} KV heads (--kv-heads) must split evenly over {tp} chips")
+    if batch % tp:
+        raise ArgumentError(f"--tp {tp}: the all-reduces cut the {batch} rows into {tp} chunks; the batch must be "
+                            f"a multiple of {tp}")
+    for what, width in widths.items():
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+
+
+def tensor_parallel_decoder(tp: int, system, algorithm: str, *, model, n_heads: int, batch: int, tile_f: int,
+                            routing, counts, moe_kw: dict, heads, dense, stage: dict) -> dict:
+    """Build the tensor-parallel layer (module docstring) into ``stage["g"]`` through the pass's
+    :func:`~stepsim.workloads.sharding.tp_layers` (one layer). ``heads(hs)`` builds the attention and output
+    projection of KV heads ``hs`` and returns their summed products; ``dense(width)`` is a dense model's FFN of
+    ``width`` columns as shared experts. Returns the record's parallel params: ``tp``, ``system``,
+    ``algorithm``, ``links_used``, ``link_bytes``."""
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.moe.build import moe_stage, shared_ffn
+    from stepsim.workloads.sharding import Sharding, tp_layers
+
+    g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
+    d, moe = model.hidden, (model.moe if model.is_moe else None)
+    widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
+              else {"dense intermediate": model.dense_intermediate})
+    check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
+    if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
+        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
+    sh, per_head = Sharding(g, chips_system(tp, system, "--tp")), n_heads // tp
+
+    def attention_partial(c, rows):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
+        return Promote(g, RetileStreamify(g, heads(range(c * per_head, (c + 1) * per_head)), split_row=True), 1)
+
+    def x_rows(c):  # x, replicated: every chip reads it as rows from its own HBM
+        return Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
+                                            stream_dtype=FP32), 0, 1)
+
+    if moe is not None:
+        shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
+                         top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
+
+    def ffn_partial(c, h_rows):
+        if moe is not None:
+            out, chip_bindings, _ = moe_stage(g, h_rows, shard, routing, counts, suffix=f".{c}", **moe_kw)
+            bindings.update(chip_bindings)
+            return out
+        return shared_ffn(g, h_rows, dense(model.dense_intermediate // tp), batch, stage["o_tile"], tile_f,
+                          PACKING_COMPUTE_BW, bw, suffix=f".{c}")
+
+    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
+              bindings=bindings, load=x_rows, stack=False,
+              blocks=lambda i: [("attn_allreduce", attention_partial, True), ("ffn_allreduce", ffn_partial, True)])
+    report = sh.finish(bindings)
+    return {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
+            "link_bytes": report["link_bytes"]}
+
+
+def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, model, n_heads: int, batch: int,
+                            routing, counts, moe_kw: dict, heads, stage: dict, tp: int | None = None) -> tuple[dict, dict]:
+    """Build the expert-parallel layer (module docstring) into ``stage["g"]``. ``heads(hs)`` builds the attention
+    and output projection of KV heads ``hs`` and returns their summed products (tiles of ``o_tile`` requests).
+    ``tp`` (``--tp T --ep E``): every shard's group of T chips runs the MoE block tensor-parallel. Returns
+    ``(params, tile_rows)``: the record's parallel params (those of the pass's ``expert_parallel`` or
+    ``expert_tensor_parallel``, plus ``algorithm``) and the experts' tile rows."""
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.sharding import (
+        Sharding,
+        check_tp_ep,
+        expert_parallel,
+        expert_tensor_parallel,
+        in_order,
+        split_chunks,
+        tp_ep_system,
+    )
+
+    if tp is not None:
+        check_tp_ep(tp, ep, batch, system)
+    check_ep(ep, model, n_heads, batch, moe_kw["regions"], placement, counts, tp)
+    g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
+    moe, d, stride = model.moe, model.hidden, tp or 1  # shard s's group: chips s * stride ..
+    attn_chips = min(ep * stride, n_heads)  # A (module docstring): chip a * gap runs KV heads a * per_head ..
+    per_head, gap, shard = n_heads // attn_chips, ep * stride // attn_chips, batch // ep
+    dynamic, tile_n, tile_f = moe_kw["dynamic"], moe_kw["tile_n"], moe_kw["tile_f"]
+    sh = Sharding(g, chips_system(ep, system, "--ep") if tp is None else
+                  tp_ep_system(moe, tp, ep, batch, system, tile_f))
+
+    def attention_partial(a):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
+        return Promote(g, RetileStreamify(g, heads(range(a * per_head, (a + 1) * per_head)), split_row=True), 1)
+
+    chips = [a * gap for a in range(attn_chips)]
+    chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
+                               prefix="attn_reducescatter.")
+    reduced, homes = sh.scatter_shards(chunks, chips, ep, batch), {}
+
+    def home_in(s, rows, t=0):  # h = x + attn @ W_o, shard s's rows (on its group's chip t)
+        if attn_chips > ep:  # the shard's A / E chunks in row order, from the chips that reduced them
+            m = attn_chips // ep
+            attn = in_order(g, [reduced[s * m + j] for j in range(m)], rows, bindings, promote=False)
+        else:
+            attn = Promote(g, reduced[s], 1)  # [rows] -> [1, rows], as x
+        x = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{s}", (rows, d), BF16), (1, d), (rows, 1), (1, 1),
+                                         stream_dtype=FP32), 0, 1)
+        h = Map(g, [attn, x], Add(), **bw)
+        h.fanout_depth = rows  # the rows wait for the MoE block's output (the decoder's h_rows)
+        homes[(s, t)] = h
+        return h
+
+    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, packing_compute_bw=PACKING_COMPUTE_BW)
+    if tp is not None:
+        parts = {}
+
+        def chip_ffns(t, sharded):  # chip t of a group: its F / T columns of every expert
+            return expert_ffns(sharded, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                               packing_compute_bw=PACKING_COMPUTE_BW, suffix=f".{t}")
+
+        def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
+            if (s, t) not in parts:
+                parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
+            LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw), tensor_name=f"y{s * tp + t}.{k}")
+
+        ep_bindings, tile_rows, params = expert_tensor_parallel(
+            sh, moe, routing, counts, tp, ep, placement, algorithm, ffns_of=lambda t, sharded: chip_ffns(t, sharded)[0],
+            shared_of=lambda t, sharded: chip_ffns(t, sharded)[1], compute_bw=bw["compute_bw"],
+            home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store, **build)
+        bindings.update(ep_bindings)
+        return params, tile_rows
+
+    def home_out(c, combined):  # y = h + moe(h), chip c's rows
+        out = Map(g, [combined, homes[(c, 0)]], Add(), **bw)
+        LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+
+    dedicated, shared = expert_ffns(moe, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                                    packing_compute_bw=PACKING_COMPUTE_BW)
+    regions = moe_kw["regions"]
+
+    def ffns(g, packed, members):  # one region per expert, or each chip's experts time-multiplexed (--regions)
+        if members is None:
+            return dedicated(g, packed)
+        return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
+
+    ep_bindings, tile_rows, params = expert_parallel(
+        sh, moe, routing, counts, ep, placement, regions=None if regions == moe.experts else regions, ffns=ffns,
+        compute_bw=bw["compute_bw"], shared_ffn=shared, home_in=home_in, home_out=home_out, **build)
+    bindings.update(ep_bindings)
+    return {**params, "algorithm": algorithm}, tile_rows

@@ -1,0 +1,420 @@
+"""The sharding pass: a layer's graph placed on many chips, with the collectives its placement needs.
+
+Every parallel form stepsim builds (``--tp T``, ``--ep E``, ``--tp T --ep E``, ``--pp P``, ``--micro-batches M``,
+for the MoE and the decoder layer and their stacks) has one structure, which this module holds once; a workload
+kind gives only its layer's pieces (hooks: the rows a chip computes, the partial sums it holds, its FFNs):
+
+1. **System.** The chips are ``(P or 1) x W`` of the system (W = T, E or T x E), or that many fully connected
+   chips with the preset links (:func:`stepsim.workloads.chips.chips_system`); one :class:`~stepsim.graph.network.
+   Network` carries every transfer (a collective's explicit sends first, then the cross-chip edges).
+2. **Stages.** Layer i of L belongs to stage ``i // (L / P)``, which runs on chips ``s W .. s W + W - 1``; at a
+   stage boundary every chip's rows cross once to the chip of the same rank in the next stage (an ordinary edge,
+   fanned out there: :func:`stepsim.workloads.chips.cross_stage`).
+3. **Placement.** Every operator a hook builds belongs to one chip: either the builder that made it says so by
+   rank within its group (``op.chip``, as the collectives' builders do) or the pass records it (``op_chip``);
+   a transfer's delivered placeholder is read on its destination chip. :func:`stepsim.graph.network.place_on_chips`
+   then turns every remaining cross-chip edge into a transfer.
+4. **Collectives.** Tensor parallelism: every chip of a group holds a partial sum, cut into W chunks and
+   all-reduced (or reduce-scattered) by :mod:`stepsim.workloads.collective.build` over the group's chips
+   (:class:`GroupNetwork`); the reduced chunks go back in row order (:func:`in_order`, a Reassemble by a static
+   selector) as the next block's rows, or are stored chunk by chunk (``y<t>.<k>``) after the last. Expert
+   parallelism: the batch is sharded over the chips and the experts' rows cross by the all-to-all of
+   :mod:`stepsim.workloads.moe.sharded` (dispatch and combine by the routing trace).
+5. **Labels.** Expert e of layer i is not expert e of layer j: a stack's layer relabels its groups
+   ``("layer<i>.<kind>", e)`` (the channel labels of the engine), the attention's regions excepted.
+6. **Report.** The record's parallel params: the system's name, the links used and the bytes over every link
+   (the symbolic per-link metric on the trace's bindings, at the width the engine times fp32 rows).
+
+The placements and where they are built (every one on :class:`Sharding`):
+
+* ``--tp T`` (heads or FFN columns over T chips), one layer or a stack in ``--pp`` stages: :func:`tp_layers`, a
+  layer given as blocks (a partial sum per chip, all-reduced, with or without a residual): the MoE and SwiGLU
+  layers' one block (:func:`tensor_parallel`), the decoder's attention and FFN blocks;
+* ``--ep E`` (experts over E chips, the batch sharded over them): :func:`expert_parallel` (one layer, the
+  load-balanced placement's cost model), :func:`ep_layer` (a stack's layer in its stage, ``--micro-batches``);
+  both on the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`;
+* ``--tp T --ep E``: :func:`expert_tensor_parallel` (expert groups of T chips, an all-reduce per group);
+* ``--pp P`` alone: :meth:`Sharding.place` of each stage's operators (the MoE, decoder and SwiGLU stacks).
+
+A kind that is not MoE needs no builder of its own: ``tests/workloads/test_sharding.py`` runs a toy layer
+``--tp 2`` in two ``--pp`` stages through :func:`tp_layers` alone.
+
+Why a module of ``stepsim.workloads`` and not a pass of ``stepsim.passes``: the import layers
+(docs/architecture.md, pyproject.toml) put ``stepsim.passes`` among the drivers, above the workloads, and the
+builders call this transform while they build (the hooks are the kind's own graph builders), so it must sit at or
+below them; it needs the collectives (``stepsim.workloads.collective``) and the network (``stepsim.graph``), so it
+cannot sit in ``stepsim.graph`` either.
+
+Operators are created in the order the per-combination builders created them (the engine's HBM serves memory
+units in registration order, and names carry operator ids): the cycles, bytes and event counts of every existing
+``--tp/--ep/--pp/--micro-batches`` run are unchanged.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Partition, Promote, Reassemble, SelectorSource
+
+
+class GroupNetwork:
+    """One group's view of the whole system's network: a collective's builder numbers the group's chips
+    ``0 .. n-1``; its transfers go between their chips in the system (``chips[i]``)."""
+
+    def __init__(self, net, chips: list[int]):
+        self.net, self.chips = net, chips
+        self.system = SimpleNamespace(chips=len(chips))  # all the builder reads of it
+
+    def send(self, src: int, dst: int, stream, name: str | None = None):
+        return self.net.send(self.chips[src], self.chips[dst], stream, name=name)
+
+
+class Sharding:
+    """One graph's placement on a system (module docstring, steps 1, 3 and 6): the network, and the chip of every
+    operator the pass or its hooks added (``op_chip``, by ``op.id``)."""
+
+    def __init__(self, g, system):
+        from stepsim.graph.network import Network
+
+        self.g, self.system = g, system
+        self.net = Network(g, system)
+        self.op_chip: dict[int, int] = {}
+
+    def place(self, since: int, chip: int) -> None:
+        """The operators added since ``since`` (an index of ``g.ops``) on ``chip``."""
+        self.op_chip.update({op.id: chip for op in self.g.ops[since:]})
+
+    def place_ranked(self, since: int, chips: list[int]) -> None:
+        """The operators added since ``since`` that a builder placed by rank (``op.chip``) on ``chips[rank]``."""
+        self.op_chip.update({op.id: chips[op.chip] for op in self.g.ops[since:] if hasattr(op, "chip")})
+
+    def delivered(self) -> None:
+        """A chunk delivered to a chip is read there (the send's placeholder)."""
+        for tr in self.net.transfers:
+            self.op_chip[tr.delivered.id] = tr.dst
+
+    def reduce_scatter(self, chips: list[int], partial_of, elems: int, *, algorithm: str, compute_bw: int,
+                       prefix: str) -> dict:
+        """Every chip of ``chips`` builds its partial sum (``partial_of(rank)``, ``(1, elems)``), reduce-scattered
+        over them (:func:`stepsim.workloads.chips.reduce_scatter_partials`, operators ``<prefix>*``): returns
+        ``{rank: chunk}``, the sum of chunk ``rank`` on ``chips[rank]``."""
+        from stepsim.workloads.chips import reduce_scatter_partials
+
+        start = len(self.g.ops)
+        chunks = reduce_scatter_partials(self.g, GroupNetwork(self.net, chips), len(chips), partial_of, elems,
+                                         algorithm=algorithm, compute_bw=compute_bw, prefix=prefix)
+        self.place_ranked(start, chips)
+        self.delivered()
+        return chunks
+
+    def scatter_shards(self, chunks: dict, chips: list[int], shards: int, elems: int) -> dict:
+        """The reduce-scattered ``chunks`` (one per chip of ``chips``) as the batch's ``shards`` shards: with fewer
+        chunks than shards chunk a cuts itself into the shards ``a s/n ..`` of the chips it feeds (a Partition by
+        a static selector on ``chips[a]``); else shard s is chunk s (or, more chunks, one of its parts)."""
+        out = {}
+        for a, chip in enumerate(chips):
+            if len(chips) >= shards:
+                out[a] = chunks[a]
+                continue
+            before, spread = len(self.g.ops), shards // len(chips)
+            part = split_chunks(self.g, Promote(self.g, chunks[a], 1), elems // len(chips), spread)
+            for j in range(spread):  # a shard waits whole for its link, not blocking the next one
+                out[a * spread + j] = part[j]
+            self.place(before, chip)
+        return out
+
+    def finish(self, bindings: dict) -> dict:
+        """Route every cross-chip edge (:func:`~stepsim.graph.network.place_on_chips`) and return the report's
+        ``system``, ``links_used`` and ``link_bytes`` (bytes per link on ``bindings``)."""
+        import sympy
+
+        from stepsim.graph.lower import fp32_timing_bytes
+        from stepsim.graph.network import place_on_chips
+
+        net = place_on_chips(self.g, self.system, lambda op: self.op_chip[op.id], network=self.net)
+        values = {sym: sympy.sympify(v) for sym, v in bindings.items()}  # xreplace: subs is quadratic here
+        link_bytes = {name: int(sympy.sympify(b).xreplace(values))
+                      for name, b in net.link_bytes(fp32_timing_bytes(self.g)).items()}
+        return {"system": self.system.name, "links_used": len(net.links), "link_bytes": link_bytes}
+
+
+def relabel(ops, layer: int, kinds=None) -> None:
+    """Step 5: a stack's layer ``layer`` names its groups ``("layer<i>.<kind>", index)`` (``kinds``: only those
+    kinds; None: every tuple group)."""
+    for op in ops:
+        if isinstance(op.group, tuple) and (kinds is None or op.group[0] in kinds):
+            op.group = (f"layer{layer}.{op.group[0]}", op.group[1])
+
+
+def chunk_selector(rows: int, chunks: int) -> np.ndarray:
+    """The static selector of ``rows`` rows cut into ``chunks`` consecutive chunks: row r in chunk ``r // (rows /
+    chunks)``."""
+    return np.eye(chunks, dtype=np.int8)[np.arange(rows) // (rows // chunks)]
+
+
+def in_order(g, chunks: list, rows: int, bindings: dict, promote: bool = True):
+    """The reduced ``chunks`` (each ``rows / n`` rows) back in row order: a Reassemble by a static selector, as
+    ``(1, rows)`` rows (``promote``: flattened to ``(rows,)`` and promoted, a stream of its own rank; else the
+    Reassemble's ``[1, rows, 1]`` flattened to ``[1, rows]``)."""
+    ordered = Reassemble(g, chunks, SelectorSource(g, chunk_selector(rows, len(chunks)), len(chunks)), 0)
+    bindings[ordered.ragged_symbol] = 1  # one row per selector element
+    if not promote:
+        flat = Flatten(g, ordered, 1, 2)
+        flat.assume_shape(0, (1, rows))
+        return flat
+    flat = Flatten(g, ordered, 0, 2)
+    flat.assume_shape(0, (rows,))
+    return Promote(g, flat, 1)
+
+
+def split_chunks(g, rows_stream, rows: int, chunks: int):
+    """``rows_stream`` cut into ``chunks`` chunks of consecutive rows (a Partition by a static selector whose
+    outputs hold a whole chunk)."""
+    part = Partition(g, rows_stream, SelectorSource(g, chunk_selector(rows, chunks), chunks), 0, chunks)
+    part.channel_depth = rows // chunks
+    for k in range(chunks):
+        part.assume_shape(k, (rows // chunks,))
+    return part
+
+
+def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: str, batch: int, compute_bw: int,
+              bindings: dict, blocks, rows_in: dict | None = None, load=None, kinds=None, stack: bool = True,
+              store_kw: dict | None = None) -> None:
+    """Tensor-parallel layers (module docstring, steps 2-5) into ``sh.g``: stage s of ``pp`` on chips ``s tp ..``.
+
+    ``rows_in[t]``: chip t's input rows of layer 0 (None: its blocks build their own). ``blocks(i)``: layer i's
+    blocks in order, each ``(name, partial(t, rows), residual)``: chip t's partial sum (``(1, B)`` rows) on its
+    block input ``rows`` (None when there are none yet) is all-reduced over the stage's chips (operators
+    ``layer<i>.<name>.*``; one layer without ``stack``: ``<name>.*``, its groups not relabelled); with
+    ``residual`` the block's input rows (without rows: ``load(t)``, built after the reduced rows are in order, as
+    ``[1, B]`` rows of the Reassemble) are added to the reduced rows. After the last block of the last layer chip
+    t stores reduced chunk k (plus its input chunk, with a residual) as ``y<t>.<k>`` (``store_kw``: the stores'
+    other keywords); else the rows, in row order, are the next block's input."""
+    from stepsim.workloads.chips import all_reduce_partials, cross_stage
+
+    g, per_stage = sh.g, layers // (pp or 1)
+    rows_in = {} if rows_in is None else rows_in
+    for i in range(layers):
+        chips = [(i // per_stage) * tp + t for t in range(tp)]
+        if i and i % per_stage == 0:
+            cross_stage(g, rows_in, chips, sh.op_chip)
+        start = len(g.ops)
+        group = GroupNetwork(sh.net, chips)
+        steps = blocks(i)
+        for b, (name, partial, residual) in enumerate(steps):
+            if residual:  # the rows wait for the all-reduce before the residual reads them
+                for rows in rows_in.values():
+                    rows.fanout_depth = batch
+
+            def partial_of(t, partial=partial, rows=dict(rows_in)):
+                return partial(t, rows.get(t))
+
+            reduced = all_reduce_partials(g, group, tp, partial_of, batch, algorithm=algorithm,
+                                          compute_bw=compute_bw, prefix=f"layer{i}.{name}." if stack else f"{name}.")
+            last = i == layers - 1 and b == len(steps) - 1
+            for t in range(tp):
+                before = len(g.ops)
+                chunks = [reduced[(t, k)] for k in range(tp)]
+                if last:
+                    extra = split_chunks(g, rows_in[t], batch, tp) if residual else None
+                    for k in range(tp):  # the all-reduce's rows are in on-chip memory, as the one-layer --tp's
+                        out = chunks[k] if extra is None else Map(g, [chunks[k], extra[k]], Add(),
+                                                                  compute_bw=compute_bw)
+                        LinearOffChipStore(g, out, tensor_name=f"y{t}.{k}", **(store_kw or {}))
+                elif residual:
+                    rows_in[t] = Map(g, [in_order(g, chunks, batch, bindings, promote=stack),
+                                         rows_in[t] if t in rows_in else load(t)], Add(), compute_bw=compute_bw)
+                else:
+                    rows_in[t] = in_order(g, chunks, batch, bindings)
+                    rows_in[t].fanout_depth = batch  # tokens feed the partition and the shared experts
+                for op in g.ops[before:]:
+                    op.chip = t
+        sh.place_ranked(start, chips)
+        sh.delivered()
+        if stack:
+            relabel(g.ops[start:], i, kinds)
+
+
+def tensor_parallel(g, system, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
+                    bindings: dict | None = None, store_kw: dict | None = None) -> dict:
+    """One layer tensor-parallel without a residual (the MoE layer's and the SwiGLU FFN's ``--tp``): chip c's
+    partial sum ``partial_of(c)`` (``(1, elems)``) all-reduced (operators ``allreduce.*``), chip c storing
+    reduced chunk k as ``y<c>.<k>``. Returns :meth:`Sharding.finish`'s report of the links."""
+    sh = Sharding(g, system)
+    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=elems, compute_bw=compute_bw, bindings={},
+              stack=False, store_kw=store_kw, blocks=lambda i: [("allreduce", lambda t, rows: partial_of(t), False)])
+    return sh.finish(bindings or {})
+
+
+def ep_layer(sh: Sharding, model, routing, layer: int, base: int, *, ep: int, placement: str, micro_batches: int,
+             build: dict, ffns, shared_ffn, home_in, home_out, counts, bindings: dict, tile_rows: dict) -> tuple:
+    """One expert-parallel layer of a stack (module docstring, steps 3-5) into ``sh.g`` on chips ``base ..
+    base + ep - 1``: its experts placed by ``placement`` from its own routing (``counts``: tokens per expert), the
+    all-to-all of :func:`~stepsim.workloads.moe.sharded.build_sharded` (per micro-batch with ``micro_batches`` > 1)
+    with ``build``'s tiling keywords and the
+    hooks ``ffns``, ``shared_ffn``, ``home_in``, ``home_out``; its groups named ``layer<i>.``. Returns ``(the chip
+    of every expert, the shard bounds)``."""
+    from stepsim.workloads.moe.parallel import place_experts
+    from stepsim.workloads.moe.sharded import build_sharded
+
+    g = sh.g
+    chip_of = place_experts(counts, ep, placement, None if build["dynamic"] else build["tile_n"])
+    before = len(g.ops)
+    layer_chip, layer_bindings, bounds, rows = build_sharded(
+        g, model, routing, chip_of, ep, ffns=ffns, shared_ffn=shared_ffn, home_in=home_in, home_out=home_out,
+        prefix=f"layer{layer}.", micro_batches=micro_batches, **build)
+    sh.op_chip.update({op.id: base + layer_chip[op.id] for op in g.ops[before:]})
+    relabel(g.ops[before:], layer)
+    bindings.update(layer_bindings)
+    tile_rows.update(rows)
+    return chip_of, bounds
+
+
+def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int) -> dict:
+    """An expert-parallel layer's report: the tokens every chip's experts receive, the busiest chip, imbalance =
+    max / mean, and :meth:`Sharding.finish`'s links."""
+    from stepsim.workloads.moe.parallel import chip_tokens
+
+    tokens = chip_tokens(counts, chip_of, chips)
+    mean = sum(tokens) / chips
+    busiest = max(range(chips), key=lambda c: (tokens[c], -c))
+    return {"tokens": tokens, "busiest": busiest, "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
+            **sh.finish(bindings)}
+
+
+def expert_parallel(sh: Sharding, model, routing, counts, chips: int, placement: str, *, regions: int | None, ffns,
+                    **build) -> tuple[dict, dict, dict]:
+    """``--ep N``: the sharded expert-parallel layer (:mod:`stepsim.workloads.moe.sharded`) into ``sh.g`` on the
+    chips of ``sh.system``, after whatever ``sh`` already placed (the decoder's attention), its transfers routed.
+
+    ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
+    regions (:func:`~stepsim.workloads.moe.parallel.region_members`), so a chip's experts share its compute and the
+    token tiles a chip receives are its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each
+    region's experts, or None); ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other
+    keywords. Returns ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles'
+    rows, and the report fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean,
+    bytes over every link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
+    """
+    from stepsim.workloads.moe.parallel import expert_cost, place_experts, region_members, shard_rows
+    from stepsim.workloads.moe.sharded import build_sharded
+
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    cost = None  # with --regions a chip's tiles are its time: the tile-first greedy
+    if regions is None:
+        cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system)
+    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), chips)
+    chip_of = place_experts(counts, chips, placement, tile_n, cost, rows)
+    members = None if regions is None else region_members(chip_of, chips, regions)
+    layer_chip, bindings, bounds, tile_rows = build_sharded(
+        sh.g, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
+        region_chip=None if members is None else [chip_of[m[0]] for m in members], **build)
+    sh.op_chip.update(layer_chip)
+    r = _report(sh, bindings, counts, chip_of, chips)
+    params = {"ep": chips, "placement": placement, "system": r["system"], "expert_chips": chip_of,
+              "shard_bounds": bounds, "chip_tokens": r["tokens"], "busiest_chip": r["busiest"],
+              "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
+    if members is not None:
+        params["region_experts"] = members
+    return bindings, tile_rows, params
+
+
+def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:
+    """One-line ArgumentError unless every chip's shard of the batch splits into ``tp`` all-reduce chunks and the
+    system has ``tp x ep`` chips."""
+    from stepsim.base.errors import ArgumentError
+
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
+        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
+        raise ArgumentError(f"--ep must be an int >= 2 (chips) with --tp, got {ep!r}")
+    if batch % (tp * ep):
+        raise ArgumentError(f"--tp {tp} --ep {ep}: each of the {ep} expert groups' shards of the batch is cut into "
+                            f"{tp} all-reduce chunks; the batch of {batch} tokens must be a multiple of {tp * ep}")
+    if system is not None and system.chips != tp * ep:
+        raise ArgumentError(f"--tp {tp} --ep {ep} needs a system of {tp * ep} chips (tp x ep); system "
+                            f"{system.name!r} has {system.chips}")
+
+
+def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
+    """The system of ``--tp N --ep M`` (``tp x ep`` chips: :func:`~stepsim.workloads.chips.chips_system`), after
+    :func:`check_tp_ep` and the one-line check that every expert's columns split into whole ``tile_f`` tiles."""
+    from stepsim.base.errors import ArgumentError
+    from stepsim.workloads.chips import chips_system
+
+    check_tp_ep(tp, ep, batch, system)
+    for what, width in (("intermediate", model.intermediate), ("shared intermediate", model.shared_intermediate)):
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    return chips_system(tp * ep, system, "--tp x --ep")
+
+
+def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: int, placement: str, algorithm: str,
+                           *, ffns_of, shared_of, compute_bw: int, home_in_of=None, store=None,
+                           **build) -> tuple[dict, dict, dict]:
+    """``--tp N --ep M`` (the system: :func:`tp_ep_system`): the experts placed on M groups of N chips, each
+    expert's F columns split over the N chips of its group; chips ``g N .. g N + N - 1`` form group g.
+
+    The batch is sharded over the groups (group g holds the tokens of shard g, :func:`shard_bounds
+    <stepsim.workloads.moe.sharded.shard_bounds>`) and replicated over a group's chips, as after tensor-parallel
+    attention. Tensor-parallel rank t is one expert-parallel layer over the chips ``g N + t`` of every group
+    (:func:`~stepsim.workloads.moe.sharded.build_sharded` on the shard model of F / N columns, weights
+    ``expert<e>_<part>.<t>`` and ``shared_<part>.<t>`` as with ``--tp`` alone; its all-to-alls stay among the
+    chips of rank t). Every chip so ends with a partial sum of its group's rows of y; the collectives' all-reduce
+    over the group's chips (``algorithm``) sums them, and chip ``p = g N + t`` stores chunk k of its group's rows
+    (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
+
+    ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
+    (``shard``: the model of one chip's column block); ``build`` are its other keywords. The decoder layer's hooks:
+    ``home_in_of(t)`` is rank t's ``home_in``; ``store(g, t, k, stream)`` consumes the reduced chunk k on chip
+    ``g N + t`` instead of storing it in ``y<p>.<k>``. Returns ``(bindings, tile_rows, params)`` as
+    :func:`expert_parallel` (``expert_chips``: the first chip of each expert's group; ``chip_tokens``: the token
+    rows every chip's experts receive) plus ``tp`` and ``algorithm``.
+    """
+    from stepsim.models.presets import MoEModel
+    from stepsim.workloads.chips import all_reduce_partials
+    from stepsim.workloads.moe.parallel import expert_cost, place_experts, shard_rows
+    from stepsim.workloads.moe.sharded import build_sharded
+
+    g, tile_f, chips = sh.g, build["tile_f"], tp * ep
+    shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
+                     top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
+    # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
+    cost = expert_cost(shard, tile_n, tile_f, compute_bw, sh.system)
+    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), ep)
+    group_of = place_experts(counts, ep, placement, tile_n, cost, rows)
+    bindings, tile_rows, partials = {}, {}, {}
+    for t in range(tp):
+        start = len(g.ops)
+        ranked, rank_bindings, bounds, rows = build_sharded(
+            g, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
+            compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
+            home_out=lambda grp, summed, t=t: partials.__setitem__((grp, t), summed), **build)
+        sh.op_chip.update({op.id: ranked[op.id] * tp + t for op in g.ops[start:]})
+        bindings.update(rank_bindings)
+        tile_rows.update(rows)
+    for grp in range(ep):
+        start, group = len(g.ops), [grp * tp + t for t in range(tp)]
+        reduced = all_reduce_partials(g, GroupNetwork(sh.net, group), tp, lambda t, grp=grp: partials[(grp, t)],
+                                      bounds[grp + 1] - bounds[grp], algorithm=algorithm, compute_bw=compute_bw,
+                                      prefix=f"allreduce.g{grp}.")
+        for (t, k), stream in sorted(reduced.items()):
+            before = len(g.ops)
+            if store is None:
+                LinearOffChipStore(g, stream, tensor_name=f"y{grp * tp + t}.{k}")
+            else:
+                store(grp, t, k, stream)
+            for op in g.ops[before:]:
+                op.chip = t
+        sh.place_ranked(start, group)  # the builders placed them by rank within the group (op.chip)
+    sh.delivered()
+    r = _report(sh, bindings, counts, group_of, ep)
+    params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": r["system"],
+              "expert_chips": [grp * tp for grp in group_of], "shard_bounds": bounds,
+              "chip_tokens": [r["tokens"][p // tp] for p in range(chips)], "busiest_chip": r["busiest"] * tp,
+              "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
+    return bindings, tile_rows, params
