@@ -1,6 +1,9 @@
 """Shared fixtures: the real traces live in ``../shared/traces`` beside the repository, never inside it."""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,33 @@ from shared_traces_folder import require_shared_traces
 # Commands the tests start run in their own process, even when the user has a command server running
 # (stepsim.cli.server_daemon): the tests of the server itself turn it back on for their own commands.
 os.environ["STEPSIM_SERVER"] = "off"
+
+
+def _seed_mapping_cache() -> None:
+    """Start the test run with a private copy of tests/mapping_seeds as its mapping cache: the schedules the
+    suite's ``--schedule auto`` shapes need, mapped once by today's code (tests/mapping_seeds/refresh.py; a seed
+    whose sources changed is never used, and tests/mapping/test_mapping_seeds.py says so). A copy, so no test
+    writes into the repository or the user's own cache; one copy for the run, named by
+    ``STEPSIM_TEST_MAPPING_CACHE``, which the test workers and the commands the tests start inherit, so a shape
+    one of them maps is mapped once. ``STEPSIM_TEST_MAPPING_CACHE=DIR`` set by the caller: that folder, seeded the
+    same way and kept (to collect new seeds: ``python tests/mapping_seeds/refresh.py --add DIR``)."""
+    folder = os.environ.get("STEPSIM_TEST_MAPPING_CACHE")
+    if not folder:
+        folder = tempfile.mkdtemp(prefix="stepsim-mapping-")
+        os.environ["STEPSIM_TEST_MAPPING_CACHE"] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the process that made it: pytest's main
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for seed in (Path(__file__).parent / "mapping_seeds").glob("*.json"):
+        target = Path(folder) / seed.name
+        if not target.exists():  # a worker of the run finds the copy made; whole files only (workers may race)
+            part = target.with_name(f"{seed.name}.{os.getpid()}.part")
+            shutil.copyfile(seed, part)
+            os.replace(part, target)
+    os.environ["STEPSIM_MAPPING_CACHE"] = folder
+
+
+_seed_mapping_cache()
+
 
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:

@@ -15,6 +15,7 @@ buckets, not every token count.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -190,11 +191,25 @@ def _source_hash() -> str:
     return stable_hash([file_sha256(f) for f in files])
 
 
-def _key(kind: str, size: int, dims, hardware: Hardware) -> str:
+def source_hash() -> str:
+    """:func:`_source_hash`, computed once a process."""
     if "source" not in _SOURCE:
         _SOURCE["source"] = _source_hash()
-    return stable_hash({"mapper_version": MAPPER_VERSION, "timing_model_version": TIMING_MODEL_VERSION, "kind": kind,
-                        "size": size, "dims": repr(dims), "hardware": hardware.values(), "source": _SOURCE["source"]})
+    return _SOURCE["source"]
+
+
+def key_material(kind: str, size: int, dims, hardware: Hardware) -> dict:
+    """Everything a schedule depends on: the mapper's and timing model's versions, the kind, size, dimensions,
+    hardware and the sources (:func:`_source_hash`). Its hash is the cache key; the cache file keeps it too, so
+    a cached schedule says what it was mapped for and whether today's code would map it the same. The dimensions
+    are their fields without the model's name (:func:`dims_fields`), so one shape maps once whichever file or
+    preset it came from."""
+    return {"mapper_version": MAPPER_VERSION, "timing_model_version": TIMING_MODEL_VERSION, "kind": kind,
+            "size": size, "dims": dims_fields(dims), "hardware": hardware.values(), "source": source_hash()}
+
+
+def _key(kind: str, size: int, dims, hardware: Hardware) -> str:
+    return stable_hash(key_material(kind, size, dims, hardware))
 
 
 _SOURCE: dict[str, str] = {}
@@ -211,7 +226,7 @@ def map_layer(kind: str, size: int, dims, hardware: Hardware, *, cache: Path | N
     if schedule is None:
         schedule, _ = evaluate(kind, size, dims, hardware)
         if folder is not None:
-            _save(folder, key, schedule)
+            _save(folder, key, schedule, key_material(kind, size, dims, hardware))
     _MEMO[key] = schedule
     return schedule
 
@@ -251,7 +266,17 @@ def _load(folder: Path, key: str) -> Schedule | None:
         return None
 
 
-def _save(folder: Path, key: str, schedule: Schedule) -> None:
-    record = {"key": key, "schedule": schedule.to_dict()}
+def dims_fields(dims) -> dict:
+    """``dims`` as JSON: an FFN's :class:`~stepsim.models.presets.MoEModel` fields but its name (a label of the
+    graph, a file's path for a model read from a file: no schedule depends on it), or the decode's dict."""
+    if dataclasses.is_dataclass(dims):
+        return {k: v for k, v in dataclasses.asdict(dims).items() if k != "name"}
+    return dict(dims)
+
+
+def _save(folder: Path, key: str, schedule: Schedule, material: dict) -> None:
+    """One checksummed file ``KEY.json``: the key, what it was mapped for (``material``, whose hash is the key)
+    and the schedule."""
+    record = {"key": key, "material": material, "schedule": schedule.to_dict()}
     with atomic_output(folder / f"{key}.json") as tmp:
         tmp.write_text(json.dumps({**record, "sha256": _checksum(record)}, indent=2) + "\n", encoding="utf-8")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from stepsim.base.errors import ConfigError, StepsimWarning
+from stepsim.base.files import stable_hash
 from stepsim.base.hardware import PRESETS
 from stepsim.mapping import map_layer, mapped_workload
 from stepsim.mapping.kinds import ffn_routing, ffn_samples
@@ -124,8 +125,16 @@ def test_schedules_are_cached_on_disk_and_a_damaged_file_is_mapped_again(tmp_pat
     (path,) = tmp_path.glob("*.json")
     record = json.loads(path.read_text())
     assert Schedule.from_dict(record["schedule"]) == first
+    # the file says what it was mapped for: its key is that material's hash; the model's name is no part of it
+    assert record["material"]["dims"] == {"hidden": 64, "intermediate": 128, "experts": 8, "top_k": 2,
+                                          "shared_intermediate": 0}
+    assert (record["material"]["kind"], record["material"]["size"]) == ("ffn", 8)
+    assert path.name == f"{stable_hash(record['material'])}.json"
     _MEMO.clear()
     assert map_layer("ffn", 8, dims, SN40L, cache=tmp_path) == first  # read back
+    _MEMO.clear()
+    assert map_layer("ffn", 8, MoEModel("/elsewhere/m.json", 64, 128, 8, 2), SN40L, cache=tmp_path) == first
+    assert len(list(tmp_path.glob("*.json"))) == 1  # the same shape from another file: the same schedule file
     path.write_text(path.read_text().replace(str(first.cycles), str(first.cycles + 1)))  # edited: checksum fails
     _MEMO.clear()
     with pytest.warns(StepsimWarning, match="unusable .*checksum or key does not match.*mapping again"):

@@ -1,0 +1,82 @@
+"""Map the suite's seeded schedules again with today's code (run after changing the mapper or a mapped builder).
+
+The test suite starts with a copy of this folder as its mapping cache (tests/conftest.py), so the serving tests
+on ``--schedule auto`` do not each map their shapes from nothing (a cold Qwen3-30B-A3B FFN bucket takes minutes).
+A seed is an ordinary cache file (:mod:`stepsim.mapping.mapper`): it is used only when its key, the hash of
+everything its schedule depends on, the mapper's and the mapped builders' sources included, matches. So a stale
+seed is never used; it only makes the suite slow, and tests/mapping/test_mapping_seeds.py fails until it is
+mapped again::
+
+    python tests/mapping_seeds/refresh.py            # every seed, with today's code (in parallel, one per core)
+    # shapes new tests map: run them with a cache folder of their own, then add its files' shapes
+    STEPSIM_TEST_MAPPING_CACHE=/tmp/new pytest tests/...
+    python tests/mapping_seeds/refresh.py --add /tmp/new
+
+A seed's schedule is the one the mapper finds now: a file mapped by older code is mapped again (only what it was
+mapped for is read from it: kind, size, dimensions, hardware); one whose key is today's is kept as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+SEEDS = Path(__file__).resolve().parent
+
+
+def request_of(record: dict) -> tuple:
+    """``(kind, size, dims, hardware)`` a cache record was mapped for, rebuilt from its fields."""
+    from stepsim.base.hardware import Hardware
+    from stepsim.models.presets import MoEModel
+
+    material = record["material"]
+    dims = material["dims"]
+    dims = MoEModel("seed", **dims) if "experts" in dims else dict(dims)  # the name: a label no schedule reads
+    return material["kind"], material["size"], dims, Hardware.from_dict(material["hardware"], source="seed")
+
+
+def remap(path: str) -> str:
+    """The seed of the cache file ``path`` in :data:`SEEDS`, mapped with today's code (copied when ``path`` is
+    already today's: its key says so, and mapping is deterministic); the seed's file name."""
+    from stepsim.mapping.mapper import _key, key_material, map_layer
+
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    if "material" not in record:  # written before cache files said what they were mapped for
+        raise SystemExit(f"{path}: does not say what it was mapped for (an older cache file): map its shape again")
+    kind, size, dims, hardware = request_of(record)
+    now = key_material(kind, size, dims, hardware)
+    drift = {k for k in now if k not in ("source", "mapper_version", "timing_model_version")
+             and now[k] != record["material"][k]}
+    if drift:  # the rebuilt request must be the one the file was mapped for
+        raise SystemExit(f"{path}: cannot rebuild what it was mapped for ({', '.join(sorted(drift))} differ)")
+    name = f"{_key(kind, size, dims, hardware)}.json"
+    if now == record["material"] and record["key"] == name[:-5]:
+        if Path(path) != SEEDS / name:
+            shutil.copyfile(path, SEEDS / name)
+    else:
+        map_layer(kind, size, dims, hardware, cache=SEEDS)
+    return name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--add", type=Path, help="also map the shapes of this folder's cache files")
+    args = parser.parse_args(argv)
+    old = sorted(SEEDS.glob("*.json"))
+    sources = [str(p) for p in old] + ([str(p) for p in sorted(args.add.glob("*.json"))] if args.add else [])
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        kept = set(pool.map(remap, sources))
+    for path in old:
+        if path.name not in kept:
+            path.unlink()
+    print(f"{len(kept)} seeds in {SEEDS} ({len(old)} before)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
