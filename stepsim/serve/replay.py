@@ -55,7 +55,22 @@ class ReplayResult:
 
 def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
            provider: LatencyProvider, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
-    """Serve every request of a trace to completion.
+    """Serve every request of a trace to completion: in machine code for ``--iteration-latency`` and a calibrated
+    ``--fidelity fast`` (:mod:`stepsim.serve.replay_compiled`, the same result bit for bit), else
+    :func:`replay_reference`. Parameters as :func:`replay_reference`'s (``progress`` is called every few thousand
+    steps on the compiled path)."""
+    from stepsim.serve.replay_compiled import compiled_replay
+
+    result = compiled_replay(arrival_s, prompt, output, scheduler, provider, progress)
+    if result is not None:
+        return result
+    return replay_reference(arrival_s, prompt, output, scheduler, provider, progress)
+
+
+def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
+                     provider: LatencyProvider, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """Serve every request of a trace to completion, one Python step at a time: the reference the compiled
+    replay reproduces (tests/serve/test_replay_compiled.py), and the loop of every other provider.
 
     Parameters
     ----------
