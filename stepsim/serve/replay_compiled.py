@@ -30,7 +30,7 @@ MAX_COLUMNS = 128
 
 def _fast_parameters(provider, kr) -> dict | None:
     """The fast provider's constants as the kernel takes them, or None when it cannot price this provider."""
-    from stepsim.serve.fast import (BOUND_COMPUTE_BW, DECODE_REGIONS, FEW_TOKENS, FastLatency, MODELS, _TILE_SHIFT,
+    from stepsim.serve.fast import (_TILE_SHIFT, BOUND_COMPUTE_BW, DECODE_REGIONS, FEW_TOKENS, MODELS, FastLatency,
                                     few_experts, has_shared)
     from stepsim.serve.routing import SyntheticRouting
 
@@ -248,3 +248,18 @@ def _cached() -> bool:
         return True
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
     return bool(cache_dir) and any(Path(cache_dir).rglob(pattern))
+
+
+def warm() -> None:
+    """Compile (or load) the replay kernel: one request replayed at a constant step (``stepsim cache warm``). The
+    fast model's steps use the same specialization (every argument has the same type)."""
+    from stepsim.serve.kv_cache import kv_capacity
+    from stepsim.serve.scheduler import SchedulerConfig
+
+    capacity = kv_capacity(64 * 16, 0, 1, 16)
+    done = compiled_replay(np.zeros(1), np.array([3]), np.array([2]),
+                           Scheduler(SchedulerConfig.make("vllm"), capacity, 512), ConstantLatency(0.5))
+    if done is None:
+        from stepsim.base.errors import SimulationError
+
+        raise SimulationError("the compiled replay refused its warm-up run (stepsim bug)")
