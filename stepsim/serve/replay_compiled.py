@@ -30,9 +30,12 @@ MAX_COLUMNS = 128
 
 def _fast_parameters(provider, kr) -> dict | None:
     """The fast provider's constants as the kernel takes them, or None when it cannot price this provider."""
-    from stepsim.serve.fast import (_TILE_SHIFT, BOUND_COMPUTE_BW, DECODE_REGIONS, FEW_TOKENS, MODELS, FastLatency,
-                                    few_experts, has_shared)
+    from stepsim.serve import fast as model_of_steps
+    from stepsim.serve.fast import FastLatency, few_experts, has_shared
     from stepsim.serve.routing import SyntheticRouting
+
+    tile_shift, compute_bw = model_of_steps._TILE_SHIFT, model_of_steps.BOUND_COMPUTE_BW
+    few_tokens, kinds = model_of_steps.FEW_TOKENS, model_of_steps.MODELS
 
     if type(provider) is not FastLatency or provider.recorder is not None or provider.spec.system is not None:
         return None
@@ -41,7 +44,8 @@ def _fast_parameters(provider, kr) -> dict | None:
         return None
     hardware, roofline = provider.hardware, provider.roofline
     if (provider.spec.hardware.hbm_peak_bytes_per_cycle != hardware.hbm_peak_bytes_per_cycle
-            or roofline.embedding_bytes != provider.embedding_bytes or provider.chips != 1 or DECODE_REGIONS != 4):
+            or roofline.embedding_bytes != provider.embedding_bytes or provider.chips != 1
+            or model_of_steps.DECODE_REGIONS != 4):
         return None
     forms = provider.forms or {}
     if set(forms) != {"decode", "prefill", "ffn"}:
@@ -49,7 +53,7 @@ def _fast_parameters(provider, kr) -> dict | None:
     shared = has_shared(provider.spec)
     rounds = few_experts(provider.spec)
     experts = model.experts if model.is_moe else 0
-    columns = 8 + FEW_TOKENS + 1 + int(shared) + (experts if rounds else 0)
+    columns = 8 + few_tokens + 1 + int(shared) + (experts if rounds else 0)
     widths = {"decode": 4, "prefill": 4, "ffn": 6 if shared else 5}
     if columns > MAX_COLUMNS or any(len(forms[k].off_chip) != w or len(forms[k].flops) != w
                                     for k, w in widths.items()):
@@ -59,7 +63,7 @@ def _fast_parameters(provider, kr) -> dict | None:
         form_rows[2 * i, :widths[kind]] = forms[kind].off_chip
         form_rows[2 * i + 1, :widths[kind]] = forms[kind].flops
     theta = provider.theta or {}
-    rows = [theta.get(kind) for kind in MODELS]  # decode, prefill, ffn, ffn_prefill: the kernel's rows
+    rows = [theta.get(kind) for kind in kinds]  # decode, prefill, ffn, ffn_prefill: the kernel's rows
     width = max([len(r) for r in rows if r is not None], default=1)
     if width > MAX_COLUMNS:
         return None
@@ -82,8 +86,8 @@ def _fast_parameters(provider, kr) -> dict | None:
     pi[kr.P_SHARED] = int(shared)
     pi[kr.P_ROUNDS] = int(rounds)
     pi[kr.P_EXPERTS] = experts
-    pi[kr.P_TILE_SHIFT] = _TILE_SHIFT
-    pi[kr.P_FEW_TOKENS] = FEW_TOKENS
+    pi[kr.P_TILE_SHIFT] = tile_shift
+    pi[kr.P_FEW_TOKENS] = few_tokens
     pi[kr.P_FIXED_BYTES] = roofline.fixed_bytes
     pi[kr.P_EXPERT_BYTES] = roofline.expert_bytes
     pi[kr.P_KV_BYTES] = roofline.kv_bytes_per_token
@@ -91,7 +95,7 @@ def _fast_parameters(provider, kr) -> dict | None:
     pi[kr.P_ATTENTION_FLOPS] = roofline.attention_flops
     pi[kr.P_PEAK_BYTES] = roofline.peak_bytes
     pi[kr.P_PEAK_FLOPS] = roofline.peak_flops
-    pi[kr.P_COMPUTE_BW] = BOUND_COMPUTE_BW
+    pi[kr.P_COMPUTE_BW] = compute_bw
     if max(abs(int(v)) for v in pi) >= kr.EXACT:
         return None
     routing = provider.routing if model.is_moe else None
