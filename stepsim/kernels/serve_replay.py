@@ -368,8 +368,41 @@ def _window(prefix, start, tokens, tile_shift, experts, tiles):
 
 
 @kernel
+def _all_windows(prefix, starts, row, layers, tokens, tile_shift, experts, feats):
+    """:func:`_window` of every layer at once into ``feats`` (int64 ``[layers, 5]``: expert tiles, active experts,
+    busiest tiles, then scratch), experts outside and layers inside: the layers' prefix rows are independent loads
+    the processor overlaps (each layer's own loop waits on its two rows, which are seldom in cache: the pool's
+    prefix counts are 8 MiB for 128 experts)."""
+    pool = prefix.shape[1] - 1
+    turns, rest = tokens // pool, tokens % pool
+    round_up = (1 << tile_shift) - 1
+    for layer in range(layers):
+        start = starts[row, layer]
+        end = start + rest
+        feats[layer, 0] = 0
+        feats[layer, 1] = 0
+        feats[layer, 2] = 0
+        feats[layer, 3] = start
+        feats[layer, 4] = end - pool if end > pool else end
+    for e in range(experts):
+        whole = turns * np.int64(prefix[0, pool, e])
+        for layer in range(layers):
+            start = feats[layer, 3]
+            stop = feats[layer, 4]
+            c = np.int64(prefix[0, stop, e]) - np.int64(prefix[0, start, e]) + whole
+            if stop < start + rest:  # wrapped around the pool's end
+                c += np.int64(prefix[0, pool, e])
+            t = (c + round_up) >> tile_shift
+            feats[layer, 0] += t
+            if c > 0:
+                feats[layer, 1] += 1
+            if t > feats[layer, 2]:
+                feats[layer, 2] = t
+
+
+@kernel
 def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts, row_of_starts, out_i, k,
-                loads, dec, pre, x, basis, scratch, tiles):
+                loads, dec, pre, x, basis, scratch, tiles, feats):
     """The fast model's cycles of one step (:meth:`stepsim.serve.fast.FastLatency.__call__`) into ``out_i[.., k]``
     (the three cycle columns, HBM bytes, FLOPs, total cycles). Returns False when a number would not be exact."""
     layers = pi[P_LAYERS]
@@ -462,12 +495,16 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     shared_tiles = -(-tokens // (1 << pi[P_TILE_SHIFT]))
     ffn = 0
     touched = 0
+    if pi[P_MOE] and not rounds:
+        _all_windows(prefix, starts, row_of_starts, layers, tokens, pi[P_TILE_SHIFT], experts, feats)
     for layer in range(rows):
         xl = x[layer]
         for j in range(columns):
             xl[j] = 0.0
-        if pi[P_MOE]:
-            start = starts[row_of_starts, layer]
+        start = starts[row_of_starts, layer] if pi[P_MOE] else 0
+        if pi[P_MOE] and not rounds:
+            total, active, busiest = feats[layer, 0], feats[layer, 1], feats[layer, 2]
+        elif pi[P_MOE]:
             total, active, busiest = _window(prefix, start, tokens, pi[P_TILE_SHIFT], experts, tiles)
         else:
             total, active, busiest = shared_tiles, 1, shared_tiles
@@ -564,7 +601,7 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
 @kernel
 def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
                 steps_i, steps_f, pi, constant_s, forms, theta, prefix, pool_rows, starts, loads, dec, pre, x,
-                basis, scratch, tiles):
+                basis, scratch, tiles, feats):
     """Replay until done or a reason to return (module docstring); returns that reason.
 
     ``now_box`` (float64 ``[1]``) holds the clock (s); ``st`` the loop's counters; ``steps_i`` / ``steps_f`` get a
@@ -617,7 +654,7 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
         k = st[S_STEPS]
         if fast:
             if not _price_fast(pi, forms, theta, ctx, batch_n, m, tokens, prefix, pool_rows, starts,
-                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles):
+                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles, feats):
                 return UNSUPPORTED
             if pi[P_MOE]:
                 st[S_STARTS_USED] += 1
