@@ -341,20 +341,30 @@ def _finish_step(req, times, st, running, batch_r, batch_n, m, end, gaps):
 
 # ------------------------------------------------------------------------------------------ fast pricing
 @kernel
-def _window(prefix, start, tokens, tile_shift, experts, tiles):
+def _window(prefix, start, tokens, tile_shift, experts, tiles, keep):
     """One layer's window of ``tokens`` pool tokens from ``start`` (:func:`stepsim.kernels.serve_fast.
     window_features`, pool 0): ``(expert tiles, active experts, busiest tiles)``; each expert's tiles in
-    ``tiles``."""
-    size = prefix.shape[1]
-    pool = size - 1
+    ``tiles`` when ``keep``. A window inside the pool (the usual case) reads two rows of prefix counts in a loop
+    the compiler vectorises."""
+    pool = prefix.shape[1] - 1
     turns, rest = tokens // pool, tokens % pool
     round_up = (1 << tile_shift) - 1
     end = start + rest
-    wraps = end > pool
-    stop = end - pool if wraps else end
     total = 0
     active = 0
     busiest = 0
+    if turns == 0 and end <= pool and not keep:
+        lo = prefix[0, start]
+        hi = prefix[0, end]
+        for e in range(experts):
+            c = np.int64(hi[e]) - np.int64(lo[e])
+            t = (c + round_up) >> tile_shift
+            total += t
+            active += 1 if c > 0 else 0
+            busiest = max(busiest, t)
+        return total, active, busiest
+    wraps = end > pool
+    stop = end - pool if wraps else end
     for e in range(experts):
         c = np.int64(prefix[0, stop, e]) - np.int64(prefix[0, start, e]) + turns * np.int64(prefix[0, pool, e])
         if wraps:
@@ -362,47 +372,14 @@ def _window(prefix, start, tokens, tile_shift, experts, tiles):
         t = (c + round_up) >> tile_shift
         tiles[e] = t
         total += t
-        active += c > 0
+        active += 1 if c > 0 else 0
         busiest = max(busiest, t)
     return total, active, busiest
 
 
 @kernel
-def _all_windows(prefix, starts, row, layers, tokens, tile_shift, experts, feats):
-    """:func:`_window` of every layer at once into ``feats`` (int64 ``[layers, 5]``: expert tiles, active experts,
-    busiest tiles, then scratch), experts outside and layers inside: the layers' prefix rows are independent loads
-    the processor overlaps (each layer's own loop waits on its two rows, which are seldom in cache: the pool's
-    prefix counts are 8 MiB for 128 experts)."""
-    pool = prefix.shape[1] - 1
-    turns, rest = tokens // pool, tokens % pool
-    round_up = (1 << tile_shift) - 1
-    for layer in range(layers):
-        start = starts[row, layer]
-        end = start + rest
-        feats[layer, 0] = 0
-        feats[layer, 1] = 0
-        feats[layer, 2] = 0
-        feats[layer, 3] = start
-        feats[layer, 4] = end - pool if end > pool else end
-    for e in range(experts):
-        whole = turns * np.int64(prefix[0, pool, e])
-        for layer in range(layers):
-            start = feats[layer, 3]
-            stop = feats[layer, 4]
-            c = np.int64(prefix[0, stop, e]) - np.int64(prefix[0, start, e]) + whole
-            if stop < start + rest:  # wrapped around the pool's end
-                c += np.int64(prefix[0, pool, e])
-            t = (c + round_up) >> tile_shift
-            feats[layer, 0] += t
-            if c > 0:
-                feats[layer, 1] += 1
-            if t > feats[layer, 2]:
-                feats[layer, 2] = t
-
-
-@kernel
 def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts, row_of_starts, out_i, k,
-                loads, dec, pre, x, basis, scratch, tiles, feats):
+                loads, dec, pre, x, basis, scratch, tiles):
     """The fast model's cycles of one step (:meth:`stepsim.serve.fast.FastLatency.__call__`) into ``out_i[.., k]``
     (the three cycle columns, HBM bytes, FLOPs, total cycles). Returns False when a number would not be exact."""
     layers = pi[P_LAYERS]
@@ -495,17 +472,13 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     shared_tiles = -(-tokens // (1 << pi[P_TILE_SHIFT]))
     ffn = 0
     touched = 0
-    if pi[P_MOE] and not rounds:
-        _all_windows(prefix, starts, row_of_starts, layers, tokens, pi[P_TILE_SHIFT], experts, feats)
     for layer in range(rows):
         xl = x[layer]
         for j in range(columns):
             xl[j] = 0.0
         start = starts[row_of_starts, layer] if pi[P_MOE] else 0
-        if pi[P_MOE] and not rounds:
-            total, active, busiest = feats[layer, 0], feats[layer, 1], feats[layer, 2]
-        elif pi[P_MOE]:
-            total, active, busiest = _window(prefix, start, tokens, pi[P_TILE_SHIFT], experts, tiles)
+        if pi[P_MOE]:
+            total, active, busiest = _window(prefix, start, tokens, pi[P_TILE_SHIFT], experts, tiles, rounds)
         else:
             total, active, busiest = shared_tiles, 1, shared_tiles
         xl[0] = 1.0
@@ -601,7 +574,7 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
 @kernel
 def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
                 steps_i, steps_f, pi, constant_s, forms, theta, prefix, pool_rows, starts, loads, dec, pre, x,
-                basis, scratch, tiles, feats):
+                basis, scratch, tiles):
     """Replay until done or a reason to return (module docstring); returns that reason.
 
     ``now_box`` (float64 ``[1]``) holds the clock (s); ``st`` the loop's counters; ``steps_i`` / ``steps_f`` get a
@@ -654,7 +627,7 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
         k = st[S_STEPS]
         if fast:
             if not _price_fast(pi, forms, theta, ctx, batch_n, m, tokens, prefix, pool_rows, starts,
-                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles, feats):
+                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles):
                 return UNSUPPORTED
             if pi[P_MOE]:
                 st[S_STARTS_USED] += 1

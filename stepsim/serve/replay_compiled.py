@@ -109,7 +109,6 @@ def _fast_parameters(provider, kr) -> dict | None:
     return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
             "prefix": prefix, "x": np.zeros((max(model.layers, 1), max(columns, width))),
             "tiles": np.zeros(max(experts, 1) + 1, dtype=np.int64),
-            "feats": np.zeros((max(model.layers, 1), 5), dtype=np.int64),
             "cycles": ("attention", "ffn", "weights"), "hardware": hardware, "roofline": roofline}
 
 
@@ -118,8 +117,7 @@ def _constant_parameters(kr) -> dict:
     pi[kr.P_MODE] = kr.CONSTANT
     return {"pi": pi, "forms": np.zeros((6, 6)), "theta": np.zeros((4, 1)), "routing": None,
             "pool_rows": np.zeros((1, 1), dtype=np.int64), "prefix": np.zeros((1, 2, 1), dtype=np.uint16),
-            "x": np.zeros((1, 1)), "tiles": np.zeros(2, dtype=np.int64), "feats": np.zeros((1, 5), dtype=np.int64),
-            "cycles": ()}
+            "x": np.zeros((1, 1)), "tiles": np.zeros(2, dtype=np.int64), "cycles": ()}
 
 
 def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
@@ -180,7 +178,7 @@ def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarra
         starts = routing._starts
         st[kr.S_STARTS_USED] = routing._used
     scratch = (np.zeros(4, dtype=np.int64), np.zeros(5, dtype=np.int64), np.zeros(3, dtype=np.int64), params["x"],
-               np.zeros(6), np.zeros(MAX_COLUMNS), params["tiles"], params["feats"])
+               np.zeros(6), np.zeros(MAX_COLUMNS), params["tiles"])
     while True:
         status = kr.replay_loop(cfg, st, now, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx,
                                 gaps, steps_i, steps_f, params["pi"], constant_s, params["forms"], params["theta"],
