@@ -162,3 +162,24 @@ def test_progress_is_reported_on_the_compiled_path():
                     ConstantLatency(0.01), lambda done, steps: seen.append((done, steps)))
     steps = len(result.iterations["start_s"])
     assert seen[-1] == (n, steps) and steps > 2048 and [s for _, s in seen[:-1]][:1] == [2048]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_compiled_window_is_the_routings(keep):
+    """The compiled loop's FFN window (stepsim.kernels.serve_replay._window) against the Python path's
+    (window_features): inside the pool, across its end, and longer than the pool (whole turns)."""
+    from stepsim.kernels.serve_fast import window_features
+    from stepsim.kernels.serve_replay import _window
+    from stepsim.serve.routing import POOL_TOKENS
+
+    routing = SyntheticRouting(128, 8, 1, seed=3)
+    routing.window(1, 32)
+    _, prefix, _ = routing._pool
+    rng = np.random.default_rng(4)
+    tiles, want = np.zeros(129, dtype=np.int64), np.empty((1, 3))
+    for tokens in (1, 2, 9, 2048, POOL_TOKENS - 1, POOL_TOKENS, POOL_TOKENS + 70, 3 * POOL_TOKENS + 5):
+        for start in [0, POOL_TOKENS - 1, *rng.integers(0, POOL_TOKENS, 6).tolist()]:
+            window_features(prefix, np.array([start]), tokens, 5, want)
+            assert list(_window(prefix, start, tokens, 5, 128, tiles, keep)) == want[0].tolist(), (tokens, start)
+            if keep:
+                assert int(tiles[:128].sum()) == int(want[0, 0]) and int(tiles[:128].max()) == int(want[0, 2])
