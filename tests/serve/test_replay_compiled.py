@@ -183,3 +183,23 @@ def test_a_compiled_window_is_the_routings(keep):
             assert list(_window(prefix, start, tokens, 5, 128, tiles, keep)) == want[0].tolist(), (tokens, start)
             if keep:
                 assert int(tiles[:128].sum()) == int(want[0, 0]) and int(tiles[:128].max()) == int(want[0, 2])
+
+
+def test_the_first_compiled_replay_says_it_compiles(monkeypatch, capsys):
+    """A command (notices armed) whose replay kernel is not in numba's cache says so once on stderr; a Python
+    caller (nothing armed) hears nothing."""
+    import stepsim.serve.replay_compiled as compiled
+    from stepsim.base import compile_notice
+
+    monkeypatch.setattr(compiled, "_cached", lambda: False)
+    monkeypatch.setattr(compile_notice, "_said", set())
+    compiled.warm()
+    assert capsys.readouterr().err == ""
+    compile_notice.arm(lambda functional, timeline: False)
+    try:
+        compiled.warm()
+        compiled.warm()
+    finally:
+        compile_notice.arm(None)
+    assert capsys.readouterr().err == ("stepsim: compiling the serving replay kernels once, about 30 s "
+                                       "(`stepsim cache warm` does it ahead)\n")
