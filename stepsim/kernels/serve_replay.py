@@ -1,6 +1,6 @@
-"""Machine code for a serving replay (docs/serving.md §10.7): the scheduler loop of :mod:`stepsim.serve.replay` and
-:mod:`stepsim.serve.scheduler` (vLLM V1, Sarathi-Serve, Orca) and the fast model's per-step pricing
-(:class:`stepsim.serve.fast.FastLatency`) in one compiled loop over flat arrays.
+"""Machine code for a serving replay (docs/serving.md §5, item 6): the scheduler loop of
+:mod:`stepsim.serve.replay` and :mod:`stepsim.serve.scheduler` (vLLM V1, Sarathi-Serve, Orca) and the fast model's
+per-step pricing (:class:`stepsim.serve.fast.FastLatency`) in one compiled loop over flat arrays.
 
 **Same numbers, bit for bit.** Every rule is the Python reference's, statement for statement, on arrays instead of
 objects (``running`` a list of request indices in admission order, ``waiting`` a ring buffer); every float is made

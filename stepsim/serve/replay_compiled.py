@@ -24,7 +24,8 @@ from stepsim.serve.scheduler import Scheduler
 
 #: steps between two progress reports when a progress callback is given
 PAUSE_STEPS = 2048
-#: most columns of an FFN regressor row the compiled pricing takes (NumPy's pairwise sum in one block)
+#: most columns of a regressor row the compiled pricing takes (NumPy's pairwise sum in one block:
+#: stepsim.kernels.serve_replay.ROW_SUM_LIMIT, not imported here so that this module loads without numba)
 MAX_COLUMNS = 128
 
 
