@@ -64,7 +64,12 @@ def _fast_parameters(provider, kr) -> dict | None:
         form_rows[2 * i, :widths[kind]] = forms[kind].off_chip
         form_rows[2 * i + 1, :widths[kind]] = forms[kind].flops
     theta = provider.theta or {}
+    if not isinstance(theta, dict) or not set(theta) <= set(kinds):  # coefficients of another shape: not this model's
+        return None
     rows = [theta.get(kind) for kind in kinds]  # decode, prefill, ffn, ffn_prefill: the kernel's rows
+    if any(r is not None and not (isinstance(r, (list, tuple)) and all(isinstance(v, (int, float)) for v in r))
+           for r in rows):
+        return None
     width = max([len(r) for r in rows if r is not None], default=1)
     if width > MAX_COLUMNS:
         return None

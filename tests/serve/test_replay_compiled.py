@@ -203,3 +203,29 @@ def test_the_first_compiled_replay_says_it_compiles(monkeypatch, capsys):
         compile_notice.arm(None)
     assert capsys.readouterr().err == ("stepsim: compiling the serving replay kernels once, about 30 s "
                                        "(`stepsim cache warm` does it ahead)\n")
+
+
+def test_a_fast_provider_it_was_not_written_for_goes_to_the_reference(tmp_path):
+    """Coefficients of another shape (an unknown kind), a calibration's recorder, a routing dump: the compiled
+    path steps aside (None), the reference replays."""
+    from stepsim.serve.fast import Reservoir
+
+    model = _model(tmp_path, "moe")
+    forms, theta = _random_coefficients(np.random.default_rng(2), 33, False)
+    arrival, prompt, output = np.array([0.0, 0.01]), np.array([30, 5]), np.array([4, 3])
+    capacity = kv_capacity(200 * 16, 0, 1, 16)
+
+    def scheduler():
+        return Scheduler(SchedulerConfig.make("vllm"), capacity, 1000)
+
+    assert compiled_replay(arrival, prompt, output, scheduler(), _fast(model, 0, forms, theta)) is not None
+    other = _fast(model, 0, forms, {**theta, "ffn_auto": theta["ffn"]})
+    assert compiled_replay(arrival, prompt, output, scheduler(), other) is None
+    recording = _fast(model, 0, forms, theta)
+    recording.recorder = Reservoir(3, seed=0)
+    assert compiled_replay(arrival, prompt, output, scheduler(), recording) is None
+    dump = _fast(model, 0, forms, theta)
+    dump.routing = object()
+    assert compiled_replay(arrival, prompt, output, scheduler(), dump) is None
+    assert_same_result(replay(arrival, prompt, output, scheduler(), _fast(model, 0, forms, theta)),
+                       replay_reference(arrival, prompt, output, scheduler(), _fast(model, 0, forms, theta)))
