@@ -7,6 +7,10 @@ Time (seconds) starts at 0. Order at one instant, fixed so a replay is determini
 2. an idle engine (nothing running or waiting) jumps to the next arrival and starts a step at that instant;
 3. the scheduler picks the step's batch; the provider prices it; the step ends ``seconds`` later, and the tokens
    it produced carry that end time. A schedule that only preempted (no tokens) is retried at the same instant.
+
+:func:`replay` runs this loop in machine code for ``--iteration-latency`` and a calibrated ``--fidelity fast``
+(:mod:`stepsim.serve.replay_compiled`), with the same result bit for bit; :func:`replay_reference` is the loop in
+Python, the reference and the path of every other provider.
 """
 
 from __future__ import annotations
