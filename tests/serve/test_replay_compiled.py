@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from serve_requests import requests_file
 from test_exact import SMALL
 
 from stepsim.base.errors import SimulationError
@@ -229,3 +230,34 @@ def test_a_fast_provider_it_was_not_written_for_goes_to_the_reference(tmp_path):
     assert compiled_replay(arrival, prompt, output, scheduler(), dump) is None
     assert_same_result(replay(arrival, prompt, output, scheduler(), _fast(model, 0, forms, theta)),
                        replay_reference(arrival, prompt, output, scheduler(), _fast(model, 0, forms, theta)))
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "sarathi", "orca"])
+def test_every_file_serve_writes_is_the_reference_loops(tmp_path, monkeypatch, scheduler):
+    """``stepsim.serve(..., out=DIR)`` on a random request file with the compiled loop and with the reference
+    (``api.replay`` replaced): the same bytes in every file, summary.json but for its wall time."""
+    import stepsim
+    import stepsim.serve.api as api
+
+    (tmp_path / "m.json").write_text(json.dumps(SMALL))
+    rng = np.random.default_rng(8)
+    n = 300
+    trace = requests_file(tmp_path / "t.parquet", np.sort(rng.uniform(0, 2, n)), rng.integers(1, 900, n),
+                          rng.integers(1, 80, n))
+    import stepsim.serve.replay as replay_module
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("the compiled loop handed this run to the reference")
+
+    for name, loop in (("new", replay), ("old", replay_reference)):
+        monkeypatch.setattr(api, "replay", loop)
+        monkeypatch.setattr(replay_module, "replay_reference", not_here if name == "new" else replay_reference)
+        stepsim.serve(str(tmp_path / "m.json"), trace, out=tmp_path / name, iteration_latency=0.0123,
+                      scheduler=scheduler, max_seqs=24, hbm_bytes=2_000_000_000)
+    names = sorted(p.name for p in (tmp_path / "old").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "new").iterdir()) and "iterations.parquet" in names
+    for name in names:
+        old, new = (tmp_path / "old" / name).read_bytes(), (tmp_path / "new" / name).read_bytes()
+        if name == "summary.json":
+            old, new = ({k: v for k, v in json.loads(b).items() if k != "wall_s"} for b in (old, new))
+        assert old == new, name
