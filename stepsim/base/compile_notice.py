@@ -29,3 +29,19 @@ def say_once(functional: bool = False, timeline: bool = False) -> None:
     global _armed
     if _armed is not None and _armed(functional, timeline):
         _armed = None
+
+
+_said: set[str] = set()
+
+
+def say_kernels_once(what: str, cached: Callable[[], bool], duration: str) -> None:
+    """The notice for kernels outside the engine's (the serving replay's, :mod:`stepsim.kernels.serve_replay`):
+    one line on stderr before they compile, when a command armed the notices (:func:`arm`) and ``cached()`` says
+    numba's disk cache lacks them; once per ``what`` a process. ``duration``: how long compiling takes."""
+    if _armed is None or what in _said or cached():
+        return
+    import sys
+
+    _said.add(what)
+    print(f"stepsim: compiling the {what} kernels once, {duration} (`stepsim cache warm` does it ahead)",
+          file=sys.stderr, flush=True)

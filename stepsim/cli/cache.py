@@ -1,5 +1,5 @@
 """``stepsim cache warm``: compile every engine kernel into numba's on-disk cache (the timing, functional and
-timeline specializations of the event loop)."""
+timeline specializations of the event loop), and the serving replay's loop."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ def _warm(args) -> int:
 
     _ensure_compiled(_engine(functional=True), functional=True)
     run(warm_program(), timeline=1 << 12)
+    from stepsim.serve.replay_compiled import warm
+
+    warm()  # the serving replay's loop (stepsim.kernels.serve_replay)
     elapsed = time.perf_counter() - t0
     print(f"engine kernels ready in {elapsed:.1f} s (warm-up program: {result.cycles} cycles, "
           f"{result.fires} firings)")

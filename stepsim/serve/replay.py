@@ -7,6 +7,10 @@ Time (seconds) starts at 0. Order at one instant, fixed so a replay is determini
 2. an idle engine (nothing running or waiting) jumps to the next arrival and starts a step at that instant;
 3. the scheduler picks the step's batch; the provider prices it; the step ends ``seconds`` later, and the tokens
    it produced carry that end time. A schedule that only preempted (no tokens) is retried at the same instant.
+
+:func:`replay` runs this loop in machine code for ``--iteration-latency`` and a calibrated ``--fidelity fast``
+(:mod:`stepsim.serve.replay_compiled`), with the same result bit for bit; :func:`replay_reference` is the loop in
+Python, the reference and the path of every other provider.
 """
 
 from __future__ import annotations
@@ -55,7 +59,22 @@ class ReplayResult:
 
 def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
            provider: LatencyProvider, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
-    """Serve every request of a trace to completion.
+    """Serve every request of a trace to completion: in machine code for ``--iteration-latency`` and a calibrated
+    ``--fidelity fast`` (:mod:`stepsim.serve.replay_compiled`, the same result bit for bit), else
+    :func:`replay_reference`. Parameters as :func:`replay_reference`'s (``progress`` is called every few thousand
+    steps on the compiled path)."""
+    from stepsim.serve.replay_compiled import compiled_replay
+
+    result = compiled_replay(arrival_s, prompt, output, scheduler, provider, progress)
+    if result is not None:
+        return result
+    return replay_reference(arrival_s, prompt, output, scheduler, provider, progress)
+
+
+def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
+                     provider: LatencyProvider, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """Serve every request of a trace to completion, one Python step at a time: the reference the compiled
+    replay reproduces (tests/serve/test_replay_compiled.py), and the loop of every other provider.
 
     Parameters
     ----------

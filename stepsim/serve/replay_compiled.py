@@ -1,0 +1,275 @@
+"""The compiled replay (:mod:`stepsim.kernels.serve_replay`): the scheduler loop and, for ``--fidelity fast``, the
+fast model's pricing in machine code, for the providers whose every number it reproduces bit for bit:
+
+* :class:`~stepsim.serve.latency.ConstantLatency` (``--iteration-latency``);
+* :class:`~stepsim.serve.fast.FastLatency` once calibrated (no calibration recorder), on one chip, dense or MoE
+  with the synthetic routing (its pool and window starts are the Python path's: the starts are drawn from the
+  routing's own generator, a batch of :data:`~stepsim.serve.routing.WINDOW_BATCH` steps at a time, as
+  :meth:`~stepsim.serve.routing.SyntheticRouting.window` draws them).
+
+:func:`compiled_replay` returns None for anything else (another provider, a scheduler subclass, a routing dump, a
+system, a step whose numbers leave float64's exact integers, a step the reference refuses): the caller then runs
+the reference loop (:func:`stepsim.serve.replay.replay_reference`), which also raises the reference's errors. The
+routing's state is put back first, so the reference starts where the compiled loop did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from stepsim.serve.latency import WORK_COLUMNS, ConstantLatency
+from stepsim.serve.scheduler import Scheduler
+
+#: steps between two progress reports when a progress callback is given
+PAUSE_STEPS = 2048
+#: most columns of a regressor row the compiled pricing takes (NumPy's pairwise sum in one block:
+#: stepsim.kernels.serve_replay.ROW_SUM_LIMIT, not imported here so that this module loads without numba)
+MAX_COLUMNS = 128
+
+
+def _fast_parameters(provider, kr) -> dict | None:
+    """The fast provider's constants as the kernel takes them, or None when it cannot price this provider."""
+    from stepsim.serve import fast as model_of_steps
+    from stepsim.serve.fast import FastLatency, few_experts, has_shared
+    from stepsim.serve.routing import SyntheticRouting
+
+    tile_shift, compute_bw = model_of_steps._TILE_SHIFT, model_of_steps.BOUND_COMPUTE_BW
+    few_tokens, kinds = model_of_steps.FEW_TOKENS, model_of_steps.MODELS
+
+    if type(provider) is not FastLatency or provider.recorder is not None or provider.spec.system is not None:
+        return None
+    model = provider.model
+    if model.is_moe and type(provider.routing) is not SyntheticRouting:
+        return None
+    hardware, roofline = provider.hardware, provider.roofline
+    if (provider.spec.hardware.hbm_peak_bytes_per_cycle != hardware.hbm_peak_bytes_per_cycle
+            or roofline.embedding_bytes != provider.embedding_bytes or provider.chips != 1
+            or model_of_steps.DECODE_REGIONS != 4):
+        return None
+    forms = provider.forms or {}
+    if set(forms) != {"decode", "prefill", "ffn"}:
+        return None
+    shared = has_shared(provider.spec)
+    rounds = few_experts(provider.spec)
+    experts = model.experts if model.is_moe else 0
+    columns = 8 + few_tokens + 1 + int(shared) + (experts if rounds else 0)
+    widths = {"decode": 4, "prefill": 4, "ffn": 6 if shared else 5}
+    if columns > MAX_COLUMNS or any(len(forms[k].off_chip) != w or len(forms[k].flops) != w
+                                    for k, w in widths.items()):
+        return None
+    form_rows = np.zeros((6, 6))
+    for i, kind in enumerate(("decode", "prefill", "ffn")):
+        form_rows[2 * i, :widths[kind]] = forms[kind].off_chip
+        form_rows[2 * i + 1, :widths[kind]] = forms[kind].flops
+    theta = provider.theta or {}
+    if not isinstance(theta, dict) or not set(theta) <= set(kinds):  # coefficients of another shape: not this model's
+        return None
+    rows = [theta.get(kind) for kind in kinds]  # decode, prefill, ffn, ffn_prefill: the kernel's rows
+    if any(r is not None and not (isinstance(r, (list, tuple)) and all(isinstance(v, (int, float)) for v in r))
+           for r in rows):
+        return None
+    width = max([len(r) for r in rows if r is not None], default=1)
+    if width > MAX_COLUMNS:
+        return None
+    theta_rows = np.zeros((4, width))
+    pi = np.zeros(kr.P_ROWS, dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r is not None:
+            theta_rows[i, :len(r)] = np.asarray(r, dtype=np.float64)
+        pi[kr.P_THETA_LENGTH + i] = -1 if r is None else len(r)
+    pi[kr.P_MODE] = kr.FAST
+    pi[kr.P_LAYERS] = model.layers
+    pi[kr.P_HEADS] = provider.attention_heads()
+    pi[kr.P_MOE] = int(model.is_moe)
+    pi[kr.P_COUNT] = 1 if model.is_moe else model.layers
+    pi[kr.P_LAYER_WEIGHTS] = provider.layer_weights
+    pi[kr.P_HEAD_CYCLES] = provider.head_cycles
+    pi[kr.P_EMBEDDING_BYTES] = provider.embedding_bytes
+    pi[kr.P_HBM_PEAK] = hardware.hbm_peak_bytes_per_cycle
+    pi[kr.P_CLOCK] = hardware.clock_hz
+    pi[kr.P_SHARED] = int(shared)
+    pi[kr.P_ROUNDS] = int(rounds)
+    pi[kr.P_EXPERTS] = experts
+    pi[kr.P_TILE_SHIFT] = tile_shift
+    pi[kr.P_FEW_TOKENS] = few_tokens
+    pi[kr.P_FIXED_BYTES] = roofline.fixed_bytes
+    pi[kr.P_EXPERT_BYTES] = roofline.expert_bytes
+    pi[kr.P_KV_BYTES] = roofline.kv_bytes_per_token
+    pi[kr.P_FLOPS_PER_TOKEN] = roofline.flops_per_token
+    pi[kr.P_ATTENTION_FLOPS] = roofline.attention_flops
+    pi[kr.P_PEAK_BYTES] = roofline.peak_bytes
+    pi[kr.P_PEAK_FLOPS] = roofline.peak_flops
+    pi[kr.P_COMPUTE_BW] = compute_bw
+    if max(abs(int(v)) for v in pi) >= kr.EXACT:
+        return None
+    routing = provider.routing if model.is_moe else None
+    if routing is not None:
+        if routing._pool is None:
+            routing._draw_pool()  # what the first window() does
+        ranks, prefix, _ = routing._pool
+        pool_rows, prefix = np.ascontiguousarray(ranks), prefix
+    else:
+        pool_rows, prefix = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 2, 1), dtype=np.uint16)
+    return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
+            "prefix": prefix, "x": np.zeros((max(model.layers, 1), max(columns, width))),
+            "tiles": np.zeros(max(experts, 1) + 1, dtype=np.int64),
+            "cycles": ("attention", "ffn", "weights"), "hardware": hardware, "roofline": roofline}
+
+
+def _constant_parameters(kr) -> dict:
+    pi = np.zeros(kr.P_ROWS, dtype=np.int64)
+    pi[kr.P_MODE] = kr.CONSTANT
+    return {"pi": pi, "forms": np.zeros((6, 6)), "theta": np.zeros((4, 1)), "routing": None,
+            "pool_rows": np.zeros((1, 1), dtype=np.int64), "prefix": np.zeros((1, 2, 1), dtype=np.uint16),
+            "x": np.zeros((1, 1)), "tiles": np.zeros(2, dtype=np.int64), "cycles": ()}
+
+
+def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
+                    provider, progress: Callable[[int, int], None] | None = None):
+    """:func:`stepsim.serve.replay.replay` in machine code: the same :class:`~stepsim.serve.replay.ReplayResult`,
+    bit for bit, or None when this provider or scheduler is not one it reproduces (module docstring)."""
+    from stepsim.serve.replay import ReplayResult
+
+    total = len(arrival_s)
+    if (type(scheduler) is not Scheduler or scheduler.running or scheduler.waiting or total == 0
+            or scheduler.usable != scheduler.free):
+        return None
+    from stepsim.kernels import serve_replay as kr
+
+    if type(provider) is ConstantLatency:
+        params = _constant_parameters(kr)
+        constant_s = float(provider.seconds)
+    else:
+        params = _fast_parameters(provider, kr)
+        if params is None:
+            return None
+        constant_s = 0.0
+    routing = params["routing"]
+    saved = None
+    if routing is not None:  # put back when the reference takes over
+        saved = (routing._windows.bit_generator.state, routing._starts, routing._used)
+    _compile_notice()
+    config = scheduler.config
+    cfg = np.zeros(kr.C_ROWS, dtype=np.int64)
+    cfg[kr.C_POLICY] = {"vllm": kr.VLLM, "sarathi": kr.SARATHI, "orca": kr.ORCA}[config.policy]
+    cfg[kr.C_MAX_SEQS] = config.max_num_seqs
+    cfg[kr.C_BUDGET] = config.max_num_batched_tokens or 0
+    cfg[kr.C_CHUNK] = config.chunk_tokens
+    cfg[kr.C_BLOCK_SIZE] = scheduler.block_size
+    cfg[kr.C_MAX_MODEL_LEN] = scheduler.max_model_len
+    cfg[kr.C_USABLE] = scheduler.usable
+    cfg[kr.C_WATERMARK] = scheduler.watermark
+    cfg[kr.C_PAUSE] = PAUSE_STEPS if progress is not None else np.iinfo(np.int64).max
+    st = np.zeros(kr.S_ROWS, dtype=np.int64)
+    st[kr.S_FREE] = scheduler.free
+    req = np.zeros((kr.R_ROWS, total), dtype=np.int64)
+    req[kr.R_PROMPT] = prompt
+    req[kr.R_OUTPUT] = output
+    req[kr.R_NUM_TOKENS] = prompt
+    req[kr.R_PREFILLING] = 1
+    times = np.full((kr.T_ROWS, total), -1.0)
+    times[kr.T_ARRIVAL] = arrival_s
+    queues = np.zeros((6, total), dtype=np.int64)  # running, waiting, rest, prefills, batch requests and tokens
+    running, waiting, rest, prefills, batch_r, batch_n = queues
+    ctx = np.zeros(total, dtype=np.int64)
+    gaps = np.zeros(int(np.maximum(np.asarray(output, dtype=np.int64), 1).sum()))
+    capacity = 4 * total + 1024
+    steps_i = np.zeros((kr.I_ROWS, capacity), dtype=np.int64)
+    steps_f = np.zeros((kr.F_ROWS, capacity))
+    now = np.zeros(1)
+    starts = np.zeros((1, 1), dtype=np.int64)
+    if routing is not None:
+        starts = routing._starts
+        st[kr.S_STARTS_USED] = routing._used
+    scratch = (np.zeros(4, dtype=np.int64), np.zeros(5, dtype=np.int64), np.zeros(3, dtype=np.int64), params["x"],
+               np.zeros(6), np.zeros(MAX_COLUMNS), params["tiles"])
+    while True:
+        status = kr.replay_loop(cfg, st, now, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx,
+                                gaps, steps_i, steps_f, params["pi"], constant_s, params["forms"], params["theta"],
+                                params["prefix"], params["pool_rows"], starts, *scratch)
+        if routing is not None:
+            routing._used = int(st[kr.S_STARTS_USED])
+        if status == kr.DONE:
+            break
+        if status in (kr.REFUSED, kr.UNSUPPORTED):
+            if saved is not None:
+                routing._windows.bit_generator.state, routing._starts, routing._used = saved
+            return None
+        if status == kr.FULL:
+            steps_i = np.concatenate([steps_i, np.zeros_like(steps_i)], axis=1)
+            steps_f = np.concatenate([steps_f, np.zeros_like(steps_f)], axis=1)
+        elif status == kr.STARTS:  # SyntheticRouting.window's draw, at the step that needs it
+            from stepsim.serve.routing import POOL_TOKENS, WINDOW_BATCH
+
+            routing._starts = routing._windows.integers(0, POOL_TOKENS, size=(WINDOW_BATCH, routing.layers))
+            routing._used = 0
+            starts = routing._starts
+            st[kr.S_STARTS_USED] = 0
+        if progress is not None:
+            progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
+    scheduler.free = int(st[kr.S_FREE])
+    scheduler.preempted = int(st[kr.S_PREEMPTED])
+    if progress is not None:
+        progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
+    n = int(st[kr.S_STEPS])
+    blocks = steps_i[kr.I_BLOCKS, :n].copy()
+    iterations = {
+        "start_s": steps_f[kr.F_START, :n].copy(), "duration_s": steps_f[kr.F_DURATION, :n].copy(),
+        "tokens": steps_i[kr.I_TOKENS, :n].copy(), "sequences": steps_i[kr.I_SEQUENCES, :n].copy(),
+        "prefill_tokens": steps_i[kr.I_PREFILL, :n].copy(), "decode_tokens": steps_i[kr.I_DECODE, :n].copy(),
+        "kv_blocks_used": blocks, "preemptions": steps_i[kr.I_PREEMPTIONS, :n].copy(),
+        "waiting": steps_i[kr.I_WAITING, :n].copy(),
+    }
+    for kind, row in zip(params["cycles"], (kr.I_CYCLES_ATTENTION, kr.I_CYCLES_FFN, kr.I_CYCLES_WEIGHTS)):
+        iterations[f"cycles_{kind}"] = steps_i[row, :n].copy()
+    if params["cycles"]:  # StepWork.work and .utilisation: int / int, exact below 2**53 (the kernel checked)
+        roofline = params["roofline"]
+        hbm, flops, cycles = steps_i[kr.I_HBM, :n].copy(), steps_i[kr.I_FLOPS, :n].copy(), steps_i[kr.I_CYCLES, :n]
+        work = {"hbm_bytes": hbm, "flops": flops, "hbm_utilisation": hbm / (cycles * roofline.peak_bytes),
+                "compute_utilisation": flops / (cycles * roofline.peak_flops)}
+        for name in WORK_COLUMNS:
+            iterations[name] = work[name]
+    return ReplayResult(
+        first_scheduled=times[kr.T_FIRST_SCHEDULED].copy(), first_token=times[kr.T_FIRST_TOKEN].copy(),
+        finish=times[kr.T_FINISH].copy(), preemptions=req[kr.R_PREEMPTIONS].copy(),
+        itl=gaps[:int(st[kr.S_GAPS])].copy(), iterations=iterations, max_blocks_used=int(blocks.max(initial=0)))
+
+
+def _compile_notice() -> None:
+    """The command line's "compiling once" line before the replay kernel's first compilation
+    (:func:`stepsim.base.compile_notice.say_kernels_once`)."""
+    from stepsim.base.compile_notice import say_kernels_once
+
+    say_kernels_once("serving replay", _cached, "about 30 s")
+
+
+def _cached() -> bool:
+    """Whether numba's disk cache holds the replay kernel: its index beside the sources (``__pycache__``) or
+    under ``NUMBA_CACHE_DIR`` (as :func:`stepsim.kernels.jit.kernels_cached` looks for the engine's)."""
+    import os
+    from pathlib import Path
+
+    import stepsim.kernels as kernels
+
+    pattern = "serve_replay.replay_loop-*.nbi"
+    if any((Path(kernels.__file__).parent / "__pycache__").glob(pattern)):
+        return True
+    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
+    return bool(cache_dir) and any(Path(cache_dir).rglob(pattern))
+
+
+def warm() -> None:
+    """Compile (or load) the replay kernel: one request replayed at a constant step (``stepsim cache warm``). The
+    fast model's steps use the same specialization (every argument has the same type)."""
+    from stepsim.serve.kv_cache import kv_capacity
+    from stepsim.serve.scheduler import SchedulerConfig
+
+    capacity = kv_capacity(64 * 16, 0, 1, 16)
+    done = compiled_replay(np.zeros(1), np.array([3]), np.array([2]),
+                           Scheduler(SchedulerConfig.make("vllm"), capacity, 512), ConstantLatency(0.5))
+    if done is None:
+        from stepsim.base.errors import SimulationError
+
+        raise SimulationError("the compiled replay refused its warm-up run (stepsim bug)")
