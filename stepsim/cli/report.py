@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
+
+from stepsim.base.ranges import json_text
 
 
 def _report_cmd(args) -> int:
     from stepsim.insight.report import format_report, report_run_dir, write_png
 
     rep, timeline = report_run_dir(args.run_dir)
-    print(json.dumps(rep) if args.json else format_report(rep))
+    print(json_text(rep) if args.json else format_report(rep))
     if args.png:
         path = write_png(rep, args.png, timeline)
         print(f"wrote png: {path}", file=sys.stderr if args.json else sys.stdout)

@@ -8,10 +8,10 @@ Prints each experiment's table, its headline numbers and the files written, then
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
+from stepsim.base.ranges import json_text
 from stepsim.reproduce.names import CHOICES
 
 #: not one of the paper's experiments (not in ``all``): serving runs, not engine points (stepsim/serve/validation.py)
@@ -50,7 +50,7 @@ def _serving_validation(args) -> int:
                                                                            flush=True))
     files = validation.write(rows, Path(args.out))
     if args.json:
-        print(json.dumps({"serving_validation_median_ratio_error": validation.median_ratio_error(rows)}))
+        print(json_text({"serving_validation_median_ratio_error": validation.median_ratio_error(rows)}))
         return 0
     print(validation.markdown(rows), end="")
     for kind, path in files.items():
@@ -83,7 +83,7 @@ def _reproduce(args) -> int:
                         fifo_depths=args.fifo_depths, force=args.force)
     total = time.perf_counter() - start
     if args.json:
-        print(json.dumps({k: v for r in results for k, v in r.headline.items()}))
+        print(json_text({k: v for r in results for k, v in r.headline.items()}))
         return 0
     for r in results:
         print(f"== {r.name} ==")
