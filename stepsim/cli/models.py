@@ -57,7 +57,9 @@ def _memory(m: ModelConfig) -> dict:
          "weight_bytes": None}
     try:
         memory = model_memory(m)
-    except ConfigError:  # a user's file may leave vocab_size out: its dimensions are still shown
+    except ConfigError as exc:  # a user's file may leave vocab_size out: its dimensions are still shown
+        if "missing field" not in str(exc):  # a value serving refuses ("false" as a bool, inf) is refused here too
+            raise
         return d
     return {**d, "parameters": memory.parameters, "weight_bytes": memory.weight_bytes}
 

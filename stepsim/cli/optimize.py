@@ -88,7 +88,8 @@ def onnx_search_flags(args):
     config = config_from_args(args)
     cfg = normalize_config(config, source=COMMAND_LINE)
     for key, why in ONNX_IGNORED.items():
-        if getattr(args, key) not in (None, False):
+        value = getattr(args, key)
+        if value is not None and value is not False:  # `0 in (None, False)` is true: --max-compute 0 slipped by
             raise ConfigError(f"--{key.replace('_', '-')} does not apply to optimize of an .onnx model: {why}")
     for key in config:
         if key not in ONNX_KNOBS:

@@ -44,8 +44,15 @@ def register(subparsers) -> None:
 def _serving_validation(args) -> int:
     from pathlib import Path
 
+    from stepsim.base.errors import ConfigError
     from stepsim.serve import validation
 
+    for flag, given in (("--traces", args.traces is not None), ("--jobs", args.jobs is not None),
+                        ("--fifo-depths", bool(args.fifo_depths)), ("--force", args.force)):
+        if given:  # each was ignored without a word (--jobs 0 too)
+            raise ConfigError(f"{flag} does not apply to reproduce {SERVING_VALIDATION}: it serves one request per "
+                              "published figure in this process, from the bundled model configs")
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # a new --out folder failed: "No such file or directory"
     rows = validation.validate(Path(args.out), progress=lambda line: print(f"[reproduce] {line}", file=sys.stderr,
                                                                            flush=True))
     files = validation.write(rows, Path(args.out))

@@ -132,3 +132,41 @@ def write_audit_files(d: Path) -> None:
     # paths with quotes
     (d / "it's \"quoted\".csv").write_text(REQUESTS_CSV)
     (d / "a_file").write_text("in the way")
+
+
+#: a schedule as ``stepsim map ffn --model qwen --shape 64 --out FILE`` writes it (sn40l), and a decode one (--shape 16)
+GOOD_SCHEDULE = {"kind": "ffn", "knobs": {"tile_n": 64, "tile_f": 32, "lanes": 2, "regions": 32}, "cycles": 695335,
+                 "bound_cycles": 675194, "off_chip_bytes": 1067189248, "flops": 68316610560, "compute_units": 1040,
+                 "memory_units": 420, "on_chip_bytes": 142626818,
+                 "candidates": {"simulated": 132, "pruned": 548, "infeasible": 76}}
+DECODE_SCHEDULE = {"kind": "decode", "knobs": {"regions": 16}, "cycles": 8179, "bound_cycles": 5635,
+                   "off_chip_bytes": 8986624, "flops": 69902336, "compute_units": 1040, "memory_units": 147,
+                   "on_chip_bytes": 1493632, "candidates": {"simulated": 5, "pruned": 0, "infeasible": 0}}
+
+
+def write_audit_products(d: Path) -> None:
+    """The audit's inputs made by stepsim itself: schedules (``stepsim map --out``'s form) and broken copies, an
+    ONNX block (examples/onnx_blocks.py), a small run folder and a serve folder (the compare / report cases)."""
+    import subprocess
+    import sys
+
+    from stepsim.cli import main
+
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, str(repo / "examples" / "onnx_blocks.py"), "llama", str(d / "block.onnx")],
+                   check=True, capture_output=True)
+    good = GOOD_SCHEDULE
+    _json(d, "good_sched.json", good)
+    _json(d, "s_decode.json", DECODE_SCHEDULE)
+    _json(d, "s_missing_key.json", {k: v for k, v in good.items() if k != "knobs"})
+    _json(d, "s_unknown_key.json", {**good, "knobz": 1})
+    _json(d, "s_wrong_kind.json", {**good, "kind": "conv"})
+    _json(d, "s_bad_type.json", {**good, "knobs": {**good["knobs"], "tile_n": "64"}})
+    (d / "s_nan.json").write_text(json.dumps({**good, "knobs": {**good["knobs"], "tile_f": float("nan")}}))
+    _json(d, "s_list.json", [good])
+    np.savez(d / "r8b.npz", data=np.array([[0, 1], [2, 3], [4, 5], [6, 7]] * 4, dtype=np.int64))
+    # a record folder as compare reads it (metrics: no engine run, so no kernel loading)
+    assert main(["metrics", "moe", "--model", "custom", "--hidden", "64", "--intermediate", "64", "--experts", "8",
+                 "--top-k", "2", "--trace", str(d / "r8b.npz"), "--out", str(d / "run1")]) == 0
+    assert main(["serve", "--model", "qwen", "--requests", str(d / "req.csv"), "--iteration-latency", "0.02",
+                 "--out", str(d / "serve1")]) == 0
