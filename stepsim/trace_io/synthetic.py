@@ -8,9 +8,8 @@ uniform draws are consumed row by row, so the output does not depend on how it i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
