@@ -46,9 +46,14 @@ SETTINGS = [{"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREA
 
 
 def _calibrate(folder: Path, env: dict) -> dict:
+    import stepsim
+
     folder.mkdir()
+    root = str(Path(stepsim.__file__).resolve().parents[1])  # the child imports the stepsim under test
+    path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], cwd=folder, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, **env, "STEPSIM_SERVER": "off"})
+                          text=True, timeout=900,
+                          env={**os.environ, **env, "STEPSIM_SERVER": "off", "PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
