@@ -67,3 +67,30 @@ def non_finite(obj, path: str = "") -> tuple[str, float] | None:
         if found is not None:
             return found
     return None
+
+
+def finite_json_value(obj):
+    """``obj`` (JSON-like: dicts, lists, tuples, numbers, strings; numpy scalars and arrays too) with every NaN or
+    infinity replaced by None, so it is written as JSON ``null``: Python's ``json`` would write ``NaN`` /
+    ``Infinity``, which is not JSON (``jq``, browsers and most readers refuse the whole document). A value that
+    is not a number, such as a metric a run does not have, is ``null`` in every ``--json`` output."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json_value(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json_value(v) for v in obj]
+    tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays
+    if callable(tolist):
+        return finite_json_value(tolist())
+    return obj
+
+
+def json_text(obj, **kwargs) -> str:
+    """``json.dumps(obj, **kwargs)`` of :func:`finite_json_value` (``allow_nan=False``): valid JSON always, the one
+    way every ``--json`` output and JSON file of the command line is written."""
+    import json
+
+    return json.dumps(finite_json_value(obj), allow_nan=False, **kwargs)

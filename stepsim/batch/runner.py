@@ -209,8 +209,8 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
     if jobs is not None:
         check_jobs(jobs)
     check_size(spec, yes)
-    _make_output_folder(out)
     tasks: Iterable[Task] = expand(spec) if spec.points <= EAGER_TASKS else iter_tasks(spec)
+    _make_output_folder(out)  # after every task of an eager grid is checked: a bad value leaves no empty folder
     report = SweepReport(spec=spec, out=out, total=len(tasks) if isinstance(tasks, list) else spec.points)
     try:
         with _exclusive(out), interrupts_raise():

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import json
+from stepsim.base.ranges import json_text
 
 from stepsim.base.errors import ConfigError
 
@@ -23,7 +23,7 @@ def _compare_cmd(args) -> int:
 
     res = compare(args.baseline, args.candidate, metrics=args.metric, threshold=args.threshold,
                   allow_missing=args.allow_missing)
-    print(json.dumps(res) if args.json else format_markdown(res) if args.markdown else format_text(res))
+    print(json_text(res) if args.json else format_markdown(res) if args.markdown else format_text(res))
     return 1 if res["regressed"] else 0
 
 

@@ -6,9 +6,8 @@ search went. ``--out FILE.json`` writes the schedule (``stepsim run|metrics --sc
 
 from __future__ import annotations
 
-import json
-
 from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import json_text
 from stepsim.mapping.schedule import KNOBS
 
 
@@ -49,9 +48,9 @@ def _run(args) -> int:
               "compute_utilisation": schedule.compute_utilisation(hardware.peak_flops_per_cycle)}
     if args.out is not None:
         with atomic_output(args.out) as tmp:
-            tmp.write_text(json.dumps(schedule.to_dict(), indent=2) + "\n", encoding="utf-8")
+            tmp.write_text(json_text(schedule.to_dict(), indent=2) + "\n", encoding="utf-8")
     if args.json:
-        print(json.dumps(record, indent=2))
+        print(json_text(record, indent=2))
         return 0
     unit = "tokens" if args.kind == "ffn" else "requests"
     knobs = ", ".join(f"{k} {schedule.knobs[k]}" for k in KNOBS[args.kind])

@@ -6,9 +6,8 @@ Dimensions are in elements (D, F, head_dim) or counts (layers, heads, experts); 
 
 from __future__ import annotations
 
-import json
-
 from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import json_text
 from stepsim.models.presets import PRESETS, ModelConfig, resolve_model
 
 #: (JSON key, table header) of the ``models list`` columns
@@ -58,7 +57,9 @@ def _memory(m: ModelConfig) -> dict:
          "weight_bytes": None}
     try:
         memory = model_memory(m)
-    except ConfigError:  # a user's file may leave vocab_size out: its dimensions are still shown
+    except ConfigError as exc:  # a user's file may leave vocab_size out: its dimensions are still shown
+        if "missing field" not in str(exc):  # a value serving refuses ("false" as a bool, inf) is refused here too
+            raise
         return d
     return {**d, "parameters": memory.parameters, "weight_bytes": memory.weight_bytes}
 
@@ -66,7 +67,7 @@ def _memory(m: ModelConfig) -> dict:
 def _list(args) -> int:
     rows = [m.as_dict() for m in PRESETS.values()]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_text(rows, indent=2))
         return 0
     table = [[header for _, header in LIST_COLUMNS]] + [[_cell(r[key]) for key, _ in LIST_COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(LIST_COLUMNS))]
@@ -86,7 +87,7 @@ def _show(args) -> int:
     if m.paper_attention:
         d["paper_attention"] = {**m.paper_attention_model.__dict__}
     if args.json:
-        print(json.dumps(d, indent=2))
+        print(json_text(d, indent=2))
         return 0
     width = max(len(label) for _, label in SHOW_LINES)
     for key, label in SHOW_LINES:

@@ -17,8 +17,8 @@ scaled to that count (default: fully connected chips); the chip count becomes a 
 from __future__ import annotations
 
 import argparse
-import json
 
+from stepsim.base.ranges import json_text
 from stepsim.batch.executors import EXECUTORS
 
 
@@ -88,7 +88,8 @@ def onnx_search_flags(args):
     config = config_from_args(args)
     cfg = normalize_config(config, source=COMMAND_LINE)
     for key, why in ONNX_IGNORED.items():
-        if getattr(args, key) not in (None, False):
+        value = getattr(args, key)
+        if value is not None and value is not False:  # `0 in (None, False)` is true: --max-compute 0 slipped by
             raise ConfigError(f"--{key.replace('_', '-')} does not apply to optimize of an .onnx model: {why}")
     for key in config:
         if key not in ONNX_KNOBS:
@@ -134,9 +135,9 @@ def _optimize_onnx(args) -> int:
         doc["fusion_by_tile_m"] = {str(tm): decisions for tm, decisions in result.fusion_by_tile_m.items()}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with atomic_output(Path(args.out) / "optimize.json") as tmp:
-        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.write_text(json_text(doc, indent=1))
     if args.json:
-        print(json.dumps(doc))
+        print(json_text(doc))
         return 0
     print(f"optimize {args.workload} -> {args.out}: {doc['candidates']} tilings, {doc['simulations']} simulated")
     for p in doc["pareto"]:
@@ -182,7 +183,7 @@ def _optimize(args) -> int:
             return status
         raise
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json_text(result.to_json()))
         return 0
     print(format_result(result))
     return 0

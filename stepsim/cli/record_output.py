@@ -18,6 +18,7 @@ import sys
 import time
 
 from stepsim.base.errors import DeadlockError
+from stepsim.base.ranges import json_text
 from stepsim.cli.args import config_from_args
 from stepsim.workloads.config import COMMAND_LINE
 
@@ -33,7 +34,7 @@ def print_record(record, as_json: bool, verbose: bool = False) -> None:
     (bytes in MB / GB, times rounded; ``verbose`` adds the params and provenance columns and exact byte counts;
     :mod:`stepsim.base.display`)."""
     if as_json:
-        print(json.dumps(record.row))
+        print(json_text(record.row))
         return
     from stepsim.base.display import record_lines
     from stepsim.results.records import COLUMN_UNITS
@@ -174,7 +175,7 @@ def deadlock_with_fix(exc: DeadlockError, elapsed: float, report_file: str | Non
         doc = {"message": message, "n_blocked": diag.n_blocked, "diagnosis": diag.as_dict(), "fix": fix.as_dict(),
                "blocked": full_list(exc)}
         with atomic_output(report_file) as tmp:
-            tmp.write_text(json.dumps(doc, indent=1))
+            tmp.write_text(json_text(doc, indent=1))
         message += f"\n(full diagnosis written to {report_file})"
     return DeadlockError(message, exc.blocked, diagnosis=diag, program=exc.program, unit_lines=exc.unit_lines)
 
@@ -186,7 +187,7 @@ def print_record_and_report(record, as_json: bool, print_record) -> None:
 
     rep = report_record(record)
     if as_json:
-        print(json.dumps({"record": record.row, "report": rep}))
+        print(json_text({"record": record.row, "report": rep}))
         return
     print_record()
     print()

@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
-import json
 import sys
+
+from stepsim.base.ranges import json_text
 
 
 def _report_cmd(args) -> int:
+    from stepsim.base.errors import ArgumentError
+    from stepsim.base.outputs import check_out_file
     from stepsim.insight.report import format_report, report_run_dir, write_png
 
+    if args.png is not None:  # before the report, which may simulate the run again for a minute
+        if not args.png.lower().endswith(".png"):
+            raise ArgumentError(f"--png {args.png}: give a file name ending in .png")
+        check_out_file(args.png, "--png")
     rep, timeline = report_run_dir(args.run_dir)
-    print(json.dumps(rep) if args.json else format_report(rep))
+    print(json_text(rep) if args.json else format_report(rep))
     if args.png:
         path = write_png(rep, args.png, timeline)
         print(f"wrote png: {path}", file=sys.stderr if args.json else sys.stdout)

@@ -8,10 +8,10 @@ Prints each experiment's table, its headline numbers and the files written, then
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
+from stepsim.base.ranges import json_text
 from stepsim.reproduce.names import CHOICES
 
 #: not one of the paper's experiments (not in ``all``): serving runs, not engine points (stepsim/serve/validation.py)
@@ -44,13 +44,20 @@ def register(subparsers) -> None:
 def _serving_validation(args) -> int:
     from pathlib import Path
 
+    from stepsim.base.errors import ConfigError
     from stepsim.serve import validation
 
+    for flag, given in (("--traces", args.traces is not None), ("--jobs", args.jobs is not None),
+                        ("--fifo-depths", bool(args.fifo_depths)), ("--force", args.force)):
+        if given:  # each was ignored without a word (--jobs 0 too)
+            raise ConfigError(f"{flag} does not apply to reproduce {SERVING_VALIDATION}: it serves one request per "
+                              "published figure in this process, from the bundled model configs")
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # a new --out folder failed: "No such file or directory"
     rows = validation.validate(Path(args.out), progress=lambda line: print(f"[reproduce] {line}", file=sys.stderr,
                                                                            flush=True))
     files = validation.write(rows, Path(args.out))
     if args.json:
-        print(json.dumps({"serving_validation_median_ratio_error": validation.median_ratio_error(rows)}))
+        print(json_text({"serving_validation_median_ratio_error": validation.median_ratio_error(rows)}))
         return 0
     print(validation.markdown(rows), end="")
     for kind, path in files.items():
@@ -83,7 +90,7 @@ def _reproduce(args) -> int:
                         fifo_depths=args.fifo_depths, force=args.force)
     total = time.perf_counter() - start
     if args.json:
-        print(json.dumps({k: v for r in results for k, v in r.headline.items()}))
+        print(json_text({k: v for r in results for k, v in r.headline.items()}))
         return 0
     for r in results:
         print(f"== {r.name} ==")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from stepsim.base.ranges import json_text
+
 
 def register(subparsers) -> None:
     """Add ``stepsim serve`` to the top-level subparsers."""
@@ -94,7 +96,6 @@ def _fmt(d: dict | None, scale: float = 1000.0, unit: str = "ms") -> str:
 
 
 def _serve(args) -> int:
-    import json
 
     from stepsim.serve.api import serve
 
@@ -109,7 +110,7 @@ def _serve(args) -> int:
                    progress=True)  # bars only on a terminal, after 2 s
     s = result.summary
     if args.json:
-        print(json.dumps(s, indent=2))
+        print(json_text(s, indent=2))
         return 0
     print(f"requests    {s['completed']} of {s['requests']} completed in {s['duration_s']:.2f} s, "
           f"{s['iterations']} steps, {s['preemptions']} preemptions")

@@ -11,6 +11,7 @@ import sys
 import time
 
 from stepsim.base.errors import StepsimError
+from stepsim.base.ranges import json_text
 from stepsim.cli import server_client as client
 from stepsim.cli.server_daemon import log_file, state_file
 
@@ -120,7 +121,7 @@ def _status(args) -> int:
                         "commands_running": len(answer["running"]) if answer else None,
                         "started": state.get("started"), "idle_timeout_s": state.get("idle_timeout_s")})
     if args.json:
-        print(json.dumps({"server_dir": directory, "servers": servers}, indent=2))
+        print(json_text({"server_dir": directory, "servers": servers}, indent=2))
         return 0
     if not servers:
         print(f"stepsim server: none in {directory}")

@@ -11,11 +11,11 @@ stderr. Apply the file with ``stepsim run ... --fifo-depths depths.toml`` (or th
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import json_text
 
 
 def _size(args) -> int:
@@ -47,7 +47,7 @@ def _size(args) -> int:
             print(f"size-fifos: no PNG: {exc}", file=sys.stderr)
             png = None
     if args.json:
-        print(json.dumps(result.report()))
+        print(json_text(result.report()))
     else:
         print("\n".join(result.text()))
         print(f"wrote {out}" + (f" and {png}" if png else ""))

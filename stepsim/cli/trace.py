@@ -8,11 +8,11 @@ written atomically (a temp file renamed into place).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import json_text
 from stepsim.trace_io.readers import FORMATS, open_trace, read_trace
 from stepsim.trace_io.schemas import model_shape
 from stepsim.trace_io.summary import TraceSummary
@@ -147,7 +147,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     stream = _open(args.path, args)
     summary = TraceSummary(stream.info, tile=args.tile).consume(stream.batches()).as_dict()
     if args.json:
-        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write(json_text(summary, indent=2, sort_keys=True))
         sys.stdout.write("\n")
     else:
         _print_summary(summary)

@@ -39,12 +39,13 @@ records, with the reason; an unknown or non-numeric metric).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.files import refuse_special_file
+from stepsim.base.ranges import json_text
 
 #: metrics compared by default
 DEFAULT_METRICS = ("cycles", "off_chip_bytes", "on_chip_bytes", "compute_utilization", "off_chip_bw_utilization")
@@ -86,6 +87,7 @@ def load_side(path: str | os.PathLike) -> tuple[list[dict], dict, list[dict]]:
     )
 
     p = Path(path)
+    refuse_special_file(p, ConfigError, "a records")  # a pipe blocks, /dev/zero never ends (was: "no such file")
     if p.is_dir() and is_serve_folder(p):
         return [read_serve_folder(p)], {}, []
     serve_runs = sorted(f.parent for f in p.rglob(REQUESTS_FILE) if is_serve_folder(f.parent)) if p.is_dir() else []
@@ -473,4 +475,4 @@ def format_markdown(res: dict) -> str:
 
 
 def to_json(res: dict) -> str:
-    return json.dumps(res)
+    return json_text(res)

@@ -63,6 +63,7 @@ import os
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import json_text
 
 #: a run is bound by a resource when that resource's roofline time is at least this share of the cycles
 BOUND_FRACTION = 0.5
@@ -638,4 +639,4 @@ def write_png(rep: dict, path: str | os.PathLike, timeline=None) -> Path:
 
 
 def to_json(rep: dict) -> str:
-    return json.dumps(rep)
+    return json_text(rep)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.files import refuse_special_file
 
 #: the knobs of each mapped kind, in the order they are printed
 KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",)}
@@ -100,6 +101,7 @@ class Schedule:
 def read_schedules(path: str | Path) -> dict[str, Schedule]:
     """``{kind: Schedule}`` from a JSON file holding one schedule object or a list of them (one per kind)."""
     path = Path(path)
+    refuse_special_file(path, ConfigError, "a schedule")  # a pipe or /dev/zero would block or fill the memory
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:

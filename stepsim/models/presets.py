@@ -306,6 +306,8 @@ def _int_field(cfg: dict, key: str, where: str, *, required: bool, minimum: int 
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{where}: field {key!r} must be an integer >= {minimum}, got {value!r}")
+    if value > 2**31 - 1:  # a dimension of 1e30 gave parameter counts of 1e34 and overflowing sizes downstream
+        raise ConfigError(f"{where}: field {key!r} must be at most 2,147,483,647 (2**31 - 1), got {value!r}")
     return value
 
 

@@ -338,6 +338,7 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
     from stepsim.base.outputs import check_out_dir
 
     out = check_out_dir(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     if system is not None:
         from stepsim.optimize.chips import on_system
@@ -370,6 +371,10 @@ def optimize(workload: str, *, out, objective: str = "cycles", max_on_chip: int 
                 kept = tuple(dict.fromkeys(strategies))
                 summary[-1]["kept_strategies"] = list(kept)
         ok = True
+    except ConfigError:  # a space file's value refused as its first task is checked: leave no empty search folder
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
     finally:
         if owned:
             runner.close() if ok else runner.abort()

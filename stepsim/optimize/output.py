@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from stepsim.base.files import atomic_output, published_together, write_parquet_atomic
+from stepsim.base.ranges import json_text
 from stepsim.optimize.stack import RECORDED_KNOBS
 
 #: knobs left out of a command line (not flags of stepsim run)
@@ -77,7 +78,7 @@ def write_outputs(out: Path, result) -> dict:
         if "plot" in paths:
             plot_front(result, paths["plot"])
         with atomic_output(paths["json"]) as tmp:
-            tmp.write_text(json.dumps({**result.to_json(), "files": {k: str(v) for k, v in paths.items()}},
+            tmp.write_text(json_text({**result.to_json(), "files": {k: str(v) for k, v in paths.items()}},
                                       indent=2) + "\n")
     return paths
 

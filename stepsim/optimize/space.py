@@ -149,7 +149,7 @@ def load_space(path: str | Path, workload: str) -> list[dict]:
         raise ConfigError(f"--space: {path} is a folder, not a space file") from None
     except OSError as exc:
         raise ConfigError(f"--space: cannot read space file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # binary bytes: not UTF-8, so not TOML
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     for key in data:
         if key not in SPACE_KEYS:

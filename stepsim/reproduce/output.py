@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from stepsim.base.files import atomic_output, provenance_metadata, write_parquet_atomic
+from stepsim.base.ranges import json_text
 
 
 def write_table(table: pa.Table, out_dir: Path, stem: str, provenance: dict) -> dict[str, Path]:
@@ -25,7 +25,7 @@ def write_table(table: pa.Table, out_dir: Path, stem: str, provenance: dict) -> 
 def write_headline(out_dir: Path, stem: str, experiment: str, headline: dict, details: dict) -> Path:
     """Write ``<stem>_headline.json``: ``{"experiment", "headline" (the --json keys), "details"}``, sorted keys."""
     path = Path(out_dir) / f"{stem}_headline.json"
-    text = json.dumps({"experiment": experiment, "headline": headline, "details": details}, indent=2, sort_keys=True)
+    text = json_text({"experiment": experiment, "headline": headline, "details": details}, indent=2, sort_keys=True)
     with atomic_output(path) as tmp:
         tmp.write_text(text + "\n")
     return path

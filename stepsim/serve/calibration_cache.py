@@ -10,6 +10,7 @@ import json
 import warnings
 from pathlib import Path
 
+import stepsim.serve.exact_lstsq as _exact_lstsq
 import stepsim.serve.fast as _fast
 from stepsim.base.defaults import TIMING_MODEL_VERSION
 from stepsim.base.errors import StepsimWarning
@@ -24,8 +25,9 @@ def calibration_key(parts: dict) -> str:
                         "timing_model_version": TIMING_MODEL_VERSION, **parts})
 
 
-#: SHA-256 of :mod:`stepsim.serve.fast`'s source: the fitted model's code, part of every calibration key
-_MODEL_SOURCE = file_sha256(Path(_fast.__file__))
+#: SHA-256 of :mod:`stepsim.serve.fast`'s source and its solver's (:mod:`stepsim.serve.exact_lstsq`): the fitted
+#: model's code, part of every calibration key
+_MODEL_SOURCE = stable_hash([file_sha256(Path(m.__file__)) for m in (_fast, _exact_lstsq)])
 
 
 #: the record's keys (besides its checksum) and the JSON type of each

@@ -53,6 +53,7 @@ import numpy as np
 from stepsim.base.errors import ConfigError
 from stepsim.kernels.serve_fast import attention_features
 from stepsim.serve.exact import EngineLatency
+from stepsim.serve.exact_lstsq import numeric_rank, solve
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.layers import KV_TILE, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
@@ -165,7 +166,7 @@ def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
     a = np.array([[1.0, *features(kind, d, kind == "ffn" and has_shared(spec))] for d in samples])
     metrics = [build(kind, d, spec).metrics() for d in samples]
     y = np.array([[m["off_chip_bytes"], m["graph_flops"]] for m in metrics], dtype=np.float64)
-    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    coef = np.column_stack([solve(a, y[:, 0]), solve(a, y[:, 1])])
     coef = np.round(coef * 64) / 64  # the metrics are integer combinations (bytes per tile, FLOPs per tile)
     if not np.array_equal(a @ coef, y):
         raise ConfigError(f"serving layer {kind!r}: its metrics are not linear in {kind} features (stepsim bug)")
@@ -539,7 +540,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
             continue
         a, y = np.array(rows[kind]), np.array(targets[kind], dtype=np.float64)
         w = 1.0 / np.maximum(y, 1.0)  # least squares on relative error
-        theta[kind] = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)[0].tolist()
+        theta[kind] = solve(a * w[:, None], y * w).tolist()  # the same bits on every machine (exact_lstsq)
     if not hold_out:
         return theta, None
     errors, strata = [], []
@@ -604,4 +605,4 @@ def span(rows: list) -> int:
     if not rows:
         return 0
     a = np.array(rows)[:, :FFN_REGRESSORS]
-    return int(np.linalg.matrix_rank(a / np.maximum(np.abs(a).max(axis=0), 1.0)))
+    return numeric_rank(a / np.maximum(np.abs(a).max(axis=0), 1.0))

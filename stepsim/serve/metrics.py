@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT
 
 #: SLO keys ``--slo`` takes (``e2el`` is vLLM's name for e2e)
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}
@@ -45,6 +46,8 @@ def parse_slo(text: str) -> dict[str, float]:
             raise ConfigError(f"--slo {text!r}: {key} must be positive")
         if not math.isfinite(value):  # 1e999s: JSON has no infinity for the summary's slo
             raise ConfigError(f"--slo {text!r}: {key} {m['value']}{m['unit']} is not a finite time")
+        if value > MAX_TIME_S:  # 1e308s: the figure's SLO line and axis overflowed (stepsim.base.ranges)
+            raise ConfigError(f"--slo {text!r}: {key} must be at most {MAX_TIME_TEXT}")
         slo[key] = value
     return slo
 

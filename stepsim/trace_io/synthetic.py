@@ -8,6 +8,7 @@ uniform draws are consumed row by row, so the output does not depend on how it i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -49,12 +50,12 @@ def expert_popularity(
     if skew == "uniform":
         return np.full(num_experts, 1.0 / num_experts)
     if skew == "dirichlet":
-        if not alpha > 0:
-            raise ConfigError(f"Dirichlet concentration alpha must be > 0, got {alpha}")
+        if not 0 < alpha < math.inf:  # inf: numpy's Dirichlet draws NaN probabilities
+            raise ConfigError(f"Dirichlet concentration alpha must be a finite number > 0, got {alpha}")
         return rng.dirichlet(np.full(num_experts, float(alpha)))
     if skew == "zipf":
-        if not alpha >= 0:
-            raise ConfigError(f"Zipf exponent alpha must be >= 0, got {alpha}")
+        if not 0 <= alpha < math.inf:  # inf: one expert has every probability, a top-k > 1 draw fails in NumPy
+            raise ConfigError(f"Zipf exponent alpha must be a finite number >= 0, got {alpha}")
         ranks = rng.permutation(num_experts) + 1.0
         p = ranks ** -float(alpha)
         return p / p.sum()

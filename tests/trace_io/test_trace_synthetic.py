@@ -112,8 +112,12 @@ def test_popularity_errors():
     rng = np.random.default_rng(0)
     with pytest.raises(ConfigError, match="skew must be one of"):
         expert_popularity(8, rng, "pareto")
-    with pytest.raises(ConfigError, match="alpha must be > 0"):
+    with pytest.raises(ConfigError, match="alpha must be a finite number > 0, got 0.0"):
         expert_popularity(8, rng, "dirichlet", 0.0)
+    with pytest.raises(ConfigError, match="alpha must be a finite number > 0, got inf"):  # NaN probabilities
+        expert_popularity(8, rng, "dirichlet", float("inf"))
+    with pytest.raises(ConfigError, match="alpha must be a finite number >= 0, got inf"):
+        expert_popularity(8, rng, "zipf", float("inf"))
     with pytest.raises(ConfigError, match="top_k must be in 1..num_experts"):
         synthetic_routing(10, 4, 5, seed=0)
 
