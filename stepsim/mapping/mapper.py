@@ -181,14 +181,22 @@ def evaluate(kind: str, size: int, dims, hardware: Hardware, *, exhaustive: bool
     return Schedule(**{**best.to_dict(), "candidates": counts}), rows
 
 
+#: the mapping modules that decide a schedule: the search (this module), the spaces and representative data, the
+#: units. Not ``schedule.py`` (the schedule's fields and files), ``runs.py`` or ``roofline.py``, which read, print
+#: or price a schedule: a change there leaves every cached schedule what the mapper would find.
+DECIDING_MODULES = ("mapper.py", "kinds.py", "units.py")
+
+
 def _source_hash() -> str:
-    """SHA-256 over the sources a schedule depends on: the mapper's and the mapped builders'. A schedule found by
-    other code is never reused, even when :data:`MAPPER_VERSION` was not bumped."""
+    """SHA-256 over the sources a schedule depends on: the deciding mapping modules (:data:`DECIDING_MODULES`) and
+    the mapped builders. A schedule found by other code is never reused, even when :data:`MAPPER_VERSION` was not
+    bumped. (The engine's timing is in the key as ``TIMING_MODEL_VERSION``; the pruning bounds of
+    :mod:`stepsim.analysis.bounds` are sound, so they decide what is simulated, never what wins.)"""
     import stepsim.workloads.attention.build as attention_build
     import stepsim.workloads.moe.build as moe_build
 
-    files = sorted(Path(__file__).parent.glob("*.py")) + [Path(moe_build.__file__), Path(attention_build.__file__)]
-    return stable_hash([file_sha256(f) for f in files])
+    files = [Path(__file__).parent / name for name in DECIDING_MODULES]
+    return stable_hash([file_sha256(f) for f in files + [Path(moe_build.__file__), Path(attention_build.__file__)]])
 
 
 def source_hash() -> str:
@@ -203,9 +211,12 @@ def key_material(kind: str, size: int, dims, hardware: Hardware) -> dict:
     hardware and the sources (:func:`_source_hash`). Its hash is the cache key; the cache file keeps it too, so
     a cached schedule says what it was mapped for and whether today's code would map it the same. The dimensions
     are their fields without the model's name (:func:`dims_fields`), so one shape maps once whichever file or
-    preset it came from."""
+    preset it came from. The hardware is its values and which of them were set explicitly: an explicit
+    ``channel_depth`` overrides the layer's own FIFO depth (:func:`stepsim.base.defaults.resolve_channel_depth`),
+    so two hardwares of equal values can simulate a layer differently."""
     return {"mapper_version": MAPPER_VERSION, "timing_model_version": TIMING_MODEL_VERSION, "kind": kind,
-            "size": size, "dims": dims_fields(dims), "hardware": hardware.values(), "source": source_hash()}
+            "size": size, "dims": dims_fields(dims), "hardware": hardware.values(),
+            "hardware_explicit": list(hardware.explicit), "source": source_hash()}
 
 
 def _key(kind: str, size: int, dims, hardware: Hardware) -> str:

@@ -13,7 +13,7 @@ from stepsim.base.files import stable_hash
 from stepsim.base.hardware import PRESETS
 from stepsim.mapping import map_layer, mapped_workload
 from stepsim.mapping.kinds import ffn_routing, ffn_samples
-from stepsim.mapping.mapper import _MEMO, bucket, evaluate
+from stepsim.mapping.mapper import _MEMO, bucket, evaluate, key_material
 from stepsim.mapping.schedule import Schedule, read_schedules
 from stepsim.mapping.units import Infeasible
 from stepsim.models.presets import MoEModel
@@ -143,6 +143,16 @@ def test_schedules_are_cached_on_disk_and_a_damaged_file_is_mapped_again(tmp_pat
     _MEMO.clear()
     other = map_layer("ffn", 8, dims, PRESETS["sn40l"].__class__.preset("sn40l", compute_units=520), cache=tmp_path)
     assert len(list(tmp_path.glob("*.json"))) == 2 and other.compute_units <= 520  # the hardware is in the key
+
+
+def test_a_channel_depth_set_explicitly_is_in_the_key():
+    """The preset's FIFO depth yields to the mapped layer's own (64); the same value set explicitly overrides it
+    (stepsim.base.defaults.resolve_channel_depth), so the layer simulates otherwise and must not share a key."""
+    dims = MoEModel("m", hidden=64, intermediate=128, experts=8, top_k=2)
+    explicit = SN40L.__class__.preset("sn40l", channel_depth=SN40L.channel_depth)
+    assert explicit.values() == SN40L.values()
+    assert key_material("ffn", 8, dims, explicit)["hardware_explicit"] == ["channel_depth"]
+    assert key_material("ffn", 8, dims, SN40L)["hardware_explicit"] == []
 
 
 def test_schedule_files_are_checked(tmp_path):

@@ -37,7 +37,23 @@ def request_of(record: dict) -> tuple:
     material = record["material"]
     dims = material["dims"]
     dims = MoEModel("seed", **dims) if "experts" in dims else dict(dims)  # the name: a label no schedule reads
-    return material["kind"], material["size"], dims, Hardware.from_dict(material["hardware"], source="seed")
+    return material["kind"], material["size"], dims, _hardware(material["hardware"], material["hardware_explicit"])
+
+
+def _hardware(values: dict, explicit: list):
+    """The hardware of ``values`` whose explicitly set fields are ``explicit``: a preset with those fields set
+    (the first preset that gives both back)."""
+    from stepsim.base.hardware import PRESETS, SERVING_DEFAULTS, Hardware
+
+    fields = {f: values[f] if f in values else SERVING_DEFAULTS[f] for f in explicit}  # values omit defaults
+    for preset in sorted(PRESETS):
+        try:
+            hardware = Hardware.from_dict({"preset": preset, **fields}, source="seed")
+        except Exception:  # noqa: BLE001 - a preset these fields do not fit: try the next
+            continue
+        if hardware.values() == values and list(hardware.explicit) == explicit:
+            return hardware
+    raise SystemExit(f"no preset gives back the hardware {values} with {explicit} set explicitly")
 
 
 def remap(path: str) -> str:
