@@ -54,7 +54,7 @@ from stepsim.base.errors import ConfigError
 from stepsim.kernels.serve_fast import attention_features
 from stepsim.serve.exact import EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
-from stepsim.serve.layers import KV_TILE, LayerSpec, build
+from stepsim.serve.layers import KINDS, KV_TILE, MAPPED_KINDS, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
@@ -70,8 +70,8 @@ FFN_LAYERS = 4
 #: FLOPs/cycle of the compute bound (one node running every FLOP at the attention's rate)
 BOUND_COMPUTE_BW = 2048
 #: bump when the model or the calibration changes: part of the cache key (3: :func:`pair_parity`; 4: the shared
-#: experts' tiles, :func:`expert_rounds`)
-CALIBRATION_VERSION = 4
+#: experts' tiles, :func:`expert_rounds`; 5: mapped layers, :mod:`stepsim.serve.fast_mapped`)
+CALIBRATION_VERSION = 5
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
 #: the FFN regressors' column of the experts a layer's tokens touch (:func:`ffn_regressors`)
@@ -172,9 +172,19 @@ def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
     return MetricForm(tuple(coef[:, 0].tolist()), tuple(coef[:, 1].tolist()))
 
 
+def forms_of(spec: LayerSpec) -> dict:
+    """The metric forms of ``spec``'s pieces (:func:`metric_forms`): every kind's, but a mapped FFN's
+    (``schedule="auto"``: its regressors are the mapper's bucket estimates, :mod:`stepsim.serve.fast_mapped`)."""
+    return {kind: metric_forms(kind, spec) for kind in KINDS if not (kind == "ffn" and spec.schedule == "auto")}
+
+
 def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray:
     """``[1, features, extra features, HBM bound, compute bound, max of both]`` of one piece (the last is the
-    pilot's estimate)."""
+    pilot's estimate); a mapped piece's (``schedule="auto"``): :func:`stepsim.serve.fast_mapped.regressors`."""
+    if spec.schedule == "auto" and kind in MAPPED_KINDS:
+        from stepsim.serve.fast_mapped import regressors as mapped
+
+        return mapped(kind, data, form, spec)
     if kind == "ffn":
         return ffn_regressors(np.asarray(data)[:, None, :], form, spec)[0]
     f = np.array([1.0, *features(kind, data)])
@@ -524,7 +534,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
             fit_models.append(model_of(kind, stratum == "prefill"))
     cycles = [r[0] for r in exact.run_tasks(fit_tasks)]
     for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
-        rows[model].append(regressors(kind, data, forms[kind], exact.spec))
+        rows[model].append(regressors(kind, data, forms.get(kind), exact.spec))
         targets[model].append(c)
     pooled = rows["ffn"] + rows["ffn_prefill"]
     if (min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS
@@ -549,7 +559,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         roles = exact.roles(tasks)
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
-        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec),
+        predicted = sum(count * predict(regressors(kind, data, forms.get(kind), exact.spec),
                                         theta[model_of(kind, stratum == "prefill")], kind)
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch) + exact.collective_cycles(batch)  # exact terms, in both
