@@ -72,9 +72,9 @@ def test_serve_wall_times(shared_traces, bench_summary, tmp_path):
     kw = dict(limit_requests=requests, calibration_cache=tmp_path / "cache")
     runs = {}
     for name, extra in (("iteration-latency 20 ms", dict(iteration_latency=0.02)),
-                        ("fast, calibrating", dict(fidelity="fast")),
-                        ("fast, cached calibration", dict(fidelity="fast")),
-                        ("exact, --jobs 2", dict(fidelity="exact", jobs=2))):
+                        ("fast, calibrating", dict(fidelity="fast", schedule="paper")),
+                        ("fast, cached calibration", dict(fidelity="fast", schedule="paper")),
+                        ("exact, --jobs 2", dict(fidelity="exact", schedule="paper", jobs=2))):
         t0 = time.perf_counter()
         runs[name] = stepsim.serve(str(MODEL), trace, **kw, **extra)
         wall = time.perf_counter() - t0
