@@ -59,9 +59,11 @@ def _schedule_for(kind, size, dims, hardware, *, cache=True):
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     import stepsim.mapping
+    import stepsim.serve.exact
 
     monkeypatch.setattr(stepsim.mapping, "schedule_for", _schedule_for)
-    monkeypatch.setattr(fast_mapped, "_MEMO", {})
+    monkeypatch.setattr(fast_mapped, "_MEMO", {})  # schedules and templates made here stay here
+    monkeypatch.setattr(stepsim.serve.exact, "_RUNNERS", {})
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(TINY))
     return path
