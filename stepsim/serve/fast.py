@@ -39,6 +39,9 @@ kinds of step give at least twice as many samples as regressors and each spans w
 step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients and
 error) is cached under a key that hashes everything that determines it
 (:mod:`stepsim.serve.calibration_cache`).
+
+**Mapped layers** (``schedule="auto"``): the decode attention's and the FFN's regressors are computed with the
+schedule the mapper chose for the piece's bucket (:mod:`stepsim.serve.fast_mapped`, :func:`forms_of`).
 """
 
 from __future__ import annotations

@@ -191,9 +191,15 @@ def test_auto_is_the_default_on_serving_hardware_only():
         {(hw, dense.name, "exact", True) for hw in (sn40l.name, tweaked.name)}
 
 
-def test_auto_fast_on_a_system_is_one_line(tmp_path):
+def test_auto_where_it_is_not_built_is_one_line(tmp_path):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
     with pytest.raises(ConfigError) as e:
         stepsim.serve("llama-3.1-8b", trace, fidelity="fast", schedule="auto", system="sn40l-8")
     assert str(e.value) == ("--schedule auto with --system and --fidelity fast: the fast model is not calibrated on "
                             "mapped tensor-parallel layers yet; use --fidelity exact or --schedule paper")
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01, schedule="auto")
+    assert str(e.value) == "--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast"
+    # without a fidelity no layer is built: the default is paper, and the summary says no schedule
+    run = stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01)
+    assert "schedule" not in run.summary["fidelity"]
