@@ -190,15 +190,6 @@ def _source_hash() -> str:
     return stable_hash([file_sha256(f) for f in files])
 
 
-def source_identity() -> dict:
-    """``{"mapper_version", "source"}``: what, beside the kind, shape, dimensions and hardware, determines every
-    schedule the mapper chooses (a fast calibration on mapped layers keys on it,
-    :func:`stepsim.serve.calibration_cache.schedule_identity`)."""
-    if "source" not in _SOURCE:
-        _SOURCE["source"] = _source_hash()
-    return {"mapper_version": MAPPER_VERSION, "source": _SOURCE["source"]}
-
-
 def _key(kind: str, size: int, dims, hardware: Hardware) -> str:
     if "source" not in _SOURCE:
         _SOURCE["source"] = _source_hash()

@@ -26,14 +26,14 @@ def calibration_key(parts: dict) -> str:
 
 def schedule_identity(schedule: str) -> dict:
     """The calibration key's part for how the layers are built: ``{"mode": schedule}``; for mapped layers
-    (``auto``) also the mapper's version and the SHA-256 of its sources and the mapped builders'
-    (:func:`stepsim.mapping.mapper.source_identity`): the schedules each bucket gets follow from those, the model
-    and the hardware (both in the key already), so a calibration on other schedules is never reused."""
+    (``auto``) also the mapper's version and the SHA-256 of its sources and the mapped builders' (the same hash the
+    mapper keys its cache on): the schedules each bucket gets follow from those, the model and the hardware (both in
+    the key already), so a calibration on other schedules is never reused."""
     if schedule != "auto":
         return {"mode": schedule}
-    from stepsim.mapping.mapper import source_identity
+    from stepsim.mapping import mapper
 
-    return {"mode": schedule, "mapping": source_identity()}
+    return {"mode": schedule, "mapping": {"mapper_version": mapper.MAPPER_VERSION, "source": mapper._source_hash()}}
 
 
 #: SHA-256 of the fitted model's sources (:mod:`stepsim.serve.fast`, :mod:`stepsim.serve.fast_mapped`), part of
