@@ -57,7 +57,7 @@ from stepsim.base.errors import ConfigError
 from stepsim.kernels.serve_fast import attention_features
 from stepsim.serve.exact import EngineLatency
 from stepsim.serve.latency import IterationBatch, IterationCost
-from stepsim.serve.layers import KINDS, KV_TILE, MAPPED_KINDS, LayerSpec, build
+from stepsim.serve.layers import KINDS, KV_TILE, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
@@ -183,11 +183,8 @@ def forms_of(spec: LayerSpec) -> dict:
 
 def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray:
     """``[1, features, extra features, HBM bound, compute bound, max of both]`` of one piece (the last is the
-    pilot's estimate); a mapped piece's (``schedule="auto"``): :func:`stepsim.serve.fast_mapped.regressors`."""
-    if spec.schedule == "auto" and kind in MAPPED_KINDS:
-        from stepsim.serve.fast_mapped import regressors as mapped
-
-        return mapped(kind, data, form, spec)
+    pilot's estimate); a mapped piece's (``schedule="auto"``) are :func:`stepsim.serve.fast_mapped.regressors`
+    (:meth:`FastLatency.piece_regressors` chooses)."""
     if kind == "ffn":
         return ffn_regressors(np.asarray(data)[:, None, :], form, spec)[0]
     f = np.array([1.0, *features(kind, data)])
@@ -348,6 +345,11 @@ class FastLatency(EngineLatency):
         self._forms = forms
         self._off_chip = {k: np.array(f.off_chip) for k, f in (forms or {}).items()}
         self._flops = {k: np.array(f.flops) for k, f in (forms or {}).items()}
+
+    def piece_regressors(self, kind: str, data) -> np.ndarray:
+        """The regressors :func:`calibrate` fits and checks a piece on: :func:`regressors` (a mapped provider's:
+        :class:`stepsim.serve.fast_mapped.MappedFastLatency`)."""
+        return regressors(kind, data, self.forms.get(kind), self.spec)
 
     def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(decode, prefill)`` regressors of a step's attention pieces (None for a piece it has not): the same
@@ -519,7 +521,6 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
     if hold_out and not held:
         raise ConfigError(f"--fidelity fast: the run has {len(samples)} steps, too few to hold any out for "
                           "measuring the model's error; use --fidelity exact")
-    forms = exact.forms
     rows: dict[str, list] = {k: [] for k in MODELS}
     targets: dict[str, list] = {k: [] for k in MODELS}
     fit_tasks = []
@@ -537,7 +538,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
             fit_models.append(model_of(kind, stratum == "prefill"))
     cycles = [r[0] for r in exact.run_tasks(fit_tasks)]
     for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
-        rows[model].append(regressors(kind, data, forms.get(kind), exact.spec))
+        rows[model].append(exact.piece_regressors(kind, data))
         targets[model].append(c)
     pooled = rows["ffn"] + rows["ffn_prefill"]
     if (min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS
@@ -562,7 +563,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         roles = exact.roles(tasks)
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
-        predicted = sum(count * predict(regressors(kind, data, forms.get(kind), exact.spec),
+        predicted = sum(count * predict(exact.piece_regressors(kind, data),
                                         theta[model_of(kind, stratum == "prefill")], kind)
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch) + exact.collective_cycles(batch)  # exact terms, in both

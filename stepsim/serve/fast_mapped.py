@@ -48,7 +48,7 @@ from stepsim.serve.fast import (
     predict_rows,
 )
 from stepsim.serve.latency import IterationBatch, IterationCost
-from stepsim.serve.layers import KV_TILE, LayerSpec
+from stepsim.serve.layers import KV_TILE, MAPPED_KINDS, LayerSpec
 
 #: the FFN's structural columns (the estimate last), as many as the paper's: :func:`stepsim.serve.fast.span` and
 #: :func:`stepsim.serve.fast.bound_column` read the same places
@@ -151,7 +151,8 @@ def decode_regressors(kv: np.ndarray, form, spec: LayerSpec) -> np.ndarray:
 
 
 def regressors(kind: str, data, form, spec: LayerSpec) -> np.ndarray:
-    """:func:`stepsim.serve.fast.regressors` of a mapped piece (``kind`` ``decode`` or ``ffn``)."""
+    """The regressors of a mapped piece (``kind`` ``decode`` or ``ffn``), as :func:`stepsim.serve.fast.regressors`
+    gives a paper-schedule piece's."""
     if kind == "ffn":
         return ffn_regressors(np.asarray(data)[:, None, :], spec)[0]
     return decode_regressors(data, form, spec)
@@ -161,6 +162,11 @@ class MappedFastLatency(FastLatency):
     """:class:`~stepsim.serve.fast.FastLatency` on mapped layers (``schedule="auto"``): the decode attention and
     FFN regressors of :func:`decode_regressors` and :func:`ffn_regressors`, and the decode attention priced once
     for every KV head (they run side by side, as the exact provider prices them)."""
+
+    def piece_regressors(self, kind: str, data) -> np.ndarray:
+        if kind in MAPPED_KINDS:
+            return regressors(kind, data, self.forms.get(kind), self.spec)
+        return super().piece_regressors(kind, data)
 
     def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         context = np.fromiter(batch.context_tokens, dtype=np.int64, count=len(batch.new_tokens))

@@ -22,8 +22,8 @@ from stepsim.base.hardware import PRESETS
 from stepsim.mapping.schedule import Schedule
 from stepsim.models.presets import resolve_model
 from stepsim.serve import fast, fast_mapped
-from stepsim.serve.fast import MetricForm, regressors
-from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
+from stepsim.serve.fast import MetricForm
+from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency, regressors
 from stepsim.serve.latency import IterationBatch
 from stepsim.serve.routing import SyntheticRouting
 
@@ -93,11 +93,11 @@ def test_the_mapped_providers_regressors_are_the_calibrations(tiny):
         for (kind, data), (_, count) in zip(tasks, roles):
             if kind == "decode":  # every KV head's requests in one mapped attention, counted once a layer
                 assert len(data) == 2 * new.count(1) and count == 2
-            if kind != "ffn":
-                assert np.array_equal(regressors(kind, data, p.forms[kind], p.spec), got.pop(kind))
+            if kind != "ffn":  # what the calibration fits on (the prefill's: the paper's regressors)
+                assert np.array_equal(p.piece_regressors(kind, data), got.pop(kind))
         assert all(v is None for v in got.values())
         pieces = [data for kind, data in tasks if kind == "ffn"]
-        assert np.array_equal(np.stack([regressors("ffn", d, None, p.spec) for d in pieces]), x)
+        assert np.array_equal(np.stack([p.piece_regressors("ffn", d) for d in pieces]), x)
     assert x.shape == (2, FFN_COLUMNS) and decode.shape == (10,)
 
 
