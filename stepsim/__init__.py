@@ -2,7 +2,7 @@
 
 The top-level API, each name imported on first use (so ``import stepsim`` stays light: no numba, sympy, pyarrow)::
 
-    from stepsim import simulate, Graph, Workload, from_onnx, serve, optimize, Hardware, System
+    from stepsim import simulate, Graph, Workload, from_onnx, serve, optimize, plan, Hardware, System
 
 Importing stepsim never compiles kernels; compilation happens on first simulation (cached on disk) or with
 ``stepsim cache warm``. The module paths of the last release (``stepsim.simulate``, ``stepsim.hardware``, ...)
@@ -13,7 +13,7 @@ from stepsim._version import __version__
 from stepsim.base import deprecated as _deprecated
 from stepsim.base.errors import StepsimError
 
-#: name -> (module, attribute); attribute None: the module itself (``serve`` and ``optimize`` are packages
+#: name -> (module, attribute); attribute None: the module itself (``serve``, ``optimize`` and ``plan`` are packages
 #: callable as their function)
 API = {
     "simulate": ("stepsim.simulation.simulate", "simulate"),
@@ -22,6 +22,7 @@ API = {
     "from_onnx": ("stepsim.frontend.lower", "from_onnx"),
     "serve": ("stepsim.serve", None),
     "optimize": ("stepsim.optimize", None),
+    "plan": ("stepsim.plan", None),
     "Hardware": ("stepsim.base.hardware", "Hardware"),
     "System": ("stepsim.base.system.config", "System"),
 }

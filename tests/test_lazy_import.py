@@ -37,10 +37,10 @@ def test_import_stepsim_stays_light_and_the_top_level_api_reads_each_name_on_fir
             "print(sorted(m for m in heavy if m in sys.modules)); print(sorted(n for n in dir(stepsim) if n in stepsim.API))")
     proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr, proc.stdout) == (0, "", "[]\n['Graph', 'Hardware', 'System', 'Workload', "
-                                                                  "'from_onnx', 'optimize', 'serve', 'simulate']\n")
+                                                                  "'from_onnx', 'optimize', 'plan', 'serve', 'simulate']\n")
 
     import stepsim
-    from stepsim import Graph, Hardware, System, Workload, from_onnx, optimize, serve, simulate
+    from stepsim import Graph, Hardware, System, Workload, from_onnx, optimize, plan, serve, simulate
     from stepsim.base.hardware import Hardware as hardware_class
     from stepsim.base.system import System as system_class
     from stepsim.frontend import from_onnx as from_onnx_function
@@ -50,8 +50,9 @@ def test_import_stepsim_stays_light_and_the_top_level_api_reads_each_name_on_fir
 
     assert (simulate, Graph, Workload, from_onnx, Hardware, System) == (
         simulate_function, graph_class, workload_class, from_onnx_function, hardware_class, system_class)
-    assert (serve, optimize) == (sys.modules["stepsim.serve"], sys.modules["stepsim.optimize"])  # callable packages
+    assert (serve, optimize, plan) == (sys.modules["stepsim.serve"], sys.modules["stepsim.optimize"],
+                                       sys.modules["stepsim.plan"])  # callable packages
     assert stepsim.__all__ == ["__version__", "StepsimError", "simulate", "Graph", "Workload", "from_onnx", "serve",
-                               "optimize", "Hardware", "System"]
+                               "optimize", "plan", "Hardware", "System"]
     with pytest.raises(AttributeError, match="module 'stepsim' has no attribute 'simulation_result'"):
         stepsim.simulation_result

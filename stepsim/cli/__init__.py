@@ -38,6 +38,7 @@ COMMANDS = {
     "graph": "stepsim.cli.graph",
     "server": "stepsim.cli.server",
     "serve": "stepsim.cli.serve",
+    "plan": "stepsim.cli.plan",
     "map": "stepsim.cli.map",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
@@ -87,7 +88,8 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
 
 
 #: commands that run the engine (the compile notice is printed before them)
-SIMULATING_COMMANDS = ("run", "demo", "sweep", "reproduce", "size-fifos", "optimize", "report", "serve", "map")
+SIMULATING_COMMANDS = ("run", "demo", "sweep", "reproduce", "size-fifos", "optimize", "report", "serve", "map",
+                       "plan")
 
 
 def _check_out(args) -> None:

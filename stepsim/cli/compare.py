@@ -5,9 +5,21 @@ from __future__ import annotations
 
 import json
 
+from stepsim.base.errors import ConfigError
+
 
 def _compare_cmd(args) -> int:
     from stepsim.insight.compare import compare, format_markdown, format_text
+    from stepsim.plan.compare import compare_plans, format_plan_compare, is_plan_folder
+
+    plans = [is_plan_folder(p) for p in (args.baseline, args.candidate)]
+    if any(plans):  # two plans: the recommended goodput per chip is the gate (docs/plan.md §5)
+        if not all(plans):
+            raise ConfigError(f"{args.baseline if plans[0] else args.candidate} is a stepsim plan folder and "
+                              f"{args.candidate if plans[0] else args.baseline} is not: compare like with like")
+        res = compare_plans(args.baseline, args.candidate, threshold=args.threshold)
+        print(json.dumps(res) if args.json else format_plan_compare(res))
+        return 1 if res["regressed"] else 0
 
     res = compare(args.baseline, args.candidate, metrics=args.metric, threshold=args.threshold,
                   allow_missing=args.allow_missing)
@@ -29,7 +41,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare two result sets; exit 1 when a metric got worse",
                               description="Compare run records (run --out folders, sweep folders or Parquet files).")
     records = ("a run folder (stepsim run --out), a sweep or optimize folder, or a Parquet file of run records; "
-               "or a stepsim serve --out folder, or a folder of them; records are paired by their configuration")
+               "or a stepsim serve --out folder, or a folder of them; records are paired by their configuration; or a "
+               "stepsim plan --out folder (the recommended goodput per chip is compared)")
     p.add_argument("baseline", metavar="BASELINE", help=f"the reference results: {records}")
     p.add_argument("candidate", metavar="CANDIDATE", help="the results checked against BASELINE (same kinds)")
     p.add_argument("--metric", action="append", metavar="M",

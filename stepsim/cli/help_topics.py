@@ -49,6 +49,14 @@ TOPICS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("workers", ("jobs", "executor", "address")),
         ("output", ("out", "json", "timeline")),
     ),
+    "plan": (
+        ("model and hardware", ("model", "hardware", "max_chips")),
+        ("requests and rate", ("requests", "limit_requests", "arrival_scale", "rate")),
+        ("SLO", ("slo", "percentile")),
+        ("deployments", ("space", "no_verify")),
+        ("workers", ("jobs", "executor")),
+        ("output", ("out", "json")),
+    ),
 }
 
 

@@ -26,10 +26,10 @@ from stepsim.base.files import file_sha256, published_together
 from stepsim.base.hardware import PRESETS, SERVING_FIELDS, VALUE_FIELDS, Hardware
 from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT
 from stepsim.models.presets import resolve_model
-from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity
+from stepsim.serve.kv_cache import DEFAULT_BLOCK_SIZE, KVCapacity, kv_capacity, pooled_capacity
 from stepsim.serve.latency import ConstantLatency, LatencyProvider
 from stepsim.serve.long_requests import fit_long_requests, long_policy
-from stepsim.serve.memory import model_memory
+from stepsim.serve.memory import kv_pools, model_memory
 from stepsim.serve.metrics import parse_slo, request_latencies, summarize
 from stepsim.serve.output import write_outputs
 from stepsim.serve.replay import replay
@@ -167,7 +167,9 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
         parse_slo(slo)
     SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                          chunk_tokens=chunk_tokens, block_size=block_size)
-    resolve_model(model).refuse_unmodelled("serving")
+    resolved = resolve_model(model)  # an unknown model is refused here, before a sweep runs any task
+    if fidelity is not None:  # the layer executors run GQA over the whole context and top-k routing
+        resolved.refuse_unmodelled("serving at --fidelity exact|fast")
     if hardware is not None:
         resolve_serving_hardware(hardware)
 
@@ -202,6 +204,15 @@ def shape_trace(trace: RequestTrace, *, limit_requests=None, arrival=None, arriv
                               f"(the first arrives at {float(trace.arrival_s[0])} s)")
         trace = trace.head(keep)
     return trace
+
+
+def model_capacity(model, memory, hbm_bytes: int, block_size: int, max_num_seqs: int) -> KVCapacity:
+    """The KV cache of ``model`` (a ModelConfig with its :class:`~stepsim.serve.memory.ModelMemory`) in
+    ``hbm_bytes`` of one chip: one pool of every layer, or with sliding-window layers a pool per attention kind
+    (:func:`stepsim.serve.kv_cache.pooled_capacity`)."""
+    if model.sliding_layers:
+        return pooled_capacity(hbm_bytes, memory.weight_bytes, kv_pools(model), block_size, max_num_seqs)
+    return kv_capacity(hbm_bytes, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
 
 
 def max_model_len(config: SchedulerConfig, capacity: KVCapacity, max_position_embeddings: int | None) -> int:
@@ -517,17 +528,18 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     else:
         hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
-    resolved.refuse_unmodelled("serving")  # before any work: its executors run GQA, full attention, top-k routing
+    if fidelity is not None:  # before any work: its executors run GQA, full attention, top-k routing
+        resolved.refuse_unmodelled("serving at --fidelity exact|fast")
     if schedule is None:
         schedule = default_schedule(hw, system, resolved, fidelity)
     memory = model_memory(resolved)
     if system is not None:
         from stepsim.serve.system import system_capacity
 
-        capacity, chips = system_capacity(system, resolved, memory, block_size, hbm_bytes)
+        capacity, chips = system_capacity(system, resolved, memory, block_size, hbm_bytes, config.max_num_seqs)
     else:
         hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
-        capacity = kv_capacity(hbm, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
+        capacity = model_capacity(resolved, memory, hbm, block_size, config.max_num_seqs)
     limit = max_model_len(config, capacity, memory.max_position_embeddings)
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
@@ -636,6 +648,8 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
                            "kv_bytes_per_token": capacity.kv_bytes_per_token, "block_size": capacity.block_size,
                            "num_blocks": capacity.num_blocks, "usable_blocks": capacity.usable_blocks,
                            "max_blocks_used": result.max_blocks_used, "max_model_len": limit}
+    if capacity.sliding_pool_bytes:  # a model with sliding-window layers: their pool beside the counted one
+        summary["kv_cache"]["sliding_pool_bytes"] = capacity.sliding_pool_bytes
     if "hbm_bytes" in iterations:
         summary["utilisation"] = run_utilisation(iterations)
     summary["wall_s"] = time.perf_counter() - started

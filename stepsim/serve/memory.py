@@ -12,8 +12,9 @@ layers count as dense (671,026,419,200 against 671 B published; gpt-oss-120b 116
 
 The KV cache per token and layer holds a key and a value vector per KV head (``2 * kv_heads * head_dim * 2``
 bytes), or for MLA the latent and the rope key (``(kv_lora_rank + qk_rope_head_dim) * 2`` bytes: DeepSeek-V3
-61 x 576 x 2 = 70,272 B per token). A sliding-window layer holds at most the window (:meth:`ModelMemory.kv_bytes`);
-serving refuses such models until its KV pools follow layer types (issue 43).
+61 x 576 x 2 = 70,272 B per token). A sliding-window layer holds at most the window (:meth:`ModelMemory.kv_bytes`).
+The layers of one attention kind share a KV pool (:func:`kv_pools`: full, sliding or MLA's latent), as vLLM's
+hybrid KV cache manager keeps one block pool per attention type (:func:`stepsim.serve.kv_cache.pooled_capacity`).
 
 ``vocab_size`` (required), ``max_position_embeddings`` and ``tie_word_embeddings`` come from the model's
 ``config.json`` (the preset's file for a preset), which :class:`~stepsim.models.presets.ModelConfig` does not
@@ -129,6 +130,43 @@ def ffn_parameters(model: ModelConfig, moe: bool) -> int:
     if model.router_bias:
         n += model.experts
     return n
+
+
+@dataclass(frozen=True)
+class KVPool:
+    """The KV cache of the layers of one attention kind.
+
+    Attributes
+    ----------
+    kind : str
+        ``"full"`` (GQA over the whole context), ``"sliding"`` (GQA over the last ``window`` tokens) or ``"mla"``
+        (the latent ``c_KV`` and rope key over the whole context).
+    layers : int
+        Layers of that kind.
+    bytes_per_token : int
+        KV bytes one token adds over those layers (bytes).
+    window : int or None
+        Tokens a sliding layer keeps (None: every token).
+    """
+
+    kind: str
+    layers: int
+    bytes_per_token: int
+    window: int | None = None
+
+
+def kv_pools(model: ModelConfig) -> tuple[KVPool, ...]:
+    """The model's KV pools by attention kind, full (or MLA) first; a kind without layers has none."""
+    per_layer = kv_bytes_per_layer(model)
+    if model.is_mla:
+        return (KVPool("mla", model.layers, model.layers * per_layer),)
+    sliding = model.sliding_layers
+    pools = []
+    if model.layers > sliding:
+        pools.append(KVPool("full", model.layers - sliding, (model.layers - sliding) * per_layer))
+    if sliding:
+        pools.append(KVPool("sliding", sliding, sliding * per_layer, model.sliding_window))
+    return tuple(pools)
 
 
 def kv_bytes_per_layer(model: ModelConfig) -> int:

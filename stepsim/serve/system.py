@@ -17,7 +17,9 @@ its share: the busiest chip is checked against its HBM, one line saying by how m
 The KV cache is sharded like the attention (by tensor parallelism: each chip holds its share of every token's
 KV heads), so its capacity is the sum over the chips of the HBM left after their weights:
 ``num_blocks = (n x HBM - weights) // (block_size x KV bytes per token)``, the same blocks, block size and null
-block as on one chip (:func:`stepsim.serve.kv_cache.kv_capacity`).
+block as on one chip (:func:`stepsim.serve.kv_cache.kv_capacity`). MLA's latent is every head's, so each chip
+caches all of it (vLLM replicates it over tensor-parallel ranks): ``n x`` the one-chip bytes per token. Sliding-window
+layers get their own pool, as on one chip (:func:`stepsim.serve.kv_cache.pooled_capacity`).
 
 Step latency: ``--iteration-latency SECONDS`` prices every step, or ``--fidelity exact`` simulates each layer
 across the chips (:class:`SystemEngineLatency`: the MoE block with its experts on the chips and its tokens over
@@ -34,9 +36,9 @@ from pathlib import Path
 
 from stepsim.base.errors import ConfigError
 from stepsim.serve.exact import EngineLatency, layer_weight_bytes, max_kv_rows
-from stepsim.serve.kv_cache import KVCapacity, kv_capacity
+from stepsim.serve.kv_cache import KVCapacity, kv_capacity, pooled_capacity
 from stepsim.serve.layers import LayerSpec
-from stepsim.serve.memory import DTYPE_BYTES, ModelMemory
+from stepsim.serve.memory import DTYPE_BYTES, KVPool, ModelMemory, kv_pools
 
 
 def load_system(spec, hardware, fidelity, chip):
@@ -134,10 +136,21 @@ def split_weights(model, memory: ModelMemory, chips: int) -> tuple[str, list[int
     return "ep+tp", [r + e * per_expert for r, e in zip(_even(rest, chips), experts)], experts
 
 
+def system_kv_pools(model, chips: int) -> tuple[KVPool, ...]:
+    """The model's KV pools over ``chips`` chips (bytes per token summed over the chips; module docstring): KV
+    heads as :func:`kv_heads_per_chip` shards them, MLA's latent on every chip."""
+    if model.is_mla:
+        return tuple(KVPool(p.kind, p.layers, p.bytes_per_token * chips, p.window) for p in kv_pools(model))
+    held = kv_heads_per_chip(model, chips) * chips
+    return tuple(KVPool(p.kind, p.layers, p.bytes_per_token // model.kv_heads * held, p.window)
+                 for p in kv_pools(model))
+
+
 def system_capacity(system, model, memory: ModelMemory, block_size: int,
-                    hbm_bytes: int | None = None) -> tuple[KVCapacity, ChipWeights]:
+                    hbm_bytes: int | None = None, max_num_seqs: int = 1) -> tuple[KVCapacity, ChipWeights]:
     """The KV cache of ``model`` served on ``system`` (a :class:`~stepsim.base.system.System`; module docstring)
-    and how its weights are split. ``hbm_bytes`` overrides each chip's HBM capacity (bytes).
+    and how its weights are split. ``hbm_bytes`` overrides each chip's HBM capacity (bytes); ``max_num_seqs``
+    sizes a sliding-window pool.
 
     Raises
     ------
@@ -152,8 +165,11 @@ def system_capacity(system, model, memory: ModelMemory, block_size: int,
         raise ConfigError(f"--system {system.name}: chip {busiest}'s share of the weights ({weights[busiest] / 1e9:.2f} "
                           f"GB, {parallelism} over {system.chips} chips) does not fit its HBM ({hbm / 1e9:.2f} GB): "
                           f"{(weights[busiest] - hbm) / 1e9:.2f} GB short; use more chips")
-    kv_bytes = memory.kv_bytes_per_token // model.kv_heads * kv_heads_per_chip(model, system.chips) * system.chips
-    capacity = kv_capacity(system.chips * hbm, memory.weight_bytes, kv_bytes, block_size)
+    pools = system_kv_pools(model, system.chips)
+    if model.sliding_layers:
+        capacity = pooled_capacity(system.chips * hbm, memory.weight_bytes, pools, block_size, max_num_seqs)
+    else:
+        capacity = kv_capacity(system.chips * hbm, memory.weight_bytes, pools[0].bytes_per_token, block_size)
     return capacity, ChipWeights(system.name, system.chips, parallelism, hbm, tuple(weights), tuple(experts))
 
 

@@ -16,7 +16,17 @@ CLI does, to build its parser) imports no builder, sympy or numba.
 
 from __future__ import annotations
 
-from stepsim.workloads import attention, collective, decoder, moe, prefill_attention, program, swiglu
+from stepsim.workloads import (
+    attention,
+    collective,
+    decoder,
+    mla_attention,
+    moe,
+    prefill_attention,
+    program,
+    sliding_attention,
+    swiglu,
+)
 from stepsim.workloads.kind import COMMON_KNOBS, WorkloadKind
 
 __all__ = ["COMMON_KNOBS", "DEFAULT_WORKLOAD_CHANNEL_DEPTH", "KINDS", "WORKLOAD_CHANNEL_DEPTH", "WORKLOAD_HARDWARE",
@@ -24,7 +34,9 @@ __all__ = ["COMMON_KNOBS", "DEFAULT_WORKLOAD_CHANNEL_DEPTH", "KINDS", "WORKLOAD_
 
 #: every workload kind by name, in the order the CLI lists them (a user ``program`` last)
 KINDS: dict[str, WorkloadKind] = {k.name: k for k in (
-    moe.KIND, swiglu.KIND, attention.KIND, prefill_attention.KIND, decoder.KIND, collective.KIND, program.KIND)}
+    moe.KIND, swiglu.KIND, attention.KIND, prefill_attention.KIND, mla_attention.KIND, sliding_attention.KIND,
+    decoder.KIND, collective.KIND,
+    program.KIND)}
 
 
 def kind(name: str) -> WorkloadKind:

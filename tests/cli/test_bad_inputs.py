@@ -177,7 +177,7 @@ CLI_CASES = [
                                        "position 0: invalid start byte"),
     ("sweep sweep_empty_axis.toml --out s", 2, E + "sweep_empty_axis.toml: [axes] tile_m has no values"),
     ("sweep sweep_no_workload.toml --out s", 2,
-     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder, collective)"),
+     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, sliding_attention, decoder, collective)"),
     # --- hardware TOML files
     ("run swiglu --hardware missing.toml", 2, None),
     ("run swiglu --hardware step-fast", 2,

@@ -205,9 +205,9 @@ OSS_LINE = ("model 'gpt-oss-120b' uses sliding-window attention (18 of 36 layers
 
 @pytest.mark.parametrize(("argv", "line"), [
     (["serve", "--model", "deepseek-r1", "--requests", "missing.csv", "--out", "o", "--fidelity", "fast"],
-     DS_LINE.format(what="serving")),
-    (["serve", "--model", "gpt-oss-120b", "--requests", "missing.csv", "--out", "o", "--iteration-latency", "0.01"],
-     OSS_LINE.format(what="serving")),
+     DS_LINE.format(what="serving at --fidelity exact|fast")),
+    (["serve", "--model", "gpt-oss-120b", "--requests", "missing.csv", "--out", "o", "--fidelity", "exact"],
+     OSS_LINE.format(what="serving at --fidelity exact|fast")),
     (["run", "decoder", "--model", "deepseek-v3"], DS_LINE.format(what="the decoder workload")),
     (["run", "decoder", "--model", "gpt-oss-120b"], OSS_LINE.format(what="the decoder workload")),
     (["run", "prefill_attention", "--model", "deepseek-v3"], DS_LINE.format(what="the prefill_attention workload")),

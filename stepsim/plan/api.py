@@ -1,0 +1,392 @@
+"""``stepsim.plan(...)``: the deployment with the most goodput per chip under an SLO (docs/plan.md).
+
+Steps: shape the trace (the first ``limit_requests``; the offered rate from ``arrival_scale`` or ``rate``);
+enumerate the deployments (:mod:`stepsim.plan.space`); calibrate one fast model per replica shape
+(:mod:`stepsim.plan.pricing`); bound every deployment's rate; search the deployments by chips, fewest first,
+pruning those that cannot reach the front (:mod:`stepsim.plan.search`); re-serve the recommended deployment with
+its own calibration; write the outputs (:mod:`stepsim.plan.output`).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stepsim.base.errors import ConfigError
+from stepsim.plan.evaluate import BaseTrace, Evaluator
+from stepsim.plan.search import front, goodput_bound, rate_bound, search_rate
+from stepsim.plan.space import DEFAULT_SPACE, deployments, load_space, parse_space
+
+#: --max-chips default and limit
+DEFAULT_MAX_CHIPS = 16
+MAX_CHIPS = 4096
+#: --percentile default
+DEFAULT_PERCENTILE = 99.0
+
+
+@dataclass
+class PlanResult:
+    """A plan: ``summary`` (plan.json's object), ``deployments`` (one dict per deployment) and the files."""
+
+    summary: dict
+    deployments: list
+    files: dict
+
+
+def check_plan_arguments(*, model, requests, slo, out=None, arrival_scale=None, rate=None, limit_requests=None,
+                         percentile=DEFAULT_PERCENTILE, hardware=None, max_chips=DEFAULT_MAX_CHIPS, space=None,
+                         jobs=None, executor=None) -> None:
+    """Every argument checked before any work, one line naming the flag."""
+    from stepsim.base.ranges import is_real
+    from stepsim.serve.api import check_types, resolve_serving_hardware
+    from stepsim.serve.metrics import parse_slo
+
+    check_types(model=model, requests=requests, out=out, slo=slo)
+    if slo is None:
+        raise ConfigError("--slo is required: a plan searches the rate at which the SLO holds (e.g. ttft=2s,tpot=100ms)")
+    parse_slo(slo)
+    if arrival_scale is not None and rate is not None:
+        raise ConfigError("--arrival-scale and --rate both set the offered rate; give one")
+    for flag, value in (("--arrival-scale", arrival_scale), ("--rate", rate)):
+        if value is not None and (not is_real(value) or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"{flag} must be a positive finite number, got {value!r}")
+    if limit_requests is not None and (isinstance(limit_requests, bool) or not isinstance(limit_requests, int)
+                                       or limit_requests < 2):
+        raise ConfigError(f"--limit-requests must be an integer >= 2 (a rate needs two arrivals), got {limit_requests!r}")
+    if not is_real(percentile) or not math.isfinite(percentile) or not 0 < percentile <= 100:
+        raise ConfigError(f"--percentile must be a number in (0, 100], got {percentile!r}")
+    if isinstance(max_chips, bool) or not isinstance(max_chips, int) or not 1 <= max_chips <= MAX_CHIPS:
+        raise ConfigError(f"--max-chips must be an integer in 1..{MAX_CHIPS}, got {max_chips!r}")
+    for hw in hardware_list(hardware):
+        resolve_serving_hardware(hw)
+    if jobs is not None:
+        from stepsim.batch.executors import check_jobs
+
+        check_jobs(jobs)
+        if executor is not None:
+            raise ConfigError("--jobs and --executor both run the candidates; give one")
+    if executor is not None and executor != "dask":
+        raise ConfigError(f"--executor must be dask, got {executor!r}")
+
+
+def hardware_list(hardware) -> list:
+    if hardware is None:
+        return ["sn40l"]
+    return [hardware] if isinstance(hardware, str) else list(hardware)
+
+
+def base_trace(requests, limit_requests, arrival_scale, rate) -> tuple[BaseTrace, float]:
+    """The shaped requests (arrivals from 0) at the offered rate and the arrival scale that gives it."""
+    from stepsim.trace_io.requests import read_requests
+
+    trace = read_requests(requests)
+    if limit_requests is not None:
+        trace = trace.head(limit_requests)
+    arrival = trace.arrival_s - trace.arrival_s[0]
+    if len(arrival) < 2 or arrival[-1] <= 0:
+        raise ConfigError(f"{requests}: a plan needs requests arriving over a time span (got {len(arrival)} "
+                          f"request(s) over {float(arrival[-1]) if len(arrival) else 0.0} s)")
+    scale = 1.0
+    if arrival_scale is not None:
+        scale = float(arrival_scale)
+    elif rate is not None:
+        scale = ((len(arrival) - 1) / float(arrival[-1])) / float(rate)
+    return BaseTrace(arrival * scale, trace.prompt_tokens.astype(np.int64), trace.output_tokens.astype(np.int64)), \
+        scale
+
+
+def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit_requests=None,
+         percentile=DEFAULT_PERCENTILE, hardware=None, max_chips=DEFAULT_MAX_CHIPS, space=None, jobs=None,
+         executor=None, calibration_cache=None, prune: bool = True, verify: bool = True,
+         progress: bool = False) -> PlanResult:
+    """Find the deployment with the most goodput per chip that meets ``slo`` at ``percentile`` (docs/plan.md).
+
+    Parameters
+    ----------
+    model, requests : as :func:`stepsim.serve`'s.
+    slo : str
+        ``ttft=2s,tpot=100ms`` (ttft, tpot, e2e).
+    arrival_scale, rate : float, optional
+        The offered rate: arrivals multiplied by ``arrival_scale``, or scaled to ``rate`` requests/s (requests - 1
+        over the arrival span); default the trace's.
+    limit_requests : int, optional
+        The first N requests.
+    percentile : float
+        The SLO holds when each metric's percentile (0..100] is at most its limit.
+    hardware : str or list of str
+        Chips to plan for (presets or ``.toml`` files); default ``sn40l``.
+    max_chips : int
+        Deployments of at most this many chips.
+    space : str, path or dict, optional
+        The deployment space (:mod:`stepsim.plan.space`): a TOML / JSON file or its table.
+    jobs, executor : accepted and checked; the candidates are searched in this process (see docs/plan.md §6).
+    calibration_cache : path, optional
+        The fast calibrations' cache (as serve's).
+    prune : bool
+        False: search every deployment fully (the brute force a plan's front is tested against).
+    verify : bool
+        Re-serve the recommended deployment with its own ``--fidelity fast`` calibration and report the
+        difference.
+    """
+    started = time.perf_counter()
+    check_plan_arguments(model=model, requests=requests, slo=slo, out=out, arrival_scale=arrival_scale, rate=rate,
+                         limit_requests=limit_requests, percentile=percentile, hardware=hardware,
+                         max_chips=max_chips, space=space, jobs=jobs, executor=executor)
+    from stepsim.models.presets import resolve_model
+    from stepsim.serve.api import checked_calibration_cache, resolve_serving_hardware
+    from stepsim.serve.metrics import parse_slo
+
+    if out is not None:
+        from stepsim.base.outputs import check_out_dir
+
+        check_out_dir(out, "--out")
+    cache = checked_calibration_cache(calibration_cache)
+    if space is None:
+        space_table = parse_space(DEFAULT_SPACE)
+    elif isinstance(space, dict):
+        space_table = parse_space(space)
+    else:
+        space_table = load_space(space)
+    resolved = resolve_model(model)
+    resolved.refuse_unmodelled("serving")
+    slo_seconds = parse_slo(slo)
+    hws = [str(h) for h in hardware_list(hardware)]
+    base, scale = base_trace(requests, limit_requests, arrival_scale, rate)
+    deps = deployments(space_table, max_chips, hws)
+    if not deps:
+        raise ConfigError(f"--max-chips {max_chips}: no deployment of the space fits (its smallest replica has "
+                          f"{min(space_table['chips_per_replica'])} chip(s))")
+    with tempfile.TemporaryDirectory(prefix="stepsim-plan-") as tmp:
+        tmp = Path(tmp)
+        return _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache, tmp,
+                     out, prune, verify, limit_requests, started, resolve_serving_hardware)
+
+
+def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache, tmp, out, prune,
+          verify, limit_requests, started, resolve_hw) -> PlanResult:
+    from stepsim.base.errors import StepsimError
+    from stepsim.plan.pricing import ShapePricer
+    from stepsim.trace_io.requests import RequestTrace, write_requests
+
+    reference = tmp / "reference.parquet"
+    write_requests(RequestTrace(str(reference), np.arange(base.n, dtype=np.int64), base.arrival, base.prompt,
+                                base.output), reference)
+    pricers, shape_errors, calibrations = {}, {}, {}
+    for hw, chips in dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps):
+        pricer = ShapePricer(model, resolved, hw, chips, next(d.system for d in deps
+                                                               if (d.hardware, d.chips_per_replica) == (hw, chips)),
+                             cache)
+        try:
+            summary = pricer.calibrate(reference, slo)
+        except StepsimError as exc:  # the model does not fit, a system it cannot be split over: not a candidate
+            shape_errors[(hw, chips)] = str(exc)
+            continue
+        pricers[(hw, chips)] = pricer
+        calibrations[f"{hw} x{chips}"] = {"calibration": summary["fidelity"]["calibration"],
+                                          "error": summary["fidelity"]["error"]}
+    evaluator = Evaluator(model, base, slo_seconds, percentile, pricers, tmp)
+    rows = []
+    for i, dep in enumerate(deps):
+        row = {"index": i, "dep": dep, "chips": dep.chips, "goodput": None, "decided": None, "bound": None,
+               "error": shape_errors.get((dep.hardware, dep.chips_per_replica))}
+        if row["error"] is None:
+            hw = resolve_hw(dep.hardware)
+            m_ub, least, binds = rate_bound(dep, resolved, hw, base, slo_seconds, percentile)
+            row.update(m_ub=m_ub, least_duration=least, binds=binds,
+                       goodput_ub=goodput_bound(base.n, base.span_s, m_ub, least))
+        rows.append(row)
+
+    def best_below(chips: int) -> tuple[float, float]:
+        lt = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] < chips), default=-1.0)
+        eq = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] == chips), default=-1.0)
+        return lt, eq
+
+    def beaten(chips: int, ub: float, strict: bool) -> bool:
+        """Whether a goodput at most ``ub`` (below it when ``strict``) is dominated by the front found so far."""
+        lt, eq = best_below(chips)
+        return ub <= max(lt, eq) if strict else (ub <= lt or ub < eq)
+
+    order = sorted((r for r in rows if r["error"] is None), key=lambda r: (r["chips"], -r["goodput_ub"], r["index"]))
+    for row in order:
+        dep = row["dep"]
+        if prune and beaten(dep.chips, row["goodput_ub"], strict=False):
+            row.update(decided="pruned", bound=row["binds"], replays=0)
+            continue
+        before = evaluator.replays
+
+        def can_win(m_hi, dep=dep, row=row):
+            if not prune:
+                return True
+            span_term = base.span_s / m_hi
+            ub = base.n / max(span_term, row["least_duration"])
+            return not beaten(dep.chips, ub, strict=span_term >= row["least_duration"])
+
+        try:
+            res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win)
+        except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
+            row.update(error=str(exc), replays=evaluator.replays - before)
+            continue
+        row["replays"] = evaluator.replays - before
+        row["search"] = res
+        if res.status == "cut":
+            row.update(decided="cut", bound="failed rate")
+            continue
+        row["decided"] = "simulated"
+        if res.best is not None:
+            row["goodput"] = res.best.metrics["goodput_requests_per_s"]
+    on_front = front(rows)
+    summary, table = _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrations, model,
+                                requests, limit_requests, prune)
+    recommended = summary.get("recommended")
+    replica_files = _replica_files(rows[recommended["index"]], base) if recommended is not None else []
+    if recommended is not None:
+        folder = "." if out is None else str(out)
+        summary["commands"] = [serve_command(rows[recommended["index"]]["dep"], model, f"{folder}/{name}", slo,
+                                             f"serve-{name.removesuffix('.parquet')}") for name, _ in replica_files]
+        if verify:
+            summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
+                                              percentile, base, cache)
+    summary["replays"] = evaluator.replays
+    summary["replays_reused"] = evaluator.reused
+    summary["wall_s"] = time.perf_counter() - started
+    files = {}
+    if out is not None:
+        from stepsim.plan.output import write_plan
+
+        files = write_plan(out, summary, table, replica_files)
+    return PlanResult(summary, table, files)
+
+
+def _replica_files(row, base) -> list:
+    """The recommended deployment's replicas' requests at its rate, routed as its search routed them:
+    ``(name, RequestTrace)`` per replica that got requests."""
+    from stepsim.trace_io.requests import RequestTrace
+
+    best = row["search"].best
+    arrival = base.arrival / best.multiplier
+    out = []
+    for r in range(row["dep"].replicas):
+        idx = np.flatnonzero(best.assignment == r)
+        if len(idx):
+            name = f"replica-{r}.parquet"
+            out.append((name, RequestTrace(name, idx.astype(np.int64), arrival[idx], base.prompt[idx],
+                                           base.output[idx])))
+    return out
+
+
+def serve_command(dep, model, file: str, slo: str, out: str) -> str:
+    """The ``stepsim serve`` command of one replica of ``dep`` on its requests ``file``."""
+    import shlex
+
+    parts = ["stepsim", "serve", "--model", str(model), "--requests", file, "--hardware", dep.hardware]
+    if dep.system is not None:
+        parts += ["--system", dep.system]
+    for key, value in dep.scheduler.serve_kwargs().items():
+        parts += [f"--{key.replace('_', '-')}", str(value)]
+    parts += ["--fidelity", "fast", "--schedule", "paper", "--slo", slo, "--out", out]  # as the plan priced it
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache) -> dict:
+    """Re-serve the recommended deployment's replicas with ``--fidelity fast`` (each its own calibration) and
+    compare with the plan's numbers."""
+    from stepsim.serve.api import serve
+    from stepsim.trace_io.requests import write_requests
+
+    dep = row["dep"]
+    best = row["search"].best
+    arrival = base.arrival / best.multiplier
+    first = np.full(base.n, np.nan)
+    finish = np.full(base.n, np.nan)
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="stepsim-plan-verify-") as tmp:
+        for name, trace in replica_files:
+            path = write_requests(trace, Path(tmp) / name)
+            result = serve(model, path, fidelity="fast", schedule="paper", slo=slo, hardware=dep.hardware,
+                           system=dep.system, calibration_cache=cache, **dep.scheduler.serve_kwargs())
+            idx = trace.request_id
+            first[idx] = result.requests.column("first_token_s").to_numpy()
+            finish[idx] = result.requests.column("finish_s").to_numpy()
+            errors.append(result.summary["fidelity"]["error"])
+    ev = Evaluator(model, base, slo_seconds, percentile, {}, Path("."))
+    fresh = ev.metrics(arrival, first, finish)
+    plan_m = best.metrics
+
+    def rel(a, b):
+        return None if a is None or b is None or b == 0 else (a - b) / b
+
+    return {"meets_slo": fresh["meets_slo"], "ttft_p": fresh["ttft_p"], "tpot_p": fresh["tpot_p"],
+            "goodput_requests_per_s": fresh["goodput_requests_per_s"],
+            "ttft_p_error": rel(plan_m["ttft_p"], fresh["ttft_p"]),
+            "tpot_p_error": rel(plan_m["tpot_p"], fresh["tpot_p"]),
+            "goodput_error": rel(plan_m["goodput_requests_per_s"], fresh["goodput_requests_per_s"]),
+            "fidelity_errors": errors}
+
+
+def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrations, model, requests,
+               limit_requests, prune) -> tuple[dict, list]:
+    """plan.json's object and the deployments' table (one dict per deployment)."""
+    table = []
+    front_set = set(on_front)
+    for row in rows:
+        dep = row["dep"]
+        res = row.get("search")
+        best = res.best if res is not None else None
+        offered = res.offered if res is not None else None
+        rate = best.multiplier * base.rate if best is not None else None
+        table.append({
+            "deployment": dep.label(), "hardware": dep.hardware, "chips": dep.chips,
+            "chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
+            "system": dep.system, "scheduler": dep.scheduler.policy, "max_seqs": dep.scheduler.max_seqs,
+            "max_batch_tokens": dep.scheduler.max_batch_tokens, "chunk_tokens": dep.scheduler.chunk_tokens,
+            "decided": row["decided"] or "infeasible", "bound": row["bound"], "error": row["error"],
+            "rate_bound_multiplier": row.get("m_ub"), "goodput_bound_requests_per_s": row.get("goodput_ub"),
+            "search": res.status if res is not None else None,
+            "probes": len(res.probes) if res is not None else 0, "replays": row.get("replays", 0),
+            "multiplier": best.multiplier if best is not None else None,
+            "rate_requests_per_s": rate,
+            "goodput_requests_per_s": row["goodput"],
+            "goodput_per_chip": None if row["goodput"] is None else row["goodput"] / dep.chips,
+            "slo_attainment": best.metrics["slo_attainment"] if best is not None else None,
+            "ttft_p99_s": best.metrics["ttft_p99"] if best is not None else None,
+            "tpot_p99_s": best.metrics["tpot_p99"] if best is not None else None,
+            "offered_meets_slo": offered.meets if offered is not None else None,
+            "offered_slo_attainment": offered.metrics["slo_attainment"] if offered is not None else None,
+            "offered_goodput_requests_per_s": offered.metrics["goodput_requests_per_s"] if offered is not None
+            else None,
+            "max_utilisation": res.max_utilisation if res is not None else None,
+            "on_front": row["index"] in front_set,
+        })
+    summary = {"model": str(model), "requests": str(requests), "limit_requests": limit_requests,
+               "requests_planned": base.n, "offered_rate_requests_per_s": base.rate, "arrival_scale": scale,
+               "slo": slo, "percentile": percentile, "deployments": len(rows),
+               "simulated": sum(r["decided"] == "simulated" for r in rows),
+               "pruned": sum(r["decided"] == "pruned" for r in rows),
+               "cut": sum(r["decided"] == "cut" for r in rows),
+               "infeasible": sum(r["decided"] is None for r in rows), "prune": prune, "calibrations": calibrations}
+    front_rows = sorted(on_front, key=lambda i: rows[i]["chips"])
+    summary["front"] = [table[i] for i in front_rows]
+    if front_rows:
+        rec = max(front_rows, key=lambda i: (rows[i]["goodput"] / rows[i]["chips"], -rows[i]["chips"], -i))
+        best = table[rec]
+        summary["recommended"] = {**best, "index": rec}
+        rec_gpc = best["goodput_per_chip"]
+        why = []
+        for i in front_rows:
+            if i == rec:
+                continue
+            t = table[i]
+            why.append({"deployment": t["deployment"], "chips": t["chips"],
+                        "goodput_per_chip": t["goodput_per_chip"],
+                        "why": (f"{t['goodput_per_chip']:.4g} requests/s a chip on {t['chips']} chip(s), "
+                                f"{(1 - t['goodput_per_chip'] / rec_gpc) * 100:.1f} % less than the recommended "
+                                f"{rec_gpc:.4g} on {best['chips']}")})
+        summary["front_lost"] = why
+    else:
+        summary["recommended"] = None
+    return summary, table

@@ -1,0 +1,165 @@
+"""One deployment at one arrival rate: its replicas served through :func:`stepsim.serve`, their requests merged,
+the SLO checked at the percentile (docs/plan.md §3).
+
+The metrics are serve's (docs/serving.md §6) over every request of every replica: TTFT, TPOT (outputs of more than
+one token), E2E; ``duration_s`` from the first arrival to the last completion; a request is good when each metric
+of the SLO is at most its limit (a one-token output's TPOT counts as 0); ``slo_attainment`` = good / requests,
+``goodput_requests_per_s`` = good / duration. The deployment *meets the SLO at percentile p* when each metric's
+p-th percentile (numpy's linear one, as serve's p99) is at most its limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stepsim.plan.replicas import MAX_ROUNDS, route
+from stepsim.plan.space import Deployment
+
+
+@dataclass(frozen=True)
+class BaseTrace:
+    """The requests at the offered rate: ``arrival`` (s, the first at 0), ``prompt``, ``output`` tokens."""
+
+    arrival: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.arrival)
+
+    @property
+    def span_s(self) -> float:
+        """First to last arrival (s)."""
+        return float(self.arrival[-1] - self.arrival[0])
+
+    @property
+    def rate(self) -> float:
+        """Offered requests per second: requests over the arrival span (requests - 1 gaps)."""
+        return (self.n - 1) / self.span_s if self.span_s > 0 else math.inf
+
+
+@dataclass
+class Evaluation:
+    """A deployment served at ``multiplier`` times the offered rate."""
+
+    multiplier: float
+    meets: bool
+    metrics: dict
+    rounds: int
+    max_utilisation: float
+    assignment: np.ndarray
+
+
+class Evaluator:
+    """Serves deployments (``evaluate``) and counts the replays (one per replica run through serve)."""
+
+    def __init__(self, model_arg, base: BaseTrace, slo: dict, percentile: float, pricers: dict, folder: Path):
+        self.model_arg, self.base, self.slo, self.percentile = model_arg, base, slo, percentile
+        self.pricers, self.folder = pricers, Path(folder)
+        self.replays = 0
+        self.reused = 0
+        self._files = 0
+        # a replica's run depends only on its shape, scheduler, requests and their arrivals: two deployments (or
+        # two routing rounds) that send one replica the same requests at the same rate share its replay
+        self._runs: dict[tuple, dict] = {}
+
+    def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
+        """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``; a run
+        already made for the same replica shape, scheduler, requests and arrivals is reused (``reused``)."""
+        key = (dep.hardware, dep.chips_per_replica, dep.scheduler, indices.tobytes(), arrival[indices].tobytes())
+        if key in self._runs:
+            self.reused += 1
+            return self._runs[key]
+        self._runs[key] = out = self._replay(dep, arrival, indices)
+        return out
+
+    def _replay(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
+        from stepsim.serve.api import serve
+        from stepsim.trace_io.requests import RequestTrace, write_requests
+
+        self._files += 1
+        path = self.folder / f"replica-{self._files}.parquet"
+        b = self.base
+        write_requests(RequestTrace(str(path), indices.astype(np.int64), arrival[indices], b.prompt[indices],
+                                    b.output[indices]), path)
+        pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
+        result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware, system=dep.system,
+                       **dep.scheduler.serve_kwargs())
+        path.unlink()
+        self.replays += 1
+        req = result.requests
+        it = result.iterations
+        util = 0.0
+        for col in ("hbm_utilisation", "compute_utilisation"):
+            if col in it.column_names and it.num_rows:
+                util = max(util, float(np.max(it.column(col).to_numpy())))
+        return {"first_token": req.column("first_token_s").to_numpy(), "finish": req.column("finish_s").to_numpy(),
+                "max_utilisation": util}
+
+    def evaluate(self, dep: Deployment, multiplier: float) -> Evaluation:
+        """Serve ``dep`` with every arrival divided by ``multiplier`` (docs/plan.md §3)."""
+        b = self.base
+        arrival = b.arrival / multiplier
+        kv = b.prompt + b.output
+        n, replicas = b.n, dep.replicas
+        assignment = route(dep.router, arrival, kv, replicas, None, None)
+        rounds = 0
+        while True:
+            rounds += 1
+            first = np.full(n, np.nan)
+            finish = np.full(n, np.nan)
+            util = 0.0
+            for r in range(replicas):
+                idx = np.flatnonzero(assignment == r)
+                if not len(idx):
+                    continue
+                out = self._serve_replica(dep, arrival, idx)
+                first[idx], finish[idx] = out["first_token"], out["finish"]
+                util = max(util, out["max_utilisation"])
+            if dep.router == "round-robin" or replicas == 1:
+                break
+            nxt = route(dep.router, arrival, kv, replicas, assignment, finish)
+            if np.array_equal(nxt, assignment):
+                break
+            if rounds >= MAX_ROUNDS:
+                raise RuntimeError(f"{dep.label()}: routing did not settle in {MAX_ROUNDS} rounds")
+            assignment = nxt
+        metrics = self.metrics(arrival, first, finish)
+        metrics["requests_per_replica"] = np.bincount(assignment, minlength=replicas).tolist()
+        return Evaluation(multiplier, metrics["meets_slo"], metrics, rounds, util, assignment)
+
+    def metrics(self, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray) -> dict:
+        """The merged metrics and the SLO check (module docstring)."""
+        out_tokens = self.base.output
+        ttft = first - arrival
+        e2e = finish - arrival
+        many = out_tokens > 1
+        tpot = np.where(many, (e2e - ttft) / np.maximum(out_tokens - 1, 1), 0.0)
+        values = {"ttft": ttft, "tpot": tpot[many], "e2e": e2e}
+        duration = float(finish.max() - arrival.min())
+        good = np.ones(len(arrival), dtype=bool)
+        meets = True
+        for key, limit in self.slo.items():
+            good &= (tpot if key == "tpot" else values[key]) <= limit
+            v = values[key]
+            if len(v) and float(np.percentile(v, self.percentile)) > limit:
+                meets = False
+        pct = self.percentile
+
+        def p(v):
+            return float(np.percentile(v, pct)) if len(v) else None
+
+        n_good = int(good.sum())
+        return {"meets_slo": meets, "ttft_p": p(ttft), "tpot_p": p(tpot[many]), "e2e_p": p(e2e),
+                "ttft_p99": p99(ttft), "tpot_p99": p99(tpot[many]), "duration_s": duration,
+                "slo_attainment": n_good / len(arrival),
+                "goodput_requests_per_s": n_good / duration if duration > 0 else math.inf}
+
+
+def p99(v: np.ndarray) -> float | None:
+    return float(np.percentile(v, 99)) if len(v) else None

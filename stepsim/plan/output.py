@@ -1,0 +1,105 @@
+"""A plan's files in ``--out`` (docs/plan.md §5), published together (:func:`stepsim.base.files.published_folder`):
+``plan.json`` (the summary), ``deployments.parquet`` (one row per deployment of the space, how it was decided),
+``replica-<k>.parquet`` (the recommended deployment's requests of replica k at its rate: the inputs of the
+``stepsim serve`` commands in ``plan.json``) and ``plan.png`` (goodput per chip against chips, coloured by p99
+TTFT, the front marked) when matplotlib is installed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+PLAN_FILE = "plan.json"
+DEPLOYMENTS_FILE = "deployments.parquet"
+FIGURE_FILE = "plan.png"
+
+
+def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
+    """Write the plan's files into ``out``; returns their final paths by name."""
+    from stepsim.base.files import atomic_output, published_folder, write_parquet_atomic
+    from stepsim.base.ranges import non_finite
+    from stepsim.serve.api import matplotlib_available
+    from stepsim.trace_io.requests import write_requests
+
+    bad = non_finite(summary)
+    if bad is not None:  # JSON has no NaN or infinity: say which, never write one
+        raise ValueError(f"plan.json: {bad[0]} is {bad[1]}")
+    files = {}
+    with published_folder(out) as folder:
+        with atomic_output(folder / PLAN_FILE) as tmp:
+            tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        files["plan"] = PLAN_FILE
+        write_parquet_atomic(deployments_table(table), folder / DEPLOYMENTS_FILE)
+        files["deployments"] = DEPLOYMENTS_FILE
+        for name, trace in replica_files:
+            write_requests(trace, folder / name)
+            files[name.removesuffix(".parquet")] = name
+        if matplotlib_available():
+            figure(table, folder / FIGURE_FILE, title=f"{Path(summary['model']).stem}: {summary['slo']} at "
+                                                        f"p{summary['percentile']:g}")
+            files["figure"] = FIGURE_FILE
+    return {name: Path(out) / path for name, path in files.items()}
+
+
+#: deployments.parquet's column types (the others are strings)
+_TYPES = {"chips": pa.int64(), "chips_per_replica": pa.int64(), "replicas": pa.int64(), "max_seqs": pa.int64(),
+          "max_batch_tokens": pa.int64(), "chunk_tokens": pa.int64(), "probes": pa.int64(), "replays": pa.int64(),
+          "on_front": pa.bool_(), "offered_meets_slo": pa.bool_()}
+
+
+def deployments_table(table: list) -> pa.Table:
+    """deployments.parquet: every row of ``table`` (:func:`stepsim.plan.api._summarize`'s), typed."""
+    columns = {}
+    for key in table[0]:
+        values = [row[key] for row in table]
+        if key in _TYPES:
+            kind = _TYPES[key]
+        elif all(v is None or isinstance(v, str) for v in values):
+            kind = pa.string()
+        else:
+            kind = pa.float64()
+        columns[key] = pa.array(values, kind)
+    return pa.table(columns)
+
+
+def figure(table: list, path: Path, *, title: str) -> Path:
+    """Goodput per chip against chips, one point per deployment that met the SLO at some rate, coloured by its
+    p99 TTFT at that rate; the front ringed and joined."""
+    from stepsim.base.figures import require_matplotlib, save_figure, si_axis
+
+    plt = require_matplotlib()
+    rows = [r for r in table if r["goodput_per_chip"] is not None]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("chips")
+    ax.set_ylabel("goodput per chip (requests/s)")
+    if rows:
+        chips = np.array([r["chips"] for r in rows], dtype=float)
+        # a small seeded-free jitter: deployments of equal chips side by side, in table order
+        offset = np.zeros(len(rows))
+        for c in np.unique(chips):
+            idx = np.flatnonzero(chips == c)
+            offset[idx] = np.linspace(-0.15, 0.15, len(idx)) if len(idx) > 1 else 0.0
+        good = np.array([r["goodput_per_chip"] for r in rows])
+        ttft = np.array([r["ttft_p99_s"] for r in rows], dtype=float)
+        points = ax.scatter(chips + offset, good, c=ttft, cmap="viridis", s=22, zorder=2)
+        bar = fig.colorbar(points, ax=ax)
+        bar.set_label("p99 TTFT at the sustainable rate")
+        si_axis(bar.ax.yaxis, "s")
+        front = [i for i, r in enumerate(rows) if r["on_front"]]
+        if front:
+            front.sort(key=lambda i: chips[i])
+            ax.plot(chips[front] + offset[front], good[front], color="crimson", lw=1, zorder=1)
+            ax.scatter(chips[front] + offset[front], good[front], s=90, facecolors="none", edgecolors="crimson",
+                       lw=1.5, zorder=3, label="front")
+            ax.legend(loc="best", fontsize=8)
+        ax.set_xticks(sorted(set(int(c) for c in chips)))
+        ax.set_ylim(0, max(good) * 1.1 if max(good) > 0 else 1)
+    else:
+        ax.text(0.5, 0.5, "no deployment met the SLO", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+    si_axis(ax.yaxis)
+    return save_figure(fig, path)

@@ -1,0 +1,96 @@
+"""Step prices for the candidates of a plan: one fast calibration per replica shape, shared by every deployment
+of that shape, and a sound lower bound on any step's time (docs/plan.md §2).
+
+``--fidelity fast`` calibrates on exact simulations of the run it serves (docs/serving.md §10) and keys its cache
+by the run's scheduler and shaping, so a plan that served its hundreds of (deployment, rate) runs with
+``fidelity="fast"`` would calibrate each one (minutes apiece). A plan calibrates once per replica shape (hardware,
+chips per replica) on the reference run (the shaped trace at the offered rate, vLLM's defaults, one replica) and
+prices every candidate of that shape with a fresh provider of that calibration, passed to :func:`stepsim.serve` as
+its ``provider`` (fresh: the synthetic routing draws per token, so a provider is never shared by two runs). The
+recommended deployment is then re-served with its own calibration (``--fidelity fast``) and the difference
+reported (:mod:`stepsim.plan.api`).
+
+:func:`floor_s` is the least time any steps computing some new tokens can take on a replica: the chips' HBM
+roofline of the bytes such a step must read (every weight matrix once, for an MoE model ``top_k`` experts of every
+layer, the new tokens' KV) and their compute roofline of its FLOPs (:class:`stepsim.mapping.roofline.StepWork`),
+over the replica's chips. The engine never beats it, and every replay checks that the provider did not either
+(every step's ``hbm_utilisation`` and ``compute_utilisation`` at most 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stepsim.base.errors import ConfigError
+
+
+class ShapePricer:
+    """Fresh calibrated fast providers for replicas of ``chips`` chips of ``hardware`` (module docstring)."""
+
+    def __init__(self, model_arg, resolved, hardware: str, chips: int, system: str | None, cache, seed: int = 0):
+        self.model_arg, self.model, self.hardware_name = model_arg, resolved, hardware
+        self.chips, self.system_name, self.cache, self.seed = chips, system, Path(cache), seed
+        self.record = None
+        self.summary = None
+
+    def calibrate(self, reference_file, slo: str) -> dict:
+        """Serve the reference run with ``--fidelity fast`` (calibrating it, or reading its calibration from the
+        cache) and keep the calibration; returns the run's summary."""
+        from stepsim.serve.api import serve
+        from stepsim.serve.calibration_cache import load_calibration
+
+        # the paper's layers, which provider() rebuilds (serve's default on sn40l, mapped layers, is not priced by
+        # plan yet: their provider is stepsim.serve.fast_mapped.MappedFastLatency)
+        result = serve(self.model_arg, reference_file, fidelity="fast", schedule="paper", slo=slo,
+                       hardware=self.hardware_name, system=self.system_name, calibration_cache=self.cache,
+                       seed=self.seed)
+        self.summary = result.summary
+        key = result.summary["fidelity"]["calibration"]
+        self.record = load_calibration(self.cache, key)
+        if self.record is None:  # written by serve a moment ago
+            raise ConfigError(f"calibration {key} vanished from {self.cache} while planning")
+        return result.summary
+
+    def provider(self):
+        """A fresh provider of the calibration (as :func:`stepsim.serve.api.fast_provider` makes it)."""
+        from stepsim.serve.api import resolve_serving_hardware
+        from stepsim.serve.fast import FastLatency, MetricForm
+        from stepsim.serve.memory import model_memory
+        from stepsim.serve.routing import SyntheticRouting
+
+        record = self.record
+        forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
+        model = self.model
+        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=self.seed) if model.is_moe else None
+        limit = self.summary["kv_cache"]["max_model_len"]
+        vocab = model_memory(model).vocab_size
+        hw = resolve_serving_hardware(self.hardware_name)
+        if self.system_name is None:
+            return FastLatency(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
+                               theta=record["theta"], error=record["error"])
+        from stepsim.serve.system import load_system
+        from stepsim.serve.system_fast import SystemFastLatency
+
+        system, _ = load_system(self.system_name, self.hardware_name, "fast", hw)
+        return SystemFastLatency(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
+                                 theta=record["theta"], error=record["error"])
+
+
+def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
+    """The least seconds ``steps`` steps computing ``tokens`` new tokens in all take on ``chips`` chips of
+    ``hardware`` (any batches, any context; module docstring): every step reads every weight matrix once (and an
+    MoE model's ``top_k`` experts of every layer: a token meets that many distinct experts), every token writes
+    its K and V, reads its embedding row and does its FLOPs (attending to itself at least); the time is at least
+    the bytes over the chips' HBM peak and at least the FLOPs over their compute peak. Summing over the steps
+    before taking the maximum only lowers it, so it bounds any split of the tokens into the steps."""
+    from stepsim.mapping.roofline import StepWork
+    from stepsim.serve.memory import model_memory
+
+    if steps <= 0:
+        return 0.0
+    work = StepWork(model, hardware, model_memory(model).vocab_size, chips)
+    touched = model.layers * model.top_k if model.is_moe else 0
+    per_step = work.fixed_bytes + touched * work.expert_bytes
+    hbm = steps * per_step + tokens * (work.kv_bytes_per_token + work.embedding_bytes)
+    flops = tokens * (work.flops_per_token + work.attention_flops)
+    return max(hbm / work.peak_bytes, flops / work.peak_flops) / hardware.clock_hz

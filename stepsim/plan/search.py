@@ -1,0 +1,197 @@
+"""The rate search of one deployment, the upper bounds that prune, and the plan's loop over the space
+(docs/plan.md §4).
+
+**Rate search.** Rates are multipliers of the offered rate on a grid ``m = 2**(e / STEPS_PER_DOUBLING)`` (integer
+e), so every run is reproducible bit for bit. Bracket: serve at m = 1; while the SLO is met double m (up to
+``2**MAX_DOUBLINGS``: a deployment that meets it there is reported at that rate, ``capped``); while it is not met
+halve m (down to ``2**-MAX_DOUBLINGS``: below it the deployment sustains no rate, 0). Then bisect the exponent
+between the highest rate that met the SLO and the lowest above it that did not, until they are one grid step apart
+(``2**(1/16)``, 4.4 %). The sustainable rate is the last that met it; its goodput and SLO attainment are that run's.
+The bisection takes the SLO at the percentile to hold below any rate where it held (as every capacity search does);
+a plan and a brute-force search of every deployment run the same probes, so they agree whether it does or not.
+
+**Bounds.** A deployment's goodput at its sustainable rate m* is at most ``requests / duration`` with the duration
+at least the arrivals' span ``S / m*`` and at least the longest request's least latency; so it is below
+``N m_hi / S`` whenever the search has seen the SLO fail at ``m_hi`` (m* < m_hi), and at most ``N m_ub / S`` for the
+bound m_ub of :func:`rate_bound` before any run. A deployment of C chips can only be on the front (fewest chips
+for its goodput) if its goodput beats every deployment of fewer chips and reaches every one of C; a deployment
+whose bound cannot is ``pruned`` (by the bound, before any run) or ``cut`` (by the failed rate, during its search).
+Deployments are searched by chips, fewest first, so the front of fewer chips is final when C is reached.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stepsim.plan.pricing import floor_s
+
+#: rate grid steps per doubling
+STEPS_PER_DOUBLING = 16
+#: the search goes at most this many doublings above and below the offered rate
+MAX_DOUBLINGS = 8
+
+
+def multiplier(e: int) -> float:
+    return 2.0 ** (e / STEPS_PER_DOUBLING)
+
+
+@dataclass
+class SearchResult:
+    """How a deployment's search ended: ``status`` ``searched`` / ``capped`` / ``unsustainable`` / ``cut``, the
+    probes ``(exponent, met)``, the best evaluation (the highest rate that met the SLO) and the lowest failing
+    exponent."""
+
+    status: str
+    probes: list = field(default_factory=list)
+    best: object = None
+    hi: int | None = None
+    offered: object = None
+    #: the largest HBM or compute utilisation of any step of any probe (at most 1: the floors held)
+    max_utilisation: float = 0.0
+
+
+def search_rate(evaluate, can_win) -> SearchResult:
+    """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(m_hi)`` says whether
+    a goodput below ``N m_hi / S`` could still reach the front (False: stop, ``cut``)."""
+    res = SearchResult("searched")
+    lo = hi = None  # exponents: highest met, lowest failed
+
+    def probe(e: int) -> bool:
+        ev = evaluate(multiplier(e))
+        res.probes.append((e, ev.meets))
+        res.max_utilisation = max(res.max_utilisation, ev.max_utilisation)
+        if e == 0:
+            res.offered = ev
+        if ev.meets:
+            res.best = ev
+        return ev.meets
+
+    step = STEPS_PER_DOUBLING
+    top = MAX_DOUBLINGS * step
+    if probe(0):
+        lo = 0
+        while lo < top:
+            if probe(lo + step):
+                lo += step
+            else:
+                hi = lo + step
+                break
+        if hi is None:
+            res.status = "capped"
+            return res
+    else:
+        hi = 0
+        while True:
+            if not can_win(multiplier(hi)):
+                res.status, res.hi = "cut", hi
+                return res
+            if hi - step < -top:
+                res.status, res.hi = "unsustainable", hi
+                return res
+            if probe(hi - step):
+                lo = hi - step
+                break
+            hi -= step
+    while hi - lo > 1:
+        if not can_win(multiplier(hi)):
+            res.status, res.hi = "cut", hi
+            return res
+        mid = (lo + hi) // 2
+        if probe(mid):
+            lo = mid
+            # the best met so far is the highest: probes rise from lo
+        else:
+            hi = mid
+    res.hi = hi
+    return res
+
+
+def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tuple[float, float, str]:
+    """``(m_ub, least duration s, the bound that binds)``: an upper bound on the multiplier at which ``dep`` can
+    meet the SLO at the percentile, from the least time of steps (:func:`stepsim.plan.pricing.floor_s`):
+
+    * ``tpot``: a TPOT is at least one step's floor; if that exceeds the SLO, no rate (0);
+    * ``ttft-lone``: request i's TTFT is at least its prompt's steps' floor (``ceil(P / per step)`` steps); if fewer
+      than the percentile's requests can meet it, no rate;
+    * ``ttft-work``: at most ``N - K`` requests may miss the TTFT limit T (K: the requests a percentile below T
+      needs), so of the first j + 1 requests at least ``j + 1 - (N - K)`` get their first token by ``a_j / m + T``,
+      and their prompts (at least the smallest ones) are computed by then on R replicas: ``a_j / m + T >=
+      floor / R`` bounds m for every j;
+    * otherwise ``grid``: the search's own top rate.
+
+    The least duration is the longest request's least latency (its prompt's floor and ``O - 1`` decode steps)."""
+    c, R = dep.chips_per_replica, dep.replicas
+    sched = dep.scheduler
+    n = base.n
+    # the most prompt tokens one step computes: for one request, and for a whole replica
+    if sched.policy == "vllm":
+        per_request = sched.max_batch_tokens if not sched.chunk_tokens else min(sched.chunk_tokens,
+                                                                                 sched.max_batch_tokens)
+        per_step = sched.max_batch_tokens
+    elif sched.policy == "sarathi":
+        per_request = per_step = sched.chunk_tokens
+    else:  # orca: whole prompts, up to max_seqs of them
+        per_request = int(base.prompt.max())
+        per_step = sched.max_seqs * per_request
+    one = floor_s(model, hardware, c, 1, 1)
+    lone = np.array([floor_s(model, hardware, c, -(-int(p) // per_request), int(p)) for p in base.prompt])
+    least = lone + (base.output - 1) * one
+    least_duration = float(least.max())
+    k = math.floor(percentile / 100 * (n - 1)) + 1  # values at or below the percentile's
+    if "tpot" in slo and (base.output > 1).any() and one > slo["tpot"]:
+        return 0.0, least_duration, "tpot"
+    for key, floor in (("ttft", lone), ("e2e", least)):
+        if key in slo and int((floor <= slo[key]).sum()) < k:
+            return 0.0, least_duration, f"{key}-lone"
+    bound, binds = multiplier(MAX_DOUBLINGS * STEPS_PER_DOUBLING), "grid"
+    if "ttft" in slo:
+        T = slo["ttft"]
+        misses = n - k
+        prompts = base.prompt
+        # the smallest (j + 1 - misses) prompts among the first j + 1, for every j
+        import heapq
+
+        heap: list[int] = []  # max-heap (negated) of the kept smallest prompts
+        total = 0
+        for j in range(n):
+            need = j + 1 - misses
+            heapq.heappush(heap, -int(prompts[j]))
+            total += int(prompts[j])
+            while len(heap) > max(need, 0):
+                total += heapq.heappop(heap)  # drop the largest
+            if need <= 0:
+                continue
+            work = floor_s(model, hardware, c, -(-total // per_step), total) / R
+            if work > T:
+                a = float(base.arrival[j])
+                if a <= 0:
+                    return 0.0, least_duration, "ttft-work"
+                m = a / (work - T)
+                if m < bound:
+                    bound, binds = m, "ttft-work"
+    return bound, least_duration, binds
+
+
+def goodput_bound(n: int, span: float, m: float, least_duration: float) -> float:
+    """Goodput (requests/s) at most ``n / max(span / m, least duration)``."""
+    if m <= 0:
+        return 0.0
+    duration = max(span / m, least_duration)
+    return n / duration if duration > 0 else math.inf
+
+
+def front(rows: list) -> list:
+    """Indices of the front among ``rows`` (dicts with ``chips`` and ``goodput``; None: not on it): a row is on it
+    when no other has at most its chips and at least its goodput, with fewer chips or more goodput."""
+    out = []
+    for i, r in enumerate(rows):
+        if r["goodput"] is None:
+            continue
+        dominated = any(o["goodput"] is not None and o["chips"] <= r["chips"] and o["goodput"] >= r["goodput"]
+                        and (o["chips"] < r["chips"] or o["goodput"] > r["goodput"]) for o in rows)
+        if not dominated:
+            out.append(i)
+    return out

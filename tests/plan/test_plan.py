@@ -1,0 +1,132 @@
+"""stepsim plan against the brute force: on a small MoE model (2 layers, 16 experts; tests/serve's SMALL) and 12
+requests, a space of 12 deployments up to 4 chips (one and two chips a replica, one and two replicas behind a
+round-robin router, three scheduler settings), every candidate priced by fast fidelity:
+
+* the plan's front is the front of searching every deployment fully (the same deployments, rates and goodputs, to
+  the bit), with fewer replays;
+* every bound holds on every deployment the brute force searched (goodput and rate at most their bounds; no step
+  of any replay beat the floors: utilisation at most 1);
+* the files: plan.json (the recommended deployment, why each other front point lost, the serve commands),
+  deployments.parquet (every deployment, how it was decided), replica files, the figure.
+
+The must-show case of issue 42 (the 4-layer Qwen3-30B-A3B shape, 300 requests of the conversation trace, 105
+deployments) takes one fast calibration of about 10 minutes per replica shape and 40 s per replay of 300 requests
+on this machine today: bench/plan/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import stepsim
+
+SMALL = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+         "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096}
+SPACE = {"chips_per_replica": [1, 2], "replicas": [1, 2], "routers": ["round-robin"],
+         "scheduler": [{"policy": "vllm", "max_seqs": [4, 128], "max_batch_tokens": [256]},
+                       {"policy": "orca", "max_seqs": [8]}]}
+SLO = "ttft=0.3ms,tpot=0.012ms"
+#: requests of the trace (random prompts of 5-399 tokens and outputs of 2-29, arriving over 10 ms)
+REQUESTS = 12
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    from stepsim.trace_io.requests import RequestTrace, write_requests
+
+    tmp = tmp_path_factory.mktemp("plan")
+    model = tmp / "small.json"
+    model.write_text(json.dumps(SMALL))
+    rng = np.random.default_rng(3)
+    trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
+                                        rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
+                           tmp / "t.parquet")
+    kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp / "cache")
+    plan = stepsim.plan(str(model), trace, out=tmp / "out", verify=False, **kw)
+    brute = stepsim.plan(str(model), trace, prune=False, verify=False, **kw)
+    return plan, brute, tmp
+
+
+def _front(p):
+    return [(f["deployment"], f["chips"], f["multiplier"], f["goodput_requests_per_s"]) for f in p.summary["front"]]
+
+
+def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
+    plan, brute, _ = plans
+    assert len(plan.deployments) == len(brute.deployments) == 12
+    assert _front(plan) == _front(brute) and _front(plan)
+    assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
+    assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
+    assert plan.summary["pruned"] + plan.summary["cut"] > 0
+    assert plan.summary["replays"] < brute.summary["replays"]
+    print("replays", plan.summary["replays"], brute.summary["replays"], "reused", plan.summary["replays_reused"],
+          brute.summary["replays_reused"], "wall", plan.summary["wall_s"], brute.summary["wall_s"])
+
+
+def test_every_bound_holds_where_the_brute_force_searched(plans):
+    plan, brute, _ = plans
+    decided = {r["deployment"]: r for r in plan.deployments}
+    for row in brute.deployments:
+        assert row["max_utilisation"] <= 1.0
+        if row["goodput_requests_per_s"] is not None:
+            assert row["goodput_requests_per_s"] <= row["goodput_bound_requests_per_s"]
+            assert row["multiplier"] <= row["rate_bound_multiplier"]
+        mine = decided[row["deployment"]]
+        if mine["decided"] in ("pruned", "cut"):
+            assert not row["on_front"]
+        else:  # searched in both: the same search, the same numbers
+            for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s", "probes"):
+                assert mine[key] == row[key], key
+
+
+def test_the_files_say_what_was_decided_and_how_to_serve_it(plans):
+    plan, _, tmp = plans
+    out = tmp / "out"
+    summary = json.loads((out / "plan.json").read_text())
+    assert summary == json.loads(json.dumps(plan.summary, sort_keys=True))
+    rec = summary["recommended"]
+    assert rec["on_front"] and rec["goodput_per_chip"] == max(f["goodput_per_chip"] for f in summary["front"])
+    assert len(summary["front_lost"]) == len(summary["front"]) - 1
+    table = pq.read_table(out / "deployments.parquet").to_pylist()
+    assert [r["deployment"] for r in table] == [r["deployment"] for r in plan.deployments]
+    assert {r["decided"] for r in table} <= {"simulated", "pruned", "cut"}
+    assert all((r["bound"] is None) == (r["decided"] == "simulated") for r in table)
+    replicas = sorted(p.name for p in out.glob("replica-*.parquet"))
+    assert 1 <= len(replicas) == len(summary["commands"]) <= rec["replicas"]
+    for name, command in zip(replicas, summary["commands"]):
+        assert f"--requests {out}/{name} " in command and "--fidelity fast" in command
+    assert (out / "plan.png").stat().st_size > 0
+
+
+def test_least_outstanding_settles_on_a_fixed_point(plans):
+    """The state-dependent router's routing is a fixed point: routed again from its own replay's finish times, it is
+    unchanged (stepsim/plan/replicas.py: the routing a router beside the replicas makes)."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.evaluate import BaseTrace, Evaluator
+    from stepsim.plan.pricing import ShapePricer
+    from stepsim.plan.replicas import route
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.trace_io.requests import read_requests
+
+    _, _, tmp = plans
+    model = tmp / "small.json"
+    t = read_requests(tmp / "t.parquet")
+    base = BaseTrace(t.arrival_s - t.arrival_s[0], t.prompt_tokens.astype(np.int64), t.output_tokens.astype(np.int64))
+    pricer = ShapePricer(str(model), resolve_model(str(model)), "sn40l", 1, None, tmp / "cache")
+    pricer.calibrate(tmp / "t.parquet", SLO)
+    ev = Evaluator(str(model), base, {"ttft": 3e-4}, 99.0, {("sn40l", 1): pricer}, tmp)
+    dep = Deployment(1, 2, "least-outstanding", SchedulerChoice("vllm", 128, 256))
+    result = ev.evaluate(dep, 4.0)
+    assert result.rounds >= 2
+    arrival = base.arrival / 4.0
+    finish = np.full(base.n, np.nan)
+    for r in range(2):
+        idx = np.flatnonzero(result.assignment == r)
+        finish[idx] = ev._serve_replica(dep, arrival, idx)["finish"]
+    again = route("least-outstanding", arrival, base.prompt + base.output, 2, result.assignment, finish)
+    assert again.tolist() == result.assignment.tolist()
