@@ -204,3 +204,17 @@ def test_auto_where_it_is_not_built_is_one_line(tmp_path):
     # without a fidelity no layer is built: the default is paper, and the summary says no schedule
     run = stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01)
     assert "schedule" not in run.summary["fidelity"]
+
+
+def test_serve_maps_its_layers_by_default_on_sn40l_only(tiny, tmp_path):
+    """Without ``schedule``: an exact run on sn40l is the ``auto`` run (mapped layers, step for step), on step-eval
+    the ``paper`` run (its summary says no schedule, as before)."""
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.0001], [20, 9], [3, 2])
+    default, auto = (stepsim.serve(str(tiny), trace, fidelity="exact", **kw) for kw in ({}, {"schedule": "auto"}))
+    assert default.summary["fidelity"]["schedule"] == "auto" and default.iterations.equals(auto.iterations)
+    paper = stepsim.serve(str(tiny), trace, fidelity="exact", schedule="paper")
+    assert not paper.iterations.equals(auto.iterations)
+    on_step_eval = stepsim.serve(str(tiny), trace, fidelity="exact", hardware="step-eval")
+    assert "schedule" not in on_step_eval.summary["fidelity"]
+    assert on_step_eval.iterations.equals(stepsim.serve(str(tiny), trace, fidelity="exact", hardware="step-eval",
+                                                        schedule="paper").iterations)
