@@ -137,7 +137,7 @@ def test_without_coefficients_a_mapped_ffn_is_priced_at_its_estimate(tiny):
     assert fast.bound_column("ffn") == 7
 
 
-@pytest.mark.slow  # 16-29 s at load 12 on the 2-core machine (two calibration passes and the exact run)
+@pytest.mark.slow  # 5 s at load 2, 16-29 s at load 12 on the 2-core machine (two calibrations and the exact run)
 def test_fast_agrees_with_exact_on_mapped_layers(tiny, tmp_path):
     """A calibrated fast run against the exact run of the same 16 requests, both on mapped layers (the same numbers
     with the real mapper on a cold cache: 141 s, mapping 11 buckets). Deterministic."""
