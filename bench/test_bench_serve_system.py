@@ -69,7 +69,7 @@ def test_serve_system_exact_wall_times(bench_summary, tmp_path, monkeypatch):
                 if mode == "fresh":  # the behaviour before: every sharded block built for its step
                     m.setattr(LayerRunner, "cycles", LayerRunner.fresh_cycles)
                 t0 = time.perf_counter()
-                runs[mode] = stepsim.serve(str(MODEL), trace, fidelity="exact", system="ring-2")
+                runs[mode] = stepsim.serve(str(MODEL), trace, fidelity="exact", schedule="paper", system="ring-2")
                 walls[mode] = time.perf_counter() - t0
         assert runs["fresh"].iterations.equals(runs["templates"].iterations)
         s = runs["templates"].summary

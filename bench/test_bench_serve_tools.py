@@ -33,7 +33,7 @@ def test_dask_layers_against_jobs(shared_traces, bench_summary, tmp_path):
     walls = {}
     for name, extra in (("--jobs 1", dict(jobs=1)), ("--jobs 2", dict(jobs=2)), ("--executor dask", dict(executor="dask"))):
         t0 = time.perf_counter()
-        r = stepsim.serve(str(MODEL), trace, limit_requests=requests, max_batch_tokens=512, fidelity="exact",
+        r = stepsim.serve(str(MODEL), trace, limit_requests=requests, max_batch_tokens=512, fidelity="exact", schedule="paper",
                           out=tmp_path / name.replace(" ", ""), **extra)
         walls[name] = time.perf_counter() - t0
         bench_summary(title, f"{name}: {walls[name]:.1f} s ({walls[name] / walls['--jobs 1']:.2f}x --jobs 1), "

@@ -60,9 +60,10 @@ def register(subparsers) -> None:
                    help="price each step on the cycle engine: exact simulates every layer; fast uses a model "
                         "calibrated on exact simulations of the same run (cached), with its measured error (default: "
                         "none; one of --fidelity and --iteration-latency is required)")
-    p.add_argument("--schedule", choices=("paper", "auto"), default="paper",
-                   help="how --fidelity exact builds each layer: the STeP paper's evaluation schedules (default) or "
-                        "auto, mapped over the whole chip (docs/mapping.md)")
+    p.add_argument("--schedule", choices=("paper", "auto"),
+                   help="how --fidelity exact|fast builds each layer: the STeP paper's evaluation schedules or auto, "
+                        "mapped over the whole chip (docs/mapping.md) (default: auto on sn40l and systems of it where "
+                        "mapped layers are built, paper on the paper's chips step-eval and step-hdl)")
     p.add_argument("--slo", metavar="ttft=2s,tpot=200ms", help="SLOs for attainment and goodput (ttft, tpot, e2e; default: none)")
     parallel = p.add_mutually_exclusive_group()
     parallel.add_argument("--jobs", type=int, metavar="N", help="worker processes (engine-backed latency; default 1)")

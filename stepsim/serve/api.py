@@ -91,20 +91,44 @@ def check_types(*, model=None, requests=None, out=None, slo=None, arrival=None, 
 SCHEDULES = ("paper", "auto")
 
 
+#: hardware whose serve runs map their layers by default (``--schedule auto``): a serving chip; the STeP paper's
+#: evaluation chips (``step-eval``, ``step-hdl``) keep the paper's schedules
+SERVING_HARDWARE = ("sn40l",)
+
+
 def check_schedule(schedule, fidelity, system) -> None:
-    """``--schedule``: a known value; ``auto`` prices layers on the engine (``--fidelity exact``); on a system, a
-    dense model's tensor-parallel layers (:func:`stepsim.serve.system.check_exact_system`)."""
+    """``--schedule``: a known value (None: :func:`default_schedule`); ``auto`` prices layers on the engine
+    (``--fidelity exact|fast``); on a system, a dense model's tensor-parallel layers in exact mode
+    (:func:`stepsim.serve.system.check_exact_system`)."""
+    if schedule is None:
+        return
     if schedule not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    if schedule == "auto" and fidelity != "exact":
-        raise ConfigError("--schedule auto maps the layers the engine prices: it needs --fidelity exact (fast mode's "
-                          "calibration is not built on mapped layers yet)")
+    if schedule == "auto" and fidelity not in FIDELITIES:
+        raise ConfigError("--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast")
+    if schedule == "auto" and fidelity == "fast" and system is not None:
+        raise ConfigError("--schedule auto with --system and --fidelity fast: the fast model is not calibrated on "
+                          "mapped tensor-parallel layers yet; use --fidelity exact or --schedule paper")
+
+
+def default_schedule(hardware: Hardware, system, model, fidelity) -> str:
+    """The schedule of a serve run that gives none: ``auto`` on serving hardware (:data:`SERVING_HARDWARE`, a preset
+    with overrides too) with ``--fidelity exact`` or ``fast`` on one chip, and with ``--fidelity exact`` on a system
+    of a dense model (its tensor-parallel layers are mapped); ``paper`` otherwise (the paper's chips, a system's
+    expert-parallel MoE block and fast mode on a system are not mapped; without a fidelity no layer is built)."""
+    from stepsim.base.hardware import OVERRIDE_MARK
+
+    if fidelity is None or hardware.name.split(OVERRIDE_MARK, 1)[0] not in SERVING_HARDWARE:
+        return "paper"
+    if system is not None and (model.is_moe or fidelity == "fast"):
+        return "paper"
+    return "auto"
 
 
 def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
-                    hbm_bytes=None, jobs=None, executor=None, provider=None, schedule="paper", system=None,
+                    hbm_bytes=None, jobs=None, executor=None, provider=None, schedule=None, system=None,
                     drop_long=False, truncate_long=False, **_others) -> None:
     """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: serve
     makes them first, and a serving sweep refuses a bad task with them before any task runs (the trace, the
@@ -275,14 +299,13 @@ def _routing_identity(routing) -> dict:
 
 def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
                   jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None, system=None,
-                  progress: bool = False):
+                  progress: bool = False, schedule: str = "paper"):
     """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
     ``pilot(provider, on_step)`` replays the run with a provider (``on_step`` as :func:`replay`'s ``progress``); on
     ``system``'s chips when given (calibrated on :class:`stepsim.serve.system.SystemEngineLatency`'s pieces:
     :class:`stepsim.serve.system_fast.SystemFastLatency`). ``progress``: a calibration bar on a terminal."""
     from stepsim.serve.calibration_cache import calibration_key, load_calibration, save_calibration
-    from stepsim.serve.fast import FastLatency, calibrated, metric_forms
-    from stepsim.serve.layers import KINDS
+    from stepsim.serve.fast import FastLatency, calibrated, forms_of
 
     if system is not None:  # before the calibration's long work
         from stepsim.serve.system import check_exact_system
@@ -296,18 +319,21 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
 
     def make(theta=None, error=None, forms=None):
         engine = engine_provider(model, model_arg, hardware, routing, seed=seed, max_model_len=max_model_len,
-                                 vocab=vocab, jobs=jobs, system=system,
+                                 vocab=vocab, jobs=jobs, system=system, schedule=schedule,
                                  layers_executor=layers_executor)  # refuses --executor dask with --system
         if forms is None and "forms" not in built:
-            built["forms"] = {kind: metric_forms(kind, engine.spec) for kind in KINDS}
+            built["forms"] = forms_of(engine.spec)
         forms = forms or built["forms"]
         if system is not None:
             from stepsim.serve.system_fast import SystemFastLatency
 
             return SystemFastLatency(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
                                      jobs=jobs, forms=forms, theta=theta, error=error)
-        return FastLatency(model, hardware, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
-                           forms=forms, theta=theta, error=error, layers_executor=layers_executor)
+        provider = FastLatency
+        if schedule == "auto":  # mapped layers: the bucket's schedule in every regressor
+            from stepsim.serve.fast_mapped import MappedFastLatency as provider
+        return provider(model, hardware, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
+                        forms=forms, theta=theta, error=error, layers_executor=layers_executor, schedule=schedule)
 
     if record is None:
         with _bar(progress, "calibrating", "layer simulations") as update:
@@ -380,7 +406,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None, routing=None,
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
-          calibration_cache=None, system=None, progress: bool = False, schedule: str = "paper",
+          calibration_cache=None, system=None, progress: bool = False, schedule: str | None = None,
           drop_long: bool = False, truncate_long: bool = False) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
@@ -446,10 +472,11 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     progress : bool
         Progress bars on stderr while calibrating and serving, drawn only on a terminal once the work has taken
         2 s (``stepsim serve`` sets it; the results do not depend on it).
-    schedule : {"paper", "auto"}
-        ``paper`` (default): every layer with the STeP paper's evaluation schedule; ``auto``: the FFN and the decode
-        attention mapped over the whole chip (:mod:`stepsim.mapping`, docs/mapping.md), ``--fidelity exact`` on
-        one chip.
+    schedule : {"paper", "auto"}, optional
+        ``paper``: every layer with the STeP paper's evaluation schedule; ``auto``: the FFN and the decode attention
+        mapped over the whole chip (:mod:`stepsim.mapping`, docs/mapping.md), ``--fidelity exact`` or ``fast`` on
+        one chip, ``exact`` for a dense model on a system. Default (None): ``auto`` on serving hardware (``sn40l``
+        and systems of it) where it is built, else ``paper`` (:func:`default_schedule`).
     drop_long, truncate_long : bool
         Requests whose prompt + output exceed the longest sequence the engine takes (``max_model_len``) are left
         out, or keep the last tokens of their prompts that fit (:mod:`stepsim.serve.long_requests`); without
@@ -503,6 +530,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     resolved = resolve_model(model)
     if fidelity is not None:  # before any work: its executors run GQA, full attention, top-k routing
         resolved.refuse_unmodelled("serving at --fidelity exact|fast")
+    if schedule is None:
+        schedule = default_schedule(hw, system, resolved, fidelity)
     memory = model_memory(resolved)
     if system is not None:
         from stepsim.serve.system import system_capacity
@@ -550,6 +579,8 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
     elif fidelity == "fast":
         key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
                                                                                    VALUE_FIELDS},
+                     # an explicit channel_depth overrides the layers' FIFO depths: equal values, other cycles
+                     "hardware_explicit": list(hw.explicit),
                      "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
                      # the LM head's bytes price every step (its held-out error too); not in the model's repr
                      "vocab": memory.vocab_size,
@@ -558,6 +589,9 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
                                  "duration": duration}}
         if long_policy is not None:  # the requests served differ (dropped, truncated); absent: earlier keys kept
             key_parts["shaping"]["long_requests"] = long_policy
+        from stepsim.serve.calibration_cache import schedule_identity
+
+        key_parts["schedule"] = schedule_identity(schedule)  # paper or mapped layers (and the mapper's sources)
         if system is not None:  # every field of the system: its chips, hardware, dimensions and links
             from stepsim.serve.system import system_key
 
@@ -565,7 +599,7 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
         provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                               vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
                                               cache=calibration_cache, layers_executor=layers_executor,
-                                              system=system, progress=progress,
+                                              system=system, progress=progress, schedule=schedule,
                                               pilot=lambda p, on_step: replay(
                                                   trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                                   Scheduler(config, capacity, limit), p, on_step))

@@ -19,15 +19,29 @@ from stepsim.base.files import atomic_output, file_sha256, stable_hash
 
 def calibration_key(parts: dict) -> str:
     """The cache key: a stable hash of everything that determines a calibration, the fitted model's source
-    (:mod:`stepsim.serve.fast`) included (a calibration made by other code is never reused, even when
-    CALIBRATION_VERSION was not bumped)."""
+    (:mod:`stepsim.serve.fast` and :mod:`stepsim.serve.fast_mapped`) included (a calibration made by other code is
+    never reused, even when CALIBRATION_VERSION was not bumped)."""
     return stable_hash({"calibration_version": _fast.CALIBRATION_VERSION, "model_source": _MODEL_SOURCE,
                         "timing_model_version": TIMING_MODEL_VERSION, **parts})
 
 
-#: SHA-256 of :mod:`stepsim.serve.fast`'s source and its solver's (:mod:`stepsim.serve.exact_lstsq`): the fitted
-#: model's code, part of every calibration key
-_MODEL_SOURCE = stable_hash([file_sha256(Path(m.__file__)) for m in (_fast, _exact_lstsq)])
+def schedule_identity(schedule: str) -> dict:
+    """The calibration key's part for how the layers are built: ``{"mode": schedule}``; for mapped layers
+    (``auto``) also the mapper's version and the SHA-256 of its sources and the mapped builders' (the same hash the
+    mapper keys its cache on): the schedules each bucket gets follow from those, the model and the hardware (both in
+    the key already), so a calibration on other schedules is never reused."""
+    if schedule != "auto":
+        return {"mode": schedule}
+    from stepsim.mapping import mapper
+
+    return {"mode": schedule, "mapping": {"mapper_version": mapper.MAPPER_VERSION, "source": mapper.source_hash()}}
+
+
+#: SHA-256 of the fitted model's sources (:mod:`stepsim.serve.fast`, :mod:`stepsim.serve.fast_mapped`) and its
+#: solver's (:mod:`stepsim.serve.exact_lstsq`), part of every calibration key
+_MODEL_SOURCE = stable_hash([file_sha256(Path(_fast.__file__)),
+                             file_sha256(Path(_fast.__file__).with_name("fast_mapped.py")),
+                             file_sha256(Path(_exact_lstsq.__file__))])
 
 
 #: the record's keys (besides its checksum) and the JSON type of each

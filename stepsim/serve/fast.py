@@ -39,6 +39,9 @@ kinds of step give at least twice as many samples as regressors and each spans w
 step's cycles (p50, p95, max); a run with no held-out step is refused. The calibration (coefficients and
 error) is cached under a key that hashes everything that determines it
 (:mod:`stepsim.serve.calibration_cache`).
+
+**Mapped layers** (``schedule="auto"``): the decode attention's and the FFN's regressors are computed with the
+schedule the mapper chose for the piece's bucket (:mod:`stepsim.serve.fast_mapped`, :func:`forms_of`).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from stepsim.kernels.serve_fast import attention_features
 from stepsim.serve.exact import EngineLatency
 from stepsim.serve.exact_lstsq import numeric_rank, solve
 from stepsim.serve.latency import IterationBatch, IterationCost
-from stepsim.serve.layers import KV_TILE, LayerSpec, build
+from stepsim.serve.layers import KINDS, KV_TILE, LayerSpec, build
 from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: steps kept by the pilot's reservoir, per stratum (steps with a prefill chunk; decode-only steps)
@@ -71,8 +74,8 @@ FFN_LAYERS = 4
 #: FLOPs/cycle of the compute bound (one node running every FLOP at the attention's rate)
 BOUND_COMPUTE_BW = 2048
 #: bump when the model or the calibration changes: part of the cache key (3: :func:`pair_parity`; 4: the shared
-#: experts' tiles, :func:`expert_rounds`)
-CALIBRATION_VERSION = 4
+#: experts' tiles, :func:`expert_rounds`; 5: mapped layers, :mod:`stepsim.serve.fast_mapped`)
+CALIBRATION_VERSION = 5
 #: parallel regions of the decode attention graph (build_attention's default)
 DECODE_REGIONS = 4
 #: the FFN regressors' column of the experts a layer's tokens touch (:func:`ffn_regressors`)
@@ -173,9 +176,16 @@ def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
     return MetricForm(tuple(coef[:, 0].tolist()), tuple(coef[:, 1].tolist()))
 
 
+def forms_of(spec: LayerSpec) -> dict:
+    """The metric forms of ``spec``'s pieces (:func:`metric_forms`): every kind's, but a mapped FFN's
+    (``schedule="auto"``: its regressors are the mapper's bucket estimates, :mod:`stepsim.serve.fast_mapped`)."""
+    return {kind: metric_forms(kind, spec) for kind in KINDS if not (kind == "ffn" and spec.schedule == "auto")}
+
+
 def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray:
     """``[1, features, extra features, HBM bound, compute bound, max of both]`` of one piece (the last is the
-    pilot's estimate)."""
+    pilot's estimate); a mapped piece's (``schedule="auto"``) are :func:`stepsim.serve.fast_mapped.regressors`
+    (:meth:`FastLatency.piece_regressors` chooses)."""
     if kind == "ffn":
         return ffn_regressors(np.asarray(data)[:, None, :], form, spec)[0]
     f = np.array([1.0, *features(kind, data)])
@@ -336,6 +346,11 @@ class FastLatency(EngineLatency):
         self._forms = forms
         self._off_chip = {k: np.array(f.off_chip) for k, f in (forms or {}).items()}
         self._flops = {k: np.array(f.flops) for k, f in (forms or {}).items()}
+
+    def piece_regressors(self, kind: str, data) -> np.ndarray:
+        """The regressors :func:`calibrate` fits and checks a piece on: :func:`regressors` (a mapped provider's:
+        :class:`stepsim.serve.fast_mapped.MappedFastLatency`)."""
+        return regressors(kind, data, self.forms.get(kind), self.spec)
 
     def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(decode, prefill)`` regressors of a step's attention pieces (None for a piece it has not): the same
@@ -507,7 +522,6 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
     if hold_out and not held:
         raise ConfigError(f"--fidelity fast: the run has {len(samples)} steps, too few to hold any out for "
                           "measuring the model's error; use --fidelity exact")
-    forms = exact.forms
     rows: dict[str, list] = {k: [] for k in MODELS}
     targets: dict[str, list] = {k: [] for k in MODELS}
     fit_tasks = []
@@ -525,7 +539,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
             fit_models.append(model_of(kind, stratum == "prefill"))
     cycles = [r[0] for r in exact.run_tasks(fit_tasks)]
     for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
-        rows[model].append(regressors(kind, data, forms[kind], exact.spec))
+        rows[model].append(exact.piece_regressors(kind, data))
         targets[model].append(c)
     pooled = rows["ffn"] + rows["ffn_prefill"]
     if (min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS
@@ -550,7 +564,7 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         roles = exact.roles(tasks)
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
-        predicted = sum(count * predict(regressors(kind, data, forms[kind], exact.spec),
+        predicted = sum(count * predict(exact.piece_regressors(kind, data),
                                         theta[model_of(kind, stratum == "prefill")], kind)
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch) + exact.collective_cycles(batch)  # exact terms, in both

@@ -61,7 +61,7 @@ SERVE_WORKLOAD = "serve"
 #: keys of [fixed] / [axes]: keyword arguments of stepsim.serve
 KNOBS = ("model", "requests", "arrival_scale", "arrival", "limit_requests", "duration", "hardware", "scheduler",
          "max_seqs", "max_batch_tokens", "chunk_tokens", "routing", "fidelity", "slo", "seed",
-         "iteration_latency", "hbm_bytes", "block_size", "drop_long", "truncate_long")
+         "iteration_latency", "hbm_bytes", "block_size", "drop_long", "truncate_long", "schedule")
 #: top-level keys of a serving sweep file
 TOP_LEVEL_KEYS = ("workload", "out", "fixed", "axes", "max_tasks")
 #: knobs every task needs
@@ -236,7 +236,25 @@ def with_defaults(config: dict) -> dict:
         out["chunk_tokens"] = policy.chunk_tokens
     if out.get("fidelity") is not None and "routing" not in config and _is_moe(config.get("model")):
         out["routing"] = "synthetic"
+    if out.get("fidelity") is not None and out.get("schedule") is None:  # paper or mapped layers: another result
+        schedule = _default_schedule(out)
+        if schedule is not None:
+            out["schedule"] = schedule
     return out
+
+
+def _default_schedule(config: dict) -> str | None:
+    """The schedule :func:`stepsim.serve` would build an engine-backed task's layers with when it gives none
+    (:func:`stepsim.serve.api.default_schedule`; None when the model or hardware does not resolve: the run refuses
+    it)."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.serve.api import default_schedule, resolve_serving_hardware
+
+    try:
+        return default_schedule(resolve_serving_hardware(config["hardware"]), None, resolve_model(config.get("model")),
+                                config["fidelity"])
+    except (StepsimError, TypeError, OSError, ValueError):
+        return None
 
 
 def _is_moe(model) -> bool:

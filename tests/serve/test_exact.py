@@ -100,7 +100,7 @@ def test_provider_step_is_the_documented_sum(small_model):
 
 
 def _run(model, trace, out, **kw):
-    return stepsim.serve(str(model), trace, out=out, fidelity="exact", **kw)
+    return stepsim.serve(str(model), trace, out=out, fidelity="exact", schedule="paper", **kw)
 
 
 def test_serve_exact_is_deterministic_and_the_same_on_two_workers(small_model, tmp_path):
@@ -142,19 +142,19 @@ def test_a_layer_that_does_not_fit_on_chip_is_one_line(small_model, tmp_path):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [20], [2])
     hw = Hardware.preset("sn40l", on_chip_capacity_bytes=100_000)
     with pytest.raises(ConfigError) as e:
-        stepsim.serve(str(small_model), trace, fidelity="exact", hardware=hw)
+        stepsim.serve(str(small_model), trace, fidelity="exact", schedule="paper", hardware=hw)
     assert str(e.value) == ("serving layer 'ffn' at shape (20,) needs 3,148,290 bytes on chip; hardware "
                             "'sn40l+on_chip_capacity_bytes=100000' has 100,000 (3,048,290 bytes short)")
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(fidelity="exact", iteration_latency=0.01), "--iteration-latency and --fidelity both price the steps; "
+    (dict(fidelity="exact", schedule="paper", iteration_latency=0.01), "--iteration-latency and --fidelity both price the steps; "
                                                      "give one"),
     (dict(iteration_latency=0.01, routing="synthetic"), "--routing is for the engine-backed latency (--fidelity "
                                                         "exact|fast); --iteration-latency does not simulate layers"),
     (dict(iteration_latency=0.01, jobs=2), "--jobs is for the engine-backed latency (--fidelity exact|fast); "
                                            "--iteration-latency does not simulate layers"),
-    (dict(fidelity="exact", jobs=0), "--jobs must be an int >= 1 (leave it out to use every CPU: {cpus}), got 0"),
+    (dict(fidelity="exact", schedule="paper", jobs=0), "--jobs must be an int >= 1 (leave it out to use every CPU: {cpus}), got 0"),
     (dict(), "stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast"),
 ])
 def test_bad_combinations_are_one_line(small_model, tmp_path, kw, message):
@@ -173,9 +173,9 @@ def test_dense_model_takes_no_routing(tmp_path):
     (tmp_path / "dense.json").write_text(json.dumps(dense))
     trace = requests_file(tmp_path / "t.parquet", [0.0, 0.0], [20, 3], [2, 2])
     with pytest.raises(ConfigError) as e:
-        stepsim.serve(str(tmp_path / "dense.json"), trace, fidelity="exact", routing="synthetic")
+        stepsim.serve(str(tmp_path / "dense.json"), trace, fidelity="exact", schedule="paper", routing="synthetic")
     assert str(e.value) == f"--routing: model '{tmp_path / 'dense.json'}' is dense (no routed experts)"
-    r = stepsim.serve(str(tmp_path / "dense.json"), trace, fidelity="exact")
+    r = stepsim.serve(str(tmp_path / "dense.json"), trace, fidelity="exact", schedule="paper")
     assert r.summary["fidelity"]["routing"] is None and r.summary["completed"] == 2
 
 

@@ -58,7 +58,7 @@ def _trace(tmp_path):
 def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_path):
     trace = _trace(tmp_path)
     cache = tmp_path / "cache"
-    a = stepsim.serve(str(small_model), trace, out=tmp_path / "a", fidelity="fast", calibration_cache=cache)
+    a = stepsim.serve(str(small_model), trace, out=tmp_path / "a", fidelity="fast", schedule="paper", calibration_cache=cache)
     f = a.summary["fidelity"]
     assert f["mode"] == "fast" and set(f["error"]) == {"iteration_p50", "iteration_p95", "iteration_max",
                                                        "held_out_iterations", "held_out_prefill_iterations",
@@ -71,7 +71,7 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
     assert record["theta"] == f["theta"] and record["error"] == f["error"] and record["key"] == f["calibration"]
     assert sorted(p.name for p in cache.iterdir()) == [f"{f['calibration']}.json"]
     # the second run reads the cache (no simulation) and writes the same bytes
-    b = stepsim.serve(str(small_model), trace, out=tmp_path / "b", fidelity="fast", calibration_cache=cache)
+    b = stepsim.serve(str(small_model), trace, out=tmp_path / "b", fidelity="fast", schedule="paper", calibration_cache=cache)
     assert b.summary["fidelity"] == f and b.summary["wall_s"] < a.summary["wall_s"]
     for name in ("requests.parquet", "iterations.parquet", "latency_cdf.png"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
@@ -82,13 +82,13 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
     assert np.array_equal(it["duration_s"].to_numpy(), sum(it[f"cycles_{k}"].to_numpy()
                                                            for k in ("attention", "ffn", "weights")) / 1e9)
     # another seed is another calibration
-    c = stepsim.serve(str(small_model), trace, fidelity="fast", calibration_cache=cache, seed=1)
+    c = stepsim.serve(str(small_model), trace, fidelity="fast", schedule="paper", calibration_cache=cache, seed=1)
     assert c.summary["fidelity"]["calibration"] != f["calibration"] and len(list(cache.iterdir())) == 2
 
     # against the exact run of the same requests (measured with calibration version 4: TTFT p50 -0.50 %, p99
     # -0.07 %, TPOT p50 0.00 %, p99 +0.12 %; version 3: -0.91 / +1.99 / 0.00 / +0.27 % (24 requests: p99 is about
     # the slowest one's, arrival phase included, docs/serving.md §10.6); version 2: -0.20 / +0.55 / -0.38 / +0.77 %)
-    exact = stepsim.serve(str(small_model), trace, fidelity="exact")
+    exact = stepsim.serve(str(small_model), trace, fidelity="exact", schedule="paper")
     assert exact.summary["iterations"] == a.summary["iterations"] == 384
     diff = {f"{k[:-2]} {q}": round((a.summary[k][q] / exact.summary[k][q] - 1) * 100, 2) for k in ("ttft_s", "tpot_s")
             for q in ("p50", "p99")}
@@ -99,7 +99,7 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
 def test_fast_refuses_a_run_too_short_to_hold_a_step_out(small_model, tmp_path):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
     with pytest.raises(ConfigError) as e:
-        stepsim.serve(str(small_model), trace, fidelity="fast", calibration_cache=tmp_path / "cache")
+        stepsim.serve(str(small_model), trace, fidelity="fast", schedule="paper", calibration_cache=tmp_path / "cache")
     assert str(e.value) == ("--fidelity fast: the run has 2 steps, too few to hold any out for measuring the "
                             "model's error; use --fidelity exact")
     assert not (tmp_path / "cache").exists()

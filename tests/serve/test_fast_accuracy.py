@@ -90,7 +90,7 @@ def fast_run(shared_traces, tmp_path_factory):
         if name not in runs:
             tmp = tmp_path_factory.mktemp(name)
             conv_csv = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
-            fast = stepsim.serve(str(MODEL), window(conv_csv, tmp, name), fidelity="fast",
+            fast = stepsim.serve(str(MODEL), window(conv_csv, tmp, name), fidelity="fast", schedule="paper",
                                  calibration_cache=tmp / "cache")
             runs[name] = (read_outputs(DATA / name), fast)
         return runs[name]

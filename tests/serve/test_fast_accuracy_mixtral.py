@@ -73,7 +73,7 @@ def test_the_stored_mixtral_run_is_todays_exact_run(mixtral_stored, conv_csv):
 @pytest.mark.traces
 def test_fast_against_the_stored_mixtral_run(mixtral_stored, conv_csv, tmp_path):
     requests, _, exact = mixtral_stored
-    fast = stepsim.serve(_model("mixtral-8x7b"), conv_csv, limit_requests=30, fidelity="fast",
+    fast = stepsim.serve(_model("mixtral-8x7b"), conv_csv, limit_requests=30, fidelity="fast", schedule="paper",
                          calibration_cache=tmp_path / "cache")
     got = (exact["iterations"], *_compare(requests, exact, fast))
     assert got == MEASURED

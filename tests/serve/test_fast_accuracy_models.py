@@ -70,8 +70,8 @@ WINDOWS = {"llama-3.1-8b": 100, "deepseek-moe-16b": 20}
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "deepseek-moe-16b"])
 def test_fast_against_exact_on_another_preset(name, conv_csv, tmp_path):
     """Exact (rerun, under a minute on two workers) and fast on the same window: issue 32's targets."""
-    exact = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="exact", jobs=2)
-    fast = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="fast",
+    exact = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="exact", schedule="paper", jobs=2)
+    fast = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="fast", schedule="paper",
                          calibration_cache=tmp_path / "cache")
     got = _compare(exact.requests, exact.summary, fast)
     assert (exact.summary["iterations"], *got) == MEASURED[name]

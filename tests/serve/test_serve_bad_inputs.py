@@ -444,7 +444,7 @@ def test_bad_routing_dumps_are_one_line(tmp_path, capsys):
                                                "axis (expected [tokens, layers, top_k], each at least 1)")
     # Python callers get the same typed errors, also for fast (* a missing dump was a bare FileNotFoundError)
     with pytest.raises(ConfigError) as e:
-        stepsim.serve(MODEL4, trace, fidelity="fast", routing=tmp_path / "none.npy",
+        stepsim.serve(MODEL4, trace, fidelity="fast", schedule="paper", routing=tmp_path / "none.npy",
                       calibration_cache=tmp_path / "cache")
     assert str(e.value) == f"--routing {tmp_path}/none.npy: no such file"
     assert not (tmp_path / "cache").exists()
@@ -646,7 +646,7 @@ def test_a_corrupt_calibration_cache_is_recalibrated_never_reused(tmp_path, caps
     trace.write_bytes(_csv_text([HEADER, *ROWS]))
     cache = tmp_path / "cache"
     monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(cache))
-    argv = ["serve", "--model", MODEL4, "--requests", str(trace), "--fidelity", "fast", "--jobs", "1"]
+    argv = ["serve", "--model", MODEL4, "--requests", str(trace), "--fidelity", "fast", "--schedule", "paper", "--jobs", "1"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     capsys.readouterr()
     (file,) = cache.iterdir()
@@ -761,7 +761,7 @@ def test_a_run_stopped_while_calibrating_writes_no_cache_and_no_output(tmp_path,
     monkeypatch.setattr(api, "replay", stopped)
     trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5], 10, 2)
     monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(tmp_path / "cache"))
-    assert main(["serve", "--model", MODEL4, "--requests", str(trace), "--fidelity", "fast", "--jobs", "1",
+    assert main(["serve", "--model", MODEL4, "--requests", str(trace), "--fidelity", "fast", "--schedule", "paper", "--jobs", "1",
                  "--out", str(tmp_path / "out")]) == status
     assert capsys.readouterr().err == err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
@@ -808,7 +808,7 @@ def test_the_calibration_key_follows_the_vocabulary(tmp_path, monkeypatch):
     for vocab in (151936, 151937):  # the same file, edited
         (tmp_path / "m.json").write_text(json.dumps({**config, "vocab_size": vocab}))
         with pytest.raises(Stop):
-            stepsim.serve(str(tmp_path / "m.json"), trace, fidelity="fast", calibration_cache=tmp_path / "c")
+            stepsim.serve(str(tmp_path / "m.json"), trace, fidelity="fast", schedule="paper", calibration_cache=tmp_path / "c")
     assert [k["vocab"] for k in keys] == [151936, 151937]
     assert keys[0]["kv_blocks"] == keys[1]["kv_blocks"] and keys[0]["model"] == keys[1]["model"]
     assert calibration_key(keys[0]) != calibration_key(keys[1])

@@ -37,11 +37,11 @@ def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(small, tm
     from stepsim.batch.dask_executor import DaskExecutor
 
     model, trace = small
-    one = stepsim.serve(model, trace, fidelity="exact", out=tmp_path / "one")
+    one = stepsim.serve(model, trace, fidelity="exact", schedule="paper", out=tmp_path / "one")
     # two threads of this process on the loopback interface (each thread keeps its own templates)
     with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor, \
             get_task_stream(client=executor.client) as stream:
-        dask = stepsim.serve(model, trace, fidelity="exact", executor=executor, out=tmp_path / "dask")
+        dask = stepsim.serve(model, trace, fidelity="exact", schedule="paper", executor=executor, out=tmp_path / "dask")
         assert executor.client.status == "running"  # a given executor is the caller's: not closed
     _same_run(tmp_path / "one", tmp_path / "dask")
     it = one.iterations
@@ -55,7 +55,7 @@ def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(small, tm
 @pytest.mark.slow
 def test_cli_executor_dask_starts_a_local_cluster_and_writes_the_bytes_of_jobs_1(small, tmp_path, capsys):
     model, trace = small
-    base = ["serve", "--model", model, "--requests", str(trace), "--fidelity", "exact"]
+    base = ["serve", "--model", model, "--requests", str(trace), "--fidelity", "exact", "--schedule", "paper"]
     assert main([*base, "--jobs", "1", "--out", str(tmp_path / "one")]) == 0
     assert main([*base, "--executor", "dask", "--out", str(tmp_path / "dask")]) == 0
     _same_run(tmp_path / "one", tmp_path / "dask")
@@ -69,7 +69,7 @@ def test_cli_executor_dask_starts_a_local_cluster_and_writes_the_bytes_of_jobs_1
 def test_bad_executor_settings_are_one_line(small, kw, message):
     model, trace = small
     with pytest.raises(ConfigError) as e:
-        stepsim.serve(model, trace, fidelity="exact", **kw)
+        stepsim.serve(model, trace, fidelity="exact", schedule="paper", **kw)
     assert str(e.value) == message
 
 
@@ -77,10 +77,10 @@ def test_address_connects_to_a_running_scheduler(small, tmp_path):
     from distributed import LocalCluster
 
     model, trace = small
-    stepsim.serve(model, trace, fidelity="exact", out=tmp_path / "one")
+    stepsim.serve(model, trace, fidelity="exact", schedule="paper", out=tmp_path / "one")
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp://",
                       dashboard_address=None) as cluster:
-        stepsim.serve(model, trace, fidelity="exact", executor="dask", address=cluster.scheduler_address,
+        stepsim.serve(model, trace, fidelity="exact", schedule="paper", executor="dask", address=cluster.scheduler_address,
                       out=tmp_path / "remote")
         assert len(cluster.scheduler.workers) == 1  # the cluster is the caller's: still up
     _same_run(tmp_path / "one", tmp_path / "remote")
@@ -95,10 +95,10 @@ def test_fast_calibrates_on_dask_to_the_bytes_of_one_job(small, tmp_path):
     rng = np.random.default_rng(3)  # tests/serve/test_fast.py's trace: 24 requests, enough steps to hold 12 out
     trace = requests_file(tmp_path / "f.parquet", np.sort(rng.uniform(0, 0.05, 24)), rng.integers(5, 400, 24),
                           rng.integers(2, 30, 24))
-    stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "c1", out=tmp_path / "one")
+    stepsim.serve(model, trace, fidelity="fast", schedule="paper", calibration_cache=tmp_path / "c1", out=tmp_path / "one")
     with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor, \
             get_task_stream(client=executor.client) as stream:
-        dask = stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "c2", executor=executor,
+        dask = stepsim.serve(model, trace, fidelity="fast", schedule="paper", calibration_cache=tmp_path / "c2", executor=executor,
                              out=tmp_path / "dask")
     _same_run(tmp_path / "one", tmp_path / "dask")
     error = dask.summary["fidelity"]["error"]

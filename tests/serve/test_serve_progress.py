@@ -61,11 +61,11 @@ def small_run(tmp_path):
 def test_fast_serve_shows_the_calibration_and_the_replay_and_writes_the_same_results(small_run, tmp_path,
                                                                                     monkeypatch):
     model, trace = small_run
-    plain = stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "plain")
+    plain = stepsim.serve(model, trace, fidelity="fast", schedule="paper", calibration_cache=tmp_path / "plain")
     terminal = _Terminal()
     monkeypatch.setattr(progress_module, "SHOW_AFTER_S", 0.0)
     monkeypatch.setattr("sys.stderr", terminal)
-    shown = stepsim.serve(model, trace, fidelity="fast", calibration_cache=tmp_path / "shown", progress=True)
+    shown = stepsim.serve(model, trace, fidelity="fast", schedule="paper", calibration_cache=tmp_path / "shown", progress=True)
     text = terminal.getvalue()
     calibration = shown.summary["fidelity"]["calibration"]
     record = json.loads((tmp_path / "shown" / f"{calibration}.json").read_text())

@@ -13,7 +13,14 @@ import stepsim
 from stepsim.cli import main
 from stepsim.serve import api as serve_api
 from stepsim.serve import scheduler as scheduler_module
-from stepsim.serve.sweep import config_of, load_serve_sweep, read_serve_sweep, run_identity, run_serve_sweep
+from stepsim.serve.sweep import (
+    config_of,
+    load_serve_sweep,
+    read_serve_sweep,
+    run_identity,
+    run_serve_sweep,
+    with_defaults,
+)
 
 T = 2.0**-6  # binary-exact step time (s)
 SWEEP = """
@@ -141,7 +148,7 @@ def test_run_identity_follows_every_knob_and_the_files_content_not_their_path(sw
                                                 "known keys: model, requests, arrival_scale, arrival, limit_requests, "
                                                 "duration, hardware, scheduler, max_seqs, max_batch_tokens, "
                                                 "chunk_tokens, routing, fidelity, slo, seed, iteration_latency, "
-                                                "hbm_bytes, block_size, drop_long, truncate_long"),
+                                                "hbm_bytes, block_size, drop_long, truncate_long, schedule"),
     (("max_seqs = [1, 4]", "max_seqs = [1, 4.5]"), "{f} (task scheduler=vllm max_seqs=4.5): max_seqs must be an "
                                                    "integer, got 4.5"),
     (('"orca", ', '"orcaa", '), "{f} (task scheduler=orcaa max_seqs=1): scheduler must be one of vllm, sarathi, "
@@ -260,6 +267,10 @@ def test_a_default_spelled_out_is_the_same_run_id_and_a_changed_default_another(
     fast = {**config, "fidelity": "fast"}
     del fast["iteration_latency"]
     assert run_identity({**fast, "routing": "synthetic"}, source=src) == run_identity(fast, source=src)
+    # and builds its layers mapped on sn40l unless told (serve's default): a paper run's rows are not reused
+    assert run_identity({**fast, "schedule": "auto"}, source=src) == run_identity(fast, source=src) != \
+        run_identity({**fast, "schedule": "paper"}, source=src)
+    assert "schedule" not in with_defaults(config)  # --iteration-latency builds no layer: its ids are as they were
     # a changed default changes the id of a task that relied on it, not of one that spelled the value
     monkeypatch.setattr(scheduler_module, "VLLM_MAX_SEQS", 64)
     assert run_identity(config, source=src) == run_identity({**config, "max_seqs": 64}, source=src) != base

@@ -214,7 +214,7 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
 
     trace = requests_file(tmp_path / "t.parquet", [0.0, 0.001, 0.002], [40, 7, 20], [3, 4, 2])
     # the preset names no hardware: serve's default (sn40l) unless told; these cycles are step-eval chips'
-    result = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2", hardware="step-eval",
+    result = stepsim.serve(str(small_moe), trace, fidelity="exact", schedule="paper", system="ring-2", hardware="step-eval",
                            out=tmp_path / "o")
     it = result.iterations.to_pydict()
     assert (it["tokens"], it["cycles_attention"], it["cycles_ffn"], it["cycles_weights"]) == (
@@ -248,7 +248,7 @@ def test_exact_on_two_chips_is_the_documented_sum(small_moe, tmp_path):
 def test_exact_on_a_system_without_a_closed_form_is_one_line(small_moe, tmp_path, system, message):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
     with pytest.raises(ConfigError) as e:
-        stepsim.serve(str(small_moe), trace, fidelity="exact", system=system)
+        stepsim.serve(str(small_moe), trace, fidelity="exact", schedule="paper", system=system)
     assert str(e.value) == message
 
 
@@ -300,9 +300,9 @@ def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_
     (stepsim.serve.routing), not the exact run's token sequence, and whether a 1-token decode step's experts sit
     on the remote chip moves that step's FFN by 2 x 500 link cycles a layer."""
     trace = _window(tmp_path)
-    fast = stepsim.serve(str(small_moe), trace, fidelity="fast", system="ring-2", hardware="step-eval",
+    fast = stepsim.serve(str(small_moe), trace, fidelity="fast", schedule="paper", system="ring-2", hardware="step-eval",
                          calibration_cache=tmp_path / "c")
-    exact = stepsim.serve(str(small_moe), trace, fidelity="exact", system="ring-2", hardware="step-eval")
+    exact = stepsim.serve(str(small_moe), trace, fidelity="exact", schedule="paper", system="ring-2", hardware="step-eval")
     f = fast.summary["fidelity"]
     assert (f["mode"], f["system"], f["chips"]) == ("fast", "ring-2", 2)
     error = f["error"]
@@ -329,15 +329,15 @@ def test_the_fast_calibration_key_holds_the_system(small_moe, tmp_path):
     same.write_text('chips = 2\nhardware = "step-eval"\ntopology = "ring"\nlink_bandwidth = 64\nlink_latency = 500\n')
     slower = tmp_path / "slower.toml"
     slower.write_text(same.read_text().replace("500", "400"))
-    a = stepsim.serve(str(small_moe), trace, fidelity="fast", system="ring-2", hardware="step-eval",
+    a = stepsim.serve(str(small_moe), trace, fidelity="fast", schedule="paper", system="ring-2", hardware="step-eval",
                       calibration_cache=cache)
-    b = stepsim.serve(str(small_moe), trace, fidelity="fast", system=str(same), calibration_cache=cache)
+    b = stepsim.serve(str(small_moe), trace, fidelity="fast", schedule="paper", system=str(same), calibration_cache=cache)
     assert b.summary["fidelity"]["calibration"] == a.summary["fidelity"]["calibration"]
     assert b.summary["fidelity"]["error"] == a.summary["fidelity"]["error"] and len(list(cache.iterdir())) == 1
-    c = stepsim.serve(str(small_moe), trace, fidelity="fast", system=str(slower), calibration_cache=cache)
+    c = stepsim.serve(str(small_moe), trace, fidelity="fast", schedule="paper", system=str(slower), calibration_cache=cache)
     assert c.summary["fidelity"]["calibration"] != a.summary["fidelity"]["calibration"]
     assert len(list(cache.iterdir())) == 2
-    one_chip = stepsim.serve(str(small_moe), trace, fidelity="fast", hardware="step-eval", calibration_cache=cache)
+    one_chip = stepsim.serve(str(small_moe), trace, fidelity="fast", schedule="paper", hardware="step-eval", calibration_cache=cache)
     assert one_chip.summary["fidelity"]["calibration"] not in {a.summary["fidelity"]["calibration"],
                                                               c.summary["fidelity"]["calibration"]}
 

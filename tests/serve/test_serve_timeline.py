@@ -82,7 +82,7 @@ def test_exact_run_annotates_each_step_with_its_cycles(tmp_path):
 
     (tmp_path / "small.json").write_text(json.dumps(SMALL))
     trace = requests_file(tmp_path / "t.parquet", [0.0, 0.0005], [40, 7], [3, 2])
-    r = stepsim.serve(str(tmp_path / "small.json"), trace, fidelity="exact", timeline=tmp_path / "x.pftrace")
+    r = stepsim.serve(str(tmp_path / "small.json"), trace, fidelity="exact", schedule="paper", timeline=tmp_path / "x.pftrace")
     steps = read_timeline(tmp_path / "x.pftrace")["slices"]["steps"]
     it = r.iterations.to_pydict()
     assert [s[3] for s in steps] == [

@@ -1,0 +1,220 @@
+"""``--fidelity fast`` on mapped layers (``--schedule auto``, stepsim/serve/fast_mapped.py): a step's regressors are
+its calibration samples' float for float, each piece's features follow its bucket's schedule, the first pass prices
+a mapped FFN at the mapper's cycles scaled by its load, the calibration key holds the schedule and the mapper's
+sources, and ``auto`` is serve's default on serving hardware only.
+
+The schedules are injected (``stepsim.mapping.schedule_for`` replaced by :func:`_schedule_for`, a rule over the
+bucket): the fast model must follow whatever schedule a bucket gets, and the mapper's search (minutes for a new
+model on a cold cache, tests/mapping) is not what these tests check.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from serve_requests import requests_file
+
+import stepsim
+from stepsim.base.errors import ConfigError
+from stepsim.base.hardware import PRESETS
+from stepsim.mapping.schedule import Schedule
+from stepsim.models.presets import resolve_model
+from stepsim.serve import fast, fast_mapped
+from stepsim.serve.fast import MetricForm
+from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency, regressors
+from stepsim.serve.latency import IterationBatch
+from stepsim.serve.routing import SyntheticRouting
+
+#: 8 experts, top-2, F = 64: lanes 1 or 2 at tile_f 32, regions 1, 2, 4 or 8
+TINY = {"model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
+        "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 2048}
+
+
+#: the mapper's schedules of TINY on sn40l per bucket, knobs and cycles (``stepsim.mapping.map_layer``, measured
+#: 2026-11-25): injected so that no test here runs the search (minutes on a cold cache; tests/mapping checks it)
+MAPPED = {
+    ("ffn", 1): ({"tile_n": 1, "tile_f": 32, "lanes": 2, "regions": 8}, 479),
+    ("ffn", 2): ({"tile_n": 2, "tile_f": 32, "lanes": 2, "regions": 4}, 591),
+    ("ffn", 4): ({"tile_n": 4, "tile_f": 32, "lanes": 1, "regions": 8}, 781),
+    ("ffn", 8): ({"tile_n": 8, "tile_f": 32, "lanes": 2, "regions": 8}, 874),
+    ("ffn", 16): ({"tile_n": 4, "tile_f": 32, "lanes": 2, "regions": 8}, 1244),
+    ("ffn", 32): ({"tile_n": 8, "tile_f": 32, "lanes": 2, "regions": 8}, 1967),
+    ("ffn", 64): ({"tile_n": 16, "tile_f": 32, "lanes": 2, "regions": 8}, 3360),
+    **{("decode", 1 << i): ({"regions": 1 << i}, cycles) for i, cycles in enumerate((1754, 1757, 1794, 1874, 2362,
+                                                                                     3629))},
+}
+
+
+def _schedule_for(kind, size, dims, hardware, *, cache=True):
+    """The injected :func:`stepsim.mapping.schedule_for`: :data:`MAPPED` at the bucket of ``size``."""
+    from stepsim.mapping.mapper import bucket
+
+    knobs, cycles = MAPPED[kind, bucket(size)]
+    return Schedule(kind, dict(knobs), cycles=cycles)
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    import stepsim.mapping
+    import stepsim.serve.exact
+
+    monkeypatch.setattr(stepsim.mapping, "schedule_for", _schedule_for)
+    monkeypatch.setattr(fast_mapped, "_MEMO", {})  # schedules and templates made here stay here
+    monkeypatch.setattr(stepsim.serve.exact, "_RUNNERS", {})
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def _provider(path):
+    model = resolve_model(str(path))
+    p = MappedFastLatency(model, PRESETS["sn40l"], SyntheticRouting(model.experts, model.top_k, model.layers, seed=0),
+                          max_model_len=2048, vocab=1000, forms=None, schedule="auto")
+    # any forms: the regressors' bounds are the forms' dot products, the same in both paths
+    p.forms = {"decode": MetricForm((5.0, 1.0, 96.0, 3.0), (0.0, 2.0, 700.0, 1.0)),
+               "prefill": MetricForm((7.0, 2.0, 50.0, 80.0), (1.0, 0.0, 300.0, 900.0))}
+    return p
+
+
+def test_the_mapped_providers_regressors_are_the_calibrations(tiny):
+    p = _provider(tiny)
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        n = int(rng.integers(1, 7))  # at most 12 decode requests (two KV heads) and 60 tokens: MAPPED's buckets
+        new = [1 if rng.random() < 0.7 else int(rng.integers(2, 11)) for _ in range(n)]
+        batch = IterationBatch(rng.integers(0, 1500, n).tolist(), new, 0, 0)
+        decode, prefill = p.attention_regressors(batch)
+        x, ffn = p.ffn_rows(sum(new))
+        tasks, roles = p.tasks(batch, ffn())
+        got = {"decode": decode, "prefill": prefill}
+        for (kind, data), (_, count) in zip(tasks, roles):
+            if kind == "decode":  # every KV head's requests in one mapped attention, counted once a layer
+                assert len(data) == 2 * new.count(1) and count == 2
+            if kind != "ffn":  # what the calibration fits on (the prefill's: the paper's regressors)
+                assert np.array_equal(p.piece_regressors(kind, data), got.pop(kind))
+        assert all(v is None for v in got.values())
+        pieces = [data for kind, data in tasks if kind == "ffn"]
+        assert np.array_equal(np.stack([p.piece_regressors("ffn", d) for d in pieces]), x)
+    assert x.shape == (2, FFN_COLUMNS) and decode.shape == (10,)
+
+
+def test_each_piece_is_described_with_its_buckets_schedule(tiny):
+    """Expert tiles at the bucket's tile_n, the busiest of its regions (contiguous experts), and the estimate: the
+    mapper's cycles scaled by the piece's load against its representative routing's (one routing from 16 tokens
+    on, so there the estimate is the mapper's cycles)."""
+    from stepsim.mapping import kinds
+
+    spec = _provider(tiny).spec
+    routing = np.array([[0, 1], [0, 2], [0, 3], [5, 1], [0, 7], [6, 1]])  # 6 tokens: bucket 8, tile_n 8, 8 regions
+    x = regressors("ffn", routing, None, spec)
+    # expert tokens 4, 3, 1, 1, 0, 1, 1, 1 -> one tile each at 8: 7 tiles; regions of one expert each
+    assert x[:6].tolist() == [1.0, 6.0, 7.0, 7.0, 1.0, 1.0]
+    cycles, tiles, regions, knobs = fast_mapped.ffn_reference(6, spec)
+    assert (cycles, knobs, regions) == (874.0, MAPPED["ffn", 8][0], 1.0)
+    assert (x[6], x[7]) == (874 * 7 / tiles, max(874 * 7 / tiles, 874 * 1 / 1.0))
+    dims = kinds.layer_dims("ffn", spec.model)
+    for b in (16, 32):  # one representative routing: the estimate is the mapper's cycles
+        rep = kinds.ffn_routing(b, dims, 0)
+        assert regressors("ffn", rep, None, spec)[7] == MAPPED["ffn", b][1]
+    # 2 tokens: bucket 2, tile_n 2, four regions of two experts: the busiest region holds experts 0 and 1
+    x = regressors("ffn", np.array([[0, 1], [1, 2]]), None, spec)
+    assert x[2:6].tolist() == [3.0, 3.0, 1.0, 2.0]  # tiles, active, busiest expert, busiest region (1 + 1)
+    # decode: 3 requests, 2 KV heads -> 6 requests (bucket 8: 8 regions, 6 used), dealt greedily
+    kv = np.tile(np.array([40, 700, 5]), 2)  # tiles 2, 22, 1 each head
+    d = regressors("decode", kv, _provider(tiny).forms["decode"], spec)
+    assert d[1:6].tolist() == [6.0, 50.0, 22.0, 22.0, 1.0]  # one request a region: the busiest is the longest
+    # the mapper's cycles of 8 requests of 1,024 tokens (33 tiles each), one a region, scaled by 22 / 33 tiles
+    assert d[6] == 1874 * 22 / 33
+
+
+def test_without_coefficients_a_mapped_ffn_is_priced_at_its_estimate(tiny):
+    p = _provider(tiny)
+    x, _ = p.ffn_rows(20)
+    assert fast.predict_rows(x, None, "ffn").tolist() == np.ceil(x[:, 7]).astype(np.int64).tolist()
+    assert fast.bound_column("ffn") == 7
+
+
+@pytest.mark.slow  # 5 s at load 2, 16-29 s at load 12 on the 2-core machine (two calibrations and the exact run)
+def test_fast_agrees_with_exact_on_mapped_layers(tiny, tmp_path):
+    """A calibrated fast run against the exact run of the same 16 requests, both on mapped layers (the same numbers
+    with the real mapper on a cold cache: 141 s, mapping 11 buckets). Deterministic."""
+    rng = np.random.default_rng(3)
+    trace = requests_file(tmp_path / "t.parquet", np.sort(rng.uniform(0, 0.002, 16)), rng.integers(5, 60, 16),
+                          rng.integers(2, 12, 16))
+    f = stepsim.serve(str(tiny), trace, fidelity="fast", schedule="auto", calibration_cache=tmp_path / "c")
+    e = stepsim.serve(str(tiny), trace, fidelity="exact", schedule="auto")
+    assert f.summary["fidelity"]["schedule"] == e.summary["fidelity"]["schedule"] == "auto"
+    assert f.summary["iterations"] == e.summary["iterations"]
+    error = {k: round(v * 100, 2) for k, v in f.summary["fidelity"]["error"].items() if k.startswith("iteration")}
+    diff = {f"{k[:-2]} {q}": round((f.summary[k][q] / e.summary[k][q] - 1) * 100, 2) for k in ("ttft_s", "tpot_s")
+            for q in ("p50", "p99")}
+    assert (f.summary["iterations"], error, diff) == (81, {"iteration_p50": 0.03, "iteration_p95": 2.99,
+                                                           "iteration_max": 5.68},
+                                                      {"ttft p50": -0.15, "ttft p99": -0.07, "tpot p50": 0.0,
+                                                       "tpot p99": -1.17})
+    assert all(abs(v) < 2 for v in diff.values()) and error["iteration_p95"] < 5  # issue 32's targets
+
+
+def test_the_calibration_key_holds_the_schedule_and_the_mappers_sources(monkeypatch):
+    from stepsim.mapping import mapper
+    from stepsim.serve.calibration_cache import calibration_key, schedule_identity
+
+    assert schedule_identity("paper") == {"mode": "paper"}
+    auto = schedule_identity("auto")
+    assert auto == {"mode": "auto", "mapping": {"mapper_version": mapper.MAPPER_VERSION,
+                                                "source": mapper._source_hash()}}
+    keys = {calibration_key({"model": "m", "schedule": schedule_identity(s)}) for s in ("paper", "auto")}
+    monkeypatch.setattr(mapper, "_source_hash", lambda: "0" * 64)  # other mapper or builder code: another one
+    keys.add(calibration_key({"model": "m", "schedule": schedule_identity("auto")}))
+    monkeypatch.setattr(mapper, "MAPPER_VERSION", mapper.MAPPER_VERSION + 1)
+    keys.add(calibration_key({"model": "m", "schedule": schedule_identity("auto")}))
+    assert len(keys) == 4
+
+
+def test_auto_is_the_default_on_serving_hardware_only():
+    from stepsim.base.hardware import Hardware
+    from stepsim.serve.api import default_schedule
+
+    moe, dense = resolve_model("qwen3-30b-a3b"), resolve_model("llama-3.1-8b")
+    sn40l, tweaked = PRESETS["sn40l"], Hardware.from_dict({"preset": "sn40l", "hbm_channels": 25})
+    system = object()
+    got = {(hw.name, model.name, fidelity, s is not None): default_schedule(hw, s, model, fidelity)
+           for hw in (sn40l, tweaked, PRESETS["step-eval"], PRESETS["step-hdl"]) for model in (moe, dense)
+           for fidelity in ("exact", "fast", None) for s in (None, system)}
+    auto = {k for k, v in got.items() if v == "auto"}
+    assert set(got.values()) == {"auto", "paper"}
+    # one chip of sn40l (overrides too), exact or fast; a system of it for a dense model in exact mode
+    assert auto == {(hw, model, fidelity, False) for hw in (sn40l.name, tweaked.name)
+                    for model in (moe.name, dense.name) for fidelity in ("exact", "fast")} | \
+        {(hw, dense.name, "exact", True) for hw in (sn40l.name, tweaked.name)}
+
+
+def test_auto_where_it_is_not_built_is_one_line(tmp_path):
+    trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve("llama-3.1-8b", trace, fidelity="fast", schedule="auto", system="sn40l-8")
+    assert str(e.value) == ("--schedule auto with --system and --fidelity fast: the fast model is not calibrated on "
+                            "mapped tensor-parallel layers yet; use --fidelity exact or --schedule paper")
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01, schedule="auto")
+    assert str(e.value) == "--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast"
+    # without a fidelity no layer is built: the default is paper, and the summary says no schedule
+    run = stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01)
+    assert "schedule" not in run.summary["fidelity"]
+
+
+def test_serve_maps_its_layers_by_default_on_sn40l_only(tiny, tmp_path):
+    """Without ``schedule``: an exact run on sn40l is the ``auto`` run (mapped layers, step for step), on step-eval
+    the ``paper`` run (its summary says no schedule, as before)."""
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.0001], [20, 9], [3, 2])
+    default, auto = (stepsim.serve(str(tiny), trace, fidelity="exact", **kw) for kw in ({}, {"schedule": "auto"}))
+    assert default.summary["fidelity"]["schedule"] == "auto" and default.iterations.equals(auto.iterations)
+    paper = stepsim.serve(str(tiny), trace, fidelity="exact", schedule="paper")
+    assert not paper.iterations.equals(auto.iterations)
+    on_step_eval = stepsim.serve(str(tiny), trace, fidelity="exact", hardware="step-eval")
+    assert "schedule" not in on_step_eval.summary["fidelity"]
+    assert on_step_eval.iterations.equals(stepsim.serve(str(tiny), trace, fidelity="exact", hardware="step-eval",
+                                                        schedule="paper").iterations)
