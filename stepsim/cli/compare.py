@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from stepsim.base.ranges import json_text
-
 from stepsim.base.errors import ConfigError
+from stepsim.base.ranges import json_text
 
 
 def _compare_cmd(args) -> int:
@@ -18,7 +17,7 @@ def _compare_cmd(args) -> int:
             raise ConfigError(f"{args.baseline if plans[0] else args.candidate} is a stepsim plan folder and "
                               f"{args.candidate if plans[0] else args.baseline} is not: compare like with like")
         res = compare_plans(args.baseline, args.candidate, threshold=args.threshold)
-        print(json.dumps(res) if args.json else format_plan_compare(res))
+        print(json_text(res) if args.json else format_plan_compare(res))
         return 1 if res["regressed"] else 0
 
     res = compare(args.baseline, args.candidate, metrics=args.metric, threshold=args.threshold,

@@ -72,8 +72,7 @@ def register(subparsers) -> None:
 
 
 def _plan(args) -> int:
-    import json
-
+    from stepsim.base.ranges import json_text
     from stepsim.plan.api import plan
 
     result = plan(args.model, args.requests, slo=args.slo, out=args.out, arrival_scale=args.arrival_scale,
@@ -82,7 +81,7 @@ def _plan(args) -> int:
                   executor=args.executor, verify=not args.no_verify, progress=True)
     s = result.summary
     if args.json:
-        print(json.dumps(s, indent=2, sort_keys=True))
+        print(json_text(s, indent=2, sort_keys=True))
         return 0
     print(f"plan        {s['deployments']} deployments: {s['simulated']} searched, {s['cut']} cut during their "
           f"search, {s['pruned']} pruned by a bound, {s['infeasible']} infeasible; {s['replays']} replays")

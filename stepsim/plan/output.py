@@ -6,11 +6,12 @@ TTFT, the front marked) when matplotlib is installed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from stepsim.base.ranges import json_text
 
 PLAN_FILE = "plan.json"
 DEPLOYMENTS_FILE = "deployments.parquet"
@@ -30,7 +31,7 @@ def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
     files = {}
     with published_folder(out) as folder:
         with atomic_output(folder / PLAN_FILE) as tmp:
-            tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+            tmp.write_text(json_text(summary, indent=2, sort_keys=True) + "\n")  # NaN, inf: null
         files["plan"] = PLAN_FILE
         write_parquet_atomic(deployments_table(table), folder / DEPLOYMENTS_FILE)
         files["deployments"] = DEPLOYMENTS_FILE

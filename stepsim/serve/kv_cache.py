@@ -66,6 +66,14 @@ class KVCapacity:
         return self.usable_blocks * self.block_size
 
 
+def check_weights_fit(hbm_bytes: int, weight_bytes: int) -> None:
+    """Raise a one-line ConfigError when ``weight_bytes`` exceed ``hbm_bytes``, saying by how much."""
+    if weight_bytes > hbm_bytes:
+        raise ConfigError(f"the model's weights ({weight_bytes / 1e9:.2f} GB) do not fit in HBM "
+                          f"({hbm_bytes / 1e9:.2f} GB): {(weight_bytes - hbm_bytes) / 1e9:.2f} GB short; serve it "
+                          "on several chips with --system FILE")
+
+
 def kv_capacity(hbm_bytes: int, weight_bytes: int, kv_bytes_per_token: int,
                 block_size: int = DEFAULT_BLOCK_SIZE) -> KVCapacity:
     """The KV cache left in ``hbm_bytes`` after ``weight_bytes`` (all bytes).
@@ -78,11 +86,8 @@ def kv_capacity(hbm_bytes: int, weight_bytes: int, kv_bytes_per_token: int,
     """
     if block_size < 1:
         raise ConfigError(f"block size must be at least 1 token, got {block_size}")
+    check_weights_fit(hbm_bytes, weight_bytes)
     left = hbm_bytes - weight_bytes
-    if left < 0:
-        raise ConfigError(f"the model's weights ({weight_bytes / 1e9:.2f} GB) do not fit in HBM "
-                          f"({hbm_bytes / 1e9:.2f} GB): {-left / 1e9:.2f} GB short; serve it on several chips "
-                          f"with --system FILE")
     block_bytes = block_size * kv_bytes_per_token
     num_blocks = left // block_bytes
     if num_blocks < 2:
@@ -118,6 +123,7 @@ def pooled_capacity(hbm_bytes: int, weight_bytes: int, pools: Sequence[KVPool], 
     if not full:
         raise ConfigError("every layer of the model slides: serving counts the blocks of its full-attention layers, "
                           "and it has none (issue 43)")
+    check_weights_fit(hbm_bytes, weight_bytes)  # before the sliding pool: fewer sequences would not help
     sliding = sum(max_num_seqs * window_blocks(p.window, block_size) * block_size * p.bytes_per_token
                   for p in pools if p.window is not None)
     if weight_bytes + sliding > hbm_bytes:

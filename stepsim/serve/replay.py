@@ -18,43 +18,14 @@ from __future__ import annotations
 import numbers
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from stepsim.base.errors import LatencyProviderError, SimulationError
 from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT, is_real
 from stepsim.serve.latency import WORK_COLUMNS, IterationBatch, IterationCost, LatencyProvider
+from stepsim.serve.replay_result import ReplayResult
 from stepsim.serve.scheduler import Request, Scheduler
-
-
-@dataclass
-class ReplayResult:
-    """Raw outcome of a replay (all times in seconds).
-
-    Attributes
-    ----------
-    first_scheduled, first_token, finish : ndarray of float64
-        Per request (trace order).
-    preemptions : ndarray of int64
-        Per request.
-    itl : ndarray of float64
-        Every inter-token gap of every request, pooled (s).
-    iterations : dict of str to ndarray
-        Per step: ``start_s``, ``duration_s``, ``tokens``, ``sequences``, ``prefill_tokens``, ``decode_tokens``,
-        ``kv_blocks_used`` (after scheduling), ``preemptions``, ``waiting`` (after scheduling), and
-        ``cycles_<kind>`` when the provider reports cycles.
-    max_blocks_used : int
-        Largest ``kv_blocks_used`` of any step.
-    """
-
-    first_scheduled: np.ndarray
-    first_token: np.ndarray
-    finish: np.ndarray
-    preemptions: np.ndarray
-    itl: np.ndarray
-    iterations: dict[str, np.ndarray]
-    max_blocks_used: int
 
 
 def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stepsim.serve.latency import WORK_COLUMNS, ConstantLatency
+from stepsim.serve.replay_result import ReplayResult
 from stepsim.serve.scheduler import Scheduler
 
 #: steps between two progress reports when a progress callback is given
@@ -128,10 +129,8 @@ def _constant_parameters(kr) -> dict:
 
 def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
                     provider, progress: Callable[[int, int], None] | None = None):
-    """:func:`stepsim.serve.replay.replay` in machine code: the same :class:`~stepsim.serve.replay.ReplayResult`,
+    """:func:`stepsim.serve.replay.replay` in machine code: the same :class:`~stepsim.serve.replay_result.ReplayResult`,
     bit for bit, or None when this provider or scheduler is not one it reproduces (module docstring)."""
-    from stepsim.serve.replay import ReplayResult
-
     total = len(arrival_s)
     if (type(scheduler) is not Scheduler or scheduler.running or scheduler.waiting or total == 0
             or scheduler.usable != scheduler.free):

@@ -116,8 +116,7 @@ CASES = [
     ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --schedule fastest', 2,
      "stepsim serve: error: argument --schedule: invalid choice: 'fastest' (choose from 'paper', 'auto')"),
     ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --schedule auto', 2,
-     E + "--schedule auto maps the layers the engine prices: it needs --fidelity exact (fast mode's "
-         'calibration is not built on mapped layers yet)'),
+     E + '--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast'),
     ('serve --model small.json --requests req.csv --out o', 2,
      E + 'stepsim serve needs --iteration-latency SECONDS or --fidelity exact|fast'),
     ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --slo ttft=nan', 2,
@@ -314,11 +313,11 @@ CASES = [
          'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, mixtral, mixtral8x7b, qwen, '
          'qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path'),
     ('serve --model deepseek-v3 --requests req.csv --out o --iteration-latency 0.02', 2,
-     E + "model 'deepseek-v3' uses multi-head latent attention (MLA) and sigmoid routing limited to 4 of 8 "
-         'expert groups, which serving does not model yet (issue 43)'),
+     E + "the model's weights (1342.05 GB) do not fit in HBM (68.72 GB): 1273.33 GB short; serve it on several "
+         'chips with --system FILE'),
     ('serve --model gpt-oss-120b --requests req.csv --out o --iteration-latency 0.02', 2,
-     E + "model 'gpt-oss-120b' uses sliding-window attention (18 of 36 layers) and attention sinks, which "
-         'serving does not model yet (issue 43)'),
+     E + "the model's weights (233.66 GB) do not fit in HBM (68.72 GB): 164.94 GB short; serve it on several "
+         'chips with --system FILE'),
     ('serve --model custom --requests req.csv --out o --iteration-latency 0.02', 2,
      E + "unknown model 'custom'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, "
          'llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
@@ -498,7 +497,8 @@ CASES = [
     ('metrics block.onnx --tp 2', 2,
      E + "--tp does not apply to workload 'program' (it applies to: moe, swiglu, decoder)"),
     ('metrics block.onnx --model mixtral', 2,
-     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, decoder)"),
+     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, "
+         'sliding_attention, decoder)'),
     ('metrics block.onnx --trace junk.npz', 2,
      E + "junk.npz: a routing trace was given but model 'llama_block' has no MoE block (TopK of router "
          'probabilities, expert selection, weighted sum)'),
@@ -514,7 +514,8 @@ CASES = [
     ('optimize block.onnx --out opt --system ring-2', 2,
      E + "--system does not apply to workload 'program' (it applies to: moe, swiglu, decoder, collective)"),
     ('optimize block.onnx --out opt --model mixtral', 2,
-     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, decoder)"),
+     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, "
+         'sliding_attention, decoder)'),
     ('optimize block.onnx --out opt --max-compute 0', 2,
      E + '--max-compute does not apply to optimize of an .onnx model: every tiling of a lowered model '
          'allocates the same compute (compute_bw per node)'),  # *
@@ -580,13 +581,13 @@ CASES = [
      E + "sw_mode.toml: mode must be one of metrics, simulate, functional, check, got 'fastest'"),
     ('sweep sw_workload.toml --out s', 2,
      E + "sw_workload.toml: unknown workload 'conv2d' (expected one of moe, swiglu, attention, "
-         'prefill_attention, decoder, collective), or serve for a serving sweep'),
+         'prefill_attention, mla_attention, sliding_attention, decoder, collective), or serve for a serving sweep'),
     ('sweep sw_top.toml --out s', 2,
      E + "sw_top.toml: unknown key 'mood' (did you mean 'mode'?); known keys: workload, mode, out, "
          'partition_by, report, fixed, axes'),
     ('sweep empty.toml --out s', 2,
-     E + "empty.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, decoder, "
-         'collective)'),
+     E + "empty.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, "
+         'sliding_attention, decoder, collective)'),
     ('sweep junk.toml --out s', 2,
      E + "junk.toml: not valid TOML: 'utf-8' codec can't decode byte 0x80 in position 128: invalid start byte"),
     ('sweep dir.toml --out s', 2, E + "cannot read sweep file dir.toml: [Errno 21] Is a directory: 'dir.toml'"),
@@ -605,7 +606,7 @@ CASES = [
      E + "ss_unknown.toml: unknown key 'max_seq' in [axes] (did you mean 'max_seqs'?); known keys: model, "
          'requests, arrival_scale, arrival, limit_requests, duration, hardware, scheduler, max_seqs, '
          'max_batch_tokens, chunk_tokens, routing, fidelity, slo, seed, iteration_latency, hbm_bytes, '
-         'block_size, drop_long, truncate_long'),
+         'block_size, drop_long, truncate_long, schedule'),
     ('sweep ss_scheduler.toml --out s', 2,
      E + "ss_scheduler.toml (task scheduler=fifo): scheduler must be one of vllm, sarathi, orca, got 'fifo'"),
     ('sweep ss_string.toml --out s', 2,
@@ -680,7 +681,8 @@ CASES = [
     ('report run1 --png /proc/x.png', 2, E + '--png /proc/x.png: cannot write under /proc'),  # *
     ('graph show conv2d', 2,
      "stepsim graph show: error: argument WORKLOAD: invalid choice: 'conv2d' (choose from moe, swiglu, "
-     'attention, prefill_attention, decoder, collective, path/to/file.py:function or path/to/model.onnx)'),
+     'attention, prefill_attention, mla_attention, sliding_attention, decoder, collective, '
+     'path/to/file.py:function or path/to/model.onnx)'),
     ('graph show moe --trace junk.npz', 2,
      E + "junk.npz: not a NumPy .npz archive (its first bytes are b'\\x00\\x01\\x02\\x03'); save the array with "
          'numpy savez'),
@@ -857,7 +859,8 @@ CASES = [
     ('run "x.py:"', 2, E + "program 'x.py:': expected path/to/file.py:function"),
     ('run "junk.npy:f"', 2,
      "stepsim run: error: argument WORKLOAD: invalid choice: 'junk.npy:f' (choose from moe, swiglu, "
-     'attention, prefill_attention, decoder, collective, path/to/file.py:function or path/to/model.onnx)'),
+     'attention, prefill_attention, mla_attention, sliding_attention, decoder, collective, '
+     'path/to/file.py:function or path/to/model.onnx)'),
     ('run moe --placement load-balanced', 2,
      E + '--placement and --system apply to the MoE layer with --ep N (expert parallelism)'),
     ('run moe --convention paper2', 2,
@@ -945,6 +948,47 @@ CASES = [
          'wait forever)'),
     ('metrics moe --schedule dir.json', 2,
      E + "--schedule: cannot read schedule file dir.json: [Errno 21] Is a directory: 'dir.json'"),
+    # stepsim plan (merged after the audit): every flag's range, the SLO, the files it reads, --out
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s,tpot=100ms --max-chips 0', 2,
+     E + '--max-chips must be an integer in 1..4096, got 0'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s,tpot=100ms --max-chips -3', 2,
+     E + '--max-chips must be an integer in 1..4096, got -3'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s,tpot=100ms --percentile 0', 2,
+     E + '--percentile must be a number in (0, 100], got 0.0'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s,tpot=100ms --percentile 100.5', 2,
+     E + '--percentile must be a number in (0, 100], got 100.5'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s,tpot=100ms --percentile nan', 2,
+     E + '--percentile must be a number in (0, 100], got nan'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=nan,tpot=100ms', 2,
+     E + "--slo 'ttft=nan,tpot=100ms': cannot parse 'ttft=nan'; expected KEY=NUMBER(s|ms) with KEY "
+         'ttft, tpot or e2e, e.g. ttft=2s,tpot=200ms'),
+    ('plan --model small.json --requests req.csv --out p --slo bogus=1s', 2,
+     E + "--slo 'bogus=1s': cannot parse 'bogus=1s'; expected KEY=NUMBER(s|ms) with KEY ttft, tpot or e2e, "
+         'e.g. ttft=2s,tpot=200ms'),
+    ('plan --model small.json --requests req.csv --out p', 2,
+     'stepsim plan: error: the following arguments are required: --slo'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s --rate 0', 2,
+     E + '--rate must be a positive finite number, got 0.0'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s --rate inf', 2,
+     E + '--rate must be a positive finite number, got inf'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s --arrival-scale -1', 2,
+     E + '--arrival-scale must be a positive finite number, got -1.0'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s --rate 1 --arrival-scale 2', 2,
+     'stepsim plan: error: argument --arrival-scale: not allowed with argument --rate'),
+    ('plan --model small.json --requests junk.csv --out p --slo ttft=2s', 2,
+     E + "junk.csv: not a CSV text file: its first bytes are not UTF-8 text "
+         "(b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07')"),
+    ('plan --model small.json --requests dir.csv --out p --slo ttft=2s', 2,
+     E + 'dir.csv: a request trace is one file, not a folder'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s --space junk.toml', 2,
+     E + "--space junk.toml: not valid TOML: 'utf-8' codec can't decode byte 0x80 in position 128: "
+         'invalid start byte'),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s --hardware nosuch', 2,
+     E + "--hardware must be a preset (sn40l, step-eval, step-hdl) or a .toml file, got 'nosuch'"),
+    ('plan --model small.json --requests req.csv --out p --slo ttft=2s --limit-requests 0', 2,
+     E + '--limit-requests must be an integer >= 2 (a rate needs two arrivals), got 0'),
+    ('plan --model small.json --requests req.csv --slo ttft=2s --out a_file', 2,
+     E + '--out a_file: is a file; give a folder (stepsim writes several files into it)'),
 ]
 
 

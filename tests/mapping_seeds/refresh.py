@@ -31,7 +31,6 @@ SEEDS = Path(__file__).resolve().parent
 
 def request_of(record: dict) -> tuple:
     """``(kind, size, dims, hardware)`` a cache record was mapped for, rebuilt from its fields."""
-    from stepsim.base.hardware import Hardware
     from stepsim.models.presets import MoEModel
 
     material = record["material"]
