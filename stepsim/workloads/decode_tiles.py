@@ -25,6 +25,16 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
+def cache_slots(need: int, max_n, tile_n: int) -> int:
+    """KV rows each request's cache region holds (``max_n``, default ``need``, the longest request's tiles):
+    a multiple of ``tile_n`` of at least ``need`` rows, else a one-line ArgumentError."""
+    slots = need if max_n is None else positive_int("max_n", max_n)
+    if slots % tile_n or slots < need:
+        raise ArgumentError(f"max_n must be a multiple of tile_n={tile_n} holding the longest request ({need} rows), "
+                            f"got {slots}")
+    return slots
+
+
 def tail_mask(valid_in_last: np.ndarray, tile_n: int) -> np.ndarray:
     """``[requests, tile_n]`` float32: 0 in the first ``valid_in_last[b]`` columns of row ``b`` (the rows of
     request ``b``'s last tile that it attends to, 1 .. tile_n), :data:`MASKED` after them."""

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from stepsim.base.errors import ArgumentError, ConfigError
+from stepsim.base.errors import ConfigError
 from stepsim.graph import (
     BF16,
     FP32,
@@ -80,7 +80,7 @@ from stepsim.graph.dims import sp
 from stepsim.graph.gcpause import gc_paused
 from stepsim.workloads.attention.build import kv_metadata
 from stepsim.workloads.base import Workload
-from stepsim.workloads.decode_tiles import mask_last_tile, positive_int
+from stepsim.workloads.decode_tiles import cache_slots, mask_last_tile, positive_int
 from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 
 #: FLOPs/cycle of every compute node (the decode attention's, docs/semantics.md §5.5)
@@ -140,11 +140,7 @@ def build_mla_attention(kv_lengths, *, heads: int = 128, kv_lora_rank: int = 512
     seq_len_tiled, _ = kv_metadata(kv_lengths, t)  # validates the lengths (one line each)
     lengths = np.asarray(kv_lengths).astype(np.int64)
     batch = len(lengths)
-    need = int(seq_len_tiled.max()) * t
-    max_n = need if max_n is None else positive_int("max_n", max_n)
-    if max_n % t or max_n < need:
-        raise ArgumentError(f"max_n must be a multiple of tile_n={t} holding the longest request ({need} rows), "
-                            f"got {max_n}")
+    max_n = cache_slots(int(seq_len_tiled.max()) * t, max_n, t)
 
     g = Graph(f"mla-attention-b{batch}")
     q_nope_t = Tensor("q_nope", (batch * h, dn), BF16)

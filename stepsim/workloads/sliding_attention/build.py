@@ -66,7 +66,7 @@ from stepsim.graph.dims import sp
 from stepsim.graph.gcpause import gc_paused
 from stepsim.workloads.attention.build import kv_metadata
 from stepsim.workloads.base import Workload
-from stepsim.workloads.decode_tiles import mask_last_tile, positive_int
+from stepsim.workloads.decode_tiles import cache_slots, mask_last_tile, positive_int
 from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 
 #: FLOPs/cycle of every compute node (the decode attention's, docs/semantics.md §5.5)
@@ -129,11 +129,7 @@ def build_sliding_attention(kv_lengths, *, window: int | None = 128, sinks: bool
         if max_n is not None:
             raise ArgumentError("max_n applies to a full layer only (a sliding layer keeps a ring of window rows)")
     else:
-        need = int(tiles_per_request.max()) * t
-        slots = need if max_n is None else positive_int("max_n", max_n)
-        if slots % t or slots < need:
-            raise ArgumentError(f"max_n must be a multiple of tile_n={t} holding the longest request ({need} rows), "
-                                f"got {slots}")
+        slots = cache_slots(int(tiles_per_request.max()) * t, max_n, t)
 
     g = Graph(f"{'sliding' if window else 'full'}-attention-b{batch}")
     q_t = Tensor("q", (batch * g_rows, d), BF16)
