@@ -165,9 +165,9 @@ def test_the_calibration_key_holds_the_schedule_and_the_mappers_sources(monkeypa
     assert schedule_identity("paper") == {"mode": "paper"}
     auto = schedule_identity("auto")
     assert auto == {"mode": "auto", "mapping": {"mapper_version": mapper.MAPPER_VERSION,
-                                                "source": mapper._source_hash()}}
+                                                "source": mapper.source_hash()}}
     keys = {calibration_key({"model": "m", "schedule": schedule_identity(s)}) for s in ("paper", "auto")}
-    monkeypatch.setattr(mapper, "_source_hash", lambda: "0" * 64)  # other mapper or builder code: another one
+    monkeypatch.setattr(mapper, "source_hash", lambda: "0" * 64)  # other mapper or builder code: another one
     keys.add(calibration_key({"model": "m", "schedule": schedule_identity("auto")}))
     monkeypatch.setattr(mapper, "MAPPER_VERSION", mapper.MAPPER_VERSION + 1)
     keys.add(calibration_key({"model": "m", "schedule": schedule_identity("auto")}))
