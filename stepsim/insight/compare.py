@@ -287,6 +287,21 @@ def _unit_changes(base_units: list[dict], cand_units: list[dict], key: str, grou
     return out[:TOP_UNIT_CHANGES]
 
 
+#: the largest --threshold (a ratio): a million times worse; beyond it the percentage printed overflows to "inf %"
+MAX_THRESHOLD = 1e6
+
+
+def check_threshold(threshold) -> None:
+    """Refuse a ``--threshold`` that is not a finite ratio in [0, MAX_THRESHOLD] (ConfigError, one line): NaN
+    compares false with everything and would turn the gate off."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
+            or threshold < 0:
+        raise ConfigError(f"--threshold must be a finite ratio >= 0 (0.01 = 1 %), got {threshold!r}")
+    if threshold > MAX_THRESHOLD:
+        raise ConfigError(f"--threshold must be at most {MAX_THRESHOLD:g} (a ratio; {MAX_THRESHOLD:.0%}), "
+                          f"got {threshold!r}")
+
+
 def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metrics=None,
             threshold: float = 0.01, allow_missing: bool = False) -> dict:
     """Compare two result sets (Python entry point of ``stepsim compare``).
@@ -308,9 +323,7 @@ def compare(baseline: str | os.PathLike, candidate: str | os.PathLike, *, metric
         the candidate's), never missing.
     """
     explicit = metrics is not None
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
-            or threshold < 0:  # NaN compares false with everything: it would turn the gate off
-        raise ConfigError(f"--threshold must be a finite ratio >= 0 (0.01 = 1 %), got {threshold!r}")
+    check_threshold(threshold)
     base_rows, base_units, _ = load_side(baseline)
     cand_rows, cand_units, cand_failed = load_side(candidate)
     serve = [bool(rows) and rows[0].get("record") == "serve" for rows in (base_rows, cand_rows)]

@@ -5,10 +5,10 @@ is the gate. Exit 1 when the candidate's is lower than the baseline's by more th
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from stepsim.base.errors import ConfigError
+from stepsim.insight.compare import check_threshold
 
 PLAN_FILE = "plan.json"
 
@@ -35,9 +35,7 @@ def _recommended(folder) -> dict | None:
 def compare_plans(baseline, candidate, *, threshold: float) -> dict:
     """The gate (module docstring): ``{"metric", "baseline", "candidate", "baseline_deployment",
     "candidate_deployment", "change", "threshold", "regressed"}``."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
-            or threshold < 0:
-        raise ConfigError(f"--threshold must be a finite ratio >= 0 (0.01 = 1 %), got {threshold!r}")
+    check_threshold(threshold)
     b, c = _recommended(baseline), _recommended(candidate)
     bv = None if b is None else float(b["goodput_per_chip"])
     cv = None if c is None else float(c["goodput_per_chip"])

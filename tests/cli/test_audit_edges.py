@@ -552,6 +552,10 @@ CASES = [
     ('compare run1 run1 --threshold nan', 2, E + '--threshold must be a finite ratio >= 0 (0.01 = 1 %), got nan'),
     ('compare run1 run1 --threshold -1', 2, E + '--threshold must be a finite ratio >= 0 (0.01 = 1 %), got -1.0'),
     ('compare run1 run1 --threshold inf', 2, E + '--threshold must be a finite ratio >= 0 (0.01 = 1 %), got inf'),
+    ('compare run1 run1 --threshold 1e308', 2,
+     E + '--threshold must be at most 1e+06 (a ratio; 100000000%), got 1e+308'),  # * printed "worse by inf %"
+    ('compare run1 run1 --threshold 1e308%', 2,
+     E + '--threshold must be at most 1e+06 (a ratio; 100000000%), got 1e+306'),
     ('compare run1 run1 --threshold abc', 2,
      'stepsim compare: error: argument --threshold: expected a ratio (0.05) or a percentage (5%), got '
      "'abc'"),
