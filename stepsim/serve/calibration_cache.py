@@ -10,7 +10,6 @@ import json
 import warnings
 from pathlib import Path
 
-import stepsim.serve.exact_lstsq as _exact_lstsq
 import stepsim.serve.fast as _fast
 from stepsim.base.defaults import TIMING_MODEL_VERSION
 from stepsim.base.errors import StepsimWarning
@@ -20,7 +19,8 @@ from stepsim.base.files import atomic_output, file_sha256, stable_hash
 def calibration_key(parts: dict) -> str:
     """The cache key: a stable hash of everything that determines a calibration, the fitted model's source
     (:mod:`stepsim.serve.fast` and :mod:`stepsim.serve.fast_mapped`) included (a calibration made by other code is
-    never reused, even when CALIBRATION_VERSION was not bumped)."""
+    never reused, even when CALIBRATION_VERSION was not bumped), and so are the sources of the exact pricing it
+    fits (:data:`PRICING_SOURCES`)."""
     return stable_hash({"calibration_version": _fast.CALIBRATION_VERSION, "model_source": _MODEL_SOURCE,
                         "timing_model_version": TIMING_MODEL_VERSION, **parts})
 
@@ -37,11 +37,26 @@ def schedule_identity(schedule: str) -> dict:
     return {"mode": schedule, "mapping": {"mapper_version": mapper.MAPPER_VERSION, "source": mapper.source_hash()}}
 
 
-#: SHA-256 of the fitted model's sources (:mod:`stepsim.serve.fast`, :mod:`stepsim.serve.fast_mapped`) and its
-#: solver's (:mod:`stepsim.serve.exact_lstsq`), part of every calibration key
-_MODEL_SOURCE = stable_hash([file_sha256(Path(_fast.__file__)),
-                             file_sha256(Path(_fast.__file__).with_name("fast_mapped.py")),
-                             file_sha256(Path(_exact_lstsq.__file__))])
+#: the modules a calibration depends on besides the fitted model's (:mod:`stepsim.serve.fast`,
+#: :mod:`stepsim.serve.fast_mapped`, their solver :mod:`stepsim.serve.exact_lstsq`): the exact pricing it fits
+#: (the layers, how a step's work is priced, the synthetic routing it draws) and the builders of the layers it
+#: simulates, relative to the ``stepsim`` package. A change to any of them can change the fitted numbers without
+#: CALIBRATION_VERSION being bumped (the engine's timing is TIMING_MODEL_VERSION, in the key too).
+PRICING_SOURCES = (
+    "serve/fast.py", "serve/fast_mapped.py", "serve/exact_lstsq.py", "serve/exact.py", "serve/layers.py",
+    "serve/latency.py", "serve/routing.py", "workloads/moe/build.py", "workloads/attention/build.py",
+    "workloads/prefill_attention/build.py", "mapping/roofline.py",
+)
+
+
+def _pricing_source() -> str:
+    """SHA-256 over :data:`PRICING_SOURCES` (files missing from an install would fail here, loudly)."""
+    package = Path(_fast.__file__).parents[1]
+    return stable_hash([file_sha256(package / name) for name in PRICING_SOURCES])
+
+
+#: part of every calibration key (:func:`_pricing_source`, once a process)
+_MODEL_SOURCE = _pricing_source()
 
 
 #: the record's keys (besides its checksum) and the JSON type of each

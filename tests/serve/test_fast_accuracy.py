@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from calibration_seeding import check_seed_used, seeded_cache
 from serve_requests import azure_window
 
 import stepsim
@@ -82,8 +83,8 @@ class _Recorded:
 
 @pytest.fixture(scope="module")
 def fast_run(shared_traces, tmp_path_factory):
-    """``fast_run(name)``: ``(stored exact run, fast run)`` of window ``name``; fast calibrates once per window, in
-    this process."""
+    """``fast_run(name)``: ``(stored exact run, fast run)`` of window ``name``; fast on the stored calibration
+    (tests/calibration_seeding.py)."""
     runs = {}
 
     def run(name: str):
@@ -91,7 +92,8 @@ def fast_run(shared_traces, tmp_path_factory):
             tmp = tmp_path_factory.mktemp(name)
             conv_csv = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
             fast = stepsim.serve(str(MODEL), window(conv_csv, tmp, name), fidelity="fast", schedule="paper",
-                                 calibration_cache=tmp / "cache")
+                                 calibration_cache=seeded_cache(tmp / "cache"))
+            check_seed_used(tmp / "cache")
             runs[name] = (read_outputs(DATA / name), fast)
         return runs[name]
 

@@ -2,7 +2,7 @@
 (``data/mixtral-8x7b-4layers.json``: 8 large experts, top-2), sn40l, seed 0, the first 30 requests of the Azure
 conversation trace. Its exact run (190 s on two workers) is stored (``data/mixtral_conv30_exact``, as ``stepsim serve
 --fidelity exact --jobs 2`` wrote it) and checked against today's scheduler and engine as ``test_fast_accuracy.py``
-checks Qwen3's; fast (calibrating in this process) is compared with it as ``test_fast_accuracy_models.py`` compares
+checks Qwen3's; fast (on its stored calibration, tests/calibration_seeding.py) is compared with it as ``test_fast_accuracy_models.py`` compares
 the other presets (a file of its own: its calibration is the slowest of them, and the test runner spreads files
 over its workers). The engine facts behind :func:`stepsim.serve.fast.expert_rounds` are pinned too.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from calibration_seeding import check_seed_used, seeded_cache
 from test_fast_accuracy import _Recorded
 from test_fast_accuracy_models import DATA, _compare, _model
 
@@ -74,7 +75,8 @@ def test_the_stored_mixtral_run_is_todays_exact_run(mixtral_stored, conv_csv):
 def test_fast_against_the_stored_mixtral_run(mixtral_stored, conv_csv, tmp_path):
     requests, _, exact = mixtral_stored
     fast = stepsim.serve(_model("mixtral-8x7b"), conv_csv, limit_requests=30, fidelity="fast", schedule="paper",
-                         calibration_cache=tmp_path / "cache")
+                         calibration_cache=seeded_cache(tmp_path / "cache"))
+    check_seed_used(tmp_path / "cache")
     got = (exact["iterations"], *_compare(requests, exact, fast))
     assert got == MEASURED
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from calibration_seeding import check_seed_used, seeded_cache
 from test_fast_accuracy import _ttft_parts
 
 import stepsim
@@ -72,6 +73,7 @@ def test_fast_against_exact_on_another_preset(name, conv_csv, tmp_path):
     """Exact (rerun, under a minute on two workers) and fast on the same window: issue 32's targets."""
     exact = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="exact", schedule="paper", jobs=2)
     fast = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="fast", schedule="paper",
-                         calibration_cache=tmp_path / "cache")
+                         calibration_cache=seeded_cache(tmp_path / "cache"))
+    check_seed_used(tmp_path / "cache")
     got = _compare(exact.requests, exact.summary, fast)
     assert (exact.summary["iterations"], *got) == MEASURED[name]
