@@ -53,11 +53,13 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
                         max_batch_tokens=None, chunk_tokens=None, routing=None, fidelity=None, slo=None, jobs=None,
                         seed=0, iteration_latency=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE,
                         calibration_cache=None, schedule=None, drop_long=False, truncate_long=False,
-                        first_token="prefill", progress: bool = False, **refused):
+                        first_token="prefill", providers=None, progress: bool = False, **refused):
     """Serve ``requests`` on a prefill pool of ``P`` chips and a decode pool of ``D`` chips (``disaggregate``:
     ``"P:D"`` or ``(P, D)``) of ``system`` (module docstring). Other parameters as
     :func:`stepsim.serve.api.serve`'s; ``first_token``: ``prefill`` (DistServe's TTFT) or ``decode``
-    (:mod:`stepsim.serve.disaggregated`). Returns a :class:`stepsim.serve.api.ServeResult`."""
+    (:mod:`stepsim.serve.disaggregated`); ``providers``: ``(prefill pool's, decode pool's)`` latency providers
+    instead of ``iteration_latency`` or ``fidelity`` (as :func:`stepsim.serve.api.serve`'s ``provider``; a plan's
+    calibrated ones). Returns a :class:`stepsim.serve.api.ServeResult`."""
     from stepsim.models.presets import resolve_model
     from stepsim.serve import api
     from stepsim.serve.disaggregated import FIRST_TOKEN, replay_disaggregated
@@ -81,7 +83,8 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
                         max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, chunk_tokens=chunk_tokens,
                         routing=routing, fidelity=fidelity, slo=slo, seed=seed, iteration_latency=iteration_latency,
                         block_size=block_size, hbm_bytes=hbm_bytes, jobs=jobs, schedule=schedule,
-                        drop_long=drop_long, truncate_long=truncate_long)
+                        drop_long=drop_long, truncate_long=truncate_long,
+                        provider=None if providers is None else providers[1])
     policy = long_policy(drop_long, truncate_long)
     if out is not None:
         from stepsim.base.outputs import check_out_dir
@@ -120,7 +123,10 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
     trace, long = fit_long_requests(trace, limit, tight["capacity"], memory.max_position_embeddings, policy)
     pricer = KVTransferPricer(whole, p_chips, d_chips)
     kv_bytes = np.array([kv_transfer_bytes(resolved, int(p)) for p in trace.prompt_tokens.tolist()], dtype=np.int64)
-    for pool in pools:
+    for k, pool in enumerate(pools):
+        if providers is not None:
+            pool["provider"], pool["calibration"] = providers[k], None
+            continue
         pool["schedule"] = schedule if schedule is not None else api.default_schedule(hw, pool["system"], resolved,
                                                                                       fidelity)
         pool["provider"], pool["calibration"] = _provider(pool, fidelity, iteration_latency, resolved, model, hw,
