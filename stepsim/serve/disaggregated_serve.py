@@ -220,7 +220,9 @@ def _disaggregated_summary(run, pools, pricer, first_token) -> dict:
         provider = pool["provider"]
         out[pool["role"]] = {"iterations": int((iterations == k).sum()),
                              "kv_cache": _kv_summary(pool["capacity"], used),
-                             "fidelity": {"mode": provider.mode, "error": provider.error},
+                             "fidelity": {"mode": provider.mode, "error": provider.error,
+                                          **({} if pool["calibration"] is None else
+                                             {"calibration": pool["calibration"]["key"]})},
                              "max_model_len": pool["limit"]}
     return out
 

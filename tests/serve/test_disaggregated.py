@@ -203,3 +203,59 @@ def test_python_callers_get_the_same_errors(conv_csv):
     with pytest.raises(ConfigError, match="^first_token must be prefill or decode, got 'both'$"):
         serve_disaggregated(MODEL4, conv_csv, disaggregate="1:1", system="ring-2", iteration_latency=0.01,
                             first_token="both")
+
+
+#: tests/plan's small MoE model (2 layers, 16 experts): engine-backed runs of a few requests take seconds; its KV is
+#: 2 layers x 2 KV heads x 32 x key and value x 2 bytes = 512 bytes a token
+SMALL = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+         "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096}
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(SMALL))
+    return str(path)
+
+
+def test_exact_pools_price_steps_as_colocated_serving(small, tmp_path):
+    """A lone request of 2 output tokens at --fidelity exact: the prefill pool's step and the decode pool's step
+    cost what colocated serving's two steps cost (the same batches), and the request ends after prefill +
+    transfer (by hand: 500 + 300 x 512 / 64 cycles) + decode."""
+    from stepsim.serve.api import serve
+
+    trace = requests_file(tmp_path / "one.parquet", [0.0], 300, 2)
+    kw = dict(fidelity="exact", hardware="sn40l", schedule="paper")
+    colocated = serve(small, trace, **kw)
+    disaggregated = serve_disaggregated(small, trace, disaggregate="1:1", system="ring-2", **kw)
+    prefill_s, decode_s = colocated.iterations["duration_s"].to_pylist()
+    assert (prefill_s, decode_s) == (6.3012e-05, 7.339e-06)
+    assert disaggregated.iterations["duration_s"].to_pylist() == [prefill_s, decode_s]
+    assert disaggregated.iterations["pool"].to_pylist() == [0, 1]
+    x = (500 + 300 * 512 // 64) / 1e9
+    assert disaggregated.requests["transfer_end_s"].to_pylist() == [prefill_s + x]
+    assert disaggregated.requests["finish_s"].to_pylist() == [prefill_s + x + decode_s]
+    assert disaggregated.summary["fidelity"]["mode"] == "exact"
+    assert disaggregated.summary["disaggregated"]["prefill"]["fidelity"] == {"mode": "exact", "error": None}
+
+
+def test_fast_pools_use_colocated_servings_calibration(small, tmp_path):
+    """--fidelity fast: each pool of one chip is calibrated under the key colocated serving of one chip uses (its
+    pilot is that colocated run), so it reuses that calibration."""
+    from stepsim.serve.api import serve
+
+    rng = np.random.default_rng(3)
+    trace = requests_file(tmp_path / "t.parquet", np.sort(rng.uniform(0, 0.01, 12)), rng.integers(5, 400, 12),
+                          rng.integers(2, 30, 12))
+    kw = dict(fidelity="fast", hardware="sn40l", schedule="paper", calibration_cache=tmp_path / "cache")
+    colocated = serve(small, trace, **kw)
+    key = colocated.summary["fidelity"]["calibration"]
+    one = serve_disaggregated(small, trace, disaggregate="1:1", system="ring-2", **kw)
+    two = serve_disaggregated(small, trace, disaggregate="1:1", system="ring-2", **kw)
+    assert one.summary["fidelity"]["calibration"] == key
+    assert one.summary["disaggregated"]["prefill"]["fidelity"]["calibration"] == key
+    assert one.summary["fidelity"]["error"] == colocated.summary["fidelity"]["error"]
+    assert one.requests.equals(two.requests) and one.iterations.equals(two.iterations)
+    pool = np.asarray(one.iterations["pool"])
+    assert (np.asarray(one.iterations["decode_tokens"])[pool == 0] == 0).all()
