@@ -259,3 +259,23 @@ def test_fast_pools_use_colocated_servings_calibration(small, tmp_path):
     assert one.requests.equals(two.requests) and one.iterations.equals(two.iterations)
     pool = np.asarray(one.iterations["pool"])
     assert (np.asarray(one.iterations["decode_tokens"])[pool == 0] == 0).all()
+
+
+def test_the_command_line_run_has_colocated_servings_summary_keys_and_the_transfers(capsys, tmp_path, conv_csv):
+    def run(*extra):
+        status = main(["serve", "--model", MODEL4, "--requests", str(conv_csv), "--iteration-latency", "0.01",
+                       "--limit-requests", "5", "--hardware", "sn40l", "--slo", "ttft=2s,tpot=100ms", "--json",
+                       *extra])
+        assert status == 0
+        return json.loads(capsys.readouterr().out)
+
+    colocated = run("--out", str(tmp_path / "c"))
+    disaggregated = run("--out", str(tmp_path / "d"), "--system", "ring-2", "--disaggregate", "1:1",
+                        "--first-token", "decode")
+    assert set(disaggregated) == set(colocated) | {"disaggregated", "system"}  # colocated: one chip, no system
+    x = disaggregated["disaggregated"]["kv_transfer"]
+    assert (x["transfers"], x["bytes"]) == (5, 14_999_552)  # 1,831 prompt tokens x 8,192 bytes
+    assert disaggregated["disaggregated"]["first_token"] == "decode"
+    _, iterations, summary = read_outputs(tmp_path / "d")
+    assert summary["disaggregated"] == disaggregated["disaggregated"]
+    assert summary["iterations"] == iterations.num_rows == disaggregated["iterations"]
