@@ -40,6 +40,12 @@ def _hand_seconds(prompt: int) -> float:
 def test_kv_bytes_are_the_models_per_token_bytes_times_the_prompt():
     model = resolve_model(MODEL4)
     assert kv_transfer_bytes(model, 374) == 374 * KV_PER_TOKEN == 3_063_808
+    # gpt-oss-20b: 12 full layers keep every token, 12 sliding layers their last window - 1 = 127 (24,576 bytes a
+    # token each kind); DeepSeek-V3: MLA's latent, 70,272 bytes a token
+    gpt = resolve_model("gpt-oss-20b")
+    assert kv_transfer_bytes(gpt, 100) == 100 * 24_576 + 100 * 24_576
+    assert kv_transfer_bytes(gpt, 1000) == 1000 * 24_576 + 127 * 24_576
+    assert kv_transfer_bytes(resolve_model("deepseek-v3"), 10) == 702_720
     assert transfer_pairs(1, 1) == ((0, 1),)
     assert transfer_pairs(3, 2) == ((0, 3), (1, 4), (2, 3))
 
@@ -279,3 +285,46 @@ def test_the_command_line_run_has_colocated_servings_summary_keys_and_the_transf
     _, iterations, summary = read_outputs(tmp_path / "d")
     assert summary["disaggregated"] == disaggregated["disaggregated"]
     assert summary["iterations"] == iterations.num_rows == disaggregated["iterations"]
+
+
+def test_a_pool_of_two_chips_has_the_kv_cache_of_serving_on_two_chips(conv_csv):
+    """2:2 on ring-4: each pool is the ring of 2 chips colocated serving uses (--system ring-2); the transfers 0 -> 2
+    and 1 -> 3 share the link chip1 -> chip2, so the engine times them."""
+    from stepsim.serve.api import serve
+
+    d = _serve(conv_csv, disaggregate="2:2", system="ring-4", limit_requests=3)
+    c = serve(MODEL4, conv_csv, system="ring-2", iteration_latency=0.01, hardware="sn40l", limit_requests=3)
+    kv = {k: v for k, v in c.summary["kv_cache"].items() if k not in ("max_blocks_used", "max_model_len")}
+    for pool in ("prefill", "decode"):
+        got = d.summary["disaggregated"][pool]["kv_cache"]
+        assert {k: got[k] for k in kv} == kv
+    assert d.summary["system"]["chip_weight_bytes"] == 2 * c.summary["system"]["chip_weight_bytes"]
+    x = d.summary["disaggregated"]["kv_transfer"]
+    assert (x["pairs"], x["closed_form"], x["engine_simulations"]) == ([[0, 2], [1, 3]], False, 3)
+
+
+def test_a_request_joins_the_decode_pool_when_it_has_kv_room(tmp_path):
+    """40 KV blocks a pool (39 usable, 16 tokens each): two prompts of 374 tokens (24 blocks each) cannot be held
+    together, so each pool serves them one after the other; the second transfer arrives while the first request
+    decodes and waits for its blocks."""
+    from stepsim.serve.memory import model_memory
+
+    weights = model_memory(resolve_model(MODEL4)).weight_bytes
+    trace = requests_file(tmp_path / "two.parquet", [0.0, 0.0], 374, 3)
+    t = _serve(trace, hbm_bytes=weights + 40 * 16 * KV_PER_TOKEN).requests
+    x = _hand_seconds(374)
+    assert t["prefill_end_s"].to_pylist() == [0.01, 0.02]
+    assert t["transfer_end_s"].to_pylist() == [0.01 + x, 0.02 + x]
+    first_done = 0.01 + x + 0.01 + 0.01
+    assert t["finish_s"].to_pylist() == [first_done, first_done + 0.01 + 0.01]
+    assert t["first_token_s"].to_pylist() == [0.01, 0.02]
+
+
+def test_a_one_token_output_ends_at_its_prefill_and_moves_nothing(tmp_path):
+    trace = requests_file(tmp_path / "one.parquet", [0.0, 0.0], [374, 91], [1, 2])
+    t = _serve(trace).requests
+    assert t["kv_transfer_bytes"].to_pylist() == [0, 91 * KV_PER_TOKEN]
+    assert t["transfer_start_s"].to_pylist() == [0.01, 0.01]  # nothing ahead of the second on the links
+    assert t["finish_s"].to_pylist() == [0.01, 0.01 + _hand_seconds(91) + 0.01]
+    decode = _serve(trace, first_token="decode").requests  # the decode pool gives the first token: it moves
+    assert decode["kv_transfer_bytes"].to_pylist() == [374 * KV_PER_TOKEN, 91 * KV_PER_TOKEN]
