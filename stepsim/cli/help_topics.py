@@ -40,7 +40,7 @@ TOPICS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("output", ("json", "verbose", "out", "no_progress")),
     ),
     "serve": (
-        ("model and hardware", ("model", "hardware", "system")),
+        ("model and hardware", ("model", "hardware", "system", "disaggregate", "first_token")),
         ("requests", ("requests", "arrival_scale", "arrival", "limit_requests", "duration", "drop_long",
                       "truncate_long", "seed")),
         ("scheduler", ("scheduler", "max_seqs", "max_batch_tokens", "chunk_tokens")),

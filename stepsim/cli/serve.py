@@ -46,6 +46,13 @@ def register(subparsers) -> None:
     p.add_argument("--system", metavar="FILE|PRESET",
                    help="serve on a system's chips (docs/system.md): weights split, KV cache in every chip's HBM left; "
                         "the chips are --hardware, else the system file's hardware, else sn40l (default: none, one chip)")
+    p.add_argument("--disaggregate", metavar="P:D",
+                   help="disaggregated serving: the system's first P chips prefill, its next D chips decode, the KV "
+                        "cache moved over its links (needs --system; default: none, colocated)")
+    p.add_argument("--first-token", choices=("prefill", "decode"),
+                   help="with --disaggregate, which pool's step gives the first token: prefill (DistServe's TTFT, "
+                        "the transfer after it) or decode (TTFT counts the transfer and the first decode step) "
+                        "(default: prefill)")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -100,6 +107,12 @@ def _serve(args) -> int:
 
     from stepsim.serve.api import serve
 
+    if args.disaggregate is not None:
+        return _print(args, _disaggregated(args))
+    if args.first_token is not None:
+        from stepsim.base.errors import ConfigError
+
+        raise ConfigError("--first-token is for --disaggregate P:D (a colocated run's first token is its prefill's)")
     result = serve(args.model, args.requests, out=args.out, arrival_scale=args.arrival_scale, arrival=args.arrival,
                    limit_requests=args.limit_requests, duration=args.duration, hardware=args.hardware,
                    scheduler=args.scheduler, max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens,
@@ -109,6 +122,26 @@ def _serve(args) -> int:
                    iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system,
                    drop_long=args.drop_long, truncate_long=args.truncate_long,
                    progress=True)  # bars only on a terminal, after 2 s
+    return _print(args, result)
+
+
+def _disaggregated(args):
+    """``--disaggregate P:D``: :func:`stepsim.serve.disaggregated_serve.serve_disaggregated`."""
+    from stepsim.serve.disaggregated_serve import serve_disaggregated
+
+    return serve_disaggregated(
+        args.model, args.requests, disaggregate=args.disaggregate, system=args.system, out=args.out,
+        arrival_scale=args.arrival_scale, arrival=args.arrival, limit_requests=args.limit_requests,
+        duration=args.duration, hardware=args.hardware, scheduler=args.scheduler, max_seqs=args.max_seqs,
+        max_batch_tokens=args.max_batch_tokens, chunk_tokens=args.chunk_tokens, routing=args.routing,
+        fidelity=args.fidelity, slo=args.slo, schedule=args.schedule, jobs=args.jobs, seed=args.seed,
+        iteration_latency=args.iteration_latency, drop_long=args.drop_long, truncate_long=args.truncate_long,
+        first_token=args.first_token or "prefill", progress=True, executor=args.executor, address=args.address,
+        timeline=args.timeline)
+
+
+def _print(args, result) -> int:
+    """The run's summary: JSON with ``--json``, else a few lines."""
     s = result.summary
     if args.json:
         print(json_text(s, indent=2))
@@ -119,6 +152,13 @@ def _serve(args) -> int:
         print(f"system      {s['system']['name']}: {s['system']['chips']} chips of {s['hardware']['name']}, weights "
               f"split by {s['system']['parallelism']}, at most {max(s['system']['chip_weight_bytes']) / 1e9:.2f} GB "
               "a chip")
+    if "disaggregated" in s:
+        d = s["disaggregated"]
+        x = d["kv_transfer"]
+        print(f"pools       prefill {d['prefill_chips']} chips ({d['prefill']['iterations']} steps), decode "
+              f"{d['decode_chips']} chips ({d['decode']['iterations']} steps); first token from {d['first_token']}")
+        print(f"KV moved    {x['transfers']} transfers, {x['bytes'] / 1e9:.3f} GB in {x['seconds'] * 1e3:.3f} ms "
+              f"(longest {x['max_s'] * 1e3:.3f} ms, waited {x['wait_s'] * 1e3:.3f} ms for the links)")
     if "long_requests" in s:
         from stepsim.serve.long_requests import LongRequests
 

@@ -288,6 +288,9 @@ def serve_command(dep, model, file: str, slo: str, out: str) -> str:
         parts += ["--system", dep.system]
     for key, value in dep.scheduler.serve_kwargs().items():
         parts += [f"--{key.replace('_', '-')}", str(value)]
+    from stepsim.plan.disaggregated import serve_flags
+
+    parts += serve_flags(dep)
     parts += ["--fidelity", "fast", "--schedule", "paper", "--slo", slo, "--out", out]  # as the plan priced it
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -307,8 +310,13 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-verify-") as tmp:
         for name, trace in replica_files:
             path = write_requests(trace, Path(tmp) / name)
-            result = serve(model, path, fidelity="fast", schedule="paper", slo=slo, hardware=dep.hardware,
-                           system=dep.system, calibration_cache=cache, **dep.scheduler.serve_kwargs())
+            if dep.disaggregate:
+                from stepsim.plan.disaggregated import verify_replica
+
+                result = verify_replica(dep, model, path, slo, cache)
+            else:
+                result = serve(model, path, fidelity="fast", schedule="paper", slo=slo, hardware=dep.hardware,
+                               system=dep.system, calibration_cache=cache, **dep.scheduler.serve_kwargs())
             idx = trace.request_id
             first[idx] = result.requests.column("first_token_s").to_numpy()
             finish[idx] = result.requests.column("finish_s").to_numpy()

@@ -71,7 +71,8 @@ class Evaluator:
     def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
         """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``; a run
         already made for the same replica shape, scheduler, requests and arrivals is reused (``reused``)."""
-        key = (dep.hardware, dep.chips_per_replica, dep.scheduler, indices.tobytes(), arrival[indices].tobytes())
+        key = (dep.hardware, dep.chips_per_replica, dep.disaggregate, dep.scheduler, indices.tobytes(),
+               arrival[indices].tobytes())
         if key in self._runs:
             self.reused += 1
             return self._runs[key]
@@ -87,9 +88,14 @@ class Evaluator:
         b = self.base
         write_requests(RequestTrace(str(path), indices.astype(np.int64), arrival[indices], b.prompt[indices],
                                     b.output[indices]), path)
-        pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
-        result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware, system=dep.system,
-                       **dep.scheduler.serve_kwargs())
+        if dep.disaggregate:  # a prefill pool and a decode pool: stepsim/plan/disaggregated.py
+            from stepsim.plan.disaggregated import serve_replica
+
+            result = serve_replica(self, dep, path)
+        else:
+            pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
+            result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware,
+                           system=dep.system, **dep.scheduler.serve_kwargs())
         path.unlink()
         self.replays += 1
         req = result.requests

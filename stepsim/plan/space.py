@@ -19,6 +19,11 @@ The space comes from :data:`DEFAULT_SPACE` or a ``--space`` file (TOML or JSON) 
     max_batch_tokens = [512, 2048]
     chunk_tokens = [0]
 
+A deployment may also be disaggregated (issue 42; :mod:`stepsim.plan.disaggregated`): a replica of ``P + D`` chips
+whose first ``P`` chips prefill and next ``D`` decode, the KV cache moved over the system's links (``stepsim serve
+--disaggregate P:D``). The key ``disaggregated = [[1, 1], [2, 2]]`` lists the splits tried (default none: every
+deployment colocated); ``P + D`` must be a replica size of :data:`SYSTEMS`.
+
 A key left out takes the default's value; every value is checked with one line naming the file and the key.
 Deployments whose chips (``chips_per_replica x replicas``) exceed ``--max-chips`` are left out.
 """
@@ -55,9 +60,10 @@ DEFAULT_SPACE = {
         {"policy": "sarathi", "max_seqs": [128], "chunk_tokens": [256, 512]},
         {"policy": "orca", "max_seqs": [32, 128]},
     ],
+    "disaggregated": [],
 }
 #: top-level keys of a space file
-SPACE_KEYS = ("chips_per_replica", "replicas", "routers", "scheduler")
+SPACE_KEYS = ("chips_per_replica", "replicas", "routers", "scheduler", "disaggregated")
 #: the largest value of an integer knob (tokens, sequences, replicas)
 MAX_KNOB = 2**31 - 1
 
@@ -99,6 +105,7 @@ class Deployment:
     router: str
     scheduler: SchedulerChoice
     hardware: str = "sn40l"
+    disaggregate: tuple = ()  # (P, D): prefill and decode chips of each replica; () colocated
 
     @property
     def chips(self) -> int:
@@ -112,7 +119,8 @@ class Deployment:
 
     def label(self) -> str:
         """A short unique name, e.g. ``2x2ch sn40l least-outstanding vllm seqs 128 batch 2048``."""
-        return (f"{self.replicas}x{self.chips_per_replica}ch {self.hardware} {self.router} "
+        split = f" disagg {self.disaggregate[0]}:{self.disaggregate[1]}" if self.disaggregate else ""
+        return (f"{self.replicas}x{self.chips_per_replica}ch{split} {self.hardware} {self.router} "
                 f"{self.scheduler.label()}")
 
 
@@ -169,6 +177,9 @@ def parse_space(data, source=None) -> dict:
             _int_list(value, f"{where}.{key}", source, 0 if key == "chunk_tokens" else 1)
         if "max_seqs" not in table:
             raise ConfigError(f"{_where(source)}: {where}.max_seqs is required (a list of integers >= 1)")
+    from stepsim.plan.disaggregated import check_splits
+
+    check_splits(space["disaggregated"], _where(source), SYSTEMS)
     return space
 
 
@@ -220,4 +231,11 @@ def deployments(space: dict, max_chips: int, hardware: list[str]) -> list[Deploy
                 for router in routers:
                     for choice in scheduler_choices(space):
                         out.append(Deployment(chips, replicas, router, choice, hw))
+        for p, d in space.get("disaggregated", ()):  # after the colocated ones: their order is kept
+            for replicas in sorted(space["replicas"]):
+                if (p + d) * replicas > max_chips:
+                    continue
+                for router in ["none"] if replicas == 1 else list(space["routers"]):
+                    for choice in scheduler_choices(space):
+                        out.append(Deployment(p + d, replicas, router, choice, hw, (p, d)))
     return out

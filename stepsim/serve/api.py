@@ -566,6 +566,33 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                    requests, out, timeline, started, knobs, chips, long)
 
 
+def fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing, limit_requests, arrival,
+                   arrival_scale, duration, long_policy, schedule, system) -> dict:
+    """What a fast calibration's cache key holds (:func:`stepsim.serve.calibration_cache.calibration_key`): everything
+    that changes the calibrated run. Shared by colocated serving and each pool of a disaggregated run
+    (:mod:`stepsim.serve.disaggregated`), so a pool reuses the calibration of the same chips served colocated."""
+    key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
+                                                                               VALUE_FIELDS},
+                 # an explicit channel_depth overrides the layers' FIFO depths: equal values, other cycles
+                 "hardware_explicit": list(hw.explicit),
+                 "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
+                 # the LM head's bytes price every step (its held-out error too); not in the model's repr
+                 "vocab": memory.vocab_size,
+                 "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
+                 "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
+                             "duration": duration}}
+    if long_policy is not None:  # the requests served differ (dropped, truncated); absent: earlier keys kept
+        key_parts["shaping"]["long_requests"] = long_policy
+    from stepsim.serve.calibration_cache import schedule_identity
+
+    key_parts["schedule"] = schedule_identity(schedule)  # paper or mapped layers (and the mapper's sources)
+    if system is not None:  # every field of the system: its chips, hardware, dimensions and links
+        from stepsim.serve.system import system_key
+
+        key_parts["system"] = system_key(system)
+    return key_parts
+
+
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
                  requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
                  calibration_cache, system, progress, schedule="paper", long_policy=None):
@@ -577,25 +604,8 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
                                    vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor,
                                    system=system, schedule=schedule)
     elif fidelity == "fast":
-        key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
-                                                                                   VALUE_FIELDS},
-                     # an explicit channel_depth overrides the layers' FIFO depths: equal values, other cycles
-                     "hardware_explicit": list(hw.explicit),
-                     "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
-                     # the LM head's bytes price every step (its held-out error too); not in the model's repr
-                     "vocab": memory.vocab_size,
-                     "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
-                     "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
-                                 "duration": duration}}
-        if long_policy is not None:  # the requests served differ (dropped, truncated); absent: earlier keys kept
-            key_parts["shaping"]["long_requests"] = long_policy
-        from stepsim.serve.calibration_cache import schedule_identity
-
-        key_parts["schedule"] = schedule_identity(schedule)  # paper or mapped layers (and the mapper's sources)
-        if system is not None:  # every field of the system: its chips, hardware, dimensions and links
-            from stepsim.serve.system import system_key
-
-            key_parts["system"] = system_key(system)
+        key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
+                                   limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
         provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                               vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
                                               cache=calibration_cache, layers_executor=layers_executor,

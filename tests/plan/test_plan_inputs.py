@@ -33,7 +33,8 @@ def test_the_default_space_holds_105_deployments_up_to_4_chips():
      "s.toml: chips_per_replica must be a non-empty list of 1, 2, 4, 8, 16 (the systems serve builds), got [3]"),
     ("routers = ['random']", "s.toml: routers must be a non-empty list of distinct round-robin, least-outstanding, "
                              "kv-load, got ['random']"),
-    ("replica = [1]", "s.toml: unknown key 'replica' (known: chips_per_replica, replicas, routers, scheduler)"),
+    ("replica = [1]", "s.toml: unknown key 'replica' (known: chips_per_replica, replicas, routers, scheduler, "
+     "disaggregated)"),
     ("[[scheduler]]\npolicy = 'fifo'\nmax_seqs = [1]",
      "s.toml: scheduler[0].policy must be one of vllm, sarathi, orca, got 'fifo'"),
     ("[[scheduler]]\npolicy = 'orca'\nmax_seqs = [8]\nchunk_tokens = [64]",

@@ -1,0 +1,83 @@
+"""Disaggregated deployments in ``stepsim plan`` (issue 42): a replica of ``P + D`` chips whose first ``P`` chips
+prefill and next ``D`` decode, the KV cache moved over the replica's system links (:mod:`stepsim.serve.disaggregated`;
+``stepsim serve --disaggregate P:D``).
+
+* The space's ``disaggregated`` key lists the splits ``[P, D]`` (:func:`check_splits`); :mod:`stepsim.plan.space`
+  enumerates them beside the colocated deployments (``Deployment.disaggregate``).
+* A replica is served by :func:`stepsim.serve.disaggregated_serve.serve_disaggregated` on the system preset of
+  ``P + D`` chips, each pool priced by the calibrated fast provider of its own shape (hardware, ``P`` or ``D``
+  chips), the one colocated replicas of that many chips use (:func:`pool_pricer`: calibrated here when the plan's
+  colocated space has no such shape).
+* The rate bound of :mod:`stepsim.plan.search` stays sound on ``P + D`` chips: the pools run side by side, but a
+  pool of ``k`` chips takes at least ``(P + D) / k`` times the ``P + D``-chip floor of its own steps, so the
+  replica's duration is at least the ``P + D``-chip floor of all its steps; the transfers only add time.
+"""
+
+from __future__ import annotations
+
+from stepsim.base.errors import ConfigError
+
+
+def check_splits(splits, where: str, systems: dict) -> list:
+    """The space's ``disaggregated`` value: a list of distinct ``[P, D]`` pairs of integers >= 1 whose sum is a
+    replica size with a system (``systems``: chips -> preset); one line naming ``where`` otherwise."""
+    ok = isinstance(splits, list) and all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                    for x in s) for s in splits)
+    if not ok:
+        raise ConfigError(f"{where}: disaggregated must be a list of [P, D] pairs (prefill and decode chips, each an "
+                          f"integer >= 1), got {splits!r}")
+    for p, d in splits:
+        if p + d not in systems:
+            raise ConfigError(f"{where}: disaggregated [{p}, {d}]: a replica of {p + d} chips has no system (sizes "
+                              f"{', '.join(map(str, systems))})")
+    if len({tuple(s) for s in splits}) != len(splits):
+        raise ConfigError(f"{where}: disaggregated lists a split twice: {splits!r}")
+    return splits
+
+
+def serve_flags(dep) -> list[str]:
+    """The ``stepsim serve`` flags of a deployment's split (none when colocated)."""
+    return ["--disaggregate", f"{dep.disaggregate[0]}:{dep.disaggregate[1]}"] if dep.disaggregate else []
+
+
+def pool_pricer(evaluator, hardware: str, chips: int):
+    """The fast pricer of a pool of ``chips`` chips of ``hardware``: the plan's colocated one of that shape, else one
+    calibrated now on the plan's reference run (as the plan calibrates its shapes) and kept for the next."""
+    from stepsim.plan.pricing import ShapePricer
+
+    key = (hardware, chips)
+    if key not in evaluator.pricers:
+        systems = {1: None, 2: "ring-2", 4: "ring-4", 8: "sn40l-8", 16: "sn40l-16"}
+        if chips not in systems:
+            raise ConfigError(f"a disaggregated pool of {chips} chips: colocated serving has no system of that size "
+                              f"to calibrate it on (sizes {', '.join(map(str, systems))})")
+        from stepsim.models.presets import resolve_model
+        from stepsim.serve.api import default_calibration_cache
+
+        cache = next((known.cache for known in evaluator.pricers.values()), None) or default_calibration_cache()
+        pricer = ShapePricer(evaluator.model_arg, resolve_model(evaluator.model_arg), hardware, chips, systems[chips],
+                             cache)
+        pricer.calibrate(evaluator.folder / "reference.parquet", None)
+        evaluator.pricers[key] = pricer
+    return evaluator.pricers[key]
+
+
+def serve_replica(evaluator, dep, path):
+    """One disaggregated replica of ``dep`` serving the requests in ``path``, each pool priced by its shape's
+    calibrated provider (:func:`pool_pricer`)."""
+    from stepsim.serve.disaggregated_serve import serve_disaggregated
+
+    p, d = dep.disaggregate
+    providers = (pool_pricer(evaluator, dep.hardware, p).provider(), pool_pricer(evaluator, dep.hardware, d).provider())
+    return serve_disaggregated(evaluator.model_arg, path, disaggregate=dep.disaggregate, system=dep.system,
+                               hardware=dep.hardware, providers=providers, **dep.scheduler.serve_kwargs())
+
+
+def verify_replica(dep, model, path, slo, cache):
+    """The recommended disaggregated replica re-served with ``--fidelity fast`` (each pool its own calibration)."""
+    from stepsim.serve.disaggregated_serve import serve_disaggregated
+
+    return serve_disaggregated(model, path, disaggregate=dep.disaggregate, system=dep.system, fidelity="fast",
+                               schedule="paper", slo=slo, hardware=dep.hardware, calibration_cache=cache,
+                               **dep.scheduler.serve_kwargs())

@@ -1,0 +1,242 @@
+"""Disaggregated serving: a prefill pool and a decode pool, each with its own scheduler and KV cache, the KV cache
+moved between them over the system's links (DistServe, Splitwise; vLLM's disaggregated prefill).
+
+A request's life (times in seconds; every order below is fixed, so a replay is deterministic):
+
+1. **Prefill pool.** The request joins the prefill pool's scheduler at its arrival as a request of one output
+   token: the pool's steps compute prompts (chunked as its policy chunks them) and nothing else, and the step that
+   completes a prompt produces the request's first token at its end (``prefill_end_s``). The prefill pool is a
+   colocated replay of such requests (:func:`stepsim.serve.replay.replay`, the same loop bit for bit); it frees the
+   request's blocks at that instant (the copy being sent is not counted against its KV cache).
+2. **KV transfer.** The request's KV cache (:func:`stepsim.serve.kv_transfer.kv_transfer_bytes`) crosses the links
+   between the pools (:class:`stepsim.serve.kv_transfer.KVTransferPricer`: the engine's link units, or their closed
+   form where it is proven equal). Transfers go one at a time, first come first served by ``prefill_end_s`` (ties:
+   trace order), each holding the links from its start to its arrival: ``start = max(prefill_end, previous
+   arrival)``. (The engine would overlap one transfer's link latency, ``alpha`` cycles, with the next one's bytes;
+   that overlap is not taken.)
+3. **Decode pool.** Between the decode pool's steps every request whose transfer has arrived joins its incoming
+   queue (by arrival, ties in trace order); when no preempted request is waiting, the incoming requests are
+   admitted from the head, each with the blocks of the KV it brought (Orca: its reservation), while they fit (above
+   the watermark for Orca and Sarathi) and fewer than ``max_num_seqs`` run; the first that does not fit stops
+   admission (FCFS, as vLLM admits). Admitted requests are running decodes: the pool's steps are decode steps (a
+   request preempted there recomputes its tokens in the decode pool, as vLLM's decode instance does).
+
+First token (``first_token``):
+
+* ``"prefill"`` (the default; DistServe's definition, its footnote 1: TTFT is the prefill's duration, the prefill
+  instance returns the first token): the first token is the prefill's, at ``prefill_end_s``, so **TTFT does not
+  count the transfer**; the transfer and the wait for the decode pool fall in the gap to the second token (ITL and
+  TPOT count them). An output of one token ends at the prefill: no transfer.
+* ``"decode"`` (vLLM's disaggregated prefill, whose proxy streams the decode instance's tokens): the prefill's token
+  is not the user's; the decode pool recomputes the prompt's last token (vLLM recomputes the last token of a fully
+  cached prompt) and its first step produces the first token, so **TTFT = prefill + transfer + waiting for the
+  decode pool + its first decode step** (issue 42's must-show for a lone request).
+
+Either way TPOT = (last token - first token) / (output - 1), from the decode pool's steps.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepsim.base.errors import ConfigError, SimulationError
+from stepsim.base.ranges import MAX_TIME_S
+from stepsim.serve.kv_cache import blocks_for
+from stepsim.serve.latency import WORK_COLUMNS, IterationBatch, LatencyProvider
+from stepsim.serve.replay import checked_cost, replay
+from stepsim.serve.replay_result import ReplayResult
+from stepsim.serve.scheduler import Request, Scheduler
+
+#: where a request's first token comes from (module docstring)
+FIRST_TOKEN = ("prefill", "decode")
+
+
+@dataclass
+class DisaggregatedResult:
+    """A disaggregated replay (times in seconds, per request in trace order).
+
+    Attributes
+    ----------
+    result : ReplayResult
+        The whole run as a colocated replay reports it: ``first_scheduled`` (in the prefill pool), ``first_token``,
+        ``finish``, ``preemptions`` (both pools), ``itl`` (every gap), ``iterations`` (both pools' steps by start,
+        the prefill pool's first at equal starts, with a ``pool`` column: 0 prefill, 1 decode) and
+        ``max_blocks_used`` (the decode pool's).
+    prefill_end, transfer_start, transfer_end : ndarray of float64
+        End of the prefill step that completed the prompt; the KV transfer's start and arrival (both equal to
+        ``prefill_end`` when nothing moves).
+    transfer_bytes : ndarray of int64
+        KV bytes moved (0 for an output of one token with ``first_token="prefill"``).
+    prefill_blocks_used : int
+        The prefill pool's most blocks in use.
+    """
+
+    result: ReplayResult
+    prefill_end: np.ndarray
+    transfer_start: np.ndarray
+    transfer_end: np.ndarray
+    transfer_bytes: np.ndarray
+    prefill_blocks_used: int
+
+
+def replay_disaggregated(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, kv_bytes: np.ndarray,
+                         prefill: Scheduler, decode: Scheduler, prefill_provider: LatencyProvider,
+                         decode_provider: LatencyProvider, transfer_seconds: Callable[[int], float],
+                         first_token: str = "prefill") -> DisaggregatedResult:
+    """Serve every request of a trace on a prefill pool and a decode pool (module docstring).
+
+    Parameters
+    ----------
+    arrival_s : ndarray of float64
+        Arrival times (s), sorted.
+    prompt, output : ndarray of int64
+        Prompt and output tokens per request (each fits both pools' ``max_model_len``).
+    kv_bytes : ndarray of int64
+        Each request's KV bytes to move (:func:`stepsim.serve.kv_transfer.kv_transfer_bytes`).
+    prefill, decode : Scheduler
+        Fresh schedulers of the two pools (their policies, knobs and KV capacities).
+    prefill_provider, decode_provider : LatencyProvider
+        Price each pool's steps.
+    transfer_seconds : callable
+        Seconds a transfer of so many bytes takes over the links between the pools.
+    first_token : {"prefill", "decode"}
+        Where the first token comes from (module docstring).
+    """
+    if first_token not in FIRST_TOKEN:
+        raise ConfigError(f"first token must come from {' or '.join(FIRST_TOKEN)}, got {first_token!r}")
+    n = len(arrival_s)
+    ones = np.ones(n, dtype=np.int64)
+    pre = replay(arrival_s, prompt, ones, prefill, prefill_provider)
+    prefill_end = pre.first_token
+    moves = np.ones(n, dtype=bool) if first_token == "decode" else output > 1
+    moved = np.where(moves, kv_bytes, 0).astype(np.int64)
+    start = prefill_end.copy()
+    end = prefill_end.copy()
+    free = 0.0  # when the links are free again
+    for i in np.lexsort((np.arange(n), prefill_end)).tolist():  # by prefill end, ties in trace order
+        if not moves[i]:
+            continue
+        start[i] = max(prefill_end[i], free)
+        free = end[i] = start[i] + transfer_seconds(int(moved[i]))
+    dec, first, finish, preempted, gaps = _decode_pool(end, prompt, output, prefill_end, moves, decode,
+                                                       decode_provider, first_token)
+    iterations = _merged(pre.iterations, dec["iterations"])
+    result = ReplayResult(first_scheduled=pre.first_scheduled, first_token=first, finish=finish,
+                          preemptions=pre.preemptions + preempted, itl=gaps, iterations=iterations,
+                          max_blocks_used=dec["max_blocks_used"])
+    return DisaggregatedResult(result, prefill_end, start, end, moved, pre.max_blocks_used)
+
+
+def _merged(prefill: dict, decode: dict) -> dict:
+    """Both pools' steps in one table: by start, the prefill pool's first at equal starts; a ``pool`` column (0
+    prefill, 1 decode); a cycles or work column one pool lacks is 0 there."""
+    pools = np.concatenate([np.zeros(len(prefill["start_s"]), np.int64), np.ones(len(decode["start_s"]), np.int64)])
+    order = np.lexsort((pools, np.concatenate([prefill["start_s"], decode["start_s"]])))
+    names = list(prefill) + [k for k in decode if k not in prefill]
+    merged = {}
+    for name in names:
+        a, b = prefill.get(name), decode.get(name)
+        dtype = (a if a is not None else b).dtype
+        a = np.zeros(len(prefill["start_s"]), dtype) if a is None else a
+        b = np.zeros(len(decode["start_s"]), dtype) if b is None else b
+        merged[name] = np.concatenate([a, b])[order]
+        if name == "waiting":
+            merged["pool"] = pools[order]
+    return merged
+
+
+def _decode_pool(arrive: np.ndarray, prompt: np.ndarray, output: np.ndarray, prefill_end: np.ndarray,
+                 moves: np.ndarray, scheduler: Scheduler, provider: LatencyProvider, first_token: str):
+    """The decode pool's replay (module docstring, 3): ``(steps, first token, finish, preemptions, gaps)`` per
+    request in trace order; a request that never reaches the pool finishes at its prefill's end."""
+    n = len(arrive)
+    first = prefill_end.copy()
+    finish = prefill_end.copy()
+    preempted = np.zeros(n, dtype=np.int64)
+    order = [i for i in np.lexsort((np.arange(n), arrive)).tolist() if moves[i]]
+    requests = {}
+    for i in order:
+        p, o = int(prompt[i]), int(output[i])
+        r = Request(i, p, o, float(arrive[i]))
+        if first_token == "prefill":  # the prefill's token is the first: p tokens cached, p + 1 known
+            r.computed, r.num_tokens, r.outputs = p, p + 1, 1
+            r.first_token = r.last_token = float(prefill_end[i])
+        else:  # the decode pool recomputes the prompt's last token and produces the first token
+            r.computed, r.num_tokens, r.outputs = p - 1, p, 0
+        r.prefilling = False
+        requests[i] = r
+    policy = scheduler.config.policy
+    reserve = blocks_for(scheduler.max_model_len, scheduler.block_size) if policy == "orca" else None
+    spare = 0 if policy == "vllm" else scheduler.watermark
+    incoming: deque[Request] = deque()
+    gaps = array("d")
+    cols = {k: [] for k in ("start_s", "duration_s", "tokens", "sequences", "prefill_tokens", "decode_tokens",
+                            "kv_blocks_used", "preemptions", "waiting")}
+    cycles: dict[str, list[int]] = {}
+    work: dict[str, list] = {}
+    checked = object()
+    now, nxt, done, total = 0.0, 0, 0, len(order)
+    while done < total:
+        while nxt < total and requests[order[nxt]].arrival <= now:
+            incoming.append(requests[order[nxt]])
+            nxt += 1
+        if not scheduler.waiting:  # preempted requests first: they waited longer
+            while incoming and len(scheduler.running) < scheduler.config.max_num_seqs:
+                r = incoming[0]
+                need = reserve if reserve is not None else blocks_for(r.prompt, scheduler.block_size)
+                if need > scheduler.free - spare:
+                    break
+                incoming.popleft()
+                scheduler.free -= need
+                r.blocks = need
+                r.first_scheduled = now
+                scheduler.running.append(r)
+        if not scheduler.running and not scheduler.waiting:
+            if incoming:
+                head = incoming[0]
+                raise SimulationError(f"request {head.index} ({head.prompt} prompt tokens) cannot join the idle "
+                                      "decode pool: its KV cache does not fit")
+            now = requests[order[nxt]].arrival
+            continue
+        batch = scheduler.schedule()
+        if not batch:
+            if scheduler.preempted:
+                continue
+            raise SimulationError("the decode pool scheduled nothing with requests running")
+        context, new, prefill = [], [], 0
+        for r, k in batch:
+            context.append(r.computed)
+            new.append(k)
+            if r.prefilling:
+                prefill += k
+        tokens = sum(new)
+        cost = provider(IterationBatch(context, new, prefill, tokens - prefill))
+        if cost is not checked or not now < now + cost.seconds <= MAX_TIME_S:
+            checked = checked_cost(cost, now, len(cols["start_s"]), provider)
+        for name, value in (("start_s", now), ("duration_s", cost.seconds), ("tokens", tokens),
+                            ("sequences", len(batch)), ("prefill_tokens", prefill),
+                            ("decode_tokens", tokens - prefill), ("kv_blocks_used", scheduler.blocks_used),
+                            ("preemptions", scheduler.preempted), ("waiting", len(scheduler.waiting) + len(incoming))):
+            cols[name].append(value)
+        steps = len(cols["start_s"])
+        for kind, c in cost.cycles.items():
+            cycles.setdefault(kind, [0] * (steps - 1)).append(c)
+        for name, value in cost.work.items():
+            work.setdefault(name, []).append(value)
+        now = now + cost.seconds
+        done += scheduler.finish_step(batch, now, gaps)
+    for i, r in requests.items():
+        first[i], finish[i], preempted[i] = r.first_token, r.finish, r.preemptions
+    iterations = {k: np.array(v, dtype=np.float64 if k.endswith("_s") else np.int64) for k, v in cols.items()}
+    for kind in sorted(cycles):
+        iterations[f"cycles_{kind}"] = np.array(cycles[kind], dtype=np.int64)
+    for name in WORK_COLUMNS:
+        if name in work:
+            iterations[name] = np.array(work[name], dtype=np.float64 if name.endswith("_utilisation") else np.int64)
+    steps = {"iterations": iterations, "max_blocks_used": int(max(cols["kv_blocks_used"], default=0))}
+    return steps, first, finish, preempted, np.frombuffer(gaps, dtype=np.float64).copy()

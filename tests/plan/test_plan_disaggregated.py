@@ -1,0 +1,74 @@
+"""Disaggregated deployments in stepsim plan (stepsim/plan/disaggregated.py; issue 42): the space's
+``disaggregated`` key enumerated beside the colocated deployments and checked in one line; a plan over a colocated
+and a disaggregated deployment of tests/plan's small MoE model serves the disaggregated one with each pool's
+calibrated provider, recommends it with a ``stepsim serve --disaggregate`` command, and its verification re-serves
+it with fresh calibrations."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_plan import SLO, SMALL
+
+import stepsim
+from stepsim.base.errors import ConfigError
+from stepsim.plan.space import DEFAULT_SPACE, deployments, parse_space
+
+SPACE = {"chips_per_replica": [1], "replicas": [1, 2], "routers": ["round-robin"],
+         "scheduler": [{"policy": "vllm", "max_seqs": [128], "max_batch_tokens": [256]}],
+         "disaggregated": [[1, 1]]}
+
+
+def test_the_space_enumerates_splits_after_the_colocated_deployments():
+    deps = deployments(parse_space(SPACE), 4, ["sn40l"])
+    assert [d.label() for d in deps] == [
+        "1x1ch sn40l none vllm seqs 128 batch 256", "2x1ch sn40l round-robin vllm seqs 128 batch 256",
+        "1x2ch disagg 1:1 sn40l none vllm seqs 128 batch 256",
+        "2x2ch disagg 1:1 sn40l round-robin vllm seqs 128 batch 256"]
+    assert [(d.chips, d.system, d.disaggregate) for d in deps] == [
+        (1, None, ()), (2, None, ()), (2, "ring-2", (1, 1)), (4, "ring-2", (1, 1))]
+    assert len(deployments(parse_space(SPACE), 3, ["sn40l"])) == 3  # 2 x (1 + 1) chips left out
+    # the default space has no split: its deployments are the colocated ones, in their order
+    assert DEFAULT_SPACE["disaggregated"] == [] and len(deployments(parse_space({}), 4, ["sn40l"])) == 105
+
+
+@pytest.mark.parametrize("value, message", [
+    ([[0, 1]], "the space: disaggregated must be a list of [P, D] pairs (prefill and decode chips, each an integer "
+               ">= 1), got [[0, 1]]"),
+    ([1, 1], "the space: disaggregated must be a list of [P, D] pairs (prefill and decode chips, each an integer "
+             ">= 1), got [1, 1]"),
+    ([[1, 2]], "the space: disaggregated [1, 2]: a replica of 3 chips has no system (sizes 2, 4, 8, 16)"),
+    ([[1, 1], [1, 1]], "the space: disaggregated lists a split twice: [[1, 1], [1, 1]]"),
+])
+def test_bad_splits_are_one_line(value, message):
+    with pytest.raises(ConfigError) as err:
+        parse_space({"disaggregated": value})
+    assert str(err.value) == message
+
+
+def test_a_plan_recommends_a_disaggregated_deployment(tmp_path):
+    from stepsim.trace_io.requests import RequestTrace, write_requests
+
+    model = tmp_path / "small.json"
+    model.write_text(json.dumps(SMALL))
+    rng = np.random.default_rng(3)
+    trace = write_requests(RequestTrace("t", np.arange(12), np.sort(rng.uniform(0, 0.01, 12)),
+                                        rng.integers(5, 400, 12), rng.integers(2, 30, 12)), tmp_path / "t.parquet")
+    space = {**SPACE, "replicas": [1]}
+    plan = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space, calibration_cache=tmp_path / "cache",
+                        out=tmp_path / "out")
+    s = plan.summary
+    assert [f["deployment"] for f in s["front"]] == ["1x1ch sn40l none vllm seqs 128 batch 256",
+                                                     "1x2ch disagg 1:1 sn40l none vllm seqs 128 batch 256"]
+    assert s["recommended"]["deployment"] == "1x2ch disagg 1:1 sn40l none vllm seqs 128 batch 256"
+    assert s["recommended"]["goodput_per_chip"] > s["front"][0]["goodput_per_chip"]
+    assert s["commands"] == [
+        f"stepsim serve --model {model} --requests {tmp_path}/out/replica-0.parquet --hardware sn40l --system ring-2 "
+        "--scheduler vllm --max-seqs 128 --max-batch-tokens 256 --disaggregate 1:1 --fidelity fast --schedule paper "
+        f"--slo {SLO} --out serve-replica-0"]
+    assert s["verification"]["meets_slo"] is True
+    table = pq.read_table(tmp_path / "out" / "deployments.parquet")
+    assert table.column("decided").to_pylist() == ["simulated", "simulated"]
