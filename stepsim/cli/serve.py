@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--first-token", choices=("prefill", "decode"),
                    help="with --disaggregate, which pool's step gives the first token: prefill (DistServe's TTFT, "
                         "the transfer after it) or decode (TTFT counts the transfer and the first decode step) "
-                        "(default: prefill)")
+                        "(default: decode, what a user of vLLM's disaggregated serving sees)")
     p.add_argument("--scheduler", choices=("vllm", "sarathi", "orca"), default="vllm",
                    help="batch scheduler (default: vllm, V1 rules)")
     p.add_argument("--max-seqs", type=int, metavar="N", help="max_num_seqs (default 128)")
@@ -136,7 +136,7 @@ def _disaggregated(args):
         max_batch_tokens=args.max_batch_tokens, chunk_tokens=args.chunk_tokens, routing=args.routing,
         fidelity=args.fidelity, slo=args.slo, schedule=args.schedule, jobs=args.jobs, seed=args.seed,
         iteration_latency=args.iteration_latency, drop_long=args.drop_long, truncate_long=args.truncate_long,
-        first_token=args.first_token or "prefill", progress=True, executor=args.executor, address=args.address,
+        first_token=args.first_token or "decode", progress=True, executor=args.executor, address=args.address,
         timeline=args.timeline)
 
 

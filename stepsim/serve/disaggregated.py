@@ -23,14 +23,16 @@ A request's life (times in seconds; every order below is fixed, so a replay is d
 
 First token (``first_token``):
 
-* ``"prefill"`` (the default; DistServe's definition, its footnote 1: TTFT is the prefill's duration, the prefill
+* ``"prefill"`` (DistServe's definition, its footnote 1: TTFT is the prefill's duration, the prefill
   instance returns the first token): the first token is the prefill's, at ``prefill_end_s``, so **TTFT does not
   count the transfer**; the transfer and the wait for the decode pool fall in the gap to the second token (ITL and
   TPOT count them). An output of one token ends at the prefill: no transfer.
-* ``"decode"`` (vLLM's disaggregated prefill, whose proxy streams the decode instance's tokens): the prefill's token
+* ``"decode"`` (the default: what a user of vLLM's disaggregated prefill sees, its proxy streaming the decode instance's tokens): the prefill's token
   is not the user's; the decode pool recomputes the prompt's last token (vLLM recomputes the last token of a fully
   cached prompt) and its first step produces the first token, so **TTFT = prefill + transfer + waiting for the
-  decode pool + its first decode step** (issue 42's must-show for a lone request).
+  decode pool + its first decode step** (issue 42's definition for a lone request). The default, because a plan
+  compares colocated and disaggregated deployments by the TTFT a user sees: DistServe's would leave the
+  transfer out of the disaggregated side only.
 
 Either way TPOT = (last token - first token) / (output - 1), from the decode pool's steps.
 """
@@ -87,7 +89,7 @@ class DisaggregatedResult:
 def replay_disaggregated(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, kv_bytes: np.ndarray,
                          prefill: Scheduler, decode: Scheduler, prefill_provider: LatencyProvider,
                          decode_provider: LatencyProvider, transfer_seconds: Callable[[int], float],
-                         first_token: str = "prefill") -> DisaggregatedResult:
+                         first_token: str = "decode") -> DisaggregatedResult:
     """Serve every request of a trace on a prefill pool and a decode pool (module docstring).
 
     Parameters

@@ -53,10 +53,10 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
                         max_batch_tokens=None, chunk_tokens=None, routing=None, fidelity=None, slo=None, jobs=None,
                         seed=0, iteration_latency=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE,
                         calibration_cache=None, schedule=None, drop_long=False, truncate_long=False,
-                        first_token="prefill", providers=None, progress: bool = False, **refused):
+                        first_token="decode", providers=None, progress: bool = False, **refused):
     """Serve ``requests`` on a prefill pool of ``P`` chips and a decode pool of ``D`` chips (``disaggregate``:
     ``"P:D"`` or ``(P, D)``) of ``system`` (module docstring). Other parameters as
-    :func:`stepsim.serve.api.serve`'s; ``first_token``: ``prefill`` (DistServe's TTFT) or ``decode``
+    :func:`stepsim.serve.api.serve`'s; ``first_token``: ``decode`` (the default: the TTFT a user sees) or ``prefill`` (DistServe's TTFT)
     (:mod:`stepsim.serve.disaggregated`); ``providers``: ``(prefill pool's, decode pool's)`` latency providers
     instead of ``iteration_latency`` or ``fidelity`` (as :func:`stepsim.serve.api.serve`'s ``provider``; a plan's
     calibrated ones). Returns a :class:`stepsim.serve.api.ServeResult`."""

@@ -91,13 +91,13 @@ def _serve(trace, **kw):
 def test_a_lone_request_ttft_is_prefill_plus_transfer_plus_first_decode_step(tmp_path):
     trace = requests_file(tmp_path / "one.parquet", [0.0], 374, 3)
     x = _hand_seconds(374)
-    decode = _serve(trace, first_token="decode").requests
+    decode = _serve(trace).requests  # the default
     first = 0.0 + 0.01 + x + 0.01  # prefill step, the transfer, the decode pool's first step
     assert decode["ttft_s"].to_pylist() == [first]
     assert decode["finish_s"].to_pylist() == [first + 0.01 + 0.01]
     assert decode["transfer_end_s"].to_pylist() == [0.01 + x]
     # DistServe's TTFT: the prefill's token; the transfer falls in the gap to the second token
-    prefill = _serve(trace).requests
+    prefill = _serve(trace, first_token="prefill").requests
     assert prefill["ttft_s"].to_pylist() == [0.01]
     assert prefill["finish_s"].to_pylist() == [0.01 + x + 0.01 + 0.01]
     assert prefill["tpot_s"].to_pylist() == [(0.01 + x + 0.01 + 0.01 - 0.01) / 2]
@@ -234,7 +234,8 @@ def test_exact_pools_price_steps_as_colocated_serving(small, tmp_path):
     trace = requests_file(tmp_path / "one.parquet", [0.0], 300, 2)
     kw = dict(fidelity="exact", hardware="sn40l", schedule="paper")
     colocated = serve(small, trace, **kw)
-    disaggregated = serve_disaggregated(small, trace, disaggregate="1:1", system="ring-2", **kw)
+    disaggregated = serve_disaggregated(small, trace, disaggregate="1:1", system="ring-2", first_token="prefill",
+                                        **kw)
     prefill_s, decode_s = colocated.iterations["duration_s"].to_pylist()
     assert (prefill_s, decode_s) == (6.3012e-05, 7.339e-06)
     assert disaggregated.iterations["duration_s"].to_pylist() == [prefill_s, decode_s]
@@ -311,7 +312,7 @@ def test_a_request_joins_the_decode_pool_when_it_has_kv_room(tmp_path):
 
     weights = model_memory(resolve_model(MODEL4)).weight_bytes
     trace = requests_file(tmp_path / "two.parquet", [0.0, 0.0], 374, 3)
-    t = _serve(trace, hbm_bytes=weights + 40 * 16 * KV_PER_TOKEN).requests
+    t = _serve(trace, hbm_bytes=weights + 40 * 16 * KV_PER_TOKEN, first_token="prefill").requests
     x = _hand_seconds(374)
     assert t["prefill_end_s"].to_pylist() == [0.01, 0.02]
     assert t["transfer_end_s"].to_pylist() == [0.01 + x, 0.02 + x]
@@ -322,9 +323,9 @@ def test_a_request_joins_the_decode_pool_when_it_has_kv_room(tmp_path):
 
 def test_a_one_token_output_ends_at_its_prefill_and_moves_nothing(tmp_path):
     trace = requests_file(tmp_path / "one.parquet", [0.0, 0.0], [374, 91], [1, 2])
-    t = _serve(trace).requests
+    t = _serve(trace, first_token="prefill").requests
     assert t["kv_transfer_bytes"].to_pylist() == [0, 91 * KV_PER_TOKEN]
     assert t["transfer_start_s"].to_pylist() == [0.01, 0.01]  # nothing ahead of the second on the links
     assert t["finish_s"].to_pylist() == [0.01, 0.01 + _hand_seconds(91) + 0.01]
-    decode = _serve(trace, first_token="decode").requests  # the decode pool gives the first token: it moves
+    decode = _serve(trace).requests  # the default: the decode pool gives the first token: it moves
     assert decode["kv_transfer_bytes"].to_pylist() == [374 * KV_PER_TOKEN, 91 * KV_PER_TOKEN]
