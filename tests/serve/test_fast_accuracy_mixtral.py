@@ -12,17 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from calibration_seeding import check_seed_used, seeded_cache
-from test_fast_accuracy import _Recorded
-from test_fast_accuracy_models import DATA, _compare, _model
+from test_fast_accuracy_models import DATA, _compare, _model, check_stored_exact_run
 
 import stepsim
 from stepsim.base.hardware import PRESETS
 from stepsim.models.presets import resolve_model
-from stepsim.serve.exact import EngineLatency, max_kv_rows
+from stepsim.serve.exact import max_kv_rows
 from stepsim.serve.fast import expert_rounds
 from stepsim.serve.layers import LayerRunner, LayerSpec
 from stepsim.serve.output import read_outputs
-from stepsim.serve.routing import SyntheticRouting
 
 MIXTRAL_STORED = DATA / "mixtral_conv30_exact"
 #: measured 2026-11-25 (calibration version 4), fast against the stored exact run: exact's and fast's steps,
@@ -44,30 +42,9 @@ def mixtral_stored():
 @pytest.mark.slow
 @pytest.mark.traces
 def test_the_stored_mixtral_run_is_todays_exact_run(mixtral_stored, conv_csv):
-    """The stored run's schedule is the scheduler's (its step durations replayed give its requests back) and its
-    cycles the engine's (the first step, the decode-only step with the most sequences, the first with the most
-    tokens, rebuilt with the exact provider's routing draws and simulated again)."""
-    requests, iterations, summary = mixtral_stored
-    assert summary["fidelity"]["mode"] == "exact" and summary["requests"] == summary["completed"] == 30
-    recorded = _Recorded(iterations["duration_s"].to_numpy())
-    replay = stepsim.serve(_model("mixtral-8x7b"), conv_csv, limit_requests=30, provider=recorded)
-    assert len(recorded.batches) == summary["iterations"] == len(iterations) == 1102
-    assert replay.requests.equals(requests)
-    model = resolve_model(_model("mixtral-8x7b"))
-    routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0)
-    engine = EngineLatency(model, PRESETS["sn40l"], routing, max_model_len=summary["kv_cache"]["max_model_len"],
-                           vocab=32000)
-    prefill = iterations["prefill_tokens"].to_numpy()
-    decode = np.where(prefill == 0, iterations["sequences"].to_numpy(), 0)
-    tokens = iterations["tokens"].to_numpy()
-    check = sorted({0, int(np.argmax(decode)), int(np.argmax(tokens))})
-    assert (decode.max(), tokens.max(), *check) == (6, 2048, 0, 431, 434)
-    for i, batch in enumerate(recorded.batches[: check[-1] + 1]):
-        if i not in check:
-            routing.route(sum(batch.new_tokens))  # the exact provider's draws, step by step
-            continue
-        cost = engine(batch)
-        assert cost.cycles == {k: iterations[f"cycles_{k}"][i].as_py() for k in ("attention", "ffn", "weights")}, i
+    """The stored run's schedule is the scheduler's and its cycles the engine's (check_stored_exact_run)."""
+    assert check_stored_exact_run(mixtral_stored, "mixtral-8x7b", conv_csv, 30, 32000) == (6, 2048, 0, 431, 434)
+    assert mixtral_stored[2]["iterations"] == 1102
 
 
 @pytest.mark.slow

@@ -3,8 +3,10 @@ with 4 layers (``data/<preset>-4layers.json``: Llama-3.1-8B's dense FFN, DeepSee
 two shared experts; Mixtral-8x7B's 8 large experts top-2 in ``test_fast_accuracy_mixtral.py``), sn40l, seed 0, on
 the Azure conversation trace.
 
-Llama's and DeepSeek's exact runs take under a minute on two workers and are rerun here. Each fast run (calibrating
-in this process) is compared with its exact run: TTFT and TPOT p50 / p99 and mean, the held-out step error, and the
+Each exact run is stored (``data/<preset>_conv<N>_exact``, as ``stepsim serve --fidelity exact --schedule paper``
+wrote it: 214 s for Llama's and 421 s for DeepSeek's on one loaded core) and checked against today's scheduler and
+engine (:func:`check_stored_exact_run`). Each fast run (on its stored calibration, tests/calibration_seeding.py) is
+compared with its exact run: TTFT and TPOT p50 / p99 and mean, the held-out step error, and the
 TTFT split into the wait for the step in flight at arrival and the prompt's own steps (docs/serving.md §10.6).
 """
 
@@ -18,13 +20,50 @@ from calibration_seeding import check_seed_used, seeded_cache
 from test_fast_accuracy import _ttft_parts
 
 import stepsim
+from stepsim.base.hardware import PRESETS
+from stepsim.models.presets import resolve_model
+from stepsim.serve.exact import EngineLatency
 from stepsim.serve.fast import expert_rounds
+from stepsim.serve.output import read_outputs
+from stepsim.serve.routing import SyntheticRouting
 
 DATA = Path(__file__).resolve().parent / "data"
 
 
 def _model(name: str) -> str:
     return str(DATA / f"{name}-4layers.json")
+
+
+def check_stored_exact_run(stored, name: str, conv_csv, limit: int, vocab: int) -> tuple:
+    """Check that a stored exact run (``read_outputs``' triple) of preset ``name`` on the first ``limit`` requests
+    is today's: its step durations replayed give its requests back (today's scheduler), and three of its steps
+    (the first, the decode-only step with the most sequences, the first with the most tokens), rebuilt with the
+    exact provider's routing draws and simulated again, have its cycles (today's engine). Returns ``(most decode
+    sequences, most tokens, the three step indices)`` for the caller to pin."""
+    from test_fast_accuracy import _Recorded
+
+    requests, iterations, summary = stored
+    assert summary["fidelity"]["mode"] == "exact" and summary["requests"] == summary["completed"] == limit
+    recorded = _Recorded(iterations["duration_s"].to_numpy())
+    replay = stepsim.serve(_model(name), conv_csv, limit_requests=limit, provider=recorded)
+    assert len(recorded.batches) == summary["iterations"] == len(iterations)
+    assert replay.requests.equals(requests)
+    model = resolve_model(_model(name))
+    routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0) if model.is_moe else None
+    engine = EngineLatency(model, PRESETS["sn40l"], routing, max_model_len=summary["kv_cache"]["max_model_len"],
+                           vocab=vocab)
+    prefill = iterations["prefill_tokens"].to_numpy()
+    decode = np.where(prefill == 0, iterations["sequences"].to_numpy(), 0)
+    tokens = iterations["tokens"].to_numpy()
+    check = sorted({0, int(np.argmax(decode)), int(np.argmax(tokens))})
+    for i, batch in enumerate(recorded.batches[: check[-1] + 1]):
+        if i not in check:
+            if routing is not None:
+                routing.route(sum(batch.new_tokens))  # the exact provider's draws, step by step
+            continue
+        cost = engine(batch)
+        assert cost.cycles == {k: iterations[f"cycles_{k}"][i].as_py() for k in ("attention", "ffn", "weights")}, i
+    return int(decode.max()), int(tokens.max()), *check
 
 
 def test_expert_rounds_count_the_rounds_by_busy_experts():
@@ -63,17 +102,29 @@ MEASURED = {
                          {"wait 99": -13.4, "prefill 50": -0.15, "prefill 99": -0.68}),
 }
 #: the windows: the first N requests of the conversation trace (DeepSeek-MoE's 4,096-token context refuses request
-#: 23, whose prompt and output exceed it)
-WINDOWS = {"llama-3.1-8b": 100, "deepseek-moe-16b": 20}
+#: 23, whose prompt and output exceed it), the stored exact run's folder, the vocabulary, and what
+#: check_stored_exact_run returns for it
+WINDOWS = {"llama-3.1-8b": (100, "llama_conv100_exact", 128256, (28, 2048, 0, 413, 2123)),
+           "deepseek-moe-16b": (20, "deepseek_conv20_exact", 102400, (2, 2048, 0, 522, 1059))}
+
 
 @pytest.mark.slow
 @pytest.mark.traces
-@pytest.mark.parametrize("name", ["llama-3.1-8b", "deepseek-moe-16b"])
+@pytest.mark.parametrize("name", list(WINDOWS))
+def test_the_stored_exact_run_is_todays_exact_run(name, conv_csv):
+    limit, folder, vocab, checked = WINDOWS[name]
+    assert check_stored_exact_run(read_outputs(DATA / folder), name, conv_csv, limit, vocab) == checked
+
+
+@pytest.mark.slow
+@pytest.mark.traces
+@pytest.mark.parametrize("name", list(WINDOWS))
 def test_fast_against_exact_on_another_preset(name, conv_csv, tmp_path):
-    """Exact (rerun, under a minute on two workers) and fast on the same window: issue 32's targets."""
-    exact = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="exact", schedule="paper", jobs=2)
-    fast = stepsim.serve(_model(name), conv_csv, limit_requests=WINDOWS[name], fidelity="fast", schedule="paper",
+    """Fast on the stored exact run's window: issue 32's targets."""
+    limit, folder, _, _ = WINDOWS[name]
+    exact_requests, _, exact = read_outputs(DATA / folder)
+    fast = stepsim.serve(_model(name), conv_csv, limit_requests=limit, fidelity="fast", schedule="paper",
                          calibration_cache=seeded_cache(tmp_path / "cache"))
     check_seed_used(tmp_path / "cache")
-    got = _compare(exact.requests, exact.summary, fast)
-    assert (exact.summary["iterations"], *got) == MEASURED[name]
+    got = _compare(exact_requests, exact, fast)
+    assert (exact["iterations"], *got) == MEASURED[name]
