@@ -51,13 +51,48 @@ class SearchResult:
     offered: object = None
     #: the largest HBM or compute utilisation of any step of any probe (at most 1: the floors held)
     max_utilisation: float = 0.0
+    #: the front-rate probe ``(exponent, met)`` made before the search (None: none made)
+    front_probe: tuple | None = None
 
 
-def search_rate(evaluate, can_win) -> SearchResult:
+def front_exponent(can_win) -> int | None:
+    """The highest grid exponent e at which a failed SLO already proves the deployment cannot reach the front
+    (``can_win(multiplier(e))`` False; it is monotone: a higher failing rate leaves a higher goodput bound), or
+    None when a failure at the search's lowest rate would not (nothing to probe)."""
+    top = MAX_DOUBLINGS * STEPS_PER_DOUBLING
+    if can_win(multiplier(-top)):
+        return None
+    lo, hi = -top, top + 1  # can_win False at lo; hi: above the grid
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if can_win(multiplier(mid)):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
     """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(m_hi)`` says whether
-    a goodput below ``N m_hi / S`` could still reach the front (False: stop, ``cut``)."""
+    a goodput below ``N m_hi / S`` could still reach the front (False: stop, ``cut``).
+
+    ``front_probe``: first serve at the highest rate where a failure proves the deployment cannot reach the front
+    (:func:`front_exponent`); if the SLO fails there, stop (``cut``, one probe): the sustainable rate is below it
+    (the SLO holds below any rate where it held, the search's own premise). Else search as without it: the same
+    probes, the same result (a probe repeated at the same rate is the same run: the evaluator reuses it)."""
     res = SearchResult("searched")
     lo = hi = None  # exponents: highest met, lowest failed
+    if front_probe:
+        e = front_exponent(can_win)
+        if e is not None:
+            ev = evaluate(multiplier(e))
+            res.front_probe = (e, ev.meets)
+            res.max_utilisation = ev.max_utilisation
+            if e == 0:
+                res.offered = ev
+            if not ev.meets:
+                res.status, res.hi = "cut", e
+                return res
 
     def probe(e: int) -> bool:
         ev = evaluate(multiplier(e))

@@ -80,8 +80,11 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
         if mine["decided"] in ("pruned", "cut"):
             assert not row["on_front"]
         else:  # searched in both: the same search, the same numbers
-            for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s", "probes"):
+            for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s"):
                 assert mine[key] == row[key], key
+            # the plan's front-rate probe, made before the search, and then the brute force's probes
+            assert mine["probes"] - (mine["front_probe_met"] is not None) == row["probes"]
+            assert mine["front_probe_met"] in (None, True) and row["front_probe_met"] is None
 
 
 def test_the_files_say_what_was_decided_and_how_to_serve_it(plans):
