@@ -57,15 +57,15 @@ class SearchResult:
 
 def front_exponent(can_win) -> int | None:
     """The highest grid exponent e at which a failed SLO already proves the deployment cannot reach the front
-    (``can_win(multiplier(e))`` False; it is monotone: a higher failing rate leaves a higher goodput bound), or
+    (``can_win(e)`` False; it is monotone: a higher failing rate leaves a higher goodput bound), or
     None when a failure at the search's lowest rate would not (nothing to probe)."""
     top = MAX_DOUBLINGS * STEPS_PER_DOUBLING
-    if can_win(multiplier(-top)):
+    if can_win(-top):
         return None
     lo, hi = -top, top + 1  # can_win False at lo; hi: above the grid
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if can_win(multiplier(mid)):
+        if can_win(mid):
             hi = mid
         else:
             lo = mid
@@ -73,15 +73,18 @@ def front_exponent(can_win) -> int | None:
 
 
 def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
-    """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(m_hi)`` says whether
-    a goodput below ``N m_hi / S`` could still reach the front (False: stop, ``cut``).
+    """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(e)`` says whether
+    the deployment could still reach the front when the SLO failed at ``multiplier(e)`` (its sustainable rate at
+    most ``multiplier(e - 1)``; False: stop, ``cut``).
 
     ``front_probe``: first serve at the highest rate where a failure proves the deployment cannot reach the front
     (:func:`front_exponent`); if the SLO fails there, stop (``cut``, one probe): the sustainable rate is below it
-    (the SLO holds below any rate where it held, the search's own premise). Else search as without it: the same
-    probes, the same result (a probe repeated at the same rate is the same run: the evaluator reuses it)."""
+    (the SLO holds below any rate where it held, the search's own premise). Else the search starts there instead
+    of at the offered rate (its first probe is that run, which the evaluator reuses): by the same premise it ends
+    at the same sustainable rate as a search from the offered rate, with fewer probes."""
     res = SearchResult("searched")
     lo = hi = None  # exponents: highest met, lowest failed
+    start = 0
     if front_probe:
         e = front_exponent(can_win)
         if e is not None:
@@ -93,6 +96,7 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
             if not ev.meets:
                 res.status, res.hi = "cut", e
                 return res
+            start = e
 
     def probe(e: int) -> bool:
         ev = evaluate(multiplier(e))
@@ -106,8 +110,8 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
 
     step = STEPS_PER_DOUBLING
     top = MAX_DOUBLINGS * step
-    if probe(0):
-        lo = 0
+    if probe(start):
+        lo = start
         while lo < top:
             if probe(lo + step):
                 lo += step
@@ -118,9 +122,9 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
             res.status = "capped"
             return res
     else:
-        hi = 0
+        hi = start
         while True:
-            if not can_win(multiplier(hi)):
+            if not can_win(hi):
                 res.status, res.hi = "cut", hi
                 return res
             if hi - step < -top:
@@ -131,7 +135,7 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
                 break
             hi -= step
     while hi - lo > 1:
-        if not can_win(multiplier(hi)):
+        if not can_win(hi):
             res.status, res.hi = "cut", hi
             return res
         mid = (lo + hi) // 2
@@ -230,3 +234,40 @@ def front(rows: list) -> list:
         if not dominated:
             out.append(i)
     return out
+
+
+@dataclass(frozen=True)
+class LoneRun:
+    """Every request served alone on one replica of a deployment (:meth:`stepsim.plan.evaluate.Evaluator.lone`):
+    its TTFT, TPOT (0 for one output token) and E2E (s), in the trace's order. Premise (the plan's second, beside
+    the SLO holding below a rate where it held): a request served with others, at any rate and routing, is never
+    done sooner than alone on the same replica, so each of its metrics is at least its lone one."""
+
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+
+    def meets(self, slo: dict, output: np.ndarray, percentile: float) -> bool:
+        """Whether the SLO can hold at the percentile at any rate: each metric's percentile of the lone values
+        is at most its limit (every value under load at least its lone one: the percentile too)."""
+        many = output > 1
+        values = {"ttft": self.ttft, "tpot": self.tpot[many], "e2e": self.e2e}
+        return all(not len(values[k]) or float(np.percentile(values[k], percentile)) <= limit
+                   for k, limit in slo.items())
+
+    def good_max(self, slo: dict) -> int:
+        """Requests that meet every SLO limit alone: no more can meet them under load."""
+        good = np.ones(len(self.ttft), dtype=bool)
+        for key, limit in slo.items():
+            good &= getattr(self, key) <= limit
+        return int(good.sum())
+
+    def goodput_bound(self, slo: dict, arrival: np.ndarray, m: float) -> float:
+        """Goodput (requests/s) at any multiplier at most ``m``: good requests at most :meth:`good_max`, over a
+        duration at least ``max_i(a_i / m + E2E_i)`` (request i arrives at ``a_i / m`` and is done no sooner than
+        alone), which only grows as the multiplier falls."""
+        if m <= 0:
+            return 0.0
+        duration = float(np.max(arrival / m + self.e2e) - arrival.min() / m)
+        good = self.good_max(slo)
+        return good / duration if duration > 0 else (0.0 if good == 0 else math.inf)

@@ -62,8 +62,12 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert _front(plan) == _front(brute) and _front(plan)
     assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
     assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
-    assert plan.summary["pruned"] + plan.summary["cut"] > 0
-    assert plan.summary["replays"] < brute.summary["replays"]
+    # 1 chip: orca first (the highest bound), both vLLM settings pass its front rate and are searched; 2 chips: the
+    # 1x2ch ones fail the front rate of 1 chip (one replay each); 4 chips: two cut at the front rate, one by a
+    # failed rate during its search
+    assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 6
+    assert [r["bound"] for r in plan.deployments][6:] == ["front rate"] * 5 + ["failed rate"]
+    assert (plan.summary["replays"], brute.summary["replays"]) == (94, 141)
     print("replays", plan.summary["replays"], brute.summary["replays"], "reused", plan.summary["replays_reused"],
           brute.summary["replays_reused"], "wall", plan.summary["wall_s"], brute.summary["wall_s"])
 
@@ -82,8 +86,8 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
         else:  # searched in both: the same search, the same numbers
             for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s"):
                 assert mine[key] == row[key], key
-            # the plan's front-rate probe, made before the search, and then the brute force's probes
-            assert mine["probes"] - (mine["front_probe_met"] is not None) == row["probes"]
+            # the plan's search starts at its front-rate probe when that held: fewer probes, the same end
+            assert mine["probes"] <= row["probes"]
             assert mine["front_probe_met"] in (None, True) and row["front_probe_met"] is None
 
 
