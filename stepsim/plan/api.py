@@ -128,7 +128,8 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
     calibration_cache : path, optional
         The fast calibrations' cache (as serve's).
     prune : bool
-        False: search every deployment fully (the brute force a plan's front is tested against).
+        False: search every deployment fully from the offered rate, with no lone run, front-rate probe or bound
+        (the brute force a plan's front is tested against).
     verify : bool
         Re-serve the recommended deployment with its own ``--fidelity fast`` calibration and report the
         difference.

@@ -77,10 +77,12 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
     decided = {r["deployment"]: r for r in plan.deployments}
     for row in brute.deployments:
         assert row["max_utilisation"] <= 1.0
+        mine = decided[row["deployment"]]
         if row["goodput_requests_per_s"] is not None:
             assert row["goodput_requests_per_s"] <= row["goodput_bound_requests_per_s"]
             assert row["multiplier"] <= row["rate_bound_multiplier"]
-        mine = decided[row["deployment"]]
+            assert row["goodput_requests_per_s"] <= mine["lone_goodput_bound_requests_per_s"]  # its lone runs'
+        assert row["lone_goodput_bound_requests_per_s"] is None  # the brute force makes no lone run
         if mine["decided"] in ("pruned", "cut"):
             assert not row["on_front"]
         else:  # searched in both: the same search, the same numbers
@@ -137,3 +139,23 @@ def test_least_outstanding_settles_on_a_fixed_point(plans):
         finish[idx] = ev._serve_replica(dep, arrival, idx)["finish"]
     again = route("least-outstanding", arrival, base.prompt + base.output, 2, result.assignment, finish)
     assert again.tolist() == result.assignment.tolist()
+
+
+def test_the_lone_bounds_and_the_front_exponent():
+    """LoneRun's checks on three requests (arrivals 0, 1, 2 s at the offered rate) and front_exponent's bisection of
+    a monotone can_win."""
+    from stepsim.plan.search import LoneRun, front_exponent, multiplier
+
+    lone = LoneRun(ttft=np.array([0.1, 0.5, 0.2]), tpot=np.array([0.01, 0.0, 0.03]), e2e=np.array([0.2, 0.5, 0.4]))
+    output = np.array([11, 1, 8])
+    slo = {"ttft": 0.3, "tpot": 0.02}
+    assert lone.good_max(slo) == 1  # the second misses TTFT, the third TPOT (a one-token output's TPOT is 0)
+    assert lone.meets({"ttft": 0.5}, output, 50.0) and not lone.meets({"ttft": 0.19}, output, 50.0)
+    assert lone.meets({"tpot": 0.03}, output, 100.0) and not lone.meets({"tpot": 0.029}, output, 100.0)
+    # duration at m = 2: max(0 + 0.2, 0.5 + 0.5, 1 + 0.4) = 1.4 s; one good request
+    assert lone.goodput_bound(slo, np.array([0.0, 1.0, 2.0]), 2.0) == 1 / 1.4
+    assert lone.goodput_bound(slo, np.array([0.0, 1.0, 2.0]), 0.0) == 0.0
+    assert front_exponent(lambda e: e >= 37) == 36
+    assert front_exponent(lambda e: True) is None
+    assert front_exponent(lambda e: False) == 128  # the grid's top
+    assert multiplier(16) == 2.0
