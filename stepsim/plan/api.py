@@ -128,7 +128,7 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
     calibration_cache : path, optional
         The fast calibrations' cache (as serve's).
     prune : bool
-        False: search every deployment fully from the offered rate, with no lone run, front-rate probe or bound
+        False: search every deployment fully from the offered rate, with no front-rate probe or bound
         (the brute force a plan's front is tested against).
     verify : bool
         Re-serve the recommended deployment with its own ``--fidelity fast`` calibration and report the
@@ -219,32 +219,13 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
             row.update(decided="pruned", bound=row["binds"], replays=0)
             continue
         before = evaluator.replays
-        lone = None
-        if prune:
-            try:
-                lone = evaluator.lone(dep)
-            except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
-                row.update(error=str(exc), replays=evaluator.replays - before)
-                continue
-            row["lone_goodput_ub"] = lone.goodput_bound(slo_seconds, base.arrival, row["m_ub"])
-            if not lone.meets(slo_seconds, base.output, percentile):
-                row.update(decided="pruned", bound="lone-slo", replays=evaluator.replays - before)
-                continue
-            if beaten(dep.chips, row["lone_goodput_ub"], strict=False):
-                row.update(decided="pruned", bound="lone-work", replays=evaluator.replays - before)
-                continue
-
-        def can_win(e_hi, dep=dep, row=row, lone=lone):
-            """Whether a failure at multiplier(e_hi) leaves ``dep`` a chance: its rate at most multiplier(e_hi - 1)."""
+        def can_win(e_hi, dep=dep, row=row):
+            """Whether a failure at multiplier(e_hi) leaves ``dep`` a chance (its rate below multiplier(e_hi))."""
             if not prune:
                 return True
-            m_hi = multiplier(e_hi)
-            span_term = base.span_s / m_hi
+            span_term = base.span_s / multiplier(e_hi)
             ub = base.n / max(span_term, row["least_duration"])
-            if beaten(dep.chips, ub, strict=span_term >= row["least_duration"]):
-                return False
-            return not beaten(dep.chips, lone.goodput_bound(slo_seconds, base.arrival, multiplier(e_hi - 1)),
-                              strict=False)
+            return not beaten(dep.chips, ub, strict=span_term >= row["least_duration"])
 
         try:
             res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win, front_probe=prune)
@@ -275,7 +256,6 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                                               percentile, base, cache)
     summary["replays"] = evaluator.replays
     summary["replays_reused"] = evaluator.reused
-    summary["lone_replays"] = evaluator.lone_replays
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     if out is not None:
@@ -369,11 +349,8 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
             "max_batch_tokens": dep.scheduler.max_batch_tokens, "chunk_tokens": dep.scheduler.chunk_tokens,
             "decided": row["decided"] or "infeasible", "bound": row["bound"], "error": row["error"],
             "rate_bound_multiplier": row.get("m_ub"), "goodput_bound_requests_per_s": row.get("goodput_ub"),
-            "lone_goodput_bound_requests_per_s": row.get("lone_goodput_ub"),
             "search": res.status if res is not None else None,
-            # a front probe that held is the search's first probe (the same run)
-            "probes": len(res.probes) + (res.front_probe is not None and not res.front_probe[1]) if res is not None
-            else 0,
+            "probes": len(res.probes) + (res.front_probe is not None) if res is not None else 0,
             "front_probe_multiplier": None if res is None or res.front_probe is None
             else multiplier(res.front_probe[0]),
             "front_probe_met": None if res is None or res.front_probe is None else res.front_probe[1],

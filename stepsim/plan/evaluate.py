@@ -67,9 +67,6 @@ class Evaluator:
         # a replica's run depends only on its shape, scheduler, requests and their arrivals: two deployments (or
         # two routing rounds) that send one replica the same requests at the same rate share its replay
         self._runs: dict[tuple, dict] = {}
-        #: every request alone on one replica (a lone run per replica shape and scheduler): bounds, not probes
-        self._lone: dict[tuple, object] = {}
-        self.lone_replays = 0
 
     def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
         """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``; a run
@@ -80,32 +77,6 @@ class Evaluator:
             return self._runs[key]
         self._runs[key] = out = self._replay(dep, arrival, indices)
         return out
-
-    def lone(self, dep: Deployment):
-        """Every request of the trace served alone on one replica of ``dep``
-        (:class:`stepsim.plan.search.LoneRun`): one replay with the requests spaced so that each arrives after the
-        one before it has finished (checked; spaced wider and replayed again until it holds). Cached per replica
-        shape and scheduler; counted in ``replays`` and ``lone_replays``."""
-        from stepsim.plan.search import LoneRun
-
-        key = (dep.hardware, dep.chips_per_replica, dep.scheduler)
-        if key in self._lone:
-            return self._lone[key]
-        b = self.base
-        idx = np.arange(b.n)
-        gap = 1.0  # s between two arrivals; widened until no request overlaps the next
-        while True:
-            arrival = idx * gap
-            out = self._replay(dep, arrival, idx)
-            self.lone_replays += 1
-            if b.n < 2 or bool(np.all(out["finish"][:-1] < arrival[1:])):
-                break
-            gap = 2.0 * float(np.max(out["finish"] - arrival)) + gap
-        ttft = out["first_token"] - arrival
-        e2e = out["finish"] - arrival
-        tpot = np.where(b.output > 1, (e2e - ttft) / np.maximum(b.output - 1, 1), 0.0)
-        self._lone[key] = run = LoneRun(ttft, tpot, e2e)
-        return run
 
     def _replay(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
         from stepsim.serve.api import serve

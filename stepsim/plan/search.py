@@ -79,9 +79,10 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
 
     ``front_probe``: first serve at the highest rate where a failure proves the deployment cannot reach the front
     (:func:`front_exponent`); if the SLO fails there, stop (``cut``, one probe): the sustainable rate is below it
-    (the SLO holds below any rate where it held, the search's own premise). Else the search starts there instead
-    of at the offered rate (its first probe is that run, which the evaluator reuses): by the same premise it ends
-    at the same sustainable rate as a search from the offered rate, with fewer probes."""
+    (the SLO holds below any rate where it held, the search's own premise). Else search as without it, from the
+    offered rate: the same probes, the same result (the probe's run is reused if the search reaches that rate).
+    Starting the search at the front probe instead would save probes but is not the same search where the SLO is
+    not monotone in the rate (docs/plan.md §4)."""
     res = SearchResult("searched")
     lo = hi = None  # exponents: highest met, lowest failed
     start = 0
@@ -96,7 +97,6 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
             if not ev.meets:
                 res.status, res.hi = "cut", e
                 return res
-            start = e
 
     def probe(e: int) -> bool:
         ev = evaluate(multiplier(e))
@@ -235,39 +235,3 @@ def front(rows: list) -> list:
             out.append(i)
     return out
 
-
-@dataclass(frozen=True)
-class LoneRun:
-    """Every request served alone on one replica of a deployment (:meth:`stepsim.plan.evaluate.Evaluator.lone`):
-    its TTFT, TPOT (0 for one output token) and E2E (s), in the trace's order. Premise (the plan's second, beside
-    the SLO holding below a rate where it held): a request served with others, at any rate and routing, is never
-    done sooner than alone on the same replica, so each of its metrics is at least its lone one."""
-
-    ttft: np.ndarray
-    tpot: np.ndarray
-    e2e: np.ndarray
-
-    def meets(self, slo: dict, output: np.ndarray, percentile: float) -> bool:
-        """Whether the SLO can hold at the percentile at any rate: each metric's percentile of the lone values
-        is at most its limit (every value under load at least its lone one: the percentile too)."""
-        many = output > 1
-        values = {"ttft": self.ttft, "tpot": self.tpot[many], "e2e": self.e2e}
-        return all(not len(values[k]) or float(np.percentile(values[k], percentile)) <= limit
-                   for k, limit in slo.items())
-
-    def good_max(self, slo: dict) -> int:
-        """Requests that meet every SLO limit alone: no more can meet them under load."""
-        good = np.ones(len(self.ttft), dtype=bool)
-        for key, limit in slo.items():
-            good &= getattr(self, key) <= limit
-        return int(good.sum())
-
-    def goodput_bound(self, slo: dict, arrival: np.ndarray, m: float) -> float:
-        """Goodput (requests/s) at any multiplier at most ``m``: good requests at most :meth:`good_max`, over a
-        duration at least ``max_i(a_i / m + E2E_i)`` (request i arrives at ``a_i / m`` and is done no sooner than
-        alone), which only grows as the multiplier falls."""
-        if m <= 0:
-            return 0.0
-        duration = float(np.max(arrival / m + self.e2e) - arrival.min() / m)
-        good = self.good_max(slo)
-        return good / duration if duration > 0 else (0.0 if good == 0 else math.inf)

@@ -3,8 +3,7 @@ requests, a space of 12 deployments up to 4 chips (one and two chips a replica, 
 round-robin router, three scheduler settings), every candidate priced by fast fidelity:
 
 * the plan's front is the front of searching every deployment fully (the same deployments, rates and goodputs, to
-  the bit), with 3.4x fewer replays (42, lone runs included, against 141): every deployment off the front is cut
-  by its front-rate probe;
+  the bit), with 1.5x fewer replays (94 against 141; 105 before the front-rate probe);
 * every bound holds on every deployment the brute force searched (goodput and rate at most their bounds; no step
   of any replay beat the floors: utilisation at most 1);
 * the files: plan.json (the recommended deployment, why each other front point lost, the serve commands),
@@ -63,11 +62,12 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert _front(plan) == _front(brute) and _front(plan)
     assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
     assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
-    # each chip count's orca deployment is searched first (the highest bound) and is the front; every other fails
-    # the rate it would need to beat the front (one probe, after its shape and scheduler's lone run)
-    assert [r["decided"] for r in plan.deployments] == ["cut", "cut", "simulated"] * 2 + ["cut"] * 6
-    assert {r["bound"] for r in plan.deployments if r["decided"] == "cut"} == {"front rate"}
-    assert (plan.summary["replays"], plan.summary["lone_replays"], brute.summary["replays"]) == (42, 6, 141)
+    # 1 chip: orca first (the highest bound), both vLLM settings pass its front rate and are searched; 2 chips: the
+    # 1x2ch ones fail the front rate of 1 chip (one probe each); 4 chips: two cut at the front rate, one by a
+    # failed rate during its search
+    assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 6
+    assert [r["bound"] for r in plan.deployments][6:] == ["front rate"] * 5 + ["failed rate"]
+    assert (plan.summary["replays"], brute.summary["replays"]) == (94, 141)
     print("replays", plan.summary["replays"], brute.summary["replays"], "reused", plan.summary["replays_reused"],
           brute.summary["replays_reused"], "wall", plan.summary["wall_s"], brute.summary["wall_s"])
 
@@ -81,15 +81,13 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
         if row["goodput_requests_per_s"] is not None:
             assert row["goodput_requests_per_s"] <= row["goodput_bound_requests_per_s"]
             assert row["multiplier"] <= row["rate_bound_multiplier"]
-            assert row["goodput_requests_per_s"] <= mine["lone_goodput_bound_requests_per_s"]  # its lone runs'
-        assert row["lone_goodput_bound_requests_per_s"] is None  # the brute force makes no lone run
         if mine["decided"] in ("pruned", "cut"):
             assert not row["on_front"]
         else:  # searched in both: the same search, the same numbers
             for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s"):
                 assert mine[key] == row[key], key
-            # the plan's search starts at its front-rate probe when that held: fewer probes, the same end
-            assert mine["probes"] <= row["probes"]
+            # the plan's front-rate probe, made before the search, and then the brute force's probes
+            assert mine["probes"] - (mine["front_probe_met"] is not None) == row["probes"]
             assert mine["front_probe_met"] in (None, True) and row["front_probe_met"] is None
 
 
@@ -141,21 +139,12 @@ def test_least_outstanding_settles_on_a_fixed_point(plans):
     assert again.tolist() == result.assignment.tolist()
 
 
-def test_the_lone_bounds_and_the_front_exponent():
-    """LoneRun's checks on three requests (arrivals 0, 1, 2 s at the offered rate) and front_exponent's bisection of
-    a monotone can_win."""
-    from stepsim.plan.search import LoneRun, front_exponent, multiplier
+def test_the_front_exponent_bisects_a_monotone_can_win():
+    """front_exponent: the highest grid exponent where can_win is False (None: False nowhere)."""
+    from stepsim.plan.search import front_exponent, multiplier
 
-    lone = LoneRun(ttft=np.array([0.1, 0.5, 0.2]), tpot=np.array([0.01, 0.0, 0.03]), e2e=np.array([0.2, 0.5, 0.4]))
-    output = np.array([11, 1, 8])
-    slo = {"ttft": 0.3, "tpot": 0.02}
-    assert lone.good_max(slo) == 1  # the second misses TTFT, the third TPOT (a one-token output's TPOT is 0)
-    assert lone.meets({"ttft": 0.5}, output, 50.0) and not lone.meets({"ttft": 0.19}, output, 50.0)
-    assert lone.meets({"tpot": 0.03}, output, 100.0) and not lone.meets({"tpot": 0.029}, output, 100.0)
-    # duration at m = 2: max(0 + 0.2, 0.5 + 0.5, 1 + 0.4) = 1.4 s; one good request
-    assert lone.goodput_bound(slo, np.array([0.0, 1.0, 2.0]), 2.0) == 1 / 1.4
-    assert lone.goodput_bound(slo, np.array([0.0, 1.0, 2.0]), 0.0) == 0.0
     assert front_exponent(lambda e: e >= 37) == 36
     assert front_exponent(lambda e: True) is None
     assert front_exponent(lambda e: False) == 128  # the grid's top
     assert multiplier(16) == 2.0
+
