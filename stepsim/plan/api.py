@@ -350,7 +350,9 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
             "decided": row["decided"] or "infeasible", "bound": row["bound"], "error": row["error"],
             "rate_bound_multiplier": row.get("m_ub"), "goodput_bound_requests_per_s": row.get("goodput_ub"),
             "search": res.status if res is not None else None,
-            "probes": len(res.probes) + (res.front_probe is not None) if res is not None else 0,
+            # a front probe that held is one of the search's own probes (the same run, reused)
+            "probes": len(res.probes) + (res.front_probe is not None and not res.front_probe[1]) if res is not None
+            else 0,
             "front_probe_multiplier": None if res is None or res.front_probe is None
             else multiplier(res.front_probe[0]),
             "front_probe_met": None if res is None or res.front_probe is None else res.front_probe[1],

@@ -17,6 +17,12 @@ bound m_ub of :func:`rate_bound` before any run. A deployment of C chips can onl
 for its goodput) if its goodput beats every deployment of fewer chips and reaches every one of C; a deployment
 whose bound cannot is ``pruned`` (by the bound, before any run) or ``cut`` (by the failed rate, during its search).
 Deployments are searched by chips, fewest first, so the front of fewer chips is final when C is reached.
+
+**Front probe.** The search's result is below the first rate of its doubling phase (1, 2, 4, ... times the offered
+rate) where the SLO fails, whatever the SLO does elsewhere: the bracket and the bisection stay below it. So a
+failure at any doubling rate ``2**k`` (k >= 1) bounds the result below ``2**k`` on its own. Before its search a
+deployment is served at the highest doubling rate where such a failure proves it cannot reach the front; failing
+there it is ``cut`` after one probe, else the search runs as always and reuses that run when it gets there.
 """
 
 from __future__ import annotations
@@ -77,18 +83,20 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
     the deployment could still reach the front when the SLO failed at ``multiplier(e)`` (its sustainable rate at
     most ``multiplier(e - 1)``; False: stop, ``cut``).
 
-    ``front_probe``: first serve at the highest rate where a failure proves the deployment cannot reach the front
-    (:func:`front_exponent`); if the SLO fails there, stop (``cut``, one probe): the sustainable rate is below it
-    (the SLO holds below any rate where it held, the search's own premise). Else search as without it, from the
-    offered rate: the same probes, the same result (the probe's run is reused if the search reaches that rate).
-    Starting the search at the front probe instead would save probes but is not the same search where the SLO is
-    not monotone in the rate (docs/plan.md §4)."""
+    ``front_probe``: first serve at the highest doubling rate (exponent a positive multiple of
+    STEPS_PER_DOUBLING) at or below :func:`front_exponent`; if the SLO fails there, stop (``cut``, one probe): the
+    search's result would be below the first doubling rate where the SLO fails, so below this one (module
+    docstring), with no premise on the SLO's shape. Else search as without it, from the offered rate: the same
+    probes and the same result (the probe is one of them; its run is reused)."""
     res = SearchResult("searched")
     lo = hi = None  # exponents: highest met, lowest failed
     start = 0
     if front_probe:
         e = front_exponent(can_win)
-        if e is not None:
+        # the highest rate of the search's doubling phase (0, 16, 32, ...) at most there: a failure at any of them
+        # bounds the search's result below it, whatever the SLO does at other rates (module docstring)
+        e = None if e is None else min(e, MAX_DOUBLINGS * STEPS_PER_DOUBLING) // STEPS_PER_DOUBLING * STEPS_PER_DOUBLING
+        if e is not None and e > 0:  # at 0 the search's own first probe and cut check do it
             ev = evaluate(multiplier(e))
             res.front_probe = (e, ev.meets)
             res.max_utilisation = ev.max_utilisation
