@@ -149,3 +149,37 @@ def test_the_front_exponent_bisects_a_monotone_can_win():
     assert front_exponent(lambda e: False) == 128  # the grid's top
     assert multiplier(16) == 2.0
 
+
+
+def test_the_front_probe_cuts_only_where_the_search_would_end_below_it():
+    """search_rate with and without the front probe on SLOs that are not monotone in the rate (exponent e meets it
+    unless e is in ``fails``), a deployment that can win only above exponent 40: a cut only when the search from
+    the offered rate ends below the probe; else the same probes and result (the probe is one of them)."""
+    from types import SimpleNamespace
+
+    from stepsim.plan.search import STEPS_PER_DOUBLING, multiplier, search_rate
+
+    def run(fails, front_probe):
+        served = []
+
+        def evaluate(m):
+            e = round(np.log2(m) * STEPS_PER_DOUBLING)
+            served.append(e)
+            return SimpleNamespace(meets=e not in fails, max_utilisation=0.0, multiplier=m)
+
+        res = search_rate(evaluate, lambda e: not front_probe or e > 40, front_probe=front_probe)
+        return res, served
+
+    for fails, how in (({32}, "front"), ({24}, "same"), ({40}, "same"), ({48, 40}, "failed"),
+                       (set(range(-128, 129)), "front")):
+        brute, _ = run(fails, False)
+        res, served = run(fails, True)
+        if how == "front":  # failed at exponent 32, the highest doubling rate at or below 40: the search ends below it
+            assert (res.status, served[0], res.front_probe) == ("cut", 32, (32, False))
+            assert brute.best is None or brute.best.multiplier < multiplier(32)
+        elif how == "failed":  # the probe held; the search then failed at 40 (its own probe) and was cut there
+            assert (res.status, res.hi, res.front_probe) == ("cut", 40, (32, True))
+            assert brute.best.multiplier < multiplier(40)
+        else:  # the probe held: the brute force's probes and result
+            assert res.status == brute.status and res.probes == brute.probes and res.front_probe == (32, True)
+            assert res.best.multiplier == brute.best.multiplier
