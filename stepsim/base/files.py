@@ -310,8 +310,9 @@ def published_together() -> Iterator[None]:
     except BaseException:
         _PENDING.reset(token)
         for tmp, _ in pending:
-            with suppress(FileNotFoundError):
-                tmp.unlink()
+            if tmp is not None:
+                with suppress(FileNotFoundError):
+                    tmp.unlink()
         raise
     _PENDING.reset(token)
     previous = _signal_mask()
@@ -320,6 +321,29 @@ def published_together() -> Iterator[None]:
         _publish(pending)
     finally:
         _restore_signals(previous)
+
+
+def retire(path: str | Path) -> None:
+    """Remove ``path`` (an earlier run's output this run does not write again) together with the files of the
+    enclosing :func:`published_together`: it is removed only when every new file lands, and put back when a later
+    rename fails. Outside a group it is removed at once. A missing ``path`` is nothing to do; a folder is refused
+    (OutputError): only files a command wrote itself are retired."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_dir() and not path.is_symlink():
+        raise OutputError(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)))
+    pending = _PENDING.get()
+    if pending is not None:
+        pending.append((None, path))  # published_together removes it with the renames (tmp None: a removal)
+        return
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise OutputError(path, exc) from None
+    _fsync_dir(path.parent)
 
 
 def _backup(path: Path) -> Path | None:
@@ -348,8 +372,9 @@ def _publish(pending: list) -> None:
 
     def clean() -> None:
         for tmp, _ in pending:
-            with suppress(FileNotFoundError):
-                tmp.unlink()
+            if tmp is not None:
+                with suppress(FileNotFoundError):
+                    tmp.unlink()
         for backup in backups:
             if backup is not None and backup not in kept:
                 with suppress(FileNotFoundError):
@@ -364,12 +389,17 @@ def _publish(pending: list) -> None:
     done = 0
     try:
         for tmp, path in pending:
-            os.replace(tmp, path)
+            if tmp is not None:
+                os.replace(tmp, path)
+            elif os.path.lexists(path):  # a retired file (its backup puts it back if a later rename fails)
+                os.unlink(path)
             done += 1
     except OSError as exc:
         failed = pending[done][1]
         lost = []  # what could not be undone, said in the error rather than deleted
-        for (_, path), backup in zip(pending[:done], backups[:done]):
+        for (tmp, path), backup in zip(pending[:done], backups[:done]):
+            if tmp is None and backup is None:  # a retired file that was already gone: nothing to put back
+                continue
             try:
                 if backup is None:
                     path.unlink()

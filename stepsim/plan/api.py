@@ -19,7 +19,7 @@ import numpy as np
 
 from stepsim.base.errors import ConfigError
 from stepsim.plan.evaluate import BaseTrace, Evaluator
-from stepsim.plan.search import front, goodput_bound, rate_bound, search_rate
+from stepsim.plan.search import front, goodput_bound, multiplier, rate_bound, search_rate
 from stepsim.plan.space import DEFAULT_SPACE, deployments, load_space, parse_space
 
 #: --max-chips default and limit
@@ -128,7 +128,8 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
     calibration_cache : path, optional
         The fast calibrations' cache (as serve's).
     prune : bool
-        False: search every deployment fully (the brute force a plan's front is tested against).
+        False: search every deployment fully from the offered rate, with no front-rate probe or bound
+        (the brute force a plan's front is tested against).
     verify : bool
         Re-serve the recommended deployment with its own ``--fidelity fast`` calibration and report the
         difference.
@@ -218,23 +219,25 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
             row.update(decided="pruned", bound=row["binds"], replays=0)
             continue
         before = evaluator.replays
-
-        def can_win(m_hi, dep=dep, row=row):
+        def can_win(e_hi, dep=dep, row=row):
+            """Whether a failure at multiplier(e_hi) leaves ``dep`` a chance (its rate below multiplier(e_hi))."""
             if not prune:
                 return True
-            span_term = base.span_s / m_hi
+            span_term = base.span_s / multiplier(e_hi)
             ub = base.n / max(span_term, row["least_duration"])
             return not beaten(dep.chips, ub, strict=span_term >= row["least_duration"])
 
         try:
-            res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win)
+            res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win, front_probe=prune)
         except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
             row.update(error=str(exc), replays=evaluator.replays - before)
             continue
         row["replays"] = evaluator.replays - before
         row["search"] = res
         if res.status == "cut":
-            row.update(decided="cut", bound="failed rate")
+            # failed at the front's rate before the search (one probe), or at a rate the search probed
+            by_front = res.front_probe is not None and not res.front_probe[1]
+            row.update(decided="cut", bound="front rate" if by_front else "failed rate")
             continue
         row["decided"] = "simulated"
         if res.best is not None:
@@ -355,7 +358,13 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
             "decided": row["decided"] or "infeasible", "bound": row["bound"], "error": row["error"],
             "rate_bound_multiplier": row.get("m_ub"), "goodput_bound_requests_per_s": row.get("goodput_ub"),
             "search": res.status if res is not None else None,
-            "probes": len(res.probes) if res is not None else 0, "replays": row.get("replays", 0),
+            # a front probe that held is one of the search's own probes (the same run, reused)
+            "probes": len(res.probes) + (res.front_probe is not None and not res.front_probe[1]) if res is not None
+            else 0,
+            "front_probe_multiplier": None if res is None or res.front_probe is None
+            else multiplier(res.front_probe[0]),
+            "front_probe_met": None if res is None or res.front_probe is None else res.front_probe[1],
+            "replays": row.get("replays", 0),
             "multiplier": best.multiplier if best is not None else None,
             "rate_requests_per_s": rate,
             "goodput_requests_per_s": row["goodput"],

@@ -2,10 +2,17 @@
 ``plan.json`` (the summary), ``deployments.parquet`` (one row per deployment of the space, how it was decided),
 ``replica-<k>.parquet`` (the recommended deployment's requests of replica k at its rate: the inputs of the
 ``stepsim serve`` commands in ``plan.json``) and ``plan.png`` (goodput per chip against chips, coloured by p99
-TTFT, the front marked) when matplotlib is installed."""
+TTFT, the front marked) when matplotlib is installed.
+
+``plan.json`` lists the run's files (``outputs``); a run into a folder an earlier plan wrote retires the earlier
+plan's files it does not write again (a ``replica-3.parquet`` of an earlier recommendation with more replicas),
+with the new files, all or none (:func:`stepsim.base.files.retire`). Only names a plan writes are retired, and only
+those the earlier ``plan.json`` lists: a user's other files in the folder stay."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +23,26 @@ from stepsim.base.ranges import json_text
 PLAN_FILE = "plan.json"
 DEPLOYMENTS_FILE = "deployments.parquet"
 FIGURE_FILE = "plan.png"
+#: the names a plan writes (replica-<k>.parquet: one per replica of the recommended deployment)
+_OWN_NAME = re.compile(r"(plan\.json|deployments\.parquet|plan\.png|replica-[0-9]+\.parquet)")
+
+
+def earlier_outputs(folder: Path) -> list[str]:
+    """The files an earlier plan wrote into ``folder`` (its plan.json's ``outputs``, the plan's own names only);
+    none when there is no readable plan.json of a plan there."""
+    try:
+        earlier = json.loads((folder / PLAN_FILE).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return []
+    names = earlier.get("outputs") if isinstance(earlier, dict) else None
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and _OWN_NAME.fullmatch(n)]
 
 
 def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
     """Write the plan's files into ``out``; returns their final paths by name."""
-    from stepsim.base.files import atomic_output, published_folder, write_parquet_atomic
+    from stepsim.base.files import atomic_output, published_folder, retire, write_parquet_atomic
     from stepsim.base.ranges import non_finite
     from stepsim.serve.api import matplotlib_available
     from stepsim.trace_io.requests import write_requests
@@ -28,8 +50,14 @@ def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
     bad = non_finite(summary)
     if bad is not None:  # JSON has no NaN or infinity: say which, never write one
         raise ValueError(f"plan.json: {bad[0]} is {bad[1]}")
+    figure_too = matplotlib_available()
+    names = [PLAN_FILE, DEPLOYMENTS_FILE, *(name for name, _ in replica_files), *([FIGURE_FILE] if figure_too else [])]
+    summary["outputs"] = names
     files = {}
     with published_folder(out) as folder:
+        for name in earlier_outputs(folder):
+            if name not in names:
+                retire(folder / name)
         with atomic_output(folder / PLAN_FILE) as tmp:
             tmp.write_text(json_text(summary, indent=2, sort_keys=True) + "\n")  # NaN, inf: null
         files["plan"] = PLAN_FILE
@@ -38,7 +66,7 @@ def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
         for name, trace in replica_files:
             write_requests(trace, folder / name)
             files[name.removesuffix(".parquet")] = name
-        if matplotlib_available():
+        if figure_too:
             figure(table, folder / FIGURE_FILE, title=f"{Path(summary['model']).stem}: {summary['slo']} at "
                                                         f"p{summary['percentile']:g}")
             files["figure"] = FIGURE_FILE
@@ -48,7 +76,8 @@ def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
 #: deployments.parquet's column types (the others are strings)
 _TYPES = {"chips": pa.int64(), "chips_per_replica": pa.int64(), "replicas": pa.int64(), "max_seqs": pa.int64(),
           "max_batch_tokens": pa.int64(), "chunk_tokens": pa.int64(), "probes": pa.int64(), "replays": pa.int64(),
-          "on_front": pa.bool_(), "offered_meets_slo": pa.bool_()}
+          "on_front": pa.bool_(), "offered_meets_slo": pa.bool_(), "front_probe_met": pa.bool_(),
+          "front_probe_multiplier": pa.float64()}
 
 
 def deployments_table(table: list) -> pa.Table:

@@ -17,6 +17,12 @@ bound m_ub of :func:`rate_bound` before any run. A deployment of C chips can onl
 for its goodput) if its goodput beats every deployment of fewer chips and reaches every one of C; a deployment
 whose bound cannot is ``pruned`` (by the bound, before any run) or ``cut`` (by the failed rate, during its search).
 Deployments are searched by chips, fewest first, so the front of fewer chips is final when C is reached.
+
+**Front probe.** The search's result is below the first rate of its doubling phase (1, 2, 4, ... times the offered
+rate) where the SLO fails, whatever the SLO does elsewhere: the bracket and the bisection stay below it. So a
+failure at any doubling rate ``2**k`` (k >= 1) bounds the result below ``2**k`` on its own. Before its search a
+deployment is served at the highest doubling rate where such a failure proves it cannot reach the front; failing
+there it is ``cut`` after one probe, else the search runs as always and reuses that run when it gets there.
 """
 
 from __future__ import annotations
@@ -51,13 +57,54 @@ class SearchResult:
     offered: object = None
     #: the largest HBM or compute utilisation of any step of any probe (at most 1: the floors held)
     max_utilisation: float = 0.0
+    #: the front-rate probe ``(exponent, met)`` made before the search (None: none made)
+    front_probe: tuple | None = None
 
 
-def search_rate(evaluate, can_win) -> SearchResult:
-    """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(m_hi)`` says whether
-    a goodput below ``N m_hi / S`` could still reach the front (False: stop, ``cut``)."""
+def front_exponent(can_win) -> int | None:
+    """The highest grid exponent e at which a failed SLO already proves the deployment cannot reach the front
+    (``can_win(e)`` False; it is monotone: a higher failing rate leaves a higher goodput bound), or
+    None when a failure at the search's lowest rate would not (nothing to probe)."""
+    top = MAX_DOUBLINGS * STEPS_PER_DOUBLING
+    if can_win(-top):
+        return None
+    lo, hi = -top, top + 1  # can_win False at lo; hi: above the grid
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if can_win(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
+    """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(e)`` says whether
+    the deployment could still reach the front when the SLO failed at ``multiplier(e)`` (its sustainable rate at
+    most ``multiplier(e - 1)``; False: stop, ``cut``).
+
+    ``front_probe``: first serve at the highest doubling rate (exponent a positive multiple of
+    STEPS_PER_DOUBLING) at or below :func:`front_exponent`; if the SLO fails there, stop (``cut``, one probe): the
+    search's result would be below the first doubling rate where the SLO fails, so below this one (module
+    docstring), with no premise on the SLO's shape. Else search as without it, from the offered rate: the same
+    probes and the same result (the probe is one of them; its run is reused)."""
     res = SearchResult("searched")
     lo = hi = None  # exponents: highest met, lowest failed
+    start = 0
+    if front_probe:
+        e = front_exponent(can_win)
+        # the highest rate of the search's doubling phase (0, 16, 32, ...) at most there: a failure at any of them
+        # bounds the search's result below it, whatever the SLO does at other rates (module docstring)
+        e = None if e is None else min(e, MAX_DOUBLINGS * STEPS_PER_DOUBLING) // STEPS_PER_DOUBLING * STEPS_PER_DOUBLING
+        if e is not None and e > 0:  # at 0 the search's own first probe and cut check do it
+            ev = evaluate(multiplier(e))
+            res.front_probe = (e, ev.meets)
+            res.max_utilisation = ev.max_utilisation
+            if e == 0:
+                res.offered = ev
+            if not ev.meets:
+                res.status, res.hi = "cut", e
+                return res
 
     def probe(e: int) -> bool:
         ev = evaluate(multiplier(e))
@@ -71,8 +118,8 @@ def search_rate(evaluate, can_win) -> SearchResult:
 
     step = STEPS_PER_DOUBLING
     top = MAX_DOUBLINGS * step
-    if probe(0):
-        lo = 0
+    if probe(start):
+        lo = start
         while lo < top:
             if probe(lo + step):
                 lo += step
@@ -83,9 +130,9 @@ def search_rate(evaluate, can_win) -> SearchResult:
             res.status = "capped"
             return res
     else:
-        hi = 0
+        hi = start
         while True:
-            if not can_win(multiplier(hi)):
+            if not can_win(hi):
                 res.status, res.hi = "cut", hi
                 return res
             if hi - step < -top:
@@ -96,7 +143,7 @@ def search_rate(evaluate, can_win) -> SearchResult:
                 break
             hi -= step
     while hi - lo > 1:
-        if not can_win(multiplier(hi)):
+        if not can_win(hi):
             res.status, res.hi = "cut", hi
             return res
         mid = (lo + hi) // 2
@@ -195,3 +242,4 @@ def front(rows: list) -> list:
         if not dominated:
             out.append(i)
     return out
+

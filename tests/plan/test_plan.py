@@ -3,7 +3,7 @@ requests, a space of 12 deployments up to 4 chips (one and two chips a replica, 
 round-robin router, three scheduler settings), every candidate priced by fast fidelity:
 
 * the plan's front is the front of searching every deployment fully (the same deployments, rates and goodputs, to
-  the bit), with fewer replays;
+  the bit), with 1.68x fewer replays (84 against 141; 105 before the front probe);
 * every bound holds on every deployment the brute force searched (goodput and rate at most their bounds; no step
   of any replay beat the floors: utilisation at most 1);
 * the files: plan.json (the recommended deployment, why each other front point lost, the serve commands),
@@ -62,8 +62,13 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert _front(plan) == _front(brute) and _front(plan)
     assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
     assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
-    assert plan.summary["pruned"] + plan.summary["cut"] > 0
-    assert plan.summary["replays"] < brute.summary["replays"]
+    # 1 chip: orca first (the highest bound), both vLLM settings pass the front probe (multiplier 2, a rate their
+    # searches probe anyway) and are searched; 1x2ch and 2x2ch fail theirs (2 and 8): one probe each
+    assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 6
+    assert {r["bound"] for r in plan.deployments[6:]} == {"front rate"}
+    assert [r["front_probe_multiplier"] for r in plan.deployments] == [2.0, 2.0, None, 8.0, 8.0, 2.0] + [2.0] * 3 + \
+        [8.0] * 3
+    assert (plan.summary["replays"], brute.summary["replays"]) == (84, 141)
     print("replays", plan.summary["replays"], brute.summary["replays"], "reused", plan.summary["replays_reused"],
           brute.summary["replays_reused"], "wall", plan.summary["wall_s"], brute.summary["wall_s"])
 
@@ -73,15 +78,18 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
     decided = {r["deployment"]: r for r in plan.deployments}
     for row in brute.deployments:
         assert row["max_utilisation"] <= 1.0
+        mine = decided[row["deployment"]]
         if row["goodput_requests_per_s"] is not None:
             assert row["goodput_requests_per_s"] <= row["goodput_bound_requests_per_s"]
             assert row["multiplier"] <= row["rate_bound_multiplier"]
-        mine = decided[row["deployment"]]
         if mine["decided"] in ("pruned", "cut"):
             assert not row["on_front"]
         else:  # searched in both: the same search, the same numbers
-            for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s", "probes"):
+            for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s"):
                 assert mine[key] == row[key], key
+            # the plan's front probe is one of the search's own probes: the same probes
+            assert mine["probes"] == row["probes"]
+            assert mine["front_probe_met"] in (None, True) and row["front_probe_met"] is None
 
 
 def test_the_files_say_what_was_decided_and_how_to_serve_it(plans):
@@ -130,3 +138,48 @@ def test_least_outstanding_settles_on_a_fixed_point(plans):
         finish[idx] = ev._serve_replica(dep, arrival, idx)["finish"]
     again = route("least-outstanding", arrival, base.prompt + base.output, 2, result.assignment, finish)
     assert again.tolist() == result.assignment.tolist()
+
+
+def test_the_front_exponent_bisects_a_monotone_can_win():
+    """front_exponent: the highest grid exponent where can_win is False (None: False nowhere)."""
+    from stepsim.plan.search import front_exponent, multiplier
+
+    assert front_exponent(lambda e: e >= 37) == 36
+    assert front_exponent(lambda e: True) is None
+    assert front_exponent(lambda e: False) == 128  # the grid's top
+    assert multiplier(16) == 2.0
+
+
+
+def test_the_front_probe_cuts_only_where_the_search_would_end_below_it():
+    """search_rate with and without the front probe on SLOs that are not monotone in the rate (exponent e meets it
+    unless e is in ``fails``), a deployment that can win only above exponent 40: a cut only when the search from
+    the offered rate ends below the probe; else the same probes and result (the probe is one of them)."""
+    from types import SimpleNamespace
+
+    from stepsim.plan.search import STEPS_PER_DOUBLING, multiplier, search_rate
+
+    def run(fails, front_probe):
+        served = []
+
+        def evaluate(m):
+            e = round(np.log2(m) * STEPS_PER_DOUBLING)
+            served.append(e)
+            return SimpleNamespace(meets=e not in fails, max_utilisation=0.0, multiplier=m)
+
+        res = search_rate(evaluate, lambda e: not front_probe or e > 40, front_probe=front_probe)
+        return res, served
+
+    for fails, how in (({32}, "front"), ({24}, "same"), ({40}, "same"), ({48, 40}, "failed"),
+                       (set(range(-128, 129)), "front")):
+        brute, _ = run(fails, False)
+        res, served = run(fails, True)
+        if how == "front":  # failed at exponent 32, the highest doubling rate at or below 40: the search ends below it
+            assert (res.status, served[0], res.front_probe) == ("cut", 32, (32, False))
+            assert brute.best is None or brute.best.multiplier < multiplier(32)
+        elif how == "failed":  # the probe held; the search then failed at 40 (its own probe) and was cut there
+            assert (res.status, res.hi, res.front_probe) == ("cut", 40, (32, True))
+            assert brute.best.multiplier < multiplier(40)
+        else:  # the probe held: the brute force's probes and result
+            assert res.status == brute.status and res.probes == brute.probes and res.front_probe == (32, True)
+            assert res.best.multiplier == brute.best.multiplier
