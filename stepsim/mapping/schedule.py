@@ -21,7 +21,8 @@ from stepsim.base.errors import ConfigError
 from stepsim.base.files import refuse_special_file
 
 #: the knobs of each mapped kind, in the order they are printed
-KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",)}
+KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",),
+         "projection": ("tile_m", "tile_f", "lanes")}
 
 
 @dataclass(frozen=True)
