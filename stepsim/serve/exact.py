@@ -207,6 +207,27 @@ class EngineLatency:
     #: chips the step runs on (a system's provider: its chips), for the roofline's peaks
     chips = 1
 
+    @property
+    def streams_weights(self) -> bool:
+        """Whether a step's projections, router and LM head run on the engine and the weights stream ahead
+        (:mod:`stepsim.serve.projections`): mapped layers on one chip."""
+        return self.spec.schedule == "auto" and self.spec.system is None and self.chips == 1
+
+    def mapped_weight_cycles(self, batch: IterationBatch, tasks: list, results: list) -> tuple[int, int]:
+        """``(weights, hidden)``: the engine cycles of the step's projections, routers and LM head plus the embedding
+        rows' closed-form read, and the cycles streaming the weights ahead hid (:mod:`stepsim.serve.projections`);
+        ``self.last_streamed``: every piece's place in the step."""
+        from stepsim.serve.projections import step_pieces, stream_ahead
+
+        hw = self.hardware
+        pieces = step_pieces(self, batch, tasks, results)
+        self.last_streamed = stream_ahead(pieces, hw.on_chip_capacity_bytes, hw.hbm_peak_bytes_per_cycle,
+                                          hw.peak_flops_per_cycle)
+        tokens = int(sum(batch.new_tokens))
+        embedding = math.ceil(tokens * self.embedding_bytes / hw.hbm_peak_bytes_per_cycle)
+        weights = sum(p.cycles for p in pieces if p.kind == "projection")
+        return weights + embedding, sum(s.saved for s in self.last_streamed)
+
     def __call__(self, batch: IterationBatch) -> IterationCost:
         start = time.perf_counter()
         tasks, roles = self.tasks(batch)
@@ -215,8 +236,12 @@ class EngineLatency:
         for (role, count), (c, *_) in zip(roles, results):
             cycles[role] += count * c
         cycles["attention"] += self.collective_cycles(batch)
-        cycles["weights"] = self.weight_cycles(batch)
-        total = sum(cycles.values())
+        if self.streams_weights:  # the weights on the engine, streamed ahead (stepsim.serve.projections)
+            cycles["weights"], cycles["hidden"] = self.mapped_weight_cycles(batch, tasks, results)
+            total = cycles["attention"] + cycles["ffn"] + cycles["weights"] - cycles["hidden"]
+        else:
+            cycles["weights"] = self.weight_cycles(batch)
+            total = sum(cycles.values())
         touched = sum(len(np.unique(data)) for kind, data in tasks if kind == "ffn") if self.model.is_moe else 0
         self.wall_s += time.perf_counter() - start
         return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
