@@ -7,14 +7,15 @@ the LM head are each ``y = x W`` with ``x`` the step's ``tokens`` rows of ``d_in
 * the token rows load once as tiles of ``tile_m`` rows (the last zero-padded: the tensor has
   ``ceil(tokens / tile_m) tile_m`` rows);
 * ``lanes`` column stripes: lane ``j`` holds ``n_j`` weight tiles of ``d_in x tile_f`` (tensor ``w.lane<j>``; the
-  ``d_out / tile_f`` tiles dealt as evenly as they go, the first lanes one more), re-read once per token tile, and
+  ``ceil(d_out / tile_f)`` tiles dealt as evenly as they go, the first lanes one more; a ``d_out`` no ``tile_f``
+  divides is zero-padded to whole tiles), re-read once per token tile, and
   multiplies each token tile by each of them (one ``Map(Matmul)``); its ``tile_m x tile_f`` results are stored
   (tensor ``y.lane<j>``, fp32 as the paper's outputs).
 
 Each lane's weight load streams on its own (one request a cycle: docs/timing_model.md §4.1), so the weights arrive
 at up to ``lanes`` times one load's rate; the traffic and FLOPs do not depend on the lanes. Space: ``tile_m``
-(powers of two, the largest ``min(bucket, MAX_TILE_M)`` and down to an eighth of it), ``tile_f`` (32, 64, 128: those
-dividing ``d_out``) and ``lanes`` (powers of two up to ``d_out / tile_f`` and :data:`MAX_LANES`). Bound from the
+(powers of two, the largest ``min(bucket, MAX_TILE_M)`` and down to an eighth of it), ``tile_f`` (32, 64, 128) and
+``lanes`` (powers of two up to ``ceil(d_out / tile_f)`` and :data:`MAX_LANES`). Bound from the
 knobs alone (:func:`projection_bound`): the weights' bytes (once per token tile) at the HBM's peak, and the busiest
 lane's requests one a cycle. The search and its cache are the mapper's (:func:`map_projection`), its key of kind
 ``projection`` with this module's source in it, so no other kind's cached schedule depends on this module.
@@ -52,9 +53,7 @@ def projection_space(tokens: int, d_in: int, d_out: int) -> list[dict]:
     tile_ms = [m for m in _powers_of_two(top) if m * (1 << TILE_M_HALVINGS) >= top]
     space = []
     for tile_f in TILE_F_CHOICES:
-        if d_out % tile_f:
-            continue
-        stripes = d_out // tile_f
+        stripes = -(-d_out // tile_f)
         for lanes in _powers_of_two(min(MAX_LANES, stripes)):
             space.extend({"tile_m": m, "tile_f": tile_f, "lanes": lanes} for m in tile_ms)
     return space
@@ -73,7 +72,7 @@ def projection_bound(knobs: dict, tokens: int, d_in: int, d_out: int, hardware: 
     ``ceil(2 tile_f / addr_offset)`` requests) issued one a cycle."""
     m_tiles = -(-tokens // knobs["tile_m"])
     weight_bytes = m_tiles * d_in * d_out * 2
-    busiest = lane_tiles(d_out // knobs["tile_f"], knobs["lanes"])[0]
+    busiest = lane_tiles(-(-d_out // knobs["tile_f"]), knobs["lanes"])[0]
     requests = m_tiles * busiest * d_in * -(-2 * knobs["tile_f"] // hardware.addr_offset)
     return max(-(-weight_bytes // hardware.hbm_peak_bytes_per_cycle), requests)
 
@@ -88,7 +87,7 @@ def build_projection(tokens: int, d_in: int, d_out: int, knobs: dict, compute_bw
     g = Graph(f"projection-{tokens}x{d_in}x{d_out}")
     x = Tensor("x", (m_tiles * tile_m, d_in), BF16)
     tiles = LinearOffChipLoad(g, x, (tile_m, d_in), (m_tiles,), (1,), stream_dtype=FP32)
-    for j, n_f in enumerate(lane_tiles(d_out // tile_f, lanes)):
+    for j, n_f in enumerate(lane_tiles(-(-d_out // tile_f), lanes)):
         w = Tensor(f"w.lane{j}", (d_in, n_f * tile_f), BF16)
         weights = LinearOffChipLoad(g, w, (d_in, tile_f), (n_f,), (1,), ref=tiles, stream_dtype=FP32)
         products = Map(g, [RepeatStatic(g, tiles, n_f), weights], Matmul(), compute_bw=compute_bw)
@@ -150,8 +149,6 @@ def evaluate_projection(tokens: int, d_in: int, d_out: int, hardware: Hardware, 
             best = Schedule("projection", dict(knobs), cycles, row["bound_cycles"], use.off_chip_bytes, use.flops,
                             use.compute_units, use.memory_units, use.on_chip_bytes)
     if best is None:
-        from stepsim.mapping.units import Infeasible
-
         raise Infeasible(f"no schedule of the projection {tokens}x{d_in}x{d_out} fits hardware {hardware.name!r}")
     counts = {s: sum(r["status"] == s for r in rows) for s in ("simulated", "pruned", "infeasible")}
     return Schedule(**{**best.to_dict(), "candidates": counts}), rows
