@@ -79,7 +79,17 @@ def projection_bound(knobs: dict, tokens: int, d_in: int, d_out: int, hardware: 
 
 def build_projection(tokens: int, d_in: int, d_out: int, knobs: dict, compute_bw: int = 1):
     """The projection workload (module docstring) with every Matmul at ``compute_bw`` (the mapper replaces it)."""
-    from stepsim.graph import BF16, FP32, Graph, LinearOffChipLoad, LinearOffChipStore, Map, Matmul, RepeatStatic, Tensor
+    from stepsim.graph import (
+        BF16,
+        FP32,
+        Graph,
+        LinearOffChipLoad,
+        LinearOffChipStore,
+        Map,
+        Matmul,
+        RepeatStatic,
+        Tensor,
+    )
     from stepsim.workloads.base import Workload
 
     tile_m, tile_f, lanes = knobs["tile_m"], knobs["tile_f"], knobs["lanes"]
