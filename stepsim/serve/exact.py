@@ -217,10 +217,15 @@ class EngineLatency:
         """``(weights, hidden)``: the engine cycles of the step's projections, routers and LM head plus the embedding
         rows' closed-form read, and the cycles streaming the weights ahead hid (:mod:`stepsim.serve.projections`);
         ``self.last_streamed``: every piece's place in the step."""
-        from stepsim.serve.projections import step_pieces, stream_ahead
+        from stepsim.serve.projections import engine_pieces
+
+        return self.streamed_weight_cycles(batch, engine_pieces(self, batch, tasks, results))
+
+    def streamed_weight_cycles(self, batch: IterationBatch, pieces: list) -> tuple[int, int]:
+        """:meth:`mapped_weight_cycles` of a step's ``pieces`` (:func:`stepsim.serve.projections.step_pieces`)."""
+        from stepsim.serve.projections import stream_ahead
 
         hw = self.hardware
-        pieces = step_pieces(self, batch, tasks, results)
         self.last_streamed = stream_ahead(pieces, hw.on_chip_capacity_bytes, hw.hbm_peak_bytes_per_cycle,
                                           hw.peak_flops_per_cycle)
         tokens = int(sum(batch.new_tokens))

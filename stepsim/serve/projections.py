@@ -118,19 +118,18 @@ def _projection_piece(name: str, tokens: int, d_in: int, d_out: int, hardware) -
     return Piece(name, cycles, hbm, d_in * d_out * DTYPE_BYTES, on_chip, flops)
 
 
-def ffn_traffic(model, routing, tokens: int, tile_n: int) -> tuple[int, int, int]:
-    """``(HBM bytes, weight bytes, FLOPs)`` of one layer's mapped FFN (static tiling at ``tile_n`` tokens a tile): each
-    expert's three matrices once per tile of its tokens (the shared experts once per tile of every token), the token
-    rows in (bf16) and out (fp32); weights that may stream ahead: each touched expert's and the shared ones once."""
+def ffn_traffic(model, tokens: int, tiles: int, active: int, tile_n: int) -> tuple[int, int, int]:
+    """``(HBM bytes, weight bytes, FLOPs)`` of one layer's mapped FFN (static tiling at ``tile_n`` tokens a tile) with
+    ``tiles`` expert tiles and ``active`` experts touched (a dense FFN: one expert, ``ceil(tokens / tile_n)`` tiles):
+    each expert's three matrices once per tile of its tokens (the shared experts once per tile of every token), the
+    token rows in (bf16) and out (fp32); weights that may stream ahead: each touched expert's and the shared ones once."""
     d = model.hidden
     if model.is_moe:
         moe = model.moe
-        counts = np.bincount(np.asarray(routing).ravel(), minlength=moe.experts)
         per_expert, shared = 3 * d * moe.intermediate * DTYPE_BYTES, 3 * d * moe.shared_intermediate * DTYPE_BYTES
-        tiles = int((-(-counts // tile_n)).sum())
-        weights = int((counts > 0).sum()) * per_expert + shared
+        weights = active * per_expert + shared
         reads = tiles * per_expert + (-(-tokens // tile_n)) * shared
-        flops = 2 * (int(counts.sum()) * 3 * d * moe.intermediate + tokens * 3 * d * moe.shared_intermediate)
+        flops = 2 * tokens * (model.top_k * 3 * d * moe.intermediate + 3 * d * moe.shared_intermediate)
     else:
         weights = 3 * d * model.dense_intermediate * DTYPE_BYTES
         reads = -(-tokens // tile_n) * weights
@@ -138,32 +137,39 @@ def ffn_traffic(model, routing, tokens: int, tile_n: int) -> tuple[int, int, int
     return reads + tokens * d * (DTYPE_BYTES + 4), weights, flops
 
 
-def step_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
-    """The pieces of a mapped step in run order (module docstring) from the provider's layer tasks and their
-    engine results (:meth:`stepsim.serve.exact.EngineLatency.tasks`)."""
+def routing_loads(routing, experts: int, tile_n: int) -> tuple[int, int]:
+    """``(expert tiles, active experts)`` of one layer's routing ``[tokens, top_k]`` at ``tile_n`` tokens a tile."""
+    counts = np.bincount(np.asarray(routing).ravel(), minlength=experts)
+    return int((-(-counts // tile_n)).sum()), int((counts > 0).sum())
+
+
+def ffn_tile_n(provider, tokens: int) -> tuple[int, int]:
+    """``(tile_n, on-chip bytes)`` of the FFN schedule mapped at ``tokens``' bucket."""
     from stepsim.mapping import schedule_for
     from stepsim.mapping.kinds import layer_dims
 
+    schedule = schedule_for("ffn", tokens, layer_dims("ffn", provider.model), provider.hardware)
+    return schedule.knobs["tile_n"], schedule.on_chip_bytes
+
+
+def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn: list) -> list[Piece]:
+    """The pieces of a mapped step in run order (module docstring). ``decode``: ``(cycles a layer, KV lengths of the
+    decoding requests, its schedule's on-chip bytes)``; ``prefill``: the prefill attention's cycles a layer (every KV
+    head); ``ffn``: per layer ``(cycles, expert tiles, active experts)`` (a dense model: one entry for every layer)."""
     model, hardware = provider.model, provider.hardware
     tokens = int(sum(batch.new_tokens))
-    sequences = len(batch.new_tokens)
     layer_shapes, head = projection_shapes(model, provider.vocab)
-    by_kind = {kind: (data, int(r[0])) for (kind, data), r in zip(tasks, results) if kind != "ffn"}
-    ffn = [(data, int(r[0])) for (kind, data), r in zip(tasks, results) if kind == "ffn"]
     hd, kv_heads, heads = model.head_dim, model.kv_heads, model.heads
     attention = []
-    if "decode" in by_kind:
-        kv, cycles = by_kind["decode"]
-        context = kv[: len(kv) // kv_heads]
+    if decode is not None:
+        cycles, context, on_chip = decode
+        context = np.asarray(context, dtype=np.int64)
         reads = int((-(-(context + 1) // 32) * 32).sum()) * 2 * kv_heads * hd * DTYPE_BYTES
-        on_chip = schedule_for("decode", len(kv), layer_dims("decode", model), hardware).on_chip_bytes
         flops = 4 * heads * hd * int((context + 1).sum())
-        attention.append(Piece("decode attention", cycles, reads, 0, on_chip, flops, kind="attention"))
-    if "prefill" in by_kind:
-        _, cycles = by_kind["prefill"]
-        attention.append(Piece("prefill attention", cycles * kv_heads, 0, 0, 0, 0, streams=False, kind="attention"))
-    ffn_dims = layer_dims("ffn", model)
-    ffn_schedule = schedule_for("ffn", tokens, ffn_dims, hardware)
+        attention.append(Piece("decode attention", int(cycles), reads, 0, on_chip, flops, kind="attention"))
+    if prefill is not None:
+        attention.append(Piece("prefill attention", int(prefill), 0, 0, 0, 0, streams=False, kind="attention"))
+    tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
     pieces = []
     for layer in range(model.layers):
         named = {name: _projection_piece(f"layer {layer} {name}", tokens, d_in, d_out, hardware)
@@ -174,10 +180,32 @@ def step_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
         pieces.append(named["o"])
         if "router" in named:
             pieces.append(named["router"])
-        routing, cycles = ffn[layer] if model.is_moe else ffn[0]
-        reads, weights, flops = ffn_traffic(model, routing, tokens, ffn_schedule.knobs["tile_n"])
-        pieces.append(Piece(f"layer {layer} ffn", cycles, reads, weights, ffn_schedule.on_chip_bytes, flops,
-                            kind="ffn"))
+        cycles, tiles, active = ffn[layer] if model.is_moe else ffn[0]
+        reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
+        pieces.append(Piece(f"layer {layer} ffn", int(cycles), reads, weights, ffn_on_chip, flops, kind="ffn"))
     name, d_in, d_out = head
-    pieces.append(_projection_piece(name, sequences, d_in, d_out, hardware))
+    pieces.append(_projection_piece(name, len(batch.new_tokens), d_in, d_out, hardware))
     return pieces
+
+
+def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
+    """:func:`step_pieces` of the exact provider's layer tasks and their engine results
+    (:meth:`stepsim.serve.exact.EngineLatency.tasks`)."""
+    from stepsim.mapping import schedule_for
+    from stepsim.mapping.kinds import layer_dims
+
+    model = provider.model
+    decode = prefill = None
+    ffn = []
+    tile_n, _ = ffn_tile_n(provider, int(sum(batch.new_tokens)))
+    experts = layer_dims("ffn", model).experts
+    for (kind, data), result in zip(tasks, results):
+        cycles = int(result[0])
+        if kind == "decode":
+            on_chip = schedule_for("decode", len(data), layer_dims("decode", model), provider.hardware).on_chip_bytes
+            decode = (cycles, data[: len(data) // model.kv_heads], on_chip)
+        elif kind == "prefill":
+            prefill = cycles * model.kv_heads
+        else:
+            ffn.append((cycles, *routing_loads(data, experts, tile_n)))
+    return step_pieces(provider, batch, decode, prefill, ffn)
