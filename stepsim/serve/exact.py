@@ -14,7 +14,9 @@ For one scheduler step (an :class:`~stepsim.serve.latency.IterationBatch`), with
 * weights outside those graphs are off-chip traffic at the HBM's peak: per layer the q/k/v/o projections and
   the router (``(2 d h_q hd + 2 d H hd + d E) x 2`` bytes), per step the LM head (``vocab x d x 2``; a tied
   head is the embedding matrix, read all the same) and the step's embedding rows (``tokens x d x 2``), each
-  ``ceil(bytes / hbm_peak_bytes_per_cycle)`` cycles.
+  ``ceil(bytes / hbm_peak_bytes_per_cycle)`` cycles. With mapped layers on one chip (``schedule="auto"``) the
+  projections, routers and LM head are engine operators instead and the weights stream ahead
+  (:mod:`stepsim.serve.projections`; ``cycles_hidden``: what streaming saved, taken off the step).
 
 The step takes the sum of those cycles over its layers, at the hardware's clock: ``cycles / clock_hz`` seconds.
 The stages of a layer do not overlap (the FFN needs the attention's output) and neither do layers.
