@@ -78,8 +78,10 @@ class _TraceRouting:
 
 
 @pytest.mark.parametrize("window, cycles, bound_cycles", [
-    ("conv_stdev0477_0271_0334.npy", {"attention": 4_059_984, "ffn": 21_263_808, "weights": 1_537_329}, 21_951_366),
-    ("conv_stdev1457_0961_1024.npy", {"attention": 6_193_488, "ffn": 21_263_808, "weights": 1_537_329}, 23_976_244),
+    ("conv_stdev0477_0271_0334.npy", {"attention": 4_059_984, "ffn": 21_263_808, "weights": 4_011_733,
+                                      "hidden": 7_163_040}, 21_951_366),
+    ("conv_stdev1457_0961_1024.npy", {"attention": 6_193_488, "ffn": 21_263_808, "weights": 4_011_733,
+                                      "hidden": 7_273_488}, 23_976_244),
 ])
 def test_a_decode_step_of_64_sequences_is_within_1_3x_of_its_roofline(shared_traces, window, cycles, bound_cycles):
     model = resolve_model("qwen3-30b-a3b")
@@ -91,4 +93,8 @@ def test_a_decode_step_of_64_sequences_is_within_1_3x_of_its_roofline(shared_tra
     assert cost.cycles == cycles
     roof = step_roofline(model, SN40L, 151_936, kv, np.ones(64, dtype=np.int64), routing.route(64))
     assert roof.bound_cycles == bound_cycles
-    assert sum(cycles.values()) / bound_cycles < 1.3  # 1.224x and 1.209x; every shared B=64 window: 1.209-1.237x
+    step = cycles["attention"] + cycles["ffn"] + cycles["weights"] - cycles["hidden"]
+    assert cost.seconds == step / SN40L.clock_hz
+    # 1.010x and 1.009x (the projections on the engine, the weights streamed ahead: stepsim/serve/projections.py);
+    # with closed-form weights and no streaming ahead 1.224x and 1.209x (every shared B=64 window: 1.209-1.237x)
+    assert step / bound_cycles < 1.3
