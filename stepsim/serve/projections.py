@@ -61,6 +61,7 @@ def stream_ahead(pieces: list[Piece], capacity_bytes: int, peak_bytes: int, peak
     integers throughout."""
     prefetched = [0] * len(pieces)
     held, now, out = 0, 0, []
+    front = 0  # pieces stream ahead in order: every streaming piece before ``front`` (after the running one) is full
     for k, p in enumerate(pieces):
         b = prefetched[k]
         held -= b
@@ -73,15 +74,15 @@ def stream_ahead(pieces: list[Piece], capacity_bytes: int, peak_bytes: int, peak
             continue
         idle = t - -(-max(0, p.hbm_bytes - b) // peak_bytes)
         budget = min(max(0, idle) * peak_bytes, max(0, capacity_bytes - p.on_chip_bytes - held))
-        for j in range(k + 1, len(pieces)):
-            if budget <= 0:
-                break
-            if not pieces[j].streams:
-                continue
-            more = min(budget, pieces[j].weight_bytes - prefetched[j])
-            prefetched[j] += more
+        front = max(front, k + 1)
+        while budget > 0 and front < len(pieces):
+            q = pieces[front]
+            more = min(budget, q.weight_bytes - prefetched[front]) if q.streams else 0
+            prefetched[front] += more
             held += more
             budget -= more
+            if budget > 0:  # this piece is full (or takes none): the next
+                front += 1
     return out
 
 
@@ -116,6 +117,11 @@ def projection_cost(tokens: int, d_in: int, d_out: int, hardware) -> tuple[int, 
 def _projection_piece(name: str, tokens: int, d_in: int, d_out: int, hardware) -> Piece:
     cycles, hbm, on_chip, flops = projection_cost(tokens, d_in, d_out, hardware)
     return Piece(name, cycles, hbm, d_in * d_out * DTYPE_BYTES, on_chip, flops)
+
+
+def astuple_fields(p: Piece) -> tuple:
+    """A piece's fields after its name."""
+    return (p.cycles, p.hbm_bytes, p.weight_bytes, p.on_chip_bytes, p.flops, p.streams, p.kind)
 
 
 def ffn_traffic(model, tokens: int, tiles: int, active: int, tile_n: int) -> tuple[int, int, int]:
@@ -170,10 +176,10 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
     if prefill is not None:
         attention.append(Piece("prefill attention", int(prefill), 0, 0, 0, 0, streams=False, kind="attention"))
     tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
+    base = {name: _projection_piece(name, tokens, d_in, d_out, hardware) for name, d_in, d_out in layer_shapes}
     pieces = []
     for layer in range(model.layers):
-        named = {name: _projection_piece(f"layer {layer} {name}", tokens, d_in, d_out, hardware)
-                 for name, d_in, d_out in layer_shapes}
+        named = {name: Piece(f"layer {layer} {name}", *astuple_fields(p)) for name, p in base.items()}
         pieces.append(named["qkv"])
         pieces.extend(Piece(f"layer {layer} {p.name}", p.cycles, p.hbm_bytes, 0, p.on_chip_bytes, p.flops, p.streams,
                             "attention") for p in attention)
