@@ -54,3 +54,18 @@ def test_the_pruned_search_finds_the_exhaustive_best_and_every_bound_holds():
     assert best.knobs == chosen.knobs and best.cycles == chosen.cycles == min(r["cycles"] for r in every)
     assert all(r["status"] == "simulated" and r["bound_cycles"] <= r["cycles"] for r in every)
     assert len(every) == len(rows) == 36
+
+
+def test_a_schedule_file_takes_no_projection_schedule(tmp_path):
+    import json
+
+    import pytest
+
+    from stepsim.base.errors import ConfigError
+    from stepsim.mapping.schedule import read_schedules
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"kind": "projection", "knobs": {"tile_m": 1, "tile_f": 32, "lanes": 4}}))
+    with pytest.raises(ConfigError) as e:
+        read_schedules(path)
+    assert str(e.value) == f"{path}: schedule 0: schedule kind must be one of ffn, decode, got 'projection'"
