@@ -22,6 +22,9 @@ from stepsim.base.files import refuse_special_file
 
 #: the knobs of each mapped kind, in the order they are printed
 KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",)}
+#: every kind a schedule may be of: :data:`KNOBS` (what ``stepsim map`` and schedule files take) and the serving step's
+#: ``projection`` (:mod:`stepsim.mapping.projection`: mapped and cached for the serve providers, not a run's layer)
+ALL_KNOBS = {**KNOBS, "projection": ("tile_m", "tile_f", "lanes")}
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,11 @@ class Schedule:
     candidates: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.kind not in KNOBS:
+        if self.kind not in ALL_KNOBS:
             raise ConfigError(f"schedule kind must be one of {', '.join(KNOBS)}, got {self.kind!r}")
-        want = set(KNOBS[self.kind])
+        want = set(ALL_KNOBS[self.kind])
         if not isinstance(self.knobs, dict) or set(self.knobs) != want:
-            raise ConfigError(f"a {self.kind!r} schedule takes the knobs {', '.join(KNOBS[self.kind])}; "
+            raise ConfigError(f"a {self.kind!r} schedule takes the knobs {', '.join(ALL_KNOBS[self.kind])}; "
                               f"got {sorted(self.knobs) if isinstance(self.knobs, dict) else self.knobs!r}")
         for name, value in self.knobs.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -110,6 +113,9 @@ def read_schedules(path: str | Path) -> dict[str, Schedule]:
     schedules: dict[str, Schedule] = {}
     for i, item in enumerate(items):
         schedule = Schedule.from_dict(item, source=f"{path}: schedule {i}")
+        if schedule.kind not in KNOBS:  # a serving step's projection is no run's layer
+            raise ConfigError(f"{path}: schedule {i}: schedule kind must be one of {', '.join(KNOBS)}, got "
+                              f"{schedule.kind!r}")
         if schedule.kind in schedules:
             raise ConfigError(f"{path}: schedule {i}: a second {schedule.kind!r} schedule")
         schedules[schedule.kind] = schedule

@@ -14,7 +14,9 @@ For one scheduler step (an :class:`~stepsim.serve.latency.IterationBatch`), with
 * weights outside those graphs are off-chip traffic at the HBM's peak: per layer the q/k/v/o projections and
   the router (``(2 d h_q hd + 2 d H hd + d E) x 2`` bytes), per step the LM head (``vocab x d x 2``; a tied
   head is the embedding matrix, read all the same) and the step's embedding rows (``tokens x d x 2``), each
-  ``ceil(bytes / hbm_peak_bytes_per_cycle)`` cycles.
+  ``ceil(bytes / hbm_peak_bytes_per_cycle)`` cycles. With mapped layers on one chip (``schedule="auto"``) the
+  projections, routers and LM head are engine operators instead and the weights stream ahead
+  (:mod:`stepsim.serve.projections`; ``cycles_hidden``: what streaming saved, taken off the step).
 
 The step takes the sum of those cycles over its layers, at the hardware's clock: ``cycles / clock_hz`` seconds.
 The stages of a layer do not overlap (the FFN needs the attention's output) and neither do layers.
@@ -207,6 +209,32 @@ class EngineLatency:
     #: chips the step runs on (a system's provider: its chips), for the roofline's peaks
     chips = 1
 
+    @property
+    def streams_weights(self) -> bool:
+        """Whether a step's projections, router and LM head run on the engine and the weights stream ahead
+        (:mod:`stepsim.serve.projections`): mapped layers on one chip."""
+        return self.spec.schedule == "auto" and self.spec.system is None and self.chips == 1
+
+    def mapped_weight_cycles(self, batch: IterationBatch, tasks: list, results: list) -> tuple[int, int]:
+        """``(weights, hidden)``: the engine cycles of the step's projections, routers and LM head plus the embedding
+        rows' closed-form read, and the cycles streaming the weights ahead hid (:mod:`stepsim.serve.projections`);
+        ``self.last_streamed``: every piece's place in the step."""
+        from stepsim.serve.projections import engine_pieces
+
+        return self.streamed_weight_cycles(batch, engine_pieces(self, batch, tasks, results))
+
+    def streamed_weight_cycles(self, batch: IterationBatch, pieces: list) -> tuple[int, int]:
+        """:meth:`mapped_weight_cycles` of a step's ``pieces`` (:func:`stepsim.serve.projections.step_pieces`)."""
+        from stepsim.serve.projections import stream_ahead
+
+        hw = self.hardware
+        self.last_streamed = stream_ahead(pieces, hw.on_chip_capacity_bytes, hw.hbm_peak_bytes_per_cycle,
+                                          hw.peak_flops_per_cycle)
+        tokens = int(sum(batch.new_tokens))
+        embedding = math.ceil(tokens * self.embedding_bytes / hw.hbm_peak_bytes_per_cycle)
+        weights = sum(p.cycles for p in pieces if p.kind == "projection")
+        return weights + embedding, sum(s.saved for s in self.last_streamed)
+
     def __call__(self, batch: IterationBatch) -> IterationCost:
         start = time.perf_counter()
         tasks, roles = self.tasks(batch)
@@ -215,8 +243,12 @@ class EngineLatency:
         for (role, count), (c, *_) in zip(roles, results):
             cycles[role] += count * c
         cycles["attention"] += self.collective_cycles(batch)
-        cycles["weights"] = self.weight_cycles(batch)
-        total = sum(cycles.values())
+        if self.streams_weights:  # the weights on the engine, streamed ahead (stepsim.serve.projections)
+            cycles["weights"], cycles["hidden"] = self.mapped_weight_cycles(batch, tasks, results)
+            total = cycles["attention"] + cycles["ffn"] + cycles["weights"] - cycles["hidden"]
+        else:
+            cycles["weights"] = self.weight_cycles(batch)
+            total = sum(cycles.values())
         touched = sum(len(np.unique(data)) for kind, data in tasks if kind == "ffn") if self.model.is_moe else 0
         self.wall_s += time.perf_counter() - start
         return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))

@@ -210,6 +210,8 @@ class MappedFastLatency(FastLatency):
             self.recorder(batch, prefill_step, lambda: self.tasks(batch, ffn_tasks()))
         theta = self.theta or {}
         layers = self.model.layers
+        if self.streams_weights:
+            return self._streamed(batch, decode, prefill, x, prefill_step, theta)
         attention = 0
         if decode is not None:  # every KV head in one mapped attention, once a layer
             attention += layers * predict(decode, theta.get("decode"), "decode")
@@ -220,6 +222,36 @@ class MappedFastLatency(FastLatency):
                   "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn").sum()),
                   "weights": self.weight_cycles(batch)}
         total = sum(cycles.values())
+        touched = int(x[:, 3].sum()) if self.model.is_moe else 0
+        return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
+
+    def _streamed(self, batch: IterationBatch, decode, prefill, x: np.ndarray, prefill_step: bool,
+                  theta: dict) -> IterationCost:
+        """The step priced as the exact provider prices a mapped one-chip step: its pieces, each layer's attention and
+        FFN predicted, the projections, routers and LM head on the engine, the weights streamed ahead
+        (:mod:`stepsim.serve.projections`)."""
+        from stepsim.mapping import schedule_for
+        from stepsim.mapping.kinds import layer_dims
+        from stepsim.serve.fast import model_of
+        from stepsim.serve.projections import step_pieces
+
+        decoded = None
+        if decode is not None:
+            context = np.fromiter(batch.context_tokens, dtype=np.int64, count=len(batch.new_tokens))
+            new = np.fromiter(batch.new_tokens, dtype=np.int64, count=len(batch.new_tokens))
+            requests = int((new == 1).sum()) * self.model.kv_heads
+            on_chip = schedule_for("decode", requests, layer_dims("decode", self.model), self.hardware).on_chip_bytes
+            decoded = (int(predict(decode, theta.get("decode"), "decode")), context[new == 1], on_chip)
+        prefilled = None
+        if prefill is not None:
+            prefilled = self.model.kv_heads * int(predict(prefill, theta.get("prefill"), "prefill"))
+        ffn_cycles = predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn")
+        ffn = [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles)]
+        pieces = step_pieces(self, batch, decoded, prefilled, ffn)
+        weights, hidden = self.streamed_weight_cycles(batch, pieces)
+        cycles = {"attention": sum(p.cycles for p in pieces if p.kind == "attention") + self.collective_cycles(batch),
+                  "ffn": sum(p.cycles for p in pieces if p.kind == "ffn"), "weights": weights, "hidden": hidden}
+        total = cycles["attention"] + cycles["ffn"] + weights - hidden
         touched = int(x[:, 3].sum()) if self.model.is_moe else 0
         return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
 

@@ -12,7 +12,10 @@ Tracks (docs/serving.md §7):
 * ``engine``: a ``steps`` track with one slice per scheduler step (``step <i>``, from its start for its
   duration, annotated with its tokens, sequences, prefill / decode split and any ``cycles_<kind>``), and two
   counter tracks sampled at every step's start: ``waiting requests`` and ``KV blocks used`` (both after
-  scheduling, as in iterations.parquet).
+  scheduling, as in iterations.parquet). A mapped exact run (``--schedule auto`` on one chip) has a third,
+  ``cycles hidden by weights streamed ahead``: per step the cycles its pieces saved because later pieces' weights
+  streamed into free on-chip memory while earlier ones ran (``cycles_hidden``, :mod:`stepsim.serve.projections`;
+  the step's duration is its attention, FFN and weights cycles less these).
 
 Times are the run's seconds as integer nanoseconds (``round(seconds x 1e9)``, the protobuf trace's clock; the
 JSON form writes them as microseconds, its unit, with three decimals), so the Perfetto UI shows the run's own time
@@ -36,6 +39,8 @@ JSON_SUFFIXES = (".json", ".json.gz")
 SUFFIXES = (*PROTO_SUFFIXES, *JSON_SUFFIXES)
 #: the one sequence every event packet is on
 _SEQUENCE = 1
+#: the counter track of the cycles a mapped exact run's steps hid by streaming weights ahead (``cycles_hidden``)
+HIDDEN_TRACK = "cycles hidden by weights streamed ahead"
 #: iterations.parquet columns annotated on a step's slice (and every cycles_<kind> column)
 STEP_ANNOTATIONS = ("tokens", "sequences", "prefill_tokens", "decode_tokens")
 
@@ -175,6 +180,9 @@ def timeline_bytes(requests: pa.Table, iterations: pa.Table, *, chrome: bool = F
     steps = w.track("steps", engine)
     waiting = w.track("waiting requests", engine, counter=True)
     blocks = w.track("KV blocks used", engine, counter=True)
+    # a mapped exact run's steps stream the next pieces' weights ahead (stepsim.serve.projections): what it hid
+    streamed = "cycles_hidden" in iterations.column_names
+    hidden = w.track(HIDDEN_TRACK, engine, counter=True) if streamed else 0
     it = iterations.to_pydict()
     annotated = [*STEP_ANNOTATIONS, *(c for c in iterations.column_names if c.startswith("cycles_"))]
     for i, index in enumerate(it["iteration"]):
@@ -183,6 +191,8 @@ def timeline_bytes(requests: pa.Table, iterations: pa.Table, *, chrome: bool = F
                 {k: it[k][i] for k in annotated})
         w.counter(waiting, _ns(start), it["waiting"][i])
         w.counter(blocks, _ns(start), it["kv_blocks_used"][i])
+        if streamed:
+            w.counter(hidden, _ns(start), it["cycles_hidden"][i])
     return w.finish()
 
 

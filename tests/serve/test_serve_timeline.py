@@ -120,3 +120,27 @@ def test_without_the_perfetto_package_the_timeline_is_refused_before_the_run(tmp
     assert str(e.value) == (f"--timeline {tmp_path / 's.pftrace'}: writing a Perfetto trace needs the perfetto "
                             "package; install it with pip install 'stepsim[timeline]'")
     assert not (tmp_path / "p").exists()
+
+
+def test_a_mapped_exact_run_shows_the_cycles_its_steps_hid_by_streaming_weights_ahead(tmp_path):
+    import json
+
+    from test_projections import TINY_DENSE
+
+    from stepsim.serve.timeline import HIDDEN_TRACK
+
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY_DENSE))
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.0], [40, 7], [3, 2])
+    r = stepsim.serve(str(tmp_path / "tiny.json"), trace, fidelity="exact", schedule="auto",
+                      timeline=tmp_path / "x.json")
+    timeline = read_timeline(tmp_path / "x.json")
+    it = r.iterations.to_pydict()
+    steps = timeline["slices"]["steps"]
+    kinds = ("attention", "ffn", "hidden", "weights")
+    assert [s[3] for s in steps] == [{k: it[k][i] for k in ("tokens", "sequences", "prefill_tokens", "decode_tokens",
+                                                            *(f"cycles_{c}" for c in kinds))} for i in range(len(steps))]
+    # a step lasts its attention, FFN and weights cycles less those it hid (1 GHz: 1 cycle = 1 ns)
+    assert [s[2] - s[1] for s in steps] == [it["cycles_attention"][i] + it["cycles_ffn"][i] + it["cycles_weights"][i]
+                                            - it["cycles_hidden"][i] for i in range(len(steps))]
+    assert timeline["counters"][HIDDEN_TRACK] == [(s[1], it["cycles_hidden"][i]) for i, s in enumerate(steps)]
+    assert all(h > 0 for h in it["cycles_hidden"])

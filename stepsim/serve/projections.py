@@ -1,0 +1,217 @@
+"""A mapped step's projections, router and LM head on the engine, and its weights streamed ahead (docs/serving.md §9).
+
+With ``schedule="auto"`` on one chip, :class:`~stepsim.serve.exact.EngineLatency` prices every weight matrix of a
+step on the cycle engine instead of in closed form at the HBM's peak: per layer the fused q/k/v projection
+(``d x (h_q + 2 H) hd``), the o projection (``h_q hd x d``) and an MoE model's router (``d x E``) over the step's
+tokens, and the LM head (``d x vocab``) over one row per sequence (the logits of its last token). Each is the
+``projection`` kind (:mod:`stepsim.mapping.projection`), built with the schedule mapped at its bucket and simulated
+at the step's exact token count (:func:`projection_cost`, memoised). The embedding rows stay a closed-form read.
+
+**Weights streamed ahead** (the paper's configuration time-multiplexing): a step is the sequence of its pieces,
+per layer ``qkv, attention, o, router, ffn``, then the LM head (:func:`step_pieces`). A piece leaves the HBM idle for
+``t - ceil(reads / peak)`` of its ``t`` cycles (``reads``: the bytes it still reads itself); in that time the weights
+of the pieces after it stream into the on-chip memory it leaves free (the capacity less its own on-chip bytes and
+the bytes already streamed ahead and still held), in order, each piece up to its weights. A piece that finds ``b``
+of its bytes on chip takes ``t = c - min(floor(b / peak), c - ceil(flops / peak FLOPs))`` cycles instead of its
+engine cycles ``c``: the bytes no longer read, at the HBM's peak, never below its FLOPs at the chip's peak. Its
+bytes held are freed when it starts. A prefill attention (the paper's schedule, its on-chip bytes not mapped)
+neither streams ahead nor is streamed into. :func:`stream_ahead` is the whole model (a test checks it by hand).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: bf16 bytes per weight
+DTYPE_BYTES = 2
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a step in run order: its engine cycles ``cycles`` with its weights read from HBM, the bytes it
+    reads from HBM (``hbm_bytes``, its weights among them), the weight bytes that may stream in ahead
+    (``weight_bytes``), its on-chip bytes while it runs, its FLOPs, and whether it takes part in streaming ahead."""
+
+    name: str
+    cycles: int
+    hbm_bytes: int
+    weight_bytes: int
+    on_chip_bytes: int
+    flops: int
+    streams: bool = True
+    #: ``projection`` (a projection, router or LM head), ``attention`` or ``ffn``
+    kind: str = "projection"
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A piece's place in the step: cycles after streaming ahead, bytes it found on chip, cycles saved."""
+
+    name: str
+    start: int
+    cycles: int
+    prefetched_bytes: int
+    saved: int
+
+
+def stream_ahead(pieces: list[Piece], capacity_bytes: int, peak_bytes: int, peak_flops: int) -> list[Streamed]:
+    """Each piece's cycles when the weights of later pieces stream in while earlier ones run (module docstring);
+    integers throughout."""
+    prefetched = [0] * len(pieces)
+    held, now, out = 0, 0, []
+    front = 0  # pieces stream ahead in order: every streaming piece before ``front`` (after the running one) is full
+    for k, p in enumerate(pieces):
+        b = prefetched[k]
+        held -= b
+        floor = -(-p.flops // peak_flops)
+        saved = min(b // peak_bytes, max(0, p.cycles - floor)) if b else 0
+        t = p.cycles - saved
+        out.append(Streamed(p.name, now, t, b, saved))
+        now += t
+        if not p.streams:
+            continue
+        idle = t - -(-max(0, p.hbm_bytes - b) // peak_bytes)
+        budget = min(max(0, idle) * peak_bytes, max(0, capacity_bytes - p.on_chip_bytes - held))
+        front = max(front, k + 1)
+        while budget > 0 and front < len(pieces):
+            q = pieces[front]
+            more = min(budget, q.weight_bytes - prefetched[front]) if q.streams else 0
+            prefetched[front] += more
+            held += more
+            budget -= more
+            if budget > 0:  # this piece is full (or takes none): the next
+                front += 1
+    return out
+
+
+def projection_shapes(model, vocab: int) -> tuple[list[tuple[str, int, int]], tuple[str, int, int]]:
+    """``(per layer [(name, d_in, d_out)], LM head (name, d_in, d_out))`` (module docstring)."""
+    d, hd = model.hidden, model.head_dim
+    layer = [("qkv", d, (model.heads + 2 * model.kv_heads) * hd), ("o", model.heads * hd, d)]
+    if model.is_moe:
+        layer.append(("router", d, model.experts))
+    return layer, ("lm_head", d, vocab)
+
+
+_COSTS: dict = {}
+
+
+def projection_cost(tokens: int, d_in: int, d_out: int, hardware) -> tuple[int, int, int, int]:
+    """``(cycles, HBM bytes, on-chip bytes, FLOPs)`` of the projection at exactly ``tokens`` tokens, built with the
+    schedule mapped at their bucket (:func:`stepsim.mapping.projection.projection_schedule`), memoised per process."""
+    from stepsim.mapping.mapper import _simulate
+    from stepsim.mapping.projection import mapped_projection, projection_schedule
+    from stepsim.mapping.units import usage
+
+    key = (tokens, d_in, d_out, tuple(sorted(hardware.values().items())), hardware.explicit)
+    if key not in _COSTS:
+        schedule = projection_schedule(tokens, d_in, d_out, hardware)
+        workload, units = mapped_projection(tokens, d_in, d_out, schedule.knobs, hardware)
+        use = usage(workload, hardware, units)
+        _COSTS[key] = (_simulate(workload, hardware), use.off_chip_bytes, use.on_chip_bytes, use.flops)
+    return _COSTS[key]
+
+
+def _projection_piece(name: str, tokens: int, d_in: int, d_out: int, hardware) -> Piece:
+    cycles, hbm, on_chip, flops = projection_cost(tokens, d_in, d_out, hardware)
+    return Piece(name, cycles, hbm, d_in * d_out * DTYPE_BYTES, on_chip, flops)
+
+
+def astuple_fields(p: Piece) -> tuple:
+    """A piece's fields after its name."""
+    return (p.cycles, p.hbm_bytes, p.weight_bytes, p.on_chip_bytes, p.flops, p.streams, p.kind)
+
+
+def ffn_traffic(model, tokens: int, tiles: int, active: int, tile_n: int) -> tuple[int, int, int]:
+    """``(HBM bytes, weight bytes, FLOPs)`` of one layer's mapped FFN (static tiling at ``tile_n`` tokens a tile) with
+    ``tiles`` expert tiles and ``active`` experts touched (a dense FFN: one expert, ``ceil(tokens / tile_n)`` tiles):
+    each expert's three matrices once per tile of its tokens (the shared experts once per tile of every token), the
+    token rows in (bf16) and out (fp32); weights that may stream ahead: each touched expert's and the shared ones once."""
+    d = model.hidden
+    if model.is_moe:
+        moe = model.moe
+        per_expert, shared = 3 * d * moe.intermediate * DTYPE_BYTES, 3 * d * moe.shared_intermediate * DTYPE_BYTES
+        weights = active * per_expert + shared
+        reads = tiles * per_expert + (-(-tokens // tile_n)) * shared
+        flops = 2 * tokens * (model.top_k * 3 * d * moe.intermediate + 3 * d * moe.shared_intermediate)
+    else:
+        weights = 3 * d * model.dense_intermediate * DTYPE_BYTES
+        reads = -(-tokens // tile_n) * weights
+        flops = 2 * tokens * 3 * d * model.dense_intermediate
+    return reads + tokens * d * (DTYPE_BYTES + 4), weights, flops
+
+
+def routing_loads(routing, experts: int, tile_n: int) -> tuple[int, int]:
+    """``(expert tiles, active experts)`` of one layer's routing ``[tokens, top_k]`` at ``tile_n`` tokens a tile."""
+    counts = np.bincount(np.asarray(routing).ravel(), minlength=experts)
+    return int((-(-counts // tile_n)).sum()), int((counts > 0).sum())
+
+
+def ffn_tile_n(provider, tokens: int) -> tuple[int, int]:
+    """``(tile_n, on-chip bytes)`` of the FFN schedule mapped at ``tokens``' bucket."""
+    from stepsim.mapping import schedule_for
+    from stepsim.mapping.kinds import layer_dims
+
+    schedule = schedule_for("ffn", tokens, layer_dims("ffn", provider.model), provider.hardware)
+    return schedule.knobs["tile_n"], schedule.on_chip_bytes
+
+
+def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn: list) -> list[Piece]:
+    """The pieces of a mapped step in run order (module docstring). ``decode``: ``(cycles a layer, KV lengths of the
+    decoding requests, its schedule's on-chip bytes)``; ``prefill``: the prefill attention's cycles a layer (every KV
+    head); ``ffn``: per layer ``(cycles, expert tiles, active experts)`` (a dense model: one entry for every layer)."""
+    model, hardware = provider.model, provider.hardware
+    tokens = int(sum(batch.new_tokens))
+    layer_shapes, head = projection_shapes(model, provider.vocab)
+    hd, kv_heads, heads = model.head_dim, model.kv_heads, model.heads
+    attention = []
+    if decode is not None:
+        cycles, context, on_chip = decode
+        context = np.asarray(context, dtype=np.int64)
+        reads = int((-(-(context + 1) // 32) * 32).sum()) * 2 * kv_heads * hd * DTYPE_BYTES
+        flops = 4 * heads * hd * int((context + 1).sum())
+        attention.append(Piece("decode attention", int(cycles), reads, 0, on_chip, flops, kind="attention"))
+    if prefill is not None:
+        attention.append(Piece("prefill attention", int(prefill), 0, 0, 0, 0, streams=False, kind="attention"))
+    tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
+    base = {name: _projection_piece(name, tokens, d_in, d_out, hardware) for name, d_in, d_out in layer_shapes}
+    pieces = []
+    for layer in range(model.layers):
+        named = {name: Piece(f"layer {layer} {name}", *astuple_fields(p)) for name, p in base.items()}
+        pieces.append(named["qkv"])
+        pieces.extend(Piece(f"layer {layer} {p.name}", p.cycles, p.hbm_bytes, 0, p.on_chip_bytes, p.flops, p.streams,
+                            "attention") for p in attention)
+        pieces.append(named["o"])
+        if "router" in named:
+            pieces.append(named["router"])
+        cycles, tiles, active = ffn[layer] if model.is_moe else ffn[0]
+        reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
+        pieces.append(Piece(f"layer {layer} ffn", int(cycles), reads, weights, ffn_on_chip, flops, kind="ffn"))
+    name, d_in, d_out = head
+    pieces.append(_projection_piece(name, len(batch.new_tokens), d_in, d_out, hardware))
+    return pieces
+
+
+def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
+    """:func:`step_pieces` of the exact provider's layer tasks and their engine results
+    (:meth:`stepsim.serve.exact.EngineLatency.tasks`)."""
+    from stepsim.mapping import schedule_for
+    from stepsim.mapping.kinds import layer_dims
+
+    model = provider.model
+    decode = prefill = None
+    ffn = []
+    tile_n, _ = ffn_tile_n(provider, int(sum(batch.new_tokens)))
+    experts = layer_dims("ffn", model).experts
+    for (kind, data), result in zip(tasks, results):
+        cycles = int(result[0])
+        if kind == "decode":
+            on_chip = schedule_for("decode", len(data), layer_dims("decode", model), provider.hardware).on_chip_bytes
+            decode = (cycles, data[: len(data) // model.kv_heads], on_chip)
+        elif kind == "prefill":
+            prefill = cycles * model.kv_heads
+        else:
+            ffn.append((cycles, *routing_loads(data, experts, tile_n)))
+    return step_pieces(provider, batch, decode, prefill, ffn)
