@@ -21,7 +21,8 @@ case "${1:-}" in
     .venv/bin/lint-imports --no-logo --no-cache
     # then ruff (pyproject's rules; undefined names among them: what a merge of two branches can leave behind)
     .venv/bin/ruff check --quiet stepsim tests bench examples
-    exec .venv/bin/python -m pytest -n auto --dist loadfile "$@"
+    # the 25 slowest tests are listed at the end: the suite must stay under 15 minutes
+    exec .venv/bin/python -m pytest -n auto --dist loadfile --durations=25 "$@"
     ;;
   *)
     echo "usage: ./run.sh demo|test [args...]" >&2

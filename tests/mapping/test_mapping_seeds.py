@@ -35,6 +35,16 @@ def test_each_seed_is_a_schedule_todays_code_would_map(seed):
     finally:
         sys.path.remove(str(SEEDS))
     record = json.loads(seed.read_text(encoding="utf-8"))
+    if record["material"]["kind"] == "projection":  # a kind with a key of its own (stepsim.mapping.projection)
+        from refresh import projection_request_of
+
+        from stepsim.mapping import projection
+
+        assert projection.key_material(*projection_request_of(record)) == record["material"], \
+            "stale seed: run python tests/mapping_seeds/refresh.py"
+        assert seed.name == f"{stable_hash(record['material'])}.json" == f"{record['key']}.json"
+        assert _load(SEEDS, record["key"]).kind == "projection"
+        return
     assert record["material"]["source"] == source_hash(), "stale seed: run python tests/mapping_seeds/refresh.py"
     assert record["material"]["mapper_version"] == MAPPER_VERSION
     kind, size, dims, hardware = request_of(record)

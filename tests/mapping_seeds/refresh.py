@@ -55,6 +55,30 @@ def _hardware(values: dict, explicit: list):
     raise SystemExit(f"no preset gives back the hardware {values} with {explicit} set explicitly")
 
 
+def projection_request_of(record: dict) -> tuple:
+    """``(tokens, d_in, d_out, hardware)`` a projection's cache record (:mod:`stepsim.mapping.projection`, a kind
+    with a key of its own) was mapped for."""
+    material = record["material"]
+    return (material["size"], material["dims"]["d_in"], material["dims"]["d_out"],
+            _hardware(material["hardware"], material["hardware_explicit"]))
+
+
+def _remap_projection(path: str, record: dict) -> str:
+    """:func:`remap` of a projection's record."""
+    from stepsim.base.files import stable_hash
+    from stepsim.mapping.projection import key_material, map_projection
+
+    request = projection_request_of(record)
+    now = key_material(*request)
+    name = f"{stable_hash(now)}.json"
+    if now == record["material"] and record["key"] == name[:-5]:
+        if Path(path) != SEEDS / name:
+            shutil.copyfile(path, SEEDS / name)
+    else:
+        map_projection(*request, cache=SEEDS)
+    return name
+
+
 def remap(path: str) -> str:
     """The seed of the cache file ``path`` in :data:`SEEDS`, mapped with today's code (copied when ``path`` is
     already today's: its key says so, and mapping is deterministic); the seed's file name."""
@@ -63,6 +87,8 @@ def remap(path: str) -> str:
     record = json.loads(Path(path).read_text(encoding="utf-8"))
     if "material" not in record:  # written before cache files said what they were mapped for
         raise SystemExit(f"{path}: does not say what it was mapped for (an older cache file): map its shape again")
+    if record["material"]["kind"] == "projection":
+        return _remap_projection(path, record)
     kind, size, dims, hardware = request_of(record)
     now = key_material(kind, size, dims, hardware)
     drift = {k for k in now if k not in ("source", "mapper_version", "timing_model_version")
