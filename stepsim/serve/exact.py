@@ -173,13 +173,13 @@ class EngineLatency:
         layers = self.model.layers
         tasks = []
         decode = new == 1
+        # mapped: the KV heads' caches are independent requests of one attention spread over the chip, so
+        # they run side by side (each head a request of its own); the paper's schedule runs one head at a time
+        heads = self.spec.model.kv_heads if self.spec.schedule == "auto" else 1
         if decode.any():
-            # mapped: the KV heads' caches are independent requests of one attention spread over the chip, so
-            # they run side by side (each head a request of its own); the paper's schedule runs one head at a time
-            heads = self.spec.model.kv_heads if self.spec.schedule == "auto" else 1
             tasks.append(("decode", np.tile(context[decode], heads)))
-        if (~decode).any():
-            tasks.append(("prefill", (context[~decode], new[~decode])))
+        if (~decode).any():  # mapped: every KV head's chunks as requests of one attention, as the decode's
+            tasks.append(("prefill", (np.tile(context[~decode], heads), np.tile(new[~decode], heads))))
         if ffn is not None:
             tasks.extend(ffn)
         elif self.model.is_moe:
@@ -191,10 +191,10 @@ class EngineLatency:
 
     def roles(self, tasks: list) -> list:
         """``(cycles column, layers it counts for)`` of each task: the attention counts for every KV head of
-        every layer (a mapped decode attention holds every head already: for every layer), an MoE layer for
+        every layer (a mapped attention holds every head already: for every layer), an MoE layer for
         itself, a dense FFN for every layer."""
         heads, layers = self.spec.model.kv_heads, self.model.layers  # the heads of the layer one chip runs
-        every_head = {"decode": layers if self.spec.schedule == "auto" else heads * layers, "prefill": heads * layers}
+        every_head = dict.fromkeys(("decode", "prefill"), layers if self.spec.schedule == "auto" else heads * layers)
         return [("attention", every_head[kind]) if kind != "ffn" else ("ffn", 1 if self.model.is_moe else layers)
                 for kind, _ in tasks]
 

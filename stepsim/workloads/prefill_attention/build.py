@@ -186,13 +186,17 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
     row_offset = max_n // t
 
     g = Graph(f"prefill-attention-r{len(cached)}-q{n_tiles}")
-    q_t = Tensor("q", (n_tiles * rows, d), BF16)
+    q_t = Tensor("q", (n_tiles * rows, d), BF16)  # regions > 1: one tensor a region (below)
     k_cache = Tensor("k_cache", (len(cached) * max_n, d), BF16)
     v_cache = Tensor("v_cache", (len(cached) * max_n, d), BF16)
     mask_t = Tensor("mask", (rows, t), BF16)
     out = Tensor("out", (n_tiles * rows, d), BF16)
 
-    q = Flatten(g, LinearOffChipLoad(g, q_t, (rows, d), (n_tiles, 1), (1, 1), stream_dtype=FP32), 1, 2)
+    def q_load(tensor, tiles):
+        return Flatten(g, LinearOffChipLoad(g, tensor, (rows, d), (tiles, 1), (1, 1), stream_dtype=FP32), 1, 2)
+
+    if regions == 1:
+        q = q_load(q_t, n_tiles)
     idx, seq_len, out_idx = (Flatten(g, MetadataSource(g, values), 0, 1)
                              for values in (request, group + 1, np.arange(n_tiles, dtype=np.int64)))
     cfg = dict(rows=rows, t=t, d=d, bw=bw, softmax=softmax, row_offset=row_offset, caches=(k_cache, v_cache, out),
@@ -200,11 +204,15 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
     if regions == 1:  # the paper's graph, operator for operator
         k_addrs = [_region(g, q, idx, seq_len, out_idx, n_tiles, cfg)]
     else:  # query tile j to region j % regions (Parallelize deals round-robin)
-        streams = [Parallelize(g, q, 1, regions)] + [Parallelize(g, m, 0, regions) for m in (idx, seq_len, out_idx)]
+        meta = [Parallelize(g, m, 0, regions) for m in (idx, seq_len, out_idx)]
         k_addrs = []
+        per = n_tiles // regions
         for r in range(regions):
             before = len(g.ops)
-            k_addrs.append(_region(g, *(part[r] for part in streams), n_tiles // regions, cfg))
+            # each region reads its own query tiles (tiles r, r + regions, ...: the projection writes them region by
+            # region), so no one load issues every tile's requests
+            q = q_load(Tensor(f"q_region{r}", (per * rows, d), BF16), per)
+            k_addrs.append(_region(g, q, *(part[r] for part in meta), per, cfg))
             for op in g.ops[before:]:
                 op.group = ("region", r)
     g.finalize()
