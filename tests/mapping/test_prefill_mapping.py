@@ -1,0 +1,82 @@
+"""The mapped prefill attention (kind ``prefill``): optimal in its own space, its bound sound, its regions computing
+the reference, and serve's exact mode pricing every KV head of a layer in one mapped attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepsim.base.errors import ArgumentError
+from stepsim.base.hardware import PRESETS
+from stepsim.mapping import mapped_workload
+from stepsim.mapping.kinds import prefill_bound, prefill_data, prefill_size, prefill_space
+from stepsim.mapping.mapper import evaluate
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.prefill_attention.build import build_prefill_attention
+from stepsim.workloads.reference import check_outputs, make_inputs
+
+SN40L = PRESETS["sn40l"]
+#: Llama-3.1-8B's attention: 8 KV heads of 4 query heads, head_dim 128
+LLAMA = {"head_dim": 128, "query_per_kv_head": 4, "kv_heads": 8}
+
+
+def test_the_mapper_chooses_the_best_prefill_schedule_of_an_exhaustive_enumeration():
+    """A 64-token prompt of Llama-3.1-8B (8 heads x 2 query tiles): 16 regions, one query tile each."""
+    chosen, rows = evaluate("prefill", 64, LLAMA, SN40L)
+    exhaustive, all_rows = evaluate("prefill", 64, LLAMA, SN40L, exhaustive=True)
+    assert [r["knobs"]["regions"] for r in all_rows] == [1, 2, 4, 8, 16]
+    assert [r["cycles"] for r in all_rows] == [17_271, 12_127, 6_983, 4_779, 3_481]
+    assert chosen.cycles == exhaustive.cycles == 3_481
+    assert chosen.knobs == exhaustive.knobs == {"regions": 16}
+    assert chosen.candidates == {"simulated": 3, "pruned": 2, "infeasible": 0}  # 1 and 2 regions: bound 8,480, 4,240
+    for row in rows:  # a pruned candidate's bound reaches the optimum: it could not have won
+        if row["status"] == "pruned":
+            assert row["bound_cycles"] >= 3_481
+    for row in all_rows:  # the bound from the knobs alone is below the engine's cycles
+        assert prefill_bound(row["knobs"], prefill_data(64, LLAMA), LLAMA, SN40L) <= row["cycles"]
+
+
+def test_the_prefill_space_and_size_follow_the_query_tiles():
+    assert prefill_space(64, LLAMA) == [{"regions": r} for r in (1, 2, 4, 8, 16)]
+    # a chunk of 40 tokens after 20 cached spans position tiles 0 and 1: 2 query tiles a head, 64 positions
+    data = (np.full(8, 20), np.full(8, 40))
+    assert prefill_size(data, LLAMA) == 64
+    assert prefill_bound({"regions": 16}, prefill_data(64, LLAMA), LLAMA, SN40L) == 128 * 2  # busiest: 2 KV tiles
+
+
+def test_regions_compute_the_prefill_reference():
+    w = build_prefill_attention([5, 40], [59, 30], head_dim=16, query_per_kv_head=2, tile_n=8, regions=4)
+    assert w.params["regions"] == 4 and w.params["query_tiles"] == 12
+    inputs = make_inputs(w, seed=3)
+    result = simulate(w, functional=True, inputs=inputs)
+    check = check_outputs(w, inputs, result.outputs)["out"]
+    assert check.passed, check
+
+
+def test_one_region_is_the_paper_graph_and_regions_must_divide_the_query_tiles():
+    paper = build_prefill_attention([5, 40], [59, 30], head_dim=16, query_per_kv_head=2, tile_n=8)
+    one = build_prefill_attention([5, 40], [59, 30], head_dim=16, query_per_kv_head=2, tile_n=8, regions=1)
+    assert [(op.name, op.kind) for op in one.graph.ops] == [(op.name, op.kind) for op in paper.graph.ops]
+    assert "regions" not in paper.params
+    with pytest.raises(ArgumentError) as exc:
+        build_prefill_attention([5, 40], [59, 30], head_dim=16, query_per_kv_head=2, tile_n=8, regions=5)
+    assert str(exc.value) == "regions=5 must divide the 12 query tiles (dealt round-robin)"
+
+
+def test_mapped_regions_read_and_compute_what_one_pipeline_does():
+    """Metrics stay exact with regions: the same FLOPs, the same bytes but the mask each region reads."""
+    paper = build_prefill_attention([5, 40], [59, 30], head_dim=16, query_per_kv_head=2, tile_n=8).metrics()
+    four = build_prefill_attention([5, 40], [59, 30], head_dim=16, query_per_kv_head=2, tile_n=8,
+                                   regions=4).metrics()
+    assert four["graph_flops"] == paper["graph_flops"]
+    assert four["off_chip_bytes"] - paper["off_chip_bytes"] == 3 * (2 * 8) * 8 * 2  # 3 more mask tiles, bf16
+
+
+def test_mapped_prefill_units_follow_the_shape_not_the_data():
+    """Two steps of one shape (8 requests, 16 query tiles) get the same units: a template rebound to either is
+    the layer built for it."""
+    a, units_a = mapped_workload("prefill", (np.full(8, 20), np.full(8, 40)), LLAMA, SN40L, {"regions": 16})
+    b, units_b = mapped_workload("prefill", (np.full(8, 0), np.full(8, 64)), LLAMA, SN40L, {"regions": 16})
+    assert units_a == units_b == SN40L.compute_units
+    assert [(op.name, op.compute_bw) for op in a.graph.ops if hasattr(op, "compute_bw")] == \
+        [(op.name, op.compute_bw) for op in b.graph.ops if hasattr(op, "compute_bw")]
