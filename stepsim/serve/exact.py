@@ -38,6 +38,7 @@ from stepsim.base.hardware import Hardware
 from stepsim.mapping.roofline import StepWork, projection_params, seen_tokens
 from stepsim.models.presets import ModelConfig
 from stepsim.serve.latency import IterationBatch, IterationCost
+from stepsim.serve.layer_use import LayerUse
 from stepsim.serve.layers import KV_TILE, LayerRunner, LayerSpec
 
 #: bf16 bytes per weight
@@ -123,6 +124,8 @@ class EngineLatency:
         self.wall_s = 0.0
         #: ``on_simulated(n)`` after every ``n`` layer simulations finished (a progress bar; changes nothing)
         self.on_simulated = None
+        #: the mapped schedules the steps use (summary.json ``layers``), None on the paper's schedules
+        self.layer_use = LayerUse(self.spec) if schedule == "auto" else None
 
     # ---------------------------------------------------------------------------------------- parallelism
     def run_tasks(self, tasks: list) -> list:
@@ -210,6 +213,8 @@ class EngineLatency:
     def __call__(self, batch: IterationBatch) -> IterationCost:
         start = time.perf_counter()
         tasks, roles = self.tasks(batch)
+        if self.layer_use is not None:
+            self.layer_use.note(batch)
         results = self.run_tasks(tasks)
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
         for (role, count), (c, *_) in zip(roles, results):

@@ -214,6 +214,7 @@ class MappedFastLatency(FastLatency):
         decode, prefill = self.attention_regressors(batch)
         x, ffn_tasks = self.ffn_rows(tokens)
         prefill_step = prefill is not None
+        self.layer_use.note(batch)
         if self.recorder is not None:
             self.recorder(batch, prefill_step, lambda: self.tasks(batch, ffn_tasks()))
         theta = self.theta or {}
