@@ -37,13 +37,13 @@ class LayerUse:
 
     def rows(self) -> list[dict]:
         """One dict a (kind, bucket) used, in :data:`ORDER` then bucket order (module docstring)."""
-        from stepsim.mapping import map_layer
+        from stepsim.mapping import schedule_for  # at call time: the one serve builds with
         from stepsim.mapping.kinds import layer_dims
 
         hw = self.spec.hardware
         out = []
         for kind, size in sorted(self.steps, key=lambda k: (ORDER.index(k[0]), k[1])):
-            s = map_layer(kind, size, layer_dims(kind, self.spec.model), hw)
+            s = schedule_for(kind, size, layer_dims(kind, self.spec.model), hw)
             out.append({"kind": kind, "bucket": size, "steps": self.steps[(kind, size)], "knobs": dict(s.knobs),
                         "cycles": s.cycles, "off_chip_bytes": s.off_chip_bytes, "flops": s.flops,
                         "hbm_utilisation": s.hbm_utilisation(hw.hbm_peak_bytes_per_cycle),
