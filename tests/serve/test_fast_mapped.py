@@ -45,6 +45,9 @@ MAPPED = {
     ("ffn", 64): ({"tile_n": 16, "tile_f": 32, "lanes": 2, "regions": 8}, 3360),
     **{("decode", 1 << i): ({"regions": 1 << i}, cycles) for i, cycles in enumerate((1754, 1757, 1794, 1874, 2362,
                                                                                      3629))},
+    # the prefill attention of both KV heads: one query tile a region
+    **{("prefill", 32 << i): ({"regions": 2 << i}, cycles) for i, cycles in enumerate((434, 533, 747, 1246, 2197,
+                                                                                       4824, 13468))},
 }
 
 
@@ -151,10 +154,12 @@ def test_fast_agrees_with_exact_on_mapped_layers(tiny, tmp_path):
     error = {k: round(v * 100, 2) for k, v in f.summary["fidelity"]["error"].items() if k.startswith("iteration")}
     diff = {f"{k[:-2]} {q}": round((f.summary[k][q] / e.summary[k][q] - 1) * 100, 2) for k in ("ttft_s", "tpot_s")
             for q in ("p50", "p99")}
-    assert (f.summary["iterations"], error, diff) == (81, {"iteration_p50": 0.03, "iteration_p95": 2.99,
-                                                           "iteration_max": 5.68},
-                                                      {"ttft p50": -0.15, "ttft p99": -0.07, "tpot p50": 0.0,
-                                                       "tpot p99": -1.17})
+    # the prefill attention mapped too (every KV head in one attention): held-out p95 4.0 % (2.99 % when it kept
+    # the paper's schedule), TTFT p50 -0.27 % (-0.15 %)
+    assert (f.summary["iterations"], error, diff) == (81, {"iteration_p50": 0.04, "iteration_p95": 4.0,
+                                                           "iteration_max": 7.92},
+                                                      {"ttft p50": -0.27, "ttft p99": -0.19, "tpot p50": 0.0,
+                                                       "tpot p99": -1.34})
     assert all(abs(v) < 2 for v in diff.values()) and error["iteration_p95"] < 5  # issue 32's targets
 
 
