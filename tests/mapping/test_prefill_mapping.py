@@ -106,3 +106,17 @@ def test_a_prompts_attention_is_every_kv_head_in_one_mapped_attention():
     roofline = max(-(-kv_bytes // SN40L.hbm_peak_bytes_per_cycle), -(-flops // SN40L.peak_flops_per_cycle))
     assert (kv_bytes, flops, roofline) == (262_144, 34_078_720, 164)
     assert (round(auto / roofline), round(8 * paper / roofline)) == (21, 204)
+
+
+def test_a_mapped_prefill_template_rebound_to_a_steps_chunks_is_the_layer_built_for_them():
+    """serve builds a (requests, query tiles) shape once from marker data and rebinds it: with 16 regions the
+    dealt metadata sources are still one source each, so the rebound program runs the step's own chunks."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.serve.layers import LayerRunner, LayerSpec
+
+    spec = LayerSpec(resolve_model("llama-3.1-8b"), SN40L, 131_104, schedule="auto")
+    data = (np.tile([20], 8), np.tile([40], 8))  # 2 query tiles a head: size 64, 16 regions
+    runner = LayerRunner(spec)
+    # the chunks cover position tiles 0 and 1, as the mapper's 64-token prompts do: its 3,481 cycles
+    assert (runner.cycles("prefill", data), runner.fresh_cycles("prefill", data)) == (3_481, 3_481)
+    assert runner.builds == 2  # the template (marker data) and the fresh build
