@@ -101,3 +101,14 @@ def test_a_paper_run_has_no_layers_and_report_says_so(tiny, tmp_path, capsys):
     assert main(["report", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "  layers: on the paper's schedules (--schedule paper): no mapped schedule to report")
+
+
+def test_a_serve_folder_with_a_damaged_summary_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "iterations.parquet").write_bytes(b"")
+    (run / "summary.json").write_text("[]")
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"stepsim: error: {run / 'summary.json'}: not a summary written by stepsim serve (ValueError: a JSON list, "
+        "not an object)"]
