@@ -35,7 +35,9 @@ def one_request(tmp_path):
     # the prompt's step (TTFT) with the prefill attention mapped: 10.927 ms (32 x 3,481 attention cycles; 11.887 ms
     # and 32 x 8 heads x 4,185 on the paper's prefill schedule); a decode token is unchanged but for its last bit
     ("llama-3.1-8b", 128_256, 15_009_325_056, 0.010005828999999999, (0.9274153693410183, 0.9380889639429177)),
-    ("qwen3-30b-a3b", 151_936, 6_083_317_760, 0.004321455571428572, (0.8326772343779153, 0.8810836938318317)),
+    # Qwen3-30B-A3B's prompt step: 48 x 5,814 attention cycles (48 x 4 heads x 7,929 on the paper's): TTFT 25.270 ms
+    # (26.513 ms)
+    ("qwen3-30b-a3b", 151_936, 6_083_317_760, 0.004321455571428572, (0.8513238019482112, 0.8810836938318317)),
 ])
 def test_one_request_decodes_within_1_3x_of_the_bytes_a_token_must_read(one_request, tmp_path, model, vocab,
                                                                          token_bytes, tpot_s, hbm_use):
