@@ -28,7 +28,7 @@ def _run(args) -> int:
     from stepsim.models.presets import resolve_model
 
     if isinstance(args.shape, bool) or args.shape < 1:
-        raise ConfigError(f"--shape must be an int >= 1 ({'tokens' if args.kind == 'ffn' else 'requests'}), "
+        raise ConfigError(f"--shape must be an int >= 1 ({'requests' if args.kind == 'decode' else 'tokens'}), "
                           f"got {args.shape}")
     if args.shape > MAX_SHAPE:
         raise ConfigError(f"--shape {args.shape:,}: at most {MAX_SHAPE:,} (a serving step's tokens or requests)")
@@ -52,7 +52,7 @@ def _run(args) -> int:
     if args.json:
         print(json_text(record, indent=2))
         return 0
-    unit = "tokens" if args.kind == "ffn" else "requests"
+    unit = "requests" if args.kind == "decode" else "tokens"
     knobs = ", ".join(f"{k} {schedule.knobs[k]}" for k in KNOBS[args.kind])
     c = schedule.candidates
     print(f"{args.kind} of {model.name} at {args.shape:,} {unit} on {hardware.name}")
@@ -79,10 +79,12 @@ def register(subparsers) -> None:
         "map", help="the whole-chip schedule of a layer (mapper): knobs, cycles, utilisation, units",
         description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("kind", choices=tuple(KNOBS), help="ffn: the MoE block or dense FFN; decode: the decode attention "
-                                                      "of one KV head")
+                                                      "of one KV head; prefill: the prefill attention of every "
+                                                      "KV head")
     p.add_argument("--model", required=True, metavar="M", help="preset name or Hugging Face config.json")
     p.add_argument("--shape", type=int, required=True, metavar="N",
-                   help="tokens (ffn) or decoding requests (decode)")
+                   help="tokens (ffn), decoding requests (decode) or prompt tokens a KV head computes, in whole "
+                        "32-row tiles (prefill)")
     p.add_argument("--hardware", default="sn40l", metavar="H", help="hardware preset or TOML (default sn40l)")
     p.add_argument("--out", metavar="FILE.json",
                    help="write the schedule as JSON (default: none, only printed; stepsim run|metrics --schedule FILE "

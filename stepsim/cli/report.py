@@ -17,6 +17,14 @@ def _report_cmd(args) -> int:
         if not args.png.lower().endswith(".png"):
             raise ArgumentError(f"--png {args.png}: give a file name ending in .png")
         check_out_file(args.png, "--png")
+    from stepsim.insight.serve_layers import format_serve_report, is_serve_folder, serve_report
+
+    if is_serve_folder(args.run_dir):  # `stepsim serve --out`: its utilisation and mapped layers
+        if args.png is not None:
+            raise ArgumentError("--png: a serve folder's figures are written by stepsim serve (roofline.png)")
+        rep = serve_report(args.run_dir)
+        print(json_text(rep) if args.json else format_serve_report(rep))
+        return 0
     rep, timeline = report_run_dir(args.run_dir)
     print(json_text(rep) if args.json else format_report(rep))
     if args.png:
@@ -27,8 +35,10 @@ def _report_cmd(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="why a run is slow: bound, critical path, imbalance, full FIFOs",
-                              description="Bottleneck report of a folder written by `stepsim run --out RUN_DIR`.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by stepsim run --out")
+                              description="Bottleneck report of a folder written by `stepsim run --out RUN_DIR`; of a "
+                                          "folder of `stepsim serve --out`: its utilisation, and each mapped "
+                                          "layer's cycles, HBM and compute utilisation and units.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by stepsim run --out or stepsim serve --out")
     p.add_argument("--json", action="store_true",
                    help="one JSON object (keys bound, roofline, critical_path, top_units, imbalance, full_fifos)")
     p.add_argument("--png", metavar="FILE",

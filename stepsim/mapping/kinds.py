@@ -10,6 +10,10 @@
   time-multiplexed regions
   of several experts that fetch the chosen expert's weights: ``E / 4``, ``E / 16``, ``E / 64``). A layer whose experts are mostly idle in a step
   (a decode of few tokens over 128 experts) needs regions: one region an expert leaves no units for lanes.
+* ``prefill``: the causal prefill attention of every KV head (each head's prompt chunks as requests of their own),
+  over ``size`` = query positions a head computes, in whole tiles (:func:`prefill_size`). Representative data: one
+  prompt of ``size`` tokens, nothing cached, per KV head. Space: ``regions`` (parallel pipelines over the query
+  tiles of every head, dealt round-robin: powers of two dividing the query tiles).
 * ``decode``: the GQA decode attention of one KV head over ``batch`` requests, dynamic strategy. Representative
   KV lengths: :data:`DECODE_KV_LENGTH` tokens each. Space: ``regions`` (powers of two up to the batch).
 
@@ -19,6 +23,7 @@ weights of a bf16 model stream as the paper's do (bf16 in HBM, fp32 on chip).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -126,12 +131,16 @@ def build_ffn(routing: np.ndarray, model: MoEModel, knobs: dict):
 
 def layer_dims(kind: str, model):
     """The dimensions the mapper takes for ``kind`` of a :class:`~stepsim.models.presets.ModelConfig`: the MoE
-    block (a dense FFN as one expert every token goes to) or ``{"head_dim", "query_per_kv_head"}``."""
+    block (a dense FFN as one expert every token goes to) or ``{"head_dim", "query_per_kv_head"}`` (``prefill``:
+    and ``kv_heads``)."""
     if kind == "ffn":
         if model.is_moe:
             return model.moe
         return MoEModel(model.name, hidden=model.hidden, intermediate=model.dense_intermediate, experts=1, top_k=1)
     attention = model.attention
+    if kind == "prefill":
+        return {"head_dim": attention.head_dim, "query_per_kv_head": attention.query_per_kv_head,
+                "kv_heads": model.kv_heads}
     return {"head_dim": attention.head_dim, "query_per_kv_head": attention.query_per_kv_head}
 
 
@@ -158,3 +167,59 @@ def build_decode(kv_lengths: np.ndarray, dims: dict, knobs: dict, max_n: int | N
     return build_attention(kv_lengths, "dynamic", head_dim=dims["head_dim"],
                            query_per_kv_head=dims["query_per_kv_head"], tile_n=KV_TILE, max_n=max_n,
                            regions=regions, compute_bw=PLACEHOLDER_BW)
+
+
+# --------------------------------------------------------------------------------------------- prefill attention
+def prefill_size(data, dims: dict) -> int:
+    """The ``prefill`` size of ``data`` = ``(cached, chunk)`` over every KV head's requests: the query tiles one head
+    computes, in positions (``KV_TILE`` x query tiles / ``kv_heads``). It depends on the shape alone, as a serving
+    template's key (requests, query tiles) does."""
+    from stepsim.workloads.prefill_attention.build import query_tiles
+
+    request, _ = query_tiles(np.asarray(data[0]), np.asarray(data[1]), KV_TILE)
+    return KV_TILE * len(request) // dims["kv_heads"]
+
+
+def prefill_data(size: int, dims: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The representative data at ``size``: per KV head one prompt of ``size`` tokens, nothing cached."""
+    heads = dims["kv_heads"]
+    return np.zeros(heads, dtype=np.int64), np.full(heads, size, dtype=np.int64)
+
+
+def prefill_space(size: int, dims: dict) -> list[dict]:
+    """Every ``prefill`` candidate's knobs at ``size``: regions, powers of two up to the query tiles of every head."""
+    return [{"regions": r} for r in _powers_of_two(dims["kv_heads"] * -(-size // KV_TILE))]
+
+
+def prefill_regions(knobs: dict, query_tiles: int) -> int:
+    """The regions a layer of ``query_tiles`` query tiles is built with: the knob's, reduced to divide them (the
+    largest power of two dividing both; round-robin dealing takes equal shares)."""
+    return math.gcd(knobs["regions"], query_tiles)
+
+
+def prefill_bound(knobs: dict, data, dims: dict, hardware) -> int:
+    """A lower bound on the ``prefill`` candidate's cycles from its knobs and data alone: the K and V tiles read at
+    the HBM's peak, and the busiest region's K tiles issued one request a cycle (a cache load issues one request
+    of ``addr_offset`` bytes a cycle: ``tile_n x ceil(2 head_dim / addr_offset)`` a bf16 tile)."""
+    from stepsim.workloads.prefill_attention.build import query_tiles
+
+    _, group = query_tiles(np.asarray(data[0]), np.asarray(data[1]), KV_TILE)
+    regions = prefill_regions(knobs, len(group))
+    d = dims["head_dim"]
+    kv_bytes = 2 * int(np.sum(group + 1)) * KV_TILE * d * 2
+    busiest = max(int(np.sum(group[r::regions] + 1)) for r in range(regions))
+    return max(-(-kv_bytes // hardware.hbm_peak_bytes_per_cycle),
+               busiest * KV_TILE * -(-2 * d // hardware.addr_offset))
+
+
+def build_prefill(data, dims: dict, knobs: dict, max_n: int | None = None):
+    """The prefill attention of ``data`` = ``(cached, chunk)`` (every KV head's requests) with ``knobs``."""
+    from stepsim.workloads.prefill_attention.build import build_prefill_attention, query_tiles
+
+    cached, chunk = (np.asarray(a, dtype=np.int64) for a in data)
+    request, _ = query_tiles(cached, chunk, KV_TILE)
+    if max_n is not None:
+        max_n = -(-max_n // KV_TILE) * KV_TILE
+    return build_prefill_attention(cached, chunk, head_dim=dims["head_dim"],
+                                   query_per_kv_head=dims["query_per_kv_head"], tile_n=KV_TILE, max_n=max_n,
+                                   compute_bw=PLACEHOLDER_BW, regions=prefill_regions(knobs, len(request)))

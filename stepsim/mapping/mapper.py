@@ -58,9 +58,15 @@ def mapped_workload(kind: str, data, dims, hardware: Hardware, knobs: dict, *, m
         More compute operators than the chip has compute units.
     """
     workload = _build(kind, data, dims, knobs, max_n)
-    plan, units = unit_plan(kind, len(data), dims, hardware, knobs)
+    plan, units = unit_plan(kind, _size(kind, data, dims), dims, hardware, knobs)
     _apply(workload, plan)
     return workload, units
+
+
+def _size(kind: str, data, dims) -> int:
+    """The size ``data`` is mapped at before its bucket: tokens (``ffn``), requests (``decode``), a head's query
+    positions in whole tiles (``prefill``, :func:`stepsim.mapping.kinds.prefill_size`)."""
+    return kinds.prefill_size(data, dims) if kind == "prefill" else len(data)
 
 
 def _apply(workload, plan: dict) -> None:
@@ -73,6 +79,8 @@ def _build(kind: str, data, dims, knobs: dict, max_n: int | None = None):
         workload = kinds.build_ffn(data, dims, knobs)
         workload.channel_depth = FFN_CHANNEL_DEPTH
         return workload
+    if kind == "prefill":
+        return kinds.build_prefill(data, dims, knobs, max_n)
     return kinds.build_decode(data, dims, knobs, max_n)
 
 
@@ -101,9 +109,12 @@ def _simulate(workload, hardware: Hardware) -> int:
 
 
 def _representative(kind: str, size: int, dims) -> list:
-    """The representative data the mapper decides on: a few routings (``ffn``), one set of KV lengths (``decode``)."""
+    """The representative data the mapper decides on: a few routings (``ffn``), one set of KV lengths (``decode``),
+    one prompt a KV head (``prefill``)."""
     if kind == "ffn":
         return [kinds.ffn_routing(size, dims, s) for s in range(kinds.ffn_samples(size))]
+    if kind == "prefill":
+        return [kinds.prefill_data(size, dims)]
     return [kinds.decode_lengths(size)]
 
 
@@ -113,6 +124,8 @@ def _mean(values: list[int]) -> int:
 
 
 def _space(kind: str, size: int, dims) -> list[dict]:
+    if kind == "prefill":
+        return kinds.prefill_space(size, dims)
     return kinds.ffn_space(size, dims) if kind == "ffn" else kinds.decode_space(size)
 
 
@@ -136,7 +149,7 @@ def evaluate(kind: str, size: int, dims, hardware: Hardware, *, exhaustive: bool
     """
     samples = _representative(kind, size, dims)
     space = _space(kind, size, dims)
-    knob_bound = kinds.ffn_bound if kind == "ffn" else kinds.decode_bound
+    knob_bound = {"ffn": kinds.ffn_bound, "prefill": kinds.prefill_bound}.get(kind, kinds.decode_bound)
     rows = [{"knobs": knobs, "status": None, "bound_cycles": _mean([knob_bound(knobs, d, dims, hardware)
                                                                     for d in samples]),
              "cycles": None, "why": None} for knobs in space]
@@ -194,9 +207,11 @@ def _source_hash() -> str:
     :mod:`stepsim.analysis.bounds` are sound, so they decide what is simulated, never what wins.)"""
     import stepsim.workloads.attention.build as attention_build
     import stepsim.workloads.moe.build as moe_build
+    import stepsim.workloads.prefill_attention.build as prefill_build
 
     files = [Path(__file__).parent / name for name in DECIDING_MODULES]
-    return stable_hash([file_sha256(f) for f in files + [Path(moe_build.__file__), Path(attention_build.__file__)]])
+    builders = [Path(m.__file__) for m in (moe_build, attention_build, prefill_build)]
+    return stable_hash([file_sha256(f) for f in files + builders])
 
 
 def source_hash() -> str:

@@ -5,7 +5,8 @@ Knobs by kind (:mod:`stepsim.mapping.kinds`):
 * ``ffn`` (the MoE block, or a dense FFN as one expert): ``tile_n`` tokens per tile, ``tile_f`` F columns per weight
   tile, ``lanes`` column stripes per expert (:func:`stepsim.workloads.moe.build._expert_ffn`), ``regions`` (one per
   expert, or time-multiplexed regions of several experts);
-* ``decode`` (GQA decode attention of one KV head): ``regions`` parallel copies of the per-request subgraph.
+* ``decode`` (GQA decode attention of one KV head): ``regions`` parallel copies of the per-request subgraph;
+* ``prefill`` (causal prefill attention of every KV head): ``regions`` parallel pipelines over the query tiles.
 
 Every compute operator's ``compute_bw`` is not a knob: it follows from the compute units the operator gets
 (:func:`stepsim.mapping.units.assign_compute_units`).
@@ -21,7 +22,7 @@ from stepsim.base.errors import ConfigError
 from stepsim.base.files import refuse_special_file
 
 #: the knobs of each mapped kind, in the order they are printed
-KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",)}
+KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",), "prefill": ("regions",)}
 #: every kind a schedule may be of: :data:`KNOBS` (what ``stepsim map`` and schedule files take) and the serving step's
 #: ``projection`` (:mod:`stepsim.mapping.projection`: mapped and cached for the serve providers, not a run's layer)
 ALL_KNOBS = {**KNOBS, "projection": ("tile_m", "tile_f", "lanes")}
@@ -34,7 +35,7 @@ class Schedule:
     Attributes
     ----------
     kind : str
-        ``"ffn"`` or ``"decode"``.
+        ``"ffn"``, ``"decode"`` or ``"prefill"``.
     knobs : dict
         ``{knob: int}`` (:data:`KNOBS`).
     cycles : int

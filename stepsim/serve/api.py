@@ -664,6 +664,8 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
         summary["kv_cache"]["sliding_pool_bytes"] = capacity.sliding_pool_bytes
     if "hbm_bytes" in iterations:
         summary["utilisation"] = run_utilisation(iterations)
+    if getattr(provider, "layer_use", None) is not None:  # mapped layers: each kind and bucket's schedule
+        summary["layers"] = provider.layer_use.rows()
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     with contextlib.ExitStack() as publish:

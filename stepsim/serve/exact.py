@@ -40,6 +40,7 @@ from stepsim.base.hardware import Hardware
 from stepsim.mapping.roofline import StepWork, projection_params, seen_tokens
 from stepsim.models.presets import ModelConfig
 from stepsim.serve.latency import IterationBatch, IterationCost
+from stepsim.serve.layer_use import LayerUse
 from stepsim.serve.layers import KV_TILE, LayerRunner, LayerSpec
 
 #: bf16 bytes per weight
@@ -125,6 +126,8 @@ class EngineLatency:
         self.wall_s = 0.0
         #: ``on_simulated(n)`` after every ``n`` layer simulations finished (a progress bar; changes nothing)
         self.on_simulated = None
+        #: the mapped schedules the steps use (summary.json ``layers``), None on the paper's schedules
+        self.layer_use = LayerUse(self.spec) if schedule == "auto" else None
 
     # ---------------------------------------------------------------------------------------- parallelism
     def run_tasks(self, tasks: list) -> list:
@@ -175,13 +178,13 @@ class EngineLatency:
         layers = self.model.layers
         tasks = []
         decode = new == 1
+        # mapped: the KV heads' caches are independent requests of one attention spread over the chip, so
+        # they run side by side (each head a request of its own); the paper's schedule runs one head at a time
+        heads = self.spec.model.kv_heads if self.spec.schedule == "auto" else 1
         if decode.any():
-            # mapped: the KV heads' caches are independent requests of one attention spread over the chip, so
-            # they run side by side (each head a request of its own); the paper's schedule runs one head at a time
-            heads = self.spec.model.kv_heads if self.spec.schedule == "auto" else 1
             tasks.append(("decode", np.tile(context[decode], heads)))
-        if (~decode).any():
-            tasks.append(("prefill", (context[~decode], new[~decode])))
+        if (~decode).any():  # mapped: every KV head's chunks as requests of one attention, as the decode's
+            tasks.append(("prefill", (np.tile(context[~decode], heads), np.tile(new[~decode], heads))))
         if ffn is not None:
             tasks.extend(ffn)
         elif self.model.is_moe:
@@ -193,10 +196,10 @@ class EngineLatency:
 
     def roles(self, tasks: list) -> list:
         """``(cycles column, layers it counts for)`` of each task: the attention counts for every KV head of
-        every layer (a mapped decode attention holds every head already: for every layer), an MoE layer for
+        every layer (a mapped attention holds every head already: for every layer), an MoE layer for
         itself, a dense FFN for every layer."""
         heads, layers = self.spec.model.kv_heads, self.model.layers  # the heads of the layer one chip runs
-        every_head = {"decode": layers if self.spec.schedule == "auto" else heads * layers, "prefill": heads * layers}
+        every_head = dict.fromkeys(("decode", "prefill"), layers if self.spec.schedule == "auto" else heads * layers)
         return [("attention", every_head[kind]) if kind != "ffn" else ("ffn", 1 if self.model.is_moe else layers)
                 for kind, _ in tasks]
 
@@ -238,6 +241,8 @@ class EngineLatency:
     def __call__(self, batch: IterationBatch) -> IterationCost:
         start = time.perf_counter()
         tasks, roles = self.tasks(batch)
+        if self.layer_use is not None:
+            self.layer_use.note(batch)
         results = self.run_tasks(tasks)
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
         for (role, count), (c, *_) in zip(roles, results):

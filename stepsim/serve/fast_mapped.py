@@ -23,7 +23,9 @@ knows each piece's bucket and computes its features with that bucket's schedule:
   load against its representative requests'), then the HBM bound, compute bound and their maximum from the
   piece's metric forms (a mapped decode attention's metrics are linear in the same features as the paper's,
   :func:`stepsim.serve.fast.metric_forms` checks it).
-* ``prefill`` keeps the paper's schedule and its regressors.
+* ``prefill``: the KV heads' chunks as requests of one attention (as the exact provider builds it), with the paper
+  piece's regressors of those (:func:`stepsim.serve.fast.regressors`: requests, query tiles, KV tiles and the
+  bounds of the paper graph's metric forms), priced once for every KV head.
 
 The same functions make a calibration sample's regressors and a step's (:class:`MappedFastLatency`), so they are
 equal float for float.
@@ -151,17 +153,21 @@ def decode_regressors(kv: np.ndarray, form, spec: LayerSpec) -> np.ndarray:
 
 
 def regressors(kind: str, data, form, spec: LayerSpec) -> np.ndarray:
-    """The regressors of a mapped piece (``kind`` ``decode`` or ``ffn``), as :func:`stepsim.serve.fast.regressors`
-    gives a paper-schedule piece's."""
+    """The regressors of a mapped piece (``kind`` ``decode``, ``prefill`` or ``ffn``), as
+    :func:`stepsim.serve.fast.regressors` gives a paper-schedule piece's."""
     if kind == "ffn":
         return ffn_regressors(np.asarray(data)[:, None, :], spec)[0]
+    if kind == "prefill":
+        from stepsim.serve.fast import regressors as paper_regressors
+
+        return paper_regressors(kind, data, form, spec)
     return decode_regressors(data, form, spec)
 
 
 class MappedFastLatency(FastLatency):
     """:class:`~stepsim.serve.fast.FastLatency` on mapped layers (``schedule="auto"``): the decode attention and
-    FFN regressors of :func:`decode_regressors` and :func:`ffn_regressors`, and the decode attention priced once
-    for every KV head (they run side by side, as the exact provider prices them)."""
+    FFN regressors of :func:`decode_regressors` and :func:`ffn_regressors`, and the decode and prefill attention
+    priced once for every KV head (they run side by side, as the exact provider prices them)."""
 
     def piece_regressors(self, kind: str, data) -> np.ndarray:
         if kind in MAPPED_KINDS:
@@ -176,9 +182,11 @@ class MappedFastLatency(FastLatency):
             decode = decode_regressors(np.tile(context[new == 1], self.model.kv_heads), self.forms["decode"],
                                        self.spec)
         prefill = None
-        if (new != 1).any():  # the paper's prefill attention: its regressors as FastLatency makes them
+        if (new != 1).any():  # every KV head's chunks, with the paper piece's regressors (module docstring)
             f, unused = np.zeros(3, dtype=np.int64), np.zeros(5, dtype=np.int64)
-            attention_features(context[new != 1], new[new != 1], _TILE_SHIFT, np.empty(1, dtype=np.int64), unused, f)
+            heads = self.model.kv_heads
+            attention_features(np.tile(context[new != 1], heads), np.tile(new[new != 1], heads), _TILE_SHIFT,
+                               np.empty(1, dtype=np.int64), unused, f)
             x = np.array([1.0, *f.tolist()])
             hbm = float((x * self._off_chip["prefill"]).sum()) / self.spec.hardware.hbm_peak_bytes_per_cycle
             compute = float((x * self._flops["prefill"]).sum()) / BOUND_COMPUTE_BW
@@ -206,6 +214,7 @@ class MappedFastLatency(FastLatency):
         decode, prefill = self.attention_regressors(batch)
         x, ffn_tasks = self.ffn_rows(tokens)
         prefill_step = prefill is not None
+        self.layer_use.note(batch)
         if self.recorder is not None:
             self.recorder(batch, prefill_step, lambda: self.tasks(batch, ffn_tasks()))
         theta = self.theta or {}
@@ -215,8 +224,8 @@ class MappedFastLatency(FastLatency):
         attention = 0
         if decode is not None:  # every KV head in one mapped attention, once a layer
             attention += layers * predict(decode, theta.get("decode"), "decode")
-        if prefill is not None:  # the paper's prefill attention: one KV head after another
-            attention += self.model.kv_heads * layers * predict(prefill, theta.get("prefill"), "prefill")
+        if prefill is not None:  # every KV head in one mapped attention too
+            attention += layers * predict(prefill, theta.get("prefill"), "prefill")
         count = 1 if self.model.is_moe else layers
         cycles = {"attention": attention + self.collective_cycles(batch),
                   "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn").sum()),

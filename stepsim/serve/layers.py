@@ -67,8 +67,8 @@ class LayerSpec:
     hardware: Hardware
     max_n: int
     system: object = None
-    #: ``"paper"``: the STeP paper's evaluation schedules; ``"auto"``: the FFN and the decode attention mapped over
-    #: the whole chip (:mod:`stepsim.mapping`; one chip, the prefill attention keeps the paper's)
+    #: ``"paper"``: the STeP paper's evaluation schedules; ``"auto"``: the FFN, the decode and the prefill attention
+    #: mapped over the whole chip (:mod:`stepsim.mapping`; one chip)
     schedule: str = "paper"
 
     @property
@@ -209,7 +209,7 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
 
 
 #: the pieces ``schedule="auto"`` maps (:mod:`stepsim.mapping`)
-MAPPED_KINDS = ("decode", "ffn")
+MAPPED_KINDS = ("decode", "ffn", "prefill")
 
 
 def _mapped(kind: str, data, spec: LayerSpec, depth: int):
@@ -217,11 +217,12 @@ def _mapped(kind: str, data, spec: LayerSpec, depth: int):
     mapper's representative data at the same shape, so they depend on the shape alone (a template rebound to any
     data is the piece built for that data)."""
     from stepsim.mapping import mapped_workload, schedule_for
-    from stepsim.mapping.kinds import layer_dims
+    from stepsim.mapping.kinds import layer_dims, prefill_size
 
     if spec.system is not None:
         raise StepsimError("schedule 'auto' is built for one chip; serve --system keeps the paper's schedules")
-    dims, size = layer_dims(kind, spec.model), len(data)
+    dims = layer_dims(kind, spec.model)
+    size = prefill_size(data, dims) if kind == "prefill" else len(data)
     schedule = schedule_for(kind, size, dims, spec.hardware)
     workload, _ = mapped_workload(kind, data, dims, spec.hardware, schedule.knobs, max_n=spec.max_n)
     if kind == "ffn":

@@ -333,7 +333,7 @@ CASES = [
      E + "--shape 2,147,483,648: at most 65,536 (a serving step's tokens or requests)"),
     ('map decode --model qwen --shape 0', 2, E + '--shape must be an int >= 1 (requests), got 0'),
     ('map attention --model llama --shape 1', 2,
-     "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode')"),
+     "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode', 'prefill')"),
     ('map ffn --model gpt5 --shape 1', 2,
      E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, "
          'llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
@@ -386,7 +386,7 @@ CASES = [
     ('run moe --schedule s_unknown_key.json', 2,
      E + '--schedule: s_unknown_key.json: schedule 0: unknown schedule key(s) knobz'),
     ('run moe --schedule s_wrong_kind.json', 2,
-     E + "--schedule: s_wrong_kind.json: schedule 0: schedule kind must be one of ffn, decode, got 'conv'"),
+     E + "--schedule: s_wrong_kind.json: schedule 0: schedule kind must be one of ffn, decode, prefill, got 'conv'"),
     ('run moe --schedule s_bad_type.json', 2,
      E + "--schedule: s_bad_type.json: schedule 0: schedule knob 'tile_n' must be a positive int, got '64'"),
     ('run moe --schedule s_nan.json', 2,

@@ -92,8 +92,8 @@ def test_map_out_is_a_schedule_file_that_run_reproduces(tiny, capsys):
 
 #: (command line, exit status, the exact last line of stderr)
 BAD = [
-    ("map prefill --model tiny.json --shape 1", 2,
-     "stepsim map: error: argument kind: invalid choice: 'prefill' (choose from 'ffn', 'decode')"),
+    ("map attention --model tiny.json --shape 1", 2,
+     "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode', 'prefill')"),
     ("map ffn --model tiny.json --shape 0", 2, "stepsim: error: --shape must be an int >= 1 (tokens), got 0"),
     ("map decode --model tiny.json --shape -3", 2, "stepsim: error: --shape must be an int >= 1 (requests), got -3"),
     ("map ffn --model tiny.json --shape 65537", 2,

@@ -165,8 +165,8 @@ def test_schedule_files_are_checked(tmp_path):
          f"{path}: schedule 0: a 'ffn' schedule takes the knobs tile_n, tile_f, lanes, regions; got ['tile_n']"),
         ({"kind": "decode", "knobs": {"regions": 0}}, f"{path}: schedule 0: schedule knob 'regions' must be a "
                                                       "positive int, got 0"),
-        ({"kind": "prefill", "knobs": {}}, f"{path}: schedule 0: schedule kind must be one of ffn, decode, got "
-                                           "'prefill'"),
+        ({"kind": "conv", "knobs": {}}, f"{path}: schedule 0: schedule kind must be one of ffn, decode, prefill, "
+                                        "got 'conv'"),
         ({"kind": "decode", "knobs": {"regions": 2}, "speed": 1}, f"{path}: schedule 0: unknown schedule key(s) speed"),
         ([good.to_dict(), good.to_dict()], f"{path}: schedule 1: a second 'decode' schedule"),
     ]

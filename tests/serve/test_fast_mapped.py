@@ -45,6 +45,9 @@ MAPPED = {
     ("ffn", 64): ({"tile_n": 16, "tile_f": 32, "lanes": 2, "regions": 8}, 3360),
     **{("decode", 1 << i): ({"regions": 1 << i}, cycles) for i, cycles in enumerate((1754, 1757, 1794, 1874, 2362,
                                                                                      3629))},
+    # the prefill attention of both KV heads: one query tile a region
+    **{("prefill", 32 << i): ({"regions": 2 << i}, cycles) for i, cycles in enumerate((434, 533, 747, 1246, 2197,
+                                                                                       4824, 13468))},
 }
 
 

@@ -96,8 +96,10 @@ def test_one_request_on_8_sockets_is_the_shard_layers_and_two_all_reduces_a_laye
 
 
 @pytest.mark.parametrize("model, requests, tpot_s, ttft_s", [
-    ("llama-3.1-8b", 16, 0.0028170709999999974, 0.039873556),
-    ("llama-70b-shaped", 1, 0.013664090000000002, 0.02607665),
+    # TTFT with the shard's prefill attention mapped too: 38.95 ms (39.87 ms on the paper's prefill schedule) and
+    # 25.91 ms (26.08 ms)
+    ("llama-3.1-8b", 16, 0.0028170709999999974, 0.03895378),
+    ("llama-70b-shaped", 1, 0.013664090000000004, 0.02590737),
 ])
 def test_dense_models_serve_on_8_sockets_exactly(tmp_path, model, requests, tpot_s, ttft_s):
     if model == "llama-70b-shaped":

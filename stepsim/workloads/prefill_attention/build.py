@@ -23,8 +23,9 @@ from HBM once and repeated on chip (``RepeatStatic``). Softmax:
 * ``softmax="plain"``: the decode graph's exp / row-sum form (no scale, no running max).
 
 Storage is bf16 (q, caches, mask, output) with fp32 streams, as the decode graph. Every query tile streams its
-KV tiles in one pipeline (no parallel regions). Symbols: the KV-tile count of the ``CacheReadAddrGen`` stands
-for "KV tiles of one query tile"; the builder binds it to the mean, ``kv_tiles / query_tiles`` (a Rational),
+KV tiles in one pipeline; with ``regions`` > 1 (a mapped layer, :mod:`stepsim.mapping.kinds`) query tile ``j``
+goes to pipeline ``j % regions``. Symbols: the KV-tile count of each pipeline's ``CacheReadAddrGen`` stands
+for "KV tiles of one query tile"; the builder binds it to the pipeline's mean (a Rational),
 which makes off-chip bytes and FLOPs exact.
 """
 
@@ -54,6 +55,7 @@ from stepsim.graph import (
     Matmul,
     MetadataSource,
     OnlineSoftmax,
+    Parallelize,
     Partition,
     RandomOffChipLoad,
     RandomOffChipStore,
@@ -129,7 +131,7 @@ def prefill_flops(groups, *, head_dim: int, query_per_kv_head: int, tile_n: int,
 @gc_paused  # see stepsim.graph.gcpause
 def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_head: int = 8, tile_n: int = 32,
                             max_n: int | None = None, compute_bw: int = COMPUTE_BW,
-                            softmax: str = "stable") -> Workload:
+                            softmax: str = "stable", regions: int = 1) -> Workload:
     """Causal prefill attention of prompt chunks (see the module docstring).
 
     Parameters
@@ -147,6 +149,9 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
     compute_bw : int
         FLOPs/cycle of every compute node.
     softmax : {"stable", "plain"}
+    regions : int
+        Parallel copies of the pipeline (1: the paper's graph); query tile ``j`` goes to region ``j % regions``,
+        so ``regions`` must divide the query tiles (a mapped prefill attention, :mod:`stepsim.mapping.kinds`).
 
     Returns
     -------
@@ -174,47 +179,42 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
                             f"tokens, {need} rows), got {max_n}")
     request, group = query_tiles(cached, chunk, t)
     n_tiles = len(group)
+    regions = _positive_int("regions", regions)
+    if n_tiles % regions:
+        raise ArgumentError(f"regions={regions} must divide the {n_tiles} query tiles (dealt round-robin)")
     rows = heads * t
     row_offset = max_n // t
 
     g = Graph(f"prefill-attention-r{len(cached)}-q{n_tiles}")
-    q_t = Tensor("q", (n_tiles * rows, d), BF16)
+    q_t = Tensor("q", (n_tiles * rows, d), BF16)  # regions > 1: one tensor a region (below)
     k_cache = Tensor("k_cache", (len(cached) * max_n, d), BF16)
     v_cache = Tensor("v_cache", (len(cached) * max_n, d), BF16)
     mask_t = Tensor("mask", (rows, t), BF16)
     out = Tensor("out", (n_tiles * rows, d), BF16)
 
-    q = Flatten(g, LinearOffChipLoad(g, q_t, (rows, d), (n_tiles, 1), (1, 1), stream_dtype=FP32), 1, 2)
+    def q_load(tensor, tiles):
+        return Flatten(g, LinearOffChipLoad(g, tensor, (rows, d), (tiles, 1), (1, 1), stream_dtype=FP32), 1, 2)
+
+    if regions == 1:
+        q = q_load(q_t, n_tiles)
     idx, seq_len, out_idx = (Flatten(g, MetadataSource(g, values), 0, 1)
                              for values in (request, group + 1, np.arange(n_tiles, dtype=np.int64)))
-    k_addr = CacheReadAddrGen(g, idx, seq_len, row_offset)
-    keys = RandomOffChipLoad(g, k_addr, k_cache, (t, d), stream_dtype=FP32)
-    shape = keys.stream.shape
-    v_addr = CacheReadAddrGen(g, idx, seq_len, row_offset)
-    v_addr.assume_shape(0, shape)  # V reads the same tiles as K
-    values = RandomOffChipLoad(g, v_addr, v_cache, (t, d), stream_dtype=FP32)
-    scores = Map(g, [Expand(g, q, keys, 1), keys], Matmul(weight_transposed=True), compute_bw=bw)
-    last = FilterLastTile(g, seq_len)
-    last.assume_shape(0, shape)
-    split = Partition(g, scores, last, 0, 2)
-    split.assume_shape(0, (shape[0],))  # the diagonal tile of every query tile
-    split.assume_shape(1, (shape[0] * (shape[1] - 1),))
-    mask = Flatten(g, RepeatStatic(g, LinearOffChipLoad(g, mask_t, (rows, t), (1,), (0,), stream_dtype=FP32),
-                                   n_tiles), 0, 2)
-    masked = Map(g, [split[0], mask], Add(), compute_bw=bw)
-    merged = Reassemble(g, [masked, split[1]], last, 0)
-    merged.assume_shape(0, shape + (1,))
-    full = Flatten(g, merged, 0, 1)
-    if softmax == "stable":
-        state = MapAccum(g, full, values, OnlineSoftmax(d), Zero(rows, d + 2), 1, compute_bw=bw)
-        result = Map(g, state, SoftmaxNormalize(), compute_bw=bw, write_back_mu=True)
-    else:
-        probs = Map(g, full, Exp(), compute_bw=bw)
-        pv = MapAccum(g, probs, values, Matmul(), Zero(rows, d), 1, compute_bw=bw)
-        row_tiles = Accum(g, probs, AccumAdd(), Zero(rows, t), 1, compute_bw=bw)
-        denom = Map(g, row_tiles, RowSum(), compute_bw=bw)
-        result = Map(g, [pv, denom], Div(), compute_bw=bw, write_back_mu=True)
-    Sink(g, RandomOffChipStore(g, result, out_idx, out, (rows, d)))
+    cfg = dict(rows=rows, t=t, d=d, bw=bw, softmax=softmax, row_offset=row_offset, caches=(k_cache, v_cache, out),
+               mask=mask_t)
+    if regions == 1:  # the paper's graph, operator for operator
+        k_addrs = [_region(g, q, idx, seq_len, out_idx, n_tiles, cfg)]
+    else:  # query tile j to region j % regions (Parallelize deals round-robin)
+        meta = [Parallelize(g, m, 0, regions) for m in (idx, seq_len, out_idx)]
+        k_addrs = []
+        per = n_tiles // regions
+        for r in range(regions):
+            before = len(g.ops)
+            # each region reads its own query tiles (tiles r, r + regions, ...: the projection writes them region by
+            # region), so no one load issues every tile's requests
+            q = q_load(Tensor(f"q_region{r}", (per * rows, d), BF16), per)
+            k_addrs.append(_region(g, q, *(part[r] for part in meta), per, cfg))
+            for op in g.ops[before:]:
+                op.group = ("region", r)
     g.finalize()
 
     kv_tiles = int(np.sum(group + 1))
@@ -227,10 +227,53 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
                     kv_tiles=kv_tiles, chunk_tokens=int(chunk.sum()), cached_tokens=int(cached.sum())),
         trace={"cached": cached, "chunk": chunk},
     )
+    if regions > 1:  # said only when mapped: a paper run's params stay as they were
+        workload.params["regions"] = regions
     cached.flags.writeable = False
     chunk.flags.writeable = False
-    workload.bindings = {k_addr.tiles_symbol: sp.Rational(kv_tiles, n_tiles)}
+    # the K cache's tiles-per-query-tile symbol of each region: its mean (exact traffic and FLOPs)
+    workload.bindings = {addr.tiles_symbol: sp.Rational(int(np.sum(group[r::regions] + 1)), n_tiles // regions)
+                         for r, addr in enumerate(k_addrs)}
+    if regions > 1:
+        workload.balanced_units = [tuple(tuple(op.name for op in g.ops if op.group == ("region", r))
+                                         for r in range(regions))]
     return workload
+
+
+def _region(g: Graph, q, idx, seq_len, out_idx, n_tiles: int, cfg: dict):
+    """One pipeline over ``n_tiles`` query tiles: their KV loads, scores, the diagonal tile's mask, the softmax and
+    the store (the module docstring). Returns its K-cache ``CacheReadAddrGen``."""
+    rows, t, d, bw = cfg["rows"], cfg["t"], cfg["d"], cfg["bw"]
+    k_cache, v_cache, out = cfg["caches"]
+    k_addr = CacheReadAddrGen(g, idx, seq_len, cfg["row_offset"])
+    keys = RandomOffChipLoad(g, k_addr, k_cache, (t, d), stream_dtype=FP32)
+    shape = keys.stream.shape
+    v_addr = CacheReadAddrGen(g, idx, seq_len, cfg["row_offset"])
+    v_addr.assume_shape(0, shape)  # V reads the same tiles as K
+    values = RandomOffChipLoad(g, v_addr, v_cache, (t, d), stream_dtype=FP32)
+    scores = Map(g, [Expand(g, q, keys, 1), keys], Matmul(weight_transposed=True), compute_bw=bw)
+    last = FilterLastTile(g, seq_len)
+    last.assume_shape(0, shape)
+    split = Partition(g, scores, last, 0, 2)
+    split.assume_shape(0, (shape[0],))  # the diagonal tile of every query tile
+    split.assume_shape(1, (shape[0] * (shape[1] - 1),))
+    mask = Flatten(g, RepeatStatic(g, LinearOffChipLoad(g, cfg["mask"], (rows, t), (1,), (0,), stream_dtype=FP32),
+                                   n_tiles), 0, 2)
+    masked = Map(g, [split[0], mask], Add(), compute_bw=bw)
+    merged = Reassemble(g, [masked, split[1]], last, 0)
+    merged.assume_shape(0, shape + (1,))
+    full = Flatten(g, merged, 0, 1)
+    if cfg["softmax"] == "stable":
+        state = MapAccum(g, full, values, OnlineSoftmax(d), Zero(rows, d + 2), 1, compute_bw=bw)
+        result = Map(g, state, SoftmaxNormalize(), compute_bw=bw, write_back_mu=True)
+    else:
+        probs = Map(g, full, Exp(), compute_bw=bw)
+        pv = MapAccum(g, probs, values, Matmul(), Zero(rows, d), 1, compute_bw=bw)
+        row_tiles = Accum(g, probs, AccumAdd(), Zero(rows, t), 1, compute_bw=bw)
+        denom = Map(g, row_tiles, RowSum(), compute_bw=bw)
+        result = Map(g, [pv, denom], Div(), compute_bw=bw, write_back_mu=True)
+    Sink(g, RandomOffChipStore(g, result, out_idx, out, (rows, d)))
+    return k_addr
 
 
 def from_config(cfg: Mapping) -> Workload:

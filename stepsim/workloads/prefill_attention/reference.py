@@ -66,11 +66,24 @@ def inputs(w: Workload, seed: int) -> dict:
             cache[b, :n] = seeded_normal(seed, name, (int(n), d), std, b, bf16=True)
         caches[name] = cache.reshape(-1, d)
     q = seeded_normal(seed, "q", (p["query_tiles"] * heads * t, d), qk_std, bf16=True)
+    regions = p.get("regions", 1)
+    if regions > 1:  # a mapped layer reads query tile j from region j % regions' own tensor
+        tiles = q.reshape(p["query_tiles"], heads * t, d)
+        return {**{f"q_region{r}": tiles[r::regions].reshape(-1, d) for r in range(regions)}, **caches,
+                "mask": round_to_bf16(causal_mask(heads, t))}
     return {"q": q, **caches, "mask": round_to_bf16(causal_mask(heads, t))}
 
 
 def outputs(workload: Workload, inputs: dict) -> dict:
     who, p = "workload_reference", workload.params
+    regions = p.get("regions", 1)
+    if regions > 1:  # the regions' query tiles back in tile order
+        parts = [take_input(inputs, f"q_region{r}", who).reshape(-1, p["query_per_kv_head"] * p["tile_n"],
+                                                                p["head_dim"]) for r in range(regions)]
+        tiles = np.empty((p["query_tiles"],) + parts[0].shape[1:], dtype=parts[0].dtype)
+        for r, part in enumerate(parts):
+            tiles[r::regions] = part
+        inputs = {**inputs, "q": tiles.reshape(-1, p["head_dim"])}
     arrays = (take_input(inputs, n, who) for n in ("q", "k_cache", "v_cache", "mask"))
     return {"out": prefill_reference(*arrays, workload_trace(workload, "cached"), workload_trace(workload, "chunk"),
                                      head_dim=p["head_dim"], query_per_kv_head=p["query_per_kv_head"],
