@@ -32,6 +32,8 @@ def node_length(model: Model, node) -> int:
         return n + (op == "ReduceMean")
     if op == "Softmax":
         return n + 6  # subtract the max, exp (4), sum, divide
+    if op == "SinkSoftmax":
+        return n + 12  # the max with the sink, subtract, exp (4), sum, plus the sink's exp (5), divide
     if op == "LayerNormalization":
         return 2 * n + 13
     if op in ("RMSNormalization", "SimplifiedLayerNormalization"):
