@@ -50,7 +50,7 @@ def _where_to_add(model: Model, node: Node) -> Node:
     value = np.float32(scalar(model.consts[fill]))
     model.consts[name] = np.where(c if keep_a else ~c, np.float32(0), value).astype(np.float32)
     model.shapes[name] = tuple(c.shape)
-    return Node(node.name, "Add", [x, name], list(node.outputs))
+    return Node(node.name, "Add", [x, name], list(node.outputs), {"raised_from": "Where"})
 
 
 def _only(readers, v, outputs, op_type):
@@ -115,7 +115,7 @@ def _raise_sinks(model: Model) -> None:
 
 
 def _per_head(model: Model, cat: Node, s: str) -> np.ndarray:
-    """The sinks ``[groups]`` of the constant ``s`` ``[.., H, Sq, 1]``: one logit per head, the same for every
+    """The sinks ``[heads]`` of the constant ``s`` ``[.., H, Sq, 1]``: one logit per head, the same for every
     batch and query row (FrontendError naming the Concat otherwise)."""
     c = model.consts[s].astype(np.float32)
     shape = model.shapes[cat.inputs[0]]
@@ -123,12 +123,12 @@ def _per_head(model: Model, cat: Node, s: str) -> np.ndarray:
     if full is None or full.ndim < 2:
         raise FrontendError(f"{cat.describe()}: the attention sinks {s!r} {list(c.shape)} do not broadcast against "
                             f"the scores {list(shape)}")
-    rows = full.reshape(-1, shape[-2])  # [batch x heads, Sq]
-    if not (rows == rows[:, :1]).all():
+    heads = shape[-3] if len(shape) >= 3 else 1
+    rows = full.reshape(-1, heads, shape[-2])  # [batch, heads, Sq]
+    if not (rows == rows[:1, :, :1]).all():
         raise FrontendError(f"{cat.describe()}: the attention sinks {s!r} must be one logit per head (the same for "
-                            f"every query row); they vary along the query rows")
-    heads = rows[:, 0]
-    return heads
+                            f"every batch and query row); they vary along the batch or the query rows")
+    return rows[0, :, 0].copy()
 
 
 def _classify_masks(model: Model) -> None:
@@ -155,7 +155,7 @@ def _classify_masks(model: Model) -> None:
             continue  # an additive bias (ALiBi and friends), not a mask
         empty = np.flatnonzero(~keep.any(axis=1))
         if empty.size:
-            raise FrontendError(f"{node.describe()}: the attention mask {mask!r} hides every key of query row "
+            raise FrontendError(f"node {node.name!r} ({node.attrs.get('raised_from', 'Add')}): the attention mask hides every key of query row "
                                 f"{int(empty[0])} (its softmax is 0 / 0); a causal or sliding-window mask keeps "
                                 f"each query's own position")
         i, j = np.arange(sq)[:, None] + (sk - sq), np.arange(sk)[None, :]
