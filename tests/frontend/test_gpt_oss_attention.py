@@ -13,6 +13,7 @@ import pytest
 from onnx import helper
 
 from stepsim.base.errors import FrontendError
+from stepsim.cli import main
 from stepsim.frontend import from_onnx
 from stepsim.frontend.check import check_outputs
 from stepsim.simulation.simulate import simulate
@@ -99,8 +100,11 @@ def test_sliding_window_and_sinks_are_recognised_and_match_the_reference(mask, t
     m, init = gpt_oss_attention(mask)
     w, r = run_checked(m, tile_m)
     assert w.params["patterns"] == {"zm": "sliding-window mask (window 3)", "p": "attention sinks (4 heads)"}
-    report = w.frontend.proto  # the model as given: the Concat / ReduceMax / Softmax / Slice are one SinkSoftmax
-    assert [n.op_type for n in report.graph.node if n.name == "p"] == ["Slice"]
+    # the Concat / ReduceMax / Sub / Softmax / Slice are one SinkSoftmax: the sinks' load, and its nine Maps (row
+    # max, max with the sink, subtract, exp, row sum, sink minus max, its exp, add, divide; Broadcasts aside)
+    ops = [op for op in w.graph if op.group == ("node", "p") and type(op).__name__ != "Broadcast"]
+    assert [type(op).__name__ for op in ops] == ["LinearOffChipLoad", "Flatten"] + ["Map"] * 9
+    assert not [op for op in w.graph if isinstance(op.group, tuple) and op.group[1] in ("combined", "cmax", "probs")]
     # gpt-oss's formula (stepsim.workloads.sliding_attention.reference.sink_attention) on the same projections
     x = r.inputs["x"].astype(np.float64)
     q, k, v = ((x @ init[f"w_{p}"]).reshape(B, S, H, HD).transpose(0, 2, 1, 3) for p in "qkv")
@@ -126,6 +130,17 @@ def test_sinks_read_one_tile_per_row_block_and_a_causal_mask_is_named():
     causal = from_onnx(gpt_oss_attention("causal")[0], tiling={"tile_m": tile_m})
     assert causal.params["patterns"] == {"zm": "causal mask", "p": "attention sinks (4 heads)"}
     run_checked(gpt_oss_attention("causal")[0], 2)
+
+
+def test_metrics_and_check_on_the_command_line_name_the_patterns(tmp_path, capsys):
+    path = tmp_path / "gpt_oss.onnx"
+    path.write_bytes(gpt_oss_attention("where")[0].SerializeToString())
+    assert main(["run", str(path), "--functional", "--check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if ln.startswith("pattern ")] == [
+        "pattern p                          attention sinks (4 heads)",
+        "pattern zm                         sliding-window mask (window 3)"]
+    assert "check_passed                       True" in lines
 
 
 def test_a_model_without_the_patterns_keeps_its_params():
