@@ -165,3 +165,11 @@ def test_malformed_variants_are_one_line_naming_the_node(variant, line):
     with pytest.raises(FrontendError) as err:
         from_onnx(gpt_oss_attention(**variant)[0])
     assert str(err.value) == line
+
+
+@pytest.mark.parametrize("fuse, cycles, off_chip", [(True, 520, 39_168), (False, 3_169, 108_800)])
+def test_fused_and_spilled_runs_check_and_cost(fuse, cycles, off_chip):
+    w = from_onnx(gpt_oss_attention()[0], fuse=fuse)  # default tiling: tile_m 8
+    r = simulate(w, functional=True, seed=1)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    assert (simulate(w).cycles, w.metrics()["off_chip_bytes"]) == (cycles, off_chip)

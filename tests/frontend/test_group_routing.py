@@ -114,3 +114,11 @@ def test_biased_weights_are_one_line_naming_the_gather():
     assert str(err.value) == ("node 'topw' (GatherElements): the routing weights must be gathered from the unbiased "
                               "sigmoid scores 'scores', got 'choice' (scores + e_score_correction_bias, which only "
                               "chooses the experts)")
+
+
+@pytest.mark.parametrize("fuse, cycles, off_chip", [(True, 1_261, 169_472), (False, 2_260, 179_712)])
+def test_fused_and_spilled_runs_check_and_cost(fuse, cycles, off_chip):
+    w = from_onnx(deepseek_moe()[0], fuse=fuse, routing="teacher")  # one-token tiles (routing)
+    r = simulate(w, functional=True, seed=1)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    assert (simulate(w).cycles, w.metrics()["off_chip_bytes"]) == (cycles, off_chip)

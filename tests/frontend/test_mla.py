@@ -120,3 +120,11 @@ def test_mismatched_parts_are_one_line_naming_the_scores():
         from_onnx(mla(swapped_keys=True))
     assert str(err.value) == ("node 'sc' (MatMul): the query's parts [8, 4] ('qs') and the key's [4, 8] ('ks') must "
                               "pair up (nope with nope, rope with rope)")
+
+
+@pytest.mark.parametrize("fuse, cycles, off_chip", [(True, 737, 39_168), (False, 4_585, 165_120)])
+def test_fused_and_spilled_runs_check_and_cost(fuse, cycles, off_chip):
+    w = from_onnx(mla(), fuse=fuse)  # default tiling: tile_m 8
+    r = simulate(w, functional=True, seed=1)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    assert (simulate(w).cycles, w.metrics()["off_chip_bytes"]) == (cycles, off_chip)
