@@ -173,3 +173,17 @@ def test_fused_and_spilled_runs_check_and_cost(fuse, cycles, off_chip):
     r = simulate(w, functional=True, seed=1)
     assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
     assert (simulate(w).cycles, w.metrics()["off_chip_bytes"]) == (cycles, off_chip)
+
+
+@pytest.mark.parametrize("window, named", [(3, "sliding-window mask (window 3)"), (6, "causal mask")])
+def test_masks_against_a_cache_are_classified_with_the_cache_offset(window, named):
+    """Two new queries (positions 4, 5) against 6 keys (4 cached): query i sees keys i + 4 - window < j <= i + 4."""
+    from stepsim.frontend.attention import raise_attention
+    from stepsim.frontend.ir import Model, Node
+
+    i, j = np.arange(2)[:, None] + 4, np.arange(6)[None, :]
+    mask = np.where((j <= i) & (j > i - window), 0, np.finfo(np.float32).min).astype(np.float32)
+    m = Model("cache", [Node("zm", "Add", ["z", "mask"], ["zm"]), Node("p", "Softmax", ["zm"], ["p"], {"axis": -1})],
+              ["z"], ["p"], {"z": (1, 2, 2, 6), "mask": (1, 1, 2, 6), "zm": (1, 2, 2, 6), "p": (1, 2, 2, 6)},
+              {"mask": mask.reshape(1, 1, 2, 6)})
+    assert raise_attention(m).patterns == {"zm": named}
