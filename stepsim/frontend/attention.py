@@ -30,13 +30,16 @@ MASKED = -1e4
 
 def raise_attention(model: Model) -> Model:
     """``model`` with the patterns of the module docstring rewritten and recorded in ``model.patterns``."""
-    model.nodes = [_where_to_add(model, n) for n in model.nodes]
+    readers = model.consumers()
+    model.nodes = [_where_to_add(model, n, readers) for n in model.nodes]
     _raise_sinks(model)
     _classify_masks(model)
     return model
 
 
-def _where_to_add(model: Model, node: Node) -> Node:
+def _where_to_add(model: Model, node: Node, readers: dict) -> Node:
+    """The Where as the Add of its additive mask when that equals it: a fill of -inf (``x + -inf == -inf``), or a
+    fill at or below :data:`MASKED` read only by Softmax / the sinks' Concat (``exp`` of either is 0)."""
     if node.op_type != "Where" or len(node.inputs) != 3:
         return node
     cond, a, b = node.inputs
@@ -45,9 +48,13 @@ def _where_to_add(model: Model, node: Node) -> Node:
     if not model.is_const(cond) or not model.is_const(fill) or model.is_const(x) or \
             scalar(model.consts[fill]) is None:
         return node
+    value = np.float32(scalar(model.consts[fill]))
+    softmax_only = all(r.op_type in ("Softmax", "Concat") for r in readers.get(node.outputs[0], [])) and \
+        node.outputs[0] not in model.outputs
+    if not (value == -np.inf or (value <= MASKED and softmax_only)):
+        return node  # a Where that is no attention mask stays (and is refused as unsupported)
     c = model.consts[cond].astype(bool)
     name = f"{node.name}.mask"
-    value = np.float32(scalar(model.consts[fill]))
     model.consts[name] = np.where(c if keep_a else ~c, np.float32(0), value).astype(np.float32)
     model.shapes[name] = tuple(c.shape)
     return Node(node.name, "Add", [x, name], list(node.outputs), {"raised_from": "Where"})

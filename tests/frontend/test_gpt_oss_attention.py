@@ -30,7 +30,7 @@ def node(op, ins, out, **attrs):
     return helper.make_node(op, ins, [out], name=out, **attrs)
 
 
-def mask_nodes(mask: str, init: dict, strict: bool = False) -> list:
+def mask_nodes(mask: str, init: dict, strict: bool = False, fill: float = -np.inf) -> list:
     """Nodes turning scores ``z`` into masked scores ``zm`` (``mask``: "where", "masked_fill", "additive" or
     "causal"); ``strict`` spells the causal part ``kv < q`` (a wrong export: query 0 sees nothing)."""
     if mask in ("additive", "causal"):
@@ -40,7 +40,7 @@ def mask_nodes(mask: str, init: dict, strict: bool = False) -> list:
         return [node("Add", ["z", "band"], "zm")]
     init |= {"zero": np.array(0, np.int64), "len": np.array(S, np.int64), "one": np.array(1, np.int64),
              "window": np.array(W, np.int64), "ax0": np.array([0], np.int64), "ax1": np.array([1], np.int64),
-             "neg_inf": np.array(-np.inf, np.float32)}
+             "neg_inf": np.array(fill, np.float32)}
     nodes = [node("Range", ["zero", "len", "one"], "pos"), node("Unsqueeze", ["pos", "ax1"], "q_idx"),
              node("Unsqueeze", ["pos", "ax0"], "kv_idx"),
              node("Less" if strict else "LessOrEqual", ["kv_idx", "q_idx"], "causal"),
@@ -51,7 +51,7 @@ def mask_nodes(mask: str, init: dict, strict: bool = False) -> list:
     return nodes + [node("Not", ["allowed"], "hidden"), node("Where", ["hidden", "neg_inf", "z"], "zm")]
 
 
-def gpt_oss_attention(mask="where", sinks=True, strict=False, keep=(0, -1), sink_rows=False):
+def gpt_oss_attention(mask="where", sinks=True, strict=False, keep=(0, -1), sink_rows=False, fill=-np.inf):
     """x -> q, k, v heads -> softmax(q k^T / sqrt(hd) + sliding mask, with sinks) v -> merged heads -> output
     projection. ``keep``: the Slice after the Softmax; ``sink_rows``: sinks that vary along the query rows."""
     init = {f"w_{p}": rand((D, D), i, D ** -0.5) for i, p in enumerate("qkvo")}
@@ -63,7 +63,7 @@ def gpt_oss_attention(mask="where", sinks=True, strict=False, keep=(0, -1), sink
                   node("Transpose", [f"{p}2"], f"{p}3", perm=[0, 2, 1, 3])]
     nodes += [node("Transpose", ["k3"], "kt", perm=[0, 1, 3, 2]), node("MatMul", ["q3", "kt"], "s"),
               node("Mul", ["s", "scale"], "z")]
-    nodes += mask_nodes(mask, init, strict)
+    nodes += mask_nodes(mask, init, strict, fill)
     probs = "p"
     if sinks:
         init |= {"sinks": rand((H,), 30), "sink_shape": np.array([1, H, 1, 1], np.int64),
@@ -187,3 +187,14 @@ def test_masks_against_a_cache_are_classified_with_the_cache_offset(window, name
               ["z"], ["p"], {"z": (1, 2, 2, 6), "mask": (1, 1, 2, 6), "zm": (1, 2, 2, 6), "p": (1, 2, 2, 6)},
               {"mask": mask.reshape(1, 1, 2, 6)})
     assert raise_attention(m).patterns == {"zm": named}
+
+
+def test_a_where_that_is_no_mask_stays_unsupported():
+    """A fill of 0 is no mask (Where keeps zeros, an Add would keep the scores): refused as Where, not rewritten;
+    a finite fill of -1e9 read only by the sinks' Concat is a mask."""
+    from test_errors import SUPPORTED
+
+    with pytest.raises(FrontendError) as err:
+        from_onnx(gpt_oss_attention(fill=0.0)[0])
+    assert str(err.value) == f"node 'zm' (Where): unsupported operator; supported: {SUPPORTED}"
+    assert from_onnx(gpt_oss_attention(fill=-1e9)[0]).params["patterns"]["zm"] == "sliding-window mask (window 3)"
