@@ -100,6 +100,8 @@ def test_sliding_window_and_sinks_are_recognised_and_match_the_reference(mask, t
     m, init = gpt_oss_attention(mask)
     w, r = run_checked(m, tile_m)
     assert w.params["patterns"] == {"zm": "sliding-window mask (window 3)", "p": "attention sinks (4 heads)"}
+    assert w.frontend.describe().splitlines()[:3] == [
+        "pattern p: attention sinks (4 heads)", "pattern zm: sliding-window mask (window 3)", f"layouts (tile_m {tile_m}):"]
     # the Concat / ReduceMax / Sub / Softmax / Slice are one SinkSoftmax: the sinks' load, and its nine Maps (row
     # max, max with the sink, subtract, exp, row sum, sink minus max, its exp, add, divide; Broadcasts aside)
     ops = [op for op in w.graph if op.group == ("node", "p") and type(op).__name__ != "Broadcast"]
