@@ -57,8 +57,8 @@ def schedule_lines(row) -> list[str]:
 
 
 def spill_lines(row) -> list[str]:
-    """An ONNX model's spilled edges and why, and the converters spills replaced (from the record's params:
-    ``spill_reasons``, ``spilled_converters``; :class:`stepsim.frontend.lower.FrontendReport`); none for other
+    """An ONNX model's spilled edges and why, the converters spills replaced and the patterns recognised (from
+    the record's params: ``spill_reasons``, ``spilled_converters``, ``patterns``; :class:`stepsim.frontend.lower.FrontendReport`); none for other
     runs."""
     params = json.loads(row.get("params") or "{}")
     if "spill_reasons" not in params:
@@ -67,6 +67,8 @@ def spill_lines(row) -> list[str]:
     lines = [f"{'spilled_edges':35s}{len(reasons)}" + ("" if reasons else " (every edge fused)")]
     lines += [f"  {edge}: {why}" for edge, why in reasons.items()]
     lines += [f"  converter {key} ({what}): replaced by a spill" for key, what in replaced.items()]
+    # the patterns the front end recognised (stepsim.frontend.attention), named by their node
+    lines += [f"{'pattern ' + node:35s}{what}" for node, what in params.get("patterns", {}).items()]
     return lines
 
 

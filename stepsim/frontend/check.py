@@ -32,6 +32,8 @@ def node_length(model: Model, node) -> int:
         return n + (op == "ReduceMean")
     if op == "Softmax":
         return n + 6  # subtract the max, exp (4), sum, divide
+    if op == "SinkSoftmax":
+        return n + 12  # the max with the sink, subtract, exp (4), sum, plus the sink's exp (5), divide
     if op == "LayerNormalization":
         return 2 * n + 13
     if op in ("RMSNormalization", "SimplifiedLayerNormalization"):
@@ -40,7 +42,7 @@ def node_length(model: Model, node) -> int:
         return 8 if node.attrs.get("approximate", "none") in ("none", b"none") else 14
     if op == "MoE":  # the expert SwiGLU (K = D, SiLU, product, K = F), its gate, the sum over k
         f = model.shapes[node.attrs["experts"][0]["gate"]][1]
-        return n + 8 + 1 + f + 1 + node.attrs["k"]
+        return n + 8 + 1 + f + 1 + node.attrs["k"] + (node.attrs.get("scale", 1.0) != 1.0)
     if op == "Pow":
         c = model.consts.get(node.inputs[1])
         return 1 if c is not None and scalar(c) == 2.0 else 4

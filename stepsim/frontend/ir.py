@@ -33,7 +33,7 @@ class Model:
     ``outputs`` (value names of the graph's inputs that are not initializers, and of its outputs), ``shapes``
     (value -> tuple of ints, elements), ``consts`` (value -> numpy array: initializers and folded values) and
     ``bound`` (graph input -> the integer values given at lowering, e.g. the token ids a Gather looks up) and
-    ``bf16`` (the graph inputs and initializers stored as bfloat16: loaded as 2-byte elements)."""
+    ``bf16`` (the graph inputs and initializers stored as bfloat16: loaded as 2-byte elements) and ``patterns``."""
 
     name: str
     nodes: list
@@ -43,6 +43,9 @@ class Model:
     consts: dict
     bound: dict = field(default_factory=dict)
     bf16: set = field(default_factory=set)
+    #: node name -> the pattern recognised there (:mod:`stepsim.frontend.attention`: "sliding-window mask (window
+    #: 4)", "attention sinks (8 heads)", ...); the workload's ``params["patterns"]`` when not empty
+    patterns: dict = field(default_factory=dict)
 
     def producer(self) -> dict:
         """Value name -> the node producing it."""

@@ -134,7 +134,7 @@ def matmul_layout(shape: tuple, tile_m: int, tile_n: int) -> Layout:
 
 
 #: ops whose input 0 must arrive as whole rows
-ROW_CONSUMERS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "Softmax", "LayerNormalization", "RMSNormalization",
+ROW_CONSUMERS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "Softmax", "SinkSoftmax", "LayerNormalization", "RMSNormalization",
                            "SimplifiedLayerNormalization", "Transpose"})
 #: elementwise ops (output layout = input layout)
 ELEMENTWISE = frozenset({"Swish", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Neg", "Exp", "Reciprocal", "Gelu", "Identity",

@@ -10,7 +10,7 @@ import stepsim.frontend.ops_layout  # noqa: F401
 import stepsim.frontend.ops_matmul  # noqa: F401
 from stepsim.base.defaults import UNSET
 from stepsim.base.errors import FrontendError
-from stepsim.frontend import check, converters, emit, fusion, inputs, layouts, moe, patterns, shapes
+from stepsim.frontend import attention, check, converters, emit, fusion, inputs, layouts, mla, moe, patterns, shapes
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
@@ -44,6 +44,8 @@ class FrontendReport:
     #: bytes of every value of the model as written (inputs and node outputs, the dense MoE spelling's included):
     #: what onnx's reference evaluator holds for the functional check (:func:`stepsim.frontend.check.check_reference_fits`)
     reference_bytes: int = 0
+    #: node name -> the pattern recognised there (:mod:`stepsim.frontend.attention`; the params' ``patterns``)
+    patterns: dict = dataclasses.field(default_factory=dict)
 
     def spilled(self) -> list:
         return [e for e in self.edges if not e.fused]
@@ -61,7 +63,7 @@ class FrontendReport:
     def describe(self) -> str:
         """The layout of every activation stream, the converters and each edge's fusion decision, one per line."""
         width = max(map(len, self.layouts), default=0)
-        lines = [f"layouts (tile_m {self.tile_m}):"]
+        lines = [f"pattern {k}: {v}" for k, v in self.patterns.items()] + [f"layouts (tile_m {self.tile_m}):"]
         lines += [f"  {v:<{width}}  {lay}" for v, lay in self.layouts.items()]
         lines.append("converters:" if self.converters else "converters: none")
         lines += [f"  {k:<{width}}  {c.kind}, {c.buffer.bytes} B ({c.buffer.method}): {c.producer} -> {c.consumer}"
@@ -130,7 +132,7 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     spill = (spill,) if isinstance(spill, str) else spill  # one name, not its characters
     proto = shapes.bind_dims(load_model(source), dims)
     inputs.check_declared(proto)  # element types and dims, before shape inference evaluates anything
-    model = moe.raise_moe(patterns.raise_patterns(shapes.to_model(proto, values)))
+    model = moe.raise_moe(mla.raise_mla(attention.raise_attention(patterns.raise_patterns(shapes.to_model(proto, values)))))
     forced = layouts.head_tiles(model)  # head splits fix their MatMul's tile_n (a user's per_node wins)
     if forced:
         tiling = dataclasses.replace(tiling, per_node={**forced, **tiling.per_node})
@@ -167,13 +169,15 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     report = FrontendReport(tile_m, tn, tuple(edges), conversions, dict(emitter.converter_ops),
                             check.chain_length(model), proto, stream_layouts, dict(model.bound),
                             frozenset(emitter.spilled_converters),
-                            inputs.evaluation_bytes(model, [v for v in model.shapes if not model.is_const(v)]))
+                            inputs.evaluation_bytes(model, [v for v in model.shapes if not model.is_const(v)]),
+                            dict(model.patterns))
     depth = {} if channel_depth is UNSET else {"channel_depth": channel_depth}
     workload = Workload(name="onnx", graph=graph, hardware=hardware, **depth,
                         params=dict(model=model.name, tile_m=tile_m, tile_n=tiling.tile_n,
                                     compute_bw=tiling.compute_bw, fuse=fuse,
                                     spilled=sorted(f"{e.value}->{e.consumer}" for e in report.spilled()),
-                                    spill_reasons=report.spill_reasons(), spilled_converters=report.replaced()))
+                                    spill_reasons=report.spill_reasons(), spilled_converters=report.replaced(),
+                                    **({"patterns": dict(model.patterns)} if model.patterns else {})))
     workload.frontend = report  # not in params: params go into every result row as JSON
     return workload
 

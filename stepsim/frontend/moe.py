@@ -25,6 +25,7 @@ import numpy as np
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend.emit import Act, Emitter, handles
+from stepsim.frontend.group_gate import match_gate
 from stepsim.frontend.ir import Model, Node, scalar
 from stepsim.frontend.layouts import groups_rows_cols
 from stepsim.graph import (
@@ -80,13 +81,18 @@ def _match(model: Model, topk, producers, readers):
     probs = topk.inputs[0]
     soft = producers.get(probs)
     k = model.consts.get(topk.inputs[1]) if len(topk.inputs) > 1 else None
-    if soft is None or soft.op_type != "Softmax" or k is None or len(topk.outputs) != 2:
+    gate = match_gate(model, topk, producers, readers) if k is not None else None
+    if gate is None and (soft is None or soft.op_type != "Softmax" or k is None or len(topk.outputs) != 2):
         return None
     values, indices = topk.outputs
     drop = {topk.name}
-    normalize = False
+    normalize, scale = False, 1.0
     gates_of = values
     div = next((n for n in readers.get(values, []) if n.op_type == "Div" and n.inputs[0] == values), None)
+    if gate is not None:  # DeepSeek-V3: sigmoid scores gathered at the experts, renormalized, scaled
+        probs, gates_of, normalize, scale = gate.probs, gate.gates_of, gate.normalize, gate.scale
+        drop |= gate.drop
+        div = None
     if div is not None:  # Qwen3: values / ReduceSum(values)
         den = producers.get(div.inputs[1])
         if den is not None and den.op_type == "ReduceSum" and den.inputs[0] == values and \
@@ -96,6 +102,8 @@ def _match(model: Model, topk, producers, readers):
     experts = {}
     combine = {}  # expert -> the Mul(h_e, w_e) node
     for eq in readers.get(indices, []):
+        if gate is not None and eq.name == gate.gather:
+            continue
         if eq.op_type != "Equal":
             return None
         e = scalar(model.consts.get(eq.inputs[1], np.array([]))) if eq.inputs[0] == indices else None
@@ -133,7 +141,9 @@ def _match(model: Model, topk, producers, readers):
     (x,) = xs
     node = Node(f"{topk.name}.moe", "MoE", [x, probs], [total],
                 {"experts": [experts[e] for e in range(len(experts))], "k": int(scalar(k)), "normalize": normalize,
-                 "topk": topk.name, "indices": indices})
+                 "topk": topk.name, "indices": indices, "scale": scale})
+    if gate is not None:
+        model.patterns[topk.name] = gate.describe(int(scalar(k)))
     return drop, node
 
 
@@ -295,6 +305,8 @@ def emit_moe(e: Emitter, node: Node):
     gates = e.map([pa, mask], Mul())
     if node.attrs["normalize"]:
         gates = e.map([gates, e.map(gates, RowSum())], Div())
+    if node.attrs.get("scale", 1.0) != 1.0:  # DeepSeek-V3's routed_scaling_factor
+        gates = e.pw(gates, "mul_c", node.attrs["scale"])
     part_x = Partition(e.g, xa.s, SelectorSource(e.g, hot, n_exp), 0, n_exp, name=f"{node.name}.route")
     part_g = Partition(e.g, gates.s, SelectorSource(e.g, hot, n_exp), 0, n_exp, name=f"{node.name}.route_gates")
     outs, active = [], []

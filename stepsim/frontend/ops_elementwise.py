@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from stepsim.base.errors import FrontendError
-from stepsim.frontend.emit import Emitter, handles
+from stepsim.frontend.emit import Act, Emitter, handles
 from stepsim.frontend.ir import Node, scalar
 from stepsim.frontend.layouts import (
     groups_rows_cols,
@@ -17,6 +17,7 @@ from stepsim.graph import (
     Add,
     Div,
     Exp,
+    Flatten,
     Max,
     Mul,
     RowMax,
@@ -136,6 +137,25 @@ def _softmax(e: Emitter, node: Node):
     x = e.act(node.inputs[0], node)
     ex = e.map(e.map([x, e.map(x, RowMax())], Sub()), Exp())
     e.val[node.outputs[0]] = e.map([ex, e.map(ex, RowSum())], Div())
+
+
+@handles("SinkSoftmax")
+def _sink_softmax(e: Emitter, node: Node):
+    """Softmax with one more logit per head in the denominator (:mod:`stepsim.frontend.attention`):
+    ``m = max(max z, s_h)``, ``exp(z - m) / (sum exp(z - m) + exp(s_h - m))``. The sinks ``[groups]`` are read as
+    one ``tile_m x 1`` tile per row block of each head (a view that repeats the head's ``tile_m`` copies)."""
+    z, sinks = node.inputs
+    x = e.act(z, node)
+    g, r, _ = groups_rows_cols(e.model.shapes[z])
+    heads = e.model.consts[sinks].astype(np.float32)
+    data = np.repeat(heads, e.tm).reshape(-1, 1)  # head h's logit in rows h * tile_m .. (h + 1) * tile_m - 1
+    per = g // heads.size  # groups (batch x heads) per head: the batch, outer
+    view = e.load_view(e.tensor(sinks, data.shape, data), (e.tm, 1), (per, heads.size, r // e.tm), (0, 1, 0))
+    s = Act(Flatten(e.g, view, 0, 2), 1, 1)
+    m = e.map([e.map(x, RowMax()), s], Max())
+    ex = e.map(e.map([x, m], Sub()), Exp())
+    den = e.map([e.map(ex, RowSum()), e.map(e.map([s, m], Sub()), Exp())], Add())
+    e.val[node.outputs[0]] = e.map([ex, den], Div())
 
 
 def _normalize(e: Emitter, node: Node, x, centered: bool):

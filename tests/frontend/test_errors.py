@@ -15,7 +15,7 @@ from ort_check import model  # noqa: E402
 
 SUPPORTED = ("Add, Cast, Concat, Div, Dropout, Erf, Exp, Expand, Flatten, Gather, Gelu, Gemm, Identity, LayerNormalization, MatMul, "
              "Max, Min, MoE, Mul, Neg, Pow, RMSNormalization, Reciprocal, ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, "
-             "Sigmoid, SimplifiedLayerNormalization, Softmax, Split, Sqrt, Squeeze, Sub, Swish, Tanh, Transpose, Unsqueeze")
+             "Sigmoid, SimplifiedLayerNormalization, SinkSoftmax, Softmax, Split, Sqrt, Squeeze, Sub, Swish, Tanh, Transpose, Unsqueeze")
 
 
 def one(op, inputs, outputs, init=None, name="n0", **attrs):
