@@ -210,7 +210,7 @@ def model_capacity(model, memory, hbm_bytes: int, block_size: int, max_num_seqs:
     """The KV cache of ``model`` (a ModelConfig with its :class:`~stepsim.serve.memory.ModelMemory`) in
     ``hbm_bytes`` of one chip: one pool of every layer, or with sliding-window layers a pool per attention kind
     (:func:`stepsim.serve.kv_cache.pooled_capacity`)."""
-    if model.sliding_layers:
+    if model.sliding_layers or model.chunked_layers:
         return pooled_capacity(hbm_bytes, memory.weight_bytes, kv_pools(model), block_size, max_num_seqs)
     return kv_capacity(hbm_bytes, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
 
