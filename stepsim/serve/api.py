@@ -168,8 +168,8 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
     SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                          chunk_tokens=chunk_tokens, block_size=block_size)
     resolved = resolve_model(model)  # an unknown model is refused here, before a sweep runs any task
-    if fidelity is not None:  # the layer executors run GQA over the whole context and top-k routing
-        resolved.refuse_unmodelled("serving at --fidelity exact|fast")
+    if fidelity is not None:  # a heterogeneous model is priced layer group by layer group (serve/layer_list.py)
+        _check_layer_list(resolved, routing, system)
     if hardware is not None:
         resolve_serving_hardware(hardware)
 
@@ -528,8 +528,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     else:
         hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
-    if fidelity is not None:  # before any work: its executors run GQA, full attention, top-k routing
-        resolved.refuse_unmodelled("serving at --fidelity exact|fast")
+    if fidelity is not None:  # before any work: a heterogeneous model is priced layer group by layer group
+        _check_layer_list(resolved, routing, system)
     if schedule is None:
         schedule = default_schedule(hw, system, resolved, fidelity)
     memory = model_memory(resolved)
@@ -572,30 +572,21 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
     replayed through it."""
     calibration = None
+    if fidelity is not None and provider is None:
+        from stepsim.serve.layer_list import takes_layer_list
+
+        if takes_layer_list(resolved):
+            return _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs,
+                                      layers_executor, requests, trace, config, capacity, limit_requests, arrival,
+                                      arrival_scale, duration, calibration_cache, system, progress, schedule,
+                                      long_policy)
     if fidelity == "exact":
         provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                    vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor,
                                    system=system, schedule=schedule)
     elif fidelity == "fast":
-        key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
-                                                                                   VALUE_FIELDS},
-                     # an explicit channel_depth overrides the layers' FIFO depths: equal values, other cycles
-                     "hardware_explicit": list(hw.explicit),
-                     "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
-                     # the LM head's bytes price every step (its held-out error too); not in the model's repr
-                     "vocab": memory.vocab_size,
-                     "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
-                     "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
-                                 "duration": duration}}
-        if long_policy is not None:  # the requests served differ (dropped, truncated); absent: earlier keys kept
-            key_parts["shaping"]["long_requests"] = long_policy
-        from stepsim.serve.calibration_cache import schedule_identity
-
-        key_parts["schedule"] = schedule_identity(schedule)  # paper or mapped layers (and the mapper's sources)
-        if system is not None:  # every field of the system: its chips, hardware, dimensions and links
-            from stepsim.serve.system import system_key
-
-            key_parts["system"] = system_key(system)
+        key_parts = _fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
+                                    limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
         provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                               vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
                                               cache=calibration_cache, layers_executor=layers_executor,
@@ -603,7 +594,71 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
                                               pilot=lambda p, on_step: replay(
                                                   trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                                   Scheduler(config, capacity, limit), p, on_step))
+    return _replayed(provider, calibration, trace, config, capacity, limit, progress)
 
+
+def _fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing, limit_requests, arrival,
+                    arrival_scale, duration, long_policy, schedule, system) -> dict:
+    """What a fast calibration depends on (its cache key's parts)."""
+    key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
+                                                                               VALUE_FIELDS},
+                 # an explicit channel_depth overrides the layers' FIFO depths: equal values, other cycles
+                 "hardware_explicit": list(hw.explicit),
+                 "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
+                 # the LM head's bytes price every step (its held-out error too); not in the model's repr
+                 "vocab": memory.vocab_size,
+                 "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
+                 "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
+                             "duration": duration}}
+    if long_policy is not None:  # the requests served differ (dropped, truncated); absent: earlier keys kept
+        key_parts["shaping"]["long_requests"] = long_policy
+    from stepsim.serve.calibration_cache import schedule_identity
+
+    key_parts["schedule"] = schedule_identity(schedule)  # paper or mapped layers (and the mapper's sources)
+    if system is not None:  # every field of the system: its chips, hardware, dimensions and links
+        from stepsim.serve.system import system_key
+
+        key_parts["system"] = system_key(system)
+    return key_parts
+
+
+def _check_layer_list(resolved, routing, system) -> None:
+    """A model priced layer group by layer group (:mod:`stepsim.serve.layer_list`) takes synthetic routing on one
+    chip: anything else refused in one line, before any work."""
+    from stepsim.serve.layer_list import check_layer_list, takes_layer_list
+
+    if takes_layer_list(resolved):
+        check_layer_list(resolved, routing, system)
+
+
+def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
+                       trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache,
+                       system, progress, schedule, long_policy):
+    """:func:`_replay_with` for a heterogeneous model: one exact or fast provider per layer group
+    (:mod:`stepsim.serve.layer_list`)."""
+    from stepsim.serve.layer_list import exact_layer_list, fast_layer_list
+
+    def pilot(p, on_step):
+        return replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, Scheduler(config, capacity, limit),
+                      p, on_step)
+
+    calibration = None
+    if fidelity == "exact":
+        provider = exact_layer_list(resolved, lambda sub: engine_provider(
+            sub, model, hw, None, seed=seed, max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
+            layers_executor=layers_executor, schedule=schedule), routing=routing, system=system)
+    else:
+        key_parts = _fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
+                                    limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
+        provider, calibration = fast_layer_list(resolved, lambda sub, parts, group_pilot: fast_provider(
+            sub, model, hw, None, seed=seed, max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
+            key_parts=parts, cache=calibration_cache, layers_executor=layers_executor, progress=progress,
+            schedule=schedule, pilot=group_pilot), key_parts, pilot, routing=routing, system=system)
+    return _replayed(provider, calibration, trace, config, capacity, limit, progress)
+
+
+def _replayed(provider, calibration, trace, config, capacity, limit, progress):
+    """``(provider, calibration, result)``: the trace replayed through ``provider`` (closed after)."""
     try:
         with _bar(progress, f"serving ({provider.mode})", "requests", len(trace.arrival_s)) as update:
             on_step = None if update is None else (lambda done, steps: update(done, f"step {steps:,}"))
