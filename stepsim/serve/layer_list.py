@@ -118,8 +118,9 @@ class LayerListLatency:
         self.groups = [(kind, indices, GroupLatency(kind, provider)) for kind, indices, provider in groups]
         self.mode = self.groups[0][2].mode
         errors = [g.error for _, _, g in self.groups]
+        # the groups' held-out errors: the largest of each statistic, the held-out steps of all
         self.error = None if any(e is None for e in errors) else {
-            k: max(e[k] for e in errors) for k in errors[0]}
+            k: (sum if k == "held_out_iterations" else max)(e[k] for e in errors) for k in errors[0]}
         self.hardware = self.groups[0][2].inner.hardware
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
@@ -137,9 +138,14 @@ class LayerListLatency:
         return IterationCost(total / self.hardware.clock_hz, cycles, work)
 
     def describe(self) -> dict:
-        """Each group's layers, kind and provider description."""
-        return {"groups": [{"layers": list(indices), "kind": kind.describe(), **g.inner.describe()}
-                           for kind, indices, g in self.groups]}
+        """Each group's layers, kind and provider description (with its held-out error in fast mode); exact mode's
+        layer simulations of all groups."""
+        groups = [{"layers": list(indices), "kind": kind.describe(), **g.inner.describe(),
+                   **({"error": g.error} if g.error is not None else {})} for kind, indices, g in self.groups]
+        out = {"groups": groups}
+        if self.mode == "exact":
+            out["simulations"] = sum(g["simulations"] for g in groups)
+        return out
 
     def stats(self) -> dict:
         """The groups' engine statistics, added (the largest ``jobs``)."""
@@ -206,10 +212,18 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
 
 
 def describe_groups(model: ModelConfig) -> list[str]:
-    """One line per layer group: ``layers 0-2 (3): mla + dense``."""
+    """One line per layer group: ``layers 0-2 (3): mla + dense``, ``layers 1, 3, .., 47 (24): full + moe``."""
     out = []
     for kind, indices in layer_groups(model):
-        span = f"{indices[0]}-{indices[-1]}" if len(indices) > 1 else f"{indices[0]}"
+        steps = {b - a for a, b in zip(indices, indices[1:])}
+        if len(indices) == 1:
+            span = f"{indices[0]}"
+        elif steps == {1}:
+            span = f"{indices[0]}-{indices[-1]}"
+        elif len(steps) == 1 and len(indices) > 2:
+            span = f"{indices[0]}, {indices[1]}, .., {indices[-1]}"
+        else:
+            span = ", ".join(map(str, indices))
         out.append(f"layers {span} ({len(indices)}): {kind.describe()}")
     return out
 
