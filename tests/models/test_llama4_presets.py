@@ -12,8 +12,7 @@ from stepsim.cli import main
 from stepsim.models.layers import LayerKind, layer_groups, layer_list
 from stepsim.models.presets import PRESETS, parse_hf_config, resolve_model
 from stepsim.serve.layer_list import describe_groups
-from stepsim.serve.memory import (KVPool, attention_parameters, ffn_parameters, kv_pools, model_memory,
-                                  vision_parameters)
+from stepsim.serve.memory import KVPool, attention_parameters, ffn_parameters, kv_pools, model_memory, vision_parameters
 
 D, V = 5120, 202048
 #: q and o (40 heads of 128), k and v (8 KV heads of 128); no biases
