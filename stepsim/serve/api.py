@@ -636,7 +636,7 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
                        system, progress, schedule, long_policy):
     """:func:`_replay_with` for a heterogeneous model: one exact or fast provider per layer group
     (:mod:`stepsim.serve.layer_list`)."""
-    from stepsim.serve.layer_list import exact_layer_list, fast_layer_list
+    from stepsim.serve.layer_list import exact_layer_list, fast_layer_list, group_seed
 
     def pilot(p, on_step):
         return replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, Scheduler(config, capacity, limit),
@@ -644,14 +644,14 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
 
     calibration = None
     if fidelity == "exact":
-        provider = exact_layer_list(resolved, lambda sub: engine_provider(
-            sub, model, hw, None, seed=seed, max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
+        provider = exact_layer_list(resolved, lambda sub, g: engine_provider(
+            sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
             layers_executor=layers_executor, schedule=schedule), routing=routing, system=system)
     else:
         key_parts = _fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
                                     limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
-        provider, calibration = fast_layer_list(resolved, lambda sub, parts, group_pilot: fast_provider(
-            sub, model, hw, None, seed=seed, max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
+        provider, calibration = fast_layer_list(resolved, lambda sub, parts, group_pilot, g: fast_provider(
+            sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
             key_parts=parts, cache=calibration_cache, layers_executor=layers_executor, progress=progress,
             schedule=schedule, pilot=group_pilot), key_parts, pilot, routing=routing, system=system)
     return _replayed(provider, calibration, trace, config, capacity, limit, progress)

@@ -118,9 +118,9 @@ class LayerListLatency:
         self.groups = [(kind, indices, GroupLatency(kind, provider)) for kind, indices, provider in groups]
         self.mode = self.groups[0][2].mode
         errors = [g.error for _, _, g in self.groups]
-        # the groups' held-out errors: the largest of each statistic, the held-out steps of all
+        # the groups' held-out errors: the largest of each relative error, the counts (steps, simulations) added
         self.error = None if any(e is None for e in errors) else {
-            k: (sum if k == "held_out_iterations" else max)(e[k] for e in errors) for k in errors[0]}
+            k: (max if k.startswith("iteration_") else sum)(e[k] for e in errors) for k in errors[0]}
         self.hardware = self.groups[0][2].inner.hardware
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
@@ -161,6 +161,12 @@ class LayerListLatency:
                 g.inner.close()
 
 
+def group_seed(seed: int, group: int) -> int:
+    """The routing seed of layer group ``group`` of a run seeded ``seed``: each group its own stream (the same
+    stream would route two groups' layers alike)."""
+    return seed + 1_000_003 * group
+
+
 def check_layer_list(model: ModelConfig, routing, system) -> None:
     """Refuse, in one line, what the layer-list path does not take: a routed-experts file, a system."""
     if routing is not None and routing != "synthetic":
@@ -172,12 +178,12 @@ def check_layer_list(model: ModelConfig, routing, system) -> None:
 
 
 def exact_layer_list(model: ModelConfig, make_engine, *, routing=None, system=None) -> LayerListLatency:
-    """The exact provider of a heterogeneous model: ``make_engine(group model)`` gives each group's
-    :class:`~stepsim.serve.exact.EngineLatency`."""
+    """The exact provider of a heterogeneous model: ``make_engine(group model, group index)`` gives each group's
+    :class:`~stepsim.serve.exact.EngineLatency` (its routing seeded by :func:`group_seed`)."""
     check_layer_list(model, routing, system)
     groups = []
     for g, (kind, indices) in enumerate(layer_groups(model)):
-        provider = make_engine(group_model(model, kind, len(indices)))
+        provider = make_engine(group_model(model, kind, len(indices)), g)
         count_weights_once(model, provider, g == 0)
         groups.append((kind, indices, provider))
     return LayerListLatency(model, groups)
@@ -186,7 +192,7 @@ def exact_layer_list(model: ModelConfig, make_engine, *, routing=None, system=No
 def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, routing=None,
                     system=None) -> tuple[LayerListLatency, dict]:
     """The fast provider of a heterogeneous model and its calibration record (``{"groups": [...], "error": ...,
-    "cached": ...}``). ``make_fast(group model, key parts, pilot)`` gives a group's calibrated provider and record
+    "cached": ...}``). ``make_fast(group model, key parts, pilot, group index)`` gives a group's calibrated provider and record
     (:func:`stepsim.serve.api.fast_provider`); each group's pilot replays are priced by its cycles scaled to the
     model's layers (module docstring)."""
     check_layer_list(model, routing, system)
@@ -201,7 +207,7 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
 
         parts = {**key_parts, "layer_group": {"index": g, "layers": list(indices), "kind": kind.describe(),
                                               "model": repr(sub)}}
-        provider, record = make_fast(sub, parts, group_pilot)
+        provider, record = make_fast(sub, parts, group_pilot, g)
         count_weights_once(model, provider, g == 0)
         groups.append((kind, indices, provider))
         records.append({"layers": list(indices), "kind": kind.describe(), **record})
@@ -229,4 +235,4 @@ def describe_groups(model: ModelConfig) -> list[str]:
 
 
 __all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
-           "takes_layer_list", "describe_groups", "check_layer_list"]
+           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed"]
