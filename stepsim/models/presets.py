@@ -3,7 +3,8 @@
 A model is named in three ways wherever a command takes ``--model`` (or a config takes ``model``):
 
 * a built-in preset: ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``deepseek-moe-16b``, ``llama-3.1-8b``,
-  ``deepseek-v3``, ``gpt-oss-120b``, ``gpt-oss-20b``, ``qwen3-235b-a22b``; or one of its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
+  ``deepseek-v3``, ``gpt-oss-120b``, ``gpt-oss-20b``, ``qwen3-235b-a22b``, ``llama-4-scout``,
+  ``llama-4-maverick``; or one of its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
   name (:func:`canonical_model_name`);
 * a Hugging Face ``config.json`` path (any name ending in ``.json``), read by :func:`load_hf_config`;
 * ``custom`` with the four MoE dimensions given (``--hidden --intermediate --experts --top-k``).
@@ -33,9 +34,11 @@ field                                                 meaning (unit)
 ====================================================  ==========================================================
 
 The frontier models' fields (multi-head latent attention, group-limited routing, dense first layers,
-``layer_types`` and ``sliding_window``, sinks and biases) are read by :mod:`stepsim.models.frontier`. Workloads
-and serving that do not model MLA, sliding windows or sinks yet refuse such a model in one line
-(:meth:`ModelConfig.refuse_unmodelled`); ``stepsim models show`` and the weights / KV accounting take it.
+``layer_types`` and ``sliding_window``, sinks and biases, Llama 4's interleaved MoE layers and chunked attention)
+are read by :mod:`stepsim.models.frontier`. Workloads that do not model them yet refuse such a model in one line
+(:meth:`ModelConfig.refuse_unmodelled`); serving prices it layer group by layer group
+(:mod:`stepsim.models.layers`, :mod:`stepsim.serve.layer_list`); ``stepsim models show`` and the weights / KV
+accounting take it.
 
 Refused with a :class:`~stepsim.base.errors.ConfigError` naming the file and the field: unreadable or non-object
 JSON, a missing required field, a field of the wrong type (a non-positive or non-integer count), two expert
