@@ -192,8 +192,10 @@ class ModelConfig:
     attention_sinks: bool = False
     router_bias: bool = False
     expert_bias: bool = False
-    interleave_moe_layer_step: int = 0
-    attention_chunk_size: int | None = None
+    # out of the repr, which keys the fast calibrations of every model (repr(model)): the caches made before these
+    # fields keep their keys; a layer-list model's calibration key names each group's layers and chunk besides
+    interleave_moe_layer_step: int = field(default=0, repr=False)
+    attention_chunk_size: int | None = field(default=None, repr=False)
 
     @property
     def is_moe(self) -> bool:

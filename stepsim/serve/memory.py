@@ -204,10 +204,10 @@ def parameter_count(model: ModelConfig, vocab: int, tied: bool) -> int:
     norm."""
     d = model.hidden
     attention = attention_parameters(model)
-    # serving's executors run every layer of an MoE model as an MoE layer (one layer kind per model until issue 43
-    # makes layers heterogeneous), so for the models serving takes the weights count them so too (DeepSeek-MoE-16B:
-    # 16.88 B against 16.4 B published); a model serving refuses (DeepSeek-V3's MLA) has its dense first layers
-    # counted as published
+    # the one-kind executors run every layer of an MoE model as an MoE layer, so for the models they take the weights
+    # count them so too (DeepSeek-MoE-16B: 16.88 B against 16.4 B published; kept, so its runs stay as they were); a
+    # model served layer group by layer group (stepsim/serve/layer_list.py: DeepSeek-V3, Llama 4 Maverick) has its
+    # dense layers counted as published
     if model.unmodelled():
         moe_layers = sum(model.layer_is_moe(i) for i in range(model.layers))
     else:
