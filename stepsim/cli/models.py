@@ -99,6 +99,9 @@ def _show(args) -> int:
         print(f"{'MLA (elements)':<{width}}  " + ", ".join(f"{k} {getattr(m, k)}" for k in MLA_KEYS))
     if m.sliding_layers:
         print(f"{'sliding window':<{width}}  {m.sliding_window} tokens on {m.sliding_layers} of {m.layers} layers")
+    if m.chunked_layers:
+        print(f"{'attention chunks':<{width}}  {m.attention_chunk_size} tokens on {m.chunked_layers} of {m.layers} "
+              "layers")
     if d["not_modelled"]:
         print(f"{'not modelled yet':<{width}}  {', '.join(d['not_modelled'])} (issue 43)")
     if m.paper_attention:

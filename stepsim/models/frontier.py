@@ -20,11 +20,24 @@ field                                                 meaning (unit)
 ``first_k_dense_replace``                             the first k layers have a dense FFN (``intermediate_size``)
 ``moe_layer_freq``                                    every n-th layer after those is MoE (default 1)
 ``layer_types``                                       per layer ``full_attention`` or ``sliding_attention``
-                                                      (kept only when some layer slides)
+                                                      (kept only when some layer slides or is chunked)
 ``sliding_window``                                    tokens a sliding layer attends to; without ``layer_types``
                                                       every layer slides unless ``use_sliding_window`` is false
 ``attention_bias``                                    q, k, v and o projections carry biases (JSON boolean)
+``interleave_moe_layer_step``                         Llama 4: layers ``step - 1, 2 step - 1, ...`` are MoE, the
+                                                      others dense of ``intermediate_size_mlp`` (transformers'
+                                                      Llama4TextConfig: ``moe_layers``, which must agree)
+``intermediate_size_mlp``                             Llama 4: the dense layers' FFN dimension (elements)
+``attention_chunk_size``                              Llama 4: a RoPE layer attends within chunks of this many
+                                                      tokens (``chunked_attention`` in ``layer_types``); the
+                                                      NoPE layers (``no_rope_layers`` entry 0) attend globally
+``no_rope_layers``                                    Llama 4: per layer 1 (RoPE, chunked) or 0 (NoPE, full);
+                                                      empty or absent: every ``no_rope_layer_interval``-th
+                                                      layer (default 4) is NoPE, as transformers derives it
 ====================================================  ==========================================================
+
+A Llama 4 MoE layer always has one shared expert of the experts' width (transformers' ``Llama4TextMoe.shared_expert``),
+which its config.json does not name (:data:`FAMILY_SHARED_EXPERTS`).
 
 Attention sinks (one learned logit per head added to the softmax's denominator) and biases on the router and the
 experts are not config fields: the published modelling code of a family always has them
@@ -41,6 +54,8 @@ from stepsim.base.errors import ConfigError
 MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 #: the per-layer attention types of ``layer_types``
 LAYER_TYPES = ("full_attention", "sliding_attention")
+#: Llama 4's RoPE layers (from ``attention_chunk_size`` and ``no_rope_layers``; not a ``layer_types`` spelling)
+CHUNKED = "chunked_attention"
 SCORING_FUNCS = ("softmax", "sigmoid")
 #: parameters a family's modelling code always has, which its config.json does not name:
 #: gpt-oss (transformers' GptOssAttention.sinks, GptOssTopKRouter.bias, GptOssExperts.*_bias); DeepSeek-V3's gate
@@ -49,6 +64,9 @@ FAMILY_PARAMETERS = {
     "gpt_oss": frozenset({"attention_sinks", "router_bias", "expert_bias"}),
     "deepseek_v3": frozenset({"router_bias"}),
 }
+#: shared experts (of the routed experts' width) a family's MoE layer always has: Llama 4's
+#: ``Llama4TextMoe.shared_expert`` (transformers, modeling_llama4.py)
+FAMILY_SHARED_EXPERTS = {"llama4_text": 1}
 
 
 def _int(cfg: dict, key: str, where: str, *, required: bool = False, minimum: int = 1, default=None):
@@ -120,9 +138,16 @@ def read_layers(cfg: dict, where: str, layers: int, experts: int, dense_f: int |
     if experts and first_dense and dense_f is None:
         raise ConfigError(f"{where}: field 'first_k_dense_replace' = {first_dense} needs 'intermediate_size' "
                           "and 'moe_intermediate_size' (the dense layers' and the experts' FFN dimensions)")
+    step = read_interleave(cfg, where, layers, experts, dense_f)
+    chunk = _int(cfg, "attention_chunk_size", where)
     types = cfg.get("layer_types")
     window = _int(cfg, "sliding_window", where)
-    if types is not None:
+    if chunk is not None:
+        if types is not None:
+            raise ConfigError(f"{where}: fields 'attention_chunk_size' and 'layer_types' are both set; expected one "
+                              "way of giving the layers' attention")
+        types = tuple(CHUNKED if rope else "full_attention" for rope in read_no_rope(cfg, where, layers))
+    elif types is not None:
         if not isinstance(types, list):
             raise ConfigError(f"{where}: field 'layer_types' must be a list of {layers} layer types "
                               f"(num_hidden_layers), got {types!r}")
@@ -140,10 +165,61 @@ def read_layers(cfg: dict, where: str, layers: int, experts: int, dense_f: int |
         types = ("full_attention",) * layers
     if "sliding_attention" in types and window is None:
         raise ConfigError(f"{where}: missing field 'sliding_window' (layer_types has sliding_attention layers)")
-    if "sliding_attention" not in types:  # every layer full: told by an empty tuple, as for the other models
-        window, types = None, ()
+    if "sliding_attention" not in types:
+        window = None
+    if "chunked_attention" not in types:
+        chunk = None
+    if set(types) <= {"full_attention"}:  # every layer full: told by an empty tuple, as for the other models
+        types = ()
     return {"first_k_dense_replace": first_dense, "moe_layer_freq": freq, "layer_types": types,
-            "sliding_window": window}
+            "sliding_window": window, "interleave_moe_layer_step": step, "attention_chunk_size": chunk}
+
+
+def _int_list(cfg: dict, key: str, where: str, layers: int, allowed) -> list[int] | None:
+    """A JSON list of integers from ``allowed`` (null or absent: None)."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v not in allowed
+                                          for v in value):
+        raise ConfigError(f"{where}: field {key!r} must be a list of integers in {allowed.start}..{allowed.stop - 1}"
+                          f", got {value!r}")
+    return value
+
+
+def read_no_rope(cfg: dict, where: str, layers: int) -> list[int]:
+    """Llama 4's ``no_rope_layers``: per layer 1 when it uses RoPE (chunked attention), 0 for NoPE (global); empty
+    or absent: derived from ``no_rope_layer_interval`` (default 4) as transformers' Llama4TextConfig does."""
+    listed = _int_list(cfg, "no_rope_layers", where, layers, range(2))
+    if listed:
+        if len(listed) != layers:
+            raise ConfigError(f"{where}: field 'no_rope_layers' lists {len(listed)} layers, expected {layers} "
+                              "(num_hidden_layers)")
+        return listed
+    interval = _int(cfg, "no_rope_layer_interval", where, default=4)
+    return [int((i + 1) % interval != 0) for i in range(layers)]
+
+
+def read_interleave(cfg: dict, where: str, layers: int, experts: int, dense_f: int | None) -> int:
+    """Llama 4's ``interleave_moe_layer_step`` (0 when absent): layers ``step - 1, 2 step - 1, ...`` are MoE;
+    ``moe_layers``, when listed, must name exactly those; a step above 1 needs the dense layers' FFN
+    (``intermediate_size_mlp``)."""
+    step = _int(cfg, "interleave_moe_layer_step", where, default=0)
+    listed = _int_list(cfg, "moe_layers", where, layers, range(layers))
+    if not step:
+        if listed is not None:
+            raise ConfigError(f"{where}: field 'moe_layers' needs 'interleave_moe_layer_step'")
+        return 0
+    if step > layers:
+        raise ConfigError(f"{where}: field 'interleave_moe_layer_step' = {step} exceeds the {layers} layers")
+    expected = list(range(step - 1, layers, step))
+    if listed is not None and listed != expected:
+        raise ConfigError(f"{where}: field 'moe_layers' lists {listed!r}; interleave_moe_layer_step = {step} "
+                          f"makes layers {expected!r} MoE")
+    if experts and step > 1 and dense_f is None:
+        raise ConfigError(f"{where}: field 'interleave_moe_layer_step' = {step} needs 'intermediate_size_mlp' "
+                          "(the dense layers' FFN dimension)")
+    return step
 
 
 def read_parameters(cfg: dict, where: str, model_type: str) -> dict:

@@ -3,7 +3,8 @@
 A model is named in three ways wherever a command takes ``--model`` (or a config takes ``model``):
 
 * a built-in preset: ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``deepseek-moe-16b``, ``llama-3.1-8b``,
-  ``deepseek-v3``, ``gpt-oss-120b``, ``gpt-oss-20b``, ``qwen3-235b-a22b``; or one of its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
+  ``deepseek-v3``, ``gpt-oss-120b``, ``gpt-oss-20b``, ``qwen3-235b-a22b``, ``llama-4-scout``,
+  ``llama-4-maverick``; or one of its aliases (``mixtral``, ``qwen``, ``deepseek``, ``llama``, ...). Records store the preset's canonical
   name (:func:`canonical_model_name`);
 * a Hugging Face ``config.json`` path (any name ending in ``.json``), read by :func:`load_hf_config`;
 * ``custom`` with the four MoE dimensions given (``--hidden --intermediate --experts --top-k``).
@@ -33,9 +34,11 @@ field                                                 meaning (unit)
 ====================================================  ==========================================================
 
 The frontier models' fields (multi-head latent attention, group-limited routing, dense first layers,
-``layer_types`` and ``sliding_window``, sinks and biases) are read by :mod:`stepsim.models.frontier`. Workloads
-and serving that do not model MLA, sliding windows or sinks yet refuse such a model in one line
-(:meth:`ModelConfig.refuse_unmodelled`); ``stepsim models show`` and the weights / KV accounting take it.
+``layer_types`` and ``sliding_window``, sinks and biases, Llama 4's interleaved MoE layers and chunked attention)
+are read by :mod:`stepsim.models.frontier`. Workloads that do not model them yet refuse such a model in one line
+(:meth:`ModelConfig.refuse_unmodelled`); serving prices it layer group by layer group
+(:mod:`stepsim.models.layers`, :mod:`stepsim.serve.layer_list`); ``stepsim models show`` and the weights / KV
+accounting take it.
 
 Refused with a :class:`~stepsim.base.errors.ConfigError` naming the file and the field: unreadable or non-object
 JSON, a missing required field, a field of the wrong type (a non-positive or non-integer count), two expert
@@ -145,11 +148,15 @@ class ModelConfig:
     first_k_dense_replace, moe_layer_freq : int
         Dense first layers and the MoE layer spacing (defaults 0, 1).
     layer_types : tuple of str
-        Each layer's ``full_attention`` or ``sliding_attention`` (empty: all full).
+        Each layer's ``full_attention``, ``sliding_attention`` or ``chunked_attention`` (empty: all full).
     sliding_window : int or None
         Tokens a sliding layer attends to (None: no sliding layer).
     attention_bias, attention_sinks, router_bias, expert_bias : bool
         Biases on q/k/v/o, one sink logit per head, biases on the router and on each expert's matrices.
+    interleave_moe_layer_step : int
+        Llama 4: layers ``step - 1, 2 step - 1, ...`` are MoE, the others dense (0: not given).
+    attention_chunk_size : int or None
+        Llama 4: tokens of one attention chunk of a ``chunked_attention`` layer (None: no chunked layer).
     """
 
     name: str
@@ -185,6 +192,10 @@ class ModelConfig:
     attention_sinks: bool = False
     router_bias: bool = False
     expert_bias: bool = False
+    # out of the repr, which keys the fast calibrations of every model (repr(model)): the caches made before these
+    # fields keep their keys; a layer-list model's calibration key names each group's layers and chunk besides
+    interleave_moe_layer_step: int = field(default=0, repr=False)
+    attention_chunk_size: int | None = field(default=None, repr=False)
 
     @property
     def is_moe(self) -> bool:
@@ -200,9 +211,16 @@ class ModelConfig:
         """Layers of sliding-window attention."""
         return sum(t == "sliding_attention" for t in self.layer_types)
 
+    @property
+    def chunked_layers(self) -> int:
+        """Layers of chunked attention (Llama 4's RoPE layers)."""
+        return sum(t == "chunked_attention" for t in self.layer_types)
+
     def layer_is_moe(self, index: int) -> bool:
         """Whether layer ``index`` (from 0) has routed experts (DeepSeek: past the dense first layers, every
-        ``moe_layer_freq``-th)."""
+        ``moe_layer_freq``-th; Llama 4: every ``interleave_moe_layer_step``-th, from layer ``step - 1``)."""
+        if self.interleave_moe_layer_step:
+            return self.is_moe and (index + 1) % self.interleave_moe_layer_step == 0
         return (self.is_moe and index >= self.first_k_dense_replace
                 and index % self.moe_layer_freq == 0)
 
@@ -213,6 +231,10 @@ class ModelConfig:
             out.append("multi-head latent attention (MLA)")
         if self.sliding_layers:
             out.append(f"sliding-window attention ({self.sliding_layers} of {self.layers} layers)")
+        if self.chunked_layers:
+            out.append(f"chunked attention ({self.chunked_layers} of {self.layers} layers)")
+        if self.interleave_moe_layer_step > 1:
+            out.append(f"dense and MoE layers interleaved (MoE every {self.interleave_moe_layer_step} layers)")
         if self.attention_sinks:
             out.append("attention sinks")
         if self.n_group > 1 or self.scoring_func != "softmax":
@@ -400,6 +422,12 @@ def parse_hf_config(cfg: dict, source: str, *, name: str | None = None, preset: 
                               "set; expected one way of sizing the shared experts")
         shared, shared_f = (n_shared, n_shared * expert_f) if n_shared else ((1, shared_size) if shared_size
                                                                                 else (0, 0))
+        family_shared = frontier.FAMILY_SHARED_EXPERTS.get(model_type, 0)
+        if family_shared and not shared:  # Llama 4: one shared expert of the experts' width, not a config field
+            shared, shared_f = family_shared, family_shared * expert_f
+        mlp = _int_field(cfg, "intermediate_size_mlp", where, required=False)
+        if mlp is not None:  # Llama 4: the dense layers' FFN (intermediate_size is the experts')
+            dense_f = mlp
     elif _int_field(cfg, "num_experts_per_tok", where, required=False, minimum=0):
         # routes each token to experts it does not count: read as dense, its weights and FFN would be another model's
         raise ConfigError(f"{where}: field 'num_experts_per_tok' = {cfg['num_experts_per_tok']} but no expert count "

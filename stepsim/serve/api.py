@@ -168,8 +168,8 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
     SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                          chunk_tokens=chunk_tokens, block_size=block_size)
     resolved = resolve_model(model)  # an unknown model is refused here, before a sweep runs any task
-    if fidelity is not None:  # the layer executors run GQA over the whole context and top-k routing
-        resolved.refuse_unmodelled("serving at --fidelity exact|fast")
+    if fidelity is not None:  # a heterogeneous model is priced layer group by layer group (serve/layer_list.py)
+        _check_layer_list(resolved, routing, system)
     if hardware is not None:
         resolve_serving_hardware(hardware)
 
@@ -210,7 +210,7 @@ def model_capacity(model, memory, hbm_bytes: int, block_size: int, max_num_seqs:
     """The KV cache of ``model`` (a ModelConfig with its :class:`~stepsim.serve.memory.ModelMemory`) in
     ``hbm_bytes`` of one chip: one pool of every layer, or with sliding-window layers a pool per attention kind
     (:func:`stepsim.serve.kv_cache.pooled_capacity`)."""
-    if model.sliding_layers:
+    if model.sliding_layers or model.chunked_layers:
         return pooled_capacity(hbm_bytes, memory.weight_bytes, kv_pools(model), block_size, max_num_seqs)
     return kv_capacity(hbm_bytes, memory.weight_bytes, memory.kv_bytes_per_token, block_size)
 
@@ -528,8 +528,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     else:
         hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
-    if fidelity is not None:  # before any work: its executors run GQA, full attention, top-k routing
-        resolved.refuse_unmodelled("serving at --fidelity exact|fast")
+    if fidelity is not None:  # before any work: a heterogeneous model is priced layer group by layer group
+        _check_layer_list(resolved, routing, system)
     if schedule is None:
         schedule = default_schedule(hw, system, resolved, fidelity)
     memory = model_memory(resolved)
@@ -599,6 +599,14 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
     replayed through it."""
     calibration = None
+    if fidelity is not None and provider is None:
+        from stepsim.serve.layer_list import takes_layer_list
+
+        if takes_layer_list(resolved):
+            return _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs,
+                                      layers_executor, requests, trace, config, capacity, limit_requests, arrival,
+                                      arrival_scale, duration, calibration_cache, system, progress, schedule,
+                                      long_policy)
     if fidelity == "exact":
         provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                    vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor,
@@ -613,7 +621,46 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
                                               pilot=lambda p, on_step: replay(
                                                   trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                                   Scheduler(config, capacity, limit), p, on_step))
+    return _replayed(provider, calibration, trace, config, capacity, limit, progress)
 
+
+def _check_layer_list(resolved, routing, system) -> None:
+    """A model priced layer group by layer group (:mod:`stepsim.serve.layer_list`) takes synthetic routing on one
+    chip: anything else refused in one line, before any work."""
+    from stepsim.serve.layer_list import check_layer_list, takes_layer_list
+
+    if takes_layer_list(resolved):
+        check_layer_list(resolved, routing, system)
+
+
+def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
+                       trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache,
+                       system, progress, schedule, long_policy):
+    """:func:`_replay_with` for a heterogeneous model: one exact or fast provider per layer group
+    (:mod:`stepsim.serve.layer_list`)."""
+    from stepsim.serve.layer_list import exact_layer_list, fast_layer_list, group_seed
+
+    def pilot(p, on_step):
+        return replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, Scheduler(config, capacity, limit),
+                      p, on_step)
+
+    calibration = None
+    if fidelity == "exact":
+        provider = exact_layer_list(resolved, lambda sub, g: engine_provider(
+            sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
+            layers_executor=layers_executor, schedule=schedule), routing=routing, system=system)
+    else:
+        key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
+                                   limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
+        provider, calibration = fast_layer_list(resolved, lambda sub, parts, group_pilot, g: fast_provider(
+            sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
+            key_parts=parts, cache=calibration_cache, layers_executor=layers_executor, progress=progress,
+            schedule=schedule, pilot=group_pilot), key_parts, pilot, routing=routing, system=system)
+    return _replayed(provider, calibration, trace, config, capacity, limit, progress)
+
+
+def _replayed(provider, calibration, trace, config, capacity, limit, progress):
+    """``(provider, calibration, result)``: the trace replayed through ``provider`` (closed after)."""
     try:
         with _bar(progress, f"serving ({provider.mode})", "requests", len(trace.arrival_s)) as update:
             on_step = None if update is None else (lambda done, steps: update(done, f"step {steps:,}"))

@@ -12,7 +12,13 @@ layers count as dense (671,026,419,200 against 671 B published; gpt-oss-120b 116
 
 The KV cache per token and layer holds a key and a value vector per KV head (``2 * kv_heads * head_dim * 2``
 bytes), or for MLA the latent and the rope key (``(kv_lora_rank + qk_rope_head_dim) * 2`` bytes: DeepSeek-V3
-61 x 576 x 2 = 70,272 B per token). A sliding-window layer holds at most the window (:meth:`ModelMemory.kv_bytes`).
+61 x 576 x 2 = 70,272 B per token). A sliding-window layer holds at most the window (:meth:`ModelMemory.kv_bytes`),
+a chunked-attention layer (Llama 4's RoPE layers) at most one chunk (``attention_chunk_size`` tokens: a token attends
+to the tokens of its own chunk, so the blocks of earlier chunks are free; vLLM's ChunkedLocalAttentionManager).
+
+Llama 4's vision encoder (``vision_config`` of ``model_type`` ``llama4_vision_model``) is loaded beside the
+language model and counts in the weights (:func:`vision_parameters`; Scout 108,641,793,536 parameters against
+109 B published, Maverick 401,583,781,376 against 400 B).
 The layers of one attention kind share a KV pool (:func:`kv_pools`: full, sliding or MLA's latent), as vLLM's
 hybrid KV cache manager keeps one block pool per attention type (:func:`stepsim.serve.kv_cache.pooled_capacity`).
 
@@ -57,6 +63,11 @@ class ModelMemory:
         ``sliding_window`` tokens (0 without sliding layers).
     sliding_window : int or None
         Tokens a sliding layer keeps.
+    chunked_kv_bytes_per_token : int
+        The part of ``kv_bytes_per_token`` held by chunked-attention layers, which keep at most
+        ``attention_chunk_size`` tokens (0 without chunked layers).
+    attention_chunk_size : int or None
+        Tokens a chunked layer keeps at most.
     """
 
     weight_bytes: int
@@ -66,23 +77,31 @@ class ModelMemory:
     parameters: int = 0
     sliding_kv_bytes_per_token: int = 0
     sliding_window: int | None = None
+    chunked_kv_bytes_per_token: int = 0
+    attention_chunk_size: int | None = None
 
     def kv_bytes(self, tokens: int) -> int:
         """KV-cache bytes of one sequence of ``tokens`` tokens: full layers hold every token, sliding layers at
-        most the window."""
+        most the window, chunked layers at most a chunk."""
         window = tokens if self.sliding_window is None else min(tokens, self.sliding_window)
-        return (self.kv_bytes_per_token - self.sliding_kv_bytes_per_token) * tokens + \
-            self.sliding_kv_bytes_per_token * window
+        chunk = tokens if self.attention_chunk_size is None else min(tokens, self.attention_chunk_size)
+        full = self.kv_bytes_per_token - self.sliding_kv_bytes_per_token - self.chunked_kv_bytes_per_token
+        return full * tokens + self.sliding_kv_bytes_per_token * window + self.chunked_kv_bytes_per_token * chunk
 
 
-def _config_json(model: ModelConfig) -> dict:
-    """The ``config.json`` behind ``model`` (a shipped preset file or the user's file)."""
+def _whole_config_json(model: ModelConfig) -> dict:
+    """The whole ``config.json`` behind ``model`` (a shipped preset file or the user's file)."""
     source = model.source
     if source.startswith("stepsim/data/models/"):
         text = (resources.files("stepsim") / "data" / "models" / Path(source).name).read_text(encoding="utf-8")
     else:
         text = Path(source).read_text(encoding="utf-8")
-    cfg = json.loads(text)
+    return json.loads(text)
+
+
+def _config_json(model: ModelConfig) -> dict:
+    """The ``config.json`` behind ``model``, its ``text_config`` for a multimodal one."""
+    cfg = _whole_config_json(model)
     # multimodal configs keep the language model under text_config (as stepsim.models.presets reads them)
     return cfg["text_config"] if "vocab_size" not in cfg and isinstance(cfg.get("text_config"), dict) else cfg
 
@@ -160,12 +179,15 @@ def kv_pools(model: ModelConfig) -> tuple[KVPool, ...]:
     per_layer = kv_bytes_per_layer(model)
     if model.is_mla:
         return (KVPool("mla", model.layers, model.layers * per_layer),)
-    sliding = model.sliding_layers
+    sliding, chunked = model.sliding_layers, model.chunked_layers
+    full = model.layers - sliding - chunked
     pools = []
-    if model.layers > sliding:
-        pools.append(KVPool("full", model.layers - sliding, (model.layers - sliding) * per_layer))
+    if full:
+        pools.append(KVPool("full", full, full * per_layer))
     if sliding:
         pools.append(KVPool("sliding", sliding, sliding * per_layer, model.sliding_window))
+    if chunked:  # a chunk's tokens at most: the pooled capacity treats it as a window of the chunk's size
+        pools.append(KVPool("chunked", chunked, chunked * per_layer, model.attention_chunk_size))
     return tuple(pools)
 
 
@@ -182,10 +204,10 @@ def parameter_count(model: ModelConfig, vocab: int, tied: bool) -> int:
     norm."""
     d = model.hidden
     attention = attention_parameters(model)
-    # serving's executors run every layer of an MoE model as an MoE layer (one layer kind per model until issue 43
-    # makes layers heterogeneous), so for the models serving takes the weights count them so too (DeepSeek-MoE-16B:
-    # 16.88 B against 16.4 B published); a model serving refuses (DeepSeek-V3's MLA) has its dense first layers
-    # counted as published
+    # the one-kind executors run every layer of an MoE model as an MoE layer, so for the models they take the weights
+    # count them so too (DeepSeek-MoE-16B: 16.88 B against 16.4 B published; kept, so its runs stay as they were); a
+    # model served layer group by layer group (stepsim/serve/layer_list.py: DeepSeek-V3, Llama 4 Maverick) has its
+    # dense layers counted as published
     if model.unmodelled():
         moe_layers = sum(model.layer_is_moe(i) for i in range(model.layers))
     else:
@@ -194,6 +216,39 @@ def parameter_count(model: ModelConfig, vocab: int, tied: bool) -> int:
     if moe_layers:
         layers += moe_layers * ffn_parameters(model, True)
     return layers + vocab * d + (0 if tied else vocab * d) + d
+
+
+#: the ``vision_config`` fields :func:`vision_parameters` reads (Llama 4's vision encoder)
+VISION_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_channels", "patch_size",
+                 "image_size", "projector_input_dim", "projector_output_dim", "vision_output_dim")
+
+
+def vision_parameters(cfg: dict, text_hidden: int, source: str) -> int:
+    """Weights of Llama 4's vision encoder and projector (elements; 0 without a ``vision_config`` of
+    ``model_type`` ``llama4_vision_model``), as transformers' Llama4VisionModel and Llama4MultiModalProjector
+    hold them: the patch embedding (``channels x patch^2 -> hidden``, no bias), the class embedding, the position
+    embedding of ``(image / patch)^2 + 1`` positions, two LayerNorms before and after (weight and bias); per
+    encoder layer q, k, v, o with biases, fc1 / fc2 with biases (GELU MLP) and two LayerNorms; the pixel-shuffle
+    adapter's fc1 (``intermediate -> projector_input``) and fc2 (``projector_output`` square), and the projector
+    to the text model (``vision_output -> text hidden``), all without biases."""
+    vision = cfg.get("vision_config")
+    if vision is None or (isinstance(vision, dict) and vision.get("model_type") != "llama4_vision_model"):
+        return 0
+    if not isinstance(vision, dict):
+        raise ConfigError(f"model file {source}: field 'vision_config' must be an object, got {vision!r}")
+    v = {}
+    for key in VISION_FIELDS:
+        value = vision.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+            raise ConfigError(f"model file {source}: field 'vision_config.{key}' must be an integer in "
+                              f"1..2,147,483,647, got {value!r}")
+        v[key] = value
+    h, f = v["hidden_size"], v["intermediate_size"]
+    positions = (v["image_size"] // v["patch_size"]) ** 2 + 1
+    embed = v["num_channels"] * v["patch_size"] ** 2 * h + h + positions * h + 4 * h
+    layer = 4 * (h * h + h) + 2 * h * f + f + h + 4 * h
+    adapter = f * v["projector_input_dim"] + v["projector_output_dim"] ** 2
+    return embed + v["num_hidden_layers"] * layer + adapter + v["vision_output_dim"] * text_hidden
 
 
 def model_memory(model: ModelConfig) -> ModelMemory:
@@ -209,7 +264,8 @@ def model_memory(model: ModelConfig) -> ModelMemory:
     max_pos = _positive(cfg, "max_position_embeddings", model.source, required=False)
     # a JSON boolean: a string such as "false", read as Python truth, would mean true (one line naming the key)
     params = parameter_count(model, vocab, json_bool(cfg, "tie_word_embeddings", f"model file {model.source}"))
+    params += vision_parameters(_whole_config_json(model), model.hidden, model.source)
     per_layer = kv_bytes_per_layer(model)
     sliding = model.sliding_layers * per_layer
     return ModelMemory(params * DTYPE_BYTES, model.layers * per_layer, max_pos, vocab, params, sliding,
-                       model.sliding_window)
+                       model.sliding_window, model.chunked_layers * per_layer, model.attention_chunk_size)

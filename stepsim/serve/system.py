@@ -166,7 +166,7 @@ def system_capacity(system, model, memory: ModelMemory, block_size: int,
                           f"GB, {parallelism} over {system.chips} chips) does not fit its HBM ({hbm / 1e9:.2f} GB): "
                           f"{(weights[busiest] - hbm) / 1e9:.2f} GB short; use more chips")
     pools = system_kv_pools(model, system.chips)
-    if model.sliding_layers:
+    if model.sliding_layers or model.chunked_layers:
         capacity = pooled_capacity(system.chips * hbm, memory.weight_bytes, pools, block_size, max_num_seqs)
     else:
         capacity = kv_capacity(system.chips * hbm, memory.weight_bytes, pools[0].bytes_per_token, block_size)

@@ -309,8 +309,8 @@ CASES = [
      E + 'model file dangling.json: no such file'),
     ('serve --model gpt5 --requests req.csv --out o --iteration-latency 0.02', 2,
      E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, "
-         'llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
-         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, mixtral, mixtral8x7b, qwen, '
+         'llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
+         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, '
          'qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path'),
     ('serve --model deepseek-v3 --requests req.csv --out o --iteration-latency 0.02', 2,
      E + "the model's weights (1342.05 GB) do not fit in HBM (68.72 GB): 1273.33 GB short; serve it on several "
@@ -320,8 +320,8 @@ CASES = [
          'chips with --system FILE'),
     ('serve --model custom --requests req.csv --out o --iteration-latency 0.02', 2,
      E + "unknown model 'custom'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, "
-         'llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
-         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, mixtral, mixtral8x7b, qwen, '
+         'llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
+         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, '
          'qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path'),
     ('map ffn --model llama --shape 0', 2, E + '--shape must be an int >= 1 (tokens), got 0'),
     ('map ffn --model llama --shape -1', 2, E + '--shape must be an int >= 1 (tokens), got -1'),
@@ -336,8 +336,8 @@ CASES = [
      "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode', 'prefill')"),
     ('map ffn --model gpt5 --shape 1', 2,
      E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, "
-         'llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
-         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, mixtral, mixtral8x7b, qwen, '
+         'llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
+         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, '
          'qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path'),
     ('map ffn --model m_nan.json --shape 1', 2,
      E + "model file m_nan.json: field 'hidden_size' must be an integer >= 1, got nan"),
@@ -450,8 +450,8 @@ CASES = [
     ('models show dangling.json', 2, E + 'model file dangling.json: no such file'),
     ("models show ''", 2,
      E + "unknown model ''; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, "
-         'llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
-         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, mixtral, mixtral8x7b, qwen, '
+         'llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '
+         'deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, '
          'qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path'),
     ('models list --json', 0, ']'),
     ('models delete qwen', 2,

@@ -38,6 +38,10 @@ def test_models_list_prints_every_preset_with_its_dimensions(capsys):
         "8         64        gptoss20b",
         "llama-3.1-8b      llama        4096  -         0        0      0       0         14336    32      32     "
         "8         128       llama",
+        "llama-4-maverick  llama4_text  5120  8192      128      1      1       8192      16384    48      40     "
+        "8         128       llama4-maverick",
+        "llama-4-scout     llama4_text  5120  8192      16       1      1       8192      16384    48      40     "
+        "8         128       llama4-scout",
         "mixtral-8x7b      mixtral      4096  14336     8        2      0       0         -        32      32     "
         "8         128       mixtral, mixtral8x7b",
         "qwen3-235b-a22b   qwen3_moe    4096  1536      128      8      0       0         12288    94      64     "
@@ -64,6 +68,7 @@ def test_models_show_resolves_an_alias_and_explains_the_paper_dims(capsys):
         "q_lora_rank": None, "kv_lora_rank": None, "qk_nope_head_dim": None, "qk_rope_head_dim": None,
         "v_head_dim": None, "n_group": 1, "topk_group": 1, "scoring_func": "softmax", "routed_scaling_factor": 1.0,
         "first_k_dense_replace": 0, "moe_layer_freq": 1, "layer_types": [], "sliding_window": None,
+        "interleave_moe_layer_step": 0, "attention_chunk_size": None,
         "attention_bias": False, "attention_sinks": False, "router_bias": False, "expert_bias": False,
         "attention_kind": "gqa", "not_modelled": [],
         # 48 layers x 2 x 4 KV heads x 128 x 2 B; the weights of stepsim.serve.memory

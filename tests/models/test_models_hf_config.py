@@ -55,8 +55,8 @@ def _write(tmp_path, cfg, name="config.json"):
 def test_presets_resolve_to_the_paper_dimensions_used_so_far():
     # the values every existing test and reproduce point ran with (STEP_SEMANTICS §5.1)
     old = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-moe-16b")
-    assert sorted(MOE_MODELS) == ["deepseek-moe-16b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "mixtral-8x7b",
-                                  "qwen3-235b-a22b", "qwen3-30b-a3b"]
+    assert sorted(MOE_MODELS) == ["deepseek-moe-16b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "llama-4-maverick",
+                                  "llama-4-scout", "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
     assert {k: MOE_MODELS[k] for k in old} == {
         "mixtral-8x7b": MoEModel("mixtral-8x7b", hidden=4096, intermediate=14336, experts=8, top_k=2),
         "qwen3-30b-a3b": MoEModel("qwen3-30b-a3b", hidden=2048, intermediate=768, experts=128, top_k=8),
@@ -88,7 +88,7 @@ def test_shipped_presets_hold_the_published_values():
     # Mixtral's intermediate_size is its experts' FFN: no dense FFN
     assert PRESETS["mixtral-8x7b"].dense_intermediate is None
     assert sorted(PRESETS) == ["deepseek-moe-16b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "llama-3.1-8b",
-                               "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
+                               "llama-4-maverick", "llama-4-scout", "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
 
 
 @pytest.mark.parametrize("preset", sorted(HF_CONFIGS))
@@ -237,9 +237,9 @@ def test_missing_and_unreadable_files(tmp_path):
     with pytest.raises(ConfigError) as err:
         resolve_model("gpt-5")
     assert str(err.value) == ("unknown model 'gpt-5'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, "
-                              "gpt-oss-20b, llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases "
+                              "gpt-oss-20b, llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases "
                               "deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, "
-                              "llama, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face "
+                              "llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face "
                               "config.json path")
 
 

@@ -565,9 +565,9 @@ def test_a_sweep_with_an_unknown_model_is_refused_before_any_task(tmp_path, caps
     assert main(["sweep", str(path), "--no-progress"]) == 2  # * was two failed rows, exit 1
     assert capsys.readouterr().err == (
         f"{E}{path} (task max_seqs=1): unknown model 'gpt-9'; expected one of "
-        "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, "
+        "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, "
         "qwen3-30b-a3b (aliases deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, "
-        "llama, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path\n")
+        "llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path\n")
 
 
 def test_a_sweep_file_with_a_misspelled_workload_names_serve(tmp_path, capsys):

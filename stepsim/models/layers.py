@@ -1,0 +1,86 @@
+"""A model as a list of layers, each with its own attention kind and FFN kind (issue 43).
+
+Frontier models are not one layer repeated: DeepSeek-V3 has 3 dense layers then 58 MoE layers, all with multi-head
+latent attention; gpt-oss alternates sliding-window (128 tokens) and full attention, every head with a sink;
+Llama 4 Maverick is MoE every other layer, its RoPE layers attending within chunks of 8,192 tokens and every fourth
+layer (NoPE) over the whole context. :func:`layer_list` spells each layer out from the resolved
+:class:`~stepsim.models.presets.ModelConfig`, and :func:`layer_groups` gathers the layers of one kind (identical
+layers cost the same, so they are priced once and counted).
+
+====================  ======================================================================================
+attention kind        meaning
+====================  ======================================================================================
+``full``              GQA over the whole context
+``sliding``           GQA over the last ``window`` tokens (gpt-oss ``sliding_attention``)
+``chunked``           GQA within the token's chunk of ``window`` tokens (Llama 4's RoPE layers)
+``mla``               multi-head latent attention over the whole context (DeepSeek-V2/V3/R1)
+====================  ======================================================================================
+
+An FFN is ``dense`` (a SwiGLU of ``dense_intermediate``) or ``moe`` (routed experts, with the model's shared
+experts when it has them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepsim.models.presets import ModelConfig
+
+#: the attention kinds of :class:`LayerKind`
+ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
+FFN_KINDS = ("dense", "moe")
+_FROM_TYPE = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What one decoder layer computes.
+
+    Attributes
+    ----------
+    attention : str
+        One of :data:`ATTENTION_KINDS`.
+    window : int or None
+        Tokens a ``sliding`` layer attends to, or a ``chunked`` layer's chunk (tokens); None otherwise.
+    sinks : bool
+        One learned sink logit per head in the softmax's denominator (gpt-oss).
+    ffn : str
+        ``dense`` or ``moe``.
+    shared : bool
+        An MoE layer's shared experts (every token visits them).
+    """
+
+    attention: str
+    window: int | None
+    sinks: bool
+    ffn: str
+    shared: bool
+
+    def describe(self) -> str:
+        """``mla + moe (shared)``, ``sliding 128 + sinks + moe``: the kind in a few words."""
+        attention = self.attention + (f" {self.window}" if self.window is not None else "")
+        return (attention + (" + sinks" if self.sinks else "") + f" + {self.ffn}"
+                + (" (shared)" if self.shared else ""))
+
+
+def layer_list(model: ModelConfig) -> tuple[LayerKind, ...]:
+    """Each layer of ``model``, in order."""
+    out = []
+    for i in range(model.layers):
+        if model.is_mla:
+            attention, window = "mla", None
+        else:
+            attention = _FROM_TYPE[model.layer_types[i]] if model.layer_types else "full"
+            window = {"sliding": model.sliding_window, "chunked": model.attention_chunk_size}.get(attention)
+        moe = model.layer_is_moe(i)
+        out.append(LayerKind(attention, window, model.attention_sinks, "moe" if moe else "dense",
+                             moe and model.shared_intermediate > 0))
+    return tuple(out)
+
+
+def layer_groups(model: ModelConfig) -> tuple[tuple[LayerKind, tuple[int, ...]], ...]:
+    """The layers of each kind: ``((kind, layer indices), ...)`` in the order each kind first appears."""
+    groups: dict[LayerKind, list[int]] = {}
+    for i, kind in enumerate(layer_list(model)):
+        groups.setdefault(kind, []).append(i)
+    return tuple((kind, tuple(indices)) for kind, indices in groups.items())

@@ -1,0 +1,238 @@
+"""Serving a heterogeneous model layer by layer at ``--fidelity exact|fast`` (issue 43).
+
+A model whose layers differ (:func:`stepsim.models.layers.layer_groups`: DeepSeek-V3's 3 dense and 58 MoE layers
+with MLA, gpt-oss's sliding and full layers, Llama 4's chunked and global layers, Maverick's dense and MoE layers)
+is priced as the sum of its layer groups. Each group is one homogeneous model (:func:`group_model`) priced by the
+exact or the fast provider of :mod:`stepsim.serve.exact` / :mod:`stepsim.serve.fast` for its layers, through a
+:class:`GroupLatency` that gives it the step as that group's layers see it:
+
+* ``sliding`` (window ``W``): a request's cached tokens seen are at most ``W - 1`` (the new token makes ``W``), so a
+  decode step's attention reads stop growing at the window;
+* ``chunked`` (chunk ``C``, Llama 4): a token at position ``p`` attends to the tokens of its chunk, ``p mod C``
+  cached ones; a prefill chunk keeps its length and sees the cached tokens of the chunk it starts in (its tokens
+  past the next chunk boundary are priced as if they saw them too: an upper bound);
+* ``mla``: the absorbed form of decode, as DeepSeek's inference code (and FlashMLA) compute it: one shared latent
+  "KV head" of ``kv_lora_rank + qk_rope_head_dim`` values per token read by every query head, i.e. multi-query
+  attention with ``heads`` query heads and ``head_dim = kv_lora_rank + qk_rope_head_dim``; prefill likewise (the
+  expanded form's per-head keys are not modelled);
+* attention sinks (one logit per head) are not priced: a head's few extra FLOPs.
+
+Every group's off-chip weights outside the graphs are its layers' real attention weights
+(:func:`stepsim.serve.memory.attention_parameters`: MLA's q_a / q_b / kv_a / kv_b / o, biases and sinks) and router;
+the LM head and the embedding rows are counted once, by the first group. Routing is synthetic, one seeded stream
+per MoE group (top-k over the experts; DeepSeek-V3's group limit and sigmoid scores do not change which shapes the
+FFN sees under the synthetic law, and are not applied); ``--routing FILE`` is refused for such a model.
+
+Fast mode calibrates each group on its own (its cache key names the group): its pilot replays price every step by
+the group's cycles scaled to the whole model's layers, so the sampled steps look like the final run's. The
+summary's ``fidelity.error`` is the largest of the groups' held-out errors, each group's under ``groups``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from stepsim.base.errors import ConfigError
+from stepsim.mapping.roofline import StepWork
+from stepsim.models.layers import LayerKind, layer_groups
+from stepsim.models.presets import ModelConfig
+from stepsim.serve.latency import IterationBatch, IterationCost
+from stepsim.serve.memory import DTYPE_BYTES, attention_parameters
+
+
+def takes_layer_list(model: ModelConfig) -> bool:
+    """Whether serving prices ``model`` layer group by layer group: it has a feature the one-kind executors do
+    not model (:meth:`ModelConfig.unmodelled`). Other models keep the one-kind path, cycle for cycle."""
+    return bool(model.unmodelled())
+
+
+def group_model(model: ModelConfig, kind: LayerKind, layers: int) -> ModelConfig:
+    """The homogeneous model one group's executors run: ``layers`` layers of ``kind`` (module docstring)."""
+    m = replace(model, layers=layers, layer_types=(), sliding_window=None, attention_chunk_size=None,
+                attention_sinks=False, first_k_dense_replace=0, moe_layer_freq=1, interleave_moe_layer_step=0,
+                n_group=1, topk_group=1, scoring_func="softmax", routed_scaling_factor=1.0)
+    if kind.attention == "mla":  # the absorbed form: one latent "KV head" every query head reads
+        m = replace(m, kv_heads=1, head_dim=model.kv_lora_rank + model.qk_rope_head_dim, q_lora_rank=None,
+                    kv_lora_rank=None, qk_nope_head_dim=None, qk_rope_head_dim=None, v_head_dim=None)
+    if kind.ffn == "dense":
+        if model.dense_intermediate is None:
+            raise ConfigError(f"model {model.name!r}: its dense layers need 'intermediate_size' (the dense FFN)")
+        m = replace(m, experts=0, top_k=0, expert_intermediate=None, shared_experts=0, shared_intermediate=0)
+    return m
+
+
+def seen_batch(kind: LayerKind, batch: IterationBatch) -> IterationBatch:
+    """``batch`` as a layer of ``kind`` sees it: the cached tokens it attends to (module docstring)."""
+    if kind.attention == "sliding":
+        context = [min(c, kind.window - 1) for c in batch.context_tokens]
+    elif kind.attention == "chunked":
+        context = [c % kind.window for c in batch.context_tokens]
+    else:
+        return batch
+    return IterationBatch(context, list(batch.new_tokens), batch.prefill_tokens, batch.decode_tokens)
+
+
+class GroupLatency:
+    """One layer group's provider (exact or fast on :func:`group_model`) fed the steps as its layers see them;
+    ``scale``: a factor on its seconds (the pilot replays of a fast calibration: the whole model's layers over
+    the group's)."""
+
+    def __init__(self, kind: LayerKind, inner, scale: float = 1.0):
+        self.kind, self.inner, self.scale = kind, inner, scale
+        self.mode, self.error = inner.mode, getattr(inner, "error", None)
+
+    def __call__(self, batch: IterationBatch) -> IterationCost:
+        cost = self.inner(seen_batch(self.kind, batch))
+        if self.scale == 1.0:
+            return cost
+        return IterationCost(cost.seconds * self.scale, cost.cycles, cost.work)
+
+    def __getattr__(self, name):  # the calibration reads the inner provider's forms, recorder, spec, ...
+        return getattr(self.inner, name)
+
+
+def count_weights_once(model: ModelConfig, provider, first: bool) -> None:
+    """Give a group's provider its layers' real weights outside the graphs (module docstring): the attention's
+    and the router's per layer; the LM head and embedding rows only for the ``first`` group."""
+    peak = provider.hardware.hbm_peak_bytes_per_cycle
+    router = provider.model.hidden * provider.model.experts if provider.model.is_moe else 0
+    provider.layer_weights = math.ceil((attention_parameters(model) + router) * DTYPE_BYTES / peak)
+    if not first:
+        provider.head_cycles, provider.embedding_bytes = 0, 0
+        provider.roofline = StepWork(provider.model, provider.hardware, 0, provider.chips)
+
+
+class LayerListLatency:
+    """The sum of a heterogeneous model's layer groups (module docstring).
+
+    Parameters
+    ----------
+    model : ModelConfig
+    groups : list of (LayerKind, layer indices, provider)
+        Each group's exact or fast provider on :func:`group_model`.
+    """
+
+    def __init__(self, model: ModelConfig, groups: list):
+        self.model = model
+        self.groups = [(kind, indices, GroupLatency(kind, provider)) for kind, indices, provider in groups]
+        self.mode = self.groups[0][2].mode
+        errors = [g.error for _, _, g in self.groups]
+        # the groups' held-out errors: the largest of each relative error, the counts (steps, simulations) added
+        self.error = None if any(e is None for e in errors) else {
+            k: (max if k.startswith("iteration_") else sum)(e[k] for e in errors) for k in errors[0]}
+        self.hardware = self.groups[0][2].inner.hardware
+
+    def __call__(self, batch: IterationBatch) -> IterationCost:
+        cycles: dict[str, int] = {}
+        hbm = flops = 0
+        for _, _, group in self.groups:
+            cost = group(batch)
+            for k, v in cost.cycles.items():
+                cycles[k] = cycles.get(k, 0) + v
+            hbm += cost.work.get("hbm_bytes", 0)
+            flops += cost.work.get("flops", 0)
+        total = sum(cycles.values())
+        hbm_use, compute_use = self.groups[0][2].inner.roofline.utilisation(hbm, flops, total)
+        work = {"hbm_bytes": hbm, "flops": flops, "hbm_utilisation": hbm_use, "compute_utilisation": compute_use}
+        return IterationCost(total / self.hardware.clock_hz, cycles, work)
+
+    def describe(self) -> dict:
+        """Each group's layers, kind and provider description (with its held-out error in fast mode); exact mode's
+        layer simulations of all groups."""
+        groups = [{"layers": list(indices), "kind": kind.describe(), **g.inner.describe(),
+                   **({"error": g.error} if g.error is not None else {})} for kind, indices, g in self.groups]
+        out = {"groups": groups}
+        if self.mode == "exact":
+            out["simulations"] = sum(g["simulations"] for g in groups)
+        return out
+
+    def stats(self) -> dict:
+        """The groups' engine statistics, added (the largest ``jobs``)."""
+        out: dict = {}
+        for _, _, g in self.groups:
+            for k, v in g.inner.stats().items() if hasattr(g.inner, "stats") else ():
+                out[k] = max(out.get(k, 0), v) if k == "jobs" else out.get(k, 0) + v
+        return out
+
+    def close(self) -> None:
+        for _, _, g in self.groups:
+            if hasattr(g.inner, "close"):
+                g.inner.close()
+
+
+def group_seed(seed: int, group: int) -> int:
+    """The routing seed of layer group ``group`` of a run seeded ``seed``: each group its own stream (the same
+    stream would route two groups' layers alike)."""
+    return seed + 1_000_003 * group
+
+
+def check_layer_list(model: ModelConfig, routing, system) -> None:
+    """Refuse, in one line, what the layer-list path does not take: a routed-experts file, a system."""
+    if routing is not None and routing != "synthetic":
+        raise ConfigError(f"--routing {routing}: model {model.name!r} is served layer group by layer group "
+                          "(issue 43), with synthetic routing only; leave --routing out")
+    if system is not None:
+        raise ConfigError(f"--system: model {model.name!r} is served layer group by layer group (issue 43), on one "
+                          "chip only for now")
+
+
+def exact_layer_list(model: ModelConfig, make_engine, *, routing=None, system=None) -> LayerListLatency:
+    """The exact provider of a heterogeneous model: ``make_engine(group model, group index)`` gives each group's
+    :class:`~stepsim.serve.exact.EngineLatency` (its routing seeded by :func:`group_seed`)."""
+    check_layer_list(model, routing, system)
+    groups = []
+    for g, (kind, indices) in enumerate(layer_groups(model)):
+        provider = make_engine(group_model(model, kind, len(indices)), g)
+        count_weights_once(model, provider, g == 0)
+        groups.append((kind, indices, provider))
+    return LayerListLatency(model, groups)
+
+
+def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, routing=None,
+                    system=None) -> tuple[LayerListLatency, dict]:
+    """The fast provider of a heterogeneous model and its calibration record (``{"groups": [...], "error": ...,
+    "cached": ...}``). ``make_fast(group model, key parts, pilot, group index)`` gives a group's calibrated provider and record
+    (:func:`stepsim.serve.api.fast_provider`); each group's pilot replays are priced by its cycles scaled to the
+    model's layers (module docstring)."""
+    check_layer_list(model, routing, system)
+    groups, records = [], []
+    for g, (kind, indices) in enumerate(layer_groups(model)):
+        sub = group_model(model, kind, len(indices))
+        scale = model.layers / len(indices)
+
+        def group_pilot(provider, on_step, kind=kind, scale=scale, first=g == 0):
+            count_weights_once(model, provider, first)
+            return pilot(GroupLatency(kind, provider, scale), on_step)
+
+        parts = {**key_parts, "layer_group": {"index": g, "layers": list(indices), "kind": kind.describe(),
+                                              "model": repr(sub)}}
+        provider, record = make_fast(sub, parts, group_pilot, g)
+        count_weights_once(model, provider, g == 0)
+        groups.append((kind, indices, provider))
+        records.append({"layers": list(indices), "kind": kind.describe(), **record})
+    latency = LayerListLatency(model, groups)
+    record = {"key": "+".join(r["key"] for r in records), "groups": records, "error": latency.error,
+              "cached": all(r.get("cached") for r in records)}
+    return latency, record
+
+
+def describe_groups(model: ModelConfig) -> list[str]:
+    """One line per layer group: ``layers 0-2 (3): mla + dense``, ``layers 1, 3, .., 47 (24): full + moe``."""
+    out = []
+    for kind, indices in layer_groups(model):
+        steps = {b - a for a, b in zip(indices, indices[1:])}
+        if len(indices) == 1:
+            span = f"{indices[0]}"
+        elif steps == {1}:
+            span = f"{indices[0]}-{indices[-1]}"
+        elif len(steps) == 1 and len(indices) > 2:
+            span = f"{indices[0]}, {indices[1]}, .., {indices[-1]}"
+        else:
+            span = ", ".join(map(str, indices))
+        out.append(f"layers {span} ({len(indices)}): {kind.describe()}")
+    return out
+
+
+__all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
+           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed"]
