@@ -253,7 +253,7 @@ class MappedFastLatency(FastLatency):
             decoded = (int(predict(decode, theta.get("decode"), "decode")), context[new == 1], on_chip)
         prefilled = None
         if prefill is not None:
-            prefilled = self.model.kv_heads * int(predict(prefill, theta.get("prefill"), "prefill"))
+            prefilled = int(predict(prefill, theta.get("prefill"), "prefill"))  # every KV head in one attention
         ffn_cycles = predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn")
         ffn = [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles)]
         pieces = step_pieces(self, batch, decoded, prefilled, ffn)

@@ -14,8 +14,8 @@ of the pieces after it stream into the on-chip memory it leaves free (the capaci
 the bytes already streamed ahead and still held), in order, each piece up to its weights. A piece that finds ``b``
 of its bytes on chip takes ``t = c - min(floor(b / peak), c - ceil(flops / peak FLOPs))`` cycles instead of its
 engine cycles ``c``: the bytes no longer read, at the HBM's peak, never below its FLOPs at the chip's peak. Its
-bytes held are freed when it starts. A prefill attention (the paper's schedule, its on-chip bytes not mapped)
-neither streams ahead nor is streamed into. :func:`stream_ahead` is the whole model (a test checks it by hand).
+bytes held are freed when it starts. A prefill attention (mapped over every KV head, its on-chip bytes not taken
+into account) neither streams ahead nor is streamed into. :func:`stream_ahead` is the whole model (a test checks it by hand).
 """
 
 from __future__ import annotations
@@ -210,8 +210,8 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
         if kind == "decode":
             on_chip = schedule_for("decode", len(data), layer_dims("decode", model), provider.hardware).on_chip_bytes
             decode = (cycles, data[: len(data) // model.kv_heads], on_chip)
-        elif kind == "prefill":
-            prefill = cycles * model.kv_heads
+        elif kind == "prefill":  # mapped: every KV head's chunks in one attention (EngineLatency.tasks)
+            prefill = cycles
         else:
             ffn.append((cycles, *routing_loads(data, experts, tile_n)))
     return step_pieces(provider, batch, decode, prefill, ffn)

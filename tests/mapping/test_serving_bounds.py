@@ -33,8 +33,11 @@ def one_request(tmp_path):
 
 
 @pytest.mark.parametrize("model, vocab, token_bytes, tpot_s, hbm_use", [
-    ("llama-3.1-8b", 128_256, 15_009_325_056, 0.009416396000000002, (0.9816070812637315, 0.9968100067159453)),
-    ("qwen3-30b-a3b", 151_936, 6_083_317_760, 0.0038227369999999997, (0.9638312816609531, 0.9956789621332904)),
+    # the run's HBM utilisation and its median step's: the prompt's step is faster with the prefill attention mapped
+    # (every KV head in one attention; Llama 3,481 cycles a layer against 8 heads x 4,185 on the paper's schedule;
+    # Qwen3 5,814 against 4 x 7,929), which raises the first; a decode token does not change
+    ("llama-3.1-8b", 128_256, 15_009_325_056, 0.009416396000000002, (0.9940817081763698, 0.9968100067159453)),
+    ("qwen3-30b-a3b", 151_936, 6_083_317_760, 0.0038227369999999997, (0.9889028841408136, 0.9956789621332904)),
 ])
 def test_one_request_decodes_within_1_3x_of_the_bytes_a_token_must_read(one_request, tmp_path, model, vocab,
                                                                          token_bytes, tpot_s, hbm_use):
