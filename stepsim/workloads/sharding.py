@@ -179,6 +179,24 @@ def split_chunks(g, rows_stream, rows: int, chunks: int):
     return part
 
 
+def pipeline(g, system, layers: int, pp: int | None, layer, store, *, bindings: dict, kinds=None):
+    """``--pp P`` alone, or one chip (module docstring, steps 2, 3, 5, 6): ``layer(i, rows)`` builds layer i on the
+    previous layer's output ``rows`` (None for layer 0) and returns its own, on chip ``i // (layers / P)``, its
+    groups relabelled (``kinds``, as :func:`relabel`; ``()``: none); ``store(rows)`` takes the last layer's rows,
+    on the last chip. A stage boundary is an ordinary cross-chip edge. Returns :meth:`Sharding.finish`'s report of
+    the links on ``bindings`` (None without ``pp``)."""
+    sh, per_stage, rows = Sharding(g, system), layers // (pp or 1), None
+    for i in range(layers):
+        before = len(g.ops)
+        rows = layer(i, rows)
+        sh.place(before, i // per_stage)
+        relabel(g.ops[before:], i, kinds)  # expert e of layer i is not expert e of layer j (channel labels)
+    before = len(g.ops)
+    store(rows)
+    sh.place(before, (pp or 1) - 1)
+    return None if pp is None else sh.finish(bindings)
+
+
 def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: str, batch: int, compute_bw: int,
               bindings: dict, blocks, rows_in: dict | None = None, load=None, kinds=None, stack: bool = True,
               store_kw: dict | None = None) -> None:

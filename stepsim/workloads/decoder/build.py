@@ -351,17 +351,16 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
         system = chips_system(pp, system, "--pp")
     elif system is not None:
         raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
-    from stepsim.workloads.sharding import Sharding, relabel
+    from stepsim.workloads.sharding import pipeline
 
-    sh = Sharding(g, system)  # the sharding pass places stage s's operators on chip s
-    per_stage = layers // (pp or 1)
     idle: set = set()
     tile_rows: dict = {}
-    rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
-                                        stream_dtype=FP32), 0, 1)  # (1, B) rows
-    sh.place(0, 0)
-    for i in range(layers):
-        before, prefix = len(g.ops), f"layer{i}."
+
+    def layer(i, rows):
+        prefix = f"layer{i}."
+        if rows is None:  # layer 0 reads x as (1, B) rows
+            rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
+                                                stream_dtype=FP32), 0, 1)
         tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
 
         def qkv_of(h, tiles=tiles, prefix=prefix):
@@ -382,20 +381,20 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
                                                        micro_batches=micro_batches, **moe_kw)
             stage["bindings"].update(moe_bindings)
             tile_rows.update(rows_of)
-            idle |= {(f"layer{i}.expert", e) for e, c in enumerate(expert_counts(routings[i], moe.experts)) if c == 0}
+            idle.update((f"layer{i}.expert", e) for e, c in enumerate(expert_counts(routings[i], moe.experts))
+                        if c == 0)
         else:
             ffn_out = shared_ffn(g, h_rows, _dense(model, model.dense_intermediate), batch, o_tile, tile_f,
                                  PACKING_COMPUTE_BW, bw, prefix=prefix)
             _label(g.ops[ffn_start:], ("ffn", 0))
-        rows = Map(g, [ffn_out, h_rows], Add(), **bw)
-        sh.place(before, i // per_stage)
-        relabel(g.ops[before:], i, ("expert", "ffn"))  # not the attention's regions
-    before = len(g.ops)
-    LinearOffChipStore(g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y")
-    sh.place(before, (pp or 1) - 1)
+        return Map(g, [ffn_out, h_rows], Add(), **bw)
+
+    report = pipeline(g, system, layers, pp, layer, lambda rows: LinearOffChipStore(
+        g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y"), bindings=stage["bindings"],
+        kinds=("expert", "ffn"))  # not the attention's regions
     params = {"layers": layers, "micro_batches": micro_batches}
     if pp is not None:
-        params.update(pp=pp, **sh.finish(stage["bindings"]))
+        params.update(pp=pp, **report)
     return params, idle, tile_rows
 
 

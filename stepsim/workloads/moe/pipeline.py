@@ -76,38 +76,31 @@ def layer_routings(path, experts: int, top_k: int, layers: int, iteration: int |
 
 def build_stack(model, routings: list, *, stage, flops_of, micro_batches: int, pp: int | None, system):
     """The L-layer stack (module docstring), on one chip or (``pp``) in ``pp`` stages on the chips of ``system``
-    (the sharding pass places stage s's operators on chip s: :class:`stepsim.workloads.sharding.Sharding`).
+    (the sharding pass: :func:`stepsim.workloads.sharding.pipeline`).
 
     ``stage(g, tokens, routing, prefix)`` adds one layer (``moe_stage`` of ``moe/build.py``, which passes it in, so
     this module does not import the builder) and returns its output rows and bindings; ``flops_of(routing)`` is
     the algorithmic FLOPs of one micro-batch's routing. Returns ``(graph, the pass's report of the links or None,
     bindings, FLOPs)``.
     """
-    from stepsim.workloads.sharding import Sharding, relabel
+    from stepsim.workloads.sharding import pipeline
 
     layers, d, batch = len(routings), model.hidden, routings[0].shape[0]
-    name = f"moe-{model.name}-l{layers}" + (f"-pp{pp}" if pp else "") + f"-mb{micro_batches}"
-    g = Graph(name)
-    sh = Sharding(g, system)
-    per_stage = layers // (pp or 1)
-    bindings, flops, out = {}, 0, None
-    rows = batch // micro_batches
-    for i, routing in enumerate(routings):
-        before = len(g.ops)
-        if out is None:
+    g = Graph(f"moe-{model.name}-l{layers}" + (f"-pp{pp}" if pp else "") + f"-mb{micro_batches}")
+    bindings, rows = {}, batch // micro_batches
+
+    def layer(i, tokens):  # layer 0 loads x; a later one takes the previous layer's rows, (1, B) as the loaded x
+        if tokens is None:
             x = Tensor("x", (batch, d), BF16)
             tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
-        else:
-            tokens = out  # the previous layer's rows, (1, B) as the loaded x
-        out, layer_bindings = stage(g, tokens, routing, f"layer{i}.")
+        out, layer_bindings = stage(g, tokens, routings[i], f"layer{i}.")
         bindings.update(layer_bindings)
-        flops += sum(flops_of(routing[m * rows:(m + 1) * rows]) for m in range(micro_batches))
-        sh.place(before, i // per_stage)
-        relabel(g.ops[before:], i)  # expert e of layer i is not expert e of layer j (channel labels)
-    before = len(g.ops)
-    LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
-    sh.place(before, (pp or 1) - 1)
-    return g, None if pp is None else sh.finish(bindings), bindings, flops
+        return out
+
+    report = pipeline(g, system, layers, pp, layer, lambda out: LinearOffChipStore(
+        g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y"), bindings=bindings)
+    flops = sum(flops_of(r[m * rows:(m + 1) * rows]) for r in routings for m in range(micro_batches))
+    return g, report, bindings, flops
 
 
 def _layers_array(path):
