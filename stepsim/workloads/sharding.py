@@ -56,7 +56,20 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Partition, Promote, Reassemble, SelectorSource
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Add,
+    Flatten,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Partition,
+    Promote,
+    Reassemble,
+    SelectorSource,
+    Tensor,
+)
 
 
 class GroupNetwork:
@@ -138,6 +151,13 @@ class Sharding:
         link_bytes = {name: int(sympy.sympify(b).xreplace(values))
                       for name, b in net.link_bytes(fp32_timing_bytes(self.g)).items()}
         return {"system": self.system.name, "links_used": len(net.links), "link_bytes": link_bytes}
+
+
+def load_rows(g, name: str, rows: int, hidden: int):
+    """Tensor ``name`` ([rows, hidden], bf16) read from its chip's HBM as ``(1, rows)`` rows of ``(1, hidden)``
+    fp32: a layer's input as the one-chip layer loads ``x``."""
+    return Flatten(g, LinearOffChipLoad(g, Tensor(name, (rows, hidden), BF16), (1, hidden), (rows, 1), (1, 1),
+                                        stream_dtype=FP32), 0, 1)
 
 
 def relabel(ops, layer: int, kinds=None) -> None:

@@ -252,12 +252,9 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         out = Map(g, [ffn_out, h_rows], Add(), **bw)
         LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
     else:
-        from stepsim.workloads.decoder.many_chips import tensor_parallel_decoder
-
-        parallel = tensor_parallel_decoder(
-            tp, system, algorithm, model=model, n_heads=n_heads, batch=batch, tile_f=tile_f, routing=routing,
-            counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw),
-            dense=lambda width: _dense(model, width), stage=stage)
+        parallel = _tp_stack(g, model, [routing], 1, tp=tp, pp=None, system=system, algorithm=algorithm,
+                             n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
+                             stage=stage, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw))
 
     g.finalize()
     for head_ops, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
@@ -399,57 +396,68 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
 
 
 def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_heads, batch, o_tile, tile_f, moe_kw, bw,
-              stage) -> dict:
-    """``--layers L --tp T [--pp P]``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks as the
-    one-layer ``--tp``, :func:`stepsim.workloads.decoder.many_chips.check_tp`)."""
+              stage, heads=None) -> dict:
+    """``--tp T``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks:
+    :func:`stepsim.workloads.decoder.many_chips.check_tp`), chip t running KV heads ``t H/T ..`` and F / T columns.
+    ``heads`` given: the one layer (:mod:`stepsim.workloads.decoder.many_chips`), ``heads(hs)`` the attention and
+    output projection of KV heads ``hs`` reading q / k / v from HBM, x read after the reduced rows are in order;
+    else ``--layers L [--pp P]``, q / k / v projected from each layer's input rows (:func:`_stack_partial`), x read
+    first on every chip of stage 0."""
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_tp
-    from stepsim.workloads.sharding import Sharding, tp_layers
+    from stepsim.workloads.sharding import Sharding, load_rows, tp_layers
 
-    d = model.hidden
+    d, stack = model.hidden, heads is None
     moe = model.moe if model.is_moe else None
     widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
               else {"dense intermediate": model.dense_intermediate})
     check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
-    if moe is not None and moe_kw["regions"] != moe.experts:
-        raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
-                            "layers have one region per expert)")
+    if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
+        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
     system = stages_system(pp, tp, system, "--tp")
     if moe is not None:
         shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
                          top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
 
     def ffn_partial(g, rows, i, t):
+        prefix = f"layer{i}." if stack else ""
         if moe is not None:
             out, chip_bindings, _ = moe_stage(g, rows, shard, routings[i], expert_counts(routings[i], moe.experts),
-                                              suffix=f".{t}", prefix=f"layer{i}.", **moe_kw)
+                                              suffix=f".{t}", prefix=prefix, **moe_kw)
             stage["bindings"].update(chip_bindings)
             return out
         before = len(g.ops)
         out = shared_ffn(g, rows, _dense(model, model.dense_intermediate // tp), batch, o_tile, tile_f,
-                         PACKING_COMPUTE_BW, bw, suffix=f".{t}", prefix=f"layer{i}.")
-        _label(g.ops[before:], ("ffn", 0))
+                         PACKING_COMPUTE_BW, bw, suffix=f".{t}", prefix=prefix)
+        if stack:
+            _label(g.ops[before:], ("ffn", 0))
         return out
 
     per_head, bindings = n_heads // tp, stage["bindings"]
 
-    def attention_partial(i, t, rows):  # chip t's KV heads' share of attn @ W_o, q / k / v from its input rows
-        return _stack_partial(g, model, i, range(t * per_head, (t + 1) * per_head), rows, n_heads=n_heads,
-                              batch=batch, o_tile=o_tile, bw=bw, stage=stage)
+    def attention_partial(i, t, rows):  # chip t's KV heads' share of attn @ W_o
+        hs = range(t * per_head, (t + 1) * per_head)
+        if not stack:
+            return Promote(g, RetileStreamify(g, heads(hs), split_row=True), 1)
+        return _stack_partial(g, model, i, hs, rows, n_heads=n_heads, batch=batch, o_tile=o_tile, bw=bw, stage=stage)
 
     rows_in = {}
     sh = Sharding(g, system)
-    for t in range(tp):  # layer 0's input: x on every chip of stage 0
+    for t in range(tp if stack else 0):  # a stack's input: x on every chip of stage 0
         before = len(g.ops)
-        rows_in[t] = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
-                                                  stream_dtype=FP32), 0, 1)
+        rows_in[t] = load_rows(g, "x", batch, d)
         sh.place(before, t)
     tp_layers(sh, layers, tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
-              bindings=bindings, rows_in=rows_in, kinds=("expert", "shared_expert", "ffn"),
+              bindings=bindings, rows_in=rows_in, kinds=("expert", "shared_expert", "ffn"), stack=stack,
+              load=lambda t: load_rows(g, "x", batch, d),  # the one layer's x, replicated in every chip's HBM
               blocks=lambda i: [("attn_allreduce", lambda t, rows: attention_partial(i, t, rows), True),
                                 ("ffn_allreduce", lambda t, rows: ffn_partial(g, rows, i, t), True)])
-    params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
-    return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), **params}
+    report = sh.finish(bindings)
+    if not stack:
+        return {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
+                "link_bytes": report["link_bytes"]}
+    return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), "tp": tp, "algorithm": algorithm,
+            **report}
 
 
 def _stack_partial(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_tile: int, bw: dict, stage: dict):

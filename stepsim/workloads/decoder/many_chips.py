@@ -6,14 +6,15 @@ query heads' products summed: a partial of ``attn @ W_o``), the residuals (``h =
 ffn(h)``) and the FFN (the MoE block of :mod:`stepsim.workloads.moe.build`, or a dense model's FFN as shared
 experts).
 
-**``--tp N``** (one layer), Megatron style: two all-reduces per layer (:func:`tensor_parallel_decoder`). Chip c owns
+**``--tp N``** (one layer), Megatron style: two all-reduces per layer (decoder/build.py's ``_tp_stack`` with one layer,
+on the pass's :func:`~stepsim.workloads.sharding.tp_layers`). Chip c owns
 KV heads ``c H/N ..`` (caches ``h<h>_*``, projections ``wo_h<h>_q<j>``); its query heads' products summed are a
 partial sum of ``attn @ W_o``, all-reduced in N chunks of B / N rows. Chip c puts the reduced chunks back in row
 order and adds ``x`` (replicated): every chip holds all of ``h``. The FFN runs on every token with columns
 ``c F/N ..`` of every expert (``expert<e>_<part>.<c>``, ``shared_<part>.<c>``; a dense model's FFN is
 ``shared_<part>.<c>``); its partial sums are all-reduced the same way and chip c stores chunk k of ``h`` plus the
 reduced chunk k as ``y<c>.<k>``. A stack (``--layers L --tp T [--pp P]``) is the same blocks per layer, q / k / v
-computed from the layer's input rows (decoder/build.py's ``_tp_stack``).
+computed from the layer's input rows (the same ``_tp_stack``).
 
 **``--ep N``** (one layer), as serving engines run an MoE layer on N chips: the attention tensor-parallel by KV heads,
 the MoE block expert-parallel, the batch sharded over the same N chips.
@@ -102,54 +103,6 @@ def check_tp(tp, n_heads: int, batch: int, widths: dict, tile_f: int) -> None:
         if width % (tp * tile_f):
             raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
                                 f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
-
-
-def tensor_parallel_decoder(tp: int, system, algorithm: str, *, model, n_heads: int, batch: int, tile_f: int,
-                            routing, counts, moe_kw: dict, heads, dense, stage: dict) -> dict:
-    """Build the tensor-parallel layer (module docstring) into ``stage["g"]`` through the pass's
-    :func:`~stepsim.workloads.sharding.tp_layers` (one layer). ``heads(hs)`` builds the attention and output
-    projection of KV heads ``hs`` and returns their summed products; ``dense(width)`` is a dense model's FFN of
-    ``width`` columns as shared experts. Returns the record's parallel params: ``tp``, ``system``,
-    ``algorithm``, ``links_used``, ``link_bytes``."""
-    from stepsim.models.presets import MoEModel
-    from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.moe.build import moe_stage, shared_ffn
-    from stepsim.workloads.sharding import Sharding, tp_layers
-
-    g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
-    d, moe = model.hidden, (model.moe if model.is_moe else None)
-    widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
-              else {"dense intermediate": model.dense_intermediate})
-    check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
-    if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
-        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
-    sh, per_head = Sharding(g, chips_system(tp, system, "--tp")), n_heads // tp
-
-    def attention_partial(c, rows):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
-        return Promote(g, RetileStreamify(g, heads(range(c * per_head, (c + 1) * per_head)), split_row=True), 1)
-
-    def x_rows(c):  # x, replicated: every chip reads it as rows from its own HBM
-        return Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
-                                            stream_dtype=FP32), 0, 1)
-
-    if moe is not None:
-        shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
-                         top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
-
-    def ffn_partial(c, h_rows):
-        if moe is not None:
-            out, chip_bindings, _ = moe_stage(g, h_rows, shard, routing, counts, suffix=f".{c}", **moe_kw)
-            bindings.update(chip_bindings)
-            return out
-        return shared_ffn(g, h_rows, dense(model.dense_intermediate // tp), batch, stage["o_tile"], tile_f,
-                          PACKING_COMPUTE_BW, bw, suffix=f".{c}")
-
-    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
-              bindings=bindings, load=x_rows, stack=False,
-              blocks=lambda i: [("attn_allreduce", attention_partial, True), ("ffn_allreduce", ffn_partial, True)])
-    report = sh.finish(bindings)
-    return {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
-            "link_bytes": report["link_bytes"]}
 
 
 def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, model, n_heads: int, batch: int,
