@@ -493,7 +493,7 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
     * **Attention, output projection, reduce-scatter** as the one-layer ``--ep`` (tensors ``layer<i>.h<h>_*``,
       ``layer<i>.w{q,k,v,o}_h<h>*``; operators ``layer<i>.attn_reducescatter.*``); chip c adds its input rows.
     * **MoE** (routing of trace layer i, tensors ``layer<i>.routing_weights.<c>``, ``layer<i>.expert<e>_*``): the
-      sharded all-to-all (:func:`stepsim.workloads.sharding.ep_layer`, per micro-batch with M > 1); the second
+      sharded all-to-all (:func:`stepsim.workloads.sharding.expert_parallel`, per micro-batch with M > 1); the second
       residual gives the layer's output rows of shard c.
 
     The attention's partial sums are added in the reduce-scatter's order, so the values equal the one-chip stack to
@@ -501,7 +501,7 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_ep
     from stepsim.workloads.moe.build import _expert_ffn
-    from stepsim.workloads.sharding import Sharding, ep_layer, in_order
+    from stepsim.workloads.sharding import Sharding, expert_parallel, in_order
 
     moe, d, layers = model.moe, model.hidden, len(routings)
     if moe_kw["regions"] != moe.experts:
@@ -572,9 +572,11 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
                                   prefix=prefix)
 
         counts = expert_counts(routing, moe.experts)
-        chip_of, bounds = ep_layer(sh, moe, routing, i, base, ep=ep, placement=placement, micro_batches=micro_batches,
-                                   build=build, ffns=ffns, shared_ffn=shared, home_in=home_in, home_out=home_out,
-                                   counts=counts, bindings=bindings, tile_rows=tile_rows)
+        chip_of, layer_bindings, bounds, rows, _ = expert_parallel(
+            sh, moe, routing, counts, ep, placement, layer=i, base=base, micro_batches=micro_batches, ffns=ffns,
+            shared_ffn=shared, home_in=home_in, home_out=home_out, **build)
+        bindings.update(layer_bindings)
+        tile_rows.update(rows)
         expert_chips.append(chip_of)
         idle |= {(f"layer{i}.expert", e) for e, n in enumerate(counts) if n == 0}
         rows_in = rows_out

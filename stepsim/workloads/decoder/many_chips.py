@@ -116,6 +116,7 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     from stepsim.workloads.sharding import (
         Sharding,
         check_tp_ep,
+        ep_params,
         expert_parallel,
         expert_tensor_parallel,
         in_order,
@@ -183,13 +184,14 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
                                     packing_compute_bw=PACKING_COMPUTE_BW)
     regions = moe_kw["regions"]
 
-    def ffns(g, packed, members):  # one region per expert, or each chip's experts time-multiplexed (--regions)
+    def ffns(g, packed, members=None):  # one region per expert, or each chip's experts time-multiplexed (--regions)
         if members is None:
             return dedicated(g, packed)
         return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
 
-    ep_bindings, tile_rows, params = expert_parallel(
-        sh, moe, routing, counts, ep, placement, regions=None if regions == moe.experts else regions, ffns=ffns,
-        compute_bw=bw["compute_bw"], shared_ffn=shared, home_in=home_in, home_out=home_out, **build)
-    bindings.update(ep_bindings)
+    layer = expert_parallel(sh, moe, routing, counts, ep, placement, regions=None if regions == moe.experts else regions,
+                            ffns=ffns, compute_bw=bw["compute_bw"], shared_ffn=shared, home_in=home_in,
+                            home_out=home_out, **build)
+    params, tile_rows = ep_params(sh, layer, counts, ep, placement), layer[3]
+    bindings.update(layer[1])
     return {**params, "algorithm": algorithm}, tile_rows

@@ -134,7 +134,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         Default FIFO depth for simulation (2 in the experiments; None means 1024).
     ep : int, optional
         Expert parallelism: place the experts on ``ep`` chips (:func:`stepsim.workloads.sharding.expert_parallel`); with
-        a stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:func:`stepsim.workloads.sharding.ep_layer`).
+        a stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:func:`stepsim.workloads.sharding.expert_parallel`).
     placement : {"contiguous", "round-robin", "load-balanced"}
         How the experts are placed on the chips (with ``ep``).
     system : System, optional

@@ -10,8 +10,8 @@ only says which placement and hands the pass those pieces.
   routing weights replicated; its output rows are a partial sum of y, all-reduced by the pass
   (:func:`~stepsim.workloads.sharding.tp_layers`); after the last layer chip t stores rows ``k B/T ..`` of y in
   ``y<t>.<k>``.
-* ``--ep E``: :func:`~stepsim.workloads.sharding.expert_parallel` (one layer, the placements' cost model, with
-  ``--regions`` time-multiplexed regions), :func:`~stepsim.workloads.sharding.ep_layer` (a stack's layer).
+* ``--ep E``: :func:`~stepsim.workloads.sharding.expert_parallel` (one layer: the placements' cost model, with
+  ``--regions`` time-multiplexed regions; a stack's layer on its stage's chips).
 * ``--tp T --ep E``: :func:`~stepsim.workloads.sharding.expert_tensor_parallel`.
 * ``--pp P`` alone: :func:`~stepsim.workloads.sharding.pipeline` (:mod:`stepsim.workloads.moe.pipeline`).
 
@@ -36,7 +36,7 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
     ``packing_compute_bw``. Returns ``(graph, bindings, tile_rows, algorithmic FLOPs or None (the one layer's),
     params)``."""
     from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.sharding import Sharding, expert_parallel, expert_tensor_parallel, tp_ep_system
+    from stepsim.workloads.sharding import Sharding, ep_params, expert_parallel, expert_tensor_parallel, tp_ep_system
 
     if stack:
         return _stack(model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp,
@@ -61,15 +61,12 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
         return g, bindings, tile_rows, None, parallel
     dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
                                     packing_compute_bw=stage["packing_compute_bw"])
-
-    def ffns(g, packed, members):  # one region per expert, or each chip's experts time-multiplexed (--regions)
-        if members is None:
-            return dedicated(g, packed)
-        return _timeshared_ffns(g, packed, model, stage["regions"], tile_f, dynamic, counts, bw, members)
-
-    bindings, tile_rows, parallel = expert_parallel(
-        Sharding(g, chips_system(ep, system, "--ep")), model, routing, counts, ep, placement,
-        regions=stage["regions"] if timeshare else None, ffns=ffns, shared_ffn=shared, **build)
+    sh = Sharding(g, chips_system(ep, system, "--ep"))
+    layer = expert_parallel(  # one region per expert, or each chip's experts time-multiplexed (--regions)
+        sh, model, routing, counts, ep, placement, regions=stage["regions"] if timeshare else None,
+        ffns=lambda g, packed, members=None: dedicated(g, packed) if members is None else _timeshared_ffns(
+            g, packed, model, stage["regions"], tile_f, dynamic, counts, bw, members), shared_ffn=shared, **build)
+    bindings, tile_rows, parallel = layer[1], layer[3], ep_params(sh, layer, counts, ep, placement)
     return g, bindings, tile_rows, None, parallel
 
 
@@ -119,11 +116,11 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
 
 
 def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.ep_layer`) on ``(P or 1)
+    """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.expert_parallel`) on ``(P or 1)
     x E`` chips; its results as :func:`_stack`'s."""
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
-    from stepsim.workloads.sharding import Sharding, ep_layer
+    from stepsim.workloads.sharding import Sharding, expert_parallel
 
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
         raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
@@ -142,11 +139,13 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
         rows_out: dict = {}
         ffns, shared = expert_ffns(model, tile_n=stage["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
                                    packing_compute_bw=stage["packing_compute_bw"], prefix=f"layer{i}.")
-        chip_of, bounds = ep_layer(
-            sh, model, routing, i, (i // per_stage) * ep, ep=ep, placement=placement, micro_batches=m, build=build,
-            ffns=ffns, shared_ffn=shared, home_in=None if rows_in is None else (lambda c, n, rows=rows_in: rows[c]),
-            home_out=None if i == layers - 1 else rows_out.__setitem__, counts=expert_counts(routing, model.experts),
-            bindings=bindings, tile_rows=tile_rows)
+        chip_of, layer_bindings, bounds, rows, _ = expert_parallel(
+            sh, model, routing, expert_counts(routing, model.experts), ep, placement, layer=i,
+            base=(i // per_stage) * ep, micro_batches=m, ffns=ffns, shared_ffn=shared,
+            home_in=None if rows_in is None else (lambda c, n, rows=rows_in: rows[c]),
+            home_out=None if i == layers - 1 else rows_out.__setitem__, **build)
+        bindings.update(layer_bindings)
+        tile_rows.update(rows)
         expert_chips.append(chip_of)
         rows_in = rows_out
     report = sh.finish(bindings)
