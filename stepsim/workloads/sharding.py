@@ -29,7 +29,7 @@ The placements and where they are built (every one on :class:`Sharding`):
 
 * ``--tp T`` (heads or FFN columns over T chips), one layer or a stack in ``--pp`` stages: :func:`tp_layers`, a
   layer given as blocks (a partial sum per chip, all-reduced, with or without a residual): the MoE and SwiGLU
-  layers' one block (:func:`tensor_parallel`), the decoder's attention and FFN blocks;
+  layers' one block, the decoder's attention and FFN blocks;
 * ``--ep E`` (experts over E chips, the batch sharded over them): :func:`expert_parallel`, one layer (the
   load-balanced placement's cost model, ``--regions``) or a stack's layer in its stage (``--micro-batches``), on
   the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`; :func:`ep_params` reports it;
@@ -273,17 +273,6 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
         sh.delivered()
         if stack:
             relabel(g.ops[start:], i, kinds)
-
-
-def tensor_parallel(g, system, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
-                    bindings: dict | None = None, store_kw: dict | None = None) -> dict:
-    """One layer tensor-parallel without a residual (the MoE layer's and the SwiGLU FFN's ``--tp``): chip c's
-    partial sum ``partial_of(c)`` (``(1, elems)``) all-reduced (operators ``allreduce.*``), chip c storing
-    reduced chunk k as ``y<c>.<k>``. Returns :meth:`Sharding.finish`'s report of the links."""
-    sh = Sharding(g, system)
-    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=elems, compute_bw=compute_bw, bindings={},
-              stack=False, store_kw=store_kw, blocks=lambda i: [("allreduce", lambda t, rows: partial_of(t), False)])
-    return sh.finish(bindings or {})
 
 
 def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int) -> dict:
