@@ -160,6 +160,17 @@ def load_rows(g, name: str, rows: int, hidden: int):
                                         stream_dtype=FP32), 0, 1)
 
 
+def check_columns(tp: int, widths: dict, tile_f: int) -> None:
+    """One-line ArgumentError unless every FFN width of ``widths`` (``{what: width}``) splits over ``tp`` chips
+    into column blocks of whole ``tile_f`` tiles."""
+    from stepsim.base.errors import ArgumentError
+
+    for what, width in widths.items():
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+
+
 def relabel(ops, layer: int, kinds=None) -> None:
     """Step 5: a stack's layer ``layer`` names its groups ``("layer<i>.<kind>", index)`` (``kinds``: only those
     kinds; None: every tuple group)."""
@@ -357,14 +368,10 @@ def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:
 def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
     """The system of ``--tp N --ep M`` (``tp x ep`` chips: :func:`~stepsim.workloads.chips.chips_system`), after
     :func:`check_tp_ep` and the one-line check that every expert's columns split into whole ``tile_f`` tiles."""
-    from stepsim.base.errors import ArgumentError
     from stepsim.workloads.chips import chips_system
 
     check_tp_ep(tp, ep, batch, system)
-    for what, width in (("intermediate", model.intermediate), ("shared intermediate", model.shared_intermediate)):
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    check_columns(tp, {"intermediate": model.intermediate, "shared intermediate": model.shared_intermediate}, tile_f)
     return chips_system(tp * ep, system, "--tp x --ep")
 
 

@@ -348,7 +348,7 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
         system = chips_system(pp, system, "--pp")
     elif system is not None:
         raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
-    from stepsim.workloads.sharding import pipeline
+    from stepsim.workloads.sharding import load_rows, pipeline
 
     idle: set = set()
     tile_rows: dict = {}
@@ -356,8 +356,7 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
     def layer(i, rows):
         prefix = f"layer{i}."
         if rows is None:  # layer 0 reads x as (1, B) rows
-            rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
-                                                stream_dtype=FP32), 0, 1)
+            rows = load_rows(g, "x", batch, d)
         tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
 
         def qkv_of(h, tiles=tiles, prefix=prefix):
@@ -501,7 +500,7 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_ep
     from stepsim.workloads.moe.build import _expert_ffn
-    from stepsim.workloads.sharding import Sharding, expert_parallel, in_order
+    from stepsim.workloads.sharding import Sharding, expert_parallel, in_order, load_rows
 
     moe, d, layers = model.moe, model.hidden, len(routings)
     if moe_kw["regions"] != moe.experts:
@@ -526,8 +525,7 @@ def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro
                  packing_compute_bw=PACKING_COMPUTE_BW)
     for c in range(ep):  # shard c's input rows of the current layer, (1, shard)
         before = len(g.ops)
-        rows_in[c] = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{c}", (shard, d), BF16), (1, d), (shard, 1), (1, 1),
-                                                  stream_dtype=FP32), 0, 1)
+        rows_in[c] = load_rows(g, f"x.{c}", shard, d)
         sh.place(before, c)
     for i, routing in enumerate(routings):
         base, prefix = (i // per_stage) * ep, f"layer{i}."

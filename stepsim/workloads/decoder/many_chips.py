@@ -51,17 +51,12 @@ from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import (
-    BF16,
-    FP32,
     Add,
-    Flatten,
-    LinearOffChipLoad,
     LinearOffChipStore,
     Map,
     Promote,
     Reshape,
     RetileStreamify,
-    Tensor,
 )
 from stepsim.workloads.moe.build import PACKING_COMPUTE_BW, _timeshared_ffns, expert_ffns
 
@@ -99,10 +94,9 @@ def check_tp(tp, n_heads: int, batch: int, widths: dict, tile_f: int) -> None:
     if batch % tp:
         raise ArgumentError(f"--tp {tp}: the all-reduces cut the {batch} rows into {tp} chunks; the batch must be "
                             f"a multiple of {tp}")
-    for what, width in widths.items():
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    from stepsim.workloads.sharding import check_columns
+
+    check_columns(tp, widths, tile_f)
 
 
 def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, model, n_heads: int, batch: int,
@@ -120,6 +114,7 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         expert_parallel,
         expert_tensor_parallel,
         in_order,
+        load_rows,
         split_chunks,
         tp_ep_system,
     )
@@ -149,9 +144,7 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
             attn = in_order(g, [reduced[s * m + j] for j in range(m)], rows, bindings, promote=False)
         else:
             attn = Promote(g, reduced[s], 1)  # [rows] -> [1, rows], as x
-        x = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{s}", (rows, d), BF16), (1, d), (rows, 1), (1, 1),
-                                         stream_dtype=FP32), 0, 1)
-        h = Map(g, [attn, x], Add(), **bw)
+        h = Map(g, [attn, load_rows(g, f"x.{s}", rows, d)], Add(), **bw)
         h.fanout_depth = rows  # the rows wait for the MoE block's output (the decoder's h_rows)
         homes[(s, t)] = h
         return h

@@ -215,11 +215,10 @@ def column_shard(model: MoEModel, tp: int, tile_f: int, batch: int) -> MoEModel:
     """One chip's share of ``--tp T``: every expert's (and the shared experts') ``F / T`` columns, after the
     one-line checks that the columns split into whole ``tile_f`` tiles and the batch into the all-reduce's T chunks
     of rows."""
+    from stepsim.workloads.sharding import check_columns
+
     f, fs = model.intermediate, model.shared_intermediate
-    for what, width in (("intermediate", f), ("shared intermediate", fs)):
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    check_columns(tp, {"intermediate": f, "shared intermediate": fs}, tile_f)
     if batch % tp:
         raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {batch} rows into {tp} chunks; the batch must be "
                             f"a multiple of {tp}")
