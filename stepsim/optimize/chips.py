@@ -17,7 +17,7 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
   ``moe``, ``decoder``); a stack of ``layers > 1`` takes no ``tp`` (every stack refuses it) and ``ep`` where
   the stack builds it (``pp x ep``: each stage's layers expert-parallel over its ``ep`` chips;
   the MoE stack, :func:`stepsim.workloads.sharding.expert_parallel`, and an MoE model's decoder stack,
-  ``decoder/build.py``'s ``_ep_stack``, its ``ep`` constrained as the decoder layer's below; a dense
+  ``decoder/many_chips.py``'s ``expert_parallel_decoder``, its ``ep`` constrained as the decoder layer's below; a dense
   decoder stack's candidates are pipelines alone), each with the
   stack's micro-batch counts (:mod:`stepsim.optimize.stack`); without ``--system`` each runs on the default
   fully connected chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
@@ -136,7 +136,7 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     ``ep`` and ``tp x ep`` divide the KV heads or are a multiple of them, and ``ep`` divides the batch (the
     decoder's ``--ep``, whose attention splits the KV heads over every chip). ``stack_ep``: a stack of ``layers``
     > 1 builds ``--ep`` (the MoE stack, :func:`stepsim.workloads.sharding.expert_parallel`; an MoE model's decoder stack,
-    ``decoder/build.py``'s ``_ep_stack``), so its candidates are ``pp x ep`` (never ``tp``: every stack
+    ``decoder/many_chips.py``'s ``expert_parallel_decoder``), so its candidates are ``pp x ep`` (never ``tp``: every stack
     refuses it); otherwise a stack's candidates are pipelines alone.
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)
