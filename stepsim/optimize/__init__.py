@@ -200,7 +200,7 @@ def _default_stages(cfg: dict, max_chips: int | None = None, system=None) -> lis
                                                experts=model.experts if model.is_moe else 1, widths=widths,
                                                batch=batch, heads=cfg.get("kv_heads") or model.kv_heads,
                                                layers=cfg.get("layers") or 1, system=system,
-                                               stack_ep=model.is_moe))  # decoder/build.py's _ep_stack
+                                               stack_ep=model.is_moe))  # decoder/many_chips.py's expert_parallel_decoder
         if cfg.get("micro_batches") is None:  # a stack's FFN space: no regions, its micro-batch count
             from stepsim.optimize.stack import stack_space
 

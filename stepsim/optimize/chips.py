@@ -16,8 +16,8 @@ candidate on more chips must be faster or leaner to stay on the front). A candid
 * ``pp``: the divisors of the fixed ``layers`` knob from 2 up to N, for a kind that declares it (``swiglu``,
   ``moe``, ``decoder``); a stack of ``layers > 1`` takes no ``tp`` (every stack refuses it) and ``ep`` where
   the stack builds it (``pp x ep``: each stage's layers expert-parallel over its ``ep`` chips;
-  the MoE stack, :func:`stepsim.workloads.sharding.ep_layer`, and an MoE model's decoder stack,
-  ``decoder/build.py``'s ``_ep_stack``, its ``ep`` constrained as the decoder layer's below; a dense
+  the MoE stack, :func:`stepsim.workloads.sharding.expert_parallel`, and an MoE model's decoder stack,
+  ``decoder/many_chips.py``'s ``expert_parallel_decoder``, its ``ep`` constrained as the decoder layer's below; a dense
   decoder stack's candidates are pipelines alone), each with the
   stack's micro-batch counts (:mod:`stepsim.optimize.stack`); without ``--system`` each runs on the default
   fully connected chips written into ``OUT/systems/`` (:func:`default_pipeline_systems`);
@@ -135,8 +135,8 @@ def parallel_combos(axes, max_chips: int, *, experts: int, widths, batch: int, l
     ``heads``: KV heads ``tp`` must divide too (the decoder's attention; 0: none, the MoE layer); with heads,
     ``ep`` and ``tp x ep`` divide the KV heads or are a multiple of them, and ``ep`` divides the batch (the
     decoder's ``--ep``, whose attention splits the KV heads over every chip). ``stack_ep``: a stack of ``layers``
-    > 1 builds ``--ep`` (the MoE stack, :func:`stepsim.workloads.sharding.ep_layer`; an MoE model's decoder stack,
-    ``decoder/build.py``'s ``_ep_stack``), so its candidates are ``pp x ep`` (never ``tp``: every stack
+    > 1 builds ``--ep`` (the MoE stack, :func:`stepsim.workloads.sharding.expert_parallel`; an MoE model's decoder stack,
+    ``decoder/many_chips.py``'s ``expert_parallel_decoder``), so its candidates are ``pp x ep`` (never ``tp``: every stack
     refuses it); otherwise a stack's candidates are pipelines alone.
 
     >>> parallel_combos(("tp", "ep"), 4, experts=8, widths=(64,), batch=24)

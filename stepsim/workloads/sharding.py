@@ -29,12 +29,12 @@ The placements and where they are built (every one on :class:`Sharding`):
 
 * ``--tp T`` (heads or FFN columns over T chips), one layer or a stack in ``--pp`` stages: :func:`tp_layers`, a
   layer given as blocks (a partial sum per chip, all-reduced, with or without a residual): the MoE and SwiGLU
-  layers' one block (:func:`tensor_parallel`), the decoder's attention and FFN blocks;
-* ``--ep E`` (experts over E chips, the batch sharded over them): :func:`expert_parallel` (one layer, the
-  load-balanced placement's cost model), :func:`ep_layer` (a stack's layer in its stage, ``--micro-batches``);
-  both on the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`;
+  layers' one block, the decoder's attention and FFN blocks;
+* ``--ep E`` (experts over E chips, the batch sharded over them): :func:`expert_parallel`, one layer (the
+  load-balanced placement's cost model, ``--regions``) or a stack's layer in its stage (``--micro-batches``), on
+  the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`; :func:`ep_params` reports it;
 * ``--tp T --ep E``: :func:`expert_tensor_parallel` (expert groups of T chips, an all-reduce per group);
-* ``--pp P`` alone: :meth:`Sharding.place` of each stage's operators (the MoE, decoder and SwiGLU stacks).
+* ``--pp P`` alone: :func:`pipeline` (the MoE, decoder and SwiGLU stacks).
 
 A kind that is not MoE needs no builder of its own: ``tests/workloads/test_sharding.py`` runs a toy layer
 ``--tp 2`` in two ``--pp`` stages through :func:`tp_layers` alone.
@@ -56,7 +56,20 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Partition, Promote, Reassemble, SelectorSource
+from stepsim.graph import (
+    BF16,
+    FP32,
+    Add,
+    Flatten,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    Map,
+    Partition,
+    Promote,
+    Reassemble,
+    SelectorSource,
+    Tensor,
+)
 
 
 class GroupNetwork:
@@ -140,6 +153,24 @@ class Sharding:
         return {"system": self.system.name, "links_used": len(net.links), "link_bytes": link_bytes}
 
 
+def load_rows(g, name: str, rows: int, hidden: int):
+    """Tensor ``name`` ([rows, hidden], bf16) read from its chip's HBM as ``(1, rows)`` rows of ``(1, hidden)``
+    fp32: a layer's input as the one-chip layer loads ``x``."""
+    return Flatten(g, LinearOffChipLoad(g, Tensor(name, (rows, hidden), BF16), (1, hidden), (rows, 1), (1, 1),
+                                        stream_dtype=FP32), 0, 1)
+
+
+def check_columns(tp: int, widths: dict, tile_f: int) -> None:
+    """One-line ArgumentError unless every FFN width of ``widths`` (``{what: width}``) splits over ``tp`` chips
+    into column blocks of whole ``tile_f`` tiles."""
+    from stepsim.base.errors import ArgumentError
+
+    for what, width in widths.items():
+        if width % (tp * tile_f):
+            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
+                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+
+
 def relabel(ops, layer: int, kinds=None) -> None:
     """Step 5: a stack's layer ``layer`` names its groups ``("layer<i>.<kind>", index)`` (``kinds``: only those
     kinds; None: every tuple group)."""
@@ -177,6 +208,24 @@ def split_chunks(g, rows_stream, rows: int, chunks: int):
     for k in range(chunks):
         part.assume_shape(k, (rows // chunks,))
     return part
+
+
+def pipeline(g, system, layers: int, pp: int | None, layer, store, *, bindings: dict, kinds=None):
+    """``--pp P`` alone, or one chip (module docstring, steps 2, 3, 5, 6): ``layer(i, rows)`` builds layer i on the
+    previous layer's output ``rows`` (None for layer 0) and returns its own, on chip ``i // (layers / P)``, its
+    groups relabelled (``kinds``, as :func:`relabel`; ``()``: none); ``store(rows)`` takes the last layer's rows,
+    on the last chip. A stage boundary is an ordinary cross-chip edge. Returns :meth:`Sharding.finish`'s report of
+    the links on ``bindings`` (None without ``pp``)."""
+    sh, per_stage, rows = Sharding(g, system), layers // (pp or 1), None
+    for i in range(layers):
+        before = len(g.ops)
+        rows = layer(i, rows)
+        sh.place(before, i // per_stage)
+        relabel(g.ops[before:], i, kinds)  # expert e of layer i is not expert e of layer j (channel labels)
+    before = len(g.ops)
+    store(rows)
+    sh.place(before, (pp or 1) - 1)
+    return None if pp is None else sh.finish(bindings)
 
 
 def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: str, batch: int, compute_bw: int,
@@ -237,41 +286,6 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
             relabel(g.ops[start:], i, kinds)
 
 
-def tensor_parallel(g, system, tp: int, partial_of, elems: int, *, algorithm: str, compute_bw: int,
-                    bindings: dict | None = None, store_kw: dict | None = None) -> dict:
-    """One layer tensor-parallel without a residual (the MoE layer's and the SwiGLU FFN's ``--tp``): chip c's
-    partial sum ``partial_of(c)`` (``(1, elems)``) all-reduced (operators ``allreduce.*``), chip c storing
-    reduced chunk k as ``y<c>.<k>``. Returns :meth:`Sharding.finish`'s report of the links."""
-    sh = Sharding(g, system)
-    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=elems, compute_bw=compute_bw, bindings={},
-              stack=False, store_kw=store_kw, blocks=lambda i: [("allreduce", lambda t, rows: partial_of(t), False)])
-    return sh.finish(bindings or {})
-
-
-def ep_layer(sh: Sharding, model, routing, layer: int, base: int, *, ep: int, placement: str, micro_batches: int,
-             build: dict, ffns, shared_ffn, home_in, home_out, counts, bindings: dict, tile_rows: dict) -> tuple:
-    """One expert-parallel layer of a stack (module docstring, steps 3-5) into ``sh.g`` on chips ``base ..
-    base + ep - 1``: its experts placed by ``placement`` from its own routing (``counts``: tokens per expert), the
-    all-to-all of :func:`~stepsim.workloads.moe.sharded.build_sharded` (per micro-batch with ``micro_batches`` > 1)
-    with ``build``'s tiling keywords and the
-    hooks ``ffns``, ``shared_ffn``, ``home_in``, ``home_out``; its groups named ``layer<i>.``. Returns ``(the chip
-    of every expert, the shard bounds)``."""
-    from stepsim.workloads.moe.parallel import place_experts
-    from stepsim.workloads.moe.sharded import build_sharded
-
-    g = sh.g
-    chip_of = place_experts(counts, ep, placement, None if build["dynamic"] else build["tile_n"])
-    before = len(g.ops)
-    layer_chip, layer_bindings, bounds, rows = build_sharded(
-        g, model, routing, chip_of, ep, ffns=ffns, shared_ffn=shared_ffn, home_in=home_in, home_out=home_out,
-        prefix=f"layer{layer}.", micro_batches=micro_batches, **build)
-    sh.op_chip.update({op.id: base + layer_chip[op.id] for op in g.ops[before:]})
-    relabel(g.ops[before:], layer)
-    bindings.update(layer_bindings)
-    tile_rows.update(rows)
-    return chip_of, bounds
-
-
 def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int) -> dict:
     """An expert-parallel layer's report: the tokens every chip's experts receive, the busiest chip, imbalance =
     max / mean, and :meth:`Sharding.finish`'s links."""
@@ -284,40 +298,54 @@ def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int
             **sh.finish(bindings)}
 
 
-def expert_parallel(sh: Sharding, model, routing, counts, chips: int, placement: str, *, regions: int | None, ffns,
-                    **build) -> tuple[dict, dict, dict]:
-    """``--ep N``: the sharded expert-parallel layer (:mod:`stepsim.workloads.moe.sharded`) into ``sh.g`` on the
-    chips of ``sh.system``, after whatever ``sh`` already placed (the decoder's attention), its transfers routed.
+def expert_parallel(sh: Sharding, model, routing, counts, chips: int, placement: str, *, ffns,
+                    regions: int | None = None, layer: int | None = None, base: int = 0, **build) -> tuple:
+    """``--ep N``: the sharded expert-parallel layer (:mod:`stepsim.workloads.moe.sharded`) into ``sh.g`` on chips
+    ``base .. base + chips - 1``, after whatever ``sh`` already placed (the decoder's attention); ``counts``: the
+    routing's tokens per expert.
 
-    ``regions`` (None: one region per expert) time-multiplexes each chip's experts on ``regions / chips``
-    regions (:func:`~stepsim.workloads.moe.parallel.region_members`), so a chip's experts share its compute and the
-    token tiles a chip receives are its time. ``ffns(g, packed, members)`` builds the FFNs (``members``: each
-    region's experts, or None); ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other
-    keywords. Returns ``(bindings, tile_rows, params)``: the symbols' values from the trace, the merged tiles'
-    rows, and the report fields (placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean,
-    bytes over every link: the symbolic per-link metric on the trace, at the width the engine times fp32 rows).
-    """
+    One layer (``layer`` None): the experts placed by ``placement`` on the cost model of
+    :mod:`stepsim.workloads.moe.ep_cost` (:func:`~stepsim.workloads.moe.parallel.place_experts`); ``regions``
+    time-multiplexes each chip's experts on ``regions / chips`` regions
+    (:func:`~stepsim.workloads.moe.parallel.region_members`), so a chip's experts share its compute and the token
+    tiles a chip receives are its time (the tile-first greedy places them). A stack's layer ``layer``: placed by
+    the tile-first greedy (without the cost model), its routing weights and groups named ``layer<i>.`` (step 5).
+    ``ffns(g, packed)`` builds the FFNs (with ``regions``: ``ffns(g, packed, members)``, each region's experts);
+    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. Returns ``(the chip of
+    every expert, bindings, shard bounds, tile_rows, members or None)``; :func:`ep_params` reports a layer."""
     from stepsim.workloads.moe.parallel import expert_cost, place_experts, region_members, shard_rows
     from stepsim.workloads.moe.sharded import build_sharded
 
-    tile_n = None if build["dynamic"] else build["tile_n"]
-    cost = None  # with --regions a chip's tiles are its time: the tile-first greedy
-    if regions is None:
-        cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system)
-    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), chips)
+    tile_n, cost, rows = None if build["dynamic"] else build["tile_n"], None, None
+    if layer is None:  # the cost model (with --regions a chip's tiles are its time: the tile-first greedy)
+        if regions is None:
+            cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system)
+        rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), chips)
     chip_of = place_experts(counts, chips, placement, tile_n, cost, rows)
     members = None if regions is None else region_members(chip_of, chips, regions)
+    before = len(sh.g.ops)
     layer_chip, bindings, bounds, tile_rows = build_sharded(
-        sh.g, model, routing, chip_of, chips, ffns=lambda g, packed: ffns(g, packed, members),
-        region_chip=None if members is None else [chip_of[m[0]] for m in members], **build)
-    sh.op_chip.update(layer_chip)
+        sh.g, model, routing, chip_of, chips, ffns=ffns if members is None else (lambda g, p: ffns(g, p, members)),
+        region_chip=None if members is None else [chip_of[m[0]] for m in members],
+        prefix="" if layer is None else f"layer{layer}.", **build)
+    sh.op_chip.update({op.id: base + layer_chip[op.id] for op in sh.g.ops[before:]})
+    if layer is not None:
+        relabel(sh.g.ops[before:], layer)
+    return chip_of, bindings, bounds, tile_rows, members
+
+
+def ep_params(sh: Sharding, layer: tuple, counts, chips: int, placement: str) -> dict:
+    """The report fields of one expert-parallel layer (``layer``: :func:`expert_parallel`'s results), its
+    transfers routed: placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes over
+    every link (the symbolic per-link metric on the trace, at the width the engine times fp32 rows)."""
+    chip_of, bindings, bounds, _, members = layer
     r = _report(sh, bindings, counts, chip_of, chips)
     params = {"ep": chips, "placement": placement, "system": r["system"], "expert_chips": chip_of,
               "shard_bounds": bounds, "chip_tokens": r["tokens"], "busiest_chip": r["busiest"],
               "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
     if members is not None:
         params["region_experts"] = members
-    return bindings, tile_rows, params
+    return params
 
 
 def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:
@@ -340,14 +368,10 @@ def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:
 def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
     """The system of ``--tp N --ep M`` (``tp x ep`` chips: :func:`~stepsim.workloads.chips.chips_system`), after
     :func:`check_tp_ep` and the one-line check that every expert's columns split into whole ``tile_f`` tiles."""
-    from stepsim.base.errors import ArgumentError
     from stepsim.workloads.chips import chips_system
 
     check_tp_ep(tp, ep, batch, system)
-    for what, width in (("intermediate", model.intermediate), ("shared intermediate", model.shared_intermediate)):
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    check_columns(tp, {"intermediate": model.intermediate, "shared intermediate": model.shared_intermediate}, tile_f)
     return chips_system(tp * ep, system, "--tp x --ep")
 
 

@@ -213,11 +213,16 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
                                  stage=stage)
             idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings or [])
                     for e, c in enumerate(expert_counts(r, moe.experts)) if c == 0} if moe is not None else set()
-        elif ep is not None:  # expert-parallel stages (_ep_stack, on the sharding pass)
-            parallel, idle, tile_rows = _ep_stack(g, model, routings, ep=ep, pp=pp, system=system,
-                                                  placement=placement, algorithm=algorithm,
-                                                  micro_batches=micro_batches, n_heads=n_heads, batch=batch,
-                                                  o_tile=o_tile, moe_kw=moe_kw, bw=bw, stage=stage)
+        elif ep is not None:  # expert-parallel stages (many_chips.expert_parallel_decoder, on the sharding pass)
+            from stepsim.workloads.decoder.many_chips import expert_parallel_decoder
+
+            parallel, tile_rows = expert_parallel_decoder(
+                ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routings=routings,
+                moe_kw=moe_kw, stage=stage, pp=pp, micro_batches=micro_batches,
+                partial=lambda i, hs, rows: _stack_partial(g, model, i, hs, rows, n_heads=n_heads, batch=batch,
+                                                           o_tile=o_tile, bw=bw, stage=stage))
+            idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings)
+                    for e, c in enumerate(expert_counts(r, moe.experts)) if c == 0}
         else:
             parallel, idle, tile_rows = _stack(g, model, routings, layers, pp, system, micro_batches,
                                                n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f,
@@ -227,9 +232,8 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         from stepsim.workloads.decoder.many_chips import expert_parallel_decoder
 
         parallel, tile_rows = expert_parallel_decoder(
-            ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routing=routing,
-            counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw), stage=stage,
-            tp=tp)
+            ep, system, algorithm, placement, model=model, n_heads=n_heads, batch=batch, routings=[routing],
+            moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw), stage=stage, tp=tp)
         if "region_experts" in parallel:  # each chip's experts time-multiplexed on its regions
             idle = idle_groups(counts, ffn_regions, parallel["region_experts"])
     elif tp is None:
@@ -252,12 +256,9 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         out = Map(g, [ffn_out, h_rows], Add(), **bw)
         LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
     else:
-        from stepsim.workloads.decoder.many_chips import tensor_parallel_decoder
-
-        parallel = tensor_parallel_decoder(
-            tp, system, algorithm, model=model, n_heads=n_heads, batch=batch, tile_f=tile_f, routing=routing,
-            counts=counts, moe_kw=moe_kw, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw),
-            dense=lambda width: _dense(model, width), stage=stage)
+        parallel = _tp_stack(g, model, [routing], 1, tp=tp, pp=None, system=system, algorithm=algorithm,
+                             n_heads=n_heads, batch=batch, o_tile=o_tile, tile_f=tile_f, moe_kw=moe_kw, bw=bw,
+                             stage=stage, heads=lambda hs: _sum_pairwise(g, _heads(hs, **stage), bw))
 
     g.finalize()
     for head_ops, offset_r, distributors in relabel:  # regions of head h are numbered h * regions + r
@@ -351,17 +352,15 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
         system = chips_system(pp, system, "--pp")
     elif system is not None:
         raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
-    from stepsim.workloads.sharding import Sharding, relabel
+    from stepsim.workloads.sharding import load_rows, pipeline
 
-    sh = Sharding(g, system)  # the sharding pass places stage s's operators on chip s
-    per_stage = layers // (pp or 1)
     idle: set = set()
     tile_rows: dict = {}
-    rows = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
-                                        stream_dtype=FP32), 0, 1)  # (1, B) rows
-    sh.place(0, 0)
-    for i in range(layers):
-        before, prefix = len(g.ops), f"layer{i}."
+
+    def layer(i, rows):
+        prefix = f"layer{i}."
+        if rows is None:  # layer 0 reads x as (1, B) rows
+            rows = load_rows(g, "x", batch, d)
         tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
 
         def qkv_of(h, tiles=tiles, prefix=prefix):
@@ -382,75 +381,86 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
                                                        micro_batches=micro_batches, **moe_kw)
             stage["bindings"].update(moe_bindings)
             tile_rows.update(rows_of)
-            idle |= {(f"layer{i}.expert", e) for e, c in enumerate(expert_counts(routings[i], moe.experts)) if c == 0}
+            idle.update((f"layer{i}.expert", e) for e, c in enumerate(expert_counts(routings[i], moe.experts))
+                        if c == 0)
         else:
             ffn_out = shared_ffn(g, h_rows, _dense(model, model.dense_intermediate), batch, o_tile, tile_f,
                                  PACKING_COMPUTE_BW, bw, prefix=prefix)
             _label(g.ops[ffn_start:], ("ffn", 0))
-        rows = Map(g, [ffn_out, h_rows], Add(), **bw)
-        sh.place(before, i // per_stage)
-        relabel(g.ops[before:], i, ("expert", "ffn"))  # not the attention's regions
-    before = len(g.ops)
-    LinearOffChipStore(g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y")
-    sh.place(before, (pp or 1) - 1)
+        return Map(g, [ffn_out, h_rows], Add(), **bw)
+
+    report = pipeline(g, system, layers, pp, layer, lambda rows: LinearOffChipStore(
+        g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y"), bindings=stage["bindings"],
+        kinds=("expert", "ffn"))  # not the attention's regions
     params = {"layers": layers, "micro_batches": micro_batches}
     if pp is not None:
-        params.update(pp=pp, **sh.finish(stage["bindings"]))
+        params.update(pp=pp, **report)
     return params, idle, tile_rows
 
 
 def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_heads, batch, o_tile, tile_f, moe_kw, bw,
-              stage) -> dict:
-    """``--layers L --tp T [--pp P]``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks as the
-    one-layer ``--tp``, :func:`stepsim.workloads.decoder.many_chips.check_tp`)."""
+              stage, heads=None) -> dict:
+    """``--tp T``: the sharding pass's :func:`stepsim.workloads.sharding.tp_layers` (checks:
+    :func:`stepsim.workloads.decoder.many_chips.check_tp`), chip t running KV heads ``t H/T ..`` and F / T columns.
+    ``heads`` given: the one layer (:mod:`stepsim.workloads.decoder.many_chips`), ``heads(hs)`` the attention and
+    output projection of KV heads ``hs`` reading q / k / v from HBM, x read after the reduced rows are in order;
+    else ``--layers L [--pp P]``, q / k / v projected from each layer's input rows (:func:`_stack_partial`), x read
+    first on every chip of stage 0."""
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_tp
-    from stepsim.workloads.sharding import Sharding, tp_layers
+    from stepsim.workloads.sharding import Sharding, load_rows, tp_layers
 
-    d = model.hidden
+    d, stack = model.hidden, heads is None
     moe = model.moe if model.is_moe else None
     widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
               else {"dense intermediate": model.dense_intermediate})
     check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
-    if moe is not None and moe_kw["regions"] != moe.experts:
-        raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
-                            "layers have one region per expert)")
+    if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
+        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
     system = stages_system(pp, tp, system, "--tp")
     if moe is not None:
         shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
                          top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
 
     def ffn_partial(g, rows, i, t):
+        prefix = f"layer{i}." if stack else ""
         if moe is not None:
             out, chip_bindings, _ = moe_stage(g, rows, shard, routings[i], expert_counts(routings[i], moe.experts),
-                                              suffix=f".{t}", prefix=f"layer{i}.", **moe_kw)
+                                              suffix=f".{t}", prefix=prefix, **moe_kw)
             stage["bindings"].update(chip_bindings)
             return out
         before = len(g.ops)
         out = shared_ffn(g, rows, _dense(model, model.dense_intermediate // tp), batch, o_tile, tile_f,
-                         PACKING_COMPUTE_BW, bw, suffix=f".{t}", prefix=f"layer{i}.")
-        _label(g.ops[before:], ("ffn", 0))
+                         PACKING_COMPUTE_BW, bw, suffix=f".{t}", prefix=prefix)
+        if stack:
+            _label(g.ops[before:], ("ffn", 0))
         return out
 
     per_head, bindings = n_heads // tp, stage["bindings"]
 
-    def attention_partial(i, t, rows):  # chip t's KV heads' share of attn @ W_o, q / k / v from its input rows
-        return _stack_partial(g, model, i, range(t * per_head, (t + 1) * per_head), rows, n_heads=n_heads,
-                              batch=batch, o_tile=o_tile, bw=bw, stage=stage)
+    def attention_partial(i, t, rows):  # chip t's KV heads' share of attn @ W_o
+        hs = range(t * per_head, (t + 1) * per_head)
+        if not stack:
+            return Promote(g, RetileStreamify(g, heads(hs), split_row=True), 1)
+        return _stack_partial(g, model, i, hs, rows, n_heads=n_heads, batch=batch, o_tile=o_tile, bw=bw, stage=stage)
 
     rows_in = {}
     sh = Sharding(g, system)
-    for t in range(tp):  # layer 0's input: x on every chip of stage 0
+    for t in range(tp if stack else 0):  # a stack's input: x on every chip of stage 0
         before = len(g.ops)
-        rows_in[t] = Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
-                                                  stream_dtype=FP32), 0, 1)
+        rows_in[t] = load_rows(g, "x", batch, d)
         sh.place(before, t)
     tp_layers(sh, layers, tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
-              bindings=bindings, rows_in=rows_in, kinds=("expert", "shared_expert", "ffn"),
+              bindings=bindings, rows_in=rows_in, kinds=("expert", "shared_expert", "ffn"), stack=stack,
+              load=lambda t: load_rows(g, "x", batch, d),  # the one layer's x, replicated in every chip's HBM
               blocks=lambda i: [("attn_allreduce", lambda t, rows: attention_partial(i, t, rows), True),
                                 ("ffn_allreduce", lambda t, rows: ffn_partial(g, rows, i, t), True)])
-    params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
-    return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), **params}
+    report = sh.finish(bindings)
+    if not stack:
+        return {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
+                "link_bytes": report["link_bytes"]}
+    return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), "tp": tp, "algorithm": algorithm,
+            **report}
 
 
 def _stack_partial(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_tile: int, bw: dict, stage: dict):
@@ -471,111 +481,6 @@ def _stack_partial(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_ti
     products = _sum_pairwise(g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of,
                                        region_base=i * n_heads * stage["attention_regions"]), bw)
     return Promote(g, RetileStreamify(g, products, split_row=True), 1)
-
-
-def _ep_stack(g, model, routings, *, ep, pp, system, placement, algorithm, micro_batches, n_heads, batch, o_tile,
-              moe_kw, bw, stage) -> tuple:
-    """``--layers L --ep E [--pp P] [--micro-batches M]`` on P x E chips, through the sharding pass
-    (:mod:`stepsim.workloads.sharding`). Stage s (layers ``s L/P ..``) runs on chips ``s E .. s E + E - 1``; the
-    batch keeps one sharding all the way (chip ``s E + c`` holds shard c's rows, B a multiple of E): layer 0 loads
-    ``x.<c>`` on chip c, a later layer takes the previous layer's output rows of shard c (crossing once to the next
-    stage), the last stores ``y.<c>``. Per layer:
-
-    * **Gather.** Attention chip a (A = min(E, H) of them, chip ``a E/A``: KV heads ``a H/A ..``) puts the E shards
-      back in request order (a Reassemble by a static selector) for its q / k / v projections.
-    * **Attention, output projection, reduce-scatter** as the one-layer ``--ep`` (tensors ``layer<i>.h<h>_*``,
-      ``layer<i>.w{q,k,v,o}_h<h>*``; operators ``layer<i>.attn_reducescatter.*``); chip c adds its input rows.
-    * **MoE** (routing of trace layer i, tensors ``layer<i>.routing_weights.<c>``, ``layer<i>.expert<e>_*``): the
-      sharded all-to-all (:func:`stepsim.workloads.sharding.ep_layer`, per micro-batch with M > 1); the second
-      residual gives the layer's output rows of shard c.
-
-    The attention's partial sums are added in the reduce-scatter's order, so the values equal the one-chip stack to
-    the one-layer ``--ep``'s tolerance, not bit for bit. Returns ``(params, idle groups, tile_rows)``."""
-    from stepsim.workloads.chips import stages_system
-    from stepsim.workloads.decoder.many_chips import check_ep
-    from stepsim.workloads.moe.build import _expert_ffn
-    from stepsim.workloads.sharding import Sharding, ep_layer, in_order
-
-    moe, d, layers = model.moe, model.hidden, len(routings)
-    if moe_kw["regions"] != moe.experts:
-        raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
-                            "layers have one region per expert)")
-    for r in routings:
-        check_ep(ep, model, n_heads, batch, None, placement, expert_counts(r, moe.experts))
-    if micro_batches > 1 and batch % (ep * micro_batches):
-        raise ArgumentError(f"--micro-batches {micro_batches} --ep {ep}: each chip's shard of the batch of {batch} "
-                            f"requests must split into {micro_batches} equal micro-batches (the batch a multiple "
-                            f"of {ep * micro_batches})")
-    tile_n, dynamic, tile_f = moe_kw["tile_n"], moe_kw["dynamic"], moe_kw["tile_f"]
-    if micro_batches > 1 and moe.shared_intermediate and (batch // (ep * micro_batches)) % (tile_n or DEFAULT_TILE_N):
-        raise ArgumentError(f"--micro-batches {micro_batches} --ep {ep}: the shared experts' tiles of "
-                            f"{tile_n or DEFAULT_TILE_N} tokens must not span a chip's micro-batches of "
-                            f"{batch // (ep * micro_batches)} requests")
-    sh = Sharding(g, stages_system(pp, ep, system, "--ep"))
-    per_stage, shard, attn_chips = layers // (pp or 1), batch // ep, min(ep, n_heads)
-    per_head, gap, bindings = n_heads // attn_chips, ep // attn_chips, stage["bindings"]
-    idle, tile_rows, expert_chips, rows_in = set(), {}, [], {}
-    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"],
-                 packing_compute_bw=PACKING_COMPUTE_BW)
-    for c in range(ep):  # shard c's input rows of the current layer, (1, shard)
-        before = len(g.ops)
-        rows_in[c] = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{c}", (shard, d), BF16), (1, d), (shard, 1), (1, 1),
-                                                  stream_dtype=FP32), 0, 1)
-        sh.place(before, c)
-    for i, routing in enumerate(routings):
-        base, prefix = (i // per_stage) * ep, f"layer{i}."
-        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, and fans out
-            for c in range(ep):  # there (a fan-out's FIFO depth is its producer's: the link's would be too shallow)
-                before = len(g.ops)
-                rows_in[c] = Promote(g, Flatten(g, rows_in[c], 0, 1), 1)
-                sh.place(before, base + c)
-        for c in range(ep):  # the rows wait for the attention (all shards) before the residual reads them
-            rows_in[c].fanout_depth = shard
-
-        def attention_partial(a, i=i, rows=dict(rows_in)):  # every request's rows, gathered in request order
-            all_rows = in_order(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], batch, bindings)
-            return _stack_partial(g, model, i, range(a * per_head, (a + 1) * per_head), all_rows, n_heads=n_heads,
-                                  batch=batch, o_tile=o_tile, bw=bw, stage=stage)
-
-        chips = [base + a * gap for a in range(attn_chips)]
-        chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
-                                   prefix=f"{prefix}attn_reducescatter.")
-        reduced, homes, rows_out = sh.scatter_shards(chunks, chips, ep, batch), {}, {}
-
-        def home_in(c, n, reduced=reduced, own=dict(rows_in)):
-            h = Map(g, [Promote(g, reduced[c], 1), own[c]], Add(), **bw)  # h = x + attn @ W_o, shard c's rows
-            h.fanout_depth = shard  # the rows wait for the MoE block's output
-            homes[c] = h
-            return h
-
-        def home_out(c, combined, last=i == layers - 1):
-            out = Map(g, [combined, homes[c]], Add(), **bw)
-            if last:
-                LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
-            rows_out[c] = out
-
-        def ffns(g, packed, prefix=prefix):
-            return [_expert_ffn(g, packed[e], e, moe, tile_f, dynamic, bw, prefix=prefix)
-                    for e in range(moe.experts)], {}, {}
-
-        shared = None
-        if moe.shared_intermediate:
-            def shared(g, tokens, rows, prefix=prefix):
-                return shared_ffn(g, tokens, moe, rows, tile_n or DEFAULT_TILE_N, tile_f, PACKING_COMPUTE_BW, bw,
-                                  prefix=prefix)
-
-        counts = expert_counts(routing, moe.experts)
-        chip_of, bounds = ep_layer(sh, moe, routing, i, base, ep=ep, placement=placement, micro_batches=micro_batches,
-                                   build=build, ffns=ffns, shared_ffn=shared, home_in=home_in, home_out=home_out,
-                                   counts=counts, bindings=bindings, tile_rows=tile_rows)
-        expert_chips.append(chip_of)
-        idle |= {(f"layer{i}.expert", e) for e, n in enumerate(counts) if n == 0}
-        rows_in = rows_out
-    report = sh.finish(bindings)
-    params = {"layers": layers, "micro_batches": micro_batches, **({"pp": pp} if pp else {}), "ep": ep,
-              "placement": placement, "algorithm": algorithm, "system": report["system"], "shard_bounds": bounds,
-              "expert_chips": expert_chips, "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
-    return params, idle, tile_rows
 
 
 def _sum_pairwise(g, products, bw):
@@ -623,7 +528,7 @@ def from_config(cfg: Mapping) -> Workload:
         from stepsim.workloads.chips import stack_knobs
 
         stack = stack_knobs(cfg, "decoder layers", ("regions",), chip_knobs=("pp", "ep", "tp"))
-        if cfg.get("ep") is not None:  # expert-parallel stages (_ep_stack, on the sharding pass)
+        if cfg.get("ep") is not None:  # expert-parallel stages (many_chips.expert_parallel_decoder)
             stack.update(ep=cfg["ep"], placement=cfg.get("placement") or "contiguous")
         elif cfg.get("placement") is not None:
             raise ArgumentError("--placement applies to a stack of decoder layers with --ep N (expert parallelism)")

@@ -6,14 +6,15 @@ query heads' products summed: a partial of ``attn @ W_o``), the residuals (``h =
 ffn(h)``) and the FFN (the MoE block of :mod:`stepsim.workloads.moe.build`, or a dense model's FFN as shared
 experts).
 
-**``--tp N``** (one layer), Megatron style: two all-reduces per layer (:func:`tensor_parallel_decoder`). Chip c owns
+**``--tp N``** (one layer), Megatron style: two all-reduces per layer (decoder/build.py's ``_tp_stack`` with one layer,
+on the pass's :func:`~stepsim.workloads.sharding.tp_layers`). Chip c owns
 KV heads ``c H/N ..`` (caches ``h<h>_*``, projections ``wo_h<h>_q<j>``); its query heads' products summed are a
 partial sum of ``attn @ W_o``, all-reduced in N chunks of B / N rows. Chip c puts the reduced chunks back in row
 order and adds ``x`` (replicated): every chip holds all of ``h``. The FFN runs on every token with columns
 ``c F/N ..`` of every expert (``expert<e>_<part>.<c>``, ``shared_<part>.<c>``; a dense model's FFN is
 ``shared_<part>.<c>``); its partial sums are all-reduced the same way and chip c stores chunk k of ``h`` plus the
 reduced chunk k as ``y<c>.<k>``. A stack (``--layers L --tp T [--pp P]``) is the same blocks per layer, q / k / v
-computed from the layer's input rows (decoder/build.py's ``_tp_stack``).
+computed from the layer's input rows (the same ``_tp_stack``).
 
 **``--ep N``** (one layer), as serving engines run an MoE layer on N chips: the attention tensor-parallel by KV heads,
 the MoE block expert-parallel, the batch sharded over the same N chips.
@@ -43,25 +44,20 @@ gathers its shard's A / E chunks in row order. Chip ``s T + t`` adds its rows of
 MoE block, and after the group's all-reduce adds chunk k of its ``h`` rows to the reduced chunk k and stores
 ``y<s T + t>.<k>``.
 
+**A stack** (``--layers L --ep E [--pp P] [--micro-batches M]``, P x E chips) is the same code per layer
+(:func:`expert_parallel_decoder` with ``partial``): stage s (layers ``s L/P ..``) on chips ``s E ..``; chip c loads
+``x.<c>`` once, and a later layer takes the previous layer's rows of shard c (crossing once to the next stage); each
+attention chip gathers the E shards in request order for its q / k / v projections (tensors ``layer<i>.*``); the
+last layer stores ``y.<c>``. The partial sums are added in the reduce-scatter's order, so the values equal the
+one-chip stack to the one-layer ``--ep``'s tolerance, not bit for bit.
+
 All transfers share the system's links (one network).
 """
 
 from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
-from stepsim.graph import (
-    BF16,
-    FP32,
-    Add,
-    Flatten,
-    LinearOffChipLoad,
-    LinearOffChipStore,
-    Map,
-    Promote,
-    Reshape,
-    RetileStreamify,
-    Tensor,
-)
+from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Promote, Reshape, RetileStreamify
 from stepsim.workloads.moe.build import PACKING_COMPUTE_BW, _timeshared_ffns, expert_ffns
 
 
@@ -98,145 +94,144 @@ def check_tp(tp, n_heads: int, batch: int, widths: dict, tile_f: int) -> None:
     if batch % tp:
         raise ArgumentError(f"--tp {tp}: the all-reduces cut the {batch} rows into {tp} chunks; the batch must be "
                             f"a multiple of {tp}")
-    for what, width in widths.items():
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+    from stepsim.workloads.sharding import check_columns
 
-
-def tensor_parallel_decoder(tp: int, system, algorithm: str, *, model, n_heads: int, batch: int, tile_f: int,
-                            routing, counts, moe_kw: dict, heads, dense, stage: dict) -> dict:
-    """Build the tensor-parallel layer (module docstring) into ``stage["g"]`` through the pass's
-    :func:`~stepsim.workloads.sharding.tp_layers` (one layer). ``heads(hs)`` builds the attention and output
-    projection of KV heads ``hs`` and returns their summed products; ``dense(width)`` is a dense model's FFN of
-    ``width`` columns as shared experts. Returns the record's parallel params: ``tp``, ``system``,
-    ``algorithm``, ``links_used``, ``link_bytes``."""
-    from stepsim.models.presets import MoEModel
-    from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.moe.build import moe_stage, shared_ffn
-    from stepsim.workloads.sharding import Sharding, tp_layers
-
-    g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
-    d, moe = model.hidden, (model.moe if model.is_moe else None)
-    widths = ({"intermediate": moe.intermediate, "shared intermediate": moe.shared_intermediate} if moe is not None
-              else {"dense intermediate": model.dense_intermediate})
-    check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
-    if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
-        raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
-    sh, per_head = Sharding(g, chips_system(tp, system, "--tp")), n_heads // tp
-
-    def attention_partial(c, rows):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
-        return Promote(g, RetileStreamify(g, heads(range(c * per_head, (c + 1) * per_head)), split_row=True), 1)
-
-    def x_rows(c):  # x, replicated: every chip reads it as rows from its own HBM
-        return Flatten(g, LinearOffChipLoad(g, Tensor("x", (batch, d), BF16), (1, d), (batch, 1), (1, 1),
-                                            stream_dtype=FP32), 0, 1)
-
-    if moe is not None:
-        shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
-                         top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
-
-    def ffn_partial(c, h_rows):
-        if moe is not None:
-            out, chip_bindings, _ = moe_stage(g, h_rows, shard, routing, counts, suffix=f".{c}", **moe_kw)
-            bindings.update(chip_bindings)
-            return out
-        return shared_ffn(g, h_rows, dense(model.dense_intermediate // tp), batch, stage["o_tile"], tile_f,
-                          PACKING_COMPUTE_BW, bw, suffix=f".{c}")
-
-    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
-              bindings=bindings, load=x_rows, stack=False,
-              blocks=lambda i: [("attn_allreduce", attention_partial, True), ("ffn_allreduce", ffn_partial, True)])
-    report = sh.finish(bindings)
-    return {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
-            "link_bytes": report["link_bytes"]}
+    check_columns(tp, widths, tile_f)
 
 
 def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, model, n_heads: int, batch: int,
-                            routing, counts, moe_kw: dict, heads, stage: dict, tp: int | None = None) -> tuple[dict, dict]:
-    """Build the expert-parallel layer (module docstring) into ``stage["g"]``. ``heads(hs)`` builds the attention
-    and output projection of KV heads ``hs`` and returns their summed products (tiles of ``o_tile`` requests).
-    ``tp`` (``--tp T --ep E``): every shard's group of T chips runs the MoE block tensor-parallel. Returns
-    ``(params, tile_rows)``: the record's parallel params (those of the pass's ``expert_parallel`` or
+                            routings: list, moe_kw: dict, stage: dict, heads=None, partial=None, pp=None,
+                            micro_batches: int = 1, tp: int | None = None) -> tuple[dict, dict]:
+    """Build the expert-parallel layer (module docstring) into ``stage["g"]``: the one layer (``heads(hs)``: the
+    attention and output projection of KV heads ``hs``, q / k / v read from HBM, their summed products) or, with
+    ``partial``, a stack's layers (decoder/build.py's stack: ``partial(i, hs, rows)`` is layer i's share of KV
+    heads ``hs`` on every request's ``rows``; ``pp`` stages of E chips, ``micro_batches``). ``tp`` (``--tp T --ep
+    E``, one layer): every shard's group of T chips runs the MoE block tensor-parallel. Returns ``(params,
+    tile_rows)``: the record's parallel params (one layer: those of the pass's ``ep_params`` or
     ``expert_tensor_parallel``, plus ``algorithm``) and the experts' tile rows."""
-    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.chips import stages_system
+    from stepsim.workloads.moe.build import DEFAULT_TILE_N
+    from stepsim.workloads.routing import expert_counts
     from stepsim.workloads.sharding import (
         Sharding,
         check_tp_ep,
+        ep_params,
         expert_parallel,
         expert_tensor_parallel,
         in_order,
+        load_rows,
         split_chunks,
         tp_ep_system,
     )
 
+    stack, moe = heads is None, model.moe
     if tp is not None:
         check_tp_ep(tp, ep, batch, system)
-    check_ep(ep, model, n_heads, batch, moe_kw["regions"], placement, counts, tp)
+    for routing in routings:  # a stack: every layer's routing
+        check_ep(ep, model, n_heads, batch, None if stack else moe_kw["regions"], placement,
+                 expert_counts(routing, moe.experts), tp)
+    tile_n, dynamic, tile_f, m = moe_kw["tile_n"], moe_kw["dynamic"], moe_kw["tile_f"], micro_batches
+    if m > 1 and batch % (ep * m):
+        raise ArgumentError(f"--micro-batches {m} --ep {ep}: each chip's shard of the batch of {batch} requests must "
+                            f"split into {m} equal micro-batches (the batch a multiple of {ep * m})")
+    if m > 1 and moe.shared_intermediate and (batch // (ep * m)) % (tile_n or DEFAULT_TILE_N):
+        raise ArgumentError(f"--micro-batches {m} --ep {ep}: the shared experts' tiles of {tile_n or DEFAULT_TILE_N} "
+                            f"tokens must not span a chip's micro-batches of {batch // (ep * m)} requests")
     g, bw, bindings = stage["g"], stage["bw"], stage["bindings"]
-    moe, d, stride = model.moe, model.hidden, tp or 1  # shard s's group: chips s * stride ..
+    d, stride, layers = model.hidden, tp or 1, len(routings)  # shard s's group: chips s * stride ..
     attn_chips = min(ep * stride, n_heads)  # A (module docstring): chip a * gap runs KV heads a * per_head ..
     per_head, gap, shard = n_heads // attn_chips, ep * stride // attn_chips, batch // ep
-    dynamic, tile_n, tile_f = moe_kw["dynamic"], moe_kw["tile_n"], moe_kw["tile_f"]
-    sh = Sharding(g, chips_system(ep, system, "--ep") if tp is None else
+    sh = Sharding(g, stages_system(pp, ep, system, "--ep") if tp is None else
                   tp_ep_system(moe, tp, ep, batch, system, tile_f))
-
-    def attention_partial(a):  # [1, B] rows (1, D): this chip's heads' share of attn @ W_o
-        return Promote(g, RetileStreamify(g, heads(range(a * per_head, (a + 1) * per_head)), split_row=True), 1)
-
-    chips = [a * gap for a in range(attn_chips)]
-    chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
-                               prefix="attn_reducescatter.")
-    reduced, homes = sh.scatter_shards(chunks, chips, ep, batch), {}
-
-    def home_in(s, rows, t=0):  # h = x + attn @ W_o, shard s's rows (on its group's chip t)
-        if attn_chips > ep:  # the shard's A / E chunks in row order, from the chips that reduced them
-            m = attn_chips // ep
-            attn = in_order(g, [reduced[s * m + j] for j in range(m)], rows, bindings, promote=False)
-        else:
-            attn = Promote(g, reduced[s], 1)  # [rows] -> [1, rows], as x
-        x = Flatten(g, LinearOffChipLoad(g, Tensor(f"x.{s}", (rows, d), BF16), (1, d), (rows, 1), (1, 1),
-                                         stream_dtype=FP32), 0, 1)
-        h = Map(g, [attn, x], Add(), **bw)
-        h.fanout_depth = rows  # the rows wait for the MoE block's output (the decoder's h_rows)
-        homes[(s, t)] = h
-        return h
-
+    rows_in, per_stage, tile_rows, expert_chips = {}, layers // (pp or 1), {}, []
+    for c in range(ep if stack else 0):  # a stack: shard c's input rows of the current layer, (1, shard)
+        before = len(g.ops)
+        rows_in[c] = load_rows(g, f"x.{c}", shard, d)
+        sh.place(before, c)
     build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, packing_compute_bw=PACKING_COMPUTE_BW)
-    if tp is not None:
-        parts = {}
+    for i, routing in enumerate(routings):
+        base, prefix, counts = (i // per_stage) * ep, f"layer{i}." if stack else "", expert_counts(routing,
+                                                                                                   moe.experts)
+        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, and fans out
+            for c in range(ep):  # there (a fan-out's FIFO depth is its producer's: the link's would be too shallow)
+                before = len(g.ops)
+                rows_in[c] = Promote(g, Flatten(g, rows_in[c], 0, 1), 1)
+                sh.place(before, base + c)
+        for rows in rows_in.values():  # the rows wait for the attention (all shards) before the residual reads them
+            rows.fanout_depth = shard
 
-        def chip_ffns(t, sharded):  # chip t of a group: its F / T columns of every expert
-            return expert_ffns(sharded, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                               packing_compute_bw=PACKING_COMPUTE_BW, suffix=f".{t}")
+        def attention_partial(a, i=i, rows=dict(rows_in)):  # [1, B] rows (1, D): chip a's share of attn @ W_o
+            hs = range(a * per_head, (a + 1) * per_head)
+            if not stack:
+                return Promote(g, RetileStreamify(g, heads(hs), split_row=True), 1)
+            return partial(i, hs, in_order(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], batch, bindings))
 
-        def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
-            if (s, t) not in parts:
-                parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
-            LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw), tensor_name=f"y{s * tp + t}.{k}")
+        chips = [base + a * gap for a in range(attn_chips)]
+        chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
+                                   prefix=f"{prefix}attn_reducescatter.")
+        reduced, homes, rows_out = sh.scatter_shards(chunks, chips, ep, batch), {}, {}
 
-        ep_bindings, tile_rows, params = expert_tensor_parallel(
-            sh, moe, routing, counts, tp, ep, placement, algorithm, ffns_of=lambda t, sharded: chip_ffns(t, sharded)[0],
-            shared_of=lambda t, sharded: chip_ffns(t, sharded)[1], compute_bw=bw["compute_bw"],
-            home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store, **build)
-        bindings.update(ep_bindings)
-        return params, tile_rows
+        def home_in(s, rows, t=0, reduced=reduced, own=dict(rows_in)):  # h = x + attn @ W_o, shard s's rows
+            if attn_chips > ep:  # the shard's A / E chunks in row order, from the chips that reduced them
+                k = attn_chips // ep
+                attn = in_order(g, [reduced[s * k + j] for j in range(k)], rows, bindings, promote=False)
+            else:
+                attn = Promote(g, reduced[s], 1)  # [rows] -> [1, rows], as x
+            h = Map(g, [attn, own[s] if stack else load_rows(g, f"x.{s}", rows, d)], Add(), **bw)
+            h.fanout_depth = rows  # the rows wait for the MoE block's output (the decoder's h_rows)
+            homes[(s, t)] = h
+            return h
 
-    def home_out(c, combined):  # y = h + moe(h), chip c's rows
-        out = Map(g, [combined, homes[(c, 0)]], Add(), **bw)
-        LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+        if tp is not None:
+            parts = {}
 
-    dedicated, shared = expert_ffns(moe, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                    packing_compute_bw=PACKING_COMPUTE_BW)
-    regions = moe_kw["regions"]
+            def chip_ffns(t, sharded):  # chip t of a group: its F / T columns of every expert
+                return expert_ffns(sharded, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                                   packing_compute_bw=PACKING_COMPUTE_BW, suffix=f".{t}")
 
-    def ffns(g, packed, members):  # one region per expert, or each chip's experts time-multiplexed (--regions)
-        if members is None:
-            return dedicated(g, packed)
-        return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
+            def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
+                if (s, t) not in parts:
+                    parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
+                LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw),
+                                   tensor_name=f"y{s * tp + t}.{k}")
 
-    ep_bindings, tile_rows, params = expert_parallel(
-        sh, moe, routing, counts, ep, placement, regions=None if regions == moe.experts else regions, ffns=ffns,
-        compute_bw=bw["compute_bw"], shared_ffn=shared, home_in=home_in, home_out=home_out, **build)
-    bindings.update(ep_bindings)
-    return {**params, "algorithm": algorithm}, tile_rows
+            ep_bindings, tile_rows, params = expert_tensor_parallel(
+                sh, moe, routing, counts, tp, ep, placement, algorithm,
+                ffns_of=lambda t, sharded: chip_ffns(t, sharded)[0], shared_of=lambda t, sharded: chip_ffns(t, sharded)[1],
+                compute_bw=bw["compute_bw"], home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store,
+                **build)
+            bindings.update(ep_bindings)
+            return params, tile_rows
+
+        def home_out(c, combined, last=i == layers - 1):  # y = h + moe(h), chip c's rows
+            out = Map(g, [combined, homes[(c, 0)]], Add(), **bw)
+            if last:
+                LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
+            rows_out[c] = out
+
+        dedicated, shared = expert_ffns(moe, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
+                                        packing_compute_bw=PACKING_COMPUTE_BW, prefix=prefix)
+        regions = moe_kw["regions"]
+
+        def ffns(g, packed, members=None, counts=counts):  # one region per expert, or time-multiplexed (--regions)
+            if members is None:
+                return dedicated(g, packed)
+            return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
+
+        layer = expert_parallel(sh, moe, routing, counts, ep, placement, layer=i if stack else None, base=base,
+                                regions=None if regions == moe.experts else regions, micro_batches=m, ffns=ffns,
+                                compute_bw=bw["compute_bw"], shared_ffn=shared, home_in=home_in, home_out=home_out,
+                                **build)
+        if not stack:
+            params = ep_params(sh, layer, counts, ep, placement)
+        bindings.update(layer[1])
+        tile_rows.update(layer[3])
+        expert_chips.append(layer[0])
+        rows_in = rows_out
+    if not stack:
+        return {**params, "algorithm": algorithm}, tile_rows
+    report = sh.finish(bindings)
+    return {"layers": layers, "micro_batches": m, **({"pp": pp} if pp else {}), "ep": ep, "placement": placement,
+            "algorithm": algorithm, "system": report["system"], "shard_bounds": layer[2],
+            "expert_chips": expert_chips, "links_used": report["links_used"],
+            "link_bytes": report["link_bytes"]}, tile_rows

@@ -86,7 +86,7 @@ def _stack_inputs(w: Workload, seed: int) -> dict:
 
 
 def _stack_sharded(p) -> list[str]:
-    """The tensors an expert-parallel stack (decoder/build.py's _ep_stack) holds as shards ``<name>.<c>``."""
+    """The tensors an expert-parallel stack (decoder/many_chips.py's expert_parallel_decoder) holds as shards ``<name>.<c>``."""
     return ["x"] + [f"layer{i}.routing_weights" for i in range(p["layers"])]
 
 

@@ -134,14 +134,14 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         Default FIFO depth for simulation (2 in the experiments; None means 1024).
     ep : int, optional
         Expert parallelism: place the experts on ``ep`` chips (:func:`stepsim.workloads.sharding.expert_parallel`); with
-        a stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:func:`stepsim.workloads.sharding.ep_layer`).
+        a stack, each of its ``pp`` stages' layers over its own ``ep`` chips (:func:`stepsim.workloads.sharding.expert_parallel`).
     placement : {"contiguous", "round-robin", "load-balanced"}
         How the experts are placed on the chips (with ``ep``).
     system : System, optional
         The chips and links (with ``ep`` or ``tp``; its chip count must be theirs); default: fully connected chips.
     tp : int, optional
         Tensor parallelism: every expert's (and the shared experts') F columns split over ``tp`` chips, an
-        all-reduce (``algorithm``: ring or direct) of the partial outputs after (:func:`_tensor_parallel`). With
+        all-reduce (``algorithm``: ring or direct) of the partial outputs after (:mod:`stepsim.workloads.moe.many_chips`). With
         ``ep`` too, the experts are placed on ``ep`` groups of ``tp`` chips, each expert's columns split over its
         group (``tp x ep`` chips: :func:`stepsim.workloads.sharding.expert_tensor_parallel`).
     layers, pp, micro_batches : int, optional
@@ -217,58 +217,22 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
     # 1: token loads; 2-7: the MoE stage (selectors, routing weights, experts, gather and sum); 8: store
     parallel, tile_rows = {}, {}
     flops = algorithmic_flops(counts, model, tile_n)
-    if stack:
-        g, bindings, tile_rows, flops, parallel = _stack(
-            model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp, algorithm=algorithm,
-            timeshare=timeshare, tiling=tiling, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
+    if stack or tp is not None or ep is not None:
+        from stepsim.workloads.moe.many_chips import many_chips
+
+        g, bindings, tile_rows, stack_flops, parallel = many_chips(
+            g, model, routings if stack else [routing], counts, stack=stack, tp=tp, ep=ep, pp=pp, system=system,
+            micro_batches=micro_batches, placement=placement, algorithm=algorithm, timeshare=timeshare,
+            tiling=tiling, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions, compute_bw=compute_bw,
             packing_compute_bw=packing_compute_bw)
-    elif tp is not None and timeshare:
-        raise ArgumentError("--tp does not combine with --regions: a time-multiplexed region fetches whole experts' "
-                            "weights by address, not a chip's column block")
-    elif tp is not None and ep is not None:
-        from stepsim.workloads.sharding import Sharding, expert_tensor_parallel, tp_ep_system
-
-        bw = dict(compute_bw=compute_bw)
-
-        def chip_ffns(t, shard):  # chip t of a group: its F / T columns of every expert
-            return expert_ffns(shard, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                               packing_compute_bw=packing_compute_bw, suffix=f".{t}")
-
-        sh = Sharding(g, tp_ep_system(model, tp, ep, batch, system, tile_f))
-        bindings, tile_rows, parallel = expert_tensor_parallel(
-            sh, model, routing, counts, tp, ep, placement, algorithm,
-            ffns_of=lambda t, shard: chip_ffns(t, shard)[0], shared_of=lambda t, shard: chip_ffns(t, shard)[1],
-            dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
-            packing_compute_bw=packing_compute_bw)
-    elif tp is not None:
-        bindings, parallel = _tensor_parallel(
-            g, model, routing, counts, tp, system, algorithm, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f,
-            regions=regions, compute_bw=compute_bw, packing_compute_bw=packing_compute_bw)
-    elif ep is None:
+        flops = flops if stack_flops is None else stack_flops
+    else:
         x = Tensor("x", (batch, d), BF16)
         tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
         summed, bindings, tile_rows = moe_stage(
             g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
             compute_bw=compute_bw, packing_compute_bw=packing_compute_bw, par_dispatch=par_dispatch, lanes=lanes)
         LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
-    else:
-        from stepsim.workloads.chips import chips_system
-        from stepsim.workloads.sharding import Sharding, expert_parallel
-
-        bw = dict(compute_bw=compute_bw)
-        dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                        packing_compute_bw=packing_compute_bw)
-
-        def ffns(g, packed, members):
-            if members is None:
-                return dedicated(g, packed)
-            return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
-
-        bindings, tile_rows, parallel = expert_parallel(
-            Sharding(g, chips_system(ep, system, "--ep")), model, routing, counts, ep, placement,
-            regions=regions if timeshare else None, ffns=ffns,
-            dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=compute_bw,
-            packing_compute_bw=packing_compute_bw, shared_ffn=shared)
     if stack:  # expert e of layer i is group ("layer<i>.expert", e) (moe/pipeline.py)
         idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings)
                 for e, c in enumerate(expert_counts(r, experts)) if c == 0}
@@ -289,192 +253,6 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
                     **parallel),
         trace={"routing": routing},  # check_routing's own int64 copy
     )
-
-
-def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, algorithm, timeshare, tiling,
-           dynamic, **stage) -> tuple:
-    """``--layers L [--pp N] [--micro-batches M] [--ep E | --tp T]``: the stack of
-    :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: of :func:`stepsim.workloads.sharding.ep_layer`, with ``tp``:
-    of the sharding pass, :func:`stepsim.workloads.sharding.tp_layers`). Returns ``(graph, bindings, tile_rows, algorithmic
-    FLOPs, params)``."""
-    from stepsim.workloads.moe.pipeline import build_stack, check_pipeline
-
-    if timeshare or (tp is not None and ep is not None):
-        raise ArgumentError("--layers / --pp / --micro-batches do not combine with --regions or --tp with --ep yet "
-                            "(a stack runs each layer on one chip or over E (--ep) or T (--tp) chips, one region "
-                            "per expert)")
-    layers = len(routings)
-    m = check_pipeline(layers, pp, routings[0].shape[0], micro_batches, tiling=tiling,
-                       tile_n=stage["tile_n"] or DEFAULT_TILE_N,
-                       shared=model.shared_intermediate)
-    if tp is not None:
-        return _tp_stack(model, routings, pp, system, m, tp=tp, algorithm=algorithm, dynamic=dynamic, **stage)
-    if ep is not None:
-        return _ep_stack(model, routings, pp, system, m, ep=ep, placement=placement, dynamic=dynamic, **stage)
-    if pp is not None:
-        from stepsim.workloads.chips import chips_system
-
-        system = chips_system(pp, system, "--pp")
-    elif system is not None:
-        raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
-
-    tile_rows = {}  # every layer's ragged dynamic tiles (moe_stage with micro-batches)
-
-    def one_layer(g, tokens, routing, prefix):
-        out, bindings, rows = moe_stage(g, tokens, model, routing, expert_counts(routing, model.experts),
-                                        prefix=prefix, micro_batches=m, dynamic=dynamic, **stage)
-        tile_rows.update(rows)
-        return out, bindings
-
-    g, report, bindings, flops = build_stack(
-        model, routings, stage=one_layer, micro_batches=m, pp=pp, system=system,
-        flops_of=lambda part: algorithmic_flops(expert_counts(part, model.experts), model, stage["tile_n"]))
-    params = {"layers": layers, "micro_batches": m}
-    if pp is not None:
-        params.update(pp=pp, **report)
-    return g, bindings, tile_rows, flops, params
-
-
-def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.ep_layer`) on ``(P or 1) x E`` chips; its
-    results as :func:`_stack`'s."""
-    from stepsim.workloads.chips import stages_system
-    from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
-    from stepsim.workloads.sharding import Sharding, ep_layer
-
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
-        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
-    batch = routings[0].shape[0]
-    if m > 1:
-        _check_ep_micro_batches(batch, ep, m, stage["tile_n"] or DEFAULT_TILE_N, model.shared_intermediate,
-                                dynamic)
-    system = stages_system(pp, ep, system, "--ep")
-    tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
-    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}"
-              + (f"-mb{m}" if m > 1 else ""))
-
-    def layer_ffns(i):
-        return expert_ffns(model, tile_n=stage["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
-                           packing_compute_bw=stage["packing_compute_bw"], prefix=f"layer{i}.")
-
-    sh, layers = Sharding(g, system), len(routings)
-    per_stage, bindings, tile_rows, expert_chips, rows_in, bounds = layers // (pp or 1), {}, {}, [], None, None
-    build = dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"})
-    for i, routing in enumerate(routings):  # shard c's rows stay on chip c of every stage (ordinary edges across)
-        rows_out: dict = {}
-        ffns, shared = layer_ffns(i)
-        chip_of, bounds = ep_layer(
-            sh, model, routing, i, (i // per_stage) * ep, ep=ep, placement=placement, micro_batches=m, build=build,
-            ffns=ffns, shared_ffn=shared, home_in=None if rows_in is None else (lambda c, n, rows=rows_in: rows[c]),
-            home_out=None if i == layers - 1 else rows_out.__setitem__, counts=expert_counts(routing, model.experts),
-            bindings=bindings, tile_rows=tile_rows)
-        expert_chips.append(chip_of)
-        rows_in = rows_out
-    report = sh.finish(bindings)
-    params = {"ep": ep, "placement": placement, "system": report["system"], "shard_bounds": bounds,
-              "expert_chips": expert_chips, "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
-    # FLOPs as built: each micro-batch (the m-th piece of every shard) pads its own tiles
-    parts = [slice(None)] if m == 1 else micro_batch_tokens(batch, ep, m)
-    flops = sum(algorithmic_flops(expert_counts(r[p], model.experts), model, stage["tile_n"])
-                for r in routings for p in parts)
-    params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
-    return g, bindings, tile_rows, flops, params
-
-
-def _tp_stack(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic, **stage) -> tuple:
-    """``--layers L --tp T [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.tp_layers`) on ``(P or 1) x T`` chips (checks
-    as the one-layer ``--tp``); its results as :func:`_stack`'s."""
-    from stepsim.workloads.chips import stages_system
-    from stepsim.workloads.sharding import Sharding, tp_layers
-
-    d, batch = model.hidden, routings[0].shape[0]
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
-        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
-    if m > 1:
-        raise ArgumentError(f"--micro-batches {m} does not combine with --tp yet (a tensor-parallel stack's layer "
-                            f"all-reduces the whole batch)")
-    tile_f = stage["tile_f"]
-    shard = column_shard(model, tp, tile_f, batch)
-    system = stages_system(pp, tp, system, "--tp")
-    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}")
-
-    bindings: dict = {}
-
-    def load(t):  # layer 0 reads x on every chip of stage 0
-        x = Tensor("x", (batch, d), BF16)
-        return Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
-
-    def partial(i, t, tokens):  # chip t's columns of layer i (every token, every expert)
-        out, layer_bindings, _ = moe_stage(g, load(t) if tokens is None else tokens, shard, routings[i], expert_counts(routings[i], model.experts),
-                                           dynamic=dynamic, suffix=f".{t}", prefix=f"layer{i}.", **stage)
-        bindings.update(layer_bindings)
-        return out
-
-    sh = Sharding(g, system)
-    tp_layers(sh, len(routings), tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=stage["compute_bw"],
-              bindings=bindings, blocks=lambda i: [("allreduce", lambda t, rows: partial(i, t, rows), False)])
-    params = {"tp": tp, "algorithm": algorithm, **sh.finish(bindings)}
-    flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
-    params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
-    return g, bindings, {}, flops, params
-
-
-def _check_ep_micro_batches(batch: int, ep: int, m: int, tile_n: int, shared: int, dynamic: bool) -> None:
-    """One-line ArgumentError unless every chip's shard of an expert-parallel stack splits into ``m`` equal
-    micro-batches (``moe/sharded_micro.py``) whose shared-expert tiles of ``tile_n`` tokens stay within one."""
-    if batch % (ep * m):
-        raise ArgumentError(f"--micro-batches {m} --ep {ep}: each chip's shard of the batch of {batch} tokens must "
-                            f"split into {m} equal micro-batches (the batch a multiple of {ep * m})")
-    if shared and (batch // (ep * m)) % tile_n:
-        what = f"{tile_n} tokens (dynamic tiling's default)" if dynamic else f"--tile-n {tile_n} tokens"
-        raise ArgumentError(f"--micro-batches {m} --ep {ep}: the shared experts' tiles of {what} must not span a "
-                            f"chip's micro-batches of {batch // (ep * m)} tokens (a multiple of {tile_n})")
-
-
-def column_shard(model: MoEModel, tp: int, tile_f: int, batch: int) -> MoEModel:
-    """One chip's share of ``--tp T``: every expert's (and the shared experts') ``F / T`` columns, after the
-    one-line checks that the columns split into whole ``tile_f`` tiles and the batch into the all-reduce's T chunks
-    of rows."""
-    f, fs = model.intermediate, model.shared_intermediate
-    for what, width in (("intermediate", f), ("shared intermediate", fs)):
-        if width % (tp * tile_f):
-            raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
-    if batch % tp:
-        raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {batch} rows into {tp} chunks; the batch must be "
-                            f"a multiple of {tp}")
-    return MoEModel(model.name, hidden=model.hidden, intermediate=f // tp, experts=model.experts, top_k=model.top_k,
-                    shared_intermediate=fs // tp)
-
-
-def _tensor_parallel(g, model: MoEModel, routing, counts, tp: int, system, algorithm: str, **stage) -> tuple:
-    """``--tp N``: chip c runs the whole layer (every token, every expert) on columns ``c F/N .. (c+1) F/N - 1`` of
-    every expert's gate / up projections and those rows of its down projection (tensors ``expert<e>_<part>.<c>``;
-    the shared experts likewise, ``shared_<part>.<c>``), with ``x`` and ``routing_weights`` replicated in its
-    HBM. Its output rows are a partial sum of y; the all-reduce of :func:`stepsim.workloads.sharding.tensor_parallel`
-    sums them, and chip c stores rows ``k B/N ..`` of y in ``y<c>.<k>``. Returns ``(bindings, params)``."""
-    from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.sharding import tensor_parallel
-
-    d, batch = model.hidden, routing.shape[0]
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
-        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
-    tile_f = stage["tile_f"]
-    shard = column_shard(model, tp, tile_f, batch)
-    system = chips_system(tp, system, "--tp")
-    bindings = {}
-
-    def partial_of(c):
-        x = Tensor("x", (batch, d), BF16)
-        tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
-        summed, chip_bindings, _ = moe_stage(g, tokens, shard, routing, counts, suffix=f".{c}", **stage)
-        bindings.update(chip_bindings)
-        return summed
-
-    report = tensor_parallel(g, system, tp, partial_of, batch, algorithm=algorithm, compute_bw=stage["compute_bw"],
-                             bindings=bindings)  # chip c stores chunk k (in on-chip memory) as y<c>.<k>
-    return bindings, {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
-                      "link_bytes": report["link_bytes"]}
 
 
 def moe_stage(g, tokens, model: MoEModel, routing, counts, *, dynamic: bool, tile_n: int | None, tile_f: int,

@@ -17,7 +17,6 @@ so the values are those of the one-chip stack, bit for bit.
 from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
-from stepsim.graph import BF16, FP32, Flatten, Graph, LinearOffChipLoad, LinearOffChipStore, Reshape, Tensor
 from stepsim.workloads.chips import check_stack
 
 #: the tilings a stack takes ``--micro-batches M`` > 1 with (``stepsim optimize`` searches M for these only)
@@ -72,42 +71,6 @@ def layer_routings(path, experts: int, top_k: int, layers: int, iteration: int |
         if len(its) > 1:
             raise ConfigError(f"{path}: the trace holds {len(its)} iterations; choose one with --iteration")
     return [load_routing(path, experts, iteration=iteration, layer=i) for i in range(first, first + layers)]
-
-
-def build_stack(model, routings: list, *, stage, flops_of, micro_batches: int, pp: int | None, system):
-    """The L-layer stack (module docstring), on one chip or (``pp``) in ``pp`` stages on the chips of ``system``
-    (the sharding pass places stage s's operators on chip s: :class:`stepsim.workloads.sharding.Sharding`).
-
-    ``stage(g, tokens, routing, prefix)`` adds one layer (``moe_stage`` of ``moe/build.py``, which passes it in, so
-    this module does not import the builder) and returns its output rows and bindings; ``flops_of(routing)`` is
-    the algorithmic FLOPs of one micro-batch's routing. Returns ``(graph, the pass's report of the links or None,
-    bindings, FLOPs)``.
-    """
-    from stepsim.workloads.sharding import Sharding, relabel
-
-    layers, d, batch = len(routings), model.hidden, routings[0].shape[0]
-    name = f"moe-{model.name}-l{layers}" + (f"-pp{pp}" if pp else "") + f"-mb{micro_batches}"
-    g = Graph(name)
-    sh = Sharding(g, system)
-    per_stage = layers // (pp or 1)
-    bindings, flops, out = {}, 0, None
-    rows = batch // micro_batches
-    for i, routing in enumerate(routings):
-        before = len(g.ops)
-        if out is None:
-            x = Tensor("x", (batch, d), BF16)
-            tokens = Flatten(g, LinearOffChipLoad(g, x, (1, d), (batch, 1), (1, 1), stream_dtype=FP32), 0, 1)
-        else:
-            tokens = out  # the previous layer's rows, (1, B) as the loaded x
-        out, layer_bindings = stage(g, tokens, routing, f"layer{i}.")
-        bindings.update(layer_bindings)
-        flops += sum(flops_of(routing[m * rows:(m + 1) * rows]) for m in range(micro_batches))
-        sh.place(before, i // per_stage)
-        relabel(g.ops[before:], i)  # expert e of layer i is not expert e of layer j (channel labels)
-    before = len(g.ops)
-    LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y")
-    sh.place(before, (pp or 1) - 1)
-    return g, None if pp is None else sh.finish(bindings), bindings, flops
 
 
 def _layers_array(path):

@@ -129,7 +129,7 @@ def build_sharded(g: Graph, model, routing, chip_of: list[int], chips: int, *, d
     computes them: :mod:`stepsim.workloads.decoder.many_chips`); its operators are placed on chip c.
     ``home_out(c, rows)``, when given, takes chip c's output rows (its tokens' rows of y, in token order) instead
     of storing them in ``y.<c>`` (tensor parallelism sums them over chips first). ``prefix`` starts the names of
-    the routing weights' shards (a stack's layer: ``layer<i>.routing_weights.<c>``, sharding.ep_layer).
+    the routing weights' shards (a stack's layer: ``layer<i>.routing_weights.<c>``, sharding.expert_parallel).
     ``micro_batches`` M >= 2 (the module docstring's micro-batches) must split every chip's shard evenly (B a
     multiple of ``chips * M``; ``moe/build.py`` checks it with a one-line error).
     Returns ``(op_chip, bindings, shard bounds, tile_rows)``: the chip of every operator it added (by ``op.id``),

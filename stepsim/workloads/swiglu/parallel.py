@@ -5,7 +5,7 @@ projections): tensors ``w_gate.<c>``, ``w_up.<c>`` (columns ``c F/N .. (c+1) F/N
 and ``w_down.<c>`` (those rows of ``w_down``) in its own HBM, ``x`` replicated (every chip reads it from its HBM).
 Its output is a partial sum of y: the ``B / tile_m`` row tiles ``(tile_m, D)``. They are cut into N chunks of
 consecutive row tiles (a Partition by a static selector; chunk k = row tiles ``k B/(tile_m N) ..``) and summed
-over the chips by the all-reduce of :func:`stepsim.workloads.sharding.tensor_parallel` (the collectives' ring or
+over the chips by the all-reduce of :func:`stepsim.workloads.sharding.tp_layers` (the collectives' ring or
 direct graphs over the system's links). Chip c stores the reduced chunk k of y in tensor
 ``y<c>.<k>`` (rows ``k B/N ..`` of y), so every chip ends with all of y, as after an all-reduce.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import Flatten, Graph
-from stepsim.workloads.sharding import tensor_parallel
+from stepsim.workloads.sharding import Sharding, tp_layers
 
 
 def check_tp(tp: int, batch: int, intermediate: int, tile_m: int, tile_n: int) -> None:
@@ -37,8 +37,8 @@ def build_tp(tp: int, system, *, stage, batch: int, hidden: int, intermediate: i
     and the sharding pass's report of its links (``system``, ``links_used``, ``link_bytes``)."""
     check_tp(tp, batch, intermediate, tile_m, tile_n)
     g = Graph(f"swiglu-tp{tp}-m{tile_m}-n{tile_n}")
-
-    report = tensor_parallel(g, system, tp, lambda c: Flatten(g, stage(g, intermediate // tp, f".{c}"), 0, 1),
-                             batch // tile_m, algorithm=algorithm, compute_bw=compute_bw,
-                             store_kw={"par_dispatch": par_dispatch})
-    return g, report
+    sh = Sharding(g, system)
+    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=batch // tile_m, compute_bw=compute_bw, bindings={},
+              stack=False, store_kw={"par_dispatch": par_dispatch}, blocks=lambda i: [
+                  ("allreduce", lambda t, rows: Flatten(g, stage(g, intermediate // tp, f".{t}"), 0, 1), False)])
+    return g, sh.finish({})

@@ -33,30 +33,22 @@ def check_pipeline(layers: int, pp: int | None, batch: int, tile_m: int, micro_b
 
 def build_stack(layers: int, *, stage, batch: int, hidden: int, intermediate: int, tile_m: int, tile_n: int,
                 par_dispatch: int, pp: int | None = None, system=None):
-    """The L-layer stack, on one chip or (``pp``) split into ``pp`` stages on the chips of ``system``.
+    """The L-layer stack, on one chip or (``pp``) split into ``pp`` stages on the chips of ``system`` (the sharding
+    pass: :func:`stepsim.workloads.sharding.pipeline`).
 
     ``stage(g, x, prefix)`` adds one layer reading tensors ``<prefix>w_gate`` ... and returns its output row
     tiles (stream ``(1, B / tile_m, 1)``); ``x`` is None for layer 0 (it loads ``x``) or the input row tiles
     repeated over the F tiles, stream ``(B / tile_m, F / tile_n, 1)``. Returns the graph and the sharding pass's
     report of the links (``system``, ``links_used``, ``link_bytes``; None on one chip).
     """
-    from stepsim.workloads.sharding import Sharding
+    from stepsim.workloads.sharding import pipeline
 
     n_tiles = intermediate // tile_n
-    name = f"swiglu-l{layers}" + (f"-pp{pp}" if pp else "") + f"-m{tile_m}-n{tile_n}"
-    g = Graph(name)
-    sh = Sharding(g, system)  # the sharding pass places stage s's operators on chip s
-    out = None
-    per_stage = layers // (pp or 1)
-    for i in range(layers):
-        before = len(g.ops)
-        x = None
-        if out is not None:
-            # (1, B/tile_m, 1) row tiles -> (B/tile_m, F/tile_n, 1): each row tile once per F tile
-            x = Promote(g, RepeatStatic(g, Flatten(g, out, 0, 1), n_tiles), 0)
-        out = stage(g, x, f"layer{i}.")
-        sh.place(before, i // per_stage)
-    before = len(g.ops)
-    LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
-    sh.place(before, (pp or 1) - 1)
-    return g, None if pp is None else sh.finish({})
+    g = Graph(f"swiglu-l{layers}" + (f"-pp{pp}" if pp else "") + f"-m{tile_m}-n{tile_n}")
+
+    def layer(i, out):  # (1, B/tile_m, 1) row tiles -> (B/tile_m, F/tile_n, 1): each row tile once per F tile
+        x = None if out is None else Promote(g, RepeatStatic(g, Flatten(g, out, 0, 1), n_tiles), 0)
+        return stage(g, x, f"layer{i}.")
+
+    return g, pipeline(g, system, layers, pp, layer, lambda out: LinearOffChipStore(
+        g, out, tensor_name="y", par_dispatch=par_dispatch), bindings={})
