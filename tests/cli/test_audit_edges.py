@@ -552,6 +552,26 @@ CASES = [
     ('compare run1 run1 --threshold nan', 2, E + '--threshold must be a finite ratio >= 0 (0.01 = 1 %), got nan'),
     ('compare run1 run1 --threshold -1', 2, E + '--threshold must be a finite ratio >= 0 (0.01 = 1 %), got -1.0'),
     ('compare run1 run1 --threshold inf', 2, E + '--threshold must be a finite ratio >= 0 (0.01 = 1 %), got inf'),
+    # disaggregated serving (issue 42), audited after it landed
+    ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --disaggregate 1:1', 2,
+     E + "--disaggregate 1:1 moves the KV cache over a system's links: give --system (a preset or file of at least "
+         '2 chips)'),
+    ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --disaggregate 1:x --system ring-2', 2,
+     E + "--disaggregate '1:x': expected P:D, prefill chips and decode chips, each an integer >= 1 (e.g. 2:2)"),
+    ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --disaggregate 1.5:1 --system ring-2', 2,
+     E + "--disaggregate '1.5:1': expected P:D, prefill chips and decode chips, each an integer >= 1 (e.g. 2:2)"),
+    ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --disaggregate 99999999999999999999:1 --system ring-2', 2,
+     E + '--disaggregate 99999999999999999999:1: 100000000000000000000 chips, but the system has 2'),
+    ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --first-token decode', 2,
+     E + "--first-token is for --disaggregate P:D (a colocated run's first token is its prefill's)"),
+    ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --disaggregate 1:1 --system ring-2 --timeline t.pftrace', 2,
+     E + '--timeline is not built with --disaggregate'),
+    ('serve --model small.json --requests req.csv --out o --iteration-latency 0.02 --disaggregate 2:2 --system torus-4x4', 2,
+     E + '--disaggregate with --system torus-4x4: a pool of 2 chips is cut from a system of one dimension (ring, '
+         'fully-connected or switch); this one has 2 dimension(s)'),
+    ('map prefill --model llama --shape 0', 2, E + '--shape must be an int >= 1 (tokens), got 0'),
+    ('map prefill --model llama --shape 99999999999', 2,
+     E + '--shape 99,999,999,999: at most 65,536 (a serving step\'s tokens or requests)'),
     ('compare run1 run1 --threshold 1e308', 2,
      E + '--threshold must be at most 1e+06 (a ratio; 100000000%), got 1e+308'),  # * printed "worse by inf %"
     ('compare run1 run1 --threshold 1e308%', 2,
