@@ -27,21 +27,15 @@ def raise_mla(model: Model) -> Model:
     nodes = []
     producers, readers, outputs = model.producer(), model.consumers(), set(model.outputs)
     drop = set()
+    rewrites = {"Split": _split_projection, "MatMul": _split_scores}
     for node in model.nodes:
-        if node.op_type == "Split":
-            new = _split_projection(model, node, producers, readers, outputs)
-            if new is not None:
-                chain, parts = new
-                drop.update(chain)
-                nodes = [n for n in nodes if n.name not in chain] + parts
-                continue
-        if node.op_type == "MatMul":
-            new = _split_scores(model, node, producers, readers, outputs)
-            if new is not None:
-                chain, parts = new
-                drop.update(chain)
-                nodes = [n for n in nodes if n.name not in chain] + parts
-                continue
+        rewrite = rewrites.get(node.op_type)
+        new = rewrite(model, node, producers, readers, outputs) if rewrite is not None else None
+        if new is not None:  # (the nodes it replaces, the nodes that replace them)
+            chain, parts = new
+            drop.update(chain)
+            nodes = [n for n in nodes if n.name not in chain] + parts
+            continue
         nodes.append(node)
     model.nodes = [n for n in nodes if n.name not in drop]
     _name_latent_splits(model)
