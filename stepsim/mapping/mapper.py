@@ -207,10 +207,11 @@ def _source_hash() -> str:
     :mod:`stepsim.analysis.bounds` are sound, so they decide what is simulated, never what wins.)"""
     import stepsim.workloads.attention.build as attention_build
     import stepsim.workloads.moe.build as moe_build
+    import stepsim.workloads.moe.stage as moe_stage
     import stepsim.workloads.prefill_attention.build as prefill_build
 
     files = [Path(__file__).parent / name for name in DECIDING_MODULES]
-    builders = [Path(m.__file__) for m in (moe_build, attention_build, prefill_build)]
+    builders = [Path(m.__file__) for m in (moe_build, moe_stage, attention_build, prefill_build)]
     return stable_hash([file_sha256(f) for f in files + builders])
 
 

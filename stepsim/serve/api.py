@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -571,8 +571,10 @@ def fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests
     """What a fast calibration's cache key holds (:func:`stepsim.serve.calibration_cache.calibration_key`): everything
     that changes the calibrated run. Shared by colocated serving and each pool of a disaggregated run
     (:mod:`stepsim.serve.disaggregated`), so a pool reuses the calibration of the same chips served colocated."""
-    key_parts = {"stepsim": __version__, "model": repr(resolved), "hardware": {f: getattr(hw, f) for f in
-                                                                               VALUE_FIELDS},
+    # the model's dimensions without its labels: a user's model is named by its file's path (and read from it),
+    # so one shape calibrates once wherever its file lies (a test's copy in a temporary clone included)
+    model_dims = repr(replace(resolved, name="", source=""))
+    key_parts = {"stepsim": __version__, "model": model_dims, "hardware": {f: getattr(hw, f) for f in VALUE_FIELDS},
                  # an explicit channel_depth overrides the layers' FIFO depths: equal values, other cycles
                  "hardware_explicit": list(hw.explicit),
                  "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),

@@ -45,6 +45,7 @@ def schedule_identity(schedule: str) -> dict:
 PRICING_SOURCES = (
     "serve/fast.py", "serve/fast_mapped.py", "serve/exact_lstsq.py", "serve/exact.py", "serve/layers.py",
     "serve/latency.py", "serve/routing.py", "serve/projections.py", "serve/layer_list.py", "workloads/moe/build.py",
+    "workloads/moe/stage.py",
     "workloads/attention/build.py", "workloads/prefill_attention/build.py", "mapping/roofline.py",
     "mapping/projection.py",
 )

@@ -33,3 +33,41 @@ def test_the_key_changes_with_each_source_of_the_exact_pricing_it_fits(monkeypat
         seen.add(cache._pricing_source())
     assert base not in seen and len(seen) == len(cache.PRICING_SOURCES)
     assert str(exact.__file__).endswith(cache.PRICING_SOURCES[3])
+
+
+def test_a_model_file_calibrates_under_one_key_wherever_it_lies(tmp_path):
+    """The key holds the model's dimensions, not its name or source, which are the file's path for a user's model:
+    the stored calibrations of tests/calibration_seeds were never found in a fresh clone (another path)."""
+    import json
+    import shutil
+    from dataclasses import dataclass
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from stepsim.base.hardware import PRESETS
+    from stepsim.models.presets import resolve_model
+    from stepsim.serve.api import fast_key_parts
+
+    @dataclass
+    class Config:
+        policy: str = "vllm"
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-4layers.json"
+    models = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        models.append(resolve_model(str(shutil.copy(example, tmp_path / folder / example.name))))
+    assert models[0].name != models[1].name and models[0].source != models[1].source
+    requests = tmp_path / "r.csv"
+    requests.write_text("x\n")
+    keys = [cache.calibration_key(fast_key_parts(
+        m, PRESETS["sn40l"], 4096, SimpleNamespace(num_blocks=10), Config(), SimpleNamespace(vocab_size=7), 0,
+        requests, None, None, None, None, None, None, "paper", None)) for m in models]
+    assert keys[0] == keys[1]
+    other = json.loads(example.read_text())
+    other["num_hidden_layers"] = 3
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    changed = resolve_model(str(tmp_path / "c.json"))
+    assert cache.calibration_key(fast_key_parts(
+        changed, PRESETS["sn40l"], 4096, SimpleNamespace(num_blocks=10), Config(), SimpleNamespace(vocab_size=7), 0,
+        requests, None, None, None, None, None, None, "paper", None)) != keys[0]

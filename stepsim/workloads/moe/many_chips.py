@@ -24,7 +24,7 @@ from __future__ import annotations
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import Graph, LinearOffChipStore, Reshape
 from stepsim.models.presets import MoEModel
-from stepsim.workloads.moe.build import DEFAULT_TILE_N, _timeshared_ffns, algorithmic_flops, expert_ffns, moe_stage
+from stepsim.workloads.moe.stage import DEFAULT_TILE_N, _timeshared_ffns, algorithmic_flops, expert_ffns, moe_stage
 from stepsim.workloads.routing import expert_counts
 
 
