@@ -117,8 +117,8 @@ CLI_CASES = [
     ("run moe --hidden 64", 2, E + "--hidden only applies with model 'custom' (model is 'mixtral-8x7b')"),
     ("run moe --model gpt5", 2,
      E + "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'deepseek-v3', 'gpt-oss-120b', 'gpt-oss-20b', "
-         "'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', 'custom'], an alias (deepseek, deepseek-r1, deepseekr1, "
-         "deepseekv3, deepseekv316b, gptoss120b, gptoss20b, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, "
+         "'llama-4-maverick', 'llama-4-scout', 'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', 'custom'], an alias (deepseek, deepseek-r1, deepseekr1, "
+         "deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, "
          "qwen30b) or a Hugging Face config.json path"),
     ("run moe --model custom", 2, E + "model 'custom' needs --hidden, --intermediate, --experts, --top-k"),
     ("run moe --channel-depth 0", 2, E + "--channel-depth must be an int >= 1, got 0"),
@@ -215,9 +215,10 @@ CLI_CASES = [
     # --- models and model files
     ("models show gpt5", 2,
      E + "unknown model 'gpt5'; expected one of "
-         "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, "
+         "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, "
          "qwen3-30b-a3b (aliases deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, "
-         "llama, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path"),
+         "llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging "
+     "Face config.json path"),
     ("models show config_bad.json", 2, E + "model file config_bad.json: not valid JSON: Expecting property name "
                                            "enclosed in double quotes (line 1, column 2)"),
     # MLA is read (issue 43): a latent rank without the per-head dimensions is refused
@@ -313,8 +314,8 @@ API_CASES = [
      "routing: each token must pick top_k=2 experts, got 3 per row"),
     ("moe-model", lambda G: G.moe_model("gpt5"), ConfigError,
      "unknown model 'gpt5'; expected one of ['deepseek-moe-16b', 'deepseek-v3', 'gpt-oss-120b', 'gpt-oss-20b', "
-     "'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', 'custom'], an alias (deepseek, deepseek-r1, deepseekr1, "
-     "deepseekv3, deepseekv316b, gptoss120b, gptoss20b, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or "
+     "'llama-4-maverick', 'llama-4-scout', 'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', 'custom'], an alias (deepseek, deepseek-r1, deepseekr1, "
+     "deepseekv3, deepseekv316b, gptoss120b, gptoss20b, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or "
      "a Hugging Face config.json path"),
     ("attention-strategy", lambda G: G.build_attention(np.array([10, 20, 30, 40]), "fastest"), ArgumentError,
      "strategy must be one of 'dynamic', 'interleave', 'coarse'; got 'fastest'"),

@@ -94,7 +94,7 @@ def test_optimize_lists_only_the_workloads_it_searches_and_model_lists_every_pre
         for action in models:
             for name, model in PRESETS.items():
                 assert name in action.help and all(alias in action.help for alias in model.aliases), command
-    assert len(PRESETS) == 8
+    assert len(PRESETS) == 10
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:

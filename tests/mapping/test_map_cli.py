@@ -108,9 +108,10 @@ BAD = [
      "num_local_experts / num_experts / n_routed_experts)"),
     ("map ffn --model nosuch --shape 1", 2,
      "stepsim: error: unknown model 'nosuch'; expected one of "
-     "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, mixtral-8x7b, qwen3-235b-a22b, "
+     "deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, "
      "qwen3-30b-a3b (aliases deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, gptoss120b, gptoss20b, "
-     "llama, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging Face config.json path"),
+     "llama, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a Hugging "
+     "Face config.json path"),
     ("map ffn --shape 1", 2, "stepsim map: error: the following arguments are required: --model"),
     ("map ffn --model tiny.json --shape 1 --out .", 2, "stepsim: error: --out .: is a folder; give a file name"),
 ]

@@ -68,4 +68,4 @@ def test_a_schedule_file_takes_no_projection_schedule(tmp_path):
     path.write_text(json.dumps({"kind": "projection", "knobs": {"tile_m": 1, "tile_f": 32, "lanes": 4}}))
     with pytest.raises(ConfigError) as e:
         read_schedules(path)
-    assert str(e.value) == f"{path}: schedule 0: schedule kind must be one of ffn, decode, got 'projection'"
+    assert str(e.value) == f"{path}: schedule 0: schedule kind must be one of ffn, decode, prefill, got 'projection'"

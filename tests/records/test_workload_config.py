@@ -69,9 +69,9 @@ def test_builder_refusals_become_config_errors_with_the_source():
     with pytest.raises(ConfigError) as err:
         workload_from_config({"workload": "moe", "model": "gpt"}, source="p4")
     assert str(err.value) == ("p4: unknown model 'gpt'; expected one of ['deepseek-moe-16b', 'deepseek-v3', "
-                              "'gpt-oss-120b', 'gpt-oss-20b', 'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', "
+                              "'gpt-oss-120b', 'gpt-oss-20b', 'llama-4-maverick', 'llama-4-scout', 'mixtral-8x7b', 'qwen3-235b-a22b', 'qwen3-30b-a3b', "
                               "'custom'], an alias (deepseek, deepseek-r1, deepseekr1, deepseekv3, deepseekv316b, "
-                              "gptoss120b, gptoss20b, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a "
+                              "gptoss120b, gptoss20b, llama4-maverick, llama4-scout, mixtral, mixtral8x7b, qwen, qwen235b, qwen3-235b, qwen30b) or a "
                               "Hugging Face config.json path")
 
 
