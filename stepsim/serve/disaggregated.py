@@ -49,8 +49,8 @@ import numpy as np
 from stepsim.base.errors import ConfigError, SimulationError
 from stepsim.base.ranges import MAX_TIME_S
 from stepsim.serve.kv_cache import blocks_for
-from stepsim.serve.latency import WORK_COLUMNS, IterationBatch, LatencyProvider
-from stepsim.serve.replay import checked_cost, replay
+from stepsim.serve.latency import WORK_COLUMNS, LatencyProvider
+from stepsim.serve.replay import checked_cost, iteration_batch, replay
 from stepsim.serve.replay_result import ReplayResult
 from stepsim.serve.scheduler import Request, Scheduler
 
@@ -210,14 +210,10 @@ def _decode_pool(arrive: np.ndarray, prompt: np.ndarray, output: np.ndarray, pre
             if scheduler.preempted:
                 continue
             raise SimulationError("the decode pool scheduled nothing with requests running")
-        context, new, prefill = [], [], 0
-        for r, k in batch:
-            context.append(r.computed)
-            new.append(k)
-            if r.prefilling:
-                prefill += k
-        tokens = sum(new)
-        cost = provider(IterationBatch(context, new, prefill, tokens - prefill))
+        step = iteration_batch(batch)
+        prefill = step.prefill_tokens
+        tokens = prefill + step.decode_tokens
+        cost = provider(step)
         if cost is not checked or not now < now + cost.seconds <= MAX_TIME_S:
             checked = checked_cost(cost, now, len(cols["start_s"]), provider)
         for name, value in (("start_s", now), ("duration_s", cost.seconds), ("tokens", tokens),

@@ -85,18 +85,13 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
             head = scheduler.waiting[0]
             raise SimulationError(f"request {head.index} ({head.prompt} prompt + {head.output} output tokens) cannot "
                                   "be scheduled on an idle engine")
-        context = []
-        new = []
-        prefill = 0
-        for r, n in batch:
+        for r, _ in batch:
             if r.first_scheduled < 0.0:
                 r.first_scheduled = now
-            context.append(r.computed)
-            new.append(n)
-            if r.prefilling:
-                prefill += n
-        tokens = sum(new)
-        cost = provider(IterationBatch(context, new, prefill, tokens - prefill))
+        step = iteration_batch(batch)
+        prefill = step.prefill_tokens
+        tokens = prefill + step.decode_tokens
+        cost = provider(step)
         if cost is not checked or not now < now + cost.seconds <= MAX_TIME_S:  # a constant cost checked once
             checked = checked_cost(cost, now, len(starts), provider)
         starts.append(now)
@@ -137,6 +132,18 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
         iterations=iterations,
         max_blocks_used=int(max(blocks, default=0)),
     )
+
+
+def iteration_batch(batch) -> IterationBatch:
+    """The step a latency provider prices for the scheduler's ``batch`` of ``(request, new tokens)``: each
+    request's cached tokens and new tokens, and the new tokens summed over prefilling and decoding requests."""
+    context, new, prefill = [], [], 0
+    for r, n in batch:
+        context.append(r.computed)
+        new.append(n)
+        if r.prefilling:
+            prefill += n
+    return IterationBatch(context, new, prefill, sum(new) - prefill)
 
 
 def checked_cost(cost, now: float, step: int, provider=None) -> IterationCost:
