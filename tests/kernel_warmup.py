@@ -5,8 +5,9 @@ use, about a minute each: timing, functional and timeline runs, and the serving 
 each worker compiles what its first such test needs, so both workers compile the same kernels at the same time,
 and the commands the tests start in subprocesses compile again whatever the cache lacks when they start. Here
 three processes fill the cache first, in parallel (the timing, the functional, and the timeline specialization
-with the replay loop), then every test loads the compiled code. A kernel already cached costs a
-glance at numba's index (a third process checks every part once all are done); a kernel these processes failed to compile is compiled by its first test as before.
+with the replay loop), then every test loads the compiled code. A kernel already cached costs a glance at numba's
+index (a last process checks every part once all are done); a kernel these processes failed to compile is
+compiled by its first test as before.
 """
 
 from __future__ import annotations
