@@ -253,8 +253,9 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     if recommended is not None:
         folder = "." if out is None else str(out)
         rec_dep = rows[recommended["index"]]["dep"]
-        # the layers the plan priced the shape with (serve's default: mapped on one sn40l chip)
-        schedule = pricers[(rec_dep.hardware, rec_dep.chips_per_replica)].schedule
+        # the layers the plan priced the shape with (serve's default: mapped on one sn40l chip); a disaggregated
+        # replica's pools each take their own default, as the plan priced them (no --schedule)
+        schedule = None if rec_dep.disaggregate else pricers[(rec_dep.hardware, rec_dep.chips_per_replica)].schedule
         summary["commands"] = [serve_command(rec_dep, model, f"{folder}/{name}", slo,
                                              f"serve-{name.removesuffix('.parquet')}", schedule)
                                for name, _ in replica_files]
@@ -290,8 +291,9 @@ def _replica_files(row, base) -> list:
     return out
 
 
-def serve_command(dep, model, file: str, slo: str, out: str, schedule: str = "paper") -> str:
-    """The ``stepsim serve`` command of one replica of ``dep`` on its requests ``file``."""
+def serve_command(dep, model, file: str, slo: str, out: str, schedule: str | None = "paper") -> str:
+    """The ``stepsim serve`` command of one replica of ``dep`` on its requests ``file`` (``schedule`` None: no
+    ``--schedule``, serve's default)."""
     import shlex
 
     parts = ["stepsim", "serve", "--model", str(model), "--requests", file, "--hardware", dep.hardware]
@@ -302,7 +304,8 @@ def serve_command(dep, model, file: str, slo: str, out: str, schedule: str = "pa
     from stepsim.plan.disaggregated import serve_flags
 
     parts += serve_flags(dep)
-    parts += ["--fidelity", "fast", "--schedule", schedule, "--slo", slo, "--out", out]  # as the plan priced it
+    parts += ["--fidelity", "fast"] + ([] if schedule is None else ["--schedule", schedule])  # as the plan priced it
+    parts += ["--slo", slo, "--out", out]
     return " ".join(shlex.quote(p) for p in parts)
 
 
