@@ -193,3 +193,24 @@ def test_the_front_probe_cuts_only_where_the_search_would_end_below_it():
         else:  # the probe held: the brute force's probes and result
             assert res.status == brute.status and res.probes == brute.probes and res.front_probe == (32, True)
             assert res.best.multiplier == brute.best.multiplier
+
+
+def test_a_shapes_provider_is_serves_own_fast_provider(plans):
+    """The pricer of a one-chip sn40l shape calibrates on serve's default layers (mapped: ``--schedule auto``) and its
+    provider is the one ``serve --fidelity fast`` builds from that calibration: the calibration run served again
+    with it is serve's own run, bit for bit."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.pricing import ShapePricer
+    from stepsim.serve.fast_mapped import MappedFastLatency
+
+    _, _, tmp = plans
+    model = str(tmp / "small.json")
+    pricer = ShapePricer(model, resolve_model(model), "sn40l", 1, None, tmp / "cache")
+    pricer.calibrate(tmp / "t.parquet", SLO)
+    provider = pricer.provider()
+    assert pricer.schedule == "auto" and type(provider) is MappedFastLatency
+    own = stepsim.serve(model, tmp / "t.parquet", fidelity="fast", slo=SLO, calibration_cache=tmp / "cache")
+    again = stepsim.serve(model, tmp / "t.parquet", provider=provider, slo=SLO)
+    for column in ("first_token_s", "finish_s"):
+        assert own.requests.column(column).to_pylist() == again.requests.column(column).to_pylist()
+    assert own.summary["fidelity"]["schedule"] == "auto"
