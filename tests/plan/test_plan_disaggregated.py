@@ -67,13 +67,15 @@ def test_a_plan_recommends_a_disaggregated_deployment(tmp_path):
     assert s["recommended"]["goodput_per_chip"] > s["front"][0]["goodput_per_chip"]
     assert s["commands"] == [
         f"stepsim serve --model {model} --requests {tmp_path}/out/replica-0.parquet --hardware sn40l --system ring-2 "
-        "--scheduler vllm --max-seqs 128 --max-batch-tokens 256 --disaggregate 1:1 --fidelity fast --schedule paper "
+        "--scheduler vllm --max-seqs 128 --max-batch-tokens 256 --disaggregate 1:1 --fidelity fast "
         f"--slo {SLO} --out serve-replica-0"]
     # re-served with fresh calibrations at the rate the plan found (its highest meeting the SLO): the TTFT a user
-    # sees (prefill, transfer, first decode step; stepsim.serve.disaggregated) lands 0.16 % over the 0.3 ms limit,
-    # within fast mode's error of the plan's own 0.2919 ms (-2.86 %): the plan searches to the SLO's edge with no
-    # margin for that error (issue 42's note: search against the SLO less the fidelity error)
+    # sees (prefill, transfer, first decode step; stepsim.serve.disaggregated) lands 14.5 % over the 0.3 ms limit,
+    # 13.96 % above the plan's own (its one-chip pools priced on mapped layers by the colocated one-chip calibration,
+    # the verification's pools each calibrated on their own 12-request runs; -2.86 % on the paper's layers): the
+    # plan searches to the SLO's edge with no margin for that error (issue 42's note: search against the SLO less
+    # the fidelity error)
     v = s["verification"]
-    assert (v["meets_slo"], round(v["ttft_p"] * 1e9), round(v["ttft_p_error"], 4)) == (False, 300468, -0.0286)
+    assert (v["meets_slo"], round(v["ttft_p"] * 1e9), round(v["ttft_p_error"], 4)) == (False, 343541, -0.1396)
     table = pq.read_table(tmp_path / "out" / "deployments.parquet")
     assert table.column("decided").to_pylist() == ["simulated", "simulated"]
