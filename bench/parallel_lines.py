@@ -34,9 +34,15 @@ PARALLEL: dict[str, tuple[str, ...] | None] = {
     "stepsim/workloads/decoder/pipeline.py": None,
     "stepsim/workloads/swiglu/parallel.py": None,
     "stepsim/workloads/swiglu/pipeline.py": None,
-    "stepsim/workloads/decoder/build.py": ("_stack", "_tp_stack", "_stack_partial", "_ep_stack"),
-    "stepsim/workloads/swiglu/build.py": ("build_stack", "build_tp", "check_pipeline", "check_tp", "_stack",
-                                          "_tp"),
+    "stepsim/workloads/decoder/build.py": ("_stack", "_tp_stack", "_stack_partial", "_ep_stack",
+                                           # moved from the removed decoder/pipeline.py: counted, so a move saves
+                                           # nothing (though q / k / v projections are the layer's, not parallel)
+                                           "check_pipeline", "_stack_heads", "input_tiles", "_project",
+                                           "qkv_streams"),
+    # moved from the removed swiglu/pipeline.py and swiglu/parallel.py
+    "stepsim/workloads/swiglu/build.py": ("_stack", "_tp"),
+    # moved from the removed moe/pipeline.py (a stack's routing per layer from a trace, also one chip's)
+    "stepsim/workloads/routing.py": ("layer_routings", "_layers_array", "_split_layers"),
 }
 
 
