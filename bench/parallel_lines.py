@@ -34,7 +34,7 @@ PARALLEL: dict[str, tuple[str, ...] | None] = {
     "stepsim/workloads/decoder/pipeline.py": None,
     "stepsim/workloads/swiglu/parallel.py": None,
     "stepsim/workloads/swiglu/pipeline.py": None,
-    "stepsim/workloads/decoder/build.py": ("_stack", "_tp_stack", "_stack_partial", "_ep_stack",
+    "stepsim/workloads/decoder/build.py": ("_stack", "_tp_stack", "_stack_partial",
                                            # moved from the removed decoder/pipeline.py: counted, so a move saves
                                            # nothing (though q / k / v projections are the layer's, not parallel)
                                            "check_pipeline", "_stack_heads", "input_tiles", "_project",
