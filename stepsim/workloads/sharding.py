@@ -35,6 +35,8 @@ The placements and where they are built (every one on :class:`Sharding`):
   the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`; :func:`ep_params` reports it;
 * ``--tp T --ep E``: :func:`expert_tensor_parallel` (expert groups of T chips, an all-reduce per group);
 * ``--pp P`` alone: :func:`pipeline` (the MoE, decoder and SwiGLU stacks).
+* ``--pp P`` on a graph already built (graph in, graph out; an ONNX-lowered model's layers, the node names'
+  prefixes): :func:`pipeline_graph`.
 
 A kind that is not MoE needs no builder of its own: ``tests/workloads/test_sharding.py`` runs a toy layer
 ``--tp 2`` in two ``--pp`` stages through :func:`tp_layers` alone.

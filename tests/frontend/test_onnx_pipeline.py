@@ -3,7 +3,7 @@ lowered workload and a placement (``--pp P`` over its layers: the ONNX node name
 :func:`stepsim.frontend.layers.part_of` reads them) and returns the graph placed on P chips, every stage boundary
 a transfer over the system's links. A 4-layer MLP (MatMul + Relu per layer, nodes ``l<i>.fc`` / ``l<i>.act``): y
 bit-equal to the one-chip run (and within fp32 tolerance of onnxruntime), one crossing of the activation per
-stage boundary, and the one-line errors."""
+stage boundary, and the one-line errors. ``from_onnx(model, pp=P)`` is the same pass."""
 
 import sys
 from pathlib import Path
@@ -47,7 +47,7 @@ def layer(op):
 def runs():
     feeds = {"x": rand((B, S, D), 9)}
     one = simulate(from_onnx(mlp()), functional=True, inputs=feeds)
-    placed = {pp: pipeline_graph(from_onnx(mlp()), pp, layer) for pp in (2, 4)}
+    placed = {2: pipeline_graph(from_onnx(mlp()), 2, layer), 4: from_onnx(mlp(), pp=4)}  # the pass; from_onnx's pp
     return feeds, one, placed, {pp: simulate(w, functional=True, inputs=feeds) for pp, w in placed.items()}
 
 
