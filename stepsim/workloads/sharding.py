@@ -403,8 +403,7 @@ def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
 
 
 def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: int, placement: str, algorithm: str,
-                           *, ffns_of, shared_of, compute_bw: int, home_in_of=None, store=None,
-                           **build) -> tuple[dict, dict, dict]:
+                           *, compute_bw: int, home_in_of=None, store=None, **build) -> tuple[dict, dict, dict]:
     """``--tp N --ep M`` (the system: :func:`tp_ep_system`): the experts placed on M groups of N chips, each
     expert's F columns split over the N chips of its group; chips ``g N .. g N + N - 1`` form group g.
 
@@ -417,8 +416,8 @@ def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: in
     over the group's chips (``algorithm``) sums them, and chip ``p = g N + t`` stores chunk k of its group's rows
     (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
 
-    ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
-    (``shard``: the model of one chip's column block); ``build`` are its other keywords. The decoder layer's hooks:
+    Rank t's experts are :func:`~stepsim.workloads.moe.stage.expert_ffns` of the shard (one dedicated region per
+    expert); ``build`` are build_sharded's other keywords. The decoder layer's hooks:
     ``home_in_of(t)`` is rank t's ``home_in``; ``store(g, t, k, stream)`` consumes the reduced chunk k on chip
     ``g N + t`` instead of storing it in ``y<p>.<k>``. Returns ``(bindings, tile_rows, params)`` as
     :func:`expert_parallel` (``expert_chips``: the first chip of each expert's group; ``chip_tokens``: the token
@@ -426,6 +425,7 @@ def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: in
     """
     from stepsim.workloads.chips import all_reduce_partials
     from stepsim.workloads.moe.sharded import build_sharded
+    from stepsim.workloads.moe.stage import expert_ffns
 
     g, chips, shard = sh.g, tp * ep, columns(model, tp)
     # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
@@ -434,8 +434,11 @@ def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: in
     bindings, tile_rows, partials = {}, {}, {}
     for t in range(tp):
         start = len(g.ops)
+        ffns, shared = expert_ffns(shard, tile_n=build["tile_n"], tile_f=build["tile_f"], dynamic=build["dynamic"],
+                                   bw=dict(compute_bw=compute_bw), packing_compute_bw=build["packing_compute_bw"],
+                                   suffix=f".{t}")  # chip t of a group: its F / T columns of every expert
         ranked, rank_bindings, bounds, rows = build_sharded(
-            g, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
+            g, shard, routing, group_of, ep, ffns=ffns, shared_ffn=shared,
             compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
             home_out=lambda grp, summed, t=t: partials.__setitem__((grp, t), summed), **build)
         sh.op_chip.update({op.id: ranked[op.id] * tp + t for op in g.ops[start:]})

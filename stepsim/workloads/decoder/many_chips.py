@@ -182,10 +182,6 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         if tp is not None:
             parts = {}
 
-            def chip_ffns(t, sharded):  # chip t of a group: its F / T columns of every expert
-                return expert_ffns(sharded, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                   packing_compute_bw=PACKING_COMPUTE_BW, suffix=f".{t}")
-
             def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
                 if (s, t) not in parts:
                     parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
@@ -194,7 +190,6 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
 
             ep_bindings, tile_rows, params = expert_tensor_parallel(
                 sh, moe, routing, counts, tp, ep, placement, algorithm,
-                ffns_of=lambda t, sharded: chip_ffns(t, sharded)[0], shared_of=lambda t, sharded: chip_ffns(t, sharded)[1],
                 compute_bw=bw["compute_bw"], home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store,
                 **build)
             bindings.update(ep_bindings)

@@ -69,14 +69,9 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
     build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=stage["compute_bw"],
                  packing_compute_bw=stage["packing_compute_bw"])
     if tp is not None:
-        def chip_ffns(t, shard):  # chip t of a group: its F / T columns of every expert
-            return expert_ffns(shard, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                               packing_compute_bw=stage["packing_compute_bw"], suffix=f".{t}")
-
         sh = Sharding(g, tp_ep_system(model, tp, ep, routing.shape[0], system, tile_f))
-        bindings, tile_rows, parallel = expert_tensor_parallel(
-            sh, model, routing, counts, tp, ep, placement, algorithm, ffns_of=lambda t, shard: chip_ffns(t, shard)[0],
-            shared_of=lambda t, shard: chip_ffns(t, shard)[1], **build)
+        bindings, tile_rows, parallel = expert_tensor_parallel(sh, model, routing, counts, tp, ep, placement,
+                                                               algorithm, **build)
         return g, bindings, tile_rows, None, parallel
     dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
                                     packing_compute_bw=stage["packing_compute_bw"])
