@@ -86,7 +86,7 @@ def check_knobs(budget, channel_depth, seed) -> None:
 
 def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DEFAULT_HARDWARE,
               dims: dict | None = None, values: dict | None = None, routing=None, seed: int = 0, fuse: bool = True, spill=(), budget: int | None = None,
-              channel_depth=UNSET) -> Workload:
+              channel_depth=UNSET, pp: int | None = None, system=None) -> Workload:
     """Lower an ONNX model to a STeP :class:`~stepsim.workloads.base.Workload` named ``onnx``.
 
     Parameters
@@ -118,6 +118,11 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     channel_depth : int or None, optional
         The workload's default FIFO depth (elements; None: unbounded); default the workloads' default, deeper
         with attention (:func:`stepsim.frontend.layouts.default_depth`).
+    pp, system : optional
+        ``pp`` P: the model's layers (its node names' prefixes before the first ``.``, as
+        :func:`stepsim.frontend.layers.part_of` reads them) in P pipeline stages on the P chips of ``system``
+        (default: fully connected chips), each stage boundary a transfer: the sharding pass on the lowered graph
+        (:func:`stepsim.workloads.sharding.pipeline_graph`).
 
     The result's ``frontend`` attribute is the :class:`FrontendReport`. Raises FrontendError (one line) for a
     malformed file, an unsupported operator (naming the node, its op type and the supported list) or a dynamic
@@ -179,5 +184,11 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
                                     spill_reasons=report.spill_reasons(), spilled_converters=report.replaced(),
                                     **({"patterns": dict(model.patterns)} if model.patterns else {})))
     workload.frontend = report  # not in params: params go into every result row as JSON
+    if pp is not None:
+        from stepsim.frontend.layers import part_of
+        from stepsim.workloads.sharding import pipeline_graph
+
+        workload = pipeline_graph(workload, pp, lambda op: None if part_of(op, ".") == "-" else part_of(op, "."),
+                                  system)
     return workload
 

@@ -6,13 +6,13 @@ time-multiplexed ``regions`` grids, which every stack refuses (:func:`stack_spac
 to :data:`MAX_MICRO_BATCHES`; M = 1 is the grid itself with the knob unset (the stack's default, so those
 candidates keep the run ids of a search without the axis). Only what the stack builds is kept:
 
-* the tilings that take M > 1 (:data:`stepsim.workloads.moe.pipeline.MICRO_BATCH_TILINGS`, the MoE and decoder
+* the tilings that take M > 1 (:data:`stepsim.workloads.moe.many_chips.MICRO_BATCH_TILINGS`, the MoE and decoder
   stacks': static and dynamic; a grid without a ``tiling`` axis has the kind's default);
 * MoE with shared experts: the ``tile_n`` values whose shared tiles do not span micro-batches (``B / M`` a
   multiple of ``tile_n``; dynamic tiling's shared tile is the default 32 tokens,
-  :func:`stepsim.workloads.moe.pipeline.check_pipeline`);
+  :func:`stepsim.workloads.moe.many_chips.check_pipeline`);
 * decoder: micro-batches of ``B / M`` requests that the projection tile packs whole (at most
-  :data:`stepsim.workloads.decoder.pipeline.O_TILE` requests, or a multiple of it);
+  :data:`stepsim.workloads.decoder.build.O_TILE` requests, or a multiple of it);
 * with ``ep`` (expert-parallel stages, :mod:`stepsim.workloads.moe.sharded_micro`): M splitting every chip's
   shard (``B`` a multiple of ``ep x M``), the shared experts' tiles within a chip's micro-batch.
 
@@ -81,10 +81,10 @@ def micro_batch_grids(grids: list[dict], *, workload: str, batch: int, layers: i
 
 def _fit(grid: dict, m: int, *, workload: str, batch: int, shared: int) -> dict | None:
     """``grid`` restricted to what the stack builds with ``m`` micro-batches, or None."""
-    from stepsim.workloads.decoder.pipeline import O_TILE
+    from stepsim.workloads.decoder.build import O_TILE
     from stepsim.workloads.kinds import kind
     from stepsim.workloads.moe.build import DEFAULT_TILE_N
-    from stepsim.workloads.moe.pipeline import MICRO_BATCH_TILINGS as tilings
+    from stepsim.workloads.moe.many_chips import MICRO_BATCH_TILINGS as tilings
 
     grid = dict(grid)
     rows = batch // m

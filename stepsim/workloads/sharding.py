@@ -35,6 +35,8 @@ The placements and where they are built (every one on :class:`Sharding`):
   the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`; :func:`ep_params` reports it;
 * ``--tp T --ep E``: :func:`expert_tensor_parallel` (expert groups of T chips, an all-reduce per group);
 * ``--pp P`` alone: :func:`pipeline` (the MoE, decoder and SwiGLU stacks).
+* ``--pp P`` on a graph already built (graph in, graph out; an ONNX-lowered model's layers, the node names'
+  prefixes): :func:`pipeline_graph`.
 
 A kind that is not MoE needs no builder of its own: ``tests/workloads/test_sharding.py`` runs a toy layer
 ``--tp 2`` in two ``--pp`` stages through :func:`tp_layers` alone.
@@ -160,15 +162,32 @@ def load_rows(g, name: str, rows: int, hidden: int):
                                         stream_dtype=FP32), 0, 1)
 
 
-def check_columns(tp: int, widths: dict, tile_f: int) -> None:
+def check_chips(flag: str, n, why: str = "") -> None:
+    """One-line ArgumentError unless ``n`` (the value of ``flag``, ``--tp`` / ``--ep``) is an int >= 2."""
+    from stepsim.base.errors import ArgumentError
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ArgumentError(f"{flag} must be an int >= 2 (chips){why}, got {n!r}")
+
+
+def check_columns(tp: int, widths: dict, tile_f: int, flag: str = "--tile-f") -> None:
     """One-line ArgumentError unless every FFN width of ``widths`` (``{what: width}``) splits over ``tp`` chips
-    into column blocks of whole ``tile_f`` tiles."""
+    into column blocks of whole ``tile_f`` tiles (``flag``: the tile's option)."""
     from stepsim.base.errors import ArgumentError
 
     for what, width in widths.items():
         if width % (tp * tile_f):
             raise ArgumentError(f"--tp {tp}: the {what} size {width} must split into {tp} column blocks of whole "
-                                f"--tile-f {tile_f} tiles (a multiple of {tp * tile_f})")
+                                f"{flag} {tile_f} tiles (a multiple of {tp * tile_f})")
+
+
+def columns(model, tp: int):
+    """One chip's share of an MoE block under ``--tp T``: every expert's (and the shared experts') ``F / T``
+    columns (the caller checks they split)."""
+    from stepsim.models.presets import MoEModel
+
+    return MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
+                    top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
 
 
 def relabel(ops, layer: int, kinds=None) -> None:
@@ -298,6 +317,19 @@ def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int
             **sh.finish(bindings)}
 
 
+def _place(sh: Sharding, model, routing, counts, chips: int, placement: str, build: dict, *, cost: bool = True,
+           rows: bool = True) -> list[int]:
+    """The chip of every expert (:func:`~stepsim.workloads.moe.parallel.place_experts`), on the cost model of
+    :func:`~stepsim.workloads.moe.parallel.expert_cost` (``cost``) and, for a load-balanced dynamic tiling, the
+    rows each shard sends every expert (``rows``)."""
+    from stepsim.workloads.moe.parallel import expert_cost, place_experts, shard_rows
+
+    tile_n = None if build["dynamic"] else build["tile_n"]
+    model_cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system) if cost else None
+    sent = shard_rows(routing, len(counts), chips) if rows and tile_n is None and placement == "load-balanced" else None
+    return place_experts(counts, chips, placement, tile_n, model_cost, sent)
+
+
 def expert_parallel(sh: Sharding, model, routing, counts, chips: int, placement: str, *, ffns,
                     regions: int | None = None, layer: int | None = None, base: int = 0, **build) -> tuple:
     """``--ep N``: the sharded expert-parallel layer (:mod:`stepsim.workloads.moe.sharded`) into ``sh.g`` on chips
@@ -313,15 +345,12 @@ def expert_parallel(sh: Sharding, model, routing, counts, chips: int, placement:
     ``ffns(g, packed)`` builds the FFNs (with ``regions``: ``ffns(g, packed, members)``, each region's experts);
     ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. Returns ``(the chip of
     every expert, bindings, shard bounds, tile_rows, members or None)``; :func:`ep_params` reports a layer."""
-    from stepsim.workloads.moe.parallel import expert_cost, place_experts, region_members, shard_rows
+    from stepsim.workloads.moe.parallel import region_members
     from stepsim.workloads.moe.sharded import build_sharded
 
-    tile_n, cost, rows = None if build["dynamic"] else build["tile_n"], None, None
-    if layer is None:  # the cost model (with --regions a chip's tiles are its time: the tile-first greedy)
-        if regions is None:
-            cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system)
-        rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), chips)
-    chip_of = place_experts(counts, chips, placement, tile_n, cost, rows)
+    # one layer: the cost model (with --regions a chip's tiles are its time: the tile-first greedy)
+    chip_of = _place(sh, model, routing, counts, chips, placement, build, cost=layer is None and regions is None,
+                     rows=layer is None)
     members = None if regions is None else region_members(chip_of, chips, regions)
     before = len(sh.g.ops)
     layer_chip, bindings, bounds, tile_rows = build_sharded(
@@ -353,10 +382,8 @@ def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:
     system has ``tp x ep`` chips."""
     from stepsim.base.errors import ArgumentError
 
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
-        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
-        raise ArgumentError(f"--ep must be an int >= 2 (chips) with --tp, got {ep!r}")
+    check_chips("--tp", tp)
+    check_chips("--ep", ep, " with --tp")
     if batch % (tp * ep):
         raise ArgumentError(f"--tp {tp} --ep {ep}: each of the {ep} expert groups' shards of the batch is cut into "
                             f"{tp} all-reduce chunks; the batch of {batch} tokens must be a multiple of {tp * ep}")
@@ -376,8 +403,7 @@ def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
 
 
 def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: int, placement: str, algorithm: str,
-                           *, ffns_of, shared_of, compute_bw: int, home_in_of=None, store=None,
-                           **build) -> tuple[dict, dict, dict]:
+                           *, compute_bw: int, home_in_of=None, store=None, **build) -> tuple[dict, dict, dict]:
     """``--tp N --ep M`` (the system: :func:`tp_ep_system`): the experts placed on M groups of N chips, each
     expert's F columns split over the N chips of its group; chips ``g N .. g N + N - 1`` form group g.
 
@@ -390,32 +416,29 @@ def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: in
     over the group's chips (``algorithm``) sums them, and chip ``p = g N + t`` stores chunk k of its group's rows
     (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
 
-    ``ffns_of(t, shard)`` and ``shared_of(t, shard)`` give rank t's ``ffns`` and ``shared_ffn`` for build_sharded
-    (``shard``: the model of one chip's column block); ``build`` are its other keywords. The decoder layer's hooks:
+    Rank t's experts are :func:`~stepsim.workloads.moe.stage.expert_ffns` of the shard (one dedicated region per
+    expert); ``build`` are build_sharded's other keywords. The decoder layer's hooks:
     ``home_in_of(t)`` is rank t's ``home_in``; ``store(g, t, k, stream)`` consumes the reduced chunk k on chip
     ``g N + t`` instead of storing it in ``y<p>.<k>``. Returns ``(bindings, tile_rows, params)`` as
     :func:`expert_parallel` (``expert_chips``: the first chip of each expert's group; ``chip_tokens``: the token
     rows every chip's experts receive) plus ``tp`` and ``algorithm``.
     """
-    from stepsim.models.presets import MoEModel
     from stepsim.workloads.chips import all_reduce_partials
-    from stepsim.workloads.moe.parallel import expert_cost, place_experts, shard_rows
     from stepsim.workloads.moe.sharded import build_sharded
+    from stepsim.workloads.moe.stage import expert_ffns
 
-    g, tile_f, chips = sh.g, build["tile_f"], tp * ep
-    shard = MoEModel(model.name, hidden=model.hidden, intermediate=model.intermediate // tp, experts=model.experts,
-                     top_k=model.top_k, shared_intermediate=model.shared_intermediate // tp)
-    tile_n = None if build["dynamic"] else build["tile_n"]
+    g, chips, shard = sh.g, tp * ep, columns(model, tp)
     # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
     # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
-    cost = expert_cost(shard, tile_n, tile_f, compute_bw, sh.system)
-    rows = None if tile_n is not None or placement != "load-balanced" else shard_rows(routing, len(counts), ep)
-    group_of = place_experts(counts, ep, placement, tile_n, cost, rows)
+    group_of = _place(sh, shard, routing, counts, ep, placement, {**build, "compute_bw": compute_bw})
     bindings, tile_rows, partials = {}, {}, {}
     for t in range(tp):
         start = len(g.ops)
+        ffns, shared = expert_ffns(shard, tile_n=build["tile_n"], tile_f=build["tile_f"], dynamic=build["dynamic"],
+                                   bw=dict(compute_bw=compute_bw), packing_compute_bw=build["packing_compute_bw"],
+                                   suffix=f".{t}")  # chip t of a group: its F / T columns of every expert
         ranked, rank_bindings, bounds, rows = build_sharded(
-            g, shard, routing, group_of, ep, ffns=ffns_of(t, shard), shared_ffn=shared_of(t, shard),
+            g, shard, routing, group_of, ep, ffns=ffns, shared_ffn=shared,
             compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
             home_out=lambda grp, summed, t=t: partials.__setitem__((grp, t), summed), **build)
         sh.op_chip.update({op.id: ranked[op.id] * tp + t for op in g.ops[start:]})
@@ -442,3 +465,40 @@ def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: in
               "chip_tokens": [r["tokens"][p // tp] for p in range(chips)], "busiest_chip": r["busiest"] * tp,
               "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
     return bindings, tile_rows, params
+
+
+def pipeline_graph(workload, pp: int, part_of, system=None):
+    """``--pp P`` on a built workload (graph in, graph out): any kind's graph, an ONNX-lowered one too, placed in
+    P stages on P chips with every cross-chip edge a transfer (module docstring, steps 2, 3 and 6).
+
+    ``part_of(op)`` names the part an operator belongs to (a layer: an ONNX node name's prefix,
+    :func:`stepsim.frontend.layers.part_of`), or None: the parts in graph order are cut into P stages of equal
+    size, stage s on chip s. An operator of no part goes where its data is: a store (and whatever reads a stream)
+    on its first input's chip, a load of a graph input on its first reader's. ``system``: P chips (default: fully
+    connected, :func:`~stepsim.workloads.chips.chips_system`). The workload's graph is placed in place (it must
+    not have been lowered); returns a workload of that graph whose params add ``pp`` and :meth:`Sharding.finish`'s
+    report of the links. One-line ArgumentError for a bad ``pp`` or parts that do not split into P stages."""
+    import copy
+
+    from stepsim.base.errors import ArgumentError
+    from stepsim.workloads.chips import chips_system
+
+    g = workload.graph
+    parts = list(dict.fromkeys(p for p in map(part_of, g.ops) if p is not None))
+    check_chips("--pp", pp)
+    if not parts or len(parts) % pp:
+        raise ArgumentError(f"--pp {pp}: the graph's {len(parts)} parts (layers) must split into {pp} stages of "
+                            f"equal size (a multiple of {pp})")
+    sh = Sharding(g, chips_system(pp, system, "--pp"))
+    stage_of = {p: i // (len(parts) // pp) for i, p in enumerate(parts)}
+    for op in g.ops:  # a part's operators on its stage's chip; a store of no part after its producer
+        part = part_of(op)
+        if part is not None or op.inputs:
+            sh.op_chip[op.id] = stage_of[part] if part is not None else sh.op_chip.get(op.inputs[0].op.id, 0)
+    for (pid, _), uses in g.consumers().items():  # a load of no part (a graph input) on its first reader's chip
+        sh.op_chip.setdefault(pid, sh.op_chip.get(uses[0][0].id, 0))
+    for op in g.ops:
+        sh.op_chip.setdefault(op.id, 0)
+    out = copy.copy(workload)
+    out.params = {**workload.params, "pp": pp, **sh.finish(workload.bindings)}
+    return out

@@ -20,7 +20,7 @@ With ``tp`` (``--tp N``) the KV heads and the FFN's columns split over N chips, 
 projection and one after the FFN (:mod:`stepsim.workloads.decoder.many_chips`); chip c stores rows ``k B/N ..`` of y
 as ``y<c>.<k>``.
 
-With ``layers`` / ``pp`` / ``micro_batches`` a stack of layers (:mod:`stepsim.workloads.decoder.pipeline`), whose
+With ``layers`` / ``pp`` / ``micro_batches`` a stack of layers (:func:`_stack`), whose
 q, k, v are computed from each layer's input rows, in pipeline stages on chips.
 
 Not modelled: the normalizations (RMSNorm), the query / key / value projections of one layer (the new token's q,
@@ -126,7 +126,7 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         Any of them given: a stack of ``layers`` (default 1) decoder layers whose q / k / v are computed from
         their input (tensors ``layer<i>.*``; ``routing`` one array for every layer or a list of ``[B, top_k]``
         arrays, one per layer), in ``pp`` stages on the chips of ``system``, ``micro_batches`` of ``B / M``
-        requests (:mod:`stepsim.workloads.decoder.pipeline`).
+        requests (:func:`_stack`).
     """
     stack = layers is not None or pp is not None or micro_batches is not None
     routings = None
@@ -149,8 +149,6 @@ def build_decoder(model: ModelConfig, kv_lengths, routing=None, *, strategy: str
         raise ArgumentError(f"kv_heads must be between 1 and the model's {model.kv_heads}, got {kv_heads!r}")
     o_tile = min(O_TILE, batch)
     if stack:
-        from stepsim.workloads.decoder.pipeline import check_pipeline
-
         micro_batches, o_tile = check_pipeline(layers, pp, batch, micro_batches, strategy=strategy, tiling=tiling,
                                                tp=tp, regions=regions)
     if batch % o_tile:
@@ -338,14 +336,90 @@ def _heads(hs, *, g, seq_len_tiled, offset, strategy, attention_regions, max_n, 
     return products
 
 
+def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, strategy: str,
+                   tiling: str, tp, regions) -> tuple[int, int]:
+    """One-line ArgumentError unless the stack fits; returns ``(M, o_tile)``. ``tp`` (the sharding pass) takes
+    one micro-batch."""
+    if regions is not None:
+        raise ArgumentError("--regions does not combine with --layers / --pp / --micro-batches (a stack's MoE "
+                            "layers have one region per expert)")
+    if strategy == "coarse":
+        raise ArgumentError("--strategy coarse does not combine with --layers / --pp / --micro-batches (its regions "
+                            "load their own q / k / v tensors; a stack computes them from its input: dynamic or "
+                            "interleave)")
+    from stepsim.workloads.chips import check_stack
+    from stepsim.workloads.moe.many_chips import MICRO_BATCH_TILINGS
+
+    m = check_stack(layers, pp, batch, micro_batches, "requests") or 1
+    if tp is not None and m > 1:
+        raise ArgumentError(f"--micro-batches {m} does not combine with --tp yet (a tensor-parallel stack's layer "
+                            f"all-reduces the whole batch)")
+    rows = batch // m
+    o_tile = min(O_TILE, rows)
+    if rows % o_tile:
+        raise ArgumentError(f"--micro-batches {m}: a micro-batch of {rows} requests must be a multiple of the "
+                            f"projection tile of {O_TILE} requests (or at most {O_TILE})")
+    if m > 1 and tiling not in MICRO_BATCH_TILINGS:  # every tiling today; kept for a tiling added later
+        raise ArgumentError(f"--micro-batches {m} needs --tiling {' or '.join(MICRO_BATCH_TILINGS)}")
+    return m, o_tile
+
+
+def input_tiles(g, rows, *, batch: int, hidden: int, o_tile: int, packing_compute_bw: int):
+    """A layer's input rows ``(1, B)`` of ``(1, D)`` packed into ``(o_tile, D)`` tiles, stream ``(1, B / o_tile)``;
+    deep enough to hold the batch, since the residual add waits for the attention while the projections read
+    them."""
+    tiles = Accum(g, Reshape(g, rows, o_tile, 0), RetileRow(), Empty(0, hidden), 1,
+                  out_dtype=Tile(FP32, o_tile, hidden), compute_bw=packing_compute_bw)
+    tiles.fanout_depth = batch // o_tile
+    return tiles
+
+
+def _project(g, tiles, name: str, *, hidden: int, head_dim: int, bw: dict):
+    """``tiles @ <name>`` ([D, head_dim], one weight tile per input tile), split back into ``(1, head_dim)`` rows:
+    stream ``(1, B)``."""
+    w = LinearOffChipLoad(g, Tensor(name, (hidden, head_dim), BF16), (hidden, head_dim), (1, 1), (1, 1), ref=tiles,
+                          stream_dtype=FP32)
+    product = Map(g, [tiles, Flatten(g, Flatten(g, w, 0, 1), 0, 1)], Matmul(), **bw)
+    return RetileStreamify(g, product, split_row=True)
+
+
+def qkv_streams(g, tiles, prefix: str, h: int, *, batch: int, hidden: int, head_dim: int, q_rows: int, bw: dict,
+                packing_compute_bw: int) -> tuple:
+    """KV head ``h``'s new q, k, v from a layer's input tiles, in the shapes ``attention_stage`` loads them
+    (``(1, B, 1)``: one ``(q_rows, head_dim)`` tile, one ``(1, head_dim)`` row, one row per request).
+
+    Weights ``<prefix>wq_h<h>_q<j>`` (query head j of KV head h), ``<prefix>wk_h<h>``, ``<prefix>wv_h<h>``, each
+    ``[D, head_dim]``. A request's q tile gathers its row of every query head in order j = 0 .. q_rows - 1: a
+    Reassemble whose static selector names one query head per element (never two, so arrival order cannot
+    reorder them), then rows packed by q_rows.
+    """
+    def rows_to_requests(rows):  # (1, B) -> (1, B, 1), the loads' shape: each request its own group (a Promote
+        return Reshape(g, rows, 1, 0)  # would make the batch one group, routed whole to one attention region)
+
+    k, v = (rows_to_requests(_project(g, tiles, f"{prefix}w{part}_h{h}", hidden=hidden, head_dim=head_dim, bw=bw))
+            for part in ("k", "v"))
+    # (B,) rows, no stop before the end: a Reassemble passes its inputs' stops on, and a query head's last row
+    # would otherwise end the gathered stream's dimension in the middle
+    per_head = [Flatten(g, _project(g, tiles, f"{prefix}wq_h{h}_q{j}", hidden=hidden, head_dim=head_dim, bw=bw), 0, 1)
+                for j in range(q_rows)]
+    order = np.eye(q_rows, dtype=np.int8)[np.tile(np.arange(q_rows), batch)]  # request r: heads 0 .. q_rows - 1
+    gathered = Reassemble(g, per_head, SelectorSource(g, order, q_rows), 0)
+    rows = Flatten(g, gathered, 0, 1)
+    rows.assume_shape(0, (1, batch * q_rows))
+    q = Accum(g, Reshape(g, rows, q_rows, 0), RetileRow(), Empty(0, head_dim), 1,
+              out_dtype=Tile(FP32, q_rows, head_dim), compute_bw=packing_compute_bw)
+    return rows_to_requests(q), k, v, gathered.ragged_symbol
+
+
 def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n_heads: int, batch: int,
            o_tile: int, tile_f: int, moe_kw: dict, bw: dict, stage: dict) -> tuple:
-    """The layers of a decoder stack (:mod:`stepsim.workloads.decoder.pipeline`) in ``g``, placed on the chips of
-    ``system`` with ``pp``. Returns ``(params, idle groups, tile_rows)`` (tile_rows: the ragged rows of dynamic
-    tiles merged over micro-batches, :func:`stepsim.workloads.moe.build.moe_stage`)."""
-    from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
-
-    d, hd, q_rows, moe = model.hidden, model.head_dim, model.heads // model.kv_heads, model.moe if model.is_moe else None
+    """The layers of a decoder stack in ``g`` (module docstring), placed on the chips of ``system`` with ``pp``
+    (the sharding pass's :func:`~stepsim.workloads.sharding.pipeline`). Micro-batches of ``B / M`` requests: the
+    input rows are packed into tiles of ``o_tile`` requests that never span a micro-batch, the MoE FFN packs its
+    expert tiles per micro-batch (``moe_stage(micro_batches=M)``); the attention streams request by request.
+    Returns ``(params, idle groups, tile_rows)`` (tile_rows: the ragged rows of dynamic tiles merged over
+    micro-batches, :func:`stepsim.workloads.moe.build.moe_stage`)."""
+    d, moe = model.hidden, model.moe if model.is_moe else None
     if pp is not None:
         from stepsim.workloads.chips import chips_system
 
@@ -361,16 +435,8 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
         prefix = f"layer{i}."
         if rows is None:  # layer 0 reads x as (1, B) rows
             rows = load_rows(g, "x", batch, d)
-        tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
-
-        def qkv_of(h, tiles=tiles, prefix=prefix):
-            q, k, v, ragged = qkv_streams(g, tiles, prefix, h, batch=batch, hidden=d, head_dim=hd, q_rows=q_rows,
-                                          bw=bw, packing_compute_bw=PACKING_COMPUTE_BW)
-            stage["bindings"][ragged] = 1  # one query head's row per selector element
-            return q, k, v
-
-        products = _sum_pairwise(g, _heads(range(n_heads), **stage, prefix=prefix, qkv_of=qkv_of,
-                                           region_base=i * n_heads * stage["attention_regions"]), bw)
+        products, tiles = _stack_heads(g, model, i, range(n_heads), rows, n_heads=n_heads, batch=batch,
+                                       o_tile=o_tile, bw=bw, stage=stage)
         residual = Map(g, [products, Flatten(g, tiles, 0, 1)], Add(), **bw)
         h_rows = Promote(g, RetileStreamify(g, residual, split_row=True), 1)
         h_rows.fanout_depth = batch  # the rows wait for the FFN's first output (module docstring)
@@ -408,7 +474,7 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     first on every chip of stage 0."""
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_tp
-    from stepsim.workloads.sharding import Sharding, load_rows, tp_layers
+    from stepsim.workloads.sharding import Sharding, columns, load_rows, tp_layers
 
     d, stack = model.hidden, heads is None
     moe = model.moe if model.is_moe else None
@@ -418,9 +484,7 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
         raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
     system = stages_system(pp, tp, system, "--tp")
-    if moe is not None:
-        shard = MoEModel(moe.name, hidden=d, intermediate=moe.intermediate // tp, experts=moe.experts,
-                         top_k=moe.top_k, shared_intermediate=moe.shared_intermediate // tp)
+    shard = None if moe is None else columns(moe, tp)
 
     def ffn_partial(g, rows, i, t):
         prefix = f"layer{i}." if stack else ""
@@ -463,12 +527,16 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
             **report}
 
 
-def _stack_partial(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_tile: int, bw: dict, stage: dict):
-    """One chip's share of layer i's ``attn @ W_o`` in a parallel stack (its KV heads ``hs``), q / k / v projected
-    from the layer's input ``rows`` (``(1, B)``: every request's row, :mod:`stepsim.workloads.decoder.pipeline`):
-    ``(1, B)`` rows (1, D), the partial sum the pass all-reduces or reduce-scatters."""
-    from stepsim.workloads.decoder.pipeline import input_tiles, qkv_streams
+def _stack_partial(g, model, i: int, hs, rows, **kw):
+    """One chip's share of layer i's ``attn @ W_o`` in a parallel stack (:func:`_stack_heads`) as ``(1, B)`` rows
+    (1, D): the partial sum the pass all-reduces or reduce-scatters."""
+    return Promote(g, RetileStreamify(g, _stack_heads(g, model, i, hs, rows, **kw)[0], split_row=True), 1)
 
+
+def _stack_heads(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_tile: int, bw: dict, stage: dict):
+    """Layer i's attention and output projection of KV heads ``hs`` in a stack, q / k / v projected from the
+    layer's input ``rows`` (``(1, B)``: every request's row, :func:`qkv_streams`): ``(products summed, the input
+    tiles)``."""
     d, hd, q_rows, prefix = model.hidden, model.head_dim, model.heads // model.kv_heads, f"layer{i}."
     tiles = input_tiles(g, rows, batch=batch, hidden=d, o_tile=o_tile, packing_compute_bw=PACKING_COMPUTE_BW)
 
@@ -478,9 +546,8 @@ def _stack_partial(g, model, i: int, hs, rows, *, n_heads: int, batch: int, o_ti
         stage["bindings"][ragged] = 1  # one query head's row per selector element
         return q, k, v
 
-    products = _sum_pairwise(g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of,
-                                       region_base=i * n_heads * stage["attention_regions"]), bw)
-    return Promote(g, RetileStreamify(g, products, split_row=True), 1)
+    return _sum_pairwise(g, _heads(hs, **stage, prefix=prefix, qkv_of=qkv_of,
+                                   region_base=i * n_heads * stage["attention_regions"]), bw), tiles
 
 
 def _sum_pairwise(g, products, bw):
@@ -546,8 +613,8 @@ def from_config(cfg: Mapping) -> Workload:
         if cfg.get("routing") is None:
             raise ConfigError(f"model {model.name!r} has routed experts: give its routing, --routing PATH (config "
                               "key 'routing')")
-        if stack:  # each layer's routing (moe/pipeline.py: a multi-layer trace, else one batch for every layer)
-            from stepsim.workloads.moe.pipeline import layer_routings
+        if stack:  # each layer's routing (routing.layer_routings: a multi-layer trace, else one batch for every layer)
+            from stepsim.workloads.routing import layer_routings
 
             routing = layer_routings(cfg["routing"], model.experts, model.top_k, stack["layers"], cfg["iteration"],
                                      cfg["layer"])

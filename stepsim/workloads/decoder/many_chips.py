@@ -59,6 +59,7 @@ from __future__ import annotations
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Promote, Reshape, RetileStreamify
 from stepsim.workloads.moe.build import PACKING_COMPUTE_BW, _timeshared_ffns, expert_ffns
+from stepsim.workloads.sharding import check_chips, check_columns
 
 
 def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, counts, tp: int | None = None) -> None:
@@ -67,8 +68,7 @@ def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, count
     with ``tp`` one region per expert."""
     from stepsim.workloads.moe.parallel import place_experts
 
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
-        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    check_chips("--ep", ep)
     if not model.is_moe:
         raise ArgumentError(f"--ep {ep}: model {model.name!r} is dense; expert parallelism needs routed experts "
                             f"(use --tp {ep})")
@@ -87,15 +87,12 @@ def check_ep(ep, model, n_heads: int, batch: int, regions, placement: str, count
 
 def check_tp(tp, n_heads: int, batch: int, widths: dict, tile_f: int) -> None:
     """One-line ArgumentError unless the KV heads, the batch and every FFN width split over ``tp`` chips."""
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
-        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    check_chips("--tp", tp)
     if n_heads % tp:
         raise ArgumentError(f"--tp {tp}: the {n_heads} KV heads (--kv-heads) must split evenly over {tp} chips")
     if batch % tp:
         raise ArgumentError(f"--tp {tp}: the all-reduces cut the {batch} rows into {tp} chunks; the batch must be "
                             f"a multiple of {tp}")
-    from stepsim.workloads.sharding import check_columns
-
     check_columns(tp, widths, tile_f)
 
 
@@ -185,10 +182,6 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         if tp is not None:
             parts = {}
 
-            def chip_ffns(t, sharded):  # chip t of a group: its F / T columns of every expert
-                return expert_ffns(sharded, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                   packing_compute_bw=PACKING_COMPUTE_BW, suffix=f".{t}")
-
             def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
                 if (s, t) not in parts:
                     parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
@@ -197,7 +190,6 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
 
             ep_bindings, tile_rows, params = expert_tensor_parallel(
                 sh, moe, routing, counts, tp, ep, placement, algorithm,
-                ffns_of=lambda t, sharded: chip_ffns(t, sharded)[0], shared_of=lambda t, sharded: chip_ffns(t, sharded)[1],
                 compute_bw=bw["compute_bw"], home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store,
                 **build)
             bindings.update(ep_bindings)

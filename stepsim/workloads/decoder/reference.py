@@ -40,7 +40,7 @@ def _decoder_parts(w: Workload):
 
 
 def _stack_inputs(w: Workload, seed: int) -> dict:
-    """A decoder stack's tensors (decoder/pipeline.py): ``x``; per layer i and KV head h its KV caches (the
+    """A decoder stack's tensors (decoder/build.py, _stack): ``x``; per layer i and KV head h its KV caches (the
     attention workload's draw, from seed ``seed + 7919 h + 104729 i``), the q / k / v projections
     ``layer<i>.wq_h<h>_q<j>``, ``layer<i>.wk_h<h>``, ``layer<i>.wv_h<h>`` ([D, head_dim]; q and k scaled by
     ``head_dim ** -0.25`` more, so q.k stays near 1 as in the attention's own draw) and ``layer<i>.wo_h<h>_q<j>``;

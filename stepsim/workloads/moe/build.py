@@ -117,7 +117,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
         Any of them given: a stack of ``layers`` (default 1) MoE layers (tensors ``layer<i>.<name>``; ``routing``
         one array for every layer or a list of ``[tokens, top_k]`` arrays, one per layer), in ``pp`` pipeline
         stages on the chips of ``system``, ``micro_batches`` of ``B / M`` tokens streaming through
-        (:mod:`stepsim.workloads.moe.pipeline`).
+        (:mod:`stepsim.workloads.moe.many_chips`).
     par_dispatch : int
         HBM requests each expert-weight load issues per cycle (1 in the paper: at most 64 B/cycle a load). A
         mapped schedule (:mod:`stepsim.mapping`) raises it so that a layer's weight streams reach the HBM's peak;
@@ -202,7 +202,7 @@ def build_moe(model: MoEModel, routing, *, tiling: str = "static", tile_n: int |
             g, tokens, model, routing, counts, dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, regions=regions,
             compute_bw=compute_bw, packing_compute_bw=packing_compute_bw, par_dispatch=par_dispatch, lanes=lanes)
         LinearOffChipStore(g, Reshape(g, summed, 1, 0, write_back_mu=True), tensor_name="y")
-    if stack:  # expert e of layer i is group ("layer<i>.expert", e) (moe/pipeline.py)
+    if stack:  # expert e of layer i is group ("layer<i>.expert", e) (sharding.relabel)
         idle = {(f"layer{i}.expert", e) for i, r in enumerate(routings)
                 for e, c in enumerate(expert_counts(r, experts)) if c == 0}
         routing = np.stack(routings)  # [layers, tokens, top_k]: the reference routes layer i by routing[i]
@@ -263,10 +263,10 @@ def from_config(cfg: Mapping) -> Workload:
 def _stack_from_config(cfg: Mapping, model: MoEModel) -> Workload:
     """``--layers L [--pp N --system FILE] [--micro-batches M] [--ep E --placement P]``: one-line errors for the
     flags that do not combine,
-    before the trace is read; each layer's routing from the trace (:func:`stepsim.workloads.moe.pipeline.layer_routings`)."""
+    before the trace is read; each layer's routing from the trace (:func:`stepsim.workloads.routing.layer_routings`)."""
     from stepsim.workloads.chips import stack_knobs
     from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
-    from stepsim.workloads.moe.pipeline import layer_routings
+    from stepsim.workloads.routing import layer_routings
 
     if cfg.get("placement") is not None and cfg.get("ep") is None:
         raise ArgumentError("--placement applies to the MoE layer with --ep N (expert parallelism)")

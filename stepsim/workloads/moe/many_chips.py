@@ -13,7 +13,7 @@ only says which placement and hands the pass those pieces.
 * ``--ep E``: :func:`~stepsim.workloads.sharding.expert_parallel` (one layer: the placements' cost model, with
   ``--regions`` time-multiplexed regions; a stack's layer on its stage's chips).
 * ``--tp T --ep E``: :func:`~stepsim.workloads.sharding.expert_tensor_parallel`.
-* ``--pp P`` alone: :func:`~stepsim.workloads.sharding.pipeline` (:mod:`stepsim.workloads.moe.pipeline`).
+* ``--pp P`` alone: :func:`~stepsim.workloads.sharding.pipeline` (:func:`_stack`).
 
 Why a module apart from ``moe/build.py``: the mapper keys its cached schedules by that file's hash
 (:func:`stepsim.mapping.mapper.source_hash`); the one-chip layer it maps does not depend on this one.
@@ -24,8 +24,27 @@ from __future__ import annotations
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import Graph, LinearOffChipStore, Reshape
 from stepsim.models.presets import MoEModel
+from stepsim.workloads.chips import check_stack
 from stepsim.workloads.moe.stage import DEFAULT_TILE_N, _timeshared_ffns, algorithmic_flops, expert_ffns, moe_stage
 from stepsim.workloads.routing import expert_counts
+from stepsim.workloads.sharding import check_chips
+
+#: the tilings a stack takes ``--micro-batches M`` > 1 with (``stepsim optimize`` searches M for these only)
+MICRO_BATCH_TILINGS = ("static", "dynamic")
+
+
+def check_pipeline(layers: int, pp: int | None, batch: int, micro_batches: int | None, *, tiling: str,
+                   tile_n: int | None, shared: int) -> int:
+    """One-line ArgumentError unless L, N and M fit the batch and tiling; returns M (default 1). ``tile_n``: the
+    shared experts' tile (tokens; with dynamic tiling their default tile), checked with ``shared`` experts."""
+    m = check_stack(layers, pp, batch, micro_batches, "tokens") or 1
+    if m > 1 and tiling not in MICRO_BATCH_TILINGS:
+        raise ArgumentError(f"--micro-batches {m} needs --tiling {' or '.join(MICRO_BATCH_TILINGS)}")
+    if m > 1 and shared and (batch // m) % tile_n:
+        what = f"--tile-n {tile_n} tokens" if tiling == "static" else f"{tile_n} tokens (dynamic tiling's default)"
+        raise ArgumentError(f"--micro-batches {m}: the shared experts' tiles of {what} must not "
+                            f"span micro-batches of {batch // m} tokens (a multiple of {tile_n})")
+    return m
 
 
 def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, ep, pp, system, micro_batches,
@@ -50,14 +69,9 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
     build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=stage["compute_bw"],
                  packing_compute_bw=stage["packing_compute_bw"])
     if tp is not None:
-        def chip_ffns(t, shard):  # chip t of a group: its F / T columns of every expert
-            return expert_ffns(shard, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                               packing_compute_bw=stage["packing_compute_bw"], suffix=f".{t}")
-
         sh = Sharding(g, tp_ep_system(model, tp, ep, routing.shape[0], system, tile_f))
-        bindings, tile_rows, parallel = expert_tensor_parallel(
-            sh, model, routing, counts, tp, ep, placement, algorithm, ffns_of=lambda t, shard: chip_ffns(t, shard)[0],
-            shared_of=lambda t, shard: chip_ffns(t, shard)[1], **build)
+        bindings, tile_rows, parallel = expert_tensor_parallel(sh, model, routing, counts, tp, ep, placement,
+                                                               algorithm, **build)
         return g, bindings, tile_rows, None, parallel
     dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
                                     packing_compute_bw=stage["packing_compute_bw"])
@@ -73,9 +87,8 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
 def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placement, tp, algorithm, timeshare, tiling,
            dynamic, **stage) -> tuple:
     """``--layers L [--pp N] [--micro-batches M] [--ep E | --tp T]``: the stack of
-    :mod:`stepsim.workloads.moe.pipeline` (with ``ep``: :func:`_ep_stack`, with ``tp``: :func:`_tp`). Returns
+    ``--pp`` alone (with ``ep``: :func:`_ep_stack`, with ``tp``: :func:`_tp`). Returns
     :func:`many_chips`'s results."""
-    from stepsim.workloads.moe.pipeline import check_pipeline
     from stepsim.workloads.sharding import load_rows, pipeline
 
     if timeshare or (tp is not None and ep is not None):
@@ -122,8 +135,7 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
     from stepsim.workloads.sharding import Sharding, expert_parallel
 
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
-        raise ArgumentError(f"--ep must be an int >= 2 (chips), got {ep!r}")
+    check_chips("--ep", ep)
     batch = routings[0].shape[0]
     if m > 1:
         _check_ep_micro_batches(batch, ep, m, stage["tile_n"] or DEFAULT_TILE_N, model.shared_intermediate,
@@ -167,8 +179,7 @@ def _tp(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic
     from stepsim.workloads.sharding import Sharding, load_rows, tp_layers
 
     stack, batch = g is None, routings[0].shape[0]
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
-        raise ArgumentError(f"--tp must be an int >= 2 (chips), got {tp!r}")
+    check_chips("--tp", tp)
     if m > 1:
         raise ArgumentError(f"--micro-batches {m} does not combine with --tp yet (a tensor-parallel stack's layer "
                             f"all-reduces the whole batch)")
@@ -215,12 +226,10 @@ def column_shard(model: MoEModel, tp: int, tile_f: int, batch: int) -> MoEModel:
     """One chip's share of ``--tp T``: every expert's (and the shared experts') ``F / T`` columns, after the
     one-line checks that the columns split into whole ``tile_f`` tiles and the batch into the all-reduce's T chunks
     of rows."""
-    from stepsim.workloads.sharding import check_columns
+    from stepsim.workloads.sharding import check_columns, columns
 
-    f, fs = model.intermediate, model.shared_intermediate
-    check_columns(tp, {"intermediate": f, "shared intermediate": fs}, tile_f)
+    check_columns(tp, {"intermediate": model.intermediate, "shared intermediate": model.shared_intermediate}, tile_f)
     if batch % tp:
         raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {batch} rows into {tp} chunks; the batch must be "
                             f"a multiple of {tp}")
-    return MoEModel(model.name, hidden=model.hidden, intermediate=f // tp, experts=model.experts, top_k=model.top_k,
-                    shared_intermediate=fs // tp)
+    return columns(model, tp)

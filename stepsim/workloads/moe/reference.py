@@ -187,7 +187,7 @@ SHARDED = ("x", "routing_weights")
 
 
 def stack_inputs(p: dict, seed: int) -> dict:
-    """A stack's tensors (moe/pipeline.py): ``x``, and per layer i its routing weights, experts (and shared
+    """A stack's tensors (moe/many_chips.py): ``x``, and per layer i its routing weights, experts (and shared
     experts) as ``layer<i>.<name>``, each drawn from its own seeded stream; with ``--ep`` (sharding.expert_parallel)
     ``x`` and every layer's routing weights sharded over the chips as ``<name>.<c>`` (the same values)."""
     b, d, f, k, experts = p["batch"], p["hidden"], p["intermediate"], p["top_k"], p["experts"]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import (
     FP32,
+    Flatten,
     Graph,
     LinearOffChipLoad,
     LinearOffChipStore,
@@ -18,6 +19,8 @@ from stepsim.graph import (
     MapAccum,
     Matmul,
     Mul,
+    Promote,
+    RepeatStatic,
     Reshape,
     Silu,
     Tensor,
@@ -45,59 +48,88 @@ def build_swiglu(*, tile_m: int = 16, tile_n: int = 16, batch: int = 64, hidden:
 
     ``tile_m`` tiles the batch (rows of x), ``tile_n`` tiles F for gate/up and K of the down projection.
     ``tp`` splits F's columns over that many chips of ``system`` (default: fully connected chips), an
-    all-reduce (``algorithm``) after (:mod:`stepsim.workloads.swiglu.parallel`). ``layers`` > 1 stacks that many
-    layers (tensors ``layer<i>.<name>``); ``pp`` splits them into that many stages on the chips of ``system``,
-    ``micro_batches`` (one row tile each) streaming through (:mod:`stepsim.workloads.swiglu.pipeline`).
+    all-reduce (``algorithm``) after (:func:`_tp`). ``layers`` > 1 stacks that many layers (tensors
+    ``layer<i>.<name>``); ``pp`` splits them into that many stages on the chips of ``system``, ``micro_batches``
+    (one row tile each) streaming through (:func:`_stack`).
     """
     for key, v, total in (("tile_m", tile_m, batch), ("tile_n", tile_n, intermediate)):
         if not isinstance(v, int) or v < 1 or total % v:
             raise ArgumentError(f"{key} must be a positive divisor of {total}, got {v!r}")
     b, d, f = batch, hidden, intermediate
-    parallel = {}
+    stage = dict(tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw, par_dispatch=par_dispatch)
     if layers != 1 or pp is not None or micro_batches is not None:
-        from stepsim.workloads.swiglu.pipeline import build_stack, check_pipeline
-
         if tp is not None:
             raise ArgumentError("--tp does not combine with --layers / --pp / --micro-batches (a stack of layers "
                                 "runs on one chip or as a pipeline)")
-        m = check_pipeline(layers, pp, b, tile_m, micro_batches)
-        if pp is not None:
-            from stepsim.workloads.chips import chips_system
-
-            system = chips_system(pp, system, "--pp")
-        elif system is not None:
-            raise ArgumentError("--system applies to a stack of layers with --pp N (pipeline parallelism)")
-        g, report = build_stack(layers, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,
-                             par_dispatch=par_dispatch, pp=pp, system=system,
-                             stage=lambda g, x, prefix: swiglu_stage(
-                                 g, b, d, f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
-                                 par_dispatch=par_dispatch, prefix=prefix, x=x))
-        parallel = {"layers": layers, "micro_batches": m}
-        if pp is not None:
-            parallel.update(pp=pp, **report)
+        g, parallel = _stack(layers, pp, system, micro_batches, b, d, f, stage)
     elif tp is None:
-        g = Graph(f"swiglu-m{tile_m}-n{tile_n}")
-        out = swiglu_stage(g, b, d, f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
-                           par_dispatch=par_dispatch)
-        LinearOffChipStore(g, out, tensor_name="y", par_dispatch=par_dispatch)
+        g, parallel = Graph(f"swiglu-m{tile_m}-n{tile_n}"), {}
+        LinearOffChipStore(g, swiglu_stage(g, b, d, f, **stage), tensor_name="y", par_dispatch=par_dispatch)
     else:
-        from stepsim.workloads.chips import chips_system
-        from stepsim.workloads.swiglu.parallel import build_tp
-
-        system = chips_system(tp, system, "--tp")
-        g, report = build_tp(tp, system, batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n,
-                             compute_bw=compute_bw, par_dispatch=par_dispatch, algorithm=algorithm,
-                             stage=lambda g, cols, suffix: swiglu_stage(
-                                 g, b, d, cols, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
-                                 par_dispatch=par_dispatch, suffix=suffix))
-        parallel = {"tp": tp, "system": report["system"], "algorithm": algorithm,
-                    "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
+        g, parallel = _tp(tp, system, algorithm, b, d, f, stage)
     return Workload(
         name="swiglu", graph=g, channel_depth=channel_depth, hardware=WORKLOAD_HARDWARE["swiglu"],
         algorithmic_flops=layers * swiglu_algorithmic_flops(b, d, f),
         params=dict(batch=b, hidden=d, intermediate=f, tile_m=tile_m, tile_n=tile_n, compute_bw=compute_bw,
                     par_dispatch=par_dispatch, channel_depth=channel_depth, **parallel),
     )
+
+
+def _stack(layers: int, pp, system, micro_batches, b: int, d: int, f: int, stage: dict) -> tuple:
+    """``--layers L [--pp P] [--micro-batches M]``: layer i reads ``layer<i>.w_gate`` ... ; layer 0 loads ``x``, a
+    later one consumes the previous layer's row tiles (each repeated once per F tile, a RepeatStatic), the last
+    stores ``y``; no residual. A micro-batch is one row tile of ``B / M`` rows (``--tile-m`` must be ``B / M``),
+    the stream's outer dimension, so stage s + 1 works on micro-batch m while stage s works on m + 1 (one graph,
+    not a copy per micro-batch). ``--pp P`` places the layers by the sharding pass's
+    :func:`~stepsim.workloads.sharding.pipeline`. Returns the graph and the record's parallel params."""
+    from stepsim.workloads.chips import check_stack, chips_system
+    from stepsim.workloads.sharding import pipeline
+
+    tile_m, n_tiles = stage["tile_m"], f // stage["tile_n"]
+    m = check_stack(layers, pp, b, micro_batches, "rows")
+    if m is not None and b // m != tile_m:
+        raise ArgumentError(f"--micro-batches {m}: a micro-batch is one row tile of {b} / {m} = {b // m} rows; "
+                            f"--tile-m must be {b // m}, got {tile_m}")
+    if pp is not None:
+        system = chips_system(pp, system, "--pp")
+    elif system is not None:
+        raise ArgumentError("--system applies to a stack of layers with --pp N (pipeline parallelism)")
+    g = Graph(f"swiglu-l{layers}" + (f"-pp{pp}" if pp else "") + f"-m{tile_m}-n{stage['tile_n']}")
+
+    def layer(i, out):  # (1, B/tile_m, 1) row tiles -> (B/tile_m, F/tile_n, 1): each row tile once per F tile
+        x = None if out is None else Promote(g, RepeatStatic(g, Flatten(g, out, 0, 1), n_tiles), 0)
+        return swiglu_stage(g, b, d, f, **stage, prefix=f"layer{i}.", x=x)
+
+    report = pipeline(g, system, layers, pp, layer, lambda out: LinearOffChipStore(
+        g, out, tensor_name="y", par_dispatch=stage["par_dispatch"]), bindings={})
+    return g, {"layers": layers, "micro_batches": b // tile_m if m is None else m, **({"pp": pp, **report} if pp
+                                                                                       else {})}
+
+
+def _tp(tp, system, algorithm: str, b: int, d: int, f: int, stage: dict) -> tuple:
+    """``--tp T``: chip c computes the layer on its ``F / T`` columns (Megatron's column-parallel gate / up and
+    row-parallel down: tensors ``w_gate.<c>``, ``w_up.<c>``, ``w_down.<c>``, ``x`` replicated); its row tiles, a
+    partial sum of y, are all-reduced by the sharding pass's :func:`~stepsim.workloads.sharding.tp_layers` and
+    chip c stores the reduced chunk k (row tiles ``k B/(tile_m T) ..``) as ``y<c>.<k>``. Returns the graph and the
+    record's parallel params."""
+    from stepsim.workloads.chips import chips_system
+    from stepsim.workloads.sharding import Sharding, check_chips, check_columns, tp_layers
+
+    tile_m, tile_n = stage["tile_m"], stage["tile_n"]
+    sh = Sharding(Graph(f"swiglu-tp{tp}-m{tile_m}-n{tile_n}"), chips_system(tp, system, "--tp"))
+    check_chips("--tp", tp)
+    check_columns(tp, {"intermediate": f}, tile_n, "--tile-n")
+    if (b // tile_m) % tp:
+        raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {b // tile_m} row tiles (--tile-m {tile_m}) "
+                            f"into {tp} chunks; their number must be a multiple of {tp}")
+    g = sh.g
+    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=b // tile_m, compute_bw=stage["compute_bw"],
+              bindings={}, stack=False, store_kw={"par_dispatch": stage["par_dispatch"]}, blocks=lambda i: [
+                  ("allreduce", lambda t, rows: Flatten(g, swiglu_stage(g, b, d, f // tp, **stage, suffix=f".{t}"),
+                                                        0, 1), False)])
+    report = sh.finish({})
+    return g, {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
+               "link_bytes": report["link_bytes"]}
 
 
 def swiglu_stage(g, b: int, d: int, f: int, *, tile_m: int, tile_n: int, compute_bw: int, par_dispatch: int,

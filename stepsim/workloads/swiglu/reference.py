@@ -76,13 +76,13 @@ def inputs(w: Workload, seed: int) -> dict:
         "w_down": seeded_normal(seed, "w_down", (f, d), f ** -0.5, bf16=False),
     }
     tp, layers = w.params.get("tp"), w.params.get("layers")
-    if layers is not None:  # a stack (swiglu/pipeline.py): layer i's weights as layer<i>.<name>
+    if layers is not None:  # a stack (build.py, _stack): layer i's weights as layer<i>.<name>
         return {"x": arrays["x"]} | {f"layer{i}.{name}": seeded_normal(seed, f"layer{i}.{name}", a.shape,
                                                                       a.shape[0] ** -0.5, bf16=False)
                                      for i in range(layers) for name, a in arrays.items() if name != "x"}
     if tp is None:
         return arrays
-    cols = f // tp  # chip c: columns c*cols.. of w_gate and w_up, those rows of w_down (swiglu/parallel.py)
+    cols = f // tp  # chip c: columns c*cols.. of w_gate and w_up, those rows of w_down (build.py, _tp)
     shards = {"x": arrays["x"]}
     for c in range(tp):
         part = slice(c * cols, (c + 1) * cols)
