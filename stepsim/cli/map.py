@@ -1,7 +1,8 @@
 """``stepsim map KIND --model M --shape N [--hardware H]``: the schedule the mapper chooses for a layer on a chip
 (docs/mapping.md): its knobs, cycles and lower bound, HBM and compute utilisation, the units it uses and how the
 search went. ``--out FILE.json`` writes the schedule (``stepsim run|metrics --schedule FILE`` and
-:func:`stepsim.mapping.schedule.read_schedules` read it).
+:func:`stepsim.mapping.schedule.read_schedules` read it). ``projection``: every weight matrix a serving step prices
+on the engine (a layer's fused q/k/v and o projections, an MoE model's router, the LM head), each mapped at N tokens.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 from stepsim.base.errors import ConfigError
 from stepsim.base.ranges import json_text
 from stepsim.mapping.schedule import KNOBS
+
+#: ``stepsim map``'s kinds: a run's layers (:data:`KNOBS`) and a serving step's weight matrices
+KINDS = (*KNOBS, "projection")
 
 
 def _hardware(name: str):
@@ -32,6 +36,9 @@ def _run(args) -> int:
                           f"got {args.shape}")
     if args.shape > MAX_SHAPE:
         raise ConfigError(f"--shape {args.shape:,}: at most {MAX_SHAPE:,} (a serving step's tokens or requests)")
+    if args.out is not None and args.kind == "projection":
+        raise ConfigError("--out: projection schedules are mapped for serve's steps, not a run's layer (stepsim "
+                          f"run|metrics --schedule FILE takes {', '.join(KNOBS)}); use --json")
     if args.out is not None:  # a bad destination fails before the mapping, not after it
         from stepsim.base.outputs import check_out_file
 
@@ -41,6 +48,8 @@ def _run(args) -> int:
     model.refuse_unmodelled("stepsim map")
     if args.kind == "ffn" and not model.is_moe and not model.dense_intermediate:
         raise ConfigError(f"model {model.name!r} has no FFN dimensions (intermediate_size)")
+    if args.kind == "projection":
+        return _projections(args, model, hardware)
     dims = layer_dims(args.kind, model)
     schedule = map_layer(args.kind, args.shape, dims, hardware, cache=not args.no_cache)
     record = {"model": model.name, "hardware": hardware.name, "shape": args.shape, **schedule.to_dict(),
@@ -53,9 +62,43 @@ def _run(args) -> int:
         print(json_text(record, indent=2))
         return 0
     unit = "requests" if args.kind == "decode" else "tokens"
-    knobs = ", ".join(f"{k} {schedule.knobs[k]}" for k in KNOBS[args.kind])
-    c = schedule.candidates
     print(f"{args.kind} of {model.name} at {args.shape:,} {unit} on {hardware.name}")
+    _print_schedule(schedule, record, hardware)
+    return 0
+
+
+def _projections(args, model, hardware) -> int:
+    """``stepsim map projection``: each weight matrix of a serving step (stepsim.serve.projections), mapped at
+    ``--shape`` rows (tokens; the LM head's rows are a step's sequences), printed one after another."""
+    from stepsim.mapping.projection import map_projection
+    from stepsim.serve.memory import model_memory
+    from stepsim.serve.projections import projection_shapes
+
+    layer, head = projection_shapes(model, model_memory(model).vocab_size)
+    records = []
+    for name, d_in, d_out in [*layer, head]:
+        schedule = map_projection(args.shape, d_in, d_out, hardware, cache=not args.no_cache)
+        records.append((name, d_in, d_out, schedule, {
+            "matrix": name, "d_in": d_in, "d_out": d_out, **schedule.to_dict(),
+            "hbm_utilisation": schedule.hbm_utilisation(hardware.hbm_peak_bytes_per_cycle),
+            "compute_utilisation": schedule.compute_utilisation(hardware.peak_flops_per_cycle)}))
+    if args.json:
+        print(json_text({"model": model.name, "hardware": hardware.name, "shape": args.shape,
+                         "projections": [r for *_, r in records]}, indent=2))
+        return 0
+    print(f"projections of {model.name} at {args.shape:,} tokens on {hardware.name}")
+    for name, d_in, d_out, schedule, record in records:
+        print(f"{name:<12} {d_in:,} x {d_out:,} bf16 weights ({d_in * d_out * 2:,} bytes)")
+        _print_schedule(schedule, record, hardware)
+    return 0
+
+
+def _print_schedule(schedule, record: dict, hardware) -> None:
+    """A schedule's lines: knobs, cycles, HBM, compute, units and search."""
+    from stepsim.mapping.schedule import ALL_KNOBS
+
+    knobs = ", ".join(f"{k} {schedule.knobs[k]}" for k in ALL_KNOBS[schedule.kind])
+    c = schedule.candidates
     print(f"schedule     {knobs}")
     print(f"cycles       {schedule.cycles:,} (lower bound {schedule.bound_cycles:,})")
     print(f"HBM          {schedule.off_chip_bytes:,} bytes, {record['hbm_utilisation'] * 100:.1f} % of "
@@ -66,7 +109,6 @@ def _run(args) -> int:
           f"{schedule.memory_units:,} of {hardware.memory_units:,} memory; "
           f"{schedule.on_chip_bytes:,} bytes on chip")
     print(f"search       {c['simulated']} simulated, {c['pruned']} pruned by bounds, {c['infeasible']} infeasible")
-    return 0
 
 
 #: the largest --shape: a serving step holds at most a few thousand tokens or requests
@@ -78,13 +120,14 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "map", help="the whole-chip schedule of a layer (mapper): knobs, cycles, utilisation, units",
         description=__doc__.split("\n\n")[0].replace("\n", " "))
-    p.add_argument("kind", choices=tuple(KNOBS), help="ffn: the MoE block or dense FFN; decode: the decode attention "
-                                                      "of one KV head; prefill: the prefill attention of every "
-                                                      "KV head")
+    p.add_argument("kind", choices=KINDS, help="ffn: the MoE block or dense FFN; decode: the decode attention of one "
+                                               "KV head; prefill: the prefill attention of every KV head; "
+                                               "projection: a serving step's weight matrices (q/k/v, o, router, "
+                                               "LM head)")
     p.add_argument("--model", required=True, metavar="M", help="preset name or Hugging Face config.json")
     p.add_argument("--shape", type=int, required=True, metavar="N",
-                   help="tokens (ffn), decoding requests (decode) or prompt tokens a KV head computes, in whole "
-                        "32-row tiles (prefill)")
+                   help="tokens (ffn, projection), decoding requests (decode) or prompt tokens a KV head computes, "
+                        "in whole 32-row tiles (prefill)")
     p.add_argument("--hardware", default="sn40l", metavar="H", help="hardware preset or TOML (default sn40l)")
     p.add_argument("--out", metavar="FILE.json",
                    help="write the schedule as JSON (default: none, only printed; stepsim run|metrics --schedule FILE "
