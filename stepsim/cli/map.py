@@ -36,6 +36,14 @@ def _run(args) -> int:
                           f"got {args.shape}")
     if args.shape > MAX_SHAPE:
         raise ConfigError(f"--shape {args.shape:,}: at most {MAX_SHAPE:,} (a serving step's tokens or requests)")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be an int >= 1, got {args.jobs}")
+    if args.jobs > 1 and not args.buckets:
+        raise ConfigError("--jobs maps buckets side by side: it needs --buckets")
+    if args.no_cache and args.buckets:
+        raise ConfigError("--buckets maps into the cache: it cannot take --no-cache")
+    if args.out is not None and args.buckets:
+        raise ConfigError("--out writes one schedule; with --buckets use --json")
     if args.out is not None and args.kind == "projection":
         raise ConfigError("--out: projection schedules are mapped for serve's steps, not a run's layer (stepsim "
                           f"run|metrics --schedule FILE takes {', '.join(KNOBS)}); use --json")
@@ -48,6 +56,8 @@ def _run(args) -> int:
     model.refuse_unmodelled("stepsim map")
     if args.kind == "ffn" and not model.is_moe and not model.dense_intermediate:
         raise ConfigError(f"model {model.name!r} has no FFN dimensions (intermediate_size)")
+    if args.buckets:
+        return _buckets(args, model, hardware)
     if args.kind == "projection":
         return _projections(args, model, hardware)
     dims = layer_dims(args.kind, model)
@@ -93,6 +103,72 @@ def _projections(args, model, hardware) -> int:
     return 0
 
 
+def bucket_jobs(kind: str, shape: int, model, vocab: int | None) -> list[tuple]:
+    """The mapping jobs (:mod:`stepsim.serve.map_ahead`) of every serving bucket of ``kind`` up to ``shape``'s: the
+    powers of two from 1 (``prefill``: from one 32-row tile) to the bucket of ``shape``, each projection matrix at
+    each for ``projection``."""
+    from stepsim.mapping.kinds import KV_TILE
+    from stepsim.mapping.mapper import bucket
+    from stepsim.serve.projections import projection_shapes
+
+    first = KV_TILE if kind == "prefill" else 1
+    sizes = [first << i for i in range(max(0, bucket(shape).bit_length() - first.bit_length()) + 1)]
+    if kind != "projection":
+        return [("layer", kind, size) for size in sizes]
+    layer, head = projection_shapes(model, vocab)
+    return [("projection", size, d_in, d_out) for size in sizes for _, d_in, d_out in [*layer, head]]
+
+
+def _bucket_of(job: tuple) -> int:
+    """A mapping job's bucket: ``("layer", kind, size)`` or ``("projection", tokens, d_in, d_out)``."""
+    return job[2] if job[0] == "layer" else job[1]
+
+
+def _buckets(args, model, hardware) -> int:
+    """``--buckets``: map every bucket up to ``--shape``'s on ``--jobs`` processes (a cold cache ahead of a serve
+    run); one line a bucket, in bucket order, each as soon as it and those before it are done."""
+    from stepsim.serve.map_ahead import map_job
+
+    vocab = None
+    if args.kind == "projection":
+        from stepsim.serve.memory import model_memory
+
+        vocab = model_memory(model).vocab_size
+    jobs = bucket_jobs(args.kind, args.shape, model, vocab)
+    if args.jobs == 1:
+        schedules = (map_job(job, model, hardware) for job in jobs)
+        pool = None
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        from stepsim.base.forkserver import start_fork_server
+
+        pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=start_fork_server(warm_kernels=True))
+        schedules = (f.result() for f in [pool.submit(map_job, job, model, hardware) for job in jobs])
+    records = []
+    try:
+        if not args.json:
+            print(f"{args.kind} of {model.name} on {hardware.name}: every bucket up to {_bucket_of(jobs[-1]):,} "
+                  f"({len(jobs)} schedules, {args.jobs} process{'es' if args.jobs > 1 else ''})")
+        for job, schedule in zip(jobs, schedules):
+            matrix = {"d_in": job[2], "d_out": job[3]} if job[0] == "projection" else {}
+            record = {"bucket": _bucket_of(job), **matrix, **schedule.to_dict(),
+                      "hbm_utilisation": schedule.hbm_utilisation(hardware.hbm_peak_bytes_per_cycle)}
+            records.append(record)
+            if not args.json:
+                dims = f" {job[2]:,} x {job[3]:,}" if matrix else ""
+                knobs = ", ".join(f"{k} {v}" for k, v in schedule.knobs.items())
+                print(f"{record['bucket']:>7,}{dims}  {knobs}: {schedule.cycles:,} cycles, HBM "
+                      f"{record['hbm_utilisation'] * 100:.1f} %", flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    if args.json:
+        print(json_text({"model": model.name, "hardware": hardware.name, "kind": args.kind, "buckets": records},
+                        indent=2))
+    return 0
+
+
 def _print_schedule(schedule, record: dict, hardware) -> None:
     """A schedule's lines: knobs, cycles, HBM, compute, units and search."""
     from stepsim.mapping.schedule import ALL_KNOBS
@@ -133,5 +209,10 @@ def register(subparsers) -> None:
                    help="write the schedule as JSON (default: none, only printed; stepsim run|metrics --schedule FILE "
                         "reads it)")
     p.add_argument("--no-cache", action="store_true", help="map again, neither reading nor writing the cache")
+    p.add_argument("--buckets", action="store_true",
+                   help="map every serving bucket (power of two) up to --shape's, one line each, into the cache "
+                        "(ahead of a serve run on a cold cache; default: --shape alone, in full)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with --buckets: map N buckets side by side in worker processes (default 1)")
     p.add_argument("--json", action="store_true", help="print the schedule and its figures as one JSON object")
     p.set_defaults(handler=_run)

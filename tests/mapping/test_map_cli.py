@@ -119,6 +119,13 @@ BAD = [
      "stepsim: error: --out: projection schedules are mapped for serve's steps, not a run's layer (stepsim "
      "run|metrics --schedule FILE takes ffn, decode, prefill); use --json"),
     ("map projection --model tiny.json --shape 0", 2, "stepsim: error: --shape must be an int >= 1 (tokens), got 0"),
+    ("map decode --model tiny.json --shape 8 --buckets --jobs 0", 2, "stepsim: error: --jobs must be an int >= 1, got 0"),
+    ("map decode --model tiny.json --shape 8 --jobs 2", 2,
+     "stepsim: error: --jobs maps buckets side by side: it needs --buckets"),
+    ("map decode --model tiny.json --shape 8 --buckets --no-cache", 2,
+     "stepsim: error: --buckets maps into the cache: it cannot take --no-cache"),
+    ("map decode --model tiny.json --shape 8 --buckets --out b.json", 2,
+     "stepsim: error: --out writes one schedule; with --buckets use --json"),
 ]
 
 
@@ -190,3 +197,45 @@ def test_map_projection_prints_every_weight_matrix_of_a_serving_step(tiny, capsy
     out, err = capsys.readouterr()
     assert (code, out, err) == (2, "", "stepsim: error: model file tiny.json: missing field 'vocab_size' (serving "
                                        "needs it for the weights' size)\n")
+
+
+def test_map_buckets_maps_every_serving_bucket_into_the_cache(tiny, capsys, monkeypatch):
+    """``--buckets``: every power of two up to the shape's bucket, one line each, side by side on ``--jobs`` worker
+    processes (what a cold serve run would otherwise map one step at a time); ``prefill`` from one 32-row tile,
+    ``projection`` every matrix at each bucket. The schedules are the ones ``stepsim map`` finds one at a time."""
+    monkeypatch.setattr("stepsim.mapping.projection._MEMO", {})
+    (tiny / "tinyv.json").write_text(json.dumps({**TINY, "vocab_size": 1000}))
+    code, out, err = run(capsys, "map decode --model tinyv.json --shape 20 --buckets --jobs 2")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "decode of tinyv.json on sn40l: every bucket up to 32 (6 schedules, 2 processes)",
+        "      1  regions 1: 1,738 cycles, HBM 2.5 %",
+        "      2  regions 2: 1,741 cycles, HBM 5.0 %",
+        "      4  regions 4: 1,777 cycles, HBM 9.8 %",
+        "      8  regions 8: 1,859 cycles, HBM 18.8 %",
+        "     16  regions 16: 2,469 cycles, HBM 28.3 %",
+        "     32  regions 32: 3,577 cycles, HBM 39.0 %",
+    ]
+    assert len(list((tiny / "cache").glob("*.json"))) == 6  # mapped by the workers, into the cache
+    code, out, _ = run(capsys, "map decode --model tinyv.json --shape 16 --json")
+    assert (code, json.loads(out)["cycles"]) == (0, 2469)  # the bucket's schedule, from the cache
+    code, out, _ = run(capsys, "map projection --model tinyv.json --shape 3 --buckets")
+    assert out.splitlines() == [
+        "projection of tinyv.json on sn40l: every bucket up to 4 (12 schedules, 1 process)",
+        "      1 64 x 128  tile_m 1, tile_f 32, lanes 4: 192 cycles, HBM 5.5 %",
+        "      1 64 x 64  tile_m 1, tile_f 32, lanes 2: 192 cycles, HBM 2.8 %",
+        "      1 64 x 8  tile_m 1, tile_f 32, lanes 1: 192 cycles, HBM 1.4 %",
+        "      1 64 x 1,000  tile_m 1, tile_f 32, lanes 32: 217 cycles, HBM 39.0 %",
+        "      2 64 x 128  tile_m 2, tile_f 32, lanes 4: 197 cycles, HBM 5.6 %",
+        "      2 64 x 64  tile_m 2, tile_f 32, lanes 2: 197 cycles, HBM 2.8 %",
+        "      2 64 x 8  tile_m 2, tile_f 32, lanes 1: 197 cycles, HBM 1.5 %",
+        "      2 64 x 1,000  tile_m 2, tile_f 32, lanes 32: 222 cycles, HBM 39.3 %",
+        "      4 64 x 128  tile_m 4, tile_f 32, lanes 4: 207 cycles, HBM 5.7 %",
+        "      4 64 x 64  tile_m 4, tile_f 32, lanes 2: 207 cycles, HBM 2.9 %",
+        "      4 64 x 8  tile_m 4, tile_f 32, lanes 1: 207 cycles, HBM 1.5 %",
+        "      4 64 x 1,000  tile_m 4, tile_f 32, lanes 32: 232 cycles, HBM 39.9 %",
+    ]
+    code, out, _ = run(capsys, "map prefill --model tinyv.json --shape 40 --buckets --json")
+    record = json.loads(out)
+    assert (code, record["kind"], [(b["bucket"], b["knobs"], b["cycles"]) for b in record["buckets"]]) == (
+        0, "prefill", [(32, {"regions": 2}, 338), (64, {"regions": 4}, 389)])
