@@ -106,7 +106,8 @@ def _projections(args, model, hardware) -> int:
 def bucket_jobs(kind: str, shape: int, model, vocab: int | None) -> list[tuple]:
     """The mapping jobs (:mod:`stepsim.serve.map_ahead`) of every serving bucket of ``kind`` up to ``shape``'s: the
     powers of two from 1 (``prefill``: from one 32-row tile) to the bucket of ``shape``, each projection matrix at
-    each for ``projection``."""
+    each for ``projection``, but the LM head only up to serve's default ``--max-seqs`` (a step's LM head has a row
+    a sequence, not a token: above that its schedules are never used by default)."""
     from stepsim.mapping.kinds import KV_TILE
     from stepsim.mapping.mapper import bucket
     from stepsim.serve.projections import projection_shapes
@@ -115,8 +116,11 @@ def bucket_jobs(kind: str, shape: int, model, vocab: int | None) -> list[tuple]:
     sizes = [first << i for i in range(max(0, bucket(shape).bit_length() - first.bit_length()) + 1)]
     if kind != "projection":
         return [("layer", kind, size) for size in sizes]
+    from stepsim.serve.scheduler import VLLM_MAX_SEQS
+
     layer, head = projection_shapes(model, vocab)
-    return [("projection", size, d_in, d_out) for size in sizes for _, d_in, d_out in [*layer, head]]
+    return [("projection", size, d_in, d_out) for size in sizes for _, d_in, d_out in [*layer, head]
+            if (d_in, d_out) != head[1:] or size <= VLLM_MAX_SEQS]
 
 
 def _bucket_of(job: tuple) -> int:

@@ -239,3 +239,22 @@ def test_map_buckets_maps_every_serving_bucket_into_the_cache(tiny, capsys, monk
     record = json.loads(out)
     assert (code, record["kind"], [(b["bucket"], b["knobs"], b["cycles"]) for b in record["buckets"]]) == (
         0, "prefill", [(32, {"regions": 2}, 338), (64, {"regions": 4}, 389)])
+
+
+def test_the_buckets_of_a_serving_shape():
+    """``--buckets``' jobs for the 4-layer Qwen3 shape (nothing mapped here): the FFN's 12 token buckets up to
+    2,048, the prefill's from one 32-row tile, and the projections at each token bucket but the LM head (a row a
+    sequence) only up to serve's default 128 sequences: 12 x 3 + 8."""
+    from pathlib import Path
+
+    from stepsim.cli.map import bucket_jobs
+    from stepsim.models.presets import resolve_model
+
+    model = resolve_model(str(Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-4layers.json"))
+    assert bucket_jobs("ffn", 1500, model, None) == [("layer", "ffn", 1 << i) for i in range(12)]
+    assert bucket_jobs("prefill", 100, model, None) == [("layer", "prefill", s) for s in (32, 64, 128)]
+    assert bucket_jobs("decode", 1, model, None) == [("layer", "decode", 1)]
+    jobs = bucket_jobs("projection", 2048, model, 151_936)
+    assert len(jobs) == 44 and jobs[:4] == [("projection", 1, 2048, 5120), ("projection", 1, 4096, 2048),
+                                            ("projection", 1, 2048, 128), ("projection", 1, 2048, 151_936)]
+    assert [j[1] for j in jobs if j[3] == 151_936] == [1, 2, 4, 8, 16, 32, 64, 128]
