@@ -87,7 +87,10 @@ ORDER = {"ffn": 0, "projection": 1, "prefill": 2, "decode": 3}
 def map_ahead(provider, batch, tasks: list, pool) -> int:
     """Map the missing buckets of ``tasks`` (and of ``batch``'s projections) on ``pool``, one job a worker at a time,
     FFN buckets first (:data:`ORDER`), and keep each schedule in this process's memo. Returns the jobs mapped."""
-    jobs = missing(step_jobs(provider, batch, tasks), provider.model, provider.hardware)
+    held = provider.__dict__.setdefault("_mapped_ahead", set())  # jobs known mapped: no key hashed again
+    wanted = [job for job in step_jobs(provider, batch, tasks) if job not in held]
+    jobs = missing(wanted, provider.model, provider.hardware)
+    held.update(wanted)
     jobs.sort(key=lambda job: ORDER[job[1] if job[0] == "layer" else "projection"])
     futures = [pool.submit(map_job, job, provider.model, provider.hardware) for job in jobs]
     for job, future in zip(jobs, futures):
