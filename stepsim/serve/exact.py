@@ -130,9 +130,16 @@ class EngineLatency:
         self.layer_use = LayerUse(self.spec) if schedule == "auto" else None
 
     # ---------------------------------------------------------------------------------------- parallelism
-    def run_tasks(self, tasks: list) -> list:
+    def run_tasks(self, tasks: list, batch: IterationBatch | None = None) -> list:
         """``layer_task`` of every ``(kind, data)`` task, in order (on the workers when ``jobs`` > 1); their
-        times and templates are added to :meth:`stats`."""
+        times and templates are added to :meth:`stats`. On workers with mapped layers, the buckets the tasks (and
+        ``batch``'s projections, when given) need and nothing holds yet are mapped first, one a worker
+        (:mod:`stepsim.serve.map_ahead`)."""
+        if self.jobs and self.jobs > 1 and self.layers_executor is None and self.spec.schedule == "auto" \
+                and self.spec.system is None:
+            from stepsim.serve.map_ahead import map_ahead
+
+            map_ahead(self, batch, tasks, self._workers())
         results = self._run(tasks)
         for _, build_s, engine_s, built in results:
             self.build_s += build_s
@@ -146,6 +153,11 @@ class EngineLatency:
             return self._counted(self.layers_executor.run(self.spec, tasks))
         if not self.jobs or self.jobs == 1:
             return [self._counted(layer_task(self.spec, kind, data)) for kind, data in tasks]
+        futures = [self._workers().submit(layer_task, self.spec, kind, data) for kind, data in tasks]
+        return [self._counted(f.result()) for f in futures]
+
+    def _workers(self) -> ProcessPoolExecutor:
+        """The ``jobs`` worker processes, started on first use."""
         if self._pool is None:
             from stepsim.base.forkserver import start_fork_server
             from stepsim.batch.tasks import init_local_worker
@@ -153,8 +165,7 @@ class EngineLatency:
             self._pool = ProcessPoolExecutor(max_workers=self.jobs,
                                              mp_context=start_fork_server(warm_kernels=True),
                                              initializer=init_local_worker, initargs=(True, os.getpid()))
-        futures = [self._pool.submit(layer_task, self.spec, kind, data) for kind, data in tasks]
-        return [self._counted(f.result()) for f in futures]
+        return self._pool
 
     def _counted(self, done):
         """``done`` (one layer task's result, or a list of them) passed through, counted for :attr:`on_simulated`."""
@@ -243,7 +254,7 @@ class EngineLatency:
         tasks, roles = self.tasks(batch)
         if self.layer_use is not None:
             self.layer_use.note(batch)
-        results = self.run_tasks(tasks)
+        results = self.run_tasks(tasks, batch)
         cycles = dict.fromkeys(CYCLE_KINDS, 0)
         for (role, count), (c, *_) in zip(roles, results):
             cycles[role] += count * c

@@ -333,7 +333,8 @@ CASES = [
      E + "--shape 2,147,483,648: at most 65,536 (a serving step's tokens or requests)"),
     ('map decode --model qwen --shape 0', 2, E + '--shape must be an int >= 1 (requests), got 0'),
     ('map attention --model llama --shape 1', 2,
-     "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode', 'prefill')"),
+     "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode', 'prefill', "
+     "'projection')"),
     ('map ffn --model gpt5 --shape 1', 2,
      E + "unknown model 'gpt5'; expected one of deepseek-moe-16b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, "
          'llama-3.1-8b, llama-4-maverick, llama-4-scout, mixtral-8x7b, qwen3-235b-a22b, qwen3-30b-a3b (aliases deepseek, deepseek-r1, '

@@ -93,7 +93,8 @@ def test_map_out_is_a_schedule_file_that_run_reproduces(tiny, capsys):
 #: (command line, exit status, the exact last line of stderr)
 BAD = [
     ("map attention --model tiny.json --shape 1", 2,
-     "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode', 'prefill')"),
+     "stepsim map: error: argument kind: invalid choice: 'attention' (choose from 'ffn', 'decode', 'prefill', "
+     "'projection')"),
     ("map ffn --model tiny.json --shape 0", 2, "stepsim: error: --shape must be an int >= 1 (tokens), got 0"),
     ("map decode --model tiny.json --shape -3", 2, "stepsim: error: --shape must be an int >= 1 (requests), got -3"),
     ("map ffn --model tiny.json --shape 65537", 2,
@@ -114,6 +115,17 @@ BAD = [
      "Face config.json path"),
     ("map ffn --shape 1", 2, "stepsim map: error: the following arguments are required: --model"),
     ("map ffn --model tiny.json --shape 1 --out .", 2, "stepsim: error: --out .: is a folder; give a file name"),
+    ("map projection --model tiny.json --shape 1 --out p.json", 2,
+     "stepsim: error: --out: projection schedules are mapped for serve's steps, not a run's layer (stepsim "
+     "run|metrics --schedule FILE takes ffn, decode, prefill); use --json"),
+    ("map projection --model tiny.json --shape 0", 2, "stepsim: error: --shape must be an int >= 1 (tokens), got 0"),
+    ("map decode --model tiny.json --shape 8 --buckets --jobs 0", 2, "stepsim: error: --jobs must be an int >= 1, got 0"),
+    ("map decode --model tiny.json --shape 8 --jobs 2", 2,
+     "stepsim: error: --jobs maps buckets side by side: it needs --buckets"),
+    ("map decode --model tiny.json --shape 8 --buckets --no-cache", 2,
+     "stepsim: error: --buckets maps into the cache: it cannot take --no-cache"),
+    ("map decode --model tiny.json --shape 8 --buckets --out b.json", 2,
+     "stepsim: error: --out writes one schedule; with --buckets use --json"),
 ]
 
 
@@ -129,3 +141,120 @@ def test_map_bad_input_is_one_line(tiny, capsys, command, status, last_line):
     out, err = capsys.readouterr()
     assert (code, out, err.splitlines()[-1]) == (status, "", last_line)
     assert "Traceback" not in err and not (tiny / "s.json").exists() and not (tiny / "cache").exists()
+
+
+def test_map_projection_prints_every_weight_matrix_of_a_serving_step(tiny, capsys, monkeypatch):
+    """``stepsim map projection``: the fused q/k/v (64 x (4 + 2 x 2) x 16), o, router (8 experts) and LM head
+    (vocab 1,000) that a mapped serving step prices on the engine (stepsim.serve.projections), each mapped at 24
+    tokens; --json holds the same schedules; a config without ``vocab_size`` (no LM head) is one line."""
+    monkeypatch.setattr("stepsim.mapping.projection._MEMO", {})
+    (tiny / "tinyv.json").write_text(json.dumps({**TINY, "vocab_size": 1000}))
+    code, out, err = run(capsys, "map projection --model tinyv.json --shape 24")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "projections of tinyv.json at 24 tokens on sn40l",
+        "qkv          64 x 128 bf16 weights (16,384 bytes)",
+        "schedule     tile_m 32, tile_f 32, lanes 4",
+        "cycles       347 (lower bound 295)",
+        "HBM          36,864 bytes, 6.6 % of 1,600 B/cycle",
+        "compute      524,288 FLOPs, 0.2 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 13 of 1,040 memory; 69,632 bytes on chip",
+        "search       2 simulated, 22 pruned by bounds, 0 infeasible",
+        "o            64 x 64 bf16 weights (8,192 bytes)",
+        "schedule     tile_m 32, tile_f 32, lanes 2",
+        "cycles       347 (lower bound 295)",
+        "HBM          20,480 bytes, 3.7 % of 1,600 B/cycle",
+        "compute      262,144 FLOPs, 0.1 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 7 of 1,040 memory; 36,864 bytes on chip",
+        "search       2 simulated, 14 pruned by bounds, 0 infeasible",
+        "router       64 x 8 bf16 weights (1,024 bytes)",
+        "schedule     tile_m 32, tile_f 32, lanes 1",
+        "cycles       347 (lower bound 295)",
+        "HBM          12,288 bytes, 2.2 % of 1,600 B/cycle",
+        "compute      131,072 FLOPs, 0.1 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 4 of 1,040 memory; 20,480 bytes on chip",
+        "search       2 simulated, 10 pruned by bounds, 0 infeasible",
+        "lm_head      64 x 1,000 bf16 weights (128,000 bytes)",
+        "schedule     tile_m 32, tile_f 32, lanes 32",
+        "cycles       385 (lower bound 312)",
+        "HBM          266,240 bytes, 43.2 % of 1,600 B/cycle",
+        "compute      4,194,304 FLOPs, 1.7 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 97 of 1,040 memory; 528,384 bytes on chip",
+        "search       3 simulated, 57 pruned by bounds, 0 infeasible",
+    ]
+    assert len(list((tiny / "cache").glob("*.json"))) == 4  # one cached schedule a matrix
+    code, out, _ = run(capsys, "map projection --model tinyv.json --shape 24 --json")
+    record = json.loads(out)
+    assert (code, record["model"], record["hardware"], record["shape"]) == (0, "tinyv.json", "sn40l", 24)
+    assert [(p["matrix"], p["d_in"], p["d_out"], p["kind"], p["knobs"], p["cycles"], p["off_chip_bytes"])
+            for p in record["projections"]] == [
+        ("qkv", 64, 128, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 4}, 347, 36_864),
+        ("o", 64, 64, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 2}, 347, 20_480),
+        ("router", 64, 8, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 1}, 347, 12_288),
+        ("lm_head", 64, 1000, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 32}, 385, 266_240)]
+    assert record["projections"][3]["hbm_utilisation"] == 266_240 / 385 / 1600
+    code = main(["map", "projection", "--model", "tiny.json", "--shape", "24"])
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (2, "", "stepsim: error: model file tiny.json: missing field 'vocab_size' (serving "
+                                       "needs it for the weights' size)\n")
+
+
+def test_map_buckets_maps_every_serving_bucket_into_the_cache(tiny, capsys, monkeypatch):
+    """``--buckets``: every power of two up to the shape's bucket, one line each, side by side on ``--jobs`` worker
+    processes (what a cold serve run would otherwise map one step at a time); ``prefill`` from one 32-row tile,
+    ``projection`` every matrix at each bucket. The schedules are the ones ``stepsim map`` finds one at a time."""
+    monkeypatch.setattr("stepsim.mapping.projection._MEMO", {})
+    (tiny / "tinyv.json").write_text(json.dumps({**TINY, "vocab_size": 1000}))
+    code, out, err = run(capsys, "map decode --model tinyv.json --shape 20 --buckets --jobs 2")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "decode of tinyv.json on sn40l: every bucket up to 32 (6 schedules, 2 processes)",
+        "      1  regions 1: 1,738 cycles, HBM 2.5 %",
+        "      2  regions 2: 1,741 cycles, HBM 5.0 %",
+        "      4  regions 4: 1,777 cycles, HBM 9.8 %",
+        "      8  regions 8: 1,859 cycles, HBM 18.8 %",
+        "     16  regions 16: 2,469 cycles, HBM 28.3 %",
+        "     32  regions 32: 3,577 cycles, HBM 39.0 %",
+    ]
+    assert len(list((tiny / "cache").glob("*.json"))) == 6  # mapped by the workers, into the cache
+    code, out, _ = run(capsys, "map decode --model tinyv.json --shape 16 --json")
+    assert (code, json.loads(out)["cycles"]) == (0, 2469)  # the bucket's schedule, from the cache
+    code, out, _ = run(capsys, "map projection --model tinyv.json --shape 3 --buckets")
+    assert out.splitlines() == [
+        "projection of tinyv.json on sn40l: every bucket up to 4 (12 schedules, 1 process)",
+        "      1 64 x 128  tile_m 1, tile_f 32, lanes 4: 192 cycles, HBM 5.5 %",
+        "      1 64 x 64  tile_m 1, tile_f 32, lanes 2: 192 cycles, HBM 2.8 %",
+        "      1 64 x 8  tile_m 1, tile_f 32, lanes 1: 192 cycles, HBM 1.4 %",
+        "      1 64 x 1,000  tile_m 1, tile_f 32, lanes 32: 217 cycles, HBM 39.0 %",
+        "      2 64 x 128  tile_m 2, tile_f 32, lanes 4: 197 cycles, HBM 5.6 %",
+        "      2 64 x 64  tile_m 2, tile_f 32, lanes 2: 197 cycles, HBM 2.8 %",
+        "      2 64 x 8  tile_m 2, tile_f 32, lanes 1: 197 cycles, HBM 1.5 %",
+        "      2 64 x 1,000  tile_m 2, tile_f 32, lanes 32: 222 cycles, HBM 39.3 %",
+        "      4 64 x 128  tile_m 4, tile_f 32, lanes 4: 207 cycles, HBM 5.7 %",
+        "      4 64 x 64  tile_m 4, tile_f 32, lanes 2: 207 cycles, HBM 2.9 %",
+        "      4 64 x 8  tile_m 4, tile_f 32, lanes 1: 207 cycles, HBM 1.5 %",
+        "      4 64 x 1,000  tile_m 4, tile_f 32, lanes 32: 232 cycles, HBM 39.9 %",
+    ]
+    code, out, _ = run(capsys, "map prefill --model tinyv.json --shape 40 --buckets --json")
+    record = json.loads(out)
+    assert (code, record["kind"], [(b["bucket"], b["knobs"], b["cycles"]) for b in record["buckets"]]) == (
+        0, "prefill", [(32, {"regions": 2}, 338), (64, {"regions": 4}, 389)])
+
+
+def test_the_buckets_of_a_serving_shape():
+    """``--buckets``' jobs for the 4-layer Qwen3 shape (nothing mapped here): the FFN's 12 token buckets up to
+    2,048, the prefill's from one 32-row tile, and the projections at each token bucket but the LM head (a row a
+    sequence) only up to serve's default 128 sequences: 12 x 3 + 8."""
+    from pathlib import Path
+
+    from stepsim.cli.map import bucket_jobs
+    from stepsim.models.presets import resolve_model
+
+    model = resolve_model(str(Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-4layers.json"))
+    assert bucket_jobs("ffn", 1500, model, None) == [("layer", "ffn", 1 << i) for i in range(12)]
+    assert bucket_jobs("prefill", 100, model, None) == [("layer", "prefill", s) for s in (32, 64, 128)]
+    assert bucket_jobs("decode", 1, model, None) == [("layer", "decode", 1)]
+    jobs = bucket_jobs("projection", 2048, model, 151_936)
+    assert len(jobs) == 44 and jobs[:4] == [("projection", 1, 2048, 5120), ("projection", 1, 4096, 2048),
+                                            ("projection", 1, 2048, 128), ("projection", 1, 2048, 151_936)]
+    assert [j[1] for j in jobs if j[3] == 151_936] == [1, 2, 4, 8, 16, 32, 64, 128]

@@ -1,0 +1,99 @@
+"""Map a mapped step's new buckets on the exact provider's workers, one bucket a worker, before its pieces run.
+
+With ``schedule="auto"`` every piece is built with the schedule mapped at its shape's bucket
+(:func:`stepsim.mapping.schedule_for`, :func:`stepsim.mapping.projection.projection_schedule`), and a bucket not yet
+mapped is mapped by whoever builds the first piece that needs it. On ``--jobs N`` workers, a step's pieces of one
+new bucket (the four FFN layers of the 4-layer Qwen3 shape at the same token count) reach every worker at once, so
+every worker ran the same search (minutes for a large FFN bucket) at the same time, and the step's projections, router
+and LM head were then mapped one after another in the parent. :func:`map_ahead` lists the step's buckets that neither
+this process nor the mapping cache holds, maps each on a worker of its own, and stores the schedules in the parent's
+memo; the workers building the pieces then read them from the cache. What a schedule is does not change (the same
+search, the same cache key), so neither does any cycle: only who maps it, and that each bucket is mapped once.
+"""
+
+from __future__ import annotations
+
+#: a mapping job: ``("layer", kind, bucket size)`` or ``("projection", tokens bucket, d_in, d_out)``
+Job = tuple
+
+
+def step_jobs(provider, batch, tasks: list) -> list[Job]:
+    """The mapping jobs of ``tasks`` on ``provider`` (an exact provider with mapped layers): the pieces' ``(kind,
+    bucket)`` and, given the step's ``batch`` when its weights run on the engine, its projections' and LM head's
+    buckets; in first-use order, each once."""
+    from stepsim.mapping.kinds import layer_dims, prefill_size
+    from stepsim.mapping.mapper import bucket
+    from stepsim.serve.layers import MAPPED_KINDS
+    from stepsim.serve.projections import projection_shapes
+
+    jobs = []
+    for kind, data in tasks:
+        if kind not in MAPPED_KINDS:
+            continue
+        size = prefill_size(data, layer_dims(kind, provider.model)) if kind == "prefill" else len(data)
+        jobs.append(("layer", kind, bucket(size)))
+    if batch is not None and provider.streams_weights:
+        tokens = int(sum(batch.new_tokens))
+        jobs.append(("layer", "ffn", bucket(tokens)))  # the FFN's tile_n (projections.ffn_tile_n), dense or MoE
+        layer, (_, d_in, d_out) = projection_shapes(provider.model, provider.vocab)
+        jobs.extend(("projection", bucket(tokens), a, b) for _, a, b in layer)
+        jobs.append(("projection", bucket(len(batch.new_tokens)), d_in, d_out))
+    return list(dict.fromkeys(jobs))
+
+
+def _located(job: Job, model, hardware) -> tuple[dict, str]:
+    """``(the process memo, cache key)`` of ``job``."""
+    from stepsim.base.files import stable_hash
+    from stepsim.mapping import mapper, projection
+    from stepsim.mapping.kinds import layer_dims
+
+    if job[0] == "layer":
+        _, kind, size = job
+        return mapper._MEMO, mapper._key(kind, size, layer_dims(kind, model), hardware)
+    _, tokens, d_in, d_out = job
+    return projection._MEMO, stable_hash(projection.key_material(tokens, d_in, d_out, hardware))
+
+
+def missing(jobs: list[Job], model, hardware) -> list[Job]:
+    """The jobs whose schedule is neither in this process's memo nor a file of the mapping cache."""
+    from stepsim.mapping.mapper import _cache_folder
+
+    folder = _cache_folder(True)
+    out = []
+    for job in jobs:
+        memo, key = _located(job, model, hardware)
+        if key not in memo and not (folder / f"{key}.json").is_file():
+            out.append(job)
+    return out
+
+
+def map_job(job: Job, model, hardware):
+    """Map one job (on a worker): its :class:`~stepsim.mapping.Schedule`, saved in the mapping cache."""
+    from stepsim.mapping.kinds import layer_dims
+    from stepsim.mapping.mapper import map_layer
+    from stepsim.mapping.projection import map_projection
+
+    if job[0] == "layer":
+        _, kind, size = job
+        return map_layer(kind, size, layer_dims(kind, model), hardware)
+    _, tokens, d_in, d_out = job
+    return map_projection(tokens, d_in, d_out, hardware)
+
+
+#: the order jobs are handed out: the longest searches first (an FFN bucket: minutes; a decode bucket: seconds)
+ORDER = {"ffn": 0, "projection": 1, "prefill": 2, "decode": 3}
+
+
+def map_ahead(provider, batch, tasks: list, pool) -> int:
+    """Map the missing buckets of ``tasks`` (and of ``batch``'s projections) on ``pool``, one job a worker at a time,
+    FFN buckets first (:data:`ORDER`), and keep each schedule in this process's memo. Returns the jobs mapped."""
+    held = provider.__dict__.setdefault("_mapped_ahead", set())  # jobs known mapped: no key hashed again
+    wanted = [job for job in step_jobs(provider, batch, tasks) if job not in held]
+    jobs = missing(wanted, provider.model, provider.hardware)
+    held.update(wanted)
+    jobs.sort(key=lambda job: ORDER[job[1] if job[0] == "layer" else "projection"])
+    futures = [pool.submit(map_job, job, provider.model, provider.hardware) for job in jobs]
+    for job, future in zip(jobs, futures):
+        memo, key = _located(job, provider.model, provider.hardware)
+        memo[key] = future.result()
+    return len(jobs)
