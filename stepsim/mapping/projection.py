@@ -94,10 +94,10 @@ def build_projection(tokens: int, d_in: int, d_out: int, knobs: dict, compute_bw
     from stepsim.graph import (
         BF16,
         FP32,
+        Add,
         Graph,
         LinearOffChipLoad,
         LinearOffChipStore,
-        Add,
         Map,
         Matmul,
         RepeatStatic,
