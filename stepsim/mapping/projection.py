@@ -5,20 +5,26 @@ the LM head are each ``y = x W`` with ``x`` the step's ``tokens`` rows of ``d_in
 ``d_in x d_out`` bf16 matrix; the shape is ``(tokens, d_in, d_out)``. The graph (:func:`build_projection`):
 
 * the token rows load once as tiles of ``tile_m`` rows (the last zero-padded: the tensor has
-  ``ceil(tokens / tile_m) tile_m`` rows);
-* ``lanes`` column stripes: lane ``j`` holds ``n_j`` weight tiles of ``d_in x tile_f`` (tensor ``w.lane<j>``; the
-  ``ceil(d_out / tile_f)`` tiles dealt as evenly as they go, the first lanes one more; a ``d_out`` no ``tile_f``
-  divides is zero-padded to whole tiles), re-read once per token tile, and
-  multiplies each token tile by each of them (one ``Map(Matmul)``); its ``tile_m x tile_f`` results are stored
-  (tensor ``y.lane<j>``, fp32 as the paper's outputs).
+  ``ceil(tokens / tile_m) tile_m`` rows), in ``k_parts`` column slices of ``d_in / k_parts`` (tensors ``x.k<k>``:
+  the reduction dimension split, as a GEMM's split-K);
+* ``lanes`` column stripes, each split ``k_parts`` ways: lane ``(j, k)`` holds ``n_j`` weight tiles of
+  ``d_in / k_parts x tile_f`` (tensor ``w.lane<j>.k<k>``, or ``w.lane<j>`` unsplit; the ``ceil(d_out / tile_f)``
+  tiles dealt as evenly as they go, the first lanes one more; a ``d_out`` no ``tile_f`` divides is zero-padded to
+  whole tiles), re-read once per token tile, and multiplies each token slice by each of them (one ``Map(Matmul)``);
+  lane ``j``'s ``k_parts`` partial sums are added pairwise (``Map(Add)``, a tree) and its ``tile_m x tile_f``
+  results stored (tensor ``y.lane<j>``, fp32 as the paper's outputs).
 
 Each lane's weight load streams on its own (one request a cycle: docs/timing_model.md §4.1), so the weights arrive
-at up to ``lanes`` times one load's rate; the traffic and FLOPs do not depend on the lanes. Space: ``tile_m``
-(powers of two, the largest ``min(bucket, MAX_TILE_M)`` and down to an eighth of it), ``tile_f`` (32, 64, 128) and
-``lanes`` (powers of two up to ``ceil(d_out / tile_f)`` and :data:`MAX_LANES`). Bound from the
-knobs alone (:func:`projection_bound`): the weights' bytes (once per token tile) at the HBM's peak, and the busiest
-lane's requests one a cycle. The search and its cache are the mapper's (:func:`map_projection`), its key of kind
-``projection`` with this module's source in it, so no other kind's cached schedule depends on this module.
+at up to ``lanes x k_parts`` times one load's rate; and each Matmul reads its token tile from on-chip memory at
+``pmu_bw`` (§3.1), which splitting ``d_in`` divides by ``k_parts``: without the split a prefill's narrow
+projection (a tensor-parallel shard's q/k/v, ``d_out`` 768) is bound by that read, not by the HBM. The traffic and
+the Matmuls' FLOPs do not depend on the lanes or the split. Space: ``tile_m`` (powers of two, the largest
+``min(bucket, MAX_TILE_M)`` and down to an eighth of it), ``tile_f`` (32, 64, 128), ``lanes`` (powers of two up to
+``ceil(d_out / tile_f)`` and :data:`MAX_LANES`) and ``k_parts`` (powers of two dividing ``d_in``, at most
+:data:`MAX_K_PARTS` and ``MAX_LANES / lanes``). Bound from the knobs alone (:func:`projection_bound`): the weights'
+bytes (once per token tile) at the HBM's peak, and the busiest lane's requests one a cycle. The search and its
+cache are the mapper's (:func:`map_projection`), its key of kind ``projection`` with this module's source in it, so
+no other kind's cached schedule depends on this module.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ from stepsim.mapping.schedule import Schedule
 TILE_F_CHOICES = (32, 64, 128)
 #: at most this many column stripes (each a compute and a memory operator, plus the store's)
 MAX_LANES = 128
+#: ways the reduction dimension ``d_in`` is split at most
+MAX_K_PARTS = 16
 #: token rows per tile at most (a prefill chunk's tile of d_in fp32 values stays a few memory units)
 MAX_TILE_M = 256
 #: token tiles tried: the largest and down to 1 / 2**this of it
 TILE_M_HALVINGS = 3
 #: bumped whenever the graph, the space or the search change
-PROJECTION_VERSION = 1
+PROJECTION_VERSION = 2
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -55,7 +63,10 @@ def projection_space(tokens: int, d_in: int, d_out: int) -> list[dict]:
     for tile_f in TILE_F_CHOICES:
         stripes = -(-d_out // tile_f)
         for lanes in _powers_of_two(min(MAX_LANES, stripes)):
-            space.extend({"tile_m": m, "tile_f": tile_f, "lanes": lanes} for m in tile_ms)
+            for k_parts in _powers_of_two(min(MAX_K_PARTS, MAX_LANES // lanes)):
+                if d_in % k_parts == 0:
+                    space.extend({"tile_m": m, "tile_f": tile_f, "lanes": lanes, "k_parts": k_parts}
+                                 for m in tile_ms)
     return space
 
 
@@ -73,7 +84,8 @@ def projection_bound(knobs: dict, tokens: int, d_in: int, d_out: int, hardware: 
     m_tiles = -(-tokens // knobs["tile_m"])
     weight_bytes = m_tiles * d_in * d_out * 2
     busiest = lane_tiles(-(-d_out // knobs["tile_f"]), knobs["lanes"])[0]
-    requests = m_tiles * busiest * d_in * -(-2 * knobs["tile_f"] // hardware.addr_offset)
+    rows = d_in // knobs.get("k_parts", 1)  # a lane's slice of the weights
+    requests = m_tiles * busiest * rows * -(-2 * knobs["tile_f"] // hardware.addr_offset)
     return max(-(-weight_bytes // hardware.hbm_peak_bytes_per_cycle), requests)
 
 
@@ -82,6 +94,7 @@ def build_projection(tokens: int, d_in: int, d_out: int, knobs: dict, compute_bw
     from stepsim.graph import (
         BF16,
         FP32,
+        Add,
         Graph,
         LinearOffChipLoad,
         LinearOffChipStore,
@@ -93,15 +106,21 @@ def build_projection(tokens: int, d_in: int, d_out: int, knobs: dict, compute_bw
     from stepsim.workloads.base import Workload
 
     tile_m, tile_f, lanes = knobs["tile_m"], knobs["tile_f"], knobs["lanes"]
-    m_tiles = -(-tokens // tile_m)
+    k_parts = knobs.get("k_parts", 1)
+    m_tiles, rows = -(-tokens // tile_m), d_in // k_parts
     g = Graph(f"projection-{tokens}x{d_in}x{d_out}")
-    x = Tensor("x", (m_tiles * tile_m, d_in), BF16)
-    tiles = LinearOffChipLoad(g, x, (tile_m, d_in), (m_tiles,), (1,), stream_dtype=FP32)
+    slices = [Tensor("x" if k_parts == 1 else f"x.k{k}", (m_tiles * tile_m, rows), BF16) for k in range(k_parts)]
+    tiles = [LinearOffChipLoad(g, x, (tile_m, rows), (m_tiles,), (1,), stream_dtype=FP32) for x in slices]
     for j, n_f in enumerate(lane_tiles(-(-d_out // tile_f), lanes)):
-        w = Tensor(f"w.lane{j}", (d_in, n_f * tile_f), BF16)
-        weights = LinearOffChipLoad(g, w, (d_in, tile_f), (n_f,), (1,), ref=tiles, stream_dtype=FP32)
-        products = Map(g, [RepeatStatic(g, tiles, n_f), weights], Matmul(), compute_bw=compute_bw)
-        LinearOffChipStore(g, products, tensor_name=f"y.lane{j}")
+        partials = []
+        for k, x_tiles in enumerate(tiles):
+            w = Tensor(f"w.lane{j}" if k_parts == 1 else f"w.lane{j}.k{k}", (rows, n_f * tile_f), BF16)
+            weights = LinearOffChipLoad(g, w, (rows, tile_f), (n_f,), (1,), ref=x_tiles, stream_dtype=FP32)
+            partials.append(Map(g, [RepeatStatic(g, x_tiles, n_f), weights], Matmul(), compute_bw=compute_bw))
+        while len(partials) > 1:  # the split-K partial sums added pairwise
+            partials = [Map(g, partials[i:i + 2], Add(), compute_bw=compute_bw) if i + 1 < len(partials)
+                        else partials[i] for i in range(0, len(partials), 2)]
+        LinearOffChipStore(g, partials[0], tensor_name=f"y.lane{j}")
     flops = 2 * m_tiles * tile_m * d_in * d_out
     return Workload(name="projection", graph=g, channel_depth=None, algorithmic_flops=flops,
                     params=dict(tokens=tokens, d_in=d_in, d_out=d_out, **knobs))

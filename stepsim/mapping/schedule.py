@@ -25,7 +25,7 @@ from stepsim.base.files import refuse_special_file
 KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",), "prefill": ("regions",)}
 #: every kind a schedule may be of: :data:`KNOBS` (what ``stepsim map`` and schedule files take) and the serving step's
 #: ``projection`` (:mod:`stepsim.mapping.projection`: mapped and cached for the serve providers, not a run's layer)
-ALL_KNOBS = {**KNOBS, "projection": ("tile_m", "tile_f", "lanes")}
+ALL_KNOBS = {**KNOBS, "projection": ("tile_m", "tile_f", "lanes", "k_parts")}
 
 
 @dataclass(frozen=True)

@@ -226,8 +226,14 @@ class EngineLatency:
     @property
     def streams_weights(self) -> bool:
         """Whether a step's projections, router and LM head run on the engine and the weights stream ahead
-        (:mod:`stepsim.serve.projections`): mapped layers on one chip."""
-        return self.spec.schedule == "auto" and self.spec.system is None and self.chips == 1
+        (:mod:`stepsim.serve.projections`): mapped layers on one chip, or on each chip of a system a dense model
+        is split over by tensor parallelism (``spec.system`` is set only for an MoE model's sharded block)."""
+        return self.spec.schedule == "auto" and self.spec.system is None
+
+    def allreduce_cycles(self, batch: IterationBatch) -> int:
+        """Cycles of one all-reduce of the step's activations between a layer's pieces: none on one chip (a
+        system's: :class:`stepsim.serve.system.SystemEngineLatency`)."""
+        return 0
 
     def mapped_weight_cycles(self, batch: IterationBatch, tasks: list, results: list) -> tuple[int, int]:
         """``(weights, hidden)``: the engine cycles of the step's projections, routers and LM head plus the embedding
@@ -244,8 +250,8 @@ class EngineLatency:
         hw = self.hardware
         self.last_streamed = stream_ahead(pieces, hw.on_chip_capacity_bytes, hw.hbm_peak_bytes_per_cycle,
                                           hw.peak_flops_per_cycle)
-        tokens = int(sum(batch.new_tokens))
-        embedding = math.ceil(tokens * self.embedding_bytes / hw.hbm_peak_bytes_per_cycle)
+        tokens = int(sum(batch.new_tokens))  # the embedding rows: a chip's share (split by vocabulary as the LM head)
+        embedding = math.ceil(-(-tokens * self.embedding_bytes // self.chips) / hw.hbm_peak_bytes_per_cycle)
         weights = sum(p.cycles for p in pieces if p.kind == "projection")
         return weights + embedding, sum(s.saved for s in self.last_streamed)
 

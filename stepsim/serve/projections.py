@@ -41,7 +41,8 @@ class Piece:
     on_chip_bytes: int
     flops: int
     streams: bool = True
-    #: ``projection`` (a projection, router or LM head), ``attention`` or ``ffn``
+    #: ``projection`` (a projection, router or LM head), ``attention``, ``ffn`` or ``collective`` (a system's
+    #: all-reduce, counted with the attention)
     kind: str = "projection"
 
 
@@ -154,17 +155,26 @@ def ffn_tile_n(provider, tokens: int) -> tuple[int, int]:
     from stepsim.mapping import schedule_for
     from stepsim.mapping.kinds import layer_dims
 
-    schedule = schedule_for("ffn", tokens, layer_dims("ffn", provider.model), provider.hardware)
+    schedule = schedule_for("ffn", tokens, layer_dims("ffn", provider.spec.model), provider.hardware)
     return schedule.knobs["tile_n"], schedule.on_chip_bytes
 
 
 def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn: list) -> list[Piece]:
-    """The pieces of a mapped step in run order (module docstring). ``decode``: ``(cycles a layer, KV lengths of the
-    decoding requests, its schedule's on-chip bytes)``; ``prefill``: the prefill attention's cycles a layer (every KV
-    head); ``ffn``: per layer ``(cycles, expert tiles, active experts)`` (a dense model: one entry for every layer)."""
-    model, hardware = provider.model, provider.hardware
+    """The pieces of a mapped step in run order on one chip (module docstring). ``decode``: ``(cycles a layer, KV
+    lengths of the decoding requests, its schedule's on-chip bytes)``; ``prefill``: the prefill attention's cycles a
+    layer (every KV head); ``ffn``: per layer ``(cycles, expert tiles, active experts)`` (a dense model: one entry for
+    every layer).
+
+    On a system's tensor-parallel chips (``provider.chips`` > 1) the pieces are one chip's: the layer its shard
+    (``provider.spec.model``: its query and KV heads, its FFN columns), the LM head's ``ceil(vocab / n)`` rows (split
+    by vocabulary, as Megatron's vocab-parallel head), and after the o projection and after the FFN the ring
+    all-reduce of the step's activations (``provider.allreduce_cycles(batch)`` cycles, HBM idle: the next weights
+    stream in meanwhile, as a dataflow compiler overlaps communication with the next layer's loads)."""
+    model, hardware = provider.spec.model, provider.hardware
     tokens = int(sum(batch.new_tokens))
-    layer_shapes, head = projection_shapes(model, provider.vocab)
+    layer_shapes, head = projection_shapes(model, -(-provider.vocab // provider.chips))
+    allreduce = provider.allreduce_cycles(batch)
+    collective = [Piece("all-reduce", allreduce, 0, 0, 0, 0, kind="collective")] if allreduce else []
     hd, kv_heads, heads = model.head_dim, model.kv_heads, model.heads
     attention = []
     if decode is not None:
@@ -184,11 +194,13 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         pieces.extend(Piece(f"layer {layer} {p.name}", p.cycles, p.hbm_bytes, 0, p.on_chip_bytes, p.flops, p.streams,
                             "attention") for p in attention)
         pieces.append(named["o"])
+        pieces.extend(Piece(f"layer {layer} {p.name}", *astuple_fields(p)) for p in collective)
         if "router" in named:
             pieces.append(named["router"])
         cycles, tiles, active = ffn[layer] if model.is_moe else ffn[0]
         reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
         pieces.append(Piece(f"layer {layer} ffn", int(cycles), reads, weights, ffn_on_chip, flops, kind="ffn"))
+        pieces.extend(Piece(f"layer {layer} {p.name}", *astuple_fields(p)) for p in collective)
     name, d_in, d_out = head
     pieces.append(_projection_piece(name, len(batch.new_tokens), d_in, d_out, hardware))
     return pieces
@@ -200,7 +212,7 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
     from stepsim.mapping import schedule_for
     from stepsim.mapping.kinds import layer_dims
 
-    model = provider.model
+    model = provider.spec.model  # the layer one chip runs
     decode = prefill = None
     ffn = []
     tile_n, _ = ffn_tile_n(provider, int(sum(batch.new_tokens)))

@@ -290,7 +290,10 @@ class SystemEngineLatency(EngineLatency):
     (two ring all-reduces a layer, counted in ``cycles_attention``). With ``schedule="auto"`` the shard's layers
     are mapped over each chip (:mod:`stepsim.mapping`).
 
-    Either way the weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`).
+    The weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`), except on a dense model's
+    mapped shards (``schedule="auto"``): there each chip's q/k/v and o projections and its rows of the LM head run on
+    the engine and the weights stream ahead, also while the all-reduces hold the HBM idle, as on one chip
+    (:mod:`stepsim.serve.projections`).
     """
 
     def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, schedule="paper"):
@@ -308,12 +311,15 @@ class SystemEngineLatency(EngineLatency):
     def weight_cycles(self, batch) -> int:
         return tp_weight_cycles(self.model, self.hardware, self.vocab, self.system.chips, int(sum(batch.new_tokens)))
 
+    def allreduce_cycles(self, batch) -> int:
+        """One all-reduce of the step's activations (:func:`allreduce_cycles`)."""
+        return allreduce_cycles(self.system, self.model.hidden, int(sum(batch.new_tokens)))
+
     def collective_cycles(self, batch) -> int:
         """The all-reduces of the step's activations in every layer (counted in ``cycles_attention``): after the
         attention; a dense model's also after its FFN (an MoE block combines its tokens by all-to-all)."""
         per_layer = 1 if self.model.is_moe else 2
-        return per_layer * self.model.layers * allreduce_cycles(self.system, self.model.hidden,
-                                                                int(sum(batch.new_tokens)))
+        return per_layer * self.model.layers * self.allreduce_cycles(batch)
 
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}

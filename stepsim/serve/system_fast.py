@@ -31,6 +31,7 @@ class SystemFastLatency(FastLatency):
             return None
         return chip_features(rows(), self.system.chips, self.model.experts)
 
+    allreduce_cycles = SystemEngineLatency.allreduce_cycles
     collective_cycles = SystemEngineLatency.collective_cycles
 
     def describe(self) -> dict:

@@ -157,11 +157,12 @@ def test_fast_agrees_with_exact_on_mapped_layers(tiny, tmp_path):
     # both price a step's projections on the engine and stream weights ahead (stepsim/serve/projections.py) and map
     # the prefill attention (every KV head in one attention). Before: closed-form weights and the paper's prefill
     # schedule, 81 steps, p50 0.03 / p95 2.99 / max 5.68 %, TTFT -0.15 / -0.07 %, TPOT 0.0 / -1.17 %; the
-    # projections alone 79 steps, p95 0.74 %, TPOT p99 -2.25 %; the prefill alone p95 4.0 %, TPOT p99 -1.34 %
-    assert (f.summary["iterations"], error, diff) == (80, {"iteration_p50": 0.06, "iteration_p95": 4.18,
-                                                           "iteration_max": 8.03},
-                                                      {"ttft p50": -0.1, "ttft p99": -0.22, "tpot p50": 0.0,
-                                                       "tpot p99": -0.07})
+    # projections alone 79 steps, p95 0.74 %, TPOT p99 -2.25 %; the prefill alone p95 4.0 %, TPOT p99 -1.34 %; both,
+    # before the projections split their reduction (k_parts): 80 steps, p95 4.18 %, TPOT p99 -0.07 %
+    assert (f.summary["iterations"], error, diff) == (81, {"iteration_p50": 0.04, "iteration_p95": 4.0,
+                                                           "iteration_max": 7.92},
+                                                      {"ttft p50": -0.23, "ttft p99": -0.17, "tpot p50": 0.0,
+                                                       "tpot p99": -0.88})
     assert all(abs(v) < 2 for v in diff.values()) and error["iteration_p95"] < 5  # issue 32's targets
 
 
