@@ -650,14 +650,14 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
     if fidelity == "exact":
         provider = exact_layer_list(resolved, lambda sub, g: engine_provider(
             sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
-            layers_executor=layers_executor, schedule=schedule), routing=routing, system=system)
+            layers_executor=layers_executor, system=system, schedule=schedule), routing=routing, system=system)
     else:
         key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
                                    limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
         provider, calibration = fast_layer_list(resolved, lambda sub, parts, group_pilot, g: fast_provider(
             sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
             key_parts=parts, cache=calibration_cache, layers_executor=layers_executor, progress=progress,
-            schedule=schedule, pilot=group_pilot), key_parts, pilot, routing=routing, system=system)
+            system=system, schedule=schedule, pilot=group_pilot), key_parts, pilot, routing=routing, system=system)
     return _replayed(provider, calibration, trace, config, capacity, limit, progress)
 
 

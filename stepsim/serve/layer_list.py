@@ -168,13 +168,16 @@ def group_seed(seed: int, group: int) -> int:
 
 
 def check_layer_list(model: ModelConfig, routing, system) -> None:
-    """Refuse, in one line, what the layer-list path does not take: a routed-experts file, a system."""
+    """Refuse, in one line, what the layer-list path does not take: a routed-experts file. On a system every
+    group must shard (:func:`stepsim.serve.system.check_exact_system` on each group's model)."""
     if routing is not None and routing != "synthetic":
         raise ConfigError(f"--routing {routing}: model {model.name!r} is served layer group by layer group "
                           "(issue 43), with synthetic routing only; leave --routing out")
     if system is not None:
-        raise ConfigError(f"--system: model {model.name!r} is served layer group by layer group (issue 43), on one "
-                          "chip only for now")
+        from stepsim.serve.system import check_exact_system
+
+        for kind, indices in layer_groups(model):
+            check_exact_system(system, group_model(model, kind, len(indices)))
 
 
 def exact_layer_list(model: ModelConfig, make_engine, *, routing=None, system=None) -> LayerListLatency:
