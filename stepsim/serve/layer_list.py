@@ -98,6 +98,8 @@ def count_weights_once(model: ModelConfig, provider, first: bool) -> None:
     peak = provider.hardware.hbm_peak_bytes_per_cycle
     router = provider.model.hidden * provider.model.experts if provider.model.is_moe else 0
     provider.layer_weights = math.ceil((attention_parameters(model) + router) * DTYPE_BYTES / peak)
+    if getattr(provider, "system", None) is not None:  # read 1 / n a chip (stepsim.serve.system.tp_weight_cycles)
+        provider.layer_bytes, provider.counts_head = (attention_parameters(model) + router) * DTYPE_BYTES, first
     if not first:
         provider.head_cycles, provider.embedding_bytes = 0, 0
         provider.roofline = StepWork(provider.model, provider.hardware, 0, provider.chips)
@@ -167,13 +169,24 @@ def group_seed(seed: int, group: int) -> int:
     return seed + 1_000_003 * group
 
 
+def group_gate(model: ModelConfig, sub: ModelConfig):
+    """The gate a layer group's synthetic routing goes through (:mod:`stepsim.serve.group_synthetic`): ``model``'s
+    when it keeps a few of several expert groups (DeepSeek-V3: 4 of 8) and the group ``sub`` has routed experts;
+    else None (plain synthetic routing)."""
+    if model.n_group <= 1 or not sub.is_moe:
+        return None
+    from stepsim.workloads.group_routing import GateConfig
+
+    return GateConfig.of_model(model)
+
+
 def check_layer_list(model: ModelConfig, routing, system) -> None:
     """Refuse, in one line, what the layer-list path does not take: a routed-experts file. On a system every
     group must shard (:func:`stepsim.serve.system.check_exact_system` on each group's model)."""
     if routing is not None and routing != "synthetic":
         raise ConfigError(f"--routing {routing}: model {model.name!r} is served layer group by layer group "
                           "(issue 43), with synthetic routing only; leave --routing out")
-    if system is not None:
+    if hasattr(system, "chips"):  # a loaded system (the arguments' check sees its name only)
         from stepsim.serve.system import check_exact_system
 
         for kind, indices in layer_groups(model):
@@ -210,6 +223,9 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
 
         parts = {**key_parts, "layer_group": {"index": g, "layers": list(indices), "kind": kind.describe(),
                                               "model": repr(sub)}}
+        gate = group_gate(model, sub)
+        if gate is not None:  # the group-limited routing (a key without it stays as it was)
+            parts["layer_group"]["gate"] = [gate.n_group, gate.topk_group, gate.scoring_func]
         provider, record = make_fast(sub, parts, group_pilot, g)
         count_weights_once(model, provider, g == 0)
         groups.append((kind, indices, provider))
@@ -238,4 +254,4 @@ def describe_groups(model: ModelConfig) -> list[str]:
 
 
 __all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
-           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed"]
+           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed", "group_gate"]
