@@ -236,6 +236,27 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
     return latency, record
 
 
+def calibrated_layer_list(model: ModelConfig, records: list, make_group, seed: int) -> LayerListLatency:
+    """A fresh fast provider of a heterogeneous model from its groups' stored calibration ``records`` (in
+    :func:`~stepsim.models.layers.layer_groups` order; ``stepsim plan`` prices its candidates so):
+    ``make_group(group model, record, routing seed, gate)`` gives a group's provider (:func:`group_seed`,
+    :func:`group_gate`), its weights outside the graphs counted as :func:`fast_layer_list` counts them."""
+    groups = []
+    for g, ((kind, indices), record) in enumerate(zip(layer_groups(model), records, strict=True)):
+        sub = group_model(model, kind, len(indices))
+        provider = make_group(sub, record, group_seed(seed, g), group_gate(model, sub))
+        count_weights_once(model, provider, g == 0)
+        groups.append((kind, indices, provider))
+    return LayerListLatency(model, groups)
+
+
+def layer_list_floor(model: ModelConfig, floor) -> float:
+    """The least time of some steps of a heterogeneous model (``stepsim plan``'s bound): the largest of its
+    groups' ``floor(group model)``. Sound: the step is the groups' sum, each group at least its own roofline
+    without the LM head, the first group's with it, and ``max(a + h, b) <= max(a, b) + h``."""
+    return max(floor(group_model(model, kind, len(indices))) for kind, indices in layer_groups(model))
+
+
 def describe_groups(model: ModelConfig) -> list[str]:
     """One line per layer group: ``layers 0-2 (3): mla + dense``, ``layers 1, 3, .., 47 (24): full + moe``."""
     out = []
@@ -254,4 +275,5 @@ def describe_groups(model: ModelConfig) -> list[str]:
 
 
 __all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
-           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed", "group_gate"]
+           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed", "group_gate",
+           "calibrated_layer_list", "layer_list_floor"]
