@@ -111,3 +111,44 @@ def test_plans_floor_of_a_heterogeneous_model_is_its_largest_groups():
     groups = [floor_s(group_model(ds, kind, len(i)), hw, 16, 3, 40) for kind, i in layer_groups(ds)]
     assert floor_s(ds, hw, 16, 3, 40) == max(groups) == groups[1]
     assert layer_list_floor(ds, lambda sub: sub.layers) == 58
+
+
+# --- DeepSeek-V3 narrowed (tests/serve/data: 2 layers, D = 2,048, 64 experts, 16 heads) on 16 sn40l sockets ---
+def _trace(tmp_path):
+    path = tmp_path / "requests.csv"
+    rows = [(300, 12), (150, 10), (40, 8), (600, 6), (90, 14), (200, 9)]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:46.{6805900 + 100000 * i:07d},{p},{o}\n" for i, (p, o) in enumerate(rows)))
+    return path
+
+
+def test_exact_and_fast_serve_deepseek_on_16_sockets(tmp_path):
+    from pathlib import Path
+
+    import stepsim
+
+    model = str(Path(__file__).resolve().parent / "data" / "deepseek-v3-narrow-2layers.json")
+    trace = _trace(tmp_path)
+    exact = stepsim.serve(model, trace, fidelity="exact", schedule="paper", system="sn40l-16")
+    fast = stepsim.serve(model, trace, fidelity="fast", schedule="paper", system="sn40l-16",
+                         calibration_cache=tmp_path / "cache")
+    e, f = exact.summary, fast.summary
+    assert e["system"]["chip_experts"] == [4] * 16 and e["system"]["parallelism"] == "ep+tp"
+    groups = [(g["layers"], g["kind"], g["system"], g["chips"]) for g in e["fidelity"]["groups"]]
+    assert groups == [([0], "mla + dense", "sn40l-16", 16), ([1], "mla + moe (shared)", "sn40l-16", 16)]
+    assert e["fidelity"]["groups"][1]["routing"] == {"mode": "synthetic", "alpha": 0.3, "beta": 0.05,
+                                                     "locality": 0.0, "n_group": 8, "topk_group": 4,
+                                                     "scoring": "sigmoid"}
+    assert e["completed"] == f["completed"] == 6
+    diff = {f"{k[:-2]} {q}": round((f[k][q] / e[k][q] - 1) * 100, 2) for k in ("ttft_s", "tpot_s")
+            for q in ("mean", "p99")}
+    error = {k: round(v * 100, 2) for k, v in f["fidelity"]["error"].items() if k.startswith("iteration")}
+    got = (e["iterations"], f["iterations"], round(e["ttft_s"]["mean"] * 1e6, 3), round(e["tpot_s"]["mean"] * 1e6, 3),
+           e["fidelity"]["simulations"], diff, error)
+    print(got)
+    assert got == MEASURED_16
+
+
+#: measured 2026-11-25 (sn40l-16, paper schedules, seed 0): steps exact / fast, exact TTFT / TPOT means (us), exact's
+#: layer simulations, fast against exact (%), fast's held-out error (%)
+MEASURED_16 = None
