@@ -169,6 +169,23 @@ def group_seed(seed: int, group: int) -> int:
     return seed + 1_000_003 * group
 
 
+#: an MoE group of more layers is calibrated on this many (:func:`calibration_model`)
+CALIBRATION_LAYERS = 2
+
+
+def calibration_model(sub: ModelConfig) -> ModelConfig | None:
+    """The model an MoE group's fast calibration simulates when it has more than :data:`CALIBRATION_LAYERS`
+    layers: the same layer, that many times (None otherwise: the group itself). Every MoE layer of a step is its
+    own engine simulation (its own routing), so DeepSeek-V3's 58 would make each calibration step 58 of them;
+    the fast model's pieces are per layer (an FFN piece per layer, the attention per head and layer), so the
+    coefficients fitted on two layers price all 58, and the pilot replays scale the two layers' cycles to the
+    model's. The held-out error is then measured on two-layer steps (docs/serving.md §9.1). A dense group's
+    FFN and attention are one simulation a step whatever its layers: not reduced."""
+    if not sub.is_moe or sub.layers <= CALIBRATION_LAYERS:
+        return None
+    return replace(sub, layers=CALIBRATION_LAYERS)
+
+
 def group_gate(model: ModelConfig, sub: ModelConfig):
     """The gate a layer group's synthetic routing goes through (:mod:`stepsim.serve.group_synthetic`): ``model``'s
     when it keeps a few of several expert groups (DeepSeek-V3: 4 of 8) and the group ``sub`` has routed experts;
@@ -215,17 +232,18 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
     groups, records = [], []
     for g, (kind, indices) in enumerate(layer_groups(model)):
         sub = group_model(model, kind, len(indices))
-        scale = model.layers / len(indices)
 
-        def group_pilot(provider, on_step, kind=kind, scale=scale, first=g == 0):
-            count_weights_once(model, provider, first)
-            return pilot(GroupLatency(kind, provider, scale), on_step)
+        def group_pilot(provider, on_step, kind=kind, first=g == 0):
+            count_weights_once(model, provider, first)  # the whole model's layers over the provider's (module doc)
+            return pilot(GroupLatency(kind, provider, model.layers / provider.model.layers), on_step)
 
         parts = {**key_parts, "layer_group": {"index": g, "layers": list(indices), "kind": kind.describe(),
                                               "model": repr(sub)}}
         gate = group_gate(model, sub)
         if gate is not None:  # the group-limited routing (a key without it stays as it was)
             parts["layer_group"]["gate"] = [gate.n_group, gate.topk_group, gate.scoring_func]
+        if calibration_model(sub) is not None:  # calibrated on fewer of its layers
+            parts["layer_group"]["calibrated_on_layers"] = calibration_model(sub).layers
         provider, record = make_fast(sub, parts, group_pilot, g)
         count_weights_once(model, provider, g == 0)
         groups.append((kind, indices, provider))
@@ -276,4 +294,4 @@ def describe_groups(model: ModelConfig) -> list[str]:
 
 __all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
            "takes_layer_list", "describe_groups", "check_layer_list", "group_seed", "group_gate",
-           "calibrated_layer_list", "layer_list_floor"]
+           "calibrated_layer_list", "layer_list_floor", "calibration_model", "CALIBRATION_LAYERS"]
