@@ -20,8 +20,14 @@ exact or the fast provider of :mod:`stepsim.serve.exact` / :mod:`stepsim.serve.f
 Every group's off-chip weights outside the graphs are its layers' real attention weights
 (:func:`stepsim.serve.memory.attention_parameters`: MLA's q_a / q_b / kv_a / kv_b / o, biases and sinks) and router;
 the LM head and the embedding rows are counted once, by the first group. Routing is synthetic, one seeded stream
-per MoE group (top-k over the experts; DeepSeek-V3's group limit and sigmoid scores do not change which shapes the
-FFN sees under the synthetic law, and are not applied); ``--routing FILE`` is refused for such a model.
+per MoE group, through DeepSeek-V3's gate when the model keeps a few of several expert groups
+(:func:`group_gate`, :mod:`stepsim.serve.group_synthetic`); ``--routing FILE`` is refused for such a model.
+
+On a system (``--system``) every group's provider runs on the system's chips
+(:class:`stepsim.serve.system.SystemEngineLatency`): a dense group by tensor parallelism, an MoE group by expert
+parallelism with its one-KV-head attention's query heads split over the chips (:func:`stepsim.serve.system.mqa_shard`);
+its attention weights and router are read ``1 / n`` a chip (:func:`count_weights_once`). A group that does not
+shard over the chips is refused in one line before any work (:func:`check_layer_list`).
 
 Fast mode calibrates each group on its own (its cache key names the group): its pilot replays price every step by
 the group's cycles scaled to the whole model's layers, so the sampled steps look like the final run's. The
