@@ -154,3 +154,20 @@ def test_exact_and_fast_serve_deepseek_on_16_sockets(tmp_path):
 MEASURED_16 = (59, 59, 678.095, 138.166, 236,
                {"ttft mean": 2.11, "ttft p99": 0.1, "tpot mean": 0.14, "tpot p99": -0.23},
                {"iteration_p50": 1.36, "iteration_p95": 55.41, "iteration_max": 74.5})
+
+
+def test_a_layer_group_that_does_not_shard_is_one_line_before_any_work(tmp_path):
+    from pathlib import Path
+
+    import pytest
+
+    import stepsim
+    from stepsim.base.errors import ConfigError
+
+    model = str(Path(__file__).resolve().parent / "data" / "deepseek-v3-narrow-2layers.json")
+    (tmp_path / "ring32.toml").write_text('chips = 32\ntopology = "ring"\nlink_bandwidth = 64\nlink_latency = 500\n')
+    # the dense group's 16 query heads and 4,096 FFN columns over 32 chips (the MoE group's 64 experts would split)
+    with pytest.raises(ConfigError, match=r"^--system: tensor parallelism over 32 chips needs the query heads \(16\) "
+                                          r"and the FFN columns \(4096\) of '.*deepseek-v3-narrow-2layers.json' "
+                                          r"divisible by 32$"):
+        stepsim.serve(model, tmp_path / "missing.csv", fidelity="exact", system=str(tmp_path / "ring32.toml"))
