@@ -171,3 +171,28 @@ def test_a_layer_group_that_does_not_shard_is_one_line_before_any_work(tmp_path)
                                           r"and the FFN columns \(4096\) of '.*deepseek-v3-narrow-2layers.json' "
                                           r"divisible by 32$"):
         stepsim.serve(model, tmp_path / "missing.csv", fidelity="exact", system=str(tmp_path / "ring32.toml"))
+
+
+def test_a_step_of_deepseek_narrowed_on_16_sockets_group_by_group():
+    """One step of 4 decodes (300, 40, 1,000, 7 cached tokens), each group's first: the attention one query head and
+    the replicated latent a chip, plus the all-reduces (the dense group's two a layer, the MoE group's one); the
+    weights outside the graphs 1 / 16 a chip (the dense group's with the LM head: 5,120 cycles of it)."""
+    from pathlib import Path
+
+    from stepsim.serve.api import engine_provider, resolve_serving_hardware
+    from stepsim.serve.latency import IterationBatch
+    from stepsim.serve.layer_list import exact_layer_list, group_seed
+    from stepsim.serve.system import load_system
+
+    path = str(Path(__file__).resolve().parent / "data" / "deepseek-v3-narrow-2layers.json")
+    model = resolve_model(path)
+    system, hw = load_system("sn40l-16", None, "exact", resolve_serving_hardware("sn40l"))
+    latency = exact_layer_list(model, lambda sub, g: engine_provider(
+        sub, path, hw, None, seed=group_seed(0, g), max_model_len=4096, vocab=32000, jobs=None, system=system,
+        schedule="paper", gate=group_gate(model, sub)), system=system)
+    batch = IterationBatch([300, 40, 1000, 7], [1, 1, 1, 1], 0, 4)
+    cycles = [g.inner(batch).cycles for _, _, g in latency.groups]
+    latency.close()
+    assert cycles == [{"attention": 53200, "ffn": 25396, "weights": 5910},
+                      {"attention": 36726, "ffn": 50700, "weights": 799}]
+    assert [p.inner.spec.model.heads for _, _, p in latency.groups] == [1, 1]  # 16 query heads over 16 chips
