@@ -248,7 +248,9 @@ def mqa_shard(model, chips: int):
     MLA's absorbed form is: :mod:`stepsim.serve.layer_list`) its query heads split over the chips, ``heads /
     chips`` a chip, each chip reading the whole (replicated) cache, as vLLM's tensor parallelism splits MLA's
     heads; with more KV heads (or query heads the chips do not divide) ``model`` as it is, its KV heads split
-    by :func:`kv_heads_per_chip`. The MoE block's dimensions are not touched."""
+    by :func:`kv_heads_per_chip`. The MoE block's dimensions are not touched. Tensor rather than data parallelism
+    (DeepSeek's own deployment runs MLA data-parallel): it is what the dense groups and the other models' systems
+    do, needs no placement of requests on chips, and MLA's latent is small enough to hold on every chip."""
     import dataclasses
 
     if model.kv_heads != 1 or chips == 1 or model.heads % chips:
