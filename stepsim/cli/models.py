@@ -83,7 +83,8 @@ def _show(args) -> int:
     d = m.as_dict()
     d["moe_workload"] = _moe_workload_note(m)
     d.update(_memory(m))
-    d["not_modelled"] = m.unmodelled()
+    # what serve and plan price layer group by layer group (stepsim/serve/layer_list.py); run and map refuse them
+    d["layer_list_features"] = m.unmodelled()
     if m.paper_attention:
         d["paper_attention"] = {**m.paper_attention_model.__dict__}
     if args.json:
@@ -102,8 +103,9 @@ def _show(args) -> int:
     if m.chunked_layers:
         print(f"{'attention chunks':<{width}}  {m.attention_chunk_size} tokens on {m.chunked_layers} of {m.layers} "
               "layers")
-    if d["not_modelled"]:
-        print(f"{'not modelled yet':<{width}}  {', '.join(d['not_modelled'])} (issue 43)")
+    if d["layer_list_features"]:
+        print(f"{'layer-list features':<{width}}  {', '.join(d['layer_list_features'])} (served and planned layer "
+              "group by layer group; run and map refuse them)")
     if m.paper_attention:
         changed = ", ".join(f"{k} {v} (published {getattr(m.attention, k)})" for k, v in m.paper_attention.items())
         print(f"{'paper attention runs':<{width}}  {changed}")

@@ -153,8 +153,7 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
         space_table = parse_space(space)
     else:
         space_table = load_space(space)
-    resolved = resolve_model(model)
-    resolved.refuse_unmodelled("serving")
+    resolved = resolve_model(model)  # a heterogeneous model is served layer group by layer group (serve/layer_list.py)
     slo_seconds = parse_slo(slo)
     hws = [str(h) for h in hardware_list(hardware)]
     base, scale = base_trace(requests, limit_requests, arrival_scale, rate)

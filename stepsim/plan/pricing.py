@@ -50,6 +50,11 @@ class ShapePricer:
                        seed=self.seed)
         self.summary = result.summary
         key = result.summary["fidelity"]["calibration"]
+        if "groups" in result.summary["fidelity"]:  # a heterogeneous model: one calibration per layer group
+            self.record = [load_calibration(self.cache, k) for k in key.split("+")]
+            if None in self.record:
+                raise ConfigError(f"calibration {key} vanished from {self.cache} while planning")
+            return result.summary
         self.record = load_calibration(self.cache, key)
         if self.record is None:  # written by serve a moment ago
             raise ConfigError(f"calibration {key} vanished from {self.cache} while planning")
@@ -62,25 +67,38 @@ class ShapePricer:
         from stepsim.serve.memory import model_memory
         from stepsim.serve.routing import SyntheticRouting
 
-        record = self.record
-        forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
-        model = self.model
-        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=self.seed) if model.is_moe else None
         limit = self.summary["kv_cache"]["max_model_len"]
-        vocab = model_memory(model).vocab_size
+        vocab = model_memory(self.model).vocab_size
         hw = resolve_serving_hardware(self.hardware_name)
-        if self.system_name is None:
-            kind = FastLatency
-            if self.schedule == "auto":  # mapped layers, as fast_provider builds them
-                from stepsim.serve.fast_mapped import MappedFastLatency as kind
-            return kind(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
-                        theta=record["theta"], error=record["error"], schedule=self.schedule)
-        from stepsim.serve.system import load_system
-        from stepsim.serve.system_fast import SystemFastLatency
+        system = None
+        if self.system_name is not None:
+            from stepsim.serve.system import load_system
 
-        system, _ = load_system(self.system_name, self.hardware_name, "fast", hw)
-        return SystemFastLatency(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
-                                 theta=record["theta"], error=record["error"])
+            system, _ = load_system(self.system_name, self.hardware_name, "fast", hw)
+
+        def make(model, record, seed, gate=None):
+            forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
+            routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=seed) if model.is_moe else None
+            if gate is not None:  # DeepSeek-V3's group-limited routing (a layer group's)
+                from stepsim.serve.group_synthetic import GroupSyntheticRouting
+
+                routing = GroupSyntheticRouting(gate, model.layers, seed=seed)
+            if system is None:
+                kind = FastLatency
+                if self.schedule == "auto":  # mapped layers, as fast_provider builds them
+                    from stepsim.serve.fast_mapped import MappedFastLatency as kind
+                return kind(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
+                            theta=record["theta"], error=record["error"], schedule=self.schedule)
+            from stepsim.serve.system_fast import SystemFastLatency
+
+            return SystemFastLatency(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None,
+                                     forms=forms, theta=record["theta"], error=record["error"])
+
+        if isinstance(self.record, list):  # a heterogeneous model, layer group by layer group
+            from stepsim.serve.layer_list import calibrated_layer_list
+
+            return calibrated_layer_list(self.model, self.record, make, self.seed)
+        return make(self.model, self.record, self.seed)
 
 
 def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
@@ -95,6 +113,10 @@ def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
 
     if steps <= 0:
         return 0.0
+    if model.unmodelled():  # a heterogeneous model (DeepSeek-V3): its groups' (stepsim.serve.layer_list)
+        from stepsim.serve.layer_list import layer_list_floor
+
+        return layer_list_floor(model, lambda sub: floor_s(sub, hardware, chips, steps, tokens))
     work = StepWork(model, hardware, model_memory(model).vocab_size, chips)
     touched = model.layers * model.top_k if model.is_moe else 0
     per_step = work.fixed_bytes + touched * work.expert_bytes

@@ -299,11 +299,14 @@ def _routing_identity(routing) -> dict:
 
 def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
                   jobs: int | None, key_parts: dict, cache, pilot, layers_executor=None, system=None,
-                  progress: bool = False, schedule: str = "paper"):
+                  progress: bool = False, schedule: str = "paper", gate=None, calibrate_on=None):
     """The calibrated fast provider and its calibration record (cached; :mod:`stepsim.serve.fast`).
     ``pilot(provider, on_step)`` replays the run with a provider (``on_step`` as :func:`replay`'s ``progress``); on
     ``system``'s chips when given (calibrated on :class:`stepsim.serve.system.SystemEngineLatency`'s pieces:
-    :class:`stepsim.serve.system_fast.SystemFastLatency`). ``progress``: a calibration bar on a terminal."""
+    :class:`stepsim.serve.system_fast.SystemFastLatency`). ``progress``: a calibration bar on a terminal.
+    ``calibrate_on``: a model of ``model``'s layers but fewer of them, whose providers the calibration simulates
+    (its pieces are ``model``'s, layer for layer: :func:`stepsim.serve.layer_list.calibration_model`); the
+    provider returned is ``model``'s."""
     from stepsim.serve.calibration_cache import calibration_key, load_calibration, save_calibration
     from stepsim.serve.fast import FastLatency, calibrated, forms_of
 
@@ -317,9 +320,9 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
 
     built = {}  # the metric forms, found once
 
-    def make(theta=None, error=None, forms=None):
+    def make(theta=None, error=None, forms=None, model=model):
         engine = engine_provider(model, model_arg, hardware, routing, seed=seed, max_model_len=max_model_len,
-                                 vocab=vocab, jobs=jobs, system=system, schedule=schedule,
+                                 vocab=vocab, jobs=jobs, system=system, schedule=schedule, gate=gate,
                                  layers_executor=layers_executor)  # refuses --executor dask with --system
         if forms is None and "forms" not in built:
             built["forms"] = forms_of(engine.spec)
@@ -340,7 +343,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
             simulated = [0]
 
             def observed(theta):  # a provider whose exact simulations advance the bar
-                provider = make(theta)
+                provider = make(theta) if calibrate_on is None else make(theta, model=calibrate_on)
                 if update is not None:
                     def counted(n):
                         simulated[0] += n
@@ -376,15 +379,21 @@ def _bar(progress: bool, desc: str, unit: str, total: int | None = None):
 
 
 def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                    jobs: int | None, layers_executor=None, system=None, schedule: str = "paper"):
+                    jobs: int | None, layers_executor=None, system=None, schedule: str = "paper", gate=None):
     """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
-    MoE model, or a routed-experts file); on ``system``'s chips when given (:mod:`stepsim.serve.system`)."""
+    MoE model, or a routed-experts file); on ``system``'s chips when given (:mod:`stepsim.serve.system`).
+    ``gate`` (a :class:`~stepsim.workloads.group_routing.GateConfig` with ``n_group > 1``): the synthetic routing
+    goes through it (:class:`stepsim.serve.group_synthetic.GroupSyntheticRouting`; a layer group of DeepSeek-V3)."""
     from stepsim.serve.exact import EngineLatency
     from stepsim.serve.routing import ReplayRouting, SyntheticRouting
 
     source = None
     if model.is_moe:
-        if routing is None or routing == "synthetic":
+        if (routing is None or routing == "synthetic") and gate is not None:
+            from stepsim.serve.group_synthetic import GroupSyntheticRouting
+
+            source = GroupSyntheticRouting(gate, model.layers, seed=seed)
+        elif routing is None or routing == "synthetic":
             source = SyntheticRouting(model.experts, model.top_k, model.layers, seed=seed)
         else:
             source = ReplayRouting(routing, str(model_arg), model.layers)
@@ -644,7 +653,7 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
                        system, progress, schedule, long_policy):
     """:func:`_replay_with` for a heterogeneous model: one exact or fast provider per layer group
     (:mod:`stepsim.serve.layer_list`)."""
-    from stepsim.serve.layer_list import exact_layer_list, fast_layer_list, group_seed
+    from stepsim.serve.layer_list import calibration_model, exact_layer_list, fast_layer_list, group_gate, group_seed
 
     def pilot(p, on_step):
         return replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, Scheduler(config, capacity, limit),
@@ -654,14 +663,16 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
     if fidelity == "exact":
         provider = exact_layer_list(resolved, lambda sub, g: engine_provider(
             sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
-            layers_executor=layers_executor, schedule=schedule), routing=routing, system=system)
+            layers_executor=layers_executor, system=system, schedule=schedule, gate=group_gate(resolved, sub)),
+            routing=routing, system=system)
     else:
         key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
                                    limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
         provider, calibration = fast_layer_list(resolved, lambda sub, parts, group_pilot, g: fast_provider(
             sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
             key_parts=parts, cache=calibration_cache, layers_executor=layers_executor, progress=progress,
-            schedule=schedule, pilot=group_pilot), key_parts, pilot, routing=routing, system=system)
+            system=system, schedule=schedule, pilot=group_pilot, gate=group_gate(resolved, sub),
+            calibrate_on=calibration_model(sub)), key_parts, pilot, routing=routing, system=system)
     return _replayed(provider, calibration, trace, config, capacity, limit, progress)
 
 

@@ -100,9 +100,10 @@ def model_of(kind: str, prefill_step: bool) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- features
-def features(kind: str, data, shared: bool = False) -> np.ndarray:
+def features(kind: str, data, shared: bool = False, chips: int = 1) -> np.ndarray:
     """The structural features of one piece its symbolic metrics are linear in (module docstring), float64;
-    ``shared``: the FFN of a model with shared experts also has their tiles (:func:`shared_tiles`)."""
+    ``shared``: the FFN of a model with shared experts also has their tiles (:func:`shared_tiles`, over
+    ``chips`` chips' shards)."""
     if kind == "decode":
         tiles = (np.asarray(data) + 1 + KV_TILE - 1) // KV_TILE
         return np.array([len(tiles), tiles.sum(), tiles.max()], dtype=np.float64)
@@ -113,14 +114,24 @@ def features(kind: str, data, shared: bool = False) -> np.ndarray:
     counts = np.bincount(routing.ravel(), minlength=1)
     tiles = (counts + KV_TILE - 1) // KV_TILE
     f = [len(routing), tiles.sum(), (counts > 0).sum(), tiles.max()]
-    return np.array([*f, shared_tiles(len(routing))] if shared else f, dtype=np.float64)
+    return np.array([*f, shared_tiles(len(routing), chips)] if shared else f, dtype=np.float64)
 
 
-def shared_tiles(tokens: int) -> int:
+def shared_tiles(tokens: int, chips: int = 1) -> int:
     """Tiles of a model's shared experts in an FFN piece of ``tokens`` tokens: ``ceil(tokens / 32)``. Every token
     visits them, so they read their weights and compute once per tile of the step's tokens: their metrics are
-    linear in this, not in the routed experts' features (DeepSeek-MoE's two shared experts)."""
+    linear in this, not in the routed experts' features (DeepSeek-MoE's two shared experts).
+    On a system of ``chips`` chips (expert parallelism) each chip runs them on its shard of the tokens
+    (:func:`stepsim.workloads.moe.sharded.shard_bounds`): the chips' tiles added."""
+    if chips > 1:
+        base, extra = divmod(tokens, chips)
+        return extra * -(-(base + 1) // KV_TILE) + (chips - extra) * -(-base // KV_TILE)
     return -(-tokens // KV_TILE)
+
+
+def system_chips(spec: LayerSpec) -> int:
+    """The chips an FFN piece of ``spec`` is sharded over: the system's, 1 on one chip."""
+    return spec.system.chips if spec.system is not None else 1
 
 
 def has_shared(spec: LayerSpec) -> bool:
@@ -167,7 +178,7 @@ class MetricForm:
 def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
     """Coefficients of the piece's symbolic metrics over its features, from builds; refused unless exact."""
     samples = _metric_samples(kind, spec)
-    a = np.array([[1.0, *features(kind, d, kind == "ffn" and has_shared(spec))] for d in samples])
+    a = np.array([[1.0, *features(kind, d, kind == "ffn" and has_shared(spec), system_chips(spec))] for d in samples])
     metrics = [build(kind, d, spec).metrics() for d in samples]
     y = np.array([[m["off_chip_bytes"], m["graph_flops"]] for m in metrics], dtype=np.float64)
     coef = np.column_stack([solve(a, y[:, 0]), solve(a, y[:, 1])])
@@ -211,7 +222,7 @@ def ffn_regressors(routing: np.ndarray, form: MetricForm, spec: LayerSpec) -> np
     tiles = (counts + KV_TILE - 1) // KV_TILE
     f = np.column_stack([np.ones(layers), np.full(layers, float(tokens)), tiles.sum(axis=1), (counts > 0).sum(axis=1),
                          tiles.max(axis=1)]).astype(np.float64)
-    basis = np.column_stack([f, np.full(layers, float(shared_tiles(tokens)))]) if shared else f
+    basis = np.column_stack([f, np.full(layers, float(shared_tiles(tokens, system_chips(spec))))]) if shared else f
     hbm = (basis * np.array(form.off_chip)).sum(axis=1) / spec.hardware.hbm_peak_bytes_per_cycle
     compute = (basis * np.array(form.flops)).sum(axis=1) / BOUND_COMPUTE_BW
     out = np.column_stack([f, hbm, compute, np.maximum(hbm, compute), few_tokens(tokens, layers),
@@ -402,7 +413,7 @@ class FastLatency(EngineLatency):
         x[:, 1] = tokens
         x[:, 2:5] = f
         if has_shared(self.spec):  # the shared experts' tiles are a basis column of the bounds, the regressors' last
-            basis = np.column_stack([x[:, :5], np.full(len(x), float(shared_tiles(tokens)))])
+            basis = np.column_stack([x[:, :5], np.full(len(x), float(shared_tiles(tokens, system_chips(self.spec))))])
             x = np.column_stack([x, basis[:, 5]])
         else:
             basis = x[:, :5]

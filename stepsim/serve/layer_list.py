@@ -20,8 +20,14 @@ exact or the fast provider of :mod:`stepsim.serve.exact` / :mod:`stepsim.serve.f
 Every group's off-chip weights outside the graphs are its layers' real attention weights
 (:func:`stepsim.serve.memory.attention_parameters`: MLA's q_a / q_b / kv_a / kv_b / o, biases and sinks) and router;
 the LM head and the embedding rows are counted once, by the first group. Routing is synthetic, one seeded stream
-per MoE group (top-k over the experts; DeepSeek-V3's group limit and sigmoid scores do not change which shapes the
-FFN sees under the synthetic law, and are not applied); ``--routing FILE`` is refused for such a model.
+per MoE group, through DeepSeek-V3's gate when the model keeps a few of several expert groups
+(:func:`group_gate`, :mod:`stepsim.serve.group_synthetic`); ``--routing FILE`` is refused for such a model.
+
+On a system (``--system``) every group's provider runs on the system's chips
+(:class:`stepsim.serve.system.SystemEngineLatency`): a dense group by tensor parallelism, an MoE group by expert
+parallelism with its one-KV-head attention's query heads split over the chips (:func:`stepsim.serve.system.mqa_shard`);
+its attention weights and router are read ``1 / n`` a chip (:func:`count_weights_once`). A group that does not
+shard over the chips is refused in one line before any work (:func:`check_layer_list`).
 
 Fast mode calibrates each group on its own (its cache key names the group): its pilot replays price every step by
 the group's cycles scaled to the whole model's layers, so the sampled steps look like the final run's. The
@@ -98,6 +104,8 @@ def count_weights_once(model: ModelConfig, provider, first: bool) -> None:
     peak = provider.hardware.hbm_peak_bytes_per_cycle
     router = provider.model.hidden * provider.model.experts if provider.model.is_moe else 0
     provider.layer_weights = math.ceil((attention_parameters(model) + router) * DTYPE_BYTES / peak)
+    if getattr(provider, "system", None) is not None:  # read 1 / n a chip (stepsim.serve.system.tp_weight_cycles)
+        provider.layer_bytes, provider.counts_head = (attention_parameters(model) + router) * DTYPE_BYTES, first
     if not first:
         provider.head_cycles, provider.embedding_bytes = 0, 0
         provider.roofline = StepWork(provider.model, provider.hardware, 0, provider.chips)
@@ -167,14 +175,45 @@ def group_seed(seed: int, group: int) -> int:
     return seed + 1_000_003 * group
 
 
+#: an MoE group of more layers is calibrated on this many (:func:`calibration_model`)
+CALIBRATION_LAYERS = 2
+
+
+def calibration_model(sub: ModelConfig) -> ModelConfig | None:
+    """The model an MoE group's fast calibration simulates when it has more than :data:`CALIBRATION_LAYERS`
+    layers: the same layer, that many times (None otherwise: the group itself). Every MoE layer of a step is its
+    own engine simulation (its own routing), so DeepSeek-V3's 58 would make each calibration step 58 of them;
+    the fast model's pieces are per layer (an FFN piece per layer, the attention per head and layer), so the
+    coefficients fitted on two layers price all 58, and the pilot replays scale the two layers' cycles to the
+    model's. The held-out error is then measured on two-layer steps (docs/serving.md §9.1). A dense group's
+    FFN and attention are one simulation a step whatever its layers: not reduced."""
+    if not sub.is_moe or sub.layers <= CALIBRATION_LAYERS:
+        return None
+    return replace(sub, layers=CALIBRATION_LAYERS)
+
+
+def group_gate(model: ModelConfig, sub: ModelConfig):
+    """The gate a layer group's synthetic routing goes through (:mod:`stepsim.serve.group_synthetic`): ``model``'s
+    when it keeps a few of several expert groups (DeepSeek-V3: 4 of 8) and the group ``sub`` has routed experts;
+    else None (plain synthetic routing)."""
+    if model.n_group <= 1 or not sub.is_moe:
+        return None
+    from stepsim.workloads.group_routing import GateConfig
+
+    return GateConfig.of_model(model)
+
+
 def check_layer_list(model: ModelConfig, routing, system) -> None:
-    """Refuse, in one line, what the layer-list path does not take: a routed-experts file, a system."""
+    """Refuse, in one line, what the layer-list path does not take: a routed-experts file. On a system every
+    group must shard (:func:`stepsim.serve.system.check_exact_system` on each group's model)."""
     if routing is not None and routing != "synthetic":
         raise ConfigError(f"--routing {routing}: model {model.name!r} is served layer group by layer group "
                           "(issue 43), with synthetic routing only; leave --routing out")
-    if system is not None:
-        raise ConfigError(f"--system: model {model.name!r} is served layer group by layer group (issue 43), on one "
-                          "chip only for now")
+    if hasattr(system, "chips"):  # a loaded system (the arguments' check sees its name only)
+        from stepsim.serve.system import check_exact_system
+
+        for kind, indices in layer_groups(model):
+            check_exact_system(system, group_model(model, kind, len(indices)))
 
 
 def exact_layer_list(model: ModelConfig, make_engine, *, routing=None, system=None) -> LayerListLatency:
@@ -199,14 +238,18 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
     groups, records = [], []
     for g, (kind, indices) in enumerate(layer_groups(model)):
         sub = group_model(model, kind, len(indices))
-        scale = model.layers / len(indices)
 
-        def group_pilot(provider, on_step, kind=kind, scale=scale, first=g == 0):
-            count_weights_once(model, provider, first)
-            return pilot(GroupLatency(kind, provider, scale), on_step)
+        def group_pilot(provider, on_step, kind=kind, first=g == 0):
+            count_weights_once(model, provider, first)  # the whole model's layers over the provider's (module doc)
+            return pilot(GroupLatency(kind, provider, model.layers / provider.model.layers), on_step)
 
         parts = {**key_parts, "layer_group": {"index": g, "layers": list(indices), "kind": kind.describe(),
                                               "model": repr(sub)}}
+        gate = group_gate(model, sub)
+        if gate is not None:  # the group-limited routing (a key without it stays as it was)
+            parts["layer_group"]["gate"] = [gate.n_group, gate.topk_group, gate.scoring_func]
+        if calibration_model(sub) is not None:  # calibrated on fewer of its layers
+            parts["layer_group"]["calibrated_on_layers"] = calibration_model(sub).layers
         provider, record = make_fast(sub, parts, group_pilot, g)
         count_weights_once(model, provider, g == 0)
         groups.append((kind, indices, provider))
@@ -215,6 +258,27 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
     record = {"key": "+".join(r["key"] for r in records), "groups": records, "error": latency.error,
               "cached": all(r.get("cached") for r in records)}
     return latency, record
+
+
+def calibrated_layer_list(model: ModelConfig, records: list, make_group, seed: int) -> LayerListLatency:
+    """A fresh fast provider of a heterogeneous model from its groups' stored calibration ``records`` (in
+    :func:`~stepsim.models.layers.layer_groups` order; ``stepsim plan`` prices its candidates so):
+    ``make_group(group model, record, routing seed, gate)`` gives a group's provider (:func:`group_seed`,
+    :func:`group_gate`), its weights outside the graphs counted as :func:`fast_layer_list` counts them."""
+    groups = []
+    for g, ((kind, indices), record) in enumerate(zip(layer_groups(model), records, strict=True)):
+        sub = group_model(model, kind, len(indices))
+        provider = make_group(sub, record, group_seed(seed, g), group_gate(model, sub))
+        count_weights_once(model, provider, g == 0)
+        groups.append((kind, indices, provider))
+    return LayerListLatency(model, groups)
+
+
+def layer_list_floor(model: ModelConfig, floor) -> float:
+    """The least time of some steps of a heterogeneous model (``stepsim plan``'s bound): the largest of its
+    groups' ``floor(group model)``. Sound: the step is the groups' sum, each group at least its own roofline
+    without the LM head, the first group's with it, and ``max(a + h, b) <= max(a, b) + h``."""
+    return max(floor(group_model(model, kind, len(indices))) for kind, indices in layer_groups(model))
 
 
 def describe_groups(model: ModelConfig) -> list[str]:
@@ -235,4 +299,5 @@ def describe_groups(model: ModelConfig) -> list[str]:
 
 
 __all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
-           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed"]
+           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed", "group_gate",
+           "calibrated_layer_list", "layer_list_floor", "calibration_model", "CALIBRATION_LAYERS"]

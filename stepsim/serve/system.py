@@ -128,8 +128,9 @@ def split_weights(model, memory: ModelMemory, chips: int) -> tuple[str, list[int
     if chips > model.experts:
         raise ConfigError(f"--system: {chips} chips for {model.experts} experts: expert parallelism leaves a chip "
                           f"without experts (use a system of {model.experts} chips or fewer)")
-    # a chip holds its experts in every layer: gate, up and down matrices
-    per_expert = model.layers * 3 * model.hidden * model.expert_intermediate * DTYPE_BYTES
+    # a chip holds its experts in every MoE layer (a layer-list model's dense layers have none): gate, up, down
+    moe_layers = sum(model.layer_is_moe(i) for i in range(model.layers)) if model.unmodelled() else model.layers
+    per_expert = moe_layers * 3 * model.hidden * model.expert_intermediate * DTYPE_BYTES
     per_chip = -(-model.experts // chips)
     experts = [max(0, min(model.experts - c * per_chip, per_chip)) for c in range(chips)]
     rest = memory.weight_bytes - model.experts * per_expert
@@ -173,20 +174,24 @@ def system_capacity(system, model, memory: ModelMemory, block_size: int,
     return capacity, ChipWeights(system.name, system.chips, parallelism, hbm, tuple(weights), tuple(experts))
 
 
-def tp_weight_cycles(model, hardware, vocab: int, chips: int, tokens: int) -> int:
+def tp_weight_cycles(model, hardware, vocab: int, chips: int, tokens: int, per_layer: int | None = None,
+                     head: bool = True) -> int:
     """Cycles of a step's off-chip weights outside the layer graphs on ``chips`` chips (docs/serving.md §9.3,
     split by tensor parallelism): each chip reads ``ceil(bytes / chips)`` of every layer's q/k/v/o projections and
-    router, of the LM head and of the step's ``tokens`` embedding rows, at its HBM's peak bytes/cycle."""
+    router, of the LM head and of the step's ``tokens`` embedding rows, at its HBM's peak bytes/cycle.
+    ``per_layer``: a layer's bytes instead of :func:`layer_weight_bytes` (a layer group's real attention weights,
+    :mod:`stepsim.serve.layer_list`); ``head=False``: without the LM head and embedding rows (counted by another
+    group)."""
     import math
 
     d, peak = model.hidden, hardware.hbm_peak_bytes_per_cycle
-    per_layer = layer_weight_bytes(model)
+    per_layer = layer_weight_bytes(model) if per_layer is None else per_layer
 
     def cycles(nbytes: int) -> int:
         return math.ceil(-(-nbytes // chips) / peak)
 
-    return (model.layers * cycles(per_layer) + cycles(vocab * d * DTYPE_BYTES)
-            + cycles(tokens * d * DTYPE_BYTES))
+    outside = cycles(vocab * d * DTYPE_BYTES) + cycles(tokens * d * DTYPE_BYTES) if head else 0
+    return model.layers * cycles(per_layer) + outside
 
 
 def allreduce_cycles(system, hidden: int, tokens: int) -> int:
@@ -238,6 +243,21 @@ def tp_shard(model, chips: int):
     return dataclasses.replace(model, heads=heads // chips, kv_heads=per_chip, dense_intermediate=f // chips)
 
 
+def mqa_shard(model, chips: int):
+    """The attention one chip of an expert-parallel MoE model runs: with one KV head (multi-query attention, as
+    MLA's absorbed form is: :mod:`stepsim.serve.layer_list`) its query heads split over the chips, ``heads /
+    chips`` a chip, each chip reading the whole (replicated) cache, as vLLM's tensor parallelism splits MLA's
+    heads; with more KV heads (or query heads the chips do not divide) ``model`` as it is, its KV heads split
+    by :func:`kv_heads_per_chip`. The MoE block's dimensions are not touched. Tensor rather than data parallelism
+    (DeepSeek's own deployment runs MLA data-parallel): it is what the dense groups and the other models' systems
+    do, needs no placement of requests on chips, and MLA's latent is small enough to hold on every chip."""
+    import dataclasses
+
+    if model.kv_heads != 1 or chips == 1 or model.heads % chips:
+        return model
+    return dataclasses.replace(model, heads=model.heads // chips)
+
+
 def check_exact_system(system, model, fidelity: str = "exact") -> None:
     """The exact (or fast, calibrated on exact) fidelity on a system needs a system whose all-reduce has a closed
     form (one dimension: ring, fully connected or switch), and a dense model whose dimensions split by tensor
@@ -265,7 +285,7 @@ def system_layer_spec(model, system, max_model_len: int, schedule: str = "paper"
     expert parallelism), or a dense model's tensor-parallel shard (:func:`tp_shard`), the one-chip layer of a
     narrower model, built with ``schedule`` (a mapped shard is mapped like any one-chip layer)."""
     if model.is_moe:
-        return LayerSpec(model, system.hardware, max_kv_rows(max_model_len), system=system)
+        return LayerSpec(mqa_shard(model, system.chips), system.hardware, max_kv_rows(max_model_len), system=system)
     return LayerSpec(tp_shard(model, system.chips), system.hardware, max_kv_rows(max_model_len), schedule=schedule)
 
 
@@ -296,6 +316,12 @@ class SystemEngineLatency(EngineLatency):
     (:mod:`stepsim.serve.projections`).
     """
 
+    #: a layer's weight bytes outside the graphs instead of :func:`layer_weight_bytes` (a layer group's real
+    #: attention weights and router), and whether the LM head and embedding rows are this provider's to count
+    #: (:func:`stepsim.serve.layer_list.count_weights_once`)
+    layer_bytes: int | None = None
+    counts_head: bool = True
+
     def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, schedule="paper"):
         self.chips = system.chips
         super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
@@ -309,7 +335,8 @@ class SystemEngineLatency(EngineLatency):
         return [("attention", heads * self.model.layers) if kind != "ffn" else ("ffn", 1) for kind, _ in tasks]
 
     def weight_cycles(self, batch) -> int:
-        return tp_weight_cycles(self.model, self.hardware, self.vocab, self.system.chips, int(sum(batch.new_tokens)))
+        return tp_weight_cycles(self.model, self.hardware, self.vocab, self.system.chips, int(sum(batch.new_tokens)),
+                                self.layer_bytes, self.counts_head)
 
     def allreduce_cycles(self, batch) -> int:
         """One all-reduce of the step's activations (:func:`allreduce_cycles`)."""

@@ -20,6 +20,7 @@ class SystemFastLatency(FastLatency):
         self.system = system
         self.spec = system_layer_spec(model, system, max_model_len)
 
+    layer_bytes, counts_head = SystemEngineLatency.layer_bytes, SystemEngineLatency.counts_head
     roles = SystemEngineLatency.roles
     weight_cycles = SystemEngineLatency.weight_cycles
 

@@ -408,12 +408,13 @@ CASES = [
     ('metrics moe --model mixtral --schedule good_sched.json', 2,
      E + "--schedule good_sched.json: regions 32 must divide the model's 8 experts"),
     ('models show deepseek-v3', 0,
-     'not modelled yet          multi-head latent attention (MLA), sigmoid routing limited to 4 of 8 '
-     'expert groups (issue 43)'),
+     'layer-list features       multi-head latent attention (MLA), sigmoid routing limited to 4 of 8 '
+     'expert groups (served and planned layer group by layer group; run and map refuse them)'),
     ('models show gpt-oss-120b --json', 0, '}'),
     ('models show qwen3-235b-a22b', 0, 'parameters                235093610496'),
     ('models show gpt-oss-20b', 0,
-     'not modelled yet          sliding-window attention (12 of 24 layers), attention sinks (issue 43)'),
+     'layer-list features       sliding-window attention (12 of 24 layers), attention sinks '
+     '(served and planned layer group by layer group; run and map refuse them)'),
     ('models show deepseek-r1 --json', 0, '}'),
     ('models show m_false.json', 2,
      E + "model file m_false.json: field 'tie_word_embeddings' must be true or false (a JSON boolean), got "

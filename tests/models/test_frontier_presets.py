@@ -62,13 +62,13 @@ def test_models_show_deepseek_v3_json_gives_the_must_show_numbers(capsys):
                               "qk_rope_head_dim", "v_head_dim", "head_dim", "n_group", "topk_group", "scoring_func",
                               "routed_scaling_factor", "first_k_dense_replace", "moe_layer_freq", "layer_types",
                               "sliding_window", "experts", "top_k", "shared_experts", "shared_intermediate",
-                              "dense_intermediate", "router_bias", "not_modelled")} == {
+                              "dense_intermediate", "router_bias", "layer_list_features")} == {
         "attention_kind": "mla", "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64, "v_head_dim": 128, "head_dim": 192, "n_group": 8, "topk_group": 4,
         "scoring_func": "sigmoid", "routed_scaling_factor": 2.5, "first_k_dense_replace": 3, "moe_layer_freq": 1,
         "layer_types": [], "sliding_window": None, "experts": 256, "top_k": 8, "shared_experts": 1,
         "shared_intermediate": 2048, "dense_intermediate": 18432, "router_bias": True,
-        "not_modelled": ["multi-head latent attention (MLA)", "sigmoid routing limited to 4 of 8 expert groups"]}
+        "layer_list_features": ["multi-head latent attention (MLA)", "sigmoid routing limited to 4 of 8 expert groups"]}
     code, text, _ = run(capsys, "models", "show", "deepseek-r1")
     assert code == 0 and text.splitlines()[-6:] == [
         "moe workload              yes (routed experts)",
@@ -77,8 +77,8 @@ def test_models_show_deepseek_v3_json_gives_the_must_show_numbers(capsys):
         "parameters                671026419200",
         "MLA (elements)            q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, "
         "v_head_dim 128",
-        "not modelled yet          multi-head latent attention (MLA), sigmoid routing limited to 4 of 8 expert "
-        "groups (issue 43)"]
+        "layer-list features       multi-head latent attention (MLA), sigmoid routing limited to 4 of 8 expert "
+        "groups (served and planned layer group by layer group; run and map refuse them)"]
 
 
 # --- gpt-oss: alternating sliding / full attention, sinks, biases ----------------------------------------------
@@ -204,10 +204,12 @@ OSS_LINE = ("model 'gpt-oss-120b' uses sliding-window attention (18 of 36 layers
 
 
 @pytest.mark.parametrize(("argv", "line"), [
-    # serving prices them layer group by layer group (stepsim/serve/layer_list.py), on one chip for now
+    # serving prices them layer group by layer group (stepsim/serve/layer_list.py), on a system too; in bf16
+    # DeepSeek-V3's 1.34 TB do not fit 16 sn40l's HBM (docs/serving.md §9.1)
     (["serve", "--model", "deepseek-r1", "--requests", "missing.csv", "--out", "o", "--fidelity", "fast",
       "--system", "sn40l-16"],
-     "--system: model 'deepseek-v3' is served layer group by layer group (issue 43), on one chip only for now"),
+     "--system sn40l-16: chip 0's share of the weights (83.88 GB, ep+tp over 16 chips) does not fit its HBM "
+     "(68.72 GB): 15.16 GB short; use more chips"),
     (["serve", "--model", "gpt-oss-120b", "--requests", "missing.csv", "--out", "o", "--fidelity", "exact"],
      "the model's weights (233.66 GB) do not fit in HBM (68.72 GB): 164.94 GB short; serve it on several chips "
      "with --system FILE"),

@@ -84,14 +84,14 @@ def test_models_show_llama_4(capsys):
     assert main(["models", "show", "llama-4-maverick", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert {k: d[k] for k in ("parameters", "kv_bytes_per_token", "interleave_moe_layer_step", "attention_chunk_size",
-                              "shared_intermediate", "dense_intermediate", "not_modelled")} == {
+                              "shared_intermediate", "dense_intermediate", "layer_list_features")} == {
         "parameters": 401_583_781_376, "kv_bytes_per_token": 196_608, "interleave_moe_layer_step": 2,
         "attention_chunk_size": 8192, "shared_intermediate": 8192, "dense_intermediate": 16384,
-        "not_modelled": ["chunked attention (36 of 48 layers)", "dense and MoE layers interleaved (MoE every 2 layers)"]}
+        "layer_list_features": ["chunked attention (36 of 48 layers)", "dense and MoE layers interleaved (MoE every 2 layers)"]}
     assert main(["models", "show", "llama4-scout"]) == 0
     assert capsys.readouterr().out.splitlines()[-3:] == [
         "parameters                108641793536", "attention chunks          8192 tokens on 36 of 48 layers",
-        "not modelled yet          chunked attention (36 of 48 layers) (issue 43)"]
+        "layer-list features       chunked attention (36 of 48 layers) (served and planned layer group by layer group; run and map refuse them)"]
 
 
 T = "text_config"

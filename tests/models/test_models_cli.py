@@ -70,7 +70,7 @@ def test_models_show_resolves_an_alias_and_explains_the_paper_dims(capsys):
         "first_k_dense_replace": 0, "moe_layer_freq": 1, "layer_types": [], "sliding_window": None,
         "interleave_moe_layer_step": 0, "attention_chunk_size": None,
         "attention_bias": False, "attention_sinks": False, "router_bias": False, "expert_bias": False,
-        "attention_kind": "gqa", "not_modelled": [],
+        "attention_kind": "gqa", "layer_list_features": [],
         # 48 layers x 2 x 4 KV heads x 128 x 2 B; the weights of stepsim.serve.memory
         "kv_bytes_per_token": 98_304, "sliding_kv_bytes_per_token": 0, "parameters": 30_532_110_336,
         "weight_bytes": 61_064_220_672}

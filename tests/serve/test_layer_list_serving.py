@@ -97,9 +97,11 @@ MEASURED = {
     "llama-4-maverick-2layers.json": (15, 15, {"ttft mean": -21.95, "ttft p99": -22.12, "tpot mean": 17.73,
                                                "tpot p99": -5.56},
                                       {"iteration_p50": 22.97, "iteration_p95": 44.31, "iteration_max": 53.44}),
-    "deepseek-v3-narrow-2layers.json": (54, 54, {"ttft mean": 0.32, "ttft p99": 0.3, "tpot mean": 0.43,
-                                                 "tpot p99": 1.53},
-                                        {"iteration_p50": 0.0, "iteration_p95": 4.74, "iteration_max": 5.63}),
+    # routed through DeepSeek-V3's group limit (serve/group_synthetic.py; before it, 0.0 / 4.74 / 5.63 % held out):
+    # a token's experts in 4 of the 8 groups vary a step's FFN more than the 54 steps' fit follows
+    "deepseek-v3-narrow-2layers.json": (54, 54, {"ttft mean": 2.05, "ttft p99": 0.14, "tpot mean": 4.16,
+                                                 "tpot p99": 13.78},
+                                        {"iteration_p50": 0.0, "iteration_p95": 57.87, "iteration_max": 78.37}),
 }
 
 

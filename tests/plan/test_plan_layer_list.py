@@ -1,0 +1,47 @@
+"""stepsim plan takes a heterogeneous model (issue 43): a tiny DeepSeek-V3 (MLA, a dense first layer, 16 routed
+experts in 4 groups of which 2 are kept, a shared expert) planned over one chip and two (``ring-2``, the layer
+groups on the system's chips), each replica shape calibrated once layer group by layer group and every candidate
+priced by a fresh provider of those calibrations (stepsim/plan/pricing.py, serve/layer_list.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+import stepsim
+
+NARROW = Path(__file__).resolve().parents[1] / "serve" / "data" / "deepseek-v3-narrow-2layers.json"
+TINY = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128, "n_routed_experts": 16,
+        "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "kv_lora_rank": 64, "q_lora_rank": 64, "qk_rope_head_dim": 32, "qk_nope_head_dim": 32, "v_head_dim": 32,
+        "vocab_size": 1000, "max_position_embeddings": 4096}
+SPACE = {"chips_per_replica": [1, 2], "replicas": [1], "routers": ["round-robin"],
+         "scheduler": [{"policy": "vllm", "max_seqs": [128], "max_batch_tokens": [256]}]}
+
+
+def test_plan_prices_a_deepseek_layer_list_on_one_and_two_chips(tmp_path):
+    from stepsim.trace_io.requests import RequestTrace, write_requests
+
+    model = tmp_path / "tiny-deepseek.json"
+    model.write_text(json.dumps({**json.loads(NARROW.read_text()), **TINY}))
+    rng = np.random.default_rng(3)
+    n = 12
+    trace = write_requests(RequestTrace("t", np.arange(n), np.sort(rng.uniform(0, 0.01, n)), rng.integers(5, 400, n),
+                                        rng.integers(2, 30, n)), tmp_path / "t.parquet")
+    plan = stepsim.plan(str(model), trace, slo="ttft=0.3ms,tpot=0.012ms", max_chips=2, space=SPACE,
+                        calibration_cache=tmp_path / "cache", verify=False)
+    s = plan.summary
+    # one calibration per replica shape, one key per layer group (dense, MoE)
+    assert {shape: len(c["calibration"].split("+")) for shape, c in s["calibrations"].items()} == {
+        "sn40l x1": 2, "sn40l x2": 2}
+    front = [(f["deployment"], f["system"], f["multiplier"], f["goodput_requests_per_s"], f["max_utilisation"] <= 1)
+             for f in s["front"]]
+    errors = {shape: round(c["error"]["iteration_p95"] * 100, 2) for shape, c in s["calibrations"].items()}
+    searched = [(d["deployment"], d["system"], d["decided"], d["error"]) for d in plan.deployments]
+    assert (front, errors, searched) == (
+        [("1x1ch sn40l none vllm seqs 128 batch 256", None, 0.3242098886627524, 538.3028342768472, True)],
+        {"sn40l x1": 4.75, "sn40l x2": 56.01},  # fast's held-out p95 (%) of each shape's calibration
+        [("1x1ch sn40l none vllm seqs 128 batch 256", None, "simulated", None),
+         ("1x2ch sn40l none vllm seqs 128 batch 256", "ring-2", "cut", None)])  # priced: failed at the front rate
