@@ -190,7 +190,10 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         pricers[(hw, chips)] = pricer
         calibrations[f"{hw} x{chips}"] = {"calibration": summary["fidelity"]["calibration"],
                                           "error": summary["fidelity"]["error"]}
-    evaluator = Evaluator(model, base, slo_seconds, percentile, pricers, tmp)
+    from stepsim.plan.margin import fidelity_margin, search_slo  # the SLO less the prices' error (margin.py)
+
+    margin = fidelity_margin(calibrations)
+    evaluator = Evaluator(model, base, search_slo(slo_seconds, margin), percentile, pricers, tmp)
     rows = []
     for i, dep in enumerate(deps):
         row = {"index": i, "dep": dep, "chips": dep.chips, "goodput": None, "decided": None, "bound": None,
@@ -254,6 +257,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         if verify:
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
                                               percentile, base, cache)
+    summary["slo_margin"] = margin
     summary["replays"] = evaluator.replays
     summary["replays_reused"] = evaluator.reused
     summary["wall_s"] = time.perf_counter() - started
@@ -342,6 +346,8 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
 def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrations, model, requests,
                limit_requests, prune) -> tuple[dict, list]:
     """plan.json's object and the deployments' table (one dict per deployment)."""
+    from stepsim.plan.disaggregated import split_columns
+
     table = []
     front_set = set(on_front)
     for row in rows:
@@ -353,7 +359,7 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
         table.append({
             "deployment": dep.label(), "hardware": dep.hardware, "chips": dep.chips,
             "chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
-            "system": dep.system, "scheduler": dep.scheduler.policy, "max_seqs": dep.scheduler.max_seqs,
+            "system": dep.system, **split_columns(dep), "scheduler": dep.scheduler.policy, "max_seqs": dep.scheduler.max_seqs,
             "max_batch_tokens": dep.scheduler.max_batch_tokens, "chunk_tokens": dep.scheduler.chunk_tokens,
             "decided": row["decided"] or "infeasible", "bound": row["bound"], "error": row["error"],
             "rate_bound_multiplier": row.get("m_ub"), "goodput_bound_requests_per_s": row.get("goodput_ub"),

@@ -41,6 +41,13 @@ def serve_flags(dep) -> list[str]:
     return ["--disaggregate", f"{dep.disaggregate[0]}:{dep.disaggregate[1]}"] if dep.disaggregate else []
 
 
+def split_columns(dep) -> dict:
+    """A deployment's split as deployments.parquet has it: ``prefill_chips`` and ``decode_chips`` per replica, both
+    None for a colocated deployment."""
+    p, d = dep.disaggregate if dep.disaggregate else (None, None)
+    return {"prefill_chips": p, "decode_chips": d}
+
+
 def pool_pricer(evaluator, hardware: str, chips: int):
     """The fast pricer of a pool of ``chips`` chips of ``hardware``: the plan's colocated one of that shape, else one
     calibrated now on the plan's reference run (as the plan calibrates its shapes) and kept for the next."""

@@ -15,6 +15,7 @@ from test_plan import SLO, SMALL
 
 import stepsim
 from stepsim.base.errors import ConfigError
+from stepsim.plan.output import read_deployments
 from stepsim.plan.space import DEFAULT_SPACE, deployments, parse_space
 
 SPACE = {"chips_per_replica": [1], "replicas": [1, 2], "routers": ["round-robin"],
@@ -77,3 +78,28 @@ def test_a_plan_recommends_a_disaggregated_deployment(tmp_path):
     assert (v["meets_slo"], round(v["ttft_p"] * 1e9), round(v["ttft_p_error"], 4)) == (False, 300468, -0.0286)
     table = pq.read_table(tmp_path / "out" / "deployments.parquet")
     assert table.column("decided").to_pylist() == ["simulated", "simulated"]
+    # the split per replica, null for the colocated deployment, read back as the plan returned it
+    assert (table.schema.field("prefill_chips").type, table.schema.field("decode_chips").type) == ("int64", "int64")
+    rows = read_deployments(tmp_path / "out")
+    assert [(r["prefill_chips"], r["decode_chips"]) for r in rows] == [(None, None), (1, 1)]
+    assert rows == plan.deployments
+    assert s["recommended"]["prefill_chips"] == 1 and s["recommended"]["decode_chips"] == 1
+
+
+def test_a_deployments_table_that_is_not_a_plans_is_one_line(tmp_path):
+    import pyarrow as pa
+
+    with pytest.raises(ConfigError) as err:
+        read_deployments(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path}/deployments.parquet: not a plan's deployments table (")
+    pq.write_table(pa.table({"deployment": ["a"]}), tmp_path / "deployments.parquet")
+    with pytest.raises(ConfigError) as err:
+        read_deployments(tmp_path)
+    assert str(err.value) == (f"{tmp_path}/deployments.parquet: no column 'hardware': not a stepsim plan's "
+                              "deployments table")
+    columns = {"deployment": ["a"], "hardware": ["sn40l"], "chips": [2], "chips_per_replica": [2], "replicas": [1],
+               "router": ["none"], "system": ["ring-2"], "prefill_chips": ["1"], "decode_chips": [1]}
+    pq.write_table(pa.table(columns), tmp_path / "deployments.parquet")
+    with pytest.raises(ConfigError) as err:
+        read_deployments(tmp_path)
+    assert str(err.value) == f"{tmp_path}/deployments.parquet: column 'prefill_chips' is string, a plan writes int64"
