@@ -178,7 +178,8 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     write_requests(RequestTrace(str(reference), np.arange(base.n, dtype=np.int64), base.arrival, base.prompt,
                                 base.output), reference)
     pricers, shape_errors, calibrations = {}, {}, {}
-    for hw, chips in dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps):
+    # a disaggregated replica is priced by its pools' shapes (plan/disaggregated.py), not by its own chips'
+    for hw, chips in dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps if not d.disaggregate):
         pricer = ShapePricer(model, resolved, hw, chips, next(d.system for d in deps
                                                                if (d.hardware, d.chips_per_replica) == (hw, chips)),
                              cache)
@@ -194,6 +195,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
 
     margin = fidelity_margin(calibrations)
     evaluator = Evaluator(model, base, search_slo(slo_seconds, margin), percentile, pricers, tmp)
+    evaluator.calibration_cache = cache  # where a disaggregated pool's shape is calibrated (pool_pricer)
     rows = []
     for i, dep in enumerate(deps):
         row = {"index": i, "dep": dep, "chips": dep.chips, "goodput": None, "decided": None, "bound": None,

@@ -7,7 +7,8 @@ prefill and next ``D`` decode, the KV cache moved over the replica's system link
 * A replica is served by :func:`stepsim.serve.disaggregated_serve.serve_disaggregated` on the system preset of
   ``P + D`` chips, each pool priced by the calibrated fast provider of its own shape (hardware, ``P`` or ``D``
   chips), the one colocated replicas of that many chips use (:func:`pool_pricer`: calibrated here when the plan's
-  colocated space has no such shape).
+  colocated space has no such shape). The shape of ``P + D`` chips is not calibrated for it (only a colocated
+  deployment of ``P + D`` chips a replica calibrates it).
 * The rate bound of :mod:`stepsim.plan.search` stays sound on ``P + D`` chips: the pools run side by side, but a
   pool of ``k`` chips takes at least ``(P + D) / k`` times the ``P + D``-chip floor of its own steps, so the
   replica's duration is at least the ``P + D``-chip floor of all its steps; the transfers only add time.
@@ -62,7 +63,7 @@ def pool_pricer(evaluator, hardware: str, chips: int):
         from stepsim.models.presets import resolve_model
         from stepsim.serve.api import default_calibration_cache
 
-        cache = next((known.cache for known in evaluator.pricers.values()), None) or default_calibration_cache()
+        cache = getattr(evaluator, "calibration_cache", None) or default_calibration_cache()
         pricer = ShapePricer(evaluator.model_arg, resolve_model(evaluator.model_arg), hardware, chips, systems[chips],
                              cache)
         pricer.calibrate(evaluator.folder / "reference.parquet", None)
