@@ -3,7 +3,8 @@ requests, a space of 12 deployments up to 4 chips (one and two chips a replica, 
 round-robin router, three scheduler settings), every candidate priced by fast fidelity:
 
 * the plan's front is the front of searching every deployment fully (the same deployments, rates and goodputs, to
-  the bit), with 1.68x fewer replays (84 against 141; 105 before the front probe);
+  the bit), with 2.14x fewer replays (63 against 135, searched against the SLO less the calibration's error;
+  84 against 141 before that margin, 105 before the front probe);
 * every bound holds on every deployment the brute force searched (goodput and rate at most their bounds; no step
   of any replay beat the floors: utilisation at most 1);
 * the files: plan.json (the recommended deployment, why each other front point lost, the serve commands),
@@ -62,13 +63,13 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert _front(plan) == _front(brute) and _front(plan)
     assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
     assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
-    # 1 chip: orca first (the highest bound), both vLLM settings pass the front probe (multiplier 2, a rate their
-    # searches probe anyway) and are searched; 1x2ch and 2x2ch fail theirs (2 and 8): one probe each
+    # searched against the SLO less the calibration's held-out error (26.5 %: stepsim/plan/margin.py) the front sits
+    # near the offered rate (1.14 and 1.76), so no doubling rate above the offered one proves a loss: no front probe, and
+    # 1x2ch and 2x2ch are cut by a rate their searches saw fail (84 against 141 replays before the margin)
     assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 6
-    assert {r["bound"] for r in plan.deployments[6:]} == {"front rate"}
-    assert [r["front_probe_multiplier"] for r in plan.deployments] == [2.0, 2.0, None, 8.0, 8.0, 2.0] + [2.0] * 3 + \
-        [8.0] * 3
-    assert (plan.summary["replays"], brute.summary["replays"]) == (84, 141)
+    assert {r["bound"] for r in plan.deployments[6:]} == {"failed rate"}
+    assert [r["front_probe_multiplier"] for r in plan.deployments] == [None] * 12
+    assert (plan.summary["replays"], brute.summary["replays"]) == (63, 135)
     print("replays", plan.summary["replays"], brute.summary["replays"], "reused", plan.summary["replays_reused"],
           brute.summary["replays_reused"], "wall", plan.summary["wall_s"], brute.summary["wall_s"])
 
