@@ -53,3 +53,13 @@ def qwen_b64_traces(shared_traces) -> dict[str, str]:
     (``expert_routing/qwen_b64/032_012.npz``) and an Azure conversation window of KV lengths."""
     return {"routing": str(shared_traces / "expert_routing" / "qwen_b64" / "032_012.npz"),
             "kv_lengths": str(shared_traces / "kv_lengths" / "b64" / "conv_stdev0477_0271_0334.npy")}
+
+
+def pytest_configure(config) -> None:
+    """With ``-n`` (the suite on several workers), compile the engine's kernels once before the workers start
+    (:mod:`kernel_warmup`): on a cold cache each worker would compile the same ones."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # a worker (its controller warmed), or one process: its tests compile what they use, as before
+    from kernel_warmup import warm_kernels
+
+    warm_kernels()

@@ -69,7 +69,15 @@ TH_DECODE, TH_PREFILL, TH_FFN, TH_FFN_PREFILL = range(4)
 #: rows of ``forms`` (float64 ``[6, 6]``): off-chip bytes and FLOPs coefficients of decode, prefill, ffn
 FM_DECODE_BYTES, FM_DECODE_FLOPS, FM_PREFILL_BYTES, FM_PREFILL_FLOPS, FM_FFN_BYTES, FM_FFN_FLOPS = range(6)
 #: return values
-DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED = range(6)
+DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED = range(7)
+#: entries of the stop rule's integers ``stop_i`` (int64; :meth:`stepsim.serve.replay_stop.StopRule.as_arrays`):
+#: active (0: no rule), the misses each metric may have, the misses counted, the TTFT and E2E arrival pointers
+(SP_ACTIVE, SP_ALLOW_TTFT, SP_ALLOW_TPOT, SP_ALLOW_E2E, SP_MISS_TTFT, SP_MISS_TPOT, SP_MISS_E2E, SP_PTR_TTFT,
+ SP_PTR_E2E, SP_ROWS) = range(10)
+#: the stop rule's limits ``stop_f`` (float64, s; inf: not held)
+SF_TTFT, SF_TPOT, SF_E2E = range(3)
+#: bits of the per-request ``seen`` flags: TTFT counted, finish counted, E2E counted
+SEEN_TTFT, SEEN_END, SEEN_E2E = 1, 2, 4
 #: integers up to here are exact in a float64 (beyond it the loop stops with UNSUPPORTED)
 EXACT = 1 << 53
 #: a step may end at most this late (s): stepsim.base.ranges.MAX_TIME_S, whose check the reference makes
@@ -372,6 +380,47 @@ def _admit_incoming(cfg, req, times, st, running, now):
         st[S_RUNNING] += 1
 
 
+@kernel
+def _stop_check(req, times, batch_r, m, now, stop_f, stop_i, seen):
+    """:meth:`stepsim.serve.replay_stop.StopTracker.after_step`, statement for statement: count the step's first
+    tokens and finishes and the requests now late; whether a metric has more misses than it may."""
+    arrival = times[T_ARRIVAL]
+    n = arrival.shape[0]
+    ttft, tpot, e2e_limit = stop_f[SF_TTFT], stop_f[SF_TPOT], stop_f[SF_E2E]
+    for j in range(m):
+        i = batch_r[j]
+        first = times[T_FIRST_TOKEN, i]
+        if first >= 0.0 and not seen[i] & SEEN_TTFT:
+            seen[i] |= SEEN_TTFT
+            if first - arrival[i] > ttft:
+                stop_i[SP_MISS_TTFT] += 1
+        finish = times[T_FINISH, i]
+        if finish >= 0.0 and not seen[i] & SEEN_END:
+            seen[i] |= SEEN_END
+            e2e = finish - arrival[i]
+            if not seen[i] & SEEN_E2E:
+                seen[i] |= SEEN_E2E
+                if e2e > e2e_limit:
+                    stop_i[SP_MISS_E2E] += 1
+            out = req[R_OUTPUT, i]
+            if out > 1 and (e2e - (first - arrival[i])) / np.float64(out - 1) > tpot:
+                stop_i[SP_MISS_TPOT] += 1
+    while stop_i[SP_PTR_TTFT] < n and now - arrival[stop_i[SP_PTR_TTFT]] > ttft:
+        i = stop_i[SP_PTR_TTFT]
+        if not seen[i] & SEEN_TTFT:  # no first token yet: it comes at a later step's end
+            seen[i] |= SEEN_TTFT
+            stop_i[SP_MISS_TTFT] += 1
+        stop_i[SP_PTR_TTFT] += 1
+    while stop_i[SP_PTR_E2E] < n and now - arrival[stop_i[SP_PTR_E2E]] > e2e_limit:
+        i = stop_i[SP_PTR_E2E]
+        if not seen[i] & SEEN_E2E:
+            seen[i] |= SEEN_E2E
+            stop_i[SP_MISS_E2E] += 1
+        stop_i[SP_PTR_E2E] += 1
+    return (stop_i[SP_MISS_TTFT] > stop_i[SP_ALLOW_TTFT] or stop_i[SP_MISS_TPOT] > stop_i[SP_ALLOW_TPOT]
+            or stop_i[SP_MISS_E2E] > stop_i[SP_ALLOW_E2E])
+
+
 # ------------------------------------------------------------------------------------------ fast pricing
 @kernel
 def _window(prefix, start, tokens, tile_shift, experts, tiles, keep):
@@ -607,13 +656,15 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
 @kernel
 def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
                 steps_i, steps_f, pi, constant_s, forms, theta, prefix, pool_rows, starts, loads, dec, pre, x,
-                basis, scratch, tiles):
+                basis, scratch, tiles, stop_f, stop_i, seen):
     """Replay until done or a reason to return (module docstring); returns that reason.
 
     ``now_box`` (float64 ``[1]``) holds the clock (s); ``st`` the loop's counters; ``steps_i`` / ``steps_f`` get a
     column per step (``st[S_STEPS]`` of them so far, at most their width); ``pi`` the pricing's integers (mode
     :data:`CONSTANT`: every step ``constant_s`` seconds; :data:`FAST`: the fast model over ``forms``, ``theta``,
-    the routing pool's prefix counts ``prefix`` and rows ``pool_rows``, window starts ``starts`` per step)."""
+    the routing pool's prefix counts ``prefix`` and rows ``pool_rows``, window starts ``starts`` per step);
+    ``stop_i[SP_ACTIVE]``: after every step, :func:`_stop_check` over the rule ``stop_f`` / ``stop_i`` and the
+    per-request flags ``seen`` (returns :data:`STOPPED` once the SLO is provably missed)."""
     n_req = req.shape[1]
     arrival = times[T_ARRIVAL]
     capacity = steps_i.shape[1]
@@ -690,4 +741,6 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
         made += 1
         now_box[0] = end
         st[S_DONE] += _finish_step(req, times, st, running, batch_r, batch_n, m, end, gaps)
+        if stop_i[SP_ACTIVE] and _stop_check(req, times, batch_r, m, end, stop_f, stop_i, seen):
+            return STOPPED
     return DONE

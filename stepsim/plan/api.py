@@ -194,7 +194,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     from stepsim.plan.margin import fidelity_margin, search_slo  # the SLO less the prices' error (margin.py)
 
     margin = fidelity_margin(calibrations)
-    evaluator = Evaluator(model, base, search_slo(slo_seconds, margin), percentile, pricers, tmp)
+    evaluator = Evaluator(model, base, search_slo(slo_seconds, margin), percentile, pricers, tmp, stop_early=prune)
     evaluator.calibration_cache = cache  # where a disaggregated pool's shape is calibrated (pool_pricer)
     rows = []
     for i, dep in enumerate(deps):
@@ -223,7 +223,8 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         if prune and beaten(dep.chips, row["goodput_ub"], strict=False):
             row.update(decided="pruned", bound=row["binds"], replays=0)
             continue
-        before = evaluator.replays
+        before, stopped_before = evaluator.replays, evaluator.stopped
+
         def can_win(e_hi, dep=dep, row=row):
             """Whether a failure at multiplier(e_hi) leaves ``dep`` a chance (its rate below multiplier(e_hi))."""
             if not prune:
@@ -235,9 +236,11 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         try:
             res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win, front_probe=prune)
         except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
-            row.update(error=str(exc), replays=evaluator.replays - before)
+            row.update(error=str(exc), replays=evaluator.replays - before,
+                       replays_stopped=evaluator.stopped - stopped_before)
             continue
         row["replays"] = evaluator.replays - before
+        row["replays_stopped"] = evaluator.stopped - stopped_before
         row["search"] = res
         if res.status == "cut":
             # failed at the front's rate before the search (one probe), or at a rate the search probed
@@ -254,13 +257,19 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     replica_files = _replica_files(rows[recommended["index"]], base) if recommended is not None else []
     if recommended is not None:
         folder = "." if out is None else str(out)
-        summary["commands"] = [serve_command(rows[recommended["index"]]["dep"], model, f"{folder}/{name}", slo,
-                                             f"serve-{name.removesuffix('.parquet')}") for name, _ in replica_files]
+        rec_dep = rows[recommended["index"]]["dep"]
+        # the layers the plan priced the shape with (serve's default: mapped on one sn40l chip); a disaggregated
+        # replica's pools each take their own default, as the plan priced them (no --schedule)
+        schedule = None if rec_dep.disaggregate else pricers[(rec_dep.hardware, rec_dep.chips_per_replica)].schedule
+        summary["commands"] = [serve_command(rec_dep, model, f"{folder}/{name}", slo,
+                                             f"serve-{name.removesuffix('.parquet')}", schedule)
+                               for name, _ in replica_files]
         if verify:
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
-                                              percentile, base, cache)
+                                              percentile, base, cache, schedule)
     summary["slo_margin"] = margin
-    summary["replays"] = evaluator.replays
+    summary["replays"] = evaluator.replays  # full replays: every request served
+    summary["replays_stopped"] = evaluator.stopped  # stopped early, the SLO provably missed
     summary["replays_reused"] = evaluator.reused
     summary["wall_s"] = time.perf_counter() - started
     files = {}
@@ -288,8 +297,9 @@ def _replica_files(row, base) -> list:
     return out
 
 
-def serve_command(dep, model, file: str, slo: str, out: str) -> str:
-    """The ``stepsim serve`` command of one replica of ``dep`` on its requests ``file``."""
+def serve_command(dep, model, file: str, slo: str, out: str, schedule: str | None = "paper") -> str:
+    """The ``stepsim serve`` command of one replica of ``dep`` on its requests ``file`` (``schedule`` None: no
+    ``--schedule``, serve's default)."""
     import shlex
 
     parts = ["stepsim", "serve", "--model", str(model), "--requests", file, "--hardware", dep.hardware]
@@ -300,11 +310,12 @@ def serve_command(dep, model, file: str, slo: str, out: str) -> str:
     from stepsim.plan.disaggregated import serve_flags
 
     parts += serve_flags(dep)
-    parts += ["--fidelity", "fast", "--schedule", "paper", "--slo", slo, "--out", out]  # as the plan priced it
+    parts += ["--fidelity", "fast"] + ([] if schedule is None else ["--schedule", schedule])  # as the plan priced it
+    parts += ["--slo", slo, "--out", out]
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache) -> dict:
+def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache, schedule="paper") -> dict:
     """Re-serve the recommended deployment's replicas with ``--fidelity fast`` (each its own calibration) and
     compare with the plan's numbers."""
     from stepsim.serve.api import serve
@@ -324,7 +335,7 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
 
                 result = verify_replica(dep, model, path, slo, cache)
             else:
-                result = serve(model, path, fidelity="fast", schedule="paper", slo=slo, hardware=dep.hardware,
+                result = serve(model, path, fidelity="fast", schedule=schedule, slo=slo, hardware=dep.hardware,
                                system=dep.system, calibration_cache=cache, **dep.scheduler.serve_kwargs())
             idx = trace.request_id
             first[idx] = result.requests.column("first_token_s").to_numpy()
@@ -373,6 +384,7 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
             else multiplier(res.front_probe[0]),
             "front_probe_met": None if res is None or res.front_probe is None else res.front_probe[1],
             "replays": row.get("replays", 0),
+            "replays_stopped": row.get("replays_stopped", 0),
             "multiplier": best.multiplier if best is not None else None,
             "rate_requests_per_s": rate,
             "goodput_requests_per_s": row["goodput"],
@@ -381,9 +393,11 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
             "ttft_p99_s": best.metrics["ttft_p99"] if best is not None else None,
             "tpot_p99_s": best.metrics["tpot_p99"] if best is not None else None,
             "offered_meets_slo": offered.meets if offered is not None else None,
-            "offered_slo_attainment": offered.metrics["slo_attainment"] if offered is not None else None,
+            # None when the offered rate's replay stopped early (the SLO provably missed, not served to the end)
+            "offered_slo_attainment": offered.metrics["slo_attainment"] if offered is not None
+            and offered.metrics is not None else None,
             "offered_goodput_requests_per_s": offered.metrics["goodput_requests_per_s"] if offered is not None
-            else None,
+            and offered.metrics is not None else None,
             "max_utilisation": res.max_utilisation if res is not None else None,
             "on_front": row["index"] in front_set,
         })

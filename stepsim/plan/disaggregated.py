@@ -83,9 +83,10 @@ def serve_replica(evaluator, dep, path):
 
 
 def verify_replica(dep, model, path, slo, cache):
-    """The recommended disaggregated replica re-served with ``--fidelity fast`` (each pool its own calibration)."""
+    """The recommended disaggregated replica re-served with ``--fidelity fast`` (each pool its own calibration, on
+    the layers serve's default gives its shape, as the plan priced it: :func:`pool_pricer`)."""
     from stepsim.serve.disaggregated_serve import serve_disaggregated
 
     return serve_disaggregated(model, path, disaggregate=dep.disaggregate, system=dep.system, fidelity="fast",
-                               schedule="paper", slo=slo, hardware=dep.hardware, calibration_cache=cache,
+                               schedule=None, slo=slo, hardware=dep.hardware, calibration_cache=cache,
                                **dep.scheduler.serve_kwargs())

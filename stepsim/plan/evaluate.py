@@ -45,7 +45,8 @@ class BaseTrace:
 
 @dataclass
 class Evaluation:
-    """A deployment served at ``multiplier`` times the offered rate."""
+    """A deployment served at ``multiplier`` times the offered rate (``metrics`` None: a replay stopped early, the
+    SLO provably missed)."""
 
     multiplier: float
     meets: bool
@@ -56,30 +57,41 @@ class Evaluation:
 
 
 class Evaluator:
-    """Serves deployments (``evaluate``) and counts the replays (one per replica run through serve)."""
+    """Serves deployments (``evaluate``) and counts the replays (one per replica run through serve): ``replays``
+    served every request, ``stopped`` stopped early (``stop_early``: a replay whose SLO is provably missed at the
+    percentile stops there, :mod:`stepsim.serve.replay_stop`)."""
 
-    def __init__(self, model_arg, base: BaseTrace, slo: dict, percentile: float, pricers: dict, folder: Path):
+    def __init__(self, model_arg, base: BaseTrace, slo: dict, percentile: float, pricers: dict, folder: Path,
+                 stop_early: bool = False):
         self.model_arg, self.base, self.slo, self.percentile = model_arg, base, slo, percentile
         self.pricers, self.folder = pricers, Path(folder)
         self.replays = 0
+        self.stopped = 0
         self.reused = 0
+        self.stop_rule = None
+        if stop_early:
+            from stepsim.serve.replay_stop import StopRule
+
+            self.stop_rule = StopRule.of_slo(slo, percentile, base.n, int((base.output > 1).sum()))
         self._files = 0
         # a replica's run depends only on its shape, scheduler, requests and their arrivals: two deployments (or
         # two routing rounds) that send one replica the same requests at the same rate share its replay
         self._runs: dict[tuple, dict] = {}
 
-    def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
+    def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray, stop=None) -> dict:
         """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``; a run
-        already made for the same replica shape, scheduler, requests and arrivals is reused (``reused``)."""
+        already made for the same replica shape, scheduler, requests and arrivals (and stop rule) is reused
+        (``reused``). ``stop``: the replay's :class:`~stepsim.serve.replay_stop.StopRule` (a stopped run:
+        ``{"stopped": metric, "max_utilisation": ...}``)."""
         key = (dep.hardware, dep.chips_per_replica, dep.disaggregate, dep.scheduler, indices.tobytes(),
-               arrival[indices].tobytes())
+               arrival[indices].tobytes(), stop)
         if key in self._runs:
             self.reused += 1
             return self._runs[key]
-        self._runs[key] = out = self._replay(dep, arrival, indices)
+        self._runs[key] = out = self._replay(dep, arrival, indices, stop)
         return out
 
-    def _replay(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray) -> dict:
+    def _replay(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray, stop=None) -> dict:
         from stepsim.serve.api import serve
         from stepsim.trace_io.requests import RequestTrace, write_requests
 
@@ -93,9 +105,16 @@ class Evaluator:
 
             result = serve_replica(self, dep, path)
         else:
+            from stepsim.serve.replay_stop import ReplayStopped
+
             pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
-            result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware,
-                           system=dep.system, **dep.scheduler.serve_kwargs())
+            try:
+                result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware,
+                               system=dep.system, stop=stop, **dep.scheduler.serve_kwargs())
+            except ReplayStopped as stopped:  # the SLO provably missed: this replica alone fails the deployment
+                path.unlink()
+                self.stopped += 1
+                return {"stopped": stopped.metric, "max_utilisation": stopped.max_utilisation}
         path.unlink()
         self.replays += 1
         req = result.requests
@@ -114,6 +133,9 @@ class Evaluator:
         kv = b.prompt + b.output
         n, replicas = b.n, dep.replicas
         assignment = route(dep.router, arrival, kv, replicas, None, None)
+        # a replay may stop early only when its routing is final: a state-dependent router's first rounds route by
+        # finish times that later rounds change, so a failure there proves nothing
+        stop = self.stop_rule if (dep.router == "round-robin" or replicas == 1) and not dep.disaggregate else None
         rounds = 0
         while True:
             rounds += 1
@@ -124,7 +146,9 @@ class Evaluator:
                 idx = np.flatnonzero(assignment == r)
                 if not len(idx):
                     continue
-                out = self._serve_replica(dep, arrival, idx)
+                out = self._serve_replica(dep, arrival, idx, stop)
+                if "stopped" in out:  # its misses alone exceed the deployment's allowance: the SLO fails here
+                    return Evaluation(multiplier, False, None, rounds, max(util, out["max_utilisation"]), assignment)
                 first[idx], finish[idx] = out["first_token"], out["finish"]
                 util = max(util, out["max_utilisation"])
             if dep.router == "round-robin" or replicas == 1:

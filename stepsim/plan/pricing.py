@@ -32,16 +32,20 @@ class ShapePricer:
         self.chips, self.system_name, self.cache, self.seed = chips, system, Path(cache), seed
         self.record = None
         self.summary = None
+        #: serve's default schedule for this shape (``auto``: mapped layers on one sn40l chip; else ``paper``)
+        self.schedule = None
 
     def calibrate(self, reference_file, slo: str) -> dict:
         """Serve the reference run with ``--fidelity fast`` (calibrating it, or reading its calibration from the
         cache) and keep the calibration; returns the run's summary."""
-        from stepsim.serve.api import serve
+        from stepsim.serve.api import default_schedule, resolve_serving_hardware, serve
         from stepsim.serve.calibration_cache import load_calibration
 
-        # the paper's layers, which provider() rebuilds (serve's default on sn40l, mapped layers, is not priced by
-        # plan yet: their provider is stepsim.serve.fast_mapped.MappedFastLatency)
-        result = serve(self.model_arg, reference_file, fidelity="fast", schedule="paper", slo=slo,
+        # the layers serve prices a run of this shape with (its --schedule default): mapped on one sn40l chip, the
+        # paper's elsewhere; provider() rebuilds the matching provider, the commands and the verification name it
+        self.schedule = default_schedule(resolve_serving_hardware(self.hardware_name), self.system_name, self.model,
+                                         "fast")
+        result = serve(self.model_arg, reference_file, fidelity="fast", schedule=self.schedule, slo=slo,
                        hardware=self.hardware_name, system=self.system_name, calibration_cache=self.cache,
                        seed=self.seed)
         self.summary = result.summary
@@ -66,8 +70,11 @@ class ShapePricer:
         vocab = model_memory(model).vocab_size
         hw = resolve_serving_hardware(self.hardware_name)
         if self.system_name is None:
-            return FastLatency(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
-                               theta=record["theta"], error=record["error"])
+            kind = FastLatency
+            if self.schedule == "auto":  # mapped layers, as fast_provider builds them
+                from stepsim.serve.fast_mapped import MappedFastLatency as kind
+            return kind(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
+                        theta=record["theta"], error=record["error"], schedule=self.schedule)
         from stepsim.serve.system import load_system
         from stepsim.serve.system_fast import SystemFastLatency
 

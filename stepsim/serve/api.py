@@ -407,7 +407,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
           calibration_cache=None, system=None, progress: bool = False, schedule: str | None = None,
-          drop_long: bool = False, truncate_long: bool = False) -> ServeResult:
+          drop_long: bool = False, truncate_long: bool = False, stop=None) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -481,6 +481,10 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         Requests whose prompt + output exceed the longest sequence the engine takes (``max_model_len``) are left
         out, or keep the last tokens of their prompts that fit (:mod:`stepsim.serve.long_requests`); without
         either, such a request is an error naming its row. The summary's ``long_requests`` says what was done.
+    stop : stepsim.serve.replay_stop.StopRule, optional
+        Stop the replay once its SLO is provably missed at a percentile: raises
+        :class:`~stepsim.serve.replay_stop.ReplayStopped` (for :mod:`stepsim.plan`; a calibration's own replays
+        never stop).
 
     Returns
     -------
@@ -553,7 +557,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         provider, calibration, result = _replay_with(
             provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
             trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache, system,
-            progress, schedule, policy)
+            progress, schedule, policy, stop=stop)
     finally:
         if layers_executor is not None:
             layers_executor.close()
@@ -597,7 +601,7 @@ def fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests
 
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
                  requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
-                 calibration_cache, system, progress, schedule="paper", long_policy=None):
+                 calibration_cache, system, progress, schedule="paper", long_policy=None, stop=None):
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
     replayed through it."""
     calibration = None
@@ -623,7 +627,7 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
                                               pilot=lambda p, on_step: replay(
                                                   trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                                   Scheduler(config, capacity, limit), p, on_step))
-    return _replayed(provider, calibration, trace, config, capacity, limit, progress)
+    return _replayed(provider, calibration, trace, config, capacity, limit, progress, stop)
 
 
 def _check_layer_list(resolved, routing, system) -> None:
@@ -661,13 +665,14 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
     return _replayed(provider, calibration, trace, config, capacity, limit, progress)
 
 
-def _replayed(provider, calibration, trace, config, capacity, limit, progress):
-    """``(provider, calibration, result)``: the trace replayed through ``provider`` (closed after)."""
+def _replayed(provider, calibration, trace, config, capacity, limit, progress, stop=None):
+    """``(provider, calibration, result)``: the trace replayed through ``provider`` (closed after); ``stop``: the
+    replay's :class:`~stepsim.serve.replay_stop.StopRule`."""
     try:
         with _bar(progress, f"serving ({provider.mode})", "requests", len(trace.arrival_s)) as update:
             on_step = None if update is None else (lambda done, steps: update(done, f"step {steps:,}"))
             result = replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                            Scheduler(config, capacity, limit), provider, on_step)
+                            Scheduler(config, capacity, limit), provider, on_step, stop)
     finally:
         if hasattr(provider, "close"):
             provider.close()

@@ -25,25 +25,28 @@ from stepsim.base.errors import LatencyProviderError, SimulationError
 from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT, is_real
 from stepsim.serve.latency import WORK_COLUMNS, IterationBatch, IterationCost, LatencyProvider
 from stepsim.serve.replay_result import ReplayResult
+from stepsim.serve.replay_stop import ReplayStopped, StopRule, StopTracker
 from stepsim.serve.scheduler import Request, Scheduler
 
 
 def replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
-           provider: LatencyProvider, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+           provider: LatencyProvider, progress: Callable[[int, int], None] | None = None,
+           stop: StopRule | None = None) -> ReplayResult:
     """Serve every request of a trace to completion: in machine code for ``--iteration-latency`` and a calibrated
     ``--fidelity fast`` (:mod:`stepsim.serve.replay_compiled`, the same result bit for bit), else
     :func:`replay_reference`. Parameters as :func:`replay_reference`'s (``progress`` is called every few thousand
     steps on the compiled path)."""
     from stepsim.serve.replay_compiled import compiled_replay
 
-    result = compiled_replay(arrival_s, prompt, output, scheduler, provider, progress)
+    result = compiled_replay(arrival_s, prompt, output, scheduler, provider, progress, stop)
     if result is not None:
         return result
-    return replay_reference(arrival_s, prompt, output, scheduler, provider, progress)
+    return replay_reference(arrival_s, prompt, output, scheduler, provider, progress, stop)
 
 
 def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
-                     provider: LatencyProvider, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+                     provider: LatencyProvider, progress: Callable[[int, int], None] | None = None,
+                     stop: StopRule | None = None) -> ReplayResult:
     """Serve every request of a trace to completion, one Python step at a time: the reference the compiled
     replay reproduces (tests/serve/test_replay_compiled.py), and the loop of every other provider.
 
@@ -59,6 +62,9 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
         Prices each step.
     progress : callable, optional
         ``progress(requests finished, steps)`` after every step (a progress bar; it changes nothing).
+    stop : StopRule, optional
+        Raise :class:`~stepsim.serve.replay_stop.ReplayStopped` once the SLO is provably missed at its percentile
+        (:mod:`stepsim.serve.replay_stop`; a run it does not stop is unchanged).
     """
     arrivals = arrival_s.tolist()
     requests = [Request(i, p, o, a) for i, (p, o, a) in enumerate(zip(prompt.tolist(), output.tolist(), arrivals))]
@@ -71,6 +77,7 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
     checked = object()  # the last cost checked (a constant provider's is checked once)
     nxt = 0
     done = 0
+    tracker = None if stop is None else StopTracker(stop, arrivals, output.tolist())
     while done < total:
         while nxt < total and arrivals[nxt] <= now:
             scheduler.waiting.append(requests[nxt])
@@ -111,6 +118,10 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
         done += scheduler.finish_step(batch, now, gaps)
         if progress is not None:
             progress(done, len(starts))
+        if tracker is not None:
+            missed = tracker.after_step(batch, now)
+            if missed is not None:
+                raise ReplayStopped(missed, len(starts), now, _max_utilisation(work))
     iterations = {
         "start_s": np.array(starts, dtype=np.float64), "duration_s": np.array(durations, dtype=np.float64),
         "tokens": np.array(ntokens, dtype=np.int64), "sequences": np.array(nseqs, dtype=np.int64),
@@ -132,6 +143,12 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
         iterations=iterations,
         max_blocks_used=int(max(blocks, default=0)),
     )
+
+
+def _max_utilisation(work: dict) -> float:
+    """The largest HBM or compute utilisation of the steps made (0.0 when the provider reports none)."""
+    return max((max(work.get(name, ()), default=0.0) for name in ("hbm_utilisation", "compute_utilisation")),
+               default=0.0)
 
 
 def iteration_batch(batch) -> IterationBatch:

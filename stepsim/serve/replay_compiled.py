@@ -128,10 +128,12 @@ def _constant_parameters(kr) -> dict:
 
 
 def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
-                    provider, progress: Callable[[int, int], None] | None = None):
+                    provider, progress: Callable[[int, int], None] | None = None, stop=None):
     """:func:`stepsim.serve.replay.replay` in machine code: the same :class:`~stepsim.serve.replay_result.ReplayResult`,
-    bit for bit, or None when this provider or scheduler is not one it reproduces (module docstring)."""
-    return _compiled(arrival_s, prompt, output, scheduler, provider, progress, None, None)
+    bit for bit, or None when this provider or scheduler is not one it reproduces (module docstring). ``stop``: a
+    :class:`~stepsim.serve.replay_stop.StopRule` (raises :class:`~stepsim.serve.replay_stop.ReplayStopped` where
+    the reference would)."""
+    return _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, None, None)
 
 
 def compiled_decode_pool(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
@@ -141,11 +143,12 @@ def compiled_decode_pool(arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
     (``arrival_s``: their KV transfers' ends, s, sorted); ``first_token`` ``"decode"`` (the pool recomputes each
     prompt's last token and produces the first token) or ``"prefill"`` (the first token came at ``prefill_end``,
     s). Its ``ReplayResult`` is per pool request in that order (``first_scheduled``: admission to the pool)."""
-    return _compiled(arrival_s, prompt, output, scheduler, provider, None, first_token, prefill_end)
+    return _compiled(arrival_s, prompt, output, scheduler, provider, None, None, first_token, prefill_end)
 
 
-def _compiled(arrival_s, prompt, output, scheduler, provider, progress, first_token, prefill_end):
-    """The compiled loop: a colocated replay (``first_token`` None) or a decode pool."""
+def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, first_token, prefill_end):
+    """The compiled loop: a colocated replay (``first_token`` None; ``stop`` as :func:`compiled_replay`'s) or a
+    decode pool (no stop rule)."""
     total = len(arrival_s)
     if (type(scheduler) is not Scheduler or scheduler.running or scheduler.waiting or total == 0
             or scheduler.usable != scheduler.free):
@@ -210,14 +213,21 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, first_to
         st[kr.S_STARTS_USED] = routing._used
     scratch = (np.zeros(4, dtype=np.int64), np.zeros(5, dtype=np.int64), np.zeros(3, dtype=np.int64), params["x"],
                np.zeros(6), np.zeros(MAX_COLUMNS), params["tiles"])
+    if stop is None:
+        stop_f, stop_i = np.zeros(3), np.zeros(kr.SP_ROWS, dtype=np.int64)  # inactive
+    else:
+        stop_f, stop_i = stop.as_arrays()
+    seen = np.zeros(total, dtype=np.int64)
     while True:
         status = kr.replay_loop(cfg, st, now, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx,
                                 gaps, steps_i, steps_f, params["pi"], constant_s, params["forms"], params["theta"],
-                                params["prefix"], params["pool_rows"], starts, *scratch)
+                                params["prefix"], params["pool_rows"], starts, *scratch, stop_f, stop_i, seen)
         if routing is not None:
             routing._used = int(st[kr.S_STARTS_USED])
         if status == kr.DONE:
             break
+        if status == kr.STOPPED:
+            _stopped(stop_i, st, now, steps_i, steps_f, params, kr)
         if status in (kr.REFUSED, kr.UNSUPPORTED):
             if saved is not None:
                 routing._windows.bit_generator.state, routing._starts, routing._used = saved
@@ -260,6 +270,25 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, first_to
         first_scheduled=times[kr.T_FIRST_SCHEDULED].copy(), first_token=times[kr.T_FIRST_TOKEN].copy(),
         finish=times[kr.T_FINISH].copy(), preemptions=req[kr.R_PREEMPTIONS].copy(),
         itl=gaps[:int(st[kr.S_GAPS])].copy(), iterations=iterations, max_blocks_used=int(blocks.max(initial=0)))
+
+
+def _stopped(stop_i, st, now, steps_i, steps_f, params, kr) -> None:
+    """Raise :class:`~stepsim.serve.replay_stop.ReplayStopped` for a loop that returned STOPPED (the metric as the
+    reference names it, the largest utilisation of the steps made as its ``StepWork`` computes it)."""
+    from stepsim.serve.replay_stop import ReplayStopped
+
+    metric = next(name for name, miss, allow in (("ttft", kr.SP_MISS_TTFT, kr.SP_ALLOW_TTFT),
+                                                 ("tpot", kr.SP_MISS_TPOT, kr.SP_ALLOW_TPOT),
+                                                 ("e2e", kr.SP_MISS_E2E, kr.SP_ALLOW_E2E))
+                  if stop_i[miss] > stop_i[allow])
+    n = int(st[kr.S_STEPS])
+    util = 0.0
+    if params["cycles"] and n:
+        roofline = params["roofline"]
+        cycles = steps_i[kr.I_CYCLES, :n]
+        util = float(max(np.max(steps_i[kr.I_HBM, :n] / (cycles * roofline.peak_bytes)),
+                         np.max(steps_i[kr.I_FLOPS, :n] / (cycles * roofline.peak_flops))))
+    raise ReplayStopped(metric, n, float(now[0]), util)
 
 
 def _compile_notice() -> None:

@@ -3,7 +3,9 @@ regions compute what the paper's MoE layer computes."""
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from stepsim.base.files import stable_hash
 from stepsim.base.hardware import PRESETS
 from stepsim.mapping import map_layer, mapped_workload
 from stepsim.mapping.kinds import ffn_routing, ffn_samples
-from stepsim.mapping.mapper import _MEMO, bucket, evaluate, key_material
+from stepsim.mapping.mapper import _MEMO, _mean, _representative, _simulate, bucket, evaluate, key_material
 from stepsim.mapping.schedule import Schedule, read_schedules
 from stepsim.mapping.units import Infeasible
 from stepsim.models.presets import MoEModel
@@ -30,30 +32,73 @@ MIXTRAL_QUARTER = MoEModel("mixtral-8x7b/4", hidden=1024, intermediate=3584, exp
 QWEN_DECODE = {"head_dim": 128, "query_per_kv_head": 8}
 
 
-@pytest.mark.parametrize("kind, size, dims, knobs, cycles", [
+#: the optimality cases: (kind, size, dims, the best knobs, their cycles); each one's exhaustive enumeration is
+#: stored in data/exhaustive_<case>.json by data/refresh_exhaustive.py
+EXHAUSTIVE_CASES = {
     # a dense FFN (Llama-3.1-8B) at one token: 56 lanes of 64-column weight tiles, 92.2 % of the HBM's peak
-    ("ffn", 1, LLAMA_FFN, {"tile_n": 1, "tile_f": 64, "lanes": 56, "regions": 1}, 238_776),
+    "dense-ffn": ("ffn", 1, LLAMA_FFN, {"tile_n": 1, "tile_f": 64, "lanes": 56, "regions": 1}, 238_776),
     # an MoE block of 64 tokens: one region an expert, 7 lanes each (112 weight tiles of 32 columns, 16 a lane)
-    ("ffn", 64, MIXTRAL_QUARTER, {"tile_n": 64, "tile_f": 32, "lanes": 7, "regions": 8}, 123_233),
+    "moe-64-tokens": ("ffn", 64, MIXTRAL_QUARTER, {"tile_n": 64, "tile_f": 32, "lanes": 7, "regions": 8}, 123_233),
     # the decode attention of 64 requests (Qwen3-30B-A3B's heads): one region a request
-    ("decode", 64, QWEN_DECODE, {"regions": 64}, 25_016),
-], ids=["dense-ffn", "moe-64-tokens", "decode-attention-64"])
-def test_the_mapper_chooses_the_best_schedule_of_an_exhaustive_enumeration(kind, size, dims, knobs, cycles):
-    chosen, rows = evaluate(kind, size, dims, SN40L)
-    exhaustive, all_rows = evaluate(kind, size, dims, SN40L, exhaustive=True)
-    best = min(r["cycles"] for r in all_rows if r["cycles"] is not None)
+    "decode-attention-64": ("decode", 64, QWEN_DECODE, {"regions": 64}, 25_016),
+}
+EXHAUSTIVE = Path(__file__).parent / "data"
+STALE = "stale exhaustive table {}: run python tests/mapping/data/refresh_exhaustive.py"
+#: pruned candidates simulated again in every run: the ones with the fewest stored cycles (those a wrong bound
+#: would most likely have lost)
+RECHECKED = 3
+
+
+@functools.cache
+def pruned_search(case: str) -> tuple:
+    """The mapper's own search of ``case`` (``evaluate`` as ``map_layer`` runs it on a cache miss): ``(schedule,
+    rows)``, searched once a process for the tests that read it."""
+    kind, size, dims = EXHAUSTIVE_CASES[case][:3]
+    return evaluate(kind, size, dims, SN40L)
+
+
+def candidate_cycles(kind: str, size: int, dims, knobs: dict) -> int:
+    """One candidate's cycles as the mapper's search finds them: its mean over the representative data, rounded
+    up, each layer built with the units of the representative's plan."""
+    samples = _representative(kind, size, dims)
+    return _mean([_simulate(mapped_workload(kind, data, dims, SN40L, knobs)[0], SN40L) for data in samples])
+
+
+@pytest.mark.parametrize("case", list(EXHAUSTIVE_CASES))
+def test_the_mapper_chooses_the_best_schedule_of_an_exhaustive_enumeration(case):
+    """The pruned search against the stored exhaustive enumeration (data/refresh_exhaustive.py: every candidate
+    simulated, 2 minutes). The table is proven today's first: its key (sources included), the same candidates in
+    the same order, every candidate the search simulated equal to it, the nearest pruned ones simulated again."""
+    kind, size, dims, knobs, cycles = EXHAUSTIVE_CASES[case]
+    chosen, rows = pruned_search(case)
+    stale = STALE.format(f"exhaustive_{case}.json")
+    table = json.loads((EXHAUSTIVE / f"exhaustive_{case}.json").read_text())
+    assert table["key"] == stable_hash(key_material(kind, size, dims, SN40L)), stale
+    stored = table["rows"]
+    assert [r["knobs"] for r in rows] == [r["knobs"] for r in stored], stale
+    for row, exhaustive in zip(rows, stored):
+        if row["status"] == "simulated":  # a fresh simulation of the search: the table's cycles
+            assert (exhaustive["status"], exhaustive["cycles"]) == ("simulated", row["cycles"]), stale
+        elif row["status"] == "infeasible":  # too big or deadlocked: the exhaustive build found it so too
+            assert exhaustive["status"] == "infeasible", stale
+    assert sum(r["status"] == "simulated" for r in stored) == table["candidates"]["simulated"]
+    pruned = sorted((exhaustive["cycles"], i) for i, (row, exhaustive) in enumerate(zip(rows, stored))
+                    if row["status"] == "pruned" and exhaustive["cycles"] is not None)
+    for stored_cycles, i in pruned[:RECHECKED]:
+        assert candidate_cycles(kind, size, dims, rows[i]["knobs"]) == stored_cycles, stale
+    best = min(r["cycles"] for r in stored if r["cycles"] is not None)
     assert chosen.cycles == best == cycles  # the bounds are sound: the pruned search finds the optimum itself
-    assert chosen.knobs == exhaustive.knobs == knobs
+    assert chosen.knobs == table["knobs"] == knobs
     assert chosen.candidates["simulated"] + chosen.candidates["pruned"] + chosen.candidates["infeasible"] == len(rows)
     if kind == "ffn":  # and the bounds saved simulations
-        assert chosen.candidates["simulated"] < exhaustive.candidates["simulated"]
+        assert chosen.candidates["simulated"] < table["candidates"]["simulated"]
     for row in rows:  # every pruned candidate's bound reaches the optimum: it could not have won
         if row["status"] == "pruned":
             assert row["bound_cycles"] >= cycles
 
 
 def test_a_mapped_schedule_reaches_most_of_the_hbm_and_stays_within_the_chip():
-    s = map_layer("ffn", 1, LLAMA_FFN, SN40L, cache=False)
+    s, _ = pruned_search("dense-ffn")  # what map_layer("ffn", 1, LLAMA_FFN, SN40L, cache=False) maps
     assert s.hbm_utilisation(SN40L.hbm_peak_bytes_per_cycle) == pytest.approx(352_346_114 / 238_776 / 1600)
     assert s.hbm_utilisation(SN40L.hbm_peak_bytes_per_cycle) > 0.9  # the paper's schedule: 190 B/cycle, 11.9 %
     assert s.compute_units <= SN40L.compute_units and s.memory_units <= SN40L.memory_units

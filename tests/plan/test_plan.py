@@ -3,8 +3,9 @@ requests, a space of 12 deployments up to 4 chips (one and two chips a replica, 
 round-robin router, three scheduler settings), every candidate priced by fast fidelity:
 
 * the plan's front is the front of searching every deployment fully (the same deployments, rates and goodputs, to
-  the bit), with 2.14x fewer replays (63 against 135, searched against the SLO less the calibration's error;
-  84 against 141 before that margin, 105 before the front probe);
+  the bit), with 2.24x fewer full replays (63 against 141; 84 before its replays stopped early once the SLO was
+  provably missed, 105 before the front probe); the candidates priced on mapped layers (serve's default on one
+  sn40l chip) and by the paper's on two chips;
 * every bound holds on every deployment the brute force searched (goodput and rate at most their bounds; no step
   of any replay beat the floors: utilisation at most 1);
 * the files: plan.json (the recommended deployment, why each other front point lost, the serve commands),
@@ -67,11 +68,20 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     # near the offered rate (1.14 and 1.76), so no doubling rate above the offered one proves a loss: no front probe, and
     # 1x2ch and 2x2ch are cut by a rate their searches saw fail (84 against 141 replays before the margin)
     assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 6
-    assert {r["bound"] for r in plan.deployments[6:]} == {"failed rate"}
-    assert [r["front_probe_multiplier"] for r in plan.deployments] == [None] * 12
-    assert (plan.summary["replays"], brute.summary["replays"]) == (63, 135)
-    print("replays", plan.summary["replays"], brute.summary["replays"], "reused", plan.summary["replays_reused"],
-          brute.summary["replays_reused"], "wall", plan.summary["wall_s"], brute.summary["wall_s"])
+    assert {r["bound"] for r in plan.deployments[6:]} == {"front rate"}
+    assert [r["front_probe_multiplier"] for r in plan.deployments] == [2.0, 2.0, None, 8.0, 8.0, 2.0] + [2.0] * 3 + \
+        [8.0] * 3
+    # full replays (every request served) and replays stopped early (the SLO provably missed); the brute force
+    # serves every probe to the end
+    assert (plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
+            brute.summary["replays_stopped"]) == (63, 16, 141, 0)
+    # the searched deployments' failing probes stop early (their met ones are full); of the cut ones' failing front
+    # probes, the 1x2ch vLLM runs stop, the 1x2ch Orca run and the 2x2ch replicas' runs miss only at their ends
+    assert [r["replays"] for r in plan.deployments] == [4, 4, 4, 14, 14, 16, 0, 0, 1, 2, 2, 2]
+    assert [r["replays_stopped"] for r in plan.deployments] == [3, 3, 3, 2, 2, 1, 1, 1, 0, 0, 0, 0]
+    print("replays", plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
+          "reused", plan.summary["replays_reused"], brute.summary["replays_reused"], "wall", plan.summary["wall_s"],
+          brute.summary["wall_s"])
 
 
 def test_every_bound_holds_where_the_brute_force_searched(plans):
@@ -184,3 +194,24 @@ def test_the_front_probe_cuts_only_where_the_search_would_end_below_it():
         else:  # the probe held: the brute force's probes and result
             assert res.status == brute.status and res.probes == brute.probes and res.front_probe == (32, True)
             assert res.best.multiplier == brute.best.multiplier
+
+
+def test_a_shapes_provider_is_serves_own_fast_provider(plans):
+    """The pricer of a one-chip sn40l shape calibrates on serve's default layers (mapped: ``--schedule auto``) and its
+    provider is the one ``serve --fidelity fast`` builds from that calibration: the calibration run served again
+    with it is serve's own run, bit for bit."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.pricing import ShapePricer
+    from stepsim.serve.fast_mapped import MappedFastLatency
+
+    _, _, tmp = plans
+    model = str(tmp / "small.json")
+    pricer = ShapePricer(model, resolve_model(model), "sn40l", 1, None, tmp / "cache")
+    pricer.calibrate(tmp / "t.parquet", SLO)
+    provider = pricer.provider()
+    assert pricer.schedule == "auto" and type(provider) is MappedFastLatency
+    own = stepsim.serve(model, tmp / "t.parquet", fidelity="fast", slo=SLO, calibration_cache=tmp / "cache")
+    again = stepsim.serve(model, tmp / "t.parquet", provider=provider, slo=SLO)
+    for column in ("first_token_s", "finish_s"):
+        assert own.requests.column(column).to_pylist() == again.requests.column(column).to_pylist()
+    assert own.summary["fidelity"]["schedule"] == "auto"

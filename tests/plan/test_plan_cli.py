@@ -38,7 +38,7 @@ def test_plan_json_files_and_the_serve_command(tmp_path, capsys, monkeypatch):
     (command,) = written["commands"]
     assert command == (f"stepsim serve --model {tmp_path / 'm.json'} --requests {tmp_path / 'a'}/replica-0.parquet "
                        "--hardware sn40l --scheduler vllm --max-seqs 128 --max-batch-tokens 256 --fidelity fast "
-                       "--schedule paper --slo ttft=0.3ms,tpot=0.012ms --out serve-replica-0")
+                       "--schedule auto --slo ttft=0.3ms,tpot=0.012ms --out serve-replica-0")
     assert main([*argv, "--out", str(tmp_path / "b")]) == 0
     again = json.loads((tmp_path / "b" / "plan.json").read_text())
     for s in (written, again):

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from serve_requests import requests_file
+from test_exact import SMALL
 
 import stepsim
 from stepsim.base.errors import (
@@ -646,7 +647,10 @@ def test_a_corrupt_calibration_cache_is_recalibrated_never_reused(tmp_path, caps
     trace.write_bytes(_csv_text([HEADER, *ROWS]))
     cache = tmp_path / "cache"
     monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(cache))
-    argv = ["serve", "--model", MODEL4, "--requests", str(trace), "--fidelity", "fast", "--schedule", "paper", "--jobs", "1"]
+    model = tmp_path / "small.json"  # the small model of the fast tests: two calibrations, each of a few seconds
+    model.write_text(json.dumps(SMALL))
+    argv = ["serve", "--model", str(model), "--requests", str(trace), "--fidelity", "fast", "--schedule", "paper",
+            "--jobs", "1"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     capsys.readouterr()
     (file,) = cache.iterdir()
