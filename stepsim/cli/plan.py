@@ -95,5 +95,11 @@ def _plan(args) -> int:
             print(f"front       {lost['deployment']}: {lost['why']}")
         for command in s["commands"]:
             print(f"serve with  {command}")
+        v = s.get("verification")
+        if v is not None:  # the recommended deployment re-served with its own calibration, at the user's limits
+            tpot = "" if v["tpot_p"] is None else f", TPOT {v['tpot_p'] * 1e3:.1f} ms"
+            print(f"verified    re-served with its own calibration: p{s['percentile']:g} TTFT {v['ttft_p'] * 1e3:.1f} ms"
+                  f"{tpot}: {'meets' if v['meets_slo'] else 'misses'} the SLO (searched with a "
+                  f"{s['slo_margin'] * 100:.1f} % margin)")
     print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s")
     return 0

@@ -10,6 +10,11 @@ most 128 terms), ``np.rint``, ``ceil``, one division each. Integers that Python 
 float no longer holds them, so a quotient could round differently) stop the loop with :data:`UNSUPPORTED`: the
 caller then replays with the reference instead. ``tests/serve/test_replay_compiled.py`` runs both on random traces.
 
+**Decode pools.** With ``cfg[C_DECODE_POOL]`` the loop is a disaggregated deployment's decode pool
+(:func:`stepsim.serve.disaggregated._decode_pool`): requests arrive with their KV cache (the caller sets their
+computed tokens and outputs), wait in an incoming queue and are admitted by :func:`_admit_incoming`; the scheduler's
+``waiting`` holds only the requests it preempted.
+
 **Resumable.** Every piece of state is in the arrays the caller passes (``st``, the request table, the queues),
 so the loop returns whenever it must: the step columns are full (:data:`FULL`), the routing's window starts are
 used up (:data:`STARTS`: the caller draws the next batch exactly as the Python path would), ``pause_steps`` steps
@@ -35,10 +40,14 @@ R_PROMPT, R_OUTPUT, R_NUM_TOKENS, R_COMPUTED, R_OUTPUTS, R_BLOCKS, R_PREFILLING,
 T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_ROWS = range(6)
 #: entries of the loop state ``st`` (int64)
 (S_NEXT, S_DONE, S_FREE, S_RUNNING, S_WAIT_HEAD, S_WAIT_LEN, S_STEPS, S_GAPS, S_PREEMPTED, S_STARTS_USED,
- S_BATCH, S_ROWS) = range(12)
+ S_BATCH, S_IN_HEAD, S_ROWS) = range(13)
+#: ``st[S_IN_HEAD]``: in a decode pool (``cfg[C_DECODE_POOL]``), the first arrived request not yet admitted; the
+#: incoming queue is the requests ``S_IN_HEAD .. S_NEXT - 1`` (arrivals join in order and leave from the head)
 #: entries of the configuration ``cfg`` (int64)
 (C_POLICY, C_MAX_SEQS, C_BUDGET, C_CHUNK, C_BLOCK_SIZE, C_MAX_MODEL_LEN, C_USABLE, C_WATERMARK, C_PAUSE,
- C_ROWS) = range(10)
+ C_DECODE_POOL, C_ROWS) = range(11)
+#: ``cfg[C_DECODE_POOL]``: 1 for a disaggregated deployment's decode pool (:func:`_admit_incoming`), 0 for a
+#: colocated replay
 #: policies (``cfg[C_POLICY]``)
 VLLM, SARATHI, ORCA = 0, 1, 2
 #: rows of the per-step integer columns ``steps_i`` (int64 ``[I_ROWS, capacity]``)
@@ -348,6 +357,30 @@ def _finish_step(req, times, st, running, batch_r, batch_n, m, end, gaps):
 
 
 @kernel
+def _admit_incoming(cfg, req, times, st, running, now):
+    """A decode pool's admission (:func:`stepsim.serve.disaggregated._decode_pool`): when no preempted request
+    waits, the incoming requests join ``running`` from the head, each with the blocks of the KV it brought (Orca:
+    its reservation), while they fit above the spare blocks (the watermark, none for vLLM) and fewer than
+    ``max_num_seqs`` run; the first that does not fit stops admission."""
+    if st[S_WAIT_LEN] > 0:
+        return
+    policy = cfg[C_POLICY]
+    bs = cfg[C_BLOCK_SIZE]
+    spare = 0 if policy == VLLM else cfg[C_WATERMARK]
+    while st[S_IN_HEAD] < st[S_NEXT] and st[S_RUNNING] < cfg[C_MAX_SEQS]:
+        r = st[S_IN_HEAD]
+        need = _blocks_for(cfg[C_MAX_MODEL_LEN], bs) if policy == ORCA else _blocks_for(req[R_PROMPT, r], bs)
+        if need > st[S_FREE] - spare:
+            break
+        st[S_IN_HEAD] += 1
+        st[S_FREE] -= need
+        req[R_BLOCKS, r] = need
+        times[T_FIRST_SCHEDULED, r] = now
+        running[st[S_RUNNING]] = r
+        st[S_RUNNING] += 1
+
+
+@kernel
 def _stop_check(req, times, batch_r, m, now, stop_f, stop_i, seen):
     """:meth:`stepsim.serve.replay_stop.StopTracker.after_step`, statement for statement: count the step's first
     tokens and finishes and the requests now late; whether a metric has more misses than it may."""
@@ -638,8 +671,15 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
     made = 0
     policy = cfg[C_POLICY]
     fast = pi[P_MODE] == FAST
+    decode_pool = cfg[C_DECODE_POOL] != 0
     while st[S_DONE] < n_req:
         now = now_box[0]
+        if decode_pool:  # arrivals join the incoming queue (S_IN_HEAD .. S_NEXT - 1), admitted from its head
+            while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
+                st[S_NEXT] += 1
+            _admit_incoming(cfg, req, times, st, running, now)
+            if st[S_RUNNING] == 0 and st[S_WAIT_LEN] == 0 and st[S_IN_HEAD] < st[S_NEXT]:
+                return REFUSED  # the reference names the request that cannot join the idle pool
         while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
             tail = (st[S_WAIT_HEAD] + st[S_WAIT_LEN]) % n_req
             waiting[tail] = st[S_NEXT]
@@ -696,7 +736,7 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
         steps_i[I_DECODE, k] = tokens - prefill
         steps_i[I_BLOCKS, k] = cfg[C_USABLE] - st[S_FREE]
         steps_i[I_PREEMPTIONS, k] = st[S_PREEMPTED]
-        steps_i[I_WAITING, k] = st[S_WAIT_LEN]
+        steps_i[I_WAITING, k] = st[S_WAIT_LEN] + (st[S_NEXT] - st[S_IN_HEAD] if decode_pool else 0)
         st[S_STEPS] = k + 1
         made += 1
         now_box[0] = end

@@ -177,7 +177,8 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     write_requests(RequestTrace(str(reference), np.arange(base.n, dtype=np.int64), base.arrival, base.prompt,
                                 base.output), reference)
     pricers, shape_errors, calibrations = {}, {}, {}
-    for hw, chips in dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps):
+    # a disaggregated replica is priced by its pools' shapes (plan/disaggregated.py), not by its own chips'
+    for hw, chips in dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps if not d.disaggregate):
         pricer = ShapePricer(model, resolved, hw, chips, next(d.system for d in deps
                                                                if (d.hardware, d.chips_per_replica) == (hw, chips)),
                              cache)
@@ -189,7 +190,11 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         pricers[(hw, chips)] = pricer
         calibrations[f"{hw} x{chips}"] = {"calibration": summary["fidelity"]["calibration"],
                                           "error": summary["fidelity"]["error"]}
-    evaluator = Evaluator(model, base, slo_seconds, percentile, pricers, tmp, stop_early=prune)
+    from stepsim.plan.margin import fidelity_margin, search_slo  # the SLO less the prices' error (margin.py)
+
+    margin = fidelity_margin(calibrations)
+    evaluator = Evaluator(model, base, search_slo(slo_seconds, margin), percentile, pricers, tmp, stop_early=prune)
+    evaluator.calibration_cache = cache  # where a disaggregated pool's shape is calibrated (pool_pricer)
     rows = []
     for i, dep in enumerate(deps):
         row = {"index": i, "dep": dep, "chips": dep.chips, "goodput": None, "decided": None, "bound": None,
@@ -261,6 +266,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         if verify:
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
                                               percentile, base, cache, schedule)
+    summary["slo_margin"] = margin
     summary["replays"] = evaluator.replays  # full replays: every request served
     summary["replays_stopped"] = evaluator.stopped  # stopped early, the SLO provably missed
     summary["replays_reused"] = evaluator.reused
@@ -352,6 +358,8 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
 def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrations, model, requests,
                limit_requests, prune) -> tuple[dict, list]:
     """plan.json's object and the deployments' table (one dict per deployment)."""
+    from stepsim.plan.disaggregated import split_columns
+
     table = []
     front_set = set(on_front)
     for row in rows:
@@ -363,7 +371,7 @@ def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrat
         table.append({
             "deployment": dep.label(), "hardware": dep.hardware, "chips": dep.chips,
             "chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
-            "system": dep.system, "scheduler": dep.scheduler.policy, "max_seqs": dep.scheduler.max_seqs,
+            "system": dep.system, **split_columns(dep), "scheduler": dep.scheduler.policy, "max_seqs": dep.scheduler.max_seqs,
             "max_batch_tokens": dep.scheduler.max_batch_tokens, "chunk_tokens": dep.scheduler.chunk_tokens,
             "decided": row["decided"] or "infeasible", "bound": row["bound"], "error": row["error"],
             "rate_bound_multiplier": row.get("m_ub"), "goodput_bound_requests_per_s": row.get("goodput_ub"),

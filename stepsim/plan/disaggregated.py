@@ -7,7 +7,8 @@ prefill and next ``D`` decode, the KV cache moved over the replica's system link
 * A replica is served by :func:`stepsim.serve.disaggregated_serve.serve_disaggregated` on the system preset of
   ``P + D`` chips, each pool priced by the calibrated fast provider of its own shape (hardware, ``P`` or ``D``
   chips), the one colocated replicas of that many chips use (:func:`pool_pricer`: calibrated here when the plan's
-  colocated space has no such shape).
+  colocated space has no such shape). The shape of ``P + D`` chips is not calibrated for it (only a colocated
+  deployment of ``P + D`` chips a replica calibrates it).
 * The rate bound of :mod:`stepsim.plan.search` stays sound on ``P + D`` chips: the pools run side by side, but a
   pool of ``k`` chips takes at least ``(P + D) / k`` times the ``P + D``-chip floor of its own steps, so the
   replica's duration is at least the ``P + D``-chip floor of all its steps; the transfers only add time.
@@ -41,6 +42,13 @@ def serve_flags(dep) -> list[str]:
     return ["--disaggregate", f"{dep.disaggregate[0]}:{dep.disaggregate[1]}"] if dep.disaggregate else []
 
 
+def split_columns(dep) -> dict:
+    """A deployment's split as deployments.parquet has it: ``prefill_chips`` and ``decode_chips`` per replica, both
+    None for a colocated deployment."""
+    p, d = dep.disaggregate if dep.disaggregate else (None, None)
+    return {"prefill_chips": p, "decode_chips": d}
+
+
 def pool_pricer(evaluator, hardware: str, chips: int):
     """The fast pricer of a pool of ``chips`` chips of ``hardware``: the plan's colocated one of that shape, else one
     calibrated now on the plan's reference run (as the plan calibrates its shapes) and kept for the next."""
@@ -55,7 +63,7 @@ def pool_pricer(evaluator, hardware: str, chips: int):
         from stepsim.models.presets import resolve_model
         from stepsim.serve.api import default_calibration_cache
 
-        cache = next((known.cache for known in evaluator.pricers.values()), None) or default_calibration_cache()
+        cache = getattr(evaluator, "calibration_cache", None) or default_calibration_cache()
         pricer = ShapePricer(evaluator.model_arg, resolve_model(evaluator.model_arg), hardware, chips, systems[chips],
                              cache)
         pricer.calibrate(evaluator.folder / "reference.parquet", None)

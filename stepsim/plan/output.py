@@ -74,8 +74,9 @@ def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
 
 
 #: deployments.parquet's column types (the others are strings)
-_TYPES = {"chips": pa.int64(), "chips_per_replica": pa.int64(), "replicas": pa.int64(), "max_seqs": pa.int64(),
-          "max_batch_tokens": pa.int64(), "chunk_tokens": pa.int64(), "probes": pa.int64(), "replays": pa.int64(), "replays_stopped": pa.int64(),
+_TYPES = {"chips": pa.int64(), "chips_per_replica": pa.int64(), "replicas": pa.int64(), "prefill_chips": pa.int64(),
+          "decode_chips": pa.int64(), "max_seqs": pa.int64(), "max_batch_tokens": pa.int64(),
+          "chunk_tokens": pa.int64(), "probes": pa.int64(), "replays": pa.int64(), "replays_stopped": pa.int64(),
           "on_front": pa.bool_(), "offered_meets_slo": pa.bool_(), "front_probe_met": pa.bool_(),
           "front_probe_multiplier": pa.float64()}
 
@@ -93,6 +94,33 @@ def deployments_table(table: list) -> pa.Table:
             kind = pa.float64()
         columns[key] = pa.array(values, kind)
     return pa.table(columns)
+
+
+#: deployments.parquet's columns a reader relies on (the rest are the search's record)
+_KEY_COLUMNS = ("deployment", "hardware", "chips", "chips_per_replica", "replicas", "router", "system",
+                "prefill_chips", "decode_chips", "scheduler", "decided", "goodput_per_chip", "on_front")
+
+
+def read_deployments(out) -> list[dict]:
+    """The rows of a plan's ``deployments.parquet`` in ``out`` (a folder), one dict per deployment in the plan's
+    order (``prefill_chips`` / ``decode_chips`` None for a colocated one); a one-line ConfigError naming the file
+    when it is missing, unreadable, or lacks a column or type a plan writes."""
+    import pyarrow.parquet as pq
+
+    from stepsim.base.errors import ConfigError
+
+    path = Path(out) / DEPLOYMENTS_FILE
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ConfigError(f"{path}: not a plan's deployments table ({str(exc).splitlines()[0]})") from None
+    for name in _KEY_COLUMNS:
+        if name not in table.column_names:
+            raise ConfigError(f"{path}: no column {name!r}: not a stepsim plan's deployments table")
+        want = _TYPES.get(name)
+        if want is not None and table.schema.field(name).type != want:
+            raise ConfigError(f"{path}: column {name!r} is {table.schema.field(name).type}, a plan writes {want}")
+    return table.to_pylist()
 
 
 def figure(table: list, path: Path, *, title: str) -> Path:

@@ -161,6 +161,24 @@ def _decode_pool(arrive: np.ndarray, prompt: np.ndarray, output: np.ndarray, pre
     finish = prefill_end.copy()
     preempted = np.zeros(n, dtype=np.int64)
     order = [i for i in np.lexsort((np.arange(n), arrive)).tolist() if moves[i]]
+    if order:  # in machine code when the compiled replay takes this provider (the same numbers bit for bit)
+        from stepsim.serve.replay_compiled import compiled_decode_pool
+
+        pick = np.array(order, dtype=np.int64)
+        run = compiled_decode_pool(arrive[pick], prompt[pick], output[pick], scheduler, provider, first_token,
+                                   prefill_end[pick])
+        if run is not None:
+            first[pick], finish[pick], preempted[pick] = run.first_token, run.finish, run.preemptions
+            return ({"iterations": run.iterations, "max_blocks_used": run.max_blocks_used}, first, finish, preempted,
+                    run.itl)
+    return _decode_pool_reference(arrive, prompt, output, prefill_end, order, scheduler, provider, first_token,
+                                  first, finish, preempted)
+
+
+def _decode_pool_reference(arrive, prompt, output, prefill_end, order, scheduler, provider, first_token, first,
+                           finish, preempted):
+    """The decode pool one Python step at a time: the reference the compiled pool reproduces
+    (tests/serve/test_disaggregated_compiled.py) and the loop of every other provider."""
     requests = {}
     for i in order:
         p, o = int(prompt[i]), int(output[i])

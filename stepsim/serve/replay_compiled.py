@@ -133,6 +133,22 @@ def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarra
     bit for bit, or None when this provider or scheduler is not one it reproduces (module docstring). ``stop``: a
     :class:`~stepsim.serve.replay_stop.StopRule` (raises :class:`~stepsim.serve.replay_stop.ReplayStopped` where
     the reference would)."""
+    return _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, None, None)
+
+
+def compiled_decode_pool(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
+                         provider, first_token: str, prefill_end: np.ndarray):
+    """A disaggregated deployment's decode pool (:func:`stepsim.serve.disaggregated._decode_pool`) in machine
+    code, or None as :func:`compiled_replay`. The requests are the pool's, in the order they arrive
+    (``arrival_s``: their KV transfers' ends, s, sorted); ``first_token`` ``"decode"`` (the pool recomputes each
+    prompt's last token and produces the first token) or ``"prefill"`` (the first token came at ``prefill_end``,
+    s). Its ``ReplayResult`` is per pool request in that order (``first_scheduled``: admission to the pool)."""
+    return _compiled(arrival_s, prompt, output, scheduler, provider, None, None, first_token, prefill_end)
+
+
+def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, first_token, prefill_end):
+    """The compiled loop: a colocated replay (``first_token`` None; ``stop`` as :func:`compiled_replay`'s) or a
+    decode pool (no stop rule)."""
     total = len(arrival_s)
     if (type(scheduler) is not Scheduler or scheduler.running or scheduler.waiting or total == 0
             or scheduler.usable != scheduler.free):
@@ -172,6 +188,17 @@ def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarra
     req[kr.R_PREFILLING] = 1
     times = np.full((kr.T_ROWS, total), -1.0)
     times[kr.T_ARRIVAL] = arrival_s
+    if first_token is not None:  # the decode pool's requests arrive with their KV (disaggregated._decode_pool)
+        cfg[kr.C_DECODE_POOL] = 1
+        req[kr.R_PREFILLING] = 0
+        if first_token == "prefill":  # the prefill's token is the first: p tokens cached, p + 1 known
+            req[kr.R_COMPUTED] = prompt
+            req[kr.R_NUM_TOKENS] = np.asarray(prompt, dtype=np.int64) + 1
+            req[kr.R_OUTPUTS] = 1
+            times[kr.T_FIRST_TOKEN] = prefill_end
+            times[kr.T_LAST_TOKEN] = prefill_end
+        else:  # the pool recomputes the prompt's last token
+            req[kr.R_COMPUTED] = np.asarray(prompt, dtype=np.int64) - 1
     queues = np.zeros((6, total), dtype=np.int64)  # running, waiting, rest, prefills, batch requests and tokens
     running, waiting, rest, prefills, batch_r, batch_n = queues
     ctx = np.zeros(total, dtype=np.int64)

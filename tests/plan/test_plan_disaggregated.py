@@ -15,6 +15,7 @@ from test_plan import SLO, SMALL
 
 import stepsim
 from stepsim.base.errors import ConfigError
+from stepsim.plan.output import read_deployments
 from stepsim.plan.space import DEFAULT_SPACE, deployments, parse_space
 
 SPACE = {"chips_per_replica": [1], "replicas": [1, 2], "routers": ["round-robin"],
@@ -69,13 +70,42 @@ def test_a_plan_recommends_a_disaggregated_deployment(tmp_path):
         f"stepsim serve --model {model} --requests {tmp_path}/out/replica-0.parquet --hardware sn40l --system ring-2 "
         "--scheduler vllm --max-seqs 128 --max-batch-tokens 256 --disaggregate 1:1 --fidelity fast "
         f"--slo {SLO} --out serve-replica-0"]
-    # re-served with fresh calibrations at the rate the plan found (its highest meeting the SLO): the TTFT a user
-    # sees (prefill, transfer, first decode step; stepsim.serve.disaggregated) lands 14.5 % over the 0.3 ms limit,
-    # 13.96 % above the plan's own (its one-chip pools priced on mapped layers by the colocated one-chip calibration,
-    # the verification's pools each calibrated on their own 12-request runs; -2.86 % on the paper's layers): the
-    # plan searches to the SLO's edge with no margin for that error (issue 42's note: search against the SLO less
-    # the fidelity error)
+    # searched against the SLO less the calibration's held-out step error (stepsim/plan/margin.py: 47.7 % for this
+    # small model's one-chip calibration on mapped layers, serve's default) and re-served with fresh calibrations at
+    # the rate the plan found: the TTFT a user sees (prefill, transfer, first decode step) lands 19.68 % above the
+    # plan's own (its one-chip pools priced by the colocated one-chip calibration, the verification's pools each
+    # calibrated on their own 12-request runs) and within the 0.6 ms limit. Without the margin (main before this
+    # merge, limit 0.3 ms) the plan searched to the SLO's edge and the re-serve landed 14.5 % over the limit.
+    (calibration,) = s["calibrations"].values()
+    assert s["slo_margin"] == calibration["error"]["iteration_max"] and round(s["slo_margin"], 4) == 0.477
     v = s["verification"]
-    assert (v["meets_slo"], round(v["ttft_p"] * 1e9), round(v["ttft_p_error"], 4)) == (False, 343541, -0.1396)
+    assert (v["meets_slo"], round(v["ttft_p"] * 1e9), round(v["ttft_p_error"], 4)) == (True, 384457, -0.1968)
+    # the colocated replica's failing probes stop early; a disaggregated replica's pools are served to the end
+    assert [(r["replays"], r["replays_stopped"]) for r in plan.deployments] == [(5, 2), (10, 0)]
     table = pq.read_table(tmp_path / "out" / "deployments.parquet")
     assert table.column("decided").to_pylist() == ["simulated", "simulated"]
+    # the split per replica, null for the colocated deployment, read back as the plan returned it
+    assert (table.schema.field("prefill_chips").type, table.schema.field("decode_chips").type) == ("int64", "int64")
+    rows = read_deployments(tmp_path / "out")
+    assert [(r["prefill_chips"], r["decode_chips"]) for r in rows] == [(None, None), (1, 1)]
+    assert rows == plan.deployments
+    assert s["recommended"]["prefill_chips"] == 1 and s["recommended"]["decode_chips"] == 1
+
+
+def test_a_deployments_table_that_is_not_a_plans_is_one_line(tmp_path):
+    import pyarrow as pa
+
+    with pytest.raises(ConfigError) as err:
+        read_deployments(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path}/deployments.parquet: not a plan's deployments table (")
+    pq.write_table(pa.table({"deployment": ["a"]}), tmp_path / "deployments.parquet")
+    with pytest.raises(ConfigError) as err:
+        read_deployments(tmp_path)
+    assert str(err.value) == (f"{tmp_path}/deployments.parquet: no column 'hardware': not a stepsim plan's "
+                              "deployments table")
+    columns = {"deployment": ["a"], "hardware": ["sn40l"], "chips": [2], "chips_per_replica": [2], "replicas": [1],
+               "router": ["none"], "system": ["ring-2"], "prefill_chips": ["1"], "decode_chips": [1]}
+    pq.write_table(pa.table(columns), tmp_path / "deployments.parquet")
+    with pytest.raises(ConfigError) as err:
+        read_deployments(tmp_path)
+    assert str(err.value) == f"{tmp_path}/deployments.parquet: column 'prefill_chips' is string, a plan writes int64"
