@@ -58,7 +58,8 @@ F_START, F_DURATION, F_ROWS = range(3)
 #: entries of the pricing parameters ``pi`` (int64)
 (P_MODE, P_LAYERS, P_HEADS, P_MOE, P_COUNT, P_LAYER_WEIGHTS, P_HEAD_CYCLES, P_EMBEDDING_BYTES, P_HBM_PEAK,
  P_CLOCK, P_SHARED, P_ROUNDS, P_EXPERTS, P_TILE_SHIFT, P_FEW_TOKENS, P_FIXED_BYTES, P_EXPERT_BYTES, P_KV_BYTES,
- P_FLOPS_PER_TOKEN, P_ATTENTION_FLOPS, P_PEAK_BYTES, P_PEAK_FLOPS, P_COMPUTE_BW, P_THETA_LENGTH) = range(24)
+ P_FLOPS_PER_TOKEN, P_ATTENTION_FLOPS, P_PEAK_BYTES, P_PEAK_FLOPS, P_COMPUTE_BW, P_HEAD_FLOPS,
+ P_THETA_LENGTH) = range(25)
 #: entries of ``pi``: the scalars, then the four coefficient rows' lengths
 P_ROWS = P_THETA_LENGTH + 4
 #: pricing modes (``pi[P_MODE]``): every step ``constant`` seconds, or the fast model
@@ -639,7 +640,9 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
         return False
     hbm_bytes = (pi[P_FIXED_BYTES] + touched * pi[P_EXPERT_BYTES] + (context_sum + tokens) * pi[P_KV_BYTES]
                  + tokens * pi[P_EMBEDDING_BYTES])
-    flops = tokens * pi[P_FLOPS_PER_TOKEN] + pi[P_ATTENTION_FLOPS] * seen
+    if m >= EXACT // max(pi[P_HEAD_FLOPS], 1):
+        return False
+    flops = tokens * pi[P_FLOPS_PER_TOKEN] + m * pi[P_HEAD_FLOPS] + pi[P_ATTENTION_FLOPS] * seen
     if (cycles >= EXACT // max(pi[P_PEAK_BYTES], 1) or cycles >= EXACT // max(pi[P_PEAK_FLOPS], 1)
             or hbm_bytes >= EXACT or flops >= EXACT):
         return False

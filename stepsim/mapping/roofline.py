@@ -83,18 +83,21 @@ class StepWork:
             weights += layers * 3 * d * model.dense_intermediate
         self.fixed_bytes = weights * DTYPE_BYTES
         self.embedding_bytes = d * DTYPE_BYTES
-        self.flops_per_token = 2 * (layers * (projection_params(model) + _ffn_params_per_token(model)) + vocab * d)
+        self.flops_per_token = 2 * layers * (projection_params(model) + _ffn_params_per_token(model))
+        # the LM head computes one row per sequence (the logits of its last token), not one per new token: counted
+        # per token, a prefill step's FLOPs were overstated (its compute utilisation above 1 on small models)
+        self.head_flops = 2 * vocab * d
         self.attention_flops = layers * model.heads * 4 * hd  # per query head, token and context token seen
         self.peak_bytes = hardware.hbm_peak_bytes_per_cycle * chips
         self.peak_flops = hardware.peak_flops_per_cycle * chips
 
-    def work(self, tokens: int, context_tokens: int, seen: int, touched: int) -> tuple[int, int]:
-        """``(HBM bytes, FLOPs)`` of a step of ``tokens`` new tokens over ``context_tokens`` cached ones;
-        ``seen``: context tokens the new tokens attend to (:func:`seen_tokens`); ``touched``: experts touched,
-        summed over layers (0 for a dense model)."""
+    def work(self, tokens: int, context_tokens: int, seen: int, touched: int, sequences: int) -> tuple[int, int]:
+        """``(HBM bytes, FLOPs)`` of a step of ``tokens`` new tokens of ``sequences`` sequences over
+        ``context_tokens`` cached ones; ``seen``: context tokens the new tokens attend to (:func:`seen_tokens`);
+        ``touched``: experts touched, summed over layers (0 for a dense model)."""
         hbm = (self.fixed_bytes + touched * self.expert_bytes + (context_tokens + tokens) * self.kv_bytes_per_token
                + tokens * self.embedding_bytes)
-        return hbm, tokens * self.flops_per_token + self.attention_flops * seen
+        return hbm, tokens * self.flops_per_token + sequences * self.head_flops + self.attention_flops * seen
 
     def bound_cycles(self, hbm_bytes: int, flops: int) -> int:
         """``max(bytes / HBM peak, FLOPs / peak)`` (cycles)."""
@@ -118,5 +121,5 @@ def step_roofline(model, hardware: Hardware, vocab: int, context, new, routing=N
     new = [int(n) for n in new]
     step = StepWork(model, hardware, vocab)
     touched = touched_experts(routing) if model.is_moe else 0
-    hbm, flops = step.work(sum(new), sum(context), seen_tokens(context, new), touched)
+    hbm, flops = step.work(sum(new), sum(context), seen_tokens(context, new), touched, len(new))
     return StepRoofline(hbm, flops, step.bound_cycles(hbm, flops))

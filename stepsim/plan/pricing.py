@@ -121,5 +121,5 @@ def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
     touched = model.layers * model.top_k if model.is_moe else 0
     per_step = work.fixed_bytes + touched * work.expert_bytes
     hbm = steps * per_step + tokens * (work.kv_bytes_per_token + work.embedding_bytes)
-    flops = tokens * (work.flops_per_token + work.attention_flops)
+    flops = tokens * (work.flops_per_token + work.attention_flops) + steps * work.head_flops  # a sequence a step
     return max(hbm / work.peak_bytes, flops / work.peak_flops) / hardware.clock_hz

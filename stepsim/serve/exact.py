@@ -284,7 +284,8 @@ class EngineLatency:
         """The step's roofline and the utilisation its ``cycles`` achieve (:class:`IterationCost`'s ``work``);
         ``touched``: experts touched, summed over layers."""
         hbm, flops = self.roofline.work(batch.prefill_tokens + batch.decode_tokens, sum(batch.context_tokens),
-                                        seen_tokens(batch.context_tokens, batch.new_tokens), touched)
+                                        seen_tokens(batch.context_tokens, batch.new_tokens), touched,
+                                        len(batch.new_tokens))
         hbm_use, compute_use = self.roofline.utilisation(hbm, flops, cycles)
         return {"hbm_bytes": hbm, "flops": flops, "hbm_utilisation": hbm_use, "compute_utilisation": compute_use}
 

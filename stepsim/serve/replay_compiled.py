@@ -99,6 +99,7 @@ def _fast_parameters(provider, kr) -> dict | None:
     pi[kr.P_EXPERT_BYTES] = roofline.expert_bytes
     pi[kr.P_KV_BYTES] = roofline.kv_bytes_per_token
     pi[kr.P_FLOPS_PER_TOKEN] = roofline.flops_per_token
+    pi[kr.P_HEAD_FLOPS] = roofline.head_flops
     pi[kr.P_ATTENTION_FLOPS] = roofline.attention_flops
     pi[kr.P_PEAK_BYTES] = roofline.peak_bytes
     pi[kr.P_PEAK_FLOPS] = roofline.peak_flops
