@@ -154,33 +154,33 @@ def test_map_projection_prints_every_weight_matrix_of_a_serving_step(tiny, capsy
     assert out.splitlines() == [
         "projections of tinyv.json at 24 tokens on sn40l",
         "qkv          64 x 128 bf16 weights (16,384 bytes)",
-        "schedule     tile_m 32, tile_f 32, lanes 4",
-        "cycles       347 (lower bound 295)",
-        "HBM          36,864 bytes, 6.6 % of 1,600 B/cycle",
-        "compute      524,288 FLOPs, 0.2 % of 638,000 FLOPs/cycle",
-        "units        1,040 of 1,040 compute, 13 of 1,040 memory; 69,632 bytes on chip",
-        "search       2 simulated, 22 pruned by bounds, 0 infeasible",
+        "schedule     tile_m 32, tile_f 32, lanes 4, k_parts 16",
+        "cycles       160 (lower bound 91)",
+        "HBM          36,864 bytes, 14.4 % of 1,600 B/cycle",
+        "compute      585,728 FLOPs, 0.6 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 148 of 1,040 memory; 69,632 bytes on chip",
+        "search       32 simulated, 88 pruned by bounds, 0 infeasible",
         "o            64 x 64 bf16 weights (8,192 bytes)",
-        "schedule     tile_m 32, tile_f 32, lanes 2",
-        "cycles       347 (lower bound 295)",
-        "HBM          20,480 bytes, 3.7 % of 1,600 B/cycle",
-        "compute      262,144 FLOPs, 0.1 % of 638,000 FLOPs/cycle",
-        "units        1,040 of 1,040 compute, 7 of 1,040 memory; 36,864 bytes on chip",
-        "search       2 simulated, 14 pruned by bounds, 0 infeasible",
+        "schedule     tile_m 32, tile_f 32, lanes 2, k_parts 16",
+        "cycles       157 (lower bound 91)",
+        "HBM          20,480 bytes, 8.2 % of 1,600 B/cycle",
+        "compute      292,864 FLOPs, 0.3 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 82 of 1,040 memory; 36,864 bytes on chip",
+        "search       26 simulated, 54 pruned by bounds, 0 infeasible",
         "router       64 x 8 bf16 weights (1,024 bytes)",
-        "schedule     tile_m 32, tile_f 32, lanes 1",
-        "cycles       347 (lower bound 295)",
-        "HBM          12,288 bytes, 2.2 % of 1,600 B/cycle",
-        "compute      131,072 FLOPs, 0.1 % of 638,000 FLOPs/cycle",
-        "units        1,040 of 1,040 compute, 4 of 1,040 memory; 20,480 bytes on chip",
-        "search       2 simulated, 10 pruned by bounds, 0 infeasible",
+        "schedule     tile_m 32, tile_f 32, lanes 1, k_parts 16",
+        "cycles       147 (lower bound 91)",
+        "HBM          12,288 bytes, 5.2 % of 1,600 B/cycle",
+        "compute      146,432 FLOPs, 0.2 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 49 of 1,040 memory; 20,480 bytes on chip",
+        "search       18 simulated, 42 pruned by bounds, 0 infeasible",
         "lm_head      64 x 1,000 bf16 weights (128,000 bytes)",
-        "schedule     tile_m 32, tile_f 32, lanes 32",
-        "cycles       385 (lower bound 312)",
-        "HBM          266,240 bytes, 43.2 % of 1,600 B/cycle",
-        "compute      4,194,304 FLOPs, 1.7 % of 638,000 FLOPs/cycle",
-        "units        1,040 of 1,040 compute, 97 of 1,040 memory; 528,384 bytes on chip",
-        "search       3 simulated, 57 pruned by bounds, 0 infeasible",
+        "schedule     tile_m 32, tile_f 32, lanes 16, k_parts 8",
+        "cycles       267 (lower bound 193)",
+        "HBM          266,240 bytes, 62.3 % of 1,600 B/cycle",
+        "compute      4,423,680 FLOPs, 2.6 % of 638,000 FLOPs/cycle",
+        "units        1,040 of 1,040 compute, 280 of 1,040 memory; 266,240 bytes on chip",
+        "search       27 simulated, 257 pruned by bounds, 0 infeasible",
     ]
     assert len(list((tiny / "cache").glob("*.json"))) == 4  # one cached schedule a matrix
     code, out, _ = run(capsys, "map projection --model tinyv.json --shape 24 --json")
@@ -188,11 +188,11 @@ def test_map_projection_prints_every_weight_matrix_of_a_serving_step(tiny, capsy
     assert (code, record["model"], record["hardware"], record["shape"]) == (0, "tinyv.json", "sn40l", 24)
     assert [(p["matrix"], p["d_in"], p["d_out"], p["kind"], p["knobs"], p["cycles"], p["off_chip_bytes"])
             for p in record["projections"]] == [
-        ("qkv", 64, 128, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 4}, 347, 36_864),
-        ("o", 64, 64, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 2}, 347, 20_480),
-        ("router", 64, 8, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 1}, 347, 12_288),
-        ("lm_head", 64, 1000, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 32}, 385, 266_240)]
-    assert record["projections"][3]["hbm_utilisation"] == 266_240 / 385 / 1600
+        ("qkv", 64, 128, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 4, "k_parts": 16}, 160, 36_864),
+        ("o", 64, 64, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 2, "k_parts": 16}, 157, 20_480),
+        ("router", 64, 8, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 1, "k_parts": 16}, 147, 12_288),
+        ("lm_head", 64, 1000, "projection", {"tile_m": 32, "tile_f": 32, "lanes": 16, "k_parts": 8}, 267, 266_240)]
+    assert record["projections"][3]["hbm_utilisation"] == 266_240 / 267 / 1600
     code = main(["map", "projection", "--model", "tiny.json", "--shape", "24"])
     out, err = capsys.readouterr()
     assert (code, out, err) == (2, "", "stepsim: error: model file tiny.json: missing field 'vocab_size' (serving "
@@ -222,18 +222,18 @@ def test_map_buckets_maps_every_serving_bucket_into_the_cache(tiny, capsys, monk
     code, out, _ = run(capsys, "map projection --model tinyv.json --shape 3 --buckets")
     assert out.splitlines() == [
         "projection of tinyv.json on sn40l: every bucket up to 4 (12 schedules, 1 process)",
-        "      1 64 x 128  tile_m 1, tile_f 32, lanes 4: 192 cycles, HBM 5.5 %",
-        "      1 64 x 64  tile_m 1, tile_f 32, lanes 2: 192 cycles, HBM 2.8 %",
-        "      1 64 x 8  tile_m 1, tile_f 32, lanes 1: 192 cycles, HBM 1.4 %",
-        "      1 64 x 1,000  tile_m 1, tile_f 32, lanes 32: 217 cycles, HBM 39.0 %",
-        "      2 64 x 128  tile_m 2, tile_f 32, lanes 4: 197 cycles, HBM 5.6 %",
-        "      2 64 x 64  tile_m 2, tile_f 32, lanes 2: 197 cycles, HBM 2.8 %",
-        "      2 64 x 8  tile_m 2, tile_f 32, lanes 1: 197 cycles, HBM 1.5 %",
-        "      2 64 x 1,000  tile_m 2, tile_f 32, lanes 32: 222 cycles, HBM 39.3 %",
-        "      4 64 x 128  tile_m 4, tile_f 32, lanes 4: 207 cycles, HBM 5.7 %",
-        "      4 64 x 64  tile_m 4, tile_f 32, lanes 2: 207 cycles, HBM 2.9 %",
-        "      4 64 x 8  tile_m 4, tile_f 32, lanes 1: 207 cycles, HBM 1.5 %",
-        "      4 64 x 1,000  tile_m 4, tile_f 32, lanes 32: 232 cycles, HBM 39.9 %",
+        "      1 64 x 128  tile_m 1, tile_f 32, lanes 4, k_parts 8: 95 cycles, HBM 11.2 %",
+        "      1 64 x 64  tile_m 1, tile_f 32, lanes 2, k_parts 16: 87 cycles, HBM 6.2 %",
+        "      1 64 x 8  tile_m 1, tile_f 32, lanes 1, k_parts 16: 81 cycles, HBM 3.4 %",
+        "      1 64 x 1,000  tile_m 1, tile_f 32, lanes 32, k_parts 4: 181 cycles, HBM 46.7 %",
+        "      2 64 x 128  tile_m 2, tile_f 32, lanes 4, k_parts 8: 96 cycles, HBM 11.5 %",
+        "      2 64 x 64  tile_m 2, tile_f 32, lanes 2, k_parts 16: 89 cycles, HBM 6.3 %",
+        "      2 64 x 8  tile_m 2, tile_f 32, lanes 1, k_parts 16: 83 cycles, HBM 3.5 %",
+        "      2 64 x 1,000  tile_m 2, tile_f 32, lanes 32, k_parts 4: 183 cycles, HBM 47.7 %",
+        "      4 64 x 128  tile_m 4, tile_f 32, lanes 4, k_parts 8: 100 cycles, HBM 11.8 %",
+        "      4 64 x 64  tile_m 4, tile_f 32, lanes 2, k_parts 16: 92 cycles, HBM 6.6 %",
+        "      4 64 x 8  tile_m 4, tile_f 32, lanes 1, k_parts 16: 88 cycles, HBM 3.6 %",
+        "      4 64 x 1,000  tile_m 4, tile_f 32, lanes 32, k_parts 4: 188 cycles, HBM 49.2 %",
     ]
     code, out, _ = run(capsys, "map prefill --model tinyv.json --shape 40 --buckets --json")
     record = json.loads(out)
