@@ -128,6 +128,18 @@ def _constant_parameters(kr) -> dict:
             "x": np.zeros((1, 1)), "tiles": np.zeros(2, dtype=np.int64), "cycles": ()}
 
 
+def _no_mapped(kr) -> dict:
+    """The mapped pricing's arrays for a loop that does not price on mapped layers (unused; the same types)."""
+    from stepsim.kernels import serve_mapped as sm
+
+    one = np.zeros(1, dtype=np.int64)
+    return {"pm": np.zeros(sm.M_ROWS, dtype=np.int64), "buckets_i": np.zeros((sm.B_ROWS, 1), dtype=np.int64),
+            "buckets_f": np.zeros((sm.BF_ROWS, 1)), "proj": np.zeros((4, 4, 1), dtype=np.int64),
+            "expert_of_rank": np.zeros((1, 1), dtype=np.int64), "need": np.zeros(3, dtype=np.int64),
+            "res": np.zeros(sm.R_ROWS, dtype=np.int64), "mloads": one, "counts": one, "regions": one,
+            "pc": np.zeros((sm.PC_ROWS, 1), dtype=np.int64)}
+
+
 def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
                     provider, progress: Callable[[int, int], None] | None = None, stop=None):
     """:func:`stepsim.serve.replay.replay` in machine code: the same :class:`~stepsim.serve.replay_result.ReplayResult`,
@@ -160,10 +172,13 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
         params = _constant_parameters(kr)
         constant_s = float(provider.seconds)
     else:
-        params = _fast_parameters(provider, kr)
+        from stepsim.serve.replay_mapped import mapped_parameters
+
+        params = _fast_parameters(provider, kr) or mapped_parameters(provider, kr)
         if params is None:
             return None
         constant_s = 0.0
+    mapped = params.get("mapped") or _no_mapped(kr)
     routing = params["routing"]
     saved = None
     if routing is not None:  # put back when the reference takes over
@@ -222,13 +237,24 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
     while True:
         status = kr.replay_loop(cfg, st, now, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx,
                                 gaps, steps_i, steps_f, params["pi"], constant_s, params["forms"], params["theta"],
-                                params["prefix"], params["pool_rows"], starts, *scratch, stop_f, stop_i, seen)
+                                params["prefix"], params["pool_rows"], starts, *scratch, stop_f, stop_i, seen,
+                                mapped["pm"], mapped["buckets_i"], mapped["buckets_f"], mapped["proj"],
+                                mapped["expert_of_rank"], mapped["need"], mapped["res"], mapped["mloads"],
+                                mapped["counts"], mapped["regions"], mapped["pc"])
         if routing is not None:
             routing._used = int(st[kr.S_STARTS_USED])
         if status == kr.DONE:
             break
         if status == kr.STOPPED:
+            _note(params, steps_i, st, kr)
             _stopped(stop_i, st, now, steps_i, steps_f, params, kr)
+        if status == kr.NEED:  # a bucket's schedule or a token count's projections: the provider's own numbers
+            from stepsim.serve.replay_mapped import fill
+
+            try:
+                fill(params)
+            except Exception as exc:  # noqa: BLE001 - the Python loop replays, and raises the provider's error
+                status, _fallback_reason[0] = kr.UNSUPPORTED, f"{type(exc).__name__}: {exc}"
         if status in (kr.REFUSED, kr.UNSUPPORTED):
             if saved is not None:
                 routing._windows.bit_generator.state, routing._starts, routing._used = saved
@@ -245,6 +271,7 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
             st[kr.S_STARTS_USED] = 0
         if progress is not None:
             progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
+    _note(params, steps_i, st, kr)
     scheduler.free = int(st[kr.S_FREE])
     scheduler.preempted = int(st[kr.S_PREEMPTED])
     if progress is not None:
@@ -258,8 +285,10 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
         "kv_blocks_used": blocks, "preemptions": steps_i[kr.I_PREEMPTIONS, :n].copy(),
         "waiting": steps_i[kr.I_WAITING, :n].copy(),
     }
-    for kind, row in zip(params["cycles"], (kr.I_CYCLES_ATTENTION, kr.I_CYCLES_FFN, kr.I_CYCLES_WEIGHTS)):
-        iterations[f"cycles_{kind}"] = steps_i[row, :n].copy()
+    rows = {"attention": kr.I_CYCLES_ATTENTION, "ffn": kr.I_CYCLES_FFN, "hidden": kr.I_CYCLES_HIDDEN,
+            "weights": kr.I_CYCLES_WEIGHTS}
+    for kind in params["cycles"]:  # sorted, as the reference's columns
+        iterations[f"cycles_{kind}"] = steps_i[rows[kind], :n].copy()
     if params["cycles"]:  # StepWork.work and .utilisation: int / int, exact below 2**53 (the kernel checked)
         roofline = params["roofline"]
         hbm, flops, cycles = steps_i[kr.I_HBM, :n].copy(), steps_i[kr.I_FLOPS, :n].copy(), steps_i[kr.I_CYCLES, :n]
@@ -271,6 +300,18 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
         first_scheduled=times[kr.T_FIRST_SCHEDULED].copy(), first_token=times[kr.T_FIRST_TOKEN].copy(),
         finish=times[kr.T_FINISH].copy(), preemptions=req[kr.R_PREEMPTIONS].copy(),
         itl=gaps[:int(st[kr.S_GAPS])].copy(), iterations=iterations, max_blocks_used=int(blocks.max(initial=0)))
+
+
+#: why the last compiled replay on mapped layers handed its run to the Python loop (a table it could not fill)
+_fallback_reason = [None]
+
+
+def _note(params, steps_i, st, kr) -> None:
+    """On mapped layers, the run's buckets in the provider's ``layer_use`` (summary.json ``layers``)."""
+    if params.get("mapped") is not None:
+        from stepsim.serve.replay_mapped import note_buckets
+
+        note_buckets(params, steps_i, int(st[kr.S_STEPS]), kr)
 
 
 def _stopped(stop_i, st, now, steps_i, steps_f, params, kr) -> None:
