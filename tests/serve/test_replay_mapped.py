@@ -3,7 +3,7 @@ the Python loop (stepsim.serve.replay.replay_reference) with :class:`~stepsim.se
 random traces and scheduler settings, random coefficients and metric forms, every bucket's schedule random (tile_n,
 regions, cycles, on-chip bytes up to the chip's capacity, so that streaming the weights ahead is bounded by both
 the idle HBM and the free memory), the projections' costs a rule of the token count: the same per-step and
-per-request tables bit for bit, the same buckets noted, the routing left in the same state, the same stop.
+per-request tables bit for bit, the same buckets noted, the routing left in the same state, the same stop; a disaggregated decode pool likewise.
 
 The mapper and the engine are replaced (``stepsim.mapping.schedule_for``, ``projections.projection_cost``): what
 is compared is the pricing's arithmetic over whatever schedules the buckets get (the mapper's search takes minutes
@@ -22,7 +22,7 @@ from test_replay_compiled import _random_run, assert_same_result
 from stepsim.base.hardware import PRESETS
 from stepsim.mapping.schedule import Schedule
 from stepsim.models.presets import resolve_model
-from stepsim.serve import fast_mapped, projections
+from stepsim.serve import fast_mapped, projections, replay_compiled
 from stepsim.serve.fast import MetricForm
 from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
 from stepsim.serve.replay import replay, replay_reference
@@ -128,8 +128,7 @@ def test_the_compiled_mapped_pricing_is_the_providers(tmp_path, mapped, variant)
         seed = int(rng.integers(0, 1000))
         compiled, reference = _provider(model, seed, forms, theta), _provider(model, seed, forms, theta)
         got = compiled_replay(arrival, prompt, output, make(), compiled)
-        import stepsim.serve.replay_compiled as rc
-        assert got is not None, (settings, rc._fallback_reason)
+        assert got is not None, (settings, replay_compiled._fallback_reason)
         want = replay_reference(arrival, prompt, output, make(), reference)
         assert_same_result(got, want)
         assert "cycles_hidden" in got.iterations and compiled.layer_use.steps == reference.layer_use.steps
@@ -191,3 +190,32 @@ def test_a_bucket_the_mapper_cannot_fill_is_the_python_loops_error(tmp_path, map
     got = compiled_replay(arrival, prompt, output, scheduler(), _provider(model, 0, forms, theta))
     assert got is not None
     assert_same_result(got, replay_reference(arrival, prompt, output, scheduler(), _provider(model, 0, forms, theta)))
+
+
+def test_a_compiled_decode_pool_prices_as_the_mapped_provider(tmp_path, mapped):
+    """A disaggregated deployment's decode pool on mapped layers (both first-token definitions): the compiled pool's
+    tables, buckets and routing state are the Python pool's."""
+    from test_disaggregated_compiled import _both, _pool_trace
+
+    from stepsim.base.errors import SimulationError
+
+    model = _model(tmp_path, "moe")
+    rng = np.random.default_rng(51)
+    compiled = 0
+    for trial in range(6):
+        mapped(Mapper(int(rng.integers(0, 1000)), model.experts))
+        arrival, prompt, output, make, settings = _random_run(rng)
+        first_token = ("decode", "prefill")[trial % 2]
+        arrive, prefill_end, moves = _pool_trace(rng, arrival, output, first_token)
+        forms, theta = _random_coefficients(rng)
+        a, b = _provider(model, 7, forms, theta), _provider(model, 7, forms, theta)
+        try:
+            got, want = _both(arrive, prompt, output, prefill_end, moves, make, a, b, first_token)
+        except SimulationError:  # a request the idle pool cannot hold: the reference's error (tested elsewhere)
+            continue
+        assert got is not None, (settings, replay_compiled._fallback_reason)
+        compiled += 1
+        assert_same_result(got, want)
+        assert a.layer_use.steps == b.layer_use.steps
+        assert a.routing._used == b.routing._used and np.array_equal(a.routing._starts, b.routing._starts)
+    assert compiled >= 4
