@@ -15,7 +15,10 @@ is made once on the trace's first 40 requests (fast mode's own, cached in the te
 2. the compiled run, timed; 3. the Python loop (``api.replay`` = ``replay_reference``), timed.
 
 Gate: every file 2 and 3 write is byte for byte the same (``summary.json`` but for its ``wall_s``, its ``layers``
-included: the buckets noted). Not in the default benchmark run: ``STEPSIM_BENCH_MAPPED=1``.
+included: the buckets noted). And :func:`test_plan_unit_case_compiled_vs_python`: tests/plan/test_plan.py's two
+plans timed with the compiled mapped replay and without it. Not in the default benchmark run:
+``STEPSIM_BENCH_MAPPED=1`` (with ``STEPSIM_MAPPING_CACHE`` a copy of tests/mapping_seeds, so that no bucket is mapped
+from scratch).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +112,49 @@ def test_mapped_replay_side_by_side(shared_traces, bench_summary, monkeypatch, t
     bench_summary(SECTION, f"replay {new[1]:.2f} s compiled (CPU {new[2]:.2f} s) vs {old[1]:.2f} s Python loop "
                            f"(CPU {old[2]:.2f} s): {old[1] / new[1]:.1f}x; whole serve() {new[0]:.1f} s vs "
                            f"{old[0]:.1f} s; {steps:,} steps; files identical; load {load:.1f}")
+
+
+@pytest.mark.skipif(os.environ.get("STEPSIM_BENCH_MAPPED") != "1",
+                    reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
+def test_plan_unit_case_compiled_vs_python(bench_summary, monkeypatch, tmp_path):
+    """tests/plan/test_plan.py's case (12 requests, 12 deployments up to 4 chips; the one-chip replicas on mapped
+    layers): the plan and the brute force with the compiled mapped replay and with it switched off (every mapped
+    replay in the Python loop), the calibrations made once before both. Gate: the same plan.json but for its wall
+    time, the same deployments (every column of deployments.parquet)."""
+    import numpy as np
+
+    import stepsim.serve.replay_mapped as replay_mapped
+    from stepsim.trace_io.requests import RequestTrace, write_requests
+
+    sys_path = str(Path(__file__).resolve().parents[1] / "tests" / "plan")
+    monkeypatch.syspath_prepend(sys_path)
+    from test_plan import REQUESTS, SLO, SPACE
+    from test_plan import SMALL as PLAN_SMALL
+
+    model = tmp_path / "small.json"
+    model.write_text(json.dumps(PLAN_SMALL))
+    rng = np.random.default_rng(3)
+    trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
+                                        rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
+                           tmp_path / "t.parquet")
+    kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp_path / "cache", verify=False)
+    stepsim.plan(str(model), trace, **kw)  # the calibrations, outside the timings
+    spent, summaries = {}, {}
+    python_loop = replay_mapped.mapped_parameters
+    for name in ("compiled", "python"):
+        if name == "python":
+            monkeypatch.setattr(replay_mapped, "mapped_parameters", lambda provider, kr: None)
+        t0 = time.perf_counter()
+        plan = stepsim.plan(str(model), trace, out=tmp_path / "plan", **kw)  # one folder: the same paths
+        brute = stepsim.plan(str(model), trace, prune=False, **kw)
+        spent[name] = time.perf_counter() - t0
+        summaries[name] = [{k: v for k, v in p.summary.items() if k not in ("wall_s", "outputs")}
+                           for p in (plan, brute)] + [plan.deployments, brute.deployments]
+    monkeypatch.setattr(replay_mapped, "mapped_parameters", python_loop)
+    assert summaries["compiled"] == summaries["python"]
+    plan_summary = summaries["compiled"][0]
+    bench_summary(SECTION, f"plan unit case (plan + brute force, {plan_summary['replays']} + "
+                           f"{summaries['compiled'][1]['replays']} full replays, calibrated): "
+                           f"{spent['compiled']:.1f} s compiled vs {spent['python']:.1f} s Python loop "
+                           f"({spent['python'] / spent['compiled']:.1f}x); the same plans; "
+                           f"load {os.getloadavg()[0]:.1f}")

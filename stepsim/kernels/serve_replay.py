@@ -64,8 +64,13 @@ F_START, F_DURATION, F_ROWS = range(3)
 #: entries of the pricing parameters ``pi`` (int64)
 (P_MODE, P_LAYERS, P_HEADS, P_MOE, P_COUNT, P_LAYER_WEIGHTS, P_HEAD_CYCLES, P_EMBEDDING_BYTES, P_HBM_PEAK,
  P_CLOCK, P_SHARED, P_ROUNDS, P_EXPERTS, P_TILE_SHIFT, P_FEW_TOKENS, P_FIXED_BYTES, P_EXPERT_BYTES, P_KV_BYTES,
- P_FLOPS_PER_TOKEN, P_ATTENTION_FLOPS, P_PEAK_BYTES, P_PEAK_FLOPS, P_COMPUTE_BW, P_HEAD_FLOPS,
- P_THETA_LENGTH) = range(25)
+ P_FLOPS_PER_TOKEN, P_ATTENTION_FLOPS, P_PEAK_BYTES, P_PEAK_FLOPS, P_COMPUTE_BW, P_HEAD_FLOPS, P_CHIPS,
+ P_SHARED_CHIPS, P_CHIP_COLUMNS, P_THETA_LENGTH) = range(28)
+#: ``P_CHIPS``: the system's chips (1 on one chip; more: :class:`stepsim.serve.system_fast.SystemFastLatency`, the
+#: embedding rows read ``1 / n`` a chip and the collectives' cycles at the step's tokens from ``proj[0, 0]``, which
+#: the caller fills when the loop returns :data:`NEED`); ``P_SHARED_CHIPS``: the chips the shared experts' tiles are
+#: counted over; ``P_CHIP_COLUMNS``: 1 when the FFN's regressors end with the per-chip columns
+#: (:func:`stepsim.serve.fast.chip_features`, experts on ``chip_of``'s chips, tokens in ``shard_bounds``)
 #: entries of ``pi``: the scalars, then the four coefficient rows' lengths
 P_ROWS = P_THETA_LENGTH + 4
 #: pricing modes (``pi[P_MODE]``): every step ``constant`` seconds, the fast model, or the fast model on mapped
@@ -428,8 +433,34 @@ def _window(prefix, start, tokens, tile_shift, experts, tiles, keep):
 
 
 @kernel
+def _chip_columns(pool_rows, expert_of_rank, chip_of, start, tokens, chips, chip_rows, xl, at):
+    """:func:`stepsim.serve.fast.chip_features` of one layer's window (``tokens`` pool rows from ``start``, ranks
+    to experts by ``expert_of_rank``, experts to chips by ``chip_of``; token ``t`` at home on its shard's chip,
+    :func:`stepsim.workloads.moe.sharded.shard_bounds`) into ``xl[at:at + 3]``."""
+    pool = pool_rows.shape[0]
+    base, extra = tokens // chips, tokens % chips
+    for c in range(chips):
+        chip_rows[c] = 0
+    remote = 0
+    for t in range(tokens):
+        home = t // (base + 1) if t < extra * (base + 1) else extra + (t - extra * (base + 1)) // base
+        row = pool_rows[(start + t) % pool]
+        for slot in range(pool_rows.shape[1]):
+            dest = chip_of[expert_of_rank[row[slot]]]
+            chip_rows[dest] += 1
+            if dest != home:
+                remote += 1
+    busiest = 0
+    for c in range(chips):
+        busiest = max(busiest, chip_rows[c])
+    xl[at] = 1.0 if remote > 0 else 0.0
+    xl[at + 1] = np.float64(remote)
+    xl[at + 2] = np.float64(busiest)
+
+
+@kernel
 def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts, row_of_starts, out_i, k,
-                loads, dec, pre, x, basis, scratch, tiles):
+                loads, dec, pre, x, basis, scratch, tiles, collective, chip_of, expert_of_rank, chip_rows):
     """The fast model's cycles of one step (:meth:`stepsim.serve.fast.FastLatency.__call__`) into ``out_i[.., k]``
     (the three cycle columns, HBM bytes, FLOPs, total cycles). Returns False when a number would not be exact."""
     layers = pi[P_LAYERS]
@@ -516,10 +547,17 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     rounds = pi[P_ROUNDS]
     experts = pi[P_EXPERTS]
     rows = layers if pi[P_MOE] else 1
-    columns = 8 + few + 1 + shared + (experts if rounds else 0)
+    own = 8 + few + 1 + shared + (experts if rounds else 0)
+    columns = own + (3 if pi[P_CHIP_COLUMNS] else 0)
     if length >= 0 and length != columns:
         return False
     shared_tiles = -(-tokens // (1 << pi[P_TILE_SHIFT]))
+    chips = pi[P_SHARED_CHIPS]
+    shared_basis = shared_tiles  # fast.shared_tiles over the chips' shards
+    if chips > 1:
+        base, extra = tokens // chips, tokens % chips
+        tile = 1 << pi[P_TILE_SHIFT]
+        shared_basis = extra * -(-(base + 1) // tile) + (chips - extra) * -(-base // tile)
     ffn = 0
     touched = 0
     for layer in range(rows):
@@ -543,7 +581,7 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
         basis[4] = xl[4]
         width = 5
         if shared:  # the shared experts' tiles: a basis column of the bounds, and a regressor after the pair column
-            basis[5] = np.float64(shared_tiles)
+            basis[5] = np.float64(shared_basis)
             xl[8 + few + 1] = basis[5]
             width = 6
         hbm = _dot(basis, forms[FM_FFN_BYTES], width, scratch) / hbm_peak
@@ -577,6 +615,8 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
             for e in range(experts):
                 nxt = tiles[e + 1] if e + 1 < experts else 0
                 xl[base + e] = np.float64(tiles[e] - nxt)
+        if pi[P_CHIP_COLUMNS]:  # fast.chip_features: rows crossing a link, and the busiest chip's rows
+            _chip_columns(pool_rows, expert_of_rank[layer], chip_of, start, tokens, pi[P_CHIPS], chip_rows, xl, own)
         if length < 0:
             v = np.ceil(xl[7])
         else:
@@ -594,9 +634,11 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     if attention >= EXACT // max(heads_layers, 1) or ffn >= EXACT:
         return False
     attention *= heads_layers
+    attention += collective  # a system's all-reduces (0 on one chip)
     embedding = tokens * pi[P_EMBEDDING_BYTES]
-    if embedding >= EXACT:
+    if embedding >= EXACT or attention >= EXACT:
         return False
+    embedding = -(-embedding // pi[P_CHIPS])  # a system's chips each read their share (tp_weight_cycles)
     weights = layers * pi[P_LAYER_WEIGHTS] + pi[P_HEAD_CYCLES] + math.ceil(embedding / hbm_peak)
     cycles = attention + ffn + weights
     # the roofline (stepsim.mapping.roofline.StepWork.work)
@@ -726,8 +768,19 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
                 prefill += batch_n[j]
         k = st[S_STEPS]
         if fast:
+            collective = 0
+            if pi[P_CHIPS] > 1:  # the all-reduces' cycles at this token count: the caller's closed form
+                if tokens >= proj.shape[2] or proj[0, 0, tokens] < 0:
+                    need[0] = tokens
+                    need[1] = m
+                    need[2] = 0
+                    st[S_PENDING] = 1
+                    return NEED
+                collective = proj[0, 0, tokens]
+            st[S_PENDING] = 0
             if not _price_fast(pi, forms, theta, ctx, batch_n, m, tokens, prefix, pool_rows, starts,
-                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles):
+                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles, collective,
+                               counts, expert_of_rank, regions):
                 return UNSUPPORTED
             if pi[P_MOE]:
                 st[S_STARTS_USED] += 1
