@@ -118,11 +118,13 @@ def test_mapped_replay_side_by_side(shared_traces, bench_summary, monkeypatch, t
                     reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
 def test_plan_unit_case_compiled_vs_python(bench_summary, monkeypatch, tmp_path):
     """tests/plan/test_plan.py's case (12 requests, 12 deployments up to 4 chips; the one-chip replicas on mapped
-    layers): the plan and the brute force with the compiled mapped replay and with it switched off (every mapped
-    replay in the Python loop), the calibrations made once before both. Gate: the same plan.json but for its wall
+    layers, the two-chip ones on the paper's by ``SystemFastLatency``): the plan and the brute force with the
+    compiled replay and with it switched off for both providers (every replay in the Python loop), the calibrations
+    made once before both. Gate: the same plan.json but for its wall
     time, the same deployments (every column of deployments.parquet)."""
     import numpy as np
 
+    import stepsim.serve.replay_compiled as replay_compiled
     import stepsim.serve.replay_mapped as replay_mapped
     from stepsim.trace_io.requests import RequestTrace, write_requests
 
@@ -140,17 +142,17 @@ def test_plan_unit_case_compiled_vs_python(bench_summary, monkeypatch, tmp_path)
     kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp_path / "cache", verify=False)
     stepsim.plan(str(model), trace, **kw)  # the calibrations, outside the timings
     spent, summaries = {}, {}
-    python_loop = replay_mapped.mapped_parameters
     for name in ("compiled", "python"):
-        if name == "python":
+        if name == "python":  # every mapped or system provider to the Python loop
             monkeypatch.setattr(replay_mapped, "mapped_parameters", lambda provider, kr: None)
+            monkeypatch.setattr(replay_compiled, "_fast_parameters", lambda provider, kr: None)
         t0 = time.perf_counter()
         plan = stepsim.plan(str(model), trace, out=tmp_path / "plan", **kw)  # one folder: the same paths
         brute = stepsim.plan(str(model), trace, prune=False, **kw)
         spent[name] = time.perf_counter() - t0
         summaries[name] = [{k: v for k, v in p.summary.items() if k not in ("wall_s", "outputs")}
                            for p in (plan, brute)] + [plan.deployments, brute.deployments]
-    monkeypatch.setattr(replay_mapped, "mapped_parameters", python_loop)
+    monkeypatch.undo()
     assert summaries["compiled"] == summaries["python"]
     plan_summary = summaries["compiled"][0]
     bench_summary(SECTION, f"plan unit case (plan + brute force, {plan_summary['replays']} + "

@@ -2,7 +2,8 @@
 what a plan prices a replica of 2-16 chips with) against the Python loop: random traces and scheduler settings,
 random coefficients, an MoE model's block over 2 and 4 chips (the per-chip FFN columns, the shared experts' tiles
 over the chips' shards) and a dense model's tensor-parallel shard: the same tables bit for bit (the all-reduces in
-``cycles_attention``, the weights read ``1 / n`` a chip), the routing left in the same state."""
+``cycles_attention``, the weights read ``1 / n`` a chip), the routing left in the same state; a disaggregated
+deployment's decode pool of two chips likewise."""
 
 from __future__ import annotations
 
@@ -51,3 +52,30 @@ def test_the_compiled_system_pricing_is_the_providers(tmp_path, variant, system)
             assert a._used == b._used and np.array_equal(a._starts, b._starts)
             assert a._windows.bit_generator.state == b._windows.bit_generator.state
     assert collectives == 5
+
+
+def test_a_compiled_decode_pool_of_several_chips_prices_as_the_system_provider(tmp_path):
+    """A disaggregated deployment's decode pool of two chips (both first-token definitions): the compiled pool's
+    tables and routing state are the Python pool's."""
+    from test_disaggregated_compiled import _both, _pool_trace
+
+    from stepsim.base.errors import SimulationError
+
+    model, system = _model(tmp_path, "moe"), System.preset("ring-2")
+    rng = np.random.default_rng(71)
+    compiled = 0
+    for trial in range(6):
+        arrival, prompt, output, make, settings = _random_run(rng)
+        first_token = ("decode", "prefill")[trial % 2]
+        arrive, prefill_end, moves = _pool_trace(rng, arrival, output, first_token)
+        forms, theta = _random_coefficients(rng, 20, False)
+        a, b = (_system_fast(model, system, 9, forms, theta) for _ in range(2))
+        try:
+            got, want = _both(arrive, prompt, output, prefill_end, moves, make, a, b, first_token)
+        except SimulationError:  # a request the idle pool cannot hold: the reference's error (tested elsewhere)
+            continue
+        assert got is not None, (settings, replay_compiled._fallback_reason)
+        compiled += 1
+        assert_same_result(got, want)
+        assert a.routing._used == b.routing._used and np.array_equal(a.routing._starts, b.routing._starts)
+    assert compiled >= 4
