@@ -7,8 +7,9 @@ The model is the plan tests' small MoE shape (tests/plan/test_plan.py's ``SMALL`
 buckets' schedules are mapping seeds) with a context of 32,768 tokens so that every request of the trace fits: a
 Qwen3-30B-A3B-sized model would first need its missing buckets mapped and a whole-trace calibration (37 min at
 load 11-18 for the one-chip shape, bench/README.md "Full size"), which is not what is timed here. Its calibration
-is made once on the trace's first 40 requests (fast mode's own, cached in the test's folder); the replays are
-``stepsim.serve(..., provider=...)`` with that calibration, each with a fresh provider:
+is made once on the trace's first 40 requests (fast mode's own, cached in ``$STEPSIM_SERVE_CACHE`` or the test's
+folder); the replays are ``stepsim.serve(..., provider=..., arrival_scale=ARRIVAL_SCALE)`` with that calibration,
+each with a fresh provider:
 
 1. a first compiled run: fills the kernel's tables (each bucket's schedule, the projections simulated at every
    token count the run has; the process's memo keeps them, as the Python loop's does);
@@ -38,9 +39,13 @@ SMALL = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512
          "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 32768}
 SECTION = "replay on mapped layers: the whole conversation trace (19,366 requests), a 2-layer 16-expert MoE, sn40l"
+#: the trace's arrivals times this (its hour in 3.5 s): at the trace's own rate the small model's steps are a few
+#: microseconds, mostly one decode each (4,041,846 steps, hours of the Python loop); compressed, they batch as a
+#: large model's steps do at the trace's rate (Qwen3-30B-A3B: 67,354 steps, bench/README.md)
+ARRIVAL_SCALE = 0.001
 
 
-def _provider_factory(model_path, cache):
+def _provider_factory(model_path, cache, key: str):
     """A fresh :class:`MappedFastLatency` of the calibration in ``cache`` (as stepsim.plan.pricing makes one)."""
     from stepsim.base.hardware import PRESETS
     from stepsim.models.presets import resolve_model
@@ -49,8 +54,7 @@ def _provider_factory(model_path, cache):
     from stepsim.serve.memory import model_memory
     from stepsim.serve.routing import SyntheticRouting
 
-    (record_path,) = [p for p in cache.rglob("*.json")]
-    record = json.loads(record_path.read_text())
+    record = json.loads((cache / f"{key}.json").read_text())
     model = resolve_model(str(model_path))
     forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
 
@@ -74,7 +78,7 @@ def _serve(monkeypatch, model_path, trace, out, provider, loop) -> tuple[float, 
 
     monkeypatch.setattr(api, "replay", timed)
     t0 = time.perf_counter()
-    stepsim.serve(str(model_path), trace, out=out, provider=provider, hardware="sn40l")
+    stepsim.serve(str(model_path), trace, out=out, provider=provider, hardware="sn40l", arrival_scale=ARRIVAL_SCALE)
     return time.perf_counter() - t0, *spent[-1]
 
 
@@ -96,11 +100,12 @@ def test_mapped_replay_side_by_side(shared_traces, bench_summary, monkeypatch, t
     trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
     model_path = tmp_path / "small.json"
     model_path.write_text(json.dumps(SMALL))
+    cache = Path(os.environ.get("STEPSIM_SERVE_CACHE", tmp_path / "cache"))
     t0 = time.perf_counter()
-    stepsim.serve(str(model_path), trace, limit_requests=40, fidelity="fast", hardware="sn40l",
-                  calibration_cache=tmp_path / "cache")
+    result = stepsim.serve(str(model_path), trace, limit_requests=40, fidelity="fast", hardware="sn40l",
+                           calibration_cache=cache)
     calibration_s = time.perf_counter() - t0
-    make = _provider_factory(model_path, tmp_path / "cache")
+    make = _provider_factory(model_path, cache, result.summary["fidelity"]["calibration"])
     first = _serve(monkeypatch, model_path, trace, tmp_path / "first", make(), replay_module.replay)
     new = _serve(monkeypatch, model_path, trace, tmp_path / "new", make(), replay_module.replay)
     old = _serve(monkeypatch, model_path, trace, tmp_path / "old", make(), replay_module.replay_reference)
