@@ -31,7 +31,9 @@ import math
 
 import numpy as np
 
+from stepsim.kernels import serve_mapped as sm
 from stepsim.kernels.jit import kernel
+from stepsim.kernels.row_sum import EXACT, ROW_SUM_LIMIT, _dot, _row_sum  # noqa: F401 - the loop's and tests'
 
 # ------------------------------------------------------------------------------------------ layouts
 #: rows of the request table ``req`` (int64 ``[R_ROWS, requests]``)
@@ -40,7 +42,9 @@ R_PROMPT, R_OUTPUT, R_NUM_TOKENS, R_COMPUTED, R_OUTPUTS, R_BLOCKS, R_PREFILLING,
 T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_ROWS = range(6)
 #: entries of the loop state ``st`` (int64)
 (S_NEXT, S_DONE, S_FREE, S_RUNNING, S_WAIT_HEAD, S_WAIT_LEN, S_STEPS, S_GAPS, S_PREEMPTED, S_STARTS_USED,
- S_BATCH, S_IN_HEAD, S_ROWS) = range(13)
+ S_BATCH, S_IN_HEAD, S_PENDING, S_ROWS) = range(14)
+#: ``st[S_PENDING]``: 1 when the loop returned :data:`NEED` after scheduling a step (its batch in ``batch_r`` /
+#: ``batch_n``, ``st[S_BATCH]`` long): called again, it prices that step instead of scheduling one
 #: ``st[S_IN_HEAD]``: in a decode pool (``cfg[C_DECODE_POOL]``), the first arrived request not yet admitted; the
 #: incoming queue is the requests ``S_IN_HEAD .. S_NEXT - 1`` (arrivals join in order and leave from the head)
 #: entries of the configuration ``cfg`` (int64)
@@ -52,25 +56,35 @@ T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_ROWS = ra
 VLLM, SARATHI, ORCA = 0, 1, 2
 #: rows of the per-step integer columns ``steps_i`` (int64 ``[I_ROWS, capacity]``)
 (I_TOKENS, I_SEQUENCES, I_PREFILL, I_DECODE, I_BLOCKS, I_PREEMPTIONS, I_WAITING, I_CYCLES_ATTENTION, I_CYCLES_FFN,
- I_CYCLES_WEIGHTS, I_HBM, I_FLOPS, I_CYCLES, I_ROWS) = range(14)
+ I_CYCLES_WEIGHTS, I_HBM, I_FLOPS, I_CYCLES, I_CYCLES_HIDDEN, I_DECODE_REQUESTS, I_QUERY_TILES, I_ROWS) = range(17)
+#: ``I_CYCLES_HIDDEN``: mapped pricing's cycles streaming hid; ``I_DECODE_REQUESTS`` / ``I_QUERY_TILES``: its
+#: decode attention's requests (every KV head's) and prefill query tiles (one head's), the buckets a run notes
 #: rows of the per-step float columns ``steps_f`` (float64 ``[F_ROWS, capacity]``, seconds)
 F_START, F_DURATION, F_ROWS = range(3)
 #: entries of the pricing parameters ``pi`` (int64)
 (P_MODE, P_LAYERS, P_HEADS, P_MOE, P_COUNT, P_LAYER_WEIGHTS, P_HEAD_CYCLES, P_EMBEDDING_BYTES, P_HBM_PEAK,
  P_CLOCK, P_SHARED, P_ROUNDS, P_EXPERTS, P_TILE_SHIFT, P_FEW_TOKENS, P_FIXED_BYTES, P_EXPERT_BYTES, P_KV_BYTES,
- P_FLOPS_PER_TOKEN, P_ATTENTION_FLOPS, P_PEAK_BYTES, P_PEAK_FLOPS, P_COMPUTE_BW, P_HEAD_FLOPS,
- P_THETA_LENGTH) = range(25)
+ P_FLOPS_PER_TOKEN, P_ATTENTION_FLOPS, P_PEAK_BYTES, P_PEAK_FLOPS, P_COMPUTE_BW, P_HEAD_FLOPS, P_CHIPS,
+ P_SHARED_CHIPS, P_CHIP_COLUMNS, P_THETA_LENGTH) = range(28)
+#: ``P_CHIPS``: the system's chips (1 on one chip; more: :class:`stepsim.serve.system_fast.SystemFastLatency`, the
+#: embedding rows read ``1 / n`` a chip and the collectives' cycles at the step's tokens from ``proj[0, 0]``, which
+#: the caller fills when the loop returns :data:`NEED`); ``P_SHARED_CHIPS``: the chips the shared experts' tiles are
+#: counted over; ``P_CHIP_COLUMNS``: 1 when the FFN's regressors end with the per-chip columns
+#: (:func:`stepsim.serve.fast.chip_features`, experts on ``chip_of``'s chips, tokens in ``shard_bounds``)
 #: entries of ``pi``: the scalars, then the four coefficient rows' lengths
 P_ROWS = P_THETA_LENGTH + 4
-#: pricing modes (``pi[P_MODE]``): every step ``constant`` seconds, or the fast model
-CONSTANT, FAST = 0, 1
+#: pricing modes (``pi[P_MODE]``): every step ``constant`` seconds, the fast model, or the fast model on mapped
+#: layers (:mod:`stepsim.kernels.serve_mapped`)
+CONSTANT, FAST, MAPPED = 0, 1, 2
 #: rows of ``theta`` (float64 ``[4, columns]``: decode, prefill, ffn, ffn_prefill); ``pi[P_THETA_LENGTH + k]`` is
 #: the length of row ``k``, -1 for a kind without coefficients (priced by its bound)
 TH_DECODE, TH_PREFILL, TH_FFN, TH_FFN_PREFILL = range(4)
 #: rows of ``forms`` (float64 ``[6, 6]``): off-chip bytes and FLOPs coefficients of decode, prefill, ffn
 FM_DECODE_BYTES, FM_DECODE_FLOPS, FM_PREFILL_BYTES, FM_PREFILL_FLOPS, FM_FFN_BYTES, FM_FFN_FLOPS = range(6)
 #: return values
-DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED = range(7)
+DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED, NEED = range(8)
+#: ``NEED``: mapped pricing's tables lack a bucket's schedule or a token count's projections (``need`` says which;
+#: the caller fills them and calls again)
 #: entries of the stop rule's integers ``stop_i`` (int64; :meth:`stepsim.serve.replay_stop.StopRule.as_arrays`):
 #: active (0: no rule), the misses each metric may have, the misses counted, the TTFT and E2E arrival pointers
 (SP_ACTIVE, SP_ALLOW_TTFT, SP_ALLOW_TPOT, SP_ALLOW_E2E, SP_MISS_TTFT, SP_MISS_TPOT, SP_MISS_E2E, SP_PTR_TTFT,
@@ -79,50 +93,8 @@ DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED = range(7)
 SF_TTFT, SF_TPOT, SF_E2E = range(3)
 #: bits of the per-request ``seen`` flags: TTFT counted, finish counted, E2E counted
 SEEN_TTFT, SEEN_END, SEEN_E2E = 1, 2, 4
-#: integers up to here are exact in a float64 (beyond it the loop stops with UNSUPPORTED)
-EXACT = 1 << 53
 #: a step may end at most this late (s): stepsim.base.ranges.MAX_TIME_S, whose check the reference makes
 MAX_TIME_S = float(2**32)
-#: longest dot product :func:`_row_sum` sums as NumPy does in one block
-ROW_SUM_LIMIT = 128
-
-
-@kernel
-def _row_sum(a, n):
-    """``np.add.reduce`` of ``a[:n]`` (n <= 128, float64), bit for bit: 0.0 plus NumPy's pairwise sum (one block:
-    eight accumulators, combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the rest in order; under 8 terms, in
-    order from -0.0)."""
-    if n < 8:
-        res = -0.0
-        for i in range(n):
-            res += a[i]
-        return 0.0 + res
-    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
-    i = 8
-    stop = n - n % 8
-    while i < stop:
-        r0 += a[i]
-        r1 += a[i + 1]
-        r2 += a[i + 2]
-        r3 += a[i + 3]
-        r4 += a[i + 4]
-        r5 += a[i + 5]
-        r6 += a[i + 6]
-        r7 += a[i + 7]
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res += a[i]
-        i += 1
-    return 0.0 + res
-
-
-@kernel
-def _dot(x, coef, n, scratch):
-    """``(x[:n] * coef[:n]).sum()`` as NumPy computes it (products first, then :func:`_row_sum`)."""
-    for i in range(n):
-        scratch[i] = x[i] * coef[i]
-    return _row_sum(scratch, n)
 
 
 @kernel
@@ -461,8 +433,34 @@ def _window(prefix, start, tokens, tile_shift, experts, tiles, keep):
 
 
 @kernel
+def _chip_columns(pool_rows, expert_of_rank, chip_of, start, tokens, chips, chip_rows, xl, at):
+    """:func:`stepsim.serve.fast.chip_features` of one layer's window (``tokens`` pool rows from ``start``, ranks
+    to experts by ``expert_of_rank``, experts to chips by ``chip_of``; token ``t`` at home on its shard's chip,
+    :func:`stepsim.workloads.moe.sharded.shard_bounds`) into ``xl[at:at + 3]``."""
+    pool = pool_rows.shape[0]
+    base, extra = tokens // chips, tokens % chips
+    for c in range(chips):
+        chip_rows[c] = 0
+    remote = 0
+    for t in range(tokens):
+        home = t // (base + 1) if t < extra * (base + 1) else extra + (t - extra * (base + 1)) // base
+        row = pool_rows[(start + t) % pool]
+        for slot in range(pool_rows.shape[1]):
+            dest = chip_of[expert_of_rank[row[slot]]]
+            chip_rows[dest] += 1
+            if dest != home:
+                remote += 1
+    busiest = 0
+    for c in range(chips):
+        busiest = max(busiest, chip_rows[c])
+    xl[at] = 1.0 if remote > 0 else 0.0
+    xl[at + 1] = np.float64(remote)
+    xl[at + 2] = np.float64(busiest)
+
+
+@kernel
 def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts, row_of_starts, out_i, k,
-                loads, dec, pre, x, basis, scratch, tiles):
+                loads, dec, pre, x, basis, scratch, tiles, collective, chip_of, expert_of_rank, chip_rows):
     """The fast model's cycles of one step (:meth:`stepsim.serve.fast.FastLatency.__call__`) into ``out_i[.., k]``
     (the three cycle columns, HBM bytes, FLOPs, total cycles). Returns False when a number would not be exact."""
     layers = pi[P_LAYERS]
@@ -549,10 +547,17 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     rounds = pi[P_ROUNDS]
     experts = pi[P_EXPERTS]
     rows = layers if pi[P_MOE] else 1
-    columns = 8 + few + 1 + shared + (experts if rounds else 0)
+    own = 8 + few + 1 + shared + (experts if rounds else 0)
+    columns = own + (3 if pi[P_CHIP_COLUMNS] else 0)
     if length >= 0 and length != columns:
         return False
     shared_tiles = -(-tokens // (1 << pi[P_TILE_SHIFT]))
+    chips = pi[P_SHARED_CHIPS]
+    shared_basis = shared_tiles  # fast.shared_tiles over the chips' shards
+    if chips > 1:
+        base, extra = tokens // chips, tokens % chips
+        tile = 1 << pi[P_TILE_SHIFT]
+        shared_basis = extra * -(-(base + 1) // tile) + (chips - extra) * -(-base // tile)
     ffn = 0
     touched = 0
     for layer in range(rows):
@@ -576,7 +581,7 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
         basis[4] = xl[4]
         width = 5
         if shared:  # the shared experts' tiles: a basis column of the bounds, and a regressor after the pair column
-            basis[5] = np.float64(shared_tiles)
+            basis[5] = np.float64(shared_basis)
             xl[8 + few + 1] = basis[5]
             width = 6
         hbm = _dot(basis, forms[FM_FFN_BYTES], width, scratch) / hbm_peak
@@ -610,6 +615,8 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
             for e in range(experts):
                 nxt = tiles[e + 1] if e + 1 < experts else 0
                 xl[base + e] = np.float64(tiles[e] - nxt)
+        if pi[P_CHIP_COLUMNS]:  # fast.chip_features: rows crossing a link, and the busiest chip's rows
+            _chip_columns(pool_rows, expert_of_rank[layer], chip_of, start, tokens, pi[P_CHIPS], chip_rows, xl, own)
         if length < 0:
             v = np.ceil(xl[7])
         else:
@@ -627,9 +634,11 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     if attention >= EXACT // max(heads_layers, 1) or ffn >= EXACT:
         return False
     attention *= heads_layers
+    attention += collective  # a system's all-reduces (0 on one chip)
     embedding = tokens * pi[P_EMBEDDING_BYTES]
-    if embedding >= EXACT:
+    if embedding >= EXACT or attention >= EXACT:
         return False
+    embedding = -(-embedding // pi[P_CHIPS])  # a system's chips each read their share (tp_weight_cycles)
     weights = layers * pi[P_LAYER_WEIGHTS] + pi[P_HEAD_CYCLES] + math.ceil(embedding / hbm_peak)
     cycles = attention + ffn + weights
     # the roofline (stepsim.mapping.roofline.StepWork.work)
@@ -655,11 +664,44 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     return True
 
 
+@kernel
+def _roofline(pi, ctx, new, m, tokens, touched, cycles, out_i, k):
+    """:meth:`stepsim.mapping.roofline.StepWork.work` of a step priced elsewhere (``cycles`` in all) into
+    ``out_i[.., k]``; False when a number would not be exact."""
+    context_sum = 0
+    seen = 0
+    for i in range(m):
+        c = ctx[i]
+        nn = new[i]
+        context_sum += c
+        seen += nn * c + nn * (nn + 1) // 2
+        if seen >= EXACT or context_sum >= EXACT:
+            return False
+    if seen >= EXACT // max(pi[P_ATTENTION_FLOPS], 1) or tokens >= EXACT // max(pi[P_FLOPS_PER_TOKEN], 1):
+        return False
+    if not (_fits(touched, pi[P_EXPERT_BYTES]) and _fits(context_sum + tokens, pi[P_KV_BYTES])
+            and _fits(tokens, pi[P_EMBEDDING_BYTES])):
+        return False
+    hbm_bytes = (pi[P_FIXED_BYTES] + touched * pi[P_EXPERT_BYTES] + (context_sum + tokens) * pi[P_KV_BYTES]
+                 + tokens * pi[P_EMBEDDING_BYTES])
+    if m >= EXACT // max(pi[P_HEAD_FLOPS], 1):
+        return False
+    flops = tokens * pi[P_FLOPS_PER_TOKEN] + m * pi[P_HEAD_FLOPS] + pi[P_ATTENTION_FLOPS] * seen
+    if (cycles <= 0 or cycles >= EXACT // max(pi[P_PEAK_BYTES], 1) or cycles >= EXACT // max(pi[P_PEAK_FLOPS], 1)
+            or hbm_bytes >= EXACT or flops >= EXACT):
+        return False
+    out_i[I_HBM, k] = hbm_bytes
+    out_i[I_FLOPS, k] = flops
+    out_i[I_CYCLES, k] = cycles
+    return True
+
+
 # ------------------------------------------------------------------------------------------ the loop
 @kernel
 def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
                 steps_i, steps_f, pi, constant_s, forms, theta, prefix, pool_rows, starts, loads, dec, pre, x,
-                basis, scratch, tiles, stop_f, stop_i, seen):
+                basis, scratch, tiles, stop_f, stop_i, seen, pm, buckets_i, buckets_f, proj, expert_of_rank, need,
+                res, mloads, counts, regions, pc):
     """Replay until done or a reason to return (module docstring); returns that reason.
 
     ``now_box`` (float64 ``[1]``) holds the clock (s); ``st`` the loop's counters; ``steps_i`` / ``steps_f`` get a
@@ -667,47 +709,53 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
     :data:`CONSTANT`: every step ``constant_s`` seconds; :data:`FAST`: the fast model over ``forms``, ``theta``,
     the routing pool's prefix counts ``prefix`` and rows ``pool_rows``, window starts ``starts`` per step);
     ``stop_i[SP_ACTIVE]``: after every step, :func:`_stop_check` over the rule ``stop_f`` / ``stop_i`` and the
-    per-request flags ``seen`` (returns :data:`STOPPED` once the SLO is provably missed)."""
+    per-request flags ``seen`` (returns :data:`STOPPED` once the SLO is provably missed). Mode :data:`MAPPED`:
+    :func:`stepsim.kernels.serve_mapped.price_mapped` over ``pm`` and its tables (returns :data:`NEED` with the
+    step pending when they lack something)."""
     n_req = req.shape[1]
     arrival = times[T_ARRIVAL]
     capacity = steps_i.shape[1]
     made = 0
     policy = cfg[C_POLICY]
     fast = pi[P_MODE] == FAST
+    mapped = pi[P_MODE] == MAPPED
     decode_pool = cfg[C_DECODE_POOL] != 0
     while st[S_DONE] < n_req:
         now = now_box[0]
-        if decode_pool:  # arrivals join the incoming queue (S_IN_HEAD .. S_NEXT - 1), admitted from its head
-            while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
-                st[S_NEXT] += 1
-            _admit_incoming(cfg, req, times, st, running, now)
-            if st[S_RUNNING] == 0 and st[S_WAIT_LEN] == 0 and st[S_IN_HEAD] < st[S_NEXT]:
-                return REFUSED  # the reference names the request that cannot join the idle pool
-        while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
-            tail = (st[S_WAIT_HEAD] + st[S_WAIT_LEN]) % n_req
-            waiting[tail] = st[S_NEXT]
-            st[S_WAIT_LEN] += 1
-            st[S_NEXT] += 1
-        if st[S_RUNNING] == 0 and st[S_WAIT_LEN] == 0:
-            now_box[0] = arrival[st[S_NEXT]]  # idle: the next step starts the moment a request arrives
-            continue
-        if st[S_STEPS] == capacity:
-            return FULL
-        if fast and pi[P_MOE] and st[S_STARTS_USED] == starts.shape[0]:
-            return STARTS
-        if made == cfg[C_PAUSE]:
-            return PAUSE
-        if policy == VLLM:
-            m = _vllm(cfg, req, st, running, waiting, n_req, batch_r, batch_n)
-        elif policy == SARATHI:
-            m = _sarathi(cfg, req, st, running, waiting, n_req, batch_r, batch_n, rest, prefills)
+        if st[S_PENDING]:  # the step scheduled before the last NEED: price it now
+            m = st[S_BATCH]
         else:
-            m = _orca(cfg, req, st, running, waiting, n_req, batch_r, batch_n)
-        st[S_BATCH] = m
-        if m == 0:
-            if st[S_PREEMPTED]:
-                continue  # only preempted: schedule again at this instant
-            return REFUSED  # the reference names the request that cannot be scheduled
+            if decode_pool:  # arrivals join the incoming queue (S_IN_HEAD .. S_NEXT - 1), admitted from its head
+                while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
+                    st[S_NEXT] += 1
+                _admit_incoming(cfg, req, times, st, running, now)
+                if st[S_RUNNING] == 0 and st[S_WAIT_LEN] == 0 and st[S_IN_HEAD] < st[S_NEXT]:
+                    return REFUSED  # the reference names the request that cannot join the idle pool
+            while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
+                tail = (st[S_WAIT_HEAD] + st[S_WAIT_LEN]) % n_req
+                waiting[tail] = st[S_NEXT]
+                st[S_WAIT_LEN] += 1
+                st[S_NEXT] += 1
+            if st[S_RUNNING] == 0 and st[S_WAIT_LEN] == 0:
+                now_box[0] = arrival[st[S_NEXT]]  # idle: the next step starts the moment a request arrives
+                continue
+            if st[S_STEPS] == capacity:
+                return FULL
+            if (fast or mapped) and pi[P_MOE] and st[S_STARTS_USED] == starts.shape[0]:
+                return STARTS
+            if made == cfg[C_PAUSE]:
+                return PAUSE
+            if policy == VLLM:
+                m = _vllm(cfg, req, st, running, waiting, n_req, batch_r, batch_n)
+            elif policy == SARATHI:
+                m = _sarathi(cfg, req, st, running, waiting, n_req, batch_r, batch_n, rest, prefills)
+            else:
+                m = _orca(cfg, req, st, running, waiting, n_req, batch_r, batch_n)
+            st[S_BATCH] = m
+            if m == 0:
+                if st[S_PREEMPTED]:
+                    continue  # only preempted: schedule again at this instant
+                return REFUSED  # the reference names the request that cannot be scheduled
         prefill = 0
         tokens = 0
         for j in range(m):
@@ -720,9 +768,40 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
                 prefill += batch_n[j]
         k = st[S_STEPS]
         if fast:
+            collective = 0
+            if pi[P_CHIPS] > 1:  # the all-reduces' cycles at this token count: the caller's closed form
+                if tokens >= proj.shape[2] or proj[0, 0, tokens] < 0:
+                    need[0] = tokens
+                    need[1] = m
+                    need[2] = 0
+                    st[S_PENDING] = 1
+                    return NEED
+                collective = proj[0, 0, tokens]
+            st[S_PENDING] = 0
             if not _price_fast(pi, forms, theta, ctx, batch_n, m, tokens, prefix, pool_rows, starts,
-                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles):
+                               st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles, collective,
+                               counts, expert_of_rank, regions):
                 return UNSUPPORTED
+            if pi[P_MOE]:
+                st[S_STARTS_USED] += 1
+            seconds = np.float64(steps_i[I_CYCLES, k]) / np.float64(pi[P_CLOCK])
+        elif mapped:
+            status = sm.price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, batch_n, m, tokens, prefix,
+                                     pool_rows, expert_of_rank, starts, st[S_STARTS_USED], need, res, mloads, x,
+                                     scratch, counts, regions, pc)
+            if status == sm.NEED:
+                st[S_PENDING] = 1
+                return NEED
+            st[S_PENDING] = 0
+            if status != sm.PRICED or not _roofline(pi, ctx, batch_n, m, tokens, res[sm.R_TOUCHED],
+                                                    res[sm.R_TOTAL], steps_i, k):
+                return UNSUPPORTED
+            steps_i[I_CYCLES_ATTENTION, k] = res[sm.R_ATTENTION]
+            steps_i[I_CYCLES_FFN, k] = res[sm.R_FFN]
+            steps_i[I_CYCLES_WEIGHTS, k] = res[sm.R_WEIGHTS]
+            steps_i[I_CYCLES_HIDDEN, k] = res[sm.R_HIDDEN]
+            steps_i[I_DECODE_REQUESTS, k] = res[sm.R_DECODE_REQUESTS]
+            steps_i[I_QUERY_TILES, k] = res[sm.R_QUERY_TILES]
             if pi[P_MOE]:
                 st[S_STARTS_USED] += 1
             seconds = np.float64(steps_i[I_CYCLES, k]) / np.float64(pi[P_CLOCK])

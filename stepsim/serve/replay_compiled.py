@@ -39,23 +39,32 @@ def _fast_parameters(provider, kr) -> dict | None:
     tile_shift, compute_bw = model_of_steps._TILE_SHIFT, model_of_steps.BOUND_COMPUTE_BW
     few_tokens, kinds = model_of_steps.FEW_TOKENS, model_of_steps.MODELS
 
-    if type(provider) is not FastLatency or provider.recorder is not None or provider.spec.system is not None:
+    from stepsim.serve.system_fast import SystemFastLatency
+
+    system = type(provider) is SystemFastLatency
+    if not (type(provider) is FastLatency or system) or provider.recorder is not None:
         return None
+    if not system and provider.spec.system is not None:
+        return None
+    chips = provider.system.chips if system else 1
+    if system and (provider.layer_bytes is not None or not provider.counts_head or chips < 2):
+        return None  # a layer group's provider (stepsim.serve.layer_list): its weights are counted otherwise
     model = provider.model
     if model.is_moe and type(provider.routing) is not SyntheticRouting:
         return None
     hardware, roofline = provider.hardware, provider.roofline
     if (provider.spec.hardware.hbm_peak_bytes_per_cycle != hardware.hbm_peak_bytes_per_cycle
-            or roofline.embedding_bytes != provider.embedding_bytes or provider.chips != 1
+            or roofline.embedding_bytes != provider.embedding_bytes or provider.chips != chips
             or model_of_steps.DECODE_REGIONS != 4):
         return None
+    chip_columns = system and model.is_moe  # SystemFastLatency.chip_columns
     forms = provider.forms or {}
     if set(forms) != {"decode", "prefill", "ffn"}:
         return None
     shared = has_shared(provider.spec)
     rounds = few_experts(provider.spec)
     experts = model.experts if model.is_moe else 0
-    columns = 8 + few_tokens + 1 + int(shared) + (experts if rounds else 0)
+    columns = 8 + few_tokens + 1 + int(shared) + (experts if rounds else 0) + (3 if chip_columns else 0)
     widths = {"decode": 4, "prefill": 4, "ffn": 6 if shared else 5}
     if columns > MAX_COLUMNS or any(len(forms[k].off_chip) != w or len(forms[k].flops) != w
                                     for k, w in widths.items()):
@@ -104,20 +113,58 @@ def _fast_parameters(provider, kr) -> dict | None:
     pi[kr.P_PEAK_BYTES] = roofline.peak_bytes
     pi[kr.P_PEAK_FLOPS] = roofline.peak_flops
     pi[kr.P_COMPUTE_BW] = compute_bw
+    pi[kr.P_CHIPS] = chips
+    pi[kr.P_SHARED_CHIPS] = model_of_steps.system_chips(provider.spec)
+    pi[kr.P_CHIP_COLUMNS] = int(chip_columns)
+    if system:  # SystemEngineLatency.weight_cycles: every weight read 1 / n a chip; the embedding rows in the loop
+        from stepsim.serve.latency import IterationBatch
+
+        pi[kr.P_LAYER_WEIGHTS], pi[kr.P_HEAD_CYCLES] = 0, provider.weight_cycles(IterationBatch([0], [0], 0, 0))
     if max(abs(int(v)) for v in pi) >= kr.EXACT:
         return None
     routing = provider.routing if model.is_moe else None
+    expert_of_rank = np.zeros((1, 1), dtype=np.int64)
     if routing is not None:
         if routing._pool is None:
             routing._draw_pool()  # what the first window() does
-        ranks, prefix, _ = routing._pool
+        ranks, prefix, expert_of_rank = routing._pool
         pool_rows, prefix = np.ascontiguousarray(ranks), prefix
+        expert_of_rank = np.ascontiguousarray(expert_of_rank)
     else:
         pool_rows, prefix = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 2, 1), dtype=np.uint16)
-    return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
-            "prefix": prefix, "x": np.zeros((max(model.layers, 1), max(columns, width))),
-            "tiles": np.zeros(max(experts, 1) + 1, dtype=np.int64),
-            "cycles": ("attention", "ffn", "weights"), "hardware": hardware, "roofline": roofline}
+    params = {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
+              "prefix": prefix, "x": np.zeros((max(model.layers, 1), max(columns, width))),
+              "tiles": np.zeros(max(experts, 1) + 1, dtype=np.int64),
+              "cycles": ("attention", "ffn", "weights"), "hardware": hardware, "roofline": roofline}
+    if system:  # the collectives' table and the experts' chips, in the mapped pricing's arrays (unused there)
+        from stepsim.workloads.moe.parallel import place_experts
+
+        arrays = _no_mapped(kr)
+        arrays["proj"] = np.full((1, 1, 1024), -1, dtype=np.int64)
+        arrays["expert_of_rank"] = expert_of_rank
+        if chip_columns:
+            arrays["counts"] = np.array(place_experts([0] * experts, chips, "contiguous"), dtype=np.int64)
+            arrays["regions"] = np.zeros(chips, dtype=np.int64)
+        params.update(mapped=arrays, fill=_fill_collective, provider=provider, no_notes=True)
+    return params
+
+
+def _fill_collective(params: dict) -> None:
+    """A system's collectives at the step's tokens (``need[0]``) into ``proj[0, 0]``: the provider's own
+    ``collective_cycles`` of a step of that many tokens (they depend on the tokens alone)."""
+    from stepsim.serve.latency import IterationBatch
+
+    arrays = params["mapped"]
+    tokens = int(arrays["need"][0])
+    proj = arrays["proj"]
+    if tokens >= proj.shape[2]:
+        grown = np.full((1, 1, max(2 * proj.shape[2], tokens + 1)), -1, dtype=np.int64)
+        grown[:, :, :proj.shape[2]] = proj
+        proj = arrays["proj"] = grown
+    value = params["provider"].collective_cycles(IterationBatch([0], [tokens], tokens, 0))
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 1 << 53:
+        raise ValueError(f"the collectives' cycles at {tokens} tokens are {value!r}")
+    proj[0, 0, tokens] = int(value)
 
 
 def _constant_parameters(kr) -> dict:
@@ -126,6 +173,18 @@ def _constant_parameters(kr) -> dict:
     return {"pi": pi, "forms": np.zeros((6, 6)), "theta": np.zeros((4, 1)), "routing": None,
             "pool_rows": np.zeros((1, 1), dtype=np.int64), "prefix": np.zeros((1, 2, 1), dtype=np.uint16),
             "x": np.zeros((1, 1)), "tiles": np.zeros(2, dtype=np.int64), "cycles": ()}
+
+
+def _no_mapped(kr) -> dict:
+    """The mapped pricing's arrays for a loop that does not price on mapped layers (unused; the same types)."""
+    from stepsim.kernels import serve_mapped as sm
+
+    one = np.zeros(1, dtype=np.int64)
+    return {"pm": np.zeros(sm.M_ROWS, dtype=np.int64), "buckets_i": np.zeros((sm.B_ROWS, 1), dtype=np.int64),
+            "buckets_f": np.zeros((sm.BF_ROWS, 1)), "proj": np.zeros((4, 4, 1), dtype=np.int64),
+            "expert_of_rank": np.zeros((1, 1), dtype=np.int64), "need": np.zeros(3, dtype=np.int64),
+            "res": np.zeros(sm.R_ROWS, dtype=np.int64), "mloads": one, "counts": one, "regions": one,
+            "pc": np.zeros((sm.PC_ROWS, 1), dtype=np.int64)}
 
 
 def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
@@ -160,10 +219,13 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
         params = _constant_parameters(kr)
         constant_s = float(provider.seconds)
     else:
-        params = _fast_parameters(provider, kr)
+        from stepsim.serve.replay_mapped import mapped_parameters
+
+        params = _fast_parameters(provider, kr) or mapped_parameters(provider, kr)
         if params is None:
             return None
         constant_s = 0.0
+    mapped = params.get("mapped") or _no_mapped(kr)
     routing = params["routing"]
     saved = None
     if routing is not None:  # put back when the reference takes over
@@ -222,13 +284,24 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
     while True:
         status = kr.replay_loop(cfg, st, now, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx,
                                 gaps, steps_i, steps_f, params["pi"], constant_s, params["forms"], params["theta"],
-                                params["prefix"], params["pool_rows"], starts, *scratch, stop_f, stop_i, seen)
+                                params["prefix"], params["pool_rows"], starts, *scratch, stop_f, stop_i, seen,
+                                mapped["pm"], mapped["buckets_i"], mapped["buckets_f"], mapped["proj"],
+                                mapped["expert_of_rank"], mapped["need"], mapped["res"], mapped["mloads"],
+                                mapped["counts"], mapped["regions"], mapped["pc"])
         if routing is not None:
             routing._used = int(st[kr.S_STARTS_USED])
         if status == kr.DONE:
             break
         if status == kr.STOPPED:
+            _note(params, steps_i, st, kr)
             _stopped(stop_i, st, now, steps_i, steps_f, params, kr)
+        if status == kr.NEED:  # a bucket's schedule, a token count's projections or collectives: the provider's own
+            from stepsim.serve.replay_mapped import fill
+
+            try:
+                params.get("fill", fill)(params)
+            except Exception as exc:  # noqa: BLE001 - the Python loop replays, and raises the provider's error
+                status, _fallback_reason[0] = kr.UNSUPPORTED, f"{type(exc).__name__}: {exc}"
         if status in (kr.REFUSED, kr.UNSUPPORTED):
             if saved is not None:
                 routing._windows.bit_generator.state, routing._starts, routing._used = saved
@@ -245,6 +318,7 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
             st[kr.S_STARTS_USED] = 0
         if progress is not None:
             progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
+    _note(params, steps_i, st, kr)
     scheduler.free = int(st[kr.S_FREE])
     scheduler.preempted = int(st[kr.S_PREEMPTED])
     if progress is not None:
@@ -258,8 +332,10 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
         "kv_blocks_used": blocks, "preemptions": steps_i[kr.I_PREEMPTIONS, :n].copy(),
         "waiting": steps_i[kr.I_WAITING, :n].copy(),
     }
-    for kind, row in zip(params["cycles"], (kr.I_CYCLES_ATTENTION, kr.I_CYCLES_FFN, kr.I_CYCLES_WEIGHTS)):
-        iterations[f"cycles_{kind}"] = steps_i[row, :n].copy()
+    rows = {"attention": kr.I_CYCLES_ATTENTION, "ffn": kr.I_CYCLES_FFN, "hidden": kr.I_CYCLES_HIDDEN,
+            "weights": kr.I_CYCLES_WEIGHTS}
+    for kind in params["cycles"]:  # sorted, as the reference's columns
+        iterations[f"cycles_{kind}"] = steps_i[rows[kind], :n].copy()
     if params["cycles"]:  # StepWork.work and .utilisation: int / int, exact below 2**53 (the kernel checked)
         roofline = params["roofline"]
         hbm, flops, cycles = steps_i[kr.I_HBM, :n].copy(), steps_i[kr.I_FLOPS, :n].copy(), steps_i[kr.I_CYCLES, :n]
@@ -271,6 +347,18 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
         first_scheduled=times[kr.T_FIRST_SCHEDULED].copy(), first_token=times[kr.T_FIRST_TOKEN].copy(),
         finish=times[kr.T_FINISH].copy(), preemptions=req[kr.R_PREEMPTIONS].copy(),
         itl=gaps[:int(st[kr.S_GAPS])].copy(), iterations=iterations, max_blocks_used=int(blocks.max(initial=0)))
+
+
+#: why the last compiled replay on mapped layers handed its run to the Python loop (a table it could not fill)
+_fallback_reason = [None]
+
+
+def _note(params, steps_i, st, kr) -> None:
+    """On mapped layers, the run's buckets in the provider's ``layer_use`` (summary.json ``layers``)."""
+    if params.get("mapped") is not None and not params.get("no_notes"):
+        from stepsim.serve.replay_mapped import note_buckets
+
+        note_buckets(params, steps_i, int(st[kr.S_STEPS]), kr)
 
 
 def _stopped(stop_i, st, now, steps_i, steps_f, params, kr) -> None:

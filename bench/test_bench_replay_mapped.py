@@ -1,0 +1,167 @@
+"""Issue 42's faster replay on serve's default layers: ``--fidelity fast`` on mapped layers
+(:class:`stepsim.serve.fast_mapped.MappedFastLatency`, what a plan prices one-chip replicas with) replayed by the
+compiled loop (:mod:`stepsim.kernels.serve_mapped`) and by the Python reference side by side in one run, on the whole
+Azure conversation trace (19,366 requests), vLLM's defaults, one ``sn40l`` chip.
+
+The model is the plan tests' small MoE shape (tests/plan/test_plan.py's ``SMALL``: 2 layers, 16 experts; its
+buckets' schedules are mapping seeds) with a context of 32,768 tokens so that every request of the trace fits: a
+Qwen3-30B-A3B-sized model would first need its missing buckets mapped and a whole-trace calibration (37 min at
+load 11-18 for the one-chip shape, bench/README.md "Full size"), which is not what is timed here. Its calibration
+is made once on the trace's first 40 requests (fast mode's own, cached in ``$STEPSIM_SERVE_CACHE`` or the test's
+folder); the replays are ``stepsim.serve(..., provider=..., arrival_scale=ARRIVAL_SCALE)`` with that calibration,
+each with a fresh provider:
+
+1. a first compiled run: fills the kernel's tables (each bucket's schedule, the projections simulated at every
+   token count the run has; the process's memo keeps them, as the Python loop's does);
+2. the compiled run, timed; 3. the Python loop (``api.replay`` = ``replay_reference``), timed.
+
+Gate: every file 2 and 3 write is byte for byte the same (``summary.json`` but for its ``wall_s``, its ``layers``
+included: the buckets noted). And :func:`test_plan_unit_case_compiled_vs_python`: tests/plan/test_plan.py's two
+plans timed with the compiled mapped replay and without it. Not in the default benchmark run:
+``STEPSIM_BENCH_MAPPED=1`` (with ``STEPSIM_MAPPING_CACHE`` a copy of tests/mapping_seeds, so that no bucket is mapped
+from scratch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import stepsim
+import stepsim.serve.api as api
+from stepsim.serve import replay as replay_module
+
+SMALL = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+         "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 32768}
+SECTION = "replay on mapped layers: the whole conversation trace (19,366 requests), a 2-layer 16-expert MoE, sn40l"
+#: the trace's arrivals times this (its hour in 3.5 s): at the trace's own rate the small model's steps are a few
+#: microseconds, mostly one decode each (4,041,846 steps, hours of the Python loop); compressed, they batch as a
+#: large model's steps do at the trace's rate (Qwen3-30B-A3B: 67,354 steps, bench/README.md)
+ARRIVAL_SCALE = 0.001
+
+
+def _provider_factory(model_path, cache, key: str):
+    """A fresh :class:`MappedFastLatency` of the calibration in ``cache`` (as stepsim.plan.pricing makes one)."""
+    from stepsim.base.hardware import PRESETS
+    from stepsim.models.presets import resolve_model
+    from stepsim.serve.fast import MetricForm
+    from stepsim.serve.fast_mapped import MappedFastLatency
+    from stepsim.serve.memory import model_memory
+    from stepsim.serve.routing import SyntheticRouting
+
+    record = json.loads((cache / f"{key}.json").read_text())
+    model = resolve_model(str(model_path))
+    forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
+
+    def make():
+        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0)
+        return MappedFastLatency(model, PRESETS["sn40l"], routing, max_model_len=32768,
+                                 vocab=model_memory(model).vocab_size, forms=forms, theta=record["theta"],
+                                 error=record["error"], schedule="auto")
+    return make
+
+
+def _serve(monkeypatch, model_path, trace, out, provider, loop) -> tuple[float, float, float]:
+    """``stepsim.serve`` with ``loop`` as its replay: (serve wall s, replay wall s, replay CPU s)."""
+    spent = []
+
+    def timed(*args, **kw):
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = loop(*args, **kw)
+        spent.append((time.perf_counter() - t0, time.process_time() - c0))
+        return result
+
+    monkeypatch.setattr(api, "replay", timed)
+    t0 = time.perf_counter()
+    stepsim.serve(str(model_path), trace, out=out, provider=provider, hardware="sn40l", arrival_scale=ARRIVAL_SCALE)
+    return time.perf_counter() - t0, *spent[-1]
+
+
+def _same_files(a, b) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir()) and "iterations.parquet" in names
+    for name in names:
+        if name == "summary.json":
+            x, y = (json.loads((d / name).read_text()) for d in (a, b))
+            x.pop("wall_s"), y.pop("wall_s")
+            assert x == y
+        else:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.skipif(os.environ.get("STEPSIM_BENCH_MAPPED") != "1",
+                    reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
+def test_mapped_replay_side_by_side(shared_traces, bench_summary, monkeypatch, tmp_path):
+    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+    model_path = tmp_path / "small.json"
+    model_path.write_text(json.dumps(SMALL))
+    cache = Path(os.environ.get("STEPSIM_SERVE_CACHE", tmp_path / "cache"))
+    t0 = time.perf_counter()
+    result = stepsim.serve(str(model_path), trace, limit_requests=40, fidelity="fast", hardware="sn40l",
+                           calibration_cache=cache)
+    calibration_s = time.perf_counter() - t0
+    make = _provider_factory(model_path, cache, result.summary["fidelity"]["calibration"])
+    first = _serve(monkeypatch, model_path, trace, tmp_path / "first", make(), replay_module.replay)
+    new = _serve(monkeypatch, model_path, trace, tmp_path / "new", make(), replay_module.replay)
+    old = _serve(monkeypatch, model_path, trace, tmp_path / "old", make(), replay_module.replay_reference)
+    _same_files(tmp_path / "old", tmp_path / "new")
+    steps = json.loads((tmp_path / "new" / "summary.json").read_text())["iterations"]
+    load = os.getloadavg()[0]
+    bench_summary(SECTION, f"calibration on 40 requests {calibration_s:.1f} s; first compiled run (tables filled) "
+                           f"replay {first[1]:.2f} s (CPU {first[2]:.2f} s)")
+    bench_summary(SECTION, f"replay {new[1]:.2f} s compiled (CPU {new[2]:.2f} s) vs {old[1]:.2f} s Python loop "
+                           f"(CPU {old[2]:.2f} s): {old[1] / new[1]:.1f}x; whole serve() {new[0]:.1f} s vs "
+                           f"{old[0]:.1f} s; {steps:,} steps; files identical; load {load:.1f}")
+
+
+@pytest.mark.skipif(os.environ.get("STEPSIM_BENCH_MAPPED") != "1",
+                    reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
+def test_plan_unit_case_compiled_vs_python(bench_summary, monkeypatch, tmp_path):
+    """tests/plan/test_plan.py's case (12 requests, 12 deployments up to 4 chips; the one-chip replicas on mapped
+    layers, the two-chip ones on the paper's by ``SystemFastLatency``): the plan and the brute force with the
+    compiled replay and with it switched off for both providers (every replay in the Python loop), the calibrations
+    made once before both. Gate: the same plan.json but for its wall
+    time, the same deployments (every column of deployments.parquet)."""
+    import numpy as np
+
+    import stepsim.serve.replay_compiled as replay_compiled
+    import stepsim.serve.replay_mapped as replay_mapped
+    from stepsim.trace_io.requests import RequestTrace, write_requests
+
+    sys_path = str(Path(__file__).resolve().parents[1] / "tests" / "plan")
+    monkeypatch.syspath_prepend(sys_path)
+    from test_plan import REQUESTS, SLO, SPACE
+    from test_plan import SMALL as PLAN_SMALL
+
+    model = tmp_path / "small.json"
+    model.write_text(json.dumps(PLAN_SMALL))
+    rng = np.random.default_rng(3)
+    trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
+                                        rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
+                           tmp_path / "t.parquet")
+    kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp_path / "cache", verify=False)
+    stepsim.plan(str(model), trace, **kw)  # the calibrations, outside the timings
+    spent, summaries = {}, {}
+    for name in ("compiled", "python"):
+        if name == "python":  # every mapped or system provider to the Python loop
+            monkeypatch.setattr(replay_mapped, "mapped_parameters", lambda provider, kr: None)
+            monkeypatch.setattr(replay_compiled, "_fast_parameters", lambda provider, kr: None)
+        t0 = time.perf_counter()
+        plan = stepsim.plan(str(model), trace, out=tmp_path / "plan", **kw)  # one folder: the same paths
+        brute = stepsim.plan(str(model), trace, prune=False, **kw)
+        spent[name] = time.perf_counter() - t0
+        summaries[name] = [{k: v for k, v in p.summary.items() if k not in ("wall_s", "outputs")}
+                           for p in (plan, brute)] + [plan.deployments, brute.deployments]
+    monkeypatch.undo()
+    assert summaries["compiled"] == summaries["python"]
+    plan_summary = summaries["compiled"][0]
+    bench_summary(SECTION, f"plan unit case (plan + brute force, {plan_summary['replays']} + "
+                           f"{summaries['compiled'][1]['replays']} full replays, calibrated): "
+                           f"{spent['compiled']:.1f} s compiled vs {spent['python']:.1f} s Python loop "
+                           f"({spent['python'] / spent['compiled']:.1f}x); the same plans; "
+                           f"load {os.getloadavg()[0]:.1f}")

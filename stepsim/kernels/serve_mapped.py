@@ -1,0 +1,402 @@
+"""Machine code for a step priced by ``--fidelity fast`` on mapped layers
+(:class:`stepsim.serve.fast_mapped.MappedFastLatency`, its one-chip ``_streamed`` path), for the compiled replay
+(:mod:`stepsim.kernels.serve_replay`, mode ``MAPPED``).
+
+Per step, as the provider computes it: the mapped decode attention's regressors over every KV head's requests (the
+busiest of its bucket's regions when they are dealt greedily, the bucket's cycles scaled by that load), the
+prefill attention's paper regressors of every KV head's chunks, each layer's FFN regressors from its routing window
+(expert tiles at the bucket's ``tile_n``, the busiest region of contiguous experts, the bucket's estimate), the
+coefficients' prices, then the step's pieces in run order (per layer q/k/v, attention, o, router, FFN; the LM head)
+with the weights streamed ahead (:func:`stepsim.serve.projections.stream_ahead`, integer for integer).
+
+What depends on the mapper (each bucket's schedule) and on the engine (the projections' cycles at each token
+count) is not computed here: the caller fills tables ``buckets_i`` / ``buckets_f`` (per bucket, by its log2) and
+``proj`` (per token count) from the provider's own functions, when :func:`price_mapped` returns :data:`NEED` with
+what it needs in ``need``. Floats are made by the same operations in the same order as the provider's NumPy
+(:func:`stepsim.kernels.row_sum._dot`); integers are Python's wherever they stay below 2^53 (checked: else
+:data:`UNSUPPORTED`, and the caller replays in Python). No allocation: the caller passes every scratch array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepsim.kernels.jit import kernel
+from stepsim.kernels.row_sum import EXACT, _dot
+
+#: entries of the mapped pricing's integers ``pm`` (int64)
+(M_LAYERS, M_KV_HEADS, M_HEADS, M_MOE, M_EXPERTS, M_TILE_SHIFT, M_FEW, M_HBM_PEAK, M_CAPACITY, M_PEAK_FLOPS,
+ M_COMPUTE_BW, M_PER_EXPERT, M_SHARED_W, M_FFN_FLOPS, M_ROW_BYTES, M_EMBEDDING_BYTES, M_W_QKV, M_W_O, M_W_ROUTER,
+ M_W_HEAD, M_KV_READ, M_DECODE_FLOPS, M_READ_TILE, M_THETA_LENGTH) = range(24)
+#: entries of ``pm``: the scalars, then the four coefficient rows' lengths (decode, prefill, ffn, ffn_prefill)
+M_ROWS = M_THETA_LENGTH + 4
+#: rows of the per-bucket integers ``buckets_i`` (int64 ``[B_ROWS, 64]``, column log2 of the bucket): the FFN's
+#: (filled, tile_n and regions of its loads, tile_n and on-chip bytes of its traffic), the decode attention's
+#: (filled, regions knob, on-chip bytes, the representative requests' busiest region load)
+(B_FFN, B_FFN_TILE_N, B_FFN_REGIONS, B_FFN_TRAFFIC_TILE_N, B_FFN_ON_CHIP, B_DECODE, B_DECODE_REGIONS,
+ B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_ROWS) = range(10)
+#: rows of the per-bucket floats ``buckets_f`` (float64 ``[BF_ROWS, 64]``): the FFN's cycles, representative tiles
+#: and region tiles, the decode attention's cycles
+BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_ROWS = range(5)
+#: ``proj`` (int64 ``[4, 4, n]``): q/k/v, o, router at a step's tokens and the LM head at its sequences; fields
+#: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs
+PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD = range(4)
+#: rows of the pieces scratch ``pc`` (int64 ``[PC_ROWS, pieces]``)
+PC_CYCLES, PC_HBM, PC_WEIGHT, PC_ON_CHIP, PC_FLOPS, PC_STREAMS, PC_KIND, PC_PREFETCHED, PC_ROWS = range(9)
+#: piece kinds (``pc[PC_KIND]``)
+K_PROJECTION, K_ATTENTION, K_FFN = range(3)
+#: ``need`` (int64 ``[3]``): the step's tokens, sequences and decode requests (every KV head's)
+#: results of :func:`price_mapped`
+PRICED, NEED, UNSUPPORTED = range(3)
+#: entries of ``res`` (int64): the step's cycles by kind, experts touched, the decode requests (every KV head's)
+#: and query tiles (one head's) its buckets are noted by
+R_ATTENTION, R_FFN, R_WEIGHTS, R_HIDDEN, R_TOTAL, R_TOUCHED, R_DECODE_REQUESTS, R_QUERY_TILES, R_ROWS = range(9)
+
+
+@kernel
+def log2_bucket(size):
+    """``log2(bucket(size))`` (:func:`stepsim.mapping.mapper.bucket`: the next power of two, at least 1)."""
+    b = 0
+    s = size - 1
+    while s > 0:
+        s >>= 1
+        b += 1
+    return b
+
+
+@kernel
+def _predict(x, theta, length, n, bound, scratch):
+    """:func:`stepsim.serve.fast.predict`: ``max(rint(theta . x), 1)``, or ``ceil(x[bound])`` without coefficients;
+    -1.0 when not exact (a length other than the regressors', or beyond 2^53)."""
+    if length < 0:
+        v = np.ceil(x[bound])
+    else:
+        if length != n:
+            return -1.0
+        v = np.rint(_dot(x, theta, n, scratch))
+        if v < 1.0:
+            v = 1.0
+    if not -EXACT < v < EXACT:
+        return -1.0
+    return v
+
+
+@kernel
+def _counts(prefix, start, tokens, experts, counts):
+    """Each rank's tokens in the window of ``tokens`` pool tokens from ``start`` (wrapping, whole turns), as
+    :meth:`stepsim.serve.routing.SyntheticRouting.window`'s rows count them."""
+    pool = prefix.shape[1] - 1
+    turns, rest = tokens // pool, tokens % pool
+    end = start + rest
+    wraps = end > pool
+    stop = end - pool if wraps else end
+    for e in range(experts):
+        c = np.int64(prefix[0, stop, e]) - np.int64(prefix[0, start, e]) + turns * np.int64(prefix[0, pool, e])
+        if wraps:
+            c += np.int64(prefix[0, pool, e])
+        counts[e] = c
+
+
+@kernel
+def _ready(buckets_i, proj, tokens, m, decode, moe):
+    """Whether the tables hold what a step of ``tokens`` tokens, ``m`` sequences and ``decode`` decode requests
+    (every KV head's) needs."""
+    n = proj.shape[2]
+    if tokens >= n or m >= n:
+        return False
+    if proj[PJ_QKV, 0, tokens] < 0 or proj[PJ_O, 0, tokens] < 0 or proj[PJ_HEAD, 0, m] < 0:
+        return False
+    if moe and proj[PJ_ROUTER, 0, tokens] < 0:
+        return False
+    if buckets_i[B_FFN, log2_bucket(tokens)] == 0:
+        return False
+    return decode == 0 or buckets_i[B_DECODE, log2_bucket(decode)] != 0
+
+
+@kernel
+def _piece(pc, p, cycles, hbm, weight, on_chip, flops, streams, kind):
+    pc[PC_CYCLES, p] = cycles
+    pc[PC_HBM, p] = hbm
+    pc[PC_WEIGHT, p] = weight
+    pc[PC_ON_CHIP, p] = on_chip
+    pc[PC_FLOPS, p] = flops
+    pc[PC_STREAMS, p] = streams
+    pc[PC_KIND, p] = kind
+    pc[PC_PREFETCHED, p] = 0
+    return p + 1
+
+
+@kernel
+def _hidden(pc, n, capacity, peak_bytes, peak_flops):
+    """:func:`stepsim.serve.projections.stream_ahead` over the ``n`` pieces of ``pc``: the cycles streaming hid
+    (the sum of every piece's ``saved``), or -1 when a product would leave int64's exact range."""
+    held = 0
+    front = 0
+    hidden = 0
+    for k in range(n):
+        b = pc[PC_PREFETCHED, k]
+        held -= b
+        cycles = pc[PC_CYCLES, k]
+        floor = -(-pc[PC_FLOPS, k] // peak_flops)
+        saved = 0
+        if b:
+            saved = min(b // peak_bytes, max(0, cycles - floor))
+        t = cycles - saved
+        hidden += saved
+        if pc[PC_STREAMS, k] == 0:
+            continue
+        idle = t - -(-max(0, pc[PC_HBM, k] - b) // peak_bytes)
+        if idle >= EXACT // peak_bytes:
+            return -1
+        budget = min(max(0, idle) * peak_bytes, max(0, capacity - pc[PC_ON_CHIP, k] - held))
+        front = max(front, k + 1)
+        while budget > 0 and front < n:
+            more = 0
+            if pc[PC_STREAMS, front]:
+                more = min(budget, pc[PC_WEIGHT, front] - pc[PC_PREFETCHED, front])
+            pc[PC_PREFETCHED, front] += more
+            held += more
+            budget -= more
+            if budget > 0:
+                front += 1
+    return hidden
+
+
+@kernel
+def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, tokens, prefix, pool_rows,
+                 expert_of_rank, starts, row_of_starts, need, res, loads, x, scratch, counts, regions, pc):
+    """The cycles of one step (module docstring) into ``res``: :data:`PRICED`; :data:`NEED` (``need`` says what the
+    tables lack; nothing else changed); or :data:`UNSUPPORTED` (a number would not be exact)."""
+    layers = pm[M_LAYERS]
+    heads = pm[M_KV_HEADS]
+    shift = pm[M_TILE_SHIFT]
+    round_up = (1 << shift) - 1
+    hbm_peak = np.float64(pm[M_HBM_PEAK])
+    compute_bw = np.float64(pm[M_COMPUTE_BW])
+    moe = pm[M_MOE] != 0
+    # one pass over the batch: the untiled features (every KV head's are these times the heads, but the decode's
+    # busiest region, dealt below over the tiled requests)
+    n_dec = 0
+    dec_tiles = 0
+    dec_longest = 0
+    read_tiles = 0
+    context_plus = 0
+    pre = np.int64(0)
+    pre_q = np.int64(0)
+    pre_kv = np.int64(0)
+    for i in range(m):
+        c = ctx[i]
+        if c >= EXACT or tokens >= EXACT:
+            return UNSUPPORTED
+        if new[i] == 1:
+            t = (c + 1 + round_up) >> shift
+            n_dec += 1
+            dec_tiles += t
+            dec_longest = max(dec_longest, t)
+            read_tiles += -(-(c + 1) // pm[M_READ_TILE]) * pm[M_READ_TILE]
+            context_plus += c + 1
+        else:
+            first = c >> shift
+            last = (c + new[i] - 1) >> shift
+            pre += 1
+            pre_q += last - first + 1
+            pre_kv += ((last + 1) * (last + 2) - first * (first + 1)) // 2
+    decode_requests = n_dec * heads
+    if not _ready(buckets_i, proj, tokens, m, decode_requests, moe):
+        need[0] = tokens
+        need[1] = m
+        need[2] = decode_requests
+        return NEED
+    if pre_kv >= EXACT // max(heads, 1) or dec_tiles >= EXACT // max(heads, 1):
+        return UNSUPPORTED
+    # decode attention (fast_mapped.decode_regressors), one layer
+    dec_cycles = 0
+    if n_dec:
+        b = log2_bucket(decode_requests)
+        r = min(buckets_i[B_DECODE_REGIONS, b], decode_requests)
+        if r > len(loads) or r < 1:
+            return UNSUPPORTED
+        for j in range(r):
+            loads[j] = 0
+        for h in range(heads):  # np.tile: every head's requests in batch order, dealt to the least loaded
+            for i in range(m):
+                if new[i] != 1:
+                    continue
+                t = (ctx[i] + 1 + round_up) >> shift
+                best = 0
+                for j in range(1, r):
+                    if loads[j] < loads[best]:
+                        best = j
+                loads[best] += t
+        most = 0
+        for j in range(r):
+            most = max(most, loads[j])
+        xd = x[0]
+        xd[0] = 1.0
+        xd[1] = np.float64(decode_requests)
+        xd[2] = np.float64(dec_tiles * heads)
+        xd[3] = np.float64(dec_longest)
+        hbm = _dot(xd, forms[0], 4, scratch) / hbm_peak
+        compute = _dot(xd, forms[1], 4, scratch) / compute_bw
+        xd[4] = np.float64(most)
+        xd[5] = np.float64((decode_requests + r - 1) // r)
+        xd[6] = buckets_f[BF_DECODE_CYCLES, b] * np.float64(most) / np.float64(buckets_i[B_DECODE_REP_LOAD, b])
+        xd[7] = hbm
+        xd[8] = compute
+        xd[9] = compute if compute > hbm else hbm  # Python's max(hbm, compute)
+        v = _predict(xd, theta[0], pm[M_THETA_LENGTH], 10, 9, scratch)
+        if v < 0.0:
+            return UNSUPPORTED
+        dec_cycles = np.int64(v)
+    # prefill attention: the paper regressors of every KV head's chunks, one layer
+    pre_cycles = 0
+    if pre:
+        xp = x[1]
+        xp[0] = 1.0
+        xp[1] = np.float64(pre * heads)
+        xp[2] = np.float64(pre_q * heads)
+        xp[3] = np.float64(pre_kv * heads)
+        hbm = _dot(xp, forms[2], 4, scratch) / hbm_peak
+        compute = _dot(xp, forms[3], 4, scratch) / compute_bw
+        xp[4] = hbm
+        xp[5] = compute
+        xp[6] = compute if compute > hbm else hbm
+        v = _predict(xp, theta[1], pm[M_THETA_LENGTH + 1], 7, 6, scratch)
+        if v < 0.0:
+            return UNSUPPORTED
+        pre_cycles = np.int64(v)
+    # the FFN (fast_mapped.ffn_regressors), every layer (a dense model: one row for every layer)
+    fb = log2_bucket(tokens)
+    tile_n = buckets_i[B_FFN_TILE_N, fb]
+    n_regions = buckets_i[B_FFN_REGIONS, fb]
+    cycles_b = buckets_f[BF_FFN_CYCLES, fb]
+    tiles_rep = buckets_f[BF_FFN_TILES, fb]
+    regions_rep = buckets_f[BF_FFN_REGIONS, fb]
+    experts = pm[M_EXPERTS]
+    per_region = experts // n_regions
+    few = pm[M_FEW]
+    ffn_row = 3 if pre else 2
+    rows = layers if moe else 1
+    columns = 8 + few + 1
+    xf = x[2]
+    touched = 0
+    traffic_tile_n = buckets_i[B_FFN_TRAFFIC_TILE_N, fb]
+    ffn_on_chip = buckets_i[B_FFN_ON_CHIP, fb]
+    # the step's pieces (projections.step_pieces), FFN cycles and traffic filled in per layer
+    p = 0
+    ffn_total = 0
+    weights = 0
+    ffn_cycles = np.int64(0)  # a dense model's one row stands for every layer: set at layer 0
+    ffn_reads = np.int64(0)
+    ffn_weights = np.int64(0)
+    ffn_flops = np.int64(0)
+    if tokens >= EXACT // max(pm[M_ROW_BYTES], 1) or tokens >= EXACT // max(pm[M_FFN_FLOPS], 1):
+        return UNSUPPORTED
+    for layer in range(layers):
+        if layer < rows:
+            if moe:
+                start = starts[row_of_starts, layer]
+                _counts(prefix, start, tokens, experts, counts)
+                for j in range(n_regions):
+                    regions[j] = 0
+                total = 0
+                active = 0
+                busiest = 0
+                for rank in range(experts):
+                    c = counts[rank]
+                    t = -(-c // tile_n)
+                    total += t
+                    active += 1 if c > 0 else 0
+                    busiest = max(busiest, t)
+                    regions[expert_of_rank[layer, rank] // per_region] += t
+                region_most = 0
+                for j in range(n_regions):
+                    region_most = max(region_most, regions[j])
+            else:
+                start = 0
+                total = -(-tokens // tile_n)
+                active = 1 if tokens > 0 else 0
+                busiest = total
+                region_most = total
+            for j in range(columns):
+                xf[j] = 0.0
+            xf[0] = 1.0
+            xf[1] = np.float64(tokens)
+            xf[2] = np.float64(total)
+            xf[3] = np.float64(active)
+            xf[4] = np.float64(busiest)
+            xf[5] = np.float64(region_most)
+            tile_estimate = cycles_b * np.float64(total) / tiles_rep
+            region_estimate = cycles_b * np.float64(region_most) / regions_rep
+            xf[6] = tile_estimate
+            xf[7] = tile_estimate if tile_estimate >= region_estimate else region_estimate  # np.maximum
+            if tile_estimate != tile_estimate or region_estimate != region_estimate:
+                return UNSUPPORTED
+            if tokens <= few:
+                xf[7 + tokens] = 1.0
+            if tokens == 2 and moe:  # pair_parity: experts the two tokens share (a bijection keeps them)
+                pool = pool_rows.shape[0]
+                a = start % pool
+                bb = (start + 1) % pool
+                same = 0
+                for u in range(pool_rows.shape[1]):
+                    for w in range(pool_rows.shape[1]):
+                        if pool_rows[a, u] == pool_rows[bb, w]:
+                            same += 1
+                xf[8 + few] = np.float64(same % 2)
+            v = _predict(xf, theta[ffn_row], pm[M_THETA_LENGTH + ffn_row], columns, 7, scratch)
+            if v < 0.0:
+                return UNSUPPORTED
+            ffn_cycles = np.int64(v)
+            touched += active
+            # projections.ffn_traffic: each touched expert's matrices once per tile of its tokens
+            if moe:
+                if total >= EXACT // max(pm[M_PER_EXPERT], 1) or active >= EXACT // max(pm[M_PER_EXPERT], 1):
+                    return UNSUPPORTED
+                ffn_weights = active * pm[M_PER_EXPERT] + pm[M_SHARED_W]
+                ffn_reads = total * pm[M_PER_EXPERT] + -(-tokens // traffic_tile_n) * pm[M_SHARED_W]
+            else:
+                ffn_weights = pm[M_SHARED_W]
+                ffn_reads = -(-tokens // traffic_tile_n) * pm[M_SHARED_W]
+            ffn_reads += tokens * pm[M_ROW_BYTES]
+            ffn_flops = tokens * pm[M_FFN_FLOPS]
+        p = _piece(pc, p, proj[PJ_QKV, 0, tokens], proj[PJ_QKV, 1, tokens], pm[M_W_QKV], proj[PJ_QKV, 2, tokens],
+                   proj[PJ_QKV, 3, tokens], 1, K_PROJECTION)
+        weights += proj[PJ_QKV, 0, tokens]
+        if n_dec:
+            p = _piece(pc, p, dec_cycles, read_tiles * pm[M_KV_READ], 0,
+                       buckets_i[B_DECODE_ON_CHIP, log2_bucket(decode_requests)],
+                       pm[M_DECODE_FLOPS] * context_plus, 1, K_ATTENTION)
+        if pre:
+            p = _piece(pc, p, pre_cycles, 0, 0, 0, 0, 0, K_ATTENTION)
+        p = _piece(pc, p, proj[PJ_O, 0, tokens], proj[PJ_O, 1, tokens], pm[M_W_O], proj[PJ_O, 2, tokens],
+                   proj[PJ_O, 3, tokens], 1, K_PROJECTION)
+        weights += proj[PJ_O, 0, tokens]
+        if moe:
+            p = _piece(pc, p, proj[PJ_ROUTER, 0, tokens], proj[PJ_ROUTER, 1, tokens], pm[M_W_ROUTER],
+                       proj[PJ_ROUTER, 2, tokens], proj[PJ_ROUTER, 3, tokens], 1, K_PROJECTION)
+            weights += proj[PJ_ROUTER, 0, tokens]
+        p = _piece(pc, p, ffn_cycles, ffn_reads, ffn_weights, ffn_on_chip, ffn_flops, 1, K_FFN)
+        ffn_total += ffn_cycles
+    p = _piece(pc, p, proj[PJ_HEAD, 0, m], proj[PJ_HEAD, 1, m], pm[M_W_HEAD], proj[PJ_HEAD, 2, m],
+               proj[PJ_HEAD, 3, m], 1, K_PROJECTION)
+    weights += proj[PJ_HEAD, 0, m]
+    if read_tiles >= EXACT // max(pm[M_KV_READ], 1) or context_plus >= EXACT // max(pm[M_DECODE_FLOPS], 1):
+        return UNSUPPORTED
+    hidden = _hidden(pc, p, pm[M_CAPACITY], pm[M_HBM_PEAK], pm[M_PEAK_FLOPS])
+    if hidden < 0:
+        return UNSUPPORTED
+    embedding = tokens * pm[M_EMBEDDING_BYTES]
+    if embedding >= EXACT or tokens >= EXACT // max(pm[M_EMBEDDING_BYTES], 1):
+        return UNSUPPORTED
+    weights += np.int64(np.ceil(np.float64(embedding) / hbm_peak))
+    attention = layers * (dec_cycles + pre_cycles)
+    res[R_ATTENTION] = attention
+    res[R_FFN] = ffn_total
+    res[R_WEIGHTS] = weights
+    res[R_HIDDEN] = hidden
+    res[R_TOTAL] = attention + ffn_total + weights - hidden
+    res[R_TOUCHED] = touched if moe else 0
+    res[R_DECODE_REQUESTS] = decode_requests
+    res[R_QUERY_TILES] = pre_q
+    return PRICED

@@ -1,0 +1,231 @@
+"""The compiled replay's pricing on mapped layers (:class:`~stepsim.serve.fast_mapped.MappedFastLatency` once
+calibrated, one chip: the kernel :mod:`stepsim.kernels.serve_mapped`): its constants as flat arrays, and the
+tables of what the mapper and the engine give (each bucket's schedule, the projections' cycles at each token count),
+filled from the provider's own functions when the kernel asks (:func:`fill`), so every number is the one the
+provider would use. :func:`note_buckets` counts the run's buckets as the provider's ``layer_use.note`` does.
+
+:func:`mapped_parameters` returns None (the Python loop replays) for a provider this does not reproduce: a
+subclass, a calibration's recorder, a routing dump, a system, coefficients of other widths; :func:`fill` raises
+:class:`Unsupported` where a table entry is not what the kernel can use exactly (then the Python loop replays too,
+and raises the provider's own error where it has one).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+#: widest decode region count the kernel's scratch holds (a bucket mapped with more: the Python loop)
+MAX_REGIONS = 4096
+#: token counts the projection table holds at first (it grows to the largest step)
+FIRST_TOKENS = 1024
+
+
+class Unsupported(Exception):
+    """A table entry the kernel cannot use exactly (its message says which)."""
+
+
+def _integer(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) or not 0 <= value < 1 << 53:
+        raise Unsupported(f"{what} is {value!r}, not an integer in 0..2^53")
+    return int(value)
+
+
+def mapped_parameters(provider, kr) -> dict | None:
+    """The mapped provider's constants and (empty) tables as the kernel takes them, or None."""
+    from stepsim.kernels import serve_mapped as sm
+    from stepsim.serve import fast as model_of_steps
+    from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
+    from stepsim.serve.projections import DTYPE_BYTES, projection_shapes
+    from stepsim.serve.routing import SyntheticRouting
+
+    if type(provider) is not MappedFastLatency or provider.recorder is not None or provider.spec.system is not None:
+        return None
+    model, hardware, spec = provider.model, provider.hardware, provider.spec
+    if (not provider.streams_weights or provider.chips != 1 or spec.model != model or spec.hardware != hardware
+            or provider.layer_use is None or spec.schedule != "auto"):
+        return None
+    if model.is_moe and type(provider.routing) is not SyntheticRouting:
+        return None
+    roofline = provider.roofline
+    if roofline.embedding_bytes != provider.embedding_bytes:
+        return None
+    forms = provider.forms or {}
+    if not {"decode", "prefill"} <= set(forms) or any(len(forms[k].off_chip) != 4 or len(forms[k].flops) != 4
+                                                      for k in ("decode", "prefill")):
+        return None
+    widths = {"decode": 10, "prefill": 7, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
+    theta = provider.theta or {}
+    if not isinstance(theta, dict) or not set(theta) <= set(widths):
+        return None
+    rows = [theta.get(kind) for kind in model_of_steps.MODELS]  # decode, prefill, ffn, ffn_prefill
+    if any(r is not None and not (isinstance(r, (list, tuple)) and len(r) == widths[kind]
+                                  and all(isinstance(v, (int, float)) for v in r))
+           for kind, r in zip(model_of_steps.MODELS, rows)):
+        return None
+    values = [hardware.hbm_peak_bytes_per_cycle, hardware.peak_flops_per_cycle, hardware.on_chip_capacity_bytes,
+              hardware.clock_hz, provider.vocab]
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0 for v in values):
+        return None
+    theta_rows = np.zeros((4, FFN_COLUMNS))
+    form_rows = np.zeros((6, 6))
+    for i, kind in enumerate(("decode", "prefill")):
+        form_rows[2 * i, :4] = forms[kind].off_chip
+        form_rows[2 * i + 1, :4] = forms[kind].flops
+    pm = np.zeros(sm.M_ROWS, dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r is not None:
+            theta_rows[i, :len(r)] = np.asarray(r, dtype=np.float64)
+        pm[sm.M_THETA_LENGTH + i] = -1 if r is None else len(r)
+    d, hd = model.hidden, model.head_dim
+    layer_shapes, head = projection_shapes(model, -(-provider.vocab // provider.chips))
+    weight = {name: d_in * d_out * DTYPE_BYTES for name, d_in, d_out in [*layer_shapes, head]}
+    if model.is_moe:
+        moe = model.moe
+        per_expert, shared = 3 * d * moe.intermediate * DTYPE_BYTES, 3 * d * moe.shared_intermediate * DTYPE_BYTES
+        ffn_flops = 2 * (model.top_k * 3 * d * moe.intermediate + 3 * d * moe.shared_intermediate)
+    else:
+        per_expert, shared = 0, 3 * d * model.dense_intermediate * DTYPE_BYTES
+        ffn_flops = 2 * 3 * d * model.dense_intermediate
+    experts = spec.ffn_model.experts
+    pm[sm.M_LAYERS] = model.layers
+    pm[sm.M_KV_HEADS] = model.kv_heads
+    pm[sm.M_HEADS] = model.heads
+    pm[sm.M_MOE] = int(model.is_moe)
+    pm[sm.M_EXPERTS] = experts
+    pm[sm.M_TILE_SHIFT] = model_of_steps._TILE_SHIFT
+    pm[sm.M_FEW] = model_of_steps.FEW_TOKENS
+    pm[sm.M_HBM_PEAK] = hardware.hbm_peak_bytes_per_cycle
+    pm[sm.M_CAPACITY] = hardware.on_chip_capacity_bytes
+    pm[sm.M_PEAK_FLOPS] = hardware.peak_flops_per_cycle
+    pm[sm.M_COMPUTE_BW] = model_of_steps.BOUND_COMPUTE_BW
+    pm[sm.M_PER_EXPERT] = per_expert
+    pm[sm.M_SHARED_W] = shared
+    pm[sm.M_FFN_FLOPS] = ffn_flops
+    pm[sm.M_ROW_BYTES] = d * (DTYPE_BYTES + 4)
+    pm[sm.M_EMBEDDING_BYTES] = provider.embedding_bytes
+    pm[sm.M_W_QKV], pm[sm.M_W_O] = weight["qkv"], weight["o"]
+    pm[sm.M_W_ROUTER], pm[sm.M_W_HEAD] = weight.get("router", 0), weight["lm_head"]
+    pm[sm.M_KV_READ] = 2 * model.kv_heads * hd * DTYPE_BYTES
+    pm[sm.M_DECODE_FLOPS] = 4 * model.heads * hd
+    pm[sm.M_READ_TILE] = 32  # projections.step_pieces reads whole 32-row tiles of the KV cache
+    pi = np.zeros(kr.P_ROWS, dtype=np.int64)
+    pi[kr.P_MODE] = kr.MAPPED
+    pi[kr.P_MOE] = int(model.is_moe)
+    pi[kr.P_CLOCK] = hardware.clock_hz
+    pi[kr.P_EMBEDDING_BYTES] = roofline.embedding_bytes
+    pi[kr.P_FIXED_BYTES] = roofline.fixed_bytes
+    pi[kr.P_EXPERT_BYTES] = roofline.expert_bytes
+    pi[kr.P_KV_BYTES] = roofline.kv_bytes_per_token
+    pi[kr.P_FLOPS_PER_TOKEN] = roofline.flops_per_token
+    pi[kr.P_HEAD_FLOPS] = roofline.head_flops
+    pi[kr.P_ATTENTION_FLOPS] = roofline.attention_flops
+    pi[kr.P_PEAK_BYTES] = roofline.peak_bytes
+    pi[kr.P_PEAK_FLOPS] = roofline.peak_flops
+    if max(abs(int(v)) for v in (*pi, *pm)) >= kr.EXACT:
+        return None
+    routing = provider.routing if model.is_moe else None
+    if routing is not None:
+        if routing._pool is None:
+            routing._draw_pool()  # what the first window() does
+        ranks, prefix, expert_of_rank = routing._pool
+        pool_rows, expert_of_rank = np.ascontiguousarray(ranks), np.ascontiguousarray(expert_of_rank)
+    else:
+        pool_rows, prefix = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 2, 1), dtype=np.uint16)
+        expert_of_rank = np.zeros((1, 1), dtype=np.int64)
+    proj = np.full((4, 4, FIRST_TOKENS), -1, dtype=np.int64)
+    pieces = model.layers * 6 + 1
+    return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
+            "prefix": prefix, "x": np.zeros((3, FFN_COLUMNS)), "tiles": np.zeros(2, dtype=np.int64),
+            "cycles": ("attention", "ffn", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
+            "mapped": {"pm": pm, "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
+                       "buckets_f": np.zeros((sm.BF_ROWS, 64)), "proj": proj, "expert_of_rank": expert_of_rank,
+                       "need": np.zeros(3, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),
+                       "mloads": np.zeros(MAX_REGIONS, dtype=np.int64),
+                       "counts": np.zeros(max(experts, 1), dtype=np.int64),
+                       "regions": np.zeros(max(experts, 1), dtype=np.int64),
+                       "pc": np.zeros((sm.PC_ROWS, pieces), dtype=np.int64)},
+            "provider": provider}
+
+
+def fill(params: dict) -> None:
+    """Fill the tables with what ``params["mapped"]["need"]`` says a step needs: the projections at its tokens
+    and the LM head at its sequences (:func:`stepsim.serve.projections.projection_cost`), the FFN bucket of its
+    tokens (:func:`~stepsim.serve.fast_mapped.ffn_reference`, :func:`~stepsim.serve.projections.ffn_tile_n`) and
+    the decode bucket of its requests (:func:`~stepsim.serve.fast_mapped.schedule_of`, ``schedule_for``'s on-chip
+    bytes), each as the provider computes it. Raises :class:`Unsupported` (or the mapper's error)."""
+    from stepsim.kernels import serve_mapped as sm
+    from stepsim.mapping import schedule_for
+    from stepsim.mapping.kinds import DECODE_KV_LENGTH, layer_dims
+    from stepsim.mapping.mapper import bucket
+    from stepsim.serve import projections
+    from stepsim.serve.fast_mapped import ffn_reference, schedule_of
+    from stepsim.serve.layers import KV_TILE
+
+    provider, tables = params["provider"], params["mapped"]
+    tokens, seqs, decode = (int(v) for v in tables["need"])
+    model, hardware, spec = provider.model, provider.hardware, provider.spec
+    proj = tables["proj"]
+    if max(tokens, seqs) >= proj.shape[2]:
+        grown = np.full((4, 4, max(2 * proj.shape[2], tokens + 1, seqs + 1)), -1, dtype=np.int64)
+        grown[:, :, :proj.shape[2]] = proj
+        proj = tables["proj"] = grown
+    layer_shapes, head = projections.projection_shapes(model, -(-provider.vocab // provider.chips))
+    rows = {"qkv": sm.PJ_QKV, "o": sm.PJ_O, "router": sm.PJ_ROUTER}
+    wanted = [(rows[name], tokens, d_in, d_out) for name, d_in, d_out in layer_shapes]
+    wanted.append((sm.PJ_HEAD, seqs, head[1], head[2]))
+    for row, size, d_in, d_out in wanted:
+        if proj[row, 0, size] < 0:
+            cost = projections.projection_cost(size, d_in, d_out, hardware)
+            proj[row, :, size] = [_integer(v, f"projection ({d_in} x {d_out} at {size} tokens) {field}")
+                                  for v, field in zip(cost, ("cycles", "HBM bytes", "on-chip bytes", "FLOPs"))]
+    bi, bf = tables["buckets_i"], tables["buckets_f"]
+    b = sm.log2_bucket(tokens)
+    if not bi[sm.B_FFN, b]:
+        cycles, tiles, regions_rep, knobs = ffn_reference(tokens, spec)
+        traffic_tile_n, on_chip = projections.ffn_tile_n(provider, tokens)
+        experts = spec.ffn_model.experts
+        regions = knobs["regions"] if experts > 1 else 1
+        tile_n = _integer(knobs["tile_n"], "the FFN's tile_n")
+        if not (isinstance(regions, numbers.Integral) and 0 < regions and experts % regions == 0 and tile_n > 0):
+            raise Unsupported(f"the FFN bucket {bucket(tokens)}'s regions {regions!r} do not divide its {experts} "
+                              "experts")
+        bi[sm.B_FFN_TILE_N, b], bi[sm.B_FFN_REGIONS, b] = tile_n, int(regions)
+        traffic_tile_n = _integer(traffic_tile_n, "the FFN's traffic tile_n")
+        if traffic_tile_n == 0:
+            raise Unsupported("the FFN's traffic tile_n is 0")
+        bi[sm.B_FFN_TRAFFIC_TILE_N, b] = traffic_tile_n
+        bi[sm.B_FFN_ON_CHIP, b] = _integer(on_chip, "the FFN's on-chip bytes")
+        bf[sm.BF_FFN_CYCLES, b], bf[sm.BF_FFN_TILES, b], bf[sm.BF_FFN_REGIONS, b] = cycles, tiles, regions_rep
+        bi[sm.B_FFN, b] = 1
+    if decode:
+        b = sm.log2_bucket(decode)
+        if not bi[sm.B_DECODE, b]:
+            schedule = schedule_of("decode", decode, spec)
+            knob = _integer(schedule.knobs["regions"], "the decode attention's regions")
+            if not 0 < knob <= MAX_REGIONS:
+                raise Unsupported(f"the decode attention's regions {knob} are not in 1..{MAX_REGIONS}")
+            size = bucket(decode)
+            on_chip = schedule_for("decode", decode, layer_dims("decode", model), hardware).on_chip_bytes
+            bi[sm.B_DECODE_REGIONS, b] = knob
+            bi[sm.B_DECODE_ON_CHIP, b] = _integer(on_chip, "the decode attention's on-chip bytes")
+            bi[sm.B_DECODE_REP_LOAD, b] = -(-(DECODE_KV_LENGTH + 1) // KV_TILE) * -(-size // min(knob, size))
+            bf[sm.BF_DECODE_CYCLES, b] = float(schedule.cycles)
+            bi[sm.B_DECODE, b] = 1
+
+
+def note_buckets(params: dict, steps_i, n: int, kr) -> None:
+    """Count the (kind, bucket) of the ``n`` steps' pieces in the provider's ``layer_use``, as its
+    :meth:`~stepsim.serve.layer_use.LayerUse.note` does step by step."""
+    from stepsim.mapping.mapper import bucket
+    from stepsim.serve.layers import KV_TILE
+
+    steps = params["provider"].layer_use.steps
+    columns = (("prefill", steps_i[kr.I_QUERY_TILES, :n] * KV_TILE), ("decode", steps_i[kr.I_DECODE_REQUESTS, :n]),
+               ("ffn", steps_i[kr.I_TOKENS, :n]))
+    for kind, sizes in columns:
+        values, counts = np.unique(sizes[sizes > 0], return_counts=True)
+        for size, count in zip(values.tolist(), counts.tolist()):
+            key = (kind, bucket(size))
+            steps[key] = steps.get(key, 0) + count
