@@ -1,0 +1,79 @@
+"""Issue 41's target for ``--fidelity fast`` on mapped layers (``--schedule auto``, serve's default on ``sn40l``):
+on requests 200-399 of the Azure conversation trace with the 4-layer Qwen3-30B-A3B shape
+(``examples/qwen3-30b-a3b-4layers.json``, seed 0), TTFT and TPOT p50 and p99 within 2 % of ``--fidelity exact`` and
+the per-step error within 5 % at p95.
+
+Measured 2026-11-25 (bench/README.md, "Issue 41's fast-vs-exact target on mapped layers, third attempt"): fast
+calibrating holds out 12 steps with an error of p50 1.92 %, p95 22.18 %, max 30.78 %, and against the exact run
+TTFT p50 / p99 -13.59 / -66.93 %, TPOT p50 / p99 -0.24 / -8.27 %: every target but TPOT p50 is missed, by the
+mapped FFN's model (docs/serving.md §10.8). The exact run (4,458 s on two workers at load 6-11) is stored
+(``data/qwen_mapped_conv400_exact``) and checked against today's scheduler, mapper and engine
+(:func:`test_stored_mapped_run.check_stored_mapped_run`); fast's own run is not a suite test yet (its replay
+builds the projections at every new token count: minutes). Pinned here too are the engine facts behind the miss, on the shape's
+mapped schedules (tests/mapping_seeds: nothing is mapped): the FFN's cycles follow its expert tiles, and the
+model's *estimate* (the bucket's mapper cycles scaled by the piece's load against the bucket's representative
+routing's, :func:`stepsim.serve.fast_mapped.ffn_regressors`) is close on buckets of a few regions and over-prices
+the buckets mapped with 32 regions, where the busiest region's ratio dominates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_requests import azure_window
+from test_stored_mapped_run import check_stored_mapped_run
+
+from stepsim.base.hardware import PRESETS
+from stepsim.models.presets import resolve_model
+from stepsim.serve.exact import max_kv_rows
+from stepsim.serve.fast_mapped import ffn_regressors
+from stepsim.serve.layers import LayerRunner, LayerSpec
+from stepsim.serve.output import read_outputs
+from stepsim.serve.routing import SyntheticRouting
+
+MODEL = Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-4layers.json"
+#: Qwen3's vocabulary (the LM head prices every step)
+VOCAB = 151936
+#: tokens -> (engine cycles, estimate, expert tiles, busiest region's tiles), measured 2026-11-25
+PINNED = {8: (195298, 192911, 31, 10), 16: (302929, 307849, 49, 14), 48: (512455, 695335, 66, 4),
+          64: (459909, 695335, 65, 4)}
+
+
+def test_the_mapped_ffn_estimate_over_prices_the_buckets_of_32_regions():
+    """Layer 0 of the exact provider's routing draws of 1, 2, .., 64 tokens (drawn in that order, as a run would):
+    engine cycles, the estimate, expert tiles and the busiest region's tiles. 8 and 16 tokens (buckets of 4 regions):
+    the estimate within 2 %; 48 and 64 tokens (bucket 64: 32 regions of 4 experts, tile_n 64): 36 and 51 % over,
+    while the cycles stay at 6,200-7,800 a tile throughout (HBM-bound: an expert's weights read once a tile)."""
+    model = resolve_model(str(MODEL))
+    spec = LayerSpec(model, PRESETS["sn40l"], max_kv_rows(40960), schedule="auto")
+    runner = LayerRunner(spec)
+    routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0)
+    got = {}
+    for tokens in (1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64):
+        rows = np.ascontiguousarray(routing.route(tokens)[:, 0, :])
+        if tokens in (8, 16, 48, 64):
+            x = ffn_regressors(rows[:, None, :], spec)[0]
+            got[tokens] = (runner.cycles("ffn", rows), round(float(x[7])), int(x[2]), int(x[5]))
+    assert got == PINNED
+    ratio = {t: round(est / cycles, 3) for t, (cycles, est, _, _) in got.items()}
+    assert ratio == {8: 0.988, 16: 1.016, 48: 1.357, 64: 1.512}
+
+
+
+#: the stored exact run of the window (``stepsim serve --fidelity exact --schedule auto --jobs 2``, bench/README.md)
+STORED = Path(__file__).resolve().parent / "data" / "qwen_mapped_conv400_exact"
+#: its steps, and the steps check_stored_mapped_run prices again (the first, the decode-only step with the most
+#: sequences, the first with the most tokens)
+STORED_STEPS, CHECKED = 37036, [0, 3028, 3111]
+
+
+@pytest.mark.traces
+def test_the_stored_mapped_run_is_todays_mapped_exact_run(conv_csv, tmp_path):
+    """Replayed with its step durations, the stored run gives its requests back; three of its steps priced again by
+    the mapped exact provider give their cycles (``hidden`` included), work columns and durations."""
+    stored = read_outputs(STORED)
+    assert stored[2]["requests"] == stored[2]["completed"] == 200 and stored[2]["iterations"] == STORED_STEPS
+    window = azure_window(conv_csv, 200, 200, tmp_path / "conv400.csv")
+    assert check_stored_mapped_run(stored, str(MODEL), window, VOCAB) == CHECKED
