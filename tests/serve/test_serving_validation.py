@@ -112,7 +112,9 @@ def test_the_stored_deepseek_r1_run_is_todays(tmp_path):
     requests = tmp_path / "one.parquet"
     pq.write_table(validation.request_table(), requests)
     recorded = _Recorded(run.iterations["duration_s"].to_numpy())
-    replay = stepsim.serve("deepseek-r1", requests, provider=recorded)
+    replay = stepsim.serve("deepseek-r1", requests, provider=recorded, hardware=DEEPSEEK.hardware(),
+                           system="sn40l-16")
+    assert replay.summary["kv_cache"] == summary["kv_cache"]  # the same sockets: 17,076 usable blocks
     assert len(recorded.batches) == summary["iterations"] == len(run.iterations) == validation.OUTPUT_TOKENS
     assert replay.requests.equals(run.requests)
     assert recorded.batches[1] == IterationBatch([128], [1], 0, 1)
