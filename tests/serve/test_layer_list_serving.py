@@ -164,10 +164,13 @@ def test_exact_mode_replays_a_routed_experts_file_group_by_group(tmp_path):
     skewed[:, 1, :] = np.arange(8)  # every token to experts 0-7 in the MoE layer
     ffn = [replayed.iterations["cycles_ffn"].to_pylist(), run("c.npz", skewed).iterations["cycles_ffn"].to_pylist()]
     synthetic = stepsim.serve(DEEPSEEK, trace, fidelity="exact", schedule="paper").iterations["cycles_ffn"].to_pylist()
-    print(ffn, synthetic)
     assert ffn == MEASURED_REPLAY
     assert synthetic != ffn[0]
+    with pytest.raises(ConfigError, match=r"^--routing .*d.npz: the dump has 1 layers; the model has 2$"):
+        run("d.npz", experts[:, 1:, :])  # the dump's layer axis is the model's layers: column 1 alone is refused
 
 
-#: measured 2026-11-25: each step's FFN cycles replaying the dump, and with every token sent to experts 0-7
-MEASURED_REPLAY = None
+#: measured 2026-11-25: each step's FFN cycles replaying the dump, and with every token sent to experts 0-7 (the
+#: prompts' steps read 8 experts' weights instead of up to 64; a decode step's experts each take one tile either way)
+MEASURED_REPLAY = [[1223978, 323677, 323677, 323677, 876355, 323677, 323677],
+                   [964916, 323677, 323677, 323677, 635573, 323677, 323677]]
