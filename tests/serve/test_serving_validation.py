@@ -2,11 +2,13 @@
 (stepsim/serve/validation.py); docs/validation.md's table is its output.
 
 DeepSeek-R1's 16-socket row is a full-width exact run of 61 layers on 16 chips (each of the 58 MoE layers of a
-step its own expert-parallel simulation): about 20 minutes of CPU, too long for the suite. Its run is stored
-(``tests/serve/data/deepseek_r1_validation``, ``refresh_deepseek_r1_validation.py``) and checked as the project's
-other stored exact runs are: its step durations replayed give its request back (today's scheduler) and one of its
-steps, simulated again, has its cycles (today's engine). The regeneration test takes the stored run for that row and
-serves every other row."""
+step its own expert-parallel simulation): 10 minutes of CPU (19 of wall at load 5-8), too long for the suite. Its
+run is stored (``tests/serve/data/deepseek_r1_validation``: requests.parquet, iterations.parquet, summary.json of
+``stepsim serve --model deepseek-r1 --system sn40l-16 --hardware examples/hardware_sn40l_hbm96.toml --requests
+ONE --fidelity exact --schedule paper --out DIR``, ONE the validation's request, :func:`validation.request_table`)
+and checked as the project's other stored exact runs are: its step durations replayed give its request back
+(today's scheduler) and one of its steps, simulated again, has its cycles (today's engine). The regeneration test
+takes the stored run for that row and serves every other row."""
 
 from __future__ import annotations
 
