@@ -5,7 +5,8 @@ How believable a serving latency is gets measured against these, whatever schedu
 * :func:`decode_token_bytes`: the bytes one decode token must read at batch 1: for every layer the attention
   projections (q, k, v, o) and the FFN (dense: gate, up, down; MoE: the top-k experts' three matrices, the router
   and the shared experts), plus the LM head; the embedding is one row. bf16 weights. Llama-3.1-8B: 15.0 GB, 9.38 ms at
-  1.6 TB/s; Qwen3-30B-A3B: 6.08 GB, 3.80 ms.
+  1.6 TB/s; Qwen3-30B-A3B: 6.08 GB, 3.80 ms. A heterogeneous model counts each layer as it is (MLA's low-rank
+  projections, dense first layers, interleaved MoE layers): DeepSeek-V3 / R1 73.2 GB.
 * :func:`step_roofline`: a step's bytes (every weight matrix once, each *touched* expert once per layer, every
   sequence's KV cache read, the new tokens' K and V written) and FLOPs (two per weight per token it meets, plus the
   attention's ``4 x context x head_dim`` per query head and token), and its bound ``max(bytes / HBM peak, FLOPs /
