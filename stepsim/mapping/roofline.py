@@ -5,7 +5,8 @@ How believable a serving latency is gets measured against these, whatever schedu
 * :func:`decode_token_bytes`: the bytes one decode token must read at batch 1: for every layer the attention
   projections (q, k, v, o) and the FFN (dense: gate, up, down; MoE: the top-k experts' three matrices, the router
   and the shared experts), plus the LM head; the embedding is one row. bf16 weights. Llama-3.1-8B: 15.0 GB, 9.38 ms at
-  1.6 TB/s; Qwen3-30B-A3B: 6.08 GB, 3.80 ms.
+  1.6 TB/s; Qwen3-30B-A3B: 6.08 GB, 3.80 ms. A heterogeneous model counts each layer as it is (MLA's low-rank
+  projections, dense first layers, interleaved MoE layers): DeepSeek-V3 / R1 73.2 GB.
 * :func:`step_roofline`: a step's bytes (every weight matrix once, each *touched* expert once per layer, every
   sequence's KV cache read, the new tokens' K and V written) and FLOPs (two per weight per token it meets, plus the
   attention's ``4 x context x head_dim`` per query head and token), and its bound ``max(bytes / HBM peak, FLOPs /
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepsim.base.hardware import Hardware
+from stepsim.models.layers import attention_parameters, ffn_token_parameters
 
 #: bf16 bytes per weight and per KV value
 DTYPE_BYTES = 2
@@ -40,9 +42,21 @@ def _ffn_params_per_token(model) -> int:
 
 
 def decode_token_bytes(model, vocab: int) -> int:
-    """Bytes one decode token must read at batch 1 (module docstring)."""
-    per_layer = projection_params(model) + _ffn_params_per_token(model)
-    return (model.layers * per_layer + vocab * model.hidden + model.hidden) * DTYPE_BYTES
+    """Bytes one decode token must read at batch 1 (module docstring).
+
+    A model of one layer kind repeated counts ``layers`` identical layers (an MoE model's every layer as MoE, as its
+    executors run it). A heterogeneous model (``model.unmodelled()``: DeepSeek-V3's MLA and dense first layers,
+    Llama 4's interleave, gpt-oss's sinks and biases; :mod:`stepsim.models.layers`) counts each layer as it is: its
+    attention's weights (MLA's low-rank q_a / q_b, kv_a, kv_b and o), and its dense FFN or its top-k experts, shared
+    experts and router. DeepSeek-V3 / R1: 73,249,487,872 bytes (36.6 B weights, the published "37 B activated"),
+    not the 1.34 TB of every expert.
+    """
+    if not model.unmodelled():
+        per_layer = projection_params(model) + _ffn_params_per_token(model)
+        return (model.layers * per_layer + vocab * model.hidden + model.hidden) * DTYPE_BYTES
+    attention = attention_parameters(model)
+    layers = sum(attention + ffn_token_parameters(model, model.layer_is_moe(i)) for i in range(model.layers))
+    return (layers + vocab * model.hidden + model.hidden) * DTYPE_BYTES
 
 
 @dataclass(frozen=True)

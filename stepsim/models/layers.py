@@ -84,3 +84,35 @@ def layer_groups(model: ModelConfig) -> tuple[tuple[LayerKind, tuple[int, ...]],
     for i, kind in enumerate(layer_list(model)):
         groups.setdefault(kind, []).append(i)
     return tuple((kind, tuple(indices)) for kind, indices in groups.items())
+
+
+def attention_parameters(model: ModelConfig) -> int:
+    """Weights of one layer's attention (elements): GQA's q, k, v, o (with biases when ``attention_bias``, one
+    sink logit per head when the family has sinks), or MLA's q_a / q_b (or a full q), kv_a (latent + rope key),
+    kv_b (keys without rope and values, per head) and o, with the norms of the two latents."""
+    d, h = model.hidden, model.heads
+    if model.is_mla:
+        nope, rope, v, kv_rank = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim, model.kv_lora_rank
+        q_rank = model.q_lora_rank
+        q = d * h * (nope + rope) if q_rank is None else d * q_rank + q_rank + q_rank * h * (nope + rope)
+        return q + d * (kv_rank + rope) + kv_rank + kv_rank * h * (nope + v) + h * v * d
+    hd, kv = model.head_dim, model.kv_heads
+    n = 2 * d * h * hd + 2 * d * kv * hd  # q and o, k and v
+    if model.attention_bias:
+        n += h * hd + 2 * kv * hd + d
+    if model.attention_sinks:
+        n += h
+    return n
+
+
+def ffn_token_parameters(model: ModelConfig, moe: bool) -> int:
+    """Weights one token's FFN reads in one layer (elements): a dense layer's SwiGLU (gate, up, down), or an MoE
+    layer's ``top_k`` routed experts (with their biases when the family has them), its shared experts and the
+    whole router (with its bias), not the experts the token skips."""
+    d = model.hidden
+    if not moe:
+        return 3 * d * (model.dense_intermediate or 0)
+    f = model.expert_intermediate
+    expert = 3 * d * f + ((2 * f + d) if model.expert_bias else 0)
+    router = d * model.experts + (model.experts if model.router_bias else 0)
+    return model.top_k * expert + router + 3 * d * model.shared_intermediate

@@ -225,7 +225,10 @@ class ModelConfig:
                 and index % self.moe_layer_freq == 0)
 
     def unmodelled(self) -> list[str]:
-        """The features of this model that the simulated workloads and serving do not model yet (issue 43)."""
+        """The features that make this model heterogeneous (issue 43): MLA, sliding or chunked attention, dense and
+        MoE layers interleaved, sinks, group-limited routing. ``serve`` and ``plan`` price such a model layer group
+        by layer group (:mod:`stepsim.serve.layer_list`); the one-kind workloads (``run``, ``map``) do not model
+        them and refuse it (:meth:`refuse_unmodelled`). Empty: every layer is the same kind."""
         out = []
         if self.is_mla:
             out.append("multi-head latent attention (MLA)")
@@ -247,7 +250,8 @@ class ModelConfig:
         Raises
         ------
         ConfigError
-            The model uses MLA, sliding windows, sinks or group-limited routing.
+            The model uses MLA, sliding windows, chunked attention, interleaved dense and MoE layers, sinks or
+            group-limited routing.
         """
         missing = self.unmodelled()
         if missing:

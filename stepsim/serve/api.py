@@ -169,7 +169,7 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
                          chunk_tokens=chunk_tokens, block_size=block_size)
     resolved = resolve_model(model)  # an unknown model is refused here, before a sweep runs any task
     if fidelity is not None:  # a heterogeneous model is priced layer group by layer group (serve/layer_list.py)
-        _check_layer_list(resolved, routing, system)
+        _check_layer_list(resolved, routing, system, fidelity)
     if hardware is not None:
         resolve_serving_hardware(hardware)
 
@@ -379,11 +379,14 @@ def _bar(progress: bool, desc: str, unit: str, total: int | None = None):
 
 
 def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, max_model_len: int, vocab: int,
-                    jobs: int | None, layers_executor=None, system=None, schedule: str = "paper", gate=None):
+                    jobs: int | None, layers_executor=None, system=None, schedule: str = "paper", gate=None,
+                    columns=None):
     """The exact provider for ``model`` on ``hardware`` with ``routing`` (``synthetic``, the default for an
     MoE model, or a routed-experts file); on ``system``'s chips when given (:mod:`stepsim.serve.system`).
     ``gate`` (a :class:`~stepsim.workloads.group_routing.GateConfig` with ``n_group > 1``): the synthetic routing
-    goes through it (:class:`stepsim.serve.group_synthetic.GroupSyntheticRouting`; a layer group of DeepSeek-V3)."""
+    goes through it (:class:`stepsim.serve.group_synthetic.GroupSyntheticRouting`; a layer group of DeepSeek-V3).
+    ``columns``: ``(the whole model's layers, the file's layers this group replays)`` for a layer group of a
+    heterogeneous model (:func:`stepsim.serve.layer_list.routing_columns`)."""
     from stepsim.serve.exact import EngineLatency
     from stepsim.serve.routing import ReplayRouting, SyntheticRouting
 
@@ -396,7 +399,8 @@ def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int,
         elif routing is None or routing == "synthetic":
             source = SyntheticRouting(model.experts, model.top_k, model.layers, seed=seed)
         else:
-            source = ReplayRouting(routing, str(model_arg), model.layers)
+            layers, taken = (model.layers, None) if columns is None else columns
+            source = ReplayRouting(routing, str(model_arg), layers, taken)
     elif routing is not None:
         raise ConfigError(f"--routing: model {model.name!r} is dense (no routed experts)")
     if system is not None:
@@ -542,7 +546,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         hw = resolve_serving_hardware(hardware)
     resolved = resolve_model(model)
     if fidelity is not None:  # before any work: a heterogeneous model is priced layer group by layer group
-        _check_layer_list(resolved, routing, system)
+        _check_layer_list(resolved, routing, system, fidelity)
     if schedule is None:
         schedule = default_schedule(hw, system, resolved, fidelity)
     memory = model_memory(resolved)
@@ -639,13 +643,13 @@ def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, 
     return _replayed(provider, calibration, trace, config, capacity, limit, progress, stop)
 
 
-def _check_layer_list(resolved, routing, system) -> None:
-    """A model priced layer group by layer group (:mod:`stepsim.serve.layer_list`) takes synthetic routing on one
-    chip: anything else refused in one line, before any work."""
+def _check_layer_list(resolved, routing, system, fidelity) -> None:
+    """What a model priced layer group by layer group (:mod:`stepsim.serve.layer_list`) does not take, refused in
+    one line before any work (:func:`~stepsim.serve.layer_list.check_layer_list`)."""
     from stepsim.serve.layer_list import check_layer_list, takes_layer_list
 
     if takes_layer_list(resolved):
-        check_layer_list(resolved, routing, system)
+        check_layer_list(resolved, routing, system, fidelity)
 
 
 def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
@@ -653,6 +657,7 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
                        system, progress, schedule, long_policy):
     """:func:`_replay_with` for a heterogeneous model: one exact or fast provider per layer group
     (:mod:`stepsim.serve.layer_list`)."""
+    from stepsim.serve import layer_list
     from stepsim.serve.layer_list import calibration_model, exact_layer_list, fast_layer_list, group_gate, group_seed
 
     def pilot(p, on_step):
@@ -661,10 +666,16 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
 
     calibration = None
     if fidelity == "exact":
+        def group_routing(g):  # a routed-experts file: each MoE group its layers' columns (layer_list.py)
+            columns = layer_list.routing_columns(resolved, g)
+            if routing is None or routing == "synthetic" or columns is None:
+                return None, None
+            return routing, (resolved.layers, columns)
+
         provider = exact_layer_list(resolved, lambda sub, g: engine_provider(
-            sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
-            layers_executor=layers_executor, system=system, schedule=schedule, gate=group_gate(resolved, sub)),
-            routing=routing, system=system)
+            sub, model, hw, group_routing(g)[0], seed=group_seed(seed, g), max_model_len=limit,
+            vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor, system=system, schedule=schedule,
+            gate=group_gate(resolved, sub), columns=group_routing(g)[1]), routing=routing, system=system)
     else:
         key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
                                    limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)

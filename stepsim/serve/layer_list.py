@@ -21,7 +21,10 @@ Every group's off-chip weights outside the graphs are its layers' real attention
 (:func:`stepsim.serve.memory.attention_parameters`: MLA's q_a / q_b / kv_a / kv_b / o, biases and sinks) and router;
 the LM head and the embedding rows are counted once, by the first group. Routing is synthetic, one seeded stream
 per MoE group, through DeepSeek-V3's gate when the model keeps a few of several expert groups
-(:func:`group_gate`, :mod:`stepsim.serve.group_synthetic`); ``--routing FILE`` is refused for such a model.
+(:func:`group_gate`, :mod:`stepsim.serve.group_synthetic`). ``--routing FILE`` (a dump ``[tokens, layers, top_k]``
+over the model's layers) is replayed in exact mode: each MoE group takes the dump's columns of its layers, every
+group the same token rows, and the dense layers' columns are not read (:func:`routing_columns`); fast mode refuses
+it (its groups draw their calibration's routing windows from their own synthetic pools).
 
 On a system (``--system``) every group's provider runs on the system's chips
 (:class:`stepsim.serve.system.SystemEngineLatency`): a dense group by tensor parallelism, an MoE group by expert
@@ -203,12 +206,14 @@ def group_gate(model: ModelConfig, sub: ModelConfig):
     return GateConfig.of_model(model)
 
 
-def check_layer_list(model: ModelConfig, routing, system) -> None:
-    """Refuse, in one line, what the layer-list path does not take: a routed-experts file. On a system every
-    group must shard (:func:`stepsim.serve.system.check_exact_system` on each group's model)."""
-    if routing is not None and routing != "synthetic":
-        raise ConfigError(f"--routing {routing}: model {model.name!r} is served layer group by layer group "
-                          "(issue 43), with synthetic routing only; leave --routing out")
+def check_layer_list(model: ModelConfig, routing, system, fidelity: str) -> None:
+    """Refuse, in one line, what the layer-list path does not take: a routed-experts file in fast mode (its groups'
+    calibrations draw synthetic routing windows; exact mode replays the file, :func:`routing_columns`). On a
+    system every group must shard (:func:`stepsim.serve.system.check_exact_system` on each group's model)."""
+    if routing is not None and routing != "synthetic" and fidelity == "fast":
+        raise ConfigError(f"--routing {routing} with --fidelity fast: model {model.name!r} is served layer group by "
+                          "layer group, whose fast calibrations draw synthetic routing only (issue 43); use "
+                          "--fidelity exact to replay the file")
     if hasattr(system, "chips"):  # a loaded system (the arguments' check sees its name only)
         from stepsim.serve.system import check_exact_system
 
@@ -216,10 +221,18 @@ def check_layer_list(model: ModelConfig, routing, system) -> None:
             check_exact_system(system, group_model(model, kind, len(indices)))
 
 
+def routing_columns(model: ModelConfig, group: int) -> tuple[int, ...] | None:
+    """The layers of ``model`` whose columns of a routed-experts dump layer group ``group`` replays (the dump's
+    layer axis is the model's layers), or None for a dense group (it reads none)."""
+    kind, indices = layer_groups(model)[group]
+    return indices if kind.ffn == "moe" else None
+
+
 def exact_layer_list(model: ModelConfig, make_engine, *, routing=None, system=None) -> LayerListLatency:
     """The exact provider of a heterogeneous model: ``make_engine(group model, group index)`` gives each group's
-    :class:`~stepsim.serve.exact.EngineLatency` (its routing seeded by :func:`group_seed`)."""
-    check_layer_list(model, routing, system)
+    :class:`~stepsim.serve.exact.EngineLatency` (its routing seeded by :func:`group_seed`, or ``routing``'s file
+    at :func:`routing_columns`)."""
+    check_layer_list(model, routing, system, "exact")
     groups = []
     for g, (kind, indices) in enumerate(layer_groups(model)):
         provider = make_engine(group_model(model, kind, len(indices)), g)
@@ -234,7 +247,7 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
     "cached": ...}``). ``make_fast(group model, key parts, pilot, group index)`` gives a group's calibrated provider and record
     (:func:`stepsim.serve.api.fast_provider`); each group's pilot replays are priced by its cycles scaled to the
     model's layers (module docstring)."""
-    check_layer_list(model, routing, system)
+    check_layer_list(model, routing, system, "fast")
     groups, records = [], []
     for g, (kind, indices) in enumerate(layer_groups(model)):
         sub = group_model(model, kind, len(indices))
@@ -299,5 +312,5 @@ def describe_groups(model: ModelConfig) -> list[str]:
 
 
 __all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
-           "takes_layer_list", "describe_groups", "check_layer_list", "group_seed", "group_gate",
+           "takes_layer_list", "describe_groups", "check_layer_list", "routing_columns", "group_seed", "group_gate",
            "calibrated_layer_list", "layer_list_floor", "calibration_model", "CALIBRATION_LAYERS"]

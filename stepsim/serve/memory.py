@@ -36,6 +36,7 @@ from pathlib import Path
 
 from stepsim.base.errors import ConfigError
 from stepsim.models.frontier import json_bool
+from stepsim.models.layers import attention_parameters
 from stepsim.models.presets import ModelConfig
 
 #: bytes per weight and per KV element (bf16)
@@ -115,25 +116,6 @@ def _positive(cfg: dict, key: str, source: str, required: bool) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(f"model file {source}: {key} must be a positive integer for serving, got {v!r}")
     return v
-
-
-def attention_parameters(model: ModelConfig) -> int:
-    """Weights of one layer's attention (elements): GQA's q, k, v, o (with biases when ``attention_bias``, one
-    sink logit per head when the family has sinks), or MLA's q_a / q_b (or a full q), kv_a (latent + rope key),
-    kv_b (keys without rope and values, per head) and o, with the norms of the two latents."""
-    d, h = model.hidden, model.heads
-    if model.is_mla:
-        nope, rope, v, kv_rank = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim, model.kv_lora_rank
-        q_rank = model.q_lora_rank
-        q = d * h * (nope + rope) if q_rank is None else d * q_rank + q_rank + q_rank * h * (nope + rope)
-        return q + d * (kv_rank + rope) + kv_rank + kv_rank * h * (nope + v) + h * v * d
-    hd, kv = model.head_dim, model.kv_heads
-    n = 2 * d * h * hd + 2 * d * kv * hd  # q and o, k and v
-    if model.attention_bias:
-        n += h * hd + 2 * kv * hd + d
-    if model.attention_sinks:
-        n += h
-    return n
 
 
 def ffn_parameters(model: ModelConfig, moe: bool) -> int:

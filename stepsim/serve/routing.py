@@ -206,7 +206,10 @@ class ReplayRouting:
 
     mode = "replay"
 
-    def __init__(self, path, model, layers: int):
+    def __init__(self, path, model, layers: int, columns: tuple[int, ...] | None = None):
+        """``layers``: the model's layers (the dump must have as many); ``columns``: the dump's layers replayed, in
+        order (a layer group of a heterogeneous model, :mod:`stepsim.serve.layer_list`; default: the first
+        ``layers``)."""
         from stepsim.trace_io.serving import DEFAULT_KEY, load_routed_experts
 
         experts, _, _ = load_routed_experts(path, model=model, several=f"--routing reads the one named "
@@ -214,7 +217,8 @@ class ReplayRouting:
         if experts.shape[1] < layers:
             raise ConfigError(f"--routing {path}: the dump has {experts.shape[1]} layers; the model has {layers}")
         self.path = str(path)
-        self.experts = np.ascontiguousarray(experts[:, :layers, :]).astype(np.int64)
+        taken = experts[:, :layers, :] if columns is None else experts[:, list(columns), :]
+        self.experts = np.ascontiguousarray(taken).astype(np.int64)
         self._next = 0
         self._columns = int(self.experts.max()) + 1  # counts' width (experts never routed to add only zeros)
         self._prefix = None  # window()'s prefix counts, made on first use

@@ -15,6 +15,14 @@ The published figures do not state how many sockets served them; the ratio is ta
 node) are given beside it. A model whose weights do not fit the sockets' HBM is a row saying so. These are vendor
 figures, measured by artificialanalysis.ai on SambaNova's cloud, not a controlled experiment: the validation says
 how far stepsim's model of the chip is from a shipping system, not which is right.
+
+DeepSeek-R1 (DeepSeek-V3's shape) is served layer group by layer group (docs/serving.md §9.1: MLA absorbed, the
+3 dense layers by tensor parallelism, the 58 MoE layers by expert parallelism, group-limited routing). In bf16 its
+1.34 TB need 83.88 GB a socket on 16 sockets, more than an SN40L's 64 GiB of HBM; SambaNova holds such a model in
+the socket's DDR tier, which stepsim does not model, so its rows give each socket :data:`STAND_IN_HBM_GIB` GiB read
+at HBM bandwidth (``examples/hardware_sn40l_hbm96.toml``; optimistic for the bytes that would sit in DDR). Its
+expert-parallel MoE block keeps the paper's schedule (``--schedule auto`` is not built for it on a system), so its
+rows are served with ``--schedule paper``.
 """
 
 from __future__ import annotations
@@ -29,6 +37,12 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 128, 16
 #: sockets each model is predicted on; the ratio's
 SOCKETS, HEADLINE_SOCKETS = (8, 16), 16
 HBM_BYTES_PER_S = 1.6e12  # one SN40L socket (docs/hardware.md)
+#: HBM a socket of the DeepSeek-R1 rows (GiB): a stand-in for SambaNova's DDR tier (module docstring)
+STAND_IN_HBM_GIB = 96
+#: the note of a row served on the stand-in, and of one refused even with it
+STAND_IN = (f"{STAND_IN_HBM_GIB} GiB a socket standing in for SambaNova's DDR tier, every byte at HBM bandwidth "
+            "(optimistic); the expert-parallel MoE block on the paper's schedule")
+STAND_IN_REFUSED = f"even with {STAND_IN_HBM_GIB} GiB a socket, the stand-in for SambaNova's DDR tier"
 
 BLOG = ("SambaNova blog, \"Why SambaNova's SN40L Chip is The Best for Inference\", 2024-09-10, Table 1 (16-bit; "
         "measured by artificialanalysis.ai), https://sambanova.ai/blog/sn40l-chip-best-inference-solution")
@@ -52,6 +66,10 @@ class Published:
     source : str
     not_modelled : str or None
         Why stepsim cannot predict it yet (None: it can).
+    schedule : str
+        The serve run's ``--schedule``.
+    hbm_gib : int or None
+        HBM a socket (GiB) instead of the SN40L's 64 (a stand-in: :data:`STAND_IN`), None: the SN40L's.
     """
 
     model: str
@@ -59,13 +77,22 @@ class Published:
     sockets: int | None
     source: str
     not_modelled: str | None = None
+    schedule: str = "auto"
+    hbm_gib: int | None = None
+
+    def hardware(self):
+        """The sockets' hardware: ``sn40l``, with :attr:`hbm_gib` of HBM when set."""
+        from stepsim.base.hardware import Hardware
+
+        return Hardware.preset("sn40l", **({} if self.hbm_gib is None else
+                                           {"hbm_capacity_bytes": self.hbm_gib * 2**30}))
 
 
 FIGURES = (
     Published("llama-3.1-8b", 1042, None, BLOG),
     Published("llama-3.1-70b", 457, None, BLOG),
     Published("llama-3.1-405b", 129, None, BLOG),
-    Published("deepseek-r1", 198, 16, DAC, "MLA attention and DeepSeek-V3's routing are not modelled yet (issue 43)"),
+    Published("deepseek-r1", 198, 16, DAC, schedule="paper", hbm_gib=STAND_IN_HBM_GIB),
 )
 
 
@@ -88,20 +115,21 @@ class Row:
 
 
 def model_argument(name: str) -> str:
-    """What :func:`stepsim.serve` takes for ``name``: a preset's name, or the path of a validation config."""
-    from stepsim.models.presets import PRESETS
+    """What :func:`stepsim.serve` takes for ``name``: a preset's name or alias (``deepseek-r1``), or the path of a
+    validation config."""
+    from stepsim.models.presets import PRESETS, canonical_model_name
 
-    if name in PRESETS:
+    if canonical_model_name(name) in PRESETS:
         return name
     return str(resources.files("stepsim") / "data" / "validation" / f"{name}.json")
 
 
-def predict(figure: Published, sockets: int, requests: Path, progress=None) -> Row:
-    """The row of ``figure`` on ``sockets`` SN40L sockets (module docstring); ``requests``: the one-request file."""
+def predict(figure: Published, sockets: int, requests: Path, progress=None, run=None) -> Row:
+    """The row of ``figure`` on ``sockets`` SN40L sockets (module docstring); ``requests``: the one-request file.
+    ``run``: that serve run's result made before (:func:`serve_row`), instead of serving it here."""
     from stepsim.base.errors import ConfigError
     from stepsim.mapping.roofline import decode_token_bytes
     from stepsim.models.presets import resolve_model
-    from stepsim.serve.api import serve
     from stepsim.serve.memory import model_memory
 
     common = dict(model=figure.model, published_tokens_per_s=figure.tokens_per_s, published_sockets=figure.sockets,
@@ -112,30 +140,56 @@ def predict(figure: Published, sockets: int, requests: Path, progress=None) -> R
     argument = model_argument(figure.model)
     model = resolve_model(argument)
     roofline = sockets * HBM_BYTES_PER_S / decode_token_bytes(model, model_memory(model).vocab_size)
-    if progress is not None:
+    if progress is not None and run is None:
         progress(f"{figure.model} on {sockets} sockets")
+    stand_in = "" if figure.hbm_gib is None else STAND_IN
     try:
-        result = serve(argument, requests, fidelity="exact", schedule="auto", system=f"sn40l-{sockets}")
+        result = serve_row(figure, sockets, requests) if run is None else run
     except ConfigError as exc:  # the weights do not fit these sockets
+        note = str(exc) + (f" ({STAND_IN_REFUSED})" if stand_in else "")
         return Row(**common, tpot_s=None, tokens_per_s=None, roofline_tokens_per_s=roofline, ratio=None,
-                   roofline_ratio=roofline / figure.tokens_per_s, tpot_over_roofline=None, note=str(exc))
+                   roofline_ratio=roofline / figure.tokens_per_s, tpot_over_roofline=None, note=note)
     tpot = result.summary["tpot_s"]["p50"]
     return Row(**common, tpot_s=tpot, tokens_per_s=1 / tpot, roofline_tokens_per_s=roofline,
                ratio=1 / tpot / figure.tokens_per_s, roofline_ratio=roofline / figure.tokens_per_s,
-               tpot_over_roofline=tpot * roofline, note="")
+               tpot_over_roofline=tpot * roofline, note=stand_in)
 
 
-def validate(folder: Path, progress=None) -> list[Row]:
-    """Every (figure, sockets) row, in :data:`FIGURES` then :data:`SOCKETS` order; ``folder`` holds the request
-    file."""
+def serve_row(figure: Published, sockets: int, requests: Path, out: Path | None = None):
+    """The serve run behind a row: ``requests`` with ``--fidelity exact`` and the figure's schedule and hardware on
+    ``sn40l-N`` (:class:`stepsim.serve.ServeResult`; ``out``: its folder, if it is to be kept).
+
+    Raises
+    ------
+    ConfigError
+        The model's weights do not fit the sockets.
+    """
+    from stepsim.serve.api import serve
+
+    return serve(model_argument(figure.model), requests, fidelity="exact", schedule=figure.schedule,
+                 hardware=figure.hardware() if figure.hbm_gib is not None else None, system=f"sn40l-{sockets}",
+                 out=out)
+
+
+def request_table():
+    """The one request every row serves (:data:`PROMPT_TOKENS`, :data:`OUTPUT_TOKENS`), as an Arrow table."""
     import pyarrow as pa
+
+    return pa.table({"arrival_s": [0.0], "prompt_tokens": [PROMPT_TOKENS], "output_tokens": [OUTPUT_TOKENS]})
+
+
+def validate(folder: Path, progress=None, runs: dict | None = None) -> list[Row]:
+    """Every (figure, sockets) row, in :data:`FIGURES` then :data:`SOCKETS` order; ``folder`` holds the request
+    file. ``runs``: ``{(model, sockets): serve result}`` of rows served before (a test's stored runs), the others
+    served here."""
     import pyarrow.parquet as pq
 
+    runs = runs or {}
     requests = Path(folder) / "one_request.parquet"
-    pq.write_table(pa.table({"arrival_s": [0.0], "prompt_tokens": [PROMPT_TOKENS], "output_tokens": [OUTPUT_TOKENS]}),
-                   requests)
+    pq.write_table(request_table(), requests)
     try:
-        return [predict(figure, sockets, requests, progress) for figure in FIGURES for sockets in SOCKETS]
+        return [predict(figure, sockets, requests, progress, runs.get((figure.model, sockets)))
+                for figure in FIGURES for sockets in SOCKETS]
     finally:
         requests.unlink()
 

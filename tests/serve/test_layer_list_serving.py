@@ -126,10 +126,51 @@ GROUPS = {
 }
 
 
-def test_a_routed_experts_file_is_refused_for_a_layer_list_model(tmp_path, monkeypatch):
+def test_a_routed_experts_file_is_refused_in_fast_mode_for_a_layer_list_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     np.savez("x.npz", routed_experts=np.zeros((4, 2, 4), dtype=np.int64))
-    with pytest.raises(ConfigError, match=r"^--routing x.npz: model '.*gpt-oss-20b-2layers.json' is served layer "
-                                          r"group by layer group \(issue 43\), with synthetic routing only; leave "
-                                          r"--routing out$"):
-        stepsim.serve(OSS, _trace(tmp_path), fidelity="exact", routing="x.npz")
+    with pytest.raises(ConfigError, match=r"^--routing x.npz with --fidelity fast: model '.*gpt-oss-20b-2layers.json' "
+                                          r"is served layer group by layer group, whose fast calibrations draw "
+                                          r"synthetic routing only \(issue 43\); use --fidelity exact to replay the "
+                                          r"file$"):
+        stepsim.serve(OSS, _trace(tmp_path), fidelity="fast", routing="x.npz")
+
+
+def _dump(path, experts) -> str:
+    np.savez(path, routed_experts=experts)
+    return str(path)
+
+
+def test_exact_mode_replays_a_routed_experts_file_group_by_group(tmp_path):
+    """The narrowed DeepSeek-V3 (a dense layer 0, an MoE layer 1 of 64 experts, top-8): the dump's layer axis is
+    the model's layers; the MoE group replays column 1, token row after token row, and column 0 (a dense layer)
+    is never read."""
+    rng = np.random.default_rng(7)
+    experts = np.stack([np.stack([rng.permutation(64)[:8] for _ in range(2)]) for _ in range(512)])
+    assert experts.shape == (512, 2, 8)
+    trace = tmp_path / "requests.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,96,4\n"
+                     "2023-11-16 18:15:46.7805900,48,3\n")
+
+    def run(name, routed):
+        return stepsim.serve(DEEPSEEK, trace, fidelity="exact", schedule="paper",
+                             routing=_dump(tmp_path / name, routed))
+
+    replayed = run("a.npz", experts)
+    other_dense = experts.copy()
+    other_dense[:, 0, :] = np.arange(8)  # the dense layer's column: not read
+    assert run("b.npz", other_dense).iterations.equals(replayed.iterations)
+    skewed = experts.copy()
+    skewed[:, 1, :] = np.arange(8)  # every token to experts 0-7 in the MoE layer
+    ffn = [replayed.iterations["cycles_ffn"].to_pylist(), run("c.npz", skewed).iterations["cycles_ffn"].to_pylist()]
+    synthetic = stepsim.serve(DEEPSEEK, trace, fidelity="exact", schedule="paper").iterations["cycles_ffn"].to_pylist()
+    assert ffn == MEASURED_REPLAY
+    assert synthetic != ffn[0]
+    with pytest.raises(ConfigError, match=r"^--routing .*d.npz: the dump has 1 layers; the model has 2$"):
+        run("d.npz", experts[:, 1:, :])  # the dump's layer axis is the model's layers: column 1 alone is refused
+
+
+#: measured 2026-11-25: each step's FFN cycles replaying the dump, and with every token sent to experts 0-7 (the
+#: prompts' steps read 8 experts' weights instead of up to 64; a decode step's experts each take one tile either way)
+MEASURED_REPLAY = [[1223978, 323677, 323677, 323677, 876355, 323677, 323677],
+                   [964916, 323677, 323677, 323677, 635573, 323677, 323677]]
