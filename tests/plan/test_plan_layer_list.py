@@ -30,7 +30,10 @@ def test_plan_prices_a_deepseek_layer_list_on_one_and_two_chips(tmp_path):
     n = 12
     trace = write_requests(RequestTrace("t", np.arange(n), np.sort(rng.uniform(0, 0.01, n)), rng.integers(5, 400, n),
                                         rng.integers(2, 30, n)), tmp_path / "t.parquet")
-    plan = stepsim.plan(str(model), trace, slo="ttft=0.3ms,tpot=0.012ms", max_chips=2, space=SPACE,
+    # the SLO doubled with test_plan's when plans began searching against it less the calibrations' held-out error
+    # (stepsim/plan/margin.py, capped at 50 %: here the two-chip shape's 72 %): at 0.3 ms / 0.012 ms no deployment
+    # meets the searched limits and the front is empty
+    plan = stepsim.plan(str(model), trace, slo="ttft=0.6ms,tpot=0.024ms", max_chips=2, space=SPACE,
                         calibration_cache=tmp_path / "cache", verify=False)
     s = plan.summary
     # one calibration per replica shape, one key per layer group (dense, MoE)
@@ -41,7 +44,10 @@ def test_plan_prices_a_deepseek_layer_list_on_one_and_two_chips(tmp_path):
     errors = {shape: round(c["error"]["iteration_p95"] * 100, 2) for shape, c in s["calibrations"].items()}
     searched = [(d["deployment"], d["system"], d["decided"], d["error"]) for d in plan.deployments]
     assert (front, errors, searched) == (
-        [("1x1ch sn40l none vllm seqs 128 batch 256", None, 0.3242098886627524, 538.3028342768472, True)],
-        {"sn40l x1": 4.75, "sn40l x2": 56.01},  # fast's held-out p95 (%) of each shape's calibration
+        [("1x1ch sn40l none vllm seqs 128 batch 256", None, 0.8052451659746271, 1326.498818017743, True)],
+        # fast's held-out p95 (%) of each shape's calibration: one chip is priced on mapped layers (serve's default
+        # there), which the fast model fits far worse than the paper's layers (4.75 % before; issue 41's note)
+        {"sn40l x1": 39.73, "sn40l x2": 56.01},
         [("1x1ch sn40l none vllm seqs 128 batch 256", None, "simulated", None),
-         ("1x2ch sn40l none vllm seqs 128 batch 256", "ring-2", "cut", None)])  # priced: failed at the front rate
+         ("1x2ch sn40l none vllm seqs 128 batch 256", "ring-2", "cut", None)])  # priced: failed at a searched rate
+    assert (s["slo_margin"], [d["bound"] for d in plan.deployments]) == (0.5, [None, "failed rate"])
