@@ -131,7 +131,7 @@ def _bucket_of(job: tuple) -> int:
 def _buckets(args, model, hardware) -> int:
     """``--buckets``: map every bucket up to ``--shape``'s on ``--jobs`` processes (a cold cache ahead of a serve
     run); one line a bucket, in bucket order, each as soon as it and those before it are done."""
-    from stepsim.serve.map_ahead import map_job
+    from stepsim.serve.map_ahead import map_job, mapping_cache
 
     vocab = None
     if args.kind == "projection":
@@ -148,7 +148,8 @@ def _buckets(args, model, hardware) -> int:
         from stepsim.base.forkserver import start_fork_server
 
         pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=start_fork_server(warm_kernels=True))
-        schedules = (f.result() for f in [pool.submit(map_job, job, model, hardware) for job in jobs])
+        cache = mapping_cache()
+        schedules = (f.result() for f in [pool.submit(map_job, job, model, hardware, cache) for job in jobs])
     records = []
     try:
         if not args.json:

@@ -67,17 +67,27 @@ def missing(jobs: list[Job], model, hardware) -> list[Job]:
     return out
 
 
-def map_job(job: Job, model, hardware):
-    """Map one job (on a worker): its :class:`~stepsim.mapping.Schedule`, saved in the mapping cache."""
+def mapping_cache():
+    """The mapping cache folder of this process (``$STEPSIM_MAPPING_CACHE`` or the user's), resolved here and handed
+    to :func:`map_job`: a pool's workers are forked from a process-wide fork server whose environment is the one it
+    was started with, so a worker reading the variable itself could save into another folder than its caller's."""
+    from stepsim.mapping.mapper import _cache_folder
+
+    return _cache_folder(True)
+
+
+def map_job(job: Job, model, hardware, cache=True):
+    """Map one job (on a worker): its :class:`~stepsim.mapping.Schedule`, saved in the mapping cache ``cache`` (a
+    folder, from :func:`mapping_cache` in the caller; ``True``: this process's)."""
     from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.mapper import map_layer
     from stepsim.mapping.projection import map_projection
 
     if job[0] == "layer":
         _, kind, size = job
-        return map_layer(kind, size, layer_dims(kind, model), hardware)
+        return map_layer(kind, size, layer_dims(kind, model), hardware, cache=cache)
     _, tokens, d_in, d_out = job
-    return map_projection(tokens, d_in, d_out, hardware)
+    return map_projection(tokens, d_in, d_out, hardware, cache=cache)
 
 
 #: the order jobs are handed out: the longest searches first (an FFN bucket: minutes; a decode bucket: seconds)
@@ -92,7 +102,8 @@ def map_ahead(provider, batch, tasks: list, pool) -> int:
     jobs = missing(wanted, provider.model, provider.hardware)
     held.update(wanted)
     jobs.sort(key=lambda job: ORDER[job[1] if job[0] == "layer" else "projection"])
-    futures = [pool.submit(map_job, job, provider.model, provider.hardware) for job in jobs]
+    cache = mapping_cache()
+    futures = [pool.submit(map_job, job, provider.model, provider.hardware, cache) for job in jobs]
     for job, future in zip(jobs, futures):
         memo, key = _located(job, provider.model, provider.hardware)
         memo[key] = future.result()

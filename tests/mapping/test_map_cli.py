@@ -205,6 +205,13 @@ def test_map_buckets_maps_every_serving_bucket_into_the_cache(tiny, capsys, monk
     ``projection`` every matrix at each bucket. The schedules are the ones ``stepsim map`` finds one at a time."""
     monkeypatch.setattr("stepsim.mapping.projection._MEMO", {})
     (tiny / "tinyv.json").write_text(json.dumps({**TINY, "vocab_size": 1000}))
+    # the workers fork from a process-wide fork server, whose environment is the one it started with (here, or in an
+    # earlier test of this process): never this test's cache, so the workers must be told the folder, not read it
+    from stepsim.base.forkserver import start_fork_server
+
+    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tiny / "elsewhere"))
+    start_fork_server(warm_kernels=False)
+    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tiny / "cache"))
     code, out, err = run(capsys, "map decode --model tinyv.json --shape 20 --buckets --jobs 2")
     assert (code, err) == (0, "")
     assert out.splitlines() == [
@@ -217,6 +224,7 @@ def test_map_buckets_maps_every_serving_bucket_into_the_cache(tiny, capsys, monk
         "     32  regions 32: 3,577 cycles, HBM 39.0 %",
     ]
     assert len(list((tiny / "cache").glob("*.json"))) == 6  # mapped by the workers, into the cache
+    assert not (tiny / "elsewhere").exists()
     code, out, _ = run(capsys, "map decode --model tinyv.json --shape 16 --json")
     assert (code, json.loads(out)["cycles"]) == (0, 2469)  # the bucket's schedule, from the cache
     code, out, _ = run(capsys, "map projection --model tinyv.json --shape 3 --buckets")

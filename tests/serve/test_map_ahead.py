@@ -57,7 +57,7 @@ def provider(tmp_path, monkeypatch):
 
     def proj(tokens, d_in, d_out, hardware, *, cache=True):
         mapped.append((tokens, d_in, d_out))
-        return Schedule("projection", {"tile_m": 1, "tile_f": 32, "lanes": 1}, cycles=tokens)
+        return Schedule("projection", {"tile_m": 1, "tile_f": 32, "lanes": 1, "k_parts": 1}, cycles=tokens)
 
     monkeypatch.setattr(mapper, "map_layer", layer)
     monkeypatch.setattr(projection, "map_projection", proj)
