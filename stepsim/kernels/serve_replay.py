@@ -641,7 +641,20 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     embedding = -(-embedding // pi[P_CHIPS])  # a system's chips each read their share (tp_weight_cycles)
     weights = layers * pi[P_LAYER_WEIGHTS] + pi[P_HEAD_CYCLES] + math.ceil(embedding / hbm_peak)
     cycles = attention + ffn + weights
-    # the roofline (stepsim.mapping.roofline.StepWork.work)
+    if not _write_work(pi, context_sum, seen, m, tokens, touched, cycles, out_i, k):
+        return False
+    out_i[I_CYCLES_ATTENTION, k] = attention
+    out_i[I_CYCLES_FFN, k] = ffn
+    out_i[I_CYCLES_WEIGHTS, k] = weights
+    return True
+
+
+@kernel
+def _write_work(pi, context_sum, seen, m, tokens, touched, cycles, out_i, k):
+    """The roofline (:meth:`stepsim.mapping.roofline.StepWork.work`) of a step of ``m`` sequences, ``tokens`` new
+    tokens over ``context_sum`` cached ones (``seen``: context tokens attended to), ``touched`` experts, priced at
+    ``cycles``: its HBM bytes, FLOPs and cycles into ``out_i[.., k]``; False (nothing written) when a number would
+    not be exact."""
     if seen >= EXACT // max(pi[P_ATTENTION_FLOPS], 1) or tokens >= EXACT // max(pi[P_FLOPS_PER_TOKEN], 1):
         return False
     if not (_fits(touched, pi[P_EXPERT_BYTES]) and _fits(context_sum + tokens, pi[P_KV_BYTES])
@@ -655,9 +668,6 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
     if (cycles >= EXACT // max(pi[P_PEAK_BYTES], 1) or cycles >= EXACT // max(pi[P_PEAK_FLOPS], 1)
             or hbm_bytes >= EXACT or flops >= EXACT):
         return False
-    out_i[I_CYCLES_ATTENTION, k] = attention
-    out_i[I_CYCLES_FFN, k] = ffn
-    out_i[I_CYCLES_WEIGHTS, k] = weights
     out_i[I_HBM, k] = hbm_bytes
     out_i[I_FLOPS, k] = flops
     out_i[I_CYCLES, k] = cycles
@@ -677,23 +687,9 @@ def _roofline(pi, ctx, new, m, tokens, touched, cycles, out_i, k):
         seen += nn * c + nn * (nn + 1) // 2
         if seen >= EXACT or context_sum >= EXACT:
             return False
-    if seen >= EXACT // max(pi[P_ATTENTION_FLOPS], 1) or tokens >= EXACT // max(pi[P_FLOPS_PER_TOKEN], 1):
+    if cycles <= 0:
         return False
-    if not (_fits(touched, pi[P_EXPERT_BYTES]) and _fits(context_sum + tokens, pi[P_KV_BYTES])
-            and _fits(tokens, pi[P_EMBEDDING_BYTES])):
-        return False
-    hbm_bytes = (pi[P_FIXED_BYTES] + touched * pi[P_EXPERT_BYTES] + (context_sum + tokens) * pi[P_KV_BYTES]
-                 + tokens * pi[P_EMBEDDING_BYTES])
-    if m >= EXACT // max(pi[P_HEAD_FLOPS], 1):
-        return False
-    flops = tokens * pi[P_FLOPS_PER_TOKEN] + m * pi[P_HEAD_FLOPS] + pi[P_ATTENTION_FLOPS] * seen
-    if (cycles <= 0 or cycles >= EXACT // max(pi[P_PEAK_BYTES], 1) or cycles >= EXACT // max(pi[P_PEAK_FLOPS], 1)
-            or hbm_bytes >= EXACT or flops >= EXACT):
-        return False
-    out_i[I_HBM, k] = hbm_bytes
-    out_i[I_FLOPS, k] = flops
-    out_i[I_CYCLES, k] = cycles
-    return True
+    return _write_work(pi, context_sum, seen, m, tokens, touched, cycles, out_i, k)
 
 
 # ------------------------------------------------------------------------------------------ the loop
