@@ -56,9 +56,11 @@ T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_ROWS = ra
 VLLM, SARATHI, ORCA = 0, 1, 2
 #: rows of the per-step integer columns ``steps_i`` (int64 ``[I_ROWS, capacity]``)
 (I_TOKENS, I_SEQUENCES, I_PREFILL, I_DECODE, I_BLOCKS, I_PREEMPTIONS, I_WAITING, I_CYCLES_ATTENTION, I_CYCLES_FFN,
- I_CYCLES_WEIGHTS, I_HBM, I_FLOPS, I_CYCLES, I_CYCLES_HIDDEN, I_DECODE_REQUESTS, I_QUERY_TILES, I_ROWS) = range(17)
+ I_CYCLES_WEIGHTS, I_HBM, I_FLOPS, I_CYCLES, I_CYCLES_HIDDEN, I_DECODE_REQUESTS, I_QUERY_TILES, I_CYCLES_FLOOR,
+ I_ROWS) = range(18)
 #: ``I_CYCLES_HIDDEN``: mapped pricing's cycles streaming hid; ``I_DECODE_REQUESTS`` / ``I_QUERY_TILES``: its
-#: decode attention's requests (every KV head's) and prefill query tiles (one head's), the buckets a run notes
+#: decode attention's requests (every KV head's) and prefill query tiles (one head's), the buckets a run notes;
+#: ``I_CYCLES_FLOOR``: the cycles its roofline floor added (:func:`_floor`)
 #: rows of the per-step float columns ``steps_f`` (float64 ``[F_ROWS, capacity]``, seconds)
 F_START, F_DURATION, F_ROWS = range(3)
 #: entries of the pricing parameters ``pi`` (int64)
@@ -692,6 +694,17 @@ def _roofline(pi, ctx, new, m, tokens, touched, cycles, out_i, k):
     return _write_work(pi, context_sum, seen, m, tokens, touched, cycles, out_i, k)
 
 
+@kernel
+def _floor(pi, out_i, k):
+    """:meth:`stepsim.serve.fast_mapped.MappedFastLatency._floored` on a step whose roofline :func:`_write_work`
+    wrote: its cycles raised to ``StepWork.bound_cycles`` (``math.ceil`` of int / int, as Python divides: both
+    below 2^53, so one correctly rounded float each) when below it, the cycles added into ``I_CYCLES_FLOOR``."""
+    bound = max(math.ceil(out_i[I_HBM, k] / pi[P_PEAK_BYTES]), math.ceil(out_i[I_FLOPS, k] / pi[P_PEAK_FLOPS]))
+    added = max(0, bound - out_i[I_CYCLES, k])
+    out_i[I_CYCLES_FLOOR, k] = added
+    out_i[I_CYCLES, k] += added
+
+
 # ------------------------------------------------------------------------------------------ the loop
 @kernel
 def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
@@ -792,6 +805,7 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
             if status != sm.PRICED or not _roofline(pi, ctx, batch_n, m, tokens, res[sm.R_TOUCHED],
                                                     res[sm.R_TOTAL], steps_i, k):
                 return UNSUPPORTED
+            _floor(pi, steps_i, k)
             steps_i[I_CYCLES_ATTENTION, k] = res[sm.R_ATTENTION]
             steps_i[I_CYCLES_FFN, k] = res[sm.R_FFN]
             steps_i[I_CYCLES_WEIGHTS, k] = res[sm.R_WEIGHTS]

@@ -230,9 +230,23 @@ class MappedFastLatency(FastLatency):
         cycles = {"attention": attention + self.collective_cycles(batch),
                   "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn").sum()),
                   "weights": self.weight_cycles(batch)}
-        total = sum(cycles.values())
         touched = int(x[:, 3].sum()) if self.model.is_moe else 0
-        return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
+        return self._floored(batch, cycles, sum(cycles.values()), touched)
+
+    def _floored(self, batch: IterationBatch, cycles: dict, total: int, touched: int) -> IterationCost:
+        """The step's cost at ``total`` cycles, or at its roofline (:meth:`~stepsim.mapping.roofline.StepWork.
+        bound_cycles` of the step's must-read bytes and FLOPs) when ``total`` is below it; ``cycles["floor"]``: what
+        the floor added (0 on most steps). The pieces are fits, and a fit can price a step below a physical bound
+        (on tests/plan's small model one step came out at 1.0125x its roofline's utilisation); plan's floors
+        (:mod:`stepsim.plan.pricing`) and every utilisation column assume no step does. The exact provider needs
+        no floor: the engine's reads cannot beat its own HBM bandwidth."""
+        work = self.step_work(batch, touched, total)
+        bound = self.roofline.bound_cycles(work["hbm_bytes"], work["flops"])
+        cycles["floor"] = max(0, bound - total)
+        if cycles["floor"]:
+            total = bound
+            work = self.step_work(batch, touched, total)
+        return IterationCost(total / self.hardware.clock_hz, cycles, work)
 
     def _streamed(self, batch: IterationBatch, decode, prefill, x: np.ndarray, prefill_step: bool,
                   theta: dict) -> IterationCost:
@@ -260,9 +274,8 @@ class MappedFastLatency(FastLatency):
         weights, hidden = self.streamed_weight_cycles(batch, pieces)
         cycles = {"attention": sum(p.cycles for p in pieces if p.kind == "attention") + self.collective_cycles(batch),
                   "ffn": sum(p.cycles for p in pieces if p.kind == "ffn"), "weights": weights, "hidden": hidden}
-        total = cycles["attention"] + cycles["ffn"] + weights - hidden
         touched = int(x[:, 3].sum()) if self.model.is_moe else 0
-        return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
+        return self._floored(batch, cycles, cycles["attention"] + cycles["ffn"] + weights - hidden, touched)
 
     def describe(self) -> dict:
         return {**super().describe(), "schedule": self.spec.schedule}

@@ -333,7 +333,7 @@ def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, fi
         "waiting": steps_i[kr.I_WAITING, :n].copy(),
     }
     rows = {"attention": kr.I_CYCLES_ATTENTION, "ffn": kr.I_CYCLES_FFN, "hidden": kr.I_CYCLES_HIDDEN,
-            "weights": kr.I_CYCLES_WEIGHTS}
+            "weights": kr.I_CYCLES_WEIGHTS, "floor": kr.I_CYCLES_FLOOR}
     for kind in params["cycles"]:  # sorted, as the reference's columns
         iterations[f"cycles_{kind}"] = steps_i[rows[kind], :n].copy()
     if params["cycles"]:  # StepWork.work and .utilisation: int / int, exact below 2**53 (the kernel checked)

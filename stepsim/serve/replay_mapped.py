@@ -138,7 +138,7 @@ def mapped_parameters(provider, kr) -> dict | None:
     pieces = model.layers * 6 + 1
     return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
             "prefix": prefix, "x": np.zeros((3, FFN_COLUMNS)), "tiles": np.zeros(2, dtype=np.int64),
-            "cycles": ("attention", "ffn", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
+            "cycles": ("attention", "ffn", "floor", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
             "mapped": {"pm": pm, "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
                        "buckets_f": np.zeros((sm.BF_ROWS, 64)), "proj": proj, "expert_of_rank": expert_of_rank,
                        "need": np.zeros(3, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),

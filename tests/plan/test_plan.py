@@ -90,9 +90,6 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
           brute.summary["wall_s"])
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (issue 42 note): fast pricing on mapped layers is a fit and "
-                   "prices one step of '1x1ch sn40l none vllm seqs 4 batch 256' at 1.0125x its roofline; the fix is "
-                   "a roofline floor per priced step in fast_mapped.py and the compiled serve_mapped.py")
 def test_no_step_of_any_replay_beats_the_floors(plans):
     """The premise of plan's floors (stepsim/plan/pricing.py): no priced step is faster than its roofline, so every
     step's HBM and compute utilisation is at most 1 on every deployment the brute force searched."""

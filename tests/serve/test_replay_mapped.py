@@ -116,7 +116,8 @@ def _random_coefficients(rng) -> tuple[dict, dict]:
 @pytest.mark.parametrize("variant", ["moe", "dense", "many", "deep"])
 def test_the_compiled_mapped_pricing_is_the_providers(tmp_path, mapped, variant):
     """Random runs: the same tables as the provider called step by step, the same buckets in ``layer_use``, the
-    routing's window generator where the provider leaves it; streaming hid cycles in most runs."""
+    routing's window generator where the provider leaves it; streaming hid cycles in most runs; no step's
+    utilisation above 1."""
     model = _model(tmp_path, variant)
     rng = np.random.default_rng({"moe": 21, "dense": 22, "many": 23, "deep": 24}[variant])
     hidden_runs = 0
@@ -133,11 +134,39 @@ def test_the_compiled_mapped_pricing_is_the_providers(tmp_path, mapped, variant)
         assert_same_result(got, want)
         assert "cycles_hidden" in got.iterations and compiled.layer_use.steps == reference.layer_use.steps
         hidden_runs += bool(want.iterations["cycles_hidden"].any())
+        assert max(want.iterations["hbm_utilisation"].max(), want.iterations["compute_utilisation"].max()) <= 1.0
         if model.is_moe:
             a, b = compiled.routing, reference.routing
             assert a._used == b._used and np.array_equal(a._starts, b._starts)
             assert a._windows.bit_generator.state == b._windows.bit_generator.state
     assert hidden_runs >= 4
+
+
+@pytest.mark.parametrize("variant", ["moe", "dense"])
+def test_a_step_priced_below_its_roofline_costs_its_roofline(tmp_path, mapped, monkeypatch, variant):
+    """Coefficients that price every piece at one cycle and projections of one cycle: every step costs exactly
+    its roofline, ``max(ceil(HBM bytes / peak), ceil(FLOPs / peak))`` (StepWork.bound_cycles), the floor's cycles
+    are what it added, and the compiled loop's tables are the provider's, bit for bit."""
+    monkeypatch.setattr(projections, "projection_cost", lambda tokens, d_in, d_out, hardware: (1, 0, 0, 0))
+    model = _model(tmp_path, variant)
+    rng = np.random.default_rng(31)
+    mapped(Mapper(5, model.experts if model.is_moe else 1))
+    arrival, prompt, output, make, _ = _random_run(rng)
+    forms, _ = _random_coefficients(rng)
+    theta = {"decode": [0.0] * 10, "prefill": [0.0] * 7, "ffn": [0.0] * FFN_COLUMNS,
+             "ffn_prefill": [0.0] * FFN_COLUMNS}
+    compiled, reference = _provider(model, 4, forms, theta), _provider(model, 4, forms, theta)
+    got = compiled_replay(arrival, prompt, output, make(), compiled)
+    assert got is not None, replay_compiled._fallback_reason
+    want = replay_reference(arrival, prompt, output, make(), reference)
+    assert_same_result(got, want)
+    it = want.iterations
+    roofline = reference.roofline
+    bound = [roofline.bound_cycles(int(h), int(f)) for h, f in zip(it["hbm_bytes"], it["flops"])]
+    total = it["cycles_attention"] + it["cycles_ffn"] + it["cycles_weights"] - it["cycles_hidden"]
+    assert (it["cycles_floor"] > 0).all()
+    assert (total + it["cycles_floor"]).tolist() == bound
+    assert it["duration_s"].tolist() == [b / PRESETS["sn40l"].clock_hz for b in bound]
 
 
 def test_a_compiled_mapped_replay_stops_where_the_python_one_does(tmp_path, mapped):
