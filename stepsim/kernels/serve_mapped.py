@@ -34,11 +34,10 @@ M_ROWS = M_THETA_LENGTH + 4
 #: (filled, tile_n and regions of its loads, tile_n and on-chip bytes of its traffic), the decode attention's
 #: (filled, regions knob, on-chip bytes, the representative requests' busiest region load)
 (B_FFN, B_FFN_TILE_N, B_FFN_REGIONS, B_FFN_TRAFFIC_TILE_N, B_FFN_ON_CHIP, B_DECODE, B_DECODE_REGIONS,
- B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_FFN_LINE, B_ROWS) = range(11)
+ B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_ROWS) = range(10)
 #: rows of the per-bucket floats ``buckets_f`` (float64 ``[BF_ROWS, 64]``): the FFN's cycles, representative tiles
-#: and region tiles, the decode attention's cycles, the FFN line's intercept and slope (where ``B_FFN_LINE`` is 1:
-#: :func:`stepsim.serve.fast_mapped.fit_ffn_lines`)
-BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_FFN_LINE_A, BF_FFN_LINE_S, BF_ROWS = range(7)
+#: and region tiles, the decode attention's cycles
+BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_ROWS = range(5)
 #: ``proj`` (int64 ``[4, 4, n]``): q/k/v, o, router at a step's tokens and the LM head at its sequences; fields
 #: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs
 PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD = range(4)
@@ -345,16 +344,9 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                         if pool_rows[a, u] == pool_rows[bb, w]:
                             same += 1
                 xf[8 + few] = np.float64(same % 2)
-            if buckets_i[B_FFN_LINE, fb]:  # fast_mapped.ffn_cycles: the bucket's line in the expert tiles
-                v = np.rint(buckets_f[BF_FFN_LINE_A, fb] + buckets_f[BF_FFN_LINE_S, fb] * np.float64(total))
-                if v < 1.0:
-                    v = 1.0
-                if not v < EXACT:
-                    return UNSUPPORTED
-            else:
-                v = _predict(xf, theta[ffn_row], pm[M_THETA_LENGTH + ffn_row], columns, 7, scratch)
-                if v < 0.0:
-                    return UNSUPPORTED
+            v = _predict(xf, theta[ffn_row], pm[M_THETA_LENGTH + ffn_row], columns, 7, scratch)
+            if v < 0.0:
+                return UNSUPPORTED
             ffn_cycles = np.int64(v)
             touched += active
             # projections.ffn_traffic: each touched expert's matrices once per tile of its tokens

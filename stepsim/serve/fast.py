@@ -368,16 +368,6 @@ class FastLatency(EngineLatency):
         :class:`stepsim.serve.fast_mapped.MappedFastLatency`)."""
         return regressors(kind, data, self.forms.get(kind), self.spec)
 
-    def piece_cycles(self, kind: str, x: np.ndarray, theta: dict, prefill_step: bool) -> int:
-        """Cycles of a piece of regressors ``x`` under ``theta`` (:func:`calibrate`'s held-out check; a mapped
-        provider prices its FFN by its bucket's line)."""
-        return predict(x, theta[model_of(kind, prefill_step)], kind)
-
-    def fit_pieces(self, ffn_rows: list, ffn_cycles: list) -> dict:
-        """Coefficients beyond the four models', fitted by :func:`calibrate` on the FFN pieces' regressors and
-        engine cycles (a mapped provider's per-bucket lines); none here."""
-        return {}
-
     def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(decode, prefill)`` regressors of a step's attention pieces (None for a piece it has not): the same
         numbers :func:`regressors` gives, from one pass over the batch
@@ -567,7 +557,6 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
     for (kind, data), model, c in zip(fit_tasks, fit_models, cycles):
         rows[model].append(exact.piece_regressors(kind, data))
         targets[model].append(c)
-    extra_theta = exact.fit_pieces(rows["ffn"] + rows["ffn_prefill"], targets["ffn"] + targets["ffn_prefill"])
     pooled = rows["ffn"] + rows["ffn_prefill"]
     if (min(len(rows["ffn"]), len(rows["ffn_prefill"])) < 2 * FFN_REGRESSORS
             or min(span(rows["ffn"]), span(rows["ffn_prefill"])) < span(pooled)):  # one FFN model (span of the
@@ -582,7 +571,6 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         a, y = np.array(rows[kind]), np.array(targets[kind], dtype=np.float64)
         w = 1.0 / np.maximum(y, 1.0)  # least squares on relative error
         theta[kind] = solve(a * w[:, None], y * w).tolist()  # the same bits on every machine (exact_lstsq)
-    theta.update(extra_theta)
     if not hold_out:
         return theta, None
     errors, strata = [], []
@@ -592,8 +580,8 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
         roles = exact.roles(tasks)
         exact_cycles = [r[0] for r in exact.run_tasks(tasks)]
         truth = sum(count * c for (_, count), c in zip(roles, exact_cycles))
-        predicted = sum(count * exact.piece_cycles(kind, exact.piece_regressors(kind, data), theta,
-                                                   stratum == "prefill")
+        predicted = sum(count * predict(exact.piece_regressors(kind, data),
+                                        theta[model_of(kind, stratum == "prefill")], kind)
                         for (kind, data), (_, count) in zip(tasks, roles))
         weights = exact.weight_cycles(batch) + exact.collective_cycles(batch)  # exact terms, in both
         errors.append(abs((predicted + weights) - (truth + weights)) / (truth + weights))

@@ -45,7 +45,6 @@ from stepsim.serve.fast import (
     FastLatency,
     few_tokens,
     layer_counts,
-    model_of,
     pair_parity,
     predict,
     predict_rows,
@@ -58,10 +57,6 @@ from stepsim.serve.layers import KV_TILE, MAPPED_KINDS, LayerSpec
 FFN_STRUCTURAL = 8
 #: the mapped FFN's regressors: structural, few_tokens(), pair_parity()
 FFN_COLUMNS = FFN_STRUCTURAL + FEW_TOKENS + 1
-#: the key of ``theta`` holding the FFN's per-bucket lines (:func:`fit_ffn_lines`)
-FFN_LINES = "ffn_lines"
-#: FFN samples of a bucket, with two tile counts at least, from which its line has an intercept
-LINE_SAMPLES = 3
 
 
 _MEMO: dict = {}
@@ -136,51 +131,6 @@ def ffn_regressors(routing: np.ndarray, spec: LayerSpec) -> np.ndarray:
     return out
 
 
-def ffn_bucket(tokens: int) -> int:
-    """``log2`` of the FFN bucket of ``tokens`` tokens (:func:`stepsim.mapping.mapper.bucket`)."""
-    return (max(int(tokens), 1) - 1).bit_length()
-
-
-def fit_ffn_lines(rows: list, cycles: list) -> dict:
-    """``{FFN_LINES: {str(log2 bucket): [intercept, cycles a tile]}}`` from FFN pieces' regressors ``rows`` (tokens
-    in column 1, expert tiles at the bucket's ``tile_n`` in column 2) and their engine ``cycles``: each bucket's
-    line in its expert tiles, least squares on the relative error (:func:`stepsim.serve.exact_lstsq.solve`, the same
-    bits everywhere), through the origin when the bucket has fewer than :data:`LINE_SAMPLES` samples, one tile
-    count, or a fitted slope or intercept below 0.
-
-    Why a line per bucket, not one pooled fit: a bucket's schedule (tile_n, lanes, regions) sets what a tile costs,
-    and on the mapped Qwen3 shape the engine's cycles follow the expert tiles within a bucket (6,200-9,500 cycles a
-    tile at 17-64 tokens, +-5 % median about the bucket's line), while one fit over every bucket erred by +52 % at 8
-    tokens and the mapper's region-ratio estimate by up to +54 % at 24-128 (docs/serving.md §10.8)."""
-    from stepsim.serve.exact_lstsq import solve
-
-    by_bucket: dict[int, list] = {}
-    for x, c in zip(rows, cycles):
-        by_bucket.setdefault(ffn_bucket(int(x[1])), []).append((float(x[2]), float(c)))
-    lines = {}
-    for b in sorted(by_bucket):
-        tiles, y = (np.array(v) for v in zip(*by_bucket[b]))
-        w = 1.0 / np.maximum(y, 1.0)
-        a, s = 0.0, -1.0
-        if len(y) >= LINE_SAMPLES and len(np.unique(tiles)) >= 2:
-            a, s = (float(v) for v in solve(np.column_stack([np.ones_like(tiles), tiles]) * w[:, None], y * w))
-        if a < 0.0 or s <= 0.0:
-            a, s = 0.0, float(solve((tiles * w)[:, None], y * w)[0])
-        lines[str(b)] = [a, s]
-    return {FFN_LINES: lines}
-
-
-def ffn_cycles(x: np.ndarray, theta: dict | None, prefill_step: bool) -> np.ndarray:
-    """Cycles of FFN rows ``x`` (one step's layers: one bucket): ``max(rint(intercept + slope x tiles), 1)`` on
-    their bucket's line (:func:`fit_ffn_lines`), else the pooled fit (:func:`stepsim.serve.fast.predict_rows`; its
-    estimate without coefficients)."""
-    theta = theta or {}
-    line = (theta.get(FFN_LINES) or {}).get(str(ffn_bucket(int(x[0, 1]))))
-    if line is None:
-        return predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn")
-    return np.maximum(np.rint(line[0] + line[1] * x[:, 2]), 1).astype(np.int64)
-
-
 def decode_regressors(kv: np.ndarray, form, spec: LayerSpec) -> np.ndarray:
     """The mapped decode attention's regressors (module docstring) of KV lengths ``kv`` (every KV head's requests,
     as :meth:`stepsim.serve.exact.EngineLatency.tasks` makes them)."""
@@ -224,14 +174,6 @@ class MappedFastLatency(FastLatency):
             return regressors(kind, data, self.forms.get(kind), self.spec)
         return super().piece_regressors(kind, data)
 
-    def piece_cycles(self, kind: str, x: np.ndarray, theta: dict, prefill_step: bool) -> int:
-        if kind == "ffn":
-            return int(ffn_cycles(x[None, :], theta, prefill_step)[0])
-        return super().piece_cycles(kind, x, theta, prefill_step)
-
-    def fit_pieces(self, ffn_rows: list, cycles: list) -> dict:
-        return fit_ffn_lines(ffn_rows, cycles)
-
     def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         context = np.fromiter(batch.context_tokens, dtype=np.int64, count=len(batch.new_tokens))
         new = np.fromiter(batch.new_tokens, dtype=np.int64, count=len(batch.new_tokens))
@@ -266,6 +208,7 @@ class MappedFastLatency(FastLatency):
         return ffn_regressors(np.zeros((tokens, 1, 1), dtype=np.int64), self.spec), dense
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
+        from stepsim.serve.fast import model_of
 
         tokens = batch.prefill_tokens + batch.decode_tokens
         decode, prefill = self.attention_regressors(batch)
@@ -285,7 +228,7 @@ class MappedFastLatency(FastLatency):
             attention += layers * predict(prefill, theta.get("prefill"), "prefill")
         count = 1 if self.model.is_moe else layers
         cycles = {"attention": attention + self.collective_cycles(batch),
-                  "ffn": int(count * ffn_cycles(x, theta, prefill_step).sum()),
+                  "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn").sum()),
                   "weights": self.weight_cycles(batch)}
         touched = int(x[:, 3].sum()) if self.model.is_moe else 0
         return self._floored(batch, cycles, sum(cycles.values()), touched)
@@ -312,6 +255,7 @@ class MappedFastLatency(FastLatency):
         (:mod:`stepsim.serve.projections`)."""
         from stepsim.mapping import schedule_for
         from stepsim.mapping.kinds import layer_dims
+        from stepsim.serve.fast import model_of
         from stepsim.serve.projections import step_pieces
 
         decoded = None
@@ -324,7 +268,8 @@ class MappedFastLatency(FastLatency):
         prefilled = None
         if prefill is not None:
             prefilled = int(predict(prefill, theta.get("prefill"), "prefill"))  # every KV head in one attention
-        ffn = [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles(x, theta, prefill_step))]
+        ffn_cycles = predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn")
+        ffn = [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles)]
         pieces = step_pieces(self, batch, decoded, prefilled, ffn)
         weights, hidden = self.streamed_weight_cycles(batch, pieces)
         cycles = {"attention": sum(p.cycles for p in pieces if p.kind == "attention") + self.collective_cycles(batch),

@@ -32,27 +32,11 @@ def _integer(value, what: str) -> int:
     return int(value)
 
 
-def _ffn_lines(lines) -> dict | None:
-    """``{log2 bucket: (intercept, slope)}`` of ``theta``'s FFN lines (:func:`stepsim.serve.fast_mapped.fit_ffn_lines`),
-    ``{}`` for none, or None when they are not a bucket table the kernel can hold."""
-    if lines is None:
-        return {}
-    if not isinstance(lines, dict):
-        return None
-    out = {}
-    for key, line in lines.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) < 64 and isinstance(line, (list, tuple))
-                and len(line) == 2 and all(isinstance(v, float) and np.isfinite(v) for v in line)):
-            return None
-        out[int(key)] = (line[0], line[1])
-    return out
-
-
 def mapped_parameters(provider, kr) -> dict | None:
     """The mapped provider's constants and (empty) tables as the kernel takes them, or None."""
     from stepsim.kernels import serve_mapped as sm
     from stepsim.serve import fast as model_of_steps
-    from stepsim.serve.fast_mapped import FFN_COLUMNS, FFN_LINES, MappedFastLatency
+    from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
     from stepsim.serve.projections import DTYPE_BYTES, projection_shapes
     from stepsim.serve.routing import SyntheticRouting
 
@@ -73,10 +57,7 @@ def mapped_parameters(provider, kr) -> dict | None:
         return None
     widths = {"decode": 10, "prefill": 7, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
     theta = provider.theta or {}
-    if not isinstance(theta, dict) or not set(theta) <= {*widths, FFN_LINES}:
-        return None
-    lines = _ffn_lines(theta.get(FFN_LINES))
-    if lines is None:
+    if not isinstance(theta, dict) or not set(theta) <= set(widths):
         return None
     rows = [theta.get(kind) for kind in model_of_steps.MODELS]  # decode, prefill, ffn, ffn_prefill
     if any(r is not None and not (isinstance(r, (list, tuple)) and len(r) == widths[kind]
@@ -155,14 +136,11 @@ def mapped_parameters(provider, kr) -> dict | None:
         expert_of_rank = np.zeros((1, 1), dtype=np.int64)
     proj = np.full((4, 4, FIRST_TOKENS), -1, dtype=np.int64)
     pieces = model.layers * 6 + 1
-    buckets_i, buckets_f = np.zeros((sm.B_ROWS, 64), dtype=np.int64), np.zeros((sm.BF_ROWS, 64))
-    for b, (a, slope) in lines.items():
-        buckets_i[sm.B_FFN_LINE, b] = 1
-        buckets_f[sm.BF_FFN_LINE_A, b], buckets_f[sm.BF_FFN_LINE_S, b] = a, slope
     return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
             "prefix": prefix, "x": np.zeros((3, FFN_COLUMNS)), "tiles": np.zeros(2, dtype=np.int64),
             "cycles": ("attention", "ffn", "floor", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
-            "mapped": {"pm": pm, "buckets_i": buckets_i, "buckets_f": buckets_f, "proj": proj, "expert_of_rank": expert_of_rank,
+            "mapped": {"pm": pm, "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
+                       "buckets_f": np.zeros((sm.BF_ROWS, 64)), "proj": proj, "expert_of_rank": expert_of_rank,
                        "need": np.zeros(3, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),
                        "mloads": np.zeros(MAX_REGIONS, dtype=np.int64),
                        "counts": np.zeros(max(experts, 1), dtype=np.int64),

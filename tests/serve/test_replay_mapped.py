@@ -24,7 +24,7 @@ from stepsim.mapping.schedule import Schedule
 from stepsim.models.presets import resolve_model
 from stepsim.serve import fast_mapped, projections, replay_compiled
 from stepsim.serve.fast import MetricForm
-from stepsim.serve.fast_mapped import FFN_COLUMNS, FFN_LINES, MappedFastLatency
+from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
 from stepsim.serve.replay import replay, replay_reference
 from stepsim.serve.replay_compiled import compiled_replay
 from stepsim.serve.replay_stop import ReplayStopped, StopRule
@@ -104,16 +104,12 @@ def _provider(model, seed: int, forms: dict, theta) -> MappedFastLatency:
 
 def _random_coefficients(rng) -> tuple[dict, dict]:
     """Metric forms of the decode and prefill attention and coefficients of every kind, random; some kinds
-    without coefficients (priced by their bound or estimate); in most draws, lines for some FFN buckets (the rest
-    priced by the pooled coefficients)."""
+    without coefficients (priced by their bound or estimate)."""
     forms = {k: MetricForm(tuple(rng.uniform(0, 5000, 4).tolist()), tuple(rng.uniform(0, 9e5, 4).tolist()))
              for k in ("decode", "prefill")}
     widths = {"decode": 10, "prefill": 7, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
     theta = {k: (None if rng.random() < 0.15 else (rng.standard_normal(w) * 10.0 ** rng.integers(-2, 3, w)).tolist())
              for k, w in widths.items()}
-    if rng.random() < 0.7:
-        theta[FFN_LINES] = {str(b): [float(rng.choice([0.0, rng.uniform(0, 5e4)])), float(rng.uniform(0.5, 2e4))]
-                            for b in range(12) if rng.random() < 0.5}
     return forms, theta
 
 
