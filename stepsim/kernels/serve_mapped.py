@@ -34,10 +34,12 @@ M_ROWS = M_THETA_LENGTH + 4
 #: (filled, tile_n and regions of its loads, tile_n and on-chip bytes of its traffic), the decode attention's
 #: (filled, regions knob, on-chip bytes, the representative requests' busiest region load)
 (B_FFN, B_FFN_TILE_N, B_FFN_REGIONS, B_FFN_TRAFFIC_TILE_N, B_FFN_ON_CHIP, B_DECODE, B_DECODE_REGIONS,
- B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_ROWS) = range(10)
+ B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_PREFILL, B_PREFILL_REGIONS, B_PREFILL_REP_LOAD, B_ROWS) = range(13)
+#: (``B_PREFILL``...: the prefill attention's filled, regions knob and the representative data's busiest region
+#: load, :func:`stepsim.serve.fast_mapped.prefill_reference`)
 #: rows of the per-bucket floats ``buckets_f`` (float64 ``[BF_ROWS, 64]``): the FFN's cycles, representative tiles
-#: and region tiles, the decode attention's cycles
-BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_ROWS = range(5)
+#: and region tiles, the decode attention's cycles, the prefill attention's
+BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_PREFILL_CYCLES, BF_ROWS = range(6)
 #: ``proj`` (int64 ``[4, 4, n]``): q/k/v, o, router at a step's tokens and the LM head at its sequences; fields
 #: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs
 PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD = range(4)
@@ -45,7 +47,8 @@ PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD = range(4)
 PC_CYCLES, PC_HBM, PC_WEIGHT, PC_ON_CHIP, PC_FLOPS, PC_STREAMS, PC_KIND, PC_PREFETCHED, PC_ROWS = range(9)
 #: piece kinds (``pc[PC_KIND]``)
 K_PROJECTION, K_ATTENTION, K_FFN = range(3)
-#: ``need`` (int64 ``[3]``): the step's tokens, sequences and decode requests (every KV head's)
+#: ``need`` (int64 ``[4]``): the step's tokens, sequences, decode requests (every KV head's) and prefill size (one
+#: head's query tiles in positions, 0 without a prefill chunk)
 #: results of :func:`price_mapped`
 PRICED, NEED, UNSUPPORTED = range(3)
 #: entries of ``res`` (int64): the step's cycles by kind, experts touched, the decode requests (every KV head's)
@@ -98,9 +101,16 @@ def _counts(prefix, start, tokens, experts, counts):
 
 
 @kernel
-def _ready(buckets_i, proj, tokens, m, decode, moe):
-    """Whether the tables hold what a step of ``tokens`` tokens, ``m`` sequences and ``decode`` decode requests
-    (every KV head's) needs."""
+def _gcd(a, b):
+    while b:
+        a, b = b, a % b
+    return a
+
+
+@kernel
+def _ready(buckets_i, proj, tokens, m, decode, prefill_size, moe):
+    """Whether the tables hold what a step of ``tokens`` tokens, ``m`` sequences, ``decode`` decode requests
+    (every KV head's) and a prefill attention of ``prefill_size`` (0: none) needs."""
     n = proj.shape[2]
     if tokens >= n or m >= n:
         return False
@@ -109,6 +119,8 @@ def _ready(buckets_i, proj, tokens, m, decode, moe):
     if moe and proj[PJ_ROUTER, 0, tokens] < 0:
         return False
     if buckets_i[B_FFN, log2_bucket(tokens)] == 0:
+        return False
+    if prefill_size and buckets_i[B_PREFILL, log2_bucket(prefill_size)] == 0:
         return False
     return decode == 0 or buckets_i[B_DECODE, log2_bucket(decode)] != 0
 
@@ -202,10 +214,12 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             pre_q += last - first + 1
             pre_kv += ((last + 1) * (last + 2) - first * (first + 1)) // 2
     decode_requests = n_dec * heads
-    if not _ready(buckets_i, proj, tokens, m, decode_requests, moe):
+    prefill_size = pre_q << shift
+    if not _ready(buckets_i, proj, tokens, m, decode_requests, prefill_size, moe):
         need[0] = tokens
         need[1] = m
         need[2] = decode_requests
+        need[3] = prefill_size
         return NEED
     if pre_kv >= EXACT // max(heads, 1) or dec_tiles >= EXACT // max(heads, 1):
         return UNSUPPORTED
@@ -261,7 +275,27 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
         xp[4] = hbm
         xp[5] = compute
         xp[6] = compute if compute > hbm else hbm
-        v = _predict(xp, theta[1], pm[M_THETA_LENGTH + 1], 7, 6, scratch)
+        # fast_mapped.prefill_estimate: query tile j of every head's chunks (head by head, request by request) to
+        # region j % gcd(knob, query tiles)
+        pb = log2_bucket(prefill_size)
+        r = _gcd(buckets_i[B_PREFILL_REGIONS, pb], pre_q * heads)
+        if r > len(loads) or r < 1:
+            return UNSUPPORTED
+        for j in range(r):
+            loads[j] = 0
+        j = 0
+        for h in range(heads):
+            for i in range(m):
+                if new[i] == 1:
+                    continue
+                for g in range(ctx[i] >> shift, ((ctx[i] + new[i] - 1) >> shift) + 1):
+                    loads[j % r] += g + 1
+                    j += 1
+        most = 0
+        for j in range(r):
+            most = max(most, loads[j])
+        xp[7] = buckets_f[BF_PREFILL_CYCLES, pb] * np.float64(most) / np.float64(buckets_i[B_PREFILL_REP_LOAD, pb])
+        v = _predict(xp, theta[1], pm[M_THETA_LENGTH + 1], 8, 7, scratch)
         if v < 0.0:
             return UNSUPPORTED
         pre_cycles = np.int64(v)

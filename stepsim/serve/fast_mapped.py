@@ -34,6 +34,7 @@ equal float for float.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -152,6 +153,51 @@ def decode_regressors(kv: np.ndarray, form, spec: LayerSpec) -> np.ndarray:
                      max(hbm, compute)])
 
 
+def prefill_reference(size: int, spec: LayerSpec) -> tuple[float, int, int]:
+    """``(cycles, regions knob, busiest region's KV tiles)`` of the prefill bucket of ``size`` (query positions one
+    KV head computes, :func:`stepsim.mapping.kinds.prefill_size`): the mapper's cycles on its representative data
+    (every KV head one prompt of the bucket's tokens, nothing cached) and that data's busiest region load as the
+    builder deals it (:func:`prefill_load`)."""
+    from stepsim.mapping.kinds import prefill_data
+    from stepsim.mapping.mapper import bucket
+    from stepsim.workloads.prefill_attention.build import query_tiles
+
+    b = bucket(size)
+
+    def make():
+        schedule = schedule_of("prefill", b, spec)
+        knob = int(schedule.knobs["regions"])
+        _, group = query_tiles(*prefill_data(b, {"kv_heads": spec.model.kv_heads}), KV_TILE)
+        return float(schedule.cycles), knob, prefill_load(group, knob)
+    return _memo(("prefill", b, repr(spec.model), spec.hardware), make)
+
+
+def prefill_load(group: np.ndarray, knob: int) -> int:
+    """KV tiles the busiest region reads when query tile ``j`` (position tile ``group[j]``, reading KV tiles
+    ``0 .. group[j]``) goes to region ``j % regions``, ``regions = gcd(knob, query tiles)``
+    (:func:`stepsim.mapping.kinds.prefill_regions`, as the builder deals them)."""
+    regions = math.gcd(knob, len(group))
+    loads = np.zeros(regions, dtype=np.int64)
+    np.add.at(loads, np.arange(len(group)) % regions, np.asarray(group, dtype=np.int64) + 1)
+    return int(loads.max())
+
+
+def prefill_estimate(cached, chunk, spec: LayerSpec) -> float:
+    """The mapped prefill attention's estimate of ``(cached, chunk)`` (every KV head's requests, as the exact
+    provider builds them): its bucket's mapper cycles scaled by the busiest region's KV tiles against the
+    representative data's (:func:`prefill_reference`).
+
+    Why: the builder gives the layer ``gcd(knob, query tiles)`` regions, so a chunk whose query tiles share few
+    factors with the bucket's knob runs on few regions (a 1,028-token prompt of the 4-layer Qwen3 shape: 132 query
+    tiles, 4 regions of the knob's 128, 654,057 cycles a layer), which the paper regressors cannot see: without
+    this column fast priced it at 88,486 (docs/serving.md §10.8)."""
+    from stepsim.workloads.prefill_attention.build import query_tiles
+
+    _, group = query_tiles(np.asarray(cached), np.asarray(chunk), KV_TILE)
+    cycles, knob, rep = prefill_reference(KV_TILE * len(group) // spec.model.kv_heads, spec)
+    return cycles * float(prefill_load(group, knob)) / float(rep)
+
+
 def regressors(kind: str, data, form, spec: LayerSpec) -> np.ndarray:
     """The regressors of a mapped piece (``kind`` ``decode``, ``prefill`` or ``ffn``), as
     :func:`stepsim.serve.fast.regressors` gives a paper-schedule piece's."""
@@ -160,7 +206,7 @@ def regressors(kind: str, data, form, spec: LayerSpec) -> np.ndarray:
     if kind == "prefill":
         from stepsim.serve.fast import regressors as paper_regressors
 
-        return paper_regressors(kind, data, form, spec)
+        return np.array([*paper_regressors(kind, data, form, spec), prefill_estimate(data[0], data[1], spec)])
     return decode_regressors(data, form, spec)
 
 
@@ -185,12 +231,12 @@ class MappedFastLatency(FastLatency):
         if (new != 1).any():  # every KV head's chunks, with the paper piece's regressors (module docstring)
             f, unused = np.zeros(3, dtype=np.int64), np.zeros(5, dtype=np.int64)
             heads = self.model.kv_heads
-            attention_features(np.tile(context[new != 1], heads), np.tile(new[new != 1], heads), _TILE_SHIFT,
-                               np.empty(1, dtype=np.int64), unused, f)
+            cached, chunk = np.tile(context[new != 1], heads), np.tile(new[new != 1], heads)
+            attention_features(cached, chunk, _TILE_SHIFT, np.empty(1, dtype=np.int64), unused, f)
             x = np.array([1.0, *f.tolist()])
             hbm = float((x * self._off_chip["prefill"]).sum()) / self.spec.hardware.hbm_peak_bytes_per_cycle
             compute = float((x * self._flops["prefill"]).sum()) / BOUND_COMPUTE_BW
-            prefill = np.array([*x.tolist(), hbm, compute, max(hbm, compute)])
+            prefill = np.array([*x.tolist(), hbm, compute, max(hbm, compute), prefill_estimate(cached, chunk, self.spec)])
         return decode, prefill
 
     def ffn_rows(self, tokens: int):

@@ -55,7 +55,7 @@ def mapped_parameters(provider, kr) -> dict | None:
     if not {"decode", "prefill"} <= set(forms) or any(len(forms[k].off_chip) != 4 or len(forms[k].flops) != 4
                                                       for k in ("decode", "prefill")):
         return None
-    widths = {"decode": 10, "prefill": 7, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
+    widths = {"decode": 10, "prefill": 8, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
     theta = provider.theta or {}
     if not isinstance(theta, dict) or not set(theta) <= set(widths):
         return None
@@ -141,7 +141,7 @@ def mapped_parameters(provider, kr) -> dict | None:
             "cycles": ("attention", "ffn", "floor", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
             "mapped": {"pm": pm, "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
                        "buckets_f": np.zeros((sm.BF_ROWS, 64)), "proj": proj, "expert_of_rank": expert_of_rank,
-                       "need": np.zeros(3, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),
+                       "need": np.zeros(4, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),
                        "mloads": np.zeros(MAX_REGIONS, dtype=np.int64),
                        "counts": np.zeros(max(experts, 1), dtype=np.int64),
                        "regions": np.zeros(max(experts, 1), dtype=np.int64),
@@ -160,11 +160,11 @@ def fill(params: dict) -> None:
     from stepsim.mapping.kinds import DECODE_KV_LENGTH, layer_dims
     from stepsim.mapping.mapper import bucket
     from stepsim.serve import projections
-    from stepsim.serve.fast_mapped import ffn_reference, schedule_of
+    from stepsim.serve.fast_mapped import ffn_reference, prefill_reference, schedule_of
     from stepsim.serve.layers import KV_TILE
 
     provider, tables = params["provider"], params["mapped"]
-    tokens, seqs, decode = (int(v) for v in tables["need"])
+    tokens, seqs, decode, prefill_size = (int(v) for v in tables["need"])
     model, hardware, spec = provider.model, provider.hardware, provider.spec
     proj = tables["proj"]
     if max(tokens, seqs) >= proj.shape[2]:
@@ -199,6 +199,16 @@ def fill(params: dict) -> None:
         bi[sm.B_FFN_ON_CHIP, b] = _integer(on_chip, "the FFN's on-chip bytes")
         bf[sm.BF_FFN_CYCLES, b], bf[sm.BF_FFN_TILES, b], bf[sm.BF_FFN_REGIONS, b] = cycles, tiles, regions_rep
         bi[sm.B_FFN, b] = 1
+    if prefill_size:
+        b = sm.log2_bucket(prefill_size)
+        if not bi[sm.B_PREFILL, b]:
+            cycles, knob, rep_load = prefill_reference(prefill_size, spec)
+            bi[sm.B_PREFILL_REGIONS, b] = _integer(knob, "the prefill attention's regions")
+            bi[sm.B_PREFILL_REP_LOAD, b] = _integer(rep_load, "the prefill attention's representative load")
+            if not (knob > 0 and rep_load > 0):
+                raise Unsupported(f"the prefill attention's regions {knob} or representative load {rep_load} is 0")
+            bf[sm.BF_PREFILL_CYCLES, b] = cycles
+            bi[sm.B_PREFILL, b] = 1
     if decode:
         b = sm.log2_bucket(decode)
         if not bi[sm.B_DECODE, b]:

@@ -28,7 +28,7 @@ from test_stored_mapped_run import check_stored_mapped_run
 from stepsim.base.hardware import PRESETS
 from stepsim.models.presets import resolve_model
 from stepsim.serve.exact import max_kv_rows
-from stepsim.serve.fast_mapped import ffn_regressors
+from stepsim.serve.fast_mapped import ffn_regressors, prefill_estimate, prefill_reference
 from stepsim.serve.layers import LayerRunner, LayerSpec
 from stepsim.serve.output import read_outputs
 from stepsim.serve.routing import SyntheticRouting
@@ -60,6 +60,23 @@ def test_the_mapped_ffn_estimate_over_prices_the_buckets_of_32_regions():
     ratio = {t: round(est / cycles, 3) for t, (cycles, est, _, _) in got.items()}
     assert ratio == {8: 0.988, 16: 1.016, 48: 1.357, 64: 1.512}
 
+
+
+def test_the_prefill_estimate_sees_the_regions_a_chunk_is_built_with():
+    """The mapped prefill attention has ``gcd(knob, query tiles)`` regions: the 1,028-token prompt of the stored
+    run's first step (every KV head: 132 query tiles, bucket 2,048 mapped with 128 regions) runs on 4, at 654,057
+    cycles a layer (the stored step, priced again by check_stored_mapped_run), where 1,024 tokens take 51,127 on
+    128. The estimate (the bucket's cycles scaled by the busiest region's KV tiles) follows: 732,074 (1.12x), where
+    the paper regressors alone had fast price the layer at 88,486 (TTFT p99 -66.9 % against exact)."""
+    model = resolve_model(str(MODEL))
+    spec = LayerSpec(model, PRESETS["sn40l"], max_kv_rows(40960), schedule="auto")
+    heads = model.kv_heads
+    assert prefill_reference(1056, spec) == (167033.0, 128, 128)
+    estimate = {n: round(prefill_estimate(np.zeros(heads, dtype=np.int64), np.full(heads, n), spec))
+                for n in (1024, 1028)}
+    assert estimate == {1024: 51127, 1028: 732074}
+    first = read_outputs(STORED)[1].slice(0, 1).to_pylist()[0]
+    assert (first["prefill_tokens"], first["sequences"], first["cycles_attention"]) == (1028, 1, 4 * 654057)
 
 
 #: the stored exact run of the window (``stepsim serve --fidelity exact --schedule auto --jobs 2``, bench/README.md)
