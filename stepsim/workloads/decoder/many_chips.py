@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Promote, Reshape, RetileStreamify
-from stepsim.workloads.moe.build import PACKING_COMPUTE_BW, _timeshared_ffns, expert_ffns
+from stepsim.workloads.moe.build import PACKING_COMPUTE_BW
 from stepsim.workloads.sharding import check_chips, check_columns
 
 
@@ -104,15 +104,15 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     ``partial``, a stack's layers (decoder/build.py's stack: ``partial(i, hs, rows)`` is layer i's share of KV
     heads ``hs`` on every request's ``rows``; ``pp`` stages of E chips, ``micro_batches``). ``tp`` (``--tp T --ep
     E``, one layer): every shard's group of T chips runs the MoE block tensor-parallel. Returns ``(params,
-    tile_rows)``: the record's parallel params (one layer: those of the pass's ``ep_params`` or
-    ``expert_tensor_parallel``, plus ``algorithm``) and the experts' tile rows."""
+    tile_rows)``: the record's parallel params (the pass's ``expert_parallel`` or ``expert_tensor_parallel``, plus
+    ``algorithm``) and the experts' tile rows. The layers are the pass's; this function gives it the attention and
+    the residuals (``hooks``)."""
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.moe.build import DEFAULT_TILE_N
     from stepsim.workloads.routing import expert_counts
     from stepsim.workloads.sharding import (
         Sharding,
         check_tp_ep,
-        ep_params,
         expert_parallel,
         expert_tensor_parallel,
         in_order,
@@ -140,35 +140,36 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     per_head, gap, shard = n_heads // attn_chips, ep * stride // attn_chips, batch // ep
     sh = Sharding(g, stages_system(pp, ep, system, "--ep") if tp is None else
                   tp_ep_system(moe, tp, ep, batch, system, tile_f))
-    rows_in, per_stage, tile_rows, expert_chips = {}, layers // (pp or 1), {}, []
+    rows_in, per_stage, homes = {}, layers // (pp or 1), {}
     for c in range(ep if stack else 0):  # a stack: shard c's input rows of the current layer, (1, shard)
         before = len(g.ops)
         rows_in[c] = load_rows(g, f"x.{c}", shard, d)
         sh.place(before, c)
-    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, packing_compute_bw=PACKING_COMPUTE_BW)
-    for i, routing in enumerate(routings):
-        base, prefix, counts = (i // per_stage) * ep, f"layer{i}." if stack else "", expert_counts(routing,
-                                                                                                   moe.experts)
+    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"],
+                 packing_compute_bw=PACKING_COMPUTE_BW)
+
+    def hooks(i, base):  # layer i's attention, reduce-scattered; its home_in / home_out (the residuals)
+        prefix, own = f"layer{i}." if stack else "", rows_in.copy()
         if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, and fans out
             for c in range(ep):  # there (a fan-out's FIFO depth is its producer's: the link's would be too shallow)
                 before = len(g.ops)
-                rows_in[c] = Promote(g, Flatten(g, rows_in[c], 0, 1), 1)
+                own[c] = Promote(g, Flatten(g, own[c], 0, 1), 1)
                 sh.place(before, base + c)
-        for rows in rows_in.values():  # the rows wait for the attention (all shards) before the residual reads them
+        for rows in own.values():  # the rows wait for the attention (all shards) before the residual reads them
             rows.fanout_depth = shard
 
-        def attention_partial(a, i=i, rows=dict(rows_in)):  # [1, B] rows (1, D): chip a's share of attn @ W_o
+        def attention_partial(a):  # [1, B] rows (1, D): chip a's share of attn @ W_o
             hs = range(a * per_head, (a + 1) * per_head)
             if not stack:
                 return Promote(g, RetileStreamify(g, heads(hs), split_row=True), 1)
-            return partial(i, hs, in_order(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], batch, bindings))
+            return partial(i, hs, in_order(g, [Flatten(g, own[c], 0, 1) for c in range(ep)], batch, bindings))
 
         chips = [base + a * gap for a in range(attn_chips)]
         chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
                                    prefix=f"{prefix}attn_reducescatter.")
-        reduced, homes, rows_out = sh.scatter_shards(chunks, chips, ep, batch), {}, {}
+        reduced = sh.scatter_shards(chunks, chips, ep, batch)
 
-        def home_in(s, rows, t=0, reduced=reduced, own=dict(rows_in)):  # h = x + attn @ W_o, shard s's rows
+        def home_in(s, rows, t=0):  # h = x + attn @ W_o, shard s's rows
             if attn_chips > ep:  # the shard's A / E chunks in row order, from the chips that reduced them
                 k = attn_chips // ep
                 attn = in_order(g, [reduced[s * k + j] for j in range(k)], rows, bindings, promote=False)
@@ -179,51 +180,30 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
             homes[(s, t)] = h
             return h
 
-        if tp is not None:
-            parts = {}
-
-            def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
-                if (s, t) not in parts:
-                    parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
-                LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw),
-                                   tensor_name=f"y{s * tp + t}.{k}")
-
-            ep_bindings, tile_rows, params = expert_tensor_parallel(
-                sh, moe, routing, counts, tp, ep, placement, algorithm,
-                compute_bw=bw["compute_bw"], home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store,
-                **build)
-            bindings.update(ep_bindings)
-            return params, tile_rows
-
-        def home_out(c, combined, last=i == layers - 1):  # y = h + moe(h), chip c's rows
+        def home_out(c, combined):  # y = h + moe(h), chip c's rows
             out = Map(g, [combined, homes[(c, 0)]], Add(), **bw)
-            if last:
+            if i == layers - 1:
                 LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
-            rows_out[c] = out
+            rows_in[c] = out
 
-        dedicated, shared = expert_ffns(moe, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                        packing_compute_bw=PACKING_COMPUTE_BW, prefix=prefix)
-        regions = moe_kw["regions"]
+        return home_in, home_out
 
-        def ffns(g, packed, members=None, counts=counts):  # one region per expert, or time-multiplexed (--regions)
-            if members is None:
-                return dedicated(g, packed)
-            return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
+    if tp is None:
+        params, layer_bindings, tile_rows = expert_parallel(
+            sh, moe, routings, ep, placement, stack=stack, pp=pp, micro_batches=m, hooks=hooks, algorithm=algorithm,
+            regions=None if moe_kw["regions"] == moe.experts else moe_kw["regions"], **build)
+        bindings.update(layer_bindings)
+        return params, tile_rows
+    home_in, _ = hooks(0, 0)
+    parts = {}
 
-        layer = expert_parallel(sh, moe, routing, counts, ep, placement, layer=i if stack else None, base=base,
-                                regions=None if regions == moe.experts else regions, micro_batches=m, ffns=ffns,
-                                compute_bw=bw["compute_bw"], shared_ffn=shared, home_in=home_in, home_out=home_out,
-                                **build)
-        if not stack:
-            params = ep_params(sh, layer, counts, ep, placement)
-        bindings.update(layer[1])
-        tile_rows.update(layer[3])
-        expert_chips.append(layer[0])
-        rows_in = rows_out
-    if not stack:
-        return {**params, "algorithm": algorithm}, tile_rows
-    report = sh.finish(bindings)
-    return {"layers": layers, "micro_batches": m, **({"pp": pp} if pp else {}), "ep": ep, "placement": placement,
-            "algorithm": algorithm, "system": report["system"], "shard_bounds": layer[2],
-            "expert_chips": expert_chips, "links_used": report["links_used"],
-            "link_bytes": report["link_bytes"]}, tile_rows
+    def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
+        if (s, t) not in parts:
+            parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
+        LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw), tensor_name=f"y{s * tp + t}.{k}")
+
+    ep_bindings, tile_rows, params = expert_tensor_parallel(
+        sh, moe, routings[0], expert_counts(routings[0], moe.experts), tp, ep, placement, algorithm,
+        home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store, **build)
+    bindings.update(ep_bindings)
+    return params, tile_rows
