@@ -35,7 +35,8 @@ The placements and where they are built (every one on :class:`Sharding`):
   load-balanced placement's cost model, ``--regions``) or a stack's layers in their stages (``--micro-batches``),
   on the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`; a kind's hook builds what comes before
   each layer (the decoder's attention, reduce-scattered) and its residuals;
-* ``--tp T --ep E``: :func:`expert_tensor_parallel` (expert groups of T chips, an all-reduce per group);
+* ``--tp T --ep E``: :func:`expert_parallel` with ``tp`` (expert groups of T chips, an all-reduce per group;
+  :func:`expert_tensor_parallel`);
 * ``--pp P`` alone: :func:`pipeline` (the MoE, decoder and SwiGLU stacks).
 * ``--pp P`` on a graph already built (graph in, graph out; an ONNX-lowered model's layers, the node names'
   prefixes): :func:`pipeline_graph`.
@@ -365,8 +366,8 @@ def _place(sh: Sharding, model, routing, counts, chips: int, placement: str, bui
 
 
 def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, stack: bool, pp: int | None = None,
-              micro_batches: int = 1, regions: int | None = None, hooks=None, algorithm: str | None = None,
-              **build) -> tuple[dict, dict, dict]:
+                    micro_batches: int = 1, regions: int | None = None, hooks=None, algorithm: str | None = None,
+                    tp: int | None = None, store=None, **build) -> tuple[dict, dict, dict]:
     """``--ep E`` layers into ``sh.g``: each the sharded expert-parallel layer of
     :func:`~stepsim.workloads.moe.sharded.build_sharded` (the all-to-alls), the FFNs of
     :func:`~stepsim.workloads.moe.stage.expert_ffns`, its operators on the chips ``base ..`` of its stage.
@@ -379,42 +380,74 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
     the tile-first greedy, ``micro_batches``, its tensors and groups named ``layer<i>.`` (step 5).
     ``hooks(i, base)`` builds what comes before layer i (the decoder's attention) and gives build_sharded's
     ``(home_in, home_out)``; without hooks each layer loads ``x.<c>`` and stores ``y.<c>``. ``build``:
-    build_sharded's keywords. Returns ``(params, bindings, tile_rows)``, the params (with ``algorithm`` when
-    given): placement, chips, shard bounds, the chip of every expert and, for one layer, the per-chip tokens,
-    busiest chip, imbalance = max / mean (and ``region_experts``), then the links (:meth:`Sharding.finish`)."""
+    build_sharded's keywords.
+
+    ``tp`` N (``--tp N --ep E``, one layer; the system: :func:`tp_ep_system`): the experts placed on E groups of N
+    chips (chips ``g N ..``: group g; the same cost model on the shard's F / N columns, :func:`columns`), the batch
+    sharded over the groups and replicated over a group's chips. Rank t is one expert-parallel layer over chips
+    ``g N + t`` of every group (weights ``expert<e>_<part>.<t>``, ``shared_<part>.<t>``; ``home_in(s, rows, t)``);
+    every chip so ends with a partial sum of its group's rows, all-reduced over the group (``algorithm``), and chip
+    ``p = g N + t`` stores reduced chunk k in ``y<p>.<k>`` (or ``store(g, t, k, stream)`` consumes it).
+
+    Returns ``(params, bindings, tile_rows)``, the params (with ``algorithm`` when given): placement, chips, shard
+    bounds, the chip of every expert (with ``tp``: its group's first) and, for one layer, the token rows every
+    chip's experts receive, the busiest chip, imbalance = max / mean (and ``region_experts``), then the links
+    (:meth:`Sharding.finish`)."""
+    from stepsim.workloads.chips import all_reduce_partials
     from stepsim.workloads.moe.parallel import region_members
     from stepsim.workloads.moe.sharded import build_sharded
     from stepsim.workloads.moe.stage import _timeshared_ffns, expert_ffns
     from stepsim.workloads.routing import expert_counts
 
     bindings, tile_rows, expert_chips, per_stage = {}, {}, [], len(routings) // (pp or 1)
-    bw, tile_f, dynamic = dict(compute_bw=build["compute_bw"]), build["tile_f"], build["dynamic"]
+    bw, tile_f, dynamic, width = dict(compute_bw=build["compute_bw"]), build["tile_f"], build["dynamic"], tp or 1
+    shard, partials = model if tp is None else columns(model, tp), {}  # --tp: every chip's F / N columns
     for i, routing in enumerate(routings):
         base, counts = (i // per_stage) * ep, expert_counts(routing, model.experts)
         home_in, home_out = (None, None) if hooks is None else hooks(i, base)
-        dedicated, shared = expert_ffns(model, tile_n=build["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                   packing_compute_bw=build["packing_compute_bw"], prefix=f"layer{i}." if stack else "")
         # one layer: the cost model (with --regions a chip's tiles are its time: the tile-first greedy)
-        chip_of = _place(sh, model, routing, counts, ep, placement, build, cost=not stack and regions is None,
+        chip_of = _place(sh, shard, routing, counts, ep, placement, build, cost=not stack and regions is None,
                          rows=not stack)
         members = None if regions is None else region_members(chip_of, ep, regions)
+        for t in range(width):
+            dedicated, shared = expert_ffns(shard, tile_n=build["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
+                                            packing_compute_bw=build["packing_compute_bw"],
+                                            prefix=f"layer{i}." if stack else "", suffix="" if tp is None else f".{t}")
 
-        def ffns(g, packed, counts=counts, members=members):  # each chip's experts time-multiplexed (regions)
-            if members is None:
-                return dedicated(g, packed)
-            return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
+            def ffns(g, packed, counts=counts, members=members, dedicated=dedicated):  # regions: time-multiplexed
+                if members is None:
+                    return dedicated(g, packed)
+                return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
 
-        before = len(sh.g.ops)
-        layer_chip, layer_bindings, bounds, rows = build_sharded(
-            sh.g, model, routing, chip_of, ep, ffns=ffns, shared_ffn=shared, micro_batches=micro_batches,
-            region_chip=None if members is None else [chip_of[m[0]] for m in members], home_in=home_in,
-            home_out=home_out, prefix=f"layer{i}." if stack else "", **build)
-        sh.op_chip.update({op.id: base + layer_chip[op.id] for op in sh.g.ops[before:]})
-        if stack:
-            relabel(sh.g.ops[before:], i)
-        bindings.update(layer_bindings)
-        tile_rows.update(rows)
+            before = len(sh.g.ops)
+            layer_chip, layer_bindings, bounds, rows = build_sharded(
+                sh.g, shard, routing, chip_of, ep, ffns=ffns, shared_ffn=shared, micro_batches=micro_batches,
+                region_chip=None if members is None else [chip_of[m[0]] for m in members],
+                home_in=home_in if tp is None or home_in is None else lambda s, n, t=t: home_in(s, n, t),
+                home_out=home_out if tp is None else lambda grp, summed, t=t: partials.__setitem__((grp, t), summed),
+                prefix=f"layer{i}." if stack else "", **build)
+            sh.op_chip.update({op.id: base + layer_chip[op.id] * width + t for op in sh.g.ops[before:]})
+            if stack:
+                relabel(sh.g.ops[before:], i)
+            bindings.update(layer_bindings)
+            tile_rows.update(rows)
         expert_chips.append(chip_of)
+    for grp in range(ep if tp is not None else 0):  # --tp: each group's partial sums all-reduced, then stored
+        start, group = len(sh.g.ops), [grp * tp + t for t in range(tp)]
+        reduced = all_reduce_partials(sh.g, GroupNetwork(sh.net, group), tp, lambda t, grp=grp: partials[(grp, t)],
+                                      bounds[grp + 1] - bounds[grp], algorithm=algorithm,
+                                      compute_bw=build["compute_bw"], prefix=f"allreduce.g{grp}.")
+        for (t, k), stream in sorted(reduced.items()):
+            before = len(sh.g.ops)
+            if store is None:
+                LinearOffChipStore(sh.g, stream, tensor_name=f"y{grp * tp + t}.{k}")
+            else:
+                store(grp, t, k, stream)
+            for op in sh.g.ops[before:]:
+                op.chip = t
+        sh.place_ranked(start, group)  # the builders placed them by rank within the group (op.chip)
+    if tp is not None:
+        sh.delivered()
     named = {} if algorithm is None else {"algorithm": algorithm}
     if stack:
         r = sh.finish(bindings)
@@ -423,6 +456,12 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
                   "expert_chips": expert_chips, "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
         return params, bindings, tile_rows
     r = _report(sh, bindings, counts, chip_of, ep)
+    if tp is not None:
+        params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": r["system"],
+                  "expert_chips": [grp * tp for grp in chip_of], "shard_bounds": bounds,
+                  "chip_tokens": [r["tokens"][p // tp] for p in range(tp * ep)], "busiest_chip": r["busiest"] * tp,
+                  "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
+        return params, bindings, tile_rows
     params = {"ep": ep, "placement": placement, "system": r["system"], "expert_chips": chip_of,
               "shard_bounds": bounds, "chip_tokens": r["tokens"], "busiest_chip": r["busiest"],
               "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
@@ -454,69 +493,10 @@ def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
     return chips_system(tp * ep, system, "--tp x --ep")
 
 
-def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: int, placement: str, algorithm: str,
-                           *, compute_bw: int, home_in_of=None, store=None, **build) -> tuple[dict, dict, dict]:
-    """``--tp N --ep M`` (the system: :func:`tp_ep_system`): the experts placed on M groups of N chips, each
-    expert's F columns split over the N chips of its group; chips ``g N .. g N + N - 1`` form group g.
-
-    The batch is sharded over the groups (group g holds the tokens of shard g, :func:`shard_bounds
-    <stepsim.workloads.moe.sharded.shard_bounds>`) and replicated over a group's chips, as after tensor-parallel
-    attention. Tensor-parallel rank t is one expert-parallel layer over the chips ``g N + t`` of every group
-    (:func:`~stepsim.workloads.moe.sharded.build_sharded` on the shard model of F / N columns, weights
-    ``expert<e>_<part>.<t>`` and ``shared_<part>.<t>`` as with ``--tp`` alone; its all-to-alls stay among the
-    chips of rank t). Every chip so ends with a partial sum of its group's rows of y; the collectives' all-reduce
-    over the group's chips (``algorithm``) sums them, and chip ``p = g N + t`` stores chunk k of its group's rows
-    (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
-
-    Rank t's experts are :func:`~stepsim.workloads.moe.stage.expert_ffns` of the shard (one dedicated region per
-    expert); ``build`` are build_sharded's other keywords. The decoder layer's hooks:
-    ``home_in_of(t)`` is rank t's ``home_in``; ``store(g, t, k, stream)`` consumes the reduced chunk k on chip
-    ``g N + t`` instead of storing it in ``y<p>.<k>``. Returns ``(bindings, tile_rows, params)`` as
-    :func:`expert_parallel` (``expert_chips``: the first chip of each expert's group; ``chip_tokens``: the token
-    rows every chip's experts receive) plus ``tp`` and ``algorithm``.
-    """
-    from stepsim.workloads.chips import all_reduce_partials
-    from stepsim.workloads.moe.sharded import build_sharded
-    from stepsim.workloads.moe.stage import expert_ffns
-
-    g, chips, shard = sh.g, tp * ep, columns(model, tp)
-    # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
-    # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
-    group_of = _place(sh, shard, routing, counts, ep, placement, {**build, "compute_bw": compute_bw})
-    bindings, tile_rows, partials = {}, {}, {}
-    for t in range(tp):
-        start = len(g.ops)
-        ffns, shared = expert_ffns(shard, tile_n=build["tile_n"], tile_f=build["tile_f"], dynamic=build["dynamic"],
-                                   bw=dict(compute_bw=compute_bw), packing_compute_bw=build["packing_compute_bw"],
-                                   suffix=f".{t}")  # chip t of a group: its F / T columns of every expert
-        ranked, rank_bindings, bounds, rows = build_sharded(
-            g, shard, routing, group_of, ep, ffns=ffns, shared_ffn=shared,
-            compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
-            home_out=lambda grp, summed, t=t: partials.__setitem__((grp, t), summed), **build)
-        sh.op_chip.update({op.id: ranked[op.id] * tp + t for op in g.ops[start:]})
-        bindings.update(rank_bindings)
-        tile_rows.update(rows)
-    for grp in range(ep):
-        start, group = len(g.ops), [grp * tp + t for t in range(tp)]
-        reduced = all_reduce_partials(g, GroupNetwork(sh.net, group), tp, lambda t, grp=grp: partials[(grp, t)],
-                                      bounds[grp + 1] - bounds[grp], algorithm=algorithm, compute_bw=compute_bw,
-                                      prefix=f"allreduce.g{grp}.")
-        for (t, k), stream in sorted(reduced.items()):
-            before = len(g.ops)
-            if store is None:
-                LinearOffChipStore(g, stream, tensor_name=f"y{grp * tp + t}.{k}")
-            else:
-                store(grp, t, k, stream)
-            for op in g.ops[before:]:
-                op.chip = t
-        sh.place_ranked(start, group)  # the builders placed them by rank within the group (op.chip)
-    sh.delivered()
-    r = _report(sh, bindings, counts, group_of, ep)
-    params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": r["system"],
-              "expert_chips": [grp * tp for grp in group_of], "shard_bounds": bounds,
-              "chip_tokens": [r["tokens"][p // tp] for p in range(chips)], "busiest_chip": r["busiest"] * tp,
-              "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
-    return bindings, tile_rows, params
+def expert_tensor_parallel(sh: Sharding, model, routing, tp: int, ep: int, placement: str, algorithm: str,
+                           **kw) -> tuple[dict, dict, dict]:
+    """``--tp N --ep M`` (one layer; the system: :func:`tp_ep_system`): :func:`expert_parallel` with ``tp``."""
+    return expert_parallel(sh, model, [routing], ep, placement, stack=False, tp=tp, algorithm=algorithm, **kw)
 
 
 def pipeline_graph(workload, pp: int, part_of, system=None):

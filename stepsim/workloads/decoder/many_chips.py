@@ -114,7 +114,6 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
         Sharding,
         check_tp_ep,
         expert_parallel,
-        expert_tensor_parallel,
         in_order,
         load_rows,
         split_chunks,
@@ -188,22 +187,15 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
 
         return home_in, home_out
 
-    if tp is None:
-        params, layer_bindings, tile_rows = expert_parallel(
-            sh, moe, routings, ep, placement, stack=stack, pp=pp, micro_batches=m, hooks=hooks, algorithm=algorithm,
-            regions=None if moe_kw["regions"] == moe.experts else moe_kw["regions"], **build)
-        bindings.update(layer_bindings)
-        return params, tile_rows
-    home_in, _ = hooks(0, 0)
     parts = {}
 
-    def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
+    def store(s, t, k, reduced):  # --tp: y chunk k = reduced MoE chunk k + h chunk k
         if (s, t) not in parts:
             parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
         LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw), tensor_name=f"y{s * tp + t}.{k}")
 
-    ep_bindings, tile_rows, params = expert_tensor_parallel(
-        sh, moe, routings[0], expert_counts(routings[0], moe.experts), tp, ep, placement, algorithm,
-        home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store, **build)
-    bindings.update(ep_bindings)
+    params, layer_bindings, tile_rows = expert_parallel(
+        sh, moe, routings, ep, placement, stack=stack, pp=pp, micro_batches=m, hooks=hooks, algorithm=algorithm,
+        regions=None if moe_kw["regions"] == moe.experts else moe_kw["regions"], tp=tp, store=store, **build)
+    bindings.update(layer_bindings)
     return params, tile_rows

@@ -67,9 +67,9 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
         return _tp(model, routings, None, system, 1, tp=tp, algorithm=algorithm, dynamic=dynamic, g=g, **stage)
     build = dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"})
     if tp is not None:
-        sh = Sharding(g, tp_ep_system(model, tp, ep, routings[0].shape[0], system, stage["tile_f"]))
-        bindings, tile_rows, parallel = expert_tensor_parallel(sh, model, routings[0], counts, tp, ep, placement,
-                                                               algorithm, **build)
+        parallel, bindings, tile_rows = expert_tensor_parallel(
+            Sharding(g, tp_ep_system(model, tp, ep, routings[0].shape[0], system, stage["tile_f"])), model,
+            routings[0], tp, ep, placement, algorithm, **build)
         return g, bindings, tile_rows, None, parallel
     parallel, bindings, tile_rows = expert_parallel(  # one region per expert, or each chip's experts time-multiplexed
         Sharding(g, chips_system(ep, system, "--ep")), model, routings, ep, placement, stack=False,
