@@ -1,57 +1,19 @@
-"""The decoder layer on many chips: its pieces for the sharding pass (:mod:`stepsim.workloads.sharding`).
+"""The decoder layer on many chips: its pieces for the sharding pass (:mod:`stepsim.workloads.sharding`), which
+holds what every parallel form shares (stages, placement, collectives, labels, the report). docs/system.md, "The
+decoder layer (``--tp N``)", "(``--ep N``)" and "Decoder stacks", describes each form; in short:
 
-The pass holds what every parallel form shares (stages, placement, collectives, labels, the report); this module
-gives it the decoder's own pieces: the attention's partial sums (KV heads ``a H/A ..`` on attention chip a, their
-query heads' products summed: a partial of ``attn @ W_o``), the residuals (``h = x + attn @ W_o``, ``y = h +
-ffn(h)``) and the FFN (the MoE block of :mod:`stepsim.workloads.moe.build`, or a dense model's FFN as shared
-experts).
+* ``--tp N`` (one layer or a stack): decoder/build.py's ``_tp_stack`` (KV heads and FFN columns over the chips, two
+  all-reduces per layer, the residuals added after them); its checks are :func:`check_tp`.
+* ``--ep N`` (one layer, or a stack with ``--pp`` / ``--micro-batches``): :func:`expert_parallel_decoder`. Attention
+  chip a of A = min(N, H) owns KV heads ``a H/A ..``; the partials of ``attn @ W_o`` are reduce-scattered in A
+  chunks (the all-gather half is not run: the MoE block wants each chip's own shard), each chip adds its rows of
+  x (``x.<c>``), and its shard's rows enter the pass's expert-parallel layer (the all-to-alls of the routing
+  trace) as ``home_in``; ``home_out`` adds ``h`` back and stores ``y.<c>``.
+* ``--tp T --ep E``: the same attention over min(T E, H) chips; shard s's group of T chips runs the MoE block
+  tensor-parallel and chip ``s T + t`` stores ``y<s T + t>.<k>`` (reduced chunk k plus its ``h`` chunk).
 
-**``--tp N``** (one layer), Megatron style: two all-reduces per layer (decoder/build.py's ``_tp_stack`` with one layer,
-on the pass's :func:`~stepsim.workloads.sharding.tp_layers`). Chip c owns
-KV heads ``c H/N ..`` (caches ``h<h>_*``, projections ``wo_h<h>_q<j>``); its query heads' products summed are a
-partial sum of ``attn @ W_o``, all-reduced in N chunks of B / N rows. Chip c puts the reduced chunks back in row
-order and adds ``x`` (replicated): every chip holds all of ``h``. The FFN runs on every token with columns
-``c F/N ..`` of every expert (``expert<e>_<part>.<c>``, ``shared_<part>.<c>``; a dense model's FFN is
-``shared_<part>.<c>``); its partial sums are all-reduced the same way and chip c stores chunk k of ``h`` plus the
-reduced chunk k as ``y<c>.<k>``. A stack (``--layers L --tp T [--pp P]``) is the same blocks per layer, q / k / v
-computed from the layer's input rows (the same ``_tp_stack``).
-
-**``--ep N``** (one layer), as serving engines run an MoE layer on N chips: the attention tensor-parallel by KV heads,
-the MoE block expert-parallel, the batch sharded over the same N chips.
-
-* **Attention.** A = N chips (or, with more chips than KV heads, A = H of them: chips ``a N/A``, one KV head each)
-  own KV heads ``a H/A .. (a+1) H/A - 1`` of the H simulated, their caches ``h<h>_*`` and output projections
-  ``wo_h<h>_q<j>``: their products summed are a partial sum of ``attn @ W_o``, B rows ``(1, D)``.
-* **Reduce-scatter.** The partials are reduce-scattered over the A attention chips in A chunks of B / A rows
-  (operators ``attn_reducescatter.*``): the first half of ``--tp``'s all-reduce; the all-gather half is not run
-  because the MoE block wants each chip's own shard only. With A < N, attention chip ``a N/A`` cuts its chunk into
-  N/A shards of B / N rows and sends shard j to chip ``a N/A + j``: chip c holds rows ``c B/N ..``.
-* **Residual.** Chip c adds its rows of ``x`` (tensor ``x.<c>``): ``h`` rows of its shard.
-* **MoE.** The sharded expert-parallel layer (:func:`stepsim.workloads.sharding.expert_parallel`): experts placed
-  by ``--placement``, each chip's ``h`` rows dispatched to their experts' chips and combined back by the
-  all-to-alls of the routing trace (routing weights ``routing_weights.<c>``); with ``regions`` each chip's experts
-  time-multiplexed on R / N regions.
-* **Residual and store.** Chip c adds its ``h`` rows to the combined rows and stores them as ``y.<c>``.
-
-Why the attention is split by heads rather than data-parallel by requests: it is how ``stepsim serve --system``
-splits a served MoE model (docs/serving.md §13), and it keeps every KV cache and output projection in one chip's
-HBM, unreplicated. N must divide the KV heads or be a multiple of them.
-
-**``--tp T --ep E``** (T x E chips): shard s of the batch (B / E rows) belongs to the group of chips ``s T ..
-s T + T - 1``, which runs the MoE block of :func:`stepsim.workloads.sharding.expert_tensor_parallel`. The
-attention splits over A = min(T E, H) of the chips and is reduce-scattered in A chunks; with A > E each chip
-gathers its shard's A / E chunks in row order. Chip ``s T + t`` adds its rows of x (``x.<s>``), runs rank t of the
-MoE block, and after the group's all-reduce adds chunk k of its ``h`` rows to the reduced chunk k and stores
-``y<s T + t>.<k>``.
-
-**A stack** (``--layers L --ep E [--pp P] [--micro-batches M]``, P x E chips) is the same code per layer
-(:func:`expert_parallel_decoder` with ``partial``): stage s (layers ``s L/P ..``) on chips ``s E ..``; chip c loads
-``x.<c>`` once, and a later layer takes the previous layer's rows of shard c (crossing once to the next stage); each
-attention chip gathers the E shards in request order for its q / k / v projections (tensors ``layer<i>.*``); the
-last layer stores ``y.<c>``. The partial sums are added in the reduce-scatter's order, so the values equal the
-one-chip stack to the one-layer ``--ep``'s tolerance, not bit for bit.
-
-All transfers share the system's links (one network).
+Why by heads rather than data-parallel by requests: it is how ``stepsim serve --system`` splits a served MoE model
+(docs/serving.md §13), and it keeps every KV cache and output projection in one chip's HBM, unreplicated.
 """
 
 from __future__ import annotations
