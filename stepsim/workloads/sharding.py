@@ -340,31 +340,6 @@ def tensor_parallel(g, system, layers: int, *, tp: int, pp: int | None, algorith
             **r}
 
 
-def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int) -> dict:
-    """An expert-parallel layer's report: the tokens every chip's experts receive, the busiest chip, imbalance =
-    max / mean, and :meth:`Sharding.finish`'s links."""
-    from stepsim.workloads.moe.parallel import chip_tokens
-
-    tokens = chip_tokens(counts, chip_of, chips)
-    mean = sum(tokens) / chips
-    busiest = max(range(chips), key=lambda c: (tokens[c], -c))
-    return {"tokens": tokens, "busiest": busiest, "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
-            **sh.finish(bindings)}
-
-
-def _place(sh: Sharding, model, routing, counts, chips: int, placement: str, build: dict, *, cost: bool = True,
-           rows: bool = True) -> list[int]:
-    """The chip of every expert (:func:`~stepsim.workloads.moe.parallel.place_experts`), on the cost model of
-    :func:`~stepsim.workloads.moe.parallel.expert_cost` (``cost``) and, for a load-balanced dynamic tiling, the
-    rows each shard sends every expert (``rows``)."""
-    from stepsim.workloads.moe.parallel import expert_cost, place_experts, shard_rows
-
-    tile_n = None if build["dynamic"] else build["tile_n"]
-    model_cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system) if cost else None
-    sent = shard_rows(routing, len(counts), chips) if rows and tile_n is None and placement == "load-balanced" else None
-    return place_experts(counts, chips, placement, tile_n, model_cost, sent)
-
-
 def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, stack: bool, pp: int | None = None,
                     micro_batches: int = 1, regions: int | None = None, hooks=None, algorithm: str | None = None,
                     tp: int | None = None, store=None, **build) -> tuple[dict, dict, dict]:
@@ -394,7 +369,7 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
     chip's experts receive, the busiest chip, imbalance = max / mean (and ``region_experts``), then the links
     (:meth:`Sharding.finish`)."""
     from stepsim.workloads.chips import all_reduce_partials
-    from stepsim.workloads.moe.parallel import region_members
+    from stepsim.workloads.moe.parallel import chip_tokens, expert_cost, place_experts, region_members, shard_rows
     from stepsim.workloads.moe.sharded import build_sharded
     from stepsim.workloads.moe.stage import _timeshared_ffns, expert_ffns
     from stepsim.workloads.routing import expert_counts
@@ -405,9 +380,12 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
     for i, routing in enumerate(routings):
         base, counts = (i // per_stage) * ep, expert_counts(routing, model.experts)
         home_in, home_out = (None, None) if hooks is None else hooks(i, base)
-        # one layer: the cost model (with --regions a chip's tiles are its time: the tile-first greedy)
-        chip_of = _place(sh, shard, routing, counts, ep, placement, build, cost=not stack and regions is None,
-                         rows=not stack)
+        # one layer: the cost model (with --regions a chip's tiles are its time: the tile-first greedy) and, for a
+        # load-balanced dynamic tiling, the rows each shard sends every expert
+        tile_n = None if dynamic else build["tile_n"]
+        chip_of = place_experts(counts, ep, placement, tile_n, None if stack or regions is not None else expert_cost(
+            shard, tile_n, tile_f, build["compute_bw"], sh.system), shard_rows(routing, len(counts), ep)
+            if not stack and tile_n is None and placement == "load-balanced" else None)
         members = None if regions is None else region_members(chip_of, ep, regions)
         for t in range(width):
             dedicated, shared = expert_ffns(shard, tile_n=build["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
@@ -455,7 +433,10 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
                   "placement": placement, **named, "system": r["system"], "shard_bounds": bounds,
                   "expert_chips": expert_chips, "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
         return params, bindings, tile_rows
-    r = _report(sh, bindings, counts, chip_of, ep)
+    r = sh.finish(bindings)
+    tokens = chip_tokens(counts, chip_of, ep)  # the token rows every chip's experts receive
+    busiest, mean = max(range(ep), key=lambda c: (tokens[c], -c)), sum(tokens) / ep
+    r.update(tokens=tokens, busiest=busiest, imbalance=round(tokens[busiest] / mean, 6) if mean else 1.0)
     if tp is not None:
         params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": r["system"],
                   "expert_chips": [grp * tp for grp in chip_of], "shard_bounds": bounds,

@@ -69,7 +69,7 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     tile_rows)``: the record's parallel params (the pass's ``expert_parallel`` or ``expert_tensor_parallel``, plus
     ``algorithm``) and the experts' tile rows. The layers are the pass's; this function gives it the attention and
     the residuals (``hooks``)."""
-    from stepsim.workloads.chips import stages_system
+    from stepsim.workloads.chips import cross_stage, stages_system
     from stepsim.workloads.moe.build import DEFAULT_TILE_N
     from stepsim.workloads.routing import expert_counts
     from stepsim.workloads.sharding import (
@@ -111,11 +111,8 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
 
     def hooks(i, base):  # layer i's attention, reduce-scattered; its home_in / home_out (the residuals)
         prefix, own = f"layer{i}." if stack else "", rows_in.copy()
-        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, and fans out
-            for c in range(ep):  # there (a fan-out's FIFO depth is its producer's: the link's would be too shallow)
-                before = len(g.ops)
-                own[c] = Promote(g, Flatten(g, own[c], 0, 1), 1)
-                sh.place(before, base + c)
+        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, fanned out there
+            cross_stage(g, own, [base + c for c in range(ep)], sh.op_chip)
         for rows in own.values():  # the rows wait for the attention (all shards) before the residual reads them
             rows.fanout_depth = shard
 
