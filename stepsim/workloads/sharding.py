@@ -27,13 +27,16 @@ kind gives only its layer's pieces (hooks: the rows a chip computes, the partial
 
 The placements and where they are built (every one on :class:`Sharding`):
 
-* ``--tp T`` (heads or FFN columns over T chips), one layer or a stack in ``--pp`` stages: :func:`tp_layers`, a
-  layer given as blocks (a partial sum per chip, all-reduced, with or without a residual): the MoE and SwiGLU
-  layers' one block, the decoder's attention and FFN blocks;
+* ``--tp T`` (heads or FFN columns over T chips), one layer or a stack in ``--pp`` stages:
+  :func:`tensor_parallel` (:func:`tp_layers` on its system), a layer given as blocks (a partial sum per chip,
+  all-reduced, with or without a residual): the MoE and SwiGLU layers' one block, the decoder's attention and FFN
+  blocks;
 * ``--ep E`` (experts over E chips, the batch sharded over them): :func:`expert_parallel`, one layer (the
-  load-balanced placement's cost model, ``--regions``) or a stack's layer in its stage (``--micro-batches``), on
-  the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`; :func:`ep_params` reports it;
-* ``--tp T --ep E``: :func:`expert_tensor_parallel` (expert groups of T chips, an all-reduce per group);
+  load-balanced placement's cost model, ``--regions``) or a stack's layers in their stages (``--micro-batches``),
+  on the all-to-all of :func:`stepsim.workloads.moe.sharded.build_sharded`; a kind's hook builds what comes before
+  each layer (the decoder's attention, reduce-scattered) and its residuals;
+* ``--tp T --ep E``: :func:`expert_parallel` with ``tp`` (expert groups of T chips, an all-reduce per group;
+  :func:`expert_tensor_parallel`);
 * ``--pp P`` alone: :func:`pipeline` (the MoE, decoder and SwiGLU stacks).
 * ``--pp P`` on a graph already built (graph in, graph out; an ONNX-lowered model's layers, the node names'
   prefixes): :func:`pipeline_graph`.
@@ -229,12 +232,22 @@ def split_chunks(g, rows_stream, rows: int, chunks: int):
     return part
 
 
-def pipeline(g, system, layers: int, pp: int | None, layer, store, *, bindings: dict, kinds=None):
+def pipeline(g, system, layers: int, pp: int | None, layer, store, *, bindings: dict, what: str,
+             kinds=None) -> dict:
     """``--pp P`` alone, or one chip (module docstring, steps 2, 3, 5, 6): ``layer(i, rows)`` builds layer i on the
     previous layer's output ``rows`` (None for layer 0) and returns its own, on chip ``i // (layers / P)``, its
     groups relabelled (``kinds``, as :func:`relabel`; ``()``: none); ``store(rows)`` takes the last layer's rows,
-    on the last chip. A stage boundary is an ordinary cross-chip edge. Returns :meth:`Sharding.finish`'s report of
-    the links on ``bindings`` (None without ``pp``)."""
+    on the last chip. A stage boundary is an ordinary cross-chip edge. ``system``: P chips (default: fully
+    connected); without ``pp`` a one-line ArgumentError when given (``what``: "MoE layers", the stack's layers).
+    Returns ``{"pp", **report}``, :meth:`Sharding.finish`'s report of the links on ``bindings`` (``{}`` without
+    ``pp``)."""
+    from stepsim.base.errors import ArgumentError
+    from stepsim.workloads.chips import chips_system
+
+    if pp is not None:
+        system = chips_system(pp, system, "--pp")
+    elif system is not None:
+        raise ArgumentError(f"--system applies to a stack of {what} with --pp N (pipeline parallelism)")
     sh, per_stage, rows = Sharding(g, system), layers // (pp or 1), None
     for i in range(layers):
         before = len(g.ops)
@@ -244,7 +257,7 @@ def pipeline(g, system, layers: int, pp: int | None, layer, store, *, bindings: 
     before = len(g.ops)
     store(rows)
     sh.place(before, (pp or 1) - 1)
-    return None if pp is None else sh.finish(bindings)
+    return {} if pp is None else {"pp": pp, **sh.finish(bindings)}
 
 
 def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: str, batch: int, compute_bw: int,
@@ -305,76 +318,135 @@ def tp_layers(sh: Sharding, layers: int, *, tp: int, pp: int | None, algorithm: 
             relabel(g.ops[start:], i, kinds)
 
 
-def _report(sh: Sharding, bindings: dict, counts, chip_of: list[int], chips: int) -> dict:
-    """An expert-parallel layer's report: the tokens every chip's experts receive, the busiest chip, imbalance =
-    max / mean, and :meth:`Sharding.finish`'s links."""
-    from stepsim.workloads.moe.parallel import chip_tokens
+def tensor_parallel(g, system, layers: int, *, tp: int, pp: int | None, algorithm: str, bindings: dict,
+                    first=None, stack: bool = True, **kw) -> dict:
+    """``--tp T`` on ``(P or 1) x T`` chips of ``system`` (:func:`~stepsim.workloads.chips.stages_system`): the
+    layers of :func:`tp_layers` (``kw``: its other keywords) into ``g``, ``first(t)`` (when given) chip t's input
+    rows of layer 0, built on it first. Returns the record's params: ``tp``, ``algorithm`` and
+    :meth:`Sharding.finish`'s report on ``bindings`` (a stack's also ``layers``, ``micro_batches`` 1 and ``pp``)."""
+    from stepsim.workloads.chips import stages_system
 
-    tokens = chip_tokens(counts, chip_of, chips)
-    mean = sum(tokens) / chips
-    busiest = max(range(chips), key=lambda c: (tokens[c], -c))
-    return {"tokens": tokens, "busiest": busiest, "imbalance": round(tokens[busiest] / mean, 6) if mean else 1.0,
-            **sh.finish(bindings)}
-
-
-def _place(sh: Sharding, model, routing, counts, chips: int, placement: str, build: dict, *, cost: bool = True,
-           rows: bool = True) -> list[int]:
-    """The chip of every expert (:func:`~stepsim.workloads.moe.parallel.place_experts`), on the cost model of
-    :func:`~stepsim.workloads.moe.parallel.expert_cost` (``cost``) and, for a load-balanced dynamic tiling, the
-    rows each shard sends every expert (``rows``)."""
-    from stepsim.workloads.moe.parallel import expert_cost, place_experts, shard_rows
-
-    tile_n = None if build["dynamic"] else build["tile_n"]
-    model_cost = expert_cost(model, tile_n, build["tile_f"], build["compute_bw"], sh.system) if cost else None
-    sent = shard_rows(routing, len(counts), chips) if rows and tile_n is None and placement == "load-balanced" else None
-    return place_experts(counts, chips, placement, tile_n, model_cost, sent)
+    sh, rows_in = Sharding(g, stages_system(pp, tp, system, "--tp")), {}
+    for t in range(tp if first is not None else 0):
+        before = len(g.ops)
+        rows_in[t] = first(t)
+        sh.place(before, t)
+    tp_layers(sh, layers, tp=tp, pp=pp, algorithm=algorithm, bindings=bindings, rows_in=rows_in, stack=stack, **kw)
+    r = sh.finish(bindings)
+    if not stack:
+        return {"tp": tp, "system": r["system"], "algorithm": algorithm, "links_used": r["links_used"],
+                "link_bytes": r["link_bytes"]}
+    return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), "tp": tp, "algorithm": algorithm,
+            **r}
 
 
-def expert_parallel(sh: Sharding, model, routing, counts, chips: int, placement: str, *, ffns,
-                    regions: int | None = None, layer: int | None = None, base: int = 0, **build) -> tuple:
-    """``--ep N``: the sharded expert-parallel layer (:mod:`stepsim.workloads.moe.sharded`) into ``sh.g`` on chips
-    ``base .. base + chips - 1``, after whatever ``sh`` already placed (the decoder's attention); ``counts``: the
-    routing's tokens per expert.
+def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, stack: bool, pp: int | None = None,
+                    micro_batches: int = 1, regions: int | None = None, hooks=None, algorithm: str | None = None,
+                    tp: int | None = None, store=None, **build) -> tuple[dict, dict, dict]:
+    """``--ep E`` layers into ``sh.g``: each the sharded expert-parallel layer of
+    :func:`~stepsim.workloads.moe.sharded.build_sharded` (the all-to-alls), the FFNs of
+    :func:`~stepsim.workloads.moe.stage.expert_ffns`, its operators on the chips ``base ..`` of its stage.
 
-    One layer (``layer`` None): the experts placed by ``placement`` on the cost model of
+    The one layer (not ``stack``): the experts placed by ``placement`` on the cost model of
     :mod:`stepsim.workloads.moe.ep_cost` (:func:`~stepsim.workloads.moe.parallel.place_experts`); ``regions``
-    time-multiplexes each chip's experts on ``regions / chips`` regions
-    (:func:`~stepsim.workloads.moe.parallel.region_members`), so a chip's experts share its compute and the token
-    tiles a chip receives are its time (the tile-first greedy places them). A stack's layer ``layer``: placed by
-    the tile-first greedy (without the cost model), its routing weights and groups named ``layer<i>.`` (step 5).
-    ``ffns(g, packed)`` builds the FFNs (with ``regions``: ``ffns(g, packed, members)``, each region's experts);
-    ``build`` are :func:`~stepsim.workloads.moe.sharded.build_sharded`'s other keywords. Returns ``(the chip of
-    every expert, bindings, shard bounds, tile_rows, members or None)``; :func:`ep_params` reports a layer."""
-    from stepsim.workloads.moe.parallel import region_members
+    time-multiplexes each chip's experts on ``regions / E`` regions
+    (:func:`~stepsim.workloads.moe.parallel.region_members`), their tiles then a chip's time (the tile-first
+    greedy places them). A stack's layer i (``stack``): on the chips of stage ``i // (L / P)`` (``pp``), placed by
+    the tile-first greedy, ``micro_batches``, its tensors and groups named ``layer<i>.`` (step 5).
+    ``hooks(i, base)`` builds what comes before layer i (the decoder's attention) and gives build_sharded's
+    ``(home_in, home_out)``; without hooks each layer loads ``x.<c>`` and stores ``y.<c>``. ``build``:
+    build_sharded's keywords.
+
+    ``tp`` N (``--tp N --ep E``, one layer; the system: :func:`tp_ep_system`): the experts placed on E groups of N
+    chips (chips ``g N ..``: group g; the same cost model on the shard's F / N columns, :func:`columns`), the batch
+    sharded over the groups and replicated over a group's chips. Rank t is one expert-parallel layer over chips
+    ``g N + t`` of every group (weights ``expert<e>_<part>.<t>``, ``shared_<part>.<t>``; ``home_in(s, rows, t)``);
+    every chip so ends with a partial sum of its group's rows, all-reduced over the group (``algorithm``), and chip
+    ``p = g N + t`` stores reduced chunk k in ``y<p>.<k>`` (or ``store(g, t, k, stream)`` consumes it).
+
+    Returns ``(params, bindings, tile_rows)``, the params (with ``algorithm`` when given): placement, chips, shard
+    bounds, the chip of every expert (with ``tp``: its group's first) and, for one layer, the token rows every
+    chip's experts receive, the busiest chip, imbalance = max / mean (and ``region_experts``), then the links
+    (:meth:`Sharding.finish`)."""
+    from stepsim.workloads.chips import all_reduce_partials
+    from stepsim.workloads.moe.parallel import chip_tokens, expert_cost, place_experts, region_members, shard_rows
     from stepsim.workloads.moe.sharded import build_sharded
+    from stepsim.workloads.moe.stage import _timeshared_ffns, expert_ffns
+    from stepsim.workloads.routing import expert_counts
 
-    # one layer: the cost model (with --regions a chip's tiles are its time: the tile-first greedy)
-    chip_of = _place(sh, model, routing, counts, chips, placement, build, cost=layer is None and regions is None,
-                     rows=layer is None)
-    members = None if regions is None else region_members(chip_of, chips, regions)
-    before = len(sh.g.ops)
-    layer_chip, bindings, bounds, tile_rows = build_sharded(
-        sh.g, model, routing, chip_of, chips, ffns=ffns if members is None else (lambda g, p: ffns(g, p, members)),
-        region_chip=None if members is None else [chip_of[m[0]] for m in members],
-        prefix="" if layer is None else f"layer{layer}.", **build)
-    sh.op_chip.update({op.id: base + layer_chip[op.id] for op in sh.g.ops[before:]})
-    if layer is not None:
-        relabel(sh.g.ops[before:], layer)
-    return chip_of, bindings, bounds, tile_rows, members
+    bindings, tile_rows, expert_chips, per_stage = {}, {}, [], len(routings) // (pp or 1)
+    bw, tile_f, dynamic, width = dict(compute_bw=build["compute_bw"]), build["tile_f"], build["dynamic"], tp or 1
+    shard, partials = model if tp is None else columns(model, tp), {}  # --tp: every chip's F / N columns
+    for i, routing in enumerate(routings):
+        base, counts = (i // per_stage) * ep, expert_counts(routing, model.experts)
+        home_in, home_out = (None, None) if hooks is None else hooks(i, base)
+        # one layer: the cost model (with --regions a chip's tiles are its time: the tile-first greedy) and, for a
+        # load-balanced dynamic tiling, the rows each shard sends every expert
+        tile_n = None if dynamic else build["tile_n"]
+        chip_of = place_experts(counts, ep, placement, tile_n, None if stack or regions is not None else expert_cost(
+            shard, tile_n, tile_f, build["compute_bw"], sh.system), shard_rows(routing, len(counts), ep)
+            if not stack and tile_n is None and placement == "load-balanced" else None)
+        members = None if regions is None else region_members(chip_of, ep, regions)
+        for t in range(width):
+            dedicated, shared = expert_ffns(shard, tile_n=build["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
+                                            packing_compute_bw=build["packing_compute_bw"],
+                                            prefix=f"layer{i}." if stack else "", suffix="" if tp is None else f".{t}")
 
+            def ffns(g, packed, counts=counts, members=members, dedicated=dedicated):  # regions: time-multiplexed
+                if members is None:
+                    return dedicated(g, packed)
+                return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
 
-def ep_params(sh: Sharding, layer: tuple, counts, chips: int, placement: str) -> dict:
-    """The report fields of one expert-parallel layer (``layer``: :func:`expert_parallel`'s results), its
-    transfers routed: placement, chips, shards, per-chip tokens, busiest chip, imbalance = max / mean, bytes over
-    every link (the symbolic per-link metric on the trace, at the width the engine times fp32 rows)."""
-    chip_of, bindings, bounds, _, members = layer
-    r = _report(sh, bindings, counts, chip_of, chips)
-    params = {"ep": chips, "placement": placement, "system": r["system"], "expert_chips": chip_of,
+            before = len(sh.g.ops)
+            layer_chip, layer_bindings, bounds, rows = build_sharded(
+                sh.g, shard, routing, chip_of, ep, ffns=ffns, shared_ffn=shared, micro_batches=micro_batches,
+                region_chip=None if members is None else [chip_of[m[0]] for m in members],
+                home_in=home_in if tp is None or home_in is None else lambda s, n, t=t: home_in(s, n, t),
+                home_out=home_out if tp is None else lambda grp, summed, t=t: partials.__setitem__((grp, t), summed),
+                prefix=f"layer{i}." if stack else "", **build)
+            sh.op_chip.update({op.id: base + layer_chip[op.id] * width + t for op in sh.g.ops[before:]})
+            if stack:
+                relabel(sh.g.ops[before:], i)
+            bindings.update(layer_bindings)
+            tile_rows.update(rows)
+        expert_chips.append(chip_of)
+    for grp in range(ep if tp is not None else 0):  # --tp: each group's partial sums all-reduced, then stored
+        start, group = len(sh.g.ops), [grp * tp + t for t in range(tp)]
+        reduced = all_reduce_partials(sh.g, GroupNetwork(sh.net, group), tp, lambda t, grp=grp: partials[(grp, t)],
+                                      bounds[grp + 1] - bounds[grp], algorithm=algorithm,
+                                      compute_bw=build["compute_bw"], prefix=f"allreduce.g{grp}.")
+        for (t, k), stream in sorted(reduced.items()):
+            before = len(sh.g.ops)
+            if store is None:
+                LinearOffChipStore(sh.g, stream, tensor_name=f"y{grp * tp + t}.{k}")
+            else:
+                store(grp, t, k, stream)
+            for op in sh.g.ops[before:]:
+                op.chip = t
+        sh.place_ranked(start, group)  # the builders placed them by rank within the group (op.chip)
+    if tp is not None:
+        sh.delivered()
+    named = {} if algorithm is None else {"algorithm": algorithm}
+    if stack:
+        r = sh.finish(bindings)
+        params = {"layers": len(routings), "micro_batches": micro_batches, **({"pp": pp} if pp else {}), "ep": ep,
+                  "placement": placement, **named, "system": r["system"], "shard_bounds": bounds,
+                  "expert_chips": expert_chips, "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
+        return params, bindings, tile_rows
+    r = sh.finish(bindings)
+    tokens = chip_tokens(counts, chip_of, ep)  # the token rows every chip's experts receive
+    busiest, mean = max(range(ep), key=lambda c: (tokens[c], -c)), sum(tokens) / ep
+    r.update(tokens=tokens, busiest=busiest, imbalance=round(tokens[busiest] / mean, 6) if mean else 1.0)
+    if tp is not None:
+        params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": r["system"],
+                  "expert_chips": [grp * tp for grp in chip_of], "shard_bounds": bounds,
+                  "chip_tokens": [r["tokens"][p // tp] for p in range(tp * ep)], "busiest_chip": r["busiest"] * tp,
+                  "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
+        return params, bindings, tile_rows
+    params = {"ep": ep, "placement": placement, "system": r["system"], "expert_chips": chip_of,
               "shard_bounds": bounds, "chip_tokens": r["tokens"], "busiest_chip": r["busiest"],
               "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
-    if members is not None:
-        params["region_experts"] = members
-    return params
+    return {**params, **({} if members is None else {"region_experts": members}), **named}, bindings, tile_rows
 
 
 def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:
@@ -402,69 +474,10 @@ def tp_ep_system(model, tp: int, ep: int, batch: int, system, tile_f: int):
     return chips_system(tp * ep, system, "--tp x --ep")
 
 
-def expert_tensor_parallel(sh: Sharding, model, routing, counts, tp: int, ep: int, placement: str, algorithm: str,
-                           *, compute_bw: int, home_in_of=None, store=None, **build) -> tuple[dict, dict, dict]:
-    """``--tp N --ep M`` (the system: :func:`tp_ep_system`): the experts placed on M groups of N chips, each
-    expert's F columns split over the N chips of its group; chips ``g N .. g N + N - 1`` form group g.
-
-    The batch is sharded over the groups (group g holds the tokens of shard g, :func:`shard_bounds
-    <stepsim.workloads.moe.sharded.shard_bounds>`) and replicated over a group's chips, as after tensor-parallel
-    attention. Tensor-parallel rank t is one expert-parallel layer over the chips ``g N + t`` of every group
-    (:func:`~stepsim.workloads.moe.sharded.build_sharded` on the shard model of F / N columns, weights
-    ``expert<e>_<part>.<t>`` and ``shared_<part>.<t>`` as with ``--tp`` alone; its all-to-alls stay among the
-    chips of rank t). Every chip so ends with a partial sum of its group's rows of y; the collectives' all-reduce
-    over the group's chips (``algorithm``) sums them, and chip ``p = g N + t`` stores chunk k of its group's rows
-    (rows ``shard[g] + k rows/N ..``) in ``y<p>.<k>``.
-
-    Rank t's experts are :func:`~stepsim.workloads.moe.stage.expert_ffns` of the shard (one dedicated region per
-    expert); ``build`` are build_sharded's other keywords. The decoder layer's hooks:
-    ``home_in_of(t)`` is rank t's ``home_in``; ``store(g, t, k, stream)`` consumes the reduced chunk k on chip
-    ``g N + t`` instead of storing it in ``y<p>.<k>``. Returns ``(bindings, tile_rows, params)`` as
-    :func:`expert_parallel` (``expert_chips``: the first chip of each expert's group; ``chip_tokens``: the token
-    rows every chip's experts receive) plus ``tp`` and ``algorithm``.
-    """
-    from stepsim.workloads.chips import all_reduce_partials
-    from stepsim.workloads.moe.sharded import build_sharded
-    from stepsim.workloads.moe.stage import expert_ffns
-
-    g, chips, shard = sh.g, tp * ep, columns(model, tp)
-    # every chip of a group runs its experts' F / tp columns at once, as one chip of --ep alone runs F: the same
-    # cost model on the shard's passes (docs/system.md, "The cost model without --regions")
-    group_of = _place(sh, shard, routing, counts, ep, placement, {**build, "compute_bw": compute_bw})
-    bindings, tile_rows, partials = {}, {}, {}
-    for t in range(tp):
-        start = len(g.ops)
-        ffns, shared = expert_ffns(shard, tile_n=build["tile_n"], tile_f=build["tile_f"], dynamic=build["dynamic"],
-                                   bw=dict(compute_bw=compute_bw), packing_compute_bw=build["packing_compute_bw"],
-                                   suffix=f".{t}")  # chip t of a group: its F / T columns of every expert
-        ranked, rank_bindings, bounds, rows = build_sharded(
-            g, shard, routing, group_of, ep, ffns=ffns, shared_ffn=shared,
-            compute_bw=compute_bw, home_in=None if home_in_of is None else home_in_of(t),
-            home_out=lambda grp, summed, t=t: partials.__setitem__((grp, t), summed), **build)
-        sh.op_chip.update({op.id: ranked[op.id] * tp + t for op in g.ops[start:]})
-        bindings.update(rank_bindings)
-        tile_rows.update(rows)
-    for grp in range(ep):
-        start, group = len(g.ops), [grp * tp + t for t in range(tp)]
-        reduced = all_reduce_partials(g, GroupNetwork(sh.net, group), tp, lambda t, grp=grp: partials[(grp, t)],
-                                      bounds[grp + 1] - bounds[grp], algorithm=algorithm, compute_bw=compute_bw,
-                                      prefix=f"allreduce.g{grp}.")
-        for (t, k), stream in sorted(reduced.items()):
-            before = len(g.ops)
-            if store is None:
-                LinearOffChipStore(g, stream, tensor_name=f"y{grp * tp + t}.{k}")
-            else:
-                store(grp, t, k, stream)
-            for op in g.ops[before:]:
-                op.chip = t
-        sh.place_ranked(start, group)  # the builders placed them by rank within the group (op.chip)
-    sh.delivered()
-    r = _report(sh, bindings, counts, group_of, ep)
-    params = {"ep": ep, "tp": tp, "placement": placement, "algorithm": algorithm, "system": r["system"],
-              "expert_chips": [grp * tp for grp in group_of], "shard_bounds": bounds,
-              "chip_tokens": [r["tokens"][p // tp] for p in range(chips)], "busiest_chip": r["busiest"] * tp,
-              "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
-    return bindings, tile_rows, params
+def expert_tensor_parallel(sh: Sharding, model, routing, tp: int, ep: int, placement: str, algorithm: str,
+                           **kw) -> tuple[dict, dict, dict]:
+    """``--tp N --ep M`` (one layer; the system: :func:`tp_ep_system`): :func:`expert_parallel` with ``tp``."""
+    return expert_parallel(sh, model, [routing], ep, placement, stack=False, tp=tp, algorithm=algorithm, **kw)
 
 
 def pipeline_graph(workload, pp: int, part_of, system=None):

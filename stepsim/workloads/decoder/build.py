@@ -420,12 +420,6 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
     Returns ``(params, idle groups, tile_rows)`` (tile_rows: the ragged rows of dynamic tiles merged over
     micro-batches, :func:`stepsim.workloads.moe.build.moe_stage`)."""
     d, moe = model.hidden, model.moe if model.is_moe else None
-    if pp is not None:
-        from stepsim.workloads.chips import chips_system
-
-        system = chips_system(pp, system, "--pp")
-    elif system is not None:
-        raise ArgumentError("--system applies to a stack of decoder layers with --pp N (pipeline parallelism)")
     from stepsim.workloads.sharding import load_rows, pipeline
 
     idle: set = set()
@@ -457,11 +451,8 @@ def _stack(g, model, routings, layers: int, pp, system, micro_batches: int, *, n
 
     report = pipeline(g, system, layers, pp, layer, lambda rows: LinearOffChipStore(
         g, Reshape(g, rows, 1, 0, write_back_mu=True), tensor_name="y"), bindings=stage["bindings"],
-        kinds=("expert", "ffn"))  # not the attention's regions
-    params = {"layers": layers, "micro_batches": micro_batches}
-    if pp is not None:
-        params.update(pp=pp, **report)
-    return params, idle, tile_rows
+        what="decoder layers", kinds=("expert", "ffn"))  # not the attention's regions
+    return {"layers": layers, "micro_batches": micro_batches, **report}, idle, tile_rows
 
 
 def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_heads, batch, o_tile, tile_f, moe_kw, bw,
@@ -472,9 +463,8 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     output projection of KV heads ``hs`` reading q / k / v from HBM, x read after the reduced rows are in order;
     else ``--layers L [--pp P]``, q / k / v projected from each layer's input rows (:func:`_stack_partial`), x read
     first on every chip of stage 0."""
-    from stepsim.workloads.chips import stages_system
     from stepsim.workloads.decoder.many_chips import check_tp
-    from stepsim.workloads.sharding import Sharding, columns, load_rows, tp_layers
+    from stepsim.workloads.sharding import columns, load_rows, tensor_parallel
 
     d, stack = model.hidden, heads is None
     moe = model.moe if model.is_moe else None
@@ -483,7 +473,6 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
     check_tp(tp, n_heads, batch, {k: w for k, w in widths.items() if w}, tile_f)
     if moe is not None and moe_kw["regions"] != moe.experts:  # region tensors hold whole experts, not shards
         raise ArgumentError("--tp does not combine with --regions (time-multiplexed expert regions) yet")
-    system = stages_system(pp, tp, system, "--tp")
     shard = None if moe is None else columns(moe, tp)
 
     def ffn_partial(g, rows, i, t):
@@ -508,23 +497,12 @@ def _tp_stack(g, model, routings, layers: int, *, tp, pp, system, algorithm, n_h
             return Promote(g, RetileStreamify(g, heads(hs), split_row=True), 1)
         return _stack_partial(g, model, i, hs, rows, n_heads=n_heads, batch=batch, o_tile=o_tile, bw=bw, stage=stage)
 
-    rows_in = {}
-    sh = Sharding(g, system)
-    for t in range(tp if stack else 0):  # a stack's input: x on every chip of stage 0
-        before = len(g.ops)
-        rows_in[t] = load_rows(g, "x", batch, d)
-        sh.place(before, t)
-    tp_layers(sh, layers, tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=bw["compute_bw"],
-              bindings=bindings, rows_in=rows_in, kinds=("expert", "shared_expert", "ffn"), stack=stack,
-              load=lambda t: load_rows(g, "x", batch, d),  # the one layer's x, replicated in every chip's HBM
-              blocks=lambda i: [("attn_allreduce", lambda t, rows: attention_partial(i, t, rows), True),
-                                ("ffn_allreduce", lambda t, rows: ffn_partial(g, rows, i, t), True)])
-    report = sh.finish(bindings)
-    if not stack:
-        return {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
-                "link_bytes": report["link_bytes"]}
-    return {"layers": layers, "micro_batches": 1, **({"pp": pp} if pp else {}), "tp": tp, "algorithm": algorithm,
-            **report}
+    return tensor_parallel(g, system, layers, tp=tp, pp=pp, algorithm=algorithm, batch=batch,
+                           compute_bw=bw["compute_bw"], bindings=bindings, kinds=("expert", "shared_expert", "ffn"),
+                           stack=stack, first=(lambda t: load_rows(g, "x", batch, d)) if stack else None,  # stage 0
+                           load=lambda t: load_rows(g, "x", batch, d),  # the one layer's x, replicated in every HBM
+                           blocks=lambda i: [("attn_allreduce", lambda t, rows: attention_partial(i, t, rows), True),
+                                             ("ffn_allreduce", lambda t, rows: ffn_partial(g, rows, i, t), True)])
 
 
 def _stack_partial(g, model, i: int, hs, rows, **kw):

@@ -1,64 +1,26 @@
-"""The decoder layer on many chips: its pieces for the sharding pass (:mod:`stepsim.workloads.sharding`).
+"""The decoder layer on many chips: its pieces for the sharding pass (:mod:`stepsim.workloads.sharding`), which
+holds what every parallel form shares (stages, placement, collectives, labels, the report). docs/system.md, "The
+decoder layer (``--tp N``)", "(``--ep N``)" and "Decoder stacks", describes each form; in short:
 
-The pass holds what every parallel form shares (stages, placement, collectives, labels, the report); this module
-gives it the decoder's own pieces: the attention's partial sums (KV heads ``a H/A ..`` on attention chip a, their
-query heads' products summed: a partial of ``attn @ W_o``), the residuals (``h = x + attn @ W_o``, ``y = h +
-ffn(h)``) and the FFN (the MoE block of :mod:`stepsim.workloads.moe.build`, or a dense model's FFN as shared
-experts).
+* ``--tp N`` (one layer or a stack): decoder/build.py's ``_tp_stack`` (KV heads and FFN columns over the chips, two
+  all-reduces per layer, the residuals added after them); its checks are :func:`check_tp`.
+* ``--ep N`` (one layer, or a stack with ``--pp`` / ``--micro-batches``): :func:`expert_parallel_decoder`. Attention
+  chip a of A = min(N, H) owns KV heads ``a H/A ..``; the partials of ``attn @ W_o`` are reduce-scattered in A
+  chunks (the all-gather half is not run: the MoE block wants each chip's own shard), each chip adds its rows of
+  x (``x.<c>``), and its shard's rows enter the pass's expert-parallel layer (the all-to-alls of the routing
+  trace) as ``home_in``; ``home_out`` adds ``h`` back and stores ``y.<c>``.
+* ``--tp T --ep E``: the same attention over min(T E, H) chips; shard s's group of T chips runs the MoE block
+  tensor-parallel and chip ``s T + t`` stores ``y<s T + t>.<k>`` (reduced chunk k plus its ``h`` chunk).
 
-**``--tp N``** (one layer), Megatron style: two all-reduces per layer (decoder/build.py's ``_tp_stack`` with one layer,
-on the pass's :func:`~stepsim.workloads.sharding.tp_layers`). Chip c owns
-KV heads ``c H/N ..`` (caches ``h<h>_*``, projections ``wo_h<h>_q<j>``); its query heads' products summed are a
-partial sum of ``attn @ W_o``, all-reduced in N chunks of B / N rows. Chip c puts the reduced chunks back in row
-order and adds ``x`` (replicated): every chip holds all of ``h``. The FFN runs on every token with columns
-``c F/N ..`` of every expert (``expert<e>_<part>.<c>``, ``shared_<part>.<c>``; a dense model's FFN is
-``shared_<part>.<c>``); its partial sums are all-reduced the same way and chip c stores chunk k of ``h`` plus the
-reduced chunk k as ``y<c>.<k>``. A stack (``--layers L --tp T [--pp P]``) is the same blocks per layer, q / k / v
-computed from the layer's input rows (the same ``_tp_stack``).
-
-**``--ep N``** (one layer), as serving engines run an MoE layer on N chips: the attention tensor-parallel by KV heads,
-the MoE block expert-parallel, the batch sharded over the same N chips.
-
-* **Attention.** A = N chips (or, with more chips than KV heads, A = H of them: chips ``a N/A``, one KV head each)
-  own KV heads ``a H/A .. (a+1) H/A - 1`` of the H simulated, their caches ``h<h>_*`` and output projections
-  ``wo_h<h>_q<j>``: their products summed are a partial sum of ``attn @ W_o``, B rows ``(1, D)``.
-* **Reduce-scatter.** The partials are reduce-scattered over the A attention chips in A chunks of B / A rows
-  (operators ``attn_reducescatter.*``): the first half of ``--tp``'s all-reduce; the all-gather half is not run
-  because the MoE block wants each chip's own shard only. With A < N, attention chip ``a N/A`` cuts its chunk into
-  N/A shards of B / N rows and sends shard j to chip ``a N/A + j``: chip c holds rows ``c B/N ..``.
-* **Residual.** Chip c adds its rows of ``x`` (tensor ``x.<c>``): ``h`` rows of its shard.
-* **MoE.** The sharded expert-parallel layer (:func:`stepsim.workloads.sharding.expert_parallel`): experts placed
-  by ``--placement``, each chip's ``h`` rows dispatched to their experts' chips and combined back by the
-  all-to-alls of the routing trace (routing weights ``routing_weights.<c>``); with ``regions`` each chip's experts
-  time-multiplexed on R / N regions.
-* **Residual and store.** Chip c adds its ``h`` rows to the combined rows and stores them as ``y.<c>``.
-
-Why the attention is split by heads rather than data-parallel by requests: it is how ``stepsim serve --system``
-splits a served MoE model (docs/serving.md §13), and it keeps every KV cache and output projection in one chip's
-HBM, unreplicated. N must divide the KV heads or be a multiple of them.
-
-**``--tp T --ep E``** (T x E chips): shard s of the batch (B / E rows) belongs to the group of chips ``s T ..
-s T + T - 1``, which runs the MoE block of :func:`stepsim.workloads.sharding.expert_tensor_parallel`. The
-attention splits over A = min(T E, H) of the chips and is reduce-scattered in A chunks; with A > E each chip
-gathers its shard's A / E chunks in row order. Chip ``s T + t`` adds its rows of x (``x.<s>``), runs rank t of the
-MoE block, and after the group's all-reduce adds chunk k of its ``h`` rows to the reduced chunk k and stores
-``y<s T + t>.<k>``.
-
-**A stack** (``--layers L --ep E [--pp P] [--micro-batches M]``, P x E chips) is the same code per layer
-(:func:`expert_parallel_decoder` with ``partial``): stage s (layers ``s L/P ..``) on chips ``s E ..``; chip c loads
-``x.<c>`` once, and a later layer takes the previous layer's rows of shard c (crossing once to the next stage); each
-attention chip gathers the E shards in request order for its q / k / v projections (tensors ``layer<i>.*``); the
-last layer stores ``y.<c>``. The partial sums are added in the reduce-scatter's order, so the values equal the
-one-chip stack to the one-layer ``--ep``'s tolerance, not bit for bit.
-
-All transfers share the system's links (one network).
+Why by heads rather than data-parallel by requests: it is how ``stepsim serve --system`` splits a served MoE model
+(docs/serving.md §13), and it keeps every KV cache and output projection in one chip's HBM, unreplicated.
 """
 
 from __future__ import annotations
 
 from stepsim.base.errors import ArgumentError
 from stepsim.graph import Add, Flatten, LinearOffChipStore, Map, Promote, Reshape, RetileStreamify
-from stepsim.workloads.moe.build import PACKING_COMPUTE_BW, _timeshared_ffns, expert_ffns
+from stepsim.workloads.moe.build import PACKING_COMPUTE_BW
 from stepsim.workloads.sharding import check_chips, check_columns
 
 
@@ -104,17 +66,16 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     ``partial``, a stack's layers (decoder/build.py's stack: ``partial(i, hs, rows)`` is layer i's share of KV
     heads ``hs`` on every request's ``rows``; ``pp`` stages of E chips, ``micro_batches``). ``tp`` (``--tp T --ep
     E``, one layer): every shard's group of T chips runs the MoE block tensor-parallel. Returns ``(params,
-    tile_rows)``: the record's parallel params (one layer: those of the pass's ``ep_params`` or
-    ``expert_tensor_parallel``, plus ``algorithm``) and the experts' tile rows."""
-    from stepsim.workloads.chips import stages_system
+    tile_rows)``: the record's parallel params (the pass's ``expert_parallel`` or ``expert_tensor_parallel``, plus
+    ``algorithm``) and the experts' tile rows. The layers are the pass's; this function gives it the attention and
+    the residuals (``hooks``)."""
+    from stepsim.workloads.chips import cross_stage, stages_system
     from stepsim.workloads.moe.build import DEFAULT_TILE_N
     from stepsim.workloads.routing import expert_counts
     from stepsim.workloads.sharding import (
         Sharding,
         check_tp_ep,
-        ep_params,
         expert_parallel,
-        expert_tensor_parallel,
         in_order,
         load_rows,
         split_chunks,
@@ -140,35 +101,33 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
     per_head, gap, shard = n_heads // attn_chips, ep * stride // attn_chips, batch // ep
     sh = Sharding(g, stages_system(pp, ep, system, "--ep") if tp is None else
                   tp_ep_system(moe, tp, ep, batch, system, tile_f))
-    rows_in, per_stage, tile_rows, expert_chips = {}, layers // (pp or 1), {}, []
+    rows_in, per_stage, homes = {}, layers // (pp or 1), {}
     for c in range(ep if stack else 0):  # a stack: shard c's input rows of the current layer, (1, shard)
         before = len(g.ops)
         rows_in[c] = load_rows(g, f"x.{c}", shard, d)
         sh.place(before, c)
-    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, packing_compute_bw=PACKING_COMPUTE_BW)
-    for i, routing in enumerate(routings):
-        base, prefix, counts = (i // per_stage) * ep, f"layer{i}." if stack else "", expert_counts(routing,
-                                                                                                   moe.experts)
-        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, and fans out
-            for c in range(ep):  # there (a fan-out's FIFO depth is its producer's: the link's would be too shallow)
-                before = len(g.ops)
-                rows_in[c] = Promote(g, Flatten(g, rows_in[c], 0, 1), 1)
-                sh.place(before, base + c)
-        for rows in rows_in.values():  # the rows wait for the attention (all shards) before the residual reads them
+    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=bw["compute_bw"],
+                 packing_compute_bw=PACKING_COMPUTE_BW)
+
+    def hooks(i, base):  # layer i's attention, reduce-scattered; its home_in / home_out (the residuals)
+        prefix, own = f"layer{i}." if stack else "", rows_in.copy()
+        if i and i % per_stage == 0:  # a stage boundary: shard c crosses to its new home chip once, fanned out there
+            cross_stage(g, own, [base + c for c in range(ep)], sh.op_chip)
+        for rows in own.values():  # the rows wait for the attention (all shards) before the residual reads them
             rows.fanout_depth = shard
 
-        def attention_partial(a, i=i, rows=dict(rows_in)):  # [1, B] rows (1, D): chip a's share of attn @ W_o
+        def attention_partial(a):  # [1, B] rows (1, D): chip a's share of attn @ W_o
             hs = range(a * per_head, (a + 1) * per_head)
             if not stack:
                 return Promote(g, RetileStreamify(g, heads(hs), split_row=True), 1)
-            return partial(i, hs, in_order(g, [Flatten(g, rows[c], 0, 1) for c in range(ep)], batch, bindings))
+            return partial(i, hs, in_order(g, [Flatten(g, own[c], 0, 1) for c in range(ep)], batch, bindings))
 
         chips = [base + a * gap for a in range(attn_chips)]
         chunks = sh.reduce_scatter(chips, attention_partial, batch, algorithm=algorithm, compute_bw=bw["compute_bw"],
                                    prefix=f"{prefix}attn_reducescatter.")
-        reduced, homes, rows_out = sh.scatter_shards(chunks, chips, ep, batch), {}, {}
+        reduced = sh.scatter_shards(chunks, chips, ep, batch)
 
-        def home_in(s, rows, t=0, reduced=reduced, own=dict(rows_in)):  # h = x + attn @ W_o, shard s's rows
+        def home_in(s, rows, t=0):  # h = x + attn @ W_o, shard s's rows
             if attn_chips > ep:  # the shard's A / E chunks in row order, from the chips that reduced them
                 k = attn_chips // ep
                 attn = in_order(g, [reduced[s * k + j] for j in range(k)], rows, bindings, promote=False)
@@ -179,51 +138,23 @@ def expert_parallel_decoder(ep: int, system, algorithm: str, placement: str, *, 
             homes[(s, t)] = h
             return h
 
-        if tp is not None:
-            parts = {}
-
-            def store(s, t, k, reduced):  # y chunk k = reduced MoE chunk k + h chunk k
-                if (s, t) not in parts:
-                    parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
-                LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw),
-                                   tensor_name=f"y{s * tp + t}.{k}")
-
-            ep_bindings, tile_rows, params = expert_tensor_parallel(
-                sh, moe, routing, counts, tp, ep, placement, algorithm,
-                compute_bw=bw["compute_bw"], home_in_of=lambda t: lambda s, rows: home_in(s, rows, t), store=store,
-                **build)
-            bindings.update(ep_bindings)
-            return params, tile_rows
-
-        def home_out(c, combined, last=i == layers - 1):  # y = h + moe(h), chip c's rows
+        def home_out(c, combined):  # y = h + moe(h), chip c's rows
             out = Map(g, [combined, homes[(c, 0)]], Add(), **bw)
-            if last:
+            if i == layers - 1:
                 LinearOffChipStore(g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name=f"y.{c}")
-            rows_out[c] = out
+            rows_in[c] = out
 
-        dedicated, shared = expert_ffns(moe, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                        packing_compute_bw=PACKING_COMPUTE_BW, prefix=prefix)
-        regions = moe_kw["regions"]
+        return home_in, home_out
 
-        def ffns(g, packed, members=None, counts=counts):  # one region per expert, or time-multiplexed (--regions)
-            if members is None:
-                return dedicated(g, packed)
-            return _timeshared_ffns(g, packed, moe, regions, tile_f, dynamic, counts, bw, members)
+    parts = {}
 
-        layer = expert_parallel(sh, moe, routing, counts, ep, placement, layer=i if stack else None, base=base,
-                                regions=None if regions == moe.experts else regions, micro_batches=m, ffns=ffns,
-                                compute_bw=bw["compute_bw"], shared_ffn=shared, home_in=home_in, home_out=home_out,
-                                **build)
-        if not stack:
-            params = ep_params(sh, layer, counts, ep, placement)
-        bindings.update(layer[1])
-        tile_rows.update(layer[3])
-        expert_chips.append(layer[0])
-        rows_in = rows_out
-    if not stack:
-        return {**params, "algorithm": algorithm}, tile_rows
-    report = sh.finish(bindings)
-    return {"layers": layers, "micro_batches": m, **({"pp": pp} if pp else {}), "ep": ep, "placement": placement,
-            "algorithm": algorithm, "system": report["system"], "shard_bounds": layer[2],
-            "expert_chips": expert_chips, "links_used": report["links_used"],
-            "link_bytes": report["link_bytes"]}, tile_rows
+    def store(s, t, k, reduced):  # --tp: y chunk k = reduced MoE chunk k + h chunk k
+        if (s, t) not in parts:
+            parts[(s, t)] = split_chunks(g, homes[(s, t)], shard, tp)
+        LinearOffChipStore(g, Map(g, [reduced, parts[(s, t)][k]], Add(), **bw), tensor_name=f"y{s * tp + t}.{k}")
+
+    params, layer_bindings, tile_rows = expert_parallel(
+        sh, moe, routings, ep, placement, stack=stack, pp=pp, micro_batches=m, hooks=hooks, algorithm=algorithm,
+        regions=None if moe_kw["regions"] == moe.experts else moe_kw["regions"], tp=tp, store=store, **build)
+    bindings.update(layer_bindings)
+    return params, tile_rows

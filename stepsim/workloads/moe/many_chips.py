@@ -25,7 +25,7 @@ from stepsim.base.errors import ArgumentError
 from stepsim.graph import Graph, LinearOffChipStore, Reshape
 from stepsim.models.presets import MoEModel
 from stepsim.workloads.chips import check_stack
-from stepsim.workloads.moe.stage import DEFAULT_TILE_N, _timeshared_ffns, algorithmic_flops, expert_ffns, moe_stage
+from stepsim.workloads.moe.stage import DEFAULT_TILE_N, algorithmic_flops, moe_stage
 from stepsim.workloads.routing import expert_counts
 from stepsim.workloads.sharding import check_chips
 
@@ -55,7 +55,7 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
     ``packing_compute_bw``. Returns ``(graph, bindings, tile_rows, algorithmic FLOPs or None (the one layer's),
     params)``."""
     from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.sharding import Sharding, ep_params, expert_parallel, expert_tensor_parallel, tp_ep_system
+    from stepsim.workloads.sharding import Sharding, expert_parallel, expert_tensor_parallel, tp_ep_system
 
     if stack:
         return _stack(model, routings, pp, system, micro_batches, ep=ep, placement=placement, tp=tp,
@@ -65,22 +65,15 @@ def many_chips(g, model: MoEModel, routings: list, counts, *, stack: bool, tp, e
                             "weights by address, not a chip's column block")
     if tp is not None and ep is None:
         return _tp(model, routings, None, system, 1, tp=tp, algorithm=algorithm, dynamic=dynamic, g=g, **stage)
-    routing, tile_n, tile_f, bw = routings[0], stage["tile_n"], stage["tile_f"], dict(compute_bw=stage["compute_bw"])
-    build = dict(dynamic=dynamic, tile_n=tile_n, tile_f=tile_f, compute_bw=stage["compute_bw"],
-                 packing_compute_bw=stage["packing_compute_bw"])
+    build = dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"})
     if tp is not None:
-        sh = Sharding(g, tp_ep_system(model, tp, ep, routing.shape[0], system, tile_f))
-        bindings, tile_rows, parallel = expert_tensor_parallel(sh, model, routing, counts, tp, ep, placement,
-                                                               algorithm, **build)
+        parallel, bindings, tile_rows = expert_tensor_parallel(
+            Sharding(g, tp_ep_system(model, tp, ep, routings[0].shape[0], system, stage["tile_f"])), model,
+            routings[0], tp, ep, placement, algorithm, **build)
         return g, bindings, tile_rows, None, parallel
-    dedicated, shared = expert_ffns(model, tile_n=tile_n, tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                    packing_compute_bw=stage["packing_compute_bw"])
-    sh = Sharding(g, chips_system(ep, system, "--ep"))
-    layer = expert_parallel(  # one region per expert, or each chip's experts time-multiplexed (--regions)
-        sh, model, routing, counts, ep, placement, regions=stage["regions"] if timeshare else None,
-        ffns=lambda g, packed, members=None: dedicated(g, packed) if members is None else _timeshared_ffns(
-            g, packed, model, stage["regions"], tile_f, dynamic, counts, bw, members), shared_ffn=shared, **build)
-    bindings, tile_rows, parallel = layer[1], layer[3], ep_params(sh, layer, counts, ep, placement)
+    parallel, bindings, tile_rows = expert_parallel(  # one region per expert, or each chip's experts time-multiplexed
+        Sharding(g, chips_system(ep, system, "--ep")), model, routings, ep, placement, stack=False,
+        regions=stage["regions"] if timeshare else None, **build)
     return g, bindings, tile_rows, None, parallel
 
 
@@ -102,12 +95,6 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
         return _tp(model, routings, pp, system, m, tp=tp, algorithm=algorithm, dynamic=dynamic, **stage)
     if ep is not None:
         return _ep_stack(model, routings, pp, system, m, ep=ep, placement=placement, dynamic=dynamic, **stage)
-    if pp is not None:
-        from stepsim.workloads.chips import chips_system
-
-        system = chips_system(pp, system, "--pp")
-    elif system is not None:
-        raise ArgumentError("--system applies to a stack of MoE layers with --pp N (pipeline parallelism)")
     g = Graph(f"moe-{model.name}-l{layers}" + (f"-pp{pp}" if pp else "") + f"-mb{m}")
     bindings, tile_rows = {}, {}  # tile_rows: every layer's ragged dynamic tiles (moe_stage with micro-batches)
 
@@ -120,17 +107,16 @@ def _stack(model: MoEModel, routings, pp, system, micro_batches, *, ep, placemen
         return out
 
     report = pipeline(g, system, layers, pp, layer, lambda out: LinearOffChipStore(
-        g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y"), bindings=bindings)
+        g, Reshape(g, out, 1, 0, write_back_mu=True), tensor_name="y"), bindings=bindings, what="MoE layers")
     rows = batch // m  # FLOPs as built: each micro-batch pads its own tiles
     flops = sum(algorithmic_flops(expert_counts(r[k * rows:(k + 1) * rows], model.experts), model, stage["tile_n"])
                 for r in routings for k in range(m))
-    return g, bindings, tile_rows, flops, {"layers": layers, "micro_batches": m, **({} if pp is None else
-                                                                                     {"pp": pp, **report})}
+    return g, bindings, tile_rows, flops, {"layers": layers, "micro_batches": m, **report}
 
 
 def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, dynamic, **stage) -> tuple:
-    """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.expert_parallel`) on ``(P or 1)
-    x E`` chips; its results as :func:`_stack`'s."""
+    """``--layers L --ep E [--pp P]``: the sharding pass (:func:`stepsim.workloads.sharding.expert_parallel`) on
+    ``(P or 1) x E`` chips, shard c's rows on chip c of every stage; its results as :func:`_stack`'s."""
     from stepsim.workloads.chips import stages_system
     from stepsim.workloads.moe.sharded_micro import micro_batch_tokens
     from stepsim.workloads.sharding import Sharding, expert_parallel
@@ -140,34 +126,21 @@ def _ep_stack(model: MoEModel, routings, pp, system, m: int, *, ep, placement, d
     if m > 1:
         _check_ep_micro_batches(batch, ep, m, stage["tile_n"] or DEFAULT_TILE_N, model.shared_intermediate,
                                 dynamic)
-    system = stages_system(pp, ep, system, "--ep")
-    tile_f, bw = stage["tile_f"], dict(compute_bw=stage["compute_bw"])
     g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-ep{ep}"
               + (f"-mb{m}" if m > 1 else ""))
-    sh, layers = Sharding(g, system), len(routings)
-    per_stage, bindings, tile_rows, expert_chips, rows_in, bounds = layers // (pp or 1), {}, {}, [], None, None
-    build = dict(dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"})
-    for i, routing in enumerate(routings):  # shard c's rows stay on chip c of every stage (ordinary edges across)
-        rows_out: dict = {}
-        ffns, shared = expert_ffns(model, tile_n=stage["tile_n"], tile_f=tile_f, dynamic=dynamic, bw=bw,
-                                   packing_compute_bw=stage["packing_compute_bw"], prefix=f"layer{i}.")
-        chip_of, layer_bindings, bounds, rows, _ = expert_parallel(
-            sh, model, routing, expert_counts(routing, model.experts), ep, placement, layer=i,
-            base=(i // per_stage) * ep, micro_batches=m, ffns=ffns, shared_ffn=shared,
-            home_in=None if rows_in is None else (lambda c, n, rows=rows_in: rows[c]),
-            home_out=None if i == layers - 1 else rows_out.__setitem__, **build)
-        bindings.update(layer_bindings)
-        tile_rows.update(rows)
-        expert_chips.append(chip_of)
-        rows_in = rows_out
-    report = sh.finish(bindings)
-    params = {"ep": ep, "placement": placement, "system": report["system"], "shard_bounds": bounds,
-              "expert_chips": expert_chips, "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
+    rows = {}  # shard c's rows of the layer before, on chip c of its stage (an ordinary edge across stages)
+
+    def hooks(i, base):  # layer 0 loads x.<c>, the last stores y.<c>
+        return (None if i == 0 else lambda c, n, rows=dict(rows): rows[c],
+                None if i == len(routings) - 1 else rows.__setitem__)
+
+    params, bindings, tile_rows = expert_parallel(
+        Sharding(g, stages_system(pp, ep, system, "--ep")), model, routings, ep, placement, stack=True, pp=pp,
+        micro_batches=m, hooks=hooks, dynamic=dynamic, **{k: v for k, v in stage.items() if k != "regions"})
     # FLOPs as built: each micro-batch (the m-th piece of every shard) pads its own tiles
     parts = [slice(None)] if m == 1 else micro_batch_tokens(batch, ep, m)
     flops = sum(algorithmic_flops(expert_counts(r[p], model.experts), model, stage["tile_n"])
                 for r in routings for p in parts)
-    params = {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}), **params}
     return g, bindings, tile_rows, flops, params
 
 
@@ -175,8 +148,7 @@ def _tp(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic
     """``--tp T`` (module docstring) on ``(P or 1) x T`` chips: a stack's layers (``g`` None) or, into ``g``, the one
     layer (its tensors and the all-reduce's operators without the ``layer0.`` of a stack's). Results as
     :func:`many_chips`'s."""
-    from stepsim.workloads.chips import stages_system
-    from stepsim.workloads.sharding import Sharding, load_rows, tp_layers
+    from stepsim.workloads.sharding import load_rows, tensor_parallel
 
     stack, batch = g is None, routings[0].shape[0]
     check_chips("--tp", tp)
@@ -184,9 +156,7 @@ def _tp(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic
         raise ArgumentError(f"--micro-batches {m} does not combine with --tp yet (a tensor-parallel stack's layer "
                             f"all-reduces the whole batch)")
     shard = column_shard(model, tp, stage["tile_f"], batch)
-    system = stages_system(pp, tp, system, "--tp")
-    if stack:
-        g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}")
+    g = Graph(f"moe-{model.name}-l{len(routings)}" + (f"-pp{pp}" if pp else "") + f"-tp{tp}") if stack else g
     bindings: dict = {}
 
     def partial(i, t, tokens):  # chip t's columns of layer i (every token, every expert); layer 0 reads x
@@ -197,17 +167,11 @@ def _tp(model: MoEModel, routings, pp, system, m: int, *, tp, algorithm, dynamic
         bindings.update(layer_bindings)
         return out
 
-    sh = Sharding(g, system)
-    tp_layers(sh, len(routings), tp=tp, pp=pp, algorithm=algorithm, batch=batch, compute_bw=stage["compute_bw"],
-              bindings=bindings, stack=stack, blocks=lambda i: [("allreduce", lambda t, rows: partial(i, t, rows),
-                                                                 False)])
-    report = sh.finish(bindings)
-    if not stack:  # chip c stores chunk k (in on-chip memory) as y<c>.<k>
-        return g, bindings, {}, None, {"tp": tp, "system": report["system"], "algorithm": algorithm,
-                                       "links_used": report["links_used"], "link_bytes": report["link_bytes"]}
+    params = tensor_parallel(g, system, len(routings), tp=tp, pp=pp, algorithm=algorithm, batch=batch,
+                             compute_bw=stage["compute_bw"], bindings=bindings, stack=stack, blocks=lambda i: [
+                                 ("allreduce", lambda t, rows: partial(i, t, rows), False)])
     flops = sum(algorithmic_flops(expert_counts(r, model.experts), model, stage["tile_n"]) for r in routings)
-    return g, bindings, {}, flops, {"layers": len(routings), "micro_batches": m, **({"pp": pp} if pp else {}),
-                                    "tp": tp, "algorithm": algorithm, **report}
+    return g, bindings, {}, flops if stack else None, params  # one layer: chip c stores chunk k as y<c>.<k>
 
 
 def _check_ep_micro_batches(batch: int, ep: int, m: int, tile_n: int, shared: int, dynamic: bool) -> None:

@@ -1,40 +1,20 @@
-"""Expert placement: which chip runs each expert of the MoE layer under expert parallelism.
+"""Expert placement: which chip runs each expert of the MoE layer under expert parallelism (``--ep N``; the graph:
+:mod:`stepsim.workloads.moe.sharded`, placed by the sharding pass, :func:`stepsim.workloads.sharding.expert_parallel`).
+A chip's experts receive one token row per (token, expert on that chip) pair.
 
-``--ep N`` places the experts on N chips and shards the batch over the same chips; dispatch and combine are
-all-to-alls over the links, per the routing trace (the graph: :mod:`stepsim.workloads.moe.sharded`, placed on the
-chips by the sharding pass, :func:`stepsim.workloads.sharding.expert_parallel`). This module holds the placement
-only: a chip's experts receive one token row per (token, expert on that chip) pair.
+Placements of E experts on N chips (at most ``ceil(E / N)`` a chip; docs/system.md, "Expert parallelism", gives
+the measurements behind each rule): ``contiguous`` (expert e on chip ``e // ceil(E / N)``), ``round-robin``
+(``e mod N``), and ``load-balanced``, from the trace, minimizing what a chip's time follows:
 
-Placements of E experts on N chips (at most ``ceil(E / N)`` experts per chip):
+* with ``--regions`` (a chip's tiles are its time, whatever its token count): experts greedily, most tiles first,
+  onto the chip with the fewest tiles so far, unless the contiguous blocks already reach the least busiest chip
+  (``ceil(total tiles / N)``); with dynamic tiling, by tokens alone;
+* without (one region per expert; a chip's HBM serves its experts' passes together, so a chip with more tiles can
+  finish first): the least modelled busiest chip of :mod:`stepsim.workloads.moe.ep_cost` (static tiling's passes,
+  dynamic tiling's ragged model with the busiest link's combine rows; :func:`_least_modelled`), contiguous or
+  round-robin kept unless it is modelled at least one shared pass faster.
 
-* ``contiguous``: expert e on chip ``e // ceil(E / N)``;
-* ``round-robin``: expert e on chip ``e mod N``;
-* ``load-balanced``: from the trace, minimizing what a chip's time follows. With static tiling of ``tile_n`` rows
-  an expert costs its chip ``ceil(tokens / tile_n)`` token tiles, each one pass over its weights (loaded and
-  multiplied whether the tile is full or padded).
-
-  - With ``--regions`` a chip's cycles are its tiles times one tile's time plus a fill (Qwen3-30B-A3B:
-    12,000-21,000 cycles; docs/system.md), whatever its token count. So the experts go greedily (longest
-    processing time first) by tiles, most first (ties: more tokens, then lower id), each onto the chip with the
-    fewest tiles so far among those with room (ties: fewer tokens, then lower chip). When the contiguous blocks
-    already hold no more tiles on their busiest chip than ``ceil(total tiles / N)`` (no placement can do better)
-    they are kept: rearranging them only moves the last tile's combine (hundreds of cycles either way).
-  - Without ``--regions`` (one region per expert) a chip's HBM serves its experts' passes together and a
-    multi-tile expert's later passes can run alone at the end, so a chip with more tiles can finish first. The
-    placement minimizes the modelled busiest chip of :mod:`stepsim.workloads.moe.ep_cost` (``sum over j of
-    max(n_j x shared, alone)`` from the hardware and the layer's dimensions; :func:`_least_modelled`), and keeps
-    contiguous or round-robin unless it is modelled at least one shared pass faster (docs/system.md, "What sets a
-    chip's time").
-
-  Without ``tile_n`` (dynamic tiling: one ragged tile per expert with tokens, whose cost is its rows): with
-  ``--regions`` the tile-first greedy balances token counts alone; without, each expert with tokens makes one
-  pass and the combine's rows wait for the last passes, so the placement minimizes the ragged model of
-  :func:`~stepsim.workloads.moe.ep_cost.ragged_cycles` (the latest chip's ``max(n x shared, slowest alone)``,
-  then the busiest link's combine rows) with the same search (by
-  :func:`~stepsim.workloads.moe.ep_cost.ragged_placement_cycles` a chip) and keep rule.
-  ``--tp N --ep M`` places its expert groups by the same models of the shard (F / N columns a chip).
-
-Without ``--system`` the chips are fully connected with the preset link figures (64 B/cycle, 500 cycles).
+``--tp N --ep M`` places its expert groups by the same models of the shard (F / N columns a chip).
 """
 
 from __future__ import annotations

@@ -1,73 +1,27 @@
-"""The expert-parallel MoE layer as a sharded all-to-all (``--ep N``): the graph, chip by chip.
+"""The expert-parallel MoE layer as a sharded all-to-all (``--ep N``): the graph, chip by chip (docs/system.md,
+"Expert parallelism" and, for micro-batches, "MoE stacks"; placed on chips by the sharding pass,
+:func:`stepsim.workloads.sharding.expert_parallel`).
 
-The batch is sharded over the N chips (data-parallel attention before the layer): chip c holds tokens
-``shard[c] .. shard[c+1] - 1`` (``numpy.array_split`` bounds: the first ``B mod N`` chips one token more), in its
-own tensors ``x.<c>`` (rows of ``x``) and ``routing_weights.<c>``, and stores its rows of the output in ``y.<c>``.
-Every chip runs the non-expert part of the layer on its own tokens: the token load, the routing selectors, the
-Partition of its rows by expert, the routing weights, the weighting, the Reassemble and sum, the shared experts.
+Chip c holds tokens ``shard[c] .. shard[c+1] - 1`` (:func:`shard_bounds`) in its own ``x.<c>`` and
+``routing_weights.<c>`` and runs the layer's non-expert part on them. **Dispatch**: its rows routed to expert e
+cross to e's chip, where an ``EagerMerge`` takes every chip's rows in arrival order into the expert's FFN.
+**Combine**: the FFN's rows are partitioned back by the merge's selector, cross home, are weighted and summed into
+``y.<c>``. So link ``c -> p`` carries one row per (token of c, expert on p) pair and one per (token of p, expert
+on c). A chip with an empty shard (a batch of fewer tokens than chips) has no home part; the merges and combines
+span the chips with tokens only (``active``).
 
-* **Dispatch (all-to-all).** Chip c's rows routed to expert e cross to e's chip (no transfer when it is c);
-  expert e takes the rows of all N chips through an ``EagerMerge`` (arrival order) and runs its FFN on its chip,
-  with its weights from that chip's HBM.
-* **Combine (all-to-all).** The expert's output rows are partitioned back by the merge's selector (the chip each
-  row came from) and cross back to their home chip, which scales them by their routing weights and sums them.
+FIFO depths: each all-to-all buffer is as deep as the most elements its channel can carry under *any* routing (a
+token's experts are distinct): a merge's selector the batch, a chip's dispatch and routing weights its shard, a
+combine the largest shard. Depth 2 deadlocks across chips (the merge is time-sensitive and every chip's
+Reassemble consumes in its own token order); no send so waits for a credit, the cycles are the routing's own, and
+a batch size's program depends on its routing only through the selectors (serving rebinds one template per token
+count, :mod:`stepsim.serve.layers`).
 
-So a chip sends exactly its tokens' rows routed to remote experts: link ``chip c -> chip p`` carries one D-wide
-row per (token of c, expert on p) pair (dispatch) plus one per (token of p, expert on c) pair (combine), as the
-routing trace says. Transfers are routed over the system by :func:`stepsim.graph.network.place_on_chips`. The
-experts' FFNs come from the caller: one region per expert, or each chip's experts time-multiplexed on its
-regions (``--regions``, :func:`stepsim.workloads.moe.parallel.region_members`).
-
-Buffers an all-to-all needs, as FIFO depths from the token counts (depth-2 FIFOs there deadlock across chips,
-because the merge is time-sensitive and every chip's Reassemble consumes in its own token order). Each is as deep
-as the most elements its channel can carry under *any* routing of the batch, since a token's top-k experts are
-distinct (a token sends at most one row to an expert):
-
-* the merge's selector waits, one entry per row, until the row comes out of the expert's FFN (after its whole
-  token tile and F loop): it holds all the expert's rows, at most the batch's B tokens;
-* a chip's dispatch Partition and its routing weights (which wait for their rows' round trip) hold up to its
-  count for one expert, at most its shard's tokens;
-* an expert's combine Partition holds up to its count from one chip, at most the largest shard's tokens.
-
-Why from the token counts and not from the routing: a channel whose sends never exceed its capacity never makes
-its producer wait for a credit (kernels/channels.py: send i waits for the credit of send i - capacity), so any
-depth at least the channel's element count gives the same cycles; the routing's counts (the largest
-per-expert count, the rule before) and these bounds both are, so the cycles are the same for every routing,
-and the lowered program of a batch size no longer depends on its routing beyond the selector targets: serving
-rebinds one template per token count (:mod:`stepsim.serve.layers`). Deeper FIFOs only reserve more slot rows
-(``np.zeros``, pages touched only by elements sent).
-
-A chip whose shard is empty (a batch of fewer tokens than chips: ``shard_bounds`` gives the last chips none)
-has no home part at all: no ``x.<c>``, ``routing_weights.<c>`` or ``y.<c>`` tensor, no dispatch from it and no
-combine back to it. It still holds and runs its experts for the other chips' tokens. The merges and combine
-Partitions then span only the chips with tokens (``active`` below), so a batch of at least N tokens builds
-exactly the graph it built before.
-
-**Micro-batches** (``micro_batches`` M >= 2, ``--layers L --ep E --micro-batches M``): the layer above with each
-chip's shard split into M micro-batches of ``shard / M`` consecutive tokens: micro-batch m of the layer is the m-th
-piece of every chip's shard (:func:`stepsim.workloads.moe.sharded_micro.micro_batch_tokens`). So, as
-``moe/build.py``'s ``_micro_batch_tiles`` does on one chip:
-
-* **Before dispatch** a chip's token rows are split by micro-batch (a Partition at rank 1 by a static selector)
-  and each piece is partitioned by expert with its own routing selector, which ends with the micro-batch: chip c's
-  rows of (micro-batch m, expert e) are a stream of their own, ended when the piece is.
-* **One merge per micro-batch**: expert e merges every chip's rows of micro-batch m (``EagerMerge``, arrival
-  order) and packs them into tiles (static: ``tile_n`` rows, padded; dynamic: one tile of the merge's rows); a
-  Reassemble whose static selector names the micro-batch of each tile puts the tiles back in micro-batch order,
-  and the FFN sees one stream of tiles. Micro-batches with no token for e have no merge (an expert with no token
-  at all keeps micro-batch 0's empty one, as one merge would give it).
-* **Combine**: the FFN's output rows are split back by micro-batch (static selector: the merges' row counts), and
-  each micro-batch's rows partitioned by that merge's selector (the chip each row came from) cross back home.
-  The home chip weights each (micro-batch, expert) stream by its routing weights and reassembles its tokens
-  from all of them at once: the Reassemble's inputs are the (m, e) pairs with tokens, in (m, e) order, so a
-  token (of one micro-batch) gathers its top-k rows in expert order, as the one-chip layer does: the sums, and
-  the values, are bit-equal to it.
-
-A micro-batch's tiles are complete, and its output rows flow to the next layer, once every chip's piece of it
-has been dispatched, without waiting for later micro-batches. FIFO depths follow the rule above (as
-deep as the most elements the channel can carry under any routing): a piece's dispatch Partition and routing
-weights hold up to the piece's tokens, a merge's selector up to the micro-batch's B / M tokens, a combine
-Partition up to the largest piece.
+**Micro-batches** (M >= 2): micro-batch m is the m-th piece of every chip's shard
+(:func:`stepsim.workloads.moe.sharded_micro.micro_batch_tokens`); a chip's rows are split by micro-batch before
+dispatch, each expert has one merge per micro-batch (its tiles put back in micro-batch order by a Reassemble), the
+FFN's rows are split back by micro-batch for the combine, and a home chip reassembles a token's top-k rows from
+the (m, e) streams in (m, e) order, so the sums are bit-equal to the one-chip layer's.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def _stack(layers: int, pp, system, micro_batches, b: int, d: int, f: int, stage
     the stream's outer dimension, so stage s + 1 works on micro-batch m while stage s works on m + 1 (one graph,
     not a copy per micro-batch). ``--pp P`` places the layers by the sharding pass's
     :func:`~stepsim.workloads.sharding.pipeline`. Returns the graph and the record's parallel params."""
-    from stepsim.workloads.chips import check_stack, chips_system
+    from stepsim.workloads.chips import check_stack
     from stepsim.workloads.sharding import pipeline
 
     tile_m, n_tiles = stage["tile_m"], f // stage["tile_n"]
@@ -90,10 +90,6 @@ def _stack(layers: int, pp, system, micro_batches, b: int, d: int, f: int, stage
     if m is not None and b // m != tile_m:
         raise ArgumentError(f"--micro-batches {m}: a micro-batch is one row tile of {b} / {m} = {b // m} rows; "
                             f"--tile-m must be {b // m}, got {tile_m}")
-    if pp is not None:
-        system = chips_system(pp, system, "--pp")
-    elif system is not None:
-        raise ArgumentError("--system applies to a stack of layers with --pp N (pipeline parallelism)")
     g = Graph(f"swiglu-l{layers}" + (f"-pp{pp}" if pp else "") + f"-m{tile_m}-n{stage['tile_n']}")
 
     def layer(i, out):  # (1, B/tile_m, 1) row tiles -> (B/tile_m, F/tile_n, 1): each row tile once per F tile
@@ -101,9 +97,8 @@ def _stack(layers: int, pp, system, micro_batches, b: int, d: int, f: int, stage
         return swiglu_stage(g, b, d, f, **stage, prefix=f"layer{i}.", x=x)
 
     report = pipeline(g, system, layers, pp, layer, lambda out: LinearOffChipStore(
-        g, out, tensor_name="y", par_dispatch=stage["par_dispatch"]), bindings={})
-    return g, {"layers": layers, "micro_batches": b // tile_m if m is None else m, **({"pp": pp, **report} if pp
-                                                                                       else {})}
+        g, out, tensor_name="y", par_dispatch=stage["par_dispatch"]), bindings={}, what="layers")
+    return g, {"layers": layers, "micro_batches": b // tile_m if m is None else m, **report}
 
 
 def _tp(tp, system, algorithm: str, b: int, d: int, f: int, stage: dict) -> tuple:
@@ -113,23 +108,20 @@ def _tp(tp, system, algorithm: str, b: int, d: int, f: int, stage: dict) -> tupl
     chip c stores the reduced chunk k (row tiles ``k B/(tile_m T) ..``) as ``y<c>.<k>``. Returns the graph and the
     record's parallel params."""
     from stepsim.workloads.chips import chips_system
-    from stepsim.workloads.sharding import Sharding, check_chips, check_columns, tp_layers
+    from stepsim.workloads.sharding import check_chips, check_columns, tensor_parallel
 
     tile_m, tile_n = stage["tile_m"], stage["tile_n"]
-    sh = Sharding(Graph(f"swiglu-tp{tp}-m{tile_m}-n{tile_n}"), chips_system(tp, system, "--tp"))
+    g, system = Graph(f"swiglu-tp{tp}-m{tile_m}-n{tile_n}"), chips_system(tp, system, "--tp")
     check_chips("--tp", tp)
     check_columns(tp, {"intermediate": f}, tile_n, "--tile-n")
     if (b // tile_m) % tp:
         raise ArgumentError(f"--tp {tp}: the all-reduce cuts y's {b // tile_m} row tiles (--tile-m {tile_m}) "
                             f"into {tp} chunks; their number must be a multiple of {tp}")
-    g = sh.g
-    tp_layers(sh, 1, tp=tp, pp=None, algorithm=algorithm, batch=b // tile_m, compute_bw=stage["compute_bw"],
-              bindings={}, stack=False, store_kw={"par_dispatch": stage["par_dispatch"]}, blocks=lambda i: [
-                  ("allreduce", lambda t, rows: Flatten(g, swiglu_stage(g, b, d, f // tp, **stage, suffix=f".{t}"),
-                                                        0, 1), False)])
-    report = sh.finish({})
-    return g, {"tp": tp, "system": report["system"], "algorithm": algorithm, "links_used": report["links_used"],
-               "link_bytes": report["link_bytes"]}
+    return g, tensor_parallel(g, system, 1, tp=tp, pp=None, algorithm=algorithm, batch=b // tile_m,
+                              compute_bw=stage["compute_bw"], bindings={}, stack=False,
+                              store_kw={"par_dispatch": stage["par_dispatch"]}, blocks=lambda i: [
+        ("allreduce", lambda t, rows: Flatten(g, swiglu_stage(g, b, d, f // tp, **stage, suffix=f".{t}"), 0, 1),
+         False)])
 
 
 def swiglu_stage(g, b: int, d: int, f: int, *, tile_m: int, tile_n: int, compute_bw: int, par_dispatch: int,
