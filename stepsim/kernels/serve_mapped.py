@@ -34,9 +34,10 @@ M_ROWS = M_THETA_LENGTH + 4
 #: (filled, tile_n and regions of its loads, tile_n and on-chip bytes of its traffic), the decode attention's
 #: (filled, regions knob, on-chip bytes, the representative requests' busiest region load)
 (B_FFN, B_FFN_TILE_N, B_FFN_REGIONS, B_FFN_TRAFFIC_TILE_N, B_FFN_ON_CHIP, B_DECODE, B_DECODE_REGIONS,
- B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_PREFILL, B_PREFILL_REGIONS, B_PREFILL_REP_LOAD, B_ROWS) = range(13)
-#: (``B_PREFILL``...: the prefill attention's filled, regions knob and the representative data's busiest region
-#: load, :func:`stepsim.serve.fast_mapped.prefill_reference`)
+ B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_PREFILL, B_PREFILL_REGIONS, B_PREFILL_REP_LOAD, B_PREFILL_REP_KV,
+ B_ROWS) = range(14)
+#: (``B_PREFILL``...: the prefill attention's filled, regions knob, the representative data's busiest region load and
+#: KV tiles, :func:`stepsim.serve.fast_mapped.prefill_reference`)
 #: rows of the per-bucket floats ``buckets_f`` (float64 ``[BF_ROWS, 64]``): the FFN's cycles, representative tiles
 #: and region tiles, the decode attention's cycles, the prefill attention's
 BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_PREFILL_CYCLES, BF_ROWS = range(6)
@@ -262,21 +263,10 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
         if v < 0.0:
             return UNSUPPORTED
         dec_cycles = np.int64(v)
-    # prefill attention: the paper regressors of every KV head's chunks, one layer
+    # prefill attention (fast_mapped.prefill_regressors): every KV head's chunks in one attention, one layer;
+    # query tile j (head by head, request by request) to region j % gcd(knob, query tiles)
     pre_cycles = 0
     if pre:
-        xp = x[1]
-        xp[0] = 1.0
-        xp[1] = np.float64(pre * heads)
-        xp[2] = np.float64(pre_q * heads)
-        xp[3] = np.float64(pre_kv * heads)
-        hbm = _dot(xp, forms[2], 4, scratch) / hbm_peak
-        compute = _dot(xp, forms[3], 4, scratch) / compute_bw
-        xp[4] = hbm
-        xp[5] = compute
-        xp[6] = compute if compute > hbm else hbm
-        # fast_mapped.prefill_estimate: query tile j of every head's chunks (head by head, request by request) to
-        # region j % gcd(knob, query tiles)
         pb = log2_bucket(prefill_size)
         r = _gcd(buckets_i[B_PREFILL_REGIONS, pb], pre_q * heads)
         if r > len(loads) or r < 1:
@@ -294,8 +284,16 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
         most = 0
         for j in range(r):
             most = max(most, loads[j])
-        xp[7] = buckets_f[BF_PREFILL_CYCLES, pb] * np.float64(most) / np.float64(buckets_i[B_PREFILL_REP_LOAD, pb])
-        v = _predict(xp, theta[1], pm[M_THETA_LENGTH + 1], 8, 7, scratch)
+        c = buckets_f[BF_PREFILL_CYCLES, pb]
+        by_kv = c * np.float64(pre_kv * heads) / np.float64(buckets_i[B_PREFILL_REP_KV, pb])
+        by_region = c * np.float64(most) / np.float64(buckets_i[B_PREFILL_REP_LOAD, pb])
+        xp = x[1]
+        xp[0] = 1.0
+        xp[1] = np.float64(pre_q * heads)
+        xp[2] = np.float64(pre_kv * heads)
+        xp[3] = np.float64(most)
+        xp[4] = by_region if by_region > by_kv else by_kv  # Python's max(by_kv, by_region)
+        v = _predict(xp, theta[1], pm[M_THETA_LENGTH + 1], 5, 4, scratch)
         if v < 0.0:
             return UNSUPPORTED
         pre_cycles = np.int64(v)

@@ -55,7 +55,7 @@ def mapped_parameters(provider, kr) -> dict | None:
     if not {"decode", "prefill"} <= set(forms) or any(len(forms[k].off_chip) != 4 or len(forms[k].flops) != 4
                                                       for k in ("decode", "prefill")):
         return None
-    widths = {"decode": 10, "prefill": 8, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
+    widths = {"decode": 10, "prefill": 5, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
     theta = provider.theta or {}
     if not isinstance(theta, dict) or not set(theta) <= set(widths):
         return None
@@ -202,11 +202,13 @@ def fill(params: dict) -> None:
     if prefill_size:
         b = sm.log2_bucket(prefill_size)
         if not bi[sm.B_PREFILL, b]:
-            cycles, knob, rep_load = prefill_reference(prefill_size, spec)
+            cycles, knob, rep_load, rep_kv = prefill_reference(prefill_size, spec)
             bi[sm.B_PREFILL_REGIONS, b] = _integer(knob, "the prefill attention's regions")
             bi[sm.B_PREFILL_REP_LOAD, b] = _integer(rep_load, "the prefill attention's representative load")
-            if not (knob > 0 and rep_load > 0):
-                raise Unsupported(f"the prefill attention's regions {knob} or representative load {rep_load} is 0")
+            bi[sm.B_PREFILL_REP_KV, b] = _integer(rep_kv, "the prefill attention's representative KV tiles")
+            if not (knob > 0 and rep_load > 0 and rep_kv > 0):
+                raise Unsupported(f"the prefill attention's regions {knob}, representative load {rep_load} or KV "
+                                  f"tiles {rep_kv} is 0")
             bf[sm.BF_PREFILL_CYCLES, b] = cycles
             bi[sm.B_PREFILL, b] = 1
     if decode:

@@ -28,7 +28,7 @@ from test_stored_mapped_run import check_stored_mapped_run
 from stepsim.base.hardware import PRESETS
 from stepsim.models.presets import resolve_model
 from stepsim.serve.exact import max_kv_rows
-from stepsim.serve.fast_mapped import ffn_regressors, prefill_estimate, prefill_reference
+from stepsim.serve.fast_mapped import ffn_regressors, prefill_reference, prefill_regressors
 from stepsim.serve.layers import LayerRunner, LayerSpec
 from stepsim.serve.output import read_outputs
 from stepsim.serve.routing import SyntheticRouting
@@ -62,19 +62,23 @@ def test_the_mapped_ffn_estimate_over_prices_the_buckets_of_32_regions():
 
 
 
-def test_the_prefill_estimate_sees_the_regions_a_chunk_is_built_with():
+def test_the_prefill_regressors_see_the_regions_a_chunk_is_built_with():
     """The mapped prefill attention has ``gcd(knob, query tiles)`` regions: the 1,028-token prompt of the stored
     run's first step (every KV head: 132 query tiles, bucket 2,048 mapped with 128 regions) runs on 4, at 654,057
     cycles a layer (the stored step, priced again by check_stored_mapped_run), where 1,024 tokens take 51,127 on
-    128. The estimate (the bucket's cycles scaled by the busiest region's KV tiles) follows: 732,074 (1.12x), where
-    the paper regressors alone had fast price the layer at 88,486 (TTFT p99 -66.9 % against exact)."""
+    128 (and, measured 2026-11-25 on the engine: 2,000 tokens 2,365,767 on 4 regions; 2,026 after 2,048 cached
+    533,262 on 128). The regressors hold the busiest region's KV tiles (561 of 2,244: 1,166 cycles a tile) and the
+    estimate, the bucket's cycles scaled by the larger of the busiest region's and every region's KV tiles against
+    the representative data's: 732,074 (1.12x), 51,127, 2,630,770 (1.11x), 495,960 (0.93x); the paper regressors
+    alone had fast price the first at 88,486 (TTFT p99 -66.9 % against exact)."""
     model = resolve_model(str(MODEL))
     spec = LayerSpec(model, PRESETS["sn40l"], max_kv_rows(40960), schedule="auto")
     heads = model.kv_heads
-    assert prefill_reference(1056, spec) == (167033.0, 128, 128)
-    estimate = {n: round(prefill_estimate(np.zeros(heads, dtype=np.int64), np.full(heads, n), spec))
-                for n in (1024, 1028)}
-    assert estimate == {1024: 51127, 1028: 732074}
+    assert prefill_reference(1056, spec) == (167033.0, 128, 128, 8320)
+    x = {(c, n): [round(v) for v in prefill_regressors(np.full(heads, c), np.full(heads, n), spec)]
+         for c, n in ((0, 1024), (0, 1028), (0, 2000), (2048, 2026))}
+    assert x == {(0, 1024): [1, 128, 2112, 32, 51127], (0, 1028): [1, 132, 2244, 561, 732074],
+                 (0, 2000): [1, 252, 8064, 2016, 2630770], (2048, 2026): [1, 256, 24704, 256, 495960]}
     first = read_outputs(STORED)[1].slice(0, 1).to_pylist()[0]
     assert (first["prefill_tokens"], first["sequences"], first["cycles_attention"]) == (1028, 1, 4 * 654057)
 
