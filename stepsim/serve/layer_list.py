@@ -19,7 +19,9 @@ exact or the fast provider of :mod:`stepsim.serve.exact` / :mod:`stepsim.serve.f
 
 Every group's off-chip weights outside the graphs are its layers' real attention weights
 (:func:`stepsim.serve.memory.attention_parameters`: MLA's q_a / q_b / kv_a / kv_b / o, biases and sinks) and router;
-the LM head and the embedding rows are counted once, by the first group. Routing is synthetic, one seeded stream
+the LM head and the embedding rows are counted once, by the first group. A step's roofline (iterations.parquet's
+``hbm_bytes``, ``flops`` and utilisations; ``stepsim plan``'s floor) likewise counts each group's layers as they
+are (:func:`group_work`: MLA's own weights and latent cache, each FFN kind), not as its engine model. Routing is synthetic, one seeded stream
 per MoE group, through DeepSeek-V3's gate when the model keeps a few of several expert groups
 (:func:`group_gate`, :mod:`stepsim.serve.group_synthetic`). ``--routing FILE`` (a dump ``[tokens, layers, top_k]``
 over the model's layers) is replayed in exact mode: each MoE group takes the dump's columns of its layers, every

@@ -5,6 +5,7 @@ and the shared experts' tiles per chip shard in the fast model (serve/fast.py)."
 from __future__ import annotations
 
 import numpy as np
+from calibration_seeding import check_seed_used, seeded_cache
 
 from stepsim.models.layers import layer_groups
 from stepsim.models.presets import resolve_model
@@ -146,8 +147,11 @@ def test_exact_and_fast_serve_deepseek_on_16_sockets(tmp_path):
     model = str(Path(__file__).resolve().parent / "data" / "deepseek-v3-narrow-2layers.json")
     trace = _trace(tmp_path)
     exact = stepsim.serve(model, trace, fidelity="exact", schedule="paper", system="sn40l-16")
+    # the fast run's two group calibrations are stored (tests/calibration_seeding.py, keyed by everything that
+    # determines them): calibrating them cold took most of this test's 57 s on CI
     fast = stepsim.serve(model, trace, fidelity="fast", schedule="paper", system="sn40l-16",
-                         calibration_cache=tmp_path / "cache")
+                         calibration_cache=seeded_cache(tmp_path / "cache"))
+    check_seed_used(tmp_path / "cache")
     e, f = exact.summary, fast.summary
     assert e["system"]["chip_experts"] == [4] * 16 and e["system"]["parallelism"] == "ep+tp"
     groups = [(g["layers"], g["kind"], g["system"], g["chips"]) for g in e["fidelity"]["groups"]]
