@@ -10,7 +10,8 @@ How believable a serving latency is gets measured against these, whatever schedu
 * :func:`step_roofline`: a step's bytes (every weight matrix once, each *touched* expert once per layer, every
   sequence's KV cache read, the new tokens' K and V written) and FLOPs (two per weight per token it meets, plus the
   attention's ``4 x context x head_dim`` per query head and token), and its bound ``max(bytes / HBM peak, FLOPs /
-  peak)`` in cycles.
+  peak)`` in cycles. A heterogeneous model's layer groups: :meth:`StepWork.of_layers` (MLA's latent cache and
+  its own weights, each layer's FFN kind).
 """
 
 from __future__ import annotations
@@ -104,6 +105,50 @@ class StepWork:
         self.attention_flops = layers * model.heads * 4 * hd  # per query head, token and context token seen
         self.peak_bytes = hardware.hbm_peak_bytes_per_cycle * chips
         self.peak_flops = hardware.peak_flops_per_cycle * chips
+
+    @classmethod
+    def of_layers(cls, model, attention: str, moe: bool, layers: int, hardware: Hardware, vocab: int,
+                  chips: int = 1, embedding: bool = True) -> StepWork:
+        """The roofline of ``layers`` layers of a heterogeneous model (``model.unmodelled()``), each counted as it
+        is, as :func:`decode_token_bytes` counts it: a layer group of :mod:`stepsim.serve.layer_list`.
+
+        ``attention`` (a :class:`~stepsim.models.layers.LayerKind`'s): ``mla`` is priced in its absorbed form, as
+        DeepSeek's inference code runs decode (the group's engine model, serve/layer_list.py): the weights are
+        MLA's own (:func:`~stepsim.models.layers.attention_parameters`: q_a / q_b, kv_a, kv_b and o, read once and
+        met twice a FLOP per token), the cache is the compressed latent, ``kv_lora_rank + qk_rope_head_dim``
+        values a token and layer (no separate K and V), and a query head spends ``2 (kv_lora_rank +
+        qk_rope_head_dim)`` FLOPs on its score and ``2 kv_lora_rank`` on its output per context token it sees.
+        Any other kind is GQA (with its biases and sinks): K and V of ``kv_heads x head_dim`` a token and layer
+        and ``4 head_dim`` FLOPs a head and seen token; a ``sliding`` or ``chunked`` layer's cap is the step's
+        (the group's provider sees the capped context: :func:`stepsim.serve.layer_list.seen_batch`). ``moe``: the
+        router and shared experts read once, each touched expert's matrices (and biases) once; else the dense
+        SwiGLU. ``vocab``: the LM head's rows (0: not this group's), ``embedding``: whether the new tokens'
+        embedding rows are this group's (the first group counts both)."""
+        d = model.hidden
+        work = cls.__new__(cls)
+        work.is_moe = moe
+        attn = attention_parameters(model)
+        if attention == "mla":
+            work.kv_bytes_per_token = layers * (model.kv_lora_rank + model.qk_rope_head_dim) * DTYPE_BYTES
+            work.attention_flops = layers * model.heads * 2 * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
+        else:
+            work.kv_bytes_per_token = layers * 2 * model.kv_heads * model.head_dim * DTYPE_BYTES
+            work.attention_flops = layers * model.heads * 4 * model.head_dim
+        ffn = ffn_token_parameters(model, moe)  # a token's: top-k experts, router and shared experts, or dense
+        if moe:
+            f = model.expert_intermediate
+            expert = 3 * d * f + ((2 * f + d) if model.expert_bias else 0)
+            work.expert_bytes = expert * DTYPE_BYTES
+            once = ffn - model.top_k * expert  # the router and the shared experts
+        else:
+            work.expert_bytes, once = 0, ffn
+        work.fixed_bytes = (layers * (attn + once) + vocab * d) * DTYPE_BYTES
+        work.embedding_bytes = d * DTYPE_BYTES if embedding else 0
+        work.flops_per_token = 2 * layers * (attn + ffn)
+        work.head_flops = 2 * vocab * d
+        work.peak_bytes = hardware.hbm_peak_bytes_per_cycle * chips
+        work.peak_flops = hardware.peak_flops_per_cycle * chips
+        return work
 
     def work(self, tokens: int, context_tokens: int, seen: int, touched: int, sequences: int) -> tuple[int, int]:
         """``(HBM bytes, FLOPs)`` of a step of ``tokens`` new tokens of ``sequences`` sequences over

@@ -107,19 +107,24 @@ def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
     MoE model's ``top_k`` experts of every layer: a token meets that many distinct experts), every token writes
     its K and V, reads its embedding row and does its FLOPs (attending to itself at least); the time is at least
     the bytes over the chips' HBM peak and at least the FLOPs over their compute peak. Summing over the steps
-    before taking the maximum only lowers it, so it bounds any split of the tokens into the steps."""
+    before taking the maximum only lowers it, so it bounds any split of the tokens into the steps. A
+    heterogeneous model adds its layer groups' rooflines, each group's layers counted as they are (MLA's latent
+    cache and own weights, dense or MoE FFN: :func:`stepsim.serve.layer_list.layer_list_works`)."""
     from stepsim.mapping.roofline import StepWork
     from stepsim.serve.memory import model_memory
 
     if steps <= 0:
         return 0.0
-    if model.unmodelled():  # a heterogeneous model (DeepSeek-V3): its groups' (stepsim.serve.layer_list)
-        from stepsim.serve.layer_list import layer_list_floor
+    vocab = model_memory(model).vocab_size
+    if model.unmodelled():  # a heterogeneous model (DeepSeek-V3): each layer group as its layers are
+        from stepsim.serve.layer_list import layer_list_works
 
-        return layer_list_floor(model, lambda sub: floor_s(sub, hardware, chips, steps, tokens))
-    work = StepWork(model, hardware, model_memory(model).vocab_size, chips)
-    touched = model.layers * model.top_k if model.is_moe else 0
-    per_step = work.fixed_bytes + touched * work.expert_bytes
-    hbm = steps * per_step + tokens * (work.kv_bytes_per_token + work.embedding_bytes)
-    flops = tokens * (work.flops_per_token + work.attention_flops) + steps * work.head_flops  # a sequence a step
+        works = layer_list_works(model, hardware, vocab, chips)
+    else:
+        works = [(StepWork(model, hardware, vocab, chips), model.layers * model.top_k if model.is_moe else 0)]
+    hbm = flops = 0
+    for work, touched in works:
+        hbm += steps * (work.fixed_bytes + touched * work.expert_bytes) \
+            + tokens * (work.kv_bytes_per_token + work.embedding_bytes)
+        flops += tokens * (work.flops_per_token + work.attention_flops) + steps * work.head_flops  # a sequence a step
     return max(hbm / work.peak_bytes, flops / work.peak_flops) / hardware.clock_hz

@@ -19,7 +19,9 @@ exact or the fast provider of :mod:`stepsim.serve.exact` / :mod:`stepsim.serve.f
 
 Every group's off-chip weights outside the graphs are its layers' real attention weights
 (:func:`stepsim.serve.memory.attention_parameters`: MLA's q_a / q_b / kv_a / kv_b / o, biases and sinks) and router;
-the LM head and the embedding rows are counted once, by the first group. Routing is synthetic, one seeded stream
+the LM head and the embedding rows are counted once, by the first group. A step's roofline (iterations.parquet's
+``hbm_bytes``, ``flops`` and utilisations; ``stepsim plan``'s floor) likewise counts each group's layers as they
+are (:func:`group_work`: MLA's own weights and latent cache, each FFN kind), not as its engine model. Routing is synthetic, one seeded stream
 per MoE group, through DeepSeek-V3's gate when the model keeps a few of several expert groups
 (:func:`group_gate`, :mod:`stepsim.serve.group_synthetic`). ``--routing FILE`` (a dump ``[tokens, layers, top_k]``
 over the model's layers) is replayed in exact mode: each MoE group takes the dump's columns of its layers, every
@@ -101,9 +103,13 @@ class GroupLatency:
         return getattr(self.inner, name)
 
 
-def count_weights_once(model: ModelConfig, provider, first: bool) -> None:
+def count_weights_once(model: ModelConfig, kind: LayerKind, provider, first: bool) -> None:
     """Give a group's provider its layers' real weights outside the graphs (module docstring): the attention's
-    and the router's per layer; the LM head and embedding rows only for the ``first`` group."""
+    and the router's per layer; the LM head and embedding rows only for the ``first`` group. Its roofline (the
+    step's ``hbm_bytes`` and ``flops``) counts its layers as they are (:func:`group_work`), not as the
+    homogeneous model its engine runs (MLA's absorbed form is MQA of ``kv_lora_rank + qk_rope_head_dim``-wide
+    heads there: priced as GQA, its q / k / v / o and a separate K and V, a DeepSeek-V3 layer read 2.13 GB
+    against MLA's 374 MB)."""
     peak = provider.hardware.hbm_peak_bytes_per_cycle
     router = provider.model.hidden * provider.model.experts if provider.model.is_moe else 0
     provider.layer_weights = math.ceil((attention_parameters(model) + router) * DTYPE_BYTES / peak)
@@ -111,7 +117,17 @@ def count_weights_once(model: ModelConfig, provider, first: bool) -> None:
         provider.layer_bytes, provider.counts_head = (attention_parameters(model) + router) * DTYPE_BYTES, first
     if not first:
         provider.head_cycles, provider.embedding_bytes = 0, 0
-        provider.roofline = StepWork(provider.model, provider.hardware, 0, provider.chips)
+    provider.roofline = group_work(model, kind, provider.model.layers, provider.hardware,
+                                   provider.vocab if first else 0, provider.chips, first)
+
+
+def group_work(model: ModelConfig, kind: LayerKind, layers: int, hardware, vocab: int, chips: int,
+               first: bool) -> StepWork:
+    """The roofline of ``layers`` layers of ``kind`` of ``model`` on ``chips`` chips
+    (:meth:`stepsim.mapping.roofline.StepWork.of_layers`); the ``first`` group counts the LM head's ``vocab`` rows
+    and the new tokens' embedding rows."""
+    return StepWork.of_layers(model, kind.attention, kind.ffn == "moe", layers, hardware, vocab, chips,
+                              embedding=first)
 
 
 class LayerListLatency:
@@ -236,7 +252,7 @@ def exact_layer_list(model: ModelConfig, make_engine, *, routing=None, system=No
     groups = []
     for g, (kind, indices) in enumerate(layer_groups(model)):
         provider = make_engine(group_model(model, kind, len(indices)), g)
-        count_weights_once(model, provider, g == 0)
+        count_weights_once(model, kind, provider, g == 0)
         groups.append((kind, indices, provider))
     return LayerListLatency(model, groups)
 
@@ -253,18 +269,20 @@ def fast_layer_list(model: ModelConfig, make_fast, key_parts: dict, pilot, *, ro
         sub = group_model(model, kind, len(indices))
 
         def group_pilot(provider, on_step, kind=kind, first=g == 0):
-            count_weights_once(model, provider, first)  # the whole model's layers over the provider's (module doc)
+            count_weights_once(model, kind, provider, first)  # the whole model's layers over the provider's (module doc)
             return pilot(GroupLatency(kind, provider, model.layers / provider.model.layers), on_step)
 
+        # the group's dimensions without its labels (as fast_key_parts keys the model): a model file's name is its
+        # path, so with it a calibration was keyed by where the file lay (a test's temporary copy, a CI clone)
         parts = {**key_parts, "layer_group": {"index": g, "layers": list(indices), "kind": kind.describe(),
-                                              "model": repr(sub)}}
+                                              "model": repr(replace(sub, name="", source=""))}}
         gate = group_gate(model, sub)
         if gate is not None:  # the group-limited routing (a key without it stays as it was)
             parts["layer_group"]["gate"] = [gate.n_group, gate.topk_group, gate.scoring_func]
         if calibration_model(sub) is not None:  # calibrated on fewer of its layers
             parts["layer_group"]["calibrated_on_layers"] = calibration_model(sub).layers
         provider, record = make_fast(sub, parts, group_pilot, g)
-        count_weights_once(model, provider, g == 0)
+        count_weights_once(model, kind, provider, g == 0)
         groups.append((kind, indices, provider))
         records.append({"layers": list(indices), "kind": kind.describe(), **record})
     latency = LayerListLatency(model, groups)
@@ -282,16 +300,18 @@ def calibrated_layer_list(model: ModelConfig, records: list, make_group, seed: i
     for g, ((kind, indices), record) in enumerate(zip(layer_groups(model), records, strict=True)):
         sub = group_model(model, kind, len(indices))
         provider = make_group(sub, record, group_seed(seed, g), group_gate(model, sub))
-        count_weights_once(model, provider, g == 0)
+        count_weights_once(model, kind, provider, g == 0)
         groups.append((kind, indices, provider))
     return LayerListLatency(model, groups)
 
 
-def layer_list_floor(model: ModelConfig, floor) -> float:
-    """The least time of some steps of a heterogeneous model (``stepsim plan``'s bound): the largest of its
-    groups' ``floor(group model)``. Sound: the step is the groups' sum, each group at least its own roofline
-    without the LM head, the first group's with it, and ``max(a + h, b) <= max(a, b) + h``."""
-    return max(floor(group_model(model, kind, len(indices))) for kind, indices in layer_groups(model))
+def layer_list_works(model: ModelConfig, hardware, vocab: int, chips: int) -> list[tuple[StepWork, int]]:
+    """Each layer group's roofline (:func:`group_work`, the first with the LM head of ``vocab`` rows) and the
+    experts a step computing any token touches in its layers at least (``top_k`` a MoE layer, 0 a dense one):
+    ``stepsim plan``'s floor of a heterogeneous model adds them (:func:`stepsim.plan.pricing.floor_s`)."""
+    return [(group_work(model, kind, len(indices), hardware, vocab if g == 0 else 0, chips, g == 0),
+             len(indices) * model.top_k if kind.ffn == "moe" else 0)
+            for g, (kind, indices) in enumerate(layer_groups(model))]
 
 
 def describe_groups(model: ModelConfig) -> list[str]:
@@ -313,4 +333,4 @@ def describe_groups(model: ModelConfig) -> list[str]:
 
 __all__ = ["LayerListLatency", "GroupLatency", "exact_layer_list", "fast_layer_list", "group_model", "seen_batch",
            "takes_layer_list", "describe_groups", "check_layer_list", "routing_columns", "group_seed", "group_gate",
-           "calibrated_layer_list", "layer_list_floor", "calibration_model", "CALIBRATION_LAYERS"]
+           "calibrated_layer_list", "layer_list_works", "group_work", "calibration_model", "CALIBRATION_LAYERS"]

@@ -17,7 +17,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 #: the test files that run fast mode on seeded caches
 SEEDED_TESTS = ("tests/serve/test_fast_accuracy.py", "tests/serve/test_fast_accuracy_models.py",
-                "tests/serve/test_fast_accuracy_mixtral.py")
+                "tests/serve/test_fast_accuracy_mixtral.py", "tests/plan/test_plan_layer_list.py", "tests/plan/test_plan.py",
+                "tests/serve/test_layer_list_system.py")
 
 
 def main() -> int:

@@ -23,6 +23,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from calibration_seeding import check_seed_used, seeded_cache
 
 import stepsim
 
@@ -50,9 +51,12 @@ def plans(tmp_path_factory):
     trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
                                         rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
                            tmp / "t.parquet")
-    kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp / "cache")
+    # the two replica shapes' calibrations are stored (tests/calibration_seeding.py, keyed by everything that
+    # determines them; refreshed by tests/calibration_seeds/refresh.py); the brute force reads the same ones
+    kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=seeded_cache(tmp / "cache"))
     plan = stepsim.plan(str(model), trace, out=tmp / "out", verify=False, **kw)
     brute = stepsim.plan(str(model), trace, prune=False, verify=False, **kw)
+    check_seed_used(tmp / "cache")
     return plan, brute, tmp
 
 

@@ -1,7 +1,11 @@
 """stepsim plan takes a heterogeneous model (issue 43): a tiny DeepSeek-V3 (MLA, a dense first layer, 16 routed
 experts in 4 groups of which 2 are kept, a shared expert) planned over one chip and two (``ring-2``, the layer
 groups on the system's chips), each replica shape calibrated once layer group by layer group and every candidate
-priced by a fresh provider of those calibrations (stepsim/plan/pricing.py, serve/layer_list.py)."""
+priced by a fresh provider of those calibrations (stepsim/plan/pricing.py, serve/layer_list.py).
+
+The calibrations are read from tests/calibration_seeds (tests/calibration_seeding.py; two cold calibrations took 208 s
+of the suite's CI run): a seed is used only when its key (the model, hardware, schedules and the pricing sources)
+is today's, and the test fails when the plan calibrated instead (refresh: tests/calibration_seeds/refresh.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from calibration_seeding import check_seed_used, seeded_cache
 
 import stepsim
 
@@ -34,7 +39,8 @@ def test_plan_prices_a_deepseek_layer_list_on_one_and_two_chips(tmp_path):
     # (stepsim/plan/margin.py, capped at 50 %: here the two-chip shape's 72 %): at 0.3 ms / 0.012 ms no deployment
     # meets the searched limits and the front is empty
     plan = stepsim.plan(str(model), trace, slo="ttft=0.6ms,tpot=0.024ms", max_chips=2, space=SPACE,
-                        calibration_cache=tmp_path / "cache", verify=False)
+                        calibration_cache=seeded_cache(tmp_path / "cache"), verify=False)
+    check_seed_used(tmp_path / "cache")
     s = plan.summary
     # one calibration per replica shape, one key per layer group (dense, MoE)
     assert {shape: len(c["calibration"].split("+")) for shape, c in s["calibrations"].items()} == {

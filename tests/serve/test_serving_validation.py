@@ -137,6 +137,10 @@ def test_the_stored_deepseek_r1_run_is_todays(tmp_path):
     it = run.iterations.to_pylist()[1]
     assert cost.cycles == {k: it[f"cycles_{k}"] for k in ("attention", "ffn", "weights")}
     assert cost.seconds == it["duration_s"]
+    # its roofline (serve/layer_list.py, each layer as it is): the bytes a token must read (73,249,487,872, MLA's
+    # own weights, 8 experts of each MoE layer) and the latent cache of the 128 cached tokens and its own, 61
+    # layers x 576 values (the stored file's hbm_bytes predate this: MLA priced as GQA, 2.13 GB a layer)
+    assert cost.work["hbm_bytes"] == 73_249_487_872 + 129 * 61 * 576 * 2
 
 
 def test_the_paper_experiments_still_need_traces(tmp_path, capsys):
