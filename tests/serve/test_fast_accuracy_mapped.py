@@ -3,17 +3,18 @@ on requests 200-399 of the Azure conversation trace with the 4-layer Qwen3-30B-A
 (``examples/qwen3-30b-a3b-4layers.json``, seed 0), TTFT and TPOT p50 and p99 within 2 % of ``--fidelity exact`` and
 the per-step error within 5 % at p95.
 
-Measured 2026-11-25 (bench/README.md, "Issue 41's fast-vs-exact target on mapped layers, third attempt"): fast
-calibrating holds out 12 steps with an error of p50 1.92 %, p95 22.18 %, max 30.78 %, and against the exact run
-TTFT p50 / p99 -13.59 / -66.93 %, TPOT p50 / p99 -0.24 / -8.27 %: every target but TPOT p50 is missed, by the
-mapped FFN's model (docs/serving.md §10.8). The exact run (4,458 s on two workers at load 6-11) is stored
+Measured 2026-11-25 (bench/README.md, "Issue 41's fast-vs-exact target on mapped layers, fourth attempt"): fast
+calibrating (7 min) against the exact run gives TTFT p50 / p99 +1.64 / -0.97 %, TPOT p50 / p99 -0.04 / -0.25 %
+(within 2 %) and a held-out step error of p50 1.15 %, p95 5.25 %, max 6.07 % (the 5 % p95 missed by the FFN
+pieces). Before the prefill regressors saw the regions a chunk is built with (the third attempt): TTFT p99 -66.93 %,
+held-out p95 22.18 %. The exact run (4,458 s on two workers at load 6-11) is stored
 (``data/qwen_mapped_conv400_exact``) and checked against today's scheduler, mapper and engine
-(:func:`test_stored_mapped_run.check_stored_mapped_run`); fast's own run is not a suite test yet (its replay
-builds the projections at every new token count: minutes). Pinned here too are the engine facts behind the miss, on the shape's
-mapped schedules (tests/mapping_seeds: nothing is mapped): the FFN's cycles follow its expert tiles, and the
-model's *estimate* (the bucket's mapper cycles scaled by the piece's load against the bucket's representative
-routing's, :func:`stepsim.serve.fast_mapped.ffn_regressors`) is close on buckets of a few regions and over-prices
-the buckets mapped with 32 regions, where the busiest region's ratio dominates.
+(:func:`test_stored_mapped_run.check_stored_mapped_run`); fast's own run is not a suite test (7 minutes
+calibrating; a cached replay builds the projections at every new token count: minutes). Pinned here are the engine
+facts behind both: the prefill attention runs on ``gcd(knob, query tiles)`` regions, which its regressors now hold;
+the FFN's cycles follow its expert tiles, and the FFN *estimate* (the bucket's mapper cycles scaled by the piece's
+load against the bucket's representative routing's, :func:`stepsim.serve.fast_mapped.ffn_regressors`) is close on
+buckets of a few regions and over-prices the buckets mapped with 32 regions, where the busiest region's ratio dominates.
 """
 
 from __future__ import annotations
