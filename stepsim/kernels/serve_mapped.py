@@ -4,7 +4,8 @@
 
 Per step, as the provider computes it: the mapped decode attention's regressors over every KV head's requests (the
 busiest of its bucket's regions when they are dealt greedily, the bucket's cycles scaled by that load), the
-prefill attention's paper regressors of every KV head's chunks, each layer's FFN regressors from its routing window
+prefill attention's regressors of every KV head's chunks (their query tiles dealt to the bucket's regions as the
+builder deals them, the busiest region's KV tiles, the bucket's estimate), each layer's FFN regressors from its routing window
 (expert tiles at the bucket's ``tile_n``, the busiest region of contiguous experts, the bucket's estimate), the
 coefficients' prices, then the step's pieces in run order (per layer q/k/v, attention, o, router, FFN; the LM head)
 with the weights streamed ahead (:func:`stepsim.serve.projections.stream_ahead`, integer for integer).
