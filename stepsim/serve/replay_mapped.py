@@ -51,9 +51,8 @@ def mapped_parameters(provider, kr) -> dict | None:
     roofline = provider.roofline
     if roofline.embedding_bytes != provider.embedding_bytes:
         return None
-    forms = provider.forms or {}
-    if not {"decode", "prefill"} <= set(forms) or any(len(forms[k].off_chip) != 4 or len(forms[k].flops) != 4
-                                                      for k in ("decode", "prefill")):
+    forms = provider.forms or {}  # the decode attention's bounds; the mapped prefill's regressors use none
+    if "decode" not in forms or len(forms["decode"].off_chip) != 4 or len(forms["decode"].flops) != 4:
         return None
     widths = {"decode": 10, "prefill": 5, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
     theta = provider.theta or {}
@@ -70,9 +69,7 @@ def mapped_parameters(provider, kr) -> dict | None:
         return None
     theta_rows = np.zeros((4, FFN_COLUMNS))
     form_rows = np.zeros((6, 6))
-    for i, kind in enumerate(("decode", "prefill")):
-        form_rows[2 * i, :4] = forms[kind].off_chip
-        form_rows[2 * i + 1, :4] = forms[kind].flops
+    form_rows[0, :4], form_rows[1, :4] = forms["decode"].off_chip, forms["decode"].flops
     pm = np.zeros(sm.M_ROWS, dtype=np.int64)
     for i, r in enumerate(rows):
         if r is not None:
