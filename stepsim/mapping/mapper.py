@@ -1,7 +1,7 @@
 """The mapper: the fastest schedule of a layer kind and shape on a hardware, within its units (docs/mapping.md).
 
-For every candidate of the kind's space (:mod:`stepsim.mapping.kinds`) the layer is built on representative data,
-its compute units assigned and its use of the chip checked (:mod:`stepsim.mapping.units`; a candidate that does
+For every candidate of the kind's space (its module in :mod:`stepsim.mapping.kinds`) the layer is built on
+representative data, its compute units assigned and its use of the chip checked (:mod:`stepsim.mapping.units`; a candidate that does
 not fit is *infeasible*). Feasible candidates are taken in order of their lower bound (bytes at the HBM's peak,
 FLOPs at the units' peak): each is simulated on the engine unless its bound already reaches the best cycles found
 (*pruned*: it cannot win). The bound is sound, so the chosen schedule is the best of the whole space; ties go to the
@@ -26,7 +26,7 @@ from stepsim.base.defaults import TIMING_MODEL_VERSION, UNSET, resolve_channel_d
 from stepsim.base.errors import DeadlockError, StepsimWarning
 from stepsim.base.files import atomic_output, file_sha256, stable_hash
 from stepsim.base.hardware import Hardware
-from stepsim.mapping import kinds
+from stepsim.mapping.kinds import KINDS, decode, ffn, prefill
 from stepsim.mapping.schedule import Schedule
 from stepsim.mapping.units import Infeasible, assign_compute_units, compute_ops, usage
 
@@ -65,8 +65,8 @@ def mapped_workload(kind: str, data, dims, hardware: Hardware, knobs: dict, *, m
 
 def _size(kind: str, data, dims) -> int:
     """The size ``data`` is mapped at before its bucket: tokens (``ffn``), requests (``decode``), a head's query
-    positions in whole tiles (``prefill``, :func:`stepsim.mapping.kinds.prefill_size`)."""
-    return kinds.prefill_size(data, dims) if kind == "prefill" else len(data)
+    positions in whole tiles (``prefill``, :func:`stepsim.mapping.kinds.prefill.prefill_size`)."""
+    return prefill.prefill_size(data, dims) if kind == "prefill" else len(data)
 
 
 def _apply(workload, plan: dict) -> None:
@@ -76,12 +76,12 @@ def _apply(workload, plan: dict) -> None:
 
 def _build(kind: str, data, dims, knobs: dict, max_n: int | None = None):
     if kind == "ffn":
-        workload = kinds.build_ffn(data, dims, knobs)
+        workload = ffn.build_ffn(data, dims, knobs)
         workload.channel_depth = FFN_CHANNEL_DEPTH
         return workload
     if kind == "prefill":
-        return kinds.build_prefill(data, dims, knobs, max_n)
-    return kinds.build_decode(data, dims, knobs, max_n)
+        return prefill.build_prefill(data, dims, knobs, max_n)
+    return decode.build_decode(data, dims, knobs, max_n)
 
 
 _PLANS: dict = {}
@@ -112,10 +112,10 @@ def _representative(kind: str, size: int, dims) -> list:
     """The representative data the mapper decides on: a few routings (``ffn``), one set of KV lengths (``decode``),
     one prompt a KV head (``prefill``)."""
     if kind == "ffn":
-        return [kinds.ffn_routing(size, dims, s) for s in range(kinds.ffn_samples(size))]
+        return [ffn.ffn_routing(size, dims, s) for s in range(ffn.ffn_samples(size))]
     if kind == "prefill":
-        return [kinds.prefill_data(size, dims)]
-    return [kinds.decode_lengths(size)]
+        return [prefill.prefill_data(size, dims)]
+    return [decode.decode_lengths(size)]
 
 
 def _mean(values: list[int]) -> int:
@@ -125,8 +125,8 @@ def _mean(values: list[int]) -> int:
 
 def _space(kind: str, size: int, dims) -> list[dict]:
     if kind == "prefill":
-        return kinds.prefill_space(size, dims)
-    return kinds.ffn_space(size, dims) if kind == "ffn" else kinds.decode_space(size)
+        return prefill.prefill_space(size, dims)
+    return ffn.ffn_space(size, dims) if kind == "ffn" else decode.decode_space(size)
 
 
 def _grows_with(kind: str, a: dict, b: dict) -> bool:
@@ -142,14 +142,14 @@ def evaluate(kind: str, size: int, dims, hardware: Hardware, *, exhaustive: bool
     and bounds are means over the representative data (:func:`_representative`), rounded up; the traffic, FLOPs
     and units of the schedule are its first sample's.
 
-    Candidates are taken in order of a bound from their knobs alone (:func:`stepsim.mapping.kinds.ffn_bound`),
+    Candidates are taken in order of a bound from their knobs alone (:func:`stepsim.mapping.kinds.ffn.ffn_bound`),
     then of the built graph's bound (:func:`stepsim.mapping.units.usage`); either reaching the best cycles so far
     prunes the candidate, and so does a smaller candidate's infeasibility (more lanes or regions need more units).
     ``exhaustive`` builds every candidate and simulates every feasible one: the test of the mapper's optimality.
     """
     samples = _representative(kind, size, dims)
     space = _space(kind, size, dims)
-    knob_bound = {"ffn": kinds.ffn_bound, "prefill": kinds.prefill_bound}.get(kind, kinds.decode_bound)
+    knob_bound = {"ffn": ffn.ffn_bound, "prefill": prefill.prefill_bound}.get(kind, decode.decode_bound)
     rows = [{"knobs": knobs, "status": None, "bound_cycles": _mean([knob_bound(knobs, d, dims, hardware)
                                                                     for d in samples]),
              "cycles": None, "why": None} for knobs in space]
@@ -194,37 +194,46 @@ def evaluate(kind: str, size: int, dims, hardware: Hardware, *, exhaustive: bool
     return Schedule(**{**best.to_dict(), "candidates": counts}), rows
 
 
-#: the mapping modules that decide a schedule: the search (this module), the spaces and representative data, the
-#: units. Not ``schedule.py`` (the schedule's fields and files), ``runs.py`` or ``roofline.py``, which read, print
-#: or price a schedule: a change there leaves every cached schedule what the mapper would find.
-DECIDING_MODULES = ("mapper.py", "kinds.py", "units.py")
+#: the mapping modules every kind's schedules depend on: the search (this module), the units, the kinds' registry
+#: and what they share. Not ``schedule.py`` (the schedule's fields and files), ``runs.py`` or ``roofline.py``, which
+#: read, print or price a schedule: a change there leaves every cached schedule what the mapper would find.
+SHARED_MODULES = ("mapper.py", "units.py", "kinds/__init__.py", "kinds/common.py")
 
 
-def _source_hash() -> str:
-    """SHA-256 over the sources a schedule depends on: the deciding mapping modules (:data:`DECIDING_MODULES`) and
-    the mapped builders. A schedule found by other code is never reused, even when :data:`MAPPER_VERSION` was not
-    bumped. (The engine's timing is in the key as ``TIMING_MODEL_VERSION``; the pruning bounds of
-    :mod:`stepsim.analysis.bounds` are sound, so they decide what is simulated, never what wins.)"""
-    import stepsim.workloads.attention.build as attention_build
-    import stepsim.workloads.moe.build as moe_build
-    import stepsim.workloads.moe.stage as moe_stage
-    import stepsim.workloads.prefill_attention.build as prefill_build
+def source_files(kind: str) -> list[Path]:
+    """The sources the ``kind`` layer's schedules depend on: the shared modules (:data:`SHARED_MODULES`), the kind's
+    own module (``kinds/<kind>.py``: its space, representative data, bound and build) and the builders it names
+    (its ``BUILDERS``). Editing one kind's module or builders changes that kind's key alone."""
+    import importlib
 
-    files = [Path(__file__).parent / name for name in DECIDING_MODULES]
-    builders = [Path(m.__file__) for m in (moe_build, moe_stage, attention_build, prefill_build)]
-    return stable_hash([file_sha256(f) for f in files + builders])
+    if kind not in KINDS:
+        raise ValueError(f"unknown mapped kind {kind!r}; expected one of {', '.join(map(repr, KINDS))}")
+    here = Path(__file__).parent
+    module = KINDS[kind]
+    return ([here / name for name in SHARED_MODULES] + [Path(module.__file__)]
+            + [Path(importlib.import_module(name).__file__) for name in module.BUILDERS])
 
 
-def source_hash() -> str:
-    """:func:`_source_hash`, computed once a process."""
-    if "source" not in _SOURCE:
-        _SOURCE["source"] = _source_hash()
-    return _SOURCE["source"]
+def _source_hash(kind: str) -> str:
+    """SHA-256 over :func:`source_files` of ``kind``. A schedule found by other code is never reused, even when
+    :data:`MAPPER_VERSION` was not bumped. (The engine's timing is in the key as ``TIMING_MODEL_VERSION``; the
+    pruning bounds of :mod:`stepsim.analysis.bounds` are sound, so they decide what is simulated, never what wins.)"""
+    return stable_hash([file_sha256(f) for f in source_files(kind)])
+
+
+def source_hash(kind: str | None = None) -> str:
+    """:func:`_source_hash` of ``kind``, computed once a process; without a kind, the hash of every kind's (what a
+    serving run's mapped layers all depend on: a fast calibration's key, :mod:`stepsim.serve.calibration_cache`)."""
+    if kind is None:
+        return stable_hash({k: source_hash(k) for k in KINDS})
+    if kind not in _SOURCE:
+        _SOURCE[kind] = _source_hash(kind)
+    return _SOURCE[kind]
 
 
 def key_material(kind: str, size: int, dims, hardware: Hardware) -> dict:
     """Everything a schedule depends on: the mapper's and timing model's versions, the kind, size, dimensions,
-    hardware and the sources (:func:`_source_hash`). Its hash is the cache key; the cache file keeps it too, so
+    hardware and the kind's sources (:func:`source_files`). Its hash is the cache key; the cache file keeps it too, so
     a cached schedule says what it was mapped for and whether today's code would map it the same. The dimensions
     are their fields without the model's name (:func:`dims_fields`), so one shape maps once whichever file or
     preset it came from. The hardware is its values and which of them were set explicitly: an explicit
@@ -232,7 +241,7 @@ def key_material(kind: str, size: int, dims, hardware: Hardware) -> dict:
     so two hardwares of equal values can simulate a layer differently."""
     return {"mapper_version": MAPPER_VERSION, "timing_model_version": TIMING_MODEL_VERSION, "kind": kind,
             "size": size, "dims": dims_fields(dims), "hardware": hardware.values(),
-            "hardware_explicit": list(hardware.explicit), "source": source_hash()}
+            "hardware_explicit": list(hardware.explicit), "source": source_hash(kind)}
 
 
 def _key(kind: str, size: int, dims, hardware: Hardware) -> str:

@@ -171,7 +171,7 @@ def _build(kind: str, data, dims, hardware: Hardware, schedule: Schedule, softma
                 "query_per_kv_head"], tile_n=kinds.KV_TILE, regions=min(schedule.knobs["regions"], len(kv)),
                 compute_bw=kinds.PLACEHOLDER_BW, softmax="stable")
 
-        representative = build(kinds.decode_lengths(len(data)))
+        representative = build(kinds.decode.decode_lengths(len(data)))
         units = assign_compute_units(representative, hardware)
         plan = {op.name: op.compute_bw for op in compute_ops(representative.graph)}
         workload = build(data)

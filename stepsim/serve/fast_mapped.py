@@ -94,7 +94,7 @@ def ffn_reference(size: int, spec: LayerSpec) -> tuple[float, float, float, dict
     def make():
         schedule = schedule_of("ffn", b, spec)
         dims = kinds.layer_dims("ffn", spec.model)
-        routings = [kinds.ffn_routing(b, dims, s) for s in range(kinds.ffn_samples(b))]
+        routings = [kinds.ffn.ffn_routing(b, dims, s) for s in range(kinds.ffn.ffn_samples(b))]
         loads = np.array([_ffn_loads(r[:, None, :], dims.experts, schedule.knobs)[0, :2] for r in routings])
         tiles, regions = loads.mean(axis=0)
         return float(schedule.cycles), float(tiles), float(regions), dict(schedule.knobs)
@@ -135,7 +135,7 @@ def ffn_regressors(routing: np.ndarray, spec: LayerSpec) -> np.ndarray:
 def decode_regressors(kv: np.ndarray, form, spec: LayerSpec) -> np.ndarray:
     """The mapped decode attention's regressors (module docstring) of KV lengths ``kv`` (every KV head's requests,
     as :meth:`stepsim.serve.exact.EngineLatency.tasks` makes them)."""
-    from stepsim.mapping.kinds import DECODE_KV_LENGTH
+    from stepsim.mapping.kinds.decode import DECODE_KV_LENGTH
     from stepsim.mapping.mapper import bucket
 
     kv = np.ascontiguousarray(kv, dtype=np.int64)
@@ -155,10 +155,10 @@ def decode_regressors(kv: np.ndarray, form, spec: LayerSpec) -> np.ndarray:
 
 def prefill_reference(size: int, spec: LayerSpec) -> tuple[float, int, int, int]:
     """``(cycles, regions knob, busiest region's KV tiles, KV tiles)`` of the prefill bucket of ``size`` (query
-    positions one KV head computes, :func:`stepsim.mapping.kinds.prefill_size`): the mapper's cycles on its
+    positions one KV head computes, :func:`stepsim.mapping.kinds.prefill.prefill_size`): the mapper's cycles on its
     representative data (every KV head one prompt of the bucket's tokens, nothing cached), that data's busiest region
     load as the builder deals it (:func:`prefill_load`) and its KV tiles read over every head."""
-    from stepsim.mapping.kinds import prefill_data
+    from stepsim.mapping.kinds.prefill import prefill_data
     from stepsim.mapping.mapper import bucket
     from stepsim.workloads.prefill_attention.build import query_tiles
 
@@ -175,7 +175,7 @@ def prefill_reference(size: int, spec: LayerSpec) -> tuple[float, int, int, int]
 def prefill_load(group: np.ndarray, knob: int) -> int:
     """KV tiles the busiest region reads when query tile ``j`` (position tile ``group[j]``, reading KV tiles
     ``0 .. group[j]``) goes to region ``j % regions``, ``regions = gcd(knob, query tiles)``
-    (:func:`stepsim.mapping.kinds.prefill_regions`, as the builder deals them)."""
+    (:func:`stepsim.mapping.kinds.prefill.prefill_regions`, as the builder deals them)."""
     regions = math.gcd(knob, len(group))
     loads = np.zeros(regions, dtype=np.int64)
     np.add.at(loads, np.arange(len(group)) % regions, np.asarray(group, dtype=np.int64) + 1)

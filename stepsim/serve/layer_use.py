@@ -4,7 +4,7 @@ steps used, the mapped schedule's cycles, HBM and compute utilisation and units 
 
 A step's pieces (:meth:`stepsim.serve.exact.EngineLatency.tasks`) are built with the schedule mapped at their
 bucket (:func:`stepsim.mapping.mapper.bucket`): the decode attention at its requests (every KV head's), the prefill
-attention at one head's query positions in whole tiles (:func:`stepsim.mapping.kinds.prefill_size`), the FFN at the
+attention at one head's query positions in whole tiles (:func:`stepsim.mapping.kinds.prefill.prefill_size`), the FFN at the
 step's tokens. Each row is that schedule on the mapper's representative data of the bucket:
 
 * ``cycles``: its engine cycles (a layer: every KV head of the attention, one FFN);
@@ -54,7 +54,8 @@ class LayerUse:
 
 def step_buckets(batch: IterationBatch, model) -> list[tuple[str, int]]:
     """``[(kind, bucket)]`` of a step's mapped pieces (module docstring)."""
-    from stepsim.mapping.kinds import layer_dims, prefill_size
+    from stepsim.mapping.kinds import layer_dims
+    from stepsim.mapping.kinds.prefill import prefill_size
     from stepsim.mapping.mapper import bucket
 
     context = np.asarray(batch.context_tokens, dtype=np.int64)

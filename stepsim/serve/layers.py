@@ -217,7 +217,8 @@ def _mapped(kind: str, data, spec: LayerSpec, depth: int):
     mapper's representative data at the same shape, so they depend on the shape alone (a template rebound to any
     data is the piece built for that data)."""
     from stepsim.mapping import mapped_workload, schedule_for
-    from stepsim.mapping.kinds import layer_dims, prefill_size
+    from stepsim.mapping.kinds import layer_dims
+    from stepsim.mapping.kinds.prefill import prefill_size
 
     if spec.system is not None:
         raise StepsimError("schedule 'auto' is built for one chip; serve --system keeps the paper's schedules")

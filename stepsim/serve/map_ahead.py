@@ -21,7 +21,8 @@ def step_jobs(provider, batch, tasks: list) -> list[Job]:
     """The mapping jobs of ``tasks`` on ``provider`` (an exact provider with mapped layers): the pieces' ``(kind,
     bucket)`` and, given the step's ``batch`` when its weights run on the engine, its projections' and LM head's
     buckets; in first-use order, each once."""
-    from stepsim.mapping.kinds import layer_dims, prefill_size
+    from stepsim.mapping.kinds import layer_dims
+    from stepsim.mapping.kinds.prefill import prefill_size
     from stepsim.mapping.mapper import bucket
     from stepsim.serve.layers import MAPPED_KINDS
     from stepsim.serve.projections import projection_shapes

@@ -154,7 +154,8 @@ def fill(params: dict) -> None:
     bytes), each as the provider computes it. Raises :class:`Unsupported` (or the mapper's error)."""
     from stepsim.kernels import serve_mapped as sm
     from stepsim.mapping import schedule_for
-    from stepsim.mapping.kinds import DECODE_KV_LENGTH, layer_dims
+    from stepsim.mapping.kinds import layer_dims
+    from stepsim.mapping.kinds.decode import DECODE_KV_LENGTH
     from stepsim.mapping.mapper import bucket
     from stepsim.serve import projections
     from stepsim.serve.fast_mapped import ffn_reference, prefill_reference, schedule_of

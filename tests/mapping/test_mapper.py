@@ -14,7 +14,7 @@ from stepsim.base.errors import ConfigError, StepsimWarning
 from stepsim.base.files import stable_hash
 from stepsim.base.hardware import PRESETS
 from stepsim.mapping import map_layer, mapped_workload
-from stepsim.mapping.kinds import ffn_routing, ffn_samples
+from stepsim.mapping.kinds.ffn import ffn_routing, ffn_samples
 from stepsim.mapping.mapper import _MEMO, _mean, _representative, _simulate, bucket, evaluate, key_material
 from stepsim.mapping.schedule import Schedule, read_schedules
 from stepsim.mapping.units import Infeasible

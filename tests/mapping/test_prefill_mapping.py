@@ -9,7 +9,7 @@ import pytest
 from stepsim.base.errors import ArgumentError
 from stepsim.base.hardware import PRESETS
 from stepsim.mapping import mapped_workload
-from stepsim.mapping.kinds import prefill_bound, prefill_data, prefill_size, prefill_space
+from stepsim.mapping.kinds.prefill import prefill_bound, prefill_data, prefill_size, prefill_space
 from stepsim.mapping.mapper import evaluate
 from stepsim.simulation.simulate import simulate
 from stepsim.workloads.prefill_attention.build import build_prefill_attention

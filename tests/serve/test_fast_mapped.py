@@ -120,7 +120,7 @@ def test_each_piece_is_described_with_its_buckets_schedule(tiny):
     assert (x[6], x[7]) == (874 * 7 / tiles, max(874 * 7 / tiles, 874 * 1 / 1.0))
     dims = kinds.layer_dims("ffn", spec.model)
     for b in (16, 32):  # one representative routing: the estimate is the mapper's cycles
-        rep = kinds.ffn_routing(b, dims, 0)
+        rep = kinds.ffn.ffn_routing(b, dims, 0)
         assert regressors("ffn", rep, None, spec)[7] == MAPPED["ffn", b][1]
     # 2 tokens: bucket 2, tile_n 2, four regions of two experts: the busiest region holds experts 0 and 1
     x = regressors("ffn", np.array([[0, 1], [1, 2]]), None, spec)
