@@ -103,13 +103,6 @@ def _counts(prefix, start, tokens, experts, counts):
 
 
 @kernel
-def _gcd(a, b):
-    while b:
-        a, b = b, a % b
-    return a
-
-
-@kernel
 def _ready(buckets_i, proj, tokens, m, decode, prefill_size, moe):
     """Whether the tables hold what a step of ``tokens`` tokens, ``m`` sequences, ``decode`` decode requests
     (every KV head's) and a prefill attention of ``prefill_size`` (0: none) needs."""
@@ -265,11 +258,11 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             return UNSUPPORTED
         dec_cycles = np.int64(v)
     # prefill attention (fast_mapped.prefill_regressors): every KV head's chunks in one attention, one layer;
-    # query tile j (head by head, request by request) to region j % gcd(knob, query tiles)
+    # query tile j (head by head, request by request) to region j % min(knob, query tiles)
     pre_cycles = 0
     if pre:
         pb = log2_bucket(prefill_size)
-        r = _gcd(buckets_i[B_PREFILL_REGIONS, pb], pre_q * heads)
+        r = min(buckets_i[B_PREFILL_REGIONS, pb], pre_q * heads)
         if r > len(loads) or r < 1:
             return UNSUPPORTED
         for j in range(r):

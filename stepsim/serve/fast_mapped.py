@@ -34,7 +34,6 @@ equal float for float.
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
@@ -174,9 +173,9 @@ def prefill_reference(size: int, spec: LayerSpec) -> tuple[float, int, int, int]
 
 def prefill_load(group: np.ndarray, knob: int) -> int:
     """KV tiles the busiest region reads when query tile ``j`` (position tile ``group[j]``, reading KV tiles
-    ``0 .. group[j]``) goes to region ``j % regions``, ``regions = gcd(knob, query tiles)``
+    ``0 .. group[j]``) goes to region ``j % regions``, ``regions = min(knob, query tiles)``
     (:func:`stepsim.mapping.kinds.prefill.prefill_regions`, as the builder deals them)."""
-    regions = math.gcd(knob, len(group))
+    regions = min(knob, len(group))
     loads = np.zeros(regions, dtype=np.int64)
     np.add.at(loads, np.arange(len(group)) % regions, np.asarray(group, dtype=np.int64) + 1)
     return int(loads.max())
@@ -189,14 +188,14 @@ def prefill_regressors(cached, chunk, spec: LayerSpec) -> np.ndarray:
     (:func:`prefill_reference`): every region's KV tiles (many regions share the HBM) and the busiest region's
     (few regions: each reads its tiles in turn); the first calibration pass prices a piece at it.
 
-    Why these: the builder gives the layer ``gcd(knob, query tiles)`` regions, so a chunk whose query tiles share
-    few factors with its bucket's knob runs on few regions (a 1,028-token prompt of the 4-layer Qwen3 shape: 132
-    query tiles, 4 of the knob's 128 regions, 654,057 cycles a layer where 1,024 tokens take 51,127), and a region
-    reads its KV tiles in turn at about 1,130-1,180 cycles each: the busiest region's tiles carry the cost. The
-    paper regressors (requests, tiles and their metric forms' bounds) cannot see the regions: with them fast priced
-    that prompt at 88,486 cycles and TTFT p99 came out -66.9 % against exact; with the estimate alone as a column
-    the held-out prefill pieces of requests 200-399 erred by 13-43 %, with these by at most 2.9 %
-    (docs/serving.md §10.8)."""
+    Why these: a region reads its KV tiles in turn at about 1,130-1,180 cycles each, so the busiest region's tiles
+    carry the cost, and which region gets which tiles follows the builder's dealing (``min(knob, query tiles)``
+    regions, query tile ``j`` to region ``j % regions``, :func:`prefill_load`). Until 2026-11-26 the builder took
+    ``gcd(knob, query tiles)`` regions (a 1,028-token prompt of the 4-layer Qwen3 shape ran on 4 of its bucket's 128
+    regions, 654,057 cycles a layer where 1,024 tokens took 51,127). The paper regressors (requests, tiles and their
+    metric forms' bounds) cannot see the regions: with them fast priced that prompt at 88,486 cycles and TTFT p99
+    came out -66.9 % against exact; with the estimate alone as a column the held-out prefill pieces of requests
+    200-399 erred by 13-43 %, with these by at most 2.9 % (docs/serving.md §10.8; measured on the gcd dealing)."""
     from stepsim.workloads.prefill_attention.build import query_tiles
 
     _, group = query_tiles(np.asarray(cached), np.asarray(chunk), KV_TILE)

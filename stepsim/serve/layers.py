@@ -46,7 +46,7 @@ from stepsim.graph.lower import lower
 from stepsim.kernels import abi
 from stepsim.models.presets import ModelConfig, MoEModel
 from stepsim.workloads.attention.build import kv_metadata
-from stepsim.workloads.prefill_attention.build import query_tiles
+from stepsim.workloads.prefill_attention.build import query_tiles, region_source_name
 
 #: KV rows per tile of the decode attention (the paper's) and of the prefill attention
 KV_TILE = 32
@@ -85,9 +85,14 @@ def _decode_values(kv: np.ndarray) -> dict[str, np.ndarray]:
     return {"seq_len_tiled": seq_len_tiled, "offset": offset}
 
 
-def _prefill_values(data: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+def _prefill_values(data: tuple[np.ndarray, np.ndarray], regions: int = 1) -> dict[str, np.ndarray]:
+    """The query tiles' requests and KV-tile counts; with ``regions`` > 1 (a mapped layer) each region's own, by
+    its sources' names (query tile ``j`` in region ``j % regions``: the builder's dealing)."""
     request, group = query_tiles(data[0], data[1], KV_TILE)
-    return {"request": request, "groups": group + 1}
+    if regions == 1:
+        return {"request": request, "groups": group + 1}
+    return {region_source_name(r, name): value[r::regions] for r in range(regions)
+            for name, value in (("request", request), ("kv_tiles", group + 1))}
 
 
 def _ffn_values(routing: np.ndarray) -> dict[str, np.ndarray]:
@@ -106,9 +111,12 @@ def _elements(kind: str, name: str, data) -> int:
 VALUES: dict[str, Callable] = {"decode": _decode_values, "prefill": _prefill_values, "ffn": _ffn_values}
 
 
-def source_values(kind: str, data, chips: int = 0) -> dict[str, np.ndarray]:
+def source_values(kind: str, data, chips: int = 0, regions: int = 1) -> dict[str, np.ndarray]:
     """``VALUES[kind](data)``; for the FFN on ``chips`` chips (a system), each chip with tokens has its own
-    selectors of its shard's rows (:mod:`stepsim.workloads.moe.sharded`): ``<name>.<chip>``."""
+    selectors of its shard's rows (:mod:`stepsim.workloads.moe.sharded`): ``<name>.<chip>``; for the prefill
+    attention of ``regions`` > 1 regions, each region's values (:func:`_prefill_values`)."""
+    if kind == "prefill":
+        return _prefill_values(data, regions)
     if kind != "ffn" or not chips:
         return VALUES[kind](data)
     from stepsim.workloads.moe.sharded import shard_bounds
@@ -261,10 +269,12 @@ class Template:
     on_chip_bytes: int
     build_s: float
     chips: int = 0
+    #: the prefill attention's regions (its values are each region's, :func:`source_values`); 1 elsewhere
+    regions: int = 1
 
     def bind(self, data):
         """The program with ``data``'s values written in (a new Program; the template is untouched)."""
-        values = source_values(self.kind, data, self.chips)
+        values = source_values(self.kind, data, self.chips, self.regions)
         replace = {}
         if self.payload_slots:
             payload = self.program.payload.copy()
@@ -300,7 +310,8 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
         spec.hardware.check_on_chip(needed, f"serving layer {kind!r} at shape {shape} on chip {chip}")
     program = lowered(workload, spec.hardware)
     chips = spec.system.chips if kind == "ffn" and spec.system is not None else 0
-    values = source_values(kind, data, chips)
+    regions = int(workload.params.get("regions", 1)) if kind == "prefill" else 1
+    values = source_values(kind, data, chips, regions)
     if chips and spec.ffn_model.top_k == spec.ffn_model.experts:  # every token takes every expert: the sorted
         # selectors are the same for any routing, and alike across chips (no marker tells them apart): kept as built
         values = {name: value for name, value in values.items() if not name.startswith("experts_sorted.")}
@@ -316,6 +327,10 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
             lo, hi, slots, array = off, off + n, payload_slots, program.payload
         else:
             lo, hi, slots, array = int(program.sel_ptr[off]), int(program.sel_ptr[off + n]), sel_slots, program.sel_idx
+        if regions > 1:  # each region's sources by name: their values can be alike (one request: all zeros)
+            if program.unit_names[u] in values:
+                payload_slots.append((lo, hi, program.unit_names[u]))
+            continue
         matches = [name for name, want in values.items()
                    if _source_elements(kind, name, data, chips) == n and len(want) == hi - lo and np.array_equal(array[lo:hi], want)]
         if len(matches) > 1:
@@ -327,7 +342,7 @@ def make_template(kind: str, shape: tuple, spec: LayerSpec, depth: int = FFN_DEP
     if not needed <= found_names:
         raise RebindError(f"serving layer {kind!r} at shape {shape}: the program holds no source of "
                           f"{sorted(needed - found_names)} (a builder changed; stepsim bug)")
-    return Template(kind, program, payload_slots, sel_slots, on_chip, time.perf_counter() - start, chips)
+    return Template(kind, program, payload_slots, sel_slots, on_chip, time.perf_counter() - start, chips, regions)
 
 
 def busiest_chip_on_chip(workload) -> tuple[int, int]:

@@ -11,7 +11,8 @@ held-out p95 22.18 %. The exact run (4,458 s on two workers at load 6-11) is sto
 (``data/qwen_mapped_conv400_exact``) and checked against today's scheduler, mapper and engine
 (:func:`test_stored_mapped_run.check_stored_mapped_run`); fast's own run is not a suite test (7 minutes
 calibrating; a cached replay builds the projections at every new token count: minutes). Pinned here are the engine
-facts behind both: the prefill attention runs on ``gcd(knob, query tiles)`` regions, which its regressors now hold;
+facts behind both: the prefill attention runs on ``min(knob, query tiles)`` regions (``gcd(knob, query tiles)``
+when the stored run was made), which its regressors hold;
 the FFN's cycles follow its expert tiles, and the FFN *estimate* (the bucket's mapper cycles scaled by the piece's
 load against the bucket's representative routing's, :func:`stepsim.serve.fast_mapped.ffn_regressors`) is close on
 buckets of a few regions and over-prices the buckets mapped with 32 regions, where the busiest region's ratio dominates.
@@ -64,22 +65,23 @@ def test_the_mapped_ffn_estimate_over_prices_the_buckets_of_32_regions():
 
 
 def test_the_prefill_regressors_see_the_regions_a_chunk_is_built_with():
-    """The mapped prefill attention has ``gcd(knob, query tiles)`` regions: the 1,028-token prompt of the stored
-    run's first step (every KV head: 132 query tiles, bucket 2,048 mapped with 128 regions) runs on 4, at 654,057
-    cycles a layer (the stored step, priced again by check_stored_mapped_run), where 1,024 tokens take 51,127 on
-    128 (and, measured 2026-11-25 on the engine: 2,000 tokens 2,365,767 on 4 regions; 2,026 after 2,048 cached
-    533,262 on 128). The regressors hold the busiest region's KV tiles (561 of 2,244: 1,166 cycles a tile) and the
-    estimate, the bucket's cycles scaled by the larger of the busiest region's and every region's KV tiles against
-    the representative data's: 732,074 (1.12x), 51,127, 2,630,770 (1.11x), 495,960 (0.93x); the paper regressors
-    alone had fast price the first at 88,486 (TTFT p99 -66.9 % against exact)."""
+    """The mapped prefill attention has ``min(knob, query tiles)`` regions: the 1,028-token prompt of the stored
+    run's first step (every KV head: 132 query tiles, bucket 2,048 mapped with 128 regions) runs on 128, at 53,772
+    cycles a layer, where 1,024 tokens take 48,521 (measured 2026-11-26 on the engine: 2,000 tokens 174,753; 2,026
+    after 2,048 cached 531,226). The regressors hold the busiest region's KV tiles (37 of 2,244) and the estimate,
+    the bucket's cycles scaled by the larger of the busiest region's and every region's KV tiles against the
+    representative data's: 47,724 (0.89x), 48,521, 160,020 (0.92x), 490,220 (0.92x). With ``gcd(knob, query
+    tiles)`` regions (until 2026-11-26, the stored run) the first prompt ran on 4 at 654,057 cycles a layer (the
+    stored step below; re-recording the run makes it 4 x 53,772) and the paper regressors alone had fast price it
+    at 88,486 (TTFT p99 -66.9 % against exact)."""
     model = resolve_model(str(MODEL))
     spec = LayerSpec(model, PRESETS["sn40l"], max_kv_rows(40960), schedule="auto")
     heads = model.kv_heads
-    assert prefill_reference(1056, spec) == (167033.0, 128, 128, 8320)
+    assert prefill_reference(1056, spec) == (165100.0, 128, 128, 8320)
     x = {(c, n): [round(v) for v in prefill_regressors(np.full(heads, c), np.full(heads, n), spec)]
          for c, n in ((0, 1024), (0, 1028), (0, 2000), (2048, 2026))}
-    assert x == {(0, 1024): [1, 128, 2112, 32, 51127], (0, 1028): [1, 132, 2244, 561, 732074],
-                 (0, 2000): [1, 252, 8064, 2016, 2630770], (2048, 2026): [1, 256, 24704, 256, 495960]}
+    assert x == {(0, 1024): [1, 128, 2112, 32, 48521], (0, 1028): [1, 132, 2244, 37, 47724],
+                 (0, 2000): [1, 252, 8064, 124, 160020], (2048, 2026): [1, 256, 24704, 256, 490220]}
     first = read_outputs(STORED)[1].slice(0, 1).to_pylist()[0]
     assert (first["prefill_tokens"], first["sequences"], first["cycles_attention"]) == (1028, 1, 4 * 654057)
 

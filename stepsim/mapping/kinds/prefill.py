@@ -1,11 +1,11 @@
 """The ``prefill`` kind: the causal prefill attention of every KV head (each head's prompt chunks as requests of
 their own), over ``size`` = query positions a head computes, in whole tiles (:func:`prefill_size`), docs/mapping.md.
 Representative data: one prompt of ``size`` tokens, nothing cached, per KV head. Space: ``regions`` (parallel
-pipelines over the query tiles of every head, dealt round-robin: powers of two dividing the query tiles)."""
+pipelines over the query tiles of every head, dealt round-robin: powers of two up to the query tiles; a layer of
+fewer query tiles than the knob takes one region a tile, and shares are uneven where the regions do not divide the
+query tiles: :func:`prefill_regions`)."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -38,15 +38,18 @@ def prefill_space(size: int, dims: dict) -> list[dict]:
 
 
 def prefill_regions(knobs: dict, query_tiles: int) -> int:
-    """The regions a layer of ``query_tiles`` query tiles is built with: the knob's, reduced to divide them (the
-    largest power of two dividing both; round-robin dealing takes equal shares)."""
-    return math.gcd(knobs["regions"], query_tiles)
+    """The regions a layer of ``query_tiles`` query tiles is built with: the knob's, at most one a query tile.
+    Query tile ``j`` goes to region ``j % regions``, so the first ``query_tiles % regions`` regions get one tile
+    more than the others (until 2026-11-26 the regions had to divide the query tiles: ``gcd(knob, query tiles)``,
+    and a 1,028-token prompt of the 4-layer Qwen3 shape, 132 query tiles, ran on 4 of its bucket's 128 regions)."""
+    return min(knobs["regions"], query_tiles)
 
 
 def prefill_bound(knobs: dict, data, dims: dict, hardware) -> int:
     """A lower bound on the ``prefill`` candidate's cycles from its knobs and data alone: the K and V tiles read at
     the HBM's peak, and the busiest region's K tiles issued one request a cycle (a cache load issues one request
-    of ``addr_offset`` bytes a cycle: ``tile_n x ceil(2 head_dim / addr_offset)`` a bf16 tile)."""
+    of ``addr_offset`` bytes a cycle: ``tile_n x ceil(2 head_dim / addr_offset)`` a bf16 tile). Sound for uneven
+    shares too: each region's K load issues its own tiles' requests, whatever the other regions get."""
     from stepsim.workloads.prefill_attention.build import query_tiles
 
     _, group = query_tiles(np.asarray(data[0]), np.asarray(data[1]), KV_TILE)

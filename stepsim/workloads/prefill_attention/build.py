@@ -23,10 +23,14 @@ from HBM once and repeated on chip (``RepeatStatic``). Softmax:
 * ``softmax="plain"``: the decode graph's exp / row-sum form (no scale, no running max).
 
 Storage is bf16 (q, caches, mask, output) with fp32 streams, as the decode graph. Every query tile streams its
-KV tiles in one pipeline; with ``regions`` > 1 (a mapped layer, :mod:`stepsim.mapping.kinds`) query tile ``j``
-goes to pipeline ``j % regions``. Symbols: the KV-tile count of each pipeline's ``CacheReadAddrGen`` stands
-for "KV tiles of one query tile"; the builder binds it to the pipeline's mean (a Rational),
-which makes off-chip bytes and FLOPs exact.
+KV tiles in one pipeline; with ``regions`` > 1 (a mapped layer, :mod:`stepsim.mapping.kinds.prefill`) query tile
+``j`` goes to pipeline ``j % regions``, any ``regions`` up to the query tiles: the first ``query tiles % regions``
+pipelines get ``ceil(query tiles / regions)`` tiles, the others the floor (a dataflow compiler deals uneven
+shares; dealing only a divisor of the query tiles ran a 1,028-token prompt, 132 query tiles, on 4 of its bucket's
+128 regions). Each pipeline has metadata sources of its own tiles (their request, KV-tile count and output
+tile), not one source dealt by a ``Parallelize``, whose static outer dimension must divide. Symbols: the KV-tile
+count of each pipeline's ``CacheReadAddrGen`` stands for "KV tiles of one query tile"; the builder binds it to the
+pipeline's own mean (a Rational), which makes off-chip bytes and FLOPs exact.
 """
 
 from __future__ import annotations
@@ -55,7 +59,6 @@ from stepsim.graph import (
     Matmul,
     MetadataSource,
     OnlineSoftmax,
-    Parallelize,
     Partition,
     RandomOffChipLoad,
     RandomOffChipStore,
@@ -78,6 +81,13 @@ COMPUTE_BW = 2048
 #: the causal mask's value for a key after the query (added to the score; exp of it is 0 in fp32)
 MASKED = -1e30
 CHANNEL_DEPTH = WORKLOAD_CHANNEL_DEPTH["prefill_attention"]
+#: what each region's metadata sources hold (regions > 1): its tiles' requests, KV-tile counts and output tiles
+REGION_SOURCES = ("request", "kv_tiles", "out_tile")
+
+
+def region_source_name(region: int, value: str) -> str:
+    """The name of region ``region``'s metadata source of ``value`` (one of :data:`REGION_SOURCES`)."""
+    return f"region{region}.{value}"
 
 
 def _positive_int(name: str, value) -> int:
@@ -150,8 +160,9 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
         FLOPs/cycle of every compute node.
     softmax : {"stable", "plain"}
     regions : int
-        Parallel copies of the pipeline (1: the paper's graph); query tile ``j`` goes to region ``j % regions``,
-        so ``regions`` must divide the query tiles (a mapped prefill attention, :mod:`stepsim.mapping.kinds`).
+        Parallel copies of the pipeline (1: the paper's graph), at most the query tiles; query tile ``j`` goes to
+        region ``j % regions`` (a mapped prefill attention, :mod:`stepsim.mapping.kinds.prefill`): shares of
+        ``ceil`` and ``floor(query tiles / regions)`` tiles.
 
     Returns
     -------
@@ -180,8 +191,8 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
     request, group = query_tiles(cached, chunk, t)
     n_tiles = len(group)
     regions = _positive_int("regions", regions)
-    if n_tiles % regions:
-        raise ArgumentError(f"regions={regions} must divide the {n_tiles} query tiles (dealt round-robin)")
+    if regions > n_tiles:
+        raise ArgumentError(f"regions={regions} must be at most the {n_tiles} query tiles (each region gets one)")
     rows = heads * t
     row_offset = max_n // t
 
@@ -195,24 +206,28 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
     def q_load(tensor, tiles):
         return Flatten(g, LinearOffChipLoad(g, tensor, (rows, d), (tiles, 1), (1, 1), stream_dtype=FP32), 1, 2)
 
-    if regions == 1:
-        q = q_load(q_t, n_tiles)
-    idx, seq_len, out_idx = (Flatten(g, MetadataSource(g, values), 0, 1)
-                             for values in (request, group + 1, np.arange(n_tiles, dtype=np.int64)))
+    def metadata(tiles, region=None):  # the request, KV-tile count and output tile of each of ``tiles``, as streams
+        values = (request[tiles], group[tiles] + 1, tiles)
+        # a region's sources are named (region_source_name): a serving template finds them by name, since the
+        # regions' slices of the data can be alike (one request: every region's requests are zeros)
+        names = [None] * 3 if region is None else [region_source_name(region, v) for v in REGION_SOURCES]
+        return [Flatten(g, MetadataSource(g, v, name=name), 0, 1) for v, name in zip(values, names)]
+
     cfg = dict(rows=rows, t=t, d=d, bw=bw, softmax=softmax, row_offset=row_offset, caches=(k_cache, v_cache, out),
                mask=mask_t)
+    every = np.arange(n_tiles, dtype=np.int64)
     if regions == 1:  # the paper's graph, operator for operator
-        k_addrs = [_region(g, q, idx, seq_len, out_idx, n_tiles, cfg)]
-    else:  # query tile j to region j % regions (Parallelize deals round-robin)
-        meta = [Parallelize(g, m, 0, regions) for m in (idx, seq_len, out_idx)]
+        q = q_load(q_t, n_tiles)
+        k_addrs = [_region(g, q, *metadata(every), n_tiles, cfg)]
+    else:  # query tile j to region j % regions: the first n_tiles % regions regions one tile more
         k_addrs = []
-        per = n_tiles // regions
         for r in range(regions):
             before = len(g.ops)
+            tiles = every[r::regions]
             # each region reads its own query tiles (tiles r, r + regions, ...: the projection writes them region by
-            # region), so no one load issues every tile's requests
-            q = q_load(Tensor(f"q_region{r}", (per * rows, d), BF16), per)
-            k_addrs.append(_region(g, q, *(part[r] for part in meta), per, cfg))
+            # region), so no one load issues every tile's requests; and has its own metadata (uneven shares)
+            q = q_load(Tensor(f"q_region{r}", (len(tiles) * rows, d), BF16), len(tiles))
+            k_addrs.append(_region(g, q, *metadata(tiles, r), len(tiles), cfg))
             for op in g.ops[before:]:
                 op.group = ("region", r)
     g.finalize()
@@ -231,8 +246,9 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
         workload.params["regions"] = regions
     cached.flags.writeable = False
     chunk.flags.writeable = False
-    # the K cache's tiles-per-query-tile symbol of each region: its mean (exact traffic and FLOPs)
-    workload.bindings = {addr.tiles_symbol: sp.Rational(int(np.sum(group[r::regions] + 1)), n_tiles // regions)
+    # the K cache's tiles-per-query-tile symbol of each region: its own mean (exact traffic and FLOPs)
+    workload.bindings = {addr.tiles_symbol: sp.Rational(int(np.sum(group[r::regions] + 1)),
+                                                        len(group[r::regions]))
                          for r, addr in enumerate(k_addrs)}
     if regions > 1:
         workload.balanced_units = [tuple(tuple(op.name for op in g.ops if op.group == ("region", r))
