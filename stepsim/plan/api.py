@@ -248,7 +248,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                 row.update(decided="pruned", bound=row["binds"], replays=0)
                 continue
             wave.append(row)
-        done = runner.search([deployment_config(model, row["dep"], trace_sha256=trace_sha256,
+        done = runner.search([deployment_config(model, row["dep"], cache=cache, trace_sha256=trace_sha256,
                                                  shapes=needs(row["dep"]), search_slo=searched_slo,
                                                  percentile=percentile, prune=prune,
                                                  least_duration=row["least_duration"], beat=beat) for row in wave])

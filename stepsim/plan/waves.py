@@ -82,8 +82,8 @@ def run_calibration(config: dict) -> dict:
     return {"summary": summary, "schedule": pricer.schedule}
 
 
-def deployment_config(model_arg, dep, *, trace_sha256: str, shapes: dict, search_slo: dict, percentile: float,
-                      prune: bool, least_duration: float, beat: float) -> dict:
+def deployment_config(model_arg, dep, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
+                      percentile: float, prune: bool, least_duration: float, beat: float) -> dict:
     """The task that searches one deployment (module docstring). ``shapes``: ``{"hw xC": shape_config}`` of the
     shapes the deployment may price with; ``beat``: the best goodput of fewer chips (-1: none)."""
     return {"kind": "deployment", "model": str(model_arg),
@@ -92,7 +92,7 @@ def deployment_config(model_arg, dep, *, trace_sha256: str, shapes: dict, search
                                          dep.scheduler.chunk_tokens],
                            "hardware": dep.hardware, "disaggregate": list(dep.disaggregate)},
             "trace_sha256": trace_sha256, "shapes": shapes, "slo": dict(search_slo), "percentile": percentile,
-            "prune": prune, "least_duration": least_duration, "beat": beat}
+            "prune": prune, "least_duration": least_duration, "beat": beat, "cache": str(cache)}
 
 
 def task_id(config: dict) -> str:
