@@ -132,11 +132,8 @@ def run_deployment(config: dict) -> dict:
     from stepsim.plan.evaluate import Evaluator
     from stepsim.plan.pricing import ShapePricer
     from stepsim.plan.search import multiplier, search_rate
-    from stepsim.plan.space import Deployment, SchedulerChoice
 
-    d = config["deployment"]
-    dep = Deployment(d["chips_per_replica"], d["replicas"], d["router"], SchedulerChoice(*d["scheduler"]),
-                     d["hardware"], tuple(d["disaggregate"]))
+    dep = _deployment(config["deployment"])
     work = Path(config["work"])
     base = read_base(work / REFERENCE_FILE, config["trace_sha256"])
     resolved = resolve_model(config["model"])
@@ -269,7 +266,7 @@ class WaveRunner:
             pending.append(Task(i, config, tid))
         for task, outcome in self._outcomes(pending):  # completion order; each row stored as it arrives
             if outcome["status"] != "ok":
-                raise PlanTaskError(f"plan task {task.index} ({_name(task.config)}) failed: {outcome['error_type']}: "
+                raise PlanTaskError(f"plan task {_name(task.config)} failed: {outcome['error_type']}: "
                                     f"{outcome['error_message']}\n{outcome['error_traceback']}")
             row = outcome["row"]
             if store:
@@ -318,10 +315,17 @@ class WaveRunner:
 
 
 def _name(config: dict) -> str:
+    """A task's name in messages: its shape, or its deployment's label."""
     if config["kind"] == "calibration":
-        return f"calibration {config['hardware']} x{config['chips']}"
-    d = config["deployment"]
-    return f"{d['replicas']}x{d['chips_per_replica']}ch {d['hardware']} {d['router']} {d['scheduler']}"
+        return f"calibration of {config['hardware']} x{config['chips']}"
+    return _deployment(config["deployment"]).label()
+
+
+def _deployment(d: dict):
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    return Deployment(d["chips_per_replica"], d["replicas"], d["router"], SchedulerChoice(*d["scheduler"]),
+                      d["hardware"], tuple(d["disaggregate"]))
 
 
 def _schema():
