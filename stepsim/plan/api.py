@@ -2,9 +2,10 @@
 
 Steps: shape the trace (the first ``limit_requests``; the offered rate from ``arrival_scale`` or ``rate``);
 enumerate the deployments (:mod:`stepsim.plan.space`); calibrate one fast model per replica shape
-(:mod:`stepsim.plan.pricing`); bound every deployment's rate; search the deployments by chips, fewest first,
-pruning those that cannot reach the front (:mod:`stepsim.plan.search`); re-serve the recommended deployment with
-its own calibration; write the outputs (:mod:`stepsim.plan.output`).
+(:mod:`stepsim.plan.pricing`); bound every deployment's rate; search the deployments in waves, one per chip count,
+fewest chips first, pruning those that cannot reach the front (:mod:`stepsim.plan.search`), each search a task of
+the sweep runner's executors whose row is kept in the work folder (:mod:`stepsim.plan.waves`); re-serve the
+recommended deployment with its own calibration; write the outputs (:mod:`stepsim.plan.output`).
 """
 
 from __future__ import annotations
