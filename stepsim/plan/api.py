@@ -219,6 +219,8 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
 
     margin = fidelity_margin(calibrations)
     searched_slo = search_slo(slo_seconds, margin)
+    # every task gets every shape's calibration key: a disaggregated deployment prices its pools with them, and a
+    # changed calibration (its key hashes the fitted model's sources) re-runs every task
     shape_configs = {f"{hw} x{chips}": p.shape_config() for (hw, chips), p in pricers.items()}
     rows = []
     for i, dep in enumerate(deps):
@@ -230,12 +232,6 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
             row.update(m_ub=m_ub, least_duration=least, binds=binds,
                        goodput_ub=goodput_bound(base.n, base.span_s, m_ub, least))
         rows.append(row)
-
-    def needs(dep) -> dict:
-        """The shapes a deployment's replicas are priced with (a disaggregated one's pools, when calibrated)."""
-        wanted = [(dep.hardware, c) for c in dep.disaggregate] if dep.disaggregate else \
-            [(dep.hardware, dep.chips_per_replica)]
-        return {f"{hw} x{c}": shape_configs[f"{hw} x{c}"] for hw, c in wanted if f"{hw} x{c}" in shape_configs}
 
     # then one wave per chip count, fewest first (docs/plan.md §4): the front of fewer chips is final when a wave
     # starts; a deployment whose bound cannot beat it is pruned, the others searched as tasks that each know it
@@ -250,7 +246,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                 continue
             wave.append(row)
         done = runner.search([deployment_config(model, row["dep"], cache=cache, trace_sha256=trace_sha256,
-                                                 shapes=needs(row["dep"]), search_slo=searched_slo,
+                                                 shapes=shape_configs, search_slo=searched_slo,
                                                  percentile=percentile, prune=prune,
                                                  least_duration=row["least_duration"], beat=beat) for row in wave])
         for row, got in zip(wave, done):

@@ -11,7 +11,7 @@
   least duration and the goodput it must beat (the best of fewer chips: the earlier waves are final). Its row
   (:func:`result_row`: the search's probes, best and offered runs, replays) is written, atomically, into the plan's
   work folder as ``part-<id>.parquet``, the id hashing the task's config (calibration keys, deployment, trace hash,
-  limits, percentile, the goodput to beat); a plan run again skips every task whose row exists, so an interrupted
+  limits, percentile, the goodput to beat, the plan's and serve's sources: :func:`code_hash`); a plan run again skips every task whose row exists, so an interrupted
   plan resumes and one whose SLO, trace or calibrations changed recomputes what they change.
 
 Workers write nothing: the parent writes every row (as the sweep runner does), so a killed worker leaves nothing
@@ -84,15 +84,35 @@ def run_calibration(config: dict) -> dict:
 
 def deployment_config(model_arg, dep, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
                       percentile: float, prune: bool, least_duration: float, beat: float) -> dict:
-    """The task that searches one deployment (module docstring). ``shapes``: ``{"hw xC": shape_config}`` of the
-    shapes the deployment may price with; ``beat``: the best goodput of fewer chips (-1: none)."""
+    """The task that searches one deployment (module docstring). ``shapes``: ``{"hw xC": shape_config}`` of every
+    calibrated replica shape (a disaggregated deployment prices its pools with them); ``beat``: the best goodput of fewer chips (-1: none)."""
     return {"kind": "deployment", "model": str(model_arg),
             "deployment": {"chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
                            "scheduler": [dep.scheduler.policy, dep.scheduler.max_seqs, dep.scheduler.max_batch_tokens,
                                          dep.scheduler.chunk_tokens],
                            "hardware": dep.hardware, "disaggregate": list(dep.disaggregate)},
             "trace_sha256": trace_sha256, "shapes": shapes, "slo": dict(search_slo), "percentile": percentile,
-            "prune": prune, "least_duration": least_duration, "beat": beat, "cache": str(cache)}
+            "prune": prune, "least_duration": least_duration, "beat": beat, "cache": str(cache),
+            "code": code_hash()}
+
+
+def code_hash() -> str:
+    """sha256 of the sources a deployment task's row depends on beyond its calibrations (whose keys hash the fitted
+    model's and the exact pricing's): the plan's search and the serve package's replay and scheduler, so a row
+    written by other code is not read back."""
+    global _CODE
+    if _CODE is None:
+        import stepsim
+
+        root = Path(stepsim.__file__).parent
+        h = hashlib.sha256()
+        for path in sorted([*root.joinpath("plan").glob("*.py"), *root.joinpath("serve").glob("*.py")]):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+        _CODE = h.hexdigest()
+    return _CODE
+
+
+_CODE = None
 
 
 def task_id(config: dict) -> str:
