@@ -52,6 +52,7 @@ def _same_files(a, b):
     assert [p.read_bytes() for p in rows_a] == [p.read_bytes() for p in rows_b]
 
 
+@pytest.mark.slow  # about 45 s at load 4: each worker process prices its replays' token counts afresh
 def test_two_local_workers_write_the_in_process_plan(case):
     model, trace, kw, here, tmp = case
     two = stepsim.plan(model, trace, out=tmp / "two", jobs=2, **kw)
@@ -136,6 +137,7 @@ def test_the_task_id_hashes_the_trace_the_slo_and_the_calibrations():
         assert task_id({**deployment_config("m", dep, **{**kw, **change}), "work": "/w"}) != one, change
 
 
+@pytest.mark.slow  # about 45 s at load 4: a fork server and a Dask cluster of two processes start, each pays as above
 def test_the_command_line_runs_the_tasks_on_two_workers_and_on_dask(case, tmp_path, capsys, monkeypatch):
     model, trace, kw, _, tmp = case
     monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(kw["calibration_cache"]))
