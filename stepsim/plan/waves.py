@@ -11,8 +11,9 @@
   least duration and the goodput it must beat (the best of fewer chips: the earlier waves are final). Its row
   (:func:`result_row`: the search's probes, best and offered runs, replays) is written, atomically, into the plan's
   work folder as ``part-<id>.parquet``, the id hashing the task's config (calibration keys, deployment, trace hash,
-  limits, percentile, the goodput to beat, the plan's and serve's sources: :func:`code_hash`); a plan run again skips every task whose row exists, so an interrupted
-  plan resumes and one whose SLO, trace or calibrations changed recomputes what they change.
+  limits, percentile, the goodput to beat, the plan's and serve's sources: :func:`code_hash`); a plan run again
+  skips every task whose row exists, so an interrupted plan resumes and one whose SLO, trace or calibrations
+  changed recomputes what they change.
 
 Workers write nothing: the parent writes every row (as the sweep runner does), so a killed worker leaves nothing
 half-written. A task of one deployment sees no other deployment of its wave, so a wave prunes less than a loop that
