@@ -177,15 +177,15 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
         from stepsim.batch.runner import exclusive
 
         work.mkdir(parents=True, exist_ok=True)
-        runner = WaveRunner(work, executor, jobs)
-        aborted = True
-        try:
-            with exclusive(work):  # one plan at a time per work folder
+        with exclusive(work):  # one plan at a time per work folder (before any worker starts)
+            runner = WaveRunner(work, executor, jobs)
+            aborted = True
+            try:
                 result = _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache,
                                work, out, prune, verify, limit_requests, started, resolve_serving_hardware, runner)
-            aborted = False
-        finally:
-            runner.close(aborted)
+                aborted = False
+            finally:
+                runner.close(aborted)
         return result
 
 
