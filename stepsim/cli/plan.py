@@ -56,10 +56,12 @@ def register(subparsers) -> None:
                         "replicas, three routers, seven scheduler settings)")
     workers = p.add_mutually_exclusive_group()
     workers.add_argument("--jobs", type=_number(int, "an integer"), metavar="N",
-                         help="worker processes (checked; the candidates are searched in this process, docs/plan.md "
-                              "§6; default 1)")
+                         help="run the plan's tasks (the shapes' calibrations, then each deployment's search, one wave "
+                              "per chip count) on N local worker processes (docs/plan.md §4; default: in this "
+                              "process)")
     workers.add_argument("--executor", choices=("dask",),
-                         help="a dask.distributed cluster (checked; as --jobs; default: none)")
+                         help="run them on a dask.distributed cluster (a local one of one worker per CPU; default: "
+                              "in this process)")
     p.add_argument("--no-verify", action="store_true",
                    help="do not re-serve the recommended deployment with its own fast calibration (default: re-serve)")
     p.add_argument("--out", required=True, metavar="DIR",
@@ -101,5 +103,8 @@ def _plan(args) -> int:
             print(f"verified    re-served with its own calibration: p{s['percentile']:g} TTFT {v['ttft_p'] * 1e3:.1f} ms"
                   f"{tpot}: {'meets' if v['meets_slo'] else 'misses'} the SLO (searched with a "
                   f"{s['slo_margin'] * 100:.1f} % margin)")
+    work = result.work
+    print(f"tasks       {work['ran']} deployment search(es) run ({work['executor']}), {work['skipped']} read back "
+          f"from {work['folder']} (an earlier run of the same plan)")
     print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s")
     return 0

@@ -2,9 +2,10 @@
 
 Steps: shape the trace (the first ``limit_requests``; the offered rate from ``arrival_scale`` or ``rate``);
 enumerate the deployments (:mod:`stepsim.plan.space`); calibrate one fast model per replica shape
-(:mod:`stepsim.plan.pricing`); bound every deployment's rate; search the deployments by chips, fewest first,
-pruning those that cannot reach the front (:mod:`stepsim.plan.search`); re-serve the recommended deployment with
-its own calibration; write the outputs (:mod:`stepsim.plan.output`).
+(:mod:`stepsim.plan.pricing`); bound every deployment's rate; search the deployments in waves, one per chip count,
+fewest chips first, pruning those that cannot reach the front (:mod:`stepsim.plan.search`), each search a task of
+the sweep runner's executors whose row is kept in the work folder (:mod:`stepsim.plan.waves`); re-serve the
+recommended deployment with its own calibration; write the outputs (:mod:`stepsim.plan.output`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import numpy as np
 
 from stepsim.base.errors import ConfigError
 from stepsim.plan.evaluate import BaseTrace, Evaluator
-from stepsim.plan.search import front, goodput_bound, multiplier, rate_bound, search_rate
+from stepsim.plan.search import front, goodput_bound, multiplier, rate_bound
 from stepsim.plan.space import DEFAULT_SPACE, deployments, load_space, parse_space
+from stepsim.plan.waves import WORK_FOLDER, WaveRunner
 
 #: --max-chips default and limit
 DEFAULT_MAX_CHIPS = 16
@@ -36,6 +38,9 @@ class PlanResult:
     summary: dict
     deployments: list
     files: dict
+    #: the tasks' work folder (``folder``), the deployment tasks run now (``ran``) and read back from an earlier run
+    #: of the same plan (``skipped``), and what ran them (``executor``)
+    work: dict = None
 
 
 def check_plan_arguments(*, model, requests, slo, out=None, arrival_scale=None, rate=None, limit_requests=None,
@@ -70,7 +75,8 @@ def check_plan_arguments(*, model, requests, slo, out=None, arrival_scale=None, 
         check_jobs(jobs)
         if executor is not None:
             raise ConfigError("--jobs and --executor both run the candidates; give one")
-    if executor is not None and executor != "dask":
+    # an executor object (stepsim.batch's: imap_unordered) is used as is, as the sweep runner takes one
+    if executor is not None and executor != "dask" and not hasattr(executor, "imap_unordered"):
         raise ConfigError(f"--executor must be dask, got {executor!r}")
 
 
@@ -124,7 +130,11 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
         Deployments of at most this many chips.
     space : str, path or dict, optional
         The deployment space (:mod:`stepsim.plan.space`): a TOML / JSON file or its table.
-    jobs, executor : accepted and checked; the candidates are searched in this process (see docs/plan.md §6).
+    jobs, executor : int; ``"dask"`` or an executor object of :mod:`stepsim.batch`, optional
+        Run the plan's tasks (the shapes' calibrations, then each deployment's search, wave by wave:
+        :mod:`stepsim.plan.waves`) on ``jobs`` local worker processes or on a Dask cluster (a local one of one
+        worker per CPU); default: in this process. The same plan whichever runs them; their rows are kept in
+        ``out``'s work folder (``.plan-work``), so the same plan run again resumes after the finished ones.
     calibration_cache : path, optional
         The fast calibrations' cache (as serve's).
     prune : bool
@@ -162,39 +172,56 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
         raise ConfigError(f"--max-chips {max_chips}: no deployment of the space fits (its smallest replica has "
                           f"{min(space_table['chips_per_replica'])} chip(s))")
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-") as tmp:
-        tmp = Path(tmp)
-        return _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache, tmp,
-                     out, prune, verify, limit_requests, started, resolve_serving_hardware)
+        # the tasks' rows: in --out (a plan run again resumes after the finished ones), else a temporary folder
+        work = Path(out) / WORK_FOLDER if out is not None else Path(tmp) / WORK_FOLDER
+        from stepsim.batch.runner import exclusive
+
+        work.mkdir(parents=True, exist_ok=True)
+        with exclusive(work):  # one plan at a time per work folder (before any worker starts)
+            runner = WaveRunner(work, executor, jobs)
+            aborted = True
+            try:
+                result = _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache,
+                               work, out, prune, verify, limit_requests, started, resolve_serving_hardware, runner)
+                aborted = False
+            finally:
+                runner.close(aborted)
+        return result
 
 
-def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache, tmp, out, prune,
-          verify, limit_requests, started, resolve_hw) -> PlanResult:
-    from stepsim.base.errors import StepsimError
+def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache, work, out, prune,
+          verify, limit_requests, started, resolve_hw, runner) -> PlanResult:
     from stepsim.plan.pricing import ShapePricer
+    from stepsim.plan.waves import REFERENCE_FILE, calibration_config, deployment_config, trace_hash
     from stepsim.trace_io.requests import RequestTrace, write_requests
 
-    reference = tmp / "reference.parquet"
+    reference = work / REFERENCE_FILE
     write_requests(RequestTrace(str(reference), np.arange(base.n, dtype=np.int64), base.arrival, base.prompt,
                                 base.output), reference)
+    trace_sha256 = trace_hash(base)
     pricers, shape_errors, calibrations = {}, {}, {}
-    # a disaggregated replica is priced by its pools' shapes (plan/disaggregated.py), not by its own chips'
-    for hw, chips in dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps if not d.disaggregate):
-        pricer = ShapePricer(model, resolved, hw, chips, next(d.system for d in deps
-                                                               if (d.hardware, d.chips_per_replica) == (hw, chips)),
-                             cache)
-        try:
-            summary = pricer.calibrate(reference, slo)
-        except StepsimError as exc:  # the model does not fit, a system it cannot be split over: not a candidate
-            shape_errors[(hw, chips)] = str(exc)
+    # the first wave: one calibration per replica shape; a disaggregated replica is priced by its pools' shapes
+    # (plan/disaggregated.py), not by its own chips'
+    shapes = list(dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps if not d.disaggregate))
+    systems = {shape: next(d.system for d in deps if (d.hardware, d.chips_per_replica) == shape) for shape in shapes}
+    calibrated = runner.calibrate([calibration_config(model, hw, chips, systems[(hw, chips)], cache, reference, slo)
+                                   for hw, chips in shapes])
+    for (hw, chips), got in zip(shapes, calibrated):
+        if "error" in got:  # the model does not fit, a system it cannot be split over: not a candidate
+            shape_errors[(hw, chips)] = got["error"]
             continue
+        pricer = ShapePricer(model, resolved, hw, chips, systems[(hw, chips)], cache)
+        summary = pricer.adopt(got["summary"], got["schedule"])
         pricers[(hw, chips)] = pricer
         calibrations[f"{hw} x{chips}"] = {"calibration": summary["fidelity"]["calibration"],
                                           "error": summary["fidelity"]["error"]}
     from stepsim.plan.margin import fidelity_margin, search_slo  # the SLO less the prices' error (margin.py)
 
     margin = fidelity_margin(calibrations)
-    evaluator = Evaluator(model, base, search_slo(slo_seconds, margin), percentile, pricers, tmp, stop_early=prune)
-    evaluator.calibration_cache = cache  # where a disaggregated pool's shape is calibrated (pool_pricer)
+    searched_slo = search_slo(slo_seconds, margin)
+    # every task gets every shape's calibration key: a disaggregated deployment prices its pools with them, and a
+    # changed calibration (its key hashes the fitted model's sources) re-runs every task
+    shape_configs = {f"{hw} x{chips}": p.shape_config() for (hw, chips), p in pricers.items()}
     rows = []
     for i, dep in enumerate(deps):
         row = {"index": i, "dep": dep, "chips": dep.chips, "goodput": None, "decided": None, "bound": None,
@@ -206,51 +233,29 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                        goodput_ub=goodput_bound(base.n, base.span_s, m_ub, least))
         rows.append(row)
 
-    def best_below(chips: int) -> tuple[float, float]:
-        lt = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] < chips), default=-1.0)
-        eq = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] == chips), default=-1.0)
-        return lt, eq
-
-    def beaten(chips: int, ub: float, strict: bool) -> bool:
-        """Whether a goodput at most ``ub`` (below it when ``strict``) is dominated by the front found so far."""
-        lt, eq = best_below(chips)
-        return ub <= max(lt, eq) if strict else (ub <= lt or ub < eq)
-
+    # then one wave per chip count, fewest first (docs/plan.md §4): the front of fewer chips is final when a wave
+    # starts; a deployment whose bound cannot beat it is pruned, the others searched as tasks that each know it
     order = sorted((r for r in rows if r["error"] is None), key=lambda r: (r["chips"], -r["goodput_ub"], r["index"]))
-    for row in order:
-        dep = row["dep"]
-        if prune and beaten(dep.chips, row["goodput_ub"], strict=False):
-            row.update(decided="pruned", bound=row["binds"], replays=0)
-            continue
-        before, stopped_before = evaluator.replays, evaluator.stopped
-
-        def can_win(e_hi, dep=dep, row=row):
-            """Whether a failure at multiplier(e_hi) leaves ``dep`` a chance (its rate below multiplier(e_hi))."""
-            if not prune:
-                return True
-            span_term = base.span_s / multiplier(e_hi)
-            ub = base.n / max(span_term, row["least_duration"])
-            return not beaten(dep.chips, ub, strict=span_term >= row["least_duration"])
-
-        try:
-            res = search_rate(lambda m, dep=dep: evaluator.evaluate(dep, m), can_win, front_probe=prune)
-        except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
-            row.update(error=str(exc), replays=evaluator.replays - before,
-                       replays_stopped=evaluator.stopped - stopped_before)
-            continue
-        row["replays"] = evaluator.replays - before
-        row["replays_stopped"] = evaluator.stopped - stopped_before
-        row["search"] = res
-        if res.status == "cut":
-            # failed at the front's rate before the search (one probe), or at a rate the search probed
-            by_front = res.front_probe is not None and not res.front_probe[1]
-            row.update(decided="cut", bound="front rate" if by_front else "failed rate")
-            continue
-        row["decided"] = "simulated"
-        if res.best is not None:
-            row["goodput"] = res.best.metrics["goodput_requests_per_s"]
+    replays = {"replays": 0, "replays_stopped": 0, "replays_reused": 0}
+    for chips in sorted({r["chips"] for r in order}):
+        beat = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] < chips), default=-1.0)
+        wave = []
+        for row in (r for r in order if r["chips"] == chips):
+            if prune and row["goodput_ub"] <= beat:
+                row.update(decided="pruned", bound=row["binds"], replays=0)
+                continue
+            wave.append(row)
+        done = runner.search([deployment_config(model, row["dep"], cache=cache, trace_sha256=trace_sha256,
+                                                 shapes=shape_configs, search_slo=searched_slo,
+                                                 percentile=percentile, prune=prune,
+                                                 least_duration=row["least_duration"], beat=beat) for row in wave])
+        for row, got in zip(wave, done):
+            _take(row, got)
+            for key in replays:
+                replays[key] += got[key]
+    runner.retire_others()
     on_front = front(rows)
-    summary, table = _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrations, model,
+    summary, table = _summarize(rows, on_front, base, scale, slo, percentile, calibrations, model,
                                 requests, limit_requests, prune)
     recommended = summary.get("recommended")
     replica_files = _replica_files(rows[recommended["index"]], base) if recommended is not None else []
@@ -267,16 +272,37 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
                                               percentile, base, cache, schedule)
     summary["slo_margin"] = margin
-    summary["replays"] = evaluator.replays  # full replays: every request served
-    summary["replays_stopped"] = evaluator.stopped  # stopped early, the SLO provably missed
-    summary["replays_reused"] = evaluator.reused
+    summary["replays"] = replays["replays"]  # full replays: every request served
+    summary["replays_stopped"] = replays["replays_stopped"]  # stopped early, the SLO provably missed
+    summary["replays_reused"] = replays["replays_reused"]
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     if out is not None:
         from stepsim.plan.output import write_plan
 
         files = write_plan(out, summary, table, replica_files)
-    return PlanResult(summary, table, files)
+    return PlanResult(summary, table, files, {"folder": work, "ran": runner.ran, "skipped": runner.skipped,
+                                               "executor": runner.describe()})
+
+
+def _take(row: dict, got: dict) -> None:
+    """A deployment task's row (:mod:`stepsim.plan.waves`) into the plan's row of that deployment."""
+    from stepsim.plan.waves import search_of
+
+    row["replays"], row["replays_stopped"] = got["replays"], got["replays_stopped"]
+    if got["error"] is not None:  # serve refused a run of this deployment (a request its KV cache cannot hold)
+        row["error"] = got["error"]
+        return
+    res = search_of(got["search"])
+    row["search"] = res
+    if res.status == "cut":
+        # failed at the front's rate before the search (one probe), or at a rate the search probed
+        by_front = res.front_probe is not None and not res.front_probe[1]
+        row.update(decided="cut", bound="front rate" if by_front else "failed rate")
+        return
+    row["decided"] = "simulated"
+    if res.best is not None:
+        row["goodput"] = res.best.metrics["goodput_requests_per_s"]
 
 
 def _replica_files(row, base) -> list:
@@ -355,7 +381,7 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
             "fidelity_errors": errors}
 
 
-def _summarize(rows, on_front, base, scale, slo, percentile, evaluator, calibrations, model, requests,
+def _summarize(rows, on_front, base, scale, slo, percentile, calibrations, model, requests,
                limit_requests, prune) -> tuple[dict, list]:
     """plan.json's object and the deployments' table (one dict per deployment)."""
     from stepsim.plan.disaggregated import split_columns

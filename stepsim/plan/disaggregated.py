@@ -66,7 +66,8 @@ def pool_pricer(evaluator, hardware: str, chips: int):
         cache = getattr(evaluator, "calibration_cache", None) or default_calibration_cache()
         pricer = ShapePricer(evaluator.model_arg, resolve_model(evaluator.model_arg), hardware, chips, systems[chips],
                              cache)
-        pricer.calibrate(evaluator.folder / "reference.parquet", None)
+        reference = getattr(evaluator, "reference_file", None) or evaluator.folder / "reference.parquet"
+        pricer.calibrate(reference, None)
         evaluator.pricers[key] = pricer
     return evaluator.pricers[key]
 

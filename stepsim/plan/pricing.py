@@ -39,7 +39,6 @@ class ShapePricer:
         """Serve the reference run with ``--fidelity fast`` (calibrating it, or reading its calibration from the
         cache) and keep the calibration; returns the run's summary."""
         from stepsim.serve.api import default_schedule, resolve_serving_hardware, serve
-        from stepsim.serve.calibration_cache import load_calibration
 
         # the layers serve prices a run of this shape with (its --schedule default): mapped on one sn40l chip, the
         # paper's elsewhere; provider() rebuilds the matching provider, the commands and the verification name it
@@ -48,17 +47,43 @@ class ShapePricer:
         result = serve(self.model_arg, reference_file, fidelity="fast", schedule=self.schedule, slo=slo,
                        hardware=self.hardware_name, system=self.system_name, calibration_cache=self.cache,
                        seed=self.seed)
-        self.summary = result.summary
-        key = result.summary["fidelity"]["calibration"]
-        if "groups" in result.summary["fidelity"]:  # a heterogeneous model: one calibration per layer group
+        return self.adopt(result.summary, self.schedule)
+
+    def adopt(self, summary: dict, schedule: str) -> dict:
+        """Keep the calibration of a reference run's ``summary`` (served here by :meth:`calibrate`, or in a worker
+        of the sweep runner, :mod:`stepsim.plan.waves`) read from the cache; returns the summary."""
+        from stepsim.serve.calibration_cache import load_calibration
+
+        self.summary, self.schedule = summary, schedule
+        key = summary["fidelity"]["calibration"]
+        if "groups" in summary["fidelity"]:  # a heterogeneous model: one calibration per layer group
             self.record = [load_calibration(self.cache, k) for k in key.split("+")]
             if None in self.record:
                 raise ConfigError(f"calibration {key} vanished from {self.cache} while planning")
-            return result.summary
+            return summary
         self.record = load_calibration(self.cache, key)
         if self.record is None:  # written by serve a moment ago
             raise ConfigError(f"calibration {key} vanished from {self.cache} while planning")
-        return result.summary
+        return summary
+
+    def shape_config(self) -> dict:
+        """What a worker needs to rebuild this pricer (:meth:`from_config`): plain data, the calibration by its
+        cache key(s) (``calibration``: joined with ``+`` for a heterogeneous model)."""
+        return {"hardware": self.hardware_name, "chips": self.chips, "system": self.system_name,
+                "seed": self.seed, "schedule": self.schedule, "calibration": self.summary["fidelity"]["calibration"],
+                "groups": "groups" in self.summary["fidelity"],
+                "max_model_len": self.summary["kv_cache"]["max_model_len"]}
+
+    @classmethod
+    def from_config(cls, model_arg, resolved, cache, config: dict) -> ShapePricer:
+        """The pricer of :meth:`shape_config`'s ``config``, its calibration read from ``cache`` (as
+        :meth:`adopt` reads it: the same provider, bit for bit)."""
+        pricer = cls(model_arg, resolved, config["hardware"], config["chips"], config["system"], cache,
+                     config["seed"])
+        fidelity = {"calibration": config["calibration"], **({"groups": True} if config["groups"] else {})}
+        pricer.adopt({"fidelity": fidelity, "kv_cache": {"max_model_len": config["max_model_len"]}},
+                     config["schedule"])
+        return pricer
 
     def provider(self):
         """A fresh provider of the calibration (as :func:`stepsim.serve.api.fast_provider` makes it)."""

@@ -14,9 +14,10 @@ a plan and a brute-force search of every deployment run the same probes, so they
 at least the arrivals' span ``S / m*`` and at least the longest request's least latency; so it is below
 ``N m_hi / S`` whenever the search has seen the SLO fail at ``m_hi`` (m* < m_hi), and at most ``N m_ub / S`` for the
 bound m_ub of :func:`rate_bound` before any run. A deployment of C chips can only be on the front (fewest chips
-for its goodput) if its goodput beats every deployment of fewer chips and reaches every one of C; a deployment
-whose bound cannot is ``pruned`` (by the bound, before any run) or ``cut`` (by the failed rate, during its search).
-Deployments are searched by chips, fewest first, so the front of fewer chips is final when C is reached.
+for its goodput) if its goodput beats every deployment of fewer chips; a deployment whose bound cannot is
+``pruned`` (by the bound, before any run) or ``cut`` (by the failed rate, during its search). Deployments are
+searched in waves, one per chip count, fewest chips first (:mod:`stepsim.plan.waves`), so the front of fewer chips
+is final when a wave starts.
 
 **Front probe.** The search's result is below the first rate of its doubling phase (1, 2, 4, ... times the offered
 rate) where the SLO fails, whatever the SLO does elsewhere: the bracket and the bisection stay below it. So a

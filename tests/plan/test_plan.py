@@ -81,8 +81,9 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
         ("2x1ch sn40l round-robin vllm seqs 128 batch 256", 19.8697)]
     assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 6
     assert [r["bound"] for r in plan.deployments[6:]] == ["front rate"] * 6
-    assert [r["front_probe_multiplier"] for r in plan.deployments] == [4.0, 8.0, None, 8.0, 16.0, 8.0] + [8.0] * 3 + \
-        [16.0] * 3
+    # one wave per chip count (stepsim/plan/waves.py): a deployment is probed at the front of fewer chips, not of its
+    # wave's (the one-chip wave has no front to probe; the two-chip wave probes at 8x, from the one-chip front's 9.11x)
+    assert [r["front_probe_multiplier"] for r in plan.deployments] == [None] * 3 + [8.0] * 6 + [16.0] * 3
     # full replays (every request served) and replays stopped early (the searched SLO provably missed); the brute
     # force serves every probe to the end: 1.90x fewer full replays
     assert (plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],

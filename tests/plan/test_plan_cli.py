@@ -31,7 +31,7 @@ def test_plan_json_files_and_the_serve_command(tmp_path, capsys, monkeypatch):
     written = json.loads((tmp_path / "a" / "plan.json").read_text())
     assert printed == written
     assert {p.name for p in (tmp_path / "a").iterdir()} == {"plan.json", "deployments.parquet", "plan.png",
-                                                           "replica-0.parquet"}
+                                                           "replica-0.parquet", ".plan-work"}
     rec = written["recommended"]
     assert rec["deployment"] == "1x1ch sn40l none vllm seqs 128 batch 256" and rec["decided"] == "simulated"
     assert written["deployments"] == written["simulated"] == 1

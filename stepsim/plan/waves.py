@@ -1,0 +1,360 @@
+"""A plan's work as tasks of the sweep runner's executors (docs/plan.md §4 "Waves", §6): local processes
+(``--jobs N``), a Dask cluster (``--executor dask``) or this process, with the same rows whichever runs them.
+
+* **Calibration wave**: one task per replica shape (:func:`calibration_config`); a worker serves the reference run
+  with ``--fidelity fast`` into the shared calibration cache and returns the run's summary, from which the parent
+  reads the calibration (:meth:`stepsim.plan.pricing.ShapePricer.adopt`).
+* **Deployment waves**, one per chip count, fewest chips first: a task (:func:`deployment_config`) is one
+  deployment's whole rate search (:func:`stepsim.plan.search.search_rate`) from plain data: the model, the shaped
+  trace's file and its hash, the searched limits, the shapes' calibration keys (a worker rebuilds its providers with
+  :meth:`~stepsim.plan.pricing.ShapePricer.from_config`, as the parent's pricer makes them), the deployment's
+  least duration and the goodput it must beat (the best of fewer chips: the earlier waves are final). Its row
+  (:func:`result_row`: the search's probes, best and offered runs, replays) is written, atomically, into the plan's
+  work folder as ``part-<id>.parquet``, the id hashing the task's config (calibration keys, deployment, trace hash,
+  limits, percentile, the goodput to beat, the plan's and serve's sources: :func:`code_hash`); a plan run again
+  skips every task whose row exists, so an interrupted plan resumes and one whose SLO, trace or calibrations
+  changed recomputes what they change.
+
+Workers write nothing: the parent writes every row (as the sweep runner does), so a killed worker leaves nothing
+half-written. A task of one deployment sees no other deployment of its wave, so a wave prunes less than a loop that
+let each deployment cut the next of equal chips; it stays sound (the bounds only use final, fewer-chip goodputs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from stepsim.base.errors import StepsimError
+
+#: the plan's work folder inside ``--out`` (the tasks' rows)
+WORK_FOLDER = ".plan-work"
+#: the shaped trace every task reads (in the work folder)
+REFERENCE_FILE = "reference.parquet"
+
+
+class PlanTaskError(StepsimError):
+    """A plan task failed with an error that is not a deployment's (a bug, a lost worker): the plan stops; the rows
+    of the finished tasks are written, and the same plan run again resumes after them."""
+
+
+# --- the tasks (run by a worker) ------------------------------------------------------------------------------
+def plan_task(config: dict, force: bool = False) -> dict:
+    """A worker's entry (``WindowedExecutor.task_function``): run the calibration or deployment task ``config``.
+
+    Returns ``{"status": "ok", "row": ...}``, or ``"failed"`` with the error's type, message and traceback for an
+    error that is not the task's answer (a deployment's serve refusal is its answer: ``row["error"]``)."""
+    start = time.perf_counter()
+    try:
+        run = run_calibration if config["kind"] == "calibration" else run_deployment
+        row = run(config)
+        return {"status": "ok", "row": row, "wall_s": time.perf_counter() - start, "error_type": None,
+                "error_message": None, "error_traceback": None}
+    except Exception as exc:  # noqa: BLE001 - returned to the parent, which stops the plan with it
+        return {"status": "failed", "row": None, "wall_s": time.perf_counter() - start,
+                "error_type": type(exc).__name__, "error_message": str(exc),
+                "error_traceback": traceback.format_exc()}
+
+
+def calibration_config(model_arg, hardware: str, chips: int, system, cache, reference: Path, slo: str) -> dict:
+    """The task that calibrates one replica shape on the reference run."""
+    return {"kind": "calibration", "model": str(model_arg), "hardware": hardware, "chips": chips, "system": system,
+            "cache": str(cache), "reference": str(reference), "slo": slo}
+
+
+def run_calibration(config: dict) -> dict:
+    """Calibrate a shape (:meth:`ShapePricer.calibrate`): ``{"summary", "schedule"}``, or ``{"error"}`` when serve
+    refuses the shape (the model does not fit it: not a candidate)."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.pricing import ShapePricer
+
+    pricer = ShapePricer(config["model"], resolve_model(config["model"]), config["hardware"], config["chips"],
+                         config["system"], config["cache"])
+    try:
+        summary = pricer.calibrate(Path(config["reference"]), config["slo"])
+    except StepsimError as exc:
+        return {"error": str(exc)}
+    return {"summary": summary, "schedule": pricer.schedule}
+
+
+def deployment_config(model_arg, dep, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
+                      percentile: float, prune: bool, least_duration: float, beat: float) -> dict:
+    """The task that searches one deployment (module docstring). ``shapes``: ``{"hw xC": shape_config}`` of every
+    calibrated replica shape (a disaggregated deployment prices its pools with them); ``beat``: the best goodput of fewer chips (-1: none)."""
+    return {"kind": "deployment", "model": str(model_arg),
+            "deployment": {"chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
+                           "scheduler": [dep.scheduler.policy, dep.scheduler.max_seqs, dep.scheduler.max_batch_tokens,
+                                         dep.scheduler.chunk_tokens],
+                           "hardware": dep.hardware, "disaggregate": list(dep.disaggregate)},
+            "trace_sha256": trace_sha256, "shapes": shapes, "slo": dict(search_slo), "percentile": percentile,
+            "prune": prune, "least_duration": least_duration, "beat": beat, "cache": str(cache),
+            "code": code_hash()}
+
+
+def code_hash() -> str:
+    """sha256 of the sources a deployment task's row depends on beyond its calibrations (whose keys hash the fitted
+    model's and the exact pricing's): the plan's search and the serve package's replay and scheduler, so a row
+    written by other code is not read back."""
+    global _CODE
+    if _CODE is None:
+        import stepsim
+
+        root = Path(stepsim.__file__).parent
+        h = hashlib.sha256()
+        for path in sorted([*root.joinpath("plan").glob("*.py"), *root.joinpath("serve").glob("*.py")]):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+        _CODE = h.hexdigest()
+    return _CODE
+
+
+_CODE = None
+
+
+def task_id(config: dict) -> str:
+    """The hash of everything that decides a task's row (its config but where files live)."""
+    from stepsim.base.files import canonical_json
+
+    kept = {k: v for k, v in config.items() if k not in ("cache", "reference", "work")}
+    return hashlib.sha256(canonical_json(kept).encode()).hexdigest()
+
+
+def trace_hash(base) -> str:
+    """sha256 of the shaped requests (arrivals, prompts, outputs): a task reads them from the work folder's file
+    and checks this."""
+    h = hashlib.sha256()
+    for a in (base.arrival.astype(np.float64), base.prompt.astype(np.int64), base.output.astype(np.int64)):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def read_base(path: Path, expected_sha256: str):
+    """The shaped trace a task reads (its hash checked: a changed file is an error, not a silent other plan)."""
+    from stepsim.plan.evaluate import BaseTrace
+    from stepsim.trace_io.requests import read_requests
+
+    t = read_requests(path)
+    base = BaseTrace(np.asarray(t.arrival_s, dtype=np.float64), t.prompt_tokens.astype(np.int64),
+                     t.output_tokens.astype(np.int64))
+    if trace_hash(base) != expected_sha256:
+        raise StepsimError(f"{path}: the plan's shaped trace changed while it ran (its hash differs)")
+    return base
+
+
+def run_deployment(config: dict) -> dict:
+    """One deployment's rate search (:func:`search_rate`, as docs/plan.md §4 defines it) with its own
+    :class:`~stepsim.plan.evaluate.Evaluator`; returns :func:`result_row`'s row."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.evaluate import Evaluator
+    from stepsim.plan.pricing import ShapePricer
+    from stepsim.plan.search import multiplier, search_rate
+
+    dep = _deployment(config["deployment"])
+    work = Path(config["work"])
+    base = read_base(work / REFERENCE_FILE, config["trace_sha256"])
+    resolved = resolve_model(config["model"])
+    pricers = {}
+    for shape in config["shapes"].values():
+        pricers[(shape["hardware"], shape["chips"])] = ShapePricer.from_config(config["model"], resolved,
+                                                                               config["cache"], shape)
+    prune, beat, least = config["prune"], config["beat"], config["least_duration"]
+    with tempfile.TemporaryDirectory(prefix="stepsim-plan-task-") as tmp:
+        evaluator = Evaluator(config["model"], base, config["slo"], config["percentile"], pricers, Path(tmp),
+                              stop_early=prune)
+        evaluator.calibration_cache = config["cache"]  # where a disaggregated pool's shape is calibrated
+        evaluator.reference_file = work / REFERENCE_FILE
+
+        def can_win(e_hi):
+            """Whether a failure at multiplier(e_hi) leaves the deployment a chance: its goodput bound (its rate
+            below multiplier(e_hi)) above the best of fewer chips."""
+            if not prune:
+                return True
+            span_term = base.span_s / multiplier(e_hi)
+            return base.n / max(span_term, least) > beat
+
+        error = None
+        res = None
+        try:
+            res = search_rate(lambda m: evaluator.evaluate(dep, m), can_win, front_probe=prune)
+        except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
+            error = str(exc)
+    return result_row(res, error, evaluator)
+
+
+# --- rows: a search result as plain data, and back ------------------------------------------------------------
+def result_row(res, error, evaluator) -> dict:
+    """The row of a deployment task: its search (JSON: probes, best and offered runs) and its replays."""
+    return {"error": error, "search": None if res is None else json.dumps(_search_dict(res), sort_keys=True),
+            "replays": evaluator.replays, "replays_stopped": evaluator.stopped, "replays_reused": evaluator.reused}
+
+
+def _evaluation_dict(ev) -> dict | None:
+    if ev is None:
+        return None
+    return {"multiplier": ev.multiplier, "meets": bool(ev.meets), "metrics": ev.metrics, "rounds": ev.rounds,
+            "max_utilisation": ev.max_utilisation, "assignment": np.asarray(ev.assignment).tolist()}
+
+
+def _search_dict(res) -> dict:
+    return {"status": res.status, "probes": [[int(e), bool(m)] for e, m in res.probes], "hi": res.hi,
+            "best": _evaluation_dict(res.best), "offered": _evaluation_dict(res.offered),
+            "max_utilisation": res.max_utilisation,
+            "front_probe": None if res.front_probe is None else [int(res.front_probe[0]), bool(res.front_probe[1])]}
+
+
+def search_of(text: str | None):
+    """The :class:`~stepsim.plan.search.SearchResult` of a row's ``search`` (floats read back bit for bit: JSON
+    keeps a float's shortest repr)."""
+    from stepsim.plan.evaluate import Evaluation
+    from stepsim.plan.search import SearchResult
+
+    if text is None:
+        return None
+    d = json.loads(text)
+
+    def evaluation(e):
+        if e is None:
+            return None
+        return Evaluation(e["multiplier"], e["meets"], e["metrics"], e["rounds"], e["max_utilisation"],
+                          np.asarray(e["assignment"], dtype=np.int64))
+
+    best = evaluation(d["best"])
+    offered = evaluation(d["offered"])
+    if d["offered"] is not None and d["offered"] == d["best"]:
+        offered = best  # one run
+    return SearchResult(d["status"], [(e, m) for e, m in d["probes"]], best, d["hi"], offered, d["max_utilisation"],
+                        None if d["front_probe"] is None else tuple(d["front_probe"]))
+
+
+# --- the parent: run a wave, keep its rows ---------------------------------------------------------------------
+class WaveRunner:
+    """Runs waves of plan tasks in ``work`` (a folder), skipping those with a row there: in this process
+    (``executor`` None), or on an executor of :mod:`stepsim.batch` (``--jobs N``: local processes, ``dask``, or an
+    executor object, used as is and not closed). ``ran`` / ``skipped`` count the deployment tasks."""
+
+    def __init__(self, work: Path, executor=None, jobs: int | None = None):
+        self.work = Path(work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self._executor = None
+        self._owned = False
+        if executor is not None and not isinstance(executor, str):
+            self._executor = executor
+        elif executor is not None or jobs is not None:
+            from stepsim.batch.executor_factory import make_executor
+            from stepsim.batch.executors import default_jobs
+
+            self._executor = make_executor(executor or "local", jobs=jobs or default_jobs(), warm_kernels=True)
+            self._owned = True
+        self.ran = 0
+        self.skipped = 0
+        self.written: set = set()  # the row files of this plan's tasks
+
+    def describe(self) -> str:
+        return "this process" if self._executor is None else self._executor.describe()
+
+    def calibrate(self, configs: list) -> list:
+        """Run the calibration tasks (never stored: the calibration cache is their store); rows in order."""
+        return self._run(configs, store=False)
+
+    def search(self, configs: list) -> list:
+        """Run (or read back) the deployment tasks; their rows in order."""
+        return self._run(configs, store=True)
+
+    def _run(self, configs: list, store: bool) -> list:
+        import pyarrow.parquet as pq
+
+        from stepsim.batch.grid import Task
+
+        rows: dict = {}
+        pending = []
+        for i, config in enumerate(configs):
+            config = {**config, "work": str(self.work)}
+            tid = task_id(config)
+            path = self.work / f"part-{tid[:32]}.parquet"
+            if store:
+                self.written.add(path.name)
+                if path.is_file():
+                    table = pq.read_table(path)
+                    if table.column("task_id")[0].as_py() == tid:
+                        rows[i] = table.to_pylist()[0]
+                        self.skipped += 1
+                        continue
+            pending.append(Task(i, config, tid))
+        for task, outcome in self._outcomes(pending):  # completion order; each row stored as it arrives
+            if outcome["status"] != "ok":
+                raise PlanTaskError(f"plan task {_name(task.config)} failed: {outcome['error_type']}: "
+                                    f"{outcome['error_message']}\n{outcome['error_traceback']}")
+            row = outcome["row"]
+            if store:
+                row = self._store(task, row)
+                self.ran += 1
+            rows[task.index] = row
+        return [rows[i] for i in range(len(configs))]
+
+    def _outcomes(self, pending: list):
+        """``(task, outcome)`` as the tasks finish: here, in order; on an executor, in completion order."""
+        if self._executor is None:
+            for task in pending:
+                yield task, plan_task(task.config)
+            return
+        self._executor.task_function = plan_task
+        yield from self._executor.imap_unordered(pending)
+
+    def _store(self, task, row: dict) -> dict:
+        """Write a deployment task's row (atomically) and return it as read back."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from stepsim.base.files import write_parquet_atomic
+
+        path = self.work / f"part-{task.run_id[:32]}.parquet"
+        table = pa.Table.from_pylist([{"task_id": task.run_id, "deployment": _name(task.config), **row}],
+                                     schema=ROW_SCHEMA)
+        write_parquet_atomic(table, path)
+        return pq.read_table(path).to_pylist()[0]
+
+    def retire_others(self) -> int:
+        """Remove the rows of tasks this plan did not run or read (an earlier plan's, whose inputs changed)."""
+        removed = 0
+        for path in sorted(self.work.glob("part-*.parquet")):
+            if path.name not in self.written:
+                path.unlink()
+                removed += 1
+        return removed
+
+    def close(self, aborted: bool = False) -> None:
+        if self._owned:
+            if aborted:
+                self._executor.abort()
+            else:
+                self._executor.close()
+
+
+def _name(config: dict) -> str:
+    """A task's name in messages: its shape, or its deployment's label."""
+    if config["kind"] == "calibration":
+        return f"calibration of {config['hardware']} x{config['chips']}"
+    return _deployment(config["deployment"]).label()
+
+
+def _deployment(d: dict):
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    return Deployment(d["chips_per_replica"], d["replicas"], d["router"], SchedulerChoice(*d["scheduler"]),
+                      d["hardware"], tuple(d["disaggregate"]))
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([("task_id", pa.string()), ("deployment", pa.string()), ("error", pa.string()),
+                      ("search", pa.string()), ("replays", pa.int64()), ("replays_stopped", pa.int64()),
+                      ("replays_reused", pa.int64())])
+
+
+ROW_SCHEMA = _schema()

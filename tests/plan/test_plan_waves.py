@@ -1,0 +1,181 @@
+"""stepsim plan's tasks on the sweep runner's executors (stepsim/plan/waves.py, docs/plan.md §4 "Waves"): on the
+planning test case of test_plan.py (its small MoE model, 12 requests, 12 deployments up to 4 chips, the stored
+calibrations), two local worker processes and a Dask cluster write the bytes of the in-process plan; a plan stopped
+after some of its deployment tasks resumes and runs only the others, to the same files; a changed SLO or trace
+runs every task again; the command line takes --jobs and --executor dask."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from calibration_seeding import check_seed_used, seeded_cache
+from test_plan import REQUESTS, SLO, SMALL, SPACE
+
+import stepsim
+from stepsim.base.errors import ConfigError
+from stepsim.cli import main
+from stepsim.plan.waves import WORK_FOLDER, PlanTaskError
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    """The model, trace and keyword arguments of test_plan.py's case, and its plan made in this process."""
+    from stepsim.trace_io.requests import RequestTrace, write_requests
+
+    tmp = tmp_path_factory.mktemp("waves")
+    model = tmp / "small.json"
+    model.write_text(json.dumps(SMALL))
+    rng = np.random.default_rng(3)
+    trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
+                                        rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
+                           tmp / "t.parquet")
+    kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=seeded_cache(tmp / "cache"), verify=False)
+    here = stepsim.plan(str(model), trace, out=tmp / "here", **kw)
+    check_seed_used(tmp / "cache")
+    return str(model), trace, kw, here, tmp
+
+
+def _same_files(a, b):
+    """plan.json equal but for the wall time and the folder the commands name; deployments.parquet byte for byte."""
+    sa, sb = (json.loads((d / "plan.json").read_text()) for d in (a, b))
+    for s, d in ((sa, a), (sb, b)):
+        s.pop("wall_s")
+        s["commands"] = [c.replace(str(d), "OUT") for c in s["commands"]]
+    assert sa == sb
+    assert (a / "deployments.parquet").read_bytes() == (b / "deployments.parquet").read_bytes()
+    # the tasks' rows in the work folders: the same task ids, byte for byte
+    rows_a, rows_b = (sorted((d / WORK_FOLDER).glob("part-*.parquet")) for d in (a, b))
+    assert [p.name for p in rows_a] == [p.name for p in rows_b] and rows_a
+    assert [p.read_bytes() for p in rows_a] == [p.read_bytes() for p in rows_b]
+
+
+@pytest.mark.slow  # about 45 s at load 4: each worker process prices its replays' token counts afresh
+def test_two_local_workers_write_the_in_process_plan(case):
+    model, trace, kw, here, tmp = case
+    two = stepsim.plan(model, trace, out=tmp / "two", jobs=2, **kw)
+    assert (two.work["ran"], two.work["skipped"], two.work["executor"]) == (12, 0, "local, 2 workers")
+    assert (here.work["ran"], here.work["executor"]) == (12, "this process")
+    _same_files(tmp / "here", tmp / "two")
+    # every deployment has its row in the work folder: one task each, none pruned before its wave on this case
+    assert len(list((tmp / "two" / WORK_FOLDER).glob("part-*.parquet"))) == 12
+    print("wall in process", here.summary["wall_s"], "two workers", two.summary["wall_s"])
+
+
+def test_a_dask_cluster_writes_the_in_process_plan(case):
+    pytest.importorskip("distributed")
+    from stepsim.batch.dask_executor import DaskExecutor
+
+    model, trace, kw, _, tmp = case
+    # two worker threads of this process on the loopback interface (as tests/serve/test_serve_sweep.py makes one)
+    with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor:
+        dask = stepsim.plan(model, trace, out=tmp / "dask", executor=executor, **kw)
+        assert executor.client.status == "running"  # a given executor is the caller's: not closed
+    assert (dask.work["ran"], dask.work["executor"]) == (12, "dask (local cluster), 2 worker threads")
+    _same_files(tmp / "here", tmp / "dask")
+
+
+def test_an_interrupted_plan_resumes_with_the_unfinished_deployments(case, monkeypatch):
+    import stepsim.plan.waves as waves
+
+    model, trace, kw, here, tmp = case
+    real = waves.run_deployment
+    calls = []
+
+    def stop_after_five(config):
+        calls.append(config["deployment"])
+        if len(calls) > 5:
+            raise RuntimeError("interrupted")
+        return real(config)
+
+    monkeypatch.setattr(waves, "run_deployment", stop_after_five)
+    with pytest.raises(PlanTaskError, match=r"^plan task 1x2ch sn40l none orca seqs 8 failed: RuntimeError: "
+                                            r"interrupted\n"):
+        stepsim.plan(model, trace, out=tmp / "stopped", **kw)
+    assert not (tmp / "stopped" / "plan.json").exists()
+    # the one-chip wave (3 tasks) and 2 of the two-chip wave's 3 searched deployments have their rows
+    assert len(list((tmp / "stopped" / WORK_FOLDER).glob("part-*.parquet"))) == 5
+    monkeypatch.setattr(waves, "run_deployment", real)
+    again = stepsim.plan(model, trace, out=tmp / "stopped", **kw)
+    assert (again.work["ran"], again.work["skipped"]) == (7, 5)
+    _same_files(tmp / "here", tmp / "stopped")
+    # the same plan once more reads every row back and runs nothing
+    third = stepsim.plan(model, trace, out=tmp / "stopped", **kw)
+    assert (third.work["ran"], third.work["skipped"]) == (0, 12)
+    _same_files(tmp / "here", tmp / "stopped")
+
+
+def test_a_changed_slo_runs_every_task_again(case):
+    model, trace, kw, here, tmp = case
+    out = tmp / "slo"
+    stepsim.plan(model, trace, out=out, **kw)
+    before = sorted(p.name for p in (out / WORK_FOLDER).glob("part-*.parquet"))
+    changed = stepsim.plan(model, trace, out=out, **{**kw, "slo": "ttft=0.61ms,tpot=0.024ms"})
+    after = sorted(p.name for p in (out / WORK_FOLDER).glob("part-*.parquet"))
+    searched = sum(r["decided"] != "pruned" for r in changed.deployments)
+    assert changed.work["skipped"] == 0 and changed.work["ran"] == searched == len(after)
+    assert not set(before) & set(after)  # the earlier SLO's rows retired with the new plan
+
+
+def test_the_task_id_hashes_the_trace_the_slo_and_the_calibrations():
+    from stepsim.plan.evaluate import BaseTrace
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.plan.waves import deployment_config, task_id, trace_hash
+
+    base = BaseTrace(np.array([0.0, 0.001]), np.array([10, 20]), np.array([2, 3]))
+    moved = BaseTrace(np.array([0.0, 0.002]), np.array([10, 20]), np.array([2, 3]))
+    dep = Deployment(1, 1, "none", SchedulerChoice("vllm", 4, 256))
+    shape = {"sn40l x1": {"calibration": "abc"}}
+    kw = dict(cache="/c", trace_sha256=trace_hash(base), shapes=shape, search_slo={"ttft": 1e-3}, percentile=99.0,
+              prune=True, least_duration=0.0, beat=-1.0)
+    one = task_id({**deployment_config("m", dep, **kw), "work": "/w"})
+    assert task_id({**deployment_config("m", dep, **{**kw, "cache": "/d"}), "work": "/v"}) == one  # where files live
+    for change in ({"trace_sha256": trace_hash(moved)}, {"search_slo": {"ttft": 1.1e-3}}, {"percentile": 90.0},
+                   {"shapes": {"sn40l x1": {"calibration": "abd"}}}, {"beat": 5.0}):
+        assert task_id({**deployment_config("m", dep, **{**kw, **change}), "work": "/w"}) != one, change
+
+
+@pytest.mark.slow  # about 45 s at load 4: a fork server and a Dask cluster of two processes start, each pays as above
+def test_the_command_line_runs_the_tasks_on_two_workers_and_on_dask(case, tmp_path, capsys, monkeypatch):
+    model, trace, kw, _, tmp = case
+    monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(kw["calibration_cache"]))
+    (tmp_path / "s.toml").write_text("chips_per_replica = [1]\nreplicas = [1]\n"
+                                     "[[scheduler]]\npolicy = 'vllm'\nmax_seqs = [4]\nmax_batch_tokens = [256]\n")
+    argv = ["plan", "--model", model, "--requests", str(trace), "--slo", SLO, "--space", str(tmp_path / "s.toml"),
+            "--no-verify"]
+    outs = {}
+    for name, flags in (("here", []), ("two", ["--jobs", "2"]), ("dask", ["--executor", "dask"])):
+        assert main([*argv, *flags, "--out", str(tmp_path / name)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        outs[name] = lines
+        executor = {"here": "this process", "two": "local, 2 workers", "dask": "dask (local cluster), 2 worker processes"}
+        assert lines[-2] == (f"tasks       1 deployment search(es) run ({executor[name]}), 0 read back from "
+                             f"{tmp_path / name / WORK_FOLDER} (an earlier run of the same plan)")
+    # the same plan printed (but where it was written): its counts, recommendation and serve commands
+    printed = {name: [line.replace(str(tmp_path / name), "OUT") for line in lines[:-2]] for name, lines in outs.items()}
+    assert printed["two"] == printed["here"] == printed["dask"]
+    assert printed["here"][0] == "plan        1 deployments: 1 searched, 0 cut during their search, 0 pruned by a " \
+                                 "bound, 0 infeasible; 8 replays"
+    _same_files(tmp_path / "here", tmp_path / "two")
+    _same_files(tmp_path / "here", tmp_path / "dask")
+    table = pq.read_table(tmp_path / "dask" / "deployments.parquet").to_pylist()
+    assert [(r["deployment"], r["decided"], r["replays"]) for r in table] == [
+        ("1x1ch sn40l none vllm seqs 4 batch 256", "simulated", 8)]
+
+
+def test_jobs_and_executor_are_one_line_errors(tmp_path, capsys):
+    base = ["plan", "--model", "m.json", "--requests", "t.csv", "--slo", "ttft=1s", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--jobs", "2", "--executor", "dask"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "stepsim plan: error: argument --executor: not allowed with argument --jobs"
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--executor", "ray"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "stepsim plan: error: argument --executor: invalid choice: 'ray' (choose from 'dask')"
+    with pytest.raises(ConfigError, match=r"^--executor must be dask, got 'ray'$"):
+        stepsim.plan("m.json", "t.csv", slo="ttft=1s", executor="ray")
+    assert not (tmp_path / "o").exists()
