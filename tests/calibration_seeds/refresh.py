@@ -18,7 +18,8 @@ ROOT = HERE.parents[1]
 #: the test files that run fast mode on seeded caches
 SEEDED_TESTS = ("tests/serve/test_fast_accuracy.py", "tests/serve/test_fast_accuracy_models.py",
                 "tests/serve/test_fast_accuracy_mixtral.py", "tests/plan/test_plan_layer_list.py", "tests/plan/test_plan.py",
-                "tests/serve/test_layer_list_system.py")
+                "tests/serve/test_layer_list_system.py",
+                "tests/plan/test_plan_disaggregated.py")
 
 
 def main() -> int:

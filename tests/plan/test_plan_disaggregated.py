@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from calibration_seeding import check_seed_used, seeded_cache
 from test_plan import SLO, SMALL
 
 import stepsim
@@ -59,8 +60,11 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     trace = write_requests(RequestTrace("t", np.arange(12), np.sort(rng.uniform(0, 0.01, 12)),
                                         rng.integers(5, 400, 12), rng.integers(2, 30, 12)), tmp_path / "t.parquet")
     space = {**SPACE, "replicas": [1]}
-    plan = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space, calibration_cache=tmp_path / "cache",
-                        out=tmp_path / "out")
+    # every calibration it makes (the two shapes', each pool's, the verification's fresh ones of the recommended
+    # replica on its own requests) is stored (tests/calibration_seeding.py): keyed by everything that determines it
+    plan = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space,
+                        calibration_cache=seeded_cache(tmp_path / "cache"), out=tmp_path / "out")
+    check_seed_used(tmp_path / "cache")
     s = plan.summary
     assert [f["deployment"] for f in s["front"]] == ["1x1ch sn40l none vllm seqs 128 batch 256",
                                                      "1x2ch disagg 1:1 sn40l none vllm seqs 128 batch 256"]
