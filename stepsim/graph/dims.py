@@ -124,7 +124,8 @@ def ceil_div(d: Dim, s: int) -> Dim:
         # floor's evaluation asks sympy's assumption system about the sum (milliseconds per call); for a
         # non-negative integer symbol it leaves floor(d/s + (s-1)/s) as it is (or d for s = 1), so build that
         # tree directly, in sympy's canonical argument order (the number first), without the arithmetic that
-        # would canonicalize it (tests/graph check it is the same tree for s up to 1100)
+        # would canonicalize it (tests/graph/test_shape_rules.py checks it is the same tree for s to 130,
+        # the powers of two to 1,024 and every eighth prime to 1,100)
         if s == 1:
             return d
         inner = sp.Add(sp.Rational(s - 1, s), sp.Mul(sp.Rational(1, s), d, evaluate=False), evaluate=False)
