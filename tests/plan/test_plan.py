@@ -233,3 +233,12 @@ def test_a_shapes_provider_is_serves_own_fast_provider(plans):
     for column in ("first_token_s", "finish_s"):
         assert own.requests.column(column).to_pylist() == again.requests.column(column).to_pylist()
     assert own.summary["fidelity"]["schedule"] == "auto"
+
+
+def test_the_readmes_plan_example_model_is_this_small_model():
+    """The README's `stepsim plan` example plans examples/small-moe.json: this test's model (its schedules are in
+    tests/mapping_seeds, docs/plan.md §6), so the two cannot drift apart."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "small-moe.json"
+    assert json.loads(example.read_text()) == SMALL
