@@ -35,30 +35,6 @@ def tiny(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture(scope="module")
-def ffn24_schedule(tmp_path_factory) -> dict:
-    """The cache file of TINY's MoE block at 24 tokens (``{name: bytes}``), searched once for the module by the
-    command the tests run. The tests that only read that schedule (its JSON, ``--out`` and ``run --schedule``) start
-    from a cache holding it instead of each searching the same 96 candidates again (the output is the stored
-    schedule's either way); the search itself, its cache file and --no-cache are test_map_prints_...'s, which still
-    maps (twice) in an empty cache of its own."""
-    folder = tmp_path_factory.mktemp("ffn24")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(folder)
-        mp.setenv("STEPSIM_MAPPING_CACHE", str(folder / "cache"))
-        mp.setattr("stepsim.mapping.mapper._MEMO", {})
-        (folder / "tiny.json").write_text(json.dumps(TINY))
-        assert main(shlex.split("map ffn --model tiny.json --shape 24")) == 0
-    return {path.name: path.read_bytes() for path in (folder / "cache").glob("*.json")}
-
-
-def _with_ffn24(tiny, schedule: dict) -> None:
-    """Put the module's ffn@24 cache file into this test's own (empty) mapping cache."""
-    (tiny / "cache").mkdir()
-    for name, data in schedule.items():
-        (tiny / "cache" / name).write_bytes(data)
-
-
 def run(capsys, command: str):
     code = main(shlex.split(command))
     out, err = capsys.readouterr()
@@ -83,8 +59,8 @@ def test_map_prints_the_schedule_its_cycles_utilisation_units_and_search(tiny, c
     assert len(list((tiny / "cache").glob("*.json"))) == 1
 
 
-def test_map_json_holds_the_schedule_and_its_utilisation(tiny, capsys, ffn24_schedule):
-    _with_ffn24(tiny, ffn24_schedule)
+def test_map_json_holds_the_schedule_and_its_utilisation(tiny, capsys, ffn24_cache):
+    ffn24_cache(tiny)
     code, out, _ = run(capsys, "map ffn --model tiny.json --shape 24 --json")
     assert code == 0
     assert json.loads(out) == {"model": "tiny.json", "hardware": "sn40l", "shape": 24, **TINY_FFN_24,
@@ -96,8 +72,8 @@ def test_map_json_holds_the_schedule_and_its_utilisation(tiny, capsys, ffn24_sch
         (0, "decode", {"regions": 16}, 2469, {"simulated": 5, "pruned": 0, "infeasible": 0})
 
 
-def test_map_out_is_a_schedule_file_that_run_reproduces(tiny, capsys, ffn24_schedule):
-    _with_ffn24(tiny, ffn24_schedule)
+def test_map_out_is_a_schedule_file_that_run_reproduces(tiny, capsys, ffn24_cache):
+    ffn24_cache(tiny)
     code, _, _ = run(capsys, "map ffn --model tiny.json --shape 24 --out ffn24.json")
     assert code == 0
     assert read_schedules(tiny / "ffn24.json") == {"ffn": Schedule.from_dict(TINY_FFN_24)}
