@@ -59,7 +59,8 @@ def test_map_prints_the_schedule_its_cycles_utilisation_units_and_search(tiny, c
     assert len(list((tiny / "cache").glob("*.json"))) == 1
 
 
-def test_map_json_holds_the_schedule_and_its_utilisation(tiny, capsys):
+def test_map_json_holds_the_schedule_and_its_utilisation(tiny, capsys, ffn24_cache):
+    ffn24_cache(tiny)
     code, out, _ = run(capsys, "map ffn --model tiny.json --shape 24 --json")
     assert code == 0
     assert json.loads(out) == {"model": "tiny.json", "hardware": "sn40l", "shape": 24, **TINY_FFN_24,
@@ -71,7 +72,8 @@ def test_map_json_holds_the_schedule_and_its_utilisation(tiny, capsys):
         (0, "decode", {"regions": 16}, 2469, {"simulated": 5, "pruned": 0, "infeasible": 0})
 
 
-def test_map_out_is_a_schedule_file_that_run_reproduces(tiny, capsys):
+def test_map_out_is_a_schedule_file_that_run_reproduces(tiny, capsys, ffn24_cache):
+    ffn24_cache(tiny)
     code, _, _ = run(capsys, "map ffn --model tiny.json --shape 24 --out ffn24.json")
     assert code == 0
     assert read_schedules(tiny / "ffn24.json") == {"ffn": Schedule.from_dict(TINY_FFN_24)}

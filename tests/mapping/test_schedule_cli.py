@@ -104,7 +104,8 @@ def test_auto_maps_on_the_hardware_given(tiny, capsys):
         ("step-eval", 1533, TINY_FFN_24["knobs"])
 
 
-def test_a_mapped_decode_attention_and_functional_checks_of_mapped_layers(tiny, capsys):
+def test_a_mapped_decode_attention_and_functional_checks_of_mapped_layers(tiny, capsys, ffn24_cache):
+    ffn24_cache(tiny)  # the MoE run's schedule, searched once (conftest.py); the decode attention is mapped here
     attention = record(capsys, "run attention --hardware sn40l")  # the bundled batch of 16 requests
     assert (attention["cycles"], attention["regions"], schedule_of(attention)) == \
         (11_522, 16, {"source": "auto", "kind": "decode", "knobs": {"regions": 16}, "compute_units": 1040})
@@ -168,8 +169,10 @@ def test_a_bad_schedule_is_one_line_before_any_run(tiny, capsys, command, last_l
     assert "Traceback" not in err and not (tiny / "out").exists() and not (tiny / "cache").exists()
 
 
-def test_a_written_mapped_record_is_rebuilt_with_its_schedule_for_the_report(tiny, capsys):
+def test_a_written_mapped_record_is_rebuilt_with_its_schedule_for_the_report(tiny, capsys, ffn24_cache):
     import pyarrow.parquet as pq
+
+    ffn24_cache(tiny)  # the run's schedule, searched once (conftest.py)
 
     from stepsim.insight.report import rebuild
 

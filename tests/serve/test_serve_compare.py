@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from serve_requests import requests_file
@@ -20,13 +21,42 @@ VLLM = LABEL.format(policy="vllm", budget="max_num_batched_tokens=2048 ", chunk=
 ORCA = LABEL.format(policy="orca", budget="", chunk=0)
 
 
+ARRIVALS, PROMPTS, OUTPUTS = [0.0, 0.01, 0.02, 0.5], [100, 20, 300, 50], [5, 3, 8, 2]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``served(step seconds, scheduler)``: ``(result, folder)`` of a serve run of the 4 requests, made once for the
+    module. The tests below hold about 30 runs of 5 distinct configurations (0.7 CPU s each, two figures
+    included); a run is deterministic, so each test gets a copy of its configuration's folder instead of a new
+    run of the same inputs (the gate reads only the folders)."""
+    folder = tmp_path_factory.mktemp("served")
+    trace = requests_file(folder / "t.parquet", ARRIVALS, PROMPTS, OUTPUTS)
+    made = {}
+
+    def get(step: float, scheduler: str):
+        if (step, scheduler) not in made:
+            out = folder / f"{scheduler}-{len(made)}"
+            made[step, scheduler] = stepsim.serve(MODEL, trace, iteration_latency=step, scheduler=scheduler,
+                                                  out=out), out
+        return made[step, scheduler]
+    return get
+
+
 @pytest.fixture
-def runs(tmp_path):
-    """``run(folder, step seconds, scheduler)``: a serve run of the same 4 requests into ``tmp_path/folder``."""
-    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.01, 0.02, 0.5], [100, 20, 300, 50], [5, 3, 8, 2])
+def runs(tmp_path, served):
+    """``run(folder, step seconds, scheduler)``: a serve run of the same 4 requests into ``tmp_path/folder`` (the
+    module's run of that configuration, copied; an earlier folder of that name replaced, as a new run would), and
+    the requests file in ``tmp_path`` (byte for byte the one the runs read: its hash is in their records)."""
+    requests_file(tmp_path / "t.parquet", ARRIVALS, PROMPTS, OUTPUTS)
 
     def run(folder, step=T, scheduler="vllm"):
-        return stepsim.serve(MODEL, trace, iteration_latency=step, scheduler=scheduler, out=tmp_path / folder)
+        result, made = served(step, scheduler)
+        target = tmp_path / folder
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(made, target)
+        return result
     return run
 
 

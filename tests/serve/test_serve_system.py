@@ -290,7 +290,20 @@ def _window(tmp_path):
                          rng.integers(2, 16, 12))
 
 
-def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_path):
+@pytest.fixture(scope="module")
+def ring2_fast(tmp_path_factory):
+    """The fast run of the small MoE model on ring-2 step-eval chips over :func:`_window`, calibrated into a cache of
+    its own: ``(result, {calibration file name: bytes})``. Made once for the module: the held-out test reads the
+    run, the calibration-key test starts from its cache file (its first run was this same run calibrating anew)."""
+    folder = tmp_path_factory.mktemp("ring2")
+    model = folder / "small.json"
+    model.write_text(json.dumps(SMALL_MOE))
+    fast = stepsim.serve(str(model), _window(folder), fidelity="fast", schedule="paper", system="ring-2",
+                         hardware="step-eval", calibration_cache=folder / "c")
+    return fast, {path.name: path.read_bytes() for path in (folder / "c").iterdir()}
+
+
+def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_path, ring2_fast):
     """The fast model calibrated on SystemEngineLatency's exact pieces (sharded MoE blocks, one KV head a chip),
     with the per-chip FFN regressors (stepsim.serve.fast.chip_features), the all-reduces and weights priced
     exactly: the run's total cycles are within the held-out error it reports of the exact run's on the same
@@ -300,8 +313,7 @@ def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_
     (stepsim.serve.routing), not the exact run's token sequence, and whether a 1-token decode step's experts sit
     on the remote chip moves that step's FFN by 2 x 500 link cycles a layer."""
     trace = _window(tmp_path)
-    fast = stepsim.serve(str(small_moe), trace, fidelity="fast", schedule="paper", system="ring-2", hardware="step-eval",
-                         calibration_cache=tmp_path / "c")
+    fast = ring2_fast[0]  # this fast run (the same model and requests), calibrated in a cache of its own
     exact = stepsim.serve(str(small_moe), trace, fidelity="exact", schedule="paper", system="ring-2", hardware="step-eval")
     f = fast.summary["fidelity"]
     assert (f["mode"], f["system"], f["chips"]) == ("fast", "ring-2", 2)
@@ -321,10 +333,13 @@ def test_fast_on_two_chips_is_within_its_held_out_error_of_exact(small_moe, tmp_
     assert it["cycles_weights"] == ex["cycles_weights"]
 
 
-def test_the_fast_calibration_key_holds_the_system(small_moe, tmp_path):
+def test_the_fast_calibration_key_holds_the_system(small_moe, tmp_path, ring2_fast):
     """Same system under another name: the cached calibration is reused; another link latency: a new one."""
     trace = _window(tmp_path)
     cache = tmp_path / "c"
+    cache.mkdir()  # holding the calibration of ring-2 that run ``a`` would make (ring2_fast: the same run, made once)
+    for name, data in ring2_fast[1].items():
+        (cache / name).write_bytes(data)
     same = tmp_path / "same.toml"
     same.write_text('chips = 2\nhardware = "step-eval"\ntopology = "ring"\nlink_bandwidth = 64\nlink_latency = 500\n')
     slower = tmp_path / "slower.toml"
