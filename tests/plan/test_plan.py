@@ -40,17 +40,24 @@ SLO = "ttft=0.6ms,tpot=0.024ms"
 REQUESTS = 12
 
 
-@pytest.fixture(scope="module")
-def plans(tmp_path_factory):
+def write_case(folder, model: dict = SMALL, name: str = "small.json"):
+    """``(model file, trace file)`` of the plan tests' case in ``folder``: ``model`` as JSON and :data:`REQUESTS`
+    requests drawn with seed 3 (arrivals within 10 ms, prompts of 5-399 tokens, 2-29 outputs)."""
     from stepsim.trace_io.requests import RequestTrace, write_requests
 
-    tmp = tmp_path_factory.mktemp("plan")
-    model = tmp / "small.json"
-    model.write_text(json.dumps(SMALL))
+    path = folder / name
+    path.write_text(json.dumps(model))
     rng = np.random.default_rng(3)
     trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
                                         rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
-                           tmp / "t.parquet")
+                           folder / "t.parquet")
+    return path, trace
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plan")
+    model, trace = write_case(tmp)
     # the two replica shapes' calibrations are stored (tests/calibration_seeding.py, keyed by everything that
     # determines them; refreshed by tests/calibration_seeds/refresh.py); the brute force reads the same ones
     kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=seeded_cache(tmp / "cache"))

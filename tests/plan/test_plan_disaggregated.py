@@ -6,13 +6,10 @@ it with fresh calibrations."""
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from calibration_seeding import check_seed_used, seeded_cache
-from test_plan import SLO, SMALL
+from test_plan import SLO, write_case
 
 import stepsim
 from stepsim.base.errors import ConfigError
@@ -52,13 +49,7 @@ def test_bad_splits_are_one_line(value, message):
 
 
 def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_path):
-    from stepsim.trace_io.requests import RequestTrace, write_requests
-
-    model = tmp_path / "small.json"
-    model.write_text(json.dumps(SMALL))
-    rng = np.random.default_rng(3)
-    trace = write_requests(RequestTrace("t", np.arange(12), np.sort(rng.uniform(0, 0.01, 12)),
-                                        rng.integers(5, 400, 12), rng.integers(2, 30, 12)), tmp_path / "t.parquet")
+    model, trace = write_case(tmp_path)
     space = {**SPACE, "replicas": [1]}
     # every calibration it makes (the two shapes', each pool's, the verification's fresh ones of the recommended
     # replica on its own requests) is stored (tests/calibration_seeding.py): keyed by everything that determines it

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from calibration_seeding import check_seed_used, seeded_cache
-from test_plan import REQUESTS, SLO, SMALL, SPACE
+from test_plan import SLO, SPACE, write_case
 
 import stepsim
 from stepsim.base.errors import ConfigError
@@ -23,15 +23,8 @@ from stepsim.plan.waves import WORK_FOLDER, PlanTaskError
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
     """The model, trace and keyword arguments of test_plan.py's case, and its plan made in this process."""
-    from stepsim.trace_io.requests import RequestTrace, write_requests
-
     tmp = tmp_path_factory.mktemp("waves")
-    model = tmp / "small.json"
-    model.write_text(json.dumps(SMALL))
-    rng = np.random.default_rng(3)
-    trace = write_requests(RequestTrace("t", np.arange(REQUESTS), np.sort(rng.uniform(0, 0.01, REQUESTS)),
-                                        rng.integers(5, 400, REQUESTS), rng.integers(2, 30, REQUESTS)),
-                           tmp / "t.parquet")
+    model, trace = write_case(tmp)
     kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=seeded_cache(tmp / "cache"), verify=False)
     here = stepsim.plan(str(model), trace, out=tmp / "here", **kw)
     check_seed_used(tmp / "cache")
