@@ -25,6 +25,19 @@ def small(tmp_path):
     return str(tmp_path / "small.json"), trace
 
 
+@pytest.fixture(scope="module")
+def one_job(tmp_path_factory):
+    """``(model, trace, result, folder)``: the small model's exact run of :func:`small`'s 4 requests in this process
+    (one job), made once for the module: the reference both the thread-worker and the running-scheduler tests
+    compare their Dask runs of the same model and requests with (each made it again before)."""
+    folder = tmp_path_factory.mktemp("one_job")
+    (folder / "small.json").write_text(json.dumps(SMALL))
+    trace = requests_file(folder / "t.parquet", [0.0, 0.0005, 0.001, 0.02], [40, 300, 7, 90], [6, 3, 9, 4])
+    model = str(folder / "small.json")
+    one = stepsim.serve(model, trace, fidelity="exact", schedule="paper", out=folder / "one")
+    return model, trace, one, folder / "one"
+
+
 def _same_run(a, b) -> None:
     for name in FILES:
         assert (a / name).read_bytes() == (b / name).read_bytes()
@@ -33,17 +46,16 @@ def _same_run(a, b) -> None:
     assert sa == sb
 
 
-def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(small, tmp_path):
+def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(one_job, tmp_path):
     from stepsim.batch.dask_executor import DaskExecutor
 
-    model, trace = small
-    one = stepsim.serve(model, trace, fidelity="exact", schedule="paper", out=tmp_path / "one")
+    model, trace, one, one_folder = one_job
     # two threads of this process on the loopback interface (each thread keeps its own templates)
     with DaskExecutor(jobs=2, warm_kernels=True, processes=False) as executor, \
             get_task_stream(client=executor.client) as stream:
         dask = stepsim.serve(model, trace, fidelity="exact", schedule="paper", executor=executor, out=tmp_path / "dask")
         assert executor.client.status == "running"  # a given executor is the caller's: not closed
-    _same_run(tmp_path / "one", tmp_path / "dask")
+    _same_run(one_folder, tmp_path / "dask")
     it = one.iterations
     # per step: decode and prefill attention (when present) and both layers' FFN, every one on the engine
     pieces = 4 * it.num_rows - it["prefill_tokens"].to_pylist().count(0) - it["decode_tokens"].to_pylist().count(0)
@@ -73,17 +85,16 @@ def test_bad_executor_settings_are_one_line(small, kw, message):
     assert str(e.value) == message
 
 
-def test_address_connects_to_a_running_scheduler(small, tmp_path):
+def test_address_connects_to_a_running_scheduler(one_job, tmp_path):
     from distributed import LocalCluster
 
-    model, trace = small
-    stepsim.serve(model, trace, fidelity="exact", schedule="paper", out=tmp_path / "one")
+    model, trace, _, one_folder = one_job
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp://",
                       dashboard_address=None) as cluster:
         stepsim.serve(model, trace, fidelity="exact", schedule="paper", executor="dask", address=cluster.scheduler_address,
                       out=tmp_path / "remote")
         assert len(cluster.scheduler.workers) == 1  # the cluster is the caller's: still up
-    _same_run(tmp_path / "one", tmp_path / "remote")
+    _same_run(one_folder, tmp_path / "remote")
 
 
 def test_fast_calibrates_on_dask_to_the_bytes_of_one_job(small, tmp_path):
