@@ -22,7 +22,6 @@ let each deployment cut the next of equal chips; it stays sound (the bounds only
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 import time
@@ -104,12 +103,11 @@ def code_hash() -> str:
     global _CODE
     if _CODE is None:
         import stepsim
+        from stepsim.base.files import file_sha256, stable_hash
 
         root = Path(stepsim.__file__).parent
-        h = hashlib.sha256()
-        for path in sorted([*root.joinpath("plan").glob("*.py"), *root.joinpath("serve").glob("*.py")]):
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-        _CODE = h.hexdigest()
+        paths = sorted([*root.joinpath("plan").glob("*.py"), *root.joinpath("serve").glob("*.py")])
+        _CODE = stable_hash([[str(p.relative_to(root)), file_sha256(p)] for p in paths])
     return _CODE
 
 
@@ -118,19 +116,18 @@ _CODE = None
 
 def task_id(config: dict) -> str:
     """The hash of everything that decides a task's row (its config but where files live)."""
-    from stepsim.base.files import canonical_json
+    from stepsim.base.files import stable_hash
 
-    kept = {k: v for k, v in config.items() if k not in ("cache", "reference", "work")}
-    return hashlib.sha256(canonical_json(kept).encode()).hexdigest()
+    return stable_hash({k: v for k, v in config.items() if k not in ("cache", "reference", "work")})
 
 
 def trace_hash(base) -> str:
     """sha256 of the shaped requests (arrivals, prompts, outputs): a task reads them from the work folder's file
     and checks this."""
-    h = hashlib.sha256()
-    for a in (base.arrival.astype(np.float64), base.prompt.astype(np.int64), base.output.astype(np.int64)):
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
+    from stepsim.base.files import arrays_sha256
+
+    return arrays_sha256({"arrival": base.arrival.astype(np.float64), "prompt": base.prompt.astype(np.int64),
+                          "output": base.output.astype(np.int64)})
 
 
 def read_base(path: Path, expected_sha256: str):
