@@ -98,29 +98,26 @@ SERVING_HARDWARE = ("sn40l",)
 
 def check_schedule(schedule, fidelity, system) -> None:
     """``--schedule``: a known value (None: :func:`default_schedule`); ``auto`` prices layers on the engine
-    (``--fidelity exact|fast``); on a system, a dense model's tensor-parallel layers in exact mode
-    (:func:`stepsim.serve.system.check_exact_system`)."""
+    (``--fidelity exact|fast``); on a system, a dense model's tensor-parallel layers
+    (:func:`stepsim.serve.system.system_engine_latency` refuses an MoE model's expert-parallel block)."""
     if schedule is None:
         return
     if schedule not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if schedule == "auto" and fidelity not in FIDELITIES:
         raise ConfigError("--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast")
-    if schedule == "auto" and fidelity == "fast" and system is not None:
-        raise ConfigError("--schedule auto with --system and --fidelity fast: the fast model is not calibrated on "
-                          "mapped tensor-parallel layers yet; use --fidelity exact or --schedule paper")
 
 
 def default_schedule(hardware: Hardware, system, model, fidelity) -> str:
     """The schedule of a serve run that gives none: ``auto`` on serving hardware (:data:`SERVING_HARDWARE`, a preset
-    with overrides too) with ``--fidelity exact`` or ``fast`` on one chip, and with ``--fidelity exact`` on a system
-    of a dense model (its tensor-parallel layers are mapped); ``paper`` otherwise (the paper's chips, a system's
-    expert-parallel MoE block and fast mode on a system are not mapped; without a fidelity no layer is built)."""
+    with overrides too) with ``--fidelity exact`` or ``fast`` on one chip and on a system of a dense model (its
+    tensor-parallel layers are mapped); ``paper`` otherwise (the paper's chips and a system's expert-parallel MoE
+    block are not mapped; without a fidelity no layer is built)."""
     from stepsim.base.hardware import OVERRIDE_MARK
 
     if fidelity is None or hardware.name.split(OVERRIDE_MARK, 1)[0] not in SERVING_HARDWARE:
         return "paper"
-    if system is not None and (model.is_moe or fidelity == "fast"):
+    if system is not None and model.is_moe:
         return "paper"
     return "auto"
 
@@ -328,10 +325,11 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
             built["forms"] = forms_of(engine.spec)
         forms = forms or built["forms"]
         if system is not None:
-            from stepsim.serve.system_fast import SystemFastLatency
+            from stepsim.serve.system_fast import MappedSystemFastLatency, SystemFastLatency
 
-            return SystemFastLatency(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
-                                     jobs=jobs, forms=forms, theta=theta, error=error)
+            system_provider = MappedSystemFastLatency if schedule == "auto" else SystemFastLatency
+            return system_provider(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
+                                   jobs=jobs, forms=forms, theta=theta, error=error)
         provider = FastLatency
         if schedule == "auto":  # mapped layers: the bucket's schedule in every regressor
             from stepsim.serve.fast_mapped import MappedFastLatency as provider

@@ -46,7 +46,6 @@ schedule the mapper chose for the piece's bucket (:mod:`stepsim.serve.fast_mappe
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -189,13 +188,11 @@ def metric_forms(kind: str, spec: LayerSpec) -> MetricForm:
 
 
 def forms_of(spec: LayerSpec) -> dict:
-    """The metric forms of ``spec``'s pieces (:func:`metric_forms`): every kind's, but a mapped FFN's
-    (``schedule="auto"``: its regressors are the mapper's bucket estimates, :mod:`stepsim.serve.fast_mapped`)."""
-    # a mapped prefill attention's regressors are the paper's features of every KV head's chunks, bounded by the
-    # paper graph's forms (a mapped one's regions each read the mask: not linear in the features)
-    paper = dataclasses.replace(spec, schedule="paper")
-    return {kind: metric_forms(kind, paper if kind == "prefill" else spec) for kind in KINDS
-            if not (kind == "ffn" and spec.schedule == "auto")}
+    """The metric forms of ``spec``'s pieces (:func:`metric_forms`): every kind's on the paper's schedules; on mapped
+    layers (``schedule="auto"``) the decode attention's only (the FFN's and the prefill attention's regressors are
+    the mapper's bucket estimates and the regions' loads, :mod:`stepsim.serve.fast_mapped`, no metric forms)."""
+    kinds = ("decode",) if spec.schedule == "auto" else KINDS
+    return {kind: metric_forms(kind, spec) for kind in kinds}
 
 
 def regressors(kind: str, data, form: MetricForm, spec: LayerSpec) -> np.ndarray:

@@ -207,7 +207,8 @@ def prefill_regressors(cached, chunk, spec: LayerSpec) -> np.ndarray:
 
 def regressors(kind: str, data, form, spec: LayerSpec) -> np.ndarray:
     """The regressors of a mapped piece (``kind`` ``decode``, ``prefill`` or ``ffn``), as
-    :func:`stepsim.serve.fast.regressors` gives a paper-schedule piece's."""
+    :func:`stepsim.serve.fast.regressors` gives a paper-schedule piece's (``form``: the decode attention's metric
+    form; None for the other kinds, which have none)."""
     if kind == "ffn":
         return ffn_regressors(np.asarray(data)[:, None, :], spec)[0]
     if kind == "prefill":
@@ -230,11 +231,11 @@ class MappedFastLatency(FastLatency):
         new = np.fromiter(batch.new_tokens, dtype=np.int64, count=len(batch.new_tokens))
         decode = None
         if (new == 1).any():
-            decode = decode_regressors(np.tile(context[new == 1], self.model.kv_heads), self.forms["decode"],
+            decode = decode_regressors(np.tile(context[new == 1], self.spec.model.kv_heads), self.forms["decode"],
                                        self.spec)
         prefill = None
         if (new != 1).any():  # every KV head's chunks in one attention (module docstring)
-            heads = self.model.kv_heads
+            heads = self.spec.model.kv_heads
             prefill = prefill_regressors(np.tile(context[new != 1], heads), np.tile(new[new != 1], heads), self.spec)
         return decode, prefill
 
@@ -307,8 +308,9 @@ class MappedFastLatency(FastLatency):
         if decode is not None:
             context = np.fromiter(batch.context_tokens, dtype=np.int64, count=len(batch.new_tokens))
             new = np.fromiter(batch.new_tokens, dtype=np.int64, count=len(batch.new_tokens))
-            requests = int((new == 1).sum()) * self.model.kv_heads
-            on_chip = schedule_for("decode", requests, layer_dims("decode", self.model), self.hardware).on_chip_bytes
+            requests = int((new == 1).sum()) * self.spec.model.kv_heads  # the heads of the layer one chip runs
+            on_chip = schedule_for("decode", requests, layer_dims("decode", self.spec.model),
+                                   self.hardware).on_chip_bytes
             decoded = (int(predict(decode, theta.get("decode"), "decode")), context[new == 1], on_chip)
         prefilled = None
         if prefill is not None:

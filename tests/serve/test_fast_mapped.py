@@ -194,18 +194,18 @@ def test_auto_is_the_default_on_serving_hardware_only():
            for fidelity in ("exact", "fast", None) for s in (None, system)}
     auto = {k for k, v in got.items() if v == "auto"}
     assert set(got.values()) == {"auto", "paper"}
-    # one chip of sn40l (overrides too), exact or fast; a system of it for a dense model in exact mode
+    # one chip of sn40l (overrides too), exact or fast; a system of it for a dense model, exact or fast
     assert auto == {(hw, model, fidelity, False) for hw in (sn40l.name, tweaked.name)
                     for model in (moe.name, dense.name) for fidelity in ("exact", "fast")} | \
-        {(hw, dense.name, "exact", True) for hw in (sn40l.name, tweaked.name)}
+        {(hw, dense.name, fidelity, True) for hw in (sn40l.name, tweaked.name) for fidelity in ("exact", "fast")}
 
 
 def test_auto_where_it_is_not_built_is_one_line(tmp_path):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
-    with pytest.raises(ConfigError) as e:
-        stepsim.serve("llama-3.1-8b", trace, fidelity="fast", schedule="auto", system="sn40l-8")
-    assert str(e.value) == ("--schedule auto with --system and --fidelity fast: the fast model is not calibrated on "
-                            "mapped tensor-parallel layers yet; use --fidelity exact or --schedule paper")
+    with pytest.raises(ConfigError) as e:  # an MoE model's expert-parallel block on a system is not mapped
+        stepsim.serve("mixtral-8x7b", trace, fidelity="fast", schedule="auto", system="sn40l-8")
+    assert str(e.value) == ("--schedule auto with --system: the expert-parallel MoE block of 'mixtral-8x7b' keeps the "
+                            "paper's schedule (a dense model's tensor-parallel layers are mapped); use --schedule paper")
     with pytest.raises(ConfigError) as e:
         stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01, schedule="auto")
     assert str(e.value) == "--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast"
