@@ -25,6 +25,8 @@ import numpy as np
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.row_sum import EXACT, _dot
 
+#: the mapped prefill attention's regressors (:func:`stepsim.serve.fast_mapped.prefill_regressors`, the estimate last)
+PREFILL_COLUMNS = 9
 #: entries of the mapped pricing's integers ``pm`` (int64)
 (M_LAYERS, M_KV_HEADS, M_HEADS, M_MOE, M_EXPERTS, M_TILE_SHIFT, M_FEW, M_HBM_PEAK, M_CAPACITY, M_PEAK_FLOPS,
  M_COMPUTE_BW, M_PER_EXPERT, M_SHARED_W, M_FFN_FLOPS, M_ROW_BYTES, M_EMBEDDING_BYTES, M_W_QKV, M_W_O, M_W_ROUTER,
@@ -276,18 +278,27 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                     loads[j % r] += g + 1
                     j += 1
         most = 0
+        cached = 0.0  # 1.0 when a prefill chunk has cached tokens
+        for i in range(m):
+            if new[i] != 1 and ctx[i] > 0:
+                cached = 1.0
         for j in range(r):
             most = max(most, loads[j])
         c = buckets_f[BF_PREFILL_CYCLES, pb]
         by_kv = c * np.float64(pre_kv * heads) / np.float64(buckets_i[B_PREFILL_REP_KV, pb])
         by_region = c * np.float64(most) / np.float64(buckets_i[B_PREFILL_REP_LOAD, pb])
+        estimate = by_region if by_region > by_kv else by_kv  # Python's max(by_kv, by_region)
         xp = x[1]
         xp[0] = 1.0
         xp[1] = np.float64(pre_q * heads)
         xp[2] = np.float64(pre_kv * heads)
         xp[3] = np.float64(most)
-        xp[4] = by_region if by_region > by_kv else by_kv  # Python's max(by_kv, by_region)
-        v = _predict(xp, theta[1], pm[M_THETA_LENGTH + 1], 5, 4, scratch)
+        xp[4] = cached
+        xp[5] = cached * xp[2]
+        xp[6] = cached * xp[3]
+        xp[7] = cached * estimate
+        xp[8] = estimate
+        v = _predict(xp, theta[1], pm[M_THETA_LENGTH + 1], PREFILL_COLUMNS, PREFILL_COLUMNS - 1, scratch)
         if v < 0.0:
             return UNSUPPORTED
         pre_cycles = np.int64(v)

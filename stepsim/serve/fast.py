@@ -343,6 +343,9 @@ class FastLatency(EngineLatency):
 
     mode = "fast"
 
+    #: whether the calibration samples prefill steps by their chunks' cached context too (:class:`Reservoir`)
+    cached_prefill_samples = False
+
     def __init__(self, *args, forms: dict, theta: dict | None = None, error: dict | None = None, **kw):
         super().__init__(*args, **kw)
         self.forms, self.theta, self.error = forms, theta, error
@@ -466,10 +469,15 @@ class Reservoir:
     sequences, then 9-15, 16-31, ...; a seeded reservoir of their own): fitted, never held out (:attr:`extra`). A uniform sample of a run whose
     decode steps mostly have one sequence may hold no other kind, and a fit on it extrapolates along the
     directions it never saw (how the decode attention's regions share requests); the held-out error stays a
-    uniform sample's."""
+    uniform sample's. With ``cached_prefill`` (mapped layers) also :data:`BUCKET_ITERATIONS` steps per bucket of
+    the largest cached context of their prefill chunks (a chunk after the first of a long prompt: 1, 2-3, 4-7, ...
+    tokens cached), for the same reason: on requests 200-399 of the conversation trace the uniform sample held none,
+    and the mapped prefill's fit priced a 2,035-token chunk after 2,048 cached tokens 32 % under the engine
+    (:func:`stepsim.serve.fast_mapped.prefill_regressors`)."""
 
-    def __init__(self, size: int, seed: int):
+    def __init__(self, size: int, seed: int, cached_prefill: bool = False):
         self.size = size
+        self.cached_prefill = cached_prefill
         self.strata = {"prefill": [], "decode": []}
         self.seen = {"prefill": 0, "decode": 0}
         self.buckets: dict[int, list] = {}
@@ -477,6 +485,7 @@ class Reservoir:
         self.steps = 0
         self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA1]))
         self._bucket_rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA2]))
+        self._cached_rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA3]))
 
     @staticmethod
     def _offer(items: list, seen: int, size: int, rng, make: Callable[[], tuple]) -> None:
@@ -501,6 +510,13 @@ class Reservoir:
             return made[0]
 
         self._offer(self.strata[stratum], self.seen[stratum], self.size, self._rng, make)
+        if prefill_step and self.cached_prefill:
+            cached = max((c for c, n in zip(batch.context_tokens, batch.new_tokens) if n != 1), default=0)
+            if cached:  # keys below 0: apart from the decode buckets'
+                bucket = -int(cached).bit_length()
+                self.bucket_seen[bucket] = self.bucket_seen.get(bucket, 0) + 1
+                self._offer(self.buckets.setdefault(bucket, []), self.bucket_seen[bucket], BUCKET_ITERATIONS,
+                            self._cached_rng, make)
         if not prefill_step:
             n = len(batch.new_tokens)  # = the FFN's tokens: one per decoding sequence
             bucket = n if n <= FEW_TOKENS else FEW_TOKENS + n.bit_length()  # each few_tokens() count has its own
@@ -601,7 +617,7 @@ def calibrated(make: Callable, pilot: Callable, seed: int) -> tuple[FastLatency,
         return round(clock[-1] - clock[-2], 3)
 
     first = make(None)
-    first.recorder = Reservoir(FIRST_PASS_ITERATIONS, seed)
+    first.recorder = Reservoir(FIRST_PASS_ITERATIONS, seed, first.cached_prefill_samples)
     try:
         pilot(first)
         laps = [lap()]
@@ -610,7 +626,7 @@ def calibrated(make: Callable, pilot: Callable, seed: int) -> tuple[FastLatency,
     finally:
         first.close()
     second = make(theta)
-    second.recorder = Reservoir(SAMPLED_ITERATIONS, seed)
+    second.recorder = Reservoir(SAMPLED_ITERATIONS, seed, second.cached_prefill_samples)
     try:
         pilot(second)
         laps.append(lap())

@@ -24,8 +24,9 @@ knows each piece's bucket and computes its features with that bucket's schedule:
   piece's metric forms (a mapped decode attention's metrics are linear in the same features as the paper's,
   :func:`stepsim.serve.fast.metric_forms` checks it).
 * ``prefill``: the KV heads' chunks as requests of one attention (as the exact provider builds it), ``[1, query
-  tiles, KV tiles, the busiest region's KV tiles, the estimate]`` with the bucket's regions as the builder deals
-  them (:func:`prefill_regressors`), priced once for every KV head.
+  tiles, KV tiles, the busiest region's KV tiles, c, c x KV tiles, c x the busiest region's, c x the estimate, the
+  estimate]`` (``c`` 1 when a chunk has cached tokens, else 0) with the bucket's regions as the builder deals them (:func:`prefill_regressors`),
+  priced once for every KV head.
 
 The same functions make a calibration sample's regressors and a step's (:class:`MappedFastLatency`), so they are
 equal float for float.
@@ -183,10 +184,12 @@ def prefill_load(group: np.ndarray, knob: int) -> int:
 
 def prefill_regressors(cached, chunk, spec: LayerSpec) -> np.ndarray:
     """The mapped prefill attention's regressors of ``(cached, chunk)`` (every KV head's requests, as the exact
-    provider builds them): ``[1, query tiles, KV tiles, the busiest region's KV tiles, the estimate]``. The
-    estimate is the bucket's mapper cycles scaled by the larger of two ratios to its representative data's
-    (:func:`prefill_reference`): every region's KV tiles (many regions share the HBM) and the busiest region's
-    (few regions: each reads its tiles in turn); the first calibration pass prices a piece at it.
+    provider builds them): ``[1, query tiles, KV tiles, the busiest region's KV tiles, c, c x KV tiles, c x the
+    busiest region's, c x the estimate, the estimate]`` with ``c`` 1 when a chunk has cached tokens, else 0
+    (:data:`stepsim.kernels.serve_mapped.PREFILL_COLUMNS`). The estimate is the bucket's mapper cycles scaled by
+    the larger of two ratios to its representative data's (:func:`prefill_reference`): every region's KV tiles
+    (many regions share the HBM) and the busiest region's (few regions: each reads its tiles in turn); the first
+    calibration pass prices a piece at it.
 
     Why these: a region reads its KV tiles in turn at about 1,130-1,180 cycles each, so the busiest region's tiles
     carry the cost, and which region gets which tiles follows the builder's dealing (``min(knob, query tiles)``
@@ -195,14 +198,25 @@ def prefill_regressors(cached, chunk, spec: LayerSpec) -> np.ndarray:
     regions, 654,057 cycles a layer where 1,024 tokens took 51,127). The paper regressors (requests, tiles and their
     metric forms' bounds) cannot see the regions: with them fast priced that prompt at 88,486 cycles and TTFT p99
     came out -66.9 % against exact; with the estimate alone as a column the held-out prefill pieces of requests
-    200-399 erred by 13-43 %, with these by at most 2.9 % (docs/serving.md §10.8; measured on the gcd dealing)."""
+    200-399 erred by 13-43 %, with these by at most 2.9 % (docs/serving.md §10.8; measured on the gcd dealing).
+
+    Why ``c``: a chunk after cached tokens (a long prompt's second chunk) is another regime. Nothing cached, the
+    busiest region's tiles and the KV tiles grow together, and a fit of those pieces alone put its weight on the
+    busiest region; with a cache every region reads many more tiles and the HBM's random K / V reads bound the
+    layer (18-26 cycles a KV tile where the busiest region's 1,160 a tile would give less). On the 4-layer Qwen3
+    shape (4 KV heads, sn40l) 2,035 new tokens after 2,048 cached take 531,226 cycles where that fit said 360,363
+    (-32 %), 1,000 after 2,048 257,344 against 142,813 (-45 %); the uniform calibration sample of requests 200-399 had
+    no cached chunk. Its own columns give a cached chunk its own offset and slopes, fitted on the steps
+    :class:`stepsim.serve.fast.Reservoir` samples by their cached context, and leave the rest's fit as it was."""
     from stepsim.workloads.prefill_attention.build import query_tiles
 
     _, group = query_tiles(np.asarray(cached), np.asarray(chunk), KV_TILE)
     cycles, knob, rep_load, rep_kv = prefill_reference(KV_TILE * len(group) // spec.model.kv_heads, spec)
     kv, load = int((group + 1).sum()), prefill_load(group, knob)
     by_kv, by_region = cycles * float(kv) / float(rep_kv), cycles * float(load) / float(rep_load)
-    return np.array([1.0, float(len(group)), float(kv), float(load), max(by_kv, by_region)])
+    estimate = max(by_kv, by_region)
+    c = 1.0 if (np.asarray(cached) > 0).any() else 0.0
+    return np.array([1.0, float(len(group)), float(kv), float(load), c, c * kv, c * load, c * estimate, estimate])
 
 
 def regressors(kind: str, data, form, spec: LayerSpec) -> np.ndarray:
@@ -220,6 +234,8 @@ class MappedFastLatency(FastLatency):
     """:class:`~stepsim.serve.fast.FastLatency` on mapped layers (``schedule="auto"``): the decode attention and
     FFN regressors of :func:`decode_regressors` and :func:`ffn_regressors`, and the decode and prefill attention
     priced once for every KV head (they run side by side, as the exact provider prices them)."""
+
+    cached_prefill_samples = True  # prefill_regressors' cached-chunk columns need such samples
 
     def piece_regressors(self, kind: str, data) -> np.ndarray:
         if kind in MAPPED_KINDS:

@@ -54,7 +54,7 @@ def mapped_parameters(provider, kr) -> dict | None:
     forms = provider.forms or {}  # the decode attention's bounds; the mapped prefill's regressors use none
     if "decode" not in forms or len(forms["decode"].off_chip) != 4 or len(forms["decode"].flops) != 4:
         return None
-    widths = {"decode": 10, "prefill": 5, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
+    widths = {"decode": 10, "prefill": sm.PREFILL_COLUMNS, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
     theta = provider.theta or {}
     if not isinstance(theta, dict) or not set(theta) <= set(widths):
         return None

@@ -82,8 +82,10 @@ def test_the_prefill_regressors_see_the_regions_a_chunk_is_built_with():
     assert prefill_reference(1056, spec) == (165100.0, 128, 128, 8320)
     x = {(c, n): [round(v) for v in prefill_regressors(np.full(heads, c), np.full(heads, n), spec)]
          for c, n in ((0, 1024), (0, 1028), (0, 2000), (2048, 2026))}
-    assert x == {(0, 1024): [1, 128, 2112, 32, 48521], (0, 1028): [1, 132, 2244, 37, 47724],
-                 (0, 2000): [1, 252, 8064, 124, 160020], (2048, 2026): [1, 256, 24704, 256, 490220]}
+    # a chunk after cached tokens repeats KV tiles, busiest region and estimate in its own columns (after a 1)
+    assert x == {(0, 1024): [1, 128, 2112, 32, 0, 0, 0, 0, 48521], (0, 1028): [1, 132, 2244, 37, 0, 0, 0, 0, 47724],
+                 (0, 2000): [1, 252, 8064, 124, 0, 0, 0, 0, 160020],
+                 (2048, 2026): [1, 256, 24704, 256, 1, 24704, 256, 490220, 490220]}
     first = read_outputs(STORED)[1].slice(0, 1).to_pylist()[0]
     assert (first["prefill_tokens"], first["sequences"], first["cycles_attention"]) == (1028, 1, 4 * 53772)
 

@@ -148,6 +148,26 @@ def test_the_reservoir_keeps_every_decode_batch_size_bucket():
     assert sorted(made) == sorted(set(made))  # tasks made once per kept step, also when both reservoirs keep it
 
 
+def test_the_reservoir_keeps_prefill_steps_by_their_cached_context_on_mapped_layers():
+    """With ``cached_prefill`` (mapped layers) a prefill step whose chunks have cached tokens is also kept by the
+    largest cached context's bucket (bit length, keys below 0), BUCKET_ITERATIONS a bucket; a decode request's
+    context does not count, nor a chunk from the start; without the flag no such bucket."""
+    from stepsim.serve.fast import BUCKET_ITERATIONS, Reservoir
+
+    steps = [IterationBatch([0], [64], 64, 0)] * 20  # first chunks: nothing cached
+    steps += [IterationBatch([2048, 5000], [2035, 1], 2035, 1)] * 5  # a second chunk beside a long decode
+    steps += [IterationBatch([300, 0], [100, 28], 128, 0), IterationBatch([5000], [1], 0, 1)]
+    for flag, buckets in ((True, {-12: BUCKET_ITERATIONS, -9: 1, 1: 1}), (False, {1: 1})):
+        reservoir = Reservoir(5, seed=0, cached_prefill=flag)
+        for step, batch in enumerate(steps):
+            reservoir(batch, batch.prefill_tokens > 0, lambda step=step: ([("step", step)], None))
+        assert {b: len(items) for b, items in reservoir.buckets.items()} == buckets
+        if flag:
+            assert reservoir.bucket_seen == {-12: 5, -9: 1, 1: 1}
+            assert [item[0] for item in reservoir.buckets[-9]] == [25]
+            assert 25 in {item[0] for item in reservoir.items + reservoir.extra}
+
+
 def test_without_coefficients_every_piece_is_priced_at_its_bound(tmp_path):
     """The first calibration pass (theta None) prices each piece by ``ceil(max(HBM bound, compute bound))`` of
     its own metrics, the FFN too (its bound is not its last regressor: the few-token indicators follow it)."""

@@ -20,6 +20,7 @@ from test_fast_mapped import TINY
 from test_replay_compiled import _random_run, assert_same_result
 
 from stepsim.base.hardware import PRESETS
+from stepsim.kernels.serve_mapped import PREFILL_COLUMNS
 from stepsim.mapping.schedule import Schedule
 from stepsim.models.presets import resolve_model
 from stepsim.serve import fast_mapped, projections, replay_compiled
@@ -107,7 +108,7 @@ def _random_coefficients(rng) -> tuple[dict, dict]:
     without coefficients (priced by their bound or estimate)."""
     forms = {k: MetricForm(tuple(rng.uniform(0, 5000, 4).tolist()), tuple(rng.uniform(0, 9e5, 4).tolist()))
              for k in ("decode", "prefill")}
-    widths = {"decode": 10, "prefill": 5, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
+    widths = {"decode": 10, "prefill": PREFILL_COLUMNS, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
     theta = {k: (None if rng.random() < 0.15 else (rng.standard_normal(w) * 10.0 ** rng.integers(-2, 3, w)).tolist())
              for k, w in widths.items()}
     return forms, theta
@@ -153,7 +154,7 @@ def test_a_step_priced_below_its_roofline_costs_its_roofline(tmp_path, mapped, m
     mapped(Mapper(5, model.experts if model.is_moe else 1))
     arrival, prompt, output, make, _ = _random_run(rng)
     forms, _ = _random_coefficients(rng)
-    theta = {"decode": [0.0] * 10, "prefill": [0.0] * 5, "ffn": [0.0] * FFN_COLUMNS,
+    theta = {"decode": [0.0] * 10, "prefill": [0.0] * PREFILL_COLUMNS, "ffn": [0.0] * FFN_COLUMNS,
              "ffn_prefill": [0.0] * FFN_COLUMNS}
     compiled, reference = _provider(model, 4, forms, theta), _provider(model, 4, forms, theta)
     got = compiled_replay(arrival, prompt, output, make(), compiled)
