@@ -12,6 +12,9 @@ of whole files changes; the tests of a file keep theirs (tests/test_readme.py ru
 Refresh the table from a full run's JUnit XML (``./run.sh test --junitxml=junit.xml``)::
 
     python tests/suite_order.py junit.xml
+
+:func:`replay` plays a run's test times through xdist's rule for each order (``python tests/suite_order.py
+--replay junit.xml``: when each worker would end, in xdist's order, in collection order and longest first).
 """
 
 from __future__ import annotations
@@ -75,8 +78,63 @@ def table_from_junit(junit: Path) -> str:
     return "\n".join([header, *lines]) + "\n"
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tests/suite_order.py JUNIT.xml  (rewrites tests/file_seconds.txt)")
-    TABLE.write_text(table_from_junit(Path(sys.argv[1])))
+def replay(files: list[tuple[str, list[float]]], workers: int = 2) -> list[float]:
+    """When each of ``workers`` ends, handed the test files ``files`` (``(name, [seconds of each test])``, in
+    the order the controller hands them out) by xdist's ``loadfile`` rule: one file each at the start, then the
+    next file to a worker when a test of it ends and at most 2 of its tests are left (so a worker may hold the
+    next file while it still runs the last tests of one). Seconds from the start."""
+    import heapq
+
+    queue = list(reversed(files))
+    pending = [[] for _ in range(workers)]  # each worker's tests to run, in order
+    ends = [0.0] * workers
+    events = []  # (time the running test ends, worker)
+    for w in range(workers):
+        if queue:
+            pending[w].extend(queue.pop()[1])
+            heapq.heappush(events, (pending[w][0], w))
+    while events:
+        now, w = heapq.heappop(events)
+        pending[w].pop(0)
+        ends[w] = now
+        if queue and len(pending[w]) <= 2:
+            pending[w].extend(queue.pop()[1])
+        if pending[w]:
+            heapq.heappush(events, (now + pending[w][0], w))
+    return ends
+
+
+def _junit_files(junit: Path) -> list[tuple[str, list[float]]]:
+    """``(file, [test seconds])`` of a JUnit XML report, the files in pytest's collection order (their paths'
+    parts sorted), each file's tests in the report's order."""
+    import xml.etree.ElementTree as ET
+
+    files: dict[str, list[float]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")
+        if module[0] == "tests":  # as table_from_junit (the suite's tests have no classes)
+            files.setdefault("/".join(module) + ".py", []).append(float(case.get("time", 0)))
+    return sorted(files.items(), key=lambda f: f[0].split("/"))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--replay":
+        files = _junit_files(Path(argv[1]))
+        seconds = {name: sum(times) for name, times in files}
+        orders = {"xdist (most tests first)": sorted(files, key=lambda f: -len(f[1])), "collection": files,
+                  "longest first": [(name, dict(files)[name]) for name in file_order([f for f, _ in files], seconds)]}
+        print(f"{len(files)} files, {sum(seconds.values()):.1f} test-seconds on 2 workers")
+        for label, order in orders.items():
+            print(f"{label}: the workers end at " + ", ".join(f"{end:.1f}" for end in replay(order)) + " s")
+        return 0
+    if len(argv) != 1:
+        print("usage: python tests/suite_order.py [--replay] JUNIT.xml  (rewrites tests/file_seconds.txt; "
+              "--replay: prints when the workers end in each order)", file=sys.stderr)
+        return 2
+    TABLE.write_text(table_from_junit(Path(argv[0])))
     print(f"wrote {TABLE} ({len(read_table())} files)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from suite_order import TABLE, file_order, order_items, read_table, table_from_junit
+from suite_order import TABLE, file_order, main, order_items, read_table, replay, table_from_junit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,3 +70,29 @@ def test_the_repositorys_table_names_only_test_files_that_exist():
     assert len(table) > 200
     assert [name for name in table if not (REPO / name).is_file()] == []
     assert all(name.startswith("tests/") and Path(name).name.startswith("test_") for name in table)
+
+
+def test_a_long_single_test_last_keeps_one_worker_busy_alone():
+    """xdist's order (most tests first) hands out the 6 s file last: at 1 s the worker with 1 test of Z left
+    takes it and ends at 8 s, the other at 4 s. Longest first, both end at 6 s (Y's 4 s then Z's 2 s beside X)."""
+    files = {"x.py": [6.0], "y.py": [1.0] * 4, "z.py": [1.0, 1.0]}
+    most_tests_first = sorted(files.items(), key=lambda f: -len(f[1]))
+    assert [f for f, _ in most_tests_first] == ["y.py", "z.py", "x.py"]
+    assert replay(most_tests_first) == [4.0, 8.0]
+    order = file_order(list(files), {f: sum(t) for f, t in files.items()})
+    assert order == ["x.py", "y.py", "z.py"]
+    assert replay([(f, files[f]) for f in order]) == [6.0, 6.0]
+
+
+def test_the_replay_command_prints_when_the_workers_end(tmp_path, capsys):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    assert main(["--replay", str(junit)]) == 0
+    # files in collection order: serve/test_a (3.75 s, 2 tests), test_b (5 s), workloads/collective/test_c
+    assert capsys.readouterr().out.splitlines() == [
+        "3 files, 8.8 test-seconds on 2 workers",
+        "xdist (most tests first): the workers end at 3.8, 5.0 s",
+        "collection: the workers end at 3.8, 5.0 s",
+        "longest first: the workers end at 5.0, 3.8 s"]
+    assert main([]) == 2
+    assert capsys.readouterr().err.startswith("usage: python tests/suite_order.py [--replay] JUNIT.xml")
