@@ -21,8 +21,9 @@ case "${1:-}" in
     .venv/bin/lint-imports --no-logo --no-cache
     # then ruff (pyproject's rules; undefined names among them: what a merge of two branches can leave behind)
     .venv/bin/ruff check --quiet stepsim tests bench examples
-    # the 25 slowest tests are listed at the end: the suite must stay under 15 minutes
-    exec .venv/bin/python -m pytest -n auto --dist loadfile --durations=25 "$@"
+    # the 25 slowest tests are listed at the end: the suite must stay under 15 minutes. The files go to the workers
+    # longest first (tests/suite_order.py; xdist's own order, most tests first, left the longest single tests last)
+    exec .venv/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder --durations=25 "$@"
     ;;
   *)
     echo "usage: ./run.sh demo|test [args...]" >&2

@@ -63,3 +63,14 @@ def pytest_configure(config) -> None:
     from kernel_warmup import warm_kernels
 
     warm_kernels()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """On a worker of ``pytest -n`` (``./run.sh test``): the test files longest first (:mod:`suite_order`), so the
+    last files the workers take are short ones. The controller hands out files in this order only with
+    ``--dist loadfile --no-loadscope-reorder`` (run.sh); one process keeps the collection's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    from suite_order import order_items, read_table
+
+    items[:] = order_items(items, read_table())

@@ -158,7 +158,7 @@ class SweepStopped(StepsimError):
 def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local", jobs: int | None = None,
               address: str | None = None, fail_fast: bool = False, retry_failed: bool = False,
               progress: bool = True, on_outcome: Callable[[Task, dict], None] | None = None,
-              yes: bool = False, force: bool = False) -> SweepReport:
+              yes: bool = False, force: bool = False, index: ResultIndex | None = None) -> SweepReport:
     """Run every task of ``spec`` that has no row yet.
 
     Parameters
@@ -187,6 +187,9 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
     force : bool
         Simulate the tasks the run-size estimate refuses (``--force``); without it each is a failed row whose
         error names the estimate (:mod:`stepsim.kernels.run_size`).
+    index : ResultIndex, optional
+        The index of ``out`` an earlier sweep into the same folder left (a search's rounds): refreshed here,
+        reading only the part files added or changed since, and updated by this sweep; default: a fresh one.
 
     Returns
     -------
@@ -208,6 +211,8 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
         raise ConfigError(f"{spec.source}: no output folder; set out = \"...\" in the sweep file or pass --out")
     if jobs is not None:
         check_jobs(jobs)
+    if index is not None and index.out != out:
+        raise ValueError(f"the index given is of {index.out}, not of the output folder {out}")
     check_size(spec, yes)
     tasks: Iterable[Task] = expand(spec) if spec.points <= EAGER_TASKS else iter_tasks(spec)
     _make_output_folder(out)  # after every task of an eager grid is checked: a bad value leaves no empty folder
@@ -217,7 +222,7 @@ def run_sweep(spec: SweepSpec, *, out: str | Path | None = None, executor="local
             temps, orphans = remove_leftovers(out, TEMP_GLOBS)
             report.removed_temp_files.extend(temps)
             report.removed_counter_files.extend(orphans)
-            index = ResultIndex.load(out)
+            index = index.refresh() if index is not None else ResultIndex.load(out)
             _run(report, tasks, index, executor, jobs or default_jobs(), address, fail_fast, retry_failed,
                  progress, on_outcome)
     finally:  # also for a SweepStopped, whose report is printed

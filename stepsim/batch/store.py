@@ -100,35 +100,45 @@ class Entry:
 
 @dataclass
 class ResultIndex:
-    """The rows already under an output folder: ``{task key: Entry}`` and ``{slot: {task keys}}``."""
+    """The rows already under an output folder: ``{task key: Entry}`` and ``{slot: {task keys}}``.
+
+    A search that runs one sweep per round into the same folder (``stepsim optimize``) keeps its index, and
+    each sweep calls :meth:`refresh` on it: only the part files added or changed since are read (a file is
+    known by its path and its ``stat`` signature), so a search of n rounds reads each file once, not n times.
+    The index is the same as a fresh :meth:`load` of the folder either way.
+    """
 
     out: Path
     by_key: dict = field(default_factory=dict)
     by_slot: dict = field(default_factory=dict)
+    #: {part file: (stat signature, [(task key, status, slot)] in row order)} as last read
+    _files: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, out: Path) -> ResultIndex:
         """Read the ``run_id``, ``status``, ``mode`` and knob columns of every part file under ``out``."""
-        from stepsim.workloads.config import KNOBS
+        return cls(out).refresh()
 
-        index = cls(out)
-        for path in row_files(out):
-            names = pq.read_schema(path).names
-            if "task_slot" in names:  # rows of this version say which task they are
-                cols = pq.read_table(path, columns=["run_id", "status", "task_slot"]).to_pydict()
-                triples = zip(cols["run_id"], cols["status"], cols["task_slot"])
-            else:  # an older sweep's file: the slot from the knob columns and the folder names
-                wanted = [c for c in ("run_id", "status", "mode", *KNOBS) if c in names]
-                extra = partition_values(out, path)
-                rows = pq.read_table(path, columns=wanted).to_pylist()
-                triples = ((r["run_id"], r.get("status"), slot_key({**r, **extra})) for r in rows)
-            for run_id, status, slot in triples:
-                key = run_id[:KEY_DIGITS]
-                if key in index.by_key:  # a copy left by a crash during a purge: the first one counts
+    def refresh(self) -> ResultIndex:
+        """Bring the index up to the part files under ``out`` now (return it): read the files that are new or
+        whose ``stat`` signature changed since they were read (a rewrite is a rename of a new file, so a new
+        inode), forget the files that are gone, and rebuild the maps in path order (a key in two files: the
+        first one counts, as in :meth:`load`)."""
+        files = {}
+        for path in row_files(self.out):
+            signature = _signature(path)  # before the read: a file replaced meanwhile is read again next time
+            known = self._files.get(path)
+            files[path] = known if known is not None and known[0] == signature \
+                else (signature, _read_rows(self.out, path))
+        self._files = files
+        self.by_key, self.by_slot = {}, {}
+        for path, (_, rows) in files.items():
+            for key, status, slot in rows:
+                if key in self.by_key:  # a copy left by a crash during a purge: the first one counts
                     continue
-                index.by_key[key] = Entry(path, status or "ok", slot)
-                index.by_slot.setdefault(slot, set()).add(key)
-        return index
+                self.by_key[key] = Entry(path, status, slot)
+                self.by_slot.setdefault(slot, set()).add(key)
+        return self
 
     def older_generations(self, task: Task) -> set:
         """Keys of rows of ``task``'s slot with another run id (the task's trace or hardware changed)."""
@@ -149,6 +159,7 @@ class ResultIndex:
             self.by_slot.get(entry.slot, set()).discard(key)
         removed = 0
         for path, gone in sorted(by_file.items()):
+            self._files.pop(path, None)  # rewritten or deleted below: the next refresh reads it again
             table = pq.read_table(path)
             keep = pc.invert(pc.is_in(pc.utf8_slice_codeunits(table["run_id"], 0, KEY_DIGITS),
                                       value_set=pa.array(sorted(gone))))
@@ -168,6 +179,28 @@ class ResultIndex:
                                               value_set=pa.array(sorted(gone))))
                     write_parquet_atomic(t.filter(mask), counters)
         return removed
+
+
+def _signature(path: Path) -> tuple:
+    """What tells a file from its replacement: device, inode, size, modification and change times (ns)."""
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_rows(out: Path, path: Path) -> list[tuple[str, str, str]]:
+    """``(task key, status, slot)`` of each row of the part file ``path`` under ``out``, in row order."""
+    from stepsim.workloads.config import KNOBS
+
+    names = pq.read_schema(path).names
+    if "task_slot" in names:  # rows of this version say which task they are
+        cols = pq.read_table(path, columns=["run_id", "status", "task_slot"]).to_pydict()
+        triples = zip(cols["run_id"], cols["status"], cols["task_slot"])
+    else:  # an older sweep's file: the slot from the knob columns and the folder names
+        wanted = [c for c in ("run_id", "status", "mode", *KNOBS) if c in names]
+        extra = partition_values(out, path)
+        rows = pq.read_table(path, columns=wanted).to_pylist()
+        triples = ((r["run_id"], r.get("status"), slot_key({**r, **extra})) for r in rows)
+    return [(run_id[:KEY_DIGITS], status or "ok", slot) for run_id, status, slot in triples]
 
 
 @dataclass

@@ -153,9 +153,10 @@ def _spec(source: Path, workload: str, mode: str, fixed: dict, grids: list, forc
                      partition_by=("workload",), report=DEFAULT_REPORT[mode], max_tasks=None, force=force)
 
 
-def _run_rows(spec, out: Path, runner, progress: bool) -> tuple[dict, int]:
+def _run_rows(spec, out: Path, runner, progress: bool, index=None) -> tuple[dict, int]:
     """Run (or resume) the sweep ``spec`` into ``out``: ``({run_id: (status, row or None, error)}, tasks run
-    now)``; the rows of tasks finished earlier are read back."""
+    now)``; the rows of tasks finished earlier are read back. ``index``: the folder's
+    :class:`~stepsim.batch.store.ResultIndex` kept from the previous round (only newer files are read)."""
     from stepsim.batch.grid import expand
     from stepsim.batch.runner import run_sweep
 
@@ -166,7 +167,7 @@ def _run_rows(spec, out: Path, runner, progress: bool) -> tuple[dict, int]:
         rows[task.run_id] = (outcome["status"], record.row if record is not None else None,
                              _first_line(outcome["error_message"]))
 
-    report = run_sweep(spec, out=out, executor=runner, progress=progress, on_outcome=take, yes=True)
+    report = run_sweep(spec, out=out, executor=runner, progress=progress, on_outcome=take, yes=True, index=index)
     ran = len(rows)
 
     for task in expand(spec):
@@ -300,12 +301,15 @@ def simulate_rounds(state: SearchState, base: dict, *, out: Path, runner, source
                     round_size: int = ROUND_SIZE, force: bool = False) -> None:
     """Simulate the promising candidates in rounds on ``runner``, pruning before each (module docstring);
     ``force``: simulate those the run-size estimate refuses (else each is a failed candidate naming it)."""
+    from stepsim.batch.store import ResultIndex
+
     workload = base["workload"]
+    index = ResultIndex(out / RUNS_DIR)  # kept across the rounds: each reads only the files written since
 
     def simulate(batch: list) -> None:
         grids = [{k: (v,) for k, v in c.config.items() if k != "workload"} for c in batch]
         rows, ran = _run_rows(_spec(source, workload, "simulate", {}, grids, force), out / RUNS_DIR, runner,
-                              progress=False)
+                              progress=False, index=index)
         state.simulated_now += ran
         for c in batch:
             status, row, error = rows[c.run_id]
