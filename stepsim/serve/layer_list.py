@@ -194,18 +194,19 @@ def group_seed(seed: int, group: int) -> int:
     return seed + 1_000_003 * group
 
 
-#: an MoE group of more layers is calibrated on this many (:func:`calibration_model`)
-CALIBRATION_LAYERS = 2
+#: an MoE group of more layers is calibrated on this many (:func:`calibration_model`): 1 since DeepSeek-V3's
+#: 16-socket calibration on 2 did not finish in an hour (each layer a full-width expert-parallel simulation)
+CALIBRATION_LAYERS = 1
 
 
 def calibration_model(sub: ModelConfig) -> ModelConfig | None:
     """The model an MoE group's fast calibration simulates when it has more than :data:`CALIBRATION_LAYERS`
     layers: the same layer, that many times (None otherwise: the group itself). Every MoE layer of a step is its
-    own engine simulation (its own routing), so DeepSeek-V3's 58 would make each calibration step 58 of them;
-    the fast model's pieces are per layer (an FFN piece per layer, the attention per head and layer), so the
-    coefficients fitted on two layers price all 58, and the pilot replays scale the two layers' cycles to the
-    model's. The held-out error is then measured on two-layer steps (docs/serving.md §9.1). A dense group's
-    FFN and attention are one simulation a step whatever its layers: not reduced."""
+    own engine simulation (its own routing, no state shared with the other layers), so DeepSeek-V3's 58 would make
+    each calibration step 58 of them; the fast model's pieces are per layer (an FFN piece per layer, the attention
+    per head and layer), so the coefficients fitted on one layer price all 58, and the pilot replays scale the
+    layer's cycles to the model's. The held-out error is then measured on one-layer steps (docs/serving.md §9.1).
+    A dense group's FFN and attention are one simulation a step whatever its layers: not reduced."""
     if not sub.is_moe or sub.layers <= CALIBRATION_LAYERS:
         return None
     return replace(sub, layers=CALIBRATION_LAYERS)
