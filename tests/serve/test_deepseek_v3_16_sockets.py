@@ -81,16 +81,21 @@ def test_the_stored_calibration_is_the_must_show_runs():
     assert (s["iterations"], got) == MEASURED_CALIBRATION
 
 
-def test_the_stored_calibration_serves_the_trace_as_the_run_did(tmp_path):
-    """A fresh provider of the stored records (as ``stepsim plan`` prices) replays the conversation trace's first
-    requests; the must-show run's own numbers are checked on the whole trace by the bench (bench/README.md)."""
+def test_the_stored_calibration_serves_the_traces_first_requests(tmp_path):
+    """A fresh provider of the stored records (as ``stepsim plan`` prices) serves the run's first requests. On all
+    2,000 it gives the run's summary back to the bit (every latency statistic, its 4,654 steps, the KV cache, the
+    utilisations: checked once, 162 s of wall at load 5, too long for the suite; bench/README.md)."""
     s = _summary()
-    trace = _window(tmp_path, WINDOW)
-    got = stepsim.serve("deepseek-v3", trace, provider=_provider("deepseek-v3", s["kv_cache"]["max_model_len"]),
-                        hardware=HBM96, system="sn40l-16").summary
+    got = stepsim.serve("deepseek-v3", _window(tmp_path, WINDOW),
+                        provider=_provider("deepseek-v3", s["kv_cache"]["max_model_len"]), hardware=HBM96,
+                        system="sn40l-16").summary
     assert got["kv_cache"] == {**s["kv_cache"], "max_blocks_used": got["kv_cache"]["max_blocks_used"]}
-    assert (got["completed"], got["iterations"], round(got["ttft_s"]["mean"] * 1e3, 4),
-            round(got["tpot_s"]["mean"] * 1e3, 4)) == MEASURED_WINDOW
+    assert (got["completed"], got["iterations"], round(got["ttft_s"]["mean"] * 1e3, 3),
+            round(got["ttft_s"]["p99"] * 1e3, 3), round(got["tpot_s"]["mean"] * 1e3, 3),
+            round(got["tpot_s"]["p99"] * 1e3, 3)) == MEASURED_WINDOW
+    assert (s["iterations"], round(s["duration_s"], 3), round(s["ttft_s"]["mean"], 3), round(s["ttft_s"]["p99"], 3),
+            round(s["tpot_s"]["mean"] * 1e3, 3), round(s["tpot_s"]["p99"] * 1e3, 3), s["preemptions"]) == (
+        4654, 2894.432, 1108.655, 2399.162, 706.222, 1557.55, 0)
 
 
 def test_fast_against_exact_on_the_stored_windows(tmp_path):
@@ -154,6 +159,27 @@ def test_plan_prices_deepseek_v3_on_16_sockets_with_the_stored_calibration(tmp_p
     s = plan.summary
     assert shapes == [(HBM96, 16, "sn40l-16")]
     assert [c["calibration"] for c in s["calibrations"].values()] == [_summary()["fidelity"]["calibration"]]
-    front = [(f["deployment"], f["system"], round(f["multiplier"], 4), round(f["goodput_requests_per_s"], 3))
-             for f in s["front"]]
-    assert (front, [(d["deployment"], d["decided"]) for d in plan.deployments], s["slo_margin"]) == MEASURED_PLAN
+    front = [(f["deployment"].replace(HBM96, "hbm96"), f["system"], round(f["multiplier"], 4),
+              round(f["goodput_requests_per_s"], 3)) for f in s["front"]]
+    searched = [(d["deployment"].replace(HBM96, "hbm96"), d["decided"]) for d in plan.deployments]
+    assert (front, searched, round(s["slo_margin"] * 100, 2)) == MEASURED_PLAN
+
+
+#: measured 2026-11-26 (tests/serve/data/deepseek_v3_sn40l16, sn40l-16 with 96 GiB a socket, paper schedules,
+#: seed 0; bench/README.md): the run's steps and each group's held-out error (%: p50, p95, max)
+MEASURED_CALIBRATION = (4654, [
+    {"iteration_p50": 0.03, "iteration_p95": 0.1, "iteration_max": 0.13, "held_out_iterations": 12,
+     "held_out_prefill_iterations": 6, "calibration_simulations": 196},
+    {"iteration_p50": 2.81, "iteration_p95": 20.34, "iteration_max": 32.25, "held_out_iterations": 12,
+     "held_out_prefill_iterations": 6, "calibration_simulations": 194}])
+#: the run's first WINDOW requests served again: completed, steps, TTFT mean / p99 (ms), TPOT mean / p99 (ms)
+WINDOW, MEASURED_WINDOW = 40, (40, 337, 5786.523, 13846.403, 282.31, 1861.924)
+#: (exact steps, fast steps, fast against exact %) on the 5-layer conv 0-4 window, then on the validation request
+MEASURED_AGAINST_EXACT = (
+    (221, 221, {"ttft mean": -7.41, "ttft p99": 0.43, "tpot mean": -0.73, "tpot p99": -0.05}),
+    (16, 16, {"ttft mean": -44.79, "ttft p99": -44.79, "tpot mean": -0.47, "tpot p99": -0.47}))
+#: the plan's trace (the run's first requests) and SLO
+PLAN_REQUESTS, PLAN_SLO = 30, "ttft=20s,tpot=2s"
+#: the plan's front, its deployments and the SLO margin (the calibration's largest held-out step error, capped)
+MEASURED_PLAN = ([("1x16ch hbm96 none vllm seqs 128 batch 2048", "sn40l-16", 1.6818, 0.843)],
+                 [("1x16ch hbm96 none vllm seqs 128 batch 2048", "simulated")], 32.25)
