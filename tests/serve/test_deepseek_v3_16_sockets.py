@@ -3,7 +3,7 @@
 of the Azure conversation trace, and ``stepsim plan`` pricing it (docs/serving.md §9.1, bench/README.md).
 
 The run's two layer-group calibrations (the 3 dense layers, the 58 MoE layers calibrated on one of them) took
-about an hour of exact simulations of the full-width expert-parallel block, far beyond the suite: they are stored
+68 min of wall from a cold cache (exact simulations of the full-width expert-parallel block), far beyond the suite: stored
 with the run's summary in tests/serve/data/deepseek_v3_sn40l16 (``calibration/``: the cache records as the run
 wrote them, checksums included) and every test here prices with them, as ``stepsim plan`` does (a fresh provider
 of the stored records, :class:`stepsim.plan.pricing.ShapePricer`). They are read by their own keys, not by today's
