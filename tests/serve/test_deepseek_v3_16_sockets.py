@@ -183,3 +183,18 @@ PLAN_REQUESTS, PLAN_SLO = 30, "ttft=20s,tpot=2s"
 #: the plan's front, its deployments and the SLO margin (the calibration's largest held-out step error, capped)
 MEASURED_PLAN = ([("1x16ch hbm96 none vllm seqs 128 batch 2048", "sn40l-16", 1.6818, 0.843)],
                  [("1x16ch hbm96 none vllm seqs 128 batch 2048", "simulated")], 32.25)
+
+
+def test_a_large_moe_group_is_calibrated_on_one_of_its_layers():
+    """DeepSeek-V3's 58 MoE layers are calibrated on one (serve/layer_list.py: on two, the 16-socket calibration
+    did not finish in an hour); its dense group, one simulation a step whatever its layers, is not reduced."""
+    from stepsim.models.layers import layer_groups
+    from stepsim.serve.layer_list import calibration_model, group_model
+
+    ds = resolve_model("deepseek-v3")
+    (dense_kind, dense), (moe_kind, moe) = layer_groups(ds)
+    sub = group_model(ds, moe_kind, len(moe))
+    assert (sub.layers, calibration_model(sub).layers, calibration_model(group_model(ds, dense_kind, len(dense)))) == (
+        58, 1, None)
+    one = group_model(ds, moe_kind, 1)
+    assert calibration_model(one) is None  # a one-layer group is calibrated as it is
