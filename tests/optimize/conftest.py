@@ -3,20 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-
-class SerialExecutor:
-    """Runs each task in this process, in order: the executor interface run_sweep takes (imap_unordered,
-    describe), so the search logic is tested without starting worker processes (one CLI test uses them)."""
-
-    def imap_unordered(self, tasks):
-        from stepsim.batch.tasks import run_task
-
-        for task in tasks:
-            yield task, run_task(task.config, task.force)
-
-    def describe(self) -> str:
-        return "serial (tests)"
+from serial_executor import SerialExecutor  # one CLI test starts worker processes; the rest run in process
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from serial_executor import SerialExecutor
 
 from stepsim.base.files import write_parquet_atomic
 from stepsim.batch import load_sweep, run_sweep, store
@@ -22,19 +23,6 @@ hardware = "hw.toml"
 [axes]
 tile_m = {tiles}
 """
-
-
-class SerialExecutor:
-    """Runs each task in this process, in order (the executor interface run_sweep takes)."""
-
-    def imap_unordered(self, tasks):
-        from stepsim.batch.tasks import run_task
-
-        for task in tasks:
-            yield task, run_task(task.config, task.force)
-
-    def describe(self) -> str:
-        return "serial (tests)"
 
 
 @pytest.fixture
