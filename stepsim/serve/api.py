@@ -96,7 +96,7 @@ SCHEDULES = ("paper", "auto")
 SERVING_HARDWARE = ("sn40l",)
 
 
-def check_schedule(schedule, fidelity, system) -> None:
+def check_schedule(schedule, fidelity) -> None:
     """``--schedule``: a known value (None: :func:`default_schedule`); ``auto`` prices layers on the engine
     (``--fidelity exact|fast``); on a system, a dense model's tensor-parallel layers
     (:func:`stepsim.serve.system.system_engine_latency` refuses an MoE model's expert-parallel block)."""
@@ -148,7 +148,7 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
                 raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
                                   f"{given[0]} does not simulate layers")
     check_routing(routing)
-    check_schedule(schedule, fidelity, system)
+    check_schedule(schedule, fidelity)
     long_policy(drop_long, truncate_long)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
