@@ -159,7 +159,8 @@ class LayerListLatency:
                 cycles[k] = cycles.get(k, 0) + v
             hbm += cost.work.get("hbm_bytes", 0)
             flops += cost.work.get("flops", 0)
-        total = sum(cycles.values())
+        # a mapped group's ``hidden`` cycles (weights streamed ahead) are subtracted, its ``floor`` added
+        total = sum(v for k, v in cycles.items() if k != "hidden") - cycles.get("hidden", 0)
         hbm_use, compute_use = self.groups[0][2].inner.roofline.utilisation(hbm, flops, total)
         work = {"hbm_bytes": hbm, "flops": flops, "hbm_utilisation": hbm_use, "compute_utilisation": compute_use}
         return IterationCost(total / self.hardware.clock_hz, cycles, work)

@@ -81,3 +81,38 @@ def test_a_sliding_layers_bytes_stop_at_its_window():
     head = 201_088 * 2_880 * 2
     assert got == [once + 5 * expert * 2 + 4 * 128 * kv + head + 4 * 2_880 * 2,
                    once + 5 * expert * 2 + 4 * 3_001 * kv]
+
+
+def test_a_layer_lists_step_takes_its_groups_steps_hidden_cycles_subtracted():
+    """A mapped group's cycles hold ``hidden`` (weights streamed ahead: subtracted) and ``floor`` (what its roofline
+    floor added): the layer list's step is the sum of its groups' steps, ``attention + ffn + weights - hidden +
+    floor`` each (before, every value was added: 2 x hidden too many cycles a group)."""
+    from types import SimpleNamespace
+
+    from stepsim.base.hardware import PRESETS
+    from stepsim.serve.latency import IterationCost
+    from stepsim.serve.layer_list import LayerListLatency
+
+    hw = PRESETS["sn40l"]
+
+    class Group:
+        mode, error, hardware = "exact", None, hw
+        roofline = SimpleNamespace(utilisation=lambda hbm, flops, cycles: (hbm / cycles, flops / cycles))
+
+        def __init__(self, cycles):
+            self.cycles = cycles
+
+        def __call__(self, batch):
+            c = self.cycles
+            total = c["attention"] + c["ffn"] + c["weights"] - c.get("hidden", 0) + c.get("floor", 0)
+            return IterationCost(total / hw.clock_hz, dict(c), {"hbm_bytes": 600, "flops": 60})
+
+    kinds = layer_groups(resolve_model("gpt-oss-20b"))
+    mapped = {"attention": 1000, "ffn": 5000, "weights": 3000, "hidden": 2500, "floor": 0}
+    floored = {"attention": 100, "ffn": 200, "weights": 300, "hidden": 400, "floor": 50}
+    provider = LayerListLatency(resolve_model("gpt-oss-20b"),
+                                [(kind, indices, Group(c)) for (kind, indices), c in zip(kinds, (mapped, floored))])
+    cost = provider(IterationBatch([10], [1], 0, 1))
+    assert cost.cycles == {"attention": 1100, "ffn": 5200, "weights": 3300, "hidden": 2900, "floor": 50}
+    assert cost.seconds == (6500 + 250) / hw.clock_hz
+    assert (cost.work["hbm_bytes"], cost.work["hbm_utilisation"]) == (1200, 1200 / 6750)
