@@ -40,7 +40,7 @@ from stepsim.batch.executor_factory import make_executor
 from stepsim.batch.executors import WorkerLostError, check_jobs, default_jobs
 from stepsim.batch.grid import TEMP_GLOBS, Task, expand, iter_tasks
 from stepsim.batch.rows import first_line, row_table
-from stepsim.batch.store import BatchWriter, ResultIndex, batch_rows_for, remove_leftovers
+from stepsim.batch.store import BatchWriter, ResultIndex, batch_rows_for, remove_leftovers, remove_temp_files
 from stepsim.batch.tasks import FAILED
 
 #: grids up to this many points are expanded and checked before any task runs; larger ones lazily
@@ -342,6 +342,8 @@ def _run(report: SweepReport, tasks: Iterable[Task], index: ResultIndex, executo
             finally:
                 writer.write_all()
                 report.files_written = writer.files_written
+                if stopped:  # every write is done: a temp file left now is an interrupted write's, never finished
+                    report.removed_temp_files.extend(remove_temp_files(report.out))
         if lazy and not stopped:
             report.total = expanded
     if held:  # a signal arrived while the last rows were written: the sweep is complete, say so by stopping

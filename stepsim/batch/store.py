@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from stepsim.base.files import VERSION_KEY, partition_dir, published_together, write_parquet_atomic
-from stepsim.batch.grid import KEY_DIGITS, Task, slot_key
+from stepsim.batch.grid import KEY_DIGITS, TEMP_GLOBS, Task, slot_key
 
 ROW_PREFIX = "part-"
 COUNTER_PREFIXES = ("_units-", "_channels-")
@@ -75,16 +75,25 @@ def counter_path(part: Path, prefix: str) -> Path:
     return part.with_name(prefix + part.name[len(ROW_PREFIX):])
 
 
+def remove_temp_files(out: Path, temp_globs: Iterable[str] = ()) -> list[Path]:
+    """Delete the temp files of interrupted writes under ``out`` (``temp_globs``, default
+    :data:`stepsim.batch.grid.TEMP_GLOBS`); return them."""
+    temps = sorted(p for pattern in (temp_globs or TEMP_GLOBS) for p in out.glob(pattern)) if out.is_dir() else []
+    for path in temps:
+        path.unlink(missing_ok=True)
+    return temps
+
+
 def remove_leftovers(out: Path, temp_globs: Iterable[str]) -> tuple[list[Path], list[Path]]:
     """Delete temp files of interrupted writes, and counter files without their part file (a writer killed
     between the two); return ``(temp files, counter files)`` removed."""
-    temps = sorted(p for pattern in temp_globs for p in out.glob(pattern)) if out.is_dir() else []
+    temps = remove_temp_files(out, temp_globs)
     orphans = []
     for prefix in COUNTER_PREFIXES:
         for counters in sorted(out.glob(f"**/{prefix}*.parquet")) if out.is_dir() else []:
             if not counters.with_name(ROW_PREFIX + counters.name[len(prefix):]).exists():
                 orphans.append(counters)
-    for path in (*temps, *orphans):
+    for path in orphans:
         path.unlink(missing_ok=True)
     return temps, orphans
 

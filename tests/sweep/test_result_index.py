@@ -111,3 +111,19 @@ def test_an_index_of_another_folder_is_refused(sweep_file, tmp_path):
     with pytest.raises(ValueError, match=r"^the index given is of .*other, not of the output folder .*results$"):
         sweep(sweep_file, (16,), tmp_path / "results", ResultIndex(tmp_path / "other"))
     assert not (tmp_path / "results").exists()
+
+
+def test_a_stopped_sweep_removes_the_temp_files_of_interrupted_writes(tmp_path):
+    """What run_sweep does after a stop, once every write is done (stepsim/batch/runner.py): the temp files of
+    interrupted writes go (row files and counter tables, in any partition folder), finished files stay."""
+    from stepsim.batch.store import remove_temp_files
+
+    folder = tmp_path / "model=m" / "tiling=static"
+    folder.mkdir(parents=True)
+    names = [".part-1.parquet.ab.tmp", "._channels-99ff.parquet.k7.tmp", "._units-99ff.parquet.x1.tmp",
+             "part-1.parquet", "_channels-99ff.parquet", "notes.tmp"]
+    for name in names:
+        (folder / name).write_text("x")
+    assert [p.name for p in remove_temp_files(tmp_path)] == ["._channels-99ff.parquet.k7.tmp",
+                                                             "._units-99ff.parquet.x1.tmp", ".part-1.parquet.ab.tmp"]
+    assert sorted(p.name for p in folder.iterdir()) == ["_channels-99ff.parquet", "notes.tmp", "part-1.parquet"]
