@@ -75,10 +75,9 @@ def counter_path(part: Path, prefix: str) -> Path:
     return part.with_name(prefix + part.name[len(ROW_PREFIX):])
 
 
-def remove_temp_files(out: Path, temp_globs: Iterable[str] = ()) -> list[Path]:
-    """Delete the temp files of interrupted writes under ``out`` (``temp_globs``, default
-    :data:`stepsim.batch.grid.TEMP_GLOBS`); return them."""
-    temps = sorted(p for pattern in (temp_globs or TEMP_GLOBS) for p in out.glob(pattern)) if out.is_dir() else []
+def remove_temp_files(out: Path, temp_globs: Iterable[str] = TEMP_GLOBS) -> list[Path]:
+    """Delete the temp files of interrupted writes under ``out`` (files matching ``temp_globs``); return them."""
+    temps = sorted(p for pattern in temp_globs for p in out.glob(pattern)) if out.is_dir() else []
     for path in temps:
         path.unlink(missing_ok=True)
     return temps
