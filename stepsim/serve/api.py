@@ -310,7 +310,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
     if system is not None:  # before the calibration's long work
         from stepsim.serve.system import check_exact_system
 
-        check_exact_system(system, model, "fast")
+        check_exact_system(system, model, "fast", schedule)
     cache = checked_calibration_cache(cache)
     key = calibration_key(key_parts)
     record = load_calibration(cache, key)

@@ -68,7 +68,8 @@ class LayerSpec:
     max_n: int
     system: object = None
     #: ``"paper"``: the STeP paper's evaluation schedules; ``"auto"``: the FFN, the decode and the prefill attention
-    #: mapped over the whole chip (:mod:`stepsim.mapping`; one chip)
+    #: mapped over the whole chip (:mod:`stepsim.mapping`; with a ``system``, the MoE block's experts over its chips
+    #: each chip's share mapped, :mod:`stepsim.mapping.expert_parallel`)
     schedule: str = "paper"
 
     @property
@@ -228,8 +229,11 @@ def _mapped(kind: str, data, spec: LayerSpec, depth: int):
     from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.kinds.prefill import prefill_size
 
-    if spec.system is not None:
-        raise StepsimError("schedule 'auto' is built for one chip; serve --system keeps the paper's schedules")
+    if spec.system is not None and kind == "ffn":  # an MoE block over the chips, each chip's share mapped
+        from stepsim.mapping.expert_parallel import mapped_ep_workload
+
+        return mapped_ep_workload(spec.ffn_model, data, spec.system, spec.hardware, channel_depth=depth)[0]
+    # the attention on a system: one chip's share of the heads (spec.model), the chips side by side
     dims = layer_dims(kind, spec.model)
     size = prefill_size(data, dims) if kind == "prefill" else len(data)
     schedule = schedule_for(kind, size, dims, spec.hardware)

@@ -258,12 +258,29 @@ def mqa_shard(model, chips: int):
     return dataclasses.replace(model, heads=model.heads // chips)
 
 
-def check_exact_system(system, model, fidelity: str = "exact") -> None:
+def head_shard(model, chips: int):
+    """One chip's heads of an expert-parallel MoE model's attention, as one model (mapped layers hold every KV head
+    of the model they are built for): with one KV head :func:`mqa_shard`'s; else :func:`kv_heads_per_chip` KV heads
+    with their query heads."""
+    import dataclasses
+
+    if model.kv_heads == 1:
+        return mqa_shard(model, chips)
+    held = kv_heads_per_chip(model, chips)
+    return dataclasses.replace(model, heads=model.heads // model.kv_heads * held, kv_heads=held)
+
+
+def check_exact_system(system, model, fidelity: str = "exact", schedule: str = "paper") -> None:
     """The exact (or fast, calibrated on exact) fidelity on a system needs a system whose all-reduce has a closed
     form (one dimension: ring, fully connected or switch), and a dense model whose dimensions split by tensor
-    parallelism (:func:`tp_shard`); one line otherwise."""
+    parallelism (:func:`tp_shard`); the fast model of an MoE block on mapped chips is not built. One line
+    otherwise."""
     if not model.is_moe:
         tp_shard(model, system.chips)
+    elif fidelity == "fast" and schedule == "auto":
+        raise ConfigError(f"--schedule auto with --system --fidelity fast: the fast model of the expert-parallel "
+                          f"MoE block of {model.name!r} on mapped chips is not built yet; use --fidelity exact or "
+                          f"--schedule paper")
     if len(system.dimensions) != 1 or system.dimensions[0].topology not in ("ring", "fully-connected", "switch"):
         raise ConfigError(f"--fidelity {fidelity} with --system {system.name}: the system needs one dimension (ring, "
                           f"fully-connected or switch) for its all-reduce's closed form")
@@ -273,9 +290,6 @@ def system_engine_latency(model, system, routing, *, max_model_len: int, vocab: 
                           schedule: str = "paper"):
     """The exact provider on ``system`` (:class:`SystemEngineLatency`), after :func:`check_exact_system`."""
     check_exact_system(system, model)
-    if schedule == "auto" and model.is_moe:
-        raise ConfigError(f"--schedule auto with --system: the expert-parallel MoE block of {model.name!r} keeps the "
-                          f"paper's schedule (a dense model's tensor-parallel layers are mapped); use --schedule paper")
     return SystemEngineLatency(model, system, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
                                schedule=schedule)
 
@@ -283,9 +297,11 @@ def system_engine_latency(model, system, routing, *, max_model_len: int, vocab: 
 def system_layer_spec(model, system, max_model_len: int, schedule: str = "paper") -> LayerSpec:
     """What each chip of ``system`` runs of a layer: an MoE model's block sharded over the chips (its experts by
     expert parallelism), or a dense model's tensor-parallel shard (:func:`tp_shard`), the one-chip layer of a
-    narrower model, built with ``schedule`` (a mapped shard is mapped like any one-chip layer)."""
+    narrower model, built with ``schedule`` (a mapped shard is mapped like any one-chip layer; a mapped MoE block
+    each chip's share, :mod:`stepsim.mapping.expert_parallel`, beside one chip's heads, :func:`head_shard`)."""
     if model.is_moe:
-        return LayerSpec(mqa_shard(model, system.chips), system.hardware, max_kv_rows(max_model_len), system=system)
+        heads = head_shard(model, system.chips) if schedule == "auto" else mqa_shard(model, system.chips)
+        return LayerSpec(heads, system.hardware, max_kv_rows(max_model_len), system=system, schedule=schedule)
     return LayerSpec(tp_shard(model, system.chips), system.hardware, max_kv_rows(max_model_len), schedule=schedule)
 
 
@@ -331,7 +347,8 @@ class SystemEngineLatency(EngineLatency):
     def roles(self, tasks: list) -> list:
         if not self.model.is_moe:  # the shard's one-chip roles: its heads and every layer's FFN
             return EngineLatency.roles(self, tasks)
-        heads = kv_heads_per_chip(self.model, self.system.chips)
+        # mapped: the attention holds the chip's every head (tasks tiles them); the paper's runs one at a time
+        heads = 1 if self.spec.schedule == "auto" else kv_heads_per_chip(self.model, self.system.chips)
         return [("attention", heads * self.model.layers) if kind != "ffn" else ("ffn", 1) for kind, _ in tasks]
 
     def weight_cycles(self, batch) -> int:

@@ -342,7 +342,7 @@ def tensor_parallel(g, system, layers: int, *, tp: int, pp: int | None, algorith
 
 def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, stack: bool, pp: int | None = None,
                     micro_batches: int = 1, regions: int | None = None, hooks=None, algorithm: str | None = None,
-                    tp: int | None = None, store=None, **build) -> tuple[dict, dict, dict]:
+                    tp: int | None = None, store=None, lanes: int = 1, **build) -> tuple[dict, dict, dict]:
     """``--ep E`` layers into ``sh.g``: each the sharded expert-parallel layer of
     :func:`~stepsim.workloads.moe.sharded.build_sharded` (the all-to-alls), the FFNs of
     :func:`~stepsim.workloads.moe.stage.expert_ffns`, its operators on the chips ``base ..`` of its stage.
@@ -364,6 +364,10 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
     every chip so ends with a partial sum of its group's rows, all-reduced over the group (``algorithm``), and chip
     ``p = g N + t`` stores reduced chunk k in ``y<p>.<k>`` (or ``store(g, t, k, stream)`` consumes it).
 
+    ``lanes`` > 1 (one layer without ``tp``: a mapped chip's schedule, :mod:`stepsim.workloads.moe.mapped_ep`)
+    spreads every routed expert, or every time-multiplexed region, over that many column stripes
+    (:func:`~stepsim.workloads.moe.stage._expert_ffn`), as the one-chip layer's ``lanes`` does.
+
     Returns ``(params, bindings, tile_rows)``, the params (with ``algorithm`` when given): placement, chips, shard
     bounds, the chip of every expert (with ``tp``: its group's first) and, for one layer, the token rows every
     chip's experts receive, the busiest chip, imbalance = max / mean (and ``region_experts``), then the links
@@ -371,7 +375,7 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
     from stepsim.workloads.chips import all_reduce_partials
     from stepsim.workloads.moe.parallel import chip_tokens, expert_cost, place_experts, region_members, shard_rows
     from stepsim.workloads.moe.sharded import build_sharded
-    from stepsim.workloads.moe.stage import _timeshared_ffns, expert_ffns
+    from stepsim.workloads.moe.stage import _expert_ffn, _timeshared_ffns, expert_ffns
     from stepsim.workloads.routing import expert_counts
 
     bindings, tile_rows, expert_chips, per_stage = {}, {}, [], len(routings) // (pp or 1)
@@ -393,9 +397,13 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
                                             prefix=f"layer{i}." if stack else "", suffix="" if tp is None else f".{t}")
 
             def ffns(g, packed, counts=counts, members=members, dedicated=dedicated):  # regions: time-multiplexed
-                if members is None:
+                if members is not None:
+                    return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members,
+                                            lanes=lanes)
+                if lanes == 1:
                     return dedicated(g, packed)
-                return _timeshared_ffns(g, packed, model, regions, tile_f, dynamic, counts, bw, members)
+                return [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, lanes=lanes)
+                        for e in range(model.experts)], {}, {}
 
             before = len(sh.g.ops)
             layer_chip, layer_bindings, bounds, rows = build_sharded(

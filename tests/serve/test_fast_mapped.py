@@ -202,10 +202,11 @@ def test_auto_is_the_default_on_serving_hardware_only():
 
 def test_auto_where_it_is_not_built_is_one_line(tmp_path):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
-    with pytest.raises(ConfigError) as e:  # an MoE model's expert-parallel block on a system is not mapped
+    with pytest.raises(ConfigError) as e:  # fast on an MoE model's mapped expert-parallel chips
         stepsim.serve("mixtral-8x7b", trace, fidelity="fast", schedule="auto", system="sn40l-8")
-    assert str(e.value) == ("--schedule auto with --system: the expert-parallel MoE block of 'mixtral-8x7b' keeps the "
-                            "paper's schedule (a dense model's tensor-parallel layers are mapped); use --schedule paper")
+    assert str(e.value) == ("--schedule auto with --system --fidelity fast: the fast model of the expert-parallel "
+                            "MoE block of 'mixtral-8x7b' on mapped chips is not built yet; use --fidelity exact or "
+                            "--schedule paper")
     with pytest.raises(ConfigError) as e:
         stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01, schedule="auto")
     assert str(e.value) == "--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast"

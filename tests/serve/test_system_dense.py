@@ -138,11 +138,3 @@ def test_a_dense_model_serves_on_8_sockets_in_fast_mode_on_its_mapped_shards(tmp
     assert [(row["kind"], row["bucket"], row["steps"]) for row in result.summary["layers"]] == [
         ("prefill", 1024, 1), ("decode", 16, 7), ("ffn", 16, 7), ("ffn", 1024, 1)]
     assert issubclass(MappedSystemFastLatency, MappedFastLatency)
-
-
-def test_an_moe_model_on_a_system_keeps_the_paper_schedule(tmp_path):
-    with pytest.raises(ConfigError) as e:
-        stepsim.serve("mixtral-8x7b", _requests(tmp_path / "r.parquet", 1), fidelity="exact", schedule="auto",
-                      system="ring-2")
-    assert str(e.value) == ("--schedule auto with --system: the expert-parallel MoE block of 'mixtral-8x7b' keeps the "
-                            "paper's schedule (a dense model's tensor-parallel layers are mapped); use --schedule paper")

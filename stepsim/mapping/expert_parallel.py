@@ -1,0 +1,98 @@
+"""The MoE block over a system's chips by expert parallelism, mapped chip by chip (issue 41; docs/mapping.md).
+
+A dataflow compiler given an expert-parallel deployment compiles one program a chip: the chip's experts (and its
+shard of the batch, the all-to-alls' ends) spread over that chip's units. stepsim does the same in two steps:
+
+* **Knobs** (:func:`ep_knobs`): the schedule the one-chip mapper (:func:`stepsim.mapping.schedule_for`, kind
+  ``ffn``, cached like any one-chip FFN) chooses for the block one chip holds: ``E / n`` experts, each token taking
+  ``k' = min(ceil(k / n), E / n)`` of them, over ``ceil(t k / (n k'))`` tokens (``t`` tokens of top-``k`` routing
+  over ``E`` experts on ``n`` chips: a chip's experts get ``t k / n`` token slots, as many as the proxy's, so an
+  expert averages the tokens it gets in the deployment), the shared experts whole (each chip runs them on its
+  shard). Its ``tile_n``, ``tile_f`` and ``lanes`` are the deployment's; its regions a chip, times ``n``, its
+  regions in all.
+* **Units** (:func:`assign_chip_units`): every chip's compute operators get that chip's compute units as the
+  one-chip mapper hands them out (:func:`stepsim.mapping.units.assign_compute_units`: one each, the rest by FLOPs),
+  on the mapper's representative routing of the same token count (:func:`stepsim.mapping.kinds.ffn.ffn_routing`), so
+  a layer's units depend on its shape, never on its routing (a serving template rebound to any step's routing is
+  the layer built for it).
+
+The whole system's graph (:func:`stepsim.workloads.moe.mapped_ep.build_mapped_ep`) is then simulated as any
+expert-parallel layer: the dispatch and combine over the links, every chip's HBM, exactly. The knobs are chosen on the
+one-chip proxy, not searched on the system's graph: a search there would simulate the whole system per candidate
+and key its cache by the system too; the proxy's choice is what compiling each chip on its own gives.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from stepsim.base.hardware import Hardware
+from stepsim.mapping.units import Infeasible, assign_compute_units, compute_ops
+from stepsim.models.presets import MoEModel
+
+#: units plans already made: (tokens, model, chips, hardware values, knobs) -> {operator name: compute_bw}
+_PLANS: dict = {}
+
+
+def chip_block(tokens: int, model: MoEModel, chips: int) -> tuple[MoEModel, int]:
+    """``(dims, tokens)`` of the one-chip block that stands for one chip's share (module docstring)."""
+    local = model.experts // chips
+    top_k = min(-(-model.top_k // chips), local)
+    dims = MoEModel(f"{model.name}/ep{chips}", hidden=model.hidden, intermediate=model.intermediate,
+                    experts=local, top_k=top_k, shared_intermediate=model.shared_intermediate)
+    return dims, max(1, math.ceil(tokens * model.top_k / (chips * top_k)))
+
+
+def ep_knobs(tokens: int, model: MoEModel, chips: int, hardware: Hardware) -> dict:
+    """The knobs of the expert-parallel layer of ``tokens`` tokens on ``chips`` chips (module docstring):
+    ``{"tile_n", "tile_f", "lanes", "regions"}``, ``regions`` in all."""
+    from stepsim.mapping import schedule_for
+
+    dims, size = chip_block(tokens, model, chips)
+    knobs = dict(schedule_for("ffn", size, dims, hardware).knobs)
+    knobs["regions"] *= chips
+    return knobs
+
+
+def assign_chip_units(workload, hardware: Hardware) -> tuple[int, ...]:
+    """Every chip's compute operators given that chip's compute units (module docstring), in place; returns the
+    units each chip uses, chip by chip (an operator's ``chip``).
+
+    Raises
+    ------
+    Infeasible
+        A chip with more compute operators than compute units (naming the chip).
+    """
+    by_chip: dict[int, list] = {}
+    for op in compute_ops(workload.graph):
+        by_chip.setdefault(getattr(op, "chip", 0), []).append(op)
+    flops = workload.op_flops()
+    used = []
+    for chip in sorted(by_chip):
+        view = SimpleNamespace(graph=SimpleNamespace(ops=by_chip[chip]), op_flops=lambda: flops)
+        try:
+            used.append(assign_compute_units(view, hardware))
+        except Infeasible as exc:
+            raise Infeasible(f"chip {chip}: {exc}") from None
+    return tuple(used)
+
+
+def mapped_ep_workload(model: MoEModel, routing, system, hardware: Hardware, channel_depth: int | None = None):
+    """The expert-parallel layer of ``routing`` on ``system`` with its mapped knobs (:func:`ep_knobs`) and units
+    (:func:`assign_chip_units` on the representative routing of its token count). Returns ``(workload, knobs)``."""
+    from stepsim.mapping.kinds.ffn import ffn_routing
+    from stepsim.workloads.moe.mapped_ep import build_mapped_ep
+
+    tokens, chips = len(routing), system.chips
+    knobs = ep_knobs(tokens, model, chips, hardware)
+    key = (tokens, repr(model), chips, tuple(sorted(hardware.values().items())), tuple(sorted(knobs.items())))
+    if key not in _PLANS:
+        representative = build_mapped_ep(model, ffn_routing(tokens, model), system=system, **knobs)
+        assign_chip_units(representative, hardware)
+        _PLANS[key] = {op.name: op.compute_bw for op in compute_ops(representative.graph)}
+    workload = build_mapped_ep(model, routing, system=system, channel_depth=channel_depth, **knobs)
+    plan = _PLANS[key]
+    for op in compute_ops(workload.graph):
+        op.compute_bw = plan[op.name]
+    return workload, knobs

@@ -1,0 +1,176 @@
+"""``--schedule auto --system`` for an MoE model: the expert-parallel block with each chip's experts mapped
+(stepsim/mapping/expert_parallel.py, stepsim/workloads/moe/mapped_ep.py). Its templates rebind to any routing as a
+fresh build; its units depend on the token count only; each chip's units fit the chip; with the paper's knobs it is
+the paper's graph; a served step reads its bytes no faster than the chips' HBM."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from engines_agree import both_engines
+from test_serve_system_templates import SMALL, _routing, _same_program
+
+import stepsim
+from stepsim.base.errors import ArgumentError, ConfigError
+from stepsim.base.hardware import Hardware
+from stepsim.base.system import System
+from stepsim.kernels.api import run as fast_run
+from stepsim.mapping.expert_parallel import assign_chip_units, chip_block, mapped_ep_workload
+from stepsim.mapping.units import compute_ops
+from stepsim.models.presets import resolve_model
+from stepsim.serve.exact import max_kv_rows
+from stepsim.serve.layers import LayerRunner, LayerSpec, build, lowered, make_template
+from stepsim.workloads.moe.mapped_ep import build_mapped_ep
+
+SN40L = Hardware.preset("sn40l")
+
+
+def _system(name: str) -> System:
+    return dataclasses.replace(System.preset(name), hardware=SN40L)
+
+
+def _model(tmp_path, shared: bool):
+    config = dict(SMALL, shared_expert_intermediate_size=128) if shared else SMALL
+    path = tmp_path / f"small{'-shared' if shared else ''}.json"
+    path.write_text(json.dumps(config))
+    return resolve_model(str(path))
+
+
+def test_a_chips_block_stands_for_its_share_of_the_token_slots():
+    qwen = resolve_model("qwen3-30b-a3b").moe  # 128 experts, top-8
+    dims, tokens = chip_block(64, qwen, 4)
+    assert (dims.experts, dims.top_k, dims.intermediate, tokens) == (32, 2, 768, 64)
+    dims, tokens = chip_block(5, qwen, 16)  # 8 experts a chip, top-1: 5 x 8 / 16 slots, rounded up
+    assert (dims.experts, dims.top_k, tokens) == (8, 1, 3)
+    small = resolve_model("examples/small-moe.json").moe  # 16 experts, top-2
+    assert [chip_block(t, small, 4)[1] for t in (1, 3, 9)] == [1, 2, 5]
+
+
+@pytest.mark.parametrize("system, shared, tokens", [
+    ("ring-2", False, (1, 3, 40)),
+    ("ring-2", True, (2, 17)),
+    ("ring-4", False, (1, 3, 9)),  # 1 and 3 tokens: empty shards
+    ("ring-4", True, (6,)),
+])
+def test_rebound_mapped_templates_are_fresh_builds_array_for_array_and_cycle_for_cycle(tmp_path, system, shared,
+                                                                                      tokens):
+    s = _system(system)
+    spec = LayerSpec(_model(tmp_path, shared), SN40L, max_kv_rows(4096), system=s, schedule="auto")
+    rng = np.random.default_rng(11)
+    runner = LayerRunner(spec)
+    for b in tokens:
+        template = make_template("ffn", (b,), spec)
+        skewed = np.tile(_routing(rng, 1), (b, 1))
+        for data in (*(_routing(rng, b) for _ in range(2)), skewed):
+            fresh = lowered(build("ffn", data, spec), SN40L)
+            assert _same_program(template.bind(data), fresh), (system, shared, data.tolist())
+            assert runner.cycles("ffn", data) == fast_run(fresh).cycles
+    assert (runner.builds, len(runner.templates)) == (len(tokens), len(tokens))
+
+
+def test_both_engines_agree_on_a_mapped_expert_parallel_block(tmp_path):
+    spec = LayerSpec(_model(tmp_path, True), SN40L, max_kv_rows(4096), system=_system("ring-4"), schedule="auto")
+    both_engines(make_template("ffn", (10,), spec).bind(_routing(np.random.default_rng(3), 10)))
+
+
+def test_units_follow_the_token_count_and_fit_every_chip(tmp_path):
+    model, s = _model(tmp_path, False).moe, _system("ring-4")
+    rng = np.random.default_rng(5)
+    a, knobs = mapped_ep_workload(model, _routing(rng, 9), s, SN40L)
+    b, _ = mapped_ep_workload(model, np.tile(_routing(rng, 1), (9, 1)), s, SN40L)
+    bw = lambda w: [(op.name, op.compute_bw) for op in compute_ops(w.graph)]  # noqa: E731
+    assert bw(a) == bw(b)  # the same units whatever the routing
+    assert knobs == {"tile_n": 4, "tile_f": 32, "lanes": 4, "regions": 16}
+    # assigned again on a build of its own: every chip's compute units used (one each, the rest by FLOPs)
+    fresh = build_mapped_ep(model, _routing(rng, 9), system=s, **knobs)
+    assert assign_chip_units(fresh, SN40L) == (SN40L.compute_units,) * 4
+    per_chip = {}
+    for op in compute_ops(fresh.graph):
+        per_chip[op.chip] = per_chip.get(op.chip, 0) + op.compute_bw // SN40L.unit_flops_per_cycle
+    assert per_chip == {c: SN40L.compute_units for c in range(4)}
+
+
+def test_with_the_papers_knobs_it_is_the_papers_graph(tmp_path):
+    """lanes 1, one region an expert, the paper's tiles: operator for operator the graph of
+    ``build_moe(..., ep=n, placement="contiguous")`` (only the compute_bw, the mapper's, differs)."""
+    import warnings
+
+    from stepsim.workloads.moe.build import build_moe
+
+    model, s = _model(tmp_path, True).moe, _system("ring-2")
+    routing = _routing(np.random.default_rng(2), 12)
+    mapped = build_mapped_ep(model, routing, system=s, tile_n=32, tile_f=64, lanes=1, regions=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        paper = build_moe(model, routing, ep=2, placement="contiguous", system=s)
+    shape = lambda w: [(type(op).__name__, op.name, getattr(op, "chip", 0)) for op in w.graph.ops]  # noqa: E731
+    assert shape(mapped) == shape(paper)
+    assert mapped.metrics()["off_chip_bytes"] == paper.metrics()["off_chip_bytes"]
+
+
+def test_lanes_keep_the_bytes_and_flops_and_shorten_the_layer(tmp_path):
+    model, s = _model(tmp_path, False).moe, _system("ring-2")
+    routing = _routing(np.random.default_rng(4), 24)
+    layers = {lanes: build_mapped_ep(model, routing, system=s, tile_n=8, tile_f=32, lanes=lanes, regions=16)
+              for lanes in (1, 4)}
+    for w in layers.values():
+        assign_chip_units(w, SN40L)
+    one, four = (w.metrics() for w in layers.values())
+    assert one["off_chip_bytes"] == four["off_chip_bytes"]
+    # the FLOPs but the lanes' partial sums: 3 Adds of a tile's rows (8 x 256) per expert tile
+    tiles = int(sum(-(-np.bincount(routing.ravel(), minlength=16) // 8)))
+    assert four["graph_flops"] - one["graph_flops"] == 3 * tiles * 8 * 256 == 98_304
+    cycles = {lanes: fast_run(lowered(w, SN40L)).cycles for lanes, w in layers.items()}
+    assert cycles[4] < cycles[1]
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(tile_n=4, tile_f=32, lanes=4, regions=6), "regions 6 must divide the 16 experts and be a multiple of the "
+                                                    "2 chips"),
+    (dict(tile_n=4, tile_f=32, lanes=3, regions=16), "lanes 3 x tile_f 32 must divide the intermediate size 128 "
+                                                     "(and tile_f the shared experts' 0)"),
+    (dict(tile_n=0, tile_f=32, lanes=1, regions=16), "tile_n must be a positive int, got 0"),
+])
+def test_bad_knobs_are_one_line(tmp_path, knobs, message):
+    with pytest.raises(ArgumentError) as e:
+        build_mapped_ep(_model(tmp_path, False).moe, _routing(np.random.default_rng(0), 4), system=_system("ring-2"),
+                        **knobs)
+    assert str(e.value) == message
+
+
+def _requests(path, n: int):
+    pq.write_table(pa.table({"arrival_s": [0.0] * n, "prompt_tokens": [64] * n, "output_tokens": [8] * n}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ep")
+    trace = _requests(tmp / "r.parquet", 4)
+    return {schedule: stepsim.serve("examples/small-moe.json", trace, fidelity="exact", schedule=schedule,
+                                    system="ring-2", hardware="sn40l", out=tmp / schedule)
+            for schedule in ("auto", "paper")}
+
+
+def test_served_on_mapped_chips(served):
+    auto, paper = served["auto"].summary, served["paper"].summary
+    assert auto["fidelity"]["schedule"] == "auto"
+    # four requests of 64-token prompts and 8 outputs on 2 sn40l chips: the mapped chips 9.1 % faster a token
+    assert (auto["tpot_s"]["p50"], auto["ttft_s"]["p50"]) == (8.91957142857143e-06, 3.8682e-05)
+    assert (paper["tpot_s"]["p50"], paper["ttft_s"]["p50"]) == (9.817e-06, 4.2631e-05)
+    iterations = pq.read_table(served["auto"].files["iterations"]).to_pydict()
+    assert max(iterations["hbm_utilisation"]) <= 1 and max(iterations["compute_utilisation"]) <= 1
+
+
+def test_fast_on_mapped_expert_parallel_chips_is_not_built(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve("examples/small-moe.json", _requests(tmp_path / "r.parquet", 1), fidelity="fast",
+                      schedule="auto", system="ring-2", hardware="sn40l")
+    assert str(e.value) == ("--schedule auto with --system --fidelity fast: the fast model of the expert-parallel "
+                            "MoE block of 'examples/small-moe.json' on mapped chips is not built yet; use --fidelity "
+                            "exact or --schedule paper")
