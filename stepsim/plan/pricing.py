@@ -114,9 +114,9 @@ class ShapePricer:
                     from stepsim.serve.fast_mapped import MappedFastLatency as kind
                 return kind(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
                             theta=record["theta"], error=record["error"], schedule=self.schedule)
-            from stepsim.serve.system_fast import SystemFastLatency
+            from stepsim.serve.system_fast import system_fast_class
 
-            return SystemFastLatency(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None,
+            return system_fast_class(model, self.schedule)(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None,
                                      forms=forms, theta=record["theta"], error=record["error"])
 
         if isinstance(self.record, list):  # a heterogeneous model, layer group by layer group

@@ -310,7 +310,7 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
     if system is not None:  # before the calibration's long work
         from stepsim.serve.system import check_exact_system
 
-        check_exact_system(system, model, "fast", schedule)
+        check_exact_system(system, model, "fast")
     cache = checked_calibration_cache(cache)
     key = calibration_key(key_parts)
     record = load_calibration(cache, key)
@@ -325,10 +325,9 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
             built["forms"] = forms_of(engine.spec)
         forms = forms or built["forms"]
         if system is not None:
-            from stepsim.serve.system_fast import MappedSystemFastLatency, SystemFastLatency
+            from stepsim.serve.system_fast import system_fast_class
 
-            system_provider = MappedSystemFastLatency if schedule == "auto" else SystemFastLatency
-            return system_provider(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
+            return system_fast_class(model, schedule)(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
                                    jobs=jobs, forms=forms, theta=theta, error=error)
         provider = FastLatency
         if schedule == "auto":  # mapped layers: the bucket's schedule in every regressor

@@ -270,17 +270,12 @@ def head_shard(model, chips: int):
     return dataclasses.replace(model, heads=model.heads // model.kv_heads * held, kv_heads=held)
 
 
-def check_exact_system(system, model, fidelity: str = "exact", schedule: str = "paper") -> None:
+def check_exact_system(system, model, fidelity: str = "exact") -> None:
     """The exact (or fast, calibrated on exact) fidelity on a system needs a system whose all-reduce has a closed
     form (one dimension: ring, fully connected or switch), and a dense model whose dimensions split by tensor
-    parallelism (:func:`tp_shard`); the fast model of an MoE block on mapped chips is not built. One line
-    otherwise."""
+    parallelism (:func:`tp_shard`); one line otherwise."""
     if not model.is_moe:
         tp_shard(model, system.chips)
-    elif fidelity == "fast" and schedule == "auto":
-        raise ConfigError(f"--schedule auto with --system --fidelity fast: the fast model of the expert-parallel "
-                          f"MoE block of {model.name!r} on mapped chips is not built yet; use --fidelity exact or "
-                          f"--schedule paper")
     if len(system.dimensions) != 1 or system.dimensions[0].topology not in ("ring", "fully-connected", "switch"):
         raise ConfigError(f"--fidelity {fidelity} with --system {system.name}: the system needs one dimension (ring, "
                           f"fully-connected or switch) for its all-reduce's closed form")

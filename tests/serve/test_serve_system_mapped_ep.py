@@ -16,7 +16,7 @@ from engines_agree import both_engines
 from test_serve_system_templates import SMALL, _routing, _same_program
 
 import stepsim
-from stepsim.base.errors import ArgumentError, ConfigError
+from stepsim.base.errors import ArgumentError
 from stepsim.base.hardware import Hardware
 from stepsim.base.system import System
 from stepsim.kernels.api import run as fast_run
@@ -167,10 +167,19 @@ def test_served_on_mapped_chips(served):
     assert max(iterations["hbm_utilisation"]) <= 1 and max(iterations["compute_utilisation"]) <= 1
 
 
-def test_fast_on_mapped_expert_parallel_chips_is_not_built(tmp_path):
-    with pytest.raises(ConfigError) as e:
-        stepsim.serve("examples/small-moe.json", _requests(tmp_path / "r.parquet", 1), fidelity="fast",
-                      schedule="auto", system="ring-2", hardware="sn40l")
-    assert str(e.value) == ("--schedule auto with --system --fidelity fast: the fast model of the expert-parallel "
-                            "MoE block of 'examples/small-moe.json' on mapped chips is not built yet; use --fidelity "
-                            "exact or --schedule paper")
+def test_fast_on_mapped_expert_parallel_chips_against_exact(tmp_path, shared_traces):
+    """``--fidelity fast`` (MappedEPFastLatency) against ``--fidelity exact`` on the same mapped chips: the conversation
+    trace's first 15 requests (long ones dropped) on ring-2 of sn40l, the small MoE model."""
+    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+    kw = dict(system="ring-2", hardware="sn40l", schedule="auto", limit_requests=15, drop_long=True)
+    exact = stepsim.serve("examples/small-moe.json", trace, fidelity="exact", **kw).summary
+    fast = stepsim.serve("examples/small-moe.json", trace, fidelity="fast", calibration_cache=tmp_path / "cache",
+                         **kw).summary
+    assert (fast["fidelity"]["schedule"], fast["fidelity"]["system"], fast["fidelity"]["chips"]) == ("auto", "ring-2", 2)
+    diff = {f"{k[:-2]} {q}": round((fast[k][q] / exact[k][q] - 1) * 100, 2) for k in ("ttft_s", "tpot_s")
+            for q in ("p50", "p99")}
+    error = {k: round(v * 100, 2) for k, v in fast["fidelity"]["error"].items() if k.startswith("iteration")}
+    assert (exact["completed"], fast["completed"]) == (15, 15)
+    # measured 2026-11-26: fast against exact (%), and the calibration's held-out step error (%)
+    assert diff == {"ttft p50": 1.38, "ttft p99": 0.78, "tpot p50": 0.72, "tpot p99": -3.75}
+    assert error == {"iteration_p50": 0.18, "iteration_p95": 9.07, "iteration_max": 9.5}
