@@ -40,10 +40,9 @@ class ShapePricer:
         cache) and keep the calibration; returns the run's summary."""
         from stepsim.serve.api import default_schedule, resolve_serving_hardware, serve
 
-        # the layers serve prices a run of this shape with (its --schedule default): mapped on one sn40l chip, the
+        # the layers serve prices a run of this shape with (its --schedule default): mapped on sn40l chips, the
         # paper's elsewhere; provider() rebuilds the matching provider, the commands and the verification name it
-        self.schedule = default_schedule(resolve_serving_hardware(self.hardware_name), self.system_name, self.model,
-                                         "fast")
+        self.schedule = default_schedule(resolve_serving_hardware(self.hardware_name), "fast")
         result = serve(self.model_arg, reference_file, fidelity="fast", schedule=self.schedule, slo=slo,
                        hardware=self.hardware_name, system=self.system_name, calibration_cache=self.cache,
                        seed=self.seed)

@@ -108,16 +108,14 @@ def check_schedule(schedule, fidelity) -> None:
         raise ConfigError("--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast")
 
 
-def default_schedule(hardware: Hardware, system, model, fidelity) -> str:
+def default_schedule(hardware: Hardware, fidelity) -> str:
     """The schedule of a serve run that gives none: ``auto`` on serving hardware (:data:`SERVING_HARDWARE`, a preset
-    with overrides too) with ``--fidelity exact`` or ``fast`` on one chip and on a system of a dense model (its
-    tensor-parallel layers are mapped); ``paper`` otherwise (the paper's chips and a system's expert-parallel MoE
-    block are not mapped; without a fidelity no layer is built)."""
+    with overrides too) with ``--fidelity exact`` or ``fast``, on one chip or a system (a dense model's
+    tensor-parallel shards, an MoE model's expert-parallel chips: each mapped); ``paper`` otherwise (the paper's
+    chips are not mapped; without a fidelity no layer is built)."""
     from stepsim.base.hardware import OVERRIDE_MARK
 
     if fidelity is None or hardware.name.split(OVERRIDE_MARK, 1)[0] not in SERVING_HARDWARE:
-        return "paper"
-    if system is not None and model.is_moe:
         return "paper"
     return "auto"
 
@@ -545,7 +543,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     if fidelity is not None:  # before any work: a heterogeneous model is priced layer group by layer group
         _check_layer_list(resolved, routing, system, fidelity)
     if schedule is None:
-        schedule = default_schedule(hw, system, resolved, fidelity)
+        schedule = default_schedule(hw, fidelity)
     memory = model_memory(resolved)
     if system is not None:
         from stepsim.serve.system import system_capacity

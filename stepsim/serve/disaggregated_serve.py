@@ -127,8 +127,7 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
         if providers is not None:
             pool["provider"], pool["calibration"] = providers[k], None
             continue
-        pool["schedule"] = schedule if schedule is not None else api.default_schedule(hw, pool["system"], resolved,
-                                                                                      fidelity)
+        pool["schedule"] = schedule if schedule is not None else api.default_schedule(hw, fidelity)
         pool["provider"], pool["calibration"] = _provider(pool, fidelity, iteration_latency, resolved, model, hw,
                                                           routing, seed, limit, memory, jobs, requests, trace, config,
                                                           limit_requests, arrival, arrival_scale, duration,

@@ -51,10 +51,10 @@ def ep_loads(routing: np.ndarray, experts: int, chips: int, knobs: dict) -> np.n
 def ep_reference(size: int, spec: LayerSpec) -> tuple[float, float, float, dict]:
     """``(cycles, chip tiles, region tiles, knobs)`` of the FFN bucket of ``size`` tokens (the next power of two):
     the layer on the system simulated on the mapper's representative routings (the mean of their cycles), their
-    mean busiest chip's and region's tiles, and the layer's knobs (:func:`stepsim.mapping.expert_parallel.ep_knobs`).
+    mean busiest chip's and region's tiles, and the layer's knobs (:func:`stepsim.mapping.expert_parallel.ep_schedule`).
     Memoised a process."""
     from stepsim.mapping import kinds
-    from stepsim.mapping.expert_parallel import ep_knobs
+    from stepsim.mapping.expert_parallel import ep_schedule
     from stepsim.mapping.mapper import bucket
     from stepsim.serve.layers import LayerRunner
 
@@ -62,7 +62,7 @@ def ep_reference(size: int, spec: LayerSpec) -> tuple[float, float, float, dict]
     model, chips = spec.ffn_model, spec.system.chips
 
     def make():
-        knobs = ep_knobs(b, model, chips, spec.hardware)
+        knobs, _ = ep_schedule(b, model, spec.system, spec.hardware)
         routings = [kinds.ffn.ffn_routing(b, model, s) for s in range(kinds.ffn.ffn_samples(b))]
         runner = LayerRunner(spec)
         cycles = np.mean([runner.fresh_cycles("ffn", r) for r in routings])

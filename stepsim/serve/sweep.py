@@ -245,14 +245,11 @@ def with_defaults(config: dict) -> dict:
 
 def _default_schedule(config: dict) -> str | None:
     """The schedule :func:`stepsim.serve` would build an engine-backed task's layers with when it gives none
-    (:func:`stepsim.serve.api.default_schedule`; None when the model or hardware does not resolve: the run refuses
-    it)."""
-    from stepsim.models.presets import resolve_model
+    (:func:`stepsim.serve.api.default_schedule`; None when the hardware does not resolve: the run refuses it)."""
     from stepsim.serve.api import default_schedule, resolve_serving_hardware
 
     try:
-        return default_schedule(resolve_serving_hardware(config["hardware"]), None, resolve_model(config.get("model")),
-                                config["fidelity"])
+        return default_schedule(resolve_serving_hardware(config["hardware"]), config["fidelity"])
     except (StepsimError, TypeError, OSError, ValueError):
         return None
 

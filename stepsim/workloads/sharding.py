@@ -366,7 +366,8 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
 
     ``lanes`` > 1 (one layer without ``tp``: a mapped chip's schedule, :mod:`stepsim.workloads.moe.mapped_ep`)
     spreads every routed expert, or every time-multiplexed region, over that many column stripes
-    (:func:`~stepsim.workloads.moe.stage._expert_ffn`), as the one-chip layer's ``lanes`` does.
+    (:func:`~stepsim.workloads.moe.stage._expert_ffn`), as the one-chip layer's ``lanes`` does, and the shared
+    experts over as many column stripes (:func:`_shared_lanes`).
 
     Returns ``(params, bindings, tile_rows)``, the params (with ``algorithm`` when given): placement, chips, shard
     bounds, the chip of every expert (with ``tp``: its group's first) and, for one layer, the token rows every
@@ -405,6 +406,8 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
                 return [_expert_ffn(g, packed[e], e, model, tile_f, dynamic, bw, lanes=lanes)
                         for e in range(model.experts)], {}, {}
 
+            if shared is not None and lanes != 1:  # one layer without tp (a mapped chip's schedule)
+                shared = _shared_lanes(model, lanes, build["tile_n"], tile_f, build["packing_compute_bw"], bw)
             before = len(sh.g.ops)
             layer_chip, layer_bindings, bounds, rows = build_sharded(
                 sh.g, shard, routing, chip_of, ep, ffns=ffns, shared_ffn=shared, micro_batches=micro_batches,
@@ -455,6 +458,27 @@ def expert_parallel(sh: Sharding, model, routings, ep: int, placement: str, *, s
               "shard_bounds": bounds, "chip_tokens": r["tokens"], "busiest_chip": r["busiest"],
               "imbalance": r["imbalance"], "links_used": r["links_used"], "link_bytes": r["link_bytes"]}
     return {**params, **({} if members is None else {"region_experts": members}), **named}, bindings, tile_rows
+
+
+def _shared_lanes(model, lanes: int, tile_n, tile_f: int, packing_compute_bw: int, bw: dict):
+    """``shared(g, tokens, rows)`` of :func:`expert_parallel` with the shared experts over ``lanes`` column stripes:
+    stripe ``j`` the shared FFN of columns ``[j Fs/lanes, (j+1) Fs/lanes)`` of the gate and up weights and those rows
+    of the down weights (tensors ``shared_<part>.lane<j>``), on the chip's token rows, the stripes' partial outputs
+    summed by a tree of Adds, as a routed expert's lanes are (:func:`~stepsim.workloads.moe.stage._expert_ffn`):
+    each stripe's loads stream on their own, so the weights arrive ``lanes`` times as fast; the bytes are the same.
+    A stripe is never narrower than ``tile_f`` (fewer stripes then)."""
+    import dataclasses
+
+    from stepsim.workloads.moe.stage import DEFAULT_TILE_N, shared_ffn, sum_tree
+
+    width = model.shared_intermediate
+    stripes = max(n for n in range(1, lanes + 1) if width % (n * tile_f) == 0)
+    stripe = dataclasses.replace(model, shared_intermediate=width // stripes)
+
+    def shared(g, tokens, rows):
+        return sum_tree(g, [shared_ffn(g, tokens, stripe, rows, tile_n or DEFAULT_TILE_N, tile_f, packing_compute_bw,
+                                       bw, suffix=f".lane{j}") for j in range(stripes)], bw)
+    return shared
 
 
 def check_tp_ep(tp: int, ep: int, batch: int, system) -> None:

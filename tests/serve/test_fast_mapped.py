@@ -186,27 +186,17 @@ def test_auto_is_the_default_on_serving_hardware_only():
     from stepsim.base.hardware import Hardware
     from stepsim.serve.api import default_schedule
 
-    moe, dense = resolve_model("qwen3-30b-a3b"), resolve_model("llama-3.1-8b")
     sn40l, tweaked = PRESETS["sn40l"], Hardware.from_dict({"preset": "sn40l", "hbm_channels": 25})
-    system = object()
-    got = {(hw.name, model.name, fidelity, s is not None): default_schedule(hw, s, model, fidelity)
-           for hw in (sn40l, tweaked, PRESETS["step-eval"], PRESETS["step-hdl"]) for model in (moe, dense)
-           for fidelity in ("exact", "fast", None) for s in (None, system)}
-    auto = {k for k, v in got.items() if v == "auto"}
+    got = {(hw.name, fidelity): default_schedule(hw, fidelity)
+           for hw in (sn40l, tweaked, PRESETS["step-eval"], PRESETS["step-hdl"]) for fidelity in ("exact", "fast", None)}
+    # sn40l (overrides too), exact or fast, one chip or a system of it, a dense or an MoE model
+    assert {k for k, v in got.items() if v == "auto"} == {(hw, fidelity) for hw in (sn40l.name, tweaked.name)
+                                                          for fidelity in ("exact", "fast")}
     assert set(got.values()) == {"auto", "paper"}
-    # one chip of sn40l (overrides too), exact or fast; a system of it for a dense model, exact or fast
-    assert auto == {(hw, model, fidelity, False) for hw in (sn40l.name, tweaked.name)
-                    for model in (moe.name, dense.name) for fidelity in ("exact", "fast")} | \
-        {(hw, dense.name, fidelity, True) for hw in (sn40l.name, tweaked.name) for fidelity in ("exact", "fast")}
 
 
 def test_auto_where_it_is_not_built_is_one_line(tmp_path):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
-    with pytest.raises(ConfigError) as e:  # fast on an MoE model's mapped expert-parallel chips
-        stepsim.serve("mixtral-8x7b", trace, fidelity="fast", schedule="auto", system="sn40l-8")
-    assert str(e.value) == ("--schedule auto with --system --fidelity fast: the fast model of the expert-parallel "
-                            "MoE block of 'mixtral-8x7b' on mapped chips is not built yet; use --fidelity exact or "
-                            "--schedule paper")
     with pytest.raises(ConfigError) as e:
         stepsim.serve("llama-3.1-8b", trace, iteration_latency=0.01, schedule="auto")
     assert str(e.value) == "--schedule auto maps the layers the engine prices: it needs --fidelity exact or fast"

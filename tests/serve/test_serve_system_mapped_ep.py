@@ -113,8 +113,11 @@ def test_with_the_papers_knobs_it_is_the_papers_graph(tmp_path):
     assert mapped.metrics()["off_chip_bytes"] == paper.metrics()["off_chip_bytes"]
 
 
-def test_lanes_keep_the_bytes_and_flops_and_shorten_the_layer(tmp_path):
-    model, s = _model(tmp_path, False).moe, _system("ring-2")
+@pytest.mark.parametrize("shared", [False, True])
+def test_lanes_keep_the_bytes_and_shorten_the_layer(tmp_path, shared):
+    """Lanes split every routed expert's columns, and the shared expert's (128 columns: 4 stripes of 32, tensors
+    ``shared_<part>.lane<j>``); the bytes stay, the FLOPs grow by the stripes' partial sums only."""
+    model, s = _model(tmp_path, shared).moe, _system("ring-2")
     routing = _routing(np.random.default_rng(4), 24)
     layers = {lanes: build_mapped_ep(model, routing, system=s, tile_n=8, tile_f=32, lanes=lanes, regions=16)
               for lanes in (1, 4)}
@@ -122,9 +125,13 @@ def test_lanes_keep_the_bytes_and_flops_and_shorten_the_layer(tmp_path):
         assign_chip_units(w, SN40L)
     one, four = (w.metrics() for w in layers.values())
     assert one["off_chip_bytes"] == four["off_chip_bytes"]
-    # the FLOPs but the lanes' partial sums: 3 Adds of a tile's rows (8 x 256) per expert tile
+    # the partial sums: 3 Adds of a tile's rows (8 x 256) per expert tile; the shared expert's 3 Adds of every
+    # chip's 12 token rows (its tiles of 8: 2 a chip, padded to 16 rows, summed after the padding is filtered out)
     tiles = int(sum(-(-np.bincount(routing.ravel(), minlength=16) // 8)))
-    assert four["graph_flops"] - one["graph_flops"] == 3 * tiles * 8 * 256 == 98_304
+    assert four["graph_flops"] - one["graph_flops"] == 3 * tiles * 8 * 256 + (3 * 24 * 256 if shared else 0)
+    loaded = {op.tensor.name for op in layers[4].graph.ops if hasattr(op, "tensor")}
+    assert {name for name in loaded if name.startswith("shared")} == (
+        {f"shared_{part}.lane{j}" for part in ("gate", "up", "down") for j in range(4)} if shared else set())
     cycles = {lanes: fast_run(lowered(w, SN40L)).cycles for lanes, w in layers.items()}
     assert cycles[4] < cycles[1]
 

@@ -31,8 +31,9 @@ def build_mapped_ep(model: MoEModel, routing, *, system, tile_n: int, tile_f: in
     """The MoE layer of ``routing`` (``[tokens, top_k]`` expert ids) with its experts on the ``system.chips`` chips
     of ``system`` (contiguous placement), static tiling of ``tile_n`` tokens, ``tile_f`` F columns per weight tile,
     ``lanes`` column stripes an expert (or region) and ``regions`` regions in all (``experts``: one an expert; fewer:
-    ``regions / chips`` time-multiplexed regions a chip). Every compute operator at :data:`PLACEHOLDER_BW`
-    FLOPs/cycle until its units are assigned.
+    ``regions / chips`` time-multiplexed regions a chip; the shared experts over as many stripes as ``lanes``:
+    :func:`stepsim.workloads.sharding._shared_lanes`). Every compute operator at :data:`PLACEHOLDER_BW` FLOPs/cycle
+    until its units are assigned.
 
     Raises
     ------
