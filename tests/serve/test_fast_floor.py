@@ -60,7 +60,7 @@ def _fast(model, system=None, seed: int = 3, shared: bool = False):
 def _floored_exactly(provider, cost) -> int:
     """The step's roofline in cycles, checked to be what ``cost`` took, ``floor`` what was added."""
     bound = provider.roofline.bound_cycles(cost.work["hbm_bytes"], cost.work["flops"])
-    priced = sum(v for k, v in cost.cycles.items() if k != "floor")
+    priced = sum(v for k, v in cost.cycles.items() if k not in ("floor", "hidden")) - cost.cycles.get("hidden", 0)
     assert cost.cycles["floor"] == bound - priced > 0
     assert cost.seconds == bound / provider.hardware.clock_hz
     return bound
@@ -154,3 +154,37 @@ def test_each_layer_group_is_floored_at_its_own_roofline():
         [143_511, 269_975], {"attention": 4, "ffn": 2, "weights": 107_503, "floor": 305_977}, 661_575_808,
         13_622_780_928)
     assert cost.work["hbm_utilisation"] == 661_575_808 / (413_486 * SN40L.hbm_peak_bytes_per_cycle) == 0.9999972913230436
+
+
+def test_a_mapped_shard_on_two_chips_costs_the_systems_roofline(tmp_path, monkeypatch):
+    """:class:`~stepsim.serve.system_fast.MappedSystemFastLatency` (a dense model's mapped tensor-parallel shards,
+    tests/serve/test_replay_mapped.py's random schedules, projections of 1 cycle) with zero coefficients: the step
+    costs the roofline of both chips' peaks, the floor what it added (64 decodes over 3,000 cached tokens: their
+    KV reads outlast the shards' all-reduces)."""
+    from test_replay_mapped import Mapper
+    from test_replay_mapped import _model as mapped_model
+
+    import stepsim.mapping
+    from stepsim.kernels.serve_mapped import PREFILL_COLUMNS
+    from stepsim.serve import fast_mapped, projections
+    from stepsim.serve.fast_mapped import FFN_COLUMNS
+    from stepsim.serve.system_fast import MappedSystemFastLatency
+
+    monkeypatch.setattr(projections, "projection_cost", lambda tokens, d_in, d_out, hardware: (1, 0, 0, 0))
+    monkeypatch.setattr(stepsim.mapping, "schedule_for", Mapper(5, 1))  # as test_replay_mapped's ``mapped``
+    monkeypatch.setattr(fast_mapped, "_MEMO", {})
+    forms = {k: MetricForm((1.0,) * 4, (1.0,) * 4) for k in ("decode", "prefill")}
+    theta = {"decode": [0.0] * 10, "prefill": [0.0] * PREFILL_COLUMNS, "ffn": [0.0] * FFN_COLUMNS,
+             "ffn_prefill": [0.0] * FFN_COLUMNS}
+    provider = MappedSystemFastLatency(mapped_model(tmp_path, "dense"), System.preset("ring-2"), None,
+                                       max_model_len=4096, vocab=1000, forms=forms, theta=theta)
+    cost = provider(IterationBatch([3_000] * 64, [1] * 64, 0, 64))
+    bound = _floored_exactly(provider, cost)
+    hw = provider.hardware
+    assert bound == max(-(-cost.work["hbm_bytes"] // (hw.hbm_peak_bytes_per_cycle * 2)),
+                        -(-cost.work["flops"] // (hw.peak_flops_per_cycle * 2)))
+    # the all-reduces (2 a layer) in attention; 2 layers' attention and 1 FFN piece for every layer at 1 cycle; the
+    # projections' weights at 1 cycle each, 4 of them hidden by streaming ahead
+    assert (cost.cycles, bound, cost.work["hbm_bytes"]) == (
+        {"attention": 8_106, "ffn": 2, "weights": 13, "hidden": 4, "floor": 40_320}, 48_437, 99_198_976)
+    assert cost.work["hbm_utilisation"] == 1.0  # 99,198,976 B: exactly 48,437 cycles of both chips' HBM
