@@ -1,7 +1,8 @@
 """Every fast provider floors its step at its roofline (:meth:`stepsim.serve.fast.FastLatency._floored`): the
 paper-schedule provider on one chip, on a system's chips (:class:`~stepsim.serve.system_fast.SystemFastLatency`,
-the roofline's peaks the chips' side by side) and each group of a layer list (:mod:`stepsim.serve.layer_list`);
-the mapped ones (tests/serve/test_replay_mapped.py) through the same method. Coefficients of zeros price every
+the roofline's peaks the chips' side by side), a dense model's mapped tensor-parallel shards
+(:class:`~stepsim.serve.system_fast.MappedSystemFastLatency`) and each group of a layer list
+(:mod:`stepsim.serve.layer_list`); one chip's mapped layers in tests/serve/test_replay_mapped.py. Coefficients of zeros price every
 piece at its 1-cycle minimum, far below any roofline, so each step costs exactly its roofline and ``floor`` holds
 what was added; the compiled replay (:mod:`stepsim.serve.replay_compiled`) floors its steps as the provider does,
 bit for bit. DeepSeek-V3's stored 16-socket calibration, which priced a lone short prefill at 1.77x its roofline,
