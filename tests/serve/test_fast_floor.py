@@ -5,7 +5,7 @@ the roofline's peaks the chips' side by side), a dense model's mapped tensor-par
 (:mod:`stepsim.serve.layer_list`); one chip's mapped layers in tests/serve/test_replay_mapped.py. Coefficients of zeros price every
 piece at its 1-cycle minimum, far below any roofline, so each step costs exactly its roofline and ``floor`` holds
 what was added; the compiled replay (:mod:`stepsim.serve.replay_compiled`) floors its steps as the provider does,
-bit for bit. DeepSeek-V3's stored 16-socket calibration, which priced a lone short prefill at 1.77x its roofline,
+bit for bit. DeepSeek-V3's stored 16-socket calibration, which priced lone short prefills at up to 1.80x their roofline,
 is tested in tests/serve/test_deepseek_v3_16_sockets.py."""
 
 from __future__ import annotations
