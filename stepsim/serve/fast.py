@@ -457,9 +457,10 @@ class FastLatency(EngineLatency):
         FLOPs side by side) when ``total`` is below it; ``cycles["floor"]``: what the floor added (0 on most steps).
         Every fast provider prices its steps through here (one chip or a system, paper or mapped layers, each
         group of a layer list on its own group's roofline). The pieces are fits, and a fit can price a step below
-        a physical bound: DeepSeek-V3 on 16 sn40l sockets priced lone prefills of a few tens of tokens at up to 1.80x their roofline,
-        its MoE group's ``ffn_prefill`` coefficients (fitted on chunks of hundreds to 2,048 tokens) extrapolating
-        every layer's FFN to the 1-cycle minimum; on tests/plan's small mapped model one step came out at 1.0125x.
+        a physical bound: DeepSeek-V3 on 16 sn40l sockets priced lone prefills of a few tens of tokens at up to
+        1.80x their roofline, its MoE group's ``ffn_prefill`` coefficients (fitted on chunks of hundreds to 2,048
+        tokens) extrapolating every layer's FFN to the 1-cycle minimum; on tests/plan's small mapped model one step
+        came out at 1.0125x.
         Plan's floors (:mod:`stepsim.plan.pricing`) and every utilisation column assume no step does. The exact
         provider needs no floor: the engine's reads cannot beat its own HBM bandwidth."""
         work = self.step_work(batch, touched, total)
