@@ -696,7 +696,7 @@ def _roofline(pi, ctx, new, m, tokens, touched, cycles, out_i, k):
 
 @kernel
 def _floor(pi, out_i, k):
-    """:meth:`stepsim.serve.fast_mapped.MappedFastLatency._floored` on a step whose roofline :func:`_write_work`
+    """:meth:`stepsim.serve.fast.FastLatency._floored` (every fast provider's) on a step whose roofline :func:`_write_work`
     wrote: its cycles raised to ``StepWork.bound_cycles`` (``math.ceil`` of int / int, as Python divides: both
     below 2^53, so one correctly rounded float each) when below it, the cycles added into ``I_CYCLES_FLOOR``."""
     bound = max(math.ceil(out_i[I_HBM, k] / pi[P_PEAK_BYTES]), math.ceil(out_i[I_FLOPS, k] / pi[P_PEAK_FLOPS]))
@@ -791,6 +791,7 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
                                st[S_STARTS_USED], steps_i, k, loads, dec, pre, x, basis, scratch, tiles, collective,
                                counts, expert_of_rank, regions):
                 return UNSUPPORTED
+            _floor(pi, steps_i, k)
             if pi[P_MOE]:
                 st[S_STARTS_USED] += 1
             seconds = np.float64(steps_i[I_CYCLES, k]) / np.float64(pi[P_CLOCK])

@@ -448,9 +448,28 @@ class FastLatency(EngineLatency):
         cycles = {"attention": self.attention_heads() * self.model.layers * attention + self.collective_cycles(batch),
                   "ffn": int(count * predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn").sum()),
                   "weights": self.weight_cycles(batch)}
-        total = sum(cycles.values())
         touched = int(x[:, ACTIVE_EXPERTS].sum()) if self.model.is_moe else 0
-        return IterationCost(total / self.hardware.clock_hz, cycles, self.step_work(batch, touched, total))
+        return self._floored(batch, cycles, sum(cycles.values()), touched)
+
+    def _floored(self, batch: IterationBatch, cycles: dict, total: int, touched: int) -> IterationCost:
+        """The step's cost at ``total`` cycles, or at its roofline (:meth:`~stepsim.mapping.roofline.StepWork.
+        bound_cycles` of the step's must-read bytes and FLOPs, :meth:`step_work`; on a system its chips' HBM and
+        FLOPs side by side) when ``total`` is below it; ``cycles["floor"]``: what the floor added (0 on most steps).
+        Every fast provider prices its steps through here (one chip or a system, paper or mapped layers, each
+        group of a layer list on its own group's roofline). The pieces are fits, and a fit can price a step below
+        a physical bound: DeepSeek-V3 on 16 sn40l sockets priced lone prefills of a few tens of tokens at up to
+        1.80x their roofline, its MoE group's ``ffn_prefill`` coefficients (fitted on chunks of hundreds to 2,048
+        tokens) extrapolating every layer's FFN to the 1-cycle minimum; on tests/plan's small mapped model one step
+        came out at 1.0125x.
+        Plan's floors (:mod:`stepsim.plan.pricing`) and every utilisation column assume no step does. The exact
+        provider needs no floor: the engine's reads cannot beat its own HBM bandwidth."""
+        work = self.step_work(batch, touched, total)
+        bound = self.roofline.bound_cycles(work["hbm_bytes"], work["flops"])
+        cycles["floor"] = max(0, bound - total)
+        if cycles["floor"]:
+            total = bound
+            work = self.step_work(batch, touched, total)
+        return IterationCost(total / self.hardware.clock_hz, cycles, work)
 
     def attention_heads(self) -> int:
         """KV heads one step's attention runs one after another per layer (all of them on one chip)."""

@@ -295,21 +295,6 @@ class MappedFastLatency(FastLatency):
         touched = int(x[:, 3].sum()) if self.model.is_moe else 0
         return self._floored(batch, cycles, sum(cycles.values()), touched)
 
-    def _floored(self, batch: IterationBatch, cycles: dict, total: int, touched: int) -> IterationCost:
-        """The step's cost at ``total`` cycles, or at its roofline (:meth:`~stepsim.mapping.roofline.StepWork.
-        bound_cycles` of the step's must-read bytes and FLOPs) when ``total`` is below it; ``cycles["floor"]``: what
-        the floor added (0 on most steps). The pieces are fits, and a fit can price a step below a physical bound
-        (on tests/plan's small model one step came out at 1.0125x its roofline's utilisation); plan's floors
-        (:mod:`stepsim.plan.pricing`) and every utilisation column assume no step does. The exact provider needs
-        no floor: the engine's reads cannot beat its own HBM bandwidth."""
-        work = self.step_work(batch, touched, total)
-        bound = self.roofline.bound_cycles(work["hbm_bytes"], work["flops"])
-        cycles["floor"] = max(0, bound - total)
-        if cycles["floor"]:
-            total = bound
-            work = self.step_work(batch, touched, total)
-        return IterationCost(total / self.hardware.clock_hz, cycles, work)
-
     def _streamed(self, batch: IterationBatch, decode, prefill, x: np.ndarray, prefill_step: bool,
                   theta: dict) -> IterationCost:
         """The step priced as the exact provider prices a mapped one-chip step: its pieces, each layer's attention and

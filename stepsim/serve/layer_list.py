@@ -36,7 +36,10 @@ shard over the chips is refused in one line before any work (:func:`check_layer_
 
 Fast mode calibrates each group on its own (its cache key names the group): its pilot replays price every step by
 the group's cycles scaled to the whole model's layers, so the sampled steps look like the final run's. The
-summary's ``fidelity.error`` is the largest of the groups' held-out errors, each group's under ``groups``.
+summary's ``fidelity.error`` is the largest of the groups' held-out errors, each group's under ``groups``. Each
+group's fast step is floored at that group's roofline (:meth:`stepsim.serve.fast.FastLatency._floored`, its
+``floor`` cycles), so the list's step, their sum, is at least the sum of their rooflines: no step's utilisation
+exceeds 1.
 """
 
 from __future__ import annotations

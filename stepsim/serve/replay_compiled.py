@@ -135,7 +135,7 @@ def _fast_parameters(provider, kr) -> dict | None:
     params = {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
               "prefix": prefix, "x": np.zeros((max(model.layers, 1), max(columns, width))),
               "tiles": np.zeros(max(experts, 1) + 1, dtype=np.int64),
-              "cycles": ("attention", "ffn", "weights"), "hardware": hardware, "roofline": roofline}
+              "cycles": ("attention", "ffn", "floor", "weights"), "hardware": hardware, "roofline": roofline}
     if system:  # the collectives' table and the experts' chips, in the mapped pricing's arrays (unused there)
         from stepsim.workloads.moe.parallel import place_experts
 

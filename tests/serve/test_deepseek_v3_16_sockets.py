@@ -133,6 +133,34 @@ def test_the_stored_exact_window_is_todays(tmp_path):
     assert replay.summary["kv_cache"] == summary["kv_cache"]
 
 
+def test_a_lone_short_prefill_costs_at_least_its_roofline(tmp_path):
+    """Three lone short prompts (16, 22 and 40 tokens, 100 s apart, 2 outputs each) priced by the stored
+    calibration: its MoE group's ``ffn_prefill`` coefficients, fitted on prefill steps of hundreds to 2,048 tokens,
+    price each of the 58 layers' FFN of such a step at the 1-cycle minimum (an exact 5-layer run of the 16-token
+    prefill: 2,023,893 FFN cycles, fast 897,470, its 2 MoE layers 1 cycle each; bench/README.md), so the MoE group
+    is floored at its roofline (stepsim.serve.fast.FastLatency._floored) and no step's utilisation exceeds 1.
+    Before the floor these steps claimed 1.75x, 1.79x and 1.45x the 16 sockets' HBM bandwidth (main at 24365be;
+    the plan of the 2,000-request run reported max_utilisation 1.78): what the recomputation below gives back."""
+    path = tmp_path / "lone.parquet"
+    write_requests(RequestTrace(str(path), np.arange(3), np.array([0.0, 100.0, 200.0]), np.array([16, 22, 40]),
+                                np.array([2, 2, 2])), path)
+    provider = _provider("deepseek-v3", _summary()["kv_cache"]["max_model_len"])
+    peak = provider.groups[0][2].inner.roofline.peak_bytes  # the 16 sockets' HBM bytes a cycle
+    it = stepsim.serve("deepseek-v3", path, provider=provider, hardware=HBM96, system="sn40l-16").iterations
+    steps = it.to_pylist()
+    got = [(s["tokens"], s["cycles_floor"], round(max(s["hbm_utilisation"], s["compute_utilisation"]), 4))
+           for s in steps]
+    assert got == [(16, 5_303_563, 0.9002), (1, 0, 0.0899), (22, 5_956_360, 0.9055), (1, 0, 0.0898),
+                   (40, 6_160_443, 0.863), (1, 0, 0.0899)]
+    unfloored = [s["hbm_bytes"] / ((s["cycles_attention"] + s["cycles_ffn"] + s["cycles_weights"]) * peak)
+                 for s in steps[::2]]
+    assert [round(u, 4) for u in unfloored] == UNFLOORED
+
+
+#: the three prefill steps' HBM utilisation at their fitted cycles, without the floor: what main (24365be) reported
+UNFLOORED = [1.7498, 1.787, 1.4538]
+
+
 #: the plan's space: one replica of 16 sockets, vLLM's defaults (examples/plan_deepseek_v3_16.toml)
 SPACE = Path(__file__).resolve().parents[2] / "examples" / "plan_deepseek_v3_16.toml"
 
