@@ -110,10 +110,10 @@ COST_FOLDER = "projection-costs"
 def cost_material(tokens: int, d_in: int, d_out: int, hardware) -> dict:
     """What a projection's cost at exactly ``tokens`` tokens depends on: the key of the schedule mapped at their
     bucket (its projection code, timing model and hardware) and the exact count (its hash names the cost's file)."""
+    from stepsim.mapping.mapper import bucket
     from stepsim.mapping.projection import key_material
 
-    bucket = 1 << max(0, (int(tokens) - 1).bit_length())
-    return {"what": "projection cost", "schedule_key": stable_hash(key_material(bucket, d_in, d_out, hardware)),
+    return {"what": "projection cost", "schedule_key": stable_hash(key_material(bucket(tokens), d_in, d_out, hardware)),
             "tokens": int(tokens)}
 
 
