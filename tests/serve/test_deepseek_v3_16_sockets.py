@@ -13,7 +13,8 @@ provider prices a step shows as a changed number here, not as a recalibration.
 Fast against exact is measured on two windows a few minutes of exact simulation can afford: the stored exact run
 of a 5-layer DeepSeek-V3 (its 3 dense layers and 2 of the MoE layers, full width) on the conversation trace's first
 5 requests (221 steps, 1,109 layer simulations: 9.7 min of wall), and the stored exact run of the whole 61-layer
-model on one request (tests/serve/data/deepseek_r1_validation: 128 prompt tokens, 16 outputs)."""
+model on one request (tests/serve/data/deepseek_v3_sn40l16/exact_one_request_paper: the serving validation's
+exact run on the paper's schedule, before its expert-parallel block was mapped: 128 prompt tokens, 16 outputs)."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_fast_against_exact_on_the_stored_windows(tmp_path):
     fast5 = stepsim.serve(str(FIVE_LAYERS), five, provider=_provider(str(FIVE_LAYERS),
                                                                      exact5["kv_cache"]["max_model_len"]),
                           hardware=HBM96, system="sn40l-16").summary
-    validation = json.loads((DATA / "deepseek_r1_validation" / "summary.json").read_text(encoding="utf-8"))
+    validation = json.loads((STORED / "exact_one_request_paper" / "summary.json").read_text(encoding="utf-8"))
     one = tmp_path / "one.parquet"
     write_requests(RequestTrace(str(one), np.arange(1), np.zeros(1), np.array([128]), np.array([16])), one)
     fast1 = stepsim.serve("deepseek-v3", one, provider=_provider("deepseek-v3", validation["kv_cache"]["max_model_len"]),
