@@ -50,14 +50,17 @@ def test_plan_prices_a_deepseek_layer_list_on_one_and_two_chips(tmp_path):
     errors = {shape: round(c["error"]["iteration_p95"] * 100, 2) for shape, c in s["calibrations"].items()}
     searched = [(d["deployment"], d["system"], d["decided"], d["error"]) for d in plan.deployments]
     assert (front, errors, searched) == (
-        # the one-chip replica on mapped layers sustains 5.91x the offered rate (0.917x until a layer list's step
-        # subtracted its mapped groups' hidden cycles instead of adding them: serve/layer_list.py)
-        [("1x1ch sn40l none vllm seqs 128 batch 256", None, 5.907304583757997, 9117.464315026391, True)],
+        # the one-chip replica on mapped layers sustains 6.17x the offered rate (0.917x until a layer list's step
+        # subtracted its mapped groups' hidden cycles instead of adding them: serve/layer_list.py; 5.91x while the
+        # two-chip shape's calibration, on the paper's schedule, set the margin at its 50 % cap)
+        [("1x1ch sn40l none vllm seqs 128 batch 256", None, 6.168843301631763, 9494.346974874241, True)],
         # fast's held-out p95 (%) of each shape's calibration: one chip is priced on mapped layers (serve's default
         # there): 39.73 % until the prefill regressors held the regions a chunk is built with (docs/serving.md §10.8),
-        # then 4.99 %; 7.39 % since a chunk's query tiles are dealt over min(knob, tiles) regions in uneven shares
-        {"sn40l x1": 7.39, "sn40l x2": 56.01},
+        # then 4.99 %; 7.39 % since a chunk's query tiles are dealt over min(knob, tiles) regions in uneven shares;
+        # two chips on mapped expert-parallel chips 15.62 % (56.01 % on the paper's schedule)
+        {"sn40l x1": 7.39, "sn40l x2": 15.62},
         [("1x1ch sn40l none vllm seqs 128 batch 256", None, "simulated", None),
          ("1x2ch sn40l none vllm seqs 128 batch 256", "ring-2", "cut", None)])
     # the two-chip replica fails at its front probe: it cannot beat the one-chip goodput per chip
-    assert (s["slo_margin"], [d["bound"] for d in plan.deployments]) == (0.5, [None, "front rate"])
+    # the margin: the two-chip calibration's largest held-out step error (was capped at 50 % on the paper's schedule)
+    assert (s["slo_margin"], [d["bound"] for d in plan.deployments]) == (0.23191059773677045, [None, "front rate"])
