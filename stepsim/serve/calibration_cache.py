@@ -49,8 +49,8 @@ PRICING_SOURCES = (
     "workloads/attention/build.py", "workloads/prefill_attention/build.py", "mapping/roofline.py",
     "mapping/projection.py",
     # a system's pieces: the sharded block, each chip's mapped experts, their fast regressors
-    "serve/system.py", "serve/fast_mapped_ep.py", "workloads/sharding.py", "workloads/moe/sharded.py",
-    "workloads/moe/mapped_ep.py", "mapping/expert_parallel.py",
+    "serve/system.py", "serve/system_fast.py", "serve/fast_mapped_ep.py", "workloads/sharding.py",
+    "workloads/moe/sharded.py", "workloads/moe/mapped_ep.py", "mapping/expert_parallel.py",
 )
 
 

@@ -22,10 +22,9 @@ import functools
 import numpy as np
 
 from stepsim.serve.fast import FEW_TOKENS, chip_features, few_tokens, layer_counts, pair_parity
-from stepsim.serve.fast_mapped import MappedFastLatency, _memo
-from stepsim.serve.layer_use import LayerUse
+from stepsim.serve.fast_mapped import _memo
 from stepsim.serve.layers import KV_TILE, LayerSpec
-from stepsim.serve.system import SystemEngineLatency, system_layer_spec
+from stepsim.serve.system_fast import MappedSystemFastLatency
 
 #: the structural columns of :func:`ep_ffn_regressors` (the estimate last; active experts at 3, as the one-chip
 #: mapped FFN's: :meth:`~stepsim.serve.fast_mapped.MappedFastLatency.__call__` reads them there)
@@ -88,24 +87,11 @@ def ep_ffn_regressors(routing: np.ndarray, spec: LayerSpec) -> np.ndarray:
     return out
 
 
-class MappedEPFastLatency(MappedFastLatency):
-    """``--fidelity fast`` on a system for an MoE model on mapped chips (module docstring), with the attention's
-    all-reduce and the weights read ``1 / n`` a chip priced exactly, as :class:`SystemEngineLatency` with
-    ``schedule="auto"`` prices a step."""
-
-    def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, **kw):
-        self.chips = system.chips
-        super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
-                         schedule="auto", **kw)
-        self.system = system
-        self.spec = system_layer_spec(model, system, max_model_len, "auto")
-        self.layer_use = LayerUse(self.spec)
-
-    layer_bytes, counts_head = SystemEngineLatency.layer_bytes, SystemEngineLatency.counts_head
-    roles = SystemEngineLatency.roles
-    weight_cycles = SystemEngineLatency.weight_cycles
-    allreduce_cycles = SystemEngineLatency.allreduce_cycles
-    collective_cycles = SystemEngineLatency.collective_cycles
+class MappedEPFastLatency(MappedSystemFastLatency):
+    """``--fidelity fast`` on a system for an MoE model on mapped chips (module docstring): a system's mapped provider
+    (the head shard's attention, the all-reduce and the weights read ``1 / n`` a chip priced exactly, as
+    :class:`~stepsim.serve.system.SystemEngineLatency` with ``schedule="auto"`` prices a step) whose FFN regressors
+    are the expert-parallel block's."""
 
     def piece_regressors(self, kind: str, data) -> np.ndarray:
         if kind == "ffn":
@@ -120,6 +106,3 @@ class MappedEPFastLatency(MappedFastLatency):
             routing = rows()
             return [("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(self.model.layers)]
         return ep_ffn_regressors(rows(), self.spec), tasks
-
-    def describe(self) -> dict:
-        return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
