@@ -325,8 +325,9 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
         if system is not None:
             from stepsim.serve.system_fast import system_fast_class
 
-            return system_fast_class(model, schedule)(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab,
-                                   jobs=jobs, forms=forms, theta=theta, error=error)
+            provider = system_fast_class(model, schedule)
+            return provider(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
+                            forms=forms, theta=theta, error=error)
         provider = FastLatency
         if schedule == "auto":  # mapped layers: the bucket's schedule in every regressor
             from stepsim.serve.fast_mapped import MappedFastLatency as provider
