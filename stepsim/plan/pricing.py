@@ -113,10 +113,11 @@ class ShapePricer:
                     from stepsim.serve.fast_mapped import MappedFastLatency as kind
                 return kind(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
                             theta=record["theta"], error=record["error"], schedule=self.schedule)
-            from stepsim.serve.system_fast import system_fast_class
+            from stepsim.serve.api import system_fast_class
 
-            return system_fast_class(model, self.schedule)(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None,
-                                     forms=forms, theta=record["theta"], error=record["error"])
+            provider = system_fast_class(model, self.schedule)
+            return provider(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None,
+                            forms=forms, theta=record["theta"], error=record["error"])
 
         if isinstance(self.record, list):  # a heterogeneous model, layer group by layer group
             from stepsim.serve.layer_list import calibrated_layer_list

@@ -120,6 +120,22 @@ def default_schedule(hardware: Hardware, fidelity) -> str:
     return "auto"
 
 
+def system_fast_class(model, schedule: str):
+    """The fast provider class of ``model`` on a system with ``schedule``, as serve's fast fidelity and plan's pricing
+    build it: the paper's layers (:class:`~stepsim.serve.system_fast.SystemFastLatency`), a dense model's mapped
+    tensor-parallel shards (:class:`~stepsim.serve.system_fast.MappedSystemFastLatency`) or an MoE model's mapped
+    expert-parallel chips (:class:`~stepsim.serve.fast_mapped_ep.MappedEPFastLatency`)."""
+    from stepsim.serve.system_fast import MappedSystemFastLatency, SystemFastLatency
+
+    if schedule != "auto":
+        return SystemFastLatency
+    if model.is_moe:
+        from stepsim.serve.fast_mapped_ep import MappedEPFastLatency
+
+        return MappedEPFastLatency
+    return MappedSystemFastLatency
+
+
 def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, arrival=None, limit_requests=None, duration=None,
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
@@ -323,8 +339,6 @@ def fast_provider(model, model_arg, hardware: Hardware, routing, *, seed: int, m
             built["forms"] = forms_of(engine.spec)
         forms = forms or built["forms"]
         if system is not None:
-            from stepsim.serve.system_fast import system_fast_class
-
             provider = system_fast_class(model, schedule)
             return provider(model, system, engine.routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
                             forms=forms, theta=theta, error=error)

@@ -1,8 +1,8 @@
 """``--fidelity fast`` on a system (docs/serving.md §13): the fast model (:mod:`stepsim.serve.fast`) calibrated
 on :class:`stepsim.serve.system.SystemEngineLatency`'s exact pieces, on the paper's layers
-(:class:`SystemFastLatency`), on a dense model's mapped tensor-parallel shards (:class:`MappedSystemFastLatency`) or
-on an MoE model's mapped expert-parallel chips (:class:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency`):
-:func:`system_fast_class` says which.
+(:class:`SystemFastLatency`) or on a dense model's mapped tensor-parallel shards (:class:`MappedSystemFastLatency`;
+an MoE model's mapped expert-parallel chips: :class:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency`;
+:func:`stepsim.serve.api.system_fast_class` says which).
 Its own module so that ``--system`` with ``--iteration-latency`` or ``--fidelity exact`` does not import the fast
 model's kernels."""
 
@@ -70,14 +70,3 @@ class MappedSystemFastLatency(MappedFastLatency):
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
 
-
-def system_fast_class(model, schedule: str):
-    """The fast provider class of ``model`` on a system with ``schedule`` (module docstring), as serve's fast
-    fidelity and plan's pricing build it."""
-    if schedule != "auto":
-        return SystemFastLatency
-    if model.is_moe:
-        from stepsim.serve.fast_mapped_ep import MappedEPFastLatency
-
-        return MappedEPFastLatency
-    return MappedSystemFastLatency
