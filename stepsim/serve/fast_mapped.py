@@ -238,9 +238,17 @@ class MappedFastLatency(FastLatency):
     cached_prefill_samples = True  # prefill_regressors' cached-chunk columns need such samples
 
     def piece_regressors(self, kind: str, data) -> np.ndarray:
+        if kind == "ffn":
+            return self.ffn_regressors(np.asarray(data)[:, None, :])[0]
         if kind in MAPPED_KINDS:
             return regressors(kind, data, self.forms.get(kind), self.spec)
         return super().piece_regressors(kind, data)
+
+    def ffn_regressors(self, routing: np.ndarray) -> np.ndarray:
+        """The FFN regressors of every layer of ``routing`` (``[tokens, layers, top_k]`` expert ids) ->
+        ``[layers, columns]``: :func:`ffn_regressors` of the bucket's schedule (a subclass whose FFN is another
+        block, the expert-parallel chips', gives its own: :class:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency`)."""
+        return ffn_regressors(routing, self.spec)
 
     def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         context = np.fromiter(batch.context_tokens, dtype=np.int64, count=len(batch.new_tokens))
@@ -263,11 +271,11 @@ class MappedFastLatency(FastLatency):
             def tasks() -> list:
                 routing = rows()
                 return [("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(self.model.layers)]
-            return ffn_regressors(rows(), self.spec), tasks
+            return self.ffn_regressors(rows()), tasks
 
         def dense() -> list:
             return [("ffn", np.zeros((tokens, 1), dtype=np.int64))]
-        return ffn_regressors(np.zeros((tokens, 1, 1), dtype=np.int64), self.spec), dense
+        return self.ffn_regressors(np.zeros((tokens, 1, 1), dtype=np.int64)), dense
 
     def __call__(self, batch: IterationBatch) -> IterationCost:
         from stepsim.serve.fast import model_of

@@ -17,13 +17,11 @@ in turn. Without coefficients (the first calibration pass) a piece is priced at 
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from stepsim.serve.fast import FEW_TOKENS, chip_features, few_tokens, layer_counts, pair_parity
 from stepsim.serve.fast_mapped import _memo
-from stepsim.serve.layers import KV_TILE, LayerSpec
+from stepsim.serve.layers import LayerSpec
 from stepsim.serve.system_fast import MappedSystemFastLatency
 
 #: the structural columns of :func:`ep_ffn_regressors` (the estimate last; active experts at 3, as the one-chip
@@ -93,16 +91,5 @@ class MappedEPFastLatency(MappedSystemFastLatency):
     :class:`~stepsim.serve.system.SystemEngineLatency` with ``schedule="auto"`` prices a step) whose FFN regressors
     are the expert-parallel block's."""
 
-    def piece_regressors(self, kind: str, data) -> np.ndarray:
-        if kind == "ffn":
-            return ep_ffn_regressors(np.asarray(data)[:, None, :], self.spec)[0]
-        return super().piece_regressors(kind, data)
-
-    def ffn_rows(self, tokens: int):
-        _, make_rows = self.routing.window(tokens, KV_TILE)
-        rows = functools.cache(make_rows)
-
-        def tasks() -> list:
-            routing = rows()
-            return [("ffn", np.ascontiguousarray(routing[:, layer, :])) for layer in range(self.model.layers)]
-        return ep_ffn_regressors(rows(), self.spec), tasks
+    def ffn_regressors(self, routing: np.ndarray) -> np.ndarray:
+        return ep_ffn_regressors(routing, self.spec)

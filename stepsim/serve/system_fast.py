@@ -69,4 +69,3 @@ class MappedSystemFastLatency(MappedFastLatency):
 
     def describe(self) -> dict:
         return {**super().describe(), "system": self.system.name, "chips": self.system.chips}
-
