@@ -23,9 +23,12 @@ from stepsim.base.files import refuse_special_file
 
 #: the knobs of each mapped kind, in the order they are printed
 KNOBS = {"ffn": ("tile_n", "tile_f", "lanes", "regions"), "decode": ("regions",), "prefill": ("regions",)}
-#: every kind a schedule may be of: :data:`KNOBS` (what ``stepsim map`` and schedule files take) and the serving step's
+#: every kind a schedule may be of: :data:`KNOBS` (what ``stepsim map`` and schedule files take), the serving step's
 #: ``projection`` (:mod:`stepsim.mapping.projection`: mapped and cached for the serve providers, not a run's layer)
-ALL_KNOBS = {**KNOBS, "projection": ("tile_m", "tile_f", "lanes", "k_parts")}
+#: and an MoE model's expert-parallel block on a system (``ep``: :mod:`stepsim.mapping.expert_parallel`, ``regions`` in
+#: all)
+ALL_KNOBS = {**KNOBS, "projection": ("tile_m", "tile_f", "lanes", "k_parts"),
+             "ep": ("tile_n", "tile_f", "lanes", "regions")}
 
 
 @dataclass(frozen=True)

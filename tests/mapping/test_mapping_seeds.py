@@ -45,6 +45,16 @@ def test_each_seed_is_a_schedule_todays_code_would_map(seed):
         assert seed.name == f"{stable_hash(record['material'])}.json" == f"{record['key']}.json"
         assert _load(SEEDS, record["key"]).kind == "projection"
         return
+    if record["material"]["kind"] == "ep":  # an expert-parallel search (stepsim.mapping.expert_parallel)
+        from refresh import ep_request_of
+
+        from stepsim.mapping import expert_parallel
+
+        assert expert_parallel.search_material(*ep_request_of(record)) == record["material"], \
+            "stale seed: run python tests/mapping_seeds/refresh.py"
+        assert seed.name == f"{stable_hash(record['material'])}.json" == f"{record['key']}.json"
+        assert _load(SEEDS, record["key"]).kind == "ep"
+        return
     assert record["material"]["source"] == source_hash(record["material"]["kind"]), \
         "stale seed: run python tests/mapping_seeds/refresh.py"
     assert record["material"]["mapper_version"] == MAPPER_VERSION

@@ -79,6 +79,41 @@ def _remap_projection(path: str, record: dict) -> str:
     return name
 
 
+def ep_request_of(record: dict) -> tuple:
+    """``(tokens, model, system, hardware)`` an expert-parallel search's record
+    (:func:`stepsim.mapping.expert_parallel.search_knobs`, a kind with a key of its own) was searched for: its
+    system loaded again by name, with the record's hardware."""
+    import dataclasses
+
+    from stepsim.base.system import System
+    from stepsim.models.presets import MoEModel
+
+    material = record["material"]
+    hardware = _hardware(material["hardware"], material["hardware_explicit"])
+    system = dataclasses.replace(System.load(material["system"]), hardware=hardware)
+    return material["size"], MoEModel("seed", **material["dims"]), system, hardware
+
+
+def _remap_ep(path: str, record: dict) -> str:
+    """:func:`remap` of an expert-parallel search's record (its proxy's ``ffn`` schedule from the seeds too)."""
+    from stepsim.base.files import stable_hash
+    from stepsim.mapping.expert_parallel import search_knobs, search_material
+
+    request = ep_request_of(record)
+    now = search_material(*request)
+    drift = {k for k in now if k not in ("source", "ep_search_version", "timing_model_version")
+             and now[k] != record["material"][k]}
+    if drift:
+        raise SystemExit(f"{path}: cannot rebuild what it was searched for ({', '.join(sorted(drift))} differ)")
+    name = f"{stable_hash(now)}.json"
+    if now == record["material"] and record["key"] == name[:-5]:
+        if Path(path) != SEEDS / name:
+            shutil.copyfile(path, SEEDS / name)
+    else:
+        search_knobs(*request, cache=SEEDS)
+    return name
+
+
 def remap(path: str) -> str:
     """The seed of the cache file ``path`` in :data:`SEEDS`, mapped with today's code (copied when ``path`` is
     already today's: its key says so, and mapping is deterministic); the seed's file name."""
@@ -89,6 +124,8 @@ def remap(path: str) -> str:
         raise SystemExit(f"{path}: does not say what it was mapped for (an older cache file): map its shape again")
     if record["material"]["kind"] == "projection":
         return _remap_projection(path, record)
+    if record["material"]["kind"] == "ep":
+        return _remap_ep(path, record)
     kind, size, dims, hardware = request_of(record)
     now = key_material(kind, size, dims, hardware)
     drift = {k for k in now if k not in ("source", "mapper_version", "timing_model_version")
