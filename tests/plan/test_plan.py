@@ -93,12 +93,12 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     # wave's (the one-chip wave has no front to probe; the two-chip wave probes at 8x, from the one-chip front's 9.11x)
     assert [r["front_probe_multiplier"] for r in plan.deployments] == [None] * 3 + [8.0] * 6 + [16.0] * 3
     # full replays (every request served) and replays stopped early (the searched SLO provably missed); the brute
-    # force serves every probe to the end: 1.58x fewer full replays (1.99x while the two-chip Orca deployments were
-    # cut on the paper's schedule)
+    # force serves every probe to the end: 1.56x fewer full replays (1.58x before the two-chip expert-parallel chips'
+    # regions were searched on the system, 1.99x while the two-chip Orca deployments were cut on the paper's schedule)
     assert (plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
-            brute.summary["replays_stopped"]) == (106, 16, 168, 0)
-    assert [r["replays"] for r in plan.deployments] == [6, 5, 6, 20, 20, 20, 0, 0, 6, 2, 2, 19]
-    assert [r["replays_stopped"] for r in plan.deployments] == [3, 4, 3, 0, 0, 0, 1, 1, 3, 0, 0, 1]
+            brute.summary["replays_stopped"]) == (108, 14, 168, 0)
+    assert [r["replays"] for r in plan.deployments] == [6, 5, 6, 20, 20, 20, 0, 0, 7, 2, 2, 20]
+    assert [r["replays_stopped"] for r in plan.deployments] == [3, 4, 3, 0, 0, 0, 1, 1, 2, 0, 0, 0]
     assert [r["replays"] for r in brute.deployments] == [9, 9, 9, 20, 20, 20, 8, 8, 9, 18, 18, 20]
     print("replays", plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
           "reused", plan.summary["replays_reused"], brute.summary["replays_reused"], "wall", plan.summary["wall_s"],
