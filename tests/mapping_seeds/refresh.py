@@ -63,20 +63,26 @@ def projection_request_of(record: dict) -> tuple:
             _hardware(material["hardware"], material["hardware_explicit"]))
 
 
-def _remap_projection(path: str, record: dict) -> str:
-    """:func:`remap` of a projection's record."""
+def _kept_or_made(path: str, record: dict, now: dict, make) -> str:
+    """The seed's file name for a record of a kind with a key of its own (the hash of ``now``, what it would be
+    made for today): the file copied when it is today's, else ``make()`` writes it into :data:`SEEDS`."""
     from stepsim.base.files import stable_hash
-    from stepsim.mapping.projection import key_material, map_projection
 
-    request = projection_request_of(record)
-    now = key_material(*request)
     name = f"{stable_hash(now)}.json"
     if now == record["material"] and record["key"] == name[:-5]:
         if Path(path) != SEEDS / name:
             shutil.copyfile(path, SEEDS / name)
     else:
-        map_projection(*request, cache=SEEDS)
+        make()
     return name
+
+
+def _remap_projection(path: str, record: dict) -> str:
+    """:func:`remap` of a projection's record."""
+    from stepsim.mapping.projection import key_material, map_projection
+
+    request = projection_request_of(record)
+    return _kept_or_made(path, record, key_material(*request), lambda: map_projection(*request, cache=SEEDS))
 
 
 def ep_request_of(record: dict) -> tuple:
@@ -96,7 +102,6 @@ def ep_request_of(record: dict) -> tuple:
 
 def _remap_ep(path: str, record: dict) -> str:
     """:func:`remap` of an expert-parallel search's record (its proxy's ``ffn`` schedule from the seeds too)."""
-    from stepsim.base.files import stable_hash
     from stepsim.mapping.expert_parallel import search_knobs, search_material
 
     request = ep_request_of(record)
@@ -105,13 +110,7 @@ def _remap_ep(path: str, record: dict) -> str:
              and now[k] != record["material"][k]}
     if drift:
         raise SystemExit(f"{path}: cannot rebuild what it was searched for ({', '.join(sorted(drift))} differ)")
-    name = f"{stable_hash(now)}.json"
-    if now == record["material"] and record["key"] == name[:-5]:
-        if Path(path) != SEEDS / name:
-            shutil.copyfile(path, SEEDS / name)
-    else:
-        search_knobs(*request, cache=SEEDS)
-    return name
+    return _kept_or_made(path, record, now, lambda: search_knobs(*request, cache=SEEDS))
 
 
 def remap(path: str) -> str:
