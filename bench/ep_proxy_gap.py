@@ -25,21 +25,18 @@ import warnings
 def gap(model, system, tokens: int, hardware) -> dict:
     """The proxy's choice against the exhaustive search on ``system`` at ``tokens`` tokens (module docstring)."""
     from stepsim.base.errors import ArgumentError
-    from stepsim.mapping.expert_parallel import assign_chip_units, chip_block, ep_schedule
-    from stepsim.mapping.kinds.ffn import ffn_routing, ffn_samples, ffn_space
-    from stepsim.mapping.mapper import _simulate
-    from stepsim.mapping.units import Infeasible
+    from stepsim.mapping.expert_parallel import _mean_cycles, assign_chip_units, chip_block, ep_schedule
+    from stepsim.mapping.kinds.ffn import ffn_routing, ffn_space
+    from stepsim.mapping.units import Infeasible, compute_ops
     from stepsim.workloads.moe.mapped_ep import build_mapped_ep
 
-    routings = [ffn_routing(tokens, model, s) for s in range(ffn_samples(tokens))]
-
     def mean_cycles(knobs: dict) -> float:
-        total = 0
-        for routing in routings:
-            workload = build_mapped_ep(model, routing, system=system, **knobs)
-            assign_chip_units(workload, hardware)
-            total += _simulate(workload, hardware)
-        return total / len(routings)
+        """As the search decides (:func:`~stepsim.mapping.expert_parallel._mean_cycles`): the units assigned on the
+        representative routing (Infeasible: they do not fit), then the mean over the representative routings."""
+        representative = build_mapped_ep(model, ffn_routing(tokens, model), system=system, **knobs)
+        assign_chip_units(representative, hardware)
+        plan = {op.name: op.compute_bw for op in compute_ops(representative.graph)}
+        return _mean_cycles(tokens, model, system, hardware, knobs, plan)
 
     start = time.perf_counter()
     dims, size = chip_block(tokens, model, system.chips)
@@ -59,8 +56,8 @@ def gap(model, system, tokens: int, hardware) -> dict:
         tried += 1
         if best is None or cycles < best[0]:
             best = (cycles, knobs)
-    chosen, _ = ep_schedule(tokens, model, system, hardware)
-    cycles = mean_cycles(chosen)
+    chosen, plan = ep_schedule(tokens, model, system, hardware)
+    cycles = _mean_cycles(tokens, model, system, hardware, chosen, plan)
     return {"system": system.name, "tokens": tokens, "chosen": chosen, "chosen_cycles": cycles, "best": best[1],
             "best_cycles": best[0], "ratio": round(cycles / best[0], 4), "candidates": tried,
             "wall_s": round(time.perf_counter() - start, 1)}
