@@ -42,7 +42,8 @@ from stepsim.base.hardware import Hardware
 from stepsim.mapping.units import Infeasible, assign_compute_units, compute_ops
 from stepsim.models.presets import MoEModel
 
-#: schedules already made (:func:`ep_schedule`): key -> (knobs, {operator name: compute_bw})
+#: schedules already made (:func:`ep_schedule`, or the search that chose them): :func:`_plan_key` -> (knobs,
+#: {operator name: compute_bw})
 _PLANS: dict = {}
 
 
@@ -100,6 +101,8 @@ SEARCH_SOURCES = ("stepsim.mapping.expert_parallel", "stepsim.workloads.moe.mapp
                   "stepsim.workloads.moe.sharded", "stepsim.workloads.moe.parallel", "stepsim.workloads.chips")
 #: searched knobs already found, this process (cache key -> knobs)
 _SEARCHED: dict = {}
+#: :func:`_search_source`'s hash, once a process
+_SOURCE: dict = {}
 
 
 def region_options(model: MoEModel, chips: int) -> list[int]:
@@ -113,9 +116,9 @@ def region_options(model: MoEModel, chips: int) -> list[int]:
 
 
 def _fitting(tokens: int, model: MoEModel, system, hardware: Hardware, knobs: dict):
-    """``(knobs, {operator name: compute_bw})`` with ``lanes`` stepped down to the next divisor of the expert's
-    weight tiles until every chip's operators fit its units (on the representative routing), or None when even one
-    lane does not fit."""
+    """``(knobs, {operator name: compute_bw}, the layer on the representative routing with those units)`` with
+    ``lanes`` stepped down to the next divisor of the expert's weight tiles until every chip's operators fit its
+    units, or None when even one lane does not fit."""
     from stepsim.mapping.kinds.ffn import ffn_routing
     from stepsim.workloads.moe.mapped_ep import build_mapped_ep
 
@@ -129,22 +132,25 @@ def _fitting(tokens: int, model: MoEModel, system, hardware: Hardware, knobs: di
                 return None
             knobs["lanes"] = max(n for n in range(1, knobs["lanes"]) if stripes % n == 0)
             continue
-        return knobs, {op.name: op.compute_bw for op in compute_ops(representative.graph)}
+        return knobs, {op.name: op.compute_bw for op in compute_ops(representative.graph)}, representative
 
 
-def _mean_cycles(tokens: int, model: MoEModel, system, hardware: Hardware, knobs: dict, plan: dict) -> float:
+def _mean_cycles(tokens: int, model: MoEModel, system, hardware: Hardware, knobs: dict, plan: dict,
+                 first=None) -> float:
     """The mean engine cycles of the layer with ``knobs`` and units ``plan`` over the ``ffn`` kind's representative
     routings of ``tokens`` tokens (:func:`stepsim.mapping.kinds.ffn.ffn_samples` of them, as the one-chip mapper
-    decides)."""
+    decides). ``first``: the first routing's layer already built with those units (:func:`_fitting`'s)."""
     from stepsim.mapping.kinds.ffn import ffn_routing, ffn_samples
     from stepsim.mapping.mapper import _simulate
     from stepsim.workloads.moe.mapped_ep import build_mapped_ep
 
     total = 0
     for sample in range(ffn_samples(tokens)):
-        workload = build_mapped_ep(model, ffn_routing(tokens, model, sample), system=system, **knobs)
-        for op in compute_ops(workload.graph):
-            op.compute_bw = plan[op.name]
+        workload = first if sample == 0 and first is not None else None
+        if workload is None:
+            workload = build_mapped_ep(model, ffn_routing(tokens, model, sample), system=system, **knobs)
+            for op in compute_ops(workload.graph):
+                op.compute_bw = plan[op.name]
         total += _simulate(workload, hardware)
     return total / ffn_samples(tokens)
 
@@ -167,13 +173,13 @@ def search_material(tokens: int, model: MoEModel, system, hardware: Hardware) ->
 
     from stepsim.base.defaults import TIMING_MODEL_VERSION
 
-    if "source" not in _SEARCHED:
-        _SEARCHED["source"] = _search_source()
+    if "ffn" not in _SOURCE:
+        _SOURCE["ffn"] = _search_source()
+    links = [[link.src, link.dst, link.bandwidth, link.latency] for link in system.links]
     return {"ep_search_version": EP_SEARCH_VERSION, "timing_model_version": TIMING_MODEL_VERSION, "kind": "ep",
             "size": tokens, "dims": {k: v for k, v in dataclasses.asdict(model).items() if k != "name"},
-            "system": system.name, "chips": system.chips, "links": [[lk.src, lk.dst, lk.bandwidth, lk.latency] for lk in system.links],
-            "switches": system.n_switches, "hardware": hardware.values(),
-            "hardware_explicit": list(hardware.explicit), "source": _SEARCHED["source"]}
+            "system": system.name, "chips": system.chips, "links": links, "switches": system.n_switches,
+            "hardware": hardware.values(), "hardware_explicit": list(hardware.explicit), "source": _SOURCE["ffn"]}
 
 
 def search_knobs(tokens: int, model: MoEModel, system, hardware: Hardware, cache=True) -> dict:
@@ -207,15 +213,23 @@ def search_knobs(tokens: int, model: MoEModel, system, hardware: Hardware, cache
                 continue
             cycles = _mean_cycles(tokens, model, system, hardware, *fit)
             if best is None or cycles < best[0]:
-                best = (cycles, fit[0])
+                best = (cycles, fit)
         if best is None:
             raise Infeasible(f"no expert-parallel schedule of {tokens} tokens fits the chips of system "
                              f"{system.name!r}, even one lane an expert")
-        found = Schedule("ep", best[1], round(best[0]), 0, 0, 0, 0, 0, 0)
+        knobs, plan, _ = best[1]
+        _PLANS[_plan_key(tokens, model, system, hardware, knobs)] = (knobs, plan)  # ep_schedule's, not fitted again
+        # only the knobs and the mean cycles are what the search measured (the bytes, FLOPs and units of a
+        # whole system are the run's, not one chip's schedule's): the other fields stay 0
+        found = Schedule("ep", knobs, round(best[0]))
         if folder is not None:
             _save(folder, key, found, material)
     _SEARCHED[key] = dict(found.knobs)
     return dict(found.knobs)
+
+
+def _plan_key(tokens: int, model: MoEModel, system, hardware: Hardware, knobs: dict) -> tuple:
+    return tokens, repr(model), repr(system), tuple(sorted(hardware.values().items())), tuple(sorted(knobs.items()))
 
 
 def ep_schedule(tokens: int, model: MoEModel, system, hardware: Hardware) -> tuple[dict, dict]:
@@ -223,13 +237,13 @@ def ep_schedule(tokens: int, model: MoEModel, system, hardware: Hardware) -> tup
     searched knobs (:func:`search_knobs`) and the units of :func:`assign_chip_units` on the representative routing of
     that many tokens. Memoised a process."""
     knobs = search_knobs(tokens, model, system, hardware)
-    key = (tokens, repr(model), repr(system), tuple(sorted(hardware.values().items())), tuple(sorted(knobs.items())))
+    key = _plan_key(tokens, model, system, hardware, knobs)
     if key not in _PLANS:
         fit = _fitting(tokens, model, system, hardware, knobs)
         if fit is None or fit[0] != knobs:
             raise Infeasible(f"the searched expert-parallel knobs {knobs} of {tokens} tokens no longer fit the chips "
                              f"of system {system.name!r}")
-        _PLANS[key] = fit
+        _PLANS[key] = fit[:2]
     knobs, plan = _PLANS[key]
     return dict(knobs), plan
 

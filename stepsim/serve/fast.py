@@ -368,6 +368,11 @@ class FastLatency(EngineLatency):
         :class:`stepsim.serve.fast_mapped.MappedFastLatency`)."""
         return regressors(kind, data, self.forms.get(kind), self.spec)
 
+    def fitted_columns(self, model: str, width: int) -> np.ndarray:
+        """The columns of ``model``'s regressors (:data:`MODELS`; ``width`` of them) that :func:`calibrate` fits; the
+        others get coefficient 0 (they stay in the rows: the provider reads some as data). Every column here."""
+        return np.ones(width, dtype=bool)
+
     def attention_regressors(self, batch: IterationBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(decode, prefill)`` regressors of a step's attention pieces (None for a piece it has not): the same
         numbers :func:`regressors` gives, from one pass over the batch
@@ -602,7 +607,10 @@ def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = Tru
             continue
         a, y = np.array(rows[kind]), np.array(targets[kind], dtype=np.float64)
         w = 1.0 / np.maximum(y, 1.0)  # least squares on relative error
-        theta[kind] = solve(a * w[:, None], y * w).tolist()  # the same bits on every machine (exact_lstsq)
+        fitted = exact.fitted_columns(kind, a.shape[1])
+        coefficients = np.zeros(a.shape[1])
+        coefficients[fitted] = solve(a[:, fitted] * w[:, None], y * w)  # the same bits on every machine (exact_lstsq)
+        theta[kind] = coefficients.tolist()
     if not hold_out:
         return theta, None
     errors, strata = [], []
