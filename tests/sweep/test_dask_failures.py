@@ -94,3 +94,35 @@ def test_ctrl_c_at_the_terminal_during_a_dask_sweep_is_one_line(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.splitlines()[-1] == "stepsim: interrupted"
     assert [p.name for p in (tmp_path / "out").rglob("*") if p.name.endswith(".tmp")] == []
+
+
+def test_a_local_worker_drops_only_its_heartbeat_failure_record():
+    """The worker preload (stepsim.batch.dask_worker_preload): the heartbeat failure a worker logs when the stepsim
+    process that holds its scheduler is stopping is dropped, with its traceback; the worker's other records are
+    kept."""
+    import logging
+
+    from stepsim.batch import dask_worker_preload as preload
+
+    logger = logging.getLogger("distributed.worker")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        preload.dask_setup(None)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        try:
+            raise OSError("Stream is closed")
+        except OSError:
+            logger.exception(preload.HEARTBEAT_FAILED)
+            logger.exception("Unexpected exception during heartbeat. Closing worker.")
+        logger.error("Compute Failed")
+        assert [r.getMessage() for r in seen] == ["Unexpected exception during heartbeat. Closing worker.",
+                                                  "Compute Failed"]
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        logger.removeHandler(handler)
+        for f in [f for f in logger.filters if isinstance(f, preload.SchedulerGone)]:
+            logger.removeFilter(f)
