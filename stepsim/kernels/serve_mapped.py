@@ -38,12 +38,16 @@ M_ROWS = M_THETA_LENGTH + 4
 #: (filled, regions knob, on-chip bytes, the representative requests' busiest region load)
 (B_FFN, B_FFN_TILE_N, B_FFN_REGIONS, B_FFN_TRAFFIC_TILE_N, B_FFN_ON_CHIP, B_DECODE, B_DECODE_REGIONS,
  B_DECODE_ON_CHIP, B_DECODE_REP_LOAD, B_PREFILL, B_PREFILL_REGIONS, B_PREFILL_REP_LOAD, B_PREFILL_REP_KV,
- B_ROWS) = range(14)
+ B_FFN_BOTTOM_TOKENS, B_FFN_TOP_TOKENS, B_ROWS) = range(16)
 #: (``B_PREFILL``...: the prefill attention's filled, regions knob, the representative data's busiest region load and
 #: KV tiles, :func:`stepsim.serve.fast_mapped.prefill_reference`)
+#: (``B_FFN_BOTTOM_TOKENS``, ``B_FFN_TOP_TOKENS``: the FFN bucket's two simulated points' tokens,
+#: :class:`stepsim.serve.fast_mapped.Reference`)
 #: rows of the per-bucket floats ``buckets_f`` (float64 ``[BF_ROWS, 64]``): the FFN's cycles, representative tiles
 #: and region tiles, the decode attention's cycles, the prefill attention's
-BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_PREFILL_CYCLES, BF_ROWS = range(6)
+#: (then the FFN's top point's load and its bottom point's cycles)
+(BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_PREFILL_CYCLES, BF_FFN_TOP_LOAD, BF_FFN_BOTTOM_CYCLES,
+ BF_ROWS) = range(8)
 #: ``proj`` (int64 ``[4, 4, n]``): q/k/v, o, router at a step's tokens and the LM head at its sequences; fields
 #: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs
 PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD = range(4)
@@ -86,6 +90,15 @@ def _predict(x, theta, length, n, bound, scratch):
     if not -EXACT < v < EXACT:
         return -1.0
     return v
+
+
+@kernel
+def _line(x, x0, y0, x1, y1):
+    """:func:`stepsim.serve.fast_mapped._line` of one value, operation for operation."""
+    if x1 - x0 <= 1e-9:
+        return y1 * x / x1
+    v = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return v if v >= 0.0 else 0.0  # np.maximum(v, 0.0)
 
 
 @kernel
@@ -309,6 +322,10 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     cycles_b = buckets_f[BF_FFN_CYCLES, fb]
     tiles_rep = buckets_f[BF_FFN_TILES, fb]
     regions_rep = buckets_f[BF_FFN_REGIONS, fb]
+    top_tokens = np.float64(buckets_i[B_FFN_TOP_TOKENS, fb])
+    bottom_tokens = np.float64(buckets_i[B_FFN_BOTTOM_TOKENS, fb])
+    top_load = buckets_f[BF_FFN_TOP_LOAD, fb]
+    bottom_cycles = buckets_f[BF_FFN_BOTTOM_CYCLES, fb]
     experts = pm[M_EXPERTS]
     per_region = experts // n_regions
     few = pm[M_FEW]
@@ -364,10 +381,15 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             xf[4] = np.float64(busiest)
             xf[5] = np.float64(region_most)
             tile_estimate = cycles_b * np.float64(total) / tiles_rep
-            region_estimate = cycles_b * np.float64(region_most) / regions_rep
+            tile_ratio = np.float64(total) / tiles_rep
+            region_ratio = np.float64(region_most) / regions_rep
+            load = tile_ratio if tile_ratio >= region_ratio else region_ratio  # np.maximum
+            # fast_mapped.bucket_estimate, operation for operation
+            by_tokens = _line(np.float64(tokens), bottom_tokens, bottom_cycles, top_tokens, cycles_b)
+            by_load = cycles_b * load / top_load
             xf[6] = tile_estimate
-            xf[7] = tile_estimate if tile_estimate >= region_estimate else region_estimate  # np.maximum
-            if tile_estimate != tile_estimate or region_estimate != region_estimate:
+            xf[7] = by_tokens if by_tokens >= by_load else by_load  # np.maximum
+            if tile_estimate != tile_estimate or xf[7] != xf[7]:
                 return UNSUPPORTED
             if tokens <= few:
                 xf[7 + tokens] = 1.0

@@ -9,14 +9,20 @@ knows each piece's bucket and computes its features with that bucket's schedule:
 * ``ffn`` (``[layers, FFN_COLUMNS]``): ``[1, tokens, expert tiles at the bucket's tile_n, active experts, the
   busiest expert's tiles, the busiest region's tiles (the bucket's time-multiplexed regions: contiguous experts,
   as the builder groups them), the tile estimate, the estimate]``, then :func:`stepsim.serve.fast.few_tokens` and
-  the two-token :func:`~stepsim.serve.fast.pair_parity`. The *estimate* is the mapper's own cycles for the bucket
-  (the mean over its representative routings, :attr:`stepsim.mapping.Schedule.cycles`) scaled by the piece's load
-  against theirs: ``cycles_b x max(tiles / tiles_rep, region tiles / region tiles_rep)`` (the tile estimate: the
-  first ratio alone). It carries the bucket into one pooled fit: per-bucket offsets and slopes were tried and
-  left out (a held-out step of a bucket no fitted step had was priced by the pooled part alone: on the tests'
-  16-expert model a 40-token FFN at 953 cycles for 4,724, held-out p95 25 %; with the estimate alone 1.95 %).
-  Without coefficients (the first calibration pass) a piece is priced at its estimate. No metric forms: their
-  bounds assume one tiling for every shape.
+  the two-token :func:`~stepsim.serve.fast.pair_parity`. The *tile estimate* is the mapper's own cycles for the
+  bucket (the mean over its representative routings, :attr:`stepsim.mapping.Schedule.cycles`) scaled by the
+  piece's expert tiles against theirs. The *estimate* (:func:`bucket_estimate`) is the larger of the bucket's line
+  in tokens through two simulated points, its top (``b`` tokens: the mapper's cycles) and its bottom (``b / 2 + 1``
+  tokens under the bucket's schedule, simulated once a process, :func:`ffn_reference`), and its top scaled by the
+  piece's load, ``max(tiles / tiles_rep, region tiles / region tiles_rep)`` against the representative's. The top
+  scaled alone (until 2026-11-26) priced a piece near the bucket's bottom by its share of the top, but the weight
+  reads of the touched experts and the graph's fill do not shrink with the tokens: tests/plan/test_plan.py's
+  one-chip calibration, held-out step p95 / max 7.81 / 15.52 % with it (its 73-token FFN pieces at 6,418 cycles
+  were estimated at 8,179 and fitted to 5,439), 1.66 / 1.86 % now. The estimates carry the bucket into one pooled fit: per-bucket offsets and slopes
+  were tried and left out (a held-out step of a bucket no fitted step had was priced by the pooled part alone: on
+  the tests' 16-expert model a 40-token FFN at 953 cycles for 4,724, held-out p95 25 %; with the estimate alone
+  1.95 %). Without coefficients (the first calibration pass) a piece is priced at its estimate. No metric forms:
+  their bounds assume one tiling for every shape.
 * ``decode`` (``[10]``): the KV heads' caches as requests of one attention (as the exact provider builds it),
   ``[1, requests, KV tiles, the longest's tiles, the busiest of the bucket's regions when the requests are dealt
   greedily, requests per region, the estimate]`` (the mapper's cycles for the bucket scaled by the busiest region's
@@ -35,6 +41,7 @@ equal float for float.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -82,10 +89,82 @@ def schedule_of(kind: str, size: int, spec: LayerSpec):
                  lambda: schedule_for(kind, b, layer_dims(kind, spec.model), spec.hardware))
 
 
-def ffn_reference(size: int, spec: LayerSpec) -> tuple[float, float, float, dict]:
-    """``(cycles, tiles, region tiles, knobs)`` of the FFN bucket of ``size`` tokens: the mapper's cycles (the mean
-    over its representative routings), the mean expert tiles and busiest region's tiles of those routings at the
-    schedule's ``tile_n`` and regions, and the schedule's knobs."""
+class Point(NamedTuple):
+    """An FFN bucket's layer at one token count: its tokens, mean load (:func:`bucket_estimate`) and mean cycles over the
+    mapper's representative routings of that many tokens."""
+
+    tokens: int
+    load: float
+    cycles: float
+
+
+def _line(x: np.ndarray, x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+    """The line through ``(x0, y0)`` and ``(x1, y1)`` at ``x``, at least 0 (through the origin and ``(x1, y1)`` when
+    ``x1 <= x0``)."""  # serve_mapped._line is this, operation for operation
+    if x1 - x0 <= 1e-9:
+        return y1 * x / x1
+    return np.maximum(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
+def bucket_estimate(tokens: int, load: np.ndarray, bottom: Point, top: Point) -> np.ndarray:
+    """Cycles of FFN layers of ``tokens`` tokens and ``load`` (the piece's against the bucket's representative
+    routings): the larger of the bucket's line in tokens through its two simulated points (what does not shrink with
+    the load: the weight reads of the touched experts, the graph's fill, every token's rows) and its top scaled by
+    the load (``top.cycles x load / top.load``: the tiles' weight reads of an HBM-bound layer). With ``bottom`` =
+    ``top`` (a bucket of one or two token counts) the line goes through the origin.
+
+    Why this form, held-out step p95 / max of four calibrations (tests/serve/test_fast_mapped.py's tiny one-chip
+    model; tests/plan/test_plan.py's one-chip shape; the small MoE on ``ring-2``,
+    tests/serve/test_serve_system_mapped_ep.py; the tiny DeepSeek-V3 on ``ring-2`` served on
+    tests/plan/test_plan_layer_list.py's trace), the last two with the loads not fitted
+    (:meth:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency.fitted_columns`):
+
+    ============================================================  ===========  ===========  ===========  ===========
+    estimate                                                       tiny         plan         EP small     DS tiny
+    ============================================================  ===========  ===========  ===========  ===========
+    the top scaled by load (until 2026-11-26)                      4.00 / 7.92  7.81 / 15.5  2.29 / 2.70  5.86 / 6.00
+    the larger of the lines in tokens and in load (two points)     8.29 / 15.7  1.97 / 2.12  2.29 / 2.70  5.86 / 6.00
+    the line in tokens scaled by load over the representative's   5.22 / 6.93  3.17 / 5.14  2.67 / 2.71  6.41 / 6.90
+    the same, scaled up only                                       4.33 / 6.52  1.90 / 2.05  2.29 / 2.74  5.92 / 6.09
+    the larger of the line in tokens and the top scaled (this)     4.48 / 6.26  1.66 / 1.86  2.30 / 2.63  5.59 / 5.79
+    ============================================================  ===========  ===========  ===========  ===========
+
+    (the EP cases' first row with the loads not fitted either; with them fitted, as it was: 13.61 / 16.38 and
+    9.65 / 14.01 %). A line in load through the two points is steep where their loads nearly agree (the tiny
+    model's bucket 8: 1.019 and 1.038; its 5-token pieces +73 %)."""
+    by_tokens = _line(np.full(len(load), float(tokens)), bottom.tokens, bottom.cycles, top.tokens, top.cycles)
+    return np.maximum(by_tokens, top.cycles * load / top.load)
+
+
+def simulated_point(tokens: int, spec: LayerSpec, loads) -> Point:
+    """The FFN layer of ``spec`` at ``tokens`` tokens under its bucket's schedule, on the mapper's representative
+    routings of that many tokens (:func:`stepsim.mapping.kinds.ffn.ffn_samples` of them): their mean ``loads(routing)``
+    (the caller's load of one ``[tokens, top_k]`` routing) and mean engine cycles (:class:`LayerRunner`'s fresh
+    build, as the exact provider runs the bucket)."""
+    from stepsim.mapping import kinds
+    from stepsim.serve.layers import LayerRunner
+
+    dims = kinds.layer_dims("ffn", spec.model) if spec.system is None else spec.ffn_model
+    routings = [kinds.ffn.ffn_routing(tokens, dims, s) for s in range(kinds.ffn.ffn_samples(tokens))]
+    runner = LayerRunner(spec)
+    return Point(tokens, float(np.mean([loads(r) for r in routings])),
+                 float(np.mean([runner.fresh_cycles("ffn", r) for r in routings])))
+
+
+class Reference(NamedTuple):
+    """What an FFN bucket's regressors need (:func:`ffn_reference`)."""
+
+    bottom: Point  # b / 2 + 1 tokens (the top itself when b <= 2)
+    top: Point  # b tokens: the mapper's cycles
+    tiles_rep: float  # the representative routings' mean expert tiles
+    regions_rep: float  # and mean busiest region's tiles
+    knobs: dict  # the bucket's schedule's
+
+
+def ffn_reference(size: int, spec: LayerSpec) -> Reference:
+    """The FFN bucket of ``size`` tokens (module docstring): the mapper's cycles at its top, the layer simulated at
+    its bottom, the representative routings' mean tiles and busiest region's tiles at the schedule's ``tile_n``
+    and regions, and the schedule's knobs. Memoised a process."""
     from stepsim.mapping import kinds
     from stepsim.mapping.mapper import bucket
 
@@ -94,10 +173,17 @@ def ffn_reference(size: int, spec: LayerSpec) -> tuple[float, float, float, dict
     def make():
         schedule = schedule_of("ffn", b, spec)
         dims = kinds.layer_dims("ffn", spec.model)
+        knobs = dict(schedule.knobs)
         routings = [kinds.ffn.ffn_routing(b, dims, s) for s in range(kinds.ffn.ffn_samples(b))]
-        loads = np.array([_ffn_loads(r[:, None, :], dims.experts, schedule.knobs)[0, :2] for r in routings])
+        loads = np.array([_ffn_loads(r[:, None, :], dims.experts, knobs)[0, :2] for r in routings])
         tiles, regions = loads.mean(axis=0)
-        return float(schedule.cycles), float(tiles), float(regions), dict(schedule.knobs)
+
+        def load(routing) -> float:
+            x = _ffn_loads(routing[:, None, :], dims.experts, knobs)[0]
+            return float(max(x[0] / tiles, x[1] / regions))
+        top = Point(b, float(np.mean([load(r) for r in routings])), float(schedule.cycles))
+        bottom = simulated_point(b // 2 + 1, spec, load) if b > 2 else top
+        return Reference(bottom, top, float(tiles), float(regions), knobs)
     return _memo(("ffn", b, repr(spec.model), spec.hardware), make)
 
 
@@ -116,11 +202,12 @@ def ffn_regressors(routing: np.ndarray, spec: LayerSpec) -> np.ndarray:
     """The mapped FFN's regressors of every layer (module docstring): ``routing`` ``[tokens, layers, top_k]`` ->
     ``[layers, FFN_COLUMNS]`` (a dense FFN: one expert, ``[tokens, 1, 1]`` zeros)."""
     tokens, layers, _ = routing.shape
-    cycles, tiles_rep, regions_rep, knobs = ffn_reference(tokens, spec)
+    ref = ffn_reference(tokens, spec)
     experts = spec.ffn_model.experts
-    loads = _ffn_loads(routing, experts, knobs)
-    tile_estimate = cycles * loads[:, 0] / tiles_rep
-    estimate = np.maximum(tile_estimate, cycles * loads[:, 1] / regions_rep)
+    loads = _ffn_loads(routing, experts, ref.knobs)
+    tile_estimate = ref.top.cycles * loads[:, 0] / ref.tiles_rep
+    estimate = bucket_estimate(tokens, np.maximum(loads[:, 0] / ref.tiles_rep, loads[:, 1] / ref.regions_rep),
+                               ref.bottom, ref.top)
     out = np.zeros((layers, FFN_COLUMNS))
     out[:, 0] = 1.0
     out[:, 1] = tokens

@@ -9,11 +9,11 @@ experts, the busiest expert's tiles, the busiest region's tiles, the busiest chi
 :func:`~stepsim.serve.fast.few_tokens`, :func:`~stepsim.serve.fast.pair_parity` and the system's
 :func:`~stepsim.serve.fast.chip_features` (rows crossing a link, the busiest chip's rows). The *estimate*
 (:func:`ep_estimate`) comes from the bucket's layer simulated at its top and bottom token counts on the mapper's
-representative routings (:func:`ep_reference`, once a process): the larger of the line through those two points in
-tokens (every token's rows pass the dispatch, the links and the combine) and the line in load, ``max(chip tiles /
-chip tiles_rep, region tiles / region tiles_rep)`` (the chips read their experts' weights side by side, so the
-busiest chip's tiles carry the layer, and a time-multiplexed region reads its experts' in turn). Without
-coefficients (the first calibration pass) a piece is priced at its estimate.
+representative routings (:func:`ep_reference`, once a process): the larger of the line through those two points
+in tokens (every token's rows pass the dispatch, the links and the combine) and the top scaled by the piece's
+load, ``max(chip tiles / chip tiles_rep, region tiles / region tiles_rep)`` against the top's (the chips read their
+experts' weights side by side, so the busiest chip's tiles carry the layer, and a time-multiplexed region reads its
+experts' in turn). Without coefficients (the first calibration pass) a piece is priced at its estimate.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from stepsim.serve.fast import FEW_TOKENS, chip_features, few_tokens, layer_counts, pair_parity
-from stepsim.serve.fast_mapped import _memo
+from stepsim.serve.fast_mapped import Point, _memo, bucket_estimate, simulated_point
 from stepsim.serve.layers import LayerSpec
 from stepsim.serve.system_fast import MappedSystemFastLatency
 
@@ -54,15 +54,6 @@ def ep_load(loads: np.ndarray, chip_rep: float, region_rep: float) -> np.ndarray
     return np.maximum(loads[:, 4] / chip_rep, loads[:, 3] / region_rep)
 
 
-class Point(NamedTuple):
-    """The FFN layer on the system at one token count: its tokens, mean :func:`ep_load` and mean cycles over the
-    mapper's representative routings of that many tokens."""
-
-    tokens: float
-    load: float
-    cycles: float
-
-
 class Reference(NamedTuple):
     """What :func:`ep_estimate` needs of a bucket (:func:`ep_reference`)."""
 
@@ -75,54 +66,42 @@ class Reference(NamedTuple):
 
 def ep_reference(size: int, spec: LayerSpec) -> Reference:
     """The FFN bucket of ``size`` tokens (the next power of two, ``b``): the layer simulated on the system at ``b``
-    and at ``b / 2 + 1`` tokens, both under the bucket's knobs. Memoised a process."""
+    and at ``b / 2 + 1`` tokens, both under the bucket's knobs (:func:`stepsim.serve.fast_mapped.simulated_point`).
+    Memoised a process."""
     from stepsim.mapping import kinds
     from stepsim.mapping.expert_parallel import ep_schedule
     from stepsim.mapping.mapper import bucket
-    from stepsim.serve.layers import LayerRunner
 
     b = bucket(size)
     model, chips = spec.ffn_model, spec.system.chips
 
     def make():
         knobs, _ = ep_schedule(b, model, spec.system, spec.hardware)
-        runner = LayerRunner(spec)
-
-        def simulated(tokens: int) -> tuple[np.ndarray, float]:
-            routings = [kinds.ffn.ffn_routing(tokens, model, s) for s in range(kinds.ffn.ffn_samples(tokens))]
-            loads = np.array([ep_loads(r[:, None, :], model.experts, chips, knobs)[0] for r in routings])
-            return loads, float(np.mean([runner.fresh_cycles("ffn", r) for r in routings]))
-
-        loads, cycles = simulated(b)
+        routings = [kinds.ffn.ffn_routing(b, model, s) for s in range(kinds.ffn.ffn_samples(b))]
+        loads = np.array([ep_loads(r[:, None, :], model.experts, chips, knobs)[0] for r in routings])
         chip_rep, region_rep = float(loads[:, 4].mean()), float(loads[:, 3].mean())
-        top = Point(b, float(ep_load(loads, chip_rep, region_rep).mean()), cycles)
-        bottom = top
-        if b > 2:
-            loads, cycles = simulated(b // 2 + 1)
-            bottom = Point(b // 2 + 1, float(ep_load(loads, chip_rep, region_rep).mean()), cycles)
+
+        def load(routing) -> float:
+            return float(ep_load(ep_loads(routing[:, None, :], model.experts, chips, knobs), chip_rep, region_rep)[0])
+        top = simulated_point(b, spec, load)
+        bottom = simulated_point(b // 2 + 1, spec, load) if b > 2 else top
         return Reference(bottom, top, chip_rep, region_rep, knobs)
     return _memo(("ep", b, repr(spec.model), spec.hardware, repr(spec.system)), make)
 
 
-def _line(x: np.ndarray, x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
-    """The line through ``(x0, y0)`` and ``(x1, y1)`` at ``x``, at least 0 (through the origin and ``(x1, y1)`` when
-    ``x1 <= x0``)."""
-    if x1 - x0 <= 1e-9:
-        return y1 * x / x1
-    return np.maximum(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
-
-
 def ep_estimate(tokens: int, load: np.ndarray, ref: Reference) -> np.ndarray:
-    """Cycles of layers of ``tokens`` tokens and ``load`` (:func:`ep_load`): the larger of the bucket's line in
-    tokens and its line in load, both through its two simulated points. Two lines, not the top point scaled by load
-    alone (session 30's form): the weight reads and the graph's fill do not shrink with the tokens, and at a fixed
-    token count an even routing is no faster than a skewed one with more tiles on its busiest chip (small MoE on
-    ring-2, 91 tokens: 5,290 cycles at 9 busiest-chip tiles, Zipf 4,999-5,191 at 10-11), since every row crosses
-    the dispatch and the links. Measured on tests/serve/test_serve_system_mapped_ep.py's fast run (held-out step
-    p50 / p95 / max): load scaled 0.11 / 13.61 / 16.38 %; the load line alone 0.03 / 12.66 / 15.32 %; the tokens line
-    alone 0.13 / 8.24 / 12.54 %; the larger of both 0.11 / 5.86 / 8.41 %."""
-    (t0, l0, c0), (t1, l1, c1) = ref.bottom, ref.top
-    return np.maximum(_line(np.full(len(load), float(tokens)), t0, c0, t1, c1), _line(load, l0, c0, l1, c1))
+    """Cycles of layers of ``tokens`` tokens and ``load`` (:func:`ep_load`) by the bucket's two simulated points
+    (:func:`stepsim.serve.fast_mapped.bucket_estimate`: the larger of the line in tokens and the top scaled by
+    load). Not the top scaled by load alone (session 30's form): the weight reads and the graph's fill do not
+    shrink with the tokens, and at a fixed token count an even routing is no faster than a skewed one with more
+    tiles on its busiest chip (small MoE on ring-2, 91 tokens: 5,290 cycles at 9 busiest-chip tiles, Zipf
+    4,999-5,191 at 10-11), since every row crosses the dispatch and the links: with it, the trace's 91-token pieces
+    were 22-31 % under exact. Measured on tests/serve/test_serve_system_mapped_ep.py's fast run, held-out step p50 /
+    p95 / max, the loads fitted beside the estimate as before: load scaled 0.11 / 13.61 / 16.38 %; a line in load
+    through the two points 0.03 / 12.66 / 15.32 %; the line in tokens 0.13 / 8.24 / 12.54 %; the larger of the two
+    lines 0.11 / 5.86 / 8.41 %; the loads not fitted (:meth:`MappedEPFastLatency.fitted_columns`), the last and
+    this form: 2.29 / 2.70 and 2.30 / 2.63 % (p95 / max)."""
+    return bucket_estimate(tokens, load, ref.bottom, ref.top)
 
 
 def ep_ffn_regressors(routing: np.ndarray, spec: LayerSpec) -> np.ndarray:

@@ -181,7 +181,8 @@ def fill(params: dict) -> None:
     bi, bf = tables["buckets_i"], tables["buckets_f"]
     b = sm.log2_bucket(tokens)
     if not bi[sm.B_FFN, b]:
-        cycles, tiles, regions_rep, knobs = ffn_reference(tokens, spec)
+        ref = ffn_reference(tokens, spec)
+        knobs = ref.knobs
         traffic_tile_n, on_chip = projections.ffn_tile_n(provider, tokens)
         experts = spec.ffn_model.experts
         regions = knobs["regions"] if experts > 1 else 1
@@ -195,7 +196,12 @@ def fill(params: dict) -> None:
             raise Unsupported("the FFN's traffic tile_n is 0")
         bi[sm.B_FFN_TRAFFIC_TILE_N, b] = traffic_tile_n
         bi[sm.B_FFN_ON_CHIP, b] = _integer(on_chip, "the FFN's on-chip bytes")
-        bf[sm.BF_FFN_CYCLES, b], bf[sm.BF_FFN_TILES, b], bf[sm.BF_FFN_REGIONS, b] = cycles, tiles, regions_rep
+        bf[sm.BF_FFN_CYCLES, b], bf[sm.BF_FFN_TILES, b], bf[sm.BF_FFN_REGIONS, b] = (ref.top.cycles, ref.tiles_rep,
+                                                                               ref.regions_rep)
+        bi[sm.B_FFN_TOP_TOKENS, b] = _integer(ref.top.tokens, "the FFN bucket's top")
+        bi[sm.B_FFN_BOTTOM_TOKENS, b] = _integer(ref.bottom.tokens, "the FFN bucket's bottom")
+        bf[sm.BF_FFN_TOP_LOAD, b] = ref.top.load
+        bf[sm.BF_FFN_BOTTOM_CYCLES, b] = ref.bottom.cycles
         bi[sm.B_FFN, b] = 1
     if prefill_size:
         b = sm.log2_bucket(prefill_size)

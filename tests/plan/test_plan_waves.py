@@ -150,12 +150,12 @@ def test_the_command_line_runs_the_tasks_on_two_workers_and_on_dask(case, tmp_pa
     printed = {name: [line.replace(str(tmp_path / name), "OUT") for line in lines[:-2]] for name, lines in outs.items()}
     assert printed["two"] == printed["here"] == printed["dask"]
     assert printed["here"][0] == "plan        1 deployments: 1 searched, 0 cut during their search, 0 pruned by a " \
-                                 "bound, 0 infeasible; 6 replays"
+                                 "bound, 0 infeasible; 8 replays"
     _same_files(tmp_path / "here", tmp_path / "two")
     _same_files(tmp_path / "here", tmp_path / "dask")
     table = pq.read_table(tmp_path / "dask" / "deployments.parquet").to_pylist()
     assert [(r["deployment"], r["decided"], r["replays"]) for r in table] == [
-        ("1x1ch sn40l none vllm seqs 4 batch 256", "simulated", 6)]
+        ("1x1ch sn40l none vllm seqs 4 batch 256", "simulated", 8)]
 
 
 def test_jobs_and_executor_are_one_line_errors(tmp_path, capsys):

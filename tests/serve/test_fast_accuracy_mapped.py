@@ -3,21 +3,20 @@ on requests 200-399 of the Azure conversation trace with the 4-layer Qwen3-30B-A
 (``examples/qwen3-30b-a3b-4layers.json``, seed 0), TTFT and TPOT p50 and p99 within 2 % of ``--fidelity exact`` and
 the per-step error within 5 % at p95.
 
-Measured 2026-11-26 (bench/README.md, "Issue 41's fast-vs-exact target on mapped layers, fifth attempt"), on the
-mapped prefill's uneven shares (``min(knob, query tiles)`` regions): fast calibrating (10.6 min wall at load 4)
-against the exact run gives TTFT p50 / p99 -0.94 / **-2.16 %** (p99 misses 2 % by 0.16 points), TPOT p50 / p99
-+0.11 / +1.04 % and a held-out step error of p50 1.31 %, p95 2.49 %, max 2.55 % (12 steps). Step by step over the
-830 steps whose batches fast and exact share, the decode steps' error p95 is 5.54 %: fast's FFN pieces of 3-5
-tokens err by up to 18 %. Before (the fourth attempt, on ``gcd(knob, query tiles)`` regions): TTFT p50 / p99
-+1.64 / -0.97 %, held-out p95 5.25 %; before the prefill regressors saw the regions (the third): TTFT p99 -66.93 %.
-The exact run (3,587 s on two workers at load 4) is stored (``data/qwen_mapped_conv400_exact``) and checked against
-today's scheduler, mapper and engine (:func:`test_stored_mapped_run.check_stored_mapped_run`); fast's own run is not
-a suite test (10 minutes calibrating; a cached replay builds the projections at every new token count: minutes).
-Pinned here are the engine facts behind both: the prefill attention runs on ``min(knob, query tiles)`` regions,
-which its regressors hold;
-the FFN's cycles follow its expert tiles, and the FFN *estimate* (the bucket's mapper cycles scaled by the piece's
-load against the bucket's representative routing's, :func:`stepsim.serve.fast_mapped.ffn_regressors`) is close on
-buckets of a few regions and over-prices the buckets mapped with 32 regions, where the busiest region's ratio dominates.
+Measured 2026-11-26 (bench/README.md, "Issue 41's fast-vs-exact target on mapped layers, sixth attempt"), since the
+FFN estimate goes through its bucket's bottom as well as its top (:func:`stepsim.serve.fast_mapped.bucket_estimate`):
+fast calibrating from scratch against the stored exact run gives TTFT p50 / p99 +0.47 / +0.19 %, TPOT p50 / p99
++0.02 / +1.10 % and a held-out step error of p50 1.02 %, p95 2.16 %, max 3.01 % (12 steps): **every target met**.
+Before (the fifth attempt, the top scaled by load): TTFT p50 / p99 -0.94 / -2.16 % (p99 missed 2 % by 0.16
+points), TPOT +0.11 / +1.04 %, held-out p95 2.49 %; the decode steps' error p95 over the 830 steps fast and exact
+shared was 5.54 %, fast's FFN pieces of 3-5 tokens erring by up to 18 %. The fourth attempt (on ``gcd(knob, query
+tiles)`` regions): TTFT p50 / p99 +1.64 / -0.97 %, held-out p95 5.25 %; before the prefill regressors saw the
+regions (the third): TTFT p99 -66.93 %. The exact run (3,587 s on two workers at load 4) is stored
+(``data/qwen_mapped_conv400_exact``) and checked against today's scheduler, mapper and engine
+(:func:`test_stored_mapped_run.check_stored_mapped_run`); fast's own run is not a suite test (5-10 minutes
+calibrating). Pinned here are the engine facts behind both: the prefill attention runs on ``min(knob, query
+tiles)`` regions, which its regressors hold; the FFN's cycles follow its expert tiles, and the FFN *estimate*
+(:func:`stepsim.serve.fast_mapped.ffn_regressors`) against the engine at a few token counts.
 """
 
 from __future__ import annotations
@@ -40,16 +39,21 @@ from stepsim.serve.routing import SyntheticRouting
 MODEL = Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-4layers.json"
 #: Qwen3's vocabulary (the LM head prices every step)
 VOCAB = 151936
-#: tokens -> (engine cycles, estimate, expert tiles, busiest region's tiles), measured 2026-11-25
-PINNED = {8: (195298, 192911, 31, 10), 16: (302929, 307849, 49, 14), 48: (512455, 695335, 66, 4),
+#: tokens -> (engine cycles, estimate, expert tiles, busiest region's tiles), measured 2026-11-26
+PINNED = {8: (195298, 255140, 31, 10), 16: (302929, 373817, 49, 14), 48: (512455, 695335, 66, 4),
           64: (459909, 695335, 65, 4)}
 
 
-def test_the_mapped_ffn_estimate_over_prices_the_buckets_of_32_regions():
+def test_the_mapped_ffn_estimate_against_the_engine():
     """Layer 0 of the exact provider's routing draws of 1, 2, .., 64 tokens (drawn in that order, as a run would):
-    engine cycles, the estimate, expert tiles and the busiest region's tiles. 8 and 16 tokens (buckets of 4 regions):
-    the estimate within 2 %; 48 and 64 tokens (bucket 64: 32 regions of 4 experts, tile_n 64): 36 and 51 % over,
-    while the cycles stay at 6,200-7,800 a tile throughout (HBM-bound: an expert's weights read once a tile)."""
+    engine cycles, the estimate, expert tiles and the busiest region's tiles. The estimate
+    (:func:`stepsim.serve.fast_mapped.bucket_estimate`) is at least its bucket's line in tokens through the top (the
+    mapper's cycles on Zipf routings) and the bottom: 8 and 16 tokens are their buckets' tops, and the run's routing
+    is lighter than the Zipf draws there (the engine 23-31 % below the estimate; the top scaled by load alone was
+    within 2 %, and the fit still has it: the tile estimate column), 48 and 64 tokens (bucket 64: 32 regions of 4
+    experts, tile_n 64) 36 and 51 % over, as with the top scaled by load (the busiest region's ratio), while the
+    cycles stay at 6,200-7,800 a tile throughout (HBM-bound: an expert's weights read once a tile). With the two
+    points fast meets issue 41's targets on this shape (module docstring), which it missed with the top scaled."""
     model = resolve_model(str(MODEL))
     spec = LayerSpec(model, PRESETS["sn40l"], max_kv_rows(40960), schedule="auto")
     runner = LayerRunner(spec)
@@ -62,8 +66,7 @@ def test_the_mapped_ffn_estimate_over_prices_the_buckets_of_32_regions():
             got[tokens] = (runner.cycles("ffn", rows), round(float(x[7])), int(x[2]), int(x[5]))
     assert got == PINNED
     ratio = {t: round(est / cycles, 3) for t, (cycles, est, _, _) in got.items()}
-    assert ratio == {8: 0.988, 16: 1.016, 48: 1.357, 64: 1.512}
-
+    assert ratio == {8: 1.306, 16: 1.234, 48: 1.357, 64: 1.512}
 
 
 def test_the_prefill_regressors_see_the_regions_a_chunk_is_built_with():
