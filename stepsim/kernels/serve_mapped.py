@@ -5,8 +5,9 @@
 Per step, as the provider computes it: the mapped decode attention's regressors over every KV head's requests (the
 busiest of its bucket's regions when they are dealt greedily, the bucket's cycles scaled by that load), the
 prefill attention's regressors of every KV head's chunks (their query tiles dealt to the bucket's regions as the
-builder deals them, the busiest region's KV tiles, the bucket's estimate), each layer's FFN regressors from its routing window
-(expert tiles at the bucket's ``tile_n``, the busiest region of contiguous experts, the bucket's estimate), the
+builder deals them, the busiest region's KV tiles, the bucket's estimate), each layer's FFN regressors from its
+routing window (expert tiles at the bucket's ``tile_n``, the busiest region of contiguous experts, the tile estimate
+and the two-point estimate of :func:`stepsim.serve.fast_mapped.bucket_estimate`), the
 coefficients' prices, then the step's pieces in run order (per layer q/k/v, attention, o, router, FFN; the LM head)
 with the weights streamed ahead (:func:`stepsim.serve.projections.stream_ahead`, integer for integer).
 
@@ -46,8 +47,8 @@ M_ROWS = M_THETA_LENGTH + 4
 #: rows of the per-bucket floats ``buckets_f`` (float64 ``[BF_ROWS, 64]``): the FFN's cycles, representative tiles
 #: and region tiles, the decode attention's cycles, the prefill attention's
 #: (then the FFN's top point's load and its bottom point's cycles)
-(BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_PREFILL_CYCLES, BF_FFN_TOP_LOAD, BF_FFN_BOTTOM_CYCLES,
- BF_ROWS) = range(8)
+(BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_PREFILL_CYCLES, BF_FFN_TOP_LOAD,
+ BF_FFN_BOTTOM_CYCLES, BF_ROWS) = range(8)
 #: ``proj`` (int64 ``[4, 4, n]``): q/k/v, o, router at a step's tokens and the LM head at its sequences; fields
 #: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs
 PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD = range(4)

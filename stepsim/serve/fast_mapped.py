@@ -18,11 +18,11 @@ knows each piece's bucket and computes its features with that bucket's schedule:
   scaled alone (until 2026-11-26) priced a piece near the bucket's bottom by its share of the top, but the weight
   reads of the touched experts and the graph's fill do not shrink with the tokens: tests/plan/test_plan.py's
   one-chip calibration, held-out step p95 / max 7.81 / 15.52 % with it (its 73-token FFN pieces at 6,418 cycles
-  were estimated at 8,179 and fitted to 5,439), 1.66 / 1.86 % now. The estimates carry the bucket into one pooled fit: per-bucket offsets and slopes
-  were tried and left out (a held-out step of a bucket no fitted step had was priced by the pooled part alone: on
-  the tests' 16-expert model a 40-token FFN at 953 cycles for 4,724, held-out p95 25 %; with the estimate alone
-  1.95 %). Without coefficients (the first calibration pass) a piece is priced at its estimate. No metric forms:
-  their bounds assume one tiling for every shape.
+  were estimated at 8,179 and fitted to 5,439), 1.66 / 1.86 % now. The estimates carry the bucket into one pooled
+  fit: per-bucket offsets and slopes were tried and left out (a held-out step of a bucket no fitted step had was
+  priced by the pooled part alone: on the tests' 16-expert model a 40-token FFN at 953 cycles for 4,724, held-out
+  p95 25 %; with the estimate alone 1.95 %). Without coefficients (the first calibration pass) a piece is priced at
+  its estimate. No metric forms: their bounds assume one tiling for every shape.
 * ``decode`` (``[10]``): the KV heads' caches as requests of one attention (as the exact provider builds it),
   ``[1, requests, KV tiles, the longest's tiles, the busiest of the bucket's regions when the requests are dealt
   greedily, requests per region, the estimate]`` (the mapper's cycles for the bucket scaled by the busiest region's
@@ -90,8 +90,8 @@ def schedule_of(kind: str, size: int, spec: LayerSpec):
 
 
 class Point(NamedTuple):
-    """An FFN bucket's layer at one token count: its tokens, mean load (:func:`bucket_estimate`) and mean cycles over the
-    mapper's representative routings of that many tokens."""
+    """An FFN bucket's layer at one token count: its tokens, mean load (:func:`bucket_estimate`) and mean cycles
+    over the mapper's representative routings of that many tokens."""
 
     tokens: int
     load: float
@@ -122,16 +122,16 @@ def bucket_estimate(tokens: int, load: np.ndarray, bottom: Point, top: Point) ->
     ============================================================  ===========  ===========  ===========  ===========
     estimate                                                       tiny         plan         EP small     DS tiny
     ============================================================  ===========  ===========  ===========  ===========
-    the top scaled by load (until 2026-11-26)                      4.00 / 7.92  7.81 / 15.5  2.29 / 2.70  5.86 / 6.00
+    the top scaled by load (until 2026-11-26)                      4.00 / 7.92  7.81 / 15.5  13.6 / 16.4  9.65 / 14.0
     the larger of the lines in tokens and in load (two points)     8.29 / 15.7  1.97 / 2.12  2.29 / 2.70  5.86 / 6.00
     the line in tokens scaled by load over the representative's   5.22 / 6.93  3.17 / 5.14  2.67 / 2.71  6.41 / 6.90
     the same, scaled up only                                       4.33 / 6.52  1.90 / 2.05  2.29 / 2.74  5.92 / 6.09
     the larger of the line in tokens and the top scaled (this)     4.48 / 6.26  1.66 / 1.86  2.30 / 2.63  5.59 / 5.79
     ============================================================  ===========  ===========  ===========  ===========
 
-    (the EP cases' first row with the loads not fitted either; with them fitted, as it was: 13.61 / 16.38 and
-    9.65 / 14.01 %). A line in load through the two points is steep where their loads nearly agree (the tiny
-    model's bucket 8: 1.019 and 1.038; its 5-token pieces +73 %)."""
+    (the EP cases' first row with the loads fitted, as they were until then). A line in load through the two points
+    is steep where their loads nearly agree (the tiny model's bucket 8: 1.019 and 1.038; its 5-token pieces +73 %).
+    """
     by_tokens = _line(np.full(len(load), float(tokens)), bottom.tokens, bottom.cycles, top.tokens, top.cycles)
     return np.maximum(by_tokens, top.cycles * load / top.load)
 
