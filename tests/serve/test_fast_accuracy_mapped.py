@@ -5,8 +5,9 @@ the per-step error within 5 % at p95.
 
 Measured 2026-11-26 (bench/README.md, "Issue 41's fast-vs-exact target on mapped layers, sixth attempt"), since the
 FFN estimate goes through its bucket's bottom as well as its top (:func:`stepsim.serve.fast_mapped.bucket_estimate`):
-fast calibrating from scratch against the stored exact run gives TTFT p50 / p99 +0.47 / +0.19 %, TPOT p50 / p99
-+0.02 / +1.10 % and a held-out step error of p50 1.02 %, p95 2.16 %, max 3.01 % (12 steps): **every target met**.
+fast calibrating from scratch against the stored exact run (bench/test_bench_fast_mapped_target.py, which asserts the
+targets) gives TTFT p50 / p99 +0.54 / +0.19 %, TPOT p50 / p99 +0.02 / +1.09 % and a held-out step error of p50
+1.02 %, p95 2.16 %, max 3.01 % (12 steps): **every target met**.
 Before (the fifth attempt, the top scaled by load): TTFT p50 / p99 -0.94 / -2.16 % (p99 missed 2 % by 0.16
 points), TPOT +0.11 / +1.04 %, held-out p95 2.49 %; the decode steps' error p95 over the 830 steps fast and exact
 shared was 5.54 %, fast's FFN pieces of 3-5 tokens erring by up to 18 %. The fourth attempt (on ``gcd(knob, query
