@@ -36,7 +36,7 @@ def gap(model, system, tokens: int, hardware) -> dict:
         representative = build_mapped_ep(model, ffn_routing(tokens, model), system=system, **knobs)
         assign_chip_units(representative, hardware)
         plan = {op.name: op.compute_bw for op in compute_ops(representative.graph)}
-        return _mean_cycles(tokens, model, system, hardware, knobs, plan)
+        return _mean_cycles(tokens, model, system, hardware, knobs, plan, representative)  # sample 0 built here
 
     start = time.perf_counter()
     dims, size = chip_block(tokens, model, system.chips)
