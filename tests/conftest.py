@@ -14,6 +14,11 @@ from shared_traces_folder import require_shared_traces
 os.environ["STEPSIM_SERVER"] = "off"
 
 
+#: the mapping cache's subfolders of simulated costs seeded beside the schedules (stepsim.serve.projections,
+#: stepsim.serve.ffn_points: what a plan's or a fast calibration's processes would otherwise simulate each)
+SEEDED_COSTS = ("projection-costs", "ffn-points")
+
+
 def _seed_mapping_cache() -> None:
     """Start the test run with a private copy of tests/mapping_seeds as its mapping cache: the schedules the
     suite's ``--schedule auto`` shapes need, mapped once by today's code (tests/mapping_seeds/refresh.py; a seed
@@ -28,8 +33,11 @@ def _seed_mapping_cache() -> None:
         os.environ["STEPSIM_TEST_MAPPING_CACHE"] = folder
         atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the process that made it: pytest's main
     Path(folder).mkdir(parents=True, exist_ok=True)
-    for seed in (Path(__file__).parent / "mapping_seeds").glob("*.json"):
-        target = Path(folder) / seed.name
+    seeds = Path(__file__).parent / "mapping_seeds"
+    for subfolder in SEEDED_COSTS:
+        (Path(folder) / subfolder).mkdir(exist_ok=True)
+    for seed in [*seeds.glob("*.json"), *(p for sub in SEEDED_COSTS for p in (seeds / sub).glob("*.json"))]:
+        target = Path(folder) / seed.relative_to(seeds)
         if not target.exists():  # a worker of the run finds the copy made; whole files only (workers may race)
             part = target.with_name(f"{seed.name}.{os.getpid()}.part")
             shutil.copyfile(seed, part)

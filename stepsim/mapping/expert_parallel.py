@@ -35,6 +35,7 @@ proxy's (a search of the whole space there simulates the whole system for each o
 
 from __future__ import annotations
 
+import functools
 import math
 from types import SimpleNamespace
 
@@ -101,8 +102,6 @@ SEARCH_SOURCES = ("stepsim.mapping.expert_parallel", "stepsim.workloads.moe.mapp
                   "stepsim.workloads.moe.sharded", "stepsim.workloads.moe.parallel", "stepsim.workloads.chips")
 #: searched knobs already found, this process (cache key -> knobs)
 _SEARCHED: dict = {}
-#: :func:`_search_source`'s hash, once a process
-_SOURCE: dict = {}
 
 
 def region_options(model: MoEModel, chips: int) -> list[int]:
@@ -155,7 +154,9 @@ def _mean_cycles(tokens: int, model: MoEModel, system, hardware: Hardware, knobs
     return total / ffn_samples(tokens)
 
 
+@functools.cache
 def _search_source() -> str:
+    """The hash of the ``ffn`` kind's sources and :data:`SEARCH_SOURCES`, once a process."""
     import importlib
 
     from stepsim.base.files import file_sha256, stable_hash
@@ -173,13 +174,11 @@ def search_material(tokens: int, model: MoEModel, system, hardware: Hardware) ->
 
     from stepsim.base.defaults import TIMING_MODEL_VERSION
 
-    if "ffn" not in _SOURCE:
-        _SOURCE["ffn"] = _search_source()
     links = [[link.src, link.dst, link.bandwidth, link.latency] for link in system.links]
     return {"ep_search_version": EP_SEARCH_VERSION, "timing_model_version": TIMING_MODEL_VERSION, "kind": "ep",
             "size": tokens, "dims": {k: v for k, v in dataclasses.asdict(model).items() if k != "name"},
             "system": system.name, "chips": system.chips, "links": links, "switches": system.n_switches,
-            "hardware": hardware.values(), "hardware_explicit": list(hardware.explicit), "source": _SOURCE["ffn"]}
+            "hardware": hardware.values(), "hardware_explicit": list(hardware.explicit), "source": _search_source()}
 
 
 def search_knobs(tokens: int, model: MoEModel, system, hardware: Hardware, cache=True) -> dict:

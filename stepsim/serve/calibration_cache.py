@@ -43,7 +43,7 @@ def schedule_identity(schedule: str) -> dict:
 #: simulates, relative to the ``stepsim`` package. A change to any of them can change the fitted numbers without
 #: CALIBRATION_VERSION being bumped (the engine's timing is TIMING_MODEL_VERSION, in the key too).
 PRICING_SOURCES = (
-    "serve/fast.py", "serve/fast_mapped.py", "serve/exact_lstsq.py", "serve/exact.py", "serve/layers.py",
+    "serve/fast.py", "serve/fast_mapped.py", "serve/ffn_points.py", "serve/exact_lstsq.py", "serve/exact.py", "serve/layers.py",
     "serve/latency.py", "serve/routing.py", "serve/projections.py", "serve/layer_list.py", "workloads/moe/build.py",
     "workloads/moe/stage.py",
     "workloads/attention/build.py", "workloads/prefill_attention/build.py", "mapping/roofline.py",

@@ -13,7 +13,7 @@ knows each piece's bucket and computes its features with that bucket's schedule:
   bucket (the mean over its representative routings, :attr:`stepsim.mapping.Schedule.cycles`) scaled by the
   piece's expert tiles against theirs. The *estimate* (:func:`bucket_estimate`) is the larger of the bucket's line
   in tokens through two simulated points, its top (``b`` tokens: the mapper's cycles) and its bottom (``b / 2 + 1``
-  tokens under the bucket's schedule, simulated once a process, :func:`ffn_reference`), and its top scaled by the
+  tokens under the bucket's schedule, simulated once and stored, :mod:`stepsim.serve.ffn_points`), and its top scaled by the
   piece's load, ``max(tiles / tiles_rep, region tiles / region tiles_rep)`` against the representative's. The top
   scaled alone (until 2026-11-26) priced a piece near the bucket's bottom by its share of the top, but the weight
   reads of the touched experts and the graph's fill do not shrink with the tokens: tests/plan/test_plan.py's
@@ -139,16 +139,15 @@ def bucket_estimate(tokens: int, load: np.ndarray, bottom: Point, top: Point) ->
 def simulated_point(tokens: int, spec: LayerSpec, loads) -> Point:
     """The FFN layer of ``spec`` at ``tokens`` tokens under its bucket's schedule, on the mapper's representative
     routings of that many tokens (:func:`stepsim.mapping.kinds.ffn.ffn_samples` of them): their mean ``loads(routing)``
-    (the caller's load of one ``[tokens, top_k]`` routing) and mean engine cycles (:class:`LayerRunner`'s fresh
-    build, as the exact provider runs the bucket)."""
+    (the caller's load of one ``[tokens, top_k]`` routing) and mean engine cycles (a fresh build, as the exact
+    provider runs the bucket; stored in the mapping cache, :mod:`stepsim.serve.ffn_points`)."""
     from stepsim.mapping import kinds
-    from stepsim.serve.layers import LayerRunner
+    from stepsim.serve.ffn_points import point_cycles
 
-    dims = kinds.layer_dims("ffn", spec.model) if spec.system is None else spec.ffn_model
+    dims = spec.ffn_model
     routings = [kinds.ffn.ffn_routing(tokens, dims, s) for s in range(kinds.ffn.ffn_samples(tokens))]
-    runner = LayerRunner(spec)
     return Point(tokens, float(np.mean([loads(r) for r in routings])),
-                 float(np.mean([runner.fresh_cycles("ffn", r) for r in routings])))
+                 float(np.mean(point_cycles(tokens, dims, spec.hardware, spec.system))))
 
 
 class Reference(NamedTuple):

@@ -9,7 +9,7 @@ experts, the busiest expert's tiles, the busiest region's tiles, the busiest chi
 :func:`~stepsim.serve.fast.few_tokens`, :func:`~stepsim.serve.fast.pair_parity` and the system's
 :func:`~stepsim.serve.fast.chip_features` (rows crossing a link, the busiest chip's rows). The *estimate*
 (:func:`ep_estimate`) comes from the bucket's layer simulated at its top and bottom token counts on the mapper's
-representative routings (:func:`ep_reference`, once a process): the larger of the line through those two points
+representative routings (:func:`ep_reference`; stored, :mod:`stepsim.serve.ffn_points`): the larger of the line through those two points
 in tokens (every token's rows pass the dispatch, the links and the combine) and the top scaled by the piece's
 load, ``max(chip tiles / chip tiles_rep, region tiles / region tiles_rep)`` against the top's (the chips read their
 experts' weights side by side, so the busiest chip's tiles carry the layer, and a time-multiplexed region reads its

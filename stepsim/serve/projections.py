@@ -20,15 +20,11 @@ into account) neither streams ahead nor is streamed into. :func:`stream_ahead` i
 
 from __future__ import annotations
 
-import json
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from stepsim.base.errors import StepsimWarning
-from stepsim.base.files import atomic_output, stable_hash
+from stepsim.base.files import stable_hash
 
 #: bf16 bytes per weight
 DTYPE_BYTES = 2
@@ -120,20 +116,16 @@ def cost_material(tokens: int, d_in: int, d_out: int, hardware) -> dict:
 def projection_cost(tokens: int, d_in: int, d_out: int, hardware) -> tuple[int, int, int, int]:
     """``(cycles, HBM bytes, on-chip bytes, FLOPs)`` of the projection at exactly ``tokens`` tokens, built with the
     schedule mapped at their bucket (:func:`stepsim.mapping.projection.projection_schedule`) and simulated on the
-    engine; memoised per process and stored in the mapping cache's :data:`COST_FOLDER` (one checksummed file per
-    key), so worker processes and later runs do not simulate it again (a plan's replays price thousands of token
-    counts: 42.6 of a 49.5 s plan were these simulations, paid again by every worker)."""
-    from stepsim.mapping.mapper import _cache_folder
+    engine; memoised per process and stored in the mapping cache's :data:`COST_FOLDER`
+    (:mod:`stepsim.serve.stored_costs`), so worker processes and later runs do not simulate it again (a plan's
+    replays price thousands of token counts: 42.6 of a 49.5 s plan were these simulations, paid again by every
+    worker)."""
+    from stepsim.serve.stored_costs import stored_cost
 
     memo_key = (tokens, d_in, d_out, tuple(sorted(hardware.values().items())), hardware.explicit)
     if memo_key not in _COSTS:
-        material = cost_material(tokens, d_in, d_out, hardware)
-        path = _cache_folder(True) / COST_FOLDER / f"{stable_hash(material)}.json"
-        cost = _load_cost(path, material)
-        if cost is None:
-            cost = _simulate_cost(tokens, d_in, d_out, hardware)
-            _save_cost(path, material, cost)
-        _COSTS[memo_key] = cost
+        _COSTS[memo_key] = stored_cost(COST_FOLDER, cost_material(tokens, d_in, d_out, hardware), "projection cost",
+                                       4, lambda: _simulate_cost(tokens, d_in, d_out, hardware))
     return _COSTS[memo_key]
 
 
@@ -146,32 +138,6 @@ def _simulate_cost(tokens: int, d_in: int, d_out: int, hardware) -> tuple[int, i
     workload, units = mapped_projection(tokens, d_in, d_out, schedule.knobs, hardware)
     use = usage(workload, hardware, units)
     return (int(_simulate(workload, hardware)), int(use.off_chip_bytes), int(use.on_chip_bytes), int(use.flops))
-
-
-def _load_cost(path: Path, material: dict) -> tuple[int, int, int, int] | None:
-    """The stored cost, or None when there is none; a damaged file, or one for other material, is warned about
-    and simulated again (then replaced)."""
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(record, dict) or record.get("sha256") != stable_hash(
-                {k: v for k, v in record.items() if k != "sha256"}) or record.get("material") != material:
-            raise ValueError("its checksum or material does not match")
-        cost = tuple(record["cost"])
-        if len(cost) != 4 or not all(type(v) is int and v >= 0 for v in cost):
-            raise ValueError(f"its cost {record['cost']!r} is not four counts")
-        return cost
-    except Exception as exc:  # noqa: BLE001 - any damage means: simulate again and replace the file
-        warnings.warn(f"projection cost file {path}: unusable ({type(exc).__name__}: {exc}); simulating again (the "
-                      "file will be replaced)", StepsimWarning, stacklevel=3)
-        return None
-
-
-def _save_cost(path: Path, material: dict, cost: tuple[int, int, int, int]) -> None:
-    record = {"material": material, "cost": list(cost)}
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps({**record, "sha256": stable_hash(record)}, indent=2) + "\n", encoding="utf-8")
 
 
 def _projection_piece(name: str, tokens: int, d_in: int, d_out: int, hardware) -> Piece:

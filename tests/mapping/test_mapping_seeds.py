@@ -64,3 +64,37 @@ def test_each_seed_is_a_schedule_todays_code_would_map(seed):
     assert seed.name == f"{stable_hash(record['material'])}.json" == f"{record['key']}.json"
     schedule = _load(SEEDS, record["key"])
     assert schedule is not None and schedule.kind == kind
+
+
+def _refresh():
+    import sys
+
+    sys.path.insert(0, str(SEEDS))
+    try:
+        import refresh
+    finally:
+        sys.path.remove(str(SEEDS))
+    return refresh
+
+
+@pytest.mark.parametrize("subfolder", ["projection-costs", "ffn-points"])
+def test_each_simulated_cost_seed_is_todays_and_copied(subfolder):
+    """Every seeded cost (a projection's at one token count, an FFN bucket's point) is named by the hash of what
+    today's code would simulate it for, rebuilt from the seed alone (as refresh.py rebuilds it), and the run's
+    cache has a copy."""
+    from stepsim.serve import ffn_points, projections
+
+    refresh = _refresh()
+    schedules = {json.loads(p.read_text(encoding="utf-8"))["key"]: json.loads(p.read_text(encoding="utf-8"))
+                 for p in SEED_FILES}
+    material_of = projections.cost_material if subfolder == "projection-costs" else ffn_points.point_material
+    seeds = sorted((SEEDS / subfolder).glob("*.json"))
+    assert len(seeds) >= 10
+    for seed in seeds:
+        record = json.loads(seed.read_text(encoding="utf-8"))
+        assert record["sha256"] == stable_hash({k: v for k, v in record.items() if k != "sha256"})
+        now = material_of(*refresh.cost_request_of(subfolder, record, schedules))
+        assert now == record["material"], f"stale seed {seed.name}: run python tests/mapping_seeds/refresh.py"
+        assert seed.name == f"{stable_hash(now)}.json"
+    cache = Path(os.environ["STEPSIM_MAPPING_CACHE"]) / subfolder
+    assert {p.name for p in seeds} <= {p.name for p in cache.glob("*.json")}

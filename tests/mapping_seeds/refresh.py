@@ -13,7 +13,9 @@ mapped again::
     python tests/mapping_seeds/refresh.py --add /tmp/new
 
 A seed's schedule is the one the mapper finds now: a file mapped by older code is mapped again (only what it was
-mapped for is read from it: kind, size, dimensions, hardware); one whose key is today's is kept as it is.
+mapped for is read from it: kind, size, dimensions, hardware); one whose key is today's is kept as it is. The
+simulated costs of :data:`COSTS` (a projection at one token count, an FFN bucket's point: what fast calibrations and
+plans price) are seeded and refreshed the same way, each simulated again when what it depends on changed.
 """
 
 from __future__ import annotations
@@ -140,18 +142,87 @@ def remap(path: str) -> str:
     return name
 
 
+#: the subfolders of simulated costs seeded beside the schedules (tests/conftest.py copies them too): a projection's
+#: cost at one token count (:mod:`stepsim.serve.projections`) and an FFN bucket's point (:mod:`stepsim.serve.ffn_points`)
+COSTS = ("projection-costs", "ffn-points")
+
+
+def cost_request_of(subfolder: str, record: dict, schedules: dict) -> tuple:
+    """The arguments a cost seed was simulated for: a projection's ``(tokens, d_in, d_out, hardware)`` from its
+    material's token count and its schedule's record (``schedules``: key -> record), an FFN point's ``(tokens, dims,
+    hardware, system)`` from its material."""
+    import dataclasses
+
+    from stepsim.base.system import System
+    from stepsim.models.presets import MoEModel
+
+    material = record["material"]
+    if subfolder == "projection-costs":
+        schedule = schedules.get(material["schedule_key"])
+        if schedule is None:
+            raise SystemExit(f"projection cost of schedule {material['schedule_key']}: no seed of that schedule to "
+                             "rebuild it from")
+        _, d_in, d_out, hardware = projection_request_of(schedule)
+        return material["tokens"], d_in, d_out, hardware
+    hardware = _hardware(material["hardware"], material["hardware_explicit"])
+    system = material["system"] and dataclasses.replace(System.load(material["system"]), hardware=hardware)
+    return material["tokens"], MoEModel("seed", **material["dims"]), hardware, system or None
+
+
+def recost(job: tuple) -> str:
+    """The seed of the cost file ``path`` of ``subfolder`` simulated for ``request`` with today's code (copied when
+    its material is today's); its name relative to :data:`SEEDS`. The simulation writes into ``SEEDS``, the
+    process's mapping cache (:func:`main`)."""
+    from stepsim.base.files import stable_hash
+
+    subfolder, path, request = job
+    if subfolder == "projection-costs":
+        from stepsim.serve.projections import cost_material as material_of
+        from stepsim.serve.projections import projection_cost as simulate
+    else:
+        from stepsim.serve.ffn_points import point_cycles as simulate
+        from stepsim.serve.ffn_points import point_material as material_of
+    now = material_of(*request)
+    target = SEEDS / subfolder / f"{stable_hash(now)}.json"
+    if now == json.loads(Path(path).read_text(encoding="utf-8"))["material"]:
+        if Path(path) != target:
+            shutil.copyfile(path, target)
+    else:
+        simulate(*request)
+    return str(target.relative_to(SEEDS))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--add", type=Path, help="also map the shapes of this folder's cache files")
     args = parser.parse_args(argv)
+    folders = [SEEDS] + ([args.add] if args.add else [])
     old = sorted(SEEDS.glob("*.json"))
     sources = [str(p) for p in old] + ([str(p) for p in sorted(args.add.glob("*.json"))] if args.add else [])
+    schedules = {}
+    for path in sources:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+        schedules[record.get("key")] = record
+    os.environ["STEPSIM_MAPPING_CACHE"] = str(SEEDS)  # where the costs simulated again are written
+    old_costs = sorted(p for sub in COSTS for p in (SEEDS / sub).glob("*.json"))
+    jobs = []
+    for folder in folders:
+        for sub in COSTS:
+            (SEEDS / sub).mkdir(exist_ok=True)
+            for path in sorted((folder / sub).glob("*.json")):
+                record = json.loads(path.read_text(encoding="utf-8"))
+                jobs.append((sub, str(path), cost_request_of(sub, record, schedules)))
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
         kept = set(pool.map(remap, sources))
+        kept_costs = set(pool.map(recost, jobs, chunksize=8))
     for path in old:
         if path.name not in kept:
             path.unlink()
-    print(f"{len(kept)} seeds in {SEEDS} ({len(old)} before)")
+    for path in old_costs:
+        if str(path.relative_to(SEEDS)) not in kept_costs:
+            path.unlink()
+    print(f"{len(kept)} seeds in {SEEDS} ({len(old)} before); {len(kept_costs)} simulated costs "
+          f"({len(old_costs)} before)")
     return 0
 
 
