@@ -24,6 +24,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from calibration_seeding import check_seed_used, seeded_cache
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -116,14 +117,21 @@ def test_assert_shown_reads_the_readmes_elisions():
 @pytest.mark.slow
 @pytest.mark.traces
 @pytest.mark.parametrize("command, shown", bash_commands(), ids=[c for c, _ in bash_commands()])
-def test_readme_bash_command_runs(repo_like, command, shown):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+def test_readme_bash_command_runs(repo_like, tmp_path, command, shown):
+    """The commands' fast calibrations (the serve and plan examples: a mapped 4-layer model's takes minutes on a
+    cold cache) come from the stored ones (tests/calibration_seeding.py), their own cache folder each."""
+    from stepsim.serve.api import CALIBRATION_CACHE_ENV
+
+    calibrations = seeded_cache(tmp_path / "calibrations")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               **{CALIBRATION_CACHE_ENV: str(calibrations)})
     proc = subprocess.run(command, shell=True, cwd=repo_like, env=env, capture_output=True, text=True,
                           timeout=600, executable="/bin/bash")
     assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stderr
     if shown is not None:
         assert_shown(proc.stdout, shown, command)
+    check_seed_used(calibrations)
 
 
 @pytest.mark.traces

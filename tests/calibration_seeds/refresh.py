@@ -19,7 +19,8 @@ ROOT = HERE.parents[1]
 SEEDED_TESTS = ("tests/serve/test_fast_accuracy.py", "tests/serve/test_fast_accuracy_models.py",
                 "tests/serve/test_fast_accuracy_mixtral.py", "tests/plan/test_plan_layer_list.py", "tests/plan/test_plan.py",
                 "tests/serve/test_layer_list_system.py",
-                "tests/plan/test_plan_disaggregated.py", "tests/serve/test_serve_system_mapped_ep.py")
+                "tests/plan/test_plan_disaggregated.py", "tests/serve/test_serve_system_mapped_ep.py",
+                "tests/test_readme.py")
 
 
 def main() -> int:
