@@ -169,6 +169,13 @@ def cost_request_of(subfolder: str, record: dict, schedules: dict) -> tuple:
     return material["tokens"], MoEModel("seed", **material["dims"]), hardware, system or None
 
 
+def mapped_knobs(material: dict, schedules: dict) -> bool:
+    """Whether an FFN point was simulated under the knobs of a schedule among ``schedules`` (key -> record), the
+    one its material names: a point of a test that injects its own schedules is not."""
+    schedule = schedules.get(material["schedule_key"])
+    return schedule is not None and schedule["schedule"]["knobs"] == material["knobs"]
+
+
 def recost(job: tuple) -> str:
     """The seed of the cost file ``path`` of ``subfolder`` simulated for ``request`` with today's code (copied when
     its material is today's); its name relative to :data:`SEEDS`. The simulation writes into ``SEEDS``, the
@@ -183,8 +190,9 @@ def recost(job: tuple) -> str:
         from stepsim.serve.ffn_points import point_cycles as simulate
         from stepsim.serve.ffn_points import point_material as material_of
     now = material_of(*request)
+    old = json.loads(Path(path).read_text(encoding="utf-8"))["material"]
     target = SEEDS / subfolder / f"{stable_hash(now)}.json"
-    if now == json.loads(Path(path).read_text(encoding="utf-8"))["material"]:
+    if now == old:
         if Path(path) != target:
             shutil.copyfile(path, target)
     else:
@@ -211,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             (SEEDS / sub).mkdir(exist_ok=True)
             for path in sorted((folder / sub).glob("*.json")):
                 record = json.loads(path.read_text(encoding="utf-8"))
+                if sub == "ffn-points" and not mapped_knobs(record["material"], schedules):
+                    continue  # simulated under a test's injected schedule: not a seed (nor mapped for one here)
                 jobs.append((sub, str(path), cost_request_of(sub, record, schedules)))
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
         kept = set(pool.map(remap, sources))
