@@ -82,18 +82,17 @@ def test_each_simulated_cost_seed_is_todays_and_copied(subfolder):
     """Every seeded cost (a projection's at one token count, an FFN bucket's point) is named by the hash of what
     today's code would simulate it for, rebuilt from the seed alone (as refresh.py rebuilds it), and the run's
     cache has a copy."""
-    from stepsim.serve import ffn_points, projections
-
     refresh = _refresh()
     schedules = {json.loads(p.read_text(encoding="utf-8"))["key"]: json.loads(p.read_text(encoding="utf-8"))
                  for p in SEED_FILES}
-    material_of = projections.cost_material if subfolder == "projection-costs" else ffn_points.point_material
     seeds = sorted((SEEDS / subfolder).glob("*.json"))
     assert len(seeds) >= 10
     for seed in seeds:
         record = json.loads(seed.read_text(encoding="utf-8"))
         assert record["sha256"] == stable_hash({k: v for k, v in record.items() if k != "sha256"})
-        now = material_of(*refresh.cost_request_of(subfolder, record, schedules))
+        injected = subfolder == "ffn-points" and not refresh.mapped_knobs(record["material"], schedules)
+        now = refresh.todays_material(subfolder, record, refresh.cost_request_of(subfolder, record, schedules),
+                                      injected)
         assert now == record["material"], f"stale seed {seed.name}: run python tests/mapping_seeds/refresh.py"
         assert seed.name == f"{stable_hash(now)}.json"
     cache = Path(os.environ["STEPSIM_MAPPING_CACHE"]) / subfolder

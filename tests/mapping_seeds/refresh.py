@@ -21,6 +21,7 @@ plans price) are seeded and refreshed the same way, each simulated again when wh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -171,32 +172,61 @@ def cost_request_of(subfolder: str, record: dict, schedules: dict) -> tuple:
 
 def mapped_knobs(material: dict, schedules: dict) -> bool:
     """Whether an FFN point was simulated under the knobs of a schedule among ``schedules`` (key -> record), the
-    one its material names: a point of a test that injects its own schedules is not."""
+    one its material names: a point of a test that injects its own schedules (tests/serve/test_replay_mapped.py's
+    mappers) is not, and is simulated again under its own knobs (:func:`recost`)."""
     schedule = schedules.get(material["schedule_key"])
     return schedule is not None and schedule["schedule"]["knobs"] == material["knobs"]
 
 
+@contextlib.contextmanager
+def injected_knobs(knobs: dict | None):
+    """While open, :func:`stepsim.mapping.schedule_for` gives a schedule of ``knobs`` (a test's injected mapper, as
+    the point was simulated under it; None: the mapper's own)."""
+    import stepsim.mapping
+    from stepsim.mapping.schedule import Schedule
+
+    mapper = stepsim.mapping.schedule_for
+    if knobs is not None:
+        stepsim.mapping.schedule_for = lambda kind, size, dims, hardware, cache=True: Schedule(kind, dict(knobs))
+    try:
+        yield
+    finally:
+        stepsim.mapping.schedule_for = mapper
+
+
+def _cost_functions(subfolder: str) -> tuple:
+    """``(material of a request, simulate and store it)`` of a cost subfolder."""
+    if subfolder == "projection-costs":
+        from stepsim.serve.projections import cost_material, projection_cost
+
+        return cost_material, projection_cost
+    from stepsim.serve.ffn_points import point_cycles, point_material
+
+    return point_material, point_cycles
+
+
+def todays_material(subfolder: str, record: dict, request: tuple, injected: bool) -> dict:
+    """What today's code would simulate the cost seed ``record`` for (``request``, :func:`cost_request_of`)."""
+    with injected_knobs(record["material"]["knobs"] if injected else None):
+        return _cost_functions(subfolder)[0](*request)
+
+
 def recost(job: tuple) -> str:
     """The seed of the cost file ``path`` of ``subfolder`` simulated for ``request`` with today's code (copied when
-    its material is today's); its name relative to :data:`SEEDS`. The simulation writes into ``SEEDS``, the
-    process's mapping cache (:func:`main`)."""
+    its material is today's; ``injected``: an FFN point of a test's own knobs, :func:`mapped_knobs`); its name
+    relative to :data:`SEEDS`. The simulation writes into ``SEEDS``, the process's mapping cache (:func:`main`)."""
     from stepsim.base.files import stable_hash
 
-    subfolder, path, request = job
-    if subfolder == "projection-costs":
-        from stepsim.serve.projections import cost_material as material_of
-        from stepsim.serve.projections import projection_cost as simulate
-    else:
-        from stepsim.serve.ffn_points import point_cycles as simulate
-        from stepsim.serve.ffn_points import point_material as material_of
-    now = material_of(*request)
-    old = json.loads(Path(path).read_text(encoding="utf-8"))["material"]
+    subfolder, path, request, injected = job
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    now = todays_material(subfolder, record, request, injected)
     target = SEEDS / subfolder / f"{stable_hash(now)}.json"
-    if now == old:
+    if now == record["material"]:
         if Path(path) != target:
             shutil.copyfile(path, target)
     else:
-        simulate(*request)
+        with injected_knobs(record["material"]["knobs"] if injected else None):
+            _cost_functions(subfolder)[1](*request)
     return str(target.relative_to(SEEDS))
 
 
@@ -219,9 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             (SEEDS / sub).mkdir(exist_ok=True)
             for path in sorted((folder / sub).glob("*.json")):
                 record = json.loads(path.read_text(encoding="utf-8"))
-                if sub == "ffn-points" and not mapped_knobs(record["material"], schedules):
-                    continue  # simulated under a test's injected schedule: not a seed (nor mapped for one here)
-                jobs.append((sub, str(path), cost_request_of(sub, record, schedules)))
+                injected = sub == "ffn-points" and not mapped_knobs(record["material"], schedules)
+                jobs.append((sub, str(path), cost_request_of(sub, record, schedules), injected))
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
         kept = set(pool.map(remap, sources))
         kept_costs = set(pool.map(recost, jobs, chunksize=8))
