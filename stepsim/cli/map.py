@@ -51,6 +51,10 @@ def _run(args) -> int:
         from stepsim.base.outputs import check_out_file
 
         check_out_file(args.out, "--out")
+    if not args.no_cache:  # the schedules are saved there: a bad folder fails before the mapping, not after it
+        from stepsim.mapping.cache_folder import checked_mapping_cache
+
+        checked_mapping_cache()
     hardware = _hardware(args.hardware)
     model = resolve_model(args.model)
     model.refuse_unmodelled("stepsim map")

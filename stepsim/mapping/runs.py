@@ -246,8 +246,10 @@ def run_scheduled(config: Mapping, schedule: str | None, *, source: str | None =
     kind, data, dims = _data(cfg)
     size = len(data)
     if from_file is None:
+        from stepsim.mapping.cache_folder import checked_mapping_cache
         from stepsim.mapping.mapper import map_layer
 
+        checked_mapping_cache()  # before the mapping: its schedule is saved there
         mapped, where = map_layer(kind, size, dims, hardware), "auto"
     else:
         check_fits(from_file, size, dims, f"--schedule {choice}")

@@ -149,7 +149,7 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
                          limit_requests=limit_requests, percentile=percentile, hardware=hardware,
                          max_chips=max_chips, space=space, jobs=jobs, executor=executor)
     from stepsim.models.presets import resolve_model
-    from stepsim.serve.api import checked_calibration_cache, resolve_serving_hardware
+    from stepsim.serve.api import checked_calibration_cache, default_schedule, resolve_serving_hardware
     from stepsim.serve.metrics import parse_slo
 
     if out is not None:
@@ -166,6 +166,10 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
     resolved = resolve_model(model)  # a heterogeneous model is served layer group by layer group (serve/layer_list.py)
     slo_seconds = parse_slo(slo)
     hws = [str(h) for h in hardware_list(hardware)]
+    if any(default_schedule(resolve_serving_hardware(h), "fast") == "auto" for h in hws):  # mapped layers
+        from stepsim.mapping.cache_folder import checked_mapping_cache
+
+        checked_mapping_cache()
     base, scale = base_trace(requests, limit_requests, arrival_scale, rate)
     deps = deployments(space_table, max_chips, hws)
     if not deps:

@@ -559,6 +559,10 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         _check_layer_list(resolved, routing, system, fidelity)
     if schedule is None:
         schedule = default_schedule(hw, fidelity)
+    if schedule == "auto":  # the layers' schedules and simulated costs are kept there
+        from stepsim.mapping.cache_folder import checked_mapping_cache
+
+        checked_mapping_cache()
     memory = model_memory(resolved)
     if system is not None:
         from stepsim.serve.system import system_capacity

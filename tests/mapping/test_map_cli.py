@@ -268,3 +268,19 @@ def test_the_buckets_of_a_serving_shape():
     assert len(jobs) == 44 and jobs[:4] == [("projection", 1, 2048, 5120), ("projection", 1, 4096, 2048),
                                             ("projection", 1, 2048, 128), ("projection", 1, 2048, 151_936)]
     assert [j[1] for j in jobs if j[3] == 151_936] == [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+@pytest.mark.parametrize("command", ["map ffn --model tiny.json --shape 24",
+                                     "run moe --model tiny.json --trace routing.npz --hardware sn40l"])
+def test_a_mapping_cache_that_cannot_be_one_is_refused_before_the_mapping(tiny, capsys, monkeypatch, command):
+    """The schedule is saved in the mapping cache: a folder that is a file, or under one, was a traceback after the
+    mapping's work (``map --no-cache`` saves nothing and does not look)."""
+    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tiny / "routing.npz"))
+    assert main(shlex.split(command)) == 2
+    assert capsys.readouterr().err == (f"stepsim: error: $STEPSIM_MAPPING_CACHE {tiny / 'routing.npz'}: is a file; "
+                                       "give a folder (stepsim writes several files into it)\n")
+    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tiny / "routing.npz" / "sub"))
+    assert main(shlex.split(command)) == 2
+    assert capsys.readouterr().err == (f"stepsim: error: $STEPSIM_MAPPING_CACHE {tiny / 'routing.npz'}/sub: "
+                                       f"{tiny / 'routing.npz'} is a file, not a folder\n")
+    assert not (tiny / "cache").exists()

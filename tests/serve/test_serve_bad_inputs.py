@@ -816,3 +816,24 @@ def test_the_calibration_key_follows_the_vocabulary(tmp_path, monkeypatch):
     assert [k["vocab"] for k in keys] == [151936, 151937]
     assert keys[0]["kv_blocks"] == keys[1]["kv_blocks"] and keys[0]["model"] == keys[1]["model"]
     assert calibration_key(keys[0]) != calibration_key(keys[1])
+
+
+@pytest.mark.parametrize("command", ["serve", "plan"])
+def test_a_mapping_cache_that_cannot_be_one_is_refused_before_any_work(tmp_path, capsys, monkeypatch, command):
+    """Mapped layers (the default on sn40l) keep their schedules and simulated costs in the mapping cache: a folder
+    that is a file, or under one, was a traceback when the first schedule was saved, after the mapping's minutes."""
+    trace = tmp_path / "t.csv"
+    trace.write_bytes(_csv_text([HEADER, *ROWS]))
+    monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "small.json"
+    model.write_text(json.dumps(SMALL))
+    argv = ["serve", "--model", str(model), "--requests", str(trace), "--fidelity", "exact"] if command == "serve" \
+        else ["plan", "--model", str(model), "--requests", str(trace), "--slo", "ttft=1s,tpot=1s", "--no-verify"]
+    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(trace))
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"{E}$STEPSIM_MAPPING_CACHE {trace}: is a file; give a folder (stepsim "
+                                       "writes several files into it)\n")
+    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(trace / "sub"))
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"{E}$STEPSIM_MAPPING_CACHE {trace}/sub: {trace} is a file, not a folder\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.json", "t.csv"]
