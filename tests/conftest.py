@@ -21,7 +21,8 @@ SEEDED_COSTS = ("projection-costs", "ffn-points")
 
 def _seed_mapping_cache() -> None:
     """Start the test run with a private copy of tests/mapping_seeds as its mapping cache: the schedules the
-    suite's ``--schedule auto`` shapes need, mapped once by today's code (tests/mapping_seeds/refresh.py; a seed
+    suite's ``--schedule auto`` shapes need and the costs its serving tests simulate (:data:`SEEDED_COSTS`), made
+    once by today's code (tests/mapping_seeds/refresh.py; a seed
     whose sources changed is never used, and tests/mapping/test_mapping_seeds.py says so). A copy, so no test
     writes into the repository or the user's own cache; one copy for the run, named by
     ``STEPSIM_TEST_MAPPING_CACHE``, which the test workers and the commands the tests start inherit, so a shape
