@@ -56,6 +56,13 @@ def check_out_dir(path, flag: str = "--out") -> Path:
     return p
 
 
+def check_cache_dir(path, variable: str, what: str) -> Path:
+    """:func:`check_out_dir` of a cache folder ``path`` that the environment variable ``variable`` chooses: an error
+    names the variable when it is set, else ``what`` and how to choose another folder."""
+    where = f"${variable}" if os.environ.get(variable) else f"{what} (set ${variable} to choose another folder)"
+    return check_out_dir(path, where)
+
+
 def record_file_paths(path) -> dict[str, Path]:
     """Where ``stepsim run --out NAME.parquet`` writes: the record row at ``NAME.parquet``, and for simulations
     the per-unit and per-channel tables beside it (``NAME_units.parquet``, ``NAME_channels.parquet``)."""

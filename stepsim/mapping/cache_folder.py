@@ -5,15 +5,12 @@ Not part of the mapper's sources (:data:`stepsim.mapping.mapper.SHARED_MODULES`)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
 def checked_mapping_cache() -> Path:
     """The process's mapping cache folder, checked: one line naming where it came from; nothing is created."""
-    from stepsim.base.outputs import check_out_dir
+    from stepsim.base.outputs import check_cache_dir
     from stepsim.mapping.mapper import _cache_folder
 
-    where = ("$STEPSIM_MAPPING_CACHE" if os.environ.get("STEPSIM_MAPPING_CACHE")
-             else "the mapping cache (set $STEPSIM_MAPPING_CACHE to choose another folder)")
-    return check_out_dir(_cache_folder(True), where)
+    return check_cache_dir(_cache_folder(True), "STEPSIM_MAPPING_CACHE", "the mapping cache")

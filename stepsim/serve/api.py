@@ -274,13 +274,11 @@ def checked_calibration_cache(cache) -> Path:
     """The fast calibration's cache folder (``cache``, else :func:`default_calibration_cache`), checked before any
     work: a folder that exists as a file, or cannot be created or written, would fail only after the calibration's
     minutes. One line naming where the folder came from; nothing is created."""
-    from stepsim.base.outputs import check_out_dir
+    from stepsim.base.outputs import check_cache_dir, check_out_dir
 
     if cache is not None:
         return check_out_dir(cache, "calibration_cache")
-    env = os.environ.get(CALIBRATION_CACHE_ENV)
-    return check_out_dir(default_calibration_cache(), f"${CALIBRATION_CACHE_ENV}" if env else
-                         f"the calibration cache (set ${CALIBRATION_CACHE_ENV} to choose another folder)")
+    return check_cache_dir(default_calibration_cache(), CALIBRATION_CACHE_ENV, "the calibration cache")
 
 
 #: the files ``--routing`` replays (stepsim.trace_io.serving.load_routed_experts)

@@ -275,12 +275,8 @@ def test_the_buckets_of_a_serving_shape():
 def test_a_mapping_cache_that_cannot_be_one_is_refused_before_the_mapping(tiny, capsys, monkeypatch, command):
     """The schedule is saved in the mapping cache: a folder that is a file, or under one, was a traceback after the
     mapping's work (``map --no-cache`` saves nothing and does not look)."""
-    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tiny / "routing.npz"))
-    assert main(shlex.split(command)) == 2
-    assert capsys.readouterr().err == (f"stepsim: error: $STEPSIM_MAPPING_CACHE {tiny / 'routing.npz'}: is a file; "
-                                       "give a folder (stepsim writes several files into it)\n")
-    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(tiny / "routing.npz" / "sub"))
-    assert main(shlex.split(command)) == 2
-    assert capsys.readouterr().err == (f"stepsim: error: $STEPSIM_MAPPING_CACHE {tiny / 'routing.npz'}/sub: "
-                                       f"{tiny / 'routing.npz'} is a file, not a folder\n")
+    from cache_folders import refuses_a_cache_folder_at_a_file
+
+    refuses_a_cache_folder_at_a_file(shlex.split(command), "STEPSIM_MAPPING_CACHE", tiny / "routing.npz", capsys,
+                                     monkeypatch)
     assert not (tiny / "cache").exists()

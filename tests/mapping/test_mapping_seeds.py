@@ -83,8 +83,7 @@ def test_each_simulated_cost_seed_is_todays_and_copied(subfolder):
     today's code would simulate it for, rebuilt from the seed alone (as refresh.py rebuilds it), and the run's
     cache has a copy."""
     refresh = _refresh()
-    schedules = {json.loads(p.read_text(encoding="utf-8"))["key"]: json.loads(p.read_text(encoding="utf-8"))
-                 for p in SEED_FILES}
+    schedules = {record["key"]: record for record in (json.loads(p.read_text(encoding="utf-8")) for p in SEED_FILES)}
     seeds = sorted((SEEDS / subfolder).glob("*.json"))
     assert len(seeds) >= 10
     for seed in seeds:

@@ -243,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         schedules[record.get("key")] = record
     os.environ["STEPSIM_MAPPING_CACHE"] = str(SEEDS)  # where the costs simulated again are written
     old_costs = sorted(p for sub in COSTS for p in (SEEDS / sub).glob("*.json"))
+    for sub in COSTS:
+        (SEEDS / sub).mkdir(exist_ok=True)
     jobs = []
     for folder in folders:
         for sub in COSTS:
-            (SEEDS / sub).mkdir(exist_ok=True)
             for path in sorted((folder / sub).glob("*.json")):
                 record = json.loads(path.read_text(encoding="utf-8"))
                 injected = sub == "ffn-points" and not mapped_knobs(record["material"], schedules)

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cache_folders import refuses_a_cache_folder_at_a_file
 from serve_requests import requests_file
 from test_exact import SMALL
 
@@ -688,13 +689,8 @@ def test_a_corrupt_calibration_cache_is_recalibrated_never_reused(tmp_path, caps
     for name in ("requests.parquet", "iterations.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     # a cache folder that cannot be one is refused before any work (* after the calibration, as "File exists")
-    monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(tmp_path / "t.csv"))
-    assert main([*argv, "--out", str(tmp_path / "c")]) == 2
-    assert capsys.readouterr().err == (f"{E}$STEPSIM_SERVE_CACHE {trace}: is a file; give a folder (stepsim writes "
-                                       "several files into it)\n")
-    monkeypatch.setenv("STEPSIM_SERVE_CACHE", str(trace / "sub"))
-    assert main([*argv, "--out", str(tmp_path / "c")]) == 2
-    assert capsys.readouterr().err == f"{E}$STEPSIM_SERVE_CACHE {trace}/sub: {trace} is a file, not a folder\n"
+    refuses_a_cache_folder_at_a_file([*argv, "--out", str(tmp_path / "c")], "STEPSIM_SERVE_CACHE", trace, capsys,
+                                     monkeypatch)
     assert not (tmp_path / "c").exists()
 
 
@@ -829,11 +825,6 @@ def test_a_mapping_cache_that_cannot_be_one_is_refused_before_any_work(tmp_path,
     model.write_text(json.dumps(SMALL))
     argv = ["serve", "--model", str(model), "--requests", str(trace), "--fidelity", "exact"] if command == "serve" \
         else ["plan", "--model", str(model), "--requests", str(trace), "--slo", "ttft=1s,tpot=1s", "--no-verify"]
-    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(trace))
-    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err == (f"{E}$STEPSIM_MAPPING_CACHE {trace}: is a file; give a folder (stepsim "
-                                       "writes several files into it)\n")
-    monkeypatch.setenv("STEPSIM_MAPPING_CACHE", str(trace / "sub"))
-    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err == f"{E}$STEPSIM_MAPPING_CACHE {trace}/sub: {trace} is a file, not a folder\n"
+    refuses_a_cache_folder_at_a_file([*argv, "--out", str(tmp_path / "out")], "STEPSIM_MAPPING_CACHE", trace, capsys,
+                                     monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.json", "t.csv"]
