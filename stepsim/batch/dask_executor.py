@@ -114,8 +114,12 @@ class DaskExecutor(WindowedExecutor):
         task, which Ctrl-C should not wait for (a sweep's interrupted run took 36 s to exit at load 2). Workers
         write nothing, so nothing is left half-written. A cluster at an address is not ours: only closed."""
         if self._cluster is not None and self._processes:
-            for nanny in list(self._cluster.workers.values()):
-                nanny.auto_restart = False  # the nanny would start a new worker in its place
+            nannies = list(self._cluster.workers.values())
+            # a running nanny starts a new worker in place of one that exits (which, at load, imports stepsim and
+            # loads the kernels for tens of seconds before the close can end it); a nanny closing gracefully
+            # closes itself instead (distributed.nanny.Nanny._on_worker_exit)
+            self._cluster.sync(_closing_gracefully, nannies)
+            for nanny in nannies:
                 pid = getattr(getattr(getattr(nanny, "process", None), "process", None), "pid", None)
                 if pid:
                     with contextlib.suppress(ProcessLookupError):
@@ -126,6 +130,12 @@ class DaskExecutor(WindowedExecutor):
         if self._cluster is None:
             return f"dask ({self.address}), {_count(self.jobs, 'worker thread')}"
         return f"dask (local cluster), {_count(self.jobs, 'worker process' if self._processes else 'worker thread')}"
+
+
+async def _closing_gracefully(nannies: list) -> None:
+    """Mark ``nannies`` as closing (on the cluster's event loop, where they read it): they restart no worker."""
+    for nanny in nannies:
+        nanny.close_gracefully(reason="stepsim-abort")
 
 
 def _connect(address: str) -> Client:
