@@ -249,6 +249,16 @@ class Emitter:
         load = LinearOffChipLoad(self.g, self.tensor(name, (1, n), data), (1, like.tn), (nt,), (1,), stream_dtype=FP32)
         return Act(Streamify(self.g, Bufferize(self.g, load, 1), [m], 1), like.tn, n)
 
+    def head_row_vector(self, name: str, vec: np.ndarray, like: Act) -> Act:
+        """A ``[1, hd]`` constant broadcast over a head view's heads (RoPE's cos / sin of a decode token on
+        ``[B, 1, H, hd]``): read once, the tile repeated for every head's stripe of every row block (on chip:
+        ``H`` tiles)."""
+        m, heads = self.tiles_of(like), like.n // like.tn
+        load = LinearOffChipLoad(self.g, self.tensor(name, (1, like.tn), vec.reshape(1, -1).astype(np.float32)),
+                                 (1, like.tn), (1,), (0,), stream_dtype=FP32)
+        per_block = Flatten(self.g, RepeatStatic(self.g, load, heads), 0, 1)  # (1, H) of the same tile
+        return Act(Streamify(self.g, Bufferize(self.g, per_block, 1), [m], 1), like.tn, like.n)
+
     @staticmethod
     def tiles_of(a: Act) -> int:
         """Row blocks ``M`` of a stream."""
@@ -260,7 +270,8 @@ class Emitter:
         out = Map(self.g, [a.s for a in ins], fn, compute_bw=self.bw)
         cols = out.stream.dtype.cols
         stripes = next((a for a in ins if a.stripes), None)
-        return Act(out, cols, stripes.n if stripes else cols)
+        # a head view stays one (RoPE on DeepSeek's [B, S, H, rope] query part: its stripes are per head)
+        return Act(out, cols, stripes.n if stripes else cols, merged=bool(stripes and stripes.merged))
 
     def pw(self, a: Act, kind: str, c: float = 0.0) -> Act:
         return self.map(a, Pointwise(kind, c))
@@ -306,6 +317,8 @@ class Emitter:
         a = self.act(like, node)
         if c.size == a.n and all(d == 1 for d in c.shape[:-1]):
             return self.row_vector(value, c, a)
+        if a.merged and a.stripes and c.size == a.tn and all(d == 1 for d in c.shape[:-1]):
+            return self.head_row_vector(value, c, a)
         if tuple(c.shape) == tuple(self.model.shapes[like]):
             return self.load(value, c.shape, a.tn, c)
         g, r, n = groups_rows_cols(self.model.shapes[like])

@@ -10,7 +10,20 @@ import stepsim.frontend.ops_layout  # noqa: F401
 import stepsim.frontend.ops_matmul  # noqa: F401
 from stepsim.base.defaults import UNSET
 from stepsim.base.errors import FrontendError
-from stepsim.frontend import attention, check, converters, emit, fusion, inputs, layouts, mla, moe, patterns, shapes
+from stepsim.frontend import (
+    attention,
+    check,
+    converters,
+    einsum,
+    emit,
+    fusion,
+    inputs,
+    layouts,
+    mla,
+    moe,
+    patterns,
+    shapes,
+)
 from stepsim.frontend.layouts import Tiling
 from stepsim.frontend.load import load_model
 from stepsim.workloads.base import Workload
@@ -137,7 +150,8 @@ def from_onnx(source, *, tiling: Tiling | dict | None = None, hardware: str = DE
     spill = (spill,) if isinstance(spill, str) else spill  # one name, not its characters
     proto = shapes.bind_dims(load_model(source), dims)
     inputs.check_declared(proto)  # element types and dims, before shape inference evaluates anything
-    model = moe.raise_moe(mla.raise_mla(attention.raise_attention(patterns.raise_patterns(shapes.to_model(proto, values)))))
+    model = shapes.to_model(proto, values)
+    model = moe.raise_moe(mla.raise_mla(attention.raise_attention(patterns.raise_patterns(einsum.lower_einsums(model)))))
     forced = layouts.head_tiles(model)  # head splits fix their MatMul's tile_n (a user's per_node wins)
     if forced:
         tiling = dataclasses.replace(tiling, per_node={**forced, **tiling.per_node})

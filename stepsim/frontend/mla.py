@@ -46,6 +46,9 @@ def _name_latent_splits(model: Model) -> None:
     """Name the Split of ``kv_a_proj_with_mqa``'s output into the latent and the rope part (lowered as a Split of
     stripes): a two-part Split of a weight MatMul whose second part's width is the rope part of split heads."""
     ropes = {int(v.split(" + ")[-1].split()[0]) for v in model.patterns.values() if v.startswith("split rope")}
+    # the absorbed form pairs no heads' scores: the rope width is the last part of the query's per-head split
+    ropes |= {int(v.split("parts [")[1].split("]")[0].split(",")[-1]) for v in model.patterns.values()
+              if v.startswith("split projection") and " per head of " in v}
     producers = model.producer()
     for n in model.nodes:
         mm = producers.get(n.inputs[0]) if n.op_type == "Split" else None
@@ -77,10 +80,12 @@ def _split_projection(model: Model, split: Node, producers, readers, outputs):
             return None
         chain.append(trans)
         v = trans.inputs[0]
+    elif rank == 4 and trans is not None and trans.op_type == "Reshape":
+        trans = None  # the head view [B, S, H, P] split as it is (DeepSeek's absorbed decode: q.view(..).split)
     else:
         return None  # a Split of a whole projection's stripes (GPT-2's c_attn) lowers as it is
     resh = producers.get(v)
-    if trans is not None:
+    if rank == 4:
         if resh is None or resh.op_type != "Reshape" or not _single(readers, outputs, v):
             return None
         chain.append(resh)
@@ -90,7 +95,7 @@ def _split_projection(model: Model, split: Node, producers, readers, outputs):
         return None
     chain.append(mm)
     w = model.consts[mm.inputs[1]]
-    heads = shape[1] if trans is not None else 1
+    heads = 1 if rank != 4 else shape[1] if trans is not None else shape[2]
     p = shape[-1]
     if w.ndim != 2 or w.shape[1] != heads * p:
         return None
@@ -102,17 +107,19 @@ def _split_projection(model: Model, split: Node, producers, readers, outputs):
         name = f"{split.name}.part{i}"
         model.consts[f"{name}.w"] = np.ascontiguousarray(wi)
         model.shapes[f"{name}.w"] = wi.shape
-        proj = y if trans is None else f"{name}.proj"
+        proj = y if rank != 4 else f"{name}.proj"
         model.shapes[proj] = tuple(out_shape[:-1]) + (heads * size,)
         parts.append(Node(f"{name}.matmul", "MatMul", [mm.inputs[0], f"{name}.w"], [proj]))
-        if trans is not None:
+        if rank == 4:
             four = model.shapes[resh.outputs[0]][:-1] + (size,)
             model.consts[f"{name}.shape"] = np.array(four, np.int64)
             model.shapes[f"{name}.shape"] = (len(four),)
-            model.shapes[f"{name}.heads"] = four
-            parts += [Node(f"{name}.reshape", "Reshape", [proj, f"{name}.shape"], [f"{name}.heads"]),
-                      Node(f"{name}.transpose", "Transpose", [f"{name}.heads"], [y], {"perm": [0, 2, 1, 3]})]
-    what = f"per head of {heads}" if trans is not None else "of one projection"
+            heads_view = y if trans is None else f"{name}.heads"
+            model.shapes[heads_view] = four
+            parts.append(Node(f"{name}.reshape", "Reshape", [proj, f"{name}.shape"], [heads_view]))
+            if trans is not None:
+                parts.append(Node(f"{name}.transpose", "Transpose", [heads_view], [y], {"perm": [0, 2, 1, 3]}))
+    what = f"per head of {heads}" if rank == 4 else "of one projection"
     model.patterns[split.name] = (f"split projection {mm.name!r} (K {w.shape[0]}): parts {sizes} {what} (one "
                                   f"MatMul each)")
     return {n.name for n in chain} | {split.name}, parts

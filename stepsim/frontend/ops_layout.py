@@ -57,6 +57,16 @@ def _same_stream(e: Emitter, node: Node):
         e.val[y] = Act(a.s, a.tn, a.n)
         return
     sx, sy = e.model.shapes[x], e.model.shapes[y]
+    a = e.val.get(x)
+    if a is not None and a.merged and a.stripes and tuple(sx) != tuple(sy) and sy[-1] == a.tn:
+        # a head view [B, S, H, hd] reshaped so its heads are rows (an Einsum's [B S, H, hd]): at tile_m 1 its
+        # stripes, one token's head after another, are those rows
+        if e.tm != 1:
+            raise FrontendError(f"{node.describe()}: {list(sx)} -> {list(sy)} reads a head view's heads as rows, "
+                                f"which streams at tile_m 1 (got {e.tm})")
+        a = e.act(x, node)
+        e.val[y] = Act(Flatten(e.g, a.s, 0, 1), a.tn, a.tn)
+        return
     gx, gy = groups_rows_cols(sx), groups_rows_cols(sy)
     if gx[2] != gy[2] or gx[0] * gx[1] != gy[0] * gy[1] or gy[1] % e.tm:
         raise FrontendError(f"{node.describe()}: {list(sx)} -> {list(sy)} changes the last dim or splits rows off "

@@ -43,15 +43,14 @@ def _matmul(e: Emitter, node: Node):
     if activation_matmul(e.model, node) and not e.model.is_const(a):
         _matmul_activations(e, node)
         return
-    if e.model.is_const(a) or not e.model.is_const(w) or e.model.consts[w].ndim != 2:
-        raise FrontendError(f"{node.describe()}: supported is an activation times a 2-D initializer (weights) or "
-                            f"times another activation")
+    groups = _weight_groups(e, node)
     weights = e.model.consts[w].astype(np.float32)
-    k, n = weights.shape[::-1] if trans_b else weights.shape
+    k, n = weights.shape[-2:][::-1] if trans_b else weights.shape[-2:]
     y = node.outputs[0]
     tn, _ = matmul_out_tile(e.model, e.tiling, node)
     nt = n // tn
-    if e.tiling.reread_inputs and a in e.model.inputs and nt > 1 and (a, node.name) not in e.spilled:
+    heads = 1  # a head view's heads as rows (_per_head)
+    if e.tiling.reread_inputs and a in e.model.inputs and nt > 1 and groups == 1 and (a, node.name) not in e.spilled:
         # the graph input read from DRAM once per N tile (the hand-written layers' "mn_mk" schedule) instead of
         # once and repeated on chip; MatMuls reading it alike share the load
         b_, r_, _ = groups_rows_cols(e.model.shapes[a])
@@ -59,6 +58,9 @@ def _matmul(e: Emitter, node: Node):
         xs = e.load_view(e.tensor(a, (r_, k) if b_ == 1 else (b_, r_, k)), (e.tm, k), (m, nt, 1), (1, 0, 1))
     else:
         x = e.act(a, node)  # whole rows, unless this MatMul's N is one tile: then stripes are its K chunks
+        heads = _per_head(e, node, x, k, nt)
+        if heads > 1:  # a head view's stripes are its rows, one head's [tm, k] after another: (1, M, H) -> (1, M H)
+            x = Act(Flatten(e.g, x.s, 0, 1), k, k)
         m, tk = e.tiles_of(x), x.tn
         kt = k // tk
         if x.stripes:  # (1, M, kt) -> (1, M, 1, kt): the K loop innermost, one N tile
@@ -68,7 +70,11 @@ def _matmul(e: Emitter, node: Node):
         else:
             xs = Promote(e.g, Promote(e.g, x.s, 0), 0)
     # tile (k-chunk, n-tile) of the weight; tile numbers of the row-major tiled tensor
-    if trans_b:  # [N, K] stored
+    if groups > 1:  # group g's row blocks read weight g ([G * K, N] stored): (G, M/G, nt, kt) -> (M, nt, kt)
+        wl = Flatten(e.g, LinearOffChipLoad(e.g, e.tensor(w, (groups * k, n), weights.reshape(-1, n)), (tk, tn),
+                                            (groups, m // groups, nt, kt), (kt * nt, 0, 1, nt), stream_dtype=FP32,
+                                            par_dispatch=e.tiling.par_dispatch), 2, 3)
+    elif trans_b:  # [N, K] stored
         wl = LinearOffChipLoad(e.g, e.tensor(w, (n, k), weights), (tn, tk), (m, nt, kt), (0, kt, 1),
                                stream_dtype=FP32, par_dispatch=e.tiling.par_dispatch)
     else:
@@ -78,6 +84,8 @@ def _matmul(e: Emitter, node: Node):
     prod = MapAccum(e.g, xs, wl, Matmul(weight_transposed=trans_b), Zero(e.tm, tn), 1, compute_bw=e.bw,
                     write_back_mu=kt > 1)
     out = Act(prod, tn, n) if nt > 1 else Act(Flatten(e.g, prod, 0, 1), n, n)
+    if heads > 1:  # (1, M H) -> (1, M, H): the output's head view
+        out = Act(Reshape(e.g, out.s, heads, 0), n, n * heads, merged=True)
     alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
     if alpha != 1.0:
         out = e.pw(out, "mul_c", alpha)
@@ -89,6 +97,37 @@ def _matmul(e: Emitter, node: Node):
         out = e.pw(out, "add_c", scalar(c)) if c.size == 1 else e.map(
             [out, e.row_vector(node.inputs[2], c, out)], Add())
     e.val[y] = out
+
+
+def _per_head(e: Emitter, node: Node, x: Act, k: int, nt: int) -> int:
+    """The heads ``H`` when ``x`` is a head view ``[B, S, H, k]`` streamed as one ``k``-wide stripe per head
+    (a per-head split of a projection, :mod:`stepsim.frontend.mla`) multiplied by a 2-D weight (DeepSeek's RoPE
+    on its rope part as ``rotate_half``'s MatMul, :mod:`stepsim.frontend.patterns`), else 1. The stripes are
+    then the MatMul's rows, and its output the same head view of ``N``-wide stripes."""
+    if not (x.merged and x.tn == k == e.model.shapes[node.inputs[0]][-1] and x.n > k):
+        return 1
+    if nt > 1:
+        raise FrontendError(f"{node.describe()}: a product of a head view [.., {x.n // k}, {k}] needs its output "
+                            f"[.., {e.model.shapes[node.outputs[0]][-1]}] in one column tile (tile_n)")
+    return x.n // k
+
+
+def _weight_groups(e: Emitter, node: Node) -> int:
+    """1 for an activation times a 2-D weight; ``G`` for an activation ``[.., G, rows, K]`` times a 3-D
+    initializer ``[G, K, N]``: one weight per group of rows (a per-head product, as an Einsum's
+    ``bhsd,hdc->bhsc``; :mod:`stepsim.frontend.einsum`), each group's row blocks reading its own weight."""
+    a, w = node.inputs[:2]
+    weights = e.model.consts.get(w)
+    if e.model.is_const(a) or weights is None or weights.ndim not in (2, 3) or (
+            weights.ndim == 3 and (node.op_type != "MatMul" or
+                                   groups_rows_cols(e.model.shapes[a])[0] != weights.shape[0])):
+        raise FrontendError(f"{node.describe()}: supported is an activation times a 2-D initializer (weights), "
+                            f"times a 3-D initializer of one weight per group of its leading dims, or times "
+                            f"another activation")
+    if weights.ndim == 3 and groups_rows_cols(e.model.shapes[a])[1] % e.tm:
+        raise FrontendError(f"{node.describe()}: tile_m {e.tm} does not divide the {groups_rows_cols(e.model.shapes[a])[1]} "
+                            f"rows of each of its {weights.shape[0]} weight groups")
+    return weights.shape[0] if weights.ndim == 3 else 1
 
 
 def _matmul_activations(e: Emitter, node: Node):

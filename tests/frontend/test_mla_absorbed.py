@@ -1,0 +1,221 @@
+"""Multi-head latent attention's decode in DeepSeek's absorbed form (issue 43), as ``torch.onnx`` exports
+DeepSeek-V3's ``model.py`` (``attn_impl="absorb"``): every product an ``Einsum`` (``q_nope`` through ``W_UK``
+into the latent space, scores against the latent cache plus the rope scores, the softmax-weighted latent rows
+through ``W_UV``), the query's head view split into nope / rope parts without a Transpose, RoPE on the head view,
+the new token's latent and rope key appended to the caches (``Concat``). The front end lowers each Einsum as a
+batched MatMul (stepsim.frontend.einsum), matches onnx's reference evaluator and DeepSeek's formula in NumPy
+(absorbed and expanded), reads the latent cache once, and refuses what it cannot stream in one line."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from stepsim.base.errors import FrontendError
+from stepsim.frontend import from_onnx
+from stepsim.frontend.check import check_outputs
+from stepsim.simulation.simulate import simulate
+from stepsim.workloads.mla_attention.reference import mla_absorbed, mla_expanded, wkv_b
+from stepsim.workloads.reference import max_rel_error
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ort_check import model, rand  # noqa: E402
+
+B, T, H, KL, NOPE, ROPE, V, D = 2, 8, 4, 16, 8, 4, 8, 32
+
+
+def node(op, ins, out, **attrs):
+    outs = [out] if isinstance(out, str) else out
+    return helper.make_node(op, ins, outs, name=outs[0], **attrs)
+
+
+def core():
+    """The attention alone: the query parts and both caches are graph inputs; ``y`` = o_proj of the output."""
+    wkvb = rand((H * (NOPE + V), KL), 4, KL ** -0.5).reshape(H, NOPE + V, KL)
+    init = {"w_uk": wkvb[:, :NOPE], "w_uv": wkvb[:, NOPE:], "wo": rand((H * V, D), 5, (H * V) ** -0.5),
+            "scale": np.array((NOPE + ROPE) ** -0.5, np.float32), "merged": np.array([B, 1, H * V], np.int64)}
+    nodes = [node("Einsum", ["q_nope", "w_uk"], "q_lat", equation="bshd,hdc->bshc"),
+             node("Einsum", ["q_lat", "kv_cache"], "s_lat", equation="bshc,btc->bsht"),
+             node("Einsum", ["q_pe", "pe_cache"], "s_pe", equation="bshr,btr->bsht"),
+             node("Add", ["s_lat", "s_pe"], "s"), node("Mul", ["s", "scale"], "z"),
+             node("Softmax", ["z"], "p", axis=-1),
+             node("Einsum", ["p", "kv_cache"], "o_lat", equation="bsht,btc->bshc"),
+             node("Einsum", ["o_lat", "w_uv"], "o", equation="bshc,hdc->bshd"),
+             node("Reshape", ["o", "merged"], "o2"), node("MatMul", ["o2", "wo"], "y")]
+    return model(nodes, {"q_nope": [B, 1, H, NOPE], "q_pe": [B, 1, H, ROPE], "kv_cache": [B, T, KL],
+                         "pe_cache": [B, T, ROPE]}, {"y": [B, 1, D]}, init, name="mla_absorbed")
+
+
+QL = 16
+QD = NOPE + ROPE
+
+
+def rms(x, g, out):
+    return [node("Pow", [x, "two"], f"{out}.sq"), node("ReduceMean", [f"{out}.sq", "last"], f"{out}.ms", keepdims=1),
+            node("Add", [f"{out}.ms", "eps"], f"{out}.mse"), node("Sqrt", [f"{out}.mse"], f"{out}.rt"),
+            node("Reciprocal", [f"{out}.rt"], f"{out}.inv"), node("Mul", [x, f"{out}.inv"], f"{out}.n"),
+            node("Mul", [f"{out}.n", g], out)]
+
+
+def rope(x, out, cos, sin):
+    return [node("Slice", [x, "h0", "h1", "last"], f"{out}.lo"), node("Slice", [x, "h1", "h2", "last"], f"{out}.hi"),
+            node("Neg", [f"{out}.hi"], f"{out}.nh"), node("Concat", [f"{out}.nh", f"{out}.lo"], f"{out}.rh", axis=-1),
+            node("Mul", [x, cos], f"{out}.c"), node("Mul", [f"{out}.rh", sin], f"{out}.s"),
+            node("Add", [f"{out}.c", f"{out}.s"], out)]
+
+
+def block(present=False):
+    """The whole decode block from the new token ``x``: q_a -> RMSNorm -> q_b as a head view split into nope /
+    rope, kv_a split into the latent (RMSNormed) and the rope key, RoPE (rotate_half) on both rope parts, the
+    caches grown by the new token (``present`` also outputs them), then the absorbed attention and o_proj."""
+    wkvb = rand((H * (NOPE + V), KL), 4, KL ** -0.5).reshape(H, NOPE + V, KL)
+    init = {"wqa": rand((D, QL), 1, D ** -0.5), "wqb": rand((QL, H * QD), 2, QL ** -0.5),
+            "wkva": rand((D, KL + ROPE), 3, D ** -0.5), "gq": rand((QL,), 6, 0.1) + 1, "gkv": rand((KL,), 7, 0.1) + 1,
+            "w_uk": wkvb[:, :NOPE], "w_uv": wkvb[:, NOPE:], "wo": rand((H * V, D), 5, (H * V) ** -0.5),
+            "two": np.array(2, np.float32), "eps": np.array(1e-6, np.float32), "last": np.array([-1], np.int64),
+            "qheads": np.array([B, 1, H, QD], np.int64), "split_q": np.array([NOPE, ROPE], np.int64),
+            "split_kv": np.array([KL, ROPE], np.int64),
+            "h0": np.array([0], np.int64), "h1": np.array([ROPE // 2], np.int64), "h2": np.array([ROPE], np.int64),
+            "scale": np.array((NOPE + ROPE) ** -0.5, np.float32), "merged": np.array([B, 1, H * V], np.int64)}
+    pos = T - 1
+    ang = pos * (10000.0 ** (-np.arange(ROPE // 2) / (ROPE // 2)))
+    for f, name in ((np.cos, "cos"), (np.sin, "sin")):
+        v = f(np.concatenate([ang, ang])).astype(np.float32)
+        init[name + "4"], init[name + "3"] = v.reshape(1, 1, 1, ROPE), v.reshape(1, 1, ROPE)
+    nodes = [node("MatMul", ["x", "wqa"], "q_a")] + rms("q_a", "gq", "q_an")
+    nodes += [node("MatMul", ["q_an", "wqb"], "q"), node("Reshape", ["q", "qheads"], "q4"),
+              node("Split", ["q4", "split_q"], ["q_nope", "q_rot"], axis=-1),
+              node("MatMul", ["x", "wkva"], "ckv"), node("Split", ["ckv", "split_kv"], ["k_lat", "k_rot"], axis=-1)]
+    nodes += rms("k_lat", "gkv", "k_latn") + rope("q_rot", "q_pe", "cos4", "sin4") + rope("k_rot", "k_pe", "cos3", "sin3")
+    nodes += [node("Concat", ["past_kv", "k_latn"], "kv_cache", axis=1),
+              node("Concat", ["past_pe", "k_pe"], "pe_cache", axis=1)]
+    nodes += [node("Einsum", ["q_nope", "w_uk"], "q_lat", equation="bshd,hdc->bshc"),
+             node("Einsum", ["q_lat", "kv_cache"], "s_lat", equation="bshc,btc->bsht"),
+             node("Einsum", ["q_pe", "pe_cache"], "s_pe", equation="bshr,btr->bsht"),
+             node("Add", ["s_lat", "s_pe"], "s"), node("Mul", ["s", "scale"], "z"),
+             node("Softmax", ["z"], "p", axis=-1),
+             node("Einsum", ["p", "kv_cache"], "o_lat", equation="bsht,btc->bshc"),
+             node("Einsum", ["o_lat", "w_uv"], "o", equation="bshc,hdc->bshd"),
+             node("Reshape", ["o", "merged"], "o2"), node("MatMul", ["o2", "wo"], "y")]
+    outs = {"y": [B, 1, D]}
+    if present:
+        outs.update(kv_cache=[B, T, KL], pe_cache=[B, T, ROPE])
+    return model(nodes, {"x": [B, 1, D], "past_kv": [B, T - 1, KL], "past_pe": [B, T - 1, ROPE]}, outs, init,
+                 name="mla_absorbed_block")
+
+
+
+PATTERNS = {"q_lat": "einsum 'bshd,hdc->bshc' as a batched MatMul: 4 x [2 x 8] @ [8 x 16]",
+            "s_lat": "einsum 'bshc,btc->bsht' as a batched MatMul: 2 x [4 x 16] @ [16 x 8]",
+            "s_pe": "einsum 'bshr,btr->bsht' as a batched MatMul: 2 x [4 x 4] @ [4 x 8]",
+            "o_lat": "einsum 'bsht,btc->bshc' as a batched MatMul: 2 x [4 x 8] @ [8 x 16]",
+            "o": "einsum 'bshc,hdc->bshd' as a batched MatMul: 4 x [2 x 16] @ [16 x 8]"}
+
+
+def _matmul_flops(w) -> dict:
+    values = w.op_values()
+    flops = {}
+    for op in w.graph:
+        if isinstance(op.group, tuple) and op.group[1].endswith(".matmul"):
+            flops[op.group[1]] = flops.get(op.group[1], 0) + int(values[op.name].flops)
+    return flops
+
+
+def test_absorbed_attention_equals_deepseeks_formula_and_reads_the_latent_cache_once():
+    m = core()
+    w = from_onnx(m, tiling={"tile_m": 1})
+    assert w.params["patterns"] == PATTERNS
+    r = simulate(w, functional=True, seed=3)
+    (c,) = check_outputs(w, r.inputs, r.outputs).values()  # onnx.reference.ReferenceEvaluator
+    assert c.passed
+    # DeepSeek's formula per request, absorbed and expanded (stepsim.workloads.mla_attention.reference)
+    init = {t.name: np.frombuffer(t.raw_data, np.float32).reshape(t.dims) for t in m.graph.initializer
+            if t.data_type == 1 and t.dims}
+    weights = wkv_b(init["w_uk"], init["w_uv"])
+    x = {k: r.inputs[k].reshape(shape) for k, shape in (("q_nope", (B, 1, H, NOPE)), ("q_pe", (B, 1, H, ROPE)),
+                                                         ("kv_cache", (B, T, KL)), ("pe_cache", (B, T, ROPE)))}
+    for form in (mla_absorbed, mla_expanded):
+        want = np.stack([form(x["q_nope"][b, 0], x["q_pe"][b, 0], x["kv_cache"][b], x["pe_cache"][b], weights, V)
+                         .reshape(-1) @ init["wo"] for b in range(B)])
+        assert max_rel_error(r.outputs["y"].reshape(B, D), want) <= c.tolerance
+    # each Einsum's MatMul does its equation's 2 G M K N FLOPs
+    assert _matmul_flops(w) == {"q_lat.matmul": 2 * H * B * NOPE * KL, "s_lat.matmul": 2 * B * H * KL * T,
+                                "s_pe.matmul": 2 * B * H * ROPE * T, "o_lat.matmul": 2 * B * H * T * KL,
+                                "o.matmul": 2 * H * B * KL * V}
+    # off-chip bytes: the latent cache read once for both of its products (scores and p @ kv); the per-head weights
+    # and o_proj once per row block (tile_m 1: B of them), as every weight of the front end
+    f = 4
+    cache = B * T * (KL + ROPE) * f
+    queries = B * H * (NOPE + ROPE) * f
+    weights_read = B * (H * NOPE * KL + H * V * KL + H * V * D) * f
+    assert w.metrics()["off_chip_bytes"] == cache + queries + weights_read + B * D * f == 18_304
+    assert simulate(w).cycles == 518
+
+
+@pytest.mark.parametrize("present, cycles, off_chip", [(False, 736, 34_208), (True, 737, 35_488)])
+
+
+def test_the_whole_absorbed_decode_block_matches_onnx(present, cycles, off_chip):
+    w = from_onnx(block(present), tiling={"tile_m": 1})
+    assert w.params["patterns"] == {
+        **PATTERNS, "q_nope": "split projection 'q' (K 16): parts [8, 4] per head of 4 (one MatMul each)",
+        "k_lat": "latent / rope split of 'ckv': latent 16 + rope 4"}
+    r = simulate(w, functional=True, seed=5)
+    checks = check_outputs(w, r.inputs, r.outputs)
+    assert sorted(checks) == sorted(["y"] + (["kv_cache", "pe_cache"] if present else []))
+    assert all(c.passed for c in checks.values())
+    # the present caches are the past ones with the new token's row appended
+    if present:
+        assert np.array_equal(r.outputs["kv_cache"].reshape(B, T, KL)[:, :T - 1],
+                              r.inputs["past_kv"].reshape(B, T - 1, KL))
+    # RoPE's cos / sin row is read once for the query's 4 heads (4 fp32 elements), the past latent cache once
+    values = w.op_values()
+    loads = {op.tensor.name: int(values[op.name].off_chip_bytes) for op in w.graph
+             if getattr(op, "tensor", None) is not None and op.tensor.name in ("cos4", "sin4", "past_kv")}
+    assert loads == {"cos4": ROPE * 4, "sin4": ROPE * 4, "past_kv": B * (T - 1) * KL * 4}
+    assert (simulate(w).cycles, w.metrics()["off_chip_bytes"]) == (cycles, off_chip)
+
+
+def _einsum(equation, a_shape, b_shape, out_shape):
+    return model([node("Einsum", ["a", "b"], "y", equation=equation)], {"a": a_shape, "b": b_shape},
+                 {"y": out_shape}, name="einsum")
+
+
+@pytest.mark.parametrize("equation, shapes, why", [
+    ("bij,bjk->bi", ([2, 4, 8], [2, 8, 3], [2, 4]),
+     "an index summed within one operand (not in the other operand or the output)"),
+    ("...ij,...jk->...ik", ([2, 4, 8], [2, 8, 3], [2, 4, 3]),
+     "supported is an equation of two operands with an explicit output (A,B->Y), no ellipsis"),
+    ("bij,bjk", ([2, 4, 8], [2, 8, 3], [4, 3]),
+     "supported is an equation of two operands with an explicit output (A,B->Y), no ellipsis"),
+    ("bji,bjk->bik", ([2, 8, 4], [2, 8, 3], [2, 4, 3]),
+     "the left operand 'bji' is not (batch)(free)(contracted) nor (free)(batch)(contracted) in that order: batch "
+     "b, free i, contracted j"),
+    ("bij,bjk->bki", ([2, 4, 8], [2, 8, 3], [2, 3, 4]),
+     "output 'bki' is not (batch)(free left)(free right) nor (free left)(batch)(free right) in that order"),
+])
+
+
+def test_an_einsum_that_does_not_stream_is_one_line(equation, shapes, why):
+    with pytest.raises(FrontendError) as err:
+        from_onnx(_einsum(equation, *shapes), tiling={"tile_m": 1})
+    assert str(err.value) == f"node 'y' (Einsum): equation {equation!r}: {why}"
+
+
+def test_the_absorbed_block_streams_at_tile_m_1_only():
+    with pytest.raises(FrontendError) as err:
+        from_onnx(core(), tiling={"tile_m": 2})
+    assert str(err.value) == "tile_m 2 does not divide the 1 rows of 'o.result_heads'"
+
+
+def test_a_plain_batched_einsum_equals_its_matmul():
+    """``bij,bjk->bik`` (no reordering) is exactly the MatMul of the same operands: same cycles and bytes."""
+    via_einsum = from_onnx(_einsum("bij,bjk->bik", [2, 4, 8], [2, 8, 3], [2, 4, 3]), tiling={"tile_m": 2})
+    via_matmul = from_onnx(model([node("MatMul", ["a", "b"], "y")], {"a": [2, 4, 8], "b": [2, 8, 3]},
+                                 {"y": [2, 4, 3]}, name="matmul"), tiling={"tile_m": 2})
+    assert simulate(via_einsum).cycles == simulate(via_matmul).cycles
+    assert via_einsum.metrics()["off_chip_bytes"] == via_matmul.metrics()["off_chip_bytes"]
+    r = simulate(via_einsum, functional=True, seed=2)
+    assert all(c.passed for c in check_outputs(via_einsum, r.inputs, r.outputs).values())
