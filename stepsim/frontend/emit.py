@@ -68,8 +68,12 @@ def handles(*op_types: str):
     return register
 
 
+#: op types rewritten into others before emission (two-operand Einsums: stepsim.frontend.einsum)
+REWRITTEN = ("Einsum",)
+
+
 def supported_ops() -> str:
-    return ", ".join(sorted(HANDLERS))
+    return ", ".join(sorted({*HANDLERS, *REWRITTEN}))
 
 
 @dataclass(frozen=True)

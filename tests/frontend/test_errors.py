@@ -13,7 +13,7 @@ from stepsim.frontend import from_onnx
 sys.path.insert(0, str(Path(__file__).parent))
 from ort_check import model  # noqa: E402
 
-SUPPORTED = ("Add, Cast, Concat, Div, Dropout, Erf, Exp, Expand, Flatten, Gather, Gelu, Gemm, Identity, LayerNormalization, MatMul, "
+SUPPORTED = ("Add, Cast, Concat, Div, Dropout, Einsum, Erf, Exp, Expand, Flatten, Gather, Gelu, Gemm, Identity, LayerNormalization, MatMul, "
              "Max, Min, MoE, Mul, Neg, Pow, RMSNormalization, Reciprocal, ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, "
              "Sigmoid, SimplifiedLayerNormalization, SinkSoftmax, Softmax, Split, Sqrt, Squeeze, Sub, Swish, Tanh, Transpose, Unsqueeze")
 
