@@ -114,8 +114,9 @@ def _per_head(e: Emitter, node: Node, x: Act, k: int, nt: int) -> int:
 
 def _weight_groups(e: Emitter, node: Node) -> int:
     """1 for an activation times a 2-D weight; ``G`` for an activation ``[.., G, rows, K]`` times a 3-D
-    initializer ``[G, K, N]``: one weight per group of rows (a per-head product, as an Einsum's
-    ``bhsd,hdc->bhsc``; :mod:`stepsim.frontend.einsum`), each group's row blocks reading its own weight."""
+    initializer ``[G, K, N]``: one weight per group of rows (a per-head product: an Einsum's ``bshd,hdc->bshc``
+    as ``[H, B S, d]`` by ``[H, d, c]``, :mod:`stepsim.frontend.einsum`), each group's row blocks reading its own
+    weight."""
     a, w = node.inputs[:2]
     weights = e.model.consts.get(w)
     if e.model.is_const(a) or weights is None or weights.ndim not in (2, 3) or (
@@ -124,9 +125,6 @@ def _weight_groups(e: Emitter, node: Node) -> int:
         raise FrontendError(f"{node.describe()}: supported is an activation times a 2-D initializer (weights), "
                             f"times a 3-D initializer of one weight per group of its leading dims, or times "
                             f"another activation")
-    if weights.ndim == 3 and groups_rows_cols(e.model.shapes[a])[1] % e.tm:
-        raise FrontendError(f"{node.describe()}: tile_m {e.tm} does not divide the {groups_rows_cols(e.model.shapes[a])[1]} "
-                            f"rows of each of its {weights.shape[0]} weight groups")
     return weights.shape[0] if weights.ndim == 3 else 1
 
 

@@ -219,3 +219,47 @@ def test_a_plain_batched_einsum_equals_its_matmul():
     assert via_einsum.metrics()["off_chip_bytes"] == via_matmul.metrics()["off_chip_bytes"]
     r = simulate(via_einsum, functional=True, seed=2)
     assert all(c.passed for c in check_outputs(via_einsum, r.inputs, r.outputs).values())
+
+
+def _grouped(a_shape, w):
+    return model([node("MatMul", ["a", "w"], "y")], {"a": a_shape}, {"y": [*a_shape[:-1], w.shape[-1]]},
+                 {"w": w}, name="grouped")
+
+
+def test_a_matmul_by_one_weight_per_group_reads_each_groups_weight_and_checks():
+    """``[G, M, K] @ [G, K, N]`` with the right operand an initializer: group g's row blocks read weight g (its
+    K x N fp32 once per row block, as every weight of the front end), the values onnx's."""
+    w = from_onnx(_grouped([3, 4, 8], rand((3, 8, 5), 1)), tiling={"tile_m": 2})
+    r = simulate(w, functional=True, seed=4)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    assert w.metrics()["off_chip_bytes"] == (3 * 4 * 8 + 3 * 2 * 8 * 5 + 3 * 4 * 5) * 4
+
+
+def test_a_weight_broadcast_over_groups_is_one_line():
+    """``[2, 4, 8] @ [1, 8, 5]``: ONNX broadcasts the weight over the groups; the front end takes one weight per
+    group or a 2-D weight, and says so."""
+    with pytest.raises(FrontendError) as err:
+        from_onnx(_grouped([2, 4, 8], rand((1, 8, 5), 1)), tiling={"tile_m": 1})
+    assert str(err.value) == (
+        "node 'y' (MatMul): supported is an activation times a 2-D initializer (weights), times a 3-D initializer "
+        "of one weight per group of its leading dims, or times another activation")
+
+
+def test_a_head_view_read_as_rows_needs_tile_m_1():
+    """The query's rope part as a head view (a per-head split of q_b, stripes of one token's head each) becomes
+    the rows of ``bshr,btr->bsht``'s left operand only at tile_m 1, where a stripe is a row; at 2 that is one
+    line."""
+    init = {"wqb": rand((QL, H * QD), 2), "qheads": np.array([B, 2, H, QD], np.int64),
+            "split_q": np.array([NOPE, ROPE], np.int64)}
+    nodes = [node("MatMul", ["x", "wqb"], "q"), node("Reshape", ["q", "qheads"], "q4"),
+             node("Split", ["q4", "split_q"], ["q_nope", "q_rot"], axis=-1),
+             node("Einsum", ["q_rot", "pe_cache"], "s_pe", equation="bshr,btr->bsht")]
+    m = model(nodes, {"x": [B, 2, QL], "pe_cache": [B, T, ROPE]}, {"s_pe": [B, 2, H, T], "q_nope": [B, 2, H, NOPE]},
+              init, name="s_pe")
+    with pytest.raises(FrontendError) as err:
+        from_onnx(m, tiling={"tile_m": 2})
+    assert str(err.value) == ("node 's_pe.left' (Reshape): [2, 2, 4, 4] -> [2, 8, 4] reads a head view's heads as "
+                              "rows, which streams at tile_m 1 (got 2)")
+    w = from_onnx(m, tiling={"tile_m": 1})
+    r = simulate(w, functional=True, seed=6)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
