@@ -17,6 +17,7 @@ from stepsim.graph import (
     FP32,
     Accum,
     Add,
+    Bufferize,
     Empty,
     Flatten,
     LinearOffChipLoad,
@@ -28,6 +29,7 @@ from stepsim.graph import (
     RepeatStatic,
     Reshape,
     RetileRow,
+    Streamify,
     Tile,
     Zero,
 )
@@ -70,10 +72,13 @@ def _matmul(e: Emitter, node: Node):
         else:
             xs = Promote(e.g, Promote(e.g, x.s, 0), 0)
     # tile (k-chunk, n-tile) of the weight; tile numbers of the row-major tiled tensor
-    if groups > 1:  # group g's row blocks read weight g ([G * K, N] stored): (G, M/G, nt, kt) -> (M, nt, kt)
-        wl = Flatten(e.g, LinearOffChipLoad(e.g, e.tensor(w, (groups * k, n), weights.reshape(-1, n)), (tk, tn),
-                                            (groups, m // groups, nt, kt), (kt * nt, 0, 1, nt), stream_dtype=FP32,
-                                            par_dispatch=e.tiling.par_dispatch), 2, 3)
+    if groups > 1:
+        # weight g ([G * K, N] stored) read once and held on chip while group g's row blocks stream (a decode's
+        # per-head W_UK at tile_m 1 would otherwise be read once per request): (G, [nt, kt]) -> (G, M/G, nt, kt)
+        held = Bufferize(e.g, LinearOffChipLoad(e.g, e.tensor(w, (groups * k, n), weights.reshape(-1, n)), (tk, tn),
+                                                (groups, nt, kt), (kt * nt, 1, nt), stream_dtype=FP32,
+                                                par_dispatch=e.tiling.par_dispatch), 2)
+        wl = Flatten(e.g, Streamify(e.g, held, [m // groups], 2), 2, 3)  # -> (M, nt, kt)
     elif trans_b:  # [N, K] stored
         wl = LinearOffChipLoad(e.g, e.tensor(w, (n, k), weights), (tn, tk), (m, nt, kt), (0, kt, 1),
                                stream_dtype=FP32, par_dispatch=e.tiling.par_dispatch)
