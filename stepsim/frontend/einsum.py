@@ -21,8 +21,9 @@ The layouts the rewrite needs are the ones the front end streams: an identity, a
 decode's ``[B, 1, H, d]`` result of a per-head product that only head merges read (``Reshape`` to ``[B, 1, H *
 d]``) is produced as ``[B, H, 1, d]`` and a heads Transpose (``[0, 2, 1, 3]``), so they read it as the attention
 output it is.
-Anything else (an index summed inside one operand, three operands, an ellipsis, a layout that would need another
-permutation) is one line naming the node and the equation.
+Anything else (an index summed inside one operand, no contracted index, no free index on the right, three
+operands, an ellipsis, a layout that would need another permutation) is one line naming the node and the
+equation.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ class _Rewrite:
         self.free_a = [i for i in a if i not in b]
         self.contract = [i for i in a if i in b and i not in out]
         self.free_b = [i for i in b if i not in a]
+        if not self.contract:
+            self._refuse("no index is contracted (an outer product), which is not a MatMul")
+        if not self.free_b:
+            self._refuse(f"the right operand {b!r} keeps no index of its own (a matrix-vector product); supported: "
+                         f"a free index on the right (a matrix product)")
 
     def _refuse(self, why: str):
         raise FrontendError(f"{self.node.describe()}: equation {self.equation!r}: {why}")

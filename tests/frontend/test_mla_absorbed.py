@@ -189,6 +189,10 @@ def _einsum(equation, a_shape, b_shape, out_shape):
      "an index summed within one operand (not in the other operand or the output)"),
     ("...ij,...jk->...ik", ([2, 4, 8], [2, 8, 3], [2, 4, 3]),
      "supported is an equation of two operands with an explicit output (A,B->Y), no ellipsis"),
+    ("i,j->ij", ([4], [3], [4, 3]), "no index is contracted (an outer product), which is not a MatMul"),
+    ("bij,bj->bi", ([2, 4, 8], [2, 8], [2, 4]),
+     "the right operand 'bj' keeps no index of its own (a matrix-vector product); supported: a free index on the "
+     "right (a matrix product)"),
     ("bij,bjk", ([2, 4, 8], [2, 8, 3], [4, 3]),
      "supported is an equation of two operands with an explicit output (A,B->Y), no ellipsis"),
     ("bji,bjk->bik", ([2, 8, 4], [2, 8, 3], [2, 4, 3]),
@@ -266,3 +270,22 @@ def test_a_head_view_read_as_rows_needs_tile_m_1():
     w = from_onnx(m, tiling={"tile_m": 1})
     r = simulate(w, functional=True, seed=6)
     assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+
+
+@pytest.mark.parametrize("equation, a_shape, b_shape, out_shape, weight, cycles", [
+    ("ij,jk->ik", [4, 8], [8, 3], [4, 3], "b", 130),  # a weight
+    ("ij,jk->ik", [4, 8], [8, 3], [4, 3], None, 239),  # two activations
+    ("ij,kj->ik", [4, 8], [3, 8], [4, 3], None, 144),  # the right one read transposed
+    ("dc,bsd->bsc", [8, 5], [2, 4, 8], [2, 4, 5], "a", 237),  # the weight first: operands swapped
+    ("bsd,ed->bse", [2, 4, 8], [6, 8], [2, 4, 6], "b", 237),  # nn.Linear's x W^T
+    ("bhqd,bhkd->bhqk", [2, 2, 4, 8], [2, 2, 6, 8], [2, 2, 4, 6], None, 546),  # attention scores
+    ("bj,bij->bi", [2, 8], [2, 4, 8], [2, 4], None, 180),  # no free index on the left
+])
+def test_an_einsum_that_is_a_matrix_product_matches_onnx(equation, a_shape, b_shape, out_shape, weight, cycles):
+    inputs = {k: s for k, s in (("a", a_shape), ("b", b_shape)) if k != weight}
+    init = {weight: rand(a_shape if weight == "a" else b_shape, 1)} if weight else {}
+    w = from_onnx(model([node("Einsum", ["a", "b"], "y", equation=equation)], inputs, {"y": out_shape}, init,
+                        name="einsum"), tiling={"tile_m": 1})
+    r = simulate(w, functional=True, seed=7)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    assert simulate(w).cycles == cycles
