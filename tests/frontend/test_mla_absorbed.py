@@ -31,19 +31,24 @@ def node(op, ins, out, **attrs):
     return helper.make_node(op, ins, outs, name=outs[0], **attrs)
 
 
+def absorbed_attention() -> list:
+    """DeepSeek's ``attn_impl="absorb"`` attention from ``q_nope`` / ``q_pe`` ``[B, 1, H, *]`` and the caches
+    ``kv_cache`` / ``pe_cache`` ``[B, T, *]`` to ``y`` (o_proj), each product an Einsum as torch.onnx writes it."""
+    return [node("Einsum", ["q_nope", "w_uk"], "q_lat", equation="bshd,hdc->bshc"),
+            node("Einsum", ["q_lat", "kv_cache"], "s_lat", equation="bshc,btc->bsht"),
+            node("Einsum", ["q_pe", "pe_cache"], "s_pe", equation="bshr,btr->bsht"),
+            node("Add", ["s_lat", "s_pe"], "s"), node("Mul", ["s", "scale"], "z"), node("Softmax", ["z"], "p", axis=-1),
+            node("Einsum", ["p", "kv_cache"], "o_lat", equation="bsht,btc->bshc"),
+            node("Einsum", ["o_lat", "w_uv"], "o", equation="bshc,hdc->bshd"),
+            node("Reshape", ["o", "merged"], "o2"), node("MatMul", ["o2", "wo"], "y")]
+
+
 def core():
     """The attention alone: the query parts and both caches are graph inputs; ``y`` = o_proj of the output."""
     wkvb = rand((H * (NOPE + V), KL), 4, KL ** -0.5).reshape(H, NOPE + V, KL)
     init = {"w_uk": wkvb[:, :NOPE], "w_uv": wkvb[:, NOPE:], "wo": rand((H * V, D), 5, (H * V) ** -0.5),
             "scale": np.array((NOPE + ROPE) ** -0.5, np.float32), "merged": np.array([B, 1, H * V], np.int64)}
-    nodes = [node("Einsum", ["q_nope", "w_uk"], "q_lat", equation="bshd,hdc->bshc"),
-             node("Einsum", ["q_lat", "kv_cache"], "s_lat", equation="bshc,btc->bsht"),
-             node("Einsum", ["q_pe", "pe_cache"], "s_pe", equation="bshr,btr->bsht"),
-             node("Add", ["s_lat", "s_pe"], "s"), node("Mul", ["s", "scale"], "z"),
-             node("Softmax", ["z"], "p", axis=-1),
-             node("Einsum", ["p", "kv_cache"], "o_lat", equation="bsht,btc->bshc"),
-             node("Einsum", ["o_lat", "w_uv"], "o", equation="bshc,hdc->bshd"),
-             node("Reshape", ["o", "merged"], "o2"), node("MatMul", ["o2", "wo"], "y")]
+    nodes = absorbed_attention()
     return model(nodes, {"q_nope": [B, 1, H, NOPE], "q_pe": [B, 1, H, ROPE], "kv_cache": [B, T, KL],
                          "pe_cache": [B, T, ROPE]}, {"y": [B, 1, D]}, init, name="mla_absorbed")
 
@@ -91,14 +96,7 @@ def block(present=False):
     nodes += rms("k_lat", "gkv", "k_latn") + rope("q_rot", "q_pe", "cos4", "sin4") + rope("k_rot", "k_pe", "cos3", "sin3")
     nodes += [node("Concat", ["past_kv", "k_latn"], "kv_cache", axis=1),
               node("Concat", ["past_pe", "k_pe"], "pe_cache", axis=1)]
-    nodes += [node("Einsum", ["q_nope", "w_uk"], "q_lat", equation="bshd,hdc->bshc"),
-             node("Einsum", ["q_lat", "kv_cache"], "s_lat", equation="bshc,btc->bsht"),
-             node("Einsum", ["q_pe", "pe_cache"], "s_pe", equation="bshr,btr->bsht"),
-             node("Add", ["s_lat", "s_pe"], "s"), node("Mul", ["s", "scale"], "z"),
-             node("Softmax", ["z"], "p", axis=-1),
-             node("Einsum", ["p", "kv_cache"], "o_lat", equation="bsht,btc->bshc"),
-             node("Einsum", ["o_lat", "w_uv"], "o", equation="bshc,hdc->bshd"),
-             node("Reshape", ["o", "merged"], "o2"), node("MatMul", ["o2", "wo"], "y")]
+    nodes += absorbed_attention()
     outs = {"y": [B, 1, D]}
     if present:
         outs.update(kv_cache=[B, T, KL], pe_cache=[B, T, ROPE])
