@@ -18,9 +18,8 @@ product: :func:`stepsim.frontend.ops_matmul._matmul`'s grouped weights).
 
 The layouts the rewrite needs are the ones the front end streams: an identity, a swap of the two leading blocks
 (a ``[1, 0, 2]`` Transpose), and for the right operand a swap of its last two blocks (read transposed). A
-decode's ``[B, 1, H, d]`` result of a per-head product that only head merges read (``Reshape`` to ``[B, 1, H *
-d]``) is produced as ``[B, H, 1, d]`` and a heads Transpose (``[0, 2, 1, 3]``), so they read it as the attention
-output it is.
+per-head product's ``[B, S, H, d]`` result (rows of ``d``, one token's heads after another at tile_m 1) is the
+head view a head merge (``Reshape`` to ``[B, S, H * d]``) reads (:func:`stepsim.frontend.ops_layout._same_stream`).
 Anything else (an index summed inside one operand, no contracted index, no free index on the right, three
 operands, an ellipsis, a layout that would need another permutation) is one line naming the node and the
 equation.
@@ -166,14 +165,6 @@ class _Rewrite:
             made.append(node)
         return v
 
-    def _head_merged(self, y: str) -> bool:
-        """``y`` ``[B, S, H, d]`` is read only by Reshapes merging its heads (``[B, S, H * d]``)."""
-        shape = self.model.shapes[y]
-        readers = self.model.consumers().get(y, [])
-        return bool(readers) and y not in self.model.outputs and all(
-            r.op_type == "Reshape" and self.model.shapes[r.outputs[0]] == (*shape[:2], shape[2] * shape[3])
-            for r in readers)
-
     def _result(self, product: str, g: int, m: int, n: int) -> list:
         """``[G, M, N]`` into the node's output, in the equation's output order."""
         y = self.node.outputs[0]
@@ -185,10 +176,5 @@ class _Rewrite:
                          f"right) in that order")
         if g == 1 or m == 1:  # the swap moves no element
             return [self._reshape(product, shape, "result", out=y)[1]]
-        if len(shape) == 4 and shape[1] == 1 and shape[2] == g and m == shape[0] and self._head_merged(y):
-            # a decode's [B, 1, H, d] from [H, B, d]: [B, H, 1, d] and a heads Transpose (module docstring)
-            v, swap = self._transpose(product, [1, 0, 2], [m, g, n], "result_t")
-            v, heads = self._reshape(v, [m, g, 1, n], "result_heads")
-            return [swap, heads, self._transpose(v, [0, 2, 1, 3], shape, "result", out=y)[1]]
         v, swap = self._transpose(product, [1, 0, 2], [m, g, n], "result_t")
         return [swap, self._reshape(v, shape, "result", out=y)[1]]

@@ -56,6 +56,13 @@ def _same_stream(e: Emitter, node: Node):
         a = e.act(x, node)
         e.val[y] = Act(a.s, a.tn, a.n)
         return
+    if head_merge(e.model, node) and e.tm == 1 and not e.val.get(x, Act(None, 0, 0)).stripes:
+        # rows [.., S, H, hd] at tile_m 1 (a per-head Einsum's result): one token's heads after another, which are
+        # the merged value's stripes, (1, B S H) -> (1, B S, H)
+        heads, hd = head_merge(e.model, node)
+        a = e.act(x, node)
+        e.val[y] = Act(Reshape(e.g, a.s, heads, 0), hd, hd * heads)
+        return
     sx, sy = e.model.shapes[x], e.model.shapes[y]
     a = e.val.get(x)
     if a is not None and a.merged and a.stripes and tuple(sx) != tuple(sy) and sy[-1] == a.tn:

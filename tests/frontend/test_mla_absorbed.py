@@ -43,14 +43,16 @@ def absorbed_attention() -> list:
             node("Reshape", ["o", "merged"], "o2"), node("MatMul", ["o2", "wo"], "y")]
 
 
-def core():
-    """The attention alone: the query parts and both caches are graph inputs; ``y`` = o_proj of the output."""
+def core(s=1):
+    """The attention alone: the query parts and both caches are graph inputs; ``y`` = o_proj of the output.
+    ``s`` query tokens a request (2: DeepSeek-V3's multi-token prediction verifying a drafted token; no causal
+    mask between them here, the caches being the context both see)."""
     wkvb = rand((H * (NOPE + V), KL), 4, KL ** -0.5).reshape(H, NOPE + V, KL)
     init = {"w_uk": wkvb[:, :NOPE], "w_uv": wkvb[:, NOPE:], "wo": rand((H * V, D), 5, (H * V) ** -0.5),
-            "scale": np.array((NOPE + ROPE) ** -0.5, np.float32), "merged": np.array([B, 1, H * V], np.int64)}
+            "scale": np.array((NOPE + ROPE) ** -0.5, np.float32), "merged": np.array([B, s, H * V], np.int64)}
     nodes = absorbed_attention()
-    return model(nodes, {"q_nope": [B, 1, H, NOPE], "q_pe": [B, 1, H, ROPE], "kv_cache": [B, T, KL],
-                         "pe_cache": [B, T, ROPE]}, {"y": [B, 1, D]}, init, name="mla_absorbed")
+    return model(nodes, {"q_nope": [B, s, H, NOPE], "q_pe": [B, s, H, ROPE], "kv_cache": [B, T, KL],
+                         "pe_cache": [B, T, ROPE]}, {"y": [B, s, D]}, init, name="mla_absorbed")
 
 
 QL = 16
@@ -210,7 +212,7 @@ def test_an_einsum_that_does_not_stream_is_one_line(equation, shapes, why):
 def test_the_absorbed_block_streams_at_tile_m_1_only():
     with pytest.raises(FrontendError) as err:
         from_onnx(core(), tiling={"tile_m": 2})
-    assert str(err.value) == "tile_m 2 does not divide the 1 rows of 'o.result_heads'"
+    assert str(err.value) == "tile_m 2 does not divide the 1 rows of 'o2'"
 
 
 def test_a_plain_batched_einsum_equals_its_matmul():
@@ -287,3 +289,12 @@ def test_an_einsum_that_is_a_matrix_product_matches_onnx(equation, a_shape, b_sh
     r = simulate(w, functional=True, seed=7)
     assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
     assert simulate(w).cycles == cycles
+
+
+def test_two_query_tokens_a_request_lower_alike():
+    """Two tokens a request (multi-token prediction's verification step): the per-head products take ``B S`` rows
+    a head and the result's ``[B, 2, H, v]`` rows are the head view o_proj's head merge reads."""
+    w = from_onnx(core(s=2), tiling={"tile_m": 1})
+    r = simulate(w, functional=True, seed=8)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    assert _matmul_flops(w)["q_lat.matmul"] == 2 * H * (B * 2) * NOPE * KL
