@@ -107,6 +107,8 @@ def _split_projection(model: Model, split: Node, producers, readers, outputs):
         name = f"{split.name}.part{i}"
         model.consts[f"{name}.w"] = np.ascontiguousarray(wi)
         model.shapes[f"{name}.w"] = wi.shape
+        if mm.inputs[1] in model.bf16:  # the model's weight, its part's columns: stored as the model stores it
+            model.bf16.add(f"{name}.w")
         proj = y if rank != 4 else f"{name}.proj"
         model.shapes[proj] = tuple(out_shape[:-1]) + (heads * size,)
         parts.append(Node(f"{name}.matmul", "MatMul", [mm.inputs[0], f"{name}.w"], [proj]))
