@@ -57,8 +57,11 @@ def to_model(proto, values: dict | None = None) -> Model:
             shapes[v] = tuple(np.asarray(a).shape)
     initializers = {t.name for t in graph.initializer}
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
+    # a folded constant still in bfloat16 (a Transpose, Reshape, Slice ... of a bf16 weight) is stored as the model
+    # stores that weight: a MatMul by Transpose(W) read it as fp32, twice its bytes
     bf16 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.BFLOAT16} | {
-        vi.name for vi in graph.input if vi.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+        vi.name for vi in graph.input if vi.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16} | {
+        v for v, a in consts.items() if v not in initializers and a.dtype.name == "bfloat16"}
     model = Model(graph.name or "onnx", nodes, inputs, [vi.name for vi in graph.output], shapes, consts, {}, bf16)
     for node in nodes:
         for v in node.inputs + node.outputs:

@@ -57,3 +57,24 @@ def test_bf16_llama_block():
     # x and the weights move 2 bytes an element (each weight once per row block: one here), y 4 (an fp32 store)
     assert w.frontend.tile_m == S
     assert w.metrics()["off_chip_bytes"] == 2 * B * S * D + 2 * (B * S // S) * 3 * D * F + 2 * D + 4 * B * S * D
+
+
+def test_a_folded_transpose_of_a_bf16_weight_is_read_as_bf16():
+    """``MatMul(x, Transpose(W))`` with W a bf16 initializer (an exporter's spelling of ``x W^T``): the folded
+    constant is the model's weight, stored bf16 as W is (it was read as fp32: 704 B off chip instead of 512)."""
+    w = (np.random.default_rng(0).standard_normal((6, 8)) * 0.3).astype(ml_dtypes.bfloat16)
+    bf = TensorProto.BFLOAT16
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Transpose", ["w"], ["wt"], name="wt", perm=[1, 0]),
+         onnx.helper.make_node("MatMul", ["x", "wt"], ["y"], name="y")], "t",
+        [onnx.helper.make_tensor_value_info("x", bf, [2, 4, 8])], [onnx.helper.make_tensor_value_info("y", bf, [2, 4, 6])],
+        [numpy_helper.from_array(w, "w")])
+    m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    workload = from_onnx(m, tiling={"tile_m": 4})
+    r = simulate(workload, functional=True, seed=1)
+    assert all(c.passed for c in check_outputs(workload, r.inputs, r.outputs).values())
+    dtypes = {op.tensor.name: op.tensor.dtype.name for op in workload.graph if getattr(op, "tensor", None) is not None}
+    assert dtypes == {"x": "bf16", "wt": "bf16"}  # the loads (the store of y writes fp32)
+    # x (2 x 4 x 8 bf16) once, W^T (8 x 6 bf16) once per row block (2), y (2 x 4 x 6 fp32)
+    assert workload.metrics()["off_chip_bytes"] == 2 * 4 * 8 * 2 + 2 * 8 * 6 * 2 + 2 * 4 * 6 * 4 == 512
