@@ -115,6 +115,8 @@ def _raise_sinks(model: Model) -> None:
         name = f"{cat.name}.sinks"
         model.consts[name] = per_head
         model.shapes[name] = per_head.shape
+        if s in model.bf16:  # the model's sinks: stored as it stores them
+            model.bf16.add(name)
         drop.update(n.name for n in chain + [soft])
         replace[sl.name] = Node(sl.name, "SinkSoftmax", [z, name], list(sl.outputs))
         model.patterns[sl.name] = f"attention sinks ({per_head.size} heads)"

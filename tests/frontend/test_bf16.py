@@ -67,8 +67,8 @@ def test_a_folded_transpose_of_a_bf16_weight_is_read_as_bf16():
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Transpose", ["w"], ["wt"], name="wt", perm=[1, 0]),
          onnx.helper.make_node("MatMul", ["x", "wt"], ["y"], name="y")], "t",
-        [onnx.helper.make_tensor_value_info("x", bf, [2, 4, 8])], [onnx.helper.make_tensor_value_info("y", bf, [2, 4, 6])],
-        [numpy_helper.from_array(w, "w")])
+        [onnx.helper.make_tensor_value_info("x", bf, [2, 4, 8])],
+        [onnx.helper.make_tensor_value_info("y", bf, [2, 4, 6])], [numpy_helper.from_array(w, "w")])
     m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
     m.ir_version = 10
     workload = from_onnx(m, tiling={"tile_m": 4})

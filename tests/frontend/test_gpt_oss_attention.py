@@ -200,3 +200,16 @@ def test_a_where_that_is_no_mask_stays_unsupported():
         from_onnx(gpt_oss_attention(fill=0.0)[0])
     assert str(err.value) == f"node 'zm' (Where): unsupported operator; supported: {SUPPORTED}"
     assert from_onnx(gpt_oss_attention(fill=-1e9)[0]).params["patterns"]["zm"] == "sliding-window mask (window 3)"
+
+
+def test_a_bf16_models_sinks_are_read_as_bf16():
+    """The sinks are a parameter of the model: in a bf16 model they are read as 2-byte elements like its weights
+    (they were read as fp32: 38,144 B off chip instead of 38,016)."""
+    from test_bf16 import to_bf16
+
+    w = from_onnx(to_bf16(gpt_oss_attention()[0]), tiling={"tile_m": 4})
+    r = simulate(w, functional=True, seed=1)
+    assert all(c.passed for c in check_outputs(w, r.inputs, r.outputs).values())
+    sinks = [op for op in w.graph if getattr(op, "tensor", None) is not None and op.tensor.name.endswith(".sinks")]
+    assert [op.tensor.dtype.name for op in sinks] == ["bf16"]
+    assert (simulate(w).cycles, w.metrics()["off_chip_bytes"]) == (931, 38_016)

@@ -95,7 +95,8 @@ def block(present=False):
     nodes += [node("MatMul", ["q_an", "wqb"], "q"), node("Reshape", ["q", "qheads"], "q4"),
               node("Split", ["q4", "split_q"], ["q_nope", "q_rot"], axis=-1),
               node("MatMul", ["x", "wkva"], "ckv"), node("Split", ["ckv", "split_kv"], ["k_lat", "k_rot"], axis=-1)]
-    nodes += rms("k_lat", "gkv", "k_latn") + rope("q_rot", "q_pe", "cos4", "sin4") + rope("k_rot", "k_pe", "cos3", "sin3")
+    nodes += rms("k_lat", "gkv", "k_latn") + rope("q_rot", "q_pe", "cos4", "sin4")
+    nodes += rope("k_rot", "k_pe", "cos3", "sin3")
     nodes += [node("Concat", ["past_kv", "k_latn"], "kv_cache", axis=1),
               node("Concat", ["past_pe", "k_pe"], "pe_cache", axis=1)]
     nodes += absorbed_attention()
