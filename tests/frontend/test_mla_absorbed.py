@@ -191,6 +191,8 @@ def _einsum(equation, a_shape, b_shape, out_shape):
     ("...ij,...jk->...ik", ([2, 4, 8], [2, 8, 3], [2, 4, 3]),
      "supported is an equation of two operands with an explicit output (A,B->Y), no ellipsis"),
     ("i,j->ij", ([4], [3], [4, 3]), "no index is contracted (an outer product), which is not a MatMul"),
+    ("bii,bij->bj", ([2, 4, 4], [2, 4, 3], [2, 3]),
+     "an index repeated within one term, or an output index in neither operand"),
     ("bij,bj->bi", ([2, 4, 8], [2, 8], [2, 4]),
      "the right operand 'bj' keeps no index of its own (a matrix-vector product); supported: a free index on the "
      "right (a matrix product)"),
