@@ -55,8 +55,7 @@ def _where_to_add(model: Model, node: Node, readers: dict) -> Node:
         return node  # a Where that is no attention mask stays (and is refused as unsupported)
     c = model.consts[cond].astype(bool)
     name = f"{node.name}.mask"
-    model.consts[name] = np.where(c if keep_a else ~c, np.float32(0), value).astype(np.float32)
-    model.shapes[name] = tuple(c.shape)
+    model.add_const(name, np.where(c if keep_a else ~c, np.float32(0), value).astype(np.float32))
     return Node(node.name, "Add", [x, name], list(node.outputs), {"raised_from": "Where"})
 
 
@@ -113,10 +112,7 @@ def _raise_sinks(model: Model) -> None:
                                 f"drop exactly the sink column (keep [0, {sk}) of the last dim), got {got}")
         per_head = _per_head(model, cat, s)
         name = f"{cat.name}.sinks"
-        model.consts[name] = per_head
-        model.shapes[name] = per_head.shape
-        if s in model.bf16:  # the model's sinks: stored as it stores them
-            model.bf16.add(name)
+        model.add_const(name, per_head, like=s)  # the model's sinks: stored as it stores them
         drop.update(n.name for n in chain + [soft])
         replace[sl.name] = Node(sl.name, "SinkSoftmax", [z, name], list(sl.outputs))
         model.patterns[sl.name] = f"attention sinks ({per_head.size} heads)"

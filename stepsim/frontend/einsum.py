@@ -106,9 +106,7 @@ class _Rewrite:
         return name
 
     def _const(self, suffix: str, array) -> str:
-        name = self._value(suffix, np.shape(array))
-        self.model.consts[name] = np.asarray(array)
-        return name
+        return self.model.add_const(f"{self.node.name}.{suffix}", np.asarray(array))
 
     def _reshape(self, x: str, shape, suffix: str, out: str | None = None) -> tuple[str, Node]:
         shape = [int(d) for d in shape]

@@ -63,6 +63,16 @@ class Model:
     def is_const(self, value: str) -> bool:
         return value in self.consts
 
+    def add_const(self, name: str, array: np.ndarray, like: str | None = None) -> str:
+        """Add the constant ``name`` a pass made (its shape with it); returns ``name``. ``like``: the model's value it
+        is a piece of (a weight's columns, the sinks), whose storage it keeps: bf16 when ``like`` is (a pass's own
+        constants, masks and permutations, are fp32)."""
+        self.consts[name] = array
+        self.shapes[name] = tuple(int(d) for d in array.shape)
+        if like in self.bf16:
+            self.bf16.add(name)
+        return name
+
     def size(self, value: str) -> int:
         return math.prod(self.shapes[value])
 

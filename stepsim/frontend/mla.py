@@ -105,17 +105,13 @@ def _split_projection(model: Model, split: Node, producers, readers, outputs):
         wi = w.reshape(w.shape[0], heads, p)[:, :, lo:lo + size].reshape(w.shape[0], heads * size)
         lo += size
         name = f"{split.name}.part{i}"
-        model.consts[f"{name}.w"] = np.ascontiguousarray(wi)
-        model.shapes[f"{name}.w"] = wi.shape
-        if mm.inputs[1] in model.bf16:  # the model's weight, its part's columns: stored as the model stores it
-            model.bf16.add(f"{name}.w")
+        model.add_const(f"{name}.w", np.ascontiguousarray(wi), like=mm.inputs[1])  # the weight's part's columns
         proj = y if rank != 4 else f"{name}.proj"
         model.shapes[proj] = tuple(out_shape[:-1]) + (heads * size,)
         parts.append(Node(f"{name}.matmul", "MatMul", [mm.inputs[0], f"{name}.w"], [proj]))
         if rank == 4:
             four = model.shapes[resh.outputs[0]][:-1] + (size,)
-            model.consts[f"{name}.shape"] = np.array(four, np.int64)
-            model.shapes[f"{name}.shape"] = (len(four),)
+            model.add_const(f"{name}.shape", np.array(four, np.int64))
             heads_view = y if trans is None else f"{name}.heads"
             model.shapes[heads_view] = four
             parts.append(Node(f"{name}.reshape", "Reshape", [proj, f"{name}.shape"], [heads_view]))

@@ -76,7 +76,6 @@ def _rotate_half(model: Model, node, producers, readers, outputs, drop):
     r[np.arange(h) + h, np.arange(h)] = -1.0  # out[:, j] = -x[:, j + h] for j < h
     r[np.arange(h), np.arange(h) + h] = 1.0  # out[:, j + h] = x[:, j]
     name = f"{node.name}.rotate_half"
-    model.consts[name] = r
-    model.shapes[name] = (d, d)
+    model.add_const(name, r)
     drop.update(n.name for _, n in inner)
     return Node(node.name, "MatMul", [hi_s[0], name], list(node.outputs))
