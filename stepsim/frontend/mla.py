@@ -26,29 +26,29 @@ def raise_mla(model: Model) -> Model:
     """``model`` with the rewrites of the module docstring."""
     nodes = []
     producers, readers, outputs = model.producer(), model.consumers(), set(model.outputs)
-    drop = set()
+    drop, ropes = set(), set()
     rewrites = {"Split": _split_projection, "MatMul": _split_scores}
     for node in model.nodes:
         rewrite = rewrites.get(node.op_type)
         new = rewrite(model, node, producers, readers, outputs) if rewrite is not None else None
-        if new is not None:  # (the nodes it replaces, the nodes that replace them)
-            chain, parts = new
+        if new is not None:  # (the nodes it replaces, the nodes that replace them, the rope width they show)
+            chain, parts, rope = new
             drop.update(chain)
             nodes = [n for n in nodes if n.name not in chain] + parts
+            if rope is not None:
+                ropes.add(rope)
             continue
         nodes.append(node)
     model.nodes = [n for n in nodes if n.name not in drop]
-    _name_latent_splits(model)
+    _name_latent_splits(model, ropes)
     return model
 
 
-def _name_latent_splits(model: Model) -> None:
+def _name_latent_splits(model: Model, ropes: set) -> None:
     """Name the Split of ``kv_a_proj_with_mqa``'s output into the latent and the rope part (lowered as a Split of
-    stripes): a two-part Split of a weight MatMul whose second part's width is the rope part of split heads."""
-    ropes = {int(v.split(" + ")[-1].split()[0]) for v in model.patterns.values() if v.startswith("split rope")}
-    # the absorbed form pairs no heads' scores: the rope width is the last part of the query's per-head split
-    ropes |= {int(v.split("parts [")[1].split("]")[0].split(",")[-1]) for v in model.patterns.values()
-              if v.startswith("split projection") and " per head of " in v}
+    stripes): a two-part Split of a weight MatMul whose second part's width is in ``ropes``, the rope widths the
+    rewrites showed (the scores' rope part; the last part of a per-head split, as the absorbed form, which pairs no
+    heads' scores, shows it)."""
     producers = model.producer()
     for n in model.nodes:
         mm = producers.get(n.inputs[0]) if n.op_type == "Split" else None
@@ -120,7 +120,7 @@ def _split_projection(model: Model, split: Node, producers, readers, outputs):
     what = f"per head of {heads}" if rank == 4 else "of one projection"
     model.patterns[split.name] = (f"split projection {mm.name!r} (K {w.shape[0]}): parts {sizes} {what} (one "
                                   f"MatMul each)")
-    return {n.name for n in chain} | {split.name}, parts
+    return {n.name for n in chain} | {split.name}, parts, sizes[-1] if rank == 4 else None
 
 
 def _split_scores(model: Model, mm: Node, producers, readers, outputs):
@@ -149,4 +149,5 @@ def _split_scores(model: Model, mm: Node, producers, readers, outputs):
         partial.append(s)
     parts.append(Node(mm.name, "Add", partial, list(mm.outputs)))
     model.patterns[mm.name] = f"split rope / nope heads: {' + '.join(map(str, widths))} per head (one MatMul each)"
-    return {qc.name, tr.name, kc.name}, parts  # the Add keeps the MatMul's name (its output and pattern)
+    # the Add keeps the MatMul's name (its output and pattern)
+    return {qc.name, tr.name, kc.name}, parts, widths[-1]
