@@ -37,8 +37,6 @@ from stepsim.frontend.ir import Model, Node
 
 def lower_einsums(model: Model) -> Model:
     """``model`` with every ``Einsum`` node replaced by the nodes of the module docstring."""
-    if not any(n.op_type == "Einsum" for n in model.nodes):
-        return model
     nodes = []
     for node in model.nodes:
         if node.op_type != "Einsum":
@@ -88,6 +86,8 @@ class _Rewrite:
         if not self.free_b:
             self._refuse(f"the right operand {b!r} keeps no index of its own (a matrix-vector product); supported: "
                          f"a free index on the right (a matrix product)")
+        #: the batched product's sizes: G x [M x K] @ [K x N]
+        self.g, self.m, self.k, self.n = (self._dims(s) for s in (self.batch, self.free_a, self.contract, self.free_b))
 
     def _refuse(self, why: str):
         raise FrontendError(f"{self.node.describe()}: equation {self.equation!r}: {why}")
@@ -96,8 +96,8 @@ class _Rewrite:
         return math.prod(self.size[i] for i in indices)
 
     def describe(self) -> str:
-        g, m, k, n = (self._dims(s) for s in (self.batch, self.free_a, self.contract, self.free_b))
-        return f"einsum {self.equation!r} as a batched MatMul: {g} x [{m} x {k}] @ [{k} x {n}]"
+        return (f"einsum {self.equation!r} as a batched MatMul: {self.g} x [{self.m} x {self.k}] @ "
+                f"[{self.k} x {self.n}]")
 
     # --- nodes ------------------------------------------------------------------------------------------
     def _value(self, suffix: str, shape) -> str:
@@ -120,7 +120,7 @@ class _Rewrite:
 
     def nodes(self) -> list:
         made = []
-        g, m, k, n = (self._dims(s) for s in (self.batch, self.free_a, self.contract, self.free_b))
+        g, m, k = self.g, self.m, self.k
         # the left operand as [G, M, K]: its blocks (batch)(free)(contracted), or (free)(batch)(contracted)
         left = self._blocks(self.a, [self.batch, self.free_a, self.contract],
                             [self.free_a, self.batch, self.contract], "the left operand")
@@ -129,10 +129,10 @@ class _Rewrite:
         if left[0] is not self.batch and g > 1 and m > 1:
             v, node = self._transpose(v, [1, 0, 2], [g, m, k], "left_t")
             made.append(node)
-        right = self._right(g, k, n, made)
-        product = self._value("product", [g, m, n])
+        right = self._right(made)
+        product = self._value("product", [g, m, self.n])
         made.append(Node(f"{self.node.name}.matmul", "MatMul", [v, right], [product]))
-        made += self._result(product, g, m, n)
+        made += self._result(product)
         return made
 
     def _blocks(self, term: str, *orders_and_what):
@@ -146,8 +146,10 @@ class _Rewrite:
                      f"order: batch {''.join(self.batch) or '-'}, free {''.join(self.free_a) or '-'}, contracted "
                      f"{''.join(self.contract) or '-'}")
 
-    def _right(self, g: int, k: int, n: int, made: list) -> str:
-        """The right operand as ``[G, K, N]`` (``[K, N]`` when there is no batch index and it is a weight)."""
+    def _right(self, made: list) -> str:
+        """The right operand as ``[G, K, N]`` (``[K, N]`` when there is no batch index and it is a weight); the
+        nodes it takes are appended to ``made``."""
+        g, k, n = self.g, self.k, self.n
         if self.model.is_const(self.w):
             order = self.batch + self.contract + self.free_b
             array = np.transpose(self.model.consts[self.w], [self.b.index(i) for i in order])
@@ -161,8 +163,9 @@ class _Rewrite:
             made.append(node)
         return v
 
-    def _result(self, product: str, g: int, m: int, n: int) -> list:
+    def _result(self, product: str) -> list:
         """``[G, M, N]`` into the node's output, in the equation's output order."""
+        g, m, n = self.g, self.m, self.n
         y = self.node.outputs[0]
         shape = self.model.shapes[y]
         if self.out == "".join(self.batch + self.free_a + self.free_b):

@@ -52,14 +52,15 @@ def _same_stream(e: Emitter, node: Node):
                                 f"{hd}-wide stripes (its MatMul's tile_n = {hd}), got {a.tn}")
         e.val[y] = Act(a.s, hd, a.n, merged=True)
         return
-    if head_merge(e.model, node) and e.val.get(x, Act(None, 0, 0)).merged:  # heads' stripes: the merged value's
+    merge = head_merge(e.model, node)
+    if merge and e.val.get(x, Act(None, 0, 0)).merged:  # heads' stripes: the merged value's
         a = e.act(x, node)
         e.val[y] = Act(a.s, a.tn, a.n)
         return
-    if head_merge(e.model, node) and e.tm == 1 and not e.val.get(x, Act(None, 0, 0)).stripes:
+    if merge and e.tm == 1 and not e.val.get(x, Act(None, 0, 0)).stripes:
         # rows [.., S, H, hd] at tile_m 1 (a per-head Einsum's result): one token's heads after another, which are
         # the merged value's stripes, (1, B S H) -> (1, B S, H)
-        heads, hd = head_merge(e.model, node)
+        heads, hd = merge
         a = e.act(x, node)
         e.val[y] = Act(Reshape(e.g, a.s, heads, 0), hd, hd * heads)
         return
