@@ -38,11 +38,11 @@ def rms(x, g, out):
             node("Mul", [f"{out}.n", g], out)]
 
 
-def rope(x, out):
-    """x * cos + rotate_half(x) * sin."""
+def rope(x, out, cos="cos", sin="sin"):
+    """x * cos + rotate_half(x) * sin (``cos`` / ``sin``: the constants' names)."""
     return [node("Slice", [x, "h0", "h1", "last"], f"{out}.lo"), node("Slice", [x, "h1", "h2", "last"], f"{out}.hi"),
             node("Neg", [f"{out}.hi"], f"{out}.nh"), node("Concat", [f"{out}.nh", f"{out}.lo"], f"{out}.rh", axis=-1),
-            node("Mul", [x, "cos"], f"{out}.c"), node("Mul", [f"{out}.rh", "sin"], f"{out}.s"),
+            node("Mul", [x, cos], f"{out}.c"), node("Mul", [f"{out}.rh", sin], f"{out}.s"),
             node("Add", [f"{out}.c", f"{out}.s"], out)]
 
 

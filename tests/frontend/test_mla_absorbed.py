@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import helper
 
 from stepsim.base.errors import FrontendError
 from stepsim.frontend import from_onnx
@@ -22,13 +21,9 @@ from stepsim.workloads.reference import max_rel_error
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ort_check import model, rand  # noqa: E402
+from test_mla import node, rms, rope  # noqa: E402  (the expanded form's exported spellings)
 
 B, T, H, KL, NOPE, ROPE, V, D = 2, 8, 4, 16, 8, 4, 8, 32
-
-
-def node(op, ins, out, **attrs):
-    outs = [out] if isinstance(out, str) else out
-    return helper.make_node(op, ins, outs, name=outs[0], **attrs)
 
 
 def absorbed_attention() -> list:
@@ -57,20 +52,6 @@ def core(s=1):
 
 QL = 16
 QD = NOPE + ROPE
-
-
-def rms(x, g, out):
-    return [node("Pow", [x, "two"], f"{out}.sq"), node("ReduceMean", [f"{out}.sq", "last"], f"{out}.ms", keepdims=1),
-            node("Add", [f"{out}.ms", "eps"], f"{out}.mse"), node("Sqrt", [f"{out}.mse"], f"{out}.rt"),
-            node("Reciprocal", [f"{out}.rt"], f"{out}.inv"), node("Mul", [x, f"{out}.inv"], f"{out}.n"),
-            node("Mul", [f"{out}.n", g], out)]
-
-
-def rope(x, out, cos, sin):
-    return [node("Slice", [x, "h0", "h1", "last"], f"{out}.lo"), node("Slice", [x, "h1", "h2", "last"], f"{out}.hi"),
-            node("Neg", [f"{out}.hi"], f"{out}.nh"), node("Concat", [f"{out}.nh", f"{out}.lo"], f"{out}.rh", axis=-1),
-            node("Mul", [x, cos], f"{out}.c"), node("Mul", [f"{out}.rh", sin], f"{out}.s"),
-            node("Add", [f"{out}.c", f"{out}.s"], out)]
 
 
 def block(present=False):
