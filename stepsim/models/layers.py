@@ -105,6 +105,26 @@ def attention_parameters(model: ModelConfig) -> int:
     return n
 
 
+def mla_matrices(model: ModelConfig, chips: int = 1) -> list[tuple[str, int, int]]:
+    """An MLA layer's weight matrices ``(name, d_in, d_out)`` as one of ``chips`` chips multiplies a step's tokens
+    by them (tensor parallelism over the heads, as vLLM splits MLA), in run order: ``qkv_a``, the down-projections
+    of the hidden state fused (q_a and kv_a: ``d x (q_rank + kv_rank + rope)``; without a query rank the full q,
+    ``d x (h (nope + rope) + kv_rank + rope)``), on every chip; ``q_b`` (``q_rank x h (nope + rope)``), ``kv_b``
+    (``kv_rank x h (nope + v)``) and ``o`` (``h v x d``), each chip its ``h / chips`` heads.
+
+    Over a step's tokens, ``kv_b`` has the absorbed form's weights and FLOPs: the absorbed decode multiplies each
+    token's query by its key half ``W_UK`` (``2 h nope kv_rank`` FLOPs) and the attention's latent output by its
+    value half ``W_UV`` (``2 h kv_rank v``), together ``kv_b``'s ``2 kv_rank h (nope + v)`` on one row; each
+    matrix is read once. The two latents' norm weights (``q_rank + kv_rank`` elements) are not matrices."""
+    d, h = model.hidden, model.heads // chips
+    nope, rope, v, kv_rank, q_rank = (model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim,
+                                      model.kv_lora_rank, model.q_lora_rank)
+    if q_rank is None:
+        return [("qkv_a", d, h * (nope + rope) + kv_rank + rope), ("kv_b", kv_rank, h * (nope + v)), ("o", h * v, d)]
+    return [("qkv_a", d, q_rank + kv_rank + rope), ("q_b", q_rank, h * (nope + rope)),
+            ("kv_b", kv_rank, h * (nope + v)), ("o", h * v, d)]
+
+
 def ffn_token_parameters(model: ModelConfig, moe: bool) -> int:
     """Weights one token's FFN reads in one layer (elements): a dense layer's SwiGLU (gate, up, down), or an MoE
     layer's ``top_k`` routed experts (with their biases when the family has them), its shared experts and the

@@ -110,6 +110,11 @@ class EngineLatency:
 
     mode = "exact"
     error = None
+    #: a layer group's attention matrices when they are not its model's q/k/v and o, and whether the LM head is
+    #: this provider's to count (:func:`stepsim.serve.layer_list.count_weights_once`;
+    #: :func:`stepsim.serve.projections.provider_projections`)
+    attention_matrices: list | None = None
+    counts_head: bool = True
 
     def __init__(self, model: ModelConfig, hardware: Hardware, routing, *, max_model_len: int, vocab: int,
                  jobs: int | None = None, layers_executor=None, schedule: str = "paper"):

@@ -19,7 +19,9 @@ exact or the fast provider of :mod:`stepsim.serve.exact` / :mod:`stepsim.serve.f
 
 Every group's off-chip weights outside the graphs are its layers' real attention weights
 (:func:`stepsim.serve.memory.attention_parameters`: MLA's q_a / q_b / kv_a / kv_b / o, biases and sinks) and router;
-the LM head and the embedding rows are counted once, by the first group. A step's roofline (iterations.parquet's
+the LM head and the embedding rows are counted once, by the first group. On mapped layers, where the weights run on
+the engine (:mod:`stepsim.serve.projections`), an MLA group multiplies by MLA's own matrices
+(:func:`stepsim.models.layers.mla_matrices`), not by its engine model's q/k/v and o. A step's roofline (iterations.parquet's
 ``hbm_bytes``, ``flops`` and utilisations; ``stepsim plan``'s floor) likewise counts each group's layers as they
 are (:func:`group_work`: MLA's own weights and latent cache, each FFN kind), not as its engine model. Routing is synthetic, one seeded stream
 per MoE group, through DeepSeek-V3's gate when the model keeps a few of several expert groups
@@ -49,7 +51,7 @@ from dataclasses import replace
 
 from stepsim.base.errors import ConfigError
 from stepsim.mapping.roofline import StepWork
-from stepsim.models.layers import LayerKind, layer_groups
+from stepsim.models.layers import LayerKind, layer_groups, mla_matrices
 from stepsim.models.presets import ModelConfig
 from stepsim.serve.latency import IterationBatch, IterationCost
 from stepsim.serve.memory import DTYPE_BYTES, attention_parameters
@@ -117,7 +119,10 @@ def count_weights_once(model: ModelConfig, kind: LayerKind, provider, first: boo
     router = provider.model.hidden * provider.model.experts if provider.model.is_moe else 0
     provider.layer_weights = math.ceil((attention_parameters(model) + router) * DTYPE_BYTES / peak)
     if getattr(provider, "system", None) is not None:  # read 1 / n a chip (stepsim.serve.system.tp_weight_cycles)
-        provider.layer_bytes, provider.counts_head = (attention_parameters(model) + router) * DTYPE_BYTES, first
+        provider.layer_bytes = (attention_parameters(model) + router) * DTYPE_BYTES
+    provider.counts_head = first
+    if kind.attention == "mla":  # on the engine (mapped layers): MLA's matrices, not its engine model's q/k/v and o
+        provider.attention_matrices = mla_matrices(model, provider.chips)
     if not first:
         provider.head_cycles, provider.embedding_bytes = 0, 0
     provider.roofline = group_work(model, kind, provider.model.layers, provider.hardware,

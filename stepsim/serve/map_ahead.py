@@ -25,7 +25,7 @@ def step_jobs(provider, batch, tasks: list) -> list[Job]:
     from stepsim.mapping.kinds.prefill import prefill_size
     from stepsim.mapping.mapper import bucket
     from stepsim.serve.layers import MAPPED_KINDS
-    from stepsim.serve.projections import projection_shapes
+    from stepsim.serve.projections import provider_projections
 
     jobs = []
     for kind, data in tasks:
@@ -36,9 +36,10 @@ def step_jobs(provider, batch, tasks: list) -> list[Job]:
     if batch is not None and provider.streams_weights:
         tokens = int(sum(batch.new_tokens))
         jobs.append(("layer", "ffn", bucket(tokens)))  # the FFN's tile_n (projections.ffn_tile_n), dense or MoE
-        layer, (_, d_in, d_out) = projection_shapes(provider.model, provider.vocab)
+        layer, head = provider_projections(provider)  # the matrices step_pieces prices
         jobs.extend(("projection", bucket(tokens), a, b) for _, a, b in layer)
-        jobs.append(("projection", bucket(len(batch.new_tokens)), d_in, d_out))
+        if head is not None:
+            jobs.append(("projection", bucket(len(batch.new_tokens)), head[1], head[2]))
     return list(dict.fromkeys(jobs))
 
 

@@ -3,12 +3,14 @@
 With ``schedule="auto"`` on one chip, :class:`~stepsim.serve.exact.EngineLatency` prices every weight matrix of a
 step on the cycle engine instead of in closed form at the HBM's peak: per layer the fused q/k/v projection
 (``d x (h_q + 2 H) hd``), the o projection (``h_q hd x d``) and an MoE model's router (``d x E``) over the step's
-tokens, and the LM head (``d x vocab``) over one row per sequence (the logits of its last token). Each is the
+tokens (an MLA layer's own matrices instead of q/k/v and o: :func:`stepsim.models.layers.mla_matrices`), and the LM
+head (``d x vocab``) over one row per sequence (the logits of its last token; in a model served layer group by
+layer group, by its first group only). Each is the
 ``projection`` kind (:mod:`stepsim.mapping.projection`), built with the schedule mapped at its bucket and simulated
 at the step's exact token count (:func:`projection_cost`, memoised and stored in the mapping cache). The embedding rows stay a closed-form read.
 
 **Weights streamed ahead** (the paper's configuration time-multiplexing): a step is the sequence of its pieces,
-per layer ``qkv, attention, o, router, ffn``, then the LM head (:func:`step_pieces`). A piece leaves the HBM idle for
+per layer ``qkv`` (MLA's ``qkv_a, q_b, kv_b``), ``attention, o, router, ffn``, then the LM head (:func:`step_pieces`). A piece leaves the HBM idle for
 ``t - ceil(reads / peak)`` of its ``t`` cycles (``reads``: the bytes it still reads itself); in that time the weights
 of the pieces after it stream into the on-chip memory it leaves free (the capacity less its own on-chip bytes and
 the bytes already streamed ahead and still held), in order, each piece up to its weights. A piece that finds ``b``
@@ -98,34 +100,63 @@ def projection_shapes(model, vocab: int) -> tuple[list[tuple[str, int, int]], tu
     return layer, ("lm_head", d, vocab)
 
 
+def provider_projections(provider) -> tuple[list[tuple[str, int, int]], tuple[str, int, int] | None]:
+    """``(per layer [(name, d_in, d_out)], LM head or None)``: the matrices one chip of ``provider`` multiplies a
+    step's tokens by. The layer its chip runs (``provider.spec.model``: a system's tensor-parallel shard), its
+    attention's matrices replaced by ``provider.attention_matrices`` when they are not its q/k/v and o (an MLA
+    layer group's, :func:`stepsim.models.layers.mla_matrices`, whose engine model is multi-query attention over the
+    latent); the LM head's ``ceil(vocab / chips)`` rows, or None when another layer group counts it
+    (``provider.counts_head``, :func:`stepsim.serve.layer_list.count_weights_once`)."""
+    layer, head = projection_shapes(provider.spec.model, -(-provider.vocab // provider.chips))
+    if provider.attention_matrices is not None:
+        layer = [*provider.attention_matrices, *(m for m in layer if m[0] == "router")]
+    return layer, head if provider.counts_head else None
+
+
 _COSTS: dict = {}
 #: the mapping cache's subfolder of projection costs (its top level holds schedules only: the seed tools read it)
 COST_FOLDER = "projection-costs"
 
 
+def padded_tokens(tokens: int, d_in: int, d_out: int, hardware) -> int:
+    """The token count of the graph ``tokens`` tokens are built into: ``ceil(tokens / tile_m)`` tiles of the
+    ``tile_m`` rows their bucket's schedule takes, the last one zero-padded
+    (:func:`stepsim.mapping.projection.build_projection`). The graph depends on the count only through that schedule
+    and those tiles (its name aside), so every count of the bucket with as many tiles has one cost: the padded count
+    stays in the bucket (``tile_m`` is a power of two dividing it) and stands for all of them. A whole-trace replay
+    meets thousands of counts and a few hundred padded ones (tests/serve/test_projection_costs.py checks the costs
+    equal)."""
+    from stepsim.mapping.projection import projection_schedule
+
+    tile_m = projection_schedule(tokens, d_in, d_out, hardware).knobs["tile_m"]
+    return -(-int(tokens) // tile_m) * tile_m
+
+
 def cost_material(tokens: int, d_in: int, d_out: int, hardware) -> dict:
-    """What a projection's cost at exactly ``tokens`` tokens depends on: the key of the schedule mapped at their
-    bucket (its projection code, timing model and hardware) and the exact count (its hash names the cost's file)."""
+    """What a projection's cost at ``tokens`` tokens depends on: the key of the schedule mapped at their bucket (its
+    projection code, timing model and hardware) and their :func:`padded_tokens` count (its hash names the cost's
+    file)."""
     from stepsim.mapping.mapper import bucket
     from stepsim.mapping.projection import key_material
 
     return {"what": "projection cost", "schedule_key": stable_hash(key_material(bucket(tokens), d_in, d_out, hardware)),
-            "tokens": int(tokens)}
+            "tokens": padded_tokens(tokens, d_in, d_out, hardware)}
 
 
 def projection_cost(tokens: int, d_in: int, d_out: int, hardware) -> tuple[int, int, int, int]:
     """``(cycles, HBM bytes, on-chip bytes, FLOPs)`` of the projection at exactly ``tokens`` tokens, built with the
     schedule mapped at their bucket (:func:`stepsim.mapping.projection.projection_schedule`) and simulated on the
-    engine; memoised per process and stored in the mapping cache's :data:`COST_FOLDER`
-    (:mod:`stepsim.serve.stored_costs`), so worker processes and later runs do not simulate it again (a plan's
-    replays price thousands of token counts: 42.6 of a 49.5 s plan were these simulations, paid again by every
-    worker)."""
+    engine once for every count with the same :func:`padded_tokens`; memoised per process and stored in the
+    mapping cache's :data:`COST_FOLDER` (:mod:`stepsim.serve.stored_costs`), so worker processes and later runs do
+    not simulate it again (a plan's replays price thousands of token counts: 42.6 of a 49.5 s plan were these
+    simulations, paid again by every worker)."""
     from stepsim.serve.stored_costs import stored_cost
 
     memo_key = (tokens, d_in, d_out, tuple(sorted(hardware.values().items())), hardware.explicit)
     if memo_key not in _COSTS:
-        _COSTS[memo_key] = stored_cost(COST_FOLDER, cost_material(tokens, d_in, d_out, hardware), "projection cost",
-                                       4, lambda: _simulate_cost(tokens, d_in, d_out, hardware))
+        material = cost_material(tokens, d_in, d_out, hardware)
+        _COSTS[memo_key] = stored_cost(COST_FOLDER, material, "projection cost", 4,
+                                       lambda: _simulate_cost(material["tokens"], d_in, d_out, hardware))
     return _COSTS[memo_key]
 
 
@@ -197,7 +228,7 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
     stream in meanwhile, as a dataflow compiler overlaps communication with the next layer's loads)."""
     model, hardware = provider.spec.model, provider.hardware
     tokens = int(sum(batch.new_tokens))
-    layer_shapes, head = projection_shapes(model, -(-provider.vocab // provider.chips))
+    layer_shapes, head = provider_projections(provider)
     allreduce = provider.allreduce_cycles(batch)
     collective = [Piece("all-reduce", allreduce, 0, 0, 0, 0, kind="collective")] if allreduce else []
     hd, kv_heads, heads = model.head_dim, model.kv_heads, model.heads
@@ -215,7 +246,7 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
     pieces = []
     for layer in range(model.layers):
         named = {name: Piece(f"layer {layer} {name}", *astuple_fields(p)) for name, p in base.items()}
-        pieces.append(named["qkv"])
+        pieces.extend(p for name, p in named.items() if name not in ("o", "router"))  # the attention's inputs
         pieces.extend(Piece(f"layer {layer} {p.name}", p.cycles, p.hbm_bytes, 0, p.on_chip_bytes, p.flops, p.streams,
                             "attention") for p in attention)
         pieces.append(named["o"])
@@ -226,8 +257,9 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
         pieces.append(Piece(f"layer {layer} ffn", int(cycles), reads, weights, ffn_on_chip, flops, kind="ffn"))
         pieces.extend(Piece(f"layer {layer} {p.name}", *astuple_fields(p)) for p in collective)
-    name, d_in, d_out = head
-    pieces.append(_projection_piece(name, len(batch.new_tokens), d_in, d_out, hardware))
+    if head is not None:
+        name, d_in, d_out = head
+        pieces.append(_projection_piece(name, len(batch.new_tokens), d_in, d_out, hardware))
     return pieces
 
 

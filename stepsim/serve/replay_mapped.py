@@ -37,7 +37,7 @@ def mapped_parameters(provider, kr) -> dict | None:
     from stepsim.kernels import serve_mapped as sm
     from stepsim.serve import fast as model_of_steps
     from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
-    from stepsim.serve.projections import DTYPE_BYTES, projection_shapes
+    from stepsim.serve.projections import DTYPE_BYTES, provider_projections
     from stepsim.serve.routing import SyntheticRouting
 
     if type(provider) is not MappedFastLatency or provider.recorder is not None or provider.spec.system is not None:
@@ -45,6 +45,8 @@ def mapped_parameters(provider, kr) -> dict | None:
     model, hardware, spec = provider.model, provider.hardware, provider.spec
     if (not provider.streams_weights or provider.chips != 1 or spec.model != model or spec.hardware != hardware
             or provider.layer_use is None or spec.schedule != "auto"):
+        return None
+    if provider.attention_matrices is not None or not provider.counts_head:  # a layer group's: its own matrices
         return None
     if model.is_moe and type(provider.routing) is not SyntheticRouting:
         return None
@@ -76,7 +78,7 @@ def mapped_parameters(provider, kr) -> dict | None:
             theta_rows[i, :len(r)] = np.asarray(r, dtype=np.float64)
         pm[sm.M_THETA_LENGTH + i] = -1 if r is None else len(r)
     d, hd = model.hidden, model.head_dim
-    layer_shapes, head = projection_shapes(model, -(-provider.vocab // provider.chips))
+    layer_shapes, head = provider_projections(provider)
     weight = {name: d_in * d_out * DTYPE_BYTES for name, d_in, d_out in [*layer_shapes, head]}
     if model.is_moe:
         moe = model.moe
@@ -169,7 +171,7 @@ def fill(params: dict) -> None:
         grown = np.full((4, 4, max(2 * proj.shape[2], tokens + 1, seqs + 1)), -1, dtype=np.int64)
         grown[:, :, :proj.shape[2]] = proj
         proj = tables["proj"] = grown
-    layer_shapes, head = projections.projection_shapes(model, -(-provider.vocab // provider.chips))
+    layer_shapes, head = projections.provider_projections(provider)
     rows = {"qkv": sm.PJ_QKV, "o": sm.PJ_O, "router": sm.PJ_ROUTER}
     wanted = [(rows[name], tokens, d_in, d_out) for name, d_in, d_out in layer_shapes]
     wanted.append((sm.PJ_HEAD, seqs, head[1], head[2]))

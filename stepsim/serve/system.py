@@ -328,10 +328,8 @@ class SystemEngineLatency(EngineLatency):
     """
 
     #: a layer's weight bytes outside the graphs instead of :func:`layer_weight_bytes` (a layer group's real
-    #: attention weights and router), and whether the LM head and embedding rows are this provider's to count
-    #: (:func:`stepsim.serve.layer_list.count_weights_once`)
+    #: attention weights and router; :func:`stepsim.serve.layer_list.count_weights_once`)
     layer_bytes: int | None = None
-    counts_head: bool = True
 
     def __init__(self, model, system, routing, *, max_model_len: int, vocab: int, jobs=None, schedule="paper"):
         self.chips = system.chips

@@ -26,7 +26,7 @@ class SystemFastLatency(FastLatency):
         self.system = system
         self.spec = system_layer_spec(model, system, max_model_len)
 
-    layer_bytes, counts_head = SystemEngineLatency.layer_bytes, SystemEngineLatency.counts_head
+    layer_bytes = SystemEngineLatency.layer_bytes
     roles = SystemEngineLatency.roles
     weight_cycles = SystemEngineLatency.weight_cycles
 
@@ -61,7 +61,7 @@ class MappedSystemFastLatency(MappedFastLatency):
         self.spec = system_layer_spec(model, system, max_model_len, "auto")
         self.layer_use = LayerUse(self.spec)  # the shard's buckets (summary.json ``layers``)
 
-    layer_bytes, counts_head = SystemEngineLatency.layer_bytes, SystemEngineLatency.counts_head
+    layer_bytes = SystemEngineLatency.layer_bytes
     roles = SystemEngineLatency.roles
     weight_cycles = SystemEngineLatency.weight_cycles
     allreduce_cycles = SystemEngineLatency.allreduce_cycles

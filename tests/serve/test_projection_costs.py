@@ -12,7 +12,7 @@ from stepsim.base.errors import StepsimWarning
 from stepsim.base.hardware import PRESETS
 from stepsim.serve import projections
 
-SHAPE = (3, 128, 256)  # 3 tokens (bucket 4), d_in 128, d_out 256: maps and simulates in well under a second
+SHAPE = (4, 128, 256)  # 4 tokens (bucket 4, one tile), d_in 128, d_out 256: maps and simulates in well under a second
 
 
 @pytest.fixture
@@ -43,18 +43,27 @@ def test_a_cost_is_simulated_once_and_read_back_identically_by_a_fresh_process(c
     assert [p.name for p in cache.iterdir()] == [path.name]
     record = json.loads(path.read_text())
     assert record["material"] == material and record["cost"] == list(cost)
-    assert material == {"what": "projection cost", "tokens": 3, "schedule_key": material["schedule_key"]}
+    assert material == {"what": "projection cost", "tokens": 4, "schedule_key": material["schedule_key"]}
     monkeypatch.setattr(projections, "_COSTS", {})
     _forbid_simulation(monkeypatch)
     assert projections.projection_cost(*SHAPE, hw) == cost
 
 
-def test_another_token_count_of_the_same_bucket_is_its_own_cost(cache):
+def test_counts_with_the_same_token_tiles_share_one_cost_and_others_have_their_own(cache, monkeypatch):
+    """A count's graph is its padded count's (stepsim/serve/projections.py ``padded_tokens``): at 128 x 256 on sn40l
+    bucket 4 takes tile_m 4 (3 and 4 tokens: one tile) and bucket 1024 tile_m 128 (600 tokens: 5 tiles, 650 and 700:
+    6). Each cost equals the simulation at its own count, one file and one simulation per padded count."""
     hw = PRESETS["sn40l"]
-    three, four = projections.projection_cost(3, 128, 256, hw), projections.projection_cost(4, 128, 256, hw)
-    assert _file(cache, (3, 128, 256))[1]["schedule_key"] == _file(cache, (4, 128, 256))[1]["schedule_key"]
-    assert sorted(p.name for p in cache.iterdir()) == sorted(_file(cache, (n, 128, 256))[0].name for n in (3, 4))
-    assert (three, four) == (projections._simulate_cost(3, 128, 256, hw), projections._simulate_cost(4, 128, 256, hw))
+    simulated = []
+    real = projections._simulate_cost
+    monkeypatch.setattr(projections, "_simulate_cost", lambda *a: simulated.append(a[0]) or real(*a))
+    counts = (3, 4, 600, 650, 700)
+    costs = [projections.projection_cost(n, 128, 256, hw) for n in counts]
+    assert [projections.padded_tokens(n, 128, 256, hw) for n in counts] == [4, 4, 640, 768, 768]
+    assert simulated == [4, 640, 768]
+    assert sorted(p.name for p in cache.iterdir()) == sorted(_file(cache, (n, 128, 256))[0].name for n in (4, 640, 768))
+    assert costs == [real(n, 128, 256, hw) for n in counts]
+    assert costs[2][0] < costs[3][0] == costs[4][0]  # 5 tiles take fewer cycles than 6
 
 
 @pytest.mark.parametrize("damage", ["truncated", "edited cost", "other material", "negative cost"])
@@ -70,7 +79,7 @@ def test_a_damaged_or_foreign_file_is_warned_about_simulated_again_and_replaced(
         if damage == "edited cost":
             path.write_text(json.dumps({**body, "cost": [1, 2, 3, 4], "sha256": record["sha256"]}))
         else:  # a well-formed, correctly checksummed file that is not this key's cost
-            body = ({**body, "material": {**body["material"], "tokens": 4}} if damage == "other material"
+            body = ({**body, "material": {**body["material"], "tokens": 5}} if damage == "other material"
                     else {**body, "cost": [-1, 0, 0, 0]})
             path.write_text(json.dumps({**body, "sha256": projections.stable_hash(body)}))
     monkeypatch.setattr(projections, "_COSTS", {})
