@@ -231,9 +231,9 @@ class EngineLatency:
     @property
     def streams_weights(self) -> bool:
         """Whether a step's projections, router and LM head run on the engine and the weights stream ahead
-        (:mod:`stepsim.serve.projections`): mapped layers on one chip, or on each chip of a system a dense model
-        is split over by tensor parallelism (``spec.system`` is set only for an MoE model's sharded block)."""
-        return self.spec.schedule == "auto" and self.spec.system is None
+        (:mod:`stepsim.serve.projections`): mapped layers, on one chip or on each chip of a system (a dense model's
+        tensor-parallel shards, an MoE model's head shards beside its expert-parallel block)."""
+        return self.spec.schedule == "auto"
 
     def allreduce_cycles(self, batch: IterationBatch) -> int:
         """Cycles of one all-reduce of the step's activations between a layer's pieces: none on one chip (a

@@ -1,6 +1,7 @@
 """A mapped step's projections, router and LM head on the engine, and its weights streamed ahead (docs/serving.md §9).
 
-With ``schedule="auto"`` on one chip, :class:`~stepsim.serve.exact.EngineLatency` prices every weight matrix of a
+With ``schedule="auto"`` (one chip, or each chip of a system: :func:`step_pieces`),
+:class:`~stepsim.serve.exact.EngineLatency` prices every weight matrix of a
 step on the cycle engine instead of in closed form at the HBM's peak: per layer the fused q/k/v projection
 (``d x (h_q + 2 H) hd``), the o projection (``h_q hd x d``) and an MoE model's router (``d x E``) over the step's
 tokens (an MLA layer's own matrices instead of q/k/v and o: :func:`stepsim.models.layers.mla_matrices`), and the LM
@@ -225,9 +226,17 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
     (``provider.spec.model``: its query and KV heads, its FFN columns), the LM head's ``ceil(vocab / n)`` rows (split
     by vocabulary, as Megatron's vocab-parallel head), and after the o projection and after the FFN the ring
     all-reduce of the step's activations (``provider.allreduce_cycles(batch)`` cycles, HBM idle: the next weights
-    stream in meanwhile, as a dataflow compiler overlaps communication with the next layer's loads)."""
+    stream in meanwhile, as a dataflow compiler overlaps communication with the next layer's loads).
+
+    An MoE model's chips (``provider.spec.system``: the attention's heads split, the MoE block by expert
+    parallelism, :class:`stepsim.serve.system.SystemEngineLatency`) all-reduce after the o projection only (the
+    block combines its tokens by all-to-all), each chip routes its shard of the tokens (``ceil(tokens / n)``
+    rows through the whole router), and the block (its ``ffn`` entries: ``(cycles, 0, 0)``) neither streams ahead
+    nor is streamed into: its chips read their own experts, a traffic the one-chip FFN's closed form does not
+    describe."""
     model, hardware = provider.spec.model, provider.hardware
     tokens = int(sum(batch.new_tokens))
+    expert_parallel = provider.spec.system is not None
     layer_shapes, head = provider_projections(provider)
     allreduce = provider.allreduce_cycles(batch)
     collective = [Piece("all-reduce", allreduce, 0, 0, 0, 0, kind="collective")] if allreduce else []
@@ -241,8 +250,11 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         attention.append(Piece("decode attention", int(cycles), reads, 0, on_chip, flops, kind="attention"))
     if prefill is not None:
         attention.append(Piece("prefill attention", int(prefill), 0, 0, 0, 0, streams=False, kind="attention"))
-    tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
-    base = {name: _projection_piece(name, tokens, d_in, d_out, hardware) for name, d_in, d_out in layer_shapes}
+    if not expert_parallel:
+        tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
+    rows = {"router": -(-tokens // provider.chips)} if expert_parallel else {}
+    base = {name: _projection_piece(name, rows.get(name, tokens), d_in, d_out, hardware)
+            for name, d_in, d_out in layer_shapes}
     pieces = []
     for layer in range(model.layers):
         named = {name: Piece(f"layer {layer} {name}", *astuple_fields(p)) for name, p in base.items()}
@@ -254,6 +266,9 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         if "router" in named:
             pieces.append(named["router"])
         cycles, tiles, active = ffn[layer] if model.is_moe else ffn[0]
+        if expert_parallel:
+            pieces.append(Piece(f"layer {layer} ffn", int(cycles), 0, 0, 0, 0, streams=False, kind="ffn"))
+            continue
         reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
         pieces.append(Piece(f"layer {layer} ffn", int(cycles), reads, weights, ffn_on_chip, flops, kind="ffn"))
         pieces.extend(Piece(f"layer {layer} {p.name}", *astuple_fields(p)) for p in collective)
@@ -272,8 +287,10 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
     model = provider.spec.model  # the layer one chip runs
     decode = prefill = None
     ffn = []
-    tile_n, _ = ffn_tile_n(provider, int(sum(batch.new_tokens)))
-    experts = layer_dims("ffn", model).experts
+    expert_parallel = provider.spec.system is not None  # the block's traffic is not priced (step_pieces)
+    if not expert_parallel:
+        tile_n, _ = ffn_tile_n(provider, int(sum(batch.new_tokens)))
+        experts = layer_dims("ffn", model).experts
     for (kind, data), result in zip(tasks, results):
         cycles = int(result[0])
         if kind == "decode":
@@ -282,5 +299,5 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
         elif kind == "prefill":  # mapped: every KV head's chunks in one attention (EngineLatency.tasks)
             prefill = cycles
         else:
-            ffn.append((cycles, *routing_loads(data, experts, tile_n)))
+            ffn.append((cycles, 0, 0) if expert_parallel else (cycles, *routing_loads(data, experts, tile_n)))
     return step_pieces(provider, batch, decode, prefill, ffn)

@@ -321,10 +321,10 @@ class SystemEngineLatency(EngineLatency):
     (two ring all-reduces a layer, counted in ``cycles_attention``). With ``schedule="auto"`` the shard's layers
     are mapped over each chip (:mod:`stepsim.mapping`).
 
-    The weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`), except on a dense model's
-    mapped shards (``schedule="auto"``): there each chip's q/k/v and o projections and its rows of the LM head run on
-    the engine and the weights stream ahead, also while the all-reduces hold the HBM idle, as on one chip
-    (:mod:`stepsim.serve.projections`).
+    The weights outside the graphs are read ``1 / n`` a chip (:func:`tp_weight_cycles`), except on mapped chips
+    (``schedule="auto"``): there each chip's q/k/v and o projections, its router (an MoE model's) and its rows of
+    the LM head run on the engine and the weights stream ahead, also while the all-reduces hold the HBM idle, as on
+    one chip (:mod:`stepsim.serve.projections`).
     """
 
     #: a layer's weight bytes outside the graphs instead of :func:`layer_weight_bytes` (a layer group's real
