@@ -45,6 +45,8 @@ def schedule_identity(schedule: str) -> dict:
 PRICING_SOURCES = (
     "serve/fast.py", "serve/fast_mapped.py", "serve/ffn_points.py", "serve/exact_lstsq.py", "serve/exact.py", "serve/layers.py",
     "serve/latency.py", "serve/routing.py", "serve/projections.py", "serve/layer_list.py", "workloads/moe/build.py",
+    # a layer group's kinds, its attention's weights and an MLA group's matrices (serve/layer_list.py)
+    "models/layers.py",
     "workloads/moe/stage.py",
     "workloads/attention/build.py", "workloads/prefill_attention/build.py", "mapping/roofline.py",
     "mapping/projection.py",

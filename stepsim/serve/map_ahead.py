@@ -25,7 +25,7 @@ def step_jobs(provider, batch, tasks: list) -> list[Job]:
     from stepsim.mapping.kinds.prefill import prefill_size
     from stepsim.mapping.mapper import bucket
     from stepsim.serve.layers import MAPPED_KINDS
-    from stepsim.serve.projections import provider_projections
+    from stepsim.serve.projections import matrix_rows, provider_projections
 
     jobs = []
     for kind, data in tasks:
@@ -36,8 +36,8 @@ def step_jobs(provider, batch, tasks: list) -> list[Job]:
     if batch is not None and provider.streams_weights:
         tokens = int(sum(batch.new_tokens))
         jobs.append(("layer", "ffn", bucket(tokens)))  # the FFN's tile_n (projections.ffn_tile_n), dense or MoE
-        layer, head = provider_projections(provider)  # the matrices step_pieces prices
-        jobs.extend(("projection", bucket(tokens), a, b) for _, a, b in layer)
+        layer, head = provider_projections(provider)  # the matrices step_pieces prices, at its rows
+        jobs.extend(("projection", bucket(matrix_rows(provider, name, tokens)), a, b) for name, a, b in layer)
         if head is not None:
             jobs.append(("projection", bucket(len(batch.new_tokens)), head[1], head[2]))
     return list(dict.fromkeys(jobs))

@@ -114,6 +114,15 @@ def provider_projections(provider) -> tuple[list[tuple[str, int, int]], tuple[st
     return layer, head if provider.counts_head else None
 
 
+def matrix_rows(provider, name: str, tokens: int) -> int:
+    """The rows one chip of ``provider`` multiplies matrix ``name`` by in a step of ``tokens`` tokens: every token,
+    but on an MoE model's expert-parallel chips (``provider.spec.system``) the router takes the chip's shard of the
+    tokens, ``ceil(tokens / n)`` (:func:`step_pieces`)."""
+    if name == "router" and provider.spec.system is not None:
+        return -(-tokens // provider.chips)
+    return tokens
+
+
 _COSTS: dict = {}
 #: the mapping cache's subfolder of projection costs (its top level holds schedules only: the seed tools read it)
 COST_FOLDER = "projection-costs"
@@ -252,8 +261,7 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         attention.append(Piece("prefill attention", int(prefill), 0, 0, 0, 0, streams=False, kind="attention"))
     if not expert_parallel:
         tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
-    rows = {"router": -(-tokens // provider.chips)} if expert_parallel else {}
-    base = {name: _projection_piece(name, rows.get(name, tokens), d_in, d_out, hardware)
+    base = {name: _projection_piece(name, matrix_rows(provider, name, tokens), d_in, d_out, hardware)
             for name, d_in, d_out in layer_shapes}
     pieces = []
     for layer in range(model.layers):

@@ -26,7 +26,9 @@ def test_the_key_changes_with_each_source_of_the_exact_pricing_it_fits(monkeypat
     fitted to an older exact pricing is never reused (the fitted model's own files were the only ones before)."""
     import stepsim.serve.exact as exact
 
-    assert {"serve/exact.py", "workloads/moe/build.py", "serve/ffn_points.py"} <= set(cache.PRICING_SOURCES)
+    # models/layers.py: a layer group's attention weights and an MLA group's matrices (since 2026-11-26)
+    assert {"serve/exact.py", "workloads/moe/build.py", "serve/ffn_points.py", "models/layers.py"} <= set(
+        cache.PRICING_SOURCES)
     base = cache._pricing_source()
     real = cache.file_sha256
     seen = set()
