@@ -10,6 +10,7 @@ a shell reports for that signal (:func:`stopped_status`).
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -74,24 +75,40 @@ def interrupts_raise() -> Iterator[None]:
     def interrupt(signum, frame):
         global _requested
         _requested = "interrupted"
+        logging.disable(logging.CRITICAL)  # see quiet_after_stop
         raise KeyboardInterrupt
 
     def terminate(signum, frame):
         global _requested
         _requested = "terminated"
+        logging.disable(logging.CRITICAL)
         raise Terminated
 
     def unraisable(info):
-        # Python reports an exception it had to swallow ("Exception ignored in ...", with a traceback); the stop
-        # is remembered and raised again (raise_if_stopped), so it is said once, by the command's stop line
-        if not (isinstance(info.exc_value, KeyboardInterrupt) and _requested is not None):
+        # Python reports an exception it had to swallow ("Exception ignored in ...", with a traceback). A swallowed
+        # stop is remembered and raised again (raise_if_stopped), so it is said once, by the command's stop line;
+        # after a stop, whatever a destructor raises is the stop's doing (an object the interrupt left half built: a
+        # Dask Future without ``_cleared``, dask/distributed#4305, seen under a Ctrl-C'd sweep)
+        if _requested is None:
             previous_hook(info)
 
     _requested = None
     previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
+    logging_disabled = logging.root.manager.disable
     try:
         with handlers({signal.SIGINT: interrupt, signal.SIGTERM: terminate}):
             yield
     finally:
         _requested = None  # a command server's next command starts afresh
         sys.unraisablehook = previous_hook
+        logging.disable(logging_disabled)
+
+
+def quiet_after_stop() -> None:
+    """The program is stopping because of a signal: nothing but its stop line is said from here on. The libraries'
+    loggers are off (a stopped Dask cluster's scheduler and event loop log the comm errors of the workers being
+    killed and the callbacks the interrupt cancelled, each with a traceback: seen under a Ctrl-C'd sweep, twice in
+    a hundred) and so are the exceptions destructors raise at exit. Inside :func:`interrupts_raise` the signal
+    itself turns logging off; this keeps it off past the block, for the program itself only."""
+    logging.disable(logging.CRITICAL)
+    sys.unraisablehook = lambda info: None

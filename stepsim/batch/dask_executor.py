@@ -58,7 +58,6 @@ class DaskExecutor(WindowedExecutor):
     def __init__(self, *, address: str | None = None, jobs: int = 1, warm_kernels: bool = False,
                  processes: bool = True):
         check_jobs(jobs)
-        quiet_half_built_futures()
         self._cluster = None
         self._processes = processes
         if address is None:
@@ -131,26 +130,6 @@ class DaskExecutor(WindowedExecutor):
         if self._cluster is None:
             return f"dask ({self.address}), {_count(self.jobs, 'worker thread')}"
         return f"dask (local cluster), {_count(self.jobs, 'worker process' if self._processes else 'worker thread')}"
-
-
-def quiet_half_built_futures() -> None:
-    """Keep the interrupted program's exit to its one line: a Ctrl-C that lands inside ``Client.submit`` can leave a
-    ``Future`` whose ``__init__`` stopped before it set ``_cleared``; collected later, its ``__del__`` raises
-    AttributeError (dask/distributed#4305), which Python prints as a traceback, "Exception ignored in". That one
-    exception is dropped (``sys.unraisablehook``, set once an executor is made: the Future may be collected before
-    or after the abort); every other goes to the hook there was before."""
-    import sys
-
-    from distributed.client import Future
-
-    previous = sys.unraisablehook
-
-    def hook(unraisable) -> None:
-        if unraisable.object is Future.__del__ and isinstance(unraisable.exc_value, AttributeError):
-            return
-        previous(unraisable)
-
-    sys.unraisablehook = hook
 
 
 async def _closing_gracefully(nannies: list) -> None:

@@ -166,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
 def _ignore_stop_signals() -> None:
     """The program is stopping because of a signal: a repeated one, while it prints its line or during interpreter
     shutdown, must not turn the exit into death by signal (a KeyboardInterrupt escaping ``main`` makes Python kill
-    itself with SIGINT: exit status -2 seen under load). Only for the program itself, not for in-process callers."""
+    itself with SIGINT: exit status -2 seen under load); nothing but its stop line is printed on the way out
+    (:func:`stepsim.base.signals.quiet_after_stop`). Only for the program itself, not for in-process callers."""
     import signal
+
+    from stepsim.base.signals import quiet_after_stop
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    quiet_after_stop()
 
 
 def _main(argv: list[str] | None) -> int:

@@ -147,3 +147,48 @@ except KeyboardInterrupt as exc:
     assert done.stdout.strip() == line
     assert "ValueError: an unrelated failure" in done.stderr
     assert "KeyboardInterrupt" not in done.stderr and "Terminated" not in done.stderr
+
+
+@pytest.mark.parametrize(("signum", "line"), [(2, "stopped: KeyboardInterrupt"), (15, "stopped: Terminated")])
+def test_after_a_stop_destructors_and_loggers_say_nothing(signum, line):
+    """After the stop, what a destructor raises and what a library logs are the stop's doing, not news: a Ctrl-C'd
+    Dask sweep printed, under its stop line, a half-built Future's AttributeError ('_cleared',
+    dask/distributed#4305), tornado's "Exception in callback" of the interrupted ``sync`` and the scheduler's comm
+    errors, each with a traceback (seen in the suite, 2026-11-26). Inside interrupts_raise the stop turns both off;
+    logging comes back after the block (an in-process caller's), and quiet_after_stop (the program's own exit)
+    keeps both off. A fresh interpreter, since pytest installs its own unraisable hook."""
+    import subprocess
+    import sys
+
+    script = f"""
+import gc, logging, signal, sys
+from stepsim.base.signals import interrupts_raise, quiet_after_stop
+
+logging.basicConfig(stream=sys.stderr)
+log = logging.getLogger("distributed.scheduler")
+
+class FailingWhileCollected:
+    def __init__(self, why):
+        self.why = why
+    def __del__(self):
+        raise AttributeError(self.why)
+
+try:
+    with interrupts_raise():
+        try:
+            signal.getsignal({signum})({signum}, None)
+        finally:
+            FailingWhileCollected("half built")
+            gc.collect()
+            log.error("during the stop")
+except KeyboardInterrupt as exc:
+    print("stopped:", type(exc).__name__)
+log.error("after the block")
+quiet_after_stop()
+log.error("after quiet_after_stop")
+FailingWhileCollected("at exit")
+gc.collect()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == line
+    assert done.stderr == "ERROR:distributed.scheduler:after the block\n"
