@@ -232,9 +232,9 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                "error": shape_errors.get((dep.hardware, dep.chips_per_replica))}
         if row["error"] is None:
             hw = resolve_hw(dep.hardware)
-            m_ub, least, binds = rate_bound(dep, resolved, hw, base, slo_seconds, percentile)
-            row.update(m_ub=m_ub, least_duration=least, binds=binds,
-                       goodput_ub=goodput_bound(base.n, base.span_s, m_ub, least))
+            m_ub, duration, binds = rate_bound(dep, resolved, hw, base, slo_seconds, percentile)
+            row.update(m_ub=m_ub, duration_floor=duration, binds=binds,
+                       goodput_ub=goodput_bound(base.n, m_ub, duration))
         rows.append(row)
 
     # then one wave per chip count, fewest first (docs/plan.md §4): the front of fewer chips is final when a wave
@@ -252,7 +252,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         done = runner.search([deployment_config(model, row["dep"], cache=cache, trace_sha256=trace_sha256,
                                                  shapes=shape_configs, search_slo=searched_slo,
                                                  percentile=percentile, prune=prune,
-                                                 least_duration=row["least_duration"], beat=beat) for row in wave])
+                                                 duration_floor=row["duration_floor"], beat=beat) for row in wave])
         for row, got in zip(wave, done):
             _take(row, got)
             for key in replays:

@@ -128,28 +128,48 @@ class ShapePricer:
 
 def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
     """The least seconds ``steps`` steps computing ``tokens`` new tokens in all take on ``chips`` chips of
-    ``hardware`` (any batches, any context; module docstring): every step reads every weight matrix once (and an
-    MoE model's ``top_k`` experts of every layer: a token meets that many distinct experts), every token writes
-    its K and V, reads its embedding row and does its FLOPs (attending to itself at least); the time is at least
-    the bytes over the chips' HBM peak and at least the FLOPs over their compute peak. Summing over the steps
-    before taking the maximum only lowers it, so it bounds any split of the tokens into the steps. A
-    heterogeneous model adds its layer groups' rooflines, each group's layers counted as they are (MLA's latent
-    cache and own weights, dense or MoE FFN: :func:`stepsim.serve.layer_list.layer_list_works`)."""
-    from stepsim.mapping.roofline import StepWork
-    from stepsim.serve.memory import model_memory
+    ``hardware`` (:class:`StepFloor`; for many calls on one replica shape make the :class:`StepFloor` once)."""
+    return StepFloor(model, hardware, chips)(steps, tokens)
 
-    if steps <= 0:
-        return 0.0
-    vocab = model_memory(model).vocab_size
-    if model.unmodelled():  # a heterogeneous model (DeepSeek-V3): each layer group as its layers are
-        from stepsim.serve.layer_list import layer_list_works
 
-        works = layer_list_works(model, hardware, vocab, chips)
-    else:
-        works = [(StepWork(model, hardware, vocab, chips), model.layers * model.top_k if model.is_moe else 0)]
-    hbm = flops = 0
-    for work, touched in works:
-        hbm += steps * (work.fixed_bytes + touched * work.expert_bytes) \
-            + tokens * (work.kv_bytes_per_token + work.embedding_bytes)
-        flops += tokens * (work.flops_per_token + work.attention_flops) + steps * work.head_flops  # a sequence a step
-    return max(hbm / work.peak_bytes, flops / work.peak_flops) / hardware.clock_hz
+class StepFloor:
+    """The least seconds steps take on ``chips`` chips of ``hardware`` (any batches, any context; module
+    docstring): every step reads every weight matrix once (and an MoE model's ``top_k`` experts of every layer: a
+    token meets that many distinct experts), every token writes its K and V, reads its embedding row and does its
+    FLOPs (attending to itself at least); the time is at least the bytes over the chips' HBM peak and at least the
+    FLOPs over their compute peak. Summing over the steps before taking the maximum only lowers it, so it bounds any
+    split of the tokens into the steps. A heterogeneous model adds its layer groups' rooflines, each group's layers
+    counted as they are (MLA's latent cache and own weights, dense or MoE FFN:
+    :func:`stepsim.serve.layer_list.layer_list_works`).
+
+    The floor is linear in steps and tokens under each roofline (so convex, and positively homogeneous: the floor
+    of R replicas' steps together is at most R times the largest replica's); the per-step and per-token terms are
+    computed once here (Python integers where the work is, so a call is exact arithmetic and cheap)."""
+
+    def __init__(self, model, hardware, chips: int):
+        from stepsim.mapping.roofline import StepWork
+        from stepsim.serve.memory import model_memory
+
+        vocab = model_memory(model).vocab_size
+        if model.unmodelled():  # a heterogeneous model (DeepSeek-V3): each layer group as its layers are
+            from stepsim.serve.layer_list import layer_list_works
+
+            works = layer_list_works(model, hardware, vocab, chips)
+        else:
+            works = [(StepWork(model, hardware, vocab, chips), model.layers * model.top_k if model.is_moe else 0)]
+        #: per layer group: (bytes a step, bytes a token, FLOPs a token, FLOPs a step)
+        self.terms = [(work.fixed_bytes + touched * work.expert_bytes, work.kv_bytes_per_token + work.embedding_bytes,
+                       work.flops_per_token + work.attention_flops, work.head_flops) for work, touched in works]
+        work = works[-1][0]
+        self.peak_bytes, self.peak_flops = work.peak_bytes, work.peak_flops  # per cycle, all the chips
+        self.clock_hz = hardware.clock_hz
+
+    def __call__(self, steps: int, tokens: int) -> float:
+        """Seconds of ``steps`` steps computing ``tokens`` new tokens in all (0 for no step)."""
+        if steps <= 0:
+            return 0.0
+        hbm = flops = 0
+        for step_bytes, token_bytes, token_flops, step_flops in self.terms:
+            hbm += steps * step_bytes + tokens * token_bytes
+            flops += tokens * token_flops + steps * step_flops  # a sequence a step
+        return max(hbm / self.peak_bytes, flops / self.peak_flops) / self.clock_hz

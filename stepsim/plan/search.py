@@ -11,9 +11,10 @@ The bisection takes the SLO at the percentile to hold below any rate where it he
 a plan and a brute-force search of every deployment run the same probes, so they agree whether it does or not.
 
 **Bounds.** A deployment's goodput at its sustainable rate m* is at most ``requests / duration`` with the duration
-at least the arrivals' span ``S / m*`` and at least the longest request's least latency; so it is below
-``N m_hi / S`` whenever the search has seen the SLO fail at ``m_hi`` (m* < m_hi), and at most ``N m_ub / S`` for the
-bound m_ub of :func:`rate_bound` before any run. A deployment of C chips can only be on the front (fewest chips
+at least its floor at m* (:class:`DurationFloor`: each request's arrival plus the larger of its least latency and
+the least time of the work arriving from it on), which falls as m rises; so it is below ``N / floor(m_hi)``
+whenever the search has seen the SLO fail at ``m_hi`` (m* < m_hi), and at most ``N / floor(m_ub)`` for the bound
+m_ub of :func:`rate_bound` before any run. A deployment of C chips can only be on the front (fewest chips
 for its goodput) if its goodput beats every deployment of fewer chips; a deployment whose bound cannot is
 ``pruned`` (by the bound, before any run) or ``cut`` (by the failed rate, during its search). Deployments are
 searched in waves, one per chip count, fewest chips first (:mod:`stepsim.plan.waves`), so the front of fewer chips
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepsim.plan.pricing import floor_s
+from stepsim.plan.pricing import StepFloor
 
 #: rate grid steps per doubling
 STEPS_PER_DOUBLING = 16
@@ -157,9 +158,41 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
     return res
 
 
-def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tuple[float, float, str]:
-    """``(m_ub, least duration s, the bound that binds)``: an upper bound on the multiplier at which ``dep`` can
-    meet the SLO at the percentile, from the least time of steps (:func:`stepsim.plan.pricing.floor_s`):
+@dataclass(frozen=True)
+class DurationFloor:
+    """The least duration (s, first arrival to last completion) of a deployment's run at multiplier ``m``:
+    ``max_j (d_j / m + c_j)`` over ``points`` ``(d_j, c_j)`` (:func:`rate_bound`). Request j arrives ``d_j``
+    seconds after the first (at the offered rate; ``d_j / m`` at m) and the run goes on at least ``c_j`` after that:
+    request j's least latency, and the least time the work of the requests arriving from j on takes on the
+    replicas. Only the points no other exceeds in both are kept (a handful)."""
+
+    points: tuple
+
+    @classmethod
+    def of(cls, delays, rests) -> DurationFloor:
+        """The floor of the pairs ``(delays[j], rests[j])``, reduced to those no other pair exceeds in both."""
+        kept, best = [], -math.inf
+        for j in sorted(range(len(delays)), key=lambda j: (-delays[j], -rests[j])):
+            if rests[j] > best:
+                kept.append((float(delays[j]), float(rests[j])))
+                best = rests[j]
+        return cls(tuple(kept))
+
+    def at(self, m: float) -> float:
+        """Seconds at multiplier ``m`` (> 0)."""
+        return max(d / m + c for d, c in self.points)
+
+    def to_json(self) -> list:
+        return [[d, c] for d, c in self.points]
+
+    @classmethod
+    def from_json(cls, pairs) -> DurationFloor:
+        return cls(tuple((float(d), float(c)) for d, c in pairs))
+
+
+def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tuple[float, DurationFloor, str]:
+    """``(m_ub, duration floor, the bound that binds)``: an upper bound on the multiplier at which ``dep`` can
+    meet the SLO at the percentile, from the least time of steps (:class:`stepsim.plan.pricing.StepFloor`):
 
     * ``tpot``: a TPOT is at least one step's floor; if that exceeds the SLO, no rate (0);
     * ``ttft-lone``: request i's TTFT is at least its prompt's steps' floor (``ceil(P / per step)`` steps); if fewer
@@ -170,7 +203,16 @@ def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tupl
       floor / R`` bounds m for every j;
     * otherwise ``grid``: the search's own top rate.
 
-    The least duration is the longest request's least latency (its prompt's floor and ``O - 1`` decode steps)."""
+    The duration floor (:class:`DurationFloor`) is, for each request j, its arrival plus the larger of
+    * its least latency: its prompt's floor and ``O - 1`` one-token steps after it, and
+    * the least time of the work of the requests arriving from j on (none of it can start before j arrives):
+      request i is in at least ``ceil(P_i / per request) + O_i - 1`` steps (its prompt's, then one a further
+      token) and computes ``P_i + O_i - 1`` tokens; a step holds at most ``max_seqs`` requests (every policy's
+      cap on running requests) and at most the policy's tokens a step, so those requests take at least
+      ``max(ceil(sum of their steps / max_seqs), ceil(tokens / per step))`` steps over the R replicas, whose floor
+      over R is a bound (the floor is convex and homogeneous: the busiest replica takes at least the average).
+      Preemption only adds steps and tokens. A disaggregated replica's pools hold the same cap and run no faster
+      than the ``P + D``-chip floor of all their steps (:mod:`stepsim.plan.disaggregated`)."""
     c, R = dep.chips_per_replica, dep.replicas
     sched = dep.scheduler
     n = base.n
@@ -184,16 +226,18 @@ def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tupl
     else:  # orca: whole prompts, up to max_seqs of them
         per_request = int(base.prompt.max())
         per_step = sched.max_seqs * per_request
-    one = floor_s(model, hardware, c, 1, 1)
-    lone = np.array([floor_s(model, hardware, c, -(-int(p) // per_request), int(p)) for p in base.prompt])
+    floor = StepFloor(model, hardware, c)
+    one = floor(1, 1)
+    prompt_steps = [-(-int(p) // per_request) for p in base.prompt]
+    lone = np.array([floor(s, int(p)) for s, p in zip(prompt_steps, base.prompt)])
     least = lone + (base.output - 1) * one
-    least_duration = float(least.max())
+    duration = _duration_floor(base, least, prompt_steps, sched.max_seqs, per_step, floor, R)
     k = math.floor(percentile / 100 * (n - 1)) + 1  # values at or below the percentile's
     if "tpot" in slo and (base.output > 1).any() and one > slo["tpot"]:
-        return 0.0, least_duration, "tpot"
-    for key, floor in (("ttft", lone), ("e2e", least)):
-        if key in slo and int((floor <= slo[key]).sum()) < k:
-            return 0.0, least_duration, f"{key}-lone"
+        return 0.0, duration, "tpot"
+    for key, lower in (("ttft", lone), ("e2e", least)):
+        if key in slo and int((lower <= slo[key]).sum()) < k:
+            return 0.0, duration, f"{key}-lone"
     bound, binds = multiplier(MAX_DOUBLINGS * STEPS_PER_DOUBLING), "grid"
     if "ttft" in slo:
         T = slo["ttft"]
@@ -212,23 +256,39 @@ def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tupl
                 total += heapq.heappop(heap)  # drop the largest
             if need <= 0:
                 continue
-            work = floor_s(model, hardware, c, -(-total // per_step), total) / R
+            work = floor(-(-total // per_step), total) / R
             if work > T:
                 a = float(base.arrival[j])
                 if a <= 0:
-                    return 0.0, least_duration, "ttft-work"
+                    return 0.0, duration, "ttft-work"
                 m = a / (work - T)
                 if m < bound:
                     bound, binds = m, "ttft-work"
-    return bound, least_duration, binds
+    return bound, duration, binds
 
 
-def goodput_bound(n: int, span: float, m: float, least_duration: float) -> float:
-    """Goodput (requests/s) at most ``n / max(span / m, least duration)``."""
+def _duration_floor(base, least, prompt_steps, max_seqs: int, per_step: int, floor, replicas: int) -> DurationFloor:
+    """:func:`rate_bound`'s duration floor (its docstring): per request j (in arrival order), its delay after the
+    first arrival and the larger of its least latency and the floor of the work arriving from it on."""
+    order = np.argsort(base.arrival, kind="stable")
+    first = float(base.arrival[order[0]])
+    delays, rests = [], []
+    seq_steps = tokens = 0  # of the requests arriving from j on (Python integers: exact)
+    for j in order[::-1].tolist():
+        seq_steps += prompt_steps[j] + int(base.output[j]) - 1
+        tokens += int(base.prompt[j]) + int(base.output[j]) - 1
+        steps = max(-(-seq_steps // max_seqs), -(-tokens // per_step))
+        delays.append(float(base.arrival[j]) - first)
+        rests.append(max(float(least[j]), floor(steps, tokens) / replicas))
+    return DurationFloor.of(delays, rests)
+
+
+def goodput_bound(n: int, m: float, duration: DurationFloor) -> float:
+    """Goodput (requests/s) at most ``n`` over the least duration at multiplier ``m`` (0 for no rate)."""
     if m <= 0:
         return 0.0
-    duration = max(span / m, least_duration)
-    return n / duration if duration > 0 else math.inf
+    seconds = duration.at(m)
+    return n / seconds if seconds > 0 else math.inf
 
 
 def front(rows: list) -> list:

@@ -8,7 +8,7 @@
   deployment's whole rate search (:func:`stepsim.plan.search.search_rate`) from plain data: the model, the shaped
   trace's file and its hash, the searched limits, the shapes' calibration keys (a worker rebuilds its providers with
   :meth:`~stepsim.plan.pricing.ShapePricer.from_config`, as the parent's pricer makes them), the deployment's
-  least duration and the goodput it must beat (the best of fewer chips: the earlier waves are final). Its row
+  duration floor and the goodput it must beat (the best of fewer chips: the earlier waves are final). Its row
   (:func:`result_row`: the search's probes, best and offered runs, replays) is written, atomically, into the plan's
   work folder as ``part-<id>.parquet``, the id hashing the task's config (calibration keys, deployment, trace hash,
   limits, percentile, the goodput to beat, the plan's and serve's sources: :func:`code_hash`); a plan run again
@@ -83,16 +83,17 @@ def run_calibration(config: dict) -> dict:
 
 
 def deployment_config(model_arg, dep, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
-                      percentile: float, prune: bool, least_duration: float, beat: float) -> dict:
+                      percentile: float, prune: bool, duration_floor, beat: float) -> dict:
     """The task that searches one deployment (module docstring). ``shapes``: ``{"hw xC": shape_config}`` of every
-    calibrated replica shape (a disaggregated deployment prices its pools with them); ``beat``: the best goodput of fewer chips (-1: none)."""
+    calibrated replica shape (a disaggregated deployment prices its pools with them); ``duration_floor``: the
+    deployment's :class:`~stepsim.plan.search.DurationFloor`; ``beat``: the best goodput of fewer chips (-1: none)."""
     return {"kind": "deployment", "model": str(model_arg),
             "deployment": {"chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
                            "scheduler": [dep.scheduler.policy, dep.scheduler.max_seqs, dep.scheduler.max_batch_tokens,
                                          dep.scheduler.chunk_tokens],
                            "hardware": dep.hardware, "disaggregate": list(dep.disaggregate)},
             "trace_sha256": trace_sha256, "shapes": shapes, "slo": dict(search_slo), "percentile": percentile,
-            "prune": prune, "least_duration": least_duration, "beat": beat, "cache": str(cache),
+            "prune": prune, "duration_floor": duration_floor.to_json(), "beat": beat, "cache": str(cache),
             "code": code_hash()}
 
 
@@ -149,7 +150,7 @@ def run_deployment(config: dict) -> dict:
     from stepsim.models.presets import resolve_model
     from stepsim.plan.evaluate import Evaluator
     from stepsim.plan.pricing import ShapePricer
-    from stepsim.plan.search import multiplier, search_rate
+    from stepsim.plan.search import DurationFloor, goodput_bound, multiplier, search_rate
 
     dep = _deployment(config["deployment"])
     work = Path(config["work"])
@@ -159,7 +160,8 @@ def run_deployment(config: dict) -> dict:
     for shape in config["shapes"].values():
         pricers[(shape["hardware"], shape["chips"])] = ShapePricer.from_config(config["model"], resolved,
                                                                                config["cache"], shape)
-    prune, beat, least = config["prune"], config["beat"], config["least_duration"]
+    prune, beat = config["prune"], config["beat"]
+    duration = DurationFloor.from_json(config["duration_floor"])
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-task-") as tmp:
         evaluator = Evaluator(config["model"], base, config["slo"], config["percentile"], pricers, Path(tmp),
                               stop_early=prune)
@@ -171,8 +173,7 @@ def run_deployment(config: dict) -> dict:
             below multiplier(e_hi)) above the best of fewer chips."""
             if not prune:
                 return True
-            span_term = base.span_s / multiplier(e_hi)
-            return base.n / max(span_term, least) > beat
+            return goodput_bound(base.n, multiplier(e_hi), duration) > beat
 
         error = None
         res = None

@@ -26,6 +26,7 @@ import pytest
 from calibration_seeding import check_seed_used, seeded_cache
 
 import stepsim
+from stepsim.plan.evaluate import Evaluator
 
 SMALL = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
          "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -62,7 +63,21 @@ def plans(tmp_path_factory):
     # determines them; refreshed by tests/calibration_seeds/refresh.py); the brute force reads the same ones
     kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=seeded_cache(tmp / "cache"))
     plan = stepsim.plan(str(model), trace, out=tmp / "out", verify=False, **kw)
-    brute = stepsim.plan(str(model), trace, prune=False, verify=False, **kw)
+    # every run the brute force serves (in this process), with its trace: test_every_run_lasts_its_duration_floor
+    real = Evaluator.evaluate
+    runs = []
+
+    def recorded(self, dep, m):
+        got = real(self, dep, m)
+        runs.append((dep, m, self.base, got.metrics["duration_s"]))
+        return got
+
+    Evaluator.evaluate = recorded
+    try:
+        brute = stepsim.plan(str(model), trace, prune=False, verify=False, **kw)
+    finally:
+        Evaluator.evaluate = real
+    brute.runs = runs
     check_seed_used(tmp / "cache")
     return plan, brute, tmp
 
@@ -136,6 +151,28 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
             # the plan's front probe is one of the search's own probes: the same probes
             assert mine["probes"] == row["probes"]
             assert mine["front_probe_met"] in (None, True) and row["front_probe_met"] is None
+
+
+def test_every_run_lasts_at_least_its_duration_floor(plans):
+    """The pruning's duration floor (stepsim/plan/search.py DurationFloor: each request's arrival plus the larger of
+    its least latency and the floor of the work arriving from it on) holds on every run the brute force served."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.search import rate_bound
+    from stepsim.serve.api import resolve_serving_hardware
+
+    _, brute, tmp = plans
+    model = resolve_model(str(tmp / "small.json"))
+    floors = {}
+    tightest = 0.0
+    for dep, m, base, duration in brute.runs:
+        if dep not in floors:
+            floors[dep] = rate_bound(dep, model, resolve_serving_hardware(dep.hardware), base, {}, 99.0)[1]
+        assert duration >= floors[dep].at(m), (dep.label(), m)
+        tightest = max(tightest, floors[dep].at(m) / duration)
+    assert len(brute.runs) == 109 and len(floors) == 12
+    # how close it comes: within 1 % at the lowest rates (the arrivals' span over m is most of the duration), 0.69-0.94
+    # of the duration at the rates the searches end at (above 4x the offered rate)
+    assert round(tightest, 4) == 0.9916
 
 
 def test_the_files_say_what_was_decided_and_how_to_serve_it(plans):

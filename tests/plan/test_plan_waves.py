@@ -84,7 +84,7 @@ def test_an_interrupted_plan_resumes_with_the_unfinished_deployments(case, monke
         return real(config)
 
     monkeypatch.setattr(waves, "run_deployment", stop_after_five)
-    with pytest.raises(PlanTaskError, match=r"^plan task 1x2ch sn40l none orca seqs 8 failed: RuntimeError: "
+    with pytest.raises(PlanTaskError, match=r"^plan task 1x2ch sn40l none vllm seqs 128 batch 256 failed: RuntimeError: "
                                             r"interrupted\n"):
         stepsim.plan(model, trace, out=tmp / "stopped", **kw)
     assert not (tmp / "stopped" / "plan.json").exists()
@@ -114,6 +114,7 @@ def test_a_changed_slo_runs_every_task_again(case):
 
 def test_the_task_id_hashes_the_trace_the_slo_and_the_calibrations():
     from stepsim.plan.evaluate import BaseTrace
+    from stepsim.plan.search import DurationFloor
     from stepsim.plan.space import Deployment, SchedulerChoice
     from stepsim.plan.waves import deployment_config, task_id, trace_hash
 
@@ -122,11 +123,12 @@ def test_the_task_id_hashes_the_trace_the_slo_and_the_calibrations():
     dep = Deployment(1, 1, "none", SchedulerChoice("vllm", 4, 256))
     shape = {"sn40l x1": {"calibration": "abc"}}
     kw = dict(cache="/c", trace_sha256=trace_hash(base), shapes=shape, search_slo={"ttft": 1e-3}, percentile=99.0,
-              prune=True, least_duration=0.0, beat=-1.0)
+              prune=True, duration_floor=DurationFloor(((0.0, 1e-3),)), beat=-1.0)
     one = task_id({**deployment_config("m", dep, **kw), "work": "/w"})
     assert task_id({**deployment_config("m", dep, **{**kw, "cache": "/d"}), "work": "/v"}) == one  # where files live
     for change in ({"trace_sha256": trace_hash(moved)}, {"search_slo": {"ttft": 1.1e-3}}, {"percentile": 90.0},
-                   {"shapes": {"sn40l x1": {"calibration": "abd"}}}, {"beat": 5.0}):
+                   {"shapes": {"sn40l x1": {"calibration": "abd"}}}, {"beat": 5.0},
+                   {"duration_floor": DurationFloor(((0.0, 2e-3),))}):
         assert task_id({**deployment_config("m", dep, **{**kw, **change}), "work": "/w"}) != one, change
 
 
