@@ -72,16 +72,17 @@ def interrupts_raise() -> Iterator[None]:
     :func:`raise_if_stopped` if that exception was swallowed)."""
     global _requested
 
-    def interrupt(signum, frame):
+    def stop(why: str) -> None:
         global _requested
-        _requested = "interrupted"
+        _requested = why
         logging.disable(logging.CRITICAL)  # see quiet_after_stop
+
+    def interrupt(signum, frame):
+        stop("interrupted")
         raise KeyboardInterrupt
 
     def terminate(signum, frame):
-        global _requested
-        _requested = "terminated"
-        logging.disable(logging.CRITICAL)
+        stop("terminated")
         raise Terminated
 
     def unraisable(info):
@@ -108,7 +109,8 @@ def quiet_after_stop() -> None:
     """The program is stopping because of a signal: nothing but its stop line is said from here on. The libraries'
     loggers are off (a stopped Dask cluster's scheduler and event loop log the comm errors of the workers being
     killed and the callbacks the interrupt cancelled, each with a traceback: seen under Ctrl-C'd sweeps in two
-    suite runs, and in 1 of 8 by script beside two busy loops) and so are the exceptions destructors raise at exit. Inside :func:`interrupts_raise` the signal
-    itself turns logging off; this keeps it off past the block, for the program itself only."""
+    suite runs, and in 1 of 8 by script beside two busy loops) and so are the exceptions destructors raise at exit.
+    Inside :func:`interrupts_raise` the signal itself turns logging off; this keeps it off past the block, for the
+    program itself only."""
     logging.disable(logging.CRITICAL)
     sys.unraisablehook = lambda info: None
