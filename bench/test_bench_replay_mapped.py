@@ -165,3 +165,66 @@ def test_plan_unit_case_compiled_vs_python(bench_summary, monkeypatch, tmp_path)
                            f"{spent['compiled']:.1f} s compiled vs {spent['python']:.1f} s Python loop "
                            f"({spent['python'] / spent['compiled']:.1f}x); the same plans; "
                            f"load {os.getloadavg()[0]:.1f}")
+
+
+SECTION_TP = ("replay on a dense model's mapped tensor-parallel shards: Llama-3.1-8B on sn40l-8, 2,000 requests of "
+              "the conversation trace")
+
+
+def _system_provider_factory(cache, key: str, system: str):
+    """A fresh :class:`MappedSystemFastLatency` of the calibration in ``cache`` (as stepsim.plan.pricing makes one)."""
+    from stepsim.base.system import System
+    from stepsim.models.presets import resolve_model
+    from stepsim.serve.fast import MetricForm
+    from stepsim.serve.memory import model_memory
+    from stepsim.serve.system_fast import MappedSystemFastLatency
+
+    record = json.loads((cache / f"{key}.json").read_text())
+    model = resolve_model("llama-3.1-8b")
+    forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
+
+    def make():
+        return MappedSystemFastLatency(model, System.preset(system), None,
+                                       max_model_len=model_memory(model).max_position_embeddings,
+                                       vocab=model_memory(model).vocab_size, forms=forms, theta=record["theta"],
+                                       error=record["error"])
+    return make
+
+
+@pytest.mark.skipif(os.environ.get("STEPSIM_BENCH_MAPPED") != "1",
+                    reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
+def test_tensor_parallel_replay_side_by_side(shared_traces, bench_summary, monkeypatch, tmp_path):
+    """The compiled replay of :class:`MappedSystemFastLatency` (each chip's shard, two all-reduces a layer) against
+    the Python loop: calibrated once on the trace's first 40 requests, then 2,000 requests (their own arrivals)
+    replayed by both with fresh providers; every file byte for byte the same."""
+    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+    cache = Path(os.environ.get("STEPSIM_SERVE_CACHE", tmp_path / "cache"))
+    t0 = time.perf_counter()
+    result = stepsim.serve("llama-3.1-8b", trace, limit_requests=40, fidelity="fast", system="sn40l-8",
+                           calibration_cache=cache)
+    calibration_s = time.perf_counter() - t0
+    make = _system_provider_factory(cache, result.summary["fidelity"]["calibration"], "sn40l-8")
+    runs = {}
+    for name, loop in (("first", replay_module.replay), ("new", replay_module.replay),
+                       ("old", replay_module.replay_reference)):
+        spent = []
+
+        def timed(*args, loop=loop, spent=spent, **kw):
+            t, c = time.perf_counter(), time.process_time()
+            out = loop(*args, **kw)
+            spent.append((time.perf_counter() - t, time.process_time() - c))
+            return out
+
+        monkeypatch.setattr(api, "replay", timed)
+        stepsim.serve("llama-3.1-8b", trace, out=tmp_path / name, provider=make(), system="sn40l-8",
+                      limit_requests=2000)
+        runs[name] = spent[-1]
+    monkeypatch.undo()
+    _same_files(tmp_path / "old", tmp_path / "new")
+    steps = json.loads((tmp_path / "new" / "summary.json").read_text())["iterations"]
+    (new, new_cpu), (old, old_cpu) = runs["new"], runs["old"]
+    bench_summary(SECTION_TP, f"calibration on 40 requests {calibration_s:.1f} s; first compiled run (tables "
+                              f"filled) replay {runs['first'][0]:.2f} s")
+    bench_summary(SECTION_TP, f"replay {new:.2f} s compiled (CPU {new_cpu:.2f} s) vs {old:.2f} s Python loop (CPU "
+                              f"{old_cpu:.2f} s): {old / new:.1f}x; {steps:,} steps; files identical; load "
+                              f"{os.getloadavg()[0]:.1f}")

@@ -8,7 +8,9 @@ prefill attention's regressors of every KV head's chunks (their query tiles deal
 builder deals them, the busiest region's KV tiles, the bucket's estimate), each layer's FFN regressors from its
 routing window (expert tiles at the bucket's ``tile_n``, the busiest region of contiguous experts, the tile estimate
 and the two-point estimate of :func:`stepsim.serve.fast_mapped.bucket_estimate`), the
-coefficients' prices, then the step's pieces in run order (per layer q/k/v, attention, o, router, FFN; the LM head)
+coefficients' prices, then the step's pieces in run order (per layer q/k/v, attention, o, router, FFN; the LM head;
+on a dense model's tensor-parallel chips, :class:`~stepsim.serve.system_fast.MappedSystemFastLatency`, one chip's
+shard with an all-reduce after the o projection and after the FFN, and a chip's share of the embedding rows)
 with the weights streamed ahead (:func:`stepsim.serve.projections.stream_ahead`, integer for integer).
 
 What depends on the mapper (each bucket's schedule) and on the engine (the projections' cycles at each token
@@ -31,7 +33,11 @@ PREFILL_COLUMNS = 9
 #: entries of the mapped pricing's integers ``pm`` (int64)
 (M_LAYERS, M_KV_HEADS, M_HEADS, M_MOE, M_EXPERTS, M_TILE_SHIFT, M_FEW, M_HBM_PEAK, M_CAPACITY, M_PEAK_FLOPS,
  M_COMPUTE_BW, M_PER_EXPERT, M_SHARED_W, M_FFN_FLOPS, M_ROW_BYTES, M_EMBEDDING_BYTES, M_W_QKV, M_W_O, M_W_ROUTER,
- M_W_HEAD, M_KV_READ, M_DECODE_FLOPS, M_READ_TILE, M_THETA_LENGTH) = range(24)
+ M_W_HEAD, M_KV_READ, M_DECODE_FLOPS, M_READ_TILE, M_CHIPS, M_ALLREDUCES, M_EP, M_THETA_LENGTH) = range(27)
+#: (``M_CHIPS``: the chips of a system, 1 on one chip; the attention's dimensions are then one chip's shard;
+#: ``M_ALLREDUCES``: the all-reduces a layer, 2 on a dense model's tensor-parallel chips, 1 on an MoE model's
+#: expert-parallel chips (after the o projection; the block combines its tokens by all-to-all), 0 on one chip;
+#: ``M_EP``: 1 on the expert-parallel chips, :class:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency`)
 #: entries of ``pm``: the scalars, then the four coefficient rows' lengths (decode, prefill, ffn, ffn_prefill)
 M_ROWS = M_THETA_LENGTH + 4
 #: rows of the per-bucket integers ``buckets_i`` (int64 ``[B_ROWS, 64]``, column log2 of the bucket): the FFN's
@@ -48,14 +54,16 @@ M_ROWS = M_THETA_LENGTH + 4
 #: and region tiles, the decode attention's cycles, the prefill attention's
 #: (then the FFN's top point's load and its bottom point's cycles)
 (BF_FFN_CYCLES, BF_FFN_TILES, BF_FFN_REGIONS, BF_DECODE_CYCLES, BF_PREFILL_CYCLES, BF_FFN_TOP_LOAD,
- BF_FFN_BOTTOM_CYCLES, BF_ROWS) = range(8)
-#: ``proj`` (int64 ``[4, 4, n]``): q/k/v, o, router at a step's tokens and the LM head at its sequences; fields
-#: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs
-PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD = range(4)
+ BF_FFN_BOTTOM_CYCLES, BF_FFN_CHIPS, BF_ROWS) = range(9)
+#: (``BF_FFN_CHIPS``: on expert-parallel chips the busiest chip's representative tiles,
+#: :class:`stepsim.serve.fast_mapped_ep.Reference` ``chip_rep``; ``BF_FFN_REGIONS`` its ``region_rep``)
+#: ``proj`` (int64 ``[5, 4, n]``): q/k/v, o, router at a step's tokens and the LM head at its sequences; fields
+#: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs; then the all-reduce of a step's tokens (its cycles)
+PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD, PJ_ALLREDUCE = range(5)
 #: rows of the pieces scratch ``pc`` (int64 ``[PC_ROWS, pieces]``)
 PC_CYCLES, PC_HBM, PC_WEIGHT, PC_ON_CHIP, PC_FLOPS, PC_STREAMS, PC_KIND, PC_PREFETCHED, PC_ROWS = range(9)
 #: piece kinds (``pc[PC_KIND]``)
-K_PROJECTION, K_ATTENTION, K_FFN = range(3)
+K_PROJECTION, K_ATTENTION, K_FFN, K_COLLECTIVE = range(4)
 #: ``need`` (int64 ``[4]``): the step's tokens, sequences, decode requests (every KV head's) and prefill size (one
 #: head's query tiles in positions, 0 without a prefill chunk)
 #: results of :func:`price_mapped`
@@ -119,7 +127,7 @@ def _counts(prefix, start, tokens, experts, counts):
 
 
 @kernel
-def _ready(buckets_i, proj, tokens, m, decode, prefill_size, moe):
+def _ready(buckets_i, proj, tokens, m, decode, prefill_size, moe, allreduces):
     """Whether the tables hold what a step of ``tokens`` tokens, ``m`` sequences, ``decode`` decode requests
     (every KV head's) and a prefill attention of ``prefill_size`` (0: none) needs."""
     n = proj.shape[2]
@@ -129,11 +137,41 @@ def _ready(buckets_i, proj, tokens, m, decode, prefill_size, moe):
         return False
     if moe and proj[PJ_ROUTER, 0, tokens] < 0:
         return False
+    if allreduces and proj[PJ_ALLREDUCE, 0, tokens] < 0:
+        return False
     if buckets_i[B_FFN, log2_bucket(tokens)] == 0:
         return False
     if prefill_size and buckets_i[B_PREFILL, log2_bucket(prefill_size)] == 0:
         return False
     return decode == 0 or buckets_i[B_DECODE, log2_bucket(decode)] != 0
+
+
+@kernel
+def chip_columns(pool_rows, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, at):
+    """:func:`stepsim.serve.fast.chip_features` of one layer's window (``tokens`` pool rows from ``start``, ranks
+    to experts by ``expert_of_rank``, experts to chips by ``chip_of``, or with ``per_chip`` > 0 contiguously,
+    ``per_chip`` experts a chip; token ``t`` at home on its shard's chip,
+    :func:`stepsim.workloads.moe.sharded.shard_bounds`) into ``xl[at:at + 3]``; ``chip_rows``: scratch of ``chips``."""
+    pool = pool_rows.shape[0]
+    base, extra = tokens // chips, tokens % chips
+    for c in range(chips):
+        chip_rows[c] = 0
+    remote = 0
+    for t in range(tokens):
+        home = t // (base + 1) if t < extra * (base + 1) else extra + (t - extra * (base + 1)) // base
+        row = pool_rows[(start + t) % pool]
+        for slot in range(pool_rows.shape[1]):
+            expert = expert_of_rank[row[slot]]
+            dest = expert // per_chip if per_chip > 0 else chip_of[expert]
+            chip_rows[dest] += 1
+            if dest != home:
+                remote += 1
+    busiest = 0
+    for c in range(chips):
+        busiest = max(busiest, chip_rows[c])
+    xl[at] = 1.0 if remote > 0 else 0.0
+    xl[at + 1] = np.float64(remote)
+    xl[at + 2] = np.float64(busiest)
 
 
 @kernel
@@ -226,7 +264,8 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             pre_kv += ((last + 1) * (last + 2) - first * (first + 1)) // 2
     decode_requests = n_dec * heads
     prefill_size = pre_q << shift
-    if not _ready(buckets_i, proj, tokens, m, decode_requests, prefill_size, moe):
+    allreduces = pm[M_ALLREDUCES]
+    if not _ready(buckets_i, proj, tokens, m, decode_requests, prefill_size, moe, allreduces):
         need[0] = tokens
         need[1] = m
         need[2] = decode_requests
@@ -332,7 +371,16 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     few = pm[M_FEW]
     ffn_row = 3 if pre else 2
     rows = layers if moe else 1
-    columns = 8 + few + 1
+    # on expert-parallel chips (fast_mapped_ep.ep_ffn_regressors) the busiest chip's tiles in column 6 and the
+    # chips' columns last; the experts contiguous on the chips, per_chip each; mloads (the attention's, done with)
+    # holds the chips' tiles and then their rows
+    ep = pm[M_EP] != 0
+    chips = pm[M_CHIPS]
+    per_chip = experts // chips
+    chip_rep = buckets_f[BF_FFN_CHIPS, fb]
+    columns = 8 + few + 1 + (3 if ep else 0)
+    if ep and 2 * chips > len(loads):
+        return UNSUPPORTED
     xf = x[2]
     touched = 0
     traffic_tile_n = buckets_i[B_FFN_TRAFFIC_TILE_N, fb]
@@ -354,6 +402,8 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                 _counts(prefix, start, tokens, experts, counts)
                 for j in range(n_regions):
                     regions[j] = 0
+                for j in range(chips):
+                    loads[j] = 0
                 total = 0
                 active = 0
                 busiest = 0
@@ -364,15 +414,21 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                     active += 1 if c > 0 else 0
                     busiest = max(busiest, t)
                     regions[expert_of_rank[layer, rank] // per_region] += t
+                    if ep:
+                        loads[expert_of_rank[layer, rank] // per_chip] += t
                 region_most = 0
                 for j in range(n_regions):
                     region_most = max(region_most, regions[j])
+                chip_most = 0
+                for j in range(chips):
+                    chip_most = max(chip_most, loads[j])
             else:
                 start = 0
                 total = -(-tokens // tile_n)
                 active = 1 if tokens > 0 else 0
                 busiest = total
                 region_most = total
+                chip_most = total
             for j in range(columns):
                 xf[j] = 0.0
             xf[0] = 1.0
@@ -381,10 +437,16 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             xf[3] = np.float64(active)
             xf[4] = np.float64(busiest)
             xf[5] = np.float64(region_most)
-            tile_estimate = cycles_b * np.float64(total) / tiles_rep
-            tile_ratio = np.float64(total) / tiles_rep
-            region_ratio = np.float64(region_most) / regions_rep
-            load = tile_ratio if tile_ratio >= region_ratio else region_ratio  # np.maximum
+            if ep:  # fast_mapped_ep.ep_load
+                tile_estimate = np.float64(chip_most)
+                chip_ratio = np.float64(chip_most) / chip_rep
+                region_ratio = np.float64(region_most) / regions_rep
+                load = chip_ratio if chip_ratio >= region_ratio else region_ratio  # np.maximum
+            else:
+                tile_estimate = cycles_b * np.float64(total) / tiles_rep
+                tile_ratio = np.float64(total) / tiles_rep
+                region_ratio = np.float64(region_most) / regions_rep
+                load = tile_ratio if tile_ratio >= region_ratio else region_ratio  # np.maximum
             # fast_mapped.bucket_estimate, operation for operation
             by_tokens = _line(np.float64(tokens), bottom_tokens, bottom_cycles, top_tokens, cycles_b)
             by_load = cycles_b * load / top_load
@@ -404,13 +466,19 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                         if pool_rows[a, u] == pool_rows[bb, w]:
                             same += 1
                 xf[8 + few] = np.float64(same % 2)
+            if ep:
+                chip_columns(pool_rows, expert_of_rank[layer], expert_of_rank[layer], per_chip, start, tokens, chips,
+                             loads[chips:2 * chips], xf, 8 + few + 1)
             v = _predict(xf, theta[ffn_row], pm[M_THETA_LENGTH + ffn_row], columns, 7, scratch)
             if v < 0.0:
                 return UNSUPPORTED
             ffn_cycles = np.int64(v)
             touched += active
-            # projections.ffn_traffic: each touched expert's matrices once per tile of its tokens
-            if moe:
+            # projections.ffn_traffic: each touched expert's matrices once per tile of its tokens (expert-parallel
+            # chips: the block reads its chips' experts, not streamed: projections.step_pieces)
+            if ep:
+                ffn_weights = ffn_reads = ffn_flops = np.int64(0)
+            elif moe:
                 if total >= EXACT // max(pm[M_PER_EXPERT], 1) or active >= EXACT // max(pm[M_PER_EXPERT], 1):
                     return UNSUPPORTED
                 ffn_weights = active * pm[M_PER_EXPERT] + pm[M_SHARED_W]
@@ -418,8 +486,9 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             else:
                 ffn_weights = pm[M_SHARED_W]
                 ffn_reads = -(-tokens // traffic_tile_n) * pm[M_SHARED_W]
-            ffn_reads += tokens * pm[M_ROW_BYTES]
-            ffn_flops = tokens * pm[M_FFN_FLOPS]
+            if not ep:
+                ffn_reads += tokens * pm[M_ROW_BYTES]
+                ffn_flops = tokens * pm[M_FFN_FLOPS]
         p = _piece(pc, p, proj[PJ_QKV, 0, tokens], proj[PJ_QKV, 1, tokens], pm[M_W_QKV], proj[PJ_QKV, 2, tokens],
                    proj[PJ_QKV, 3, tokens], 1, K_PROJECTION)
         weights += proj[PJ_QKV, 0, tokens]
@@ -432,12 +501,17 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
         p = _piece(pc, p, proj[PJ_O, 0, tokens], proj[PJ_O, 1, tokens], pm[M_W_O], proj[PJ_O, 2, tokens],
                    proj[PJ_O, 3, tokens], 1, K_PROJECTION)
         weights += proj[PJ_O, 0, tokens]
+        if allreduces:  # HBM idle: the next weights stream in
+            p = _piece(pc, p, proj[PJ_ALLREDUCE, 0, tokens], 0, 0, 0, 0, 1, K_COLLECTIVE)
         if moe:
             p = _piece(pc, p, proj[PJ_ROUTER, 0, tokens], proj[PJ_ROUTER, 1, tokens], pm[M_W_ROUTER],
                        proj[PJ_ROUTER, 2, tokens], proj[PJ_ROUTER, 3, tokens], 1, K_PROJECTION)
             weights += proj[PJ_ROUTER, 0, tokens]
-        p = _piece(pc, p, ffn_cycles, ffn_reads, ffn_weights, ffn_on_chip, ffn_flops, 1, K_FFN)
+        p = _piece(pc, p, ffn_cycles, ffn_reads, ffn_weights, 0 if ep else ffn_on_chip, ffn_flops, 0 if ep else 1,
+                   K_FFN)
         ffn_total += ffn_cycles
+        if allreduces == 2:
+            p = _piece(pc, p, proj[PJ_ALLREDUCE, 0, tokens], 0, 0, 0, 0, 1, K_COLLECTIVE)
     p = _piece(pc, p, proj[PJ_HEAD, 0, m], proj[PJ_HEAD, 1, m], pm[M_W_HEAD], proj[PJ_HEAD, 2, m],
                proj[PJ_HEAD, 3, m], 1, K_PROJECTION)
     weights += proj[PJ_HEAD, 0, m]
@@ -446,11 +520,13 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     hidden = _hidden(pc, p, pm[M_CAPACITY], pm[M_HBM_PEAK], pm[M_PEAK_FLOPS])
     if hidden < 0:
         return UNSUPPORTED
-    embedding = tokens * pm[M_EMBEDDING_BYTES]
-    if embedding >= EXACT or tokens >= EXACT // max(pm[M_EMBEDDING_BYTES], 1):
+    if tokens >= EXACT // max(pm[M_EMBEDDING_BYTES], 1):
         return UNSUPPORTED
+    embedding = -(-(tokens * pm[M_EMBEDDING_BYTES]) // pm[M_CHIPS])  # a chip's share of the rows' bytes
     weights += np.int64(np.ceil(np.float64(embedding) / hbm_peak))
     attention = layers * (dec_cycles + pre_cycles)
+    if allreduces:  # counted with the attention (SystemEngineLatency.collective_cycles)
+        attention += layers * allreduces * proj[PJ_ALLREDUCE, 0, tokens]
     res[R_ATTENTION] = attention
     res[R_FFN] = ffn_total
     res[R_WEIGHTS] = weights

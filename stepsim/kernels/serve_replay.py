@@ -435,32 +435,6 @@ def _window(prefix, start, tokens, tile_shift, experts, tiles, keep):
 
 
 @kernel
-def _chip_columns(pool_rows, expert_of_rank, chip_of, start, tokens, chips, chip_rows, xl, at):
-    """:func:`stepsim.serve.fast.chip_features` of one layer's window (``tokens`` pool rows from ``start``, ranks
-    to experts by ``expert_of_rank``, experts to chips by ``chip_of``; token ``t`` at home on its shard's chip,
-    :func:`stepsim.workloads.moe.sharded.shard_bounds`) into ``xl[at:at + 3]``."""
-    pool = pool_rows.shape[0]
-    base, extra = tokens // chips, tokens % chips
-    for c in range(chips):
-        chip_rows[c] = 0
-    remote = 0
-    for t in range(tokens):
-        home = t // (base + 1) if t < extra * (base + 1) else extra + (t - extra * (base + 1)) // base
-        row = pool_rows[(start + t) % pool]
-        for slot in range(pool_rows.shape[1]):
-            dest = chip_of[expert_of_rank[row[slot]]]
-            chip_rows[dest] += 1
-            if dest != home:
-                remote += 1
-    busiest = 0
-    for c in range(chips):
-        busiest = max(busiest, chip_rows[c])
-    xl[at] = 1.0 if remote > 0 else 0.0
-    xl[at + 1] = np.float64(remote)
-    xl[at + 2] = np.float64(busiest)
-
-
-@kernel
 def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts, row_of_starts, out_i, k,
                 loads, dec, pre, x, basis, scratch, tiles, collective, chip_of, expert_of_rank, chip_rows):
     """The fast model's cycles of one step (:meth:`stepsim.serve.fast.FastLatency.__call__`) into ``out_i[.., k]``
@@ -618,7 +592,8 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
                 nxt = tiles[e + 1] if e + 1 < experts else 0
                 xl[base + e] = np.float64(tiles[e] - nxt)
         if pi[P_CHIP_COLUMNS]:  # fast.chip_features: rows crossing a link, and the busiest chip's rows
-            _chip_columns(pool_rows, expert_of_rank[layer], chip_of, start, tokens, pi[P_CHIPS], chip_rows, xl, own)
+            sm.chip_columns(pool_rows, expert_of_rank[layer], chip_of, 0, start, tokens, pi[P_CHIPS], chip_rows, xl,
+                            own)
         if length < 0:
             v = np.ceil(xl[7])
         else:

@@ -1,13 +1,15 @@
 """The compiled replay's pricing on mapped layers (:class:`~stepsim.serve.fast_mapped.MappedFastLatency` once
-calibrated, one chip: the kernel :mod:`stepsim.kernels.serve_mapped`): its constants as flat arrays, and the
-tables of what the mapper and the engine give (each bucket's schedule, the projections' cycles at each token count),
-filled from the provider's own functions when the kernel asks (:func:`fill`), so every number is the one the
-provider would use. :func:`note_buckets` counts the run's buckets as the provider's ``layer_use.note`` does.
+calibrated, one chip, or :class:`~stepsim.serve.system_fast.MappedSystemFastLatency`, a dense model's
+tensor-parallel chips: the kernel :mod:`stepsim.kernels.serve_mapped`): its constants as flat arrays, and the
+tables of what the mapper and the engine give (each bucket's schedule, the projections' and the all-reduce's cycles
+at each token count), filled from the provider's own functions when the kernel asks (:func:`fill`), so every number
+is the one the provider would use. :func:`note_buckets` counts the run's buckets as the provider's
+``layer_use.note`` does.
 
-:func:`mapped_parameters` returns None (the Python loop replays) for a provider this does not reproduce: a
-subclass, a calibration's recorder, a routing dump, a system, coefficients of other widths; :func:`fill` raises
-:class:`Unsupported` where a table entry is not what the kernel can use exactly (then the Python loop replays too,
-and raises the provider's own error where it has one).
+:func:`mapped_parameters` returns None (the Python loop replays) for a provider this does not reproduce: another
+subclass, a calibration's recorder, a routing dump, an MoE model's expert-parallel chips, coefficients of other
+widths; :func:`fill` raises :class:`Unsupported` where a table entry is not what the kernel can use exactly (then
+the Python loop replays too, and raises the provider's own error where it has one).
 """
 
 from __future__ import annotations
@@ -39,12 +41,29 @@ def mapped_parameters(provider, kr) -> dict | None:
     from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
     from stepsim.serve.projections import DTYPE_BYTES, provider_projections
     from stepsim.serve.routing import SyntheticRouting
+    from stepsim.serve.fast_mapped_ep import EP_COLUMNS, MappedEPFastLatency
+    from stepsim.serve.system_fast import MappedSystemFastLatency
+    from stepsim.workloads.moe.parallel import place_experts
 
-    if type(provider) is not MappedFastLatency or provider.recorder is not None or provider.spec.system is not None:
+    provider_type = type(provider)
+    if provider_type not in (MappedFastLatency, MappedSystemFastLatency, MappedEPFastLatency) or provider.recorder is not None:
         return None
     model, hardware, spec = provider.model, provider.hardware, provider.spec
-    if (not provider.streams_weights or provider.chips != 1 or spec.model != model or spec.hardware != hardware
-            or provider.layer_use is None or spec.schedule != "auto"):
+    # one chip's layer is the model's; a system's chips each run a shard of the attention (spec.model): a dense
+    # model's tensor-parallel chips all-reduce twice a layer, an MoE model's expert-parallel ones once (its block
+    # combines its tokens by all-to-all)
+    expert_parallel = provider_type is MappedEPFastLatency
+    one_chip = provider_type is MappedFastLatency
+    if one_chip == (provider.chips > 1) or (one_chip and spec.model != model):
+        return None
+    if expert_parallel != (spec.system is not None):
+        return None
+    if expert_parallel and (not model.is_moe or model.experts % provider.chips
+                            or place_experts([0] * model.experts, provider.chips, "contiguous")
+                            != [e // (model.experts // provider.chips) for e in range(model.experts)]):
+        return None  # the kernel places the experts contiguously, an equal share a chip (ep_loads)
+    if (not provider.streams_weights or spec.hardware != hardware or provider.layer_use is None
+            or spec.schedule != "auto"):
         return None
     if provider.attention_matrices is not None or not provider.counts_head:  # a layer group's: its own matrices
         return None
@@ -56,7 +75,8 @@ def mapped_parameters(provider, kr) -> dict | None:
     forms = provider.forms or {}  # the decode attention's bounds; the mapped prefill's regressors use none
     if "decode" not in forms or len(forms["decode"].off_chip) != 4 or len(forms["decode"].flops) != 4:
         return None
-    widths = {"decode": 10, "prefill": sm.PREFILL_COLUMNS, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
+    ffn_width = EP_COLUMNS if expert_parallel else FFN_COLUMNS
+    widths = {"decode": 10, "prefill": sm.PREFILL_COLUMNS, "ffn": ffn_width, "ffn_prefill": ffn_width}
     theta = provider.theta or {}
     if not isinstance(theta, dict) or not set(theta) <= set(widths):
         return None
@@ -69,7 +89,7 @@ def mapped_parameters(provider, kr) -> dict | None:
               hardware.clock_hz, provider.vocab]
     if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0 for v in values):
         return None
-    theta_rows = np.zeros((4, FFN_COLUMNS))
+    theta_rows = np.zeros((4, max(FFN_COLUMNS, EP_COLUMNS)))
     form_rows = np.zeros((6, 6))
     form_rows[0, :4], form_rows[1, :4] = forms["decode"].off_chip, forms["decode"].flops
     pm = np.zeros(sm.M_ROWS, dtype=np.int64)
@@ -77,7 +97,8 @@ def mapped_parameters(provider, kr) -> dict | None:
         if r is not None:
             theta_rows[i, :len(r)] = np.asarray(r, dtype=np.float64)
         pm[sm.M_THETA_LENGTH + i] = -1 if r is None else len(r)
-    d, hd = model.hidden, model.head_dim
+    shard = spec.model  # the layer one chip runs (its heads and FFN columns)
+    d, hd = shard.hidden, shard.head_dim
     layer_shapes, head = provider_projections(provider)
     weight = {name: d_in * d_out * DTYPE_BYTES for name, d_in, d_out in [*layer_shapes, head]}
     if model.is_moe:
@@ -85,12 +106,12 @@ def mapped_parameters(provider, kr) -> dict | None:
         per_expert, shared = 3 * d * moe.intermediate * DTYPE_BYTES, 3 * d * moe.shared_intermediate * DTYPE_BYTES
         ffn_flops = 2 * (model.top_k * 3 * d * moe.intermediate + 3 * d * moe.shared_intermediate)
     else:
-        per_expert, shared = 0, 3 * d * model.dense_intermediate * DTYPE_BYTES
-        ffn_flops = 2 * 3 * d * model.dense_intermediate
+        per_expert, shared = 0, 3 * d * shard.dense_intermediate * DTYPE_BYTES
+        ffn_flops = 2 * 3 * d * shard.dense_intermediate
     experts = spec.ffn_model.experts
     pm[sm.M_LAYERS] = model.layers
-    pm[sm.M_KV_HEADS] = model.kv_heads
-    pm[sm.M_HEADS] = model.heads
+    pm[sm.M_KV_HEADS] = shard.kv_heads
+    pm[sm.M_HEADS] = shard.heads
     pm[sm.M_MOE] = int(model.is_moe)
     pm[sm.M_EXPERTS] = experts
     pm[sm.M_TILE_SHIFT] = model_of_steps._TILE_SHIFT
@@ -106,9 +127,12 @@ def mapped_parameters(provider, kr) -> dict | None:
     pm[sm.M_EMBEDDING_BYTES] = provider.embedding_bytes
     pm[sm.M_W_QKV], pm[sm.M_W_O] = weight["qkv"], weight["o"]
     pm[sm.M_W_ROUTER], pm[sm.M_W_HEAD] = weight.get("router", 0), weight["lm_head"]
-    pm[sm.M_KV_READ] = 2 * model.kv_heads * hd * DTYPE_BYTES
-    pm[sm.M_DECODE_FLOPS] = 4 * model.heads * hd
+    pm[sm.M_KV_READ] = 2 * shard.kv_heads * hd * DTYPE_BYTES
+    pm[sm.M_DECODE_FLOPS] = 4 * shard.heads * hd
     pm[sm.M_READ_TILE] = 32  # projections.step_pieces reads whole 32-row tiles of the KV cache
+    pm[sm.M_CHIPS] = provider.chips  # the embedding rows: a chip's share (exact.streamed_weight_cycles)
+    pm[sm.M_ALLREDUCES] = {MappedFastLatency: 0, MappedSystemFastLatency: 2, MappedEPFastLatency: 1}[provider_type]
+    pm[sm.M_EP] = int(expert_parallel)
     pi = np.zeros(kr.P_ROWS, dtype=np.int64)
     pi[kr.P_MODE] = kr.MAPPED
     pi[kr.P_MOE] = int(model.is_moe)
@@ -133,10 +157,10 @@ def mapped_parameters(provider, kr) -> dict | None:
     else:
         pool_rows, prefix = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 2, 1), dtype=np.uint16)
         expert_of_rank = np.zeros((1, 1), dtype=np.int64)
-    proj = np.full((4, 4, FIRST_TOKENS), -1, dtype=np.int64)
-    pieces = model.layers * 6 + 1
+    proj = np.full((5, 4, FIRST_TOKENS), -1, dtype=np.int64)
+    pieces = model.layers * 8 + 1
     return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
-            "prefix": prefix, "x": np.zeros((3, FFN_COLUMNS)), "tiles": np.zeros(2, dtype=np.int64),
+            "prefix": prefix, "x": np.zeros((3, max(FFN_COLUMNS, EP_COLUMNS))), "tiles": np.zeros(2, dtype=np.int64),
             "cycles": ("attention", "ffn", "floor", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
             "mapped": {"pm": pm, "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
                        "buckets_f": np.zeros((sm.BF_ROWS, 64)), "proj": proj, "expert_of_rank": expert_of_rank,
@@ -168,20 +192,29 @@ def fill(params: dict) -> None:
     model, hardware, spec = provider.model, provider.hardware, provider.spec
     proj = tables["proj"]
     if max(tokens, seqs) >= proj.shape[2]:
-        grown = np.full((4, 4, max(2 * proj.shape[2], tokens + 1, seqs + 1)), -1, dtype=np.int64)
+        grown = np.full((5, 4, max(2 * proj.shape[2], tokens + 1, seqs + 1)), -1, dtype=np.int64)
         grown[:, :, :proj.shape[2]] = proj
         proj = tables["proj"] = grown
     layer_shapes, head = projections.provider_projections(provider)
     rows = {"qkv": sm.PJ_QKV, "o": sm.PJ_O, "router": sm.PJ_ROUTER}
-    wanted = [(rows[name], tokens, d_in, d_out) for name, d_in, d_out in layer_shapes]
-    wanted.append((sm.PJ_HEAD, seqs, head[1], head[2]))
-    for row, size, d_in, d_out in wanted:
+    # a row of the table per step's tokens; the router on expert-parallel chips takes a chip's shard of them
+    wanted = [(rows[name], tokens, projections.matrix_rows(provider, name, tokens), d_in, d_out)
+              for name, d_in, d_out in layer_shapes]
+    wanted.append((sm.PJ_HEAD, seqs, seqs, head[1], head[2]))
+    for row, size, matrix_rows, d_in, d_out in wanted:
         if proj[row, 0, size] < 0:
-            cost = projections.projection_cost(size, d_in, d_out, hardware)
+            cost = projections.projection_cost(matrix_rows, d_in, d_out, hardware)
             proj[row, :, size] = [_integer(v, f"projection ({d_in} x {d_out} at {size} tokens) {field}")
                                   for v, field in zip(cost, ("cycles", "HBM bytes", "on-chip bytes", "FLOPs"))]
+    if tables["pm"][sm.M_ALLREDUCES] and proj[sm.PJ_ALLREDUCE, 0, tokens] < 0:  # the provider's allreduce_cycles
+        from stepsim.serve.system import allreduce_cycles
+
+        cycles = allreduce_cycles(provider.system, model.hidden, tokens)
+        proj[sm.PJ_ALLREDUCE, :, tokens] = [_integer(cycles, f"the all-reduce at {tokens} tokens"), 0, 0, 0]
     bi, bf = tables["buckets_i"], tables["buckets_f"]
     b = sm.log2_bucket(tokens)
+    if not bi[sm.B_FFN, b] and tables["pm"][sm.M_EP]:
+        _fill_ep_bucket(tokens, spec, bi, bf, b)
     if not bi[sm.B_FFN, b]:
         ref = ffn_reference(tokens, spec)
         knobs = ref.knobs
@@ -225,12 +258,34 @@ def fill(params: dict) -> None:
             if not 0 < knob <= MAX_REGIONS:
                 raise Unsupported(f"the decode attention's regions {knob} are not in 1..{MAX_REGIONS}")
             size = bucket(decode)
-            on_chip = schedule_for("decode", decode, layer_dims("decode", model), hardware).on_chip_bytes
+            on_chip = schedule_for("decode", decode, layer_dims("decode", spec.model), hardware).on_chip_bytes
             bi[sm.B_DECODE_REGIONS, b] = knob
             bi[sm.B_DECODE_ON_CHIP, b] = _integer(on_chip, "the decode attention's on-chip bytes")
             bi[sm.B_DECODE_REP_LOAD, b] = -(-(DECODE_KV_LENGTH + 1) // KV_TILE) * -(-size // min(knob, size))
             bf[sm.BF_DECODE_CYCLES, b] = float(schedule.cycles)
             bi[sm.B_DECODE, b] = 1
+
+
+def _fill_ep_bucket(tokens: int, spec, bi, bf, b: int) -> None:
+    """The FFN bucket ``b`` of an MoE model's expert-parallel chips (:func:`stepsim.serve.fast_mapped_ep.ep_reference`:
+    its knobs, the busiest chip's and region's representative tiles, its two simulated points)."""
+    from stepsim.kernels import serve_mapped as sm
+    from stepsim.serve import fast_mapped_ep
+
+    ref = fast_mapped_ep.ep_reference(tokens, spec)
+    experts = spec.ffn_model.experts
+    tile_n = _integer(ref.knobs["tile_n"], "the expert-parallel FFN's tile_n")
+    regions = ref.knobs["regions"]
+    if not (isinstance(regions, numbers.Integral) and 0 < regions and experts % regions == 0 and tile_n > 0):
+        raise Unsupported(f"the expert-parallel FFN bucket's regions {regions!r} do not divide its {experts} experts")
+    bi[sm.B_FFN_TILE_N, b], bi[sm.B_FFN_REGIONS, b] = tile_n, int(regions)
+    bf[sm.BF_FFN_CYCLES, b], bf[sm.BF_FFN_TILES, b] = ref.top.cycles, 1.0  # no tile estimate here
+    bf[sm.BF_FFN_REGIONS, b], bf[sm.BF_FFN_CHIPS, b] = ref.region_rep, ref.chip_rep
+    bi[sm.B_FFN_TOP_TOKENS, b] = _integer(ref.top.tokens, "the FFN bucket's top")
+    bi[sm.B_FFN_BOTTOM_TOKENS, b] = _integer(ref.bottom.tokens, "the FFN bucket's bottom")
+    bf[sm.BF_FFN_TOP_LOAD, b] = ref.top.load
+    bf[sm.BF_FFN_BOTTOM_CYCLES, b] = ref.bottom.cycles
+    bi[sm.B_FFN, b] = 1
 
 
 def note_buckets(params: dict, steps_i, n: int, kr) -> None:

@@ -87,7 +87,7 @@ def mapped(monkeypatch):
 
 def _model(tmp_path, variant: str):
     config = dict(TINY)
-    if variant == "dense":
+    if variant in ("dense", "tp"):
         config = {k: v for k, v in TINY.items() if k not in ("num_experts", "moe_intermediate_size",
                                                               "num_experts_per_tok")}
         config["model_type"] = "qwen3"
@@ -97,38 +97,84 @@ def _model(tmp_path, variant: str):
     return resolve_model(str(tmp_path / f"{variant}.json"))
 
 
-def _provider(model, seed: int, forms: dict, theta) -> MappedFastLatency:
+def _provider(model, seed: int, forms: dict, theta, chips: int = 1) -> MappedFastLatency:
+    """One chip's mapped provider, or with ``chips`` > 1 the ring of that many: a dense model's tensor-parallel
+    chips (:class:`MappedSystemFastLatency`: each chip's shard, two all-reduces a layer), an MoE model's
+    expert-parallel ones (:class:`MappedEPFastLatency`: the heads split, one all-reduce a layer, the block's
+    regressors)."""
     routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=seed) if model.is_moe else None
+    if chips > 1:
+        from stepsim.base.system import System
+        from stepsim.serve.fast_mapped_ep import MappedEPFastLatency
+        from stepsim.serve.system_fast import MappedSystemFastLatency
+
+        kind = MappedEPFastLatency if model.is_moe else MappedSystemFastLatency
+        return kind(model, System.preset(f"ring-{chips}"), routing, max_model_len=4096, vocab=1000, forms=forms,
+                    theta=theta)
     return MappedFastLatency(model, PRESETS["sn40l"], routing, max_model_len=4096, vocab=1000, forms=forms,
                              theta=theta, schedule="auto")
 
 
-def _random_coefficients(rng) -> tuple[dict, dict]:
+class EPReferences:
+    """Random :func:`stepsim.serve.fast_mapped_ep.ep_reference` per bucket, drawn once each from ``seed``: the
+    knobs, the representative loads and the two points (the real one maps the block on the system and simulates it
+    at both points: minutes; tests/serve/test_serve_system_mapped_ep.py runs it)."""
+
+    def __init__(self, seed: int, experts: int):
+        self.rng, self.experts, self.made = np.random.default_rng(seed), experts, {}
+
+    def __call__(self, size, spec):
+        from stepsim.mapping.mapper import bucket
+        from stepsim.serve.fast_mapped import Point
+        from stepsim.serve.fast_mapped_ep import Reference
+
+        b = bucket(size)
+        if b not in self.made:
+            rng = self.rng
+            knobs = {"tile_n": int(rng.choice([t for t in (1, 2, 4, 8, 16, 32) if t <= b])),
+                     "regions": int(rng.choice([r for r in (1, 2, 4) if self.experts % r == 0]))}
+            top = Point(b, float(rng.uniform(0.5, 3)), float(rng.uniform(500, 40_000)))
+            bottom = Point(b // 2 + 1, float(rng.uniform(0.5, 3)), float(rng.uniform(300, top.cycles))) \
+                if b > 2 else top
+            self.made[b] = Reference(bottom, top, float(rng.uniform(1, 20)), float(rng.uniform(1, 20)), knobs)
+        return self.made[b]
+
+
+def _random_coefficients(rng, ffn_width: int = FFN_COLUMNS) -> tuple[dict, dict]:
     """Metric forms of the decode and prefill attention and coefficients of every kind, random; some kinds
     without coefficients (priced by their bound or estimate)."""
     forms = {k: MetricForm(tuple(rng.uniform(0, 5000, 4).tolist()), tuple(rng.uniform(0, 9e5, 4).tolist()))
              for k in ("decode", "prefill")}
-    widths = {"decode": 10, "prefill": PREFILL_COLUMNS, "ffn": FFN_COLUMNS, "ffn_prefill": FFN_COLUMNS}
+    widths = {"decode": 10, "prefill": PREFILL_COLUMNS, "ffn": ffn_width, "ffn_prefill": ffn_width}
     theta = {k: (None if rng.random() < 0.15 else (rng.standard_normal(w) * 10.0 ** rng.integers(-2, 3, w)).tolist())
              for k, w in widths.items()}
     return forms, theta
 
 
-@pytest.mark.parametrize("variant", ["moe", "dense", "many", "deep"])
-def test_the_compiled_mapped_pricing_is_the_providers(tmp_path, mapped, variant):
+@pytest.mark.parametrize("variant", ["moe", "dense", "many", "deep", "tp", "ep", "ep-many"])
+def test_the_compiled_mapped_pricing_is_the_providers(tmp_path, mapped, monkeypatch, variant):
     """Random runs: the same tables as the provider called step by step, the same buckets in ``layer_use``, the
     routing's window generator where the provider leaves it; streaming hid cycles in most runs; no step's
-    utilisation above 1."""
-    model = _model(tmp_path, variant)
-    rng = np.random.default_rng({"moe": 21, "dense": 22, "many": 23, "deep": 24}[variant])
+    utilisation above 1. ``tp``: the dense model's shards on a ring of two chips, with their all-reduces; ``ep`` /
+    ``ep-many``: the MoE model (8 / 32 experts) on a ring of two / four chips, expert-parallel."""
+    from stepsim.serve import fast_mapped_ep
+
+    model = _model(tmp_path, {"ep": "moe", "ep-many": "many"}.get(variant, variant))
+    rng = np.random.default_rng({"moe": 21, "dense": 22, "many": 23, "deep": 24, "tp": 25, "ep": 26,
+                                 "ep-many": 27}[variant])
+    chips = {"tp": 2, "ep": 2, "ep-many": 4}.get(variant, 1)
+    expert_parallel = variant.startswith("ep")
     hidden_runs = 0
     for trial in range(6):
         mapped(Mapper(int(rng.integers(0, 1000)), model.experts if model.is_moe else 1))
+        if expert_parallel:
+            monkeypatch.setattr(fast_mapped_ep, "ep_reference", EPReferences(int(rng.integers(0, 1000)),
+                                                                             model.experts))
         arrival, prompt, output, make, settings = _random_run(rng)
-        forms, theta = _random_coefficients(rng)
+        forms, theta = _random_coefficients(rng, fast_mapped_ep.EP_COLUMNS if expert_parallel else FFN_COLUMNS)
         theta = None if trial == 0 else theta  # the first calibration pass: every piece at its bound or estimate
         seed = int(rng.integers(0, 1000))
-        compiled, reference = _provider(model, seed, forms, theta), _provider(model, seed, forms, theta)
+        compiled, reference = (_provider(model, seed, forms, theta, chips) for _ in range(2))
         got = compiled_replay(arrival, prompt, output, make(), compiled)
         assert got is not None, (settings, replay_compiled._fallback_reason)
         want = replay_reference(arrival, prompt, output, make(), reference)
