@@ -167,43 +167,44 @@ def test_plan_unit_case_compiled_vs_python(bench_summary, monkeypatch, tmp_path)
                            f"load {os.getloadavg()[0]:.1f}")
 
 
-SECTION_TP = ("replay on a dense model's mapped tensor-parallel shards: Llama-3.1-8B on sn40l-8, 2,000 requests of "
-              "the conversation trace")
+SECTION_SYSTEM = "replay on a system's mapped chips (compiled vs Python loop, the same run)"
 
 
-def _system_provider_factory(cache, key: str, system: str):
-    """A fresh :class:`MappedSystemFastLatency` of the calibration in ``cache`` (as stepsim.plan.pricing makes one)."""
+def _system_provider_factory(model_arg, cache, key: str, system: str):
+    """A fresh provider of the calibration in ``cache`` on ``system``'s chips (as stepsim.plan.pricing makes one):
+    :class:`MappedSystemFastLatency` for a dense model's tensor-parallel shards, :class:`MappedEPFastLatency` for an
+    MoE model's expert-parallel chips."""
     from stepsim.base.system import System
     from stepsim.models.presets import resolve_model
     from stepsim.serve.fast import MetricForm
+    from stepsim.serve.fast_mapped_ep import MappedEPFastLatency
     from stepsim.serve.memory import model_memory
+    from stepsim.serve.routing import SyntheticRouting
     from stepsim.serve.system_fast import MappedSystemFastLatency
 
     record = json.loads((cache / f"{key}.json").read_text())
-    model = resolve_model("llama-3.1-8b")
+    model = resolve_model(str(model_arg))
     forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
+    memory = model_memory(model)
 
     def make():
-        return MappedSystemFastLatency(model, System.preset(system), None,
-                                       max_model_len=model_memory(model).max_position_embeddings,
-                                       vocab=model_memory(model).vocab_size, forms=forms, theta=record["theta"],
-                                       error=record["error"])
+        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0) if model.is_moe else None
+        kind = MappedEPFastLatency if model.is_moe else MappedSystemFastLatency
+        return kind(model, System.preset(system), routing, max_model_len=memory.max_position_embeddings,
+                    vocab=memory.vocab_size, forms=forms, theta=record["theta"], error=record["error"])
     return make
 
 
-@pytest.mark.skipif(os.environ.get("STEPSIM_BENCH_MAPPED") != "1",
-                    reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
-def test_tensor_parallel_replay_side_by_side(shared_traces, bench_summary, monkeypatch, tmp_path):
-    """The compiled replay of :class:`MappedSystemFastLatency` (each chip's shard, two all-reduces a layer) against
-    the Python loop: calibrated once on the trace's first 40 requests, then 2,000 requests (their own arrivals)
-    replayed by both with fresh providers; every file byte for byte the same."""
-    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+def _system_side_by_side(monkeypatch, tmp_path, bench_summary, trace, model_arg, system: str, what: str, **serve_kw):
+    """Calibrate ``model_arg`` on ``system`` on the trace's first 40 requests, then serve ``serve_kw``'s requests
+    with fresh providers of that calibration: a compiled run that fills the tables, a compiled run and the Python
+    loop, timed; every file of the last two byte for byte the same."""
     cache = Path(os.environ.get("STEPSIM_SERVE_CACHE", tmp_path / "cache"))
     t0 = time.perf_counter()
-    result = stepsim.serve("llama-3.1-8b", trace, limit_requests=40, fidelity="fast", system="sn40l-8",
+    result = stepsim.serve(str(model_arg), trace, limit_requests=40, fidelity="fast", system=system,
                            calibration_cache=cache)
     calibration_s = time.perf_counter() - t0
-    make = _system_provider_factory(cache, result.summary["fidelity"]["calibration"], "sn40l-8")
+    make = _system_provider_factory(model_arg, cache, result.summary["fidelity"]["calibration"], system)
     runs = {}
     for name, loop in (("first", replay_module.replay), ("new", replay_module.replay),
                        ("old", replay_module.replay_reference)):
@@ -216,15 +217,36 @@ def test_tensor_parallel_replay_side_by_side(shared_traces, bench_summary, monke
             return out
 
         monkeypatch.setattr(api, "replay", timed)
-        stepsim.serve("llama-3.1-8b", trace, out=tmp_path / name, provider=make(), system="sn40l-8",
-                      limit_requests=2000)
+        stepsim.serve(str(model_arg), trace, out=tmp_path / name, provider=make(), system=system, **serve_kw)
         runs[name] = spent[-1]
     monkeypatch.undo()
     _same_files(tmp_path / "old", tmp_path / "new")
     steps = json.loads((tmp_path / "new" / "summary.json").read_text())["iterations"]
     (new, new_cpu), (old, old_cpu) = runs["new"], runs["old"]
-    bench_summary(SECTION_TP, f"calibration on 40 requests {calibration_s:.1f} s; first compiled run (tables "
-                              f"filled) replay {runs['first'][0]:.2f} s")
-    bench_summary(SECTION_TP, f"replay {new:.2f} s compiled (CPU {new_cpu:.2f} s) vs {old:.2f} s Python loop (CPU "
-                              f"{old_cpu:.2f} s): {old / new:.1f}x; {steps:,} steps; files identical; load "
-                              f"{os.getloadavg()[0]:.1f}")
+    bench_summary(SECTION_SYSTEM, f"{what}: calibration on 40 requests {calibration_s:.1f} s; first compiled run "
+                                  f"(tables filled) replay {runs['first'][0]:.2f} s; replay {new:.2f} s compiled "
+                                  f"(CPU {new_cpu:.2f} s) vs {old:.2f} s Python loop (CPU {old_cpu:.2f} s): "
+                                  f"{old / new:.1f}x; {steps:,} steps; files identical; load "
+                                  f"{os.getloadavg()[0]:.1f}")
+
+
+@pytest.mark.skipif(os.environ.get("STEPSIM_BENCH_MAPPED") != "1",
+                    reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
+def test_tensor_parallel_replay_side_by_side(shared_traces, bench_summary, monkeypatch, tmp_path):
+    """:class:`MappedSystemFastLatency` (each chip's shard, two all-reduces a layer): Llama-3.1-8B on ``sn40l-8``,
+    2,000 requests of the conversation trace at their own arrivals."""
+    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+    _system_side_by_side(monkeypatch, tmp_path, bench_summary, trace, "llama-3.1-8b", "sn40l-8",
+                         "Llama-3.1-8B on sn40l-8, 2,000 requests", limit_requests=2000)
+
+
+@pytest.mark.skipif(os.environ.get("STEPSIM_BENCH_MAPPED") != "1",
+                    reason="minutes of the Python loop on the 2-core machine: set STEPSIM_BENCH_MAPPED=1")
+def test_expert_parallel_replay_side_by_side(shared_traces, bench_summary, monkeypatch, tmp_path):
+    """:class:`MappedEPFastLatency` (the heads split, one all-reduce a layer, the block's regressors): the small MoE
+    (:data:`SMALL`) on ``ring-2``, 2,000 requests of the conversation trace at 1 / 100 of their gaps (they batch)."""
+    model_path = tmp_path / "small.json"
+    model_path.write_text(json.dumps(SMALL))
+    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+    _system_side_by_side(monkeypatch, tmp_path, bench_summary, trace, model_path, "ring-2",
+                         "small MoE on ring-2, 2,000 requests at 100x", limit_requests=2000, arrival_scale=0.01)

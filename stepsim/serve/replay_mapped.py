@@ -39,14 +39,15 @@ def mapped_parameters(provider, kr) -> dict | None:
     from stepsim.kernels import serve_mapped as sm
     from stepsim.serve import fast as model_of_steps
     from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
+    from stepsim.serve.fast_mapped_ep import EP_COLUMNS, MappedEPFastLatency
     from stepsim.serve.projections import DTYPE_BYTES, provider_projections
     from stepsim.serve.routing import SyntheticRouting
-    from stepsim.serve.fast_mapped_ep import EP_COLUMNS, MappedEPFastLatency
     from stepsim.serve.system_fast import MappedSystemFastLatency
     from stepsim.workloads.moe.parallel import place_experts
 
     provider_type = type(provider)
-    if provider_type not in (MappedFastLatency, MappedSystemFastLatency, MappedEPFastLatency) or provider.recorder is not None:
+    if provider_type not in (MappedFastLatency, MappedSystemFastLatency, MappedEPFastLatency) \
+            or provider.recorder is not None:
         return None
     model, hardware, spec = provider.model, provider.hardware, provider.spec
     # one chip's layer is the model's; a system's chips each run a shard of the attention (spec.model): a dense
