@@ -8,9 +8,7 @@ prefill attention's regressors of every KV head's chunks (their query tiles deal
 builder deals them, the busiest region's KV tiles, the bucket's estimate), each layer's FFN regressors from its
 routing window (expert tiles at the bucket's ``tile_n``, the busiest region of contiguous experts, the tile estimate
 and the two-point estimate of :func:`stepsim.serve.fast_mapped.bucket_estimate`), the
-coefficients' prices, then the step's pieces in run order (per layer q/k/v, attention, o, router, FFN; the LM head;
-on a dense model's tensor-parallel chips, :class:`~stepsim.serve.system_fast.MappedSystemFastLatency`, one chip's
-shard with an all-reduce after the o projection and after the FFN, and a chip's share of the embedding rows)
+coefficients' prices, then the step's pieces in run order (per layer q/k/v, attention, o, router, FFN; the LM head)
 with the weights streamed ahead (:func:`stepsim.serve.projections.stream_ahead`, integer for integer).
 
 What depends on the mapper (each bucket's schedule) and on the engine (the projections' cycles at each token
@@ -19,6 +17,14 @@ count) is not computed here: the caller fills tables ``buckets_i`` / ``buckets_f
 what it needs in ``need``. Floats are made by the same operations in the same order as the provider's NumPy
 (:func:`stepsim.kernels.row_sum._dot`); integers are Python's wherever they stay below 2^53 (checked: else
 :data:`UNSUPPORTED`, and the caller replays in Python). No allocation: the caller passes every scratch array.
+
+On a system's chips the step is one chip's: a dense model's tensor-parallel shard
+(:class:`~stepsim.serve.system_fast.MappedSystemFastLatency`: the shard's heads and FFN columns, an all-reduce after
+the o projection and after the FFN) or an MoE model's expert-parallel chip
+(:class:`~stepsim.serve.fast_mapped_ep.MappedEPFastLatency`: the head shard, one all-reduce after the o projection,
+the router over the chip's shard of the tokens, the block's regressors with the busiest chip's tiles and the chips'
+link columns, the block a piece that neither streams ahead nor is streamed into); the all-reduces are pieces in
+which the HBM idles, and a chip reads its share of the embedding rows.
 """
 
 from __future__ import annotations
@@ -437,22 +443,22 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             xf[3] = np.float64(active)
             xf[4] = np.float64(busiest)
             xf[5] = np.float64(region_most)
-            if ep:  # fast_mapped_ep.ep_load
-                tile_estimate = np.float64(chip_most)
+            if ep:  # fast_mapped_ep.ep_loads / ep_load: column 6 the busiest chip's tiles
+                column6 = np.float64(chip_most)
                 chip_ratio = np.float64(chip_most) / chip_rep
                 region_ratio = np.float64(region_most) / regions_rep
                 load = chip_ratio if chip_ratio >= region_ratio else region_ratio  # np.maximum
-            else:
-                tile_estimate = cycles_b * np.float64(total) / tiles_rep
+            else:  # column 6 the tile estimate
+                column6 = cycles_b * np.float64(total) / tiles_rep
                 tile_ratio = np.float64(total) / tiles_rep
                 region_ratio = np.float64(region_most) / regions_rep
                 load = tile_ratio if tile_ratio >= region_ratio else region_ratio  # np.maximum
             # fast_mapped.bucket_estimate, operation for operation
             by_tokens = _line(np.float64(tokens), bottom_tokens, bottom_cycles, top_tokens, cycles_b)
             by_load = cycles_b * load / top_load
-            xf[6] = tile_estimate
+            xf[6] = column6
             xf[7] = by_tokens if by_tokens >= by_load else by_load  # np.maximum
-            if tile_estimate != tile_estimate or xf[7] != xf[7]:
+            if column6 != column6 or xf[7] != xf[7]:
                 return UNSUPPORTED
             if tokens <= few:
                 xf[7 + tokens] = 1.0

@@ -1,15 +1,16 @@
-"""The compiled replay's pricing on mapped layers (:class:`~stepsim.serve.fast_mapped.MappedFastLatency` once
-calibrated, one chip, or :class:`~stepsim.serve.system_fast.MappedSystemFastLatency`, a dense model's
-tensor-parallel chips: the kernel :mod:`stepsim.kernels.serve_mapped`): its constants as flat arrays, and the
-tables of what the mapper and the engine give (each bucket's schedule, the projections' and the all-reduce's cycles
-at each token count), filled from the provider's own functions when the kernel asks (:func:`fill`), so every number
-is the one the provider would use. :func:`note_buckets` counts the run's buckets as the provider's
-``layer_use.note`` does.
+"""The compiled replay's pricing on mapped layers (the kernel :mod:`stepsim.kernels.serve_mapped`) of
+:class:`~stepsim.serve.fast_mapped.MappedFastLatency` once calibrated (one chip) and of a system's mapped chips
+(:class:`~stepsim.serve.system_fast.MappedSystemFastLatency`, a dense model's tensor-parallel shards;
+:class:`~stepsim.serve.fast_mapped_ep.MappedEPFastLatency`, an MoE model's expert-parallel chips): its constants as
+flat arrays, and the tables of what the mapper and the engine give (each bucket's schedule, the projections' and the
+all-reduce's cycles at each token count), filled from the provider's own functions when the kernel asks
+(:func:`fill`), so every number is the one the provider would use. :func:`note_buckets` counts the run's buckets as
+the provider's ``layer_use.note`` does.
 
 :func:`mapped_parameters` returns None (the Python loop replays) for a provider this does not reproduce: another
-subclass, a calibration's recorder, a routing dump, an MoE model's expert-parallel chips, coefficients of other
-widths; :func:`fill` raises :class:`Unsupported` where a table entry is not what the kernel can use exactly (then
-the Python loop replays too, and raises the provider's own error where it has one).
+subclass, a calibration's recorder, a routing dump, experts that do not split evenly over the chips, coefficients
+of other widths; :func:`fill` raises :class:`Unsupported` where a table entry is not what the kernel can use exactly
+(then the Python loop replays too, and raises the provider's own error where it has one).
 """
 
 from __future__ import annotations
