@@ -233,15 +233,26 @@ def _plan_key(tokens: int, model: MoEModel, system, hardware: Hardware, knobs: d
 
 def ep_schedule(tokens: int, model: MoEModel, system, hardware: Hardware) -> tuple[dict, dict]:
     """``(knobs, {operator name: compute_bw})`` of the expert-parallel layer of ``tokens`` tokens on ``system``: the
-    searched knobs (:func:`search_knobs`) and the units of :func:`assign_chip_units` on the representative routing of
-    that many tokens. Memoised a process."""
-    knobs = search_knobs(tokens, model, system, hardware)
+    knobs searched at its token-count bucket (:func:`search_knobs` at :func:`stepsim.mapping.mapper.bucket`, as a
+    one-chip layer takes its bucket's schedule), their ``lanes`` stepped down if this many tokens' chips do not fit
+    them (:func:`_fitting`), and the units of :func:`assign_chip_units` on the representative routing of that many
+    tokens. Memoised a process.
+
+    Why the bucket: the search simulates the whole system a few times a region option (seconds to minutes each on a
+    large model); searched at every token count, an expert-parallel calibration searched once for each of its pilot
+    steps' counts (69 of the suite's 82 stored searches were at other counts than a bucket's; a 300-request
+    calibration of the 4-layer Qwen3 shape on ``ring-2`` searched about once a minute for 45 minutes), and the fast
+    model's bucket estimate (:func:`stepsim.serve.fast_mapped_ep.ep_reference`) priced its bottom point under other
+    knobs than its bucket's."""
+    from stepsim.mapping.mapper import bucket
+
+    knobs = search_knobs(bucket(tokens), model, system, hardware)
     key = _plan_key(tokens, model, system, hardware, knobs)
     if key not in _PLANS:
         fit = _fitting(tokens, model, system, hardware, knobs)
-        if fit is None or fit[0] != knobs:
-            raise Infeasible(f"the searched expert-parallel knobs {knobs} of {tokens} tokens no longer fit the chips "
-                             f"of system {system.name!r}")
+        if fit is None:
+            raise Infeasible(f"the expert-parallel knobs {knobs} searched at {bucket(tokens)} tokens do not fit the "
+                             f"chips of system {system.name!r} at {tokens} tokens, even one lane an expert")
         _PLANS[key] = fit[:2]
     knobs, plan = _PLANS[key]
     return dict(knobs), plan
