@@ -48,9 +48,21 @@ def test_bad_splits_are_one_line(value, message):
     assert str(err.value) == message
 
 
-def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_path):
+def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_path, monkeypatch):
+    from stepsim.plan.evaluate import Evaluator
+
     model, trace = write_case(tmp_path)
     space = {**SPACE, "replicas": [1]}
+    runs = []  # every run served to the end: (deployment, multiplier, trace, duration s)
+    real = Evaluator.evaluate
+
+    def recorded(self, dep, m):
+        got = real(self, dep, m)
+        if got.metrics is not None:
+            runs.append((dep, m, self.base, got.metrics["duration_s"]))
+        return got
+
+    monkeypatch.setattr(Evaluator, "evaluate", recorded)
     # every calibration it makes (the two shapes', each pool's, the verification's fresh ones of the recommended
     # replica on its own requests) is stored (tests/calibration_seeding.py): keyed by everything that determines it
     plan = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space,
@@ -87,6 +99,17 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     assert [(r["prefill_chips"], r["decode_chips"]) for r in rows] == [(None, None), (1, 1)]
     assert rows == plan.deployments
     assert (s["recommended"]["prefill_chips"], s["recommended"]["decode_chips"]) == (1, 1)
+    # the pruning's duration floor (stepsim/plan/search.py DurationFloor) holds on every run, the pair's included:
+    # its pools hold the same cap of sequences a step and run no faster than the two chips' floor of all their steps
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.search import rate_bound
+    from stepsim.serve.api import resolve_serving_hardware
+
+    resolved = resolve_model(str(model))
+    for dep, m, base, duration in runs:
+        floor = rate_bound(dep, resolved, resolve_serving_hardware(dep.hardware), base, {}, 99.0)[1]
+        assert duration >= floor.at(m), (dep.label(), m)
+    assert (len(runs), sum(bool(dep.disaggregate) for dep, *_ in runs)) == (17, 10)
 
 
 def test_a_deployments_table_that_is_not_a_plans_is_one_line(tmp_path):
