@@ -129,7 +129,10 @@ def bucket_estimate(tokens: int, load: np.ndarray, bottom: Point, top: Point) ->
     the larger of the line in tokens and the top scaled (this)     4.48 / 6.26  1.66 / 1.86  2.30 / 2.63  5.59 / 5.79
     ============================================================  ===========  ===========  ===========  ===========
 
-    (the EP cases' first row with the loads fitted, as they were until then). A line in load through the two points
+    (the EP cases' first row with the loads fitted, as they were until then; every EP row measured while an exact
+    expert-parallel piece took knobs searched at its own token count: since it takes its bucket's, as the two
+    points are priced, this form's EP small is 1.60 / 1.74, :func:`stepsim.mapping.expert_parallel.ep_schedule`).
+    A line in load through the two points
     is steep where their loads nearly agree (the tiny model's bucket 8: 1.019 and 1.038; its 5-token pieces +73 %).
     """
     by_tokens = _line(np.full(len(load), float(tokens)), bottom.tokens, bottom.cycles, top.tokens, top.cycles)

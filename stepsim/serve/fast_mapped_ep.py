@@ -100,7 +100,8 @@ def ep_estimate(tokens: int, load: np.ndarray, ref: Reference) -> np.ndarray:
     p95 / max, the loads fitted beside the estimate as before: load scaled 0.11 / 13.61 / 16.38 %; a line in load
     through the two points 0.03 / 12.66 / 15.32 %; the line in tokens 0.13 / 8.24 / 12.54 %; the larger of the two
     lines 0.11 / 5.86 / 8.41 %; the loads not fitted (:meth:`MappedEPFastLatency.fitted_columns`), the last and
-    this form: 2.29 / 2.70 and 2.30 / 2.63 % (p95 / max)."""
+    this form: 2.29 / 2.70 and 2.30 / 2.63 % (p95 / max); 1.60 / 1.74 % since the exact pieces take their bucket's
+    knobs (:func:`stepsim.mapping.expert_parallel.ep_schedule`), as the two points already did."""
     return bucket_estimate(tokens, load, ref.bottom, ref.top)
 
 

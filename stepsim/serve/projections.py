@@ -114,11 +114,17 @@ def provider_projections(provider) -> tuple[list[tuple[str, int, int]], tuple[st
     return layer, head if provider.counts_head else None
 
 
+def expert_parallel(provider) -> bool:
+    """Whether ``provider`` runs an MoE model's expert-parallel chips (``provider.spec.system``: its attention's heads
+    split, its MoE block over the chips; :class:`stepsim.serve.system.SystemEngineLatency`)."""
+    return provider.spec.system is not None
+
+
 def matrix_rows(provider, name: str, tokens: int) -> int:
     """The rows one chip of ``provider`` multiplies matrix ``name`` by in a step of ``tokens`` tokens: every token,
     but on an MoE model's expert-parallel chips (``provider.spec.system``) the router takes the chip's shard of the
     tokens, ``ceil(tokens / n)`` (:func:`step_pieces`)."""
-    if name == "router" and provider.spec.system is not None:
+    if name == "router" and expert_parallel(provider):
         return -(-tokens // provider.chips)
     return tokens
 
@@ -245,7 +251,7 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
     describe."""
     model, hardware = provider.spec.model, provider.hardware
     tokens = int(sum(batch.new_tokens))
-    expert_parallel = provider.spec.system is not None
+    on_ep_chips = expert_parallel(provider)
     layer_shapes, head = provider_projections(provider)
     allreduce = provider.allreduce_cycles(batch)
     collective = [Piece("all-reduce", allreduce, 0, 0, 0, 0, kind="collective")] if allreduce else []
@@ -259,7 +265,7 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         attention.append(Piece("decode attention", int(cycles), reads, 0, on_chip, flops, kind="attention"))
     if prefill is not None:
         attention.append(Piece("prefill attention", int(prefill), 0, 0, 0, 0, streams=False, kind="attention"))
-    if not expert_parallel:
+    if not on_ep_chips:
         tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
     base = {name: _projection_piece(name, matrix_rows(provider, name, tokens), d_in, d_out, hardware)
             for name, d_in, d_out in layer_shapes}
@@ -274,7 +280,7 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         if "router" in named:
             pieces.append(named["router"])
         cycles, tiles, active = ffn[layer] if model.is_moe else ffn[0]
-        if expert_parallel:
+        if on_ep_chips:
             pieces.append(Piece(f"layer {layer} ffn", int(cycles), 0, 0, 0, 0, streams=False, kind="ffn"))
             continue
         reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
@@ -295,8 +301,8 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
     model = provider.spec.model  # the layer one chip runs
     decode = prefill = None
     ffn = []
-    expert_parallel = provider.spec.system is not None  # the block's traffic is not priced (step_pieces)
-    if not expert_parallel:
+    on_ep_chips = expert_parallel(provider)  # the block's traffic is not priced (step_pieces)
+    if not on_ep_chips:
         tile_n, _ = ffn_tile_n(provider, int(sum(batch.new_tokens)))
         experts = layer_dims("ffn", model).experts
     for (kind, data), result in zip(tasks, results):
@@ -307,5 +313,5 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
         elif kind == "prefill":  # mapped: every KV head's chunks in one attention (EngineLatency.tasks)
             prefill = cycles
         else:
-            ffn.append((cycles, 0, 0) if expert_parallel else (cycles, *routing_loads(data, experts, tile_n)))
+            ffn.append((cycles, 0, 0) if on_ep_chips else (cycles, *routing_loads(data, experts, tile_n)))
     return step_pieces(provider, batch, decode, prefill, ffn)
