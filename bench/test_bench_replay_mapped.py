@@ -45,24 +45,33 @@ SECTION = "replay on mapped layers: the whole conversation trace (19,366 request
 ARRIVAL_SCALE = 0.001
 
 
-def _provider_factory(model_path, cache, key: str):
-    """A fresh :class:`MappedFastLatency` of the calibration in ``cache`` (as stepsim.plan.pricing makes one)."""
+def _provider_factory(model_arg, cache, key: str, system: str | None = None):
+    """A fresh provider of the calibration in ``cache`` (as stepsim.plan.pricing makes one): one chip's
+    :class:`MappedFastLatency`, or on ``system``'s chips :class:`MappedSystemFastLatency` (a dense model's
+    tensor-parallel shards) or :class:`MappedEPFastLatency` (an MoE model's expert-parallel chips)."""
     from stepsim.base.hardware import PRESETS
+    from stepsim.base.system import System
     from stepsim.models.presets import resolve_model
     from stepsim.serve.fast import MetricForm
     from stepsim.serve.fast_mapped import MappedFastLatency
+    from stepsim.serve.fast_mapped_ep import MappedEPFastLatency
     from stepsim.serve.memory import model_memory
     from stepsim.serve.routing import SyntheticRouting
+    from stepsim.serve.system_fast import MappedSystemFastLatency
 
     record = json.loads((cache / f"{key}.json").read_text())
-    model = resolve_model(str(model_path))
+    model = resolve_model(str(model_arg))
     forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
+    memory = model_memory(model)
+    kw = dict(max_model_len=memory.max_position_embeddings, vocab=memory.vocab_size, forms=forms,
+              theta=record["theta"], error=record["error"])
 
     def make():
-        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0)
-        return MappedFastLatency(model, PRESETS["sn40l"], routing, max_model_len=32768,
-                                 vocab=model_memory(model).vocab_size, forms=forms, theta=record["theta"],
-                                 error=record["error"], schedule="auto")
+        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0) if model.is_moe else None
+        if system is None:
+            return MappedFastLatency(model, PRESETS["sn40l"], routing, schedule="auto", **kw)
+        kind = MappedEPFastLatency if model.is_moe else MappedSystemFastLatency
+        return kind(model, System.preset(system), routing, **kw)
     return make
 
 
@@ -170,31 +179,6 @@ def test_plan_unit_case_compiled_vs_python(bench_summary, monkeypatch, tmp_path)
 SECTION_SYSTEM = "replay on a system's mapped chips (compiled vs Python loop, the same run)"
 
 
-def _system_provider_factory(model_arg, cache, key: str, system: str):
-    """A fresh provider of the calibration in ``cache`` on ``system``'s chips (as stepsim.plan.pricing makes one):
-    :class:`MappedSystemFastLatency` for a dense model's tensor-parallel shards, :class:`MappedEPFastLatency` for an
-    MoE model's expert-parallel chips."""
-    from stepsim.base.system import System
-    from stepsim.models.presets import resolve_model
-    from stepsim.serve.fast import MetricForm
-    from stepsim.serve.fast_mapped_ep import MappedEPFastLatency
-    from stepsim.serve.memory import model_memory
-    from stepsim.serve.routing import SyntheticRouting
-    from stepsim.serve.system_fast import MappedSystemFastLatency
-
-    record = json.loads((cache / f"{key}.json").read_text())
-    model = resolve_model(str(model_arg))
-    forms = {kind: MetricForm(tuple(v[0]), tuple(v[1])) for kind, v in record["forms"].items()}
-    memory = model_memory(model)
-
-    def make():
-        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0) if model.is_moe else None
-        kind = MappedEPFastLatency if model.is_moe else MappedSystemFastLatency
-        return kind(model, System.preset(system), routing, max_model_len=memory.max_position_embeddings,
-                    vocab=memory.vocab_size, forms=forms, theta=record["theta"], error=record["error"])
-    return make
-
-
 def _system_side_by_side(monkeypatch, tmp_path, bench_summary, trace, model_arg, system: str, what: str, **serve_kw):
     """Calibrate ``model_arg`` on ``system`` on the trace's first 40 requests, then serve ``serve_kw``'s requests
     with fresh providers of that calibration: a compiled run that fills the tables, a compiled run and the Python
@@ -204,7 +188,7 @@ def _system_side_by_side(monkeypatch, tmp_path, bench_summary, trace, model_arg,
     result = stepsim.serve(str(model_arg), trace, limit_requests=40, fidelity="fast", system=system,
                            calibration_cache=cache)
     calibration_s = time.perf_counter() - t0
-    make = _system_provider_factory(model_arg, cache, result.summary["fidelity"]["calibration"], system)
+    make = _provider_factory(model_arg, cache, result.summary["fidelity"]["calibration"], system)
     runs = {}
     for name, loop in (("first", replay_module.replay), ("new", replay_module.replay),
                        ("old", replay_module.replay_reference)):

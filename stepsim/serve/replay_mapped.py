@@ -39,6 +39,7 @@ def mapped_parameters(provider, kr) -> dict | None:
     """The mapped provider's constants and (empty) tables as the kernel takes them, or None."""
     from stepsim.kernels import serve_mapped as sm
     from stepsim.serve import fast as model_of_steps
+    from stepsim.serve import projections
     from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
     from stepsim.serve.fast_mapped_ep import EP_COLUMNS, MappedEPFastLatency
     from stepsim.serve.projections import DTYPE_BYTES, provider_projections
@@ -58,7 +59,7 @@ def mapped_parameters(provider, kr) -> dict | None:
     one_chip = provider_type is MappedFastLatency
     if one_chip == (provider.chips > 1) or (one_chip and spec.model != model):
         return None
-    if expert_parallel != (spec.system is not None):
+    if expert_parallel != projections.expert_parallel(provider):
         return None
     if expert_parallel and (not model.is_moe or model.experts % provider.chips
                             or place_experts([0] * model.experts, provider.chips, "contiguous")
@@ -186,7 +187,7 @@ def fill(params: dict) -> None:
     from stepsim.mapping.kinds.decode import DECODE_KV_LENGTH
     from stepsim.mapping.mapper import bucket
     from stepsim.serve import projections
-    from stepsim.serve.fast_mapped import ffn_reference, prefill_reference, schedule_of
+    from stepsim.serve.fast_mapped import prefill_reference, schedule_of
     from stepsim.serve.layers import KV_TILE
 
     provider, tables = params["provider"], params["mapped"]
@@ -215,31 +216,8 @@ def fill(params: dict) -> None:
         proj[sm.PJ_ALLREDUCE, :, tokens] = [_integer(cycles, f"the all-reduce at {tokens} tokens"), 0, 0, 0]
     bi, bf = tables["buckets_i"], tables["buckets_f"]
     b = sm.log2_bucket(tokens)
-    if not bi[sm.B_FFN, b] and tables["pm"][sm.M_EP]:
-        _fill_ep_bucket(tokens, spec, bi, bf, b)
     if not bi[sm.B_FFN, b]:
-        ref = ffn_reference(tokens, spec)
-        knobs = ref.knobs
-        traffic_tile_n, on_chip = projections.ffn_tile_n(provider, tokens)
-        experts = spec.ffn_model.experts
-        regions = knobs["regions"] if experts > 1 else 1
-        tile_n = _integer(knobs["tile_n"], "the FFN's tile_n")
-        if not (isinstance(regions, numbers.Integral) and 0 < regions and experts % regions == 0 and tile_n > 0):
-            raise Unsupported(f"the FFN bucket {bucket(tokens)}'s regions {regions!r} do not divide its {experts} "
-                              "experts")
-        bi[sm.B_FFN_TILE_N, b], bi[sm.B_FFN_REGIONS, b] = tile_n, int(regions)
-        traffic_tile_n = _integer(traffic_tile_n, "the FFN's traffic tile_n")
-        if traffic_tile_n == 0:
-            raise Unsupported("the FFN's traffic tile_n is 0")
-        bi[sm.B_FFN_TRAFFIC_TILE_N, b] = traffic_tile_n
-        bi[sm.B_FFN_ON_CHIP, b] = _integer(on_chip, "the FFN's on-chip bytes")
-        bf[sm.BF_FFN_CYCLES, b], bf[sm.BF_FFN_TILES, b], bf[sm.BF_FFN_REGIONS, b] = (ref.top.cycles, ref.tiles_rep,
-                                                                               ref.regions_rep)
-        bi[sm.B_FFN_TOP_TOKENS, b] = _integer(ref.top.tokens, "the FFN bucket's top")
-        bi[sm.B_FFN_BOTTOM_TOKENS, b] = _integer(ref.bottom.tokens, "the FFN bucket's bottom")
-        bf[sm.BF_FFN_TOP_LOAD, b] = ref.top.load
-        bf[sm.BF_FFN_BOTTOM_CYCLES, b] = ref.bottom.cycles
-        bi[sm.B_FFN, b] = 1
+        _fill_ffn_bucket(provider, tokens, bi, bf, b, expert_parallel=bool(tables["pm"][sm.M_EP]))
     if prefill_size:
         b = sm.log2_bucket(prefill_size)
         if not bi[sm.B_PREFILL, b]:
@@ -268,21 +246,39 @@ def fill(params: dict) -> None:
             bi[sm.B_DECODE, b] = 1
 
 
-def _fill_ep_bucket(tokens: int, spec, bi, bf, b: int) -> None:
-    """The FFN bucket ``b`` of an MoE model's expert-parallel chips (:func:`stepsim.serve.fast_mapped_ep.ep_reference`:
-    its knobs, the busiest chip's and region's representative tiles, its two simulated points)."""
+def _fill_ffn_bucket(provider, tokens: int, bi, bf, b: int, expert_parallel: bool) -> None:
+    """The FFN bucket ``b`` of ``tokens``' steps: its knobs, its two simulated points and the representative loads its
+    estimate scales by: one chip's (:func:`stepsim.serve.fast_mapped.ffn_reference`: expert tiles and busiest
+    region; and the FFN's traffic, :func:`stepsim.serve.projections.ffn_tile_n`) or an MoE model's expert-parallel
+    chips' (:func:`stepsim.serve.fast_mapped_ep.ep_reference`: busiest region and busiest chip; the block's traffic
+    is not priced). Raises :class:`Unsupported`."""
     from stepsim.kernels import serve_mapped as sm
-    from stepsim.serve import fast_mapped_ep
+    from stepsim.mapping.mapper import bucket
+    from stepsim.serve import fast_mapped_ep, projections
+    from stepsim.serve.fast_mapped import ffn_reference
 
-    ref = fast_mapped_ep.ep_reference(tokens, spec)
+    spec = provider.spec
     experts = spec.ffn_model.experts
-    tile_n = _integer(ref.knobs["tile_n"], "the expert-parallel FFN's tile_n")
-    regions = ref.knobs["regions"]
+    if expert_parallel:
+        ref = fast_mapped_ep.ep_reference(tokens, spec)
+        regions = ref.knobs["regions"]
+        bf[sm.BF_FFN_TILES, b] = 1.0  # no tile estimate on these chips
+        bf[sm.BF_FFN_REGIONS, b], bf[sm.BF_FFN_CHIPS, b] = ref.region_rep, ref.chip_rep
+    else:
+        ref = ffn_reference(tokens, spec)
+        regions = ref.knobs["regions"] if experts > 1 else 1
+        traffic_tile_n, on_chip = projections.ffn_tile_n(provider, tokens)
+        traffic_tile_n = _integer(traffic_tile_n, "the FFN's traffic tile_n")
+        if traffic_tile_n == 0:
+            raise Unsupported("the FFN's traffic tile_n is 0")
+        bi[sm.B_FFN_TRAFFIC_TILE_N, b] = traffic_tile_n
+        bi[sm.B_FFN_ON_CHIP, b] = _integer(on_chip, "the FFN's on-chip bytes")
+        bf[sm.BF_FFN_TILES, b], bf[sm.BF_FFN_REGIONS, b] = ref.tiles_rep, ref.regions_rep
+    tile_n = _integer(ref.knobs["tile_n"], "the FFN's tile_n")
     if not (isinstance(regions, numbers.Integral) and 0 < regions and experts % regions == 0 and tile_n > 0):
-        raise Unsupported(f"the expert-parallel FFN bucket's regions {regions!r} do not divide its {experts} experts")
+        raise Unsupported(f"the FFN bucket {bucket(tokens)}'s regions {regions!r} do not divide its {experts} experts")
     bi[sm.B_FFN_TILE_N, b], bi[sm.B_FFN_REGIONS, b] = tile_n, int(regions)
-    bf[sm.BF_FFN_CYCLES, b], bf[sm.BF_FFN_TILES, b] = ref.top.cycles, 1.0  # no tile estimate here
-    bf[sm.BF_FFN_REGIONS, b], bf[sm.BF_FFN_CHIPS, b] = ref.region_rep, ref.chip_rep
+    bf[sm.BF_FFN_CYCLES, b] = ref.top.cycles
     bi[sm.B_FFN_TOP_TOKENS, b] = _integer(ref.top.tokens, "the FFN bucket's top")
     bi[sm.B_FFN_BOTTOM_TOKENS, b] = _integer(ref.bottom.tokens, "the FFN bucket's bottom")
     bf[sm.BF_FFN_TOP_LOAD, b] = ref.top.load
