@@ -75,8 +75,9 @@ def _provider_factory(model_arg, cache, key: str, system: str | None = None):
     return make
 
 
-def _serve(monkeypatch, model_path, trace, out, provider, loop) -> tuple[float, float, float]:
-    """``stepsim.serve`` with ``loop`` as its replay: (serve wall s, replay wall s, replay CPU s)."""
+def _serve(monkeypatch, model_arg, trace, out, provider, loop, **serve_kw) -> tuple[float, float, float]:
+    """``stepsim.serve`` with ``loop`` as its replay (``serve_kw``: its other arguments): (serve wall s, replay wall
+    s, replay CPU s)."""
     spent = []
 
     def timed(*args, **kw):
@@ -87,7 +88,7 @@ def _serve(monkeypatch, model_path, trace, out, provider, loop) -> tuple[float, 
 
     monkeypatch.setattr(api, "replay", timed)
     t0 = time.perf_counter()
-    stepsim.serve(str(model_path), trace, out=out, provider=provider, hardware="sn40l", arrival_scale=ARRIVAL_SCALE)
+    stepsim.serve(str(model_arg), trace, out=out, provider=provider, **serve_kw)
     return time.perf_counter() - t0, *spent[-1]
 
 
@@ -115,9 +116,10 @@ def test_mapped_replay_side_by_side(shared_traces, bench_summary, monkeypatch, t
                            calibration_cache=cache)
     calibration_s = time.perf_counter() - t0
     make = _provider_factory(model_path, cache, result.summary["fidelity"]["calibration"])
-    first = _serve(monkeypatch, model_path, trace, tmp_path / "first", make(), replay_module.replay)
-    new = _serve(monkeypatch, model_path, trace, tmp_path / "new", make(), replay_module.replay)
-    old = _serve(monkeypatch, model_path, trace, tmp_path / "old", make(), replay_module.replay_reference)
+    one_chip = {"hardware": "sn40l", "arrival_scale": ARRIVAL_SCALE}
+    first = _serve(monkeypatch, model_path, trace, tmp_path / "first", make(), replay_module.replay, **one_chip)
+    new = _serve(monkeypatch, model_path, trace, tmp_path / "new", make(), replay_module.replay, **one_chip)
+    old = _serve(monkeypatch, model_path, trace, tmp_path / "old", make(), replay_module.replay_reference, **one_chip)
     _same_files(tmp_path / "old", tmp_path / "new")
     steps = json.loads((tmp_path / "new" / "summary.json").read_text())["iterations"]
     load = os.getloadavg()[0]
@@ -189,20 +191,9 @@ def _system_side_by_side(monkeypatch, tmp_path, bench_summary, trace, model_arg,
                            calibration_cache=cache)
     calibration_s = time.perf_counter() - t0
     make = _provider_factory(model_arg, cache, result.summary["fidelity"]["calibration"], system)
-    runs = {}
-    for name, loop in (("first", replay_module.replay), ("new", replay_module.replay),
-                       ("old", replay_module.replay_reference)):
-        spent = []
-
-        def timed(*args, loop=loop, spent=spent, **kw):
-            t, c = time.perf_counter(), time.process_time()
-            out = loop(*args, **kw)
-            spent.append((time.perf_counter() - t, time.process_time() - c))
-            return out
-
-        monkeypatch.setattr(api, "replay", timed)
-        stepsim.serve(str(model_arg), trace, out=tmp_path / name, provider=make(), system=system, **serve_kw)
-        runs[name] = spent[-1]
+    runs = {name: _serve(monkeypatch, model_arg, trace, tmp_path / name, make(), loop, system=system, **serve_kw)[1:]
+            for name, loop in (("first", replay_module.replay), ("new", replay_module.replay),
+                               ("old", replay_module.replay_reference))}
     monkeypatch.undo()
     _same_files(tmp_path / "old", tmp_path / "new")
     steps = json.loads((tmp_path / "new" / "summary.json").read_text())["iterations"]

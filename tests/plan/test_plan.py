@@ -19,6 +19,7 @@ on this machine today: bench/plan/README.md.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -55,6 +56,43 @@ def write_case(folder, model: dict = SMALL, name: str = "small.json"):
     return path, trace
 
 
+@contextmanager
+def recorded_runs():
+    """The list of every run a plan serves to the end in this process while inside (``(deployment, multiplier, its
+    trace, duration s)``; a replay stopped early has no duration)."""
+    real = Evaluator.evaluate
+    runs = []
+
+    def recorded(self, dep, m):
+        got = real(self, dep, m)
+        if got.metrics is not None:
+            runs.append((dep, m, self.base, got.metrics["duration_s"]))
+        return got
+
+    Evaluator.evaluate = recorded
+    try:
+        yield runs
+    finally:
+        Evaluator.evaluate = real
+
+
+def floors_and_durations(model_arg: str, runs: list) -> list[tuple[float, float]]:
+    """``(duration floor at its multiplier, duration)`` of every run of :func:`recorded_runs` (the floor
+    :func:`stepsim.plan.search.rate_bound` gives its deployment on its trace)."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.search import rate_bound
+    from stepsim.serve.api import resolve_serving_hardware
+
+    model = resolve_model(model_arg)
+    floors = {}
+    out = []
+    for dep, m, base, duration in runs:
+        if dep not in floors:
+            floors[dep] = rate_bound(dep, model, resolve_serving_hardware(dep.hardware), base, {}, 99.0)[1]
+        out.append((floors[dep].at(m), duration))
+    return out
+
+
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plan")
@@ -63,20 +101,8 @@ def plans(tmp_path_factory):
     # determines them; refreshed by tests/calibration_seeds/refresh.py); the brute force reads the same ones
     kw = dict(slo=SLO, max_chips=4, space=SPACE, calibration_cache=seeded_cache(tmp / "cache"))
     plan = stepsim.plan(str(model), trace, out=tmp / "out", verify=False, **kw)
-    # every run the brute force serves (in this process), with its trace: test_every_run_lasts_its_duration_floor
-    real = Evaluator.evaluate
-    runs = []
-
-    def recorded(self, dep, m):
-        got = real(self, dep, m)
-        runs.append((dep, m, self.base, got.metrics["duration_s"]))
-        return got
-
-    Evaluator.evaluate = recorded
-    try:
+    with recorded_runs() as runs:  # every run the brute force serves: test_every_run_lasts_its_duration_floor
         brute = stepsim.plan(str(model), trace, prune=False, verify=False, **kw)
-    finally:
-        Evaluator.evaluate = real
     brute.runs = runs
     check_seed_used(tmp / "cache")
     return plan, brute, tmp
@@ -117,8 +143,9 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert [r["front_probe_multiplier"] for r in plan.deployments] == [None] * 3 + [8.0] * 6 + [16.0] * 3
     # full replays (every request served) and replays stopped early (the searched SLO provably missed); the brute
     # force serves every probe to the end: 1.58x fewer full replays (1.59x at the 8.1 % margin, 1.51x at the 5.2 %;
-    # 1.65x and 1.56x with a margin of 15.5 %, where fewer deployments passed their front probe; 1.58x before the two-chip expert-parallel chips' regions were
-    # searched on the system, 1.99x while the two-chip Orca deployments were cut on the paper's schedule)
+    # 1.65x and 1.56x with a margin of 15.5 %, where fewer deployments passed their front probe; 1.58x before the
+    # two-chip expert-parallel chips' regions were searched on the system, 1.99x while the two-chip Orca deployments
+    # were cut on the paper's schedule)
     assert (plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
             brute.summary["replays_stopped"]) == (106, 8, 167, 0)
     assert [r["replays"] for r in plan.deployments] == [8, 7, 6, 20, 20, 20, 0, 0, 1, 2, 2, 20]
@@ -157,20 +184,11 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
 def test_every_run_lasts_at_least_its_duration_floor(plans):
     """The pruning's duration floor (stepsim/plan/search.py DurationFloor: each request's arrival plus the larger of
     its least latency and the floor of the work arriving from it on) holds on every run the brute force served."""
-    from stepsim.models.presets import resolve_model
-    from stepsim.plan.search import rate_bound
-    from stepsim.serve.api import resolve_serving_hardware
-
     _, brute, tmp = plans
-    model = resolve_model(str(tmp / "small.json"))
-    floors = {}
-    tightest = 0.0
-    for dep, m, base, duration in brute.runs:
-        if dep not in floors:
-            floors[dep] = rate_bound(dep, model, resolve_serving_hardware(dep.hardware), base, {}, 99.0)[1]
-        assert duration >= floors[dep].at(m), (dep.label(), m)
-        tightest = max(tightest, floors[dep].at(m) / duration)
-    assert len(brute.runs) == 109 and len(floors) == 12
+    pairs = floors_and_durations(str(tmp / "small.json"), brute.runs)
+    assert [i for i, (floor, duration) in enumerate(pairs) if duration < floor] == []
+    assert (len(pairs), len({dep for dep, *_ in brute.runs})) == (109, 12)
+    tightest = max(floor / duration for floor, duration in pairs)
     # how close it comes: within 1 % at the lowest rates (the arrivals' span over m is most of the duration), 0.69-0.94
     # of the duration at the rates the searches end at (above 4x the offered rate)
     assert round(tightest, 4) == 0.9916

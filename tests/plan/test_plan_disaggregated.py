@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 from calibration_seeding import check_seed_used, seeded_cache
-from test_plan import SLO, write_case
+from test_plan import SLO, floors_and_durations, recorded_runs, write_case
 
 import stepsim
 from stepsim.base.errors import ConfigError
@@ -48,25 +48,14 @@ def test_bad_splits_are_one_line(value, message):
     assert str(err.value) == message
 
 
-def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_path, monkeypatch):
-    from stepsim.plan.evaluate import Evaluator
-
+def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_path):
     model, trace = write_case(tmp_path)
     space = {**SPACE, "replicas": [1]}
-    runs = []  # every run served to the end: (deployment, multiplier, trace, duration s)
-    real = Evaluator.evaluate
-
-    def recorded(self, dep, m):
-        got = real(self, dep, m)
-        if got.metrics is not None:
-            runs.append((dep, m, self.base, got.metrics["duration_s"]))
-        return got
-
-    monkeypatch.setattr(Evaluator, "evaluate", recorded)
     # every calibration it makes (the two shapes', each pool's, the verification's fresh ones of the recommended
     # replica on its own requests) is stored (tests/calibration_seeding.py): keyed by everything that determines it
-    plan = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space,
-                        calibration_cache=seeded_cache(tmp_path / "cache"), out=tmp_path / "out")
+    with recorded_runs() as runs:
+        plan = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space,
+                            calibration_cache=seeded_cache(tmp_path / "cache"), out=tmp_path / "out")
     check_seed_used(tmp_path / "cache")
     s = plan.summary
     assert [f["deployment"] for f in s["front"]] == ["1x1ch sn40l none vllm seqs 128 batch 256",
@@ -101,14 +90,8 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     assert (s["recommended"]["prefill_chips"], s["recommended"]["decode_chips"]) == (1, 1)
     # the pruning's duration floor (stepsim/plan/search.py DurationFloor) holds on every run, the pair's included:
     # its pools hold the same cap of sequences a step and run no faster than the two chips' floor of all their steps
-    from stepsim.models.presets import resolve_model
-    from stepsim.plan.search import rate_bound
-    from stepsim.serve.api import resolve_serving_hardware
-
-    resolved = resolve_model(str(model))
-    for dep, m, base, duration in runs:
-        floor = rate_bound(dep, resolved, resolve_serving_hardware(dep.hardware), base, {}, 99.0)[1]
-        assert duration >= floor.at(m), (dep.label(), m)
+    pairs = floors_and_durations(str(model), runs)
+    assert [i for i, (floor, duration) in enumerate(pairs) if duration < floor] == []
     assert (len(runs), sum(bool(dep.disaggregate) for dep, *_ in runs)) == (17, 10)
 
 
