@@ -23,8 +23,8 @@ On a system's chips the step is one chip's: a dense model's tensor-parallel shar
 the o projection and after the FFN) or an MoE model's expert-parallel chip
 (:class:`~stepsim.serve.fast_mapped_ep.MappedEPFastLatency`: the head shard, one all-reduce after the o projection,
 the router over the chip's shard of the tokens, the block's regressors with the busiest chip's tiles and the chips'
-link columns, the block a piece that neither streams ahead nor is streamed into); the all-reduces are pieces in
-which the HBM idles, and a chip reads its share of the embedding rows.
+link columns, the block's traffic its busiest chip's, :func:`stepsim.serve.projections.ep_block_traffic`); the
+all-reduces are pieces in which the HBM idles, and a chip reads its share of the embedding rows.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ PREFILL_COLUMNS = 9
 #: entries of the mapped pricing's integers ``pm`` (int64)
 (M_LAYERS, M_KV_HEADS, M_HEADS, M_MOE, M_EXPERTS, M_TILE_SHIFT, M_FEW, M_HBM_PEAK, M_CAPACITY, M_PEAK_FLOPS,
  M_COMPUTE_BW, M_PER_EXPERT, M_SHARED_W, M_FFN_FLOPS, M_ROW_BYTES, M_EMBEDDING_BYTES, M_W_QKV, M_W_O, M_W_ROUTER,
- M_W_HEAD, M_KV_READ, M_DECODE_FLOPS, M_READ_TILE, M_CHIPS, M_ALLREDUCES, M_EP, M_THETA_LENGTH) = range(27)
+ M_W_HEAD, M_KV_READ, M_DECODE_FLOPS, M_READ_TILE, M_CHIPS, M_ALLREDUCES, M_EP, M_EXPERT_ROW_FLOPS,
+ M_SHARED_ROW_FLOPS, M_THETA_LENGTH) = range(29)
 #: (``M_CHIPS``: the chips of a system, 1 on one chip; the attention's dimensions are then one chip's shard;
 #: ``M_ALLREDUCES``: the all-reduces a layer, 2 on a dense model's tensor-parallel chips, 1 on an MoE model's
 #: expert-parallel chips (after the o projection; the block combines its tokens by all-to-all), 0 on one chip;
-#: ``M_EP``: 1 on the expert-parallel chips, :class:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency`)
+#: ``M_EP``: 1 on the expert-parallel chips, :class:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency`;
+#: ``M_EXPERT_ROW_FLOPS`` / ``M_SHARED_ROW_FLOPS``: FLOPs of one token row through a routed / the shared experts)
 #: entries of ``pm``: the scalars, then the four coefficient rows' lengths (decode, prefill, ffn, ffn_prefill)
 M_ROWS = M_THETA_LENGTH + 4
 #: rows of the per-bucket integers ``buckets_i`` (int64 ``[B_ROWS, 64]``, column log2 of the bucket): the FFN's
@@ -480,13 +482,26 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                 return UNSUPPORTED
             ffn_cycles = np.int64(v)
             touched += active
-            # projections.ffn_traffic: each touched expert's matrices once per tile of its tokens (expert-parallel
-            # chips: the block reads its chips' experts, not streamed: projections.step_pieces)
+            # projections.ffn_traffic: each touched expert's matrices once per tile of its tokens
+            if moe and (total >= EXACT // max(pm[M_PER_EXPERT], 1) or active >= EXACT // max(pm[M_PER_EXPERT], 1)):
+                return UNSUPPORTED
             if ep:
-                ffn_weights = ffn_reads = ffn_flops = np.int64(0)
+                # projections.ep_block_traffic: the chip with the most expert tiles (the lowest on a tie), its
+                # received rows (chip_columns left them in loads[chips:]), touched experts and shard
+                crit = 0
+                for j in range(chips):
+                    if loads[j] > loads[crit]:
+                        crit = j
+                crit_active = 0
+                for rank in range(experts):
+                    if counts[rank] > 0 and expert_of_rank[layer, rank] // per_chip == crit:
+                        crit_active += 1
+                shard = tokens // chips + (1 if crit < tokens % chips else 0)
+                ffn_reads = (loads[crit] * pm[M_PER_EXPERT] + -(-shard // traffic_tile_n) * pm[M_SHARED_W]
+                             + shard * pm[M_ROW_BYTES])
+                ffn_weights = crit_active * pm[M_PER_EXPERT] + (pm[M_SHARED_W] if shard > 0 else 0)
+                ffn_flops = loads[chips + crit] * pm[M_EXPERT_ROW_FLOPS] + shard * pm[M_SHARED_ROW_FLOPS]
             elif moe:
-                if total >= EXACT // max(pm[M_PER_EXPERT], 1) or active >= EXACT // max(pm[M_PER_EXPERT], 1):
-                    return UNSUPPORTED
                 ffn_weights = active * pm[M_PER_EXPERT] + pm[M_SHARED_W]
                 ffn_reads = total * pm[M_PER_EXPERT] + -(-tokens // traffic_tile_n) * pm[M_SHARED_W]
             else:
@@ -513,8 +528,7 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             p = _piece(pc, p, proj[PJ_ROUTER, 0, tokens], proj[PJ_ROUTER, 1, tokens], pm[M_W_ROUTER],
                        proj[PJ_ROUTER, 2, tokens], proj[PJ_ROUTER, 3, tokens], 1, K_PROJECTION)
             weights += proj[PJ_ROUTER, 0, tokens]
-        p = _piece(pc, p, ffn_cycles, ffn_reads, ffn_weights, 0 if ep else ffn_on_chip, ffn_flops, 0 if ep else 1,
-                   K_FFN)
+        p = _piece(pc, p, ffn_cycles, ffn_reads, ffn_weights, ffn_on_chip, ffn_flops, 1, K_FFN)
         ffn_total += ffn_cycles
         if allreduces == 2:
             p = _piece(pc, p, proj[PJ_ALLREDUCE, 0, tokens], 0, 0, 0, 0, 1, K_COLLECTIVE)

@@ -379,7 +379,7 @@ class MappedFastLatency(FastLatency):
         theta = self.theta or {}
         layers = self.model.layers
         if self.streams_weights:
-            return self._streamed(batch, decode, prefill, x, prefill_step, theta)
+            return self._streamed(batch, decode, prefill, x, ffn_tasks, prefill_step, theta)
         attention = 0
         if decode is not None:  # every KV head in one mapped attention, once a layer
             attention += layers * predict(decode, theta.get("decode"), "decode")
@@ -392,15 +392,16 @@ class MappedFastLatency(FastLatency):
         touched = int(x[:, 3].sum()) if self.model.is_moe else 0
         return self._floored(batch, cycles, sum(cycles.values()), touched)
 
-    def _streamed(self, batch: IterationBatch, decode, prefill, x: np.ndarray, prefill_step: bool,
+    def _streamed(self, batch: IterationBatch, decode, prefill, x: np.ndarray, ffn_tasks, prefill_step: bool,
                   theta: dict) -> IterationCost:
         """The step priced as the exact provider prices a mapped one-chip step: its pieces, each layer's attention and
         FFN predicted, the projections, routers and LM head on the engine, the weights streamed ahead
-        (:mod:`stepsim.serve.projections`)."""
+        (:mod:`stepsim.serve.projections`). ``ffn_tasks``: the layers' routings (:meth:`ffn_rows`), whose busiest
+        chip's traffic an expert-parallel block streams by (:func:`~stepsim.serve.projections.ep_block_traffic`)."""
         from stepsim.mapping import schedule_for
         from stepsim.mapping.kinds import layer_dims
         from stepsim.serve.fast import model_of
-        from stepsim.serve.projections import step_pieces
+        from stepsim.serve.projections import ep_block_traffic, expert_parallel, step_pieces
 
         decoded = None
         if decode is not None:
@@ -414,7 +415,14 @@ class MappedFastLatency(FastLatency):
         if prefill is not None:
             prefilled = int(predict(prefill, theta.get("prefill"), "prefill"))  # every KV head in one attention
         ffn_cycles = predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn")
-        ffn = [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles)]
+        if expert_parallel(self):  # its bucket's knobs (those its regressors' loads are at)
+            from stepsim.serve.fast_mapped_ep import ep_reference
+
+            tile_n = ep_reference(batch.prefill_tokens + batch.decode_tokens, self.spec).knobs["tile_n"]
+            ffn = [(int(c), *ep_block_traffic(self.spec.ffn_model, routing, self.chips, tile_n))
+                   for c, (_, routing) in zip(ffn_cycles, ffn_tasks())]
+        else:
+            ffn = [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles)]
         pieces = step_pieces(self, batch, decoded, prefilled, ffn)
         weights, hidden = self.streamed_weight_cycles(batch, pieces)
         cycles = {"attention": sum(p.cycles for p in pieces if p.kind == "attention") + self.collective_cycles(batch),

@@ -216,6 +216,47 @@ def ffn_traffic(model, tokens: int, tiles: int, active: int, tile_n: int) -> tup
     return reads + tokens * d * (DTYPE_BYTES + 4), weights, flops
 
 
+def ep_block_traffic(model, routing, chips: int, tile_n: int) -> tuple[int, int, int]:
+    """``(HBM bytes, weight bytes, FLOPs)`` of the busiest chip's share of one layer's expert-parallel block
+    (``model``: the MoE dimensions, :attr:`~stepsim.serve.layers.LayerSpec.ffn_model`; ``routing`` ``[tokens, top_k]``
+    expert ids; static tiling at ``tile_n``, the knobs its bucket's search gave,
+    :func:`stepsim.mapping.expert_parallel.ep_schedule`). The
+    experts are contiguous on the ``chips`` (``E / n`` a chip) and the tokens sharded as
+    :func:`stepsim.workloads.moe.sharded.shard_bounds` shards them (the first ``tokens mod n`` chips one more). The
+    busiest chip is the one with the most expert tiles (the lowest on a tie): its experts' three matrices once per tile
+    of the rows they receive, its shared experts once per tile of its shard, its shard's rows in (bf16) and out
+    (fp32); weights that may stream ahead: each of its touched experts' and its shared ones once. Other chips read
+    less, so the block waits for this one (the fast model's regressors carry its tiles too,
+    :func:`stepsim.serve.fast_mapped_ep.ep_loads`)."""
+    d = model.hidden
+    per_expert = 3 * d * model.intermediate * DTYPE_BYTES
+    shared = 3 * d * model.shared_intermediate * DTYPE_BYTES
+    tokens = len(routing)
+    counts = np.bincount(np.asarray(routing).ravel(), minlength=model.experts).reshape(chips, -1)
+    tiles = (-(-counts // tile_n)).sum(axis=1)
+    chip = int(np.argmax(tiles))
+    shard = tokens // chips + (1 if chip < tokens % chips else 0)
+    rows, active = int(counts[chip].sum()), int((counts[chip] > 0).sum())
+    reads = int(tiles[chip]) * per_expert + -(-shard // tile_n) * shared + shard * d * (DTYPE_BYTES + 4)
+    weights = active * per_expert + (shared if shard else 0)
+    flops = 2 * 3 * d * (rows * model.intermediate + shard * model.shared_intermediate)
+    return reads, weights, flops
+
+
+def ep_block_on_chip(spec, tokens: int) -> int:
+    """On-chip bytes a chip holds while running the expert-parallel block of ``tokens`` tokens (``spec``: the layers of
+    a system's chips, :class:`~stepsim.serve.layers.LayerSpec`): those of the one-chip schedule of the block a chip
+    holds at their bucket (:func:`~stepsim.mapping.expert_parallel.chip_block`, the proxy the block's knobs come from,
+    :func:`~stepsim.mapping.expert_parallel.ep_knobs`; the regions searched on the system change its buffers
+    little beside the weights' tiles)."""
+    from stepsim.mapping import schedule_for
+    from stepsim.mapping.expert_parallel import chip_block
+    from stepsim.mapping.mapper import bucket
+
+    dims, proxy_tokens = chip_block(bucket(tokens), spec.ffn_model, spec.system.chips)
+    return schedule_for("ffn", proxy_tokens, dims, spec.hardware).on_chip_bytes
+
+
 def routing_loads(routing, experts: int, tile_n: int) -> tuple[int, int]:
     """``(expert tiles, active experts)`` of one layer's routing ``[tokens, top_k]`` at ``tile_n`` tokens a tile."""
     counts = np.bincount(np.asarray(routing).ravel(), minlength=experts)
@@ -246,9 +287,10 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
     An MoE model's chips (``provider.spec.system``: the attention's heads split, the MoE block by expert
     parallelism, :class:`stepsim.serve.system.SystemEngineLatency`) all-reduce after the o projection only (the
     block combines its tokens by all-to-all), each chip routes its shard of the tokens (``ceil(tokens / n)``
-    rows through the whole router), and the block (its ``ffn`` entries: ``(cycles, 0, 0)``) neither streams ahead
-    nor is streamed into: its chips read their own experts, a traffic the one-chip FFN's closed form does not
-    describe."""
+    rows through the whole router), and the block's ``ffn`` entries are ``(cycles, HBM bytes, weight bytes, FLOPs)``
+    of its busiest chip (:func:`ep_block_traffic`): its experts' weights stream ahead into that chip as one chip's
+    FFN's do, and the next pieces' weights stream in while the block leaves that chip's HBM idle. (Until 2026-11-27
+    the block neither streamed ahead nor was streamed into.)"""
     model, hardware = provider.spec.model, provider.hardware
     tokens = int(sum(batch.new_tokens))
     on_ep_chips = expert_parallel(provider)
@@ -265,7 +307,9 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         attention.append(Piece("decode attention", int(cycles), reads, 0, on_chip, flops, kind="attention"))
     if prefill is not None:
         attention.append(Piece("prefill attention", int(prefill), 0, 0, 0, 0, streams=False, kind="attention"))
-    if not on_ep_chips:
+    if on_ep_chips:
+        ffn_on_chip = ep_block_on_chip(provider.spec, tokens)
+    else:
         tile_n, ffn_on_chip = ffn_tile_n(provider, tokens)
     base = {name: _projection_piece(name, matrix_rows(provider, name, tokens), d_in, d_out, hardware)
             for name, d_in, d_out in layer_shapes}
@@ -279,11 +323,11 @@ def step_pieces(provider, batch, decode: tuple | None, prefill: int | None, ffn:
         pieces.extend(Piece(f"layer {layer} {p.name}", *astuple_fields(p)) for p in collective)
         if "router" in named:
             pieces.append(named["router"])
-        cycles, tiles, active = ffn[layer] if model.is_moe else ffn[0]
         if on_ep_chips:
-            pieces.append(Piece(f"layer {layer} ffn", int(cycles), 0, 0, 0, 0, streams=False, kind="ffn"))
-            continue
-        reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
+            cycles, reads, weights, flops = ffn[layer]
+        else:
+            cycles, tiles, active = ffn[layer] if model.is_moe else ffn[0]
+            reads, weights, flops = ffn_traffic(model, tokens, tiles, active, tile_n)
         pieces.append(Piece(f"layer {layer} ffn", int(cycles), reads, weights, ffn_on_chip, flops, kind="ffn"))
         pieces.extend(Piece(f"layer {layer} {p.name}", *astuple_fields(p)) for p in collective)
     if head is not None:
@@ -301,9 +345,16 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
     model = provider.spec.model  # the layer one chip runs
     decode = prefill = None
     ffn = []
-    on_ep_chips = expert_parallel(provider)  # the block's traffic is not priced (step_pieces)
-    if not on_ep_chips:
-        tile_n, _ = ffn_tile_n(provider, int(sum(batch.new_tokens)))
+    on_ep_chips = expert_parallel(provider)  # the block's busiest chip's traffic (step_pieces)
+    tokens = int(sum(batch.new_tokens))
+    if on_ep_chips:  # the knobs the block was built with (expert_parallel.ep_schedule: its bucket's search)
+        from stepsim.mapping.expert_parallel import search_knobs
+        from stepsim.mapping.mapper import bucket
+
+        spec = provider.spec
+        tile_n = search_knobs(bucket(tokens), spec.ffn_model, spec.system, spec.hardware)["tile_n"]
+    else:
+        tile_n, _ = ffn_tile_n(provider, tokens)
         experts = layer_dims("ffn", model).experts
     for (kind, data), result in zip(tasks, results):
         cycles = int(result[0])
@@ -313,5 +364,6 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
         elif kind == "prefill":  # mapped: every KV head's chunks in one attention (EngineLatency.tasks)
             prefill = cycles
         else:
-            ffn.append((cycles, 0, 0) if on_ep_chips else (cycles, *routing_loads(data, experts, tile_n)))
+            ffn.append((cycles, *ep_block_traffic(provider.spec.ffn_model, data, provider.chips, tile_n)) if on_ep_chips
+                       else (cycles, *routing_loads(data, experts, tile_n)))
     return step_pieces(provider, batch, decode, prefill, ffn)

@@ -136,6 +136,9 @@ def mapped_parameters(provider, kr) -> dict | None:
     pm[sm.M_CHIPS] = provider.chips  # the embedding rows: a chip's share (exact.streamed_weight_cycles)
     pm[sm.M_ALLREDUCES] = {MappedFastLatency: 0, MappedSystemFastLatency: 2, MappedEPFastLatency: 1}[provider_type]
     pm[sm.M_EP] = int(expert_parallel)
+    if model.is_moe:  # projections.ep_block_traffic: a token row through a routed and the shared experts
+        pm[sm.M_EXPERT_ROW_FLOPS] = 2 * 3 * d * model.moe.intermediate
+        pm[sm.M_SHARED_ROW_FLOPS] = 2 * 3 * d * model.moe.shared_intermediate
     pi = np.zeros(kr.P_ROWS, dtype=np.int64)
     pi[kr.P_MODE] = kr.MAPPED
     pi[kr.P_MOE] = int(model.is_moe)
@@ -251,7 +254,7 @@ def _fill_ffn_bucket(provider, tokens: int, bi, bf, b: int, expert_parallel: boo
     estimate scales by: one chip's (:func:`stepsim.serve.fast_mapped.ffn_reference`: expert tiles and busiest
     region; and the FFN's traffic, :func:`stepsim.serve.projections.ffn_tile_n`) or an MoE model's expert-parallel
     chips' (:func:`stepsim.serve.fast_mapped_ep.ep_reference`: busiest region and busiest chip; the block's traffic
-    is not priced). Raises :class:`Unsupported`."""
+    tile_n, its bucket's, and on-chip bytes, :func:`stepsim.serve.projections.ep_block_on_chip`). Raises :class:`Unsupported`."""
     from stepsim.kernels import serve_mapped as sm
     from stepsim.mapping.mapper import bucket
     from stepsim.serve import fast_mapped_ep, projections
@@ -264,16 +267,17 @@ def _fill_ffn_bucket(provider, tokens: int, bi, bf, b: int, expert_parallel: boo
         regions = ref.knobs["regions"]
         bf[sm.BF_FFN_TILES, b] = 1.0  # no tile estimate on these chips
         bf[sm.BF_FFN_REGIONS, b], bf[sm.BF_FFN_CHIPS, b] = ref.region_rep, ref.chip_rep
+        traffic_tile_n, on_chip = ref.knobs["tile_n"], projections.ep_block_on_chip(spec, tokens)
     else:
         ref = ffn_reference(tokens, spec)
         regions = ref.knobs["regions"] if experts > 1 else 1
         traffic_tile_n, on_chip = projections.ffn_tile_n(provider, tokens)
-        traffic_tile_n = _integer(traffic_tile_n, "the FFN's traffic tile_n")
-        if traffic_tile_n == 0:
-            raise Unsupported("the FFN's traffic tile_n is 0")
-        bi[sm.B_FFN_TRAFFIC_TILE_N, b] = traffic_tile_n
-        bi[sm.B_FFN_ON_CHIP, b] = _integer(on_chip, "the FFN's on-chip bytes")
         bf[sm.BF_FFN_TILES, b], bf[sm.BF_FFN_REGIONS, b] = ref.tiles_rep, ref.regions_rep
+    traffic_tile_n = _integer(traffic_tile_n, "the FFN's traffic tile_n")
+    if traffic_tile_n == 0:
+        raise Unsupported("the FFN's traffic tile_n is 0")
+    bi[sm.B_FFN_TRAFFIC_TILE_N, b] = traffic_tile_n
+    bi[sm.B_FFN_ON_CHIP, b] = _integer(on_chip, "the FFN's on-chip bytes")
     tile_n = _integer(ref.knobs["tile_n"], "the FFN's tile_n")
     if not (isinstance(regions, numbers.Integral) and 0 < regions and experts % regions == 0 and tile_n > 0):
         raise Unsupported(f"the FFN bucket {bucket(tokens)}'s regions {regions!r} do not divide its {experts} experts")

@@ -118,39 +118,44 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert _front(plan) == _front(brute) and _front(plan)
     assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
     assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
-    # searched against the SLO less the calibrations' largest held-out step error (stepsim/plan/margin.py: 2.5 %, the
-    # two-chip calibration's since its exact pieces take their bucket's expert-parallel knobs as its fast estimate
+    # searched against the SLO less the calibrations' largest held-out step error (stepsim/plan/margin.py: 3.5 %, the
+    # two-chip calibration's since its expert-parallel blocks' weights stream ahead, projections.ep_block_traffic;
+    # 2.5 % since its exact pieces take their bucket's expert-parallel knobs as its fast estimate
     # does (expert_parallel.ep_schedule); 8.1 %, the
     # two-chip calibration on ring-2's mapped expert-parallel chips, 5.2 % until their projections, routers and LM
     # head ran on the engine (serve/projections.py step_pieces); 15.5 %, the one-chip one, until the fast FFN
     # estimate went through its bucket's bottom as well as its top, fast_mapped.bucket_estimate) the front is
     # one-chip Orca (9.51x the offered rate) and two round-robin replicas of it (20.75x); the two-chip deployments
-    # fail their front probe and are cut but two replicas of two-chip Orca (the two-chip Orca ones passed it and were
-    # searched at the 5.2 % margin). (With the
+    # are cut, by their front probe or (one replica of two-chip Orca) during their search, but two replicas of
+    # two-chip Orca (the two-chip Orca ones passed it and were searched at the 5.2 % margin). (With the
     # 15.5 % margin and the top-scaled estimate on the two-chip chips the one-replica two-chip Orca deployment was cut
     # too; on the paper's schedule, until 2026-11-26, every two-chip deployment was. Before the mapped prefill dealt
     # a chunk's query tiles in uneven shares: margin 13.8 %, the front both one-chip vLLM settings at 9.11x and their
     # two replicas at 19.87x.)
     errors = {shape: c["error"]["iteration_max"] for shape, c in plan.summary["calibrations"].items()}
     assert plan.summary["slo_margin"] == max(errors.values()) == errors["sn40l x2"]
-    assert {shape: round(e, 4) for shape, e in errors.items()} == {"sn40l x1": 0.0186, "sn40l x2": 0.0249}
+    assert {shape: round(e, 4) for shape, e in errors.items()} == {"sn40l x1": 0.0186, "sn40l x2": 0.035}
     assert [(f["deployment"], round(f["multiplier"], 4)) for f in plan.summary["front"]] == [
         ("1x1ch sn40l none orca seqs 8", 9.5137), ("2x1ch sn40l round-robin orca seqs 8", 20.7494)]
     assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 5 + ["simulated"]
-    assert [r["bound"] for r in plan.deployments[6:]] == ["front rate"] * 5 + [None]
+    # one two-chip replica of Orca meets its front probe and is cut during its search, at a rate where the SLO failed
+    # (at the 2.5 % margin it failed its front probe as the other one-replica two-chip deployments did)
+    assert [r["bound"] for r in plan.deployments[6:]] == ["front rate"] * 2 + ["failed rate"] + ["front rate"] * 2 + [
+        None]
     # one wave per chip count (stepsim/plan/waves.py): a deployment is probed at the front of fewer chips, not of its
     # wave's (the one-chip wave has no front to probe; the two-chip wave probes at 8x, from the one-chip front's 9.11x)
     assert [r["front_probe_multiplier"] for r in plan.deployments] == [None] * 3 + [8.0] * 6 + [16.0] * 3
     # full replays (every request served) and replays stopped early (the searched SLO provably missed); the brute
-    # force serves every probe to the end: 1.58x fewer full replays (1.59x at the 8.1 % margin, 1.51x at the 5.2 %;
+    # force serves every probe to the end: 1.51x fewer full replays (1.58x at the 2.5 % margin, 1.59x at the 8.1 %,
+    # 1.51x at the 5.2 %;
     # 1.65x and 1.56x with a margin of 15.5 %, where fewer deployments passed their front probe; 1.58x before the
     # two-chip expert-parallel chips' regions were searched on the system, 1.99x while the two-chip Orca deployments
     # were cut on the paper's schedule)
     assert (plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
-            brute.summary["replays_stopped"]) == (106, 8, 167, 0)
-    assert [r["replays"] for r in plan.deployments] == [8, 7, 6, 20, 20, 20, 0, 0, 1, 2, 2, 20]
-    assert [r["replays_stopped"] for r in plan.deployments] == [1, 2, 3, 0, 0, 0, 1, 1, 0, 0, 0, 0]
-    assert [r["replays"] for r in brute.deployments] == [9, 9, 9, 20, 20, 20, 8, 8, 8, 18, 18, 20]
+            brute.summary["replays_stopped"]) == (111, 10, 168, 0)
+    assert [r["replays"] for r in plan.deployments] == [8, 7, 6, 20, 20, 20, 0, 0, 6, 2, 2, 20]
+    assert [r["replays_stopped"] for r in plan.deployments] == [1, 2, 3, 0, 0, 0, 1, 1, 2, 0, 0, 0]
+    assert [r["replays"] for r in brute.deployments] == [9, 9, 9, 20, 20, 20, 8, 8, 9, 18, 18, 20]
     print("replays", plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
           "reused", plan.summary["replays_reused"], brute.summary["replays_reused"], "wall", plan.summary["wall_s"],
           brute.summary["wall_s"])
@@ -187,7 +192,7 @@ def test_every_run_lasts_at_least_its_duration_floor(plans):
     _, brute, tmp = plans
     pairs = floors_and_durations(str(tmp / "small.json"), brute.runs)
     assert [i for i, (floor, duration) in enumerate(pairs) if duration < floor] == []
-    assert (len(pairs), len({dep for dep, *_ in brute.runs})) == (109, 12)
+    assert (len(pairs), len({dep for dep, *_ in brute.runs})) == (110, 12)
     tightest = max(floor / duration for floor, duration in pairs)
     # how close it comes: within 1 % at the lowest rates (the arrivals' span over m is most of the duration), 0.69-0.94
     # of the duration at the rates the searches end at (above 4x the offered rate)

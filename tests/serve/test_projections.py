@@ -84,3 +84,54 @@ def test_a_mapped_exact_step_prices_its_weights_on_the_engine_and_subtracts_what
     paper = EngineLatency(model, hw, None, max_model_len=2048, vocab=1000)(batch)
     assert set(paper.cycles) == {"attention", "ffn", "weights"}
     assert np.isclose(paper.cycles["weights"], provider.weight_cycles(batch))
+
+
+def test_the_busiest_chips_share_of_an_expert_parallel_block_by_hand():
+    """:func:`ep_block_traffic`: 8 experts of d 4, F 8 (192 B each), a shared expert of width 2 (48 B), on 2 chips
+    (experts 0-3 and 4-7), tile_n 2. Five tokens: chip 0's experts get 2 + 1 rows (2 tiles), chip 1's 3 + 2 + 1 + 1
+    (5 tiles): chip 1 is the busiest, its shard the last 2 tokens (the first chip takes the odd one)."""
+    from stepsim.models.presets import MoEModel
+    from stepsim.serve.projections import ep_block_traffic
+
+    model = MoEModel("t", hidden=4, intermediate=8, experts=8, top_k=2, shared_intermediate=2)
+    routing = np.array([[0, 4], [0, 5], [1, 4], [5, 6], [7, 4]])
+    # reads: 5 tiles x 192 + 1 shared tile x 48 + 2 rows x 4 x (2 + 4); weights: 4 touched experts + the shared;
+    # FLOPs: 7 rows through F 8 and 2 through the shared 2, 2 x 3 x d each
+    assert ep_block_traffic(model, routing, 2, 2) == (5 * 192 + 48 + 2 * 4 * 6, 4 * 192 + 48, 24 * (7 * 8 + 2 * 2))
+    # a tie goes to the lower chip: chip 0 (expert 0, 2 rows, its shard 1 token) against chip 1 (expert 4)
+    assert ep_block_traffic(model, np.array([[0, 4], [0, 4]]), 2, 1) == (
+        2 * 192 + 48 + 4 * 6, 192 + 48, 24 * (2 * 8 + 1 * 2))
+    # one token on two chips: chip 1's shard is empty, so it reads no shared expert and no rows of its own
+    assert ep_block_traffic(model, np.array([[4, 5]]), 2, 2) == (2 * 192, 2 * 192, 24 * 2 * 8)
+
+
+def test_an_expert_parallel_block_streams_its_weights_ahead_on_mapped_chips():
+    """On an MoE model's mapped expert-parallel chips (small MoE, ring-2 of sn40l) a decode step's MoE blocks are
+    pieces like one chip's FFN: each holds its busiest chip's traffic of the step's routing, the weights of its
+    experts stream in during the pieces before it, and the next layer's stream in while it runs."""
+    import dataclasses
+
+    from stepsim.base.system import System
+    from stepsim.mapping.expert_parallel import search_knobs
+    from stepsim.serve.projections import ep_block_traffic
+    from stepsim.serve.routing import SyntheticRouting
+    from stepsim.serve.system import SystemEngineLatency
+
+    model = resolve_model("examples/small-moe.json")
+    system = dataclasses.replace(System.preset("ring-2"), hardware=PRESETS["sn40l"])
+    provider, twin = (SystemEngineLatency(model, system, SyntheticRouting(model.experts, model.top_k, model.layers,
+                                                                         seed=0),
+                                          max_model_len=2048, vocab=1000, schedule="auto") for _ in range(2))
+    batch = IterationBatch([100, 40, 7], [1, 1, 1], 0, 3)
+    cost = provider(batch)
+    tasks, _ = twin.tasks(batch)  # the same routing draws as the provider's step
+    streamed = {s.name: s for s in provider.last_streamed}
+    tile_n = search_knobs(4, provider.spec.ffn_model, system, system.hardware)["tile_n"]
+    ffn = [data for kind, data in tasks if kind == "ffn"]
+    assert len(ffn) == model.layers
+    for layer, data in enumerate(ffn):
+        reads, weights, _ = ep_block_traffic(provider.spec.ffn_model, data, 2, tile_n)
+        assert 0 < weights <= reads
+        block = streamed[f"layer {layer} ffn"]
+        assert 0 < block.prefetched_bytes <= weights and block.saved > 0
+    assert cost.cycles["hidden"] == sum(s.saved for s in provider.last_streamed)

@@ -83,9 +83,10 @@ def test_the_validation_table_is_regenerated_and_is_the_docs(tmp_path, capsys, s
     assert round(median_ratio_error(rebuilt), 2) == MEDIAN
 
 
-#: the median absolute ratio error of the 16-socket rows (docs/validation.md, README; 0.59 until DeepSeek-R1's dense
-#: layers ran MLA's matrices on the engine, 2026-11-26)
-MEDIAN = 0.58
+#: the median absolute ratio error of the 16-socket rows (docs/validation.md, README; 0.58 until DeepSeek-R1's
+#: expert-parallel blocks streamed their weights ahead, 2026-11-27; 0.59 until its dense layers ran MLA's matrices on
+#: the engine, 2026-11-26)
+MEDIAN = 0.53
 
 
 def test_serving_validation_prints_its_headline_as_json(tmp_path, capsys, stored_deepseek):
