@@ -396,12 +396,11 @@ class MappedFastLatency(FastLatency):
                   theta: dict) -> IterationCost:
         """The step priced as the exact provider prices a mapped one-chip step: its pieces, each layer's attention and
         FFN predicted, the projections, routers and LM head on the engine, the weights streamed ahead
-        (:mod:`stepsim.serve.projections`). ``ffn_tasks``: the layers' routings (:meth:`ffn_rows`), whose busiest
-        chip's traffic an expert-parallel block streams by (:func:`~stepsim.serve.projections.ep_block_traffic`)."""
+        (:mod:`stepsim.serve.projections`). ``ffn_tasks``: the layers' routings (:meth:`ffn_rows`)."""
         from stepsim.mapping import schedule_for
         from stepsim.mapping.kinds import layer_dims
         from stepsim.serve.fast import model_of
-        from stepsim.serve.projections import ep_block_traffic, expert_parallel, step_pieces
+        from stepsim.serve.projections import step_pieces
 
         decoded = None
         if decode is not None:
@@ -415,20 +414,19 @@ class MappedFastLatency(FastLatency):
         if prefill is not None:
             prefilled = int(predict(prefill, theta.get("prefill"), "prefill"))  # every KV head in one attention
         ffn_cycles = predict_rows(x, theta.get(model_of("ffn", prefill_step)), "ffn")
-        if expert_parallel(self):  # its bucket's knobs (those its regressors' loads are at)
-            from stepsim.serve.fast_mapped_ep import ep_reference
-
-            tile_n = ep_reference(batch.prefill_tokens + batch.decode_tokens, self.spec).knobs["tile_n"]
-            ffn = [(int(c), *ep_block_traffic(self.spec.ffn_model, routing, self.chips, tile_n))
-                   for c, (_, routing) in zip(ffn_cycles, ffn_tasks())]
-        else:
-            ffn = [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles)]
+        ffn = self.ffn_entries(batch.prefill_tokens + batch.decode_tokens, x, ffn_cycles, ffn_tasks)
         pieces = step_pieces(self, batch, decoded, prefilled, ffn)
         weights, hidden = self.streamed_weight_cycles(batch, pieces)
         cycles = {"attention": sum(p.cycles for p in pieces if p.kind == "attention") + self.collective_cycles(batch),
                   "ffn": sum(p.cycles for p in pieces if p.kind == "ffn"), "weights": weights, "hidden": hidden}
         touched = int(x[:, 3].sum()) if self.model.is_moe else 0
         return self._floored(batch, cycles, cycles["attention"] + cycles["ffn"] + weights - hidden, touched)
+
+    def ffn_entries(self, tokens: int, x: np.ndarray, ffn_cycles: np.ndarray, ffn_tasks) -> list:
+        """The ``ffn`` entries :func:`stepsim.serve.projections.step_pieces` takes: per layer ``(cycles, expert tiles,
+        active experts)`` from the regressors ``x`` (an expert-parallel block's are its busiest chip's traffic:
+        :class:`stepsim.serve.fast_mapped_ep.MappedEPFastLatency`)."""
+        return [(int(c), int(x[i, 2]), int(x[i, 3])) for i, c in enumerate(ffn_cycles)]
 
     def describe(self) -> dict:
         return {**super().describe(), "schedule": self.spec.schedule}

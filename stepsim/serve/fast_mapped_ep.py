@@ -131,6 +131,16 @@ class MappedEPFastLatency(MappedSystemFastLatency):
     def ffn_regressors(self, routing: np.ndarray) -> np.ndarray:
         return ep_ffn_regressors(routing, self.spec)
 
+    def ffn_entries(self, tokens: int, x: np.ndarray, ffn_cycles: np.ndarray, ffn_tasks) -> list:
+        """Per layer ``(cycles, HBM bytes, weight bytes, FLOPs)`` of the block's busiest chip
+        (:func:`stepsim.serve.projections.ep_block_traffic` of the layer's routing, at its bucket's ``tile_n``: the
+        knobs its regressors' loads are at), as the exact provider's pieces hold them."""
+        from stepsim.serve.projections import ep_block_traffic
+
+        tile_n = ep_reference(tokens, self.spec).knobs["tile_n"]
+        return [(int(c), *ep_block_traffic(self.spec.ffn_model, routing, self.chips, tile_n))
+                for c, (_, routing) in zip(ffn_cycles, ffn_tasks())]
+
     def fitted_columns(self, model: str, width: int) -> np.ndarray:
         """The FFN's loads (columns 2-6) are data here, not fitted: the estimate carries them (:func:`ep_estimate`),
         and fitted beside it on a calibration's few hundred pieces they pulled the FFN under it (tiny DeepSeek-V3 on
