@@ -254,7 +254,8 @@ def _fill_ffn_bucket(provider, tokens: int, bi, bf, b: int, expert_parallel: boo
     estimate scales by: one chip's (:func:`stepsim.serve.fast_mapped.ffn_reference`: expert tiles and busiest
     region; and the FFN's traffic, :func:`stepsim.serve.projections.ffn_tile_n`) or an MoE model's expert-parallel
     chips' (:func:`stepsim.serve.fast_mapped_ep.ep_reference`: busiest region and busiest chip; the block's traffic
-    tile_n, its bucket's, and on-chip bytes, :func:`stepsim.serve.projections.ep_block_on_chip`). Raises :class:`Unsupported`."""
+    at its bucket's tile_n and its on-chip bytes, :func:`stepsim.serve.projections.ep_block_on_chip`). Raises
+    :class:`Unsupported`."""
     from stepsim.kernels import serve_mapped as sm
     from stepsim.mapping.mapper import bucket
     from stepsim.serve import fast_mapped_ep, projections
