@@ -74,6 +74,7 @@ def register(subparsers) -> None:
 
 
 def _plan(args) -> int:
+    from stepsim.base.display import format_seconds
     from stepsim.base.ranges import json_text
     from stepsim.plan.api import plan
 
@@ -92,15 +93,16 @@ def _plan(args) -> int:
         print("recommended none: no deployment meets the SLO at any rate searched")
     else:
         print(f"recommended {rec['deployment']}: {rec['rate_requests_per_s']:.3f} requests/s sustained, goodput "
-              f"{rec['goodput_per_chip']:.3f} requests/s a chip, p99 TTFT {rec['ttft_p99_s'] * 1e3:.1f} ms")
+              f"{rec['goodput_per_chip']:.3f} requests/s a chip, p99 TTFT {format_seconds(rec['ttft_p99_s'])}")
         for lost in s["front_lost"]:
             print(f"front       {lost['deployment']}: {lost['why']}")
         for command in s["commands"]:
             print(f"serve with  {command}")
         v = s.get("verification")
         if v is not None:  # the recommended deployment re-served with its own calibration, at the user's limits
-            tpot = "" if v["tpot_p"] is None else f", TPOT {v['tpot_p'] * 1e3:.1f} ms"
-            print(f"verified    re-served with its own calibration: p{s['percentile']:g} TTFT {v['ttft_p'] * 1e3:.1f} ms"
+            tpot = "" if v["tpot_p"] is None else f", TPOT {format_seconds(v['tpot_p'])}"
+            print(f"verified    re-served with its own calibration: p{s['percentile']:g} TTFT "
+                  f"{format_seconds(v['ttft_p'])}"
                   f"{tpot}: {'meets' if v['meets_slo'] else 'misses'} the SLO (searched with a "
                   f"{s['slo_margin'] * 100:.1f} % margin)")
     work = result.work
