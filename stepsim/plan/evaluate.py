@@ -77,6 +77,9 @@ class Evaluator:
         # a replica's run depends only on its shape, scheduler, requests and their arrivals: two deployments (or
         # two routing rounds) that send one replica the same requests at the same rate share its replay
         self._runs: dict[tuple, dict] = {}
+        # a state-dependent router's last settled routing of each deployment: the next rate's first round
+        # (stepsim/plan/replicas.py: the rounds reach the same fixed point from any first routing)
+        self._settled: dict = {}
 
     def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray, stop=None) -> dict:
         """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``; a run
@@ -127,15 +130,20 @@ class Evaluator:
                 "max_utilisation": util}
 
     def evaluate(self, dep: Deployment, multiplier: float) -> Evaluation:
-        """Serve ``dep`` with every arrival divided by ``multiplier`` (docs/plan.md §3)."""
+        """Serve ``dep`` with every arrival divided by ``multiplier`` (docs/plan.md §3). A state-dependent router's
+        rounds start from the routing this deployment's last evaluation settled on (its search's previous rate):
+        they reach the same fixed point from any first routing (:mod:`stepsim.plan.replicas`)."""
         b = self.base
         arrival = b.arrival / multiplier
         kv = b.prompt + b.output
         n, replicas = b.n, dep.replicas
-        assignment = route(dep.router, arrival, kv, replicas, None, None)
+        state_dependent = dep.router != "round-robin" and replicas > 1
+        assignment = self._settled.get(dep) if state_dependent else None
+        if assignment is None:
+            assignment = route(dep.router, arrival, kv, replicas, None, None)
         # a replay may stop early only when its routing is final: a state-dependent router's first rounds route by
         # finish times that later rounds change, so a failure there proves nothing
-        stop = self.stop_rule if (dep.router == "round-robin" or replicas == 1) and not dep.disaggregate else None
+        stop = self.stop_rule if not state_dependent and not dep.disaggregate else None
         rounds = 0
         while True:
             rounds += 1
@@ -151,10 +159,11 @@ class Evaluator:
                     return Evaluation(multiplier, False, None, rounds, max(util, out["max_utilisation"]), assignment)
                 first[idx], finish[idx] = out["first_token"], out["finish"]
                 util = max(util, out["max_utilisation"])
-            if dep.router == "round-robin" or replicas == 1:
+            if not state_dependent:
                 break
             nxt = route(dep.router, arrival, kv, replicas, assignment, finish)
             if np.array_equal(nxt, assignment):
+                self._settled[dep] = assignment
                 break
             if rounds >= MAX_ROUNDS:
                 raise RuntimeError(f"{dep.label()}: routing did not settle in {MAX_ROUNDS} rounds")

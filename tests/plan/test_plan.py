@@ -218,23 +218,29 @@ def test_the_files_say_what_was_decided_and_how_to_serve_it(plans):
     assert (out / "plan.png").stat().st_size > 0
 
 
-def test_least_outstanding_settles_on_a_fixed_point(plans):
-    """The state-dependent router's routing is a fixed point: routed again from its own replay's finish times, it is
-    unchanged (stepsim/plan/replicas.py: the routing a router beside the replicas makes)."""
+def _evaluators(tmp):
+    """``(base trace, a function making a fresh Evaluator)`` of the plans fixture's case on one-chip replicas."""
     from stepsim.models.presets import resolve_model
     from stepsim.plan.evaluate import BaseTrace, Evaluator
     from stepsim.plan.pricing import ShapePricer
-    from stepsim.plan.replicas import route
-    from stepsim.plan.space import Deployment, SchedulerChoice
     from stepsim.trace_io.requests import read_requests
 
-    _, _, tmp = plans
     model = tmp / "small.json"
     t = read_requests(tmp / "t.parquet")
     base = BaseTrace(t.arrival_s - t.arrival_s[0], t.prompt_tokens.astype(np.int64), t.output_tokens.astype(np.int64))
     pricer = ShapePricer(str(model), resolve_model(str(model)), "sn40l", 1, None, tmp / "cache")
     pricer.calibrate(tmp / "t.parquet", SLO)
-    ev = Evaluator(str(model), base, {"ttft": 3e-4}, 99.0, {("sn40l", 1): pricer}, tmp)
+    return base, lambda: Evaluator(str(model), base, {"ttft": 3e-4}, 99.0, {("sn40l", 1): pricer}, tmp)
+
+
+def test_least_outstanding_settles_on_a_fixed_point(plans):
+    """The state-dependent router's routing is a fixed point: routed again from its own replay's finish times, it is
+    unchanged (stepsim/plan/replicas.py: the routing a router beside the replicas makes)."""
+    from stepsim.plan.replicas import route
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    base, evaluator = _evaluators(plans[2])
+    ev = evaluator()
     dep = Deployment(1, 2, "least-outstanding", SchedulerChoice("vllm", 128, 256))
     result = ev.evaluate(dep, 4.0)
     assert result.rounds >= 2
@@ -245,6 +251,30 @@ def test_least_outstanding_settles_on_a_fixed_point(plans):
         finish[idx] = ev._serve_replica(dep, arrival, idx)["finish"]
     again = route("least-outstanding", arrival, base.prompt + base.output, 2, result.assignment, finish)
     assert again.tolist() == result.assignment.tolist()
+
+
+@pytest.mark.parametrize("router", ["least-outstanding", "kv-load"])
+def test_a_rates_routing_rounds_start_from_the_last_rates_routing(plans, router):
+    """A deployment's state-dependent routing at a rate starts its rounds from the routing its previous rate settled
+    on (stepsim/plan/evaluate.py): the rounds reach the same fixed point from any first routing
+    (stepsim/plan/replicas.py), so every rate's routing, metrics and verdict are those of rounds from scratch, in
+    fewer rounds over a search's rates."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    _, evaluator = _evaluators(plans[2])
+    dep = Deployment(1, 3, router, SchedulerChoice("vllm", 4, 256))
+    searched = evaluator()  # one search's evaluator: each rate from the last one's routing
+    rounds = {"warm": [], "cold": []}
+    for m in (1.0, 2.0, 4.0, 8.0, 16.0, 11.3137, 9.5137):
+        warm, cold = searched.evaluate(dep, m), evaluator().evaluate(dep, m)
+        assert warm.assignment.tolist() == cold.assignment.tolist()
+        assert (warm.meets, warm.metrics) == (cold.meets, cold.metrics)
+        rounds["warm"].append(warm.rounds)
+        rounds["cold"].append(cold.rounds)
+    # 12 requests on 3 replicas: 27 rounds against 49 (least-outstanding) and 53 (kv-load); a rate far from the last
+    # one (16x after 8x) can take more rounds from its routing than from scratch
+    assert rounds == {"least-outstanding": {"warm": [11, 1, 2, 2, 5, 5, 1], "cold": [11, 11, 8, 6, 3, 5, 5]},
+                      "kv-load": {"warm": [11, 1, 2, 2, 4, 6, 1], "cold": [11, 11, 8, 7, 4, 6, 6]}}[router]
 
 
 def test_the_front_exponent_bisects_a_monotone_can_win():
