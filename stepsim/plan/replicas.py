@@ -19,7 +19,8 @@ change anything that finished before), so if the last routing is right for the f
 right for the first k + 1: the iteration ends, after at most N + 1 rounds, at the routing a router running
 alongside the replicas makes. It is not cheap: on 24 requests of a small model, a 2-replica deployment's rate
 search took 74 to 110 replica runs against 16 with round-robin (several rounds a rate); a 2-replica
-least-outstanding deployment of the 4-layer Qwen3 shape on 300 conversation requests, 820 over its search. The
+least-outstanding deployment of the 4-layer Qwen3 shape on 300 conversation requests, 736 over its nine rates (820
+with every rate's rounds from scratch). The
 argument holds from any first routing (the first request's replica depends on nothing; then by induction), and the
 fixed point is unique, so a rate search starts each rate's rounds from the routing its last rate settled on
 (:class:`stepsim.plan.evaluate.Evaluator`): the same routing, usually in fewer rounds (tests/plan/test_plan.py:
