@@ -111,6 +111,9 @@ def read_schedules(path: str | Path) -> dict[str, Schedule]:
     refuse_special_file(path, ConfigError, "a schedule")  # a pipe or /dev/zero would block or fill the memory
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:  # a TOML or hand-written file: say what the format is
+        raise ConfigError(f"cannot read schedule file {path}: not JSON ({exc}); a schedule file is the JSON "
+                          f"`stepsim map --out` writes") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"cannot read schedule file {path}: {exc}") from None
     items = data if isinstance(data, list) else [data]

@@ -370,7 +370,8 @@ CASES = [
      E + '--schedule: cannot read schedule file missing.json: [Errno 2] No such file or directory: '
          "'missing.json'"),
     ('run moe --schedule empty.json', 2,
-     E + '--schedule: cannot read schedule file empty.json: Expecting value: line 1 column 1 (char 0)'),
+     E + '--schedule: cannot read schedule file empty.json: not JSON (Expecting value: line 1 column 1 (char 0)); '
+         'a schedule file is the JSON `stepsim map --out` writes'),
     ('run moe --schedule junk.json', 2,
      E + "--schedule: cannot read schedule file junk.json: 'utf-8' codec can't decode byte 0x80 in position "
          '128: invalid start byte'),
