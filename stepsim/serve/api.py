@@ -561,6 +561,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         from stepsim.mapping.cache_folder import checked_mapping_cache
 
         checked_mapping_cache()
+        if system is not None and fidelity is not None and resolved.is_moe and resolved.experts % system.chips:
+            # every chip's experts are mapped alike (stepsim/mapping/expert_parallel.py); the paper's placement
+            # puts at most ceil(E / n) on a chip
+            raise ConfigError(f"--system {system.name} --schedule auto: the mapped expert-parallel block needs the "
+                              f"{resolved.experts} experts of {resolved.name!r} divisible by the {system.chips} chips "
+                              f"(or --schedule paper, which places them unevenly)")
     memory = model_memory(resolved)
     if system is not None:
         from stepsim.serve.system import system_capacity

@@ -152,6 +152,23 @@ def test_bad_knobs_are_one_line(tmp_path, knobs, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("fidelity", ["exact", "fast"])
+def test_experts_the_chips_do_not_divide_are_one_line_on_mapped_chips(tmp_path, fidelity):
+    """A mapped expert-parallel block maps every chip's experts alike: 6 experts on 4 chips is refused in one line
+    naming the experts, the chips and the way out, before any work (the paper's placement takes them unevenly)."""
+    from stepsim.base.errors import ConfigError
+
+    config = dict(SMALL, num_experts=6)
+    (tmp_path / "six.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve(str(tmp_path / "six.json"), _requests(tmp_path / "r.parquet", 1), fidelity=fidelity,
+                      system="ring-4", hardware="sn40l", out=tmp_path / "out")
+    assert str(e.value) == (f"--system ring-4 --schedule auto: the mapped expert-parallel block needs the 6 experts of "
+                            f"'{tmp_path / 'six.json'}' divisible by the 4 chips (or --schedule paper, which places "
+                            f"them unevenly)")
+    assert not (tmp_path / "out").exists()
+
+
 def _requests(path, n: int):
     pq.write_table(pa.table({"arrival_s": [0.0] * n, "prompt_tokens": [64] * n, "output_tokens": [8] * n}), path)
     return path
