@@ -119,9 +119,12 @@ def test_an_expert_parallel_block_streams_its_weights_ahead_on_mapped_chips():
 
     model = resolve_model("examples/small-moe.json")
     system = dataclasses.replace(System.preset("ring-2"), hardware=PRESETS["sn40l"])
-    provider, twin = (SystemEngineLatency(model, system, SyntheticRouting(model.experts, model.top_k, model.layers,
-                                                                         seed=0),
-                                          max_model_len=2048, vocab=1000, schedule="auto") for _ in range(2))
+
+    def provider_of_seed_0():
+        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0)
+        return SystemEngineLatency(model, system, routing, max_model_len=2048, vocab=1000, schedule="auto")
+
+    provider, twin = provider_of_seed_0(), provider_of_seed_0()
     batch = IterationBatch([100, 40, 7], [1, 1, 1], 0, 3)
     cost = provider(batch)
     tasks, _ = twin.tasks(batch)  # the same routing draws as the provider's step
