@@ -228,14 +228,16 @@ def ep_block_traffic(model, routing, chips: int, tile_n: int) -> tuple[int, int,
     (fp32); weights that may stream ahead: each of its touched experts' and its shared ones once. Other chips read
     less, so the block waits for this one (the fast model's regressors carry its tiles too,
     :func:`stepsim.serve.fast_mapped_ep.ep_loads`)."""
+    from stepsim.workloads.moe.sharded import shard_bounds
+
     d = model.hidden
     per_expert = 3 * d * model.intermediate * DTYPE_BYTES
     shared = 3 * d * model.shared_intermediate * DTYPE_BYTES
-    tokens = len(routing)
     counts = np.bincount(np.asarray(routing).ravel(), minlength=model.experts).reshape(chips, -1)
     tiles = (-(-counts // tile_n)).sum(axis=1)
     chip = int(np.argmax(tiles))
-    shard = tokens // chips + (1 if chip < tokens % chips else 0)
+    bounds = shard_bounds(len(routing), chips)
+    shard = bounds[chip + 1] - bounds[chip]
     rows, active = int(counts[chip].sum()), int((counts[chip] > 0).sum())
     reads = int(tiles[chip]) * per_expert + -(-shard // tile_n) * shared + shard * d * (DTYPE_BYTES + 4)
     weights = active * per_expert + (shared if shard else 0)
@@ -347,12 +349,11 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
     ffn = []
     on_ep_chips = expert_parallel(provider)  # the block's busiest chip's traffic (step_pieces)
     tokens = int(sum(batch.new_tokens))
-    if on_ep_chips:  # the knobs the block was built with (expert_parallel.ep_schedule: its bucket's search)
-        from stepsim.mapping.expert_parallel import search_knobs
-        from stepsim.mapping.mapper import bucket
+    if on_ep_chips:  # the knobs the block was built with
+        from stepsim.mapping.expert_parallel import ep_schedule
 
         spec = provider.spec
-        tile_n = search_knobs(bucket(tokens), spec.ffn_model, spec.system, spec.hardware)["tile_n"]
+        tile_n = ep_schedule(tokens, spec.ffn_model, spec.system, spec.hardware)[0]["tile_n"]
     else:
         tile_n, _ = ffn_tile_n(provider, tokens)
         experts = layer_dims("ffn", model).experts
