@@ -18,7 +18,9 @@ computed tokens and outputs), wait in an incoming queue and are admitted by :fun
 **Resumable.** Every piece of state is in the arrays the caller passes (``st``, the request table, the queues),
 so the loop returns whenever it must: the step columns are full (:data:`FULL`), the routing's window starts are
 used up (:data:`STARTS`: the caller draws the next batch exactly as the Python path would), ``pause_steps`` steps
-were made (:data:`PAUSE`, for a progress bar), or the run is done (:data:`DONE`); called again it goes on. A step
+were made (:data:`PAUSE`, for a progress bar), the next step would start at the horizon (:data:`HORIZON`: a
+replica replayed alongside others, which may be sent a request arriving then), or the run is done
+(:data:`DONE`); called again it goes on. A step
 the reference would refuse (a cost it rejects, a request that cannot be scheduled) returns :data:`REFUSED`: the
 caller replays with the reference, which raises its own error.
 
@@ -42,7 +44,12 @@ R_PROMPT, R_OUTPUT, R_NUM_TOKENS, R_COMPUTED, R_OUTPUTS, R_BLOCKS, R_PREFILLING,
 T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_ROWS = range(6)
 #: entries of the loop state ``st`` (int64)
 (S_NEXT, S_DONE, S_FREE, S_RUNNING, S_WAIT_HEAD, S_WAIT_LEN, S_STEPS, S_GAPS, S_PREEMPTED, S_STARTS_USED,
- S_BATCH, S_IN_HEAD, S_PENDING, S_ROWS) = range(14)
+ S_BATCH, S_IN_HEAD, S_PENDING, S_KNOWN, S_ROWS) = range(15)
+#: ``st[S_KNOWN]``: the requests the loop serves, the table's first ``S_KNOWN`` columns (all of them for a replay;
+#: a replica replayed alongside others gets each request when a router sends it, :mod:`stepsim.plan.joint`)
+#: entries of the clock ``clock`` (float64, s): the time now, and the horizon: the loop returns :data:`HORIZON`
+#: rather than start a step at or after it (inf for a replay; a joint replay's next request to route arrives then)
+CLOCK_NOW, CLOCK_HORIZON = range(2)
 #: ``st[S_PENDING]``: 1 when the loop returned :data:`NEED` after scheduling a step (its batch in ``batch_r`` /
 #: ``batch_n``, ``st[S_BATCH]`` long): called again, it prices that step instead of scheduling one
 #: ``st[S_IN_HEAD]``: in a decode pool (``cfg[C_DECODE_POOL]``), the first arrived request not yet admitted; the
@@ -84,9 +91,10 @@ TH_DECODE, TH_PREFILL, TH_FFN, TH_FFN_PREFILL = range(4)
 #: rows of ``forms`` (float64 ``[6, 6]``): off-chip bytes and FLOPs coefficients of decode, prefill, ffn
 FM_DECODE_BYTES, FM_DECODE_FLOPS, FM_PREFILL_BYTES, FM_PREFILL_FLOPS, FM_FFN_BYTES, FM_FFN_FLOPS = range(6)
 #: return values
-DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED, NEED = range(8)
+DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED, NEED, HORIZON = range(9)
 #: ``NEED``: mapped pricing's tables lack a bucket's schedule or a token count's projections (``need`` says which;
-#: the caller fills them and calls again)
+#: the caller fills them and calls again); ``HORIZON``: the next step would start at or after ``clock[CLOCK_HORIZON]``
+#: (or the loop is idle with every known request done and the horizon finite)
 #: entries of the stop rule's integers ``stop_i`` (int64; :meth:`stepsim.serve.replay_stop.StopRule.as_arrays`):
 #: active (0: no rule), the misses each metric may have, the misses counted, the TTFT and E2E arrival pointers
 (SP_ACTIVE, SP_ALLOW_TTFT, SP_ALLOW_TPOT, SP_ALLOW_E2E, SP_MISS_TTFT, SP_MISS_TPOT, SP_MISS_E2E, SP_PTR_TTFT,
@@ -682,13 +690,14 @@ def _floor(pi, out_i, k):
 
 # ------------------------------------------------------------------------------------------ the loop
 @kernel
-def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
+def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
                 steps_i, steps_f, pi, constant_s, forms, theta, prefix, pool_rows, starts, loads, dec, pre, x,
                 basis, scratch, tiles, stop_f, stop_i, seen, pm, buckets_i, buckets_f, proj, expert_of_rank, need,
                 res, mloads, counts, regions, pc):
     """Replay until done or a reason to return (module docstring); returns that reason.
 
-    ``now_box`` (float64 ``[1]``) holds the clock (s); ``st`` the loop's counters; ``steps_i`` / ``steps_f`` get a
+    ``clock`` (float64 ``[2]``) holds the time now and the horizon (s, :data:`CLOCK_NOW`, :data:`CLOCK_HORIZON`);
+    ``st`` the loop's counters (it serves the first ``st[S_KNOWN]`` requests of the table); ``steps_i`` / ``steps_f`` get a
     column per step (``st[S_STEPS]`` of them so far, at most their width); ``pi`` the pricing's integers (mode
     :data:`CONSTANT`: every step ``constant_s`` seconds; :data:`FAST`: the fast model over ``forms``, ``theta``,
     the routing pool's prefix counts ``prefix`` and rows ``pool_rows``, window starts ``starts`` per step);
@@ -704,24 +713,27 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
     fast = pi[P_MODE] == FAST
     mapped = pi[P_MODE] == MAPPED
     decode_pool = cfg[C_DECODE_POOL] != 0
-    while st[S_DONE] < n_req:
-        now = now_box[0]
+    while st[S_DONE] < st[S_KNOWN]:
+        now = clock[CLOCK_NOW]
+        known = st[S_KNOWN]
         if st[S_PENDING]:  # the step scheduled before the last NEED: price it now
             m = st[S_BATCH]
         else:
+            if now >= clock[CLOCK_HORIZON]:  # a request not yet known may join this step: the caller routes it
+                return HORIZON
             if decode_pool:  # arrivals join the incoming queue (S_IN_HEAD .. S_NEXT - 1), admitted from its head
-                while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
+                while st[S_NEXT] < known and arrival[st[S_NEXT]] <= now:
                     st[S_NEXT] += 1
                 _admit_incoming(cfg, req, times, st, running, now)
                 if st[S_RUNNING] == 0 and st[S_WAIT_LEN] == 0 and st[S_IN_HEAD] < st[S_NEXT]:
                     return REFUSED  # the reference names the request that cannot join the idle pool
-            while st[S_NEXT] < n_req and arrival[st[S_NEXT]] <= now:
+            while st[S_NEXT] < known and arrival[st[S_NEXT]] <= now:
                 tail = (st[S_WAIT_HEAD] + st[S_WAIT_LEN]) % n_req
                 waiting[tail] = st[S_NEXT]
                 st[S_WAIT_LEN] += 1
                 st[S_NEXT] += 1
             if st[S_RUNNING] == 0 and st[S_WAIT_LEN] == 0:
-                now_box[0] = arrival[st[S_NEXT]]  # idle: the next step starts the moment a request arrives
+                clock[CLOCK_NOW] = arrival[st[S_NEXT]]  # idle: the next step starts the moment a request arrives
                 continue
             if st[S_STEPS] == capacity:
                 return FULL
@@ -807,7 +819,7 @@ def replay_loop(cfg, st, now_box, req, times, running, waiting, rest, prefills, 
         steps_i[I_WAITING, k] = st[S_WAIT_LEN] + (st[S_NEXT] - st[S_IN_HEAD] if decode_pool else 0)
         st[S_STEPS] = k + 1
         made += 1
-        now_box[0] = end
+        clock[CLOCK_NOW] = end
         st[S_DONE] += _finish_step(req, times, st, running, batch_r, batch_n, m, end, gaps)
         if stop_i[SP_ACTIVE] and _stop_check(req, times, batch_r, m, end, stop_f, stop_i, seen):
             return STOPPED

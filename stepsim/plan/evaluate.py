@@ -59,12 +59,15 @@ class Evaluation:
 class Evaluator:
     """Serves deployments (``evaluate``) and counts the replays (one per replica run through serve): ``replays``
     served every request, ``stopped`` stopped early (``stop_early``: a replay whose SLO is provably missed at the
-    percentile stops there, :mod:`stepsim.serve.replay_stop`)."""
+    percentile stops there, :mod:`stepsim.serve.replay_stop`). A state-dependent router's replicas are replayed together
+    (:mod:`stepsim.plan.joint`: one replay of each) unless ``joint`` is False or their loops are not the compiled
+    one; else by rounds of separate replays (:mod:`stepsim.plan.replicas`: the same routing)."""
 
     def __init__(self, model_arg, base: BaseTrace, slo: dict, percentile: float, pricers: dict, folder: Path,
-                 stop_early: bool = False):
+                 stop_early: bool = False, joint: bool = True):
         self.model_arg, self.base, self.slo, self.percentile = model_arg, base, slo, percentile
         self.pricers, self.folder = pricers, Path(folder)
+        self.joint = joint
         self.replays = 0
         self.stopped = 0
         self.reused = 0
@@ -138,6 +141,10 @@ class Evaluator:
         kv = b.prompt + b.output
         n, replicas = b.n, dep.replicas
         state_dependent = dep.router != "round-robin" and replicas > 1
+        if state_dependent and self.joint and not dep.disaggregate:
+            joint = self._joint(dep, multiplier, arrival)
+            if joint is not None:
+                return joint
         assignment = self._settled.get(dep) if state_dependent else None
         if assignment is None:
             assignment = route(dep.router, arrival, kv, replicas, None, None)
@@ -171,6 +178,38 @@ class Evaluator:
         metrics = self.metrics(arrival, first, finish)
         metrics["requests_per_replica"] = np.bincount(assignment, minlength=replicas).tolist()
         return Evaluation(multiplier, metrics["meets_slo"], metrics, rounds, util, assignment)
+
+    def _joint(self, dep: Deployment, multiplier: float, arrival: np.ndarray) -> Evaluation | None:
+        """``dep``'s replicas replayed together (:mod:`stepsim.plan.joint`: one replay of each, the fixed point's
+        routing), stopping once a replica's SLO is provably missed (its routing is final as it is made); None when
+        a replica's loop is not the compiled one."""
+        from stepsim.plan.joint import joint_replay
+        from stepsim.serve.replay_compiled import CompiledLoop
+        from stepsim.serve.replay_stop import ReplayStopped
+
+        b = self.base
+        pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
+
+        def replica():
+            from stepsim.serve.api import replica_scheduler
+
+            scheduler = replica_scheduler(self.model_arg, hardware=dep.hardware, system=dep.system,
+                                          **dep.scheduler.serve_kwargs())
+            provider = pricer.provider()
+            loop = CompiledLoop.make(b.n, scheduler, provider, stop=self.stop_rule)
+            return loop, scheduler, getattr(provider, "close", lambda: None)
+
+        try:
+            run = joint_replay(dep.router, dep.replicas, arrival, b.prompt, b.output, replica)
+        except ReplayStopped as stopped:
+            self.stopped += dep.replicas
+            return Evaluation(multiplier, False, None, 1, stopped.max_utilisation, np.empty(0, dtype=np.int64))
+        if run is None:
+            return None
+        self.replays += dep.replicas
+        metrics = self.metrics(arrival, run.first_token, run.finish)
+        metrics["requests_per_replica"] = np.bincount(run.assignment, minlength=dep.replicas).tolist()
+        return Evaluation(multiplier, metrics["meets_slo"], metrics, 1, run.max_utilisation, run.assignment)
 
     def metrics(self, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray) -> dict:
         """The merged metrics and the SLO check (module docstring)."""

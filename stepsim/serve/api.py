@@ -568,14 +568,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                               f"{resolved.experts} experts of {resolved.name!r} divisible by the {system.chips} chips "
                               f"(or --schedule paper, which places them unevenly)")
     memory = model_memory(resolved)
-    if system is not None:
-        from stepsim.serve.system import system_capacity
-
-        capacity, chips = system_capacity(system, resolved, memory, block_size, hbm_bytes, config.max_num_seqs)
-    else:
-        hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
-        capacity = model_capacity(resolved, memory, hbm, block_size, config.max_num_seqs)
-    limit = max_model_len(config, capacity, memory.max_position_embeddings)
+    capacity, chips, limit = kv_cache_of(resolved, memory, config, hw, system, hbm_bytes)
     trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
     trace, long = fit_long_requests(trace, limit, capacity, memory.max_position_embeddings, policy)
@@ -599,6 +592,39 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         knobs["long_requests"] = policy
     return _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
                    requests, out, timeline, started, knobs, chips, long)
+
+
+def kv_cache_of(resolved, memory, config: SchedulerConfig, hw, system, hbm_bytes=None):
+    """``(capacity, chips, max_model_len)``: the KV cache a run of ``resolved`` keeps on ``hw`` (or every chip of
+    ``system``, ``chips`` its per-chip split; None on one chip) with ``config``'s block size and sequences, and the
+    longest sequence it serves."""
+    chips = None
+    if system is not None:
+        from stepsim.serve.system import system_capacity
+
+        capacity, chips = system_capacity(system, resolved, memory, config.block_size, hbm_bytes,
+                                          config.max_num_seqs)
+    else:
+        hbm = hw.hbm_capacity_bytes if hbm_bytes is None else hbm_bytes
+        capacity = model_capacity(resolved, memory, hbm, config.block_size, config.max_num_seqs)
+    return capacity, chips, max_model_len(config, capacity, memory.max_position_embeddings)
+
+
+def replica_scheduler(model, *, hardware=None, system=None, scheduler="vllm", max_seqs=None,
+                      max_batch_tokens=None, chunk_tokens=None) -> Scheduler:
+    """A fresh :class:`~stepsim.serve.scheduler.Scheduler` as :func:`serve` builds it for these arguments (a
+    ``provider`` given, the default block size and HBM): a replica replayed outside :func:`serve`
+    (:mod:`stepsim.plan.joint`)."""
+    config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
+                                  chunk_tokens=chunk_tokens, block_size=DEFAULT_BLOCK_SIZE)
+    hw = resolve_serving_hardware(hardware)
+    if system is not None:
+        from stepsim.serve.system import load_system
+
+        system, hw = load_system(system, hardware, None, hw)
+    resolved = resolve_model(model)
+    capacity, _, limit = kv_cache_of(resolved, model_memory(resolved), config, hw, system)
+    return Scheduler(config, capacity, limit)
 
 
 def fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing, limit_requests, arrival,

@@ -209,144 +209,211 @@ def compiled_decode_pool(arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
 def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, first_token, prefill_end):
     """The compiled loop: a colocated replay (``first_token`` None; ``stop`` as :func:`compiled_replay`'s) or a
     decode pool (no stop rule)."""
-    total = len(arrival_s)
-    if (type(scheduler) is not Scheduler or scheduler.running or scheduler.waiting or total == 0
-            or scheduler.usable != scheduler.free):
+    loop = CompiledLoop.make(len(arrival_s), scheduler, provider, progress, stop, first_token is not None)
+    if loop is None:
         return None
-    from stepsim.kernels import serve_replay as kr
+    loop.know(arrival_s, prompt, output, first_token, prefill_end)
+    if loop.run() is None:
+        return None
+    return loop.result(scheduler)
 
-    if type(provider) is ConstantLatency:
-        params = _constant_parameters(kr)
-        constant_s = float(provider.seconds)
-    else:
-        from stepsim.serve.replay_mapped import mapped_parameters
 
-        params = _fast_parameters(provider, kr) or mapped_parameters(provider, kr)
-        if params is None:
+class CompiledLoop:
+    """One compiled replay's state (every array :func:`stepsim.kernels.serve_replay.replay_loop` takes) and its
+    driver: :meth:`run` calls the loop until it is done or reaches the horizon, answering what it returns
+    (more step columns, window starts, a mapped table, progress). A replay knows every request at once
+    (:func:`_compiled`); a replica replayed alongside others (:mod:`stepsim.plan.joint`) is sent each request
+    when its router routes it (:meth:`send`) and runs up to the next request's arrival (:meth:`run_until`)."""
+
+    @classmethod
+    def make(cls, total: int, scheduler: Scheduler, provider, progress=None, stop=None, decode_pool=False):
+        """The loop of at most ``total`` requests through ``provider``, or None when this provider or scheduler is
+        not one it reproduces (module docstring)."""
+        if (type(scheduler) is not Scheduler or scheduler.running or scheduler.waiting or total == 0
+                or scheduler.usable != scheduler.free):
             return None
-        constant_s = 0.0
-    mapped = params.get("mapped") or _no_mapped(kr)
-    routing = params["routing"]
-    saved = None
-    if routing is not None:  # put back when the reference takes over
-        saved = (routing._windows.bit_generator.state, routing._starts, routing._used)
-    _compile_notice()
-    config = scheduler.config
-    cfg = np.zeros(kr.C_ROWS, dtype=np.int64)
-    cfg[kr.C_POLICY] = {"vllm": kr.VLLM, "sarathi": kr.SARATHI, "orca": kr.ORCA}[config.policy]
-    cfg[kr.C_MAX_SEQS] = config.max_num_seqs
-    cfg[kr.C_BUDGET] = config.max_num_batched_tokens or 0
-    cfg[kr.C_CHUNK] = config.chunk_tokens
-    cfg[kr.C_BLOCK_SIZE] = scheduler.block_size
-    cfg[kr.C_MAX_MODEL_LEN] = scheduler.max_model_len
-    cfg[kr.C_USABLE] = scheduler.usable
-    cfg[kr.C_WATERMARK] = scheduler.watermark
-    cfg[kr.C_PAUSE] = PAUSE_STEPS if progress is not None else np.iinfo(np.int64).max
-    st = np.zeros(kr.S_ROWS, dtype=np.int64)
-    st[kr.S_FREE] = scheduler.free
-    req = np.zeros((kr.R_ROWS, total), dtype=np.int64)
-    req[kr.R_PROMPT] = prompt
-    req[kr.R_OUTPUT] = output
-    req[kr.R_NUM_TOKENS] = prompt
-    req[kr.R_PREFILLING] = 1
-    times = np.full((kr.T_ROWS, total), -1.0)
-    times[kr.T_ARRIVAL] = arrival_s
-    if first_token is not None:  # the decode pool's requests arrive with their KV (disaggregated._decode_pool)
-        cfg[kr.C_DECODE_POOL] = 1
-        req[kr.R_PREFILLING] = 0
-        if first_token == "prefill":  # the prefill's token is the first: p tokens cached, p + 1 known
-            req[kr.R_COMPUTED] = prompt
-            req[kr.R_NUM_TOKENS] = np.asarray(prompt, dtype=np.int64) + 1
-            req[kr.R_OUTPUTS] = 1
-            times[kr.T_FIRST_TOKEN] = prefill_end
-            times[kr.T_LAST_TOKEN] = prefill_end
-        else:  # the pool recomputes the prompt's last token
-            req[kr.R_COMPUTED] = np.asarray(prompt, dtype=np.int64) - 1
-    queues = np.zeros((6, total), dtype=np.int64)  # running, waiting, rest, prefills, batch requests and tokens
-    running, waiting, rest, prefills, batch_r, batch_n = queues
-    ctx = np.zeros(total, dtype=np.int64)
-    gaps = np.zeros(int(np.maximum(np.asarray(output, dtype=np.int64), 1).sum()))
-    capacity = 4 * total + 1024
-    steps_i = np.zeros((kr.I_ROWS, capacity), dtype=np.int64)
-    steps_f = np.zeros((kr.F_ROWS, capacity))
-    now = np.zeros(1)
-    starts = np.zeros((1, 1), dtype=np.int64)
-    if routing is not None:
-        starts = routing._starts
-        st[kr.S_STARTS_USED] = routing._used
-    scratch = (np.zeros(4, dtype=np.int64), np.zeros(5, dtype=np.int64), np.zeros(3, dtype=np.int64), params["x"],
-               np.zeros(6), np.zeros(MAX_COLUMNS), params["tiles"])
-    if stop is None:
-        stop_f, stop_i = np.zeros(3), np.zeros(kr.SP_ROWS, dtype=np.int64)  # inactive
-    else:
-        stop_f, stop_i = stop.as_arrays()
-    seen = np.zeros(total, dtype=np.int64)
-    while True:
-        status = kr.replay_loop(cfg, st, now, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx,
-                                gaps, steps_i, steps_f, params["pi"], constant_s, params["forms"], params["theta"],
-                                params["prefix"], params["pool_rows"], starts, *scratch, stop_f, stop_i, seen,
-                                mapped["pm"], mapped["buckets_i"], mapped["buckets_f"], mapped["proj"],
-                                mapped["expert_of_rank"], mapped["need"], mapped["res"], mapped["mloads"],
-                                mapped["counts"], mapped["regions"], mapped["pc"])
+        from stepsim.kernels import serve_replay as kr
+
+        if type(provider) is ConstantLatency:
+            params = _constant_parameters(kr)
+            constant_s = float(provider.seconds)
+        else:
+            from stepsim.serve.replay_mapped import mapped_parameters
+
+            params = _fast_parameters(provider, kr) or mapped_parameters(provider, kr)
+            if params is None:
+                return None
+            constant_s = 0.0
+        return cls(kr, total, scheduler, params, constant_s, progress, stop, decode_pool)
+
+    def __init__(self, kr, total, scheduler, params, constant_s, progress, stop, decode_pool):
+        self.kr, self.params, self.constant_s, self.progress = kr, params, constant_s, progress
+        self.mapped = params.get("mapped") or _no_mapped(kr)
+        self.routing = routing = params["routing"]
+        self.saved = None
+        if routing is not None:  # put back when the reference takes over
+            self.saved = (routing._windows.bit_generator.state, routing._starts, routing._used)
+        _compile_notice()
+        config = scheduler.config
+        cfg = self.cfg = np.zeros(kr.C_ROWS, dtype=np.int64)
+        cfg[kr.C_POLICY] = {"vllm": kr.VLLM, "sarathi": kr.SARATHI, "orca": kr.ORCA}[config.policy]
+        cfg[kr.C_MAX_SEQS] = config.max_num_seqs
+        cfg[kr.C_BUDGET] = config.max_num_batched_tokens or 0
+        cfg[kr.C_CHUNK] = config.chunk_tokens
+        cfg[kr.C_BLOCK_SIZE] = scheduler.block_size
+        cfg[kr.C_MAX_MODEL_LEN] = scheduler.max_model_len
+        cfg[kr.C_USABLE] = scheduler.usable
+        cfg[kr.C_WATERMARK] = scheduler.watermark
+        cfg[kr.C_PAUSE] = PAUSE_STEPS if progress is not None else np.iinfo(np.int64).max
+        cfg[kr.C_DECODE_POOL] = int(decode_pool)
+        st = self.st = np.zeros(kr.S_ROWS, dtype=np.int64)
+        st[kr.S_FREE] = scheduler.free
+        self.req = np.zeros((kr.R_ROWS, total), dtype=np.int64)
+        self.times = np.full((kr.T_ROWS, total), -1.0)
+        self.times[kr.T_ARRIVAL] = np.inf  # a request not yet known never arrives (the stop rule's pointers)
+        self.queues = np.zeros((6, total), dtype=np.int64)  # running, waiting, rest, prefills, batch requests, tokens
+        self.ctx = np.zeros(total, dtype=np.int64)
+        self.gaps = np.zeros(0)  # a slot for every token after a request's first (``gap_slots`` of the known)
+        self.gap_slots = 0
+        capacity = 4 * total + 1024
+        self.steps_i = np.zeros((kr.I_ROWS, capacity), dtype=np.int64)
+        self.steps_f = np.zeros((kr.F_ROWS, capacity))
+        self.clock = np.array([0.0, np.inf])
+        self.starts = np.zeros((1, 1), dtype=np.int64)
         if routing is not None:
-            routing._used = int(st[kr.S_STARTS_USED])
-        if status == kr.DONE:
-            break
-        if status == kr.STOPPED:
-            _note(params, steps_i, st, kr)
-            _stopped(stop_i, st, now, steps_i, steps_f, params, kr)
-        if status == kr.NEED:  # a bucket's schedule, a token count's projections or collectives: the provider's own
-            from stepsim.serve.replay_mapped import fill
+            self.starts = routing._starts
+            st[kr.S_STARTS_USED] = routing._used
+        self.scratch = (np.zeros(4, dtype=np.int64), np.zeros(5, dtype=np.int64), np.zeros(3, dtype=np.int64),
+                        params["x"], np.zeros(6), np.zeros(MAX_COLUMNS), params["tiles"])
+        if stop is None:
+            self.stop_f, self.stop_i = np.zeros(3), np.zeros(kr.SP_ROWS, dtype=np.int64)  # inactive
+        else:
+            self.stop_f, self.stop_i = stop.as_arrays()
+        self.seen = np.zeros(total, dtype=np.int64)
 
-            try:
-                params.get("fill", fill)(params)
-            except Exception as exc:  # noqa: BLE001 - the Python loop replays, and raises the provider's error
-                status, _fallback_reason[0] = kr.UNSUPPORTED, f"{type(exc).__name__}: {exc}"
-        if status in (kr.REFUSED, kr.UNSUPPORTED):
-            if saved is not None:
-                routing._windows.bit_generator.state, routing._starts, routing._used = saved
-            return None
-        if status == kr.FULL:
-            steps_i = np.concatenate([steps_i, np.zeros_like(steps_i)], axis=1)
-            steps_f = np.concatenate([steps_f, np.zeros_like(steps_f)], axis=1)
-        elif status == kr.STARTS:  # SyntheticRouting.window's draw, at the step that needs it
-            from stepsim.serve.routing import POOL_TOKENS, WINDOW_BATCH
+    def know(self, arrival_s, prompt, output, first_token=None, prefill_end=None) -> None:
+        """Every request at once (a replay): their arrivals (s, sorted), prompt and output tokens; a decode pool's
+        ``first_token`` and ``prefill_end`` as :func:`compiled_decode_pool`'s."""
+        kr, req, times = self.kr, self.req, self.times
+        req[kr.R_PROMPT] = prompt
+        req[kr.R_OUTPUT] = output
+        req[kr.R_NUM_TOKENS] = prompt
+        req[kr.R_PREFILLING] = 1
+        times[kr.T_ARRIVAL] = arrival_s
+        if first_token is not None:  # the decode pool's requests arrive with their KV (disaggregated._decode_pool)
+            req[kr.R_PREFILLING] = 0
+            if first_token == "prefill":  # the prefill's token is the first: p tokens cached, p + 1 known
+                req[kr.R_COMPUTED] = prompt
+                req[kr.R_NUM_TOKENS] = np.asarray(prompt, dtype=np.int64) + 1
+                req[kr.R_OUTPUTS] = 1
+                times[kr.T_FIRST_TOKEN] = prefill_end
+                times[kr.T_LAST_TOKEN] = prefill_end
+            else:  # the pool recomputes the prompt's last token
+                req[kr.R_COMPUTED] = np.asarray(prompt, dtype=np.int64) - 1
+        self.gap_slots = int(np.maximum(np.asarray(output, dtype=np.int64), 1).sum())
+        self.gaps = np.zeros(self.gap_slots)
+        self.st[kr.S_KNOWN] = len(arrival_s)
 
-            routing._starts = routing._windows.integers(0, POOL_TOKENS, size=(WINDOW_BATCH, routing.layers))
-            routing._used = 0
-            starts = routing._starts
-            st[kr.S_STARTS_USED] = 0
-        if progress is not None:
-            progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
-    _note(params, steps_i, st, kr)
-    scheduler.free = int(st[kr.S_FREE])
-    scheduler.preempted = int(st[kr.S_PREEMPTED])
-    if progress is not None:
-        progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
-    n = int(st[kr.S_STEPS])
-    blocks = steps_i[kr.I_BLOCKS, :n].copy()
-    iterations = {
-        "start_s": steps_f[kr.F_START, :n].copy(), "duration_s": steps_f[kr.F_DURATION, :n].copy(),
-        "tokens": steps_i[kr.I_TOKENS, :n].copy(), "sequences": steps_i[kr.I_SEQUENCES, :n].copy(),
-        "prefill_tokens": steps_i[kr.I_PREFILL, :n].copy(), "decode_tokens": steps_i[kr.I_DECODE, :n].copy(),
-        "kv_blocks_used": blocks, "preemptions": steps_i[kr.I_PREEMPTIONS, :n].copy(),
-        "waiting": steps_i[kr.I_WAITING, :n].copy(),
-    }
-    rows = {"attention": kr.I_CYCLES_ATTENTION, "ffn": kr.I_CYCLES_FFN, "hidden": kr.I_CYCLES_HIDDEN,
-            "weights": kr.I_CYCLES_WEIGHTS, "floor": kr.I_CYCLES_FLOOR}
-    for kind in params["cycles"]:  # sorted, as the reference's columns
-        iterations[f"cycles_{kind}"] = steps_i[rows[kind], :n].copy()
-    if params["cycles"]:  # StepWork.work and .utilisation: int / int, exact below 2**53 (the kernel checked)
-        roofline = params["roofline"]
-        hbm, flops, cycles = steps_i[kr.I_HBM, :n].copy(), steps_i[kr.I_FLOPS, :n].copy(), steps_i[kr.I_CYCLES, :n]
-        work = {"hbm_bytes": hbm, "flops": flops, "hbm_utilisation": hbm / (cycles * roofline.peak_bytes),
-                "compute_utilisation": flops / (cycles * roofline.peak_flops)}
-        for name in WORK_COLUMNS:
-            iterations[name] = work[name]
-    return ReplayResult(
-        first_scheduled=times[kr.T_FIRST_SCHEDULED].copy(), first_token=times[kr.T_FIRST_TOKEN].copy(),
-        finish=times[kr.T_FINISH].copy(), preemptions=req[kr.R_PREEMPTIONS].copy(),
-        itl=gaps[:int(st[kr.S_GAPS])].copy(), iterations=iterations, max_blocks_used=int(blocks.max(initial=0)))
+    def send(self, arrival_s: float, prompt: int, output: int) -> None:
+        """One more request, arriving at ``arrival_s`` (s, no earlier than the last sent), the table's next column."""
+        kr, k = self.kr, int(self.st[self.kr.S_KNOWN])
+        self.req[kr.R_PROMPT, k] = self.req[kr.R_NUM_TOKENS, k] = prompt
+        self.req[kr.R_OUTPUT, k] = output
+        self.req[kr.R_PREFILLING, k] = 1
+        self.times[kr.T_ARRIVAL, k] = arrival_s
+        self.st[kr.S_KNOWN] = k + 1
+        self.gap_slots += max(output, 1)
+        if self.gap_slots > len(self.gaps):
+            grown = np.zeros(max(2 * len(self.gaps), self.gap_slots, 1024))
+            grown[:len(self.gaps)] = self.gaps
+            self.gaps = grown
+
+    def run_until(self, horizon_s: float):
+        """Run every step that starts before ``horizon_s`` (s; inf: to the end): the status :meth:`run` returns."""
+        self.clock[self.kr.CLOCK_HORIZON] = horizon_s
+        return self.run()
+
+    def run(self):
+        """Call the loop until it is done (``kr.DONE``) or at the horizon (``kr.HORIZON``); None when the reference
+        must replay (the routing's state put back); raises :class:`~stepsim.serve.replay_stop.ReplayStopped`."""
+        kr, params, routing, mapped, st = self.kr, self.params, self.routing, self.mapped, self.st
+        running, waiting, rest, prefills, batch_r, batch_n = self.queues
+        while True:
+            status = kr.replay_loop(self.cfg, st, self.clock, self.req, self.times, running, waiting, rest, prefills,
+                                    batch_r, batch_n, self.ctx, self.gaps, self.steps_i, self.steps_f, params["pi"],
+                                    self.constant_s, params["forms"], params["theta"], params["prefix"],
+                                    params["pool_rows"], self.starts, *self.scratch, self.stop_f, self.stop_i,
+                                    self.seen, mapped["pm"], mapped["buckets_i"], mapped["buckets_f"],
+                                    mapped["proj"], mapped["expert_of_rank"], mapped["need"], mapped["res"],
+                                    mapped["mloads"], mapped["counts"], mapped["regions"], mapped["pc"])
+            if routing is not None:
+                routing._used = int(st[kr.S_STARTS_USED])
+            if status in (kr.DONE, kr.HORIZON):
+                return status
+            if status == kr.STOPPED:
+                _note(params, self.steps_i, st, kr)
+                _stopped(self.stop_i, st, self.clock, self.steps_i, self.steps_f, params, kr)
+            if status == kr.NEED:  # a bucket's schedule, a token count's projections or collectives: the provider's
+                from stepsim.serve.replay_mapped import fill
+
+                try:
+                    params.get("fill", fill)(params)
+                except Exception as exc:  # noqa: BLE001 - the Python loop replays, and raises the provider's error
+                    status, _fallback_reason[0] = kr.UNSUPPORTED, f"{type(exc).__name__}: {exc}"
+            if status in (kr.REFUSED, kr.UNSUPPORTED):
+                if self.saved is not None:
+                    routing._windows.bit_generator.state, routing._starts, routing._used = self.saved
+                return None
+            if status == kr.FULL:
+                self.steps_i = np.concatenate([self.steps_i, np.zeros_like(self.steps_i)], axis=1)
+                self.steps_f = np.concatenate([self.steps_f, np.zeros_like(self.steps_f)], axis=1)
+            elif status == kr.STARTS:  # SyntheticRouting.window's draw, at the step that needs it
+                from stepsim.serve.routing import POOL_TOKENS, WINDOW_BATCH
+
+                routing._starts = routing._windows.integers(0, POOL_TOKENS, size=(WINDOW_BATCH, routing.layers))
+                routing._used = 0
+                self.starts = routing._starts
+                st[kr.S_STARTS_USED] = 0
+            if self.progress is not None:
+                self.progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
+
+    def result(self, scheduler: Scheduler) -> ReplayResult:
+        """The finished run's :class:`~stepsim.serve.replay_result.ReplayResult` (its requests in the table's
+        order); ``scheduler`` gets the loop's free blocks and preemptions."""
+        kr, params, st, steps_i, steps_f = self.kr, self.params, self.st, self.steps_i, self.steps_f
+        _note(params, steps_i, st, kr)
+        scheduler.free = int(st[kr.S_FREE])
+        scheduler.preempted = int(st[kr.S_PREEMPTED])
+        if self.progress is not None:
+            self.progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
+        n = int(st[kr.S_STEPS])
+        known = int(st[kr.S_KNOWN])
+        blocks = steps_i[kr.I_BLOCKS, :n].copy()
+        iterations = {
+            "start_s": steps_f[kr.F_START, :n].copy(), "duration_s": steps_f[kr.F_DURATION, :n].copy(),
+            "tokens": steps_i[kr.I_TOKENS, :n].copy(), "sequences": steps_i[kr.I_SEQUENCES, :n].copy(),
+            "prefill_tokens": steps_i[kr.I_PREFILL, :n].copy(), "decode_tokens": steps_i[kr.I_DECODE, :n].copy(),
+            "kv_blocks_used": blocks, "preemptions": steps_i[kr.I_PREEMPTIONS, :n].copy(),
+            "waiting": steps_i[kr.I_WAITING, :n].copy(),
+        }
+        rows = {"attention": kr.I_CYCLES_ATTENTION, "ffn": kr.I_CYCLES_FFN, "hidden": kr.I_CYCLES_HIDDEN,
+                "weights": kr.I_CYCLES_WEIGHTS, "floor": kr.I_CYCLES_FLOOR}
+        for kind in params["cycles"]:  # sorted, as the reference's columns
+            iterations[f"cycles_{kind}"] = steps_i[rows[kind], :n].copy()
+        if params["cycles"]:  # StepWork.work and .utilisation: int / int, exact below 2**53 (the kernel checked)
+            roofline = params["roofline"]
+            hbm, flops = steps_i[kr.I_HBM, :n].copy(), steps_i[kr.I_FLOPS, :n].copy()
+            cycles = steps_i[kr.I_CYCLES, :n]
+            work = {"hbm_bytes": hbm, "flops": flops, "hbm_utilisation": hbm / (cycles * roofline.peak_bytes),
+                    "compute_utilisation": flops / (cycles * roofline.peak_flops)}
+            for name in WORK_COLUMNS:
+                iterations[name] = work[name]
+        times = self.times[:, :known]
+        return ReplayResult(
+            first_scheduled=times[kr.T_FIRST_SCHEDULED].copy(), first_token=times[kr.T_FIRST_TOKEN].copy(),
+            finish=times[kr.T_FINISH].copy(), preemptions=self.req[kr.R_PREEMPTIONS, :known].copy(),
+            itl=self.gaps[:int(st[kr.S_GAPS])].copy(), iterations=iterations,
+            max_blocks_used=int(blocks.max(initial=0)))
 
 
 #: why the last compiled replay on mapped layers handed its run to the Python loop (a table it could not fill)
@@ -361,7 +428,7 @@ def _note(params, steps_i, st, kr) -> None:
         note_buckets(params, steps_i, int(st[kr.S_STEPS]), kr)
 
 
-def _stopped(stop_i, st, now, steps_i, steps_f, params, kr) -> None:
+def _stopped(stop_i, st, clock, steps_i, steps_f, params, kr) -> None:
     """Raise :class:`~stepsim.serve.replay_stop.ReplayStopped` for a loop that returned STOPPED (the metric as the
     reference names it, the largest utilisation of the steps made as its ``StepWork`` computes it)."""
     from stepsim.serve.replay_stop import ReplayStopped
@@ -377,7 +444,7 @@ def _stopped(stop_i, st, now, steps_i, steps_f, params, kr) -> None:
         cycles = steps_i[kr.I_CYCLES, :n]
         util = float(max(np.max(steps_i[kr.I_HBM, :n] / (cycles * roofline.peak_bytes)),
                          np.max(steps_i[kr.I_FLOPS, :n] / (cycles * roofline.peak_flops))))
-    raise ReplayStopped(metric, n, float(now[0]), util)
+    raise ReplayStopped(metric, n, float(clock[kr.CLOCK_NOW]), util)
 
 
 def _compile_notice() -> None:

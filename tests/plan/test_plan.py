@@ -230,7 +230,8 @@ def _evaluators(tmp):
     base = BaseTrace(t.arrival_s - t.arrival_s[0], t.prompt_tokens.astype(np.int64), t.output_tokens.astype(np.int64))
     pricer = ShapePricer(str(model), resolve_model(str(model)), "sn40l", 1, None, tmp / "cache")
     pricer.calibrate(tmp / "t.parquet", SLO)
-    return base, lambda: Evaluator(str(model), base, {"ttft": 3e-4}, 99.0, {("sn40l", 1): pricer}, tmp)
+    return base, lambda trace=base, **kw: Evaluator(str(model), trace, {"ttft": 3e-4}, 99.0, {("sn40l", 1): pricer},
+                                                    tmp, **kw)
 
 
 def test_least_outstanding_settles_on_a_fixed_point(plans):
@@ -243,7 +244,7 @@ def test_least_outstanding_settles_on_a_fixed_point(plans):
     ev = evaluator()
     dep = Deployment(1, 2, "least-outstanding", SchedulerChoice("vllm", 128, 256))
     result = ev.evaluate(dep, 4.0)
-    assert result.rounds >= 2
+    assert result.rounds == 1  # the replicas replayed together (stepsim/plan/joint.py); by rounds: 2 or more
     arrival = base.arrival / 4.0
     finish = np.full(base.n, np.nan)
     for r in range(2):
@@ -261,7 +262,11 @@ def test_a_rates_routing_rounds_start_from_the_last_rates_routing(plans, router)
     fewer rounds over a search's rates."""
     from stepsim.plan.space import Deployment, SchedulerChoice
 
-    _, evaluator = _evaluators(plans[2])
+    _, make = _evaluators(plans[2])
+
+    def evaluator():  # by rounds (the replicas replayed together need none: the next test)
+        return make(joint=False)
+
     dep = Deployment(1, 3, router, SchedulerChoice("vllm", 4, 256))
     searched = evaluator()  # one search's evaluator: each rate from the last one's routing
     rounds = {"warm": [], "cold": []}
@@ -275,6 +280,58 @@ def test_a_rates_routing_rounds_start_from_the_last_rates_routing(plans, router)
     # one (16x after 8x) can take more rounds from its routing than from scratch
     assert rounds == {"least-outstanding": {"warm": [11, 1, 2, 2, 5, 5, 1], "cold": [11, 11, 8, 6, 3, 5, 5]},
                       "kv-load": {"warm": [11, 1, 2, 2, 4, 6, 1], "cold": [11, 11, 8, 7, 4, 6, 6]}}[router]
+
+
+def _busy_trace(n: int = 80):
+    """``n`` requests of the small model arriving in bursts (arrival ties included): prompts of 1-300 tokens, outputs
+    of 1-40, over 8 ms."""
+    from stepsim.plan.evaluate import BaseTrace
+
+    rng = np.random.default_rng(11)
+    arrival = np.sort(np.round(rng.uniform(0, 0.008, n), 4))  # rounded: some arrive together
+    assert len(np.unique(arrival)) < n
+    return BaseTrace(arrival - arrival[0], rng.integers(1, 301, n), rng.integers(1, 41, n))
+
+
+@pytest.mark.parametrize("scheduler", [("vllm", 4, 256), ("sarathi", 8, None, 128), ("orca", 3)])
+def test_replicas_replayed_together_route_as_the_fixed_point(plans, scheduler):
+    """A state-dependent router's replicas replayed together in time order (stepsim/plan/joint.py, one replay of
+    each) give the fixed point's routing (stepsim/plan/replicas.py, rounds of separate replays) and every metric bit
+    for bit: both routers, 2 and 3 replicas, three schedulers, rates from idle to overloaded."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    _, evaluator = _evaluators(plans[2])
+    trace = _busy_trace()
+    joint, rounds = evaluator(trace), evaluator(trace, joint=False)
+    for router in ("least-outstanding", "kv-load"):
+        for replicas in (2, 3):
+            dep = Deployment(1, replicas, router, SchedulerChoice(*scheduler))
+            for m in (0.05, 1.0, 4.0, 16.0):
+                together, separately = joint.evaluate(dep, m), rounds.evaluate(dep, m)
+                assert together.rounds == 1
+                assert together.assignment.tolist() == separately.assignment.tolist()
+                assert (together.meets, together.metrics, together.max_utilisation) == (
+                    separately.meets, separately.metrics, separately.max_utilisation)
+    # one replay of each replica a rate, against the rounds' many (a replica whose requests did not change between
+    # two rounds is reused, not replayed)
+    assert joint.replays == 2 * 4 * (2 + 3)
+    assert rounds.replays > 2 * joint.replays
+
+
+def test_replicas_replayed_together_stop_once_the_slo_is_provably_missed(plans):
+    """Replayed together, a state-dependent deployment's routing is final as it is made, so a replica whose misses
+    alone exceed the deployment's allowance stops the evaluation (stepsim/serve/replay_stop.py); the verdict is the
+    full replay's."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    _, evaluator = _evaluators(plans[2])
+    trace = _busy_trace()
+    stopping, full = evaluator(trace, stop_early=True), evaluator(trace)
+    dep = Deployment(1, 2, "least-outstanding", SchedulerChoice("vllm", 4, 256))
+    verdicts = [(stopping.evaluate(dep, m).meets, full.evaluate(dep, m).meets) for m in (0.05, 4.0, 16.0, 64.0)]
+    assert verdicts == [(True, True), (True, True), (False, False), (False, False)]  # p99 TTFT 1.01 ms at 16x
+    # the two failing rates' replicas stopped early (both counted), the passing ones served in full
+    assert (stopping.replays, stopping.stopped, full.replays, full.stopped) == (4, 4, 8, 0)
 
 
 def test_the_front_exponent_bisects_a_monotone_can_win():
