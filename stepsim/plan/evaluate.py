@@ -59,9 +59,9 @@ class Evaluation:
 class Evaluator:
     """Serves deployments (``evaluate``) and counts the replays (one per replica run through serve): ``replays``
     served every request, ``stopped`` stopped early (``stop_early``: a replay whose SLO is provably missed at the
-    percentile stops there, :mod:`stepsim.serve.replay_stop`). A state-dependent router's replicas are replayed together
-    (:mod:`stepsim.plan.joint`: one replay of each) unless ``joint`` is False or their loops are not the compiled
-    one; else by rounds of separate replays (:mod:`stepsim.plan.replicas`: the same routing)."""
+    percentile stops there, :mod:`stepsim.serve.replay_stop`). A state-dependent router's replicas are replayed
+    together (:mod:`stepsim.plan.joint`: one replay of each) unless ``joint`` is False or their loops are not the
+    compiled one; else by rounds of separate replays (:mod:`stepsim.plan.replicas`: the same routing)."""
 
     def __init__(self, model_arg, base: BaseTrace, slo: dict, percentile: float, pricers: dict, folder: Path,
                  stop_early: bool = False, joint: bool = True):
@@ -201,12 +201,12 @@ class Evaluator:
 
         try:
             run = joint_replay(dep.router, dep.replicas, arrival, b.prompt, b.output, replica)
-        except ReplayStopped as stopped:
+        except ReplayStopped as stopped:  # the replicas' replays all end here
             self.stopped += dep.replicas
             return Evaluation(multiplier, False, None, 1, stopped.max_utilisation, np.empty(0, dtype=np.int64))
         if run is None:
             return None
-        self.replays += dep.replicas
+        self.replays += len(np.unique(run.assignment))  # each replica sent a request, replayed once
         metrics = self.metrics(arrival, run.first_token, run.finish)
         metrics["requests_per_replica"] = np.bincount(run.assignment, minlength=dep.replicas).tolist()
         return Evaluation(multiplier, metrics["meets_slo"], metrics, 1, run.max_utilisation, run.assignment)

@@ -10,8 +10,9 @@ Each replica is a ``stepsim serve`` run of the requests the router sends it. The
 
 ties to the lowest replica. A request finishing exactly at another's arrival is no longer outstanding.
 
-The two state-dependent routers need each replica's finish times, which depend on what was routed to it: they are
-found by a fixed-point iteration that is exact. Route every request from the finish times of the last replay
+The two state-dependent routers need each replica's finish times, which depend on what was routed to it. The plan
+replays such replicas together, routing each request at its arrival (:mod:`stepsim.plan.joint`, one replay each);
+where a replica's loop is not the compiled one, the same routing is found by a fixed-point iteration that is exact. Route every request from the finish times of the last replay
 (a request whose replica changed counts as outstanding), replay the replicas whose requests changed, repeat
 until the routing does not change. Whether request i's earlier requests are outstanding at its arrival depends
 only on the requests that arrived before it (a request joins a step at or after its arrival, so it cannot
