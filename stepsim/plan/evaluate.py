@@ -80,6 +80,7 @@ class Evaluator:
         # a replica's run depends only on its shape, scheduler, requests and their arrivals: two deployments (or
         # two routing rounds) that send one replica the same requests at the same rate share its replay
         self._runs: dict[tuple, dict] = {}
+        self._joint_runs: dict[tuple, Evaluation | None] = {}  # replicas replayed together: by deployment and arrivals
         # a state-dependent router's last settled routing of each deployment: the next rate's first round
         # (stepsim/plan/replicas.py: the rounds reach the same fixed point from any first routing)
         self._settled: dict = {}
@@ -182,7 +183,16 @@ class Evaluator:
     def _joint(self, dep: Deployment, multiplier: float, arrival: np.ndarray) -> Evaluation | None:
         """``dep``'s replicas replayed together (:mod:`stepsim.plan.joint`: one replay of each, the fixed point's
         routing), stopping once a replica's SLO is provably missed (its routing is final as it is made); None when
-        a replica's loop is not the compiled one."""
+        a replica's loop is not the compiled one. An evaluation made before (the same deployment, arrivals and stop
+        rule) is reused."""
+        key = (dep, arrival.tobytes(), self.stop_rule)  # a search's front probe is one of its probes: served once
+        if key in self._joint_runs:
+            self.reused += dep.replicas
+            return self._joint_runs[key]
+        self._joint_runs[key] = out = self._joint_replay(dep, multiplier, arrival)
+        return out
+
+    def _joint_replay(self, dep: Deployment, multiplier: float, arrival: np.ndarray) -> Evaluation | None:
         from stepsim.plan.joint import joint_replay
         from stepsim.serve.replay_compiled import CompiledLoop
         from stepsim.serve.replay_stop import ReplayStopped

@@ -2,7 +2,8 @@
 fast model's pricing in machine code, for the providers whose every number it reproduces bit for bit:
 
 * :class:`~stepsim.serve.latency.ConstantLatency` (``--iteration-latency``);
-* :class:`~stepsim.serve.fast.FastLatency` once calibrated (no calibration recorder), on one chip, dense or MoE
+* :class:`~stepsim.serve.fast.FastLatency` (calibrated, or a calibration's pilot: its reservoir fed every step), on
+  one chip, dense or MoE
   with the synthetic routing (its pool and window starts are the Python path's: the starts are drawn from the
   routing's own generator, a batch of :data:`~stepsim.serve.routing.WINDOW_BATCH` steps at a time, as
   :meth:`~stepsim.serve.routing.SyntheticRouting.window` draws them).
@@ -15,6 +16,7 @@ routing's state is put back first, so the reference starts where the compiled lo
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
@@ -42,7 +44,7 @@ def _fast_parameters(provider, kr) -> dict | None:
     from stepsim.serve.system_fast import SystemFastLatency
 
     system = type(provider) is SystemFastLatency
-    if not (type(provider) is FastLatency or system) or provider.recorder is not None:
+    if not (type(provider) is FastLatency or system) or not recordable(provider):
         return None
     if not system and provider.spec.system is not None:
         return None
@@ -149,6 +151,15 @@ def _fast_parameters(provider, kr) -> dict | None:
     return params
 
 
+def recordable(provider) -> bool:
+    """Whether the compiled loop can feed ``provider``'s calibration recorder (none, or a
+    :class:`~stepsim.serve.fast.Reservoir`: :meth:`CompiledLoop._record` offers it every step as the provider's
+    own ``__call__`` does)."""
+    from stepsim.serve.fast import Reservoir
+
+    return provider.recorder is None or type(provider.recorder) is Reservoir
+
+
 def _fill_collective(params: dict) -> None:
     """A system's collectives at the step's tokens (``need[0]``) into ``proj[0, 0]``: the provider's own
     ``collective_cycles`` of a step of that many tokens (they depend on the tokens alone)."""
@@ -244,10 +255,16 @@ class CompiledLoop:
             if params is None:
                 return None
             constant_s = 0.0
-        return cls(kr, total, scheduler, params, constant_s, progress, stop, decode_pool)
+        return cls(kr, total, scheduler, provider, params, constant_s, progress, stop, decode_pool)
 
-    def __init__(self, kr, total, scheduler, params, constant_s, progress, stop, decode_pool):
+    def __init__(self, kr, total, scheduler, provider, params, constant_s, progress, stop, decode_pool):
         self.kr, self.params, self.constant_s, self.progress = kr, params, constant_s, progress
+        self.provider = provider
+        # a calibration's pilot replay: every step offered to the provider's reservoir (_record), the loop
+        # returning after each; the reservoir as it was, for the reference loop should it take over
+        self.recorder = getattr(provider, "recorder", None)
+        self.recorded = 0
+        self.fresh_recorder = None if self.recorder is None else copy.deepcopy(self.recorder)
         self.mapped = params.get("mapped") or _no_mapped(kr)
         self.routing = routing = params["routing"]
         self.saved = None
@@ -265,6 +282,8 @@ class CompiledLoop:
         cfg[kr.C_USABLE] = scheduler.usable
         cfg[kr.C_WATERMARK] = scheduler.watermark
         cfg[kr.C_PAUSE] = PAUSE_STEPS if progress is not None else np.iinfo(np.int64).max
+        if self.recorder is not None:
+            cfg[kr.C_PAUSE] = 1
         cfg[kr.C_DECODE_POOL] = int(decode_pool)
         st = self.st = np.zeros(kr.S_ROWS, dtype=np.int64)
         st[kr.S_FREE] = scheduler.free
@@ -348,6 +367,8 @@ class CompiledLoop:
                                     mapped["mloads"], mapped["counts"], mapped["regions"], mapped["pc"])
             if routing is not None:
                 routing._used = int(st[kr.S_STARTS_USED])
+            if self.recorder is not None and st[kr.S_STEPS] > self.recorded:
+                self._record()
             if status in (kr.DONE, kr.HORIZON):
                 return status
             if status == kr.STOPPED:
@@ -363,6 +384,8 @@ class CompiledLoop:
             if status in (kr.REFUSED, kr.UNSUPPORTED):
                 if self.saved is not None:
                     routing._windows.bit_generator.state, routing._starts, routing._used = self.saved
+                if self.recorder is not None:
+                    self.provider.recorder = self.fresh_recorder
                 return None
             if status == kr.FULL:
                 self.steps_i = np.concatenate([self.steps_i, np.zeros_like(self.steps_i)], axis=1)
@@ -376,6 +399,40 @@ class CompiledLoop:
                 st[kr.S_STARTS_USED] = 0
             if self.progress is not None:
                 self.progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
+
+    def _record(self) -> None:
+        """Offer the step just made to the provider's recorder, as its ``__call__`` would have: the step's
+        :class:`~stepsim.serve.latency.IterationBatch` (the batch the loop left in its queues, each request's cached
+        tokens in ``ctx``), whether it has a prefill chunk, and its tasks, made only for a step kept (the FFN's from
+        the routing window the step drew, :meth:`_ffn_tasks`)."""
+        from stepsim.serve.latency import IterationBatch
+
+        kr, st, k = self.kr, self.st, self.recorded
+        self.recorded += 1
+        m = int(st[kr.S_BATCH])
+        new = self.queues[5, :m]
+        batch = IterationBatch(self.ctx[:m].tolist(), new.tolist(), int(self.steps_i[kr.I_PREFILL, k]),
+                               int(self.steps_i[kr.I_DECODE, k]))
+        row = None
+        if self.routing is not None:  # the window the step drew: its row of the starts
+            row = self.starts[int(st[kr.S_STARTS_USED]) - 1].copy()
+        tokens = batch.prefill_tokens + batch.decode_tokens
+        provider = self.provider
+        self.recorder(batch, bool((new != 1).any()),
+                      lambda: provider.tasks(batch, self._ffn_tasks(tokens, row)()))
+
+    def _ffn_tasks(self, tokens: int, row):
+        """The provider's FFN tasks of a step of ``tokens`` tokens that drew the routing window at ``row`` (the
+        routing's state put back after)."""
+        routing = self.routing
+        if row is None:
+            return self.provider.ffn_rows(tokens)[1]
+        saved = routing._starts, routing._used
+        routing._starts, routing._used = row[None, :], 0
+        try:
+            return self.provider.ffn_rows(tokens)[1]
+        finally:
+            routing._starts, routing._used = saved
 
     def result(self, scheduler: Scheduler) -> ReplayResult:
         """The finished run's :class:`~stepsim.serve.replay_result.ReplayResult` (its requests in the table's

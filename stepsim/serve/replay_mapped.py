@@ -8,7 +8,7 @@ all-reduce's cycles at each token count), filled from the provider's own functio
 the provider's ``layer_use.note`` does.
 
 :func:`mapped_parameters` returns None (the Python loop replays) for a provider this does not reproduce: another
-subclass, a calibration's recorder, a routing dump, experts that do not split evenly over the chips, coefficients
+subclass, a recorder other than a calibration's reservoir, a routing dump, experts that do not split evenly over the chips, coefficients
 of other widths; :func:`fill` raises :class:`Unsupported` where a table entry is not what the kernel can use exactly
 (then the Python loop replays too, and raises the provider's own error where it has one).
 """
@@ -48,8 +48,10 @@ def mapped_parameters(provider, kr) -> dict | None:
     from stepsim.workloads.moe.parallel import place_experts
 
     provider_type = type(provider)
+    from stepsim.serve.replay_compiled import recordable
+
     if provider_type not in (MappedFastLatency, MappedSystemFastLatency, MappedEPFastLatency) \
-            or provider.recorder is not None:
+            or not recordable(provider):
         return None
     model, hardware, spec = provider.model, provider.hardware, provider.spec
     # one chip's layer is the model's; a system's chips each run a shard of the attention (spec.model): a dense

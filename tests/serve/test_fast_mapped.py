@@ -232,3 +232,39 @@ def test_serve_maps_its_layers_by_default_on_sn40l_only(tiny, tmp_path):
     assert "schedule" not in on_step_eval.summary["fidelity"]
     assert on_step_eval.iterations.equals(stepsim.serve(str(tiny), trace, fidelity="exact", hardware="step-eval",
                                                         schedule="paper").iterations)
+
+
+@pytest.mark.parametrize("schedule", ["auto", "paper"])
+def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tiny, tmp_path, monkeypatch, schedule):
+    """A calibration's two pilot replays run in the compiled loop, which offers every step to the provider's
+    reservoir as its ``__call__`` does (stepsim/serve/replay_compiled.py ``CompiledLoop._record``): the calibration
+    (coefficients, held-out errors, forms, simulations) is the Python loop's bit for bit, on mapped layers
+    (MappedFastLatency) and on the paper's (FastLatency)."""
+    from stepsim.serve import replay_compiled
+    from stepsim.serve.calibration_cache import load_calibration
+
+    rng = np.random.default_rng(5)
+    trace = requests_file(tmp_path / "t.parquet", np.sort(rng.uniform(0, 0.003, 24)), rng.integers(5, 60, 24),
+                          rng.integers(2, 16, 24))
+    recorded = []
+    real_record = replay_compiled.CompiledLoop._record
+    monkeypatch.setattr(replay_compiled.CompiledLoop, "_record", lambda self: recorded.append(real_record(self)))
+
+    def calibration(folder):
+        run = stepsim.serve(str(tiny), trace, fidelity="fast", schedule=schedule, calibration_cache=folder)
+        record = load_calibration(folder, run.summary["fidelity"]["calibration"])
+        timing = ("build_s", "engine_s", "pass_wall_s")  # wall clocks: the only fields that differ
+        record["stats"] = {k: v for k, v in record["stats"].items() if k not in timing}
+        return record, run.summary["iterations"]
+
+    compiled = calibration(tmp_path / "compiled")
+    steps = len(recorded)
+    monkeypatch.setattr(replay_compiled, "recordable", lambda provider: provider.recorder is None)
+    monkeypatch.setattr(fast_mapped, "_MEMO", {})  # the templates made again, as the first calibration made them
+    monkeypatch.setattr(stepsim.serve.exact, "_RUNNERS", {})
+    python = calibration(tmp_path / "python")
+    assert len(recorded) == steps  # the second calibration's pilots all in the Python loop
+    assert compiled == python
+    # every step of both pilots offered (the first priced by the bounds, the second by its fit: their step counts
+    # differ), as the Python loop offered them
+    assert (steps, compiled[1]) == ({"auto": 331, "paper": 306}[schedule], {"auto": 165, "paper": 155}[schedule])

@@ -208,8 +208,8 @@ def test_the_first_compiled_replay_says_it_compiles(monkeypatch, capsys):
 
 
 def test_a_fast_provider_it_was_not_written_for_goes_to_the_reference(tmp_path):
-    """Coefficients of another shape (an unknown kind), a calibration's recorder, a routing dump: the compiled
-    path steps aside (None), the reference replays."""
+    """Coefficients of another shape (an unknown kind), a recorder other than a calibration's reservoir, a routing
+    dump: the compiled path steps aside (None), the reference replays."""
     from stepsim.serve.fast import Reservoir
 
     model = _model(tmp_path, "moe")
@@ -224,7 +224,10 @@ def test_a_fast_provider_it_was_not_written_for_goes_to_the_reference(tmp_path):
     other = _fast(model, 0, forms, {**theta, "ffn_auto": theta["ffn"]})
     assert compiled_replay(arrival, prompt, output, scheduler(), other) is None
     recording = _fast(model, 0, forms, theta)
-    recording.recorder = Reservoir(3, seed=0)
+    recording.recorder = Reservoir(3, seed=0)  # a calibration's: fed step by step (tests/serve/test_fast_mapped.py)
+    fed = compiled_replay(arrival, prompt, output, scheduler(), recording)
+    assert recording.recorder.steps == len(fed.iterations["start_s"]) == 7  # every step offered
+    recording.recorder = lambda batch, prefill_step, tasks: None  # any other recorder
     assert compiled_replay(arrival, prompt, output, scheduler(), recording) is None
     dump = _fast(model, 0, forms, theta)
     dump.routing = object()
