@@ -93,8 +93,8 @@ FM_DECODE_BYTES, FM_DECODE_FLOPS, FM_PREFILL_BYTES, FM_PREFILL_FLOPS, FM_FFN_BYT
 #: return values
 DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED, NEED, HORIZON = range(9)
 #: ``NEED``: mapped pricing's tables lack a bucket's schedule or a token count's projections (``need`` says which;
-#: the caller fills them and calls again); ``HORIZON``: the next step would start at or after ``clock[CLOCK_HORIZON]``
-#: (or the loop is idle with every known request done and the horizon finite)
+#: the caller fills them and calls again); ``HORIZON``: the next step would start at or after
+#: ``clock[CLOCK_HORIZON]`` (``DONE``: every known request is done, whatever the horizon)
 #: entries of the stop rule's integers ``stop_i`` (int64; :meth:`stepsim.serve.replay_stop.StopRule.as_arrays`):
 #: active (0: no rule), the misses each metric may have, the misses counted, the TTFT and E2E arrival pointers
 (SP_ACTIVE, SP_ALLOW_TTFT, SP_ALLOW_TPOT, SP_ALLOW_E2E, SP_MISS_TTFT, SP_MISS_TPOT, SP_MISS_E2E, SP_PTR_TTFT,
@@ -697,8 +697,8 @@ def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, ba
     """Replay until done or a reason to return (module docstring); returns that reason.
 
     ``clock`` (float64 ``[2]``) holds the time now and the horizon (s, :data:`CLOCK_NOW`, :data:`CLOCK_HORIZON`);
-    ``st`` the loop's counters (it serves the first ``st[S_KNOWN]`` requests of the table); ``steps_i`` / ``steps_f`` get a
-    column per step (``st[S_STEPS]`` of them so far, at most their width); ``pi`` the pricing's integers (mode
+    ``st`` the loop's counters (it serves the first ``st[S_KNOWN]`` requests of the table); ``steps_i`` /
+    ``steps_f`` get a column per step (``st[S_STEPS]`` of them so far, at most their width); ``pi`` the pricing's integers (mode
     :data:`CONSTANT`: every step ``constant_s`` seconds; :data:`FAST`: the fast model over ``forms``, ``theta``,
     the routing pool's prefix counts ``prefix`` and rows ``pool_rows``, window starts ``starts`` per step);
     ``stop_i[SP_ACTIVE]``: after every step, :func:`_stop_check` over the rule ``stop_f`` / ``stop_i`` and the
