@@ -334,6 +334,23 @@ def test_replicas_replayed_together_stop_once_the_slo_is_provably_missed(plans):
     assert (stopping.replays, stopping.stopped, full.replays, full.stopped) == (4, 4, 8, 0)
 
 
+def test_replicas_whose_loop_is_not_the_compiled_one_are_routed_by_rounds(plans, monkeypatch):
+    """A replica the compiled loop does not take (here: none; every replay then in the Python loop) is replayed
+    separately, round after round (12 here), to the same routing and metrics."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.serve.replay_compiled import CompiledLoop
+
+    _, evaluator = _evaluators(plans[2])
+    trace = _busy_trace()
+    dep = Deployment(1, 2, "kv-load", SchedulerChoice("vllm", 4, 256))
+    together = evaluator(trace).evaluate(dep, 4.0)
+    monkeypatch.setattr(CompiledLoop, "make", classmethod(lambda cls, *args, **kwargs: None))
+    separately = evaluator(trace).evaluate(dep, 4.0)
+    assert (together.rounds, separately.rounds) == (1, 12)
+    assert separately.assignment.tolist() == together.assignment.tolist()
+    assert separately.metrics == together.metrics
+
+
 def test_the_front_exponent_bisects_a_monotone_can_win():
     """front_exponent: the highest grid exponent where can_win is False (None: False nowhere)."""
     from stepsim.plan.search import front_exponent, multiplier
