@@ -545,7 +545,6 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     slo_seconds = parse_slo(slo) if slo is not None else None
     config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                                   chunk_tokens=chunk_tokens, block_size=block_size)
-    chips = None
     if system is not None:  # many chips: stepsim/serve/system.py
         from stepsim.serve.system import load_system
 
