@@ -36,6 +36,7 @@ def _fast_parameters(provider, kr) -> dict | None:
     """The fast provider's constants as the kernel takes them, or None when it cannot price this provider."""
     from stepsim.serve import fast as model_of_steps
     from stepsim.serve.fast import FastLatency, few_experts, has_shared
+    from stepsim.serve.replay_mapped import recordable
     from stepsim.serve.routing import SyntheticRouting
 
     tile_shift, compute_bw = model_of_steps._TILE_SHIFT, model_of_steps.BOUND_COMPUTE_BW
@@ -149,15 +150,6 @@ def _fast_parameters(provider, kr) -> dict | None:
             arrays["regions"] = np.zeros(chips, dtype=np.int64)
         params.update(mapped=arrays, fill=_fill_collective, provider=provider, no_notes=True)
     return params
-
-
-def recordable(provider) -> bool:
-    """Whether the compiled loop can feed ``provider``'s calibration recorder (none, or a
-    :class:`~stepsim.serve.fast.Reservoir`: :meth:`CompiledLoop._record` offers it every step as the provider's
-    own ``__call__`` does)."""
-    from stepsim.serve.fast import Reservoir
-
-    return provider.recorder is None or type(provider.recorder) is Reservoir
 
 
 def _fill_collective(params: dict) -> None:

@@ -35,6 +35,16 @@ def _integer(value, what: str) -> int:
     return int(value)
 
 
+def recordable(provider) -> bool:
+    """Whether the compiled replay can feed ``provider``'s calibration recorder: none, or a
+    :class:`~stepsim.serve.fast.Reservoir` (:meth:`stepsim.serve.replay_compiled.CompiledLoop._record` offers it
+    every step as the provider's own ``__call__`` does). Here, not in the pricing's modules: the calibrations'
+    cache keys hash those (stepsim/serve/calibration_cache.py), and feeding the recorder changes no price."""
+    from stepsim.serve.fast import Reservoir
+
+    return provider.recorder is None or type(provider.recorder) is Reservoir
+
+
 def mapped_parameters(provider, kr) -> dict | None:
     """The mapped provider's constants and (empty) tables as the kernel takes them, or None."""
     from stepsim.kernels import serve_mapped as sm
@@ -48,8 +58,6 @@ def mapped_parameters(provider, kr) -> dict | None:
     from stepsim.workloads.moe.parallel import place_experts
 
     provider_type = type(provider)
-    from stepsim.serve.replay_compiled import recordable
-
     if provider_type not in (MappedFastLatency, MappedSystemFastLatency, MappedEPFastLatency) \
             or not recordable(provider):
         return None

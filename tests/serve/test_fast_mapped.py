@@ -240,7 +240,7 @@ def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tin
     reservoir as its ``__call__`` does (stepsim/serve/replay_compiled.py ``CompiledLoop._record``): the calibration
     (coefficients, held-out errors, forms, simulations) is the Python loop's bit for bit, on mapped layers
     (MappedFastLatency) and on the paper's (FastLatency)."""
-    from stepsim.serve import replay_compiled
+    from stepsim.serve import replay_compiled, replay_mapped
     from stepsim.serve.calibration_cache import load_calibration
 
     rng = np.random.default_rng(5)
@@ -259,7 +259,7 @@ def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tin
 
     compiled = calibration(tmp_path / "compiled")
     steps = len(recorded)
-    monkeypatch.setattr(replay_compiled, "recordable", lambda provider: provider.recorder is None)
+    monkeypatch.setattr(replay_mapped, "recordable", lambda provider: provider.recorder is None)
     monkeypatch.setattr(fast_mapped, "_MEMO", {})  # the templates made again, as the first calibration made them
     monkeypatch.setattr(stepsim.serve.exact, "_RUNNERS", {})
     python = calibration(tmp_path / "python")
