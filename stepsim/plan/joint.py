@@ -14,8 +14,9 @@ as the fixed point's own definition says, in one replay of each:
 
 A replica's steps depend only on the requests it was sent and their arrivals, so each replica's run is, step for
 step, its separate replay of the same requests, and the routing is the fixed point's, bit for bit
-(tests/plan/test_joint.py on random traces, tests/plan/test_plan.py on the fast model). A replica's loop is the compiled one; a provider or scheduler it does not reproduce
-makes :func:`joint_replay` return None (the caller then iterates).
+(tests/plan/test_joint.py on random traces, tests/plan/test_plan.py on the fast model). A replica's loop is the
+compiled one; a provider or scheduler it does not reproduce makes :func:`joint_replay` return None (the caller then
+iterates).
 """
 
 from __future__ import annotations
