@@ -698,9 +698,10 @@ def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, ba
 
     ``clock`` (float64 ``[2]``) holds the time now and the horizon (s, :data:`CLOCK_NOW`, :data:`CLOCK_HORIZON`);
     ``st`` the loop's counters (it serves the first ``st[S_KNOWN]`` requests of the table); ``steps_i`` /
-    ``steps_f`` get a column per step (``st[S_STEPS]`` of them so far, at most their width); ``pi`` the pricing's integers (mode
-    :data:`CONSTANT`: every step ``constant_s`` seconds; :data:`FAST`: the fast model over ``forms``, ``theta``,
-    the routing pool's prefix counts ``prefix`` and rows ``pool_rows``, window starts ``starts`` per step);
+    ``steps_f`` get a column per step (``st[S_STEPS]`` of them so far, at most their width); ``pi`` the pricing's
+    integers (mode :data:`CONSTANT`: every step ``constant_s`` seconds; :data:`FAST`: the fast model over ``forms``,
+    ``theta``, the routing pool's prefix counts ``prefix`` and rows ``pool_rows``, window starts ``starts`` per
+    step);
     ``stop_i[SP_ACTIVE]``: after every step, :func:`_stop_check` over the rule ``stop_f`` / ``stop_i`` and the
     per-request flags ``seen`` (returns :data:`STOPPED` once the SLO is provably missed). Mode :data:`MAPPED`:
     :func:`stepsim.kernels.serve_mapped.price_mapped` over ``pm`` and its tables (returns :data:`NEED` with the
