@@ -194,17 +194,17 @@ class Evaluator:
 
     def _joint_replay(self, dep: Deployment, multiplier: float, arrival: np.ndarray) -> Evaluation | None:
         from stepsim.plan.joint import joint_replay
+        from stepsim.serve.api import replica_schedulers
         from stepsim.serve.replay_compiled import CompiledLoop
         from stepsim.serve.replay_stop import ReplayStopped
 
         b = self.base
         pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
+        schedulers = replica_schedulers(self.model_arg, hardware=dep.hardware, system=dep.system,
+                                        **dep.scheduler.serve_kwargs())
 
         def replica():
-            from stepsim.serve.api import replica_scheduler
-
-            scheduler = replica_scheduler(self.model_arg, hardware=dep.hardware, system=dep.system,
-                                          **dep.scheduler.serve_kwargs())
+            scheduler = schedulers()
             provider = pricer.provider()
             loop = CompiledLoop.make(b.n, scheduler, provider, stop=self.stop_rule)
             return loop, scheduler, getattr(provider, "close", lambda: None)

@@ -47,6 +47,7 @@ def joint_replay(router: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     step (the caller replays separately, and the reference raises its error); a replica whose SLO is provably
     missed raises :class:`~stepsim.serve.replay_stop.ReplayStopped` (every replica closed first)."""
     from stepsim.kernels import serve_replay as kr
+    from stepsim.serve.replay import max_utilisation
 
     n = len(arrival)
     weight = np.ones(n) if router == "least-outstanding" else (prompt + output).astype(np.float64)
@@ -56,7 +57,6 @@ def joint_replay(router: str, replicas: int, arrival: np.ndarray, prompt: np.nda
         if any(loop is None for loop in loops):
             return None
         assignment = np.empty(n, dtype=np.int64)
-        column = np.empty(n, dtype=np.int64)  # each request's column in its replica's table
         outstanding = [deque() for _ in range(replicas)]  # (column, weight) in routing order
         load = np.zeros(replicas)
         for i in range(n):
@@ -74,9 +74,8 @@ def joint_replay(router: str, replicas: int, arrival: np.ndarray, prompt: np.nda
                 outstanding[r] = keep
             r = int(np.argmin(load))
             assignment[i] = r
-            column[i] = loops[r].st[kr.S_KNOWN]
+            outstanding[r].append((int(loops[r].st[kr.S_KNOWN]), weight[i]))  # its column in r's table
             loops[r].send(now, int(prompt[i]), int(output[i]))
-            outstanding[r].append((int(column[i]), weight[i]))
             load[r] += weight[i]
         first = np.empty(n)
         finish = np.empty(n)
@@ -89,17 +88,9 @@ def joint_replay(router: str, replicas: int, arrival: np.ndarray, prompt: np.nda
             result = loop.result(scheduler)
             mine = assignment == r
             first[mine], finish[mine] = result.first_token, result.finish
-            util = max(util, _max_utilisation(result.iterations))
+            util = max(util, max_utilisation(result.iterations))
         return JointRun(assignment, first, finish, util)
     finally:
         for _, _, close in made:
             close()
 
-
-def _max_utilisation(iterations: dict) -> float:
-    """The largest HBM or compute utilisation of a replica's steps (0 without those columns)."""
-    out = 0.0
-    for col in ("hbm_utilisation", "compute_utilisation"):
-        if col in iterations and len(iterations[col]):
-            out = max(out, float(np.max(iterations[col])))
-    return out

@@ -12,20 +12,20 @@ ties to the lowest replica. A request finishing exactly at another's arrival is 
 
 The two state-dependent routers need each replica's finish times, which depend on what was routed to it. The plan
 replays such replicas together, routing each request at its arrival (:mod:`stepsim.plan.joint`, one replay each);
-where a replica's loop is not the compiled one, the same routing is found by a fixed-point iteration that is exact. Route every request from the finish times of the last replay
-(a request whose replica changed counts as outstanding), replay the replicas whose requests changed, repeat
-until the routing does not change. Whether request i's earlier requests are outstanding at its arrival depends
-only on the requests that arrived before it (a request joins a step at or after its arrival, so it cannot
-change anything that finished before), so if the last routing is right for the first k requests, the next is
-right for the first k + 1: the iteration ends, after at most N + 1 rounds, at the routing a router running
-alongside the replicas makes. It is not cheap: on 24 requests of a small model, a 2-replica deployment's rate
-search took 74 to 110 replica runs against 16 with round-robin (several rounds a rate); a 2-replica
-least-outstanding deployment of the 4-layer Qwen3 shape on 300 conversation requests, 736 over its nine rates (820
-with every rate's rounds from scratch). The
-argument holds from any first routing (the first request's replica depends on nothing; then by induction), and the
-fixed point is unique, so a rate search starts each rate's rounds from the routing its last rate settled on
-(:class:`stepsim.plan.evaluate.Evaluator`): the same routing, usually in fewer rounds (tests/plan/test_plan.py:
-12 requests on 3 replicas over a search's 7 rates, 27 rounds against 49 from scratch).
+where a replica's loop is not the compiled one, the same routing is found by a fixed-point iteration that is exact.
+Route every request from the finish times of the last replay (a request whose replica changed counts as
+outstanding), replay the replicas whose requests changed, repeat until the routing does not change. Whether request
+i's earlier requests are outstanding at its arrival depends only on the requests that arrived before it (a request
+joins a step at or after its arrival, so it cannot change anything that finished before), so if the last routing is
+right for the first k requests, the next is right for the first k + 1: the iteration ends, after at most N + 1
+rounds, at the routing a router running alongside the replicas makes. It is not cheap: on 24 requests of a small
+model, a 2-replica deployment's rate search took 74 to 110 replica runs against 16 with round-robin (several rounds
+a rate); a 2-replica least-outstanding deployment of the 4-layer Qwen3 shape on 300 conversation requests, 736 over
+its nine rates (820 with every rate's rounds from scratch). The argument holds from any first routing (the first
+request's replica depends on nothing; then by induction), and the fixed point is unique, so a rate search starts
+each rate's rounds from the routing its last rate settled on (:class:`stepsim.plan.evaluate.Evaluator`): the same
+routing, usually in fewer rounds (tests/plan/test_plan.py: 12 requests on 3 replicas over a search's 7 rates, 27
+rounds against 49 from scratch).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -609,11 +610,11 @@ def kv_cache_of(resolved, memory, config: SchedulerConfig, hw, system, hbm_bytes
     return capacity, chips, max_model_len(config, capacity, memory.max_position_embeddings)
 
 
-def replica_scheduler(model, *, hardware=None, system=None, scheduler="vllm", max_seqs=None,
-                      max_batch_tokens=None, chunk_tokens=None) -> Scheduler:
-    """A fresh :class:`~stepsim.serve.scheduler.Scheduler` as :func:`serve` builds it for these arguments (a
-    ``provider`` given, the default block size and HBM): a replica replayed outside :func:`serve`
-    (:mod:`stepsim.plan.joint`)."""
+def replica_schedulers(model, *, hardware=None, system=None, scheduler="vllm", max_seqs=None,
+                       max_batch_tokens=None, chunk_tokens=None) -> Callable[[], Scheduler]:
+    """A maker of fresh :class:`~stepsim.serve.scheduler.Scheduler` s as :func:`serve` builds them for these
+    arguments (a ``provider`` given, the default block size and HBM): the replicas replayed outside :func:`serve`
+    (:mod:`stepsim.plan.joint`), the model, hardware and KV cache resolved once."""
     config = SchedulerConfig.make(scheduler, max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
                                   chunk_tokens=chunk_tokens, block_size=DEFAULT_BLOCK_SIZE)
     hw = resolve_serving_hardware(hardware)
@@ -623,7 +624,7 @@ def replica_scheduler(model, *, hardware=None, system=None, scheduler="vllm", ma
         system, hw = load_system(system, hardware, None, hw)
     resolved = resolve_model(model)
     capacity, _, limit = kv_cache_of(resolved, model_memory(resolved), config, hw, system)
-    return Scheduler(config, capacity, limit)
+    return lambda: Scheduler(config, capacity, limit)
 
 
 def fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing, limit_requests, arrival,

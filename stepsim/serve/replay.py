@@ -121,7 +121,7 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
         if tracker is not None:
             missed = tracker.after_step(batch, now)
             if missed is not None:
-                raise ReplayStopped(missed, len(starts), now, _max_utilisation(work))
+                raise ReplayStopped(missed, len(starts), now, max_utilisation(work))
     iterations = {
         "start_s": np.array(starts, dtype=np.float64), "duration_s": np.array(durations, dtype=np.float64),
         "tokens": np.array(ntokens, dtype=np.int64), "sequences": np.array(nseqs, dtype=np.int64),
@@ -145,7 +145,7 @@ def replay_reference(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarr
     )
 
 
-def _max_utilisation(work: dict) -> float:
+def max_utilisation(work: dict) -> float:
     """The largest HBM or compute utilisation of the steps made (0.0 when the provider reports none)."""
     return max((max(work.get(name, ()), default=0.0) for name in ("hbm_utilisation", "compute_utilisation")),
                default=0.0)

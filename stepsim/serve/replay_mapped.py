@@ -9,8 +9,8 @@ the provider's ``layer_use.note`` does.
 
 :func:`mapped_parameters` returns None (the Python loop replays) for a provider this does not reproduce: another
 subclass, a recorder other than a calibration's reservoir, a routing dump, experts that do not split evenly over the
-chips, coefficients of other widths; :func:`fill` raises :class:`Unsupported` where a table entry is not what the kernel can use exactly
-(then the Python loop replays too, and raises the provider's own error where it has one).
+chips, coefficients of other widths; :func:`fill` raises :class:`Unsupported` where a table entry is not what the
+kernel can use exactly (then the Python loop replays too, and raises the provider's own error where it has one).
 """
 
 from __future__ import annotations
