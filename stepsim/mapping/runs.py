@@ -169,7 +169,7 @@ def _build(kind: str, data, dims, hardware: Hardware, schedule: Schedule, softma
         def build(kv):
             return build_attention(kv, "dynamic", head_dim=dims["head_dim"], query_per_kv_head=dims[
                 "query_per_kv_head"], tile_n=kinds.KV_TILE, regions=min(schedule.knobs["regions"], len(kv)),
-                compute_bw=kinds.PLACEHOLDER_BW, softmax="stable")
+                compute_bw=kinds.PLACEHOLDER_BW, softmax="stable", shared_kv=dims.get("shared_kv", False))
 
         representative = build(kinds.decode.decode_lengths(len(data)))
         units = assign_compute_units(representative, hardware)

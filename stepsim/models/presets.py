@@ -104,6 +104,8 @@ class AttentionModel:
     head_dim: int
     heads: int
     kv_heads: int
+    #: one cache whose rows are the keys and the values (an MLA layer group's engine model: ModelConfig.shared_kv)
+    shared_kv: bool = False
 
     @property
     def query_per_kv_head(self) -> int:
@@ -153,6 +155,10 @@ class ModelConfig:
         Tokens a sliding layer attends to (None: no sliding layer).
     attention_bias, attention_sinks, router_bias, expert_bias : bool
         Biases on q/k/v/o, one sink logit per head, biases on the router and on each expert's matrices.
+    shared_kv : bool
+        One KV cache whose rows are both the keys and the values, read once: never read from a ``config.json``;
+        set on an MLA layer group's engine model (:func:`stepsim.serve.layer_list.group_model`: multi-query
+        attention over the ``kv_lora_rank + qk_rope_head_dim``-wide latent row, which is also the value).
     interleave_moe_layer_step : int
         Llama 4: layers ``step - 1, 2 step - 1, ...`` are MoE, the others dense (0: not given).
     attention_chunk_size : int or None
@@ -192,6 +198,7 @@ class ModelConfig:
     attention_sinks: bool = False
     router_bias: bool = False
     expert_bias: bool = False
+    shared_kv: bool = False
     # out of the repr, which keys the fast calibrations of every model (repr(model)): the caches made before these
     # fields keep their keys; a layer-list model's calibration key names each group's layers and chunk besides
     interleave_moe_layer_step: int = field(default=0, repr=False)
@@ -277,7 +284,7 @@ class ModelConfig:
     def attention(self) -> AttentionModel:
         """The model's published attention dimensions."""
         return AttentionModel(self.name, hidden=self.hidden, head_dim=self.head_dim, heads=self.heads,
-                              kv_heads=self.kv_heads)
+                              kv_heads=self.kv_heads, shared_kv=self.shared_kv)
 
     @property
     def paper_attention_model(self) -> AttentionModel:

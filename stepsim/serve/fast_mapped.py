@@ -81,12 +81,12 @@ def schedule_of(kind: str, size: int, spec: LayerSpec):
     """The :class:`~stepsim.mapping.Schedule` a ``kind`` piece of ``size`` is built with (its bucket's), memoised
     per bucket (the mapper's own memo hashes its key on every call)."""
     from stepsim.mapping import schedule_for
-    from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.mapper import bucket
+    from stepsim.serve.layers import piece_dims
 
     b = bucket(size)
     return _memo(("schedule", kind, b, repr(spec.model), spec.hardware),
-                 lambda: schedule_for(kind, b, layer_dims(kind, spec.model), spec.hardware))
+                 lambda: schedule_for(kind, b, piece_dims(kind, spec.model), spec.hardware))
 
 
 class Point(NamedTuple):
@@ -398,8 +398,8 @@ class MappedFastLatency(FastLatency):
         FFN predicted, the projections, routers and LM head on the engine, the weights streamed ahead
         (:mod:`stepsim.serve.projections`). ``ffn_tasks``: the layers' routings (:meth:`ffn_rows`)."""
         from stepsim.mapping import schedule_for
-        from stepsim.mapping.kinds import layer_dims
         from stepsim.serve.fast import model_of
+        from stepsim.serve.layers import piece_dims
         from stepsim.serve.projections import step_pieces
 
         decoded = None
@@ -407,7 +407,7 @@ class MappedFastLatency(FastLatency):
             context = np.fromiter(batch.context_tokens, dtype=np.int64, count=len(batch.new_tokens))
             new = np.fromiter(batch.new_tokens, dtype=np.int64, count=len(batch.new_tokens))
             requests = int((new == 1).sum()) * self.spec.model.kv_heads  # the heads of the layer one chip runs
-            on_chip = schedule_for("decode", requests, layer_dims("decode", self.spec.model),
+            on_chip = schedule_for("decode", requests, piece_dims("decode", self.spec.model),
                                    self.hardware).on_chip_bytes
             decoded = (int(predict(decode, theta.get("decode"), "decode")), context[new == 1], on_chip)
         prefilled = None

@@ -13,8 +13,10 @@ exact or the fast provider of :mod:`stepsim.serve.exact` / :mod:`stepsim.serve.f
   past the next chunk boundary are priced as if they saw them too: an upper bound);
 * ``mla``: the absorbed form of decode, as DeepSeek's inference code (and FlashMLA) compute it: one shared latent
   "KV head" of ``kv_lora_rank + qk_rope_head_dim`` values per token read by every query head, i.e. multi-query
-  attention with ``heads`` query heads and ``head_dim = kv_lora_rank + qk_rope_head_dim``; prefill likewise (the
-  expanded form's per-head keys are not modelled);
+  attention with ``heads`` query heads and ``head_dim = kv_lora_rank + qk_rope_head_dim`` whose one cache is the
+  keys and the values (``shared_kv``: the latent row read once a step, as the kernel reads it, not a key and a
+  value copy, which priced a DeepSeek-V3 decode's attention reads at twice the latent cache until 2026-11-27);
+  prefill likewise (the expanded form's per-head keys are not modelled);
 * attention sinks (one logit per head) are not priced: a head's few extra FLOPs.
 
 Every group's off-chip weights outside the graphs are its layers' real attention weights
@@ -70,7 +72,7 @@ def group_model(model: ModelConfig, kind: LayerKind, layers: int) -> ModelConfig
                 n_group=1, topk_group=1, scoring_func="softmax", routed_scaling_factor=1.0)
     if kind.attention == "mla":  # the absorbed form: one latent "KV head" every query head reads
         m = replace(m, kv_heads=1, head_dim=model.kv_lora_rank + model.qk_rope_head_dim, q_lora_rank=None,
-                    kv_lora_rank=None, qk_nope_head_dim=None, qk_rope_head_dim=None, v_head_dim=None)
+                    kv_lora_rank=None, qk_nope_head_dim=None, qk_rope_head_dim=None, v_head_dim=None, shared_kv=True)
     if kind.ffn == "dense":
         if model.dense_intermediate is None:
             raise ConfigError(f"model {model.name!r}: its dense layers need 'intermediate_size' (the dense FFN)")

@@ -38,12 +38,12 @@ class LayerUse:
     def rows(self) -> list[dict]:
         """One dict a (kind, bucket) used, in :data:`ORDER` then bucket order (module docstring)."""
         from stepsim.mapping import schedule_for  # at call time: the one serve builds with
-        from stepsim.mapping.kinds import layer_dims
+        from stepsim.serve.layers import piece_dims
 
         hw = self.spec.hardware
         out = []
         for kind, size in sorted(self.steps, key=lambda k: (ORDER.index(k[0]), k[1])):
-            s = schedule_for(kind, size, layer_dims(kind, self.spec.model), hw)
+            s = schedule_for(kind, size, piece_dims(kind, self.spec.model), hw)
             out.append({"kind": kind, "bucket": size, "steps": self.steps[(kind, size)], "knobs": dict(s.knobs),
                         "cycles": s.cycles, "off_chip_bytes": s.off_chip_bytes, "flops": s.flops,
                         "hbm_utilisation": s.hbm_utilisation(hw.hbm_peak_bytes_per_cycle),
@@ -54,9 +54,9 @@ class LayerUse:
 
 def step_buckets(batch: IterationBatch, model) -> list[tuple[str, int]]:
     """``[(kind, bucket)]`` of a step's mapped pieces (module docstring)."""
-    from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.kinds.prefill import prefill_size
     from stepsim.mapping.mapper import bucket
+    from stepsim.serve.layers import piece_dims
 
     context = np.asarray(batch.context_tokens, dtype=np.int64)
     new = np.asarray(batch.new_tokens, dtype=np.int64)
@@ -65,7 +65,7 @@ def step_buckets(batch: IterationBatch, model) -> list[tuple[str, int]]:
     decode = new == 1
     if (~decode).any():
         data = (np.tile(context[~decode], heads), np.tile(new[~decode], heads))
-        out.append(("prefill", bucket(prefill_size(data, layer_dims("prefill", model)))))
+        out.append(("prefill", bucket(prefill_size(data, piece_dims("prefill", model)))))
     if decode.any():
         out.append(("decode", bucket(int(decode.sum()) * heads)))
     out.append(("ffn", bucket(int(new.sum()))))

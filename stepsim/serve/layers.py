@@ -203,10 +203,11 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
         return _mapped(kind, data, spec, depth)
     if kind == "decode":
         return build_attention(data, "dynamic", head_dim=a.head_dim, query_per_kv_head=a.query_per_kv_head,
-                               max_n=spec.max_n)
+                               max_n=spec.max_n, shared_kv=a.shared_kv)
     if kind == "prefill":
         return build_prefill_attention(data[0], data[1], head_dim=a.head_dim,
-                                       query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n)
+                                       query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n,
+                                       shared_kv=a.shared_kv)
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
         parallel = {}
@@ -215,6 +216,21 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
         workload = build_moe(spec.ffn_model, data, **parallel)
     workload.channel_depth = depth
     return workload
+
+
+def piece_dims(kind: str, model: ModelConfig):
+    """The dimensions the mapper takes for a piece of ``kind`` of ``model``'s layer
+    (:func:`stepsim.mapping.kinds.layer_dims`), with ``"shared_kv": True`` for an attention piece whose one cache is
+    the keys and the values (an MLA layer group's engine model, :attr:`ModelConfig.shared_kv`); absent otherwise,
+    so a GQA layer's schedules keep their keys. Added here rather than in ``layer_dims``: ``mapping/kinds/common.py``
+    is hashed into every kind's schedule key (:func:`stepsim.mapping.mapper.source_files`), and an edit there
+    would drop every cached FFN schedule, which this does not change."""
+    from stepsim.mapping.kinds import layer_dims
+
+    dims = layer_dims(kind, model)
+    if kind != "ffn" and model.shared_kv:
+        dims = {**dims, "shared_kv": True}
+    return dims
 
 
 #: the pieces ``schedule="auto"`` maps (:mod:`stepsim.mapping`)
@@ -226,7 +242,6 @@ def _mapped(kind: str, data, spec: LayerSpec, depth: int):
     mapper's representative data at the same shape, so they depend on the shape alone (a template rebound to any
     data is the piece built for that data)."""
     from stepsim.mapping import mapped_workload, schedule_for
-    from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.kinds.prefill import prefill_size
 
     if spec.system is not None and kind == "ffn":  # an MoE block over the chips, each chip's share mapped
@@ -234,7 +249,7 @@ def _mapped(kind: str, data, spec: LayerSpec, depth: int):
 
         return mapped_ep_workload(spec.ffn_model, data, spec.system, spec.hardware, channel_depth=depth)[0]
     # the attention on a system: one chip's share of the heads (spec.model), the chips side by side
-    dims = layer_dims(kind, spec.model)
+    dims = piece_dims(kind, spec.model)
     size = prefill_size(data, dims) if kind == "prefill" else len(data)
     schedule = schedule_for(kind, size, dims, spec.hardware)
     workload, _ = mapped_workload(kind, data, dims, spec.hardware, schedule.knobs, max_n=spec.max_n)

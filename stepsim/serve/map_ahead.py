@@ -21,17 +21,16 @@ def step_jobs(provider, batch, tasks: list) -> list[Job]:
     """The mapping jobs of ``tasks`` on ``provider`` (an exact provider with mapped layers): the pieces' ``(kind,
     bucket)`` and, given the step's ``batch`` when its weights run on the engine, its projections' and LM head's
     buckets; in first-use order, each once."""
-    from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.kinds.prefill import prefill_size
     from stepsim.mapping.mapper import bucket
-    from stepsim.serve.layers import MAPPED_KINDS
+    from stepsim.serve.layers import MAPPED_KINDS, piece_dims
     from stepsim.serve.projections import matrix_rows, provider_projections
 
     jobs = []
     for kind, data in tasks:
         if kind not in MAPPED_KINDS:
             continue
-        size = prefill_size(data, layer_dims(kind, provider.model)) if kind == "prefill" else len(data)
+        size = prefill_size(data, piece_dims(kind, provider.model)) if kind == "prefill" else len(data)
         jobs.append(("layer", kind, bucket(size)))
     if batch is not None and provider.streams_weights:
         tokens = int(sum(batch.new_tokens))
@@ -47,11 +46,11 @@ def _located(job: Job, model, hardware) -> tuple[dict, str]:
     """``(the process memo, cache key)`` of ``job``."""
     from stepsim.base.files import stable_hash
     from stepsim.mapping import mapper, projection
-    from stepsim.mapping.kinds import layer_dims
+    from stepsim.serve.layers import piece_dims
 
     if job[0] == "layer":
         _, kind, size = job
-        return mapper._MEMO, mapper._key(kind, size, layer_dims(kind, model), hardware)
+        return mapper._MEMO, mapper._key(kind, size, piece_dims(kind, model), hardware)
     _, tokens, d_in, d_out = job
     return projection._MEMO, stable_hash(projection.key_material(tokens, d_in, d_out, hardware))
 
@@ -81,13 +80,13 @@ def mapping_cache():
 def map_job(job: Job, model, hardware, cache=True):
     """Map one job (on a worker): its :class:`~stepsim.mapping.Schedule`, saved in the mapping cache ``cache`` (a
     folder, from :func:`mapping_cache` in the caller; ``True``: this process's)."""
-    from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.mapper import map_layer
     from stepsim.mapping.projection import map_projection
+    from stepsim.serve.layers import piece_dims
 
     if job[0] == "layer":
         _, kind, size = job
-        return map_layer(kind, size, layer_dims(kind, model), hardware, cache=cache)
+        return map_layer(kind, size, piece_dims(kind, model), hardware, cache=cache)
     _, tokens, d_in, d_out = job
     return map_projection(tokens, d_in, d_out, hardware, cache=cache)
 

@@ -343,6 +343,7 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
     (:meth:`stepsim.serve.exact.EngineLatency.tasks`)."""
     from stepsim.mapping import schedule_for
     from stepsim.mapping.kinds import layer_dims
+    from stepsim.serve.layers import piece_dims
 
     model = provider.spec.model  # the layer one chip runs
     decode = prefill = None
@@ -360,7 +361,7 @@ def engine_pieces(provider, batch, tasks: list, results: list) -> list[Piece]:
     for (kind, data), result in zip(tasks, results):
         cycles = int(result[0])
         if kind == "decode":
-            on_chip = schedule_for("decode", len(data), layer_dims("decode", model), provider.hardware).on_chip_bytes
+            on_chip = schedule_for("decode", len(data), piece_dims("decode", model), provider.hardware).on_chip_bytes
             decode = (cycles, data[: len(data) // model.kv_heads], on_chip)
         elif kind == "prefill":  # mapped: every KV head's chunks in one attention (EngineLatency.tasks)
             prefill = cycles

@@ -196,12 +196,11 @@ def fill(params: dict) -> None:
     bytes), each as the provider computes it. Raises :class:`Unsupported` (or the mapper's error)."""
     from stepsim.kernels import serve_mapped as sm
     from stepsim.mapping import schedule_for
-    from stepsim.mapping.kinds import layer_dims
     from stepsim.mapping.kinds.decode import DECODE_KV_LENGTH
     from stepsim.mapping.mapper import bucket
     from stepsim.serve import projections
     from stepsim.serve.fast_mapped import prefill_reference, schedule_of
-    from stepsim.serve.layers import KV_TILE
+    from stepsim.serve.layers import KV_TILE, piece_dims
 
     provider, tables = params["provider"], params["mapped"]
     tokens, seqs, decode, prefill_size = (int(v) for v in tables["need"])
@@ -251,7 +250,7 @@ def fill(params: dict) -> None:
             if not 0 < knob <= MAX_REGIONS:
                 raise Unsupported(f"the decode attention's regions {knob} are not in 1..{MAX_REGIONS}")
             size = bucket(decode)
-            on_chip = schedule_for("decode", decode, layer_dims("decode", spec.model), hardware).on_chip_bytes
+            on_chip = schedule_for("decode", decode, piece_dims("decode", spec.model), hardware).on_chip_bytes
             bi[sm.B_DECODE_REGIONS, b] = knob
             bi[sm.B_DECODE_ON_CHIP, b] = _integer(on_chip, "the decode attention's on-chip bytes")
             bi[sm.B_DECODE_REP_LOAD, b] = -(-(DECODE_KV_LENGTH + 1) // KV_TILE) * -(-size // min(knob, size))

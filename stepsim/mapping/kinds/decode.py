@@ -31,10 +31,11 @@ def decode_lengths(batch: int) -> np.ndarray:
 
 
 def build_decode(kv_lengths: np.ndarray, dims: dict, knobs: dict, max_n: int | None = None):
-    """The decode attention of one KV head with ``knobs`` (``dims``: ``head_dim``, ``query_per_kv_head``)."""
+    """The decode attention of one KV head with ``knobs`` (``dims``: ``head_dim``, ``query_per_kv_head``; with
+    ``shared_kv`` one cache of keys and values, an MLA layer's latent)."""
     from stepsim.workloads.attention.build import build_attention
 
     regions = min(knobs["regions"], len(kv_lengths))
     return build_attention(kv_lengths, "dynamic", head_dim=dims["head_dim"],
                            query_per_kv_head=dims["query_per_kv_head"], tile_n=KV_TILE, max_n=max_n,
-                           regions=regions, compute_bw=PLACEHOLDER_BW)
+                           regions=regions, compute_bw=PLACEHOLDER_BW, shared_kv=dims.get("shared_kv", False))

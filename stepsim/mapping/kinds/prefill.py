@@ -46,16 +46,18 @@ def prefill_regions(knobs: dict, query_tiles: int) -> int:
 
 
 def prefill_bound(knobs: dict, data, dims: dict, hardware) -> int:
-    """A lower bound on the ``prefill`` candidate's cycles from its knobs and data alone: the K and V tiles read at
-    the HBM's peak, and the busiest region's K tiles issued one request a cycle (a cache load issues one request
-    of ``addr_offset`` bytes a cycle: ``tile_n x ceil(2 head_dim / addr_offset)`` a bf16 tile). Sound for uneven
-    shares too: each region's K load issues its own tiles' requests, whatever the other regions get."""
+    """A lower bound on the ``prefill`` candidate's cycles from its knobs and data alone: the K and V tiles (the K
+    tiles alone with ``shared_kv``) read at the HBM's peak, and the busiest region's K tiles issued one request a
+    cycle (a cache load issues one request of ``addr_offset`` bytes a cycle: ``tile_n x ceil(2 head_dim /
+    addr_offset)`` a bf16 tile). Sound for uneven shares too: each region's K load issues its own tiles' requests,
+    whatever the other regions get."""
     from stepsim.workloads.prefill_attention.build import query_tiles
 
     _, group = query_tiles(np.asarray(data[0]), np.asarray(data[1]), KV_TILE)
     regions = prefill_regions(knobs, len(group))
     d = dims["head_dim"]
-    kv_bytes = 2 * int(np.sum(group + 1)) * KV_TILE * d * 2
+    caches = 1 if dims.get("shared_kv") else 2
+    kv_bytes = caches * int(np.sum(group + 1)) * KV_TILE * d * 2
     busiest = max(int(np.sum(group[r::regions] + 1)) for r in range(regions))
     return max(-(-kv_bytes // hardware.hbm_peak_bytes_per_cycle),
                busiest * KV_TILE * -(-2 * d // hardware.addr_offset))
@@ -71,4 +73,5 @@ def build_prefill(data, dims: dict, knobs: dict, max_n: int | None = None):
         max_n = -(-max_n // KV_TILE) * KV_TILE
     return build_prefill_attention(cached, chunk, head_dim=dims["head_dim"],
                                    query_per_kv_head=dims["query_per_kv_head"], tile_n=KV_TILE, max_n=max_n,
-                                   compute_bw=PLACEHOLDER_BW, regions=prefill_regions(knobs, len(request)))
+                                   compute_bw=PLACEHOLDER_BW, regions=prefill_regions(knobs, len(request)),
+                                   shared_kv=dims.get("shared_kv", False))

@@ -53,13 +53,24 @@ Storage types reproduce ``mock_bf16``: q/k/v, the KV caches and the output live 
 traffic and load/store buffers) while the streams carry fp32 tiles (4-byte accumulators and ExpandRef
 buffer).
 
+Shared K and V
+--------------
+With ``shared_kv=True`` one cache holds rows that are both the keys and the values: the per-region V loads, the V
+cache's read, append and write-back are gone, and the K path's tiles (the new row appended) feed the ``P V``
+product too. It is multi-head latent attention's absorbed decode as serving prices it
+(:mod:`stepsim.serve.layer_list`): DeepSeek's score ``q_lat . c_KV + q_pe . k_pe`` is one dot product with the
+``kv_lora_rank + qk_rope_head_dim``-wide row ``[c_KV, k_pe]``, and its values are that row's ``c_KV``, so the step
+reads the latent cache once, as the real kernel does (FlashMLA), not a key and a value copy of it. The values are
+the whole row: the ``qk_rope_head_dim`` output columns past ``c_KV`` (64 of DeepSeek-V3's 576, 11 % of ``P V``'s
+FLOPs) are computed and not used; the exact absorbed form is :mod:`stepsim.workloads.mla_attention`.
+
 Symbols and bindings
 --------------------
 Per region ``i`` the graph has a request count ``R_i`` (static for interleave/coarse; the symbol
 ``num_req_region{i}`` for dynamic, as the artifact names it) and a ragged KV-tile symbol ``T_i`` (the K-cache
 ``CacheReadAddrGen`` of the region; it stands for "tiles of one request"). Off-chip traffic of the cache reads
-is ``8192 * R_i * T_i`` bytes (K and V), which is exact when ``T_i`` is bound to the *mean* tiles per request
-of the region, ``tiles_in_region / R_i`` as a sympy Rational. The builder binds them for a region assignment:
+is ``8192 * R_i * T_i`` bytes (K and V; half with ``shared_kv``), which is exact when ``T_i`` is bound to the
+*mean* tiles per request of the region, ``tiles_in_region / R_i`` as a sympy Rational. The builder binds them for a region assignment:
 round-robin for interleave, contiguous blocks for coarse; dynamic's real assignment comes out of the
 simulation (greedy), so its metrics use the round-robin assignment. Off-chip and on-chip totals do not depend
 on the assignment (``sum_i R_i*T_i`` is always the batch's tile total), only per-region values do; use
@@ -125,6 +136,11 @@ COMPUTE_BW = 2048
 COARSE_BLOCK = 16
 #: §5.5: the KV-cache capacity (tokens per request) the experiments allocate for each batch size
 SPEC_MAX_N = {16: 4672, 64: 6464, 80: 6528}
+#: FIFO depth of the shared key tiles' fan-out (``shared_kv``): each tile waits there as a value while its scores
+#: are computed. Measured (8 decode requests of 5-1,500 tokens, a 3-request prefill, 576-wide rows): depth 1
+#: serialises the loads with the scores (the prefill's cycles x 1.9), 2 is within 0.4 % of separate K and V loads,
+#: 4 and more are equal to it (tests/workloads/test_shared_kv.py)
+SHARED_KV_FIFO_DEPTH = 4
 #: §5.5: attention experiments run with 1-element FIFOs; their ``config_dict`` overrides (metadata 16, cache
 #: write-back 4) are dead in step-perf (docs/timing_model.md §2), so every FIFO of the published runs holds 1 element
 CHANNEL_DEPTH = WORKLOAD_CHANNEL_DEPTH["attention"]
@@ -280,7 +296,8 @@ def assignment_bindings(workload: Workload, assignment, kv_lengths) -> dict:
 def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64, query_per_kv_head: int = 8,
                     tile_n: int = 32, max_n: int | None = None, regions: int = 4, compute_bw: int = COMPUTE_BW,
                     metadata_fifo_depth: int | None = None, cache_write_back_fifo_depth: int = 4,
-                    cache_write_back_channel_depth: int | None = None, softmax: str = "plain") -> Workload:
+                    cache_write_back_channel_depth: int | None = None, softmax: str = "plain",
+                    shared_kv: bool = False) -> Workload:
     """Build the decode attention of one KV head for a batch of requests.
 
     Parameters
@@ -317,6 +334,10 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     softmax : {"plain", "stable"}
         ``"plain"``: the artifact's ``exp`` / row-sum form (its cycles); ``"stable"``: FlashAttention's running
         max with rescaling and the 1/sqrt(head_dim) scale (see the module docstring).
+    shared_kv : bool
+        One cache whose rows are both the keys and the values (module docstring, "Shared K and V"): multi-head
+        latent attention's absorbed decode, whose ``head_dim``-wide row is the latent and the rope key. Off by
+        default: a GQA head's K and V caches.
 
     Returns
     -------
@@ -359,7 +380,7 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
     g = Graph(f"attention-{strategy}-b{batch}")
     cfg = dict(head_dim=head_dim, q_rows=q_rows, tile_n=tile_n, row_offset=row_offset, compute_bw=compute_bw,
                wb_depth=cache_write_back_fifo_depth, wb_channel_depth=cache_write_back_channel_depth,
-               softmax=softmax)
+               softmax=softmax, shared_kv=bool(shared_kv))
     assignment, distributors, _ = attention_stage(g, seq_len_tiled, offset, strategy, regions, max_n,
                                                   metadata_fifo_depth, cfg)
     g.finalize()
@@ -381,6 +402,8 @@ def build_attention(kv_lengths, strategy: str = "dynamic", *, head_dim: int = 64
                     channel_depth=CHANNEL_DEPTH, par_dispatch=1, kv_tiles=int(seq_len_tiled.sum())),
         trace={"kv_lengths": kv},  # _check_lengths' own int64 copy
     )
+    if shared_kv:  # said only when set: a GQA head's params stay as they were
+        workload.params["shared_kv"] = True
     kv.flags.writeable = False
     workload.bindings = assignment_bindings(workload, assignment, kv)
     workload.idle_groups = {("region", r) for r, reqs in enumerate(assignment) if len(reqs) == 0}
@@ -408,8 +431,12 @@ def attention_stage(g: Graph, seq_len_tiled, offset, strategy: str, regions: int
     stage_control = []
     batch = len(seq_len_tiled)
     head_dim, q_rows = cfg["head_dim"], cfg["q_rows"]
+    shared = cfg.get("shared_kv", False)
+    if shared and qkv is not None:
+        raise ArgumentError("shared_kv reads one cache of keys and values; a decoder stack's q, k and v streams "
+                            "are of a GQA head")
     k_cache = Tensor(f"{prefix}k_cache", (batch * max_n, head_dim), BF16)
-    v_cache = Tensor(f"{prefix}v_cache", (batch * max_n, head_dim), BF16)
+    v_cache = None if shared else Tensor(f"{prefix}v_cache", (batch * max_n, head_dim), BF16)
     out = Tensor(f"{prefix}out", (batch * q_rows, head_dim), BF16)
     caches = (k_cache, v_cache, out)
     assignment = region_assignment(batch, strategy, regions)
@@ -422,33 +449,31 @@ def attention_stage(g: Graph, seq_len_tiled, offset, strategy: str, regions: int
         for r, reqs in enumerate(assignment):
             before = len(g.ops)
             n = len(reqs)
-            q_t = Tensor(f"{prefix}q_region{r}", (n * q_rows, head_dim), BF16)
-            k_t = Tensor(f"{prefix}k_region{r}", (n, head_dim), BF16)
-            v_t = Tensor(f"{prefix}v_region{r}", (n, head_dim), BF16)
-            q, k, v = (Flatten(g, LinearOffChipLoad(g, t, (rows, head_dim), (n, 1), (1, 1), stream_dtype=FP32), 1, 2)
-                       for t, rows in ((q_t, q_rows), (k_t, 1), (v_t, 1)))
+            tensors = [(Tensor(f"{prefix}{x}_region{r}", (n * rows, head_dim), BF16), rows)
+                       for x, rows in (("q", q_rows), ("k", 1), ("v", 1))[:2 if shared else 3]]
+            q, k, *v = [Flatten(g, LinearOffChipLoad(g, t, (rows, head_dim), (n, 1), (1, 1), stream_dtype=FP32), 1, 2)
+                        for t, rows in tensors]
             meta = []
             for values in (idx[reqs], seq_len_tiled[reqs], offset[reqs]):
                 m = Flatten(g, MetadataSource(g, values), 0, 1)
                 m.fanout_depth = metadata_fifo_depth
                 meta.append(m)
             _label(g.ops[before:], r)
-            k_loads.append(_flash_region(g, r, q, k, v, *meta, caches, cfg))
+            k_loads.append(_flash_region(g, r, q, k, v[0] if v else None, *meta, caches, cfg))
     else:
-        q_load, k_load, v_load = qkv if qkv is not None else (
-            LinearOffChipLoad(g, t, (rows, head_dim), (batch, 1), (1, 1), stream_dtype=FP32)
-            for t, rows in ((Tensor(f"{prefix}q", (batch * q_rows, head_dim), BF16), q_rows),
-                            (Tensor(f"{prefix}k", (batch, head_dim), BF16), 1),
-                            (Tensor(f"{prefix}v", (batch, head_dim), BF16), 1)))
+        loads = qkv if qkv is not None else [
+            LinearOffChipLoad(g, Tensor(f"{prefix}{x}", (batch * rows, head_dim), BF16), (rows, head_dim),
+                              (batch, 1), (1, 1), stream_dtype=FP32)
+            for x, rows in (("q", q_rows), ("k", 1), ("v", 1))[:2 if shared else 3]]
         meta_src = [MetadataSource(g, values) for values in (idx, seq_len_tiled, offset)]
         if strategy == "interleave":
-            qkv = [Parallelize(g, Flatten(g, x, 1, 2), 1, regions) for x in (q_load, k_load, v_load)]
+            qkv = [Parallelize(g, Flatten(g, x, 1, 2), 1, regions) for x in loads]
             meta = [Parallelize(g, Flatten(g, m, 0, 1), 0, regions) for m in meta_src]
         else:
             control, signals = _dynamic_dispatch(g, batch, regions)
             stage_control.append(control)
             req_dims = [make_symbol(f"num_req_region{i}") for i in range(regions)]
-            qkv = [Partition(g, x, control, 1, regions) for x in (q_load, k_load, v_load)]
+            qkv = [Partition(g, x, control, 1, regions) for x in loads]
             meta = [Partition(g, m, control, 0, regions) for m in meta_src]
             for part in qkv + meta:
                 for i, dim in enumerate(req_dims):
@@ -456,8 +481,8 @@ def attention_stage(g: Graph, seq_len_tiled, offset, strategy: str, regions: int
         for m in meta:
             m.fanout_depth = metadata_fifo_depth
         distributors = meta
-        k_loads = [_flash_region(g, r, qkv[0][r], qkv[1][r], qkv[2][r], meta[0][r], meta[1][r], meta[2][r],
-                                 caches, cfg) for r in range(regions)]
+        k_loads = [_flash_region(g, r, qkv[0][r], qkv[1][r], None if shared else qkv[2][r], meta[0][r], meta[1][r],
+                                 meta[2][r], caches, cfg) for r in range(regions)]
         if strategy == "dynamic":
             # one "request fully read" token per request and region closes the dispatch loop
             for r, (kl, ph) in enumerate(zip(k_loads, signals)):
@@ -506,7 +531,7 @@ def _dynamic_dispatch(g: Graph, batch: int, regions: int):
 def _flash_region(g: Graph, r: int, q, k, v, idx, seq_len, offset, caches, cfg):
     """One region's FlashAttention decode subgraph (artifact ``build_flashattn_graph``); returns its K-cache
     load (the stream the dynamic dispatcher watches). ``q``: [R, 1] of (q_rows, D); ``k``/``v``: [R, 1] of
-    (1, D); metadata [R] of u64."""
+    (1, D) (``v`` None with ``shared_kv``); metadata [R] of u64."""
     before = len(g.ops)
     k_cache, v_cache, out = caches
     tile_n, d, row_offset = cfg["tile_n"], cfg["head_dim"], cfg["row_offset"]
@@ -536,7 +561,11 @@ def _flash_region(g: Graph, r: int, q, k, v, idx, seq_len, offset, caches, cfg):
         return tiles, full
 
     k_tiles, keys = kv_path(k_cache, k, None)
-    _, values = kv_path(v_cache, v, k_tiles.stream.shape)
+    if v_cache is None:  # shared_kv: the key tiles are the values too (module docstring)
+        values = keys
+        keys.fanout_depth = SHARED_KV_FIFO_DEPTH
+    else:
+        _, values = kv_path(v_cache, v, k_tiles.stream.shape)
     q_rep = Expand(g, q, keys, 1)
     scores = Map(g, [q_rep, keys], Matmul(weight_transposed=True), compute_bw=bw)
     if cfg["softmax"] == "stable":

@@ -221,8 +221,9 @@ def inputs(w: Workload, seed: int) -> dict:
     q = seeded_normal(seed, "q", (b * g, d), qk_std, bf16=True)
     new_k = seeded_normal(seed, "k", (b, d), qk_std, bf16=True)
     new_v = seeded_normal(seed, "v", (b, d), 1.0, bf16=True)
+    shared = p.get("shared_kv", False)  # one cache of keys and values: no v, v_cache (build's shared_kv)
     caches = {}
-    for name, std in (("k_cache", qk_std), ("v_cache", 1.0)):
+    for name, std in (("k_cache", qk_std), ("v_cache", 1.0))[:1 if shared else 2]:
         cache = np.zeros((b, max_n, d), np.float32)
         for r in range(b):  # per request, so a request's cache does not depend on the batch around it
             cache[r, :lengths[r]] = seeded_normal(seed, name, (int(lengths[r]), d), std, r, bf16=True)
@@ -232,15 +233,18 @@ def inputs(w: Workload, seed: int) -> dict:
         for r, reqs in enumerate(region_assignment(b, "coarse", p["regions"])):
             arrays[f"q_region{r}"] = q.reshape(b, g, d)[reqs].reshape(-1, d)
             arrays[f"k_region{r}"] = new_k[reqs]
-            arrays[f"v_region{r}"] = new_v[reqs]
+            if not shared:
+                arrays[f"v_region{r}"] = new_v[reqs]
     else:
-        arrays.update(q=q, k=new_k, v=new_v)
+        arrays.update(q=q, k=new_k, **({} if shared else {"v": new_v}))
     return arrays
 
 
 def outputs(workload: Workload, inputs: dict) -> dict:
     who, p = "workload_reference", workload.params
     b, g, d = p["batch"], p["query_per_kv_head"], p["head_dim"]
+    shared = p.get("shared_kv", False)
+    v = "k" if shared else "v"  # shared_kv: the keys are the values
     if p["strategy"] == "coarse":
         q = np.zeros((b, g, d), np.float32)
         new_k = np.zeros((b, d), np.float32)
@@ -248,13 +252,15 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         for r, reqs in enumerate(region_assignment(b, "coarse", p["regions"])):
             q[reqs] = np.asarray(take_input(inputs, f"q_region{r}", who)).reshape(len(reqs), g, d)
             new_k[reqs] = take_input(inputs, f"k_region{r}", who)
-            new_v[reqs] = take_input(inputs, f"v_region{r}", who)
+            new_v[reqs] = take_input(inputs, f"{v}_region{r}", who)
         q = q.reshape(b * g, d)
     else:
-        q, new_k, new_v = (take_input(inputs, n, who) for n in ("q", "k", "v"))
-    res = gqa_decode_reference(q, take_input(inputs, "k_cache", who), take_input(inputs, "v_cache", who),
+        q, new_k, new_v = (take_input(inputs, n, who) for n in ("q", "k", v))
+    res = gqa_decode_reference(q, take_input(inputs, "k_cache", who), take_input(inputs, f"{v}_cache", who),
                                workload_trace(workload, "kv_lengths"), new_k, new_v, softmax=p["softmax"], order="tiled",
                                tile_n=p["tile_n"], include_tile_padding=True)
+    if shared:
+        return {"out": res.out, "k_cache": res.k_cache}
     return {"out": res.out, "k_cache": res.k_cache, "v_cache": res.v_cache}
 
 

@@ -72,6 +72,7 @@ from stepsim.graph import (
 )
 from stepsim.graph.dims import sp
 from stepsim.graph.gcpause import gc_paused
+from stepsim.workloads.attention.build import SHARED_KV_FIFO_DEPTH
 from stepsim.workloads.base import Workload
 from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 
@@ -141,7 +142,7 @@ def prefill_flops(groups, *, head_dim: int, query_per_kv_head: int, tile_n: int,
 @gc_paused  # see stepsim.graph.gcpause
 def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_head: int = 8, tile_n: int = 32,
                             max_n: int | None = None, compute_bw: int = COMPUTE_BW,
-                            softmax: str = "stable", regions: int = 1) -> Workload:
+                            softmax: str = "stable", regions: int = 1, shared_kv: bool = False) -> Workload:
     """Causal prefill attention of prompt chunks (see the module docstring).
 
     Parameters
@@ -163,6 +164,9 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
         Parallel copies of the pipeline (1: the paper's graph), at most the query tiles; query tile ``j`` goes to
         region ``j % regions`` (a mapped prefill attention, :mod:`stepsim.mapping.kinds.prefill`): shares of
         ``ceil`` and ``floor(query tiles / regions)`` tiles.
+    shared_kv : bool
+        One cache whose rows are both the keys and the values (MLA's latent and rope key, as the decode graph's
+        ``shared_kv``, :mod:`stepsim.workloads.attention.build`): its tiles are read once and feed ``P V`` too.
 
     Returns
     -------
@@ -199,7 +203,7 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
     g = Graph(f"prefill-attention-r{len(cached)}-q{n_tiles}")
     q_t = Tensor("q", (n_tiles * rows, d), BF16)  # regions > 1: one tensor a region (below)
     k_cache = Tensor("k_cache", (len(cached) * max_n, d), BF16)
-    v_cache = Tensor("v_cache", (len(cached) * max_n, d), BF16)
+    v_cache = None if shared_kv else Tensor("v_cache", (len(cached) * max_n, d), BF16)
     mask_t = Tensor("mask", (rows, t), BF16)
     out = Tensor("out", (n_tiles * rows, d), BF16)
 
@@ -244,6 +248,8 @@ def build_prefill_attention(cached, chunk, *, head_dim: int = 128, query_per_kv_
     )
     if regions > 1:  # said only when mapped: a paper run's params stay as they were
         workload.params["regions"] = regions
+    if shared_kv:  # said only when set, likewise
+        workload.params["shared_kv"] = True
     cached.flags.writeable = False
     chunk.flags.writeable = False
     # the K cache's tiles-per-query-tile symbol of each region: its own mean (exact traffic and FLOPs)
@@ -264,9 +270,13 @@ def _region(g: Graph, q, idx, seq_len, out_idx, n_tiles: int, cfg: dict):
     k_addr = CacheReadAddrGen(g, idx, seq_len, cfg["row_offset"])
     keys = RandomOffChipLoad(g, k_addr, k_cache, (t, d), stream_dtype=FP32)
     shape = keys.stream.shape
-    v_addr = CacheReadAddrGen(g, idx, seq_len, cfg["row_offset"])
-    v_addr.assume_shape(0, shape)  # V reads the same tiles as K
-    values = RandomOffChipLoad(g, v_addr, v_cache, (t, d), stream_dtype=FP32)
+    if v_cache is None:  # shared_kv: the key tiles are the values too
+        values = keys
+        keys.fanout_depth = SHARED_KV_FIFO_DEPTH
+    else:
+        v_addr = CacheReadAddrGen(g, idx, seq_len, cfg["row_offset"])
+        v_addr.assume_shape(0, shape)  # V reads the same tiles as K
+        values = RandomOffChipLoad(g, v_addr, v_cache, (t, d), stream_dtype=FP32)
     scores = Map(g, [Expand(g, q, keys, 1), keys], Matmul(weight_transposed=True), compute_bw=bw)
     last = FilterLastTile(g, seq_len)
     last.assume_shape(0, shape)

@@ -53,14 +53,15 @@ def prefill_reference(q, k_cache, v_cache, mask, cached, chunk, *, head_dim: int
 
 
 def inputs(w: Workload, seed: int) -> dict:
-    """``q`` and keys with std ``d**-0.25`` (scores of std ~1), values std 1, all bf16; request ``b``'s cache
-    rows ``0 .. cached + chunk - 1`` drawn per request, the rest zero; ``mask`` the causal tile."""
+    """``q`` and keys with std ``d**-0.25`` (scores of std ~1), values std 1 (none with ``shared_kv``), all bf16;
+    request ``b``'s cache rows ``0 .. cached + chunk - 1`` drawn per request, the rest zero; ``mask`` the causal
+    tile."""
     p = w.params
     d, t, heads, max_n = p["head_dim"], p["tile_n"], p["query_per_kv_head"], p["max_n"]
     cached, chunk = workload_trace(w, "cached"), workload_trace(w, "chunk")
     qk_std = d ** -0.25
     caches = {}
-    for name, std in (("k_cache", qk_std), ("v_cache", 1.0)):
+    for name, std in (("k_cache", qk_std), ("v_cache", 1.0))[:1 if p.get("shared_kv") else 2]:
         cache = np.zeros((len(cached), max_n, d), np.float32)
         for b, n in enumerate(cached + chunk):
             cache[b, :n] = seeded_normal(seed, name, (int(n), d), std, b, bf16=True)
@@ -84,7 +85,8 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         for r, part in enumerate(parts):
             tiles[r::regions] = part
         inputs = {**inputs, "q": tiles.reshape(-1, p["head_dim"])}
-    arrays = (take_input(inputs, n, who) for n in ("q", "k_cache", "v_cache", "mask"))
+    values = "k_cache" if p.get("shared_kv") else "v_cache"  # shared_kv: the keys are the values
+    arrays = (take_input(inputs, n, who) for n in ("q", "k_cache", values, "mask"))
     return {"out": prefill_reference(*arrays, workload_trace(workload, "cached"), workload_trace(workload, "chunk"),
                                      head_dim=p["head_dim"], query_per_kv_head=p["query_per_kv_head"],
                                      tile_n=p["tile_n"], max_n=p["max_n"], softmax=p["softmax"])}
