@@ -104,8 +104,6 @@ class AttentionModel:
     head_dim: int
     heads: int
     kv_heads: int
-    #: one cache whose rows are the keys and the values (an MLA layer group's engine model: ModelConfig.shared_kv)
-    shared_kv: bool = False
 
     @property
     def query_per_kv_head(self) -> int:
@@ -284,7 +282,7 @@ class ModelConfig:
     def attention(self) -> AttentionModel:
         """The model's published attention dimensions."""
         return AttentionModel(self.name, hidden=self.hidden, head_dim=self.head_dim, heads=self.heads,
-                              kv_heads=self.kv_heads, shared_kv=self.shared_kv)
+                              kv_heads=self.kv_heads)
 
     @property
     def paper_attention_model(self) -> AttentionModel:
@@ -296,6 +294,7 @@ class ModelConfig:
     def as_dict(self) -> dict:
         """Every resolved dimension as plain JSON values (``models show --json``)."""
         d = asdict(self)
+        del d["shared_kv"]  # an engine model's (serve.layer_list.group_model), never a config's dimension
         d["aliases"] = list(self.aliases)
         d["kind"] = "moe" if self.is_moe else "dense"
         d["layer_types"] = list(self.layer_types)

@@ -203,11 +203,11 @@ def build(kind: str, data, spec: LayerSpec, depth: int = FFN_DEPTHS[0]):
         return _mapped(kind, data, spec, depth)
     if kind == "decode":
         return build_attention(data, "dynamic", head_dim=a.head_dim, query_per_kv_head=a.query_per_kv_head,
-                               max_n=spec.max_n, shared_kv=a.shared_kv)
+                               max_n=spec.max_n, shared_kv=spec.model.shared_kv)
     if kind == "prefill":
         return build_prefill_attention(data[0], data[1], head_dim=a.head_dim,
                                        query_per_kv_head=a.query_per_kv_head, tile_n=KV_TILE, max_n=spec.max_n,
-                                       shared_kv=a.shared_kv)
+                                       shared_kv=spec.model.shared_kv)
     with warnings.catch_warnings():  # tile_n above a small iteration's token count: padding, said in the docs
         warnings.simplefilter("ignore")
         parallel = {}
