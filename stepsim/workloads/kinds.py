@@ -21,6 +21,7 @@ from stepsim.workloads import (
     collective,
     decoder,
     mla_attention,
+    mla_prefill,
     moe,
     prefill_attention,
     program,
@@ -34,7 +35,8 @@ __all__ = ["COMMON_KNOBS", "DEFAULT_WORKLOAD_CHANNEL_DEPTH", "KINDS", "WORKLOAD_
 
 #: every workload kind by name, in the order the CLI lists them (a user ``program`` last)
 KINDS: dict[str, WorkloadKind] = {k.name: k for k in (
-    moe.KIND, swiglu.KIND, attention.KIND, prefill_attention.KIND, mla_attention.KIND, sliding_attention.KIND,
+    moe.KIND, swiglu.KIND, attention.KIND, prefill_attention.KIND, mla_attention.KIND, mla_prefill.KIND,
+    sliding_attention.KIND,
     decoder.KIND, collective.KIND,
     program.KIND)}
 

@@ -486,7 +486,7 @@ CASES = [
     ('metrics block.onnx --tile-m 0', 2, E + '--tile-m must be an int >= 1, got 0'),
     ('metrics block.onnx --tile-m -4', 2, E + '--tile-m must be an int >= 1, got -4'),
     ('metrics block.onnx --tile-m 3', 2,
-     E + "--tile-m does not apply to workload 'program' (it applies to: swiglu, prefill_attention)"),
+     E + "--tile-m does not apply to workload 'program' (it applies to: swiglu, prefill_attention, mla_prefill)"),
     ('metrics block.onnx --tile-n 0', 2, E + '--tile-n must be an int >= 1, got 0'),
     ("metrics block.onnx --spill ',,'", 2,
      E + "--spill ',,': an empty name in the list; expected NAME[,NAME...], each a value or VALUE->CONSUMER"),
@@ -500,7 +500,7 @@ CASES = [
     ('metrics block.onnx --tp 2', 2,
      E + "--tp does not apply to workload 'program' (it applies to: moe, swiglu, decoder)"),
     ('metrics block.onnx --model mixtral', 2,
-     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, "
+     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, mla_prefill, "
          'sliding_attention, decoder)'),
     ('metrics block.onnx --trace junk.npz', 2,
      E + "junk.npz: a routing trace was given but model 'llama_block' has no MoE block (TopK of router "
@@ -517,7 +517,7 @@ CASES = [
     ('optimize block.onnx --out opt --system ring-2', 2,
      E + "--system does not apply to workload 'program' (it applies to: moe, swiglu, decoder, collective)"),
     ('optimize block.onnx --out opt --model mixtral', 2,
-     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, "
+     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, mla_prefill, "
          'sliding_attention, decoder)'),
     ('optimize block.onnx --out opt --max-compute 0', 2,
      E + '--max-compute does not apply to optimize of an .onnx model: every tiling of a lowered model '
@@ -608,12 +608,12 @@ CASES = [
      E + "sw_mode.toml: mode must be one of metrics, simulate, functional, check, got 'fastest'"),
     ('sweep sw_workload.toml --out s', 2,
      E + "sw_workload.toml: unknown workload 'conv2d' (expected one of moe, swiglu, attention, "
-         'prefill_attention, mla_attention, sliding_attention, decoder, collective), or serve for a serving sweep'),
+         'prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective), or serve for a serving sweep'),
     ('sweep sw_top.toml --out s', 2,
      E + "sw_top.toml: unknown key 'mood' (did you mean 'mode'?); known keys: workload, mode, out, "
          'partition_by, report, fixed, axes'),
     ('sweep empty.toml --out s', 2,
-     E + "empty.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, "
+     E + "empty.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, mla_prefill, "
          'sliding_attention, decoder, collective)'),
     ('sweep junk.toml --out s', 2,
      E + "junk.toml: not valid TOML: 'utf-8' codec can't decode byte 0x80 in position 128: invalid start byte"),
@@ -708,7 +708,7 @@ CASES = [
     ('report run1 --png /proc/x.png', 2, E + '--png /proc/x.png: cannot write under /proc'),  # *
     ('graph show conv2d', 2,
      "stepsim graph show: error: argument WORKLOAD: invalid choice: 'conv2d' (choose from moe, swiglu, "
-     'attention, prefill_attention, mla_attention, sliding_attention, decoder, collective, '
+     'attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective, '
      'path/to/file.py:function or path/to/model.onnx)'),
     ('graph show moe --trace junk.npz', 2,
      E + "junk.npz: not a NumPy .npz archive (its first bytes are b'\\x00\\x01\\x02\\x03'); save the array with "
@@ -886,7 +886,7 @@ CASES = [
     ('run "x.py:"', 2, E + "program 'x.py:': expected path/to/file.py:function"),
     ('run "junk.npy:f"', 2,
      "stepsim run: error: argument WORKLOAD: invalid choice: 'junk.npy:f' (choose from moe, swiglu, "
-     'attention, prefill_attention, mla_attention, sliding_attention, decoder, collective, '
+     'attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective, '
      'path/to/file.py:function or path/to/model.onnx)'),
     ('run moe --placement load-balanced', 2,
      E + '--placement and --system apply to the MoE layer with --ep N (expert parallelism)'),

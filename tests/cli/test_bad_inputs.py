@@ -128,7 +128,7 @@ CLI_CASES = [
                                                     "packs each expert's tokens into one tile)"),
     ("run moe --softmax stable", 2, E + "--softmax does not apply to workload 'moe' (it applies to: attention, "
                                         "prefill_attention, decoder)"),
-    ("run moe --tile-m 16", 2, E + "--tile-m does not apply to workload 'moe' (it applies to: swiglu, prefill_attention)"),
+    ("run moe --tile-m 16", 2, E + "--tile-m does not apply to workload 'moe' (it applies to: swiglu, prefill_attention, mla_prefill)"),
     ("metrics swiglu --tiling static", 2, E + "--tiling does not apply to workload 'swiglu' (it applies to: moe, "
                                               "decoder)"),
     ("run moe --iteration -1", 2, E + "--iteration must be an int >= 0, got -1"),
@@ -177,7 +177,7 @@ CLI_CASES = [
                                        "position 0: invalid start byte"),
     ("sweep sweep_empty_axis.toml --out s", 2, E + "sweep_empty_axis.toml: [axes] tile_m has no values"),
     ("sweep sweep_no_workload.toml --out s", 2,
-     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, sliding_attention, decoder, collective)"),
+     E + "sweep_no_workload.toml: missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective)"),
     # --- hardware TOML files
     ("run swiglu --hardware missing.toml", 2, None),
     ("run swiglu --hardware step-fast", 2,

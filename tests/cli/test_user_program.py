@@ -70,7 +70,7 @@ BAD_CASES = [
     ("funcs.py:number", "program 'funcs.py:number': number() returned int; expected a stepsim Graph or Workload"),
     ("raises_on_import.py:f",
      "program 'raises_on_import.py:f': importing raises_on_import.py raised RuntimeError: no GPU here"),
-    ("funcs.py:boom --tile-n 4", "--tile-n does not apply to workload 'program' (it applies to: moe, swiglu, prefill_attention, mla_attention, sliding_attention, decoder)"),
+    ("funcs.py:boom --tile-n 4", "--tile-n does not apply to workload 'program' (it applies to: moe, swiglu, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder)"),
 ]
 
 
@@ -87,7 +87,7 @@ def test_bad_programs_are_one_line_errors(tmp_path, monkeypatch, capsys, args, m
     assert status == 2 and "Traceback" not in "\n".join(err)
     if message is None:
         assert err[-1] == ("stepsim run: error: argument WORKLOAD: invalid choice: 'funcs.py' (choose from moe, "
-                           "swiglu, attention, prefill_attention, mla_attention, sliding_attention, decoder, collective, path/to/file.py:function "
+                           "swiglu, attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective, path/to/file.py:function "
                            "or path/to/model.onnx)")
     else:
         assert err == [f"stepsim: error: {message}"]
@@ -96,5 +96,5 @@ def test_bad_programs_are_one_line_errors(tmp_path, monkeypatch, capsys, args, m
 def test_sweeps_refuse_user_programs(tmp_path):
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(f'workload = "program"\n[fixed]\nprogram = "{EXAMPLE}:silu_rows"\n')
-    with pytest.raises(ConfigError, match=r"unknown workload 'program' \(expected one of moe, swiglu, attention, prefill_attention, mla_attention, sliding_attention, decoder, collective\)"):
+    with pytest.raises(ConfigError, match=r"unknown workload 'program' \(expected one of moe, swiglu, attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective\)"):
         load_sweep(sweep)

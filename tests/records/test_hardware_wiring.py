@@ -112,7 +112,7 @@ def test_the_defaults_module_holds_what_the_builders_and_presets_use():
         w = workload_from_config({"workload": kind})
         assert (w.channel_depth, w.hardware) == (WORKLOAD_CHANNEL_DEPTH[kind], WORKLOAD_HARDWARE[kind]), kind
     assert (WORKLOAD_CHANNEL_DEPTH, CHANNEL_DEPTH) == ({"swiglu": 1, "moe": 2, "attention": 1, "prefill_attention": 1,
-                                                   "mla_attention": 1, "sliding_attention": 1, "decoder": 2, "collective": 2, "program": 2}, 1)
+                                                   "mla_attention": 1, "mla_prefill": 1, "sliding_attention": 1, "decoder": 2, "collective": 2, "program": 2}, 1)
     # a user program's bare Graph becomes a Workload with the dataclass's defaults, which these entries name
     from pathlib import Path
 

@@ -281,7 +281,7 @@ def test_cli_json_prints_the_record_row_with_the_legacy_keys(capsys):
 def test_cli_refuses_a_flag_the_workload_does_not_use(capsys):
     assert main(["metrics", "moe", "--tile-m", "16"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "stepsim: error: --tile-m does not apply to workload 'moe' (it applies to: swiglu, prefill_attention)")  # the flag typed
+        "stepsim: error: --tile-m does not apply to workload 'moe' (it applies to: swiglu, prefill_attention, mla_prefill)")  # the flag typed
 
 
 # --- MoE simulation -------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, sliding_attention, decoder, collective, program)"),
-    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'prefill_attention', 'mla_attention', 'sliding_attention', 'decoder', 'collective', 'program', "
+    ({}, "missing required config key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective, program)"),
+    ({"workload": "mlp"}, "config key 'workload' must be one of 'moe', 'swiglu', 'attention', 'prefill_attention', 'mla_attention', 'mla_prefill', 'sliding_attention', 'decoder', 'collective', 'program', "
                           "got 'mlp'"),
     ({"workload": "swiglu", "tile_m": "16"}, "config key 'tile_m' must be an int >= 1, got '16'"),
     ({"workload": "swiglu", "tile_m": 16.0}, "config key 'tile_m' must be an int >= 1, got 16.0"),
@@ -41,11 +41,11 @@ def test_unknown_key_error_names_the_key_the_source_and_a_close_match():
     ({"workload": "moe", "tiling": "Static"}, "config key 'tiling' must be one of 'static', 'dynamic', got 'Static'"),
     ({"workload": "moe", "trace": ""}, "config key 'trace' must be a non-empty string, got ''"),
     ({"workload": "swiglu", "mode": "run"}, "config key 'mode' must be one of 'metrics', 'simulate', 'functional', 'check', got 'run'"),
-    ({"workload": "moe", "tile_m": 16}, "config key 'tile_m' does not apply to workload 'moe' (it applies to: swiglu, prefill_attention)"),
+    ({"workload": "moe", "tile_m": 16}, "config key 'tile_m' does not apply to workload 'moe' (it applies to: swiglu, prefill_attention, mla_prefill)"),
     ({"workload": "swiglu", "model": "qwen3-30b-a3b"},
-     "config key 'model' does not apply to workload 'swiglu' (it applies to: moe, prefill_attention, mla_attention, sliding_attention, decoder)"),
+     "config key 'model' does not apply to workload 'swiglu' (it applies to: moe, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder)"),
     ({"workload": "attention", "tile_n": 8},
-     "config key 'tile_n' does not apply to workload 'attention' (it applies to: moe, swiglu, prefill_attention, mla_attention, sliding_attention, decoder)"),
+     "config key 'tile_n' does not apply to workload 'attention' (it applies to: moe, swiglu, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder)"),
     ({"workload": "moe", "hidden": 8},
      "config key 'hidden' only applies with model 'custom' (model is 'mixtral-8x7b')"),
     ({"workload": "moe", "tiling": "dynamic", "tile_n": 8},

@@ -154,8 +154,8 @@ KNOBS = ("model, hidden, intermediate, experts, top_k, trace, iteration, layer, 
      "report column 'cyclez' is not a result column (did you mean 'cycles'?)"),
     ('workload = "swiglu"\npartition_by = ["model"]\n',
      "partition_by key 'model' is not a key of the tasks (expected one of workload, mode)"),
-    ('mode = "metrics"\n', "missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, sliding_attention, decoder, collective)"),
-    ('workload = "gemm"\n', "unknown workload 'gemm' (expected one of moe, swiglu, attention, prefill_attention, mla_attention, sliding_attention, decoder, collective), "
+    ('mode = "metrics"\n', "missing key 'workload' (one of moe, swiglu, attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective)"),
+    ('workload = "gemm"\n', "unknown workload 'gemm' (expected one of moe, swiglu, attention, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective), "
      "or serve for a serving sweep"),
     ('workload = "swiglu"\nmode = "fast"\n', "mode must be one of metrics, simulate, functional, check, got 'fast'"),
     ('workload = "swiglu"\n[fixed]\ntile_n = 16\n[axes]\ntile_n = [16]\n',

@@ -104,7 +104,7 @@ def test_cli_runs_the_decoder_on_the_shared_traces(shared_traces, capsys):
                                                   "batch has one token per request"),
     ("--model qwen --routing R --kv-lengths K --kv-heads 5", "kv_heads must be between 1 and the model's 4, got 5"),
     ("--trace R", "--trace does not apply to workload 'decoder' (it applies to: moe, attention, prefill_attention, "
-                  "mla_attention, sliding_attention, program)"),
+                  "mla_attention, mla_prefill, sliding_attention, program)"),
     ("--model qwen --routing R --kv-lengths K --tiling dynamic --tile-n 8",
      "--tile-n does not apply to tiling 'dynamic' (dynamic tiling packs each expert's tokens into one tile)"),
 ])

@@ -36,16 +36,17 @@ def _small(kind: str, tmp_path: Path) -> dict:
         return {"trace": str(tmp_path / "kv.npy"), "tile_m": 20, "tile_n": 16}
     if kind == "program":
         return {"program": f"{EXAMPLE}:small_moe_with_shared_expert"}
-    if kind in ("mla_attention", "sliding_attention"):  # scaled-down DeepSeek-V3 / gpt-oss attention
+    if kind in ("mla_attention", "mla_prefill", "sliding_attention"):  # scaled-down DeepSeek-V3 / gpt-oss attention
         mla = {"model_type": "deepseek_v3", "kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16,
                "qk_rope_head_dim": 8, "v_head_dim": 16}
         gpt_oss = {"model_type": "gpt_oss", "head_dim": 16, "sliding_window": 32,
                    "layer_types": ["sliding_attention", "full_attention"]}
         (tmp_path / "config.json").write_text(json.dumps({
             "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
-            "num_hidden_layers": 2, **(mla if kind == "mla_attention" else gpt_oss)}))
+            "num_hidden_layers": 2, **(gpt_oss if kind == "sliding_attention" else mla)}))
         np.save(tmp_path / "kv.npy", np.array([5, 40, 17, 64]))
-        return {"model": str(tmp_path / "config.json"), "trace": str(tmp_path / "kv.npy"), "tile_n": 16}
+        prefill = {"tile_m": 20} if kind == "mla_prefill" else {}  # chunks of 20 tokens after 0..44 cached ones
+        return {"model": str(tmp_path / "config.json"), "trace": str(tmp_path / "kv.npy"), "tile_n": 16, **prefill}
     if kind == "decoder":  # a Qwen3-like layer with small dims, from a Hugging Face config.json
         (tmp_path / "config.json").write_text(json.dumps({
             "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
@@ -61,7 +62,7 @@ def _small(kind: str, tmp_path: Path) -> dict:
 
 def test_the_config_tables_come_from_the_registry():
     assert WORKLOADS == tuple(KINDS) == ("moe", "swiglu", "attention", "prefill_attention", "mla_attention",
-                                         "sliding_attention", "decoder", "collective", "program")
+                                         "mla_prefill", "sliding_attention", "decoder", "collective", "program")
     assert WORKLOAD_DEFAULTS == {name: dict(k.defaults) for name, k in KINDS.items()}
     for knob in KNOBS:
         if knob == "workload" or knob in COMMON_KNOBS:

@@ -100,7 +100,7 @@ def mla_flops(tiles: int, requests: int, *, heads: int, kv_lora_rank: int, qk_no
     return tiles * per_tile + requests * per_request
 
 
-def _weights_on_chip(g, tensor: Tensor, tile, heads: int, requests: int):
+def weights_on_chip(g, tensor: Tensor, tile, heads: int, requests: int):
     """``tensor``'s per-head tiles read once, kept on chip and streamed once per request: ``[requests, heads]``."""
     load = LinearOffChipLoad(g, tensor, tile, (heads,), (1,), stream_dtype=FP32)
     return Flatten(g, Streamify(g, Bufferize(g, load, 1), (requests,), 1), 1, 2)
@@ -152,7 +152,7 @@ def build_mla_attention(kv_lengths, *, heads: int = 128, kv_lora_rank: int = 512
 
     # the absorption: per request and head q_nope[h] @ W_UK[h], the heads' rows packed into one (H, r) tile
     q_nope = Flatten(g, LinearOffChipLoad(g, q_nope_t, (1, dn), (batch, h), (h, 1), stream_dtype=FP32), 1, 2)
-    w_uk = _weights_on_chip(g, Tensor("w_uk", (h * dn, r), BF16), (dn, r), h, batch)
+    w_uk = weights_on_chip(g, Tensor("w_uk", (h * dn, r), BF16), (dn, r), h, batch)
     q_rows = Map(g, [q_nope, w_uk], Matmul(), compute_bw=bw)
     q_lat = Promote(g, Accum(g, q_rows, RetileRow(), Empty(0, r), 1, compute_bw=0, out_dtype=Tile(FP32, h, r)), 0)
     q_pe = Flatten(g, LinearOffChipLoad(g, q_pe_t, (h, dr), (batch, 1), (1, 1), stream_dtype=FP32), 1, 2)
@@ -173,7 +173,7 @@ def build_mla_attention(kv_lengths, *, heads: int = 128, kv_lora_rank: int = 512
     o_lat = Map(g, state, SoftmaxNormalize(), compute_bw=bw)
 
     # the output: each head's latent row times W_UV[h]^T
-    w_uv = _weights_on_chip(g, Tensor("w_uv", (h * dv, r), BF16), (dv, r), h, batch)
+    w_uv = weights_on_chip(g, Tensor("w_uv", (h * dv, r), BF16), (dv, r), h, batch)
     out = Map(g, [FlatMap(g, o_lat, RowStreamify()), w_uv], Matmul(weight_transposed=True), compute_bw=bw,
               write_back_mu=True)
     out_idx = Flatten(g, MetadataSource(g, np.arange(batch * h, dtype=np.int64)), 0, 1)

@@ -85,7 +85,7 @@ def test_the_unit_table_has_each_links_bytes_busy_cycles_and_occupancy(tmp_path,
     (["--system", "ring-3"], "stepsim: error: unknown system preset 'ring-3'; known presets: fully-connected-8, "
                              "ring-2, ring-4, ring-8, sn40l-16, sn40l-8, switch-8, torus-4x4"),
     (["--tile-n", "4"], "stepsim: error: --tile-n does not apply to workload 'collective' (it applies to: moe, "
-                        "swiglu, prefill_attention, mla_attention, sliding_attention, decoder)"),
+                        "swiglu, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder)"),
 ])
 def test_bad_collective_runs_are_one_line(capsys, argv, line):
     assert _status(["run", "collective", *argv]) == 2
