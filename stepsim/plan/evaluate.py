@@ -116,8 +116,10 @@ class Evaluator:
 
             pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
             try:
+                # report_layers=False: the replay is read for its requests only; the summary's per-bucket schedules
+                # would map buckets no step was priced by (an expert-parallel system's one-chip FFN schedules)
                 result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware,
-                               system=dep.system, stop=stop, **dep.scheduler.serve_kwargs())
+                               system=dep.system, stop=stop, report_layers=False, **dep.scheduler.serve_kwargs())
             except ReplayStopped as stopped:  # the SLO provably missed: this replica alone fails the deployment
                 path.unlink()
                 self.stopped += 1

@@ -43,9 +43,10 @@ class ShapePricer:
         # the layers serve prices a run of this shape with (its --schedule default): mapped on sn40l chips, the
         # paper's elsewhere; provider() rebuilds the matching provider, the commands and the verification name it
         self.schedule = default_schedule(resolve_serving_hardware(self.hardware_name), "fast")
+        # report_layers=False: the plan keeps the run's calibration and summary, not its per-bucket schedules
         result = serve(self.model_arg, reference_file, fidelity="fast", schedule=self.schedule, slo=slo,
                        hardware=self.hardware_name, system=self.system_name, calibration_cache=self.cache,
-                       seed=self.seed)
+                       seed=self.seed, report_layers=False)
         return self.adopt(result.summary, self.schedule)
 
     def adopt(self, summary: dict, schedule: str) -> dict:

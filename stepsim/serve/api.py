@@ -429,7 +429,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
           calibration_cache=None, system=None, progress: bool = False, schedule: str | None = None,
-          drop_long: bool = False, truncate_long: bool = False, stop=None) -> ServeResult:
+          drop_long: bool = False, truncate_long: bool = False, stop=None, report_layers: bool = True) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -507,6 +507,11 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         Stop the replay once its SLO is provably missed at a percentile: raises
         :class:`~stepsim.serve.replay_stop.ReplayStopped` (for :mod:`stepsim.plan`; a calibration's own replays
         never stop).
+    report_layers : bool
+        On mapped layers, the summary's ``layers``: each (kind, bucket) the run used with its mapped schedule, which
+        maps any bucket not mapped yet (on an expert-parallel system the whole block's one-chip FFN schedule at
+        each bucket, which its pricing never uses: minutes each at thousands of tokens). ``False`` leaves it out:
+        :mod:`stepsim.plan`'s replays, which read only their requests.
 
     Returns
     -------
@@ -591,7 +596,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     if policy is not None:  # only when given: the metadata of every earlier run stays as it was
         knobs["long_requests"] = policy
     return _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-                   requests, out, timeline, started, knobs, chips, long)
+                   requests, out, timeline, started, knobs, chips, long, report_layers)
 
 
 def kv_cache_of(resolved, memory, config: SchedulerConfig, hw, system, hbm_bytes=None):
@@ -746,7 +751,7 @@ def _replayed(provider, calibration, trace, config, capacity, limit, progress, s
 
 
 def _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
-            requests, out, timeline, started, knobs: dict, chips, long=None) -> ServeResult:
+            requests, out, timeline, started, knobs: dict, chips, long=None, report_layers: bool = True) -> ServeResult:
     """The tables, the summary and the files of a replayed run."""
     lat = request_latencies(trace.arrival_s, result.first_token, result.finish, trace.output_tokens)
     requests_table = pa.table({
@@ -784,7 +789,7 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
         summary["kv_cache"]["sliding_pool_bytes"] = capacity.sliding_pool_bytes
     if "hbm_bytes" in iterations:
         summary["utilisation"] = run_utilisation(iterations)
-    if getattr(provider, "layer_use", None) is not None:  # mapped layers: each kind and bucket's schedule
+    if report_layers and getattr(provider, "layer_use", None) is not None:  # mapped layers: each bucket's schedule
         summary["layers"] = provider.layer_use.rows()
     summary["wall_s"] = time.perf_counter() - started
     files = {}

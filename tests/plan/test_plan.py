@@ -424,3 +424,23 @@ def test_the_readmes_plan_example_model_is_this_small_model():
 
     example = Path(__file__).resolve().parents[2] / "examples" / "small-moe.json"
     assert json.loads(example.read_text()) == SMALL
+
+
+def test_a_plans_replays_leave_out_the_layers_report(plans, monkeypatch):
+    """A plan reads its replays' requests only, so they leave out serve's per-bucket schedule report (summary
+    ``layers``: it maps every bucket a run used, on an expert-parallel system the whole block's one-chip FFN schedule,
+    which that system's pricing never uses). The same plan with the report forbidden gives the same deployments;
+    serve on its own still reports."""
+    from stepsim.serve.layer_use import LayerUse
+
+    plan, _, tmp = plans
+    model = str(tmp / "small.json")
+    own = stepsim.serve(model, tmp / "t.parquet", fidelity="fast", slo=SLO, calibration_cache=tmp / "cache")
+    assert {r["kind"] for r in own.summary["layers"]} == {"prefill", "decode", "ffn"}
+
+    def forbidden(self):
+        raise AssertionError("a plan's replay mapped its layers' report")
+    monkeypatch.setattr(LayerUse, "rows", forbidden)
+    again = stepsim.plan(model, tmp / "t.parquet", slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp / "cache",
+                         verify=False)
+    assert again.deployments == plan.deployments
