@@ -152,7 +152,7 @@ CLI_CASES = [
     ("optimize llama.onnx --out o --system ring-4", 2,
      E + "--system does not apply to workload 'program' (it applies to: moe, swiglu, decoder, collective)"),
     ("optimize llama.onnx --out o --model qwen", 2,
-     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, sliding_attention, decoder)"),
+     E + "--model does not apply to workload 'program' (it applies to: moe, prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder)"),
     ("optimize llama.onnx --out o --iteration 1", 2,
      E + "--iteration picks a batch of the routing trace; give the trace with --trace"),
     ("optimize llama.onnx --out o --max-on-chip 0", 2, E + "--max-on-chip must be an integer >= 1, got 0"),

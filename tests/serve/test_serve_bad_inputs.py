@@ -577,7 +577,7 @@ def test_a_sweep_file_with_a_misspelled_workload_names_serve(tmp_path, capsys):
     path.write_text(SWEEP.format(extra="").replace('"serve"', '"serv"'))
     assert main(["sweep", str(path)]) == 2
     assert capsys.readouterr().err == (f"{E}{path}: unknown workload 'serv' (expected one of moe, swiglu, attention, "
-                                       "prefill_attention, mla_attention, sliding_attention, decoder, collective), or serve for a serving sweep\n")
+                                       "prefill_attention, mla_attention, mla_prefill, sliding_attention, decoder, collective), or serve for a serving sweep\n")
 
 
 # --- stepsim compare on damaged serve folders ------------------------------------------------------------------
