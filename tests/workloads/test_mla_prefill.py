@@ -89,7 +89,7 @@ def test_without_its_barrier_the_attention_reads_the_caches_before_they_are_writ
 
 
 def test_bad_inputs_are_one_line(tmp_path):
-    with pytest.raises(ArgumentError, match="request 1: cached 3 must be >= 0 and chunk 0 >= 1"):
+    with pytest.raises(ArgumentError, match=r"chunk\[1\] = 0 must be at least 1"):
         build_mla_prefill([0, 3], [4, 0], **DIMS)
     with pytest.raises(ArgumentError, match="one value per request"):
         build_mla_prefill([0, 3], [4], **DIMS)

@@ -20,7 +20,8 @@ from stepsim.workloads.decode_tiles import tail_mask
 from stepsim.workloads.numerics import as_f32, seeded_normal, take_input, workload_trace
 
 
-def _softmax(s: np.ndarray) -> np.ndarray:
+def softmax(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis (max subtracted first)."""
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     return p / p.sum(axis=-1, keepdims=True)
 
@@ -51,7 +52,7 @@ def mla_absorbed(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int,
     scale = (dn + q_pe.shape[1]) ** -0.5 if softmax_scale is None else softmax_scale
     q_lat = np.einsum("hd,hdc->hc", q_nope, w[:, :dn])
     scores = (q_lat @ kv.T + q_pe @ pe.T) * scale
-    return np.einsum("hc,hdc->hd", _softmax(scores) @ kv, w[:, -v_head_dim:])
+    return np.einsum("hc,hdc->hd", softmax(scores) @ kv, w[:, -v_head_dim:])
 
 
 def mla_expanded(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int,
@@ -67,7 +68,7 @@ def mla_expanded(q_nope, q_pe, kv_cache, pe_cache, w_kv_b, v_head_dim: int,
     k = np.concatenate([k_nope, np.broadcast_to(pe[:, None, :], (n, h, pe.shape[1]))], axis=-1)
     q = np.concatenate([q_nope, q_pe], axis=-1)
     scores = np.einsum("hd,thd->ht", q, k) * (q.shape[1] ** -0.5 if softmax_scale is None else softmax_scale)
-    return np.einsum("ht,thd->hd", _softmax(scores), v)
+    return np.einsum("ht,thd->hd", softmax(scores), v)
 
 
 def inputs(w: Workload, seed: int) -> dict:
@@ -106,7 +107,7 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         cache = slice(b * max_n, b * max_n + int(n))
         q_lat = as_f32(np.einsum("hd,hdc->hc", q_nope[rows], w_uk)).astype(np.float64)
         s = as_f32(as_f32(q_lat @ kv[cache].T) + as_f32(q_pe[rows] @ pe[cache].T)).astype(np.float64) * scale
-        o_lat = as_f32(_softmax(s) @ kv[cache]).astype(np.float64)
+        o_lat = as_f32(softmax(s) @ kv[cache]).astype(np.float64)
         out.append(np.einsum("hc,hdc->hd", o_lat, w_uv))
     return {"out": np.concatenate(out).astype(np.float32)}
 

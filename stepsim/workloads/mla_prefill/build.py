@@ -76,6 +76,10 @@ from stepsim.workloads.base import Workload
 from stepsim.workloads.decode_tiles import cache_slots, mask_last_tile, positive_int
 from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH, WORKLOAD_HARDWARE
 from stepsim.workloads.mla_attention.build import weights_on_chip
+
+# the prefill kind's own validation of per-request token counts (private there: that module is hashed into the
+# mapper's and the calibrations' keys, so it is imported rather than renamed)
+from stepsim.workloads.prefill_attention.build import _tokens as token_counts
 from stepsim.workloads.prefill_attention.build import query_tiles
 
 #: FLOPs/cycle of every compute node (the decode attention's, docs/semantics.md §5.5)
@@ -95,30 +99,33 @@ def mla_prefill_flops(kv_tiles: int, attended: int, units: int, *, heads: int, k
     return expansion + attended * per_tile + units * (t * t + t * dv)
 
 
-def _selector(first: np.ndarray) -> np.ndarray:
-    """One-hot ``[n, 2]``: column 0 where ``first`` (a bool per element), column 1 elsewhere."""
-    return np.eye(2, dtype=np.int8)[np.where(first, 0, 1)]
+def _selector(g: Graph, pick: np.ndarray):
+    """A static selector stream of ``pick`` (a bool an element): output 0 where True, 1 elsewhere."""
+    return Flatten(g, SelectorSource(g, np.eye(2, dtype=np.int8)[np.where(pick, 0, 1)], 2), 0, 1)
+
+
+def _split(g: Graph, stream, pick: np.ndarray):
+    """``(picked, the others)`` of ``stream`` (a flat stream) by the static ``pick``, each flat."""
+    split = Partition(g, stream, _selector(g, pick), 0, 2)
+    split.assume_shape(0, (int(pick.sum()),))
+    split.assume_shape(1, (len(pick) - int(pick.sum()),))
+    return split[0], split[1]
 
 
 def _last_of_each(g: Graph, acks, last: np.ndarray):
     """The acknowledgements of ``acks`` (a flat stream) where ``last`` is True, as ``[requests, 1]``; the others
     are dropped."""
-    split = Partition(g, acks, Flatten(g, SelectorSource(g, _selector(last), 2), 0, 1), 0, 2)
-    split.assume_shape(0, (int(last.sum()),))
-    split.assume_shape(1, (len(last) - int(last.sum()),))
-    Sink(g, split[1])
-    return Promote(g, split[0], 0)
+    picked, others = _split(g, acks, last)
+    Sink(g, others)
+    return Promote(g, picked, 0)
 
 
 def _released(g: Graph, stream, first: np.ndarray, barrier):
     """``stream`` (a flat stream, one element per (query tile, head)) with each request's first element held until
     that request's ``barrier`` element (``[requests, 1]``) arrives; the others follow in order."""
-    split = Partition(g, stream, Flatten(g, SelectorSource(g, _selector(first), 2), 0, 1), 0, 2)
-    n_first = int(first.sum())
-    split.assume_shape(0, (n_first,))
-    split.assume_shape(1, (len(first) - n_first,))
-    held = Flatten(g, Expand(g, Promote(g, split[0], 0), barrier, 1), 0, 1)
-    merged = Reassemble(g, [held, split[1]], Flatten(g, SelectorSource(g, _selector(first), 2), 0, 1), 0)
+    firsts, others = _split(g, stream, first)
+    held = Flatten(g, Expand(g, Promote(g, firsts, 0), barrier, 1), 0, 1)
+    merged = Reassemble(g, [held, others], _selector(g, first), 0)
     merged.assume_shape(0, (len(first), 1))  # one element per selector
     return Flatten(g, merged, 0, 1)
 
@@ -155,16 +162,9 @@ def build_mla_prefill(cached, chunk, *, heads: int = 128, kv_lora_rank: int = 51
     dv = positive_int("v_head_dim", v_head_dim)
     t = positive_int("tile_n", tile_n)
     bw = positive_int("compute_bw", compute_bw)
-    cached, chunk = (np.asarray(a) for a in (cached, chunk))
-    if cached.ndim != 1 or chunk.shape != cached.shape or not len(cached):
-        raise ArgumentError(f"cached and chunk must give one value per request, got shapes {cached.shape} and "
-                            f"{chunk.shape}")
-    if not (np.issubdtype(cached.dtype, np.integer) and np.issubdtype(chunk.dtype, np.integer)):
-        raise ArgumentError("cached and chunk must be integers")
-    if (cached < 0).any() or (chunk < 1).any():
-        j = int(np.argmax((cached < 0) | (chunk < 1)))
-        raise ArgumentError(f"request {j}: cached {int(cached[j])} must be >= 0 and chunk {int(chunk[j])} >= 1")
-    cached, chunk = cached.astype(np.int64), chunk.astype(np.int64)
+    cached, chunk = token_counts("cached", cached, 0), token_counts("chunk", chunk, 1)
+    if len(cached) != len(chunk):
+        raise ArgumentError(f"cached and chunk must give one value per request, got {len(cached)} and {len(chunk)}")
     total = cached + chunk
     tiles = -(-total // t)  # KV tiles of each request
     max_n = cache_slots(int(tiles.max()) * t, max_n, t)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.workloads.base import Workload
-from stepsim.workloads.mla_attention.reference import _softmax
+from stepsim.workloads.mla_attention.reference import softmax
 from stepsim.workloads.numerics import as_f32, round_to_bf16, seeded_normal, take_input, workload_trace
 from stepsim.workloads.prefill_attention.build import causal_mask, query_tiles
 
@@ -33,7 +33,7 @@ def mla_prefill_expanded(q_nope, q_pe, kv_cache, pe_cache, w_uk, w_uv, positions
     v = np.einsum("nc,hdc->hnd", kv, w_uv)
     scores = (np.einsum("hpd,hnd->hpn", q_nope, k_nope) + np.einsum("hpd,nd->hpn", q_pe, pe)) * scale
     scores = np.where(np.arange(kv.shape[0])[None, None, :] <= np.asarray(positions)[None, :, None], scores, -np.inf)
-    return np.einsum("hpn,hnd->hpd", _softmax(scores), v)
+    return np.einsum("hpn,hnd->hpd", softmax(scores), v)
 
 
 def inputs(w: Workload, seed: int) -> dict:
@@ -95,7 +95,7 @@ def outputs(workload: Workload, inputs: dict) -> dict:
         s = s.astype(np.float64) * scale
         cols = np.arange(keys.stop)[None, None, :]
         s = np.where(cols <= (int(grp) * t + i)[None, :, None], s, -np.inf)  # the diagonal tile's causal mask
-        out[j] = _softmax(s) @ v_exp[b, :, keys].astype(np.float64)
+        out[j] = softmax(s) @ v_exp[b, :, keys].astype(np.float64)
     return {"out": out.reshape(-1, dv).astype(np.float32), "k_exp": k_exp.reshape(-1, dn),
             "v_exp": v_exp.reshape(-1, dv)}
 
