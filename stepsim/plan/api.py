@@ -20,7 +20,7 @@ import numpy as np
 
 from stepsim.base.errors import ConfigError
 from stepsim.plan.evaluate import BaseTrace, Evaluator
-from stepsim.plan.search import front, goodput_bound, multiplier, rate_bound
+from stepsim.plan.search import front, goodput_bound, rate_bound
 from stepsim.plan.space import DEFAULT_SPACE, deployments, load_space, parse_space
 from stepsim.plan.waves import WORK_FOLDER, WaveRunner
 
@@ -238,27 +238,38 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         rows.append(row)
 
     # then one wave per chip count, fewest first (docs/plan.md §4): the front of fewer chips is final when a wave
-    # starts; a deployment whose bound cannot beat it is pruned, the others searched as tasks that each know it
+    # starts; a wave runs in parts of 1, 2, 4, ... deployments (highest bound first), each part knowing the best of
+    # the wave's earlier parts; a deployment whose bound cannot beat or reach them is pruned, the others searched as
+    # tasks that each know them
     order = sorted((r for r in rows if r["error"] is None), key=lambda r: (r["chips"], -r["goodput_ub"], r["index"]))
-    replays = {"replays": 0, "replays_stopped": 0, "replays_reused": 0}
+    replays = dict.fromkeys(REPLAY_COUNTS, 0)
     for chips in sorted({r["chips"] for r in order}):
         beat = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] < chips), default=-1.0)
-        wave = []
-        for row in (r for r in order if r["chips"] == chips):
-            if prune and row["goodput_ub"] <= beat:
-                row.update(decided="pruned", bound=row["binds"], replays=0)
-                continue
-            wave.append(row)
-        done = runner.search([deployment_config(model, row["dep"], cache=cache, trace_sha256=trace_sha256,
-                                                 shapes=shape_configs, search_slo=searched_slo,
-                                                 percentile=percentile, prune=prune,
-                                                 duration_floor=row["duration_floor"], beat=beat) for row in wave])
-        for row, got in zip(wave, done):
-            _take(row, got)
-            for key in replays:
-                replays[key] += got[key]
+        for part in wave_parts([r for r in order if r["chips"] == chips]):
+            match = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] == chips),
+                        default=-1.0)
+            searched = []
+            for row in part:
+                if prune and (row["goodput_ub"] <= beat or row["goodput_ub"] < match):
+                    row.update(decided="pruned", bound=row["binds"], replays=0)
+                    continue
+                searched.append(row)
+            done = runner.search([deployment_config(model, row["dep"], cache=cache, trace_sha256=trace_sha256,
+                                                     shapes=shape_configs, search_slo=searched_slo,
+                                                     percentile=percentile, prune=prune, rate_bound=row["m_ub"],
+                                                     duration_floor=row["duration_floor"], beat=beat, match=match)
+                                   for row in searched])
+            for row, got in zip(searched, done):
+                _take(row, got)
+                for key in replays:
+                    replays[key] += got[key]
     runner.retire_others()
     on_front = front(rows)
+    # the front's runs at the offered rate (plan.json reports them), where the search did not serve that rate: the
+    # same runs a brute force makes, counted with the replays
+    offered = _serve_offered([rows[i] for i in on_front], model, base, searched_slo, percentile, pricers, cache, work)
+    for key in replays:
+        replays[key] += offered[key]
     summary, table = _summarize(rows, on_front, base, scale, slo, percentile, calibrations, model,
                                 requests, limit_requests, prune)
     recommended = summary.get("recommended")
@@ -279,6 +290,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     summary["replays"] = replays["replays"]  # full replays: every request served
     summary["replays_stopped"] = replays["replays_stopped"]  # stopped early, the SLO provably missed
     summary["replays_reused"] = replays["replays_reused"]
+    summary["replays_unservable"] = replays["replays_unservable"]  # ended by a step the chip cannot run
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     if out is not None:
@@ -289,20 +301,56 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                                                "executor": runner.describe()})
 
 
+#: a plan's replay counters (plan.json and deployments.parquet): full replays, stopped early (the SLO provably
+#: missed), reused (the same replica run made before) and ended by a step the chip cannot run
+REPLAY_COUNTS = ("replays", "replays_stopped", "replays_reused", "replays_unservable")
+
+
+def wave_parts(wave: list) -> list[list]:
+    """A wave's deployments in parts of 1, 2, 4, 8, ... (the last part what is left): sizes that depend on nothing
+    but the wave, so every executor runs the same parts (:mod:`stepsim.plan.waves`)."""
+    parts, size, i = [], 1, 0
+    while i < len(wave):
+        parts.append(wave[i:i + size])
+        i += size
+        size *= 2
+    return parts
+
+
+def _serve_offered(front_rows: list, model, base, searched_slo, percentile, pricers, cache, work) -> dict:
+    """Serve each front deployment at the offered rate unless its search did (``search.offered``, set in place);
+    returns the replays counted."""
+    from stepsim.plan.waves import REFERENCE_FILE
+
+    counts = dict.fromkeys(REPLAY_COUNTS, 0)
+    # a stopped run at the offered rate has no metrics to report: served again to the end
+    todo = [row for row in front_rows if row["search"].offered is None or row["search"].offered.metrics is None]
+    if not todo:
+        return counts
+    with tempfile.TemporaryDirectory(prefix="stepsim-plan-offered-") as tmp:
+        evaluator = Evaluator(model, base, searched_slo, percentile, pricers, Path(tmp))
+        evaluator.calibration_cache = str(cache)  # a disaggregated pool's shape (as a task's evaluator)
+        evaluator.reference_file = work / REFERENCE_FILE
+        for row in todo:
+            row["search"].offered = evaluator.evaluate(row["dep"], 1.0)
+    counts.update(replays=evaluator.replays, replays_stopped=evaluator.stopped, replays_reused=evaluator.reused,
+                  replays_unservable=evaluator.unservable)
+    return counts
+
+
 def _take(row: dict, got: dict) -> None:
     """A deployment task's row (:mod:`stepsim.plan.waves`) into the plan's row of that deployment."""
     from stepsim.plan.waves import search_of
 
     row["replays"], row["replays_stopped"] = got["replays"], got["replays_stopped"]
+    row["replays_unservable"] = got["replays_unservable"]
     if got["error"] is not None:  # serve refused a run of this deployment (a request its KV cache cannot hold)
         row["error"] = got["error"]
         return
     res = search_of(got["search"])
     row["search"] = res
-    if res.status == "cut":
-        # failed at the front's rate before the search (one probe), or at a rate the search probed
-        by_front = res.front_probe is not None and not res.front_probe[1]
-        row.update(decided="cut", bound="front rate" if by_front else "failed rate")
+    if res.status == "cut":  # a failed rate (served, or above the rate bound) proved it off the front
+        row.update(decided="cut", bound="failed rate")
         return
     row["decided"] = "simulated"
     if res.best is not None:
@@ -406,14 +454,12 @@ def _summarize(rows, on_front, base, scale, slo, percentile, calibrations, model
             "decided": row["decided"] or "infeasible", "bound": row["bound"], "error": row["error"],
             "rate_bound_multiplier": row.get("m_ub"), "goodput_bound_requests_per_s": row.get("goodput_ub"),
             "search": res.status if res is not None else None,
-            # a front probe that held is one of the search's own probes (the same run, reused)
-            "probes": len(res.probes) + (res.front_probe is not None and not res.front_probe[1]) if res is not None
-            else 0,
-            "front_probe_multiplier": None if res is None or res.front_probe is None
-            else multiplier(res.front_probe[0]),
-            "front_probe_met": None if res is None or res.front_probe is None else res.front_probe[1],
+            "probes": len(res.probes) if res is not None else 0,
+            # the doubling (and bisection) rates above the rate bound: failures the search did not serve
+            "probes_proved": len(res.proved) if res is not None else 0,
             "replays": row.get("replays", 0),
             "replays_stopped": row.get("replays_stopped", 0),
+            "replays_unservable": row.get("replays_unservable", 0),
             "multiplier": best.multiplier if best is not None else None,
             "rate_requests_per_s": rate,
             "goodput_requests_per_s": row["goodput"],

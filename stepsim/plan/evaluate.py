@@ -59,7 +59,9 @@ class Evaluation:
 class Evaluator:
     """Serves deployments (``evaluate``) and counts the replays (one per replica run through serve): ``replays``
     served every request, ``stopped`` stopped early (``stop_early``: a replay whose SLO is provably missed at the
-    percentile stops there, :mod:`stepsim.serve.replay_stop`). A state-dependent router's replicas are replayed
+    percentile stops there, :mod:`stepsim.serve.replay_stop`), ``unservable`` ended by a step the chip cannot run
+    (:class:`~stepsim.mapping.units.Infeasible`: no schedule of a layer at the step's tokens fits it; an Orca
+    step of whole prompts at a high rate), which fails the probe: the deployment cannot serve that rate as priced. A state-dependent router's replicas are replayed
     together (:mod:`stepsim.plan.joint`: one replay of each) unless ``joint`` is False or their loops are not the
     compiled one; else by rounds of separate replays (:mod:`stepsim.plan.replicas`: the same routing)."""
 
@@ -71,6 +73,7 @@ class Evaluator:
         self.replays = 0
         self.stopped = 0
         self.reused = 0
+        self.unservable = 0
         self.stop_rule = None
         if stop_early:
             from stepsim.serve.replay_stop import StopRule
@@ -107,23 +110,31 @@ class Evaluator:
         b = self.base
         write_requests(RequestTrace(str(path), indices.astype(np.int64), arrival[indices], b.prompt[indices],
                                     b.output[indices]), path)
-        if dep.disaggregate:  # a prefill pool and a decode pool: stepsim/plan/disaggregated.py
-            from stepsim.plan.disaggregated import serve_replica
+        from stepsim.mapping.units import Infeasible
 
-            result = serve_replica(self, dep, path)
-        else:
-            from stepsim.serve.replay_stop import ReplayStopped
+        try:
+            if dep.disaggregate:  # a prefill pool and a decode pool: stepsim/plan/disaggregated.py
+                from stepsim.plan.disaggregated import serve_replica
 
-            pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
-            try:
-                # report_layers=False: the replay is read for its requests only; the summary's per-bucket schedules
-                # would map buckets no step was priced by (an expert-parallel system's one-chip FFN schedules)
-                result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware,
-                               system=dep.system, stop=stop, report_layers=False, **dep.scheduler.serve_kwargs())
-            except ReplayStopped as stopped:  # the SLO provably missed: this replica alone fails the deployment
-                path.unlink()
-                self.stopped += 1
-                return {"stopped": stopped.metric, "max_utilisation": stopped.max_utilisation}
+                result = serve_replica(self, dep, path)
+            else:
+                from stepsim.serve.replay_stop import ReplayStopped
+
+                pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
+                try:
+                    # report_layers=False: the replay is read for its requests only; the summary's per-bucket
+                    # schedules would map buckets no step was priced by (an expert-parallel system's one-chip FFN
+                    # schedules)
+                    result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware,
+                                   system=dep.system, stop=stop, report_layers=False, **dep.scheduler.serve_kwargs())
+                except ReplayStopped as stopped:  # the SLO provably missed: this replica alone fails the deployment
+                    path.unlink()
+                    self.stopped += 1
+                    return {"stopped": stopped.metric, "max_utilisation": stopped.max_utilisation}
+        except Infeasible as exc:  # a step this replica cannot run: it fails the deployment at this rate
+            path.unlink(missing_ok=True)
+            self.unservable += 1
+            return {"stopped": str(exc), "max_utilisation": 0.0}
         path.unlink()
         self.replays += 1
         req = result.requests
@@ -187,7 +198,7 @@ class Evaluator:
         routing), stopping once a replica's SLO is provably missed (its routing is final as it is made); None when
         a replica's loop is not the compiled one. An evaluation made before (the same deployment, arrivals and stop
         rule) is reused."""
-        key = (dep, arrival.tobytes(), self.stop_rule)  # a search's front probe is one of its probes: served once
+        key = (dep, arrival.tobytes(), self.stop_rule)
         if key in self._joint_runs:
             self.reused += dep.replicas
             return self._joint_runs[key]
@@ -195,6 +206,7 @@ class Evaluator:
         return out
 
     def _joint_replay(self, dep: Deployment, multiplier: float, arrival: np.ndarray) -> Evaluation | None:
+        from stepsim.mapping.units import Infeasible
         from stepsim.plan.joint import joint_replay
         from stepsim.serve.api import replica_schedulers
         from stepsim.serve.replay_compiled import CompiledLoop
@@ -216,6 +228,9 @@ class Evaluator:
         except ReplayStopped as stopped:  # the replicas' replays all end here
             self.stopped += dep.replicas
             return Evaluation(multiplier, False, None, 1, stopped.max_utilisation, np.empty(0, dtype=np.int64))
+        except Infeasible:  # a step a replica cannot run (class docstring): the replays all end here
+            self.unservable += dep.replicas
+            return Evaluation(multiplier, False, None, 1, 0.0, np.empty(0, dtype=np.int64))
         if run is None:
             return None
         self.replays += len(np.unique(run.assignment))  # each replica sent a request, replayed once

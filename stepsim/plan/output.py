@@ -76,9 +76,9 @@ def write_plan(out, summary: dict, table: list, replica_files: list) -> dict:
 #: deployments.parquet's column types (the others are strings)
 _TYPES = {"chips": pa.int64(), "chips_per_replica": pa.int64(), "replicas": pa.int64(), "prefill_chips": pa.int64(),
           "decode_chips": pa.int64(), "max_seqs": pa.int64(), "max_batch_tokens": pa.int64(),
-          "chunk_tokens": pa.int64(), "probes": pa.int64(), "replays": pa.int64(), "replays_stopped": pa.int64(),
-          "on_front": pa.bool_(), "offered_meets_slo": pa.bool_(), "front_probe_met": pa.bool_(),
-          "front_probe_multiplier": pa.float64()}
+          "chunk_tokens": pa.int64(), "probes": pa.int64(), "probes_proved": pa.int64(), "replays": pa.int64(),
+          "replays_stopped": pa.int64(), "replays_unservable": pa.int64(), "on_front": pa.bool_(),
+          "offered_meets_slo": pa.bool_()}
 
 
 def deployments_table(table: list) -> pa.Table:

@@ -1,30 +1,35 @@
 """The rate search of one deployment, the upper bounds that prune, and the plan's loop over the space
 (docs/plan.md §4).
 
-**Rate search.** Rates are multipliers of the offered rate on a grid ``m = 2**(e / STEPS_PER_DOUBLING)`` (integer
-e), so every run is reproducible bit for bit. Bracket: serve at m = 1; while the SLO is met double m (up to
-``2**MAX_DOUBLINGS``: a deployment that meets it there is reported at that rate, ``capped``); while it is not met
-halve m (down to ``2**-MAX_DOUBLINGS``: below it the deployment sustains no rate, 0). Then bisect the exponent
-between the highest rate that met the SLO and the lowest above it that did not, until they are one grid step apart
-(``2**(1/16)``, 4.4 %). The sustainable rate is the last that met it; its goodput and SLO attainment are that run's.
-The bisection takes the SLO at the percentile to hold below any rate where it held (as every capacity search does);
-a plan and a brute-force search of every deployment run the same probes, so they agree whether it does or not.
+**Rate search, top down.** Rates are multipliers of the offered rate on a grid ``m = 2**(e / STEPS_PER_DOUBLING)``
+(integer e), so every run is reproducible bit for bit. Bracket from the top: serve at the grid's top
+``2**MAX_DOUBLINGS`` (meeting the SLO there: ``capped``, one probe) and halve while the SLO is not met (below
+``2**-MAX_DOUBLINGS``: the deployment sustains no rate, ``unsustainable``); then bisect the exponent between the
+first doubling rate that met it and the one above, which failed, until they are one grid step apart (``2**(1/16)``,
+4.4 %). The sustainable rate is the last that met it; its goodput and SLO attainment are that run's. The bisection
+takes the SLO at the percentile to hold below any rate where it held (as every capacity search does); a plan and a
+brute-force search of every deployment run the same search, so they agree whether it does or not.
+
+Why top down (until 2026-11-27 the bracket doubled up from the offered rate): a probe that fails costs little (the
+replay stops once the SLO is provably missed, :mod:`stepsim.serve.replay_stop`) and one that meets costs a whole
+replay. From the top, a deployment's probes above its sustainable rate fail and the first that meets is its
+bracket's floor; from the offered rate, every doubling below the sustainable rate met, a whole replay each. And
+every failure bounds the result on its own, with no premise on how the SLO varies with the rate: the result is
+below the first doubling rate (from the top) where the SLO held times two, so below every rate that failed on the
+way down, and the bisection stays below its own failures. So a search is ``cut`` as soon as a failure proves the
+deployment off the front, on the way down or while it bisects.
 
 **Bounds.** A deployment's goodput at its sustainable rate m* is at most ``requests / duration`` with the duration
 at least its floor at m* (:class:`DurationFloor`: each request's arrival plus the larger of its least latency and
 the least time of the work arriving from it on), which falls as m rises; so it is below ``N / floor(m_hi)``
 whenever the search has seen the SLO fail at ``m_hi`` (m* < m_hi), and at most ``N / floor(m_ub)`` for the bound
-m_ub of :func:`rate_bound` before any run. A deployment of C chips can only be on the front (fewest chips
-for its goodput) if its goodput beats every deployment of fewer chips; a deployment whose bound cannot is
-``pruned`` (by the bound, before any run) or ``cut`` (by the failed rate, during its search). Deployments are
-searched in waves, one per chip count, fewest chips first (:mod:`stepsim.plan.waves`), so the front of fewer chips
-is final when a wave starts.
-
-**Front probe.** The search's result is below the first rate of its doubling phase (1, 2, 4, ... times the offered
-rate) where the SLO fails, whatever the SLO does elsewhere: the bracket and the bisection stay below it. So a
-failure at any doubling rate ``2**k`` (k >= 1) bounds the result below ``2**k`` on its own. Before its search a
-deployment is served at the highest doubling rate where such a failure proves it cannot reach the front; failing
-there it is ``cut`` after one probe, else the search runs as always and reuses that run when it gets there.
+m_ub of :func:`rate_bound` before any run. The SLO fails at every rate above m_ub (:func:`rate_bound` proves it
+rate by rate), so a plan's search starts at the highest doubling rate at or below m_ub: the doublings above it are
+``proved`` failures, not served (the brute force serves them and sees them fail), and so is a bisection rate above
+it. A deployment of C chips can only
+be on the front (fewest chips for its goodput) if its goodput beats every deployment of fewer chips and reaches
+every deployment of C chips; a deployment whose bound cannot is ``pruned`` (by the bound, before any run) or
+``cut`` (by a failed rate, during its search).
 """
 
 from __future__ import annotations
@@ -49,8 +54,9 @@ def multiplier(e: int) -> float:
 @dataclass
 class SearchResult:
     """How a deployment's search ended: ``status`` ``searched`` / ``capped`` / ``unsustainable`` / ``cut``, the
-    probes ``(exponent, met)``, the best evaluation (the highest rate that met the SLO) and the lowest failing
-    exponent."""
+    probes served ``(exponent, met)``, the doubling exponents ``proved`` to fail by the rate bound (not served),
+    the best evaluation (the highest rate that met the SLO), the lowest failing exponent, and the offered rate's
+    evaluation when the search served it (exponent 0)."""
 
     status: str
     probes: list = field(default_factory=list)
@@ -59,54 +65,17 @@ class SearchResult:
     offered: object = None
     #: the largest HBM or compute utilisation of any step of any probe (at most 1: the floors held)
     max_utilisation: float = 0.0
-    #: the front-rate probe ``(exponent, met)`` made before the search (None: none made)
-    front_probe: tuple | None = None
+    proved: list = field(default_factory=list)
 
 
-def front_exponent(can_win) -> int | None:
-    """The highest grid exponent e at which a failed SLO already proves the deployment cannot reach the front
-    (``can_win(e)`` False; it is monotone: a higher failing rate leaves a higher goodput bound), or
-    None when a failure at the search's lowest rate would not (nothing to probe)."""
-    top = MAX_DOUBLINGS * STEPS_PER_DOUBLING
-    if can_win(-top):
-        return None
-    lo, hi = -top, top + 1  # can_win False at lo; hi: above the grid
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if can_win(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
-
-
-def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
+def search_rate(evaluate, can_win, rate_bound: float = math.inf) -> SearchResult:
     """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(e)`` says whether
-    the deployment could still reach the front when the SLO failed at ``multiplier(e)`` (its sustainable rate at
-    most ``multiplier(e - 1)``; False: stop, ``cut``).
-
-    ``front_probe``: first serve at the highest doubling rate (exponent a positive multiple of
-    STEPS_PER_DOUBLING) at or below :func:`front_exponent`; if the SLO fails there, stop (``cut``, one probe): the
-    search's result would be below the first doubling rate where the SLO fails, so below this one (module
-    docstring), with no premise on the SLO's shape. Else search as without it, from the offered rate: the same
-    probes and the same result (the probe is one of them; its run is reused)."""
+    the deployment could still reach the front when the SLO failed at ``multiplier(e)`` (its sustainable rate
+    below it; False: stop, ``cut``); ``rate_bound``: a multiplier above which the SLO provably fails (the
+    doublings above it are not served: ``proved``)."""
     res = SearchResult("searched")
-    lo = hi = None  # exponents: highest met, lowest failed
-    start = 0
-    if front_probe:
-        e = front_exponent(can_win)
-        # the highest rate of the search's doubling phase (0, 16, 32, ...) at most there: a failure at any of them
-        # bounds the search's result below it, whatever the SLO does at other rates (module docstring)
-        e = None if e is None else min(e, MAX_DOUBLINGS * STEPS_PER_DOUBLING) // STEPS_PER_DOUBLING * STEPS_PER_DOUBLING
-        if e is not None and e > 0:  # at 0 the search's own first probe and cut check do it
-            ev = evaluate(multiplier(e))
-            res.front_probe = (e, ev.meets)
-            res.max_utilisation = ev.max_utilisation
-            if e == 0:
-                res.offered = ev
-            if not ev.meets:
-                res.status, res.hi = "cut", e
-                return res
+    step = STEPS_PER_DOUBLING
+    top = MAX_DOUBLINGS * step
 
     def probe(e: int) -> bool:
         ev = evaluate(multiplier(e))
@@ -115,43 +84,37 @@ def search_rate(evaluate, can_win, front_probe: bool = False) -> SearchResult:
         if e == 0:
             res.offered = ev
         if ev.meets:
-            res.best = ev
+            res.best = ev  # the bisection's met probes rise: the last is the highest
         return ev.meets
 
-    step = STEPS_PER_DOUBLING
-    top = MAX_DOUBLINGS * step
-    if probe(start):
-        lo = start
-        while lo < top:
-            if probe(lo + step):
-                lo += step
-            else:
-                hi = lo + step
-                break
-        if hi is None:
-            res.status = "capped"
+    hi = None  # the lowest exponent known to fail
+    e = top
+    while True:
+        if hi is not None and not can_win(hi):
+            res.status, res.hi = "cut", hi
             return res
-    else:
-        hi = start
-        while True:
-            if not can_win(hi):
-                res.status, res.hi = "cut", hi
-                return res
-            if hi - step < -top:
-                res.status, res.hi = "unsustainable", hi
-                return res
-            if probe(hi - step):
-                lo = hi - step
-                break
-            hi -= step
+        if e < -top:
+            res.status, res.hi = "unsustainable", hi
+            return res
+        if multiplier(e) > rate_bound:
+            res.proved.append(e)
+        elif probe(e):
+            break
+        hi, e = e, e - step
+    if hi is None:
+        res.status = "capped"
+        return res
+    lo = e
     while hi - lo > 1:
         if not can_win(hi):
             res.status, res.hi = "cut", hi
             return res
         mid = (lo + hi) // 2
-        if probe(mid):
+        if multiplier(mid) > rate_bound:
+            res.proved.append(mid)
+            hi = mid
+        elif probe(mid):
             lo = mid
-            # the best met so far is the highest: probes rise from lo
         else:
             hi = mid
     res.hi = hi

@@ -8,21 +8,28 @@
   deployment's whole rate search (:func:`stepsim.plan.search.search_rate`) from plain data: the model, the shaped
   trace's file and its hash, the searched limits, the shapes' calibration keys (a worker rebuilds its providers with
   :meth:`~stepsim.plan.pricing.ShapePricer.from_config`, as the parent's pricer makes them), the deployment's
-  duration floor and the goodput it must beat (the best of fewer chips: the earlier waves are final). Its row
+  rate bound and duration floor, the goodput it must beat (the best of fewer chips: the earlier waves are final)
+  and the one it must reach (the best of its own chips so far: the earlier parts of its wave, below). Its row
   (:func:`result_row`: the search's probes, best and offered runs, replays) is written, atomically, into the plan's
   work folder as ``part-<id>.parquet``, the id hashing the task's config (calibration keys, deployment, trace hash,
   limits, percentile, the goodput to beat, the plan's and serve's sources: :func:`code_hash`); a plan run again
   skips every task whose row exists, so an interrupted plan resumes and one whose SLO, trace or calibrations
   changed recomputes what they change.
 
+* **Parts of a wave**: a wave's deployments (highest goodput bound first) run in parts of 1, 2, 4, 8, ...
+  deployments; a part's tasks run together and know the best goodput of the wave's earlier parts, which a deployment
+  of equal chips must reach to be on the front (equal goodput on equal chips: both are). The parts' sizes do not
+  depend on the executor or its workers, so every executor writes the same rows; the first parts are small because
+  the best deployments of a wave (searched first) cut most of the others.
+
 Workers write nothing: the parent writes every row (as the sweep runner does), so a killed worker leaves nothing
-half-written. A task of one deployment sees no other deployment of its wave, so a wave prunes less than a loop that
-let each deployment cut the next of equal chips; it stays sound (the bounds only use final, fewer-chip goodputs).
+half-written.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 import traceback
@@ -83,17 +90,20 @@ def run_calibration(config: dict) -> dict:
 
 
 def deployment_config(model_arg, dep, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
-                      percentile: float, prune: bool, duration_floor, beat: float) -> dict:
+                      percentile: float, prune: bool, rate_bound: float, duration_floor, beat: float,
+                      match: float) -> dict:
     """The task that searches one deployment (module docstring). ``shapes``: ``{"hw xC": shape_config}`` of every
-    calibrated replica shape (a disaggregated deployment prices its pools with them); ``duration_floor``: the
-    deployment's :class:`~stepsim.plan.search.DurationFloor`; ``beat``: the best goodput of fewer chips (-1: none)."""
+    calibrated replica shape (a disaggregated deployment prices its pools with them); ``rate_bound`` and
+    ``duration_floor``: the deployment's :func:`~stepsim.plan.search.rate_bound`; ``beat``: the best goodput of
+    fewer chips, to exceed; ``match``: the best of equal chips so far, to reach (-1: none)."""
     return {"kind": "deployment", "model": str(model_arg),
             "deployment": {"chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
                            "scheduler": [dep.scheduler.policy, dep.scheduler.max_seqs, dep.scheduler.max_batch_tokens,
                                          dep.scheduler.chunk_tokens],
                            "hardware": dep.hardware, "disaggregate": list(dep.disaggregate)},
             "trace_sha256": trace_sha256, "shapes": shapes, "slo": dict(search_slo), "percentile": percentile,
-            "prune": prune, "duration_floor": duration_floor.to_json(), "beat": beat, "cache": str(cache),
+            "prune": prune, "rate_bound": rate_bound, "duration_floor": duration_floor.to_json(), "beat": beat,
+            "match": match, "cache": str(cache),
             "code": code_hash()}
 
 
@@ -160,7 +170,7 @@ def run_deployment(config: dict) -> dict:
     for shape in config["shapes"].values():
         pricers[(shape["hardware"], shape["chips"])] = ShapePricer.from_config(config["model"], resolved,
                                                                                config["cache"], shape)
-    prune, beat = config["prune"], config["beat"]
+    prune, beat, match = config["prune"], config["beat"], config["match"]
     duration = DurationFloor.from_json(config["duration_floor"])
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-task-") as tmp:
         evaluator = Evaluator(config["model"], base, config["slo"], config["percentile"], pricers, Path(tmp),
@@ -170,15 +180,17 @@ def run_deployment(config: dict) -> dict:
 
         def can_win(e_hi):
             """Whether a failure at multiplier(e_hi) leaves the deployment a chance: its goodput bound (its rate
-            below multiplier(e_hi)) above the best of fewer chips."""
+            below multiplier(e_hi)) above the best of fewer chips and at least the best of equal chips so far."""
             if not prune:
                 return True
-            return goodput_bound(base.n, multiplier(e_hi), duration) > beat
+            bound = goodput_bound(base.n, multiplier(e_hi), duration)
+            return bound > beat and bound >= match
 
         error = None
         res = None
         try:
-            res = search_rate(lambda m: evaluator.evaluate(dep, m), can_win, front_probe=prune)
+            res = search_rate(lambda m: evaluator.evaluate(dep, m), can_win,
+                              rate_bound=config["rate_bound"] if prune else math.inf)
         except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
             error = str(exc)
     return result_row(res, error, evaluator)
@@ -188,7 +200,8 @@ def run_deployment(config: dict) -> dict:
 def result_row(res, error, evaluator) -> dict:
     """The row of a deployment task: its search (JSON: probes, best and offered runs) and its replays."""
     return {"error": error, "search": None if res is None else json.dumps(_search_dict(res), sort_keys=True),
-            "replays": evaluator.replays, "replays_stopped": evaluator.stopped, "replays_reused": evaluator.reused}
+            "replays": evaluator.replays, "replays_stopped": evaluator.stopped, "replays_reused": evaluator.reused,
+            "replays_unservable": evaluator.unservable}
 
 
 def _evaluation_dict(ev) -> dict | None:
@@ -201,8 +214,7 @@ def _evaluation_dict(ev) -> dict | None:
 def _search_dict(res) -> dict:
     return {"status": res.status, "probes": [[int(e), bool(m)] for e, m in res.probes], "hi": res.hi,
             "best": _evaluation_dict(res.best), "offered": _evaluation_dict(res.offered),
-            "max_utilisation": res.max_utilisation,
-            "front_probe": None if res.front_probe is None else [int(res.front_probe[0]), bool(res.front_probe[1])]}
+            "max_utilisation": res.max_utilisation, "proved": [int(e) for e in res.proved]}
 
 
 def search_of(text: str | None):
@@ -226,7 +238,7 @@ def search_of(text: str | None):
     if d["offered"] is not None and d["offered"] == d["best"]:
         offered = best  # one run
     return SearchResult(d["status"], [(e, m) for e, m in d["probes"]], best, d["hi"], offered, d["max_utilisation"],
-                        None if d["front_probe"] is None else tuple(d["front_probe"]))
+                        list(d["proved"]))
 
 
 # --- the parent: run a wave, keep its rows ---------------------------------------------------------------------
@@ -352,7 +364,7 @@ def _schema():
 
     return pa.schema([("task_id", pa.string()), ("deployment", pa.string()), ("error", pa.string()),
                       ("search", pa.string()), ("replays", pa.int64()), ("replays_stopped", pa.int64()),
-                      ("replays_reused", pa.int64())])
+                      ("replays_reused", pa.int64()), ("replays_unservable", pa.int64())])
 
 
 ROW_SCHEMA = _schema()
