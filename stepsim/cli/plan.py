@@ -87,7 +87,8 @@ def _plan(args) -> int:
         print(json_text(s, indent=2, sort_keys=True))
         return 0
     print(f"plan        {s['deployments']} deployments: {s['simulated']} searched, {s['cut']} cut during their "
-          f"search, {s['pruned']} pruned by a bound, {s['infeasible']} infeasible; {s['replays']} replays")
+          f"search, {s['pruned']} pruned by a bound, {s['infeasible']} infeasible; {s['replays']} full replays, "
+          f"{s['replays_stopped']} stopped early")
     rec = s["recommended"]
     if rec is None:
         print("recommended none: no deployment meets the SLO at any rate searched")

@@ -3,8 +3,9 @@
 Steps: shape the trace (the first ``limit_requests``; the offered rate from ``arrival_scale`` or ``rate``);
 enumerate the deployments (:mod:`stepsim.plan.space`); calibrate one fast model per replica shape
 (:mod:`stepsim.plan.pricing`); bound every deployment's rate; search the deployments in waves, one per chip count,
-fewest chips first, pruning those that cannot reach the front (:mod:`stepsim.plan.search`), each search a task of
-the sweep runner's executors whose row is kept in the work folder (:mod:`stepsim.plan.waves`); re-serve the
+fewest chips first, each in parts of 1, 2, 4, ... deployments, pruning those that cannot reach the front
+(:mod:`stepsim.plan.search`), each search a task of the sweep runner's executors whose row is kept in the work
+folder (:mod:`stepsim.plan.waves`); serve the front at the offered rate where its searches did not; re-serve the
 recommended deployment with its own calibration; write the outputs (:mod:`stepsim.plan.output`).
 """
 
@@ -138,8 +139,8 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
     calibration_cache : path, optional
         The fast calibrations' cache (as serve's).
     prune : bool
-        False: search every deployment fully from the offered rate, with no front-rate probe or bound
-        (the brute force a plan's front is tested against).
+        False: search every deployment fully, every probe served to the end, with no bound or cut (the brute
+        force a plan's front is tested against).
     verify : bool
         Re-serve the recommended deployment with its own ``--fidelity fast`` calibration and report the
         difference.
@@ -319,23 +320,30 @@ def wave_parts(wave: list) -> list[list]:
 
 def _serve_offered(front_rows: list, model, base, searched_slo, percentile, pricers, cache, work) -> dict:
     """Serve each front deployment at the offered rate unless its search did (``search.offered``, set in place);
-    returns the replays counted."""
+    returns the replays, each also counted in its deployment's row."""
     from stepsim.plan.waves import REFERENCE_FILE
 
-    counts = dict.fromkeys(REPLAY_COUNTS, 0)
+    total = dict.fromkeys(REPLAY_COUNTS, 0)
     # a stopped run at the offered rate has no metrics to report: served again to the end
     todo = [row for row in front_rows if row["search"].offered is None or row["search"].offered.metrics is None]
     if not todo:
-        return counts
+        return total
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-offered-") as tmp:
         evaluator = Evaluator(model, base, searched_slo, percentile, pricers, Path(tmp))
         evaluator.calibration_cache = str(cache)  # a disaggregated pool's shape (as a task's evaluator)
         evaluator.reference_file = work / REFERENCE_FILE
+
+        def counts():
+            return dict(zip(REPLAY_COUNTS, (evaluator.replays, evaluator.stopped, evaluator.reused,
+                                            evaluator.unservable)))
+
         for row in todo:
+            before = counts()
             row["search"].offered = evaluator.evaluate(row["dep"], 1.0)
-    counts.update(replays=evaluator.replays, replays_stopped=evaluator.stopped, replays_reused=evaluator.reused,
-                  replays_unservable=evaluator.unservable)
-    return counts
+            for key, after in counts().items():
+                row[key] = row.get(key, 0) + after - before[key]
+                total[key] += after - before[key]
+    return total
 
 
 def _take(row: dict, got: dict) -> None:
@@ -468,7 +476,7 @@ def _summarize(rows, on_front, base, scale, slo, percentile, calibrations, model
             "ttft_p99_s": best.metrics["ttft_p99"] if best is not None else None,
             "tpot_p99_s": best.metrics["tpot_p99"] if best is not None else None,
             "offered_meets_slo": offered.meets if offered is not None else None,
-            # None when the offered rate's replay stopped early (the SLO provably missed, not served to the end)
+            # None where the offered rate was not served to the end (docs/plan.md §4, "Offered rate")
             "offered_slo_attainment": offered.metrics["slo_attainment"] if offered is not None
             and offered.metrics is not None else None,
             "offered_goodput_requests_per_s": offered.metrics["goodput_requests_per_s"] if offered is not None

@@ -3,8 +3,8 @@ requests, a space of 12 deployments up to 4 chips (one and two chips a replica, 
 round-robin router, three scheduler settings), every candidate priced by fast fidelity:
 
 * the plan's front is the front of searching every deployment fully (the same deployments, rates and goodputs, to
-  the bit), with 1.58x fewer full replays (106 against 167, and 8 stopped early once the searched SLO was provably
-  missed), searched against the SLO less the calibrations' largest held-out error (2.5 %); the candidates priced
+  the bit), with 1.73x fewer full replays (89 against 154, and 26 stopped early once the searched SLO was provably
+  missed), searched against the SLO less the calibrations' largest held-out error (3.5 %); the candidates priced
   on mapped layers (serve's default on sn40l: one chip's layers, two chips' expert-parallel block chip by chip);
 * every bound holds on every deployment the brute force searched (goodput and rate at most their bounds; no step
   of any replay beat the floors: utilisation at most 1);
@@ -12,8 +12,7 @@ round-robin router, three scheduler settings), every candidate priced by fast fi
   deployments.parquet (every deployment, how it was decided), replica files, the figure.
 
 The must-show case of issue 42 (the 4-layer Qwen3-30B-A3B shape, 300 requests of the conversation trace, 105
-deployments) takes one fast calibration of about 10 minutes per replica shape and 40 s per replay of 300 requests
-on this machine today: bench/plan/README.md.
+deployments): bench/test_bench_plan.py, by hand, and bench/README.md, "Capacity planning".
 """
 
 from __future__ import annotations
@@ -119,43 +118,31 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert plan.summary["recommended"]["deployment"] == brute.summary["recommended"]["deployment"]
     assert brute.summary["simulated"] == 12 and brute.summary["pruned"] == brute.summary["cut"] == 0
     # searched against the SLO less the calibrations' largest held-out step error (stepsim/plan/margin.py: 3.5 %, the
-    # two-chip calibration's since its expert-parallel blocks' weights stream ahead, projections.ep_block_traffic;
-    # 2.5 % since its exact pieces take their bucket's expert-parallel knobs as its fast estimate
-    # does (expert_parallel.ep_schedule); 8.1 %, the
-    # two-chip calibration on ring-2's mapped expert-parallel chips, 5.2 % until their projections, routers and LM
-    # head ran on the engine (serve/projections.py step_pieces); 15.5 %, the one-chip one, until the fast FFN
-    # estimate went through its bucket's bottom as well as its top, fast_mapped.bucket_estimate) the front is
-    # one-chip Orca (9.51x the offered rate) and two round-robin replicas of it (20.75x); the two-chip deployments
-    # are cut, by their front probe or (one replica of two-chip Orca) during their search, but two replicas of
-    # two-chip Orca (the two-chip Orca ones passed it and were searched at the 5.2 % margin). (With the
-    # 15.5 % margin and the top-scaled estimate on the two-chip chips the one-replica two-chip Orca deployment was cut
-    # too; on the paper's schedule, until 2026-11-26, every two-chip deployment was. Before the mapped prefill dealt
-    # a chunk's query tiles in uneven shares: margin 13.8 %, the front both one-chip vLLM settings at 9.11x and their
-    # two replicas at 19.87x.)
+    # two-chip calibration's; its history: bench/README.md, "Capacity planning")
     errors = {shape: c["error"]["iteration_max"] for shape, c in plan.summary["calibrations"].items()}
     assert plan.summary["slo_margin"] == max(errors.values()) == errors["sn40l x2"]
     assert {shape: round(e, 4) for shape, e in errors.items()} == {"sn40l x1": 0.0186, "sn40l x2": 0.035}
+    # searched from the top (docs/plan.md §4): one-chip Orca meets the SLO with all 12 requests arriving at once
+    # (256x, capped) and misses it from 9.5x to 16x (searched from the offered rate until 2026-11-27: 9.51x); two
+    # round-robin replicas of it 20.75x; two two-chip replicas of it capped too
     assert [(f["deployment"], round(f["multiplier"], 4)) for f in plan.summary["front"]] == [
-        ("1x1ch sn40l none orca seqs 8", 9.5137), ("2x1ch sn40l round-robin orca seqs 8", 20.7494)]
-    assert [r["decided"] for r in plan.deployments] == ["simulated"] * 6 + ["cut"] * 5 + ["simulated"]
-    # one two-chip replica of Orca meets its front probe and is cut during its search, at a rate where the SLO failed
-    # (at the 2.5 % margin it failed its front probe as the other one-replica two-chip deployments did)
-    assert [r["bound"] for r in plan.deployments[6:]] == ["front rate"] * 2 + ["failed rate"] + ["front rate"] * 2 + [
-        None]
-    # one wave per chip count (stepsim/plan/waves.py): a deployment is probed at the front of fewer chips, not of its
-    # wave's (the one-chip wave has no front to probe; the two-chip wave probes at 8x, from the one-chip front's 9.11x)
-    assert [r["front_probe_multiplier"] for r in plan.deployments] == [None] * 3 + [8.0] * 6 + [16.0] * 3
-    # full replays (every request served) and replays stopped early (the searched SLO provably missed); the brute
-    # force serves every probe to the end: 1.51x fewer full replays (1.58x at the 2.5 % margin, 1.59x at the 8.1 %,
-    # 1.51x at the 5.2 %;
-    # 1.65x and 1.56x with a margin of 15.5 %, where fewer deployments passed their front probe; 1.58x before the
-    # two-chip expert-parallel chips' regions were searched on the system, 1.99x while the two-chip Orca deployments
-    # were cut on the paper's schedule)
+        ("1x1ch sn40l none orca seqs 8", 256.0), ("2x1ch sn40l round-robin orca seqs 8", 20.7494),
+        ("2x2ch sn40l round-robin orca seqs 8", 256.0)]
+    # the one-chip vLLM settings are cut by the one-chip Orca searched first (the wave's first part); the two-chip
+    # wave's one-chip replicas reach the best of its first part (two replicas of vLLM seqs 4, 26,432 requests/s:
+    # seqs 128 ties it) and are searched, its two-chip replicas cut; the four-chip wave's Orca capped, the rest cut
+    assert [r["decided"] for r in plan.deployments] == ["cut"] * 2 + ["simulated"] * 4 + ["cut"] * 5 + ["simulated"]
+    assert {r["bound"] for r in plan.deployments if r["decided"] == "cut"} == {"failed rate"}
+    assert [r["probes_proved"] for r in plan.deployments] == [0] * 12  # every rate bound is the grid's top here
+    # full replays (every request served) and replays stopped early (the searched SLO provably missed), the front's
+    # offered-rate runs among them (5: one-chip Orca, two replicas of each); the brute force serves every probe to
+    # the end: 1.73x fewer full replays (1.51x searched from the offered rate with a front probe, 111 against 168)
     assert (plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
-            brute.summary["replays_stopped"]) == (111, 10, 168, 0)
-    assert [r["replays"] for r in plan.deployments] == [8, 7, 6, 20, 20, 20, 0, 0, 6, 2, 2, 20]
-    assert [r["replays_stopped"] for r in plan.deployments] == [1, 2, 3, 0, 0, 0, 1, 1, 2, 0, 0, 0]
-    assert [r["replays"] for r in brute.deployments] == [9, 9, 9, 20, 20, 20, 8, 8, 9, 18, 18, 20]
+            brute.summary["replays_stopped"]) == (89, 26, 154, 0)
+    assert plan.summary["replays_unservable"] == brute.summary["replays_unservable"] == 0
+    assert [r["replays"] for r in plan.deployments] == [6, 1, 2, 18, 18, 20, 2, 0, 2, 10, 6, 4]
+    assert [r["replays_stopped"] for r in plan.deployments] == [1, 6, 0, 0, 0, 0, 4, 6, 5, 0, 4, 0]
+    assert [r["replays"] for r in brute.deployments] == [10, 10, 2, 18, 18, 20, 11, 11, 10, 20, 20, 4]
     print("replays", plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
           "reused", plan.summary["replays_reused"], brute.summary["replays_reused"], "wall", plan.summary["wall_s"],
           brute.summary["wall_s"])
@@ -181,9 +168,8 @@ def test_every_bound_holds_where_the_brute_force_searched(plans):
         else:  # searched in both: the same search, the same numbers
             for key in ("multiplier", "goodput_requests_per_s", "slo_attainment", "ttft_p99_s"):
                 assert mine[key] == row[key], key
-            # the plan's front probe is one of the search's own probes: the same probes
-            assert mine["probes"] == row["probes"]
-            assert mine["front_probe_met"] in (None, True) and row["front_probe_met"] is None
+            # the plan's probes and those its rate bound proved failing: the brute force's probes
+            assert mine["probes"] + mine["probes_proved"] == row["probes"] and row["probes_proved"] == 0
 
 
 def test_every_run_lasts_at_least_its_duration_floor(plans):
@@ -192,7 +178,7 @@ def test_every_run_lasts_at_least_its_duration_floor(plans):
     _, brute, tmp = plans
     pairs = floors_and_durations(str(tmp / "small.json"), brute.runs)
     assert [i for i, (floor, duration) in enumerate(pairs) if duration < floor] == []
-    assert (len(pairs), len({dep for dep, *_ in brute.runs})) == (110, 12)
+    assert (len(pairs), len({dep for dep, *_ in brute.runs})) == (104, 12)
     tightest = max(floor / duration for floor, duration in pairs)
     # how close it comes: within 1 % at the lowest rates (the arrivals' span over m is most of the duration), 0.69-0.94
     # of the duration at the rates the searches end at (above 4x the offered rate)
@@ -351,49 +337,74 @@ def test_replicas_whose_loop_is_not_the_compiled_one_are_routed_by_rounds(plans,
     assert separately.metrics == together.metrics
 
 
-def test_the_front_exponent_bisects_a_monotone_can_win():
-    """front_exponent: the highest grid exponent where can_win is False (None: False nowhere)."""
-    from stepsim.plan.search import front_exponent, multiplier
-
-    assert front_exponent(lambda e: e >= 37) == 36
-    assert front_exponent(lambda e: True) is None
-    assert front_exponent(lambda e: False) == 128  # the grid's top
-    assert multiplier(16) == 2.0
-
-
-
-def test_the_front_probe_cuts_only_where_the_search_would_end_below_it():
-    """search_rate with and without the front probe on SLOs that are not monotone in the rate (exponent e meets it
-    unless e is in ``fails``), a deployment that can win only above exponent 40: a cut only when the search from
-    the offered rate ends below the probe; else the same probes and result (the probe is one of them)."""
+def _search(fails, can_win=lambda e: True, rate_bound=float("inf")):
+    """search_rate on an SLO met at every grid exponent but ``fails``: ``(result, exponents served in order)``."""
     from types import SimpleNamespace
 
-    from stepsim.plan.search import STEPS_PER_DOUBLING, multiplier, search_rate
+    from stepsim.plan.search import STEPS_PER_DOUBLING, search_rate
 
-    def run(fails, front_probe):
-        served = []
+    served = []
 
-        def evaluate(m):
-            e = round(np.log2(m) * STEPS_PER_DOUBLING)
-            served.append(e)
-            return SimpleNamespace(meets=e not in fails, max_utilisation=0.0, multiplier=m)
+    def evaluate(m):
+        e = round(np.log2(m) * STEPS_PER_DOUBLING)
+        served.append(e)
+        return SimpleNamespace(meets=e not in fails, max_utilisation=0.0, multiplier=m)
 
-        res = search_rate(evaluate, lambda e: not front_probe or e > 40, front_probe=front_probe)
-        return res, served
+    return search_rate(evaluate, can_win, rate_bound=rate_bound), served
 
-    for fails, how in (({32}, "front"), ({24}, "same"), ({40}, "same"), ({48, 40}, "failed"),
-                       (set(range(-128, 129)), "front")):
-        brute, _ = run(fails, False)
-        res, served = run(fails, True)
-        if how == "front":  # failed at exponent 32, the highest doubling rate at or below 40: the search ends below it
-            assert (res.status, served[0], res.front_probe) == ("cut", 32, (32, False))
-            assert brute.best is None or brute.best.multiplier < multiplier(32)
-        elif how == "failed":  # the probe held; the search then failed at 40 (its own probe) and was cut there
-            assert (res.status, res.hi, res.front_probe) == ("cut", 40, (32, True))
-            assert brute.best.multiplier < multiplier(40)
-        else:  # the probe held: the brute force's probes and result
-            assert res.status == brute.status and res.probes == brute.probes and res.front_probe == (32, True)
-            assert res.best.multiplier == brute.best.multiplier
+
+def test_the_rate_search_brackets_from_the_top_then_bisects():
+    """The search from the top (stepsim/plan/search.py): every doubling above the sustainable rate fails, the first
+    that holds is the bracket's floor, four bisection probes reach one grid step (2**(1/16)); the edges: met at the
+    top (capped, one probe), failing everywhere (unsustainable, 17 probes)."""
+    from stepsim.plan.search import multiplier
+
+    res, served = _search(set(range(71, 129)))  # met up to exponent 70 (20.7x)
+    assert served == [128, 112, 96, 80, 64, 72, 68, 70, 71]
+    assert (res.status, res.best.multiplier, res.hi) == ("searched", multiplier(70), 71)
+    assert res.offered is None and res.proved == []
+    res, served = _search(set())
+    assert (res.status, served, res.best.multiplier) == ("capped", [128], 256.0)
+    res, served = _search(set(range(-128, 129)))
+    assert (res.status, res.best, len(served), served[-1]) == ("unsustainable", None, 17, -128)
+    res, served = _search(set(range(1, 129)))  # the offered rate is the last that holds: its run is reported
+    assert (res.best.multiplier, res.offered.multiplier) == (1.0, 1.0)
+
+
+def test_the_rate_bound_spares_the_doublings_above_it():
+    """With a rate bound (a proof that the SLO fails above it), the doublings and bisection rates above it are
+    ``proved``, not served; the other probes and the result are the search's without it."""
+    fails = set(range(71, 129))
+    brute, served_all = _search(fails)
+    res, served = _search(fails, rate_bound=21.0)  # exponent 70.26: 80 and above proved, 72 and 71 too
+    assert res.proved == [128, 112, 96, 80, 72, 71]
+    assert served == [64, 68, 70] and sorted(served + res.proved) == sorted(served_all)
+    assert (res.status, res.best.multiplier, res.hi) == (brute.status, brute.best.multiplier, brute.hi)
+
+
+def test_every_failure_on_the_way_down_bounds_the_result():
+    """A cut (``can_win(hi)`` False: the deployment off the front if its rate is below exponent ``hi``) comes at the
+    first failure that proves it, on the way down or while bisecting, and only where the full search's result is
+    below that failure, whatever the SLO does at other rates (here not monotone: holes where it fails and islands
+    where it holds)."""
+    from stepsim.plan.search import multiplier
+
+    rng = np.random.default_rng(5)
+    cuts = 0
+    for _ in range(300):
+        density = rng.uniform(0.2, 0.97)
+        fails = {int(e) for e in range(-128, 129) if rng.random() < density}
+        line = int(rng.integers(-128, 129))  # can win only when its rate may reach exponent `line`
+        brute, _ = _search(fails)
+        res, served = _search(fails, can_win=lambda e: e > line)
+        if res.status == "cut":
+            cuts += 1
+            assert res.hi <= line and not (brute.best is not None and brute.best.multiplier >= multiplier(res.hi))
+        else:  # not cut: the same probes, status and result
+            assert (res.status, res.probes, res.hi) == (brute.status, brute.probes, brute.hi)
+            assert (res.best is None) == (brute.best is None)
+            assert res.best is None or res.best.multiplier == brute.best.multiplier
+    assert cuts == 47  # of 300 (the rest: the same search)
 
 
 def test_a_shapes_provider_is_serves_own_fast_provider(plans):

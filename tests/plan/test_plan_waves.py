@@ -123,11 +123,12 @@ def test_the_task_id_hashes_the_trace_the_slo_and_the_calibrations():
     dep = Deployment(1, 1, "none", SchedulerChoice("vllm", 4, 256))
     shape = {"sn40l x1": {"calibration": "abc"}}
     kw = dict(cache="/c", trace_sha256=trace_hash(base), shapes=shape, search_slo={"ttft": 1e-3}, percentile=99.0,
-              prune=True, duration_floor=DurationFloor(((0.0, 1e-3),)), beat=-1.0)
+              prune=True, rate_bound=256.0, duration_floor=DurationFloor(((0.0, 1e-3),)), beat=-1.0, match=-1.0)
     one = task_id({**deployment_config("m", dep, **kw), "work": "/w"})
     assert task_id({**deployment_config("m", dep, **{**kw, "cache": "/d"}), "work": "/v"}) == one  # where files live
     for change in ({"trace_sha256": trace_hash(moved)}, {"search_slo": {"ttft": 1.1e-3}}, {"percentile": 90.0},
-                   {"shapes": {"sn40l x1": {"calibration": "abd"}}}, {"beat": 5.0},
+                   {"shapes": {"sn40l x1": {"calibration": "abd"}}}, {"beat": 5.0}, {"match": 5.0},
+                   {"rate_bound": 100.0},
                    {"duration_floor": DurationFloor(((0.0, 2e-3),))}):
         assert task_id({**deployment_config("m", dep, **{**kw, **change}), "work": "/w"}) != one, change
 
@@ -152,12 +153,12 @@ def test_the_command_line_runs_the_tasks_on_two_workers_and_on_dask(case, tmp_pa
     printed = {name: [line.replace(str(tmp_path / name), "OUT") for line in lines[:-2]] for name, lines in outs.items()}
     assert printed["two"] == printed["here"] == printed["dask"]
     assert printed["here"][0] == "plan        1 deployments: 1 searched, 0 cut during their search, 0 pruned by a " \
-                                 "bound, 0 infeasible; 8 replays"
+                                 "bound, 0 infeasible; 10 full replays, 1 stopped early"
     _same_files(tmp_path / "here", tmp_path / "two")
     _same_files(tmp_path / "here", tmp_path / "dask")
     table = pq.read_table(tmp_path / "dask" / "deployments.parquet").to_pylist()
     assert [(r["deployment"], r["decided"], r["replays"]) for r in table] == [
-        ("1x1ch sn40l none vllm seqs 4 batch 256", "simulated", 8)]
+        ("1x1ch sn40l none vllm seqs 4 batch 256", "simulated", 10)]
 
 
 def test_jobs_and_executor_are_one_line_errors(tmp_path, capsys):
