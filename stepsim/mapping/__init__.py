@@ -12,10 +12,12 @@ minimises cycles within the chip's compute units, memory units and on-chip capac
 * :mod:`~stepsim.mapping.units`: what a built graph needs of the chip, and the compute units given to each compute
   operator in proportion to its FLOPs;
 * :mod:`~stepsim.mapping.kinds`: each mapped kind's search space, representative data and builder;
-* :mod:`~stepsim.mapping.mapper`: the search (bounds prune, the engine decides) and its cache.
+* :mod:`~stepsim.mapping.mapper`: the search (bounds prune, the engine decides) and its cache;
+* :mod:`~stepsim.mapping.unmappable`: the layers no schedule fits, remembered in the process (``schedule_for``).
 """
 
-from stepsim.mapping.mapper import map_layer, mapped_workload, schedule_for
+from stepsim.mapping.mapper import map_layer, mapped_workload
 from stepsim.mapping.schedule import Schedule
+from stepsim.mapping.unmappable import schedule_for
 
 __all__ = ["Schedule", "map_layer", "mapped_workload", "schedule_for"]
