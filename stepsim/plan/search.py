@@ -14,10 +14,10 @@ Why top down (until 2026-11-27 the bracket doubled up from the offered rate): a 
 replay stops once the SLO is provably missed, :mod:`stepsim.serve.replay_stop`) and one that meets costs a whole
 replay. From the top, a deployment's probes above its sustainable rate fail and the first that meets is its
 bracket's floor; from the offered rate, every doubling below the sustainable rate met, a whole replay each. And
-every failure bounds the result on its own, with no premise on how the SLO varies with the rate: the result is
-below the first doubling rate (from the top) where the SLO held times two, so below every rate that failed on the
-way down, and the bisection stays below its own failures. So a search is ``cut`` as soon as a failure proves the
-deployment off the front, on the way down or while it bisects.
+every failure bounds the result on its own, with no premise on how the SLO varies with the rate: the result lies
+between the first doubling rate that held and the one above it, so below every rate that failed on the way down,
+and the bisection stays below its own failures. So a search is ``cut`` as soon as a failure proves the deployment
+off the front, on the way down or while it bisects.
 
 **Bounds.** A deployment's goodput at its sustainable rate m* is at most ``requests / duration`` with the duration
 at least its floor at m* (:class:`DurationFloor`: each request's arrival plus the larger of its least latency and
@@ -26,10 +26,9 @@ whenever the search has seen the SLO fail at ``m_hi`` (m* < m_hi), and at most `
 m_ub of :func:`rate_bound` before any run. The SLO fails at every rate above m_ub (:func:`rate_bound` proves it
 rate by rate), so a plan's search starts at the highest doubling rate at or below m_ub: the doublings above it are
 ``proved`` failures, not served (the brute force serves them and sees them fail), and so is a bisection rate above
-it. A deployment of C chips can only
-be on the front (fewest chips for its goodput) if its goodput beats every deployment of fewer chips and reaches
-every deployment of C chips; a deployment whose bound cannot is ``pruned`` (by the bound, before any run) or
-``cut`` (by a failed rate, during its search).
+it. A deployment of C chips can only be on the front (fewest chips for its goodput) if its goodput beats every
+deployment of fewer chips and reaches every deployment of C chips; a deployment whose bound cannot is ``pruned``
+(by the bound, before any run) or ``cut`` (by a failed rate, during its search).
 """
 
 from __future__ import annotations

@@ -88,9 +88,10 @@ def test_ctrl_c_at_the_terminal_during_a_dask_sweep_is_one_line(tmp_path):
         time.sleep(0.2)
     assert proc.poll() is None
     os.killpg(proc.pid, signal.SIGINT)
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=60)
-    assert time.monotonic() - sent < 5
+    # a hang guard, not a speed check (a 5 s limit here failed once at load 2: 22.6 s); that the workers are killed
+    # at once and none restarted is the next tests' deterministic check
+    _, err = proc.communicate(timeout=120)
+    assert "Restarting worker" not in err
     assert proc.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.splitlines()[-1] == "stepsim: interrupted"
