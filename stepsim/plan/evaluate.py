@@ -171,15 +171,20 @@ class Evaluator:
             first = np.full(n, np.nan)
             finish = np.full(n, np.nan)
             util = 0.0
+            left = stop  # the misses the deployment may still have: a replica's count against what the others left
             for r in range(replicas):
                 idx = np.flatnonzero(assignment == r)
                 if not len(idx):
                     continue
-                out = self._serve_replica(dep, arrival, idx, stop)
-                if "stopped" in out:  # its misses alone exceed the deployment's allowance: the SLO fails here
+                out = self._serve_replica(dep, arrival, idx, left)
+                if "stopped" in out:  # its misses exceed what the deployment has left: the SLO fails here
                     return Evaluation(multiplier, False, None, rounds, max(util, out["max_utilisation"]), assignment)
                 first[idx], finish[idx] = out["first_token"], out["finish"]
                 util = max(util, out["max_utilisation"])
+                if left is not None:
+                    left = left.after(*self._values(arrival[idx], first[idx], finish[idx], b.output[idx]))
+                    if left is None:  # the replicas served so far already miss it: the others need not be served
+                        return Evaluation(multiplier, False, None, rounds, util, assignment)
             if not state_dependent:
                 break
             nxt = route(dep.router, arrival, kv, replicas, assignment, finish)
@@ -238,14 +243,23 @@ class Evaluator:
         metrics["requests_per_replica"] = np.bincount(run.assignment, minlength=dep.replicas).tolist()
         return Evaluation(multiplier, metrics["meets_slo"], metrics, 1, run.max_utilisation, run.assignment)
 
+    @staticmethod
+    def _values(arrival, first, finish, output) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ttft, tpot, e2e)`` (s) of requests arriving at ``arrival`` with their first token at ``first`` and
+        finishing at ``finish``; TPOT of those with more than one output token only."""
+        ttft = first - arrival
+        e2e = finish - arrival
+        many = output > 1
+        return ttft, ((e2e - ttft) / np.maximum(output - 1, 1))[many], e2e
+
     def metrics(self, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray) -> dict:
         """The merged metrics and the SLO check (module docstring)."""
         out_tokens = self.base.output
-        ttft = first - arrival
-        e2e = finish - arrival
+        ttft, tpot_many, e2e = self._values(arrival, first, finish, out_tokens)
         many = out_tokens > 1
-        tpot = np.where(many, (e2e - ttft) / np.maximum(out_tokens - 1, 1), 0.0)
-        values = {"ttft": ttft, "tpot": tpot[many], "e2e": e2e}
+        tpot = np.zeros(len(arrival))  # a single-token request has none: 0 meets any limit
+        tpot[many] = tpot_many
+        values = {"ttft": ttft, "tpot": tpot_many, "e2e": e2e}
         duration = float(finish.max() - arrival.min())
         good = np.ones(len(arrival), dtype=bool)
         meets = True

@@ -56,6 +56,18 @@ class StopRule:
                    allowed_misses(requests, percentile), allowed_misses(many, percentile),
                    allowed_misses(requests, percentile))
 
+    def after(self, ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray) -> StopRule | None:
+        """The rule for a deployment's other requests once some of its requests were served in full, with these
+        TTFT, TPOT (outputs of more than one token) and E2E values (s, the floats its metrics compute): each
+        allowance less their misses (the deployment's misses add up over its replicas); None when a count already
+        passed its allowance: the SLO is missed, whatever the others do."""
+        left = (self.ttft_misses - int(np.count_nonzero(ttft > self.ttft)),
+                self.tpot_misses - int(np.count_nonzero(tpot > self.tpot)),
+                self.e2e_misses - int(np.count_nonzero(e2e > self.e2e)))
+        if min(left) < 0:
+            return None
+        return StopRule(self.ttft, self.tpot, self.e2e, *left)
+
     def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The compiled replay's ``stop_f`` (the limits) and ``stop_i`` (stop.ACTIVE, the allowances, then the
         counts and the two arrival pointers at 0): :mod:`stepsim.kernels.serve_replay`'s layout."""

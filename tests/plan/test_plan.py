@@ -455,3 +455,39 @@ def test_a_plans_replays_leave_out_the_layers_report(plans, monkeypatch):
     again = stepsim.plan(model, tmp / "t.parquet", slo=SLO, max_chips=4, space=SPACE, calibration_cache=tmp / "cache",
                          verify=False)
     assert again.deployments == plan.deployments
+
+
+def test_round_robin_replicas_share_the_deployments_allowance(plans):
+    """A round-robin deployment's replicas are served one after another, each stopping once its misses pass what the
+    deployment's allowance has left after the replicas before it (StopRule.after: the misses add up over the
+    replicas): the same verdicts as the full replays, fewer whole replicas."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    _, evaluator = _evaluators(plans[2])
+    trace = _busy_trace(120)
+    dep = Deployment(1, 3, "round-robin", SchedulerChoice("vllm", 4, 256))
+    verdicts, counts = [], []
+    for m in (4.0, 6.0, 16.0):
+        stopping, full = evaluator(trace, stop_early=True), evaluator(trace)
+        verdicts.append((stopping.evaluate(dep, m).meets, full.evaluate(dep, m).meets))
+        counts.append((stopping.replays, stopping.stopped, full.replays))
+    assert verdicts == [(True, True), (False, False), (False, False)]
+    # 4x: all three served; 16x: the first replica alone misses more than the deployment may; 6x: two served in
+    # full, the third stopped on what they left of the allowance
+    assert counts == [(3, 0, 3), (2, 1, 3), (0, 1, 3)]
+    # ... where each alone, with the whole allowance, is served to the end (each replica stopped on its own: 3 full)
+    alone = evaluator(trace, stop_early=True)
+    arrival = trace.arrival / 6.0
+    for r in range(3):
+        assert "stopped" not in alone._serve_replica(dep, arrival, np.flatnonzero(np.arange(trace.n) % 3 == r),
+                                                     alone.stop_rule)
+    assert (alone.replays, alone.stopped) == (3, 0)
+
+
+def test_a_stop_rule_after_some_replicas_keeps_what_they_left():
+    from stepsim.serve.replay_stop import StopRule
+
+    rule = StopRule(ttft=1.0, tpot=0.1, e2e=5.0, ttft_misses=3, tpot_misses=1, e2e_misses=2)
+    left = rule.after(np.array([0.5, 1.5, 1.0]), np.array([0.2]), np.array([4.0, 6.0, 5.0]))
+    assert left == StopRule(1.0, 0.1, 5.0, 2, 0, 1)  # a value at the limit meets it
+    assert left.after(np.array([]), np.array([0.3]), np.array([])) is None  # the TPOT's one miss was spent
