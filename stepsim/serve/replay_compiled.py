@@ -367,10 +367,13 @@ class CompiledLoop:
                 _note(params, self.steps_i, st, kr)
                 _stopped(self.stop_i, st, self.clock, self.steps_i, self.steps_f, params, kr)
             if status == kr.NEED:  # a bucket's schedule, a token count's projections or collectives: the provider's
+                from stepsim.mapping.units import Infeasible
                 from stepsim.serve.replay_mapped import fill
 
                 try:
                     params.get("fill", fill)(params)
+                except Infeasible:  # no schedule of the step's layer fits the chip: the Python loop would replay to
+                    raise  # this step and meet the same error (a plan's unservable rate, docs/plan.md §4)
                 except Exception as exc:  # noqa: BLE001 - the Python loop replays, and raises the provider's error
                     status, _fallback_reason[0] = kr.UNSUPPORTED, f"{type(exc).__name__}: {exc}"
             if status in (kr.REFUSED, kr.UNSUPPORTED):

@@ -491,3 +491,35 @@ def test_a_stop_rule_after_some_replicas_keeps_what_they_left():
     left = rule.after(np.array([0.5, 1.5, 1.0]), np.array([0.2]), np.array([4.0, 6.0, 5.0]))
     assert left == StopRule(1.0, 0.1, 5.0, 2, 0, 1)  # a value at the limit meets it
     assert left.after(np.array([]), np.array([0.3]), np.array([])) is None  # the TPOT's one miss was spent
+
+
+@pytest.mark.parametrize("router", ["round-robin", "kv-load"])
+def test_a_step_no_schedule_fits_fails_its_probe(plans, monkeypatch, router):
+    """A replay that meets a step whose layer no schedule fits on the chip (stepsim.mapping.units.Infeasible: here
+    every FFN bucket above 1,024 tokens, as 16,384 tokens are on one sn40l) fails its probe, counted as unservable,
+    whether its replicas are replayed one by one or together (the compiled loop raises the mapper's error, as the
+    Python loop would at the same step); a rate whose steps fit is served as before."""
+    from stepsim.mapping import mapper, unmappable
+    from stepsim.mapping.units import Infeasible
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.serve import fast_mapped
+
+    _, evaluator = _evaluators(plans[2])
+    trace = _busy_trace()
+    dep = Deployment(1, 2, router, SchedulerChoice("orca", 16))
+    before = evaluator(trace).evaluate(dep, 0.05)
+    schedule_for = mapper.schedule_for
+
+    def small_chip(kind, size, dims, hardware, **kw):
+        if kind == "ffn" and mapper.bucket(size) > 1024:
+            raise Infeasible(f"no schedule of the 'ffn' layer at size {mapper.bucket(size)} fits (test)")
+        return schedule_for(kind, size, dims, hardware, **kw)
+
+    monkeypatch.setattr(unmappable.mapper, "schedule_for", small_chip)
+    monkeypatch.setattr(unmappable, "_UNMAPPABLE", {})
+    monkeypatch.setattr(fast_mapped, "_MEMO", {})  # the buckets mapped by earlier tests
+    ev = evaluator(trace, stop_early=True)
+    low, high = ev.evaluate(dep, 0.05), ev.evaluate(dep, 64.0)
+    assert (low.meets, low.metrics) == (before.meets, before.metrics) and low.meets
+    assert (high.meets, high.metrics) == (False, None)
+    assert (ev.replays, ev.stopped, ev.unservable) == {"round-robin": (2, 0, 1), "kv-load": (2, 0, 2)}[router]
