@@ -39,13 +39,29 @@ class JointRun:
     max_utilisation: float
 
 
+def _check_shared_allowance(loops: list, now: float, kr) -> None:
+    """Raise :class:`~stepsim.serve.replay_stop.ReplayStopped` when the replicas' misses so far, added up, pass the
+    deployment's allowance of a metric (each loop stops on its own misses alone; its requests are the deployment's,
+    so the sum counts distinct misses of the deployment: stepsim/serve/replay_stop.py)."""
+    stop_i = loops[0].stop_i
+    if not stop_i[kr.SP_ACTIVE]:
+        return
+    for name, miss, allow in (("ttft", kr.SP_MISS_TTFT, kr.SP_ALLOW_TTFT), ("tpot", kr.SP_MISS_TPOT, kr.SP_ALLOW_TPOT),
+                              ("e2e", kr.SP_MISS_E2E, kr.SP_ALLOW_E2E)):
+        if sum(int(loop.stop_i[miss]) for loop in loops) > stop_i[allow]:
+            from stepsim.serve.replay_stop import ReplayStopped
+
+            raise ReplayStopped(name, sum(int(loop.st[kr.S_STEPS]) for loop in loops), now)
+
+
 def joint_replay(router: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                  replica: Callable) -> JointRun | None:
     """Replay ``replicas`` replicas behind ``router`` (``least-outstanding`` or ``kv-load``) over the requests
     (``arrival`` s, sorted; ``prompt`` and ``output`` tokens). ``replica()`` gives a fresh replica as
     ``(CompiledLoop or None, scheduler, close)``. None when a replica's loop is not the compiled one or refuses a
-    step (the caller replays separately, and the reference raises its error); a replica whose SLO is provably
-    missed raises :class:`~stepsim.serve.replay_stop.ReplayStopped` (every replica closed first)."""
+    step (the caller replays separately, and the reference raises its error); once the SLO is provably missed (by a
+    replica's misses alone, or by the replicas' added up at an arrival or an end) it raises
+    :class:`~stepsim.serve.replay_stop.ReplayStopped` (every replica closed first)."""
     from stepsim.kernels import serve_replay as kr
     from stepsim.serve.replay import max_utilisation
 
@@ -72,19 +88,22 @@ def joint_replay(router: str, replicas: int, arrival: np.ndarray, prompt: np.nda
                     else:
                         keep.append((k, w))
                 outstanding[r] = keep
+            _check_shared_allowance(loops, now, kr)
             r = int(np.argmin(load))
             assignment[i] = r
             outstanding[r].append((int(loops[r].st[kr.S_KNOWN]), weight[i]))  # its column in r's table
             loops[r].send(now, int(prompt[i]), int(output[i]))
             load[r] += weight[i]
+        for loop in loops:  # every request routed: each replica to its end, the misses counted together
+            if loop.st[kr.S_KNOWN] and loop.run_until(np.inf) is None:
+                return None
+            _check_shared_allowance(loops, float(loop.clock[kr.CLOCK_NOW]), kr)
         first = np.empty(n)
         finish = np.empty(n)
         util = 0.0
         for r, (loop, scheduler, _) in enumerate(made):
             if loop.st[kr.S_KNOWN] == 0:
                 continue
-            if loop.run_until(np.inf) is None:
-                return None
             result = loop.result(scheduler)
             mine = assignment == r
             first[mine], finish[mine] = result.first_token, result.finish

@@ -523,3 +523,25 @@ def test_a_step_no_schedule_fits_fails_its_probe(plans, monkeypatch, router):
     assert (low.meets, low.metrics) == (before.meets, before.metrics) and low.meets
     assert (high.meets, high.metrics) == (False, None)
     assert (ev.replays, ev.stopped, ev.unservable) == {"round-robin": (2, 0, 1), "kv-load": (2, 0, 2)}[router]
+
+
+def test_replicas_replayed_together_stop_on_their_misses_added_up(plans, monkeypatch):
+    """Replicas replayed together (stepsim/plan/joint.py) stop once their misses added up pass the deployment's
+    allowance (checked at every arrival and at each replica's end), not only when one replica's alone do: at p90 of
+    120 requests (12 may miss), three least-outstanding Orca replicas at 6x each miss fewer than 12 and together
+    more; stopped, where each replica counting alone serves all three to the end."""
+    from stepsim.plan import joint
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    _, evaluator = _evaluators(plans[2])
+    pricers = evaluator().pricers
+    trace = _busy_trace(120)
+    dep = Deployment(1, 3, "least-outstanding", SchedulerChoice("orca", 3))
+
+    def run():
+        ev = Evaluator(str(plans[2] / "small.json"), trace, {"ttft": 3e-4}, 90.0, pricers, plans[2], stop_early=True)
+        return ev.evaluate(dep, 6.0).meets, ev.replays, ev.stopped
+
+    assert run() == (False, 0, 3)
+    monkeypatch.setattr(joint, "_check_shared_allowance", lambda *args: None)  # each replica counting alone
+    assert run() == (False, 3, 0)
