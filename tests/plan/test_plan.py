@@ -545,3 +545,23 @@ def test_replicas_replayed_together_stop_on_their_misses_added_up(plans, monkeyp
     assert run() == (False, 0, 3)
     monkeypatch.setattr(joint, "_check_shared_allowance", lambda *args: None)  # each replica counting alone
     assert run() == (False, 3, 0)
+
+
+def test_the_floor_slack_script_reads_a_plans_folder(plans):
+    """bench/plan_floor_slack.py (docs/plan.md §6): for each deployment the plan searched to a rate, its duration
+    floor at that rate over the run's duration (at most 1: the floor holds) and its goodput bounds there."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import plan_floor_slack
+
+    plan, _, tmp = plans
+    rows = list(plan_floor_slack.slack(tmp / "out"))
+    searched = [r for r in plan.deployments if r["goodput_requests_per_s"] is not None]
+    assert [r["deployment"] for r in rows] == [r["deployment"] for r in searched]
+    assert all(r["goodput"] <= r["bound"] <= r["bound_one_step_up"] for r in rows)
+    ratios = [r["floor_over_duration"] for r in rows]
+    # 0.083 for the capped deployments (all 12 requests at once: the floor's least latencies are the rooflines'),
+    # 0.85 for the searched ones
+    assert max(ratios) <= 1 and (round(min(ratios), 3), round(max(ratios), 3)) == (0.083, 0.855)
