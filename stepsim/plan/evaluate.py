@@ -61,9 +61,10 @@ class Evaluator:
     served every request, ``stopped`` stopped early (``stop_early``: a replay whose SLO is provably missed at the
     percentile stops there, :mod:`stepsim.serve.replay_stop`), ``unservable`` ended by a step the chip cannot run
     (:class:`~stepsim.mapping.units.Infeasible`: no schedule of a layer at the step's tokens fits it; an Orca
-    step of whole prompts at a high rate), which fails the probe: the deployment cannot serve that rate as priced. A state-dependent router's replicas are replayed
-    together (:mod:`stepsim.plan.joint`: one replay of each) unless ``joint`` is False or their loops are not the
-    compiled one; else by rounds of separate replays (:mod:`stepsim.plan.replicas`: the same routing)."""
+    step of whole prompts at a high rate), which fails the probe: the deployment cannot serve that rate as priced.
+    A state-dependent router's replicas are replayed together (:mod:`stepsim.plan.joint`: one replay of each)
+    unless ``joint`` is False or their loops are not the compiled one; else by rounds of separate replays
+    (:mod:`stepsim.plan.replicas`: the same routing)."""
 
     def __init__(self, model_arg, base: BaseTrace, slo: dict, percentile: float, pricers: dict, folder: Path,
                  stop_early: bool = False, joint: bool = True):
@@ -131,8 +132,8 @@ class Evaluator:
                     path.unlink()
                     self.stopped += 1
                     return {"stopped": stopped.metric, "max_utilisation": stopped.max_utilisation}
-        except Infeasible as exc:  # a step this replica cannot run: it fails the deployment at this rate
-            path.unlink(missing_ok=True)
+        except Infeasible as exc:  # a step this replica cannot run: it fails the deployment at this rate, as a
+            path.unlink(missing_ok=True)  # stopped replay does
             self.unservable += 1
             return {"stopped": str(exc), "max_utilisation": 0.0}
         path.unlink()
@@ -177,7 +178,7 @@ class Evaluator:
                 if not len(idx):
                     continue
                 out = self._serve_replica(dep, arrival, idx, left)
-                if "stopped" in out:  # its misses exceed what the deployment has left: the SLO fails here
+                if "stopped" in out:  # its misses exceed what the deployment has left, or a step it cannot run
                     return Evaluation(multiplier, False, None, rounds, max(util, out["max_utilisation"]), assignment)
                 first[idx], finish[idx] = out["first_token"], out["finish"]
                 util = max(util, out["max_utilisation"])

@@ -19,8 +19,8 @@
 * **Parts of a wave**: a wave's deployments (highest goodput bound first) run in parts of 1, 2, 4, 8, ...
   deployments; a part's tasks run together and know the best goodput of the wave's earlier parts, which a deployment
   of equal chips must reach to be on the front (equal goodput on equal chips: both are). The parts' sizes do not
-  depend on the executor or its workers, so every executor writes the same rows; the first parts are small because
-  the best deployments of a wave (searched first) cut most of the others.
+  depend on the executor or its workers, so every executor writes the same rows; the first parts are small so that a
+  wave's first searches (the highest bounds) set what the many deployments of its last parts must reach.
 
 Workers write nothing: the parent writes every row (as the sweep runner does), so a killed worker leaves nothing
 half-written.
