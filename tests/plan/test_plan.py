@@ -143,6 +143,13 @@ def test_the_plans_front_is_the_brute_forces_with_fewer_replays(plans):
     assert [r["replays"] for r in plan.deployments] == [6, 1, 2, 18, 18, 20, 2, 0, 2, 10, 6, 4]
     assert [r["replays_stopped"] for r in plan.deployments] == [1, 6, 0, 0, 0, 0, 4, 6, 5, 0, 4, 0]
     assert [r["replays"] for r in brute.deployments] == [10, 10, 2, 18, 18, 20, 11, 11, 10, 20, 20, 4]
+    # every front deployment's run at the offered rate, served to the end after the waves (its search from the top
+    # did not reach it): the brute force's, to the bit; the others' searches did not reach it either (None)
+    offered = ("offered_meets_slo", "offered_slo_attainment", "offered_goodput_requests_per_s")
+    for mine, theirs in zip(plan.deployments, brute.deployments):
+        got = [mine[k] for k in offered]
+        assert got == [theirs[k] for k in offered] and (None in got) == (not mine["on_front"]), mine["deployment"]
+    assert [f["offered_meets_slo"] for f in plan.summary["front"]] == [True] * 3
     print("replays", plan.summary["replays"], plan.summary["replays_stopped"], brute.summary["replays"],
           "reused", plan.summary["replays_reused"], brute.summary["replays_reused"], "wall", plan.summary["wall_s"],
           brute.summary["wall_s"])
@@ -335,6 +342,14 @@ def test_replicas_whose_loop_is_not_the_compiled_one_are_routed_by_rounds(plans,
     assert (together.rounds, separately.rounds) == (1, 12)
     assert separately.assignment.tolist() == together.assignment.tolist()
     assert separately.metrics == together.metrics
+
+
+def test_a_wave_runs_in_parts_of_1_2_4_and_the_rest():
+    from stepsim.plan.api import wave_parts
+
+    assert [len(p) for p in wave_parts(list(range(12)))] == [1, 2, 4, 5]
+    assert wave_parts([7]) == [[7]] and wave_parts([]) == []
+    assert sum(wave_parts(list(range(40))), []) == list(range(40))  # in order, each once
 
 
 def _search(fails, can_win=lambda e: True, rate_bound=float("inf")):
