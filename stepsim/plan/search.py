@@ -53,7 +53,7 @@ def multiplier(e: int) -> float:
 @dataclass
 class SearchResult:
     """How a deployment's search ended: ``status`` ``searched`` / ``capped`` / ``unsustainable`` / ``cut``, the
-    probes served ``(exponent, met)``, the doubling exponents ``proved`` to fail by the rate bound (not served),
+    probes served ``(exponent, met)``, the exponents ``proved`` to fail by the rate bound (not served),
     the best evaluation (the highest rate that met the SLO), the lowest failing exponent, and the offered rate's
     evaluation when the search served it (exponent 0)."""
 
@@ -64,14 +64,15 @@ class SearchResult:
     offered: object = None
     #: the largest HBM or compute utilisation of any step of any probe (at most 1: the floors held)
     max_utilisation: float = 0.0
+    #: exponents above the rate bound, in the order the search met them (failures the brute force serves)
     proved: list = field(default_factory=list)
 
 
 def search_rate(evaluate, can_win, rate_bound: float = math.inf) -> SearchResult:
     """The rate search (module docstring). ``evaluate(m)`` serves at multiplier m; ``can_win(e)`` says whether
     the deployment could still reach the front when the SLO failed at ``multiplier(e)`` (its sustainable rate
-    below it; False: stop, ``cut``); ``rate_bound``: a multiplier above which the SLO provably fails (the
-    doublings above it are not served: ``proved``)."""
+    below it; False: stop, ``cut``); ``rate_bound``: a multiplier above which the SLO provably fails (the rates
+    above it are not served: ``proved``)."""
     res = SearchResult("searched")
     step = STEPS_PER_DOUBLING
     top = MAX_DOUBLINGS * step
