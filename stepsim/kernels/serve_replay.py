@@ -99,6 +99,9 @@ DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED, NEED, HORIZON = range(
 #: active (0: no rule), the misses each metric may have, the misses counted, the TTFT and E2E arrival pointers
 (SP_ACTIVE, SP_ALLOW_TTFT, SP_ALLOW_TPOT, SP_ALLOW_E2E, SP_MISS_TTFT, SP_MISS_TPOT, SP_MISS_E2E, SP_PTR_TTFT,
  SP_PTR_E2E, SP_ROWS) = range(10)
+#: each metric as the reference names it, with its entries of ``stop_i``: (name, misses counted, misses allowed)
+SP_METRICS = (("ttft", SP_MISS_TTFT, SP_ALLOW_TTFT), ("tpot", SP_MISS_TPOT, SP_ALLOW_TPOT),
+              ("e2e", SP_MISS_E2E, SP_ALLOW_E2E))
 #: the stop rule's limits ``stop_f`` (float64, s; inf: not held)
 SF_TTFT, SF_TPOT, SF_E2E = range(3)
 #: bits of the per-request ``seen`` flags: TTFT counted, finish counted, E2E counted

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from stepsim.base.errors import ConfigError
-from stepsim.plan.evaluate import BaseTrace, Evaluator
-from stepsim.plan.search import front, goodput_bound, rate_bound
+from stepsim.plan.evaluate import REPLAY_COUNTS, BaseTrace, Evaluator
+from stepsim.plan.search import can_reach_front, front, goodput_bound, rate_bound
 from stepsim.plan.space import DEFAULT_SPACE, deployments, load_space, parse_space
 from stepsim.plan.waves import WORK_FOLDER, WaveRunner
 
@@ -251,7 +251,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                         default=-1.0)
             searched = []
             for row in part:
-                if prune and (row["goodput_ub"] <= beat or row["goodput_ub"] < match):
+                if prune and not can_reach_front(row["goodput_ub"], beat, match):
                     row.update(decided="pruned", bound=row["binds"], replays=0)
                     continue
                 searched.append(row)
@@ -302,11 +302,6 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                                                "executor": runner.describe()})
 
 
-#: a plan's replay counters (plan.json and deployments.parquet): full replays, stopped early (the SLO provably
-#: missed), reused (the same replica run made before) and ended by a step the chip cannot run
-REPLAY_COUNTS = ("replays", "replays_stopped", "replays_reused", "replays_unservable")
-
-
 def wave_parts(wave: list) -> list[list]:
     """A wave's deployments in parts of 1, 2, 4, 8, ... (the last part what is left): sizes that depend on nothing
     but the wave, so every executor runs the same parts (:mod:`stepsim.plan.waves`)."""
@@ -332,15 +327,10 @@ def _serve_offered(front_rows: list, model, base, searched_slo, percentile, pric
         evaluator = Evaluator(model, base, searched_slo, percentile, pricers, Path(tmp))
         evaluator.calibration_cache = str(cache)  # a disaggregated pool's shape (as a task's evaluator)
         evaluator.reference_file = work / REFERENCE_FILE
-
-        def counts():
-            return dict(zip(REPLAY_COUNTS, (evaluator.replays, evaluator.stopped, evaluator.reused,
-                                            evaluator.unservable)))
-
         for row in todo:
-            before = counts()
+            before = evaluator.counts()
             row["search"].offered = evaluator.evaluate(row["dep"], 1.0)
-            for key, after in counts().items():
+            for key, after in evaluator.counts().items():
                 row[key] = row.get(key, 0) + after - before[key]
                 total[key] += after - before[key]
     return total

@@ -56,6 +56,11 @@ class Evaluation:
     assignment: np.ndarray
 
 
+#: a plan's replay counters (plan.json and deployments.parquet): full replays, stopped early (the SLO provably
+#: missed), reused (the same replica run made before) and ended by a step the chip cannot run
+REPLAY_COUNTS = ("replays", "replays_stopped", "replays_reused", "replays_unservable")
+
+
 class Evaluator:
     """Serves deployments (``evaluate``) and counts the replays (one per replica run through serve): ``replays``
     served every request, ``stopped`` stopped early (``stop_early``: a replay whose SLO is provably missed at the
@@ -88,6 +93,10 @@ class Evaluator:
         # a state-dependent router's last settled routing of each deployment: the next rate's first round
         # (stepsim/plan/replicas.py: the rounds reach the same fixed point from any first routing)
         self._settled: dict = {}
+
+    def counts(self) -> dict:
+        """The replays so far, keyed as :data:`REPLAY_COUNTS`."""
+        return dict(zip(REPLAY_COUNTS, (self.replays, self.stopped, self.reused, self.unservable)))
 
     def _serve_replica(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray, stop=None) -> dict:
         """Serve the requests ``indices`` (arriving at ``arrival[indices]``) on one replica of ``dep``; a run

@@ -46,8 +46,7 @@ def _check_shared_allowance(loops: list, now: float, kr) -> None:
     stop_i = loops[0].stop_i
     if not stop_i[kr.SP_ACTIVE]:
         return
-    for name, miss, allow in (("ttft", kr.SP_MISS_TTFT, kr.SP_ALLOW_TTFT), ("tpot", kr.SP_MISS_TPOT, kr.SP_ALLOW_TPOT),
-                              ("e2e", kr.SP_MISS_E2E, kr.SP_ALLOW_E2E)):
+    for name, miss, allow in kr.SP_METRICS:
         if sum(int(loop.stop_i[miss]) for loop in loops) > stop_i[allow]:
             from stepsim.serve.replay_stop import ReplayStopped
 

@@ -246,6 +246,12 @@ def _duration_floor(base, least, prompt_steps, max_seqs: int, per_step: int, flo
     return DurationFloor.of(delays, rests)
 
 
+def can_reach_front(bound: float, beat: float, match: float) -> bool:
+    """Whether a deployment whose goodput is at most ``bound`` can be on the front: above ``beat`` (the best of
+    fewer chips) and at least ``match`` (the best of equal chips so far: equal goodput on equal chips, both are)."""
+    return bound > beat and bound >= match
+
+
 def goodput_bound(n: int, m: float, duration: DurationFloor) -> float:
     """Goodput (requests/s) at most ``n`` over the least duration at multiplier ``m`` (0 for no rate)."""
     if m <= 0:

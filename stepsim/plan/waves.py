@@ -160,7 +160,7 @@ def run_deployment(config: dict) -> dict:
     from stepsim.models.presets import resolve_model
     from stepsim.plan.evaluate import Evaluator
     from stepsim.plan.pricing import ShapePricer
-    from stepsim.plan.search import DurationFloor, goodput_bound, multiplier, search_rate
+    from stepsim.plan.search import DurationFloor, can_reach_front, goodput_bound, multiplier, search_rate
 
     dep = _deployment(config["deployment"])
     work = Path(config["work"])
@@ -183,8 +183,7 @@ def run_deployment(config: dict) -> dict:
             below multiplier(e_hi)) above the best of fewer chips and at least the best of equal chips so far."""
             if not prune:
                 return True
-            bound = goodput_bound(base.n, multiplier(e_hi), duration)
-            return bound > beat and bound >= match
+            return can_reach_front(goodput_bound(base.n, multiplier(e_hi), duration), beat, match)
 
         error = None
         res = None
@@ -200,8 +199,7 @@ def run_deployment(config: dict) -> dict:
 def result_row(res, error, evaluator) -> dict:
     """The row of a deployment task: its search (JSON: probes, best and offered runs) and its replays."""
     return {"error": error, "search": None if res is None else json.dumps(_search_dict(res), sort_keys=True),
-            "replays": evaluator.replays, "replays_stopped": evaluator.stopped, "replays_reused": evaluator.reused,
-            "replays_unservable": evaluator.unservable}
+            **evaluator.counts()}
 
 
 def _evaluation_dict(ev) -> dict | None:

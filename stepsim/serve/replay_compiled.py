@@ -485,10 +485,7 @@ def _stopped(stop_i, st, clock, steps_i, steps_f, params, kr) -> None:
     reference names it, the largest utilisation of the steps made as its ``StepWork`` computes it)."""
     from stepsim.serve.replay_stop import ReplayStopped
 
-    metric = next(name for name, miss, allow in (("ttft", kr.SP_MISS_TTFT, kr.SP_ALLOW_TTFT),
-                                                 ("tpot", kr.SP_MISS_TPOT, kr.SP_ALLOW_TPOT),
-                                                 ("e2e", kr.SP_MISS_E2E, kr.SP_ALLOW_E2E))
-                  if stop_i[miss] > stop_i[allow])
+    metric = next(name for name, miss, allow in kr.SP_METRICS if stop_i[miss] > stop_i[allow])
     n = int(st[kr.S_STEPS])
     util = 0.0
     if params["cycles"] and n:
