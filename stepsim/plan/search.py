@@ -44,6 +44,9 @@ from stepsim.plan.pricing import StepFloor
 STEPS_PER_DOUBLING = 16
 #: the search goes at most this many doublings above and below the offered rate
 MAX_DOUBLINGS = 8
+#: the steps (grid steps) the search descends in, level after level (module docstring): a doubling, a quarter of
+#: one, one grid step
+LEVELS = (STEPS_PER_DOUBLING, STEPS_PER_DOUBLING // 4, 1)
 
 
 def multiplier(e: int) -> float:
@@ -74,8 +77,7 @@ def search_rate(evaluate, can_win, rate_bound: float = math.inf) -> SearchResult
     below it; False: stop, ``cut``); ``rate_bound``: a multiplier above which the SLO provably fails (the rates
     above it are not served: ``proved``)."""
     res = SearchResult("searched")
-    step = STEPS_PER_DOUBLING
-    top = MAX_DOUBLINGS * step
+    top = MAX_DOUBLINGS * STEPS_PER_DOUBLING
 
     def probe(e: int) -> bool:
         ev = evaluate(multiplier(e))
@@ -88,35 +90,26 @@ def search_rate(evaluate, can_win, rate_bound: float = math.inf) -> SearchResult
         return ev.meets
 
     hi = None  # the lowest exponent known to fail
-    e = top
-    while True:
-        if hi is not None and not can_win(hi):
-            res.status, res.hi = "cut", hi
+    lo = None  # the highest exponent served that met it
+    for step in LEVELS:
+        # descend from the failure above in steps of `step`: the first rate that meets is the next level's floor
+        e = top if hi is None else hi - step
+        while lo is None or e > lo:
+            if hi is not None and not can_win(hi):
+                res.status, res.hi = "cut", hi
+                return res
+            if e < -top:
+                res.status, res.hi = "unsustainable", hi
+                return res
+            if multiplier(e) > rate_bound:
+                res.proved.append(e)
+            elif probe(e):
+                lo = e
+                break
+            hi, e = e, e - step
+        if hi is None:
+            res.status = "capped"
             return res
-        if e < -top:
-            res.status, res.hi = "unsustainable", hi
-            return res
-        if multiplier(e) > rate_bound:
-            res.proved.append(e)
-        elif probe(e):
-            break
-        hi, e = e, e - step
-    if hi is None:
-        res.status = "capped"
-        return res
-    lo = e
-    while hi - lo > 1:
-        if not can_win(hi):
-            res.status, res.hi = "cut", hi
-            return res
-        mid = (lo + hi) // 2
-        if multiplier(mid) > rate_bound:
-            res.proved.append(mid)
-            hi = mid
-        elif probe(mid):
-            lo = mid
-        else:
-            hi = mid
     res.hi = hi
     return res
 

@@ -368,16 +368,19 @@ def _search(fails, can_win=lambda e: True, rate_bound=float("inf")):
     return search_rate(evaluate, can_win, rate_bound=rate_bound), served
 
 
-def test_the_rate_search_brackets_from_the_top_then_bisects():
+def test_the_rate_search_descends_from_the_top_in_doublings_quarters_and_steps():
     """The search from the top (stepsim/plan/search.py): every doubling above the sustainable rate fails, the first
-    that holds is the bracket's floor, four bisection probes reach one grid step (2**(1/16)); the edges: met at the
-    top (capped, one probe), failing everywhere (unsustainable, 17 probes)."""
+    that holds is the floor of a descent in quarters of a doubling from the failure above it, whose first rate that
+    holds is the floor of a descent in grid steps (2**(1/16)); the edges: met at the top (capped, one probe),
+    failing everywhere (unsustainable, 17 probes)."""
     from stepsim.plan.search import multiplier
 
     res, served = _search(set(range(71, 129)))  # met up to exponent 70 (20.7x)
-    assert served == [128, 112, 96, 80, 64, 72, 68, 70, 71]
+    assert served == [128, 112, 96, 80, 64, 76, 72, 68, 71, 70]
     assert (res.status, res.best.multiplier, res.hi) == ("searched", multiplier(70), 71)
     assert res.offered is None and res.proved == []
+    res, served = _search(set(range(65, 129)))  # the doubling itself is the last that holds: every descent fails
+    assert served == [128, 112, 96, 80, 64, 76, 72, 68, 67, 66, 65] and res.best.multiplier == multiplier(64)
     res, served = _search(set())
     assert (res.status, served, res.best.multiplier) == ("capped", [128], 256.0)
     res, served = _search(set(range(-128, 129)))
@@ -386,20 +389,41 @@ def test_the_rate_search_brackets_from_the_top_then_bisects():
     assert (res.best.multiplier, res.offered.multiplier) == (1.0, 1.0)
 
 
+def test_the_descent_serves_fewer_rates_that_hold_than_a_bisection(monkeypatch):
+    """Over every sustainable rate of the grid (an SLO met up to exponent k, k from -128 to 127) the search finds
+    k, serving 2.5 rates that hold and 11.5 that fail on average; a bisection below the first doubling that held
+    (LEVELS halving: 16, 8, 4, 2, 1, the search until 2026-11-27) serves 3.0 and 10.5. A rate that holds is a whole
+    replay, one that fails a replay stopped early."""
+    from stepsim.plan import search
+
+    def mean_probes():
+        met = failed = 0
+        for k in range(-128, 128):
+            res, served = _search(set(range(k + 1, 129)))
+            assert res.best.multiplier == search.multiplier(k) and res.hi == k + 1
+            met += sum(e <= k for e in served)
+            failed += sum(e > k for e in served)
+        return met / 256, failed / 256
+
+    assert mean_probes() == (2.5, 11.5)
+    monkeypatch.setattr(search, "LEVELS", (16, 8, 4, 2, 1))
+    assert mean_probes() == (3.0, 10.5)
+
+
 def test_the_rate_bound_spares_the_doublings_above_it():
-    """With a rate bound (a proof that the SLO fails above it), the doublings and bisection rates above it are
+    """With a rate bound (a proof that the SLO fails above it), the doubling and descent rates above it are
     ``proved``, not served; the other probes and the result are the search's without it."""
     fails = set(range(71, 129))
     brute, served_all = _search(fails)
-    res, served = _search(fails, rate_bound=21.0)  # exponent 70.26: 80 and above proved, 72 and 71 too
-    assert res.proved == [128, 112, 96, 80, 72, 71]
+    res, served = _search(fails, rate_bound=21.0)  # exponent 70.26: 80 and above proved, 76, 72 and 71 too
+    assert res.proved == [128, 112, 96, 80, 76, 72, 71]
     assert served == [64, 68, 70] and sorted(served + res.proved) == sorted(served_all)
     assert (res.status, res.best.multiplier, res.hi) == (brute.status, brute.best.multiplier, brute.hi)
 
 
 def test_every_failure_on_the_way_down_bounds_the_result():
     """A cut (``can_win(hi)`` False: the deployment off the front if its rate is below exponent ``hi``) comes at the
-    first failure that proves it, on the way down or while bisecting, and only where the full search's result is
+    first failure that proves it, at any level of the descent, and only where the full search's result is
     below that failure, whatever the SLO does at other rates (here not monotone: holes where it fails and islands
     where it holds)."""
     from stepsim.plan.search import multiplier
@@ -419,7 +443,7 @@ def test_every_failure_on_the_way_down_bounds_the_result():
             assert (res.status, res.probes, res.hi) == (brute.status, brute.probes, brute.hi)
             assert (res.best is None) == (brute.best is None)
             assert res.best is None or res.best.multiplier == brute.best.multiplier
-    assert cuts == 47  # of 300 (the rest: the same search)
+    assert cuts == 46  # of 300 (the rest: the same search)
 
 
 def test_a_shapes_provider_is_serves_own_fast_provider(plans):
@@ -509,7 +533,7 @@ def test_a_stop_rule_after_some_replicas_keeps_what_they_left():
 
 
 @pytest.mark.parametrize("router", ["round-robin", "kv-load"])
-def test_a_step_no_schedule_fits_fails_its_probe(plans, monkeypatch, router):
+def test_a_step_no_schedule_fits_fails_its_probe(plans, monkeypatch, tmp_path, router):
     """A replay that meets a step whose layer no schedule fits on the chip (stepsim.mapping.units.Infeasible: here
     every FFN bucket above 1,024 tokens, as 16,384 tokens are on one sn40l) fails its probe, counted as unservable,
     whether its replicas are replayed one by one or together (the compiled loop raises the mapper's error, as the
@@ -532,6 +556,8 @@ def test_a_step_no_schedule_fits_fails_its_probe(plans, monkeypatch, router):
 
     monkeypatch.setattr(unmappable.mapper, "schedule_for", small_chip)
     monkeypatch.setattr(unmappable, "_UNMAPPABLE", {})
+    # this test's small chip's records kept out of the run's mapping cache, which other tests read
+    monkeypatch.setattr(unmappable, "_folder", lambda cache: tmp_path)
     monkeypatch.setattr(fast_mapped, "_MEMO", {})  # the buckets mapped by earlier tests
     ev = evaluator(trace, stop_early=True)
     low, high = ev.evaluate(dep, 0.05), ev.evaluate(dep, 64.0)
