@@ -23,6 +23,7 @@ def slack(folder: Path):
 
     from stepsim.models.presets import resolve_model
     from stepsim.plan.api import base_trace
+    from stepsim.plan.pricing import least_touched
     from stepsim.plan.search import STEPS_PER_DOUBLING, goodput_bound, rate_bound
     from stepsim.plan.space import Deployment, SchedulerChoice
     from stepsim.serve.api import resolve_serving_hardware
@@ -32,14 +33,22 @@ def slack(folder: Path):
     base, _ = base_trace(summary["requests"], summary["limit_requests"], summary["arrival_scale"], None)
     model = resolve_model(summary["model"])
     slo = parse_slo(summary["slo"])
-    for row in pq.read_table(folder / "deployments.parquet").to_pylist():
+    rows = pq.read_table(folder / "deployments.parquet").to_pylist()
+    touched = None
+    if model.is_moe and not model.unmodelled():  # the plan's providers' routing (seed 0): pricing.ShapePricer
+        from stepsim.serve.routing import SyntheticRouting
+
+        routing = SyntheticRouting(model.experts, model.top_k, model.layers, seed=0)
+        touched = least_touched(routing, model.layers, max(r["max_seqs"] for r in rows))
+    for row in rows:
         if row["goodput_requests_per_s"] is None:
             continue
         dep = Deployment(row["chips_per_replica"], row["replicas"], row["router"],
                          SchedulerChoice(row["scheduler"], row["max_seqs"], row["max_batch_tokens"],
                                          row["chunk_tokens"]), row["hardware"],
                          () if row["prefill_chips"] is None else (row["prefill_chips"], row["decode_chips"]))
-        _, floor, _ = rate_bound(dep, model, resolve_serving_hardware(dep.hardware), base, slo, summary["percentile"])
+        _, floor, _ = rate_bound(dep, model, resolve_serving_hardware(dep.hardware), base, slo, summary["percentile"],
+                                 touched)
         m = row["multiplier"]
         duration = base.n * row["slo_attainment"] / row["goodput_requests_per_s"]  # good requests / goodput
         yield {"deployment": row["deployment"], "multiplier": m, "goodput": row["goodput_requests_per_s"],

@@ -194,6 +194,17 @@ def plan(model, requests, *, slo, out=None, arrival_scale=None, rate=None, limit
         return result
 
 
+def _touched(dep, touched: dict):
+    """The least experts touched (:func:`stepsim.plan.pricing.least_touched`) that bound ``dep``'s steps: its shape's,
+    or a disaggregated replica's pools' (the smaller, step by step); None where a shape has none."""
+    shapes = [(dep.hardware, chips) for chips in dep.disaggregate] if dep.disaggregate else [
+        (dep.hardware, dep.chips_per_replica)]
+    found = [touched.get(shape) for shape in shapes]
+    if any(t is None for t in found):
+        return None
+    return np.minimum.reduce(found)
+
+
 def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, deps, hws, cache, work, out, prune,
           verify, limit_requests, started, resolve_hw, runner) -> PlanResult:
     from stepsim.plan.pricing import ShapePricer
@@ -227,13 +238,17 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     # every task gets every shape's calibration key: a disaggregated deployment prices its pools with them, and a
     # changed calibration (its key hashes the fitted model's sources) re-runs every task
     shape_configs = {f"{hw} x{chips}": p.shape_config() for (hw, chips), p in pricers.items()}
+    # the fewest experts a step's tokens touch, under each shape's routing (the step floor's, pricing.StepFloor)
+    longest = max(d.scheduler.max_seqs for d in deps)
+    touched = {shape: p.least_touched(longest) for shape, p in pricers.items()}
     rows = []
     for i, dep in enumerate(deps):
         row = {"index": i, "dep": dep, "chips": dep.chips, "goodput": None, "decided": None, "bound": None,
                "error": shape_errors.get((dep.hardware, dep.chips_per_replica))}
         if row["error"] is None:
             hw = resolve_hw(dep.hardware)
-            m_ub, duration, binds = rate_bound(dep, resolved, hw, base, slo_seconds, percentile)
+            m_ub, duration, binds = rate_bound(dep, resolved, hw, base, slo_seconds, percentile,
+                                               _touched(dep, touched))
             row.update(m_ub=m_ub, duration_floor=duration, binds=binds,
                        goodput_ub=goodput_bound(base.n, m_ub, duration))
         rows.append(row)

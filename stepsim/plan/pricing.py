@@ -19,7 +19,10 @@ over the replica's chips. The engine never beats it, and every replay checks tha
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
+
+import numpy as np
 
 from stepsim.base.errors import ConfigError
 
@@ -126,11 +129,54 @@ class ShapePricer:
             return calibrated_layer_list(self.model, self.record, make, self.seed)
         return make(self.model, self.record, self.seed)
 
+    def least_touched(self, longest: int) -> np.ndarray | None:
+        """:func:`least_touched` of this shape's providers' routing (every provider of the shape draws the same
+        pool): the fewest experts a step of up to ``longest`` tokens touches; None for a dense or heterogeneous
+        model (the floor's step term then counts ``top_k`` experts a layer)."""
+        if not self.model.is_moe or isinstance(self.record, list):
+            return None
+        provider = self.provider()
+        try:
+            return least_touched(getattr(provider, "routing", None), self.model.layers, longest)
+        finally:
+            getattr(provider, "close", lambda: None)()
+
 
 def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
     """The least seconds ``steps`` steps computing ``tokens`` new tokens in all take on ``chips`` chips of
     ``hardware`` (:class:`StepFloor`; for many calls on one replica shape make the :class:`StepFloor` once)."""
     return StepFloor(model, hardware, chips)(steps, tokens)
+
+
+def least_touched(routing, layers: int, longest: int) -> np.ndarray | None:
+    """``[longest + 1]`` (int64): ``[t]`` the fewest experts, summed over the ``layers`` layers, that the tokens of
+    a fast step of ``t`` tokens touch under ``routing`` (a fast provider's): the fast path takes a step's tokens from
+    windows of a pool (:meth:`stepsim.serve.routing.SyntheticRouting.window`: each layer at its own start, its
+    experts a permutation of the pool's ranks, so every layer's window of ``t`` tokens holds at least the fewest
+    distinct ranks of any window of ``t`` pool tokens; a dump's rows, :class:`~stepsim.serve.routing.ReplayRouting`,
+    layer by layer), and a step's roofline reads every expert its window touches
+    (:meth:`stepsim.mapping.roofline.StepWork.work`). Windows longer than the pool hold a whole pool's. None for a
+    routing whose windows are not known here."""
+    from stepsim.kernels.routing_windows import least_distinct
+    from stepsim.serve.routing import ReplayRouting, SyntheticRouting
+
+    if isinstance(routing, SyntheticRouting):
+        if routing._pool is None:
+            routing._draw_pool()  # what the first window() does (as the compiled loop's set-up)
+        columns, repeat = [routing._pool[0]], layers
+    elif isinstance(routing, ReplayRouting):
+        columns, repeat = [routing.experts[:, layer, :] for layer in range(layers)], 1
+    else:
+        return None
+    total = np.zeros(longest + 1, dtype=np.int64)
+    for rows in columns:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        t = min(longest, len(rows))
+        out = np.zeros(t + 1, dtype=np.int64)
+        least_distinct(rows, t, np.zeros(int(rows.max()) + 1, dtype=np.int64), out)
+        total[:t + 1] += repeat * out
+        total[t + 1:] += repeat * out[t]
+    return total
 
 
 class StepFloor:
@@ -143,21 +189,46 @@ class StepFloor:
     counted as they are (MLA's latent cache and own weights, dense or MoE FFN:
     :func:`stepsim.serve.layer_list.layer_list_works`).
 
-    The floor is linear in steps and tokens under each roofline (so convex, and positively homogeneous: the floor
-    of R replicas' steps together is at most R times the largest replica's); the per-step and per-token terms are
-    computed once here (Python integers where the work is, so a call is exact arithmetic and cheap)."""
+    Two terms a caller that knows them adds (a model of one layer kind; :meth:`__call__`'s ``decode`` and
+    ``context``):
 
-    def __init__(self, model, hardware, chips: int):
+    * *the experts more decode tokens touch*: with ``touched`` (:func:`least_touched` of the providers' routing),
+      a step's tokens touch at least ``touched[t]`` experts, so a step with ``d >= 1`` decode tokens (``d`` at most
+      ``max_seqs``, the policy's cap on running requests) touches at least ``touched[1] + b (d - 1)``, ``b`` the
+      least slope ``(touched[d] - touched[1]) / (d - 1)`` over ``d`` up to ``max_seqs`` (a chord below every
+      point): over steps of ``D`` decode tokens in all, at least ``steps x touched[1] + b max(0, D - steps)``
+      experts (the floor still rises with the steps: ``b <= touched[1]``). Without it the floor knew only the
+      ``top_k`` of one token a step: on issue 42's must-show case the steps of 15 decode tokens touched 2.3x that;
+    * *the context read*: a step reads every cached token of its sequences (its K and V) and attends to them.
+
+    The floor is linear in steps, tokens and context, and convex in the decode tokens (so positively homogeneous and
+    convex: the floor of R replicas' steps together is at most R times the largest replica's); the terms are
+    computed once here (Python integers where the work is, the slope a fraction, so a call is exact arithmetic and
+    cheap)."""
+
+    def __init__(self, model, hardware, chips: int, touched=None, max_seqs: int = 1):
         from stepsim.mapping.roofline import StepWork
         from stepsim.serve.memory import model_memory
 
         vocab = model_memory(model).vocab_size
+        self.decode_bytes, self.context_bytes, self.context_flops = Fraction(0), 0, 0
         if model.unmodelled():  # a heterogeneous model (DeepSeek-V3): each layer group as its layers are
             from stepsim.serve.layer_list import layer_list_works
 
             works = layer_list_works(model, hardware, vocab, chips)
         else:
-            works = [(StepWork(model, hardware, vocab, chips), model.layers * model.top_k if model.is_moe else 0)]
+            work = StepWork(model, hardware, vocab, chips)
+            step_experts = model.layers * model.top_k if model.is_moe else 0
+            if touched is not None and model.is_moe:
+                if len(touched) <= max_seqs:
+                    raise ValueError(f"touched covers {len(touched) - 1} tokens, fewer than max_seqs {max_seqs}")
+                step_experts = int(touched[1])
+                slope = min((Fraction(int(touched[d]) - step_experts, d - 1) for d in range(2, max_seqs + 1)),
+                            default=Fraction(0))
+                self.decode_bytes = slope * work.expert_bytes
+            works = [(work, step_experts)]
+            # a step's context: its sequences' cached tokens, read and attended to (StepWork.work)
+            self.context_bytes, self.context_flops = work.kv_bytes_per_token, work.attention_flops
         #: per layer group: (bytes a step, bytes a token, FLOPs a token, FLOPs a step)
         self.terms = [(work.fixed_bytes + touched * work.expert_bytes, work.kv_bytes_per_token + work.embedding_bytes,
                        work.flops_per_token + work.attention_flops, work.head_flops) for work, touched in works]
@@ -165,12 +236,17 @@ class StepFloor:
         self.peak_bytes, self.peak_flops = work.peak_bytes, work.peak_flops  # per cycle, all the chips
         self.clock_hz = hardware.clock_hz
 
-    def __call__(self, steps: int, tokens: int) -> float:
-        """Seconds of ``steps`` steps computing ``tokens`` new tokens in all (0 for no step)."""
+    def __call__(self, steps: int, tokens: int, decode: int = 0, context: int = 0) -> float:
+        """Seconds of ``steps`` steps computing ``tokens`` new tokens in all (0 for no step), ``decode`` of them
+        decode tokens, over ``context`` cached tokens in all (each step's sequences' context, summed)."""
         if steps <= 0:
             return 0.0
         hbm = flops = 0
         for step_bytes, token_bytes, token_flops, step_flops in self.terms:
             hbm += steps * step_bytes + tokens * token_bytes
             flops += tokens * token_flops + steps * step_flops  # a sequence a step
-        return max(hbm / self.peak_bytes, flops / self.peak_flops) / self.clock_hz
+        hbm += context * self.context_bytes
+        flops += context * self.context_flops
+        if self.decode_bytes and decode > steps:
+            hbm = self.decode_bytes * (decode - steps) + hbm  # a Fraction
+        return float(max(hbm / self.peak_bytes, flops / self.peak_flops) / self.clock_hz)

@@ -146,7 +146,8 @@ class DurationFloor:
         return cls(tuple((float(d), float(c)) for d, c in pairs))
 
 
-def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tuple[float, DurationFloor, str]:
+def rate_bound(dep, model, hardware, base, slo: dict, percentile: float,
+               touched=None) -> tuple[float, DurationFloor, str]:
     """``(m_ub, duration floor, the bound that binds)``: an upper bound on the multiplier at which ``dep`` can
     meet the SLO at the percentile, from the least time of steps (:class:`stepsim.plan.pricing.StepFloor`):
 
@@ -182,12 +183,14 @@ def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tupl
     else:  # orca: whole prompts, up to max_seqs of them
         per_request = int(base.prompt.max())
         per_step = sched.max_seqs * per_request
-    floor = StepFloor(model, hardware, c)
+    floor = StepFloor(model, hardware, c, touched, sched.max_seqs)
     one = floor(1, 1)
     prompt_steps = [-(-int(p) // per_request) for p in base.prompt]
-    lone = np.array([floor(s, int(p)) for s, p in zip(prompt_steps, base.prompt)])
-    least = lone + (base.output - 1) * one
-    duration = _duration_floor(base, least, prompt_steps, sched.max_seqs, per_step, floor, R)
+    contexts = [(prefill_context(int(p), per_request), decode_context(int(p), int(o)))
+                for p, o in zip(base.prompt, base.output)]
+    lone = np.array([floor(s, int(p), context=pc) for s, p, (pc, _) in zip(prompt_steps, base.prompt, contexts)])
+    least = lone + np.array([floor(int(o) - 1, int(o) - 1, int(o) - 1, dc) for o, (_, dc) in zip(base.output, contexts)])
+    duration = _duration_floor(base, least, prompt_steps, contexts, sched.max_seqs, per_step, floor, R)
     k = math.floor(percentile / 100 * (n - 1)) + 1  # values at or below the percentile's
     if "tpot" in slo and (base.output > 1).any() and one > slo["tpot"]:
         return 0.0, duration, "tpot"
@@ -223,20 +226,40 @@ def rate_bound(dep, model, hardware, base, slo: dict, percentile: float) -> tupl
     return bound, duration, binds
 
 
-def _duration_floor(base, least, prompt_steps, max_seqs: int, per_step: int, floor, replicas: int) -> DurationFloor:
+def _duration_floor(base, least, prompt_steps, contexts, max_seqs: int, per_step: int, floor,
+                    replicas: int) -> DurationFloor:
     """:func:`rate_bound`'s duration floor (its docstring): per request j (in arrival order), its delay after the
     first arrival and the larger of its least latency and the floor of the work arriving from it on."""
     order = np.argsort(base.arrival, kind="stable")
     first = float(base.arrival[order[0]])
     delays, rests = [], []
-    seq_steps = tokens = 0  # of the requests arriving from j on (Python integers: exact)
+    seq_steps = tokens = decode = context = 0  # of the requests arriving from j on (Python integers: exact)
     for j in order[::-1].tolist():
         seq_steps += prompt_steps[j] + int(base.output[j]) - 1
         tokens += int(base.prompt[j]) + int(base.output[j]) - 1
+        decode += int(base.output[j]) - 1
+        context += sum(contexts[j])
         steps = max(-(-seq_steps // max_seqs), -(-tokens // per_step))
         delays.append(float(base.arrival[j]) - first)
-        rests.append(max(float(least[j]), floor(steps, tokens) / replicas))
+        rests.append(max(float(least[j]), floor(steps, tokens, decode, context) / replicas))
     return DurationFloor.of(delays, rests)
+
+
+def prefill_context(prompt: int, chunk: int) -> int:
+    """The fewest cached tokens a prompt of ``prompt`` tokens computed in chunks of at most ``chunk`` reads in all
+    (each chunk reads the ones before it): ``ceil(prompt / chunk)`` chunks, the short one first,
+    ``r q + chunk q (q - 1) / 2`` (``q`` whole chunks, ``r`` the rest): a further chunk, or a larger one later, only
+    adds."""
+    q, r = divmod(prompt, chunk)
+    return r * q + chunk * q * (q - 1) // 2
+
+
+def decode_context(prompt: int, output: int) -> int:
+    """The cached tokens a request's decode steps read in all: output token ``i`` (``2 .. output``; the first comes
+    with the prompt's last chunk) is computed over the prompt and the ``i - 2`` tokens before its input,
+    ``(output - 1) prompt + (output - 1) (output - 2) / 2``; a preempted request recomputes its cache in a prefill,
+    its decode steps' contexts unchanged."""
+    return max(output - 1, 0) * prompt + max(output - 1, 0) * max(output - 2, 0) // 2
 
 
 def can_reach_front(bound: float, beat: float, match: float) -> bool:
