@@ -150,33 +150,26 @@ def floor_s(model, hardware, chips: int, steps: int, tokens: int) -> float:
 
 def least_touched(routing, layers: int, longest: int) -> np.ndarray | None:
     """``[longest + 1]`` (int64): ``[t]`` the fewest experts, summed over the ``layers`` layers, that the tokens of
-    a fast step of ``t`` tokens touch under ``routing`` (a fast provider's): the fast path takes a step's tokens from
-    windows of a pool (:meth:`stepsim.serve.routing.SyntheticRouting.window`: each layer at its own start, its
-    experts a permutation of the pool's ranks, so every layer's window of ``t`` tokens holds at least the fewest
-    distinct ranks of any window of ``t`` pool tokens; a dump's rows, :class:`~stepsim.serve.routing.ReplayRouting`,
-    layer by layer), and a step's roofline reads every expert its window touches
-    (:meth:`stepsim.mapping.roofline.StepWork.work`). Windows longer than the pool hold a whole pool's. None for a
-    routing whose windows are not known here."""
+    a fast step of ``t`` tokens touch under ``routing`` (a fast provider's synthetic routing): the fast path takes a
+    step's tokens from windows of one drawn pool (:meth:`stepsim.serve.routing.SyntheticRouting.window`: each layer
+    at its own start, its experts a permutation of the pool's, wrapping around its end), so every layer's window of
+    ``t`` tokens holds at least the fewest distinct experts of any window of ``t`` pool tokens
+    (:func:`stepsim.kernels.routing_windows.least_distinct`), and a step's roofline reads every expert its windows
+    touch (:meth:`stepsim.mapping.roofline.StepWork.work`). Windows longer than the pool hold a whole pool's. None
+    for another routing (a plan's providers draw the synthetic one)."""
     from stepsim.kernels.routing_windows import least_distinct
-    from stepsim.serve.routing import ReplayRouting, SyntheticRouting
+    from stepsim.serve.routing import SyntheticRouting
 
-    if isinstance(routing, SyntheticRouting):
-        if routing._pool is None:
-            routing._draw_pool()  # what the first window() does (as the compiled loop's set-up)
-        columns, repeat = [routing._pool[0]], layers
-    elif isinstance(routing, ReplayRouting):
-        columns, repeat = [routing.experts[:, layer, :] for layer in range(layers)], 1
-    else:
+    if not isinstance(routing, SyntheticRouting):
         return None
-    total = np.zeros(longest + 1, dtype=np.int64)
-    for rows in columns:
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
-        t = min(longest, len(rows))
-        out = np.zeros(t + 1, dtype=np.int64)
-        least_distinct(rows, t, np.zeros(int(rows.max()) + 1, dtype=np.int64), out)
-        total[:t + 1] += repeat * out
-        total[t + 1:] += repeat * out[t]
-    return total
+    if routing._pool is None:
+        routing._draw_pool()  # what the first window() does (as the compiled loop's set-up)
+    rows = np.ascontiguousarray(routing._pool[0], dtype=np.int64)  # [pool tokens, top_k]
+    t = min(longest, len(rows))
+    out = np.zeros(longest + 1, dtype=np.int64)
+    least_distinct(rows, t, np.zeros(int(rows.max()) + 1, dtype=np.int64), out)
+    out[t + 1:] = out[t]
+    return layers * out
 
 
 class StepFloor:

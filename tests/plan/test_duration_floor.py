@@ -32,24 +32,37 @@ def test_the_floor_keeps_only_the_pairs_no_other_exceeds_and_loses_nothing():
     assert DurationFloor.from_json(floor.to_json()) == floor
 
 
+def _contexts(prompt: int, output: int, chunk: int) -> tuple[int, int]:
+    """The cached tokens a request's prompt chunks and decode steps read, as docs/plan.md §4 counts them: chunks of
+    ``chunk`` tokens, the short one first, each reading the ones before it; output token i (2 .. output) computed
+    over the prompt and the i - 2 outputs before its input."""
+    sizes = ([prompt % chunk] if prompt % chunk else []) + [chunk] * (prompt // chunk)
+    return sum(sum(sizes[:k]) for k in range(len(sizes))), sum(prompt + i - 2 for i in range(2, output + 1))
+
+
 def _naive_floor(dep, model, hw, base, per_request, per_step):
     """The floor as docs/plan.md §4 states it, request by request over the requests arriving at or after it."""
     floor = StepFloor(model, hw, dep.chips_per_replica)
-    one = floor(1, 1)
     prompt_steps = [math.ceil(int(p) / per_request) for p in base.prompt]
+    contexts = [_contexts(int(p), int(o), per_request) for p, o in zip(base.prompt, base.output)]
     out = []
     for j in range(base.n):
         later = [i for i in range(base.n) if base.arrival[i] >= base.arrival[j]]
-        least = floor(prompt_steps[j], int(base.prompt[j])) + (int(base.output[j]) - 1) * one
+        o = int(base.output[j])
+        least = (floor(prompt_steps[j], int(base.prompt[j]), context=contexts[j][0])
+                 + floor(o - 1, o - 1, o - 1, contexts[j][1]))
         seq_steps = sum(prompt_steps[i] + int(base.output[i]) - 1 for i in later)
         tokens = sum(int(base.prompt[i]) + int(base.output[i]) - 1 for i in later)
+        decode = sum(int(base.output[i]) - 1 for i in later)
+        context = sum(sum(contexts[i]) for i in later)
         steps = max(math.ceil(seq_steps / dep.scheduler.max_seqs), math.ceil(tokens / per_step))
-        out.append((float(base.arrival[j] - base.arrival.min()), max(least, floor(steps, tokens) / dep.replicas)))
+        out.append((float(base.arrival[j] - base.arrival.min()),
+                    max(least, floor(steps, tokens, decode, context) / dep.replicas)))
     return out
 
 
 @pytest.mark.parametrize("replicas,scheduler,work_binds", [(1, SchedulerChoice("vllm", 2, 64), True),
-                                                           (2, SchedulerChoice("vllm", 128, 64), False),
+                                                           (3, SchedulerChoice("vllm", 128, 64), False),
                                                            (3, SchedulerChoice("orca", 1), True)])
 def test_the_floor_is_the_stated_one(tmp_path, replicas, scheduler, work_binds):
     (tmp_path / "dense.json").write_text(__import__("json").dumps(DENSE))
@@ -70,7 +83,8 @@ def test_the_floor_is_the_stated_one(tmp_path, replicas, scheduler, work_binds):
     # at a rate high enough that every request arrives at once: the whole work over the replicas, when few
     # sequences a step (max_seqs 2; Orca's 1) make it longer than any request's least latency
     floor_s = StepFloor(model, hw, 1)
-    least = max(floor_s(math.ceil(int(p) / per_request), int(p)) + (int(o) - 1) * floor_s(1, 1)
+    least = max(floor_s(math.ceil(int(p) / per_request), int(p), context=_contexts(int(p), int(o), per_request)[0])
+                + floor_s(int(o) - 1, int(o) - 1, int(o) - 1, _contexts(int(p), int(o), per_request)[1])
                 for p, o in zip(base.prompt, base.output))
     assert floor.at(1e12) == pytest.approx(max(c for _, c in naive), rel=1e-9)
     assert (floor.at(1e12) > least * (1 + 1e-9)) == work_binds

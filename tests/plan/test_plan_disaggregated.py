@@ -80,9 +80,10 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     assert (v["meets_slo"], round(v["ttft_p"] * 1e9), round(v["ttft_p_error"], 4)) == (True, 385536, -0.0642)
     # the colocated replica's failing probes stop early; a disaggregated replica's pools are served to the end. The
     # pair meets the SLO at the grid's top (256x: capped, one probe from the top; nine probes up from the offered rate
-    # until 2026-11-27, docs/plan.md §4); the colocated replica's search: 4 met, 6 failed (7 and 2 from below); each
-    # then served at the offered rate (both on the front; their searches did not reach it)
-    assert [(r["replays"], r["replays_stopped"]) for r in plan.deployments] == [(5, 6), (2, 0)]
+    # until 2026-11-27, docs/plan.md §4); the colocated replica's search: 3 met, 7 failed (4 and 6 bisecting below the
+    # first doubling that held, 7 and 2 from below); each then served at the offered rate (both on the front; their
+    # searches did not reach it)
+    assert [(r["replays"], r["replays_stopped"]) for r in plan.deployments] == [(4, 7), (2, 0)]
     table = pq.read_table(tmp_path / "out" / "deployments.parquet")
     assert table.column("decided").to_pylist() == ["simulated", "simulated"]
     # the split per replica, null for the colocated deployment, read back as the plan returned it
@@ -95,7 +96,7 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     # its pools hold the same cap of sequences a step and run no faster than the two chips' floor of all their steps
     pairs = floors_and_durations(str(model), runs)
     assert [i for i, (floor, duration) in enumerate(pairs) if duration < floor] == []
-    assert (len(runs), sum(bool(dep.disaggregate) for dep, *_ in runs)) == (7, 2)
+    assert (len(runs), sum(bool(dep.disaggregate) for dep, *_ in runs)) == (6, 2)
 
 
 def test_a_deployments_table_that_is_not_a_plans_is_one_line(tmp_path):

@@ -84,7 +84,7 @@ def test_an_interrupted_plan_resumes_with_the_unfinished_deployments(case, monke
         return real(config)
 
     monkeypatch.setattr(waves, "run_deployment", stop_after_five)
-    with pytest.raises(PlanTaskError, match=r"^plan task 1x2ch sn40l none vllm seqs 128 batch 256 failed: RuntimeError: "
+    with pytest.raises(PlanTaskError, match=r"^plan task 1x2ch sn40l none vllm seqs 4 batch 256 failed: RuntimeError: "
                                             r"interrupted\n"):
         stepsim.plan(model, trace, out=tmp / "stopped", **kw)
     assert not (tmp / "stopped" / "plan.json").exists()
@@ -153,12 +153,12 @@ def test_the_command_line_runs_the_tasks_on_two_workers_and_on_dask(case, tmp_pa
     printed = {name: [line.replace(str(tmp_path / name), "OUT") for line in lines[:-2]] for name, lines in outs.items()}
     assert printed["two"] == printed["here"] == printed["dask"]
     assert printed["here"][0] == "plan        1 deployments: 1 searched, 0 cut during their search, 0 pruned by a " \
-                                 "bound, 0 infeasible; 10 full replays, 1 stopped early"
+                                 "bound, 0 infeasible; 9 full replays, 2 stopped early"
     _same_files(tmp_path / "here", tmp_path / "two")
     _same_files(tmp_path / "here", tmp_path / "dask")
     table = pq.read_table(tmp_path / "dask" / "deployments.parquet").to_pylist()
     assert [(r["deployment"], r["decided"], r["replays"]) for r in table] == [
-        ("1x1ch sn40l none vllm seqs 4 batch 256", "simulated", 10)]
+        ("1x1ch sn40l none vllm seqs 4 batch 256", "simulated", 9)]
 
 
 def test_jobs_and_executor_are_one_line_errors(tmp_path, capsys):
