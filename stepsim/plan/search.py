@@ -2,22 +2,24 @@
 (docs/plan.md §4).
 
 **Rate search, top down.** Rates are multipliers of the offered rate on a grid ``m = 2**(e / STEPS_PER_DOUBLING)``
-(integer e), so every run is reproducible bit for bit. Bracket from the top: serve at the grid's top
-``2**MAX_DOUBLINGS`` (meeting the SLO there: ``capped``, one probe) and halve while the SLO is not met (below
-``2**-MAX_DOUBLINGS``: the deployment sustains no rate, ``unsustainable``); then bisect the exponent between the
-first doubling rate that met it and the one above, which failed, until they are one grid step apart (``2**(1/16)``,
-4.4 %). The sustainable rate is the last that met it; its goodput and SLO attainment are that run's. The bisection
-takes the SLO at the percentile to hold below any rate where it held (as every capacity search does); a plan and a
-brute-force search of every deployment run the same search, so they agree whether it does or not.
+(integer e), so every run is reproducible bit for bit. Descend from the top in the steps of :data:`LEVELS`: serve at
+the grid's top ``2**MAX_DOUBLINGS`` (meeting the SLO there: ``capped``, one probe) and halve while the SLO is not met
+(below ``2**-MAX_DOUBLINGS``: the deployment sustains no rate, ``unsustainable``); then from the failing doubling
+above the first that met it, descend in quarters of a doubling to the first rate that meets it, and from the
+failing rate above that one, grid step by grid step (``2**(1/16)``, 4.4 %). The sustainable rate is the last that
+met it; its goodput and SLO attainment are that run's. Where the SLO holds below some rate and fails above it (as
+every capacity search takes it) this is the highest grid rate meeting it; a plan and a brute-force search of every
+deployment run the same search, so they agree whether it does or not.
 
 Why top down (until 2026-11-27 the bracket doubled up from the offered rate): a probe that fails costs little (the
 replay stops once the SLO is provably missed, :mod:`stepsim.serve.replay_stop`) and one that meets costs a whole
 replay. From the top, a deployment's probes above its sustainable rate fail and the first that meets is its
-bracket's floor; from the offered rate, every doubling below the sustainable rate met, a whole replay each. And
-every failure bounds the result on its own, with no premise on how the SLO varies with the rate: the result lies
-between the first doubling rate that held and the one above it, so below every rate that failed on the way down,
-and the bisection stays below its own failures. So a search is ``cut`` as soon as a failure proves the deployment
-off the front, on the way down or while it bisects.
+bracket's floor; from the offered rate, every doubling below the sustainable rate met, a whole replay each. Why
+descents below that floor, not a bisection (until 2026-11-27): over every sustainable rate of the grid they serve
+2.5 rates that meet the SLO and 11.5 that fail on average, a bisection 3.0 and 10.5; a failing probe cost about 0.55
+of a whole one's wall on issue 42's must-show case (docs/plan.md §4). And every failure bounds the result on its own,
+with no premise on how the SLO varies with the rate: the result lies below every rate that failed before it. So a
+search is ``cut`` as soon as a failure proves the deployment off the front, at any level.
 
 **Bounds.** A deployment's goodput at its sustainable rate m* is at most ``requests / duration`` with the duration
 at least its floor at m* (:class:`DurationFloor`: each request's arrival plus the larger of its least latency and
@@ -25,7 +27,7 @@ the least time of the work arriving from it on), which falls as m rises; so it i
 whenever the search has seen the SLO fail at ``m_hi`` (m* < m_hi), and at most ``N / floor(m_ub)`` for the bound
 m_ub of :func:`rate_bound` before any run. The SLO fails at every rate above m_ub (:func:`rate_bound` proves it
 rate by rate), so a plan's search starts at the highest doubling rate at or below m_ub: the doublings above it are
-``proved`` failures, not served (the brute force serves them and sees them fail), and so is a bisection rate above
+``proved`` failures, not served (the brute force serves them and sees them fail), and so is a descent's rate above
 it. A deployment of C chips can only be on the front (fewest chips for its goodput) if its goodput beats every
 deployment of fewer chips and reaches every deployment of C chips; a deployment whose bound cannot is ``pruned``
 (by the bound, before any run) or ``cut`` (by a failed rate, during its search).
@@ -86,7 +88,7 @@ def search_rate(evaluate, can_win, rate_bound: float = math.inf) -> SearchResult
         if e == 0:
             res.offered = ev
         if ev.meets:
-            res.best = ev  # the bisection's met probes rise: the last is the highest
+            res.best = ev  # each level's rate that met it is above the level before's: the last is the highest
         return ev.meets
 
     hi = None  # the lowest exponent known to fail
@@ -160,7 +162,10 @@ def rate_bound(dep, model, hardware, base, slo: dict, percentile: float,
       floor / R`` bounds m for every j;
     * otherwise ``grid``: the search's own top rate.
 
-    The duration floor (:class:`DurationFloor`) is, for each request j, its arrival plus the larger of
+    Every floor counts the steps' context (:func:`prefill_context`, :func:`decode_context`) and, with ``touched``
+    (:func:`stepsim.plan.pricing.least_touched` of the deployment's providers' routing), the experts its decode
+    tokens touch at the least (:class:`~stepsim.plan.pricing.StepFloor`). The duration floor
+    (:class:`DurationFloor`) is, for each request j, its arrival plus the larger of
     * its least latency: its prompt's floor and ``O - 1`` one-token steps after it, and
     * the least time of the work of the requests arriving from j on (none of it can start before j arrives):
       request i is in at least ``ceil(P_i / per request) + O_i - 1`` steps (its prompt's, then one a further
@@ -189,7 +194,8 @@ def rate_bound(dep, model, hardware, base, slo: dict, percentile: float,
     contexts = [(prefill_context(int(p), per_request), decode_context(int(p), int(o)))
                 for p, o in zip(base.prompt, base.output)]
     lone = np.array([floor(s, int(p), context=pc) for s, p, (pc, _) in zip(prompt_steps, base.prompt, contexts)])
-    least = lone + np.array([floor(int(o) - 1, int(o) - 1, int(o) - 1, dc) for o, (_, dc) in zip(base.output, contexts)])
+    decodes = [floor(int(o) - 1, int(o) - 1, int(o) - 1, dc) for o, (_, dc) in zip(base.output, contexts)]
+    least = lone + np.array(decodes)
     duration = _duration_floor(base, least, prompt_steps, contexts, sched.max_seqs, per_step, floor, R)
     k = math.floor(percentile / 100 * (n - 1)) + 1  # values at or below the percentile's
     if "tpot" in slo and (base.output > 1).any() and one > slo["tpot"]:
