@@ -13,7 +13,8 @@ reported (:mod:`stepsim.plan.api`).
 :func:`floor_s` is the least time any steps computing some new tokens can take on a replica: the chips' HBM
 roofline of the bytes such a step must read (every weight matrix once, for an MoE model ``top_k`` experts of every
 layer, the new tokens' KV) and their compute roofline of its FLOPs (:class:`stepsim.mapping.roofline.StepWork`),
-over the replica's chips. The engine never beats it, and every replay checks that the provider did not either
+over the replica's chips; :class:`StepFloor` adds the context the steps read and, from the providers' routing pool
+(:func:`least_touched`), the experts more decode tokens touch. The engine never beats it, and every replay checks that the provider did not either
 (every step's ``hbm_utilisation`` and ``compute_utilisation`` at most 1).
 """
 
@@ -223,8 +224,8 @@ class StepFloor:
             # a step's context: its sequences' cached tokens, read and attended to (StepWork.work)
             self.context_bytes, self.context_flops = work.kv_bytes_per_token, work.attention_flops
         #: per layer group: (bytes a step, bytes a token, FLOPs a token, FLOPs a step)
-        self.terms = [(work.fixed_bytes + touched * work.expert_bytes, work.kv_bytes_per_token + work.embedding_bytes,
-                       work.flops_per_token + work.attention_flops, work.head_flops) for work, touched in works]
+        self.terms = [(work.fixed_bytes + experts * work.expert_bytes, work.kv_bytes_per_token + work.embedding_bytes,
+                       work.flops_per_token + work.attention_flops, work.head_flops) for work, experts in works]
         work = works[-1][0]
         self.peak_bytes, self.peak_flops = work.peak_bytes, work.peak_flops  # per cycle, all the chips
         self.clock_hz = hardware.clock_hz
