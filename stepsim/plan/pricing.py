@@ -192,7 +192,8 @@ class StepFloor:
       least slope ``(touched[d] - touched[1]) / (d - 1)`` over ``d`` up to ``max_seqs`` (a chord below every
       point): over steps of ``D`` decode tokens in all, at least ``steps x touched[1] + b max(0, D - steps)``
       experts (the floor still rises with the steps: ``b <= touched[1]``). Without it the floor knew only the
-      ``top_k`` of one token a step: on issue 42's must-show case the steps of 15 decode tokens touched 2.3x that;
+      ``top_k`` of one token a step: on issue 42's must-show case a median decode step (15 tokens) read 2.3x the
+      bytes of a one-token step;
     * *the context read*: a step reads every cached token of its sequences (its K and V) and attends to them.
 
     The floor is linear in steps, tokens and context, and convex in the decode tokens (so positively homogeneous and
