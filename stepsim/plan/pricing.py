@@ -14,8 +14,8 @@ reported (:mod:`stepsim.plan.api`).
 roofline of the bytes such a step must read (every weight matrix once, for an MoE model ``top_k`` experts of every
 layer, the new tokens' KV) and their compute roofline of its FLOPs (:class:`stepsim.mapping.roofline.StepWork`),
 over the replica's chips; :class:`StepFloor` adds the context the steps read and, from the providers' routing pool
-(:func:`least_touched`), the experts more decode tokens touch. The engine never beats it, and every replay checks that the provider did not either
-(every step's ``hbm_utilisation`` and ``compute_utilisation`` at most 1).
+(:func:`least_touched`), the experts more decode tokens touch. The engine never beats it, and every replay checks
+that the provider did not either (every step's ``hbm_utilisation`` and ``compute_utilisation`` at most 1).
 """
 
 from __future__ import annotations
