@@ -1,0 +1,79 @@
+"""The compiled replay's link columns of a system step (:func:`stepsim.kernels.serve_mapped.chip_columns`, counted
+from the routing pool's prefix counts) equal the provider's own (:func:`stepsim.serve.fast.chip_features`, row by
+row in NumPy) on every kind of window: inside the pool, wrapping its end, whole turns of it, fewer tokens than
+chips, one chip's shard empty, and experts placed on the chips by a map instead of contiguously."""
+
+import numpy as np
+import pytest
+
+from stepsim.kernels.serve_mapped import chip_columns
+from stepsim.serve.fast import chip_features
+from stepsim.workloads.moe.sharded import shard_bounds
+
+POOL, EXPERTS, TOP_K = 97, 16, 3
+
+
+def pool(seed: int):
+    """A pool of ``POOL`` tokens' distinct ranks ``[POOL, TOP_K]`` and its prefix counts ``[1, POOL + 1, EXPERTS]``
+    (uint16, as :meth:`stepsim.serve.routing.SyntheticRouting._draw_pool` lays them out)."""
+    rng = np.random.default_rng(seed)
+    ranks = np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(POOL)])
+    onehot = np.zeros((POOL, EXPERTS), dtype=np.uint16)
+    onehot[np.repeat(np.arange(POOL), TOP_K), ranks.ravel()] = 1
+    prefix = np.zeros((1, POOL + 1, EXPERTS), dtype=np.uint16)
+    np.cumsum(onehot, axis=0, out=prefix[0, 1:])
+    return ranks, prefix
+
+
+def kernel_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips):
+    xl = np.full(5, -1.0)
+    chip_rows = np.full(chips, -7, dtype=np.int64)
+    chip_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, 1)
+    assert xl[0] == -1.0 and xl[4] == -1.0  # only its three columns written
+    return xl[1:4], chip_rows
+
+
+WINDOWS = [(0, 1), (0, 5), (10, 40), (60, POOL - 60), (80, 30), (96, 2), (5, POOL), (33, 2 * POOL + 17),
+           (90, 3 * POOL), (0, 7), (50, 3)]
+
+
+@pytest.mark.parametrize("chips", [2, 4, 8])
+@pytest.mark.parametrize("start,tokens", WINDOWS)
+def test_contiguous_experts_equal_the_providers_columns(chips, start, tokens):
+    ranks, prefix = pool(chips)
+    expert_of_rank = np.random.default_rng(100 + chips).permutation(EXPERTS).astype(np.int64)
+    routing = expert_of_rank[ranks[(start + np.arange(tokens)) % POOL]][:, None, :]  # [tokens, 1 layer, top_k]
+    got, chip_rows = kernel_columns(prefix, expert_of_rank, expert_of_rank, EXPERTS // chips, start, tokens, chips)
+    np.testing.assert_array_equal(got, chip_features(routing, chips, EXPERTS)[0])
+    received = np.bincount((routing // (EXPERTS // chips)).ravel(), minlength=chips)
+    np.testing.assert_array_equal(chip_rows, received)  # left for the block's traffic (ep_block_traffic)
+
+
+@pytest.mark.parametrize("start,tokens", WINDOWS)
+def test_experts_placed_by_a_map(start, tokens):
+    chips = 3
+    ranks, prefix = pool(7)
+    expert_of_rank = np.arange(EXPERTS, dtype=np.int64)[::-1].copy()
+    chip_of = np.random.default_rng(3).integers(0, chips, EXPERTS).astype(np.int64)
+    routing = expert_of_rank[ranks[(start + np.arange(tokens)) % POOL]]
+    home = np.repeat(np.arange(chips), np.diff(shard_bounds(tokens, chips)))
+    dest = chip_of[routing]
+    remote = int((dest != home[:, None]).sum())
+    busiest = int(np.bincount(dest.ravel(), minlength=chips).max())
+    got, _ = kernel_columns(prefix, expert_of_rank, chip_of, 0, start, tokens, chips)
+    assert got.tolist() == [float(remote > 0), float(remote), float(busiest)]
+
+
+def test_every_row_at_home_has_no_link_rows():
+    """One token a chip, each routed only to experts on its own chip: no row crosses a link (column 0 is 0)."""
+    chips, per_chip = 4, EXPERTS // 4
+    ranks = np.array([[c * per_chip, c * per_chip + 1, c * per_chip + 2] for c in range(chips)])
+    onehot = np.zeros((chips, EXPERTS), dtype=np.uint16)
+    onehot[np.repeat(np.arange(chips), TOP_K), ranks.ravel()] = 1
+    prefix = np.zeros((1, chips + 1, EXPERTS), dtype=np.uint16)
+    np.cumsum(onehot, axis=0, out=prefix[0, 1:])
+    identity = np.arange(EXPERTS, dtype=np.int64)
+    got, chip_rows = kernel_columns(prefix, identity, identity, per_chip, 0, chips, chips)
+    assert got.tolist() == [0.0, 0.0, 3.0] and chip_rows.tolist() == [3, 3, 3, 3]
+    got, _ = kernel_columns(prefix, identity, identity, per_chip, 1, chips, chips)  # shifted: every row remote
+    assert got.tolist() == [1.0, 12.0, 3.0]
