@@ -119,13 +119,38 @@ def _line(x, x0, y0, x1, y1):
 
 
 @kernel
+def _log2_exact(x):
+    """``k`` when ``x == 2**k`` (``x`` > 0), else -1: a divisor the hot loops then apply as a shift."""
+    if x <= 0 or x & (x - 1):
+        return -1
+    k = 0
+    while (1 << k) < x:
+        k += 1
+    return k
+
+
+@kernel
+def _quotient(a, d, shift):
+    """``a // d`` for ``a`` >= 0, by ``shift`` (:func:`_log2_exact` of ``d``) when it is >= 0: an integer division
+    in a loop over the experts of every layer of every step cost more than the rest of the step."""
+    return a >> shift if shift >= 0 else a // d
+
+
+@kernel
 def _counts(prefix, start, tokens, experts, counts):
     """Each rank's tokens in the window of ``tokens`` pool tokens from ``start`` (wrapping, whole turns), as
-    :meth:`stepsim.serve.routing.SyntheticRouting.window`'s rows count them."""
+    :meth:`stepsim.serve.routing.SyntheticRouting.window`'s rows count them. A window inside the pool (the usual
+    case) subtracts two rows of prefix counts in a loop the compiler vectorises."""
     pool = prefix.shape[1] - 1
     turns, rest = tokens // pool, tokens % pool
     end = start + rest
     wraps = end > pool
+    if turns == 0 and not wraps:
+        lo = prefix[0, start]
+        hi = prefix[0, end]
+        for e in range(experts):
+            counts[e] = np.int64(hi[e]) - np.int64(lo[e])
+        return
     stop = end - pool if wraps else end
     for e in range(experts):
         c = np.int64(prefix[0, stop, e]) - np.int64(prefix[0, start, e]) + turns * np.int64(prefix[0, pool, e])
@@ -155,12 +180,14 @@ def _ready(buckets_i, proj, tokens, m, decode, prefill_size, moe, allreduces):
 
 
 @kernel
-def _span(prefix, rank, begin, n):
+def _span(prefix, rank, begin, n, pool_shift):
     """Pool tokens routed to ``rank`` among the ``n`` pool tokens from ``begin`` (wrapping, whole turns), as
-    :func:`_counts` counts a window."""
+    :func:`_counts` counts a window; ``pool_shift``: :func:`_log2_exact` of the pool's tokens."""
     pool = prefix.shape[1] - 1
-    begin = begin % pool
-    turns, rest = n // pool, n % pool
+    if pool_shift >= 0:
+        begin, turns, rest = begin & (pool - 1), n >> pool_shift, n & (pool - 1)
+    else:
+        begin, turns, rest = begin % pool, n // pool, n % pool
     end = begin + rest
     c = turns * np.int64(prefix[0, pool, rank]) - np.int64(prefix[0, begin, rank])
     if end > pool:
@@ -169,31 +196,37 @@ def _span(prefix, rank, begin, n):
 
 
 @kernel
-def chip_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, at):
+def chip_columns(prefix, counts, counted, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, at):
     """:func:`stepsim.serve.fast.chip_features` of one layer's window (``tokens`` pool tokens from ``start``, ranks
     to experts by ``expert_of_rank``, experts to chips by ``chip_of``, or with ``per_chip`` > 0 contiguously,
     ``per_chip`` experts a chip; token ``t`` at home on its shard's chip,
     :func:`stepsim.workloads.moe.sharded.shard_bounds`) into ``xl[at:at + 3]``; ``chip_rows``: scratch of ``chips``,
-    left holding each chip's received rows.
+    left holding each chip's received rows. ``counts``: each rank's tokens in the window (:func:`_counts`) when
+    ``counted``, else counted here.
 
     From the pool's prefix counts, O(experts) a layer: a rank's rows go to its expert's chip, and those of its rows
     whose token is at home there are the rank's count over that chip's shard of the window (a contiguous run of
-    tokens). Counting row by row instead (O(tokens x top_k) a layer) took most of a whole-trace replay on an
-    expert-parallel system: 2,048-token steps of a 48-layer model are 786,432 rows each."""
+    tokens). Counted row by row (O(tokens x top_k) a layer), a 2,048-token step of a 48-layer model is 786,432
+    rows."""
+    pool = prefix.shape[1] - 1
+    pool_shift = _log2_exact(pool)
+    chip_shift = _log2_exact(per_chip)
     base, extra = tokens // chips, tokens % chips
     for c in range(chips):
         chip_rows[c] = 0
     rows = 0
     local = 0
     for rank in range(expert_of_rank.shape[0]):
+        routed = counts[rank] if counted else _span(prefix, rank, start, tokens, pool_shift)
+        if routed == 0:
+            continue
         expert = expert_of_rank[rank]
-        dest = expert // per_chip if per_chip > 0 else chip_of[expert]
-        routed = _span(prefix, rank, start, tokens)
+        dest = _quotient(expert, per_chip, chip_shift) if per_chip > 0 else chip_of[expert]
         chip_rows[dest] += routed
         rows += routed
         shard = base + (1 if dest < extra else 0)
-        if shard > 0 and routed > 0:
-            local += _span(prefix, rank, start + dest * base + min(dest, extra), shard)
+        if shard > 0:
+            local += _span(prefix, rank, start + dest * base + min(dest, extra), shard, pool_shift)
     remote = rows - local
     busiest = 0
     for c in range(chips):
@@ -201,6 +234,96 @@ def chip_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips
     xl[at] = 1.0 if remote > 0 else 0.0
     xl[at + 1] = np.float64(remote)
     xl[at + 2] = np.float64(busiest)
+
+
+@kernel
+def _layer_loads(prefix, pool_rows, expert_of_rank, start, tokens, tile_n, tile_shift, per_region, region_shift,
+                 n_regions, ep, chips, per_chip, chip_shift, counts, regions, loads, xf, at):
+    """One MoE layer's routing window (``tokens`` pool tokens from ``start``; ranks to experts by ``expert_of_rank``)
+    as :func:`stepsim.serve.fast_mapped.ffn_regressors` and :func:`stepsim.serve.fast_mapped_ep.ep_loads` count it:
+    returns (expert tiles at ``tile_n``, active experts, the busiest expert's tiles) and leaves each region's tiles
+    in ``regions[:n_regions]`` (``per_region`` contiguous experts a region); with ``ep`` (``per_chip`` contiguous
+    experts a chip) each chip's tiles, received rows and active experts in ``loads[:chips]``,
+    ``loads[chips:2 * chips]`` and ``loads[2 * chips:3 * chips]``, and the link columns in ``xf[at:at + 3]``
+    (:func:`chip_columns`). ``counts``: scratch of the experts, each rank's tokens.
+
+    A window of fewer (token, expert) rows than experts (a decode step of a few sequences: most steps of a lightly
+    loaded replica) is counted row by row, touching only its ranks; a larger one from the pool's prefix counts
+    (:func:`_counts`), expert by expert. The two give the same integers (tests/serve/test_replay_mapped.py)."""
+    for j in range(n_regions):
+        regions[j] = 0
+    if ep:
+        for j in range(3 * chips):
+            loads[j] = 0
+    pool, top_k = pool_rows.shape[0], pool_rows.shape[1]
+    experts = expert_of_rank.shape[0]
+    total = 0
+    active = 0
+    busiest = 0
+    if tokens * top_k >= experts:
+        _counts(prefix, start, tokens, experts, counts)
+        for rank in range(experts):
+            c = counts[rank]
+            t = _quotient(c + tile_n - 1, tile_n, tile_shift)  # -(-c // tile_n), c >= 0
+            total += t
+            active += 1 if c > 0 else 0
+            busiest = max(busiest, t)
+            expert = expert_of_rank[rank]
+            regions[_quotient(expert, per_region, region_shift)] += t
+            if ep and c > 0:
+                chip = _quotient(expert, per_chip, chip_shift)
+                loads[chip] += t
+                loads[2 * chips + chip] += 1
+        if ep:
+            chip_columns(prefix, counts, True, expert_of_rank, expert_of_rank, per_chip, start, tokens, chips,
+                         loads[chips:2 * chips], xf, at)
+        return total, active, busiest
+    # fewer rows than experts (so fewer tokens than the pool: one wrap at most): zero the window's ranks, count them,
+    # then take each once (its count negated once taken)
+    for step in range(3):
+        row = start
+        for _ in range(tokens):
+            for slot in range(top_k):
+                rank = pool_rows[row, slot]
+                if step == 0:
+                    counts[rank] = 0
+                elif step == 1:
+                    counts[rank] += 1
+                elif counts[rank] > 0:
+                    c = counts[rank]
+                    counts[rank] = -c
+                    t = _quotient(c + tile_n - 1, tile_n, tile_shift)
+                    total += t
+                    active += 1
+                    busiest = max(busiest, t)
+                    expert = expert_of_rank[rank]
+                    regions[_quotient(expert, per_region, region_shift)] += t
+                    if ep:
+                        chip = _quotient(expert, per_chip, chip_shift)
+                        loads[chip] += t
+                        loads[chips + chip] += c
+                        loads[2 * chips + chip] += 1
+            row = row + 1 if row + 1 < pool else 0
+    if ep:  # chip_columns row by row: token t at home on its shard's chip (shard_bounds: the first `extra` one more)
+        base, extra = tokens // chips, tokens % chips
+        home, bound = 0, base + (1 if extra > 0 else 0)
+        remote = 0
+        row = start
+        for t in range(tokens):
+            while t >= bound:
+                home += 1
+                bound += base + (1 if home < extra else 0)
+            for slot in range(top_k):
+                if _quotient(expert_of_rank[pool_rows[row, slot]], per_chip, chip_shift) != home:
+                    remote += 1
+            row = row + 1 if row + 1 < pool else 0
+        most = 0
+        for c in range(chips):
+            most = max(most, loads[chips + c])
+        xf[at] = 1.0 if remote > 0 else 0.0
+        xf[at + 1] = np.float64(remote)
+        xf[at + 2] = np.float64(most)
+    return total, active, busiest
 
 
 @kernel
@@ -406,9 +529,10 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     ep = pm[M_EP] != 0
     chips = pm[M_CHIPS]
     per_chip = experts // chips
+    tile_shift, region_shift, chip_shift = _log2_exact(tile_n), _log2_exact(per_region), _log2_exact(per_chip)
     chip_rep = buckets_f[BF_FFN_CHIPS, fb]
     columns = 8 + few + 1 + (3 if ep else 0)
-    if ep and 2 * chips > len(loads):
+    if ep and 3 * chips > len(loads):
         return UNSUPPORTED
     xf = x[2]
     touched = 0
@@ -426,25 +550,14 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
         return UNSUPPORTED
     for layer in range(layers):
         if layer < rows:
+            for j in range(columns):
+                xf[j] = 0.0
             if moe:
                 start = starts[row_of_starts, layer]
-                _counts(prefix, start, tokens, experts, counts)
-                for j in range(n_regions):
-                    regions[j] = 0
-                for j in range(chips):
-                    loads[j] = 0
-                total = 0
-                active = 0
-                busiest = 0
-                for rank in range(experts):
-                    c = counts[rank]
-                    t = -(-c // tile_n)
-                    total += t
-                    active += 1 if c > 0 else 0
-                    busiest = max(busiest, t)
-                    regions[expert_of_rank[layer, rank] // per_region] += t
-                    if ep:
-                        loads[expert_of_rank[layer, rank] // per_chip] += t
+                total, active, busiest = _layer_loads(prefix, pool_rows, expert_of_rank[layer], start, tokens, tile_n,
+                                                      tile_shift, per_region, region_shift, n_regions, ep, chips,
+                                                      per_chip, chip_shift, counts, regions, loads, xf,
+                                                      8 + few + 1)
                 region_most = 0
                 for j in range(n_regions):
                     region_most = max(region_most, regions[j])
@@ -458,8 +571,6 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                 busiest = total
                 region_most = total
                 chip_most = total
-            for j in range(columns):
-                xf[j] = 0.0
             xf[0] = 1.0
             xf[1] = np.float64(tokens)
             xf[2] = np.float64(total)
@@ -495,9 +606,6 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                         if pool_rows[a, u] == pool_rows[bb, w]:
                             same += 1
                 xf[8 + few] = np.float64(same % 2)
-            if ep:
-                chip_columns(prefix, expert_of_rank[layer], expert_of_rank[layer], per_chip, start, tokens, chips,
-                             loads[chips:2 * chips], xf, 8 + few + 1)
             v = _predict(xf, theta[ffn_row], pm[M_THETA_LENGTH + ffn_row], columns, 7, scratch)
             if v < 0.0:
                 return UNSUPPORTED
@@ -508,15 +616,12 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                 return UNSUPPORTED
             if ep:
                 # projections.ep_block_traffic: the chip with the most expert tiles (the lowest on a tie), its
-                # received rows (chip_columns left them in loads[chips:]), touched experts and shard
+                # received rows and touched experts (_layer_loads left them in loads[chips:3 * chips]) and shard
                 crit = 0
                 for j in range(chips):
                     if loads[j] > loads[crit]:
                         crit = j
-                crit_active = 0
-                for rank in range(experts):
-                    if counts[rank] > 0 and expert_of_rank[layer, rank] // per_chip == crit:
-                        crit_active += 1
+                crit_active = loads[2 * chips + crit]
                 shard = tokens // chips + (1 if crit < tokens % chips else 0)
                 ffn_reads = (loads[crit] * pm[M_PER_EXPERT] + -(-shard // traffic_tile_n) * pm[M_SHARED_W]
                              + shard * pm[M_ROW_BYTES])

@@ -1,66 +1,88 @@
 """The compiled replay's link columns of a system step (:func:`stepsim.kernels.serve_mapped.chip_columns`, counted
 from the routing pool's prefix counts) equal the provider's own (:func:`stepsim.serve.fast.chip_features`, row by
 row in NumPy) on every kind of window: inside the pool, wrapping its end, whole turns of it, fewer tokens than
-chips, one chip's shard empty, and experts placed on the chips by a map instead of contiguously."""
+chips, one chip's shard empty, and experts placed on the chips by a map instead of contiguously; with the window's
+counts given (:func:`~stepsim.kernels.serve_mapped._counts`, the mapped pricing) or counted there (the paper
+schedule's), on a pool of a power of two tokens (the synthetic routing's: shifts) and of another size (divisions)."""
 
 import numpy as np
 import pytest
 
-from stepsim.kernels.serve_mapped import chip_columns
+from stepsim.kernels.serve_mapped import _counts, chip_columns
 from stepsim.serve.fast import chip_features
 from stepsim.workloads.moe.sharded import shard_bounds
 
-POOL, EXPERTS, TOP_K = 97, 16, 3
+EXPERTS, TOP_K = 16, 3
+#: pool sizes: a power of two and not
+POOLS = (97, 128)
 
 
-def pool(seed: int):
-    """A pool of ``POOL`` tokens' distinct ranks ``[POOL, TOP_K]`` and its prefix counts ``[1, POOL + 1, EXPERTS]``
+def pool(seed: int, size: int):
+    """A pool of ``size`` tokens' distinct ranks ``[size, TOP_K]`` and its prefix counts ``[1, size + 1, EXPERTS]``
     (uint16, as :meth:`stepsim.serve.routing.SyntheticRouting._draw_pool` lays them out)."""
     rng = np.random.default_rng(seed)
-    ranks = np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(POOL)])
-    onehot = np.zeros((POOL, EXPERTS), dtype=np.uint16)
-    onehot[np.repeat(np.arange(POOL), TOP_K), ranks.ravel()] = 1
-    prefix = np.zeros((1, POOL + 1, EXPERTS), dtype=np.uint16)
+    ranks = np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(size)])
+    onehot = np.zeros((size, EXPERTS), dtype=np.uint16)
+    onehot[np.repeat(np.arange(size), TOP_K), ranks.ravel()] = 1
+    prefix = np.zeros((1, size + 1, EXPERTS), dtype=np.uint16)
     np.cumsum(onehot, axis=0, out=prefix[0, 1:])
     return ranks, prefix
 
 
-def kernel_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips):
+def kernel_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips, counted):
     xl = np.full(5, -1.0)
     chip_rows = np.full(chips, -7, dtype=np.int64)
-    chip_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, 1)
+    counts = np.full(EXPERTS, -7, dtype=np.int64)
+    if counted:
+        _counts(prefix, start, tokens, EXPERTS, counts)
+    chip_columns(prefix, counts, counted, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, 1)
     assert xl[0] == -1.0 and xl[4] == -1.0  # only its three columns written
     return xl[1:4], chip_rows
 
 
-WINDOWS = [(0, 1), (0, 5), (10, 40), (60, POOL - 60), (80, 30), (96, 2), (5, POOL), (33, 2 * POOL + 17),
-           (90, 3 * POOL), (0, 7), (50, 3)]
+#: (start, tokens) as fractions of the pool: inside it, to its end, wrapping, whole turns, fewer tokens than chips
+WINDOWS = [(0, 1), (0, 5), (10, 40), (60, -60), (80, 30), (96, 2), (5, 1.0), (33, 2.17), (90, 3.0), (0, 7), (50, 3)]
 
 
+def window(start, tokens, size):
+    """A :data:`WINDOWS` entry on a pool of ``size`` tokens: a float is that many turns of the pool, a negative
+    integer the pool less that many."""
+    if isinstance(tokens, float):
+        return start, round(tokens * size)
+    return start, tokens if tokens > 0 else size + tokens
+
+
+@pytest.mark.parametrize("size", POOLS)
+@pytest.mark.parametrize("counted", [True, False])
 @pytest.mark.parametrize("chips", [2, 4, 8])
-@pytest.mark.parametrize("start,tokens", WINDOWS)
-def test_contiguous_experts_equal_the_providers_columns(chips, start, tokens):
-    ranks, prefix = pool(chips)
+@pytest.mark.parametrize("entry", WINDOWS)
+def test_contiguous_experts_equal_the_providers_columns(size, counted, chips, entry):
+    start, tokens = window(*entry, size)
+    ranks, prefix = pool(chips, size)
     expert_of_rank = np.random.default_rng(100 + chips).permutation(EXPERTS).astype(np.int64)
-    routing = expert_of_rank[ranks[(start + np.arange(tokens)) % POOL]][:, None, :]  # [tokens, 1 layer, top_k]
-    got, chip_rows = kernel_columns(prefix, expert_of_rank, expert_of_rank, EXPERTS // chips, start, tokens, chips)
+    routing = expert_of_rank[ranks[(start + np.arange(tokens)) % size]][:, None, :]  # [tokens, 1 layer, top_k]
+    got, chip_rows = kernel_columns(prefix, expert_of_rank, expert_of_rank, EXPERTS // chips, start, tokens, chips,
+                                    counted)
     np.testing.assert_array_equal(got, chip_features(routing, chips, EXPERTS)[0])
     received = np.bincount((routing // (EXPERTS // chips)).ravel(), minlength=chips)
     np.testing.assert_array_equal(chip_rows, received)  # left for the block's traffic (ep_block_traffic)
 
 
-@pytest.mark.parametrize("start,tokens", WINDOWS)
-def test_experts_placed_by_a_map(start, tokens):
+@pytest.mark.parametrize("size", POOLS)
+@pytest.mark.parametrize("entry", WINDOWS)
+def test_experts_placed_by_a_map(size, entry):
+    """The paper schedule's system (:mod:`stepsim.kernels.serve_replay`): experts on chips by a map, counted here."""
     chips = 3
-    ranks, prefix = pool(7)
+    start, tokens = window(*entry, size)
+    ranks, prefix = pool(7, size)
     expert_of_rank = np.arange(EXPERTS, dtype=np.int64)[::-1].copy()
     chip_of = np.random.default_rng(3).integers(0, chips, EXPERTS).astype(np.int64)
-    routing = expert_of_rank[ranks[(start + np.arange(tokens)) % POOL]]
+    routing = expert_of_rank[ranks[(start + np.arange(tokens)) % size]]
     home = np.repeat(np.arange(chips), np.diff(shard_bounds(tokens, chips)))
     dest = chip_of[routing]
     remote = int((dest != home[:, None]).sum())
     busiest = int(np.bincount(dest.ravel(), minlength=chips).max())
-    got, _ = kernel_columns(prefix, expert_of_rank, chip_of, 0, start, tokens, chips)
+    got, _ = kernel_columns(prefix, expert_of_rank, chip_of, 0, start, tokens, chips, False)
     assert got.tolist() == [float(remote > 0), float(remote), float(busiest)]
 
 
@@ -73,7 +95,7 @@ def test_every_row_at_home_has_no_link_rows():
     prefix = np.zeros((1, chips + 1, EXPERTS), dtype=np.uint16)
     np.cumsum(onehot, axis=0, out=prefix[0, 1:])
     identity = np.arange(EXPERTS, dtype=np.int64)
-    got, chip_rows = kernel_columns(prefix, identity, identity, per_chip, 0, chips, chips)
+    got, chip_rows = kernel_columns(prefix, identity, identity, per_chip, 0, chips, chips, True)
     assert got.tolist() == [0.0, 0.0, 3.0] and chip_rows.tolist() == [3, 3, 3, 3]
-    got, _ = kernel_columns(prefix, identity, identity, per_chip, 1, chips, chips)  # shifted: every row remote
+    got, _ = kernel_columns(prefix, identity, identity, per_chip, 1, chips, chips, False)  # shifted: every row remote
     assert got.tolist() == [1.0, 12.0, 3.0]
