@@ -196,7 +196,8 @@ def _span(prefix, rank, begin, n, pool_shift):
 
 
 @kernel
-def chip_columns(prefix, counts, counted, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, at):
+def chip_columns(prefix, pool_rows, counts, counted, expert_of_rank, chip_of, per_chip, start, tokens, chips,
+                 chip_rows, xl, at):
     """:func:`stepsim.serve.fast.chip_features` of one layer's window (``tokens`` pool tokens from ``start``, ranks
     to experts by ``expert_of_rank``, experts to chips by ``chip_of``, or with ``per_chip`` > 0 contiguously,
     ``per_chip`` experts a chip; token ``t`` at home on its shard's chip,
@@ -204,16 +205,33 @@ def chip_columns(prefix, counts, counted, expert_of_rank, chip_of, per_chip, sta
     left holding each chip's received rows. ``counts``: each rank's tokens in the window (:func:`_counts`) when
     ``counted``, else counted here.
 
-    From the pool's prefix counts, O(experts) a layer: a rank's rows go to its expert's chip, and those of its rows
-    whose token is at home there are the rank's count over that chip's shard of the window (a contiguous run of
-    tokens). Counted row by row (O(tokens x top_k) a layer), a 2,048-token step of a 48-layer model is 786,432
-    rows."""
-    pool = prefix.shape[1] - 1
-    pool_shift = _log2_exact(pool)
+    A window of fewer (token, expert) rows than experts is counted row by row (``pool_rows``, the pool's ranks);
+    a larger one from the pool's prefix counts, O(experts) a layer: a rank's rows go to its expert's chip, and those
+    of its rows whose token is at home there are the rank's count over that chip's shard of the window (a contiguous
+    run of tokens). Row by row, a 2,048-token step of a 48-layer model is 786,432 rows."""
     chip_shift = _log2_exact(per_chip)
     base, extra = tokens // chips, tokens % chips
     for c in range(chips):
         chip_rows[c] = 0
+    top_k = pool_rows.shape[1]
+    if tokens * top_k < expert_of_rank.shape[0]:  # fewer tokens than the pool: one wrap at most
+        home, bound = 0, base + (1 if extra > 0 else 0)  # shard_bounds: the first `extra` chips one token more
+        remote = 0
+        row = start
+        for t in range(tokens):
+            while t >= bound:
+                home += 1
+                bound += base + (1 if home < extra else 0)
+            for slot in range(top_k):
+                expert = expert_of_rank[pool_rows[row, slot]]
+                dest = _quotient(expert, per_chip, chip_shift) if per_chip > 0 else chip_of[expert]
+                chip_rows[dest] += 1
+                remote += 1 if dest != home else 0
+            row = row + 1 if row + 1 < pool_rows.shape[0] else 0
+        _link_columns(remote, chip_rows, chips, xl, at)
+        return
+    pool = prefix.shape[1] - 1
+    pool_shift = _log2_exact(pool)
     rows = 0
     local = 0
     for rank in range(expert_of_rank.shape[0]):
@@ -227,7 +245,13 @@ def chip_columns(prefix, counts, counted, expert_of_rank, chip_of, per_chip, sta
         shard = base + (1 if dest < extra else 0)
         if shard > 0:
             local += _span(prefix, rank, start + dest * base + min(dest, extra), shard, pool_shift)
-    remote = rows - local
+    _link_columns(rows - local, chip_rows, chips, xl, at)
+
+
+@kernel
+def _link_columns(remote, chip_rows, chips, xl, at):
+    """:func:`stepsim.serve.fast.chip_features`' three columns: whether any row crosses a link, how many do, and
+    the busiest chip's rows."""
     busiest = 0
     for c in range(chips):
         busiest = max(busiest, chip_rows[c])
@@ -275,8 +299,8 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, start, tokens, tile_n, tile_
                 loads[chip] += t
                 loads[2 * chips + chip] += 1
         if ep:
-            chip_columns(prefix, counts, True, expert_of_rank, expert_of_rank, per_chip, start, tokens, chips,
-                         loads[chips:2 * chips], xf, at)
+            chip_columns(prefix, pool_rows, counts, True, expert_of_rank, expert_of_rank, per_chip, start, tokens,
+                         chips, loads[chips:2 * chips], xf, at)
         return total, active, busiest
     # fewer rows than experts (so fewer tokens than the pool: one wrap at most): zero the window's ranks, count them,
     # then take each once (its count negated once taken)
@@ -301,28 +325,11 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, start, tokens, tile_n, tile_
                     if ep:
                         chip = _quotient(expert, per_chip, chip_shift)
                         loads[chip] += t
-                        loads[chips + chip] += c
                         loads[2 * chips + chip] += 1
             row = row + 1 if row + 1 < pool else 0
-    if ep:  # chip_columns row by row: token t at home on its shard's chip (shard_bounds: the first `extra` one more)
-        base, extra = tokens // chips, tokens % chips
-        home, bound = 0, base + (1 if extra > 0 else 0)
-        remote = 0
-        row = start
-        for t in range(tokens):
-            while t >= bound:
-                home += 1
-                bound += base + (1 if home < extra else 0)
-            for slot in range(top_k):
-                if _quotient(expert_of_rank[pool_rows[row, slot]], per_chip, chip_shift) != home:
-                    remote += 1
-            row = row + 1 if row + 1 < pool else 0
-        most = 0
-        for c in range(chips):
-            most = max(most, loads[chips + c])
-        xf[at] = 1.0 if remote > 0 else 0.0
-        xf[at + 1] = np.float64(remote)
-        xf[at + 2] = np.float64(most)
+    if ep:  # row by row too (the window's counts are taken apart by now)
+        chip_columns(prefix, pool_rows, counts, False, expert_of_rank, expert_of_rank, per_chip, start, tokens, chips,
+                     loads[chips:2 * chips], xf, at)
     return total, active, busiest
 
 

@@ -603,8 +603,8 @@ def _price_fast(pi, forms, theta, ctx, new, m, tokens, prefix, pool_rows, starts
                 nxt = tiles[e + 1] if e + 1 < experts else 0
                 xl[base + e] = np.float64(tiles[e] - nxt)
         if pi[P_CHIP_COLUMNS]:  # fast.chip_features: rows crossing a link, and the busiest chip's rows
-            sm.chip_columns(prefix, chip_rows, False, expert_of_rank[layer], chip_of, 0, start, tokens, pi[P_CHIPS],
-                            chip_rows, xl, own)  # chip_rows twice: no window counts here (counted is False)
+            sm.chip_columns(prefix, pool_rows, chip_rows, False, expert_of_rank[layer], chip_of, 0, start, tokens,
+                            pi[P_CHIPS], chip_rows, xl, own)  # chip_rows twice: no window counts here (counted False)
         if length < 0:
             v = np.ceil(xl[7])
         else:

@@ -3,7 +3,9 @@ from the routing pool's prefix counts) equal the provider's own (:func:`stepsim.
 row in NumPy) on every kind of window: inside the pool, wrapping its end, whole turns of it, fewer tokens than
 chips, one chip's shard empty, and experts placed on the chips by a map instead of contiguously; with the window's
 counts given (:func:`~stepsim.kernels.serve_mapped._counts`, the mapped pricing) or counted there (the paper
-schedule's), on a pool of a power of two tokens (the synthetic routing's: shifts) and of another size (divisions)."""
+schedule's), on a pool of a power of two tokens (the synthetic routing's: shifts) and of another size (divisions).
+Windows of fewer (token, expert) rows than the 16 experts (up to 5 tokens) are counted row by row, larger ones from
+the prefix counts: :data:`WINDOWS` has both."""
 
 import numpy as np
 import pytest
@@ -29,13 +31,14 @@ def pool(seed: int, size: int):
     return ranks, prefix
 
 
-def kernel_columns(prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips, counted):
+def kernel_columns(ranks, prefix, expert_of_rank, chip_of, per_chip, start, tokens, chips, counted):
     xl = np.full(5, -1.0)
     chip_rows = np.full(chips, -7, dtype=np.int64)
     counts = np.full(EXPERTS, -7, dtype=np.int64)
     if counted:
         _counts(prefix, start, tokens, EXPERTS, counts)
-    chip_columns(prefix, counts, counted, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows, xl, 1)
+    chip_columns(prefix, ranks, counts, counted, expert_of_rank, chip_of, per_chip, start, tokens, chips, chip_rows,
+                 xl, 1)
     assert xl[0] == -1.0 and xl[4] == -1.0  # only its three columns written
     return xl[1:4], chip_rows
 
@@ -61,8 +64,8 @@ def test_contiguous_experts_equal_the_providers_columns(size, counted, chips, en
     ranks, prefix = pool(chips, size)
     expert_of_rank = np.random.default_rng(100 + chips).permutation(EXPERTS).astype(np.int64)
     routing = expert_of_rank[ranks[(start + np.arange(tokens)) % size]][:, None, :]  # [tokens, 1 layer, top_k]
-    got, chip_rows = kernel_columns(prefix, expert_of_rank, expert_of_rank, EXPERTS // chips, start, tokens, chips,
-                                    counted)
+    got, chip_rows = kernel_columns(ranks, prefix, expert_of_rank, expert_of_rank, EXPERTS // chips, start, tokens,
+                                    chips, counted)
     np.testing.assert_array_equal(got, chip_features(routing, chips, EXPERTS)[0])
     received = np.bincount((routing // (EXPERTS // chips)).ravel(), minlength=chips)
     np.testing.assert_array_equal(chip_rows, received)  # left for the block's traffic (ep_block_traffic)
@@ -82,7 +85,7 @@ def test_experts_placed_by_a_map(size, entry):
     dest = chip_of[routing]
     remote = int((dest != home[:, None]).sum())
     busiest = int(np.bincount(dest.ravel(), minlength=chips).max())
-    got, _ = kernel_columns(prefix, expert_of_rank, chip_of, 0, start, tokens, chips, False)
+    got, _ = kernel_columns(ranks, prefix, expert_of_rank, chip_of, 0, start, tokens, chips, False)
     assert got.tolist() == [float(remote > 0), float(remote), float(busiest)]
 
 
@@ -95,7 +98,7 @@ def test_every_row_at_home_has_no_link_rows():
     prefix = np.zeros((1, chips + 1, EXPERTS), dtype=np.uint16)
     np.cumsum(onehot, axis=0, out=prefix[0, 1:])
     identity = np.arange(EXPERTS, dtype=np.int64)
-    got, chip_rows = kernel_columns(prefix, identity, identity, per_chip, 0, chips, chips, True)
+    got, chip_rows = kernel_columns(ranks, prefix, identity, identity, per_chip, 0, chips, chips, True)
     assert got.tolist() == [0.0, 0.0, 3.0] and chip_rows.tolist() == [3, 3, 3, 3]
-    got, _ = kernel_columns(prefix, identity, identity, per_chip, 1, chips, chips, False)  # shifted: every row remote
+    got, _ = kernel_columns(ranks, prefix, identity, identity, per_chip, 1, chips, chips, False)  # every row remote
     assert got.tolist() == [1.0, 12.0, 3.0]
