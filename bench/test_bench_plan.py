@@ -64,7 +64,11 @@ def test_plan_full_size_qwen3_whole_trace(shared_traces, tmp_path, bench_summary
     100 ms, up to 16 ``sn40l`` sockets, colocated and disaggregated (:data:`FULL_SPACE`): the plan's wall time
     (target: 15 minutes) and where it goes (calibrations per shape, replays per replica shape, compiled or in
     Python, the verification), one line a phase in ``$STEPSIM_BENCH_PLAN_LOG`` (default ``plan-phases.log`` in the
-    test's folder) as it runs; the recommended deployment, re-served by the command in plan.json, meets the SLO."""
+    test's folder) as it runs; the recommended deployment, re-served by the command in plan.json, meets the SLO.
+
+    ``STEPSIM_BENCH_PLAN_JOBS=N`` runs the plan's tasks (the shapes' calibrations, the searches) on N worker processes
+    (``stepsim plan --jobs N``; 2 uses both of this machine's cores); the phases are then timed in the workers and
+    not logged here. Unset, everything runs in this process, each phase logged."""
     import time
 
     import stepsim.plan.api as plan_api
@@ -106,8 +110,9 @@ def test_plan_full_size_qwen3_whole_trace(shared_traces, tmp_path, bench_summary
     monkeypatch.setattr(Evaluator, "_replay", timed(  # the replica's requests; main's _replay takes a stop rule too
         "replay", Evaluator._replay, lambda self, dep, arrival, idx, *stop: f"{dep.label()} ({len(idx)} requests)"))
     monkeypatch.setattr(plan_api, "_verify", timed("verify", plan_api._verify, lambda row, *a, **k: row["dep"].label()))
+    jobs = int(os.environ.get("STEPSIM_BENCH_PLAN_JOBS", "0")) or None
     plan = stepsim.plan("qwen3-30b-a3b", trace, slo="ttft=2s,tpot=100ms", max_chips=16, space=FULL_SPACE,
-                        out=tmp_path / "out")
+                        out=tmp_path / "out", jobs=jobs)
     wall = time.perf_counter() - started
     s = plan.summary
     rec = s["recommended"]
@@ -117,5 +122,5 @@ def test_plan_full_size_qwen3_whole_trace(shared_traces, tmp_path, bench_summary
                           f"{s['replays_stopped']} stopped; {totals}; "
                           f"compiled replays {compiled}; recommended {rec and rec['deployment']}; "
                           f"re-served meets the SLO: {s.get('verification', {}).get('meets_slo')}; "
-                          f"load {os.getloadavg()[0]:.1f}")
+                          f"jobs {jobs or 'none (this process)'}; load {os.getloadavg()[0]:.1f}")
     assert rec is not None and s["verification"]["meets_slo"] is True
