@@ -1,5 +1,5 @@
 """The compiled replay's link columns of a system step (:func:`stepsim.kernels.serve_mapped.chip_columns`, counted
-from the routing pool's prefix counts) equal the provider's own (:func:`stepsim.serve.fast.chip_features`, row by
+from the routing pool's prefix counts or row by row) equal the provider's own (:func:`stepsim.serve.fast.chip_features`, row by
 row in NumPy) on every kind of window: inside the pool, wrapping its end, whole turns of it, fewer tokens than
 chips, one chip's shard empty, and experts placed on the chips by a map instead of contiguously; with the window's
 counts given (:func:`~stepsim.kernels.serve_mapped._counts`, the mapped pricing) or counted there (the paper
@@ -43,7 +43,7 @@ def kernel_columns(ranks, prefix, expert_of_rank, chip_of, per_chip, start, toke
     return xl[1:4], chip_rows
 
 
-#: (start, tokens) as fractions of the pool: inside it, to its end, wrapping, whole turns, fewer tokens than chips
+#: (start, tokens) (:func:`window`): inside the pool, to its end, wrapping, whole turns, fewer tokens than chips
 WINDOWS = [(0, 1), (0, 5), (10, 40), (60, -60), (80, 30), (96, 2), (5, 1.0), (33, 2.17), (90, 3.0), (0, 7), (50, 3)]
 
 
