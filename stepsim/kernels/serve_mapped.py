@@ -123,10 +123,7 @@ def _log2_exact(x):
     """``k`` when ``x == 2**k`` (``x`` > 0), else -1: a divisor the hot loops then apply as a shift."""
     if x <= 0 or x & (x - 1):
         return -1
-    k = 0
-    while (1 << k) < x:
-        k += 1
-    return k
+    return log2_bucket(x)  # a power of two is its own bucket
 
 
 @kernel
@@ -535,7 +532,7 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     rows = layers if moe else 1
     # on expert-parallel chips (fast_mapped_ep.ep_ffn_regressors) the busiest chip's tiles in column 6 and the
     # chips' columns last; the experts contiguous on the chips, per_chip each; mloads (the attention's, done with)
-    # holds the chips' tiles and then their rows
+    # holds the chips' tiles, their received rows and their active experts (_layer_loads)
     ep = pm[M_EP] != 0
     chips = pm[M_CHIPS]
     per_chip = experts // chips
