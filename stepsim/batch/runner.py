@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from stepsim.base.errors import ConfigError, StepsimError
-from stepsim.base.signals import handlers, interrupts_raise, reason
+from stepsim.base.signals import handlers, interrupts_raise, raise_if_stopped, reason
 from stepsim.batch.config import DEFAULT_MAX_TASKS, SweepSpec
 from stepsim.batch.executor_factory import make_executor
 from stepsim.batch.executors import WorkerLostError, check_jobs, default_jobs
@@ -318,6 +318,9 @@ def _run(report: SweepReport, tasks: Iterable[Task], index: ResultIndex, executo
                 bar.update(1)
                 if on_outcome is not None:
                     on_outcome(task, outcome)
+                # a Ctrl-C whose KeyboardInterrupt a destructor or a Dask callback swallowed (this process only
+                # waits here, it runs no engine slice that would raise it again): stop now, not after the last task
+                raise_if_stopped()
                 if fail_fast and outcome["status"] == FAILED:
                     raise SweepStopped(
                         "fail-fast", f"stopped at the first failed task (--fail-fast): task {task.index} "

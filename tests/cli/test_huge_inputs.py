@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,6 +66,20 @@ def test_a_run_larger_than_memory_is_refused_even_with_force(capsys, monkeypatch
                                       "depths (--channel-depth, the depths file) or model dimensions")
 
 
+def _wait_until_numba_is_loaded(proc, timeout_s: float = 120.0) -> None:
+    """Until ``proc`` has loaded llvmlite's library (numba is imported inside the CLI's signal handlers, so a signal
+    from then on is stepsim's to handle). A fixed 1 s wait failed under load: the SIGINT came while the interpreter
+    still started up, before the handlers (Python's own KeyboardInterrupt: status -2)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if "llvmlite" in Path(f"/proc/{proc.pid}/maps").read_text():
+                return
+        except FileNotFoundError:  # it has just ended
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("signum, line, status", [(signal.SIGINT, "stepsim: interrupted", 130),
                                                   (signal.SIGTERM, "stepsim: terminated", 143)])
 def test_a_forced_huge_run_stops_within_half_a_second(routing, tmp_path, signum, line, status):
@@ -72,7 +87,7 @@ def test_a_forced_huge_run_stops_within_half_a_second(routing, tmp_path, signum,
     env = {**os.environ, "STEPSIM_SERVER": "off"}
     proc = subprocess.Popen([sys.executable, "-m", "stepsim", "run", *LONG, "--trace", str(routing), "--force",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(1.0)
+    _wait_until_numba_is_loaded(proc)
     if proc.poll() is not None:  # it must still be running (the run takes minutes): say what it did
         out_text, err_text = proc.communicate()
         pytest.fail(f"the run ended before the signal, status {proc.returncode}: {err_text[-2000:]} {out_text[-500:]}")

@@ -118,6 +118,31 @@ def test_ctrl_c_keeps_the_finished_rows_and_the_rerun_runs_the_rest(sweep_file):
     assert sorted(rerun.outcomes) == sorted(t.key for t in tasks[1:])
 
 
+@pytest.mark.parametrize(("signum", "why"), [(2, "interrupted"), (15, "terminated")])
+def test_a_stop_swallowed_by_a_destructor_stops_the_sweep_at_the_next_task(sweep_file, signum, why):
+    """A Ctrl-C whose KeyboardInterrupt lands in a destructor is swallowed by Python; the sweep's own process runs
+    no engine slice that would raise it again, so it ran every task and exited 0 (a Dask sweep in the suite,
+    2026-11-27): the runner raises the remembered stop after the task that took it in."""
+    import gc
+    import signal
+
+    class SignalledWhileCollected:
+        def __del__(self):
+            signal.getsignal(signum)(signum, None)  # the handler, as the interpreter calls it: raises, swallowed
+
+    def signal_in_a_destructor(task, outcome):
+        SignalledWhileCollected()
+        gc.collect()
+
+    spec = load_sweep(sweep_file('workload = "swiglu"\nout = "r"\n[axes]\ntile_n = [16, 32, 64, 128]\n'))
+    tasks = expand(spec)
+    with pytest.raises(SweepStopped) as info:
+        run_sweep(spec, jobs=1, progress=False, on_outcome=signal_in_a_destructor)
+    assert info.value.reason == why
+    assert str(info.value) == f"{why}; 1 of 4 task(s) finished and saved; run the same sweep again to resume"
+    assert files_under(spec.out, "**/part-*.parquet") == [f"workload=swiglu/part-{tasks[0].key}.parquet"]
+
+
 def test_a_folder_written_with_another_partition_by_is_refused(sweep_file):
     path = sweep_file('workload = "swiglu"\nout = "r"\n[axes]\ntile_n = [16]\n')
     spec = load_sweep(path)
