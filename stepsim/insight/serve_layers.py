@@ -52,6 +52,8 @@ def format_serve_report(rep: dict) -> str:
                  f"{'units (compute/memory)':>22}  knobs")
     for r in rep["layers"]:
         knobs = " ".join(f"{k}={v}" for k, v in r["knobs"].items())
+        if "chips" in r:  # the MoE block over an expert-parallel system: the units are its busiest chip's
+            knobs += f"  ({r['chips']} chips of {r['system']}, units: the busiest chip's)"
         lines.append(f"  {r['kind']:<8} {r['bucket']:>6} {r['steps']:>6} {r['cycles']:>11,} "
                      f"{100 * r['hbm_utilisation']:>6.1f}% {100 * r['compute_utilisation']:>7.1f}% "
                      f"{r['compute_units']:>11}/{r['memory_units']:<10}  {knobs}")
