@@ -87,3 +87,24 @@ def test_report_says_an_ffn_rows_units_are_the_busiest_chips():
                       + " ".join(f"{k}={v}" for k, v in one["knobs"].items())
                       + "  (2 chips of ring-2, units: the busiest chip's)")
     assert len(ffn) == 3 and all(line.endswith("(2 chips of ring-2, units: the busiest chip's)") for line in ffn)
+
+
+def test_an_exact_run_on_a_system_lists_its_layers(tmp_path, shared_traces):
+    """``--fidelity exact --schedule auto --system``: the summary lists the buckets its steps used, the FFN's as the
+    block over the chips (until 2026-11-28 an exact run on a system listed none)."""
+    import stepsim
+    from stepsim.mapping.mapper import bucket
+    from stepsim.serve.output import read_outputs
+
+    trace = shared_traces / "azure" / "AzureLLMInferenceTrace_conv.csv"
+    run = stepsim.serve("examples/small-moe.json", trace, fidelity="exact", system="ring-2", hardware="sn40l",
+                        schedule="auto", limit_requests=3, drop_long=True, out=tmp_path / "out")
+    rows = run.summary["layers"]
+    _, iterations, stored = read_outputs(tmp_path / "out")
+    assert stored["layers"] == rows
+    tokens = iterations["tokens"].to_pylist()
+    ffn = {r["bucket"]: r for r in rows if r["kind"] == "ffn"}
+    assert {b: r["steps"] for b, r in ffn.items()} == {b: sum(bucket(t) == b for t in tokens) for b in
+                                                     sorted({bucket(t) for t in tokens})}
+    assert all((r["system"], r["chips"], len(r["chip_compute_units"])) == ("ring-2", 2, 2) for r in ffn.values())
+    assert {r["kind"] for r in rows} == {"prefill", "decode", "ffn"}
