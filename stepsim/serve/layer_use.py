@@ -15,7 +15,7 @@ step's tokens. Each row is that schedule on the mapper's representative data of 
 On an expert-parallel system (an MoE model with ``--system``, ``LayerSpec.system``) the attention rows are one
 chip's share of the heads, as each chip runs it, and the FFN rows are the MoE block over the system's chips
 (:mod:`stepsim.mapping.expert_parallel`: each chip's experts mapped, the regions searched on the system), not the
-one-chip schedule of the whole block (which these rows showed until 2026-11-28): ``knobs`` are the block's (its
+one-chip schedule of the whole block (which these rows showed until 2026-11-27): ``knobs`` are the block's (its
 ``regions`` in all), ``cycles`` the search's mean over the representative routings of the bucket, ``off_chip_bytes``
 and ``flops`` the whole system's on the first of them, the utilisations over all the chips' peaks, and
 ``compute_units`` / ``memory_units`` the busiest chip's, with every chip's in ``chip_compute_units`` /

@@ -1,7 +1,7 @@
 """summary.json ``layers`` on an expert-parallel system (stepsim/serve/layer_use.py): an FFN row is the MoE block
 over the system's chips, each chip's experts mapped (stepsim/mapping/expert_parallel.py), checked against the
 engine: its cycles are the mean of the representative routings' simulations, its bytes those the engine reads and
-writes on the first, its units each chip's. Until 2026-11-28 the row was the one-chip schedule of the whole block."""
+writes on the first, its units each chip's. Until 2026-11-27 the row was the one-chip schedule of the whole block."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_report_says_an_ffn_rows_units_are_the_busiest_chips():
 
 def test_an_exact_run_on_a_system_lists_its_layers(tmp_path, shared_traces):
     """``--fidelity exact --schedule auto --system``: the summary lists the buckets its steps used, the FFN's as the
-    block over the chips (until 2026-11-28 an exact run on a system listed none)."""
+    block over the chips (until 2026-11-27 an exact run on a system listed none)."""
     import stepsim
     from stepsim.mapping.mapper import bucket
     from stepsim.serve.output import read_outputs
