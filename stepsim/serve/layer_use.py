@@ -85,7 +85,6 @@ def step_buckets(batch: IterationBatch, model) -> list[tuple[str, int]]:
     return out
 
 
-
 def expert_parallel_row(tokens: int, model, system, hardware) -> dict:
     """The FFN row's fields for the MoE block of ``tokens`` tokens (a bucket) expert-parallel over ``system``'s
     chips (module docstring): the knobs and units :func:`~stepsim.mapping.expert_parallel.ep_schedule` gives the
