@@ -3,8 +3,8 @@
 
 DeepSeek-R1's 16-socket row is a full-width exact run of 61 layers on 16 chips (each of the 58 MoE layers of a
 step its own expert-parallel simulation, each chip's experts mapped): 15 minutes of wall at load 2-4, too long for
-the suite. Its
-run is stored (``tests/serve/data/deepseek_r1_validation``: requests.parquet, iterations.parquet, summary.json of
+the suite (made again on 2026-11-27 after an MLA layer's latent cache was read once: its prompt step's attention
+9,670,607 -> 9,670,424 cycles, the rest the same; 14 min 46 s at load 2-4). Its run is stored (``tests/serve/data/deepseek_r1_validation``: requests.parquet, iterations.parquet, summary.json of
 ``stepsim serve --model deepseek-r1 --system sn40l-16 --hardware examples/hardware_sn40l_hbm96.toml --requests
 ONE --fidelity exact --out DIR``, the default ``--schedule auto``, ONE the validation's request, :func:`validation.request_table`)
 and checked as the project's other stored exact runs are: its step durations replayed give its request back
@@ -142,8 +142,8 @@ def test_the_stored_deepseek_r1_run_is_todays(tmp_path):
     assert cost.seconds == it["duration_s"]
     # its roofline (serve/layer_list.py, each layer as it is): the bytes a token must read (73,249,487,872, MLA's
     # own weights, 8 experts of each MoE layer) and the latent cache of the 128 cached tokens and its own, 61
-    # layers x 576 values (the stored file's hbm_bytes predate this: MLA priced as GQA, 2.13 GB a layer)
-    assert cost.work["hbm_bytes"] == 73_249_487_872 + 129 * 61 * 576 * 2
+    # layers x 576 values; the stored run's (made again on 2026-11-27, after MLA's latent was read once) the same
+    assert cost.work["hbm_bytes"] == it["hbm_bytes"] == 73_249_487_872 + 129 * 61 * 576 * 2
 
 
 def test_the_paper_experiments_still_need_traces(tmp_path, capsys):
