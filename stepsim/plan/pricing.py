@@ -38,6 +38,8 @@ class ShapePricer:
         self.summary = None
         #: serve's default schedule for this shape (``auto``: mapped layers on one sn40l chip; else ``paper``)
         self.schedule = None
+        #: each calibration record's (by id) step prices, shared by its providers (:meth:`provider`)
+        self._price_memos: dict[int, dict] = {}
 
     def calibrate(self, reference_file, slo: str) -> dict:
         """Serve the reference run with ``--fidelity fast`` (calibrating it, or reading its calibration from the
@@ -116,13 +118,18 @@ class ShapePricer:
                 kind = FastLatency
                 if self.schedule == "auto":  # mapped layers, as fast_provider builds them
                     from stepsim.serve.fast_mapped import MappedFastLatency as kind
-                return kind(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
-                            theta=record["theta"], error=record["error"], schedule=self.schedule)
-            from stepsim.serve.api import system_fast_class
+                provider = kind(model, hw, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
+                                theta=record["theta"], error=record["error"], schedule=self.schedule)
+            else:
+                from stepsim.serve.api import system_fast_class
 
-            provider = system_fast_class(model, self.schedule)
-            return provider(model, system, routing, max_model_len=limit, vocab=vocab, jobs=None,
-                            forms=forms, theta=record["theta"], error=record["error"])
+                provider = system_fast_class(model, self.schedule)(
+                    model, system, routing, max_model_len=limit, vocab=vocab, jobs=None, forms=forms,
+                    theta=record["theta"], error=record["error"])
+            # the step prices compiled replays fill, shared by this calibration's providers
+            # (stepsim.serve.replay_mapped.price_memo)
+            provider.price_memo = self._price_memos.setdefault(id(record), {})
+            return provider
 
         if isinstance(self.record, list):  # a heterogeneous model, layer group by layer group
             from stepsim.serve.layer_list import calibrated_layer_list

@@ -140,10 +140,13 @@ def _fast_parameters(provider, kr) -> dict | None:
               "tiles": np.zeros(max(experts, 1) + 1, dtype=np.int64),
               "cycles": ("attention", "ffn", "floor", "weights"), "hardware": hardware, "roofline": roofline}
     if system:  # the collectives' table and the experts' chips, in the mapped pricing's arrays (unused there)
+        from stepsim.serve.replay_mapped import price_memo
         from stepsim.workloads.moe.parallel import place_experts
 
         arrays = _no_mapped(kr)
-        arrays["proj"] = np.full((1, 1, 1024), -1, dtype=np.int64)
+        arrays["memo"] = price_memo(provider, "collectives",
+                                    lambda: {"proj": np.full((1, 1, 1024), -1, dtype=np.int64)})
+        arrays["proj"] = arrays["memo"]["proj"]
         arrays["expert_of_rank"] = expert_of_rank
         if chip_columns:
             arrays["counts"] = np.array(place_experts([0] * experts, chips, "contiguous"), dtype=np.int64)
@@ -163,7 +166,7 @@ def _fill_collective(params: dict) -> None:
     if tokens >= proj.shape[2]:
         grown = np.full((1, 1, max(2 * proj.shape[2], tokens + 1)), -1, dtype=np.int64)
         grown[:, :, :proj.shape[2]] = proj
-        proj = arrays["proj"] = grown
+        proj = arrays["proj"] = arrays["memo"]["proj"] = grown
     value = params["provider"].collective_cycles(IterationBatch([0], [tokens], tokens, 0))
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 1 << 53:
         raise ValueError(f"the collectives' cycles at {tokens} tokens are {value!r}")

@@ -16,6 +16,7 @@ kernel can use exactly (then the Python loop replays too, and raises the provide
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 
 import numpy as np
 
@@ -173,19 +174,37 @@ def mapped_parameters(provider, kr) -> dict | None:
     else:
         pool_rows, prefix = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 2, 1), dtype=np.uint16)
         expert_of_rank = np.zeros((1, 1), dtype=np.int64)
-    proj = np.full((5, 4, FIRST_TOKENS), -1, dtype=np.int64)
+    memo = price_memo(provider, "mapped", lambda: {"proj": np.full((5, 4, FIRST_TOKENS), -1, dtype=np.int64),
+                                         "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
+                                         "buckets_f": np.zeros((sm.BF_ROWS, 64))})
     pieces = model.layers * 8 + 1
     return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
             "prefix": prefix, "x": np.zeros((3, max(FFN_COLUMNS, EP_COLUMNS))), "tiles": np.zeros(2, dtype=np.int64),
             "cycles": ("attention", "ffn", "floor", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
-            "mapped": {"pm": pm, "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
-                       "buckets_f": np.zeros((sm.BF_ROWS, 64)), "proj": proj, "expert_of_rank": expert_of_rank,
+            "mapped": {"pm": pm, "buckets_i": memo["buckets_i"], "buckets_f": memo["buckets_f"],
+                       "proj": memo["proj"], "memo": memo, "expert_of_rank": expert_of_rank,
                        "need": np.zeros(4, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),
                        "mloads": np.zeros(MAX_REGIONS, dtype=np.int64),
                        "counts": np.zeros(max(experts, 1), dtype=np.int64),
                        "regions": np.zeros(max(experts, 1), dtype=np.int64),
                        "pc": np.zeros((sm.PC_ROWS, pieces), dtype=np.int64)},
             "provider": provider}
+
+
+def price_memo(provider, kind: str, make: Callable[[], dict]) -> dict:
+    """The tables a compiled replay fills with ``provider``'s step prices of ``kind`` (``"mapped"``: projections
+    and buckets; ``"collectives"``: a system's) at each size a step needs, -1 or 0 where not yet priced:
+    ``make()``'s, or the ones the providers of one calibration share (``provider.price_memo``, a dict, empty until a
+    replay fills it: a plan's :class:`~stepsim.plan.pricing.ShapePricer` makes a fresh provider for each of its
+    hundreds of replays, and pricing each step size again cost most of a small replay). The prices depend on the
+    provider's model, chips and calibration alone, never on its routing's state, so sharing them changes no
+    number (tests/plan/test_plan_price_memo.py)."""
+    shared = getattr(provider, "price_memo", None)
+    if shared is None:
+        return make()
+    if kind not in shared:
+        shared[kind] = make()
+    return shared[kind]
 
 
 def fill(params: dict) -> None:
@@ -209,7 +228,7 @@ def fill(params: dict) -> None:
     if max(tokens, seqs) >= proj.shape[2]:
         grown = np.full((5, 4, max(2 * proj.shape[2], tokens + 1, seqs + 1)), -1, dtype=np.int64)
         grown[:, :, :proj.shape[2]] = proj
-        proj = tables["proj"] = grown
+        proj = tables["proj"] = tables["memo"]["proj"] = grown
     layer_shapes, head = projections.provider_projections(provider)
     rows = {"qkv": sm.PJ_QKV, "o": sm.PJ_O, "router": sm.PJ_ROUTER}
     # a row of the table per step's tokens; the router on expert-parallel chips takes a chip's shard of them

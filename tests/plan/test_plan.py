@@ -350,6 +350,33 @@ def test_replicas_replayed_together_route_as_the_fixed_point(plans, scheduler):
     assert rounds.replays == {"vllm": 842, "sarathi": 877, "orca": 880}[scheduler[0]]
 
 
+def test_a_shape_pricers_providers_share_their_step_prices(plans, monkeypatch):
+    """The providers a ShapePricer makes (a fresh one a replay) share the step prices their compiled replays fill
+    (stepsim.serve.replay_mapped.price_memo): the same metrics and routing as each replay pricing its own, with
+    far fewer fills."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.serve import replay_mapped
+
+    _, evaluator = _evaluators(plans[2])
+    trace = _busy_trace()
+    deps = [Deployment(1, 2, "least-outstanding", SchedulerChoice("vllm", 4, 256)),
+            Deployment(1, 1, "round-robin", SchedulerChoice("sarathi", 8, None, 128))]
+    real_fill, fills = replay_mapped.fill, []
+    monkeypatch.setattr(replay_mapped, "fill", lambda params: (fills.append(1), real_fill(params)))
+
+    def served() -> list:
+        ev = evaluator(trace)
+        got = [ev.evaluate(dep, m) for dep in deps for m in (1.0, 16.0)]
+        return [(e.meets, e.metrics, e.max_utilisation, e.assignment.tolist()) for e in got]
+
+    shared = served()
+    shared_fills = len(fills)
+    fills.clear()
+    monkeypatch.setattr(replay_mapped, "price_memo", lambda provider, kind, make: make())
+    assert served() == shared
+    assert (shared_fills, len(fills)) == (144, 249)  # each replay fills what it needs: 4 replays of 2 deployments
+
+
 def test_replicas_replayed_together_stop_once_the_slo_is_provably_missed(plans):
     """Replayed together, a state-dependent deployment's routing is final as it is made, so a replica whose misses
     alone exceed the deployment's allowance stops the evaluation (stepsim/serve/replay_stop.py); the verdict is the
