@@ -9,6 +9,8 @@ from 102 simulations (3.3x) to 64 (5.25x) with the same front.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from stepsim.base.errors import DeadlockError
@@ -32,10 +34,13 @@ def test_mixtral_b1024_prunes_5x_with_the_front_of_the_search_without_the_new_pr
     result = optimize("moe", out=tmp_path / "with", model="mixtral-8x7b", trace=str(trace), executor=serial)
     assert (result.candidates, result.simulations, result.to_json()["proven_deadlocks"]) == (336, 64, 189)
     assert result.candidates >= 5 * result.simulations
-    # the same search without the dedicated-region proof: 42 more simulations, every one a deadlock
+    # the same search without the dedicated-region proof: 42 more simulations, every one a deadlock. It starts from
+    # a copy of the first search's simulations (runs/, a resumable sweep keyed by each candidate's configuration:
+    # the 64 both make are read back, the other 38 run); its metrics sweep, which holds the proofs, is its own
     from stepsim.analysis import deadlock_proof
 
     monkeypatch.setattr(deadlock_proof, "DEDICATED_KINDS", ())  # no dedicated path qualifies
+    shutil.copytree(tmp_path / "with" / "runs", tmp_path / "without" / "runs")
     without = optimize("moe", out=tmp_path / "without", model="mixtral-8x7b", trace=str(trace), executor=serial)
     assert (without.simulations, without.to_json()["proven_deadlocks"]) == (102, 147)
     assert _front(without) == _front(result)
