@@ -4,8 +4,8 @@ On a cold numba cache (a fresh clone) every kind of run compiles its specializat
 use, about a minute each: timing, functional and timeline runs, and the serving replay's loop. Left to the tests,
 each worker compiles what its first such test needs, so both workers compile the same kernels at the same time,
 and the commands the tests start in subprocesses compile again whatever the cache lacks when they start. Here
-three processes fill the cache first, in parallel (the timing, the functional, and the timeline specialization
-with the replay loop), then every test loads the compiled code. A kernel already cached costs a glance at numba's
+four processes fill the cache first, in parallel (the timing, the functional and the timeline specializations,
+and the replay loop), then every test loads the compiled code. A kernel already cached costs a glance at numba's
 index (a last process checks every part once all are done); a kernel these processes failed to compile is
 compiled by its first test as before.
 """
@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 #: the warm-up processes: each compiles what the cache lacks (stepsim.cli.cache's `stepsim cache warm`, split in
-#: three of about a minute each on a quiet core, run in parallel)
+#: four run in parallel: 164 s on a fresh clone with 2 cores, against 181 s in three, the timeline with the replay
+#: loop)
 PARTS = (
     """
 from stepsim.kernels.jit import kernels_cached
@@ -37,9 +38,11 @@ if not kernels_cached(functional=True):
 from stepsim.kernels.jit import kernels_cached
 from stepsim.kernels.api import run
 from stepsim.kernels.warm import warm_program
-import stepsim.serve.replay_compiled as replay
 if not kernels_cached(timeline=True):
     run(warm_program(), timeline=1 << 12)
+""",
+    """
+import stepsim.serve.replay_compiled as replay
 if not replay._cached():
     replay.warm()
 """,
