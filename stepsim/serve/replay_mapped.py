@@ -174,9 +174,11 @@ def mapped_parameters(provider, kr) -> dict | None:
     else:
         pool_rows, prefix = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 2, 1), dtype=np.uint16)
         expert_of_rank = np.zeros((1, 1), dtype=np.int64)
-    memo = price_memo(provider, "mapped", lambda: {"proj": np.full((5, 4, FIRST_TOKENS), -1, dtype=np.int64),
-                                         "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64),
-                                         "buckets_f": np.zeros((sm.BF_ROWS, 64))})
+    def empty_tables() -> dict:
+        return {"proj": np.full((5, 4, FIRST_TOKENS), -1, dtype=np.int64),
+                "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64), "buckets_f": np.zeros((sm.BF_ROWS, 64))}
+
+    memo = price_memo(provider, "mapped", empty_tables)
     pieces = model.layers * 8 + 1
     return {"pi": pi, "forms": form_rows, "theta": theta_rows, "routing": routing, "pool_rows": pool_rows,
             "prefix": prefix, "x": np.zeros((3, max(FFN_COLUMNS, EP_COLUMNS))), "tiles": np.zeros(2, dtype=np.int64),
@@ -198,7 +200,7 @@ def price_memo(provider, kind: str, make: Callable[[], dict]) -> dict:
     replay fills it: a plan's :class:`~stepsim.plan.pricing.ShapePricer` makes a fresh provider for each of its
     hundreds of replays, and pricing each step size again cost most of a small replay). The prices depend on the
     provider's model, chips and calibration alone, never on its routing's state, so sharing them changes no
-    number (tests/plan/test_plan_price_memo.py)."""
+    number (tests/plan/test_plan.py::test_a_shape_pricers_providers_share_their_step_prices)."""
     shared = getattr(provider, "price_memo", None)
     if shared is None:
         return make()

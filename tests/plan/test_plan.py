@@ -374,7 +374,7 @@ def test_a_shape_pricers_providers_share_their_step_prices(plans, monkeypatch):
     fills.clear()
     monkeypatch.setattr(replay_mapped, "price_memo", lambda provider, kind, make: make())
     assert served() == shared
-    assert (shared_fills, len(fills)) == (144, 249)  # each replay fills what it needs: 4 replays of 2 deployments
+    assert (shared_fills, len(fills)) == (144, 249)  # 2 deployments x 2 rates, their replicas' replays
 
 
 def test_replicas_replayed_together_stop_once_the_slo_is_provably_missed(plans):
