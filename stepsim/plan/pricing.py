@@ -61,6 +61,7 @@ class ShapePricer:
         from stepsim.serve.calibration_cache import load_calibration
 
         self.summary, self.schedule = summary, schedule
+        self._price_memos = {}  # a new calibration: none of the old one's prices hold (and its ids may be reused)
         key = summary["fidelity"]["calibration"]
         if "groups" in summary["fidelity"]:  # a heterogeneous model: one calibration per layer group
             self.record = [load_calibration(self.cache, k) for k in key.split("+")]

@@ -162,7 +162,7 @@ def _fill_collective(params: dict) -> None:
 
     arrays = params["mapped"]
     tokens = int(arrays["need"][0])
-    proj = arrays["proj"]
+    proj = arrays["proj"] = arrays["memo"]["proj"]  # the shared table as it is now (replay_mapped.fill)
     if tokens >= proj.shape[2]:
         grown = np.full((1, 1, max(2 * proj.shape[2], tokens + 1)), -1, dtype=np.int64)
         grown[:, :, :proj.shape[2]] = proj

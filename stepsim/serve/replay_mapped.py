@@ -226,7 +226,8 @@ def fill(params: dict) -> None:
     provider, tables = params["provider"], params["mapped"]
     tokens, seqs, decode, prefill_size = (int(v) for v in tables["need"])
     model, hardware, spec = provider.model, provider.hardware, provider.spec
-    proj = tables["proj"]
+    # the shared table as it is now (a loop replayed alongside this one may have grown it since this one's began)
+    proj = tables["proj"] = tables["memo"]["proj"]
     if max(tokens, seqs) >= proj.shape[2]:
         grown = np.full((5, 4, max(2 * proj.shape[2], tokens + 1, seqs + 1)), -1, dtype=np.int64)
         grown[:, :, :proj.shape[2]] = proj
