@@ -258,21 +258,24 @@ def _link_columns(remote, chip_rows, chips, xl, at):
 
 
 @kernel
-def _layer_loads(prefix, pool_rows, expert_of_rank, start, tokens, tile_n, tile_shift, per_region, region_shift,
+def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, tokens, tile_n, tile_shift, per_region,
                  n_regions, ep, chips, per_chip, chip_shift, counts, regions, loads, xf, at):
-    """One MoE layer's routing window (``tokens`` pool tokens from ``start``; ranks to experts by ``expert_of_rank``)
-    as :func:`stepsim.serve.fast_mapped.ffn_regressors` and :func:`stepsim.serve.fast_mapped_ep.ep_loads` count it:
-    returns (expert tiles at ``tile_n``, active experts, the busiest expert's tiles) and leaves each region's tiles
-    in ``regions[:n_regions]`` (``per_region`` contiguous experts a region); with ``ep`` (``per_chip`` contiguous
-    experts a chip) each chip's tiles, received rows and active experts in ``loads[:chips]``,
-    ``loads[chips:2 * chips]`` and ``loads[2 * chips:3 * chips]``, and the link columns in ``xf[at:at + 3]``
-    (:func:`chip_columns`). ``counts``: scratch of the experts, each rank's tokens.
+    """One MoE layer's routing window (``tokens`` pool tokens from ``start``; ranks to experts by ``expert_of_rank``,
+    its inverse ``rank_of_expert``) as :func:`stepsim.serve.fast_mapped.ffn_regressors` and
+    :func:`stepsim.serve.fast_mapped_ep.ep_loads` count it: returns (expert tiles at ``tile_n``, active experts, the
+    busiest expert's tiles) and leaves each region's tiles in ``regions[:n_regions]`` (``per_region`` contiguous
+    experts a region); with ``ep`` (``per_chip`` contiguous experts a chip) each chip's tiles, received rows and
+    active experts in ``loads[:chips]``, ``loads[chips:2 * chips]`` and ``loads[2 * chips:3 * chips]``, and the link
+    columns in ``xf[at:at + 3]`` (:func:`chip_columns`). ``counts``: scratch of twice the experts (each rank's
+    tokens, then its tiles).
 
-    A window of fewer (token, expert) rows than experts (a decode step of a few sequences: most steps of a lightly
-    loaded replica) is counted row by row, touching only its ranks; a larger one from the pool's prefix counts
-    (:func:`_counts`), expert by expert. The two give the same integers (tests/serve/test_replay_mapped.py)."""
-    for j in range(n_regions):
-        regions[j] = 0
+    A window of fewer (token, expert) rows than a quarter of the experts (a decode step of a few sequences: most
+    steps of a lightly loaded replica) is counted row by row, touching only its ranks; a larger one from the pool's
+    prefix counts (:func:`_counts`), in loops over the experts: the tiles rank by rank (the prefix counts' order),
+    each region's sum expert by expert (gathered through ``rank_of_expert``: a region's experts are contiguous, so
+    each region is written once), and on expert-parallel chips the chips' columns. One loop over the ranks adding
+    into the regions took 1.6-2x as long on Qwen3-30B-A3B's windows (bench/README.md, session 44): the few regions'
+    read-modify-writes chain. The two paths give the same integers (tests/serve/test_replay_mapped.py)."""
     if ep:
         for j in range(3 * chips):
             loads[j] = 0
@@ -281,29 +284,37 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, start, tokens, tile_n, tile_
     total = 0
     active = 0
     busiest = 0
-    if tokens * top_k >= experts:
+    if 4 * tokens * top_k >= experts:  # a row costs about four experts (bench/README.md, session 44)
         _counts(prefix, start, tokens, experts, counts)
-        # every rank, branch-free but for the chip's: the row path below tallies a rank the same way, written out
-        # twice on purpose (one _tally kernel for both, with an `if c > 0` here, took the one-chip whole-trace
-        # replay's kernel from 6.2 to 7.6 s)
+        tiles = counts[experts:2 * experts]
         for rank in range(experts):
             c = counts[rank]
             t = _quotient(c + tile_n - 1, tile_n, tile_shift)  # -(-c // tile_n), c >= 0
+            tiles[rank] = t
             total += t
             active += 1 if c > 0 else 0
             busiest = max(busiest, t)
-            expert = expert_of_rank[rank]
-            regions[_quotient(expert, per_region, region_shift)] += t
-            if ep and c > 0:
-                chip = _quotient(expert, per_chip, chip_shift)
-                loads[chip] += t
-                loads[2 * chips + chip] += 1
+        expert = 0
+        for j in range(n_regions):
+            s = 0
+            for _ in range(per_region):
+                s += tiles[np.uint64(rank_of_expert[expert])]  # unsigned: no test for a negative index
+                expert += 1
+            regions[j] = s
         if ep:
+            for rank in range(experts):
+                if counts[rank] > 0:
+                    chip = _quotient(expert_of_rank[rank], per_chip, chip_shift)
+                    loads[chip] += tiles[rank]
+                    loads[2 * chips + chip] += 1
             chip_columns(prefix, pool_rows, counts, True, expert_of_rank, expert_of_rank, per_chip, start, tokens,
                          chips, loads[chips:2 * chips], xf, at)
         return total, active, busiest
-    # fewer rows than experts (so fewer tokens than the pool: one wrap at most): zero the window's ranks, count them,
-    # then take each once (its count negated once taken)
+    # fewer rows than a quarter of the experts (so fewer tokens than the pool: one wrap at most): zero the window's
+    # ranks, count them, then take each once (its count negated once taken)
+    for j in range(n_regions):
+        regions[j] = 0
+    region_shift = _log2_exact(per_region)
     for step in range(3):
         row = start
         for _ in range(tokens):
@@ -331,6 +342,41 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, start, tokens, tile_n, tile_
         chip_columns(prefix, pool_rows, counts, False, expert_of_rank, expert_of_rank, per_chip, start, tokens, chips,
                      loads[chips:2 * chips], xf, at)
     return total, active, busiest
+
+
+@kernel
+def deal_least_loaded(loads, heap, regions, t):
+    """Add ``t`` to the least loaded of ``loads[:regions]``, the lowest index on a tie: what a scan of every region
+    picks (:func:`stepsim.kernels.serve_fast.attention_features`, the provider's), in O(log regions). ``heap``: the
+    regions as a binary min-heap by (load, index), made by :func:`least_loaded_heap`."""
+    j = heap[0]
+    loads[j] += t
+    load = loads[j]
+    i = 0
+    while True:  # sift the root down: only its key grew
+        c = 2 * i + 1
+        if c >= regions:
+            break
+        if c + 1 < regions:
+            a, b = heap[c], heap[c + 1]
+            if loads[b] < loads[a] or (loads[b] == loads[a] and b < a):
+                c += 1
+        child = heap[c]
+        if loads[child] < load or (loads[child] == load and child < j):
+            heap[i] = child
+            i = c
+        else:
+            break
+    heap[i] = j
+
+
+@kernel
+def least_loaded_heap(loads, heap, regions):
+    """Zero ``loads[:regions]`` and make ``heap`` their heap for :func:`deal_least_loaded` (in index order: every
+    key is (0, index))."""
+    for j in range(regions):
+        loads[j] = 0
+        heap[j] = j
 
 
 @kernel
@@ -384,7 +430,8 @@ def _hidden(pc, n, capacity, peak_bytes, peak_flops):
 
 @kernel
 def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, tokens, prefix, pool_rows,
-                 expert_of_rank, starts, row_of_starts, need, res, loads, x, scratch, counts, regions, pc):
+                 expert_of_rank, rank_of_expert, starts, row_of_starts, need, res, loads, x, scratch, counts, regions,
+                 pc):
     """The cycles of one step (module docstring) into ``res``: :data:`PRICED`; :data:`NEED` (``need`` says what the
     tables lack; nothing else changed); or :data:`UNSUPPORTED` (a number would not be exact)."""
     layers = pm[M_LAYERS]
@@ -437,20 +484,14 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     if n_dec:
         b = log2_bucket(decode_requests)
         r = min(buckets_i[B_DECODE_REGIONS, b], decode_requests)
-        if r > len(loads) or r < 1:
+        if 2 * r > len(loads) or r < 1:
             return UNSUPPORTED
-        for j in range(r):
-            loads[j] = 0
+        heap = loads[r:2 * r]
+        least_loaded_heap(loads, heap, r)
         for h in range(heads):  # np.tile: every head's requests in batch order, dealt to the least loaded
             for i in range(m):
-                if new[i] != 1:
-                    continue
-                t = (ctx[i] + 1 + round_up) >> shift
-                best = 0
-                for j in range(1, r):
-                    if loads[j] < loads[best]:
-                        best = j
-                loads[best] += t
+                if new[i] == 1:
+                    deal_least_loaded(loads, heap, r, (ctx[i] + 1 + round_up) >> shift)
         most = 0
         for j in range(r):
             most = max(most, loads[j])
@@ -536,7 +577,7 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     ep = pm[M_EP] != 0
     chips = pm[M_CHIPS]
     per_chip = experts // chips
-    tile_shift, region_shift, chip_shift = _log2_exact(tile_n), _log2_exact(per_region), _log2_exact(per_chip)
+    tile_shift, chip_shift = _log2_exact(tile_n), _log2_exact(per_chip)
     chip_rep = buckets_f[BF_FFN_CHIPS, fb]
     columns = 8 + few + 1 + (3 if ep else 0)
     if ep and 3 * chips > len(loads):
@@ -561,10 +602,10 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                 xf[j] = 0.0
             if moe:
                 start = starts[row_of_starts, layer]
-                total, active, busiest = _layer_loads(prefix, pool_rows, expert_of_rank[layer], start, tokens, tile_n,
-                                                      tile_shift, per_region, region_shift, n_regions, ep, chips,
-                                                      per_chip, chip_shift, counts, regions, loads, xf,
-                                                      8 + few + 1)
+                total, active, busiest = _layer_loads(prefix, pool_rows, expert_of_rank[layer],
+                                                      rank_of_expert[layer], start, tokens, tile_n, tile_shift,
+                                                      per_region, n_regions, ep, chips, per_chip, chip_shift, counts,
+                                                      regions, loads, xf, 8 + few + 1)
                 region_most = 0
                 for j in range(n_regions):
                     region_most = max(region_most, regions[j])

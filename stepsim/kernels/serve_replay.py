@@ -695,8 +695,8 @@ def _floor(pi, out_i, k):
 @kernel
 def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
                 steps_i, steps_f, pi, constant_s, forms, theta, prefix, pool_rows, starts, loads, dec, pre, x,
-                basis, scratch, tiles, stop_f, stop_i, seen, pm, buckets_i, buckets_f, proj, expert_of_rank, need,
-                res, mloads, counts, regions, pc):
+                basis, scratch, tiles, stop_f, stop_i, seen, pm, buckets_i, buckets_f, proj, expert_of_rank,
+                rank_of_expert, need, res, mloads, counts, regions, pc):
     """Replay until done or a reason to return (module docstring); returns that reason.
 
     ``clock`` (float64 ``[2]``) holds the time now and the horizon (s, :data:`CLOCK_NOW`, :data:`CLOCK_HORIZON`);
@@ -788,8 +788,8 @@ def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, ba
             seconds = np.float64(steps_i[I_CYCLES, k]) / np.float64(pi[P_CLOCK])
         elif mapped:
             status = sm.price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, batch_n, m, tokens, prefix,
-                                     pool_rows, expert_of_rank, starts, st[S_STARTS_USED], need, res, mloads, x,
-                                     scratch, counts, regions, pc)
+                                     pool_rows, expert_of_rank, rank_of_expert, starts, st[S_STARTS_USED], need,
+                                     res, mloads, x, scratch, counts, regions, pc)
             if status == sm.NEED:
                 st[S_PENDING] = 1
                 return NEED

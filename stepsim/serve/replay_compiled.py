@@ -188,7 +188,8 @@ def _no_mapped(kr) -> dict:
     one = np.zeros(1, dtype=np.int64)
     return {"pm": np.zeros(sm.M_ROWS, dtype=np.int64), "buckets_i": np.zeros((sm.B_ROWS, 1), dtype=np.int64),
             "buckets_f": np.zeros((sm.BF_ROWS, 1)), "proj": np.zeros((4, 4, 1), dtype=np.int64),
-            "expert_of_rank": np.zeros((1, 1), dtype=np.int64), "need": np.zeros(3, dtype=np.int64),
+            "expert_of_rank": np.zeros((1, 1), dtype=np.int64), "rank_of_expert": np.zeros((1, 1), dtype=np.int64),
+            "need": np.zeros(3, dtype=np.int64),
             "res": np.zeros(sm.R_ROWS, dtype=np.int64), "mloads": one, "counts": one, "regions": one,
             "pc": np.zeros((sm.PC_ROWS, 1), dtype=np.int64)}
 
@@ -358,8 +359,9 @@ class CompiledLoop:
                                     self.constant_s, params["forms"], params["theta"], params["prefix"],
                                     params["pool_rows"], self.starts, *self.scratch, self.stop_f, self.stop_i,
                                     self.seen, mapped["pm"], mapped["buckets_i"], mapped["buckets_f"],
-                                    mapped["proj"], mapped["expert_of_rank"], mapped["need"], mapped["res"],
-                                    mapped["mloads"], mapped["counts"], mapped["regions"], mapped["pc"])
+                                    mapped["proj"], mapped["expert_of_rank"], mapped["rank_of_expert"],
+                                    mapped["need"], mapped["res"], mapped["mloads"], mapped["counts"],
+                                    mapped["regions"], mapped["pc"])
             if routing is not None:
                 routing._used = int(st[kr.S_STARTS_USED])
             if self.recorder is not None and st[kr.S_STEPS] > self.recorded:

@@ -185,9 +185,10 @@ def mapped_parameters(provider, kr) -> dict | None:
             "cycles": ("attention", "ffn", "floor", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
             "mapped": {"pm": pm, "buckets_i": memo["buckets_i"], "buckets_f": memo["buckets_f"],
                        "proj": memo["proj"], "memo": memo, "expert_of_rank": expert_of_rank,
+                       "rank_of_expert": np.argsort(expert_of_rank, axis=1),
                        "need": np.zeros(4, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),
-                       "mloads": np.zeros(MAX_REGIONS, dtype=np.int64),
-                       "counts": np.zeros(max(experts, 1), dtype=np.int64),
+                       "mloads": np.zeros(2 * MAX_REGIONS, dtype=np.int64),  # loads, then their heap
+                       "counts": np.zeros(max(2 * experts, 1), dtype=np.int64),  # counts, then tiles
                        "regions": np.zeros(max(experts, 1), dtype=np.int64),
                        "pc": np.zeros((sm.PC_ROWS, pieces), dtype=np.int64)},
             "provider": provider}

@@ -1,0 +1,81 @@
+"""The mapped pricing's per-step counts (:mod:`stepsim.kernels.serve_mapped`) against NumPy written from their
+definitions, on every kind of routing window and region layout:
+
+* :func:`~stepsim.kernels.serve_mapped.deal_least_loaded` (a heap) picks what a scan of every region picks: the least
+  loaded, the lowest index on a tie, so the busiest region's load of a decode attention's requests dealt greedily is
+  the scan's to the integer (ties are most of a step's picks: every region starts at 0).
+* :func:`~stepsim.kernels.serve_mapped._layer_loads` gives :func:`stepsim.serve.fast_mapped._ffn_loads`' expert
+  tiles, active experts, busiest expert, each region's tiles, and on expert-parallel chips each chip's tiles,
+  received rows and active experts, whether the window is counted row by row (fewer rows than a quarter of the
+  experts) or from the pool's prefix counts (inside the pool, wrapping its end, whole turns), at tiles of a power of
+  two (shifts) and of another size (divisions).
+"""
+
+import numpy as np
+import pytest
+from test_chip_columns import POOLS, WINDOWS, pool, window
+
+from stepsim.kernels.serve_mapped import _layer_loads, _log2_exact, deal_least_loaded, least_loaded_heap
+
+EXPERTS = 16  # test_chip_columns' pool: 16 experts, 3 a token
+
+
+def scan_deal(loads, t):
+    """The definition: the first of the least loaded."""
+    best = int(np.argmin(loads))
+    loads[best] += t
+
+
+@pytest.mark.parametrize("regions", [1, 2, 3, 7, 64, 1000])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_heap_deals_as_the_scan_does(regions, seed):
+    rng = np.random.default_rng(seed)
+    tiles = rng.integers(0, 5, size=3000)  # small tiles and zeros: many ties
+    loads, heap = np.full(regions + 2, -9, dtype=np.int64), np.full(regions + 2, -9, dtype=np.int64)
+    least_loaded_heap(loads, heap, regions)
+    expected = np.zeros(regions, dtype=np.int64)
+    for t in tiles:
+        deal_least_loaded(loads, heap, regions, t)
+        scan_deal(expected, t)
+        np.testing.assert_array_equal(loads[:regions], expected)
+    assert loads[regions] == -9 and heap[regions] == -9  # nothing written past the regions
+
+
+def reference_loads(routing_experts, tile_n, n_regions, chips):
+    """From the window's expert ids ``[tokens, top_k]``: (tiles, active, busiest), each region's tiles and per chip
+    (tiles, received rows, active experts), experts contiguous on regions and chips."""
+    counts = np.bincount(routing_experts.ravel(), minlength=EXPERTS)
+    tiles = -(-counts // tile_n)
+    regions = tiles.reshape(n_regions, -1).sum(axis=1)
+    per_chip = EXPERTS // chips
+    chip = np.concatenate([tiles.reshape(chips, per_chip).sum(axis=1), counts.reshape(chips, per_chip).sum(axis=1),
+                           (counts > 0).reshape(chips, per_chip).sum(axis=1)])
+    return (int(tiles.sum()), int((counts > 0).sum()), int(tiles.max())), regions, chip
+
+
+@pytest.mark.parametrize("size", POOLS)
+@pytest.mark.parametrize("entry", WINDOWS)
+@pytest.mark.parametrize("tile_n, n_regions", [(1, 16), (2, 4), (4, 1), (3, 8)])
+@pytest.mark.parametrize("chips", [0, 2, 4])
+def test_layer_loads_equal_their_definition(size, entry, tile_n, n_regions, chips):
+    start, tokens = window(*entry, size)
+    ranks, prefix = pool(5, size)
+    expert_of_rank = np.random.default_rng(size + tokens).permutation(EXPERTS).astype(np.int64)
+    rank_of_expert = np.argsort(expert_of_rank)
+    ep = chips > 0
+    per_chip = EXPERTS // max(chips, 1)
+    counts = np.full(2 * EXPERTS, -7, dtype=np.int64)
+    regions = np.full(n_regions + 1, -7, dtype=np.int64)
+    loads = np.full(3 * max(chips, 1) + 1, -7, dtype=np.int64)
+    xf = np.zeros(3)
+    got = _layer_loads(prefix, ranks, expert_of_rank, rank_of_expert, start, tokens, tile_n, _log2_exact(tile_n),
+                       EXPERTS // n_regions, n_regions, ep, max(chips, 1), per_chip, _log2_exact(per_chip), counts,
+                       regions, loads, xf, 0)
+    experts = expert_of_rank[ranks[(start + np.arange(tokens)) % size]]
+    features, want_regions, want_chips = reference_loads(experts, tile_n, n_regions, max(chips, 1))
+    assert got == features
+    np.testing.assert_array_equal(regions[:n_regions], want_regions)
+    assert regions[n_regions] == -7
+    if ep:
+        np.testing.assert_array_equal(loads[:3 * chips], want_chips)
+        assert loads[3 * chips] == -7
