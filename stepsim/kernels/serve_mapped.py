@@ -270,21 +270,21 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
     tokens, then its tiles).
 
     A window of fewer (token, expert) rows than a quarter of the experts (a decode step of a few sequences: most
-    steps of a lightly loaded replica) is counted row by row, touching only its ranks; a larger one from the pool's
-    prefix counts (:func:`_counts`), in loops over the experts: the tiles rank by rank (the prefix counts' order),
-    each region's sum expert by expert (gathered through ``rank_of_expert``: a region's experts are contiguous, so
-    each region is written once), and on expert-parallel chips the chips' columns. One loop over the ranks adding
-    into the regions took 1.6-2x as long on Qwen3-30B-A3B's windows (bench/README.md, session 44): the few regions'
-    read-modify-writes chain. The two paths give the same integers (tests/serve/test_replay_mapped.py)."""
+    steps of a lightly loaded replica) is counted row by row (:func:`_row_loads`), touching only its ranks; a larger
+    one from the pool's prefix counts (:func:`_counts`), in loops over the experts: the tiles rank by rank (the
+    prefix counts' order), each region's sum expert by expert (gathered through ``rank_of_expert``: a region's
+    experts are contiguous, so each region is written once), and on expert-parallel chips the chips' columns apart.
+    One loop over the ranks adding into the regions (and the chips) made the compiled loop of the one-chip
+    Qwen3-30B-A3B whole-trace replay 7.3-8.1 s against 6.9-7.4 s (with the heap of :func:`deal_least_loaded`;
+    bench/README.md, session 44). The two paths give the same integers (tests/serve/test_replay_mapped.py)."""
     if ep:
         for j in range(3 * chips):
             loads[j] = 0
-    pool, top_k = pool_rows.shape[0], pool_rows.shape[1]
     experts = expert_of_rank.shape[0]
-    total = 0
-    active = 0
-    busiest = 0
-    if 4 * tokens * top_k >= experts:  # a row costs about four experts (bench/README.md, session 44)
+    if 4 * tokens * pool_rows.shape[1] >= experts:  # a row costs about four experts (bench/README.md, session 44)
+        total = 0
+        active = 0
+        busiest = 0
         _counts(prefix, start, tokens, experts, counts)
         tiles = counts[experts:2 * experts]
         for rank in range(experts):
@@ -310,11 +310,28 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
             chip_columns(prefix, pool_rows, counts, True, expert_of_rank, expert_of_rank, per_chip, start, tokens,
                          chips, loads[chips:2 * chips], xf, at)
         return total, active, busiest
-    # fewer rows than a quarter of the experts (so fewer tokens than the pool: one wrap at most): zero the window's
-    # ranks, count them, then take each once (its count negated once taken)
+    total, active, busiest = _row_loads(pool_rows, expert_of_rank, start, tokens, tile_n, tile_shift, per_region,
+                                        n_regions, ep, chips, per_chip, chip_shift, counts, regions, loads)
+    if ep:  # row by row too (the window's counts are taken apart by now)
+        chip_columns(prefix, pool_rows, counts, False, expert_of_rank, expert_of_rank, per_chip, start, tokens, chips,
+                     loads[chips:2 * chips], xf, at)
+    return total, active, busiest
+
+
+@kernel
+def _row_loads(pool_rows, expert_of_rank, start, tokens, tile_n, tile_shift, per_region, n_regions, ep, chips,
+               per_chip, chip_shift, counts, regions, loads):
+    """:func:`_layer_loads` of a window of few rows (fewer tokens than the pool: one wrap at most), row by row:
+    zero the window's ranks' ``counts``, count them, then take each once (its count negated once taken). Returns
+    (expert tiles, active experts, the busiest expert's tiles); each region's tiles in ``regions[:n_regions]``, with
+    ``ep`` each chip's tiles and active experts added into ``loads`` (zeroed by the caller)."""
     for j in range(n_regions):
         regions[j] = 0
+    pool, top_k = pool_rows.shape[0], pool_rows.shape[1]
     region_shift = _log2_exact(per_region)
+    total = 0
+    active = 0
+    busiest = 0
     for step in range(3):
         row = start
         for _ in range(tokens):
@@ -338,9 +355,6 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
                         loads[chip] += t
                         loads[2 * chips + chip] += 1
             row = row + 1 if row + 1 < pool else 0
-    if ep:  # row by row too (the window's counts are taken apart by now)
-        chip_columns(prefix, pool_rows, counts, False, expert_of_rank, expert_of_rank, per_chip, start, tokens, chips,
-                     loads[chips:2 * chips], xf, at)
     return total, active, busiest
 
 
