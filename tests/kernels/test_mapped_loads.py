@@ -53,12 +53,16 @@ def reference_loads(routing_experts, tile_n, n_regions, chips):
     return (int(tiles.sum()), int((counts > 0).sum()), int(tiles.max())), regions, chip
 
 
-@pytest.mark.parametrize("size", POOLS)
-@pytest.mark.parametrize("entry", WINDOWS)
 @pytest.mark.parametrize("tile_n, n_regions", [(1, 16), (2, 4), (4, 1), (3, 8)])
 @pytest.mark.parametrize("chips", [0, 2, 4])
-def test_layer_loads_equal_their_definition(size, entry, tile_n, n_regions, chips):
-    start, tokens = window(*entry, size)
+def test_layer_loads_equal_their_definition(tile_n, n_regions, chips):
+    """Every :data:`WINDOWS` entry on both pools (one test a layout: the windows are many and quick)."""
+    for size in POOLS:
+        for entry in WINDOWS:
+            check_window(size, *window(*entry, size), tile_n, n_regions, chips)
+
+
+def check_window(size, start, tokens, tile_n, n_regions, chips):
     ranks, prefix = pool(5, size)
     expert_of_rank = np.random.default_rng(size + tokens).permutation(EXPERTS).astype(np.int64)
     rank_of_expert = np.argsort(expert_of_rank)
@@ -73,7 +77,7 @@ def test_layer_loads_equal_their_definition(size, entry, tile_n, n_regions, chip
                        regions, loads, xf, 0)
     experts = expert_of_rank[ranks[(start + np.arange(tokens)) % size]]
     features, want_regions, want_chips = reference_loads(experts, tile_n, n_regions, max(chips, 1))
-    assert got == features
+    assert got == features, f"pool {size}, window of {tokens} tokens from {start}"
     np.testing.assert_array_equal(regions[:n_regions], want_regions)
     assert regions[n_regions] == -7
     if ep:
