@@ -171,9 +171,11 @@ def mapped_parameters(provider, kr) -> dict | None:
             routing._draw_pool()  # what the first window() does
         ranks, prefix, expert_of_rank = routing._pool
         pool_rows, expert_of_rank = np.ascontiguousarray(ranks), np.ascontiguousarray(expert_of_rank)
+        rank_of_expert = routing._perms  # expert_of_rank's inverse, each layer's (SyntheticRouting._draw_pool)
     else:
         pool_rows, prefix = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 2, 1), dtype=np.uint16)
-        expert_of_rank = np.zeros((1, 1), dtype=np.int64)
+        expert_of_rank = rank_of_expert = np.zeros((1, 1), dtype=np.int64)
+
     def empty_tables() -> dict:
         return {"proj": np.full((5, 4, FIRST_TOKENS), -1, dtype=np.int64),
                 "buckets_i": np.zeros((sm.B_ROWS, 64), dtype=np.int64), "buckets_f": np.zeros((sm.BF_ROWS, 64))}
@@ -185,7 +187,7 @@ def mapped_parameters(provider, kr) -> dict | None:
             "cycles": ("attention", "ffn", "floor", "hidden", "weights"), "hardware": hardware, "roofline": roofline,
             "mapped": {"pm": pm, "buckets_i": memo["buckets_i"], "buckets_f": memo["buckets_f"],
                        "proj": memo["proj"], "memo": memo, "expert_of_rank": expert_of_rank,
-                       "rank_of_expert": np.argsort(expert_of_rank, axis=1),
+                       "rank_of_expert": rank_of_expert,
                        "need": np.zeros(4, dtype=np.int64), "res": np.zeros(sm.R_ROWS, dtype=np.int64),
                        "mloads": np.zeros(2 * MAX_REGIONS, dtype=np.int64),  # loads, then their heap
                        "counts": np.zeros(max(2 * experts, 1), dtype=np.int64),  # counts, then tiles
