@@ -129,11 +129,6 @@ def matrix_rows(provider, name: str, tokens: int) -> int:
     return tokens
 
 
-_COSTS: dict = {}
-#: the mapping cache's subfolder of projection costs (its top level holds schedules only: the seed tools read it)
-COST_FOLDER = "projection-costs"
-
-
 def padded_tokens(tokens: int, d_in: int, d_out: int, hardware) -> int:
     """The token count of the graph ``tokens`` tokens are built into: ``ceil(tokens / tile_m)`` tiles of the
     ``tile_m`` rows their bucket's schedule takes, the last one zero-padded
@@ -142,35 +137,64 @@ def padded_tokens(tokens: int, d_in: int, d_out: int, hardware) -> int:
     stays in the bucket (``tile_m`` is a power of two dividing it) and stands for all of them. A whole-trace replay
     meets thousands of counts and a few hundred padded ones (tests/serve/test_projection_costs.py checks the costs
     equal)."""
-    from stepsim.mapping.projection import projection_schedule
+    return _padded(tokens, _bucket_schedule(tokens, d_in, d_out, _hardware_key(hardware), hardware)[1])
 
-    tile_m = projection_schedule(tokens, d_in, d_out, hardware).knobs["tile_m"]
+
+def _padded(tokens: int, tile_m: int) -> int:
     return -(-int(tokens) // tile_m) * tile_m
+
+
+_BUCKETS: dict = {}
+
+
+def _bucket_schedule(tokens: int, d_in: int, d_out: int, hardware_key: tuple, hardware) -> tuple[str, int]:
+    """``(hash of its key material, tile_m)`` of the schedule mapped at ``tokens``' bucket, memoised per process: a
+    whole-trace replay prices thousands of token counts in a few dozen buckets, and working both out again for each
+    count (a schedule look-up and a hash) was a third of the one-chip Qwen3 replay's table fills (0.6 of 2.4 s)."""
+    from stepsim.mapping.mapper import bucket
+    from stepsim.mapping.projection import key_material, projection_schedule
+
+    size = bucket(tokens)
+    key = (size, d_in, d_out, hardware_key)
+    if key not in _BUCKETS:
+        _BUCKETS[key] = (stable_hash(key_material(size, d_in, d_out, hardware)),
+                         projection_schedule(tokens, d_in, d_out, hardware).knobs["tile_m"])
+    return _BUCKETS[key]
+
+
+def _hardware_key(hardware) -> tuple:
+    return tuple(sorted(hardware.values().items())), hardware.explicit
 
 
 def cost_material(tokens: int, d_in: int, d_out: int, hardware) -> dict:
     """What a projection's cost at ``tokens`` tokens depends on: the key of the schedule mapped at their bucket (its
     projection code, timing model and hardware) and their :func:`padded_tokens` count (its hash names the cost's
     file)."""
-    from stepsim.mapping.mapper import bucket
-    from stepsim.mapping.projection import key_material
+    schedule_key, tile_m = _bucket_schedule(tokens, d_in, d_out, _hardware_key(hardware), hardware)
+    return {"what": "projection cost", "schedule_key": schedule_key, "tokens": _padded(tokens, tile_m)}
 
-    return {"what": "projection cost", "schedule_key": stable_hash(key_material(bucket(tokens), d_in, d_out, hardware)),
-            "tokens": padded_tokens(tokens, d_in, d_out, hardware)}
+
+_COSTS: dict = {}
+#: the mapping cache's subfolder of projection costs (its top level holds schedules only: the seed tools read it)
+COST_FOLDER = "projection-costs"
 
 
 def projection_cost(tokens: int, d_in: int, d_out: int, hardware) -> tuple[int, int, int, int]:
     """``(cycles, HBM bytes, on-chip bytes, FLOPs)`` of the projection at exactly ``tokens`` tokens, built with the
     schedule mapped at their bucket (:func:`stepsim.mapping.projection.projection_schedule`) and simulated on the
-    engine once for every count with the same :func:`padded_tokens`; memoised per process and stored in the
-    mapping cache's :data:`COST_FOLDER` (:mod:`stepsim.serve.stored_costs`), so worker processes and later runs do
-    not simulate it again (a plan's replays price thousands of token counts: 42.6 of a 49.5 s plan were these
-    simulations, paid again by every worker)."""
+    engine once for every count with the same :func:`padded_tokens`; memoised per process by that padded count (the
+    counts of a padded count share its material, hence its stored file: reading it once for each count was half of
+    the one-chip Qwen3 whole-trace replay's table fills, 1.2 of 2.4 s) and stored in the mapping cache's
+    :data:`COST_FOLDER` (:mod:`stepsim.serve.stored_costs`), so worker processes and later runs do not simulate it
+    again (a plan's replays price thousands of token counts: 42.6 of a 49.5 s plan were these simulations, paid
+    again by every worker)."""
     from stepsim.serve.stored_costs import stored_cost
 
-    memo_key = (tokens, d_in, d_out, tuple(sorted(hardware.values().items())), hardware.explicit)
+    hardware_key = _hardware_key(hardware)
+    padded = _padded(tokens, _bucket_schedule(tokens, d_in, d_out, hardware_key, hardware)[1])
+    memo_key = (padded, d_in, d_out, hardware_key)
     if memo_key not in _COSTS:
-        material = cost_material(tokens, d_in, d_out, hardware)
+        material = cost_material(padded, d_in, d_out, hardware)
         _COSTS[memo_key] = stored_cost(COST_FOLDER, material, "projection cost", 4,
                                        lambda: _simulate_cost(material["tokens"], d_in, d_out, hardware))
     return _COSTS[memo_key]
