@@ -44,6 +44,7 @@ calibration simulates and for two-token steps (:func:`stepsim.serve.fast.pair_pa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -61,6 +62,8 @@ FIT_SEED = 2024
 POOL_TOKENS = 1 << 15
 #: steps whose window starts are drawn at once
 WINDOW_BATCH = 1024
+#: pools kept by :func:`_pool_in_ranks` (each 8 MiB of prefix counts for 128 experts)
+POOLS_KEPT = 4
 
 
 def gumbel_top_k(logits: np.ndarray, top_k: int, rng: np.random.Generator, tokens: int) -> np.ndarray:
@@ -100,6 +103,29 @@ def fit_skew(routing: np.ndarray, experts: int) -> tuple[float, float]:
 
     _, a, b = min((error(a / 10, b / 100), a, b) for a in range(21) for b in range(21))
     return a / 10, b / 100
+
+
+@functools.lru_cache(maxsize=POOLS_KEPT)
+def _pool_in_ranks(seed: int, experts: int, top_k: int, alpha: float, beta: float,
+                   locality: float) -> tuple[np.ndarray, np.ndarray]:
+    """The fast path's pool in rank space, ``(ranks [POOL_TOKENS, top_k], prefix counts [1, POOL_TOKENS + 1,
+    experts])``, drawn once a process for each law and seed and shared, never written, by every routing drawing it:
+    a plan makes a fresh provider, hence a fresh routing, for each of its hundreds of replays, and drawing the pool
+    again was most of a small replay's set-up (6.6 s of a 155 s profiled test of 1,172 replays,
+    tests/plan/test_plan.py)."""
+    rank = np.arange(experts, dtype=np.float64)
+    logit = -alpha * np.log(rank + 1.0) - beta * rank
+    prob, alias = alias_tables(np.exp(logit - logit.max())[None, :])
+    state = np.random.SeedSequence([seed, 0x5E4E, 0xFA57]).generate_state(1, np.uint64)
+    pool = np.empty((POOL_TOKENS, 1, top_k), dtype=np.int64)
+    counts = np.zeros((1, experts), dtype=np.int64)
+    draw_routing(prob, alias, state, locality, np.zeros((1, top_k), dtype=np.int64), False, pool, counts)
+    onehot = np.zeros((POOL_TOKENS, experts), dtype=np.uint16)
+    onehot[np.repeat(np.arange(POOL_TOKENS), top_k), pool.ravel()] = 1  # a token's experts are distinct
+    # uint16 holds every prefix count (at most POOL_TOKENS = 2^15): 8 MiB for 128 experts, mostly in cache
+    prefix = np.zeros((1, POOL_TOKENS + 1, experts), dtype=np.uint16)
+    np.cumsum(onehot, axis=0, out=prefix[0, 1:])
+    return pool[:, 0, :], prefix
 
 
 class SyntheticRouting:
@@ -154,23 +180,12 @@ class SyntheticRouting:
 
     def _draw_pool(self) -> None:
         """The fast path's pool (module docstring): :data:`POOL_TOKENS` tokens of one layer in rank space, drawn
-        token by token by the model's law, their prefix counts, and each layer's expert of every rank."""
-        rank = np.arange(self.experts, dtype=np.float64)
-        logit = -self.alpha * np.log(rank + 1.0) - self.beta * rank
-        prob, alias = alias_tables(np.exp(logit - logit.max())[None, :])
-        state = np.random.SeedSequence([self._seed, 0x5E4E, 0xFA57]).generate_state(1, np.uint64)
-        pool = np.empty((POOL_TOKENS, 1, self.top_k), dtype=np.int64)
-        counts = np.zeros((1, self.experts), dtype=np.int64)
-        draw_routing(prob, alias, state, self.locality, np.zeros((1, self.top_k), dtype=np.int64), False, pool,
-                     counts)
-        onehot = np.zeros((POOL_TOKENS, self.experts), dtype=np.uint16)
-        onehot[np.repeat(np.arange(POOL_TOKENS), self.top_k), pool.ravel()] = 1  # a token's experts are distinct
-        # uint16 holds every prefix count (at most POOL_TOKENS = 2^15): 8 MiB for 128 experts, mostly in cache
-        prefix = np.zeros((1, POOL_TOKENS + 1, self.experts), dtype=np.uint16)
-        np.cumsum(onehot, axis=0, out=prefix[0, 1:])
+        token by token by the model's law, their prefix counts (:func:`_pool_in_ranks`, shared), and each layer's
+        expert of every rank."""
+        ranks, prefix = _pool_in_ranks(self._seed, self.experts, self.top_k, self.alpha, self.beta, self.locality)
         expert_of_rank = np.empty_like(self._perms)
         np.put_along_axis(expert_of_rank, self._perms, np.arange(self.experts, dtype=np.int64)[None, :], axis=1)
-        self._pool = (pool[:, 0, :], prefix, expert_of_rank)
+        self._pool = (ranks, prefix, expert_of_rank)
         self._windows = np.random.default_rng(np.random.SeedSequence([self._seed, 0x5E4E, 0x0FF5]))
         self._starts = np.empty((0, self.layers), dtype=np.int64)  # drawn WINDOW_BATCH steps at a time
         self._used = 0

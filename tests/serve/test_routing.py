@@ -72,3 +72,28 @@ def test_replay_routing_takes_dump_rows_in_order_and_wraps(tmp_path):
     with pytest.raises(ConfigError) as e:
         ReplayRouting(tmp_path / "r.npy", "qwen3-30b-a3b", 4)
     assert str(e.value) == f"--routing {tmp_path / 'r.npy'}: the dump has 3 layers; the model has 4"
+
+
+def test_routings_of_one_law_and_seed_share_one_pool_drawn_as_a_fresh_one():
+    """The fast path's pool is drawn once a process for each law and seed (stepsim/serve/routing.py
+    ``_pool_in_ranks``): routings that draw it share its arrays, and what they give is what a pool drawn afresh
+    gives; another seed, top_k or skew is another pool."""
+    from stepsim.serve import routing
+
+    routing._pool_in_ranks.cache_clear()
+    first, second = (SyntheticRouting(16, 2, 3, seed=5) for _ in range(2))
+    first._draw_pool()
+    second._draw_pool()
+    assert first._pool[0] is second._pool[0] and first._pool[1] is second._pool[1]
+    shared = [second.window(tokens, 4)[0] for tokens in (1, 7, 300, 40_000)]
+    routing._pool_in_ranks.cache_clear()
+    fresh = SyntheticRouting(16, 2, 3, seed=5)
+    fresh._draw_pool()
+    assert fresh._pool[1] is not second._pool[1]
+    assert all(np.array_equal(a, fresh._pool[i]) for i, a in enumerate(second._pool))
+    assert all(np.array_equal(a, fresh.window(tokens, 4)[0]) for a, tokens in zip(shared, (1, 7, 300, 40_000)))
+    for other in (SyntheticRouting(16, 2, 3, seed=6), SyntheticRouting(16, 3, 3, seed=5),
+                  SyntheticRouting(16, 2, 3, seed=5, skew=(0.5, 0.0))):
+        other._draw_pool()
+        assert not np.array_equal(other._pool[1], fresh._pool[1])
+    assert routing._pool_in_ranks.cache_info().currsize <= routing.POOLS_KEPT
