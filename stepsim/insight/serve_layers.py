@@ -4,7 +4,9 @@ cycles, HBM and compute utilisation and units (summary.json ``utilisation`` and 
 :mod:`stepsim.serve.layer_use`).
 
 JSON keys: ``run`` (``"serve"``), ``model``, ``hardware``, ``utilisation`` (summary.json's, or null for a run not
-priced by the engine) and ``layers`` (a list, empty for a run on the paper's schedules)."""
+priced by the engine) and ``layers`` (a list, empty for a run on the paper's schedules). A heterogeneous model's
+rows each carry their layer group (``group``: its layers and kind), and the text lists them under a line naming each
+group."""
 
 from __future__ import annotations
 
@@ -50,7 +52,11 @@ def format_serve_report(rep: dict) -> str:
         return "\n".join(lines)
     lines.append(f"  {'layer':<8} {'bucket':>6} {'steps':>6} {'cycles':>11} {'HBM':>7} {'compute':>8} "
                  f"{'units (compute/memory)':>22}  knobs")
+    group = None
     for r in rep["layers"]:
+        if r.get("group") != group:  # a heterogeneous model: each layer group's rows after a line naming it
+            group = r["group"]
+            lines.append(f"  layers {_layer_span(group['layers'])} ({group['kind']}):")
         knobs = " ".join(f"{k}={v}" for k, v in r["knobs"].items())
         if "chips" in r:  # the MoE block over an expert-parallel system: the units are its busiest chip's
             knobs += f"  ({r['chips']} chips of {r['system']}, units: the busiest chip's)"
@@ -58,3 +64,10 @@ def format_serve_report(rep: dict) -> str:
                      f"{100 * r['hbm_utilisation']:>6.1f}% {100 * r['compute_utilisation']:>7.1f}% "
                      f"{r['compute_units']:>11}/{r['memory_units']:<10}  {knobs}")
     return "\n".join(lines)
+
+
+def _layer_span(layers: list[int]) -> str:
+    """``0-2`` for consecutive layers, else ``0, 2, 4``."""
+    if layers == list(range(layers[0], layers[0] + len(layers))):
+        return f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0])
+    return ", ".join(map(str, layers))

@@ -797,8 +797,11 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
         summary["kv_cache"]["sliding_pool_bytes"] = capacity.sliding_pool_bytes
     if "hbm_bytes" in iterations:
         summary["utilisation"] = run_utilisation(iterations)
-    if report_layers and getattr(provider, "layer_use", None) is not None:  # mapped layers: each bucket's schedule
-        summary["layers"] = provider.layer_use.rows()
+    from stepsim.serve.layer_use import provider_rows
+
+    layers = provider_rows(provider) if report_layers else None  # mapped layers: each bucket's schedule
+    if layers is not None:
+        summary["layers"] = layers
     summary["wall_s"] = time.perf_counter() - started
     files = {}
     with contextlib.ExitStack() as publish:

@@ -20,6 +20,11 @@ one-chip schedule of the whole block (which these rows showed until 2026-11-27):
 and ``flops`` the whole system's on the first of them, the utilisations over all the chips' peaks, and
 ``compute_units`` / ``memory_units`` the busiest chip's, with every chip's in ``chip_compute_units`` /
 ``chip_memory_units`` and the system in ``system`` and ``chips``.
+
+A heterogeneous model (:class:`stepsim.serve.layer_list.LayerListLatency`: one provider a layer group) lists each
+group's rows in group order, each naming its group in ``group`` (its ``layers`` and ``kind``, e.g. ``mla + moe
+(shared)``): a group's buckets are the steps as its layers see them (a sliding layer's context stops at the window)
+and its schedules are its own model's (:func:`provider_rows`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,22 @@ class LayerUse:
                         "compute_utilisation": s.compute_utilisation(hw.peak_flops_per_cycle),
                         "compute_units": s.compute_units, "memory_units": s.memory_units})
         return out
+
+
+def provider_rows(provider) -> list[dict] | None:
+    """summary.json's ``layers`` of a run priced by ``provider``: its :meth:`LayerUse.rows`, or a heterogeneous
+    model's groups' rows, each with its ``group`` (module docstring); None when it ran no mapped layers (the paper's
+    schedules)."""
+    groups = getattr(provider, "groups", None)
+    if groups is None:
+        use = getattr(provider, "layer_use", None)
+        return None if use is None else use.rows()
+    used = [(kind, layers, group.inner.layer_use) for kind, layers, group in groups
+            if getattr(group.inner, "layer_use", None) is not None]
+    if not used:
+        return None
+    return [{"group": {"layers": list(layers), "kind": kind.describe()}, **row}
+            for kind, layers, use in used for row in use.rows()]
 
 
 def step_buckets(batch: IterationBatch, model) -> list[tuple[str, int]]:
