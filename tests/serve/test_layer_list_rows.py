@@ -7,17 +7,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepsim.insight.serve_layers import format_serve_report
+import pyarrow as pa
+
+from stepsim.insight.serve_layers import format_serve_report, serve_report
 from stepsim.models.presets import resolve_model
 from stepsim.serve.api import engine_provider, resolve_serving_hardware
 from stepsim.serve.latency import IterationBatch
 from stepsim.serve.layer_list import exact_layer_list, group_gate, group_seed
 from stepsim.serve.layer_use import provider_rows
+from stepsim.serve.output import write_outputs
 
 OSS = str(Path(__file__).resolve().parent / "data" / "gpt-oss-20b-2layers.json")
 
 
-def test_a_layer_list_runs_rows_are_its_groups_rows_each_naming_its_group():
+def test_a_layer_list_runs_rows_are_its_groups_rows_each_naming_its_group(tmp_path):
+    """The rows as serve's summary.json holds them (written by the run's writer) and ``stepsim report`` reads them."""
     model = resolve_model(OSS)
     hw = resolve_serving_hardware("sn40l")
     latency = exact_layer_list(model, lambda sub, g: engine_provider(
@@ -36,8 +40,11 @@ def test_a_layer_list_runs_rows_are_its_groups_rows_each_naming_its_group():
                                ([0], "sliding 128 + sinks + moe", "ffn", 2, 2, 232697),
                                ([1], "full + sinks + moe", "decode", 16, 2, 4195),
                                ([1], "full + sinks + moe", "ffn", 2, 2, 232697)]
-    text = format_serve_report({"model": "gpt-oss-20b-2layers", "hardware": "sn40l", "utilisation": None,
-                                "layers": rows}).splitlines()
+    summary = {"model": "gpt-oss-20b-2layers", "hardware": {"name": "sn40l"}, "layers": rows}
+    write_outputs(tmp_path, pa.table({"request_id": [0]}), pa.table({"step": [0]}), summary, {})
+    report = serve_report(tmp_path)
+    assert report["layers"] == rows
+    text = format_serve_report(report).splitlines()
     assert [line.strip() for line in text[3:]] == [
         "layers 0 (sliding 128 + sinks + moe):",
         "decode       16      2       4,195   66.9%     1.3%        1040/147         regions=16",
