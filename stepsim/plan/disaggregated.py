@@ -72,14 +72,14 @@ def pool_pricer(evaluator, hardware: str, chips: int):
     return evaluator.pricers[key]
 
 
-def serve_replica(evaluator, dep, path):
-    """One disaggregated replica of ``dep`` serving the requests in ``path``, each pool priced by its shape's
-    calibrated provider (:func:`pool_pricer`)."""
+def serve_replica(evaluator, dep, requests):
+    """One disaggregated replica of ``dep`` serving ``requests`` (a trace's path or a RequestTrace in memory), each
+    pool priced by its shape's calibrated provider (:func:`pool_pricer`)."""
     from stepsim.serve.disaggregated_serve import serve_disaggregated
 
     p, d = dep.disaggregate
     providers = (pool_pricer(evaluator, dep.hardware, p).provider(), pool_pricer(evaluator, dep.hardware, d).provider())
-    return serve_disaggregated(evaluator.model_arg, path, disaggregate=dep.disaggregate, system=dep.system,
+    return serve_disaggregated(evaluator.model_arg, requests, disaggregate=dep.disaggregate, system=dep.system,
                                hardware=dep.hardware, providers=providers, **dep.scheduler.serve_kwargs())
 
 

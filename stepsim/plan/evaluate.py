@@ -85,7 +85,6 @@ class Evaluator:
             from stepsim.serve.replay_stop import StopRule
 
             self.stop_rule = StopRule.of_slo(slo, percentile, base.n, int((base.output > 1).sum()))
-        self._files = 0
         # a replica's run depends only on its shape, scheduler, requests and their arrivals: two deployments (or
         # two routing rounds) that send one replica the same requests at the same rate share its replay
         self._runs: dict[tuple, dict] = {}
@@ -112,21 +111,21 @@ class Evaluator:
         return out
 
     def _replay(self, dep: Deployment, arrival: np.ndarray, indices: np.ndarray, stop=None) -> dict:
-        from stepsim.serve.api import serve
-        from stepsim.trace_io.requests import RequestTrace, write_requests
-
-        self._files += 1
-        path = self.folder / f"replica-{self._files}.parquet"
-        b = self.base
-        write_requests(RequestTrace(str(path), indices.astype(np.int64), arrival[indices], b.prompt[indices],
-                                    b.output[indices]), path)
         from stepsim.mapping.units import Infeasible
+        from stepsim.serve.api import serve
+        from stepsim.trace_io.requests import RequestTrace
+
+        # in memory, not a file (writing, reading back and removing a Parquet file was 4-5 ms of every replay); the
+        # ids are the base trace's rows, as the written file held them
+        b = self.base
+        requests = RequestTrace(f"{dep.label()} replica requests", indices.astype(np.int64), arrival[indices],
+                                b.prompt[indices], b.output[indices])
 
         try:
             if dep.disaggregate:  # a prefill pool and a decode pool: stepsim/plan/disaggregated.py
                 from stepsim.plan.disaggregated import serve_replica
 
-                result = serve_replica(self, dep, path)
+                result = serve_replica(self, dep, requests)
             else:
                 from stepsim.serve.replay_stop import ReplayStopped
 
@@ -135,17 +134,15 @@ class Evaluator:
                     # report_layers=False: the replay is read for its requests only; the summary's per-bucket
                     # schedules would map buckets no step was priced by (an expert-parallel system's one-chip FFN
                     # schedules)
-                    result = serve(self.model_arg, path, provider=pricer.provider(), hardware=dep.hardware,
+                    result = serve(self.model_arg, requests, provider=pricer.provider(), hardware=dep.hardware,
                                    system=dep.system, stop=stop, report_layers=False, **dep.scheduler.serve_kwargs())
                 except ReplayStopped as stopped:  # the SLO provably missed: this replica alone fails the deployment
-                    path.unlink()
                     self.stopped += 1
                     return {"stopped": stopped.metric, "max_utilisation": stopped.max_utilisation}
         except Infeasible as exc:  # a step this replica cannot run: it fails the deployment at this rate, as a
-            path.unlink(missing_ok=True)  # stopped replay does
+            # stopped replay does
             self.unservable += 1
             return {"stopped": str(exc), "max_utilisation": 0.0}
-        path.unlink()
         self.replays += 1
         req = result.requests
         it = result.iterations

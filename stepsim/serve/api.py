@@ -35,7 +35,7 @@ from stepsim.serve.metrics import parse_slo, request_latencies, summarize
 from stepsim.serve.output import write_outputs
 from stepsim.serve.replay import replay
 from stepsim.serve.scheduler import Scheduler, SchedulerConfig
-from stepsim.trace_io.requests import RequestTrace, read_requests
+from stepsim.trace_io.requests import RequestTrace, requests_of, requests_sha256
 
 #: hardware when none is given: one SambaNova SN40L socket (docs/hardware.md), a shipping dataflow accelerator
 DEFAULT_HARDWARE = "sn40l"
@@ -76,6 +76,8 @@ def check_types(*, model=None, requests=None, out=None, slo=None, arrival=None, 
     """A Python caller's arguments of the wrong type, as one line each (the command line passes strings)."""
     for name, value, what in (("model", model, "a preset name or a config.json path"),
                               ("requests", requests, "a request trace's path"), ("out", out, "a folder path")):
+        if name == "requests" and isinstance(value, RequestTrace):
+            continue  # in memory (stepsim.plan's replicas): checked as a file's rows are when the run reads it
         if (value is not None and not isinstance(value, (str, os.PathLike))) or \
                 (name != "out" and (value is None or str(value) == "")):
             raise ConfigError(f"{name} must be {what} (str or Path), got {value!r}")
@@ -444,8 +446,9 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     ----------
     model : str or path
         Preset name or Hugging Face ``config.json`` (weights and KV bytes per token, max_position_embeddings).
-    requests : str or path
-        Request trace (:func:`stepsim.trace_io.requests.read_requests`).
+    requests : str, path or RequestTrace
+        Request trace (:func:`stepsim.trace_io.requests.read_requests`), or its requests in memory
+        (:func:`stepsim.trace_io.requests.requests_of`: checked as a file's rows are).
     out : str or path, optional
         Folder for ``requests.parquet``, ``iterations.parquet`` and ``summary.json``.
     arrival_scale : float, optional
@@ -582,7 +585,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                               f"(or --schedule paper, which places them unevenly)")
     memory = model_memory(resolved)
     capacity, chips, limit = kv_cache_of(resolved, memory, config, hw, system, hbm_bytes)
-    trace = shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
+    trace = shape_trace(requests_of(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
     trace, long = fit_long_requests(trace, limit, capacity, memory.max_position_embeddings, policy)
     layers_executor = None
@@ -654,7 +657,7 @@ def fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests
                  "max_model_len": limit, "kv_blocks": capacity.num_blocks, "scheduler": asdict(config),
                  # the LM head's bytes price every step (its held-out error too); not in the model's repr
                  "vocab": memory.vocab_size,
-                 "seed": seed, "requests": file_sha256(requests), "routing": _routing_identity(routing),
+                 "seed": seed, "requests": requests_sha256(requests), "routing": _routing_identity(routing),
                  "shaping": {"limit_requests": limit_requests, "arrival": arrival, "arrival_scale": arrival_scale,
                              "duration": duration}}
     if long_policy is not None:  # the requests served differ (dropped, truncated); absent: earlier keys kept
@@ -837,7 +840,8 @@ def _write_files(out, folder, requests_table, iterations_table, summary, provide
         config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
-                "stepsim.requests": str(requests), "stepsim.requests_sha256": file_sha256(requests),
+                "stepsim.requests": requests.source if isinstance(requests, RequestTrace) else str(requests),
+                "stepsim.requests_sha256": requests_sha256(requests),
                 "stepsim.knobs": json.dumps(knobs, sort_keys=True)}
         files = write_outputs(folder, requests_table, iterations_table, summary, meta)
         if matplotlib_available():

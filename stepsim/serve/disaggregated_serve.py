@@ -68,7 +68,7 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
     from stepsim.serve.metrics import parse_slo
     from stepsim.serve.scheduler import Scheduler, SchedulerConfig
     from stepsim.serve.system import load_system, system_capacity
-    from stepsim.trace_io.requests import read_requests
+    from stepsim.trace_io.requests import requests_of
 
     started = time.perf_counter()
     for name, value in refused.items():
@@ -118,7 +118,7 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
                       "limit": limit})
     limit = min(p["limit"] for p in pools)
     tight = min(pools, key=lambda p: p["limit"])
-    trace = api.shape_trace(read_requests(requests), limit_requests=limit_requests, arrival=arrival,
+    trace = api.shape_trace(requests_of(requests), limit_requests=limit_requests, arrival=arrival,
                             arrival_scale=arrival_scale, duration=duration, seed=seed)
     trace, long = fit_long_requests(trace, limit, tight["capacity"], memory.max_position_embeddings, policy)
     pricer = KVTransferPricer(whole, p_chips, d_chips)

@@ -246,6 +246,51 @@ def read_requests(path: str | Path) -> RequestTrace:
     return RequestTrace(str(p), rid, arrival, prompt, output)
 
 
+def requests_of(requests: str | Path | RequestTrace) -> RequestTrace:
+    """The requests of a trace file (:func:`read_requests`) or of a :class:`RequestTrace` built in memory, checked
+    as a file's rows are (the source named in each error) and held as a file's are read (int64 ids and counts,
+    float64 arrivals): :mod:`stepsim.plan` serves each replica's requests without writing them to a file."""
+    if not isinstance(requests, RequestTrace):
+        return read_requests(requests)
+    t = requests
+    columns = {"request_id": t.request_id, "arrival_s": t.arrival_s, "prompt_tokens": t.prompt_tokens,
+               "output_tokens": t.output_tokens}
+    held = []
+    for name, column in columns.items():
+        column = np.asarray(column)
+        kinds = "iuf" if name == "arrival_s" else "iu"  # a count of 2.5 tokens is refused, not truncated
+        if column.ndim != 1 or column.dtype.kind not in kinds:
+            raise TraceSchemaError(f"{t.source}: column {name!r} must be a 1-d array of "
+                                   f"{'numbers' if name == 'arrival_s' else 'integers'}, got {column.dtype} "
+                                   f"of shape {column.shape}")
+        if column.dtype.kind == "u" and len(column) and column.max() > np.iinfo(np.int64).max:
+            i = _first(column > np.iinfo(np.int64).max)
+            raise TraceValueError(f"{t.source}: row {i}, column {name!r}: {int(column[i])} is beyond int64")
+        held.append(column.astype(np.float64 if name == "arrival_s" else np.int64, copy=False))
+    if len({len(column) for column in held}) != 1:
+        raise TraceSchemaError(f"{t.source}: the columns have different lengths "
+                               f"({', '.join(f'{n} {len(c)}' for n, c in zip(columns, held))})")
+    trace = RequestTrace(t.source, *held)
+    check_requests(t.source, trace.arrival_s, trace.prompt_tokens, trace.output_tokens, tuple(SERVE_COLUMNS))
+    _unique_ids(t.source, trace.request_id, "request_id")
+    return trace
+
+
+def requests_sha256(requests: str | Path | RequestTrace) -> str:
+    """What identifies a run's requests (a calibration's key, the outputs' metadata): a trace file's SHA-256, or
+    for a :class:`RequestTrace` in memory the SHA-256 of its four columns as :func:`requests_of` holds them."""
+    if not isinstance(requests, RequestTrace):
+        from stepsim.base.files import file_sha256
+
+        return file_sha256(requests)
+    import hashlib
+
+    trace, digest = requests_of(requests), hashlib.sha256(b"stepsim.RequestTrace")
+    for column in (trace.request_id, trace.arrival_s, trace.prompt_tokens, trace.output_tokens):
+        digest.update(np.ascontiguousarray(column).astype(column.dtype.newbyteorder("<"), copy=False).tobytes())
+    return digest.hexdigest()
+
+
 def write_requests(trace: RequestTrace, path: str | Path) -> Path:
     """Write ``trace`` in the serving request schema (``.parquet``, else Arrow IPC), atomically."""
     from stepsim.base.files import atomic_output

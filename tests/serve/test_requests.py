@@ -105,3 +105,79 @@ def test_not_a_request_file(tmp_path):
     with pytest.raises(TraceError) as e:
         read_requests(tmp_path)
     assert str(e.value) == f"{tmp_path}: a request trace is one file, not a folder"
+
+
+def _in_memory(source="replica 3", rid=(7, 8, 9), arrival=(0.0, 0.5, 0.5), prompt=(10, 20, 30), output=(1, 2, 3)):
+    from stepsim.trace_io.requests import RequestTrace
+
+    return RequestTrace(source, np.asarray(rid), np.asarray(arrival), np.asarray(prompt), np.asarray(output))
+
+
+def test_requests_in_memory_are_held_and_checked_as_a_files_rows(tmp_path):
+    """stepsim.plan serves each replica's requests from memory (requests_of): held as a file's are read, every
+    bad value the one-line error a file's row gets, named by the trace's source."""
+    from stepsim.trace_io.requests import requests_of
+
+    t = requests_of(_in_memory(rid=np.array([7, 8, 9], np.int32), arrival=[0, 1, 1]))
+    assert (t.request_id.dtype, t.arrival_s.dtype, t.prompt_tokens.dtype, t.output_tokens.dtype) == (
+        np.int64, np.float64, np.int64, np.int64)
+    assert (t.arrival_s.tolist(), t.request_id.tolist()) == ([0.0, 1.0, 1.0], [7, 8, 9])
+    written = read_requests(requests_file(tmp_path / "r.parquet", t.arrival_s, t.prompt_tokens, t.output_tokens,
+                                          t.request_id))
+    for column in ("request_id", "arrival_s", "prompt_tokens", "output_tokens"):
+        assert getattr(t, column).tolist() == getattr(written, column).tolist()
+        assert getattr(t, column).dtype == getattr(written, column).dtype
+    for trace, error, message in [
+        (_in_memory(arrival=(0.0, -1.0, 2.0)), TraceValueError, "row 1, column 'arrival_s': negative arrival -1.0 s"),
+        (_in_memory(output=(1, 0, 3)), TraceValueError,
+         "row 1, column 'output_tokens': an output of 0 tokens (a request has at least 1)"),
+        (_in_memory(rid=(7, 8, 7)), TraceValueError,
+         "row 2, column 'request_id': request id 7 is also row 0's (request ids must be unique)"),
+        (_in_memory(prompt=(10.0, 2.5, 30.0)), TraceSchemaError,
+         "column 'prompt_tokens' must be a 1-d array of integers, got float64 of shape (3,)"),
+        (_in_memory(arrival=("0", "1", "2")), TraceSchemaError,
+         "column 'arrival_s' must be a 1-d array of numbers, got <U1 of shape (3,)"),
+        (_in_memory(output=(1, 2)), TraceSchemaError,
+         "the columns have different lengths (request_id 3, arrival_s 3, prompt_tokens 3, output_tokens 2)"),
+        (_in_memory(prompt=np.array([1, 2**63, 3], np.uint64)), TraceValueError,
+         "row 1, column 'prompt_tokens': 9223372036854775808 is beyond int64"),
+    ]:
+        with pytest.raises(error) as e:
+            requests_of(trace)
+        assert str(e.value) == f"replica 3: {message}"
+
+
+def test_requests_in_memory_are_identified_by_their_values(tmp_path):
+    """requests_sha256 (a fast calibration's key, the outputs' metadata): a file's SHA-256 for a path; for requests
+    in memory the hash of their values as held, whatever their source's name or their arrays' types."""
+    from stepsim.base.files import file_sha256
+    from stepsim.trace_io.requests import requests_sha256
+
+    p = requests_file(tmp_path / "r.parquet", [0.0, 0.5], [10, 20], [1, 2])
+    assert requests_sha256(p) == requests_sha256(str(p)) == file_sha256(p)
+    same = requests_sha256(_in_memory())
+    assert same == requests_sha256(_in_memory(source="other", rid=np.array([7, 8, 9], np.uint8),
+                                              prompt=np.array([10, 20, 30], np.int16)))
+    assert len({same, requests_sha256(_in_memory(arrival=(0.0, 0.5, 0.75))),
+                requests_sha256(_in_memory(rid=(7, 9, 8))), requests_sha256(_in_memory(output=(1, 2, 4)))}) == 4
+
+
+def test_serve_takes_requests_in_memory_as_from_their_file(tmp_path):
+    """serve(model, RequestTrace) gives the tables a run from the same requests' file gives, and its files name
+    the in-memory source and its values' hash (read back by stepsim compare's reader)."""
+    import stepsim
+    from stepsim.results.serve_record import read_serve_folder
+    from stepsim.serve.output import read_outputs
+    from stepsim.trace_io.requests import requests_sha256
+
+    trace = _in_memory(arrival=(0.0, 0.001, 0.001), prompt=(300, 20, 900), output=(9, 40, 3))
+    path = requests_file(tmp_path / "r.parquet", trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                         trace.request_id)
+    from_file = stepsim.serve("llama-3.1-8b", path, out=tmp_path / "file", iteration_latency=0.002, max_seqs=2)
+    in_memory = stepsim.serve("llama-3.1-8b", trace, out=tmp_path / "memory", iteration_latency=0.002, max_seqs=2)
+    assert in_memory.requests.equals(from_file.requests) and in_memory.iterations.equals(from_file.iterations)
+    requests, iterations, summary = read_outputs(tmp_path / "memory")
+    assert requests.equals(from_file.requests) and iterations.equals(from_file.iterations)
+    row = read_serve_folder(tmp_path / "memory")
+    assert (row["requests_file"], row["requests_sha256"]) == ("replica 3", requests_sha256(trace))
+    assert summary["completed"] == 3
