@@ -126,6 +126,35 @@ def alias_tables(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @kernel
+def window_stop(pool, start, turns, rest):
+    """The window of ``turns`` whole turns of the pool and ``rest`` (< ``pool``) more tokens from ``start``
+    (0 <= start < pool), wrapping around the pool's end, as rows of its prefix counts: ``(stop, turns)``, a wrap
+    past the end counted as a turn, so that :func:`window_count` is each expert's tokens in it."""
+    end = start + rest
+    if end > pool:
+        return end - pool, turns + 1
+    return end, turns
+
+
+@kernel
+def window_rows(pool, start, tokens):
+    """:func:`window_stop` of the window of ``tokens`` consecutive pool tokens from ``start``."""
+    return window_stop(pool, start, tokens // pool, tokens % pool)
+
+
+@kernel
+def window_count(prefix, row, start, stop, turns, e):
+    """Expert ``e``'s tokens in the window of pool ``row`` that :func:`window_stop` made ``(stop, turns)`` of:
+    ``prefix[row, stop, e] - prefix[row, start, e] + turns * prefix[row, pool, e]``. The pool's row is read only for
+    a window that turns (``turns`` is the same for every expert of a loop, so the compiler moves the test out of it
+    and vectorises both loops: a window inside the pool, the usual one, reads two rows)."""
+    c = np.int64(prefix[row, stop, e]) - np.int64(prefix[row, start, e])
+    if turns:
+        c += turns * np.int64(prefix[row, prefix.shape[1] - 1, e])
+    return c
+
+
+@kernel
 def window_features(prefix, starts, tokens, tile_shift, out):
     """Per layer ``l``: ``out[l] = (expert tiles, active experts, busiest expert's tiles)`` of the window of
     ``tokens`` tokens starting at ``starts[l]`` (wrapping around: a window longer than the pool counts every
@@ -142,22 +171,16 @@ def window_features(prefix, starts, tokens, tile_shift, out):
         Written.
     """
     rows, size, experts = prefix.shape
-    pool = size - 1
-    turns, rest = tokens // pool, tokens % pool
     round_up = (1 << tile_shift) - 1
     for layer in range(len(starts)):
         r = layer if rows > 1 else 0
         s = starts[layer]
-        end = s + rest
-        wraps = end > pool
-        stop = end - pool if wraps else end
+        stop, turns = window_rows(size - 1, s, tokens)
         total = 0
         active = 0
         busiest = 0
         for e in range(experts):
-            c = np.int64(prefix[r, stop, e]) - np.int64(prefix[r, s, e]) + turns * np.int64(prefix[r, pool, e])
-            if wraps:
-                c += np.int64(prefix[r, pool, e])
+            c = window_count(prefix, r, s, stop, turns, e)
             t = (c + round_up) >> tile_shift
             total += t
             active += c > 0

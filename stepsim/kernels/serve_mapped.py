@@ -33,6 +33,7 @@ import numpy as np
 
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.row_sum import EXACT, _dot
+from stepsim.kernels.serve_fast import window_count, window_rows, window_stop
 
 #: the mapped prefill attention's regressors (:func:`stepsim.serve.fast_mapped.prefill_regressors`, the estimate last)
 PREFILL_COLUMNS = 9
@@ -136,24 +137,11 @@ def _quotient(a, d, shift):
 @kernel
 def _counts(prefix, start, tokens, experts, counts):
     """Each rank's tokens in the window of ``tokens`` pool tokens from ``start`` (wrapping, whole turns), as
-    :meth:`stepsim.serve.routing.SyntheticRouting.window`'s rows count them. A window inside the pool (the usual
-    case) subtracts two rows of prefix counts in a loop the compiler vectorises."""
-    pool = prefix.shape[1] - 1
-    turns, rest = tokens // pool, tokens % pool
-    end = start + rest
-    wraps = end > pool
-    if turns == 0 and not wraps:
-        lo = prefix[0, start]
-        hi = prefix[0, end]
-        for e in range(experts):
-            counts[e] = np.int64(hi[e]) - np.int64(lo[e])
-        return
-    stop = end - pool if wraps else end
+    :meth:`stepsim.serve.routing.SyntheticRouting.window`'s rows count them (:func:`stepsim.kernels.serve_fast.
+    window_count`)."""
+    stop, turns = window_rows(prefix.shape[1] - 1, start, tokens)
     for e in range(experts):
-        c = np.int64(prefix[0, stop, e]) - np.int64(prefix[0, start, e]) + turns * np.int64(prefix[0, pool, e])
-        if wraps:
-            c += np.int64(prefix[0, pool, e])
-        counts[e] = c
+        counts[e] = window_count(prefix, 0, start, stop, turns, e)
 
 
 @kernel
@@ -178,18 +166,16 @@ def _ready(buckets_i, proj, tokens, m, decode, prefill_size, moe, allreduces):
 
 @kernel
 def _span(prefix, rank, begin, n, pool_shift):
-    """Pool tokens routed to ``rank`` among the ``n`` pool tokens from ``begin`` (wrapping, whole turns), as
-    :func:`_counts` counts a window; ``pool_shift``: :func:`_log2_exact` of the pool's tokens."""
+    """Pool tokens routed to ``rank`` among the ``n`` pool tokens from ``begin`` (any offset: taken modulo the pool;
+    wrapping, whole turns), as :func:`_counts` counts a window; ``pool_shift``: :func:`_log2_exact` of the pool's
+    tokens (shifts and masks for a pool of a power of two: this runs for every rank and chip of a layer)."""
     pool = prefix.shape[1] - 1
     if pool_shift >= 0:
         begin, turns, rest = begin & (pool - 1), n >> pool_shift, n & (pool - 1)
     else:
         begin, turns, rest = begin % pool, n // pool, n % pool
-    end = begin + rest
-    c = turns * np.int64(prefix[0, pool, rank]) - np.int64(prefix[0, begin, rank])
-    if end > pool:
-        return c + np.int64(prefix[0, pool, rank]) + np.int64(prefix[0, end - pool, rank])
-    return c + np.int64(prefix[0, end, rank])
+    stop, turns = window_stop(pool, begin, turns, rest)
+    return window_count(prefix, 0, begin, stop, turns, rank)
 
 
 @kernel

@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from stepsim.kernels import serve_fast as sf
 from stepsim.kernels import serve_mapped as sm
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.row_sum import EXACT, ROW_SUM_LIMIT, _dot, _row_sum  # noqa: F401 - the loop's and tests'
@@ -412,33 +413,17 @@ def _stop_check(req, times, batch_r, m, now, stop_f, stop_i, seen):
 def _window(prefix, start, tokens, tile_shift, experts, tiles, keep):
     """One layer's window of ``tokens`` pool tokens from ``start`` (:func:`stepsim.kernels.serve_fast.
     window_features`, pool 0): ``(expert tiles, active experts, busiest tiles)``; each expert's tiles in
-    ``tiles`` when ``keep``. A window inside the pool (the usual case) reads two rows of prefix counts in a loop
-    the compiler vectorises."""
-    pool = prefix.shape[1] - 1
-    turns, rest = tokens // pool, tokens % pool
+    ``tiles`` when ``keep``."""
+    stop, turns = sf.window_rows(prefix.shape[1] - 1, start, tokens)
     round_up = (1 << tile_shift) - 1
-    end = start + rest
     total = 0
     active = 0
     busiest = 0
-    if turns == 0 and end <= pool and not keep:
-        lo = prefix[0, start]
-        hi = prefix[0, end]
-        for e in range(experts):
-            c = np.int64(hi[e]) - np.int64(lo[e])
-            t = (c + round_up) >> tile_shift
-            total += t
-            active += 1 if c > 0 else 0
-            busiest = max(busiest, t)
-        return total, active, busiest
-    wraps = end > pool
-    stop = end - pool if wraps else end
     for e in range(experts):
-        c = np.int64(prefix[0, stop, e]) - np.int64(prefix[0, start, e]) + turns * np.int64(prefix[0, pool, e])
-        if wraps:
-            c += np.int64(prefix[0, pool, e])
+        c = sf.window_count(prefix, 0, start, stop, turns, e)
         t = (c + round_up) >> tile_shift
-        tiles[e] = t
+        if keep:  # the same for every expert: moved out of the loop by the compiler
+            tiles[e] = t
         total += t
         active += 1 if c > 0 else 0
         busiest = max(busiest, t)
