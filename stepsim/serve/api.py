@@ -420,16 +420,8 @@ def engine_provider(model, model_arg, hardware: Hardware, routing, *, seed: int,
         if layers_executor is not None:
             raise ConfigError("--executor dask: not built with --system (its MoE blocks are built per step in "
                               "this process); use --jobs N")
-        provider = system_engine_latency(model, system, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
-                                         schedule=schedule)
-        if schedule == "auto":
-            # the buckets its steps use (summary.json ``layers``), as the one-chip provider counts them. Made here:
-            # SystemEngineLatency's module is in the calibration keys (stepsim/serve/calibration_cache.py), and
-            # this changes no price; move it there with the next change that re-keys
-            from stepsim.serve.layer_use import LayerUse
-
-            provider.layer_use = LayerUse(provider.spec)
-        return provider
+        return system_engine_latency(model, system, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
+                                     schedule=schedule)
     return EngineLatency(model, hardware, source, max_model_len=max_model_len, vocab=vocab, jobs=jobs,
                          layers_executor=layers_executor, schedule=schedule)
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from stepsim.base.errors import ConfigError
 from stepsim.serve.exact import EngineLatency, layer_weight_bytes, max_kv_rows
 from stepsim.serve.kv_cache import KVCapacity, kv_capacity, pooled_capacity
+from stepsim.serve.layer_use import LayerUse
 from stepsim.serve.layers import LayerSpec
 from stepsim.serve.memory import DTYPE_BYTES, KVPool, ModelMemory, kv_pools
 
@@ -336,6 +337,9 @@ class SystemEngineLatency(EngineLatency):
         super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
         self.system = system
         self.spec = system_layer_spec(model, system, max_model_len, schedule)
+        #: the buckets the steps use (summary.json ``layers``) on mapped layers, counted as on one chip (the base
+        #: class counted its one-chip spec, replaced above)
+        self.layer_use = LayerUse(self.spec) if schedule == "auto" else None
 
     def roles(self, tasks: list) -> list:
         if not self.model.is_moe:  # the shard's one-chip roles: its heads and every layer's FFN
