@@ -337,8 +337,8 @@ class SystemEngineLatency(EngineLatency):
         super().__init__(model, system.hardware, routing, max_model_len=max_model_len, vocab=vocab, jobs=jobs)
         self.system = system
         self.spec = system_layer_spec(model, system, max_model_len, schedule)
-        #: the buckets the steps use (summary.json ``layers``) on mapped layers, counted as on one chip (the base
-        #: class counted its one-chip spec, replaced above)
+        #: the buckets the steps use (summary.json ``layers``) on mapped layers, of the chips' spec above (the base
+        #: class, built on the paper's schedules, left it None)
         self.layer_use = LayerUse(self.spec) if schedule == "auto" else None
 
     def roles(self, tasks: list) -> list:

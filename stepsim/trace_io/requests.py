@@ -270,6 +270,8 @@ def requests_of(requests: str | Path | RequestTrace) -> RequestTrace:
     if len({len(column) for column in held}) != 1:
         raise TraceSchemaError(f"{t.source}: the columns have different lengths "
                                f"({', '.join(f'{n} {len(c)}' for n, c in zip(columns, held))})")
+    if not len(held[0]):
+        raise TraceValueError(f"{t.source}: empty trace (0 rows)")  # as a file of no rows is refused
     trace = RequestTrace(t.source, *held)
     check_requests(t.source, trace.arrival_s, trace.prompt_tokens, trace.output_tokens, tuple(SERVE_COLUMNS))
     _unique_ids(t.source, trace.request_id, "request_id")
