@@ -69,7 +69,7 @@ def raise_if_stopped() -> None:
 @contextmanager
 def interrupts_raise() -> Iterator[None]:
     """SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated inside the block (and again at the next
-    :func:`raise_if_stopped` if that exception was swallowed)."""
+    :func:`raise_if_stopped` if that exception was swallowed, or in place of the exception a library made of it)."""
     global _requested
 
     def stop(why: str) -> None:
@@ -99,6 +99,14 @@ def interrupts_raise() -> Iterator[None]:
     try:
         with handlers({signal.SIGINT: interrupt, signal.SIGTERM: terminate}):
             yield
+    except Exception as exc:
+        from stepsim.base.errors import StepsimError
+
+        if _requested is None or isinstance(exc, StepsimError):  # stepsim's own answer to the stop (SweepStopped)
+            raise
+        # the signal's exception came back as another one: a library caught it and raised its own (a Ctrl-C
+        # during numpy's import of its C extension is an ImportError); the stop is what happened
+        raise (Terminated if _requested == "terminated" else KeyboardInterrupt)() from exc
     finally:
         _requested = None  # a command server's next command starts afresh
         sys.unraisablehook = previous_hook

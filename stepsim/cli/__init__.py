@@ -144,6 +144,10 @@ def _print_warning(message, category, filename, lineno, file=None, line=None) ->
 _python_showwarning = warnings.showwarning
 
 
+#: the exit statuses of a command stopped by a signal (stepsim.base.signals.STOPPED: 128 + SIGINT, 128 + SIGTERM)
+STOPPED_STATUSES = (130, 143)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         # the program itself: a running command server of this environment runs the command instead (about
@@ -154,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         if status is not None:
             return status
     status = _main(argv)
+    if argv is None and status in STOPPED_STATUSES:  # also after the commands that print their own stop line
+        _ignore_stop_signals()
     if argv is None:
         # The program is about to exit, and Python's final collection would walk every object still alive (the
         # modules of sympy, numba, pyarrow, the workload's graph): 0.3-0.7 s of a 2 s `stepsim run`. Frozen
@@ -164,16 +170,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ignore_stop_signals() -> None:
-    """The program is stopping because of a signal: a repeated one, while it prints its line or during interpreter
-    shutdown, must not turn the exit into death by signal (a KeyboardInterrupt escaping ``main`` makes Python kill
-    itself with SIGINT: exit status -2 seen under load); nothing but its stop line is printed on the way out
-    (:func:`stepsim.base.signals.quiet_after_stop`). Only for the program itself, not for in-process callers."""
+    """The program is stopping because of a signal: it ends with the stop's exit status (130 or 143), never by
+    death from a signal, and nothing but its stop line is printed on the way out
+    (:func:`stepsim.base.signals.quiet_after_stop`). Only for the program itself, not for in-process callers.
+
+    * A repeated signal, while the line is printed or during interpreter shutdown, is ignored.
+    * CPython (3.11; ``run_eval_code_obj`` in Python/pythonrun.c) marks "a KeyboardInterrupt went unhandled"
+      whenever one leaves code run by ``exec`` of a *string*, even when a caller catches it, and at exit a marked
+      process kills itself with SIGINT (bpo-1054041): exit status -2 after the stop line. A Ctrl-C landing in
+      the ``exec`` of ``dataclasses`` (every ``@dataclass`` makes its methods so, as stepsim's modules load) did
+      that, about 1 in 16 stops in the first second under load. Every such ``exec`` clears the mark first, so
+      an empty one here clears it (tests/cli/test_interrupts.py reproduces the case)."""
     import signal
 
     from stepsim.base.signals import quiet_after_stop
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    exec("")  # noqa: S102 - clears CPython's unhandled-KeyboardInterrupt mark (see above); runs nothing
     quiet_after_stop()
 
 
