@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from stepsim.base.errors import ConfigError, StepsimError
 from stepsim.base.forkserver import start_fork_server
-from stepsim.batch.tasks import init_local_worker, run_task
+from stepsim.batch.tasks import caller_context, init_local_worker, run_task
 
 if TYPE_CHECKING:
     from stepsim.batch.grid import Task
@@ -124,6 +124,14 @@ class WindowedExecutor(ABC):
         return f"{self.name}, {self.jobs} worker{'s' if self.jobs != 1 else ''}"
 
 
+def local_worker_pool(jobs: int, *, warm_kernels: bool) -> ProcessPoolExecutor:
+    """``jobs`` worker processes forked from the fork server (started here unless a command started it earlier),
+    each set up by :func:`stepsim.batch.tasks.init_local_worker` with this process's settings and folder."""
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=start_fork_server(warm_kernels=warm_kernels),
+                               initializer=init_local_worker,
+                               initargs=(warm_kernels, os.getpid(), caller_context()))
+
+
 class LocalExecutor(WindowedExecutor):
     """A pool of ``jobs`` worker processes on this machine, started once and reused for every task.
 
@@ -139,9 +147,7 @@ class LocalExecutor(WindowedExecutor):
 
     def __init__(self, jobs: int, *, warm_kernels: bool):
         self.jobs = check_jobs(jobs)
-        context = start_fork_server(warm_kernels=warm_kernels)  # a no-op if a command started it earlier
-        self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=init_local_worker,
-                                         initargs=(warm_kernels, os.getpid()))
+        self._pool = local_worker_pool(jobs, warm_kernels=warm_kernels)
 
     def _submit(self, task: Task):
         try:

@@ -70,9 +70,37 @@ def load_kernels() -> None:
 PARENT_CHECK_S = 0.5
 
 
-def init_local_worker(warm_kernels: bool, parent_pid: int | None = None) -> None:
-    """Initializer of a local pool worker: leave Ctrl-C and SIGTERM to the parent, exit when the parent is
-    gone, load the kernels if tasks simulate.
+#: environment variables a local worker takes from the process that made its pool: stepsim's own settings
+#: (mapping and calibration caches, ...), which stepsim reads when it uses them
+CALLER_ENVIRONMENT_PREFIX = "STEPSIM_"
+
+
+def caller_context() -> tuple[dict[str, str], str]:
+    """What a local worker takes from the process making its pool (:func:`init_local_worker`): its
+    ``STEPSIM_*`` environment variables and its working folder."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(CALLER_ENVIRONMENT_PREFIX)}
+    return env, os.getcwd()
+
+
+def _take_caller_context(context: tuple[dict[str, str], str]) -> None:
+    """Make this worker's ``STEPSIM_*`` variables and working folder the caller's. A worker is forked from the
+    process-wide fork server, whose environment and folder are those of the moment it started: a program (or
+    test) that changed ``$STEPSIM_MAPPING_CACHE`` since had its plan's workers search schedules in the old folder
+    (the likely cause of a plan test of 4-24 s taking 232 s in one CI run)."""
+    env, cwd = context
+    for name in [k for k in os.environ if k.startswith(CALLER_ENVIRONMENT_PREFIX) and k not in env]:
+        del os.environ[name]
+    os.environ.update(env)
+    try:
+        os.chdir(cwd)
+    except OSError:  # the caller's folder is gone: the worker stays in the fork server's
+        pass
+
+
+def init_local_worker(warm_kernels: bool, parent_pid: int | None = None,
+                      context: tuple[dict[str, str], str] | None = None) -> None:
+    """Initializer of a local pool worker: take the caller's settings (``context``, from :func:`caller_context`),
+    leave Ctrl-C and SIGTERM to the parent, exit when the parent is gone, load the kernels if tasks simulate.
 
     Ctrl-C (and a SIGTERM sent to the process group) reaches every process of the group; workers ignore them
     so the parent alone decides (it stops submitting, writes the rows it holds and stops the workers with
@@ -80,6 +108,8 @@ def init_local_worker(warm_kernels: bool, parent_pid: int | None = None) -> None
     before the parent has written what it holds. A parent killed with SIGKILL cannot stop its workers: each
     one watches ``parent_pid`` and exits when it is gone, so no worker outlives its sweep.
     """
+    if context is not None:
+        _take_caller_context(context)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if parent_pid is not None:

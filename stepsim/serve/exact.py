@@ -29,7 +29,6 @@ which worker ran what.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -164,12 +163,9 @@ class EngineLatency:
     def _workers(self) -> ProcessPoolExecutor:
         """The ``jobs`` worker processes, started on first use."""
         if self._pool is None:
-            from stepsim.base.forkserver import start_fork_server
-            from stepsim.batch.tasks import init_local_worker
+            from stepsim.batch.executors import local_worker_pool
 
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs,
-                                             mp_context=start_fork_server(warm_kernels=True),
-                                             initializer=init_local_worker, initargs=(True, os.getpid()))
+            self._pool = local_worker_pool(self.jobs, warm_kernels=True)
         return self._pool
 
     def _counted(self, done):
