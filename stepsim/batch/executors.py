@@ -132,6 +132,16 @@ def local_worker_pool(jobs: int, *, warm_kernels: bool) -> ProcessPoolExecutor:
                                initargs=(warm_kernels, os.getpid(), caller_context()))
 
 
+def kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill ``pool``'s workers mid-task (SIGKILL: they ignore SIGINT and SIGTERM, see
+    :func:`stepsim.batch.tasks.init_local_worker`) and shut it down: after a stop their results would be dropped,
+    and a task can take minutes, which Ctrl-C should not wait for."""
+    # ProcessPoolExecutor has no public way to stop running tasks before Python 3.14 (terminate_workers)
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 class LocalExecutor(WindowedExecutor):
     """A pool of ``jobs`` worker processes on this machine, started once and reused for every task.
 
@@ -181,7 +191,4 @@ class LocalExecutor(WindowedExecutor):
         """Kill the workers mid-task: after a stop their results would be dropped, and a simulation can
         take minutes, which Ctrl-C should not wait for. Workers write nothing, so nothing is left half-written.
         """
-        # ProcessPoolExecutor has no public way to stop running tasks before Python 3.14 (terminate_workers)
-        for process in list((getattr(self._pool, "_processes", None) or {}).values()):
-            process.kill()  # SIGKILL: workers ignore SIGTERM (see init_local_worker) and write nothing
-        self.close()
+        kill_workers(self._pool)

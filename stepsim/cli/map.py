@@ -147,11 +147,9 @@ def _buckets(args, model, hardware) -> int:
         schedules = (map_job(job, model, hardware) for job in jobs)
         pool = None
     else:
-        from concurrent.futures import ProcessPoolExecutor
+        from stepsim.batch.executors import kill_workers, local_worker_pool
 
-        from stepsim.base.forkserver import start_fork_server
-
-        pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=start_fork_server(warm_kernels=True))
+        pool = local_worker_pool(args.jobs, warm_kernels=True)
         cache = mapping_cache()
         schedules = (f.result() for f in [pool.submit(map_job, job, model, hardware, cache) for job in jobs])
     records = []
@@ -169,6 +167,11 @@ def _buckets(args, model, hardware) -> int:
                 knobs = ", ".join(f"{k} {v}" for k, v in schedule.knobs.items())
                 print(f"{record['bucket']:>7,}{dims}  {knobs}: {schedule.cycles:,} cycles, HBM "
                       f"{record['hbm_utilisation'] * 100:.1f} %", flush=True)
+    except BaseException:  # a stop or a failed search: the searches still running would take minutes each (a
+        # Ctrl-C waited for every queued one); a killed search saves nothing (its cache file is written whole)
+        if pool is not None:
+            kill_workers(pool)
+        raise
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -280,3 +280,40 @@ def test_a_mapping_cache_that_cannot_be_one_is_refused_before_the_mapping(tiny, 
     refuses_a_cache_folder_at_a_file(shlex.split(command), "STEPSIM_MAPPING_CACHE", tiny / "routing.npz", capsys,
                                      monkeypatch)
     assert not (tiny / "cache").exists()
+
+
+@pytest.mark.parametrize(("signame", "status", "line"), [("SIGINT", 130, "stepsim: interrupted\n"),
+                                                         ("SIGTERM", 143, "stepsim: terminated\n")])
+def test_a_signal_stops_map_buckets_and_its_workers_at_once(tmp_path, signame, status, line):
+    """Ctrl-C at a terminal (the signal to the whole process group) during ``map --buckets --jobs 2`` of Qwen3's
+    FFN on an empty cache (searches of minutes each): one line and the signal's status within seconds, no process of
+    the group left and no schedule saved. The pool's workers used to catch the Ctrl-C as a failed search and take the
+    next queued one while the command waited for them all (more than 2 minutes, seen by script)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "STEPSIM_MAPPING_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "stepsim", "map", "ffn", "--model", "qwen3-30b-a3b", "--shape",
+                             "256", "--buckets", "--jobs", "2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    first = proc.stdout.readline()  # printed once the workers are asked for the searches
+    assert first == "ffn of qwen3-30b-a3b on sn40l: every bucket up to 256 (9 schedules, 2 processes)\n"
+    time.sleep(3.0)  # the searches are running
+    os.killpg(proc.pid, getattr(signal, signame))
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err, out) == (status, line, "")
+    assert time.monotonic() - sent < 10
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the fork server and the resource tracker end once the command has
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("a process of the command's group outlived it by 10 s")
+    assert list((tmp_path / "cache").glob("*")) == []
