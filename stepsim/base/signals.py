@@ -66,6 +66,12 @@ def raise_if_stopped() -> None:
         raise Terminated if _requested == "terminated" else KeyboardInterrupt
 
 
+def stop_requested() -> bool:
+    """Whether a signal asked the command to stop (inside :func:`interrupts_raise`): a worker pool closed on the way
+    out is then killed, not waited for (:func:`stepsim.batch.executors.close_pool`)."""
+    return _requested is not None
+
+
 @contextmanager
 def interrupts_raise() -> Iterator[None]:
     """SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated inside the block (and again at the next

@@ -142,6 +142,17 @@ def kill_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+def close_pool(pool: ProcessPoolExecutor) -> None:
+    """Shut ``pool`` down: at once when a signal is stopping the command (:func:`kill_workers`: a Ctrl-C must not
+    wait for simulations or schedule searches of minutes), else after its running tasks (queued ones dropped)."""
+    from stepsim.base.signals import stop_requested
+
+    if stop_requested():
+        kill_workers(pool)
+    else:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 class LocalExecutor(WindowedExecutor):
     """A pool of ``jobs`` worker processes on this machine, started once and reused for every task.
 

@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         if status is not None:
             return status
     status = _main(argv)
-    if argv is None and status in STOPPED_STATUSES:  # also after the commands that print their own stop line
-        _ignore_stop_signals()
     if argv is None:
+        if status in STOPPED_STATUSES:  # also after the commands that print their own stop line (sweep, optimize)
+            _ignore_stop_signals()
         # The program is about to exit, and Python's final collection would walk every object still alive (the
         # modules of sympy, numba, pyarrow, the workload's graph): 0.3-0.7 s of a 2 s `stepsim run`. Frozen
         # objects are skipped; atexit handlers, output buffers and files are unaffected. Only for the program

@@ -176,7 +176,9 @@ class EngineLatency:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            from stepsim.batch.executors import close_pool
+
+            close_pool(self._pool)
             self._pool = None
 
     # ---------------------------------------------------------------------------------------- one step

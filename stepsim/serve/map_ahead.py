@@ -70,8 +70,9 @@ def missing(jobs: list[Job], model, hardware) -> list[Job]:
 
 def mapping_cache():
     """The mapping cache folder of this process (``$STEPSIM_MAPPING_CACHE`` or the user's), resolved here and handed
-    to :func:`map_job`: a pool's workers are forked from a process-wide fork server whose environment is the one it
-    was started with, so a worker reading the variable itself could save into another folder than its caller's."""
+    to :func:`map_job`, so a worker saves where its caller looks whatever its own environment (a local pool's
+    workers take the caller's ``STEPSIM_*`` variables, :func:`stepsim.batch.tasks.caller_context`; a folder named
+    explicitly does not depend on that)."""
     from stepsim.mapping.mapper import _cache_folder
 
     return _cache_folder(True)

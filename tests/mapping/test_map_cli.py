@@ -290,30 +290,22 @@ def test_a_signal_stops_map_buckets_and_its_workers_at_once(tmp_path, signame, s
     the group left and no schedule saved. The pool's workers used to catch the Ctrl-C as a failed search and take the
     next queued one while the command waited for them all (more than 2 minutes, seen by script)."""
     import os
-    import signal
     import subprocess
     import sys
     import time
+
+    from process_group import group_ended, signal_group, wait_for_pool_workers
 
     env = {**os.environ, "STEPSIM_MAPPING_CACHE": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "stepsim", "map", "ffn", "--model", "qwen3-30b-a3b", "--shape",
                              "256", "--buckets", "--jobs", "2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    first = proc.stdout.readline()  # printed once the workers are asked for the searches
-    assert first == "ffn of qwen3-30b-a3b on sn40l: every bucket up to 256 (9 schedules, 2 processes)\n"
-    time.sleep(3.0)  # the searches are running
-    os.killpg(proc.pid, getattr(signal, signame))
-    sent = time.monotonic()
+    wait_for_pool_workers(proc.pid, 2)
+    time.sleep(2.0)  # the searches are running
+    sent = signal_group(proc.pid, signame)
     out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, err, out) == (status, line, "")
+    assert (proc.returncode, err, out) == (
+        status, line, "ffn of qwen3-30b-a3b on sn40l: every bucket up to 256 (9 schedules, 2 processes)\n")
     assert time.monotonic() - sent < 10
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the fork server and the resource tracker end once the command has
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("a process of the command's group outlived it by 10 s")
+    assert group_ended(proc.pid), "a process of the command's group outlived it by 10 s"
     assert list((tmp_path / "cache").glob("*")) == []

@@ -767,6 +767,35 @@ def test_a_run_stopped_while_calibrating_writes_no_cache_and_no_output(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
 
 
+@pytest.mark.parametrize(("signame", "status", "line"), [("SIGINT", 130, "stepsim: interrupted\n"),
+                                                         ("SIGTERM", 143, "stepsim: terminated\n")])
+def test_a_signal_stops_exact_serving_on_workers_at_once(tmp_path, signame, status, line):
+    """Ctrl-C at a terminal (the signal to the process group) while an exact `serve --jobs 2` maps its buckets on
+    its workers (an empty mapping cache: searches of minutes): one line and the status within seconds, no process
+    of the group left, no output. Closing the pool used to wait for the searches running: 114 s, seen by script."""
+    import subprocess
+    import sys
+    import time
+
+    from process_group import group_ended, signal_group, wait_for_pool_workers
+
+    trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5, 1.0, 1.5], 300, 20)
+    env = {**os.environ, "STEPSIM_MAPPING_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "stepsim", "serve", "--model", "qwen3-30b-a3b", "--requests",
+                             str(trace), "--fidelity", "exact", "--jobs", "2", "--out", str(tmp_path / "out")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for_pool_workers(proc.pid, 2)
+    time.sleep(2.0)  # the searches are running
+    sent = signal_group(proc.pid, signame)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err, out) == (status, line, "")
+    assert time.monotonic() - sent < 10
+    assert group_ended(proc.pid), "a process of the command's group outlived it by 10 s"
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.rglob("*") if p.suffix not in (".json", ".parquet") and p.name != "cache"] == []
+
+
 def test_a_timeline_inside_a_new_out_folder_is_published_with_it(tmp_path, capsys):
     from stepsim.serve.timeline import read_timeline
 
