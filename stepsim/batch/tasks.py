@@ -85,8 +85,10 @@ def caller_context() -> tuple[dict[str, str], str]:
 def _take_caller_context(context: tuple[dict[str, str], str]) -> None:
     """Make this worker's ``STEPSIM_*`` variables and working folder the caller's. A worker is forked from the
     process-wide fork server, whose environment and folder are those of the moment it started: a program (or
-    test) that changed ``$STEPSIM_MAPPING_CACHE`` since had its plan's workers search schedules in the old folder
-    (the likely cause of a plan test of 4-24 s taking 232 s in one CI run)."""
+    test) that changed ``$STEPSIM_MAPPING_CACHE`` since had its plan's workers look up schedules in the old folder:
+    after tests/mapping/test_map_cli.py's ``map --buckets --jobs 2`` in the same process, the two-worker test of
+    tests/plan/test_plan_waves.py took 186 s instead of 2.4 s and priced with another calibration (232 s in a CI
+    run)."""
     env, cwd = context
     for name in [k for k in os.environ if k.startswith(CALLER_ENVIRONMENT_PREFIX) and k not in env]:
         del os.environ[name]
