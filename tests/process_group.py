@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,3 +49,18 @@ def group_ended(pgid: int, within_s: float = 10.0) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def stopped_with_its_workers(command: list[str], signame: str, *, cwd, env, workers: int = 2) -> tuple[int, str, str]:
+    """Start ``command`` in a group of its own, send ``signame`` to the group once its ``workers`` pool workers have
+    run for 2 s, and return its ``(exit status, stderr, stdout)``; it must end within 10 s of the signal, and every
+    process of its group within 10 s more."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for_pool_workers(proc.pid, workers)
+    time.sleep(2.0)  # the workers' tasks are running
+    sent = signal_group(proc.pid, signame)
+    out, err = proc.communicate(timeout=120)
+    assert time.monotonic() - sent < 10
+    assert group_ended(proc.pid), "a process of the command's group outlived it by 10 s"
+    return proc.returncode, err, out

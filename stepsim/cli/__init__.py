@@ -20,6 +20,7 @@ import warnings
 
 from stepsim._version import __version__
 from stepsim.base.errors import EXIT_ERROR, StepsimError, exit_status
+from stepsim.base.signals import STOPPED
 
 #: the module that provides each command's ``register(subparsers)`` (in help order)
 COMMANDS = {
@@ -144,8 +145,8 @@ def _print_warning(message, category, filename, lineno, file=None, line=None) ->
 _python_showwarning = warnings.showwarning
 
 
-#: the exit statuses of a command stopped by a signal (stepsim.base.signals.STOPPED: 128 + SIGINT, 128 + SIGTERM)
-STOPPED_STATUSES = (130, 143)
+#: the exit statuses of a command stopped by a signal (130 and 143: 128 + SIGINT, 128 + SIGTERM)
+STOPPED_STATUSES = tuple(status for status, _ in STOPPED.values())
 
 
 def main(argv: list[str] | None = None) -> int:

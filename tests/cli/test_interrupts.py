@@ -22,9 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.base.signals import STOPPED
-from stepsim.cli import STOPPED_STATUSES
-
 STEPSIM = [sys.executable, "-m", "stepsim"]
 #: the runs below take many seconds; the signal comes after this many
 SIGNAL_AFTER_S = 3.0
@@ -149,7 +146,3 @@ def test_a_ctrl_c_inside_exec_of_a_string_still_exits_130(tmp_path, place):
 def test_a_signal_a_library_turned_into_its_own_error_is_the_stop(tmp_path, signame, status, line):
     patch = "import stepsim.cli as place\nplace._compile_notice = signalled_in_a_library\n"
     assert _stopped(tmp_path, patch, ["run", "swiglu", "--out", "o"], signame) == (status, line, "")
-
-
-def test_the_stop_statuses_are_the_signals_ones():
-    assert STOPPED_STATUSES == tuple(status for status, _ in STOPPED.values())

@@ -772,25 +772,15 @@ def test_sigterm_stops_exact_serving_on_workers_at_once(tmp_path):
     mapping cache: searches of minutes): one line and status 143 within seconds, no process of the group left, no
     output. Closing the pool used to wait for the searches running (a Ctrl-C: 114 s, seen by script); Ctrl-C takes
     the same path (tests/mapping/test_map_cli.py sends it to `map --buckets`' workers)."""
-    import subprocess
     import sys
-    import time
 
-    from process_group import group_ended, signal_group, wait_for_pool_workers
+    from process_group import stopped_with_its_workers
 
     trace = requests_file(tmp_path / "t.parquet", [0.0, 0.5, 1.0, 1.5], 300, 20)
     env = {**os.environ, "STEPSIM_MAPPING_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "stepsim", "serve", "--model", "qwen3-30b-a3b", "--requests",
-                             str(trace), "--fidelity", "exact", "--jobs", "2", "--out", str(tmp_path / "out")],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    wait_for_pool_workers(proc.pid, 2)
-    time.sleep(2.0)  # the searches are running
-    sent = signal_group(proc.pid, "SIGTERM")
-    out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, err, out) == (143, "stepsim: terminated\n", "")
-    assert time.monotonic() - sent < 10
-    assert group_ended(proc.pid), "a process of the command's group outlived it by 10 s"
+    command = [sys.executable, "-m", "stepsim", "serve", "--model", "qwen3-30b-a3b", "--requests", str(trace),
+               "--fidelity", "exact", "--jobs", "2", "--out", str(tmp_path / "out")]
+    assert stopped_with_its_workers(command, "SIGTERM", cwd=tmp_path, env=env) == (143, "stepsim: terminated\n", "")
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.rglob("*") if p.suffix not in (".json", ".parquet") and p.name != "cache"] == []
 
