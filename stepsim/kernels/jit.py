@@ -26,7 +26,7 @@ _HERE = Path(__file__).resolve().parent
 KERNEL_MODULES = ("abi.py", "jit.py", "channels.py", "hbm.py", "values.py", "units_common.py", "units_compute.py",
                   "units_memory.py", "units_routing.py", "units_shape.py", "units_sources.py", "units_link.py",
                   "engine.py", "timeline.py", "serve_fast.py", "serve_replay.py", "serve_mapped.py", "row_sum.py",
-                  "routing_windows.py")
+                  "routing_windows.py", "cpu.py")
 
 
 def _invalidate_stale_cache() -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepsim.kernels.cpu import lowest_bit, prefetch
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.row_sum import EXACT, _dot
 from stepsim.kernels.serve_fast import window_count, window_rows, window_stop
@@ -142,6 +143,34 @@ def _counts(prefix, start, tokens, experts, counts):
     stop, turns = window_rows(prefix.shape[1] - 1, start, tokens)
     for e in range(experts):
         counts[e] = window_count(prefix, 0, start, stop, turns, e)
+
+
+#: MoE layers whose prefix rows :func:`price_mapped` asks for ahead of the layer it counts (:func:`_prefetch_window`;
+#: 4 to 16 ahead measured alike, bench/README.md, session 48)
+PREFETCH_LAYERS = 4
+
+
+@kernel
+def _by_prefix(tokens, top_k, experts):
+    """Whether :func:`_layer_loads` counts a window of ``tokens`` pool tokens from the pool's prefix counts rather
+    than row by row: a row costs about four experts (bench/README.md, session 44)."""
+    return 4 * tokens * top_k >= experts
+
+
+@kernel
+def _prefetch_window(prefix, start, tokens):
+    """Ask for the cache lines of the two prefix rows :func:`_counts` reads for the window of ``tokens`` pool tokens
+    from ``start`` (:func:`stepsim.kernels.cpu.prefetch`; the pool's last row, read by a window that turns, stays
+    in cache). Every line of a row: its first element, one a line after it, and its last (a row need not start a
+    line)."""
+    experts = prefix.shape[2]
+    stop, _ = window_rows(prefix.shape[1] - 1, start, tokens)
+    step = max(1, 64 // prefix.itemsize)
+    for e in range(0, experts, step):
+        prefetch(prefix, 0, start, e)
+        prefetch(prefix, 0, stop, e)
+    prefetch(prefix, 0, start, experts - 1)
+    prefetch(prefix, 0, stop, experts - 1)
 
 
 @kernel
@@ -267,7 +296,7 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
         for j in range(3 * chips):
             loads[j] = 0
     experts = expert_of_rank.shape[0]
-    if 4 * tokens * pool_rows.shape[1] >= experts:  # a row costs about four experts (bench/README.md, session 44)
+    if _by_prefix(tokens, pool_rows.shape[1], experts):
         total = 0
         active = 0
         busiest = 0
@@ -280,13 +309,20 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
             total += t
             active += 1 if c > 0 else 0
             busiest = max(busiest, t)
-        expert = 0
-        for j in range(n_regions):
-            s = 0
-            for _ in range(per_region):
-                s += tiles[np.uint64(rank_of_expert[expert])]  # unsigned: no test for a negative index
-                expert += 1
-            regions[j] = s
+        # the regions' sums in one loop over the experts: the compiler unrolls it, where a loop a region was a
+        # vector loop of one pass and a reduction for 4 experts a region (the Qwen3-30B-A3B decode steps'), 0.5-0.9 s
+        # more of its whole-trace replay (bench/README.md, session 48)
+        s = 0
+        k = 0
+        j = 0
+        for expert in range(experts):
+            s += tiles[np.uint64(rank_of_expert[np.uint64(expert)])]  # unsigned: no test for a negative index
+            k += 1
+            if k == per_region:
+                regions[np.uint64(j)] = s
+                j += 1
+                s = 0
+                k = 0
         if ep:
             for rank in range(experts):
                 if counts[rank] > 0:
@@ -368,6 +404,40 @@ def deal_least_loaded(loads, heap, regions, t):
         else:
             break
     heap[i] = j
+
+
+#: regions up to which a decode attention's requests are dealt by bits (:func:`deal_by_bits`): one word's
+BIT_REGIONS = 64
+
+
+@kernel
+def bits_start(loads, ring, regions):
+    """Zero ``loads[:regions]`` (at most :data:`BIT_REGIONS`) and ``ring``, then put every region in bucket 0 (load
+    0) for :func:`deal_by_bits`."""
+    for j in range(regions):
+        loads[j] = 0
+    for i in range(len(ring)):
+        ring[i] = 0
+    ring[0] = -1 if regions == BIT_REGIONS else ~(np.int64(-1) << regions)  # the low `regions` bits
+
+
+@kernel
+def deal_by_bits(loads, ring, low, t):
+    """:func:`deal_least_loaded` with the regions kept by load: bit ``j`` of ``ring[load % len(ring)]`` is set when
+    region ``j`` has that load, so the least loaded region of the lowest index is the lowest bit of the first
+    nonempty bucket from ``low``, the least load, which only grows (returned, for the next call). Every load lies in
+    ``[low, low + the largest t]`` (a region is dealt to when least loaded), so a ring longer than the largest
+    ``t`` (a power of two: ``%`` is a mask) never holds two loads in one bucket. A few instructions a request where
+    the heap's sift is a branch a level."""
+    mask = len(ring) - 1
+    while ring[low & mask] == 0:
+        low += 1
+    bucket = ring[low & mask]
+    j = lowest_bit(bucket)
+    ring[low & mask] = bucket & ~(np.int64(1) << j)
+    loads[j] = low + t
+    ring[(low + t) & mask] |= np.int64(1) << j
+    return low
 
 
 @kernel
@@ -486,12 +556,22 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
         r = min(buckets_i[B_DECODE_REGIONS, b], decode_requests)
         if 2 * r > len(loads) or r < 1:
             return UNSUPPORTED
-        heap = loads[r:2 * r]
-        least_loaded_heap(loads, heap, r)
-        for h in range(heads):  # np.tile: every head's requests in batch order, dealt to the least loaded
-            for i in range(m):
-                if new[i] == 1:
-                    deal_least_loaded(loads, heap, r, (ctx[i] + 1 + round_up) >> shift)
+        ring_size = 1 << log2_bucket(dec_longest + 1)  # longer than the largest tiles
+        if r <= BIT_REGIONS and BIT_REGIONS + ring_size <= len(loads):
+            ring = loads[BIT_REGIONS:BIT_REGIONS + ring_size]
+            bits_start(loads, ring, r)
+            low = 0
+            for h in range(heads):  # np.tile: every head's requests in batch order, dealt to the least loaded
+                for i in range(m):
+                    if new[i] == 1:
+                        low = deal_by_bits(loads, ring, low, (ctx[i] + 1 + round_up) >> shift)
+        else:
+            heap = loads[r:2 * r]
+            least_loaded_heap(loads, heap, r)
+            for h in range(heads):
+                for i in range(m):
+                    if new[i] == 1:
+                        deal_least_loaded(loads, heap, r, (ctx[i] + 1 + round_up) >> shift)
         most = 0
         for j in range(r):
             most = max(most, loads[j])
@@ -596,7 +676,12 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     ffn_flops = np.int64(0)
     if tokens >= EXACT // max(pm[M_ROW_BYTES], 1) or tokens >= EXACT // max(pm[M_FFN_FLOPS], 1):
         return UNSUPPORTED
+    ahead = PREFETCH_LAYERS if moe and _by_prefix(tokens, pool_rows.shape[1], experts) else 0
+    for layer in range(min(ahead, layers)):
+        _prefetch_window(prefix, starts[row_of_starts, layer], tokens)
     for layer in range(layers):
+        if ahead and layer + ahead < layers:
+            _prefetch_window(prefix, starts[row_of_starts, layer + ahead], tokens)
         if layer < rows:
             for j in range(columns):
                 xf[j] = 0.0

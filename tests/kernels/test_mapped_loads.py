@@ -1,9 +1,11 @@
 """The mapped pricing's per-step counts (:mod:`stepsim.kernels.serve_mapped`) against NumPy written from their
 definitions, on every kind of routing window and region layout:
 
-* :func:`~stepsim.kernels.serve_mapped.deal_least_loaded` (a heap) picks what a scan of every region picks: the least
-  loaded, the lowest index on a tie, so the busiest region's load of a decode attention's requests dealt greedily is
-  the scan's to the integer (ties are most of a step's picks: every region starts at 0).
+* :func:`~stepsim.kernels.serve_mapped.deal_least_loaded` (a heap) and
+  :func:`~stepsim.kernels.serve_mapped.deal_by_bits` (the regions of each load as bits, up to 64 regions) pick what a
+  scan of every region picks: the least loaded, the lowest index on a tie, so the busiest region's load of a decode
+  attention's requests dealt greedily is the scan's to the integer (ties are most of a step's picks: every region
+  starts at 0).
 * :func:`~stepsim.kernels.serve_mapped._layer_loads` gives :func:`stepsim.serve.fast_mapped._ffn_loads`' expert
   tiles, active experts, busiest expert, each region's tiles, and on expert-parallel chips each chip's tiles,
   received rows and active experts, whether the window is counted row by row (fewer rows than a quarter of the
@@ -15,7 +17,17 @@ import numpy as np
 import pytest
 from test_chip_columns import POOLS, WINDOWS, pool, window
 
-from stepsim.kernels.serve_mapped import _layer_loads, _log2_exact, deal_least_loaded, least_loaded_heap
+from stepsim.kernels.cpu import lowest_bit
+from stepsim.kernels.serve_mapped import (
+    BIT_REGIONS,
+    _layer_loads,
+    _log2_exact,
+    bits_start,
+    deal_by_bits,
+    deal_least_loaded,
+    least_loaded_heap,
+    log2_bucket,
+)
 
 EXPERTS = 16  # test_chip_columns' pool: 16 experts, 3 a token
 
@@ -39,6 +51,34 @@ def test_the_heap_deals_as_the_scan_does(regions, seed):
         scan_deal(expected, t)
         np.testing.assert_array_equal(loads[:regions], expected)
     assert loads[regions] == -9 and heap[regions] == -9  # nothing written past the regions
+
+
+@pytest.mark.parametrize("regions", [1, 2, 3, 63, BIT_REGIONS])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_bits_deal_as_the_scan_does(regions, seed):
+    """Every deal, with tiles up to the ring's length - 1 (the longest the ring holds apart) and many ties."""
+    rng = np.random.default_rng(seed)
+    tiles = rng.integers(1, 9, size=3000)
+    tiles[rng.integers(0, 3000, size=50)] = 15  # the largest: a ring of 16
+    size = 1 << log2_bucket(int(tiles.max()) + 1)
+    assert size == 16
+    loads = np.full(BIT_REGIONS + size + 2, -9, dtype=np.int64)
+    ring = loads[BIT_REGIONS:BIT_REGIONS + size]
+    bits_start(loads, ring, regions)
+    expected = np.zeros(regions, dtype=np.int64)
+    low = 0
+    for t in tiles:
+        least = expected.min()
+        low = deal_by_bits(loads, ring, low, t)
+        scan_deal(expected, t)
+        np.testing.assert_array_equal(loads[:regions], expected)
+        assert low == least  # the least load before the deal, where the next search starts
+    assert loads[BIT_REGIONS + size] == -9 and (loads[regions:BIT_REGIONS] == -9).all()  # nothing else written
+
+
+@pytest.mark.parametrize("x, bit", [(1, 0), (12, 2), (-1, 0), (-2**63, 63), (2**62, 62)])
+def test_lowest_bit(x, bit):
+    assert lowest_bit(np.int64(x)) == bit
 
 
 def reference_loads(routing_experts, tile_n, n_regions, chips):
