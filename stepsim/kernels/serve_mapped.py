@@ -71,7 +71,10 @@ M_ROWS = M_THETA_LENGTH + 4
 #: cycles (-1: not filled), HBM bytes, on-chip bytes, FLOPs; then the all-reduce of a step's tokens (its cycles)
 PJ_QKV, PJ_O, PJ_ROUTER, PJ_HEAD, PJ_ALLREDUCE = range(5)
 #: rows of the pieces scratch ``pc`` (int64 ``[PC_ROWS, pieces]``)
-PC_CYCLES, PC_HBM, PC_WEIGHT, PC_ON_CHIP, PC_FLOPS, PC_STREAMS, PC_KIND, PC_PREFETCHED, PC_ROWS = range(9)
+(PC_CYCLES, PC_HBM, PC_WEIGHT, PC_ON_CHIP, PC_FLOPS, PC_STREAMS, PC_KIND, PC_PREFETCHED, PC_FLOOR, PC_UNREAD,
+ PC_READ_CYCLES, PC_ROWS) = range(12)
+#: (``PC_FLOOR``, ``PC_UNREAD``, ``PC_READ_CYCLES``: written by :func:`_hidden`, a piece's compute floor, the bytes
+#: it still reads and their cycles at the HBM's peak)
 #: piece kinds (``pc[PC_KIND]``)
 K_PROJECTION, K_ATTENTION, K_FFN, K_COLLECTIVE = range(4)
 #: ``need`` (int64 ``[4]``): the step's tokens, sequences, decode requests (every KV head's) and prefill size (one
@@ -463,26 +466,44 @@ def _piece(pc, p, cycles, hbm, weight, on_chip, flops, streams, kind):
 
 
 @kernel
-def _hidden(pc, n, capacity, peak_bytes, peak_flops):
+def _hidden(pc, n, period, capacity, peak_bytes, peak_flops):
     """:func:`stepsim.serve.projections.stream_ahead` over the ``n`` pieces of ``pc``: the cycles streaming hid
-    (the sum of every piece's ``saved``), or -1 when a product would leave int64's exact range."""
+    (the sum of every piece's ``saved``), or -1 when a product would leave int64's exact range.
+
+    A piece's compute floor and the cycles of the bytes it still reads are taken from the piece ``period`` before
+    when that piece's FLOPs (bytes) were the same: a model's layers repeat their pieces (``period`` of them a layer),
+    and these divisions were most of this function's time."""
     held = 0
     front = 0
     hidden = 0
+    limit = EXACT // peak_bytes
     for k in range(n):
         b = pc[PC_PREFETCHED, k]
         held -= b
         cycles = pc[PC_CYCLES, k]
-        floor = -(-pc[PC_FLOPS, k] // peak_flops)
+        flops = pc[PC_FLOPS, k]
+        if k >= period and flops == pc[PC_FLOPS, k - period]:
+            floor = pc[PC_FLOOR, k - period]
+        else:
+            floor = -(-flops // peak_flops)
+        pc[PC_FLOOR, k] = floor
         saved = 0
         if b:
             saved = min(b // peak_bytes, max(0, cycles - floor))
         t = cycles - saved
         hidden += saved
+        pc[PC_UNREAD, k] = -1  # no bytes read: never matched
         if pc[PC_STREAMS, k] == 0:
             continue
-        idle = t - -(-max(0, pc[PC_HBM, k] - b) // peak_bytes)
-        if idle >= EXACT // peak_bytes:
+        unread = max(0, pc[PC_HBM, k] - b)
+        if k >= period and unread == pc[PC_UNREAD, k - period]:
+            read = pc[PC_READ_CYCLES, k - period]
+        else:
+            read = -(-unread // peak_bytes)
+        pc[PC_UNREAD, k] = unread
+        pc[PC_READ_CYCLES, k] = read
+        idle = t - read
+        if idle >= limit:
             return -1
         budget = min(max(0, idle) * peak_bytes, max(0, capacity - pc[PC_ON_CHIP, k] - held))
         front = max(front, k + 1)
@@ -796,7 +817,7 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     weights += proj[PJ_HEAD, 0, m]
     if read_tiles >= EXACT // max(pm[M_KV_READ], 1) or context_plus >= EXACT // max(pm[M_DECODE_FLOPS], 1):
         return UNSUPPORTED
-    hidden = _hidden(pc, p, pm[M_CAPACITY], pm[M_HBM_PEAK], pm[M_PEAK_FLOPS])
+    hidden = _hidden(pc, p, max(1, (p - 1) // layers), pm[M_CAPACITY], pm[M_HBM_PEAK], pm[M_PEAK_FLOPS])  # head last
     if hidden < 0:
         return UNSUPPORTED
     if tokens >= EXACT // max(pm[M_EMBEDDING_BYTES], 1):

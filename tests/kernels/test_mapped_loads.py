@@ -20,6 +20,15 @@ from test_chip_columns import POOLS, WINDOWS, pool, window
 from stepsim.kernels.cpu import lowest_bit
 from stepsim.kernels.serve_mapped import (
     BIT_REGIONS,
+    PC_CYCLES,
+    PC_FLOPS,
+    PC_HBM,
+    PC_ON_CHIP,
+    PC_PREFETCHED,
+    PC_ROWS,
+    PC_STREAMS,
+    PC_WEIGHT,
+    _hidden,
     _layer_loads,
     _log2_exact,
     bits_start,
@@ -28,6 +37,7 @@ from stepsim.kernels.serve_mapped import (
     least_loaded_heap,
     log2_bucket,
 )
+from stepsim.serve.projections import Piece, stream_ahead
 
 EXPERTS = 16  # test_chip_columns' pool: 16 experts, 3 a token
 
@@ -123,3 +133,28 @@ def check_window(size, start, tokens, tile_n, n_regions, chips):
     if ep:
         np.testing.assert_array_equal(loads[:3 * chips], want_chips)
         assert loads[3 * chips] == -7
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hidden_is_stream_ahead(seed):
+    """:func:`~stepsim.kernels.serve_mapped._hidden` (its floors and read cycles taken from the piece a layer
+    before when equal) hides what :func:`stepsim.serve.projections.stream_ahead` saves, on layers that repeat
+    their pieces but for one (the FFN's, drawn afresh: sometimes equal), a head piece last, and a period that is
+    right, wrong or 1."""
+    rng = np.random.default_rng(seed)
+    period, layers = int(rng.integers(3, 7)), int(rng.integers(1, 9))
+    layer = [Piece(f"p{i}", *map(int, rng.integers(1, 400, size=5)), streams=bool(rng.integers(0, 4)))
+             for i in range(period)]
+    pieces = []
+    for _ in range(layers):
+        ffn = Piece("ffn", *map(int, rng.integers(1, 400, size=2)), *map(int, rng.integers(1, 3, size=3)))
+        pieces += [*layer[:-1], ffn]
+    pieces.append(Piece("head", *map(int, rng.integers(1, 400, size=5))))
+    capacity, peak_bytes, peak_flops = int(rng.integers(50, 3000)), int(rng.integers(1, 9)), int(rng.integers(1, 9))
+    want = sum(s.saved for s in stream_ahead(pieces, capacity, peak_bytes, peak_flops))
+    for guess in (period, period + 1, 1):
+        pc = np.full((PC_ROWS, len(pieces)), -5, dtype=np.int64)
+        for k, q in enumerate(pieces):
+            pc[[PC_CYCLES, PC_HBM, PC_WEIGHT, PC_ON_CHIP, PC_FLOPS, PC_STREAMS, PC_PREFETCHED], k] = (
+                q.cycles, q.hbm_bytes, q.weight_bytes, q.on_chip_bytes, q.flops, q.streams, 0)
+        assert _hidden(pc, len(pieces), guess, capacity, peak_bytes, peak_flops) == want
