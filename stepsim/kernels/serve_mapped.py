@@ -697,6 +697,10 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
     ffn_flops = np.int64(0)
     if tokens >= EXACT // max(pm[M_ROW_BYTES], 1) or tokens >= EXACT // max(pm[M_FFN_FLOPS], 1):
         return UNSUPPORTED
+    # the same for every layer of the step
+    by_tokens = _line(np.float64(tokens), bottom_tokens, bottom_cycles, top_tokens, cycles_b)  # bucket_estimate's
+    expert_limit = EXACT // max(pm[M_PER_EXPERT], 1)
+    shared_tiles = -(-tokens // traffic_tile_n)
     ahead = PREFETCH_LAYERS if moe and _by_prefix(tokens, pool_rows.shape[1], experts) else 0
     for layer in range(min(ahead, layers)):
         _prefetch_window(prefix, starts[row_of_starts, layer], tokens)
@@ -742,7 +746,6 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                 region_ratio = np.float64(region_most) / regions_rep
                 load = tile_ratio if tile_ratio >= region_ratio else region_ratio  # np.maximum
             # fast_mapped.bucket_estimate, operation for operation
-            by_tokens = _line(np.float64(tokens), bottom_tokens, bottom_cycles, top_tokens, cycles_b)
             by_load = cycles_b * load / top_load
             xf[6] = column6
             xf[7] = by_tokens if by_tokens >= by_load else by_load  # np.maximum
@@ -766,7 +769,7 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
             ffn_cycles = np.int64(v)
             touched += active
             # projections.ffn_traffic: each touched expert's matrices once per tile of its tokens
-            if moe and (total >= EXACT // max(pm[M_PER_EXPERT], 1) or active >= EXACT // max(pm[M_PER_EXPERT], 1)):
+            if moe and (total >= expert_limit or active >= expert_limit):
                 return UNSUPPORTED
             if ep:
                 # projections.ep_block_traffic: the chip with the most expert tiles (the lowest on a tie), its
@@ -783,10 +786,10 @@ def price_mapped(pm, forms, theta, buckets_i, buckets_f, proj, ctx, new, m, toke
                 ffn_flops = loads[chips + crit] * pm[M_EXPERT_ROW_FLOPS] + shard * pm[M_SHARED_ROW_FLOPS]
             elif moe:
                 ffn_weights = active * pm[M_PER_EXPERT] + pm[M_SHARED_W]
-                ffn_reads = total * pm[M_PER_EXPERT] + -(-tokens // traffic_tile_n) * pm[M_SHARED_W]
+                ffn_reads = total * pm[M_PER_EXPERT] + shared_tiles * pm[M_SHARED_W]
             else:
                 ffn_weights = pm[M_SHARED_W]
-                ffn_reads = -(-tokens // traffic_tile_n) * pm[M_SHARED_W]
+                ffn_reads = shared_tiles * pm[M_SHARED_W]
             if not ep:
                 ffn_reads += tokens * pm[M_ROW_BYTES]
                 ffn_flops = tokens * pm[M_FFN_FLOPS]
