@@ -149,7 +149,7 @@ def _counts(prefix, start, tokens, experts, counts):
 
 
 #: MoE layers whose prefix rows :func:`price_mapped` asks for ahead of the layer it counts (:func:`_prefetch_window`;
-#: 4 to 16 ahead measured alike, bench/README.md, session 48)
+#: of 4, 8 and 16 ahead, 4 the fastest: bench/README.md, session 48)
 PREFETCH_LAYERS = 4
 
 
