@@ -290,9 +290,9 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
     A window of fewer (token, expert) rows than a quarter of the experts (a decode step of a few sequences: most
     steps of a lightly loaded replica) is counted row by row (:func:`_row_loads`), touching only its ranks; a larger
     one from the pool's prefix counts (:func:`_counts`), in loops over the experts: the tiles rank by rank (the
-    prefix counts' order), each region's sum expert by expert (gathered through ``rank_of_expert``: a region's
-    experts are contiguous, so each region is written once), and on expert-parallel chips the chips' columns apart.
-    One loop over the ranks adding into the regions (and the chips) made the compiled loop of the one-chip
+    prefix counts' order), then each region's sum (rank by rank into the region of the rank's expert when a region
+    has a power of two experts, else expert by expert through ``rank_of_expert``), and on expert-parallel chips the
+    chips' columns apart. One loop over the ranks making the tiles and adding into the regions (and the chips) made the compiled loop of the one-chip
     Qwen3-30B-A3B whole-trace replay 7.3-8.1 s against 6.9-7.4 s (with the heap of :func:`deal_least_loaded`;
     bench/README.md, session 44). The two paths give the same integers (tests/serve/test_replay_mapped.py)."""
     if ep:
@@ -312,20 +312,28 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
             total += t
             active += 1 if c > 0 else 0
             busiest = max(busiest, t)
-        # the regions' sums in one loop over the experts: the compiler unrolls it, where a loop a region was a
-        # vector loop of one pass and a reduction for 4 experts a region (the Qwen3-30B-A3B decode steps'), 0.5-0.9 s
-        # more of its whole-trace replay (bench/README.md, session 48)
-        s = 0
-        k = 0
-        j = 0
-        for expert in range(experts):
-            s += tiles[np.uint64(rank_of_expert[np.uint64(expert)])]  # unsigned: no test for a negative index
-            k += 1
-            if k == per_region:
-                regions[np.uint64(j)] = s
-                j += 1
-                s = 0
-                k = 0
+        # the regions' sums: with a power of two experts a region, each rank's tiles added into its expert's region
+        # (a shift); else in one loop over the experts in order, which the compiler unrolls. A loop a region was a
+        # vector loop of one pass and a reduction for 4 experts a region (the Qwen3-30B-A3B decode steps'), and
+        # the loop over the experts 17 % more of _layer_loads' samples than the shift (bench/README.md, session 48)
+        region_shift = _log2_exact(per_region)
+        if region_shift >= 0:
+            for j in range(n_regions):
+                regions[j] = 0
+            for rank in range(experts):
+                regions[np.uint64(expert_of_rank[np.uint64(rank)] >> region_shift)] += tiles[np.uint64(rank)]
+        else:
+            s = 0
+            k = 0
+            j = 0
+            for expert in range(experts):
+                s += tiles[np.uint64(rank_of_expert[np.uint64(expert)])]  # unsigned: no test for a negative index
+                k += 1
+                if k == per_region:
+                    regions[np.uint64(j)] = s
+                    j += 1
+                    s = 0
+                    k = 0
         if ep:
             for rank in range(experts):
                 if counts[rank] > 0:

@@ -158,3 +158,30 @@ def test_hidden_is_stream_ahead(seed):
             pc[[PC_CYCLES, PC_HBM, PC_WEIGHT, PC_ON_CHIP, PC_FLOPS, PC_STREAMS, PC_PREFETCHED], k] = (
                 q.cycles, q.hbm_bytes, q.weight_bytes, q.on_chip_bytes, q.flops, q.streams, 0)
         assert _hidden(pc, len(pieces), guess, capacity, peak_bytes, peak_flops) == want
+
+
+@pytest.mark.parametrize("n_regions", [4, 3, 2])
+def test_regions_of_other_than_a_power_of_two_experts(n_regions):
+    """12 experts, 2 a token: 3 experts a region (summed expert by expert through the permutation), 4 (a shift), 6
+    (expert by expert); windows inside the pool and wrapping it, at tiles of 1 and 2."""
+    experts, top_k, size = 12, 2, 50
+    rng = np.random.default_rng(n_regions)
+    ranks = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(size)])
+    onehot = np.zeros((size, experts), dtype=np.uint16)
+    onehot[np.repeat(np.arange(size), top_k), ranks.ravel()] = 1
+    prefix = np.zeros((1, size + 1, experts), dtype=np.uint16)
+    np.cumsum(onehot, axis=0, out=prefix[0, 1:])
+    expert_of_rank = rng.permutation(experts).astype(np.int64)
+    per_region = experts // n_regions
+    for start, tokens in ((0, 50), (3, 20), (40, 30), (7, 120)):
+        for tile_n in (1, 2):
+            counts = np.full(2 * experts, -7, dtype=np.int64)
+            regions = np.full(n_regions + 1, -7, dtype=np.int64)
+            got = _layer_loads(prefix, ranks, expert_of_rank, np.argsort(expert_of_rank), start, tokens, tile_n,
+                               _log2_exact(tile_n), per_region, n_regions, False, 1, experts, _log2_exact(experts),
+                               counts, regions, np.zeros(3, dtype=np.int64), np.zeros(3), 0)
+            window = expert_of_rank[ranks[(start + np.arange(tokens)) % size]]
+            tiles = -(-np.bincount(window.ravel(), minlength=experts) // tile_n)
+            assert got == (int(tiles.sum()), int((tiles > 0).sum()), int(tiles.max()))
+            np.testing.assert_array_equal(regions[:n_regions], tiles.reshape(n_regions, per_region).sum(axis=1))
+            assert regions[n_regions] == -7
