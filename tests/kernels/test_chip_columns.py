@@ -19,14 +19,14 @@ EXPERTS, TOP_K = 16, 3
 POOLS = (97, 128)
 
 
-def pool(seed: int, size: int):
-    """A pool of ``size`` tokens' distinct ranks ``[size, TOP_K]`` and its prefix counts ``[1, size + 1, EXPERTS]``
+def pool(seed: int, size: int, experts: int = EXPERTS, top_k: int = TOP_K):
+    """A pool of ``size`` tokens' distinct ranks ``[size, top_k]`` and its prefix counts ``[1, size + 1, experts]``
     (uint16, as :meth:`stepsim.serve.routing.SyntheticRouting._draw_pool` lays them out)."""
     rng = np.random.default_rng(seed)
-    ranks = np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(size)])
-    onehot = np.zeros((size, EXPERTS), dtype=np.uint16)
-    onehot[np.repeat(np.arange(size), TOP_K), ranks.ravel()] = 1
-    prefix = np.zeros((1, size + 1, EXPERTS), dtype=np.uint16)
+    ranks = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(size)])
+    onehot = np.zeros((size, experts), dtype=np.uint16)
+    onehot[np.repeat(np.arange(size), top_k), ranks.ravel()] = 1
+    prefix = np.zeros((1, size + 1, experts), dtype=np.uint16)
     np.cumsum(onehot, axis=0, out=prefix[0, 1:])
     return ranks, prefix
 

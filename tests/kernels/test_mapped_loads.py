@@ -164,14 +164,9 @@ def test_hidden_is_stream_ahead(seed):
 def test_regions_of_other_than_a_power_of_two_experts(n_regions):
     """12 experts, 2 a token: 3 experts a region (summed expert by expert through the permutation), 4 (a shift), 6
     (expert by expert); windows inside the pool and wrapping it, at tiles of 1 and 2."""
-    experts, top_k, size = 12, 2, 50
-    rng = np.random.default_rng(n_regions)
-    ranks = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(size)])
-    onehot = np.zeros((size, experts), dtype=np.uint16)
-    onehot[np.repeat(np.arange(size), top_k), ranks.ravel()] = 1
-    prefix = np.zeros((1, size + 1, experts), dtype=np.uint16)
-    np.cumsum(onehot, axis=0, out=prefix[0, 1:])
-    expert_of_rank = rng.permutation(experts).astype(np.int64)
+    experts, size = 12, 50
+    ranks, prefix = pool(n_regions, size, experts, top_k=2)
+    expert_of_rank = np.random.default_rng(n_regions).permutation(experts).astype(np.int64)
     per_region = experts // n_regions
     for start, tokens in ((0, 50), (3, 20), (40, 30), (7, 120)):
         for tile_n in (1, 2):
