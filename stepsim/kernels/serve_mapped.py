@@ -315,7 +315,7 @@ def _layer_loads(prefix, pool_rows, expert_of_rank, rank_of_expert, start, token
         # the regions' sums: with a power of two experts a region, each rank's tiles added into its expert's region
         # (a shift); else in one loop over the experts in order, which the compiler unrolls. A loop a region was a
         # vector loop of one pass and a reduction for 4 experts a region (the Qwen3-30B-A3B decode steps'), and
-        # the loop over the experts 17 % more of _layer_loads' samples than the shift (bench/README.md, session 48)
+        # the loop over the experts 20 % more of _layer_loads' samples than the shift (bench/README.md, session 48)
         region_shift = _log2_exact(per_region)
         if region_shift >= 0:
             for j in range(n_regions):
