@@ -5,9 +5,10 @@ regions, cycles, on-chip bytes up to the chip's capacity, so that streaming the 
 the idle HBM and the free memory), the projections' costs a rule of the token count: the same per-step and
 per-request tables bit for bit, the same buckets noted, the routing left in the same state, the same stop; a disaggregated decode pool likewise.
 
-The mapper and the engine are replaced (``stepsim.mapping.schedule_for``, ``projections.projection_cost``): what
-is compared is the pricing's arithmetic over whatever schedules the buckets get (the mapper's search takes minutes
-a model; tests/mapping checks it), in both paths the same functions.
+The mapper and the engine are replaced (``stepsim.mapping.schedule_for``, ``projections.projection_cost``,
+``ffn_points.point_cycles``): what is compared is the pricing's arithmetic over whatever schedules the buckets get
+(the mapper's search takes minutes a model; tests/mapping checks it; the FFN buckets' simulated points were 112 of
+this file's 192 s, profiled, and tests/serve/test_ffn_points.py checks them), in both paths the same functions.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from stepsim.base.hardware import PRESETS
 from stepsim.kernels.serve_mapped import PREFILL_COLUMNS
 from stepsim.mapping.schedule import Schedule
 from stepsim.models.presets import resolve_model
-from stepsim.serve import fast_mapped, projections, replay_compiled
+from stepsim.serve import fast_mapped, ffn_points, projections, replay_compiled
 from stepsim.serve.fast import MetricForm
 from stepsim.serve.fast_mapped import FFN_COLUMNS, MappedFastLatency
 from stepsim.serve.replay import replay, replay_reference
@@ -71,12 +72,21 @@ def projection_cost(tokens, d_in, d_out, hardware):
     return cycles, weights + tokens * (d_in + d_out) * 2, on_chip, 2 * tokens * d_in * d_out
 
 
+def point_cycles(tokens, dims, hardware, system=None):
+    """An FFN point's engine cycles on each of its representative routings: a rule of the token count, the
+    dimensions and the sample (above and below its bucket's top some of the time)."""
+    from stepsim.mapping.kinds.ffn import ffn_samples
+
+    return tuple(300 + (tokens * 7919 + dims.experts * 131 + s * 104_729) % 30_000 for s in range(ffn_samples(tokens)))
+
+
 @pytest.fixture
 def mapped(monkeypatch):
     """Installs a :class:`Mapper` (returned by the fixture's function) and the projections' rule."""
     import stepsim.mapping
 
     monkeypatch.setattr(projections, "projection_cost", projection_cost)
+    monkeypatch.setattr(ffn_points, "point_cycles", point_cycles)
 
     def install(mapper: Mapper) -> Mapper:
         monkeypatch.setattr(stepsim.mapping, "schedule_for", mapper)
