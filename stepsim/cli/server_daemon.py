@@ -48,6 +48,7 @@ import threading
 import time
 import traceback
 
+from stepsim.base.collector import tune_collector
 from stepsim.cli import server_client as client
 
 #: modules the server imports before it serves (every command's module, the worker pool's preload); the kernels
@@ -128,6 +129,7 @@ def _preload() -> None:
             importlib.import_module(name)
     gc.collect()
     gc.freeze()
+    tune_collector()  # the commands it runs collect as the program's own process would (stepsim.base.collector)
 
 
 def _listen(socket_file: str) -> socket.socket:
