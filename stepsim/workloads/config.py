@@ -293,6 +293,21 @@ def bandwidth_kwargs(cfg: Mapping) -> dict[str, int]:
     return {key: cfg[key] for key in ("compute_bw", "channel_depth") if cfg.get(key) is not None}
 
 
+def compute_bw_kwargs(cfg: Mapping) -> dict[str, int]:
+    """The ``compute_bw`` knob (FLOPs/cycle) a config sets, as a builder keyword: for the builders that fix their
+    experiment's FIFO depth (:func:`apply_channel_depth` overrides it after the build)."""
+    return {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
+
+
+def apply_channel_depth(workload: Workload, cfg: Mapping) -> Workload:
+    """``workload`` with the config's ``channel_depth`` knob (elements), when set, as its depth and in its
+    ``params`` (what its record says it ran with)."""
+    if cfg.get("channel_depth") is not None:
+        workload.channel_depth = cfg["channel_depth"]
+        workload.params["channel_depth"] = cfg["channel_depth"]
+    return workload
+
+
 def build_normalized(cfg: Mapping, *, source: str | None = None) -> Workload:
     """Build the workload of a config already passed through :func:`normalize_config`.
 

@@ -132,6 +132,27 @@ def test_mapping_builds_what_the_knobs_say():
     assert (custom.params["hidden"], custom.params["intermediate"]) == (64, 128)
 
 
+@pytest.mark.parametrize("kind, model", [("attention", None), ("prefill_attention", "qwen3-30b-a3b"),
+                                         ("mla_attention", "deepseek-v3"), ("mla_prefill", "deepseek-v3"),
+                                         ("sliding_attention", "gpt-oss-20b")])
+def test_the_attention_kinds_take_the_depth_and_compute_knobs_over_their_experiments(kind, model):
+    """The attention kinds build with their experiment's FIFO depth (1) and 2,048 FLOPs/cycle; the knobs override
+    both, and the record says so (stepsim.workloads.config.apply_channel_depth, compute_bw_kwargs)."""
+    cfg = {"workload": kind, **({"model": model} if model else {})}
+    default, knobs = workload_from_config(cfg), workload_from_config({**cfg, "channel_depth": 3, "compute_bw": 1024})
+    assert (default.channel_depth, default.params["channel_depth"], default.params["compute_bw"]) == (1, 1, 2048)
+    assert (knobs.channel_depth, knobs.params["channel_depth"], knobs.params["compute_bw"]) == (3, 3, 1024)
+
+
+@pytest.mark.parametrize("kind, model", [("prefill_attention", "qwen3-30b-a3b"), ("mla_prefill", "deepseek-v3")])
+def test_a_prefill_of_a_request_without_tokens_is_one_line(tmp_path, kind, model):
+    import numpy as np
+
+    np.save(tmp_path / "kv.npy", np.array([5, 0, 7]))
+    with pytest.raises(ConfigError, match=r"^request 1 has KV length 0: a prefill needs at least one token$"):
+        workload_from_config({"workload": kind, "model": model, "trace": str(tmp_path / "kv.npy")})
+
+
 @pytest.mark.parametrize("argv, config", [
     (["metrics", "swiglu", "--tile-m", "32", "--tile-n", "64"], {"workload": "swiglu", "tile_m": 32, "tile_n": 64}),
     (["metrics", "moe", "--model", "qwen3-30b-a3b", "--tiling", "dynamic", "--regions", "32"],

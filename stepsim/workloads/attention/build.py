@@ -588,15 +588,10 @@ def _flash_region(g: Graph, r: int, q, k, v, idx, seq_len, offset, caches, cfg):
 def from_config(cfg: Mapping) -> Workload:
     """The attention workload of a normalized run config (:func:`stepsim.workloads.config.normalize_config`)."""
     from stepsim.trace_io.load import load_kv_lengths
-    from stepsim.workloads.config import bandwidth_kwargs, resolved_trace
+    from stepsim.workloads.config import apply_channel_depth, compute_bw_kwargs, resolved_trace
 
     kv = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
-    kw = bandwidth_kwargs(cfg)
-    channel_depth = kw.pop("channel_depth", None)  # build_attention fixes the experiment's depth; override after
+    kw = compute_bw_kwargs(cfg)  # build_attention fixes the experiment's depth: the knob's overrides it after
     if cfg.get("regions") is not None:  # parallel regions (builder default 4); set by stepsim optimize's space
         kw["regions"] = cfg["regions"]
-    workload = build_attention(kv, cfg["strategy"], softmax=cfg["softmax"], **kw)
-    if channel_depth is not None:
-        workload.channel_depth = channel_depth
-        workload.params["channel_depth"] = channel_depth
-    return workload
+    return apply_channel_depth(build_attention(kv, cfg["strategy"], softmax=cfg["softmax"], **kw), cfg)

@@ -347,6 +347,7 @@ def from_config(cfg: Mapping) -> Workload:
     The chips' hardware is the system's (``--hardware`` does not apply: the system file names it).
     """
     from stepsim.workloads.collective.closed_form import collective_cycles
+    from stepsim.workloads.config import compute_bw_kwargs
     from stepsim.workloads.kinds import WORKLOAD_CHANNEL_DEPTH
 
     if cfg.get("hardware") is not None:
@@ -354,7 +355,7 @@ def from_config(cfg: Mapping) -> Workload:
                             "chips' hardware")
     system = System.load(cfg["system"])
     check_size(system, cfg["op"], f"--system {cfg['system']}")
-    kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
+    kw = compute_bw_kwargs(cfg)
     c = build_collective(system, cfg["op"], cfg["bytes"], cfg["algorithm"], **kw)
     topologies = {d.topology for d in system.dimensions}
     closed = None

@@ -200,18 +200,15 @@ def from_config(cfg: Mapping) -> Workload:
     one line for a model without MLA), ``tile_n``."""
     from stepsim.models.presets import resolve_model
     from stepsim.trace_io.load import load_kv_lengths
-    from stepsim.workloads.config import resolved_trace
+    from stepsim.workloads.config import apply_channel_depth, compute_bw_kwargs, resolved_trace
 
     model = resolve_model(cfg["model"])
     if not model.is_mla:
         raise ConfigError(f"model {model.name!r} has no multi-head latent attention (no 'kv_lora_rank' in "
                           f"{model.source}); the mla_attention workload needs an MLA model such as deepseek-v3")
     lengths = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
-    kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
+    kw = compute_bw_kwargs(cfg)
     workload = build_mla_attention(lengths, heads=model.heads, kv_lora_rank=model.kv_lora_rank,
                                    qk_nope_head_dim=model.qk_nope_head_dim, qk_rope_head_dim=model.qk_rope_head_dim,
                                    v_head_dim=model.v_head_dim, tile_n=cfg["tile_n"], **kw)
-    if cfg.get("channel_depth") is not None:
-        workload.channel_depth = cfg["channel_depth"]
-        workload.params["channel_depth"] = cfg["channel_depth"]
-    return workload
+    return apply_channel_depth(workload, cfg)

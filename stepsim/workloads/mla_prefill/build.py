@@ -80,7 +80,7 @@ from stepsim.workloads.mla_attention.build import weights_on_chip
 # the prefill kind's own validation of per-request token counts (private there: that module is hashed into the
 # mapper's and the calibrations' keys, so it is imported rather than renamed)
 from stepsim.workloads.prefill_attention.build import _tokens as token_counts
-from stepsim.workloads.prefill_attention.build import query_tiles
+from stepsim.workloads.prefill_attention.build import prefill_batch, query_tiles
 
 #: FLOPs/cycle of every compute node (the decode attention's, docs/semantics.md §5.5)
 COMPUTE_BW = 2048
@@ -253,23 +253,14 @@ def from_config(cfg: Mapping) -> Workload:
     (each request's last ``min(tile_m, length)`` tokens, the rest cached), ``model`` the MLA dimensions (default
     ``deepseek-v3``; one line for a model without MLA), ``tile_n`` the tile."""
     from stepsim.models.presets import resolve_model
-    from stepsim.trace_io.load import load_kv_lengths
-    from stepsim.workloads.config import resolved_trace
+    from stepsim.workloads.config import apply_channel_depth, compute_bw_kwargs
 
     model = resolve_model(cfg["model"])
     if not model.is_mla:
         raise ConfigError(f"model {model.name!r} has no multi-head latent attention (no 'kv_lora_rank' in "
                           f"{model.source}); the mla_prefill workload needs an MLA model such as deepseek-v3")
-    lengths = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
-    if (lengths < 1).any():
-        j = int(np.argmax(lengths < 1))
-        raise ArgumentError(f"request {j} has KV length {int(lengths[j])}: a prefill needs at least one token")
-    chunk = np.minimum(lengths, cfg["tile_m"])
-    kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
-    workload = build_mla_prefill(lengths - chunk, chunk, heads=model.heads, kv_lora_rank=model.kv_lora_rank,
+    cached, chunk = prefill_batch(cfg)
+    workload = build_mla_prefill(cached, chunk, heads=model.heads, kv_lora_rank=model.kv_lora_rank,
                                  qk_nope_head_dim=model.qk_nope_head_dim, qk_rope_head_dim=model.qk_rope_head_dim,
-                                 v_head_dim=model.v_head_dim, tile_n=cfg["tile_n"], **kw)
-    if cfg.get("channel_depth") is not None:
-        workload.channel_depth = cfg["channel_depth"]
-        workload.params["channel_depth"] = cfg["channel_depth"]
-    return workload
+                                 v_head_dim=model.v_head_dim, tile_n=cfg["tile_n"], **compute_bw_kwargs(cfg))
+    return apply_channel_depth(workload, cfg)

@@ -308,6 +308,22 @@ def from_config(cfg: Mapping) -> Workload:
     tokens (each request's last ``min(tile_m, length)`` tokens are its chunk, the rest are cached), ``model``
     the head dimension and query heads per KV head, ``tile_n`` the tile."""
     from stepsim.models.presets import resolve_model
+    from stepsim.workloads.config import apply_channel_depth, compute_bw_kwargs
+
+    cached, chunk = prefill_batch(cfg)
+    model = resolve_model(cfg["model"])
+    model.refuse_unmodelled("the prefill_attention workload")
+    attention = model.attention
+    workload = build_prefill_attention(cached, chunk, head_dim=attention.head_dim,
+                                       query_per_kv_head=attention.query_per_kv_head, tile_n=cfg["tile_n"],
+                                       softmax=cfg["softmax"] or "stable", **compute_bw_kwargs(cfg))
+    return apply_channel_depth(workload, cfg)
+
+
+def prefill_batch(cfg: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """A prefill workload's requests from a normalized run config: ``(cached, chunk)`` tokens of each, from the
+    KV-length batch (``trace``, ``batch_id``: each request's context after the chunk) and ``tile_m`` (the chunk is
+    its last ``min(tile_m, length)`` tokens); a request of no token is a one-line error."""
     from stepsim.trace_io.load import load_kv_lengths
     from stepsim.workloads.config import resolved_trace
 
@@ -316,14 +332,4 @@ def from_config(cfg: Mapping) -> Workload:
         j = int(np.argmax(lengths < 1))
         raise ArgumentError(f"request {j} has KV length {int(lengths[j])}: a prefill needs at least one token")
     chunk = np.minimum(lengths, cfg["tile_m"])
-    model = resolve_model(cfg["model"])
-    model.refuse_unmodelled("the prefill_attention workload")
-    attention = model.attention
-    kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
-    workload = build_prefill_attention(lengths - chunk, chunk, head_dim=attention.head_dim,
-                                       query_per_kv_head=attention.query_per_kv_head, tile_n=cfg["tile_n"],
-                                       softmax=cfg["softmax"] or "stable", **kw)
-    if cfg.get("channel_depth") is not None:
-        workload.channel_depth = cfg["channel_depth"]
-        workload.params["channel_depth"] = cfg["channel_depth"]
-    return workload
+    return lengths - chunk, chunk

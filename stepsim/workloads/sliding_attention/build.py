@@ -189,7 +189,7 @@ def from_config(cfg: Mapping) -> Workload:
     of ``trace`` / ``batch_id`` (default the bundled synthetic decode batch)."""
     from stepsim.models.presets import resolve_model
     from stepsim.trace_io.load import load_kv_lengths
-    from stepsim.workloads.config import resolved_trace
+    from stepsim.workloads.config import apply_channel_depth, compute_bw_kwargs, resolved_trace
 
     model = resolve_model(cfg["model"])
     if model.is_mla:
@@ -200,7 +200,7 @@ def from_config(cfg: Mapping) -> Workload:
         raise ConfigError(f"--layer {layer}: model {model.name!r} has {model.layers} layers (0 .. {model.layers - 1})")
     sliding = bool(model.layer_types) and model.layer_types[layer] == "sliding_attention"
     lengths = load_kv_lengths(resolved_trace(cfg), cfg["batch_id"])
-    kw = {"compute_bw": cfg["compute_bw"]} if cfg.get("compute_bw") is not None else {}
+    kw = compute_bw_kwargs(cfg)
     attention = model.attention
     try:
         workload = build_sliding_attention(lengths, window=model.sliding_window if sliding else None,
@@ -208,7 +208,4 @@ def from_config(cfg: Mapping) -> Workload:
                                            query_per_kv_head=attention.query_per_kv_head, tile_n=cfg["tile_n"], **kw)
     except ArgumentError as exc:
         raise ConfigError(f"model {model.name!r} layer {layer}: {exc}") from None
-    if cfg.get("channel_depth") is not None:
-        workload.channel_depth = cfg["channel_depth"]
-        workload.params["channel_depth"] = cfg["channel_depth"]
-    return workload
+    return apply_channel_depth(workload, cfg)
