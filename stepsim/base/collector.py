@@ -9,8 +9,9 @@ tests that build and simulate sharded MoE layers and decoder stacks; 2026-11-28,
 (100,000, 50, 1,000); peak memory 315 MB, 368 MB, 439-462 MB and 549 MB. Garbage cycles are still found, just in
 larger batches; no result depends on when (refcounting frees everything else at once).
 
-Only the program itself and the tests set it: a library never changes the collector of the process that imports
-it (an in-process caller of :func:`stepsim.cli.main` keeps its own).
+Only stepsim's own processes set it: the program (``stepsim ...``), its command server, the local pool's workers
+(:func:`stepsim.batch.tasks.init_local_worker`) and the test suite's. A library never changes the collector of the
+process that imports it (an in-process caller of :func:`stepsim.cli.main` keeps its own).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 
+from stepsim.base.collector import tune_collector
 from stepsim.base.errors import StepsimError
 
 OK = "ok"
@@ -108,10 +109,12 @@ def init_local_worker(warm_kernels: bool, parent_pid: int | None = None,
     so the parent alone decides (it stops submitting, writes the rows it holds and stops the workers with
     SIGKILL: they write nothing), instead of each worker printing a KeyboardInterrupt traceback or dying
     before the parent has written what it holds. A parent killed with SIGKILL cannot stop its workers: each
-    one watches ``parent_pid`` and exits when it is gone, so no worker outlives its sweep.
+    one watches ``parent_pid`` and exits when it is gone, so no worker outlives its sweep. The collector's
+    thresholds are the program's (:mod:`stepsim.base.collector`).
     """
     if context is not None:
         _take_caller_context(context)
+    tune_collector()  # a worker is stepsim's own process, as the program's (stepsim.base.collector)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if parent_pid is not None:

@@ -66,3 +66,17 @@ def test_sympy_and_pyarrow_are_imported_only_when_used(tmp_path, args, sympy, py
     """sympy (0.3-0.4 s) and pyarrow (0.1 s) are most of a short command's start-up; see stepsim/base/lazy_import.py."""
     assert _run(IMPORTS, json.dumps(args), cwd=tmp_path) == {"status": 0, "sympy": sympy, "pyarrow": pyarrow}
     assert (tmp_path / "out").is_dir() == ("--out" in args)
+
+
+def test_a_local_pools_workers_collect_as_the_program_does():
+    """The pool's workers (stepsim.batch.tasks.init_local_worker) take the program's collector thresholds
+    (stepsim.base.collector), whatever their parent's."""
+    import gc
+
+    from stepsim.batch.executors import local_worker_pool
+
+    pool = local_worker_pool(1, warm_kernels=False)
+    try:
+        assert pool.submit(gc.get_threshold).result(timeout=120) == (50_000, 50, 1_000)
+    finally:
+        pool.shutdown()
