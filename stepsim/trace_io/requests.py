@@ -126,11 +126,25 @@ def _numeric(table: pa.Table, name: str, source: str, integer: bool) -> np.ndarr
         i = _first(col.is_null().to_numpy(zero_copy_only=False))
         raise TraceValueError(f"{source}: row {i}, column {name!r}: missing value (null)")
     values = col.to_numpy()
-    if integer and values.dtype == np.uint64 and len(values) and values.max() > np.iinfo(np.int64).max:
-        # a uint64 beyond int64 would wrap to a negative count (or id) in the int64 arrays below
+    if integer:
+        _fits_int64(source, name, values)
+    return values.astype(np.int64 if integer else np.float64)
+
+
+def _fits_int64(source: str, name: str, values: np.ndarray) -> None:
+    """An unsigned column's values beyond int64 would wrap to negative counts (or ids) in the int64 arrays held:
+    the first is a one-line error."""
+    if values.dtype.kind == "u" and len(values) and values.max() > np.iinfo(np.int64).max:
         i = _first(values > np.iinfo(np.int64).max)
         raise TraceValueError(f"{source}: row {i}, column {name!r}: value {int(values[i])} does not fit int64")
-    return values.astype(np.int64 if integer else np.float64)
+
+
+def _checked(trace: RequestTrace) -> RequestTrace:
+    """``trace`` after the checks of its values (:func:`check_requests`) and of its ids, a file's or one built in
+    memory alike."""
+    check_requests(trace.source, trace.arrival_s, trace.prompt_tokens, trace.output_tokens, tuple(SERVE_COLUMNS))
+    _unique_ids(trace.source, trace.request_id, "request_id")
+    return trace
 
 
 def _unique_ids(source: str, rid: np.ndarray, column: str) -> None:
@@ -165,11 +179,9 @@ def _read_serve_schema(path: Path, fmt: str, names: list[str]) -> RequestTrace:
     arrival = _numeric(table, "arrival_s", src, integer=False)
     prompt = _numeric(table, "prompt_tokens", src, integer=True)
     output = _numeric(table, "output_tokens", src, integer=True)
-    check_requests(src, arrival, prompt, output, tuple(SERVE_COLUMNS))
     rid = (_numeric(table, "request_id", src, integer=True) if "request_id" in names
            else np.arange(table.num_rows, dtype=np.int64))
-    _unique_ids(src, rid, "request_id")
-    return RequestTrace(src, rid, arrival, prompt, output)
+    return _checked(RequestTrace(src, rid, arrival, prompt, output))
 
 
 def _open_ipc(f):
@@ -263,19 +275,14 @@ def requests_of(requests: str | Path | RequestTrace) -> RequestTrace:
             raise TraceSchemaError(f"{t.source}: column {name!r} must be a 1-d array of "
                                    f"{'numbers' if name == 'arrival_s' else 'integers'}, got {column.dtype} "
                                    f"of shape {column.shape}")
-        if column.dtype.kind == "u" and len(column) and column.max() > np.iinfo(np.int64).max:
-            i = _first(column > np.iinfo(np.int64).max)
-            raise TraceValueError(f"{t.source}: row {i}, column {name!r}: {int(column[i])} is beyond int64")
+        _fits_int64(t.source, name, column)
         held.append(column.astype(np.float64 if name == "arrival_s" else np.int64, copy=False))
     if len({len(column) for column in held}) != 1:
         raise TraceSchemaError(f"{t.source}: the columns have different lengths "
                                f"({', '.join(f'{n} {len(c)}' for n, c in zip(columns, held))})")
     if not len(held[0]):
         raise TraceValueError(f"{t.source}: empty trace (0 rows)")  # as a file of no rows is refused
-    trace = RequestTrace(t.source, *held)
-    check_requests(t.source, trace.arrival_s, trace.prompt_tokens, trace.output_tokens, tuple(SERVE_COLUMNS))
-    _unique_ids(t.source, trace.request_id, "request_id")
-    return trace
+    return _checked(RequestTrace(t.source, *held))
 
 
 def requests_sha256(requests: str | Path | RequestTrace) -> str:

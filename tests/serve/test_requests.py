@@ -140,7 +140,7 @@ def test_requests_in_memory_are_held_and_checked_as_a_files_rows(tmp_path):
         (_in_memory(output=(1, 2)), TraceSchemaError,
          "the columns have different lengths (request_id 3, arrival_s 3, prompt_tokens 3, output_tokens 2)"),
         (_in_memory(prompt=np.array([1, 2**63, 3], np.uint64)), TraceValueError,
-         "row 1, column 'prompt_tokens': 9223372036854775808 is beyond int64"),
+         "row 1, column 'prompt_tokens': value 9223372036854775808 does not fit int64"),
         (_in_memory(rid=np.array([], np.int64), arrival=np.array([]), prompt=np.array([], np.int64),
                     output=np.array([], np.int64)), TraceValueError, "empty trace (0 rows)"),
     ]:
