@@ -82,7 +82,8 @@ def point_cycles(tokens, dims, hardware, system=None):
 
 @pytest.fixture
 def mapped(monkeypatch):
-    """Installs a :class:`Mapper` (returned by the fixture's function) and the projections' rule."""
+    """Installs a :class:`Mapper` (returned by the fixture's function) and the projections' and FFN points'
+    rules."""
     import stepsim.mapping
 
     monkeypatch.setattr(projections, "projection_cost", projection_cost)
