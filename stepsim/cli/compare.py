@@ -8,9 +8,14 @@ from stepsim.base.ranges import json_text
 
 
 def _compare_cmd(args) -> int:
+    from pathlib import Path
+
     from stepsim.insight.compare import compare, format_markdown, format_text
     from stepsim.plan.compare import compare_plans, format_plan_compare, is_plan_folder
 
+    for path in (args.baseline, args.candidate):  # before the plan check, which would call it "not a plan"
+        if not Path(path).exists():
+            raise ConfigError(f"{path}: no such file or folder")
     plans = [is_plan_folder(p) for p in (args.baseline, args.candidate)]
     if any(plans):  # two plans: the recommended goodput per chip is the gate (docs/plan.md §5)
         if not all(plans):

@@ -41,6 +41,10 @@ def test_a_plan_against_something_else_is_one_line(tmp_path, capsys):
     assert main(["compare", str(a), str(tmp_path / "b")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
         f"stepsim: error: {a} is a stepsim plan folder and {tmp_path / 'b'} is not: compare like with like"
+    for pair in ((a, tmp_path / "missing"), (tmp_path / "missing", a)):  # named as missing, not as "not a plan"
+        assert main(["compare", *map(str, pair)]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == \
+            f"stepsim: error: {tmp_path / 'missing'}: no such file or folder"
     c = tmp_path / "c"
     c.mkdir()
     (c / "plan.json").write_text("{")
