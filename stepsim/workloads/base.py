@@ -123,12 +123,18 @@ def _op_values(op, c, bindings: dict, exact_bindings: dict | None) -> OpValues:
     name = op.name
     off_chip = factors_int(op.off_chip_bytes_factors(), op.off_chip_bytes, bindings, f"off-chip bytes of {name}")
     on_chip = terms_int(op.on_chip_bytes_terms(c), partial(op.on_chip_bytes, c), bindings, f"on-chip bytes of {name}")
-    flop_factors, what = op.flops_factors(), f"FLOPs of {name}"
-    flops = factors_int(flop_factors, op.flops, bindings, what)
-    exact = None
-    if flop_based(op):
-        exact = flops if exact_bindings is None else factors_value(flop_factors, op.flops, exact_bindings, what)
+    flops = factors_int(op.flops_factors(), op.flops, bindings, f"FLOPs of {name}")
+    exact = _exact_flops(op, bindings, exact_bindings, flops) if flop_based(op) else None
     return OpValues(off_chip, on_chip, flops, exact)
+
+
+def _exact_flops(op, bindings: dict, exact_bindings: dict | None, flops: int | None = None) -> int | Fraction:
+    """A FLOP-based ``op``'s ``exact_flops`` (:meth:`Workload.op_values`): its FLOPs with ``bindings`` (``flops``
+    when the caller has them) or, where a dimension has ragged tiles, with ``exact_bindings``."""
+    what = f"FLOPs of {op.name}"
+    if exact_bindings is not None:
+        return factors_value(op.flops_factors(), op.flops, exact_bindings, what)
+    return flops if flops is not None else factors_int(op.flops_factors(), op.flops, bindings, what)
 
 
 @dataclass
@@ -222,11 +228,18 @@ class Workload:
         means = {s: Fraction(sum(rows), len(rows)) if rows else Fraction(0) for s, rows in self.tile_rows.items()}
         return {**self.bindings, **means}
 
+    @gc_paused
     def op_flops(self, values: dict | None = None) -> dict:
         """``{op name: exact FLOPs}`` of every FLOP-based compute operator (``OpValues.exact_flops``), from
-        ``values`` (an :meth:`op_values` result) or evaluated now."""
-        values = values if values is not None else self.op_values()
-        return {name: v.exact_flops for name, v in values.items() if v.exact_flops is not None}
+        ``values`` (an :meth:`op_values` result) or evaluated now for those operators alone: the mapper's unit plan
+        asks for them on every candidate it builds, and the whole :meth:`op_values` (every operator's bytes too)
+        was a quarter of an expert-parallel schedule search's time (bench/README.md, session 50)."""
+        if values is not None:
+            return {name: v.exact_flops for name, v in values.items() if v.exact_flops is not None}
+        self.graph.finalize()
+        bindings = python_bindings(self.bindings)
+        exact_bindings = python_bindings(self.flop_bindings()) if self.tile_rows else None
+        return {op.name: _exact_flops(op, bindings, exact_bindings) for op in self.graph.ops if flop_based(op)}
 
     def group_on_chip_bytes(self, group, on_chip_convention=PUBLISHED) -> int:
         """On-chip bytes of the operators labelled ``group`` with the trace's values substituted."""

@@ -108,6 +108,27 @@ def test_op_values_evaluated_factor_by_factor_equal_sympy_substitution(make):
     assert factored > len(w.graph.ops) // 10  # the factor path is the one exercised
 
 
+def _mapped_ep():
+    """An expert-parallel layer as the mapper's search builds its candidates (two lanes, time-multiplexed regions)."""
+    from stepsim.base.system import System
+    from stepsim.workloads.moe.mapped_ep import build_mapped_ep
+
+    return build_mapped_ep(moe_model("mixtral"), ROUTING, system=System.preset("ring-2"), tile_n=16, tile_f=64,
+                           lanes=2, regions=4)
+
+
+@pytest.mark.parametrize("make", [*WORKLOADS, _mapped_ep], ids=[*IDS, "mapped-ep"])
+def test_op_flops_alone_equal_op_values_exact_flops(make):
+    """op_flops() evaluates the FLOP-based operators' FLOPs alone (the mapper's unit plan calls it on every
+    candidate): the same names in the same order and the same values and types (an int, or a Fraction under the
+    tile_rows means) as op_values()' exact FLOPs, which a fresh workload computes after it."""
+    alone = make().op_flops()
+    w = make()
+    from_values = w.op_flops(w.op_values())
+    assert list(alone) == list(from_values) and len(alone) > 0
+    assert [(v, type(v)) for v in alone.values()] == [(v, type(v)) for v in from_values.values()]
+
+
 @pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
 def test_on_chip_terms_and_flop_factors_are_the_metrics(make):
     """Each operator's on-chip bytes are the sum of products of its terms (the same sympy tree) in every
