@@ -43,7 +43,7 @@ import numpy as np
 from stepsim.base.errors import MetricError
 from stepsim.base.hardware import Hardware
 from stepsim.graph.numeric import python_bindings
-from stepsim.workloads.base import Workload, evaluate, evaluate_exact, factors_value
+from stepsim.workloads.base import Workload, evaluate, evaluate_exact, factors_int, factors_value
 
 __all__ = ["busiest_unit", "compute_unit_bounds", "compute_unit_cycles", "cycle_bounds", "first_output_times",
            "hbm_drain_cycles", "hbm_request_cycles", "load_tiles", "link_cycles", "load_unit_bounds",
@@ -101,12 +101,13 @@ def link_cycles(workload: Workload) -> int:
     if not links:
         return 0
     f32 = fp32_timing_bytes(workload.graph)
+    bindings = python_bindings(workload.bindings)
     best = 0
     for op in links:
         busy = 0
         for stream in op.outputs:
             try:
-                elements = int(evaluate(stream.total_elements(), workload.bindings))
+                elements = product_value(stream.shape, bindings)
             except MetricError:
                 continue
             dtype = stream.dtype
@@ -122,13 +123,22 @@ def link_cycles(workload: Workload) -> int:
 def load_tiles(workload: Workload) -> dict[str, int]:
     """``{load op name: tiles it loads}`` with the trace's bindings; a count that stays symbolic is left out."""
     out = {}
+    bindings = python_bindings(workload.bindings)
     for op in workload.graph.ops:
         if op.kind in LOAD_KINDS:
             try:
-                out[op.name] = evaluate(op.outputs[0].total_elements(), workload.bindings)
+                out[op.name] = product_value(op.outputs[0].shape, bindings)
             except MetricError:
                 continue
     return out
+
+
+def product_value(dims, bindings) -> int:
+    """The product of ``dims`` (a stream's shape) with ``bindings`` (:func:`~stepsim.graph.numeric.python_bindings`'
+    result, whose memo every call with it shares), dim by dim: no sympy product is built, and a stream's dims
+    (an expert's tile count, a region's sum of them) repeat over the graph's streams. MetricError when it stays
+    symbolic (the value of :func:`~stepsim.workloads.base.evaluate` of the product, or its error)."""
+    return factors_int(tuple(dims), lambda: math.prod(dims), bindings, "elements")
 
 
 def load_unit_cycles(workload: Workload, hardware: Hardware, tiles: dict | None = None) -> int:

@@ -129,6 +129,24 @@ def test_op_flops_alone_equal_op_values_exact_flops(make):
     assert [(v, type(v)) for v in alone.values()] == [(v, type(v)) for v in from_values.values()]
 
 
+@pytest.mark.parametrize("make", [*WORKLOADS, _mapped_ep], ids=[*IDS, "mapped-ep"])
+def test_stream_elements_dim_by_dim_equal_sympy_product(make):
+    """The bounds' element counts (:func:`stepsim.analysis.bounds.product_value`: a stream's dims evaluated one by
+    one with a shared memo, as load_tiles and link_cycles count a load's tiles and a link's elements) equal sympy's
+    substitution into the product of the dims, on every stream of the graph, and load_tiles holds every load."""
+    from stepsim.analysis.bounds import LOAD_KINDS, load_tiles, product_value
+
+    w = make()
+    w.graph.finalize()
+    bindings = python_bindings(w.bindings)
+    streams = [stream for op in w.graph.ops for stream in op.outputs]
+    for stream in streams:
+        value = product_value(stream.shape, bindings)
+        assert type(value) is int and value == int(substitute(stream.total_elements(), w.bindings)), stream
+    loads = [op.name for op in w.graph.ops if op.kind in LOAD_KINDS]
+    assert list(load_tiles(w)) == loads and len(streams) > len(loads) > 0
+
+
 @pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
 def test_on_chip_terms_and_flop_factors_are_the_metrics(make):
     """Each operator's on-chip bytes are the sum of products of its terms (the same sympy tree) in every
