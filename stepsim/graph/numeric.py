@@ -46,8 +46,8 @@ class Bindings(dict):
     Why: an operator's metrics repeat its layer's sub-expressions (an expert's tile count ``ceiling(n_e / tile_n)``
     is in the shape of every stream of its FFN, and each of a time-multiplexed region's sums of them in all of the
     region's), and sympy expressions are immutable and hash by structure, so each is walked once an evaluation. An
-    expert-parallel schedule search of the mapper (Qwen3-30B-A3B, 8 tokens on ``ring-2``) took 26 % less CPU with
-    it (bench/README.md, session 50)."""
+    expert-parallel schedule search of the mapper (Qwen3-30B-A3B, 8 tokens on ``ring-2``) took 0.68 of its CPU time
+    with it (bench/README.md, session 50)."""
 
     __slots__ = ("memo",)
 

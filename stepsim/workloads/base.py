@@ -231,9 +231,8 @@ class Workload:
     @gc_paused
     def op_flops(self, values: dict | None = None) -> dict:
         """``{op name: exact FLOPs}`` of every FLOP-based compute operator (``OpValues.exact_flops``), from
-        ``values`` (an :meth:`op_values` result) or evaluated now for those operators alone: the mapper's unit plan
-        asks for them on every candidate it builds, and the whole :meth:`op_values` (every operator's bytes too)
-        was a quarter of an expert-parallel schedule search's time (bench/README.md, session 50)."""
+        ``values`` (an :meth:`op_values` result) or evaluated now for those operators alone (the mapper's unit plan
+        asks for them on every candidate it builds, and needs no operator's bytes)."""
         if values is not None:
             return {name: v.exact_flops for name, v in values.items() if v.exact_flops is not None}
         self.graph.finalize()
