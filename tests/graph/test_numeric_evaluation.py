@@ -81,6 +81,25 @@ def test_numeric_exactness_and_fallbacks():
         exact_value(sp.sin(x), {x: 1})
 
 
+def test_python_bindings_remember_sub_expressions():
+    """python_bindings' result remembers each composite sub-expression's value (exact_value walks a shared one
+    once); a plain dict gives the same values and remembers nothing; an error is raised again, not remembered."""
+    from stepsim.graph.numeric import Bindings
+
+    x, y = sp.Symbol("x", integer=True, nonnegative=True), sp.Symbol("y", integer=True, nonnegative=True)
+    tiles = sp.ceiling(x / sp.Integer(16))
+    exprs = [tiles * y, tiles + sp.Max(y, 3), tiles * y + 1]
+    b = python_bindings({x: sp.Integer(33), y: np.int64(5)})
+    assert type(b) is Bindings and b == {x: 33, y: 5}
+    assert [exact_value(e, b) for e in exprs] == [exact_value(e, {x: 33, y: 5}) for e in exprs] == [15, 8, 16]
+    assert b.memo[tiles] == 3 and b.memo[tiles * y] == 15 and x not in b.memo  # composites only
+    unbound = python_bindings({x: 1})
+    for _ in range(2):
+        with pytest.raises(Unbound):
+            exact_value(sp.ceiling(y / sp.Integer(2)), unbound)
+    assert unbound.memo == {}
+
+
 @pytest.mark.parametrize("make", WORKLOADS, ids=IDS)
 def test_op_values_evaluated_factor_by_factor_equal_sympy_substitution(make):
     """op_values evaluates FLOPs and off-chip bytes from their factors (firing count dims x one firing's FLOP
