@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from shared_traces_folder import require_shared_traces
 
-from stepsim.base.collector import tune_collector
+from stepsim.base.collector import tune_process
 
-# The suite's processes collect garbage as the program does (stepsim.base.collector: the defaults' walks of every
-# live object were a tenth to a fifth of the time of tests that build layers); the commands they start set it too.
-tune_collector()
+# The suite's processes collect garbage and cache sympy's expressions as the program does (stepsim.base.collector:
+# the defaults' walks of every live object were a tenth to a fifth of the time of tests that build layers); the
+# commands they start set it too. Before anything here imports sympy.
+tune_process()
 
 # Commands the tests start run in their own process, even when the user has a command server running
 # (stepsim.cli.server_daemon): the tests of the server itself turn it back on for their own commands.

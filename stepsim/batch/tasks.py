@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 
-from stepsim.base.collector import tune_collector
+from stepsim.base.collector import tune_process
 from stepsim.base.errors import StepsimError
 
 OK = "ok"
@@ -114,7 +114,7 @@ def init_local_worker(warm_kernels: bool, parent_pid: int | None = None,
     """
     if context is not None:
         _take_caller_context(context)
-    tune_collector()  # a worker is stepsim's own process, as the program's (stepsim.base.collector)
+    tune_process()  # a worker is stepsim's own process, as the program's (stepsim.base.collector)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if parent_pid is not None:

@@ -19,7 +19,7 @@ import sys
 import warnings
 
 from stepsim._version import __version__
-from stepsim.base.collector import tune_collector
+from stepsim.base.collector import tune_process
 from stepsim.base.errors import EXIT_ERROR, StepsimError, exit_status
 from stepsim.base.signals import STOPPED
 
@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         status = forward(sys.argv)
         if status is not None:
             return status
-        tune_collector()  # the program's own process: fewer walks of everything alive (stepsim.base.collector)
+        tune_process()  # the program's own process: fewer walks of everything alive, sympy's larger cache
+        # (stepsim.base.collector)
     status = _main(argv)
     if argv is None:
         if status in STOPPED_STATUSES:  # also after the commands that print their own stop line (sweep, optimize)

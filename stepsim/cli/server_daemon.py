@@ -48,7 +48,7 @@ import threading
 import time
 import traceback
 
-from stepsim.base.collector import tune_collector
+from stepsim.base.collector import tune_process
 from stepsim.cli import server_client as client
 
 #: modules the server imports before it serves (every command's module, the worker pool's preload); the kernels
@@ -122,6 +122,7 @@ def _beside(socket_file: str, suffix: str) -> str:
 def _preload() -> None:
     """Import what commands use and load the engine kernels; then freeze the collector's view of it all so
     the children's collections skip it and leave the shared pages alone."""
+    tune_process()  # as the program's own process, before sympy is imported here (stepsim.base.collector)
     for name in PRELOAD:
         importlib.import_module(name)
     for name in OPTIONAL_PRELOAD:
@@ -129,7 +130,6 @@ def _preload() -> None:
             importlib.import_module(name)
     gc.collect()
     gc.freeze()
-    tune_collector()  # the commands it runs collect as the program's own process would (stepsim.base.collector)
 
 
 def _listen(socket_file: str) -> socket.socket:
