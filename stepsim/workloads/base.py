@@ -217,10 +217,16 @@ class Workload:
         of ``tile_rows`` over ``bindings``, an int or, where a mean is bound, an exact Fraction.
         """
         c = convention(on_chip_convention)
-        self.graph.finalize()
-        bindings = python_bindings(self.bindings)
-        exact_bindings = python_bindings(self.flop_bindings()) if self.tile_rows else None
+        bindings, exact_bindings = self._evaluation_bindings()
         return {op.name: _op_values(op, c, bindings, exact_bindings) for op in self.graph.ops}
+
+    def _evaluation_bindings(self) -> tuple:
+        """The graph finalized (its broadcasts inserted); ``(bindings, exact_bindings)`` of :func:`_op_values` as
+        :func:`~stepsim.graph.numeric.python_bindings` (each evaluation's memo), the second None without ragged
+        tiles."""
+        self.graph.finalize()
+        exact_bindings = python_bindings(self.flop_bindings()) if self.tile_rows else None
+        return python_bindings(self.bindings), exact_bindings
 
     def flop_bindings(self) -> dict:
         """``bindings`` with each :attr:`tile_rows` dimension bound to its mean rows (an exact Fraction; 0 for a
@@ -235,9 +241,7 @@ class Workload:
         asks for them on every candidate it builds, and needs no operator's bytes)."""
         if values is not None:
             return {name: v.exact_flops for name, v in values.items() if v.exact_flops is not None}
-        self.graph.finalize()
-        bindings = python_bindings(self.bindings)
-        exact_bindings = python_bindings(self.flop_bindings()) if self.tile_rows else None
+        bindings, exact_bindings = self._evaluation_bindings()
         return {op.name: _exact_flops(op, bindings, exact_bindings) for op in self.graph.ops if flop_based(op)}
 
     def group_on_chip_bytes(self, group, on_chip_convention=PUBLISHED) -> int:
