@@ -215,7 +215,11 @@ US_R0 = 10  # 16 scratch registers US_R0 .. US_R0+15
 N_REGS = 16
 US_TOK_A = US_R0 + N_REGS  # stashed token A (N_TOKEN words): pending / accumulator tile
 US_TOK_B = US_TOK_A + N_TOKEN  # stashed token B
-N_US = US_TOK_B + N_TOKEN
+# a time-sensitive unit's last computed decision time, and whether it still holds (1): the event loop clears the
+# flag of every unit that steps and of the units across its channels (kernels.engine.event_loop)
+US_TS_TIME = US_TOK_B + N_TOKEN
+US_TS_FRESH = US_TS_TIME + 1
+N_US = US_TS_FRESH + 1
 
 # unit counters exported by the engine: [fires, busy, blocked_in, blocked_out, final clock]
 CNT_FIRES = 0
@@ -270,7 +274,8 @@ OUT_HBM_REQUESTS = 8  # HBM requests served
 OUT_HBM_CLOSED_FORM_TICKS = 9  # HBM ticks served in closed form (whole periods, see kernels.hbm)
 OUT_HBM_UNEVEN_TICKS = 10  # of those, ticks of periods whose channels moved by different amounts
 OUT_TS_SCANS = 11  # scans of the time-sensitive units' decision times (the event loop reuses one while no unit steps)
-N_OUT = 12
+OUT_TS_EVALS = 12  # of the time-sensitive units' decision times those scans read, the ones computed afresh
+N_OUT = 13
 
 # ---------------------------------------------------------------------------------- unit parameter table
 UP_OPCODE = 0

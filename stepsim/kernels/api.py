@@ -72,6 +72,9 @@ class EngineResult:
     time_sensitive_scans : int
         Scans of the time-sensitive units' (EagerMerge, Link) decision times; the event loop reuses the last
         scan while no unit has stepped since (every decision scans with ``run(..., reuse_scans=False)``).
+    time_sensitive_evaluations : int
+        Decision times those scans computed: a unit's is kept while neither it nor a unit across one of its
+        channels has stepped (``reuse_scans=False`` computes every waiting unit's at every scan).
     timeline : int64 array or None
         ``run(..., timeline=N)``: the engine's raw recording buffer (layout in :mod:`stepsim.kernels.timeline`;
         decoded by :func:`stepsim.simulation.timeline.decode`).
@@ -94,6 +97,7 @@ class EngineResult:
     hbm_closed_form_ticks: int = 0
     hbm_uneven_closed_form_ticks: int = 0
     time_sensitive_scans: int = 0
+    time_sensitive_evaluations: int = 0
     timeline: np.ndarray | None = None
     link_bytes: np.ndarray | None = None
 
@@ -399,7 +403,8 @@ def _result(program, out, us, chs, wall, rec, tl=None) -> EngineResult:
                         hbm_requests=int(out[A.OUT_HBM_REQUESTS]),
                         hbm_closed_form_ticks=int(out[A.OUT_HBM_CLOSED_FORM_TICKS]),
                         hbm_uneven_closed_form_ticks=int(out[A.OUT_HBM_UNEVEN_TICKS]),
-                        time_sensitive_scans=int(out[A.OUT_TS_SCANS]), timeline=tl,
+                        time_sensitive_scans=int(out[A.OUT_TS_SCANS]),
+                        time_sensitive_evaluations=int(out[A.OUT_TS_EVALS]), timeline=tl,
                         link_bytes=_link_bytes(program, us))
 
 

@@ -37,6 +37,7 @@ from stepsim.kernels.hbm import (
     E_N_REC,
     E_STATUS,
     E_STATUS_ARG,
+    E_TS_EVALS,
     E_TS_FRESH,
     E_TS_RESCAN,
     E_TS_SCANS,
@@ -247,6 +248,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             us[u, A.US_IN_WORKLIST] = 0
             r = dispatch(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree,
                          hq, fv, fi, tl)
+            us[u, A.US_TS_FRESH] = 0  # its own decision time, if it has one, is stale (and its neighbours', below)
             events += 1
             if n_rec < n_rec_max:
                 rec[n_rec, 0] = u
@@ -272,11 +274,13 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             for k in range(in_ptr[u], in_ptr[u + 1]):
                 c = in_ch[k]
                 v = ch_prod[c]
+                us[v, A.US_TS_FRESH] = 0  # u may have popped c: its producer's output changed
                 if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_FULL and can_push(chs, c):
                     wl_n = _wake(us, wl, wl_n, v)
             for k in range(out_ptr[u], out_ptr[u + 1]):
                 c = out_ch[k]
                 v = ch_cons[c]
+                us[v, A.US_TS_FRESH] = 0  # u may have pushed to or closed c: its consumer's input changed
                 if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_EMPTY and (
                         can_pop(chs, c) or chs[c, A.CH_CLOSED] == 1):
                     wl_n = _wake(us, wl, wl_n, v)
@@ -303,13 +307,24 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 eng[E_TS_SCANS] += 1
                 ts_t = A.NEVER
                 ts_u = -1
+                rescan = eng[E_TS_RESCAN] != 0
                 for k in range(n_ts):
                     v = ts_units[k]
                     if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:
-                        if up[v, A.UP_OPCODE] == A.OP_LINK:
-                            t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                        # A unit's decision time reads its clock and its channels, which change only when it or
+                        # the unit across one of them steps (each clears its flag above): recompute only then.
+                        # A Link's reads every input (hundreds on an all-to-all): rescanning them all at every
+                        # decision was most of a 16-chip expert-parallel layer's engine time.
+                        if us[v, A.US_TS_FRESH] == 1 and not rescan:
+                            t = us[v, A.US_TS_TIME]
                         else:
-                            t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                            if up[v, A.UP_OPCODE] == A.OP_LINK:
+                                t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                            else:
+                                t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
+                            us[v, A.US_TS_TIME] = t
+                            us[v, A.US_TS_FRESH] = 1
+                            eng[E_TS_EVALS] += 1
                         if t < ts_t:
                             ts_t = t
                             ts_u = v
@@ -464,6 +479,7 @@ def engine_finish(up, us, chs, slots, eng, status, out):
     out[A.OUT_N_RECORDED] = eng[E_N_REC]
     out[A.OUT_FIRES] = fires
     out[A.OUT_TS_SCANS] = eng[E_TS_SCANS]
+    out[A.OUT_TS_EVALS] = eng[E_TS_EVALS]
     for h in range(eng.shape[0] // N_ENG):  # every chip's HBM
         out[A.OUT_HBM_REQUESTS] += eng[h * N_ENG + E_HBM_REQS]
         out[A.OUT_HBM_CLOSED_FORM_TICKS] += eng[h * N_ENG + E_HBM_SKIPPED]

@@ -73,6 +73,7 @@ E_TS_RESCAN = 23  # 1: scan them at every decision, never reuse the last scan (f
 E_TS_FRESH = 24  # 1: no unit stepped since the last scan, whose result E_TS_T / E_TS_U still holds (kept across
 E_TS_T = 25  # slices, so the scan count does not depend on where slices end); its earliest decision time
 E_TS_U = 26  # and that time's unit (-1: none)
+E_TS_EVALS = 27  # decision times computed in the scans (statistics; the rest were still fresh)
 N_ENG = 28
 
 #: hbm_process's return value when it stopped because the slice's work ran out (not a completion count)

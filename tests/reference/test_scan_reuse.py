@@ -1,8 +1,11 @@
 """The event loop reuses its last scan of the time-sensitive units (EagerMerge, Link) while no unit has stepped
 (``kernels.engine.event_loop``): on many chips most HBM events stop at another chip's bound and wake nobody, and
-each used to rescan every Link and EagerMerge. The reuse must be invisible: every result equals that of a run
-that scans at every decision (``run(..., reuse_scans=False)``), and the scans are counted
-(``EngineResult.time_sensitive_scans``) so these tests see that reuse really happens.
+each used to rescan every Link and EagerMerge. Within a scan it also keeps each unit's decision time while neither
+the unit nor a unit across one of its channels has stepped (a Link of a 16-chip all-to-all reads hundreds of
+inputs). The reuse must be invisible: every result equals that of a run that computes every decision time at
+every decision (``run(..., reuse_scans=False)``), and the scans and the decision times computed are counted
+(``EngineResult.time_sensitive_scans``, ``time_sensitive_evaluations``) so these tests see that reuse really
+happens.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _outcome(program, **kw):
         return ("error", str(exc)), None
     return (r.cycles, r.events, r.fires, r.bytes_read, r.bytes_written, r.hbm_requests, r.hbm_closed_form_ticks,
             r.unit_counters.tolist(), r.channel_counters.tolist(), r.events_recorded.tolist(),
-            r.link_bytes.tolist()), r.time_sensitive_scans
+            r.link_bytes.tolist()), (r.time_sensitive_scans, r.time_sensitive_evaluations)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -44,23 +47,25 @@ def test_random_multichip_programs_same_with_and_without_reuse(seed):
     rescanned, all_scans = _outcome(program, reuse_scans=False)
     assert reused == rescanned
     if scans is not None:
-        assert scans <= all_scans
+        assert scans[0] <= all_scans[0] and scans[1] <= all_scans[1]
 
 
 def test_random_multichip_programs_do_reuse_scans():
-    """The property above would hold trivially if no scan were ever reused: in half of these programs some are."""
-    fewer = 0
+    """The property above would hold trivially if no scan or decision time were ever reused: in half of these
+    programs some scans are, in 33 of the 40 some decision times."""
+    fewer_scans = fewer_times = 0
     for seed in range(40):
         program = random_program(seed, links=True)
         (reused, scans), (rescanned, all_scans) = _outcome(program), _outcome(program, reuse_scans=False)
         assert reused == rescanned
-        fewer += scans is not None and scans < all_scans
-    assert fewer == 20
+        fewer_scans += scans is not None and scans[0] < all_scans[0]
+        fewer_times += scans is not None and scans[1] < all_scans[1]
+    assert (fewer_scans, fewer_times) == (20, 33)
 
 
 def test_expert_parallel_time_multiplexed_layer(tmp_path):
     """A small ``--ep 4 --regions 4`` MoE layer on a 4-chip ring: the reference engine agrees, and the engine
-    gives the same events (pinned: as before the reuse) with a fraction of the scans."""
+    gives the same events (pinned: as before the reuse) with a fraction of the scans and decision times."""
     write_small_routing(tmp_path)
     w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 8,
                               "top_k": 2, "trace": str(tmp_path / "routing.npz"), "tile_n": 4, "regions": 4,
@@ -73,15 +78,34 @@ def test_expert_parallel_time_multiplexed_layer(tmp_path):
     assert (ref.cycles, reused[1], scans, all_scans) == (reused[0], EP4_EVENTS, EP4_SCANS, EP4_ALL_SCANS)
 
 
-#: the small layer's events (the same on branch int, before the reuse) and its scans with and without reuse
-EP4_EVENTS, EP4_SCANS, EP4_ALL_SCANS = 1921, 346, 496
+def test_sixteen_chip_all_to_all(tmp_path):
+    """A small MoE layer over 16 chips (``--ep 16``, 2 experts a chip): its all-to-all Links read many inputs each,
+    the case the kept decision times are for. The reference engine agrees; a fifth of the scans' decision times
+    are computed."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "routing.npz", data=np.stack([rng.choice(32, size=2, replace=False) for _ in range(24)]))
+    w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 32,
+                              "top_k": 2, "trace": str(tmp_path / "routing.npz"), "tile_n": 4, "regions": 32,
+                              "ep": 16, "placement": "load-balanced", "system": "sn40l-16"})
+    program = lower(w.graph, channel_depth=w.channel_depth)
+    (reused, scans), (rescanned, all_scans) = _outcome(program), _outcome(program, reuse_scans=False)
+    assert reused == rescanned
+    ref = ref_run(program, max_steps=5_000_000)
+    np.testing.assert_array_equal(ref.unit_counters, np.array(reused[7]))
+    assert (ref.cycles, reused[0], reused[1], scans, all_scans) == (8264, 8264, 6082, (1533, 5394), (1637, 99446))
+
+
+#: the small layer's events (the same on branch int, before the reuse) and its (scans, decision times computed)
+#: with and without reuse
+EP4_EVENTS, EP4_SCANS, EP4_ALL_SCANS = 1921, (346, 891), (496, 6694)
 
 
 @pytest.mark.slow
 @pytest.mark.traces
 def test_qwen3_on_eight_chips_with_time_multiplexed_regions():
     """The bench's ``--ep 8 --regions 8`` layer (bench/test_bench_multichip.py): the counts of branch int (before
-    the reuse), and the scans the reuse saves (about 198,000 HBM events wake nobody)."""
+    the reuse), and the scans the reuse saves (about 198,000 HBM events wake nobody) and the decision times
+    (11.6 million computed without reuse, 18,032 with: a unit's is kept while nothing across its channels steps)."""
     path = require_shared_traces() / "expert_routing" / "qwen_b64" / "032_012.npz"
     w = workload_from_config({"workload": "moe", "model": "qwen3-30b-a3b", "trace": str(path), "ep": 8,
                               "placement": "load-balanced", "regions": 8})
@@ -89,4 +113,4 @@ def test_qwen3_on_eight_chips_with_time_multiplexed_regions():
     (reused, scans), (rescanned, all_scans) = _outcome(program), _outcome(program, reuse_scans=False)
     assert reused == rescanned
     assert reused[:7] == (798776, 228861, 22906, 575931392, 524288, 11002368, 672352)
-    assert (scans, all_scans) == (4702, 199981)
+    assert (scans, all_scans) == ((4702, 18032), (199981, 11557887))
