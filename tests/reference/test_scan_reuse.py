@@ -63,19 +63,28 @@ def test_random_multichip_programs_do_reuse_scans():
     assert (fewer_scans, fewer_times) == (20, 33)
 
 
-def test_expert_parallel_time_multiplexed_layer(tmp_path):
-    """A small ``--ep 4 --regions 4`` MoE layer on a 4-chip ring: the reference engine agrees, and the engine
-    gives the same events (pinned: as before the reuse) with a fraction of the scans and decision times."""
-    write_small_routing(tmp_path)
-    w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 8,
-                              "top_k": 2, "trace": str(tmp_path / "routing.npz"), "tile_n": 4, "regions": 4,
-                              "ep": 4, "placement": "load-balanced", "system": "ring-4"})
+def _small_moe_layer(config: dict) -> tuple:
+    """A small MoE layer of ``config`` (hidden 16, intermediate 96, tile_n 4, load-balanced) run with and without
+    reuse, which must agree, and on the reference engine, whose unit counters must be the engine's: ``(cycles of the
+    reference, the engine's outcome, its (scans, decision times), those without reuse)``."""
+    w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "tile_n": 4,
+                              "placement": "load-balanced", **config})
     program = lower(w.graph, channel_depth=w.channel_depth)
     (reused, scans), (rescanned, all_scans) = _outcome(program), _outcome(program, reuse_scans=False)
     assert reused == rescanned
     ref = ref_run(program, max_steps=5_000_000)
     np.testing.assert_array_equal(ref.unit_counters, np.array(reused[7]))
-    assert (ref.cycles, reused[1], scans, all_scans) == (reused[0], EP4_EVENTS, EP4_SCANS, EP4_ALL_SCANS)
+    return ref.cycles, reused, scans, all_scans
+
+
+def test_expert_parallel_time_multiplexed_layer(tmp_path):
+    """A small ``--ep 4 --regions 4`` MoE layer on a 4-chip ring: the reference engine agrees, and the engine
+    gives the same events (pinned: as before the reuse) with a fraction of the scans and decision times."""
+    write_small_routing(tmp_path)
+    ref_cycles, reused, scans, all_scans = _small_moe_layer({"experts": 8, "top_k": 2, "regions": 4, "ep": 4,
+                                                             "trace": str(tmp_path / "routing.npz"),
+                                                             "system": "ring-4"})
+    assert (ref_cycles, reused[1], scans, all_scans) == (reused[0], EP4_EVENTS, EP4_SCANS, EP4_ALL_SCANS)
 
 
 def test_sixteen_chip_all_to_all(tmp_path):
@@ -84,15 +93,10 @@ def test_sixteen_chip_all_to_all(tmp_path):
     are computed."""
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "routing.npz", data=np.stack([rng.choice(32, size=2, replace=False) for _ in range(24)]))
-    w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 32,
-                              "top_k": 2, "trace": str(tmp_path / "routing.npz"), "tile_n": 4, "regions": 32,
-                              "ep": 16, "placement": "load-balanced", "system": "sn40l-16"})
-    program = lower(w.graph, channel_depth=w.channel_depth)
-    (reused, scans), (rescanned, all_scans) = _outcome(program), _outcome(program, reuse_scans=False)
-    assert reused == rescanned
-    ref = ref_run(program, max_steps=5_000_000)
-    np.testing.assert_array_equal(ref.unit_counters, np.array(reused[7]))
-    assert (ref.cycles, reused[0], reused[1], scans, all_scans) == (8264, 8264, 6082, (1533, 5394), (1637, 99446))
+    ref_cycles, reused, scans, all_scans = _small_moe_layer({"experts": 32, "top_k": 2, "regions": 32, "ep": 16,
+                                                             "trace": str(tmp_path / "routing.npz"),
+                                                             "system": "sn40l-16"})
+    assert (ref_cycles, reused[0], reused[1], scans, all_scans) == (8264, 8264, 6082, (1533, 5394), (1637, 99446))
 
 
 #: the small layer's events (the same on branch int, before the reuse) and its (scans, decision times computed)
