@@ -1,0 +1,48 @@
+"""A Link's bytes (``stepsim.graph.ops_chips.Link.link_bytes``) sum its streams of one element type before
+multiplying by that type's bytes: the same expression, term for term, as the sum over every stream of its elements
+times its element bytes, which these tests build the slow way and compare on the all-to-all Links of a 16-chip
+expert-parallel layer (every transfer its own symbol) and on a collective's chunked streams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepsim.base.system import System
+from stepsim.graph.dims import dim_sum, product
+from stepsim.graph.dtypes import FP32, DynTile, Tile
+from stepsim.workloads.collective.build import build_collective
+from stepsim.workloads.config import workload_from_config
+
+
+def _stream_by_stream(link, fp32_bytes: int):
+    """The Link's bytes summed stream by stream (the definition)."""
+    def element_bytes(dtype):
+        if isinstance(dtype, (Tile, DynTile)) and dtype.dtype == FP32:
+            return product((dtype.rows, dtype.cols, fp32_bytes))
+        return dtype.size_in_bytes()
+
+    return dim_sum(product(s.shape) * element_bytes(s.dtype) for s in link.outputs)
+
+
+@pytest.mark.parametrize("fp32_bytes", [2, 4])
+def test_sixteen_chip_all_to_all_links(tmp_path, fp32_bytes):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "routing.npz", data=np.stack([rng.choice(32, size=2, replace=False) for _ in range(24)]))
+    w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 32,
+                              "top_k": 2, "trace": str(tmp_path / "routing.npz"), "tile_n": 4, "regions": 32,
+                              "ep": 16, "placement": "load-balanced", "system": "sn40l-16"})
+    links = [op for op in w.graph.ops if op.kind == "Link"]
+    assert len(links) == 32
+    for link in links:
+        assert link.link_bytes(fp32_bytes) == _stream_by_stream(link, fp32_bytes), link.name
+    busiest = max(links, key=lambda op: len(op.outputs))
+    assert (len(busiest.outputs), len(busiest.link_bytes(fp32_bytes).free_symbols)) == (144, 144)
+
+
+def test_collective_links():
+    c = build_collective(System.preset("ring-4"), "all-reduce", 4096, tile_bytes=256)
+    links = [op for op in c.graph.ops if op.kind == "Link"]
+    assert links
+    for link in links:
+        assert link.link_bytes() == _stream_by_stream(link, 4) and isinstance(link.link_bytes(), int), link.name
