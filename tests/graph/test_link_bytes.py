@@ -5,8 +5,8 @@ expert-parallel layer (every transfer its own symbol) and on a collective's chun
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from small_routing import sixteen_chip_moe_config
 
 from stepsim.base.system import System
 from stepsim.graph.dims import dim_sum, product
@@ -27,11 +27,7 @@ def _stream_by_stream(link, fp32_bytes: int):
 
 @pytest.mark.parametrize("fp32_bytes", [2, 4])
 def test_sixteen_chip_all_to_all_links(tmp_path, fp32_bytes):
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "routing.npz", data=np.stack([rng.choice(32, size=2, replace=False) for _ in range(24)]))
-    w = workload_from_config({"workload": "moe", "model": "custom", "hidden": 16, "intermediate": 96, "experts": 32,
-                              "top_k": 2, "trace": str(tmp_path / "routing.npz"), "tile_n": 4, "regions": 32,
-                              "ep": 16, "placement": "load-balanced", "system": "sn40l-16"})
+    w = workload_from_config(sixteen_chip_moe_config(tmp_path))
     links = [op for op in w.graph.ops if op.kind == "Link"]
     assert len(links) == 32
     for link in links:

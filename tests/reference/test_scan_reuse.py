@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ref_random_programs import random_program
 from shared_traces_folder import require_shared_traces
-from small_routing import write_small_routing
+from small_routing import sixteen_chip_moe_config, write_small_routing
 
 from stepsim.base.errors import DeadlockError, SimulationError
 from stepsim.base.hardware import Hardware
@@ -91,11 +91,7 @@ def test_sixteen_chip_all_to_all(tmp_path):
     """A small MoE layer over 16 chips (``--ep 16``, 2 experts a chip): its all-to-all Links read many inputs each,
     the case the kept decision times are for. The reference engine agrees; 5,394 of the 99,446 decision times
     are computed (5.4 %)."""
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "routing.npz", data=np.stack([rng.choice(32, size=2, replace=False) for _ in range(24)]))
-    ref_cycles, reused, scans, all_scans = _small_moe_layer({"experts": 32, "top_k": 2, "regions": 32, "ep": 16,
-                                                             "trace": str(tmp_path / "routing.npz"),
-                                                             "system": "sn40l-16"})
+    ref_cycles, reused, scans, all_scans = _small_moe_layer(sixteen_chip_moe_config(tmp_path))
     assert (ref_cycles, reused[0], reused[1], scans, all_scans) == (8264, 8264, 6082, (1533, 5394), (1637, 99446))
 
 
