@@ -41,8 +41,10 @@ from stepsim.kernels.row_sum import EXACT, ROW_SUM_LIMIT, _dot, _row_sum  # noqa
 # ------------------------------------------------------------------------------------------ layouts
 #: rows of the request table ``req`` (int64 ``[R_ROWS, requests]``)
 R_PROMPT, R_OUTPUT, R_NUM_TOKENS, R_COMPUTED, R_OUTPUTS, R_BLOCKS, R_PREFILLING, R_PREEMPTIONS, R_ROWS = range(9)
-#: rows of the request times ``times`` (float64 ``[T_ROWS, requests]``, seconds; -1.0 until set)
-T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_ROWS = range(6)
+#: rows of the request times ``times`` (float64 ``[T_ROWS, requests]``, seconds; -1.0 until set); ``T_SINCE``: what
+#: the stop rule measures a request's TTFT, TPOT and E2E from (its arrival; a decode pool's request its arrival in
+#: the trace, not in the pool: :mod:`stepsim.serve.disaggregated`, "Early stop")
+T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_SINCE, T_ROWS = range(7)
 #: entries of the loop state ``st`` (int64)
 (S_NEXT, S_DONE, S_FREE, S_RUNNING, S_WAIT_HEAD, S_WAIT_LEN, S_STEPS, S_GAPS, S_PREEMPTED, S_STARTS_USED,
  S_BATCH, S_IN_HEAD, S_PENDING, S_KNOWN, S_ROWS) = range(15)
@@ -371,7 +373,7 @@ def _admit_incoming(cfg, req, times, st, running, now):
 def _stop_check(req, times, batch_r, m, now, stop_f, stop_i, seen):
     """:meth:`stepsim.serve.replay_stop.StopTracker.after_step`, statement for statement: count the step's first
     tokens and finishes and the requests now late; whether a metric has more misses than it may."""
-    arrival = times[T_ARRIVAL]
+    arrival, since = times[T_ARRIVAL], times[T_SINCE]
     n = arrival.shape[0]
     ttft, tpot, e2e_limit = stop_f[SF_TTFT], stop_f[SF_TPOT], stop_f[SF_E2E]
     for j in range(m):
@@ -379,18 +381,18 @@ def _stop_check(req, times, batch_r, m, now, stop_f, stop_i, seen):
         first = times[T_FIRST_TOKEN, i]
         if first >= 0.0 and not seen[i] & SEEN_TTFT:
             seen[i] |= SEEN_TTFT
-            if first - arrival[i] > ttft:
+            if first - since[i] > ttft:
                 stop_i[SP_MISS_TTFT] += 1
         finish = times[T_FINISH, i]
         if finish >= 0.0 and not seen[i] & SEEN_END:
             seen[i] |= SEEN_END
-            e2e = finish - arrival[i]
+            e2e = finish - since[i]
             if not seen[i] & SEEN_E2E:
                 seen[i] |= SEEN_E2E
                 if e2e > e2e_limit:
                     stop_i[SP_MISS_E2E] += 1
             out = req[R_OUTPUT, i]
-            if out > 1 and (e2e - (first - arrival[i])) / np.float64(out - 1) > tpot:
+            if out > 1 and (e2e - (first - since[i])) / np.float64(out - 1) > tpot:
                 stop_i[SP_MISS_TPOT] += 1
     while stop_i[SP_PTR_TTFT] < n and now - arrival[stop_i[SP_PTR_TTFT]] > ttft:
         i = stop_i[SP_PTR_TTFT]

@@ -72,15 +72,17 @@ def pool_pricer(evaluator, hardware: str, chips: int):
     return evaluator.pricers[key]
 
 
-def serve_replica(evaluator, dep, requests):
+def serve_replica(evaluator, dep, requests, stop=None):
     """One disaggregated replica of ``dep`` serving ``requests`` (a trace's path or a RequestTrace in memory), each
-    pool priced by its shape's calibrated provider (:func:`pool_pricer`)."""
+    pool priced by its shape's calibrated provider (:func:`pool_pricer`); ``stop``: the replay's
+    :class:`~stepsim.serve.replay_stop.StopRule` (:mod:`stepsim.serve.disaggregated`, "Early stop")."""
     from stepsim.serve.disaggregated_serve import serve_disaggregated
 
     p, d = dep.disaggregate
     providers = (pool_pricer(evaluator, dep.hardware, p).provider(), pool_pricer(evaluator, dep.hardware, d).provider())
     return serve_disaggregated(evaluator.model_arg, requests, disaggregate=dep.disaggregate, system=dep.system,
-                               hardware=dep.hardware, providers=providers, **dep.scheduler.serve_kwargs())
+                               hardware=dep.hardware, providers=providers, stop=stop,
+                               **dep.scheduler.serve_kwargs())
 
 
 def verify_replica(dep, model, path, slo, cache):

@@ -121,24 +121,22 @@ class Evaluator:
         requests = RequestTrace(f"{dep.label()} replica requests", indices.astype(np.int64), arrival[indices],
                                 b.prompt[indices], b.output[indices])
 
+        from stepsim.serve.replay_stop import ReplayStopped
+
         try:
             if dep.disaggregate:  # a prefill pool and a decode pool: stepsim/plan/disaggregated.py
                 from stepsim.plan.disaggregated import serve_replica
 
-                result = serve_replica(self, dep, requests)
+                result = serve_replica(self, dep, requests, stop)
             else:
-                from stepsim.serve.replay_stop import ReplayStopped
-
                 pricer = self.pricers[(dep.hardware, dep.chips_per_replica)]
-                try:
-                    # report_layers=False: the replay is read for its requests only; the summary's per-bucket
-                    # schedules would map buckets no step was priced by (an expert-parallel system's one-chip FFN
-                    # schedules)
-                    result = serve(self.model_arg, requests, provider=pricer.provider(), hardware=dep.hardware,
-                                   system=dep.system, stop=stop, report_layers=False, **dep.scheduler.serve_kwargs())
-                except ReplayStopped as stopped:  # the SLO provably missed: this replica alone fails the deployment
-                    self.stopped += 1
-                    return {"stopped": stopped.metric, "max_utilisation": stopped.max_utilisation}
+                # report_layers=False: the replay is read for its requests only; the summary's per-bucket schedules
+                # would map buckets no step was priced by (an expert-parallel system's one-chip FFN schedules)
+                result = serve(self.model_arg, requests, provider=pricer.provider(), hardware=dep.hardware,
+                               system=dep.system, stop=stop, report_layers=False, **dep.scheduler.serve_kwargs())
+        except ReplayStopped as stopped:  # the SLO provably missed: this replica alone fails the deployment
+            self.stopped += 1
+            return {"stopped": stopped.metric, "max_utilisation": stopped.max_utilisation}
         except Infeasible as exc:  # a step this replica cannot run: it fails the deployment at this rate, as a
             # stopped replay does
             self.unservable += 1
@@ -171,7 +169,7 @@ class Evaluator:
             assignment = route(dep.router, arrival, kv, replicas, None, None)
         # a replay may stop early only when its routing is final: a state-dependent router's first rounds route by
         # finish times that later rounds change, so a failure there proves nothing
-        stop = self.stop_rule if not state_dependent and not dep.disaggregate else None
+        stop = self.stop_rule if not state_dependent else None
         rounds = 0
         while True:
             rounds += 1

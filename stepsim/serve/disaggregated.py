@@ -35,10 +35,27 @@ First token (``first_token``):
   transfer out of the disaggregated side only.
 
 Either way TPOT = (last token - first token) / (output - 1), from the decode pool's steps.
+
+**Early stop** (``stop``, a plan's :class:`~stepsim.serve.replay_stop.StopRule`): a disaggregated replay stops once
+its SLO is provably missed, at three points, each counting only misses that the whole run would have:
+
+* the prefill pool replays with the rule itself: a request's first token and finish there (its prefill's end) are no
+  later than in the run (``"decode"``: the first token comes from a decode step after the transfer; ``"prefill"``:
+  it is the prefill's), and its outputs are one token, so TPOT is not counted;
+* after the transfers, before the decode pool: a request's first token comes no earlier than its transfer's end
+  (``"decode"``; its prefill's end with ``"prefill"``) and it finishes no earlier than that either;
+* the decode pool replays with the rule on its own requests, each measured from its arrival in the trace (the
+  floats the metrics compute); one still without its first token, or unfinished, once the pool's clock is past its
+  transfer's end by more than a limit is past its arrival by more than that too. TTFT is not held there with
+  ``"prefill"`` (the first token came before the request reached the pool, and the prefill pool counted it).
+
+A replay that is not stopped is the replay without the rule, bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -50,8 +67,9 @@ from stepsim.base.errors import ConfigError, SimulationError
 from stepsim.base.ranges import MAX_TIME_S
 from stepsim.serve.kv_cache import blocks_for
 from stepsim.serve.latency import WORK_COLUMNS, LatencyProvider
-from stepsim.serve.replay import checked_cost, iteration_batch, replay
+from stepsim.serve.replay import checked_cost, iteration_batch, max_utilisation, replay
 from stepsim.serve.replay_result import ReplayResult
+from stepsim.serve.replay_stop import ReplayStopped, StopRule, StopTracker
 from stepsim.serve.scheduler import Request, Scheduler
 
 #: where a request's first token comes from (module docstring)
@@ -89,7 +107,7 @@ class DisaggregatedResult:
 def replay_disaggregated(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, kv_bytes: np.ndarray,
                          prefill: Scheduler, decode: Scheduler, prefill_provider: LatencyProvider,
                          decode_provider: LatencyProvider, transfer_seconds: Callable[[int], float],
-                         first_token: str = "decode") -> DisaggregatedResult:
+                         first_token: str = "decode", stop: StopRule | None = None) -> DisaggregatedResult:
     """Serve every request of a trace on a prefill pool and a decode pool (module docstring).
 
     Parameters
@@ -108,12 +126,15 @@ def replay_disaggregated(arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
         Seconds a transfer of so many bytes takes over the links between the pools.
     first_token : {"prefill", "decode"}
         Where the first token comes from (module docstring).
+    stop : StopRule, optional
+        Raise :class:`~stepsim.serve.replay_stop.ReplayStopped` once the SLO is provably missed (module docstring,
+        "Early stop").
     """
     if first_token not in FIRST_TOKEN:
         raise ConfigError(f"first token must come from {' or '.join(FIRST_TOKEN)}, got {first_token!r}")
     n = len(arrival_s)
     ones = np.ones(n, dtype=np.int64)
-    pre = replay(arrival_s, prompt, ones, prefill, prefill_provider)
+    pre = replay(arrival_s, prompt, ones, prefill, prefill_provider, stop=stop)
     prefill_end = pre.first_token
     moves = np.ones(n, dtype=bool) if first_token == "decode" else output > 1
     moved = np.where(moves, kv_bytes, 0).astype(np.int64)
@@ -125,13 +146,30 @@ def replay_disaggregated(arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
             continue
         start[i] = max(prefill_end[i], free)
         free = end[i] = start[i] + transfer_seconds(int(moved[i]))
+    if stop is not None:
+        _stop_after_transfers(stop, arrival_s, end if first_token == "decode" else prefill_end, end, pre)
     dec, first, finish, preempted, gaps = _decode_pool(end, prompt, output, prefill_end, moves, decode,
-                                                       decode_provider, first_token)
+                                                       decode_provider, first_token, stop, arrival_s)
     iterations = _merged(pre.iterations, dec["iterations"])
     result = ReplayResult(first_scheduled=pre.first_scheduled, first_token=first, finish=finish,
                           preemptions=pre.preemptions + preempted, itl=gaps, iterations=iterations,
                           max_blocks_used=dec["max_blocks_used"])
     return DisaggregatedResult(result, prefill_end, start, end, moved, pre.max_blocks_used)
+
+
+def _stop_after_transfers(stop: StopRule, arrival: np.ndarray, first_from: np.ndarray, finish_from: np.ndarray,
+                          pre: ReplayResult) -> None:
+    """Raise :class:`~stepsim.serve.replay_stop.ReplayStopped` when more requests miss a limit than the rule allows
+    with each first token at ``first_from`` and each finish at ``finish_from`` (s), the earliest they can come
+    (module docstring, "Early stop": float subtraction is monotone, so a TTFT or E2E over the limit here is over
+    it in the run); ``pre``: the prefill pool's run (its steps and their utilisation for the exception)."""
+    for metric, values, limit, allowed in (("ttft", first_from - arrival, stop.ttft, stop.ttft_misses),
+                                           ("e2e", finish_from - arrival, stop.e2e, stop.e2e_misses)):
+        if int(np.count_nonzero(values > limit)) > allowed:
+            steps = pre.iterations
+            util = max((float(np.max(steps[c])) for c in ("hbm_utilisation", "compute_utilisation")
+                        if c in steps and len(steps[c])), default=0.0)
+            raise ReplayStopped(metric, len(steps["start_s"]), float(np.max(finish_from)), util)
 
 
 def _merged(prefill: dict, decode: dict) -> dict:
@@ -153,32 +191,41 @@ def _merged(prefill: dict, decode: dict) -> dict:
 
 
 def _decode_pool(arrive: np.ndarray, prompt: np.ndarray, output: np.ndarray, prefill_end: np.ndarray,
-                 moves: np.ndarray, scheduler: Scheduler, provider: LatencyProvider, first_token: str):
+                 moves: np.ndarray, scheduler: Scheduler, provider: LatencyProvider, first_token: str,
+                 stop: StopRule | None = None, since: np.ndarray | None = None):
     """The decode pool's replay (module docstring, 3): ``(steps, first token, finish, preemptions, gaps)`` per
-    request in trace order; a request that never reaches the pool finishes at its prefill's end."""
+    request in trace order; a request that never reaches the pool finishes at its prefill's end. ``stop``: the
+    run's rule, its metrics measured from ``since`` (s: the requests' arrivals in the trace; module docstring,
+    "Early stop")."""
     n = len(arrive)
     first = prefill_end.copy()
     finish = prefill_end.copy()
     preempted = np.zeros(n, dtype=np.int64)
     order = [i for i in np.lexsort((np.arange(n), arrive)).tolist() if moves[i]]
+    if stop is not None and first_token == "prefill":  # the first tokens came before the pool: TTFT is not its
+        stop = dataclasses.replace(stop, ttft=math.inf)
     if order:  # in machine code when the compiled replay takes this provider (the same numbers bit for bit)
         from stepsim.serve.replay_compiled import compiled_decode_pool
 
         pick = np.array(order, dtype=np.int64)
         run = compiled_decode_pool(arrive[pick], prompt[pick], output[pick], scheduler, provider, first_token,
-                                   prefill_end[pick])
+                                   prefill_end[pick], stop, None if since is None else since[pick])
         if run is not None:
             first[pick], finish[pick], preempted[pick] = run.first_token, run.finish, run.preemptions
             return ({"iterations": run.iterations, "max_blocks_used": run.max_blocks_used}, first, finish, preempted,
                     run.itl)
     return _decode_pool_reference(arrive, prompt, output, prefill_end, order, scheduler, provider, first_token,
-                                  first, finish, preempted)
+                                  first, finish, preempted, stop, since)
 
 
 def _decode_pool_reference(arrive, prompt, output, prefill_end, order, scheduler, provider, first_token, first,
-                           finish, preempted):
+                           finish, preempted, stop=None, since=None):
     """The decode pool one Python step at a time: the reference the compiled pool reproduces
     (tests/serve/test_disaggregated_compiled.py) and the loop of every other provider."""
+    # the rule counts the pool's requests in the order they arrive, as the compiled pool holds them
+    tracker = None if stop is None else StopTracker(stop, arrive[order].tolist(), output[order].tolist(),
+                                                    {i: k for k, i in enumerate(order)},
+                                                    None if since is None else since[order].tolist())
     requests = {}
     for i in order:
         p, o = int(prompt[i]), int(output[i])
@@ -246,6 +293,10 @@ def _decode_pool_reference(arrive, prompt, output, prefill_end, order, scheduler
             work.setdefault(name, []).append(value)
         now = now + cost.seconds
         done += scheduler.finish_step(batch, now, gaps)
+        if tracker is not None:
+            missed = tracker.after_step(batch, now)
+            if missed is not None:
+                raise ReplayStopped(missed, steps, now, max_utilisation(work))
     for i, r in requests.items():
         first[i], finish[i], preempted[i] = r.first_token, r.finish, r.preemptions
     iterations = {k: np.array(v, dtype=np.float64 if k.endswith("_s") else np.int64) for k, v in cols.items()}

@@ -53,13 +53,15 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
                         max_batch_tokens=None, chunk_tokens=None, routing=None, fidelity=None, slo=None, jobs=None,
                         seed=0, iteration_latency=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE,
                         calibration_cache=None, schedule=None, drop_long=False, truncate_long=False,
-                        first_token="decode", providers=None, progress: bool = False, **refused):
+                        first_token="decode", providers=None, progress: bool = False, stop=None, **refused):
     """Serve ``requests`` on a prefill pool of ``P`` chips and a decode pool of ``D`` chips (``disaggregate``:
     ``"P:D"`` or ``(P, D)``) of ``system`` (module docstring). Other parameters as
     :func:`stepsim.serve.api.serve`'s; ``first_token``: ``decode`` (the default: the TTFT a user sees) or ``prefill`` (DistServe's TTFT)
     (:mod:`stepsim.serve.disaggregated`); ``providers``: ``(prefill pool's, decode pool's)`` latency providers
     instead of ``iteration_latency`` or ``fidelity`` (as :func:`stepsim.serve.api.serve`'s ``provider``; a plan's
-    calibrated ones). Returns a :class:`stepsim.serve.api.ServeResult`."""
+    calibrated ones); ``stop``: a :class:`~stepsim.serve.replay_stop.StopRule` (as :func:`stepsim.serve.api.serve`'s,
+    for :mod:`stepsim.plan`: the replay raises :class:`~stepsim.serve.replay_stop.ReplayStopped` once the SLO is
+    provably missed). Returns a :class:`stepsim.serve.api.ServeResult`."""
     from stepsim.models.presets import resolve_model
     from stepsim.serve import api
     from stepsim.serve.disaggregated import FIRST_TOKEN, replay_disaggregated
@@ -136,7 +138,7 @@ def serve_disaggregated(model, requests, *, disaggregate, system, out=None, arri
     try:
         run = replay_disaggregated(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, kv_bytes,
                                    Scheduler(config, pre["capacity"], limit), Scheduler(config, dec["capacity"], limit),
-                                   pre["provider"], dec["provider"], pricer.seconds, first_token)
+                                   pre["provider"], dec["provider"], pricer.seconds, first_token, stop)
     finally:
         for pool in pools:
             if hasattr(pool["provider"], "close"):

@@ -204,22 +204,25 @@ def compiled_replay(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarra
 
 
 def compiled_decode_pool(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, scheduler: Scheduler,
-                         provider, first_token: str, prefill_end: np.ndarray):
+                         provider, first_token: str, prefill_end: np.ndarray, stop=None, since=None):
     """A disaggregated deployment's decode pool (:func:`stepsim.serve.disaggregated._decode_pool`) in machine
     code, or None as :func:`compiled_replay`. The requests are the pool's, in the order they arrive
     (``arrival_s``: their KV transfers' ends, s, sorted); ``first_token`` ``"decode"`` (the pool recomputes each
     prompt's last token and produces the first token) or ``"prefill"`` (the first token came at ``prefill_end``,
-    s). Its ``ReplayResult`` is per pool request in that order (``first_scheduled``: admission to the pool)."""
-    return _compiled(arrival_s, prompt, output, scheduler, provider, None, None, first_token, prefill_end)
+    s). Its ``ReplayResult`` is per pool request in that order (``first_scheduled``: admission to the pool).
+    ``stop``: a :class:`~stepsim.serve.replay_stop.StopRule` over the pool's requests, their metrics measured from
+    ``since`` (s, their arrivals in the trace; default ``arrival_s``: :mod:`stepsim.serve.disaggregated`, "Early
+    stop")."""
+    return _compiled(arrival_s, prompt, output, scheduler, provider, None, stop, first_token, prefill_end, since)
 
 
-def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, first_token, prefill_end):
-    """The compiled loop: a colocated replay (``first_token`` None; ``stop`` as :func:`compiled_replay`'s) or a
-    decode pool (no stop rule)."""
+def _compiled(arrival_s, prompt, output, scheduler, provider, progress, stop, first_token, prefill_end, since=None):
+    """The compiled loop: a colocated replay (``first_token`` None) or a decode pool; ``stop`` as
+    :func:`compiled_replay`'s."""
     loop = CompiledLoop.make(len(arrival_s), scheduler, provider, progress, stop, first_token is not None)
     if loop is None:
         return None
-    loop.know(arrival_s, prompt, output, first_token, prefill_end)
+    loop.know(arrival_s, prompt, output, first_token, prefill_end, since)
     if loop.run() is None:
         return None
     return loop.result(scheduler)
@@ -306,15 +309,17 @@ class CompiledLoop:
             self.stop_f, self.stop_i = stop.as_arrays()
         self.seen = np.zeros(total, dtype=np.int64)
 
-    def know(self, arrival_s, prompt, output, first_token=None, prefill_end=None) -> None:
+    def know(self, arrival_s, prompt, output, first_token=None, prefill_end=None, since=None) -> None:
         """Every request at once (a replay): their arrivals (s, sorted), prompt and output tokens; a decode pool's
-        ``first_token`` and ``prefill_end`` as :func:`compiled_decode_pool`'s."""
+        ``first_token``, ``prefill_end`` and ``since`` as :func:`compiled_decode_pool`'s."""
         kr, req, times = self.kr, self.req, self.times
         req[kr.R_PROMPT] = prompt
         req[kr.R_OUTPUT] = output
         req[kr.R_NUM_TOKENS] = prompt
         req[kr.R_PREFILLING] = 1
-        times[kr.T_ARRIVAL] = arrival_s
+        times[kr.T_ARRIVAL] = times[kr.T_SINCE] = arrival_s
+        if since is not None:  # a decode pool's requests measured from their arrivals in the trace
+            times[kr.T_SINCE] = since
         if first_token is not None:  # the decode pool's requests arrive with their KV (disaggregated._decode_pool)
             req[kr.R_PREFILLING] = 0
             if first_token == "prefill":  # the prefill's token is the first: p tokens cached, p + 1 known
@@ -335,7 +340,7 @@ class CompiledLoop:
         self.req[kr.R_PROMPT, k] = self.req[kr.R_NUM_TOKENS, k] = prompt
         self.req[kr.R_OUTPUT, k] = output
         self.req[kr.R_PREFILLING, k] = 1
-        self.times[kr.T_ARRIVAL, k] = arrival_s
+        self.times[kr.T_ARRIVAL, k] = self.times[kr.T_SINCE, k] = arrival_s
         self.st[kr.S_KNOWN] = k + 1
         self.gap_slots += max(output, 1)
         if self.gap_slots > len(self.gaps):

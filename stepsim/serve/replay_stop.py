@@ -90,8 +90,14 @@ class StopTracker:
     """The Python replay's side of a rule (:func:`stepsim.serve.replay.replay_reference`); the compiled replay
     counts the same in :func:`stepsim.kernels.serve_replay._stop_check`."""
 
-    def __init__(self, rule: StopRule, arrival: list, output: list):
-        self.rule, self.arrival, self.output = rule, arrival, output
+    def __init__(self, rule: StopRule, arrival: list, output: list, position: dict | None = None,
+                 since: list | None = None):
+        """``arrival`` (s, sorted) and ``output`` by position; ``position[r.index]``: a request's position (None: its
+        index); ``since``: what a request's metrics are measured from (s; None: its arrival). A disaggregated decode
+        pool's requests keep their trace indices, arrive in their own order and are measured from their arrivals
+        in the trace (:mod:`stepsim.serve.disaggregated`, "Early stop")."""
+        self.rule, self.arrival, self.output, self.position = rule, arrival, output, position
+        self.since = arrival if since is None else since
         n = len(arrival)
         self.ttft_seen = [False] * n
         self.end_seen = [False] * n
@@ -102,23 +108,23 @@ class StopTracker:
     def after_step(self, batch, now: float) -> str | None:
         """Count the step's first tokens and finishes and the requests now late; the metric over its allowance,
         or None."""
-        rule, arrival, misses = self.rule, self.arrival, self.misses
+        rule, arrival, since, misses = self.rule, self.arrival, self.since, self.misses
         n = len(arrival)  # a request with now - arrival > a limit > 0 has arrived
         for r, _ in batch:
-            i = r.index
+            i = r.index if self.position is None else self.position[r.index]
             if r.first_token >= 0.0 and not self.ttft_seen[i]:
                 self.ttft_seen[i] = True
-                if r.first_token - arrival[i] > rule.ttft:
+                if r.first_token - since[i] > rule.ttft:
                     misses["ttft"] += 1
             if r.finish >= 0.0 and not self.end_seen[i]:
                 self.end_seen[i] = True
-                e2e = r.finish - arrival[i]
+                e2e = r.finish - since[i]
                 if not self.e2e_seen[i]:
                     self.e2e_seen[i] = True
                     if e2e > rule.e2e:
                         misses["e2e"] += 1
                 out = self.output[i]
-                if out > 1 and (e2e - (r.first_token - arrival[i])) / (out - 1) > rule.tpot:
+                if out > 1 and (e2e - (r.first_token - since[i])) / (out - 1) > rule.tpot:
                     misses["tpot"] += 1
         while self.ptr_ttft < n and now - arrival[self.ptr_ttft] > rule.ttft:
             i = self.ptr_ttft

@@ -116,3 +116,27 @@ def test_a_deployments_table_that_is_not_a_plans_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         read_deployments(tmp_path)
     assert str(err.value) == f"{tmp_path}/deployments.parquet: column 'prefill_chips' is string, a plan writes int64"
+
+
+def test_a_disaggregated_replica_stops_early_and_the_front_is_the_brute_forces(tmp_path):
+    """The disaggregated replicas' probes above their sustainable rates stop once the SLO is provably missed
+    (stepsim/serve/disaggregated.py, "Early stop"), as the colocated ones do: the front is the brute force's, which
+    serves every probe to the end."""
+    model, trace = write_case(tmp_path)
+    # a TTFT limit half the other tests': the one-chip pair meets it up to 72.9x, so its higher probes fail
+    kw = dict(slo="ttft=0.3ms,tpot=0.024ms", max_chips=4, space=SPACE, calibration_cache=seeded_cache(tmp_path / "cache"),
+              verify=False)
+    plan = stepsim.plan(str(model), trace, **kw)
+    brute = stepsim.plan(str(model), trace, prune=False, **kw)
+    check_seed_used(tmp_path / "cache")
+
+    def front(p):
+        return [(f["deployment"], f["multiplier"], f["goodput_requests_per_s"]) for f in p.summary["front"]]
+
+    assert front(plan) == front(brute) and [d for d, _, _ in front(plan)] == [
+        "1x1ch sn40l none vllm seqs 128 batch 256", "1x2ch disagg 1:1 sn40l none vllm seqs 128 batch 256",
+        "2x2ch disagg 1:1 sn40l round-robin vllm seqs 128 batch 256"]
+    assert round(front(plan)[1][1], 4) == 72.8825
+    # (full replays, stopped) per deployment: the one-chip pair's four failed probes stopped early
+    assert [(r["replays"], r["replays_stopped"]) for r in plan.deployments] == [(4, 7), (22, 0), (4, 4), (4, 0)]
+    assert [(r["replays"], r["replays_stopped"]) for r in brute.deployments] == [(11, 0), (22, 0), (8, 0), (4, 0)]
