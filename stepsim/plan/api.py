@@ -301,7 +301,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                                for name, _ in replica_files]
         if verify:
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
-                                              percentile, base, cache, schedule)
+                                              percentile, base, cache, schedule, runner)
     summary["slo_margin"] = margin
     summary["replays"] = replays["replays"]  # full replays: every request served
     summary["replays_stopped"] = replays["replays_stopped"]  # stopped early, the SLO provably missed
@@ -405,32 +405,24 @@ def serve_command(dep, model, file: str, slo: str, out: str, schedule: str | Non
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache, schedule="paper") -> dict:
-    """Re-serve the recommended deployment's replicas with ``--fidelity fast`` (each its own calibration) and
-    compare with the plan's numbers."""
-    from stepsim.serve.api import serve
+def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache, schedule, runner) -> dict:
+    """Re-serve the recommended deployment's replicas with ``--fidelity fast`` (each its own calibration: a task of
+    ``runner``'s, so they calibrate side by side on its workers) and compare with the plan's numbers."""
+    from stepsim.plan.waves import verification_config
     from stepsim.trace_io.requests import write_requests
 
-    dep = row["dep"]
     best = row["search"].best
     arrival = base.arrival / best.multiplier
     first = np.full(base.n, np.nan)
     finish = np.full(base.n, np.nan)
-    errors = []
-    with tempfile.TemporaryDirectory(prefix="stepsim-plan-verify-") as tmp:
-        for name, trace in replica_files:
-            path = write_requests(trace, Path(tmp) / name)
-            if dep.disaggregate:
-                from stepsim.plan.disaggregated import verify_replica
-
-                result = verify_replica(dep, model, path, slo, cache)
-            else:
-                result = serve(model, path, fidelity="fast", schedule=schedule, slo=slo, hardware=dep.hardware,
-                               system=dep.system, calibration_cache=cache, **dep.scheduler.serve_kwargs())
-            idx = trace.request_id
-            first[idx] = result.requests.column("first_token_s").to_numpy()
-            finish[idx] = result.requests.column("finish_s").to_numpy()
-            errors.append(result.summary["fidelity"]["error"])
+    # the replicas' requests in the plan's work folder, where its workers read the shaped trace too
+    with tempfile.TemporaryDirectory(prefix="stepsim-plan-verify-", dir=runner.work) as tmp:
+        configs = [verification_config(model, row["dep"], write_requests(trace, Path(tmp) / name), slo, cache,
+                                       schedule) for name, trace in replica_files]
+        served = runner.verify(configs)
+    for (_, trace), got in zip(replica_files, served):
+        first[trace.request_id], finish[trace.request_id] = got["first_token"], got["finish"]
+    errors = [got["error"] for got in served]
     ev = Evaluator(model, base, slo_seconds, percentile, {}, Path("."))
     fresh = ev.metrics(arrival, first, finish)
     plan_m = best.metrics

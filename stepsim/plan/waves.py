@@ -58,7 +58,8 @@ def plan_task(config: dict, force: bool = False) -> dict:
     error that is not the task's answer (a deployment's serve refusal is its answer: ``row["error"]``)."""
     start = time.perf_counter()
     try:
-        run = run_calibration if config["kind"] == "calibration" else run_deployment
+        run = {"calibration": run_calibration, "deployment": run_deployment,
+               "verification": run_verification}[config["kind"]]
         row = run(config)
         return {"status": "ok", "row": row, "wall_s": time.perf_counter() - start, "error_type": None,
                 "error_message": None, "error_traceback": None}
@@ -89,6 +90,39 @@ def run_calibration(config: dict) -> dict:
     return {"summary": summary, "schedule": pricer.schedule}
 
 
+def verification_config(model_arg, dep, requests: Path, slo: str, cache, schedule) -> dict:
+    """The task that re-serves one replica of the recommended deployment (its requests' file) with ``--fidelity
+    fast``, calibrating it on them, as the command plan.json gives for it (:func:`stepsim.plan.api.serve_command`)."""
+    return {"kind": "verification", "model": str(model_arg), "deployment": _deployment_dict(dep),
+            "requests": str(requests), "slo": slo, "cache": str(cache), "schedule": schedule}
+
+
+def run_verification(config: dict) -> dict:
+    """Serve a verification task's replica: ``{"first_token", "finish"}`` (s, per request of its file) and the
+    run's fidelity ``error``."""
+    from stepsim.serve.api import serve
+
+    dep = _deployment(config["deployment"])
+    if dep.disaggregate:
+        from stepsim.plan.disaggregated import verify_replica
+
+        result = verify_replica(dep, config["model"], config["requests"], config["slo"], config["cache"])
+    else:
+        result = serve(config["model"], config["requests"], fidelity="fast", schedule=config["schedule"],
+                       slo=config["slo"], hardware=dep.hardware, system=dep.system,
+                       calibration_cache=config["cache"], **dep.scheduler.serve_kwargs())
+    return {"first_token": result.requests.column("first_token_s").to_numpy(),
+            "finish": result.requests.column("finish_s").to_numpy(), "error": result.summary["fidelity"]["error"]}
+
+
+def _deployment_dict(dep) -> dict:
+    """A deployment as plain data (:func:`_deployment` reads it back)."""
+    return {"chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
+            "scheduler": [dep.scheduler.policy, dep.scheduler.max_seqs, dep.scheduler.max_batch_tokens,
+                          dep.scheduler.chunk_tokens],
+            "hardware": dep.hardware, "disaggregate": list(dep.disaggregate)}
+
+
 def deployment_config(model_arg, dep, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
                       percentile: float, prune: bool, rate_bound: float, duration_floor, beat: float,
                       match: float) -> dict:
@@ -96,11 +130,7 @@ def deployment_config(model_arg, dep, *, cache, trace_sha256: str, shapes: dict,
     calibrated replica shape (a disaggregated deployment prices its pools with them); ``rate_bound`` and
     ``duration_floor``: the deployment's :func:`~stepsim.plan.search.rate_bound`; ``beat``: the best goodput of
     fewer chips, to exceed; ``match``: the best of equal chips so far, to reach (-1: none)."""
-    return {"kind": "deployment", "model": str(model_arg),
-            "deployment": {"chips_per_replica": dep.chips_per_replica, "replicas": dep.replicas, "router": dep.router,
-                           "scheduler": [dep.scheduler.policy, dep.scheduler.max_seqs, dep.scheduler.max_batch_tokens,
-                                         dep.scheduler.chunk_tokens],
-                           "hardware": dep.hardware, "disaggregate": list(dep.disaggregate)},
+    return {"kind": "deployment", "model": str(model_arg), "deployment": _deployment_dict(dep),
             "trace_sha256": trace_sha256, "shapes": shapes, "slo": dict(search_slo), "percentile": percentile,
             "prune": prune, "rate_bound": rate_bound, "duration_floor": duration_floor.to_json(), "beat": beat,
             "match": match, "cache": str(cache),
@@ -269,6 +299,10 @@ class WaveRunner:
         """Run the calibration tasks (never stored: the calibration cache is their store); rows in order."""
         return self._run(configs, store=False)
 
+    def verify(self, configs: list) -> list:
+        """Run the verification tasks (never stored: a plan verifies once, at its end); rows in order."""
+        return self._run(configs, store=False)
+
     def search(self, configs: list) -> list:
         """Run (or read back) the deployment tasks; their rows in order."""
         return self._run(configs, store=True)
@@ -347,6 +381,8 @@ def _name(config: dict) -> str:
     """A task's name in messages: its shape, or its deployment's label."""
     if config["kind"] == "calibration":
         return f"calibration of {config['hardware']} x{config['chips']}"
+    if config["kind"] == "verification":
+        return f"verification of {_deployment(config['deployment']).label()} on {Path(config['requests']).name}"
     return _deployment(config["deployment"]).label()
 
 

@@ -78,12 +78,16 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     assert round(s["slo_margin"], 4) == 0.0186
     v = s["verification"]
     assert (v["meets_slo"], round(v["ttft_p"] * 1e9), round(v["ttft_p_error"], 4)) == (True, 385536, -0.0642)
-    # the colocated replica's failing probes stop early; a disaggregated replica's pools are served to the end. The
+    # the colocated replica's failing probes stop early (the disaggregated pair's too: none fails here). The
     # pair meets the SLO at the grid's top (256x: capped, one probe from the top; nine probes up from the offered rate
     # until 2026-11-27, docs/plan.md §4); the colocated replica's search: 3 met, 7 failed (4 and 6 bisecting below the
     # first doubling that held, 7 and 2 from below); each then served at the offered rate (both on the front; their
     # searches did not reach it)
     assert [(r["replays"], r["replays_stopped"]) for r in plan.deployments] == [(4, 7), (2, 0)]
+    # on two worker processes (the verification's calibrations a task each, side by side): the same plan
+    on_workers = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space, jobs=2,
+                              calibration_cache=tmp_path / "cache", out=tmp_path / "workers")
+    assert {**on_workers.summary, "wall_s": 0, "commands": 0} == {**s, "wall_s": 0, "commands": 0}
     table = pq.read_table(tmp_path / "out" / "deployments.parquet")
     assert table.column("decided").to_pylist() == ["simulated", "simulated"]
     # the split per replica, null for the colocated deployment, read back as the plan returned it
