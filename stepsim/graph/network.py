@@ -129,9 +129,10 @@ class Network:
         return [self.links[i] for i in sorted(self.links)]
 
     def link_bytes(self, fp32_bytes: int = 4) -> dict[str, object]:
-        """Bytes over each used link (symbolic metric, by Link name), after :meth:`finish`; ``fp32_bytes`` as in
-        :meth:`stepsim.graph.ops_chips.Link.link_bytes`."""
-        return {op.name: op.link_bytes(fp32_bytes) for _, op in sorted(self.links.items())}
+        """Bytes over each used link (by Link name), after :meth:`finish`: an int, or a symbolic sum not put in
+        canonical form, for substituting every symbol at once (``xreplace``; ``.doit()`` gives the canonical form);
+        ``fp32_bytes`` as in :meth:`stepsim.graph.ops_chips.Link.link_bytes`."""
+        return {op.name: op.link_bytes(fp32_bytes, canonical=False) for _, op in sorted(self.links.items())}
 
 
 def window(link, streams) -> int | None:
