@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_replay_compiled import _random_run, assert_same_result
-from test_replay_stop import _meets, _metrics
+from test_replay_stop import _meets, _metrics, slo_near
 
 import stepsim.serve.disaggregated as disaggregated
 import stepsim.serve.replay_compiled as replay_compiled
 from stepsim.base.errors import SimulationError
 from stepsim.serve.latency import ConstantLatency
-from stepsim.serve.replay_stop import ReplayStopped, StopRule
+from stepsim.serve.replay_stop import ReplayStopped
 
 POINTS = ("prefill pool", "transfers", "decode pool")
 
@@ -76,13 +76,7 @@ def test_a_stopped_disaggregated_replay_misses_its_slo_and_an_unstopped_one_is_u
             assert "cannot join the idle decode pool" in str(e), settings
             continue
         values = _metrics(arrival, output, full.result.first_token, full.result.finish)
-        percentile = float(rng.choice([50.0, 90.0, 99.0, 100.0]))
-        slo = {}
-        for key in rng.permutation(["ttft", "tpot", "e2e"])[:int(rng.integers(1, 4))]:
-            if len(values[key]):
-                slo[str(key)] = float(np.percentile(values[key], percentile) * rng.choice([0.3, 0.9, 0.999, 1.0,
-                                                                                            1.2]))
-        rule = StopRule.of_slo(slo, percentile, len(arrival), int((output > 1).sum()))
+        slo, percentile, rule = slo_near(rng, values, arrival, output)
         got, got_stop = _run(*args, rule)
         with monkeypatch.context() as python:  # both pools one Python step at a time
             python.setattr(replay_compiled, "compiled_replay", lambda *a, **k: None)

@@ -51,6 +51,17 @@ def _meets(values: dict, slo: dict, percentile: float) -> bool:
     return all(not len(values[k]) or float(np.percentile(values[k], percentile)) <= limit for k, limit in slo.items())
 
 
+def slo_near(rng, values: dict, arrival, output) -> tuple:
+    """``(slo, percentile, rule)``: a random percentile and limits on one to three metrics near the run's own
+    percentiles of ``values`` (:func:`_metrics`), so that some runs meet them and some miss by a little or by much."""
+    percentile = float(rng.choice([50.0, 90.0, 99.0, 100.0]))
+    slo = {}
+    for key in rng.permutation(["ttft", "tpot", "e2e"])[:int(rng.integers(1, 4))]:
+        if len(values[key]):
+            slo[str(key)] = float(np.percentile(values[key], percentile) * rng.choice([0.3, 0.9, 0.999, 1.0, 1.2]))
+    return slo, percentile, StopRule.of_slo(slo, percentile, len(arrival), int((output > 1).sum()))
+
+
 def _run(fn, *args):
     try:
         return fn(*args), None
@@ -67,14 +78,7 @@ def test_a_stopped_replay_misses_its_slo_and_an_unstopped_one_is_unchanged(seed)
         step = ConstantLatency(float(rng.uniform(1e-3, 0.2)))
         full = replay_reference(arrival, prompt, output, make(), step)
         values = _metrics(arrival, output, full.first_token, full.finish)
-        percentile = float(rng.choice([50.0, 90.0, 99.0, 100.0]))
-        # limits near the run's own percentiles: some met, some missed by a little or by much
-        slo = {}
-        for key in rng.permutation(["ttft", "tpot", "e2e"])[:int(rng.integers(1, 4))]:
-            if len(values[key]):
-                slo[str(key)] = float(np.percentile(values[key], percentile) * rng.choice([0.3, 0.9, 0.999, 1.0,
-                                                                                            1.2]))
-        rule = StopRule.of_slo(slo, percentile, len(arrival), int((output > 1).sum()))
+        slo, percentile, rule = slo_near(rng, values, arrival, output)
         assert all(math.isinf(getattr(rule, k)) for k in ("ttft", "tpot", "e2e") if k not in slo)
         ref, ref_stop = _run(replay_reference, arrival, prompt, output, make(), step, None, rule)
         got, got_stop = _run(compiled_replay, arrival, prompt, output, make(), step, None, rule)
