@@ -15,8 +15,6 @@ Graphs build links through :class:`stepsim.graph.network.Network`, which routes 
 
 from __future__ import annotations
 
-import sympy as sp
-
 from stepsim.base.errors import ArgumentError, DTypeError
 from stepsim.graph.dims import dim_sum, is_static, product
 from stepsim.graph.dtypes import FP32, BufferRef, DynTile, Tile
@@ -83,6 +81,8 @@ class Link(Op):
         sizes = {dtype: element_bytes(dtype) for dtype in elements}
         if canonical or all(map(is_static, [*sizes.values(), *(n for ns in elements.values() for n in ns)])):
             return dim_sum(dim_sum(lengths) * sizes[dtype] for dtype, lengths in elements.items())
+        import sympy as sp  # here, not at the top: a command that builds no graph does not import sympy
+
         return sp.Add(*(sp.Mul(sp.Add(*lengths, evaluate=False), sizes[dtype], evaluate=False)
                         for dtype, lengths in elements.items()), evaluate=False)
 
