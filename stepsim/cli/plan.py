@@ -109,5 +109,6 @@ def _plan(args) -> int:
     work = result.work
     print(f"tasks       {work['ran']} deployment search(es) run ({work['executor']}), {work['skipped']} read back "
           f"from {work['folder']} (an earlier run of the same plan)")
-    print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s")
+    phases = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in s["phase_wall_s"].items())
+    print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s ({phases})")
     return 0

@@ -227,6 +227,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     calibrated = dict(zip(longest_first, runner.calibrate([
         calibration_config(model, hw, chips, systems[(hw, chips)], cache, reference, slo)
         for hw, chips in longest_first])))
+    phases = {"calibrations": time.perf_counter() - started}  # wall seconds (s) of the plan's phases, in order
     for hw, chips in shapes:
         got = calibrated[(hw, chips)]
         if "error" in got:  # the model does not fit, a system it cannot be split over: not a candidate
@@ -286,12 +287,14 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                 for key in replays:
                     replays[key] += got[key]
     runner.retire_others()
+    phases["searches"] = time.perf_counter() - started - sum(phases.values())
     on_front = front(rows)
     # the front's runs at the offered rate (plan.json reports them), where the search did not serve that rate: the
     # same runs a brute force makes, counted with the replays
     offered = _serve_offered([rows[i] for i in on_front], model, base, searched_slo, percentile, pricers, cache, work)
     for key in replays:
         replays[key] += offered[key]
+    phases["offered_runs"] = time.perf_counter() - started - sum(phases.values())
     summary, table = _summarize(rows, on_front, base, scale, slo, percentile, calibrations, model,
                                 requests, limit_requests, prune)
     recommended = summary.get("recommended")
@@ -308,12 +311,14 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         if verify:
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
                                               percentile, base, cache, schedule, runner)
+            phases["verification"] = time.perf_counter() - started - sum(phases.values())
     summary["slo_margin"] = margin
     summary["replays"] = replays["replays"]  # full replays: every request served
     summary["replays_stopped"] = replays["replays_stopped"]  # stopped early, the SLO provably missed
     summary["replays_reused"] = replays["replays_reused"]
     summary["replays_unservable"] = replays["replays_unservable"]  # ended by a step the chip cannot run
     summary["wall_s"] = time.perf_counter() - started
+    summary["phase_wall_s"] = phases  # where the wall time went (like wall_s, the one part that varies run to run)
     files = {}
     if out is not None:
         from stepsim.plan.output import write_plan

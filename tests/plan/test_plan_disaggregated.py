@@ -87,7 +87,11 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     # on two worker processes (the verification's calibrations a task each, side by side): the same plan
     on_workers = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space, jobs=2,
                               calibration_cache=tmp_path / "cache", out=tmp_path / "workers")
-    assert {**on_workers.summary, "wall_s": 0, "commands": 0} == {**s, "wall_s": 0, "commands": 0}
+    same = {"wall_s": 0, "phase_wall_s": 0, "commands": 0}
+    assert {**on_workers.summary, **same} == {**s, **same}
+    # the wall time by phase, in order (the verification's: the recommended replica re-served)
+    assert list(s["phase_wall_s"]) == ["calibrations", "searches", "offered_runs", "verification"]
+    assert 0 < sum(s["phase_wall_s"].values()) <= s["wall_s"]
     table = pq.read_table(tmp_path / "out" / "deployments.parquet")
     assert table.column("decided").to_pylist() == ["simulated", "simulated"]
     # the split per replica, null for the colocated deployment, read back as the plan returned it
