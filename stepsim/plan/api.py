@@ -227,7 +227,12 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     calibrated = dict(zip(longest_first, runner.calibrate([
         calibration_config(model, hw, chips, systems[(hw, chips)], cache, reference, slo)
         for hw, chips in longest_first])))
-    phases = {"calibrations": time.perf_counter() - started}  # wall seconds (s) of the plan's phases, in order
+    phases: dict = {}  # wall seconds (s) of the plan's phases, in order
+
+    def lap(phase: str) -> None:
+        phases[phase] = time.perf_counter() - started - sum(phases.values())
+
+    lap("calibrations")
     for hw, chips in shapes:
         got = calibrated[(hw, chips)]
         if "error" in got:  # the model does not fit, a system it cannot be split over: not a candidate
@@ -287,14 +292,14 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                 for key in replays:
                     replays[key] += got[key]
     runner.retire_others()
-    phases["searches"] = time.perf_counter() - started - sum(phases.values())
+    lap("searches")
     on_front = front(rows)
     # the front's runs at the offered rate (plan.json reports them), where the search did not serve that rate: the
     # same runs a brute force makes, counted with the replays
     offered = _serve_offered([rows[i] for i in on_front], model, base, searched_slo, percentile, pricers, cache, work)
     for key in replays:
         replays[key] += offered[key]
-    phases["offered_runs"] = time.perf_counter() - started - sum(phases.values())
+    lap("offered_runs")
     summary, table = _summarize(rows, on_front, base, scale, slo, percentile, calibrations, model,
                                 requests, limit_requests, prune)
     recommended = summary.get("recommended")
@@ -311,7 +316,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         if verify:
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
                                               percentile, base, cache, schedule, runner)
-            phases["verification"] = time.perf_counter() - started - sum(phases.values())
+            lap("verification")
     summary["slo_margin"] = margin
     summary["replays"] = replays["replays"]  # full replays: every request served
     summary["replays_stopped"] = replays["replays_stopped"]  # stopped early, the SLO provably missed

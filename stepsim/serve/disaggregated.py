@@ -166,10 +166,8 @@ def _stop_after_transfers(stop: StopRule, arrival: np.ndarray, first_from: np.nd
     for metric, values, limit, allowed in (("ttft", first_from - arrival, stop.ttft, stop.ttft_misses),
                                            ("e2e", finish_from - arrival, stop.e2e, stop.e2e_misses)):
         if int(np.count_nonzero(values > limit)) > allowed:
-            steps = pre.iterations
-            util = max((float(np.max(steps[c])) for c in ("hbm_utilisation", "compute_utilisation")
-                        if c in steps and len(steps[c])), default=0.0)
-            raise ReplayStopped(metric, len(steps["start_s"]), float(np.max(finish_from)), util)
+            raise ReplayStopped(metric, len(pre.iterations["start_s"]), float(np.max(finish_from)),
+                                float(max_utilisation(pre.iterations)))
 
 
 def _merged(prefill: dict, decode: dict) -> dict:
