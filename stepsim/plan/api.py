@@ -296,7 +296,9 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     on_front = front(rows)
     # the front's runs at the offered rate (plan.json reports them), where the search did not serve that rate: the
     # same runs a brute force makes, counted with the replays
-    offered = _serve_offered([rows[i] for i in on_front], model, base, searched_slo, percentile, pricers, cache, work)
+    offered = _serve_offered([rows[i] for i in on_front], base.n, runner, model, cache=cache,
+                             trace_sha256=trace_sha256, shapes=shape_configs, search_slo=searched_slo,
+                             percentile=percentile)
     for key in replays:
         replays[key] += offered[key]
     lap("offered_runs")
@@ -344,26 +346,26 @@ def wave_parts(wave: list) -> list[list]:
     return parts
 
 
-def _serve_offered(front_rows: list, model, base, searched_slo, percentile, pricers, cache, work) -> dict:
-    """Serve each front deployment at the offered rate unless its search did (``search.offered``, set in place);
-    returns the replays, each also counted in its deployment's row."""
-    from stepsim.plan.waves import REFERENCE_FILE
+def _serve_offered(front_rows: list, n: int, runner, model, **task) -> dict:
+    """Serve each front deployment at the offered rate unless its search did (``search.offered``, set in place), as
+    ``runner``'s tasks (:func:`~stepsim.plan.waves.offered_config`, ``task`` its keywords but the deployments), one
+    a group of deployments that may share a replica's run of the ``n`` requests (:func:`stepsim.plan.waves.offered_groups`);
+    returns the replays, each also counted in its
+    deployment's row."""
+    from stepsim.plan.waves import evaluation, offered_config, offered_groups
 
     total = dict.fromkeys(REPLAY_COUNTS, 0)
     # a stopped run at the offered rate has no metrics to report: served again to the end
     todo = [row for row in front_rows if row["search"].offered is None or row["search"].offered.metrics is None]
-    if not todo:
-        return total
-    with tempfile.TemporaryDirectory(prefix="stepsim-plan-offered-") as tmp:
-        evaluator = Evaluator(model, base, searched_slo, percentile, pricers, Path(tmp))
-        evaluator.calibration_cache = str(cache)  # a disaggregated pool's shape (as a task's evaluator)
-        evaluator.reference_file = work / REFERENCE_FILE
-        for row in todo:
-            before = evaluator.counts()
-            row["search"].offered = evaluator.evaluate(row["dep"], 1.0)
-            for key, after in evaluator.counts().items():
-                row[key] = row.get(key, 0) + after - before[key]
-                total[key] += after - before[key]
+    groups = offered_groups([row["dep"] for row in todo], n)
+    done = runner.serve_offered([offered_config(model, [todo[i]["dep"] for i in group], **task) for group in groups])
+    for group, got in zip(groups, done):
+        for i, run in zip(group, got["runs"]):
+            row = todo[i]
+            row["search"].offered = evaluation(run["offered"])
+            for key in REPLAY_COUNTS:
+                row[key] = row.get(key, 0) + run[key]
+                total[key] += run[key]
     return total
 
 

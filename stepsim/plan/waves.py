@@ -16,6 +16,11 @@
   skips every task whose row exists, so an interrupted plan resumes and one whose SLO, trace or calibrations
   changed recomputes what they change.
 
+* **Offered runs** (:func:`offered_config`): the front's deployments whose searches did not serve the offered rate
+  to the end, served there, one task per group that can share a replica's run (:func:`offered_groups`).
+* **Verification** (:func:`verification_config`): each replica of the recommended deployment re-served with its
+  own calibration, one task a replica.
+
 * **Parts of a wave**: a wave's deployments (highest goodput bound first) run in parts of 1, 2, 4, 8, ...
   deployments; a part's tasks run together and know the best goodput of the wave's earlier parts, which a deployment
   of equal chips must reach to be on the front (equal goodput on equal chips: both are). The parts' sizes do not
@@ -58,7 +63,7 @@ def plan_task(config: dict, force: bool = False) -> dict:
     error that is not the task's answer (a deployment's serve refusal is its answer: ``row["error"]``)."""
     start = time.perf_counter()
     try:
-        run = {"calibration": run_calibration, "deployment": run_deployment,
+        run = {"calibration": run_calibration, "deployment": run_deployment, "offered": run_offered,
                "verification": run_verification}[config["kind"]]
         row = run(config)
         return {"status": "ok", "row": row, "wall_s": time.perf_counter() - start, "error_type": None,
@@ -187,26 +192,14 @@ def read_base(path: Path, expected_sha256: str):
 def run_deployment(config: dict) -> dict:
     """One deployment's rate search (:func:`search_rate`, as docs/plan.md §4 defines it) with its own
     :class:`~stepsim.plan.evaluate.Evaluator`; returns :func:`result_row`'s row."""
-    from stepsim.models.presets import resolve_model
-    from stepsim.plan.evaluate import Evaluator
-    from stepsim.plan.pricing import ShapePricer
     from stepsim.plan.search import DurationFloor, can_reach_front, goodput_bound, multiplier, search_rate
 
     dep = _deployment(config["deployment"])
-    work = Path(config["work"])
-    base = read_base(work / REFERENCE_FILE, config["trace_sha256"])
-    resolved = resolve_model(config["model"])
-    pricers = {}
-    for shape in config["shapes"].values():
-        pricers[(shape["hardware"], shape["chips"])] = ShapePricer.from_config(config["model"], resolved,
-                                                                               config["cache"], shape)
+    base = read_base(Path(config["work"]) / REFERENCE_FILE, config["trace_sha256"])
     prune, beat, match = config["prune"], config["beat"], config["match"]
     duration = DurationFloor.from_json(config["duration_floor"])
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-task-") as tmp:
-        evaluator = Evaluator(config["model"], base, config["slo"], config["percentile"], pricers, Path(tmp),
-                              stop_early=prune)
-        evaluator.calibration_cache = config["cache"]  # where a disaggregated pool's shape is calibrated
-        evaluator.reference_file = work / REFERENCE_FILE
+        evaluator = task_evaluator(config, base, Path(tmp), stop_early=prune)
 
         def can_win(e_hi):
             """Whether a failure at multiplier(e_hi) leaves the deployment a chance: its goodput bound (its rate
@@ -223,6 +216,79 @@ def run_deployment(config: dict) -> dict:
         except StepsimError as exc:  # serve refused a run of this deployment (a request its KV cache cannot hold)
             error = str(exc)
     return result_row(res, error, evaluator)
+
+
+def task_evaluator(config: dict, base, folder: Path, stop_early: bool = False):
+    """The :class:`~stepsim.plan.evaluate.Evaluator` of a deployment or offered task: the shapes' providers rebuilt
+    from their calibration keys (``config["shapes"]``, as the parent's pricers make them)."""
+    from stepsim.models.presets import resolve_model
+    from stepsim.plan.evaluate import Evaluator
+    from stepsim.plan.pricing import ShapePricer
+
+    resolved = resolve_model(config["model"])
+    pricers = {}
+    for shape in config["shapes"].values():
+        pricers[(shape["hardware"], shape["chips"])] = ShapePricer.from_config(config["model"], resolved,
+                                                                               config["cache"], shape)
+    evaluator = Evaluator(config["model"], base, config["slo"], config["percentile"], pricers, folder,
+                          stop_early=stop_early)
+    evaluator.calibration_cache = config["cache"]  # where a disaggregated pool's shape is calibrated
+    evaluator.reference_file = Path(config["work"]) / REFERENCE_FILE
+    return evaluator
+
+
+def offered_groups(deps: list, n: int) -> list[list[int]]:
+    """Indices of ``deps`` (served at one rate, ``n`` requests) in groups outside which no two runs can share a
+    replica's replay, each group in the order given, the groups in the order of their first member. A replay is
+    shared when two runs send one replica of the same hardware, chips, pools and scheduler the same requests
+    (:meth:`~stepsim.plan.evaluate.Evaluator._serve_replica`'s key): deployments of one such shape are grouped when
+    their round-robin replicas have a request set in common, or when either routes by state (its replicas' sets
+    are known only once served). So the groups are tasks of their own and every count, ``replays_reused`` too, is
+    what one evaluator serving them all in order counts."""
+    from stepsim.plan.replicas import round_robin
+
+    def replica_sets(dep):
+        if dep.router != "round-robin" and dep.replicas > 1:
+            return None
+        assignment = round_robin(n, dep.replicas)
+        return {np.flatnonzero(assignment == r).tobytes() for r in range(dep.replicas)} - {b""}
+
+    shape = [(d.hardware, d.chips_per_replica, d.disaggregate, d.scheduler) for d in deps]
+    sets = [replica_sets(d) for d in deps]
+    group = list(range(len(deps)))  # each deployment's group: the lowest index joined with it so far
+    for j in range(len(deps)):
+        for i in range(j):
+            if shape[i] == shape[j] and (sets[i] is None or sets[j] is None or sets[i] & sets[j]):
+                old, new = max(group[i], group[j]), min(group[i], group[j])
+                group = [new if g == old else g for g in group]
+    return [[i for i in range(len(deps)) if group[i] == g] for g in sorted(set(group))]
+
+
+def offered_config(model_arg, deps: list, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
+                   percentile: float) -> dict:
+    """The task that serves a group of front deployments (:func:`offered_groups`) at the offered rate, to the
+    end, one after the other with one evaluator (the parent's serial loop until 2026-11-29: 121 s of the
+    full-size plan with one core idle)."""
+    return {"kind": "offered", "model": str(model_arg), "deployments": [_deployment_dict(d) for d in deps],
+            "trace_sha256": trace_sha256, "shapes": shapes, "slo": dict(search_slo), "percentile": percentile,
+            "cache": str(cache)}
+
+
+def run_offered(config: dict) -> dict:
+    """Serve an offered task's deployments at the offered rate: ``{"runs": [{"offered": evaluation, counts}]}``,
+    one a deployment (its evaluation as :func:`_evaluation_dict` gives it, its replays as
+    :meth:`~stepsim.plan.evaluate.Evaluator.counts` keys them); a serve refusal is raised (the deployment's search
+    served the same requests, so this is a bug)."""
+    base = read_base(Path(config["work"]) / REFERENCE_FILE, config["trace_sha256"])
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="stepsim-plan-offered-") as tmp:
+        evaluator = task_evaluator(config, base, Path(tmp))
+        for d in config["deployments"]:
+            before = evaluator.counts()
+            ev = evaluator.evaluate(_deployment(d), 1.0)
+            runs.append({"offered": _evaluation_dict(ev),
+                         **{key: after - before[key] for key, after in evaluator.counts().items()}})
+    return {"runs": runs}
 
 
 # --- rows: a search result as plain data, and back ------------------------------------------------------------
@@ -248,25 +314,27 @@ def _search_dict(res) -> dict:
 def search_of(text: str | None):
     """The :class:`~stepsim.plan.search.SearchResult` of a row's ``search`` (floats read back bit for bit: JSON
     keeps a float's shortest repr)."""
-    from stepsim.plan.evaluate import Evaluation
     from stepsim.plan.search import SearchResult
 
     if text is None:
         return None
     d = json.loads(text)
-
-    def evaluation(e):
-        if e is None:
-            return None
-        return Evaluation(e["multiplier"], e["meets"], e["metrics"], e["rounds"], e["max_utilisation"],
-                          np.asarray(e["assignment"], dtype=np.int64))
-
     best = evaluation(d["best"])
     offered = evaluation(d["offered"])
     if d["offered"] is not None and d["offered"] == d["best"]:
         offered = best  # one run
     return SearchResult(d["status"], [(e, m) for e, m in d["probes"]], best, d["hi"], offered, d["max_utilisation"],
                         list(d["proved"]))
+
+
+def evaluation(e: dict | None):
+    """The :class:`~stepsim.plan.evaluate.Evaluation` of :func:`_evaluation_dict`'s ``e`` (None: None)."""
+    from stepsim.plan.evaluate import Evaluation
+
+    if e is None:
+        return None
+    return Evaluation(e["multiplier"], e["meets"], e["metrics"], e["rounds"], e["max_utilisation"],
+                      np.asarray(e["assignment"], dtype=np.int64))
 
 
 # --- the parent: run a wave, keep its rows ---------------------------------------------------------------------
@@ -301,6 +369,11 @@ class WaveRunner:
 
     def verify(self, configs: list) -> list:
         """Run the verification tasks (never stored: a plan verifies once, at its end); rows in order."""
+        return self._run(configs, store=False)
+
+    def serve_offered(self, configs: list) -> list:
+        """Run the offered tasks (never stored: they serve the front, which only a finished search knows); rows in
+        order."""
         return self._run(configs, store=False)
 
     def search(self, configs: list) -> list:
@@ -381,6 +454,8 @@ def _name(config: dict) -> str:
     """A task's name in messages: its shape, or its deployment's label."""
     if config["kind"] == "calibration":
         return f"calibration of {config['hardware']} x{config['chips']}"
+    if config["kind"] == "offered":
+        return "offered runs of " + ", ".join(_deployment(d).label() for d in config["deployments"])
     if config["kind"] == "verification":
         return f"verification of {_deployment(config['deployment']).label()} on {Path(config['requests']).name}"
     return _deployment(config["deployment"]).label()

@@ -133,6 +133,30 @@ def test_the_task_id_hashes_the_trace_the_slo_and_the_calibrations():
         assert task_id({**deployment_config("m", dep, **{**kw, **change}), "work": "/w"}) != one, change
 
 
+def test_the_offered_runs_are_grouped_by_what_can_share_a_replica_run():
+    """One offered task per group of front deployments that may share a replica's replay: the same hardware, replica
+    chips, pools and scheduler, and round-robin replicas with a request set in common or a router that routes by
+    state; each group in the front's order, the groups in the order of their first member."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.plan.waves import offered_config, offered_groups
+
+    vllm, orca = SchedulerChoice("vllm", 4, 256), SchedulerChoice("orca", 4, 0)
+    deps = [Deployment(1, 1, "none", vllm), Deployment(1, 2, "round-robin", vllm), Deployment(2, 1, "none", vllm),
+            Deployment(1, 4, "least-outstanding", vllm), Deployment(1, 1, "none", orca),
+            Deployment(1, 2, "round-robin", orca), Deployment(2, 1, "none", vllm, "sn40l", (1, 1)),
+            Deployment(2, 2, "round-robin", vllm, "sn40l", (1, 1))]
+    # 12 requests: one replica's, two round-robin replicas' and the state-routed replicas' sets may meet in the vLLM
+    # one-chip group (which the routing by state joins); two disaggregated replicas' halves never meet one's whole
+    assert offered_groups(deps, 12) == [[0, 1, 3], [2], [4], [5], [6], [7]]
+    assert offered_groups(deps[:2], 12) == [[0], [1]]  # round-robin halves and the whole: no request set in common
+    # one request: two round-robin replicas send it to the first, as one replica does (the second gets none)
+    assert offered_groups(deps[:2], 1) == [[0, 1]]
+    assert offered_groups([], 12) == []
+    config = offered_config("m", [deps[0], deps[3]], cache="/c", trace_sha256="t", shapes={}, search_slo={"ttft": 1.0},
+                            percentile=99.0)
+    assert [d["replicas"] for d in config["deployments"]] == [1, 4] and config["kind"] == "offered"
+
+
 @pytest.mark.slow  # about 45 s at load 4: a fork server and a Dask cluster of two processes start, each pays as above
 def test_the_command_line_runs_the_tasks_on_two_workers_and_on_dask(case, tmp_path, capsys, monkeypatch):
     model, trace, kw, _, tmp = case
