@@ -349,9 +349,8 @@ def wave_parts(wave: list) -> list[list]:
 def _serve_offered(front_rows: list, n: int, runner, model, **task) -> dict:
     """Serve each front deployment at the offered rate unless its search did (``search.offered``, set in place), as
     ``runner``'s tasks (:func:`~stepsim.plan.waves.offered_config`, ``task`` its keywords but the deployments), one
-    a group of deployments that may share a replica's run of the ``n`` requests (:func:`stepsim.plan.waves.offered_groups`);
-    returns the replays, each also counted in its
-    deployment's row."""
+    a group of deployments that may share a replica's run of the ``n`` requests
+    (:func:`~stepsim.plan.waves.offered_groups`); returns the replays, each also counted in its deployment's row."""
     from stepsim.plan.waves import evaluation, offered_config, offered_groups
 
     total = dict.fromkeys(REPLAY_COUNTS, 0)
