@@ -120,7 +120,8 @@ def test_plan_full_size_qwen3_whole_trace(shared_traces, tmp_path, bench_summary
     bench_summary("plan", f"qwen3-30b-a3b, whole trace, up to 16 sn40l, {s['deployments']} deployments: "
                           f"{wall:.0f} s wall (target {FULL_BUDGET_S} s), {s['replays']} full replays and "
                           f"{s['replays_stopped']} stopped; phases "
-                          f"{', '.join(f'{k} {v:.0f} s' for k, v in s['phase_wall_s'].items())}; {totals}; "
+                          f"{', '.join(f'{k} {v:.0f} s' for k, v in s['phase_wall_s'].items())}; tasks ran "
+                          f"{', '.join(f'{k} {v:.0f} s' for k, v in s['phase_task_s'].items())}; {totals}; "
                           f"compiled replays {compiled}; recommended {rec and rec['deployment']}; "
                           f"re-served meets the SLO: {s.get('verification', {}).get('meets_slo')}; "
                           f"jobs {jobs or 'none (this process)'}; load {os.getloadavg()[0]:.1f}")

@@ -110,5 +110,7 @@ def _plan(args) -> int:
     print(f"tasks       {work['ran']} deployment search(es) run ({work['executor']}), {work['skipped']} read back "
           f"from {work['folder']} (an earlier run of the same plan)")
     phases = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in s["phase_wall_s"].items())
-    print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s ({phases})")
+    tasks = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in s["phase_task_s"].items())
+    print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s ({phases}); "
+          f"tasks ran {sum(s['phase_task_s'].values()):.1f} s ({tasks})")
     return 0

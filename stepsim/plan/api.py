@@ -228,9 +228,11 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         calibration_config(model, hw, chips, systems[(hw, chips)], cache, reference, slo)
         for hw, chips in longest_first])))
     phases: dict = {}  # wall seconds (s) of the plan's phases, in order
+    phase_tasks: dict = {}  # and the seconds its tasks ran in each (on N workers, up to N times the wall)
 
     def lap(phase: str) -> None:
         phases[phase] = time.perf_counter() - started - sum(phases.values())
+        phase_tasks[phase] = runner.task_s - sum(phase_tasks.values())
 
     lap("calibrations")
     for hw, chips in shapes:
@@ -326,6 +328,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     summary["replays_unservable"] = replays["replays_unservable"]  # ended by a step the chip cannot run
     summary["wall_s"] = time.perf_counter() - started
     summary["phase_wall_s"] = phases  # where the wall time went (like wall_s, the one part that varies run to run)
+    summary["phase_task_s"] = phase_tasks  # the tasks' seconds per phase (as wall_s, varies run to run)
     files = {}
     if out is not None:
         from stepsim.plan.output import write_plan

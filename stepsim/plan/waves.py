@@ -359,6 +359,9 @@ class WaveRunner:
         self.ran = 0
         self.skipped = 0
         self.written: set = set()  # the row files of this plan's tasks
+        #: wall seconds of the tasks run so far, each as long as it ran where it ran (a worker's, or this process's):
+        #: the CPU time the plan's work took, against the wall time of its phases
+        self.task_s = 0.0
 
     def describe(self) -> str:
         return "this process" if self._executor is None else self._executor.describe()
@@ -405,6 +408,7 @@ class WaveRunner:
                 raise PlanTaskError(f"plan task {_name(task.config)} failed: {outcome['error_type']}: "
                                     f"{outcome['error_message']}\n{outcome['error_traceback']}")
             row = outcome["row"]
+            self.task_s += outcome["wall_s"]
             if store:
                 row = self._store(task, row)
                 self.ran += 1

@@ -87,11 +87,15 @@ def test_a_plan_weighs_a_disaggregated_deployment_against_a_colocated_one(tmp_pa
     # on two worker processes (the verification's calibrations a task each, side by side): the same plan
     on_workers = stepsim.plan(str(model), trace, slo=SLO, max_chips=2, space=space, jobs=2,
                               calibration_cache=tmp_path / "cache", out=tmp_path / "workers")
-    same = {"wall_s": 0, "phase_wall_s": 0, "commands": 0}
+    same = {"wall_s": 0, "phase_wall_s": 0, "phase_task_s": 0, "commands": 0}
     assert {**on_workers.summary, **same} == {**s, **same}
-    # the wall time by phase, in order (the verification's: the recommended replica re-served)
-    assert list(s["phase_wall_s"]) == ["calibrations", "searches", "offered_runs", "verification"]
+    # the wall time by phase, in order (the verification's: the recommended replica re-served), and the seconds its
+    # tasks ran: every phase runs tasks here; in this process they are part of its wall time
+    phases = ["calibrations", "searches", "offered_runs", "verification"]
+    assert list(s["phase_wall_s"]) == list(s["phase_task_s"]) == list(on_workers.summary["phase_task_s"]) == phases
     assert 0 < sum(s["phase_wall_s"].values()) <= s["wall_s"]
+    assert all(0 < s["phase_task_s"][k] <= s["phase_wall_s"][k] for k in phases)
+    assert all(on_workers.summary["phase_task_s"][k] > 0 for k in phases)
     table = pq.read_table(tmp_path / "out" / "deployments.parquet")
     assert table.column("decided").to_pylist() == ["simulated", "simulated"]
     # the split per replica, null for the colocated deployment, read back as the plan returned it
