@@ -157,6 +157,31 @@ def test_the_offered_runs_are_grouped_by_what_can_share_a_replica_run():
     assert [d["replicas"] for d in config["deployments"]] == [1, 4] and config["kind"] == "offered"
 
 
+@pytest.mark.slow  # a fork server starts
+def test_offered_runs_routed_by_state_on_two_workers_write_the_in_process_plan(tmp_path):
+    """A front with a least-outstanding deployment (its replicas' request sets known only once served) and
+    round-robin ones of the same shape: one offered task for all, and on two workers the in-process files."""
+    from stepsim.plan.space import Deployment, SchedulerChoice
+    from stepsim.plan.waves import offered_groups
+
+    model, trace = write_case(tmp_path)
+    space = {"chips_per_replica": [1], "replicas": [1, 2, 3], "routers": ["round-robin", "least-outstanding"],
+             "scheduler": [{"policy": "vllm", "max_seqs": [4], "max_batch_tokens": [256]}]}
+    kw = dict(slo=SLO, max_chips=3, space=space, calibration_cache=seeded_cache(tmp_path / "cache"), verify=False)
+    here = stepsim.plan(str(model), trace, out=tmp_path / "here", **kw)
+    front = [r["deployment"] for r in here.deployments if r["on_front"]]
+    assert front == ["1x1ch sn40l none vllm seqs 4 batch 256", "2x1ch sn40l least-outstanding vllm seqs 4 batch 256",
+                     "3x1ch sn40l round-robin vllm seqs 4 batch 256"]
+    assert all(r["offered_meets_slo"] is not None for r in here.deployments if r["on_front"])
+    assert here.summary["phase_task_s"]["offered_runs"] > 0  # served by an offered task (their searches did not)
+    vllm = SchedulerChoice("vllm", 4, 256)
+    assert offered_groups([Deployment(1, 1, "none", vllm), Deployment(1, 2, "least-outstanding", vllm),
+                           Deployment(1, 3, "round-robin", vllm)], 12) == [[0, 1, 2]]
+    two = stepsim.plan(str(model), trace, out=tmp_path / "two", jobs=2, **kw)
+    assert two.work["executor"] == "local, 2 workers"
+    _same_files(tmp_path / "here", tmp_path / "two")
+
+
 @pytest.mark.slow  # about 45 s at load 4: a fork server and a Dask cluster of two processes start, each pays as above
 def test_the_command_line_runs_the_tasks_on_two_workers_and_on_dask(case, tmp_path, capsys, monkeypatch):
     model, trace, kw, _, tmp = case
