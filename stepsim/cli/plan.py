@@ -109,8 +109,12 @@ def _plan(args) -> int:
     work = result.work
     print(f"tasks       {work['ran']} deployment search(es) run ({work['executor']}), {work['skipped']} read back "
           f"from {work['folder']} (an earlier run of the same plan)")
-    phases = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in s["phase_wall_s"].items())
-    tasks = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in s["phase_task_s"].items())
-    print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s ({phases}); "
-          f"tasks ran {sum(s['phase_task_s'].values()):.1f} s ({tasks})")
+    print(f"wrote       {', '.join(str(p) for p in result.files.values())}; wall {s['wall_s']:.1f} s "
+          f"({_by_phase(s['phase_wall_s'])}); tasks ran {sum(s['phase_task_s'].values()):.1f} s "
+          f"({_by_phase(s['phase_task_s'])})")
     return 0
+
+
+def _by_phase(seconds: dict) -> str:
+    """``{phase: seconds}`` as ``calibrations 1.0, searches 2.0, ...``."""
+    return ", ".join(f"{name.replace('_', ' ')} {value:.1f}" for name, value in seconds.items())

@@ -224,7 +224,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     # (session 51's cold full-size plan calibrated 1, 2, 4, 8, 16 chips in that order; the 16-chip one, 19 minutes
     # alone, started last and ended 8.6 minutes after the 8-chip one). Each is its own: the order changes none.
     longest_first = sorted(shapes, key=lambda shape: -shape[1])
-    calibrated = dict(zip(longest_first, runner.calibrate([
+    calibrated = dict(zip(longest_first, runner.run([
         calibration_config(model, hw, chips, systems[(hw, chips)], cache, reference, slo)
         for hw, chips in longest_first])))
     phases: dict = {}  # wall seconds (s) of the plan's phases, in order
@@ -360,7 +360,7 @@ def _serve_offered(front_rows: list, n: int, runner, model, **task) -> dict:
     # a stopped run at the offered rate has no metrics to report: served again to the end
     todo = [row for row in front_rows if row["search"].offered is None or row["search"].offered.metrics is None]
     groups = offered_groups([row["dep"] for row in todo], n)
-    done = runner.serve_offered([offered_config(model, [todo[i]["dep"] for i in group], **task) for group in groups])
+    done = runner.run([offered_config(model, [todo[i]["dep"] for i in group], **task) for group in groups])
     for group, got in zip(groups, done):
         for i, run in zip(group, got["runs"]):
             row = todo[i]
@@ -439,7 +439,7 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-verify-", dir=runner.work) as tmp:
         configs = [verification_config(model, row["dep"], write_requests(trace, Path(tmp) / name), slo, cache,
                                        schedule) for name, trace in replica_files]
-        served = runner.verify(configs)
+        served = runner.run(configs)
     for (_, trace), got in zip(replica_files, served):
         first[trace.request_id], finish[trace.request_id] = got["first_token"], got["finish"]
     errors = [got["error"] for got in served]

@@ -366,17 +366,10 @@ class WaveRunner:
     def describe(self) -> str:
         return "this process" if self._executor is None else self._executor.describe()
 
-    def calibrate(self, configs: list) -> list:
-        """Run the calibration tasks (never stored: the calibration cache is their store); rows in order."""
-        return self._run(configs, store=False)
-
-    def verify(self, configs: list) -> list:
-        """Run the verification tasks (never stored: a plan verifies once, at its end); rows in order."""
-        return self._run(configs, store=False)
-
-    def serve_offered(self, configs: list) -> list:
-        """Run the offered tasks (never stored: they serve the front, which only a finished search knows); rows in
-        order."""
+    def run(self, configs: list) -> list:
+        """Run tasks whose rows are never stored: the calibrations (the calibration cache is their store), the
+        front's offered runs (only a finished search knows the front) and the verification (once, at the plan's
+        end); rows in order."""
         return self._run(configs, store=False)
 
     def search(self, configs: list) -> list:

@@ -51,7 +51,6 @@ def test_the_sum_left_for_substitution_is_the_same_sum(tmp_path, fp32_bytes):
         assert int(left.xreplace(values)) == int(canonical.xreplace(values)) > 0, link.name
 
 
-
 def test_the_layers_reported_link_bytes_are_the_canonical_sums(tmp_path):
     """The workload's ``link_bytes`` (the sharding pass substitutes into the sums left for it) are the canonical
     sums' values, link by link, at the width the engine times fp32 tiles."""
