@@ -44,7 +44,7 @@ TOPICS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("requests", ("requests", "arrival_scale", "arrival", "limit_requests", "duration", "drop_long",
                       "truncate_long", "seed")),
         ("scheduler", ("scheduler", "max_seqs", "max_batch_tokens", "chunk_tokens")),
-        ("step latency", ("fidelity", "iteration_latency", "schedule", "routing")),
+        ("step latency", ("fidelity", "iteration_latency", "schedule", "routing", "calibration_requests")),
         ("SLO", ("slo",)),
         ("workers", ("jobs", "executor", "address")),
         ("output", ("out", "json", "timeline")),

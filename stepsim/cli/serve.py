@@ -67,6 +67,10 @@ def register(subparsers) -> None:
                    help="price each step on the cycle engine: exact simulates every layer; fast uses a model "
                         "calibrated on exact simulations of the same run (cached), with its measured error (default: "
                         "none; one of --fidelity and --iteration-latency is required)")
+    p.add_argument("--calibration-requests", metavar="FILE",
+                   help="--fidelity fast: calibrate on the run of FILE's requests (shaped as --requests) and price "
+                        "this run with it; the run of FILE shares the calibration (a deployment's replicas calibrate "
+                        "once; default: the run's own requests)")
     p.add_argument("--schedule", choices=("paper", "auto"),
                    help="how --fidelity exact|fast builds each layer: the STeP paper's evaluation schedules or auto, "
                         "mapped over the whole chip (docs/mapping.md) (default: auto on sn40l and systems of it where "
@@ -108,6 +112,11 @@ def _serve(args) -> int:
     from stepsim.serve.api import serve
 
     if args.disaggregate is not None:
+        if args.calibration_requests is not None:
+            from stepsim.base.errors import ConfigError
+
+            raise ConfigError("--calibration-requests is for a colocated run; with --disaggregate P:D each pool "
+                              "calibrates on its own steps")
         return _print(args, _disaggregated(args))
     if args.first_token is not None:
         from stepsim.base.errors import ConfigError
@@ -121,6 +130,7 @@ def _serve(args) -> int:
                    jobs=args.jobs, executor=args.executor, address=args.address, seed=args.seed,
                    iteration_latency=args.iteration_latency, timeline=args.timeline, system=args.system,
                    drop_long=args.drop_long, truncate_long=args.truncate_long,
+                   calibration_requests=args.calibration_requests,
                    progress=True)  # bars only on a terminal, after 2 s
     return _print(args, result)
 

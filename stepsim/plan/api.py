@@ -314,8 +314,10 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
         # the layers the plan priced the shape with (serve's default: mapped on one sn40l chip); a disaggregated
         # replica's pools each take their own default, as the plan priced them (no --schedule)
         schedule = None if rec_dep.disaggregate else pricers[(rec_dep.hardware, rec_dep.chips_per_replica)].schedule
+        shared = calibration_file(rec_dep, replica_files)
         summary["commands"] = [serve_command(rec_dep, model, f"{folder}/{name}", slo,
-                                             f"serve-{name.removesuffix('.parquet')}", schedule)
+                                             f"serve-{name.removesuffix('.parquet')}", schedule,
+                                             None if shared in (None, name) else f"{folder}/{shared}")
                                for name, _ in replica_files]
         if verify:
             summary["verification"] = _verify(rows[recommended["index"]], replica_files, model, slo, slo_seconds,
@@ -407,9 +409,19 @@ def _replica_files(row, base) -> list:
     return out
 
 
-def serve_command(dep, model, file: str, slo: str, out: str, schedule: str | None = "paper") -> str:
+def calibration_file(dep, replica_files: list) -> str | None:
+    """The replica file every replica of ``dep`` calibrates on: the first replica's, for colocated replicas of
+    one shape (they serve alike, so one fresh calibration prices them all: ``--calibration-requests``); None for a
+    disaggregated replica (each pool calibrates on its own steps) or a lone one."""
+    if dep.disaggregate or len(replica_files) < 2:
+        return None
+    return replica_files[0][0]
+
+
+def serve_command(dep, model, file: str, slo: str, out: str, schedule: str | None = "paper",
+                  calibration: str | None = None) -> str:
     """The ``stepsim serve`` command of one replica of ``dep`` on its requests ``file`` (``schedule`` None: no
-    ``--schedule``, serve's default)."""
+    ``--schedule``, serve's default), calibrated on the requests ``calibration`` when given."""
     import shlex
 
     parts = ["stepsim", "serve", "--model", str(model), "--requests", file, "--hardware", dep.hardware]
@@ -421,13 +433,17 @@ def serve_command(dep, model, file: str, slo: str, out: str, schedule: str | Non
 
     parts += serve_flags(dep)
     parts += ["--fidelity", "fast"] + ([] if schedule is None else ["--schedule", schedule])  # as the plan priced it
+    if calibration is not None:
+        parts += ["--calibration-requests", calibration]
     parts += ["--slo", slo, "--out", out]
     return " ".join(shlex.quote(p) for p in parts)
 
 
 def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache, schedule, runner) -> dict:
-    """Re-serve the recommended deployment's replicas with ``--fidelity fast`` (each its own calibration: a task of
-    ``runner``'s, so they calibrate side by side on its workers) and compare with the plan's numbers."""
+    """Re-serve the recommended deployment's replicas with ``--fidelity fast`` as plan.json's commands do, and
+    compare with the plan's numbers: colocated replicas with one fresh calibration on the first one's requests (that
+    replica first, its layer simulations on all of ``runner``'s local workers; then the others, side by side, each
+    pricing its run with that calibration), a disaggregated replica's pools each with their own."""
     from stepsim.plan.waves import verification_config
     from stepsim.trace_io.requests import write_requests
 
@@ -435,14 +451,20 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
     arrival = base.arrival / best.multiplier
     first = np.full(base.n, np.nan)
     finish = np.full(base.n, np.nan)
+    shared = calibration_file(row["dep"], replica_files)
     # the replicas' requests in the plan's work folder, where its workers read the shaped trace too
     with tempfile.TemporaryDirectory(prefix="stepsim-plan-verify-", dir=runner.work) as tmp:
-        configs = [verification_config(model, row["dep"], write_requests(trace, Path(tmp) / name), slo, cache,
-                                       schedule) for name, trace in replica_files]
-        served = runner.run(configs)
+        files = [write_requests(trace, Path(tmp) / name) for name, trace in replica_files]
+        if shared is None:
+            served = runner.run([verification_config(model, row["dep"], f, slo, cache, schedule) for f in files])
+        else:  # the calibration once, on every local worker; then the replicas it prices
+            served = runner.run([verification_config(model, row["dep"], files[0], slo, cache, schedule,
+                                                     jobs=runner.local_jobs)])
+            served += runner.run([verification_config(model, row["dep"], f, slo, cache, schedule,
+                                                      calibration=files[0]) for f in files[1:]])
     for (_, trace), got in zip(replica_files, served):
         first[trace.request_id], finish[trace.request_id] = got["first_token"], got["finish"]
-    errors = [got["error"] for got in served]
+    errors = [got["error"] for got in served[:1 if shared is not None else len(served)]]
     ev = Evaluator(model, base, slo_seconds, percentile, {}, Path("."))
     fresh = ev.metrics(arrival, first, finish)
     plan_m = best.metrics

@@ -95,11 +95,15 @@ def run_calibration(config: dict) -> dict:
     return {"summary": summary, "schedule": pricer.schedule}
 
 
-def verification_config(model_arg, dep, requests: Path, slo: str, cache, schedule) -> dict:
+def verification_config(model_arg, dep, requests: Path, slo: str, cache, schedule, jobs: int | None = None,
+                        calibration: Path | None = None) -> dict:
     """The task that re-serves one replica of the recommended deployment (its requests' file) with ``--fidelity
-    fast``, calibrating it on them, as the command plan.json gives for it (:func:`stepsim.plan.api.serve_command`)."""
+    fast`` as the command plan.json gives for it (:func:`stepsim.plan.api.serve_command`): calibrated on its own
+    requests, or on ``calibration``'s (``--calibration-requests``); ``jobs``: worker processes for the calibration's
+    layer simulations (``--jobs``; the same calibration on any number)."""
     return {"kind": "verification", "model": str(model_arg), "deployment": _deployment_dict(dep),
-            "requests": str(requests), "slo": slo, "cache": str(cache), "schedule": schedule}
+            "requests": str(requests), "slo": slo, "cache": str(cache), "schedule": schedule, "jobs": jobs,
+            "calibration": None if calibration is None else str(calibration)}
 
 
 def run_verification(config: dict) -> dict:
@@ -115,7 +119,8 @@ def run_verification(config: dict) -> dict:
     else:
         result = serve(config["model"], config["requests"], fidelity="fast", schedule=config["schedule"],
                        slo=config["slo"], hardware=dep.hardware, system=dep.system,
-                       calibration_cache=config["cache"], **dep.scheduler.serve_kwargs())
+                       calibration_cache=config["cache"], jobs=config["jobs"],
+                       calibration_requests=config["calibration"], **dep.scheduler.serve_kwargs())
     return {"first_token": result.requests.column("first_token_s").to_numpy(),
             "finish": result.requests.column("finish_s").to_numpy(), "error": result.summary["fidelity"]["error"]}
 
@@ -365,6 +370,14 @@ class WaveRunner:
 
     def describe(self) -> str:
         return "this process" if self._executor is None else self._executor.describe()
+
+    @property
+    def local_jobs(self) -> int | None:
+        """The worker processes of a local executor (``--jobs N``), which a lone long task may use for its own
+        layer simulations while the others idle; None in this process or on Dask."""
+        from stepsim.batch.executors import LocalExecutor
+
+        return self._executor.jobs if isinstance(self._executor, LocalExecutor) else None
 
     def run(self, configs: list) -> list:
         """Run tasks whose rows are never stored: the calibrations (the calibration cache is their store), the

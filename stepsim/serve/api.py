@@ -143,7 +143,7 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
                     hardware=None, scheduler="vllm", max_seqs=None, max_batch_tokens=None, chunk_tokens=None,
                     routing=None, fidelity=None, slo=None, seed=0, iteration_latency=None, block_size=DEFAULT_BLOCK_SIZE,
                     hbm_bytes=None, jobs=None, executor=None, provider=None, schedule=None, system=None,
-                    drop_long=False, truncate_long=False, **_others) -> None:
+                    drop_long=False, truncate_long=False, calibration_requests=None, **_others) -> None:
     """The checks of :func:`serve`'s arguments that need no trace and no run, with :func:`serve`'s messages: serve
     makes them first, and a serving sweep refuses a bad task with them before any task runs (the trace, the
     weights against HBM and the requests against the KV cache are checked by the run). Other keyword arguments
@@ -164,6 +164,10 @@ def check_arguments(*, model=None, requests=None, out=None, arrival_scale=None, 
             if value is not None:
                 raise ConfigError(f"{name} is for the engine-backed latency (--fidelity exact|fast); "
                                   f"{given[0]} does not simulate layers")
+    if calibration_requests is not None and fidelity != "fast":
+        what = f"--fidelity {fidelity}" if fidelity is not None else given[0]
+        raise ConfigError(f"--calibration-requests is for --fidelity fast (the requests it calibrates on); {what} "
+                          "calibrates nothing")
     check_routing(routing)
     check_schedule(schedule, fidelity)
     long_policy(drop_long, truncate_long)
@@ -431,7 +435,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
           fidelity=None, slo=None, jobs=None, executor=None, address=None, seed=0, iteration_latency=None,
           timeline=None, hbm_bytes=None, block_size=DEFAULT_BLOCK_SIZE, provider: LatencyProvider | None = None,
           calibration_cache=None, system=None, progress: bool = False, schedule: str | None = None,
-          drop_long: bool = False, truncate_long: bool = False, stop=None, report_layers: bool = True) -> ServeResult:
+          drop_long: bool = False, truncate_long: bool = False, stop=None, report_layers: bool = True,
+          calibration_requests=None) -> ServeResult:
     """Replay ``requests`` on ``model`` through a serving scheduler.
 
     Parameters
@@ -510,6 +515,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         Stop the replay once its SLO is provably missed at a percentile: raises
         :class:`~stepsim.serve.replay_stop.ReplayStopped` (for :mod:`stepsim.plan`; a calibration's own replays
         never stop).
+    calibration_requests : str, path or RequestTrace, optional
+        With ``fidelity="fast"``: calibrate on the run of these requests (shaped as ``requests`` are: the same
+        ``limit_requests``, arrivals and long-request policy) instead of the run served, and price the served run
+        with that calibration. It is cached under that run's key, so the run of those requests shares it: the
+        replicas of a deployment (:mod:`stepsim.plan`: each replica's command calibrates on the first replica's
+        requests) calibrate once, not once each. The summary's ``fidelity.calibration_requests`` names them.
     report_layers : bool
         On mapped layers, the summary's ``layers``: each (kind, bucket) the run used with its mapped schedule, which
         maps any bucket not mapped yet (on an expert-parallel system the whole block's one-chip FFN schedule at
@@ -526,7 +537,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                     max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, chunk_tokens=chunk_tokens, routing=routing,
                     fidelity=fidelity, slo=slo, seed=seed, iteration_latency=iteration_latency, block_size=block_size,
                     hbm_bytes=hbm_bytes, jobs=jobs, executor=executor, provider=provider, schedule=schedule,
-                    system=system, drop_long=drop_long, truncate_long=truncate_long)
+                    system=system, drop_long=drop_long, truncate_long=truncate_long,
+                    calibration_requests=calibration_requests)
     policy = long_policy(drop_long, truncate_long)
     if out is not None:  # as the command line checks --out: now, not after the run
         from stepsim.base.outputs import check_out_dir
@@ -580,6 +592,12 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     trace = shape_trace(requests_of(requests), limit_requests=limit_requests, arrival=arrival,
                         arrival_scale=arrival_scale, duration=duration, seed=seed)
     trace, long = fit_long_requests(trace, limit, capacity, memory.max_position_embeddings, policy)
+    calibration_run = None
+    if calibration_requests is not None:  # shaped as the served requests, checked before any work
+        shaped = shape_trace(requests_of(calibration_requests), limit_requests=limit_requests, arrival=arrival,
+                             arrival_scale=arrival_scale, duration=duration, seed=seed)
+        calibration_run = (calibration_requests, fit_long_requests(shaped, limit, capacity,
+                                                                   memory.max_position_embeddings, policy)[0])
     layers_executor = None
     if executor is not None:  # after every check: starting a cluster takes seconds
         from stepsim.serve.dask_layers import open_dask_layers
@@ -589,7 +607,7 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
         provider, calibration, result = _replay_with(
             provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
             trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache, system,
-            progress, schedule, policy, stop=stop)
+            progress, schedule, policy, stop=stop, calibration_run=calibration_run)
     finally:
         if layers_executor is not None:
             layers_executor.close()
@@ -598,6 +616,8 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
              "routing": None if routing is None else str(routing), "hbm_bytes": hbm_bytes}
     if policy is not None:  # only when given: the metadata of every earlier run stays as it was
         knobs["long_requests"] = policy
+    if calibration_requests is not None:
+        calibration["calibration_requests"] = _requests_name(calibration_requests)
     return _finish(result, trace, provider, calibration, resolved, hw, config, capacity, limit, slo_seconds, seed,
                    requests, out, timeline, started, knobs, chips, long, report_layers)
 
@@ -666,33 +686,42 @@ def fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests
 
 def _replay_with(provider, fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
                  requests, trace, config, capacity, limit_requests, arrival, arrival_scale, duration,
-                 calibration_cache, system, progress, schedule="paper", long_policy=None, stop=None):
+                 calibration_cache, system, progress, schedule="paper", long_policy=None, stop=None,
+                 calibration_run=None):
     """``(provider, calibration record or None, replay result)``: the run's latency provider built and the trace
-    replayed through it."""
+    replayed through it. ``calibration_run``: ``(requests, shaped trace)`` a fast run calibrates on instead of its
+    own (:func:`serve`'s ``calibration_requests``)."""
     calibration = None
+    cal_requests, cal_trace = calibration_run or (requests, trace)
     if fidelity is not None and provider is None:
         from stepsim.serve.layer_list import takes_layer_list
 
         if takes_layer_list(resolved):
             return _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs,
-                                      layers_executor, requests, trace, config, capacity, limit_requests, arrival,
-                                      arrival_scale, duration, calibration_cache, system, progress, schedule,
-                                      long_policy)
+                                      layers_executor, cal_requests, cal_trace, trace, config, capacity,
+                                      limit_requests, arrival, arrival_scale, duration, calibration_cache, system,
+                                      progress, schedule, long_policy)
     if fidelity == "exact":
         provider = engine_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                    vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor,
                                    system=system, schedule=schedule)
     elif fidelity == "fast":
-        key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
+        key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, cal_requests, routing,
                                    limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
         provider, calibration = fast_provider(resolved, model, hw, routing, seed=seed, max_model_len=limit,
                                               vocab=memory.vocab_size, jobs=jobs, key_parts=key_parts,
                                               cache=calibration_cache, layers_executor=layers_executor,
                                               system=system, progress=progress, schedule=schedule,
                                               pilot=lambda p, on_step: replay(
-                                                  trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                                                  Scheduler(config, capacity, limit), p, on_step))
+                                                  cal_trace.arrival_s, cal_trace.prompt_tokens,
+                                                  cal_trace.output_tokens, Scheduler(config, capacity, limit), p,
+                                                  on_step))
     return _replayed(provider, calibration, trace, config, capacity, limit, progress, stop)
+
+
+def _requests_name(requests) -> str:
+    """How outputs name a run's requests: the file given, or a trace in memory's source."""
+    return requests.source if isinstance(requests, RequestTrace) else str(requests)
 
 
 def _check_layer_list(resolved, routing, system, fidelity) -> None:
@@ -704,17 +733,17 @@ def _check_layer_list(resolved, routing, system, fidelity) -> None:
         check_layer_list(resolved, routing, system, fidelity)
 
 
-def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor, requests,
-                       trace, config, capacity, limit_requests, arrival, arrival_scale, duration, calibration_cache,
-                       system, progress, schedule, long_policy):
+def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memory, jobs, layers_executor,
+                       cal_requests, cal_trace, trace, config, capacity, limit_requests, arrival, arrival_scale,
+                       duration, calibration_cache, system, progress, schedule, long_policy):
     """:func:`_replay_with` for a heterogeneous model: one exact or fast provider per layer group
-    (:mod:`stepsim.serve.layer_list`)."""
+    (:mod:`stepsim.serve.layer_list`), a fast one calibrated on ``cal_requests``' run (``cal_trace``)."""
     from stepsim.serve import layer_list
     from stepsim.serve.layer_list import calibration_model, exact_layer_list, fast_layer_list, group_gate, group_seed
 
     def pilot(p, on_step):
-        return replay(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, Scheduler(config, capacity, limit),
-                      p, on_step)
+        return replay(cal_trace.arrival_s, cal_trace.prompt_tokens, cal_trace.output_tokens,
+                      Scheduler(config, capacity, limit), p, on_step)
 
     calibration = None
     if fidelity == "exact":
@@ -729,7 +758,7 @@ def _replay_layer_list(fidelity, resolved, model, hw, routing, seed, limit, memo
             vocab=memory.vocab_size, jobs=jobs, layers_executor=layers_executor, system=system, schedule=schedule,
             gate=group_gate(resolved, sub), columns=group_routing(g)[1]), routing=routing, system=system)
     else:
-        key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, requests, routing,
+        key_parts = fast_key_parts(resolved, hw, limit, capacity, config, memory, seed, cal_requests, routing,
                                    limit_requests, arrival, arrival_scale, duration, long_policy, schedule, system)
         provider, calibration = fast_layer_list(resolved, lambda sub, parts, group_pilot, g: fast_provider(
             sub, model, hw, None, seed=group_seed(seed, g), max_model_len=limit, vocab=memory.vocab_size, jobs=jobs,
@@ -777,6 +806,8 @@ def _finish(result, trace, provider, calibration, resolved, hw, config, capacity
         summary["fidelity"].update(provider.describe())
     if calibration is not None:
         summary["fidelity"]["calibration"] = calibration["key"]
+        if "calibration_requests" in calibration:
+            summary["fidelity"]["calibration_requests"] = calibration["calibration_requests"]
     summary["model"] = resolved.name
     summary["hardware"] = {"name": hw.name, **{f: getattr(hw, f) for f in SERVING_FIELDS}}
     if chips is not None:
@@ -832,7 +863,7 @@ def _write_files(out, folder, requests_table, iterations_table, summary, provide
         config_text = json.dumps({k: summary[k] for k in ("model", "hardware", "scheduler", "kv_cache", "fidelity", "slo")},
                                  sort_keys=True)
         meta = {"stepsim.version": __version__, "stepsim.config": config_text, "stepsim.seed": str(seed),
-                "stepsim.requests": requests.source if isinstance(requests, RequestTrace) else str(requests),
+                "stepsim.requests": _requests_name(requests),
                 "stepsim.requests_sha256": requests_sha256(requests),
                 "stepsim.knobs": json.dumps(knobs, sort_keys=True)}
         files = write_outputs(folder, requests_table, iterations_table, summary, meta)

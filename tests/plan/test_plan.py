@@ -245,8 +245,10 @@ def test_the_files_say_what_was_decided_and_how_to_serve_it(plans):
     assert all((r["bound"] is None) == (r["decided"] == "simulated") for r in table)
     replicas = sorted(p.name for p in out.glob("replica-*.parquet"))
     assert 1 <= len(replicas) == len(summary["commands"]) <= rec["replicas"]
-    for name, command in zip(replicas, summary["commands"]):
+    for i, (name, command) in enumerate(zip(replicas, summary["commands"])):
         assert f"--requests {out}/{name} " in command and "--fidelity fast" in command
+        # colocated replicas share one fresh calibration, on the first one's requests
+        assert (f"--calibration-requests {out}/{replicas[0]} " in command) == (i > 0)
     assert (out / "plan.png").stat().st_size > 0
 
 

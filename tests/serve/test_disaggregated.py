@@ -195,6 +195,8 @@ def _refused(capsys, tmp_path, conv_csv, *extra) -> str:
      "--timeline is not built with --disaggregate"),
     (("--first-token", "decode"),
      "--first-token is for --disaggregate P:D (a colocated run's first token is its prefill's)"),
+    (("--disaggregate", "1:1", "--system", "ring-2", "--calibration-requests", "a.parquet"),
+     "--calibration-requests is for a colocated run; with --disaggregate P:D each pool calibrates on its own steps"),
     (("--disaggregate", "2:2", "--system", "torus-4x4"),
      "--disaggregate with --system torus-4x4: a pool of 2 chips is cut from a system of one dimension (ring, "
      "fully-connected or switch); this one has 2 dimension(s)"),

@@ -96,6 +96,33 @@ def test_fast_run_reports_its_error_and_caches_its_calibration(small_model, tmp_
     assert all(abs(v) < 2 for v in diff.values())  # the issue's target
 
 
+def test_calibration_requests_price_a_run_with_another_runs_calibration(small_model, tmp_path):
+    """``--calibration-requests``: the run of B is priced with the calibration of A's run (cached under A's key, so
+    A's run and B's share one), which a fresh cache makes again to the bit; the summary names A."""
+    a_file = _trace(tmp_path)
+    rng = np.random.default_rng(4)
+    b_file = requests_file(tmp_path / "b.parquet", np.sort(rng.uniform(0, 0.05, 24)), rng.integers(5, 400, 24),
+                           rng.integers(2, 30, 24))
+    cache = tmp_path / "cache"
+    a = stepsim.serve(str(small_model), a_file, fidelity="fast", schedule="paper", calibration_cache=cache)
+    b = stepsim.serve(str(small_model), b_file, fidelity="fast", schedule="paper", calibration_cache=cache,
+                      calibration_requests=a_file, out=tmp_path / "b")
+    fa, fb = a.summary["fidelity"], b.summary["fidelity"]
+    assert fb.pop("calibration_requests") == str(a_file) and "calibration_requests" not in fa
+    assert fb == fa and len(list(cache.iterdir())) == 1  # no second calibration
+    own = stepsim.serve(str(small_model), b_file, fidelity="fast", schedule="paper", calibration_cache=cache)
+    assert own.summary["fidelity"]["calibration"] != fa["calibration"]  # B's own run calibrates on itself
+    assert not own.requests.equals(b.requests)
+    fresh = stepsim.serve(str(small_model), b_file, fidelity="fast", schedule="paper",
+                          calibration_cache=tmp_path / "fresh", calibration_requests=a_file)
+    assert fresh.requests.equals(b.requests) and fresh.iterations.equals(b.iterations)
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["fidelity"]["calibration_requests"] == str(a_file)
+    with pytest.raises(ConfigError) as e:
+        stepsim.serve(str(small_model), b_file, fidelity="exact", calibration_requests=a_file)
+    assert str(e.value) == ("--calibration-requests is for --fidelity fast (the requests it calibrates on); "
+                            "--fidelity exact calibrates nothing")
+
+
 def test_fast_refuses_a_run_too_short_to_hold_a_step_out(small_model, tmp_path):
     trace = requests_file(tmp_path / "t.parquet", [0.0], [10], [2])
     with pytest.raises(ConfigError) as e:
