@@ -198,7 +198,17 @@ CH_PK_OLDEST = 12  # peak occupancy: oldest element that may still hold a slot a
 CH_HEAD_ROW = 13  # slot row of the head element (base + head % cap), kept so pop/peek need no division
 CH_TAIL_ROW = 14  # slot row the next send writes (base + tail % cap)
 CH_END = 15  # base + cap: one past the channel's last slot row (where the ring rows wrap)
-N_CH = 16
+# a Link's view of its transfers, kept per transfer on its input channel so that its decision time is recomputed
+# only for the transfers whose channels changed (kernels.units_link.link_decision_time)
+CH_LK_VAL = 16  # on a Link's input: the transfer's ready time as link_event_time counts it (NEVER: none)
+CH_LK_NEXT = 17  # on a Link's input: the next input on the Link's list of changed ones (-1: the last; -2: not on
+# it); channels.push / pop and the closes put a transfer on it (channels.link_transfer_changed)
+CH_LK_CLOSED = 18  # on a Link's input: 1 once it is closed and empty (counted in the Link's closed inputs)
+CH_LK_OUT = 19  # on a Link's input: the output channel of the same transfer (-1: not a Link's input)
+CH_LK_IN = 20  # on a Link's output: the input channel of the same transfer (-1: not a Link's output)
+CH_LK_FIRST = 21  # on a Link's input: the Link's first input channel, whose CH_LK_HEAD heads that list
+CH_LK_HEAD = 22  # on a Link's first input: the first input on the Link's list of changed ones (-1: none)
+N_CH = 23
 
 # ------------------------------------------------------------------------------------ unit state columns
 US_CLOCK = 0

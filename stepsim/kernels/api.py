@@ -161,6 +161,9 @@ def _call(engine, program, max_events, rec, fv=None, fi=None, progress: Progress
     us, chs, slots, arena_rows, eng, hfree, hq, done_list, wl, ts_units, n_ts = engine.new_state(
         program.unit_params, program.ch_capacity, program.ch_latency, program.ch_credit_latency, program.ch_producer,
         program.ch_consumer, program.hw, len(program.mem_order), program.arena_rows)
+    from stepsim.kernels.units_link import link_cache_init
+
+    link_cache_init(program.unit_params, program.in_ch, program.out_ch, chs, us)  # the Links' cached views
     eng[E_HBM_PER_TICK::N_ENG] = 0 if hbm_closed_form else 1  # in every chip's HBM segment
     eng[E_TS_RESCAN] = 0 if reuse_scans else 1  # an engine-wide scalar: segment 0
     n_slice, work = FIRST_SLICE_EVENTS, FIRST_SLICE_WORK

@@ -118,6 +118,27 @@ def settle_peak(chs, slots, c, final):
 
 
 @kernel
+def _on_changed_list(chs, c):
+    """Put the Link input ``c`` on its Link's list of changed transfers, once. reads/writes: chs[c], the list head
+    on the Link's first input / returns: nothing."""
+    if chs[c, A.CH_LK_NEXT] == -2:
+        first = chs[c, A.CH_LK_FIRST]
+        chs[c, A.CH_LK_NEXT] = chs[first, A.CH_LK_HEAD]
+        chs[first, A.CH_LK_HEAD] = c
+
+
+@kernel
+def link_transfer_changed(chs, c):
+    """Channel ``c`` was pushed, popped or closed: if it carries a transfer of a Link (its input or its output), that
+    transfer's ready time may have changed (:func:`stepsim.kernels.units_link.link_decision_time` looks at it
+    again). reads/writes: chs (abi.CH_LK_*) / returns: nothing."""
+    if chs[c, A.CH_LK_OUT] >= 0:
+        _on_changed_list(chs, c)
+    if chs[c, A.CH_LK_IN] >= 0:
+        _on_changed_list(chs, chs[c, A.CH_LK_IN])
+
+
+@kernel
 def pop(chs, slots, c, clock, tl):
     """Dequeue c's head at receiver clock ``clock`` (>= its stamp).
 
@@ -135,6 +156,7 @@ def pop(chs, slots, c, clock, tl):
                    slots[row, tk + A.TK_ROWS] * slots[row, tk + A.TK_COLS] * slots[row, tk + A.TK_BYTES])
     chs[c, A.CH_HEAD] += 1
     chs[c, A.CH_HEAD_ROW] = next_row(chs, c, row)
+    link_transfer_changed(chs, c)
 
 
 @kernel
@@ -163,6 +185,7 @@ def push(chs, slots, c, clock, requested, stop, flags, nbytes, rows, cols, offse
     slots[row, A.SL_SENT] = clock
     chs[c, A.CH_TAIL] = tail + 1
     chs[c, A.CH_TAIL_ROW] = next_row(chs, c, row)
+    link_transfer_changed(chs, c)
     return clock
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, settle_peak
+from stepsim.kernels.channels import can_pop, can_push, link_transfer_changed, settle_peak
 from stepsim.kernels.hbm import (
     E_BYTES_READ,
     E_BYTES_WRITTEN,
@@ -56,7 +56,7 @@ from stepsim.kernels.jit import inline_kernel, kernel
 from stepsim.kernels.timeline import TL_CH_HBM
 from stepsim.kernels.units_common import advance_busy
 from stepsim.kernels.units_compute import R_COST_A_ROWS, step_accum, step_map
-from stepsim.kernels.units_link import link_event_time, step_link
+from stepsim.kernels.units_link import link_decision_time, link_event_time, step_link
 from stepsim.kernels.units_memory import (
     step_bufferize,
     step_dyn_streamify,
@@ -272,6 +272,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                     if chs[c, A.CH_CLOSED] == 0:  # a Link closes each transfer's output when that transfer ends
                         chs[c, A.CH_CLOSED] = 1
                         chs[c, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+                        link_transfer_changed(chs, c)
             for k in range(in_ptr[u], in_ptr[u + 1]):
                 c = in_ch[k]
                 v = ch_prod[c]
@@ -318,8 +319,10 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                         if us[v, A.US_TS_FRESH] == 1 and not rescan:
                             t = us[v, A.US_TS_TIME]
                         else:
-                            if up[v, A.UP_OPCODE] == A.OP_LINK:
+                            if up[v, A.UP_OPCODE] == A.OP_LINK and rescan:  # every transfer looked at
                                 t = link_event_time(v, up, us, in_ch, out_ch, chs, slots)
+                            elif up[v, A.UP_OPCODE] == A.OP_LINK:  # the transfers that changed
+                                t = link_decision_time(v, up, us, in_ch, chs, slots)
                             else:
                                 t = eager_merge_event_time(v, up, us, in_ch, chs, slots)
                             us[v, A.US_TS_TIME] = t

@@ -32,7 +32,8 @@ busy = serialization cycles, blocked-in = idle time, ``R_LINK_BYTES`` = bytes ca
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, head_stamp, next_free
+from stepsim.kernels.channels import can_pop, can_push, head_stamp, link_transfer_changed, next_free
+from stepsim.kernels.hbm import E_TS_RESCAN
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import block, emit_copy, spend, stash, take, tok_bytes, wait_input
 from stepsim.kernels.units_routing import R_DECIDE, decision_time
@@ -42,6 +43,10 @@ PH_CHOOSE = 0
 PH_DELIVER = 1
 R_LINK_CHOSEN = A.US_R0 + 0  # the transfer (input / output index) of the element in flight
 R_LINK_BYTES = A.US_R0 + 1  # bytes carried so far (read by kernels.api for the unit tables)
+# the link's cached view of its transfers (link_decision_time; per transfer: abi.CH_LK_* on its input channel)
+R_LINK_BEST = A.US_R0 + 2  # the least CH_LK_VAL of its inputs (NEVER: none)
+R_LINK_CLOSED = A.US_R0 + 3  # its inputs closed and empty
+R_LINK_LAST_CLOSE = A.US_R0 + 4  # the latest close time of those (0: none)
 # R_DECIDE (US_R0 + 8, shared with EagerMerge): the decision time the engine sets, -1 while none
 
 
@@ -83,6 +88,136 @@ def link_event_time(u, up, us, in_ch, out_ch, chs, slots):
 
 
 @kernel
+def link_cache_init(up, in_ch, out_ch, chs, us):
+    """Set up every Link's cached view of its transfers (:func:`link_decision_time`) in a fresh run state: each
+    transfer's channels point at each other and every transfer is on its Link's list of changed ones.
+
+    reads: the program / writes: chs[:, CH_LK_*], the Links' R_LINK_* registers / returns: nothing.
+    """
+    for c in range(chs.shape[0]):
+        chs[c, A.CH_LK_NEXT] = -2
+        chs[c, A.CH_LK_OUT] = -1
+        chs[c, A.CH_LK_IN] = -1
+    for u in range(up.shape[0]):
+        if up[u, A.UP_OPCODE] != A.OP_LINK or up[u, A.UP_N_IN] == 0:
+            continue
+        istart = up[u, A.UP_IN_START]
+        ostart = up[u, A.UP_OUT_START]
+        first = in_ch[istart]
+        changed = -1
+        for k in range(up[u, A.UP_N_IN] - 1, -1, -1):
+            c = in_ch[istart + k]
+            o = out_ch[ostart + k]
+            chs[c, A.CH_LK_OUT] = o
+            chs[o, A.CH_LK_IN] = c
+            chs[c, A.CH_LK_FIRST] = first
+            chs[c, A.CH_LK_VAL] = A.NEVER
+            chs[c, A.CH_LK_NEXT] = changed
+            changed = c
+        chs[first, A.CH_LK_HEAD] = changed
+        us[u, R_LINK_BEST] = A.NEVER
+        us[u, R_LINK_CLOSED] = 0
+        us[u, R_LINK_LAST_CLOSE] = 0
+
+
+@kernel
+def _refresh(u, up, us, in_ch, chs, slots):
+    """Bring Link u's cached view up to date (:func:`link_decision_time`): look again at the transfers on its list
+    of changed ones, count those newly closed and empty, keep the least ready time.
+
+    reads: the listed transfers' channels / writes: their chs[:, CH_LK_*], us[u, R_LINK_*] / returns: nothing.
+    """
+    istart = up[u, A.UP_IN_START]
+    first = in_ch[istart]
+    best = us[u, R_LINK_BEST]
+    rescan = False
+    c = chs[first, A.CH_LK_HEAD]
+    chs[first, A.CH_LK_HEAD] = -1
+    while c >= 0:
+        after = chs[c, A.CH_LK_NEXT]
+        chs[c, A.CH_LK_NEXT] = -2
+        o = chs[c, A.CH_LK_OUT]
+        old = chs[c, A.CH_LK_VAL]
+        new = A.NEVER
+        if can_pop(chs, c):
+            if can_push(chs, o):
+                new = max(head_stamp(chs, slots, c), next_free(chs, slots, o))
+        elif chs[c, A.CH_CLOSED] == 1:
+            if chs[c, A.CH_LK_CLOSED] == 0:  # closed and empty stays so: counted once
+                chs[c, A.CH_LK_CLOSED] = 1
+                us[u, R_LINK_CLOSED] += 1
+                us[u, R_LINK_LAST_CLOSE] = max(us[u, R_LINK_LAST_CLOSE], chs[c, A.CH_CLOSE_TIME])
+            if chs[o, A.CH_CLOSED] == 0:
+                new = chs[c, A.CH_CLOSE_TIME]
+        chs[c, A.CH_LK_VAL] = new
+        if new < best:
+            best = new
+        elif old == best and new > old:  # the least may have moved up: scanned again below
+            rescan = True
+        c = after
+    if rescan:
+        best = A.NEVER
+        for k in range(up[u, A.UP_N_IN]):
+            best = min(best, chs[in_ch[istart + k], A.CH_LK_VAL])
+    us[u, R_LINK_BEST] = best
+
+
+@kernel
+def link_decision_time(u, up, us, in_ch, chs, slots):
+    """:func:`link_event_time` from the Link's cached view: only the transfers on its list of changed ones are
+    looked at again (a transfer's terms read its two channels alone, and every push, pop and close of one of them
+    lists it: :func:`stepsim.kernels.channels.link_transfer_changed`); the least ready time is scanned again over
+    the cached values only when a transfer that held it got later. Why: a 16-chip all-to-all's links carry
+    hundreds of transfers, and looking at every one at every decision was over half of an expert-parallel layer's
+    engine time. The same value, always (tests/kernels/test_link_cache.py; ``reuse_scans=False`` looks at every
+    transfer).
+
+    reads: the changed transfers' channels, the cached values / writes: chs[:, CH_LK_*] of those, us[u, R_LINK_*] /
+    returns: the decision time.
+    """
+    clock = us[u, A.US_CLOCK]
+    n_in = up[u, A.UP_N_IN]
+    if n_in == 0:
+        return decision_time(clock, A.NEVER, True, clock)
+    _refresh(u, up, us, in_ch, chs, slots)
+    return decision_time(clock, us[u, R_LINK_BEST], us[u, R_LINK_CLOSED] == n_in,
+                         max(clock, us[u, R_LINK_LAST_CLOSE]))
+
+
+@kernel
+def _choose_scan(u, up, us, in_ch, out_ch, chs, slots, T):
+    """Link u's choice at its decision time T from every transfer: among those ready by T (head arrived, a free
+    slot whose credit is back by T) the head with the smallest stamp (ties: the lowest input); each transfer that
+    closed by T passes its closure on to its output (the engine wakes the consumer after this step).
+
+    reads: every input and output / writes: the closed transfers' outputs / returns: (the chosen input or -1, the
+    transfers still open).
+    """
+    istart = up[u, A.UP_IN_START]
+    ostart = up[u, A.UP_OUT_START]
+    chosen = -1
+    best = A.NEVER
+    open_transfers = 0
+    for k in range(up[u, A.UP_N_IN]):
+        c = in_ch[istart + k]
+        o = out_ch[ostart + k]
+        if can_pop(chs, c):
+            t = head_stamp(chs, slots, c)
+            if t < best and can_push(chs, o) and max(t, next_free(chs, slots, o)) <= T:
+                best = t
+                chosen = k
+            open_transfers += 1
+        elif chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_CLOSE_TIME] <= T:
+            if chs[o, A.CH_CLOSED] == 0:
+                chs[o, A.CH_CLOSED] = 1
+                chs[o, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+                link_transfer_changed(chs, o)
+        else:
+            open_transfers += 1
+    return chosen, open_transfers
+
+
+@kernel
 def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi,
               tl):
     """reads: inputs, us[u, R_DECIDE] / writes: outputs, us[u] / returns: STEP_TIME while choosing without a
@@ -104,21 +239,28 @@ def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
             chosen = -1
             best = A.NEVER
             open_transfers = 0
-            for k in range(n_in):
-                c = in_ch[istart + k]
-                o = out_ch[ostart + k]
-                if can_pop(chs, c):
-                    t = head_stamp(chs, slots, c)
-                    if t < best and can_push(chs, o) and max(t, next_free(chs, slots, o)) <= T:
-                        best = t
-                        chosen = k
-                    open_transfers += 1
-                elif chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_CLOSE_TIME] <= T:
-                    if chs[o, A.CH_CLOSED] == 0:  # transfer k ended: pass its closure on (the engine wakes the
-                        chs[o, A.CH_CLOSED] = 1   # consumer after this step)
-                        chs[o, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
-                else:
-                    open_transfers += 1
+            if n_in > 0:
+                _refresh(u, up, us, in_ch, chs, slots)
+            if n_in > 0 and eng[E_TS_RESCAN] == 0 and us[u, R_LINK_LAST_CLOSE] <= T:
+                # from the cached view: a transfer is ready by T iff its cached ready time is (a closed one's is
+                # its close time while its output is open), and every closed and empty one closed by T, so
+                # those are the transfers not open
+                for k in range(n_in):
+                    c = in_ch[istart + k]
+                    if chs[c, A.CH_LK_VAL] <= T:
+                        if can_pop(chs, c):
+                            t = head_stamp(chs, slots, c)
+                            if t < best:
+                                best = t
+                                chosen = k
+                        else:  # transfer k ended: pass its closure on (the engine wakes the consumer after
+                            o = out_ch[ostart + k]  # this step)
+                            chs[o, A.CH_CLOSED] = 1
+                            chs[o, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
+                            link_transfer_changed(chs, o)
+                open_transfers = n_in - us[u, R_LINK_CLOSED]
+            else:  # every transfer looked at (reuse_scans=False, or a transfer that closes after T)
+                chosen, open_transfers = _choose_scan(u, up, us, in_ch, out_ch, chs, slots, T)
             if chosen < 0:
                 if open_transfers == 0:
                     return A.STEP_DONE

@@ -5,7 +5,9 @@ the unit nor a unit across one of its channels has stepped (a Link of a 16-chip 
 inputs). The reuse must be invisible: every result equals that of a run that computes every decision time at
 every decision (``run(..., reuse_scans=False)``), and the scans and the decision times computed are counted
 (``EngineResult.time_sensitive_scans``, ``time_sensitive_evaluations``) so these tests see that reuse really
-happens.
+happens. A Link computes its decision time, and chooses, from a cached view of its transfers in which only those
+whose channels were pushed, popped or closed are looked at again (``kernels.units_link.link_decision_time``); the
+run without reuse looks at every transfer at every decision and choice, so the same comparison checks the view.
 """
 
 from __future__ import annotations
