@@ -169,8 +169,8 @@ def link_decision_time(u, up, us, in_ch, chs, slots):
     lists it: :func:`stepsim.kernels.channels.link_transfer_changed`); the least ready time is scanned again over
     the cached values only when a transfer that held it got later. Why: a 16-chip all-to-all's links carry
     hundreds of transfers, and looking at every one at every decision was over half of an expert-parallel layer's
-    engine time. The same value, always (tests/kernels/test_link_cache.py; ``reuse_scans=False`` looks at every
-    transfer).
+    engine time. The same value, always: a run with ``reuse_scans=False`` looks at every transfer, and
+    tests/reference/test_scan_reuse.py compares the two on random multi-chip programs.
 
     reads: the changed transfers' channels, the cached values / writes: chs[:, CH_LK_*] of those, us[u, R_LINK_*] /
     returns: the decision time.
