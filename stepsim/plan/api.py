@@ -464,7 +464,7 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
                                                       calibration=files[0]) for f in files[1:]])
     for (_, trace), got in zip(replica_files, served):
         first[trace.request_id], finish[trace.request_id] = got["first_token"], got["finish"]
-    errors = [got["error"] for got in served[:1 if shared is not None else len(served)]]
+    errors = [got["error"] for got in (served[:1] if shared is not None else served)]  # one a calibration
     ev = Evaluator(model, base, slo_seconds, percentile, {}, Path("."))
     fresh = ev.metrics(arrival, first, finish)
     plan_m = best.metrics

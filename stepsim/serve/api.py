@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from stepsim._version import __version__
-from stepsim.base.errors import ConfigError
+from stepsim.base.errors import ConfigError, TraceError
 from stepsim.base.files import file_sha256, published_together
 from stepsim.base.hardware import PRESETS, SERVING_FIELDS, VALUE_FIELDS, Hardware
 from stepsim.base.ranges import MAX_TIME_S, MAX_TIME_TEXT
@@ -594,7 +594,11 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
     trace, long = fit_long_requests(trace, limit, capacity, memory.max_position_embeddings, policy)
     calibration_run = None
     if calibration_requests is not None:  # shaped as the served requests, checked before any work
-        shaped = shape_trace(requests_of(calibration_requests), limit_requests=limit_requests, arrival=arrival,
+        try:
+            calibration_trace = requests_of(calibration_requests)
+        except (ConfigError, TraceError) as exc:  # which of the two files: the same error, named by its flag
+            raise type(exc)(f"--calibration-requests {exc}") from None
+        shaped = shape_trace(calibration_trace, limit_requests=limit_requests, arrival=arrival,
                              arrival_scale=arrival_scale, duration=duration, seed=seed)
         calibration_run = (calibration_requests, fit_long_requests(shaped, limit, capacity,
                                                                    memory.max_position_embeddings, policy)[0])

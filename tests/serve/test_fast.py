@@ -11,7 +11,7 @@ from serve_requests import requests_file
 from test_exact import SMALL
 
 import stepsim
-from stepsim.base.errors import ConfigError
+from stepsim.base.errors import ConfigError, TraceError
 from stepsim.base.hardware import PRESETS
 from stepsim.models.presets import resolve_model
 from stepsim.serve.fast import extra_features, features, metric_forms
@@ -121,6 +121,11 @@ def test_calibration_requests_price_a_run_with_another_runs_calibration(small_mo
         stepsim.serve(str(small_model), b_file, fidelity="exact", calibration_requests=a_file)
     assert str(e.value) == ("--calibration-requests is for --fidelity fast (the requests it calibrates on); "
                             "--fidelity exact calibrates nothing")
+    with pytest.raises(TraceError) as e:  # which file is wrong, before any calibration
+        stepsim.serve(str(small_model), b_file, fidelity="fast", schedule="paper", calibration_cache=tmp_path / "c3",
+                      calibration_requests=tmp_path / "none.parquet")
+    assert str(e.value) == f"--calibration-requests {tmp_path / 'none.parquet'}: no such file"
+    assert not (tmp_path / "c3").exists()
 
 
 def test_fast_refuses_a_run_too_short_to_hold_a_step_out(small_model, tmp_path):
