@@ -139,6 +139,16 @@ def link_transfer_changed(chs, c):
 
 
 @kernel
+def close(chs, c, time):
+    """Close channel ``c`` (its producer finished, or a Link passes a transfer's end on) at ``time``, once.
+    reads/writes: chs[c] (and a Link's list of changed transfers) / returns: nothing."""
+    if chs[c, A.CH_CLOSED] == 0:
+        chs[c, A.CH_CLOSED] = 1
+        chs[c, A.CH_CLOSE_TIME] = time
+        link_transfer_changed(chs, c)
+
+
+@kernel
 def pop(chs, slots, c, clock, tl):
     """Dequeue c's head at receiver clock ``clock`` (>= its stamp).
 

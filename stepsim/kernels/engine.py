@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, link_transfer_changed, settle_peak
+from stepsim.kernels.channels import can_pop, can_push, close, settle_peak
 from stepsim.kernels.hbm import (
     E_BYTES_READ,
     E_BYTES_WRITTEN,
@@ -269,10 +269,7 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 us[u, A.US_WAIT_CH] = -1
                 for k in range(out_ptr[u], out_ptr[u + 1]):
                     c = out_ch[k]
-                    if chs[c, A.CH_CLOSED] == 0:  # a Link closes each transfer's output when that transfer ends
-                        chs[c, A.CH_CLOSED] = 1
-                        chs[c, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
-                        link_transfer_changed(chs, c)
+                    close(chs, c, us[u, A.US_CLOCK])  # unless closed: a Link closes each transfer's output itself
             for k in range(in_ptr[u], in_ptr[u + 1]):
                 c = in_ch[k]
                 v = ch_prod[c]

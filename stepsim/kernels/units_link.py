@@ -32,7 +32,7 @@ busy = serialization cycles, blocked-in = idle time, ``R_LINK_BYTES`` = bytes ca
 from __future__ import annotations
 
 from stepsim.kernels import abi as A
-from stepsim.kernels.channels import can_pop, can_push, head_stamp, link_transfer_changed, next_free
+from stepsim.kernels.channels import can_pop, can_push, close, closed_empty, head_stamp, next_free
 from stepsim.kernels.hbm import E_TS_RESCAN
 from stepsim.kernels.jit import kernel
 from stepsim.kernels.units_common import block, emit_copy, spend, stash, take, tok_bytes, wait_input
@@ -73,18 +73,27 @@ def link_event_time(u, up, us, in_ch, out_ch, chs, slots):
     last_close = clock
     for k in range(up[u, A.UP_N_IN]):
         c = in_ch[istart + k]
-        o = out_ch[ostart + k]
-        if can_pop(chs, c):
-            if can_push(chs, o):  # ready once its head arrived and its receiver's slot is free
-                best = min(best, max(head_stamp(chs, slots, c), next_free(chs, slots, o)))
-            all_closed = False
-        elif chs[c, A.CH_CLOSED] == 1:
+        best = min(best, _transfer_ready(chs, slots, c, out_ch[ostart + k]))
+        if closed_empty(chs, c):
             last_close = max(last_close, chs[c, A.CH_CLOSE_TIME])
-            if chs[o, A.CH_CLOSED] == 0:
-                best = min(best, chs[c, A.CH_CLOSE_TIME])
         else:
             all_closed = False
     return decision_time(clock, best, all_closed, last_close)
+
+
+@kernel
+def _transfer_ready(chs, slots, c, o):
+    """The ready time of the transfer from input ``c`` to output ``o`` (cycles): its head's stamp and its
+    receiver's free slot's credit, the later, when it has a head and a free slot; its close time when it is closed
+    and empty and its output still open (the Link passes the end on then); else NEVER.
+    reads: chs[c], chs[o], their head and tail slots / writes: nothing."""
+    if can_pop(chs, c):
+        if can_push(chs, o):
+            return max(head_stamp(chs, slots, c), next_free(chs, slots, o))
+        return A.NEVER
+    if chs[c, A.CH_CLOSED] == 1 and chs[o, A.CH_CLOSED] == 0:
+        return chs[c, A.CH_CLOSE_TIME]
+    return A.NEVER
 
 
 @kernel
@@ -136,19 +145,12 @@ def _refresh(u, up, us, in_ch, chs, slots):
     while c >= 0:
         after = chs[c, A.CH_LK_NEXT]
         chs[c, A.CH_LK_NEXT] = -2
-        o = chs[c, A.CH_LK_OUT]
         old = chs[c, A.CH_LK_VAL]
-        new = A.NEVER
-        if can_pop(chs, c):
-            if can_push(chs, o):
-                new = max(head_stamp(chs, slots, c), next_free(chs, slots, o))
-        elif chs[c, A.CH_CLOSED] == 1:
-            if chs[c, A.CH_LK_CLOSED] == 0:  # closed and empty stays so: counted once
-                chs[c, A.CH_LK_CLOSED] = 1
-                us[u, R_LINK_CLOSED] += 1
-                us[u, R_LINK_LAST_CLOSE] = max(us[u, R_LINK_LAST_CLOSE], chs[c, A.CH_CLOSE_TIME])
-            if chs[o, A.CH_CLOSED] == 0:
-                new = chs[c, A.CH_CLOSE_TIME]
+        new = _transfer_ready(chs, slots, c, chs[c, A.CH_LK_OUT])
+        if chs[c, A.CH_LK_CLOSED] == 0 and closed_empty(chs, c):  # closed and empty stays so: counted once
+            chs[c, A.CH_LK_CLOSED] = 1
+            us[u, R_LINK_CLOSED] += 1
+            us[u, R_LINK_LAST_CLOSE] = max(us[u, R_LINK_LAST_CLOSE], chs[c, A.CH_CLOSE_TIME])
         chs[c, A.CH_LK_VAL] = new
         if new < best:
             best = new
@@ -208,10 +210,7 @@ def _choose_scan(u, up, us, in_ch, out_ch, chs, slots, T):
                 chosen = k
             open_transfers += 1
         elif chs[c, A.CH_CLOSED] == 1 and chs[c, A.CH_CLOSE_TIME] <= T:
-            if chs[o, A.CH_CLOSED] == 0:
-                chs[o, A.CH_CLOSED] = 1
-                chs[o, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
-                link_transfer_changed(chs, o)
+            close(chs, o, us[u, A.US_CLOCK])
         else:
             open_transfers += 1
     return chosen, open_transfers
@@ -254,10 +253,7 @@ def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
                                 best = t
                                 chosen = k
                         else:  # transfer k ended: pass its closure on (the engine wakes the consumer after
-                            o = out_ch[ostart + k]  # this step)
-                            chs[o, A.CH_CLOSED] = 1
-                            chs[o, A.CH_CLOSE_TIME] = us[u, A.US_CLOCK]
-                            link_transfer_changed(chs, o)
+                            close(chs, out_ch[ostart + k], us[u, A.US_CLOCK])  # this step)
                 open_transfers = n_in - us[u, R_LINK_CLOSED]
             else:  # every transfer looked at (reuse_scans=False, or a transfer that closes after T)
                 chosen, open_transfers = _choose_scan(u, up, us, in_ch, out_ch, chs, slots, T)

@@ -18,8 +18,9 @@
 
 * **Offered runs** (:func:`offered_config`): the front's deployments whose searches did not serve the offered rate
   to the end, served there, one task per group that can share a replica's run (:func:`offered_groups`).
-* **Verification** (:func:`verification_config`): each replica of the recommended deployment re-served with its
-  own calibration, one task a replica.
+* **Verification** (:func:`verification_config`): each replica of the recommended deployment re-served, one task a
+  replica: colocated replicas priced by one fresh calibration on the first one's requests (that task first, on the
+  local workers), a disaggregated replica's pools by their own (:func:`stepsim.plan.api.calibration_file`).
 
 * **Parts of a wave**: a wave's deployments (highest goodput bound first) run in parts of 1, 2, 4, 8, ...
   deployments; a part's tasks run together and know the best goodput of the wave's earlier parts, which a deployment

@@ -589,19 +589,20 @@ def serve(model, requests, *, out=None, arrival_scale=None, arrival=None, limit_
                               f"(or --schedule paper, which places them unevenly)")
     memory = model_memory(resolved)
     capacity, chips, limit = kv_cache_of(resolved, memory, config, hw, system, hbm_bytes)
-    trace = shape_trace(requests_of(requests), limit_requests=limit_requests, arrival=arrival,
-                        arrival_scale=arrival_scale, duration=duration, seed=seed)
-    trace, long = fit_long_requests(trace, limit, capacity, memory.max_position_embeddings, policy)
+    def shaped(trace: RequestTrace):
+        """``(trace as the run serves it, what the long-request policy did)``: the shaping flags, then the policy."""
+        trace = shape_trace(trace, limit_requests=limit_requests, arrival=arrival, arrival_scale=arrival_scale,
+                            duration=duration, seed=seed)
+        return fit_long_requests(trace, limit, capacity, memory.max_position_embeddings, policy)
+
+    trace, long = shaped(requests_of(requests))
     calibration_run = None
     if calibration_requests is not None:  # shaped as the served requests, checked before any work
         try:
             calibration_trace = requests_of(calibration_requests)
         except (ConfigError, TraceError) as exc:  # which of the two files: the same error, named by its flag
             raise type(exc)(f"--calibration-requests {exc}") from None
-        shaped = shape_trace(calibration_trace, limit_requests=limit_requests, arrival=arrival,
-                             arrival_scale=arrival_scale, duration=duration, seed=seed)
-        calibration_run = (calibration_requests, fit_long_requests(shaped, limit, capacity,
-                                                                   memory.max_position_embeddings, policy)[0])
+        calibration_run = (calibration_requests, shaped(calibration_trace)[0])
     layers_executor = None
     if executor is not None:  # after every check: starting a cluster takes seconds
         from stepsim.serve.dask_layers import open_dask_layers
