@@ -18,9 +18,9 @@ computed tokens and outputs), wait in an incoming queue and are admitted by :fun
 **Resumable.** Every piece of state is in the arrays the caller passes (``st``, the request table, the queues),
 so the loop returns whenever it must: the step columns are full (:data:`FULL`), the routing's window starts are
 used up (:data:`STARTS`: the caller draws the next batch exactly as the Python path would), ``pause_steps`` steps
-were made (:data:`PAUSE`, for a progress bar), the next step would start at the horizon (:data:`HORIZON`: a
-replica replayed alongside others, which may be sent a request arriving then), or the run is done
-(:data:`DONE`); called again it goes on. A step
+were made or a calibration's ``record`` of the steps' batches may not hold the next (:data:`PAUSE`), the next step
+would start at the horizon (:data:`HORIZON`: a replica replayed alongside others, which may be sent a request
+arriving then), or the run is done (:data:`DONE`); called again it goes on. A step
 the reference would refuse (a cost it rejects, a request that cannot be scheduled) returns :data:`REFUSED`: the
 caller replays with the reference, which raises its own error.
 
@@ -47,7 +47,8 @@ R_PROMPT, R_OUTPUT, R_NUM_TOKENS, R_COMPUTED, R_OUTPUTS, R_BLOCKS, R_PREFILLING,
 T_ARRIVAL, T_FIRST_SCHEDULED, T_FIRST_TOKEN, T_LAST_TOKEN, T_FINISH, T_SINCE, T_ROWS = range(7)
 #: entries of the loop state ``st`` (int64)
 (S_NEXT, S_DONE, S_FREE, S_RUNNING, S_WAIT_HEAD, S_WAIT_LEN, S_STEPS, S_GAPS, S_PREEMPTED, S_STARTS_USED,
- S_BATCH, S_IN_HEAD, S_PENDING, S_KNOWN, S_ROWS) = range(15)
+ S_BATCH, S_IN_HEAD, S_PENDING, S_KNOWN, S_RECORDED, S_ROWS) = range(16)
+#: ``st[S_RECORDED]``: with ``cfg[C_RECORD]``, the sequences written into ``record`` since the caller last emptied it
 #: ``st[S_KNOWN]``: the requests the loop serves, the table's first ``S_KNOWN`` columns (all of them for a replay;
 #: a replica replayed alongside others gets each request when a router sends it, :mod:`stepsim.plan.joint`)
 #: entries of the clock ``clock`` (float64, s): the time now, and the horizon: the loop returns :data:`HORIZON`
@@ -59,7 +60,11 @@ CLOCK_NOW, CLOCK_HORIZON = range(2)
 #: incoming queue is the requests ``S_IN_HEAD .. S_NEXT - 1`` (arrivals join in order and leave from the head)
 #: entries of the configuration ``cfg`` (int64)
 (C_POLICY, C_MAX_SEQS, C_BUDGET, C_CHUNK, C_BLOCK_SIZE, C_MAX_MODEL_LEN, C_USABLE, C_WATERMARK, C_PAUSE,
- C_DECODE_POOL, C_ROWS) = range(11)
+ C_DECODE_POOL, C_RECORD, C_ROWS) = range(12)
+#: ``cfg[C_RECORD]``: 1 when every step's batch is kept for a calibration's reservoir: each step's sequences' cached
+#: tokens and new tokens appended to ``record`` (int64 ``[2, capacity]``, rows :data:`RC_CONTEXT` / :data:`RC_NEW`,
+#: ``st[S_RECORDED]`` columns so far); the loop returns :data:`PAUSE` before a step that might not fit, and the
+#: caller offers the steps and empties it (:meth:`stepsim.serve.replay_compiled.CompiledLoop._record`)
 #: ``cfg[C_DECODE_POOL]``: 1 for a disaggregated deployment's decode pool (:func:`_admit_incoming`), 0 for a
 #: colocated replay
 #: policies (``cfg[C_POLICY]``)
@@ -93,6 +98,8 @@ CONSTANT, FAST, MAPPED = 0, 1, 2
 TH_DECODE, TH_PREFILL, TH_FFN, TH_FFN_PREFILL = range(4)
 #: rows of ``forms`` (float64 ``[6, 6]``): off-chip bytes and FLOPs coefficients of decode, prefill, ffn
 FM_DECODE_BYTES, FM_DECODE_FLOPS, FM_PREFILL_BYTES, FM_PREFILL_FLOPS, FM_FFN_BYTES, FM_FFN_FLOPS = range(6)
+#: rows of ``record``
+RC_CONTEXT, RC_NEW = range(2)
 #: return values
 DONE, FULL, STARTS, PAUSE, REFUSED, UNSUPPORTED, STOPPED, NEED, HORIZON = range(9)
 #: ``NEED``: mapped pricing's tables lack a bucket's schedule or a token count's projections (``need`` says which;
@@ -683,7 +690,7 @@ def _floor(pi, out_i, k):
 def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, batch_r, batch_n, ctx, gaps,
                 steps_i, steps_f, pi, constant_s, forms, theta, prefix, pool_rows, starts, loads, dec, pre, x,
                 basis, scratch, tiles, stop_f, stop_i, seen, pm, buckets_i, buckets_f, proj, expert_of_rank,
-                rank_of_expert, need, res, mloads, counts, regions, pc):
+                rank_of_expert, need, res, mloads, counts, regions, pc, record):
     """Replay until done or a reason to return (module docstring); returns that reason.
 
     ``clock`` (float64 ``[2]``) holds the time now and the horizon (s, :data:`CLOCK_NOW`, :data:`CLOCK_HORIZON`);
@@ -695,7 +702,8 @@ def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, ba
     ``stop_i[SP_ACTIVE]``: after every step, :func:`_stop_check` over the rule ``stop_f`` / ``stop_i`` and the
     per-request flags ``seen`` (returns :data:`STOPPED` once the SLO is provably missed). Mode :data:`MAPPED`:
     :func:`stepsim.kernels.serve_mapped.price_mapped` over ``pm`` and its tables (returns :data:`NEED` with the
-    step pending when they lack something)."""
+    step pending when they lack something). With ``cfg[C_RECORD]`` each step's batch is appended to ``record``
+    (:data:`C_RECORD`)."""
     n_req = req.shape[1]
     arrival = times[T_ARRIVAL]
     capacity = steps_i.shape[1]
@@ -730,7 +738,8 @@ def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, ba
                 return FULL
             if (fast or mapped) and pi[P_MOE] and st[S_STARTS_USED] == starts.shape[0]:
                 return STARTS
-            if made == cfg[C_PAUSE]:
+            if made == cfg[C_PAUSE] or (cfg[C_RECORD]
+                                         and st[S_RECORDED] + min(cfg[C_MAX_SEQS], known) > record.shape[1]):
                 return PAUSE
             if policy == VLLM:
                 m = _vllm(cfg, req, st, running, waiting, n_req, batch_r, batch_n)
@@ -810,6 +819,14 @@ def replay_loop(cfg, st, clock, req, times, running, waiting, rest, prefills, ba
         steps_i[I_WAITING, k] = st[S_WAIT_LEN] + (st[S_NEXT] - st[S_IN_HEAD] if decode_pool else 0)
         st[S_STEPS] = k + 1
         made += 1
+        if cfg[C_RECORD]:
+            at = st[S_RECORDED]
+            if at + m > record.shape[1]:  # more sequences than C_MAX_SEQS (no policy makes such a step)
+                return UNSUPPORTED
+            for j in range(m):
+                record[RC_CONTEXT, at + j] = ctx[j]
+                record[RC_NEW, at + j] = batch_n[j]
+            st[S_RECORDED] = at + m
         clock[CLOCK_NOW] = end
         st[S_DONE] += _finish_step(req, times, st, running, batch_r, batch_n, m, end, gaps)
         if stop_i[SP_ACTIVE] and _stop_check(req, times, batch_r, m, end, stop_f, stop_i, seen):

@@ -36,6 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from stepsim.base.hardware import Hardware
+from stepsim.graph.gcpause import gc_paused
 from stepsim.mapping.roofline import StepWork, projection_params, seen_tokens
 from stepsim.models.presets import ModelConfig
 from stepsim.serve.latency import IterationBatch, IterationCost
@@ -59,6 +60,8 @@ def _runner(spec: LayerSpec) -> LayerRunner:
     return runner
 
 
+@gc_paused  # a template's build: the mapped expert-parallel block's builder does not pause the collector itself; paused
+# here, a calibration's 16-chip Qwen3-30B-A3B template took 1.1 s, not 2.3 (bench/README.md, session 55)
 def layer_task(spec: LayerSpec, kind: str, data) -> tuple[int, float, float, int]:
     """``(cycles, build seconds, engine seconds, templates built)`` of one layer piece (runs in a worker)."""
     runner = _runner(spec)

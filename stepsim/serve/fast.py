@@ -536,17 +536,88 @@ class Reservoir:
         self._offer(self.strata[stratum], self.seen[stratum], self.size, self._rng, make)
         if prefill_step and self.cached_prefill:
             cached = max((c for c, n in zip(batch.context_tokens, batch.new_tokens) if n != 1), default=0)
-            if cached:  # keys below 0: apart from the decode buckets'
-                bucket = -int(cached).bit_length()
+            if cached:
+                bucket = _cached_bucket(cached)
                 self.bucket_seen[bucket] = self.bucket_seen.get(bucket, 0) + 1
                 self._offer(self.buckets.setdefault(bucket, []), self.bucket_seen[bucket], BUCKET_ITERATIONS,
                             self._cached_rng, make)
         if not prefill_step:
-            n = len(batch.new_tokens)  # = the FFN's tokens: one per decoding sequence
-            bucket = n if n <= FEW_TOKENS else FEW_TOKENS + n.bit_length()  # each few_tokens() count has its own
+            bucket = _decode_bucket(len(batch.new_tokens))  # = the FFN's tokens: one per decoding sequence
             self.bucket_seen[bucket] = self.bucket_seen.get(bucket, 0) + 1
             self._offer(self.buckets.setdefault(bucket, []), self.bucket_seen[bucket], BUCKET_ITERATIONS,
                         self._bucket_rng, make)
+
+    def offer_steps(self, prefill_step: np.ndarray, sequences: np.ndarray, cached: np.ndarray,
+                    make: Callable[[int], tuple]) -> None:
+        """Offer ``n`` steps at once, leaving the reservoirs as ``n`` calls of :meth:`__call__` in step order leave
+        them: step ``i`` has a prefill chunk when ``prefill_step[i]``, ``sequences[i]`` sequences, and ``cached[i]``
+        the largest cached context of its prefill chunks' sequences (0: none; what :meth:`__call__` takes from the
+        batch); ``make(i)`` gives its ``(batch, tasks())`` and is called only for the steps kept once all ``n`` are
+        offered.
+
+        Each generator draws for the same offers, with the same bounds, in the same order as the calls (an offer to a
+        full reservoir draws from 0 to its offers so far), and NumPy draws an array of bounds as it draws them one
+        by one (tests/serve/test_fast_path.py checks both). Why: the compiled pilot offered each step to
+        :meth:`__call__` from Python, 1.3 million steps of the whole conversation trace, 12 s of a 16-chip pilot's
+        48 s (bench/README.md, session 55)."""
+        prefill_step = np.asarray(prefill_step, dtype=bool)
+        n = len(prefill_step)
+        first, self.steps = self.steps, self.steps + n
+        strata = {name: np.flatnonzero(prefill_step == (name == "prefill")) for name in ("prefill", "decode")}
+        strata_writes = self._offer_group(self._rng, self.size,
+                                          [(self.strata[name], self.seen[name], at) for name, at in strata.items()])
+        for name, at in strata.items():
+            self.seen[name] += len(at)
+        # each step's bucket, the buckets taken in the order __call__ meets them (it inserts each on its first offer)
+        keys = np.zeros(n, dtype=np.int64)
+        decode = ~prefill_step
+        keys[decode] = _bucket_keys(np.asarray(sequences, dtype=np.int64)[decode], _decode_bucket)
+        with_cached = prefill_step & (np.asarray(cached) > 0) if self.cached_prefill else np.zeros(n, dtype=bool)
+        keys[with_cached] = _bucket_keys(np.asarray(cached, dtype=np.int64)[with_cached], _cached_bucket)
+        bucketed = np.flatnonzero(decode | with_cached)
+        found, first_at = np.unique(keys[bucketed], return_index=True)
+        groups: dict[bool, list] = {False: [], True: []}  # decode buckets, cached-context buckets (keys below 0)
+        for key in found[np.argsort(first_at)].tolist():
+            at = bucketed[keys[bucketed] == key]
+            offers = self.bucket_seen.get(key, 0)
+            self.bucket_seen[key] = offers + len(at)
+            groups[key < 0].append((self.buckets.setdefault(key, []), offers, at))
+        writes = (strata_writes + self._offer_group(self._bucket_rng, BUCKET_ITERATIONS, groups[False])
+                  + self._offer_group(self._cached_rng, BUCKET_ITERATIONS, groups[True]))
+        for items, slot, i in writes:
+            if slot is None:
+                items.append(i)
+            else:
+                items[slot] = i
+        made: dict[int, tuple] = {}
+        written = {id(items): items for items, _, _ in writes}
+        for items in written.values():  # the kept steps, made once each (a step may be in a stratum and a bucket)
+            for slot, item in enumerate(items):
+                if isinstance(item, int):
+                    if item not in made:
+                        batch, tasks = make(item)
+                        made[item] = (first + item, "prefill" if prefill_step[item] else "decode", batch, tasks)
+                    items[slot] = made[item]
+
+    @staticmethod
+    def _offer_group(rng, size: int, reservoirs: list) -> list:
+        """The writes of the offers to reservoirs of ``size`` steps drawing from one generator ``rng``, each given
+        as ``(items, its offers so far, the positions of the steps offered to it)``: ``(items, slot, position)`` in
+        step order (slot None: appended), as :meth:`_offer` makes them one step at a time."""
+        if not reservoirs:
+            return []
+        positions = np.concatenate([at for _, _, at in reservoirs])
+        seen = np.concatenate([offers + 1 + np.arange(len(at)) for _, offers, at in reservoirs])
+        owner = np.concatenate([np.full(len(at), r) for r, (_, _, at) in enumerate(reservoirs)])
+        order = np.argsort(positions, kind="stable")
+        positions, seen, owner = positions[order], seen[order], owner[order]
+        full = seen > size  # the reservoir held `size` steps before this offer: it draws
+        slots = np.full(len(positions), -1, dtype=np.int64)
+        if full.any():
+            slots[full] = rng.integers(0, seen[full])
+        return [(reservoirs[r][0], int(j) if f else None, i)
+                for r, f, j, i in zip(owner.tolist(), full.tolist(), slots.tolist(), positions.tolist())
+                if not f or j < size]
 
     @property
     def items(self) -> list:
@@ -559,6 +630,24 @@ class Reservoir:
         kept = {item[0] for item in self.items}
         steps = {item[0]: item for items in self.buckets.values() for item in items if item[0] not in kept}
         return [steps[k] for k in sorted(steps)]
+
+
+def _decode_bucket(sequences: int) -> int:
+    """The bucket reservoir of a decode-only step of ``sequences`` sequences (its FFN's tokens): each
+    :func:`few_tokens` count its own, then one a power of two."""
+    return sequences if sequences <= FEW_TOKENS else FEW_TOKENS + sequences.bit_length()
+
+
+def _cached_bucket(cached: int) -> int:
+    """The bucket reservoir of a prefill step whose chunks' largest cached context is ``cached`` > 0 tokens: one a
+    power of two, keys below 0 (apart from the decode buckets')."""
+    return -int(cached).bit_length()
+
+
+def _bucket_keys(values: np.ndarray, key: Callable[[int], int]) -> np.ndarray:
+    """``key`` of each of ``values`` (int64; computed once per distinct value)."""
+    distinct, inverse = np.unique(values, return_inverse=True)
+    return np.array([key(int(v)) for v in distinct], dtype=np.int64)[inverse]
 
 
 def calibrate(exact: FastLatency, samples: list, seed: int, hold_out: bool = True,

@@ -69,14 +69,14 @@ def ep_reference(size: int, spec: LayerSpec) -> Reference:
     and at ``b / 2 + 1`` tokens, both under the bucket's knobs (:func:`stepsim.serve.fast_mapped.simulated_point`).
     Memoised a process."""
     from stepsim.mapping import kinds
-    from stepsim.mapping.expert_parallel import ep_schedule
+    from stepsim.mapping.expert_parallel import search_knobs
     from stepsim.mapping.mapper import bucket
 
     b = bucket(size)
     model, chips = spec.ffn_model, spec.system.chips
 
     def make():
-        knobs, _ = ep_schedule(b, model, spec.system, spec.hardware)
+        knobs = search_knobs(b, model, spec.system, spec.hardware)
         routings = [kinds.ffn.ffn_routing(b, model, s) for s in range(kinds.ffn.ffn_samples(b))]
         loads = np.array([ep_loads(r[:, None, :], model.experts, chips, knobs)[0] for r in routings])
         chip_rep, region_rep = float(loads[:, 4].mean()), float(loads[:, 3].mean())

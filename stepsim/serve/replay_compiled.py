@@ -259,8 +259,8 @@ class CompiledLoop:
     def __init__(self, kr, total, scheduler, provider, params, constant_s, progress, stop, decode_pool):
         self.kr, self.params, self.constant_s, self.progress = kr, params, constant_s, progress
         self.provider = provider
-        # a calibration's pilot replay: every step offered to the provider's reservoir (_record), the loop
-        # returning after each; the reservoir as it was, for the reference loop should it take over
+        # a calibration's pilot replay: every step offered to the provider's reservoir (_record) whenever the loop
+        # returns; the reservoir as it was, for the reference loop should it take over
         self.recorder = getattr(provider, "recorder", None)
         self.recorded = 0
         self.fresh_recorder = None if self.recorder is None else copy.deepcopy(self.recorder)
@@ -281,8 +281,11 @@ class CompiledLoop:
         cfg[kr.C_USABLE] = scheduler.usable
         cfg[kr.C_WATERMARK] = scheduler.watermark
         cfg[kr.C_PAUSE] = PAUSE_STEPS if progress is not None else np.iinfo(np.int64).max
+        # a pilot's steps' batches (cfg[C_RECORD]): room for a step of every known request besides 2^16 columns
+        self.record = np.zeros((2, 1), dtype=np.int64)
         if self.recorder is not None:
-            cfg[kr.C_PAUSE] = 1
+            cfg[kr.C_RECORD] = 1
+            self.record = np.zeros((2, (1 << 16) + min(config.max_num_seqs, total)), dtype=np.int64)
         cfg[kr.C_DECODE_POOL] = int(decode_pool)
         st = self.st = np.zeros(kr.S_ROWS, dtype=np.int64)
         st[kr.S_FREE] = scheduler.free
@@ -366,7 +369,7 @@ class CompiledLoop:
                                     self.seen, mapped["pm"], mapped["buckets_i"], mapped["buckets_f"],
                                     mapped["proj"], mapped["expert_of_rank"], mapped["rank_of_expert"],
                                     mapped["need"], mapped["res"], mapped["mloads"], mapped["counts"],
-                                    mapped["regions"], mapped["pc"])
+                                    mapped["regions"], mapped["pc"], self.record)
             if routing is not None:
                 routing._used = int(st[kr.S_STARTS_USED])
             if self.recorder is not None and st[kr.S_STEPS] > self.recorded:
@@ -406,25 +409,38 @@ class CompiledLoop:
                 self.progress(int(st[kr.S_DONE]), int(st[kr.S_STEPS]))
 
     def _record(self) -> None:
-        """Offer the step just made to the provider's recorder, as its ``__call__`` would have: the step's
-        :class:`~stepsim.serve.latency.IterationBatch` (the batch the loop left in its queues, each request's cached
-        tokens in ``ctx``), whether it has a prefill chunk, and its tasks, made only for a step kept (the FFN's from
-        the routing window the step drew, :meth:`_ffn_tasks`)."""
+        """Offer the steps made since the last call to the provider's reservoir, as its ``__call__`` would have
+        been offered them one by one (:meth:`~stepsim.serve.fast.Reservoir.offer_steps`): each step's
+        :class:`~stepsim.serve.latency.IterationBatch` (its sequences' cached and new tokens, which the loop appended
+        to ``record``), whether it has a prefill chunk, and its tasks, made only for a step kept (the FFN's from the
+        routing window the step drew, :meth:`_ffn_tasks`; the loop returns at least before the starts are drawn
+        again, so the steps drew the rows before ``st[S_STARTS_USED]``, one each)."""
         from stepsim.serve.latency import IterationBatch
 
-        kr, st, k = self.kr, self.st, self.recorded
-        self.recorded += 1
-        m = int(st[kr.S_BATCH])
-        new = self.queues[5, :m]
-        batch = IterationBatch(self.ctx[:m].tolist(), new.tolist(), int(self.steps_i[kr.I_PREFILL, k]),
-                               int(self.steps_i[kr.I_DECODE, k]))
-        row = None
-        if self.routing is not None:  # the window the step drew: its row of the starts
-            row = self.starts[int(st[kr.S_STARTS_USED]) - 1].copy()
-        tokens = batch.prefill_tokens + batch.decode_tokens
+        kr, st, steps_i = self.kr, self.st, self.steps_i
+        first, stop = self.recorded, int(st[kr.S_STEPS])
+        self.recorded = stop
+        sequences = steps_i[kr.I_SEQUENCES, first:stop]
+        ends = np.cumsum(sequences)
+        begins = ends - sequences
+        recorded = int(st[kr.S_RECORDED])
+        st[kr.S_RECORDED] = 0
+        ctx, new = self.record[kr.RC_CONTEXT, :recorded].copy(), self.record[kr.RC_NEW, :recorded].copy()
+        chunk = new != 1
+        prefill_step = np.add.reduceat(chunk, begins) > 0
+        cached = np.maximum.reduceat(np.where(chunk, ctx, 0), begins)
+        starts_used = int(st[kr.S_STARTS_USED])
         provider = self.provider
-        self.recorder(batch, bool((new != 1).any()),
-                      lambda: provider.tasks(batch, self._ffn_tasks(tokens, row)()))
+
+        def make(i: int) -> tuple:
+            k, span = first + i, slice(int(begins[i]), int(ends[i]))
+            batch = IterationBatch(ctx[span].tolist(), new[span].tolist(), int(steps_i[kr.I_PREFILL, k]),
+                                   int(steps_i[kr.I_DECODE, k]))
+            row = None if self.routing is None else self.starts[starts_used - (stop - k)].copy()
+            ffn_tasks = self._ffn_tasks(batch.prefill_tokens + batch.decode_tokens, row)
+            return batch, provider.tasks(batch, ffn_tasks())[0]
+
+        self.recorder.offer_steps(prefill_step, sequences, cached, make)
 
     def _ffn_tasks(self, tokens: int, row):
         """The provider's FFN tasks of a step of ``tokens`` tokens that drew the routing window at ``row`` (the

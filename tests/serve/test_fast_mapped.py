@@ -236,19 +236,23 @@ def test_serve_maps_its_layers_by_default_on_sn40l_only(tiny, tmp_path):
 
 @pytest.mark.parametrize("schedule", ["auto", "paper"])
 def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tiny, tmp_path, monkeypatch, schedule):
-    """A calibration's two pilot replays run in the compiled loop, which offers every step to the provider's
-    reservoir as its ``__call__`` does (stepsim/serve/replay_compiled.py ``CompiledLoop._record``): the calibration
+    """A calibration's two pilot replays run in the compiled loop, which offers its steps to the provider's
+    reservoir each time it returns, as many calls of its ``__call__`` would (stepsim/serve/replay_compiled.py
+    ``CompiledLoop._record``, ``Reservoir.offer_steps``): the calibration
     (coefficients, held-out errors, forms, simulations) is the Python loop's bit for bit, on mapped layers
     (MappedFastLatency) and on the paper's (FastLatency)."""
-    from stepsim.serve import replay_compiled, replay_mapped
+    from stepsim.serve import replay_mapped
     from stepsim.serve.calibration_cache import load_calibration
+    from stepsim.serve.fast import Reservoir
 
     rng = np.random.default_rng(5)
     trace = requests_file(tmp_path / "t.parquet", np.sort(rng.uniform(0, 0.003, 24)), rng.integers(5, 60, 24),
                           rng.integers(2, 16, 24))
-    recorded = []
-    real_record = replay_compiled.CompiledLoop._record
-    monkeypatch.setattr(replay_compiled.CompiledLoop, "_record", lambda self: recorded.append(real_record(self)))
+    offered = []  # the steps of each offer_steps call
+    real_offer = Reservoir.offer_steps
+    monkeypatch.setattr(Reservoir, "offer_steps",
+                        lambda self, prefill_step, *rest: (offered.append(len(prefill_step)),
+                                                           real_offer(self, prefill_step, *rest)))
 
     def calibration(folder):
         run = stepsim.serve(str(tiny), trace, fidelity="fast", schedule=schedule, calibration_cache=folder)
@@ -258,13 +262,14 @@ def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tin
         return record, run.summary["iterations"]
 
     compiled = calibration(tmp_path / "compiled")
-    steps = len(recorded)
+    steps, calls = sum(offered), len(offered)
     monkeypatch.setattr(replay_mapped, "recordable", lambda provider: provider.recorder is None)
     monkeypatch.setattr(fast_mapped, "_MEMO", {})  # the templates made again, as the first calibration made them
     monkeypatch.setattr(stepsim.serve.exact, "_RUNNERS", {})
     python = calibration(tmp_path / "python")
-    assert len(recorded) == steps  # the second calibration's pilots all in the Python loop
+    assert len(offered) == calls  # the second calibration's pilots all in the Python loop
     assert compiled == python
     # every step of both pilots offered (the first priced by the bounds, the second by its fit: their step counts
-    # differ), as the Python loop offered them
+    # differ), as the Python loop offered them, many a call
     assert (steps, compiled[1]) == ({"auto": 331, "paper": 306}[schedule], {"auto": 165, "paper": 155}[schedule])
+    assert calls < steps / 4

@@ -168,6 +168,53 @@ def test_the_reservoir_keeps_prefill_steps_by_their_cached_context_on_mapped_lay
             assert 25 in {item[0] for item in reservoir.items + reservoir.extra}
 
 
+@pytest.mark.parametrize("cached_prefill", [False, True])
+def test_steps_offered_many_at_a_time_leave_the_reservoir_as_one_by_one(cached_prefill):
+    """``Reservoir.offer_steps`` (the compiled pilot's offers, many steps a call) leaves the reservoirs, their
+    counts, their buckets in the order met and the generators as ``__call__`` step by step does, over thousands of
+    steps (every reservoir full, most offers drawing) cut into random runs, and makes only the steps still kept."""
+    from stepsim.serve.fast import Reservoir
+
+    rng = np.random.default_rng(7)
+    n = 4000
+    prefill = rng.random(n) < 0.15
+    sequences = np.where(rng.random(n) < 0.6, 1, rng.integers(1, 70, n))
+    batches = []
+    for i in range(n):
+        if prefill[i]:
+            context = rng.integers(0, 3000, sequences[i]) * (rng.random(sequences[i]) < 0.5)
+            new = rng.integers(1, 300, sequences[i])
+        else:
+            context, new = rng.integers(1, 3000, sequences[i]), np.ones(sequences[i], dtype=np.int64)
+        batches.append(IterationBatch(context.tolist(), new.tolist(), int(new[new != 1].sum()), int((new == 1).sum())))
+    one = Reservoir(5, seed=3, cached_prefill=cached_prefill)
+    for i, batch in enumerate(batches):
+        one(batch, bool(prefill[i]), lambda i=i: ([("step", i)], None))
+    many = Reservoir(5, seed=3, cached_prefill=cached_prefill)
+    made = []
+    cuts = np.sort(rng.choice(np.arange(1, n), size=40, replace=False))
+    for begin, end in zip([0, *cuts], [*cuts, n]):
+        cached = np.array([max((c for c, t in zip(b.context_tokens, b.new_tokens) if t != 1), default=0)
+                           for b in batches[begin:end]])
+
+        def make(i, begin=begin):
+            made.append(begin + i)
+            return batches[begin + i], [("step", begin + i)]
+        many.offer_steps(prefill[begin:end], sequences[begin:end], cached, make)
+    assert (many.strata, many.seen, many.steps) == (one.strata, one.seen, one.steps)
+    assert list(many.buckets.items()) == list(one.buckets.items())
+    assert list(many.bucket_seen.items()) == list(one.bucket_seen.items())
+    for name in ("_rng", "_bucket_rng", "_cached_rng"):
+        assert getattr(many, name).bit_generator.state == getattr(one, name).bit_generator.state
+    assert one.seen["decode"] > 100 * 5 and len(one.buckets) > 8  # the reservoirs drew, most of the offers
+    assert len(made) == len(set(made)) < 600  # the kept steps of each call, once each
+    # what offer_steps rests on: NumPy draws an array of bounds as it draws them one at a time
+    bounds = 1 + (rng.integers(1, 1 << 40, 3000) >> rng.integers(0, 41, 3000))  # 1 to 2^40
+    scalar, array = np.random.default_rng(11), np.random.default_rng(11)
+    assert [int(scalar.integers(0, int(b))) for b in bounds] == array.integers(0, bounds).tolist()
+    assert scalar.bit_generator.state == array.bit_generator.state
+
+
 def test_without_coefficients_every_piece_is_priced_at_its_bound(tmp_path):
     """The first calibration pass (theta None) prices each piece by ``ceil(max(HBM bound, compute bound))`` of
     its own metrics, the FFN too (its bound is not its last regressor: the few-token indicators follow it)."""

@@ -225,3 +225,17 @@ def test_fast_on_mapped_expert_parallel_chips_against_exact(tmp_path, shared_tra
     # -0.44 / -0.10 % until the blocks' weights streamed ahead, the same day: projections.ep_block_traffic)
     assert diff == {"ttft p50": 1.39, "ttft p99": -0.46, "tpot p50": -0.71, "tpot p99": 0.39}
     assert error == {"iteration_p50": 0.27, "iteration_p95": 1.6, "iteration_max": 1.74}  # 2.30 / 2.63 until then
+
+
+@pytest.mark.parametrize("system", ["ring-2", "ring-4"])
+def test_a_buckets_fast_reference_takes_the_knobs_its_exact_pieces_take(tmp_path, system):
+    """``ep_reference`` takes a bucket's searched knobs (``search_knobs``) without fitting them to the bucket's
+    representative routing again: the search fitted them there, so ``ep_schedule`` at the bucket's own token count
+    (what the exact pieces are built with) returns them unchanged."""
+    from stepsim.mapping.expert_parallel import ep_schedule
+    from stepsim.serve.fast_mapped_ep import ep_reference
+
+    model = _model(tmp_path, False)
+    spec = LayerSpec(model, SN40L, max_kv_rows(64), _system(system), "auto")
+    for b in (1, 4, 16, 64):
+        assert ep_reference(b, spec).knobs == ep_schedule(b, model.moe, spec.system, SN40L)[0]
