@@ -208,7 +208,8 @@ CH_LK_OUT = 19  # on a Link's input: the output channel of the same transfer (-1
 CH_LK_IN = 20  # on a Link's output: the input channel of the same transfer (-1: not a Link's output)
 CH_LK_FIRST = 21  # on a Link's input: the Link's first input channel, whose CH_LK_HEAD heads that list
 CH_LK_HEAD = 22  # on a Link's first input: the first input on the Link's list of changed ones (-1: none)
-N_CH = 23
+CH_LK_K = 23  # on a Link's input: its transfer's index k (input k, output k)
+N_CH = 24
 
 # ------------------------------------------------------------------------------------ unit state columns
 US_CLOCK = 0

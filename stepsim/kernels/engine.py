@@ -200,6 +200,79 @@ def _wake(us, wl, wl_n, v):
     return wl_n
 
 
+@kernel
+def _producer_side(us, chs, ch_prod, wl, wl_n, c):
+    """After c's consumer stepped (it may have popped c): c's producer's decision time is stale, and it is woken if
+    it waits for room in c and c has some. reads/writes: us, wl / returns: the new worklist length."""
+    v = ch_prod[c]
+    us[v, A.US_TS_FRESH] = 0
+    if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_FULL and can_push(chs, c):
+        wl_n = _wake(us, wl, wl_n, v)
+    return wl_n
+
+
+@kernel
+def _consumer_side(us, chs, ch_cons, wl, wl_n, c):
+    """After c's producer stepped (it may have pushed to or closed c): c's consumer's decision time is stale, and
+    it is woken if it waits on c and c has a head or is closed. reads/writes: us, wl / returns: the new worklist
+    length."""
+    v = ch_cons[c]
+    us[v, A.US_TS_FRESH] = 0
+    if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_EMPTY and (
+            can_pop(chs, c) or chs[c, A.CH_CLOSED] == 1):
+        wl_n = _wake(us, wl, wl_n, v)
+    return wl_n
+
+
+#: the most transfers on a Link's list of changed ones for which :func:`_link_neighbours` looks at those alone
+LINK_WAKE_LIST = 16
+
+
+@kernel
+def _link_neighbours(u, up, us, in_ch, chs, ch_prod, ch_cons, wl, wl_n):
+    """After Link u stepped (and did not finish): :func:`_producer_side` of the inputs and :func:`_consumer_side`
+    of the outputs of the transfers on its list of changed ones only, in the order the loops over every channel
+    take them (the inputs by transfer, then the outputs); -1 when the list holds more than :data:`LINK_WAKE_LIST`
+    transfers (the caller loops over every channel).
+
+    The same wake-ups in the same order: a Link's step changes only channels of its transfers, and each push, pop
+    or close lists its transfer (:func:`stepsim.kernels.channels.link_transfer_changed`; the list may also hold
+    transfers others changed before the step, looked at as the full loops look at them). Across a channel the step
+    did not change, a wake-up's condition is what it was before the step: false (a unit is woken the moment its
+    condition holds), and the decision time of the unit across it still holds. Why: a 16-chip all-to-all's Links
+    carry hundreds of transfers, and both loops over every one after every element a Link carried were about a
+    third of an expert-parallel layer's engine time (bench/README.md, session 55). A run with
+    ``reuse_scans=False`` takes the full loops: tests/reference/test_scan_reuse.py compares the two.
+
+    reads: the list (chs[:, CH_LK_*]) / writes: us, wl / returns: the new worklist length or -1."""
+    first = in_ch[up[u, A.UP_IN_START]]
+    listed = 0
+    c = chs[first, A.CH_LK_HEAD]
+    while c >= 0:
+        listed += 1
+        if listed > LINK_WAKE_LIST:
+            return -1
+        c = chs[c, A.CH_LK_NEXT]
+    for side in range(2):
+        last = -1
+        for _ in range(listed):  # the listed transfers by index: the least above the last one each time
+            k_next = up[u, A.UP_N_IN]
+            c_next = -1
+            c = chs[first, A.CH_LK_HEAD]
+            while c >= 0:
+                k = chs[c, A.CH_LK_K]
+                if last < k < k_next:
+                    k_next = k
+                    c_next = c
+                c = chs[c, A.CH_LK_NEXT]
+            last = k_next
+            if side == 0:
+                wl_n = _producer_side(us, chs, ch_prod, wl, wl_n, c_next)
+            else:
+                wl_n = _consumer_side(us, chs, ch_cons, wl, wl_n, chs[c_next, A.CH_LK_OUT])
+    return wl_n
+
+
 @inline_kernel
 def _earliest_hbm(eng, hq):
     """The HBM (one per chip) with the earliest tick, which may serve ticks up to the earliest other event; for
@@ -270,19 +343,18 @@ def event_loop(up, us, in_ptr, in_ch, out_ptr, out_ch, ch_prod, ch_cons, chs, sl
                 for k in range(out_ptr[u], out_ptr[u + 1]):
                     c = out_ch[k]
                     close(chs, c, us[u, A.US_CLOCK])  # unless closed: a Link closes each transfer's output itself
-            for k in range(in_ptr[u], in_ptr[u + 1]):
-                c = in_ch[k]
-                v = ch_prod[c]
-                us[v, A.US_TS_FRESH] = 0  # u may have popped c: its producer's output changed
-                if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_FULL and can_push(chs, c):
-                    wl_n = _wake(us, wl, wl_n, v)
-            for k in range(out_ptr[u], out_ptr[u + 1]):
-                c = out_ch[k]
-                v = ch_cons[c]
-                us[v, A.US_TS_FRESH] = 0  # u may have pushed to or closed c: its consumer's input changed
-                if us[v, A.US_WAIT_CH] == c and us[v, A.US_WAIT_KIND] == A.WAIT_EMPTY and (
-                        can_pop(chs, c) or chs[c, A.CH_CLOSED] == 1):
-                    wl_n = _wake(us, wl, wl_n, v)
+            woke = -1
+            if not rescan and r != A.STEP_DONE and up[u, A.UP_OPCODE] == A.OP_LINK and up[u, A.UP_N_IN] > 0:
+                woke = _link_neighbours(u, up, us, in_ch, chs, ch_prod, ch_cons, wl, wl_n)
+            if woke >= 0:  # a Link: only across the transfers its step changed
+                wl_n = woke
+            else:
+                for k in range(in_ptr[u], in_ptr[u + 1]):
+                    c = in_ch[k]
+                    wl_n = _producer_side(us, chs, ch_prod, wl, wl_n, c)
+                for k in range(out_ptr[u], out_ptr[u + 1]):
+                    c = out_ch[k]
+                    wl_n = _consumer_side(us, chs, ch_cons, wl, wl_n, c)
             if events >= stop_events:
                 status = A.ST_MAX_EVENTS
                 break

@@ -120,6 +120,7 @@ def link_cache_init(up, in_ch, out_ch, chs, us):
             chs[c, A.CH_LK_OUT] = o
             chs[o, A.CH_LK_IN] = c
             chs[c, A.CH_LK_FIRST] = first
+            chs[c, A.CH_LK_K] = k
             chs[c, A.CH_LK_VAL] = A.NEVER
             chs[c, A.CH_LK_NEXT] = changed
             changed = c
