@@ -42,17 +42,24 @@ class ShapePricer:
         self._price_memos: dict[int, dict] = {}
 
     def calibrate(self, reference_file, slo: str) -> dict:
-        """Serve the reference run with ``--fidelity fast`` (calibrating it, or reading its calibration from the
-        cache) and keep the calibration; returns the run's summary."""
+        """Calibrate ``--fidelity fast`` on the reference run (or read its calibration from the cache) and keep the
+        calibration; returns the summary of a run served with it.
+
+        Served is the reference run's first request alone, priced by the reference run's calibration (serve's
+        ``calibration_requests``: the same key and record as serving the whole run): the plan keeps the calibration
+        and the summary's KV cache, not the run, whose replay was 15-20 s a shape of the full-size plan's
+        calibration tasks (bench/README.md, session 55)."""
         from stepsim.serve.api import default_schedule, resolve_serving_hardware, serve
+        from stepsim.trace_io.requests import read_requests
 
         # the layers serve prices a run of this shape with (its --schedule default): mapped on sn40l chips, the
         # paper's elsewhere; provider() rebuilds the matching provider, the commands and the verification name it
         self.schedule = default_schedule(resolve_serving_hardware(self.hardware_name), "fast")
         # report_layers=False: the plan keeps the run's calibration and summary, not its per-bucket schedules
-        result = serve(self.model_arg, reference_file, fidelity="fast", schedule=self.schedule, slo=slo,
-                       hardware=self.hardware_name, system=self.system_name, calibration_cache=self.cache,
-                       seed=self.seed, report_layers=False)
+        result = serve(self.model_arg, read_requests(reference_file).head(1), fidelity="fast",
+                       schedule=self.schedule, slo=slo, hardware=self.hardware_name, system=self.system_name,
+                       calibration_cache=self.cache, seed=self.seed, report_layers=False,
+                       calibration_requests=reference_file)
         return self.adopt(result.summary, self.schedule)
 
     def adopt(self, summary: dict, schedule: str) -> dict:
