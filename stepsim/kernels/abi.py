@@ -209,7 +209,11 @@ CH_LK_IN = 20  # on a Link's output: the input channel of the same transfer (-1:
 CH_LK_FIRST = 21  # on a Link's input: the Link's first input channel, whose CH_LK_HEAD heads that list
 CH_LK_HEAD = 22  # on a Link's first input: the first input on the Link's list of changed ones (-1: none)
 CH_LK_K = 23  # on a Link's input: its transfer's index k (input k, output k)
-N_CH = 24
+# a Link's tree of its transfers' least ready times (kernels.units_link._tree_node): internal node i of its n
+# transfers' tree on input i's row when i < n, else on input i - n's
+CH_LK_TREE_LO = 24
+CH_LK_TREE_HI = 25
+N_CH = 26
 
 # ------------------------------------------------------------------------------------ unit state columns
 US_CLOCK = 0

@@ -47,6 +47,7 @@ R_LINK_BYTES = A.US_R0 + 1  # bytes carried so far (read by kernels.api for the 
 R_LINK_BEST = A.US_R0 + 2  # the least CH_LK_VAL of its inputs (NEVER: none)
 R_LINK_CLOSED = A.US_R0 + 3  # its inputs closed and empty
 R_LINK_LAST_CLOSE = A.US_R0 + 4  # the latest close time of those (0: none)
+R_LINK_LEAVES = A.US_R0 + 5  # its tree's leaves: the least power of two >= max(2, transfers) (_tree_node)
 # R_DECIDE (US_R0 + 8, shared with EagerMerge): the decision time the engine sets, -1 while none
 
 
@@ -128,49 +129,86 @@ def link_cache_init(up, in_ch, out_ch, chs, us):
         us[u, R_LINK_BEST] = A.NEVER
         us[u, R_LINK_CLOSED] = 0
         us[u, R_LINK_LAST_CLOSE] = 0
+        leaves = 2
+        while leaves < up[u, A.UP_N_IN]:
+            leaves *= 2
+        us[u, R_LINK_LEAVES] = leaves
+        for i in range(1, leaves):
+            _set_tree_node(up, in_ch, chs, u, i, A.NEVER)
+
+
+@kernel
+def _tree_node(up, in_ch, chs, u, leaves, i):
+    """Node ``i`` of Link u's tree of its transfers' cached ready times (heap numbering: node 1 the root, node
+    ``leaves + k`` transfer k's CH_LK_VAL, NEVER past the last transfer; an internal node the least of its two
+    children), kept on the Link's input rows (:data:`stepsim.kernels.abi.CH_LK_TREE_LO` / ``_HI``: ``leaves`` < 2n
+    for n transfers, so every internal node has a row). reads: chs / returns: the node's value."""
+    n = up[u, A.UP_N_IN]
+    istart = up[u, A.UP_IN_START]
+    if i >= leaves:
+        return chs[in_ch[istart + i - leaves], A.CH_LK_VAL] if i - leaves < n else A.NEVER
+    if i < n:
+        return chs[in_ch[istart + i], A.CH_LK_TREE_LO]
+    return chs[in_ch[istart + i - n], A.CH_LK_TREE_HI]
+
+
+@kernel
+def _set_tree_node(up, in_ch, chs, u, i, value):
+    """Set internal node ``i`` of Link u's tree (:func:`_tree_node`). writes: chs / returns: nothing."""
+    n = up[u, A.UP_N_IN]
+    istart = up[u, A.UP_IN_START]
+    if i < n:
+        chs[in_ch[istart + i], A.CH_LK_TREE_LO] = value
+    else:
+        chs[in_ch[istart + i - n], A.CH_LK_TREE_HI] = value
+
+
+@kernel
+def _tree_update(up, in_ch, chs, u, leaves, k):
+    """Transfer k's CH_LK_VAL changed: its ancestors made the least of their children again, up to the first that
+    stays as it was (those above it stay too). writes: chs / returns: nothing."""
+    i = (leaves + k) >> 1
+    while i >= 1:
+        value = min(_tree_node(up, in_ch, chs, u, leaves, 2 * i), _tree_node(up, in_ch, chs, u, leaves, 2 * i + 1))
+        if value == _tree_node(up, in_ch, chs, u, leaves, i):
+            return
+        _set_tree_node(up, in_ch, chs, u, i, value)
+        i >>= 1
 
 
 @kernel
 def _refresh(u, up, us, in_ch, chs, slots):
     """Bring Link u's cached view up to date (:func:`link_decision_time`): look again at the transfers on its list
-    of changed ones, count those newly closed and empty, keep the least ready time.
+    of changed ones, count those newly closed and empty, and keep each one's ready time in the tree
+    (:func:`_tree_update`), whose root is the least.
 
     reads: the listed transfers' channels / writes: their chs[:, CH_LK_*], us[u, R_LINK_*] / returns: nothing.
     """
-    istart = up[u, A.UP_IN_START]
-    first = in_ch[istart]
-    best = us[u, R_LINK_BEST]
-    rescan = False
+    first = in_ch[up[u, A.UP_IN_START]]
+    leaves = us[u, R_LINK_LEAVES]
     c = chs[first, A.CH_LK_HEAD]
     chs[first, A.CH_LK_HEAD] = -1
     while c >= 0:
         after = chs[c, A.CH_LK_NEXT]
         chs[c, A.CH_LK_NEXT] = -2
-        old = chs[c, A.CH_LK_VAL]
         new = _transfer_ready(chs, slots, c, chs[c, A.CH_LK_OUT])
         if chs[c, A.CH_LK_CLOSED] == 0 and closed_empty(chs, c):  # closed and empty stays so: counted once
             chs[c, A.CH_LK_CLOSED] = 1
             us[u, R_LINK_CLOSED] += 1
             us[u, R_LINK_LAST_CLOSE] = max(us[u, R_LINK_LAST_CLOSE], chs[c, A.CH_CLOSE_TIME])
-        chs[c, A.CH_LK_VAL] = new
-        if new < best:
-            best = new
-        elif old == best and new > old:  # the least may have moved up: scanned again below
-            rescan = True
+        if new != chs[c, A.CH_LK_VAL]:
+            chs[c, A.CH_LK_VAL] = new
+            _tree_update(up, in_ch, chs, u, leaves, chs[c, A.CH_LK_K])
         c = after
-    if rescan:
-        best = A.NEVER
-        for k in range(up[u, A.UP_N_IN]):
-            best = min(best, chs[in_ch[istart + k], A.CH_LK_VAL])
-    us[u, R_LINK_BEST] = best
+    us[u, R_LINK_BEST] = _tree_node(up, in_ch, chs, u, leaves, 1)
 
 
 @kernel
 def link_decision_time(u, up, us, in_ch, chs, slots):
     """:func:`link_event_time` from the Link's cached view: only the transfers on its list of changed ones are
     looked at again (a transfer's terms read its two channels alone, and every push, pop and close of one of them
-    lists it: :func:`stepsim.kernels.channels.link_transfer_changed`); the least ready time is scanned again over
-    the cached values only when a transfer that held it got later. Why: a 16-chip all-to-all's links carry
+    lists it: :func:`stepsim.kernels.channels.link_transfer_changed`); the least ready time is the root of a tree
+    over the cached values (:func:`_tree_node`). Why: a 16-chip all-to-all's links carry
     hundreds of transfers, and looking at every one at every decision was over half of an expert-parallel layer's
     engine time. The same value, always: a run with ``reuse_scans=False`` looks at every transfer, and
     tests/reference/test_scan_reuse.py compares the two on random multi-chip programs.
@@ -244,10 +282,18 @@ def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
             if n_in > 0 and eng[E_TS_RESCAN] == 0 and us[u, R_LINK_LAST_CLOSE] <= T:
                 # from the cached view: a transfer is ready by T iff its cached ready time is (a closed one's is
                 # its close time while its output is open), and every closed and empty one closed by T, so
-                # those are the transfers not open
-                for k in range(n_in):
-                    c = in_ch[istart + k]
-                    if chs[c, A.CH_LK_VAL] <= T:
+                # those are the transfers not open. They are the tree's leaves <= T, visited by transfer, into the
+                # subtrees whose least is <= T only: a 16-chip all-to-all's Link carries hundreds of transfers,
+                # few of them ready at once (bench/README.md, session 55)
+                leaves = us[u, R_LINK_LEAVES]
+                i = 1
+                while i > 0:
+                    if _tree_node(up, in_ch, chs, u, leaves, i) <= T:
+                        if i < leaves:
+                            i *= 2  # its left child first
+                            continue
+                        k = i - leaves  # < n_in: a leaf past the last transfer holds NEVER, and T < NEVER
+                        c = in_ch[istart + k]
                         if can_pop(chs, c):
                             t = head_stamp(chs, slots, c)
                             if t < best:
@@ -255,6 +301,10 @@ def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
                                 chosen = k
                         else:  # transfer k ended: pass its closure on (the engine wakes the consumer after
                             close(chs, out_ch[ostart + k], us[u, A.US_CLOCK])  # this step)
+                    while i & 1:  # the next subtree to the right: up past the right children, then across
+                        i >>= 1
+                    if i > 0:
+                        i += 1
                 open_transfers = n_in - us[u, R_LINK_CLOSED]
             else:  # every transfer looked at (reuse_scans=False, or a transfer that closes after T)
                 chosen, open_transfers = _choose_scan(u, up, us, in_ch, out_ch, chs, slots, T)
