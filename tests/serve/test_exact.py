@@ -99,6 +99,22 @@ def test_provider_step_is_the_documented_sum(small_model):
     assert provider.stats()["templates"] == 3  # both layers share the FFN shape
 
 
+def test_layer_tasks_go_to_the_workers_a_shape_at_a_time():
+    """``shape_chunks``: every task once; the tasks of one (kind, shape) in one chunk (one worker builds its
+    template) unless they are more than a worker's share, then split over the workers; largest chunks first."""
+    from stepsim.serve.exact import shape_chunks
+
+    ffn = lambda tokens: ("ffn", np.zeros((tokens, 2), dtype=np.int64))  # noqa: E731
+    decode = ("decode", np.array([40, 70]))
+    calibration = [decode, ffn(9), ffn(9), ffn(5), ffn(9), decode, ffn(5), ffn(7)] * 3  # no shape dominates
+    chunks = shape_chunks(calibration, 2)
+    assert sorted(i for c in chunks for i in c) == list(range(24))
+    assert chunks == [[1, 2, 4, 9, 10, 12, 17, 18, 20], [0, 5, 8, 13, 16, 21], [3, 6, 11, 14, 19, 22], [7, 15, 23]]
+    step = [decode, *[ffn(64)] * 48]  # an exact run's step: its 48 FFN pieces one shape
+    assert shape_chunks(step, 2) == [list(range(1, 49, 2)), list(range(2, 49, 2)), [0]]
+    assert shape_chunks(step, 4) == [list(range(1 + p, 49, 4)) for p in range(4)] + [[0]]
+
+
 def _run(model, trace, out, **kw):
     return stepsim.serve(str(model), trace, out=out, fidelity="exact", schedule="paper", **kw)
 
