@@ -27,6 +27,9 @@ from stepsim.serve.scheduler import Scheduler
 
 #: steps between two progress reports when a progress callback is given
 PAUSE_STEPS = 2048
+#: sequences a calibration pilot's loop keeps of its steps' batches before it returns them to the reservoir (one
+#: step's at most besides: ``CompiledLoop.record``)
+RECORD_COLUMNS = 1 << 16
 #: most columns of a regressor row the compiled pricing takes (NumPy's pairwise sum in one block:
 #: stepsim.kernels.serve_replay.ROW_SUM_LIMIT, not imported here so that this module loads without numba)
 MAX_COLUMNS = 128
@@ -281,11 +284,11 @@ class CompiledLoop:
         cfg[kr.C_USABLE] = scheduler.usable
         cfg[kr.C_WATERMARK] = scheduler.watermark
         cfg[kr.C_PAUSE] = PAUSE_STEPS if progress is not None else np.iinfo(np.int64).max
-        # a pilot's steps' batches (cfg[C_RECORD]): room for a step of every known request besides 2^16 columns
+        # a pilot's steps' batches (cfg[C_RECORD]): room for a step of every known request besides RECORD_COLUMNS
         self.record = np.zeros((2, 1), dtype=np.int64)
         if self.recorder is not None:
             cfg[kr.C_RECORD] = 1
-            self.record = np.zeros((2, (1 << 16) + min(config.max_num_seqs, total)), dtype=np.int64)
+            self.record = np.zeros((2, RECORD_COLUMNS + min(config.max_num_seqs, total)), dtype=np.int64)
         cfg[kr.C_DECODE_POOL] = int(decode_pool)
         st = self.st = np.zeros(kr.S_ROWS, dtype=np.int64)
         st[kr.S_FREE] = scheduler.free

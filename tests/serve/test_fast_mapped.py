@@ -241,7 +241,7 @@ def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tin
     ``CompiledLoop._record``, ``Reservoir.offer_steps``): the calibration
     (coefficients, held-out errors, forms, simulations) is the Python loop's bit for bit, on mapped layers
     (MappedFastLatency) and on the paper's (FastLatency)."""
-    from stepsim.serve import replay_mapped
+    from stepsim.serve import replay_compiled, replay_mapped
     from stepsim.serve.calibration_cache import load_calibration
     from stepsim.serve.fast import Reservoir
 
@@ -254,8 +254,8 @@ def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tin
                         lambda self, prefill_step, *rest: (offered.append(len(prefill_step)),
                                                            real_offer(self, prefill_step, *rest)))
 
-    def calibration(folder):
-        run = stepsim.serve(str(tiny), trace, fidelity="fast", schedule=schedule, calibration_cache=folder)
+    def calibration(folder, **kw):
+        run = stepsim.serve(str(tiny), trace, fidelity="fast", schedule=schedule, calibration_cache=folder, **kw)
         record = load_calibration(folder, run.summary["fidelity"]["calibration"])
         timing = ("build_s", "engine_s", "pass_wall_s")  # wall clocks: the only fields that differ
         record["stats"] = {k: v for k, v in record["stats"].items() if k not in timing}
@@ -263,12 +263,21 @@ def test_a_calibrations_pilot_replays_compiled_with_the_python_loops_samples(tin
 
     compiled = calibration(tmp_path / "compiled")
     steps, calls = sum(offered), len(offered)
+    real_recordable = replay_mapped.recordable
     monkeypatch.setattr(replay_mapped, "recordable", lambda provider: provider.recorder is None)
     monkeypatch.setattr(fast_mapped, "_MEMO", {})  # the templates made again, as the first calibration made them
     monkeypatch.setattr(stepsim.serve.exact, "_RUNNERS", {})
     python = calibration(tmp_path / "python")
     assert len(offered) == calls  # the second calibration's pilots all in the Python loop
     assert compiled == python
+    # the record of the steps' batches full every few steps, and a progress bar's pauses: the same calibration
+    monkeypatch.setattr(replay_mapped, "recordable", real_recordable)
+    monkeypatch.setattr(replay_compiled, "RECORD_COLUMNS", 3)
+    offered.clear()
+    monkeypatch.setattr(fast_mapped, "_MEMO", {})
+    monkeypatch.setattr(stepsim.serve.exact, "_RUNNERS", {})
+    assert calibration(tmp_path / "small-record", progress=True) == compiled
+    assert sum(offered) == steps and len(offered) > steps / 4
     # every step of both pilots offered (the first priced by the bounds, the second by its fit: their step counts
     # differ), as the Python loop offered them, many a call
     assert (steps, compiled[1]) == ({"auto": 331, "paper": 306}[schedule], {"auto": 165, "paper": 155}[schedule])
