@@ -1,8 +1,9 @@
 """``--executor dask``: the layer pieces of a step on a ``dask.distributed`` cluster (the ``dist`` extra).
 
 The exact provider (:class:`stepsim.serve.exact.EngineLatency`) hands a step's pieces to :meth:`DaskLayers.run`,
-which deals them round-robin into one Dask task per worker (:func:`layer_share`: a piece takes milliseconds,
-about what a Dask task costs in scheduling, and one task per piece measured 12-27 % slower) and puts the results
+which deals them round-robin into one Dask task per worker (:func:`~stepsim.serve.exact.layer_tasks`: a piece
+takes milliseconds, about what a Dask task costs in scheduling, and one task per piece measured 12-27 % slower)
+and puts the results
 back in the pieces' order, so a step's cycles never depend on which worker ran which piece: the outputs are
 byte-identical to ``--jobs 1``.
 Each worker keeps its own layer templates (built once per shape per worker, per thread for thread workers).
@@ -13,12 +14,7 @@ single-threaded worker process per CPU on the loopback interface, or the schedul
 
 from __future__ import annotations
 
-from stepsim.serve.exact import layer_task
-
-
-def layer_share(spec, tasks: list) -> list:
-    """:func:`~stepsim.serve.exact.layer_task` of each ``(kind, data)`` of ``tasks``, in order (one Dask task)."""
-    return [layer_task(spec, kind, data) for kind, data in tasks]
+from stepsim.serve.exact import layer_tasks
 
 
 class DaskLayers:
@@ -40,7 +36,7 @@ class DaskLayers:
         client = self.executor.client
         shares = min(max(self.executor.jobs, 1), len(tasks))
         # pure=False: identical shares of two steps are two runs (a worker's counters are part of the result)
-        futures = [client.submit(layer_share, spec, tasks[i::shares], pure=False) for i in range(shares)]
+        futures = [client.submit(layer_tasks, spec, tasks[i::shares], pure=False) for i in range(shares)]
         results = [None] * len(tasks)
         for i, share in enumerate(client.gather(futures)):
             results[i::shares] = share

@@ -61,7 +61,7 @@ def test_exact_on_two_dask_thread_workers_is_byte_identical_to_one_job(one_job, 
     pieces = 4 * it.num_rows - it["prefill_tokens"].to_pylist().count(0) - it["decode_tokens"].to_pylist().count(0)
     assert dask.summary["fidelity"]["simulations"] == one.summary["fidelity"]["simulations"] == pieces == 66
     # one Dask task per worker and step (each step has at least 3 pieces: attention and the two layers' FFN)
-    assert len(stream.data) == 2 * it.num_rows and {t["key"].split("-")[0] for t in stream.data} == {"layer_share"}
+    assert len(stream.data) == 2 * it.num_rows and {t["key"].split("-")[0] for t in stream.data} == {"layer_tasks"}
 
 
 @pytest.mark.slow
