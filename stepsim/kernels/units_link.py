@@ -44,10 +44,9 @@ PH_DELIVER = 1
 R_LINK_CHOSEN = A.US_R0 + 0  # the transfer (input / output index) of the element in flight
 R_LINK_BYTES = A.US_R0 + 1  # bytes carried so far (read by kernels.api for the unit tables)
 # the link's cached view of its transfers (link_decision_time; per transfer: abi.CH_LK_* on its input channel)
-R_LINK_BEST = A.US_R0 + 2  # the least CH_LK_VAL of its inputs (NEVER: none)
+R_LINK_LEAVES = A.US_R0 + 2  # its tree's leaves: the least power of two >= max(2, transfers) (_tree_node)
 R_LINK_CLOSED = A.US_R0 + 3  # its inputs closed and empty
 R_LINK_LAST_CLOSE = A.US_R0 + 4  # the latest close time of those (0: none)
-R_LINK_LEAVES = A.US_R0 + 5  # its tree's leaves: the least power of two >= max(2, transfers) (_tree_node)
 # R_DECIDE (US_R0 + 8, shared with EagerMerge): the decision time the engine sets, -1 while none
 
 
@@ -126,7 +125,6 @@ def link_cache_init(up, in_ch, out_ch, chs, us):
             chs[c, A.CH_LK_NEXT] = changed
             changed = c
         chs[first, A.CH_LK_HEAD] = changed
-        us[u, R_LINK_BEST] = A.NEVER
         us[u, R_LINK_CLOSED] = 0
         us[u, R_LINK_LAST_CLOSE] = 0
         leaves = 2
@@ -200,7 +198,6 @@ def _refresh(u, up, us, in_ch, chs, slots):
             chs[c, A.CH_LK_VAL] = new
             _tree_update(up, in_ch, chs, u, leaves, chs[c, A.CH_LK_K])
         c = after
-    us[u, R_LINK_BEST] = _tree_node(up, in_ch, chs, u, leaves, 1)
 
 
 @kernel
@@ -221,7 +218,7 @@ def link_decision_time(u, up, us, in_ch, chs, slots):
     if n_in == 0:
         return decision_time(clock, A.NEVER, True, clock)
     _refresh(u, up, us, in_ch, chs, slots)
-    return decision_time(clock, us[u, R_LINK_BEST], us[u, R_LINK_CLOSED] == n_in,
+    return decision_time(clock, _tree_node(up, in_ch, chs, u, us[u, R_LINK_LEAVES], 1), us[u, R_LINK_CLOSED] == n_in,
                          max(clock, us[u, R_LINK_LAST_CLOSE]))
 
 
@@ -256,6 +253,44 @@ def _choose_scan(u, up, us, in_ch, out_ch, chs, slots, T):
 
 
 @kernel
+def _choose_cached(u, up, us, in_ch, out_ch, chs, slots, T):
+    """:func:`_choose_scan` from the cached view, brought up to date (:func:`_refresh`) and with every closed and
+    empty transfer closed by T: a transfer is ready by T iff its cached ready time is (a closed one's is its close
+    time while its output is open), and the transfers not open are the closed and empty ones. The ready ones are
+    the tree's leaves <= T, visited by transfer, into the subtrees whose least is <= T only: a 16-chip
+    all-to-all's Link carries hundreds of transfers, few of them ready at once (bench/README.md, session 55).
+
+    reads: the tree, the ready transfers' inputs / writes: the ended transfers' outputs / returns: (the chosen input
+    or -1, the transfers still open).
+    """
+    istart = up[u, A.UP_IN_START]
+    ostart = up[u, A.UP_OUT_START]
+    leaves = us[u, R_LINK_LEAVES]
+    chosen = -1
+    best = A.NEVER
+    i = 1
+    while i > 0:
+        if _tree_node(up, in_ch, chs, u, leaves, i) <= T:
+            if i < leaves:
+                i *= 2  # its left child first
+                continue
+            k = i - leaves  # < n: a leaf past the last transfer holds NEVER, and T < NEVER
+            c = in_ch[istart + k]
+            if can_pop(chs, c):
+                t = head_stamp(chs, slots, c)
+                if t < best:
+                    best = t
+                    chosen = k
+            else:  # transfer k ended: pass its closure on (the engine wakes the consumer after this step)
+                close(chs, out_ch[ostart + k], us[u, A.US_CLOCK])
+        while i & 1:  # the next subtree to the right: up past the right children, then across
+            i >>= 1
+        if i > 0:
+            i += 1
+    return chosen, up[u, A.UP_N_IN] - us[u, R_LINK_CLOSED]
+
+
+@kernel
 def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, hw, arena, eng, hfree, hq, fv, fi,
               tl):
     """reads: inputs, us[u, R_DECIDE] / writes: outputs, us[u] / returns: STEP_TIME while choosing without a
@@ -274,38 +309,10 @@ def step_link(u, up, us, in_ch, out_ch, chs, slots, payload, sel_ptr, sel_idx, h
                 return A.STEP_TIME
             us[u, R_DECIDE] = -1
             wait_input(us, u, T, -1, tl)
-            chosen = -1
-            best = A.NEVER
-            open_transfers = 0
             if n_in > 0:
                 _refresh(u, up, us, in_ch, chs, slots)
             if n_in > 0 and eng[E_TS_RESCAN] == 0 and us[u, R_LINK_LAST_CLOSE] <= T:
-                # from the cached view: a transfer is ready by T iff its cached ready time is (a closed one's is
-                # its close time while its output is open), and every closed and empty one closed by T, so
-                # those are the transfers not open. They are the tree's leaves <= T, visited by transfer, into the
-                # subtrees whose least is <= T only: a 16-chip all-to-all's Link carries hundreds of transfers,
-                # few of them ready at once (bench/README.md, session 55)
-                leaves = us[u, R_LINK_LEAVES]
-                i = 1
-                while i > 0:
-                    if _tree_node(up, in_ch, chs, u, leaves, i) <= T:
-                        if i < leaves:
-                            i *= 2  # its left child first
-                            continue
-                        k = i - leaves  # < n_in: a leaf past the last transfer holds NEVER, and T < NEVER
-                        c = in_ch[istart + k]
-                        if can_pop(chs, c):
-                            t = head_stamp(chs, slots, c)
-                            if t < best:
-                                best = t
-                                chosen = k
-                        else:  # transfer k ended: pass its closure on (the engine wakes the consumer after
-                            close(chs, out_ch[ostart + k], us[u, A.US_CLOCK])  # this step)
-                    while i & 1:  # the next subtree to the right: up past the right children, then across
-                        i >>= 1
-                    if i > 0:
-                        i += 1
-                open_transfers = n_in - us[u, R_LINK_CLOSED]
+                chosen, open_transfers = _choose_cached(u, up, us, in_ch, out_ch, chs, slots, T)
             else:  # every transfer looked at (reuse_scans=False, or a transfer that closes after T)
                 chosen, open_transfers = _choose_scan(u, up, us, in_ch, out_ch, chs, slots, T)
             if chosen < 0:
