@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 EXECUTORS = ("local", "dask")
 #: tasks kept submitted per worker: one running plus one queued, so a worker never waits for the parent
 IN_FLIGHT_PER_WORKER = 2
+#: ``os.nice`` increment of :meth:`LocalExecutor.background`'s workers: the lowest priority
+IDLE_NICENESS = 19
 
 
 class WorkerLostError(StepsimError):
@@ -83,6 +85,19 @@ class WindowedExecutor(ABC):
         for future in futures:
             future.cancel()
 
+    def background(self, task: Task):
+        """Start ``task`` at low priority, beside :meth:`imap_unordered`'s tasks, which it must not delay (a
+        plan's offered runs between its waves' parts); its future, for :meth:`outcome`."""
+        return self._submit(task)
+
+    def drop(self, future) -> None:
+        """Cancel :meth:`background`'s ``future`` unless it runs already (then it ends, its outcome unread)."""
+        self._cancel([future])
+
+    def outcome(self, future, task: Task, in_flight: int) -> dict:
+        """The outcome of ``task``'s ``future`` (waiting for it; ``in_flight``: tasks submitted, for messages)."""
+        return self._outcome(future, task, in_flight)
+
     def imap_unordered(self, tasks: Iterable[Task], *, in_flight: int | None = None) -> Iterator[tuple[Task, dict]]:
         """Yield ``(task, outcome)`` as tasks finish (completion order, not grid order).
 
@@ -124,12 +139,13 @@ class WindowedExecutor(ABC):
         return f"{self.name}, {self.jobs} worker{'s' if self.jobs != 1 else ''}"
 
 
-def local_worker_pool(jobs: int, *, warm_kernels: bool) -> ProcessPoolExecutor:
+def local_worker_pool(jobs: int, *, warm_kernels: bool, niceness: int = 0) -> ProcessPoolExecutor:
     """``jobs`` worker processes forked from the fork server (started here unless a command started it earlier),
-    each set up by :func:`stepsim.batch.tasks.init_local_worker` with this process's settings and folder."""
+    each set up by :func:`stepsim.batch.tasks.init_local_worker` with this process's settings and folder, its CPU
+    priority lowered by ``niceness`` (``os.nice``)."""
     return ProcessPoolExecutor(max_workers=jobs, mp_context=start_fork_server(warm_kernels=warm_kernels),
                                initializer=init_local_worker,
-                               initargs=(warm_kernels, os.getpid(), caller_context()))
+                               initargs=(warm_kernels, os.getpid(), caller_context(), niceness))
 
 
 def kill_workers(pool: ProcessPoolExecutor) -> None:
@@ -168,7 +184,21 @@ class LocalExecutor(WindowedExecutor):
 
     def __init__(self, jobs: int, *, warm_kernels: bool):
         self.jobs = check_jobs(jobs)
+        self._warm_kernels = warm_kernels
         self._pool = local_worker_pool(jobs, warm_kernels=warm_kernels)
+        self._idle_pool = None  # background()'s workers, started on first use
+
+    def background(self, task: Task):
+        """Start ``task`` on ``jobs`` workers of their own at the lowest CPU priority (nice 19), so it takes only
+        the CPU the pool's tasks leave idle (about 1.5 % of a CPU where both want it, Linux's weights) and all of
+        it when they are done: a task waiting behind one started in a gap would wait for all of it (the full-size
+        plan's searches took 20 s longer that way)."""
+        if self._idle_pool is None:
+            self._idle_pool = local_worker_pool(self.jobs, warm_kernels=self._warm_kernels, niceness=IDLE_NICENESS)
+        try:
+            return self._idle_pool.submit(self.task_function or run_task, task.config, task.force)
+        except BrokenProcessPool as exc:
+            raise self._lost(task) from exc
 
     def _submit(self, task: Task):
         try:
@@ -197,9 +227,13 @@ class LocalExecutor(WindowedExecutor):
     def close(self) -> None:
         # cancel_futures: queued tasks are dropped; running ones finish (their results are not collected)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._idle_pool is not None:  # a background task still running was dropped: not waited for
+            kill_workers(self._idle_pool)
 
     def abort(self) -> None:
         """Kill the workers mid-task: after a stop their results would be dropped, and a simulation can
         take minutes, which Ctrl-C should not wait for. Workers write nothing, so nothing is left half-written.
         """
-        kill_workers(self._pool)
+        for pool in (self._pool, self._idle_pool):
+            if pool is not None:
+                kill_workers(pool)

@@ -101,7 +101,7 @@ def _take_caller_context(context: tuple[dict[str, str], str]) -> None:
 
 
 def init_local_worker(warm_kernels: bool, parent_pid: int | None = None,
-                      context: tuple[dict[str, str], str] | None = None) -> None:
+                      context: tuple[dict[str, str], str] | None = None, niceness: int = 0) -> None:
     """Initializer of a local pool worker: take the caller's settings (``context``, from :func:`caller_context`),
     leave Ctrl-C and SIGTERM to the parent, exit when the parent is gone, load the kernels if tasks simulate.
 
@@ -110,8 +110,11 @@ def init_local_worker(warm_kernels: bool, parent_pid: int | None = None,
     SIGKILL: they write nothing), instead of each worker printing a KeyboardInterrupt traceback or dying
     before the parent has written what it holds. A parent killed with SIGKILL cannot stop its workers: each
     one watches ``parent_pid`` and exits when it is gone, so no worker outlives its sweep. The collector's
-    thresholds are the program's (:mod:`stepsim.base.collector`).
+    thresholds are the program's (:mod:`stepsim.base.collector`). ``niceness``: how much to lower its CPU
+    priority (``os.nice``; 0 keeps the parent's).
     """
+    if niceness:
+        os.nice(niceness)
     if context is not None:
         _take_caller_context(context)
     tune_process()  # a worker is stepsim's own process, as the program's (stepsim.base.collector)

@@ -220,13 +220,11 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     # (plan/disaggregated.py), not by its own chips'
     shapes = list(dict.fromkeys((d.hardware, d.chips_per_replica) for d in deps if not d.disaggregate))
     systems = {shape: next(d.system for d in deps if (d.hardware, d.chips_per_replica) == shape) for shape in shapes}
-    # the most chips first: the longest calibrations start first, so two workers' last ones end closer together
-    # (session 51's cold full-size plan calibrated 1, 2, 4, 8, 16 chips in that order; the 16-chip one, 19 minutes
-    # alone, started last and ended 8.6 minutes after the 8-chip one). Each is its own: the order changes none.
-    longest_first = sorted(shapes, key=lambda shape: -shape[1])
-    calibrated = dict(zip(longest_first, runner.run([
+    # the order the workers take them in (each calibration is its own: the order changes none)
+    ordered = calibration_order(shapes, runner.workers)
+    calibrated = dict(zip(ordered, runner.run([
         calibration_config(model, hw, chips, systems[(hw, chips)], cache, reference, slo)
-        for hw, chips in longest_first])))
+        for hw, chips in ordered])))
     phases: dict = {}  # wall seconds (s) of the plan's phases, in order
     phase_tasks: dict = {}  # and the seconds its tasks ran in each (on N workers, up to N times the wall)
 
@@ -273,6 +271,9 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     # tasks that each know them
     order = sorted((r for r in rows if r["error"] is None), key=lambda r: (r["chips"], -r["goodput_ub"], r["index"]))
     replays = dict.fromkeys(REPLAY_COUNTS, 0)
+    offered_task = dict(cache=cache, trace_sha256=trace_sha256, shapes=shape_configs, search_slo=searched_slo,
+                        percentile=percentile)
+    offered_runs: list = []  # the front's runs at the offered rate, started as soon as they can be (_start_offered)
     for chips in sorted({r["chips"] for r in order}):
         beat = max((r["goodput"] for r in rows if r["goodput"] is not None and r["chips"] < chips), default=-1.0)
         for part in wave_parts([r for r in order if r["chips"] == chips]):
@@ -293,14 +294,12 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                 _take(row, got)
                 for key in replays:
                     replays[key] += got[key]
+            unsettled = [r["dep"] for r in order if r["decided"] is None and r["error"] is None]
+            offered_runs += _start_offered(rows, unsettled, base.n, runner, model, offered_task)
     runner.retire_others()
     lap("searches")
     on_front = front(rows)
-    # the front's runs at the offered rate (plan.json reports them), where the search did not serve that rate: the
-    # same runs a brute force makes, counted with the replays
-    offered = _serve_offered([rows[i] for i in on_front], base.n, runner, model, cache=cache,
-                             trace_sha256=trace_sha256, shapes=shape_configs, search_slo=searched_slo,
-                             percentile=percentile)
+    offered = _collect_offered(offered_runs, on_front, runner)
     for key in replays:
         replays[key] += offered[key]
     lap("offered_runs")
@@ -340,6 +339,34 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
                                                "executor": runner.describe()})
 
 
+def calibration_order(shapes: list, workers: int) -> list:
+    """The replica shapes ``(hardware, chips)`` in the order ``workers`` workers should take their calibrations
+    (each the next in the order as it frees up) to end soonest, estimating a calibration's time as
+    ``1 + log2(chips) / 2``: the one order of the fewest estimated seconds, the closest to most chips first (every
+    order is tried, up to 8 shapes; more, most chips first).
+
+    Why: the most chips first, the longest first, leaves the shortest last; on the full-size plan of
+    bench/test_bench_plan.py (16, 8, 4, 2 and 1 chips in 430, 333, 263, 224 and 133 s on two workers, session 56:
+    close to the estimate's 3 : 2.5 : 2 : 1.5 : 1) that order ended with the one-chip calibration alone for 75 s
+    (729 s in all), where 16, 8, 2, 4, 1 (this order) ends both workers within 3 s of each other (693 s). Until session 51 the
+    order was 1, 2, 4, 8, 16: the 16-chip calibration, 19 minutes alone then, started last and ended 8.6 minutes
+    after the 8-chip one."""
+    import heapq
+    import itertools
+
+    longest = sorted(shapes, key=lambda shape: -shape[1])
+    if workers < 2 or len(longest) > 8:
+        return longest
+
+    def makespan(order) -> float:
+        free = [0.0] * workers  # each worker's next free time, as a heap: the first free takes the next shape
+        for _, chips in order:
+            heapq.heappush(free, heapq.heappop(free) + 1 + math.log2(chips) / 2)
+        return max(free)
+
+    return list(min(itertools.permutations(longest), key=makespan))  # min: the first of the least, LPT's order first
+
+
 def wave_parts(wave: list) -> list[list]:
     """A wave's deployments in parts of 1, 2, 4, 8, ... (the last part what is left): sizes that depend on nothing
     but the wave, so every executor runs the same parts (:mod:`stepsim.plan.waves`)."""
@@ -351,21 +378,49 @@ def wave_parts(wave: list) -> list[list]:
     return parts
 
 
-def _serve_offered(front_rows: list, n: int, runner, model, **task) -> dict:
-    """Serve each front deployment at the offered rate unless its search did (``search.offered``, set in place), as
-    ``runner``'s tasks (:func:`~stepsim.plan.waves.offered_config`, ``task`` its keywords but the deployments), one
-    a group of deployments that may share a replica's run of the ``n`` requests
-    (:func:`~stepsim.plan.waves.offered_groups`); returns the replays, each also counted in its deployment's row."""
-    from stepsim.plan.waves import evaluation, offered_config, offered_groups
+def _start_offered(rows: list, unsettled: list, n: int, runner, model, task: dict) -> list:
+    """Start (``runner.start``, at low priority) the front's runs at the offered rate (plan.json reports them) where
+    the search did not serve that rate: the same runs a brute force makes, counted with the replays (a stopped run
+    there has no metrics to report: served again to the end). Returns ``(rows, handle)`` per task started, each a
+    group of front deployments that may share a replica's replay (:func:`~stepsim.plan.waves.offered_groups`);
+    ``task``: :func:`~stepsim.plan.waves.offered_config`'s keywords but the deployments; each row started is
+    marked (``offered_started``).
 
+    Called after each part of the waves with the deployments not searched yet (``unsettled``), every time with
+    the front so far: a group of it starts when no unsettled deployment may share a replay with one of its
+    members (none can join it) and either every member is final (no unsettled deployment has at most its chips:
+    only those could dominate it) or it is one deployment, which may still leave the front (its run is then
+    dropped, :func:`_collect_offered`). So every group run is a group of the whole front, every count is
+    unchanged, and the runs take the CPU the searches' parts leave idle (the full-size plan's offered runs: 72 s
+    after the searches, one core idle about half the searches' 130 s; bench/README.md, session 56)."""
+    from stepsim.plan.waves import may_share, offered_config, offered_groups
+
+    todo = [rows[i] for i in front(rows) if not rows[i].get("offered_started") and (
+        rows[i]["search"].offered is None or rows[i]["search"].offered.metrics is None)]
+    groups = [[todo[i] for i in group] for group in offered_groups([row["dep"] for row in todo], n)]
+    least = min((d.chips for d in unsettled), default=None)  # the fewest chips a deployment not searched yet has
+    ready = [group for group in groups
+             if not any(may_share(row["dep"], d, n) for row in group for d in unsettled)
+             and (len(group) == 1 or least is None or all(row["chips"] < least for row in group))]
+    for group in ready:
+        for row in group:
+            row["offered_started"] = True
+    handles = runner.start([offered_config(model, [row["dep"] for row in group], **task) for group in ready])
+    return list(zip(ready, handles))
+
+
+def _collect_offered(started: list, on_front: list, runner) -> dict:
+    """The offered runs of :func:`_start_offered` of deployments on the front (indices ``on_front``) into their
+    rows (``search.offered``, set in place, and the replay counts), the others dropped (a deployment that left the
+    front after its run started); returns the replays."""
+    from stepsim.plan.waves import evaluation
+
+    final = [all(row["index"] in on_front for row in group) for group, _ in started]
+    runner.drop([handle for (_, handle), keep in zip(started, final) if not keep])
+    kept = [run for run, keep in zip(started, final) if keep]
     total = dict.fromkeys(REPLAY_COUNTS, 0)
-    # a stopped run at the offered rate has no metrics to report: served again to the end
-    todo = [row for row in front_rows if row["search"].offered is None or row["search"].offered.metrics is None]
-    groups = offered_groups([row["dep"] for row in todo], n)
-    done = runner.run([offered_config(model, [todo[i]["dep"] for i in group], **task) for group in groups])
-    for group, got in zip(groups, done):
-        for i, run in zip(group, got["runs"]):
-            row = todo[i]
+    for (group, _), got in zip(kept, runner.collect([handle for _, handle in kept])):
+        for row, run in zip(group, got["runs"]):
             row["search"].offered = evaluation(run["offered"])
             for key in REPLAY_COUNTS:
                 row[key] = row.get(key, 0) + run[key]
@@ -442,8 +497,8 @@ def serve_command(dep, model, file: str, slo: str, out: str, schedule: str | Non
 def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache, schedule, runner) -> dict:
     """Re-serve the recommended deployment's replicas with ``--fidelity fast`` as plan.json's commands do, and
     compare with the plan's numbers: colocated replicas with one fresh calibration on the first one's requests (that
-    replica first, its layer simulations on all of ``runner``'s local workers; then the others, side by side, each
-    pricing its run with that calibration), a disaggregated replica's pools each with their own."""
+    calibration first, its layer simulations on all of ``runner``'s local workers; then every replica, side by side,
+    each pricing its run with it), a disaggregated replica's pools each with their own."""
     from stepsim.plan.waves import verification_config
     from stepsim.trace_io.requests import write_requests
 
@@ -457,14 +512,17 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
         files = [write_requests(trace, Path(tmp) / name) for name, trace in replica_files]
         if shared is None:
             served = runner.run([verification_config(model, row["dep"], f, slo, cache, schedule) for f in files])
-        else:  # the calibration once, on every local worker; then the replicas it prices
-            served = runner.run([verification_config(model, row["dep"], files[0], slo, cache, schedule,
-                                                     jobs=runner.local_jobs)])
-            served += runner.run([verification_config(model, row["dep"], f, slo, cache, schedule,
-                                                      calibration=files[0]) for f in files[1:]])
+            errors = [got["error"] for got in served]  # one a calibration
+        else:  # the calibration once, on every local worker (serving one request: the first replica's replay,
+            # 8 s of the full-size plan, then ran alone); then every replica side by side, each priced with it
+            calibrated = runner.run([verification_config(model, row["dep"], files[0], slo, cache, schedule,
+                                                         jobs=runner.local_jobs, calibration=files[0],
+                                                         first_only=True)])
+            served = runner.run([verification_config(model, row["dep"], f, slo, cache, schedule,
+                                                      calibration=files[0]) for f in files])
+            errors = [calibrated[0]["error"]]
     for (_, trace), got in zip(replica_files, served):
         first[trace.request_id], finish[trace.request_id] = got["first_token"], got["finish"]
-    errors = [got["error"] for got in (served[:1] if shared is not None else served)]  # one a calibration
     ev = Evaluator(model, base, slo_seconds, percentile, {}, Path("."))
     fresh = ev.metrics(arrival, first, finish)
     plan_m = best.metrics

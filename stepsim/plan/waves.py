@@ -34,6 +34,7 @@ half-written.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tempfile
@@ -97,20 +98,22 @@ def run_calibration(config: dict) -> dict:
 
 
 def verification_config(model_arg, dep, requests: Path, slo: str, cache, schedule, jobs: int | None = None,
-                        calibration: Path | None = None) -> dict:
+                        calibration: Path | None = None, first_only: bool = False) -> dict:
     """The task that re-serves one replica of the recommended deployment (its requests' file) with ``--fidelity
     fast`` as the command plan.json gives for it (:func:`stepsim.plan.api.serve_command`): calibrated on its own
     requests, or on ``calibration``'s (``--calibration-requests``); ``jobs``: worker processes for the calibration's
-    layer simulations (``--jobs``; the same calibration on any number)."""
+    layer simulations (``--jobs``; the same calibration on any number). ``first_only``: serve only the file's first
+    request (a colocated replica), priced with that calibration: the calibration, into the cache, and its error."""
     return {"kind": "verification", "model": str(model_arg), "deployment": _deployment_dict(dep),
             "requests": str(requests), "slo": slo, "cache": str(cache), "schedule": schedule, "jobs": jobs,
-            "calibration": None if calibration is None else str(calibration)}
+            "calibration": None if calibration is None else str(calibration), "first_only": first_only}
 
 
 def run_verification(config: dict) -> dict:
-    """Serve a verification task's replica: ``{"first_token", "finish"}`` (s, per request of its file) and the
-    run's fidelity ``error``."""
+    """Serve a verification task's replica: ``{"first_token", "finish"}`` (s, per request served) and the run's
+    fidelity ``error``."""
     from stepsim.serve.api import serve
+    from stepsim.trace_io.requests import read_requests
 
     dep = _deployment(config["deployment"])
     if dep.disaggregate:
@@ -118,7 +121,8 @@ def run_verification(config: dict) -> dict:
 
         result = verify_replica(dep, config["model"], config["requests"], config["slo"], config["cache"])
     else:
-        result = serve(config["model"], config["requests"], fidelity="fast", schedule=config["schedule"],
+        requests = read_requests(config["requests"]).head(1) if config["first_only"] else config["requests"]
+        result = serve(config["model"], requests, fidelity="fast", schedule=config["schedule"],
                        slo=config["slo"], hardware=dep.hardware, system=dep.system,
                        calibration_cache=config["cache"], jobs=config["jobs"],
                        calibration_requests=config["calibration"], **dep.scheduler.serve_kwargs())
@@ -245,29 +249,40 @@ def task_evaluator(config: dict, base, folder: Path, stop_early: bool = False):
 
 def offered_groups(deps: list, n: int) -> list[list[int]]:
     """Indices of ``deps`` (served at one rate, ``n`` requests) in groups outside which no two runs can share a
-    replica's replay, each group in the order given, the groups in the order of their first member. A replay is
-    shared when two runs send one replica of the same hardware, chips, pools and scheduler the same requests
-    (:meth:`~stepsim.plan.evaluate.Evaluator._serve_replica`'s key): deployments of one such shape are grouped when
-    their round-robin replicas have a request set in common, or when either routes by state (its replicas' sets
-    are known only once served). So the groups are tasks of their own and every count, ``replays_reused`` too, is
-    what one evaluator serving them all in order counts."""
-    from stepsim.plan.replicas import round_robin
-
-    def replica_sets(dep):
-        if dep.router != "round-robin" and dep.replicas > 1:
-            return None
-        assignment = round_robin(n, dep.replicas)
-        return {np.flatnonzero(assignment == r).tobytes() for r in range(dep.replicas)} - {b""}
-
-    shape = [(d.hardware, d.chips_per_replica, d.disaggregate, d.scheduler) for d in deps]
-    sets = [replica_sets(d) for d in deps]
+    replica's replay (:func:`may_share`), each group in the order given, the groups in the order of their first
+    member. So the groups are tasks of their own and every count, ``replays_reused`` too, is what one evaluator
+    serving them all in order counts."""
     group = list(range(len(deps)))  # each deployment's group: the lowest index joined with it so far
     for j in range(len(deps)):
         for i in range(j):
-            if shape[i] == shape[j] and (sets[i] is None or sets[j] is None or sets[i] & sets[j]):
+            if may_share(deps[i], deps[j], n):
                 old, new = max(group[i], group[j]), min(group[i], group[j])
                 group = [new if g == old else g for g in group]
     return [[i for i in range(len(deps)) if group[i] == g] for g in sorted(set(group))]
+
+
+def may_share(a, b, n: int) -> bool:
+    """Whether runs of deployments ``a`` and ``b`` at one rate (``n`` requests) may share a replica's replay: they
+    do when they send one replica of the same hardware, chips, pools and scheduler the same requests
+    (:meth:`~stepsim.plan.evaluate.Evaluator._serve_replica`'s key), so when their round-robin replicas have a
+    request set in common, or either routes by state (its replicas' sets are known only once served)."""
+    if (a.hardware, a.chips_per_replica, a.disaggregate, a.scheduler) != \
+            (b.hardware, b.chips_per_replica, b.disaggregate, b.scheduler):
+        return False
+    sets_a, sets_b = _replica_sets(n, a.replicas, a.router), _replica_sets(n, b.replicas, b.router)
+    return sets_a is None or sets_b is None or bool(sets_a & sets_b)
+
+
+@functools.lru_cache(maxsize=64)
+def _replica_sets(n: int, replicas: int, router: str) -> frozenset | None:
+    """The request sets (as bytes) of ``replicas`` round-robin replicas of ``n`` requests; None for a router by
+    state."""
+    from stepsim.plan.replicas import round_robin
+
+    if router != "round-robin" and replicas > 1:
+        return None
+    assignment = round_robin(n, replicas)
+    return frozenset(np.flatnonzero(assignment == r).tobytes() for r in range(replicas)) - {b""}
 
 
 def offered_config(model_arg, deps: list, *, cache, trace_sha256: str, shapes: dict, search_slo: dict,
@@ -364,6 +379,7 @@ class WaveRunner:
             self._owned = True
         self.ran = 0
         self.skipped = 0
+        self._background: list = []  # start()'s tasks, a handle each: (task, its future or None in this process)
         self.written: set = set()  # the row files of this plan's tasks
         #: wall seconds of the tasks run so far, each as long as it ran where it ran (a worker's, or this process's):
         #: the CPU time the plan's work took, against the wall time of its phases
@@ -371,6 +387,11 @@ class WaveRunner:
 
     def describe(self) -> str:
         return "this process" if self._executor is None else self._executor.describe()
+
+    @property
+    def workers(self) -> int:
+        """Tasks that run at once: the executor's workers, or 1 in this process."""
+        return 1 if self._executor is None else self._executor.jobs
 
     @property
     def local_jobs(self) -> int | None:
@@ -389,6 +410,40 @@ class WaveRunner:
     def search(self, configs: list) -> list:
         """Run (or read back) the deployment tasks; their rows in order."""
         return self._run(configs, store=True)
+
+    def start(self, configs: list) -> list:
+        """Start tasks whose rows are not stored (the front's offered runs of a finished wave) at low priority
+        (:meth:`~stepsim.batch.executors.WindowedExecutor.background`: on the CPU the tasks :meth:`run` and
+        :meth:`search` wait for leave idle); returns handles for :meth:`collect`. In this process they run at
+        :meth:`collect`. Where and when they run changes no row."""
+        from stepsim.batch.grid import Task
+
+        handles = []
+        for config in configs:
+            config = {**config, "work": str(self.work)}
+            task = Task(len(self._background), config, task_id(config))
+            if self._executor is not None:
+                self._executor.task_function = plan_task
+            self._background.append((task, None if self._executor is None else self._executor.background(task)))
+            handles.append(task.index)
+        return handles
+
+    def collect(self, handles: list) -> list:
+        """The rows of :meth:`start`'s ``handles``, in order (waiting for those still running)."""
+        rows = []
+        for handle in handles:
+            task, future = self._background[handle]
+            outcome = plan_task(task.config) if future is None else self._executor.outcome(future, task, 1)
+            rows.append(self._row(task, outcome))
+        return rows
+
+    def drop(self, handles: list) -> None:
+        """Forget :meth:`start`'s ``handles``: cancelled where they have not started (a running one ends unread)."""
+        for handle in handles:
+            task, future = self._background[handle]
+            if future is not None:
+                self._executor.drop(future)
+            self._background[handle] = (task, "dropped")
 
     def _run(self, configs: list, store: bool) -> list:
         import pyarrow.parquet as pq
@@ -411,16 +466,20 @@ class WaveRunner:
                         continue
             pending.append(Task(i, config, tid))
         for task, outcome in self._outcomes(pending):  # completion order; each row stored as it arrives
-            if outcome["status"] != "ok":
-                raise PlanTaskError(f"plan task {_name(task.config)} failed: {outcome['error_type']}: "
-                                    f"{outcome['error_message']}\n{outcome['error_traceback']}")
-            row = outcome["row"]
-            self.task_s += outcome["wall_s"]
+            row = self._row(task, outcome)
             if store:
                 row = self._store(task, row)
                 self.ran += 1
             rows[task.index] = row
         return [rows[i] for i in range(len(configs))]
+
+    def _row(self, task, outcome: dict) -> dict:
+        """A finished task's row (its seconds counted), or the :class:`PlanTaskError` of its failure."""
+        if outcome["status"] != "ok":
+            raise PlanTaskError(f"plan task {_name(task.config)} failed: {outcome['error_type']}: "
+                                f"{outcome['error_message']}\n{outcome['error_traceback']}")
+        self.task_s += outcome["wall_s"]
+        return outcome["row"]
 
     def _outcomes(self, pending: list):
         """``(task, outcome)`` as the tasks finish: here, in order; on an executor, in completion order."""

@@ -46,9 +46,17 @@ def _same_files(a, b):
 
 
 @pytest.mark.slow  # about 45 s at load 4: each worker process prices its replays' token counts afresh
-def test_two_local_workers_write_the_in_process_plan(case):
+def test_two_local_workers_write_the_in_process_plan(case, monkeypatch):
+    from stepsim.plan.waves import WaveRunner
+
     model, trace, kw, here, tmp = case
+    calls = []  # (method, tasks) as the parent calls them: the offered runs start between the waves' parts
+    for name in ("start", "search"):
+        monkeypatch.setattr(WaveRunner, name, lambda self, configs, method=getattr(WaveRunner, name), name=name: (
+            calls.append((name, len(configs))), method(self, configs))[1])
     two = stepsim.plan(model, trace, out=tmp / "two", jobs=2, **kw)
+    searches = [i for i, (name, n) in enumerate(calls) if name == "search" and n]
+    assert any(name == "start" and n for name, n in calls[:searches[-1]])  # before the last wave's last part
     assert (two.work["ran"], two.work["skipped"], two.work["executor"]) == (12, 0, "local, 2 workers")
     assert (here.work["ran"], here.work["executor"]) == (12, "this process")
     _same_files(tmp / "here", tmp / "two")
@@ -157,6 +165,71 @@ def test_the_offered_runs_are_grouped_by_what_can_share_a_replica_run():
     assert [d["replicas"] for d in config["deployments"]] == [1, 4] and config["kind"] == "offered"
 
 
+def test_the_offered_runs_start_once_no_deployment_left_can_join_or_change_their_group():
+    """After each part of the waves, a group of the front's deployments (``offered_groups``) starts its offered run
+    (``runner.start``, on CPU the later parts leave idle) unless a deployment not searched yet may share a replica's
+    replay with one of its members, and only when every member is final (no deployment left has at most its chips)
+    or it is one deployment; a lone one that leaves the front later has its run dropped. Each starts once, and the
+    front's runs come back into their rows with their replays counted."""
+    from types import SimpleNamespace
+
+    from stepsim.plan.api import _collect_offered, _start_offered
+    from stepsim.plan.search import front
+    from stepsim.plan.space import Deployment, SchedulerChoice
+
+    class Runner:  # what start() is given and drop() drops, and a run of one replay per deployment from collect()
+        def __init__(self):
+            self.started, self.dropped = [], []
+
+        def start(self, configs):
+            self.started += configs
+            return list(range(len(self.started) - len(configs), len(self.started)))
+
+        def drop(self, handles):
+            self.dropped += handles
+
+        def collect(self, handles):
+            runs = {"offered": None, "replays": 1, "replays_stopped": 0, "replays_reused": 0, "replays_unservable": 0}
+            return [{"runs": [runs] * len(self.started[h]["deployments"])} for h in handles]
+
+    vllm, orca = SchedulerChoice("vllm", 4, 256), SchedulerChoice("orca", 4, 0)
+    one, halves = Deployment(1, 1, "none", vllm), Deployment(1, 2, "round-robin", vllm)
+    by_state, rival = Deployment(1, 2, "least-outstanding", vllm), Deployment(1, 1, "none", orca)
+
+    def rows(*deps_goodputs):
+        return [{"index": i, "dep": d, "chips": d.chips, "goodput": g, "search": SimpleNamespace(offered=None)}
+                for i, (d, g) in enumerate(deps_goodputs)]
+
+    task = dict(cache="/c", trace_sha256="t", shapes={}, search_slo={"ttft": 1.0}, percentile=99.0)
+    # the one-chip vLLM deployment on the front, a two-chip one not searched yet
+    for unsettled, n, now in (([halves], 12, True),  # halves of 12 requests never are the whole: it starts
+                              ([halves], 1, False),  # one request: the first of two replicas serves it as one does
+                              ([by_state], 12, False),  # routed by state: its replicas' sets are known once served
+                              ([rival], 12, True)):  # a rival of its chips may dominate it: alone, it starts anyway
+        runner, table = Runner(), rows((one, 2.0), (halves if now else unsettled[0], None))
+        started = _start_offered(table, unsettled, n, runner, "m", task)
+        assert [[r["index"] for r in group] for group, _ in started] == ([[0]] if now else [])
+        started += _start_offered(table, [], n, runner, "m", task)  # every search done: the rest, once
+        assert [[r["index"] for r in group] for group, _ in started] == [[0]]
+        assert [c["deployments"][0]["replicas"] for c in runner.started] == [1]
+        assert _collect_offered(started, front(table), runner)["replays"] == 1 and table[0]["replays"] == 1
+        assert runner.dropped == [] and "replays" not in table[1] and table[0]["search"].offered is None
+    # the rival searched after the lone run started, and better: the run is dropped, nothing counted
+    runner, table = Runner(), rows((one, 2.0), (rival, None))
+    started = _start_offered(table, [rival], 12, runner, "m", task)
+    table[1].update(goodput=3.0, search=SimpleNamespace(offered=SimpleNamespace(metrics={})))  # served its offer
+    assert _start_offered(table, [], 12, runner, "m", task) == []
+    assert _collect_offered(started, front(table), runner)["replays"] == 0
+    assert runner.dropped == [0] and "replays" not in table[0]
+    # a group of two (one routes by state) waits while a deployment of at most a member's chips is left (it could
+    # take one member off the front and change the group), though that one can share a replay with neither
+    runner, table = Runner(), rows((one, 2.0), (by_state, 3.0), (Deployment(2, 1, "none", orca), None))
+    assert _start_offered(table, [table[2]["dep"]], 12, runner, "m", task) == []
+    started = _start_offered(table, [], 12, runner, "m", task)
+    assert [[r["index"] for r in group] for group, _ in started] == [[0, 1]]
+    assert _collect_offered(started, front(table), runner)["replays"] == 2
+
+
 @pytest.mark.slow  # a fork server starts
 def test_offered_runs_routed_by_state_on_two_workers_write_the_in_process_plan(tmp_path):
     """A front with a least-outstanding deployment (its replicas' request sets known only once served) and
@@ -224,3 +297,17 @@ def test_jobs_and_executor_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"^--executor must be dask, got 'ray'$"):
         stepsim.plan("m.json", "t.csv", slo="ttft=1s", executor="ray")
     assert not (tmp_path / "o").exists()
+
+
+def test_the_calibrations_are_ordered_so_the_workers_end_together():
+    """Most chips first (the longest first) leaves the shortest calibration alone at the end; the order of the
+    fewest estimated seconds (``1 + log2(chips) / 2`` each, the first such order from most chips first) ends two
+    workers together: 16 and 8 chips, then 2 on the first free, 4, and 1 (3 + 2 = 2.5 + 1.5 + 1)."""
+    from stepsim.plan.api import calibration_order
+
+    shapes = [("sn40l", c) for c in (1, 2, 4, 8, 16)]
+    assert [c for _, c in calibration_order(shapes, 2)] == [16, 8, 2, 4, 1]
+    assert [c for _, c in calibration_order(shapes, 1)] == [16, 8, 4, 2, 1]  # one worker: any order, most first
+    assert [c for _, c in calibration_order(shapes, 5)] == [16, 8, 4, 2, 1]  # one each
+    many = [("sn40l", c) for c in range(1, 10)]  # more than 8 shapes: most chips first, no search
+    assert [c for _, c in calibration_order(many, 2)] == list(range(9, 0, -1))

@@ -35,3 +35,15 @@ def test_each_pool_takes_its_callers_settings_and_folder(tmp_path, monkeypatch):
         assert _in_a_worker(os.getenv, (SETTING, None), (ONLY_FIRST, None)) == [value, "1" if value == "first"
                                                                                 else None]
         assert _in_a_worker(os.path.samefile, (".", str(folder))) == [True]
+
+
+def test_background_tasks_run_on_workers_of_the_lowest_cpu_priority():
+    """``LocalExecutor.background`` (a plan's offered runs between its waves' parts) runs a task on workers of its
+    own at nice 19, so it takes only the CPU the pool's tasks leave idle; the pool's own workers keep the caller's
+    priority."""
+    here = os.getpriority(os.PRIO_PROCESS, 0)
+    with LocalExecutor(1, warm_kernels=False) as pool:
+        pool.task_function = os.getpriority  # (config, force) = (which, who): this worker's niceness
+        task = Task(0, os.PRIO_PROCESS, "t0", force=0)
+        assert pool.outcome(pool.background(task), task, 1) == 19
+        assert [outcome for _, outcome in pool.imap_unordered([task])] == [here]
