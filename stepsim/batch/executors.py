@@ -90,10 +90,6 @@ class WindowedExecutor(ABC):
         plan's offered runs between its waves' parts); its future, for :meth:`outcome`."""
         return self._submit(task)
 
-    def drop(self, future) -> None:
-        """Cancel :meth:`background`'s ``future`` unless it runs already (then it ends, its outcome unread)."""
-        self._cancel([future])
-
     def outcome(self, future, task: Task, in_flight: int) -> dict:
         """The outcome of ``task``'s ``future`` (waiting for it; ``in_flight``: tasks submitted, for messages)."""
         return self._outcome(future, task, in_flight)
@@ -226,9 +222,9 @@ class LocalExecutor(WindowedExecutor):
 
     def close(self) -> None:
         # cancel_futures: queued tasks are dropped; running ones finish (their results are not collected)
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._idle_pool is not None:  # a background task still running was dropped: not waited for
-            kill_workers(self._idle_pool)
+        for pool in (self._pool, self._idle_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def abort(self) -> None:
         """Kill the workers mid-task: after a stop their results would be dropped, and a simulation can

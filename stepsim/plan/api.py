@@ -299,7 +299,7 @@ def _plan(model, requests, resolved, slo, slo_seconds, percentile, base, scale, 
     runner.retire_others()
     lap("searches")
     on_front = front(rows)
-    offered = _collect_offered(offered_runs, on_front, runner)
+    offered = _collect_offered(offered_runs, runner)
     for key in replays:
         replays[key] += offered[key]
     lap("offered_runs")
@@ -386,13 +386,14 @@ def _start_offered(rows: list, unsettled: list, n: int, runner, model, task: dic
     ``task``: :func:`~stepsim.plan.waves.offered_config`'s keywords but the deployments; each row started is
     marked (``offered_started``).
 
-    Called after each part of the waves with the deployments not searched yet (``unsettled``), every time with
-    the front so far: a group of it starts when no unsettled deployment may share a replay with one of its
-    members (none can join it) and either every member is final (no unsettled deployment has at most its chips:
-    only those could dominate it) or it is one deployment, which may still leave the front (its run is then
-    dropped, :func:`_collect_offered`). So every group run is a group of the whole front, every count is
-    unchanged, and the runs take the CPU the searches' parts leave idle (the full-size plan's offered runs: 72 s
-    after the searches, one core idle about half the searches' 130 s; bench/README.md, session 56)."""
+    Called after each part of the waves with the deployments not searched yet (``unsettled``): a group of the
+    front so far starts when every member is final (no unsettled deployment has at most its chips: only those could
+    dominate it) and no unsettled deployment may share a replay with one of its members (none can join it). So
+    every group run is a group of the whole front, every count is unchanged, and the runs take the CPU the later
+    waves' parts leave idle (the full-size plan's offered runs: 72 s after the searches, one core idle about half
+    the searches' 130 s; bench/README.md, session 56). Why not a lone deployment's run as soon as its search ends,
+    dropped if it leaves the front: tried, those runs held the low-priority workers when the searches ended
+    (104 s after them on the full-size plan, where waiting for finality left 59 s)."""
     from stepsim.plan.waves import may_share, offered_config, offered_groups
 
     todo = [rows[i] for i in front(rows) if not rows[i].get("offered_started") and (
@@ -401,7 +402,7 @@ def _start_offered(rows: list, unsettled: list, n: int, runner, model, task: dic
     least = min((d.chips for d in unsettled), default=None)  # the fewest chips a deployment not searched yet has
     ready = [group for group in groups
              if not any(may_share(row["dep"], d, n) for row in group for d in unsettled)
-             and (len(group) == 1 or least is None or all(row["chips"] < least for row in group))]
+             and (least is None or all(row["chips"] < least for row in group))]
     for group in ready:
         for row in group:
             row["offered_started"] = True
@@ -409,17 +410,13 @@ def _start_offered(rows: list, unsettled: list, n: int, runner, model, task: dic
     return list(zip(ready, handles))
 
 
-def _collect_offered(started: list, on_front: list, runner) -> dict:
-    """The offered runs of :func:`_start_offered` of deployments on the front (indices ``on_front``) into their
-    rows (``search.offered``, set in place, and the replay counts), the others dropped (a deployment that left the
-    front after its run started); returns the replays."""
+def _collect_offered(started: list, runner) -> dict:
+    """The offered runs of :func:`_start_offered` into their rows (``search.offered``, set in place, and the replay
+    counts); returns the replays."""
     from stepsim.plan.waves import evaluation
 
-    final = [all(row["index"] in on_front for row in group) for group, _ in started]
-    runner.drop([handle for (_, handle), keep in zip(started, final) if not keep])
-    kept = [run for run, keep in zip(started, final) if keep]
     total = dict.fromkeys(REPLAY_COUNTS, 0)
-    for (group, _), got in zip(kept, runner.collect([handle for _, handle in kept])):
+    for (group, _), got in zip(started, runner.collect([handle for _, handle in started])):
         for row, run in zip(group, got["runs"]):
             row["search"].offered = evaluation(run["offered"])
             for key in REPLAY_COUNTS:

@@ -437,14 +437,6 @@ class WaveRunner:
             rows.append(self._row(task, outcome))
         return rows
 
-    def drop(self, handles: list) -> None:
-        """Forget :meth:`start`'s ``handles``: cancelled where they have not started (a running one ends unread)."""
-        for handle in handles:
-            task, future = self._background[handle]
-            if future is not None:
-                self._executor.drop(future)
-            self._background[handle] = (task, "dropped")
-
     def _run(self, configs: list, store: bool) -> list:
         import pyarrow.parquet as pq
 

@@ -167,26 +167,21 @@ def test_the_offered_runs_are_grouped_by_what_can_share_a_replica_run():
 
 def test_the_offered_runs_start_once_no_deployment_left_can_join_or_change_their_group():
     """After each part of the waves, a group of the front's deployments (``offered_groups``) starts its offered run
-    (``runner.start``, on CPU the later parts leave idle) unless a deployment not searched yet may share a replica's
-    replay with one of its members, and only when every member is final (no deployment left has at most its chips)
-    or it is one deployment; a lone one that leaves the front later has its run dropped. Each starts once, and the
-    front's runs come back into their rows with their replays counted."""
+    (``runner.start``, on CPU the later parts leave idle) once every member is final (no deployment left has at
+    most its chips) and no deployment not searched yet may share a replica's replay with one of its members; each
+    starts once, and the runs come back into their rows with their replays counted."""
     from types import SimpleNamespace
 
     from stepsim.plan.api import _collect_offered, _start_offered
-    from stepsim.plan.search import front
     from stepsim.plan.space import Deployment, SchedulerChoice
 
-    class Runner:  # what start() is given and drop() drops, and a run of one replay per deployment from collect()
+    class Runner:  # what start() is given, and a run of one replay per deployment from collect()
         def __init__(self):
-            self.started, self.dropped = [], []
+            self.started = []
 
         def start(self, configs):
             self.started += configs
             return list(range(len(self.started) - len(configs), len(self.started)))
-
-        def drop(self, handles):
-            self.dropped += handles
 
         def collect(self, handles):
             runs = {"offered": None, "replays": 1, "replays_stopped": 0, "replays_reused": 0, "replays_unservable": 0}
@@ -195,39 +190,22 @@ def test_the_offered_runs_start_once_no_deployment_left_can_join_or_change_their
     vllm, orca = SchedulerChoice("vllm", 4, 256), SchedulerChoice("orca", 4, 0)
     one, halves = Deployment(1, 1, "none", vllm), Deployment(1, 2, "round-robin", vllm)
     by_state, rival = Deployment(1, 2, "least-outstanding", vllm), Deployment(1, 1, "none", orca)
-
-    def rows(*deps_goodputs):
-        return [{"index": i, "dep": d, "chips": d.chips, "goodput": g, "search": SimpleNamespace(offered=None)}
-                for i, (d, g) in enumerate(deps_goodputs)]
-
     task = dict(cache="/c", trace_sha256="t", shapes={}, search_slo={"ttft": 1.0}, percentile=99.0)
-    # the one-chip vLLM deployment on the front, a two-chip one not searched yet
+    # the one-chip vLLM deployment on the front, one more deployment not searched yet
     for unsettled, n, now in (([halves], 12, True),  # halves of 12 requests never are the whole: it starts
                               ([halves], 1, False),  # one request: the first of two replicas serves it as one does
                               ([by_state], 12, False),  # routed by state: its replicas' sets are known once served
-                              ([rival], 12, True)):  # a rival of its chips may dominate it: alone, it starts anyway
-        runner, table = Runner(), rows((one, 2.0), (halves if now else unsettled[0], None))
+                              ([rival], 12, False)):  # a rival of its chips, which may take it off the front
+        table = [{"index": i, "dep": d, "chips": d.chips, "goodput": g, "search": SimpleNamespace(offered=None)}
+                 for i, (d, g) in enumerate(((one, 2.0), (unsettled[0], None)))]
+        runner = Runner()
         started = _start_offered(table, unsettled, n, runner, "m", task)
         assert [[r["index"] for r in group] for group, _ in started] == ([[0]] if now else [])
         started += _start_offered(table, [], n, runner, "m", task)  # every search done: the rest, once
         assert [[r["index"] for r in group] for group, _ in started] == [[0]]
         assert [c["deployments"][0]["replicas"] for c in runner.started] == [1]
-        assert _collect_offered(started, front(table), runner)["replays"] == 1 and table[0]["replays"] == 1
-        assert runner.dropped == [] and "replays" not in table[1] and table[0]["search"].offered is None
-    # the rival searched after the lone run started, and better: the run is dropped, nothing counted
-    runner, table = Runner(), rows((one, 2.0), (rival, None))
-    started = _start_offered(table, [rival], 12, runner, "m", task)
-    table[1].update(goodput=3.0, search=SimpleNamespace(offered=SimpleNamespace(metrics={})))  # served its offer
-    assert _start_offered(table, [], 12, runner, "m", task) == []
-    assert _collect_offered(started, front(table), runner)["replays"] == 0
-    assert runner.dropped == [0] and "replays" not in table[0]
-    # a group of two (one routes by state) waits while a deployment of at most a member's chips is left (it could
-    # take one member off the front and change the group), though that one can share a replay with neither
-    runner, table = Runner(), rows((one, 2.0), (by_state, 3.0), (Deployment(2, 1, "none", orca), None))
-    assert _start_offered(table, [table[2]["dep"]], 12, runner, "m", task) == []
-    started = _start_offered(table, [], 12, runner, "m", task)
-    assert [[r["index"] for r in group] for group, _ in started] == [[0, 1]]
-    assert _collect_offered(started, front(table), runner)["replays"] == 2
+        assert _collect_offered(started, runner)["replays"] == 1 and table[0]["replays"] == 1
+        assert "replays" not in table[1] and table[0]["search"].offered is None
 
 
 @pytest.mark.slow  # a fork server starts
