@@ -510,8 +510,9 @@ def _verify(row, replica_files, model, slo, slo_seconds, percentile, base, cache
         if shared is None:
             served = runner.run([verification_config(model, row["dep"], f, slo, cache, schedule) for f in files])
             errors = [got["error"] for got in served]  # one a calibration
-        else:  # the calibration once, on every local worker (serving one request: the first replica's replay,
-            # 8 s of the full-size plan, then ran alone); then every replica side by side, each priced with it
+        else:  # the calibration once, on every local worker (serving one request: the first replica's whole
+            # replay then ran alone; the full-size plan's verification 130 -> 122 s); then every replica side by
+            # side, each priced with it
             calibrated = runner.run([verification_config(model, row["dep"], files[0], slo, cache, schedule,
                                                          jobs=runner.local_jobs, calibration=files[0],
                                                          first_only=True)])
