@@ -348,9 +348,10 @@ def calibration_order(shapes: list, workers: int) -> list:
     Why: the most chips first, the longest first, leaves the shortest last; on the full-size plan of
     bench/test_bench_plan.py (16, 8, 4, 2 and 1 chips in 430, 333, 263, 224 and 133 s on two workers, session 56:
     close to the estimate's 3 : 2.5 : 2 : 1.5 : 1) that order ended with the one-chip calibration alone for 75 s
-    (729 s in all), where 16, 8, 2, 4, 1 (this order) ends both workers within 3 s of each other (693 s). Until session 51 the
-    order was 1, 2, 4, 8, 16: the 16-chip calibration, 19 minutes alone then, started last and ended 8.6 minutes
-    after the 8-chip one."""
+    (729 s in all), where this order, 16, 8, 2, 4, 1, ends both workers within 3 s of each other at those times
+    (693 s; measured 631-650 s, a faster machine, both workers busy to the end). Until session 51 the order was 1, 2,
+    4, 8, 16: the 16-chip calibration, 19 minutes alone then, started last and ended 8.6 minutes after the 8-chip
+    one."""
     import heapq
     import itertools
 
@@ -391,7 +392,7 @@ def _start_offered(rows: list, unsettled: list, n: int, runner, model, task: dic
     dominate it) and no unsettled deployment may share a replay with one of its members (none can join it). So
     every group run is a group of the whole front, every count is unchanged, and the runs take the CPU the later
     waves' parts leave idle (the full-size plan's offered runs: 72 s after the searches, one core idle about half
-    the searches' 130 s; bench/README.md, session 56). Why not a lone deployment's run as soon as its search ends,
+    the searches' 130 s; now 56 s after them, bench/README.md, session 56). Why not a lone deployment's run as soon as its search ends,
     dropped if it leaves the front: tried, those runs held the low-priority workers when the searches ended
     (104 s after them on the full-size plan, where waiting for finality left 59 s)."""
     from stepsim.plan.waves import may_share, offered_config, offered_groups
