@@ -82,15 +82,15 @@ class DaskExecutor(WindowedExecutor):
         """The cluster's client (for callers that submit their own functions: ``stepsim serve``'s layers)."""
         return self._client
 
-    def _submit(self, task: Task):
+    def _submit(self, task: Task, priority: int = 0):
         # pure=False: a re-submitted task must run again, not be served from the scheduler's memory
-        return self._client.submit(self.task_function or run_task, task.config, task.force, pure=False)
+        return self._client.submit(self.task_function or run_task, task.config, task.force, pure=False,
+                                   priority=priority)
 
     def background(self, task: Task):
         """Start ``task`` behind every other queued task (Dask's ``priority``: lower runs later); a worker that
         takes it runs it to the end, so a task submitted later may wait for it."""
-        return self._client.submit(self.task_function or run_task, task.config, task.force, pure=False,
-                                   priority=-1)
+        return self._submit(task, priority=-1)
 
     def _wait_first(self, futures: list) -> Iterable:
         done, _ = wait(futures, return_when="FIRST_COMPLETED")

@@ -191,14 +191,12 @@ class LocalExecutor(WindowedExecutor):
         plan's searches took 20 s longer that way)."""
         if self._idle_pool is None:
             self._idle_pool = local_worker_pool(self.jobs, warm_kernels=self._warm_kernels, niceness=IDLE_NICENESS)
-        try:
-            return self._idle_pool.submit(self.task_function or run_task, task.config, task.force)
-        except BrokenProcessPool as exc:
-            raise self._lost(task) from exc
+        return self._submit(task, self._idle_pool)
 
-    def _submit(self, task: Task):
+    def _submit(self, task: Task, pool: ProcessPoolExecutor | None = None):
+        """Start ``task`` on ``pool`` (default: the pool's own workers)."""
         try:
-            return self._pool.submit(self.task_function or run_task, task.config, task.force)
+            return (pool or self._pool).submit(self.task_function or run_task, task.config, task.force)
         except BrokenProcessPool as exc:  # a worker died between two submissions
             raise self._lost(task) from exc
 

@@ -418,12 +418,12 @@ class WaveRunner:
         :meth:`collect`. Where and when they run changes no row."""
         from stepsim.batch.grid import Task
 
+        if self._executor is not None:
+            self._executor.task_function = plan_task
         handles = []
         for config in configs:
             config = {**config, "work": str(self.work)}
             task = Task(len(self._background), config, task_id(config))
-            if self._executor is not None:
-                self._executor.task_function = plan_task
             self._background.append((task, None if self._executor is None else self._executor.background(task)))
             handles.append(task.index)
         return handles

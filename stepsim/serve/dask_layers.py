@@ -3,9 +3,8 @@
 The exact provider (:class:`stepsim.serve.exact.EngineLatency`) hands a step's pieces to :meth:`DaskLayers.run`,
 which deals them round-robin into one Dask task per worker (:func:`~stepsim.serve.exact.layer_tasks`: a piece
 takes milliseconds, about what a Dask task costs in scheduling, and one task per piece measured 12-27 % slower)
-and puts the results
-back in the pieces' order, so a step's cycles never depend on which worker ran which piece: the outputs are
-byte-identical to ``--jobs 1``.
+and puts the results back in the pieces' order, so a step's cycles never depend on which worker ran which piece:
+the outputs are byte-identical to ``--jobs 1``.
 Each worker keeps its own layer templates (built once per shape per worker, per thread for thread workers).
 
 The cluster is the sweep's (:class:`stepsim.batch.dask_executor.DaskExecutor`): a local cluster of one
